@@ -1,0 +1,19 @@
+# Thin wrappers; each target is a line or two.
+PYTHON ?= python3
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
+
+.PHONY: install test serve bench lint
+install:  ## the core and every first-party plugin, editable, with test extras
+	$(PYTHON) -m pip install -q -e '.[test]' $(addprefix -e ,$(PLUGINS))
+
+test: install  ## pytest's "no tests collected" (5) counts as success
+	$(PYTHON) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+serve: install
+	tallow serve
+
+bench:
+	tallow bench latency --model random:llama-3-8b --dtype bfloat16
+
+lint:
+	$(PYTHON) -m pytest -q tests/test_boundaries.py

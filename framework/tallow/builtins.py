@@ -1,0 +1,17 @@
+"""Components that ship inside the core, registered through the same hooks as any plugin."""
+
+from __future__ import annotations
+
+from tallow.plugin import hookimpl
+
+
+@hookimpl
+def tallow_register_attention_backends(registry) -> None:
+    # The reference backend: lowest priority, so any faster compatible backend wins.
+    registry.register("torch", "tallow.layers.torch_attention:TorchAttentionBackend",
+                      priority=-100)
+
+
+@hookimpl
+def tallow_register_kv_codecs(registry) -> None:
+    registry.register("auto", "tallow.layers.kv_codec:AutoKVCodec")

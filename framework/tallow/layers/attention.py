@@ -1,0 +1,131 @@
+"""The attention layer of model plugins and the per-step metadata it reads.
+
+Model code calls :class:`Attention` with flat ``q``/``k``/``v``; everything about the batch
+(where each sequence's tokens start, its block table, where to store new K/V) lives in the
+:class:`AttentionMetadata` the model runner puts in the forward context before each step. The
+chosen :class:`tallow.plugin.AttentionBackend` does the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's flat batch, as attention backends see it.
+
+    Sequences are laid end to end: sequence ``i`` owns query rows
+    ``query_start_loc[i]:query_start_loc[i+1]``; those are its *last* tokens, so its context
+    (earlier cached tokens plus this step's) has length ``seq_lens[i]``. K/V of row ``t`` go to
+    cache slot ``slot_mapping[t]`` (block ``slot // block_size``, offset ``slot % block_size``);
+    -1 marks a padding row whose K/V are not stored. Token ``j`` of sequence ``i`` lives in block
+    ``block_tables[i, j // block_size]``.
+    """
+
+    num_seqs: int
+    num_tokens: int
+    query_start_loc: torch.Tensor  # int32 [B+1], device
+    seq_lens: torch.Tensor  # int32 [B], device
+    block_tables: torch.Tensor  # int32 [B, max_blocks], device
+    slot_mapping: torch.Tensor  # int64 [T], device
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    # Host copies, for backends (the torch reference) that loop in Python. None when the
+    # metadata was built for a CUDA graph, where only device tensors exist.
+    query_start_loc_cpu: list[int] | None = None
+    seq_lens_cpu: list[int] | None = None
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """The fixed facts of one attention layer."""
+
+    layer_index: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int | None = None  # attend to at most this many most recent tokens
+    logit_softcap: float | None = None  # scores → softcap * tanh(scores / softcap)
+
+
+@dataclass
+class ForwardContext:
+    meta: AttentionMetadata
+    backend: Any  # tallow.plugin.AttentionBackend
+
+
+_context: list[ForwardContext] = []
+
+
+@contextlib.contextmanager
+def forward_context(meta: AttentionMetadata, backend: Any) -> Iterator[ForwardContext]:
+    """Make ``meta`` and ``backend`` visible to every :class:`Attention` during one forward."""
+    ctx = ForwardContext(meta, backend)
+    _context.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _context.pop()
+
+
+def get_forward_context() -> ForwardContext:
+    if not _context:
+        raise RuntimeError(
+            "Attention was called outside a forward context: run the model through the engine's "
+            "model runner (or tallow.layers.attention.forward_context) so it knows the batch"
+        )
+    return _context[-1]
+
+
+class Attention(nn.Module):
+    """Paged attention for one layer. The model runner binds ``kv_cache`` after allocation.
+
+    ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]``.
+    """
+
+    def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float | None = None, sliding_window: int | None = None,
+                 logit_softcap: float | None = None) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
+                             f"{num_kv_heads}")
+        self.layer = AttentionLayer(
+            layer_index=layer_index, num_heads=num_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
+            sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
+        )
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        if self.kv_cache is None:
+            raise RuntimeError(f"attention layer {self.layer.layer_index} has no KV cache bound")
+        n = q.shape[0]
+        spec = self.layer
+        out = ctx.backend.forward(
+            spec,
+            q.view(n, spec.num_heads, spec.head_dim),
+            k.view(n, spec.num_kv_heads, spec.head_dim),
+            v.view(n, spec.num_kv_heads, spec.head_dim),
+            self.kv_cache,
+            ctx.meta,
+        )
+        return out.reshape(n, spec.num_heads * spec.head_dim)
+
+    def extra_repr(self) -> str:
+        s = self.layer
+        return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
+                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}")

@@ -1,0 +1,41 @@
+"""What every model class is built from: its config and the build context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class ArchConfig(dict):
+    """An HF-style ``config.json`` with attribute access (``cfg.hidden_size``).
+
+    Missing keys read as AttributeError (use ``cfg.get(key, default)`` for optional ones).
+    """
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"model config has no {key!r}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    @property
+    def text(self) -> "ArchConfig":
+        """The language-model part of a multimodal config (``text_config``), else itself."""
+        sub = self.get("text_config")
+        return ArchConfig(sub) if isinstance(sub, dict) else self
+
+
+@dataclass
+class BuildContext:
+    """How to build a model: where, in which dtype, with which quantization and parallelism."""
+
+    dtype: torch.dtype = torch.float32
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    quant: Any = None  # a tallow.plugin.QuantScheme instance, or None for plain weights
+    tp_rank: int = 0
+    tp_size: int = 1

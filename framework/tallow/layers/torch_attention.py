@@ -1,0 +1,31 @@
+"""The plain-torch attention backend: correct everywhere, fast nowhere. The CPU path."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from tallow.kernels.attention_ref import paged_attention_ref, store_kv_ref
+from tallow.plugin import AttentionBackend
+
+from .attention import AttentionLayer, AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name: ClassVar[str] = "torch"
+    supports_cuda_graph: ClassVar[bool] = False
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        store_kv_ref(kv_cache, k, v, meta.slot_mapping)
+        qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
+        lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        return paged_attention_ref(
+            q, kv_cache, query_start_loc=qsl, seq_lens=lens, block_tables=meta.block_tables,
+            scale=layer.scale, sliding_window=layer.sliding_window,
+            logit_softcap=layer.logit_softcap,
+        )

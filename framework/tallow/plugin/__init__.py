@@ -1,0 +1,33 @@
+"""The public surface for tallow plugins.
+
+A plugin imports from here (and from :mod:`tallow.layers`, :mod:`tallow.kernels`) and nothing
+else of tallow. It implements hooks marked with :data:`hookimpl` in a module named by its
+``tallow`` entry point.
+"""
+
+from .components import (
+    AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
+    WeightFormat,
+)
+from .hookspecs import hookimpl, hookspec
+from .registry import (
+    ArchitectureRegistry, AttentionBackendRegistry, Entry, KVCodecRegistry, QuantSchemeRegistry,
+    Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
+    WeightFormatRegistry, registering_as,
+)
+from .selection import SelectionError, select
+from .tool_parsing import (
+    ParseResult, StreamDelta, StreamingToolParser, ToolCall, ToolCallDelta, ToolParser,
+    new_call_id,
+)
+
+__all__ = [
+    "hookimpl", "hookspec",
+    "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
+    "AttentionBackend", "ToolProvider", "ToolParser", "StreamingToolParser", "ToolCall",
+    "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id",
+    "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
+    "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
+    "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
+    "select", "SelectionError",
+]

@@ -1,0 +1,161 @@
+"""Base classes of the components that plugins register.
+
+They import no torch: a plugin's registration module may import :mod:`tallow.plugin` freely, and
+listing plugins stays cheap. Tensor types appear only in annotations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class Component:
+    """Anything a registry can hold.
+
+    ``validate(config)`` returns the reasons this component cannot serve ``config`` (empty when
+    it can); selection (:func:`tallow.plugin.select`) relies on it.
+    """
+
+    name: ClassVar[str] = ""
+
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Checkpoint:
+    """What a :class:`WeightFormat` read from a model source.
+
+    ``config`` is an HF-style ``config.json`` dict (a GGUF loader builds one from the metadata
+    through the architecture's ``config_from_gguf``). ``tensors()`` yields ``(name, tensor)``
+    pairs named as the checkpoint names them; ``naming`` says which scheme (``"hf"`` or
+    ``"gguf"``), and the model's ``load_weights`` maps them.
+    """
+
+    source: str
+    config: dict[str, Any]
+    architecture: str
+    tensors: Callable[[], Iterator[tuple[str, "torch.Tensor"]]]
+    naming: str = "hf"
+    #: a ``tokenizers.Tokenizer``; None if the source carries none
+    tokenizer: Any = None
+    #: ``tokenizer_config.json``-style dict: bos_token, eos_token, add_bos_token, chat_template...
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    #: name of a quant scheme the checkpoint needs (e.g. "gguf"), or None for plain weights
+    quantization: str | None = None
+    #: free-form facts the format wants to pass on (GGUF metadata, file paths, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.tokenizer_config.get("chat_template")
+
+
+class WeightFormat(Component):
+    """Reads one kind of model source into a :class:`Checkpoint`."""
+
+    @classmethod
+    def claims(cls, source: str) -> bool:
+        """True when ``source`` (a path, a file or a hub id) is in this format."""
+        raise NotImplementedError
+
+    def load(self, source: str, *, revision: str | None = None) -> Checkpoint:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+class ModelArchitecture:
+    """The contract of a model class registered through ``tallow_register_architectures``.
+
+    The class is an ``torch.nn.Module`` built from :mod:`tallow.layers` (the base
+    :class:`tallow.layers.CausalLM` implements the plumbing); this class documents what the
+    engine calls:
+
+    - ``__init__(config: tallow.layers.ArchConfig, build: tallow.layers.BuildContext)``;
+    - ``forward(input_ids [T], positions [T]) -> hidden [T, H]`` over one flat batch, with the
+      attention metadata of the step in the forward context (:mod:`tallow.layers.attention`);
+    - ``compute_logits(hidden [N, H]) -> float32 logits [N, V]``;
+    - ``load_weights(tensors, naming) -> set[str]`` the parameter names it filled;
+    - ``config_from_gguf(metadata) -> dict`` (classmethod): an HF-style config from GGUF metadata.
+    """
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    gguf_architectures: ClassVar[tuple[str, ...]] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization, KV codecs, attention
+# ---------------------------------------------------------------------------------------------
+class QuantScheme(Component):
+    """A weight quantization scheme.
+
+    ``detect(config)`` says whether a checkpoint config asks for it; ``min_capability`` is the
+    lowest CUDA compute capability (major*10+minor) its kernels run on (0: any, CPU included).
+    """
+
+    min_capability: ClassVar[int] = 0
+
+    @classmethod
+    def detect(cls, config: dict[str, Any]) -> bool:
+        return False
+
+
+class KVCodec(Component):
+    """How K and V are stored in the paged cache.
+
+    ``cache_dtype(model_dtype)`` is the torch dtype of the cache tensors; ``bytes_per_element``
+    the storage per element (for the KV budget).
+    """
+
+    bytes_per_element: ClassVar[float] = 2.0
+
+    def cache_dtype(self, model_dtype: "torch.dtype") -> "torch.dtype":
+        return model_dtype
+
+
+class AttentionBackend(Component):
+    """Paged attention over one flat batch.
+
+    ``forward(layer, q, k, v, kv_cache, meta)`` writes this step's ``k``/``v`` [T, Hkv, D] into
+    ``kv_cache`` [2, num_blocks, block_size, Hkv, D] at ``meta.slot_mapping`` and returns the
+    attention output [T, Hq, D] for queries ``q`` [T, Hq, D], reading each sequence's earlier
+    context through ``meta.block_tables``. ``layer`` carries the head counts, scale, sliding
+    window and logit softcap (:class:`tallow.layers.attention.AttentionLayer`).
+    """
+
+    #: True if the decode path may be captured in a CUDA graph
+    supports_cuda_graph: ClassVar[bool] = False
+
+    def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
+                kv_cache: "torch.Tensor", meta: Any) -> "torch.Tensor":
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------------------------
+class ToolProvider(Component):
+    """Tools the server can offer and call itself (an MCP client, say)."""
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """OpenAI-style tool definitions: ``{"type": "function", "function": {...}}``."""
+        raise NotImplementedError
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+
+def iter_components(entries: Iterable[Any]) -> Iterator[Any]:
+    for entry in entries:
+        yield entry.load()

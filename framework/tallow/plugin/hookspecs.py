@@ -1,0 +1,127 @@
+"""Every extension point of tallow, declared as pluggy hook specifications.
+
+Registration hooks are called once at start-up, each with a typed registry; an implementation
+registers lazy ``"module:attr"`` targets and returns nothing. Lifecycle hooks tell plugins what
+the process is doing. No hook is ever called per request or per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+PROJECT = "tallow"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .registry import (
+        ArchitectureRegistry, AttentionBackendRegistry, KVCodecRegistry, QuantSchemeRegistry,
+        RouteRegistry, ToolParserRegistry, ToolProviderRegistry, WeightFormatRegistry,
+    )
+
+
+@hookspec
+def tallow_register_architectures(registry: "ArchitectureRegistry") -> None:
+    """Register model classes.
+
+    Call ``registry.register(hf_name, "pkg.module:Class", gguf=(gguf_arch, ...))`` once per
+    Hugging Face ``architectures`` name the class serves; ``gguf`` lists the GGUF
+    ``general.architecture`` values it also serves. The class follows
+    :class:`tallow.plugin.ModelArchitecture`: it is built from an HF-style config, declares how
+    checkpoint tensor names (HF and GGUF) map onto its parameters, and runs one flat batch.
+    Must not import torch at registration time (targets are loaded lazily).
+    """
+
+
+@hookspec
+def tallow_register_weight_formats(registry: "WeightFormatRegistry") -> None:
+    """Register checkpoint loaders (:class:`tallow.plugin.WeightFormat`).
+
+    ``registry.register(name, "pkg.module:Class", priority=N)``. When the model source does not
+    name a format, the formats are asked by priority, highest first, whether they claim the
+    source (``claims(source)``); the first that does loads it. A loader produces the HF-style
+    config, the tokenizer, the chat template and an iterator of checkpoint tensors.
+    """
+
+
+@hookspec
+def tallow_register_quant_schemes(registry: "QuantSchemeRegistry") -> None:
+    """Register weight quantization schemes (:class:`tallow.plugin.QuantScheme`).
+
+    A scheme says how it is detected from a checkpoint config, which GPU capability it needs
+    (``validate``), how its weights are laid out, and which matmul it runs.
+    """
+
+
+@hookspec
+def tallow_register_kv_codecs(registry: "KVCodecRegistry") -> None:
+    """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`).
+
+    A codec states its bytes per token per head and provides the write (quantize into the
+    paged cache) and read (dequantize) paths used by attention backends.
+    """
+
+
+@hookspec
+def tallow_register_attention_backends(registry: "AttentionBackendRegistry") -> None:
+    """Register attention backends (:class:`tallow.plugin.AttentionBackend`).
+
+    ``registry.register(name, "pkg.module:Class", priority=N)``. Unless the config names a
+    backend, the highest-priority backend whose ``validate(config)`` returns no reasons serves;
+    a named backend that returns reasons stops start-up with them.
+    """
+
+
+@hookspec
+def tallow_register_tool_parsers(registry: "ToolParserRegistry") -> None:
+    """Register tool-call parsers (:class:`tallow.plugin.ToolParser`).
+
+    Without ``--tool-parser``, the highest-priority parser whose ``matches(model_name,
+    chat_template)`` is true is used. A parser turns model text into OpenAI ``tool_calls``, both
+    whole and as streaming deltas.
+    """
+
+
+@hookspec
+def tallow_register_tool_providers(registry: "ToolProviderRegistry") -> None:
+    """Register tool providers (:class:`tallow.plugin.ToolProvider`), e.g. MCP clients.
+
+    A provider lists tools (name, description, JSON Schema of arguments) and calls them.
+    """
+
+
+@hookspec
+def tallow_register_routes(registry: "RouteRegistry") -> None:
+    """Register extra HTTP routes served next to the OpenAI API (the web UI, say).
+
+    ``registry.register("/path", "pkg.module:endpoint_or_app", methods=("GET",), mount=False)``;
+    with ``mount=True`` the target is an ASGI app mounted under the path.
+    """
+
+
+@hookspec(historic=True)
+def tallow_configure(config: Any) -> None:
+    """The effective configuration (a :class:`tallow.config.TallowConfig`) is known.
+
+    Historic: a plugin registered later still receives it. Read your settings from
+    ``config.plugins.settings.get(<distribution name>, {})``; do not mutate ``config``.
+    """
+
+
+@hookspec
+def tallow_engine_ready(engine: Any) -> None:
+    """The engine has loaded its model and allocated its KV cache; requests may now flow.
+
+    Called once, on the process that drives the engine, before the server accepts traffic.
+    """
+
+
+@hookspec
+def tallow_shutdown() -> None:
+    """The process is shutting down: release what you hold (subprocesses, connections).
+
+    Called once; must not raise (a raising implementation is logged and the others still run).
+    """

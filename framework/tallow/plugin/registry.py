@@ -1,0 +1,318 @@
+"""Registries: named, lazily imported components recorded with who registered them.
+
+A registry stores *targets*: either a ``"module:attr"`` string, imported only when the
+component is first used, or the object itself. Listing plugins therefore imports no torch and
+touches no GPU. Every entry remembers the distribution (and version) that registered it, so
+``tallow plugins list`` and ``/v1/plugins`` can say where a component came from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("tallow.plugin")
+
+
+class RegistryError(ValueError):
+    """A registration or a lookup that cannot be honoured (duplicate name, unknown name, bad target)."""
+
+
+@dataclass
+class Entry:
+    """One registered component."""
+
+    kind: str
+    name: str
+    target: Any
+    distribution: str = "<unknown>"
+    version: str = ""
+    priority: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    _loaded: Any = field(default=None, repr=False)
+
+    @property
+    def lazy(self) -> bool:
+        return isinstance(self.target, str)
+
+    def load(self) -> Any:
+        """Import the target (once) and return the object it names."""
+        if self._loaded is not None:
+            return self._loaded
+        if not isinstance(self.target, str):
+            self._loaded = self.target
+            return self._loaded
+        module_name, sep, attr = self.target.partition(":")
+        if not sep or not module_name or not attr:
+            raise RegistryError(
+                f"{self.kind} {self.name!r} from {self.distribution}: target {self.target!r} "
+                "is not of the form 'module:attr'"
+            )
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        self._loaded = obj
+        return obj
+
+    def describe(self) -> dict[str, Any]:
+        target = self.target if isinstance(self.target, str) else _qualname(self.target)
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "target": target,
+            "distribution": self.distribution,
+            "version": self.version,
+            "priority": self.priority,
+            **({"meta": self.meta} if self.meta else {}),
+        }
+
+
+def _qualname(obj: Any) -> str:
+    mod = getattr(obj, "__module__", type(obj).__module__)
+    name = getattr(obj, "__qualname__", type(obj).__qualname__)
+    return f"{mod}:{name}"
+
+
+# The distribution currently registering. The plugin manager sets it around each plugin's
+# registration hooks; direct calls (tests, the core itself) fall back to "<unknown>"/"tallow".
+_current_owner: list[tuple[str, str]] = []
+
+
+@contextmanager
+def registering_as(distribution: str, version: str = "") -> Iterator[None]:
+    """Attribute every registration made inside the block to ``distribution``."""
+    _current_owner.append((distribution, version))
+    try:
+        yield
+    finally:
+        _current_owner.pop()
+
+
+def _owner() -> tuple[str, str]:
+    return _current_owner[-1] if _current_owner else ("<unknown>", "")
+
+
+class Registry:
+    """A name → :class:`Entry` map for one kind of component.
+
+    Subclasses add keyword arguments that describe their kind; the storage, duplicate rule and
+    lazy loading live here.
+    """
+
+    kind: str = "component"
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        # Journal of mutations, so the plugin manager can roll back a failing plugin.
+        self._journal: list[tuple[str, Entry | None]] = []
+
+    # -- registration -------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        target: Any,
+        *,
+        priority: int = 0,
+        override: bool = False,
+        **meta: Any,
+    ) -> Entry:
+        """Register ``target`` (``"module:attr"`` or an object) under ``name``.
+
+        A name registered before is refused unless ``override=True``; an override is logged with
+        both distributions.
+        """
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{self.kind}: a name must be a non-empty string, got {name!r}")
+        if isinstance(target, str) and ":" not in target:
+            raise RegistryError(
+                f"{self.kind} {name!r}: target {target!r} is not of the form 'module:attr'"
+            )
+        dist, version = _owner()
+        previous = self._entries.get(name)
+        if previous is not None:
+            if not override:
+                raise RegistryError(
+                    f"{self.kind} {name!r} is already registered by {previous.distribution}"
+                    f"{' ' + previous.version if previous.version else ''} "
+                    f"(target {previous.describe()['target']}); {dist} may replace it only "
+                    "with override=True"
+                )
+            log.warning(
+                "%s %r registered by %s is overridden by %s", self.kind, name,
+                previous.distribution, dist,
+            )
+        entry = Entry(self.kind, name, target, dist, version, priority, dict(meta))
+        self._journal.append((name, previous))
+        self._entries[name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        if name not in self._entries:
+            raise RegistryError(f"{self.kind} {name!r} is not registered")
+        self._journal.append((name, self._entries.pop(name)))
+
+    # -- transactions used by the plugin manager -----------------------------------------
+    def mark(self) -> int:
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        """Undo every mutation since ``mark`` (newest first)."""
+        while len(self._journal) > mark:
+            name, previous = self._journal.pop()
+            if previous is None:
+                self._entries.pop(name, None)
+            else:
+                self._entries[name] = previous
+
+    # -- lookup -------------------------------------------------------------------------
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(sorted(self._entries)) or "none"
+            raise RegistryError(f"unknown {self.kind} {name!r} (registered: {known})") from None
+
+    def get(self, name: str) -> Any:
+        """The loaded component registered under ``name``."""
+        return self.entry(name).load()
+
+    def by_priority(self) -> list[Entry]:
+        """Entries, highest priority first; equal priorities keep registration order."""
+        return sorted(self._entries.values(), key=lambda e: -e.priority)
+
+    def find(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
+        return [e for e in self._entries.values() if predicate(e)]
+
+
+class ArchitectureRegistry(Registry):
+    """Model classes, by Hugging Face ``architectures`` name.
+
+    ``gguf=("llama", ...)`` also maps GGUF ``general.architecture`` values to this entry.
+    """
+
+    kind = "architecture"
+
+    def register(self, name: str, target: Any, *, gguf: tuple[str, ...] | list[str] = (),
+                 priority: int = 0, override: bool = False, **meta: Any) -> Entry:
+        return super().register(name, target, priority=priority, override=override,
+                                gguf=tuple(gguf), **meta)
+
+    def for_gguf(self, gguf_arch: str) -> Entry:
+        for entry in self.by_priority():
+            if gguf_arch in entry.meta.get("gguf", ()):
+                return entry
+        known = sorted({g for e in self for g in e.meta.get("gguf", ())})
+        raise RegistryError(
+            f"no architecture plugin handles GGUF architecture {gguf_arch!r} "
+            f"(known: {', '.join(known) or 'none'})"
+        )
+
+
+class WeightFormatRegistry(Registry):
+    """Checkpoint loaders (safetensors directory, GGUF file, Hugging Face hub id, ...)."""
+
+    kind = "weight_format"
+
+
+class QuantSchemeRegistry(Registry):
+    """Weight quantization schemes (GGUF k-quants, FP8, GPTQ/AWQ, ...)."""
+
+    kind = "quant_scheme"
+
+
+class KVCodecRegistry(Registry):
+    """KV-cache codecs (auto, fp8, turbo*)."""
+
+    kind = "kv_codec"
+
+
+class AttentionBackendRegistry(Registry):
+    """Attention backends; the highest-priority compatible one is chosen unless one is named."""
+
+    kind = "attention_backend"
+
+
+class ToolParserRegistry(Registry):
+    """Tool-call parsers for model output."""
+
+    kind = "tool_parser"
+
+
+class ToolProviderRegistry(Registry):
+    """Providers of tools the server can call itself (MCP clients)."""
+
+    kind = "tool_provider"
+
+
+class RouteRegistry(Registry):
+    """Extra HTTP routes: name = path, target = an ASGI app or a Starlette endpoint."""
+
+    kind = "route"
+
+    def register(self, name: str, target: Any, *, methods: tuple[str, ...] = ("GET",),
+                 mount: bool = False, priority: int = 0, override: bool = False,
+                 **meta: Any) -> Entry:
+        if not name.startswith("/"):
+            raise RegistryError(f"route {name!r}: a path must start with '/'")
+        return super().register(name, target, priority=priority, override=override,
+                                methods=tuple(methods), mount=mount, **meta)
+
+
+REGISTRY_CLASSES: dict[str, type[Registry]] = {
+    cls.kind: cls
+    for cls in (
+        ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
+        AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
+    )
+}
+
+
+class Registries:
+    """Every registry of one plugin manager, one attribute per kind."""
+
+    def __init__(self) -> None:
+        self.architectures = ArchitectureRegistry()
+        self.weight_formats = WeightFormatRegistry()
+        self.quant_schemes = QuantSchemeRegistry()
+        self.kv_codecs = KVCodecRegistry()
+        self.attention_backends = AttentionBackendRegistry()
+        self.tool_parsers = ToolParserRegistry()
+        self.tool_providers = ToolProviderRegistry()
+        self.routes = RouteRegistry()
+
+    def all(self) -> list[Registry]:
+        return [
+            self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
+            self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
+        ]
+
+    def mark(self) -> list[int]:
+        return [r.mark() for r in self.all()]
+
+    def rollback(self, marks: list[int]) -> None:
+        for registry, mark in zip(self.all(), marks):
+            registry.rollback(mark)
+
+    def owned_by(self, distribution: str) -> dict[str, list[str]]:
+        """Component names per kind registered by ``distribution``."""
+        out: dict[str, list[str]] = {}
+        for registry in self.all():
+            names = [e.name for e in registry if e.distribution == distribution]
+            if names:
+                out[registry.kind] = names
+        return out
