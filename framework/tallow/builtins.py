@@ -15,3 +15,9 @@ def tallow_register_attention_backends(registry) -> None:
 @hookimpl
 def tallow_register_kv_codecs(registry) -> None:
     registry.register("auto", "tallow.layers.kv_codec:AutoKVCodec")
+
+
+@hookimpl
+def tallow_register_weight_formats(registry) -> None:
+    # Random weights of real shapes, for benchmarks: speed does not depend on weight values.
+    registry.register("random", "tallow.engine.random_model:RandomWeights", priority=100)

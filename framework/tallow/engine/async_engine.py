@@ -1,0 +1,198 @@
+"""The asynchronous engine the server uses.
+
+A background thread owns the engine core and steps it while there is work; the asyncio side
+tokenizes, detokenizes and checks stop strings (:class:`OutputProcessor`). The two sides talk
+through a command queue (thread → core) and ``call_soon_threadsafe`` (core → asyncio), so HTTP
+handling and text work never stall the device, and the device never waits on a lock held by
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Any, AsyncIterator
+
+import torch
+
+from .builder import EngineParts, build_engine
+from .core import CoreOutput
+from .output_processor import OutputProcessor
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+from .sequence import SequenceStatus
+
+log = logging.getLogger("tallow.engine")
+
+_IDLE_WAIT_S = 0.05
+
+
+class AsyncEngine:
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.core = parts.core
+        self.tokenizer = parts.tokenizer
+        self.model_name = parts.model_name
+        self.max_model_len = parts.max_model_len
+        self.plugin_manager = parts.plugin_manager
+        self.processor = OutputProcessor(parts.tokenizer)
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0,
+                          "steps_total": 0, "step_seconds_total": 0.0,
+                          "host_seconds_total": 0.0}
+        self.error: BaseException | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, plugin_manager: Any = None) -> "AsyncEngine":
+        return cls(build_engine(config, plugin_manager))
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="tallow-engine", daemon=True)
+        self._thread.start()
+        self.plugin_manager.hook.tallow_engine_ready(engine=self)
+
+    async def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    # -- the engine thread --------------------------------------------------------------
+    def _post(self, *command: Any) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        device = self.parts.loaded.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        try:
+            while not self._stopping.is_set():
+                self._drain_commands()
+                if not self.core.has_unfinished():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                out = self.core.step()
+                if out.updates or out.finished or out.prompt_logprobs:
+                    self._deliver(self._on_core_output, out)
+                c = self._counters
+                c["steps_total"] += 1
+                c["step_seconds_total"] += out.step_time
+                c["host_seconds_total"] += out.host_time
+        except BaseException as exc:  # the engine is dead: fail every waiting request loudly
+            log.exception("engine loop failed")
+            self.error = exc
+            self._deliver(self._fail_all, exc)
+
+    def _deliver(self, fn: Any, arg: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, arg)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            kind = command[0]
+            if kind == "add":
+                _, rid, ids, params, priority, future = command
+                try:
+                    self.core.add_request(rid, ids, params, priority=priority)
+                except BaseException as exc:
+                    self._deliver(lambda a: None if a[0].done() else a[0].set_exception(a[1]),
+                                  (future, exc))
+                else:
+                    self._deliver(lambda f: None if f.done() else f.set_result(None), future)
+            elif kind == "abort":
+                self.core.abort(command[1])
+            elif kind == "finish":
+                self.core.finish_sequence(command[1], command[2],
+                                          SequenceStatus.FINISHED_STOPPED)
+
+    # -- the asyncio side ---------------------------------------------------------------
+    def _on_core_output(self, out: CoreOutput) -> None:
+        outputs, to_stop = self.processor.process(out)
+        self._counters["generation_tokens_total"] += len(out.updates)
+        for rid, index in to_stop:
+            self._post("finish", rid, index)
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put_nowait(output)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(exc)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str, *, prompt: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of one request (cumulative text per completion).
+
+        Admission errors are raised before the first output. Closing the iterator early (a
+        client went away) aborts the request and frees its KV blocks.
+        """
+        if self.error is not None:
+            raise RuntimeError(f"the engine has failed: {self.error}")
+        if self._thread is None:
+            await self.start()
+        if not prompt_token_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        assert self._loop is not None
+        stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[request_id] = stream
+        self.processor.add_request(request_id, prompt, prompt_token_ids, params)
+        admitted = self._loop.create_future()
+        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        finished = False
+        try:
+            try:
+                await admitted
+            except BaseException:
+                finished = True  # never admitted: nothing to abort
+                self.processor.abort_request(request_id)
+                raise
+            self._counters["prompt_tokens_total"] += len(prompt_token_ids)
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError(f"the engine has failed: {item}") from item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._post("abort", request_id)
+                self.processor.abort_request(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+        final = self.processor.abort_request(request_id)
+        stream = self._streams.get(request_id)
+        if stream is not None and final is not None:
+            stream.put_nowait(final)
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.core.stats()
+        stats.update(self._counters)
+        return stats

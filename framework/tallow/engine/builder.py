@@ -1,0 +1,125 @@
+"""Builds an engine core from the configuration: plugins → model → KV budget → runner."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tallow.plugin import select
+
+from .core import EngineCore
+from .loader import LoadedModel, load_model, resolve_device
+from .model_runner import ModelRunner, kv_bytes_per_block
+from .scheduler import Scheduler
+from .block_manager import BlockManager
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("tallow.engine")
+
+_CPU_KV_CAP = 1 << 30  # never take more than this much RAM for the KV cache on a CPU
+
+
+@dataclass
+class EngineParts:
+    core: EngineCore
+    tokenizer: Tokenizer
+    model_name: str
+    max_model_len: int
+    loaded: LoadedModel
+    plugin_manager: Any
+    attention_backend: str
+
+
+def model_source(config: Any) -> tuple[str, str]:
+    """(source, served name). No source means the embedded default model."""
+    source = config.model.source
+    if not source:
+        from tallow.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+        return str(default_model_path()), config.model.served_model_name or DEFAULT_MODEL_NAME
+    name = config.model.served_model_name or source
+    return source, name
+
+
+def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
+                     max_model_len: int) -> int:
+    cache = config.cache
+    if cache.num_blocks:
+        return int(cache.num_blocks)
+    if cache.mem_mb:
+        budget = int(cache.mem_mb) << 20
+    elif loaded.device.type == "cuda":
+        torch.cuda.synchronize(loaded.device)
+        free, total = torch.cuda.mem_get_info(loaded.device)
+        # kv_fraction of what the card has left after weights and the activations of a step
+        # (a margin for them and for CUDA graphs is kept back).
+        reserve = min(4 << 30, int(0.05 * total))
+        budget = int(cache.kv_fraction * max(0, free - reserve))
+    else:
+        need = config.scheduler.max_num_seqs * max_model_len * bytes_per_block // max(
+            1, config.cache.block_size)
+        budget = min(_CPU_KV_CAP, need)
+    blocks = budget // bytes_per_block
+    min_blocks = -(-max_model_len // config.cache.block_size)
+    if blocks < min_blocks:
+        log.warning("KV budget of %d blocks cannot hold one %d-token sequence; using %d blocks",
+                    blocks, max_model_len, min_blocks)
+        blocks = min_blocks
+    return int(blocks)
+
+
+def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
+    if plugin_manager is None:
+        from tallow.plugin.manager import load_plugins
+
+        plugin_manager = load_plugins(config.plugins)
+        plugin_manager.hook.tallow_configure(config=config)
+    registries = plugin_manager.registries
+    if config.model.seed is not None:
+        torch.manual_seed(int(config.model.seed))
+    source, served_name = model_source(config)
+    device = resolve_device(config.model.device)
+    loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
+                        weight_format=config.model.weight_format,
+                        revision=config.model.revision)
+    tokenizer = Tokenizer.from_checkpoint(loaded.checkpoint)
+    arch = loaded.config.text
+    max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
+                        or 4096)
+    backend_entry = select(registries.attention_backends, config,
+                           config.runner.attention_backend)
+    backend = backend_entry.load()(config)
+    codec = select(registries.kv_codecs, config, config.cache.kv_codec).load()()
+    kv_dtype = codec.cache_dtype(loaded.dtype)
+    block_size = config.cache.block_size
+    per_block = kv_bytes_per_block(loaded.model, block_size, kv_dtype)
+    num_blocks = kv_budget_blocks(config, loaded, per_block, max_model_len)
+    log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, block_size,
+             num_blocks * per_block / 2**20)
+    vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
+    runner = ModelRunner(
+        loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
+        block_size=block_size, attention_backend=backend, vocab_size=vocab,
+        max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
+        eos_token_ids=tokenizer.eos_token_ids, kv_dtype=kv_dtype,
+    )
+    if device.type == "cuda" and not config.runner.disable_cuda_graph and getattr(
+            backend, "supports_cuda_graph", False):
+        from .cuda_graphs import CudaGraphRunner
+
+        runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
+    block_manager = BlockManager(num_blocks, block_size,
+                                 enable_prefix_caching=config.cache.enable_prefix_caching)
+    scheduler = Scheduler(
+        block_manager, max_num_seqs=config.scheduler.max_num_seqs,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
+        policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
+    )
+    core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
+                      max_model_len=max_model_len)
+    return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
+                       backend_entry.name)

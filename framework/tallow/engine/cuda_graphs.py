@@ -1,0 +1,96 @@
+"""CUDA graphs for decode steps: captured once per padded batch size, replayed every step.
+
+Every input of a decode step lives in a persistent device buffer; a replay only copies this
+step's values in. Graphs are captured with ``meta.max_seq_len = max_model_len`` so the attention
+kernels' launch grids cover any context; the kernels read the true per-sequence lengths from
+``seq_lens``. Padding rows have slot -1 (nothing stored) and length 1 (finite, discarded).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from tallow.layers import AttentionMetadata, forward_context
+
+log = logging.getLogger("tallow.engine")
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, max_batch + 1, 16))
+    return sorted({s for s in sizes if s <= max_batch} | {max_batch})
+
+
+class CudaGraphRunner:
+    def __init__(self, runner: Any, max_batch: int) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        dev = runner.device
+        width = runner.max_blocks_per_seq
+        self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.sizes = graph_batch_sizes(max_batch)
+        self.pool = None
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        r = self.runner
+        return AttentionMetadata(
+            num_seqs=bs, num_tokens=bs, query_start_loc=self.query_start_loc[:bs + 1],
+            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
+            slot_mapping=self.slot_mapping[:bs], max_query_len=1, max_seq_len=r.max_model_len,
+            block_size=r.block_size,
+        )
+
+    @classmethod
+    @torch.inference_mode()
+    def capture(cls, runner: Any, max_batch: int) -> "CudaGraphRunner":
+        max_batch = max(1, min(max_batch, runner.max_num_seqs))
+        self = cls(runner, max_batch)
+        started = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(runner.device)[0]
+        for bs in reversed(self.sizes):
+            meta = self._meta(bs)
+            with forward_context(meta, runner.backend):
+                for _ in range(2):  # warm up: Triton compiles, allocator settles
+                    runner.model(self.input_ids[:bs], self.positions[:bs])
+                torch.cuda.synchronize(runner.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    out = runner.model(self.input_ids[:bs], self.positions[:bs])
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = graph
+            self.outputs[bs] = out
+        torch.cuda.synchronize(runner.device)
+        used = free_before - torch.cuda.mem_get_info(runner.device)[0]
+        log.info("captured %d CUDA graphs (batch ≤ %d) in %.1fs, %.0f MiB", len(self.graphs),
+                 max_batch, time.perf_counter() - started, used / 2**20)
+        return self
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor | None:
+        """Replay the graph for this decode batch; None if it does not fit a captured size."""
+        bs = meta.num_seqs
+        if bs > self.max_batch:
+            return None
+        size = next(s for s in self.sizes if s >= bs)
+        self.input_ids[:bs].copy_(ids, non_blocking=True)
+        self.positions[:bs].copy_(pos, non_blocking=True)
+        self.slot_mapping[:bs].copy_(meta.slot_mapping, non_blocking=True)
+        self.seq_lens[:bs].copy_(meta.seq_lens, non_blocking=True)
+        width = meta.block_tables.shape[1]
+        self.block_tables[:bs, :width].copy_(meta.block_tables, non_blocking=True)
+        if size > bs:
+            self.slot_mapping[bs:size].fill_(-1)
+            self.seq_lens[bs:size].fill_(1)
+        self.graphs[size].replay()
+        return self.outputs[size][:bs]

@@ -1,0 +1,116 @@
+"""``random:<shape>`` models: real architectures and shapes, random weights made on the device.
+
+Speed does not depend on weight values, so benchmarks and GPU parity tests use these instead of
+multi-gigabyte downloads. The vocabulary is synthetic (token ``i`` reads ``<i>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+from tallow.plugin import Checkpoint, WeightFormat
+
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
+                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                       max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False),
+    "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_scaling=_LLAMA3, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(architectures=["LlamaForCausalLM"], hidden_size=2048,
+                         intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         rope_theta=500000.0, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True,
+                         rope_scaling={**_LLAMA3, "factor": 32.0}),
+    "mistral-7b": dict(architectures=["MistralForCausalLM"], hidden_size=4096,
+                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, vocab_size=32768, rope_theta=1000000.0,
+                       max_position_embeddings=32768, rms_norm_eps=1e-5, sliding_window=None,
+                       tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=896,
+                         intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, rope_theta=1000000.0,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True),
+    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], hidden_size=1024,
+                       intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
+    "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False),
+    # A few-MB model of the llama shape family, for CPU tests of the random path itself.
+    "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=64,
+                       intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, rope_theta=10000.0,
+                       max_position_embeddings=2048, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False),
+}
+
+
+def shape_config(source: str) -> dict[str, Any]:
+    name = source[len("random:"):] if source.startswith("random:") else source
+    if name not in SHAPES:
+        raise ValueError(f"model.source: unknown random shape {name!r}; expected "
+                         f"random:<shape> with shape one of {', '.join(sorted(SHAPES))}")
+    config = {"model_type": "random", "hidden_act": "silu", "attention_bias": False,
+              "torch_dtype": "bfloat16", **SHAPES[name]}
+    return config
+
+
+def synthetic_tokenizer(vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return tok
+
+
+@torch.no_grad()
+def initialize_random(model: torch.nn.Module, seed: int = 0) -> None:
+    """Fill every parameter on its own device: matrices ~ N(0, 0.02), norms 1, biases 0."""
+    gen = None
+    for name, param in model.named_parameters():
+        if gen is None or gen.device != param.device:
+            gen = torch.Generator(device=param.device).manual_seed(seed)
+        if name.endswith("bias"):
+            param.zero_()
+        elif param.dim() == 1:
+            param.fill_(1.0)
+        elif param.is_floating_point():
+            param.normal_(0.0, 0.02, generator=gen)
+
+
+class RandomWeights(WeightFormat):
+    name: ClassVar[str] = "random"
+
+    @classmethod
+    def claims(cls, source: str) -> bool:
+        return isinstance(source, str) and source.startswith("random:")
+
+    def load(self, source: str, *, revision: str | None = None) -> Checkpoint:
+        config = shape_config(source)
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            return iter(())
+
+        return Checkpoint(
+            source=source, config=config, architecture=config["architectures"][0],
+            tensors=tensors, naming="random", tokenizer=synthetic_tokenizer(config["vocab_size"]),
+            tokenizer_config={"eos_token": "<0>", "add_bos_token": False},
+        )
