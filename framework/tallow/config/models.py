@@ -1,0 +1,227 @@
+"""Every setting of tallow, as pydantic models: one section per concern, unknown keys refused.
+
+Each field carries its documentation (``description``) and, where the generated command-line
+flag is not simply ``--<field-name>``, the flag in ``json_schema_extra={"flag": ...}``. The CLI
+(:func:`tallow.config.add_config_arguments`), the environment scheme and
+``docs/configuration.md`` are all derived from these models, so a new setting is added here once.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _flag(name: str, **extra: Any) -> dict[str, Any]:
+    return {"flag": name, **extra}
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+
+class ModelConfig(Section):
+    """Which model to serve and how to hold its weights."""
+
+    source: Optional[str] = Field(
+        None,
+        description="Model to serve: a local directory, a GGUF file, a hub id, or a name a weight "
+        "format claims (e.g. random:<arch>). None serves the embedded default model "
+        "(Qwen2.5-Coder-0.5B-Instruct, GGUF).",
+        json_schema_extra=_flag("--model"),
+    )
+    revision: Optional[str] = Field(None, description="Revision (branch, tag or commit) of a "
+                                    "hub model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Activation and unquantized weight dtype; auto picks bfloat16 on a "
+        "GPU that supports it, float32 on CPU.")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    max_model_len: Optional[int] = Field(
+        None, gt=0, description="Longest sequence (prompt + output) accepted; None takes the "
+        "model's own limit.")
+    served_model_name: Optional[str] = Field(
+        None, description="Model name reported by /v1/models and expected in requests; None "
+        "derives it from the source.")
+    weight_format: str = Field(
+        "auto", description="Name of the weight-format plugin that loads the source; auto asks "
+        "every format, highest priority first, whether it claims the source.")
+    seed: int = Field(0, ge=0, description="Seed of the random number generators (sampling "
+                      "without a per-request seed, random weights).")
+    tokenizer: Optional[str] = Field(None, description="Load the tokenizer from here instead of "
+                                     "from the model source.")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
+
+
+class CacheConfig(Section):
+    """The paged KV cache."""
+
+    block_size: int = Field(16, gt=0, le=1024, description="Tokens per KV block (a power of "
+                            "two).")
+    kv_fraction: float = Field(
+        0.9, gt=0.0, le=1.0, description="Fraction of the device memory left free after the "
+        "model is loaded that the KV cache may take.")
+    mem_mb: Optional[int] = Field(
+        None, gt=0, description="KV-cache budget in MiB; overrides kv_fraction.",
+        json_schema_extra=_flag("--mem", metavar="MB"))
+    kv_codec: str = Field("auto", description="How K and V are stored (a kv-codec plugin: auto "
+                          "keeps the model dtype; fp8, turbo8, ... when installed).")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV blocks of prompt "
+                                        "prefixes shared between requests.")
+    num_blocks: Optional[int] = Field(
+        None, gt=0, description="Exact number of KV blocks; overrides the memory budget.")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"expected a power of two, got {value}")
+        return value
+
+
+class SchedulerConfig(Section):
+    """Continuous batching: how much work one engine step takes on."""
+
+    max_num_seqs: int = Field(256, gt=0, description="Most sequences running in one step.")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one step "
+                                        "(prefill chunks and decodes together).")
+    prefill_chunk_size: Optional[int] = Field(
+        None, gt=0, description="Longest piece of one prompt prefilled in a step; None lets a "
+        "prompt take what is left of the step's budget.")
+    max_waiting: int = Field(1024, gt=0, description="Requests that may wait for a slot before "
+                             "new ones are refused.")
+    policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="Order of admission: first come first served, or by request "
+        "priority (then arrival).", json_schema_extra=_flag("--scheduling-policy"))
+
+
+class RunnerConfig(Section):
+    """The model runner: attention backend and CUDA graphs."""
+
+    attention_backend: str = Field(
+        "auto", description="Name of the attention backend; auto takes the highest-priority "
+        "backend that can serve the model and device.")
+    disable_cuda_graph: bool = Field(False, description="Run decode steps eagerly instead of "
+                                     "replaying captured CUDA graphs.")
+    max_cuda_graph_batch: int = Field(256, gt=0, description="Largest decode batch captured in "
+                                      "a CUDA graph; larger batches run eagerly.")
+
+
+class ServerConfig(Section):
+    """The OpenAI-compatible HTTP server."""
+
+    host: str = Field("0.0.0.0", description="Address to listen on.")
+    port: int = Field(2000, ge=0, le=65535, description="TCP port (0: any free port).")
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Accepted bearer tokens; empty accepts every request. Repeat --api-key for "
+        "several.", json_schema_extra=_flag("--api-key", metavar="KEY", secret=True))
+    max_body_bytes: int = Field(33554432, gt=0, description="Largest request body accepted.")
+    tool_parser: str = Field("auto", description="Name of the tool-call parser; auto picks the "
+                             "one that matches the model and its chat template.")
+    max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
+                           "running) before it answers 503.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _non_empty_keys(cls, value: list[str]) -> list[str]:
+        if any(not key for key in value):
+            raise ValueError("expected non-empty API keys")
+        return value
+
+
+class PluginsConfig(Section):
+    """Which plugin distributions load (see docs/plugins.md)."""
+
+    autoload: bool = Field(
+        True, description="Load every installed plugin distribution; a failing one is reported "
+        "and skipped.", json_schema_extra=_flag("--autoload-plugins"))
+    enable: list[str] = Field(
+        default_factory=list, description="Distributions to load even when autoload is off; a "
+        "failure stops start-up.", json_schema_extra=_flag("--enable-plugin", metavar="DIST"))
+    disable: list[str] = Field(
+        default_factory=list, description="Distributions never to load.",
+        json_schema_extra=_flag("--disable-plugin", metavar="DIST"))
+    require: list[str] = Field(
+        default_factory=list, description="Distributions that must load, with optional version "
+        "specifiers (tallow-llama>=0.1); missing, mismatched or failing stops start-up.",
+        json_schema_extra=_flag("--require-plugin", metavar="REQ"))
+    settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-plugin settings, keyed by distribution name; "
+        "each plugin reads its own in tallow_configure.", json_schema_extra=_flag(None))
+
+    @field_validator("enable", "disable")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise ValueError(f"expected a distribution name, got {name!r}")
+        return value
+
+    @field_validator("require")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for text in value:
+            try:
+                Requirement(text)
+            except InvalidRequirement as exc:
+                raise ValueError(
+                    f"expected a distribution name with optional version specifiers "
+                    f"(e.g. tallow-llama>=0.1), got {text!r}: {str(exc).splitlines()[0]}"
+                ) from None
+        return value
+
+
+# A field named "json" shadows BaseModel.json (a deprecated v1 method); the setting's name is
+# fixed, and instance attributes win over that method, so the warning is silenced here only.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "json"', category=UserWarning)
+
+    class LoggingConfig(Section):
+        """Logging of the server and engine."""
+
+        level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+            "INFO", description="Lowest level logged.", json_schema_extra=_flag("--log-level"))
+        json: bool = Field(False, description="One JSON object per log line.",  # type: ignore[assignment]
+                           json_schema_extra=_flag("--log-json"))
+
+        @field_validator("level", mode="before")
+        @classmethod
+        def _upper(cls, value: Any) -> Any:
+            return value.upper() if isinstance(value, str) else value
+
+
+class TallowConfig(Section):
+    """The whole configuration: one attribute per section."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    # "model" is a section name here, not pydantic's protected namespace.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True,
+                              protected_namespaces=())
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation  # type: ignore[misc]
+    for name, info in TallowConfig.model_fields.items()
+}
