@@ -1,0 +1,1 @@
+"""`tallow bench`: latency, throughput and serving benchmarks."""

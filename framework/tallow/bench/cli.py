@@ -1,0 +1,66 @@
+"""The `tallow bench` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _lengths(p: argparse.ArgumentParser, input_default: int | None,
+             output_default: int | None) -> None:
+    p.add_argument("--input-len", type=int, default=input_default)
+    p.add_argument("--output-len", type=int, default=output_default)
+    p.add_argument("--min-input-len", type=int, help="random input lengths: uniform range")
+    p.add_argument("--max-input-len", type=int)
+    p.add_argument("--min-output-len", type=int, help="random output lengths: uniform range")
+    p.add_argument("--max-output-len", type=int)
+
+
+def add_parser(subparsers: Any) -> None:
+    from tallow.config import add_config_arguments
+
+    bench = subparsers.add_parser("bench", help="measure latency, throughput or serving")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+
+    lat = kinds.add_parser("latency", help="one batch: TTFT, decode tok/s, ITL, bandwidth")
+    lat.add_argument("--batch-size", type=int, default=1)
+    lat.add_argument("--input-len", type=int, default=512)
+    lat.add_argument("--output-len", type=int, default=256)
+    lat.add_argument("--compare", choices=["hf"], help="also run transformers, print ratio")
+
+    thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
+    thr.add_argument("--num-prompts", type=int, default=1000)
+    _lengths(thr, 1000, 1000)
+
+    srv = kinds.add_parser("serve", help="Poisson arrivals through the HTTP API")
+    srv.add_argument("--num-prompts", type=int, default=200)
+    srv.add_argument("--rate", type=float, default=4.0, help="requests per second (0: all at once)")
+    srv.add_argument("--url", help="an already running server; else one is started here")
+    srv.add_argument("--server-args", nargs=argparse.REMAINDER,
+                     help="extra arguments for the started `tallow serve`")
+    _lengths(srv, 512, 128)
+
+    for p in (lat, thr, srv):
+        add_config_arguments(p)
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.add_argument("--output", help="also write the JSON result to this file")
+        p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tallow.config import load_config
+
+    from . import latency, serve, throughput
+    from .common import print_report
+
+    config = load_config(args)
+    module = {"latency": latency, "throughput": throughput, "serve": serve}[args.bench_kind]
+    result = module.run(args, config)
+    result["command"] = "tallow " + " ".join(sys.argv[1:])
+    print_report(f"tallow bench {args.bench_kind}", module.rows(result), args.json, result)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=2, default=float)
+    return 0

@@ -1,0 +1,91 @@
+"""Shared pieces of the benchmarks: building an engine, timing, percentiles, reporting."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+import torch
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = (len(values) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def random_prompts(n: int, lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts (ids ≥ 10 so no special/eos id of the synthetic vocab appears)."""
+    rng = random.Random(seed)
+    hi = max(11, vocab - 1)
+    return [[rng.randint(10, hi) for _ in range(lengths[i])] for i in range(n)]
+
+
+def lengths(n: int, fixed: int | None, lo: int | None, hi: int | None, seed: int) -> list[int]:
+    if lo is not None and hi is not None:
+        rng = random.Random(seed)
+        return [rng.randint(lo, hi) for _ in range(n)]
+    if fixed is None:
+        raise ValueError("give a fixed length or a --min/--max range")
+    return [fixed] * n
+
+
+def build_config(args: Any) -> Any:
+    from tallow.config import load_config
+
+    return load_config(args)
+
+
+def print_report(title: str, rows: list[tuple[str, Any]], as_json: bool,
+                 payload: dict[str, Any]) -> None:
+    if as_json:
+        print(json.dumps(payload, indent=2, default=float))
+        return
+    width = max(len(k) for k, _ in rows)
+    print(title)
+    print("-" * (width + 24))
+    for key, value in rows:
+        if isinstance(value, float):
+            value = f"{value:,.2f}"
+        print(f"{key:<{width}}  {value}")
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting the read and the write."""
+    if device.type != "cuda":
+        return float("nan")
+    n = nbytes // 2
+    src = torch.empty(n, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sync(device)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    sync(device)
+    seconds = start.elapsed_time(end) / 1000.0 / iters
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds

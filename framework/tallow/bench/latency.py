@@ -1,0 +1,132 @@
+"""`tallow bench latency`: one batch, fixed input and output lengths → TTFT, decode speed, ITL,
+and how much of the card's memory bandwidth a decode step uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .common import copy_bandwidth, mean, now, percentile, random_prompts, sync
+
+
+def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
+    """Bytes of weights a decode step reads: every parameter once, except that an untied
+    embedding table is only gathered (``batch`` rows)."""
+    total = 0
+    for name, param in model.named_parameters():
+        nbytes = param.numel() * param.element_size()
+        if "embed" in name and param.dim() == 2:
+            tied = any(p is param for n, p in model.named_parameters() if "lm_head" in n)
+            if not tied:
+                nbytes = batch * param.shape[1] * param.element_size()
+        total += nbytes
+    for name, buf in model.named_buffers():
+        if "cos_sin" in name or "inv_freq" in name:
+            continue  # rotary tables: a few rows are read per step
+        total += buf.numel() * buf.element_size()
+    return total
+
+
+def kv_bytes_per_token(runner: Any) -> int:
+    return sum(2 * a.layer.num_kv_heads * a.layer.head_dim * c.element_size()
+               for a, c in zip(runner.layers, runner.kv_caches))
+
+
+def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
+            seed: int = 0) -> dict[str, Any]:
+    from tallow.engine.sampling_params import SamplingParams
+
+    device = engine.parts.loaded.device
+    vocab = engine.parts.core.runner.vocab_size
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    prompts = random_prompts(batch, [input_len] * batch, vocab, seed)
+    ids = [engine.next_request_id() for _ in prompts]
+    sync(device)
+    start = now()
+    for rid, prompt in zip(ids, prompts):
+        engine.add_request(rid, prompt, params)
+    first: dict[str, float] = {}
+    step_times: list[float] = []  # decode steps only (every sequence past its prompt)
+    host_times: list[float] = []
+    while engine.has_unfinished():
+        t0 = now()
+        outs = engine.step()
+        t1 = now()
+        decode_step = len(first) == batch
+        for out in outs:
+            if out.request_id not in first and out.outputs[0].token_ids:
+                first[out.request_id] = t1 - start
+        if decode_step:
+            step_times.append(t1 - t0)
+    total = now() - start
+    itl = step_times
+    return {
+        "ttft_s": mean(list(first.values())),
+        "ttft_max_s": max(first.values()) if first else float("nan"),
+        "itl_mean_s": mean(itl), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "decode_tok_s_per_seq": 1.0 / mean(itl) if itl else float("nan"),
+        "decode_tok_s_total": batch / mean(itl) if itl else float("nan"),
+        "e2e_s": total, "decode_steps": len(itl),
+    }
+
+
+def run(args: Any, config: Any) -> dict[str, Any]:
+    from tallow.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_config(config)
+    parts = engine.parts
+    device = parts.loaded.device
+    runner = parts.core.runner
+    # Warm-up: compile kernels, fill allocator caches.
+    measure(engine, batch=args.batch_size, input_len=min(args.input_len, 64), output_len=8,
+            seed=1)
+    result = measure(engine, batch=args.batch_size, input_len=args.input_len,
+                     output_len=args.output_len, seed=2)
+    bandwidth = copy_bandwidth(device)
+    w_bytes = weight_bytes_per_step(parts.loaded.model, args.batch_size)
+    mean_ctx = args.input_len + args.output_len / 2
+    kv_bytes = int(args.batch_size * mean_ctx * kv_bytes_per_token(runner))
+    step_bytes = w_bytes + kv_bytes
+    achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
+    result.update({
+        "model": config.model.source, "dtype": str(parts.loaded.dtype).replace("torch.", ""),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "attention_backend": parts.attention_backend,
+        "cuda_graphs": runner.graphs is not None,
+        "batch_size": args.batch_size, "input_len": args.input_len,
+        "output_len": args.output_len,
+        "weight_bytes_per_step": w_bytes, "kv_bytes_per_step": kv_bytes,
+        "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
+    })
+    if getattr(args, "compare", None) == "hf":
+        from .hf_compare import hf_latency
+
+        hf = hf_latency(parts, batch=args.batch_size, input_len=args.input_len,
+                        output_len=args.output_len)
+        result["hf"] = hf
+        result["speedup_vs_hf"] = result["decode_tok_s_per_seq"] / hf["decode_tok_s_per_seq"]
+    return result
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = [
+        ("model", r["model"]), ("device", r["device"]), ("dtype", r["dtype"]),
+        ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
+        ("batch / input / output", f"{r['batch_size']} / {r['input_len']} / {r['output_len']}"),
+        ("TTFT (ms)", r["ttft_s"] * 1e3),
+        ("decode tok/s per sequence", r["decode_tok_s_per_seq"]),
+        ("decode tok/s total", r["decode_tok_s_total"]),
+        ("ITL p50 (ms)", r["itl_p50_s"] * 1e3), ("ITL p99 (ms)", r["itl_p99_s"] * 1e3),
+        ("bytes read per decode step (GB)",
+         (r["weight_bytes_per_step"] + r["kv_bytes_per_step"]) / 1e9),
+        ("achieved bandwidth (GB/s)", r["achieved_bytes_per_s"] / 1e9),
+        ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
+        ("bandwidth utilisation", r["bandwidth_utilisation"]),
+    ]
+    if "hf" in r:
+        out += [("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
+                ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),
+                ("speed-up vs transformers", r["speedup_vs_hf"])]
+    return out

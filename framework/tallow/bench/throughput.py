@@ -1,0 +1,66 @@
+"""`tallow bench throughput`: N prompts submitted at once, ignore_eos → tokens/s and req/s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import lengths, now, random_prompts, sync
+
+
+def run(args: Any, config: Any) -> dict[str, Any]:
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine.from_config(config)
+    parts = engine.parts
+    device = parts.loaded.device
+    vocab = parts.core.runner.vocab_size
+    n = args.num_prompts
+    in_lens = lengths(n, args.input_len, args.min_input_len, args.max_input_len, seed=10)
+    out_lens = lengths(n, args.output_len, args.min_output_len, args.max_output_len, seed=11)
+    prompts = random_prompts(n, in_lens, vocab, seed=12)
+    # Warm-up with a small batch.
+    for p in random_prompts(4, [32] * 4, vocab, seed=13):
+        engine.add_request(engine.next_request_id(), p,
+                           SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
+    while engine.has_unfinished():
+        engine.step()
+    sync(device)
+    start = now()
+    for prompt, out_len in zip(prompts, out_lens):
+        engine.add_request(engine.next_request_id(), prompt,
+                           SamplingParams(max_tokens=out_len, ignore_eos=True,
+                                          temperature=0.0))
+    steps = 0
+    generated = 0
+    host = 0.0
+    while engine.has_unfinished():
+        t = now()
+        outs = engine.step()
+        steps += 1
+        host += now() - t
+        generated += sum(len(o.outputs[0].token_ids) for o in outs if o.finished)
+    sync(device)
+    elapsed = now() - start
+    stats = engine.stats()
+    return {
+        "model": config.model.source, "num_prompts": n, "attention_backend":
+        parts.attention_backend, "cuda_graphs": parts.core.runner.graphs is not None,
+        "input_tokens": sum(in_lens), "output_tokens": generated, "elapsed_s": elapsed,
+        "steps": steps, "output_tok_s": generated / elapsed,
+        "total_tok_s": (generated + sum(in_lens)) / elapsed, "req_s": n / elapsed,
+        "max_num_seqs": config.scheduler.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+        "kv_blocks": stats["num_total_blocks"],
+    }
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [
+        ("model", r["model"]), ("prompts", r["num_prompts"]),
+        ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
+        ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
+        ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
+        ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
+        ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
+    ]
