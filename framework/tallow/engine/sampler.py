@@ -1,0 +1,359 @@
+"""Sampling on tensors: the same code on CPU and GPU.
+
+Per row, in this order: logit bias → min_tokens mask of EOS/stop tokens → repetition penalty
+(prompt+output tokens; positive logits divided, negative multiplied) → frequency/presence
+penalties (output tokens, OpenAI semantics) → greedy rows take the argmax → temperature →
+top-k → top-p → min-p → sample.
+
+Sampling is the Gumbel-max trick with noise hashed from ``(seed, step, token index)``
+(``tallow.kernels.gumbel``): a seeded row samples the same token whatever the rest of the batch
+is, on any device. Unseeded rows get a fresh random seed per step.
+
+Reported logprobs are those of the model's raw distribution (log_softmax of the logits before
+any processing), like vLLM v1 by default.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from tallow.kernels.gumbel import gumbel_noise, row_keys
+from tallow.kernels.sampling import LogitEdits, apply_logit_edits, gumbel_argmax
+
+# Temperatures below this are greedy (as in vLLM).
+_GREEDY_EPS = 1e-5
+# First try top-p over this many most likely tokens; a full sort only if they hold too little.
+_TOP_P_CANDIDATES = 1024
+
+
+@dataclass
+class RowParams:
+    """One row to sample: its request's params, its tokens so far, effective seed and step.
+
+    ``seed`` None means unseeded; ``step`` is the index of the token being sampled in its
+    sequence (``len(output_token_ids)``).
+    """
+
+    params: Any  # SamplingParams (duck-typed: vLLM attribute names)
+    output_token_ids: list[int]
+    prompt_token_ids: list[int]
+    seed: int | None
+    step: int
+
+
+@dataclass
+class SamplerOutput:
+    """``token_ids`` [N] int64. When any row asked for logprobs: ``logprobs`` [N] (of the
+    sampled token, raw distribution), ``ranks`` [N] (1-based rank of the sampled token) and
+    ``top_ids``/``top_logprobs`` [N, k] with k the largest ``logprobs`` asked for in the batch
+    (k may be 0); otherwise these are None."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None
+
+
+def _get(params: Any, name: str, default: Any) -> Any:
+    value = getattr(params, name, default)
+    return default if value is None else value
+
+
+def _is_greedy(params: Any) -> bool:
+    greedy = getattr(params, "greedy", None)
+    if greedy is not None:
+        return bool(greedy)
+    return float(_get(params, "temperature", 1.0)) < _GREEDY_EPS
+
+
+def _check_token(field: str, token: Any, vocab_size: int) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+        raise ValueError(f"{field}: token id {token!r} is not an integer in [0, {vocab_size})")
+    return token
+
+
+def _check_range(field: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    value = float(value)
+    ok = (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        bracket = "(" if lo_open else "["
+        raise ValueError(f"{field}: expected a value in {bracket}{lo}, {hi}], got {value}")
+    return value
+
+
+@dataclass
+class SamplingBatch:
+    """Everything the sampler needs for one step, as tensors on the logits' device, plus the
+    host-side flags that let it skip work nobody asked for. Build it with ``build``."""
+
+    num_rows: int
+    vocab_size: int
+    greedy: torch.Tensor  # [N] bool
+    inv_temperature: torch.Tensor  # [N] float32 (1 for greedy rows)
+    top_k: torch.Tensor  # [N] int64, vocab_size where off
+    top_p: torch.Tensor  # [N] float32, 1 where off
+    min_p: torch.Tensor  # [N] float32, 0 where off
+    key1: torch.Tensor  # [N] int64 noise keys (see tallow.kernels.gumbel.row_keys)
+    key2: torch.Tensor
+    edits: LogitEdits
+    num_logprobs: list[int | None]  # per row, None = not asked
+    all_greedy: bool
+    top_k_rows: list[int]
+    top_p_rows: list[int]
+    min_p_rows: list[int]
+
+    @property
+    def max_num_logprobs(self) -> int | None:
+        asked = [k for k in self.num_logprobs if k is not None]
+        return max(asked) if asked else None
+
+    @property
+    def filtered_rows(self) -> list[int]:
+        """Rows that use top-k, top-p or min-p (and so take the torch filtering path)."""
+        return sorted(set(self.top_k_rows) | set(self.top_p_rows) | set(self.min_p_rows))
+
+    @classmethod
+    def build(cls, rows: list[RowParams], vocab_size: int, device: torch.device | str,
+              eos_token_ids: Iterable[int] | None = None,
+              generator: torch.Generator | None = None) -> "SamplingBatch":
+        """Turn per-row params into batch tensors on ``device``.
+
+        ``eos_token_ids`` are masked (with each row's ``stop_token_ids``) while a row has fewer
+        than ``min_tokens`` outputs, unless it sets ``ignore_eos``. Unseeded rows draw their seed
+        for this step from ``generator`` (CPU; torch's default generator if None). Raises
+        ValueError naming the field for out-of-range values.
+        """
+        if not isinstance(vocab_size, int) or vocab_size <= 0:
+            raise ValueError(f"vocab_size: expected a positive int, got {vocab_size!r}")
+        eos = [_check_token("eos_token_ids", t, vocab_size) for t in (eos_token_ids or ())]
+        n = len(rows)
+        greedy: list[bool] = []
+        inv_temp: list[float] = []
+        top_k: list[int] = []
+        top_p: list[float] = []
+        min_p: list[float] = []
+        rep: list[float] = []
+        freq: list[float] = []
+        pres: list[float] = []
+        num_logprobs: list[int | None] = []
+        seeds: list[int | None] = []
+        steps: list[int] = []
+        e_rows: list[int] = []
+        e_tokens: list[int] = []
+        e_bias: list[float] = []
+        e_masked: list[bool] = []
+        e_counts: list[float] = []
+        e_rep: list[bool] = []
+        for i, row in enumerate(rows):
+            p = row.params
+            is_greedy = _is_greedy(p)
+            greedy.append(is_greedy)
+            temperature = float(_get(p, "temperature", 1.0))
+            if temperature < 0:
+                raise ValueError(f"temperature: expected >= 0, got {temperature}")
+            inv_temp.append(1.0 if is_greedy else 1.0 / temperature)
+            k = int(_get(p, "top_k", 0))
+            if k < -1:
+                raise ValueError(f"top_k: expected -1, 0 (off) or a positive int, got {k}")
+            top_k.append(vocab_size if k <= 0 or k >= vocab_size else k)
+            top_p.append(_check_range("top_p", _get(p, "top_p", 1.0), 0.0, 1.0, lo_open=True))
+            min_p.append(_check_range("min_p", _get(p, "min_p", 0.0), 0.0, 1.0))
+            r = float(_get(p, "repetition_penalty", 1.0))
+            if not r > 0:
+                raise ValueError(f"repetition_penalty: expected > 0, got {r}")
+            rep.append(r)
+            freq.append(float(_get(p, "frequency_penalty", 0.0)))
+            pres.append(float(_get(p, "presence_penalty", 0.0)))
+            lp = getattr(p, "logprobs", None)
+            if lp is not None and (not isinstance(lp, int) or lp < 0):
+                raise ValueError(f"logprobs: expected None or an int >= 0, got {lp!r}")
+            num_logprobs.append(lp)
+            seeds.append(row.seed)
+            steps.append(int(row.step))
+            if row.step < 0:
+                raise ValueError(f"step: expected >= 0, got {row.step}")
+
+            entries: dict[int, list] = {}  # token -> [bias, masked, count, in_rep]
+
+            def entry(tok: int) -> list:
+                e = entries.get(tok)
+                if e is None:
+                    e = entries[tok] = [0.0, False, 0, False]
+                return e
+
+            for tok, b in (_get(p, "logit_bias", {}) or {}).items():
+                entry(_check_token("logit_bias", tok, vocab_size))[0] = float(b)
+            if len(row.output_token_ids) < int(_get(p, "min_tokens", 0)):
+                masked = list(_get(p, "stop_token_ids", []) or [])
+                if not bool(_get(p, "ignore_eos", False)):
+                    masked.extend(eos)
+                for tok in masked:
+                    entry(_check_token("stop_token_ids", tok, vocab_size))[1] = True
+            if freq[-1] != 0.0 or pres[-1] != 0.0:
+                for tok, c in Counter(row.output_token_ids).items():
+                    entry(_check_token("output_token_ids", tok, vocab_size))[2] = c
+            if r != 1.0:
+                for tok in set(row.prompt_token_ids).union(row.output_token_ids):
+                    entry(_check_token("prompt_token_ids", tok, vocab_size))[3] = True
+            for tok, (b, m, c, in_rep) in entries.items():
+                e_rows.append(i)
+                e_tokens.append(tok)
+                e_bias.append(b)
+                e_masked.append(m)
+                e_counts.append(float(c))
+                e_rep.append(in_rep)
+
+        keys1: list[int] = []
+        keys2: list[int] = []
+        unseeded = [i for i, s in enumerate(seeds) if s is None]
+        if unseeded:
+            fresh = torch.randint(0, 2**62, (len(unseeded),), generator=generator).tolist()
+            for i, s in zip(unseeded, fresh):
+                seeds[i] = s
+        for s, st in zip(seeds, steps):
+            a, b = row_keys(int(s), st)
+            keys1.append(a)
+            keys2.append(b)
+
+        dev = torch.device(device)
+
+        def t(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        edits = LogitEdits(
+            rows=t(e_rows, torch.int64), tokens=t(e_tokens, torch.int64),
+            bias=t(e_bias, torch.float32), masked=t(e_masked, torch.bool),
+            counts=t(e_counts, torch.float32), in_rep=t(e_rep, torch.bool),
+            repetition_penalty=t(rep, torch.float32), frequency_penalty=t(freq, torch.float32),
+            presence_penalty=t(pres, torch.float32))
+        return cls(
+            num_rows=n, vocab_size=vocab_size, greedy=t(greedy, torch.bool),
+            inv_temperature=t(inv_temp, torch.float32), top_k=t(top_k, torch.int64),
+            top_p=t(top_p, torch.float32), min_p=t(min_p, torch.float32),
+            key1=t(keys1, torch.int64), key2=t(keys2, torch.int64), edits=edits,
+            num_logprobs=num_logprobs, all_greedy=all(greedy),
+            top_k_rows=[i for i in range(n) if not greedy[i] and top_k[i] < vocab_size],
+            top_p_rows=[i for i in range(n) if not greedy[i] and top_p[i] < 1.0],
+            min_p_rows=[i for i in range(n) if not greedy[i] and min_p[i] > 0.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters on scaled logits (logits * inv_temperature); removed tokens become -inf.
+
+def apply_top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Keep, per row, the tokens scoring at least the row's k-th best (ties at the boundary are
+    kept). scores [n, V]; k [n] int64 in [1, V]."""
+    kmax = int(k.max())
+    top = torch.topk(scores, kmax, dim=-1).values  # [n, kmax], descending
+    threshold = top.gather(1, (k - 1).unsqueeze(1))
+    return scores.masked_fill(scores < threshold, float("-inf"))
+
+
+def _top_p_threshold(sorted_probs: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The smallest kept probability per row, given descending probabilities: a token is kept
+    when the mass strictly before it is < p (so at least one is always kept)."""
+    cum = sorted_probs.cumsum(dim=-1)
+    before = cum - sorted_probs
+    n_keep = (before < p.unsqueeze(1)).sum(dim=-1).clamp(min=1)
+    return sorted_probs.gather(1, (n_keep - 1).unsqueeze(1))
+
+
+def apply_top_p(scores: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filter: keep the most likely tokens until their mass reaches p. scores [n, V];
+    p [n] in (0, 1]. Looks at the best ``_TOP_P_CANDIDATES`` tokens first and sorts the whole
+    row only for rows whose candidates hold less than p."""
+    probs = torch.softmax(scores, dim=-1)
+    vocab = scores.shape[-1]
+    n_cand = min(vocab, _TOP_P_CANDIDATES)
+    cand = torch.topk(probs, n_cand, dim=-1).values
+    threshold = _top_p_threshold(cand, p)
+    # Rows whose candidates hold less than p may keep tokens beyond them.
+    short = cand.sum(dim=-1) < p if n_cand < vocab else torch.zeros_like(p, dtype=torch.bool)
+    if bool(short.any()):
+        rows = short.nonzero().flatten()
+        full = torch.sort(probs[rows], dim=-1, descending=True).values
+        threshold[rows] = _top_p_threshold(full, p[rows])
+    return scores.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Keep tokens whose probability is at least ``min_p`` times the row's largest."""
+    probs = torch.softmax(scores, dim=-1)
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
+    return scores.masked_fill(probs < threshold, float("-inf"))
+
+
+# ---------------------------------------------------------------------------------------------
+
+class Sampler:
+    """Samples one token per row of logits. Stateless; one instance serves every step.
+
+    On CUDA, rows without top-k/top-p/min-p go through the fused Triton Gumbel-argmax kernel
+    (same tokens as the torch path); filtered rows and every row on CPU use torch.
+    """
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape != (batch.num_rows, batch.vocab_size):
+            raise ValueError(f"logits: expected shape ({batch.num_rows}, {batch.vocab_size}), "
+                             f"got {tuple(logits.shape)}")
+        if logits.dtype != torch.float32:
+            raise ValueError(f"logits: expected float32, got {logits.dtype}")
+        raw = logits
+        processed = logits
+        if batch.edits.num_entries:
+            processed = logits.clone()
+            apply_logit_edits(processed, batch.edits)
+
+        filtered = batch.filtered_rows
+        if not filtered:
+            token_ids = gumbel_argmax(processed, batch.inv_temperature, batch.greedy,
+                                      batch.key1, batch.key2)
+        else:
+            token_ids = torch.empty(batch.num_rows, dtype=torch.int64, device=logits.device)
+            skip = set(filtered)
+            plain = [i for i in range(batch.num_rows) if i not in skip]
+            if plain:
+                idx = torch.tensor(plain, dtype=torch.int64, device=logits.device)
+                token_ids[idx] = gumbel_argmax(processed[idx], batch.inv_temperature[idx],
+                                               batch.greedy[idx], batch.key1[idx],
+                                               batch.key2[idx])
+            token_ids[filtered] = self._sample_filtered(processed, batch, filtered)
+
+        out = SamplerOutput(token_ids=token_ids)
+        k = batch.max_num_logprobs
+        if k is not None:
+            self._fill_logprobs(out, raw, k)
+        return out
+
+    @staticmethod
+    def _sample_filtered(processed: torch.Tensor, batch: SamplingBatch,
+                         rows: list[int]) -> torch.Tensor:
+        idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
+        scores = processed[idx] * batch.inv_temperature[idx, None]
+        pos = {r: j for j, r in enumerate(rows)}
+        for which, values, fn in ((batch.top_k_rows, batch.top_k, apply_top_k),
+                                  (batch.top_p_rows, batch.top_p, apply_top_p),
+                                  (batch.min_p_rows, batch.min_p, apply_min_p)):
+            if not which:
+                continue
+            sub = torch.tensor([pos[r] for r in which], dtype=torch.int64,
+                               device=processed.device)
+            orig = torch.tensor(which, dtype=torch.int64, device=processed.device)
+            scores[sub] = fn(scores[sub], values[orig])
+        scores = scores + gumbel_noise(batch.key1[idx], batch.key2[idx], batch.vocab_size)
+        return scores.argmax(dim=-1)
+
+    @staticmethod
+    def _fill_logprobs(out: SamplerOutput, raw: torch.Tensor, k: int) -> None:
+        logprobs = torch.log_softmax(raw, dim=-1)
+        chosen = logprobs.gather(1, out.token_ids.unsqueeze(1))
+        out.logprobs = chosen.squeeze(1)
+        out.ranks = (logprobs > chosen).sum(dim=-1) + 1
+        top = torch.topk(logprobs, k, dim=-1)
+        out.top_logprobs = top.values
+        out.top_ids = top.indices
