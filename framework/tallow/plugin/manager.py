@@ -1,0 +1,567 @@
+"""The plugin manager: find plugin distributions, load the chosen ones, each in isolation.
+
+A plugin is a distribution with an entry point in the group ``tallow`` whose name is the
+distribution's name and whose value is the module holding its ``@hookimpl`` functions.
+
+Loading goes in three steps:
+
+1. *Discover* the entry points (reading metadata only; nothing is imported).
+2. *Plan*: decide from ``plugins: {autoload, enable, disable, require}`` and ``TALLOW_PLUGINS``
+   which distributions load and whether their failure is fatal. A required distribution that
+   is missing, of the wrong version, or excluded stops start-up here, before any import.
+3. *Load* each chosen distribution in a transaction: import the module, check its hook names,
+   register it with pluggy, call its registration hooks inside
+   :func:`~tallow.plugin.registering_as`. On any error the registries are rolled back and the
+   plugin is unregistered, so a broken plugin leaves no trace; an enabled or required plugin's
+   error then stops start-up (:class:`PluginLoadError`), an autoloaded one's is reported as
+   ``failed`` and start-up goes on.
+
+The core's own components (:mod:`tallow.builtins`) load first, the same way, as distribution
+``tallow``. ``TALLOW_TRACE_HOOKS=1`` writes every hook call to stderr.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata as metadata
+import logging
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import pluggy
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from . import hookspecs
+from .hookspecs import PROJECT
+from .registry import Registries, registering_as
+
+log = logging.getLogger("tallow.plugin")
+
+ENTRY_POINT_GROUP = "tallow"
+CORE_DISTRIBUTION = "tallow"
+CORE_MODULE = "tallow.builtins"
+ENV_PLUGINS = "TALLOW_PLUGINS"
+ENV_TRACE = "TALLOW_TRACE_HOOKS"
+REGISTRATION_PREFIX = "tallow_register_"
+
+#: every hook tallow declares, in declaration order
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, obj in vars(hookspecs).items()
+    if name.startswith("tallow_") and callable(obj) and hasattr(obj, f"{PROJECT}_spec")
+)
+
+
+class PluginError(RuntimeError):
+    """The plugins cannot be set up as configured; start-up stops."""
+
+
+class PluginLoadError(PluginError):
+    """An enabled or required plugin failed to import or register."""
+
+    def __init__(self, message: str, *, distribution: str, version: str, entry_point: str,
+                 cause: BaseException) -> None:
+        super().__init__(message)
+        self.distribution = distribution
+        self.version = version
+        self.entry_point = entry_point
+        self.cause = cause
+
+
+class HookNameError(PluginError):
+    """A plugin defines a hook tallow does not declare, or forgot ``@hookimpl``."""
+
+
+@dataclass
+class PluginStatus:
+    """What happened to one plugin distribution.
+
+    ``status`` is ``"ok"``, ``"failed"`` (``reason`` holds the error) or ``"disabled"``
+    (``reason`` says which setting left it out). ``mode`` says why it was loaded: ``builtin``,
+    ``required``, ``enabled`` or ``autoload`` (empty when disabled). ``components`` maps each
+    kind to the names this distribution registered.
+    """
+
+    name: str
+    version: str
+    entry_point: str
+    status: str
+    reason: str = ""
+    mode: str = ""
+    components: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "version": self.version, "entry_point": self.entry_point,
+            "status": self.status, "reason": self.reason, "mode": self.mode,
+            "components": {k: list(v) for k, v in self.components.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A discovered plugin distribution (not imported yet)."""
+
+    name: str
+    version: str
+    entry_point: metadata.EntryPoint
+
+    @property
+    def label(self) -> str:
+        return f"{self.entry_point.name} = {self.entry_point.value}"
+
+
+@dataclass
+class _Record:
+    name: str
+    version: str
+    entry_point: str
+    status: str
+    reason: str = ""
+    mode: str = ""
+    plugin: Any = None
+
+
+def canonical(name: str) -> str:
+    """PEP 503 form of a distribution name: ``Tallow_Llama`` and ``tallow-llama`` are one."""
+    return canonicalize_name(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hook relay: pluggy's, with tallow's calling rules for two lifecycle hooks
+# ---------------------------------------------------------------------------------------------
+class _HistoricCaller:
+    """Calling a historic hook records the call, so plugins registered later receive it too."""
+
+    def __init__(self, caller: pluggy.HookCaller) -> None:
+        self._caller = caller
+
+    def __call__(self, **kwargs: Any) -> list[Any]:
+        results: list[Any] = []
+        self._caller.call_historic(result_callback=results.append, kwargs=kwargs)
+        return results
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._caller, name)
+
+
+class HookRelay:
+    """``pm.hook.<name>(**kwargs)`` calls every implementation of a hook.
+
+    As pluggy's relay, except: ``tallow_configure`` (historic) may be called directly and is
+    replayed to plugins registered later; ``tallow_shutdown`` runs once, each implementation
+    isolated (a raising one is logged and the others still run).
+    """
+
+    def __init__(self, manager: "PluginManager") -> None:
+        self._manager = manager
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            caller = getattr(self._manager.pluggy.hook, name)
+        except AttributeError:
+            raise AttributeError(
+                f"tallow declares no hook {name!r} (hooks: {', '.join(HOOK_NAMES)})"
+            ) from None
+        if name == "tallow_shutdown":
+            return self._manager._run_shutdown
+        if caller.spec is not None and caller.spec.opts.get("historic"):
+            return _HistoricCaller(caller)
+        return caller
+
+    def __dir__(self) -> list[str]:
+        return list(HOOK_NAMES)
+
+
+# ---------------------------------------------------------------------------------------------
+# The manager
+# ---------------------------------------------------------------------------------------------
+class PluginManager:
+    """Plugins of one process: the pluggy manager, the component registries, the statuses."""
+
+    def __init__(self, *, trace: bool | None = None,
+                 env: Mapping[str, str] = os.environ) -> None:
+        self.pluggy = pluggy.PluginManager(PROJECT)
+        self.pluggy.add_hookspecs(hookspecs)
+        self.registries = Registries()
+        self.hook = HookRelay(self)
+        self._records: dict[str, _Record] = {}
+        self._shutdown_done = False
+        if trace is None:
+            trace = env.get(ENV_TRACE, "").strip().lower() not in ("", "0", "false", "no")
+        if trace:
+            self.enable_tracing()
+
+    # -- adding plugins ------------------------------------------------------------------
+    def add_plugin(self, plugin: Any, name: str, version: str = "", *,
+                   entry_point: str = "", mode: str = "enabled",
+                   fatal: bool = True) -> PluginStatus:
+        """Register ``plugin`` (a module or object with ``@hookimpl`` methods) as distribution
+        ``name`` and call its registration hooks, in one transaction.
+
+        On failure everything it registered is rolled back; with ``fatal`` a
+        :class:`PluginLoadError` is raised, otherwise the status is ``failed``.
+        """
+        return self._load(name, version, entry_point or _object_label(plugin), lambda: plugin,
+                          mode=mode, fatal=fatal)
+
+    def load_candidate(self, candidate: Candidate, *, mode: str, fatal: bool) -> PluginStatus:
+        """Import a discovered plugin's entry point and add it (see :meth:`add_plugin`)."""
+        return self._load(candidate.name, candidate.version, candidate.label,
+                          candidate.entry_point.load, mode=mode, fatal=fatal)
+
+    def record_disabled(self, candidate: Candidate, reason: str) -> PluginStatus:
+        """Note a discovered plugin that was not loaded, and why."""
+        record = _Record(candidate.name, candidate.version, candidate.label, "disabled", reason)
+        self._records[canonical(candidate.name)] = record
+        return self._status(record)
+
+    def _load(self, name: str, version: str, label: str, importer: Callable[[], Any], *,
+              mode: str, fatal: bool) -> PluginStatus:
+        key = canonical(name)
+        if key in self._records and self._records[key].status == "ok":
+            raise PluginError(f"plugin {name} is already loaded")
+        marks = self.registries.mark()
+        plugin: Any = None
+        try:
+            plugin = importer()
+            self._check_hook_names(plugin, name)
+            self.pluggy.register(plugin, name=name)
+            self._check_pending_for(plugin, name)
+            implemented = {c.name for c in self.pluggy.get_hookcallers(plugin) or []}
+            with registering_as(name, version):
+                for hook_name in HOOK_NAMES:
+                    if hook_name.startswith(REGISTRATION_PREFIX) and hook_name in implemented:
+                        registry = getattr(self.registries, hook_name[len(REGISTRATION_PREFIX):])
+                        self._caller_for(plugin, hook_name)(registry=registry)
+        except Exception as exc:
+            self.registries.rollback(marks)
+            if plugin is not None and self.pluggy.get_name(plugin) == name:
+                self.pluggy.unregister(plugin)
+            reason = _describe(exc)
+            self._records[key] = _Record(name, version, label, "failed", reason, mode)
+            if fatal:
+                why = {"required": "it is required (plugins.require)",
+                       "builtin": "it is part of the core"}.get(
+                           mode, "it is enabled (plugins.enable or TALLOW_PLUGINS)")
+                raise PluginLoadError(
+                    f"plugin {name} {version or '(unknown version)'} (entry point {label}) "
+                    f"failed to load: {reason}\n{why}, so tallow cannot start; fix or uninstall "
+                    "it, or leave it out of the configuration",
+                    distribution=name, version=version, entry_point=label, cause=exc,
+                ) from exc
+            log.warning("plugin %s %s (entry point %s) failed to load and is skipped: %s",
+                        name, version, label, reason)
+        else:
+            self._records[key] = _Record(name, version, label, "ok", "", mode, plugin)
+            log.debug("plugin %s %s loaded (%s)", name, version, mode)
+        return self._status(self._records[key])
+
+    def _caller_for(self, plugin: Any, hook_name: str) -> Any:
+        """A caller of ``hook_name`` that reaches only ``plugin``'s implementation."""
+        others = [p for p in self.pluggy.get_plugins() if p is not plugin]
+        return self.pluggy.subset_hook_caller(hook_name, remove_plugins=others)
+
+    def _check_hook_names(self, plugin: Any, name: str) -> None:
+        """Catch ``tallow_*`` functions that would silently never be called."""
+        for attr in dir(plugin):
+            if not attr.startswith("tallow_") or not callable(getattr(plugin, attr, None)):
+                continue
+            if self.pluggy.parse_hookimpl_opts(plugin, attr) is not None:
+                continue  # marked: unknown names are caught by _check_pending_for
+            if attr in HOOK_NAMES:
+                raise HookNameError(
+                    f"{name}: {attr} is not marked with @hookimpl (from tallow.plugin import "
+                    "hookimpl), so it would never be called")
+            close = difflib.get_close_matches(attr, HOOK_NAMES, n=1, cutoff=0.8)
+            if close:
+                raise HookNameError(f"{name}: {attr} is not a tallow hook; did you mean "
+                                    f"{close[0]}?")
+
+    def _check_pending_for(self, plugin: Any, name: str) -> None:
+        """pluggy's ``check_pending``, for one plugin, with a suggestion for misspellings."""
+        for impl_caller in self.pluggy.get_hookcallers(plugin) or []:
+            if impl_caller.has_spec():
+                continue
+            for impl in impl_caller.get_hookimpls():
+                if impl.plugin is plugin and not impl.optionalhook:
+                    close = difflib.get_close_matches(impl_caller.name, HOOK_NAMES, n=1)
+                    hint = f"; did you mean {close[0]}?" if close else ""
+                    raise HookNameError(
+                        f"{name}: unknown hook {impl_caller.name!r}{hint} (tallow's hooks: "
+                        f"{', '.join(HOOK_NAMES)})")
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def configure(self, config: Any) -> None:
+        """Tell every plugin (and every plugin added later) the effective configuration."""
+        self.hook.tallow_configure(config=config)
+
+    def engine_ready(self, engine: Any) -> None:
+        """Tell every plugin that the engine is ready to serve."""
+        self.hook.tallow_engine_ready(engine=engine)
+
+    def shutdown(self) -> None:
+        """Call ``tallow_shutdown`` once: newest plugin first, each isolated (errors are logged)."""
+        self._run_shutdown()
+
+    def _run_shutdown(self) -> list[Any]:
+        if self._shutdown_done:
+            return []
+        self._shutdown_done = True
+        results: list[Any] = []
+        for impl in reversed(self.pluggy.hook.tallow_shutdown.get_hookimpls()):
+            try:
+                results.extend(self._caller_for(impl.plugin, "tallow_shutdown")())
+            except Exception:
+                log.exception("plugin %s raised in tallow_shutdown", impl.plugin_name)
+        return results
+
+    def check_pending(self) -> None:
+        """Raise if any registered plugin implements a hook tallow does not declare."""
+        self.pluggy.check_pending()
+
+    # -- tracing -------------------------------------------------------------------------
+    def enable_tracing(self, writer: Callable[[str], Any] | None = None) -> Callable[[], None]:
+        """Write every hook call and its result (to stderr by default); returns an undo."""
+        def to_stderr(text: str) -> None:
+            sys.stderr.write("".join("[tallow hooks] " + line
+                                     for line in text.splitlines(keepends=True)))
+
+        self.pluggy.trace.root.setwriter(writer or to_stderr)
+        return self.pluggy.enable_tracing()
+
+    # -- introspection -------------------------------------------------------------------
+    def statuses(self) -> list[PluginStatus]:
+        """Every plugin seen, the core first, then in load order."""
+        return [self._status(r) for r in self._records.values()]
+
+    def status(self, name: str) -> PluginStatus:
+        record = self._records.get(canonical(name))
+        if record is None:
+            raise KeyError(f"no plugin named {name!r} was seen "
+                           f"(seen: {', '.join(r.name for r in self._records.values())})")
+        return self._status(record)
+
+    def loaded(self) -> dict[str, str]:
+        """Distribution → version of every plugin that loaded (the core included): what a
+        worker process must load to match this one (:func:`load_pinned_plugins`)."""
+        return {r.name: r.version for r in self._records.values() if r.status == "ok"}
+
+    def _status(self, record: _Record) -> PluginStatus:
+        return PluginStatus(record.name, record.version, record.entry_point, record.status,
+                            record.reason, record.mode,
+                            self.registries.owned_by(record.name) if record.status == "ok"
+                            else {})
+
+
+def _object_label(plugin: Any) -> str:
+    return getattr(plugin, "__name__", None) or type(plugin).__qualname__
+
+
+def _describe(exc: BaseException) -> str:
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        where = f" (raised at {last.filename}:{last.lineno})"
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery and planning
+# ---------------------------------------------------------------------------------------------
+def discover(entry_points: Iterable[metadata.EntryPoint] | None = None) -> list[Candidate]:
+    """The plugin distributions installed (or those of ``entry_points``), sorted by name.
+
+    Reads metadata only. The core's own ``tallow`` entry, if any, is skipped (the core loads
+    itself); a second entry point for a distribution already found is ignored with a warning.
+    """
+    if entry_points is None:
+        entry_points = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    found: dict[str, Candidate] = {}
+    for ep in entry_points:
+        dist = getattr(ep, "dist", None)
+        name = (dist.metadata["Name"] if dist is not None else None) or ep.name
+        version = dist.version if dist is not None else ""
+        if canonical(name) == CORE_DISTRIBUTION:
+            continue
+        if canonical(ep.name) != canonical(name):
+            log.warning("plugin entry point %r of distribution %s should be named %r",
+                        ep.name, name, name)
+        if canonical(name) in found:
+            log.warning("plugin %s: ignoring a second entry point %s = %s", name, ep.name,
+                        ep.value)
+            continue
+        found[canonical(name)] = Candidate(name, version, ep)
+    return [found[k] for k in sorted(found)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """For each candidate: the mode it loads in (None: not loaded) and why."""
+
+    items: list[tuple[Candidate, str | None, str]]
+
+
+def plan_plugins(candidates: list[Candidate], plugins_config: Any,
+                 env: Mapping[str, str]) -> Plan:
+    """Decide which candidates load, fatally or not; raise :class:`PluginError` for a
+    requirement that cannot be met. Warns about names that match nothing installed."""
+    autoload = bool(getattr(plugins_config, "autoload", True))
+    enable = {canonical(n) for n in getattr(plugins_config, "enable", []) or []}
+    disable = {canonical(n) for n in getattr(plugins_config, "disable", []) or []}
+    settings = getattr(plugins_config, "settings", {}) or {}
+    by_name = {canonical(c.name): c for c in candidates}
+    known = set(by_name) | {CORE_DISTRIBUTION}
+
+    requirements: dict[str, Requirement] = {}
+    for text in getattr(plugins_config, "require", []) or []:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise PluginError(f"plugins.require: {text!r} is not a distribution name with "
+                              f"optional version specifiers: {exc}") from None
+        if req.marker is None or req.marker.evaluate():
+            requirements[canonical(req.name)] = req
+
+    env_list = env.get(ENV_PLUGINS)
+    listed: set[str] = set()
+    if env_list is not None:
+        listed = {canonical(n) for n in env_list.split(",") if n.strip()}
+        for n in sorted(listed - known):
+            log.warning("%s names %s, which is not an installed tallow plugin", ENV_PLUGINS, n)
+    for what, names in (("plugins.enable", enable), ("plugins.disable", disable),
+                        ("plugins.settings", {canonical(n) for n in settings})):
+        for n in sorted(names - known):
+            log.warning("%s names %s, which is not an installed tallow plugin (installed: %s)",
+                        what, n, ", ".join(c.name for c in candidates) or "none")
+    if CORE_DISTRIBUTION in disable:
+        log.warning("plugins.disable names tallow: the core cannot be disabled")
+
+    problems: list[str] = []
+    for n, req in requirements.items():
+        if n == CORE_DISTRIBUTION:
+            continue
+        cand = by_name.get(n)
+        if cand is None:
+            problems.append(f"{req} is required (plugins.require) but not installed (no "
+                            f"'{ENTRY_POINT_GROUP}' entry point named {req.name})")
+        elif not _satisfies(cand.version, req):
+            problems.append(f"{req} is required (plugins.require) but {cand.name} "
+                            f"{cand.version or '(unknown version)'} is installed")
+        elif env_list is not None and n not in listed:
+            problems.append(f"{cand.name} is required (plugins.require) but "
+                            f"{ENV_PLUGINS}={env_list!r} leaves it out")
+        elif env_list is None and n in disable:
+            problems.append(f"{cand.name} is both required (plugins.require) and disabled "
+                            "(plugins.disable)")
+    if problems:
+        raise PluginError("the plugins cannot be set up as configured:\n  - "
+                          + "\n  - ".join(problems))
+
+    items: list[tuple[Candidate, str | None, str]] = []
+    for cand in candidates:
+        n = canonical(cand.name)
+        if n in requirements:
+            items.append((cand, "required", ""))
+        elif env_list is not None:
+            items.append((cand, "enabled", "") if n in listed else
+                         (cand, None, f"not listed in {ENV_PLUGINS}={env_list!r}"))
+        elif n in disable:
+            items.append((cand, None, "disabled by plugins.disable"))
+        elif n in enable:
+            items.append((cand, "enabled", ""))
+        elif autoload:
+            items.append((cand, "autoload", ""))
+        else:
+            items.append((cand, None, "plugins.autoload is off and it is not in "
+                                      "plugins.enable"))
+    return Plan(items)
+
+
+def _satisfies(version: str, req: Requirement) -> bool:
+    if not req.specifier:
+        return True
+    try:
+        return req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _core_version() -> str:
+    from tallow import __version__
+
+    return __version__
+
+
+def load_plugins(plugins_config: Any = None, *, env: Mapping[str, str] = os.environ,
+                 entry_points: Iterable[metadata.EntryPoint] | None = None,
+                 builtins: bool = True) -> PluginManager:
+    """Discover, plan and load the plugins; return the manager.
+
+    ``plugins_config`` is ``config.plugins`` (or a whole config, a mapping, or None for the
+    defaults). ``env`` supplies ``TALLOW_PLUGINS`` (comma-separated distribution names: exactly
+    those load, as if enabled; empty: no external plugin) and ``TALLOW_TRACE_HOOKS``.
+    ``entry_points`` replaces discovery (embedding, tests). The caller then calls
+    ``pm.hook.tallow_configure(config=...)``, ``tallow_engine_ready(engine=...)`` and
+    ``tallow_shutdown()`` (or :meth:`PluginManager.shutdown`).
+
+    Raises :class:`PluginError` / :class:`PluginLoadError` when start-up must stop.
+    """
+    config = _plugins_section(plugins_config)
+    pm = PluginManager(env=env)
+    if builtins:
+        pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, _core_version(),
+                      entry_point=CORE_MODULE, mode="builtin", fatal=True)
+    plan = plan_plugins(discover(entry_points), config, env)
+    for candidate, mode, reason in plan.items:
+        if mode is None:
+            pm.record_disabled(candidate, reason)
+        else:
+            pm.load_candidate(candidate, mode=mode, fatal=mode != "autoload")
+    pm.check_pending()
+    return pm
+
+
+def load_pinned_plugins(pinned: Mapping[str, str], *,
+                        entry_points: Iterable[metadata.EntryPoint] | None = None
+                        ) -> PluginManager:
+    """Load exactly the distributions of ``pinned`` (name → version, as
+    :meth:`PluginManager.loaded` returned in the driver), each required at that version.
+
+    For worker processes, which must match the driver; ``TALLOW_PLUGINS`` is not consulted.
+    """
+    core = pinned.get(CORE_DISTRIBUTION)
+    if core is not None and core != _core_version():
+        raise PluginError(f"this process runs tallow {_core_version()} but the driver runs "
+                          f"tallow {core}")
+    require = [f"{n}=={v}" if v else n for n, v in pinned.items()
+               if canonical(n) != CORE_DISTRIBUTION]
+    config = {"autoload": False, "enable": [], "disable": [], "require": require}
+    return load_plugins(config, env={}, entry_points=entry_points)
+
+
+class _Section:
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.__dict__.update(data)
+
+
+def _plugins_section(plugins_config: Any) -> Any:
+    if plugins_config is None:
+        return _Section({})
+    if isinstance(plugins_config, Mapping):
+        unknown = set(plugins_config) - {"autoload", "enable", "disable", "require", "settings"}
+        if unknown:
+            raise PluginError(f"plugins: unknown keys {sorted(unknown)}; expected autoload, "
+                              "enable, disable, require, settings")
+        return _Section(plugins_config)
+    if not hasattr(plugins_config, "autoload") and hasattr(plugins_config, "plugins"):
+        return plugins_config.plugins
+    return plugins_config
