@@ -1,0 +1,173 @@
+"""Testing helpers for plugin authors: an isolated plugin manager and a hook-call recorder.
+
+Enable the pytest fixtures in a test module (or in a project's top-level conftest.py)::
+
+    pytest_plugins = ["tallow.plugin.testing"]
+
+    def test_registers_my_backend(tallow_plugin_manager, tallow_hook_recorder):
+        import tallow_mine.plugin
+        status = tallow_plugin_manager.add_plugin(tallow_mine.plugin, "tallow-mine", "0.1.0")
+        assert status.status == "ok"
+        assert "mine" in tallow_plugin_manager.registries.attention_backends
+        assert tallow_hook_recorder.called("tallow_register_attention_backends")
+
+The isolated manager discovers nothing: only the plugins you add are in it (plus tallow's own
+components if you ask for ``builtins=True``), so installed plugins cannot change your test.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from .manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
+
+__all__ = [
+    "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
+    "tallow_plugin_manager", "tallow_hook_recorder",
+]
+
+
+def _default_name(plugin: Any) -> str:
+    return getattr(plugin, "__name__", None) or type(plugin).__name__
+
+
+def add_plugin(pm: PluginManager, plugin: Any, name: str | None = None, version: str = "",
+               *, fatal: bool = True) -> PluginStatus:
+    """Add ``plugin`` (a module, an object with ``@hookimpl`` methods, or a module path) to
+    ``pm`` as distribution ``name`` (default: the module's name) and run its registration hooks.
+
+    With ``fatal`` (the default) a failure raises :class:`~tallow.plugin.manager.PluginLoadError`
+    carrying the original error; otherwise the returned status says ``failed``.
+    """
+    if isinstance(plugin, str):
+        plugin = importlib.import_module(plugin)
+    return pm.add_plugin(plugin, name or _default_name(plugin), version, fatal=fatal)
+
+
+def isolated_plugin_manager(*plugins: Any, builtins: bool = False,
+                            trace: bool = False) -> PluginManager:
+    """A manager without entry-point discovery holding exactly ``plugins``.
+
+    Each item is a plugin (see :func:`add_plugin`) or a ``(name, plugin)`` pair. With
+    ``builtins`` tallow's own components are added first, as distribution ``tallow``.
+    """
+    pm = PluginManager(trace=trace, env={})
+    if builtins:
+        from tallow import __version__
+
+        pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, __version__,
+                      entry_point=CORE_MODULE, mode="builtin")
+    for item in plugins:
+        if isinstance(item, tuple):
+            name, plugin = item
+            add_plugin(pm, plugin, name)
+        else:
+            add_plugin(pm, item)
+    return pm
+
+
+def make_config(data: Mapping[str, Any] | None = None) -> Any:
+    """A validated :class:`tallow.config.TallowConfig` from a nested mapping, e.g.
+    ``make_config({"runner": {"attention_backend": "mine"}})``, for ``validate(config)`` and
+    ``tallow_configure`` in plugin tests."""
+    from tallow.config import config_from_mapping
+
+    return config_from_mapping(data or {}, origin="test config")
+
+
+@dataclass
+class HookCall:
+    """One call of a hook: its arguments, the plugins whose implementations ran, the outcome."""
+
+    name: str
+    kwargs: dict[str, Any]
+    plugins: list[str]
+    result: Any = None
+    exception: BaseException | None = None
+
+
+@dataclass
+class HookRecorder:
+    """Records every hook call made through a :class:`PluginManager` while it is open.
+
+    Recorders (and tracing) stack; close them in the reverse order of opening (the fixtures
+    do). Usable as a context manager.
+    """
+
+    pm: PluginManager
+    calls: list[HookCall] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._pending: list[HookCall] = []
+        self._undo: Any = self.pm.pluggy.add_hookcall_monitoring(self._before, self._after)
+
+    def _before(self, hook_name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
+        names = [impl.plugin_name for impl in impls]
+        self._pending.append(HookCall(hook_name, dict(kwargs), names))
+
+    def _after(self, outcome: Any, hook_name: str, impls: Any,
+               kwargs: Mapping[str, Any]) -> None:
+        call = self._pending.pop()
+        call.exception = outcome.exception
+        if outcome.exception is None:
+            call.result = outcome.get_result()
+        self.calls.append(call)
+
+    def names(self) -> list[str]:
+        """Hook names in call order (with repeats)."""
+        return [c.name for c in self.calls]
+
+    def calls_of(self, name: str) -> list[HookCall]:
+        return [c for c in self.calls if c.name == name]
+
+    def called(self, name: str) -> bool:
+        return any(c.name == name for c in self.calls)
+
+    def assert_called(self, name: str, times: int | None = None) -> list[HookCall]:
+        """The calls of ``name``; AssertionError if none (or not exactly ``times``)."""
+        calls = self.calls_of(name)
+        if not calls or (times is not None and len(calls) != times):
+            raise AssertionError(
+                f"expected {name} to be called {times if times is not None else 'at least once'}"
+                f" time(s), it was called {len(calls)} time(s); calls: {self.names()}")
+        return calls
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+    def close(self) -> None:
+        """Stop recording."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def __enter__(self) -> "HookRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the helpers above work without pytest
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture
+    def tallow_plugin_manager() -> Iterator[PluginManager]:
+        """An empty isolated :class:`PluginManager` (no discovery, no builtins); add your plugin
+        with ``.add_plugin(module, "tallow-name", "version")``. Shut down after the test."""
+        pm = isolated_plugin_manager()
+        yield pm
+        pm.shutdown()
+
+    @pytest.fixture
+    def tallow_hook_recorder(tallow_plugin_manager: PluginManager) -> Iterator[HookRecorder]:
+        """A :class:`HookRecorder` on ``tallow_plugin_manager``, open for the whole test."""
+        recorder = HookRecorder(tallow_plugin_manager)
+        yield recorder
+        recorder.close()
