@@ -1,0 +1,107 @@
+"""The GGUF weight format: a ``.gguf`` file (or its split shards) → a :class:`Checkpoint`."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import time
+from typing import Any, ClassVar, Iterator
+
+from tallow.plugin import Checkpoint, WeightFormat
+
+from .config import config_from_metadata, torch_dtype_of
+from .dequant import dequantize, type_name
+from .reader import GGUFModelFile, open_gguf
+from .tokenizer import TokenizerBuildError, build_tokenizer
+
+log = logging.getLogger("tallow.gguf")
+
+#: Array-valued metadata that is the vocabulary itself: kept out of ``extra["gguf_metadata"]``.
+VOCAB_ARRAY_KEYS = frozenset({
+    "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+    "tokenizer.ggml.scores", "tokenizer.ggml.precompiled_charsmap",
+})
+#: Any other list longer than this is left out of the plain metadata too.
+MAX_PLAIN_LIST = 65536
+
+
+def plain_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The metadata without the vocabulary arrays (and any other very long list)."""
+    return {
+        key: value for key, value in metadata.items()
+        if key not in VOCAB_ARRAY_KEYS
+        and not (isinstance(value, list) and len(value) > MAX_PLAIN_LIST)
+    }
+
+
+class GGUFFormat(WeightFormat):
+    """GGUF model files (llama.cpp's format), single or split with gguf-split.
+
+    ``load`` returns a checkpoint whose ``tensors()`` yields ``(gguf tensor name, float32
+    tensor)`` one tensor at a time, dequantized on the CPU by the gguf package; matrices come in
+    torch order ``[out, in]``. The tensors are the file's as stored: family-specific
+    transformations llama.cpp applied at conversion (the Q/K row permutation of ``llama``
+    files, norm offsets of some families) are the model class's to undo.
+    """
+
+    name: ClassVar[str] = "gguf"
+
+    @classmethod
+    def claims(cls, source: str) -> bool:
+        """True for a path to an existing ``.gguf`` file."""
+        if not isinstance(source, str) or not source.lower().endswith(".gguf"):
+            return False
+        return pathlib.Path(source).expanduser().is_file()
+
+    def load(self, source: str, *, revision: str | None = None) -> Checkpoint:
+        """Read the metadata, build config and tokenizer; tensors are read later, lazily.
+
+        ``revision`` has no meaning for a local file and is ignored.
+        """
+        path = pathlib.Path(source).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"model.source {source!r}: no such GGUF file")
+        started = time.perf_counter()
+        model = open_gguf(path)
+        metadata = model.metadata
+        arch = model.architecture
+        tokenizer: Any = None
+        tokenizer_config: dict[str, Any] = {}
+        generation_config: dict[str, Any] = {}
+        extra: dict[str, Any] = {
+            "gguf_metadata": plain_metadata(metadata),
+            "gguf_files": [str(p) for p in model.paths],
+            "gguf_tensor_types": {name: type_name(t) for name, t in model.tensors.items()},
+        }
+        try:
+            tokenizer, tokenizer_config, generation_config = build_tokenizer(metadata)
+        except TokenizerBuildError as exc:
+            # A model may still be served with a tokenizer named in the config.
+            log.warning("%s: no tokenizer built from the GGUF vocabulary: %s", path, exc)
+            extra["tokenizer_error"] = str(exc)
+        types = [(type_name(t), len(t.shape)) for t in model.tensors.values()]
+        vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer else None
+        config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
+                                      torch_dtype=torch_dtype_of(types))
+        log.info("read GGUF %s (%s, %d tensors, %d file%s) in %.1fs", path.name, arch,
+                 len(model.tensors), len(model.paths), "s" if len(model.paths) > 1 else "",
+                 time.perf_counter() - started)
+        return Checkpoint(
+            source=str(path),
+            config=config,
+            architecture="gguf:" + arch,
+            tensors=lambda: _iter_tensors(model),
+            naming="gguf",
+            tokenizer=tokenizer,
+            tokenizer_config=tokenizer_config,
+            generation_config=generation_config,
+            quantization=None,
+            extra=extra,
+        )
+
+
+def _iter_tensors(model: GGUFModelFile) -> Iterator[tuple[str, Any]]:
+    import torch
+
+    for name, tensor in model.tensors.items():
+        yield name, torch.from_numpy(dequantize(tensor))
