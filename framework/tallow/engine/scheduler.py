@@ -1,0 +1,465 @@
+"""Continuous batching: which sequences compute which tokens in the next step.
+
+Each :meth:`Scheduler.schedule` fills one step under a token budget
+(``max_num_batched_tokens``): first every running sequence in policy order (decodes cost one
+token; a prefill in progress takes a chunk of what is left, after room is kept for the
+decodes), then waiting sequences are admitted while the budget, ``max_num_seqs`` and the KV
+blocks allow. When a running sequence needs a block and none is free, the lowest-ranked
+running sequence is preempted *by recompute*: its blocks are freed and it goes back to the
+waiting queue with nothing computed; when it is admitted again it recomputes its prompt and
+the outputs it had (using the prefix cache where it can) and continues where it stopped.
+
+Order: ``"fcfs"`` ranks by arrival; ``"priority"`` by (priority, arrival), lower first. Under
+``"priority"`` a waiting sequence may also preempt running ones of strictly lower priority to
+get in.
+
+Protocol, one step: ``out = schedule()`` → the runner performs ``out.blocks_to_copy``, runs
+``out.scheduled`` and samples one token per sequence in each item's ``sample_seqs`` →
+``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`finish`. The
+scheduler never decides a stop; in particular the engine must finish a sequence when it
+reaches ``max_model_len`` tokens. Not thread-safe: the engine core's thread owns it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .block_manager import BlockManager
+from .errors import AdmissionError, QueueFullError
+from .sampling_params import SamplingParams
+from .sequence import Request, Sequence, SequenceStatus
+
+__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AdmissionError", "QueueFullError"]
+
+_POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class ScheduledSeq:
+    """One row group of a step: ``seq`` computes tokens ``start .. start + num_tokens - 1``.
+
+    ``sample_seqs`` get a token sampled from the logits of the *last* row: ``[]`` for a
+    non-final prefill chunk, ``[seq]`` normally, and all ``n`` sequences of the request for the
+    final prompt chunk of an ``n > 1`` request (the others are forked from ``seq`` by
+    :meth:`Scheduler.update`). With ``prompt_logprobs`` the runner must return the logits of
+    every row: row ``j`` predicts token ``start + j + 1``. Rows are never reported twice for a
+    prompt, even across a preemption.
+    """
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.end == self.seq.num_tokens and self.start > 0
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one step. ``blocks_to_copy`` are copy-on-write copies (src, dst) to perform
+    before the forward; ``preempted`` lost their blocks this step (informational)."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(len(item.sample_seqs) for item in self.scheduled)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, prefill_chunk_size: int | None,
+                 max_model_len: int, policy: str = "fcfs",
+                 max_waiting: int | None = None) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = _positive_int("max_num_batched_tokens",
+                                                    max_num_batched_tokens)
+        self.prefill_chunk_size = (None if prefill_chunk_size is None
+                                   else _positive_int("prefill_chunk_size", prefill_chunk_size))
+        self.max_model_len = _positive_int("max_model_len", max_model_len)
+        if policy not in _POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(_POLICIES)}, got {policy!r}")
+        self.policy = policy
+        self.max_waiting = None if max_waiting is None else _positive_int("max_waiting",
+                                                                           max_waiting)
+        # A sequence may grow to max_model_len tokens and must then fit alone, or preemption
+        # could never make room for it.
+        if block_manager.capacity_tokens < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {block_manager.capacity_tokens} tokens "
+                f"({block_manager.num_total_blocks} blocks of {block_manager.block_size}), "
+                f"fewer than max_model_len={self.max_model_len}: lower max_model_len or give "
+                f"the KV cache more memory")
+        self._key: Callable[[Sequence], tuple] = (
+            (lambda s: (s.priority, s.arrival_time, s.seq_id)) if policy == "priority"
+            else (lambda s: (s.arrival_time, s.seq_id)))
+        self.waiting: list[Sequence] = []  # sorted by self._key
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Request] = {}
+        self._pending: SchedulerOutput | None = None
+        self.num_preemptions = 0
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    *, arrival_time: float | None = None, priority: int = 0) -> Request:
+        """Queue a request; raise AdmissionError if it can never be served, QueueFullError if
+        the waiting queue is full."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(request_id, str) or not request_id:
+            raise AdmissionError(f"request_id must be a non-empty string, got {request_id!r}",
+                                 field="request_id")
+        if request_id in self.requests:
+            raise AdmissionError(f"request id {request_id!r} is already in use",
+                                 field="request_id")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise AdmissionError(f"priority must be an integer, got {priority!r}",
+                                 field="priority")
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise AdmissionError("the prompt is empty: at least one token is needed",
+                                 field="prompt")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in prompt):
+            raise AdmissionError("prompt_token_ids must be token ids (integers >= 0)",
+                                 field="prompt")
+        length, bm = len(prompt), self.block_manager
+        if length + 1 > self.max_model_len:
+            raise AdmissionError(
+                f"the prompt has {length} tokens; with at least one generated token that "
+                f"exceeds the context length max_model_len={self.max_model_len}",
+                field="prompt")
+        if bm.blocks_for(length + 1) > bm.num_total_blocks:
+            raise AdmissionError(
+                f"the prompt has {length} tokens; with at least one generated token that "
+                f"exceeds the KV cache capacity of {bm.capacity_tokens} tokens "
+                f"(max_model_len={self.max_model_len})", field="prompt")
+        if params.n > self.max_num_seqs:
+            raise AdmissionError(f"n={params.n} completions exceed max_num_seqs="
+                                 f"{self.max_num_seqs}, the most sequences run at once",
+                                 field="n")
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+            raise QueueFullError(f"the waiting queue is full ({self.max_waiting} sequences); "
+                                 "retry later")
+        request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
+                                 priority=priority)
+        self.requests[request_id] = request
+        self._enqueue(request.seqs[0])
+        return request
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The request, while any of its sequences is unfinished; else None."""
+        return self.requests.get(request_id)
+
+    def finish(self, seq: Sequence, status: SequenceStatus,
+               stop_reason: int | str | None = None) -> None:
+        """End ``seq`` with a finished ``status`` and free its blocks (idempotent)."""
+        if not status.is_finished:
+            raise ValueError(f"finish needs a finished status, got {status.name}")
+        if seq.status.is_finished:
+            return
+        self.block_manager.free(seq)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = status
+        seq.finish_reason = status.finish_reason
+        seq.stop_reason = stop_reason
+        request = self.requests.get(seq.request_id)
+        if request is None:
+            return
+        if seq.index == 0 and not request.forked:
+            # The prompt never completed, so the other completions never started.
+            for child in request.seqs[1:]:
+                if not child.status.is_finished:
+                    child.status = SequenceStatus.FINISHED_ABORTED
+                    child.finish_reason = SequenceStatus.FINISHED_ABORTED.finish_reason
+            request.forked = True
+        if request.is_finished:
+            del self.requests[seq.request_id]
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Abort every unfinished sequence of the request, wherever it is; return them. An
+        unknown or finished request id is a no-op returning []."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return []
+        aborted = [s for s in request.seqs if not s.status.is_finished]
+        for seq in aborted:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return aborted
+
+    # -- state ---------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for admission (new requests and preempted sequences)."""
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.block_manager.usage
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.block_manager.hit_rate
+
+    # -- helpers -------------------------------------------------------------------------
+    def _enqueue(self, seq: Sequence) -> None:
+        bisect.insort(self.waiting, seq, key=self._key)
+
+    def _slots(self, seq: Sequence) -> int:
+        """Running slots ``seq`` stands for: an unforked first sequence reserves its siblings."""
+        if seq.index == 0:
+            request = self.requests.get(seq.request_id)
+            if request is not None and not request.forked:
+                return len(request.seqs)
+        return 1
+
+    def _chunk(self, seq: Sequence, start: int, remaining: int, budget: int) -> int:
+        n = min(remaining, budget)
+        if self.prefill_chunk_size is not None:
+            n = min(n, self.prefill_chunk_size)
+        if (seq.params.prompt_logprobs is not None and not seq.prompt_computed
+                and start < seq.num_prompt_logprob_rows):
+            # Recomputing after a preemption: stop where already-reported rows end, so the
+            # next chunk reports exactly the rows not yet reported.
+            n = min(n, seq.num_prompt_logprob_rows - start)
+        return n
+
+    def _item(self, seq: Sequence, num_tokens: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        sample: list[Sequence] = []
+        if start + num_tokens == seq.num_tokens:
+            sample.append(seq)
+            request = self.requests.get(seq.request_id)
+            if seq.index == 0 and request is not None and not request.forked:
+                sample.extend(c for c in request.seqs[1:] if not c.status.is_finished)
+        prompt_logprobs = (seq.params.prompt_logprobs is not None and not seq.prompt_computed
+                           and start >= seq.num_prompt_logprob_rows)
+        return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs)
+
+    def _may_use_prefix_cache(self, seq: Sequence) -> bool:
+        # Cached blocks would skip prompt rows whose logprobs the request asked for.
+        return seq.params.prompt_logprobs is None or seq.prompt_computed
+
+    def _check_fits_alone(self, seq: Sequence) -> None:
+        bm = self.block_manager
+        if bm.blocks_for(seq.num_tokens) > bm.num_total_blocks:
+            raise RuntimeError(
+                f"sequence {seq.seq_id} of request {seq.request_id!r} has {seq.num_tokens} "
+                f"tokens, more than the KV cache holds ({bm.capacity_tokens}); the engine "
+                f"must finish sequences at max_model_len={self.max_model_len}")
+
+    # -- the step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step (see the module docstring)."""
+        if self._pending is not None and any(
+                item.seq.status is SequenceStatus.RUNNING for item in self._pending.scheduled):
+            raise RuntimeError("schedule() called again before update() applied the previous "
+                               "SchedulerOutput")
+        step = _Step(self)
+        step.schedule_running()
+        if not step.preempted or self.policy == "priority":
+            step.admit_waiting()
+        out = step.output()
+        self._pending = out
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(seq)
+
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Apply a step the runner has run: advance computed tokens, register full blocks in
+        the prefix cache, fork ``n > 1`` completions at the end of the prompt and append the
+        sampled tokens (``seq_id -> token id``). Returns the sequences that got a token, in
+        the order of ``out.scheduled`` and then ``sample_seqs``. Sequences finished or aborted
+        since ``schedule()`` are skipped."""
+        if out is not self._pending:
+            raise ValueError("update() takes the SchedulerOutput of the latest schedule(), once")
+        live = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
+        for item in live:
+            for target in item.sample_seqs:
+                if not target.status.is_finished and target.seq_id not in sampled:
+                    raise ValueError(f"update: no sampled token for sequence {target.seq_id} "
+                                     f"(request {target.request_id!r}, index {target.index})")
+            if item.seq.num_computed_tokens != item.start:
+                raise RuntimeError(f"update: sequence {item.seq.seq_id} has "
+                                   f"{item.seq.num_computed_tokens} computed tokens, the plan "
+                                   f"started at {item.start}")
+        self._pending = None
+        bm = self.block_manager
+        result: list[Sequence] = []
+        for item in live:
+            seq = item.seq
+            seq.num_computed_tokens = item.end
+            if item.prompt_logprobs:
+                seq.num_prompt_logprob_rows = max(seq.num_prompt_logprob_rows, item.end)
+            bm.mark_computed(seq)
+            if not seq.prompt_computed and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                seq.prompt_computed = True
+            if not item.sample_seqs:
+                continue
+            request = self.requests.get(seq.request_id)
+            if request is not None and seq.index == 0 and not request.forked:
+                self._fork_children(request)
+            for target in item.sample_seqs:
+                if target.status is SequenceStatus.RUNNING:
+                    target.append_token(int(sampled[target.seq_id]))
+                    result.append(target)
+        return result
+
+    def _fork_children(self, request: Request) -> None:
+        parent = request.seqs[0]
+        for child in request.seqs[1:]:
+            if child.status.is_finished:
+                continue
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            child.prompt_computed = True
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.num_prompt_logprob_rows = parent.num_prompt_logprob_rows
+            self.running.append(child)
+        request.forked = True
+
+
+class _Step:
+    """The working state of one schedule() call."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+        self.budget = scheduler.max_num_batched_tokens
+        self.decodes: list[ScheduledSeq] = []
+        self.prefills: list[ScheduledSeq] = []
+        self.admitted: list[ScheduledSeq] = []
+        self.copies: dict[int, list[tuple[int, int]]] = {}
+        self.items: dict[int, tuple[list[ScheduledSeq], ScheduledSeq]] = {}
+        self.preempted: list[Sequence] = []
+        scheduler.running.sort(key=scheduler._key)
+        self.used_slots = sum(scheduler._slots(seq) for seq in scheduler.running)
+
+    def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int) -> None:
+        item = self.s._item(seq, num_tokens)
+        self.copies[seq.seq_id] = self.s.block_manager.append_slots(seq, num_tokens)
+        bucket.append(item)
+        self.items[seq.seq_id] = (bucket, item)
+        self.budget -= num_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preempt ``seq``, taking back what this step had already given it."""
+        planned = self.items.pop(seq.seq_id, None)
+        if planned is not None:
+            bucket, item = planned
+            bucket.remove(item)
+            self.budget += item.num_tokens
+            self.copies.pop(seq.seq_id, None)
+        self.used_slots -= self.s._slots(seq)
+        self.s._preempt(seq)
+        self.preempted.append(seq)
+
+    def schedule_running(self) -> None:
+        s, bm = self.s, self.s.block_manager
+        queue = deque(s.running)
+        # Decodes still to be placed; a prefill chunk leaves them room in the budget.
+        pending_decodes = sum(1 for seq in queue if seq.num_uncomputed_tokens == 1)
+        while queue:
+            seq = queue.popleft()
+            remaining = seq.num_uncomputed_tokens
+            decode = remaining == 1
+            if decode:
+                pending_decodes -= 1
+                num_new = 1 if self.budget >= 1 else 0
+            else:
+                num_new = s._chunk(seq, seq.num_computed_tokens, remaining,
+                                   self.budget - pending_decodes)
+            if num_new <= 0:
+                continue
+            s._check_fits_alone(seq)
+            while not bm.can_allocate(seq, num_new) and queue:
+                victim = queue.pop()  # the lowest-ranked sequence not yet placed
+                if victim.num_uncomputed_tokens == 1:
+                    pending_decodes -= 1
+                self._preempt(victim)
+            if not bm.can_allocate(seq, num_new):
+                self._preempt(seq)
+                continue
+            self._add(self.decodes if decode else self.prefills, seq, num_new)
+
+    def _priority_victim(self, seq: Sequence) -> Sequence | None:
+        s = self.s
+        if s.policy != "priority" or not s.running:
+            return None
+        worst = max(s.running, key=s._key)
+        return worst if worst.priority > seq.priority else None
+
+    def admit_waiting(self) -> None:
+        s, bm = self.s, self.s.block_manager
+        while s.waiting and self.budget > 0:
+            seq = s.waiting[0]
+            hits = bm.get_prefix_hits(seq) if s._may_use_prefix_cache(seq) else []
+            cached = len(hits) * bm.block_size
+            num_new = s._chunk(seq, cached, seq.num_tokens - cached, self.budget)
+            slots = s._slots(seq)
+            if (self.used_slots + slots > s.max_num_seqs
+                    or not bm.can_allocate(seq, num_new, hits)):
+                victim = self._priority_victim(seq)
+                if victim is None:
+                    break
+                self._preempt(victim)
+                continue
+            s.waiting.pop(0)
+            first = seq.num_preemptions == 0
+            cached = bm.allocate_prefix(seq, hits, record_stats=first)
+            if first:
+                seq.num_cached_tokens = cached
+            seq.status = SequenceStatus.RUNNING
+            s.running.append(seq)
+            self.used_slots += slots
+            self._add(self.admitted, seq, num_new)
+
+    def output(self) -> SchedulerOutput:
+        scheduled = self.decodes + self.prefills + self.admitted
+        copies = [pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
+        return SchedulerOutput(scheduled=scheduled, blocks_to_copy=copies,
+                               preempted=self.preempted,
+                               num_batched_tokens=sum(i.num_tokens for i in scheduled))

@@ -1,0 +1,189 @@
+"""Requests and the sequences (completions) they generate, as the scheduler tracks them.
+
+Token accounting, which every other part of the engine relies on:
+
+* ``all_token_ids`` = prompt followed by the outputs sampled so far; ``num_tokens`` its length.
+* ``num_computed_tokens`` = how many leading tokens have their K/V in the cache.
+* A sampled token is appended when its step is applied; its K/V are computed by the *next*
+  step. So a sequence that is decoding has ``num_computed_tokens == num_tokens - 1`` and its
+  next step computes exactly one token (the last) and samples from that row.
+* A sequence whose remaining tokens are more than one is in prefill: its prompt, or, after a
+  preemption, its prompt and outputs being recomputed. Every step that brings
+  ``num_computed_tokens`` up to ``num_tokens`` samples a new token.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from .sampling_params import SamplingParams
+
+__all__ = ["SequenceStatus", "Sequence", "Request"]
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # not holding KV blocks: new, or preempted and to be recomputed
+    RUNNING = "running"  # admitted: holds the blocks of its computed tokens
+    FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH = "length"  # max_tokens or the context length reached
+    FINISHED_ABORTED = "abort"  # cancelled by the client or the engine
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI ``finish_reason`` of a finished status ("stop", "length", "abort")."""
+        return self.value if self in _FINISHED else None
+
+
+_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
+                       SequenceStatus.FINISHED_ABORTED})
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One of the ``n`` completions of a request.
+
+    ``block_ids`` (its block table), ``block_hashes`` and ``num_registered_blocks`` are owned by
+    the :class:`~tallow.engine.block_manager.BlockManager`; ``status`` and
+    ``num_computed_tokens`` by the :class:`~tallow.engine.scheduler.Scheduler`. Append tokens
+    with :meth:`append_token` only, so ``all_token_ids`` stays in step with the outputs.
+    Sequences compare by identity and hash by ``seq_id``.
+    """
+
+    request_id: str
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = 0.0
+    priority: int = 0
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    #: prompt tokens served by the prefix cache at its first admission
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    #: the stop token id or stop string that ended it, if the engine records one
+    stop_reason: int | str | None = None
+    #: True once the whole prompt has been computed (then it is never prefilled as new again)
+    prompt_computed: bool = False
+    #: prompt positions whose prompt-logprob rows were handed to the engine already
+    num_prompt_logprob_rows: int = 0
+    num_preemptions: int = 0
+    # Chained hashes of its full blocks of tokens, computed lazily; tokens never change once
+    # appended, so these stay valid across preemptions.
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
+    #: how many leading blocks mark_computed has already offered to the prefix cache
+    num_registered_blocks: int = field(default=0, repr=False)
+    _all: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.output_token_ids = list(self.output_token_ids)
+        self._all = self.prompt_token_ids + self.output_token_ids
+
+    def __hash__(self) -> int:
+        return hash(self.seq_id)
+
+    # -- tokens ------------------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + outputs. The live list, not a copy: read it, never modify it."""
+        return self._all
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self._all[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose K/V still have to be computed (1 for a decoding sequence)."""
+        return len(self._all) - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than one token is left to compute: a prompt (or a recompute after preemption)
+        is being processed. A decode step computes exactly one token; a one-token prompt is
+        therefore computed like a decode."""
+        return self.num_computed_tokens < len(self._all) - 1
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all.append(token_id)
+
+    # -- status ------------------------------------------------------------------------
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def seed(self) -> int | None:
+        """The request's seed, or None; the engine derives each completion's stream from it."""
+        return self.params.seed
+
+    def __repr__(self) -> str:
+        return (f"Sequence(seq_id={self.seq_id}, request_id={self.request_id!r}, "
+                f"index={self.index}, status={self.status.name}, tokens={self.num_tokens} "
+                f"({self.num_prompt_tokens} prompt), computed={self.num_computed_tokens}, "
+                f"blocks={self.block_ids})")
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt and its ``params.n`` sequences. Only ``seqs[0]`` is prefilled; the others are
+    forked from it (sharing its KV blocks) when its prompt is complete."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float
+    priority: int = 0
+    #: True once seqs[1:] share seqs[0]'s blocks (always True when n == 1)
+    forked: bool = False
+
+    @classmethod
+    def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+               arrival_time: float | None = None, priority: int = 0) -> "Request":
+        arrival = time.time() if arrival_time is None else float(arrival_time)
+        prompt = list(prompt_token_ids)
+        seqs = [Sequence(request_id=request_id, index=i, prompt_token_ids=prompt,
+                         params=params, arrival_time=arrival, priority=priority)
+                for i in range(params.n)]
+        return cls(request_id=request_id, prompt_token_ids=prompt, params=params, seqs=seqs,
+                   arrival_time=arrival, priority=priority, forked=params.n == 1)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.status.is_finished for s in self.seqs)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served by the prefix cache when the request was first admitted."""
+        return self.seqs[0].num_cached_tokens
+
+    @property
+    def unforked_children(self) -> list[Sequence]:
+        """The sequences still waiting to be forked from seqs[0] (empty once forked)."""
+        return [] if self.forked else self.seqs[1:]
