@@ -1,0 +1,163 @@
+"""The ``tallow`` command.
+
+``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve`` and
+``tallow bench`` come from :mod:`tallow.server.cli` and :mod:`tallow.bench.cli` when those are
+installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its
+subcommand and sets ``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
+imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins list``
+import no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+from typing import Any, Callable, Sequence
+
+# subcommand → (module providing add_parser, one-line help shown while it is not imported)
+EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("tallow.server.cli", "start the OpenAI-compatible HTTP server"),
+    "bench": ("tallow.bench.cli", "run the benchmarks"),
+}
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+def _first_positional(argv: Sequence[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser of ``tallow``; ``argv`` decides which external subcommand is imported."""
+    from tallow import __version__
+    from tallow.config import add_config_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="tallow", description="tallow: an LLM inference and serving engine.")
+    parser.add_argument("--version", action="version", version=f"tallow {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    plugins = sub.add_parser("plugins", help="inspect the plugin distributions")
+    plugins_sub = plugins.add_subparsers(dest="action", metavar="ACTION")
+    plugins_sub.required = True
+    listing = plugins_sub.add_parser(
+        "list", help="every plugin found: version, status, components registered")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_config_arguments(listing)
+    listing.set_defaults(func=cmd_plugins_list)
+
+    config = sub.add_parser("config", help="inspect the configuration")
+    config_sub = config.add_subparsers(dest="action", metavar="ACTION")
+    config_sub.required = True
+    show = config_sub.add_parser(
+        "show", help="the effective configuration (flags > env > file > defaults)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    add_config_arguments(show)
+    show.set_defaults(func=cmd_config_show)
+
+    chosen = _first_positional(argv)
+    for name, (module, summary) in EXTERNAL_COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(sub)
+        elif _module_exists(module):
+            # a placeholder for --help; running the command imports the real parser above
+            sub.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# tallow plugins list
+# ---------------------------------------------------------------------------------------------
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from tallow.config import load_config
+    from tallow.plugin.manager import load_plugins
+
+    config = load_config(args)
+    pm = load_plugins(config.plugins)
+    statuses = pm.statuses()
+    if args.json:
+        print(json.dumps([s.to_dict() for s in statuses], indent=2))
+        return 0
+    rows = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
+    for s in statuses:
+        detail = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in s.components.items())
+        rows.append([s.name, s.version or "?", s.status, s.mode or "-",
+                     s.reason if s.status != "ok" else (detail or "(none)")])
+    print(_table(rows))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# tallow config show
+# ---------------------------------------------------------------------------------------------
+def cmd_config_show(args: argparse.Namespace) -> int:
+    import os
+
+    import yaml
+
+    from tallow.config import dump_config, load_config
+    from tallow.plugin.manager import ENV_PLUGINS
+
+    data = dump_config(load_config(args))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    if ENV_PLUGINS in os.environ:
+        print(f"# {ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} decides which plugins load "
+              "(plugins.autoload/enable/disable are not consulted)")
+    print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``tallow`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    from tallow.config import ConfigError
+    from tallow.plugin.manager import PluginError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="tallow: %(levelname)s: %(message)s")
+    try:
+        parser = build_parser(argv)
+    except ImportError as exc:
+        command = _first_positional(argv)
+        print(f"tallow: the {command!r} command is not available: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], Any] | None = getattr(args, "func", None)
+    if func is None:
+        parser.error(f"the {args.command!r} command does not say what to run")
+    try:
+        return int(func(args) or 0)
+    except ConfigError as exc:
+        print(f"tallow: {exc}", file=sys.stderr)
+        return 2
+    except PluginError as exc:
+        print(f"tallow: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
