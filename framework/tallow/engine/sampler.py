@@ -21,8 +21,8 @@ from typing import Any, Iterable
 
 import torch
 
-from tallow.kernels.gumbel import gumbel_noise, row_keys
-from tallow.kernels.sampling import LogitEdits, apply_logit_edits, gumbel_argmax
+from tallow.kernels.gumbel import row_keys
+from tallow.kernels.sampling import LogitEdits, apply_logit_edits, gumbel_argmax, gumbel_noise
 
 # Temperatures below this are greedy (as in vLLM).
 _GREEDY_EPS = 1e-5

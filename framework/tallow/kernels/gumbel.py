@@ -115,7 +115,7 @@ def uniform_from_hash(h: torch.Tensor) -> torch.Tensor:
     return (r * 2 + 1).to(torch.float32) * F32_2POW_M24
 
 
-def gumbel_noise(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def gumbel_noise_ref(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Gumbel noise [N, vocab_size] float32 for rows with keys ``key1``, ``key2`` [N] int64.
 
     Token ``t`` of a row gets ``-log(-log(u))`` with ``u`` from
@@ -158,6 +158,6 @@ def gumbel_argmax_ref(logits: torch.Tensor, inv_temperature: torch.Tensor,
         out[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
     if sampled_rows.numel():
         scores = logits[sampled_rows] * inv_temperature[sampled_rows, None]
-        scores = scores + gumbel_noise(key1[sampled_rows], key2[sampled_rows], vocab)
+        scores = scores + gumbel_noise_ref(key1[sampled_rows], key2[sampled_rows], vocab)
         out[sampled_rows] = scores.argmax(dim=-1)
     return out

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ._dispatch import triton_enabled
-from .gumbel import gumbel_argmax_ref
+from .gumbel import gumbel_argmax_ref, gumbel_noise_ref
 
 
 @dataclass
@@ -79,3 +79,12 @@ def gumbel_argmax(logits: torch.Tensor, inv_temperature: torch.Tensor, greedy: t
         from .sampling_triton import gumbel_argmax_triton
         return gumbel_argmax_triton(logits, inv_temperature, greedy, key1, key2)
     return gumbel_argmax_ref(logits, inv_temperature, greedy, key1, key2)
+
+
+def gumbel_noise(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel noise [N, vocab_size] float32 (see ``gumbel.gumbel_noise_ref``): the Triton
+    kernel on CUDA, the reference elsewhere, equal to the bit."""
+    if triton_enabled(key1):
+        from .sampling_triton import gumbel_noise_triton
+        return gumbel_noise_triton(key1, key2, vocab_size)
+    return gumbel_noise_ref(key1, key2, vocab_size)
