@@ -293,10 +293,9 @@ class PluginManager:
             for impl in impl_caller.get_hookimpls():
                 if impl.plugin is plugin and not impl.optionalhook:
                     close = difflib.get_close_matches(impl_caller.name, HOOK_NAMES, n=1)
-                    hint = f"; did you mean {close[0]}?" if close else ""
-                    raise HookNameError(
-                        f"{name}: unknown hook {impl_caller.name!r}{hint} (tallow's hooks: "
-                        f"{', '.join(HOOK_NAMES)})")
+                    hint = (f"did you mean {close[0]}?" if close
+                            else f"tallow's hooks are {', '.join(HOOK_NAMES)}")
+                    raise HookNameError(f"{name}: unknown hook {impl_caller.name!r}; {hint}")
 
     # -- lifecycle -----------------------------------------------------------------------
     def configure(self, config: Any) -> None:
@@ -365,12 +364,21 @@ def _object_label(plugin: Any) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__qualname__
 
 
+_PLUGIN_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PLUGGY_DIR = os.path.dirname(os.path.abspath(pluggy.__file__))
+
+
 def _describe(exc: BaseException) -> str:
+    """``Type: message (raised at file:line)``, the location being the deepest frame in the
+    plugin's own code (not tallow's plugin machinery, pluggy or the import system)."""
     where = ""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        last = frames[-1]
-        where = f" (raised at {last.filename}:{last.lineno})"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if (frame.filename.startswith("<") or path.startswith(_PLUGIN_PACKAGE_DIR)
+                or path.startswith(_PLUGGY_DIR)):
+            continue
+        where = f" (raised at {frame.filename}:{frame.lineno})"
+        break
     return f"{type(exc).__name__}: {exc}{where}"
 
 
