@@ -1,0 +1,186 @@
+"""The "triton" attention backend: paged attention on NVIDIA GPUs through Triton kernels.
+
+Per layer and step, :meth:`TritonAttentionBackend.forward` stores this step's K/V at
+``meta.slot_mapping`` and then
+
+- decode-only steps (every sequence has one query): split-K decode, capturable in a CUDA graph
+  (no host reads of device data; the grid depends on ``meta.num_seqs`` and, outside capture, on
+  the ``meta.max_seq_len`` hint only);
+- other steps: the varlen prefill kernel for sequences with several queries and, when the batch
+  may hold single-query sequences, split-K decode for those (so a long-context decode row in a
+  mixed batch is still spread over the GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from tallow.layers import AttentionLayer, AttentionMetadata
+from tallow.plugin import AttentionBackend
+
+from . import ops
+from .heuristics import block_size_reasons, head_dim_reasons
+
+#: lowest CUDA compute capability (major, minor): bf16 tensor-core products need Ampere
+MIN_CAPABILITY = (8, 0)
+DTYPES = {"auto", "float16", "bfloat16", "float32"}
+TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KV_CODECS = {"auto"}
+
+
+def _get(obj: Any, *path: str, default: Any = None) -> Any:
+    for name in path:
+        if obj is None:
+            return default
+        obj = getattr(obj, name, None)
+    return default if obj is None else obj
+
+
+def _cuda_index(device: str) -> int | None:
+    """The device index named by ``model.device`` ("cuda:N" -> N; "cuda"/"auto" -> current)."""
+    if device.startswith("cuda:"):
+        try:
+            return int(device.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention through the Triton kernels of :mod:`tallow_attention_triton.ops`.
+
+    Serves fp16, bf16 and fp32 models on CUDA devices of compute capability 8.0 or newer, with
+    the ``auto`` KV codec (K/V cached in the model's dtype), head sizes that are multiples of
+    16 up to 256 and power-of-two block sizes up to 256.
+    """
+
+    name: ClassVar[str] = "triton"
+    supports_cuda_graph: ClassVar[bool] = True
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+        settings = _get(config, "plugins", "settings", default={}) or {}
+        own = settings.get("tallow-attention-triton", {}) if isinstance(settings, dict) else {}
+        #: fixed split count for decode (None: chosen per batch by the heuristics)
+        self.num_splits: int | None = own.get("num_splits")
+        if self.num_splits is not None and (not isinstance(self.num_splits, int)
+                                            or self.num_splits < 1):
+            raise ValueError("plugins.settings.tallow-attention-triton.num_splits must be a "
+                             f"positive integer, got {self.num_splits!r}")
+        self._checked: set[tuple[Any, ...]] = set()
+
+    # -- selection ------------------------------------------------------------------------
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        """Reasons this backend cannot serve ``config`` (a TallowConfig, or None)."""
+        reasons: list[str] = []
+        device = str(_get(config, "model", "device", default="auto"))
+        dtype = str(_get(config, "model", "dtype", default="auto"))
+        codec = str(_get(config, "cache", "kv_codec", default="auto"))
+        block_size = _get(config, "cache", "block_size", default=16)
+        if dtype not in DTYPES:
+            reasons.append(f"model.dtype {dtype!r} is not supported (expected one of "
+                           f"{', '.join(sorted(DTYPES))})")
+        if codec not in KV_CODECS:
+            reasons.append(f"cache.kv_codec {codec!r} is not supported (the triton backend "
+                           "reads K/V in the model's dtype: use 'auto')")
+        reasons += block_size_reasons(block_size)
+        if device == "cpu":
+            reasons.append("model.device is 'cpu' (the triton backend needs a CUDA device)")
+            return reasons
+        try:
+            import triton  # noqa: F401
+        except Exception as exc:  # pragma: no cover - triton ships with the core
+            reasons.append(f"triton cannot be imported: {type(exc).__name__}: {exc}")
+            return reasons
+        if not torch.cuda.is_available():
+            reasons.append("no CUDA device (torch.cuda.is_available() is False)")
+            return reasons
+        index = _cuda_index(device)
+        if index is not None and index >= torch.cuda.device_count():
+            reasons.append(f"model.device {device!r} does not exist "
+                           f"({torch.cuda.device_count()} CUDA device(s))")
+            return reasons
+        cap = torch.cuda.get_device_capability(index if index is not None else
+                                               torch.cuda.current_device())
+        if tuple(cap) < MIN_CAPABILITY:
+            reasons.append(f"CUDA compute capability {cap[0]}.{cap[1]} is below "
+                           f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
+        return reasons
+
+    @staticmethod
+    def supports_layer(layer: AttentionLayer) -> list[str]:
+        """Reasons this backend cannot run ``layer`` (empty when it can). The model runner
+        may call it once per layer after building the model; ``forward`` enforces it too."""
+        reasons = head_dim_reasons(layer.head_dim)
+        if layer.num_heads % layer.num_kv_heads:
+            reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
+                           f"{layer.num_kv_heads}")
+        return reasons
+
+    # -- the step -------------------------------------------------------------------------
+    def _check(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kv_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+        n = q.shape[0]
+        if k.shape[0] != n or v.shape[0] != n or meta.slot_mapping.shape[0] != n:
+            raise ValueError(
+                f"triton attention, layer {layer.layer_index}: q, k, v and meta.slot_mapping "
+                f"must have the same number of rows, got {n}, {k.shape[0]}, {v.shape[0]}, "
+                f"{meta.slot_mapping.shape[0]}")
+        key = (layer, q.dtype, k.dtype, v.dtype, kv_cache.dtype, q.device,
+               tuple(q.shape[1:]), tuple(k.shape[1:]), tuple(v.shape[1:]),
+               tuple(kv_cache.shape[2:]), kv_cache.stride(-1), meta.block_size)
+        if key in self._checked:
+            return
+        reasons = self.supports_layer(layer)
+        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d):
+            reasons.append(f"q must be [T, {hq}, {d}], got {list(q.shape)}")
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 3 or tuple(t.shape[1:]) != (hkv, d):
+                reasons.append(f"{name} must be [T, {hkv}, {d}], got {list(t.shape)}")
+        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (hkv, d):
+            reasons.append(f"kv_cache must be [2, blocks, block_size, {hkv}, {d}], got "
+                           f"{list(kv_cache.shape)}")
+        elif kv_cache.stride(-1) != 1:
+            reasons.append("kv_cache must be contiguous in its last dimension")
+        else:
+            reasons += block_size_reasons(kv_cache.shape[2])
+            if kv_cache.shape[2] != meta.block_size:
+                reasons.append(f"kv_cache block size {kv_cache.shape[2]} differs from "
+                               f"meta.block_size {meta.block_size}")
+        for name, t in (("q", q), ("k", k), ("v", v), ("kv_cache", kv_cache)):
+            if t.dtype not in TENSOR_DTYPES:
+                reasons.append(f"{name} dtype {t.dtype} is not supported (expected float16, "
+                               "bfloat16 or float32)")
+        if q.device.type != "cuda" and not ops.interpreting():
+            reasons.append(f"tensors are on {q.device}; the triton backend needs CUDA tensors")
+        if reasons:
+            raise ValueError(f"triton attention, layer {layer.layer_index}: " + "; ".join(reasons))
+        self._checked.add(key)
+
+    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Store ``k``/``v`` at ``meta.slot_mapping``, return attention [T, Hq, D] for ``q``.
+
+        Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten.
+        """
+        self._check(layer, q, k, v, kv_cache, meta)
+        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
+                      block_tables=meta.block_tables, num_seqs=meta.num_seqs,
+                      scale=layer.scale, sliding_window=layer.sliding_window,
+                      logit_softcap=layer.logit_softcap)
+        if meta.is_decode_only:
+            return ops.decode_attention(q, kv_cache, out, num_splits=self.num_splits,
+                                        max_seq_len=meta.max_seq_len, **common)
+        qsl = meta.query_start_loc_cpu
+        singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
+        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **common)
+        if singles:
+            ops.decode_attention(q, kv_cache, out, num_splits=self.num_splits,
+                                 max_seq_len=meta.max_seq_len, mixed=True, **common)
+        return out

@@ -1,0 +1,130 @@
+"""Launch choices of the Triton paged-attention kernels: tile shapes and split counts.
+
+Pure Python (no torch, no triton) so the choices can be unit-tested anywhere. Every choice here
+is a *speed* choice: the kernels are correct for any tile shape and any split count, which is
+what makes the decode path safe to capture in a CUDA graph (see :func:`decode_num_splits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: head sizes the kernels are tested on; any multiple of 16 in [16, 256] compiles and works
+TESTED_HEAD_DIMS: tuple[int, ...] = (64, 80, 96, 128, 256)
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 256
+#: KV-cache block sizes accepted (powers of two keep the in-kernel divisions shifts)
+BLOCK_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: the most partitions one sequence's context is cut into by split-K decode
+MAX_SPLITS = 64
+#: a split below this many context tokens costs more in the reduce than it saves
+MIN_TOKENS_PER_SPLIT = 128
+#: aim for this many decode programs per SM (4-warp programs; several are resident at once)
+PROGRAMS_PER_SM = 2
+#: the SM count assumed where none can be asked for (the Triton interpreter on a CPU)
+DEFAULT_SM_COUNT = 132
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def head_dim_reasons(head_dim: int) -> list[str]:
+    """Why the kernels cannot run this head size (empty when they can)."""
+    if not isinstance(head_dim, int) or head_dim < MIN_HEAD_DIM or head_dim > MAX_HEAD_DIM \
+            or head_dim % 16:
+        return [f"head size {head_dim!r} is not supported (expected a multiple of 16 in "
+                f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; tested: "
+                f"{', '.join(map(str, TESTED_HEAD_DIMS))})"]
+    return []
+
+
+def block_size_reasons(block_size: int) -> list[str]:
+    if block_size not in BLOCK_SIZES:
+        return [f"cache.block_size {block_size!r} is not supported (expected one of "
+                f"{', '.join(map(str, BLOCK_SIZES))})"]
+    return []
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """Tile shape of the varlen prefill kernel.
+
+    ``block_m`` rows of one program are ``block_q`` query tokens times the ``group`` query heads
+    that share a KV head, so each K/V tile is loaded once per group.
+    """
+
+    block_m: int
+    block_q: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Tile shape of the split-K decode kernel: ``g_pad`` rows (the group's query heads, padded
+    to the 16 rows a tensor-core product needs) against ``tile_n`` context tokens per step."""
+
+    g_pad: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+
+
+def dot_precision(elem_bytes: int) -> str:
+    """``tl.dot`` input precision: fp32 inputs use three TF32 products (about fp32 accuracy on
+    tensor cores; plain "ieee" spills registers badly on Hopper), 16-bit inputs are exact."""
+    return "tf32x3" if elem_bytes >= 4 else "tf32"
+
+
+def prefill_tiles(head_dim: int, group: int, elem_bytes: int) -> PrefillTiles:
+    """Tiles for the prefill kernel. 16-bit inputs: sized to run on Hopper's wgmma without
+    register spills (checked by compiling for sm_90 in the tests). fp32 inputs are a correctness
+    path: small tiles, some spills at head size 256."""
+    d_pad = next_pow2(head_dim)
+    if elem_bytes >= 4:
+        block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
+    elif d_pad <= 128:
+        block_m, tile_n, warps, stages = 128, 64, 8, 3
+    else:
+        block_m, tile_n, warps, stages = 64, 32, 8, 2
+    block_m = max(block_m, next_pow2(group))
+    return PrefillTiles(block_m=block_m, block_q=block_m // group, tile_n=tile_n,
+                        num_warps=warps, num_stages=stages)
+
+
+def decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTiles:
+    """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
+    program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
+    matters little). fp32 takes 16-token steps to stay within registers."""
+    d_pad = next_pow2(head_dim)
+    if elem_bytes >= 4:
+        tile_n, stages = 16, 2
+    else:
+        tile_n, stages = min(64, max(16, 8192 // d_pad)), 3
+    return DecodeTiles(g_pad=max(16, next_pow2(group)), tile_n=tile_n, num_warps=4,
+                       num_stages=stages)
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, *, sm_count: int,
+                      max_seq_len: int | None) -> int:
+    """How many partitions split-K decode cuts each sequence's context into.
+
+    Enough (sequence, KV head, split) programs to fill the GPU (``PROGRAMS_PER_SM`` per SM), but
+    no split shorter than ``MIN_TOKENS_PER_SPLIT`` tokens of ``max_seq_len`` when that is known,
+    rounded up to a power of two and capped at ``MAX_SPLITS``. ``max_seq_len`` is a hint only:
+    the kernel computes each sequence's split boundaries from its own length on the device, so
+    any split count gives the same result. Pass None under CUDA-graph capture, where the graph
+    must serve every context length.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    splits = cdiv(PROGRAMS_PER_SM * sm_count, programs)
+    if max_seq_len is not None:
+        splits = min(splits, max(1, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
+    return min(next_pow2(max(1, splits)), MAX_SPLITS)

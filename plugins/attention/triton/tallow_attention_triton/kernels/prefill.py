@@ -1,0 +1,132 @@
+"""Causal varlen attention over the paged cache: prefills, chunked prefills, mixed batches.
+
+Grid (query tile, KV head). Sequence ``i`` owns program ids starting at
+``query_start_loc[i] // BLOCK_Q + i`` (enough for its ``cdiv(query_len, BLOCK_Q)`` tiles), so
+the grid size ``num_tokens // BLOCK_Q + num_seqs`` needs no device-to-host copy and a program
+finds its sequence by binary search. A program's ``BLOCK_M`` rows are ``BLOCK_Q`` query tokens
+times the ``GROUP`` query heads sharing its KV head (row r = token r // GROUP, head r % GROUP),
+so each K/V tile is loaded once for the whole group. Keys come from the paged cache (this
+step's K/V are stored before the kernel runs), token by token through the block table.
+
+Query ``j`` of a sequence with ``q_len`` queries and length ``seq_len`` sits at position
+``seq_len - q_len + j`` and sees keys ``k <= pos`` (and ``pos - k < window``). Tiles wholly
+below the tile's first query position and inside every window are processed without masks.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import kv_offsets, online_softmax_step, scores
+
+
+@triton.jit
+def _find_sequence(qsl_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+    """The last sequence ``i`` whose first program id ``qsl[i] // BLOCK_Q + i`` is <= pid."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if first <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n,
+                 kv_lo, seq_len, qk_scale, softcap, window, kv_head_off,
+                 stride_cb, stride_co, offs_d, d_mask,
+                 MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    offs_n = start_n + tl.arange(0, TILE_N)
+    if MASKED:
+        n_mask = (offs_n < seq_len) & (offs_n >= kv_lo)
+    else:
+        n_mask = offs_n < seq_len  # always true here; keeps the loads' mask uniform
+    kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off, BLOCK_SIZE)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
+    if MASKED:
+        allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
+        s = tl.where(allowed, s, float("-inf"))
+    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
+
+
+@triton.jit
+def prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    qk_scale, softcap, window, num_seqs,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_co, stride_ch, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(qsl_ptr, num_seqs, pid, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    tile = pid - (q_start // BLOCK_Q + seq)
+    if tile * BLOCK_Q >= q_len:
+        return
+    if SKIP_SINGLE:
+        if q_len == 1:
+            return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len  # tokens before this step's first query
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    q_idx = tile * BLOCK_Q + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_mask = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    d_mask = offs_d < HEAD_DIM
+    rows = (q_start + q_idx).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = ctx + q_idx
+
+    first_pos = ctx + tile * BLOCK_Q  # the tile's first query position
+    last_pos = tl.minimum(first_pos + BLOCK_Q, seq_len) - 1
+    kv_lo = 0
+    if USE_WINDOW:
+        kv_lo = tl.maximum(first_pos - window + 1, 0)
+    start = (kv_lo // TILE_N) * TILE_N
+    # Keys below `full_end` are visible to every query of the tile: no masks needed there.
+    full_end = start
+    if not USE_WINDOW:
+        full_end = ((first_pos + 1) // TILE_N) * TILE_N
+
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_head_off = kv_head.to(tl.int64) * stride_ch
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for start_n in range(start, full_end, TILE_N):
+        acc, l_i, m_i = _attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
+            qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
+            False, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+    for start_n in range(full_end, last_pos + 1, TILE_N):
+        acc, l_i, m_i = _attend_tile(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
+            qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
+            True, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])

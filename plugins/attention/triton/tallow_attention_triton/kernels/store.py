@@ -1,0 +1,34 @@
+"""Write this step's K and V into the paged cache at their slots."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_kv_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_co, stride_ch,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    """Grid (tokens, cdiv(Hkv, HEADS_PER_PROGRAM)). Token ``t`` goes to cache slot
+    ``slot[t]`` (block ``slot // BLOCK_SIZE``, offset ``slot % BLOCK_SIZE``); slot < 0 skips it.
+    Values are converted to the cache's dtype."""
+    t = tl.program_id(0).to(tl.int64)
+    head0 = tl.program_id(1) * HEADS_PER_PROGRAM
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    offs_h = head0 + tl.arange(0, HEADS_PER_PROGRAM)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (offs_h < NUM_KV_HEADS)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    dst = blk * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
+    k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,189 @@
+"""Host-side launchers of the Triton paged-attention kernels.
+
+Each function takes device tensors laid out as :class:`tallow.layers.AttentionMetadata`
+describes and launches kernels without reading anything back from the device, so every one of
+them may run inside CUDA-graph capture. Grid sizes come from host integers only (token count,
+sequence count, head counts, the split count).
+
+Under the Triton interpreter (``TRITON_INTERPRET=1`` in the environment before triton is first
+imported) the same kernels run on CPU tensors; that is how CI on machines without a GPU checks
+their logic.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from .heuristics import (
+    DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision, next_pow2,
+    prefill_tiles,
+)
+from .kernels.decode import decode_reduce_kernel, decode_split_kernel
+from .kernels.prefill import prefill_kernel
+from .kernels.store import store_kv_kernel
+
+LOG2E = 1.4426950408889634
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SM_COUNT
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def score_constants(scale: float, logit_softcap: float | None) -> tuple[float, float]:
+    """(qk_scale, softcap) as the kernels take them: scores in the log2 domain."""
+    if logit_softcap:
+        return scale / logit_softcap, logit_softcap * LOG2E
+    return scale * LOG2E, 0.0
+
+
+def _precision(dtype: torch.dtype) -> tuple[str, bool]:
+    """(tl.dot input precision, upcast bf16 operands): the interpreter multiplies bf16 storage
+    as integers, so there bf16 operands are widened to fp32 first."""
+    return dot_precision(torch.finfo(dtype).bits // 8), interpreting() and dtype == torch.bfloat16
+
+
+def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int]:
+    return kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
+    ``slot_mapping`` [T] (int, -1 = skip), converting to the cache's dtype."""
+    n_tokens, n_kv, head_dim = k.shape
+    if n_tokens == 0:
+        return
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    block_size = kv_cache.shape[2]
+    d_pad = next_pow2(head_dim)
+    heads_per_program = min(next_pow2(n_kv), max(1, 4096 // d_pad))
+    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    grid = (n_tokens, cdiv(n_kv, heads_per_program))
+    store_kv_kernel[grid](
+        k, v, kv_cache[0], kv_cache[1], slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        stride_cb, stride_co, stride_ch,
+        NUM_KV_HEADS=n_kv, HEAD_DIM=head_dim, HEADS_PER_PROGRAM=heads_per_program,
+        D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4,
+    )
+
+
+def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                      block_tables: torch.Tensor, num_seqs: int, scale: float,
+                      sliding_window: int | None = None, logit_softcap: float | None = None,
+                      skip_single_query: bool = False) -> torch.Tensor:
+    """Causal attention of every sequence's queries over its cached context, into ``out``.
+
+    q, out [T, Hq, D]; K/V of all tokens up to ``seq_lens[i]`` must already be in the cache.
+    With ``skip_single_query`` the rows of sequences with one query are left untouched (for
+    :func:`decode_attention` with ``mixed=True``).
+    """
+    n_tokens, n_heads, head_dim = q.shape
+    if n_tokens == 0 or num_seqs == 0:
+        return out
+    q = _last_dim_contiguous(q)
+    n_kv = kv_cache.shape[3]
+    group = n_heads // n_kv
+    tiles = prefill_tiles(head_dim, group, q.element_size())
+    qk_scale, softcap = score_constants(scale, logit_softcap)
+    precision, upcast = _precision(q.dtype)
+    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    grid = (n_tokens // tiles.block_q + num_seqs, n_kv)
+    prefill_kernel[grid](
+        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc, out,
+        qk_scale, softcap, int(sliding_window or 0), num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        stride_cb, stride_co, stride_ch, block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+        BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
+        BLOCK_SIZE=kv_cache.shape[2], TILE_N=tiles.tile_n,
+        USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
+        SKIP_SINGLE=skip_single_query, PRECISION=precision, UPCAST=upcast,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return out
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                     block_tables: torch.Tensor, num_seqs: int, scale: float,
+                     sliding_window: int | None = None, logit_softcap: float | None = None,
+                     num_splits: int | None = None, max_seq_len: int | None = None,
+                     mixed: bool = False) -> torch.Tensor:
+    """Split-K attention for sequences with a single query (row ``query_start_loc[i]``).
+
+    ``num_splits`` None picks it with :func:`heuristics.decode_num_splits` from the sequence
+    count and the ``max_seq_len`` hint (ignored while a CUDA graph is being captured, so the
+    captured launch suits every length). ``mixed``: serve only the sequences with exactly one
+    query and leave the rest to :func:`prefill_attention`; otherwise sequences with no query
+    (CUDA-graph padding) are skipped. Partials come from the caching allocator with shapes fixed
+    by (num_seqs, Hq, splits), which CUDA-graph capture records like any other allocation.
+    """
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    if num_seqs == 0:
+        return out
+    q = _last_dim_contiguous(q)
+    n_kv = kv_cache.shape[3]
+    group = n_heads // n_kv
+    tiles = decode_tiles(head_dim, group, q.element_size())
+    if num_splits is None:
+        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+        num_splits = decode_num_splits(num_seqs, n_kv, sm_count=device_sm_count(q.device),
+                                       max_seq_len=None if capturing else max_seq_len)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    qk_scale, softcap = score_constants(scale, logit_softcap)
+    precision, upcast = _precision(q.dtype)
+    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    d_pad = next_pow2(head_dim)
+    single = num_splits == 1
+    if single:
+        part_acc = part_ml = out  # unused by the kernel
+    else:
+        n_part = num_seqs * n_heads * num_splits
+        scratch = torch.empty(n_part * (d_pad + 2), dtype=torch.float32, device=q.device)
+        part_acc = scratch[:n_part * d_pad]
+        part_ml = scratch[n_part * d_pad:]
+    window = int(sliding_window or 0)
+    decode_split_kernel[(num_seqs, n_kv, num_splits)](
+        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+        out, part_acc, part_ml,
+        qk_scale, softcap, window, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        stride_cb, stride_co, stride_ch, block_tables.stride(0),
+        NUM_Q_HEADS=n_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+        BLOCK_SIZE=kv_cache.shape[2], TILE_N=tiles.tile_n,
+        USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
+        MIXED=mixed, SINGLE_SPLIT=single, PRECISION=precision, UPCAST=upcast,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    if not single:
+        decode_reduce_kernel[(num_seqs, n_heads)](
+            part_acc, part_ml, seq_lens, query_start_loc, out,
+            window, num_splits, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=n_heads, HEAD_DIM=head_dim, D_PAD=d_pad,
+            S_PAD=next_pow2(num_splits), TILE_N=tiles.tile_n,
+            USE_WINDOW=bool(sliding_window), MIXED=mixed, num_warps=4,
+        )
+    return out
+
