@@ -1,0 +1,185 @@
+"""The base class of decoder-only model plugins: everything but the architecture itself.
+
+A subclass builds its modules in ``__init__``, implements ``forward``, and declares how checkpoint
+tensor names map onto its parameters (``weight_name_maps``, one :class:`WeightNameMap` per
+naming scheme). This class does the loading, the completeness check and the logits.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from collections import defaultdict
+from typing import Any, ClassVar, Hashable, Iterable
+
+import torch
+from torch import nn
+
+from .model import ArchConfig, BuildContext
+from .weight_names import WeightLoadError, WeightNameMap
+
+_LIST_LIMIT = 20
+
+
+def _listing(title: str, names: list[str]) -> str:
+    shown = ", ".join(names[:_LIST_LIMIT])
+    more = f", ... and {len(names) - _LIST_LIMIT} more" if len(names) > _LIST_LIMIT else ""
+    return f"\n  {title} ({len(names)}): {shown}{more}"
+
+
+class CausalLM(nn.Module, metaclass=ABCMeta):
+    """A decoder-only language model over one flat batch of tokens.
+
+    Contract (what the engine calls; see :class:`tallow.plugin.ModelArchitecture`):
+
+    - ``__init__(config, build)``: ``config`` an HF-style config (:class:`ArchConfig`),
+      ``build`` the dtype, device, quantization and tensor-parallel rank;
+    - ``forward(input_ids [T], positions [T]) -> hidden [T, H]``, with the step's attention
+      metadata in the forward context;
+    - ``compute_logits(hidden [N, H]) -> float32 [N, vocab]``;
+    - ``load_weights(tensors, naming) -> set[str]``: the parameters it filled, after checking that
+      nothing is missing or left over;
+    - ``config_from_gguf(metadata, config) -> dict`` (classmethod).
+    """
+
+    #: Hugging Face ``architectures`` names and GGUF ``general.architecture`` values served
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    gguf_architectures: ClassVar[tuple[str, ...]] = ()
+    #: naming scheme -> how checkpoint names map onto parameters
+    weight_name_maps: ClassVar[dict[str, WeightNameMap]] = {}
+
+    def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
+        super().__init__()
+        self.config = config if isinstance(config, ArchConfig) else ArchConfig(config)
+        self.build = build
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[T, H]`` (after the last norm) of every token of the batch."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[N, vocab]`` of ``hidden [N, H]`` through ``self.lm_head``."""
+        head = getattr(self, "lm_head", None)
+        if head is None:
+            raise NotImplementedError(f"{type(self).__name__} has no lm_head; override "
+                                      "compute_logits")
+        return head(hidden).float()
+
+    # -- weights ----------------------------------------------------------------------------
+    def weight_names(self, naming: str) -> WeightNameMap:
+        try:
+            return self.weight_name_maps[naming]
+        except KeyError:
+            known = ", ".join(sorted(self.weight_name_maps)) or "none"
+            raise WeightLoadError(f"{type(self).__name__} cannot load tensors named "
+                                  f"{naming!r} (it knows: {known})") from None
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]],
+                     naming: str = "hf") -> set[str]:
+        """Load checkpoint ``tensors`` named under ``naming``; return the parameters filled.
+
+        Every tensor goes through its parameter's ``weight_loader`` (which shards it for this
+        rank and converts its dtype). Raises :class:`WeightLoadError` naming the tensor when a
+        shape does not fit, and, after the last tensor, listing every parameter left unfilled
+        and every checkpoint tensor that no rule knows.
+        """
+        name_map = self.weight_names(naming)
+        params = dict(self.named_parameters(remove_duplicate=False))
+        canonical = {id(p): n for n, p in self.named_parameters()}
+        loaded: dict[str, set[Hashable]] = defaultdict(set)
+        unexpected: list[str] = []
+        for ckpt_name, tensor in tensors:
+            match = name_map.match(ckpt_name)
+            if match is None:
+                unexpected.append(ckpt_name)
+                continue
+            if match.ignored:
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                tensor = torch.as_tensor(tensor)
+            rule = match.rule
+            if rule.transform:
+                tensor = getattr(self, rule.transform)(tensor, match.groups)
+            if rule.handler:
+                getattr(self, rule.handler)(tensor, match.groups)
+                continue
+            target = match.target
+            assert target is not None
+            param = params.get(target)
+            if param is None:
+                unexpected.append(f"{ckpt_name} (-> {target}, which this model does not have)")
+                continue
+            name = canonical[id(param)]
+            if name != target:  # a tied alias (lm_head of tied embeddings): keep the original
+                continue
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                if rule.shard is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, rule.shard)
+            except (ValueError, RuntimeError, TypeError) as exc:
+                raise WeightLoadError(f"{type(self).__name__}: checkpoint tensor {ckpt_name!r} "
+                                      f"-> parameter {target!r}: {exc}") from exc
+            shards = getattr(param, "shard_ids", None)
+            if rule.shard is None and shards:
+                loaded[name].update(shards)
+            else:
+                loaded[name].add(rule.shard)
+        missing = self._missing(loaded)
+        if missing:
+            missing = sorted(set(missing) - self.resolve_missing(set(missing), naming))
+        if missing or unexpected:
+            raise WeightLoadError(
+                f"checkpoint does not match {type(self).__name__} (tensor naming {naming!r}):"
+                + (_listing("missing parameters", missing) if missing else "")
+                + (_listing("unexpected checkpoint tensors", unexpected) if unexpected else "")
+            )
+        self.process_weights_after_loading()
+        return {n for n, _ in self.named_parameters()}
+
+    def _missing(self, loaded: dict[str, set[Hashable]]) -> list[str]:
+        out = []
+        for name, param in self.named_parameters():
+            shards = getattr(param, "shard_ids", None)
+            if not shards:
+                if name not in loaded:
+                    out.append(name)
+                continue
+            lacking = [s for s in shards if s not in loaded.get(name, ())]
+            out.extend(f"{name}[{s}]" for s in lacking)
+        return out
+
+    def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
+        """A chance to fill parameters the checkpoint lacks (tying a head, say).
+
+        Returns the names it resolved; the default resolves none.
+        """
+        return set()
+
+    def process_weights_after_loading(self) -> None:
+        """Let every layer's quantization method finish its weights (repacking and such)."""
+        for module in self.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+
+    @classmethod
+    def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """Complete an HF-style ``config`` built generically from GGUF ``metadata``.
+
+        The default returns ``config`` unchanged; architectures override it for what only they
+        know (head sizes, RoPE scaling, biases...).
+        """
+        return config
+
+
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor,
+                          shard_id: Hashable | None = None) -> None:
+    """Copy a whole tensor into a parameter that has no loader of its own (norm weights)."""
+    if shard_id is not None:
+        raise ValueError(f"parameter has no shards, got shard {shard_id!r}")
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected "
+                         f"{tuple(param.shape)}")
+    with torch.no_grad():
+        param.data.copy_(loaded)

@@ -1,0 +1,106 @@
+"""How a linear layer stores its weight and multiplies by it.
+
+A :class:`LinearMethod` is the seam between the layer (which knows the logical shapes and how
+checkpoint tensors are sharded across tensor-parallel ranks) and a quantization scheme (which
+knows the storage layout and the matmul). The layer asks the method to create its parameters,
+loads checkpoint tensors into them through each parameter's ``weight_loader``, lets the method
+post-process them once loading is done, and calls ``apply`` in ``forward``.
+
+A quantization scheme supplies its method through ``linear_method``: a
+:class:`tallow.plugin.QuantScheme` instance placed in ``BuildContext.quant`` may define
+``linear_method(prefix)`` (or ``linear_method()``) returning a :class:`LinearMethod`, or None for
+layers it leaves unquantized. Without a scheme, or when it returns None, the layer uses
+:class:`UnquantizedLinearMethod`.
+
+Sharding attributes. Every parameter a method creates says which of its dimensions follow the
+layer's logical output and input (``output_dim``, ``input_dim``; None when the parameter is not
+sharded along it, e.g. a per-tensor scale). The layer's loader slices checkpoint tensors along
+those dimensions in proportion to the parameter's own extent, so a packed or grouped layout
+(a scale per group of 128 inputs, say) shards correctly without further help. A method whose
+parameters need other handling attaches its own ``weight_loader(param, loaded, shard_id=None)``;
+the layer leaves such a loader in place.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethod:
+    """Storage and matmul of one linear layer (see the module docstring)."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype, device: torch.device) -> None:
+        """Register the parameters of ``layer``.
+
+        ``input_size`` is this rank's share of the input features; ``output_sizes`` this rank's
+        share of each output partition (one entry for a plain layer; q/k/v or gate/up for
+        merged ones), laid out one after the other along the output dimension.
+        """
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., input_size] -> [..., sum(output_sizes)]``, plus ``bias`` when given."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after every checkpoint tensor is loaded (repacking, transposes...)."""
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """A dense ``weight [out, in]`` in the build dtype; ``forward`` is ``F.linear``."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype, device: torch.device) -> None:
+        weight = nn.Parameter(
+            torch.empty(sum(output_sizes), input_size, dtype=params_dtype, device=device),
+            requires_grad=False,
+        )
+        set_weight_attrs(weight, output_dim=0, input_dim=1)
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:
+    """Attach loading metadata (``output_dim``, ``input_dim``, ``weight_loader``...) to ``param``.
+
+    Refuses to overwrite an attribute already set, which would silently change how the
+    parameter loads.
+    """
+    for key, value in attrs.items():
+        if hasattr(param, key):
+            raise AttributeError(f"parameter already has attribute {key!r}")
+        setattr(param, key, value)
+
+
+def linear_method_for(quant: Any, prefix: str) -> LinearMethod:
+    """The :class:`LinearMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
+    layer at ``prefix``; :class:`UnquantizedLinearMethod` when it assigns none."""
+    if quant is None:
+        return UnquantizedLinearMethod()
+    factory = getattr(quant, "linear_method", None)
+    if factory is None:
+        return UnquantizedLinearMethod()
+    try:
+        takes_prefix = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # builtins without a signature: assume the documented form
+        takes_prefix = True
+    method = factory(prefix) if takes_prefix else factory()
+    if method is None:
+        return UnquantizedLinearMethod()
+    if not isinstance(method, LinearMethod):
+        raise TypeError(
+            f"quant scheme {type(quant).__name__}.linear_method returned "
+            f"{type(method).__name__} for layer {prefix!r}; expected a "
+            "tallow.layers.LinearMethod or None"
+        )
+    return method

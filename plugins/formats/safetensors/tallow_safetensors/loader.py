@@ -1,0 +1,64 @@
+"""Reading a Hugging Face model directory into a :class:`tallow.plugin.Checkpoint`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tallow.plugin import Checkpoint
+
+from .files import CheckpointError, iter_tensors, weight_files
+from .tokenizer_files import read_json, read_tokenizer, read_tokenizer_config
+
+
+def is_model_directory(path: str | os.PathLike[str]) -> bool:
+    """A directory with ``config.json`` and safetensors weights (or their index)."""
+    root = Path(path)
+    if not root.is_dir() or not (root / "config.json").is_file():
+        return False
+    return (root / "model.safetensors.index.json").is_file() or any(root.glob("*.safetensors"))
+
+
+def architecture_of(config: dict[str, Any], where: Path) -> str:
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise CheckpointError(f"{where / 'config.json'}: 'architectures' must be a non-empty list "
+                              "of model class names (e.g. [\"LlamaForCausalLM\"]), got "
+                              f"{archs!r}")
+    return archs[0]
+
+
+def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
+                   progress: bool | None = None) -> Checkpoint:
+    """The :class:`Checkpoint` of a model directory.
+
+    Reads ``config.json`` (required), the weight files (``model.safetensors.index.json`` or every
+    ``*.safetensors``; tensors are read lazily, as ``Checkpoint.tensors()`` is iterated),
+    ``tokenizer.json``, ``tokenizer_config.json`` (with ``special_tokens_map.json`` and
+    ``chat_template.jinja``) and ``generation_config.json``. ``source`` is what the user named
+    (a hub id, say); it defaults to the path.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory")
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"{root} has no config.json")
+    config = read_json(root / "config.json")
+    architecture = architecture_of(config, root)
+    files = weight_files(root)
+    quant = config.get("quantization_config")
+    quantization = quant.get("quant_method") if isinstance(quant, dict) else None
+    return Checkpoint(
+        source=source or str(root),
+        config=config,
+        architecture=architecture,
+        tensors=lambda: iter_tensors(files, desc=f"Loading {root.name}", progress=progress),
+        naming="hf",
+        tokenizer=read_tokenizer(root),
+        tokenizer_config=read_tokenizer_config(root),
+        generation_config=read_json(root / "generation_config.json"),
+        quantization=quantization,
+        extra={"path": str(root), "files": [str(f) for f in files],
+               "dtype": config.get("torch_dtype") or config.get("dtype")},
+    )

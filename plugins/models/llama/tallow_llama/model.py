@@ -1,0 +1,290 @@
+"""The Llama family: Llama 2/3/3.1/3.2, Mistral, Qwen2 and Qwen3 on one decoder.
+
+They differ only in small switches, each a class attribute or a short method:
+
+=========== ================== ============ ============ =================================
+model       q/k/v bias         o_proj bias  q/k norm     sliding window
+=========== ================== ============ ============ =================================
+Llama       ``attention_bias`` same         no           no
+Mistral     no                 no           no           ``sliding_window``, every layer
+Qwen2       yes                no           no           ``layer_types`` / ``use_sliding_window``
+Qwen3       ``attention_bias`` same         per head     ``layer_types`` / ``use_sliding_window``
+=========== ================== ============ ============ =================================
+
+Checkpoint names are mapped in :mod:`tallow_llama.naming`; GGUF configs are completed in
+:mod:`tallow_llama.gguf_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tallow.layers import (
+    ArchConfig, Attention, BuildContext, CausalLM, LMHead, MergedColumnParallelLinear,
+    QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabEmbedding,
+    get_act_and_mul, get_rope, rope_parameters,
+)
+
+from .gguf_config import llama_family_config
+from .naming import gguf_name_map, hf_name_map, unpermute_rows
+
+
+def _require(config: ArchConfig, key: str) -> Any:
+    value = config.get(key)
+    if value is None:
+        raise ValueError(f"model config: {key!r} is required")
+    return value
+
+
+class LlamaMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up stored as one matrix."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool,
+                 build: BuildContext, prefix: str) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias, build=build,
+            prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, build=build,
+                                           prefix=f"{prefix}.down_proj")
+        self.act_fn = get_act_and_mul(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    """qkv projection, optional per-head q/k RMSNorm, RoPE, paged attention, output projection."""
+
+    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
+                 rotary: RotaryEmbedding, *, head_dim: int, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, sliding_window: int | None, prefix: str) -> None:
+        super().__init__()
+        hidden = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        self.head_dim = head_dim
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, heads, kv_heads, qkv_bias,
+                                          build=build, prefix=f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(heads * head_dim, hidden, o_bias, build=build,
+                                        prefix=f"{prefix}.o_proj")
+        eps = float(config.get("rms_norm_eps", 1e-6))
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps, build=build)
+            self.k_norm = RMSNorm(head_dim, eps, build=build)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary_emb = rotary
+        self.attn = Attention(layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
+                              head_dim, scale=head_dim ** -0.5, sliding_window=sliding_window)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.q_norm is not None:
+            n, d = q.shape[0], self.head_dim
+            q = self.q_norm(q.reshape(n, -1, d)).reshape(n, -1)
+            k = self.k_norm(k.reshape(n, -1, d)).reshape(n, -1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm)."""
+
+    def __init__(self, attn: LlamaAttention, mlp: LlamaMLP, hidden: int, eps: float,
+                 build: BuildContext) -> None:
+        super().__init__()
+        self.self_attn = attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden, eps, build=build)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm."""
+
+    def __init__(self, owner: "LlamaForCausalLM", config: ArchConfig,
+                 build: BuildContext) -> None:
+        super().__init__()
+        hidden = int(_require(config, "hidden_size"))
+        vocab = int(_require(config, "vocab_size"))
+        n_layers = int(_require(config, "num_hidden_layers"))
+        heads = int(_require(config, "num_attention_heads"))
+        intermediate = int(_require(config, "intermediate_size"))
+        eps = float(config.get("rms_norm_eps", 1e-6))
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        base, scaling, partial = rope_parameters(config)
+        max_position = int(config.get("max_position_embeddings") or 2048)
+        self.rotary_emb = get_rope(head_dim, int(head_dim * partial), max_position, base,
+                                   scaling, is_neox_style=True, device=build.device)
+        self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
+                                           prefix="model.embed_tokens")
+        act = config.get("hidden_act", "silu")
+        layers = []
+        for i in range(n_layers):
+            prefix = f"model.layers.{i}"
+            attn = LlamaAttention(
+                config, build, i, self.rotary_emb, head_dim=head_dim,
+                qkv_bias=owner.qkv_bias(config), o_bias=owner.o_bias(config),
+                qk_norm=owner.qk_norm, sliding_window=owner.layer_sliding_window(config, i),
+                prefix=f"{prefix}.self_attn")
+            mlp = LlamaMLP(hidden, intermediate, act, owner.mlp_bias(config), build,
+                           f"{prefix}.mlp")
+            layers.append(LlamaDecoderLayer(attn, mlp, hidden, eps, build))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden, eps, build=build)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(CausalLM):
+    """Llama 2, 3, 3.1, 3.2 (RoPE scaling llama3, linear, dynamic, yarn)."""
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM",)
+    gguf_architectures: ClassVar[tuple[str, ...]] = ("llama",)
+    model_type: ClassVar[str] = "llama"
+    qk_norm: ClassVar[bool] = False
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=True)}
+
+    def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
+        super().__init__(config, build)
+        cfg = self.config
+        self.model = LlamaModel(self, cfg, build)
+        tie = bool(cfg.get("tie_word_embeddings", False))
+        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
+                              tie_with=self.model.embed_tokens if tie else None, build=build,
+                              prefix="lm_head")
+
+    # -- the switches that tell the family apart -----------------------------------------
+    def qkv_bias(self, config: ArchConfig) -> bool:
+        return bool(config.get("attention_bias", False))
+
+    def o_bias(self, config: ArchConfig) -> bool:
+        return bool(config.get("attention_bias", False))
+
+    def mlp_bias(self, config: ArchConfig) -> bool:
+        return bool(config.get("mlp_bias", False))
+
+    def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
+        return None
+
+    # -- running ---------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    # -- loading ---------------------------------------------------------------------------
+    def unpermute_q(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        return unpermute_rows(tensor, int(self.config.num_attention_heads))
+
+    def unpermute_k(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        cfg = self.config
+        return unpermute_rows(tensor, int(cfg.get("num_key_value_heads")
+                                          or cfg.num_attention_heads))
+
+    def load_rope_freqs(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:
+        self.model.rotary_emb.set_freq_factors(tensor)
+
+    def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
+        # GGUF files of tied models simply have no output.weight.
+        if naming == "gguf" and "lm_head.weight" in missing:
+            self.lm_head.tie(self.model.embed_tokens)
+            return {"lm_head.weight"}
+        return set()
+
+    @classmethod
+    def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        return llama_family_config(metadata, config, hf_architecture=cls.hf_architectures[0],
+                                   model_type=cls.model_type)
+
+
+def _layer_types_window(config: ArchConfig, layer: int) -> int | None:
+    """Qwen's rule: ``layer_types`` when given, else ``use_sliding_window`` from
+    ``max_window_layers`` on."""
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if types:
+        if layer >= len(types):
+            raise ValueError(f"model config: layer_types has {len(types)} entries, but layer "
+                             f"{layer} exists")
+        return window if types[layer] == "sliding_attention" else None
+    if not config.get("use_sliding_window", False) or window is None:
+        return None
+    return window if layer >= int(config.get("max_window_layers", 0)) else None
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama without biases, with ``sliding_window`` on every layer when set."""
+
+    hf_architectures = ("MistralForCausalLM",)
+    # llama.cpp writes Mistral checkpoints as GGUF architecture "llama" (served by Llama).
+    gguf_architectures = ()
+    model_type = "mistral"
+
+    def qkv_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def o_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def mlp_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
+        return config.get("sliding_window") or None
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2 / Qwen2.5: biased q/k/v projections."""
+
+    hf_architectures = ("Qwen2ForCausalLM",)
+    gguf_architectures = ("qwen2",)
+    model_type = "qwen2"
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=False)}
+
+    def qkv_bias(self, config: ArchConfig) -> bool:
+        return True
+
+    def o_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def mlp_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
+        return _layer_types_window(config, layer)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: RMSNorm over each head of q and k before RoPE."""
+
+    hf_architectures = ("Qwen3ForCausalLM",)
+    gguf_architectures = ("qwen3",)
+    model_type = "qwen3"
+    qk_norm = True
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=False)}
+
+    def mlp_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
+        return _layer_types_window(config, layer)
