@@ -1,0 +1,208 @@
+"""The plugin manager's rules, on plugins defined in the test (no discovery)."""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import pytest
+
+from tallow.plugin import RegistryError, hookimpl
+from tallow.plugin.manager import (
+    HOOK_NAMES, HookNameError, PluginLoadError, PluginManager, load_plugins,
+)
+from tallow.plugin.testing import isolated_plugin_manager
+
+
+def _module(name: str, **functions: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    for attr, fn in functions.items():
+        setattr(mod, attr, fn)
+    return mod
+
+
+class Registers:
+    """A plugin registering one attention backend under ``name``."""
+
+    def __init__(self, name: str, *, override: bool = False, priority: int = 0) -> None:
+        self.name, self.override, self.priority = name, override, priority
+
+    @hookimpl
+    def tallow_register_attention_backends(self, registry: Any) -> None:
+        registry.register(self.name, "somewhere.module:Backend", priority=self.priority,
+                          override=self.override)
+
+
+def test_registrations_record_their_distribution() -> None:
+    pm = isolated_plugin_manager(builtins=True)
+    status = pm.add_plugin(Registers("fast"), "tallow-fast", "1.2.3")
+    entry = pm.registries.attention_backends.entry("fast")
+    assert (entry.distribution, entry.version) == ("tallow-fast", "1.2.3")
+    assert entry.lazy and entry.target == "somewhere.module:Backend"
+    assert status.components == {"attention_backend": ["fast"]}
+    builtin = pm.registries.attention_backends.entry("torch")
+    assert builtin.distribution == "tallow"
+    assert [s.name for s in pm.statuses()] == ["tallow", "tallow-fast"]
+
+
+def test_duplicate_is_refused_and_override_is_accepted_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pm = isolated_plugin_manager(("tallow-first", Registers("shared")))
+    with pytest.raises(PluginLoadError) as info:
+        pm.add_plugin(Registers("shared"), "tallow-second", "0.1")
+    assert isinstance(info.value.cause, RegistryError)
+    assert "'shared' is already registered by tallow-first" in str(info.value)
+    assert pm.registries.attention_backends.entry("shared").distribution == "tallow-first"
+    with caplog.at_level(logging.WARNING, logger="tallow.plugin"):
+        pm.add_plugin(Registers("shared", override=True), "tallow-third", "0.2")
+    assert pm.registries.attention_backends.entry("shared").distribution == "tallow-third"
+    assert "'shared' registered by tallow-first is overridden by tallow-third" in caplog.text
+
+
+def test_failed_plugin_is_rolled_back_everywhere() -> None:
+    class Halfway:
+        @hookimpl
+        def tallow_register_kv_codecs(self, registry: Any) -> None:
+            registry.register("half-kv", "x.y:Z")
+
+        @hookimpl
+        def tallow_register_tool_parsers(self, registry: Any) -> None:
+            raise KeyError("boom")
+
+        @hookimpl
+        def tallow_engine_ready(self, engine: Any) -> None:
+            raise AssertionError("must not be called")
+
+    pm = isolated_plugin_manager(builtins=True)
+    before = {r.kind: r.names() for r in pm.registries.all()}
+    plugin = Halfway()
+    status = pm.add_plugin(plugin, "tallow-halfway", "1.0", fatal=False)
+    assert status.status == "failed" and "KeyError: 'boom'" in status.reason
+    assert "test_plugin_manager.py" in status.reason  # points at the plugin's code
+    assert {r.kind: r.names() for r in pm.registries.all()} == before
+    assert not pm.pluggy.is_registered(plugin)
+    pm.engine_ready(object())  # the failed plugin's hook is gone
+
+
+def test_rollback_restores_what_an_override_replaced() -> None:
+    class OverrideThenFail:
+        @hookimpl
+        def tallow_register_attention_backends(self, registry: Any) -> None:
+            registry.register("torch", "x.y:Z", override=True)
+
+        @hookimpl
+        def tallow_register_routes(self, registry: Any) -> None:
+            raise RuntimeError("late failure")
+
+    pm = isolated_plugin_manager(builtins=True)
+    original = pm.registries.attention_backends.entry("torch")
+    pm.add_plugin(OverrideThenFail(), "tallow-bad", fatal=False)
+    assert pm.registries.attention_backends.entry("torch") is original
+
+
+def test_hook_without_hookimpl_marker_is_caught() -> None:
+    def tallow_register_tool_parsers(registry: Any) -> None:  # not marked
+        registry.register("x", "a.b:C")
+
+    pm = PluginManager(env={})
+    with pytest.raises(PluginLoadError) as info:
+        pm.add_plugin(_module("unmarked", tallow_register_tool_parsers=tallow_register_tool_parsers),
+                      "tallow-unmarked")
+    assert isinstance(info.value.cause, HookNameError)
+    assert "not marked with @hookimpl" in str(info.value)
+
+
+def test_misspelled_hooks_are_caught_marked_or_not() -> None:
+    def tallow_register_tool_parser(registry: Any) -> None:  # singular, unmarked
+        pass
+
+    pm = PluginManager(env={})
+    status = pm.add_plugin(_module("typo1", tallow_register_tool_parser=tallow_register_tool_parser),
+                           "tallow-typo1", fatal=False)
+    assert "did you mean tallow_register_tool_parsers" in status.reason
+
+    @hookimpl
+    def tallow_shutdwon() -> None:
+        pass
+
+    status = pm.add_plugin(_module("typo2", tallow_shutdwon=tallow_shutdwon), "tallow-typo2",
+                           fatal=False)
+    assert "unknown hook 'tallow_shutdwon'; did you mean tallow_shutdown" in status.reason
+    pm.check_pending()  # nothing unknown is left registered
+
+    @hookimpl(optionalhook=True)
+    def tallow_future_hook() -> None:
+        pass
+
+    status = pm.add_plugin(_module("opt", tallow_future_hook=tallow_future_hook), "tallow-opt")
+    assert status.status == "ok"
+
+
+def test_configure_is_historic() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    class Configurable:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        @hookimpl
+        def tallow_configure(self, config: Any) -> None:
+            seen.append((self.tag, config))
+
+    pm = isolated_plugin_manager(("tallow-early", Configurable("early")))
+    config = object()
+    assert pm.hook.tallow_configure(config=config) == []
+    pm.add_plugin(Configurable("late"), "tallow-late")
+    assert seen == [("early", config), ("late", config)]
+
+
+def test_shutdown_runs_once_newest_first_and_isolates_errors(
+        caplog: pytest.LogCaptureFixture) -> None:
+    order: list[str] = []
+
+    class Closer:
+        def __init__(self, tag: str, fail: bool = False) -> None:
+            self.tag, self.fail = tag, fail
+
+        @hookimpl
+        def tallow_shutdown(self) -> None:
+            order.append(self.tag)
+            if self.fail:
+                raise OSError(f"{self.tag} could not close")
+
+    pm = isolated_plugin_manager(("tallow-a", Closer("a")), ("tallow-b", Closer("b", True)),
+                                 ("tallow-c", Closer("c")))
+    with caplog.at_level(logging.ERROR, logger="tallow.plugin"):
+        pm.hook.tallow_shutdown()
+    assert order == ["c", "b", "a"]
+    assert "tallow-b raised in tallow_shutdown" in caplog.text
+    pm.shutdown()
+    assert order == ["c", "b", "a"]
+
+
+def test_trace_env_switch_writes_hook_calls(capsys: pytest.CaptureFixture[str]) -> None:
+    pm = PluginManager(env={"TALLOW_TRACE_HOOKS": "1"})
+    pm.add_plugin(Registers("traced"), "tallow-traced")
+    err = capsys.readouterr().err
+    assert "[tallow hooks]" in err and "tallow_register_attention_backends" in err
+    quiet = PluginManager(env={"TALLOW_TRACE_HOOKS": "0"})
+    quiet.add_plugin(Registers("quiet"), "tallow-quiet")
+    assert "tallow_register_attention_backends" not in capsys.readouterr().err
+
+
+def test_unknown_hook_attribute_is_a_clear_error() -> None:
+    pm = PluginManager(env={})
+    with pytest.raises(AttributeError, match="tallow declares no hook 'tallow_nope'"):
+        pm.hook.tallow_nope
+    assert set(dir(pm.hook)) == set(HOOK_NAMES)
+
+
+def test_core_loads_as_distribution_tallow_even_without_external_plugins() -> None:
+    pm = load_plugins(None, env={"TALLOW_PLUGINS": ""})
+    core = pm.status("tallow")
+    from tallow import __version__
+
+    assert (core.status, core.version, core.mode) == ("ok", __version__, "builtin")
+    assert "torch" in core.components["attention_backend"]
+    assert all(s.status == "disabled" for s in pm.statuses() if s.name != "tallow")
