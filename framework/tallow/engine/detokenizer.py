@@ -1,0 +1,104 @@
+"""Streaming token ids to text, emitting only text that later tokens cannot change.
+
+Decoding one token at a time is wrong in two ways: a character whose UTF-8 bytes span several
+tokens decodes to U+FFFD until its last byte arrives, and SentencePiece decoders treat the first
+token of a text specially (they drop its leading space). So the detokenizer decodes a short window
+of recent tokens twice — without and with the new tokens — and emits the difference:
+
+- ``prefix_offset..read_offset``: tokens already emitted, kept as context;
+- ``read_offset..end``: tokens not yet emitted.
+
+When the window's text ends in U+FFFD (an incomplete character) nothing is emitted and the offsets
+stay, so the bytes are decoded together once the character is complete. Both decodes of a window
+start at the same token, so any first-token rule of the decoder applies equally to both and
+cancels out. The concatenated output therefore equals ``tokenizer.decode(output_ids)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text of one sequence's output tokens, delivered as they are generated.
+
+    ``tokenizer`` is a :class:`tallow.engine.tokenizer.Tokenizer` (anything with
+    ``decode(ids, skip_special_tokens=...)``). ``prompt_token_ids`` identifies the request; the text
+    is that of the output alone, exactly ``tokenizer.decode(output_ids, skip_special_tokens)``.
+    ``spaces_between_special_tokens`` is accepted for API compatibility: the tokenizer's decoder
+    decides how special tokens join text.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.output_token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._prefix_text = ""
+        self._pieces: list[str] = []
+        self._text_cache: str | None = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def push(self, token_id: int) -> str:
+        """Add one generated token; return the text it makes final (possibly ``""``)."""
+        self.output_token_ids.append(int(token_id))
+        return self._advance(final=False)
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        """Add several tokens at once (e.g. speculative or multi-step output)."""
+        self.output_token_ids.extend(int(t) for t in token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Emit whatever is held back (an incomplete character at the very end of generation).
+
+        Call once when the sequence finishes; afterwards ``text`` equals
+        ``tokenizer.decode(output_token_ids)``.
+        """
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        ids = self.output_token_ids
+        if self._read_offset >= len(ids):
+            return ""
+        window = self._decode(ids[self._prefix_offset:])
+        if not final and window.endswith(_REPLACEMENT):
+            return ""
+        if not window.startswith(self._prefix_text):
+            # Not expected from a prefix-stable decoder; fall back to the whole text so the
+            # output stays exactly decode(output_ids).
+            full = self._decode(ids)
+            delta = full[len(self.text):] if full.startswith(self.text) else ""
+        else:
+            delta = window[len(self._prefix_text):]
+        if not delta and not final:
+            # e.g. a skipped special token: keep the window, nothing to emit yet.
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(ids)
+        self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
+        if delta:
+            self._pieces.append(delta)
+            self._text_cache = None
+        return delta
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if self._text_cache is None:
+            self._text_cache = "".join(self._pieces)
+        return self._text_cache
+
+
+__all__ = ["IncrementalDetokenizer"]
