@@ -1,0 +1,253 @@
+"""The Starlette application: routes, middleware, error handling, plugin routes.
+
+:func:`build_app` wires an engine (anything following the ``AsyncEngine`` contract) into an
+ASGI app. The engine loop is started and stopped by the app's lifespan, so the same app serves
+under uvicorn and under Starlette's test client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+import tallow
+
+from .chat import create_chat_completion
+from .completions import create_completion
+from .errors import APIError, from_exception, invalid
+from .messages import normalize_messages
+from .metrics import CONTENT_TYPE
+from .middleware import APIKeyAuth, BodyLimit, StatusCounter
+from .protocol import (
+    DetokenizeRequest, TokenizeRequest, check_model, parse_json_body, parse_request,
+)
+from .state import ServerState
+from .tools import validate_tools
+
+log = logging.getLogger("tallow.server")
+
+#: Paths that need the API key when one is configured (the OpenAI API and its helpers).
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+Handler = Callable[[ServerState, Request, dict[str, Any]], Awaitable[Response]]
+
+
+def _json_endpoint(state: ServerState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A POST endpoint that reads a JSON body and answers every failure OpenAI-style."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            body = parse_json_body(await request.body())
+            return await handler(state, request, body)
+        except APIError as exc:
+            return exc.response()
+        except Exception as exc:  # a bug: logged with its traceback, never sent to the client
+            return from_exception(exc).response()
+
+    return endpoint
+
+
+def _get_endpoint(state: ServerState, handler: Callable[[ServerState, Request], Awaitable[Response]]
+                  ) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(state, request)
+        except APIError as exc:
+            return exc.response()
+        except Exception as exc:
+            return from_exception(exc).response()
+
+    return endpoint
+
+
+# -- small endpoints ------------------------------------------------------------------------
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.created,
+            "owned_by": "tallow", "root": state.model_name, "parent": None,
+            "max_model_len": state.max_model_len}
+
+
+async def list_models(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(state: ServerState, request: Request) -> Response:
+    check_model(request.path_params["model"], state.served_names)
+    return JSONResponse(_model_card(state))
+
+
+async def health(state: ServerState, request: Request) -> Response:
+    """200 with the engine's load while it serves, 503 once its loop has failed."""
+    error = getattr(state.engine, "error", None)
+    stats = state.engine.stats()
+    body = {"status": "ok" if error is None else "error", "model": state.model_name,
+            **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
+                                         "num_free_blocks", "num_total_blocks",
+                                         "prefix_cache_hit_rate") if k in stats},
+            "server_inflight": state.inflight}
+    if error is not None:
+        body["error"] = f"{type(error).__name__}: {error}"
+    return JSONResponse(body, status_code=200 if error is None else 503)
+
+
+async def version(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"version": tallow.__version__})
+
+
+async def metrics(state: ServerState, request: Request) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _describe_status(status: Any) -> dict[str, Any]:
+    if hasattr(status, "to_dict"):
+        return status.to_dict()
+    if dataclasses.is_dataclass(status) and not isinstance(status, type):
+        return {k: (str(v) if not isinstance(v, (str, int, float, bool, list, dict, type(None)))
+                    else v) for k, v in dataclasses.asdict(status).items()}
+    return dict(vars(status))
+
+
+async def plugins(state: ServerState, request: Request) -> Response:
+    pm = getattr(state.engine, "plugin_manager", None)
+    if pm is None:
+        return JSONResponse({"object": "list", "plugins": [], "components": {}})
+    statuses = [_describe_status(s) for s in pm.statuses()]
+    components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
+    selected = {"tool_parser": state.tool_parser_name}
+    return JSONResponse({"object": "list", "plugins": statuses, "components": components,
+                         "selected": selected})
+
+
+async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_request(TokenizeRequest, body)
+    check_model(req.model, state.served_names)
+    if (req.prompt is None) == (req.messages is None):
+        raise invalid("prompt", "Give exactly one of 'prompt' or 'messages'.")
+    if req.messages is not None:
+        tools = validate_tools(req.tools) if req.tools else None
+        text = await state.render_chat(normalize_messages(req.messages), tools,
+                                       add_generation_prompt=req.add_generation_prompt is not False)
+        add_special = bool(req.add_special_tokens)
+    else:
+        text = req.prompt or ""
+        add_special = req.add_special_tokens is not False
+    ids = await state.encode(text, add_special_tokens=add_special)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+
+
+async def detokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+    req = parse_request(DetokenizeRequest, body)
+    check_model(req.model, state.served_names)
+    vocab = getattr(state.tokenizer, "vocab_size", None)
+    for i, token in enumerate(req.tokens):
+        if token < 0 or (vocab and token >= vocab):
+            raise invalid(f"tokens[{i}]", f"Invalid value for 'tokens[{i}]': {token} is not a "
+                          f"token id of this model (0..{(vocab or 1) - 1}).")
+    text = state.tokenizer.decode(req.tokens, skip_special_tokens=bool(req.skip_special_tokens))
+    return JSONResponse({"prompt": text})
+
+
+# -- assembly -------------------------------------------------------------------------------
+def _plugin_routes(state: ServerState) -> list[BaseRoute]:
+    pm = getattr(state.engine, "plugin_manager", None)
+    if pm is None:
+        return []
+    routes: list[BaseRoute] = []
+    for entry in pm.registries.routes:
+        try:
+            target = entry.load()
+        except Exception as exc:
+            log.error("route %s from %s cannot be loaded: %s", entry.name, entry.distribution,
+                      exc)
+            continue
+        if entry.meta.get("mount"):
+            routes.append(Mount(entry.name, app=target))
+        else:
+            routes.append(Route(entry.name, target, methods=list(entry.meta.get("methods",
+                                                                                  ("GET",)))))
+        log.info("route %s from %s", entry.name, entry.distribution)
+    return routes
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return APIError(404, f"No such endpoint: {request.method} {request.url.path}.",
+                        code="not_found").response()
+    if exc.status_code == 405:
+        return APIError(405, f"Method {request.method} is not allowed on "
+                        f"{request.url.path}.", code="method_not_allowed").response()
+    return APIError(exc.status_code, str(exc.detail)).response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return from_exception(exc).response()
+
+
+def build_app(engine: Any, config: Any = None, *, tool_parser: Any = None,
+              manage_engine: bool = True) -> Starlette:
+    """The ASGI app serving ``engine``.
+
+    ``tool_parser`` is the ToolParser class to use (None: choose from the engine's plugin
+    manager and ``config.server.tool_parser``, see :func:`tallow.server.parsers.choose`).
+    With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
+    """
+    from .parsers import choose_tool_parser
+
+    if tool_parser is None:
+        parser_name, tool_parser = choose_tool_parser(engine, config)
+    else:
+        parser_name = getattr(tool_parser, "name", "") or tool_parser.__name__
+    state = ServerState(engine, config, tool_parser)
+    state.tool_parser_name = parser_name
+    post = [("/v1/chat/completions", create_chat_completion),
+            ("/v1/completions", create_completion),
+            ("/tokenize", tokenize), ("/detokenize", detokenize)]
+    get = [("/v1/models", list_models), ("/v1/models/{model:path}", get_model),
+           ("/health", health), ("/version", version), ("/metrics", metrics),
+           ("/v1/plugins", plugins)]
+    routes: list[BaseRoute] = [Route(p, _json_endpoint(state, h), methods=["POST"])
+                               for p, h in post]
+    routes += [Route(p, _get_endpoint(state, h), methods=["GET"]) for p, h in get]
+    routes += _plugin_routes(state)
+    templates = {r.path for r in routes if isinstance(r, Route)}
+
+    def endpoint_of(scope: Any) -> str:
+        path = scope.get("path", "")
+        if path in templates:
+            return path
+        if path.startswith("/v1/models/"):
+            return "/v1/models/{model}"
+        return "other"
+
+    server = getattr(config, "server", None)
+    middleware = [
+        Middleware(StatusCounter, counter=state.metrics.http_requests, endpoint_of=endpoint_of),
+        Middleware(APIKeyAuth, keys=list(getattr(server, "api_keys", None) or []),
+                   protected_prefixes=PROTECTED_PREFIXES),
+        Middleware(BodyLimit, max_bytes=int(getattr(server, "max_body_bytes", 33554432))),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_engine:
+            await engine.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await engine.shutdown()
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.tallow = state
+    return app

@@ -1,0 +1,267 @@
+"""``POST /v1/chat/completions``: whole responses and SSE streams, with tools and logprobs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import APIError, from_exception
+from .logprobs import chat_logprobs
+from .messages import normalize_messages
+from .protocol import (
+    ChatCompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
+)
+from .sampling import build_sampling_params, resolve_max_tokens
+from .sse import DONE, StreamSession, error_event
+from .generation import aclose_quietly, run_generation, unless_disconnected
+from .state import ServerState
+from .tools import ChoiceTools, Final, plan_tools
+
+log = logging.getLogger("tallow.server")
+
+
+class _Choice:
+    """Streaming bookkeeping of one of the ``n`` choices."""
+
+    def __init__(self, tools: ChoiceTools) -> None:
+        self.tools = tools
+        self.text_len = 0
+        self.tokens = 0
+        self.finished = False
+        self.started = False
+
+
+class ChatCompletion:
+    """One chat-completion request, from its parsed body to the response."""
+
+    def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
+        self.state = state
+        self.req = req
+        self.id = state.new_id("chatcmpl")
+        self.created = int(time.time())
+        self.include_usage, self.continuous_usage = stream_flags(req)
+        self.top = (req.top_logprobs or 0) if req.logprobs else None
+        self.plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                               state.tool_parser)
+        self.prompt_ids: list[int] = []
+        self.timer = state.metrics.timer()
+
+    async def prepare(self) -> tuple[list[int], Any, str]:
+        """Render and tokenize the prompt, and build the sampling parameters."""
+        messages = normalize_messages(self.req.messages)
+        prompt = await self.state.render_chat(messages, self.plan.prompt_tools,
+                                              kwargs=self.req.chat_template_kwargs)
+        prompt += self.plan.prompt_suffix
+        ids = await self.state.encode(prompt, add_special_tokens=False)
+        self.prompt_ids = ids
+        param = ("max_completion_tokens" if self.req.max_completion_tokens is not None
+                 else "max_tokens")
+        requested = self.req.max_completion_tokens or self.req.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len,
+                                        "messages", param)
+        try:
+            params = build_sampling_params(self.req, max_tokens=max_tokens,
+                                           vocab_size=getattr(self.state.tokenizer,
+                                                              "vocab_size", None),
+                                           logprobs=self.top)
+        except Exception as exc:
+            raise from_exception(exc) from None
+        return ids, params, prompt
+
+    # -- shapes -------------------------------------------------------------------------
+    def _usage(self, out: Any) -> dict[str, Any]:
+        completion = sum(len(o.token_ids) for o in out.outputs)
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
+                "total_tokens": len(self.prompt_ids) + completion,
+                "prompt_tokens_details": {"cached_tokens": int(out.num_cached_tokens or 0)}}
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
+        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
+                                "created": self.created, "model": self.state.model_name,
+                                "system_fingerprint": self.state.system_fingerprint,
+                                "choices": choices}
+        if self.include_usage or self.continuous_usage:
+            body["usage"] = usage
+        return json.dumps(body, ensure_ascii=False)
+
+    @staticmethod
+    def _finish_reason(o: Any, final: Final, forced_done: bool) -> str:
+        if final.tool_calls:
+            return "tool_calls"
+        if forced_done:
+            return "stop"
+        if o.finish_reason == "abort":
+            raise APIError(503, "The request was aborted by the server (shutting down?).",
+                           code="aborted")
+        return o.finish_reason or "stop"
+
+    # -- whole response -----------------------------------------------------------------
+    async def respond(self, request: Request, gen: AsyncIterator[Any], first: Any) -> Response:
+        choices = [self.plan.choice() for _ in first.outputs]
+        fed = [0] * len(choices)
+
+        async def collect() -> Any:
+            last = first
+            try:
+                out = first
+                while True:
+                    self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
+                    for o in out.outputs:
+                        choices[o.index].feed(o.text[fed[o.index]:])
+                        fed[o.index] = len(o.text)
+                    last = out
+                    if out.finished or all(c.complete for c in choices):
+                        return last
+                    out = await gen.__anext__()
+            except StopAsyncIteration:
+                return last
+            finally:
+                await aclose_quietly(gen)
+
+        last = await unless_disconnected(request, collect())
+        result = []
+        for o in last.outputs:
+            tools = choices[o.index]
+            final = tools.final(o.text)
+            message: dict[str, Any] = {"role": "assistant", "content": final.content,
+                                       "refusal": None}
+            if final.tool_calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in final.tool_calls]
+            logprobs = None
+            if self.top is not None and o.logprobs is not None:
+                logprobs = {"content": chat_logprobs(o.logprobs, o.token_ids, self.top,
+                                                     self.state.token_text),
+                            "refusal": None}
+            result.append({"index": o.index, "message": message, "logprobs": logprobs,
+                           "finish_reason": self._finish_reason(o, final, tools.complete)})
+        self.timer.finish([c["finish_reason"] for c in result], last.num_cached_tokens)
+        return JSONResponse({"id": self.id, "object": "chat.completion",
+                             "created": self.created, "model": self.state.model_name,
+                             "system_fingerprint": self.state.system_fingerprint,
+                             "choices": result, "usage": self._usage(last)})
+
+    # -- stream -------------------------------------------------------------------------
+    async def stream(self, gen: AsyncIterator[Any], first: Any,
+                     session: StreamSession) -> AsyncIterator[str]:
+        choices = [_Choice(self.plan.choice()) for _ in first.outputs]
+        last = first
+        try:
+            out = first
+            while True:
+                last = out
+                self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
+                for o in out.outputs:
+                    for chunk in self._choice_chunks(choices[o.index], o, out):
+                        yield chunk
+                if all(c.finished for c in choices):
+                    break
+                if all(c.finished or c.tools.complete for c in choices):
+                    # Every forced call is closed: stop generating and finish the choices.
+                    await aclose_quietly(gen)
+                    for o in out.outputs:
+                        for chunk in self._choice_chunks(choices[o.index], o, out, force=True):
+                            yield chunk
+                    break
+                try:
+                    out = await gen.__anext__()
+                except StopAsyncIteration:
+                    break
+            self.timer.finish([o.finish_reason or "stop" for o in last.outputs],
+                              last.num_cached_tokens)
+            if self.include_usage:
+                yield self._chunk([], self._usage(last))
+            yield DONE
+        except APIError as exc:
+            yield error_event(exc)
+            yield DONE
+        except Exception as exc:
+            yield error_event(from_exception(exc))
+            yield DONE
+        finally:
+            await session.close()
+
+    def _choice_chunks(self, c: _Choice, o: Any, out: Any, force: bool = False) -> list[str]:
+        if c.finished:
+            return []
+        chunks: list[str] = []
+        usage = self._usage(out) if self.continuous_usage else None
+        if not c.started:
+            c.started = True
+            chunks.append(self._chunk([{"index": o.index,
+                                        "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}], usage))
+        new_text = o.text[c.text_len:]
+        c.text_len = len(o.text)
+        delta = c.tools.feed(new_text) if new_text else None
+        logprobs = None
+        if self.top is not None and o.logprobs is not None and len(o.token_ids) > c.tokens:
+            logprobs = {"content": chat_logprobs(o.logprobs[c.tokens:], o.token_ids[c.tokens:],
+                                                 self.top, self.state.token_text),
+                        "refusal": None}
+        c.tokens = len(o.token_ids)
+        pieces = [delta] if delta else []
+        ending = o.finished or force
+        if ending:
+            pieces += c.tools.finish()
+        for i, piece in enumerate(pieces):
+            chunks.append(self._chunk([{"index": o.index, "delta": _delta_dict(piece),
+                                        "logprobs": logprobs if i == 0 else None,
+                                        "finish_reason": None}], usage))
+        if not pieces and logprobs is not None:
+            chunks.append(self._chunk([{"index": o.index, "delta": {"content": ""},
+                                        "logprobs": logprobs, "finish_reason": None}], usage))
+        if ending:
+            c.finished = True
+            if any(p.tool_calls for p in pieces):
+                reason = "tool_calls"
+            elif force:
+                reason = "stop"
+            elif o.finish_reason == "abort":
+                raise APIError(503, "The request was aborted by the server.", code="aborted")
+            else:
+                reason = o.finish_reason or "stop"
+            chunks.append(self._chunk([{"index": o.index, "delta": {}, "logprobs": None,
+                                        "finish_reason": reason}], usage))
+        return chunks
+
+
+def _delta_dict(piece: Any) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if piece.content or not piece.tool_calls:
+        delta["content"] = piece.content
+    if piece.tool_calls:
+        calls = []
+        for t in piece.tool_calls:
+            entry: dict[str, Any] = {"index": t.index}
+            fn: dict[str, Any] = {}
+            if t.id is not None:
+                entry["id"] = t.id
+                entry["type"] = "function"
+            if t.name is not None:
+                fn["name"] = t.name
+            fn["arguments"] = t.arguments
+            entry["function"] = fn
+            calls.append(entry)
+        delta["tool_calls"] = calls
+    return delta
+
+
+async def create_chat_completion(state: ServerState, request: Request,
+                                 body: dict[str, Any]) -> Response:
+    req = parse_request(ChatCompletionRequest, body)
+    check_model(req.model, state.served_names)
+    reject_unsupported(req)
+    handler = ChatCompletion(state, req)
+    ids, params, prompt = await handler.prepare()
+    return await run_generation(
+        state, request, lambda: state.engine.generate(ids, params, handler.id, prompt=prompt,
+                                                      priority=req.priority or 0),
+        "messages", bool(req.stream), handler.respond, handler.stream)

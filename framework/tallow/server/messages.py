@@ -1,0 +1,135 @@
+"""Chat messages: checked against OpenAI's shapes and normalized for the chat template.
+
+What the template receives:
+
+- ``content`` is always a string (text parts joined; ``None`` becomes ``""``), except that an
+  assistant message carrying ``tool_calls`` keeps ``None`` when it had no text;
+- ``developer`` messages are rendered as ``system`` (chat templates know no developer role);
+- assistant ``tool_calls[].function.arguments`` are parsed from JSON text into objects, because
+  templates serialize them themselves (``arguments | tojson``);
+- ``tool`` messages keep ``tool_call_id`` (and ``name`` when given).
+
+Image, audio and file content parts, the legacy ``function`` role and an assistant's legacy
+``function_call`` are refused with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import invalid, unsupported
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _text_of(content: Any, where: str, *, allow_none: bool = False) -> str | None:
+    """The text of a message's ``content`` (a string or a list of text parts)."""
+    if content is None:
+        if allow_none:
+            return None
+        raise invalid(where, f"Invalid value for {where!r}: expected a string or a list of "
+                      "content parts, got null.")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(where, f"Invalid value for {where!r}: expected a string or a list of "
+                      f"content parts, got {type(content).__name__}.")
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid(at, f"Invalid value for {at!r}: expected a content part object.")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid(f"{at}.text", f"Invalid value for '{at}.text': expected a string.")
+            texts.append(text)
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        elif kind in ("image_url", "input_audio", "file"):
+            raise unsupported(f"{at}.type", f"content parts of type {kind!r} need a "
+                              "multimodal model; the served model reads text only")
+        else:
+            raise invalid(f"{at}.type", f"Invalid value for '{at}.type': expected 'text', got "
+                          f"{kind!r}.")
+    return "".join(texts)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise invalid(where, f"Invalid value for {where!r}: expected a list of tool calls.")
+    out: list[dict[str, Any]] = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise invalid(at, f"Invalid value for {at!r}: expected a tool call object.")
+        if call.get("type", "function") != "function":
+            raise unsupported(f"{at}.type", "only 'function' tool calls exist in tallow")
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise invalid(f"{at}.function", f"Missing required parameter: '{at}.function'.")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid(f"{at}.function.name",
+                          f"Invalid value for '{at}.function.name': expected a non-empty string.")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise invalid(f"{at}.function.arguments",
+                              f"Invalid value for '{at}.function.arguments': not valid JSON "
+                              f"({exc}).") from None
+        if not isinstance(args, dict):
+            raise invalid(f"{at}.function.arguments",
+                          f"Invalid value for '{at}.function.arguments': expected a JSON object.")
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise invalid(f"{at}.id", f"Invalid value for '{at}.id': expected a string.")
+        out.append({"id": call_id or f"call_{j}", "type": "function",
+                    "function": {"name": name, "arguments": args}})
+    return out
+
+
+def normalize_messages(messages: list[Any], param: str = "messages") -> list[dict[str, Any]]:
+    """Check ``messages`` and return them in the form the chat template expects."""
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        at = f"{param}[{i}]"
+        if not isinstance(msg, dict):
+            raise invalid(at, f"Invalid value for {at!r}: expected a message object.")
+        role = msg.get("role")
+        if role is None:
+            raise invalid(f"{at}.role", f"Missing required parameter: '{at}.role'.",
+                          code="missing_required_parameter")
+        if role == "function":
+            raise unsupported(f"{at}.role", "the legacy 'function' role is replaced by 'tool'")
+        if role not in _ROLES:
+            raise invalid(f"{at}.role", f"Invalid value for '{at}.role': unknown role {role!r}; "
+                          f"expected one of {', '.join(_ROLES)}.", code="invalid_role")
+        norm: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        if isinstance(msg.get("name"), str):
+            norm["name"] = msg["name"]
+        if role == "assistant":
+            if msg.get("function_call") is not None:
+                raise unsupported(f"{at}.function_call", "use 'tool_calls'")
+            calls = msg.get("tool_calls")
+            text = _text_of(msg.get("content"), f"{at}.content", allow_none=True)
+            if calls:
+                norm["tool_calls"] = _tool_calls(calls, f"{at}.tool_calls")
+                norm["content"] = text or None
+            else:
+                norm["content"] = text or ""
+        else:
+            norm["content"] = _text_of(msg.get("content"), f"{at}.content")
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{at}.tool_call_id",
+                              f"Missing required parameter: '{at}.tool_call_id' (a string).",
+                              code="missing_required_parameter")
+            norm["tool_call_id"] = call_id
+        out.append(norm)
+    return out

@@ -1,0 +1,240 @@
+"""Request bodies of the API, as strict pydantic models.
+
+Types are checked strictly (``"n": "2"`` and ``"n": true`` are refused, as OpenAI refuses them);
+unknown fields are ignored, as OpenAI's SDKs expect. The ranges are OpenAI's documented ones.
+Known OpenAI fields that tallow does not implement are accepted by the model and refused by
+:func:`reject_unsupported` with a 400 naming the field, so nothing is silently dropped.
+
+Besides OpenAI's fields, the vLLM-style sampling extensions of the engine are accepted:
+``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output`` and ``priority``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import APIError, invalid, unsupported
+
+_STRICT = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool | None = False
+    #: vLLM extension: a ``usage`` object on every chunk, not only the last
+    continuous_usage_stats: bool | None = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = _STRICT
+
+    model: str | None = None
+    n: int | None = Field(default=1, ge=1, le=128)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    # engine extensions (vLLM names)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    priority: int | None = 0
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``. ``messages`` is checked by :mod:`.messages`."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    # known OpenAI fields that tallow refuses when they ask for something (see reject_unsupported)
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: Any = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is a string, strings, token ids or lists of them."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: either ``prompt`` or chat ``messages``."""
+
+    model_config = _STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = True
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``."""
+
+    model_config = _STRICT
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool | None = False
+
+
+M = TypeVar("M", bound=BaseModel)
+
+# Tags pydantic puts in an error's location for union members; they are not field names.
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "list[str]", "list[int]",
+               "list[list[int]]", "dict[str,any]", "dict[str,float]", "StreamOptions"}
+
+
+def param_from_loc(loc: tuple[Any, ...]) -> str:
+    """``("messages", 2, "role")`` → ``"messages[2].role"``; union tags are dropped."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        text = str(part)
+        if text.replace(" ", "") in _UNION_TAGS or "[" in text or text.startswith("function-"):
+            continue
+        out += ("." if out else "") + text
+    return out
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    if not body.strip():
+        raise invalid(None, "The request body is empty; expected a JSON object.",
+                      code="invalid_json")
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid(None, f"The request body is not valid JSON: {exc}.",
+                      code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise invalid(None, f"The request body must be a JSON object, not {type(obj).__name__}.",
+                      code="invalid_json")
+    return obj
+
+
+def parse_request(model: type[M], obj: dict[str, Any]) -> M:
+    """Validate ``obj`` as ``model``; the first problem becomes a 400 naming the field."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # Prefer the error of a missing field, then the first one reported.
+        first = next((e for e in errors if e["type"] == "missing"), errors[0])
+        param = param_from_loc(tuple(first["loc"]))
+        if first["type"] == "missing":
+            raise invalid(param, f"Missing required parameter: {param!r}.",
+                          code="missing_required_parameter") from None
+        got = first.get("input")
+        shown = json.dumps(got)[:80] if _jsonable(got) else repr(got)[:80]
+        raise invalid(param, f"Invalid value for {param!r}: {first['msg']} (got {shown}).") \
+            from None
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse known OpenAI fields whose request tallow cannot honour (400 naming the field)."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.audio is not None:
+            raise unsupported("audio", "tallow produces text only")
+        if req.modalities is not None and any(m != "text" for m in req.modalities):
+            raise unsupported("modalities", "only [\"text\"] is available")
+        if req.prediction is not None:
+            raise unsupported("prediction", "predicted outputs are not implemented")
+        if req.web_search_options is not None:
+            raise unsupported("web_search_options", "tallow does not search the web")
+        if req.functions is not None:
+            raise unsupported("functions", "use 'tools' instead of the legacy 'functions'")
+        if req.function_call is not None:
+            raise unsupported("function_call",
+                              "use 'tool_choice' instead of the legacy 'function_call'")
+        if req.reasoning_effort is not None:
+            raise unsupported("reasoning_effort", "the served model does not reason")
+        if req.store:
+            raise unsupported("store", "tallow does not store completions")
+        if req.response_format is not None:
+            kind = req.response_format.get("type")
+            if kind not in ("text", "json_object", "json_schema"):
+                raise invalid("response_format.type",
+                              "Invalid value for 'response_format.type': expected 'text', "
+                              f"'json_object' or 'json_schema', got {kind!r}.")
+            if kind != "text":
+                raise unsupported("response_format",
+                                  f"type {kind!r} needs guided decoding, which tallow does not "
+                                  "implement; only 'text' is accepted")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise invalid("top_logprobs",
+                          "'top_logprobs' requires 'logprobs' to be true.")
+    else:
+        if req.suffix:
+            raise unsupported("suffix", "fill-in-the-middle suffixes are not implemented")
+        if req.best_of is not None and req.best_of != (req.n or 1):
+            raise unsupported("best_of", "best_of must equal n (tallow returns every candidate)")
+
+
+def stream_flags(req: _SamplingFields) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of a streaming request."""
+    opts = req.stream_options
+    if opts is None:
+        return False, False
+    if not req.stream:
+        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true.")
+    return bool(opts.include_usage), bool(opts.continuous_usage_stats)
+
+
+def check_model(name: str | None, served: set[str]) -> None:
+    """404 for a model this server does not serve; an omitted model means the served one."""
+    if name is None:
+        return
+    if name not in served:
+        raise APIError(404, f"The model {name!r} does not exist on this server "
+                       f"(served: {', '.join(sorted(served))}).",
+                       param="model", code="model_not_found")

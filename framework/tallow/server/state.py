@@ -1,0 +1,110 @@
+"""What every endpoint shares: the engine, the settings, metrics, the tool parser.
+
+:class:`ServerState` also owns the server's admission limit (``server.max_queue``: requests
+held at once, waiting or running, before new ones get a 503) and the work that is kept off the
+event loop (rendering chat templates and tokenizing long prompts run in a worker thread).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from typing import Any
+
+import anyio
+import tallow
+
+from .errors import APIError, invalid
+from .metrics import ServerMetrics
+
+log = logging.getLogger("tallow.server")
+
+# Prompts shorter than this are tokenized on the event loop: a thread hop costs more.
+_INLINE_TOKENIZE_CHARS = 2048
+
+
+def _setting(config: Any, section: str, name: str, default: Any) -> Any:
+    return getattr(getattr(config, section, None), name, default) if config is not None \
+        else default
+
+
+class ServerState:
+    """Shared by the endpoints of one app. ``config`` may be None (defaults everywhere)."""
+
+    def __init__(self, engine: Any, config: Any = None, tool_parser: Any = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.model_name: str = engine.model_name
+        self.served_names = {self.model_name}
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(engine.stats, self.model_name)
+        self.tool_parser = tool_parser  # a ToolParser class, or None
+        self.tool_parser_name: str | None = None
+        self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
+        self.inflight = 0
+        dtype = _setting(config, "model", "dtype", "auto")
+        digest = hashlib.sha256(f"{tallow.__version__}|{self.model_name}|{dtype}".encode())
+        self.system_fingerprint = "fp_tallow_" + digest.hexdigest()[:10]
+
+    # -- identity ---------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    # -- prompt work, off the event loop when it is big ---------------------------------
+    async def run_blocking(self, fn: Any, *args: Any, size: int = 1 << 30) -> Any:
+        if size < _INLINE_TOKENIZE_CHARS:
+            return fn(*args)
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return await self.run_blocking(
+            lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
+            size=len(text))
+
+    async def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None,
+                          add_generation_prompt: bool = True,
+                          kwargs: dict[str, Any] | None = None) -> str:
+        """The chat template applied to ``messages`` (a template failure is the client's 400)."""
+        size = sum(len(str(m.get("content") or "")) for m in messages)
+
+        def render() -> str:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                **(kwargs or {}))
+
+        try:
+            return await self.run_blocking(render, size=size)
+        except APIError:
+            raise
+        except Exception as exc:  # jinja raises for conversations a template refuses
+            raise invalid("messages", f"The chat template cannot render these messages: "
+                          f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None
+
+    # -- admission ----------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take one of the ``server.max_queue`` request slots (503 when none is left)."""
+        if self.inflight >= self.max_queue:
+            raise APIError(503, f"The server holds {self.inflight} requests, its limit "
+                           "(server.max_queue); retry shortly.", code="server_overloaded",
+                           headers={"Retry-After": "1"})
+        self.inflight += 1
+
+    def release(self) -> None:
+        self.inflight -= 1
+
+    async def release_async(self) -> None:
+        self.release()

@@ -1,0 +1,338 @@
+"""Tool calling: the ``tools`` of a request, ``tool_choice``, and reading calls out of the output.
+
+- The tool parser is chosen once per server: the one named by ``server.tool_parser``, else the
+  highest-priority registered parser whose ``matches(model_name, chat_template)`` is true.
+- ``tool_choice: "none"`` (or no tools) renders no tools into the prompt and parses nothing.
+- ``"auto"`` renders the tools and parses the output with the parser.
+- ``"required"`` / a named function append a call's start to the generation prompt
+  (:mod:`.forced`) and read one call out of the continuation.
+- Every call is validated against its tool (``validate_tool_call``: a known name, arguments a
+  JSON object valid against the tool's ``parameters`` schema). A response whose calls do not all
+  validate is returned as plain content: the model's exact text.
+- While streaming, content before the first call flows at once; tool-call deltas (and anything
+  after the first call starts) are held until the response is complete and validated, then sent
+  as OpenAI ``tool_calls`` deltas. The assembled stream therefore always equals the non-streaming
+  answer, and markup never reaches ``content``.
+- ``parallel_tool_calls: false`` keeps the first call only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
+
+from .errors import invalid, unsupported
+from .forced import ForcedCallScanner, steering_prefix
+
+log = logging.getLogger("tallow.server")
+
+_FN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Request checks
+# ---------------------------------------------------------------------------------------------
+def validate_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Check the ``tools`` of a request; 400 naming the first bad field."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid(at, f"Invalid value for {at!r}: expected a tool object.")
+        kind = tool.get("type", "function")
+        if kind != "function":
+            raise unsupported(f"{at}.type", f"tools of type {kind!r} are not implemented; "
+                              "use 'function'")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise invalid(f"{at}.function", f"Missing required parameter: '{at}.function'.",
+                          code="missing_required_parameter")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _FN_NAME.match(name):
+            raise invalid(f"{at}.function.name", f"Invalid value for '{at}.function.name': "
+                          "expected 1-64 characters of a-z, A-Z, 0-9, '_' or '-', got "
+                          f"{name!r}.")
+        if name in seen:
+            raise invalid(f"{at}.function.name", f"Invalid value for '{at}.function.name': "
+                          f"the tool name {name!r} is given twice.")
+        seen.add(name)
+        params = fn.get("parameters")
+        if params is not None:
+            if not isinstance(params, dict):
+                raise invalid(f"{at}.function.parameters", f"Invalid value for "
+                              f"'{at}.function.parameters': expected a JSON Schema object.")
+            try:
+                validator_for(params).check_schema(params)
+            except SchemaError as exc:
+                raise invalid(f"{at}.function.parameters", f"Invalid value for "
+                              f"'{at}.function.parameters': not a valid JSON Schema "
+                              f"({exc.message}).") from None
+    return tools
+
+
+def tool_name(tool: dict[str, Any]) -> str:
+    return tool["function"]["name"]
+
+
+@dataclass
+class ToolPlan:
+    """How one request uses tools: ``mode`` is none, auto, required or named."""
+
+    mode: str = "none"
+    tools: list[dict[str, Any]] | None = None
+    name: str | None = None
+    parallel: bool = True
+    parser_cls: Any = None
+    opening: str = ""
+
+    @property
+    def prompt_tools(self) -> list[dict[str, Any]] | None:
+        """The tools rendered into the prompt (none when tool_choice is none)."""
+        return self.tools if self.mode != "none" else None
+
+    @property
+    def prompt_suffix(self) -> str:
+        """Text appended to the generation prompt (steering a forced call)."""
+        if self.mode == "required":
+            return steering_prefix(None, self.opening)
+        if self.mode == "named":
+            return steering_prefix(self.name, self.opening)
+        return ""
+
+    def choice(self) -> "ChoiceTools":
+        """Fresh tool state for one of the ``n`` choices."""
+        if self.mode == "auto":
+            return AutoTools(self)
+        if self.mode in ("required", "named"):
+            return ForcedTools(self)
+        return NoTools()
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
+               parser_cls: Any) -> ToolPlan:
+    """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request."""
+    if tools is not None and len(tools) == 0:
+        tools = None
+    if tools is not None:
+        validate_tools(tools)
+    names = {tool_name(t) for t in tools} if tools else set()
+    named: str | None = None
+    if tool_choice is None:
+        mode = "auto" if tools else "none"
+    elif isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise invalid("tool_choice", "Invalid value for 'tool_choice': expected 'none', "
+                          f"'auto', 'required' or a named function, got {tool_choice!r}.")
+        mode = tool_choice
+    else:
+        kind = tool_choice.get("type")
+        if kind == "allowed_tools":
+            raise unsupported("tool_choice", "'allowed_tools' is not implemented; restrict "
+                              "'tools' instead")
+        fn = tool_choice.get("function")
+        if kind != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid("tool_choice", "Invalid value for 'tool_choice': expected "
+                          "{'type': 'function', 'function': {'name': ...}}.")
+        mode, named = "named", fn["name"]
+        if named not in names:
+            raise invalid("tool_choice.function.name", "Invalid value for "
+                          f"'tool_choice.function.name': no tool named {named!r} in 'tools'.")
+    if mode in ("required", "named") and not tools:
+        raise invalid("tool_choice", f"'tool_choice' {mode!r} needs a non-empty 'tools' list.")
+    if mode == "auto" and tools and parser_cls is None:
+        raise invalid("tools", "Tool calling is not available: no tool parser matches the "
+                      "served model; start the server with --tool-parser NAME.",
+                      code="tool_parser_unavailable")
+    opening = str(getattr(parser_cls, "call_opening", "") or "") if parser_cls else ""
+    return ToolPlan(mode=mode, tools=tools, name=named, parallel=parallel is not False,
+                    parser_cls=parser_cls, opening=opening)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-choice output handling
+# ---------------------------------------------------------------------------------------------
+def _validate(calls: list[ToolCall], tools: list[dict[str, Any]]) -> list[str]:
+    from tallow.plugin.tool_parsing import validate_tool_call
+
+    reasons: list[str] = []
+    for call in calls:
+        reasons += [f"{call.name}: {r}" for r in validate_tool_call(call, tools)]
+    return reasons
+
+
+def _content_or_none(text: str | None) -> str | None:
+    return text if text and text.strip() else None
+
+
+def _deltas_for(calls: list[ToolCall]) -> list[ToolCallDelta]:
+    return [ToolCallDelta(i, id=c.id, name=c.name, arguments=c.arguments)
+            for i, c in enumerate(calls)]
+
+
+@dataclass
+class Final:
+    """A choice's message: content (None when only calls) and its tool calls."""
+
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+class ChoiceTools:
+    """Turns one choice's text into content and tool calls, whole or as stream deltas."""
+
+    #: true once the output holds everything the response needs (a forced call is closed)
+    complete: bool = False
+
+    def feed(self, text: str) -> StreamDelta:
+        raise NotImplementedError
+
+    def finish(self) -> list[StreamDelta]:
+        raise NotImplementedError
+
+    def final(self, text: str) -> Final:
+        raise NotImplementedError
+
+
+class NoTools(ChoiceTools):
+    def feed(self, text: str) -> StreamDelta:
+        return StreamDelta(content=text)
+
+    def finish(self) -> list[StreamDelta]:
+        return []
+
+    def final(self, text: str) -> Final:
+        return Final(text)
+
+
+class AutoTools(ChoiceTools):
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.parser = plan.parser_cls()
+        self.stream = None
+        self.text = ""
+        self.sent_content = ""
+        self.holding = False
+        self.held: list[StreamDelta] = []
+
+    def _checked(self, calls: list[ToolCall]) -> list[ToolCall] | None:
+        if not self.plan.parallel:
+            calls = calls[:1]
+        reasons = _validate(calls, self.plan.tools or [])
+        if reasons:
+            log.info("tool calls returned as content: %s", "; ".join(reasons))
+            return None
+        return calls
+
+    def feed(self, text: str) -> StreamDelta:
+        if self.stream is None:
+            self.stream = self.parser.stream(self.plan.tools)
+        self.text += text
+        delta = self.stream.feed(text)
+        if self.holding:
+            self.held.append(delta)
+            return StreamDelta()
+        if delta.tool_calls:
+            self.holding = True
+            self.held.append(StreamDelta(tool_calls=delta.tool_calls))
+        self.sent_content += delta.content
+        return StreamDelta(content=delta.content)
+
+    def finish(self) -> list[StreamDelta]:
+        if self.stream is None:
+            self.stream = self.parser.stream(self.plan.tools)
+        last = self.stream.finish()
+        if not self.holding and not last.tool_calls:
+            self.sent_content += last.content
+            return [last] if last else []
+        self.held.append(last)
+        calls = _assemble(self.held)
+        checked = self._checked(calls)
+        if checked is None:
+            rest = (self.text[len(self.sent_content):] if self.text.startswith(self.sent_content)
+                    else "".join(d.content for d in self.held))
+            return [StreamDelta(content=rest)] if rest else []
+        keep = {i for i in range(len(checked))}
+        out = []
+        for d in self.held:
+            tool_deltas = [t for t in d.tool_calls if t.index in keep]
+            if d.content or tool_deltas:
+                out.append(StreamDelta(content=d.content, tool_calls=tool_deltas))
+        return out
+
+    def final(self, text: str) -> Final:
+        result = self.parser.parse(text, self.plan.tools)
+        if not result.tool_calls:
+            return Final(text if result.content is None else result.content)
+        checked = self._checked(list(result.tool_calls))
+        if checked is None:
+            return Final(text)
+        return Final(_content_or_none(result.content), checked)
+
+
+def _assemble(deltas: list[StreamDelta]) -> list[ToolCall]:
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        for t in d.tool_calls:
+            call = calls.get(t.index)
+            if call is None:
+                call = calls[t.index] = ToolCall(name=t.name or "", arguments="",
+                                                 **({"id": t.id} if t.id else {}))
+            elif t.name and not call.name:
+                call.name = t.name
+            call.arguments += t.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+class ForcedTools(ChoiceTools):
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        names = {tool_name(t) for t in plan.tools or []}
+        self.scanner = ForcedCallScanner(plan.name, names, plan.opening)
+        self.sent = 0  # characters of scanner.raw sent as content after a failure
+
+    @property
+    def complete(self) -> bool:  # type: ignore[override]
+        return self.scanner.done and not self.scanner.failed
+
+    def _call(self) -> ToolCall | None:
+        call = self.scanner.result()
+        if call is None:
+            return None
+        reasons = _validate([call], self.plan.tools or [])
+        if reasons:
+            log.info("forced tool call returned as content: %s", "; ".join(reasons))
+            return None
+        return call
+
+    def feed(self, text: str) -> StreamDelta:
+        self.scanner.feed(text)
+        if self.scanner.failed:
+            raw = self.scanner.raw
+            out, self.sent = raw[self.sent:], len(raw)
+            return StreamDelta(content=out)
+        return StreamDelta()
+
+    def finish(self) -> list[StreamDelta]:
+        call = self._call()
+        if call is None:
+            raw = self.scanner.raw
+            rest, self.sent = raw[self.sent:], len(raw)
+            return [StreamDelta(content=rest)] if rest else []
+        return [StreamDelta(tool_calls=[ToolCallDelta(0, id=call.id, name=call.name)]),
+                StreamDelta(tool_calls=[ToolCallDelta(0, arguments=call.arguments)])]
+
+    def final(self, text: str) -> Final:
+        # ``text`` was fed already when the output streamed in; feed what is missing.
+        if len(text) > len(self.scanner.text):
+            self.scanner.feed(text[len(self.scanner.text):])
+        call = self._call()
+        if call is None:
+            return Final(self.scanner.raw)
+        return Final(None, [call])
