@@ -13,6 +13,9 @@ Enable the pytest fixtures in a test module (or in a project's top-level conftes
 
 The isolated manager discovers nothing: only the plugins you add are in it (plus tallow's own
 components if you ask for ``builtins=True``), so installed plugins cannot change your test.
+
+(PYTEST_DONT_REWRITE: this module raises its own AssertionErrors, so pytest need not rewrite
+it, and may then load it as a plugin after a test module has imported it.)
 """
 
 from __future__ import annotations
