@@ -54,14 +54,12 @@ class ScheduledSeq:
     num_tokens: int
     sample_seqs: list[Sequence] = field(default_factory=list)
     prompt_logprobs: bool = False
+    #: a running sequence computing its one pending token (as opposed to a prompt chunk)
+    is_decode: bool = False
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.end == self.seq.num_tokens and self.start > 0
 
 
 @dataclass
@@ -150,8 +148,8 @@ class Scheduler:
         if length + 1 > self.max_model_len:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
-                f"exceeds the context length max_model_len={self.max_model_len}",
-                field="prompt")
+                f"exceeds the context length max_model_len={self.max_model_len} (the KV "
+                f"cache holds {bm.capacity_tokens} tokens)", field="prompt")
         if bm.blocks_for(length + 1) > bm.num_total_blocks:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
@@ -380,6 +378,7 @@ class _Step:
 
     def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int) -> None:
         item = self.s._item(seq, num_tokens)
+        item.is_decode = bucket is self.decodes
         self.copies[seq.seq_id] = self.s.block_manager.append_slots(seq, num_tokens)
         bucket.append(item)
         self.items[seq.seq_id] = (bucket, item)
