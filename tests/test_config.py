@@ -137,7 +137,7 @@ def test_every_problem_is_listed_once_each(tmp_path: Path) -> None:
         "bogus": "unknown key; expected one of: " + ", ".join(SECTIONS),
         "cache.block_size": "expected a power of two, got 12",
         "cache.kv_fraction": "got 2, expected less than or equal to 1",
-        "model.device": "expected auto, cpu, cuda or cuda:N",
+        "model.device": "got 'tpu', expected auto, cpu, cuda or cuda:N",
         "model.dtype": "got 'float64', expected one of 'auto', 'float32', 'bfloat16' or "
                        "'float16'",
         "plugins.require": "expected a distribution name with optional version specifiers",

@@ -125,7 +125,9 @@ def problems_from_validation(
                 message += "; expected one of: " + ", ".join(allowed)
         else:
             message = _expected(err)
-            if "input" in err and err["type"] not in ("missing", "value_error"):
-                message = f"got {_shown(err['input'])}, {message}"
+            value = err.get("input")
+            scalar = not isinstance(value, (list, dict))
+            if "input" in err and err["type"] != "missing" and scalar and "got " not in message:
+                message = f"got {_shown(value)}, {message}"
         problems.append(Problem(path, message, origin))
     return problems
