@@ -1,2 +1,26 @@
 """Compute kernels of tallow. Each Triton kernel has a plain-torch reference beside it; the
-references are what the CPU path runs."""
+references are what the CPU path runs.
+
+Entry points (each runs its Triton kernel on CUDA tensors and its ``*_ref`` reference
+elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
+
+* ``store_kv(kv_cache, k, v, slot_mapping)``: write K/V into the paged cache.
+* ``rms_norm(x, weight, eps, residual=None, gemma_style=False)``: RMSNorm, optionally with the
+  residual add fused (returns ``(out, new_residual)``).
+* ``rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True, inplace=True)``.
+* ``silu_and_mul(x)``, ``gelu_tanh_and_mul(x)``: gated MLP activations.
+* ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
+  the sampler.
+"""
+
+from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
+from .attention_ref import store_kv_ref
+from .kv_store import store_kv
+from .rms_norm import rms_norm, rms_norm_ref
+from .rotary import rotary_embedding, rotary_embedding_ref
+
+__all__ = [
+    "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "rms_norm", "rms_norm_ref",
+    "rotary_embedding", "rotary_embedding_ref", "silu_and_mul", "silu_and_mul_ref",
+    "store_kv", "store_kv_ref",
+]

@@ -1,0 +1,68 @@
+"""Triton rotary embedding: one program per token rotates all its q heads and k heads."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size,
+                  HALF: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, BLOCK_R)[None, :]
+    mask = (heads < n_heads) & (i < HALF)
+    base = x_ptr + tok * row_stride + heads * head_size
+    if IS_NEOX:
+        a_ptr = base + i
+        b_ptr = base + i + HALF
+    else:
+        a_ptr = base + 2 * i
+        b_ptr = base + 2 * i + 1
+    a = tl.load(a_ptr, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr, mask=mask, other=0.0).to(tl.float32)
+    a_out = a * cos - b * sin
+    b_out = b * cos + a * sin
+    tl.store(a_ptr, a_out.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(b_ptr, b_out.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, q_stride, k_stride, cache_stride,
+                   n_q_heads, n_k_heads, head_size, HALF: tl.constexpr,
+                   IS_NEOX: tl.constexpr, HAS_K: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                   BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    i = tl.arange(0, BLOCK_R)[None, :]
+    row = cache_ptr + pos * cache_stride
+    cos = tl.load(row + i, mask=i < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF + i, mask=i < HALF, other=0.0).to(tl.float32)
+    _rotate_heads(q_ptr, q_stride, tok, n_q_heads, cos, sin, head_size, HALF, IS_NEOX,
+                  BLOCK_HQ, BLOCK_R)
+    if HAS_K:
+        _rotate_heads(k_ptr, k_stride, tok, n_k_heads, cos, sin, head_size, HALF, IS_NEOX,
+                      BLOCK_HK, BLOCK_R)
+
+
+def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+                            cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True,
+                            inplace: bool = True
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton version of ``rotary.rotary_embedding_ref`` (arguments already checked)."""
+    if not inplace:
+        q = q.clone()
+        k = k.clone() if k is not None else None
+    n_tokens = positions.shape[0]
+    q3 = q.view(n_tokens, -1, head_size)
+    k3 = k.view(n_tokens, -1, head_size) if k is not None else q3
+    cache = cos_sin_cache if cos_sin_cache.stride(1) == 1 else cos_sin_cache.contiguous()
+    half = cache.shape[1] // 2
+    _rotary_kernel[(n_tokens,)](
+        positions, q3, k3, cache, q3.stride(0), k3.stride(0), cache.stride(0),
+        q3.shape[1], k3.shape[1], head_size, HALF=half, IS_NEOX=bool(is_neox),
+        HAS_K=k is not None, BLOCK_HQ=triton.next_power_of_2(q3.shape[1]),
+        BLOCK_HK=triton.next_power_of_2(k3.shape[1]), BLOCK_R=triton.next_power_of_2(half))
+    return q, k

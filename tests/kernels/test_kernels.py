@@ -1,0 +1,319 @@
+"""Each Triton kernel against its torch reference, on fresh random inputs.
+
+On a CUDA machine these run on the GPU at realistic shapes (``pytest -m gpu tests/kernels``).
+Under ``TRITON_INTERPRET=1`` (set before triton is imported; ``test_interpreter.py`` launches
+this module that way in a subprocess) they run on CPU tensors at tiny shapes, so CI without a
+GPU checks the kernels' logic too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from tallow.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from tallow.kernels.attention_ref import store_kv_ref
+from tallow.kernels.gumbel import gumbel_argmax_ref, gumbel_noise_ref, row_keys
+from tallow.kernels.rms_norm import rms_norm_ref
+from tallow.kernels.rotary import rotary_embedding_ref
+from tallow.kernels.sampling import LogitEdits, apply_logit_edits_ref
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU"),
+]
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def big_or_tiny(gpu: list, tiny: list) -> list:
+    return tiny if INTERPRET else gpu
+
+
+def rng(seed_hint: int) -> torch.Generator:
+    """A generator seeded from the OS: fresh inputs every run (the seed is in failure output)."""
+    seed = int.from_bytes(os.urandom(4), "little") ^ seed_hint
+    print(f"input seed {seed}")
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def randn(g: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def exact_or_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to the bit, except that Triton's interpreter rounds float32→bfloat16 by
+    truncation (the GPU rounds to nearest even), so there bf16 may differ by one unit."""
+    if INTERPRET and expected.dtype == torch.bfloat16:
+        torch.testing.assert_close(actual, expected, rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(actual, expected)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """float32 math in a different order (and Triton's fast exp/rsqrt), then one rounding to the
+    output dtype: allow a couple of units in its last place."""
+    tol = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3),
+           torch.bfloat16: (1.6e-2, 1.6e-2)}[expected.dtype]
+    torch.testing.assert_close(actual, expected, rtol=tol[0], atol=tol[1])
+
+
+# --- KV store -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_tokens,n_kv,head,block_size,n_blocks", big_or_tiny(
+    [(1, 8, 128, 16, 64), (257, 8, 128, 16, 64), (33, 2, 64, 32, 8), (1000, 8, 128, 16, 512)],
+    [(5, 2, 16, 4, 4), (9, 1, 8, 8, 3)]))
+def test_store_kv(dtype, n_tokens, n_kv, head, block_size, n_blocks):
+    from tallow.kernels.kv_store import store_kv
+    from tallow.kernels.kv_store_triton import store_kv_triton
+    g = rng(1)
+    # k and v are column slices of a fused qkv row: token stride wider than Hkv*D.
+    qkv = randn(g, n_tokens, 3 * n_kv * head, dtype=dtype)
+    k = qkv[:, n_kv * head:2 * n_kv * head].view(n_tokens, n_kv, head)
+    v = qkv[:, 2 * n_kv * head:].view(n_tokens, n_kv, head)
+    slots = torch.randperm(n_blocks * block_size, generator=g)[:n_tokens]
+    slots[torch.rand(n_tokens, generator=g) < 0.2] = -1
+    slots = slots.to(DEVICE)
+    expected = randn(g, 2, n_blocks, block_size, n_kv, head, dtype=dtype)
+    actual = expected.clone()
+    store_kv_ref(expected, k, v, slots)
+    store_kv_triton(actual, k, v, slots)
+    assert torch.equal(actual, expected)
+    dispatched = randn(g, 2, n_blocks, block_size, n_kv, head, dtype=dtype)
+    ref = dispatched.clone()
+    store_kv(dispatched, k, v, slots.to(torch.int32))
+    store_kv_ref(ref, k, v, slots)
+    assert torch.equal(dispatched, ref)
+
+
+def test_store_kv_casts_to_cache_dtype():
+    from tallow.kernels.kv_store_triton import store_kv_triton
+    g = rng(2)
+    k, v = randn(g, 6, 2, 16), randn(g, 6, 2, 16)
+    slots = torch.tensor([0, 5, -1, 9, 2, 15], device=DEVICE)
+    expected = torch.zeros(2, 4, 4, 2, 16, dtype=torch.float16, device=DEVICE)
+    actual = expected.clone()
+    store_kv_ref(expected, k, v, slots)
+    store_kv_triton(actual, k, v, slots)
+    assert torch.equal(actual, expected)
+
+
+# --- RMSNorm ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_tokens,hidden", big_or_tiny(
+    [(1, 4096), (7, 4096), (256, 4096), (3, 896), (33, 5120), (2, 1000)], [(3, 96), (2, 40)]))
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rms_norm(dtype, n_tokens, hidden, with_residual, gemma):
+    from tallow.kernels.rms_norm import rms_norm
+    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    g = rng(3)
+    x = randn(g, n_tokens, hidden, dtype=dtype, scale=3.0)
+    w = randn(g, hidden, dtype=dtype)
+    res = randn(g, n_tokens, hidden, dtype=dtype) if with_residual else None
+    x_before = x.clone()
+    expected = rms_norm_ref(x, w, 1e-6, res, gemma)
+    actual = rms_norm_triton(x, w, 1e-6, res, gemma)
+    assert torch.equal(x, x_before)  # inputs are not modified
+    if with_residual:
+        close(actual[0], expected[0])
+        exact_or_close(actual[1], expected[1])
+    else:
+        assert actual.shape == expected.shape and actual.dtype == dtype
+        close(actual, expected)
+    close(rms_norm(x, w, 1e-6, res, gemma)[0] if with_residual else rms_norm(x, w, 1e-6),
+          expected[0] if with_residual else rms_norm_ref(x, w, 1e-6))
+
+
+def test_rms_norm_3d_input_and_fp32_weight():
+    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    g = rng(4)
+    x = randn(g, 2, 3, 64, dtype=torch.bfloat16)
+    w = randn(g, 64)  # float32 weight with bf16 activations
+    close(rms_norm_triton(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
+
+
+# --- rotary -------------------------------------------------------------------------------
+
+def cos_sin_cache(max_pos: int, rot: int, base: float = 10000.0) -> torch.Tensor:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_tokens,n_q,n_kv,head,rot", big_or_tiny(
+    [(1, 32, 8, 128, 128), (17, 32, 8, 128, 128), (256, 32, 8, 128, 128),
+     (9, 14, 2, 64, 64), (5, 8, 8, 96, 48)],
+    [(3, 4, 2, 16, 16), (2, 3, 1, 8, 4)]))
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_rotary(dtype, n_tokens, n_q, n_kv, head, rot, is_neox, inplace):
+    from tallow.kernels.rotary import rotary_embedding
+    from tallow.kernels.rotary_triton import rotary_embedding_triton
+    g = rng(5)
+    max_pos = 4096 if not INTERPRET else 64
+    cache = cos_sin_cache(max_pos, rot).to(DEVICE)
+    positions = torch.randint(0, max_pos, (n_tokens,), generator=g).to(DEVICE)
+    width = (n_q + 2 * n_kv) * head
+    qkv = randn(g, n_tokens, width, dtype=dtype, scale=2.0)
+    q_ref, k_ref = (t.clone() for t in (qkv[:, :n_q * head], qkv[:, n_q * head:(n_q + n_kv) * head]))
+    exp_q, exp_k = rotary_embedding_ref(positions, q_ref, k_ref, cache, head, is_neox, False)
+    before = qkv.clone()
+    q, k = qkv[:, :n_q * head], qkv[:, n_q * head:(n_q + n_kv) * head]
+    out_q, out_k = rotary_embedding_triton(positions, q, k, cache, head, is_neox, inplace)
+    close(out_q, exp_q)
+    close(out_k, exp_k)
+    if inplace:
+        assert out_q.data_ptr() == q.data_ptr()  # written through the qkv views
+        close(qkv[:, :(n_q + n_kv) * head], torch.cat([exp_q, exp_k], dim=1))
+        assert torch.equal(qkv[:, (n_q + n_kv) * head:], before[:, (n_q + n_kv) * head:])
+    else:
+        assert torch.equal(qkv, before)
+    # Dispatch, q only, 3-D layout.
+    q3 = before[:, :n_q * head].reshape(n_tokens, n_q, head).clone()
+    dq, dk = rotary_embedding(positions, q3, None, cache, head, is_neox, False)
+    assert dk is None
+    close(dq.reshape(n_tokens, -1), exp_q)
+
+
+# --- gated activations --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", big_or_tiny([(1, 2 * 14336), (33, 2 * 11008), (256, 2 * 4864),
+                                               (5, 2 * 100)], [(3, 2 * 40), (1, 2 * 7)]))
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_gated_activation(dtype, shape, kind):
+    from tallow.kernels import activation
+    from tallow.kernels.activation_triton import gated_act_triton
+    g = rng(6)
+    x = randn(g, *shape, dtype=dtype, scale=3.0)
+    ref = silu_and_mul_ref if kind == "silu" else gelu_tanh_and_mul_ref
+    expected = ref(x)
+    close(gated_act_triton(x, kind), expected)
+    dispatch = activation.silu_and_mul if kind == "silu" else activation.gelu_tanh_and_mul
+    close(dispatch(x.view(1, *shape)), expected.view(1, *expected.shape))
+    # extremes: no nan from exp overflow
+    extreme = torch.tensor([[-100.0, -20.0, 0.0, 20.0, 100.0, 1.0, 1.0, 1.0, 1.0, 1.0]],
+                           device=DEVICE).to(dtype)
+    close(gated_act_triton(extreme, kind), ref(extreme))
+
+
+# --- sampling -----------------------------------------------------------------------------
+
+def _keys(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    seeds = torch.randint(0, 2**62, (n,), generator=g).tolist()
+    steps = torch.randint(0, 5000, (n,), generator=g).tolist()
+    k1, k2 = zip(*[row_keys(s, t) for s, t in zip(seeds, steps)])
+    return torch.tensor(k1, device=DEVICE), torch.tensor(k2, device=DEVICE)
+
+
+@pytest.mark.parametrize("n_rows,vocab", big_or_tiny([(1, 151936), (64, 128256), (256, 32000)],
+                                                     [(3, 1500), (2, 77)]))
+def test_gumbel_noise_bit_equal(n_rows, vocab):
+    from tallow.kernels.sampling_triton import gumbel_noise_triton
+    g = rng(7)
+    k1, k2 = _keys(g, n_rows)
+    assert torch.equal(gumbel_noise_triton(k1, k2, vocab), gumbel_noise_ref(k1, k2, vocab))
+    # and equal to the CPU reference: the same noise on every device
+    assert torch.equal(gumbel_noise_triton(k1, k2, vocab).cpu(),
+                       gumbel_noise_ref(k1.cpu(), k2.cpu(), vocab))
+
+
+@pytest.mark.parametrize("n_rows,vocab", big_or_tiny([(1, 151936), (64, 128256), (256, 32000)],
+                                                     [(4, 1500), (3, 77)]))
+def test_gumbel_argmax_same_tokens(n_rows, vocab):
+    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+    g = rng(8)
+    logits = randn(g, n_rows, vocab, scale=4.0)
+    logits[0, : vocab // 3] = float("-inf")  # masked tokens are never chosen
+    inv_t = (torch.rand(n_rows, generator=g) * 2 + 0.2).to(DEVICE)
+    greedy = (torch.rand(n_rows, generator=g) < 0.3).to(DEVICE)
+    k1, k2 = _keys(g, n_rows)
+    expected = gumbel_argmax_ref(logits, inv_t, greedy, k1, k2)
+    actual = gumbel_argmax_triton(logits, inv_t, greedy, k1, k2)
+    assert torch.equal(actual, expected)
+    assert bool((actual[0] >= vocab // 3).item())
+    cpu = gumbel_argmax_ref(logits.cpu(), inv_t.cpu(), greedy.cpu(), k1.cpu(), k2.cpu())
+    assert torch.equal(actual.cpu(), cpu)
+
+
+def test_gumbel_argmax_ties_go_to_lowest_index():
+    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+    vocab = 3000 if INTERPRET else 100000
+    logits = torch.zeros(2, vocab, device=DEVICE)
+    logits[:, [7, vocab - 5]] = 5.0
+    greedy = torch.tensor([True, True], device=DEVICE)
+    k = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    ones = torch.ones(2, device=DEVICE)
+    assert gumbel_argmax_triton(logits, ones, greedy, k, k).tolist() == [7, 7]
+
+
+@pytest.mark.parametrize("n_rows,vocab,n_entries", big_or_tiny(
+    [(8, 151936, 3000), (256, 32000, 20000)], [(3, 200, 40)]))
+def test_logit_edits_bit_equal(n_rows, vocab, n_entries):
+    from tallow.kernels.sampling_triton import apply_logit_edits_triton
+    g = rng(9)
+    flat = torch.randperm(n_rows * vocab, generator=g)[:n_entries]
+    rows, tokens = flat // vocab, flat % vocab
+    counts = torch.randint(0, 4, (n_entries,), generator=g).float()
+    edits = LogitEdits(
+        rows=rows.to(DEVICE), tokens=tokens.to(DEVICE),
+        bias=torch.where(torch.rand(n_entries, generator=g) < 0.3,
+                         torch.randn(n_entries, generator=g) * 5, 0.0).to(DEVICE),
+        masked=(torch.rand(n_entries, generator=g) < 0.1).to(DEVICE),
+        counts=counts.to(DEVICE), in_rep=(torch.rand(n_entries, generator=g) < 0.7).to(DEVICE),
+        repetition_penalty=(torch.rand(n_rows, generator=g) + 0.5).to(DEVICE),
+        frequency_penalty=(torch.randn(n_rows, generator=g)).to(DEVICE),
+        presence_penalty=(torch.randn(n_rows, generator=g)).to(DEVICE))
+    logits = randn(g, n_rows, vocab, scale=5.0)
+    expected, actual = logits.clone(), logits.clone()
+    apply_logit_edits_ref(expected, edits)
+    apply_logit_edits_triton(actual, edits)
+    assert torch.equal(actual, expected)
+    assert not torch.equal(actual, logits)
+
+
+def test_sampler_on_device_matches_cpu(monkeypatch):
+    """Seeded rows sample the same tokens on this device (Triton kernels) as on the CPU
+    (torch references), with penalties, bias, greedy rows and top-k in the batch."""
+    from types import SimpleNamespace
+
+    from tallow.engine.sampler import RowParams, Sampler, SamplingBatch
+    from tallow.kernels import sampling
+    g = rng(10)
+    vocab = 1000 if INTERPRET else 151936
+    n = 6 if INTERPRET else 64
+
+    def params(i: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            temperature=0.0 if i % 5 == 0 else 0.5 + (i % 3) * 0.4, top_p=1.0,
+            top_k=20 if i % 4 == 1 else 0, min_p=0.0,
+            repetition_penalty=1.2 if i % 2 else 1.0, frequency_penalty=0.3 * (i % 3),
+            presence_penalty=0.1, logit_bias={3: 2.0} if i % 3 == 0 else None, seed=None,
+            logprobs=2 if i == 1 else None, min_tokens=0, stop_token_ids=[], ignore_eos=False)
+
+    rows = []
+    for i in range(n):
+        prompt = torch.randint(0, vocab, (50,), generator=g).tolist()
+        out = torch.randint(0, vocab, (i * 3,), generator=g).tolist()
+        rows.append(RowParams(params(i), out, prompt, seed=1000 + i, step=len(out)))
+    logits = torch.randn(n, vocab, generator=g) * 3
+    dev = Sampler()(logits.to(DEVICE), SamplingBatch.build(rows, vocab, DEVICE,
+                                                           eos_token_ids={0}))
+    # The CPU run uses the torch references (also under the interpreter, where Triton would
+    # otherwise run on CPU tensors too).
+    monkeypatch.setattr(sampling, "triton_enabled", lambda t: False)
+    cpu = Sampler()(logits, SamplingBatch.build(rows, vocab, "cpu", eos_token_ids={0}))
+    assert torch.equal(dev.token_ids.cpu(), cpu.token_ids)
+    torch.testing.assert_close(dev.logprobs.cpu(), cpu.logprobs)
+    assert math.isfinite(float(dev.logprobs[1]))
