@@ -135,7 +135,7 @@ def test_every_problem_is_listed_once_each(tmp_path: Path) -> None:
     assert len(lines) == 8, text
     expected = {
         "bogus": "unknown key; expected one of: " + ", ".join(SECTIONS),
-        "cache.block_size": "expected a power of two, got 12",
+        "cache.block_size": "got 12, expected a power of two",
         "cache.kv_fraction": "got 2, expected less than or equal to 1",
         "model.device": "got 'tpu', expected auto, cpu, cuda or cuda:N",
         "model.dtype": "got 'float64', expected one of 'auto', 'float32', 'bfloat16' or "

@@ -87,7 +87,7 @@ class CacheConfig(Section):
     @classmethod
     def _power_of_two(cls, value: int) -> int:
         if value & (value - 1):
-            raise ValueError(f"expected a power of two, got {value}")
+            raise ValueError("expected a power of two")
         return value
 
 
