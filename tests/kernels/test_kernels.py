@@ -166,10 +166,11 @@ def test_rotary(dtype, n_tokens, n_q, n_kv, head, rot, is_neox, inplace):
     positions = torch.randint(0, max_pos, (n_tokens,), generator=g).to(DEVICE)
     width = (n_q + 2 * n_kv) * head
     qkv = randn(g, n_tokens, width, dtype=dtype, scale=2.0)
-    q_ref, k_ref = (t.clone() for t in (qkv[:, :n_q * head], qkv[:, n_q * head:(n_q + n_kv) * head]))
+    q_cols, k_cols = slice(0, n_q * head), slice(n_q * head, (n_q + n_kv) * head)
+    q_ref, k_ref = qkv[:, q_cols].clone(), qkv[:, k_cols].clone()
     exp_q, exp_k = rotary_embedding_ref(positions, q_ref, k_ref, cache, head, is_neox, False)
     before = qkv.clone()
-    q, k = qkv[:, :n_q * head], qkv[:, n_q * head:(n_q + n_kv) * head]
+    q, k = qkv[:, q_cols], qkv[:, k_cols]
     out_q, out_k = rotary_embedding_triton(positions, q, k, cache, head, is_neox, inplace)
     close(out_q, exp_q)
     close(out_k, exp_k)

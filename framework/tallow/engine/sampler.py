@@ -104,6 +104,7 @@ class SamplingBatch:
     num_logprobs: list[int | None]  # per row, None = not asked
     all_greedy: bool
     top_k_rows: list[int]
+    max_top_k: int  # largest top_k among top_k_rows (0 if none)
     top_p_rows: list[int]
     min_p_rows: list[int]
 
@@ -238,6 +239,8 @@ class SamplingBatch:
             key1=t(keys1, torch.int64), key2=t(keys2, torch.int64), edits=edits,
             num_logprobs=num_logprobs, all_greedy=all(greedy),
             top_k_rows=[i for i in range(n) if not greedy[i] and top_k[i] < vocab_size],
+            max_top_k=max([top_k[i] for i in range(n) if not greedy[i] and top_k[i] < vocab_size],
+                          default=0),
             top_p_rows=[i for i in range(n) if not greedy[i] and top_p[i] < 1.0],
             min_p_rows=[i for i in range(n) if not greedy[i] and min_p[i] > 0.0])
 
@@ -245,10 +248,12 @@ class SamplingBatch:
 # ---------------------------------------------------------------------------------------------
 # Filters on scaled logits (logits * inv_temperature); removed tokens become -inf.
 
-def apply_top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def apply_top_k(scores: torch.Tensor, k: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
     """Keep, per row, the tokens scoring at least the row's k-th best (ties at the boundary are
-    kept). scores [n, V]; k [n] int64 in [1, V]."""
-    kmax = int(k.max())
+    kept). scores [n, V]; k [n] int64 in [1, V]; ``kmax`` = max(k) when the caller knows it
+    (saves a device sync)."""
+    if kmax is None:
+        kmax = int(k.max())
     top = torch.topk(scores, kmax, dim=-1).values  # [n, kmax], descending
     threshold = top.gather(1, (k - 1).unsqueeze(1))
     return scores.masked_fill(scores < threshold, float("-inf"))
@@ -336,7 +341,10 @@ class Sampler:
         idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
         scores = processed[idx] * batch.inv_temperature[idx, None]
         pos = {r: j for j, r in enumerate(rows)}
-        for which, values, fn in ((batch.top_k_rows, batch.top_k, apply_top_k),
+        def top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            return apply_top_k(scores, k, batch.max_top_k)
+
+        for which, values, fn in ((batch.top_k_rows, batch.top_k, top_k),
                                   (batch.top_p_rows, batch.top_p, apply_top_p),
                                   (batch.min_p_rows, batch.min_p, apply_min_p)):
             if not which:

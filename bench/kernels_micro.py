@@ -1,0 +1,102 @@
+"""Micro-benchmark of tallow's core Triton kernels against their torch references on a CUDA GPU.
+
+Shapes are Llama-3-8B's (hidden 4096, 32 query / 8 KV heads of 128, MLP 14336, vocab 128256);
+batches of 1 to 256 tokens. Prints one line per kernel and batch size: the median time of the
+Triton kernel, of the torch reference, and the speed-up. ``--json PATH`` also writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+HIDDEN, N_Q, N_KV, HEAD, MLP, VOCAB = 4096, 32, 8, 128, 14336, 128256
+BLOCK_SIZE, N_BLOCKS, MAX_POS = 16, 4096, 8192
+BATCHES = (1, 8, 32, 64, 128, 256)
+
+
+def _cases(n: int, dtype: torch.dtype):
+    """(name, triton callable, reference callable) for n tokens."""
+    from tallow.kernels import activation, gumbel, rms_norm, rotary
+    from tallow.kernels.activation_triton import gated_act_triton
+    from tallow.kernels.attention_ref import store_kv_ref
+    from tallow.kernels.kv_store_triton import store_kv_triton
+    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    from tallow.kernels.rotary_triton import rotary_embedding_triton
+    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+
+    dev = "cuda"
+    x = torch.randn(n, HIDDEN, device=dev, dtype=dtype)
+    res = torch.randn_like(x)
+    w = torch.randn(HIDDEN, device=dev, dtype=dtype)
+    yield ("rms_norm+residual", lambda: rms_norm_triton(x, w, 1e-5, res),
+           lambda: rms_norm.rms_norm_ref(x, w, 1e-5, res))
+
+    gate_up = torch.randn(n, 2 * MLP, device=dev, dtype=dtype)
+    yield ("silu_and_mul", lambda: gated_act_triton(gate_up, "silu"),
+           lambda: activation.silu_and_mul_ref(gate_up))
+
+    qkv = torch.randn(n, (N_Q + 2 * N_KV) * HEAD, device=dev, dtype=dtype)
+    q, k = qkv[:, :N_Q * HEAD], qkv[:, N_Q * HEAD:(N_Q + N_KV) * HEAD]
+    pos = torch.randint(0, MAX_POS, (n,), device=dev)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD, 2, device=dev).float() / HEAD))
+    freqs = torch.outer(torch.arange(MAX_POS, device=dev).float(), inv_freq)
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    yield ("rotary (q+k, in place)",
+           lambda: rotary_embedding_triton(pos, q, k, cache, HEAD, True, True),
+           lambda: rotary.rotary_embedding_ref(pos, q, k, cache, HEAD, True, True))
+
+    kv_cache = torch.zeros(2, N_BLOCKS, BLOCK_SIZE, N_KV, HEAD, device=dev, dtype=dtype)
+    kk = k.view(n, N_KV, HEAD)
+    vv = qkv[:, (N_Q + N_KV) * HEAD:].view(n, N_KV, HEAD)
+    slots = torch.randperm(N_BLOCKS * BLOCK_SIZE, device=dev)[:n]
+    yield ("store_kv", lambda: store_kv_triton(kv_cache, kk, vv, slots),
+           lambda: store_kv_ref(kv_cache, kk, vv, slots))
+
+    logits = torch.randn(n, VOCAB, device=dev)
+    inv_t = torch.full((n,), 1.0 / 0.7, device=dev)
+    greedy = torch.zeros(n, dtype=torch.bool, device=dev)
+    k1 = torch.randint(0, 2**32, (n,), device=dev)
+    k2 = torch.randint(0, 2**32, (n,), device=dev)
+    yield ("gumbel sample (vocab 128256)",
+           lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
+           lambda: gumbel.gumbel_argmax_ref(logits, inv_t, greedy, k1, k2))
+    # What a plain torch sampler would do instead: softmax + multinomial.
+    yield ("  vs softmax+multinomial",
+           lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
+           lambda: torch.multinomial(torch.softmax(logits * inv_t[:, None], -1), 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels_micro: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    print(f"{torch.cuda.get_device_name()}  dtype={args.dtype}  (median µs)")
+    print(f"{'kernel':<30}{'tokens':>7}{'triton':>10}{'torch':>10}{'speed-up':>10}")
+    for n in (int(b) for b in args.batches.split(",")):
+        for name, fast, ref in _cases(n, dtype):
+            t_fast = do_bench(fast, return_mode="median") * 1e3
+            t_ref = do_bench(ref, return_mode="median") * 1e3
+            rows.append({"kernel": name, "tokens": n, "triton_us": t_fast, "torch_us": t_ref})
+            print(f"{name:<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}{t_ref / t_fast:>9.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
