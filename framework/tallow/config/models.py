@@ -122,7 +122,8 @@ class RunnerConfig(Section):
 class ServerConfig(Section):
     """The OpenAI-compatible HTTP server."""
 
-    host: str = Field("0.0.0.0", description="Address to listen on.")
+    host: str = Field("0.0.0.0", description="Address to listen on; host:port and "
+                      "[ipv6]:port also set the port, unix:///path listens on a Unix socket.")
     port: int = Field(2000, ge=0, le=65535, description="TCP port (0: any free port).")
     api_keys: list[str] = Field(
         default_factory=list,
