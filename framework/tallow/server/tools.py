@@ -171,11 +171,6 @@ def _content_or_none(text: str | None) -> str | None:
     return text if text and text.strip() else None
 
 
-def _deltas_for(calls: list[ToolCall]) -> list[ToolCallDelta]:
-    return [ToolCallDelta(i, id=c.id, name=c.name, arguments=c.arguments)
-            for i, c in enumerate(calls)]
-
-
 @dataclass
 class Final:
     """A choice's message: content (None when only calls) and its tool calls."""
@@ -293,13 +288,11 @@ def _assemble(deltas: list[StreamDelta]) -> list[ToolCall]:
 class ForcedTools(ChoiceTools):
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        names = {tool_name(t) for t in plan.tools or []}
-        self.scanner = ForcedCallScanner(plan.name, names, plan.opening)
-        self.sent = 0  # characters of scanner.raw sent as content after a failure
+        self.scanner = ForcedCallScanner(plan.name, plan.opening)
 
     @property
     def complete(self) -> bool:  # type: ignore[override]
-        return self.scanner.done and not self.scanner.failed
+        return self.scanner.done
 
     def _call(self) -> ToolCall | None:
         call = self.scanner.result()
@@ -313,23 +306,17 @@ class ForcedTools(ChoiceTools):
 
     def feed(self, text: str) -> StreamDelta:
         self.scanner.feed(text)
-        if self.scanner.failed:
-            raw = self.scanner.raw
-            out, self.sent = raw[self.sent:], len(raw)
-            return StreamDelta(content=out)
-        return StreamDelta()
+        return StreamDelta()  # held until the call is complete and validated
 
     def finish(self) -> list[StreamDelta]:
         call = self._call()
         if call is None:
-            raw = self.scanner.raw
-            rest, self.sent = raw[self.sent:], len(raw)
-            return [StreamDelta(content=rest)] if rest else []
+            return [StreamDelta(content=self.scanner.raw)]
         return [StreamDelta(tool_calls=[ToolCallDelta(0, id=call.id, name=call.name)]),
                 StreamDelta(tool_calls=[ToolCallDelta(0, arguments=call.arguments)])]
 
     def final(self, text: str) -> Final:
-        # ``text`` was fed already when the output streamed in; feed what is missing.
+        # The output was fed while it streamed in; feed what has not been seen yet.
         if len(text) > len(self.scanner.text):
             self.scanner.feed(text[len(self.scanner.text):])
         call = self._call()

@@ -1,0 +1,69 @@
+"""Helpers of the server tests: tool definitions, the official client over an in-process app,
+a uvicorn server on a real socket."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]}}},
+]
+
+
+def make_config(**server: Any) -> Any:
+    from tallow.config import config_from_mapping
+
+    return config_from_mapping({"server": server} if server else {})
+
+
+def openai_client(client: Any, api_key: str = "unused") -> Any:
+    """The official OpenAI client, talking to an in-process app through its test transport."""
+    from openai import OpenAI
+
+    return OpenAI(base_url="http://testserver/v1", api_key=api_key, http_client=client,
+                  max_retries=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving an app on a real socket, in a thread of this process."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start within 10 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
