@@ -65,6 +65,47 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+# -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
+def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int) -> dict[str, object]:
+    d_pad = next_pow2(head_dim)
+    return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+                HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
+                D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4)
+
+
+def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
+                 sliding_window: int | None, logit_softcap: float | None,
+                 skip_single_query: bool) -> dict[str, object]:
+    tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
+    precision, upcast = _precision(dtype)
+    return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+                BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
+                TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
+                USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
+                PRECISION=precision, UPCAST=upcast,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
+                block_size: int, sliding_window: int | None, logit_softcap: float | None,
+                mixed: bool, single_split: bool) -> dict[str, object]:
+    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
+    precision, upcast = _precision(dtype)
+    return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
+                D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
+                USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
+                MIXED=mixed, SINGLE_SPLIT=single_split, PRECISION=precision, UPCAST=upcast,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
+                sliding_window: int | None, mixed: bool) -> dict[str, object]:
+    return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+                S_PAD=next_pow2(num_splits), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
+                MIXED=mixed, num_warps=4)
+
+
+# -- launchers ---------------------------------------------------------------------------------
 def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
@@ -73,17 +114,13 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if n_tokens == 0:
         return
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
-    block_size = kv_cache.shape[2]
-    d_pad = next_pow2(head_dim)
-    heads_per_program = min(next_pow2(n_kv), max(1, 4096 // d_pad))
+    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2])
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
-    grid = (n_tokens, cdiv(n_kv, heads_per_program))
+    grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
     store_kv_kernel[grid](
         k, v, kv_cache[0], kv_cache[1], slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        stride_cb, stride_co, stride_ch,
-        NUM_KV_HEADS=n_kv, HEAD_DIM=head_dim, HEADS_PER_PROGRAM=heads_per_program,
-        D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4,
+        stride_cb, stride_co, stride_ch, **spec,
     )
 
 
@@ -104,22 +141,17 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     q = _last_dim_contiguous(q)
     n_kv = kv_cache.shape[3]
     group = n_heads // n_kv
-    tiles = prefill_tiles(head_dim, group, q.element_size())
+    spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
+                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                        logit_softcap=logit_softcap, skip_single_query=skip_single_query)
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    precision, upcast = _precision(q.dtype)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
-    grid = (n_tokens // tiles.block_q + num_seqs, n_kv)
+    grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
     prefill_kernel[grid](
         q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc, out,
         qk_scale, softcap, int(sliding_window or 0), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
-        BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q,
-        BLOCK_SIZE=kv_cache.shape[2], TILE_N=tiles.tile_n,
-        USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
-        SKIP_SINGLE=skip_single_query, PRECISION=precision, UPCAST=upcast,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
     )
     return out
 
@@ -145,7 +177,6 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     q = _last_dim_contiguous(q)
     n_kv = kv_cache.shape[3]
     group = n_heads // n_kv
-    tiles = decode_tiles(head_dim, group, q.element_size())
     if num_splits is None:
         capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
         num_splits = decode_num_splits(num_seqs, n_kv, sm_count=device_sm_count(q.device),
@@ -153,10 +184,12 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    precision, upcast = _precision(q.dtype)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     d_pad = next_pow2(head_dim)
     single = num_splits == 1
+    spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
+                       block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                       logit_softcap=logit_softcap, mixed=mixed, single_split=single)
     if single:
         part_acc = part_ml = out  # unused by the kernel
     else:
@@ -170,20 +203,14 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         out, part_acc, part_ml,
         qk_scale, softcap, window, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0),
-        NUM_Q_HEADS=n_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
-        BLOCK_SIZE=kv_cache.shape[2], TILE_N=tiles.tile_n,
-        USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
-        MIXED=mixed, SINGLE_SPLIT=single, PRECISION=precision, UPCAST=upcast,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
     )
     if not single:
         decode_reduce_kernel[(num_seqs, n_heads)](
             part_acc, part_ml, seq_lens, query_start_loc, out,
             window, num_splits, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=n_heads, HEAD_DIM=head_dim, D_PAD=d_pad,
-            S_PAD=next_pow2(num_splits), TILE_N=tiles.tile_n,
-            USE_WINDOW=bool(sliding_window), MIXED=mixed, num_warps=4,
+            **reduce_spec(num_heads=n_heads, head_dim=head_dim, num_splits=num_splits,
+                          tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed),
         )
     return out
 

@@ -29,6 +29,7 @@ class PagedCase:
     #: rows of q that belong to a sequence (trailing padding rows excluded)
     valid_rows: int
     query_lens: list[int] = field(default_factory=list)
+    seed: int = 0
 
     def expected(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(output rows [valid_rows, Hq, D], cache after the store), by the torch reference."""
@@ -109,11 +110,12 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
         seq_lens_cpu=seq_lens if host_copies else None,
     )
     layer = AttentionLayer(layer_index=0, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                           head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
+                           head_dim=head_dim,
+                           scale=scale if scale is not None else head_dim ** -0.5,
                            sliding_window=sliding_window, logit_softcap=logit_softcap)
     return PagedCase(layer=layer, q=q.to(dev), k=k.to(dev), v=v.to(dev),
                      kv_cache=cache.to(dev), meta=meta, valid_rows=n_tokens,
-                     query_lens=list(query_lens))
+                     query_lens=list(query_lens), seed=seed)
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
@@ -125,3 +127,24 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     if dtype == torch.float16:
         return {"atol": 4e-3, "rtol": 4e-3}
     return {"atol": 2.5e-2, "rtol": 2e-2}
+
+
+def run_and_check(case: PagedCase, backend: object) -> torch.Tensor:
+    """Run ``backend.forward`` on ``case`` and assert the cache and the output rows match the
+    torch reference (the cache exactly, NaN where nothing was written). Returns the output.
+    Failures name the case's seed, query and context lengths."""
+    expected_out, expected_cache = case.expected()
+    out = backend.forward(case.layer, case.q, case.k, case.v, case.kv_cache,  # type: ignore[attr-defined]
+                          case.meta)
+    what = (f"seed {case.seed}, query_lens {case.query_lens}, seq_lens "
+            f"{case.meta.seq_lens.tolist()}, {case.layer}, dtype {case.q.dtype}")
+    torch.testing.assert_close(case.kv_cache, expected_cache, rtol=0, atol=0, equal_nan=True,
+                               msg=lambda m: f"KV cache after the store differs ({what}): {m}")
+    got = out[:case.valid_rows]
+    if torch.isnan(got).any():
+        bad = torch.isnan(got).any(-1).any(-1).nonzero().flatten().tolist()
+        raise AssertionError(f"NaN in output rows {bad[:20]} ({what}): a read outside the "
+                             "sequence's blocks or of masked tokens")
+    torch.testing.assert_close(got, expected_out, **tolerance(case.q.dtype),
+                               msg=lambda m: f"attention output differs ({what}): {m}")
+    return out

@@ -98,9 +98,11 @@ def decode_split_kernel(
                             BLOCK_SIZE)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(q.dtype)  # a cache in another dtype than the activations
         s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = v.to(q.dtype)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if SINGLE_SPLIT:
@@ -141,11 +143,11 @@ def decode_reduce_kernel(
     s_mask = offs_s < n_active
     part = (seq.to(tl.int64) * NUM_Q_HEADS + head) * num_splits + offs_s
     m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
+    row_sum = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
     m_all = tl.max(m, 0)
     m_all = tl.where(n_active > 0, m_all, 0.0)  # no context at all (padding): zeros, not NaN
     w = tl.where(s_mask, tl.exp2(m - m_all), 0.0)
-    total = tl.sum(w * l, 0)
+    total = tl.sum(w * row_sum, 0)
     total = tl.where(total > 0.0, total, 1.0)
     acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :],
                   mask=s_mask[:, None], other=0.0)

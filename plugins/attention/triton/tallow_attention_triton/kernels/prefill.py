@@ -51,6 +51,7 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
     kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off, BLOCK_SIZE)
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = k.to(q.dtype)  # a cache in another dtype than the activations
     s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
         allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
@@ -58,6 +59,7 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
             allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
         s = tl.where(allowed, s, float("-inf"))
     v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = v.to(q.dtype)
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
 

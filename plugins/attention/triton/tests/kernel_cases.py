@@ -1,0 +1,171 @@
+"""Small paged-attention cases that check the kernels' logic against the torch reference.
+
+Not collected on its own (no ``test_`` prefix): ``test_interpret.py`` runs it in a subprocess
+with ``TRITON_INTERPRET=1`` so the Triton kernels execute on the CPU, and on a CUDA machine
+``python -m pytest plugins/attention/triton/tests/kernel_cases.py`` runs it on the GPU. Shapes
+are tiny (the interpreter runs each program in numpy) but cross every boundary the kernels
+have: cache blocks, key tiles, query tiles, decode splits, sliding windows.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+from tallow_attention_triton import ops
+from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles
+from tallow_attention_triton.testing import make_case, run_and_check
+
+if ops.interpreting():
+    DEVICE = "cpu"
+elif torch.cuda.is_available():
+    DEVICE = "cuda"
+else:
+    pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
+                "(test_interpret.py runs this module that way)", allow_module_level=True)
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def backend(num_splits: int | None = None) -> TritonAttentionBackend:
+    be = TritonAttentionBackend()
+    be.num_splits = num_splits
+    return be
+
+
+#: fresh inputs every run; set TALLOW_TEST_SEED to replay one (failures print each case's seed)
+BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+
+
+def seed_of(*parts: object) -> int:
+    return (zlib.crc32(repr(parts).encode()) ^ BASE_SEED) % (2**31)
+
+
+@pytest.mark.parametrize(("dtype", "num_splits"), [
+    (torch.bfloat16, 3), (torch.float16, 1), (torch.float32, None), (torch.bfloat16, 8),
+], ids=str)
+def test_decode_mixed_lengths(dtype: torch.dtype, num_splits: int | None) -> None:
+    """Context lengths from 1 token up past several key tiles; any split count gives the same
+    attention (splits beyond a short context's tiles stay empty)."""
+    tile = decode_tiles(64, 2, torch.finfo(dtype).bits // 8).tile_n
+    ctx = [0, 3, 7, 8, tile - 1, tile, 2 * tile + 5, 4 * tile + 1]
+    case = make_case(query_lens=[1] * len(ctx), context_lens=ctx, num_heads=4, num_kv_heads=2,
+                     head_dim=64, block_size=8, dtype=dtype, device=DEVICE,
+                     seed=seed_of("decode", dtype, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
+# every head size and GQA ratio 1/4/8 at least once (the GPU tests take the full product)
+@pytest.mark.parametrize(("head_dim", "group"), [
+    (64, 1), (80, 4), (96, 8), (128, 1), (128, 8), (256, 4),
+])
+def test_gqa_and_head_dims(head_dim: int, group: int) -> None:
+    """A decode batch and a mixed batch (decodes next to prefill chunks) per shape."""
+    kv = 2 if group < 8 else 1
+    for kind, q_lens, ctx in (("decode", [1, 1, 1], [0, 37, 90]),
+                              ("mixed", [1, 9, 20], [40, 0, 13])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=kv * group,
+                         num_kv_heads=kv, head_dim=head_dim, block_size=16,
+                         dtype=torch.bfloat16 if kind == "mixed" else torch.float16,
+                         device=DEVICE, seed=seed_of("gqa", group, head_dim, kind))
+        run_and_check(case, backend(4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunked_prefill_crosses_query_tiles(dtype: torch.dtype) -> None:
+    """Chunks longer than one query tile, with earlier context ending mid-block and
+    mid-key-tile, so tile-local positions, the unmasked/masked split and the causal diagonal are
+    all exercised."""
+    tiles = prefill_tiles(64, 2, torch.finfo(dtype).bits // 8)
+    q_lens = [tiles.block_q + 3, 2 * tiles.block_q + 1, 5]
+    ctx = [tiles.tile_n + 3, 0, 2 * tiles.tile_n - 1]
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=4, num_kv_heads=2,
+                     head_dim=64, block_size=8, dtype=dtype, device=DEVICE,
+                     seed=seed_of("chunked", dtype))
+    run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("host_copies", [True, False])
+def test_mixed_batch_decodes_and_chunks(host_copies: bool) -> None:
+    """Decode rows (served by split-K) next to prefill chunks (served by the varlen kernel),
+    with and without the host copies of query_start_loc; an empty sequence in the middle."""
+    case = make_case(query_lens=[1, 1, 17, 0, 1, 6], context_lens=[150, 4, 30, 12, 0, 0],
+                     num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+                     dtype=torch.bfloat16, device=DEVICE, host_copies=host_copies,
+                     seed=seed_of("mixed", host_copies))
+    run_and_check(case, backend(4))
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (5, 4.0), (16, None), (40, 4.0)])
+def test_sliding_window_and_softcap(window: int, softcap: float | None) -> None:
+    for kind, q_lens, ctx in (("decode", [1, 1, 1], [0, 20, 100]),
+                              ("prefill", [30, 1, 12], [0, 45, 60])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=4, num_kv_heads=2,
+                         head_dim=64, block_size=8, dtype=torch.float16, device=DEVICE,
+                         sliding_window=window, logit_softcap=softcap, scale=0.3,
+                         seed=seed_of("window", window, softcap, kind))
+        run_and_check(case, backend(4))
+
+
+@pytest.mark.parametrize("block_size", [1, 32, 128])
+def test_block_sizes(block_size: int) -> None:
+    case = make_case(query_lens=[1, 7, 1], context_lens=[70, 33, 1], num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=block_size, dtype=torch.float16,
+                     device=DEVICE, seed=seed_of("block", block_size))
+    run_and_check(case, backend(2))
+
+
+def test_padding_rows_and_graph_style_padding() -> None:
+    """Trailing rows with slot -1 belong to no sequence and store nothing; CUDA-graph padding
+    sequences (one query, length 1, slot -1) read a finite slot and write nothing to the cache."""
+    case = make_case(query_lens=[1, 1, 1], context_lens=[40, 0, 9], num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     device=DEVICE, padding_rows=3, seed=seed_of("pad"))
+    run_and_check(case, backend())
+    # A graph-padding sequence: its slot is -1, so its length-1 context is a cached token.
+    case = make_case(query_lens=[1, 1], context_lens=[25, 1], num_heads=4, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16, device=DEVICE,
+                     host_copies=False, seed=seed_of("graphpad"))
+    case.meta.slot_mapping[1] = -1
+    case.meta.seq_lens[1] = 1
+    case.meta.max_seq_len = 4096
+    run_and_check(case, backend())
+
+
+def test_cache_dtype_differs_from_inputs() -> None:
+    """fp32 activations stored into a bf16 cache are converted by the store kernel."""
+    case = make_case(query_lens=[3, 1], context_lens=[10, 20], num_heads=2, num_kv_heads=1,
+                     head_dim=64, block_size=16, dtype=torch.float32,
+                     cache_dtype=torch.bfloat16, device=DEVICE, seed=seed_of("cachedtype"))
+    expected_out, expected_cache = case.expected()
+    out = backend().forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+    # The GPU rounds fp32 -> bf16 to nearest like torch; the interpreter's numpy conversion
+    # may land one bf16 ulp away.
+    ulp = 2.0 ** -7 if ops.interpreting() else 0.0
+    torch.testing.assert_close(case.kv_cache, expected_cache, rtol=ulp, atol=0, equal_nan=True)
+    # the kernel reads the bf16 cache, as the reference does: fp32 products, fp32 tolerance
+    torch.testing.assert_close(out[:case.valid_rows], expected_out, atol=1e-2 if ulp else 2e-4,
+                               rtol=1e-2 if ulp else 2e-4)
+
+
+def test_random_batches() -> None:
+    """A few random batches: lengths, groups, dtypes, windows drawn afresh."""
+    rng = random.Random(seed_of("random"))
+    for i in range(4):
+        n = rng.randint(1, 5)
+        decode = rng.random() < 0.5
+        q_lens = [1] * n if decode else [rng.choice([1, rng.randint(1, 40)]) for _ in range(n)]
+        ctx = [rng.randint(0, 120) for _ in range(n)]
+        group = rng.choice([1, 2, 4])
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=2 * group,
+                         num_kv_heads=2, head_dim=rng.choice([64, 80]),
+                         block_size=rng.choice([4, 16]),
+                         dtype=rng.choice([torch.bfloat16, torch.float16]), device=DEVICE,
+                         sliding_window=rng.choice([None, rng.randint(1, 50)]),
+                         padding_rows=rng.randint(0, 2), seed=rng.randrange(2**31))
+        run_and_check(case, backend(rng.choice([None, 1, 2, 5])))
