@@ -27,12 +27,18 @@ Rules every markup parser gets from the machinery:
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
 
 from .components import Component
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .registry import Entry, Registry
+
+log = logging.getLogger("tallow.plugin")
 
 
 def new_call_id() -> str:
@@ -72,7 +78,7 @@ class ToolCallDelta:
 
 @dataclass
 class StreamDelta:
-    """What one chunk of model text adds: plain content and/or tool-call pieces."""
+    """What one chunk of model text adds: plain content and/or tool-call pieces (in order)."""
 
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
@@ -121,6 +127,33 @@ class ToolParser(Component):
         raise NotImplementedError
 
 
+def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str | None,
+                       name: str | None = "auto") -> "Entry":
+    """The parser named ``name``, or else (``"auto"``/None) the highest-priority parser whose
+    ``matches(model_name, chat_template)`` is true; the choice is logged.
+
+    Raises :class:`tallow.plugin.SelectionError` for an unknown name or when nothing matches.
+    """
+    from .registry import RegistryError
+    from .selection import SelectionError
+
+    if name and name != "auto":
+        try:
+            return registry.entry(name)
+        except RegistryError as exc:
+            raise SelectionError(f"server.tool_parser: {exc}") from None
+    for entry in registry.by_priority():
+        if entry.load().matches(model_name, chat_template):
+            log.info("tool_parser: chose %r from %s (priority %d) for model %r", entry.name,
+                     entry.distribution, entry.priority, model_name)
+            return entry
+    known = ", ".join(registry.names()) or "none is registered"
+    raise SelectionError(
+        f"no tool parser matches model {model_name!r} and its chat template (registered: "
+        f"{known}); name one with server.tool_parser"
+    )
+
+
 def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
     """Put stream deltas together into the :class:`ParseResult` they describe.
 
@@ -151,15 +184,8 @@ def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
 # Tools and validation
 # ---------------------------------------------------------------------------------------------
 def _json_type(value: Any) -> str:
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    return "a number"
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    return "null" if value is None else kinds.get(type(value), "a number")
 
 
 def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> dict[str, dict]:

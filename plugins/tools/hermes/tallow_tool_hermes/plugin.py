@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from tallow.plugin import hookimpl
 
-#: Above the generic formats; below qwen3_coder, whose templates also contain ``<tool_call>``.
-PRIORITY = 60
-
 
 @hookimpl
 def tallow_register_tool_parsers(registry) -> None:
-    registry.register("hermes", "tallow_tool_hermes.parser:HermesToolParser", priority=PRIORITY)
+    # Above the generic formats; below qwen3_coder, whose templates also contain "<tool_call>".
+    registry.register("hermes", "tallow_tool_hermes.parser:HermesToolParser", priority=60)
