@@ -62,7 +62,18 @@ class GGUFFormat(WeightFormat):
         if not path.is_file():
             raise FileNotFoundError(f"model.source {source!r}: no such GGUF file")
         started = time.perf_counter()
-        model = open_gguf(path)
+        checkpoint = self.checkpoint(open_gguf(path), source=str(path))
+        log.info("read GGUF %s (%s, %d tensors, %d file%s) in %.1fs", path.name,
+                 checkpoint.architecture, len(checkpoint.extra["gguf_tensor_types"]),
+                 len(checkpoint.extra["gguf_files"]),
+                 "s" if len(checkpoint.extra["gguf_files"]) > 1 else "",
+                 time.perf_counter() - started)
+        return checkpoint
+
+    def checkpoint(self, model: GGUFModelFile, source: str | None = None) -> Checkpoint:
+        """The checkpoint of an opened GGUF model (:func:`tallow_gguf.reader.open_gguf`);
+        ``source`` (default: the first file) is recorded as the checkpoint's source."""
+        path = model.paths[0]
         metadata = model.metadata
         arch = model.architecture
         tokenizer: Any = None
@@ -83,11 +94,8 @@ class GGUFFormat(WeightFormat):
         vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer else None
         config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
                                       torch_dtype=torch_dtype_of(types))
-        log.info("read GGUF %s (%s, %d tensors, %d file%s) in %.1fs", path.name, arch,
-                 len(model.tensors), len(model.paths), "s" if len(model.paths) > 1 else "",
-                 time.perf_counter() - started)
         return Checkpoint(
-            source=str(path),
+            source=source or str(path),
             config=config,
             architecture="gguf:" + arch,
             tensors=lambda: _iter_tensors(model),
