@@ -3,6 +3,7 @@ a uvicorn server on a real socket."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -67,3 +68,24 @@ class LiveServer:
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def sse_events(text: str) -> list[str]:
+    """The ``data`` payloads of an SSE body, checking OpenAI's framing on the way."""
+    assert text.endswith("\n\n")
+    events = []
+    for block in text.strip("\n").split("\n\n"):
+        lines = [line for line in block.split("\n") if not line.startswith(":")]
+        if not lines:
+            continue  # a keep-alive comment
+        assert len(lines) == 1 and lines[0].startswith("data: "), block
+        events.append(lines[0][len("data: "):])
+    return events
+
+
+def chunks_of(resp: Any) -> list[dict[str, Any]]:
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    return [json.loads(e) for e in events[:-1]]

@@ -289,20 +289,24 @@ class ForcedTools(ChoiceTools):
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.scanner = ForcedCallScanner(plan.name, plan.opening)
+        self._checked: tuple[ToolCall | None] | None = None  # the call, validated once done
 
     @property
     def complete(self) -> bool:  # type: ignore[override]
-        return self.scanner.done
+        # Only a valid call ends the generation early; anything else runs to its end and is
+        # returned as content.
+        return self.scanner.done and self._call() is not None
 
     def _call(self) -> ToolCall | None:
-        call = self.scanner.result()
-        if call is None:
+        if not self.scanner.done:
             return None
-        reasons = _validate([call], self.plan.tools or [])
-        if reasons:
-            log.info("forced tool call returned as content: %s", "; ".join(reasons))
-            return None
-        return call
+        if self._checked is None:
+            call = self.scanner.result()
+            reasons = _validate([call], self.plan.tools or []) if call is not None else []
+            if reasons:
+                log.info("forced tool call returned as content: %s", "; ".join(reasons))
+            self._checked = (call if call is not None and not reasons else None,)
+        return self._checked[0]
 
     def feed(self, text: str) -> StreamDelta:
         self.scanner.feed(text)
