@@ -185,6 +185,7 @@ class TextCompletion:
                       first: tuple[int, Any]) -> Response:
         async def collect() -> dict[int, Any]:
             latest = {first[0]: first[1]}
+            self.timer.tokens(max(len(o.token_ids) for o in first[1].outputs))
             try:
                 async for p, out in gen:
                     latest[p] = out
