@@ -35,8 +35,8 @@ def _read(kind: str, text: str) -> tuple[bool, Any]:
     stripped = text.strip()
     if kind == "string":
         return True, text
-    if kind == "null":
-        return stripped == "null", None
+    if kind == "null":  # the chat template renders a Python None as "None"
+        return stripped in ("null", "None"), None
     if kind == "boolean":
         if stripped.lower() in ("true", "false"):
             return True, stripped.lower() == "true"

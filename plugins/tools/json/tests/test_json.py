@@ -1,0 +1,126 @@
+"""The json fallback parser: a whole response of call objects; tables, splits, generated."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tallow_tool_json.plugin
+from tallow.plugin.testing import isolated_plugin_manager
+from tallow.plugin.tool_parsing import ParseResult, assemble, compact_json
+from tallow_tool_json.parser import JsonToolParser
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+         for n in ("get_weather", "search")]
+
+
+def call(name: str, args, key: str = "arguments") -> dict:
+    return {"name": name, key: args}
+
+
+def summary(result: ParseResult) -> tuple:
+    return result.content, [(c.name, c.arguments) for c in result.tool_calls]
+
+
+def check_all_splits(text: str, tools=TOOLS, tries: int = 40) -> ParseResult:
+    parser = JsonToolParser()
+    whole = parser.parse(text, tools)
+    rng = random.Random(text)
+    for n in range(tries + 1):
+        chunks, i = [], 0
+        while i < len(text):
+            k = 1 if n == 0 else rng.randint(1, 9)
+            chunks.append(text[i:i + k])
+            i += k
+        sp = parser.stream(tools)
+        deltas = [sp.feed(c) for c in chunks] + [sp.finish()]
+        assert summary(assemble(deltas)) == summary(whole), chunks
+    return whole
+
+
+P = {"city": "Paris"}
+J = json.dumps
+CASES = [
+    ("plain text", "Just text.", "Just text.", []),
+    ("one call", J(call("get_weather", P)), None, [("get_weather", P)]),
+    ("a list of calls", J([call("get_weather", P), call("search", {"q": 1}, "parameters")]), None,
+     [("get_weather", P), ("search", {"q": 1})]),
+    ("whitespace around", "\n  " + J(call("search", {})) + " \n", None, [("search", {})]),
+    ("after think", "<think>ok</think>" + J(call("search", {})), "<think>ok</think>",
+     [("search", {})]),
+    ("content before is not a call", "Result: " + J(call("search", {})),
+     "Result: " + J(call("search", {})), []),
+    ("text after is not a call", J(call("search", {})) + " ok", J(call("search", {})) + " ok", []),
+    ("in a code fence", "```json\n" + J(call("search", {})) + "\n```",
+     "```json\n" + J(call("search", {})) + "\n```", []),
+    ("json answer", J({"name": "Ada", "born": 1815}), J({"name": "Ada", "born": 1815}), []),
+    ("empty list", "[]", "[]", []),
+    ("list with a non-call", J([call("search", {}), 3]), J([call("search", {}), 3]), []),
+    ("bad json", '{"name": "search", "arguments": }', '{"name": "search", "arguments": }', []),
+    ("unknown tool", J(call("launch", {})), J(call("launch", {})), []),
+    ("unclosed at end", J(call("search", P))[:-1], J(call("search", P))[:-1], []),
+    ("unicode", J(call("get_weather", {"city": "Zürich 東京 😀"}), ensure_ascii=False), None,
+     [("get_weather", {"city": "Zürich 東京 😀"})]),
+    ("escaped unicode", J(call("get_weather", {"city": "東京"})), None,
+     [("get_weather", {"city": "東京"})]),
+    ("nested json", J(call("search", {"q": {"all": [{"x": "]}"}, [1, None]]}}), indent=2), None,
+     [("search", {"q": {"all": [{"x": "]}"}, [1, None]]}})]),
+]
+
+
+@pytest.mark.parametrize("label,text,content,calls", CASES, ids=[c[0] for c in CASES])
+def test_table(label, text, content, calls):
+    result = check_all_splits(text)
+    assert result.content == content
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == calls
+    for c in result.tool_calls:
+        assert c.arguments == compact_json(json.loads(c.arguments))
+
+
+def test_forced_output_of_the_server_parses():
+    """What a forced call looks like once the steering prefix and the continuation are joined."""
+    text = '{"name": "search", "arguments": {"q": "tallow"}}'
+    assert summary(JsonToolParser().parse(text, TOOLS)) == (None, [("search", '{"q":"tallow"}')])
+
+
+ARGS = st.dictionaries(st.text(max_size=4), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5), lambda inner: st.lists(inner, max_size=2), max_leaves=4), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["get_weather", "search"]), ARGS,
+                          st.sampled_from(["arguments", "parameters"])), min_size=1, max_size=3),
+       st.booleans(), st.sampled_from([None, 1]), st.booleans())
+def test_generated_responses(calls, as_list, indent, ascii_only):
+    objs = [call(n, a, k) for n, a, k in calls]
+    value = objs if as_list or len(objs) > 1 else objs[0]
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    result = check_all_splits(text, tries=4)
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
+        (n, a) for n, a, _ in calls]
+    assert result.content is None
+
+
+def test_matches_everything():
+    assert JsonToolParser.matches("any-model", None) is True
+    assert JsonToolParser.matches("any-model", "{{ messages }}") is True
+
+
+def test_registration_through_the_entry_point():
+    [ep] = [e for e in importlib.metadata.entry_points(group="tallow")
+            if e.name == "tallow-tool-json"]
+    assert ep.value == "tallow_tool_json.plugin"
+    pm = isolated_plugin_manager(("tallow-tool-json", tallow_tool_json.plugin))
+    entry = pm.registries.tool_parsers.entry("json")
+    assert entry.lazy and entry.load() is JsonToolParser
+    assert entry.priority == JsonToolParser.priority
+    code = "import sys, tallow_tool_json.plugin; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
