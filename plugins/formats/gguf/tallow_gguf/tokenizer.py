@@ -10,8 +10,9 @@ GGUF carries no ``tokenizer.json``: it stores the vocabulary as ``tokenizer.ggml
   bytes fall back to ``<0xNN>`` tokens, and the merge order follows ``tokenizer.ggml.scores``
   (a higher score merges first).
 
-``tokenizer.ggml.token_type`` marks control tokens (special: skipped when decoding with
-``skip_special_tokens``) and user-defined tokens (matched whole in text, not special).
+``tokenizer.ggml.token_type`` marks control and unknown tokens (special: matched whole in text,
+skipped when decoding with ``skip_special_tokens``) and user-defined tokens (matched whole in
+text, not special).
 """
 
 from __future__ import annotations
@@ -236,8 +237,9 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
     types = _token_types(metadata, len(tokens))
     tok = builder(tokens, types, metadata)
 
+    # The unknown token is matched in text and skipped in output like a control token.
     special = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(tokens, types) if kind == CONTROL]
+               for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN)]
     if special:
         tok.add_special_tokens(special)
     user = [AddedToken(t, special=False, normalized=False)
