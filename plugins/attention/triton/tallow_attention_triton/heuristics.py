@@ -21,8 +21,10 @@ MAX_SPLITS = 64
 MIN_TOKENS_PER_SPLIT = 128
 #: aim for this many decode programs per SM (4-warp programs; several are resident at once)
 PROGRAMS_PER_SM = 2
-#: the SM count assumed where none can be asked for (the Triton interpreter on a CPU)
+#: the SM count and compute capability assumed where none can be asked for (the Triton
+#: interpreter on a CPU): an H100/H200
 DEFAULT_SM_COUNT = 132
+DEFAULT_CAPABILITY = 90
 
 
 def next_pow2(n: int) -> int:
@@ -83,15 +85,17 @@ def dot_precision(elem_bytes: int) -> str:
     return "tf32x3" if elem_bytes >= 4 else "tf32"
 
 
-def prefill_tiles(head_dim: int, group: int, elem_bytes: int) -> PrefillTiles:
-    """Tiles for the prefill kernel. 16-bit inputs: sized to run on Hopper's wgmma without
-    register spills (checked by compiling for sm_90 in the tests). fp32 inputs are a correctness
-    path: small tiles, some spills at head size 256."""
+def prefill_tiles(head_dim: int, group: int, elem_bytes: int,
+                  capability: int = 90) -> PrefillTiles:
+    """Tiles for the prefill kernel. 16-bit inputs: sized to run without register spills on
+    Hopper's wgmma and on Ampere's mma (checked by compiling for sm_80 and sm_90 in the tests;
+    Ampere keeps accumulators in more registers, so it pipelines one stage less). fp32 inputs
+    are a correctness path: small tiles, some spills at head size 256."""
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
     elif d_pad <= 128:
-        block_m, tile_n, warps, stages = 128, 64, 8, 3
+        block_m, tile_n, warps, stages = 128, 64, 8, 3 if capability >= 90 else 2
     else:
         block_m, tile_n, warps, stages = 64, 32, 8, 2
     block_m = max(block_m, next_pow2(group))

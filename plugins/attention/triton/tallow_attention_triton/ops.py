@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 
 from .heuristics import (
-    DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision, next_pow2,
+    DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision, next_pow2,
     prefill_tiles,
 )
 from .kernels.decode import decode_reduce_kernel, decode_split_kernel
@@ -34,14 +34,18 @@ def interpreting() -> bool:
 
 
 @lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _device_facts(device_index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.major * 10 + props.minor
 
 
-def device_sm_count(device: torch.device) -> int:
+def device_facts(device: torch.device) -> tuple[int, int]:
+    """(SM count, compute capability as major*10+minor) of ``device``; an H100's for CPU
+    tensors (the interpreter)."""
     if device.type != "cuda":
-        return DEFAULT_SM_COUNT
-    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        return DEFAULT_SM_COUNT, DEFAULT_CAPABILITY
+    return _device_facts(device.index if device.index is not None
+                         else torch.cuda.current_device())
 
 
 def score_constants(scale: float, logit_softcap: float | None) -> tuple[float, float]:
@@ -75,8 +79,9 @@ def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int) -> dict[str
 
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
-                 skip_single_query: bool) -> dict[str, object]:
-    tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
+                 skip_single_query: bool, capability: int = DEFAULT_CAPABILITY
+                 ) -> dict[str, object]:
+    tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability)
     precision, upcast = _precision(dtype)
     return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
@@ -143,7 +148,8 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     group = n_heads // n_kv
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
                         block_size=kv_cache.shape[2], sliding_window=sliding_window,
-                        logit_softcap=logit_softcap, skip_single_query=skip_single_query)
+                        logit_softcap=logit_softcap, skip_single_query=skip_single_query,
+                        capability=device_facts(q.device)[1])
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
@@ -179,7 +185,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     group = n_heads // n_kv
     if num_splits is None:
         capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        num_splits = decode_num_splits(num_seqs, n_kv, sm_count=device_sm_count(q.device),
+        num_splits = decode_num_splits(num_seqs, n_kv, sm_count=device_facts(q.device)[0],
                                        max_seq_len=None if capturing else max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")

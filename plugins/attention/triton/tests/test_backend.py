@@ -1,0 +1,191 @@
+"""The backend as a plugin: registration, selection, validation reasons, input errors, and the
+launch heuristics. Runs anywhere (the kernels themselves: test_interpret.py, test_compile.py and
+the GPU tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tallow.builtins
+from tallow.layers import AttentionLayer
+from tallow.plugin import AttentionBackend, AttentionBackendRegistry, SelectionError, select
+from tallow_attention_triton import heuristics, plugin
+from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.testing import make_case
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(device: str = "auto", dtype: str = "auto", kv_codec: str = "auto",
+           block_size: int = 16, settings: dict | None = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        model=SimpleNamespace(device=device, dtype=dtype),
+        cache=SimpleNamespace(kv_codec=kv_codec, block_size=block_size),
+        runner=SimpleNamespace(attention_backend="auto"),
+        plugins=SimpleNamespace(settings=settings or {}),
+    )
+
+
+def registry() -> AttentionBackendRegistry:
+    reg = AttentionBackendRegistry()
+    tallow.builtins.tallow_register_attention_backends(reg)
+    plugin.tallow_register_attention_backends(reg)
+    return reg
+
+
+# -- packaging and registration ------------------------------------------------------------
+def test_distribution_declares_its_entry_point() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "tallow-attention-triton"
+    eps = meta["project"]["entry-points"]["tallow"]
+    assert eps == {"tallow-attention-triton": "tallow_attention_triton.plugin"}
+    assert (ROOT / "tallow_attention_triton" / "plugin.py").is_file()
+
+
+def test_registers_lazily_above_the_torch_reference() -> None:
+    reg = registry()
+    entry = reg.entry("triton")
+    assert entry.lazy and entry.target == "tallow_attention_triton.backend:TritonAttentionBackend"
+    assert entry.priority > reg.entry("torch").priority
+    assert [e.name for e in reg.by_priority()][0] == "triton"
+    cls = entry.load()
+    assert issubclass(cls, AttentionBackend) and cls.name == "triton"
+    assert cls.supports_cuda_graph is True
+
+
+def test_registration_imports_no_torch() -> None:
+    code = ("import sys, tallow_attention_triton.plugin as p; "
+            "from tallow.plugin import AttentionBackendRegistry as R; "
+            "p.tallow_register_attention_backends(R()); "
+            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- validation and selection ----------------------------------------------------------------
+def test_validate_lists_every_reason_on_a_cpu_config() -> None:
+    reasons = TritonAttentionBackend.validate(config(device="cpu", dtype="int8",
+                                                     kv_codec="fp8", block_size=24))
+    text = "\n".join(reasons)
+    assert "model.device is 'cpu'" in text
+    assert "model.dtype 'int8'" in text and "bfloat16" in text
+    assert "cache.kv_codec 'fp8'" in text
+    assert "cache.block_size 24" in text
+    assert len(reasons) == 4
+
+
+def test_validate_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert TritonAttentionBackend.validate(config()) == [
+        "no CUDA device (torch.cuda.is_available() is False)"]
+
+
+def test_validate_checks_device_index_and_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
+    assert TritonAttentionBackend.validate(config()) == [
+        "CUDA compute capability 7.5 is below 8.0"]
+    assert "does not exist" in TritonAttentionBackend.validate(config(device="cuda:3"))[0]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    assert TritonAttentionBackend.validate(config(device="cuda:0", dtype="bfloat16")) == []
+    assert TritonAttentionBackend.validate(None) == []
+
+
+def test_selection_falls_back_to_torch_and_refuses_a_named_triton_on_cpu() -> None:
+    reg = registry()
+    assert select(reg, config(device="cpu")).name == "torch"
+    with pytest.raises(SelectionError) as err:
+        select(reg, config(device="cpu"), "triton")
+    assert "triton" in str(err.value) and "model.device is 'cpu'" in str(err.value)
+
+
+def test_plugin_settings_num_splits() -> None:
+    be = TritonAttentionBackend(config(settings={"tallow-attention-triton": {"num_splits": 4}}))
+    assert be.num_splits == 4
+    with pytest.raises(ValueError, match="tallow-attention-triton.num_splits"):
+        TritonAttentionBackend(config(settings={"tallow-attention-triton": {"num_splits": 0}}))
+    assert TritonAttentionBackend(None).num_splits is None
+
+
+# -- layers and inputs -------------------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", heuristics.TESTED_HEAD_DIMS)
+def test_supported_head_dims(head_dim: int) -> None:
+    layer = AttentionLayer(0, 8, 2, head_dim, 0.1)
+    assert TritonAttentionBackend.supports_layer(layer) == []
+
+
+@pytest.mark.parametrize("head_dim", [8, 72, 100, 320])
+def test_unsupported_head_dims_are_named(head_dim: int) -> None:
+    reasons = TritonAttentionBackend.supports_layer(AttentionLayer(0, 8, 2, head_dim, 0.1))
+    assert len(reasons) == 1 and f"head size {head_dim}" in reasons[0]
+
+
+def test_forward_rejects_bad_inputs_with_the_field_named() -> None:
+    case = make_case(query_lens=[2, 1], context_lens=[3, 4], num_heads=4, num_kv_heads=2,
+                     head_dim=64, dtype=torch.float16)
+    be = TritonAttentionBackend()
+    with pytest.raises(ValueError, match=r"q, k, v and meta.slot_mapping must have the same"):
+        be.forward(case.layer, case.q, case.k[:2], case.v, case.kv_cache, case.meta)
+    with pytest.raises(ValueError, match=r"q must be \[T, 4, 64\], got \[3, 2, 128\]"):
+        be.forward(case.layer, case.q.reshape(3, 2, 128), case.k, case.v, case.kv_cache,
+                   case.meta)
+    with pytest.raises(ValueError, match=r"kv_cache must be \[2, blocks, block_size, 2, 64\]"):
+        be.forward(case.layer, case.q, case.k, case.v, case.kv_cache[:, :, :, :1], case.meta)
+    with pytest.raises(ValueError, match=r"q dtype torch.int32 is not supported"):
+        be.forward(case.layer, case.q.to(torch.int32), case.k, case.v, case.kv_cache,
+                   case.meta)
+    case.meta.block_size = 32
+    with pytest.raises(ValueError, match=r"differs from meta.block_size 32"):
+        be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+
+
+def test_forward_refuses_cpu_tensors_outside_the_interpreter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    case = make_case(query_lens=[1], context_lens=[3], num_heads=2, num_kv_heads=2,
+                     head_dim=64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"needs CUDA tensors"):
+        TritonAttentionBackend().forward(case.layer, case.q, case.k, case.v, case.kv_cache,
+                                         case.meta)
+
+
+# -- heuristics ----------------------------------------------------------------------------
+@pytest.mark.parametrize("num_seqs", [1, 2, 7, 64, 256])
+@pytest.mark.parametrize("max_seq_len", [None, 1, 100, 768, 4096, 32768])
+def test_decode_splits(num_seqs: int, max_seq_len: int | None) -> None:
+    s = heuristics.decode_num_splits(num_seqs, 8, sm_count=132, max_seq_len=max_seq_len)
+    assert 1 <= s <= heuristics.MAX_SPLITS and s & (s - 1) == 0
+    if max_seq_len is not None:
+        # never more splits than MIN_TOKENS_PER_SPLIT-token pieces (rounded to a power of 2)
+        pieces = -(-max_seq_len // heuristics.MIN_TOKENS_PER_SPLIT)
+        assert s <= heuristics.next_pow2(pieces)
+    if s < heuristics.MAX_SPLITS and max_seq_len is None:
+        # without a length hint the grid fills the GPU
+        assert num_seqs * 8 * s >= heuristics.PROGRAMS_PER_SM * 132
+
+
+def test_decode_splits_for_batch_one_long_context() -> None:
+    assert heuristics.decode_num_splits(1, 8, sm_count=132, max_seq_len=32768) == 64
+    assert heuristics.decode_num_splits(256, 8, sm_count=132, max_seq_len=32768) == 1
+
+
+@pytest.mark.parametrize("group", [1, 3, 4, 6, 8, 16])
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+@pytest.mark.parametrize("head_dim", heuristics.TESTED_HEAD_DIMS)
+def test_tile_shapes(group: int, elem_bytes: int, head_dim: int) -> None:
+    p = heuristics.prefill_tiles(head_dim, group, elem_bytes)
+    assert p.block_q >= 1 and p.block_q * group <= p.block_m
+    assert p.block_m >= 16 and p.tile_n >= 16  # tensor-core products need 16 rows/cols
+    d = heuristics.decode_tiles(head_dim, group, elem_bytes)
+    assert d.g_pad >= max(16, group) and d.tile_n >= 16

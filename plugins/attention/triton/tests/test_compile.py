@@ -1,0 +1,137 @@
+"""Compile the kernels with Triton's real compiler for Ampere (sm_80) and Hopper (sm_90), on
+any machine: no GPU is needed to build a cubin. Checks what the interpreter cannot: that the
+kernels type-check and lower for real hardware with the launch parameters :mod:`ops` uses, that
+their loads are vectorised and pipelined, that Hopper gets its wgmma tensor-core products, and
+that the 16-bit configurations (the speed path) spill no registers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tallow_attention_triton import ops
+from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
+from tallow_attention_triton.kernels.prefill import prefill_kernel
+from tallow_attention_triton.kernels.store import store_kv_kernel
+
+if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
+    pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
+                allow_module_level=True)
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                         "cuobjdump")
+INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
+                "slot_ptr": "*i64"}
+F32_POINTERS = {"part_acc_ptr", "part_ml_ptr"}
+F32_SCALARS = {"qk_scale", "softcap"}
+TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
+                capability: int) -> Any:
+    """Build ``kernel`` for ``sm_<capability>`` as the JIT would for 16-byte-aligned tensors
+    whose strides are multiples of 16 elements (true of every supported head size)."""
+    spec = dict(spec)
+    options = {"num_warps": spec.pop("num_warps"), "num_stages": spec.pop("num_stages", 3)}
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in spec:
+            signature[name] = "constexpr"
+            constexprs[name] = spec[name]
+            continue
+        if name in INT_POINTERS:
+            signature[name] = INT_POINTERS[name]
+        elif name in F32_POINTERS:
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = TT[dtype]
+        elif name in F32_SCALARS:
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+        if name.endswith("_ptr") or (name.startswith("stride_") and name != "stride_bt"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def resource_usage(compiled: Any) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], check=True,
+                              capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text)}
+
+
+def assert_fast(compiled: Any, what: str, *, tensor_op: str) -> None:
+    use = resource_usage(compiled)
+    assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{what} spills registers: {use}"
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"ld\.global(\.\w+)*\.v[248]", ptx) or "cp.async" in ptx, \
+        f"{what}: no vectorised or asynchronous global loads"
+    assert tensor_op in ptx, f"{what}: no {tensor_op} tensor-core instructions"
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_prefill_compiles_for_hopper_without_spills(head_dim: int) -> None:
+    spec = ops.prefill_spec(head_dim=head_dim, group=4, dtype=torch.bfloat16, block_size=16,
+                            sliding_window=None, logit_softcap=None, skip_single_query=True)
+    compiled = compile_for(prefill_kernel, spec, torch.bfloat16, 90)
+    assert_fast(compiled, f"prefill D={head_dim}", tensor_op="wgmma.mma_async")
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_decode_compiles_for_hopper_without_spills(head_dim: int) -> None:
+    spec = ops.decode_spec(num_heads=32, group=4, head_dim=head_dim, dtype=torch.bfloat16,
+                           block_size=16, sliding_window=None, logit_softcap=None,
+                           mixed=False, single_split=False)
+    compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90)
+    assert_fast(compiled, f"decode D={head_dim}", tensor_op="mma.sync")
+
+
+def test_window_softcap_variants_compile_for_ampere_and_hopper() -> None:
+    for cap in (80, 90):
+        spec = ops.prefill_spec(head_dim=128, group=8, dtype=torch.float16, block_size=32,
+                                sliding_window=512, logit_softcap=30.0, skip_single_query=False,
+                                capability=cap)
+        assert_fast(compile_for(prefill_kernel, spec, torch.float16, cap),
+                    f"prefill window+softcap sm_{cap}", tensor_op="mma")
+        spec = ops.decode_spec(num_heads=16, group=8, head_dim=128, dtype=torch.float16,
+                               block_size=32, sliding_window=512, logit_softcap=30.0,
+                               mixed=True, single_split=True)
+        assert_fast(compile_for(decode_split_kernel, spec, torch.float16, cap),
+                    f"decode window+softcap sm_{cap}", tensor_op="mma.sync")
+
+
+def test_reduce_store_and_fp32_paths_compile() -> None:
+    spec = ops.reduce_spec(num_heads=32, head_dim=128, num_splits=64, tile_n=64,
+                           sliding_window=None, mixed=False)
+    use = resource_usage(compile_for(decode_reduce_kernel, spec, torch.bfloat16, 90))
+    assert use["STACK"] == 0, f"decode reduce spills: {use}"
+    spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16)
+    use = resource_usage(compile_for(store_kv_kernel, spec, torch.bfloat16, 90))
+    assert use["STACK"] == 0, f"store spills: {use}"
+    # fp32 is a correctness path (three-pass TF32 products): it must build, spills allowed
+    for kernel, spec in (
+        (prefill_kernel, ops.prefill_spec(head_dim=128, group=4, dtype=torch.float32,
+                                          block_size=16, sliding_window=None,
+                                          logit_softcap=None, skip_single_query=False)),
+        (decode_split_kernel, ops.decode_spec(num_heads=8, group=4, head_dim=128,
+                                              dtype=torch.float32, block_size=16,
+                                              sliding_window=None, logit_softcap=None,
+                                              mixed=False, single_split=False)),
+    ):
+        assert compile_for(kernel, spec, torch.float32, 90).asm["cubin"]
