@@ -61,13 +61,13 @@ def test_concurrent_streams_and_cancellation(engine):
 
 def test_admission_error_surfaces_before_first_output(tiny_llama):
     eng = AsyncEngine.from_config(config_from_kwargs(
-        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=4, block_size=4,
+        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, block_size=4,
         max_model_len=256))
 
     async def main():
         await eng.start()
         with pytest.raises(ValueError, match="(?i)prompt"):
-            async for _ in eng.generate([5] * 100, SamplingParams(max_tokens=4), "too-long"):
+            async for _ in eng.generate([5] * 300, SamplingParams(max_tokens=4), "too-long"):
                 pass
         await eng.shutdown()
 

@@ -18,12 +18,13 @@ PROMPTS = [
 def hf_greedy(path, prompt_ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, output_scores=True, return_dict_in_generate=True,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True,
                          pad_token_id=0)
     tokens = out.sequences[0, len(prompt_ids):].tolist()
-    logprobs = torch.stack([torch.log_softmax(s[0].float(), -1) for s in out.scores])
+    # raw logits: the scores are processed (min_new_tokens masks EOS)
+    logprobs = torch.stack([torch.log_softmax(s[0].float(), -1) for s in out.logits])
     return tokens, logprobs
 
 
@@ -81,7 +82,7 @@ def test_preemption_resumes_with_identical_tokens(tiny_llama):
     expected = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, params)]
     # 40 blocks of 4 tokens cannot hold four ~60-token sequences at once: preemption happens.
     tight = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=40,
-                block_size=4, enable_prefix_caching=False)
+                block_size=4, enable_prefix_caching=False, max_model_len=128)
     start = free_blocks(tight)
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
     assert got == expected
@@ -136,7 +137,7 @@ def test_prompt_logprobs_match_transformers(llm, tiny_llama):
     out = llm.generate(PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=1,
                                                   prompt_logprobs=1))[0]
     assert out.prompt_logprobs[0] is None
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
     logits = model(torch.tensor([ids])).logits[0]
     ref = torch.log_softmax(logits.float(), -1)
     for pos in range(1, len(ids)):
@@ -162,10 +163,10 @@ def test_invalid_params_name_the_field():
 
 
 def test_prompt_that_can_never_fit_is_refused(tiny_llama):
-    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=8,
-              block_size=4, max_model_len=512)
+    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64,
+              block_size=4, max_model_len=256)
     with pytest.raises(ValueError, match="(?i)prompt"):
-        llm.generate([5] * 100, SamplingParams(max_tokens=4))
+        llm.generate([5] * 300, SamplingParams(max_tokens=4))
     # the engine is still usable afterwards
     assert llm.generate([5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))[0].finished
 

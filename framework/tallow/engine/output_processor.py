@@ -124,6 +124,8 @@ class OutputProcessor:
             out.logprobs.append(entry)
             out.cumulative_logprob = (out.cumulative_logprob or 0.0) + token.logprob
         c.full_text += c.detok.push(token.token_id)
+        if update.finish_reason is not None:
+            c.full_text += c.detok.flush()  # release bytes held back for a UTF-8 sequence
         stopped = False
         if update.finish_reason is not None:
             out.finish_reason, out.stop_reason = update.finish_reason, update.stop_reason
