@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tallow.plugin import SelectionError, ToolParserRegistry
 from tallow.plugin.tool_parsing import (
     CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, ParseResult, StreamDelta,
-    ToolCall, ToolCallDelta, assemble, call_from_json, choose_tool_parser, compact_json,
+    ToolCall, ToolCallDelta, assemble, bracket_opens, call_from_json, choose_tool_parser, compact_json,
     loads_strict, match_literal, skip_ws, tool_schemas, validate_tool_call,
 )
 
@@ -272,6 +272,9 @@ def test_json_helpers():
     assert match_literal("ab<tool_call>", 2, "<tool_call>") is True
     assert match_literal("ab<tx", 2, "<tool_call>") is False
     assert skip_ws(" \t\r\nx", 0) == 4
+    assert bracket_opens('{ "a"', 0, '"}') is True
+    assert bracket_opens("{ a", 0, '"}') is False
+    assert bracket_opens("x{ \n", 1, '"}') is None
     assert call_from_json({"name": "f", "arguments": {"a": 1}}) == FoundCall("f", {"a": 1})
     assert call_from_json({"name": "f", "parameters": {}, "type": "function"}) == FoundCall("f", {})
     assert call_from_json({"name": "f", "arguments": '{"a": 1}'}) == FoundCall("f", {"a": 1})

@@ -344,6 +344,14 @@ def skip_ws(text: str, i: int) -> int:
     return _WS.match(text, i).end()
 
 
+def bracket_opens(text: str, i: int, allowed: str) -> bool | None:
+    """Whether the bracket at ``i`` is followed, after whitespace, by one of ``allowed``; None
+    while the text ends first. A cheap early sign that bracketed prose is no call, so that it
+    is not held back until the end of the response."""
+    j = skip_ws(text, i + 1)
+    return None if j == len(text) else text[j] in allowed
+
+
 def match_literal(text: str, i: int, literal: str) -> bool | None:
     """True if ``literal`` starts at ``i``; None if the text ends inside it; else False."""
     rest = text[i:i + len(literal)]

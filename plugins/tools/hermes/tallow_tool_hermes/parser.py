@@ -17,8 +17,8 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, JsonSpan, MarkupToolParser, call_from_json, loads_strict,
-    match_literal, skip_ws,
+    CallRegion, Decision, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
+    loads_strict, match_literal, skip_ws,
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -37,7 +37,10 @@ class HermesRegion(CallRegion):
             i = skip_ws(text, len(self.opener))
             if i == len(text):
                 return self.pending(final)
-            if text[i] != "{":
+            opens = text[i] == "{" and bracket_opens(text, i, '"}')
+            if opens is None:
+                return self.pending(final)
+            if not opens:
                 return self.malformed(i)
             self._span = JsonSpan(i)
         end = self._span.scan(text)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, JsonSpan, MarkupToolParser, call_from_json, loads_strict, skip_ws,
+    CallRegion, Decision, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
+    loads_strict, skip_ws,
 )
 
 
@@ -27,6 +28,12 @@ class JsonRegion(CallRegion):
         self._calls: list | None = None
 
     def decide(self, text: str, final: bool) -> Decision | None:
+        if self._calls is None:  # "[" must open a list of objects, "{" an object with keys
+            opens = bracket_opens(text, 0, '{]' if text[0] == "[" else '"}')
+            if opens is None:
+                return self.pending(final)
+            if not opens:
+                return self.malformed()
         end = self._span.scan(text)
         if end is None:
             return self.pending(final)

@@ -90,6 +90,16 @@ def test_forced_output_of_the_server_parses():
     assert summary(JsonToolParser().parse(text, TOOLS)) == (None, [("search", '{"q":"tallow"}')])
 
 
+def test_bracketed_prose_is_not_held_back():
+    sp = JsonToolParser().stream(TOOLS)
+    assert sp.feed("[Note: this").content == "[Note: this"
+    sp = JsonToolParser().stream(TOOLS)
+    assert sp.feed("{").content == ""  # might open a call
+    assert sp.feed(" 1, 2} is a set").content == "{ 1, 2} is a set"
+    sp = JsonToolParser().stream(TOOLS)
+    assert sp.feed('{"x": 1} and then a long answer').content == '{"x": 1} and then a long answer'
+
+
 ARGS = st.dictionaries(st.text(max_size=4), st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=5), lambda inner: st.lists(inner, max_size=2), max_leaves=4), max_size=3)

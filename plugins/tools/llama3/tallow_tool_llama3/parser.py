@@ -17,8 +17,8 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, call_from_json, loads_strict,
-    skip_ws,
+    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
+    loads_strict, skip_ws,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -49,7 +49,10 @@ class Llama3Region(CallRegion):
                         return self.malformed(i)
                     self._pos, self._want_object = i + 1, True
                     continue
-                if text[i] != "{":
+                opens = text[i] == "{" and bracket_opens(text, i, '"}')
+                if opens is None:
+                    return self.pending(final)
+                if not opens:
                     return self.malformed(i)
                 self._span = JsonSpan(i)
             end = self._span.scan(text)

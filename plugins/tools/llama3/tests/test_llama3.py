@@ -91,6 +91,13 @@ def test_table(label, text, content, calls):
         assert c.arguments == compact_json(json.loads(c.arguments))
 
 
+def test_prose_is_not_held_back():
+    sp = Llama3JsonToolParser().stream(TOOLS)
+    assert sp.feed("{braces} are").content == "{braces} are"
+    sp = Llama3JsonToolParser().stream(TOOLS)
+    assert sp.feed('{"answer": 42} is the JSON').content == '{"answer": 42} is the JSON'
+
+
 ARGS = st.dictionaries(st.text(max_size=4), st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner,

@@ -17,8 +17,8 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, call_from_json, loads_strict,
-    match_literal, skip_ws,
+    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
+    loads_strict, match_literal, skip_ws,
 )
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -43,6 +43,11 @@ class MistralRegion(CallRegion):
                 return self.pending(final)
             if text[i] not in "[{":
                 return self._header(text, i, final)
+            opens = bracket_opens(text, i, "{]" if text[i] == "[" else '"}')
+            if opens is None:
+                return self.pending(final)
+            if not opens:
+                return self.malformed(i)
             self._span = JsonSpan(i)
         end = self._span.scan(text)
         if end is None:
@@ -85,7 +90,10 @@ class MistralRegion(CallRegion):
         k = skip_ws(text, j + len(ARGS))
         if k == len(text):
             return self.pending(final)
-        if text[k] != "{":
+        opens = text[k] == "{" and bracket_opens(text, k, '"}')
+        if opens is None:
+            return self.pending(final)
+        if not opens:
             return self.malformed(k)
         self._name, self._call_id, self._span = name.group(), call_id, JsonSpan(k)
         return self.decide(text, final)
