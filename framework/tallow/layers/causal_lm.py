@@ -140,6 +140,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
     def _missing(self, loaded: dict[str, set[Hashable]]) -> list[str]:
         out = []
         for name, param in self.named_parameters():
+            if getattr(param, "from_checkpoint", True) is False:
+                continue  # derived while loading another tensor (a quantization scale, say)
             shards = getattr(param, "shard_ids", None)
             if not shards:
                 if name not in loaded:

@@ -18,7 +18,9 @@ sharded along it, e.g. a per-tensor scale). The layer's loader slices checkpoint
 those dimensions in proportion to the parameter's own extent, so a packed or grouped layout
 (a scale per group of 128 inputs, say) shards correctly without further help. A method whose
 parameters need other handling attaches its own ``weight_loader(param, loaded, shard_id=None)``;
-the layer leaves such a loader in place.
+the layer leaves such a loader in place. A parameter that no checkpoint tensor fills directly
+(a scale computed while quantizing ``weight`` at load time, say) is marked
+``from_checkpoint=False`` so that the model's completeness check does not report it missing.
 """
 
 from __future__ import annotations
