@@ -1,0 +1,200 @@
+"""The Triton kernels on a CUDA GPU against the torch reference, at realistic sizes: long and
+mixed contexts, every head size and GQA ratio, windows, softcap, block sizes, and replay of a
+captured CUDA graph. Fresh random inputs every run (set TALLOW_TEST_SEED to replay one)."""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+from tallow.layers import AttentionMetadata
+from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.testing import make_case, run_and_check, tolerance
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+HALF = [torch.bfloat16, torch.float16]
+
+
+def seed_of(*parts: object) -> int:
+    return (zlib.crc32(repr(parts).encode()) ^ BASE_SEED) % (2**31)
+
+
+def backend(num_splits: int | None = None) -> TritonAttentionBackend:
+    be = TritonAttentionBackend()
+    be.num_splits = num_splits
+    return be
+
+
+# Contexts that cross block (16), key-tile (32/64) and split boundaries, up to 4000+ tokens.
+LONG_CONTEXTS = [0, 1, 15, 16, 17, 63, 64, 65, 100, 511, 512, 513, 1000, 2047, 2048, 4000, 4101]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("num_splits", [None, 1, 7, 64])
+def test_decode_mixed_long_contexts(dtype: torch.dtype, group: int,
+                                    num_splits: int | None) -> None:
+    rng = random.Random(seed_of("decode", dtype, group, num_splits))
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    case = make_case(query_lens=[1] * len(ctx), context_lens=ctx, num_heads=8 * group // 2,
+                     num_kv_heads=4 if group < 8 else 2, head_dim=128, block_size=16,
+                     dtype=dtype, device="cuda", seed=rng.randrange(2**31))
+    run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_every_head_dim_and_group(head_dim: int, group: int, dtype: torch.dtype) -> None:
+    kv = 2
+    for kind, q_lens, ctx in (("decode", [1] * 6, [0, 5, 130, 700, 1500, 3000]),
+                              ("mixed", [1, 1, 150, 33, 1, 300], [2000, 7, 0, 900, 64, 250])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=kv * group,
+                         num_kv_heads=kv, head_dim=head_dim, block_size=16, dtype=dtype,
+                         device="cuda", seed=seed_of("dims", head_dim, group, dtype, kind))
+        run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_chunked_prefill_with_earlier_context(dtype: torch.dtype) -> None:
+    """Chunks of 512/1000/77 queries after 0/1500/3000 cached tokens (llama-3-8b heads)."""
+    case = make_case(query_lens=[512, 1000, 77], context_lens=[0, 1500, 3000], num_heads=32,
+                     num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype, device="cuda",
+                     seed=seed_of("chunked", dtype))
+    run_and_check(case, backend())
+
+
+def test_long_prefill_4096() -> None:
+    case = make_case(query_lens=[4096], context_lens=[0], num_heads=32, num_kv_heads=8,
+                     head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda",
+                     seed=seed_of("prefill4096"))
+    run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("host_copies", [True, False])
+def test_mixed_varlen_batch(host_copies: bool) -> None:
+    """Many decodes (long and short contexts) next to several prefill chunks and empty rows."""
+    rng = random.Random(seed_of("varlen", host_copies))
+    q_lens, ctx = [], []
+    for _ in range(40):
+        if rng.random() < 0.75:
+            q_lens.append(1)
+            ctx.append(rng.randint(0, 4200))
+        else:
+            q_lens.append(rng.choice([0, 2, rng.randint(3, 700)]))
+            ctx.append(rng.choice([0, rng.randint(1, 2500)]))
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=32, num_kv_heads=8,
+                     head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda",
+                     padding_rows=5, host_copies=host_copies, seed=rng.randrange(2**31))
+    run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("window", [1, 64, 1000])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_sliding_window_and_softcap(window: int, softcap: float | None,
+                                    dtype: torch.dtype) -> None:
+    for kind, q_lens, ctx in (("decode", [1] * 5, [0, 50, 999, 1001, 3500]),
+                              ("mixed", [300, 1, 1200, 1], [0, 2500, 800, 40])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=16, num_kv_heads=4,
+                         head_dim=128, block_size=16, dtype=dtype, device="cuda",
+                         sliding_window=window, logit_softcap=softcap,
+                         seed=seed_of("window", window, softcap, dtype, kind))
+        run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+def test_block_sizes(block_size: int) -> None:
+    case = make_case(query_lens=[1, 1, 400, 1, 37], context_lens=[3000, 1, 700, 129, 0],
+                     num_heads=32, num_kv_heads=8, head_dim=128, block_size=block_size,
+                     dtype=torch.bfloat16, device="cuda", seed=seed_of("block", block_size))
+    run_and_check(case, backend())
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_float32(head_dim: int) -> None:
+    case = make_case(query_lens=[1, 1, 200, 1], context_lens=[1500, 0, 300, 77], num_heads=8,
+                     num_kv_heads=2, head_dim=head_dim, block_size=16, dtype=torch.float32,
+                     device="cuda", seed=seed_of("fp32", head_dim))
+    run_and_check(case, backend())
+
+
+def test_any_split_count_gives_the_same_decode() -> None:
+    outs = []
+    for splits in (1, 2, 3, 8, 33, 64):
+        case = make_case(query_lens=[1] * 6, context_lens=[1, 100, 555, 1024, 2900, 4100],
+                         num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.float16,
+                         device="cuda", seed=seed_of("splits"))
+        outs.append(run_and_check(case, backend(splits))[:case.valid_rows].float())
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=2e-3, rtol=2e-3)
+
+
+def test_cuda_graph_capture_and_replay() -> None:
+    """Capture decode once with the runner's conventions (persistent buffers, max_seq_len =
+    max_model_len, padding sequences of length 1 with slot -1), then replay it on fresh batches
+    of other sizes and lengths: the results match the reference each time."""
+    batch, width, n_blocks = 16, 260, 16 * 251 + 8
+    hq, hkv, d, bs = 32, 8, 128, 16
+    dev = torch.device("cuda")
+    be = backend()
+
+    def fresh(n: int, seed: int):
+        rng = random.Random(seed)
+        return make_case(query_lens=[1] * n, context_lens=[rng.randint(0, 4000) for _ in
+                                                           range(n)],
+                         num_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                         dtype=torch.bfloat16, device=dev, num_blocks=n_blocks,
+                         host_copies=False, seed=seed)
+
+    first = fresh(batch, seed_of("graph", 0))
+    q = first.q.clone()
+    k = first.k.clone()
+    v = first.v.clone()
+    cache = first.kv_cache.clone()
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    seq_lens = torch.ones(batch, dtype=torch.int32, device=dev)
+    tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
+    slots = torch.full((batch,), -1, dtype=torch.int64, device=dev)
+    meta = AttentionMetadata(num_seqs=batch, num_tokens=batch, query_start_loc=qsl,
+                             seq_lens=seq_lens, block_tables=tables, slot_mapping=slots,
+                             max_query_len=1, max_seq_len=width * bs, block_size=bs)
+
+    def load(case) -> None:
+        n = case.meta.num_seqs
+        q[:n].copy_(case.q)
+        k[:n].copy_(case.k)
+        v[:n].copy_(case.v)
+        cache.copy_(case.kv_cache)
+        seq_lens.fill_(1)
+        seq_lens[:n].copy_(case.meta.seq_lens)
+        tables.zero_()
+        tables[:n, :case.meta.block_tables.shape[1]].copy_(case.meta.block_tables)
+        slots.fill_(-1)
+        slots[:n].copy_(case.meta.slot_mapping)
+
+    load(first)
+    for _ in range(2):  # compile, settle the allocator
+        be.forward(first.layer, q, k, v, cache, meta)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = be.forward(first.layer, q, k, v, cache, meta)
+    for i, n in enumerate((batch, 5, 1, 11)):
+        case = fresh(n, seed_of("graph", i + 1))
+        load(case)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected_out, expected_cache = case.expected()
+        torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(out[:n], expected_out, **tolerance(torch.bfloat16))
