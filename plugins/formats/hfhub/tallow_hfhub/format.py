@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import ClassVar
 
 from tallow.plugin import Checkpoint, WeightFormat
@@ -63,9 +64,7 @@ class HFHubFormat(WeightFormat):
         """The local snapshot directory of ``repo_id``: metadata first, then only the weight
         files the checkpoint uses (the shards its index names, else every safetensors file)."""
         path = _download(repo_id, revision, METADATA_PATTERNS)
-        index = read_json(os.path.join(path, INDEX_NAME)) if os.path.isfile(
-            os.path.join(path, INDEX_NAME)) else {}
-        weight_map = index.get("weight_map")
+        weight_map = read_json(Path(path) / INDEX_NAME).get("weight_map")
         patterns = sorted(set(weight_map.values())) if isinstance(weight_map, dict) and \
             weight_map else WEIGHT_PATTERNS
         return _download(repo_id, revision, patterns)
