@@ -8,8 +8,11 @@ Triton kernel, of the torch reference, and the speed-up. ``--json PATH`` also wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import time
+from types import SimpleNamespace
 
 import torch
 
@@ -20,11 +23,11 @@ BATCHES = (1, 8, 32, 64, 128, 256)
 
 def _cases(n: int, dtype: torch.dtype):
     """(name, triton callable, reference callable) for n tokens."""
-    from tallow.kernels import activation, gumbel, rms_norm, rotary
+    from tallow.kernels import activation, gumbel, norm, rotary
     from tallow.kernels.activation_triton import gated_act_triton
     from tallow.kernels.attention_ref import store_kv_ref
     from tallow.kernels.kv_store_triton import store_kv_triton
-    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    from tallow.kernels.norm_triton import rms_norm_triton
     from tallow.kernels.rotary_triton import rotary_embedding_triton
     from tallow.kernels.sampling_triton import gumbel_argmax_triton
 
@@ -33,7 +36,7 @@ def _cases(n: int, dtype: torch.dtype):
     res = torch.randn_like(x)
     w = torch.randn(HIDDEN, device=dev, dtype=dtype)
     yield ("rms_norm+residual", lambda: rms_norm_triton(x, w, 1e-5, res),
-           lambda: rms_norm.rms_norm_ref(x, w, 1e-5, res))
+           lambda: norm.rms_norm_ref(x, w, 1e-5, res))
 
     gate_up = torch.randn(n, 2 * MLP, device=dev, dtype=dtype)
     yield ("silu_and_mul", lambda: gated_act_triton(gate_up, "silu"),
@@ -70,6 +73,35 @@ def _cases(n: int, dtype: torch.dtype):
            lambda: torch.multinomial(torch.softmax(logits * inv_t[:, None], -1), 1))
 
 
+@contextlib.contextmanager
+def _torch_sampling():
+    """Make the sampler take its torch reference path (as on CPU) for the duration."""
+    from tallow.kernels import sampling
+    saved = sampling.triton_enabled
+    sampling.triton_enabled = lambda t: False
+    try:
+        yield
+    finally:
+        sampling.triton_enabled = saved
+
+
+def _sampler_batch(n: int):
+    """A decode step of n rows with penalties and seeds: (logits, batch, build seconds)."""
+    from tallow.engine.sampler import RowParams, SamplingBatch
+    params = SimpleNamespace(temperature=0.8, top_p=1.0, top_k=0, min_p=0.0,
+                             repetition_penalty=1.1, frequency_penalty=0.2,
+                             presence_penalty=0.1, logit_bias=None, seed=None, logprobs=None,
+                             min_tokens=0, stop_token_ids=[], ignore_eos=False)
+    g = torch.Generator().manual_seed(0)
+    rows = [RowParams(params, torch.randint(0, VOCAB, (128,), generator=g).tolist(),
+                      torch.randint(0, VOCAB, (512,), generator=g).tolist(), seed=i, step=128)
+            for i in range(n)]
+    start = time.perf_counter()
+    batch = SamplingBatch.build(rows, VOCAB, "cuda")
+    torch.cuda.synchronize()
+    return torch.randn(n, VOCAB, device="cuda"), batch, time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
@@ -91,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             t_ref = do_bench(ref, return_mode="median") * 1e3
             rows.append({"kernel": name, "tokens": n, "triton_us": t_fast, "torch_us": t_ref})
             print(f"{name:<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}{t_ref / t_fast:>9.2f}x")
+        from tallow.engine.sampler import Sampler
+        logits, batch, build_s = _sampler_batch(n)
+        sampler = Sampler()
+        t_fast = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3
+        with _torch_sampling():
+            t_ref = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3
+        rows.append({"kernel": "Sampler (penalties, seeded)", "tokens": n, "triton_us": t_fast,
+                     "torch_us": t_ref, "build_us": build_s * 1e6})
+        print(f"{'Sampler (penalties, seeded)':<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}"
+              f"{t_ref / t_fast:>9.2f}x   build {build_s * 1e6:.0f} µs (host)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype,

@@ -361,3 +361,26 @@ def test_logits_shape_checked():
     batch = SamplingBatch.build([row()], 50, "cpu")
     with pytest.raises(ValueError, match="logits"):
         Sampler()(torch.zeros(2, 50), batch)
+
+
+@pytest.mark.parametrize("out,prompt,field_name", [([5, 70], [1], "output_token_ids"),
+                                                   ([5], [1, -2], "prompt_token_ids")])
+def test_bad_token_ids_name_the_field(out, prompt, field_name):
+    p = _Params(frequency_penalty=0.5, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match=field_name):
+        SamplingBatch.build([row(p, out=out, prompt=prompt)], 50, "cpu")
+
+
+def test_edits_are_unique_and_merged():
+    """A token named by several sources gets one entry carrying all of them."""
+    p = _Params(logit_bias={4: 1.5}, min_tokens=5, stop_token_ids=[4, 9],
+                repetition_penalty=1.3, frequency_penalty=0.5)
+    batch = SamplingBatch.build([row(p, out=[4, 4, 7], prompt=[4, 8]), row(_Params(), out=[4])],
+                                20, "cpu", eos_token_ids={9})
+    e = batch.edits
+    pairs = list(zip(e.rows.tolist(), e.tokens.tolist()))
+    assert pairs == [(0, 4), (0, 7), (0, 8), (0, 9)]  # the plain second row needs none
+    assert e.bias.tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert e.masked.tolist() == [True, False, False, True]
+    assert e.counts.tolist() == [2.0, 1.0, 0.0, 0.0]
+    assert e.in_rep.tolist() == [True, True, True, False]

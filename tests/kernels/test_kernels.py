@@ -17,7 +17,7 @@ import torch
 from tallow.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from tallow.kernels.attention_ref import store_kv_ref
 from tallow.kernels.gumbel import gumbel_argmax_ref, gumbel_noise_ref, row_keys
-from tallow.kernels.rms_norm import rms_norm_ref
+from tallow.kernels.norm import rms_norm_ref
 from tallow.kernels.rotary import rotary_embedding_ref
 from tallow.kernels.sampling import LogitEdits, apply_logit_edits_ref
 
@@ -114,8 +114,8 @@ def test_store_kv_casts_to_cache_dtype():
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("gemma", [False, True])
 def test_rms_norm(dtype, n_tokens, hidden, with_residual, gemma):
-    from tallow.kernels.rms_norm import rms_norm
-    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    from tallow.kernels.norm import rms_norm
+    from tallow.kernels.norm_triton import rms_norm_triton
     g = rng(3)
     x = randn(g, n_tokens, hidden, dtype=dtype, scale=3.0)
     w = randn(g, hidden, dtype=dtype)
@@ -135,7 +135,7 @@ def test_rms_norm(dtype, n_tokens, hidden, with_residual, gemma):
 
 
 def test_rms_norm_3d_input_and_fp32_weight():
-    from tallow.kernels.rms_norm_triton import rms_norm_triton
+    from tallow.kernels.norm_triton import rms_norm_triton
     g = rng(4)
     x = randn(g, 2, 3, 64, dtype=torch.bfloat16)
     w = randn(g, 64)  # float32 weight with bf16 activations
@@ -316,5 +316,6 @@ def test_sampler_on_device_matches_cpu(monkeypatch):
     monkeypatch.setattr(sampling, "triton_enabled", lambda t: False)
     cpu = Sampler()(logits, SamplingBatch.build(rows, vocab, "cpu", eos_token_ids={0}))
     assert torch.equal(dev.token_ids.cpu(), cpu.token_ids)
-    torch.testing.assert_close(dev.logprobs.cpu(), cpu.logprobs)
+    # log_softmax over a large vocabulary sums in a different order on each device
+    torch.testing.assert_close(dev.logprobs.cpu(), cpu.logprobs, rtol=1e-4, atol=1e-4)
     assert math.isfinite(float(dev.logprobs[1]))

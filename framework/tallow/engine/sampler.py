@@ -15,13 +15,14 @@ any processing), like vLLM v1 by default.
 
 from __future__ import annotations
 
-from collections import Counter
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
-from tallow.kernels.gumbel import row_keys
+from tallow.kernels.gumbel import row_keys_array
 from tallow.kernels.sampling import LogitEdits, apply_logit_edits, gumbel_argmax, gumbel_noise
 
 # Temperatures below this are greedy (as in vLLM).
@@ -144,12 +145,13 @@ class SamplingBatch:
         num_logprobs: list[int | None] = []
         seeds: list[int | None] = []
         steps: list[int] = []
-        e_rows: list[int] = []
-        e_tokens: list[int] = []
-        e_bias: list[float] = []
-        e_masked: list[bool] = []
-        e_counts: list[float] = []
-        e_rep: list[bool] = []
+        bias_rows: list[int] = []
+        bias_tokens: list[int] = []
+        bias_values: list[float] = []
+        mask_rows: list[int] = []
+        mask_tokens: list[int] = []
+        counted_rows: list[int] = []  # rows with frequency/presence penalties
+        repeated_rows: list[int] = []  # rows with a repetition penalty
         for i, row in enumerate(rows):
             p = row.params
             is_greedy = _is_greedy(p)
@@ -174,75 +176,76 @@ class SamplingBatch:
             if lp is not None and (not isinstance(lp, int) or lp < 0):
                 raise ValueError(f"logprobs: expected None or an int >= 0, got {lp!r}")
             num_logprobs.append(lp)
-            seeds.append(row.seed)
-            steps.append(int(row.step))
             if row.step < 0:
                 raise ValueError(f"step: expected >= 0, got {row.step}")
-
-            entries: dict[int, list] = {}  # token -> [bias, masked, count, in_rep]
-
-            def entry(tok: int) -> list:
-                e = entries.get(tok)
-                if e is None:
-                    e = entries[tok] = [0.0, False, 0, False]
-                return e
-
+            seeds.append(row.seed)
+            steps.append(int(row.step))
             for tok, b in (_get(p, "logit_bias", {}) or {}).items():
-                entry(_check_token("logit_bias", tok, vocab_size))[0] = float(b)
+                bias_rows.append(i)
+                bias_tokens.append(_check_token("logit_bias", tok, vocab_size))
+                bias_values.append(float(b))
             if len(row.output_token_ids) < int(_get(p, "min_tokens", 0)):
                 masked = list(_get(p, "stop_token_ids", []) or [])
                 if not bool(_get(p, "ignore_eos", False)):
                     masked.extend(eos)
                 for tok in masked:
-                    entry(_check_token("stop_token_ids", tok, vocab_size))[1] = True
+                    mask_rows.append(i)
+                    mask_tokens.append(_check_token("stop_token_ids", tok, vocab_size))
             if freq[-1] != 0.0 or pres[-1] != 0.0:
-                for tok, c in Counter(row.output_token_ids).items():
-                    entry(_check_token("output_token_ids", tok, vocab_size))[2] = c
+                counted_rows.append(i)
             if r != 1.0:
-                for tok in set(row.prompt_token_ids).union(row.output_token_ids):
-                    entry(_check_token("prompt_token_ids", tok, vocab_size))[3] = True
-            for tok, (b, m, c, in_rep) in entries.items():
-                e_rows.append(i)
-                e_tokens.append(tok)
-                e_bias.append(b)
-                e_masked.append(m)
-                e_counts.append(float(c))
-                e_rep.append(in_rep)
+                repeated_rows.append(i)
 
-        keys1: list[int] = []
-        keys2: list[int] = []
+        outputs = [rows[i].output_token_ids for i in counted_rows]
+        repeated = ([rows[i].prompt_token_ids for i in repeated_rows]
+                    + [rows[i].output_token_ids for i in repeated_rows])
+        dev = torch.device(device)
+        edits = LogitEdits.from_parts(
+            vocab_size, dev,
+            bias=(np.array(bias_rows, dtype=np.int64), np.array(bias_tokens, dtype=np.int64),
+                  np.array(bias_values, dtype=np.float64)),
+            masked=(np.array(mask_rows, dtype=np.int64), np.array(mask_tokens, dtype=np.int64)),
+            counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
+            repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
+            repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+
         unseeded = [i for i, s in enumerate(seeds) if s is None]
         if unseeded:
             fresh = torch.randint(0, 2**62, (len(unseeded),), generator=generator).tolist()
             for i, s in zip(unseeded, fresh):
                 seeds[i] = s
-        for s, st in zip(seeds, steps):
-            a, b = row_keys(int(s), st)
-            keys1.append(a)
-            keys2.append(b)
-
-        dev = torch.device(device)
+        mask64 = (1 << 64) - 1
+        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeds], dtype=np.uint64),
+                                      np.array(steps, dtype=np.uint64))
 
         def t(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=dev)
 
-        edits = LogitEdits(
-            rows=t(e_rows, torch.int64), tokens=t(e_tokens, torch.int64),
-            bias=t(e_bias, torch.float32), masked=t(e_masked, torch.bool),
-            counts=t(e_counts, torch.float32), in_rep=t(e_rep, torch.bool),
-            repetition_penalty=t(rep, torch.float32), frequency_penalty=t(freq, torch.float32),
-            presence_penalty=t(pres, torch.float32))
+        sampled = [i for i in range(n) if not greedy[i]]
+        top_k_rows = [i for i in sampled if top_k[i] < vocab_size]
         return cls(
             num_rows=n, vocab_size=vocab_size, greedy=t(greedy, torch.bool),
             inv_temperature=t(inv_temp, torch.float32), top_k=t(top_k, torch.int64),
             top_p=t(top_p, torch.float32), min_p=t(min_p, torch.float32),
-            key1=t(keys1, torch.int64), key2=t(keys2, torch.int64), edits=edits,
-            num_logprobs=num_logprobs, all_greedy=all(greedy),
-            top_k_rows=[i for i in range(n) if not greedy[i] and top_k[i] < vocab_size],
-            max_top_k=max([top_k[i] for i in range(n) if not greedy[i] and top_k[i] < vocab_size],
-                          default=0),
-            top_p_rows=[i for i in range(n) if not greedy[i] and top_p[i] < 1.0],
-            min_p_rows=[i for i in range(n) if not greedy[i] and min_p[i] > 0.0])
+            key1=torch.from_numpy(keys1).to(dev), key2=torch.from_numpy(keys2).to(dev),
+            edits=edits, num_logprobs=num_logprobs, all_greedy=not sampled,
+            top_k_rows=top_k_rows, max_top_k=max((top_k[i] for i in top_k_rows), default=0),
+            top_p_rows=[i for i in sampled if top_p[i] < 1.0],
+            min_p_rows=[i for i in sampled if min_p[i] > 0.0])
+
+
+def _flatten(field: str, row_ids: list[int], token_lists: list[list[int]],
+             vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, tokens) int64 arrays: ``token_lists[j]`` belongs to row ``row_ids[j]``; token ids
+    are checked against the vocabulary (the error names ``field``)."""
+    lengths = [len(x) for x in token_lists]
+    total = sum(lengths)
+    tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64,
+                         count=total)
+    if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        bad = tokens[(tokens < 0) | (tokens >= vocab_size)][0]
+        raise ValueError(f"{field}: token id {int(bad)} is not in [0, {vocab_size})")
+    return np.repeat(np.array(row_ids, dtype=np.int64), lengths), tokens
 
 
 # ---------------------------------------------------------------------------------------------

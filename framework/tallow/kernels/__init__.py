@@ -16,7 +16,7 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .attention_ref import store_kv_ref
 from .kv_store import store_kv
-from .rms_norm import rms_norm, rms_norm_ref
+from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [

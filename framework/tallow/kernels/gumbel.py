@@ -20,6 +20,7 @@ the two must agree to the bit. That is why:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -44,28 +45,34 @@ F32_2POW_M24 = 5.960464477539063e-08
 _NOISE_CHUNK_ELEMS = 1 << 22
 
 
-def mix32_int(x: int) -> int:
-    """The 32-bit mixer on a Python int in [0, 2**32)."""
-    x &= MASK32
-    x ^= x >> 16
-    x = (x * MIX_MUL_1) & MASK32
-    x ^= x >> 15
-    x = (x * MIX_MUL_2) & MASK32
-    x ^= x >> 16
-    return x
+def _mix32_np(x: np.ndarray) -> np.ndarray:
+    """The 32-bit mixer on a uint64 array of values in [0, 2**32) (products stay < 2**64)."""
+    m = np.uint64(MASK32)
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(MIX_MUL_1)) & m
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(MIX_MUL_2)) & m
+    return x ^ (x >> np.uint64(16))
+
+
+def row_keys_array(seeds: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two 32-bit noise keys (as int64 arrays) of rows with ``seeds`` (uint64: the seed
+    modulo 2**64) at ``steps`` (the index of the token being sampled, taken modulo 2**32)."""
+    m = np.uint64(MASK32)
+    seeds = seeds.astype(np.uint64, copy=False)
+    a = _mix32_np((seeds & m) ^ np.uint64(ROW_SALT_1))
+    a = _mix32_np(a ^ (seeds >> np.uint64(32)))
+    a = _mix32_np(a ^ (steps.astype(np.uint64) & m))
+    b = _mix32_np(a ^ np.uint64(ROW_SALT_2))
+    return a.astype(np.int64), b.astype(np.int64)
 
 
 def row_keys(seed: int, step: int) -> tuple[int, int]:
-    """The two 32-bit keys of one row's noise at one step.
-
-    ``seed`` is any Python int (taken modulo 2**64); ``step`` is the index of the token being
-    sampled in its sequence (taken modulo 2**32).
-    """
-    seed &= (1 << 64) - 1
-    a = mix32_int((seed & MASK32) ^ ROW_SALT_1)
-    a = mix32_int(a ^ (seed >> 32))
-    a = mix32_int(a ^ (step & MASK32))
-    return a, mix32_int(a ^ ROW_SALT_2)
+    """The two 32-bit keys of one row's noise at one step (``row_keys_array`` for one row);
+    ``seed`` is any Python int, taken modulo 2**64."""
+    a, b = row_keys_array(np.array([seed & ((1 << 64) - 1)], dtype=np.uint64),
+                          np.array([step & MASK32], dtype=np.uint64))
+    return int(a[0]), int(b[0])
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, hidden, eps,
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
                     residual: torch.Tensor | None = None, gemma_style: bool = False
                     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of ``rms_norm.rms_norm_ref`` (same contract; arguments already checked)."""
+    """Triton version of ``norm.rms_norm_ref`` (same contract; arguments already checked)."""
     hidden = x.shape[-1]
     if hidden > MAX_HIDDEN:
         raise ValueError(f"x: last dim {hidden} exceeds the kernel's {MAX_HIDDEN}")
