@@ -9,7 +9,10 @@ of recent tokens twice — without and with the new tokens — and emits the dif
 - ``read_offset..end``: tokens not yet emitted.
 
 When the window's text ends in U+FFFD (an incomplete character) nothing is emitted and the offsets
-stay, so the bytes are decoded together once the character is complete. Both decodes of a window
+stay, so the bytes are decoded together once the character is complete. Byte-fallback models
+(``<0xNN>`` tokens) need more: their decoder turns a whole run of byte tokens into U+FFFD when
+any byte of the run is invalid, so text is held while the run may still grow (the last token is a
+byte token). Both decodes of a window
 start at the same token, so any first-token rule of the decoder applies equally to both and
 cancels out. The concatenated output therefore equals ``tokenizer.decode(output_ids)``.
 """
@@ -44,6 +47,9 @@ class IncrementalDetokenizer:
         self._prefix_text = ""
         self._pieces: list[str] = []
         self._text_cache: str | None = ""
+        self._byte_ids: frozenset[int] = frozenset(getattr(tokenizer, "byte_fallback_ids", ()))
+        is_special = getattr(tokenizer, "is_special", None)
+        self._skipped = is_special if (skip_special_tokens and is_special) else (lambda _: False)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
@@ -68,9 +74,20 @@ class IncrementalDetokenizer:
         """
         return self._advance(final=True)
 
+    def _in_byte_run(self) -> bool:
+        """True when the last token the decoder sees is a byte-fallback token."""
+        if not self._byte_ids:
+            return False
+        for tid in reversed(self.output_token_ids):
+            if not self._skipped(tid):
+                return tid in self._byte_ids
+        return False
+
     def _advance(self, final: bool) -> str:
         ids = self.output_token_ids
         if self._read_offset >= len(ids):
+            return ""
+        if not final and self._in_byte_run():
             return ""
         window = self._decode(ids[self._prefix_offset:])
         if not final and window.endswith(_REPLACEMENT):

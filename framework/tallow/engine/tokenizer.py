@@ -73,6 +73,7 @@ class Tokenizer:
             self._set_post_processor(bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token")))
         self._special_ids = self._collect_special_ids()
         self._is_bpe = type(tokenizer.model).__name__ == "BPE"
+        self._byte_fallback_ids: frozenset[int] | None = None
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -229,6 +230,21 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
+
+    @property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of the ``<0xNN>`` byte tokens of a byte-fallback (SentencePiece-style) model;
+        empty for other models. Their text depends on the bytes around them, which the
+        detokenizer needs to know."""
+        if self._byte_fallback_ids is None:
+            ids: set[int] = set()
+            if getattr(self._tok.model, "byte_fallback", False):
+                for b in range(256):
+                    tid = self._tok.token_to_id(f"<0x{b:02X}>")
+                    if tid is not None:
+                        ids.add(tid)
+            self._byte_fallback_ids = frozenset(ids)
+        return self._byte_fallback_ids
 
     # -- chat ----------------------------------------------------------------------------
     @property
