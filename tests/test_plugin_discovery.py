@@ -253,6 +253,11 @@ def test_names_that_match_nothing_installed_warn(eps: list[Any],
     text = caplog.text
     for name in ("tallow-nope", "tallow-nix", "tallow-nada", "tallow-zilch"):
         assert f"names {name}, which is not an installed tallow plugin" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tallow.plugin"):
+        load_plugins({"autoload": False, "settings": {"Tallow_Fixture_Good": {}}}, env={},
+                     entry_points=eps)
+    assert f"key 'Tallow_Fixture_Good' should be spelled '{GOOD}'" in caplog.text
 
 
 def test_configure_reaches_plugin_settings(eps: list[Any]) -> None:

@@ -450,6 +450,11 @@ def plan_plugins(candidates: list[Candidate], plugins_config: Any,
         for n in sorted(names - known):
             log.warning("%s names %s, which is not an installed tallow plugin (installed: %s)",
                         what, n, ", ".join(c.name for c in candidates) or "none")
+    for key in settings:
+        cand = by_name.get(canonical(key))
+        if cand is not None and key != cand.name:
+            log.warning("plugins.settings key %r should be spelled %r: plugins look their "
+                        "settings up by their distribution's name", key, cand.name)
     if CORE_DISTRIBUTION in disable:
         log.warning("plugins.disable names tallow: the core cannot be disabled")
 
