@@ -148,10 +148,8 @@ def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str
                      entry.distribution, entry.priority, model_name)
             return entry
     known = ", ".join(registry.names()) or "none is registered"
-    raise SelectionError(
-        f"no tool parser matches model {model_name!r} and its chat template (registered: "
-        f"{known}); name one with server.tool_parser"
-    )
+    raise SelectionError(f"no tool parser matches model {model_name!r} and its chat template "
+                         f"(registered: {known}); name one with server.tool_parser")
 
 
 def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
@@ -169,9 +167,8 @@ def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
             call = calls.get(part.index)
             if call is None:
                 if not part.name:
-                    raise ValueError(
-                        f"tool_calls[{part.index}]: the first delta of a call must carry its name"
-                    )
+                    raise ValueError(f"tool_calls[{part.index}]: the first delta of a call must "
+                                     "carry its name")
                 calls[part.index] = ToolCall(part.name, part.arguments, part.id or new_call_id())
             else:
                 call.arguments += part.arguments
@@ -221,18 +218,16 @@ def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> d
         if params is None:
             params = {"type": "object"}
         if not isinstance(params, dict):
-            raise ValueError(
-                f"{where}.parameters: expected a JSON Schema object, got {_json_type(params)}"
-            )
+            raise ValueError(f"{where}.parameters: expected a JSON Schema object, got "
+                             f"{_json_type(params)}")
         if check:
             from jsonschema import Draft202012Validator, SchemaError, validators
 
             try:
                 validators.validator_for(params, default=Draft202012Validator).check_schema(params)
             except SchemaError as exc:
-                raise ValueError(
-                    f"{where}.parameters: not a valid JSON Schema: {exc.message}"
-                ) from None
+                raise ValueError(f"{where}.parameters: not a valid JSON Schema: {exc.message}"
+                                 ) from None
         out[name] = params
     return out
 
