@@ -229,7 +229,8 @@ def _layer_types_window(config: ArchConfig, layer: int) -> int | None:
         return window if types[layer] == "sliding_attention" else None
     if not config.get("use_sliding_window", False) or window is None:
         return None
-    return window if layer >= int(config.get("max_window_layers", 0)) else None
+    # 28 is transformers' default for Qwen2 and Qwen3 configs that do not say
+    return window if layer >= int(config.get("max_window_layers", 28)) else None
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -54,7 +54,12 @@ K. ``qwen2`` and ``qwen3`` files keep the Hugging Face layout.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tallow.layers import WeightNameMap, WeightRule
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 _L = "model.layers.{i}"
 _B = "blk.{i}"
@@ -109,7 +114,7 @@ def gguf_name_map(interleaved_qk: bool) -> WeightNameMap:
     ])
 
 
-def unpermute_rows(w, n_head: int):
+def unpermute_rows(w: "torch.Tensor", n_head: int) -> "torch.Tensor":
     """Undo llama.cpp's Q/K row interleaving of a ``[n_head * D, ...]`` tensor (see above)."""
     rows = w.shape[0]
     if rows % (2 * n_head):
