@@ -15,18 +15,14 @@ from transformers.generation.logits_process import (
 from tallow.engine.sampler import (
     RowParams, Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p,
 )
+from tallow.engine.sampling_params import SamplingParams
 from tallow.kernels.gumbel import gumbel_noise_ref, log_f32, row_keys
 from tallow.kernels.sampling import apply_logit_edits_ref
 
-try:
-    from tallow.engine.sampling_params import SamplingParams as _RealParams
-except ImportError:  # the params module is written alongside; the sampler only reads attributes
-    _RealParams = None
-
-
 @dataclass
 class _Params:
-    """The SamplingParams attributes the sampler reads, with vLLM's defaults."""
+    """The SamplingParams attributes the sampler reads, unvalidated: lets a test hand the sampler
+    values that SamplingParams itself would refuse, to check the sampler's own guards."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,10 +43,8 @@ class _Params:
         return self.temperature < 1e-5
 
 
-def params(**kw):
-    if _RealParams is not None:
-        return _RealParams(**kw)
-    return _Params(**kw)
+def params(**kw) -> SamplingParams:
+    return SamplingParams(**kw)
 
 
 def row(p=None, out=(), prompt=(), step=None) -> RowParams:
