@@ -133,7 +133,8 @@ def build_hf(config: Any, path: Path, seed: int = 0) -> Any:
     return model
 
 
-def load_tallow(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_tallow(path: Path, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> tuple[Any, Any]:
     """(model, checkpoint) of the directory through the safetensors format and the registered
     architecture class."""
     from tallow.layers import ArchConfig
@@ -145,7 +146,7 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, An
     assert fmt.claims(str(path))
     ckpt = fmt.load(str(path))
     cls = getattr(llama_models, ckpt.architecture)
-    model = cls(ArchConfig(ckpt.config), BuildContext(dtype=dtype))
+    model = cls(ArchConfig(ckpt.config), BuildContext(dtype=dtype, device=torch.device(device)))
     model.load_weights(ckpt.tensors(), naming=ckpt.naming)
     model.eval()
     return model, ckpt

@@ -135,3 +135,24 @@ def test_bfloat16_build_tracks_float32(tmp_path, kit):
     l16 = kit.PagedRunner(m16).greedy(0, PROMPT, 0)[2]
     assert l16.dtype == torch.float32  # compute_logits always hands back float32
     kit.assert_close_logits(l16, l32, "bfloat16 vs float32", rel=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama3", "llama-dynamic", "mistral-window", "qwen3"])
+def test_greedy_parity_on_cuda(name, tmp_path, kit):
+    """Built and run on the GPU (every buffer on the device), against transformers on the CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = kit.build_hf(CONFIGS[name](), tmp_path, seed=zlib.crc32(name.encode()) % 1000)
+    model, _ = kit.load_tallow(tmp_path, device="cuda")
+    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
+    ref_tokens, ref_logits, ref_prompt = _hf_generate(hf, PROMPT)
+    tokens, logits, prompt_logits = kit.PagedRunner(model).greedy(0, PROMPT, STEPS)
+    kit.assert_close_logits(prompt_logits.cpu(), ref_prompt, f"{name}: prompt logits")
+    for i, (ours, ref) in enumerate(zip(logits, ref_logits)):
+        kit.assert_close_logits(ours.cpu(), ref, f"{name}: logits of step {i}")
+    assert tokens == ref_tokens
+    # bfloat16 on the GPU stays near the float32 reference
+    m16, _ = kit.load_tallow(tmp_path, dtype=torch.bfloat16, device="cuda")
+    l16 = kit.PagedRunner(m16).greedy(0, PROMPT, 0)[2]
+    kit.assert_close_logits(l16.cpu(), ref_prompt, f"{name}: bfloat16 prompt logits", rel=5e-2)
