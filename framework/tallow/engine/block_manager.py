@@ -170,6 +170,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        if full <= seq.num_registered_blocks:
+            return
         for i in range(seq.num_registered_blocks, full):
             h = self._block_hash(seq, i)
             block = seq.block_ids[i]
@@ -213,10 +215,17 @@ class BlockManager:
         For a sequence about to be admitted, pass the ``prefix_hits`` it will attach: they are
         counted as covering its first tokens, and evictable ones stop being free.
         """
-        if prefix_hits and (seq.block_ids or seq.num_computed_tokens):
+        free = len(self._free) + len(self._evictable)
+        if not prefix_hits:
+            # At most the blocks spanning the new tokens are needed (new or copied): this
+            # bound settles almost every call without looking at the table.
+            if free >= num_new_tokens // self.block_size + 2:
+                return True
+        elif seq.block_ids or seq.num_computed_tokens:
             raise ValueError("can_allocate: prefix_hits only apply to a sequence holding no "
                              "blocks")
-        free = self.num_free_blocks - sum(1 for b in prefix_hits if self._ref[b] == 0)
+        else:
+            free -= sum(1 for b in prefix_hits if self._ref[b] == 0)
         return self._blocks_needed(seq, num_new_tokens, prefix_hits) <= free
 
     def _take(self) -> int:
@@ -243,12 +252,16 @@ class BlockManager:
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        table = seq.block_ids
+        bs = self.block_size
+        end = seq.num_computed_tokens + num_new_tokens
+        if end <= len(table) * bs and self._ref[table[seq.num_computed_tokens // bs]] == 1 and (
+                end - 1) // bs == seq.num_computed_tokens // bs:
+            return []  # the common decode: one private block already has room
         need = self._blocks_needed(seq, num_new_tokens)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(f"sequence {seq.seq_id} needs {need} KV blocks, "
                                     f"{self.num_free_blocks} are free")
-        table = seq.block_ids
-        end = seq.num_computed_tokens + num_new_tokens
         last = self.blocks_for(end)
         copies: list[tuple[int, int]] = []
         for i in range(seq.num_computed_tokens // self.block_size, min(len(table), last)):

@@ -242,7 +242,7 @@ class Scheduler:
 
     def _slots(self, seq: Sequence) -> int:
         """Running slots ``seq`` stands for: an unforked first sequence reserves its siblings."""
-        if seq.index == 0:
+        if seq.index == 0 and seq.params.n > 1:
             request = self.requests.get(seq.request_id)
             if request is not None and not request.forked:
                 return len(request.seqs)
@@ -264,9 +264,10 @@ class Scheduler:
         sample: list[Sequence] = []
         if start + num_tokens == seq.num_tokens:
             sample.append(seq)
-            request = self.requests.get(seq.request_id)
-            if seq.index == 0 and request is not None and not request.forked:
-                sample.extend(c for c in request.seqs[1:] if not c.status.is_finished)
+            if seq.index == 0 and seq.params.n > 1:
+                request = self.requests.get(seq.request_id)
+                if request is not None and not request.forked:
+                    sample.extend(c for c in request.seqs[1:] if not c.status.is_finished)
         prompt_logprobs = (seq.params.prompt_logprobs is not None and not seq.prompt_computed
                            and start >= seq.num_prompt_logprob_rows)
         return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs)
@@ -338,9 +339,10 @@ class Scheduler:
                 seq.prompt_computed = True
             if not item.sample_seqs:
                 continue
-            request = self.requests.get(seq.request_id)
-            if request is not None and seq.index == 0 and not request.forked:
-                self._fork_children(request)
+            if seq.index == 0 and seq.params.n > 1:
+                request = self.requests.get(seq.request_id)
+                if request is not None and not request.forked:
+                    self._fork_children(request)
             for target in item.sample_seqs:
                 if target.status is SequenceStatus.RUNNING:
                     target.append_token(int(sampled[target.seq_id]))
@@ -379,7 +381,9 @@ class _Step:
     def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int) -> None:
         item = self.s._item(seq, num_tokens)
         item.is_decode = bucket is self.decodes
-        self.copies[seq.seq_id] = self.s.block_manager.append_slots(seq, num_tokens)
+        copies = self.s.block_manager.append_slots(seq, num_tokens)
+        if copies:
+            self.copies[seq.seq_id] = copies
         bucket.append(item)
         self.items[seq.seq_id] = (bucket, item)
         self.budget -= num_tokens
@@ -413,13 +417,16 @@ class _Step:
                                    self.budget - pending_decodes)
             if num_new <= 0:
                 continue
-            s._check_fits_alone(seq)
-            while not bm.can_allocate(seq, num_new) and queue:
+            fits = bm.can_allocate(seq, num_new)
+            if not fits:
+                s._check_fits_alone(seq)
+            while not fits and queue:
                 victim = queue.pop()  # the lowest-ranked sequence not yet placed
                 if victim.num_uncomputed_tokens == 1:
                     pending_decodes -= 1
                 self._preempt(victim)
-            if not bm.can_allocate(seq, num_new):
+                fits = bm.can_allocate(seq, num_new)
+            if not fits:
                 self._preempt(seq)
                 continue
             self._add(self.decodes if decode else self.prefills, seq, num_new)
@@ -458,7 +465,8 @@ class _Step:
 
     def output(self) -> SchedulerOutput:
         scheduled = self.decodes + self.prefills + self.admitted
-        copies = [pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
+        copies = ([pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
+                  if self.copies else [])
         return SchedulerOutput(scheduled=scheduled, blocks_to_copy=copies,
                                preempted=self.preempted,
                                num_batched_tokens=sum(i.num_tokens for i in scheduled))
