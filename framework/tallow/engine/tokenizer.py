@@ -49,10 +49,10 @@ def _clean_up_spaces(text: str) -> str:
 class Tokenizer:
     """Text ↔ token ids, and chat templates, for one model.
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer``. When the config states ``add_bos_token`` or
-    ``add_eos_token`` (or the tokenizer has no post-processor), its post-processor is set from
-    those flags, as transformers does; otherwise the tokenizer's own post-processor decides what
-    ``encode(add_special_tokens=True)`` adds. The given tokenizer object is modified in that case.
+    ``tokenizer`` is a ``tokenizers.Tokenizer``. Its post-processor decides what
+    ``encode(add_special_tokens=True)`` adds, as with transformers loading a ``tokenizer.json``;
+    a tokenizer without one gets a post-processor built from the config's ``add_bos_token`` /
+    ``add_eos_token`` (the given tokenizer object is modified then).
     """
 
     def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,
@@ -69,7 +69,7 @@ class Tokenizer:
             if content is not None:
                 self.special_tokens[name] = content
         cfg = self.tokenizer_config
-        if "add_bos_token" in cfg or "add_eos_token" in cfg or tokenizer.post_processor is None:
+        if tokenizer.post_processor is None:
             self._set_post_processor(bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token")))
         self._special_ids = self._collect_special_ids()
         self._is_bpe = type(tokenizer.model).__name__ == "BPE"
