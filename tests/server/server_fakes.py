@@ -3,9 +3,10 @@
 It uses tallow's real ``Tokenizer`` (over a byte-level BPE of 256 byte tokens plus the Qwen chat
 markers, with the real Qwen2.5 chat template), the real ``SamplingParams`` and output classes,
 and scripted model text instead of a network: ``script(prompt_text, params, index) -> str``.
-Each step appends one token to every unfinished completion. KV blocks, admission, the waiting
-queue and aborts are accounted like the real engine does, so tests can see that a client which
-disconnects frees its blocks.
+Each step appends one token to every unfinished completion; the end of the script is the EOS
+token (in ``token_ids``, not in the text, ``stop_reason`` None), as the real engine ends. KV
+blocks, admission, the waiting queue and aborts are accounted like the real engine does, so
+tests can see that a client which disconnects frees its blocks.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ QWEN_TEMPLATE = (
     "\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n"
     "    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object "
     "with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    "{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>"
-    "\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
+    "{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call>"
+    "<|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
     "'<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
     "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
     "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}"
@@ -105,6 +106,7 @@ class FakeEngine:
         self.script = script
         self.model_name = model_name
         self.tokenizer = byte_tokenizer()
+        (self.eos_token_id,) = self.tokenizer.eos_token_ids
         self.max_model_len = max_model_len
         # prompts longer than this are refused at the engine's door (KV cache too small, say)
         self.admit_limit = admit_limit if admit_limit is not None else max_model_len
@@ -203,14 +205,16 @@ class FakeEngine:
                     if out.finish_reason is not None:
                         continue
                     pos = len(out.token_ids)
-                    if pos >= len(targets[i]):
-                        out.finish_reason = "stop"  # end of the script: EOS
-                        continue
-                    token = targets[i][pos]
+                    eos = pos >= len(targets[i])
+                    # the end of the script is the EOS token, which ends with no text
+                    token = self.eos_token_id if eos else targets[i][pos]
                     out.token_ids.append(token)
                     self.generation_tokens_total += 1
                     if out.logprobs is not None:
                         out.logprobs.append(self._logprobs(token, params.logprobs))
+                    if eos and not params.ignore_eos:
+                        out.finish_reason = "stop"  # stop_reason None: EOS, as the engine says
+                        continue
                     text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
                     text = text.rstrip("\ufffd")
                     for stop in params.stop:

@@ -89,3 +89,67 @@ def chunks_of(resp: Any) -> list[dict[str, Any]]:
     events = sse_events(resp.text)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     return [json.loads(e) for e in events[:-1]]
+
+
+class ServeProcess:
+    """``tallow serve`` in a subprocess on a free local port, stopped with SIGTERM at exit.
+
+    ``start()`` waits until ``/health`` answers 200 (the model is loaded and the socket open),
+    failing with the server's log if it dies or takes longer than ``timeout`` seconds.
+    """
+
+    def __init__(self, args: list[str], *, timeout: float = 400.0, host_port: bool = False,
+                 env: dict[str, str] | None = None) -> None:
+        import os
+        import tempfile
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        where = (["--host", f"127.0.0.1:{self.port}"] if host_port
+                 else ["--host", "127.0.0.1", "--port", str(self.port)])
+        self.args = [*args, *where]
+        self.timeout = timeout
+        self.env = {**os.environ, **(env or {})}
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="tallow-serve-", suffix=".log")
+        self.proc: Any = None
+
+    def start(self) -> "ServeProcess":
+        import subprocess
+        import sys
+
+        import httpx2
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "tallow", "serve", *self.args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tallow serve exited with {self.proc.returncode}:\n"
+                                   + self.log_text()[-4000:])
+            try:
+                if httpx2.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx2.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"tallow serve was not ready in {self.timeout:.0f} s:\n"
+                                   + self.log_text()[-4000:])
+            time.sleep(0.5)
+
+    def log_text(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self) -> int | None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)

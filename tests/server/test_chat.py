@@ -183,3 +183,20 @@ def test_no_chat_template_is_400(serve) -> None:
     assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "chat_template_error"
     assert "no chat template" in resp.json()["error"]["message"]
+
+
+def test_the_ending_eos_token_is_counted_but_has_no_logprob(serve) -> None:
+    client = serve(FakeEngine(lambda prompt, params, i: "Hi!"))
+    body = client.post("/v1/chat/completions", json={
+        "messages": MSG, "logprobs": True, "top_logprobs": 1}).json()
+    (choice,) = body["choices"]
+    assert choice["message"]["content"] == "Hi!" and choice["finish_reason"] == "stop"
+    assert [e["token"] for e in choice["logprobs"]["content"]] == ["H", "i", "!"]
+    assert body["usage"]["completion_tokens"] == 4  # the EOS token was generated
+    chunks = chunks_of(client.post("/v1/chat/completions", json={
+        "messages": MSG, "logprobs": True, "stream": True}))
+    tokens = [e["token"] for c in chunks if c["choices"][0]["logprobs"]
+              for e in c["choices"][0]["logprobs"]["content"]]
+    assert tokens == ["H", "i", "!"]
+    text = client.post("/v1/completions", json={"prompt": "x", "logprobs": 0}).json()
+    assert text["choices"][0]["logprobs"]["tokens"] == ["H", "i", "!"]

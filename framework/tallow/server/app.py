@@ -41,7 +41,8 @@ PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 Handler = Callable[[ServerState, Request, dict[str, Any]], Awaitable[Response]]
 
 
-def _json_endpoint(state: ServerState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def _json_endpoint(state: ServerState, handler: Handler
+                   ) -> Callable[[Request], Awaitable[Response]]:
     """A POST endpoint that reads a JSON body and answers every failure OpenAI-style."""
 
     async def endpoint(request: Request) -> Response:

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .errors import APIError, from_exception
-from .logprobs import chat_logprobs
+from .logprobs import chat_logprobs, reported_tokens
 from .messages import normalize_messages
 from .protocol import (
     ChatCompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
@@ -137,8 +137,10 @@ class ChatCompletion:
                     for c in final.tool_calls]
             logprobs = None
             if self.top is not None and o.logprobs is not None:
-                logprobs = {"content": chat_logprobs(o.logprobs, o.token_ids, self.top,
-                                                     self.state.token_text),
+                shown = reported_tokens(o, self.state.eos_token_ids,
+                                        bool(self.req.include_stop_str_in_output))
+                logprobs = {"content": chat_logprobs(o.logprobs[:shown], o.token_ids[:shown],
+                                                     self.top, self.state.token_text),
                             "refusal": None}
             result.append({"index": o.index, "message": message, "logprobs": logprobs,
                            "finish_reason": self._finish_reason(o, final, tools.complete)})
@@ -202,11 +204,14 @@ class ChatCompletion:
         c.text_len = len(o.text)
         delta = c.tools.feed(new_text) if new_text else None
         logprobs = None
-        if self.top is not None and o.logprobs is not None and len(o.token_ids) > c.tokens:
-            logprobs = {"content": chat_logprobs(o.logprobs[c.tokens:], o.token_ids[c.tokens:],
+        shown = reported_tokens(o, self.state.eos_token_ids,
+                                        bool(self.req.include_stop_str_in_output))
+        if self.top is not None and o.logprobs is not None and shown > c.tokens:
+            logprobs = {"content": chat_logprobs(o.logprobs[c.tokens:shown],
+                                                 o.token_ids[c.tokens:shown],
                                                  self.top, self.state.token_text),
                         "refusal": None}
-        c.tokens = len(o.token_ids)
+        c.tokens = max(c.tokens, shown)
         pieces = [delta] if delta else []
         ending = o.finished or force
         if ending:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from typing import Any
@@ -109,7 +110,28 @@ def serve(config: Any, bind: Any) -> int:
             url = bind.url()
         log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
         print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
-        uvicorn.Server(uv_config).run(sockets=[sock])
+        _run_until_signalled(uvicorn.Server(uv_config), sock)
         return 0
     finally:
         pm.shutdown()
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM arrived and the server has shut down gracefully."""
+
+
+def _run_until_signalled(server: Any, sock: Any) -> None:
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal; catching
+    # it here lets the process run its plugins' shutdown hooks and exit with status 0.
+    def stopped(signum: int, frame: Any) -> None:
+        raise _Stopped(signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, stopped) for sig in signals}
+    try:
+        server.run(sockets=[sock])
+    except _Stopped:
+        log.info("stopped by a signal")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from .errors import APIError, from_exception, invalid
 from .generation import aclose_quietly, run_generation, unless_disconnected
-from .logprobs import completion_logprobs, merge_completion_logprobs
+from .logprobs import completion_logprobs, merge_completion_logprobs, reported_tokens
 from .protocol import (
     CompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
 )
@@ -204,8 +204,10 @@ class TextCompletion:
                 logprobs = None
                 if self.top is not None:
                     offset = len(self.prompts[p].text) if self.echo else 0
+                    shown = 0 if self.score_only else reported_tokens(
+                        o, self.state.eos_token_ids, bool(self.req.include_stop_str_in_output))
                     gen_lp = completion_logprobs(
-                        [] if self.score_only else (o.logprobs or []), o.token_ids, self.top,
+                        (o.logprobs or [])[:shown], o.token_ids[:shown], self.top,
                         self.state.token_text, offset)
                     logprobs = merge_completion_logprobs(prompt_lp, gen_lp)
                 choices.append({"index": p * self.n + o.index,
@@ -276,14 +278,16 @@ class TextCompletion:
                 offsets[index] = len(prefix)
         new_text = "" if self.score_only else o.text[sent_text[index]:]
         sent_text[index] = len(o.text)
+        shown = reported_tokens(o, self.state.eos_token_ids,
+                                        bool(self.req.include_stop_str_in_output))
         if self.top is not None and not self.score_only and o.logprobs is not None \
-                and len(o.token_ids) > sent_tokens[index]:
-            piece = completion_logprobs(o.logprobs[sent_tokens[index]:],
-                                        o.token_ids[sent_tokens[index]:], self.top,
+                and shown > sent_tokens[index]:
+            piece = completion_logprobs(o.logprobs[sent_tokens[index]:shown],
+                                        o.token_ids[sent_tokens[index]:shown], self.top,
                                         self.state.token_text, offsets[index])
             offsets[index] += sum(len(t) for t in piece["tokens"])
             logprobs = merge_completion_logprobs(logprobs, piece)
-        sent_tokens[index] = len(o.token_ids)
+        sent_tokens[index] = max(sent_tokens[index], shown)
         if prefix or new_text or logprobs is not None:
             chunks.append(self._chunk([{"index": index, "text": prefix + new_text,
                                         "logprobs": logprobs, "finish_reason": None}], usage))

@@ -15,6 +15,22 @@ from typing import Any, Callable
 TokenText = Callable[[int], str]
 
 
+def reported_tokens(output: Any, eos_token_ids: Any = (), include_stop: bool = False) -> int:
+    """How many of ``output``'s tokens have logprobs reported.
+
+    A token that ended the completion as a stop token (EOS, with ``stop_reason`` None, or one of
+    ``stop_token_ids``, with ``stop_reason`` its id) is not part of the answer's text, so, as
+    with OpenAI, it is not reported — unless stop strings were asked to stay in the output.
+    """
+    count = len(output.token_ids)
+    if not count or include_stop or output.finish_reason != "stop":
+        return count
+    last = output.token_ids[-1]
+    if output.stop_reason == last or (output.stop_reason is None and last in eos_token_ids):
+        count -= 1
+    return count
+
+
 def _ranked(position: dict[int, Any], k: int) -> list[tuple[int, Any]]:
     items = list(position.items())
     items.sort(key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30,

@@ -57,6 +57,10 @@ class ServerState:
     def max_model_len(self) -> int:
         return int(self.engine.max_model_len)
 
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(getattr(self.tokenizer, "eos_token_ids", ()) or ())
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
