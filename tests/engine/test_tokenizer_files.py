@@ -110,6 +110,20 @@ def test_chat_template_lookup(tmp_path):
         bare.apply_chat_template(msgs)
 
 
+def test_named_templates_in_gguf_style_config_and_pickling(tmp_path):
+    import pickle
+
+    tok = Tokenizer(_backend(False), {"eos_token": "</s>", "chat_template": "D",
+                                      "named_chat_templates": {"tool_use": "T"}})
+    msgs = [{"role": "user", "content": "x"}]
+    assert tok.chat_template == "D"
+    assert tok.apply_chat_template(msgs) == "D"
+    assert tok.apply_chat_template(msgs, tools=[{"type": "function"}]) == "T"
+    again = pickle.loads(pickle.dumps(tok))  # tokenizers may live in another process
+    assert again.encode("Hello world") == tok.encode("Hello world")
+    assert again.apply_chat_template(msgs) == "D"
+
+
 def test_chat_template_jinja_file(tmp_path):
     root = _write(tmp_path / "t", False, {"bos_token": "<s>"})
     (root / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0].content }}")

@@ -261,11 +261,16 @@ class Tokenizer:
         return template
 
     def _named_template(self, name: str) -> str | None:
+        """A named template: from the HF list form of ``chat_template``, or from
+        ``named_chat_templates`` (``{name: template}``, as GGUF files store extra ones)."""
         template = self.tokenizer_config.get("chat_template")
         if isinstance(template, list):
             for t in template:
                 if isinstance(t, dict) and t.get("name") == name:
                     return t.get("template")
+        named = self.tokenizer_config.get("named_chat_templates")
+        if isinstance(named, Mapping) and isinstance(named.get(name), str):
+            return named[name]
         return None
 
     def apply_chat_template(self, messages: Sequence[Any], *,

@@ -282,6 +282,12 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
     template = metadata.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         tokenizer_config["chat_template"] = template
+    # Extra templates are stored as tokenizer.chat_template.<name> (e.g. "tool_use").
+    prefix = "tokenizer.chat_template."
+    named = {key[len(prefix):]: value for key, value in metadata.items()
+             if key.startswith(prefix) and isinstance(value, str) and value}
+    if named:
+        tokenizer_config["named_chat_templates"] = named
 
     stop_ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):

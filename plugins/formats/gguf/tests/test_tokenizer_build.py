@@ -111,6 +111,15 @@ def test_control_and_user_tokens(tmp_path):
         by_text[t][0] for t in ("<|endoftext|>", "<|im_end|>"))
 
 
+def test_chat_templates_from_metadata(tmp_path):
+    meta = _metadata(tmp_path)
+    meta["tokenizer.chat_template"] = "{{ messages[0].content }}"
+    meta["tokenizer.chat_template.tool_use"] = "{{ tools | length }}"
+    _, config, _ = build_tokenizer(meta)
+    assert config["chat_template"] == "{{ messages[0].content }}"
+    assert config["named_chat_templates"] == {"tool_use": "{{ tools | length }}"}
+
+
 def _metadata(tmp_path):
     from tallow_gguf.reader import open_gguf
 
