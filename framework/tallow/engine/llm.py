@@ -29,7 +29,7 @@ _FLAT_KEYS = {
 
 
 def config_from_kwargs(**kwargs: Any) -> Any:
-    from tallow.config import TallowConfig
+    from tallow.config import config_from_mapping
 
     nested: dict[str, dict[str, Any]] = {}
     for key, value in kwargs.items():
@@ -38,7 +38,7 @@ def config_from_kwargs(**kwargs: Any) -> Any:
                             f"(known: {', '.join(sorted(_FLAT_KEYS))})")
         section, name = _FLAT_KEYS[key]
         nested.setdefault(section, {})[name] = value
-    return TallowConfig.model_validate(nested)
+    return config_from_mapping(nested, origin="LLM() arguments")
 
 
 class LLM:

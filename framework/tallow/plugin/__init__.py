@@ -17,15 +17,18 @@ from .registry import (
 )
 from .selection import SelectionError, select
 from .tool_parsing import (
-    ParseResult, StreamDelta, StreamingToolParser, ToolCall, ToolCallDelta, ToolParser,
-    new_call_id,
+    CallRegion, Decision, FoundCall, MarkupToolParser, ParseResult, StreamDelta,
+    StreamingToolParser, ToolCall, ToolCallDelta, ToolParser, assemble, choose_tool_parser,
+    new_call_id, tool_schemas, validate_tool_call,
 )
 
 __all__ = [
     "hookimpl", "hookspec",
     "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
     "AttentionBackend", "ToolProvider", "ToolParser", "StreamingToolParser", "ToolCall",
-    "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id",
+    "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
+    "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
+    "Decision", "FoundCall",
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
