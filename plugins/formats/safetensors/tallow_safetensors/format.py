@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from tallow.plugin import Checkpoint, WeightFormat
@@ -16,8 +17,9 @@ class SafetensorsFormat(WeightFormat):
 
     @classmethod
     def claims(cls, source: str) -> bool:
-        return is_model_directory(source)
+        return isinstance(source, str) and is_model_directory(os.path.expanduser(source))
 
     def load(self, source: str, *, revision: str | None = None) -> Checkpoint:
-        """Read ``source``; ``revision`` has no meaning for a local directory and is ignored."""
-        return load_directory(source)
+        """Read ``source`` (``~`` expanded); ``revision`` has no meaning for a local directory
+        and is ignored."""
+        return load_directory(os.path.expanduser(source), source=source)
