@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
+# Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR [quick|full]
+# Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
+set -uo pipefail
+OUT=${1:-/tmp/tallow-gpu}
+MODE=${2:-quick}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+pip_args=(-q --no-deps --no-build-isolation -e .)
+for d in plugins/*/*/; do pip_args+=(-e "$d"); done
+python3 -m pip install "${pip_args[@]}" >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+
+bench() {  # name, timeout, args...
+  local name=$1 limit=$2; shift 2
+  echo "== bench $name: tallow bench $*"
+  timeout "$limit" tallow bench "$@" --output "$OUT/$name.json" 2>"$OUT/$name.err" | tail -25
+  [ -s "$OUT/$name.json" ] || { echo "!! $name failed"; tail -15 "$OUT/$name.err"; }
+}
+
+if [ "$MODE" != "bench" ]; then
+  echo "== GPU tests"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 -p no:randomly tests/gpu tests/kernels plugins/attention plugins/models 2>&1 | tail -40 | tee "$OUT/tests.log"
+fi
+if [ "$MODE" != "tests" ]; then
+  bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+  bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+  if [ "$MODE" = "full" ]; then
+    bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
+    bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
+    bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512
+  fi
+fi
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print("\n== summary")
+for f in sorted(out.glob("*.json")):
+    r = json.loads(f.read_text())
+    keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
+            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s"]
+    vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
+    print(f"{f.stem:28s} {vals}")
+PY
