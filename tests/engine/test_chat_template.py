@@ -125,7 +125,8 @@ def test_sandbox_refuses_escapes(template):
 
 
 def test_raise_exception_message_reaches_the_caller():
-    template = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+    template = ("{% if messages[0].role != 'user' %}"
+                "{{ raise_exception('Conversation must start with user') }}{% endif %}ok")
     assert render_chat_template(template, [{"role": "user", "content": ""}]) == "ok"
     with pytest.raises(ChatTemplateError, match="Conversation must start with user"):
         render_chat_template(template, [{"role": "assistant", "content": ""}])

@@ -202,7 +202,8 @@ class Tokenizer:
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str],
+                     add_special_tokens: bool = True) -> list[list[int]]:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"encode_batch: texts[{i}] is {type(text).__name__}, not str")
@@ -305,7 +306,8 @@ class Tokenizer:
         )
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.special_tokens.get('bos_token')!r}, "
+        return (f"Tokenizer(vocab_size={self.vocab_size}, "
+                f"bos={self.special_tokens.get('bos_token')!r}, "
                 f"eos={self.special_tokens.get('eos_token')!r})")
 
 

@@ -60,7 +60,8 @@ def shard_paths(path: str | pathlib.Path) -> list[pathlib.Path]:
         return [path]
     count = int(match["count"])
     if count < 1 or int(match["index"]) < 1 or int(match["index"]) > count:
-        raise GGUFFormatError(f"{path}: shard number {match['index']} of {match['count']} is invalid")
+        raise GGUFFormatError(
+            f"{path}: shard number {match['index']} of {match['count']} is invalid")
     width = len(match["index"])
     paths = [
         path.with_name(f"{match['stem']}-{i:0{width}d}-of-{match['count']}.gguf")
@@ -108,7 +109,8 @@ def open_gguf(path: str | pathlib.Path) -> GGUFModelFile:
         try:
             readers.append(GGUFReader(p))
         except (OSError, ValueError) as exc:
-            raise GGUFFormatError(f"{p}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+            raise GGUFFormatError(
+                f"{p}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     metadata = read_metadata(readers[0])
     if len(paths) > 1:
         _check_split(paths, readers, metadata)

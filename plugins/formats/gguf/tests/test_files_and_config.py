@@ -158,7 +158,8 @@ def test_entry_point_and_registration_import_nothing_heavy():
 
     (ep,) = [e for e in entry_points(group="tallow") if e.name == "tallow-gguf"]
     assert ep.value == "tallow_gguf.plugin"
-    code = ("import sys; from tallow.plugin import WeightFormatRegistry; import tallow_gguf.plugin as p;"
+    code = ("import sys; from tallow.plugin import WeightFormatRegistry;"
+            "import tallow_gguf.plugin as p;"
             "r = WeightFormatRegistry(); p.tallow_register_weight_formats(r);"
             "e = r.entry('gguf'); assert e.lazy and e.target == 'tallow_gguf.format:GGUFFormat', e;"
             "heavy = [m for m in ('torch', 'gguf', 'numpy', 'tokenizers') if m in sys.modules];"
