@@ -6,6 +6,8 @@ random (non-contiguous) block tables:
 - decode at batch 1/64/256 and contexts 512/4096/32768: the split-K kernel alone (eager and
   replayed from a CUDA graph) and the whole backend step (store + attention, eager); achieved
   GB/s of K/V read;
+- decode as a model runs it: one CUDA graph replaying store + attention over 32 layers (each
+  with its own cache, so nothing stays in L2 between layers), time per layer;
 - prefill of 4096 tokens (and a 4096-token chunk after 4096 cached tokens): TFLOP/s.
 
 Each row also prints the torch reference's time and the largest difference between the two
@@ -135,6 +137,33 @@ def decode_row(batch: int, context: int, with_reference: bool) -> Row:
                flops / t / 1e6, err, splits)
 
 
+def layers_row(batch: int, context: int, layers: int = 32) -> Row:
+    """Per-layer time of decode steps captured for ``layers`` layers in one CUDA graph, the way
+    the model runner replays a decode step (store + attention per layer)."""
+    from tallow_attention_triton.backend import TritonAttentionBackend
+
+    layer, q, k, v, cache, meta = paged_batch([1] * batch, [context] * batch)
+    caches = [cache] + [torch.empty_like(cache).normal_() for _ in range(layers - 1)]
+    be = TritonAttentionBackend()
+    outs = []
+
+    def step() -> None:
+        outs.clear()
+        for c in caches:
+            outs.append(be.forward(layer, q, k, v, c, meta))
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    t = bench(graph.replay) / layers
+    kv_bytes = 2 * batch * (context + 1) * HKV * D * cache.element_size()
+    flops = 4 * batch * HQ * D * (context + 1)
+    return Row(f"graph/layer b={batch} ctx={context}", t, t, t, None, kv_bytes / t / 1e3,
+               flops / t / 1e6, None)
+
+
 def prefill_row(tokens: int, context: int, with_reference: bool) -> Row:
     from tallow_attention_triton import ops
 
@@ -196,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in contexts:
             show(decode_row(b, c, ref))
             torch.cuda.empty_cache()
+    for b, c in ((1, 768), (1, 4096), (1, 32768), (64, 768)):
+        show(layers_row(b, c))
+        torch.cuda.empty_cache()
     show(prefill_row(4096, 0, ref))
     show(prefill_row(4096, 4096, ref))
     if args.json:

@@ -3,9 +3,9 @@
 Per layer and step, :meth:`TritonAttentionBackend.forward` stores this step's K/V at
 ``meta.slot_mapping`` and then
 
-- decode-only steps (every sequence has one query): split-K decode, capturable in a CUDA graph
-  (no host reads of device data; the grid depends on ``meta.num_seqs`` and, outside capture, on
-  the ``meta.max_seq_len`` hint only);
+- decode-only steps (every sequence has one query): split-K decode in one launch that also
+  stores the step's K/V, capturable in a CUDA graph (no host reads of device data; the grid
+  depends on ``meta.num_seqs`` and, outside capture, on the ``meta.max_seq_len`` hint only);
 - other steps: the varlen prefill kernel for sequences with several queries and, when the batch
   may hold single-query sequences, split-K decode for those (so a long-context decode row in a
   mixed batch is still spread over the GPU).
@@ -168,19 +168,24 @@ class TritonAttentionBackend(AttentionBackend):
         Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten.
         """
         self._check(layer, q, k, v, kv_cache, meta)
-        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
                       block_tables=meta.block_tables, num_seqs=meta.num_seqs,
                       scale=layer.scale, sliding_window=layer.sliding_window,
-                      logit_softcap=layer.logit_softcap)
+                      logit_softcap=layer.logit_softcap, num_splits=self.num_splits,
+                      max_seq_len=meta.max_seq_len)
+        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
+            # one row per sequence: the store rides in the attention launch
+            return ops.decode_attention(q, kv_cache, out, k=k, v=v,
+                                        slot_mapping=meta.slot_mapping, **common)
+        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
         if meta.is_decode_only:
-            return ops.decode_attention(q, kv_cache, out, num_splits=self.num_splits,
-                                        max_seq_len=meta.max_seq_len, **common)
+            return ops.decode_attention(q, kv_cache, out, **common)
         qsl = meta.query_start_loc_cpu
         singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
-        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **common)
+        prefill_args = {name: val for name, val in common.items()
+                        if name not in ("num_splits", "max_seq_len")}
+        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **prefill_args)
         if singles:
-            ops.decode_attention(q, kv_cache, out, num_splits=self.num_splits,
-                                 max_seq_len=meta.max_seq_len, mixed=True, **common)
+            ops.decode_attention(q, kv_cache, out, mixed=True, **common)
         return out

@@ -18,10 +18,10 @@ from functools import lru_cache
 import torch
 
 from .heuristics import (
-    DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision, next_pow2,
-    prefill_tiles,
+    DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
+    next_pow2, prefill_tiles,
 )
-from .kernels.decode import decode_reduce_kernel, decode_split_kernel
+from .kernels.decode import decode_kernel
 from .kernels.prefill import prefill_kernel
 from .kernels.store import store_kv_kernel
 
@@ -46,6 +46,20 @@ def device_facts(device: torch.device) -> tuple[int, int]:
         return DEFAULT_SM_COUNT, DEFAULT_CAPABILITY
     return _device_facts(device.index if device.index is not None
                          else torch.cuda.current_device())
+
+
+# Arrival counters of split-K decode, per device: zero between launches (the last split of each
+# (sequence, KV head) resets its own). Grown, never freed: a captured CUDA graph keeps using the
+# buffer it was captured with.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` zeroed int32 counters on ``device``, the same buffer call after call."""
+    held = _COUNTERS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 def score_constants(scale: float, logit_softcap: float | None) -> tuple[float, float]:
@@ -81,7 +95,8 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY
                  ) -> dict[str, object]:
-    tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability)
+    tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
+                          windowed_or_capped=bool(sliding_window or logit_softcap))
     precision, upcast = _precision(dtype)
     return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
@@ -93,21 +108,15 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
-                mixed: bool, single_split: bool) -> dict[str, object]:
+                mixed: bool, fused_store: bool) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     precision, upcast = _precision(dtype)
-    return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
-                D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
-                USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
-                MIXED=mixed, SINGLE_SPLIT=single_split, PRECISION=precision, UPCAST=upcast,
+    return dict(NUM_KV_HEADS=num_heads // group, GROUP=group, G_PAD=tiles.g_pad,
+                HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size,
+                TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
+                USE_SOFTCAP=bool(logit_softcap), MIXED=mixed, FUSED_STORE=fused_store,
+                PRECISION=precision, UPCAST=upcast,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-
-
-def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
-                sliding_window: int | None, mixed: bool) -> dict[str, object]:
-    return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
-                S_PAD=next_pow2(num_splits), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
-                MIXED=mixed, num_warps=4)
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -167,15 +176,19 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                      block_tables: torch.Tensor, num_seqs: int, scale: float,
                      sliding_window: int | None = None, logit_softcap: float | None = None,
                      num_splits: int | None = None, max_seq_len: int | None = None,
-                     mixed: bool = False) -> torch.Tensor:
+                     mixed: bool = False, k: torch.Tensor | None = None,
+                     v: torch.Tensor | None = None,
+                     slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K attention for sequences with a single query (row ``query_start_loc[i]``).
 
     ``num_splits`` None picks it with :func:`heuristics.decode_num_splits` from the sequence
     count and the ``max_seq_len`` hint (ignored while a CUDA graph is being captured, so the
     captured launch suits every length). ``mixed``: serve only the sequences with exactly one
     query and leave the rest to :func:`prefill_attention`; otherwise sequences with no query
-    (CUDA-graph padding) are skipped. Partials come from the caching allocator with shapes fixed
-    by (num_seqs, Hq, splits), which CUDA-graph capture records like any other allocation.
+    (CUDA-graph padding) are skipped. Given ``k``, ``v`` and ``slot_mapping``, this step's K/V
+    of each sequence's query row are stored in the same launch (instead of :func:`store_kv`).
+    Partials come from the caching allocator with shapes fixed by (num_seqs, Hq, splits), which
+    CUDA-graph capture records like any other allocation.
     """
     n_heads, head_dim = q.shape[1], q.shape[2]
     if num_seqs == 0:
@@ -189,34 +202,34 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                                        max_seq_len=None if capturing else max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    fused = k is not None
+    if fused:
+        if v is None or slot_mapping is None:
+            raise ValueError("decode_attention stores K/V only given k, v and slot_mapping")
+        k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    else:
+        k = v = q  # unused by the kernel
+        slot_mapping = seq_lens
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     d_pad = next_pow2(head_dim)
-    single = num_splits == 1
-    spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
-                       block_size=kv_cache.shape[2], sliding_window=sliding_window,
-                       logit_softcap=logit_softcap, mixed=mixed, single_split=single)
-    if single:
-        part_acc = part_ml = out  # unused by the kernel
+    if num_splits == 1:
+        part_acc = part_ml = out  # unused: a single split writes the output itself
     else:
         n_part = num_seqs * n_heads * num_splits
         scratch = torch.empty(n_part * (d_pad + 2), dtype=torch.float32, device=q.device)
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
-    window = int(sliding_window or 0)
-    decode_split_kernel[(num_seqs, n_kv, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-        out, part_acc, part_ml,
-        qk_scale, softcap, window, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+    counters = arrival_counters(q.device, num_seqs * n_kv)
+    spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
+                       block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                       logit_softcap=logit_softcap, mixed=mixed, fused_store=fused)
+    decode_kernel[(num_seqs, n_kv, num_splits)](
+        q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        query_start_loc, out, part_acc, part_ml, counters,
+        qk_scale, softcap, int(sliding_window or 0), num_splits,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
         stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
     )
-    if not single:
-        decode_reduce_kernel[(num_seqs, n_heads)](
-            part_acc, part_ml, seq_lens, query_start_loc, out,
-            window, num_splits, out.stride(0), out.stride(1),
-            **reduce_spec(num_heads=n_heads, head_dim=head_dim, num_splits=num_splits,
-                          tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed),
-        )
     return out
-

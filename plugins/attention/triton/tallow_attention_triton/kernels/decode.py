@@ -1,13 +1,22 @@
-"""Split-K ("flash-decoding") attention for sequences with one query token.
+"""Split-K ("flash-decoding") attention for sequences with one query token, in one launch.
 
 Grid (sequence, KV head, split). A program handles all query heads of one KV group, so each K/V
 tile is read from memory once per group, and one contiguous share of the sequence's context:
 the context (after the sliding window) is cut into ``TILE_N``-token tiles and the tiles into
 ``num_splits`` equal runs, computed on the device from the sequence's own length. The launch
 grid therefore depends only on host integers fixed per CUDA-graph batch size, and any split
-count is correct for any length. With one split the program writes the output directly;
-otherwise it writes its partial (unnormalised accumulator, row max, row sum) and
-:func:`decode_reduce_kernel` combines them.
+count is correct for any length.
+
+When only one split of a sequence has tiles, that program writes the output directly.
+Otherwise each active split writes its partial (unnormalised accumulator, row max, row sum)
+and increments a per-(sequence, KV head) arrival counter; the last to arrive merges the
+partials, writes the output and resets the counter to zero for the next launch (so the
+counters never need clearing, also across CUDA-graph replays).
+
+``FUSED_STORE`` (decode-only steps) folds the KV-cache store of this step's token into the same
+launch: split 0 of each (sequence, KV head) writes the new K/V to its slot, and the program whose
+tiles hold the new position takes those values from the inputs instead of the cache, rounded to
+the cache's dtype exactly as the store rounds them.
 """
 
 from __future__ import annotations
@@ -43,17 +52,18 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
 
 
 @triton.jit
-def decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr,
+def decode_kernel(
+    q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
     qk_scale, softcap, window, num_splits,
-    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    MIXED: tl.constexpr, FUSED_STORE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -63,26 +73,43 @@ def decode_split_kernel(
     if not served:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
+    row64 = row.to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
+    kv_head_off = kv_head.to(tl.int64) * stride_ch
+    cache_ty = k_cache_ptr.dtype.element_ty
+
+    if FUSED_STORE:
+        slot = tl.load(slot_ptr + row64).to(tl.int64)
+        has_new = slot >= 0  # slot -1 (padding): nothing stored, the cache is read as it is
+        new_pos = tl.where(has_new, seq_len - 1, -1)
+        new_mask = d_mask & has_new
+        k_new = tl.load(k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d,
+                        mask=new_mask, other=0.0).to(cache_ty)
+        v_new = tl.load(v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d,
+                        mask=new_mask, other=0.0).to(cache_ty)
+        if split == 0:
+            dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
+                   + kv_head_off + offs_d)
+            tl.store(k_cache_ptr + dst, k_new, mask=new_mask)
+            tl.store(v_cache_ptr + dst, v_new, mask=new_mask)
+
     lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
+    n_active = tl.cdiv(n_tiles, per_split)
     t_begin = split * per_split
     t_end = tl.minimum(t_begin + per_split, n_tiles)
-    if not SINGLE_SPLIT:
-        # An empty split writes nothing: the reduce derives the same count of active splits.
+    if split > 0:
         if t_begin >= t_end:
-            return
+            return  # an empty split: it neither writes a partial nor arrives
 
     offs_g = tl.arange(0, G_PAD)
-    offs_d = tl.arange(0, D_PAD)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    row64 = row.to(tl.int64)
     q = tl.load(q_ptr + row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    kv_head_off = kv_head.to(tl.int64) * stride_ch
     window_lo = 0
     if USE_WINDOW:
         window_lo = seq_len - window
@@ -94,63 +121,61 @@ def decode_split_kernel(
         n_mask = offs_n < seq_len
         if USE_WINDOW:
             n_mask = n_mask & (offs_n >= window_lo)
-        kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
+        if FUSED_STORE:
+            is_new = offs_n == new_pos
+            from_cache = n_mask & (offs_n != new_pos)
+        else:
+            from_cache = n_mask
+        kv_off = kv_offsets(bt_row, offs_n, from_cache, stride_cb, stride_co, kv_head_off,
                             BLOCK_SIZE)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
+        kv_mask = from_cache[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if FUSED_STORE:
+            k = tl.where(is_new[:, None], k_new[None, :], k)
         k = k.to(q.dtype)  # a cache in another dtype than the activations
         s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if FUSED_STORE:
+            v = tl.where(is_new[:, None], v_new[None, :], v)
         v = v.to(q.dtype)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
-    if SINGLE_SPLIT:
+    out_ptrs = out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if n_active <= 1:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
-        o = acc / l_safe[:, None]
-        tl.store(out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
-    else:
-        # partials: acc [B, Hq, S, D_PAD], (max, sum) [B, Hq, S, 2], all fp32
-        part = (seq.to(tl.int64) * NUM_Q_HEADS + heads) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc,
-                 mask=g_mask[:, None])
-        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
-
-
-@triton.jit
-def decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-    window, num_splits, stride_ot, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    S_PAD: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr,
-):
-    """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    row, served = _query_row(qsl_ptr, seq, MIXED)
-    if not served:
+        tl.store(out_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
-    n_active = tl.cdiv(n_tiles, per_split)
 
-    offs_s = tl.arange(0, S_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < n_active
-    part = (seq.to(tl.int64) * NUM_Q_HEADS + head) * num_splits + offs_s
-    m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
-    row_sum = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
-    m_all = tl.max(m, 0)
-    m_all = tl.where(n_active > 0, m_all, 0.0)  # no context at all (padding): zeros, not NaN
-    w = tl.where(s_mask, tl.exp2(m - m_all), 0.0)
-    total = tl.sum(w * row_sum, 0)
-    total = tl.where(total > 0.0, total, 1.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :],
-                  mask=s_mask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / total
-    tl.store(out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
-             o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    # partials: acc [B, Hq, S, D_PAD], (max, sum) [B, Hq, S, 2], fp32
+    part = (seq.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * num_splits
+    tl.store(part_acc_ptr + (part + split)[:, None] * D_PAD + offs_d[None, :], acc,
+             mask=g_mask[:, None])
+    tl.store(part_ml_ptr + (part + split) * 2, m_i, mask=g_mask)
+    tl.store(part_ml_ptr + (part + split) * 2 + 1, l_i, mask=g_mask)
+    # Every thread's partial stores precede the arrival (barrier), and the acq_rel atomic makes
+    # them visible to the program that arrives last, which reads them past L1 (.cg).
+    tl.debug_barrier()
+    counter = counter_ptr + seq * NUM_KV_HEADS + kv_head
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_active - 1:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        m_all = tl.full([G_PAD], -1.0e30, tl.float32)
+        l_all = tl.zeros([G_PAD], tl.float32)
+        acc_all = tl.zeros([G_PAD, D_PAD], tl.float32)
+        for s_idx in range(0, n_active):
+            p = part + s_idx
+            m_s = tl.load(part_ml_ptr + p * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
+            l_s = tl.load(part_ml_ptr + p * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+            a_s = tl.load(part_acc_ptr + p[:, None] * D_PAD + offs_d[None, :],
+                          mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m_all, m_s)
+            alpha = tl.exp2(m_all - m_new)
+            beta = tl.exp2(m_s - m_new)
+            acc_all = acc_all * alpha[:, None] + a_s * beta[:, None]
+            l_all = l_all * alpha + l_s * beta
+            m_all = m_new
+        l_all = tl.where(l_all > 0.0, l_all, 1.0)
+        tl.store(out_ptrs, (acc_all / l_all[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=out_mask)
