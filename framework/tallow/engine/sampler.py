@@ -344,6 +344,7 @@ class Sampler:
         idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
         scores = processed[idx] * batch.inv_temperature[idx, None]
         pos = {r: j for j, r in enumerate(rows)}
+
         def top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             return apply_top_k(scores, k, batch.max_top_k)
 
