@@ -209,3 +209,29 @@ def test_explicit_and_missing_parsers(serve, plugin_manager) -> None:
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "tool_parser_unavailable"
     assert client.post("/v1/chat/completions", json={"messages": MSG, "tools": TOOLS,
                                                      "tool_choice": "none"}).status_code == 200
+
+
+def test_fallback_parser_reads_a_call_without_markup(serve) -> None:
+    # Small Qwen models often drop the <tool_call> tags; the plain-JSON fallback reads the call.
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    client = serve(scripted(bare))
+    selected = client.get("/v1/plugins").json()["selected"]
+    assert selected == {"tool_parser": "hermes", "fallbacks": ["json"]}
+    body = post(client, tools=TOOLS)
+    assert message_calls(body) == [{"name": "get_weather", "arguments": '{"city":"Paris"}'}]
+    assert body["choices"][0]["message"]["content"] is None
+    content, calls, finish = streamed(client, tools=TOOLS)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city":"Paris"}')]
+    # JSON that is not a call stays content, exactly
+    client = serve(scripted('{"answer": 42}'))
+    assert post(client, tools=TOOLS)["choices"][0]["message"]["content"] == '{"answer": 42}'
+    assert streamed(client, tools=TOOLS) == ('{"answer": 42}', [], "stop")
+
+
+def test_plain_content_streams_before_the_end(serve) -> None:
+    client = serve(scripted("It is sunny and warm today in Paris."))
+    chunks = chunks_of(client.post("/v1/chat/completions", json={
+        "messages": MSG, "tools": TOOLS, "stream": True}))
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks]
+    assert len([p for p in pieces if p]) > 10  # released token by token, not held to the end

@@ -27,6 +27,7 @@ from .errors import APIError, from_exception, invalid
 from .messages import normalize_messages
 from .metrics import CONTENT_TYPE
 from .middleware import APIKeyAuth, BodyLimit, StatusCounter
+from .parsers import ToolParsing, choose_tool_parser
 from .protocol import (
     DetokenizeRequest, TokenizeRequest, check_model, parse_json_body, parse_request,
 )
@@ -123,7 +124,7 @@ async def plugins(state: ServerState, request: Request) -> Response:
         return JSONResponse({"object": "list", "plugins": [], "components": {}})
     statuses = [_describe_status(s) for s in pm.statuses()]
     components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
-    selected = {"tool_parser": state.tool_parser_name}
+    selected = state.tool_parsing.describe()
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
                          "selected": selected})
 
@@ -194,22 +195,18 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return from_exception(exc).response()
 
 
-def build_app(engine: Any, config: Any = None, *, tool_parser: Any = None,
+def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | None = None,
               manage_engine: bool = True) -> Starlette:
     """The ASGI app serving ``engine``.
 
-    ``tool_parser`` is the ToolParser class to use (None: choose from the engine's plugin
-    manager and ``config.server.tool_parser``, see :func:`tallow.server.parsers.choose`).
+    ``tool_parsing`` is the tool parsers to use (None: chosen from the engine's plugin
+    manager and ``config.server.tool_parser`` by :func:`tallow.server.parsers.choose_tool_parser`,
+    which raises :class:`tallow.server.parsers.ToolParserError` for an unusable named parser).
     With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
     """
-    from .parsers import choose_tool_parser
-
-    if tool_parser is None:
-        parser_name, tool_parser = choose_tool_parser(engine, config)
-    else:
-        parser_name = getattr(tool_parser, "name", "") or tool_parser.__name__
-    state = ServerState(engine, config, tool_parser)
-    state.tool_parser_name = parser_name
+    if tool_parsing is None:
+        tool_parsing = choose_tool_parser(engine, config)
+    state = ServerState(engine, config, tool_parsing)
     post = [("/v1/chat/completions", create_chat_completion),
             ("/v1/completions", create_completion),
             ("/tokenize", tokenize), ("/detokenize", detokenize)]

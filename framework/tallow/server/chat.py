@@ -47,7 +47,7 @@ class ChatCompletion:
         self.include_usage, self.continuous_usage = stream_flags(req)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         self.plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                               state.tool_parser)
+                               state.tool_parsing)
         self.prompt_ids: list[int] = []
         self.timer = state.metrics.timer()
 

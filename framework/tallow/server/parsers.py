@@ -1,15 +1,20 @@
-"""Choosing the tool-call parser of a server, once, at start-up.
+"""Choosing the tool-call parsers of a server, once, at start-up.
 
 ``server.tool_parser`` names one (``--tool-parser``): it must be registered, else start-up fails
-listing the registered parsers. With ``auto``, the registered parsers are asked by priority,
-highest first, whether they ``matches(model_name, chat_template)``; the first that does serves.
-When none does, tool calling is unavailable and a request with ``tools`` (and a tool_choice
-other than ``none``) gets a 400 saying so.
+listing the registered parsers, and it is the only parser used. With ``auto``, the registered
+parsers are asked by priority, highest first, whether they ``matches(model_name,
+chat_template)``: the first that does is the *primary* parser, and the other matching ones, in
+priority order, are *fallbacks*. A response in which the primary parser finds no call is given
+to the fallbacks in turn (small models often write a call without their format's markup; the
+plain-JSON parser, which matches every model, catches those). When no parser matches, tool
+calling is unavailable and a request with ``tools`` (and a tool_choice other than ``none``) gets
+a 400 saying so.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from tallow.plugin import RegistryError
@@ -21,28 +26,46 @@ class ToolParserError(RuntimeError):
     """The configured tool parser cannot be used."""
 
 
-def choose_tool_parser(engine: Any, config: Any = None) -> tuple[str | None, Any]:
-    """(registered name, ToolParser class) for ``engine``'s model; (None, None) if none fits."""
+@dataclass(frozen=True)
+class ToolParsing:
+    """The parsers of a server: ``parser`` (a ToolParser class, or None) and its fallbacks."""
+
+    name: str | None = None
+    parser: Any = None
+    fallbacks: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tool_parser": self.name, "fallbacks": [name for name, _ in self.fallbacks]}
+
+
+def _named(registry: Any, name: str) -> ToolParsing:
+    if registry is None:
+        raise ToolParserError(f"--tool-parser {name!r}: no plugin manager, so no tool parser "
+                              "is registered")
+    try:
+        entry = registry.entry(name)
+    except RegistryError as exc:
+        raise ToolParserError(f"--tool-parser {name!r}: {exc}") from None
+    try:
+        parser = entry.load()
+    except Exception as exc:
+        raise ToolParserError(f"--tool-parser {name!r} (from {entry.distribution}) cannot be "
+                              f"imported: {type(exc).__name__}: {exc}") from exc
+    log.info("tool parser: %r from %s (named in the config)", name, entry.distribution)
+    return ToolParsing(name, parser)
+
+
+def choose_tool_parser(engine: Any, config: Any = None) -> ToolParsing:
+    """The tool parsers for ``engine``'s model (see the module docstring)."""
     pm = getattr(engine, "plugin_manager", None)
     registry = getattr(getattr(pm, "registries", None), "tool_parsers", None)
     name = getattr(getattr(config, "server", None), "tool_parser", "auto") or "auto"
-    template = getattr(engine.tokenizer, "chat_template", None)
     if name != "auto":
-        if registry is None:
-            raise ToolParserError(f"--tool-parser {name!r}: no plugin manager, so no tool "
-                                  "parser is registered")
-        try:
-            entry = registry.entry(name)
-            parser = entry.load()
-        except RegistryError as exc:
-            raise ToolParserError(f"--tool-parser {name!r}: {exc}") from None
-        except Exception as exc:
-            raise ToolParserError(f"--tool-parser {name!r} (from {entry.distribution}) cannot "
-                                  f"be imported: {type(exc).__name__}: {exc}") from exc
-        log.info("tool parser: %r from %s (named in the config)", name, entry.distribution)
-        return name, parser
+        return _named(registry, name)
     if registry is None:
-        return None, None
+        return ToolParsing()
+    template = getattr(engine.tokenizer, "chat_template", None)
+    fitting: list[tuple[str, Any]] = []
     for entry in registry.by_priority():
         try:
             parser = entry.load()
@@ -52,9 +75,12 @@ def choose_tool_parser(engine: Any, config: Any = None) -> tuple[str | None, Any
                         type(exc).__name__, exc)
             continue
         if fits:
-            log.info("tool parser: chose %r from %s (priority %d) for %s", entry.name,
-                     entry.distribution, entry.priority, engine.model_name)
-            return entry.name, parser
-    log.info("tool parser: none of %s matches %s; tool calling is off",
-             registry.names() or "[]", engine.model_name)
-    return None, None
+            fitting.append((entry.name, parser))
+    if not fitting:
+        log.info("tool parser: none of %s matches %s; tool calling is off",
+                 registry.names() or "[]", engine.model_name)
+        return ToolParsing()
+    (first, parser), rest = fitting[0], tuple(fitting[1:])
+    log.info("tool parser: chose %r for %s%s", first, engine.model_name,
+             f" (fallbacks: {', '.join(n for n, _ in rest)})" if rest else "")
+    return ToolParsing(first, parser, rest)

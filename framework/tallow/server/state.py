@@ -18,6 +18,7 @@ import tallow
 
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
+from .parsers import ToolParsing
 
 log = logging.getLogger("tallow.server")
 
@@ -31,17 +32,17 @@ def _setting(config: Any, section: str, name: str, default: Any) -> Any:
 
 
 class ServerState:
-    """Shared by the endpoints of one app. ``config`` may be None (defaults everywhere)."""
+    """Shared by the endpoints of one app. ``config`` may be None (defaults everywhere);
+    ``tool_parsing`` is the server's :class:`~tallow.server.parsers.ToolParsing`."""
 
-    def __init__(self, engine: Any, config: Any = None, tool_parser: Any = None) -> None:
+    def __init__(self, engine: Any, config: Any = None, tool_parsing: Any = None) -> None:
         self.engine = engine
         self.config = config
         self.model_name: str = engine.model_name
         self.served_names = {self.model_name}
         self.created = int(time.time())
         self.metrics = ServerMetrics(engine.stats, self.model_name)
-        self.tool_parser = tool_parser  # a ToolParser class, or None
-        self.tool_parser_name: str | None = None
+        self.tool_parsing = tool_parsing or ToolParsing()
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
         self.inflight = 0
         dtype = _setting(config, "model", "dtype", "auto")

@@ -1,18 +1,18 @@
 """Tool calling: the ``tools`` of a request, ``tool_choice``, and reading calls out of the output.
 
-- The tool parser is chosen once per server: the one named by ``server.tool_parser``, else the
-  highest-priority registered parser whose ``matches(model_name, chat_template)`` is true.
+- The server's parsers are chosen once (:mod:`.parsers`): a primary parser, and fallbacks that
+  read a response in which the primary finds no call.
 - ``tool_choice: "none"`` (or no tools) renders no tools into the prompt and parses nothing.
-- ``"auto"`` renders the tools and parses the output with the parser.
+- ``"auto"`` renders the tools and parses the output with the parsers.
 - ``"required"`` / a named function append a call's start to the generation prompt
   (:mod:`.forced`) and read one call out of the continuation.
 - Every call is validated against its tool (``validate_tool_call``: a known name, arguments a
   JSON object valid against the tool's ``parameters`` schema). A response whose calls do not all
   validate is returned as plain content: the model's exact text.
-- While streaming, content before the first call flows at once; tool-call deltas (and anything
-  after the first call starts) are held until the response is complete and validated, then sent
-  as OpenAI ``tool_calls`` deltas. The assembled stream therefore always equals the non-streaming
-  answer, and markup never reaches ``content``.
+- While streaming, plain content flows as soon as every parser has let it through; tool calls
+  (and anything after the first sign of one) are sent when the response is complete and
+  validated, as OpenAI ``tool_calls`` deltas. The assembled stream therefore equals the
+  non-streaming answer, and markup never reaches ``content``.
 - ``parallel_tool_calls: false`` keeps the first call only.
 """
 
@@ -90,6 +90,7 @@ class ToolPlan:
     name: str | None = None
     parallel: bool = True
     parser_cls: Any = None
+    fallback_cls: tuple[Any, ...] = ()
     opening: str = ""
 
     @property
@@ -116,8 +117,10 @@ class ToolPlan:
 
 
 def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
-               parser_cls: Any) -> ToolPlan:
-    """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request."""
+               parsing: Any) -> ToolPlan:
+    """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request, given the
+    server's :class:`~tallow.server.parsers.ToolParsing`."""
+    parser_cls = getattr(parsing, "parser", None)
     if tools is not None and len(tools) == 0:
         tools = None
     if tools is not None:
@@ -151,8 +154,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
                       "served model; start the server with --tool-parser NAME.",
                       code="tool_parser_unavailable")
     opening = str(getattr(parser_cls, "call_opening", "") or "") if parser_cls else ""
+    fallbacks = tuple(cls for _, cls in getattr(parsing, "fallbacks", ()))
     return ToolPlan(mode=mode, tools=tools, name=named, parallel=parallel is not False,
-                    parser_cls=parser_cls, opening=opening)
+                    parser_cls=parser_cls, fallback_cls=fallbacks, opening=opening)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,82 +211,69 @@ class NoTools(ChoiceTools):
 
 
 class AutoTools(ChoiceTools):
+    """``tool_choice: auto``: the primary parser, then the fallbacks, read the output.
+
+    The answer is decided on the whole text (:meth:`final`), so a stream ends exactly as the
+    whole response would. While streaming, content is released only as far as every parser has
+    released it as plain content; from the first sign of a call, nothing more is released until
+    the end.
+    """
+
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        self.parser = plan.parser_cls()
-        self.stream = None
+        self.parsers = [plan.parser_cls(), *(cls() for cls in plan.fallback_cls)]
+        self.streams: list[Any] | None = None
+        self.content = [""] * len(self.parsers)  # content each stream has released
         self.text = ""
-        self.sent_content = ""
+        self.released = ""
         self.holding = False
-        self.held: list[StreamDelta] = []
-
-    def _checked(self, calls: list[ToolCall]) -> list[ToolCall] | None:
-        if not self.plan.parallel:
-            calls = calls[:1]
-        reasons = _validate(calls, self.plan.tools or [])
-        if reasons:
-            log.info("tool calls returned as content: %s", "; ".join(reasons))
-            return None
-        return calls
 
     def feed(self, text: str) -> StreamDelta:
-        if self.stream is None:
-            self.stream = self.parser.stream(self.plan.tools)
         self.text += text
-        delta = self.stream.feed(text)
         if self.holding:
-            self.held.append(delta)
             return StreamDelta()
-        if delta.tool_calls:
-            self.holding = True
-            self.held.append(StreamDelta(tool_calls=delta.tool_calls))
-        self.sent_content += delta.content
-        return StreamDelta(content=delta.content)
+        if self.streams is None:
+            self.streams = [p.stream(self.plan.tools) for p in self.parsers]
+        for k, stream in enumerate(self.streams):
+            delta = stream.feed(text)
+            self.content[k] += delta.content
+            if delta.tool_calls:
+                self.holding = True
+        if self.holding:
+            return StreamDelta()
+        safe = min(len(c) for c in self.content)
+        if any(not c.startswith(self.content[0][:safe]) for c in self.content):
+            self.holding = True  # the parsers disagree on the content: wait for the end
+            return StreamDelta()
+        out = self.content[0][len(self.released):safe]
+        self.released += out
+        return StreamDelta(content=out)
 
     def finish(self) -> list[StreamDelta]:
-        if self.stream is None:
-            self.stream = self.parser.stream(self.plan.tools)
-        last = self.stream.finish()
-        if not self.holding and not last.tool_calls:
-            self.sent_content += last.content
-            return [last] if last else []
-        self.held.append(last)
-        calls = _assemble(self.held)
-        checked = self._checked(calls)
-        if checked is None:
-            rest = (self.text[len(self.sent_content):] if self.text.startswith(self.sent_content)
-                    else "".join(d.content for d in self.held))
-            return [StreamDelta(content=rest)] if rest else []
-        keep = {i for i in range(len(checked))}
-        out = []
-        for d in self.held:
-            tool_deltas = [t for t in d.tool_calls if t.index in keep]
-            if d.content or tool_deltas:
-                out.append(StreamDelta(content=d.content, tool_calls=tool_deltas))
+        final = self.final(self.text)
+        rest = final.content or ""
+        if rest.startswith(self.released):
+            rest = rest[len(self.released):]
+        elif self.released.startswith(rest):
+            rest = ""  # the parser trimmed trailing whitespace that was already sent
+        out = [StreamDelta(content=rest)] if rest else []
+        out += [StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name,
+                                                      arguments=c.arguments)])
+                for i, c in enumerate(final.tool_calls)]
         return out
 
     def final(self, text: str) -> Final:
-        result = self.parser.parse(text, self.plan.tools)
-        if not result.tool_calls:
-            return Final(text if result.content is None else result.content)
-        checked = self._checked(list(result.tool_calls))
-        if checked is None:
-            return Final(text)
-        return Final(_content_or_none(result.content), checked)
-
-
-def _assemble(deltas: list[StreamDelta]) -> list[ToolCall]:
-    calls: dict[int, ToolCall] = {}
-    for d in deltas:
-        for t in d.tool_calls:
-            call = calls.get(t.index)
-            if call is None:
-                call = calls[t.index] = ToolCall(name=t.name or "", arguments="",
-                                                 **({"id": t.id} if t.id else {}))
-            elif t.name and not call.name:
-                call.name = t.name
-            call.arguments += t.arguments
-    return [calls[i] for i in sorted(calls)]
+        for parser in self.parsers:
+            result = parser.parse(text, self.plan.tools)
+            if not result.tool_calls:
+                continue
+            calls = list(result.tool_calls)[:None if self.plan.parallel else 1]
+            reasons = _validate(calls, self.plan.tools or [])
+            if reasons:
+                log.info("tool calls returned as content: %s", "; ".join(reasons))
+                return Final(text)
+            return Final(_content_or_none(result.content), calls)
+        return Final(text)
 
 
 class ForcedTools(ChoiceTools):
