@@ -6,11 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
+
 
 class SiluAndMul(nn.Module):
     """``x [..., 2d] -> silu(x[..., :d]) * x[..., d:]`` (Llama, Qwen, Mistral)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
@@ -19,6 +23,8 @@ class GeluTanhAndMul(nn.Module):
     """``x [..., 2d] -> gelu_tanh(x[..., :d]) * x[..., d:]`` (Gemma)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return gelu_tanh_and_mul(x)
         d = x.shape[-1] // 2
         return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tallow.kernels import rms_norm
+
 from .model import BuildContext
 
 
@@ -45,6 +47,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.is_cuda:  # one fused Triton kernel: add, statistics, scale
+            return rms_norm(x, self.weight, self.eps, residual=residual,
+                            gemma_style=self.offset)
         if residual is None:
             return rms_norm_ref(x, self.weight, self.eps, self.offset)
         x = x + residual

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from tallow.kernels import rotary_embedding
+
 from .attention import get_forward_context
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -222,6 +224,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.is_cuda and type(self).cos_sin is RotaryEmbedding.cos_sin:
+            # one Triton launch rotates q and k in place from the shared cos|sin table
+            return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim,
+                                    is_neox=self.is_neox_style, inplace=True)
         cos, sin = self.cos_sin(positions, q.dtype)
         q = apply_rotary(q, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
         k = apply_rotary(k, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
