@@ -162,17 +162,25 @@ def _byte_level_model(tokens: list[str], types: list[int], metadata: dict[str, A
 
 def _sentencepiece_merges(tokens: list[str], types: list[int],
                           scores: list[float]) -> list[tuple[str, str]]:
-    """BPE merges implied by a scored SentencePiece vocabulary: ``a b`` for every normal token
-    ``ab`` whose halves are tokens, ranked by the score of ``ab`` (higher merges first)."""
+    """BPE merges implied by a scored SentencePiece vocabulary: ``a b`` for every normal or
+    user-defined token ``ab`` whose halves are tokens.
+
+    SentencePiece matches user-defined pieces before anything else, so merges building them
+    come first, in vocabulary order; then merges building normal pieces, by score (higher
+    first). Ties fall to the vocabulary order of the result, then to the longer left part.
+    """
     index = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, USER_DEFINED, BYTE)}
-    ranked: list[tuple[float, int, int, int, int, str, str]] = []
+    ranked: list[tuple[int, float, int, int, int, int, int, str, str]] = []
     for tok_id, tok in enumerate(tokens):
-        if types[tok_id] != NORMAL or len(tok) < 2:
+        kind = types[tok_id]
+        if kind not in (NORMAL, USER_DEFINED) or len(tok) < 2:
             continue
+        group = 0 if kind == USER_DEFINED else 1
+        score = 0.0 if kind == USER_DEFINED else -scores[tok_id]
         for cut in range(1, len(tok)):
             left, right = tok[:cut], tok[cut:]
             if left in index and right in index:
-                ranked.append((-scores[tok_id], -len(left), -len(right), index[left],
+                ranked.append((group, score, tok_id, -len(left), -len(right), index[left],
                                index[right], left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
@@ -211,6 +219,23 @@ def _sentencepiece_model(tokens: list[str], types: list[int], metadata: dict[str
 _BUILDERS = {"gpt2": _byte_level_model, "llama": _sentencepiece_model}
 
 
+def _respell_space_runs(tokens: list[str]) -> tuple[list[str], set[int]]:
+    """Write the spaces of whitespace-only SentencePiece tokens as ``▁``.
+
+    Some converters store runs of spaces (Gemma's ``"  "`` … 31 spaces) as literal spaces. The
+    pre-tokenizer turns every space of the text into ``▁``, so those tokens could never be produced;
+    spelled with ``▁`` they are reached by merges, as in the model's own fast tokenizer. Returns the
+    new token list and the ids that changed.
+    """
+    out = list(tokens)
+    changed: set[int] = set()
+    for i, tok in enumerate(tokens):
+        if tok and " " in tok and not tok.strip():
+            out[i] = tok.replace(" ", "▁")
+            changed.add(i)
+    return out, changed
+
+
 def _token_text(tokens: list[str], metadata: dict[str, Any], key: str) -> str | None:
     token_id = metadata.get(f"tokenizer.ggml.{key}")
     if isinstance(token_id, int) and 0 <= token_id < len(tokens):
@@ -235,6 +260,9 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
             f"for {', '.join(repr(k) for k in _BUILDERS)}")
     tokens = _token_list(metadata)
     types = _token_types(metadata, len(tokens))
+    respelled: set[int] = set()
+    if model == "llama":
+        tokens, respelled = _respell_space_runs(tokens)
     tok = builder(tokens, types, metadata)
 
     # The unknown token is matched in text and skipped in output like a control token.
@@ -243,7 +271,8 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
     if special:
         tok.add_special_tokens(special)
     user = [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+            for i, (t, kind) in enumerate(zip(tokens, types))
+            if kind == USER_DEFINED and i not in respelled]
     if user:
         tok.add_tokens(user)
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
