@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
-# Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR [quick|full]
+# Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
+# ITEMS: comma-separated among tests,enginetests,latency,ttft,hf,qwen3,thr8b, or full.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
-MODE=${2:-quick}
+MODE=${2:-full}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -26,19 +27,20 @@ bench() {  # name, timeout, args...
   [ -s "$OUT/$name.json" ] || { echo "!! $name failed"; tail -15 "$OUT/$name.err"; }
 }
 
-if [ "$MODE" != "bench" ]; then
+want() { [[ ",$MODE," == *",$1,"* || "$MODE" == full ]]; }
+if want tests; then
   echo "== GPU tests"
-  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 -p no:randomly tests/gpu tests/kernels plugins/attention plugins/models 2>&1 | tail -40 | tee "$OUT/tests.log"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu tests/kernels plugins/attention plugins/models 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
-if [ "$MODE" != "tests" ]; then
-  bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
-  bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
-  if [ "$MODE" = "full" ]; then
-    bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
-    bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
-    bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512
-  fi
+if want enginetests; then
+  echo "== GPU engine tests"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu 2>&1 | tail -30 | tee "$OUT/tests_engine.log"
 fi
+want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+want hf && bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
+want qwen3 && bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
+want thr8b && bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

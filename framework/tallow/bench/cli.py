@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
         add_config_arguments(p)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("--output", help="also write the JSON result to this file")
-        p.set_defaults(handler=run)
+        p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
