@@ -99,14 +99,19 @@ class ServeProcess:
     """
 
     def __init__(self, args: list[str], *, timeout: float = 400.0, host_port: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 uds: str | None = None, env: dict[str, str] | None = None) -> None:
         import os
         import tempfile
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        where = (["--host", f"127.0.0.1:{self.port}"] if host_port
-                 else ["--host", "127.0.0.1", "--port", str(self.port)])
+        self.uds = uds
+        self.url = "http://tallow" if uds else f"http://127.0.0.1:{self.port}"
+        if uds:
+            where = ["--host", f"unix://{uds}"]
+        elif host_port:
+            where = ["--host", f"127.0.0.1:{self.port}"]
+        else:
+            where = ["--host", "127.0.0.1", "--port", str(self.port)]
         self.args = [*args, *where]
         self.timeout = timeout
         self.env = {**os.environ, **(env or {})}
@@ -127,8 +132,9 @@ class ServeProcess:
                 raise RuntimeError(f"tallow serve exited with {self.proc.returncode}:\n"
                                    + self.log_text()[-4000:])
             try:
-                if httpx2.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
+                with self.http() as http:
+                    if http.get("/health", timeout=2).status_code == 200:
+                        return self
             except httpx2.HTTPError:
                 pass
             if time.monotonic() > deadline:
@@ -136,6 +142,13 @@ class ServeProcess:
                 raise RuntimeError(f"tallow serve was not ready in {self.timeout:.0f} s:\n"
                                    + self.log_text()[-4000:])
             time.sleep(0.5)
+
+    def http(self, **kwargs: Any) -> Any:
+        """An ``httpx2.Client`` for this server (over its Unix socket when it has one)."""
+        import httpx2
+
+        transport = httpx2.HTTPTransport(uds=self.uds) if self.uds else None
+        return httpx2.Client(base_url=self.url, transport=transport, **kwargs)
 
     def log_text(self) -> str:
         self.log.flush()

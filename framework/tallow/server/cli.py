@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
+import socket
+import stat
 import sys
 import time
 from typing import Any
@@ -102,6 +105,8 @@ def serve(config: Any, bind: Any) -> int:
             app, host=bind.host, port=bind.port, uds=bind.uds, lifespan="on",
             log_config=None, log_level=level.lower(), access_log=level == "DEBUG",
             timeout_graceful_shutdown=5, timeout_keep_alive=30, server_header=False)
+        if bind.uds is not None:
+            _remove_stale_socket(bind.uds)
         sock = uv_config.bind_socket()
         if bind.uds is None:
             host, port = sock.getsockname()[:2]
@@ -110,10 +115,31 @@ def serve(config: Any, bind: Any) -> int:
             url = bind.url()
         log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
         print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
-        _run_until_signalled(uvicorn.Server(uv_config), sock)
+        try:
+            _run_until_signalled(uvicorn.Server(uv_config), sock)
+        finally:
+            if bind.uds is not None and os.path.exists(bind.uds):
+                os.remove(bind.uds)
         return 0
     finally:
         pm.shutdown()
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Remove a Unix socket left behind by a server that is gone (nothing accepts on it)."""
+    if not os.path.exists(path):
+        return
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise OSError(f"--host unix://{path}: the path exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.remove(path)  # stale: nobody listens
+    else:
+        raise OSError(f"--host unix://{path}: another server is listening on this socket")
+    finally:
+        probe.close()
 
 
 class _Stopped(Exception):
