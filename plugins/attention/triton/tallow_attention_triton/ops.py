@@ -21,7 +21,7 @@ from .heuristics import (
     DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
     next_pow2, prefill_tiles,
 )
-from .kernels.decode import decode_kernel
+from .kernels.decode import decode_reduce_kernel, decode_split_kernel
 from .kernels.prefill import prefill_kernel
 from .kernels.store import store_kv_kernel
 
@@ -46,20 +46,6 @@ def device_facts(device: torch.device) -> tuple[int, int]:
         return DEFAULT_SM_COUNT, DEFAULT_CAPABILITY
     return _device_facts(device.index if device.index is not None
                          else torch.cuda.current_device())
-
-
-# Arrival counters of split-K decode, per device: zero between launches (the last split of each
-# (sequence, KV head) resets its own). Grown, never freed: a captured CUDA graph keeps using the
-# buffer it was captured with.
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zeroed int32 counters on ``device``, the same buffer call after call."""
-    held = _COUNTERS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
-    return held[-1]
 
 
 def score_constants(scale: float, logit_softcap: float | None) -> tuple[float, float]:
@@ -108,15 +94,22 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
-                mixed: bool, fused_store: bool) -> dict[str, object]:
+                mixed: bool, single_split: bool, fused_store: bool) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     precision, upcast = _precision(dtype)
-    return dict(NUM_KV_HEADS=num_heads // group, GROUP=group, G_PAD=tiles.g_pad,
-                HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size,
-                TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
-                USE_SOFTCAP=bool(logit_softcap), MIXED=mixed, FUSED_STORE=fused_store,
+    return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
+                D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
+                USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
+                MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 PRECISION=precision, UPCAST=upcast,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
+                sliding_window: int | None, mixed: bool) -> dict[str, object]:
+    return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+                S_PAD=next_pow2(num_splits), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
+                MIXED=mixed, num_warps=4)
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -213,23 +206,32 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     d_pad = next_pow2(head_dim)
-    if num_splits == 1:
+    single = num_splits == 1
+    if single:
         part_acc = part_ml = out  # unused: a single split writes the output itself
     else:
         n_part = num_seqs * n_heads * num_splits
         scratch = torch.empty(n_part * (d_pad + 2), dtype=torch.float32, device=q.device)
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
-    counters = arrival_counters(q.device, num_seqs * n_kv)
     spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
-                       logit_softcap=logit_softcap, mixed=mixed, fused_store=fused)
-    decode_kernel[(num_seqs, n_kv, num_splits)](
+                       logit_softcap=logit_softcap, mixed=mixed, single_split=single,
+                       fused_store=fused)
+    window = int(sliding_window or 0)
+    decode_split_kernel[(num_seqs, n_kv, num_splits)](
         q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,
-        query_start_loc, out, part_acc, part_ml, counters,
-        qk_scale, softcap, int(sliding_window or 0), num_splits,
+        query_start_loc, out, part_acc, part_ml,
+        qk_scale, softcap, window, num_splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
     )
+    if not single:
+        decode_reduce_kernel[(num_seqs, n_heads)](
+            part_acc, part_ml, seq_lens, query_start_loc, out,
+            window, num_splits, out.stride(0), out.stride(1),
+            **reduce_spec(num_heads=n_heads, head_dim=head_dim, num_splits=num_splits,
+                          tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed),
+        )
     return out

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tallow_attention_triton import ops
-from tallow_attention_triton.kernels.decode import decode_kernel
+from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
 from tallow_attention_triton.kernels.prefill import prefill_kernel
 from tallow_attention_triton.kernels.store import store_kv_kernel
 
@@ -31,7 +31,7 @@ if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                          "cuobjdump")
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
-                "slot_ptr": "*i64", "counter_ptr": "*i32"}
+                "slot_ptr": "*i64"}
 F32_POINTERS = {"part_acc_ptr", "part_ml_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -97,8 +97,8 @@ def test_prefill_compiles_for_hopper_without_spills(head_dim: int) -> None:
 def test_decode_compiles_for_hopper_without_spills(head_dim: int) -> None:
     spec = ops.decode_spec(num_heads=32, group=4, head_dim=head_dim, dtype=torch.bfloat16,
                            block_size=16, sliding_window=None, logit_softcap=None,
-                           mixed=False, fused_store=True)
-    compiled = compile_for(decode_kernel, spec, torch.bfloat16, 90)
+                           mixed=False, single_split=False, fused_store=True)
+    compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90)
     assert_fast(compiled, f"decode D={head_dim}", tensor_op="mma.sync")
 
 
@@ -111,12 +111,16 @@ def test_window_softcap_variants_compile_without_spills(capability: int, head_di
                 f"prefill window+softcap D={head_dim} sm_{capability}", tensor_op="mma")
     spec = ops.decode_spec(num_heads=16, group=8, head_dim=head_dim, dtype=torch.float16,
                            block_size=32, sliding_window=512, logit_softcap=30.0,
-                           mixed=True, fused_store=False)
-    assert_fast(compile_for(decode_kernel, spec, torch.float16, capability),
+                           mixed=True, single_split=True, fused_store=False)
+    assert_fast(compile_for(decode_split_kernel, spec, torch.float16, capability),
                 f"decode window+softcap D={head_dim} sm_{capability}", tensor_op="mma.sync")
 
 
-def test_store_and_fp32_paths_compile() -> None:
+def test_reduce_store_and_fp32_paths_compile() -> None:
+    spec = ops.reduce_spec(num_heads=32, head_dim=128, num_splits=64, tile_n=64,
+                           sliding_window=None, mixed=False)
+    use = resource_usage(compile_for(decode_reduce_kernel, spec, torch.bfloat16, 90))
+    assert use["STACK"] == 0, f"decode reduce spills: {use}"
     spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16)
     use = resource_usage(compile_for(store_kv_kernel, spec, torch.bfloat16, 90))
     assert use["STACK"] == 0, f"store spills: {use}"
@@ -125,9 +129,10 @@ def test_store_and_fp32_paths_compile() -> None:
         (prefill_kernel, ops.prefill_spec(head_dim=128, group=4, dtype=torch.float32,
                                           block_size=16, sliding_window=None,
                                           logit_softcap=None, skip_single_query=False)),
-        (decode_kernel, ops.decode_spec(num_heads=8, group=4, head_dim=128,
+        (decode_split_kernel, ops.decode_spec(num_heads=8, group=4, head_dim=128,
                                         dtype=torch.float32, block_size=16,
                                         sliding_window=None, logit_softcap=None,
-                                        mixed=False, fused_store=True)),
+                                        mixed=False, single_split=False,
+                                        fused_store=True)),
     ):
         assert compile_for(kernel, spec, torch.float32, 90).asm["cubin"]

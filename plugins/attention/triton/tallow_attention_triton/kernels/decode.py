@@ -1,22 +1,21 @@
-"""Split-K ("flash-decoding") attention for sequences with one query token, in one launch.
+"""Split-K ("flash-decoding") attention for sequences with one query token.
 
 Grid (sequence, KV head, split). A program handles all query heads of one KV group, so each K/V
 tile is read from memory once per group, and one contiguous share of the sequence's context:
 the context (after the sliding window) is cut into ``TILE_N``-token tiles and the tiles into
 ``num_splits`` equal runs, computed on the device from the sequence's own length. The launch
 grid therefore depends only on host integers fixed per CUDA-graph batch size, and any split
-count is correct for any length.
+count is correct for any length. With one split the program writes the output directly;
+otherwise it writes its partial (unnormalised accumulator, row max, row sum) and
+:func:`decode_reduce_kernel` combines them (many small programs: measured faster on an H200
+than letting the last-arriving split merge them).
 
-When only one split of a sequence has tiles, that program writes the output directly.
-Otherwise each active split writes its partial (unnormalised accumulator, row max, row sum)
-and increments a per-(sequence, KV head) arrival counter; the last to arrive merges the
-partials, writes the output and resets the counter to zero for the next launch (so the
-counters never need clearing, also across CUDA-graph replays).
-
-``FUSED_STORE`` (decode-only steps) folds the KV-cache store of this step's token into the same
-launch: split 0 of each (sequence, KV head) writes the new K/V to its slot, and the program whose
-tiles hold the new position takes those values from the inputs instead of the cache, rounded to
-the cache's dtype exactly as the store rounds them.
+``FUSED_STORE`` (decode-only steps) folds this step's KV-cache store into the split launch:
+split 0 of each (sequence, KV head) writes the new K/V to its slot and also folds the new token
+into its own partial straight from registers (rounded to the cache dtype as the store rounds
+it); every split's cache loop skips that position. Softmax partials merge in any order, so no
+program waits for the store, and the tile loads stay untouched (a select on them would stop
+Triton from pipelining them into the tensor-core product).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import kv_offsets, online_softmax_step, scores
+from .common import kv_offsets, online_softmax_step, scores, tanh
 
 
 @triton.jit
@@ -52,18 +51,18 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
 
 
 @triton.jit
-def decode_kernel(
+def decode_split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr,
     qk_scale, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    MIXED: tl.constexpr, FUSED_STORE: tl.constexpr,
+    MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -77,31 +76,31 @@ def decode_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_mask = offs_d < HEAD_DIM
     kv_head_off = kv_head.to(tl.int64) * stride_ch
-    cache_ty = k_cache_ptr.dtype.element_ty
 
     if FUSED_STORE:
         slot = tl.load(slot_ptr + row64).to(tl.int64)
-        has_new = slot >= 0  # slot -1 (padding): nothing stored, the cache is read as it is
+        # slot -1 (padding): nothing is stored and the cache is read as it is
+        has_new = (slot >= 0) & (seq_len > 0)
         new_pos = tl.where(has_new, seq_len - 1, -1)
         new_mask = d_mask & has_new
+        cache_ty = k_cache_ptr.dtype.element_ty
         k_new = tl.load(k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d,
                         mask=new_mask, other=0.0).to(cache_ty)
         v_new = tl.load(v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d,
                         mask=new_mask, other=0.0).to(cache_ty)
-        if split == 0:
-            dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
-                   + kv_head_off + offs_d)
-            tl.store(k_cache_ptr + dst, k_new, mask=new_mask)
-            tl.store(v_cache_ptr + dst, v_new, mask=new_mask)
+        dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
+               + kv_head_off + offs_d)
+        tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
+        tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
     lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
-    n_active = tl.cdiv(n_tiles, per_split)
     t_begin = split * per_split
     t_end = tl.minimum(t_begin + per_split, n_tiles)
-    if split > 0:
+    if not SINGLE_SPLIT:
+        # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:
-            return  # an empty split: it neither writes a partial nor arrives
+            return
 
     offs_g = tl.arange(0, G_PAD)
     heads = kv_head * GROUP + offs_g
@@ -122,60 +121,80 @@ def decode_kernel(
         if USE_WINDOW:
             n_mask = n_mask & (offs_n >= window_lo)
         if FUSED_STORE:
-            is_new = offs_n == new_pos
-            from_cache = n_mask & (offs_n != new_pos)
-        else:
-            from_cache = n_mask
-        kv_off = kv_offsets(bt_row, offs_n, from_cache, stride_cb, stride_co, kv_head_off,
+            n_mask = n_mask & (offs_n != new_pos)  # folded in below, from registers
+        kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
                             BLOCK_SIZE)
-        kv_mask = from_cache[:, None] & d_mask[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FUSED_STORE:
-            k = tl.where(is_new[:, None], k_new[None, :], k)
         k = k.to(q.dtype)  # a cache in another dtype than the activations
         s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FUSED_STORE:
-            v = tl.where(is_new[:, None], v_new[None, :], v)
         v = v.to(q.dtype)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
-    out_ptrs = out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    if n_active <= 1:
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
-        tl.store(out_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-        return
+    if FUSED_STORE:
+        # the new token, in split 0 only: one more key of the online softmax
+        qf = q.to(tl.float32)
+        s_new = tl.sum(qf * k_new.to(q.dtype).to(tl.float32)[None, :], 1)
+        if USE_SOFTCAP:
+            s_new = softcap * tanh(s_new * qk_scale)
+        else:
+            s_new = s_new * qk_scale
+        s_new = tl.where(has_new & (split == 0), s_new, float("-inf"))
+        m_new = tl.maximum(m_i, s_new)
+        alpha = tl.exp2(m_i - m_new)
+        p_new = tl.exp2(s_new - m_new)
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
+        l_i = l_i * alpha + p_new
+        m_i = m_new
 
-    # partials: acc [B, Hq, S, D_PAD], (max, sum) [B, Hq, S, 2], fp32
-    part = (seq.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * num_splits
-    tl.store(part_acc_ptr + (part + split)[:, None] * D_PAD + offs_d[None, :], acc,
-             mask=g_mask[:, None])
-    tl.store(part_ml_ptr + (part + split) * 2, m_i, mask=g_mask)
-    tl.store(part_ml_ptr + (part + split) * 2 + 1, l_i, mask=g_mask)
-    # Every thread's partial stores precede the arrival (barrier), and the acq_rel atomic makes
-    # them visible to the program that arrives last, which reads them past L1 (.cg).
-    tl.debug_barrier()
-    counter = counter_ptr + seq * NUM_KV_HEADS + kv_head
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == n_active - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        m_all = tl.full([G_PAD], -1.0e30, tl.float32)
-        l_all = tl.zeros([G_PAD], tl.float32)
-        acc_all = tl.zeros([G_PAD, D_PAD], tl.float32)
-        for s_idx in range(0, n_active):
-            p = part + s_idx
-            m_s = tl.load(part_ml_ptr + p * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
-            l_s = tl.load(part_ml_ptr + p * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
-            a_s = tl.load(part_acc_ptr + p[:, None] * D_PAD + offs_d[None, :],
-                          mask=g_mask[:, None], other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_all, m_s)
-            alpha = tl.exp2(m_all - m_new)
-            beta = tl.exp2(m_s - m_new)
-            acc_all = acc_all * alpha[:, None] + a_s * beta[:, None]
-            l_all = l_all * alpha + l_s * beta
-            m_all = m_new
-        l_all = tl.where(l_all > 0.0, l_all, 1.0)
-        tl.store(out_ptrs, (acc_all / l_all[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=out_mask)
+    if SINGLE_SPLIT:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
+        o = acc / l_safe[:, None]
+        tl.store(out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    else:
+        # partials: acc [B, Hq, S, D_PAD], (max, sum) [B, Hq, S, 2], all fp32
+        part = (seq.to(tl.int64) * NUM_Q_HEADS + heads) * num_splits + split
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc,
+                 mask=g_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
+
+
+@triton.jit
+def decode_reduce_kernel(
+    part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    window, num_splits, stride_ot, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr, TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr,
+):
+    """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    row, served = _query_row(qsl_ptr, seq, MIXED)
+    if not served:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
+    n_active = tl.cdiv(n_tiles, per_split)
+
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < n_active
+    part = (seq.to(tl.int64) * NUM_Q_HEADS + head) * num_splits + offs_s
+    m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
+    row_sum = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
+    m_all = tl.max(m, 0)
+    m_all = tl.where(n_active > 0, m_all, 0.0)  # no context at all (padding): zeros, not NaN
+    w = tl.where(s_mask, tl.exp2(m - m_all), 0.0)
+    total = tl.sum(w * row_sum, 0)
+    total = tl.where(total > 0.0, total, 1.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :],
+                  mask=s_mask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / total
+    tl.store(out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+             o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
