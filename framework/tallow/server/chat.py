@@ -16,9 +16,9 @@ from .messages import normalize_messages
 from .protocol import (
     ChatCompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
 )
+from .generation import aclose_quietly, run_generation, unless_disconnected
 from .sampling import build_sampling_params, resolve_max_tokens
 from .sse import DONE, StreamSession, error_event
-from .generation import aclose_quietly, run_generation, unless_disconnected
 from .state import ServerState
 from .tools import ChoiceTools, Final, plan_tools
 
@@ -34,6 +34,7 @@ class _Choice:
         self.tokens = 0
         self.finished = False
         self.started = False
+        self.reason: str | None = None
 
 
 class ChatCompletion:
@@ -176,8 +177,7 @@ class ChatCompletion:
                     out = await gen.__anext__()
                 except StopAsyncIteration:
                     break
-            self.timer.finish([o.finish_reason or "stop" for o in last.outputs],
-                              last.num_cached_tokens)
+            self.timer.finish([c.reason or "stop" for c in choices], last.num_cached_tokens)
             if self.include_usage:
                 yield self._chunk([], self._usage(last))
             yield DONE
@@ -205,7 +205,7 @@ class ChatCompletion:
         delta = c.tools.feed(new_text) if new_text else None
         logprobs = None
         shown = reported_tokens(o, self.state.eos_token_ids,
-                                        bool(self.req.include_stop_str_in_output))
+                                bool(self.req.include_stop_str_in_output))
         if self.top is not None and o.logprobs is not None and shown > c.tokens:
             logprobs = {"content": chat_logprobs(o.logprobs[c.tokens:shown],
                                                  o.token_ids[c.tokens:shown],
@@ -233,6 +233,7 @@ class ChatCompletion:
                 raise APIError(503, "The request was aborted by the server.", code="aborted")
             else:
                 reason = o.finish_reason or "stop"
+            c.reason = reason
             chunks.append(self._chunk([{"index": o.index, "delta": {}, "logprobs": None,
                                         "finish_reason": reason}], usage))
         return chunks

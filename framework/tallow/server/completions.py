@@ -130,9 +130,9 @@ class TextCompletion:
             if not ids:
                 raise invalid(where, f"Invalid value for {where!r}: the prompt is empty.")
             self.prompts.append(_Prompt(text, ids))
-            max_tokens = resolve_max_tokens(max(1, self.req.max_tokens or 0) if
-                                            self.req.max_tokens is not None else None,
-                                            len(ids), self.state.max_model_len, where)
+            # scoring (max_tokens 0) generates one token that is never shown
+            requested = None if self.req.max_tokens is None else max(1, self.req.max_tokens)
+            max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len, where)
             try:
                 param_list.append(build_sampling_params(
                     self.req, max_tokens=max_tokens, vocab_size=vocab, logprobs=self.top,

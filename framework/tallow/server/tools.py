@@ -307,8 +307,8 @@ class ForcedTools(ChoiceTools):
         call = self._call()
         if call is None:
             return [StreamDelta(content=self.scanner.raw)]
-        return [StreamDelta(tool_calls=[ToolCallDelta(0, id=call.id, name=call.name)]),
-                StreamDelta(tool_calls=[ToolCallDelta(0, arguments=call.arguments)])]
+        return [StreamDelta(tool_calls=[ToolCallDelta(0, id=call.id, name=call.name,
+                                                      arguments=call.arguments)])]
 
     def final(self, text: str) -> Final:
         # The output was fed while it streamed in; feed what has not been seen yet.
