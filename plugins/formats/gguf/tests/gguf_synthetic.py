@@ -18,6 +18,24 @@ CORPUS = [
     "I'm sure they're here, we've seen it, you'll see, he'd know.",
 ] * 4
 
+#: Texts every tokenizer test encodes: spaces, scripts, emoji, code, special-token spellings.
+TEXTS = [
+    "Hello world",
+    "  two leading spaces",
+    "trailing spaces  ",
+    "emoji 🎉👩‍👩‍👧 and 日本語のテキスト ü é",
+    "tabs\tand\nnew\n\nlines\r\n",
+    "def add(a, b):\n    return a + b\n",
+    "<s> literal </s> special <unk>",
+    "<|im_start|>user\nhi<|im_end|><tool_call>{}</tool_call>",
+    "",
+    " ",
+    "12345678 digits 3.14159",
+    "I'm HERE, they'RE we've",
+    "\u00a0nbsp  \t ",
+    "ÀÉÎõü Ωμέγα кириллица",
+]
+
 #: Control tokens of the byte-level vocabulary (Qwen-like spellings).
 BYTE_LEVEL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_LEVEL_USER = ["<tool_call>", "</tool_call>"]

