@@ -76,3 +76,12 @@ def test_bad_host_exits_before_loading_anything() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--host 'nope:port'" in proc.stderr and "port" in proc.stderr
+
+
+def test_a_model_that_cannot_load_is_a_clear_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tallow", "serve", "--model",
+                           "/nonexistent/model.gguf", "--port", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "tallow: cannot serve the model:" in proc.stderr
+    assert "/nonexistent/model.gguf" in proc.stderr and "Traceback" not in proc.stderr

@@ -94,7 +94,13 @@ def serve(config: Any, bind: Any) -> int:
     pm = load_plugins(config.plugins)
     try:
         pm.hook.tallow_configure(config=config)
-        engine = AsyncEngine.from_config(config, plugin_manager=pm)
+        try:
+            engine = AsyncEngine.from_config(config, plugin_manager=pm)
+        except Exception as exc:  # a model that cannot be served: say why, without a traceback
+            log.debug("engine start-up failed", exc_info=True)
+            print(f"tallow: cannot serve the model: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return 1
         try:
             app = build_app(engine, config)
         except ToolParserError as exc:
