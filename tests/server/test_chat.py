@@ -56,6 +56,16 @@ def test_prompt_is_the_chat_template_of_the_messages(serve) -> None:
     assert request["prompt_token_ids"] == tok.encode(request["prompt"], add_special_tokens=False)
 
 
+def test_chat_template_kwargs_are_template_variables(serve) -> None:
+    engine = FakeEngine()
+    engine.tokenizer.tokenizer_config["chat_template"] = (
+        "{{ greeting | default('none') }}|{% for m in messages %}{{ m.content }}{% endfor %}")
+    client = serve(engine)
+    client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1,
+                                              "chat_template_kwargs": {"greeting": "hey"}})
+    assert engine.requests[-1]["prompt"] == "hey|hi"
+
+
 def test_sampling_fields_reach_the_engine(serve) -> None:
     client = serve()
     resp = client.post("/v1/chat/completions", json={

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .errors import APIError, from_exception
+from .errors import APIError, from_exception, invalid
 from .logprobs import chat_logprobs, reported_tokens
 from .messages import normalize_messages
 from .protocol import (
@@ -23,6 +23,9 @@ from .state import ServerState
 from .tools import ChoiceTools, Final, plan_tools
 
 log = logging.getLogger("tallow.server")
+
+_RESERVED_TEMPLATE_KEYS = {"chat_template", "messages", "tools", "add_generation_prompt",
+                           "documents"}
 
 
 class _Choice:
@@ -55,8 +58,12 @@ class ChatCompletion:
     async def prepare(self) -> tuple[list[int], Any, str]:
         """Render and tokenize the prompt, and build the sampling parameters."""
         messages = normalize_messages(self.req.messages)
-        prompt = await self.state.render_chat(messages, self.plan.prompt_tools,
-                                              kwargs=self.req.chat_template_kwargs)
+        kwargs = self.req.chat_template_kwargs or {}
+        for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
+            # the template is the model's: a request may pass variables, not replace it
+            raise invalid(f"chat_template_kwargs.{key}", f"Invalid value for "
+                          f"'chat_template_kwargs': {key!r} cannot be set by a request.")
+        prompt = await self.state.render_chat(messages, self.plan.prompt_tools, kwargs=kwargs)
         prompt += self.plan.prompt_suffix
         ids = await self.state.encode(prompt, add_special_tokens=False)
         self.prompt_ids = ids
