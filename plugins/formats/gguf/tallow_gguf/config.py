@@ -41,11 +41,12 @@ MODEL_TYPES: dict[str, str] = {
     "minimax-m2": "minimax_m2",
 }
 
-#: ``rope.scaling.<key>`` → key of HF ``rope_scaling``.
+#: ``rope.scaling.<key>`` → key of HF ``rope_scaling``, for the keys that mean the same in both.
+#: (``attn_factor`` does not: llama.cpp multiplies YaRN's default scale by it, transformers'
+#: ``attention_factor`` replaces that scale; the model plugin converts it.)
 ROPE_SCALING_KEYS: dict[str, str] = {
     "factor": "factor",
     "original_context_length": "original_max_position_embeddings",
-    "attn_factor": "attention_factor",
     "yarn_beta_fast": "beta_fast",
     "yarn_beta_slow": "beta_slow",
 }
