@@ -9,6 +9,11 @@ import threading
 import time
 from typing import Any
 
+try:  # the HTTP client the official openai SDK (3.x) and Starlette's test client use
+    import httpx2 as httpx
+except ImportError:  # older SDKs use httpx
+    import httpx  # type: ignore[no-redef]
+
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city.",
@@ -122,8 +127,6 @@ class ServeProcess:
         import subprocess
         import sys
 
-        import httpx2
-
         self.proc = subprocess.Popen([sys.executable, "-m", "tallow", "serve", *self.args],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + self.timeout
@@ -135,7 +138,7 @@ class ServeProcess:
                 with self.http() as http:
                     if http.get("/health", timeout=2).status_code == 200:
                         return self
-            except httpx2.HTTPError:
+            except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
@@ -144,11 +147,9 @@ class ServeProcess:
             time.sleep(0.5)
 
     def http(self, **kwargs: Any) -> Any:
-        """An ``httpx2.Client`` for this server (over its Unix socket when it has one)."""
-        import httpx2
-
-        transport = httpx2.HTTPTransport(uds=self.uds) if self.uds else None
-        return httpx2.Client(base_url=self.url, transport=transport, **kwargs)
+        """An HTTP client for this server (over its Unix socket when it has one)."""
+        transport = httpx.HTTPTransport(uds=self.uds) if self.uds else None
+        return httpx.Client(base_url=self.url, transport=transport, **kwargs)
 
     def log_text(self) -> str:
         self.log.flush()

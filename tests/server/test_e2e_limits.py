@@ -11,10 +11,9 @@ import tempfile
 import time
 from typing import Any, Iterator
 
-import httpx2 as httpx
 import openai
 import pytest
-from server_helpers import ServeProcess
+from server_helpers import ServeProcess, httpx
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,10 @@ import asyncio
 import json
 from typing import Any, Iterator
 
-import httpx2 as httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import ServeProcess
+from server_helpers import ServeProcess, httpx
 
 pytestmark = pytest.mark.slow
 

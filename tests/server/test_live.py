@@ -8,9 +8,9 @@ import json
 import time
 from typing import Any
 
-import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 from server_fakes import FakeEngine
+from server_helpers import httpx
 
 MSG = [{"role": "user", "content": "tell me a long story"}]
 
