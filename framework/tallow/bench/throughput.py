@@ -30,7 +30,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     for prompt, out_len in zip(prompts, out_lens):
         engine.add_request(engine.next_request_id(), prompt,
                            SamplingParams(max_tokens=out_len, ignore_eos=True,
-                                          temperature=0.0))
+                                          temperature=0.0), stream=False)
     steps = 0
     generated = 0
     host = 0.0

@@ -20,6 +20,7 @@ import torch
 
 from .builder import EngineParts, build_engine
 from .core import CoreOutput
+from .errors import AdmissionError, EngineDeadError
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -148,13 +149,14 @@ class AsyncEngine:
         client went away) aborts the request and frees its KV blocks.
         """
         if self.error is not None:
-            raise RuntimeError(f"the engine has failed: {self.error}")
+            raise EngineDeadError(f"the engine has failed: {self.error}")
         if self._thread is None:
             await self.start()
         if not prompt_token_ids:
-            raise ValueError("prompt: must contain at least one token")
+            raise AdmissionError("prompt: must contain at least one token", field="prompt")
         if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise AdmissionError(f"request id {request_id!r} is already in use",
+                                 field="request_id")
         assert self._loop is not None
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream
@@ -173,7 +175,7 @@ class AsyncEngine:
             while True:
                 item = await stream.get()
                 if isinstance(item, BaseException):
-                    raise RuntimeError(f"the engine has failed: {item}") from item
+                    raise EngineDeadError(f"the engine has failed: {item}") from item
                 if item.finished:
                     finished = True
                 yield item

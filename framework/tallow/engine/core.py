@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .model_runner import ModelRunner, SampledToken
 from .outputs import Logprob
@@ -79,14 +79,26 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     # -- the step -----------------------------------------------------------------------
-    def step(self) -> CoreOutput:
+    def step(self, between: Callable[[], None] | None = None) -> CoreOutput:
+        """Schedule and run one step.
+
+        ``between`` is called after the step is queued on the device and before waiting for
+        it: host work done there (turning the previous step's tokens into text, say) hides
+        behind the device's work.
+        """
         started = time.perf_counter()
         out = CoreOutput()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
+            self.scheduler.update(plan, {})
+            if between is not None:
+                between()
             return out
         t0 = time.perf_counter()
-        result = self.runner.execute(plan)
+        pending = self.runner.launch(plan)
+        if between is not None:
+            between()
+        result = self.runner.collect(pending)
         t1 = time.perf_counter()
         for seq_id, lps in result.prompt_logprobs.items():
             for item in plan.scheduled:

@@ -30,3 +30,7 @@ class AdmissionError(ValueError):
 
 class QueueFullError(RuntimeError):
     """The waiting queue holds ``max_waiting`` requests already; retry later."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has failed; no request can be served until the process restarts."""

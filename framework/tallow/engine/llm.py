@@ -74,7 +74,7 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(prompts, plist)):
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p,
+                self.engine.add_request(rid, prompt, p, stream=False,
                                         priority=priority[i] if priority else 0)
                 ids.append(rid)
         except Exception:

@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 from .builder import EngineParts, build_engine
+from .core import CoreOutput
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -22,6 +23,7 @@ class LLMEngine:
         self.plugin_manager = parts.plugin_manager
         self.processor = OutputProcessor(parts.tokenizer)
         self._ids = itertools.count()
+        self._unprocessed: CoreOutput | None = None  # the last step, not yet turned into text
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> "LLMEngine":
@@ -33,7 +35,8 @@ class LLMEngine:
         return f"req-{next(self._ids)}"
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, priority: int = 0) -> None:
+                    *, priority: int = 0, stream: bool = True) -> None:
+        """Queue a request. With ``stream=False`` its output is produced only once, finished."""
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -41,21 +44,38 @@ class LLMEngine:
         if not ids:
             raise ValueError("prompt: must contain at least one token")
         self.core.add_request(request_id, ids, params, priority=priority)
-        self.processor.add_request(request_id, text, ids, params)
+        self.processor.add_request(request_id, text, ids, params, stream=stream)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(request_id)
         return self.processor.abort_request(request_id)
 
     def step(self) -> list[RequestOutput]:
-        core_out = self.core.step()
+        """One engine step. The text of step N is made while the device runs step N+1, so
+        outputs trail the device by one step (and a stop string ends a completion one step
+        late: the extra token is dropped)."""
+        outputs: list[RequestOutput] = []
+        previous, self._unprocessed = self._unprocessed, None
+
+        def process_previous() -> None:
+            if previous is not None:
+                outputs.extend(self._process(previous))
+
+        core_out = self.core.step(between=process_previous)
+        if self.core.has_unfinished():
+            self._unprocessed = core_out
+        else:
+            outputs.extend(self._process(core_out))
+        return outputs
+
+    def _process(self, core_out: CoreOutput) -> list[RequestOutput]:
         outputs, to_stop = self.processor.process(core_out)
         for request_id, index in to_stop:
             self.core.finish_sequence(request_id, index, SequenceStatus.FINISHED_STOPPED)
         return outputs
 
     def has_unfinished(self) -> bool:
-        return self.core.has_unfinished()
+        return self.core.has_unfinished() or self._unprocessed is not None
 
     def stats(self) -> dict[str, Any]:
         return self.core.stats()

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from tallow.layers import Attention, AttentionMetadata, forward_context
@@ -58,6 +59,24 @@ def child_seed(seed: int | None, index: int) -> int | None:
     return seed if index == 0 else (seed * 1_000_003 + index * 7_919) & 0x7FFF_FFFF_FFFF
 
 
+@dataclass
+class _Pending:
+    """A launched step whose results are still on the device."""
+
+    result: StepResult = field(default_factory=StepResult)
+    targets: list[Any] = field(default_factory=list)
+    token_ids: torch.Tensor | None = None
+    sampled: Any = None
+
+
+def _plain_greedy(seq: Any) -> bool:
+    """Argmax is the whole story: greedy, no logit edits, no logprobs, min_tokens reached."""
+    p = seq.params
+    return (p.greedy and p.logprobs is None and not p.logit_bias
+            and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and seq.num_output_tokens >= p.min_tokens)
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
@@ -84,7 +103,8 @@ class ModelRunner:
                                 dtype=self.kv_dtype, device=device)
             attn.kv_cache = cache
             self.kv_caches.append(cache)
-        self.graphs = None  # set by enable_cuda_graphs()
+        self.graphs = None  # a CudaGraphRunner once captured
+        self._host: dict[str, torch.Tensor] = {}
 
     # -----------------------------------------------------------------------------------
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -96,47 +116,73 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
-    def _block_table_rows(self, seqs: list[Any], width: int) -> torch.Tensor:
-        table = torch.zeros(len(seqs), max(width, 1), dtype=torch.int32)
-        for i, seq in enumerate(seqs):
-            ids = seq.block_ids
-            if ids:
-                table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        return table
+    def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
+
+        Safe to reuse every step: each step waits for its results before the next is built,
+        so the previous transfer out of the buffer has finished.
+        """
+        buf = self._host.get(name)
+        if buf is None or buf.numel() < n:
+            size = max(n, 2 * (buf.numel() if buf is not None else 1024))
+            buf = torch.empty(size, dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
+                              pin_memory=self.device.type == "cuda")
+            self._host[name] = buf
+        return buf.numpy()[:n]
+
+    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        host = self._host[name][:array.size]
+        return host.to(self.device, non_blocking=True)
 
     def prepare(self, scheduled: list[Any]) -> tuple[torch.Tensor, torch.Tensor,
                                                     AttentionMetadata]:
-        """Host-side flat batch for ``scheduled`` (list of ScheduledSeq)."""
+        """Host-side flat batch for ``scheduled`` (list of ScheduledSeq), moved to the device
+        in two transfers (int64: tokens, positions, slots; int32: offsets, lengths, tables)."""
         bs = self.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        for item in scheduled:
+        num_seqs = len(scheduled)
+        lens = [item.num_tokens for item in scheduled]
+        num_tokens = sum(lens)
+        seq_lens = [item.start + item.num_tokens for item in scheduled]
+        width = max(1, max(-(-L // bs) for L in seq_lens))
+        i64 = self._staging("i64", 3 * num_tokens, np.int64)
+        ids, pos, slots = i64[:num_tokens], i64[num_tokens:2 * num_tokens], i64[2 * num_tokens:]
+        i32 = self._staging("i32", 2 * num_seqs + 1 + num_seqs * width, np.int32)
+        qsl = i32[:num_seqs + 1]
+        lens_arr = i32[num_seqs + 1:2 * num_seqs + 1]
+        table = i32[2 * num_seqs + 1:].reshape(num_seqs, width)
+        table.fill(0)
+        qsl[0] = 0
+        np.cumsum(lens, out=qsl[1:])
+        lens_arr[:] = seq_lens
+        t = 0
+        for i, item in enumerate(scheduled):
             seq, start, n = item.seq, item.start, item.num_tokens
-            token_ids.extend(seq.all_token_ids[start:start + n])
-            positions.extend(range(start, start + n))
             blocks = seq.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(start + n)
-        width = max(-(-L // bs) for L in seq_lens)
-        table = self._block_table_rows([it.seq for it in scheduled], width)
-        dev = self.device
+            table[i, :len(blocks)] = blocks
+            if n == 1:  # decode: no numpy temporaries
+                p = start
+                ids[t] = seq.all_token_ids[p]
+                pos[t] = p
+                slots[t] = blocks[p // bs] * bs + p % bs
+            else:
+                ids[t:t + n] = seq.all_token_ids[start:start + n]
+                p = np.arange(start, start + n)
+                pos[t:t + n] = p
+                slots[t:t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
+            t += n
+        dev_i64 = self._to_device("i64", i64)
+        dev_i32 = self._to_device("i32", i32)
+        qsl_list = qsl.tolist()
         meta = AttentionMetadata(
-            num_seqs=len(scheduled), num_tokens=len(token_ids),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            block_tables=table.to(dev, non_blocking=True),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            max_query_len=max(b - a for a, b in zip(qsl, qsl[1:])),
-            max_seq_len=max(seq_lens), block_size=bs,
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
+            num_seqs=num_seqs, num_tokens=num_tokens,
+            query_start_loc=dev_i32[:num_seqs + 1],
+            seq_lens=dev_i32[num_seqs + 1:2 * num_seqs + 1],
+            block_tables=dev_i32[2 * num_seqs + 1:].view(num_seqs, width),
+            slot_mapping=dev_i64[2 * num_tokens:3 * num_tokens],
+            max_query_len=max(lens), max_seq_len=max(seq_lens), block_size=bs,
+            query_start_loc_cpu=qsl_list, seq_lens_cpu=seq_lens,
         )
-        ids = torch.tensor(token_ids, dtype=torch.int64).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-        return ids, pos, meta
+        return dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor,
@@ -150,45 +196,62 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: Any) -> StepResult:
-        """Run one SchedulerOutput; return the sampled tokens and requested logprobs."""
+    def launch(self, out: Any) -> "_Pending":
+        """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
+        the device here except prompt logprobs, so the host can do other work meanwhile."""
         self.copy_blocks(out.blocks_to_copy)
-        result = StepResult()
+        pending = _Pending()
         scheduled = out.scheduled
         if not scheduled:
-            return result
+            return pending
         ids, pos, meta = self.prepare(scheduled)
         hidden = self.forward(ids, pos, meta)
-
         qsl = meta.query_start_loc_cpu
         sample_rows: list[int] = []
         rows: list[RowParams] = []
-        targets: list[Any] = []
+        targets = pending.targets
         for i, item in enumerate(scheduled):
             last = qsl[i + 1] - 1
             for seq in item.sample_seqs:
                 sample_rows.append(last)
-                rows.append(RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
-                                      prompt_token_ids=seq.prompt_token_ids,
-                                      seed=child_seed(seq.params.seed, seq.index),
-                                      step=seq.num_output_tokens))
                 targets.append(seq)
             if item.prompt_logprobs:
-                result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
+                pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
-        if not rows:
-            return result
-        row_index = torch.tensor(sample_rows, dtype=torch.int64, device=hidden.device)
+        if not targets:
+            return pending
+        row_index = torch.tensor(sample_rows, dtype=torch.int64).to(hidden.device,
+                                                                     non_blocking=True)
         logits = self.model.compute_logits(hidden.index_select(0, row_index)).float()
+        if all(_plain_greedy(seq) for seq in targets):
+            pending.token_ids = logits.argmax(dim=-1)  # nothing to edit, filter or draw
+            return pending
+        for seq in targets:
+            rows.append(RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
+                                  prompt_token_ids=seq.prompt_token_ids,
+                                  seed=child_seed(seq.params.seed, seq.index),
+                                  step=seq.num_output_tokens))
         batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
                                     eos_token_ids=self.eos_token_ids)
-        sampled = self.sampler(logits, batch)
-        tokens = sampled.token_ids.tolist()
-        lps = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
-        top_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None
-        top_lps = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
-        for j, seq in enumerate(targets):
+        pending.sampled = self.sampler(logits, batch)
+        pending.token_ids = pending.sampled.token_ids
+        return pending
+
+    def collect(self, pending: "_Pending") -> StepResult:
+        """Wait for a launched step and read its tokens (and logprobs) back."""
+        result = pending.result
+        if pending.token_ids is None:
+            return result
+        tokens = pending.token_ids.tolist()
+        sampled = pending.sampled
+        lps = ranks = top_ids = top_lps = None
+        if sampled is not None and sampled.logprobs is not None:
+            lps = sampled.logprobs.tolist()
+            ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
+            top_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None
+            top_lps = (sampled.top_logprobs.tolist() if sampled.top_logprobs is not None
+                       else None)
+        for j, seq in enumerate(pending.targets):
             tok = SampledToken(tokens[j])
             want = seq.params.logprobs
             if want is not None and lps is not None:
@@ -198,6 +261,10 @@ class ModelRunner:
                     tok.top = list(zip(top_ids[j][:want], top_lps[j][:want]))
             result.sampled[seq.seq_id] = tok
         return result
+
+    def execute(self, out: Any) -> StepResult:
+        """Run one SchedulerOutput; return the sampled tokens and requested logprobs."""
+        return self.collect(self.launch(out))
 
     def _prompt_logprobs(self, hidden: torch.Tensor, item: Any) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt

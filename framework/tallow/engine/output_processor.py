@@ -37,6 +37,7 @@ class RequestState:
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     finished: bool = False
+    stream: bool = True  # False: build an output only when the request finishes
 
 
 class OutputProcessor:
@@ -45,7 +46,7 @@ class OutputProcessor:
         self.requests: dict[str, RequestState] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> RequestState:
+                    params: SamplingParams, *, stream: bool = True) -> RequestState:
         completions = []
         for i in range(params.n):
             detok = IncrementalDetokenizer(
@@ -54,7 +55,8 @@ class OutputProcessor:
             out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
                                    cumulative_logprob=0.0 if params.logprobs is not None else None)
             completions.append(_Completion(detok, out))
-        state = RequestState(request_id, prompt, list(prompt_token_ids), params, completions)
+        state = RequestState(request_id, prompt, list(prompt_token_ids), params, completions,
+                             stream=stream)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = []
         self.requests[request_id] = state
@@ -107,7 +109,8 @@ class OutputProcessor:
             if all(c.output.finish_reason is not None for c in state.completions):
                 state.finished = True
                 self.requests.pop(state.request_id, None)
-            outputs.append(self._make_output(state))
+            if state.stream or state.finished:
+                outputs.append(self._make_output(state))
         return outputs, to_stop
 
     def _apply(self, state: RequestState, c: _Completion, update: TokenUpdate) -> bool:

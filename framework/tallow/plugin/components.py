@@ -87,7 +87,8 @@ class ModelArchitecture:
       attention metadata of the step in the forward context (:mod:`tallow.layers.attention`);
     - ``compute_logits(hidden [N, H]) -> float32 logits [N, V]``;
     - ``load_weights(tensors, naming) -> set[str]`` the parameter names it filled;
-    - ``config_from_gguf(metadata) -> dict`` (classmethod): an HF-style config from GGUF metadata.
+    - ``config_from_gguf(metadata, config) -> dict`` (classmethod): refine the HF-style config
+      that the GGUF format derived generically from ``metadata``.
     """
 
     hf_architectures: ClassVar[tuple[str, ...]] = ()

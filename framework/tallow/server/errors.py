@@ -88,6 +88,10 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
     if "QueueFullError" in names:
         return APIError(429, f"The server is at capacity: {exc}. Retry shortly.",
                         code="queue_full", headers={"Retry-After": "1"})
+    if "EngineDeadError" in names:
+        log.error("the engine has failed", exc_info=exc)
+        return APIError(503, "The inference engine has failed; the server must be restarted.",
+                        code="engine_dead")
     log.error("internal error while serving a request", exc_info=exc)
     return APIError(500, "Internal server error; the server log has the details.",
                     code="internal_error")

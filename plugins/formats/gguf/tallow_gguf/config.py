@@ -145,7 +145,11 @@ def config_from_metadata(
         vocab_size = len(tokens) if isinstance(tokens, list) else None
     if vocab_size is not None:
         config.setdefault("vocab_size", vocab_size)
-    config["tie_word_embeddings"] = "output.weight" not in set(tensor_names)
+    names = set(tensor_names)
+    config["tie_word_embeddings"] = "output.weight" not in names
+    # The metadata does not say whether projections carry biases; the tensors do.
+    config["attention_bias"] = "blk.0.attn_q.bias" in names
+    config["mlp_bias"] = "blk.0.ffn_up.bias" in names
     for hf_key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                              ("pad_token_id", "padding_token_id")):
         config[hf_key] = metadata.get(f"tokenizer.ggml.{gguf_key}")
