@@ -10,17 +10,24 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from tallow.engine.llm import config_from_kwargs  # noqa: E402
 from tallow.engine.llm_engine import LLMEngine  # noqa: E402
 from tallow.engine.sampling_params import SamplingParams  # noqa: E402
 
 SHAPE = "random:llama-3.2-1b"
 
 
-def engine(**kw) -> LLMEngine:
-    return LLMEngine.from_config(config_from_kwargs(
-        model=SHAPE, dtype="bfloat16", device="cuda", max_model_len=2048, num_blocks=2048,
-        **kw))
+def engine(model: str = SHAPE, dtype: str = "bfloat16", disable_cuda_graph: bool = False,
+           ) -> LLMEngine:
+    from tallow.config import config_from_mapping
+
+    # A fixed decode split count: graph capture and eager runs then launch the same kernels,
+    # so their results can be compared bit for bit.
+    return LLMEngine.from_config(config_from_mapping({
+        "model": {"source": model, "dtype": dtype, "device": "cuda", "max_model_len": 2048},
+        "cache": {"num_blocks": 2048},
+        "runner": {"disable_cuda_graph": disable_cuda_graph},
+        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+    }))
 
 
 def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list:
@@ -95,10 +102,13 @@ def test_cuda_graph_replay_equals_eager(graph_engine):
         assert a == b
 
 
-def test_seeded_sampling_on_gpu_is_batch_independent(graph_engine):
+def test_seeded_sampling_on_gpu_is_batch_independent():
+    # float32 and a small vocabulary: batch composition changes GEMM tiling, and only in
+    # float32 is that far below the gaps between the logits that top-k/top-p decide on.
+    eng = engine("random:tiny-llama", "float32")
     params = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_tokens=16, seed=42,
                             ignore_eos=True)
-    p = prompts(4, seed=3)
-    alone = run(graph_engine, [p[0]], params)[0].outputs[0].token_ids
-    mixed = run(graph_engine, p, params)
+    p = [[t % 500 + 10 for t in q] for q in prompts(4, seed=3)]
+    alone = run(eng, [p[0]], params)[0].outputs[0].token_ids
+    mixed = run(eng, p, params)
     assert mixed[0].outputs[0].token_ids == alone

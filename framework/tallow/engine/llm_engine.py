@@ -24,6 +24,7 @@ class LLMEngine:
         self.processor = OutputProcessor(parts.tokenizer)
         self._ids = itertools.count()
         self._unprocessed: CoreOutput | None = None  # the last step, not yet turned into text
+        self.last_step: CoreOutput | None = None
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> "LLMEngine":
@@ -62,6 +63,7 @@ class LLMEngine:
                 outputs.extend(self._process(previous))
 
         core_out = self.core.step(between=process_previous)
+        self.last_step = core_out  # what the device just did (timing tools read it)
         if self.core.has_unfinished():
             self._unprocessed = core_out
         else:
