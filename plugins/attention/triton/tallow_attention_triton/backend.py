@@ -3,9 +3,10 @@
 Per layer and step, :meth:`TritonAttentionBackend.forward` stores this step's K/V at
 ``meta.slot_mapping`` and then
 
-- decode-only steps (every sequence has one query): split-K decode in one launch that also
-  stores the step's K/V, capturable in a CUDA graph (no host reads of device data; the grid
-  depends on ``meta.num_seqs`` and, outside capture, on the ``meta.max_seq_len`` hint only);
+- decode-only steps (every sequence has one query): split-K decode (whose launch also stores
+  the step's K/V when the context is split), capturable in a CUDA graph (no host reads of
+  device data; the grid depends on ``meta.num_seqs`` and, outside capture, on the
+  ``meta.max_seq_len`` hint only);
 - other steps: the varlen prefill kernel for sequences with several queries and, when the batch
   may hold single-query sequences, split-K decode for those (so a long-context decode row in a
   mixed batch is still spread over the GPU).
@@ -174,13 +175,19 @@ class TritonAttentionBackend(AttentionBackend):
                       scale=layer.scale, sliding_window=layer.sliding_window,
                       logit_softcap=layer.logit_softcap, num_splits=self.num_splits,
                       max_seq_len=meta.max_seq_len)
-        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
-            # one row per sequence: the store rides in the attention launch
-            return ops.decode_attention(q, kv_cache, out, k=k, v=v,
-                                        slot_mapping=meta.slot_mapping, **common)
-        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
         if meta.is_decode_only:
+            splits = common["num_splits"] or ops.choose_num_splits(
+                q.device, meta.num_seqs, layer.num_kv_heads, meta.max_seq_len)
+            common["num_splits"] = splits
+            if splits > 1 and q.shape[0] == meta.num_seqs:
+                # Small batches are launch-latency bound: the store rides in the attention
+                # launch. With one split (large batches, bandwidth bound) the fused variant's
+                # extra registers cost occupancy, so the store launches on its own (H200).
+                return ops.decode_attention(q, kv_cache, out, k=k, v=v,
+                                            slot_mapping=meta.slot_mapping, **common)
+            ops.store_kv(kv_cache, k, v, meta.slot_mapping)
             return ops.decode_attention(q, kv_cache, out, **common)
+        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
         qsl = meta.query_start_loc_cpu
         singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
         prefill_args = {name: val for name, val in common.items()

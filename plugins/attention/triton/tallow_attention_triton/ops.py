@@ -164,6 +164,15 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     return out
 
 
+def choose_num_splits(device: torch.device, num_seqs: int, num_kv_heads: int,
+                      max_seq_len: int | None) -> int:
+    """The decode split count for a batch: :func:`heuristics.decode_num_splits` on this
+    device, ignoring the ``max_seq_len`` hint while a CUDA graph is being captured."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return decode_num_splits(num_seqs, num_kv_heads, sm_count=device_facts(device)[0],
+                             max_seq_len=None if capturing else max_seq_len)
+
+
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, num_seqs: int, scale: float,
@@ -190,9 +199,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     n_kv = kv_cache.shape[3]
     group = n_heads // n_kv
     if num_splits is None:
-        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        num_splits = decode_num_splits(num_seqs, n_kv, sm_count=device_facts(q.device)[0],
-                                       max_seq_len=None if capturing else max_seq_len)
+        num_splits = choose_num_splits(q.device, num_seqs, n_kv, max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     fused = k is not None
