@@ -92,6 +92,16 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     backend_entry = select(registries.attention_backends, config,
                            config.runner.attention_backend)
     backend = backend_entry.load()(config)
+    check_layer = getattr(backend, "supports_layer", None)
+    if check_layer is not None:
+        from tallow.plugin import SelectionError
+
+        from .model_runner import kv_layers
+
+        problems = sorted({r for a in kv_layers(loaded.model) for r in check_layer(a.layer)})
+        if problems:
+            raise SelectionError(f"attention backend {backend_entry.name!r} cannot run this "
+                                 "model:\n  - " + "\n  - ".join(problems))
     codec = select(registries.kv_codecs, config, config.cache.kv_codec).load()()
     kv_dtype = codec.cache_dtype(loaded.dtype)
     block_size = config.cache.block_size
