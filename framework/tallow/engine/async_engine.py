@@ -18,10 +18,9 @@ from typing import Any, AsyncIterator
 
 import torch
 
-from .builder import EngineParts, build_engine
+from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
 from .errors import AdmissionError, EngineDeadError
-from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import SequenceStatus
@@ -31,15 +30,9 @@ log = logging.getLogger("tallow.engine")
 _IDLE_WAIT_S = 0.05
 
 
-class AsyncEngine:
+class AsyncEngine(EngineFrontend):
     def __init__(self, parts: EngineParts) -> None:
-        self.parts = parts
-        self.core = parts.core
-        self.tokenizer = parts.tokenizer
-        self.model_name = parts.model_name
-        self.max_model_len = parts.max_model_len
-        self.plugin_manager = parts.plugin_manager
-        self.processor = OutputProcessor(parts.tokenizer)
+        super().__init__(parts)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}

@@ -13,6 +13,7 @@ from tallow.plugin import select
 from .core import EngineCore
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_bytes_per_block
+from .output_processor import OutputProcessor
 from .scheduler import Scheduler
 from .block_manager import BlockManager
 from .tokenizer import Tokenizer
@@ -31,6 +32,20 @@ class EngineParts:
     loaded: LoadedModel
     plugin_manager: Any
     attention_backend: str
+
+
+class EngineFrontend:
+    """What both engines (offline and asynchronous) hold: the built parts, the model's name,
+    tokenizer, context limit and plugins, and the output processor that makes text."""
+
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.core = parts.core
+        self.tokenizer = parts.tokenizer
+        self.model_name = parts.model_name
+        self.max_model_len = parts.max_model_len
+        self.plugin_manager = parts.plugin_manager
+        self.processor = OutputProcessor(parts.tokenizer)
 
 
 def model_source(config: Any) -> tuple[str, str]:

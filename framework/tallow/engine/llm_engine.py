@@ -5,23 +5,16 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .builder import EngineParts, build_engine
+from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
-from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import SequenceStatus
 
 
-class LLMEngine:
+class LLMEngine(EngineFrontend):
     def __init__(self, parts: EngineParts) -> None:
-        self.parts = parts
-        self.core = parts.core
-        self.tokenizer = parts.tokenizer
-        self.model_name = parts.model_name
-        self.max_model_len = parts.max_model_len
-        self.plugin_manager = parts.plugin_manager
-        self.processor = OutputProcessor(parts.tokenizer)
+        super().__init__(parts)
         self._ids = itertools.count()
         self._unprocessed: CoreOutput | None = None  # the last step, not yet turned into text
         self.last_step: CoreOutput | None = None
