@@ -48,7 +48,7 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
         engine.add_request(rid, prompt, params, stream=False)
     first: dict[str, float] = {}
     step_times: list[float] = []  # decode steps only (every sequence past its prompt)
-    host_times: list[float] = []
+    parts: dict[str, list[float]] = {}
     while engine.has_unfinished():
         t0 = now()
         engine.step()
@@ -59,6 +59,8 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
                 first[update.request_id] = t1 - start
         if decode_step:
             step_times.append(t1 - t0)
+            for key, value in engine.last_step.timings.items():
+                parts.setdefault(key, []).append(value)
     total = now() - start
     itl = step_times
     return {
@@ -68,6 +70,8 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
         "decode_tok_s_per_seq": 1.0 / mean(itl) if itl else float("nan"),
         "decode_tok_s_total": batch / mean(itl) if itl else float("nan"),
         "e2e_s": total, "decode_steps": len(itl),
+        # mean seconds per decode step spent in each phase of the engine step
+        "decode_step_phases_s": {k: mean(v) for k, v in parts.items()},
     }
 
 
@@ -123,7 +127,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("achieved bandwidth (GB/s)", r["achieved_bytes_per_s"] / 1e9),
         ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
         ("bandwidth utilisation", r["bandwidth_utilisation"]),
-    ]
+    ] + [(f"decode step: {k} (ms)", v * 1e3) for k, v in r["decode_step_phases_s"].items()]
     if "hf" in r:
         out += [("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
                 ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),

@@ -33,12 +33,12 @@ def run(args: Any, config: Any) -> dict[str, Any]:
                                           temperature=0.0), stream=False)
     steps = 0
     generated = 0
-    host = 0.0
+    phases: dict[str, float] = {}
     while engine.has_unfinished():
-        t = now()
         outs = engine.step()
         steps += 1
-        host += now() - t
+        for key, value in engine.last_step.timings.items():
+            phases[key] = phases.get(key, 0.0) + value
         generated += sum(len(o.outputs[0].token_ids) for o in outs if o.finished)
     sync(device)
     elapsed = now() - start
@@ -52,6 +52,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         "kv_blocks": stats["num_total_blocks"],
+        # mean seconds per step spent in each phase of the engine step
+        "step_phases_s": {k: v / max(1, steps) for k, v in phases.items()},
     }
 
 
@@ -63,4 +65,4 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
         ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
-    ]
+    ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()]

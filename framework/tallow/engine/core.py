@@ -40,7 +40,16 @@ class CoreOutput:
     #: request ids whose every completion has finished this step
     finished: list[str] = field(default_factory=list)
     step_time: float = 0.0  # wall time of the step
-    host_time: float = 0.0  # time spent outside the model forward (scheduling, bookkeeping)
+    #: where the step's wall time went: scheduling, building and queueing the batch on the
+    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def host_time(self) -> float:
+        """Host time the device may have waited for (everything but the wait itself and the
+        overlapped work, which runs while the device computes)."""
+        t = self.timings
+        return t.get("schedule", 0.0) + t.get("launch", 0.0) + t.get("post", 0.0)
 
 
 class EngineCore:
@@ -96,10 +105,12 @@ class EngineCore:
             return out
         t0 = time.perf_counter()
         pending = self.runner.launch(plan)
+        t1 = time.perf_counter()
         if between is not None:
             between()
+        t2 = time.perf_counter()
         result = self.runner.collect(pending)
-        t1 = time.perf_counter()
+        t3 = time.perf_counter()
         for seq_id, lps in result.prompt_logprobs.items():
             for item in plan.scheduled:
                 if item.seq.seq_id == seq_id:
@@ -122,8 +133,10 @@ class EngineCore:
             if request is None or all(s.status.is_finished for s in request.seqs):
                 out.finished.append(request_id)
         self.steps += 1
-        out.step_time = time.perf_counter() - started
-        out.host_time = out.step_time - (t1 - t0)
+        end = time.perf_counter()
+        out.step_time = end - started
+        out.timings = {"schedule": t0 - started, "launch": t1 - t0, "overlapped": t2 - t1,
+                       "wait": t3 - t2, "post": end - t3}
         return out
 
     def _check_stop(self, seq: Any, token: int, update: TokenUpdate) -> SequenceStatus | None:
