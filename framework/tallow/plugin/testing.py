@@ -21,6 +21,7 @@ it, and may then load it as a plugin after a test module has imported it.)
 from __future__ import annotations
 
 import importlib
+import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -28,7 +29,8 @@ from .manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
 
 __all__ = [
     "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
-    "tallow_plugin_manager", "tallow_hook_recorder",
+    "tallow_plugin_manager", "tallow_hook_recorder", "parse_summary",
+    "assert_streaming_matches_parse",
 ]
 
 
@@ -174,3 +176,34 @@ if pytest is not None:
         recorder = HookRecorder(tallow_plugin_manager)
         yield recorder
         recorder.close()
+
+
+# -- tool-call parsers ---------------------------------------------------------------------
+def parse_summary(result: Any) -> tuple[Any, list[tuple[str, str]]]:
+    """``(content, [(name, arguments), ...])`` of a ParseResult: what a client sees (call ids,
+    which are random, left out)."""
+    return result.content, [(c.name, c.arguments) for c in result.tool_calls]
+
+
+def assert_streaming_matches_parse(parser: Any, text: str, tools: Any = None,
+                                   tries: int = 40) -> Any:
+    """Check a tool parser's contract on ``text``: fed one character at a time, then in
+    ``tries`` random splits (chunks of 1–9 characters, seeded by the text), the assembled
+    stream equals ``parser.parse(text, tools)``. Returns that parse result."""
+    from .tool_parsing import assemble
+
+    whole = parser.parse(text, tools)
+    rng = random.Random(text)
+    for n in range(tries + 1):
+        chunks, i = [], 0
+        while i < len(text):
+            k = 1 if n == 0 else rng.randint(1, 9)
+            chunks.append(text[i:i + k])
+            i += k
+        stream = parser.stream(tools)
+        deltas = [stream.feed(c) for c in chunks] + [stream.finish()]
+        streamed = parse_summary(assemble(deltas))
+        if streamed != parse_summary(whole):
+            raise AssertionError(f"streamed {streamed!r} != parsed {parse_summary(whole)!r} "
+                                 f"for chunks {chunks!r}")
+    return whole

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import random
 import subprocess
 import sys
 
@@ -13,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tallow_tool_hermes.plugin
-from tallow.plugin.testing import isolated_plugin_manager
-from tallow.plugin.tool_parsing import ParseResult, assemble, compact_json
+from tallow.plugin.testing import (
+    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
+)
+from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_hermes.parser import HermesToolParser
 
 TOOLS = [
@@ -30,25 +31,12 @@ def call(name: str, args, *, indent=None, key: str = "arguments") -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def summary(result: ParseResult) -> tuple:
-    return result.content, [(c.name, c.arguments) for c in result.tool_calls]
+summary = parse_summary
 
 
 def check_all_splits(text: str, tools=TOOLS, tries: int = 40) -> ParseResult:
     """parse() equals the assembled stream for one-character and random chunks."""
-    parser = HermesToolParser()
-    whole = parser.parse(text, tools)
-    rng = random.Random(text)
-    for n in range(tries + 1):
-        chunks, i = [], 0
-        while i < len(text):
-            k = 1 if n == 0 else rng.randint(1, 9)
-            chunks.append(text[i:i + k])
-            i += k
-        sp = parser.stream(tools)
-        deltas = [sp.feed(c) for c in chunks] + [sp.finish()]
-        assert summary(assemble(deltas)) == summary(whole), chunks
-    return whole
+    return assert_streaming_matches_parse(HermesToolParser(), text, tools, tries)
 
 
 W = {"city": "Paris"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import random
 import subprocess
 import sys
 
@@ -13,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tallow_tool_json.plugin
-from tallow.plugin.testing import isolated_plugin_manager
-from tallow.plugin.tool_parsing import ParseResult, assemble, compact_json
+from tallow.plugin.testing import (
+    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
+)
+from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_json.parser import JsonToolParser
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
@@ -25,24 +26,12 @@ def call(name: str, args, key: str = "arguments") -> dict:
     return {"name": name, key: args}
 
 
-def summary(result: ParseResult) -> tuple:
-    return result.content, [(c.name, c.arguments) for c in result.tool_calls]
+summary = parse_summary
 
 
 def check_all_splits(text: str, tools=TOOLS, tries: int = 40) -> ParseResult:
-    parser = JsonToolParser()
-    whole = parser.parse(text, tools)
-    rng = random.Random(text)
-    for n in range(tries + 1):
-        chunks, i = [], 0
-        while i < len(text):
-            k = 1 if n == 0 else rng.randint(1, 9)
-            chunks.append(text[i:i + k])
-            i += k
-        sp = parser.stream(tools)
-        deltas = [sp.feed(c) for c in chunks] + [sp.finish()]
-        assert summary(assemble(deltas)) == summary(whole), chunks
-    return whole
+    """parse() equals the assembled stream for one-character and random chunks."""
+    return assert_streaming_matches_parse(JsonToolParser(), text, tools, tries)
 
 
 P = {"city": "Paris"}
