@@ -18,7 +18,7 @@ from .protocol import (
 )
 from .generation import aclose_quietly, run_generation, unless_disconnected
 from .sampling import build_sampling_params, resolve_max_tokens
-from .sse import DONE, StreamSession, error_event
+from .sse import DONE, StreamSession
 from .state import ServerState
 from .tools import ChoiceTools, Final, plan_tools
 
@@ -163,39 +163,30 @@ class ChatCompletion:
                      session: StreamSession) -> AsyncIterator[str]:
         choices = [_Choice(self.plan.choice()) for _ in first.outputs]
         last = first
-        try:
-            out = first
-            while True:
-                last = out
-                self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
+        out = first
+        while True:
+            last = out
+            self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
+            for o in out.outputs:
+                for chunk in self._choice_chunks(choices[o.index], o, out):
+                    yield chunk
+            if all(c.finished for c in choices):
+                break
+            if all(c.finished or c.tools.complete for c in choices):
+                # Every forced call is closed: stop generating and finish the choices.
+                await aclose_quietly(gen)
                 for o in out.outputs:
-                    for chunk in self._choice_chunks(choices[o.index], o, out):
+                    for chunk in self._choice_chunks(choices[o.index], o, out, force=True):
                         yield chunk
-                if all(c.finished for c in choices):
-                    break
-                if all(c.finished or c.tools.complete for c in choices):
-                    # Every forced call is closed: stop generating and finish the choices.
-                    await aclose_quietly(gen)
-                    for o in out.outputs:
-                        for chunk in self._choice_chunks(choices[o.index], o, out, force=True):
-                            yield chunk
-                    break
-                try:
-                    out = await gen.__anext__()
-                except StopAsyncIteration:
-                    break
-            self.timer.finish([c.reason or "stop" for c in choices], last.num_cached_tokens)
-            if self.include_usage:
-                yield self._chunk([], self._usage(last))
-            yield DONE
-        except APIError as exc:
-            yield error_event(exc)
-            yield DONE
-        except Exception as exc:
-            yield error_event(from_exception(exc))
-            yield DONE
-        finally:
-            await session.close()
+                break
+            try:
+                out = await gen.__anext__()
+            except StopAsyncIteration:
+                break
+        self.timer.finish([c.reason or "stop" for c in choices], last.num_cached_tokens)
+        if self.include_usage:
+            yield self._chunk([], self._usage(last))
+        yield DONE
 
     def _choice_chunks(self, c: _Choice, o: Any, out: Any, force: bool = False) -> list[str]:
         if c.finished:

@@ -24,7 +24,7 @@ from .protocol import (
     CompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
 )
 from .sampling import build_sampling_params, resolve_max_tokens
-from .sse import DONE, StreamSession, error_event
+from .sse import DONE, StreamSession
 from .state import ServerState
 
 
@@ -230,35 +230,26 @@ class TextCompletion:
         offsets: dict[int, int] = {}
         done: set[int] = set()
         latest: dict[int, Any] = {}
-        try:
-            item: tuple[int, Any] | None = first
-            while item is not None:
-                p, out = item
-                latest[p] = out
-                self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
-                usage = self._usage(latest) if self.continuous_usage else None
-                for o in out.outputs:
-                    for chunk in self._choice_chunks(p, out, o, sent_text, sent_tokens,
-                                                     offsets, done, usage):
-                        yield chunk
-                try:
-                    item = await gen.__anext__()
-                except StopAsyncIteration:
-                    item = None
-            self.timer.finish([o.finish_reason or "stop" for out in latest.values()
-                               for o in out.outputs],
-                              sum(int(o.num_cached_tokens or 0) for o in latest.values()))
-            if self.include_usage:
-                yield self._chunk([], self._usage(latest))
-            yield DONE
-        except APIError as exc:
-            yield error_event(exc)
-            yield DONE
-        except Exception as exc:
-            yield error_event(from_exception(exc))
-            yield DONE
-        finally:
-            await session.close()
+        item: tuple[int, Any] | None = first
+        while item is not None:
+            p, out = item
+            latest[p] = out
+            self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
+            usage = self._usage(latest) if self.continuous_usage else None
+            for o in out.outputs:
+                for chunk in self._choice_chunks(p, out, o, sent_text, sent_tokens,
+                                                 offsets, done, usage):
+                    yield chunk
+            try:
+                item = await gen.__anext__()
+            except StopAsyncIteration:
+                item = None
+        self.timer.finish([o.finish_reason or "stop" for out in latest.values()
+                           for o in out.outputs],
+                          sum(int(o.num_cached_tokens or 0) for o in latest.values()))
+        if self.include_usage:
+            yield self._chunk([], self._usage(latest))
+        yield DONE
 
     def _choice_chunks(self, p: int, out: Any, o: Any, sent_text: dict[int, int],
                        sent_tokens: dict[int, int], offsets: dict[int, int], done: set[int],

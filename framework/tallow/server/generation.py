@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import APIError, from_exception
-from .sse import StreamSession, event_stream
+from .sse import DONE, StreamSession, error_event, event_stream
 from .state import ServerState
 
 
@@ -70,6 +70,19 @@ async def aclose_quietly(gen: Any) -> None:
             await gen.aclose()
 
 
+async def _guarded(chunks: AsyncIterator[str], session: StreamSession) -> AsyncIterator[str]:
+    """End a stream the OpenAI way whatever happens: an error raised after the headers went out
+    becomes an error event, ``[DONE]`` closes it, and the request's cleanup runs."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as exc:
+        yield error_event(exc if isinstance(exc, APIError) else from_exception(exc))
+        yield DONE
+    finally:
+        await session.close()
+
+
 async def run_generation(
     state: ServerState, request: Request, start: Callable[[], AsyncIterator[Any]], param: str,
     stream: bool, respond: Callable[[Request, AsyncIterator[Any], Any], Awaitable[Response]],
@@ -91,7 +104,7 @@ async def run_generation(
             return await respond(request, gen, first)
         session = StreamSession(lambda: aclose_quietly(engine_stream), state.release_async)
         handed_over = True
-        return event_stream(chunks(gen, first, session), session.close)
+        return event_stream(_guarded(chunks(gen, first, session), session), session.close)
     except ClientGone:
         return Response(status_code=499)
     finally:
