@@ -65,8 +65,10 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     *, arrival_time: float | None = None, priority: int = 0) -> None:
         """Admit a request (raises AdmissionError / QueueFullError when it cannot be)."""
+        # A private copy: the caller may reuse or change its object, while the engine relies
+        # on a request's params never changing (the sampler caches what it derives from them).
+        params = params.clone()
         if params.max_tokens is None:
-            params = params.clone()
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.scheduler.add_request(request_id, prompt_token_ids, params,
                                    arrival_time=arrival_time, priority=priority)

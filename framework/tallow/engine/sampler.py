@@ -87,6 +87,67 @@ def _check_range(field: str, value: float, lo: float, hi: float, lo_open: bool =
     return value
 
 
+@dataclass(frozen=True)
+class _StaticRow:
+    """The per-request part of a row: the same every step, so checked and converted once."""
+
+    greedy: bool
+    inv_temperature: float
+    top_k: int  # vocab_size where off
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    logprobs: int | None
+    bias: tuple[tuple[int, float], ...]
+    min_tokens: int
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+
+
+# (id(params), vocab_size) -> (params, row). Holding ``params`` keeps its id from being reused
+# while the entry lives; the cache is emptied when it grows past a bound.
+_STATIC_ROWS: dict[tuple[int, int], tuple[Any, _StaticRow]] = {}
+_STATIC_ROWS_MAX = 8192
+
+
+def _static_row(p: Any, vocab_size: int) -> _StaticRow:
+    key = (id(p), vocab_size)
+    hit = _STATIC_ROWS.get(key)
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    is_greedy = _is_greedy(p)
+    temperature = float(_get(p, "temperature", 1.0))
+    if temperature < 0:
+        raise ValueError(f"temperature: expected >= 0, got {temperature}")
+    k = int(_get(p, "top_k", 0))
+    if k < -1:
+        raise ValueError(f"top_k: expected -1, 0 (off) or a positive int, got {k}")
+    r = float(_get(p, "repetition_penalty", 1.0))
+    if not r > 0:
+        raise ValueError(f"repetition_penalty: expected > 0, got {r}")
+    lp = getattr(p, "logprobs", None)
+    if lp is not None and (not isinstance(lp, int) or lp < 0):
+        raise ValueError(f"logprobs: expected None or an int >= 0, got {lp!r}")
+    row = _StaticRow(
+        greedy=is_greedy, inv_temperature=1.0 if is_greedy else 1.0 / temperature,
+        top_k=vocab_size if k <= 0 or k >= vocab_size else k,
+        top_p=_check_range("top_p", _get(p, "top_p", 1.0), 0.0, 1.0, lo_open=True),
+        min_p=_check_range("min_p", _get(p, "min_p", 0.0), 0.0, 1.0),
+        repetition_penalty=r, frequency_penalty=float(_get(p, "frequency_penalty", 0.0)),
+        presence_penalty=float(_get(p, "presence_penalty", 0.0)), logprobs=lp,
+        bias=tuple((_check_token("logit_bias", tok, vocab_size), float(b))
+                   for tok, b in (_get(p, "logit_bias", {}) or {}).items()),
+        min_tokens=int(_get(p, "min_tokens", 0)),
+        stop_token_ids=tuple(_get(p, "stop_token_ids", []) or []),
+        ignore_eos=bool(_get(p, "ignore_eos", False)))
+    if len(_STATIC_ROWS) >= _STATIC_ROWS_MAX:
+        _STATIC_ROWS.clear()
+    _STATIC_ROWS[key] = (p, row)
+    return row
+
+
 @dataclass
 class SamplingBatch:
     """Everything the sampler needs for one step, as tensors on the logits' device, plus the
@@ -125,6 +186,9 @@ class SamplingBatch:
               generator: torch.Generator | None = None) -> "SamplingBatch":
         """Turn per-row params into batch tensors on ``device``.
 
+        What is derived from a params object is cached by its identity, so a params object must
+        not change once it has been used (the engine gives each request a private copy).
+
         ``eos_token_ids`` are masked (with each row's ``stop_token_ids``) while a row has fewer
         than ``min_tokens`` outputs, unless it sets ``ignore_eos``. Unseeded rows draw their seed
         for this step from ``generator`` (CPU; torch's default generator if None). Raises
@@ -153,47 +217,34 @@ class SamplingBatch:
         counted_rows: list[int] = []  # rows with frequency/presence penalties
         repeated_rows: list[int] = []  # rows with a repetition penalty
         for i, row in enumerate(rows):
-            p = row.params
-            is_greedy = _is_greedy(p)
-            greedy.append(is_greedy)
-            temperature = float(_get(p, "temperature", 1.0))
-            if temperature < 0:
-                raise ValueError(f"temperature: expected >= 0, got {temperature}")
-            inv_temp.append(1.0 if is_greedy else 1.0 / temperature)
-            k = int(_get(p, "top_k", 0))
-            if k < -1:
-                raise ValueError(f"top_k: expected -1, 0 (off) or a positive int, got {k}")
-            top_k.append(vocab_size if k <= 0 or k >= vocab_size else k)
-            top_p.append(_check_range("top_p", _get(p, "top_p", 1.0), 0.0, 1.0, lo_open=True))
-            min_p.append(_check_range("min_p", _get(p, "min_p", 0.0), 0.0, 1.0))
-            r = float(_get(p, "repetition_penalty", 1.0))
-            if not r > 0:
-                raise ValueError(f"repetition_penalty: expected > 0, got {r}")
-            rep.append(r)
-            freq.append(float(_get(p, "frequency_penalty", 0.0)))
-            pres.append(float(_get(p, "presence_penalty", 0.0)))
-            lp = getattr(p, "logprobs", None)
-            if lp is not None and (not isinstance(lp, int) or lp < 0):
-                raise ValueError(f"logprobs: expected None or an int >= 0, got {lp!r}")
-            num_logprobs.append(lp)
+            st = _static_row(row.params, vocab_size)
+            greedy.append(st.greedy)
+            inv_temp.append(st.inv_temperature)
+            top_k.append(st.top_k)
+            top_p.append(st.top_p)
+            min_p.append(st.min_p)
+            rep.append(st.repetition_penalty)
+            freq.append(st.frequency_penalty)
+            pres.append(st.presence_penalty)
+            num_logprobs.append(st.logprobs)
             if row.step < 0:
                 raise ValueError(f"step: expected >= 0, got {row.step}")
             seeds.append(row.seed)
             steps.append(int(row.step))
-            for tok, b in (_get(p, "logit_bias", {}) or {}).items():
+            for tok, b in st.bias:
                 bias_rows.append(i)
-                bias_tokens.append(_check_token("logit_bias", tok, vocab_size))
-                bias_values.append(float(b))
-            if len(row.output_token_ids) < int(_get(p, "min_tokens", 0)):
-                masked = list(_get(p, "stop_token_ids", []) or [])
-                if not bool(_get(p, "ignore_eos", False)):
+                bias_tokens.append(tok)
+                bias_values.append(b)
+            if len(row.output_token_ids) < st.min_tokens:
+                masked = list(st.stop_token_ids)
+                if not st.ignore_eos:
                     masked.extend(eos)
                 for tok in masked:
                     mask_rows.append(i)
                     mask_tokens.append(_check_token("stop_token_ids", tok, vocab_size))
-            if freq[-1] != 0.0 or pres[-1] != 0.0:
+            if st.frequency_penalty != 0.0 or st.presence_penalty != 0.0:
                 counted_rows.append(i)
-            if r != 1.0:
+            if st.repetition_penalty != 1.0:
                 repeated_rows.append(i)
 
         outputs = [rows[i].output_token_ids for i in counted_rows]
