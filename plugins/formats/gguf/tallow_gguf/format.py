@@ -109,7 +109,12 @@ class GGUFFormat(WeightFormat):
 
 
 def _iter_tensors(model: GGUFModelFile) -> Iterator[tuple[str, Any]]:
+    """Dequantize one tensor at a time, with a progress bar (shown on a terminal only)."""
     import torch
+    from tqdm.auto import tqdm
 
-    for name, tensor in model.tensors.items():
-        yield name, torch.from_numpy(dequantize(tensor))
+    with tqdm(total=len(model.tensors), desc="Dequantizing GGUF tensors", unit="tensor",
+              disable=None, leave=False) as bar:
+        for name, tensor in model.tensors.items():
+            yield name, torch.from_numpy(dequantize(tensor))
+            bar.update(1)
