@@ -242,7 +242,9 @@ class ModelRunner:
         result = pending.result
         if pending.token_ids is None:
             return result
-        tokens = pending.token_ids.tolist()
+        # .to("cpu") waits for the device with the GIL released, so the asyncio thread can
+        # turn earlier tokens into text meanwhile; .tolist() alone would hold the GIL.
+        tokens = pending.token_ids.to("cpu").tolist()
         sampled = pending.sampled
         lps = ranks = top_ids = top_lps = None
         if sampled is not None and sampled.logprobs is not None:
