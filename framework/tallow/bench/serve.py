@@ -97,6 +97,11 @@ def run(args: Any, config: Any) -> dict[str, Any]:
             extra += ["--model", config.model.source]
         if config.model.dtype and config.model.dtype != "auto":
             extra += ["--dtype", config.model.dtype]
+        if config.model.device and config.model.device != "auto":
+            extra += ["--device", config.model.device]
+        if config.model.max_model_len:
+            extra += ["--max-model-len", str(config.model.max_model_len)]
+        extra += ["--max-num-seqs", str(config.scheduler.max_num_seqs)]
         proc = start_server(extra, port)
         base = f"http://127.0.0.1:{port}"
     try:
