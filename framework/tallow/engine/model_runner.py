@@ -143,7 +143,9 @@ class ModelRunner:
         lens = [item.num_tokens for item in scheduled]
         num_tokens = sum(lens)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
-        width = max(1, max(-(-L // bs) for L in seq_lens))
+        # Wide enough for every block table (a table may run ahead of this step's tokens).
+        width = max(1, max(len(item.seq.block_ids) for item in scheduled),
+                    max(-(-L // bs) for L in seq_lens))
         i64 = self._staging("i64", 3 * num_tokens, np.int64)
         ids, pos, slots = i64[:num_tokens], i64[num_tokens:2 * num_tokens], i64[2 * num_tokens:]
         i32 = self._staging("i32", 2 * num_seqs + 1 + num_seqs * width, np.int32)
