@@ -17,7 +17,7 @@ SHAPE = "random:llama-3.2-1b"
 
 
 def engine(model: str = SHAPE, dtype: str = "bfloat16", disable_cuda_graph: bool = False,
-           ) -> LLMEngine:
+           **scheduler: int) -> LLMEngine:
     from tallow.config import config_from_mapping
 
     # A fixed decode split count: graph capture and eager runs then launch the same kernels,
@@ -26,6 +26,7 @@ def engine(model: str = SHAPE, dtype: str = "bfloat16", disable_cuda_graph: bool
         "model": {"source": model, "dtype": dtype, "device": "cuda", "max_model_len": 2048},
         "cache": {"num_blocks": 2048},
         "runner": {"disable_cuda_graph": disable_cuda_graph},
+        "scheduler": scheduler,
         "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
     }))
 
@@ -112,3 +113,16 @@ def test_seeded_sampling_on_gpu_is_batch_independent():
     alone = run(eng, [p[0]], params)[0].outputs[0].token_ids
     mixed = run(eng, p, params)
     assert mixed[0].outputs[0].token_ids == alone
+
+
+def test_small_prefill_chunks_give_the_same_tokens_on_gpu():
+    # Steps that only prefill sample nothing and are not waited for: the next step's inputs
+    # must still not overwrite the buffers their transfers read from.
+    whole = engine("random:tiny-llama", "float32")
+    chunked = engine("random:tiny-llama", "float32", prefill_chunk_size=16,
+                     max_num_batched_tokens=24)
+    batch = [[t % 500 + 10 for t in q] for q in prompts(6, seed=7)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    a = [o.outputs[0].token_ids for o in run(whole, batch, params)]
+    b = [o.outputs[0].token_ids for o in run(chunked, batch, params)]
+    assert a == b

@@ -105,6 +105,7 @@ class ModelRunner:
             self.kv_caches.append(cache)
         self.graphs = None  # a CudaGraphRunner once captured
         self._host: dict[str, torch.Tensor] = {}
+        self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
     # -----------------------------------------------------------------------------------
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -119,8 +120,8 @@ class ModelRunner:
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
 
-        Safe to reuse every step: each step waits for its results before the next is built,
-        so the previous transfer out of the buffer has finished.
+        Reused every step: :meth:`prepare` first waits for the previous step's copies out of
+        these buffers (a step that samples nothing is not otherwise waited for).
         """
         buf = self._host.get(name)
         if buf is None or buf.numel() < n:
@@ -138,6 +139,9 @@ class ModelRunner:
                                                     AttentionMetadata]:
         """Host-side flat batch for ``scheduled`` (list of ScheduledSeq), moved to the device
         in two transfers (int64: tokens, positions, slots; int32: offsets, lengths, tables)."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's transfers have left the buffers
+            self._copied = None
         bs = self.block_size
         num_seqs = len(scheduled)
         lens = [item.num_tokens for item in scheduled]
@@ -174,6 +178,9 @@ class ModelRunner:
             t += n
         dev_i64 = self._to_device("i64", i64)
         dev_i32 = self._to_device("i32", i32)
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         qsl_list = qsl.tolist()
         meta = AttentionMetadata(
             num_seqs=num_seqs, num_tokens=num_tokens,
