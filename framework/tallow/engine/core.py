@@ -118,7 +118,7 @@ class EngineCore:
                 if item.seq.seq_id == seq_id:
                     out.prompt_logprobs.setdefault(item.seq.request_id, []).extend(lps)
         for item in plan.scheduled:
-            if item.start == 0 or item.seq.num_cached_tokens:
+            if item.start == item.seq.num_cached_tokens:  # its first chunk after admission
                 out.num_cached_tokens[item.seq.request_id] = item.seq.num_cached_tokens
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()

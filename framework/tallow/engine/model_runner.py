@@ -273,10 +273,6 @@ class ModelRunner:
             result.sampled[seq.seq_id] = tok
         return result
 
-    def execute(self, out: Any) -> StepResult:
-        """Run one SchedulerOutput; return the sampled tokens and requested logprobs."""
-        return self.collect(self.launch(out))
-
     def _prompt_logprobs(self, hidden: torch.Tensor, item: Any) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt
         token has no prefix: None)."""

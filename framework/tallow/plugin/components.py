@@ -7,7 +7,7 @@ listing plugins stays cheap. Tensor types appear only in annotations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -155,8 +155,3 @@ class ToolProvider(Component):
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         raise NotImplementedError
-
-
-def iter_components(entries: Iterable[Any]) -> Iterator[Any]:
-    for entry in entries:
-        yield entry.load()
