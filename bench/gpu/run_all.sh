@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,latency,ttft,hf,qwen3,thr8b, or full.
+# ITEMS: comma-separated among tests,enginetests,gemv,profile,latency,ttft,hf,qwen3,thr8b, or
+# full (everything but gemv and profile, which are for tuning).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -35,6 +36,16 @@ fi
 if want enginetests; then
   echo "== GPU engine tests"
   timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu 2>&1 | tail -30 | tee "$OUT/tests_engine.log"
+fi
+if [[ ",$MODE," == *",gemv,"* ]]; then
+  echo "== GEMV sweep"
+  timeout 240 python3 bench/gpu/profile_decode.py gemv 2>&1 | tee "$OUT/gemv.log" | tail -40
+fi
+if [[ ",$MODE," == *",profile,"* ]]; then
+  echo "== decode step profiles"
+  for extra in "" "--eager" "--gemv-rows 0" "--model random:qwen3-0.6b --batch 256 --input-len 300"; do
+    timeout 150 python3 bench/gpu/profile_decode.py step $extra 2>&1 | grep -v Warning | tail -34
+  done | tee "$OUT/profile.log"
 fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192

@@ -209,6 +209,50 @@ def test_gated_activation(dtype, shape, kind):
     close(gated_act_triton(extreme, kind), ref(extreme))
 
 
+# --- GEMV (decode-size linear layers) ------------------------------------------------------
+
+_GEMV_SHAPES = big_or_tiny(
+    [(1, 4096, 6144), (1, 14336, 4096), (1, 4096, 4100), (1, 1000, 300), (3, 4096, 512),
+     (16, 1024, 1000)],
+    [(1, 64, 24), (1, 40, 10), (3, 32, 20)])
+
+
+@pytest.mark.parametrize("dtype,m,k,n", [
+    (dtype, *shape) for dtype in (torch.float16, torch.bfloat16) for shape in _GEMV_SHAPES
+    # Triton's CPU interpreter computes bf16 tl.dot wrongly (several rows take tl.dot): there
+    # the several-row path is checked in fp16 only; the GPU checks both.
+    if not (INTERPRET and dtype == torch.bfloat16 and shape[0] > 1)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv(dtype, m, k, n, with_bias):
+    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels.linear import linear_ref
+    g = rng(7)
+    x = randn(g, m, k, dtype=dtype)
+    w = randn(g, n, k, dtype=dtype, scale=k ** -0.5)
+    b = randn(g, n, dtype=dtype) if with_bias else None
+    expected = linear_ref(x.float(), w.float(), None if b is None else b.float()).to(dtype)
+    close(gemv_triton(x, w, b), expected)
+
+
+def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
+    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import linear as linear_mod
+    calls = []
+    real = gemv_mod.gemv_triton
+    monkeypatch.setattr(gemv_mod, "gemv_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    g = rng(8)
+    x = randn(g, 1, 1, 64, dtype=torch.bfloat16)
+    w = randn(g, 24, 64, dtype=torch.bfloat16, scale=0.125)
+    out = linear_mod.linear(x, w)
+    assert out.shape == (1, 1, 24) and calls == [1]
+    close(out, linear_mod.linear_ref(x.float(), w.float()).to(torch.bfloat16))
+    many = randn(g, linear_mod.GEMV_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
+    linear_mod.linear(many, w)
+    assert calls == [1]  # more rows than the GEMV takes: cuBLAS
+    with pytest.raises(ValueError, match="input features"):
+        linear_mod.linear(randn(g, 1, 63, dtype=torch.bfloat16), w)
+
+
 # --- sampling -----------------------------------------------------------------------------
 
 def _keys(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tallow.kernels.linear import linear as dense_linear
+
 from .model import BuildContext
 from .parallel import all_gather_last_dim, all_reduce
 
@@ -120,7 +122,7 @@ class LMHead(_VocabSharded):
             param.data[n:].zero_()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight, self.bias)
+        logits = dense_linear(hidden, self.weight, self.bias)
         logits = all_gather_last_dim(logits, self.tp_size)
         return logits[..., :self.num_embeddings]
 

@@ -29,8 +29,9 @@ import inspect
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from tallow.kernels.linear import linear as dense_linear
 
 
 class LinearMethod:
@@ -56,7 +57,9 @@ class LinearMethod:
 
 
 class UnquantizedLinearMethod(LinearMethod):
-    """A dense ``weight [out, in]`` in the build dtype; ``forward`` is ``F.linear``."""
+    """A dense ``weight [out, in]`` in the build dtype; ``forward`` is
+    :func:`tallow.kernels.linear.linear` (a Triton GEMV for decode-size inputs on a GPU,
+    ``F.linear`` otherwise)."""
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype, device: torch.device) -> None:
@@ -69,7 +72,7 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return dense_linear(x, layer.weight, bias)
 
 
 def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:

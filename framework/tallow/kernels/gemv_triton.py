@@ -1,0 +1,88 @@
+"""Triton matrix-vector products for decode: ``y = x @ W.T (+ b)`` for a handful of rows.
+
+At batch 1 a decode step is a chain of weight reads, and the speed of the whole model is the
+speed at which these kernels stream ``W`` from HBM. Each program owns ``BLOCK_N`` output
+features and walks the whole ``K`` dimension, so every weight byte is read exactly once and
+no cross-program reduction is needed.
+
+One row (``BLOCK_M == 1``) multiplies elementwise and accumulates a ``[BLOCK_N, BLOCK_K]`` tile
+in float32, reducing across ``K`` once at the end. A few rows (2–16) pad to 16 and use
+``tl.dot``: the tensor cores are idle anyway, and the weight tile is loaded once for all rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        else:
+            k_mask = (k + offs_k) < K
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if BLOCK_M == 1:
+            acc += w.to(tl.float32) * x.to(tl.float32)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if BLOCK_M == 1:
+        y = tl.sum(acc, axis=1)[None, :]
+    else:
+        y = acc
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an ``m x k`` by ``k x n`` product."""
+    block_m = 1 if m == 1 else 16
+    block_k = 512 if k >= 512 else triton.next_power_of_2(max(k, 16))
+    # Enough programs to keep every SM streaming: ~4 waves of 132 SMs at 4096 features.
+    block_n = 16 if n >= 4096 else 8
+    if block_m > 1:
+        block_n, block_k = 32, min(block_k, 256)
+    return block_m, block_n, block_k, 4
+
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                *, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K].T (+ bias [N])`` → [M, N] in x's dtype, M ≤ 16 (checked by
+    the caller). ``config`` overrides the block sizes (benchmarks sweep it)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    block_m, block_n, block_k, warps = config or gemv_config(m, n, k)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, block_n),)
+    _gemv_kernel[grid](
+        x, weight, bias if bias is not None else weight, y, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, num_warps=warps)
+    return y

@@ -1,0 +1,47 @@
+"""Dense linear layers: ``y = x @ W.T + b``.
+
+A decode step with few sequences multiplies a handful of rows by every weight matrix; there the
+Triton GEMV of :mod:`tallow.kernels.gemv_triton` streams the weights. Larger batches are matrix
+products, which cuBLAS (``F.linear``) does best.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._dispatch import triton_enabled
+
+#: The most rows that take the Triton GEMV; more go to cuBLAS.
+GEMV_MAX_ROWS = 1
+_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch reference of ``linear``."""
+    return F.linear(x, weight, bias)
+
+
+def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (0 < rows <= GEMV_MAX_ROWS and x.dtype in _GEMV_DTYPES and weight.dtype == x.dtype
+            and weight.dim() == 2 and weight.stride(1) == 1
+            and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+            and triton_enabled(x))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ weight [N, K].T (+ bias [N])`` → [..., N]: the Triton GEMV for a few rows
+    of bf16/fp16 on CUDA, ``F.linear`` otherwise."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: x has {x.shape[-1]} input features, weight expects "
+                         f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})")
+    if not _gemv_fits(x, weight, bias):
+        return F.linear(x, weight, bias)
+    from .gemv_triton import gemv_triton
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return gemv_triton(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
