@@ -18,17 +18,28 @@ import time
 import torch
 
 
-def _bandwidth(fn, nbytes: int, iters: int = 40) -> float:
-    for _ in range(3):
-        fn(0)
+def _graph_bandwidth(fn, nbytes: int, iters: int = 20) -> float:
+    """GB/s of ``iters`` launches of ``fn(i)`` replayed as one CUDA graph: no launch gaps from
+    Python, as in the engine's captured decode step."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            fn(i)
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for i in range(iters):
-        fn(i)
+    for _ in range(5):
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return nbytes / (start.elapsed_time(end) / 1e3 / iters) / 1e9
+    return nbytes / (start.elapsed_time(end) / 1e3 / (5 * iters)) / 1e9
 
 
 def gemv_sweep() -> None:
@@ -38,35 +49,32 @@ def gemv_sweep() -> None:
 
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336), "lm_head": (128256, 4096),
-              "q3_qkv": (4096, 1024), "q3_down": (1024, 3072), "q3_lm": (151936, 1024)}
-    configs = [(1, bn, bk, w) for bn in (4, 8, 16, 32) for bk in (256, 512, 1024) for w in (4, 8)]
-    print(f"{'shape':10s} {'M':>3s} {'cuBLAS GB/s':>12s} {'default GB/s':>13s}  best config")
+              "q3_qkv": (4096, 1024), "q3_o": (1024, 2048), "q3_gate_up": (6144, 1024),
+              "q3_down": (1024, 3072), "q3_lm": (151936, 1024)}
+    configs = [(1, bn, bk, w) for bn in (2, 4, 8, 16, 32) for bk in (256, 512, 1024, 2048)
+               for w in (2, 4, 8)]
+    print(f"{'shape':10s} {'cuBLAS GB/s':>12s} {'default GB/s':>13s}  top configs (GB/s)")
     for name, (n, k) in shapes.items():
         nbytes = n * k * 2
         copies = max(2, -(-400_000_000 // nbytes))  # rotate > L2 (50 MB) so every read is HBM
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
               for _ in range(copies)]
-        for m in (1, 2, 4, 8, 16):
-            if m > 1 and name not in ("gate_up", "down", "qkv"):
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x, ws[0]).float()
+        got = gemv_triton(x, ws[0]).float()
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        cublas = _graph_bandwidth(lambda i: F.linear(x, ws[i % copies]), nbytes)
+        default = _graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies]), nbytes)
+        results = []
+        for cfg in configs:
+            if cfg[2] > max(256, k):
                 continue
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = F.linear(x, ws[0]).float()
-            got = gemv_triton(x, ws[0]).float()
-            err = ((got - ref).abs().max() / ref.abs().max()).item()
-            cublas = _bandwidth(lambda i: F.linear(x, ws[i % copies]), nbytes)
-            default = _bandwidth(lambda i: gemv_triton(x, ws[i % copies]), nbytes)
-            best = (0.0, None)
-            if m == 1:
-                for cfg in configs:
-                    bw = _bandwidth(lambda i: gemv_triton(x, ws[i % copies], config=cfg), nbytes)
-                    best = max(best, (bw, cfg))
-            else:
-                for cfg in [(16, bn, bk, w) for bn in (16, 32, 64) for bk in (128, 256)
-                            for w in (4, 8)]:
-                    bw = _bandwidth(lambda i: gemv_triton(x, ws[i % copies], config=cfg), nbytes)
-                    best = max(best, (bw, cfg))
-            print(f"{name:10s} {m:3d} {cublas:12.0f} {default:13.0f}  {best[0]:6.0f} {best[1]} "
-                  f"(default {gemv_config(m, n, k)}, rel err {err:.1e})", flush=True)
+            bw = _graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies], config=cfg), nbytes)
+            results.append((bw, cfg))
+        results.sort(reverse=True)
+        top = " ".join(f"{c[1]}x{c[2]}w{c[3]}:{b:.0f}" for b, c in results[:5])
+        print(f"{name:10s} {cublas:12.0f} {default:13.0f}  {top} (default "
+              f"{gemv_config(1, n, k)}, rel err {err:.1e})", flush=True)
         del ws
         torch.cuda.empty_cache()
 
@@ -127,17 +135,95 @@ def profile_step(args: argparse.Namespace) -> None:
     sys.stdout.flush()
 
 
+def profile_throughput(args: argparse.Namespace) -> None:
+    """The workload of ``tallow bench throughput`` (random lengths 100–1024), each step's host
+    phases recorded by kind: decode-only steps replayed from a graph, decode-only steps run
+    eagerly, steps with prompt tokens; and the garbage collector's pauses."""
+    import gc
+
+    from tallow.bench.common import lengths, random_prompts
+    from tallow.config import load_config
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.sampling_params import SamplingParams
+
+    config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
+                          "4096"] + args.extra)
+    engine = LLMEngine.from_config(config)
+    runner = engine.parts.core.runner
+    vocab = runner.vocab_size
+    n = args.batch
+    in_lens = lengths(n, None, 100, 1024, seed=10)
+    out_lens = lengths(n, None, 100, 1024, seed=11)
+    prompts = random_prompts(n, in_lens, vocab, seed=12)
+    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
+    gc_pause = [0.0, 0, 0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_pause[2] = time.perf_counter()
+        else:
+            gc_pause[0] += time.perf_counter() - gc_pause[2]
+            gc_pause[1] += 1
+
+    gc.callbacks.append(on_gc)
+    orig_launch = runner.launch
+    last: dict[str, object] = {}
+
+    def launch(plan):  # noqa: ANN001
+        t0 = time.perf_counter()
+        pending = orig_launch(plan)
+        last["launch"] = time.perf_counter() - t0
+        items = plan.scheduled
+        decode = all(item.num_tokens == 1 for item in items)
+        graph = runner.graphs is not None and decode and len(items) <= runner.graphs.max_batch
+        last["kind"] = ("decode/graph" if graph else "decode/eager") if decode else "with prompt"
+        return pending
+
+    runner.launch = launch
+    for prompt, out_len in zip(prompts, out_lens):
+        engine.add_request(engine.next_request_id(), prompt,
+                           SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+                           stream=False)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        engine.step()
+        wall = time.perf_counter() - t0
+        if "kind" not in last:
+            continue
+        k = kinds[last.pop("kind")]
+        t = engine.last_step.timings
+        k[0] += 1
+        k[1] += wall
+        k[2] += last["launch"]
+        k[3] += t.get("wait", 0.0)
+        k[4] += t.get("schedule", 0.0) + t.get("post", 0.0) + t.get("overlapped", 0.0)
+    sync()
+    elapsed = time.perf_counter() - start
+    gc.callbacks.remove(on_gc)
+    print(f"\n== throughput workload {args.model} n={n}: {elapsed:.2f} s; gc {gc_pause[1]} "
+          f"collections, {gc_pause[0] * 1e3:.0f} ms")
+    print(f"{'kind':14s} {'steps':>6s} {'wall ms':>8s} {'launch':>7s} {'wait':>7s} {'other':>7s}")
+    for name, (cnt, wall, lau, wait, other) in kinds.items():
+        print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
+              f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
+    sys.stdout.flush()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["gemv", "step"])
+    p.add_argument("what", choices=["gemv", "step", "throughput"])
     p.add_argument("--gemv-rows", type=int, default=1)
     p.add_argument("--model", default="random:llama-3-8b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("extra", nargs="*", help="throughput: more engine arguments (after --)")
     args = p.parse_args()
     if args.what == "gemv":
         gemv_sweep()
+    elif args.what == "throughput":
+        profile_throughput(args)
     else:
         profile_step(args)
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,gemv,profile,latency,ttft,hf,qwen3,thr8b, or
-# full (everything but gemv and profile, which are for tuning).
+# ITEMS: comma-separated among tests,enginetests,gemv,profile,thrprof,latency,ttft,hf,qwen3,thr8b,
+# or full (everything but gemv, profile and thrprof, which are for tuning).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -47,11 +47,16 @@ if [[ ",$MODE," == *",profile,"* ]]; then
     timeout 150 python3 bench/gpu/profile_decode.py step $extra 2>&1 | grep -v Warning | tail -34
   done | tee "$OUT/profile.log"
 fi
+if [[ ",$MODE," == *",thrprof,"* ]]; then
+  echo "== throughput workload, step kinds"
+  timeout 200 python3 bench/gpu/profile_decode.py throughput --model random:qwen3-0.6b --batch 256 \
+    2>&1 | grep -v Warning | tail -8 | tee "$OUT/thrprof.log"
+fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
 want hf && bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
 want qwen3 && bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
-want thr8b && bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512
+want thr8b && bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
