@@ -108,7 +108,8 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
                 sliding_window: int | None, mixed: bool) -> dict[str, object]:
     return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
-                S_PAD=next_pow2(num_splits), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
+                # at least 16: split counts that vary with the batch share one compiled variant
+                S_PAD=max(16, next_pow2(num_splits)), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
                 MIXED=mixed, num_warps=4)
 
 

@@ -50,7 +50,10 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
     return start, ok
 
 
-@triton.jit
+# Arguments that change from step to step are not specialized on (Triton would otherwise
+# compile a variant for each value that is 1 or a multiple of 16): a new variant mid-serving
+# costs seconds of compilation inside one engine step.
+@triton.jit(do_not_specialize=["window", "num_splits", "stride_bt"])
 def decode_split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
@@ -163,7 +166,7 @@ def decode_split_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "num_splits"])
 def decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
     window, num_splits, stride_ot, stride_oh,

@@ -63,7 +63,8 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
 
-@triton.jit
+# Step-dependent arguments are not specialized on (see decode_split_kernel).
+@triton.jit(do_not_specialize=["window", "num_seqs", "stride_bt"])
 def prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
     qk_scale, softcap, window, num_seqs,
