@@ -169,9 +169,9 @@ def profile_throughput(args: argparse.Namespace) -> None:
     orig_launch = runner.launch
     last: dict[str, object] = {}
 
-    def launch(plan):  # noqa: ANN001
+    def launch(plan, **kwargs):  # noqa: ANN001, ANN003
         t0 = time.perf_counter()
-        pending = orig_launch(plan)
+        pending = orig_launch(plan, **kwargs)
         last["launch"] = time.perf_counter() - t0
         items = plan.scheduled
         decode = all(item.num_tokens == 1 for item in items)
@@ -180,6 +180,20 @@ def profile_throughput(args: argparse.Namespace) -> None:
         return pending
 
     runner.launch = launch
+    # Warm-up as `tallow bench throughput` does it: prompt-only, then mixed steps.
+    for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
+        engine.add_request(engine.next_request_id(), p,
+                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
+        if i == 1:
+            engine.step()
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    kinds.clear()
+    prompt_steps: list[float] = []
+    import cProfile
+    import pstats
+    profiler = cProfile.Profile()
     for prompt, out_len in zip(prompts, out_lens):
         engine.add_request(engine.next_request_id(), prompt,
                            SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
@@ -187,11 +201,19 @@ def profile_throughput(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     while engine.has_unfinished():
         t0 = time.perf_counter()
+        profiled = len(prompt_steps) in (3, 4, 5)
+        if profiled:
+            profiler.enable()
         engine.step()
+        if profiled:
+            profiler.disable()
         wall = time.perf_counter() - t0
         if "kind" not in last:
             continue
-        k = kinds[last.pop("kind")]
+        kind = last.pop("kind")
+        if kind == "with prompt":
+            prompt_steps.append(wall)
+        k = kinds[kind]
         t = engine.last_step.timings
         k[0] += 1
         k[1] += wall
@@ -207,6 +229,10 @@ def profile_throughput(args: argparse.Namespace) -> None:
     for name, (cnt, wall, lau, wait, other) in kinds.items():
         print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
               f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
+    print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
+    if len(prompt_steps) > 3:
+        print("cProfile of prompt steps 4-6, top 14 by cumulative time:")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)
     sys.stdout.flush()
 
 

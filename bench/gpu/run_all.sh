@@ -50,7 +50,7 @@ fi
 if [[ ",$MODE," == *",thrprof,"* ]]; then
   echo "== throughput workload, step kinds"
   timeout 200 python3 bench/gpu/profile_decode.py throughput --model random:qwen3-0.6b --batch 256 \
-    2>&1 | grep -v Warning | tail -8 | tee "$OUT/thrprof.log"
+    2>&1 | grep -v Warning | tail -60 | tee "$OUT/thrprof.log" | tail -45
 fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
