@@ -6,8 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .jit import step_jit
 
-@triton.jit
+
+# The slot mapping is a slice of a packed per-step buffer: its alignment varies (see jit.py).
+@step_jit(pointers=["slot_ptr"])
 def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cache_half,
                      width, BLOCK: tl.constexpr):
     tok = tl.program_id(0)

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .jit import step_jit
+
 
 @triton.jit
 def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size,
@@ -29,7 +31,8 @@ def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size,
     tl.store(b_ptr, b_out.to(x_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# Positions are a slice of a packed per-step buffer: their alignment varies (see jit.py).
+@step_jit(pointers=["pos_ptr"])
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, q_stride, k_stride, cache_stride,
                    n_q_heads, n_k_heads, head_size, HALF: tl.constexpr,
                    IS_NEOX: tl.constexpr, HAS_K: tl.constexpr, BLOCK_HQ: tl.constexpr,

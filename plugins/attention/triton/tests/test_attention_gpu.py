@@ -198,3 +198,62 @@ def test_cuda_graph_capture_and_replay() -> None:
         expected_out, expected_cache = case.expected()
         torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(out[:n], expected_out, **tolerance(torch.bfloat16))
+
+
+def _compiled_variants(kernels: list) -> int:
+    counts = []
+    for kernel in kernels:
+        caches = getattr(kernel, "device_caches", None)
+        if caches is None:
+            pytest.skip("this Triton does not expose its compile cache (JITFunction.device_caches)")
+        counts.append(sum(len(entry[0]) for entry in caches.values()))
+    return sum(counts)
+
+
+def _packed(meta: AttentionMetadata, shift: int) -> AttentionMetadata:
+    """The metadata as slices of packed buffers, laid out like the model runner's (offsets
+    that depend on the batch), ``shift`` elements into each buffer."""
+    n = meta.num_seqs
+    width = meta.block_tables.shape[1]
+    i32 = torch.zeros(shift + 2 * n + 1 + n * width, dtype=torch.int32, device="cuda")
+    i64 = torch.zeros(shift + meta.slot_mapping.numel(), dtype=torch.int64, device="cuda")
+    qsl = i32[shift:shift + n + 1]
+    lens = i32[shift + n + 1:shift + 2 * n + 1]
+    tables = i32[shift + 2 * n + 1:].view(n, width)
+    slots = i64[shift:]
+    qsl.copy_(meta.query_start_loc)
+    lens.copy_(meta.seq_lens)
+    tables.copy_(meta.block_tables)
+    slots.copy_(meta.slot_mapping)
+    return AttentionMetadata(
+        num_seqs=n, num_tokens=meta.num_tokens, query_start_loc=qsl, seq_lens=lens,
+        block_tables=tables, slot_mapping=slots, max_query_len=meta.max_query_len,
+        max_seq_len=meta.max_seq_len, block_size=meta.block_size,
+        query_start_loc_cpu=meta.query_start_loc_cpu, seq_lens_cpu=meta.seq_lens_cpu)
+
+
+def test_new_batch_shapes_compile_nothing_new() -> None:
+    """Batches of other sizes, other block-table widths and metadata at other offsets (as the
+    model runner packs them) reuse the kernels compiled for the first batch: compiling in the
+    middle of serving would stall a step for seconds."""
+    from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
+    from tallow_attention_triton.kernels.prefill import prefill_kernel
+    from tallow_attention_triton.kernels.store import store_kv_kernel
+    kernels = [decode_split_kernel, decode_reduce_kernel, prefill_kernel, store_kv_kernel]
+    rng = random.Random(seed_of("recompile"))
+    be = backend(num_splits=8)
+
+    def run(num_seqs: int, shift: int) -> None:
+        q_lens = [1] * (num_seqs - 1) + [rng.randrange(2, 40)]  # decodes beside a chunk
+        ctx = [rng.randrange(1, 300) for _ in range(num_seqs)]
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                         head_dim=128, dtype=torch.bfloat16, device="cuda",
+                         seed=rng.randrange(2**31))
+        case.meta = _packed(case.meta, shift)
+        run_and_check(case, be)
+
+    run(3, 0)
+    before = _compiled_variants(kernels)
+    for num_seqs, shift in [(2, 1), (16, 3), (17, 2), (32, 5), (5, 7), (64, 1)]:
+        run(num_seqs, shift)
+    assert _compiled_variants(kernels) == before

@@ -23,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tallow.kernels.jit import step_jit
+
 from .common import kv_offsets, online_softmax_step, scores, tanh
 
 
@@ -50,10 +52,10 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
     return start, ok
 
 
-# Arguments that change from step to step are not specialized on (Triton would otherwise
-# compile a variant for each value that is 1 or a multiple of 16): a new variant mid-serving
-# costs seconds of compilation inside one engine step.
-@triton.jit(do_not_specialize=["window", "num_splits", "stride_bt"])
+# Arguments that change from step to step (values, and metadata pointers whose alignment
+# depends on the batch) are not specialized on: see tallow.kernels.jit.
+@step_jit(values=["window", "num_splits", "stride_bt"],
+          pointers=["slot_ptr", "block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
 def decode_split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
@@ -166,7 +168,7 @@ def decode_split_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
 
 
-@triton.jit(do_not_specialize=["window", "num_splits"])
+@step_jit(values=["window", "num_splits"], pointers=["seq_lens_ptr", "qsl_ptr"])
 def decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
     window, num_splits, stride_ot, stride_oh,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tallow.kernels.jit import step_jit
+
 from .common import kv_offsets, online_softmax_step, scores
 
 
@@ -63,8 +65,9 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
 
-# Step-dependent arguments are not specialized on (see decode_split_kernel).
-@triton.jit(do_not_specialize=["window", "num_seqs", "stride_bt"])
+# Step-dependent arguments are not specialized on: see tallow.kernels.jit.
+@step_jit(values=["window", "num_seqs", "stride_bt"],
+          pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
 def prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
     qk_scale, softcap, window, num_seqs,

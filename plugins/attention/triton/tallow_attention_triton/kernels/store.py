@@ -5,8 +5,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tallow.kernels.jit import step_jit
 
-@triton.jit
+
+# The slot mapping is a slice of a packed per-step buffer: its alignment varies.
+@step_jit(pointers=["slot_ptr"])
 def store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
