@@ -253,6 +253,26 @@ def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
         linear_mod.linear(randn(g, 1, 63, dtype=torch.bfloat16), w)
 
 
+# --- argmax ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n", big_or_tiny([(1, 128256), (7, 151936), (64, 32000), (3, 5)],
+                                               [(1, 9000), (3, 50)]))
+def test_argmax_rows(dtype, rows, n):
+    from tallow.kernels.argmax import argmax_rows, argmax_rows_ref
+    from tallow.kernels.argmax_triton import argmax_rows_triton
+    g = rng(9)
+    x = randn(g, rows, n, dtype=dtype)
+    assert torch.equal(argmax_rows_triton(x), argmax_rows_ref(x))
+    assert torch.equal(argmax_rows(x), argmax_rows_ref(x))
+    # ties go to the first index, across chunk boundaries too; NaN wins like in torch
+    x[:, :] = 0
+    x[0, n - 1] = x[0, n // 2] = x[0, 1] = 5
+    if rows > 1:
+        x[1, n // 3] = float("nan")
+    assert torch.equal(argmax_rows_triton(x), argmax_rows_ref(x))
+
+
 # --- sampling -----------------------------------------------------------------------------
 
 def _keys(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
