@@ -19,7 +19,8 @@ for d in plugins/*/*/; do pip_args+=(-e "$d"); done
 python3 -m pip install "${pip_args[@]}" >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+# A snapshot without .git (git archive) names its commit in COMMIT.
+{ cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } | tee -a "$OUT/gpu.txt"
 
 bench() {  # name, timeout, args...
   local name=$1 limit=$2; shift 2
