@@ -6,6 +6,12 @@ from the cache* at p-1 (as attention reads earlier positions), and the token it 
 depends on everything in the context. A wrong block table, a missed copy-on-write, a stale
 prefix-cache hit or a lost/duplicated token therefore changes the outputs, which are compared
 with the outputs of each request computed alone, without any scheduler.
+
+The same workloads also run in the async-scheduling interleaving: step N+1 is scheduled and run
+after ``advance(N)`` but before ``commit(N)`` (so sequences carry placeholder tokens, and the
+fake "device" feeds step N's tokens into N+1, as the runner does), stops are checked one step
+late, aborts land while steps are in flight, and some steps are collected before the next one
+is planned (the engine's fallback).
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from hypothesis import strategies as st
 from tallow.engine.block_manager import BlockManager
 from tallow.engine.errors import AdmissionError
 from tallow.engine.sampling_params import SamplingParams
-from tallow.engine.scheduler import Scheduler, SchedulerOutput
-from tallow.engine.sequence import Request, Sequence, SequenceStatus
+from tallow.engine.scheduler import AppliedStep, NewToken, Scheduler, SchedulerOutput
+from tallow.engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 
 VOCAB = 23
 MASK = (1 << 64) - 1
@@ -87,7 +93,10 @@ class FakeRunner:
         bs = self.bm.block_size
         return seq.block_ids[pos // bs], pos % bs
 
-    def run(self, out: SchedulerOutput, seeds: dict[str, int]) -> dict[int, int]:
+    def run(self, out: SchedulerOutput, seeds: dict[str, int],
+            feed: dict[int, int] | None = None) -> dict[int, int]:
+        """Run a step; ``feed`` holds the tokens of the step still in flight (seq_id → token),
+        which the host sees as placeholders, as the model runner gets them on the device."""
         for src, dst in out.blocks_to_copy:  # before the forward, as the contract says
             self.kv[dst] = list(self.kv[src])
         written: set[tuple[int, int]] = set()
@@ -97,7 +106,12 @@ class FakeRunner:
             assert seq.status is SequenceStatus.RUNNING
             assert item.start == seq.num_computed_tokens and item.end <= seq.num_tokens
             assert len(seq.block_ids) * self.bm.block_size >= item.end
-            tokens = seq.all_token_ids
+            tokens = list(seq.all_token_ids)
+            assert seq.num_pending_tokens <= 1, "a step planned on two unknown tokens"
+            if seq.num_pending_tokens:
+                assert tokens[-1] == PENDING_TOKEN
+                tokens[-1] = (feed or {})[seq.seq_id]
+            assert PENDING_TOKEN not in tokens
             prev = 0
             if item.start:
                 b, o = self._slot(seq, item.start - 1)
@@ -142,9 +156,22 @@ def check_scheduler_state(s: Scheduler, out: SchedulerOutput) -> None:
     assert not set(map(id, s.running)) & set(map(id, s.waiting))
 
 
+def stop_checks(s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[int]],
+                max_model_len: int) -> None:
+    """The engine's stop checks, on each token's own index (placeholders may follow it)."""
+    for new in new_tokens:
+        seq, n_out = new.seq, new.index + 1
+        if seq.output_token_ids[new.index] in stops[seq.request_id]:
+            s.finish(seq, SequenceStatus.FINISHED_STOPPED)
+        elif n_out >= seq.params.max_tokens or seq.num_prompt_tokens + n_out >= max_model_len:
+            s.finish(seq, SequenceStatus.FINISHED_LENGTH)
+
+
 def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs: int,
              max_num_batched_tokens: int, prefill_chunk_size: int | None, max_model_len: int,
-             policy: str, caching: bool) -> dict:
+             policy: str, caching: bool, async_steps: random.Random | None = None) -> dict:
+    """Run the jobs. With ``async_steps`` (a seeded RNG) steps overlap as in async
+    scheduling; the RNG decides which steps are collected before the next is planned."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
     s = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   prefill_chunk_size=prefill_chunk_size, max_model_len=max_model_len,
@@ -157,7 +184,9 @@ def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs:
     aborted: set[str] = set()
     pending = sorted(jobs, key=lambda j: j.arrive_at)
     step, preemptions, hits = 0, 0, 0
-    while pending or s.has_unfinished():
+    dropped = preempted_pending = 0  # async: tokens of finished sequences, pending preempted
+    in_flight: tuple[AppliedStep, dict[int, int]] | None = None
+    while pending or s.has_unfinished() or in_flight is not None:
         while pending and pending[0].arrive_at <= step:
             job = pending.pop(0)
             params = SamplingParams(n=job.n, max_tokens=job.max_tokens, seed=job.seed,
@@ -172,25 +201,35 @@ def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs:
             if job.abort_at == step and job.request_id in requests:
                 if s.abort(job.request_id):
                     aborted.add(job.request_id)
+        if in_flight is not None and async_steps.random() < 0.2:
+            stop_checks(s, s.commit(*in_flight), stops, max_model_len)  # collected first
+            in_flight = None
         was_running = {seq.seq_id for seq in s.running}
         out = s.schedule()
         hits += sum(1 for i in out.scheduled if i.seq.seq_id not in was_running and i.start)
-        if s.has_unfinished():
+        if s.has_unfinished() and not any(q.num_pending_tokens for q in s.running + s.waiting):
             assert out.scheduled, "nothing scheduled while requests are unfinished"
         preemptions += len(out.preempted)
-        sampled = runner.run(out, seeds)
-        got = s.update(out, sampled)
-        for seq in got:  # the engine's stop checks
-            if seq.output_token_ids[-1] in stops[seq.request_id]:
-                s.finish(seq, SequenceStatus.FINISHED_STOPPED)
-            elif (seq.num_output_tokens >= seq.params.max_tokens
-                  or seq.num_tokens >= max_model_len):
-                s.finish(seq, SequenceStatus.FINISHED_LENGTH)
+        preempted_pending += sum(1 for q in out.preempted if q.num_pending_tokens)
+        if async_steps is None:
+            sampled = runner.run(out, seeds)
+            got = s.update(out, sampled)
+            stop_checks(s, [NewToken(q, q.num_output_tokens - 1) for q in got], stops,
+                        max_model_len)
+        else:
+            sampled = runner.run(out, seeds, feed=in_flight[1] if in_flight else None)
+            applied = s.advance(out)  # placeholders; the next schedule() plans on them
+            if in_flight is not None:
+                stop_checks(s, s.commit(*in_flight), stops, max_model_len)
+            # the step just run computed tokens that nobody wants now (finished meanwhile)
+            dropped += sum(1 for new in applied.tokens if new.seq.status.is_finished)
+            in_flight = (applied, sampled) if out.scheduled else None
         check_scheduler_state(s, out)
         step += 1
         assert step < 5_000, "no progress: livelock"
     return dict(requests=requests, refused=refused, aborted=aborted, runner=runner, bm=bm,
-                preemptions=preemptions, admissions_with_cache_hits=hits, scheduler=s)
+                preemptions=preemptions, admissions_with_cache_hits=hits, scheduler=s,
+                dropped_tokens=dropped, preempted_with_pending_token=preempted_pending)
 
 
 def verify(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) -> None:
@@ -262,41 +301,64 @@ def workloads(draw: st.DrawFn) -> tuple[list[Job], dict]:
     return jobs, config
 
 
-def run_and_verify(jobs: list[Job], config: dict) -> dict:
-    result = simulate(jobs, **config)
+def run_and_verify(jobs: list[Job], config: dict,
+                   async_steps: random.Random | None = None) -> dict:
+    result = simulate(jobs, **config, async_steps=async_steps)
     verify(jobs, result, config["max_model_len"], config["num_blocks"])
     return result
 
 
+@pytest.mark.parametrize("interleaving", ["sync", "async"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
-def test_random_workloads_complete_exactly_as_alone(workload: tuple[list[Job], dict]) -> None:
+@given(workloads(), st.integers(0, 2**32 - 1))
+def test_random_workloads_complete_exactly_as_alone(interleaving: str,
+                                                    workload: tuple[list[Job], dict],
+                                                    seed: int) -> None:
+    """In the async interleaving N+1 is scheduled before N is committed: still the same
+    outputs as alone, no leak, no stale cache hit."""
     jobs, config = workload
-    result = run_and_verify(jobs, config)
+    async_steps = random.Random(seed) if interleaving == "async" else None
+    result = run_and_verify(jobs, config, async_steps=async_steps)
     event(f"preempted: {result['preemptions'] > 0}")
     event(f"prefix hits: {result['admissions_with_cache_hits'] > 0}")
     event(f"n>1: {any(j.n > 1 for j in jobs)}")
     event(f"aborted: {bool(result['aborted'])}")
+    if async_steps is not None:
+        event(f"finished while in the next step: {result['dropped_tokens'] > 0}")
+        event(f"preempted with a pending token: {result['preempted_with_pending_token'] > 0}")
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-@pytest.mark.parametrize("caching", [True, False])
-def test_heavy_load_with_preemption(policy: str, caching: bool) -> None:
-    """A fixed, larger workload on a pool that holds about two sequences: preemption, forks
-    and prefix hits all happen, and everything still comes out exactly."""
-    rng = random.Random(1234)
+def heavy_jobs(seed: int, *, stops: bool) -> list[Job]:
+    """30 jobs sharing prefixes, some with n > 1, prompt logprobs, aborts (and stop tokens)."""
+    rng = random.Random(seed)
     shared = [rng.randrange(VOCAB) for _ in range(16)]
-    jobs = [Job(request_id=f"j{i}", prompt=shared[:rng.randrange(17)] +
+    return [Job(request_id=f"j{i}", prompt=shared[:rng.randrange(17)] +
                 [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 8))],
-                n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(4, 16), stop=[],
+                n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1 if stops else 4, 16),
+                stop=[rng.randrange(VOCAB)] if stops and rng.random() < 0.5 else [],
                 seed=i, priority=rng.randrange(3), arrive_at=rng.randrange(20),
                 abort_at=rng.choice([None] * 5 + [rng.randrange(40)]),
                 prompt_logprobs=rng.random() < 0.15)
             for i in range(30)]
+
+
+@pytest.mark.parametrize("interleaving", ["sync", "async"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("caching", [True, False])
+def test_heavy_load_with_preemption(policy: str, caching: bool, interleaving: str) -> None:
+    """A fixed, larger workload on a pool that holds about two sequences: preemption, forks
+    and prefix hits all happen, and everything still comes out exactly. The async
+    interleaving also has stop tokens, so sequences finish while in the next step."""
+    asynchronous = interleaving == "async"
+    jobs = heavy_jobs(99 if asynchronous else 1234, stops=asynchronous)
     config = dict(num_blocks=12, block_size=4, max_model_len=40, max_num_seqs=6,
                   max_num_batched_tokens=24, prefill_chunk_size=8, policy=policy,
                   caching=caching)
-    result = run_and_verify(jobs, config)
+    result = run_and_verify(jobs, config,
+                            async_steps=random.Random(5) if asynchronous else None)
     assert result["preemptions"] > 0
     if caching:
         assert result["scheduler"].prefix_cache_hit_rate > 0
+    if asynchronous:
+        assert result["aborted"] and result["dropped_tokens"] > 0
+        assert result["preempted_with_pending_token"] > 0

@@ -110,8 +110,10 @@ class BlockManager:
         tokens = seq.all_token_ids
         while len(hashes) <= index:
             i = len(hashes)
-            if (i + 1) * bs > len(tokens):
-                raise ValueError(f"block {i} of sequence {seq.seq_id} is not full")
+            if (i + 1) * bs > seq.num_known_tokens:
+                # A block with a placeholder (a token still on the device) has no hash yet.
+                raise ValueError(f"block {i} of sequence {seq.seq_id} is not full of known "
+                                 "tokens")
             hashes.append(chain_hash(hashes[i - 1] if i else None, tokens[i * bs:(i + 1) * bs]))
         return hashes[index]
 
@@ -119,12 +121,14 @@ class BlockManager:
         """Cached blocks that hold ``seq``'s longest cached prefix of full blocks. Pure lookup.
 
         Only blocks wholly inside the first ``num_tokens - 1`` tokens count: the last token is
-        always computed (its logits are needed), and it never lands in a shared block.
+        always computed (its logits are needed), and it never lands in a shared block. Nor do
+        blocks holding a token still on the device (async scheduling).
         """
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        for i in range((seq.num_tokens - 1) // self.block_size):
+        usable = min(seq.num_tokens - 1, seq.num_known_tokens)
+        for i in range(usable // self.block_size):
             block = self._cache.get(self._block_hash(seq, i))
             if block is None:
                 break
@@ -161,15 +165,20 @@ class BlockManager:
             self._hit_tokens += cached
         return cached
 
-    def mark_computed(self, seq: Sequence) -> None:
+    def mark_computed(self, seq: Sequence, upto: int | None = None) -> None:
         """Register the full blocks of ``seq`` whose K/V are now computed in the prefix cache.
 
-        A block whose contents are already cached under another block is left uncached (the
-        first copy stays canonical).
+        ``upto`` caps the tokens considered (with async scheduling ``num_computed_tokens`` may
+        already count a step still running); blocks holding a pending token are never
+        registered. A block whose contents are already cached under another block is left
+        uncached (the first copy stays canonical).
         """
         if not self.enable_prefix_caching:
             return
-        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_ids))
+        computed = min(seq.num_computed_tokens, seq.num_known_tokens)
+        if upto is not None:
+            computed = min(computed, upto)
+        full = min(computed // self.block_size, len(seq.block_ids))
         if full <= seq.num_registered_blocks:
             return
         for i in range(seq.num_registered_blocks, full):

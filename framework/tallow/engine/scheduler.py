@@ -18,6 +18,13 @@ Protocol, one step: ``out = schedule()`` → the runner performs ``out.blocks_to
 ``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`finish`. The
 scheduler never decides a stop; in particular the engine must finish a sequence when it
 reaches ``max_model_len`` tokens. Not thread-safe: the engine core's thread owns it.
+
+``update`` is two halves that async scheduling calls apart: ``applied = advance(out)`` right
+after the step is launched (computed counts move on, ``n > 1`` requests fork, each sampled
+sequence gets a placeholder token), so the next ``schedule()`` may plan the following step
+while this one runs; ``commit(applied, sampled)`` once its tokens are read back (placeholders
+filled, full blocks registered in the prefix cache). A sequence whose last token is pending and
+that will end by length anyway (``max_tokens``, ``max_model_len``) is not scheduled again.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from .errors import AdmissionError, QueueFullError
 from .sampling_params import SamplingParams
 from .sequence import Request, Sequence, SequenceStatus
 
-__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AdmissionError", "QueueFullError"]
+__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AppliedStep", "NewToken",
+           "AdmissionError", "QueueFullError"]
 
 _POLICIES = ("fcfs", "priority")
 
@@ -79,6 +87,23 @@ class SchedulerOutput:
     @property
     def num_sampled(self) -> int:
         return sum(len(item.sample_seqs) for item in self.scheduled)
+
+
+@dataclass
+class NewToken:
+    """Output ``index`` of ``seq`` is sampled by an applied step (a placeholder until commit)."""
+
+    seq: Sequence
+    index: int
+
+
+@dataclass
+class AppliedStep:
+    """A step :meth:`Scheduler.advance` has applied; :meth:`Scheduler.commit` completes it."""
+
+    out: SchedulerOutput
+    #: the placeholders it appended, in the order of ``out.scheduled`` then ``sample_seqs``
+    tokens: list[NewToken] = field(default_factory=list)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -184,6 +209,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        seq.drop_pending_tokens()  # tokens of steps still running: nobody wants them now
         seq.status = status
         seq.finish_reason = status.finish_reason
         seq.stop_reason = stop_reason
@@ -276,6 +302,15 @@ class Scheduler:
         # Cached blocks would skip prompt rows whose logprobs the request asked for.
         return seq.params.prompt_logprobs is None or seq.prompt_computed
 
+    def _awaits_length_stop(self, seq: Sequence) -> bool:
+        """``seq``'s last token is still on the device and ends it by length whatever its
+        value: computing it would be wasted (the engine finishes it when the token arrives)."""
+        if not seq.num_pending_tokens:
+            return False
+        max_tokens = seq.params.max_tokens
+        return ((max_tokens is not None and seq.num_output_tokens >= max_tokens)
+                or seq.num_tokens >= self.max_model_len)
+
     def _check_fits_alone(self, seq: Sequence) -> None:
         bm = self.block_manager
         if bm.blocks_for(seq.num_tokens) > bm.num_total_blocks:
@@ -313,28 +348,39 @@ class Scheduler:
         the prefix cache, fork ``n > 1`` completions at the end of the prompt and append the
         sampled tokens (``seq_id -> token id``). Returns the sequences that got a token, in
         the order of ``out.scheduled`` and then ``sample_seqs``. Sequences finished or aborted
-        since ``schedule()`` are skipped."""
+        since ``schedule()`` are skipped. Same as :meth:`advance` then :meth:`commit`."""
         if out is not self._pending:
             raise ValueError("update() takes the SchedulerOutput of the latest schedule(), once")
-        live = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
-        for item in live:
+        for item in out.scheduled:
+            if item.seq.status is not SequenceStatus.RUNNING:
+                continue
             for target in item.sample_seqs:
                 if not target.status.is_finished and target.seq_id not in sampled:
                     raise ValueError(f"update: no sampled token for sequence {target.seq_id} "
                                      f"(request {target.request_id!r}, index {target.index})")
+        return [new.seq for new in self.commit(self.advance(out), sampled)]
+
+    def advance(self, out: SchedulerOutput) -> AppliedStep:
+        """Apply a launched step before its tokens are known: computed tokens advance, ``n > 1``
+        requests fork at the end of their prompt, and every sequence that samples gets a
+        placeholder token. The next :meth:`schedule` may then run; :meth:`commit` completes
+        the step when its tokens are read back."""
+        if out is not self._pending:
+            raise ValueError("advance() takes the SchedulerOutput of the latest schedule(), "
+                             "once")
+        live = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
+        for item in live:
             if item.seq.num_computed_tokens != item.start:
-                raise RuntimeError(f"update: sequence {item.seq.seq_id} has "
+                raise RuntimeError(f"advance: sequence {item.seq.seq_id} has "
                                    f"{item.seq.num_computed_tokens} computed tokens, the plan "
                                    f"started at {item.start}")
         self._pending = None
-        bm = self.block_manager
-        result: list[Sequence] = []
+        applied = AppliedStep(out)
         for item in live:
             seq = item.seq
             seq.num_computed_tokens = item.end
             if item.prompt_logprobs:
                 seq.num_prompt_logprob_rows = max(seq.num_prompt_logprob_rows, item.end)
-            bm.mark_computed(seq)
             if not seq.prompt_computed and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 seq.prompt_computed = True
             if not item.sample_seqs:
@@ -345,9 +391,26 @@ class Scheduler:
                     self._fork_children(request)
             for target in item.sample_seqs:
                 if target.status is SequenceStatus.RUNNING:
-                    target.append_token(int(sampled[target.seq_id]))
-                    result.append(target)
-        return result
+                    applied.tokens.append(NewToken(target, target.append_pending_token()))
+        return applied
+
+    def commit(self, applied: AppliedStep, sampled: dict[int, int]) -> list[NewToken]:
+        """Complete an applied step with its sampled tokens (``seq_id -> token id``): fill the
+        placeholders and register the blocks the step computed in the prefix cache. Returns
+        the tokens of sequences still unfinished (possibly preempted since), in step order;
+        the engine checks their stops. Tokens of sequences finished meanwhile are dropped."""
+        kept = [new for new in applied.tokens if not new.seq.status.is_finished]
+        for new in kept:
+            if new.seq.seq_id not in sampled:
+                raise ValueError(f"commit: no sampled token for sequence {new.seq.seq_id} "
+                                 f"(request {new.seq.request_id!r}, index {new.seq.index})")
+        for new in kept:
+            new.seq.fill_pending_token(new.index, int(sampled[new.seq.seq_id]))
+        bm = self.block_manager
+        for item in applied.out.scheduled:
+            if item.seq.status is SequenceStatus.RUNNING:
+                bm.mark_computed(item.seq, upto=item.end)
+        return kept
 
     def _fork_children(self, request: Request) -> None:
         parent = request.seqs[0]
@@ -402,7 +465,8 @@ class _Step:
 
     def schedule_running(self) -> None:
         s, bm = self.s, self.s.block_manager
-        queue = deque(s.running)
+        # Sequences that end by length when their pending token arrives get no more work.
+        queue = deque(seq for seq in s.running if not s._awaits_length_stop(seq))
         # Decodes still to be placed; a prefill chunk leaves them room in the budget.
         pending_decodes = sum(1 for seq in queue if seq.num_uncomputed_tokens == 1)
         while queue:
@@ -440,8 +504,12 @@ class _Step:
 
     def admit_waiting(self) -> None:
         s, bm = self.s, self.s.block_manager
-        while s.waiting and self.budget > 0:
-            seq = s.waiting[0]
+        i = 0  # waiting[:i] are passed over: they end by length when their last token arrives
+        while i < len(s.waiting) and self.budget > 0:
+            seq = s.waiting[i]
+            if s._awaits_length_stop(seq):
+                i += 1
+                continue
             hits = bm.get_prefix_hits(seq) if s._may_use_prefix_cache(seq) else []
             cached = len(hits) * bm.block_size
             num_new = s._chunk(seq, cached, seq.num_tokens - cached, self.budget)
@@ -453,7 +521,7 @@ class _Step:
                     break
                 self._preempt(victim)
                 continue
-            s.waiting.pop(0)
+            s.waiting.pop(i)
             first = seq.num_preemptions == 0
             cached = bm.allocate_prefix(seq, hits, record_stats=first)
             if first:

@@ -10,6 +10,12 @@ Token accounting, which every other part of the engine relies on:
 * A sequence whose remaining tokens are more than one is in prefill: its prompt, or, after a
   preemption, its prompt and outputs being recomputed. Every step that brings
   ``num_computed_tokens`` up to ``num_tokens`` samples a new token.
+* With async scheduling a step is applied before its tokens are read back from the device: each
+  sampled sequence gets a placeholder (``PENDING_TOKEN``) that is filled in when the step is
+  collected. Placeholders are always the last ``num_pending_tokens`` outputs; everything that
+  needs token *values* (prefix-cache hashes, penalties) reads only the first
+  ``num_known_tokens``. Counts (``num_tokens``, ``num_output_tokens``) include placeholders, so
+  lengths, the seeded sampler's step counter and min_tokens are right before the values are.
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from dataclasses import dataclass, field
 
 from .sampling_params import SamplingParams
 
-__all__ = ["SequenceStatus", "Sequence", "Request"]
+__all__ = ["SequenceStatus", "Sequence", "Request", "PENDING_TOKEN"]
 
 _seq_ids = itertools.count()
+
+#: Stands for a sampled token still on the device. Negative, so that a placeholder fed to a
+#: model by mistake fails loudly (an embedding lookup of -1) instead of computing garbage.
+PENDING_TOKEN = -1
 
 
 class SequenceStatus(enum.Enum):
@@ -84,6 +94,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     #: how many leading blocks mark_computed has already offered to the prefix cache
     num_registered_blocks: int = field(default=0, repr=False)
+    #: trailing outputs that are placeholders for tokens still on the device (async scheduling)
+    num_pending_tokens: int = 0
     _all: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -128,9 +140,41 @@ class Sequence:
         therefore computed like a decode."""
         return self.num_computed_tokens < len(self._all) - 1
 
+    @property
+    def num_known_tokens(self) -> int:
+        """Leading tokens whose ids the host knows (all but the pending placeholders)."""
+        return len(self._all) - self.num_pending_tokens
+
     def append_token(self, token_id: int) -> None:
+        if self.num_pending_tokens:
+            raise RuntimeError(f"sequence {self.seq_id}: a known token cannot follow a pending "
+                               "one")
         self.output_token_ids.append(token_id)
         self._all.append(token_id)
+
+    def append_pending_token(self) -> int:
+        """Append a placeholder for a token still on the device; return its output index."""
+        self.output_token_ids.append(PENDING_TOKEN)
+        self._all.append(PENDING_TOKEN)
+        self.num_pending_tokens += 1
+        return len(self.output_token_ids) - 1
+
+    def fill_pending_token(self, index: int, token_id: int) -> None:
+        """Replace the first placeholder, output ``index``, by the token read back."""
+        first = len(self.output_token_ids) - self.num_pending_tokens
+        if not self.num_pending_tokens or index != first:
+            raise RuntimeError(f"sequence {self.seq_id}: output {index} is not its first "
+                               f"pending token ({self.num_pending_tokens} pending)")
+        self.output_token_ids[index] = token_id
+        self._all[self.num_prompt_tokens + index] = token_id
+        self.num_pending_tokens -= 1
+
+    def drop_pending_tokens(self) -> None:
+        """Forget the placeholders (the sequence has finished: their tokens are not wanted)."""
+        if self.num_pending_tokens:
+            del self.output_token_ids[-self.num_pending_tokens:]
+            del self._all[-self.num_pending_tokens:]
+            self.num_pending_tokens = 0
 
     # -- status ------------------------------------------------------------------------
     @property
