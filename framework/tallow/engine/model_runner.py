@@ -19,7 +19,7 @@ import torch
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampler import RowParams, Sampler, SamplingBatch
+from .sampler import RowParams, Sampler, SamplingBatch, device_tensor
 
 log = logging.getLogger("tallow.engine")
 
@@ -60,13 +60,41 @@ def child_seed(seed: int | None, index: int) -> int | None:
 
 
 @dataclass
-class _Pending:
+class PendingStep:
     """A launched step whose results are still on the device."""
 
     result: StepResult = field(default_factory=StepResult)
+    #: the sequences sampled, in the order of the rows of ``token_ids``
     targets: list[Any] = field(default_factory=list)
     token_ids: torch.Tensor | None = None
     sampled: Any = None
+    #: a pinned host copy of ``token_ids``, queued right behind the sampling (CUDA only)
+    host_token_ids: torch.Tensor | None = None
+    #: recorded after the step's last queued work (CUDA only; on a CPU work is synchronous)
+    done: Any = None
+
+    def rows_by_seq(self) -> dict[int, int]:
+        """seq_id → its row in ``token_ids``."""
+        return {seq.seq_id: j for j, seq in enumerate(self.targets)}
+
+    def is_done(self) -> bool:
+        """Whether the device has finished the step (never waits)."""
+        return self.done is None or bool(self.done.query())
+
+
+@dataclass
+class _Batch:
+    """One step's inputs on the device."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    meta: AttentionMetadata
+    #: the flat rows whose logits are sampled, one per sampled sequence
+    sample_rows: torch.Tensor
+    #: rows whose input id is a token of the step still running, and its row in that step's
+    #: token ids (None when there are none)
+    fed_rows: torch.Tensor | None = None
+    fed_from: torch.Tensor | None = None
 
 
 def _plain_greedy(seq: Any) -> bool:
@@ -112,8 +140,8 @@ class ModelRunner:
         """Copy-on-write: duplicate whole blocks (all layers) before they diverge."""
         if not pairs:
             return
-        src = torch.tensor([p[0] for p in pairs], device=self.device)
-        dst = torch.tensor([p[1] for p in pairs], device=self.device)
+        src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
+        dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
@@ -135,10 +163,15 @@ class ModelRunner:
         host = self._host[name][:array.size]
         return host.to(self.device, non_blocking=True)
 
-    def prepare(self, scheduled: list[Any]) -> tuple[torch.Tensor, torch.Tensor,
-                                                    AttentionMetadata]:
+    def prepare(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> _Batch:
         """Host-side flat batch for ``scheduled`` (list of ScheduledSeq), moved to the device
-        in two transfers (int64: tokens, positions, slots; int32: offsets, lengths, tables)."""
+        in two transfers (int64: tokens, positions, slots, sampled rows, fed rows; int32:
+        offsets, lengths, tables).
+
+        ``fed`` maps each sequence sampled by the step still running (async scheduling) to its
+        row in that step's token ids: a sequence whose last token is still pending gets a
+        placeholder id here, and the batch says where on the device the real one is.
+        """
         if self._copied is not None:
             self._copied.synchronize()  # the last step's transfers have left the buffers
             self._copied = None
@@ -146,12 +179,19 @@ class ModelRunner:
         num_seqs = len(scheduled)
         lens = [item.num_tokens for item in scheduled]
         num_tokens = sum(lens)
+        num_sampled = sum(len(item.sample_seqs) for item in scheduled)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
         # Wide enough for every block table (a table may run ahead of this step's tokens).
         width = max(1, max(len(item.seq.block_ids) for item in scheduled),
                     max(-(-L // bs) for L in seq_lens))
-        i64 = self._staging("i64", 3 * num_tokens, np.int64)
-        ids, pos, slots = i64[:num_tokens], i64[num_tokens:2 * num_tokens], i64[2 * num_tokens:]
+        # int64 layout: ids, positions, slots [num_tokens each], sampled rows [num_sampled],
+        # fed rows and their sources [at most one per sequence each].
+        fed_at = 3 * num_tokens + num_sampled
+        i64 = self._staging("i64", fed_at + 2 * num_seqs, np.int64)
+        ids, pos = i64[:num_tokens], i64[num_tokens:2 * num_tokens]
+        slots = i64[2 * num_tokens:3 * num_tokens]
+        sample_rows = i64[3 * num_tokens:fed_at]
+        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:]
         i32 = self._staging("i32", 2 * num_seqs + 1 + num_seqs * width, np.int32)
         qsl = i32[:num_seqs + 1]
         lens_arr = i32[num_seqs + 1:2 * num_seqs + 1]
@@ -160,7 +200,7 @@ class ModelRunner:
         qsl[0] = 0
         np.cumsum(lens, out=qsl[1:])
         lens_arr[:] = seq_lens
-        t = 0
+        t = num_fed = num_rows = 0
         for i, item in enumerate(scheduled):
             seq, start, n = item.seq, item.start, item.num_tokens
             blocks = seq.block_ids
@@ -176,6 +216,14 @@ class ModelRunner:
                 pos[t:t + n] = p
                 slots[t:t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
             t += n
+            if seq.num_pending_tokens and item.end == seq.num_tokens:
+                # Only a sequence's last token can be pending when a step is planned.
+                fed_rows[num_fed] = t - 1
+                fed_from[num_fed] = self._fed_row(fed, seq)
+                num_fed += 1
+            for _ in item.sample_seqs:
+                sample_rows[num_rows] = t - 1
+                num_rows += 1
         dev_i64 = self._to_device("i64", i64)
         dev_i32 = self._to_device("i32", i32)
         if self.device.type == "cuda":
@@ -191,7 +239,20 @@ class ModelRunner:
             max_query_len=max(lens), max_seq_len=max(seq_lens), block_size=bs,
             query_start_loc_cpu=qsl_list, seq_lens_cpu=seq_lens,
         )
-        return dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta
+        batch = _Batch(dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta,
+                       sample_rows=dev_i64[3 * num_tokens:fed_at])
+        if num_fed:
+            batch.fed_rows = dev_i64[fed_at:fed_at + num_fed]
+            batch.fed_from = dev_i64[fed_at + num_seqs:fed_at + num_seqs + num_fed]
+        return batch
+
+    @staticmethod
+    def _fed_row(fed: dict[int, int] | None, seq: Any) -> int:
+        row = None if fed is None else fed.get(seq.seq_id)
+        if row is None or seq.num_pending_tokens != 1:
+            raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_pending_tokens} pending "
+                               "token(s) that the step in flight did not sample")
+        return row
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor,
@@ -205,58 +266,83 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: Any) -> "_Pending":
+    def launch(self, out: Any, feed: PendingStep | None = None) -> PendingStep:
         """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
-        the device here except prompt logprobs, so the host can do other work meanwhile."""
+        the device here except prompt logprobs, so the host can do other work meanwhile.
+
+        ``feed`` is the step still running when this one is planned ahead of it (async
+        scheduling): sequences whose last token it sampled read that token from its device
+        tensor of token ids.
+        """
         self.copy_blocks(out.blocks_to_copy)
-        pending = _Pending()
+        pending = PendingStep()
         scheduled = out.scheduled
         if not scheduled:
             return pending
-        ids, pos, meta = self.prepare(scheduled)
-        hidden = self.forward(ids, pos, meta)
-        qsl = meta.query_start_loc_cpu
-        sample_rows: list[int] = []
-        rows: list[RowParams] = []
-        targets = pending.targets
+        batch = self.prepare(scheduled, feed.rows_by_seq() if feed is not None else None)
+        if batch.fed_rows is not None:
+            assert feed is not None and feed.token_ids is not None
+            # After the host→device copy, before the forward: the eager model and the CUDA
+            # graphs (which copy ids into their static buffer) both read the patched ids.
+            batch.ids.index_copy_(0, batch.fed_rows,
+                                  feed.token_ids.index_select(0, batch.fed_from))
+        hidden = self.forward(batch.ids, batch.pos, batch.meta)
+        qsl = batch.meta.query_start_loc_cpu
         for i, item in enumerate(scheduled):
-            last = qsl[i + 1] - 1
-            for seq in item.sample_seqs:
-                sample_rows.append(last)
-                targets.append(seq)
+            pending.targets.extend(item.sample_seqs)
             if item.prompt_logprobs:
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
-        if not targets:
-            return pending
-        row_index = torch.tensor(sample_rows, dtype=torch.int64).to(hidden.device,
-                                                                     non_blocking=True)
-        logits = self.model.compute_logits(hidden.index_select(0, row_index)).float()
+        if pending.targets:
+            logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+            self._sample(pending, logits.float())
+        self._queue_readback(pending)
+        return pending
+
+    def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
+        targets = pending.targets
         if all(_plain_greedy(seq) for seq in targets):
             pending.token_ids = logits.argmax(dim=-1)  # nothing to edit, filter or draw
-            return pending
-        for seq in targets:
-            rows.append(RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
-                                  prompt_token_ids=seq.prompt_token_ids,
-                                  seed=child_seed(seq.params.seed, seq.index),
-                                  step=seq.num_output_tokens))
+            return
+        # step counts pending placeholders too: it is the index of the token drawn now
+        rows = [RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
+                          prompt_token_ids=seq.prompt_token_ids,
+                          seed=child_seed(seq.params.seed, seq.index),
+                          step=seq.num_output_tokens) for seq in targets]
         batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
                                     eos_token_ids=self.eos_token_ids)
         pending.sampled = self.sampler(logits, batch)
         pending.token_ids = pending.sampled.token_ids
-        return pending
 
-    def collect(self, pending: "_Pending") -> StepResult:
+    def _queue_readback(self, pending: PendingStep) -> None:
+        """On a GPU, queue the copy of the token ids to pinned memory right behind the step
+        and mark its end: collecting it then waits for this step only, not for the next one
+        that async scheduling may have queued meanwhile."""
+        if self.device.type != "cuda":
+            return
+        if pending.token_ids is not None:
+            host = torch.empty(pending.token_ids.shape, dtype=pending.token_ids.dtype,
+                               pin_memory=True)
+            host.copy_(pending.token_ids, non_blocking=True)
+            pending.host_token_ids = host
+        pending.done = torch.cuda.Event()
+        pending.done.record()
+
+    def collect(self, pending: PendingStep) -> StepResult:
         """Wait for a launched step and read its tokens (and logprobs) back."""
         result = pending.result
         if pending.token_ids is None:
             return result
-        # .to("cpu") waits for the device with the GIL released, so the asyncio thread can
-        # turn earlier tokens into text meanwhile; .tolist() alone would hold the GIL.
-        tokens = pending.token_ids.to("cpu").tolist()
+        if pending.done is not None:
+            # Waits for this step only, with the GIL released, so the asyncio thread can turn
+            # earlier tokens into text meanwhile.
+            pending.done.synchronize()
+        ids = pending.host_token_ids if pending.host_token_ids is not None else pending.token_ids
+        tokens = ids.tolist()
         sampled = pending.sampled
         lps = ranks = top_ids = top_lps = None
         if sampled is not None and sampled.logprobs is not None:
+            # Read directly: the engine collects a step with logprobs before it queues another.
             lps = sampled.logprobs.tolist()
             ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
             top_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None

@@ -60,6 +60,30 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None
 
 
+def device_tensor(values: Any, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small host list or array as a tensor on ``device``, without waiting for the device.
+
+    A plain copy from pageable memory to a GPU waits for all work queued on the stream; with
+    async scheduling that is the whole step still running. Copying from pinned memory queues.
+    """
+    host = torch.as_tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _no_edits(num_rows: int, device: torch.device) -> LogitEdits:
+    """The LogitEdits of a batch that edits no logit, made on the device (no host copies)."""
+    empty_i = torch.empty(0, dtype=torch.int64, device=device)
+    empty_f = torch.empty(0, dtype=torch.float32, device=device)
+    empty_b = torch.empty(0, dtype=torch.bool, device=device)
+    return LogitEdits(rows=empty_i, tokens=empty_i, bias=empty_f, masked=empty_b,
+                      counts=empty_f, in_rep=empty_b,
+                      repetition_penalty=torch.ones(num_rows, device=device),
+                      frequency_penalty=torch.zeros(num_rows, device=device),
+                      presence_penalty=torch.zeros(num_rows, device=device))
+
+
 def _get(params: Any, name: str, default: Any) -> Any:
     value = getattr(params, name, default)
     return default if value is None else value
@@ -251,14 +275,19 @@ class SamplingBatch:
         repeated = ([rows[i].prompt_token_ids for i in repeated_rows]
                     + [rows[i].output_token_ids for i in repeated_rows])
         dev = torch.device(device)
-        edits = LogitEdits.from_parts(
-            vocab_size, dev,
-            bias=(np.array(bias_rows, dtype=np.int64), np.array(bias_tokens, dtype=np.int64),
-                  np.array(bias_values, dtype=np.float64)),
-            masked=(np.array(mask_rows, dtype=np.int64), np.array(mask_tokens, dtype=np.int64)),
-            counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
-            repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
-            repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+        if not (bias_rows or mask_rows or counted_rows or repeated_rows):
+            edits = _no_edits(n, dev)
+        else:
+            edits = LogitEdits.from_parts(
+                vocab_size, dev,
+                bias=(np.array(bias_rows, dtype=np.int64),
+                      np.array(bias_tokens, dtype=np.int64),
+                      np.array(bias_values, dtype=np.float64)),
+                masked=(np.array(mask_rows, dtype=np.int64),
+                        np.array(mask_tokens, dtype=np.int64)),
+                counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
+                repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
+                repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
 
         unseeded = [i for i, s in enumerate(seeds) if s is None]
         if unseeded:
@@ -270,7 +299,7 @@ class SamplingBatch:
                                       np.array(steps, dtype=np.uint64))
 
         def t(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=dev)
+            return device_tensor(values, dtype, dev)
 
         sampled = [i for i in range(n) if not greedy[i]]
         top_k_rows = [i for i in sampled if top_k[i] < vocab_size]
@@ -278,7 +307,8 @@ class SamplingBatch:
             num_rows=n, vocab_size=vocab_size, greedy=t(greedy, torch.bool),
             inv_temperature=t(inv_temp, torch.float32), top_k=t(top_k, torch.int64),
             top_p=t(top_p, torch.float32), min_p=t(min_p, torch.float32),
-            key1=torch.from_numpy(keys1).to(dev), key2=torch.from_numpy(keys2).to(dev),
+            key1=device_tensor(keys1, torch.int64, dev),
+            key2=device_tensor(keys2, torch.int64, dev),
             edits=edits, num_logprobs=num_logprobs, all_greedy=not sampled,
             top_k_rows=top_k_rows, max_top_k=max((top_k[i] for i in top_k_rows), default=0),
             top_p_rows=[i for i in sampled if top_p[i] < 1.0],
