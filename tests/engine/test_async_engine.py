@@ -11,14 +11,35 @@ from tallow.engine.llm import config_from_kwargs
 from tallow.engine.sampling_params import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def engine(tiny_llama, request):
     return AsyncEngine.from_config(config_from_kwargs(
-        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4))
+        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4,
+        async_scheduling=request.param))
 
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def settled(engine: AsyncEngine, free_blocks: int) -> None:
+    """Wait until nothing runs; then every KV block must be free again."""
+    for _ in range(100):
+        stats = engine.stats()
+        if stats["num_running"] == 0 and stats["num_free_blocks"] == free_blocks:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.stats()["num_free_blocks"] == free_blocks
+    assert engine.stats()["num_running"] == 0
+
+
+async def abandon(engine: AsyncEngine, request_id: str, outputs: int = 1) -> None:
+    """Start a long request and walk away (a client disconnect) after a few outputs."""
+    agen = engine.generate(engine.tokenizer.encode("abandon me"), SamplingParams(
+        temperature=0.0, max_tokens=200, ignore_eos=True), request_id)
+    for _ in range(outputs):
+        await agen.__anext__()
+    await agen.aclose()
 
 
 def test_concurrent_streams_and_cancellation(engine):
@@ -40,20 +61,8 @@ def test_concurrent_streams_and_cancellation(engine):
         # streams are cumulative and the last one has the whole text
         assert all(o.outputs[0].text == tok.decode(o.outputs[0].token_ids) for o in outs)
 
-        async def abandon(i):
-            agen = engine.generate(tok.encode("abandon me"), SamplingParams(
-                temperature=0.0, max_tokens=200, ignore_eos=True), f"gone{i}")
-            await agen.__anext__()
-            await agen.aclose()
-
-        await asyncio.gather(*[abandon(i) for i in range(4)])
-        for _ in range(100):
-            stats = engine.stats()
-            if stats["num_running"] == 0 and stats["num_free_blocks"] == free:
-                break
-            await asyncio.sleep(0.02)
-        assert engine.stats()["num_free_blocks"] == free
-        assert engine.stats()["num_running"] == 0
+        await asyncio.gather(*[abandon(engine, f"gone{i}") for i in range(4)])
+        await settled(engine, free)
         await engine.shutdown()
 
     run(main())
@@ -72,3 +81,40 @@ def test_admission_error_surfaces_before_first_output(tiny_llama):
         await eng.shutdown()
 
     run(main())
+
+
+def test_async_scheduling_streams_match_sync(tiny_llama):
+    """The server's engine with async scheduling: the same streams as without, aborts of
+    requests whose steps are in flight free everything."""
+    tok_prompts = ["alpha beta", "gamma", "delta epsilon zeta"]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)]
+    results = {}
+    for mode in (False, True):
+        eng = AsyncEngine.from_config(config_from_kwargs(
+            model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128,
+            block_size=4, async_scheduling=mode))
+
+        async def main():
+            await eng.start()
+            free = eng.stats()["num_free_blocks"]
+
+            async def collect(i):
+                texts = []
+                async for out in eng.generate(eng.tokenizer.encode(tok_prompts[i]),
+                                              params[i], f"r{i}"):
+                    texts.append(out.outputs[0].text)
+                assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+                return out.outputs[0].token_ids, out.outputs[0].text
+
+            got = await asyncio.gather(*[collect(i) for i in range(3)],
+                                       *[abandon(eng, f"gone{i}", outputs=2)
+                                         for i in range(3)])
+            await settled(eng, free)
+            await eng.shutdown()
+            return got[:3], eng.stats()["overlapped_steps"]
+
+        results[mode] = run(main())
+    assert results[False][0] == results[True][0]
+    assert results[False][1] == 0 and results[True][1] > 0

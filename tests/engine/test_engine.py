@@ -28,10 +28,10 @@ def hf_greedy(path, prompt_ids: list[int], n: int) -> tuple[list[int], torch.Ten
     return tokens, logprobs
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_llama):
+@pytest.fixture(scope="module", params=[True, False], ids=["async-scheduling", "sync"])
+def llm(tiny_llama, request):
     return LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-               block_size=4)
+               block_size=4, async_scheduling=request.param)
 
 
 def free_blocks(llm: LLM) -> int:

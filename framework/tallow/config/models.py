@@ -105,6 +105,10 @@ class SchedulerConfig(Section):
     policy: Literal["fcfs", "priority"] = Field(
         "fcfs", description="Order of admission: first come first served, or by request "
         "priority (then arrival).", json_schema_extra=_flag("--scheduling-policy"))
+    async_scheduling: bool = Field(
+        True, description="Plan and launch the next step while the device still runs the "
+        "current one (sampled tokens feed the next step on the device); steps with penalties, "
+        "logprobs or n > 1 forks still wait for their tokens. Same tokens as without it.")
 
 
 class RunnerConfig(Section):

@@ -145,6 +145,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
-                      max_model_len=max_model_len)
+                      max_model_len=max_model_len,
+                      async_scheduling=config.scheduler.async_scheduling)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
                        backend_entry.name)

@@ -3,6 +3,38 @@
 It is single-threaded by design: the thread that calls :meth:`EngineCore.step` owns the model
 and the KV cache. Everything that touches text (detokenization, stop strings) happens outside,
 in :mod:`tallow.engine.output_processor`, so the device never waits for Python string work.
+
+The pipeline
+------------
+A step goes through five phases: **schedule** (the scheduler picks the tokens each sequence
+computes), **launch** (the runner builds the batch on the host, copies it to the device and
+queues the forward and the sampling), **overlapped** (the caller's ``between`` work, e.g.
+detokenizing earlier tokens, while the device computes), **wait** (the sampled token ids come
+back) and **post** (tokens appended, stop conditions checked, finished sequences freed).
+
+*Sync mode* runs them in that order for one step per call; the device is idle while the host
+schedules, launches and post-processes.
+
+*Async mode* (``scheduler.async_scheduling``) plans step N+1 while the device runs step N::
+
+    one call:   schedule N+1 | launch N+1 | between | wait for N | post N  → N's tokens
+    the device: ....... step N ..........| step N+1 .......................
+
+When N+1 is planned, N's tokens are still on the device. The scheduler has applied N already
+(``Scheduler.advance``): computed counts moved on and every sampled sequence got a placeholder
+token, so N+1 is planned as if the token were known. The runner builds N+1 with placeholder ids
+and, on the device, copies the real ids into those rows from N's tensor of sampled tokens before
+the forward. When N is read back, the placeholders are filled (``Scheduler.commit``) and stops
+are checked. A sequence that stops at N may already be part of N+1: finishing it frees its
+blocks (the slot taken for N+1 included) and drops its placeholder, and its N+1 token is
+discarded when N+1 is committed. A call therefore returns the tokens of the step *before* the
+one it launched, and :meth:`EngineCore.has_unfinished` stays true while a step is in flight.
+
+Some steps are not overlapped: when a step samples a row whose next sampling needs the host to
+know its tokens' values (repetition/frequency/presence penalties), asks for logprobs or prompt
+logprobs, or forks ``n > 1`` completions, the next call collects it *before* planning the next
+step (see :func:`_must_collect_first`). Plain greedy and seeded temperature/top-k/top-p/min-p
+rows (with logit bias or min_tokens too: those depend on token counts, not values) overlap.
 """
 
 from __future__ import annotations
@@ -12,13 +44,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .model_runner import ModelRunner, SampledToken
+from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
-from .sequence import SequenceStatus
+from .scheduler import AppliedStep, Scheduler, SchedulerOutput
+from .sequence import Sequence, SequenceStatus
 
 log = logging.getLogger("tallow.engine")
+
+#: the phases of CoreOutput.timings that are host work the device may wait for
+_HOST_PHASES = ("schedule", "launch", "post")
 
 
 @dataclass
@@ -41,25 +76,89 @@ class CoreOutput:
     finished: list[str] = field(default_factory=list)
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
-    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards
+    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards.
+    #: In async mode schedule/launch are those of the step launched by this call and
+    #: wait/post those of the step whose tokens it returns.
     timings: dict[str, float] = field(default_factory=dict)
+    #: the host phases (schedule, launch, post) that ran while the device was still busy with
+    #: an earlier step from start to end, so the device did not wait for them (async mode)
+    hidden: set[str] = field(default_factory=set)
 
     @property
     def host_time(self) -> float:
-        """Host time the device may have waited for (everything but the wait itself and the
-        overlapped work, which runs while the device computes)."""
+        """Host time the device may have waited for: schedule, launch and post, except the
+        phases hidden behind device work (the wait itself and the overlapped work never
+        count)."""
         t = self.timings
-        return t.get("schedule", 0.0) + t.get("launch", 0.0) + t.get("post", 0.0)
+        return sum(t.get(phase, 0.0) for phase in _HOST_PHASES if phase not in self.hidden)
+
+
+@dataclass
+class _InFlight:
+    """A step queued on the device whose tokens have not been read back yet."""
+
+    plan: SchedulerOutput
+    pending: PendingStep
+    applied: AppliedStep
+    #: collect it before planning the next step (see _must_collect_first)
+    collect_first: bool
+
+
+class _Clock:
+    """Adds the wall time since the previous mark to a named phase."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now
+
+
+def _nothing() -> None:
+    pass
+
+
+def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
+    """Record the call's wall time, its phases and which of them the device hid."""
+    out.step_time = clock.last - clock.started
+    out.timings = dict(clock.timings)
+    out.hidden = hidden
+    return out
+
+
+def _needs_known_tokens(seq: Sequence) -> bool:
+    """Sampling ``seq``'s next token reads the values of its earlier tokens (penalties), or
+    its tokens come with logprobs (read back with the tokens, before more work is queued)."""
+    p = seq.params
+    return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0 or p.logprobs is not None)
+
+
+def _must_collect_first(plan: SchedulerOutput) -> bool:
+    """Whether the step after ``plan`` must wait until ``plan``'s tokens are read back."""
+    for item in plan.scheduled:
+        if item.prompt_logprobs or len(item.sample_seqs) > 1:  # len > 1: n > 1 forks here
+            return True
+        if any(_needs_known_tokens(seq) for seq in item.sample_seqs):
+            return True
+    return False
 
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
-                 max_model_len: int) -> None:
+                 max_model_len: int, async_scheduling: bool = False) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
+        self.async_scheduling = bool(async_scheduling)
         self.steps = 0
+        #: steps planned and launched while the previous one was still in flight (async mode)
+        self.overlapped_steps = 0
+        self._in_flight: _InFlight | None = None  # async mode: the step the device runs
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -74,6 +173,8 @@ class EngineCore:
                                    arrival_time=arrival_time, priority=priority)
 
     def abort(self, request_id: str) -> None:
+        """Abort a request; safe while its step is in flight (the step's tokens for it are
+        dropped when they arrive)."""
         self.scheduler.abort(request_id)
 
     def finish_sequence(self, request_id: str, index: int, status: SequenceStatus) -> bool:
@@ -87,45 +188,106 @@ class EngineCore:
         return all(s.status.is_finished for s in request.seqs)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests remain, or a step's tokens are still to be read back."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # -- the step -----------------------------------------------------------------------
     def step(self, between: Callable[[], None] | None = None) -> CoreOutput:
-        """Schedule and run one step.
+        """Run one step (see the module docstring for sync and async mode).
 
-        ``between`` is called after the step is queued on the device and before waiting for
-        it: host work done there (turning the previous step's tokens into text, say) hides
-        behind the device's work.
+        ``between`` is called once, while the device computes: host work done there (turning
+        the previous step's tokens into text, say) hides behind the device's work.
         """
-        started = time.perf_counter()
-        out = CoreOutput()
-        plan = self.scheduler.schedule()
-        if not plan.scheduled:
-            self.scheduler.update(plan, {})
-            if between is not None:
-                between()
-            return out
-        t0 = time.perf_counter()
-        pending = self.runner.launch(plan)
-        t1 = time.perf_counter()
-        if between is not None:
+        between = between or _nothing
+        if self.async_scheduling:
+            return self._step_async(between)
+        return self._step_sync(between)
+
+    def _step_sync(self, between: Callable[[], None]) -> CoreOutput:
+        clock = _Clock()
+        launched = self._schedule_and_launch(clock, feed=None)
+        between()
+        clock.mark("overlapped")
+        if launched is None:
+            return CoreOutput()
+        return _stamp(self._collect(launched, clock), clock, hidden=set())
+
+    def _step_async(self, between: Callable[[], None]) -> CoreOutput:
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and previous.collect_first:
+            return self._collect_then_launch(previous, between)
+        return self._launch_then_collect(previous, between)
+
+    def _launch_then_collect(self, previous: _InFlight | None,
+                             between: Callable[[], None]) -> CoreOutput:
+        """The overlapped step: plan and launch the next step while ``previous`` runs on the
+        device, then read ``previous`` back and return its tokens."""
+        clock = _Clock()
+        launched = self._schedule_and_launch(clock, feed=previous)
+        if previous is None:  # the first step, or the one after a collected step
             between()
-        t2 = time.perf_counter()
-        result = self.runner.collect(pending)
-        t3 = time.perf_counter()
-        for seq_id, lps in result.prompt_logprobs.items():
-            for item in plan.scheduled:
-                if item.seq.seq_id == seq_id:
-                    out.prompt_logprobs.setdefault(item.seq.request_id, []).extend(lps)
-        for item in plan.scheduled:
-            if item.start == item.seq.num_cached_tokens:  # its first chunk after admission
-                out.num_cached_tokens[item.seq.request_id] = item.seq.num_cached_tokens
+            clock.mark("overlapped")
+            self._in_flight = launched
+            return CoreOutput() if launched is None else _stamp(CoreOutput(), clock, set())
+        self.overlapped_steps += launched is not None
+        # Still running after the launch: the device was busy while we planned.
+        hidden = set() if previous.pending.is_done() else {"schedule", "launch"}
+        between()
+        clock.mark("overlapped")
+        out = self._collect(previous, clock)
+        if launched is None and self.scheduler.has_unfinished():
+            # Nothing could be planned on top of `previous` (say, its sequences end by length
+            # and hold the blocks waiting ones need): now that it is committed, plan again
+            # rather than leave the device idle until the next call.
+            launched = self._schedule_and_launch(clock, feed=None)
+            hidden.clear()
+        elif launched is not None and not launched.pending.is_done():
+            hidden.add("post")  # the device ran `launched` meanwhile
+        self._in_flight = launched
+        return _stamp(out, clock, hidden)
+
+    def _collect_then_launch(self, previous: _InFlight,
+                             between: Callable[[], None]) -> CoreOutput:
+        """The fallback: the next step needs what ``previous`` produced (see
+        :func:`_must_collect_first`), so read it back before planning."""
+        clock = _Clock()
+        between()  # the device still runs `previous`
+        clock.mark("overlapped")
+        out = self._collect(previous, clock)
+        self._in_flight = self._schedule_and_launch(clock, feed=None)
+        return _stamp(out, clock, set())
+
+    def _schedule_and_launch(self, clock: _Clock, feed: _InFlight | None) -> _InFlight | None:
+        """Plan a step and queue it on the device; None if there was nothing to run.
+
+        ``feed`` is the step still in flight (async mode), whose sampled tokens are inputs of
+        this one. The scheduler applies the new step (placeholders) right after the launch:
+        the runner reads each sequence's token count as the sampler's step counter.
+        """
+        plan = self.scheduler.schedule()
+        clock.mark("schedule")
+        if not plan.scheduled:
+            self.scheduler.advance(plan)
+            return None
+        pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None)
+        applied = self.scheduler.advance(plan)
+        launched = _InFlight(plan, pending, applied, collect_first=_must_collect_first(plan))
+        clock.mark("launch")
+        return launched
+
+    def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
+        """Read a step's tokens back, commit them and check stops."""
+        result = self.runner.collect(step.pending)
+        clock.mark("wait")
+        out = CoreOutput()
+        self._report_prompt_side(step.plan, result, out)
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()
-        for seq in self.scheduler.update(plan, sampled_ids):
+        for new in self.scheduler.commit(step.applied, sampled_ids):
+            seq = new.seq
             token = result.sampled[seq.seq_id]
             update = TokenUpdate(seq.request_id, seq.index, token)
-            status = self._check_stop(seq, token.token_id, update)
+            status = self._check_stop(seq, new.index, token.token_id, update)
             if status is not None:
                 self.scheduler.finish(seq, status)
                 touched_requests.add(seq.request_id)
@@ -135,15 +297,27 @@ class EngineCore:
             if request is None or all(s.status.is_finished for s in request.seqs):
                 out.finished.append(request_id)
         self.steps += 1
-        end = time.perf_counter()
-        out.step_time = end - started
-        out.timings = {"schedule": t0 - started, "launch": t1 - t0, "overlapped": t2 - t1,
-                       "wait": t3 - t2, "post": end - t3}
+        clock.mark("post")
         return out
 
-    def _check_stop(self, seq: Any, token: int, update: TokenUpdate) -> SequenceStatus | None:
+    @staticmethod
+    def _report_prompt_side(plan: SchedulerOutput, result: StepResult,
+                            out: CoreOutput) -> None:
+        """Prompt logprobs computed by the step, and prefix-cache hits of first chunks."""
+        for seq_id, lps in result.prompt_logprobs.items():
+            for item in plan.scheduled:
+                if item.seq.seq_id == seq_id:
+                    out.prompt_logprobs.setdefault(item.seq.request_id, []).extend(lps)
+        for item in plan.scheduled:
+            if item.start == item.seq.num_cached_tokens:  # its first chunk after admission
+                out.num_cached_tokens[item.seq.request_id] = item.seq.num_cached_tokens
+
+    def _check_stop(self, seq: Any, index: int, token: int,
+                    update: TokenUpdate) -> SequenceStatus | None:
+        """The stop status of ``seq`` given its output ``index`` (placeholders of later steps
+        may follow it in async mode, so counts come from ``index``, not from ``seq``)."""
         params = seq.params
-        n_out = seq.num_output_tokens
+        n_out = index + 1
         if n_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 update.finish_reason = "stop"
@@ -151,7 +325,7 @@ class EngineCore:
             if token in params.stop_token_ids:
                 update.finish_reason, update.stop_reason = "stop", token
                 return SequenceStatus.FINISHED_STOPPED
-        if n_out >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        if n_out >= params.max_tokens or seq.num_prompt_tokens + n_out >= self.max_model_len:
             update.finish_reason = "length"
             return SequenceStatus.FINISHED_LENGTH
         return None
@@ -164,4 +338,5 @@ class EngineCore:
             "kv_usage": bm.usage, "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
             "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
+            "overlapped_steps": self.overlapped_steps,
         }

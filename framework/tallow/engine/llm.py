@@ -22,6 +22,7 @@ _FLAT_KEYS = {
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "prefill_chunk_size": ("scheduler", "prefill_chunk_size"),
     "policy": ("scheduler", "policy"),
+    "async_scheduling": ("scheduler", "async_scheduling"),
     "attention_backend": ("runner", "attention_backend"),
     "disable_cuda_graph": ("runner", "disable_cuda_graph"),
     "max_cuda_graph_batch": ("runner", "max_cuda_graph_batch"),
