@@ -10,7 +10,8 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True, inplace=True)``.
 * ``silu_and_mul(x)``, ``gelu_tanh_and_mul(x)``: gated MLP activations.
 * ``argmax_rows(x)``: greedy decoding's argmax per row (two-stage on CUDA).
-* ``linear(x, weight, bias=None)``: dense linear layer; a Triton GEMV for one row.
+* ``tallow.kernels.linear.linear(x, weight, bias=None)``: dense linear layer; a Triton GEMV
+  for one row (not re-exported here: the name would hide the submodule).
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
 """
@@ -19,13 +20,11 @@ from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, 
 from .argmax import argmax_rows, argmax_rows_ref
 from .attention_ref import store_kv_ref
 from .kv_store import store_kv
-from .linear import linear, linear_ref
 from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
-    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "linear",
-    "linear_ref", "rms_norm", "rms_norm_ref",
+    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "rms_norm", "rms_norm_ref",
     "rotary_embedding", "rotary_embedding_ref", "silu_and_mul", "silu_and_mul_ref",
     "store_kv", "store_kv_ref",
 ]
