@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tallow.kernels import argmax_rows
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
@@ -295,15 +296,18 @@ class ModelRunner:
                     hidden[qsl[i]:qsl[i + 1]], item)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
-            self._sample(pending, logits.float())
+            self._sample(pending, logits)
         self._queue_readback(pending)
         return pending
 
     def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
         targets = pending.targets
         if all(_plain_greedy(seq) for seq in targets):
-            pending.token_ids = logits.argmax(dim=-1)  # nothing to edit, filter or draw
+            # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
+            # them to float32 first would not change it).
+            pending.token_ids = argmax_rows(logits)
             return
+        logits = logits.float()
         # step counts pending placeholders too: it is the index of the token drawn now
         rows = [RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
                           prompt_token_ids=seq.prompt_token_ids,
