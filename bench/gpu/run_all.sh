@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,gemv,profile,thrprof,latency,ttft,hf,qwen3,thr8b,
-# or full (everything but gemv, profile and thrprof, which are for tuning).
+# ITEMS: comma-separated among tests,enginetests,gemv,profile,thrprof,latency,latencysync,ttft,hf,
+# qwen3,thr8b, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -16,7 +16,7 @@ if [ -d .whl ]; then
 fi
 pip_args=(-q --no-deps --no-build-isolation -e .)
 for d in plugins/*/*/; do pip_args+=(-e "$d"); done
-python3 -m pip install "${pip_args[@]}" >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 # A snapshot without .git (git archive) names its commit in COMMIT.
@@ -26,7 +26,8 @@ bench() {  # name, timeout, args...
   local name=$1 limit=$2; shift 2
   echo "== bench $name: tallow bench $*"
   timeout "$limit" tallow bench "$@" --output "$OUT/$name.json" 2>"$OUT/$name.err" | tail -25
-  [ -s "$OUT/$name.json" ] || { echo "!! $name failed"; tail -15 "$OUT/$name.err"; }
+  if [ -s "$OUT/$name.json" ]; then rm -f "$OUT/$name.err"  # at most 8 files come back
+  else echo "!! $name failed"; tail -15 "$OUT/$name.err"; fi
 }
 
 want() { [[ ",$MODE," == *",$1,"* || "$MODE" == full ]]; }
@@ -36,7 +37,10 @@ if want tests; then
 fi
 if want enginetests; then
   echo "== GPU engine tests"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu 2>&1 | tail -30 | tee "$OUT/tests_engine.log"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu tests/engine plugins/models \
+    "tests/kernels/test_kernels.py::test_argmax_rows" "tests/kernels/test_kernels.py::test_gemv" \
+    plugins/attention/triton/tests/test_attention_gpu.py::test_new_batch_shapes_compile_nothing_new \
+    2>&1 | tail -30 | tee "$OUT/tests_engine.log"
 fi
 if [[ ",$MODE," == *",gemv,"* ]]; then
   echo "== GEMV sweep"
@@ -48,16 +52,19 @@ if [[ ",$MODE," == *",profile,"* ]]; then
     timeout 150 python3 bench/gpu/profile_decode.py step $extra 2>&1 | grep -v Warning | tail -34
   done | tee "$OUT/profile.log"
 fi
+want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+if [[ ",$MODE," == *",latencysync,"* ]]; then
+  bench latency_8b_bs1_sync 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096 --no-async-scheduling
+fi
+want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+want hf && bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
+want qwen3 && bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
+want thr8b && bench throughput_8b 330 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 if [[ ",$MODE," == *",thrprof,"* ]]; then
   echo "== throughput workload, step kinds"
   timeout 200 python3 bench/gpu/profile_decode.py throughput --model random:qwen3-0.6b --batch 256 \
     2>&1 | grep -v Warning | tail -60 | tee "$OUT/thrprof.log" | tail -45
 fi
-want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
-want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
-want hf && bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
-want qwen3 && bench throughput_qwen3_0.6b 300 throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096
-want thr8b && bench throughput_8b 560 throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
