@@ -187,6 +187,54 @@ def test_rotary(dtype, n_tokens, n_q, n_kv, head, rot, is_neox, inplace):
     close(dq.reshape(n_tokens, -1), exp_q)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_tokens,n_q,n_kv,head,rot", big_or_tiny(
+    [(1, 16, 8, 128, 128), (300, 32, 8, 128, 128), (7, 14, 2, 64, 32)],
+    [(3, 4, 2, 16, 16), (2, 3, 1, 8, 4)]))
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_with_qk_norm(dtype, n_tokens, n_q, n_kv, head, rot, is_neox):
+    """Qwen3's per-head q/k RMSNorm before the rotation: fused into the rotary launch when the
+    rotation covers the whole head, a separate norm first otherwise."""
+    from tallow.kernels.norm import rms_norm_ref
+    from tallow.kernels.rotary import rotary_embedding
+    g = rng(10)
+    max_pos = 4096 if not INTERPRET else 64
+    cache = cos_sin_cache(max_pos, rot).to(DEVICE)
+    positions = torch.randint(0, max_pos, (n_tokens,), generator=g).to(DEVICE)
+    qkv = randn(g, n_tokens, (n_q + 2 * n_kv) * head, dtype=dtype, scale=2.0)
+    weights = (randn(g, head, dtype=dtype, scale=0.5) + 1, randn(g, head, dtype=dtype) + 1)
+    q_cols, k_cols = slice(0, n_q * head), slice(n_q * head, (n_q + n_kv) * head)
+    # expected: the norm, then the rotation, each as its own reference
+    qn = rms_norm_ref(qkv[:, q_cols].reshape(n_tokens, n_q, head), weights[0], 1e-6)
+    kn = rms_norm_ref(qkv[:, k_cols].reshape(n_tokens, n_kv, head), weights[1], 1e-6)
+    exp_q, exp_k = rotary_embedding_ref(positions, qn.reshape(n_tokens, -1),
+                                        kn.reshape(n_tokens, -1), cache, head, is_neox, False)
+    before = qkv.clone()
+    out_q, out_k = rotary_embedding(positions, qkv[:, q_cols], qkv[:, k_cols], cache, head,
+                                    is_neox, True, qk_norm=weights, norm_eps=1e-6)
+
+    def close_rounded(actual, expected):
+        """Three roundings to the dtype on each side; the interpreter truncates each one."""
+        if INTERPRET and dtype == torch.bfloat16:
+            torch.testing.assert_close(actual, expected, rtol=3 * 2 ** -7, atol=3 * 2 ** -7)
+        else:
+            close(actual, expected)
+
+    close_rounded(out_q, exp_q)
+    close_rounded(out_k, exp_k)
+    close_rounded(qkv[:, q_cols], exp_q)  # in place, v untouched
+    assert torch.equal(qkv[:, (n_q + n_kv) * head:], before[:, (n_q + n_kv) * head:])
+    ref_q, ref_k = rotary_embedding_ref(positions, before[:, q_cols], before[:, k_cols], cache,
+                                        head, is_neox, False, qk_norm=weights, norm_eps=1e-6)
+    close_rounded(ref_q, exp_q)
+    close_rounded(ref_k, exp_k)
+    with pytest.raises(ValueError, match="qk_norm"):
+        rotary_embedding(positions, qkv[:, q_cols], None, cache, head, qk_norm=weights)
+    with pytest.raises(ValueError, match="shape"):
+        rotary_embedding(positions, qkv[:, q_cols], qkv[:, k_cols], cache, head,
+                         qk_norm=(weights[0][:-1], weights[1]))
+
+
 # --- gated activations --------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)

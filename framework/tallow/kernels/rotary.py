@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._dispatch import triton_enabled
+from .norm import rms_norm, rms_norm_ref
 
 
 def _token_rows(name: str, x: torch.Tensor, n_tokens: int, head_size: int) -> torch.Tensor:
@@ -46,13 +47,46 @@ def check_rotary_args(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor 
         _token_rows("k", k, positions.shape[0], head_size)
 
 
+def _check_qk_norm(k: torch.Tensor | None, qk_norm: tuple[torch.Tensor, torch.Tensor] | None,
+                   head_size: int) -> None:
+    if qk_norm is None:
+        return
+    if k is None:
+        raise ValueError("qk_norm: needs k (the norms come as a (q weight, k weight) pair)")
+    for name, w in zip(("q", "k"), qk_norm):
+        if w.shape != (head_size,):
+            raise ValueError(f"qk_norm: the {name} weight must have shape ({head_size},), got "
+                             f"{tuple(w.shape)}")
+
+
+def _normed_heads(name: str, x: torch.Tensor, n_tokens: int, head_size: int,
+                  weight: torch.Tensor, eps: float, inplace: bool,
+                  fast: bool = False) -> torch.Tensor:
+    """RMSNorm of every head of ``x`` (into ``x`` when ``inplace``, else into a copy); ``fast``
+    takes the norm kernel's dispatch rather than the reference."""
+    rows = _token_rows(name, x, n_tokens, head_size)
+    normed = (rms_norm if fast else rms_norm_ref)(rows, weight, eps)
+    if inplace:
+        rows.copy_(normed)
+        return x
+    return normed.reshape(x.shape)
+
+
 def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
                          cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True,
-                         inplace: bool = True
+                         inplace: bool = True,
+                         qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+                         norm_eps: float = 1e-6
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain-torch reference of ``rotary_embedding`` (same contract)."""
     check_rotary_args(positions, q, k, cos_sin_cache, head_size)
+    _check_qk_norm(k, qk_norm, head_size)
     n_tokens = positions.shape[0]
+    if qk_norm is not None:
+        assert k is not None
+        q = _normed_heads("q", q, n_tokens, head_size, qk_norm[0], norm_eps, inplace)
+        k = _normed_heads("k", k, n_tokens, head_size, qk_norm[1], norm_eps, inplace)
+        inplace = True  # q and k are the caller's tensors or fresh copies by now
     rot = cos_sin_cache.shape[1]
     half = rot // 2
     cs = cos_sin_cache.index_select(0, positions.long()).float()
@@ -76,18 +110,31 @@ def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
                      cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True,
-                     inplace: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     inplace: bool = True,
+                     qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     norm_eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rotate ``q`` [T, Hq*head_size] and ``k`` [T, Hkv*head_size] (or [T, H, head_size];
     k may be None) at ``positions`` [T] using ``cos_sin_cache`` [max_position, rotary_dim].
 
     Each token's values must be contiguous; the token stride is free (q and k may be column
     slices of a fused qkv tensor). ``inplace=True`` writes into q and k and returns them;
     otherwise new tensors are returned and the inputs are untouched. Positions must lie in
-    [0, max_position). The Triton kernel on CUDA, the reference elsewhere.
+    [0, max_position). ``qk_norm`` = (q weight, k weight), each [head_size]: RMSNorm of every
+    q and k head (eps ``norm_eps``, the Llama/Qwen form) before the rotation, as Qwen3 does —
+    one launch instead of three. The Triton kernel on CUDA, the reference elsewhere.
     """
     check_rotary_args(positions, q, k, cos_sin_cache, head_size)
+    _check_qk_norm(k, qk_norm, head_size)
     if triton_enabled(q) and positions.numel():
         from .rotary_triton import rotary_embedding_triton
+        if qk_norm is not None and cos_sin_cache.shape[1] != head_size:
+            # partial rotary: the kernel's pairs do not cover the whole head; norm first
+            assert k is not None
+            n = positions.shape[0]
+            q = _normed_heads("q", q, n, head_size, qk_norm[0], norm_eps, inplace, fast=True)
+            k = _normed_heads("k", k, n, head_size, qk_norm[1], norm_eps, inplace, fast=True)
+            qk_norm, inplace = None, True
         return rotary_embedding_triton(positions, q, k, cos_sin_cache, head_size, is_neox,
-                                       inplace)
-    return rotary_embedding_ref(positions, q, k, cos_sin_cache, head_size, is_neox, inplace)
+                                       inplace, qk_norm, norm_eps)
+    return rotary_embedding_ref(positions, q, k, cos_sin_cache, head_size, is_neox, inplace,
+                                qk_norm, norm_eps)

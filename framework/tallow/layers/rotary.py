@@ -27,6 +27,7 @@ from torch import nn
 from tallow.kernels import rotary_embedding
 
 from .attention import get_forward_context
+from .norm import RMSNorm
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -222,12 +223,23 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin_cache[positions].to(dtype).chunk(2, dim=-1)
         return cos, sin
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                qk_norm: tuple[RMSNorm, RMSNorm] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if q.is_cuda and type(self).cos_sin is RotaryEmbedding.cos_sin:
+        """Rotate q [T, Hq*D] and k [T, Hkv*D]. ``qk_norm`` (Qwen3's per-head q and k norms)
+        are applied first; on a GPU in the same launch as the rotation."""
+        fast = q.is_cuda and type(self).cos_sin is RotaryEmbedding.cos_sin
+        if qk_norm is not None and not (fast and _fusable(qk_norm, self.head_dim)):
+            n, d = q.shape[0], self.head_dim
+            q = qk_norm[0](q.reshape(n, -1, d)).reshape(n, -1)
+            k = qk_norm[1](k.reshape(n, -1, d)).reshape(n, -1)
+            qk_norm = None
+        if fast:
             # one Triton launch rotates q and k in place from the shared cos|sin table
+            weights = (qk_norm[0].weight, qk_norm[1].weight) if qk_norm is not None else None
             return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim,
-                                    is_neox=self.is_neox_style, inplace=True)
+                                    is_neox=self.is_neox_style, inplace=True, qk_norm=weights,
+                                    norm_eps=qk_norm[0].eps if qk_norm is not None else 1e-6)
         cos, sin = self.cos_sin(positions, q.dtype)
         q = apply_rotary(q, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
         k = apply_rotary(k, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
@@ -300,3 +312,11 @@ def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
                                          factor=float(rope_scaling["factor"]))
     return RotaryEmbedding(head_dim, rotary_dim, max_position, base, is_neox_style, inv_freq,
                            attention_scaling, cache_len, device)
+
+
+def _fusable(qk_norm: tuple[RMSNorm, RMSNorm], head_dim: int) -> bool:
+    """Whether the rotary kernel can apply these q/k norms itself: plain (non-offset) RMSNorms
+    over one head with one eps."""
+    q_norm, k_norm = qk_norm
+    return (not q_norm.offset and not k_norm.offset and q_norm.eps == k_norm.eps
+            and q_norm.hidden_size == k_norm.hidden_size == head_dim)

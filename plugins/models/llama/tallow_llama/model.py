@@ -83,11 +83,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        if self.q_norm is not None:
-            n, d = q.shape[0], self.head_dim
-            q = self.q_norm(q.reshape(n, -1, d)).reshape(n, -1)
-            k = self.k_norm(k.reshape(n, -1, d)).reshape(n, -1)
-        q, k = self.rotary_emb(positions, q, k)
+        # Qwen3's per-head q/k norms run inside the rotary layer (one launch on a GPU).
+        norms = (self.q_norm, self.k_norm) if self.q_norm is not None else None
+        q, k = self.rotary_emb(positions, q, k, qk_norm=norms)
         return self.o_proj(self.attn(q, k, v))
 
 
