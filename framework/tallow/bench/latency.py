@@ -76,9 +76,11 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
+    from tallow.engine.builder import freeze_startup_heap
     from tallow.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_config(config)
+    freeze_startup_heap()
     parts = engine.parts
     device = parts.loaded.device
     runner = parts.core.runner

@@ -8,10 +8,12 @@ from .common import lengths, now, random_prompts, sync
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
+    from tallow.engine.builder import freeze_startup_heap
     from tallow.engine.llm_engine import LLMEngine
     from tallow.engine.sampling_params import SamplingParams
 
     engine = LLMEngine.from_config(config)
+    freeze_startup_heap()
     parts = engine.parts
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size

@@ -101,6 +101,9 @@ def serve(config: Any, bind: Any) -> int:
             print(f"tallow: cannot serve the model: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
             return 1
+        from tallow.engine.builder import freeze_startup_heap
+
+        freeze_startup_heap()
         try:
             app = build_app(engine, config)
         except ToolParserError as exc:
