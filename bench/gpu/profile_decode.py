@@ -149,6 +149,8 @@ def profile_throughput(args: argparse.Namespace) -> None:
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)
     engine = LLMEngine.from_config(config)
+    from tallow.engine.builder import freeze_startup_heap
+    freeze_startup_heap()  # as tallow bench does
     runner = engine.parts.core.runner
     vocab = runner.vocab_size
     n = args.batch
