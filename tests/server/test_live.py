@@ -114,10 +114,11 @@ def test_metrics_parse_and_move(live) -> None:
                  "tallow_kv_cache_free_blocks", "tallow_prefix_cache_hit_rate",
                  "tallow_time_to_first_token_seconds", "tallow_inter_token_latency_seconds",
                  "tallow_e2e_request_latency_seconds", "tallow_prompt_tokens",
-                 "tallow_generation_tokens"):
+                 "tallow_generation_tokens", "tallow_num_preemptions"):
         assert name in families, name
     assert families["tallow_time_to_first_token_seconds"].type == "histogram"
     assert families["tallow_prompt_tokens"].type == "counter"
+    assert families["tallow_num_preemptions"].type == "counter"
     m0 = _metrics(srv.url)
     for _ in range(2):
         assert httpx.post(srv.url + "/v1/completions",

@@ -59,6 +59,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         "kv_blocks": stats["num_total_blocks"],
+        # sequences whose KV was dropped for lack of blocks and recomputed later
+        "preemptions": stats["num_preemptions"],
         # mean seconds per step spent in each phase of the engine step
         "step_phases_s": {k: v / max(1, steps) for k, v in phases.items()},
     }
@@ -72,4 +74,5 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
         ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
+        ("preemptions (recomputed)", r["preemptions"]),
     ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()]

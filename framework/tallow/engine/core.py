@@ -339,4 +339,5 @@ class EngineCore:
             "num_total_blocks": bm.num_total_blocks,
             "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
             "overlapped_steps": self.overlapped_steps,
+            "num_preemptions": s.num_preemptions,
         }
