@@ -189,6 +189,10 @@ class BlockManager:
                 self._cache[h] = block
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
+    def reset_stats(self) -> None:
+        """Start :attr:`hit_rate` and the eviction count afresh (after a warm-up, say)."""
+        self._query_tokens = self._hit_tokens = self.num_evictions = 0
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (blocks in use stay allocated). Returns how many were
         forgotten."""

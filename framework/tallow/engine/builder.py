@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,5 +160,11 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
                       async_scheduling=config.scheduler.async_scheduling)
+    if loaded.device.type == "cuda":
+        # Triton compiles each kernel variant on first use (seconds each): do it now, not in
+        # the first requests' steps.
+        started = time.perf_counter()
+        core.warm_up()
+        log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
                        backend_entry.name)

@@ -187,6 +187,29 @@ class EngineCore:
                 self.scheduler.finish(seq, status)
         return all(s.status.is_finished for s in request.seqs)
 
+    def warm_up(self, prompt_len: int = 40) -> None:
+        """Run the kinds of step serving runs — prompt only, prompt beside decoding sequences,
+        decode only — on throw-away requests, so that kernels compile before the first real
+        request rather than inside it. Leaves no trace: blocks freed, the prefix cache and the
+        counters reset. Call it on an idle engine."""
+        if self.has_unfinished():
+            raise RuntimeError("warm_up() needs an idle engine")
+        vocab = max(2, self.runner.vocab_size)
+        params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+        lengths = [min(prompt_len, self.max_model_len - 4), min(prompt_len // 2 + 3,
+                                                               self.max_model_len - 4)]
+        for i, n in enumerate(lengths):
+            prompt = [(7 * j + i) % vocab for j in range(max(1, n))]
+            self.add_request(f"tallow-warm-up-{i}", prompt, params)
+            self.step()  # the first: a prompt-only step; the second: beside a decode
+        while self.has_unfinished():
+            self.step()
+        bm = self.scheduler.block_manager
+        bm.reset_prefix_cache()
+        bm.reset_stats()
+        self.scheduler.num_preemptions = 0
+        self.steps = self.overlapped_steps = 0
+
     def has_unfinished(self) -> bool:
         """Requests remain, or a step's tokens are still to be read back."""
         return self.scheduler.has_unfinished() or self._in_flight is not None
