@@ -98,8 +98,8 @@ def profile_step(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=10_000, ignore_eos=True, temperature=0.0)
     vocab = engine.parts.core.runner.vocab_size
     for i in range(args.batch):
-        engine.add_request(f"r{i}", [10 + (i * 7 + j) % (vocab - 10) for j in range(args.input_len)],
-                           params, stream=False)
+        prompt = [10 + (i * 7 + j) % (vocab - 10) for j in range(args.input_len)]
+        engine.add_request(f"r{i}", prompt, params, stream=False)
     for _ in range(30):
         engine.step()
     sync()
@@ -128,7 +128,8 @@ def profile_step(args: argparse.Namespace) -> None:
     mode = " eager" if args.eager else ""
     print(f"\n== {args.model} batch {args.batch} input {args.input_len} gemv_rows "
           f"{args.gemv_rows}{mode}: wall {wall * 1e3:.3f} ms/step, kernels "
-          f"{total / 1e3:.3f} ms/step, phases " + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items()))
+          f"{total / 1e3:.3f} ms/step, phases "
+          + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items()))
     print(f"{'us/step':>9s} {'calls/step':>10s}  kernel")
     for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"{us / steps:9.1f} {calls / steps:10.1f}  {name}")

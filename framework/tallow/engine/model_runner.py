@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
+from tallow.kernels.host import device_tensor
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampler import RowParams, Sampler, SamplingBatch, device_tensor
+from .sampler import RowParams, Sampler, SamplingBatch
 
 log = logging.getLogger("tallow.engine")
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from tallow.kernels.gumbel import row_keys_array
+from tallow.kernels.host import device_tensor
 from tallow.kernels.sampling import LogitEdits, apply_logit_edits, gumbel_argmax, gumbel_noise
 
 # Temperatures below this are greedy (as in vLLM).
@@ -58,30 +59,6 @@ class SamplerOutput:
     top_ids: torch.Tensor | None = None
     top_logprobs: torch.Tensor | None = None
     ranks: torch.Tensor | None = None
-
-
-def device_tensor(values: Any, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A small host list or array as a tensor on ``device``, without waiting for the device.
-
-    A plain copy from pageable memory to a GPU waits for all work queued on the stream; with
-    async scheduling that is the whole step still running. Copying from pinned memory queues.
-    """
-    host = torch.as_tensor(values, dtype=dtype)
-    if torch.device(device).type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-def _no_edits(num_rows: int, device: torch.device) -> LogitEdits:
-    """The LogitEdits of a batch that edits no logit, made on the device (no host copies)."""
-    empty_i = torch.empty(0, dtype=torch.int64, device=device)
-    empty_f = torch.empty(0, dtype=torch.float32, device=device)
-    empty_b = torch.empty(0, dtype=torch.bool, device=device)
-    return LogitEdits(rows=empty_i, tokens=empty_i, bias=empty_f, masked=empty_b,
-                      counts=empty_f, in_rep=empty_b,
-                      repetition_penalty=torch.ones(num_rows, device=device),
-                      frequency_penalty=torch.zeros(num_rows, device=device),
-                      presence_penalty=torch.zeros(num_rows, device=device))
 
 
 def _get(params: Any, name: str, default: Any) -> Any:
@@ -275,19 +252,14 @@ class SamplingBatch:
         repeated = ([rows[i].prompt_token_ids for i in repeated_rows]
                     + [rows[i].output_token_ids for i in repeated_rows])
         dev = torch.device(device)
-        if not (bias_rows or mask_rows or counted_rows or repeated_rows):
-            edits = _no_edits(n, dev)
-        else:
-            edits = LogitEdits.from_parts(
-                vocab_size, dev,
-                bias=(np.array(bias_rows, dtype=np.int64),
-                      np.array(bias_tokens, dtype=np.int64),
-                      np.array(bias_values, dtype=np.float64)),
-                masked=(np.array(mask_rows, dtype=np.int64),
-                        np.array(mask_tokens, dtype=np.int64)),
-                counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
-                repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
-                repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+        edits = LogitEdits.from_parts(
+            vocab_size, dev,
+            bias=(np.array(bias_rows, dtype=np.int64), np.array(bias_tokens, dtype=np.int64),
+                  np.array(bias_values, dtype=np.float64)),
+            masked=(np.array(mask_rows, dtype=np.int64), np.array(mask_tokens, dtype=np.int64)),
+            counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
+            repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
+            repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
 
         unseeded = [i for i, s in enumerate(seeds) if s is None]
         if unseeded:
@@ -407,7 +379,7 @@ class Sampler:
             skip = set(filtered)
             plain = [i for i in range(batch.num_rows) if i not in skip]
             if plain:
-                idx = torch.tensor(plain, dtype=torch.int64, device=logits.device)
+                idx = device_tensor(plain, torch.int64, logits.device)
                 token_ids[idx] = gumbel_argmax(processed[idx], batch.inv_temperature[idx],
                                                batch.greedy[idx], batch.key1[idx],
                                                batch.key2[idx])
@@ -422,7 +394,7 @@ class Sampler:
     @staticmethod
     def _sample_filtered(processed: torch.Tensor, batch: SamplingBatch,
                          rows: list[int]) -> torch.Tensor:
-        idx = torch.tensor(rows, dtype=torch.int64, device=processed.device)
+        idx = device_tensor(rows, torch.int64, processed.device)
         scores = processed[idx] * batch.inv_temperature[idx, None]
         pos = {r: j for j, r in enumerate(rows)}
 
@@ -434,9 +406,8 @@ class Sampler:
                                   (batch.min_p_rows, batch.min_p, apply_min_p)):
             if not which:
                 continue
-            sub = torch.tensor([pos[r] for r in which], dtype=torch.int64,
-                               device=processed.device)
-            orig = torch.tensor(which, dtype=torch.int64, device=processed.device)
+            sub = device_tensor([pos[r] for r in which], torch.int64, processed.device)
+            orig = device_tensor(which, torch.int64, processed.device)
             scores[sub] = fn(scores[sub], values[orig])
         scores = scores + gumbel_noise(batch.key1[idx], batch.key2[idx], batch.vocab_size)
         return scores.argmax(dim=-1)

@@ -24,7 +24,7 @@ from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
-    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "rms_norm", "rms_norm_ref",
-    "rotary_embedding", "rotary_embedding_ref", "silu_and_mul", "silu_and_mul_ref",
-    "store_kv", "store_kv_ref",
+    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref",
+    "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
+    "silu_and_mul_ref", "store_kv", "store_kv_ref",
 ]

@@ -18,12 +18,14 @@ Applied to one entry, in this order (the same float32 operations on every path):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from ._dispatch import triton_enabled
 from .gumbel import gumbel_argmax_ref, gumbel_noise_ref
+from .host import device_tensor
 
 
 @dataclass
@@ -64,8 +66,8 @@ class LogitEdits:
         keys = np.concatenate([r.astype(np.int64) * vocab_size + t.astype(np.int64)
                                for r, t in parts])
 
-        def t(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+        def t(values: Any, dtype: torch.dtype) -> torch.Tensor:
+            return device_tensor(values, dtype, device)
 
         penalties = dict(repetition_penalty=t(repetition_penalty, torch.float32),
                          frequency_penalty=t(frequency_penalty, torch.float32),
@@ -78,12 +80,12 @@ class LogitEdits:
             u, inv = np.unique(keys, return_inverse=True)
             unique, inverse = torch.from_numpy(u), torch.from_numpy(inv.reshape(-1))
         else:
-            unique, inverse = torch.unique(torch.from_numpy(keys).to(device), sorted=True,
+            unique, inverse = torch.unique(t(keys, torch.int64), sorted=True,
                                            return_inverse=True)
         n = unique.shape[0]
         inv_bias, inv_masked, inv_counted, inv_repeated = torch.split(inverse, sizes)
         bias_t = torch.zeros(n, dtype=torch.float32, device=device)
-        bias_t[inv_bias] = torch.from_numpy(bias[2].astype(np.float32)).to(device)
+        bias_t[inv_bias] = t(bias[2], torch.float32)
         masked_t = torch.zeros(n, dtype=torch.bool, device=device)
         masked_t[inv_masked] = True
         counts = torch.zeros(n, dtype=torch.float32, device=device)

@@ -1,0 +1,19 @@
+"""Small host values onto the device without waiting for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def device_tensor(values: Any, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small host list or array as a tensor on ``device``, without waiting for the device.
+
+    A plain copy from pageable memory to a GPU waits for all work queued on the stream; with
+    async scheduling that is the whole step still running. Copying from pinned memory queues.
+    """
+    host = torch.as_tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
