@@ -16,4 +16,6 @@ def device_tensor(values: Any, dtype: torch.dtype, device: torch.device | str) -
     host = torch.as_tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return host
+    if host.numel() == 0:  # nothing to copy (and nothing to pin)
+        return torch.empty(host.shape, dtype=dtype, device=device)
     return host.pin_memory().to(device, non_blocking=True)
