@@ -55,6 +55,17 @@ def build_config(args: Any) -> Any:
     return load_config(args)
 
 
+def build_engine(config: Any) -> Any:
+    """The engine a benchmark measures, with the start-up heap frozen out of the garbage
+    collector as ``tallow serve`` does."""
+    from tallow.engine.builder import freeze_startup_heap
+    from tallow.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_config(config)
+    freeze_startup_heap()
+    return engine
+
+
 def print_report(title: str, rows: list[tuple[str, Any]], as_json: bool,
                  payload: dict[str, Any]) -> None:
     if as_json:

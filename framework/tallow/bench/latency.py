@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .common import copy_bandwidth, mean, now, percentile, random_prompts, sync
+from .common import build_engine, copy_bandwidth, mean, now, percentile, random_prompts, sync
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
@@ -76,11 +76,7 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.builder import freeze_startup_heap
-    from tallow.engine.llm_engine import LLMEngine
-
-    engine = LLMEngine.from_config(config)
-    freeze_startup_heap()
+    engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
     runner = parts.core.runner

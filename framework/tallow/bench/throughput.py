@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import lengths, now, random_prompts, sync
+from .common import build_engine, lengths, now, random_prompts, sync
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.builder import freeze_startup_heap
-    from tallow.engine.llm_engine import LLMEngine
     from tallow.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine.from_config(config)
-    freeze_startup_heap()
+    engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size
