@@ -92,7 +92,8 @@ def profile_step(args: argparse.Namespace) -> None:
 
     linear_mod.GEMV_MAX_ROWS = args.gemv_rows
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
-                          "4096", "--max-num-seqs", str(max(8, args.batch))]
+                          "4096", "--max-num-seqs", str(max(8, args.batch)),
+                          "--max-cuda-graph-batch", str(max(8, args.batch))]
                          + (["--disable-cuda-graph"] if args.eager else []))
     engine = LLMEngine.from_config(config)
     params = SamplingParams(max_tokens=10_000, ignore_eos=True, temperature=0.0)
@@ -113,11 +114,24 @@ def profile_step(args: argparse.Namespace) -> None:
     sync()
     wall = (time.perf_counter() - t0) / n
     steps = 10
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    with kernel_profile() as prof:
         for _ in range(steps):
             engine.step()
         sync()
+    mode = " eager" if args.eager else ""
+    print(f"\n== {args.model} batch {args.batch} input {args.input_len} gemv_rows "
+          f"{args.gemv_rows}{mode}: wall {wall * 1e3:.3f} ms/step, phases "
+          + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items()))
+    print_kernels(prof, steps)
+
+
+def kernel_profile():
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
+
+
+def print_kernels(prof, steps: int, top: int = 30) -> None:
+    """The CUDA kernels of a finished torch.profiler run, µs per step, longest first."""
     kernels: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -125,13 +139,9 @@ def profile_step(args: argparse.Namespace) -> None:
             k[0] += 1
             k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
     total = sum(v[1] for v in kernels.values()) / steps
-    mode = " eager" if args.eager else ""
-    print(f"\n== {args.model} batch {args.batch} input {args.input_len} gemv_rows "
-          f"{args.gemv_rows}{mode}: wall {wall * 1e3:.3f} ms/step, kernels "
-          f"{total / 1e3:.3f} ms/step, phases "
-          + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items()))
+    print(f"kernels {total / 1e3:.3f} ms/step")
     print(f"{'us/step':>9s} {'calls/step':>10s}  kernel")
-    for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]:
+    for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"{us / steps:9.1f} {calls / steps:10.1f}  {name}")
     sys.stdout.flush()
 
@@ -155,8 +165,10 @@ def profile_throughput(args: argparse.Namespace) -> None:
     runner = engine.parts.core.runner
     vocab = runner.vocab_size
     n = args.batch
-    in_lens = lengths(n, None, 100, 1024, seed=10)
-    out_lens = lengths(n, None, 100, 1024, seed=11)
+    fixed = args.fixed_len
+    in_lens = lengths(n, fixed, 100, 1024, seed=10)
+    out_lens = lengths(n, fixed, 100, 1024, seed=11)
+    windows = [int(x) for x in args.kernel_steps.split(",")] if args.kernel_steps else []
     prompts = random_prompts(n, in_lens, vocab, seed=12)
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     gc_pause = [0.0, 0, 0.0]
@@ -179,6 +191,8 @@ def profile_throughput(args: argparse.Namespace) -> None:
         items = plan.scheduled
         decode = all(item.num_tokens == 1 for item in items)
         graph = runner.graphs is not None and decode and len(items) <= runner.graphs.max_batch
+        last["tokens"] = sum(item.num_tokens for item in items)
+        last["seqs"] = len(items)
         last["kind"] = ("decode/graph" if graph else "decode/eager") if decode else "with prompt"
         return pending
 
@@ -202,15 +216,34 @@ def profile_throughput(args: argparse.Namespace) -> None:
                            SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
                            stream=False)
     start = time.perf_counter()
+    step_no = 0
+    kernel_prof = None
+    window_kinds: list[str] = []
     while engine.has_unfinished():
+        step_no += 1
+        if step_no in windows and kernel_prof is None:
+            sync()
+            kernel_prof = kernel_profile()
+            kernel_prof.__enter__()
+            window_kinds = []
         t0 = time.perf_counter()
-        profiled = len(prompt_steps) in (3, 4, 5)
+        profiled = len(prompt_steps) in (3, 4, 5) and not windows
         if profiled:
             profiler.enable()
         engine.step()
         if profiled:
             profiler.disable()
         wall = time.perf_counter() - t0
+        if kernel_prof is not None:
+            window_kinds.append(f"{last.get('kind', '?')} ({last.get('tokens', 0)} tokens, "
+                                f"{last.get('seqs', 0)} seqs)")
+            if step_no + 1 not in windows:
+                sync()
+                kernel_prof.__exit__(None, None, None)
+                print(f"\n== kernels of steps {step_no - len(window_kinds) + 1}..{step_no}: "
+                      + "; ".join(window_kinds))
+                print_kernels(kernel_prof, len(window_kinds), top=18)
+                kernel_prof = None
         if "kind" not in last:
             continue
         kind = last.pop("kind")
@@ -226,7 +259,10 @@ def profile_throughput(args: argparse.Namespace) -> None:
     sync()
     elapsed = time.perf_counter() - start
     gc.callbacks.remove(on_gc)
-    print(f"\n== throughput workload {args.model} n={n}: {elapsed:.2f} s; gc {gc_pause[1]} "
+    out_tokens = sum(out_lens)
+    print(f"\n== throughput workload {args.model} n={n}: {elapsed:.2f} s "
+          f"({out_tokens / elapsed:.0f} output tok/s), {step_no} steps, "
+          f"{engine.parts.core.scheduler.num_preemptions} preemptions; gc {gc_pause[1]} "
           f"collections, {gc_pause[0] * 1e3:.0f} ms")
     print(f"{'kind':14s} {'steps':>6s} {'wall ms':>8s} {'launch':>7s} {'wait':>7s} {'other':>7s}")
     for name, (cnt, wall, lau, wait, other) in kinds.items():
@@ -247,6 +283,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--fixed-len", type=int, default=None,
+                   help="throughput: every prompt and output this long (default uniform 100-1024)")
+    p.add_argument("--kernel-steps", default="",
+                   help="throughput: step numbers (1-based, comma-separated) whose kernels are "
+                        "profiled; each run of consecutive numbers is one table")
     p.add_argument("extra", nargs="*", help="throughput: more engine arguments (after --)")
     args = p.parse_args()
     if args.what == "gemv":

@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,gemv,profile,thrprof,latency,latencysync,ttft,hf,
-# qwen3,thr8b, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
+# qwen3,thr8b,thrprof8b, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -64,6 +64,13 @@ if [[ ",$MODE," == *",thrprof,"* ]]; then
   echo "== throughput workload, step kinds"
   timeout 200 python3 bench/gpu/profile_decode.py throughput --model random:qwen3-0.6b --batch 256 \
     2>&1 | grep -v Warning | tail -60 | tee "$OUT/thrprof.log" | tail -45
+fi
+if [[ ",$MODE," == *",thrprof8b,"* ]]; then
+  echo "== llama-3-8b throughput workload (1000 x 1000/1000): step kinds, kernels of chosen steps"
+  timeout 420 python3 bench/gpu/profile_decode.py throughput --model random:llama-3-8b \
+    --batch 1000 --fixed-len 1000 --kernel-steps 4,5,200,201,202,1076,1077,1078 -- \
+    --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 \
+    2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8b.log" | tail -100
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
