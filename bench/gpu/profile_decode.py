@@ -289,7 +289,9 @@ def main() -> None:
                    help="throughput: step numbers (1-based, comma-separated) whose kernels are "
                         "profiled; each run of consecutive numbers is one table")
     p.add_argument("extra", nargs="*", help="throughput: more engine arguments (after --)")
-    args = p.parse_args()
+    # engine arguments after `--` (argparse leaves a trailing nargs='*' positional empty)
+    args, unknown = p.parse_known_args()
+    args.extra = [a for a in args.extra + unknown if a != "--"]
     if args.what == "gemv":
         gemv_sweep()
     elif args.what == "throughput":
