@@ -166,8 +166,9 @@ def profile_throughput(args: argparse.Namespace) -> None:
     vocab = runner.vocab_size
     n = args.batch
     fixed = args.fixed_len
-    in_lens = lengths(n, fixed, 100, 1024, seed=10)
-    out_lens = lengths(n, fixed, 100, 1024, seed=11)
+    lo, hi = (None, None) if fixed else (100, 1024)
+    in_lens = lengths(n, fixed, lo, hi, seed=10)
+    out_lens = lengths(n, fixed, lo, hi, seed=11)
     windows = [int(x) for x in args.kernel_steps.split(",")] if args.kernel_steps else []
     prompts = random_prompts(n, in_lens, vocab, seed=12)
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
@@ -269,7 +270,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
         print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
               f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
     print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
-    if len(prompt_steps) > 3:
+    if len(prompt_steps) > 3 and not windows:
         print("cProfile of prompt steps 4-6, top 14 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)
     sys.stdout.flush()

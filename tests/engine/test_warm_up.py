@@ -44,3 +44,25 @@ def test_warm_up_refuses_a_busy_engine(tiny_llama):
     llm.engine.add_request("busy", "hello", SamplingParams(max_tokens=3))
     with pytest.raises(RuntimeError, match="idle engine"):
         llm.engine.core.warm_up()
+
+
+def test_freeze_startup_heap_freezes_and_raises_the_young_threshold() -> None:
+    """Run in a child process: freezing is process-wide and permanent."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import gc
+        from tallow.engine.builder import SERVING_GC_THRESHOLD, freeze_startup_heap
+        gc.set_threshold(700, 10, 10)
+        before = gc.get_freeze_count()
+        freeze_startup_heap()
+        print(before, gc.get_freeze_count(), *gc.get_threshold(), SERVING_GC_THRESHOLD)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, gen0, gen1, gen2, wanted = map(int, out)
+    assert before == 0 and after > 1000  # the start-up heap is out of the collector's reach
+    assert gen0 == wanted >= 10_000  # young collections are rarer than the default's
+    assert (gen1, gen2) == (10, 10)  # older generations keep their thresholds

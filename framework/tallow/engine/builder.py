@@ -88,15 +88,30 @@ def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
     return int(blocks)
 
 
+#: youngest-generation threshold while serving: the collector runs after this many more
+#: container allocations than deallocations (Python's default is 700 or 2,000)
+SERVING_GC_THRESHOLD = 50_000
+
+
 def freeze_startup_heap() -> None:
     """For a process that builds one engine and serves with it until it exits (``tallow
     serve``, ``tallow bench``): collect the garbage of start-up, then move every object alive
     now (torch, transformers, the model, the engine: hundreds of thousands of them) out of the
     garbage collector's reach. Full collections, which otherwise walk all of them every few
-    hundred steps, then only see what serving allocates. Not for processes that build many
-    engines (tests): frozen objects are never collected."""
+    hundred steps, then only see what serving allocates.
+
+    The youngest generation's threshold is also raised to :data:`SERVING_GC_THRESHOLD`. A busy
+    engine allocates thousands of short-lived containers per step (plans, per-sequence
+    records); at the default threshold the collector ran several times per step and promoted
+    objects that were about to die, which then cost again in older-generation passes (about
+    4 s of a 55 s llama-3-8b throughput run on an H200 with the default threshold). Cyclic
+    garbage is still collected, only in larger batches.
+
+    Not for processes that build many engines (tests): frozen objects are never collected."""
     gc.collect()
     gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(SERVING_GC_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
 def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
