@@ -143,8 +143,10 @@ def test_prefix_cache_hits(tiny_llama):
 
 @pytest.mark.parametrize("caching", [False, True])
 def test_preemption_under_a_tiny_kv_budget(tiny_llama, caching):
-    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
-              seeded(21, max_tokens=40, ignore_eos=True)] * 2
+    # min_tokens, not ignore_eos: sequences of known length reserve their KV and are not
+    # preempted (see tallow.engine.scheduler)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, min_tokens=40),
+              seeded(21, max_tokens=40, min_tokens=40)] * 2
     _, llm = run_both(tiny_llama, PROMPTS, params, num_blocks=40,
                       enable_prefix_caching=caching, max_model_len=128)
     core = llm.engine.core

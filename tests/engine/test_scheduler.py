@@ -343,3 +343,72 @@ def test_protocol_errors() -> None:
     s.finish(seq, SequenceStatus.FINISHED_LENGTH)  # idempotent: the first status stays
     assert seq.finish_reason == "stop" and seq.stop_reason == 2
     assert s.get_request("a") is None and s.kv_usage == 0.0
+
+
+# -- reservations of sequences of known length ----------------------------------------------
+def _run_to_max_tokens(s: Scheduler, limit: int = 200) -> list[list[str]]:
+    """Step until nothing is left, finishing sequences at max_tokens; the running request ids
+    of every step."""
+    seen = []
+    for _ in range(limit):
+        if not s.has_unfinished():
+            return seen
+        _, got = run_step(s)
+        seen.append(sorted(seq.request_id for seq in s.running))
+        for seq in got:
+            if seq.num_output_tokens >= seq.params.max_tokens:
+                s.finish(seq, FIN)
+    raise AssertionError("did not finish")
+
+
+def test_known_length_sequences_reserve_their_growth_and_are_never_preempted() -> None:
+    # 6 blocks of 2 tokens. Each request: 3 prompt + 5 outputs = 8 tokens = 4 blocks.
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    s = make(num_blocks=6, block_size=2, max_model_len=12, caching=False)
+    a = s.add_request("a", [1, 2, 3], params).seqs[0]
+    b = s.add_request("b", [4, 5, 6], params).seqs[0]
+    assert s.reserved_blocks() == 0
+    out, _ = run_step(s)
+    # b's prompt (2 blocks) would fit now, but a still grows into 2 more blocks: b waits.
+    assert plan(out) == [("a", 0, 0, 3, 1)] and s.num_waiting == 1
+    assert s.reserved_blocks() == 2  # a holds 2 of its 4 blocks
+    steps = _run_to_max_tokens(s)
+    assert s.num_preemptions == 0 and a.num_preemptions == b.num_preemptions == 0
+    assert ["a", "b"] not in steps  # never both at once
+    assert a.output_token_ids and len(b.output_token_ids) == 5
+    assert s.block_manager.num_free_blocks == 6 and s.reserved_blocks() == 0
+
+
+def test_sequences_of_unknown_length_reserve_nothing_and_are_preempted_as_before() -> None:
+    params = SamplingParams(max_tokens=5)  # may stop at EOS: length not known
+    s = make(num_blocks=6, block_size=2, max_model_len=12, caching=False)
+    s.add_request("a", [1, 2, 3], params)
+    s.add_request("b", [4, 5, 6], params)
+    out, _ = run_step(s)
+    assert plan(out) == [("a", 0, 0, 3, 1), ("b", 0, 0, 3, 1)]  # both admitted at once
+    _run_to_max_tokens(s)
+    assert s.num_preemptions >= 1  # 2 x 4 blocks do not fit in 6
+
+
+def test_unknown_length_sequences_do_not_take_reserved_blocks() -> None:
+    s = make(num_blocks=6, block_size=2, max_model_len=12, caching=False)
+    s.add_request("a", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    run_step(s)  # a holds 2 blocks and reserves 2 more: 2 are free for others
+    s.add_request("big", [7, 8, 9, 10, 11], SamplingParams(max_tokens=1))  # needs 3 blocks
+    s.add_request("small", [7, 8, 9], SamplingParams(max_tokens=1))  # would need 2
+    out, _ = run_step(s)
+    assert plan(out) == [("a", 0, 3, 1, 1)]  # big waits (fcfs: small queues behind it)
+    assert s.num_waiting == 2
+
+
+def test_reservation_follows_finish_and_abort() -> None:
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    s = make(num_blocks=6, block_size=2, max_model_len=12, caching=False)
+    s.add_request("a", [1, 2, 3], params)
+    s.add_request("b", [4, 5, 6], params)
+    run_step(s)
+    assert s.reserved_blocks() == 2 and s.num_waiting == 1
+    s.abort("a")
+    assert s.reserved_blocks() == 0
+    out, _ = run_step(s)
+    assert plan(out) == [("b", 0, 0, 3, 1)]

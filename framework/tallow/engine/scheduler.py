@@ -9,6 +9,13 @@ running sequence is preempted *by recompute*: its blocks are freed and it goes b
 waiting queue with nothing computed; when it is admitted again it recomputes its prompt and
 the outputs it had (using the prefix cache where it can) and continues where it stopped.
 
+A sequence whose length is known in advance (``ignore_eos`` with ``max_tokens``, one
+completion) *reserves* the blocks it will grow into: a waiting sequence is admitted only if the
+free blocks still cover every such reservation after its own (its whole known length, or for
+other sequences the tokens it computes now). Those sequences are then never preempted by one
+another; recomputing a preempted 2,000-token sequence costs more than waiting for room. Other
+sequences reserve nothing and are admitted as before.
+
 Order: ``"fcfs"`` ranks by arrival; ``"priority"`` by (priority, arrival), lower first. Under
 ``"priority"`` a waiting sequence may also preempt running ones of strictly lower priority to
 get in.
@@ -145,6 +152,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._pending: SchedulerOutput | None = None
         self.num_preemptions = 0
+        #: seq_id -> blocks at the known final length, for sequences that reserve them
+        self._final_blocks: dict[int, int] = {}
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -190,6 +199,7 @@ class Scheduler:
         request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
                                  priority=priority)
         self.requests[request_id] = request
+        self._note_final_length(request.seqs[0])
         self._enqueue(request.seqs[0])
         return request
 
@@ -205,6 +215,7 @@ class Scheduler:
         if seq.status.is_finished:
             return
         self.block_manager.free(seq)
+        self._final_blocks.pop(seq.seq_id, None)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -263,6 +274,23 @@ class Scheduler:
         return self.block_manager.hit_rate
 
     # -- helpers -------------------------------------------------------------------------
+    def _note_final_length(self, seq: Sequence) -> None:
+        """Record the blocks ``seq`` will reach if its length is known in advance: with
+        ``ignore_eos`` and ``max_tokens`` it ends at prompt + max_tokens (or max_model_len)
+        unless a stop string or stop token ends it sooner."""
+        p = seq.params
+        if p.ignore_eos and p.max_tokens is not None and p.n == 1:
+            final = min(seq.num_prompt_tokens + p.max_tokens, self.max_model_len)
+            self._final_blocks[seq.seq_id] = self.block_manager.blocks_for(final)
+
+    def reserved_blocks(self) -> int:
+        """Blocks the running sequences of known length will still claim."""
+        if not self._final_blocks:
+            return 0
+        final = self._final_blocks
+        return sum(max(0, final[seq.seq_id] - len(seq.block_ids)) for seq in self.running
+                   if seq.seq_id in final)
+
     def _enqueue(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=self._key)
 
@@ -502,8 +530,24 @@ class _Step:
         worst = max(s.running, key=s._key)
         return worst if worst.priority > seq.priority else None
 
+    def _fits_reservations(self, seq: Sequence, num_new: int, hits: list[int]) -> bool:
+        """Whether admitting ``seq`` leaves the blocks reserved by running sequences of known
+        length free (see the module docstring)."""
+        s, bm = self.s, self.s.block_manager
+        final = s._final_blocks.get(seq.seq_id)
+        if self.reserved is None:
+            if not s._final_blocks:
+                return True
+            self.reserved = s.reserved_blocks()
+        if final is None:
+            if not self.reserved:
+                return True
+            final = bm.blocks_for(len(hits) * bm.block_size + num_new)
+        return bm.num_free_blocks - self.reserved >= final - len(hits)
+
     def admit_waiting(self) -> None:
         s, bm = self.s, self.s.block_manager
+        self.reserved: int | None = None  # computed when first needed
         i = 0  # waiting[:i] are passed over: they end by length when their last token arrives
         while i < len(s.waiting) and self.budget > 0:
             seq = s.waiting[i]
@@ -515,7 +559,8 @@ class _Step:
             num_new = s._chunk(seq, cached, seq.num_tokens - cached, self.budget)
             slots = s._slots(seq)
             if (self.used_slots + slots > s.max_num_seqs
-                    or not bm.can_allocate(seq, num_new, hits)):
+                    or not bm.can_allocate(seq, num_new, hits)
+                    or not self._fits_reservations(seq, num_new, hits)):
                 victim = self._priority_victim(seq)
                 if victim is None:
                     break
@@ -530,6 +575,8 @@ class _Step:
             s.running.append(seq)
             self.used_slots += slots
             self._add(self.admitted, seq, num_new)
+            if self.reserved is not None and seq.seq_id in s._final_blocks:
+                self.reserved += max(0, s._final_blocks[seq.seq_id] - len(seq.block_ids))
 
     def output(self) -> SchedulerOutput:
         scheduled = self.decodes + self.prefills + self.admitted
