@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -56,3 +57,23 @@ def test_compare_hf_runs_transformers_on_the_engine_weights():
                 done = out
     # transformers stops at its EOS (token 0 of the synthetic vocabulary) if it picks it
     assert done.outputs[0].token_ids[:len(ref)] == ref
+
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_schedule_replay_shows_preemptions_only_for_sequences_of_unknown_length() -> None:
+    """bench/schedule_replay.py on a small KV budget: 8 requests of 24 + 40 tokens (4 blocks
+    of 16 each) in 20 blocks."""
+    args = [sys.executable, "bench/schedule_replay.py", "--kv-blocks", "20", "--num-prompts",
+            "8", "--input-len", "24", "--output-len", "40", "--max-num-seqs", "8",
+            "--max-model-len", "128"]
+    known = json.loads(subprocess.run(args, capture_output=True, text=True, check=True,
+                                      cwd=_ROOT).stdout)
+    unknown = json.loads(subprocess.run(args + ["--length-unknown"], capture_output=True,
+                                        text=True, check=True, cwd=_ROOT).stdout)
+    assert known["preemptions"] == 0 and known["recomputed_tokens"] == 0
+    assert known["max_running"] == 5  # 5 x 4 blocks reserved = the whole cache
+    assert unknown["preemptions"] > 0 and unknown["recomputed_tokens"] > 0
+    assert known["decode_rows"] == 8 * 39  # every output token but the first is a decode
+    assert unknown["decode_rows"] < 8 * 39  # recomputed outputs come back as prompt rows

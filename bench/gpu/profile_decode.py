@@ -228,7 +228,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
             kernel_prof.__enter__()
             window_kinds = []
         t0 = time.perf_counter()
-        profiled = len(prompt_steps) in (3, 4, 5) and not windows
+        profiled = len(prompt_steps) in (3, 4, 5)
         if profiled:
             profiler.enable()
         engine.step()
@@ -270,9 +270,11 @@ def profile_throughput(args: argparse.Namespace) -> None:
         print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
               f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
     print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
-    if len(prompt_steps) > 3 and not windows:
+    if len(prompt_steps) > 3:
         print("cProfile of prompt steps 4-6, top 14 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)
+        print("... top 25 by own time:")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
     sys.stdout.flush()
 
 
