@@ -6,12 +6,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import allow_next, pdl_enabled, wait_prior
+
 _BLOCK = 1024
 _KINDS = {"silu": 0, "gelu_tanh": 1}
 
 
 @triton.jit
-def _gated_act_kernel(x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_act_kernel(x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl.constexpr,
+                      USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
+    allow_next(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -35,6 +40,8 @@ def gated_act_triton(x: torch.Tensor, kind: str) -> torch.Tensor:
         x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], d, dtype=x.dtype, device=x.device)
     block = min(_BLOCK, triton.next_power_of_2(d))
+    use_pdl = pdl_enabled(x)
     _gated_act_kernel[(x2.shape[0], triton.cdiv(d, block))](
-        x2, out, x2.stride(0), d, KIND=_KINDS[kind], BLOCK=block)
+        x2, out, x2.stride(0), d, KIND=_KINDS[kind], BLOCK=block, USE_PDL=use_pdl,
+        launch_pdl=use_pdl)
     return out.view(*x.shape[:-1], d)

@@ -11,13 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import allow_next, pdl_enabled, wait_prior
+
 CHUNK = 4096
 
 
 @triton.jit
 def _chunk_argmax_kernel(x_ptr, stride_row, n, best_val_ptr, best_idx_ptr, n_chunks,
-                         CHUNK: tl.constexpr):
+                         CHUNK: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
+    allow_next(USE_PDL)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(x_ptr + row * stride_row + offs, mask=offs < n, other=float("-inf"))
@@ -31,8 +35,11 @@ def _chunk_argmax_kernel(x_ptr, stride_row, n, best_val_ptr, best_idx_ptr, n_chu
 
 
 @triton.jit
-def _pick_chunk_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_chunks, C_PAD: tl.constexpr):
+def _pick_chunk_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_chunks, C_PAD: tl.constexpr,
+                       USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
+    allow_next(USE_PDL)
     offs = tl.arange(0, C_PAD)
     mask = offs < n_chunks
     v = tl.load(best_val_ptr + row * n_chunks + offs, mask=mask, other=float("-inf"))
@@ -48,8 +55,11 @@ def argmax_rows_triton(x: torch.Tensor) -> torch.Tensor:
     best_val = torch.empty((rows, n_chunks), dtype=torch.float32, device=x.device)
     best_idx = torch.empty((rows, n_chunks), dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    use_pdl = pdl_enabled(x)
     _chunk_argmax_kernel[(rows, n_chunks)](x, x.stride(0), n, best_val, best_idx, n_chunks,
-                                          CHUNK=CHUNK, num_warps=8)
+                                          CHUNK=CHUNK, USE_PDL=use_pdl, num_warps=8,
+                                          launch_pdl=use_pdl)
     _pick_chunk_kernel[(rows,)](best_val, best_idx, out, n_chunks,
-                                C_PAD=max(16, triton.next_power_of_2(n_chunks)), num_warps=1)
+                                C_PAD=max(16, triton.next_power_of_2(n_chunks)),
+                                USE_PDL=use_pdl, num_warps=1, launch_pdl=use_pdl)
     return out

@@ -8,6 +8,11 @@ no cross-program reduction is needed.
 One row (``BLOCK_M == 1``) multiplies elementwise and accumulates a ``[BLOCK_N, BLOCK_K]`` tile
 in float32, reducing across ``K`` once at the end. A few rows (2–16) pad to 16 and use
 ``tl.dot``: the tensor cores are idle anyway, and the weight tile is loaded once for all rows.
+
+Launched with Programmatic Dependent Launch (:mod:`tallow.kernels.pdl`), a one-row program
+issues its first weight tile before waiting for the kernel that produced ``x``: the weight
+stream starts while that kernel's last wave still runs. ``W`` must therefore be memory no kernel
+of the step writes.
 """
 
 from __future__ import annotations
@@ -16,11 +21,39 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import allow_next, pdl_enabled, wait_prior
+
+
+@triton.jit
+def _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """The weight tile whose first column is ``k`` (zeros past N and K)."""
+    if EVEN_K:
+        if EVEN_N:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+    else:
+        k_mask = (k + offs_k) < K
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K: tl.constexpr):
+    """The input tile whose first column is ``k`` (zeros past M and K)."""
+    if EVEN_K:
+        x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+    else:
+        k_mask = (k + offs_k) < K
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    return x
+
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -29,21 +62,30 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
     m_mask = offs_m < M
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k_first = 0
+    if USE_PDL and BLOCK_M == 1:
+        # The weights are no kernel's output: stream the first tile while the previous kernel
+        # finishes (see pdl.py), then wait for x and run the first K step outside the loop.
+        w = _load_w(w_ptrs, 0, offs_k, n_mask, K, EVEN_K, EVEN_N)
+        wait_prior(USE_PDL)
+        allow_next(USE_PDL)
+        x = _load_x(x_ptrs, 0, offs_k, m_mask, K, EVEN_K)
+        acc = w.to(tl.float32) * x.to(tl.float32)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        k_first = BLOCK_K
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            if EVEN_N:
-                w = tl.load(w_ptrs)
-            else:
-                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        # no PDL (the wait is then no code at all), or several rows (tl.dot): the loop as it
+        # always was, behind the wait
+        wait_prior(USE_PDL)
+        allow_next(USE_PDL)
+        if BLOCK_M == 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         else:
-            k_mask = (k + offs_k) < K
-            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(k_first, K, BLOCK_K):
+        w = _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K, EVEN_N)
+        x = _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K)
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)
         else:
@@ -84,9 +126,12 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     block_m, block_n, block_k, warps = config or gemv_config(m, n, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, block_n),)
+    use_pdl = pdl_enabled(x)
     _gemv_kernel[grid](
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0, EVEN_N=n % block_n == 0, num_warps=warps)
+        # EVEN_K reads the first tile unmasked: K = 0 takes the masked path
+        EVEN_K=k > 0 and k % block_k == 0, EVEN_N=n % block_n == 0, USE_PDL=use_pdl,
+        num_warps=warps, launch_pdl=use_pdl)
     return y

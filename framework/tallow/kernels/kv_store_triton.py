@@ -7,13 +7,16 @@ import triton
 import triton.language as tl
 
 from .jit import step_jit
+from .pdl import allow_next, pdl_enabled, wait_prior
 
 
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies (see jit.py).
 @step_jit(pointers=["slot_ptr"])
 def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cache_half,
-                     width, BLOCK: tl.constexpr):
+                     width, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     tok = tl.program_id(0)
+    wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
+    allow_next(USE_PDL)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot >= 0:
         offs = tl.arange(0, BLOCK)
@@ -42,7 +45,8 @@ def store_kv_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k, v = _rows(k), _rows(v)
     n_tokens = k.shape[0]
     width = k.shape[1] * k.shape[2]
+    use_pdl = pdl_enabled(kv_cache)
     _store_kv_kernel[(n_tokens,)](
         k, v, kv_cache, slot_mapping.contiguous(), k.stride(0), v.stride(0),
         kv_cache[0].numel(), width,
-        BLOCK=triton.next_power_of_2(width))
+        BLOCK=triton.next_power_of_2(width), USE_PDL=use_pdl, launch_pdl=use_pdl)

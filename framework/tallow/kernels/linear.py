@@ -36,7 +36,11 @@ def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., K] @ weight [N, K].T (+ bias [N])`` → [..., N]: the Triton GEMV for a few rows
-    of bf16/fp16 on CUDA, ``F.linear`` otherwise."""
+    of bf16/fp16 on CUDA, ``F.linear`` otherwise.
+
+    ``weight`` must not be written by any kernel of the step (a parameter, not a tensor
+    computed on the fly): with PDL the GEMV reads it before waiting for the previous kernel
+    (see :mod:`tallow.kernels.pdl`)."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x has {x.shape[-1]} input features, weight expects "
                          f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})")

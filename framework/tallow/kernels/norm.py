@@ -47,6 +47,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     float32; Llama style rounds the normalised value to x's dtype and multiplies by ``weight``,
     Gemma style (``gemma_style=True``) multiplies by ``1 + weight`` in float32. ``out`` has x's
     dtype and shape. Inputs are not modified. The Triton kernel on CUDA, the reference elsewhere.
+    ``weight`` must not be written by any kernel of the step: with PDL the kernel reads it
+    before waiting for the previous kernel (see :mod:`tallow.kernels.pdl`).
     """
     _check(x, weight, residual)
     if triton_enabled(x) and x.numel():

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from .jit import step_jit
+from .pdl import allow_next, pdl_enabled, wait_prior
 
 
 @triton.jit
@@ -50,8 +51,12 @@ def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size, w_ptr, e
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, q_stride, k_stride, cache_stride,
                    n_q_heads, n_k_heads, head_size, qw_ptr, kw_ptr, eps, HALF: tl.constexpr,
                    IS_NEOX: tl.constexpr, HAS_K: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                   BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr):
+                   BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
+    # Even the cos/sin row depends on this step's positions: nothing to read before the wait.
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     i = tl.arange(0, BLOCK_R)[None, :]
     row = cache_ptr + pos * cache_stride
@@ -81,11 +86,12 @@ def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     cache = cos_sin_cache if cos_sin_cache.stride(1) == 1 else cos_sin_cache.contiguous()
     half = cache.shape[1] // 2
     qw, kw = (qk_norm[0].contiguous(), qk_norm[1].contiguous()) if qk_norm else (cache, cache)
+    use_pdl = pdl_enabled(q)
     _rotary_kernel[(n_tokens,)](
         positions, q3, k3, cache, q3.stride(0), k3.stride(0), cache.stride(0),
         q3.shape[1], k3.shape[1], head_size, qw, kw, float(norm_eps), HALF=half,
         IS_NEOX=bool(is_neox), HAS_K=k is not None,
         BLOCK_HQ=triton.next_power_of_2(q3.shape[1]),
         BLOCK_HK=triton.next_power_of_2(k3.shape[1]), BLOCK_R=triton.next_power_of_2(half),
-        HAS_NORM=qk_norm is not None)
+        HAS_NORM=qk_norm is not None, USE_PDL=use_pdl, launch_pdl=use_pdl)
     return q, k

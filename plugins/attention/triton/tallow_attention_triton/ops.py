@@ -3,7 +3,9 @@
 Each function takes device tensors laid out as :class:`tallow.layers.AttentionMetadata`
 describes and launches kernels without reading anything back from the device, so every one of
 them may run inside CUDA-graph capture. Grid sizes come from host integers only (token count,
-sequence count, head counts, the split count).
+sequence count, head counts, the split count). Where :func:`tallow.kernels.pdl.pdl_enabled`
+says so (compute capability 9.0+), they launch with Programmatic Dependent Launch; every kernel
+here reads only this step's data, so each waits for the previous grid before anything else.
 
 Under the Triton interpreter (``TRITON_INTERPRET=1`` in the environment before triton is first
 imported) the same kernels run on CPU tensors; that is how CI on machines without a GPU checks
@@ -16,6 +18,8 @@ import os
 from functools import lru_cache
 
 import torch
+
+from tallow.kernels.pdl import pdl_enabled
 
 from .heuristics import (
     DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
@@ -70,17 +74,20 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
-def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int) -> dict[str, object]:
+# ``pdl``: launch with Programmatic Dependent Launch (tallow.kernels.pdl); the kernel's USE_PDL
+# and the launch option always go together.
+def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int,
+               pdl: bool = False) -> dict[str, object]:
     d_pad = next_pow2(head_dim)
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                 HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
-                D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4)
+                D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4, USE_PDL=pdl, launch_pdl=pdl)
 
 
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
-                 skip_single_query: bool, capability: int = DEFAULT_CAPABILITY
-                 ) -> dict[str, object]:
+                 skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
+                 pdl: bool = False) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap))
     precision, upcast = _precision(dtype)
@@ -88,29 +95,31 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
-                PRECISION=precision, UPCAST=upcast,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
 
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
-                mixed: bool, single_split: bool, fused_store: bool) -> dict[str, object]:
+                mixed: bool, single_split: bool, fused_store: bool,
+                pdl: bool = False) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     precision, upcast = _precision(dtype)
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
                 D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
                 USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
-                PRECISION=precision, UPCAST=upcast,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
 
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
-                sliding_window: int | None, mixed: bool) -> dict[str, object]:
+                sliding_window: int | None, mixed: bool, pdl: bool = False
+                ) -> dict[str, object]:
     return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
                 # at least 16: split counts that vary with the batch share one compiled variant
                 S_PAD=max(16, next_pow2(num_splits)), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
-                MIXED=mixed, num_warps=4)
+                MIXED=mixed, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -122,7 +131,8 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if n_tokens == 0:
         return
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
-    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2])
+    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2],
+                      pdl=pdl_enabled(kv_cache))
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
     store_kv_kernel[grid](
@@ -152,7 +162,7 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
                         block_size=kv_cache.shape[2], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
-                        capability=device_facts(q.device)[1])
+                        capability=device_facts(q.device)[1], pdl=pdl_enabled(q))
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
@@ -225,7 +235,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
-                       fused_store=fused)
+                       fused_store=fused, pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
         q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,
@@ -240,6 +250,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
             part_acc, part_ml, seq_lens, query_start_loc, out,
             window, num_splits, out.stride(0), out.stride(1),
             **reduce_spec(num_heads=n_heads, head_dim=head_dim, num_splits=num_splits,
-                          tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed),
+                          tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed,
+                          pdl=spec["USE_PDL"]),
         )
     return out

@@ -136,3 +136,47 @@ def test_reduce_store_and_fp32_paths_compile() -> None:
                                         fused_store=True)),
     ):
         assert compile_for(kernel, spec, torch.float32, 90).asm["cubin"]
+
+
+def _before_wait(ptx: str) -> list[str]:
+    """The PTX lines before the kernel's only ``griddepcontrol.wait``, after checking that the
+    next grid is released (once) after that wait."""
+    lines = ptx.splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    releases = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
+    assert len(waits) == 1 and len(releases) == 1 and waits[0] < releases[0], (waits, releases)
+    return lines[:waits[0]]
+
+
+@pytest.mark.parametrize("single_split", [True, False])
+@pytest.mark.parametrize("fused_store", [True, False])
+def test_pdl_waits_before_any_memory_access(single_split: bool, fused_store: bool) -> None:
+    """With PDL (tallow.kernels.pdl) every kernel reads only this step's data, so each waits
+    for the previous grid before its first load or store; without PDL no such instruction."""
+    decode = dict(num_heads=32, group=4, head_dim=128, dtype=torch.bfloat16, block_size=16,
+                  sliding_window=None, logit_softcap=None, mixed=not single_split,
+                  single_split=single_split, fused_store=fused_store)
+    cases = [(decode_split_kernel, ops.decode_spec(**decode, pdl=True)),
+             (decode_split_kernel, ops.decode_spec(**decode, pdl=False))]
+    if single_split and fused_store:  # the other kernels once
+        for pdl in (True, False):
+            cases += [
+                (decode_reduce_kernel, ops.reduce_spec(num_heads=32, head_dim=128, num_splits=8,
+                                                       tile_n=64, sliding_window=None,
+                                                       mixed=False, pdl=pdl)),
+                (store_kv_kernel, ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16,
+                                                 pdl=pdl)),
+                (prefill_kernel, ops.prefill_spec(head_dim=128, group=4, dtype=torch.bfloat16,
+                                                  block_size=16, sliding_window=None,
+                                                  logit_softcap=None, skip_single_query=True,
+                                                  pdl=pdl)),
+            ]
+    memory = re.compile(r"\b(ld|st)\.global|\bcp\.async|\batom\.|\bred\.global")
+    for kernel, spec in cases:
+        assert spec["USE_PDL"] == spec["launch_pdl"]
+        ptx = compile_for(kernel, spec, torch.bfloat16, 90).asm["ptx"]
+        if not spec["USE_PDL"]:
+            assert "griddepcontrol" not in ptx
+            continue
+        early = [line for line in _before_wait(ptx) if memory.search(line)]
+        assert not early, f"{kernel.__name__} touches memory before its wait: {early[:3]}"

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
+from tallow.kernels.pdl import allow_next, wait_prior
 
 from .common import kv_offsets, online_softmax_step, scores, tanh
 
@@ -68,11 +69,14 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # Even whether this program has work depends on this step's metadata: wait first.
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
     row, served = _query_row(qsl_ptr, seq, MIXED)
     if not served:
         return
@@ -174,11 +178,13 @@ def decode_reduce_kernel(
     window, num_splits, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     S_PAD: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr,
+    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    wait_prior(USE_PDL)  # the partials are the split kernel's output
+    allow_next(USE_PDL)
     row, served = _query_row(qsl_ptr, seq, MIXED)
     if not served:
         return

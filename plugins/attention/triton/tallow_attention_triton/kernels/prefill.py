@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
+from tallow.kernels.pdl import allow_next, wait_prior
 
 from .common import kv_offsets, online_softmax_step, scores
 
@@ -77,9 +78,11 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
+    wait_prior(USE_PDL)  # the program's sequence is found in this step's metadata
+    allow_next(USE_PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(qsl_ptr, num_seqs, pid, BLOCK_Q)

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
+from tallow.kernels.pdl import allow_next, wait_prior
 
 
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies.
@@ -16,10 +17,13 @@ def store_kv_kernel(
     stride_cb, stride_co, stride_ch,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, cdiv(Hkv, HEADS_PER_PROGRAM)). Token ``t`` goes to cache slot
     ``slot[t]`` (block ``slot // BLOCK_SIZE``, offset ``slot % BLOCK_SIZE``); slot < 0 skips it.
     Values are converted to the cache's dtype."""
+    wait_prior(USE_PDL)  # slots, K and V are earlier kernels' output
+    allow_next(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     head0 = tl.program_id(1) * HEADS_PER_PROGRAM
     slot = tl.load(slot_ptr + t).to(tl.int64)
