@@ -282,6 +282,58 @@ def test_gemv(dtype, m, k, n, with_bias):
     close(gemv_triton(x, w, b), expected)
 
 
+_GATED_GEMV_SHAPES = big_or_tiny([(14336, 4096), (3072, 1024), (1000, 300)],
+                                 [(64, 24), (40, 10)])
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("d,n", _GATED_GEMV_SHAPES)
+def test_gated_gemv_same_bits_as_activation_then_gemv(kind, d, n):
+    """The down projection with the activation applied as the GEMV reads its input gives the
+    bits of the gated-activation kernel followed by the GEMV, and matches the reference."""
+    from tallow.kernels.activation_triton import gated_act_triton
+    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels.linear import gated_linear, linear_ref
+    g = rng(9)
+    x = randn(g, 1, 2 * d, dtype=torch.bfloat16, scale=2.0)
+    w = randn(g, n, d, dtype=torch.bfloat16, scale=d ** -0.5)
+    b = randn(g, n, dtype=torch.bfloat16)
+    two_steps = gemv_triton(gated_act_triton(x, kind), w, b)
+    fused = gemv_triton(x, w, b, gate=kind)
+    assert torch.equal(fused, two_steps)
+    assert torch.equal(gated_linear(x.view(1, 1, 2 * d), w, b, kind=kind),
+                       fused.view(1, 1, n))
+    ref = silu_and_mul_ref if kind == "silu" else gelu_tanh_and_mul_ref
+    expected = linear_ref(ref(x).float(), w.float(), b.float())
+    # an activation one bf16 ulp off (Triton's exp) moves a sum with cancellation by more than
+    # an ulp of the sum itself: the tolerance scales with the output's magnitude
+    torch.testing.assert_close(fused.float(), expected, rtol=0,
+                               atol=2e-2 * expected.abs().max().item())
+
+
+def test_gated_linear_dispatch_and_errors(monkeypatch):
+    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import linear as linear_mod
+    calls = []
+    real = gemv_mod.gemv_triton
+    monkeypatch.setattr(gemv_mod, "gemv_triton",
+                        lambda *a, **kw: calls.append(kw.get("gate")) or real(*a, **kw))
+    g = rng(10)
+    w = randn(g, 24, 32, dtype=torch.bfloat16, scale=0.2)
+    one = randn(g, 1, 64, dtype=torch.bfloat16)
+    linear_mod.gated_linear(one, w, kind="silu")
+    assert calls == ["silu"]  # one row: the fused GEMV
+    many = randn(g, 3, 64, dtype=torch.bfloat16)
+    got = linear_mod.gated_linear(many, w, kind="silu")
+    assert "silu" not in calls[1:]  # several rows: activation kernel, then linear
+    close(got, linear_mod.linear_ref(silu_and_mul_ref(many).float(), w.float()).to(
+        torch.bfloat16))
+    with pytest.raises(ValueError, match="kind must be one of silu, gelu_tanh"):
+        linear_mod.gated_linear(one, w, kind="relu")
+    with pytest.raises(ValueError, match="2 x 32 = 64 features"):
+        linear_mod.gated_linear(randn(g, 1, 32, dtype=torch.bfloat16), w, kind="silu")
+
+
 def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
     from tallow.kernels import gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation_triton import KINDS, gated_value
 from .pdl import allow_next, pdl_enabled, wait_prior
 
 
@@ -39,13 +40,18 @@ def _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K: tl.constexpr, EVEN_N: tl.const
 
 
 @triton.jit
-def _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K: tl.constexpr):
-    """The input tile whose first column is ``k`` (zeros past M and K)."""
+def _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K: tl.constexpr, GATE: tl.constexpr):
+    """The input tile whose first column is ``k`` (zeros past M and K). With a gate (``GATE``
+    >= 0, a kind of :data:`activation_triton.KINDS`) each row of x is ``[gate | up]``, K wide
+    each, and the tile is ``act(gate) * up``."""
     if EVEN_K:
-        x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        mask = m_mask[:, None]
     else:
-        k_mask = (k + offs_k) < K
-        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        mask = m_mask[:, None] & ((k + offs_k) < K)[None, :]
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    if GATE >= 0:
+        up = tl.load(x_ptrs + K, mask=mask, other=0.0)
+        x = gated_value(x, up, GATE, x_ptrs.dtype.element_ty)
     return x
 
 
@@ -53,7 +59,7 @@ def _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K: tl.constexpr):
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+                 GATE: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -69,7 +75,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
         w = _load_w(w_ptrs, 0, offs_k, n_mask, K, EVEN_K, EVEN_N)
         wait_prior(USE_PDL)
         allow_next(USE_PDL)
-        x = _load_x(x_ptrs, 0, offs_k, m_mask, K, EVEN_K)
+        x = _load_x(x_ptrs, 0, offs_k, m_mask, K, EVEN_K, GATE)
         acc = w.to(tl.float32) * x.to(tl.float32)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -85,7 +91,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stri
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(k_first, K, BLOCK_K):
         w = _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K, EVEN_N)
-        x = _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K)
+        x = _load_x(x_ptrs, k, offs_k, m_mask, K, EVEN_K, GATE)
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)
         else:
@@ -118,11 +124,14 @@ def gemv_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                *, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                *, config: tuple[int, int, int, int] | None = None,
+                gate: str | None = None) -> torch.Tensor:
     """``x [M, K] @ weight [N, K].T (+ bias [N])`` → [M, N] in x's dtype, M ≤ 16 (checked by
-    the caller). ``config`` overrides the block sizes (benchmarks sweep it)."""
-    m, k = x.shape
-    n = weight.shape[0]
+    the caller). ``config`` overrides the block sizes (benchmarks sweep it). With ``gate``
+    ("silu" or "gelu_tanh") x is ``[M, 2K]``, ``[gate | up]`` per row, and the product is
+    ``(act(gate) * up) @ weight.T``, the activation computed as the kernel reads x."""
+    m = x.shape[0]
+    n, k = weight.shape
     block_m, block_n, block_k, warps = config or gemv_config(m, n, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, block_n),)
@@ -132,6 +141,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         # EVEN_K reads the first tile unmasked: K = 0 takes the masked path
-        EVEN_K=k > 0 and k % block_k == 0, EVEN_N=n % block_n == 0, USE_PDL=use_pdl,
+        EVEN_K=k > 0 and k % block_k == 0, EVEN_N=n % block_n == 0,
+        GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl,
         num_warps=warps, launch_pdl=use_pdl)
     return y

@@ -51,3 +51,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return gemv_triton(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def gated_gemv_fits(x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> bool:
+    """Whether :func:`gated_linear` of a merged ``[gate | up]`` input ``x`` runs as one GEMV
+    (one row of bf16/fp16 on a GPU, contiguous)."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (rows == 1 and x.shape[-1] == 2 * weight.shape[-1] and x.stride(-1) == 1
+            and _gemv_fits(x[..., :weight.shape[-1]], weight, bias))
+
+
+def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 *, kind: str) -> torch.Tensor:
+    """``(act(x[..., :d]) * x[..., d:]) @ weight [N, d].T (+ bias)`` → [..., N], act "silu"
+    or "gelu_tanh": a gated MLP's activation and down projection. One row on a GPU is one
+    GEMV that applies the activation as it reads x (same bits as the two steps); otherwise the
+    activation kernel then :func:`linear`."""
+    from .activation import gelu_tanh_and_mul, silu_and_mul
+
+    acts = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+    if kind not in acts:
+        raise ValueError(f"gated_linear: kind must be one of {', '.join(acts)}, got {kind!r}")
+    d = weight.shape[-1]
+    if x.shape[-1] != 2 * d:
+        raise ValueError(f"gated_linear: x must have 2 x {d} = {2 * d} features ([gate | up] "
+                         f"for a weight of shape {tuple(weight.shape)}), got {x.shape[-1]}")
+    if not gated_gemv_fits(x, weight, bias):
+        return linear(acts[kind](x), weight, bias)
+    from .gemv_triton import gemv_triton
+    return gemv_triton(x.reshape(1, 2 * d), weight, bias, gate=kind).view(
+        *x.shape[:-1], weight.shape[0])

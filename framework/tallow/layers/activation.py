@@ -12,6 +12,9 @@ from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 class SiluAndMul(nn.Module):
     """``x [..., 2d] -> silu(x[..., :d]) * x[..., d:]`` (Llama, Qwen, Mistral)."""
 
+    #: the name :func:`tallow.kernels.linear.gated_linear` knows this activation by
+    kind = "silu"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             return silu_and_mul(x)
@@ -21,6 +24,8 @@ class SiluAndMul(nn.Module):
 
 class GeluTanhAndMul(nn.Module):
     """``x [..., 2d] -> gelu_tanh(x[..., :d]) * x[..., d:]`` (Gemma)."""
+
+    kind = "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:

@@ -310,12 +310,22 @@ class RowParallelLinear(LinearBase):
                              f"expected {full} along dim {dim}")
         _copy_into(param.data, loaded.narrow(dim, self.tp_rank * size, size), what)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: nn.Module | None = None) -> torch.Tensor:
+        """``x @ W.T (+ b)``, summed over ranks. With ``act`` (a gated activation of
+        :mod:`tallow.layers.activation`), ``x`` is this rank's merged ``[gate | up]`` and the
+        layer computes ``act(x) @ W.T``; the quantization method may fuse the activation into
+        its matmul."""
+        if act is not None and not self.input_is_parallel:
+            raise ValueError(f"{self.prefix or 'RowParallelLinear'}: a gated input must "
+                             "already be this rank's slice (input_is_parallel=True)")
         if self.tp_size == 1:
+            if act is not None:
+                return self.quant_method.apply_gated(self, x, act, self.bias)
             return self.quant_method.apply(self, x, self.bias)
         if not self.input_is_parallel:
             x = x.narrow(-1, self.tp_rank * self.input_per_rank, self.input_per_rank)
-        y = self.quant_method.apply(self, x, None)
+        y = (self.quant_method.apply(self, x, None) if act is None
+             else self.quant_method.apply_gated(self, x, act, None))
         if self.reduce_results:
             y = all_reduce(y, self.tp_size)
         if self.bias is not None:

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tallow.kernels.linear import gated_gemv_fits
+from tallow.kernels.linear import gated_linear as dense_gated_linear
 from tallow.kernels.linear import linear as dense_linear
 
 
@@ -51,6 +53,13 @@ class LinearMethod:
               bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [..., input_size] -> [..., sum(output_sizes)]``, plus ``bias`` when given."""
         raise NotImplementedError
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``apply(act(x))`` where ``act`` maps a merged ``[gate | up]`` input to
+        ``act(gate) * up`` (the down projection of a gated MLP). A method may fuse the two;
+        this default runs them one after the other."""
+        return self.apply(layer, act(x), bias)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once after every checkpoint tensor is loaded (repacking, transposes...)."""
@@ -73,6 +82,16 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        """A one-row input on a GPU takes the GEMV that computes ``act(gate) * up`` as it
+        reads its input (one launch and no intermediate tensor at batch 1); see
+        :func:`tallow.kernels.linear.gated_linear`."""
+        kind = getattr(act, "kind", None)
+        if kind is None or not gated_gemv_fits(x, layer.weight, bias):
+            return self.apply(layer, act(x), bias)
+        return dense_gated_linear(x, layer.weight, bias, kind=kind)
 
 
 def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:

@@ -187,6 +187,31 @@ def test_gated_activations_match_transformers():
     torch.testing.assert_close(GeluTanhAndMul()(x), ACT2FN["gelu_pytorch_tanh"](g) * u)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("act", [SiluAndMul(), GeluTanhAndMul()])
+def test_row_parallel_with_a_gated_input_equals_activation_then_layer(tp, act):
+    """``down(gate_up, act=...)``: the merged column-parallel output goes straight into the row-
+    parallel layer, which applies the activation (fused into its matmul where it can)."""
+    x = rand(3, 16)
+    w_gate_up, w_down, b_down = rand(2 * 32, 16), rand(16, 32), rand(16)
+    ref = F.linear(act(F.linear(x, w_gate_up)), w_down, b_down)
+    partial = []
+    for build in ranks(tp):
+        gate_up = MergedColumnParallelLinear(16, [32, 32], build=build)
+        down = RowParallelLinear(32, 16, bias=True, build=build)
+        gate_up.weight_loader(gate_up.weight, w_gate_up[:32], 0)
+        gate_up.weight_loader(gate_up.weight, w_gate_up[32:], 1)
+        down.weight_loader(down.weight, w_down)
+        down.weight_loader(down.bias, b_down)
+        if tp == 1:
+            torch.testing.assert_close(down(gate_up(x), act=act), ref, rtol=1e-5, atol=1e-5)
+        partial.append(down.quant_method.apply_gated(down, gate_up(x), act))
+    torch.testing.assert_close(sum(partial) + b_down, ref, rtol=1e-5, atol=1e-5)
+    unsliced = RowParallelLinear(32, 16, input_is_parallel=False, build=ranks(2)[0])
+    with pytest.raises(ValueError, match="gated input must already be this rank's slice"):
+        unsliced(rand(3, 64), act=act)
+
+
 class Int8WeightOnly(LinearMethod):
     """A small real quantization method: int8 weights with one float scale per output row,
     quantized by its own loader as the float checkpoint tensors arrive."""
