@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,gemv,profile,thrprof,latency,latencysync,ttft,hf,
+# ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -42,6 +42,12 @@ if want enginetests; then
     plugins/attention/triton/tests/test_attention_gpu.py::test_new_batch_shapes_compile_nothing_new \
     2>&1 | tail -30 | tee "$OUT/tests_engine.log"
 fi
+if [[ ",$MODE," == *",fusedtests,"* ]]; then
+  echo "== GPU tests of PDL and the fused kernels"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_pdl.py \
+    plugins/attention/triton/tests/test_pdl_gpu.py tests/kernels/test_kernels.py \
+    plugins/attention/triton/tests/test_attention_gpu.py 2>&1 | tail -25 | tee "$OUT/tests_fused.log"
+fi
 if [[ ",$MODE," == *",gemv,"* ]]; then
   echo "== GEMV sweep"
   timeout 240 python3 bench/gpu/profile_decode.py gemv 2>&1 | tee "$OUT/gemv.log" | tail -40
@@ -55,6 +61,9 @@ fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 if [[ ",$MODE," == *",latencysync,"* ]]; then
   bench latency_8b_bs1_sync 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096 --no-async-scheduling
+fi
+if [[ ",$MODE," == *",latencynopdl,"* ]]; then
+  TALLOW_PDL=0 bench latency_8b_bs1_nopdl 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 want ttft && bench ttft_8b_4096 180 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
 want hf && bench compare_hf_8b 300 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 128 --max-model-len 4096 --compare hf
