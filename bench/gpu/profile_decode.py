@@ -237,7 +237,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
         wall = time.perf_counter() - t0
         if kernel_prof is not None:
             window_kinds.append(f"{last.get('kind', '?')} ({last.get('tokens', 0)} tokens, "
-                                f"{last.get('seqs', 0)} seqs)")
+                                f"{last.get('seqs', 0)} seqs, {wall * 1e3:.1f} ms)")
             if step_no + 1 not in windows:
                 sync()
                 kernel_prof.__exit__(None, None, None)

@@ -77,7 +77,7 @@ fi
 if [[ ",$MODE," == *",thrprof8b,"* ]]; then
   echo "== llama-3-8b throughput workload (1000 x 1000/1000): step kinds, kernels of chosen steps"
   timeout 420 python3 bench/gpu/profile_decode.py throughput --model random:llama-3-8b \
-    --batch 1000 --fixed-len 1000 --kernel-steps 4,5,200,201,202,1076,1077,1078 -- \
+    --batch 1000 --fixed-len 1000 --kernel-steps 4,5,300,301,302,2600,2601,2602 -- \
     --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 \
     2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8b.log" | tail -100
 fi
