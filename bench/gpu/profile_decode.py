@@ -79,6 +79,30 @@ def gemv_sweep() -> None:
         torch.cuda.empty_cache()
 
 
+def gemm_sweep() -> None:
+    """cuBLAS time of the llama-3-8b decode GEMMs against the number of rows (the padded
+    decode batch): µs per step (4 GEMMs x 32 layers) and TFLOP/s."""
+    import torch.nn.functional as F
+
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+              "down": (4096, 14336)}
+    ws = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+          for name, (n, k) in shapes.items()}
+    print(f"{'rows':>5s} " + " ".join(f"{n:>9s}" for n in shapes) + f" {'step us':>9s} "
+          f"{'us/row':>7s} {'TFLOP/s':>8s}")
+    for m in (256, 320, 384, 400, 416, 432, 443, 448, 464, 480, 496, 512):
+        times = {}
+        for name, w in ws.items():
+            x = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
+            flops = 2 * m * w.numel()
+            times[name] = flops / (_graph_bandwidth(lambda i: F.linear(x, w), flops) * 1e9)
+        step = 32 * sum(times.values())
+        flops = 2 * m * (32 * sum(w.numel() for w in ws.values()))
+        print(f"{m:5d} " + " ".join(f"{t * 1e6:9.1f}" for t in times.values())
+              + f" {step * 1e6:9.0f} {step * 1e6 / m:7.2f} {flops / step / 1e12:8.0f}",
+              flush=True)
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -280,7 +304,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["gemv", "step", "throughput"])
+    p.add_argument("what", choices=["gemv", "gemm", "step", "throughput"])
     p.add_argument("--gemv-rows", type=int, default=1)
     p.add_argument("--model", default="random:llama-3-8b")
     p.add_argument("--batch", type=int, default=1)
@@ -297,6 +321,8 @@ def main() -> None:
     args.extra = [a for a in args.extra + unknown if a != "--"]
     if args.what == "gemv":
         gemv_sweep()
+    elif args.what == "gemm":
+        gemm_sweep()
     elif args.what == "throughput":
         profile_throughput(args)
     else:
