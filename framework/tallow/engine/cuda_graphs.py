@@ -24,6 +24,28 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sorted({s for s in sizes if s <= max_batch} | {max_batch})
 
 
+#: a larger graph replaces a smaller one only when it replays at least this much faster
+REPLAY_MARGIN = 0.03
+
+
+def fastest_graphs(replay_s: dict[int, float], margin: float = REPLAY_MARGIN) -> dict[int, int]:
+    """For each captured batch size, the captured size (itself or larger) whose graph replays
+    fastest; a larger one must be faster by ``margin`` (a fraction) to be chosen.
+
+    The matrix products' library picks its kernels by shape, and a poor pick can make one
+    padded size slower than the next: on an H200 cuBLAS took 13.1 ms for llama-3-8b's decode
+    GEMMs at 448 rows and 9.8 ms at 464 (``bench/gpu/profile_decode.py gemm``). Padding rows
+    cost nothing in attention (length 1, no KV written), so a batch of 443 is better served
+    by the 464 graph."""
+    best: dict[int, int] = {}
+    winner: int | None = None
+    for size in sorted(replay_s, reverse=True):
+        if winner is None or replay_s[winner] >= (1 - margin) * replay_s[size]:
+            winner = size
+        best[size] = winner
+    return best
+
+
 class CudaGraphRunner:
     def __init__(self, runner: Any, max_batch: int) -> None:
         self.runner = runner
@@ -40,6 +62,8 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.sizes = graph_batch_sizes(max_batch)
         self.pool = None
+        #: captured size -> the captured size replayed for it (see fastest_graphs)
+        self.replay_size: dict[int, int] = {}
 
     def _meta(self, bs: int) -> AttentionMetadata:
         r = self.runner
@@ -72,9 +96,31 @@ class CudaGraphRunner:
             self.outputs[bs] = out
         torch.cuda.synchronize(runner.device)
         used = free_before - torch.cuda.mem_get_info(runner.device)[0]
+        times = self._time_replays()
+        self.replay_size = fastest_graphs(times)
+        for size, other in self.replay_size.items():
+            if other != size:
+                log.info("decode batches padded to %d replay the %d graph (%.2f ms, not %.2f)",
+                         size, other, times[other] * 1e3, times[size] * 1e3)
         log.info("captured %d CUDA graphs (batch ≤ %d) in %.1fs, %.0f MiB", len(self.graphs),
                  max_batch, time.perf_counter() - started, used / 2**20)
         return self
+
+    def _time_replays(self, repeats: int = 3) -> dict[int, float]:
+        """Seconds per replay of each graph with every row padding (no KV written)."""
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.fill_(1)
+        times = {}
+        for size, graph in self.graphs.items():
+            graph.replay()  # first replay: uploads the graph
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times[size] = start.elapsed_time(end) / 1e3 / repeats
+        return times
 
     def run(self, ids: torch.Tensor, pos: torch.Tensor,
             meta: AttentionMetadata) -> torch.Tensor | None:
@@ -83,6 +129,7 @@ class CudaGraphRunner:
         if bs > self.max_batch:
             return None
         size = next(s for s in self.sizes if s >= bs)
+        size = self.replay_size.get(size, size)
         self.input_ids[:bs].copy_(ids, non_blocking=True)
         self.positions[:bs].copy_(pos, non_blocking=True)
         self.slot_mapping[:bs].copy_(meta.slot_mapping, non_blocking=True)
