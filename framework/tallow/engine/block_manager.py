@@ -175,6 +175,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
+        if upto is not None and upto // self.block_size <= seq.num_registered_blocks:
+            return  # no block completed below ``upto``: the usual decode step, cheaply
         computed = min(seq.num_computed_tokens, seq.num_known_tokens)
         if upto is not None:
             computed = min(computed, upto)

@@ -132,17 +132,16 @@ def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
 def _needs_known_tokens(seq: Sequence) -> bool:
     """Sampling ``seq``'s next token reads the values of its earlier tokens (penalties), or
     its tokens come with logprobs (read back with the tokens, before more work is queued)."""
-    p = seq.params
-    return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-            or p.presence_penalty != 0.0 or p.logprobs is not None)
+    return seq.params.reads_token_values
 
 
 def _must_collect_first(plan: SchedulerOutput) -> bool:
     """Whether the step after ``plan`` must wait until ``plan``'s tokens are read back."""
     for item in plan.scheduled:
-        if item.prompt_logprobs or len(item.sample_seqs) > 1:  # len > 1: n > 1 forks here
+        sample = item.sample_seqs
+        if item.prompt_logprobs or len(sample) > 1:  # len > 1: n > 1 forks here
             return True
-        if any(_needs_known_tokens(seq) for seq in item.sample_seqs):
+        if sample and _needs_known_tokens(sample[0]):
             return True
     return False
 

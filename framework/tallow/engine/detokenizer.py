@@ -19,9 +19,24 @@ cancels out. The concatenated output therefore equals ``tokenizer.decode(output_
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 _REPLACEMENT = "\ufffd"
+
+#: tokenizer -> (texts of single tokens without skipping special tokens, with skipping): the
+#: context a detokenizer keeps is usually the one token emitted last, and decoding it on every
+#: step cost as much as decoding the new window. Shared by every sequence of the tokenizer.
+_ONE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, str]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _one_token_texts(tokenizer: Any, skip_special_tokens: bool) -> dict[int, str]:
+    try:
+        texts = _ONE_TOKEN_TEXTS.setdefault(tokenizer, ({}, {}))
+    except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no sharing
+        return {}
+    return texts[bool(skip_special_tokens)]
 
 
 class IncrementalDetokenizer:
@@ -50,11 +65,21 @@ class IncrementalDetokenizer:
         self._byte_ids: frozenset[int] = frozenset(getattr(tokenizer, "byte_fallback_ids", ()))
         is_special = getattr(tokenizer, "is_special", None)
         self._skipped = is_special if (skip_special_tokens and is_special) else (lambda _: False)
+        self._one_token_texts = _one_token_texts(tokenizer, skip_special_tokens)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if not ids:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def _decode_context(self, ids: list[int]) -> str:
+        """``_decode(ids)``, from the shared cache when ``ids`` is one token."""
+        if len(ids) != 1:
+            return self._decode(ids)
+        text = self._one_token_texts.get(ids[0])
+        if text is None:
+            text = self._one_token_texts[ids[0]] = self._decode(ids)
+        return text
 
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text it makes final (possibly ``""``)."""
@@ -104,7 +129,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(ids)
-        self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
+        self._prefix_text = self._decode_context(ids[self._prefix_offset:self._read_offset])
         if delta:
             self._pieces.append(delta)
             self._text_cache = None

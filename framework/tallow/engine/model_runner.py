@@ -99,12 +99,21 @@ class _Batch:
     fed_from: torch.Tensor | None = None
 
 
+def _fill_block_table(table: np.ndarray, tables: list[list[int]]) -> None:
+    """Write the block tables into the rows of ``table`` (zeros past each one's end) with one
+    numpy conversion of all their ids rather than one per row."""
+    table.fill(0)
+    flat: list[int] = []
+    for blocks in tables:
+        flat.extend(blocks)
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    table[np.arange(table.shape[1]) < lengths[:, None]] = flat
+
+
 def _plain_greedy(seq: Any) -> bool:
     """Argmax is the whole story: greedy, no logit edits, no logprobs, min_tokens reached."""
     p = seq.params
-    return (p.greedy and p.logprobs is None and not p.logit_bias
-            and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and seq.num_output_tokens >= p.min_tokens)
+    return p.argmax_only and seq.num_output_tokens >= p.min_tokens
 
 
 class ModelRunner:
@@ -183,9 +192,9 @@ class ModelRunner:
         num_tokens = sum(lens)
         num_sampled = sum(len(item.sample_seqs) for item in scheduled)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
+        tables = [item.seq.block_ids for item in scheduled]
         # Wide enough for every block table (a table may run ahead of this step's tokens).
-        width = max(1, max(len(item.seq.block_ids) for item in scheduled),
-                    max(-(-L // bs) for L in seq_lens))
+        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs))
         # int64 layout: ids, positions, slots [num_tokens each], sampled rows [num_sampled],
         # fed rows and their sources [at most one per sequence each].
         fed_at = 3 * num_tokens + num_sampled
@@ -198,34 +207,45 @@ class ModelRunner:
         qsl = i32[:num_seqs + 1]
         lens_arr = i32[num_seqs + 1:2 * num_seqs + 1]
         table = i32[2 * num_seqs + 1:].reshape(num_seqs, width)
-        table.fill(0)
         qsl[0] = 0
         np.cumsum(lens, out=qsl[1:])
         lens_arr[:] = seq_lens
-        t = num_fed = num_rows = 0
+        _fill_block_table(table, tables)
+        # Decode rows (one token each, most rows of a busy step) are gathered into lists and
+        # written with one numpy call each: per-element numpy writes cost more than the lists.
+        one_rows: list[int] = []
+        one_ids: list[int] = []
+        one_pos: list[int] = []
+        one_slots: list[int] = []
+        fed_list: list[tuple[int, int]] = []
+        rows: list[int] = []
+        t = 0
         for i, item in enumerate(scheduled):
             seq, start, n = item.seq, item.start, item.num_tokens
-            blocks = seq.block_ids
-            table[i, :len(blocks)] = blocks
-            if n == 1:  # decode: no numpy temporaries
-                p = start
-                ids[t] = seq.all_token_ids[p]
-                pos[t] = p
-                slots[t] = blocks[p // bs] * bs + p % bs
+            if n == 1:
+                one_rows.append(t)
+                one_ids.append(seq.all_token_ids[start])
+                one_pos.append(start)
+                one_slots.append(tables[i][start // bs] * bs + start % bs)
             else:
                 ids[t:t + n] = seq.all_token_ids[start:start + n]
                 p = np.arange(start, start + n)
                 pos[t:t + n] = p
                 slots[t:t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
             t += n
-            if seq.num_pending_tokens and item.end == seq.num_tokens:
+            if seq.num_pending_tokens and start + n == seq.num_tokens:
                 # Only a sequence's last token can be pending when a step is planned.
-                fed_rows[num_fed] = t - 1
-                fed_from[num_fed] = self._fed_row(fed, seq)
-                num_fed += 1
-            for _ in item.sample_seqs:
-                sample_rows[num_rows] = t - 1
-                num_rows += 1
+                fed_list.append((t - 1, self._fed_row(fed, seq)))
+            if item.sample_seqs:
+                rows.extend([t - 1] * len(item.sample_seqs))
+        if len(one_rows) == num_tokens:  # decode only: the rows are 0 .. num_tokens - 1
+            ids[:], pos[:], slots[:] = one_ids, one_pos, one_slots
+        elif one_rows:
+            ids[one_rows], pos[one_rows], slots[one_rows] = one_ids, one_pos, one_slots
+        sample_rows[:] = rows
+        num_fed = len(fed_list)
+        if num_fed:
+            fed_rows[:num_fed], fed_from[:num_fed] = zip(*fed_list)
         dev_i64 = self._to_device("i64", i64)
         dev_i32 = self._to_device("i32", i32)
         if self.device.type == "cuda":

@@ -38,6 +38,8 @@ class RequestState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     finished: bool = False
     stream: bool = True  # False: build an output only when the request finishes
+    #: characters held back from the text while they could still become a stop string
+    stop_hold: int = 0
 
 
 class OutputProcessor:
@@ -57,6 +59,7 @@ class OutputProcessor:
             completions.append(_Completion(detok, out))
         state = RequestState(request_id, prompt, list(prompt_token_ids), params, completions,
                              stream=stream)
+        state.stop_hold = max((len(s) for s in params.stop), default=1) - 1
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = []
         self.requests[request_id] = state
@@ -144,8 +147,7 @@ class OutputProcessor:
             c.emitted = len(c.full_text)
         else:
             # Hold back what could still become a stop string, so it never reaches a client.
-            hold = max((len(s) for s in params.stop), default=1) - 1
-            c.emitted = max(c.emitted, len(c.full_text) - hold)
+            c.emitted = max(c.emitted, len(c.full_text) - state.stop_hold)
         out.text = c.full_text[:c.emitted]
         return stopped
 

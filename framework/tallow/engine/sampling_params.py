@@ -8,6 +8,7 @@ one raises :class:`InvalidParameter` naming the field and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -215,6 +216,22 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when every completion takes the most likely token (no randomness at all)."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    # The engine asks these of every sampled row on every step; they are worked out once per
+    # params object (the engine gives each request a private copy it never changes).
+    @functools.cached_property
+    def reads_token_values(self) -> bool:
+        """Sampling reads the values of earlier tokens (penalties), or returns logprobs."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0 or self.logprobs is not None)
+
+    @functools.cached_property
+    def argmax_only(self) -> bool:
+        """Greedy with no logit edits and no logprobs: the token is the argmax of the logits
+        (once ``min_tokens`` is reached)."""
+        return (self.greedy and self.logprobs is None and not self.logit_bias
+                and self.repetition_penalty == 1.0 and self.frequency_penalty == 0.0
+                and self.presence_penalty == 0.0)
 
     def clone(self, **changes: Any) -> "SamplingParams":
         """A validated deep copy, with ``changes`` applied (lists and dicts are not shared)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable
 
 from .block_manager import BlockManager
@@ -144,9 +145,11 @@ class Scheduler:
                 f"({block_manager.num_total_blocks} blocks of {block_manager.block_size}), "
                 f"fewer than max_model_len={self.max_model_len}: lower max_model_len or give "
                 f"the KV cache more memory")
+        # attrgetter builds the same tuples as a lambda would, without a Python call per
+        # sequence (every step sorts the running sequences by it).
         self._key: Callable[[Sequence], tuple] = (
-            (lambda s: (s.priority, s.arrival_time, s.seq_id)) if policy == "priority"
-            else (lambda s: (s.arrival_time, s.seq_id)))
+            attrgetter("priority", "arrival_time", "seq_id") if policy == "priority"
+            else attrgetter("arrival_time", "seq_id"))
         self.waiting: list[Sequence] = []  # sorted by self._key
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}
@@ -313,18 +316,19 @@ class Scheduler:
             n = min(n, seq.num_prompt_logprob_rows - start)
         return n
 
-    def _item(self, seq: Sequence, num_tokens: int) -> ScheduledSeq:
+    def _item(self, seq: Sequence, num_tokens: int, is_decode: bool) -> ScheduledSeq:
         start = seq.num_computed_tokens
+        params = seq.params
         sample: list[Sequence] = []
         if start + num_tokens == seq.num_tokens:
             sample.append(seq)
-            if seq.index == 0 and seq.params.n > 1:
+            if seq.index == 0 and params.n > 1:
                 request = self.requests.get(seq.request_id)
                 if request is not None and not request.forked:
                     sample.extend(c for c in request.seqs[1:] if not c.status.is_finished)
-        prompt_logprobs = (seq.params.prompt_logprobs is not None and not seq.prompt_computed
+        prompt_logprobs = (params.prompt_logprobs is not None and not seq.prompt_computed
                            and start >= seq.num_prompt_logprob_rows)
-        return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs)
+        return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs, is_decode)
 
     def _may_use_prefix_cache(self, seq: Sequence) -> bool:
         # Cached blocks would skip prompt rows whose logprobs the request asked for.
@@ -404,12 +408,14 @@ class Scheduler:
                                    f"started at {item.start}")
         self._pending = None
         applied = AppliedStep(out)
+        tokens, running = applied.tokens, SequenceStatus.RUNNING
         for item in live:
             seq = item.seq
-            seq.num_computed_tokens = item.end
+            end = item.start + item.num_tokens
+            seq.num_computed_tokens = end
             if item.prompt_logprobs:
-                seq.num_prompt_logprob_rows = max(seq.num_prompt_logprob_rows, item.end)
-            if not seq.prompt_computed and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                seq.num_prompt_logprob_rows = max(seq.num_prompt_logprob_rows, end)
+            if not seq.prompt_computed and end >= seq.num_prompt_tokens:
                 seq.prompt_computed = True
             if not item.sample_seqs:
                 continue
@@ -418,8 +424,8 @@ class Scheduler:
                 if request is not None and not request.forked:
                     self._fork_children(request)
             for target in item.sample_seqs:
-                if target.status is SequenceStatus.RUNNING:
-                    applied.tokens.append(NewToken(target, target.append_pending_token()))
+                if target.status is running:
+                    tokens.append(NewToken(target, target.append_pending_token()))
         return applied
 
     def commit(self, applied: AppliedStep, sampled: dict[int, int]) -> list[NewToken]:
@@ -428,16 +434,17 @@ class Scheduler:
         the tokens of sequences still unfinished (possibly preempted since), in step order;
         the engine checks their stops. Tokens of sequences finished meanwhile are dropped."""
         kept = [new for new in applied.tokens if not new.seq.status.is_finished]
-        for new in kept:
-            if new.seq.seq_id not in sampled:
-                raise ValueError(f"commit: no sampled token for sequence {new.seq.seq_id} "
-                                 f"(request {new.seq.request_id!r}, index {new.seq.index})")
-        for new in kept:
-            new.seq.fill_pending_token(new.index, int(sampled[new.seq.seq_id]))
-        bm = self.block_manager
+        tokens = [sampled.get(new.seq.seq_id) for new in kept]
+        if None in tokens:  # check them all before filling any
+            seq = kept[tokens.index(None)].seq
+            raise ValueError(f"commit: no sampled token for sequence {seq.seq_id} "
+                             f"(request {seq.request_id!r}, index {seq.index})")
+        for new, token in zip(kept, tokens):
+            new.seq.fill_pending_token(new.index, int(token))
+        mark_computed, running = self.block_manager.mark_computed, SequenceStatus.RUNNING
         for item in applied.out.scheduled:
-            if item.seq.status is SequenceStatus.RUNNING:
-                bm.mark_computed(item.seq, upto=item.end)
+            if item.seq.status is running:
+                mark_computed(item.seq, upto=item.start + item.num_tokens)
         return kept
 
     def _fork_children(self, request: Request) -> None:
@@ -470,8 +477,7 @@ class _Step:
         self.used_slots = sum(scheduler._slots(seq) for seq in scheduler.running)
 
     def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int) -> None:
-        item = self.s._item(seq, num_tokens)
-        item.is_decode = bucket is self.decodes
+        item = self.s._item(seq, num_tokens, bucket is self.decodes)
         copies = self.s.block_manager.append_slots(seq, num_tokens)
         if copies:
             self.copies[seq.seq_id] = copies

@@ -45,16 +45,17 @@ class SequenceStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self in _FINISHED
+        # By value: hashing a str is cached, while hashing an Enum member runs Python code, and
+        # this is asked several times per sequence per step.
+        return self._value_ in _FINISHED_VALUES
 
     @property
     def finish_reason(self) -> str | None:
         """The OpenAI ``finish_reason`` of a finished status ("stop", "length", "abort")."""
-        return self.value if self in _FINISHED else None
+        return self._value_ if self._value_ in _FINISHED_VALUES else None
 
 
-_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                       SequenceStatus.FINISHED_ABORTED})
+_FINISHED_VALUES = frozenset({"stop", "length", "abort"})
 
 
 @dataclass(eq=False)
