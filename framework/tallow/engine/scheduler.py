@@ -473,6 +473,8 @@ class _Step:
         self.copies: dict[int, list[tuple[int, int]]] = {}
         self.items: dict[int, tuple[list[ScheduledSeq], ScheduledSeq]] = {}
         self.preempted: list[Sequence] = []
+        #: blocks the running sequences of known length will still claim (see admit_waiting)
+        self.reserved: int | None = None
         scheduler.running.sort(key=scheduler._key)
         self.used_slots = sum(scheduler._slots(seq) for seq in scheduler.running)
 
@@ -553,7 +555,7 @@ class _Step:
 
     def admit_waiting(self) -> None:
         s, bm = self.s, self.s.block_manager
-        self.reserved: int | None = None  # computed when first needed
+        self.reserved = None  # computed when first needed
         i = 0  # waiting[:i] are passed over: they end by length when their last token arrives
         while i < len(s.waiting) and self.budget > 0:
             seq = s.waiting[i]
