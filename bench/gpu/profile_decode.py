@@ -4,14 +4,22 @@
   python bench/gpu/profile_decode.py step [--gemv-rows N] [--model random:llama-3-8b]
                                           [--batch B] [--input-len L]
 
+  python bench/gpu/profile_decode.py gemm                 # cuBLAS decode GEMMs by row count
+  python bench/gpu/profile_decode.py throughput [--model M] [--batch N] [--fixed-len L]
+                                          [--kernel-steps 4,5,300] [-- ENGINE ARGS]
+  python bench/gpu/profile_decode.py ttft [--input-len L] [--output-len N]
+
 ``step`` builds the engine, decodes, profiles a few steps with torch.profiler and prints the
-kernels per step (µs) against the wall time of a step.
+kernels per step (µs) against the wall time of a step. ``throughput`` runs a throughput
+workload and splits its host time by step kind; ``ttft`` profiles the steps up to a request's
+first token (compare ``TALLOW_PDL=0``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 import time
 
@@ -101,6 +109,48 @@ def gemm_sweep() -> None:
         print(f"{m:5d} " + " ".join(f"{t * 1e6:9.1f}" for t in times.values())
               + f" {step * 1e6:9.0f} {step * 1e6 / m:7.2f} {flops / step / 1e12:8.0f}",
               flush=True)
+
+
+def profile_ttft(args: argparse.Namespace) -> None:
+    """The steps up to a request's first token, as ``tallow bench latency`` runs them (a
+    warm-up request of 8 tokens first): wall time and host phases of each step, then the
+    kernels of those steps. Run it with ``TALLOW_PDL=0`` and without to compare."""
+    from tallow.bench.common import build_engine, random_prompts
+    from tallow.bench.latency import measure
+    from tallow.config import load_config
+    from tallow.engine.sampling_params import SamplingParams
+
+    config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
+                          "4096"] + args.extra)
+    engine = build_engine(config)
+    measure(engine, batch=1, input_len=args.input_len, output_len=8, seed=1)
+    vocab = engine.parts.core.runner.vocab_size
+    prompt = random_prompts(1, [args.input_len], vocab, seed=2)[0]
+    rid = engine.next_request_id()
+    sync()
+    with kernel_profile() as prof:
+        start = time.perf_counter()
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=args.output_len,
+                                                       ignore_eos=True, temperature=0.0),
+                           stream=False)
+        steps = []
+        while True:
+            t0 = time.perf_counter()
+            engine.step()
+            t = engine.last_step.timings
+            steps.append((time.perf_counter() - t0, dict(t)))
+            if any(u.request_id == rid for u in engine.last_step.updates):
+                break
+        ttft = time.perf_counter() - start
+        sync()
+    print(f"\n== first token of a {args.input_len}-token prompt: {ttft * 1e3:.2f} ms after "
+          f"{len(steps)} steps (TALLOW_PDL={os.environ.get('TALLOW_PDL', 'default')})")
+    for i, (wall, t) in enumerate(steps, 1):
+        print(f"step {i}: {wall * 1e3:.2f} ms; "
+              + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in t.items()))
+    print_kernels(prof, 1, top=20)
+    while engine.has_unfinished():
+        engine.step()
 
 
 def sync() -> None:
@@ -304,11 +354,12 @@ def profile_throughput(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["gemv", "gemm", "step", "throughput"])
+    p.add_argument("what", choices=["gemv", "gemm", "step", "throughput", "ttft"])
     p.add_argument("--gemv-rows", type=int, default=1)
     p.add_argument("--model", default="random:llama-3-8b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256, help="ttft: the request's max_tokens")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--fixed-len", type=int, default=None,
                    help="throughput: every prompt and output this long (default uniform 100-1024)")
@@ -325,6 +376,8 @@ def main() -> None:
         gemm_sweep()
     elif args.what == "throughput":
         profile_throughput(args)
+    elif args.what == "ttft":
+        profile_ttft(args)
     else:
         profile_step(args)
 

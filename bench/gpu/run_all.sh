@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
+# qwen3,thr8b,thrprof8b,ttftprof, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -80,6 +80,13 @@ if [[ ",$MODE," == *",thrprof8b,"* ]]; then
     --batch 1000 --fixed-len 1000 --kernel-steps 4,5,300,301,302,2600,2601,2602 -- \
     --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 \
     2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8b.log" | tail -100
+fi
+if [[ ",$MODE," == *",ttftprof,"* ]]; then
+  echo "== steps up to the first token, PDL on and off"
+  for pdl in 1 0; do
+    TALLOW_PDL=$pdl timeout 150 python3 bench/gpu/profile_decode.py ttft --model random:llama-3-8b \
+      2>&1 | grep -v Warning | tail -26
+  done | tee "$OUT/ttftprof.log"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
