@@ -227,6 +227,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
     import gc
 
     from tallow.bench.common import lengths, random_prompts
+    from tallow.bench.throughput import warm_up
     from tallow.config import load_config
     from tallow.engine.llm_engine import LLMEngine
     from tallow.engine.sampling_params import SamplingParams
@@ -272,15 +273,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
         return pending
 
     runner.launch = launch
-    # Warm-up as `tallow bench throughput` does it: prompt-only, then mixed steps.
-    for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
-        engine.add_request(engine.next_request_id(), p,
-                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
-        if i == 1:
-            engine.step()
-            engine.step()
-    while engine.has_unfinished():
-        engine.step()
+    warm_up(engine)  # as `tallow bench throughput` does
     kinds.clear()
     prompt_steps: list[float] = []
     import cProfile

@@ -7,6 +7,22 @@ from typing import Any
 from .common import build_engine, lengths, now, random_prompts, sync
 
 
+def warm_up(engine: Any) -> None:
+    """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
+    sequences (mixed steps), so that kernels compile first."""
+    from tallow.engine.sampling_params import SamplingParams
+
+    vocab = engine.parts.core.runner.vocab_size
+    for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
+        engine.add_request(engine.next_request_id(), p,
+                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
+        if i == 1:
+            engine.step()
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+
+
 def run(args: Any, config: Any) -> dict[str, Any]:
     from tallow.engine.sampling_params import SamplingParams
 
@@ -18,17 +34,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     in_lens = lengths(n, args.input_len, args.min_input_len, args.max_input_len, seed=10)
     out_lens = lengths(n, args.output_len, args.min_output_len, args.max_output_len, seed=11)
     prompts = random_prompts(n, in_lens, vocab, seed=12)
-    # Warm-up with a small batch: prompt-only steps, then prompts beside decoding sequences
-    # (mixed steps), so that kernels compile before the clock starts.
-    warm = random_prompts(4, [32] * 4, vocab, seed=13)
-    for i, p in enumerate(warm):
-        engine.add_request(engine.next_request_id(), p,
-                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
-        if i == 1:
-            engine.step()
-            engine.step()
-    while engine.has_unfinished():
-        engine.step()
+    warm_up(engine)
     sync(device)
     start = now()
     for prompt, out_len in zip(prompts, out_lens):
