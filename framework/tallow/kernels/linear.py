@@ -79,6 +79,13 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                          f"for a weight of shape {tuple(weight.shape)}), got {x.shape[-1]}")
     if not gated_gemv_fits(x, weight, bias):
         return linear(acts[kind](x), weight, bias)
+    return gated_gemv(x, weight, bias, kind=kind)
+
+
+def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               *, kind: str) -> torch.Tensor:
+    """The one-GEMV path of :func:`gated_linear`, for a caller that has checked
+    :func:`gated_gemv_fits` and ``kind`` ("silu" or "gelu_tanh") itself."""
     from .gemv_triton import gemv_triton
-    return gemv_triton(x.reshape(1, 2 * d), weight, bias, gate=kind).view(
+    return gemv_triton(x.reshape(1, x.shape[-1]), weight, bias, gate=kind).view(
         *x.shape[:-1], weight.shape[0])

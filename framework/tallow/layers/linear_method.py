@@ -31,8 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tallow.kernels.linear import gated_gemv_fits
-from tallow.kernels.linear import gated_linear as dense_gated_linear
+from tallow.kernels.linear import gated_gemv, gated_gemv_fits
 from tallow.kernels.linear import linear as dense_linear
 
 
@@ -91,7 +90,7 @@ class UnquantizedLinearMethod(LinearMethod):
         kind = getattr(act, "kind", None)
         if kind is None or not gated_gemv_fits(x, layer.weight, bias):
             return self.apply(layer, act(x), bias)
-        return dense_gated_linear(x, layer.weight, bias, kind=kind)
+        return gated_gemv(x, layer.weight, bias, kind=kind)
 
 
 def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:
