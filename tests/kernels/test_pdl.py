@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ import torch
 pytest.importorskip("triton", reason="tallow.kernels.pdl is Triton's")
 
 from tallow.kernels import pdl  # noqa: E402
-from tallow.kernels.pdl import pdl_enabled, set_pdl  # noqa: E402
+from tallow.kernels.pdl import off_then_on, pdl_enabled, set_pdl  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
 
@@ -213,17 +212,6 @@ def pdl_gpu() -> torch.device:
     set_pdl(True)
     assert pdl_enabled(device)
     return device
-
-
-def off_then_on(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    """``fn()`` with PDL switched off, then on (both synchronised)."""
-    set_pdl(False)
-    off = fn()
-    torch.cuda.synchronize()
-    set_pdl(True)
-    on = fn()
-    torch.cuda.synchronize()
-    return off, on
 
 
 def assert_same_bits(off: Any, on: Any) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,6 +105,19 @@ def pdl_enabled(where: torch.Tensor | torch.device | str) -> bool:
     elif not _override:
         return False
     return unsupported_reason(where) is None
+
+
+def off_then_on(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn()`` with PDL switched off, then on, each followed by a device synchronisation; the
+    switch is left on (``set_pdl(None)`` restores the environment's choice). For tests and
+    benchmarks that compare the two launches."""
+    set_pdl(False)
+    off = fn()
+    torch.cuda.synchronize()
+    set_pdl(True)
+    on = fn()
+    torch.cuda.synchronize()
+    return off, on
 
 
 def compiled_with_pdl(kernel: Any) -> bool | None:

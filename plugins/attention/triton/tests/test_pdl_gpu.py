@@ -4,13 +4,12 @@ CUDA graph of a store -> decode -> decode chain (``pytest -m gpu`` on the GPU ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from tallow.kernels.pdl import compiled_with_pdl, set_pdl, unsupported_reason
+from tallow.kernels.pdl import compiled_with_pdl, off_then_on, set_pdl, unsupported_reason
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
@@ -51,15 +50,6 @@ def decode_case(seed: int, padding_rows: int = 0) -> PagedCase:
     return make_case(query_lens=[1] * len(CONTEXTS), context_lens=CONTEXTS, num_heads=32,
                      num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
                      device="cuda", padding_rows=padding_rows, host_copies=False, seed=seed)
-
-
-def off_then_on(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    set_pdl(False)
-    off = fn()
-    set_pdl(True)
-    on = fn()
-    torch.cuda.synchronize()
-    return off, on
 
 
 @pytest.mark.parametrize("num_splits", [1, 8])
