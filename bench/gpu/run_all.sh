@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,ttftprof, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
+# qwen3,thr8b,thrprof8b,ttftprof,overlap, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -87,6 +87,10 @@ if [[ ",$MODE," == *",ttftprof,"* ]]; then
     TALLOW_PDL=$pdl timeout 150 python3 bench/gpu/profile_decode.py ttft --model random:llama-3-8b \
       2>&1 | grep -v Warning | tail -26
   done | tee "$OUT/ttftprof.log"
+fi
+if [[ ",$MODE," == *",overlap,"* ]]; then
+  echo "== llama-3-8b decode step: attention of one half batch beside the GEMMs of the other"
+  timeout 240 python3 bench/gpu/overlap_probe.py 2>&1 | grep -v Warning | tail -25 | tee "$OUT/overlap.log"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
