@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,ttftprof,overlap, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
+# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,fp8tests,thr8bfp8, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -91,6 +91,19 @@ fi
 if [[ ",$MODE," == *",overlap,"* ]]; then
   echo "== llama-3-8b decode step: attention of one half batch beside the GEMMs of the other"
   timeout 240 python3 bench/gpu/overlap_probe.py 2>&1 | grep -v Warning | tail -25 | tee "$OUT/overlap.log"
+fi
+if [[ ",$MODE," == *",fp8probe,"* ]]; then
+  echo "== llama-3-8b attention over a bf16 and an fp8 cache"
+  timeout 240 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -12 | tee "$OUT/fp8probe.log"
+fi
+if [[ ",$MODE," == *",fp8tests,"* ]]; then
+  echo "== GPU tests of the fp8 KV cache"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu/test_gpu_engine.py \
+    tests/kernels/test_kernels.py plugins/attention/triton/tests/test_attention_gpu.py \
+    plugins/attention/triton/tests/kernel_cases.py -k "fp8 or store" 2>&1 | tail -25 | tee "$OUT/tests_fp8.log"
+fi
+if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
+  bench throughput_8b_fp8 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

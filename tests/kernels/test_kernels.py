@@ -106,6 +106,36 @@ def test_store_kv_casts_to_cache_dtype():
     assert torch.equal(actual, expected)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_into_fp8_cache(cache_dtype, dtype):
+    """Into an 8-bit float cache: clamped to its largest finite value (no NaN from overflow),
+    then rounded to nearest even like torch's cast, bit for bit. Triton's interpreter converts
+    values off the 8-bit grid unreliably (ties, binade edges), so there the inputs other than
+    the clamped ones lie on the grid and only the clamp and the copy are checked."""
+    from tallow.kernels.attention_ref import to_cache_dtype
+    from tallow.kernels.kv_store_triton import store_kv_triton
+    g = rng(3)
+    n_tokens, n_kv, head, block_size, n_blocks = big_or_tiny([(300, 8, 128, 16, 32)],
+                                                             [(6, 2, 16, 4, 4)])[0]
+    k = randn(g, n_tokens, n_kv, head, dtype=dtype, scale=60.0)
+    v = randn(g, n_tokens, n_kv, head, dtype=dtype, scale=60.0)
+    if INTERPRET:
+        k, v = to_cache_dtype(k, cache_dtype).to(dtype), to_cache_dtype(v, cache_dtype).to(dtype)
+    else:
+        k[0, 0, 2:4] = torch.tensor([17.0, -25.0])  # two e4m3 ties: to the even neighbour
+    k[0, 0, :2] = torch.tensor([6e4, -6e4])  # both clamps
+    slots = torch.randperm(n_blocks * block_size, generator=g)[:n_tokens].to(DEVICE)
+    expected = torch.zeros(2, n_blocks, block_size, n_kv, head, dtype=cache_dtype,
+                           device=DEVICE)
+    actual = expected.clone()
+    store_kv_ref(expected, k, v, slots)
+    store_kv_triton(actual, k, v, slots)
+    limit = torch.finfo(cache_dtype).max
+    assert float(actual.float().abs().max()) == limit and not torch.isnan(actual.float()).any()
+    assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
+
+
 # --- RMSNorm ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)

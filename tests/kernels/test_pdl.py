@@ -174,7 +174,10 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
                       {"pos_ptr": "*i64", "cache_ptr": "*fp32", "eps": "fp32"}, 4, False))
     cases += [
         ("gated_act", _gated_act_kernel, dict(KIND=0, BLOCK=1024), {}, 4, False),
-        ("store_kv", _store_kv_kernel, dict(BLOCK=1024), {"slot_ptr": "*i64"}, 4, False),
+        ("store_kv", _store_kv_kernel, dict(BLOCK=1024, SATURATE=0.0), {"slot_ptr": "*i64"}, 4,
+         False),
+        ("store_kv-fp8", _store_kv_kernel, dict(BLOCK=1024, SATURATE=448.0),
+         {"slot_ptr": "*i64", "cache_ptr": "*fp8e4nv"}, 4, False),
         ("argmax-chunks", _chunk_argmax_kernel, dict(CHUNK=4096),
          {"best_val_ptr": "*fp32", "best_idx_ptr": "*i32"}, 8, False),
         ("argmax-pick", _pick_chunk_kernel, dict(C_PAD=32),

@@ -154,6 +154,8 @@ class ModelRunner:
         src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
         dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
         for cache in self.kv_caches:
+            if cache.dtype.itemsize == 1:  # 8-bit floats: copy the bytes
+                cache = cache.view(torch.uint8)
             cache[:, dst] = cache[:, src]
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:

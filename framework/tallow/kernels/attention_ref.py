@@ -6,18 +6,40 @@ from __future__ import annotations
 import torch
 
 
+def cache_saturation(dtype: torch.dtype) -> float:
+    """The magnitude K/V values are clamped to before they are cast into a cache of ``dtype``:
+    the largest finite value of an 8-bit float (which has no infinity, so an overflowing cast
+    would give NaN), 0.0 (no clamp) for wider dtypes."""
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        return float(torch.finfo(dtype).max)
+    return 0.0
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as stored in a cache of ``dtype``: clamped (:func:`cache_saturation`), then
+    rounded to nearest even."""
+    limit = cache_saturation(dtype)
+    if limit:
+        x = x.clamp(-limit, limit)
+    return x.to(dtype)
+
+
 def store_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
-    ``slot_mapping`` [T]; rows with slot -1 are skipped."""
+    ``slot_mapping`` [T]; rows with slot -1 are skipped. Values are converted with
+    :func:`to_cache_dtype`."""
     block_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         slot_mapping, k, v = slot_mapping[keep], k[keep], v[keep]
     blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offsets = slot_mapping % block_size
-    kv_cache[0, blocks, offsets] = k.to(kv_cache.dtype)
-    kv_cache[1, blocks, offsets] = v.to(kv_cache.dtype)
+    k, v = to_cache_dtype(k, kv_cache.dtype), to_cache_dtype(v, kv_cache.dtype)
+    if kv_cache.dtype.itemsize == 1:  # 8-bit floats move as bytes: not every index op takes them
+        kv_cache, k, v = (t.view(torch.uint8) for t in (kv_cache, k, v))
+    kv_cache[0, blocks, offsets] = k
+    kv_cache[1, blocks, offsets] = v
 
 
 def gather_context_ref(kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -26,9 +48,10 @@ def gather_context_ref(kv_cache: torch.Tensor, block_table: torch.Tensor,
     block_size = kv_cache.shape[2]
     n_blocks = (seq_len + block_size - 1) // block_size
     blocks = block_table[:n_blocks].long()
-    k = kv_cache[0, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    v = kv_cache[1, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    return k, v
+    raw = kv_cache.view(torch.uint8) if kv_cache.dtype.itemsize == 1 else kv_cache
+    k = raw[0, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
+    v = raw[1, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
+    return k.view(kv_cache.dtype), v.view(kv_cache.dtype)
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

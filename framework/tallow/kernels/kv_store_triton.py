@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_ref import cache_saturation
 from .jit import step_jit
 from .pdl import allow_next, pdl_enabled, wait_prior
 
@@ -13,7 +14,7 @@ from .pdl import allow_next, pdl_enabled, wait_prior
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies (see jit.py).
 @step_jit(pointers=["slot_ptr"])
 def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cache_half,
-                     width, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                     width, BLOCK: tl.constexpr, SATURATE: tl.constexpr, USE_PDL: tl.constexpr):
     tok = tl.program_id(0)
     wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
     allow_next(USE_PDL)
@@ -26,6 +27,9 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cach
         dst = cache_ptr + slot * width + offs
         k = tl.load(k_ptr + tok.to(tl.int64) * k_stride + offs, mask=mask)
         v = tl.load(v_ptr + tok.to(tl.int64) * v_stride + offs, mask=mask)
+        if SATURATE > 0:  # an 8-bit float cache has no infinity: clamp, as to_cache_dtype does
+            k = tl.minimum(tl.maximum(k.to(tl.float32), -SATURATE), SATURATE)
+            v = tl.minimum(tl.maximum(v.to(tl.float32), -SATURATE), SATURATE)
         tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
         tl.store(dst + cache_half, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
@@ -49,4 +53,5 @@ def store_kv_triton(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _store_kv_kernel[(n_tokens,)](
         k, v, kv_cache, slot_mapping.contiguous(), k.stride(0), v.stride(0),
         kv_cache[0].numel(), width,
-        BLOCK=triton.next_power_of_2(width), USE_PDL=use_pdl, launch_pdl=use_pdl)
+        BLOCK=triton.next_power_of_2(width), SATURATE=cache_saturation(kv_cache.dtype),
+        USE_PDL=use_pdl, launch_pdl=use_pdl)

@@ -117,9 +117,17 @@ class KVCodec(Component):
 
     ``cache_dtype(model_dtype)`` is the torch dtype of the cache tensors; ``bytes_per_element``
     the storage per element (for the KV budget).
+
+    ``elementwise`` True means the codec is a plain cast: each element is written rounded to
+    ``cache_dtype`` (to nearest even, and for 8-bit floats clamped to the dtype's largest
+    finite value first, since they have no infinity) and read back by widening it. Any attention
+    backend that can read a cache of that dtype serves such a codec. A codec with an encoding
+    of its own (scales, packed bits) sets it False; only backends whose
+    ``supports_kv_codec`` accepts it by name can serve it.
     """
 
     bytes_per_element: ClassVar[float] = 2.0
+    elementwise: ClassVar[bool] = True
 
     def cache_dtype(self, model_dtype: "torch.dtype") -> "torch.dtype":
         return model_dtype
@@ -137,6 +145,15 @@ class AttentionBackend(Component):
 
     #: True if the decode path may be captured in a CUDA graph
     supports_cuda_graph: ClassVar[bool] = False
+
+    def supports_kv_codec(self, codec: KVCodec, cache_dtype: "torch.dtype") -> list[str]:
+        """Reasons this backend cannot store K/V the way ``codec`` does in a cache of
+        ``cache_dtype`` (empty when it can). The engine asks once, after choosing both; the
+        default serves elementwise codecs only."""
+        if codec.elementwise:
+            return []
+        return [f"kv codec {codec.name!r} has its own encoding, which this backend does not "
+                "implement"]
 
     def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
                 kv_cache: "torch.Tensor", meta: Any) -> "torch.Tensor":

@@ -28,7 +28,8 @@ from .heuristics import block_size_reasons, head_dim_reasons
 MIN_CAPABILITY = (8, 0)
 DTYPES = {"auto", "float16", "bfloat16", "float32"}
 TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-KV_CODECS = {"auto"}
+#: cache dtypes the kernels read (widening to the activations' dtype) and write (rounding)
+CACHE_DTYPES = TENSOR_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -53,8 +54,9 @@ class TritonAttentionBackend(AttentionBackend):
     """Paged attention through the Triton kernels of :mod:`tallow_attention_triton.ops`.
 
     Serves fp16, bf16 and fp32 models on CUDA devices of compute capability 8.0 or newer, with
-    the ``auto`` KV codec (K/V cached in the model's dtype), head sizes that are multiples of
-    16 up to 256 and power-of-two block sizes up to 256.
+    elementwise KV codecs (``auto``: K/V cached in the model's dtype; ``fp8`` and ``fp8_e5m2``
+    of tallow-kvcache-fp8), head sizes that are multiples of 16 up to 256 and power-of-two
+    block sizes up to 256.
     """
 
     name: ClassVar[str] = "triton"
@@ -79,14 +81,10 @@ class TritonAttentionBackend(AttentionBackend):
         reasons: list[str] = []
         device = str(_get(config, "model", "device", default="auto"))
         dtype = str(_get(config, "model", "dtype", default="auto"))
-        codec = str(_get(config, "cache", "kv_codec", default="auto"))
         block_size = _get(config, "cache", "block_size", default=16)
         if dtype not in DTYPES:
             reasons.append(f"model.dtype {dtype!r} is not supported (expected one of "
                            f"{', '.join(sorted(DTYPES))})")
-        if codec not in KV_CODECS:
-            reasons.append(f"cache.kv_codec {codec!r} is not supported (the triton backend "
-                           "reads K/V in the model's dtype: use 'auto')")
         reasons += block_size_reasons(block_size)
         if device == "cpu":
             reasons.append("model.device is 'cpu' (the triton backend needs a CUDA device)")
@@ -109,6 +107,18 @@ class TritonAttentionBackend(AttentionBackend):
         if tuple(cap) < MIN_CAPABILITY:
             reasons.append(f"CUDA compute capability {cap[0]}.{cap[1]} is below "
                            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
+        return reasons
+
+    def supports_kv_codec(self, codec: Any, cache_dtype: torch.dtype) -> list[str]:
+        """Reasons the kernels cannot keep K/V as ``codec`` does: they serve elementwise codecs
+        (plain casts) into any of :data:`CACHE_DTYPES`."""
+        reasons = []
+        if not getattr(codec, "elementwise", False):
+            reasons.append(f"kv codec {getattr(codec, 'name', codec)!r} has its own encoding; "
+                           "the triton kernels store K/V by a plain cast")
+        if cache_dtype not in CACHE_DTYPES:
+            reasons.append(f"cache dtype {cache_dtype} is not supported (expected one of "
+                           + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")")
         return reasons
 
     @staticmethod
@@ -152,10 +162,13 @@ class TritonAttentionBackend(AttentionBackend):
             if kv_cache.shape[2] != meta.block_size:
                 reasons.append(f"kv_cache block size {kv_cache.shape[2]} differs from "
                                f"meta.block_size {meta.block_size}")
-        for name, t in (("q", q), ("k", k), ("v", v), ("kv_cache", kv_cache)):
+        for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dtype not in TENSOR_DTYPES:
                 reasons.append(f"{name} dtype {t.dtype} is not supported (expected float16, "
                                "bfloat16 or float32)")
+        if kv_cache.dtype not in CACHE_DTYPES:
+            reasons.append(f"kv_cache dtype {kv_cache.dtype} is not supported (expected one of "
+                           + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")")
         if q.device.type != "cuda" and not ops.interpreting():
             reasons.append(f"tensors are on {q.device}; the triton backend needs CUDA tensors")
         if reasons:

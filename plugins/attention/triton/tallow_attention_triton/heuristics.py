@@ -86,11 +86,12 @@ def dot_precision(elem_bytes: int) -> str:
 
 
 def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 90,
-                  windowed_or_capped: bool = False) -> PrefillTiles:
+                  windowed_or_capped: bool = False, cache_bytes: int = 2) -> PrefillTiles:
     """Tiles for the prefill kernel. 16-bit inputs: sized to run without register spills on
     Hopper's wgmma and on Ampere's mma (checked by compiling for sm_80 and sm_90 in the tests;
     Ampere keeps accumulators in more registers, so it pipelines one stage less). fp32 inputs
-    are a correctness path: small tiles, some spills at head size 256."""
+    are a correctness path: small tiles, some spills at head size 256. An 8-bit cache
+    (``cache_bytes`` 1) is widened in registers, which the 128-key tile cannot afford."""
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
@@ -98,7 +99,7 @@ def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 
         # measured on an H200 (4096-token prefill, D 128): 128x128 tiles, 3 stages beat
         # 128x64 by 10-17%; Ampere's mma needs the smaller key tile to stay in registers
         # (the window mask and the softcap's tanh need the registers of the smaller tile too)
-        if capability >= 90 and not windowed_or_capped:
+        if capability >= 90 and not windowed_or_capped and cache_bytes >= 2:
             block_m, tile_n, warps, stages = 128, 128, 8, 3
         elif capability >= 90:
             block_m, tile_n, warps, stages = 128, 64, 8, 3

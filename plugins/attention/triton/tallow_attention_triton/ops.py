@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import torch
 
+from tallow.kernels.attention_ref import cache_saturation
 from tallow.kernels.pdl import pdl_enabled
 
 from .heuristics import (
@@ -76,20 +77,24 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 # -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
 # ``pdl``: launch with Programmatic Dependent Launch (tallow.kernels.pdl); the kernel's USE_PDL
 # and the launch option always go together.
-def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int,
+# ``saturate``: the clamp of values stored into the cache (tallow.kernels.attention_ref.
+# cache_saturation of the cache dtype; 0.0 = none).
+def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: float = 0.0,
                pdl: bool = False) -> dict[str, object]:
     d_pad = next_pow2(head_dim)
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                 HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
-                D_PAD=d_pad, BLOCK_SIZE=block_size, num_warps=4, USE_PDL=pdl, launch_pdl=pdl)
+                D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate, num_warps=4,
+                USE_PDL=pdl, launch_pdl=pdl)
 
 
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
-                 pdl: bool = False) -> dict[str, object]:
+                 cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
-                          windowed_or_capped=bool(sliding_window or logit_softcap))
+                          windowed_or_capped=bool(sliding_window or logit_softcap),
+                          cache_bytes=cache_bytes)
     precision, upcast = _precision(dtype)
     return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
@@ -101,7 +106,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
-                mixed: bool, single_split: bool, fused_store: bool,
+                mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
                 pdl: bool = False) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     precision, upcast = _precision(dtype)
@@ -109,6 +114,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
                 USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
+                SATURATE=saturate if fused_store else 0.0,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -126,13 +132,14 @@ def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
 def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
-    ``slot_mapping`` [T] (int, -1 = skip), converting to the cache's dtype."""
+    ``slot_mapping`` [T] (int, -1 = skip), converting to the cache's dtype as
+    :func:`tallow.kernels.attention_ref.to_cache_dtype` does."""
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
         return
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2],
-                      pdl=pdl_enabled(kv_cache))
+                      saturate=cache_saturation(kv_cache.dtype), pdl=pdl_enabled(kv_cache))
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
     store_kv_kernel[grid](
@@ -162,7 +169,8 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
                         block_size=kv_cache.shape[2], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
-                        capability=device_facts(q.device)[1], pdl=pdl_enabled(q))
+                        capability=device_facts(q.device)[1],
+                        cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
@@ -235,7 +243,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
-                       fused_store=fused, pdl=pdl_enabled(q))
+                       fused_store=fused, saturate=cache_saturation(kv_cache.dtype),
+                       pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
         q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,

@@ -153,6 +153,22 @@ def test_cache_dtype_differs_from_inputs() -> None:
                                rtol=1e-2 if ulp else 2e-4)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize(("kind", "num_splits"), [
+    ("decode", 4), ("decode", 1), ("mixed", 3), ("prefill", None)])
+def test_fp8_cache(cache_dtype: torch.dtype, kind: str, num_splits: int | None) -> None:
+    """An 8-bit float cache under bf16 activations: every path stores into it (the decode
+    split launch with the store fused, the store kernel) and reads it widened. NaN marks the
+    unowned cache entries as in every case (both formats have a NaN)."""
+    q_lens, ctx = {"decode": ([1, 1, 1, 1], [0, 5, 37, 90]),
+                   "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16, cache_dtype=cache_dtype,
+                     device=DEVICE, seed=seed_of("fp8", cache_dtype, kind, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
 def test_random_batches() -> None:
     """A few random batches: lengths, groups, dtypes, windows drawn afresh."""
     rng = random.Random(seed_of("random"))

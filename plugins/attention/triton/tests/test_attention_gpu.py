@@ -52,6 +52,69 @@ def test_decode_mixed_long_contexts(dtype: torch.dtype, group: int,
     run_and_check(case, backend(num_splits))
 
 
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_fp8_cache_long_contexts(cache_dtype: torch.dtype, dtype: torch.dtype,
+                                 num_splits: int | None) -> None:
+    """Decode over an 8-bit float cache (store fused into the split launch or on its own) and a
+    mixed batch with prefill chunks, at llama-3-8b's head shape."""
+    rng = random.Random(seed_of("fp8", cache_dtype, dtype, num_splits))
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    case = make_case(query_lens=[1] * len(ctx), context_lens=ctx, num_heads=32,
+                     num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
+                     cache_dtype=cache_dtype, device="cuda", seed=rng.randrange(2**31))
+    run_and_check(case, backend(num_splits))
+    case = make_case(query_lens=[1, 300, 1, 77], context_lens=[3000, 0, 511, 1000],
+                     num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
+                     cache_dtype=cache_dtype, device="cuda", seed=rng.randrange(2**31))
+    run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", HALF + [torch.float32], ids=str)
+def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    """Values off the 8-bit grid (ties included) and beyond its range, stored by the store
+    kernel and by the decode launch with the store fused: the same bytes as torch's
+    round-to-nearest-even cast after the clamp (tallow.kernels.attention_ref.to_cache_dtype)."""
+    from tallow_attention_triton import ops
+
+    from tallow.kernels.attention_ref import store_kv_ref
+
+    g = torch.Generator(device="cuda").manual_seed(seed_of("fp8-round", cache_dtype, dtype))
+    n, n_kv, d, block = 64, 8, 128, 16
+    k = torch.randn(n, n_kv, d, generator=g, device="cuda") * 60
+    v = torch.randn(n, n_kv, d, generator=g, device="cuda") * 60
+    k[0, 0, :4] = torch.tensor([1e5, -1e5, 17.0, -25.0])  # clamp, and two e4m3 ties
+    k, v = k.to(dtype), v.to(dtype)
+    slots = torch.randperm(8 * block, generator=g, device="cuda")[:n]
+    slots[5] = -1
+    cache = torch.zeros(2, 8, block, n_kv, d, dtype=cache_dtype, device="cuda")
+    expected = cache.clone()
+    store_kv_ref(expected, k, v, slots)
+    ops.store_kv(cache, k, v, slots)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    # the fused store: one query per sequence, each sequence's new token at its slot
+    seqs = 8
+    fused = torch.zeros_like(cache)
+    want = fused.clone()
+    tables = torch.arange(8, dtype=torch.int32, device="cuda").view(seqs, 1)
+    new_slots = torch.arange(seqs, device="cuda") * block + 3  # position 3 of each block
+    store_kv_ref(want, k[:seqs], v[:seqs], new_slots)
+    q = torch.randn(seqs, 4 * n_kv, d, generator=g, device="cuda").to(dtype)
+    out = torch.empty_like(q)
+    ops.decode_attention(q, fused, out, query_start_loc=torch.arange(
+        seqs + 1, dtype=torch.int32, device="cuda"), seq_lens=torch.full(
+        (seqs,), 4, dtype=torch.int32, device="cuda"), block_tables=tables, num_seqs=seqs,
+        scale=d ** -0.5, num_splits=2, k=k[:seqs], v=v[:seqs], slot_mapping=new_slots)
+    assert torch.equal(fused.view(torch.uint8), want.view(torch.uint8))
+    assert not torch.isnan(out.float()).any()
+
+
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("dtype", HALF, ids=str)

@@ -74,13 +74,33 @@ def test_registration_imports_no_torch() -> None:
 # -- validation and selection ----------------------------------------------------------------
 def test_validate_lists_every_reason_on_a_cpu_config() -> None:
     reasons = TritonAttentionBackend.validate(config(device="cpu", dtype="int8",
-                                                     kv_codec="fp8", block_size=24))
+                                                     block_size=24))
     text = "\n".join(reasons)
     assert "model.device is 'cpu'" in text
     assert "model.dtype 'int8'" in text and "bfloat16" in text
-    assert "cache.kv_codec 'fp8'" in text
     assert "cache.block_size 24" in text
-    assert len(reasons) == 4
+    assert len(reasons) == 3
+
+
+def test_kv_codecs_it_serves() -> None:
+    """Plain-cast codecs into a cache dtype the kernels read; nothing with its own encoding."""
+    from tallow.plugin import KVCodec
+
+    class Cast(KVCodec):
+        name = "cast"
+
+    class Packed(KVCodec):
+        name = "packed4"
+        elementwise = False
+
+    be = TritonAttentionBackend()
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+                  torch.float8_e5m2):
+        assert be.supports_kv_codec(Cast(), dtype) == []
+    (reason,) = be.supports_kv_codec(Packed(), torch.uint8)[:1]
+    assert "'packed4' has its own encoding" in reason
+    (reason,) = be.supports_kv_codec(Cast(), torch.int8)
+    assert "cache dtype torch.int8 is not supported" in reason and "float8_e4m3fn" in reason
 
 
 def test_validate_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,10 +37,14 @@ F32_SCALARS = {"qk_scale", "softcap"}
 TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
+CACHE_POINTERS = {"k_cache_ptr", "v_cache_ptr"}
+
+
 def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
-                capability: int) -> Any:
+                capability: int, cache: str | None = None) -> Any:
     """Build ``kernel`` for ``sm_<capability>`` as the JIT would for 16-byte-aligned tensors
-    whose strides are multiples of 16 elements (true of every supported head size)."""
+    whose strides are multiples of 16 elements (true of every supported head size); ``cache``
+    is the Triton pointer type of the KV cache when it is not ``dtype``'s."""
     spec = dict(spec)
     options = {"num_warps": spec.pop("num_warps"), "num_stages": spec.pop("num_stages", 3)}
     signature: dict[str, str] = {}
@@ -55,6 +59,8 @@ def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
             signature[name] = INT_POINTERS[name]
         elif name in F32_POINTERS:
             signature[name] = "*fp32"
+        elif cache and name in CACHE_POINTERS:
+            signature[name] = cache
         elif name.endswith("_ptr"):
             signature[name] = TT[dtype]
         elif name in F32_SCALARS:
@@ -114,6 +120,31 @@ def test_window_softcap_variants_compile_without_spills(capability: int, head_di
                            mixed=True, single_split=True, fused_store=False)
     assert_fast(compile_for(decode_split_kernel, spec, torch.float16, capability),
                 f"decode window+softcap D={head_dim} sm_{capability}", tensor_op="mma.sync")
+
+
+@pytest.mark.parametrize("cache", ["*fp8e4nv", "*fp8e5"])
+def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> None:
+    """The 8-bit float cache paths build for sm_90 with the clamp before the cast where a
+    kernel stores (store kernel, decode with the store fused) and with tensor-core products
+    on the widened tiles."""
+    limit = 448.0 if cache == "*fp8e4nv" else 57344.0
+    decode = dict(num_heads=32, group=4, head_dim=128, dtype=torch.bfloat16, block_size=16,
+                  sliding_window=None, logit_softcap=None, mixed=False, single_split=False)
+    for fused in (True, False):
+        spec = ops.decode_spec(**decode, fused_store=fused, saturate=limit)
+        assert spec["SATURATE"] == (limit if fused else 0.0)
+        compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90, cache)
+        assert_fast(compiled, f"decode {cache} fused={fused}", tensor_op="mma.sync")
+        assert ("min.f32" in compiled.asm["ptx"]) == fused
+    spec = ops.prefill_spec(head_dim=128, group=4, dtype=torch.bfloat16, block_size=16,
+                            sliding_window=None, logit_softcap=None, skip_single_query=True,
+                            cache_bytes=1)
+    assert_fast(compile_for(prefill_kernel, spec, torch.bfloat16, 90, cache),
+                f"prefill {cache}", tensor_op="wgmma.mma_async")
+    spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit)
+    compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
+    assert resource_usage(compiled)["STACK"] == 0
+    assert "min.f32" in compiled.asm["ptx"] and "max.f32" in compiled.asm["ptx"]
 
 
 def test_reduce_store_and_fp32_paths_compile() -> None:

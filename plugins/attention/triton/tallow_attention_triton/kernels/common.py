@@ -69,3 +69,12 @@ def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_of
     cache of strides (block, offset-in-block); tokens outside ``n_mask`` read block 0."""
     blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     return blk * stride_cb + (offs_n % BLOCK_SIZE) * stride_co + kv_head_off
+
+
+@triton.jit
+def saturate(x, LIMIT: tl.constexpr):
+    """``x`` clamped to [-LIMIT, LIMIT] (in fp32) when LIMIT > 0, else unchanged: values bound
+    for an 8-bit float cache, whose casts have no infinity to overflow to."""
+    if LIMIT > 0:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
+    return x

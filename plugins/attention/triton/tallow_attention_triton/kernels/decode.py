@@ -26,7 +26,7 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import kv_offsets, online_softmax_step, scores, tanh
+from .common import kv_offsets, online_softmax_step, saturate, scores, tanh
 
 
 @triton.jit
@@ -69,7 +69,8 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    SATURATE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -93,10 +94,10 @@ def decode_split_kernel(
         new_pos = tl.where(has_new, seq_len - 1, -1)
         new_mask = d_mask & has_new
         cache_ty = k_cache_ptr.dtype.element_ty
-        k_new = tl.load(k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d,
-                        mask=new_mask, other=0.0).to(cache_ty)
-        v_new = tl.load(v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d,
-                        mask=new_mask, other=0.0).to(cache_ty)
+        k_new = saturate(tl.load(k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d,
+                                 mask=new_mask, other=0.0), SATURATE).to(cache_ty)
+        v_new = saturate(tl.load(v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d,
+                                 mask=new_mask, other=0.0), SATURATE).to(cache_ty)
         dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
                + kv_head_off + offs_d)
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))

@@ -8,6 +8,8 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
+from .common import saturate
+
 
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies.
 @step_jit(pointers=["slot_ptr"])
@@ -17,11 +19,12 @@ def store_kv_kernel(
     stride_cb, stride_co, stride_ch,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    SATURATE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, cdiv(Hkv, HEADS_PER_PROGRAM)). Token ``t`` goes to cache slot
     ``slot[t]`` (block ``slot // BLOCK_SIZE``, offset ``slot % BLOCK_SIZE``); slot < 0 skips it.
-    Values are converted to the cache's dtype."""
+    Values are converted to the cache's dtype, clamped to +-SATURATE first when it is > 0 (an
+    8-bit float cache, which has no infinity)."""
     wait_prior(USE_PDL)  # slots, K and V are earlier kernels' output
     allow_next(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -36,6 +39,6 @@ def store_kv_kernel(
     mask = (offs_h < NUM_KV_HEADS)[:, None] & (offs_d < HEAD_DIM)[None, :]
     dst = blk * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_cache_ptr + dst, saturate(k, SATURATE).to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, saturate(v, SATURATE).to(v_cache_ptr.dtype.element_ty), mask=mask)

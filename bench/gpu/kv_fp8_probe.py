@@ -1,0 +1,87 @@
+"""Decode and prefill attention of llama-3-8b over a bf16 cache and an fp8 (e4m3) cache, with
+the decode tile variants of an 8-bit cache, so the codec's speed and its tiles are chosen from
+measurements.
+
+Decode: ``--batch`` sequences with contexts uniform in 1000..1480 (the 1000 x 1000/1000
+throughput workload's middle), 32 layers captured in one CUDA graph (store fused), K/V read per
+step and TB/s. Prefill: 8 prompts of 1024 tokens, one layer, TFLOP/s of the causal products.
+
+Usage: python bench/gpu/kv_fp8_probe.py [--batch 443]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+from tallow_attention_triton import heuristics, ops
+from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.testing import make_case
+
+from overlap_probe import time_graph  # this folder is on sys.path when run as a script
+
+HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 32
+
+
+def decode_case(batch: int, cache_dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(1000, 1481, (batch,), generator=g).tolist()
+    return make_case(query_lens=[1] * batch, context_lens=ctx, num_heads=HEADS,
+                     num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
+                     dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda",
+                     host_copies=False, spare_blocks=0), sum(ctx) + batch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=443)
+    args = p.parse_args()
+    be = TritonAttentionBackend()
+    original = heuristics.decode_tiles
+    rows = []
+    for label, cache_dtype, tiles in [
+        ("bf16 cache", torch.bfloat16, None),
+        ("fp8 cache, 64-token tiles, 3 stages", torch.float8_e4m3fn, None),
+        ("fp8 cache, 64-token tiles, 4 stages", torch.float8_e4m3fn, (64, 4)),
+        ("fp8 cache, 128-token tiles, 2 stages", torch.float8_e4m3fn, (128, 2)),
+        ("fp8 cache, 128-token tiles, 3 stages", torch.float8_e4m3fn, (128, 3)),
+    ]:
+        if tiles:
+            ops.decode_tiles = lambda d, g, e, _t=tiles: heuristics.DecodeTiles(
+                g_pad=max(16, heuristics.next_pow2(g)), tile_n=_t[0], num_warps=4,
+                num_stages=_t[1])
+        else:
+            ops.decode_tiles = original
+        case, tokens = decode_case(args.batch, cache_dtype)
+        out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+        ref, _ = case.expected()
+        err = float((out[:case.valid_rows].float() - ref.float()).abs().max())
+        ms = time_graph(lambda: [be.forward(case.layer, case.q, case.k, case.v, case.kv_cache,
+                                          case.meta) for _ in range(LAYERS)])
+        nbytes = tokens * KV_HEADS * HEAD_DIM * 2 * case.kv_cache.element_size() * LAYERS
+        rows.append((f"decode {args.batch} seqs: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s",
+                     err))
+        del case
+        torch.cuda.empty_cache()
+    ops.decode_tiles = original
+    for label, cache_dtype in (("bf16 cache", torch.bfloat16), ("fp8 cache", torch.float8_e4m3fn)):
+        case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
+                         num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
+                         dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda")
+        out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+        ref, _ = case.expected()
+        err = float((out.float() - ref.float()).abs().max())
+        ms = triton.testing.do_bench(lambda: be.forward(case.layer, case.q, case.k, case.v,
+                                                        case.kv_cache, case.meta))
+        flops = 8 * 4 * 1024 * 1024 / 2 * HEADS * HEAD_DIM
+        rows.append((f"prefill 8 x 1024 tokens, one layer: {label}", ms,
+                     f"{flops / ms / 1e9:.0f} TFLOP/s", err))
+    print(f"\n{'case':58s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
+    for name, ms, rate, err in rows:
+        print(f"{name:58s} {ms:8.3f} {rate:>14s} {err:8.1e}")
+
+
+if __name__ == "__main__":
+    main()

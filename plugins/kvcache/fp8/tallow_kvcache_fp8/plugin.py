@@ -1,0 +1,12 @@
+"""Registration of the fp8 KV codecs (imports nothing heavy)."""
+
+from __future__ import annotations
+
+from tallow.plugin import hookimpl
+
+
+@hookimpl
+def tallow_register_kv_codecs(registry) -> None:
+    registry.register("fp8", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec")
+    registry.register("fp8_e4m3", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec")
+    registry.register("fp8_e5m2", "tallow_kvcache_fp8.codec:FP8E5M2KVCodec")

@@ -1,0 +1,59 @@
+"""Registration and the codecs' contract; the engine runs with them in the core's
+tests/engine/test_kv_codec.py (against transformers) and on a GPU in tests/gpu."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import torch
+
+from tallow.kernels.attention_ref import cache_saturation, to_cache_dtype
+from tallow.plugin import KVCodecRegistry
+
+from tallow_kvcache_fp8 import plugin
+from tallow_kvcache_fp8.codec import FP8E4M3KVCodec, FP8E5M2KVCodec
+
+
+def test_entry_point_names_the_registration_module() -> None:
+    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
+    assert eps.get("tallow-kvcache-fp8") == "tallow_kvcache_fp8.plugin"
+
+
+def test_registers_three_names_lazily() -> None:
+    registry = KVCodecRegistry()
+    plugin.tallow_register_kv_codecs(registry)
+    assert all(registry.entry(name).lazy for name in registry.names())
+    got = {name: registry.get(name) for name in ("fp8", "fp8_e4m3", "fp8_e5m2")}
+    assert got == {"fp8": FP8E4M3KVCodec, "fp8_e4m3": FP8E4M3KVCodec,
+                   "fp8_e5m2": FP8E5M2KVCodec}
+
+
+def test_registration_imports_no_torch() -> None:
+    code = ("import sys, tallow_kvcache_fp8.plugin as p; "
+            "from tallow.plugin import KVCodecRegistry as R; p.tallow_register_kv_codecs(R()); "
+            "assert 'torch' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_codecs_are_one_byte_elementwise_casts() -> None:
+    for cls, dtype in ((FP8E4M3KVCodec, torch.float8_e4m3fn), (FP8E5M2KVCodec, torch.float8_e5m2)):
+        codec = cls()
+        assert codec.elementwise and codec.bytes_per_element == 1.0
+        for model_dtype in (torch.bfloat16, torch.float16, torch.float32):
+            assert codec.cache_dtype(model_dtype) == dtype
+        assert torch.empty((), dtype=dtype).element_size() == 1
+
+
+def test_stored_values_saturate_instead_of_turning_nan() -> None:
+    assert cache_saturation(torch.float8_e4m3fn) == 448.0
+    assert cache_saturation(torch.float8_e5m2) == 57344.0
+    assert cache_saturation(torch.bfloat16) == 0.0
+    x = torch.tensor([1e6, -1e6, 449.0, 0.3, -2.5, 0.0])
+    e4m3 = to_cache_dtype(x, torch.float8_e4m3fn).float()
+    assert e4m3.tolist() == [448.0, -448.0, 448.0, 0.3125, -2.5, 0.0]
+    e5m2 = to_cache_dtype(x, torch.float8_e5m2).float()
+    assert e5m2[:2].tolist() == [57344.0, -57344.0] and not torch.isnan(e5m2).any()
