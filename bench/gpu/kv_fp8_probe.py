@@ -31,7 +31,7 @@ def decode_case(batch: int, cache_dtype: torch.dtype):
     return make_case(query_lens=[1] * batch, context_lens=ctx, num_heads=HEADS,
                      num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
                      dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda",
-                     host_copies=False, spare_blocks=0), sum(ctx) + batch
+                     host_copies=False, spare_blocks=1), sum(ctx) + batch
 
 
 def main() -> None:
