@@ -16,7 +16,7 @@ import argparse
 import torch
 import triton
 
-from tallow_attention_triton import heuristics, ops
+from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.testing import make_case
 
@@ -39,33 +39,32 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=443)
     args = p.parse_args()
     be = TritonAttentionBackend()
-    original = heuristics.decode_tiles
+    original = ops.decode_spec
     rows = []
-    for label, cache_dtype, tiles in [
-        ("bf16 cache", torch.bfloat16, None),
-        ("fp8 cache, 64-token tiles, 3 stages", torch.float8_e4m3fn, None),
-        ("fp8 cache, 64-token tiles, 4 stages", torch.float8_e4m3fn, (64, 4)),
-        ("fp8 cache, 128-token tiles, 2 stages", torch.float8_e4m3fn, (128, 2)),
-        ("fp8 cache, 128-token tiles, 3 stages", torch.float8_e4m3fn, (128, 3)),
+    for label, cache_dtype, overrides in [
+        ("bf16 cache", torch.bfloat16, {}),
+        ("fp8, V widened in registers, 64-key tiles, 3 stages", torch.float8_e4m3fn, {}),
+        ("fp8, V widened in registers, 128-key tiles, 2 stages", torch.float8_e4m3fn,
+         dict(TILE_N=128, num_stages=2)),
+        ("fp8, V widened in registers, 64-key tiles, 4 stages", torch.float8_e4m3fn,
+         dict(num_stages=4)),
+        ("fp8, V staged 8-bit, 64-key tiles, 3 stages", torch.float8_e4m3fn,
+         dict(WIDEN_V_IN_REGISTERS=False)),
+        ("fp8, bf16 products (no F16), V widened", torch.float8_e4m3fn,
+         dict(F16_PRODUCTS=False)),
     ]:
-        if tiles:
-            ops.decode_tiles = lambda d, g, e, _t=tiles: heuristics.DecodeTiles(
-                g_pad=max(16, heuristics.next_pow2(g)), tile_n=_t[0], num_warps=4,
-                num_stages=_t[1])
-        else:
-            ops.decode_tiles = original
+        ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
         case, tokens = decode_case(args.batch, cache_dtype)
         out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         ref, _ = case.expected()
         err = float((out[:case.valid_rows].float() - ref.float()).abs().max())
         ms = time_graph(lambda: [be.forward(case.layer, case.q, case.k, case.v, case.kv_cache,
-                                          case.meta) for _ in range(LAYERS)])
+                                            case.meta) for _ in range(LAYERS)])
         nbytes = tokens * KV_HEADS * HEAD_DIM * 2 * case.kv_cache.element_size() * LAYERS
-        rows.append((f"decode {args.batch} seqs: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s",
-                     err))
+        rows.append((f"decode {args.batch}: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s", err))
         del case
         torch.cuda.empty_cache()
-    ops.decode_tiles = original
+    ops.decode_spec = original
     for label, cache_dtype in (("bf16 cache", torch.bfloat16), ("fp8 cache", torch.float8_e4m3fn)):
         case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
                          num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
@@ -78,9 +77,9 @@ def main() -> None:
         flops = 8 * 4 * 1024 * 1024 / 2 * HEADS * HEAD_DIM
         rows.append((f"prefill 8 x 1024 tokens, one layer: {label}", ms,
                      f"{flops / ms / 1e9:.0f} TFLOP/s", err))
-    print(f"\n{'case':58s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
+    print(f"\n{'case':66s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
     for name, ms, rate, err in rows:
-        print(f"{name:58s} {ms:8.3f} {rate:>14s} {err:8.1e}")
+        print(f"{name:66s} {ms:8.3f} {rate:>14s} {err:8.1e}")
 
 
 if __name__ == "__main__":

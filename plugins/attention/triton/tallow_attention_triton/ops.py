@@ -74,6 +74,12 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def f16_products(dtype: torch.dtype, cache_bytes: int) -> bool:
+    """Whether the tile products run in fp16 (kernels.common.product_operand): over an 8-bit
+    cache with 16-bit activations. fp32 activations keep their fp32 path."""
+    return cache_bytes == 1 and torch.finfo(dtype).bits == 16
+
+
 # -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
 # ``pdl``: launch with Programmatic Dependent Launch (tallow.kernels.pdl); the kernel's USE_PDL
 # and the launch option always go together.
@@ -100,6 +106,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
+                F16_PRODUCTS=f16_products(dtype, cache_bytes),
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -107,7 +114,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
-                pdl: bool = False) -> dict[str, object]:
+                cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     precision, upcast = _precision(dtype)
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
@@ -115,6 +122,8 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 SATURATE=saturate if fused_store else 0.0,
+                F16_PRODUCTS=f16_products(dtype, cache_bytes),
+                WIDEN_V_IN_REGISTERS=cache_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -244,7 +253,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
                        fused_store=fused, saturate=cache_saturation(kv_cache.dtype),
-                       pdl=pdl_enabled(q))
+                       cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
         q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,

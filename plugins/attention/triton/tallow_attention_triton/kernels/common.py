@@ -78,3 +78,14 @@ def saturate(x, LIMIT: tl.constexpr):
     if LIMIT > 0:
         x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
     return x
+
+
+@triton.jit
+def product_operand(q, F16: tl.constexpr):
+    """``q`` in the dtype of the tile products. Over an 8-bit cache that is fp16 (``F16``):
+    one instruction widens two fp8 values to fp16, while reaching bf16 takes one more per
+    value, and the decode kernel is bound by that widening, not by memory. A bf16 ``q`` is
+    clamped to fp16's range first (exact inside it)."""
+    if F16:
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    return q

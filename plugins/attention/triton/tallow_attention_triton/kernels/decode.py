@@ -26,7 +26,9 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import kv_offsets, online_softmax_step, saturate, scores, tanh
+from .common import (
+    kv_offsets, online_softmax_step, product_operand, saturate, scores, tanh,
+)
 
 
 @triton.jit
@@ -69,8 +71,9 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
-    SATURATE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -117,6 +120,7 @@ def decode_split_kernel(
     g_mask = offs_g < GROUP
     q = tl.load(q_ptr + row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = product_operand(q, F16_PRODUCTS)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     window_lo = 0
@@ -141,6 +145,11 @@ def decode_split_kernel(
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = v.to(q.dtype)
+        if WIDEN_V_IN_REGISTERS:
+            # An 8-bit V staged for the P.V product is read back transposed one byte at a
+            # time; a select after the widening keeps the load out of the asynchronous
+            # pipeline, so V is staged already 16-bit (transposed loads of 16-bit pairs).
+            v = tl.where(kv_mask, v, 0.0)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if FUSED_STORE:

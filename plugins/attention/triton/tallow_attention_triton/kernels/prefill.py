@@ -21,7 +21,7 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import kv_offsets, online_softmax_step, scores
+from .common import kv_offsets, online_softmax_step, product_operand, scores
 
 
 @triton.jit
@@ -78,7 +78,8 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
     wait_prior(USE_PDL)  # the program's sequence is found in this step's metadata
@@ -106,6 +107,7 @@ def prefill_kernel(
     rows = (q_start + q_idx).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q = product_operand(q, F16_PRODUCTS)
     q_pos = ctx + q_idx
 
     first_pos = ctx + tile * BLOCK_Q  # the tile's first query position
