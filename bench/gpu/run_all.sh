@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,fp8tests,thr8bfp8, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
+# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,fp8tests,thr8bfp8,thr8bfp8big, or full (everything but gemv, profile, thrprof and latencysync: tuning and A/B).
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -104,6 +104,9 @@ if [[ ",$MODE," == *",fp8tests,"* ]]; then
 fi
 if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
   bench throughput_8b_fp8 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
+  bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

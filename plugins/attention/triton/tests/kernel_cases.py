@@ -160,7 +160,7 @@ def test_fp8_cache(cache_dtype: torch.dtype, kind: str, num_splits: int | None) 
     """An 8-bit float cache under bf16 activations: every path stores into it (the decode
     split launch with the store fused, the store kernel) and reads it widened. NaN marks the
     unowned cache entries as in every case (both formats have a NaN)."""
-    q_lens, ctx = {"decode": ([1, 1, 1, 1], [0, 5, 37, 90]),
+    q_lens, ctx = {"decode": ([1, 1, 1, 1, 1], [0, 5, 37, 90, 300]),
                    "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
                    "prefill": ([12, 30], [0, 21])}[kind]
     case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
