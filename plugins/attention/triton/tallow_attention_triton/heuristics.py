@@ -116,15 +116,14 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
                  cache_bytes: int = 2) -> DecodeTiles:
     """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
     program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
-    matters little). fp32 takes 16-token steps to stay within registers. Over an 8-bit cache
-    (``cache_bytes`` 1) the same 16 KiB hold twice the keys: measured on an H200
-    (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences), 128-key tiles in 2 stages take
-    13.3 ms per 32 layers against 14.2 for 64-key tiles in 3 or 4 stages."""
+    matters little). fp32 takes 16-token steps to stay within registers. An 8-bit cache
+    (``cache_bytes`` 1) keeps the 16-bit tiles: on an H200, 128-key tiles in 2 stages were
+    faster alone (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.3 against 14.2 ms
+    per 32 layers) but slower in the 1000 x 1000/1000 throughput run (11,146 against 11,314
+    output tok/s)."""
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         tile_n, stages = 16, 2
-    elif cache_bytes == 1:
-        tile_n, stages = min(128, max(16, 16384 // d_pad)), 2
     else:
         tile_n, stages = min(64, max(16, 8192 // d_pad)), 3
     return DecodeTiles(g_pad=max(16, next_pow2(group)), tile_n=tile_n, num_warps=4,
