@@ -16,6 +16,11 @@ into its own partial straight from registers (rounded to the cache dtype as the 
 it); every split's cache loop skips that position. Softmax partials merge in any order, so no
 program waits for the store, and the tile loads stay untouched (a select on them would stop
 Triton from pipelining them into the tensor-core product).
+
+Over an 8-bit float cache (an fp8 KV codec) the kernel is bound by widening the values, not by
+memory: ``F16_PRODUCTS`` runs the tile products in fp16 (one instruction widens two values),
+``WIDEN_V_IN_REGISTERS`` widens V before it is staged for the P.V product, and ``SATURATE``
+clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype` does.
 """
 
 from __future__ import annotations
@@ -72,8 +77,7 @@ def decode_split_kernel(
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
