@@ -60,8 +60,11 @@ def tallow_register_quant_schemes(registry: "QuantSchemeRegistry") -> None:
 def tallow_register_kv_codecs(registry: "KVCodecRegistry") -> None:
     """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`).
 
-    A codec states its bytes per token per head and provides the write (quantize into the
-    paged cache) and read (dequantize) paths used by attention backends.
+    A codec states its bytes per element and the cache dtype. An elementwise codec (a plain,
+    saturating cast into that dtype) is written and read by every attention backend that
+    handles the dtype; a codec with its own encoding provides its write (quantize into the
+    paged cache) and read (dequantize) paths to the backends that implement it, which accept
+    it in ``AttentionBackend.supports_kv_codec``.
     """
 
 
