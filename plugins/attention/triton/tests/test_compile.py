@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 import tempfile
 from typing import Any
@@ -124,23 +125,31 @@ def test_window_softcap_variants_compile_without_spills(capability: int, head_di
 
 @pytest.mark.parametrize("cache", ["*fp8e4nv", "*fp8e5"])
 def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> None:
-    """The 8-bit float cache paths build for sm_90 with the clamp before the cast where a
-    kernel stores (store kernel, decode with the store fused) and with tensor-core products
-    on the widened tiles."""
+    """The 8-bit float cache paths, with the parameters ops uses for them (``cache_bytes`` 1:
+    fp16 tile products, V widened in registers), build for sm_90 with the clamp before the
+    cast where a kernel stores (store kernel, decode with the store fused) and with fp16
+    tensor-core products on the widened tiles."""
     limit = 448.0 if cache == "*fp8e4nv" else 57344.0
+    # The clamp's bound as a PTX literal: product_operand's fp16-range clamp of q also emits
+    # min.f32, so the store's clamp is told apart by its constant.
+    bound = "0f%08X" % struct.unpack(">I", struct.pack(">f", limit))[0]
     decode = dict(num_heads=32, group=4, head_dim=128, dtype=torch.bfloat16, block_size=16,
                   sliding_window=None, logit_softcap=None, mixed=False, single_split=False)
     for fused in (True, False):
-        spec = ops.decode_spec(**decode, fused_store=fused, saturate=limit)
+        spec = ops.decode_spec(**decode, fused_store=fused, saturate=limit, cache_bytes=1)
         assert spec["SATURATE"] == (limit if fused else 0.0)
+        assert spec["F16_PRODUCTS"] and spec["WIDEN_V_IN_REGISTERS"]
         compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90, cache)
-        assert_fast(compiled, f"decode {cache} fused={fused}", tensor_op="mma.sync")
-        assert ("min.f32" in compiled.asm["ptx"]) == fused
+        assert_fast(compiled, f"decode {cache} fused={fused}",
+                    tensor_op="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+        assert (bound in compiled.asm["ptx"]) == fused
     spec = ops.prefill_spec(head_dim=128, group=4, dtype=torch.bfloat16, block_size=16,
                             sliding_window=None, logit_softcap=None, skip_single_query=True,
                             cache_bytes=1)
-    assert_fast(compile_for(prefill_kernel, spec, torch.bfloat16, 90, cache),
-                f"prefill {cache}", tensor_op="wgmma.mma_async")
+    assert spec["F16_PRODUCTS"]
+    compiled = compile_for(prefill_kernel, spec, torch.bfloat16, 90, cache)
+    assert_fast(compiled, f"prefill {cache}", tensor_op="wgmma.mma_async")
+    assert re.search(r"wgmma\.mma_async[\w.]*\.f32\.f16\.f16", compiled.asm["ptx"])
     spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit)
     compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
     assert resource_usage(compiled)["STACK"] == 0
