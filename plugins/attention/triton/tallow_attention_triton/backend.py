@@ -30,6 +30,9 @@ DTYPES = {"auto", "float16", "bfloat16", "float32"}
 TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: cache dtypes the kernels read (widening to the activations' dtype) and write (rounding)
 CACHE_DTYPES = TENSOR_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
+#: lowest compute capability for a float8_e4m3fn cache: Triton has no e4m3 (fp8e4nv)
+#: conversions below Ada's 8.9, so the kernels would fail to compile on Ampere
+E4M3_CAPABILITY = (8, 9)
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -119,7 +122,23 @@ class TritonAttentionBackend(AttentionBackend):
         if cache_dtype not in CACHE_DTYPES:
             reasons.append(f"cache dtype {cache_dtype} is not supported (expected one of "
                            + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")")
+        if cache_dtype == torch.float8_e4m3fn:
+            reasons += self._e4m3_reasons()
         return reasons
+
+    def _e4m3_reasons(self) -> list[str]:
+        device = str(_get(self.config, "model", "device", default="auto"))
+        if device == "cpu" or not torch.cuda.is_available():
+            return []
+        index = _cuda_index(device)
+        cap = torch.cuda.get_device_capability(index if index is not None else
+                                               torch.cuda.current_device())
+        if tuple(cap) >= E4M3_CAPABILITY:
+            return []
+        return [f"cache dtype float8_e4m3fn needs CUDA compute capability "
+                f"{E4M3_CAPABILITY[0]}.{E4M3_CAPABILITY[1]} (Triton has no e4m3 conversions "
+                f"below it), this device has {cap[0]}.{cap[1]}: use kv codec fp8_e5m2, or "
+                "runner.attention_backend: torch"]
 
     @staticmethod
     def supports_layer(layer: AttentionLayer) -> list[str]:

@@ -103,6 +103,26 @@ def test_kv_codecs_it_serves() -> None:
     assert "cache dtype torch.int8 is not supported" in reason and "float8_e4m3fn" in reason
 
 
+def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton cannot convert to or from e4m3 below compute capability 8.9 (the kernels would
+    fail to compile at warm-up on an A100); e5m2 builds on Ampere."""
+    from tallow.plugin import KVCodec
+
+    class Cast(KVCodec):
+        name = "cast"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    be = TritonAttentionBackend(config(device="cuda:0"))
+    (reason,) = be.supports_kv_codec(Cast(), torch.float8_e4m3fn)
+    assert "compute capability 8.9" in reason and "8.0" in reason and "fp8_e5m2" in reason
+    assert be.supports_kv_codec(Cast(), torch.float8_e5m2) == []
+    assert be.supports_kv_codec(Cast(), torch.bfloat16) == []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
+    assert be.supports_kv_codec(Cast(), torch.float8_e4m3fn) == []
+
+
 def test_validate_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert TritonAttentionBackend.validate(config()) == [
