@@ -85,7 +85,8 @@ def test_unknown_codec_names_the_field_and_the_choices(tiny_llama):
     with pytest.raises(SelectionError) as info:
         LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, kv_codec="fp4")
     text = str(info.value)
-    assert "fp4" in text and "fp8" in text and "auto" in text
+    assert text.startswith("cache.kv_codec 'fp4': ")
+    assert "fp8" in text and "auto" in text and "plugins" in text
 
 
 def test_codec_with_its_own_encoding_is_refused_by_the_torch_backend(tiny_llama, monkeypatch):

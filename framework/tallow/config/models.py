@@ -77,8 +77,8 @@ class CacheConfig(Section):
         None, gt=0, description="KV-cache budget in MiB; overrides kv_fraction.",
         json_schema_extra=_flag("--mem", metavar="MB"))
     kv_codec: str = Field("auto", description="How K and V are stored (a kv-codec plugin: auto "
-                          "keeps the model dtype; fp8 and fp8_e5m2 store 8-bit floats, half "
-                          "the bytes of bf16; others when installed).")
+                          "keeps the model dtype; fp8 and fp8_e5m2 of tallow-kvcache-fp8 "
+                          "store 8-bit floats, half the bytes of bf16; others when installed).")
     enable_prefix_caching: bool = Field(True, description="Reuse the KV blocks of prompt "
                                         "prefixes shared between requests.")
     num_blocks: Optional[int] = Field(

@@ -145,14 +145,18 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         if problems:
             raise SelectionError(f"attention backend {backend_entry.name!r} cannot run this "
                                  "model:\n  - " + "\n  - ".join(problems))
-    codec_entry = select(registries.kv_codecs, config, config.cache.kv_codec)
+    from tallow.plugin import SelectionError
+
+    try:
+        codec_entry = select(registries.kv_codecs, config, config.cache.kv_codec)
+    except SelectionError as exc:
+        raise SelectionError(f"cache.kv_codec {config.cache.kv_codec!r}: {exc} (codecs other "
+                             "than auto come from kv-codec plugins)") from None
     codec = codec_entry.load()()
     kv_dtype = codec.cache_dtype(loaded.dtype)
     check_codec = getattr(backend, "supports_kv_codec", None)
     problems = check_codec(codec, kv_dtype) if check_codec is not None else []
     if problems:
-        from tallow.plugin import SelectionError
-
         raise SelectionError(
             f"attention backend {backend_entry.name!r} cannot use kv codec "
             f"{codec_entry.name!r} (cache.kv_codec; cache dtype {kv_dtype}):\n  - "

@@ -85,7 +85,8 @@ def product_operand(q, F16: tl.constexpr):
     """``q`` in the dtype of the tile products. Over an 8-bit cache that is fp16 (``F16``):
     one instruction widens two fp8 values to fp16, while reaching bf16 takes one more per
     value, and the decode kernel is bound by that widening, not by memory. A bf16 ``q`` is
-    clamped to fp16's range first (exact inside it)."""
+    clamped to fp16's range first; inside it the conversion is exact down to fp16's smallest
+    normal (6.1e-5), below which it keeps fp16's subnormal steps (6e-8)."""
     if F16:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     return q
