@@ -115,8 +115,9 @@ class QuantScheme(Component):
 class KVCodec(Component):
     """How K and V are stored in the paged cache.
 
-    ``cache_dtype(model_dtype)`` is the torch dtype of the cache tensors; ``bytes_per_element``
-    the storage per element (for the KV budget).
+    ``cache_dtype(model_dtype)`` is the torch dtype of the cache tensors; the engine sizes the
+    KV budget from it. ``bytes_per_element`` is the codec's nominal storage per element, for
+    listings and for codecs whose cache tensors pack several elements per item.
 
     ``elementwise`` True means the codec is a plain cast: each element is written rounded to
     ``cache_dtype`` (to nearest even, and for 8-bit floats clamped to the dtype's largest
