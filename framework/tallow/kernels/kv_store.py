@@ -33,8 +33,14 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_store_kv_args(kv_cache, k, v, slot_mapping)
     if k.shape[0] == 0:
         return
-    if triton_enabled(kv_cache):
+    if triton_enabled(kv_cache) and not _e4m3_unsupported(kv_cache):
         from .kv_store_triton import store_kv_triton
         store_kv_triton(kv_cache, k, v, slot_mapping)
     else:
         store_kv_ref(kv_cache, k, v, slot_mapping)
+
+
+def _e4m3_unsupported(kv_cache: torch.Tensor) -> bool:
+    """Triton has no float8_e4m3fn conversions below compute capability 8.9 (Ada)."""
+    return (kv_cache.dtype == torch.float8_e4m3fn and kv_cache.is_cuda
+            and torch.cuda.get_device_capability(kv_cache.device) < (8, 9))
