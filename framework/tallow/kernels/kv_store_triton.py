@@ -11,6 +11,16 @@ from .jit import step_jit
 from .pdl import allow_next, pdl_enabled, wait_prior
 
 
+@triton.jit
+def saturate(x, LIMIT: tl.constexpr):
+    """``x`` clamped to [-LIMIT, LIMIT] (in fp32) when LIMIT > 0, else unchanged: values bound
+    for an 8-bit float cache, whose casts have no infinity to overflow to (LIMIT is
+    :func:`tallow.kernels.attention_ref.cache_saturation` of the cache dtype)."""
+    if LIMIT > 0:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
+    return x
+
+
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies (see jit.py).
 @step_jit(pointers=["slot_ptr"])
 def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cache_half,
@@ -27,11 +37,9 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_stride, v_stride, cach
         dst = cache_ptr + slot * width + offs
         k = tl.load(k_ptr + tok.to(tl.int64) * k_stride + offs, mask=mask)
         v = tl.load(v_ptr + tok.to(tl.int64) * v_stride + offs, mask=mask)
-        if SATURATE > 0:  # an 8-bit float cache has no infinity: clamp, as to_cache_dtype does
-            k = tl.minimum(tl.maximum(k.to(tl.float32), -SATURATE), SATURATE)
-            v = tl.minimum(tl.maximum(v.to(tl.float32), -SATURATE), SATURATE)
-        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + cache_half, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, saturate(k, SATURATE).to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + cache_half, saturate(v, SATURATE).to(cache_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -72,15 +72,6 @@ def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_of
 
 
 @triton.jit
-def saturate(x, LIMIT: tl.constexpr):
-    """``x`` clamped to [-LIMIT, LIMIT] (in fp32) when LIMIT > 0, else unchanged: values bound
-    for an 8-bit float cache, whose casts have no infinity to overflow to."""
-    if LIMIT > 0:
-        x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
-    return x
-
-
-@triton.jit
 def product_operand(q, F16: tl.constexpr):
     """``q`` in the dtype of the tile products. Over an 8-bit cache that is fp16 (``F16``):
     one instruction widens two fp8 values to fp16, while reaching bf16 takes one more per

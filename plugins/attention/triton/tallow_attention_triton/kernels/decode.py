@@ -29,11 +29,10 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
+from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import (
-    kv_offsets, online_softmax_step, product_operand, saturate, scores, tanh,
-)
+from .common import kv_offsets, online_softmax_step, product_operand, scores, tanh
 
 
 @triton.jit
