@@ -40,7 +40,11 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         store_kv_ref(kv_cache, k, v, slot_mapping)
 
 
+#: lowest CUDA compute capability (Ada) where Triton converts to and from float8_e4m3fn
+E4M3_MIN_CAPABILITY = (8, 9)
+
+
 def _e4m3_unsupported(kv_cache: torch.Tensor) -> bool:
-    """Triton has no float8_e4m3fn conversions below compute capability 8.9 (Ada)."""
+    """Triton has no float8_e4m3fn conversions below :data:`E4M3_MIN_CAPABILITY`."""
     return (kv_cache.dtype == torch.float8_e4m3fn and kv_cache.is_cuda
-            and torch.cuda.get_device_capability(kv_cache.device) < (8, 9))
+            and torch.cuda.get_device_capability(kv_cache.device) < E4M3_MIN_CAPABILITY)

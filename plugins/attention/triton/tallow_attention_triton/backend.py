@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tallow.kernels.kv_store import E4M3_MIN_CAPABILITY
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.plugin import AttentionBackend
 
@@ -30,9 +31,19 @@ DTYPES = {"auto", "float16", "bfloat16", "float32"}
 TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: cache dtypes the kernels read (widening to the activations' dtype) and write (rounding)
 CACHE_DTYPES = TENSOR_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
-#: lowest compute capability for a float8_e4m3fn cache: Triton has no e4m3 (fp8e4nv)
-#: conversions below Ada's 8.9, so the kernels would fail to compile on Ampere
-E4M3_CAPABILITY = (8, 9)
+
+
+def _capability(index: int | None) -> tuple[int, int]:
+    """Compute capability of CUDA device ``index`` (None: the current device)."""
+    return torch.cuda.get_device_capability(index if index is not None else
+                                            torch.cuda.current_device())
+
+
+def _cache_dtype_reasons(what: str, dtype: torch.dtype) -> list[str]:
+    if dtype in CACHE_DTYPES:
+        return []
+    return [f"{what} {dtype} is not supported (expected one of "
+            + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")"]
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -105,8 +116,7 @@ class TritonAttentionBackend(AttentionBackend):
             reasons.append(f"model.device {device!r} does not exist "
                            f"({torch.cuda.device_count()} CUDA device(s))")
             return reasons
-        cap = torch.cuda.get_device_capability(index if index is not None else
-                                               torch.cuda.current_device())
+        cap = _capability(index)
         if tuple(cap) < MIN_CAPABILITY:
             reasons.append(f"CUDA compute capability {cap[0]}.{cap[1]} is below "
                            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
@@ -115,13 +125,8 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_kv_codec(self, codec: Any, cache_dtype: torch.dtype) -> list[str]:
         """Reasons the kernels cannot keep K/V as ``codec`` does: they serve elementwise codecs
         (plain casts) into any of :data:`CACHE_DTYPES`."""
-        reasons = []
-        if not getattr(codec, "elementwise", False):
-            reasons.append(f"kv codec {getattr(codec, 'name', codec)!r} has its own encoding; "
-                           "the triton kernels store K/V by a plain cast")
-        if cache_dtype not in CACHE_DTYPES:
-            reasons.append(f"cache dtype {cache_dtype} is not supported (expected one of "
-                           + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")")
+        reasons = super().supports_kv_codec(codec, cache_dtype)
+        reasons += _cache_dtype_reasons("cache dtype", cache_dtype)
         if cache_dtype == torch.float8_e4m3fn:
             reasons += self._e4m3_reasons()
         return reasons
@@ -131,14 +136,13 @@ class TritonAttentionBackend(AttentionBackend):
         if device == "cpu" or not torch.cuda.is_available():
             return []
         index = _cuda_index(device)
-        cap = torch.cuda.get_device_capability(index if index is not None else
-                                               torch.cuda.current_device())
-        if tuple(cap) >= E4M3_CAPABILITY:
+        cap = _capability(index)
+        if tuple(cap) >= E4M3_MIN_CAPABILITY:
             return []
-        return [f"cache dtype float8_e4m3fn needs CUDA compute capability "
-                f"{E4M3_CAPABILITY[0]}.{E4M3_CAPABILITY[1]} (Triton has no e4m3 conversions "
-                f"below it), this device has {cap[0]}.{cap[1]}: use kv codec fp8_e5m2, or "
-                "runner.attention_backend: torch"]
+        need = ".".join(map(str, E4M3_MIN_CAPABILITY))
+        return [f"cache dtype float8_e4m3fn needs CUDA compute capability {need} (Triton has no "
+                f"e4m3 conversions below it), this device has {cap[0]}.{cap[1]}: use kv codec "
+                "fp8_e5m2, or runner.attention_backend: torch"]
 
     @staticmethod
     def supports_layer(layer: AttentionLayer) -> list[str]:
@@ -185,9 +189,7 @@ class TritonAttentionBackend(AttentionBackend):
             if t.dtype not in TENSOR_DTYPES:
                 reasons.append(f"{name} dtype {t.dtype} is not supported (expected float16, "
                                "bfloat16 or float32)")
-        if kv_cache.dtype not in CACHE_DTYPES:
-            reasons.append(f"kv_cache dtype {kv_cache.dtype} is not supported (expected one of "
-                           + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")")
+        reasons += _cache_dtype_reasons("kv_cache dtype", kv_cache.dtype)
         if q.device.type != "cuda" and not ops.interpreting():
             reasons.append(f"tensors are on {q.device}; the triton backend needs CUDA tensors")
         if reasons:
