@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from tallow.plugin import select
+from tallow.plugin import SelectionError, select
 
 from .core import EngineCore
 from .loader import LoadedModel, load_model, resolve_device
-from .model_runner import ModelRunner, kv_bytes_per_block
+from .model_runner import ModelRunner, kv_bytes_per_block, kv_layers
 from .output_processor import OutputProcessor
 from .scheduler import Scheduler
 from .block_manager import BlockManager
@@ -137,16 +137,10 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     backend = backend_entry.load()(config)
     check_layer = getattr(backend, "supports_layer", None)
     if check_layer is not None:
-        from tallow.plugin import SelectionError
-
-        from .model_runner import kv_layers
-
         problems = sorted({r for a in kv_layers(loaded.model) for r in check_layer(a.layer)})
         if problems:
             raise SelectionError(f"attention backend {backend_entry.name!r} cannot run this "
                                  "model:\n  - " + "\n  - ".join(problems))
-    from tallow.plugin import SelectionError
-
     try:
         codec_entry = select(registries.kv_codecs, config, config.cache.kv_codec)
     except SelectionError as exc:
