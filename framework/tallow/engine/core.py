@@ -48,7 +48,7 @@ from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
 from .sampling_params import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
-from .sequence import Sequence, SequenceStatus
+from .sequence import SequenceStatus
 
 log = logging.getLogger("tallow.engine")
 
@@ -129,19 +129,14 @@ def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
     return out
 
 
-def _needs_known_tokens(seq: Sequence) -> bool:
-    """Sampling ``seq``'s next token reads the values of its earlier tokens (penalties), or
-    its tokens come with logprobs (read back with the tokens, before more work is queued)."""
-    return seq.params.reads_token_values
-
-
 def _must_collect_first(plan: SchedulerOutput) -> bool:
     """Whether the step after ``plan`` must wait until ``plan``'s tokens are read back."""
     for item in plan.scheduled:
         sample = item.sample_seqs
         if item.prompt_logprobs or len(sample) > 1:  # len > 1: n > 1 forks here
             return True
-        if sample and _needs_known_tokens(sample[0]):
+        # penalties read earlier tokens' values; logprobs come back with the tokens
+        if sample and sample[0].params.reads_token_values:
             return True
     return False
 
