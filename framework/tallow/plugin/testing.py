@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 import random
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -30,7 +32,7 @@ from .manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
 __all__ = [
     "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
     "tallow_plugin_manager", "tallow_hook_recorder", "parse_summary",
-    "assert_streaming_matches_parse",
+    "assert_streaming_matches_parse", "modules_imported_by_registration",
 ]
 
 
@@ -71,6 +73,24 @@ def isolated_plugin_manager(*plugins: Any, builtins: bool = False,
         else:
             add_plugin(pm, item)
     return pm
+
+
+def modules_imported_by_registration(module: str, hook: str, registry: str,
+                                     watch: tuple[str, ...] = ("torch",)) -> list[str]:
+    """Which of ``watch`` a fresh interpreter has imported after importing the registration
+    module ``module`` and calling its ``hook`` with an empty ``registry`` (a registry class
+    of :mod:`tallow.plugin`, by name). Registration should stay light (``tallow plugins``
+    and start-up run it for every plugin; components load lazily), so a plugin test asserts
+    this is empty. Raises AssertionError with the child's stderr if registration fails."""
+    code = ("import importlib, sys, tallow.plugin as tp\n"
+            f"m = importlib.import_module({module!r})\n"
+            f"getattr(m, {hook!r})(getattr(tp, {registry!r})())\n"
+            f"print(','.join(n for n in {tuple(watch)!r} if n in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(f"registering {module} failed:\n{out.stderr}")
+    return [name for name in out.stdout.strip().split(",") if name]
 
 
 def make_config(data: Mapping[str, Any] | None = None) -> Any:

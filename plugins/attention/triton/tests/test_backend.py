@@ -4,8 +4,6 @@ the GPU tests)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +14,7 @@ import torch
 import tallow.builtins
 from tallow.layers import AttentionLayer
 from tallow.plugin import AttentionBackend, AttentionBackendRegistry, SelectionError, select
+from tallow.plugin.testing import modules_imported_by_registration
 from tallow_attention_triton import heuristics, plugin
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.testing import make_case
@@ -61,14 +60,9 @@ def test_registers_lazily_above_the_torch_reference() -> None:
 
 
 def test_registration_imports_no_torch() -> None:
-    code = ("import sys, tallow_attention_triton.plugin as p; "
-            "from tallow.plugin import AttentionBackendRegistry as R; "
-            "p.tallow_register_attention_backends(R()); "
-            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
-            "assert not bad, bad")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert modules_imported_by_registration(
+        "tallow_attention_triton.plugin", "tallow_register_attention_backends",
+        "AttentionBackendRegistry", watch=("torch", "triton")) == []
 
 
 # -- validation and selection ----------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from importlib.metadata import entry_points
 
 import pytest
@@ -13,6 +11,7 @@ transformers = pytest.importorskip("transformers", reason="transformers writes t
 
 from tallow.layers import ArchConfig, BuildContext, WeightLoadError  # noqa: E402
 from tallow.plugin import ArchitectureRegistry  # noqa: E402
+from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 
 from tallow_llama import plugin  # noqa: E402
 from tallow_llama.model import (  # noqa: E402
@@ -122,10 +121,5 @@ def test_registration_is_lazy_and_maps_gguf_architectures():
 
 
 def test_registration_imports_no_torch():
-    code = ("import sys, tallow_llama.plugin as p\n"
-            "from tallow.plugin import ArchitectureRegistry\n"
-            "p.tallow_register_architectures(ArchitectureRegistry())\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
+    assert modules_imported_by_registration("tallow_llama.plugin", "tallow_register_architectures",
+                                            "ArchitectureRegistry") == []
