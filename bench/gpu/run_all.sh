@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,fp8tests,thr8bfp8,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -96,6 +96,16 @@ fi
 if [[ ",$MODE," == *",fp8probe,"* ]]; then
   echo "== llama-3-8b attention over a bf16 and an fp8 cache"
   timeout 240 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -20 | tee "$OUT/fp8probe.log"
+fi
+if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode launch per variant
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for variant in bf16 fp8 fp8-128 fp8-vt; do
+    echo "== ncu: decode attention, $variant"
+    timeout 200 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section InstructionStats \
+      python3 bench/gpu/ncu_decode.py $variant 2>&1 | grep -v "^==PROF==" | tee "$OUT/ncu_$variant.txt" | grep -E "Duration|DRAM Throughput|Achieved Occupancy|Issued Ipc|No Eligible|Registers Per|Warp Cycles Per Issued|Bank" | head -12
+  done
 fi
 if [[ ",$MODE," == *",fp8tests,"* ]]; then
   echo "== GPU tests of the fp8 KV cache"
