@@ -51,25 +51,22 @@ def main() -> None:
     original_prefill = ops.prefill_spec
     rows = []
     vt = dict(V_TRANSPOSED=True, WIDEN_V_IN_REGISTERS=False)
+    rows_vt = dict(vt, KEYS_AS_ROWS=True)
+    fp8 = torch.float8_e4m3fn
     for label, cache_dtype, overrides in [
         ("bf16 cache", torch.bfloat16, {}),
-        ("bf16, V transposed, 64-key tiles, 3 stages", torch.bfloat16, dict(V_TRANSPOSED=True)),
-        ("fp8, V widened in registers, 64-key tiles, 3 stages", torch.float8_e4m3fn, {}),
-        ("fp8, V widened in registers, 128-key tiles, 2 stages", torch.float8_e4m3fn,
+        ("bf16, keys as rows", torch.bfloat16, dict(KEYS_AS_ROWS=True)),
+        ("fp8, V widened in registers, 64-key tiles, 3 stages", fp8, {}),
+        ("fp8, V widened in registers, 128-key tiles, 2 stages", fp8,
          dict(TILE_N=128, num_stages=2)),
-        ("fp8, V transposed, 64-key tiles, 3 stages", torch.float8_e4m3fn, vt),
-        ("fp8, V transposed, 64-key tiles, 4 stages", torch.float8_e4m3fn,
-         dict(vt, num_stages=4)),
-        ("fp8, V transposed, 128-key tiles, 2 stages", torch.float8_e4m3fn,
-         dict(vt, TILE_N=128, num_stages=2)),
-        ("fp8, V transposed, 128-key tiles, 3 stages", torch.float8_e4m3fn,
-         dict(vt, TILE_N=128, num_stages=3)),
-        ("fp8, V transposed, 64-key tiles, 3 stages, 8 warps", torch.float8_e4m3fn,
-         dict(vt, num_warps=8)),
-        ("fp8, V transposed, 128-key tiles, 3 stages, 8 warps", torch.float8_e4m3fn,
-         dict(vt, TILE_N=128, num_stages=3, num_warps=8)),
-        ("fp8, V transposed, 256-key tiles, 2 stages, 8 warps", torch.float8_e4m3fn,
-         dict(vt, TILE_N=256, num_stages=2, num_warps=8)),
+        ("fp8, V widened, 64/3, at most 96 registers", fp8, dict(maxnreg=96)),
+        ("fp8, V transposed, 64/3, at most 128 registers", fp8, dict(vt, maxnreg=128)),
+        ("fp8, keys as rows, 64/3", fp8, dict(KEYS_AS_ROWS=True, WIDEN_V_IN_REGISTERS=False)),
+        ("fp8, keys as rows, V transposed, 64/3", fp8, rows_vt),
+        ("fp8, keys as rows, V transposed, 64/4", fp8, dict(rows_vt, num_stages=4)),
+        ("fp8, keys as rows, V transposed, 64/3, at most 128 registers", fp8,
+         dict(rows_vt, maxnreg=128)),
+        ("fp8, keys as rows, V transposed, 128/2", fp8, dict(rows_vt, TILE_N=128, num_stages=2)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
         ops.store_spec = lambda _t=bool(overrides.get("V_TRANSPOSED")), **kw: {

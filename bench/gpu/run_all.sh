@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -81,6 +81,13 @@ if [[ ",$MODE," == *",thrprof8b,"* ]]; then
     --batch 1000 --fixed-len 1000 --kernel-steps 4,5,300,301,302,2600,2601,2602 -- \
     --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 \
     2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8b.log" | tail -100
+fi
+if [[ ",$MODE," == *",thrprof8bfp8,"* ]]; then
+  echo "== llama-3-8b throughput workload with an fp8 KV cache: step kinds, kernels of chosen steps"
+  timeout 420 python3 bench/gpu/profile_decode.py throughput --model random:llama-3-8b \
+    --batch 1000 --fixed-len 1000 --kernel-steps 4,5,300,301,302,1500,1501 -- \
+    --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 --kv-codec fp8 \
+    2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8bfp8.log" | tail -30
 fi
 if [[ ",$MODE," == *",ttftprof,"* ]]; then
   echo "== steps up to the first token, PDL on and off"

@@ -124,7 +124,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 SATURATE=saturate if fused_store else 0.0,
                 F16_PRODUCTS=f16_products(dtype, cache_bytes),
-                WIDEN_V_IN_REGISTERS=cache_bytes == 1, V_TRANSPOSED=False,
+                WIDEN_V_IN_REGISTERS=cache_bytes == 1, V_TRANSPOSED=False, KEYS_AS_ROWS=False,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 

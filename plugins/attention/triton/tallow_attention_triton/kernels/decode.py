@@ -32,7 +32,7 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import block_visible, online_softmax_step, product_operand, scores, tanh
+from .common import block_visible, dot, online_softmax_step, product_operand, scores, tanh
 
 
 @triton.jit
@@ -124,6 +124,61 @@ def _fold_tile(acc, l_i, m_i, q, first, bt_row, seq_len, window_lo, new_pos,
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
 
+@triton.jit
+def _fold_tile_t(acc_t, l_i, m_i, q_t, first, bt_row, seq_len, window_lo, new_pos,
+                 k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
+                 qk_scale, softcap, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
+                 FUSED_STORE: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+                 V_TRANSPOSED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """:func:`_fold_tile` with keys as the rows of both products: scores^T = K Q^T [N, G] and
+    acc^T += V^T P^T [D, G]. The cache tiles are then the products' first operands, which
+    Hopper's tensor cores take from registers right after widening."""
+    offs_n = first + tl.arange(0, TILE_N)
+    if MASKED:
+        n_mask = offs_n < seq_len
+        if USE_WINDOW:
+            n_mask = n_mask & (offs_n >= window_lo)
+        if FUSED_STORE:
+            n_mask = n_mask & (offs_n != new_pos)
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE,
+                      mask=block_visible(offs_n, seq_len, window_lo, USE_WINDOW, BLOCK_SIZE),
+                      other=0)
+    else:
+        n_mask = tl.full([TILE_N], 1, tl.int1)
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE)
+    base = blk.to(tl.int64) * stride_cb
+    in_block = offs_n % BLOCK_SIZE
+    kv_off = base + in_block * stride_co + kv_head_off
+    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    k = k.to(q_t.dtype)  # masked keys may read anything: their scores are dropped below
+    s = dot(k, q_t, PRECISION, UPCAST)
+    if USE_SOFTCAP:
+        s = softcap * tanh(s * qk_scale)
+    else:
+        s = s * qk_scale
+    if MASKED:
+        s = tl.where(n_mask[:, None], s, float("-inf"))
+    if V_TRANSPOSED:
+        v_off = base + kv_head_off * BLOCK_SIZE + in_block
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, BLOCK_SIZE), BLOCK_SIZE)
+        vt = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                     mask=d_mask[:, None], other=0.0)
+        vt = vt.to(q_t.dtype)
+    else:
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :],
+                    other=0.0)
+        vt = tl.trans(v.to(q_t.dtype))
+    if MASKED:
+        vt = tl.where(n_mask[None, :], vt, 0.0)
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    p = tl.exp2(s - m_new[None, :])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 0)
+    acc_t = acc_t * alpha[None, :] + dot(vt, p.to(vt.dtype), PRECISION, UPCAST)
+    return acc_t, l_i, m_new
+
+
 # Arguments that change from step to step (values, and metadata pointers whose alignment
 # depends on the batch) are not specialized on: see tallow.kernels.jit.
 @step_jit(values=["window", "num_splits", "stride_bt"],
@@ -141,7 +196,7 @@ def decode_split_kernel(
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
-    V_TRANSPOSED: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -208,18 +263,35 @@ def decode_split_kernel(
     t_full = t_begin
     if not USE_WINDOW:
         t_full = tl.maximum(tl.minimum(t_end, n_tiles - 1), t_begin)
-    for t in range(t_begin, t_full):
-        acc, l_i, m_i = _fold_tile(
-            acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-            k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-            qk_scale, softcap, False, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
-            WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
-    for t in range(t_full, t_end):
-        acc, l_i, m_i = _fold_tile(
-            acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-            k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-            qk_scale, softcap, True, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
-            WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+    if KEYS_AS_ROWS:
+        q_t = tl.trans(q)
+        acc_t = tl.zeros([D_PAD, G_PAD], tl.float32)
+        for t in range(t_begin, t_full):
+            acc_t, l_i, m_i = _fold_tile_t(
+                acc_t, l_i, m_i, q_t, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
+                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
+                qk_scale, softcap, False, USE_WINDOW, FUSED_STORE, USE_SOFTCAP, V_TRANSPOSED,
+                BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+        for t in range(t_full, t_end):
+            acc_t, l_i, m_i = _fold_tile_t(
+                acc_t, l_i, m_i, q_t, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
+                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
+                qk_scale, softcap, True, USE_WINDOW, FUSED_STORE, USE_SOFTCAP, V_TRANSPOSED,
+                BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+        acc = tl.trans(acc_t)
+    else:
+        for t in range(t_begin, t_full):
+            acc, l_i, m_i = _fold_tile(
+                acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
+                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
+                qk_scale, softcap, False, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
+                WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+        for t in range(t_full, t_end):
+            acc, l_i, m_i = _fold_tile(
+                acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
+                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
+                qk_scale, softcap, True, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
+                WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
 
     if FUSED_STORE:
         # the new token, in split 0 only: one more key of the online softmax
