@@ -34,48 +34,25 @@ def decode_case(batch: int, cache_dtype: torch.dtype):
                      host_copies=False, spare_blocks=1), sum(ctx) + batch
 
 
-def transpose_v(cache: torch.Tensor) -> torch.Tensor:
-    """The cache with each V block laid out [head, dim, offset] (the kernel's V_TRANSPOSED)."""
-    raw = cache.view(torch.uint8) if cache.element_size() == 1 else cache
-    v = raw[1].permute(0, 2, 3, 1).contiguous()
-    raw[1].view(-1).copy_(v.view(-1))
-    return cache
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=443)
     args = p.parse_args()
     be = TritonAttentionBackend()
-    original, original_store = ops.decode_spec, ops.store_spec
-    original_prefill = ops.prefill_spec
+    original = ops.decode_spec
     rows = []
-    vt = dict(V_TRANSPOSED=True, WIDEN_V_IN_REGISTERS=False)
-    rows_vt = dict(vt, KEYS_AS_ROWS=True)
     fp8 = torch.float8_e4m3fn
     for label, cache_dtype, overrides in [
         ("bf16 cache", torch.bfloat16, {}),
-        ("bf16, keys as rows", torch.bfloat16, dict(KEYS_AS_ROWS=True)),
         ("fp8, V widened in registers, 64-key tiles, 3 stages", fp8, {}),
         ("fp8, V widened in registers, 128-key tiles, 2 stages", fp8,
          dict(TILE_N=128, num_stages=2)),
         ("fp8, V widened, 64/3, at most 96 registers", fp8, dict(maxnreg=96)),
-        ("fp8, V transposed, 64/3, at most 128 registers", fp8, dict(vt, maxnreg=128)),
-        ("fp8, keys as rows, 64/3", fp8, dict(KEYS_AS_ROWS=True, WIDEN_V_IN_REGISTERS=False)),
-        ("fp8, keys as rows, V transposed, 64/3", fp8, rows_vt),
-        ("fp8, keys as rows, V transposed, 64/4", fp8, dict(rows_vt, num_stages=4)),
-        ("fp8, keys as rows, V transposed, 64/3, at most 128 registers", fp8,
-         dict(rows_vt, maxnreg=128)),
-        ("fp8, keys as rows, V transposed, 128/2", fp8, dict(rows_vt, TILE_N=128, num_stages=2)),
+        ("fp8, V widened, 64/2, at most 96 registers", fp8, dict(num_stages=2, maxnreg=96)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
-        ops.store_spec = lambda _t=bool(overrides.get("V_TRANSPOSED")), **kw: {
-            **original_store(**kw), "V_TRANSPOSED": _t}
         case, tokens = decode_case(args.batch, cache_dtype)
         ref, ref_cache = case.expected()
-        if overrides.get("V_TRANSPOSED"):
-            transpose_v(case.kv_cache)
-            transpose_v(ref_cache)
         try:
             out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         except Exception as exc:  # a tile shape that does not compile: recorded, not fatal
@@ -88,19 +65,15 @@ def main() -> None:
             if cache_dtype.itemsize == 1 else bool(torch.equal(case.kv_cache.nan_to_num(),
                                                                ref_cache.nan_to_num()))
         if not stored:
-            err = float("inf")  # the fused store wrote somewhere else than the layout says
+            err = float("inf")  # the store wrote something else than the reference
         ms = time_graph(lambda: [be.forward(case.layer, case.q, case.k, case.v, case.kv_cache,
                                             case.meta) for _ in range(LAYERS)])
         nbytes = tokens * KV_HEADS * HEAD_DIM * 2 * case.kv_cache.element_size() * LAYERS
         rows.append((f"decode {args.batch}: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s", err))
         del case
         torch.cuda.empty_cache()
-    ops.decode_spec, ops.store_spec = original, original_store
-    for label, cache_dtype, transposed in (("bf16 cache", torch.bfloat16, False),
-                                           ("fp8 cache", torch.float8_e4m3fn, False),
-                                           ("fp8 cache, V transposed", torch.float8_e4m3fn, True)):
-        ops.prefill_spec = lambda _t=transposed, **kw: {**original_prefill(**kw), "V_TRANSPOSED": _t}
-        ops.store_spec = lambda _t=transposed, **kw: {**original_store(**kw), "V_TRANSPOSED": _t}
+    ops.decode_spec = original
+    for label, cache_dtype in (("bf16 cache", torch.bfloat16), ("fp8 cache", fp8)):
         case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
                          num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
                          dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda")
@@ -112,7 +85,6 @@ def main() -> None:
         flops = 8 * 4 * 1024 * 1024 / 2 * HEADS * HEAD_DIM
         rows.append((f"prefill 8 x 1024 tokens, one layer: {label}", ms,
                      f"{flops / ms / 1e9:.0f} TFLOP/s", err))
-    ops.prefill_spec, ops.store_spec = original_prefill, original_store
     print(f"\n{'case':66s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
     for name, ms, rate, err in rows:
         print(f"{name:66s} {ms:8.3f} {rate:>14s} {err:8.1e}")

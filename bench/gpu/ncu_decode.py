@@ -3,8 +3,7 @@ and tile variant, for Nsight Compute to read the hardware counters of.
 
 Usage: ncu --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
            python bench/gpu/ncu_decode.py VARIANT
-VARIANT: bf16 | fp8 (V widened in registers) | fp8-128 (the same, 128-key tiles, 2 stages) |
-fp8-vt (V transposed in the cache).
+VARIANT: bf16 | fp8 (V widened in registers) | fp8-128 (the same, 128-key tiles, 2 stages).
 """
 
 from __future__ import annotations
@@ -16,25 +15,20 @@ import torch
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 
-from kv_fp8_probe import decode_case, transpose_v  # this folder is on sys.path as a script
+from kv_fp8_probe import decode_case  # this folder is on sys.path as a script
 
 VARIANTS = {
     "bf16": (torch.bfloat16, {}),
     "fp8": (torch.float8_e4m3fn, {}),
     "fp8-128": (torch.float8_e4m3fn, dict(TILE_N=128, num_stages=2)),
-    "fp8-vt": (torch.float8_e4m3fn, dict(V_TRANSPOSED=True, WIDEN_V_IN_REGISTERS=False)),
 }
 
 
 def main() -> None:
     cache_dtype, overrides = VARIANTS[sys.argv[1]]
-    original, original_store = ops.decode_spec, ops.store_spec
+    original = ops.decode_spec
     ops.decode_spec = lambda **kw: {**original(**kw), **overrides}
-    transposed = bool(overrides.get("V_TRANSPOSED"))
-    ops.store_spec = lambda **kw: {**original_store(**kw), "V_TRANSPOSED": transposed}
     case, _ = decode_case(443, cache_dtype)
-    if transposed:
-        transpose_v(case.kv_cache)
     be = TritonAttentionBackend()
     for _ in range(2):  # the first launch compiles; the profiler takes the second
         be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)

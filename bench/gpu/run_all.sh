@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -28,6 +28,15 @@ bench() {  # name, timeout, args...
   echo "== bench $name: tallow bench $*"
   timeout "$limit" tallow bench "$@" --output "$OUT/$name.json" 2>"$OUT/$name.err" | tail -25
   if [ -s "$OUT/$name.json" ]; then rm -f "$OUT/$name.err"  # at most 8 files come back
+  else echo "!! $name failed"; tail -15 "$OUT/$name.err"; fi
+}
+
+benchwith() {  # name, timeout, decode-spec overrides for 8-bit caches (JSON), args...
+  local name=$1 limit=$2 spec=$3; shift 3
+  echo "== bench $name: tallow bench $* (8-bit cache decode launches with $spec)"
+  timeout "$limit" python3 bench/gpu/with_decode_tiles.py "$spec" bench "$@" --output "$OUT/$name.json" \
+    2>"$OUT/$name.err" | tail -25
+  if [ -s "$OUT/$name.json" ]; then rm -f "$OUT/$name.err"
   else echo "!! $name failed"; tail -15 "$OUT/$name.err"; fi
 }
 
@@ -106,7 +115,7 @@ if [[ ",$MODE," == *",fp8probe,"* ]]; then
 fi
 if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode launch per variant
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for variant in bf16 fp8 fp8-128 fp8-vt; do
+  for variant in bf16 fp8 fp8-128; do
     echo "== ncu: decode attention, $variant"
     timeout 200 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
@@ -122,6 +131,13 @@ if [[ ",$MODE," == *",fp8tests,"* ]]; then
 fi
 if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
   bench throughput_8b_fp8 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+THR8B=(throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512)
+if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 128-key decode tiles, 2 stages
+  benchwith throughput_8b_fp8_t128 330 '{"TILE_N": 128, "num_stages": 2}' "${THR8B[@]}"
+fi
+if [[ ",$MODE," == *",thr8bfp8r96,"* ]]; then  # A/B: decode capped at 96 registers (5 programs per SM)
+  benchwith throughput_8b_fp8_r96 330 '{"maxnreg": 96}' "${THR8B[@]}"
 fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024

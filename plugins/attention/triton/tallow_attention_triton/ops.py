@@ -90,8 +90,7 @@ def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: f
     d_pad = next_pow2(head_dim)
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                 HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
-                D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate, V_TRANSPOSED=False,
-                num_warps=4,
+                D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate, num_warps=4,
                 USE_PDL=pdl, launch_pdl=pdl)
 
 
@@ -107,7 +106,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
-                F16_PRODUCTS=f16_products(dtype, cache_bytes), V_TRANSPOSED=False,
+                F16_PRODUCTS=f16_products(dtype, cache_bytes),
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -124,7 +123,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 SATURATE=saturate if fused_store else 0.0,
                 F16_PRODUCTS=f16_products(dtype, cache_bytes),
-                WIDEN_V_IN_REGISTERS=cache_bytes == 1, V_TRANSPOSED=False, KEYS_AS_ROWS=False,
+                WIDEN_V_IN_REGISTERS=cache_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 

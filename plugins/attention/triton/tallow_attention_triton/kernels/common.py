@@ -63,19 +63,6 @@ def online_softmax_step(acc, l_i, m_i, s, v, PRECISION: tl.constexpr, UPCAST: tl
 
 
 @triton.jit
-def block_visible(offs_n, seq_len, window_lo, USE_WINDOW: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr):
-    """Per token of ``offs_n``: whether its block holds any visible token (below ``seq_len``,
-    and at or above ``window_lo`` with a window). Constant over each block, so loads through
-    the block table stay whole-block wide."""
-    first = offs_n - offs_n % BLOCK_SIZE
-    visible = first < seq_len
-    if USE_WINDOW:
-        visible = visible & (first + BLOCK_SIZE > window_lo)
-    return visible
-
-
-@triton.jit
 def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
                BLOCK_SIZE: tl.constexpr):
     """Element offsets [N] of context tokens ``offs_n`` of one sequence and one KV head in a

@@ -32,7 +32,7 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import block_visible, dot, online_softmax_step, product_operand, scores, tanh
+from .common import kv_offsets, online_softmax_step, product_operand, scores, tanh
 
 
 @triton.jit
@@ -59,126 +59,6 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
     return start, ok
 
 
-@triton.jit
-def _fold_tile(acc, l_i, m_i, q, first, bt_row, seq_len, window_lo, new_pos,
-               k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-               qk_scale, softcap, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
-               FUSED_STORE: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-               WIDEN_V_IN_REGISTERS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
-               BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr,
-               UPCAST: tl.constexpr):
-    """Fold the ``TILE_N`` context tokens from ``first`` into the online softmax. ``MASKED``:
-    keys past the sequence's end, outside the window or at ``new_pos`` are skipped (read as
-    zeros); unmasked tiles must lie wholly inside the visible context."""
-    offs_n = first + tl.arange(0, TILE_N)
-    if MASKED:
-        n_mask = offs_n < seq_len
-        if USE_WINDOW:
-            n_mask = n_mask & (offs_n >= window_lo)
-        if FUSED_STORE:
-            n_mask = n_mask & (offs_n != new_pos)  # folded in by the caller, from registers
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE,
-                      mask=block_visible(offs_n, seq_len, window_lo, USE_WINDOW, BLOCK_SIZE),
-                      other=0)
-    else:
-        n_mask = tl.full([TILE_N], 1, tl.int1)
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE)
-    base = blk.to(tl.int64) * stride_cb
-    in_block = offs_n % BLOCK_SIZE
-    kv_off = base + in_block * stride_co + kv_head_off
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    if MASKED:
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-    else:
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :],
-                    other=0.0)
-    k = k.to(q.dtype)  # a cache in another dtype than the activations
-    s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
-    if MASKED:
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-    if V_TRANSPOSED:
-        # V of a block stored [head, dim, offset]: keys are contiguous, the order the P.V
-        # product's operand wants, so 8-bit values widen right before the product.
-        v_off = base + kv_head_off * BLOCK_SIZE + in_block
-        v_off = tl.max_contiguous(tl.multiple_of(v_off, BLOCK_SIZE), BLOCK_SIZE)
-        vt = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                     mask=d_mask[:, None], other=0.0)
-        v = tl.trans(vt.to(q.dtype))
-        if MASKED:
-            # whole blocks were read (16 keys at a time): drop the keys outside the context,
-            # whose slots may hold anything, NaN included
-            v = tl.where(n_mask[:, None], v, 0.0)
-    else:
-        if MASKED:
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
-                        other=0.0)
-        else:
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :],
-                        other=0.0)
-        v = v.to(q.dtype)
-        if WIDEN_V_IN_REGISTERS:
-            # An 8-bit V staged for the P.V product is read back transposed one byte at a
-            # time; a select after the widening keeps the load out of the asynchronous
-            # pipeline, so V is staged already 16-bit (transposed loads of 16-bit pairs).
-            v = tl.where(kv_mask, v, 0.0)
-    return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
-
-
-@triton.jit
-def _fold_tile_t(acc_t, l_i, m_i, q_t, first, bt_row, seq_len, window_lo, new_pos,
-                 k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-                 qk_scale, softcap, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
-                 FUSED_STORE: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-                 V_TRANSPOSED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """:func:`_fold_tile` with keys as the rows of both products: scores^T = K Q^T [N, G] and
-    acc^T += V^T P^T [D, G]. The cache tiles are then the products' first operands, which
-    Hopper's tensor cores take from registers right after widening."""
-    offs_n = first + tl.arange(0, TILE_N)
-    if MASKED:
-        n_mask = offs_n < seq_len
-        if USE_WINDOW:
-            n_mask = n_mask & (offs_n >= window_lo)
-        if FUSED_STORE:
-            n_mask = n_mask & (offs_n != new_pos)
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE,
-                      mask=block_visible(offs_n, seq_len, window_lo, USE_WINDOW, BLOCK_SIZE),
-                      other=0)
-    else:
-        n_mask = tl.full([TILE_N], 1, tl.int1)
-        blk = tl.load(bt_row + offs_n // BLOCK_SIZE)
-    base = blk.to(tl.int64) * stride_cb
-    in_block = offs_n % BLOCK_SIZE
-    kv_off = base + in_block * stride_co + kv_head_off
-    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-    k = k.to(q_t.dtype)  # masked keys may read anything: their scores are dropped below
-    s = dot(k, q_t, PRECISION, UPCAST)
-    if USE_SOFTCAP:
-        s = softcap * tanh(s * qk_scale)
-    else:
-        s = s * qk_scale
-    if MASKED:
-        s = tl.where(n_mask[:, None], s, float("-inf"))
-    if V_TRANSPOSED:
-        v_off = base + kv_head_off * BLOCK_SIZE + in_block
-        v_off = tl.max_contiguous(tl.multiple_of(v_off, BLOCK_SIZE), BLOCK_SIZE)
-        vt = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                     mask=d_mask[:, None], other=0.0)
-        vt = vt.to(q_t.dtype)
-    else:
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_mask[None, :],
-                    other=0.0)
-        vt = tl.trans(v.to(q_t.dtype))
-    if MASKED:
-        vt = tl.where(n_mask[None, :], vt, 0.0)
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    p = tl.exp2(s - m_new[None, :])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 0)
-    acc_t = acc_t * alpha[None, :] + dot(vt, p.to(vt.dtype), PRECISION, UPCAST)
-    return acc_t, l_i, m_new
-
-
 # Arguments that change from step to step (values, and metadata pointers whose alignment
 # depends on the batch) are not specialized on: see tallow.kernels.jit.
 @step_jit(values=["window", "num_splits", "stride_bt"],
@@ -196,7 +76,6 @@ def decode_split_kernel(
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
-    V_TRANSPOSED: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -214,7 +93,6 @@ def decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     kv_head_off = kv_head.to(tl.int64) * stride_ch
 
-    new_pos = -1
     if FUSED_STORE:
         slot = tl.load(slot_ptr + row64).to(tl.int64)
         # slot -1 (padding): nothing is stored and the cache is read as it is
@@ -229,9 +107,6 @@ def decode_split_kernel(
         dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
                + kv_head_off + offs_d)
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
-        if V_TRANSPOSED:
-            dst = ((slot // BLOCK_SIZE) * stride_cb + kv_head_off * BLOCK_SIZE
-                   + offs_d * BLOCK_SIZE + slot % BLOCK_SIZE)
         tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
     lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
@@ -257,41 +132,28 @@ def decode_split_kernel(
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    # Every tile but the sequence's last lies wholly inside its context (and holds no new
-    # token): those loads need no per-key mask, which lets 8-bit keys of a transposed V move
-    # 16 at a time. The last tile, and with a window every tile, is masked key by key.
-    t_full = t_begin
-    if not USE_WINDOW:
-        t_full = tl.maximum(tl.minimum(t_end, n_tiles - 1), t_begin)
-    if KEYS_AS_ROWS:
-        q_t = tl.trans(q)
-        acc_t = tl.zeros([D_PAD, G_PAD], tl.float32)
-        for t in range(t_begin, t_full):
-            acc_t, l_i, m_i = _fold_tile_t(
-                acc_t, l_i, m_i, q_t, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-                qk_scale, softcap, False, USE_WINDOW, FUSED_STORE, USE_SOFTCAP, V_TRANSPOSED,
-                BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
-        for t in range(t_full, t_end):
-            acc_t, l_i, m_i = _fold_tile_t(
-                acc_t, l_i, m_i, q_t, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-                qk_scale, softcap, True, USE_WINDOW, FUSED_STORE, USE_SOFTCAP, V_TRANSPOSED,
-                BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
-        acc = tl.trans(acc_t)
-    else:
-        for t in range(t_begin, t_full):
-            acc, l_i, m_i = _fold_tile(
-                acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-                qk_scale, softcap, False, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
-                WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
-        for t in range(t_full, t_end):
-            acc, l_i, m_i = _fold_tile(
-                acc, l_i, m_i, q, lo + t * TILE_N, bt_row, seq_len, window_lo, new_pos,
-                k_cache_ptr, v_cache_ptr, stride_cb, stride_co, kv_head_off, offs_d, d_mask,
-                qk_scale, softcap, True, USE_WINDOW, FUSED_STORE, USE_SOFTCAP,
-                WIDEN_V_IN_REGISTERS, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+    for t in range(t_begin, t_end):
+        offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
+        n_mask = offs_n < seq_len
+        if USE_WINDOW:
+            n_mask = n_mask & (offs_n >= window_lo)
+        if FUSED_STORE:
+            n_mask = n_mask & (offs_n != new_pos)  # folded in below, from registers
+        kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
+                            BLOCK_SIZE)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(q.dtype)  # a cache in another dtype than the activations
+        s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = v.to(q.dtype)
+        if WIDEN_V_IN_REGISTERS:
+            # An 8-bit V staged for the P.V product is read back transposed one byte at a
+            # time; a select after the widening keeps the load out of the asynchronous
+            # pipeline, so V is staged already 16-bit (transposed loads of 16-bit pairs).
+            v = tl.where(kv_mask, v, 0.0)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if FUSED_STORE:
         # the new token, in split 0 only: one more key of the online softmax

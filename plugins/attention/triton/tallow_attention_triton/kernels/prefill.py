@@ -21,7 +21,7 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import block_visible, kv_offsets, online_softmax_step, product_operand, scores
+from .common import kv_offsets, online_softmax_step, product_operand, scores
 
 
 @triton.jit
@@ -44,20 +44,14 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
                  kv_lo, seq_len, qk_scale, softcap, window, kv_head_off,
                  stride_cb, stride_co, offs_d, d_mask,
                  MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-                 V_TRANSPOSED: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     offs_n = start_n + tl.arange(0, TILE_N)
     if MASKED:
         n_mask = (offs_n < seq_len) & (offs_n >= kv_lo)
     else:
         n_mask = offs_n < seq_len  # always true here; keeps the loads' mask uniform
-    if MASKED:
-        # whole blocks through the table, so a transposed V's blocks stay 16 keys wide
-        table_mask = block_visible(offs_n, seq_len, kv_lo, USE_WINDOW, BLOCK_SIZE)
-    else:
-        table_mask = n_mask
-    kv_off = kv_offsets(bt_row, offs_n, table_mask, stride_cb, stride_co, kv_head_off,
-                        BLOCK_SIZE)
+    kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off, BLOCK_SIZE)
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     k = k.to(q.dtype)  # a cache in another dtype than the activations
@@ -67,19 +61,8 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
         if USE_WINDOW:
             allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
         s = tl.where(allowed, s, float("-inf"))
-    if V_TRANSPOSED:
-        # V blocks laid out [head, dim, offset] (see the decode kernel), read 16 keys at once
-        in_block = offs_n % BLOCK_SIZE
-        v_off = kv_off - in_block * stride_co + kv_head_off * (BLOCK_SIZE - 1) + in_block
-        v_off = tl.max_contiguous(tl.multiple_of(v_off, BLOCK_SIZE), BLOCK_SIZE)
-        vt = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                     mask=d_mask[:, None], other=0.0)
-        v = tl.trans(vt.to(q.dtype))
-        if MASKED:  # whole blocks were read: keys outside the context may hold anything
-            v = tl.where(n_mask[:, None], v, 0.0)
-    else:
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(q.dtype)
+    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = v.to(q.dtype)
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
 
@@ -95,8 +78,8 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    F16_PRODUCTS: tl.constexpr, V_TRANSPOSED: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
     wait_prior(USE_PDL)  # the program's sequence is found in this step's metadata
@@ -147,12 +130,12 @@ def prefill_kernel(
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
             qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            False, USE_WINDOW, USE_SOFTCAP, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+            False, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
     for start_n in range(full_end, last_pos + 1, TILE_N):
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
             qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            True, USE_WINDOW, USE_SOFTCAP, V_TRANSPOSED, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+            True, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

@@ -18,7 +18,7 @@ def store_kv_kernel(
     stride_cb, stride_co, stride_ch,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SATURATE: tl.constexpr, V_TRANSPOSED: tl.constexpr, USE_PDL: tl.constexpr,
+    SATURATE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, cdiv(Hkv, HEADS_PER_PROGRAM)). Token ``t`` goes to cache slot
     ``slot[t]`` (block ``slot // BLOCK_SIZE``, offset ``slot % BLOCK_SIZE``); slot < 0 skips it.
@@ -39,7 +39,5 @@ def store_kv_kernel(
     dst = blk * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     tl.store(k_cache_ptr + dst, saturate(k, SATURATE).to(k_cache_ptr.dtype.element_ty), mask=mask)
-    if V_TRANSPOSED:  # V blocks laid out [head, dim, offset]
-        dst = blk * stride_cb + (offs_h[:, None] * stride_ch + offs_d[None, :]) * BLOCK_SIZE + off
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     tl.store(v_cache_ptr + dst, saturate(v, SATURATE).to(v_cache_ptr.dtype.element_ty), mask=mask)
