@@ -54,7 +54,7 @@ if want enginetests; then
 fi
 if [[ ",$MODE," == *",fusedtests,"* ]]; then
   echo "== GPU tests of PDL and the fused kernels"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_pdl.py \
+  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_pdl.py \
     plugins/attention/triton/tests/test_pdl_gpu.py tests/kernels/test_kernels.py \
     plugins/attention/triton/tests/test_attention_gpu.py 2>&1 | tail -25 | tee "$OUT/tests_fused.log"
 fi
