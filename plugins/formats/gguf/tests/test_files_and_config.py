@@ -3,13 +3,13 @@ mapping, and the plugin's registration."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import gguf_synthetic as gs
+from tallow.plugin import WeightFormatRegistry
+from tallow.plugin.testing import modules_imported_by_registration
+from tallow_gguf import plugin
 from tallow_gguf.config import config_from_metadata, torch_dtype_of
 from tallow_gguf.format import GGUFFormat
 from tallow_gguf.reader import GGUFFormatError, shard_paths
@@ -158,12 +158,11 @@ def test_entry_point_and_registration_import_nothing_heavy():
 
     (ep,) = [e for e in entry_points(group="tallow") if e.name == "tallow-gguf"]
     assert ep.value == "tallow_gguf.plugin"
-    code = ("import sys; from tallow.plugin import WeightFormatRegistry;"
-            "import tallow_gguf.plugin as p;"
-            "r = WeightFormatRegistry(); p.tallow_register_weight_formats(r);"
-            "e = r.entry('gguf'); assert e.lazy and e.target == 'tallow_gguf.format:GGUFFormat', e;"
-            "heavy = [m for m in ('torch', 'gguf', 'numpy', 'tokenizers') if m in sys.modules];"
-            "assert not heavy, heavy; print(e.load().name)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "gguf"
+    assert modules_imported_by_registration(
+        "tallow_gguf.plugin", "tallow_register_weight_formats", "WeightFormatRegistry",
+        watch=("torch", "gguf", "numpy", "tokenizers")) == []
+    registry = WeightFormatRegistry()
+    plugin.tallow_register_weight_formats(registry)
+    entry = registry.entry("gguf")
+    assert entry.lazy and entry.target == "tallow_gguf.format:GGUFFormat", entry
+    assert entry.load().name == "gguf"
