@@ -116,10 +116,10 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTiles:
     """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
     program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
     matters little). fp32 takes 16-token steps to stay within registers. An 8-bit cache
-    keeps these tiles: on an H200, 128-key tiles in 2 stages were
-    faster alone (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.3 against 14.2 ms
-    per 32 layers) but slower in the 1000 x 1000/1000 throughput run (11,146 against 11,314
-    output tok/s)."""
+    keeps these tiles: on an H200, 128-key tiles in 2 stages are faster alone
+    (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.0 against 14.1 ms per 32
+    layers) but not beyond the run-to-run spread in the 1000 x 1000/1000 throughput run
+    (11,146 and 11,506 output tok/s against 11,194, 11,314 and 11,297; docs/benchmarks.md)."""
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         tile_n, stages = 16, 2
