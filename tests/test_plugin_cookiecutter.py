@@ -79,4 +79,4 @@ def test_template_renders_an_installable_working_plugin(tmp_path: Path) -> None:
                             "tests"], capture_output=True, text=True, timeout=300,
                            cwd=project, env=_env(site))
     assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert "3 passed" in tests.stdout
+    assert "4 passed" in tests.stdout

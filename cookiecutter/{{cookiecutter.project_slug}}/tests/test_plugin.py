@@ -18,6 +18,15 @@ def test_registers_its_parser(tallow_plugin_manager, tallow_hook_recorder) -> No
     tallow_hook_recorder.assert_called("tallow_register_tool_parsers", times=1)
 
 
+def test_registration_imports_nothing_heavy() -> None:
+    # `tallow plugins` and start-up register every installed plugin; components load lazily
+    from tallow.plugin.testing import modules_imported_by_registration
+
+    assert modules_imported_by_registration("{{ cookiecutter.package_name }}.plugin",
+                                            "tallow_register_tool_parsers",
+                                            "ToolParserRegistry") == []
+
+
 def test_reads_its_settings(tallow_plugin_manager) -> None:
     from tallow.plugin.testing import make_config
 
