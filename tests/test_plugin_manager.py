@@ -1,4 +1,5 @@
-"""The plugin manager's rules, on plugins defined in the test (no discovery)."""
+"""The plugin manager's rules, on plugins defined in the test (no discovery), and the
+selection rule (``select``) on components defined in the test."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from tallow.plugin import RegistryError, hookimpl
+from tallow.plugin import (
+    AttentionBackendRegistry, Component, Entry, RegistryError, SelectionError, hookimpl,
+    registering_as, select,
+)
 from tallow.plugin.manager import (
     HOOK_NAMES, HookNameError, PluginLoadError, PluginManager, load_plugins,
 )
@@ -206,3 +210,70 @@ def test_core_loads_as_distribution_tallow_even_without_external_plugins() -> No
     assert (core.status, core.version, core.mode) == ("ok", __version__, "builtin")
     assert "torch" in core.components["attention_backend"]
     assert all(s.status == "disabled" for s in pm.statuses() if s.name != "tallow")
+
+
+# -- selection ---------------------------------------------------------------------------------
+class Serves(Component):
+    pass
+
+
+class NeedsGpu(Component):
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        return ["no GPU"]
+
+
+def ranked_registry() -> AttentionBackendRegistry:
+    """invalid (priority 20, validate refuses) > fast (10) > slow (0)."""
+    reg = AttentionBackendRegistry()
+    with registering_as("tallow-test"):
+        reg.register("invalid", NeedsGpu, priority=20)
+        reg.register("fast", Serves, priority=10)
+        reg.register("slow", Serves, priority=0)
+    return reg
+
+
+class RefusesByName:
+    """A ``check`` refusing the entries named in ``refused``; records whom it was asked about."""
+
+    def __init__(self, *refused: str) -> None:
+        self.refused, self.asked = refused, []
+
+    def __call__(self, entry: Entry) -> list[str]:
+        self.asked.append(entry.name)
+        return ["refuses the codec"] if entry.name in self.refused else []
+
+
+def test_auto_passes_over_an_entry_whose_check_gives_reasons(
+        caplog: pytest.LogCaptureFixture) -> None:
+    reg = ranked_registry()
+    assert select(reg, None).name == "fast"
+    check = RefusesByName("fast")
+    with caplog.at_level(logging.INFO, logger="tallow.plugin"):
+        assert select(reg, None, "auto", check=check).name == "slow"
+    assert check.asked == ["fast", "slow"]  # never about one whose validate already refused
+    assert "chose 'slow'" in caplog.text
+    assert "passed over: invalid: no GPU; fast: refuses the codec" in caplog.text
+
+
+def test_auto_with_every_entry_refused_lists_the_check_reasons() -> None:
+    with pytest.raises(SelectionError) as info:
+        select(ranked_registry(), None, check=RefusesByName("fast", "slow"))
+    assert str(info.value) == (
+        "no attention_backend can serve this configuration:\n  - invalid: no GPU\n"
+        "  - fast: refuses the codec\n  - slow: refuses the codec")
+
+
+def test_named_entry_whose_check_gives_reasons_is_refused() -> None:
+    reg = ranked_registry()
+    with pytest.raises(SelectionError) as info:
+        select(reg, None, "slow", check=RefusesByName("slow"))
+    assert str(info.value) == ("attention_backend 'slow' (from tallow-test) cannot serve this "
+                               "configuration:\n  - refuses the codec")
+    check = RefusesByName("fast")
+    assert select(reg, None, "slow", check=check).name == "slow"
+    assert check.asked == ["slow"]
+    check = RefusesByName()
+    with pytest.raises(SelectionError, match="'invalid' .* configuration:\n  - no GPU$"):
+        select(reg, None, "invalid", check=check)
+    assert check.asked == []

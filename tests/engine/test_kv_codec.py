@@ -1,15 +1,23 @@
 """KV codecs through the engine: the fp8 caches of tallow-kvcache-fp8 against transformers
 with its keys and values rounded the same way, the KV budget in blocks, and the errors for a
-codec that does not exist or that the attention backend cannot serve."""
+codec that does not exist or that the attention backend cannot serve, and the automatic
+choice of attention backend passing over one that refuses the codec or the model."""
 
 from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
 
 import pytest
 import torch
 
 from tallow import LLM, SamplingParams
+from tallow.engine.builder import EngineParts, build_engine
+from tallow.engine.llm import config_from_kwargs
 from tallow.kernels.attention_ref import to_cache_dtype
-from tallow.plugin import SelectionError
+from tallow.layers.torch_attention import TorchAttentionBackend
+from tallow.plugin import AttentionBackend, SelectionError, hookimpl
+from tallow.plugin.manager import load_plugins
 
 PROMPT = "Paged attention stores keys and values in fixed-size blocks. Continuous batching"
 STEPS = 12
@@ -93,6 +101,74 @@ def test_codec_with_its_own_encoding_is_refused_by_the_torch_backend(tiny_llama,
     from tallow_kvcache_fp8.codec import FP8E4M3KVCodec
 
     monkeypatch.setattr(FP8E4M3KVCodec, "elementwise", False)
-    with pytest.raises(SelectionError, match=r"(?s)attention backend 'torch' cannot use kv codec "
-                                             r"'fp8' \(cache.kv_codec.*own encoding"):
+    refusal = (r"cannot use kv codec 'fp8' \(cache.kv_codec; cache dtype torch.float8_e4m3fn\): "
+               r".*own encoding")
+    with pytest.raises(SelectionError, match=r"(?s)^no attention_backend can serve .*\n  - torch: "
+                                             + refusal):
         LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, kv_codec="fp8")
+    with pytest.raises(SelectionError, match=r"^attention_backend 'torch' \(from tallow\) cannot "
+                                             r"serve this configuration:\n  - " + refusal):
+        LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, kv_codec="fp8",
+            attention_backend="torch")
+
+
+# -- a backend above the torch reference that refuses e4m3 caches (as triton does below sm_89)
+class RefusesE4M3(AttentionBackend):
+    made: ClassVar[list[Any]] = []  # every instance, to see that the chosen one is built once
+
+    def __init__(self, config: Any = None) -> None:
+        self.made.append(self)
+
+    def supports_kv_codec(self, codec: Any, cache_dtype: torch.dtype) -> list[str]:
+        if cache_dtype == torch.float8_e4m3fn:
+            return ["e4m3 needs compute capability 8.9"]
+        return super().supports_kv_codec(codec, cache_dtype)
+
+
+class RegistersRefusesE4M3:
+    @hookimpl
+    def tallow_register_attention_backends(self, registry: Any) -> None:
+        registry.register("picky", RefusesE4M3, priority=50)
+
+
+def build_with_picky(tiny_llama, **kwargs: Any) -> EngineParts:
+    config = config_from_kwargs(model=str(tiny_llama), dtype="float32", device="cpu",
+                                num_blocks=64, **kwargs)
+    pm = load_plugins(config.plugins)
+    pm.add_plugin(RegistersRefusesE4M3(), "tallow-test-picky", "0.1")
+    RefusesE4M3.made.clear()
+    return build_engine(config, pm)
+
+
+def test_auto_backend_passes_over_one_that_refuses_the_codec(tiny_llama, caplog):
+    parts = build_with_picky(tiny_llama, kv_codec="fp8_e5m2")
+    assert parts.attention_backend == "picky"
+    assert RefusesE4M3.made == [parts.core.runner.backend]  # built once, during the check
+
+    with caplog.at_level(logging.INFO, logger="tallow.plugin"):
+        parts = build_with_picky(tiny_llama, kv_codec="fp8")
+    assert parts.attention_backend == "torch"
+    assert type(parts.core.runner.backend) is TorchAttentionBackend
+    assert {c.dtype for c in parts.core.runner.kv_caches} == {torch.float8_e4m3fn}
+    assert ("picky: cannot use kv codec 'fp8' (cache.kv_codec; cache dtype torch.float8_e4m3fn): "
+            "e4m3 needs compute capability 8.9") in caplog.text
+
+
+def test_named_backend_that_refuses_the_codec_stops_start_up(tiny_llama):
+    with pytest.raises(SelectionError) as info:
+        build_with_picky(tiny_llama, kv_codec="fp8", attention_backend="picky")
+    assert str(info.value) == (
+        "attention_backend 'picky' (from tallow-test-picky) cannot serve this configuration:\n"
+        "  - cannot use kv codec 'fp8' (cache.kv_codec; cache dtype torch.float8_e4m3fn): "
+        "e4m3 needs compute capability 8.9")
+
+
+def test_backend_that_refuses_the_model_is_passed_over_or_stops_start_up(tiny_llama,
+                                                                         monkeypatch):
+    monkeypatch.setattr(RefusesE4M3, "supports_layer",
+                        staticmethod(lambda layer: [f"head_dim {layer.head_dim} is too small"]),
+                        raising=False)
+    assert build_with_picky(tiny_llama).attention_backend == "torch"
+    with pytest.raises(SelectionError,
+                       match=r"'picky' .*:\n  - cannot run this model: head_dim \d+ is too small$"):
+        build_with_picky(tiny_llama, attention_backend="picky")

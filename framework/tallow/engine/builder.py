@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tallow.plugin import SelectionError, select
+from tallow.plugin import Entry, SelectionError, select
 
 from .core import EngineCore
 from .loader import LoadedModel, load_model, resolve_device
@@ -114,6 +114,54 @@ def freeze_startup_heap() -> None:
     gc.set_threshold(max(SERVING_GC_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
+def select_kv_codec(registries: Any, config: Any) -> Entry:
+    """The entry of the KV codec ``cache.kv_codec`` asks for; errors name that field."""
+    try:
+        return select(registries.kv_codecs, config, config.cache.kv_codec)
+    except SelectionError as exc:
+        raise SelectionError(f"cache.kv_codec {config.cache.kv_codec!r}: {exc} (codecs other "
+                             "than auto come from kv-codec plugins)") from None
+
+
+def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: Any,
+                     kv_dtype: torch.dtype) -> list[str]:
+    """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
+    K/V as ``codec`` does in a cache of ``kv_dtype``; empty when it can."""
+    reasons = []
+    check_layer = getattr(backend, "supports_layer", None)
+    if check_layer is not None:
+        problems = sorted({r for layer in layers for r in check_layer(layer)})
+        if problems:
+            reasons.append("cannot run this model: " + "; ".join(problems))
+    check_codec = getattr(backend, "supports_kv_codec", None)
+    problems = check_codec(codec, kv_dtype) if check_codec is not None else []
+    if problems:
+        reasons.append(f"cannot use kv codec {codec_name!r} (cache.kv_codec; cache dtype "
+                       f"{kv_dtype}): " + "; ".join(problems))
+    return reasons
+
+
+def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
+                             codec_name: str, codec: Any,
+                             kv_dtype: torch.dtype) -> tuple[Entry, Any]:
+    """(entry, instance) of the attention backend that serves ``config``, the loaded model and
+    the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
+    over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
+    start-up with its reasons (:class:`SelectionError`)."""
+    layers = [a.layer for a in kv_layers(loaded.model)]
+    made: dict[str, Any] = {}
+
+    def refusals(entry: Entry) -> list[str]:
+        # Refusals are answered by an instance (it may depend on the backend's settings); the
+        # chosen one is kept so that the backend is built only once.
+        made[entry.name] = backend = entry.load()(config)
+        return backend_refusals(backend, layers, codec_name, codec, kv_dtype)
+
+    entry = select(registries.attention_backends, config, config.runner.attention_backend,
+                   check=refusals)
+    return entry, made[entry.name]
+
+
 def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     if plugin_manager is None:
         from tallow.plugin.manager import load_plugins
@@ -132,29 +180,11 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     arch = loaded.config.text
     max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
                         or 4096)
-    backend_entry = select(registries.attention_backends, config,
-                           config.runner.attention_backend)
-    backend = backend_entry.load()(config)
-    check_layer = getattr(backend, "supports_layer", None)
-    if check_layer is not None:
-        problems = sorted({r for a in kv_layers(loaded.model) for r in check_layer(a.layer)})
-        if problems:
-            raise SelectionError(f"attention backend {backend_entry.name!r} cannot run this "
-                                 "model:\n  - " + "\n  - ".join(problems))
-    try:
-        codec_entry = select(registries.kv_codecs, config, config.cache.kv_codec)
-    except SelectionError as exc:
-        raise SelectionError(f"cache.kv_codec {config.cache.kv_codec!r}: {exc} (codecs other "
-                             "than auto come from kv-codec plugins)") from None
+    codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()()
     kv_dtype = codec.cache_dtype(loaded.dtype)
-    check_codec = getattr(backend, "supports_kv_codec", None)
-    problems = check_codec(codec, kv_dtype) if check_codec is not None else []
-    if problems:
-        raise SelectionError(
-            f"attention backend {backend_entry.name!r} cannot use kv codec "
-            f"{codec_entry.name!r} (cache.kv_codec; cache dtype {kv_dtype}):\n  - "
-            + "\n  - ".join(problems))
+    backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
+                                                      codec, kv_dtype)
     block_size = config.cache.block_size
     per_block = kv_bytes_per_block(loaded.model, block_size, kv_dtype)
     num_blocks = kv_budget_blocks(config, loaded, per_block, max_model_len)
