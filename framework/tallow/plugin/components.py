@@ -149,8 +149,9 @@ class AttentionBackend(Component):
 
     def supports_kv_codec(self, codec: KVCodec, cache_dtype: "torch.dtype") -> list[str]:
         """Reasons this backend cannot store K/V the way ``codec`` does in a cache of
-        ``cache_dtype`` (empty when it can). The engine asks once, after choosing both; the
-        default serves elementwise codecs only."""
+        ``cache_dtype`` (empty when it can). The engine chooses the codec first and asks each
+        candidate backend (an instance); a refusal passes an automatically chosen backend
+        over for the next by priority. The default serves elementwise codecs only."""
         if codec.elementwise:
             return []
         return [f"kv codec {codec.name!r} has its own encoding, which this backend does not "

@@ -73,8 +73,10 @@ def tallow_register_attention_backends(registry: "AttentionBackendRegistry") -> 
     """Register attention backends (:class:`tallow.plugin.AttentionBackend`).
 
     ``registry.register(name, "pkg.module:Class", priority=N)``. Unless the config names a
-    backend, the highest-priority backend whose ``validate(config)`` returns no reasons serves;
-    a named backend that returns reasons stops start-up with them.
+    backend, the highest-priority backend serves whose ``validate(config)`` returns no reasons
+    and whose instance accepts the model's attention layers (``supports_layer``) and the KV
+    codec (``supports_kv_codec``); a named backend that refuses stops start-up with its
+    reasons.
     """
 
 
