@@ -138,7 +138,8 @@ def test_prompt_logprobs_match_transformers(llm, tiny_llama):
                                                   prompt_logprobs=1))[0]
     assert out.prompt_logprobs[0] is None
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    logits = model(torch.tensor([ids])).logits[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
     ref = torch.log_softmax(logits.float(), -1)
     for pos in range(1, len(ids)):
         entry = out.prompt_logprobs[pos]
