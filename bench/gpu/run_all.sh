@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -122,6 +122,13 @@ if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode l
       --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section InstructionStats \
       python3 bench/gpu/ncu_decode.py $variant 2>&1 | grep -v "^==PROF==" | tee "$OUT/ncu_$variant.txt" | grep -E "Duration|DRAM Throughput|Achieved Occupancy|Issued Ipc|No Eligible|Registers Per|Warp Cycles Per Issued|Bank" | head -12
   done
+fi
+if [[ ",$MODE," == *",ncusource,"* ]]; then  # which instructions of the fp8 decode conflict in shared memory
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "== ncu: decode attention over an fp8 cache, per-instruction counters"
+  timeout 240 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --print-details all --print-source sass \
+    python3 bench/gpu/ncu_decode.py fp8 2>&1 | grep -v "^==PROF==" | tee "$OUT/ncu_source_fp8.txt" | tail -40
 fi
 if [[ ",$MODE," == *",fp8tests,"* ]]; then
   echo "== GPU tests of the fp8 KV cache"
