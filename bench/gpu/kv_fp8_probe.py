@@ -49,6 +49,10 @@ def main() -> None:
          dict(TILE_N=128, num_stages=2)),
         ("fp8, V widened, 64/3, at most 96 registers", fp8, dict(maxnreg=96)),
         ("fp8, V widened, 64/2, at most 96 registers", fp8, dict(num_stages=2, maxnreg=96)),
+        # fewer warps share a tile's keys: fewer cross-warp softmax reductions per tile
+        ("fp8, V widened, 64/3, 2 warps", fp8, dict(num_warps=2)),
+        ("fp8, V widened, 128/2, 2 warps", fp8, dict(TILE_N=128, num_stages=2, num_warps=2)),
+        ("bf16, 64/3, 2 warps", torch.bfloat16, dict(num_warps=2)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
         case, tokens = decode_case(args.batch, cache_dtype)
