@@ -52,6 +52,9 @@ def main() -> None:
         # fewer warps share a tile's keys: fewer cross-warp softmax reductions per tile
         ("fp8, V widened, 64/3, 2 warps", fp8, dict(num_warps=2)),
         ("fp8, V widened, 128/2, 2 warps", fp8, dict(TILE_N=128, num_stages=2, num_warps=2)),
+        ("fp8, V widened, 32/3, 2 warps", fp8, dict(TILE_N=32, num_warps=2)),
+        ("fp8, V widened, 32/3, 1 warp (no cross-warp reductions)", fp8,
+         dict(TILE_N=32, num_warps=1)),
         ("bf16, 64/3, 2 warps", torch.bfloat16, dict(num_warps=2)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
