@@ -111,7 +111,7 @@ if [[ ",$MODE," == *",overlap,"* ]]; then
 fi
 if [[ ",$MODE," == *",fp8probe,"* ]]; then
   echo "== llama-3-8b attention over a bf16 and an fp8 cache"
-  timeout 240 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -20 | tee "$OUT/fp8probe.log"
+  timeout 360 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -20 | tee "$OUT/fp8probe.log"
 fi
 if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode launch per variant
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
