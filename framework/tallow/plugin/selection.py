@@ -45,7 +45,7 @@ def _reasons(entry: Entry, config: Any, check: Check | None) -> list[str]:
 
 
 def select(registry: Registry, config: Any, name: str | None = None, *,
-           check: Callable[[Entry], list[str]] | None = None) -> Entry:
+           check: Check | None = None) -> Entry:
     """Choose the entry of ``registry`` whose component serves ``config``.
 
     ``name`` names a component explicitly (None or ``"auto"``: choose automatically). A named
