@@ -23,22 +23,21 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 # A snapshot without .git (git archive) names its commit in COMMIT.
 { cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null; } | tee -a "$OUT/gpu.txt"
 
-bench() {  # name, timeout, args...
+run_bench() {  # name, timeout, command..., then the bench arguments
   local name=$1 limit=$2; shift 2
-  echo "== bench $name: tallow bench $*"
-  timeout "$limit" tallow bench "$@" --output "$OUT/$name.json" 2>"$OUT/$name.err" | tail -25
+  timeout "$limit" "$@" --output "$OUT/$name.json" 2>"$OUT/$name.err" | tail -25
   if [ -s "$OUT/$name.json" ]; then rm -f "$OUT/$name.err"  # at most 8 files come back
   else echo "!! $name failed"; tail -15 "$OUT/$name.err"; fi
 }
-
-benchwith() {  # name, timeout, decode-spec overrides for 8-bit caches (JSON), args...
-  local name=$1 limit=$2 spec=$3; shift 3
-  echo "== bench $name: tallow bench $* (8-bit cache decode launches with $spec)"
-  timeout "$limit" python3 bench/gpu/with_decode_tiles.py "$spec" bench "$@" --output "$OUT/$name.json" \
-    2>"$OUT/$name.err" | tail -25
-  if [ -s "$OUT/$name.json" ]; then rm -f "$OUT/$name.err"
-  else echo "!! $name failed"; tail -15 "$OUT/$name.err"; fi
+bench() {  # name, timeout, args...
+  echo "== bench $1: tallow bench ${*:3}"
+  run_bench "$1" "$2" tallow bench "${@:3}"
 }
+benchwith() {  # name, timeout, decode-spec overrides for 8-bit caches (JSON), args...
+  echo "== bench $1: tallow bench ${*:4} (8-bit cache decode launches with $3)"
+  run_bench "$1" "$2" python3 bench/gpu/with_decode_tiles.py "$3" bench "${@:4}"
+}
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 want() { [[ ",$MODE," == *",$1,"* || "$MODE" == full ]]; }
 if want tests; then
@@ -114,7 +113,6 @@ if [[ ",$MODE," == *",fp8probe,"* ]]; then
   timeout 360 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -20 | tee "$OUT/fp8probe.log"
 fi
 if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode launch per variant
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for variant in bf16 fp8 fp8-128; do
     echo "== ncu: decode attention, $variant"
     timeout 200 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
@@ -124,7 +122,6 @@ if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode l
   done
 fi
 if [[ ",$MODE," == *",ncusource,"* ]]; then  # which instructions of the fp8 decode conflict in shared memory
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "== ncu: decode attention over an fp8 cache, per-instruction counters"
   timeout 240 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
     --section SourceCounters --print-details all --print-source sass \
@@ -136,10 +133,10 @@ if [[ ",$MODE," == *",fp8tests,"* ]]; then
     tests/kernels/test_kernels.py plugins/attention/triton/tests/test_attention_gpu.py \
     plugins/attention/triton/tests/kernel_cases.py -k "fp8 or store" 2>&1 | tail -25 | tee "$OUT/tests_fp8.log"
 fi
-if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
-  bench throughput_8b_fp8 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
-fi
 THR8B=(throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512)
+if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
+  bench throughput_8b_fp8 330 "${THR8B[@]}"
+fi
 if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 128-key decode tiles, 2 stages
   benchwith throughput_8b_fp8_t128 330 '{"TILE_N": 128, "num_stages": 2}' "${THR8B[@]}"
 fi
