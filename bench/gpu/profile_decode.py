@@ -204,6 +204,29 @@ def kernel_profile():
     return profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
 
 
+def print_device_idle(prof, steps: int) -> None:
+    """How long the device sat without a kernel or copy between the window's first and last:
+    the span, the busy union of all device activity, and the longest gaps."""
+    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return
+    busy, gaps = 0.0, []
+    cur_start, cur_end = spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append(start - cur_end)
+            cur_start = start
+        cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    span = cur_end - spans[0][0]
+    gaps.sort(reverse=True)
+    print(f"device span {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, idle "
+          f"{(span - busy) / 1e3:.3f} ms over {steps} steps ({len(gaps)} gaps; longest "
+          + ", ".join(f"{g / 1e3:.2f}" for g in gaps[:6]) + " ms)")
+
+
 def print_kernels(prof, steps: int, top: int = 30) -> None:
     """The CUDA kernels of a finished torch.profiler run, µs per step, longest first."""
     kernels: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
@@ -214,6 +237,7 @@ def print_kernels(prof, steps: int, top: int = 30) -> None:
             k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
     total = sum(v[1] for v in kernels.values()) / steps
     print(f"kernels {total / 1e3:.3f} ms/step")
+    print_device_idle(prof, steps)
     print(f"{'us/step':>9s} {'calls/step':>10s}  kernel")
     for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"{us / steps:9.1f} {calls / steps:10.1f}  {name}")
@@ -295,7 +319,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
             kernel_prof.__enter__()
             window_kinds = []
         t0 = time.perf_counter()
-        profiled = len(prompt_steps) in (3, 4, 5)
+        profiled = len(prompt_steps) in (10, 11, 12)  # steady steps, past compiles
         if profiled:
             profiler.enable()
         engine.step()
@@ -337,8 +361,8 @@ def profile_throughput(args: argparse.Namespace) -> None:
         print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
               f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
     print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
-    if len(prompt_steps) > 3:
-        print("cProfile of prompt steps 4-6, top 14 by cumulative time:")
+    if len(prompt_steps) > 12:
+        print("cProfile of prompt steps 11-13, top 14 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)
         print("... top 25 by own time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)

@@ -93,9 +93,9 @@ fi
 if [[ ",$MODE," == *",thrprof8bfp8,"* ]]; then
   echo "== llama-3-8b throughput workload with an fp8 KV cache: step kinds, kernels of chosen steps"
   timeout 420 python3 bench/gpu/profile_decode.py throughput --model random:llama-3-8b \
-    --batch 1000 --fixed-len 1000 --kernel-steps 4,5,300,301,302,1500,1501 -- \
+    --batch 1000 --fixed-len 1000 --kernel-steps 10,11,12,300,301,302,1500,1501,1502 -- \
     --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 --kv-codec fp8 \
-    2>&1 | grep -v Warning | tail -120 | tee "$OUT/thrprof8bfp8.log" | tail -30
+    2>&1 | grep -v Warning | tee "$OUT/thrprof8bfp8.log" | grep -E "^==|^kernels|^device|^kind|^with|^decode" 
 fi
 if [[ ",$MODE," == *",ttftprof,"* ]]; then
   echo "== steps up to the first token, PDL on and off"
