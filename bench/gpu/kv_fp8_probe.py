@@ -47,15 +47,16 @@ def main() -> None:
         ("fp8, V widened in registers, 64-key tiles, 3 stages", fp8, {}),
         ("fp8, V widened in registers, 128-key tiles, 2 stages", fp8,
          dict(TILE_N=128, num_stages=2)),
-        ("fp8, V widened, 64/3, at most 96 registers", fp8, dict(maxnreg=96)),
-        ("fp8, V widened, 64/2, at most 96 registers", fp8, dict(num_stages=2, maxnreg=96)),
-        # fewer warps share a tile's keys: fewer cross-warp softmax reductions per tile
-        ("fp8, V widened, 64/3, 2 warps", fp8, dict(num_warps=2)),
-        ("fp8, V widened, 128/2, 2 warps", fp8, dict(TILE_N=128, num_stages=2, num_warps=2)),
-        ("fp8, V widened, 32/3, 2 warps", fp8, dict(TILE_N=32, num_warps=2)),
+        # warps per program, keys per tile, pipeline stages
+        ("fp8, V widened, 128/3, 4 warps", fp8, dict(TILE_N=128, num_stages=3)),
+        ("fp8, V widened, 128/2, 8 warps", fp8, dict(TILE_N=128, num_stages=2, num_warps=8)),
+        ("fp8, V widened, 256/2, 8 warps", fp8, dict(TILE_N=256, num_stages=2, num_warps=8)),
+        ("fp8, V widened, 64/2, 2 warps", fp8, dict(num_stages=2, num_warps=2)),
         ("fp8, V widened, 32/3, 1 warp (no cross-warp reductions)", fp8,
          dict(TILE_N=32, num_warps=1)),
-        ("bf16, 64/3, 2 warps", torch.bfloat16, dict(num_warps=2)),
+        ("fp8, V widened, 32/4, 1 warp", fp8, dict(TILE_N=32, num_warps=1, num_stages=4)),
+        ("fp8, V widened, 16/4, 1 warp", fp8, dict(TILE_N=16, num_warps=1, num_stages=4)),
+        ("fp8, V widened, 16/6, 1 warp", fp8, dict(TILE_N=16, num_warps=1, num_stages=6)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
         case, tokens = decode_case(args.batch, cache_dtype)

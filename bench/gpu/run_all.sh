@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8w1,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -124,8 +124,9 @@ fi
 if [[ ",$MODE," == *",ncusource,"* ]]; then  # which instructions of the fp8 decode conflict in shared memory
   echo "== ncu: decode attention over an fp8 cache, per-instruction counters"
   timeout 240 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
-    --section SourceCounters --print-details all --print-source sass \
-    python3 bench/gpu/ncu_decode.py fp8 2>&1 | grep -v "^==PROF==" | tee "$OUT/ncu_source_fp8.txt" | tail -40
+    --section SourceCounters --page source --print-source sass --csv \
+    python3 bench/gpu/ncu_decode.py fp8 2>&1 | grep -v "^==PROF==" > "$OUT/ncu_source_fp8.csv"
+  head -c 600 "$OUT/ncu_source_fp8.csv"; echo; wc -l "$OUT/ncu_source_fp8.csv"
 fi
 if [[ ",$MODE," == *",fp8tests,"* ]]; then
   echo "== GPU tests of the fp8 KV cache"
@@ -142,6 +143,9 @@ if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 128-key decode tiles, 2 s
 fi
 if [[ ",$MODE," == *",thr8bfp8r96,"* ]]; then  # A/B: decode capped at 96 registers (5 programs per SM)
   benchwith throughput_8b_fp8_r96 330 '{"maxnreg": 96}' "${THR8B[@]}"
+fi
+if [[ ",$MODE," == *",thr8bfp8w1,"* ]]; then  # A/B: one-warp decode programs, 32-key tiles
+  benchwith throughput_8b_fp8_w1 330 '{"TILE_N": 32, "num_warps": 1}' "${THR8B[@]}"
 fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
