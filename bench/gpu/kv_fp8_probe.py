@@ -44,19 +44,15 @@ def main() -> None:
     fp8 = torch.float8_e4m3fn
     for label, cache_dtype, overrides in [
         ("bf16 cache", torch.bfloat16, {}),
-        ("fp8, V widened in registers, 64-key tiles, 3 stages", fp8, {}),
-        ("fp8, V widened in registers, 128-key tiles, 2 stages", fp8,
-         dict(TILE_N=128, num_stages=2)),
-        # warps per program, keys per tile, pipeline stages
-        ("fp8, V widened, 128/3, 4 warps", fp8, dict(TILE_N=128, num_stages=3)),
-        ("fp8, V widened, 128/2, 8 warps", fp8, dict(TILE_N=128, num_stages=2, num_warps=8)),
-        ("fp8, V widened, 256/2, 8 warps", fp8, dict(TILE_N=256, num_stages=2, num_warps=8)),
-        ("fp8, V widened, 64/2, 2 warps", fp8, dict(num_stages=2, num_warps=2)),
-        ("fp8, V widened, 32/3, 1 warp (no cross-warp reductions)", fp8,
-         dict(TILE_N=32, num_warps=1)),
-        ("fp8, V widened, 32/4, 1 warp", fp8, dict(TILE_N=32, num_warps=1, num_stages=4)),
-        ("fp8, V widened, 16/4, 1 warp", fp8, dict(TILE_N=16, num_warps=1, num_stages=4)),
-        ("fp8, V widened, 16/6, 1 warp", fp8, dict(TILE_N=16, num_warps=1, num_stages=6)),
+        ("fp8, default tiles (one warp, 32 keys, 3 stages)", fp8, {}),
+        ("fp8, 4 warps, 64-key tiles, 3 stages", fp8, dict(TILE_N=64, num_warps=4)),
+        ("fp8, 4 warps, 128-key tiles, 2 stages", fp8,
+         dict(TILE_N=128, num_warps=4, num_stages=2)),
+        ("fp8, 4 warps, 128-key tiles, 3 stages", fp8, dict(TILE_N=128, num_warps=4)),
+        ("fp8, one warp, 32 keys, 2 stages", fp8, dict(num_stages=2)),
+        ("fp8, one warp, 32 keys, 4 stages", fp8, dict(num_stages=4)),
+        ("fp8, 2 warps, 32 keys, 3 stages", fp8, dict(num_warps=2)),
+        ("fp8, one warp, 64 keys, 2 stages (spills)", fp8, dict(TILE_N=64, num_stages=2)),
     ]:
         ops.decode_spec = lambda _o=overrides, **kw: {**original(**kw), **_o}
         case, tokens = decode_case(args.batch, cache_dtype)

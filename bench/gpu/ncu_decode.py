@@ -3,7 +3,8 @@ and tile variant, for Nsight Compute to read the hardware counters of.
 
 Usage: ncu --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
            python bench/gpu/ncu_decode.py VARIANT
-VARIANT: bf16 | fp8 (V widened in registers) | fp8-128 (the same, 128-key tiles, 2 stages).
+VARIANT: bf16 | fp8 (the default tiles of an 8-bit cache: one warp, 32 keys) | fp8-4w (4-warp
+programs, 64-key tiles) | fp8-128 (4 warps, 128-key tiles, 2 stages).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from kv_fp8_probe import decode_case  # this folder is on sys.path as a script
 VARIANTS = {
     "bf16": (torch.bfloat16, {}),
     "fp8": (torch.float8_e4m3fn, {}),
-    "fp8-128": (torch.float8_e4m3fn, dict(TILE_N=128, num_stages=2)),
+    "fp8-4w": (torch.float8_e4m3fn, dict(TILE_N=64, num_warps=4, num_stages=3)),
+    "fp8-128": (torch.float8_e4m3fn, dict(TILE_N=128, num_warps=4, num_stages=2)),
 }
 
 

@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8r96,thr8bfp8w1,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8w4,thr8bfp8s2,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -113,7 +113,7 @@ if [[ ",$MODE," == *",fp8probe,"* ]]; then
   timeout 360 python3 bench/gpu/kv_fp8_probe.py 2>&1 | grep -v Warning | tail -20 | tee "$OUT/fp8probe.log"
 fi
 if [[ ",$MODE," == *",ncudecode,"* ]]; then  # hardware counters of one decode launch per variant
-  for variant in bf16 fp8 fp8-128; do
+  for variant in bf16 fp8 fp8-4w; do
     echo "== ncu: decode attention, $variant"
     timeout 200 "$NCU" --clock-control none -k regex:decode_split --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
@@ -138,14 +138,14 @@ THR8B=(throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --nu
 if [[ ",$MODE," == *",thr8bfp8,"* ]]; then
   bench throughput_8b_fp8 330 "${THR8B[@]}"
 fi
-if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 128-key decode tiles, 2 stages
-  benchwith throughput_8b_fp8_t128 330 '{"TILE_N": 128, "num_stages": 2}' "${THR8B[@]}"
+if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 4-warp programs, 128-key tiles, 2 stages
+  benchwith throughput_8b_fp8_t128 330 '{"TILE_N": 128, "num_warps": 4, "num_stages": 2}' "${THR8B[@]}"
 fi
-if [[ ",$MODE," == *",thr8bfp8r96,"* ]]; then  # A/B: decode capped at 96 registers (5 programs per SM)
-  benchwith throughput_8b_fp8_r96 330 '{"maxnreg": 96}' "${THR8B[@]}"
+if [[ ",$MODE," == *",thr8bfp8w4,"* ]]; then  # A/B: the 4-warp 64-key tiles (the earlier default)
+  benchwith throughput_8b_fp8_w4 330 '{"TILE_N": 64, "num_warps": 4, "num_stages": 3}' "${THR8B[@]}"
 fi
-if [[ ",$MODE," == *",thr8bfp8w1,"* ]]; then  # A/B: one-warp decode programs, 32-key tiles
-  benchwith throughput_8b_fp8_w1 330 '{"TILE_N": 32, "num_warps": 1}' "${THR8B[@]}"
+if [[ ",$MODE," == *",thr8bfp8s2,"* ]]; then  # A/B: one-warp programs with 2 pipeline stages
+  benchwith throughput_8b_fp8_s2 330 '{"num_stages": 2}' "${THR8B[@]}"
 fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024

@@ -211,7 +211,7 @@ class TritonAttentionBackend(AttentionBackend):
                       max_seq_len=meta.max_seq_len)
         if meta.is_decode_only:
             splits = common["num_splits"] or ops.choose_num_splits(
-                q.device, meta.num_seqs, layer.num_kv_heads, meta.max_seq_len)
+                q, kv_cache, meta.num_seqs, meta.max_seq_len)
             common["num_splits"] = splits
             if splits > 1 and q.shape[0] == meta.num_seqs:
                 # Small batches are launch-latency bound: the store rides in the attention

@@ -112,28 +112,36 @@ def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 
                         num_warps=warps, num_stages=stages)
 
 
-def decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTiles:
+def decode_tiles(head_dim: int, group: int, elem_bytes: int,
+                 cache_bytes: int | None = None) -> DecodeTiles:
     """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
     program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
-    matters little). fp32 takes 16-token steps to stay within registers. An 8-bit cache
-    keeps these tiles: on an H200, 128-key tiles in 2 stages are faster alone
-    (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.0 against 14.1 ms per 32
-    layers) but not beyond the run-to-run spread in the 1000 x 1000/1000 throughput run
-    (11,146 and 11,506 output tok/s against 11,194, 11,314 and 11,297; docs/benchmarks.md)."""
+    matters little). fp32 takes 16-token steps to stay within registers.
+
+    An 8-bit cache (``cache_bytes`` 1) is widened to fp16 in the kernel, and the tile's
+    softmax reductions across warps then cost more than the loads: one-warp programs on
+    32-key tiles (no cross-warp reductions or barriers) are faster on an H200
+    (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.4 against 14.1 ms per 32
+    layers; the 1000 x 1000/1000 throughput run: 11,875 output tok/s against 11,194-11,314
+    with the 4-warp 64-key tiles; docs/benchmarks.md). Head sizes above 128 and groups above
+    16 keep the 4-warp tiles: one warp would spill registers there."""
     d_pad = next_pow2(head_dim)
+    g_pad = max(16, next_pow2(group))
     if elem_bytes >= 4:
-        tile_n, stages = 16, 2
+        tile_n, warps, stages = 16, 4, 2
+    elif cache_bytes == 1 and d_pad <= 128 and g_pad <= 16:
+        tile_n, warps, stages = 32, 1, 3
     else:
-        tile_n, stages = min(64, max(16, 8192 // d_pad)), 3
-    return DecodeTiles(g_pad=max(16, next_pow2(group)), tile_n=tile_n, num_warps=4,
-                       num_stages=stages)
+        tile_n, warps, stages = min(64, max(16, 8192 // d_pad)), 4, 3
+    return DecodeTiles(g_pad=g_pad, tile_n=tile_n, num_warps=warps, num_stages=stages)
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, *, sm_count: int,
-                      max_seq_len: int | None) -> int:
+                      max_seq_len: int | None, num_warps: int = 4) -> int:
     """How many partitions split-K decode cuts each sequence's context into.
 
-    Enough (sequence, KV head, split) programs to fill the GPU (``PROGRAMS_PER_SM`` per SM), but
+    Enough (sequence, KV head, split) programs to fill the GPU (``PROGRAMS_PER_SM`` 4-warp
+    programs per SM, or as many warps in programs of ``num_warps``), but
     no split shorter than ``MIN_TOKENS_PER_SPLIT`` tokens of ``max_seq_len`` when that is known,
     rounded up to a power of two and capped at ``MAX_SPLITS``. ``max_seq_len`` is a hint only:
     the kernel computes each sequence's split boundaries from its own length on the device, so
@@ -141,7 +149,7 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, *, sm_count: int,
     must serve every context length.
     """
     programs = max(1, num_seqs * num_kv_heads)
-    splits = cdiv(PROGRAMS_PER_SM * sm_count, programs)
+    splits = cdiv(max(1, PROGRAMS_PER_SM * sm_count * 4 // num_warps), programs)
     if max_seq_len is not None:
         splits = min(splits, max(1, cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)))
     return min(next_pow2(max(1, splits)), MAX_SPLITS)

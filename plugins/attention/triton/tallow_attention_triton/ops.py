@@ -115,7 +115,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
                 cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
-    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
+    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cache_bytes)
     precision, upcast = _precision(dtype)
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
                 D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
@@ -192,13 +192,19 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     return out
 
 
-def choose_num_splits(device: torch.device, num_seqs: int, num_kv_heads: int,
+def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, num_seqs: int,
                       max_seq_len: int | None) -> int:
-    """The decode split count for a batch: :func:`heuristics.decode_num_splits` on this
-    device, ignoring the ``max_seq_len`` hint while a CUDA graph is being captured."""
+    """The decode split count for a batch of ``q`` [T, Hq, D] over ``kv_cache``:
+    :func:`heuristics.decode_num_splits` on this device for the decode tiles' warps, ignoring
+    the ``max_seq_len`` hint while a CUDA graph is being captured."""
+    device = q.device
+    n_kv = kv_cache.shape[3]
+    tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
+                         kv_cache.element_size())
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    return decode_num_splits(num_seqs, num_kv_heads, sm_count=device_facts(device)[0],
-                             max_seq_len=None if capturing else max_seq_len)
+    return decode_num_splits(num_seqs, n_kv, sm_count=device_facts(device)[0],
+                             max_seq_len=None if capturing else max_seq_len,
+                             num_warps=tiles.num_warps)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
@@ -227,7 +233,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     n_kv = kv_cache.shape[3]
     group = n_heads // n_kv
     if num_splits is None:
-        num_splits = choose_num_splits(q.device, num_seqs, n_kv, max_seq_len)
+        num_splits = choose_num_splits(q, kv_cache, num_seqs, max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     fused = k is not None

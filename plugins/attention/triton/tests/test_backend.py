@@ -214,12 +214,28 @@ def test_decode_splits_for_batch_one_long_context() -> None:
     assert heuristics.decode_num_splits(256, 8, sm_count=132, max_seq_len=32768) == 1
 
 
-@pytest.mark.parametrize("group", [1, 3, 4, 6, 8, 16])
-@pytest.mark.parametrize("elem_bytes", [2, 4])
+def test_decode_splits_keep_the_warps_of_smaller_programs() -> None:
+    """One-warp programs (8-bit caches) get four times the splits of 4-warp ones, so a small
+    batch still puts as many warps on each SM; large batches and short contexts still get 1."""
+    four = heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=None)
+    one = heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=None, num_warps=1)
+    assert (four, one) == (16, 64)
+    assert heuristics.decode_num_splits(512, 8, sm_count=132, max_seq_len=None,
+                                        num_warps=1) == 1
+    assert heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=300, num_warps=1) == 4
+
+
+@pytest.mark.parametrize("group", [1, 3, 4, 6, 8, 16, 32])
+@pytest.mark.parametrize(("elem_bytes", "cache_bytes"), [(2, None), (4, None), (2, 1), (4, 1)])
 @pytest.mark.parametrize("head_dim", heuristics.TESTED_HEAD_DIMS)
-def test_tile_shapes(group: int, elem_bytes: int, head_dim: int) -> None:
+def test_tile_shapes(group: int, elem_bytes: int, cache_bytes: int | None,
+                     head_dim: int) -> None:
     p = heuristics.prefill_tiles(head_dim, group, elem_bytes)
     assert p.block_q >= 1 and p.block_q * group <= p.block_m
     assert p.block_m >= 16 and p.tile_n >= 16  # tensor-core products need 16 rows/cols
-    d = heuristics.decode_tiles(head_dim, group, elem_bytes)
+    d = heuristics.decode_tiles(head_dim, group, elem_bytes, cache_bytes)
     assert d.g_pad >= max(16, group) and d.tile_n >= 16
+    # one-warp programs only where they compile without spills (8-bit cache, 16-bit
+    # activations, head size <= 128, group <= 16; test_compile checks the llama-3-8b shape)
+    one_warp = cache_bytes == 1 and elem_bytes == 2 and head_dim <= 128 and group <= 16
+    assert (d.num_warps, d.tile_n) == ((1, 32) if one_warp else (4, d.tile_n))

@@ -132,6 +132,19 @@ def decode_split_kernel(
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    if FUSED_STORE:
+        # The new token (split 0 only) is the online softmax's first key, taken from
+        # registers: folded in before the loop, its K/V need no registers through it.
+        qf = q.to(tl.float32)
+        s_new = tl.sum(qf * k_new.to(q.dtype).to(tl.float32)[None, :], 1)
+        if USE_SOFTCAP:
+            s_new = softcap * tanh(s_new * qk_scale)
+        else:
+            s_new = s_new * qk_scale
+        s_new = tl.where(has_new & (split == 0), s_new, float("-inf"))
+        m_i = tl.maximum(m_i, s_new)
+        l_i = tl.exp2(s_new - m_i)  # 1 for the new token, 0 elsewhere
+        acc = l_i[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
     for t in range(t_begin, t_end):
         offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
         n_mask = offs_n < seq_len
@@ -154,22 +167,6 @@ def decode_split_kernel(
             # pipeline, so V is staged already 16-bit (transposed loads of 16-bit pairs).
             v = tl.where(kv_mask, v, 0.0)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
-
-    if FUSED_STORE:
-        # the new token, in split 0 only: one more key of the online softmax
-        qf = q.to(tl.float32)
-        s_new = tl.sum(qf * k_new.to(q.dtype).to(tl.float32)[None, :], 1)
-        if USE_SOFTCAP:
-            s_new = softcap * tanh(s_new * qk_scale)
-        else:
-            s_new = s_new * qk_scale
-        s_new = tl.where(has_new & (split == 0), s_new, float("-inf"))
-        m_new = tl.maximum(m_i, s_new)
-        alpha = tl.exp2(m_i - m_new)
-        p_new = tl.exp2(s_new - m_new)
-        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
-        l_i = l_i * alpha + p_new
-        m_i = m_new
 
     if SINGLE_SPLIT:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
