@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,fusedtests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
+# ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8w4,thr8bfp8s2,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -56,6 +56,11 @@ if [[ ",$MODE," == *",fusedtests,"* ]]; then
   timeout 480 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_pdl.py \
     plugins/attention/triton/tests/test_pdl_gpu.py tests/kernels/test_kernels.py \
     plugins/attention/triton/tests/test_attention_gpu.py 2>&1 | tail -25 | tee "$OUT/tests_fused.log"
+fi
+if [[ ",$MODE," == *",attntests,"* ]]; then
+  echo "== GPU tests of the attention kernels"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/attention/triton/tests/test_pdl_gpu.py \
+    plugins/attention/triton/tests/test_attention_gpu.py 2>&1 | tail -15 | tee "$OUT/tests_attention.log"
 fi
 if [[ ",$MODE," == *",gemv,"* ]]; then
   echo "== GEMV sweep"
