@@ -213,12 +213,10 @@ class TritonAttentionBackend(AttentionBackend):
             splits = common["num_splits"] or ops.choose_num_splits(
                 q, kv_cache, meta.num_seqs, meta.max_seq_len)
             common["num_splits"] = splits
-            if (splits > 1 or kv_cache.element_size() == 1) and q.shape[0] == meta.num_seqs:
+            if splits > 1 and q.shape[0] == meta.num_seqs:
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
-                # extra registers cost the 4-warp programs of a 16-bit cache occupancy, so
-                # their store launches on its own (H200); the one-warp programs of an 8-bit
-                # cache take the store in at about the same registers.
+                # extra registers cost occupancy, so the store launches on its own (H200).
                 return ops.decode_attention(q, kv_cache, out, k=k, v=v,
                                             slot_mapping=meta.slot_mapping, **common)
             ops.store_kv(kv_cache, k, v, meta.slot_mapping)
