@@ -126,7 +126,7 @@ def test_window_softcap_variants_compile_without_spills(capability: int, head_di
 @pytest.mark.parametrize("cache", ["*fp8e4nv", "*fp8e5"])
 def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> None:
     """The 8-bit float cache paths, with the parameters ops uses for them (``cache_bytes`` 1:
-    fp16 tile products, V widened in registers), build for sm_90 with the clamp before the
+    fp16 tile products, V widened in registers, one-warp decode programs), build for sm_90 with the clamp before the
     cast where a kernel stores (store kernel, decode with the store fused) and with fp16
     tensor-core products on the widened tiles."""
     limit = 448.0 if cache == "*fp8e4nv" else 57344.0
@@ -139,6 +139,7 @@ def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> Non
         spec = ops.decode_spec(**decode, fused_store=fused, saturate=limit, cache_bytes=1)
         assert spec["SATURATE"] == (limit if fused else 0.0)
         assert spec["F16_PRODUCTS"] and spec["WIDEN_V_IN_REGISTERS"]
+        assert (spec["num_warps"], spec["TILE_N"]) == (1, 32)  # the one-warp programs
         compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90, cache)
         assert_fast(compiled, f"decode {cache} fused={fused}",
                     tensor_op="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
