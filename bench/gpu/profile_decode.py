@@ -22,6 +22,7 @@ import collections
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -303,6 +304,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
     import cProfile
     import pstats
     profiler = cProfile.Profile()
+    sync_warnings: collections.Counter[str] = collections.Counter()
     for prompt, out_len in zip(prompts, out_lens):
         engine.add_request(engine.next_request_id(), prompt,
                            SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
@@ -322,9 +324,17 @@ def profile_throughput(args: argparse.Namespace) -> None:
         profiled = len(prompt_steps) in (10, 11, 12)  # steady steps, past compiles
         if profiled:
             profiler.enable()
-        engine.step()
-        if profiled:
+            # torch warns on each operation that makes the host wait for the device
+            torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                engine.step()
+            torch.cuda.set_sync_debug_mode("default")
             profiler.disable()
+            for w in caught:
+                sync_warnings[f"{w.filename}:{w.lineno}: {str(w.message)[:80]}"] += 1
+        else:
+            engine.step()
         wall = time.perf_counter() - t0
         if kernel_prof is not None:
             window_kinds.append(f"{last.get('kind', '?')} ({last.get('tokens', 0)} tokens, "
@@ -361,6 +371,8 @@ def profile_throughput(args: argparse.Namespace) -> None:
         print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
               f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
     print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
+    print("host-device synchronisations in prompt steps 11-13 (torch sync debug mode):",
+          dict(sync_warnings) or "none")
     if len(prompt_steps) > 12:
         print("cProfile of prompt steps 11-13, top 14 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)

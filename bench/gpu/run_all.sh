@@ -100,7 +100,7 @@ if [[ ",$MODE," == *",thrprof8bfp8,"* ]]; then
   timeout 420 python3 bench/gpu/profile_decode.py throughput --model random:llama-3-8b \
     --batch 1000 --fixed-len 1000 --kernel-steps 10,11,12,13,14,15,16,300,301,302,1500,1501,1502 -- \
     --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512 --kv-codec fp8 \
-    2>&1 | grep -v Warning | tee "$OUT/thrprof8bfp8.log" | grep -E "^==|^kernels|^device|^kind|^with|^decode" 
+    2>&1 | grep -v Warning | tee "$OUT/thrprof8bfp8.log" | grep -E "^==|^kernels|^device|^kind|^with|^decode|^host-device" 
 fi
 if [[ ",$MODE," == *",ttftprof,"* ]]; then
   echo "== steps up to the first token, PDL on and off"
