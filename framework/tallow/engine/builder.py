@@ -197,6 +197,13 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_dtype=kv_dtype,
     )
+    warm_up_backend = getattr(backend, "warm_up", None)
+    if device.type == "cuda" and warm_up_backend is not None:
+        # kernel variants that the warm-up steps below do not reach (long contexts split
+        # across programs, say) compile now rather than in a serving step
+        started = time.perf_counter()
+        warm_up_backend([a.layer for a in runner.layers], runner.kv_caches, loaded.dtype)
+        log.info("attention backend warmed up in %.1fs", time.perf_counter() - started)
     if device.type == "cuda" and not config.runner.disable_cuda_graph and getattr(
             backend, "supports_cuda_graph", False):
         from .cuda_graphs import CudaGraphRunner

@@ -161,6 +161,16 @@ class AttentionBackend(Component):
                 kv_cache: "torch.Tensor", meta: Any) -> "torch.Tensor":
         raise NotImplementedError
 
+    def warm_up(self, layers: list[Any], kv_caches: list["torch.Tensor"],
+                dtype: "torch.dtype") -> None:
+        """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
+        (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as
+        ``forward`` gets them) and activations of ``dtype``, so that no serving step compiles
+        one. The engine calls it once on a GPU, after the caches are allocated and before
+        CUDA graphs are captured. It must not write into ``kv_caches`` (they are only a
+        description of shape, dtype and layout); a backend that compiles nothing on first use
+        keeps this default, which does nothing."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Tools

@@ -23,7 +23,8 @@ from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.plugin import AttentionBackend
 
 from . import ops
-from .heuristics import block_size_reasons, head_dim_reasons
+from .heuristics import MAX_SPLITS, block_size_reasons, head_dim_reasons, next_pow2
+from .testing import make_case
 
 #: lowest CUDA compute capability (major, minor): bf16 tensor-core products need Ampere
 MIN_CAPABILITY = (8, 0)
@@ -31,6 +32,24 @@ DTYPES = {"auto", "float16", "bfloat16", "float32"}
 TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: cache dtypes the kernels read (widening to the activations' dtype) and write (rounding)
 CACHE_DTYPES = TENSOR_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _split_counts_per_reduce_width() -> list[int]:
+    """1 (no reduce), then the smallest split count of each width the reduce kernel is
+    compiled for (``ops.reduce_spec``'s ``S_PAD``)."""
+    firsts: dict[int, int] = {}
+    for splits in range(2, MAX_SPLITS + 1):
+        firsts.setdefault(max(16, next_pow2(splits)), splits)
+    return [1] + sorted(firsts.values())
+
+
+#: (query lengths, context lengths, padding rows, split count) of the warm-up batches: a
+#: prompt-only step, prompts beside a decode, decode only with the store fused (one query row
+#: per sequence) and not (a padding row), each split count that selects another variant
+_WARM_UP_BATCHES = [([5, 3], [0, 4], 0, None)] + [
+    batch for splits in _split_counts_per_reduce_width()
+    for batch in (([1, 4], [6, 2], 0, splits), ([1, 1], [7, 3], 0, splits),
+                  ([1, 1], [7, 3], 1, splits))]
 
 
 def _capability(index: int | None) -> tuple[int, int]:
@@ -195,6 +214,40 @@ class TritonAttentionBackend(AttentionBackend):
         if reasons:
             raise ValueError(f"triton attention, layer {layer.layer_index}: " + "; ".join(reasons))
         self._checked.add(key)
+
+    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[torch.Tensor],
+                dtype: torch.dtype) -> None:
+        """Launch every kernel variant once on tiny batches of each distinct layer shape:
+        Triton compiles a variant on its first launch (seconds each; cached on disk for later
+        processes), and the engine's warm-up steps, with their short prompts, reach neither
+        split contexts beside prompts nor most reduce widths.
+
+        Per shape: a prompt-only step; prompts beside a decode and decode-only steps with one
+        split and with a split count for each width of the reduce (up to ``MAX_SPLITS``);
+        decode-only with the store fused into the split launch and, with a padding row, not.
+        The batches use caches of their own, laid out as ``kv_caches``."""
+        done: set[tuple[Any, ...]] = set()
+        saved = self.num_splits
+        try:
+            for layer, cache in zip(layers, kv_caches):
+                key = (layer.num_heads, layer.num_kv_heads, layer.head_dim,
+                       bool(layer.sliding_window), bool(layer.logit_softcap), cache.dtype,
+                       cache.shape[2])
+                if key in done:
+                    continue
+                done.add(key)
+                for query_lens, context_lens, padding, splits in _WARM_UP_BATCHES:
+                    case = make_case(query_lens=query_lens, context_lens=context_lens,
+                                     num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
+                                     head_dim=layer.head_dim, block_size=cache.shape[2],
+                                     dtype=dtype, cache_dtype=cache.dtype, device=cache.device,
+                                     sliding_window=layer.sliding_window,
+                                     logit_softcap=layer.logit_softcap, scale=layer.scale,
+                                     padding_rows=padding)
+                    self.num_splits = splits
+                    self.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+        finally:
+            self.num_splits = saved
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

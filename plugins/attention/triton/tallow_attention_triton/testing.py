@@ -1,4 +1,5 @@
-"""Random paged-attention batches and their torch-reference answers, for tests and benchmarks.
+"""Random paged-attention batches and their torch-reference answers, for tests, benchmarks and
+the backend's warm-up (tiny batches that make Triton compile each kernel variant).
 
 A batch is built the way the model runner builds one: each sequence has ``context`` tokens
 already in the cache and ``query`` new tokens this step; its blocks are drawn at random from the
