@@ -320,3 +320,38 @@ def test_new_batch_shapes_compile_nothing_new() -> None:
     for num_seqs, shift in [(2, 1), (16, 3), (17, 2), (32, 5), (5, 7), (64, 1)]:
         run(num_seqs, shift)
     assert _compiled_variants(kernels) == before
+
+
+@pytest.mark.parametrize("kv_codec", ["auto", "fp8"])
+def test_an_engine_compiles_no_attention_kernel_while_serving(kv_codec: str) -> None:
+    """After start-up (the backend's warm-up, graph capture, the engine's warm-up steps),
+    long prompts beside decodes whose contexts split, then decode-only steps, launch only
+    attention kernel variants compiled already: no serving step waits for Triton."""
+    from tallow.config import config_from_mapping
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.sampling_params import SamplingParams
+    from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
+    from tallow_attention_triton.kernels.prefill import prefill_kernel
+    from tallow_attention_triton.kernels.store import store_kv_kernel
+    kernels = [decode_split_kernel, decode_reduce_kernel, prefill_kernel, store_kv_kernel]
+    eng = LLMEngine.from_config(config_from_mapping({
+        "model": {"source": "random:llama-3.2-1b", "dtype": "bfloat16", "device": "cuda",
+                  "max_model_len": 4096},
+        "cache": {"num_blocks": 2048, "kv_codec": kv_codec},
+    }))
+    before = _compiled_variants(kernels)
+    rng = random.Random(seed_of("serving-compiles", kv_codec))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    def add(lengths: list[int]) -> None:
+        for n in lengths:
+            eng.add_request(eng.next_request_id(), [rng.randrange(10, 100000) for _ in range(n)],
+                            params)
+
+    add([1500, 2000, 900])
+    for _ in range(4):  # the prompts, then their first decode steps
+        eng.step()
+    add([1800, 600, 3])  # prompts beside sequences decoding ~2,000-token contexts
+    while eng.has_unfinished():
+        eng.step()
+    assert _compiled_variants(kernels) == before
