@@ -77,7 +77,11 @@ def main() -> None:
         del case
         torch.cuda.empty_cache()
     ops.decode_spec = original
-    for label, cache_dtype in (("bf16 cache", torch.bfloat16), ("fp8 cache", fp8)):
+    original_prefill = ops.prefill_spec
+    for label, cache_dtype, overrides in (
+            ("bf16 cache", torch.bfloat16, {}), ("fp8 cache", fp8, {}),
+            ("fp8 cache, 128-key tiles (as bf16)", fp8, dict(TILE_N=128))):
+        ops.prefill_spec = lambda _o=overrides, **kw: {**original_prefill(**kw), **_o}
         case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
                          num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
                          dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda")
@@ -89,6 +93,7 @@ def main() -> None:
         flops = 8 * 4 * 1024 * 1024 / 2 * HEADS * HEAD_DIM
         rows.append((f"prefill 8 x 1024 tokens, one layer: {label}", ms,
                      f"{flops / ms / 1e9:.0f} TFLOP/s", err))
+    ops.prefill_spec = original_prefill
     print(f"\n{'case':66s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
     for name, ms, rate, err in rows:
         print(f"{name:66s} {ms:8.3f} {rate:>14s} {err:8.1e}")
