@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
+from tallow.kernels.attention_ref import indexable
 from tallow.kernels.host import device_tensor
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
@@ -154,8 +155,7 @@ class ModelRunner:
         src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
         dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
         for cache in self.kv_caches:
-            if cache.dtype.itemsize == 1:  # 8-bit floats: copy the bytes
-                cache = cache.view(torch.uint8)
+            cache = indexable(cache)
             cache[:, dst] = cache[:, src]
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:

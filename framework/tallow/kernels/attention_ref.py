@@ -24,6 +24,13 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
+def indexable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a form every torch index operation takes: an 8-bit float tensor as a view of
+    its bytes (uint8; not every gather/scatter is implemented for 8-bit floats), others as
+    they are. Copying the bytes copies the values exactly."""
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+
+
 def store_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
@@ -36,8 +43,7 @@ def store_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
     offsets = slot_mapping % block_size
     k, v = to_cache_dtype(k, kv_cache.dtype), to_cache_dtype(v, kv_cache.dtype)
-    if kv_cache.dtype.itemsize == 1:  # 8-bit floats move as bytes: not every index op takes them
-        kv_cache, k, v = (t.view(torch.uint8) for t in (kv_cache, k, v))
+    kv_cache, k, v = indexable(kv_cache), indexable(k), indexable(v)
     kv_cache[0, blocks, offsets] = k
     kv_cache[1, blocks, offsets] = v
 
@@ -48,7 +54,7 @@ def gather_context_ref(kv_cache: torch.Tensor, block_table: torch.Tensor,
     block_size = kv_cache.shape[2]
     n_blocks = (seq_len + block_size - 1) // block_size
     blocks = block_table[:n_blocks].long()
-    raw = kv_cache.view(torch.uint8) if kv_cache.dtype.itemsize == 1 else kv_cache
+    raw = indexable(kv_cache)
     k = raw[0, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
     v = raw[1, blocks].reshape(-1, *kv_cache.shape[3:])[:seq_len]
     return k.view(kv_cache.dtype), v.view(kv_cache.dtype)
