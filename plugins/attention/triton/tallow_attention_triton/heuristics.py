@@ -123,8 +123,8 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
     32-key tiles (no cross-warp reductions or barriers) are faster on an H200
     (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.4 against 14.1 ms per 32
     layers; the 1000 x 1000/1000 throughput run: 11,948 and 11,971 output tok/s against
-    11,194-11,314 with the 4-warp 64-key tiles; docs/benchmarks.md). Head sizes above 128 and groups above
-    16 keep the 4-warp tiles: one warp would spill registers there."""
+    11,194-11,314 with the 4-warp 64-key tiles; docs/benchmarks.md). Head sizes above 128
+    and groups above 16 keep the 4-warp tiles: one warp would spill registers there."""
     d_pad = next_pow2(head_dim)
     g_pad = max(16, next_pow2(group))
     if elem_bytes >= 4:

@@ -127,7 +127,8 @@ def test_warm_up_launches_what_serving_launches(launched: set[tuple[Any, ...]],
     assert {name for name, _ in served} == set(KERNELS)
 
 
-def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]]) -> None:
+def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """It launches on caches of its own: the engine's caches only describe the layout."""
     layer = AttentionLayer(layer_index=0, num_heads=4, num_kv_heads=2, head_dim=64,
                            scale=0.125)
@@ -139,10 +140,7 @@ def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]
         ptrs.add(kv_cache.data_ptr())
         original(kv_cache, *args)
 
-    ops.store_kv = store_kv
-    try:
-        TritonAttentionBackend().warm_up([layer], [cache], torch.bfloat16)
-    finally:
-        ops.store_kv = original
+    monkeypatch.setattr(ops, "store_kv", store_kv)
+    TritonAttentionBackend().warm_up([layer], [cache], torch.bfloat16)
     assert ptrs and cache.data_ptr() not in ptrs
     assert torch.equal(cache, torch.full_like(cache, 5.0))

@@ -163,8 +163,9 @@ def decode_split_kernel(
         v = v.to(q.dtype)
         if WIDEN_V_IN_REGISTERS:
             # An 8-bit V staged for the P.V product is read back transposed one byte at a
-            # time; a select after the widening keeps the load out of the asynchronous
-            # pipeline, so V is staged already 16-bit (transposed loads of 16-bit pairs).
+            # time; with a select after the widening, Triton widens V in registers first and
+            # stages it 16-bit (read back with transposed loads of 16-bit pairs). The 8-bit
+            # tile itself still arrives through the asynchronous copy pipeline.
             v = tl.where(kv_mask, v, 0.0)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
