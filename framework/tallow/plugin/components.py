@@ -85,7 +85,9 @@ class ModelArchitecture:
     - ``__init__(config: tallow.layers.ArchConfig, build: tallow.layers.BuildContext)``;
     - ``forward(input_ids [T], positions [T]) -> hidden [T, H]`` over one flat batch, with the
       attention metadata of the step in the forward context (:mod:`tallow.layers.attention`);
-    - ``compute_logits(hidden [N, H]) -> float32 logits [N, V]``;
+    - ``compute_logits(hidden [N, H]) -> logits [N, V]``, float32 or the head's own dtype (the
+      engine widens them to float32 for sampling and logprobs; plain greedy rows take the
+      argmax of the logits as returned);
     - ``load_weights(tensors, naming) -> set[str]`` the parameter names it filled;
     - ``config_from_gguf(metadata, config) -> dict`` (classmethod): refine the HF-style config
       that the GGUF format derived generically from ``metadata``.

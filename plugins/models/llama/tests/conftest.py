@@ -86,7 +86,7 @@ class PagedRunner:
         with forward_context(meta, self.backend):
             hidden = self.model(torch.tensor(ids, device=device),
                                 torch.tensor(positions, device=device))
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden).float()
         return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
 
     def greedy(self, seq_id: int, prompt: list[int], steps: int
