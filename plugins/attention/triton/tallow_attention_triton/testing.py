@@ -129,6 +129,21 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
                      query_lens=list(query_lens), seed=seed)
 
 
+def grow_keys(case: PagedCase, step: float = 2.0, period: int = 20) -> PagedCase:
+    """Scale the cached keys of each sequence's ``j``-th block by ``1 + step * (j % period)``
+    (rounded back to the cache dtype), so that attention scores keep climbing along the
+    context, fall back and climb again: the running maximum of an online softmax then grows by
+    large steps tile after tile, not only at the first tile as with plain random keys."""
+    tables = case.meta.block_tables.cpu()
+    bs = case.kv_cache.shape[2]
+    keys = case.kv_cache[0].float()
+    for i, seq_len in enumerate(case.meta.seq_lens.tolist()):
+        for j in range(-(-seq_len // bs)):
+            keys[int(tables[i, j])] *= 1.0 + step * (j % period)
+    case.kv_cache[0] = keys.to(case.kv_cache.dtype)
+    return case
+
+
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
     """assert_close tolerances of a kernel output against the fp32 reference: the kernel rounds
     the softmax probabilities to the input dtype before the P·V product, as FlashAttention

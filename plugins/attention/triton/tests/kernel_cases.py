@@ -19,7 +19,7 @@ import torch
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles
-from tallow_attention_triton.testing import make_case, run_and_check
+from tallow_attention_triton.testing import grow_keys, make_case, run_and_check
 
 if ops.interpreting():
     DEVICE = "cpu"
@@ -167,6 +167,20 @@ def test_fp8_cache(cache_dtype: torch.dtype, kind: str, num_splits: int | None) 
                      head_dim=64, block_size=16, dtype=torch.bfloat16, cache_dtype=cache_dtype,
                      device=DEVICE, seed=seed_of("fp8", cache_dtype, kind, num_splits))
     run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_scores_that_keep_growing(cache_dtype: torch.dtype, num_splits: int) -> None:
+    """Keys scaled up block after block: the decode kernel's running maximum grows by more
+    than the lazy rescale's threshold (8-bit caches) at many tiles, and the output must not
+    depend on when the accumulator was rescaled."""
+    case = make_case(query_lens=[1] * 4, context_lens=[100, 300, 31, 250], num_heads=8,
+                     num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     cache_dtype=cache_dtype, device=DEVICE,
+                     seed=seed_of("grow", cache_dtype, num_splits))
+    run_and_check(grow_keys(case), backend(num_splits))
 
 
 def test_random_batches() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
-from tallow_attention_triton.testing import make_case, run_and_check, tolerance
+from tallow_attention_triton.testing import grow_keys, make_case, run_and_check, tolerance
 
 pytestmark = [
     pytest.mark.gpu,
@@ -73,6 +73,22 @@ def test_fp8_cache_long_contexts(cache_dtype: torch.dtype, dtype: torch.dtype,
                      num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
                      cache_dtype=cache_dtype, device="cuda", seed=rng.randrange(2**31))
     run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_fp8_cache_scores_that_keep_growing(cache_dtype: torch.dtype,
+                                            num_splits: int | None) -> None:
+    """Decode over an 8-bit cache whose keys grow block after block (llama-3-8b's head shape,
+    contexts up to 4101): the running maximum climbs past the lazy rescale's threshold at
+    many tiles, and the widened values go through the inline-PTX conversion."""
+    rng = random.Random(seed_of("fp8-grow", cache_dtype, num_splits))
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    case = make_case(query_lens=[1] * len(ctx), context_lens=ctx, num_heads=32,
+                     num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                     cache_dtype=cache_dtype, device="cuda", seed=rng.randrange(2**31))
+    run_and_check(grow_keys(case), backend(num_splits))
 
 
 @pytest.mark.parametrize("cache_dtype", FP8, ids=str)

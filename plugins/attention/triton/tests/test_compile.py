@@ -143,7 +143,14 @@ def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> Non
         compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90, cache)
         assert_fast(compiled, f"decode {cache} fused={fused}",
                     tensor_op="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
-        assert (bound in compiled.asm["ptx"]) == fused
+        ptx = compiled.asm["ptx"]
+        assert (bound in ptx) == fused
+        # V widened by the inline PTX and staged as fp16 for transposed 16-bit matrix loads;
+        # byte loads from shared memory would mean Triton staged the 8-bit tile instead.
+        assert spec["WIDEN_V_IN_PTX"] and spec["LAZY_RESCALE"]
+        assert ("cvt.rn.f16x2.e4m3x2" if cache == "*fp8e4nv" else "0x1404") in ptx
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+        assert "ld.shared.b8" not in ptx, f"decode {cache}: V read from shared memory bytewise"
     spec = ops.prefill_spec(head_dim=128, group=4, dtype=torch.bfloat16, block_size=16,
                             sliding_window=None, logit_softcap=None, skip_single_query=True,
                             cache_bytes=1)

@@ -63,6 +63,27 @@ def online_softmax_step(acc, l_i, m_i, s, v, PRECISION: tl.constexpr, UPCAST: tl
 
 
 @triton.jit
+def online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION: tl.constexpr,
+                             UPCAST: tl.constexpr):
+    """:func:`online_softmax_step` that rescales the accumulator only when some row's maximum
+    grew by more than 8 (log2 domain) since the last rescale: otherwise the old maximum stays
+    the reference, and the tile's weights, at most 2^8, are as exact in fp16 as below 1
+    (accumulator and row sum stay consistent, so the result is the same). Rescaling touches
+    the whole padded accumulator every tile, most of the ALU work of a one-warp decode program
+    after the products."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if tl.max(m_new - m_i, 0) > 8.0:
+        alpha = tl.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    p = tl.exp2(s - m_i[:, None])
+    l_i = l_i + tl.sum(p, 1)
+    acc = acc + dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
                BLOCK_SIZE: tl.constexpr):
     """Element offsets [N] of context tokens ``offs_n`` of one sequence and one KV head in a
@@ -81,3 +102,28 @@ def product_operand(q, F16: tl.constexpr):
     if F16:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     return q
+
+
+@triton.jit
+def widen_fp8_in_ptx(x, anchor):
+    """An 8-bit float tile (e4m3 or e5m2) widened to fp16 by inline PTX, four values per call:
+    e4m3 pairs through ``cvt.rn.f16x2.e4m3x2`` (sm_89 and later, where the e4m3 cache is
+    allowed at all); e5m2 bytes moved into the high bytes of fp16 (e5m2 is fp16's top byte).
+
+    ``anchor``, an int32 tensor of the tile's shape that the PTX ignores, is there for Triton's
+    layout choice: with an operand that comes from neither the load nor a constant, Triton
+    widens the tile in registers and stages it as fp16 for the transposed tensor-core loads of
+    the P.V product. Without one (a plain ``.to``, or this conversion alone) it moves the
+    widening after its loads in the dot-operand layout, and the transposed product reads the
+    8-bit tile one byte at a time. A ``tl.where`` after a plain widening also keeps it in
+    registers, but costs two selects and two byte permutes per pair of values (sm_90 SASS)."""
+    bits = x.to(tl.uint8, bitcast=True)
+    if x.dtype == tl.float8e5:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 z; mov.b32 z, 0; prmt.b32 $0, $2, z, 0x1404; "
+            "prmt.b32 $1, $2, z, 0x3424; }",
+            "=r,=r,r,r,r,r,r", [bits, anchor], dtype=tl.float16, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r,r,r,r,r", [bits, anchor], dtype=tl.float16, is_pure=True, pack=4)

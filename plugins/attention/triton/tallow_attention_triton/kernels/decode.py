@@ -17,10 +17,16 @@ it); every split's cache loop skips that position. Softmax partials merge in any
 program waits for the store, and the tile loads stay untouched (a select on them would stop
 Triton from pipelining them into the tensor-core product).
 
-Over an 8-bit float cache (an fp8 KV codec) the kernel is bound by widening the values, not by
-memory: ``F16_PRODUCTS`` runs the tile products in fp16 (one instruction widens two values),
-``WIDEN_V_IN_REGISTERS`` widens V before it is staged for the P.V product, and ``SATURATE``
-clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype` does.
+Over an 8-bit float cache (an fp8 KV codec) the kernel is bound by instructions, not by
+memory: ``F16_PRODUCTS`` runs the tile products in fp16 (one instruction widens two values);
+V must be widened before it is staged for the P.V product (the transposed operand loads have
+no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion per pair of values
+(:func:`common.widen_fp8_in_ptx`) and ``WIDEN_V_IN_REGISTERS`` (the fallback: fp32
+activations, or Triton's interpreter) with a select after the widening; ``LAZY_RESCALE``
+rescales the accumulator only when a row's maximum grew by more than 8 (log2 domain);
+``SATURATE`` clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype`
+does. Together the first three took the sm_90 loop of the one-warp program from ~1,220 to
+~790 instructions per 32-key tile.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import kv_offsets, online_softmax_step, product_operand, scores, tanh
+from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
+                     product_operand, scores, tanh, widen_fp8_in_ptx)
 
 
 @triton.jit
@@ -76,6 +83,7 @@ def decode_split_kernel(
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
+    WIDEN_V_IN_PTX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -160,14 +168,22 @@ def decode_split_kernel(
         s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(q.dtype)
-        if WIDEN_V_IN_REGISTERS:
+        if WIDEN_V_IN_PTX:
+            # masked keys already loaded as 0; the row indices only anchor Triton's layout
+            anchor = offs_n[:, None] + tl.zeros([TILE_N, D_PAD], tl.int32)
+            v = widen_fp8_in_ptx(v, anchor)  # fp16, as q is (F16_PRODUCTS)
+        else:
+            v = v.to(q.dtype)
+        if WIDEN_V_IN_REGISTERS and not WIDEN_V_IN_PTX:
             # An 8-bit V staged for the P.V product is read back transposed one byte at a
             # time; with a select after the widening, Triton widens V in registers first and
             # stages it 16-bit (read back with transposed loads of 16-bit pairs). The 8-bit
             # tile itself still arrives through the asynchronous copy pipeline.
             v = tl.where(kv_mask, v, 0.0)
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
+        if LAZY_RESCALE:
+            acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION, UPCAST)
+        else:
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if SINGLE_SPLIT:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
