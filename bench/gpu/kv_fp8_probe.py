@@ -45,6 +45,11 @@ def main() -> None:
     for label, cache_dtype, overrides in [
         ("bf16 cache", torch.bfloat16, {}),
         ("fp8, default tiles (one warp, 32 keys, 3 stages)", fp8, {}),
+        ("fp8, default tiles, V widened by a select, eager rescale (as before)", fp8,
+         dict(WIDEN_V_IN_PTX=False, LAZY_RESCALE=False)),
+        ("fp8, default tiles, V widened in PTX, eager rescale", fp8, dict(LAZY_RESCALE=False)),
+        ("fp8, default tiles, V widened by a select, lazy rescale", fp8,
+         dict(WIDEN_V_IN_PTX=False)),
         ("fp8, 4 warps, 64-key tiles, 3 stages", fp8, dict(TILE_N=64, num_warps=4)),
         ("fp8, 4 warps, 128-key tiles, 2 stages", fp8,
          dict(TILE_N=128, num_warps=4, num_stages=2)),

@@ -2,7 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big, or full: the runs behind the
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
@@ -148,6 +148,9 @@ if [[ ",$MODE," == *",thr8bfp8t128,"* ]]; then  # A/B: 4-warp programs, 128-key 
 fi
 if [[ ",$MODE," == *",thr8bfp8t128s3,"* ]]; then  # A/B: 4-warp programs, 128-key tiles, 3 stages (the probe's fastest)
   benchwith throughput_8b_fp8_t128s3 330 '{"TILE_N": 128, "num_warps": 4, "num_stages": 3}' "${THR8B[@]}"
+fi
+if [[ ",$MODE," == *",thr8bfp8prev,"* ]]; then  # A/B: V widened by a select and the accumulator rescaled every tile (before 3cb105a)
+  benchwith throughput_8b_fp8_prev 330 '{"WIDEN_V_IN_PTX": false, "LAZY_RESCALE": false}' "${THR8B[@]}"
 fi
 if [[ ",$MODE," == *",thr8bfp8w4,"* ]]; then  # A/B: the 4-warp 64-key tiles (the earlier default)
   benchwith throughput_8b_fp8_w4 330 '{"TILE_N": 64, "num_warps": 4, "num_stages": 3}' "${THR8B[@]}"
