@@ -69,8 +69,8 @@ def online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION: tl.constexpr,
     grew by more than 8 (log2 domain) since the last rescale: otherwise the old maximum stays
     the reference, and the tile's weights, at most 2^8, are as exact in fp16 as below 1
     (accumulator and row sum stay consistent, so the result is the same). Rescaling touches
-    the whole padded accumulator every tile, most of the ALU work of a one-warp decode program
-    after the products."""
+    the whole padded accumulator: 64 multiplies per thread per tile of a one-warp decode
+    program at head size 128, out of ~840 instructions (sm_90 SASS)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     if tl.max(m_new - m_i, 0) > 8.0:
         alpha = tl.exp2(m_i - m_new)

@@ -17,16 +17,19 @@ it); every split's cache loop skips that position. Softmax partials merge in any
 program waits for the store, and the tile loads stay untouched (a select on them would stop
 Triton from pipelining them into the tensor-core product).
 
-Over an 8-bit float cache (an fp8 KV codec) the kernel is bound by instructions, not by
-memory: ``F16_PRODUCTS`` runs the tile products in fp16 (one instruction widens two values);
+Over an 8-bit float cache (an fp8 KV codec) the kernel reads half the bytes of a 16-bit cache
+but reaches a smaller share of the memory bandwidth (about 2.6 against 4.3 TB/s on an H200),
+with far more instructions per byte: ``F16_PRODUCTS`` runs the tile products in fp16 (one
+instruction widens two values);
 V must be widened before it is staged for the P.V product (the transposed operand loads have
 no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion per pair of values
 (:func:`common.widen_fp8_in_ptx`) and ``WIDEN_V_IN_REGISTERS`` (the fallback: fp32
 activations, or Triton's interpreter) with a select after the widening; ``LAZY_RESCALE``
 rescales the accumulator only when a row's maximum grew by more than 8 (log2 domain);
 ``SATURATE`` clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype`
-does. Together the first three took the sm_90 loop of the one-warp program from ~1,220 to
-~790 instructions per 32-key tile.
+does. The PTX widening and the lazy rescale took the sm_90 loop of the one-warp program from
+~1,220 to ~790 instructions per 32-key tile (SASS count); the isolated decode of the
+throughput probe did not get faster from it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
