@@ -160,3 +160,15 @@ def test_fp8_kv_cache_against_the_torch_backend_and_eager():
         a = [o.outputs[0].token_ids for o in run(fast, sub, params)]
         b = [o.outputs[0].token_ids for o in run(eager, sub, params)]
         assert a == b
+
+
+def test_card_speed_measurements_are_plausible_for_a_gpu():
+    """The calibration `tallow bench throughput` records beside each run: a bf16 GEMM between
+    1 and 5,000 TFLOP/s and a copy bandwidth between 10 GB/s and 20 TB/s (any CUDA card; an
+    H200 gives ~750 TFLOP/s and ~4.3 TB/s)."""
+    from tallow.bench.common import copy_bandwidth, gemm_flops
+
+    device = torch.device("cuda")
+    flops = gemm_flops(device, shape=(2048, 1024, 2048), iters=5)
+    assert flops is not None and 1e12 < flops < 5e15
+    assert 1e10 < copy_bandwidth(device, nbytes=256 << 20, iters=5) < 2e13

@@ -100,3 +100,29 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 20)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / seconds
+
+
+def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
+               shape: tuple[int, int, int] = (8192, 4096, 14336), iters: int = 20) -> float | None:
+    """Dense matmul throughput of ``device`` in FLOP/s, for ``[M, K] @ [K, N]`` of ``shape``
+    (by default a llama-3-8b MLP projection over an 8,192-token prompt step): the card's own
+    speed on the work that bounds prompt steps, recorded beside a run so that runs on
+    different cards of one model compare. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    m, k, n = shape
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    for _ in range(3):
+        c = a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sync(device)
+    start.record()
+    for _ in range(iters):
+        c = a @ b
+    end.record()
+    sync(device)
+    seconds = start.elapsed_time(end) / 1000.0 / iters
+    del a, b, c
+    torch.cuda.empty_cache()
+    return 2.0 * m * k * n / seconds

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import build_engine, lengths, now, random_prompts, sync
+import torch
+
+from .common import build_engine, copy_bandwidth, gemm_flops, lengths, now, random_prompts, sync
 
 
 def warm_up(engine: Any) -> None:
@@ -26,6 +28,10 @@ def warm_up(engine: Any) -> None:
 def run(args: Any, config: Any) -> dict[str, Any]:
     from tallow.engine.sampling_params import SamplingParams
 
+    # The card's own speed first, with nothing else allocated: H200s of one model differ by a
+    # few percent in GEMM throughput, as much as the changes a run is meant to compare.
+    device = torch.device(config.model.device) if config.model.device != "auto" else None
+    card = _card_speed(device)
     engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
@@ -66,7 +72,19 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "preemptions": stats["num_preemptions"],
         # mean seconds per step spent in each phase of the engine step
         "step_phases_s": {k: v / max(1, steps) for k, v in phases.items()},
+        **card,
     }
+
+
+def _card_speed(device: Any) -> dict[str, float | None]:
+    """bf16 GEMM FLOP/s and copy bandwidth of the CUDA device the engine will use (None
+    elsewhere)."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type != "cuda":
+        return {"card_gemm_flops": None, "card_copy_bytes_per_s": None}
+    return {"card_gemm_flops": gemm_flops(device),
+            "card_copy_bytes_per_s": copy_bandwidth(device)}
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -78,4 +96,12 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
         ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
         ("preemptions (recomputed)", r["preemptions"]),
-    ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()]
+    ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
+        (name, value) for name, value in (
+            ("card: bf16 GEMM (TFLOP/s)", _scaled(r["card_gemm_flops"], 1e12)),
+            ("card: copy bandwidth (GB/s)", _scaled(r["card_copy_bytes_per_s"], 1e9)))
+        if value is not None]
+
+
+def _scaled(value: float | None, unit: float) -> float | None:
+    return None if value is None else value / unit
