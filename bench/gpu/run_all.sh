@@ -171,7 +171,8 @@ print("\n== summary")
 for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
     keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
-            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s"]
+            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
+            "card_copy_bytes_per_s"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY
