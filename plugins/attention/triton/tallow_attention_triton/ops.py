@@ -124,8 +124,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 SATURATE=saturate if fused_store else 0.0,
                 F16_PRODUCTS=f16_products(dtype, cache_bytes),
                 WIDEN_V_IN_REGISTERS=cache_bytes == 1,
-                WIDEN_V_IN_PTX=(cache_bytes == 1 and f16_products(dtype, cache_bytes)
-                                and not interpreting()),
+                WIDEN_V_IN_PTX=f16_products(dtype, cache_bytes) and not interpreting(),
                 LAZY_RESCALE=cache_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)

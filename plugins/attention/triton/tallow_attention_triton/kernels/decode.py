@@ -20,12 +20,12 @@ Triton from pipelining them into the tensor-core product).
 Over an 8-bit float cache (an fp8 KV codec) the kernel reads half the bytes of a 16-bit cache
 but reaches a smaller share of the memory bandwidth (about 2.6 against 4.3 TB/s on an H200),
 with far more instructions per byte: ``F16_PRODUCTS`` runs the tile products in fp16 (one
-instruction widens two values);
-V must be widened before it is staged for the P.V product (the transposed operand loads have
-no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion per pair of values
-(:func:`common.widen_fp8_in_ptx`) and ``WIDEN_V_IN_REGISTERS`` (the fallback: fp32
-activations, or Triton's interpreter) with a select after the widening; ``LAZY_RESCALE``
-rescales the accumulator only when a row's maximum grew by more than 8 (log2 domain);
+instruction widens two values); V must be widened before it is staged for the P.V product (the
+transposed operand loads have no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion
+per pair of values (:func:`common.widen_fp8_in_ptx`) and, where it is off (fp32 activations,
+or Triton's interpreter), ``WIDEN_V_IN_REGISTERS`` with a select after the widening;
+``LAZY_RESCALE`` rescales the accumulator only when a row's maximum grew by more than 8 (log2
+domain);
 ``SATURATE`` clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype`
 does. The PTX widening and the lazy rescale took the sm_90 loop of the one-warp program from
 ~1,220 to ~790 instructions per 32-key tile (SASS count); the isolated decode of the
@@ -177,12 +177,12 @@ def decode_split_kernel(
             v = widen_fp8_in_ptx(v, anchor)  # fp16, as q is (F16_PRODUCTS)
         else:
             v = v.to(q.dtype)
-        if WIDEN_V_IN_REGISTERS and not WIDEN_V_IN_PTX:
-            # An 8-bit V staged for the P.V product is read back transposed one byte at a
-            # time; with a select after the widening, Triton widens V in registers first and
-            # stages it 16-bit (read back with transposed loads of 16-bit pairs). The 8-bit
-            # tile itself still arrives through the asynchronous copy pipeline.
-            v = tl.where(kv_mask, v, 0.0)
+            if WIDEN_V_IN_REGISTERS:
+                # An 8-bit V staged for the P.V product is read back transposed one byte at a
+                # time; with a select after the widening, Triton widens V in registers first
+                # and stages it 16-bit (read back with transposed loads of 16-bit pairs). The
+                # 8-bit tile itself still arrives through the asynchronous copy pipeline.
+                v = tl.where(kv_mask, v, 0.0)
         if LAZY_RESCALE:
             acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION, UPCAST)
         else:
