@@ -6,7 +6,7 @@ import json
 import random
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -87,19 +87,24 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 20)
     n = nbytes // 2
     src = torch.empty(n, dtype=torch.float16, device=device)
     dst = torch.empty_like(src)
+    seconds = _seconds_per_call(device, lambda: dst.copy_(src), iters)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / seconds
+
+
+def _seconds_per_call(device: torch.device, fn: Callable[[], Any], iters: int) -> float:
+    """Device time of one ``fn()`` on ``device`` (CUDA events), after three untimed calls."""
     for _ in range(3):
-        dst.copy_(src)
+        fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync(device)
     start.record()
     for _ in range(iters):
-        dst.copy_(src)
+        fn()
     end.record()
     sync(device)
-    seconds = start.elapsed_time(end) / 1000.0 / iters
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes / seconds
+    return start.elapsed_time(end) / 1000.0 / iters
 
 
 def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
@@ -113,16 +118,7 @@ def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
     m, k, n = shape
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
-    for _ in range(3):
-        c = a @ b
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    sync(device)
-    start.record()
-    for _ in range(iters):
-        c = a @ b
-    end.record()
-    sync(device)
-    seconds = start.elapsed_time(end) / 1000.0 / iters
-    del a, b, c
+    seconds = _seconds_per_call(device, lambda: a @ b, iters)
+    del a, b
     torch.cuda.empty_cache()
     return 2.0 * m * k * n / seconds

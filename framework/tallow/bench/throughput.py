@@ -28,10 +28,11 @@ def warm_up(engine: Any) -> None:
 def run(args: Any, config: Any) -> dict[str, Any]:
     from tallow.engine.sampling_params import SamplingParams
 
+    from tallow.engine.loader import resolve_device
+
     # The card's own speed first, with nothing else allocated: H200s of one model differ by a
     # few percent in GEMM throughput, as much as the changes a run is meant to compare.
-    device = torch.device(config.model.device) if config.model.device != "auto" else None
-    card = _card_speed(device)
+    card = _card_speed(resolve_device(config.model.device))
     engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
@@ -76,11 +77,9 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     }
 
 
-def _card_speed(device: Any) -> dict[str, float | None]:
+def _card_speed(device: torch.device) -> dict[str, float | None]:
     """bf16 GEMM FLOP/s and copy bandwidth of the CUDA device the engine will use (None
     elsewhere)."""
-    if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type != "cuda":
         return {"card_gemm_flops": None, "card_copy_bytes_per_s": None}
     return {"card_gemm_flops": gemm_flops(device),
