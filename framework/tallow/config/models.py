@@ -139,6 +139,12 @@ class ServerConfig(Section):
                              "one that matches the model and its chat template.")
     max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
                            "running) before it answers 503.")
+    server_tools: Literal["off", "always"] = Field(
+        "off", description="Whether chat requests use the tools of the server's tool providers "
+        "(MCP servers, say), which the server runs itself in a loop: off, or always; a request's "
+        "server_tools field overrides it (see docs/mcp.md).")
+    max_tool_rounds: int = Field(8, gt=0, le=100, description="Most rounds of server-run tool "
+                                 "calls in one chat request.")
 
     @field_validator("api_keys")
     @classmethod

@@ -7,7 +7,7 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 
 from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
-    WeightFormat,
+    ToolResult, WeightFormat,
 )
 from .hookspecs import hookimpl, hookspec
 from .registry import (
@@ -16,6 +16,7 @@ from .registry import (
     WeightFormatRegistry, registering_as,
 )
 from .selection import SelectionError, select
+from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
     CallRegion, Decision, FoundCall, MarkupToolParser, ParseResult, StreamDelta,
     StreamingToolParser, ToolCall, ToolCallDelta, ToolParser, assemble, choose_tool_parser,
@@ -25,12 +26,12 @@ from .tool_parsing import (
 __all__ = [
     "hookimpl", "hookspec",
     "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
-    "AttentionBackend", "ToolProvider", "ToolParser", "StreamingToolParser", "ToolCall",
+    "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
     "Decision", "FoundCall",
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
-    "select", "SelectionError",
+    "select", "SelectionError", "PluginSettingsError", "plugin_settings",
 ]

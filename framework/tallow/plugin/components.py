@@ -177,12 +177,74 @@ class AttentionBackend(Component):
 # ---------------------------------------------------------------------------------------------
 # Tools
 # ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call returned, as the model will read it.
+
+    ``content`` is text (a provider turns images, resources or structured output into text
+    itself). ``is_error`` marks a failed call (the tool raised, timed out, its server is down,
+    its result was too large): the model still sees ``content``, which says what went wrong.
+    """
+
+    content: str
+    is_error: bool = False
+
+
 class ToolProvider(Component):
-    """Tools the server can offer and call itself (an MCP client, say)."""
+    """Tools the server offers to the model and runs itself (an MCP client, say).
+
+    A provider is registered as a class (``tallow_register_tool_providers``); the server builds
+    one instance with :meth:`from_config` and drives it through this contract only:
+
+    1. :meth:`start` once, on the event loop that will call it, before the first request;
+    2. :meth:`list_tools` whenever it needs the current tools (after a change notification,
+       see :meth:`on_tools_changed`), :meth:`call_tool` for each call the model makes,
+       concurrently from many requests; :meth:`status` for ``/v1/plugins`` and ``/v1/tools``;
+    3. :meth:`stop` once, at shutdown.
+
+    A source of tools that cannot be reached must never stop the server: :meth:`start`
+    reports it in :meth:`status` and the provider keeps retrying on its own.
+    """
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ToolProvider | None":
+        """The provider for ``config`` (a :class:`tallow.config.TallowConfig`), or None when
+        the configuration gives it nothing to offer (no servers configured, say). Bad settings
+        raise :class:`tallow.plugin.PluginSettingsError` naming the key."""
+        return cls()
+
+    async def start(self) -> None:
+        """Connect to the tool sources. Returns once each source was tried once (bounded by
+        the provider's own timeouts); a source that failed is reported by :meth:`status` and
+        retried in the background. Must not raise for an unreachable source."""
+
+    async def stop(self) -> None:
+        """Disconnect and release what :meth:`start` acquired (subprocesses, connections).
+        Must not raise."""
 
     async def list_tools(self) -> list[dict[str, Any]]:
-        """OpenAI-style tool definitions: ``{"type": "function", "function": {...}}``."""
+        """The tools offered now, as OpenAI tool definitions: ``{"type": "function",
+        "function": {"name", "description", "parameters"}}``; names are unique within the
+        provider and match ``^[A-Za-z0-9_-]{1,64}$``; ``parameters`` is a JSON Schema."""
         raise NotImplementedError
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run tool ``name`` (one :meth:`list_tools` offered) with the model's ``arguments``.
+
+        Every failure the model should hear about — an unknown tool, bad arguments, a tool
+        error, a timeout, a result over a size limit, a source that went away — is returned as
+        a :class:`ToolResult` with ``is_error`` set, never raised. Cancelling the awaiting
+        task (the client went away) cancels the call at its source where the source allows.
+        """
         raise NotImplementedError
+
+    def on_tools_changed(self, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called (on the event loop, without arguments) each time the
+        tools :meth:`list_tools` returns may have changed: a source connected, went away, or
+        announced a new list. The default never calls it (the tools never change)."""
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able description of the provider's state for operators: by convention
+        ``{"sources": [{"name", "state", "tools", "error", ...}, ...]}``, ``state`` one of
+        ``connecting``, ``up``, ``down``, ``stopped``."""
+        return {}

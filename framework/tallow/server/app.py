@@ -32,6 +32,7 @@ from .protocol import (
     DetokenizeRequest, TokenizeRequest, check_model, parse_json_body, parse_request,
 )
 from .state import ServerState
+from .tool_providers import ToolProviders, list_server_tools
 from .tools import validate_tools
 
 log = logging.getLogger("tallow.server")
@@ -126,7 +127,8 @@ async def plugins(state: ServerState, request: Request) -> Response:
     components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
     selected = state.tool_parsing.describe()
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
-                         "selected": selected})
+                         "selected": selected,
+                         "tool_providers": state.tool_providers.statuses()})
 
 
 async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
@@ -196,23 +198,29 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | None = None,
+              tool_providers: ToolProviders | None = None,
               manage_engine: bool = True) -> Starlette:
     """The ASGI app serving ``engine``.
 
     ``tool_parsing`` is the tool parsers to use (None: chosen from the engine's plugin
     manager and ``config.server.tool_parser`` by :func:`tallow.server.parsers.choose_tool_parser`,
     which raises :class:`tallow.server.parsers.ToolParserError` for an unusable named parser).
+    ``tool_providers`` is the tools the server runs itself (None: every registered tool
+    provider that has something to offer under ``config``); the lifespan starts and stops them.
     With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
     """
     if tool_parsing is None:
         tool_parsing = choose_tool_parser(engine, config)
-    state = ServerState(engine, config, tool_parsing)
+    if tool_providers is None:
+        tool_providers = ToolProviders.from_plugins(getattr(engine, "plugin_manager", None),
+                                                    config)
+    state = ServerState(engine, config, tool_parsing, tool_providers)
     post = [("/v1/chat/completions", create_chat_completion),
             ("/v1/completions", create_completion),
             ("/tokenize", tokenize), ("/detokenize", detokenize)]
     get = [("/v1/models", list_models), ("/v1/models/{model:path}", get_model),
            ("/health", health), ("/version", version), ("/metrics", metrics),
-           ("/v1/plugins", plugins)]
+           ("/v1/plugins", plugins), ("/v1/tools", list_server_tools)]
     routes: list[BaseRoute] = [Route(p, _json_endpoint(state, h), methods=["POST"])
                                for p, h in post]
     routes += [Route(p, _get_endpoint(state, h), methods=["GET"]) for p, h in get]
@@ -239,9 +247,11 @@ def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | No
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_engine:
             await engine.start()
+        await tool_providers.start()
         try:
             yield
         finally:
+            await tool_providers.stop()
             if manage_engine:
                 await engine.shutdown()
 

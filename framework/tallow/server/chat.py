@@ -55,9 +55,13 @@ class ChatCompletion:
         self.prompt_ids: list[int] = []
         self.timer = state.metrics.timer()
 
-    async def prepare(self) -> tuple[list[int], Any, str]:
-        """Render and tokenize the prompt, and build the sampling parameters."""
-        messages = normalize_messages(self.req.messages)
+    async def prepare(self, messages: list[dict[str, Any]] | None = None,
+                      budget: int | None = None) -> tuple[list[int], Any, str]:
+        """Render and tokenize the prompt of ``messages`` (normalized; default: the request's)
+        and build the sampling parameters (``budget``: most tokens to generate instead of the
+        request's own limit)."""
+        if messages is None:
+            messages = normalize_messages(self.req.messages)
         kwargs = self.req.chat_template_kwargs or {}
         for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
             # the template is the model's: a request may pass variables, not replace it
@@ -69,7 +73,7 @@ class ChatCompletion:
         self.prompt_ids = ids
         param = ("max_completion_tokens" if self.req.max_completion_tokens is not None
                  else "max_tokens")
-        requested = self.req.max_completion_tokens or self.req.max_tokens
+        requested = budget or self.req.max_completion_tokens or self.req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len,
                                         "messages", param)
         try:
@@ -263,6 +267,10 @@ async def create_chat_completion(state: ServerState, request: Request,
     req = parse_request(ChatCompletionRequest, body)
     check_model(req.model, state.served_names)
     reject_unsupported(req)
+    from .tool_loop import create_with_server_tools, wants_server_tools  # it builds on this module
+
+    if wants_server_tools(state, req):
+        return await create_with_server_tools(state, request, req)
     handler = ChatCompletion(state, req)
     ids, params, prompt = await handler.prepare()
     return await run_generation(

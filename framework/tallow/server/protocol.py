@@ -72,6 +72,8 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: tallow extension: run the server's own tools in a loop (None: server.server_tools)
+    server_tools: bool | None = None
 
     # known OpenAI fields that tallow refuses when they ask for something (see reject_unsupported)
     audio: Any = None

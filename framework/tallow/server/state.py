@@ -19,6 +19,7 @@ import tallow
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
+from .tool_providers import ToolProviders
 
 log = logging.getLogger("tallow.server")
 
@@ -33,9 +34,11 @@ def _setting(config: Any, section: str, name: str, default: Any) -> Any:
 
 class ServerState:
     """Shared by the endpoints of one app. ``config`` may be None (defaults everywhere);
-    ``tool_parsing`` is the server's :class:`~tallow.server.parsers.ToolParsing`."""
+    ``tool_parsing`` is the server's :class:`~tallow.server.parsers.ToolParsing`,
+    ``tool_providers`` its :class:`~tallow.server.tool_providers.ToolProviders`."""
 
-    def __init__(self, engine: Any, config: Any = None, tool_parsing: Any = None) -> None:
+    def __init__(self, engine: Any, config: Any = None, tool_parsing: Any = None,
+                 tool_providers: Any = None) -> None:
         self.engine = engine
         self.config = config
         self.model_name: str = engine.model_name
@@ -43,6 +46,7 @@ class ServerState:
         self.created = int(time.time())
         self.metrics = ServerMetrics(engine.stats, self.model_name)
         self.tool_parsing = tool_parsing or ToolParsing()
+        self.tool_providers = tool_providers or ToolProviders()
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
         self.inflight = 0
         dtype = _setting(config, "model", "dtype", "auto")

@@ -1,0 +1,359 @@
+"""The server-side tool loop: chat completions that use the tools of the server's providers.
+
+When a request uses server tools (:func:`wants_server_tools`), the provided tools are rendered
+into the prompt next to the request's own ``tools`` and the model's output is parsed as usual.
+Each call to a provided tool is run by the server; the assistant message with those calls and
+one ``tool`` message per result are appended to the conversation (rendered by the model's own
+chat template) and the model generates again. The loop ends when a response calls no provided
+tool — its content and any calls to the client's tools are the answer, the latter with
+``finish_reason: "tool_calls"`` as usual — or when ``server.max_tool_rounds`` rounds of calls
+have run and the model still calls one (those calls are not run, they are reported as errors,
+and ``finish_reason`` is ``"length"``). A response that calls provided and client tools
+together runs the provided ones and then returns the client's.
+
+A failed call (the provider says so, it raised, it timed out) is a tool result the model sees,
+marked as an error; it never fails the request. Each run call is reported in the extension
+field ``server_tool_calls`` — of the message in a whole response, of the deltas in a stream,
+where a call is sent when it starts and its ``result`` when it ends — and ``usage`` adds up
+every round. Content streams as it is generated, round after round; both shapes come from one
+sequence of events (:meth:`ToolLoop.events`), so a stream assembles to the whole response.
+
+A request that goes away cancels the loop: the generation of the current round is aborted
+(its KV blocks freed) and a tool call in flight is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Union
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tallow.plugin import ToolResult
+from tallow.plugin.tool_parsing import StreamDelta, ToolCallDelta
+
+from .chat import ChatCompletion, _delta_dict
+from .errors import APIError, invalid
+from .generation import aclose_quietly, first_output, run_generation, unless_disconnected
+from .messages import normalize_messages
+from .protocol import ChatCompletionRequest
+from .sse import DONE, StreamSession
+from .state import ServerState
+from .tool_providers import ProvidedTool
+from .tools import Final, plan_tools, tool_name
+
+#: the extension field of messages and deltas that reports the calls the server ran
+EXTENSION_FIELD = "server_tool_calls"
+
+
+def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
+    """Whether ``req`` runs the tool loop: its ``server_tools`` field, else the server's
+    ``server.server_tools`` default. Asking for it explicitly where it cannot run is a 400;
+    the server default silently leaves out requests it cannot serve (``n`` > 1, ``logprobs``,
+    a forced or ``none`` ``tool_choice``, no tool parser for the model, no providers)."""
+    explicit = req.server_tools
+    if explicit is False:
+        return False
+    if explicit is None and getattr(getattr(state.config, "server", None), "server_tools",
+                                    "off") != "always":
+        return False
+    problem = _cannot_loop(state, req)
+    if problem is None:
+        return True
+    if explicit:
+        raise invalid(*problem)
+    return False
+
+
+def _cannot_loop(state: ServerState, req: ChatCompletionRequest) -> tuple[str, str] | None:
+    if not state.tool_providers.active:
+        return ("server_tools", "Invalid value for 'server_tools': this server runs no tool "
+                "providers (configure one, e.g. MCP servers; see GET /v1/tools).")
+    if (req.n or 1) > 1:
+        return ("n", "'server_tools' needs n = 1.")
+    if req.logprobs:
+        return ("logprobs", "'server_tools' cannot be combined with 'logprobs'.")
+    choice = req.tool_choice
+    if choice is not None and choice != "auto":
+        return ("tool_choice", "'server_tools' needs 'tool_choice' to be 'auto' or absent.")
+    if state.tool_parsing.parser is None:
+        return ("server_tools", "Tool calling is not available: no tool parser matches the "
+                "served model; start the server with --tool-parser NAME.")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: what one loop produces, in order; the response shapes are rendered from them
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Content:
+    text: str
+
+
+@dataclass
+class CallStarted:
+    entry: dict[str, Any]  # index, id, type, function {name, arguments}, provider, round
+
+
+@dataclass
+class CallEnded:
+    index: int
+    id: str
+    result: dict[str, Any]  # content, is_error
+
+
+@dataclass
+class End:
+    finish_reason: str
+    client_calls: list[Any] = field(default_factory=list)  # ToolCall
+
+
+Event = Union[Content, CallStarted, CallEnded, End]
+
+
+class ToolLoop:
+    """One chat request running the tool loop (see the module docstring)."""
+
+    def __init__(self, state: ServerState, req: ChatCompletionRequest,
+                 provided: dict[str, ProvidedTool]) -> None:
+        self.state = state
+        self.req = req
+        self.handler = ChatCompletion(state, req)
+        client_tools = list(req.tools or [])
+        shadowed = {tool_name(t) for t in client_tools if isinstance(t, dict)
+                    and isinstance(t.get("function"), dict)}
+        # A client's own tool wins over a provided tool of the same name.
+        self.provided = {n: t for n, t in provided.items() if n not in shadowed}
+        tools = client_tools + [t.definition for t in self.provided.values()]
+        self.handler.plan = plan_tools(tools, "auto", req.parallel_tool_calls,
+                                       state.tool_parsing)
+        self.messages = normalize_messages(req.messages)
+        self.budget = req.max_completion_tokens or req.max_tokens
+        self.max_rounds = int(getattr(getattr(state.config, "server", None),
+                                      "max_tool_rounds", 8))
+        self.rounds = 0
+        self._reported = 0  # server calls reported so far (their index)
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.reasons: list[str] = []
+
+    @property
+    def id(self) -> str:
+        return self.handler.id
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    # -- the loop -------------------------------------------------------------------------
+    async def events(self, gen: AsyncIterator[Any], first: Any) -> AsyncIterator[Event]:
+        """Run the rounds, starting with the first round's engine stream ``gen`` (whose first
+        output is ``first``); every later round's stream is opened and closed here."""
+        while True:
+            choice = self.handler.plan.choice()
+            written = ""  # this round's content
+            fed = 0  # characters of the output given to the parser
+            out = first
+            try:
+                while True:
+                    o = out.outputs[0]
+                    self.handler.timer.tokens(self.completion_tokens + len(o.token_ids))
+                    new, fed = o.text[fed:], len(o.text)
+                    delta = choice.feed(new) if new else None
+                    if delta is not None and delta.content:
+                        written += delta.content
+                        yield Content(delta.content)
+                    if out.finished:
+                        break
+                    try:
+                        out = await gen.__anext__()
+                    except StopAsyncIteration:
+                        break
+            finally:
+                await aclose_quietly(gen)
+            o = out.outputs[0]
+            self.completion_tokens += len(o.token_ids)
+            self.cached_tokens += int(out.num_cached_tokens or 0)
+            pieces = choice.finish()
+            rest = "".join(p.content for p in pieces if p.content)
+            if rest:
+                written += rest
+                yield Content(rest)
+            calls = [c for p in pieces for c in p.tool_calls]
+            mine = [c for c in calls if c.name in self.provided]
+            theirs = [c for c in calls if c.name not in self.provided]
+            if not mine:
+                yield End(ChatCompletion._finish_reason(o, Final(None, theirs), False), theirs)
+                return
+            if self.rounds >= self.max_rounds:
+                for event in self._not_run(mine):
+                    yield event
+                yield End("length")
+                return
+            self.rounds += 1
+            async for event in self._run_calls(mine, written):
+                yield event
+            if theirs:
+                yield End("tool_calls", theirs)
+                return
+            started = await self._next_round()
+            if started is None:
+                yield End("length")
+                return
+            gen, first = started
+
+    def _entry(self, call: Any, round_no: int) -> dict[str, Any]:
+        entry = {"index": self._reported, "id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments},
+                 "provider": self.provided[call.name].provider, "round": round_no}
+        self._reported += 1
+        return entry
+
+    async def _run_calls(self, calls: list[Any], content: str) -> AsyncIterator[Event]:
+        """Run this round's calls to provided tools (concurrently), report them, and append
+        them and their results to the conversation."""
+        entries = [self._entry(call, self.rounds) for call in calls]
+        for entry in entries:
+            yield CallStarted(entry)
+        tasks = [asyncio.ensure_future(self._call(call)) for call in calls]
+        results = []
+        try:
+            for entry, task in zip(entries, tasks):
+                result = await task
+                results.append(result)
+                yield CallEnded(entry["index"], entry["id"],
+                                {"content": result.content, "is_error": result.is_error})
+        finally:
+            for task in tasks:
+                task.cancel()  # the request went away: cancel the calls still running
+        self.messages.append({"role": "assistant", "content": content or None,
+                              "tool_calls": [{"id": c.id, "type": "function",
+                                              "function": {"name": c.name,
+                                                           "arguments": json.loads(c.arguments)}}
+                                             for c in calls]})
+        for call, result in zip(calls, results):
+            # Chat templates have no error flag for tool results: the text says it.
+            text = f"Error: {result.content}" if result.is_error else result.content
+            self.messages.append({"role": "tool", "content": text, "tool_call_id": call.id,
+                                  "name": call.name})
+
+    async def _call(self, call: Any) -> ToolResult:
+        try:
+            arguments = json.loads(call.arguments)
+        except json.JSONDecodeError as exc:  # the parsers validate calls; kept as a guard
+            return ToolResult(f"the arguments are not JSON: {exc}", True)
+        return await self.state.tool_providers.call(self.provided[call.name], arguments)
+
+    def _not_run(self, calls: list[Any]) -> list[Event]:
+        events: list[Event] = []
+        why = (f"not run: the server already ran {self.max_rounds} rounds of tool calls for "
+               "this request (server.max_tool_rounds)")
+        for call in calls:
+            entry = self._entry(call, self.rounds + 1)
+            events += [CallStarted(entry),
+                       CallEnded(entry["index"], call.id, {"content": why, "is_error": True})]
+        return events
+
+    async def _next_round(self) -> tuple[AsyncIterator[Any], Any] | None:
+        """Start the next round's generation; None when no token is left to generate (the
+        request's budget is spent or the conversation fills the context)."""
+        budget = None
+        if self.budget is not None:
+            budget = self.budget - self.completion_tokens
+            if budget <= 0:
+                return None
+        try:
+            ids, params, prompt = await self.handler.prepare(self.messages, budget)
+        except APIError as exc:
+            if exc.code == "context_length_exceeded":
+                return None
+            raise
+        self.prompt_tokens += len(ids)
+        gen = self.state.engine.generate(ids, params, f"{self.id}-{self.rounds}",
+                                         prompt=prompt, priority=self.req.priority or 0)
+        try:
+            first = await first_output(gen, "messages")
+        except BaseException:
+            await aclose_quietly(gen)
+            raise
+        return gen, first
+
+    # -- whole response -------------------------------------------------------------------
+    async def respond(self, request: Request, gen: AsyncIterator[Any], first: Any) -> Response:
+        async def collect() -> tuple[str, list[dict[str, Any]], End]:
+            content, entries = "", []
+            end = End("stop")
+            async for event in self.events(gen, first):
+                if isinstance(event, Content):
+                    content += event.text
+                elif isinstance(event, CallStarted):
+                    entries.append(dict(event.entry))
+                elif isinstance(event, CallEnded):
+                    entries[event.index]["result"] = event.result
+                else:
+                    end = event
+            return content, entries, end
+
+        content, entries, end = await unless_disconnected(request, collect())
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": content if content or not end.client_calls
+                                   else None, "refusal": None}
+        if end.client_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
+                                     for c in end.client_calls]
+        message[EXTENSION_FIELD] = entries
+        self.handler.timer.finish([end.finish_reason], self.cached_tokens)
+        h = self.handler
+        return JSONResponse({"id": h.id, "object": "chat.completion", "created": h.created,
+                             "model": self.state.model_name,
+                             "system_fingerprint": self.state.system_fingerprint,
+                             "choices": [{"index": 0, "message": message, "logprobs": None,
+                                          "finish_reason": end.finish_reason}],
+                             "usage": self.usage()})
+
+    # -- stream ---------------------------------------------------------------------------
+    async def stream(self, gen: AsyncIterator[Any], first: Any,
+                     session: StreamSession) -> AsyncIterator[str]:
+        h = self.handler
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            usage = self.usage() if h.continuous_usage else None
+            return h._chunk([{"index": 0, "delta": delta, "logprobs": None,
+                              "finish_reason": finish}], usage)
+
+        yield chunk({"role": "assistant", "content": ""})
+        async for event in self.events(gen, first):
+            if isinstance(event, Content):
+                yield chunk({"content": event.text})
+            elif isinstance(event, CallStarted):
+                yield chunk({EXTENSION_FIELD: [event.entry]})
+            elif isinstance(event, CallEnded):
+                yield chunk({EXTENSION_FIELD: [{"index": event.index, "id": event.id,
+                                                "result": event.result}]})
+            else:
+                for i, c in enumerate(event.client_calls):
+                    yield chunk(_delta_dict(StreamDelta(tool_calls=[ToolCallDelta(
+                        i, id=c.id, name=c.name, arguments=c.arguments)])))
+                yield chunk({}, event.finish_reason)
+                h.timer.finish([event.finish_reason], self.cached_tokens)
+        if h.include_usage:
+            yield h._chunk([], self.usage())
+        yield DONE
+
+
+async def create_with_server_tools(state: ServerState, request: Request,
+                                   req: ChatCompletionRequest) -> Response:
+    """Answer ``req`` through the tool loop (the caller checked :func:`wants_server_tools`)."""
+    loop = ToolLoop(state, req, await state.tool_providers.tools())
+    ids, params, prompt = await loop.handler.prepare(loop.messages)
+    loop.prompt_tokens += len(ids)
+    return await run_generation(
+        state, request, lambda: state.engine.generate(ids, params, loop.id, prompt=prompt,
+                                                      priority=req.priority or 0),
+        "messages", bool(req.stream), loop.respond, loop.stream)
