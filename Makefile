@@ -4,7 +4,7 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
 .PHONY: install test serve bench lint
 install:  ## the core and every first-party plugin, editable, with test extras
-	$(PYTHON) -m pip install -q -e '.[test]' $(addprefix -e ,$(PLUGINS))
+	$(PYTHON) -m pip install -q -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 
 test: install  ## pytest's "no tests collected" (5) counts as success
 	$(PYTHON) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
