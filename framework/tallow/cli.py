@@ -56,6 +56,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     listing = plugins_sub.add_parser(
         "list", help="every plugin found: version, status, components registered")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.add_argument("--check-tools", action="store_true",
+                         help="also start the tool providers (connect to the configured MCP "
+                         "servers, say) and report the state and tools of each source")
     add_config_arguments(listing)
     listing.set_defaults(func=cmd_plugins_list)
 
@@ -97,8 +100,14 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     config = load_config(args)
     pm = load_plugins(config.plugins)
     statuses = pm.statuses()
+    checked = _check_tools(pm, config) if args.check_tools else None
     if args.json:
-        print(json.dumps([s.to_dict() for s in statuses], indent=2))
+        rows = [s.to_dict() for s in statuses]
+        for row in rows:
+            if checked is not None:
+                row["tool_providers"] = [p for p in checked
+                                         if p["distribution"] == row["name"]]
+        print(json.dumps(rows, indent=2))
         return 0
     rows = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
     for s in statuses:
@@ -106,7 +115,37 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         rows.append([s.name, s.version or "?", s.status, s.mode or "-",
                      s.reason if s.status != "ok" else (detail or "(none)")])
     print(_table(rows))
+    if checked is not None:
+        print()
+        print(_tools_table(checked))
     return 0
+
+
+def _check_tools(pm: Any, config: Any) -> list[dict[str, Any]]:
+    from tallow.server.tool_providers import check_tool_providers
+
+    pm.hook.tallow_configure(config=config)  # plugins validate their settings here
+    return check_tool_providers(pm, config)
+
+
+def _tools_table(providers: list[dict[str, Any]]) -> str:
+    """One row per source of each tool provider: its state and tools, or why it is down."""
+    rows = [["TOOL PROVIDER", "SOURCE", "STATE", "TOOLS / REASON"]]
+    for provider in providers:
+        sources = provider.get("status", {}).get("sources") or [{}]
+        for source in sources:
+            state = source.get("state") or ("running" if provider["running"] else "failed")
+            if state == "up":
+                detail = ", ".join(source.get("tool_names") or [])
+            elif source:
+                detail = source.get("error", "")
+            else:  # a provider that does not describe sources
+                detail = provider.get("error") or ", ".join(
+                    t["function"]["name"] for t in provider["tools"])
+            rows.append([provider["name"], source.get("name", "-"), state, detail or "(none)"])
+    if len(rows) == 1:
+        return "no tool provider is configured"
+    return _table(rows)
 
 
 # ---------------------------------------------------------------------------------------------

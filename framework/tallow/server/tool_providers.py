@@ -210,6 +210,20 @@ class ToolProviders:
         return out
 
 
+def check_tool_providers(plugin_manager: Any, config: Any) -> list[dict[str, Any]]:
+    """Start every tool provider for ``config``, describe each with its tools, stop them:
+    what ``tallow plugins list --check-tools`` shows. Runs its own event loop."""
+    async def check() -> list[dict[str, Any]]:
+        providers = ToolProviders.from_plugins(plugin_manager, config)
+        await providers.start()
+        try:
+            return await providers.describe()
+        finally:
+            await providers.stop()
+
+    return asyncio.run(check())
+
+
 def _checked(provider: str, definition: Any) -> dict[str, Any] | None:
     """``definition`` if it is a valid OpenAI tool definition, else None (logged)."""
     try:

@@ -1,0 +1,141 @@
+"""Registration, settings, and the provider inside ``tallow serve``'s app (fake engine, the real
+``mcp-server-time``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import pytest
+from mcp_fixtures import TIME, settings_config
+
+import tallow_mcp.plugin as plugin
+from tallow.plugin import PluginSettingsError
+from tallow.plugin.testing import isolated_plugin_manager, modules_imported_by_registration
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_registers_a_lazy_provider_without_heavy_imports() -> None:
+    pm = isolated_plugin_manager(("tallow-mcp", plugin))
+    entry = pm.registries.tool_providers.entry("mcp")
+    assert entry.lazy and entry.distribution == "tallow-mcp"
+    assert modules_imported_by_registration("tallow_mcp.plugin",
+                                            "tallow_register_tool_providers",
+                                            "ToolProviderRegistry",
+                                            watch=("torch", "mcp")) == []
+
+
+@pytest.mark.parametrize("servers, expected", [
+    ({"t": {"command": "x", "colour": "red"}}, r"servers\.t\.colour: unknown key"),
+    ({"t": {"command": "x", "url": "http://h/mcp"}}, r"servers\.t: .*exactly one of"),
+    ({"t": {}}, r"servers\.t: .*exactly one of"),
+    ({"t": {"url": "ftp://h/mcp"}}, r"servers\.t\.url: .*http:// or https://"),
+    ({"t": {"url": "http://h/mcp", "args": ["-v"]}}, r"servers\.t: .*'args', 'env' and 'cwd'"),
+    ({"t": {"command": "x", "headers": {"A": "b"}}}, r"servers\.t: .*'headers' belong"),
+    ({"t": {"command": "x", "call_timeout": -1}}, r"servers\.t\.call_timeout: .*greater than 0"),
+    ({"t": {"command": "x", "max_result_chars": "lots"}}, r"servers\.t\.max_result_chars: "),
+    ({"bad name": {"command": "x"}}, r"servers: .*server name 'bad name'"),
+])
+def test_bad_settings_name_the_key(servers: dict[str, Any], expected: str) -> None:
+    with pytest.raises(PluginSettingsError) as info:
+        plugin.tallow_configure(settings_config(servers))
+    assert re.search(r"plugins\.settings\.tallow-mcp\." + expected, str(info.value)), \
+        str(info.value)
+
+
+def test_nothing_configured_means_no_provider() -> None:
+    from tallow.plugin.testing import make_config
+    from tallow_mcp.provider import MCPToolProvider
+
+    assert MCPToolProvider.from_config(make_config({})) is None
+    assert MCPToolProvider.from_config(settings_config(
+        {"t": {**TIME, "enabled": False}})) is None
+    with pytest.raises(PluginSettingsError, match=r"tallow-mcp\.server: unknown key"):
+        MCPToolProvider.from_config(make_config(
+            {"plugins": {"settings": {"tallow-mcp": {"server": {}}}}}))
+
+
+def test_the_server_runs_mcp_tools_in_its_loop(plugin_manager_with_mcp: Any) -> None:
+    """``tallow serve``'s app built from the plugin manager and a config naming
+    mcp-server-time: the scripted model asks for the time in Tokyo and answers with what the
+    tool returned."""
+    sys.path.insert(0, str(_server_tests()))
+    from server_fakes import FakeEngine
+    from starlette.testclient import TestClient
+
+    from tallow.server.app import build_app
+
+    def script(prompt: str, params: Any, index: int) -> str:
+        found = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.S)
+        if not found:
+            return ('<tool_call>\n{"name": "get_current_time", "arguments": '
+                    '{"timezone": "Asia/Tokyo"}}\n</tool_call>')
+        return "In Tokyo it is " + json.loads(found[0])["datetime"]
+
+    config = settings_config({"time": TIME})
+    engine = FakeEngine(script, plugin_manager=plugin_manager_with_mcp)
+    with TestClient(build_app(engine, config)) as client:
+        tools = client.get("/v1/tools").json()
+        (provider,) = tools["providers"]
+        assert provider["name"] == "mcp" and provider["distribution"] == "tallow-mcp"
+        assert [t["function"]["name"] for t in provider["tools"]] == ["get_current_time",
+                                                                     "convert_time"]
+        (source,) = provider["status"]["sources"]
+        assert source["state"] == "up" and source["transport"] == "stdio"
+        statuses = client.get("/v1/plugins").json()["tool_providers"]
+        assert statuses[0]["status"]["sources"][0]["name"] == "time"
+        reply = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+            "server_tools": True}).json()
+        message = reply["choices"][0]["message"]
+        (entry,) = message["server_tool_calls"]
+        result = json.loads(entry["result"]["content"])
+        assert entry["provider"] == "mcp" and result["timezone"] == "Asia/Tokyo"
+        assert message["content"] == "In Tokyo it is " + result["datetime"]
+
+
+def _server_tests() -> Any:
+    import pathlib
+
+    return pathlib.Path(__file__).resolve().parents[4] / "tests" / "server"
+
+
+@pytest.fixture
+def plugin_manager_with_mcp() -> Any:
+    """The installed plugins (tool parsers, tallow-mcp), as ``tallow serve`` loads them."""
+    from tallow.plugin.manager import load_plugins
+
+    pm = load_plugins(None)
+    assert "mcp" in pm.registries.tool_providers
+    return pm
+
+
+def test_plugins_list_checks_the_servers(tmp_path) -> None:
+    import subprocess
+
+    config = tmp_path / "tallow.yaml"
+    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+        "time": TIME, "ghost": {"command": "/nonexistent/mcp-server"}}}}}}))
+    run = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--check-tools",
+                          "--config", str(config)], capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    rows = {line.split()[1]: line.split(None, 3)[2:] for line in run.stdout.splitlines()
+            if line.startswith("mcp ")}
+    assert rows["time"] == ["up", "get_current_time, convert_time"]
+    assert rows["ghost"][0] == "down" and "/nonexistent/mcp-server" in rows["ghost"][1]
+    listed = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--json",
+                             "--check-tools", "--config", str(config)],
+                            capture_output=True, text=True, timeout=100)
+    (mine,) = [p for p in json.loads(listed.stdout) if p["name"] == "tallow-mcp"]
+    (provider,) = mine["tool_providers"]
+    assert [s["state"] for s in provider["status"]["sources"]] == ["up", "down"]
+    # bad settings stop the command with the key path
+    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+        "time": {**TIME, "timeout": 3}}}}}}))
+    bad = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--check-tools",
+                          "--config", str(config)], capture_output=True, text=True, timeout=100)
+    assert bad.returncode == 1
+    assert "plugins.settings.tallow-mcp.servers.time.timeout: unknown key" in bad.stderr
