@@ -1,9 +1,10 @@
 """The ``tallow`` command.
 
-``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve`` and
-``tallow bench`` come from :mod:`tallow.server.cli` and :mod:`tallow.bench.cli` when those are
-installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its
-subcommand and sets ``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
+``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``
+and ``tallow mcp`` come from :mod:`tallow.server.cli`, :mod:`tallow.bench.cli` and
+:mod:`tallow.server.mcp_cli` when those are installed: each provides
+``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its subcommand and sets
+``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
 imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins list``
 import no torch.
 """
@@ -22,6 +23,7 @@ from typing import Any, Callable, Sequence
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tallow.server.cli", "start the OpenAI-compatible HTTP server"),
     "bench": ("tallow.bench.cli", "run the benchmarks"),
+    "mcp": ("tallow.server.mcp_cli", "serve the model to MCP hosts over stdio"),
 }
 
 

@@ -11,13 +11,15 @@ import asyncio
 import logging
 import re
 from collections import Counter
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tallow.plugin import ToolProvider, ToolResult, plugin_settings
 
-from .connection import ServerConnection
 from .plugin import DISTRIBUTION
 from .settings import MCPSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .connection import ServerConnection
 
 log = logging.getLogger("tallow.mcp")
 
@@ -34,6 +36,10 @@ class MCPToolProvider(ToolProvider):
     name = "mcp"
 
     def __init__(self, settings: MCPSettings) -> None:
+        # The SDK is imported only once a server is configured: a server without MCP
+        # servers does not pay for it.
+        from .connection import ServerConnection
+
         self.settings = settings
         self._callbacks: list[Callable[[], None]] = []
         self.connections = [ServerConnection(name, server, self._changed)
