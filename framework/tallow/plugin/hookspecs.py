@@ -94,7 +94,10 @@ def tallow_register_tool_parsers(registry: "ToolParserRegistry") -> None:
 def tallow_register_tool_providers(registry: "ToolProviderRegistry") -> None:
     """Register tool providers (:class:`tallow.plugin.ToolProvider`), e.g. MCP clients.
 
-    A provider lists tools (name, description, JSON Schema of arguments) and calls them.
+    ``registry.register(name, "pkg.module:ProviderClass")``. The server builds one instance
+    per provider with ``from_config(config)``, starts it with the app, offers the tools it
+    lists to the model and runs the model's calls through it (the tool loop); see the
+    contract on :class:`tallow.plugin.ToolProvider`.
     """
 
 
