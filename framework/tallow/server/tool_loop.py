@@ -139,7 +139,6 @@ class ToolLoop:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
-        self.reasons: list[str] = []
 
     @property
     def id(self) -> str:
