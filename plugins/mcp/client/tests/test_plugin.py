@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from mcp_fixtures import TIME, settings_config
+from mcp_fixtures import SDK_STDIO, TIME, settings_config
 
 import tallow_mcp.plugin as plugin
 from tallow.plugin import PluginSettingsError
@@ -95,6 +95,60 @@ def test_the_server_runs_mcp_tools_in_its_loop(plugin_manager_with_mcp: Any) -> 
         result = json.loads(entry["result"]["content"])
         assert entry["provider"] == "mcp" and result["timezone"] == "Asia/Tokyo"
         assert message["content"] == "In Tokyo it is " + result["datetime"]
+
+
+def test_a_server_killed_mid_call_still_completes_the_request(
+        plugin_manager_with_mcp: Any) -> None:
+    """The scripted model calls a tool that sleeps; its server process is killed meanwhile:
+    the request completes, the model sees the error, and the server is restarted."""
+    import os
+    import signal
+    import threading
+    import time
+
+    sys.path.insert(0, str(_server_tests()))
+    from server_fakes import FakeEngine
+    from starlette.testclient import TestClient
+
+    from tallow.server.app import build_app
+
+    def script(prompt: str, params: Any, index: int) -> str:
+        found = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.S)
+        if found:
+            return "The tool said: " + found[0]
+        call = {"name": "sleep", "arguments": {"seconds": 60}} if "Sleep a minute" in prompt \
+            else {"name": "pid", "arguments": {}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    def ask(client: Any, question: str) -> dict[str, Any]:
+        resp = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": question}], "server_tools": True})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]["message"]
+
+    config = settings_config({"sdk": {**SDK_STDIO, "retry_interval": 0.2}})
+    engine = FakeEngine(script, plugin_manager=plugin_manager_with_mcp)
+    with TestClient(build_app(engine, config)) as client:
+        pid = int(ask(client, "What is your process id?")["server_tool_calls"][0]["result"]
+                  ["content"])
+        killer = threading.Timer(1.0, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        begun = time.monotonic()
+        message = ask(client, "Sleep a minute.")
+        killer.join()
+        assert time.monotonic() - begun < 30
+        (entry,) = message["server_tool_calls"]
+        assert entry["result"]["is_error"] and "went away" in entry["result"]["content"]
+        assert message["content"].startswith("The tool said: Error: ")
+        deadline = time.monotonic() + 30
+        while True:
+            (source,) = client.get("/v1/tools").json()["providers"][0]["status"]["sources"]
+            if source["state"] == "up" and source["connects"] == 2:
+                break
+            assert time.monotonic() < deadline, source
+            time.sleep(0.1)
+        again = ask(client, "What is your process id?")["server_tool_calls"][0]["result"]
+        assert int(again["content"]) != pid
 
 
 def _server_tests() -> Any:
