@@ -57,6 +57,7 @@ class ChatCompletion:
 
     async def prepare(self) -> tuple[list[int], Any, str]:
         """Render and tokenize the prompt, and build the sampling parameters."""
+        self.state.check_fanout(1, self.req.n or 1)
         messages = normalize_messages(self.req.messages)
         kwargs = self.req.chat_template_kwargs or {}
         for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
@@ -268,4 +269,4 @@ async def create_chat_completion(state: ServerState, request: Request,
     return await run_generation(
         state, request, lambda: state.engine.generate(ids, params, handler.id, prompt=prompt,
                                                       priority=req.priority or 0),
-        "messages", bool(req.stream), handler.respond, handler.stream)
+        "messages", bool(req.stream), handler.respond, handler.stream, handler.timer, req.n or 1)
