@@ -55,10 +55,12 @@ class LiveServer:
     def __init__(self, app: Any) -> None:
         import uvicorn
 
+        from tallow.server.http_protocol import uvicorn_config
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "LiveServer":

@@ -174,8 +174,14 @@ def same_as_stream(client: Any, **body: Any) -> dict[str, Any]:
 
 
 def test_one_round(app) -> None:
+    from tallow.server.responses import ChatCompletionResponse
+
     client, engine, clock = app(one_call_then_answer)
     response = same_as_stream(client, server_tools=True)
+    # the body is the one the OpenAPI document describes, extension field included
+    parsed = ChatCompletionResponse.model_validate(response)
+    assert parsed.choices[0].message.server_tool_calls[0].result.content == \
+        "12:12 in Europe/Paris"
     (choice,) = response["choices"]
     assert choice["finish_reason"] == "stop"
     message = choice["message"]
@@ -307,11 +313,16 @@ def test_a_server_without_providers(serve) -> None:
 
 
 def test_tools_endpoint_and_plugin_status(app) -> None:
+    from tallow.server.responses import ToolsResponse
+
     client, engine, clock = app(one_call_then_answer, api_keys=["k"])
     assert client.get("/v1/tools").status_code == 401
     auth = {"Authorization": "Bearer k"}
     body = client.get("/v1/tools", headers=auth).json()
+    ToolsResponse.model_validate(body)
     assert body["max_tool_rounds"] == 8
+    document = client.get("/openapi.json").json()
+    assert "/v1/tools" in document["paths"]
     (provider,) = body["providers"]
     assert provider["name"] == "clock" and provider["running"]
     assert provider["status"]["sources"][0]["state"] == "up"

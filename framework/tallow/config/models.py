@@ -139,6 +139,9 @@ class ServerConfig(Section):
                              "one that matches the model and its chat template.")
     max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
                            "running) before it answers 503.")
+    max_sequences_per_request: int = Field(
+        256, gt=0, description="Most sequences one request may ask for (n times the number "
+        "of prompts); more is a 400.")
     server_tools: Literal["off", "always"] = Field(
         "off", description="Whether chat requests use the tools of the server's tool providers "
         "(MCP servers, say), which the server runs itself in a loop: off, or always; a request's "

@@ -158,12 +158,11 @@ class AsyncEngine(EngineFrontend):
         self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
         finished = False
         try:
-            try:
-                await admitted
-            except BaseException:
-                finished = True  # never admitted: nothing to abort
-                self.processor.abort_request(request_id)
-                raise
+            # Until its final output arrives the request may be in the engine, or on its way
+            # there in the command queue: leaving at any point, even here before the engine has
+            # taken the "add" (a client that went away), posts an abort, which the engine
+            # thread takes after the add. A refused request makes that abort a no-op.
+            await admitted
             self._counters["prompt_tokens_total"] += len(prompt_token_ids)
             while True:
                 item = await stream.get()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
 
 from .components import Component
+from .json_schema import SchemaProblem, check_schema, schema_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import Entry, Registry
@@ -221,13 +222,10 @@ def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> d
             raise ValueError(f"{where}.parameters: expected a JSON Schema object, got "
                              f"{_json_type(params)}")
         if check:
-            from jsonschema import Draft202012Validator, SchemaError, validators
-
             try:
-                validators.validator_for(params, default=Draft202012Validator).check_schema(params)
-            except SchemaError as exc:
-                raise ValueError(f"{where}.parameters: not a valid JSON Schema: {exc.message}"
-                                 ) from None
+                check_schema(params)
+            except SchemaProblem as exc:
+                raise ValueError(f"{where}.parameters: {exc}") from None
         out[name] = params
     return out
 
@@ -249,20 +247,7 @@ def validate_tool_call(call: ToolCall, tools: list[dict[str, Any]]) -> list[str]
         return [f"arguments: not valid JSON ({exc})"]
     if not isinstance(args, dict):
         return [f"arguments: expected a JSON object, got {_json_type(args)}"]
-    from jsonschema import Draft202012Validator, validators
-    from referencing.exceptions import Unresolvable
-
-    schema = schemas[call.name]
-    validator = validators.validator_for(schema, default=Draft202012Validator)(schema)
-    try:
-        errors = sorted(validator.iter_errors(args), key=lambda e: [str(p) for p in e.path])
-    except Unresolvable as exc:
-        return [f"arguments: the schema of {call.name!r} cannot be applied ({exc})"]
-    reasons = []
-    for err in errors:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        reasons.append(f"arguments{path}: {err.message}")
-    return reasons
+    return schema_errors(schemas[call.name], args, root="arguments", schema_name=call.name)
 
 
 class ToolSet:

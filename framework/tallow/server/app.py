@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
@@ -28,8 +28,14 @@ from .messages import normalize_messages
 from .metrics import CONTENT_TYPE
 from .middleware import APIKeyAuth, BodyLimit, StatusCounter
 from .parsers import ToolParsing, choose_tool_parser
+from .openapi import BODY_ERRORS, GENERATION_ERRORS, Endpoint, openapi_document
 from .protocol import (
-    DetokenizeRequest, TokenizeRequest, check_model, parse_json_body, parse_request,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_model,
+    parse_json_body, parse_request,
+)
+from .responses import (
+    ChatCompletionResponse, CompletionResponse, DetokenizeResponse, HealthResponse, ModelCard,
+    ModelList, PluginsResponse, TokenizeResponse, ToolsResponse, VersionResponse,
 )
 from .state import ServerState
 from .tool_providers import ToolProviders, list_server_tools
@@ -51,6 +57,10 @@ def _json_endpoint(state: ServerState, handler: Handler
         try:
             body = parse_json_body(await request.body())
             return await handler(state, request, body)
+        except ClientDisconnect:  # the client left before sending its whole body: not an error
+            log.info("%s %s: the client closed the connection before its request body was "
+                     "complete", request.method, request.url.path)
+            return Response(status_code=499)
         except APIError as exc:
             return exc.response()
         except Exception as exc:  # a bug: logged with its traceback, never sent to the client
@@ -189,12 +199,43 @@ async def _http_error(request: Request, exc: Exception) -> Response:
                         code="not_found").response()
     if exc.status_code == 405:
         return APIError(405, f"Method {request.method} is not allowed on "
-                        f"{request.url.path}.", code="method_not_allowed").response()
+                        f"{request.url.path}.", code="method_not_allowed",
+                        headers=dict(exc.headers or {})).response()
     return APIError(exc.status_code, str(exc.detail)).response()
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     return from_exception(exc).response()
+
+
+def _endpoints() -> list[Endpoint]:
+    """Every built-in route; the app and its OpenAPI document are both made from this table."""
+    return [
+        Endpoint("POST", "/v1/chat/completions", create_chat_completion, "Chat completion",
+                 ChatCompletionRequest, ChatCompletionResponse, streams=True,
+                 errors=GENERATION_ERRORS),
+        Endpoint("POST", "/v1/completions", create_completion, "Text completion",
+                 CompletionRequest, CompletionResponse, streams=True, errors=GENERATION_ERRORS),
+        Endpoint("POST", "/tokenize", tokenize, "Token ids of a prompt or a conversation",
+                 TokenizeRequest, TokenizeResponse, errors=BODY_ERRORS + ((404, "Unknown model."),)),
+        Endpoint("POST", "/detokenize", detokenize, "Text of token ids", DetokenizeRequest,
+                 DetokenizeResponse, errors=BODY_ERRORS + ((404, "Unknown model."),)),
+        Endpoint("GET", "/v1/models", list_models, "The served model", response=ModelList),
+        Endpoint("GET", "/v1/models/{model:path}", get_model, "One served model",
+                 response=ModelCard, errors=((404, "The model is not served here."),)),
+        Endpoint("GET", "/health", health, "The engine's state and load",
+                 response=HealthResponse, errors=((503, "The engine has failed."),)),
+        Endpoint("GET", "/version", version, "The server's version", response=VersionResponse),
+        Endpoint("GET", "/metrics", metrics, "Prometheus metrics", media_type=CONTENT_TYPE),
+        Endpoint("GET", "/v1/plugins", plugins, "Plugins and their components",
+                 response=PluginsResponse),
+        Endpoint("GET", "/v1/tools", list_server_tools, "The tools the server runs itself, "
+                 "per tool provider", response=ToolsResponse),
+    ]
+
+
+def _is_protected(path: str) -> bool:
+    return path.startswith(PROTECTED_PREFIXES)
 
 
 def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | None = None,
@@ -215,16 +256,22 @@ def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | No
         tool_providers = ToolProviders.from_plugins(getattr(engine, "plugin_manager", None),
                                                     config)
     state = ServerState(engine, config, tool_parsing, tool_providers)
-    post = [("/v1/chat/completions", create_chat_completion),
-            ("/v1/completions", create_completion),
-            ("/tokenize", tokenize), ("/detokenize", detokenize)]
-    get = [("/v1/models", list_models), ("/v1/models/{model:path}", get_model),
-           ("/health", health), ("/version", version), ("/metrics", metrics),
-           ("/v1/plugins", plugins), ("/v1/tools", list_server_tools)]
-    routes: list[BaseRoute] = [Route(p, _json_endpoint(state, h), methods=["POST"])
-                               for p, h in post]
-    routes += [Route(p, _get_endpoint(state, h), methods=["GET"]) for p, h in get]
-    routes += _plugin_routes(state)
+    endpoints = _endpoints()
+    routes: list[BaseRoute] = [
+        Route(ep.path, (_json_endpoint if ep.method == "POST" else _get_endpoint)(
+            state, ep.handler), methods=[ep.method]) for ep in endpoints]
+    extra = _plugin_routes(state)
+    server = getattr(config, "server", None)
+    keys = list(getattr(server, "api_keys", None) or [])
+    document = openapi_document(
+        endpoints, [(r.path, sorted(r.methods or ("GET",))) for r in extra
+                    if isinstance(r, Route)],
+        _is_protected, bool(keys))
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes += [Route("/openapi.json", openapi, methods=["GET"])] + extra
     templates = {r.path for r in routes if isinstance(r, Route)}
 
     def endpoint_of(scope: Any) -> str:
@@ -235,11 +282,9 @@ def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | No
             return "/v1/models/{model}"
         return "other"
 
-    server = getattr(config, "server", None)
     middleware = [
         Middleware(StatusCounter, counter=state.metrics.http_requests, endpoint_of=endpoint_of),
-        Middleware(APIKeyAuth, keys=list(getattr(server, "api_keys", None) or []),
-                   protected_prefixes=PROTECTED_PREFIXES),
+        Middleware(APIKeyAuth, keys=keys, protected_prefixes=PROTECTED_PREFIXES),
         Middleware(BodyLimit, max_bytes=int(getattr(server, "max_body_bytes", 33554432))),
     ]
 

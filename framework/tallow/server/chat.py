@@ -60,6 +60,7 @@ class ChatCompletion:
         """Render and tokenize the prompt of ``messages`` (normalized; default: the request's)
         and build the sampling parameters (``budget``: most tokens to generate instead of the
         request's own limit)."""
+        self.state.check_fanout(1, self.req.n or 1)
         if messages is None:
             messages = normalize_messages(self.req.messages)
         kwargs = self.req.chat_template_kwargs or {}
@@ -276,4 +277,4 @@ async def create_chat_completion(state: ServerState, request: Request,
     return await run_generation(
         state, request, lambda: state.engine.generate(ids, params, handler.id, prompt=prompt,
                                                       priority=req.priority or 0),
-        "messages", bool(req.stream), handler.respond, handler.stream)
+        "messages", bool(req.stream), handler.respond, handler.stream, handler.timer, req.n or 1)

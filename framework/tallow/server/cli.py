@@ -88,6 +88,7 @@ def serve(config: Any, bind: Any) -> int:
     from tallow.plugin.manager import load_plugins
 
     from .app import build_app
+    from .http_protocol import uvicorn_config
     from .parsers import ToolParserError
 
     started = time.monotonic()
@@ -110,8 +111,8 @@ def serve(config: Any, bind: Any) -> int:
             print(f"tallow: {exc}", file=sys.stderr)
             return 2
         level = config.logging.level
-        uv_config = uvicorn.Config(
-            app, host=bind.host, port=bind.port, uds=bind.uds, lifespan="on",
+        uv_config = uvicorn_config(
+            app, host=bind.host, port=bind.port, uds=bind.uds,
             log_config=None, log_level=level.lower(), access_log=level == "DEBUG",
             timeout_graceful_shutdown=5, timeout_keep_alive=30, server_header=False)
         if bind.uds is not None:

@@ -112,6 +112,7 @@ class TextCompletion:
             items = list(raw)  # type: ignore[arg-type]
         if not items:
             raise invalid("prompt", "Invalid value for 'prompt': expected at least one prompt.")
+        self.state.check_fanout(len(items), self.n)
         vocab = getattr(self.state.tokenizer, "vocab_size", None)
         param_list = []
         for p, item in enumerate(items):
@@ -297,4 +298,5 @@ async def create_completion(state: ServerState, request: Request,
     handler = TextCompletion(state, req)
     params = await handler.prepare()
     return await run_generation(state, request, lambda: handler.start(params), "prompt",
-                                bool(req.stream), handler.respond, handler.stream)
+                                bool(req.stream), handler.respond, handler.stream,
+                                handler.timer, len(params) * handler.n)

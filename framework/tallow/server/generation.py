@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import APIError, from_exception
+from .metrics import RequestTimer
 from .sse import DONE, StreamSession, error_event, event_stream
 from .state import ServerState
 
@@ -87,11 +88,13 @@ async def run_generation(
     state: ServerState, request: Request, start: Callable[[], AsyncIterator[Any]], param: str,
     stream: bool, respond: Callable[[Request, AsyncIterator[Any], Any], Awaitable[Response]],
     chunks: Callable[[AsyncIterator[Any], Any, StreamSession], AsyncIterator[str]],
+    timer: RequestTimer, sequences: int,
 ) -> Response:
     """Admit one engine request and answer it whole (``respond``) or as a stream (``chunks``).
 
     The request holds a ``server.max_queue`` slot until it ends; a client that goes away
-    aborts it (its KV blocks are freed at once).
+    aborts it (its KV blocks are freed at once) and its ``sequences`` count as finished with
+    reason ``abort`` in ``timer``'s metrics.
     """
     state.acquire()
     gen = None
@@ -99,13 +102,19 @@ async def run_generation(
     try:
         gen = start()
         engine_stream = gen
+
+        async def closed() -> None:
+            await aclose_quietly(engine_stream)
+            timer.cancel(sequences)  # a no-op when the stream ended normally
+
         first = await unless_disconnected(request, first_output(engine_stream, param))
         if not stream:
             return await respond(request, gen, first)
-        session = StreamSession(lambda: aclose_quietly(engine_stream), state.release_async)
+        session = StreamSession(closed, state.release_async)
         handed_over = True
         return event_stream(_guarded(chunks(gen, first, session), session), session.close)
     except ClientGone:
+        timer.cancel(sequences)
         return Response(status_code=499)
     finally:
         if not handed_over:

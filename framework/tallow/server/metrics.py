@@ -122,6 +122,12 @@ class RequestTimer:
         self._last = now
         self._tokens = total_generated
 
+    def cancel(self, sequences: int) -> None:
+        """Record a request that ended before its response did (the client went away, or the
+        stream broke off): each of its ``sequences`` counts as finished with reason
+        ``abort``. Does nothing once :meth:`finish` has run."""
+        self.finish(["abort"] * sequences)
+
     def finish(self, finish_reasons: list[str], cached_tokens: int = 0) -> None:
         if self._done:
             return

@@ -59,10 +59,23 @@ class _SamplingFields(BaseModel):
     priority: int | None = 0
 
 
+# The shape of one chat message, for the OpenAPI document; :mod:`.messages` checks it.
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_MESSAGE: dict[str, Any] = {
+    "type": "object", "required": ["role", "content"],
+    "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART},
+                              {"type": "null"}]},
+        "name": {"type": "string"}, "tool_call_id": {"type": "string"},
+        "tool_calls": {"type": "array", "items": {"type": "object"}}}}
+
+
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``. ``messages`` is checked by :mod:`.messages`."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1, json_schema_extra={"items": _MESSAGE})
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
@@ -141,7 +154,13 @@ def param_from_loc(loc: tuple[Any, ...]) -> str:
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    """The request body as a JSON object, or a 400 saying what is wrong with it.
+
+    Besides JSON syntax, two things are refused here, once for every endpoint: nesting deeper
+    than :data:`MAX_JSON_DEPTH` (deep documents exhaust the stack of whatever walks them
+    later), and strings that are not Unicode text (JSON's ``\\ud800`` escape can spell a lone
+    UTF-16 surrogate, which no tokenizer or encoder accepts).
+    """
     if not body.strip():
         raise invalid(None, "The request body is empty; expected a JSON object.",
                       code="invalid_json")
@@ -150,10 +169,73 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise invalid(None, f"The request body is not valid JSON: {exc}.",
                       code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep(None) from None
     if not isinstance(obj, dict):
         raise invalid(None, f"The request body must be a JSON object, not {type(obj).__name__}.",
                       code="invalid_json")
+    _check_values(obj)
     return obj
+
+
+#: Deepest nesting of objects and arrays a request body may have (the body itself is level 1).
+MAX_JSON_DEPTH = 64
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _shown(where: str) -> str:
+    return where if len(where) <= 80 else where[:77] + "..."
+
+
+def _too_deep(where: str | None) -> APIError:
+    return invalid(where and _shown(where), f"The request body nests objects and arrays deeper "
+                   f"than {MAX_JSON_DEPTH} levels{f' (at {_shown(where)!r})' if where else ''}.",
+                   code="invalid_json")
+
+
+def _not_text(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text``, or None for proper Unicode text."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _not_text_error(text: str, at: int, where: str) -> APIError:
+    return invalid(_shown(where) or None, f"Invalid value for "
+                   f"{_shown(where) or 'the request body'!r}: the string holds a lone UTF-16 "
+                   f"surrogate (U+{ord(text[at]):04X} at character {at}); expected Unicode text.",
+                   code="invalid_unicode")
+
+
+def _check_values(obj: dict[str, Any]) -> None:
+    """Depth and Unicode of every value, iteratively (a recursive walk would overflow on the
+    documents it must refuse). Lists of numbers, the common large case, are passed over in C;
+    paths are spelled out only for containers and for the value at fault."""
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep(where)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if (at := _not_text(key)) is not None:
+                    raise _not_text_error(key, at, where)
+                if isinstance(value, str):
+                    if (at := _not_text(value)) is not None:
+                        raise _not_text_error(value, at, f"{where}.{key}" if where else key)
+                elif isinstance(value, (dict, list)):
+                    stack.append((value, depth + 1, f"{where}.{key}" if where else key))
+        elif set(map(type, node)) - _SCALARS:
+            for i, value in enumerate(node):
+                if isinstance(value, str):
+                    if (at := _not_text(value)) is not None:
+                        raise _not_text_error(value, at, f"{where}[{i}]")
+                elif isinstance(value, (dict, list)):
+                    stack.append((value, depth + 1, f"{where}[{i}]"))
 
 
 def parse_request(model: type[M], obj: dict[str, Any]) -> M:

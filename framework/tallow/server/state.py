@@ -48,6 +48,8 @@ class ServerState:
         self.tool_parsing = tool_parsing or ToolParsing()
         self.tool_providers = tool_providers or ToolProviders()
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
+        self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
+                                               256))
         self.inflight = 0
         dtype = _setting(config, "model", "dtype", "auto")
         digest = hashlib.sha256(f"{tallow.__version__}|{self.model_name}|{dtype}".encode())
@@ -104,6 +106,15 @@ class ServerState:
                           f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None
 
     # -- admission ----------------------------------------------------------------------
+    def check_fanout(self, prompts: int, n: int) -> None:
+        """400 when ``prompts`` × ``n`` sequences exceed ``server.max_sequences_per_request``."""
+        if prompts * n > self.max_sequences:
+            what = f"{prompts} prompts × n={n}" if prompts > 1 else f"n={n}"
+            raise invalid("n" if prompts == 1 else "prompt",
+                          f"The request asks for {prompts * n} sequences ({what}); this server "
+                          f"allows at most {self.max_sequences} per request "
+                          "(server.max_sequences_per_request).", code="too_many_sequences")
+
     def acquire(self) -> None:
         """Take one of the ``server.max_queue`` request slots (503 when none is left)."""
         if self.inflight >= self.max_queue:

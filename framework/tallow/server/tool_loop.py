@@ -355,4 +355,4 @@ async def create_with_server_tools(state: ServerState, request: Request,
     return await run_generation(
         state, request, lambda: state.engine.generate(ids, params, loop.id, prompt=prompt,
                                                       priority=req.priority or 0),
-        "messages", bool(req.stream), loop.respond, loop.stream)
+        "messages", bool(req.stream), loop.respond, loop.stream, loop.handler.timer, 1)

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tallow.plugin.json_schema import SchemaProblem, check_schema
 from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
 
 from .errors import invalid, unsupported
@@ -38,9 +39,6 @@ _FN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # ---------------------------------------------------------------------------------------------
 def validate_tools(tools: list[Any]) -> list[dict[str, Any]]:
     """Check the ``tools`` of a request; 400 naming the first bad field."""
-    from jsonschema import SchemaError
-    from jsonschema.validators import validator_for
-
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
@@ -65,15 +63,11 @@ def validate_tools(tools: list[Any]) -> list[dict[str, Any]]:
         seen.add(name)
         params = fn.get("parameters")
         if params is not None:
-            if not isinstance(params, dict):
-                raise invalid(f"{at}.function.parameters", f"Invalid value for "
-                              f"'{at}.function.parameters': expected a JSON Schema object.")
             try:
-                validator_for(params).check_schema(params)
-            except SchemaError as exc:
+                check_schema(params)
+            except SchemaProblem as exc:
                 raise invalid(f"{at}.function.parameters", f"Invalid value for "
-                              f"'{at}.function.parameters': not a valid JSON Schema "
-                              f"({exc.message}).") from None
+                              f"'{at}.function.parameters': {exc}.") from None
     return tools
 
 
