@@ -25,7 +25,15 @@ def echo(text: str) -> str:
 @app.tool()
 async def sleep(seconds: float) -> str:
     """Sleep for ``seconds``, then say so."""
-    await asyncio.sleep(seconds)
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        # the client cancelled the call: leave a mark the tests can read
+        mark = os.environ.get("SDK_SERVER_CANCEL_MARK")
+        if mark:
+            with open(mark, "w") as f:
+                f.write(f"cancelled after sleeping less than {seconds} s")
+        raise
     return f"slept {seconds} s"
 
 

@@ -208,3 +208,26 @@ def test_http_server_down_at_start_and_killed_mid_call() -> None:
             server.kill()
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_call_is_cancelled_at_the_server(tmp_path) -> None:
+    mark = tmp_path / "cancelled"
+
+    async def scenario() -> None:
+        provider = await started({"sdk": {**SDK_STDIO,
+                                          "env": {"SDK_SERVER_CANCEL_MARK": str(mark)}}})
+        try:
+            call = asyncio.ensure_future(provider.call_tool("sleep", {"seconds": 60}))
+            await asyncio.sleep(1.0)
+            call.cancel()  # what a client that disconnects does to the tool loop's call
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await wait_for(mark.exists)
+            assert mark.read_text().startswith("cancelled")
+            # the connection is still good for the next call
+            assert await provider.call_tool("echo", {"text": "still here"}) == \
+                ToolResult("still here")
+        finally:
+            await provider.stop()
+
+    asyncio.run(scenario())
