@@ -169,11 +169,11 @@ class _Cursor:
             raise self.error(field, f"unknown value type {raw} at offset {at:,} (known: 0 to "
                                     f"{max(GGUFValueType)})") from None
 
-    def value(self, kind: GGUFValueType, field: str, depth: int = 0) -> Any:
+    def value(self, kind: GGUFValueType, field: str) -> Any:
         if kind is GGUFValueType.STRING:
             return self.string(field)
         if kind is GGUFValueType.ARRAY:
-            return self.array(field, depth)
+            return self.array(field, depth=0)
         fmt, _ = _SCALARS[kind]
         return self.unpack(fmt, field)
 
