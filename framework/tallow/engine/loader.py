@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from tallow.layers import ArchConfig, BuildContext
-from tallow.plugin import Checkpoint, Entry, Registries, SelectionError
+from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError
+
+from .checkpoint_check import check_config_against_tensors
 
 log = logging.getLogger("tallow.engine")
 
@@ -79,7 +81,13 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         metadata = checkpoint.extra.get("gguf_metadata", {})
         refine = getattr(cls, "config_from_gguf", None)
         if refine is not None:
-            config = refine(metadata, config)
+            try:
+                config = refine(metadata, config)
+            except ModelFileError:
+                raise
+            except ValueError as exc:  # the model class names the key, not the file
+                raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                     str(exc)) from None
         config.setdefault("architectures", [entry.name])
         return entry, config
     if arch not in registries.architectures:
@@ -105,6 +113,8 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     fmt = choose_weight_format(registries, source, weight_format).load()()
     checkpoint = fmt.load(source, revision=revision)
     entry, config = resolve_architecture(registries, checkpoint)
+    # before anything is allocated from the config
+    check_config_against_tensors(config, checkpoint)
     arch_cfg = ArchConfig(config)
     torch_dtype = resolve_dtype(dtype, device, str(config.get("torch_dtype") or ""))
     cls = entry.load()

@@ -38,6 +38,10 @@ class Checkpoint:
     through the architecture's ``config_from_gguf``). ``tensors()`` yields ``(name, tensor)``
     pairs named as the checkpoint names them; ``naming`` says which scheme (``"hf"`` or
     ``"gguf"``), and the model's ``load_weights`` maps them.
+
+    A format checks its files while it builds the checkpoint (headers against file sizes,
+    metadata against tensors) and raises :class:`tallow.plugin.ModelFileError` for a damaged
+    one, so that nothing is allocated from a corrupt count.
     """
 
     source: str
@@ -54,6 +58,12 @@ class Checkpoint:
     quantization: str | None = None
     #: free-form facts the format wants to pass on (GGUF metadata, file paths, ...)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: name -> shape (torch order) of every tensor ``tensors()`` yields, as the files' headers
+    #: state them (read without touching tensor data); None when the format cannot tell. The
+    #: engine checks the config against it before building the model.
+    tensor_shapes: dict[str, tuple[int, ...]] | None = None
+    #: the file ``config`` was read from (``config.json``, the ``.gguf``), for error messages
+    config_path: str | None = None
 
     @property
     def chat_template(self) -> str | None:

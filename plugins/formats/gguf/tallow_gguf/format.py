@@ -7,10 +7,10 @@ import pathlib
 import time
 from typing import Any, ClassVar, Iterator
 
-from tallow.plugin import Checkpoint, WeightFormat
+from tallow.plugin import Checkpoint, ModelFileError, WeightFormat
 
 from .config import config_from_metadata, torch_dtype_of
-from .dequant import dequantize, type_name
+from .dequant import dequantize, logical_shape, type_name
 from .reader import GGUFModelFile, open_gguf
 from .tokenizer import TokenizerBuildError, build_tokenizer
 
@@ -92,8 +92,11 @@ class GGUFFormat(WeightFormat):
             extra["tokenizer_error"] = str(exc)
         types = [(type_name(t), len(t.shape)) for t in model.tensors.values()]
         vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer else None
-        config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
-                                      torch_dtype=torch_dtype_of(types))
+        try:
+            config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
+                                          torch_dtype=torch_dtype_of(types))
+        except ValueError as exc:  # names the key, not the file
+            raise ModelFileError(path, None, str(exc)) from None
         return Checkpoint(
             source=source or str(path),
             config=config,
@@ -105,6 +108,8 @@ class GGUFFormat(WeightFormat):
             generation_config=generation_config,
             quantization=None,
             extra=extra,
+            tensor_shapes={name: logical_shape(t) for name, t in model.tensors.items()},
+            config_path=str(path),
         )
 
 

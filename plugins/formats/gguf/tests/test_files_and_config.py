@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import gguf_synthetic as gs
-from tallow.plugin import WeightFormatRegistry
+from tallow.plugin import ModelFileError, WeightFormatRegistry
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_gguf import plugin
 from tallow_gguf.config import config_from_metadata, torch_dtype_of
 from tallow_gguf.format import GGUFFormat
-from tallow_gguf.reader import GGUFFormatError, shard_paths
+from tallow_gguf.reader import shard_paths
 
 
 def _tensors():
@@ -80,7 +80,7 @@ def test_missing_shard_is_named(written, tmp_path):
     import shutil
 
     copies = [shutil.copy(p, tmp_path / p.name) for p in shards[:2]]
-    with pytest.raises(GGUFFormatError, match=r"tiny-split-00003-of-00003\.gguf"):
+    with pytest.raises(ModelFileError, match=r"tiny-split-00003-of-00003\.gguf"):
         GGUFFormat().load(copies[0])
     assert shard_paths(tmp_path / "plain.gguf") == [tmp_path / "plain.gguf"]
 
@@ -88,7 +88,7 @@ def test_missing_shard_is_named(written, tmp_path):
 def test_not_a_gguf_file(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
-    with pytest.raises(GGUFFormatError, match="not a readable GGUF file"):
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
         GGUFFormat().load(str(bad))
     with pytest.raises(FileNotFoundError, match="no such GGUF file"):
         GGUFFormat().load(str(tmp_path / "missing.gguf"))
@@ -105,6 +105,14 @@ def test_synthetic_config(written):
     assert cfg["bos_token_id"] == 1 and cfg["eos_token_id"] == 2
     assert "partial_rotary_factor" not in cfg  # rope.dimension_count == head_dim
     assert cfg["torch_dtype"] == "bfloat16"
+
+
+def test_checkpoint_states_tensor_shapes_without_reading_them(written):
+    tensors, single, shards = written
+    for source in (single, shards[1]):
+        ck = GGUFFormat().load(str(source))
+        assert ck.tensor_shapes == {name: array.shape for name, (array, _) in tensors.items()}
+        assert ck.config_path == str(single if source == single else shards[0])
 
 
 def _meta(**extra):
