@@ -81,19 +81,30 @@ def synthetic_tokenizer(vocab_size: int) -> Any:
     return tok
 
 
+#: standard deviation of the random matrices
+RANDOM_STD = 0.02
+
+
 @torch.no_grad()
 def initialize_random(model: torch.nn.Module, seed: int = 0) -> None:
-    """Fill every parameter on its own device: matrices ~ N(0, 0.02), norms 1, biases 0."""
+    """Fill every parameter on its own device: matrices ~ N(0, 0.02), norms 1, biases 0.
+
+    A parameter that carries ``random_fill(generator, std)`` (a quantization method whose
+    storage is made from float weights, e.g. while quantizing at load) fills itself: it draws
+    its float weights, one layer at a time, so no float copy of the whole model exists."""
     gen = None
     for name, param in model.named_parameters():
         if gen is None or gen.device != param.device:
             gen = torch.Generator(device=param.device).manual_seed(seed)
-        if name.endswith("bias"):
+        fill = getattr(param, "random_fill", None)
+        if fill is not None:
+            fill(gen, RANDOM_STD)
+        elif name.endswith("bias"):
             param.zero_()
         elif param.dim() == 1:
             param.fill_(1.0)
         elif param.is_floating_point():
-            param.normal_(0.0, 0.02, generator=gen)
+            param.normal_(0.0, RANDOM_STD, generator=gen)
 
 
 class RandomWeights(WeightFormat):

@@ -97,8 +97,8 @@ def dense(weight: torch.Tensor) -> PackedWeight:
 def cat_rows(parts: list[PackedWeight]) -> PackedWeight:
     """Weights of one type stacked along the rows (the partitions of a merged layer)."""
     first = parts[0]
-    if any(p.qtype != first.qtype or p.cols != first.cols or p.planes.keys() != first.planes.keys()
-           for p in parts):
+    if any(p.type_name != first.type_name or p.cols != first.cols
+           or p.planes.keys() != first.planes.keys() for p in parts):
         raise ValueError("only weights of one type and width can be stacked")
     planes = {k: torch.cat([p.planes[k] for p in parts]) for k in first.planes}
     return PackedWeight(first.qtype, sum(p.rows for p in parts), first.cols, planes)

@@ -16,40 +16,46 @@ from .packing import PackedWeight
 from .qtypes import IQ4_VALUES, MIN_BLOCK, MIN_PACKED, MIN_SUB, SCALE_PACKED, SCALE_SUB
 
 
-def _bits_of(words: torch.Tensor, width: int) -> torch.Tensor:
-    """int32 words ``[R, W]`` → their ``32 / width`` fields of ``width`` bits, low first."""
-    per_word = 32 // width
-    shifts = torch.arange(per_word, dtype=torch.int32, device=words.device) * width
-    return ((words.unsqueeze(-1) >> shifts) & ((1 << width) - 1)).reshape(words.shape[0], -1)
+def _fields(words: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 words ``[R, W]`` → their ``32 / width`` fields of ``width`` bits, low first, as
+    uint8 ``[R, W * 32 / width]`` (the words are little-endian, so byte ``b`` of the view holds
+    bits ``8b..8b+7``)."""
+    per_byte = 8 // width
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=words.device) * width
+    as_bytes = words.contiguous().view(torch.uint8)
+    return ((as_bytes.unsqueeze(-1) >> shifts) & ((1 << width) - 1)).reshape(words.shape[0], -1)
 
 
 def codes(p: PackedWeight) -> torch.Tensor:
-    """The integer code ``q`` of every element, ``[R, K]`` int32 (before offset or table)."""
+    """The integer code ``q`` of every element, ``[R, K]`` (uint8; int8 for Q8_0), before the
+    offset or table."""
     qt = p.qtype
     assert qt is not None
     r, k = p.rows, p.cols
     if qt.byte:
-        return p.planes["byte"].to(torch.int32)
-    q = torch.zeros(r, k, dtype=torch.int32, device=p.device)
-    low_bits = 0
+        return p.planes["byte"]
+    q: torch.Tensor | None = None
     if qt.nib:
         nib = p.planes["nib"].view(r, k // 32, 1, 16)
-        q = torch.cat([nib & 15, nib >> 4], dim=2).reshape(r, k).to(torch.int32)
-        low_bits = 4
+        q = torch.cat([nib & 15, nib >> 4], dim=2).view(r, k)
     if qt.pair:
-        q = q | (_bits_of(p.planes["pair"], 2) << low_bits)
-        low_bits += 2
+        pair = _fields(p.planes["pair"], 2)
+        q = pair if q is None else q | (pair << 4)
     if qt.bit:
-        q = q | (_bits_of(p.planes["bit"], 1) << low_bits)
+        q = q | (_fields(p.planes["bit"], 1) << (4 if qt.nib else 2))
     return q
 
 
 def _values(p: PackedWeight, q: torch.Tensor) -> torch.Tensor:
-    """``f(q)`` as float32: the code minus the type's offset, or its IQ4 table value."""
+    """``f(q)`` as a fresh float32 tensor: the code minus the type's offset, or its IQ4 table
+    value."""
     if p.qtype.lut:
         table = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=q.device)
         return table[q.long()]
-    return (q - p.qtype.offset).to(torch.float32)
+    f = q.to(torch.float32)
+    if p.qtype.offset:
+        f -= p.qtype.offset  # exact: small integers
+    return f
 
 
 def group_scales(p: PackedWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,12 +86,12 @@ def dequantize_ref(p: PackedWeight) -> torch.Tensor:
         return p.planes["dense"].to(torch.float32)
     qt = p.qtype
     r, k = p.rows, p.cols
-    f = _values(p, codes(p)).view(r, k // qt.group, qt.group)
+    w = _values(p, codes(p)).view(r, k // qt.group, qt.group)
     scale, low_min = group_scales(p)
-    w = scale.unsqueeze(-1) * f
+    w *= scale.unsqueeze(-1)  # in place, the same products as ``scale * f``
     if low_min is not None:
-        w = w - low_min.unsqueeze(-1)
-    return w.reshape(r, k)
+        w -= low_min.unsqueeze(-1)
+    return w.view(r, k)
 
 
 def dequantize_rows_ref(p: PackedWeight, ids: torch.Tensor) -> torch.Tensor:

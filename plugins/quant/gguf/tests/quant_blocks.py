@@ -19,15 +19,17 @@ EXTREMES = np.array([0.0, -0.0, 65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24), 2.
 
 
 def random_blocks(qtype: str, rows: int, blocks_per_row: int, seed: int = 0,
-                  extremes: bool = True) -> np.ndarray:
-    """uint8 ``[rows, blocks_per_row * block_bytes]`` of GGML blocks of ``qtype``."""
+                  extremes: bool = True, d_range: tuple[float, float] = (1e-4, 0.5)
+                  ) -> np.ndarray:
+    """uint8 ``[rows, blocks_per_row * block_bytes]`` of GGML blocks of ``qtype``; the ordinary
+    fp16 fields are drawn with magnitudes in ``d_range``."""
     qt = QUANT_TYPES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * blocks_per_row, qt.block_bytes), dtype=np.uint8)
     n = blocks.shape[0]
     for at in FP16_FIELDS[qtype]:
         # ordinary scales everywhere first, then extremes in every other block
-        normal = (rng.uniform(1e-4, 0.5, n) * rng.choice([-1, 1], n)).astype(np.float16)
+        normal = (rng.uniform(*d_range, n) * rng.choice([-1, 1], n)).astype(np.float16)
         if extremes:
             pick = rng.integers(0, len(EXTREMES), n)
             normal = np.where(np.arange(n) % 2 == 1, EXTREMES[pick], normal).astype(np.float16)
