@@ -51,11 +51,20 @@ def plane_args(p: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
     ptrs = [planes.get(name, some) for name in _PLANES]
     strides = [planes[name].stride(0) if name in planes else 0
                for name in ("nib", "pair", "bit", "byte", "d", "sc")]
-    lut = _LUTS.get(some.device)
+    return ptrs + [iq4_table(some.device)], strides
+
+
+def iq4_table(device: torch.device) -> torch.Tensor:
+    """The IQ4 value table on ``device``, made once per device (by the first kernel launch,
+    which precedes any CUDA-graph capture: the engine runs each shape eagerly first)."""
+    lut = _LUTS.get(device)
     if lut is None:
-        lut = _LUTS[some.device] = torch.tensor(IQ4_VALUES, dtype=torch.float32,
-                                                device=some.device)
-    return ptrs + [lut], strides
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("tallow-quant-gguf: the first quantized kernel on "
+                               f"{device} ran inside a CUDA-graph capture; run it once "
+                               "eagerly first")
+        lut = _LUTS[device] = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device)
+    return lut
 
 
 @triton.jit
