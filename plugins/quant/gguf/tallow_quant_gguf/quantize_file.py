@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .quantize import QUANT_TYPES, quantize
-from .quantize_mix import LLAMA_FILE_TYPES, check_file_type, tensor_type
+from .quantize_mix import FILE_TYPES, LLAMA_FILE_TYPES, check_file_type, tensor_type
 
 log = logging.getLogger("tallow.quant.gguf")
 
@@ -142,3 +142,18 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
              ", ".join(f"{t} x{n}" for t, n in summary["tensors"].items()),
              summary["bytes"] / 1e6, summary["seconds"])
     return summary
+
+
+class FileQuantization:
+    """The ``tallow quantize`` side of the GGUF quant scheme, as a mixin:
+    ``class GGUFScheme(FileQuantization, QuantScheme)`` offers every type of
+    :data:`~tallow_quant_gguf.quantize_mix.FILE_TYPES` and writes it with
+    :func:`quantize_checkpoint`."""
+
+    file_types: tuple[str, ...] = FILE_TYPES
+
+    @classmethod
+    def quantize_file(cls, checkpoint: Any, out_path: str, file_type: str, *,
+                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+        return quantize_checkpoint(checkpoint, out_path, file_type, device=device,
+                                   progress=progress)
