@@ -40,6 +40,50 @@ def clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
+def first_absmax(values) -> tuple[np.float32, np.float32]:
+    """``(amax, signed max)`` as ``if (ax > amax) { amax = ax; max = x[i]; }`` from 0 finds
+    them."""
+    mx = f32(0)
+    amax = f32(0)
+    for v in values:
+        if abs(v) > amax:
+            amax = abs(v)
+            mx = v
+    return amax, mx
+
+
+def symmetric_subblocks(x: np.ndarray, search) -> tuple[list[int], list, np.float32,
+                                                         np.float32]:
+    """The 16 sub-block searches of Q3_K/Q6_K: ``(L, scales, max_scale, max_abs_scale)``."""
+    L = [0] * QK_K
+    scales = [f32(0)] * 16
+    for j in range(16):
+        scales[j], L[16 * j:16 * j + 16] = search(x[16 * j:16 * j + 16])
+    amax, max_scale = first_absmax(scales)
+    return L, scales, max_scale, amax
+
+
+def affine_subblocks(x: np.ndarray, n: int, weights_of, nmax: int, rmin: float, rdelta: float,
+                     nstep: int, use_mad: bool):
+    """The sub-block searches of Q2_K/Q4_K/Q5_K: ``(L, scales, mins, max_scale, max_min)``,
+    the maxima as ``if (v > m) m = v`` from 0 finds them."""
+    count = QK_K // n
+    L = [0] * QK_K
+    scales = [f32(0)] * count
+    mins = [f32(0)] * count
+    max_scale = f32(0)
+    max_min = f32(0)
+    for j in range(count):
+        xs = x[n * j:n * j + n]
+        scales[j], mins[j], L[n * j:n * j + n] = make_qkx2_quants(
+            n, nmax, xs, weights_of(xs), rmin, rdelta, nstep, use_mad)
+        if scales[j] > max_scale:
+            max_scale = scales[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
+    return L, scales, mins, max_scale, max_min
+
+
 def make_qkx2_quants(n, nmax, x, weights, rmin, rdelta, nstep, use_mad):
     """Returns (scale, the_min, L)."""
     L = [0] * n
@@ -100,13 +144,7 @@ def make_qkx2_quants(n, nmax, x, weights, rmin, rdelta, nstep, use_mad):
 
 def make_qx_quants(n, nmax, x):
     """rmse_type 1, no importance weights. Returns (scale, L)."""
-    mx = f32(0)
-    amax = f32(0)
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
+    amax, mx = first_absmax(x)
     if amax < GROUP_MAX_EPS:
         return f32(0), [0] * n
     L = [0] * n
@@ -140,13 +178,7 @@ def make_qx_quants(n, nmax, x):
 
 def make_q3_quants(n, nmax, x):
     """do_rmse = true. Returns (scale, L)."""
-    mx = f32(0)
-    amax = f32(0)
-    for i in range(n):
-        ax = abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
+    amax, mx = first_absmax(x)
     if amax < GROUP_MAX_EPS:
         return f32(0), [0] * n
     iscale = f32(-nmax) / mx
@@ -201,20 +233,8 @@ def _scale_min_k4(j: int, q: list[int]) -> tuple[int, int]:
 
 def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     """One super-block (256 float32) → 84 bytes."""
-    L = [0] * QK_K
-    scales = [f32(0)] * 16
-    mins = [f32(0)] * 16
-    max_scale = f32(0)
-    max_min = f32(0)
-    for j in range(16):
-        xs = x[16 * j:16 * j + 16]
-        weights = [abs(v) for v in xs]
-        scales[j], mins[j], L[16 * j:16 * j + 16] = make_qkx2_quants(
-            16, 3, xs, weights, -0.5, 0.1, 15, True)
-        if scales[j] > max_scale:
-            max_scale = scales[j]
-        if mins[j] > max_min:
-            max_min = mins[j]
+    L, scales, mins, max_scale, max_min = affine_subblocks(
+        x, 16, lambda xs: [abs(v) for v in xs], 3, -0.5, 0.1, 15, True)
     sc = [0] * 16
     if max_scale > 0:
         iscale = f32(15) / max_scale
@@ -240,16 +260,7 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
 
 def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     """One super-block → 110 bytes."""
-    L = [0] * QK_K
-    scales = [f32(0)] * 16
-    max_scale = f32(0)
-    amax = f32(0)
-    for j in range(16):
-        scales[j], L[16 * j:16 * j + 16] = make_q3_quants(16, 4, x[16 * j:16 * j + 16])
-        scale = abs(scales[j])
-        if scale > amax:
-            amax = scale
-            max_scale = scales[j]
+    L, scales, max_scale, _ = symmetric_subblocks(x, lambda xs: make_q3_quants(16, 4, xs))
     sb = [0] * 12
     if max_scale:
         iscale = f32(-32) / max_scale
@@ -286,25 +297,18 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     return np.array(hmask + _pack_2bit(L) + sb + _u16(d), dtype=np.uint8)
 
 
+def _rms_plus_abs(xs) -> list[np.float32]:
+    """Q4_K/Q5_K's weights: the sub-block's RMS plus each weight's magnitude."""
+    sum_x2 = f32(0)
+    for v in xs:
+        sum_x2 = sum_x2 + v * v
+    av_x = np.sqrt(sum_x2 / f32(len(xs)))
+    return [av_x + abs(v) for v in xs]
+
+
 def _quantize_affine_k(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    L = [0] * QK_K
-    scales = [f32(0)] * 8
-    mins = [f32(0)] * 8
-    max_scale = f32(0)
-    max_min = f32(0)
-    for j in range(8):
-        xs = x[32 * j:32 * j + 32]
-        sum_x2 = f32(0)
-        for v in xs:
-            sum_x2 = sum_x2 + v * v
-        av_x = np.sqrt(sum_x2 / f32(32))
-        weights = [av_x + abs(v) for v in xs]
-        scales[j], mins[j], L[32 * j:32 * j + 32] = make_qkx2_quants(
-            32, nmax, xs, weights, rmin, rdelta, nstep, False)
-        if scales[j] > max_scale:
-            max_scale = scales[j]
-        if mins[j] > max_min:
-            max_min = mins[j]
+    L, scales, mins, max_scale, max_min = affine_subblocks(
+        x, 32, _rms_plus_abs, nmax, rmin, rdelta, nstep, False)
     inv_scale = f32(63) / max_scale if max_scale > 0 else f32(0)
     inv_min = f32(63) / max_min if max_min > 0 else f32(0)
     sb = [0] * 12
@@ -363,16 +367,8 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """One super-block → 210 bytes."""
-    L = [0] * QK_K
-    scales = [f32(0)] * 16
-    max_scale = f32(0)
-    max_abs_scale = f32(0)
-    for ib in range(16):
-        scales[ib], L[16 * ib:16 * ib + 16] = make_qx_quants(16, 32, x[16 * ib:16 * ib + 16])
-        abs_scale = abs(scales[ib])
-        if abs_scale > max_abs_scale:
-            max_abs_scale = abs_scale
-            max_scale = scales[ib]
+    L, scales, max_scale, max_abs_scale = symmetric_subblocks(
+        x, lambda xs: make_qx_quants(16, 32, xs))
     if max_abs_scale < GROUP_MAX_EPS:
         return np.zeros(210, dtype=np.uint8)
     iscale = f32(-128) / max_scale
