@@ -22,8 +22,9 @@ _ROUNDING_MAGIC = 12582912.0
 
 
 def scalar(value: float, like: torch.Tensor) -> torch.Tensor:
-    """``value`` as a 0-d float32 tensor on ``like``'s device (see the module note)."""
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    """``value`` as a 0-d float32 tensor on ``like``'s device (see the module note); filled on
+    the device, so no host-to-device copy waits for the queued work."""
+    return torch.full((), value, dtype=torch.float32, device=like.device)
 
 
 def nearest_int(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     """[..., 8k] values 0/1 → [..., k] bytes, element ``8i + b`` in bit ``b`` of byte ``i``."""
     shape = bits.shape
     grouped = bits.reshape(*shape[:-1], shape[-1] // 8, 8).to(torch.int32)
-    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.int32, device=bits.device)
+    weights = torch.pow(2, torch.arange(8, dtype=torch.int32, device=bits.device))
     return (grouped * weights).sum(dim=-1).to(torch.uint8)
 
 
