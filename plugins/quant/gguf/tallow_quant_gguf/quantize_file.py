@@ -9,8 +9,8 @@ The source is a :class:`tallow.plugin.Checkpoint` as a weight format read it:
 - a safetensors directory of a llama or qwen2 model: metadata, vocabulary and tensor names are
   written as llama.cpp's converter writes them (:mod:`tallow_quant_gguf.quantize_hf`).
 
-Each tensor takes the type :func:`tallow_quant_gguf.quantize_mix.tensor_type` gives it and is
-quantized on ``device``, one tensor at a time; the writer spools tensor data to a temporary
+Each tensor takes the type :class:`tallow_quant_gguf.quantize_mix.TensorTypes` gives it (in the
+order the tensors are written, as llama.cpp counts them) and is quantized on ``device``, one tensor at a time; the writer spools tensor data to a temporary
 file, so memory stays near one tensor whatever the model size.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .quantize import QUANT_TYPES, quantize
-from .quantize_mix import FILE_TYPES, LLAMA_FILE_TYPES, check_file_type, tensor_type
+from .quantize_mix import FILE_TYPES, LLAMA_FILE_TYPES, TensorTypes, check_file_type
 
 log = logging.getLogger("tallow.quant.gguf")
 
@@ -112,14 +112,13 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
                     file_type)
     writer.add_file_type(LLAMA_FILE_TYPES[file_type])
     writer.add_quantization_version(2)
-    n_layers = _layer_count(checkpoint)
-    tied = _tied_output(checkpoint, source_types)
+    plan = TensorTypes(file_type, n_layers=_layer_count(checkpoint),
+                       tied_output=_tied_output(checkpoint, source_types))
     written: collections.Counter[str] = collections.Counter()
     with tqdm(total=count or None, desc=f"Quantizing to {file_type}", unit="tensor",
               disable=None if progress else True) as bar:
         for name, tensor in tensors:
-            target = tensor_type(name, tuple(tensor.shape), file_type, n_layers=n_layers,
-                                 tied_output=tied)
+            target = plan(name, tuple(tensor.shape))
             if target in QUANT_TYPES:
                 rows = tensor.reshape(-1, tensor.shape[-1]).to(device)
                 data = quantize(rows, target).cpu().numpy()

@@ -7,8 +7,8 @@ choice in-situ quantization makes — except where the row length forces a fallb
 
 - ``output.weight``, and ``token_embd.weight`` when the output head is tied to it: Q6_K
   (Q8_0 when the row length is not a multiple of 256);
-- ``attn_v.weight`` and ``ffn_down.weight`` of the layers where ``use_more_bits`` holds (the
-  first and last eighth of the layers, and every third layer in between): Q6_K;
+- the ``attn_v.weight`` and ``ffn_down.weight`` tensors whose count (in file order) satisfies
+  ``use_more_bits`` (the first and last eighth, and every third one in between): Q6_K;
 - everything else: Q4_K (``q4_k_m``) or Q5_K (``q5_k_m``).
 
 Quantizable tensors are llama.cpp's: weights of two or more dimensions whose names end in
@@ -78,23 +78,51 @@ def with_shape_fallback(qtype: str, row_length: int) -> str:
     return "f16"
 
 
+class TensorTypes:
+    """The type of each tensor of one file, asked in the order the tensors are written.
+
+    llama.cpp counts ``attn_v`` and ``ffn_down`` tensors as it meets them and applies
+    ``use_more_bits`` to that count, not to the layer number; so does this. For a file in layer
+    order the two agree; llama.cpp's converter writes safetensors tensors in name order
+    (``blk.0, blk.1, blk.10, ...``), which is why its Q4_K_M of Qwen2.5-0.5B gives Q6_K to the
+    ``ffn_down`` of layers 0, 1, 3, 6-10, 13, 16, 19, 21 — and re-mixing that file here gives it
+    to the same ones.
+    """
+
+    def __init__(self, file_type: str, *, n_layers: int, tied_output: bool) -> None:
+        self.file_type = check_file_type(file_type)
+        self.n_layers = n_layers
+        self.tied_output = tied_output
+        self.seen = {"attn_v": 0, "ffn_down": 0}
+
+    def __call__(self, name: str, shape: Sequence[int]) -> str:
+        """The type ``name`` (a GGUF tensor name, ``shape`` in torch order) is written in:
+        a key of :data:`QUANT_TYPES`, ``"f16"`` or ``"f32"``."""
+        if not is_quantizable(name, shape):
+            return "f32"
+        row_length = int(shape[-1])
+        base = MIXES.get(self.file_type, self.file_type)
+        chosen = base
+        counted = ("attn_v" if any(p in name for p in ("attn_v.weight", "attn_qkv.weight",
+                                                       "attn_kv_b.weight"))
+                   else "ffn_down" if "ffn_down" in name else None)
+        if self.file_type in MIXES:
+            if name == "output.weight" or (self.tied_output and name == "token_embd.weight"):
+                chosen = "q6_k" if row_length % QUANT_TYPES[base].block_elems == 0 else "q8_0"
+            elif counted is not None and use_more_bits(self.seen[counted], self.n_layers):
+                chosen = "q6_k"
+        if counted is not None:
+            self.seen[counted] += 1
+        return with_shape_fallback(chosen, row_length)
+
+
 def tensor_type(name: str, shape: Sequence[int], file_type: str, *, n_layers: int,
                 tied_output: bool) -> str:
-    """The type ``name`` (a GGUF tensor name, ``shape`` in torch order) is written in:
-    a key of :data:`QUANT_TYPES`, ``"f16"`` or ``"f32"``."""
-    file_type = check_file_type(file_type)
-    if not is_quantizable(name, shape):
-        return "f32"
-    row_length = int(shape[-1])
-    base = MIXES.get(file_type, file_type)
-    chosen = base
-    if file_type in MIXES:
-        match = _LAYER.match(name)
-        layer = int(match.group(1)) if match else -1
-        if name == "output.weight" or (tied_output and name == "token_embd.weight"):
-            chosen = "q6_k" if row_length % QUANT_TYPES[base].block_elems == 0 else "q8_0"
-        elif any(part in name for part in ("attn_v.weight", "attn_qkv.weight",
-                                          "attn_kv_b.weight", "ffn_down")):
-            if layer >= 0 and use_more_bits(layer, n_layers):
-                chosen = "q6_k"
-    return with_shape_fallback(chosen, row_length)
+    """The type of one tensor of a file in layer order (the ``attn_v``/``ffn_down`` count taken
+    from the layer number in the name): :class:`TensorTypes` for a single tensor."""
+    plan = TensorTypes(file_type, n_layers=n_layers, tied_output=tied_output)
+    match = _LAYER.match(name)
+    if match:
+        for key in plan.seen:
+            plan.seen[key] = int(match.group(1))
+    return plan(name, shape)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tallow_quant_gguf.quantize_file import quantize_checkpoint
-from tallow_quant_gguf.quantize_mix import (FILE_TYPES, check_file_type, tensor_type,
-                                            use_more_bits)
+from tallow_quant_gguf.quantize_mix import (FILE_TYPES, TensorTypes, check_file_type,
+                                            tensor_type, use_more_bits)
 
 transformers = pytest.importorskip("transformers", reason="transformers is the GGUF oracle")
 
@@ -42,6 +42,26 @@ def test_q4_k_m_follows_llama_cpp_rules_on_a_24_layer_model() -> None:
     assert tensor_type("blk.7.attn_q.weight", (4096, 4096), "q4_k_m", **kw) == "q4_k"
     assert tensor_type("blk.7.attn_norm.weight", (4096,), "q4_k_m", **kw) == "f32"
     assert tensor_type("blk.7.attn_q.bias", (4096,), "q4_k_m", **kw) == "f32"
+
+
+def test_q4_k_m_of_the_shipped_qwen_gguf_reproduces_llama_cpp_types_exactly() -> None:
+    """The embedded Qwen2.5-Coder-0.5B GGUF is llama.cpp's Q4_K_M (fallbacks included): the mix
+    rules, asked in its tensor order, give every one of its 291 tensors the type it has."""
+    from gguf import GGUFReader
+
+    from tallow.default_model import default_model_path
+
+    reader = GGUFReader(default_model_path())
+    names = [t.name for t in reader.tensors]
+    plan = TensorTypes("q4_k_m", n_layers=24, tied_output="output.weight" not in names)
+    got = {t.name: plan(t.name, tuple(int(d) for d in reversed(list(t.shape))))
+           for t in reader.tensors}
+    want = {t.name: t.tensor_type.name.lower() for t in reader.tensors}
+    assert got == want
+    assert reader.fields["general.file_type"].contents() == 15  # MOSTLY_Q4_K_M
+    # llama.cpp counted attn_v/ffn_down in file order (blk.0, blk.1, blk.10, ...)
+    assert [i for i in range(24) if want[f"blk.{i}.ffn_down.weight"] == "q6_k"] == \
+        [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21]
 
 
 def test_rows_that_do_not_fit_the_block_fall_back_as_llama_cpp_does() -> None:
