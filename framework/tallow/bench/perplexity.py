@@ -217,7 +217,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         pathlib.Path(args.token_nlls).write_text(json.dumps(nlls))
     parts = engine.parts
     return {
-        "model": config.model.source, "text": source,
+        "model": parts.loaded.checkpoint.source, "text": source,
         "dtype": str(parts.loaded.dtype).replace("torch.", ""),
         "device": (torch.cuda.get_device_name(parts.loaded.device)
                    if parts.loaded.device.type == "cuda" else "cpu"),
