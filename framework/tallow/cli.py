@@ -1,8 +1,8 @@
 """The ``tallow`` command.
 
-``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve`` and
-``tallow bench`` come from :mod:`tallow.server.cli` and :mod:`tallow.bench.cli` when those are
-installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its
+``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``
+and ``tallow quantize`` come from :mod:`tallow.server.cli`, :mod:`tallow.bench.cli` and
+:mod:`tallow.quantize_cli` when those are installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its
 subcommand and sets ``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
 imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins list``
 import no torch.
@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tallow.server.cli", "start the OpenAI-compatible HTTP server"),
     "bench": ("tallow.bench.cli", "run the benchmarks"),
+    "quantize": ("tallow.quantize_cli", "write a quantized model file (e.g. a Q4_K_M GGUF)"),
 }
 
 

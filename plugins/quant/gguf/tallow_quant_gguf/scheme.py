@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from tallow.plugin import QuantScheme
 
 from .qtypes import ISQ_TYPES, QUANT_TYPES, quant_type
+from .quantize_file import FileQuantization
 
 DISTRIBUTION = "tallow-quant-gguf"
 MATMUL_MODES = ("auto", "fused", "dequant")
@@ -93,9 +94,10 @@ def isq_storage_type(isq: str, role: str, cols: int) -> str:
     return name
 
 
-class GGUFQuantScheme(QuantScheme):
+class GGUFQuantScheme(FileQuantization, QuantScheme):
     """GGML block-quantized weights (GGUF files) kept quantized; ``model.isq`` quantizes a
-    float model into the same types while it loads."""
+    float model into the same types while it loads; ``tallow quantize`` writes GGUF files
+    (:class:`~tallow_quant_gguf.quantize_file.FileQuantization`)."""
 
     name: ClassVar[str] = "gguf"
     min_capability: ClassVar[int] = 0
