@@ -200,15 +200,22 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     started = time.perf_counter()
     with torch.device(device):
         model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant))
+    quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         from .random_model import initialize_random
 
-        initialize_random(model)
+        initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
         finish = getattr(model, "process_weights_after_loading", None)
         if finish is not None:
             finish()
     else:
-        model.load_weights(checkpoint.tensors(), naming=checkpoint.naming)
+        tensors = checkpoint.tensors()
+        if quantizing:
+            from tqdm.auto import tqdm
+
+            tensors = tqdm(tensors, desc=f"Quantizing to {quantizing}", unit="tensor",
+                           disable=None, leave=False)
+        model.load_weights(tensors, naming=checkpoint.naming)
     model.eval()
     nbytes = weight_bytes(model)
     log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,

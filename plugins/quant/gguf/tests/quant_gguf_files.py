@@ -1,7 +1,8 @@
 """Small Llama-family GGUF files whose matrices are GGML blocks of chosen types, for tests.
 
 Block types the ``gguf`` package can quantize to (Q4_0 … Q8_0) are quantized from random
-weights; the others (k-quants, IQ4) are random blocks with small scales. Either way the file
+weights; the others (k-quants, IQ4) are random blocks with small scales; F32 and F16 are the
+random weights themselves. Either way the file
 is a valid GGUF model whose values are whatever its blocks decode to."""
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def _matrix(rng: np.random.Generator, qtype: str, rows: int, cols: int, seed: in
     import gguf
 
     Q = gguf.GGMLQuantizationType
+    if qtype in ("F32", "F16"):
+        w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return w.astype(np.float16 if qtype == "F16" else np.float32), None
     if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
         w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
         return gguf.quants.quantize(w, Q[qtype]), Q[qtype]

@@ -126,3 +126,49 @@ def test_engine_graph_replay_equals_eager_for_a_q4_k_model(tmp_path):
             return [done[i] for i in ids]
 
         assert run(graphs) == run(eager), f"batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+
+
+def test_isq_q4_k_model_graphs_equal_eager_and_weights_are_the_quantized_size():
+    from tallow.config import config_from_mapping
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.sampling_params import SamplingParams
+
+    def engine(disable_cuda_graph: bool) -> LLMEngine:
+        return LLMEngine.from_config(config_from_mapping({
+            "model": {"source": "random:llama-3.2-1b", "dtype": "bfloat16", "device": "cuda",
+                      "max_model_len": 2048, "isq": "q4_k"},
+            "cache": {"num_blocks": 2048},
+            "runner": {"disable_cuda_graph": disable_cuda_graph, "max_cuda_graph_batch": 32},
+            "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+        }))
+
+    graphs, eager = engine(False), engine(True)
+    loaded = graphs.parts.loaded
+    # the quantized size: the GGML bytes of every matrix, plus what the model holds dense
+    ggml = planes = 0
+    for module in loaded.model.modules():
+        method = getattr(module, "quant_method", None)
+        for p in getattr(method, "parts", []):
+            ggml += p.rows * p.qtype.row_bytes(p.cols) if p.qtype else p.nbytes
+            planes += p.nbytes
+    expected = loaded.weight_bytes - planes + ggml
+    assert expected <= loaded.weight_bytes <= 1.05 * expected
+    assert "Q4_K x" in loaded.quant.summary()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    g = torch.Generator().manual_seed(seed_of("isq prompts"))
+    for n in (1, 2, 4, 16):
+        batch = [torch.randint(10, 120000, (int(L),), generator=g).tolist()
+                 for L in torch.randint(5, 300, (n,), generator=g)]
+        outs = []
+        for eng in (graphs, eager):
+            ids = []
+            for p in batch:
+                ids.append(eng.next_request_id())
+                eng.add_request(ids[-1], p, params)
+            done = {}
+            while eng.has_unfinished():
+                for out in eng.step():
+                    if out.finished:
+                        done[out.request_id] = out.outputs[0].token_ids
+            outs.append([done[i] for i in ids])
+        assert outs[0] == outs[1], f"batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
