@@ -7,18 +7,13 @@ no fused multiply-adds (its values must be ggml's bits)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
 from typing import Any
 
 import pytest
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from tallow.kernels._dispatch import interpreting
+from tallow.kernels.offline import compile_for_gpu, pdl_order, resource_usage
 from tallow_quant_gguf.kernels.dequant import BLOCK_HALVES, BLOCK_ROWS, _dequant_kernel
 from tallow_quant_gguf.kernels.matmul import _qmatmul_kernel, matmul_config
 from tallow_quant_gguf.packing import PackedWeight
@@ -28,8 +23,6 @@ if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
     pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
                 allow_module_level=True)
 
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                         "cuobjdump")
 TYPES = sorted(QUANT_TYPES)
 
 
@@ -51,26 +44,10 @@ def compile_for(kernel: Any, constexprs: dict[str, Any], pointers: dict[str, str
                 capability: int = 90, **options: Any) -> Any:
     """Build ``kernel`` for ``sm_<capability>`` as the JIT would for 16-byte-aligned tensors
     whose row strides are multiples of 16 elements (true of llama-3-8b's shapes)."""
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        signature[name] = pointers.get(name, "i32")
-        if name.endswith("_ptr") or name.startswith(("s_", "stride_")) or name == "K":
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
-
-
-def resource_usage(compiled: Any) -> dict[str, int]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], check=True,
-                              capture_output=True, text=True).stdout
-    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text)}
+    return compile_for_gpu(
+        kernel, constexprs, pointers, capability=capability,
+        aligned=lambda n: n.endswith("_ptr") or n.startswith(("s_", "stride_")) or n == "K",
+        **options)
 
 
 def matmul(qtype: str, m: int, *, k: int = 4096, act: str = "*bf16", partial: bool = False,
@@ -99,13 +76,9 @@ def test_decode_gemv_spills_nothing_and_loads_vectors(qtype):
 
 
 def test_pdl_waits_after_the_first_weight_tile():
-    ptx = matmul("Q4_K", 1).asm["ptx"].splitlines()
-    waits = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
-    releases = [i for i, line in enumerate(ptx) if "griddepcontrol.launch_dependents" in line]
-    assert len(waits) == 1 and len(releases) == 1 and waits[0] < releases[0]
-    before = ptx[:waits[0]]
-    assert any("ld.global" in line for line in before), "no weight load before the wait"
-    assert not any("st.global" in line for line in before), "a store before the wait"
+    loads, stores = pdl_order(matmul("Q4_K", 1).asm["ptx"])
+    assert loads > 0, "no weight load before the wait"
+    assert stores == 0, "a store before the wait"
     assert "griddepcontrol" not in matmul("Q4_K", 1, pdl=False).asm["ptx"]
 
 

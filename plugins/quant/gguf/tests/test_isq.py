@@ -9,37 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from quant_engine_runs import engine as _engine
+from quant_engine_runs import greedy
 from quant_gguf_files import MIXED, write_llama_gguf
 from tallow.config import config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers", reason="transformers writes the checkpoint")
 PROMPTS = [[3, 17, 250, 9, 64], [128, 5, 77, 31, 200, 1, 42]]
 #: the type each HF weight takes under --isq q4_k (256-wide rows: no fallback types)
 Q4K_TYPES = {"lm_head.weight": "Q6_K"}
-
-
-def _engine(source: str, **model) -> LLMEngine:
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model},
-        "cache": {"num_blocks": 32},
-    }))
-
-
-def _greedy(engine: LLMEngine) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    ids = []
-    for p in PROMPTS:
-        ids.append(engine.next_request_id())
-        engine.add_request(ids[-1], p, params)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[i] for i in ids]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +64,7 @@ def test_isq_equals_the_float_model_of_the_decoded_blocks(hf_dirs):
     reference = _engine(str(decoded_dir))
     assert reference.parts.loaded.quant is None
     assert loaded.weight_bytes < 0.25 * reference.parts.loaded.weight_bytes
-    assert _greedy(isq) == _greedy(reference)
+    assert greedy(isq, PROMPTS, 8) == greedy(reference, PROMPTS, 8)
 
 
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
@@ -114,7 +93,7 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
             b.nbytes for n, b in model.named_buffers() if "cos_sin" in n or "inv_freq" in n)
 
     assert weights(engine) < 0.28 * weights(dense)  # 8.5 bits per weight, not 32
-    assert len(_greedy(engine)[0]) == 8
+    assert len(greedy(engine, PROMPTS, 8)[0]) == 8
 
 
 def test_a_float_gguf_file_is_quantized_at_load(tmp_path):

@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from kernel_cases import BASE_SEED, close, seed_of, weight  # noqa: E402
+from quant_engine_runs import engine, greedy  # noqa: E402
 from tallow_quant_gguf import ops  # noqa: E402
 from tallow_quant_gguf.kernels.matmul import _qmatmul_kernel, qmatmul_triton  # noqa: E402
 from tallow_quant_gguf.reference import dequantize_ref  # noqa: E402
@@ -83,66 +84,38 @@ def test_graph_replay_equals_eager_for_every_path():
         assert not torch.equal(out, eager)
 
 
-def _engine(path: str, disable_cuda_graph: bool):
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": path, "device": "cuda", "dtype": "bfloat16", "max_model_len": 512},
-        "cache": {"num_blocks": 256},
-        "runner": {"disable_cuda_graph": disable_cuda_graph, "max_cuda_graph_batch": 16},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-    }))
+def _graphs_and_eager(source: str, max_model_len: int, **model):
+    """Engines with and without CUDA graphs (decode batches up to 32 captured)."""
+    return [engine(source, device="cuda", dtype="bfloat16", num_blocks=2048,
+                   max_model_len=max_model_len, attention_splits=4,
+                   runner={"disable_cuda_graph": disable, "max_cuda_graph_batch": 32}, **model)
+            for disable in (False, True)]
 
 
-def test_engine_graph_replay_equals_eager_for_a_q4_k_model(tmp_path):
-    from quant_gguf_files import write_llama_gguf
-    from tallow.engine.sampling_params import SamplingParams
+def _assert_same_tokens(graphs, eager, vocab: int, what: str) -> None:
+    assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
+    g = torch.Generator().manual_seed(seed_of(what))
+    for n in (1, 2, 4, 8, 16):  # captured sizes: no padding, so eager runs the same kernels
+        batch = [torch.randint(0, vocab, (int(L),), generator=g).tolist()
+                 for L in torch.randint(3, 300, (n,), generator=g)]
+        assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), \
+            f"{what}: batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+
+
+def test_engine_graph_replay_equals_eager_for_a_q4_k_gguf_model(tmp_path):
+    from quant_gguf_files import VOCAB, write_llama_gguf
 
     layers = [{"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q4_K", "attn_output": "Q4_K",
                "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q4_K"}] * 3
     path = str(write_llama_gguf(tmp_path / "q4k.gguf", layer_types=layers, embed_type="Q4_K",
                                 head_type="Q6_K", seed=seed_of("engine") % 1000))
-    graphs = _engine(path, disable_cuda_graph=False)
-    eager = _engine(path, disable_cuda_graph=True)
-    assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
+    graphs, eager = _graphs_and_eager(path, 512)  # the file's context length
     assert type(graphs.parts.loaded.quant).__name__ == "GGUFQuantScheme"
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    g = torch.Generator().manual_seed(seed_of("prompts"))
-    for n in (1, 2, 4, 8, 16):  # captured sizes: no padding, so eager runs the same kernels
-        batch = [torch.randint(0, 320, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 40, (n,), generator=g)]
-
-        def run(engine):
-            ids = []
-            for p in batch:
-                ids.append(engine.next_request_id())
-                engine.add_request(ids[-1], p, params)
-            done = {}
-            while engine.has_unfinished():
-                for out in engine.step():
-                    if out.finished:
-                        done[out.request_id] = out.outputs[0].token_ids
-            return [done[i] for i in ids]
-
-        assert run(graphs) == run(eager), f"batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+    _assert_same_tokens(graphs, eager, VOCAB, "q4_k gguf")
 
 
 def test_isq_q4_k_model_graphs_equal_eager_and_weights_are_the_quantized_size():
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling_params import SamplingParams
-
-    def engine(disable_cuda_graph: bool) -> LLMEngine:
-        return LLMEngine.from_config(config_from_mapping({
-            "model": {"source": "random:llama-3.2-1b", "dtype": "bfloat16", "device": "cuda",
-                      "max_model_len": 2048, "isq": "q4_k"},
-            "cache": {"num_blocks": 2048},
-            "runner": {"disable_cuda_graph": disable_cuda_graph, "max_cuda_graph_batch": 32},
-            "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-        }))
-
-    graphs, eager = engine(False), engine(True)
+    graphs, eager = _graphs_and_eager("random:llama-3.2-1b", 2048, isq="q4_k")
     loaded = graphs.parts.loaded
     # the quantized size: the GGML bytes of every matrix, plus what the model holds dense
     ggml = planes = 0
@@ -154,21 +127,4 @@ def test_isq_q4_k_model_graphs_equal_eager_and_weights_are_the_quantized_size():
     expected = loaded.weight_bytes - planes + ggml
     assert expected <= loaded.weight_bytes <= 1.05 * expected
     assert "Q4_K x" in loaded.quant.summary()
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    g = torch.Generator().manual_seed(seed_of("isq prompts"))
-    for n in (1, 2, 4, 16):
-        batch = [torch.randint(10, 120000, (int(L),), generator=g).tolist()
-                 for L in torch.randint(5, 300, (n,), generator=g)]
-        outs = []
-        for eng in (graphs, eager):
-            ids = []
-            for p in batch:
-                ids.append(eng.next_request_id())
-                eng.add_request(ids[-1], p, params)
-            done = {}
-            while eng.has_unfinished():
-                for out in eng.step():
-                    if out.finished:
-                        done[out.request_id] = out.outputs[0].token_ids
-            outs.append([done[i] for i in ids])
-        assert outs[0] == outs[1], f"batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+    _assert_same_tokens(graphs, eager, 120000, "isq q4_k")

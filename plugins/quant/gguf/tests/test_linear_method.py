@@ -11,6 +11,7 @@ import torch
 pytest_plugins = ["tallow.plugin.testing"]
 
 from quant_blocks import random_blocks  # noqa: E402
+from quant_engine_runs import engine, greedy  # noqa: E402
 from quant_gguf_files import HIDDEN, VOCAB, write_llama_gguf  # noqa: E402
 from tallow.layers import (  # noqa: E402
     ArchConfig, BuildContext, QKVParallelLinear, QuantizedWeight, RowParallelLinear,
@@ -90,49 +91,19 @@ def test_a_tied_head_multiplies_by_the_quantized_embedding(tmp_path):
 
 
 def test_greedy_tokens_through_the_engine_equal_the_dequantized_model(llama_file):
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling_params import SamplingParams
-
-    def generate(keep_quantized: bool) -> tuple[list[list[int]], int]:
-        engine = LLMEngine.from_config(config_from_mapping({
-            "model": {"source": str(llama_file), "device": "cpu", "dtype": "float32",
-                      "max_model_len": 128},
-            "cache": {"num_blocks": 32},
-            "plugins": {"disable": [] if keep_quantized else ["tallow-quant-gguf"],
-                    "settings": {"tallow-quant-gguf": {"cpu": True}}},
-        }))
-        assert (engine.parts.loaded.quant is not None) == keep_quantized
-        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-        prompts = [[3, 17, 250, 9, 64], [128, 5, 77, 31, 200, 1, 42]]
-        ids = []
-        for p in prompts:
-            ids.append(engine.next_request_id())
-            engine.add_request(ids[-1], p, params)
-        done = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = list(out.outputs[0].token_ids)
-        return [done[i] for i in ids], engine.parts.loaded.weight_bytes
-
-    tokens, quantized_bytes = generate(True)
-    expected, dense_bytes = generate(False)
-    assert tokens == expected
-    assert quantized_bytes < 0.3 * dense_bytes
+    prompts = [[3, 17, 250, 9, 64], [128, 5, 77, 31, 200, 1, 42]]
+    quantized = engine(str(llama_file), keep_quantized_on_cpu=True)
+    dense = engine(str(llama_file), disable=("tallow-quant-gguf",))
+    assert quantized.parts.loaded.quant is not None and dense.parts.loaded.quant is None
+    assert greedy(quantized, prompts, 10) == greedy(dense, prompts, 10)
+    assert quantized.parts.loaded.weight_bytes < 0.3 * dense.parts.loaded.weight_bytes
 
 
 def test_on_a_cpu_a_gguf_file_is_dequantized_unless_asked(llama_file, caplog):
     import logging
 
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-
     caplog.set_level(logging.INFO, logger="tallow.engine")
-    engine = LLMEngine.from_config(config_from_mapping({
-        "model": {"source": str(llama_file), "device": "cpu", "max_model_len": 64},
-        "cache": {"num_blocks": 8}}))
-    assert engine.parts.loaded.quant is None
+    assert engine(str(llama_file), max_model_len=64, num_blocks=8).parts.loaded.quant is None
     assert "quant scheme 'gguf' (from tallow-quant-gguf) cannot serve (on a CPU it decodes " \
            "every weight on every call" in caplog.text
     assert "dequantizing them at load" in caplog.text

@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from quant_engine_runs import engine, greedy
+
 pytestmark = pytest.mark.slow
 
 PROMPTS = [
@@ -46,33 +48,8 @@ def model_path() -> str:
 
 
 def _engine(model_path: str, keep_quantized: bool):
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": model_path, "device": "cpu", "dtype": "float32",
-                  "max_model_len": 256},
-        "cache": {"num_blocks": 64},
-        "plugins": {"disable": [] if keep_quantized else ["tallow-quant-gguf"],
-                    "settings": {"tallow-quant-gguf": {"cpu": True}}},
-    }))
-
-
-def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:
-    from tallow.engine.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    ids = []
-    for p in prompts:
-        rid = engine.next_request_id()
-        engine.add_request(rid, p, params)
-        ids.append(rid)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return [list(done[r]) for r in ids]
+    return engine(model_path, max_model_len=256, num_blocks=64, keep_quantized_on_cpu=True,
+                  disable=() if keep_quantized else ("tallow-quant-gguf",))
 
 
 def test_resident_weights_are_the_size_of_the_file(model_path):
@@ -118,11 +95,11 @@ def test_greedy_tokens_equal_the_dequantize_at_load_path(model_path, caplog):
     assert "no quant scheme 'gguf' is installed and enabled: dequantizing them at load" in \
         caplog.text
     prompts = [dense.tokenizer.encode(p) for p in PROMPTS]
-    expected = _greedy(dense, prompts)
+    expected = greedy(dense, prompts, NEW_TOKENS)
     dense_weights = dense.parts.loaded.weight_bytes
     del dense
     gc.collect()
     quantized = _engine(model_path, keep_quantized=True)
     assert type(quantized.parts.loaded.quant).__name__ == "GGUFQuantScheme"
     assert quantized.parts.loaded.weight_bytes < 0.3 * dense_weights
-    assert _greedy(quantized, prompts) == expected
+    assert greedy(quantized, prompts, NEW_TOKENS) == expected

@@ -1,8 +1,9 @@
 """Decoding packed planes inside a Triton kernel, shared by every kernel of the plugin.
 
 A tile is ``BN`` rows by ``H`` half-chunks of 8 code bytes (a 32-element chunk's 16 code
-bytes are two half-chunks). :func:`decode_tile` returns it as two float32 ``[BN, H, 8]``
-tensors: the elements of the low nibbles (``32c + 8p + i`` for half-chunk ``h = 2c + p``) and
+bytes are two half-chunks). :func:`decode_parts` returns it as two float32 ``[BN, H, 8]``
+tensors of ``f(q)`` (with the scales and mins of their groups; :func:`combine` forms the
+values): the elements of the low nibbles (``32c + 8p + i`` for half-chunk ``h = 2c + p``) and
 of the high nibbles (``32c + 16 + 8p + i``). Keeping the halves apart means no kernel ever
 interleaves nibbles in registers: a product pairs each half with the matching activations.
 
@@ -35,7 +36,7 @@ _LUTS: dict[torch.device, torch.Tensor] = {}
 
 
 def type_constants(p: PackedWeight) -> dict[str, Any]:
-    """The ``tl.constexpr`` arguments of :func:`decode_tile` for ``p``'s type."""
+    """The ``tl.constexpr`` arguments of :func:`decode_parts` for ``p``'s type."""
     qt = p.qtype
     return dict(NIB=qt.nib, PAIR=qt.pair, BIT=qt.bit, BYTE=qt.byte, OFFSET=qt.offset,
                 LUT=qt.lut, GROUP=qt.group, QBLOCK=qt.block, SCALES=qt.scales, MINS=qt.mins,
@@ -44,7 +45,7 @@ def type_constants(p: PackedWeight) -> dict[str, Any]:
 
 def plane_args(p: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
     """The plane pointers (absent planes: any tensor, never read) and the row strides of the
-    nib, pair, bit, byte, d and sc planes, in :func:`decode_tile`'s order; the lookup table of
+    nib, pair, bit, byte, d and sc planes, in :func:`decode_parts`'s order; the lookup table of
     the IQ4 types is the last pointer."""
     planes = p.planes
     some = planes["d"]
@@ -174,21 +175,3 @@ def combine(f, s, m, MINS: tl.constexpr):
     if MINS != 0:
         w = w - m[:, :, None]
     return w
-
-
-@triton.jit
-def decode_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr, lut_ptr,
-                rows, row_mask, halves, half_mask,
-                s_nib, s_pair, s_bit, s_byte, s_d, s_sc,
-                BN: tl.constexpr, H: tl.constexpr,
-                NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                BIT_SHIFT: tl.constexpr):
-    """Rows ``rows [BN]``, half-chunks ``halves [H]`` → the decoded low and high elements,
-    float32 ``[BN, H, 8]`` each (zeros where masked)."""
-    f_lo, f_hi, s_lo, s_hi, m_lo, m_hi = decode_parts(
-        nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr, lut_ptr,
-        rows, row_mask, halves, half_mask, s_nib, s_pair, s_bit, s_byte, s_d, s_sc, BN, H,
-        NIB, PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS, BIT_SHIFT)
-    return combine(f_lo, s_lo, m_lo, MINS), combine(f_hi, s_hi, m_hi, MINS)

@@ -15,7 +15,7 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 
 from ..packing import PackedWeight
-from .decode import decode_tile, element_offsets, plane_args, type_constants
+from .decode import combine, decode_parts, element_offsets, plane_args, type_constants
 
 #: rows and 8-byte half-chunks per program
 BLOCK_ROWS, BLOCK_HALVES = 16, 16
@@ -38,11 +38,12 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
         rows = offs
     halves = tl.program_id(1) * H + tl.arange(0, H)
     half_mask = halves < n_halves
-    w_lo, w_hi = decode_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                             mn_ptr, lut_ptr, rows, row_mask, halves, half_mask,
-                             s_nib, s_pair, s_bit, s_byte, s_d, s_sc, BN, H,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS,
-                             BIT_SHIFT)
+    f_lo, f_hi, s_lo, s_hi, m_lo, m_hi = decode_parts(
+        nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr, lut_ptr,
+        rows, row_mask, halves, half_mask, s_nib, s_pair, s_bit, s_byte, s_d, s_sc, BN, H,
+        NIB, PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS, BIT_SHIFT)
+    w_lo = combine(f_lo, s_lo, m_lo, MINS)
+    w_hi = combine(f_hi, s_hi, m_hi, MINS)
     out = (out_ptr + offs[:, None, None].to(tl.int64) * stride_out
            + element_offsets(halves, 1))
     mask = row_mask[:, None, None] & half_mask[None, :, None]
