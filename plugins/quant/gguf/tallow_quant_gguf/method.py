@@ -147,6 +147,8 @@ class GGUFLinearMethod(LinearMethod):
         for i, p in enumerate(self.parts):
             for name, tensor in p.planes.items():
                 layer.register_buffer(f"weight_{i}_{name}", tensor, persistent=False)
+        if self.device.type == "cuda":
+            ops.warm_up(self.parts, self.dtype)
 
     # -- compute ---------------------------------------------------------------------------
     def apply(self, layer: nn.Module, x: torch.Tensor,

@@ -58,6 +58,20 @@ def embedding(p: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     return rows.view(*ids.shape, p.cols)
 
 
+def warm_up(parts: list[PackedWeight], dtype: torch.dtype) -> None:
+    """Compile, before serving, the dequantization that large batches run into a workspace
+    (the engine's warm-up steps are too short to reach it): one row of each quantized part,
+    decoded into ``dtype``. Kernels compile once per type and width, so this is cheap after
+    the first layer."""
+    from .kernels.dequant import dequantize_triton
+
+    for p in parts:
+        if p.qtype is not None and triton_enabled(p.planes["d"]):
+            row = torch.zeros(1, dtype=torch.long, device=p.device)
+            dequantize_triton(p.gather_rows(row), dtype, out=torch.empty(
+                1, p.cols, dtype=dtype, device=p.device))
+
+
 def kernel_for(policy: KernelPolicy, rows: int) -> str:
     """``"gemv"``, ``"gemm"`` (both fused) or ``"dequant"`` (workspace and cuBLAS) for a
     matmul of ``rows`` input rows on a GPU."""

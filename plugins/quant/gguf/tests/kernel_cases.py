@@ -165,3 +165,8 @@ def test_embedding_gathers_exact_rows():
     got = ops.embedding(packed, ids, torch.float32)
     assert got.shape == (2, 2, 128)
     same_bits(got.reshape(4, 128), dequantize_ref(packed)[ids.reshape(-1)], "embedding")
+
+
+def test_warm_up_decodes_a_row_of_every_part():
+    parts = [weight(t, 8, 256, "warm")[1] for t in ("Q4_K", "IQ4_NL")]
+    ops.warm_up(parts + [dense(torch.randn(4, 256, device=DEVICE))], torch.bfloat16)
