@@ -60,9 +60,9 @@ class ModelConfig(Section):
                           "q5_k", "q6_k"]] = Field(
         None, description="Quantize a float model's weights while it loads, layer by layer on "
         "the device, into this GGML type (a quant-scheme plugin provides it: "
-        "tallow-quant-gguf); the LM head takes q6_k when a smaller type is named, and rows "
-        "that are not whole blocks take llama.cpp's fallback type. None keeps the "
-        "checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "tallow-quant-gguf); every matrix takes it, embedding and head included, except rows "
+        "that are not whole blocks of it, which take llama.cpp's fallback type. None keeps "
+        "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

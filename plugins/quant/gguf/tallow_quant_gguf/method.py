@@ -41,10 +41,9 @@ RANDOM_CHUNK_ROWS = 8192
 class GGUFLinearMethod(LinearMethod):
     """Weights of one layer in GGML block types (see the module docstring)."""
 
-    def __init__(self, scheme: "GGUFQuantScheme", prefix: str, role: str) -> None:
+    def __init__(self, scheme: "GGUFQuantScheme", prefix: str) -> None:
         self.scheme = scheme
         self.prefix = prefix
-        self.role = role
         self.parts: list[PackedWeight | None] = []
         self.layer: nn.Module | None = None
 
@@ -107,7 +106,7 @@ class GGUFLinearMethod(LinearMethod):
             return dense(weight.to(self.device, self.dtype))
         from .isq import quantize_rows
 
-        return quantize_rows(weight, self.scheme.isq, self.role, self.device)
+        return quantize_rows(weight, self.scheme.isq, self.device, self.dtype)
 
     def _store(self, index: int, packed: PackedWeight) -> None:
         rows = self.output_sizes[index]
@@ -128,7 +127,7 @@ class GGUFLinearMethod(LinearMethod):
                 n = min(RANDOM_CHUNK_ROWS, rows - start)
                 w = torch.empty(n, self.input_size, dtype=torch.float32, device=self.device)
                 w.normal_(0.0, std, generator=generator)
-                chunks.append(quantize_rows(w, self.scheme.isq, self.role, self.device))
+                chunks.append(quantize_rows(w, self.scheme.isq, self.device, self.dtype))
                 del w
             self._store(index, chunks[0] if len(chunks) == 1 else cat_rows(chunks))
 

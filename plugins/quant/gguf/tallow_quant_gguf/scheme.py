@@ -25,18 +25,11 @@ from typing import Any, ClassVar
 
 from tallow.plugin import QuantScheme
 
-from .qtypes import ISQ_TYPES, QUANT_TYPES, quant_type
+from .qtypes import ISQ_TYPES, QUANT_TYPES
 from .quantize_file import FileQuantization
 
 DISTRIBUTION = "tallow-quant-gguf"
 MATMUL_MODES = ("auto", "fused", "dequant")
-
-#: a k-quant needs rows of whole 256-element super-blocks; a row of another length takes the
-#: type llama.cpp falls back to (IQ4_NL for the smallest k-quants, which tallow does not
-#: quantize to, is replaced by Q4_0)
-_ROW_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
-                 "Q6_K": "Q8_0"}
-
 
 @dataclass(frozen=True)
 class KernelPolicy:
@@ -77,23 +70,6 @@ def _on_cpu(device: str) -> bool:
     return device == "cpu"
 
 
-def isq_storage_type(isq: str, role: str, cols: int) -> str:
-    """The GGML type a float weight of ``cols`` columns is quantized to under ``model.isq``:
-    the requested type, except that the LM head gets Q6_K when a smaller type was asked for
-    (llama.cpp's choice for ``output.weight``), and rows that are not whole blocks of the type
-    take its fallback (a 32-element type)."""
-    name = isq.upper()
-    if role == "head" and quant_type(name).bits_per_weight < quant_type("Q6_K").bits_per_weight:
-        name = "Q6_K"
-    qt = quant_type(name)
-    if cols % qt.block:
-        name = _ROW_FALLBACK.get(name, name)
-        if cols % quant_type(name).block:
-            raise ValueError(f"model.isq {isq}: rows of {cols} elements are not whole "
-                             f"{quant_type(name).block}-element blocks of {name}")
-    return name
-
-
 class GGUFQuantScheme(FileQuantization, QuantScheme):
     """GGML block-quantized weights (GGUF files) kept quantized; ``model.isq`` quantizes a
     float model into the same types while it loads; ``tallow quantize`` writes GGUF files
@@ -127,21 +103,15 @@ class GGUFQuantScheme(FileQuantization, QuantScheme):
     def detect(cls, config: dict[str, Any]) -> bool:
         return config.get("quantization_config", {}).get("quant_method") == "gguf"
 
-    def _method(self, prefix: str, role: str) -> Any:
+    def _method(self, prefix: str) -> Any:
         from .method import GGUFLinearMethod
 
-        method = GGUFLinearMethod(self, prefix, role)
+        method = GGUFLinearMethod(self, prefix)
         self.methods.append(method)
         return method
 
-    def linear_method(self, prefix: str) -> Any:
-        return self._method(prefix, "linear")
-
-    def head_method(self, prefix: str) -> Any:
-        return self._method(prefix, "head")
-
-    def embedding_method(self, prefix: str) -> Any:
-        return self._method(prefix, "embedding")
+    # every linear layer, the head and the token embedding keep their GGUF blocks
+    linear_method = head_method = embedding_method = _method
 
     def summary(self) -> str:
         """The storage types of the loaded weights, e.g. ``gguf: Q4_K x224, Q6_K x1``."""

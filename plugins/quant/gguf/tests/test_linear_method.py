@@ -22,7 +22,7 @@ from tallow_quant_gguf.method import GGUFLinearMethod  # noqa: E402
 from tallow_quant_gguf.packing import pack  # noqa: E402
 from tallow_quant_gguf.qtypes import QUANT_TYPES  # noqa: E402
 from tallow_quant_gguf.reference import dequantize_ref  # noqa: E402
-from tallow_quant_gguf.scheme import GGUFQuantScheme, KernelPolicy, isq_storage_type  # noqa: E402
+from tallow_quant_gguf.scheme import GGUFQuantScheme, KernelPolicy  # noqa: E402
 
 
 def _models(path, arch_cls):
@@ -209,15 +209,21 @@ def test_settings_are_validated_with_their_key():
         scheme({"dequant_min_rows": -1})
 
 
-def test_isq_storage_types_follow_llama_cpp():
-    assert isq_storage_type("q4_k", "linear", 4096) == "Q4_K"
-    assert isq_storage_type("q4_k", "head", 4096) == "Q6_K"  # output.weight gets Q6_K
-    assert isq_storage_type("q8_0", "head", 4096) == "Q8_0"
-    assert isq_storage_type("q4_k", "linear", 896) == "Q5_0"  # 896 is not whole super-blocks
-    assert isq_storage_type("q6_k", "head", 896) == "Q8_0"
-    assert isq_storage_type("q3_k", "embedding", 896) == "Q4_0"
-    with pytest.raises(ValueError, match="not whole 32-element blocks"):
-        isq_storage_type("q4_0", "linear", 100)
+def test_isq_types_with_llama_cpp_shape_fallbacks():
+    from tallow_quant_gguf.isq import quantize_rows
+
+    def stored(isq: str, cols: int) -> str:
+        return quantize_rows(torch.randn(2, cols), isq, torch.device("cpu"),
+                             torch.float32).type_name
+
+    assert stored("q4_k", 512) == "Q4_K"
+    assert stored("q4_k", 896) == "Q5_0"  # 896 is not whole 256-element super-blocks
+    assert stored("q6_k", 896) == "Q8_0"
+    assert stored("q3_k", 896) == "Q4_0"
+    assert stored("q4_0", 100) == "float32"  # not even 32-element blocks: stays dense
+    with pytest.raises(ValueError, match="expected a 2-d float weight"):
+        quantize_rows(torch.zeros(4, dtype=torch.int32), "q4_0", torch.device("cpu"),
+                      torch.float32)
 
 
 def test_planes_live_on_the_layer_as_buffers():
