@@ -149,9 +149,9 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
             return cls(config, isq=isq)
         log.info("quant scheme %s cannot quantize to %s: %s", entry.name, isq, "; ".join(reasons))
     known = ", ".join(schemes.names()) or "none installed"
+    why = "those that offer it refused" if offered else f"quant schemes: {known}"
     raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
-                         f"({'those that offer it refused' if offered else 'quant schemes: ' + known}"
-                         "; tallow-quant-gguf provides the GGML types)")
+                         f"({why}; tallow-quant-gguf provides the GGML types)")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

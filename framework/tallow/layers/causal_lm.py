@@ -86,9 +86,10 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         Every tensor goes through its parameter's ``weight_loader`` (which shards it for this
         rank and converts its dtype). A still-quantized tensor
         (:class:`~tallow.layers.QuantizedWeight`) reaches the loader as it is when the parameter
-        says ``accepts_quantized``; otherwise it is dequantized to float32 first. Raises :class:`WeightLoadError` naming the tensor when a
-        shape does not fit, and, after the last tensor, listing every parameter left unfilled
-        and every checkpoint tensor that no rule knows.
+        says ``accepts_quantized``; otherwise it is dequantized to float32 first. Raises
+        :class:`WeightLoadError` naming the tensor when a shape does not fit, and, after the
+        last tensor, listing every parameter left unfilled and every checkpoint tensor that no
+        rule knows.
         """
         name_map = self.weight_names(naming)
         params = dict(self.named_parameters(remove_duplicate=False))

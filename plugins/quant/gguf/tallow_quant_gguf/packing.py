@@ -163,14 +163,16 @@ def _shifts(step: int, count: int, device: torch.device, dims: int) -> torch.Ten
 
 
 def _bit_columns(src: torch.Tensor) -> torch.Tensor:
-    """Elements ``32i + j`` ← bit ``i`` of ``src[..., j]`` (src ``[R, nb, 32]``) → ``[R, nb*256]``."""
+    """Elements ``32i + j`` ← bit ``i`` of ``src[..., j]``: ``[R, nb, 32]`` bytes →
+    ``[R, nb*256]`` bits."""
     r, nb, _ = src.shape
     bits = (src.unsqueeze(2) >> _shifts(1, 8, src.device, 4)) & 1
     return bits.reshape(r, nb * 256)
 
 
 def _pair_columns(src: torch.Tensor) -> torch.Tensor:
-    """Elements ``128h + 32s + j`` ← bits ``2s`` of ``src[..., 32h + j]`` (src ``[R, nb, 64]``)."""
+    """Elements ``128h + 32s + j`` ← bits ``2s`` of ``src[..., 32h + j]``: ``[R, nb, 64]``
+    bytes → ``[R, nb*256]`` 2-bit codes."""
     r, nb, _ = src.shape
     pairs = (src.view(r, nb, 2, 1, 32) >> _shifts(2, 4, src.device, 5)) & 3
     return pairs.reshape(r, nb * 256)
