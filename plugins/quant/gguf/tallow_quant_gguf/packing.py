@@ -35,6 +35,7 @@ the block size, 256 for k-quants). Both are cut from the GGML bytes before packi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -67,14 +68,11 @@ class PackedWeight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.planes.values())
 
-    def map(self, fn) -> "PackedWeight":
-        """The same weight with ``fn`` applied to every plane (each indexed by rows first)."""
-        return PackedWeight(self.qtype, -1, self.cols, {k: fn(v) for k, v in self.planes.items()}
-                            )._with_rows()
-
-    def _with_rows(self) -> "PackedWeight":
-        self.rows = next(iter(self.planes.values())).shape[0]
-        return self
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "PackedWeight":
+        """The weight whose planes are ``fn`` of these (each plane is indexed by rows first,
+        so ``fn`` may select, reorder or add rows)."""
+        planes = {k: fn(v) for k, v in self.planes.items()}
+        return PackedWeight(self.qtype, next(iter(planes.values())).shape[0], self.cols, planes)
 
     def gather_rows(self, index: torch.Tensor) -> "PackedWeight":
         return self.map(lambda t: t.index_select(0, index))
