@@ -126,6 +126,7 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
             if target in QUANT_TYPES:
                 rows = tensor.reshape(-1, tensor.shape[-1]).to(device)
                 data = quantize(rows, target).cpu().numpy()
+                data = data.reshape(*tensor.shape[:-1], data.shape[-1])  # e.g. [experts, ...]
                 writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType[target.upper()])
             else:
                 dtype = np.float16 if target == "f16" else np.float32
