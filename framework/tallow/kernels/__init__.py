@@ -14,8 +14,11 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
   for one row (not re-exported here: the name would hide the submodule).
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
+* ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
+  (for plugins whose kernels follow the same rule).
 """
 
+from ._dispatch import triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
 from .attention_ref import store_kv_ref
@@ -26,5 +29,5 @@ from .rotary import rotary_embedding, rotary_embedding_ref
 __all__ = [
     "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref",
     "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
-    "silu_and_mul_ref", "store_kv", "store_kv_ref",
+    "silu_and_mul_ref", "store_kv", "store_kv_ref", "triton_enabled",
 ]

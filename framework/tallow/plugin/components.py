@@ -54,7 +54,9 @@ class Checkpoint:
     #: ``tokenizer_config.json``-style dict: bos_token, eos_token, add_bos_token, chat_template...
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
-    #: name of a quant scheme the checkpoint needs (e.g. "gguf"), or None for plain weights
+    #: the quant scheme its quantized tensors are for (e.g. "gguf"), or None for plain weights.
+    #: Such tensors arrive as :class:`tallow.layers.QuantizedWeight`; without that scheme
+    #: installed they are dequantized at load.
     quantization: str | None = None
     #: free-form facts the format wants to pass on (GGUF metadata, file paths, ...)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -113,15 +115,55 @@ class ModelArchitecture:
 class QuantScheme(Component):
     """A weight quantization scheme.
 
-    ``detect(config)`` says whether a checkpoint config asks for it; ``min_capability`` is the
-    lowest CUDA compute capability (major*10+minor) its kernels run on (0: any, CPU included).
+    How the engine chooses one when a model loads:
+
+    - a checkpoint whose ``Checkpoint.quantization`` names a scheme (its tensors arrive as
+      :class:`tallow.layers.QuantizedWeight`) is served by the scheme registered under that
+      name, if one is installed, ``validate(config)`` gives no reasons and the device meets
+      ``min_capability``; otherwise the engine logs why and the tensors are dequantized at load;
+    - ``model.isq`` (load-time quantization of a float model) takes the highest-priority scheme
+      whose ``isq_types`` lists the type, and fails naming the installed ones if none does.
+
+    The chosen class is instantiated as ``cls(config, isq=<type or None>)`` (``config`` the
+    :class:`tallow.config.TallowConfig`; settings under ``plugins.settings.<distribution>``)
+    and the instance is the model's ``BuildContext.quant``. Layers ask it for their storage and
+    matmul through ``linear_method(prefix)``, ``head_method(prefix)`` (the LM head) and
+    ``embedding_method(prefix)`` (token embeddings), each optional and each returning a
+    :class:`tallow.layers.LinearMethod` or None to leave the layer unquantized (see
+    :mod:`tallow.layers.linear_method`). ``summary()`` (optional) describes what it holds once
+    the weights are loaded, for the start-up log.
+
+    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme;
+    ``min_capability`` is the lowest CUDA compute capability (major*10+minor) its kernels run
+    on (0: any, CPU included).
     """
 
     min_capability: ClassVar[int] = 0
+    #: weight types ``model.isq`` may name that this scheme quantizes float weights to
+    isq_types: ClassVar[tuple[str, ...]] = ()
+    #: File types ``tallow quantize --type`` may ask this scheme to write (lower-case names,
+    #: e.g. ``"q4_k_m"``); empty for a scheme that does not write model files.
+    file_types: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+        self.config = config
+        self.isq = isq
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
         return False
+
+    @classmethod
+    def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
+                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+        """Write ``checkpoint`` (as a weight format read it: config, tokenizer, tensors) to the
+        model file ``out_path`` quantized as ``file_type``, one of :attr:`file_types`,
+        computing on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``...). ``progress`` asks for
+        a progress bar on a terminal. Returns a JSON-able summary of what was written (the
+        tensors per type, the file's bytes, the seconds taken); ``tallow quantize`` prints it.
+        Raises ``ValueError`` with a message for the user when the checkpoint cannot be written
+        in this format. Only schemes that list file types implement it."""
+        raise NotImplementedError(f"quant scheme {cls.name!r} does not write model files")
 
 
 class KVCodec(Component):
