@@ -53,13 +53,14 @@ class Choice:
 
 def default_choice(qtype: str, n: int, k: int, m: int, sm_count: int = 132) -> Choice:
     """The path and configuration where no tuned entry exists: the GEMV for one row (split
-    along K when its row blocks would not give every SM two programs), the tensor-core kernel
-    up to 512 rows, the workspace and cuBLAS above."""
+    along K while its one-warp row blocks would give an SM fewer than 12 warps to hide the
+    memory latency with, keeping two K steps per slice), the tensor-core kernel up to 512
+    rows, the workspace and cuBLAS above."""
     if m == 1:
         rows = 4
         blocks = -(-n // rows)
         splits = 1
-        while blocks * splits < 2 * sm_count and splits < 8 and k // 32 >= 64 * splits:
+        while blocks * splits < 12 * sm_count and splits < 8 and k // 32 >= 64 * splits:
             splits *= 2
         return Choice("gemv", (rows, 1, splits, True))
     if m <= 16:
@@ -139,6 +140,21 @@ class TunedTable:
         return sorted({key[:3] for key in self.entries})
 
 
+def table_json(best: list[dict[str, Any]], device: str, **versions: str) -> dict[str, Any]:
+    """A tuned table (the JSON the plugin reads) from the sweep's best choice per cell: dicts
+    with ``type``, ``n``, ``k``, ``m``, ``path``, ``config`` and, for the record, ``us`` and
+    ``bf16_us``. ``device`` is the GPU's name as torch reports it (the plugin uses a shipped
+    table on GPUs of that name); ``versions`` are recorded (torch, triton...)."""
+    entries = []
+    for cell in best:
+        entry = {key: cell[key] for key in ("type", "n", "k", "m", "path", "config", "us",
+                                             "bf16_us") if key in cell}
+        validate_entry(entry, f"cell {cell.get('type')} [{cell.get('n')}, {cell.get('k')}] "
+                              f"m={cell.get('m')}")
+        entries.append(entry)
+    return {"format": FORMAT, "device": device, **versions, "entries": entries}
+
+
 def device_table(device_name: str) -> TunedTable:
     """The shipped table measured on a GPU of this name (``tuned/*.json`` whose ``device``
     field equals it), or an empty table."""
@@ -175,3 +191,61 @@ def choose(table: TunedTable, qtype: str, n: int, k: int, m: int, sm_count: int 
     if chosen.path == "gemv" and m != 1:  # a one-row entry never serves more rows
         return default_choice(qtype, n, k, m, sm_count)
     return chosen
+
+
+def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
+               corners: bool = False) -> list[Choice]:
+    """The configurations the tuning sweep times for ``m`` rows through a ``qtype`` weight
+    ``[n, k]``: the GEMV's row blocks, warps, K slices and prefetch for one row; the
+    tensor-core kernel's tiles, stages, K slices and fp16 decoding for every ``m``; the
+    workspace path from 64 rows. ``corners``: a handful of them, for tests."""
+    byte = qtype.upper() == "Q8_0"
+    n_quads = k // 32 * (2 if byte else 1)
+    out: list[Choice] = []
+    if m == 1:
+        for rows in (2, 4, 8):
+            blocks = -(-n // rows)
+            for warps in (1, 2, 4):
+                for splits in (1, 2, 4, 8):
+                    if splits > 1 and (blocks * splits > 16 * sm_count
+                                       or n_quads < 32 * warps * splits):
+                        continue
+                    for prefetch in (True, False):
+                        out.append(Choice("gemv", (rows, warps, splits, prefetch)))
+    if m <= 16:
+        tiles = [(16, 32, 8, 2), (16, 64, 8, 4), (16, 64, 4, 4), (16, 128, 4, 4),
+                 (16, 128, 8, 8)]
+        stages = (3,)
+    elif m <= 64:
+        tiles = [(32, 64, 8, 4), (64, 64, 8, 4), (64, 128, 4, 4), (64, 128, 4, 8)]
+        stages = (3,)
+    elif m <= 512:
+        tiles = [(64, 128, 4, 8), (128, 128, 4, 8), (128, 128, 2, 4), (128, 256, 2, 8),
+                 (64, 64, 8, 4)]
+        stages = (3, 4)
+    else:
+        tiles = [(128, 128, 4, 8), (128, 256, 2, 8), (128, 128, 2, 4)]
+        stages = (3, 4)
+    for bm, bn, q, warps in tiles:
+        m_tiles = -(-m // bm)
+        for stage in stages:
+            for splits in (1, 2, 4, 8):
+                if splits > 1 and (-(-n // bn) * m_tiles * splits > 4 * sm_count
+                                   or n_quads < q * splits):
+                    continue
+                for fast in (True, False):
+                    out.append(Choice("mma", (bm, bn, q, warps, stage, splits, fast)))
+    if m >= 64:
+        out.append(Choice("dequant"))
+    if corners:
+        def first(test) -> list[Choice]:
+            return [c for c in out if test(c)][:1]
+
+        picked = (first(lambda c: c.path == "gemv")
+                  + first(lambda c: c.path == "gemv" and c.config[2] > 1)
+                  + first(lambda c: c.path == "mma" and c.config[6])
+                  + first(lambda c: c.path == "mma" and not c.config[6])
+                  + first(lambda c: c.path == "mma" and c.config[5] > 1) + out[-1:])
+        out = list(dict.fromkeys(picked))
+    return out
+

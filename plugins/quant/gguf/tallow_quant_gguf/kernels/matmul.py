@@ -3,10 +3,11 @@ registers, for any number of rows of x.
 
 A program owns ``BN`` output features (the weight rows) and ``BM`` rows of x, and walks K ``Q``
 quads at a time (:mod:`~tallow_quant_gguf.kernels.decode`). Each step decodes its weight tile
-slot by slot and multiplies every slot with the activations of the same columns:
-``acc [BN, BM] += W_slot [BN, 4Q] @ x_slot.T [4Q, BM]`` — a K order permuted the same way on
-both sides, so the codes never need reordering. The weight is the left operand (Hopper's
-``wgmma`` takes it from registers; M, even 1, only pads the narrow right side).
+slot by slot in the threads that loaded the codes, puts the slots back in column order (joins
+and a permutation of in-thread dimensions: no data moves) and multiplies the tile with the
+activations of its columns: ``acc [BN, BM] += W [BN, K step] @ x.T [K step, BM]``. The weight
+is the left operand, so M, even 1, only pads the narrow right side (Hopper's ``wgmma`` needs
+64 rows on the left).
 
 Two ways to decode (``FAST``):
 
@@ -32,14 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels._dispatch import interpreting
+from tallow.kernels import interpreting
 from tallow.kernels.activation_triton import KINDS, gated_value
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..packing import PackedWeight
 from .decode import (group_scales, load_codes, load_group_fields, plane_args, quads_per_chunk,
-                     slot_columns, slot_weights, type_constants)
+                     slot_weights, type_constants)
 from .gemv import check_offsets
 from .splitk import counters, finish_tile, split_chunks, workspace
 
@@ -156,7 +157,6 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     qs = tl.arange(0, Q)
     u3 = tl.arange(0, 4)[None, None, :]
     xrow = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    SLOTS: tl.constexpr = 4 if BYTE else 8
     F16: tl.constexpr = FAST != 0
     DT: tl.constexpr = tl.float16 if FAST != 0 else x_ptr.dtype.element_ty
 
