@@ -30,7 +30,8 @@ from typing import Any, Iterable
 BUCKETS = (1, 4, 16, 64, 256, 512, 4096)
 PATHS = ("gemv", "mma", "dequant")
 #: config lengths per path: gemv (rows per program, warps, K slices, prefetch);
-#: mma (BM, BN, quads per step, warps, stages, K slices, fp16 decoding)
+#: mma (BM, BN, quads per step, warps, stages, K slices, decoding: 0 generic, 1 fp16 pairs in
+#: PTX, 2 float32 from exponent bits)
 CONFIG_LENGTHS = {"gemv": 4, "mma": 7, "dequant": 0}
 TUNED_DIR = Path(__file__).with_name("tuned")
 #: the table format's version: a table of another version is refused
@@ -64,12 +65,12 @@ def default_choice(qtype: str, n: int, k: int, m: int, sm_count: int = 132) -> C
             splits *= 2
         return Choice("gemv", (rows, 1, splits, True))
     if m <= 16:
-        return Choice("mma", (16, 64, 8, 4, 3, _mma_splits(n, 64, 1, k, sm_count), True))
+        return Choice("mma", (16, 64, 8, 4, 3, _mma_splits(n, 64, 1, k, sm_count), 1))
     if m <= 64:
         return Choice("mma", (64, 64, 8, 4, 3, _mma_splits(n, 64, -(-m // 64), k, sm_count),
-                              True))
+                              1))
     if m <= 512:
-        return Choice("mma", (128, 128, 4, 8, 3, 1, False))
+        return Choice("mma", (128, 128, 4, 8, 3, 1, 2))
     return Choice("dequant")
 
 
@@ -185,9 +186,7 @@ def choose(table: TunedTable, qtype: str, n: int, k: int, m: int, sm_count: int 
     chosen = table.choose(qtype, n, k, m) or default_choice(qtype, n, k, m, sm_count)
     if chosen.path == "dequant" and (matmul == "fused" or (
             dequant_min_rows is not None and m < dequant_min_rows)):
-        fused = default_choice(qtype, n, k, min(m, 512), sm_count)
-        return fused if fused.path != "dequant" else Choice(
-            "mma", (128, 128, 4, 8, 3, 1, False))
+        return default_choice(qtype, n, k, min(m, 512), sm_count)
     if chosen.path == "gemv" and m != 1:  # a one-row entry never serves more rows
         return default_choice(qtype, n, k, m, sm_count)
     return chosen
@@ -197,10 +196,14 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
                corners: bool = False) -> list[Choice]:
     """The configurations the tuning sweep times for ``m`` rows through a ``qtype`` weight
     ``[n, k]``: the GEMV's row blocks, warps, K slices and prefetch for one row; the
-    tensor-core kernel's tiles, stages, K slices and fp16 decoding for every ``m``; the
+    tensor-core kernel's tiles, stages, K slices and decodings for every ``m``; the
     workspace path from 64 rows. ``corners``: a handful of them, for tests."""
-    byte = qtype.upper() == "Q8_0"
-    n_quads = k // 32 * (2 if byte else 1)
+    from .qtypes import quant_type
+
+    qt = quant_type(qtype)
+    n_quads = k // 32 * (2 if qt.byte else 1)
+    bits = qt.byte or (qt.nib and not (qt.pair or qt.bit or qt.lut) and qt.group == 32)
+    decodings = (1, 2) if bits else (0,)
     out: list[Choice] = []
     if m == 1:
         for rows in (2, 4, 8):
@@ -227,14 +230,15 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
         tiles = [(128, 128, 4, 8), (128, 256, 2, 8), (128, 128, 2, 4)]
         stages = (3, 4)
     for bm, bn, q, warps in tiles:
+        q *= 2 if qt.byte else 1  # a quad of 8-bit codes is half a chunk: the same K step
         m_tiles = -(-m // bm)
         for stage in stages:
             for splits in (1, 2, 4, 8):
                 if splits > 1 and (-(-n // bn) * m_tiles * splits > 4 * sm_count
                                    or n_quads < q * splits):
                     continue
-                for fast in (True, False):
-                    out.append(Choice("mma", (bm, bn, q, warps, stage, splits, fast)))
+                for decoding in decodings:
+                    out.append(Choice("mma", (bm, bn, q, warps, stage, splits, decoding)))
     if m >= 64:
         out.append(Choice("dequant"))
     if corners:
@@ -243,8 +247,8 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
 
         picked = (first(lambda c: c.path == "gemv")
                   + first(lambda c: c.path == "gemv" and c.config[2] > 1)
-                  + first(lambda c: c.path == "mma" and c.config[6])
-                  + first(lambda c: c.path == "mma" and not c.config[6])
+                  + first(lambda c: c.path == "mma" and c.config[6] == 1)
+                  + first(lambda c: c.path == "mma" and c.config[6] != 1)
                   + first(lambda c: c.path == "mma" and c.config[5] > 1) + out[-1:])
         out = list(dict.fromkeys(picked))
     return out

@@ -117,8 +117,10 @@ def test_gemv_every_type(qtype):
     close(gemv_triton(x, ragged, config=(4, 1, 2, True)), x, w[:21], None, f"{qtype} ragged")
 
 
-#: tensor-core configurations (BM, BN, quads per step, warps, stages, K slices, fp16 decoding)
-MMA_CONFIGS = [(16, 32, 8, 4, 2, 1, True), (32, 32, 4, 4, 2, 3, False)]
+#: tensor-core configurations (BM, BN, quads per step, warps, stages, K slices, decoding: the
+#: generic one, fp16 pairs in PTX (on a GPU), float32 from exponent bits); from 64 rows of x
+#: the weights are the right operand
+MMA_CONFIGS = [(16, 32, 8, 4, 2, 1, 1), (32, 32, 4, 4, 2, 3, 0), (64, 32, 8, 4, 2, 1, 2)]
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -146,10 +148,10 @@ def test_half_activations(dtype, qtype):
     w = dequantize_ref(packed)
     for m in (1, 5, 33):
         x = x_of(m, 768, qtype, dtype=dtype)
-        for fast in (True, False):
-            got = qmatmul_triton(x, packed, config=(16, 32, 8, 4, 2, 1, fast))
+        for decoding in (0, 1, 2):
+            got = qmatmul_triton(x, packed, config=(16, 32, 8, 4, 2, 1, decoding))
             assert got.dtype == dtype
-            close(got, x, w, None, f"{qtype} {dtype} m={m} fp16 decoding {fast}")
+            close(got, x, w, None, f"{qtype} {dtype} m={m} decoding {decoding}")
     x = x_of(1, 768, qtype, "gemv", dtype=dtype)
     close(gemv_triton(x, packed, config=(4, 1, 1, True)), x, w, None, f"{qtype} {dtype} gemv")
 
@@ -159,7 +161,7 @@ def test_output_slices():
     w = dequantize_ref(packed)
     for m, run in ((1, lambda x, o: gemv_triton(x, packed, out=o, config=(4, 1, 2, True))),
                    (3, lambda x, o: qmatmul_triton(x, packed, out=o,
-                                                   config=(16, 32, 4, 4, 2, 2, True)))):
+                                                   config=(16, 32, 4, 4, 2, 2, 1)))):
         x = x_of(m, 512, "slices")
         wide = torch.full((m, 40), 7.0, device=DEVICE)
         run(x, wide[:, 5:37])
@@ -176,8 +178,9 @@ def test_gated_input(kind, qtype):
     activated = ops._act(x, kind)
     close(gemv_triton(x[:1], packed, gate=kind, config=(4, 1, 1, True)), activated[:1], w,
           None, f"gemv {kind}")
-    close(qmatmul_triton(x, packed, gate=kind, config=(16, 32, 4, 4, 2, 1, True)),
-          activated, w, None, f"mma {kind}")
+    for decoding in (1, 2):
+        close(qmatmul_triton(x, packed, gate=kind, config=(16, 32, 4, 4, 2, 1, decoding)),
+              activated, w, None, f"mma {kind} decoding {decoding}")
 
 
 @pytest.mark.parametrize("matmul", ["auto", "fused", "dequant"])

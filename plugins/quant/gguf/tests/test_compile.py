@@ -21,7 +21,7 @@ from tallow.kernels.offline import (compile_for_gpu, opcode, pdl_order, resource
 from tallow_quant_gguf.kernels.decode import type_constants
 from tallow_quant_gguf.kernels.dequant import BLOCK_QUADS, BLOCK_ROWS, _dequant_kernel
 from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_mode
-from tallow_quant_gguf.kernels.matmul import _mma_kernel, fast_mode
+from tallow_quant_gguf.kernels.matmul import _mma_kernel, decode_mode, weights_left
 from tallow_quant_gguf.packing import PackedWeight
 from tallow_quant_gguf.qtypes import QUANT_TYPES, SCALE_PACKED
 
@@ -67,11 +67,16 @@ def gemv(qtype: str, rows: int = 4, warps: int = 1, *, prefetch: bool = True,
 
 
 def mma(qtype: str, bm: int = 16, bn: int = 64, q: int = 8, warps: int = 4, stages: int = 3,
-        *, fast: bool = True, split: bool = False, gate: int = -1, pdl: bool = True,
+        *, decoding: int = 1, even: bool = True, split: bool = False, gate: int = -1,
+        pdl: bool = True,
         act: str = "*bf16", capability: int = 90) -> Any:
+    import torch
+
     p = _weight(qtype)
+    x_dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[act]
     constexprs = dict(BM=bm, BN=bn, Q=q, **type_constants(p),
-                      FAST=fast_mode(p) if fast and act != "*fp32" else 0, HAS_BIAS=False,
+                      FAST=decode_mode(p, decoding, x_dtype), W_LEFT=weights_left(bm),
+                      EVEN=even, HAS_BIAS=False,
                       SPLIT=split, GATE=gate,
                       DOT_PRECISION="ieee" if act == "*fp32" else "tf32", USE_PDL=pdl)
     return compile_for(_mma_kernel, constexprs, _pointer_types(qtype, act, act), capability,
@@ -87,7 +92,7 @@ def loop_profile(compiled: Any) -> Counter:
 def test_every_type_compiles_for_decode_batches(qtype):
     assert gemv(qtype).asm["cubin"], qtype
     assert gemv(qtype, even=False, split=True).asm["cubin"], qtype
-    assert mma(qtype, fast=False).asm["cubin"], qtype
+    assert mma(qtype, decoding=0).asm["cubin"], qtype
 
 
 #: the most SASS instructions per weight the one-row loop may spend: at about 60% of the
@@ -124,23 +129,25 @@ def test_split_gemv_counts_its_tiles_with_one_atomic_per_program():
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0", "Q8_0"])
-def test_tensor_core_kernel_decodes_fp16_without_conversions(qtype):
-    compiled = mma(qtype)
-    assert "wgmma" in compiled.asm["ptx"], qtype
-    assert resource_usage(compiled)["STACK"] == 0, qtype
-    profile = loop_profile(compiled)
-    # the weights become fp16 pairs by bit operations: no int-to-float conversion per value
-    assert profile["I2F"] + profile["I2FP"] <= 32, (qtype, profile)
-    assert profile["HFMA2"] + profile["HMUL2"] + profile["HADD2"] >= 32, (qtype, profile)
+def test_tensor_core_kernel_decodes_without_conversions(qtype):
+    for decoding in (1, 2):
+        compiled = mma(qtype, decoding=decoding)
+        assert "wgmma" in compiled.asm["ptx"], qtype
+        assert resource_usage(compiled)["STACK"] == 0, qtype
+        profile = loop_profile(compiled)
+        # the weights come from bit operations: no int-to-float conversion per value
+        assert profile["I2F"] + profile["I2FP"] <= 32, (qtype, decoding, profile)
+        if decoding == 1:  # fp16 pairs: two values per instruction
+            assert profile["HFMA2"] + profile["HMUL2"] + profile["HADD2"] >= 32, profile
 
 
 def test_tensor_core_variants_compile():
     for qtype in ("Q4_K", "Q8_0", "Q6_K"):  # the large-batch tiles: Hopper's wgmma
-        compiled = mma(qtype, 128, 128, 4, 8, 3, fast=False)
+        compiled = mma(qtype, 128, 128, 4, 8, 3, decoding=2 if qtype != "Q6_K" else 0)
         assert "wgmma" in compiled.asm["ptx"], qtype
         assert resource_usage(compiled)["STACK"] == 0, qtype
     assert mma("Q4_K", 64, 64, 8, 4, 3, split=True).asm["cubin"]
-    assert mma("Q5_K", gate=1, act="*fp16", fast=False).asm["cubin"]
+    assert mma("Q5_K", gate=1, act="*fp16", decoding=0).asm["cubin"]
     assert mma("Q4_0", act="*fp32").asm["cubin"]
     # Ampere: mma.sync, no PDL (its launches never ask for it below compute capability 9.0)
     assert "mma.sync" in mma("Q8_0", 64, 64, 8, 4, 2, pdl=False, capability=80).asm["ptx"]

@@ -33,13 +33,13 @@ def test_sweep_table_round_trip(tmp_path):
     best = [dict(type="Q4_K", n=4096, k=4096, m=1, path="gemv", config=[8, 2, 1, True],
                  us=3.1, bf16_us=9.5),
             dict(type="Q4_K", n=4096, k=4096, m=16, path="mma",
-                 config=[16, 64, 8, 4, 3, 2, True]),
+                 config=[16, 64, 8, 4, 3, 2, 1]),
             dict(type="Q4_K", n=4096, k=4096, m=512, path="dequant", config=[])]
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table_json(best, "NVIDIA H200", triton="3.6.0")))
     table = TunedTable.load(path)
     assert table.choose("q4_k", 4096, 4096, 1) == Choice("gemv", (8, 2, 1, True))
-    assert table.choose("Q4_K", 4096, 4096, 9) == Choice("mma", (16, 64, 8, 4, 3, 2, True))
+    assert table.choose("Q4_K", 4096, 4096, 9) == Choice("mma", (16, 64, 8, 4, 3, 2, 1))
     assert table.choose("Q4_K", 4096, 4096, 100) is None  # no entry for that bucket
     assert table.choose("Q8_0", 4096, 4096, 1) is None
     assert list(table.shapes()) == [("Q4_K", 4096, 4096)]

@@ -57,6 +57,12 @@ _MAGIC_256, _MAGIC_16 = 0x43800000, 0x41800000
 _MASK_LO4, _MASK_HI4, _MASK_8 = 0x00078000, 0x00780000, 0x007F8000
 
 
+def bit_constants(byte: bool) -> tuple[int, int, int, int]:
+    """(mask_lo, mask_hi, magic_lo, magic_hi) of the exponent-bits decoding, for 8-bit codes or
+    for 4-bit ones."""
+    return (_MASK_8 if byte else _MASK_LO4), _MASK_HI4, _MAGIC_256, _MAGIC_16
+
+
 def gemv_mode(p: PackedWeight) -> int:
     qt = p.qtype
     if qt.byte:
@@ -323,7 +329,7 @@ def gemv_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = No
     even = n % bn == 0 and per % q == 0 and n_quads % per == 0
     _gemv_kernel[(grid_n, n_split)](
         x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, n, k, per, n_split, 1,
-        *strides, _MASK_8 if mode == MODE_BYTE else _MASK_LO4, _MASK_HI4, _MAGIC_256, _MAGIC_16,
+        *strides, *bit_constants(mode == MODE_BYTE),
         BN=bn, Q=q, **type_constants(p), MODE=mode, PREFETCH=prefetch, EVEN=even,
         HAS_BIAS=bias is not None, SPLIT=split, GATE=-1 if gate is None else KINDS[gate],
         USE_PDL=use_pdl, num_warps=warps, num_stages=1, launch_pdl=use_pdl)

@@ -9,18 +9,23 @@ activations of its columns: ``acc [BN, BM] += W [BN, K step] @ x.T [K step, BM]`
 is the left operand, so M, even 1, only pads the narrow right side (Hopper's ``wgmma`` needs
 64 rows on the left).
 
-Two ways to decode (``FAST``):
+Three ways to decode (``DECODE``, the tuned configuration's last field):
 
 - ``0``, any type: ``scale * f(q) - min`` in float32, rounded to the product dtype (x's dtype;
   float32 activations multiply in float32, exactly).
-- ``1`` (4-bit codes alone: Q4_0, Q4_1, Q4_K) and ``2`` (8-bit codes: Q8_0): half-precision
-  pairs straight from the code bits, in inline PTX: a byte permute puts one code byte of two
-  neighbouring words into the two halves of a register, a mask-and-or turns a 4-bit (or 8-bit)
-  field into the fp16 ``1024 + q``, and fused multiply-adds on both halves at once give
-  ``sc * q`` exactly, then ``d * (sc * q) - min`` rounded once to fp16 (11 significant bits,
-  finer than the bf16 weights of the workspace path). About 1.75 instructions per weight.
-  The activations are rounded to fp16 too (exact for bf16 values of magnitude 6.1e-5 to 65504;
-  larger ones are clamped to 65504, smaller ones keep fp16's subnormal steps).
+- ``1``, fp16 pairs (4-bit codes alone: Q4_0, Q4_1, Q4_K; 8-bit codes: Q8_0) straight from the
+  code bits, in inline PTX: a byte permute puts one code byte of two neighbouring words into
+  the two halves of a register, a mask-and-or turns a 4-bit (or 8-bit) field into the fp16
+  ``1024 + q``, and fused multiply-adds on both halves at once give ``sc * q`` exactly, then
+  ``d * (sc * q) - min`` rounded once to fp16 (11 significant bits, finer than the bf16 weights
+  of the workspace path): about 1.75 instructions per weight. The activations are rounded to
+  fp16 as they are read (exact for bf16 values of magnitude 6.1e-5 to 65504; larger ones are
+  clamped to 65504, smaller ones keep fp16's subnormal steps) — cheap when x is a few rows.
+- ``2``, float32 from exponent bits (the same types): as in the one-row GEMV
+  (:mod:`~tallow_quant_gguf.kernels.gemv`), a shifted code field or'ed into the bits of 256.0
+  (16.0) *is* ``256 + q`` (``16 + q``); one fused multiply-add ``v * scale + c`` gives the
+  weight, rounded to x's dtype: about 3 instructions per weight and x is used as it is — the
+  better trade when x is many rows.
 
 Split-K (``n_split > 1``): the programs of one output tile each take a slice of K and the last
 one adds the slices (:mod:`~tallow_quant_gguf.kernels.splitk`). The activation of a gated MLP
@@ -41,7 +46,7 @@ from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 from ..packing import PackedWeight
 from .decode import (group_scales, load_codes, load_group_fields, plane_args, quads_per_chunk,
                      slot_weights, type_constants)
-from .gemv import check_offsets
+from .gemv import _as_float, _byte_to_bits_15, bit_constants, check_offsets
 from .splitk import counters, finish_tile, split_chunks, workspace
 
 #: fp16 decoding of 4-bit codes. Inputs: two neighbouring code words ($8, $9), and as fp16
@@ -95,6 +100,21 @@ def _load_x(xb, xmask, K, GATE: tl.constexpr, DT: tl.constexpr, F16: tl.constexp
 
 
 @triton.jit
+def _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0, qs, q_end, s_d, s_sc,
+                  BYTE: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr,
+                  SCALES: tl.constexpr, MINS: tl.constexpr, EVEN: tl.constexpr):
+    """The scale fields of quads ``q0 + qs`` (nothing is read past ``q_end``)."""
+    quads = q0 + qs
+    if EVEN:
+        mask2 = q0 < q_end
+    else:
+        mask2 = row_mask[:, None] & (quads < q_end)[None, :]
+    chunks = quads // 2 if BYTE else quads
+    return load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, chunks[None, :], mask2, s_d,
+                             s_sc, GROUP, QBLOCK, SCALES, MINS, not EVEN)
+
+
+@triton.jit
 def _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S: tl.constexpr,
              NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
              OFFSET: tl.constexpr, LUT: tl.constexpr, MINS: tl.constexpr, DT: tl.constexpr):
@@ -137,12 +157,15 @@ def _natural4(w0, w1, w2, w3, BN: tl.constexpr, Q: tl.constexpr):
 def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
                 quads_per_split, n_split, s_nib, s_pair, s_bit, s_byte, s_d, s_sc,
+                mask_lo, mask_hi, magic_lo, magic_hi,
                 BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
                 OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
                 QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                FAST: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                GATE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
+                FAST: tl.constexpr, W_LEFT: tl.constexpr, EVEN: tl.constexpr,
+                HAS_BIAS: tl.constexpr,
+                SPLIT: tl.constexpr, GATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -157,25 +180,33 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     qs = tl.arange(0, Q)
     u3 = tl.arange(0, 4)[None, None, :]
     xrow = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    F16: tl.constexpr = FAST != 0
-    DT: tl.constexpr = tl.float16 if FAST != 0 else x_ptr.dtype.element_ty
+    F16: tl.constexpr = FAST == 1 or FAST == 2
+    DT: tl.constexpr = tl.float16 if F16 else x_ptr.dtype.element_ty
 
     wait_prior(USE_PDL)  # x is the previous kernel's output; the loop below pipelines its loads
     allow_next(USE_PDL)
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    if W_LEFT:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    # the scale fields are loaded one step ahead (their narrow loads are not pipelined by the
+    # compiler the way the code and activation tiles are)
+    fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q_begin, qs, q_end,
+                           s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
     for q0 in range(q_begin, q_end, Q):
         quads = q0 + qs
-        qmask = quads < q_end
         q3 = quads[None, :, None]
-        mask3 = row_mask[:, None, None] & qmask[None, :, None] & (u3 >= 0)
+        if EVEN:  # whole tiles: no masks on the weights
+            mask3 = None
+        else:
+            qmask = quads < q_end
+            mask3 = row_mask[:, None, None] & qmask[None, :, None] & (u3 >= 0)
         nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, q3, u3,
                                           mask3, s_nib, s_pair, s_bit, s_byte, NIB, PAIR, BIT,
-                                          BYTE, True)
-        chunks = quads // 2 if BYTE else quads
-        mask2 = row_mask[:, None] & qmask[None, :]
-        d, dm, sc0, sc1, mn = load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2,
-                                                chunks[None, :], mask2, s_d, s_sc, GROUP,
-                                                QBLOCK, SCALES, MINS, True)
+                                          BYTE, not EVEN)
+        d, dm, sc0, sc1, mn = fields
+        fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0 + Q, qs, q_end,
+                               s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
         if FAST == 1:
             # 4-bit codes, one group per quad: d * (a * q) + c with a the sub-scale (1 when
             # the type has none) and c = -(d * a * offset + min)
@@ -198,6 +229,40 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             w0, w1, w2, w3 = tl.inline_asm_elementwise(
                 _BYTE_FP16, _BYTE_CONSTRAINTS, [byte, d16], dtype=(tl.float16,) * 4,
                 is_pure=True, pack=2)
+            w = _natural4(w0, w1, w2, w3, BN, Q)
+        elif FAST == 3:
+            # 4-bit codes: 256 + q (low nibble of byte p) and 16 + q (high nibble) from the
+            # bits; w = v * scale + c with c = -(base + offset) * scale - min
+            scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
+            c_lo = -(256.0 + OFFSET) * scale
+            c_hi = -(16.0 + OFFSET) * scale
+            if MINS != 0:
+                c_lo = c_lo - low_min
+                c_hi = c_hi - low_min
+            scale3 = scale[:, :, None]
+            c_lo = c_lo[:, :, None]
+            c_hi = c_hi[:, :, None]
+            t = _byte_to_bits_15(nib, 0)
+            w0 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
+            w1 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
+            t = _byte_to_bits_15(nib, 1)
+            w2 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
+            w3 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
+            t = _byte_to_bits_15(nib, 2)
+            w4 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
+            w5 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
+            t = _byte_to_bits_15(nib, 3)
+            w6 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
+            w7 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
+            w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
+        elif FAST == 4:
+            # 8-bit codes stored as q + 128: 256 + (q + 128) from the bits
+            scale = d.to(tl.float32)[:, :, None]
+            c = -(256.0 + OFFSET) * scale
+            w0 = (_as_float(_byte_to_bits_15(byte, 0), mask_lo, magic_lo) * scale + c).to(DT)
+            w1 = (_as_float(_byte_to_bits_15(byte, 1), mask_lo, magic_lo) * scale + c).to(DT)
+            w2 = (_as_float(_byte_to_bits_15(byte, 2), mask_lo, magic_lo) * scale + c).to(DT)
+            w3 = (_as_float(_byte_to_bits_15(byte, 3), mask_lo, magic_lo) * scale + c).to(DT)
             w = _natural4(w0, w1, w2, w3, BN, Q)
         else:
             scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
@@ -232,11 +297,20 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
                              NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT), BN, Q)
         KQ: tl.constexpr = 16 * Q if BYTE else 32 * Q
         cols = (q0 // 2 if BYTE else q0) * 32 + tl.arange(0, KQ)
-        xmask = m_mask[:, None] & (cols < (q_end // 2 if BYTE else q_end) * 32)[None, :]
+        if EVEN:
+            xmask = m_mask[:, None]
+        else:
+            xmask = m_mask[:, None] & (cols < (q_end // 2 if BYTE else q_end) * 32)[None, :]
         x = _load_x(xrow + cols[None, :], xmask, K, GATE, DT, F16)
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        if W_LEFT:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
 
-    y = tl.trans(acc)  # [BM, BN]
+    if W_LEFT:
+        y = tl.trans(acc)  # [BM, BN]
+    else:
+        y = acc
     mask = m_mask[:, None] & row_mask[None, :]
     if SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
@@ -249,34 +323,52 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
         tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def fast_mode(p: PackedWeight) -> int:
-    """The fp16 decoding the type allows (1: 4-bit codes alone, 2: 8-bit codes), else 0."""
+def decode_mode(p: PackedWeight, decoding: int, x_dtype: torch.dtype) -> int:
+    """The kernel's ``FAST`` constant for a configuration's ``decoding`` (0 generic, 1 fp16 in
+    PTX, 2 float32 from exponent bits): 1/2 the PTX decoding of 4-bit/8-bit codes, 3/4 the
+    exponent-bits decoding of them, 0 the generic one (every other type, float32 x, and the
+    PTX decoding under Triton's interpreter, which cannot run PTX)."""
     qt = p.qtype
+    if decoding == 0 or x_dtype == torch.float32:
+        return 0
     if qt.byte:
-        return 2
-    if qt.nib and not (qt.pair or qt.bit or qt.lut) and qt.group == 32:
-        return 1
-    return 0
+        kind = 2
+    elif qt.nib and not (qt.pair or qt.bit or qt.lut) and qt.group == 32:
+        kind = 1
+    else:
+        return 0
+    if decoding == 1:
+        return 0 if interpreting() else kind
+    return kind + 2
 
 
-def mma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int, bool]:
-    """(BM, BN, Q, warps, stages, K slices, fp16 decoding) where no tuned entry exists:
-    starting points for the H200."""
+def weights_left(bm: int) -> bool:
+    """Whether the weight tile is the left operand of the product (kept in registers): for
+    tiles of fewer than 64 rows of x, which Hopper's ``wgmma`` could only take padded to 64;
+    from 64 rows on, x is the left operand and the decoded weights go to shared memory, where
+    ``wgmma`` reads them in place."""
+    return bm < 64
+
+
+def mma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int, int]:
+    """(BM, BN, Q, warps, stages, K slices, decoding) where no tuned entry exists: starting
+    points for the H200."""
     if m <= 16:
-        return 16, 64, 8, 4, 3, 1, True
+        return 16, 64, 8, 4, 3, 1, 1
     if m <= 64:
-        return 64, 64, 8, 4, 3, 1, True
-    return 128, 128, 4, 8, 3, 1, False
+        return 64, 64, 8, 4, 3, 1, 1
+    return 128, 128, 4, 8, 3, 1, 2
 
 
 def qmatmul_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None, *,
                    out: torch.Tensor | None = None, gate: str | None = None,
-                   config: tuple[int, int, int, int, int, int, bool] | None = None
+                   config: tuple[int, int, int, int, int, int, int] | None = None
                    ) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` → ``[M, N]`` in x's dtype (``x [M, 2K]`` with ``gate``).
     ``out`` (``[M, N]``, rows contiguous, e.g. a column slice of a wider output) receives it in
-    place. ``config`` is ``(BM, BN, Q, warps, stages, K slices, fp16 decoding)``; fp16 decoding
-    applies to the types that have it (:func:`fast_mode`) and to half-precision x."""
+    place. ``config`` is ``(BM, BN, Q, warps, stages, K slices, decoding)``; the decodings
+    other than the generic one apply to the types that have them (:func:`decode_mode`) and to
+    half-precision x."""
     m = x.shape[0]
     n, k = p.rows, p.cols
     check_offsets(p)
@@ -286,7 +378,7 @@ def qmatmul_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None =
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, q, warps, stages, splits, fast = config or mma_config(m, n, k)
+    bm, bn, q, warps, stages, splits, decoding = config or mma_config(m, n, k)
     n_quads = k // 32 * quads_per_chunk(p)
     per, n_split = split_chunks(n_quads, q, splits)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), n_split)
@@ -296,14 +388,15 @@ def qmatmul_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None =
     if split and grid[0] * grid[1] > cnt.numel():
         raise ValueError(f"qmatmul: {grid[0] * grid[1]} output tiles exceed the "
                          f"{cnt.numel()} split counters")
-    # the fp16 decoding is inline PTX: compiled kernels only (not Triton's interpreter)
-    mode = fast_mode(p) if fast and x.dtype != torch.float32 and not interpreting() else 0
+    mode = decode_mode(p, int(decoding), x.dtype)
+    even = n % bn == 0 and per % q == 0 and n_quads % per == 0
     ptrs, strides = plane_args(p)
     use_pdl = pdl_enabled(x)
     _mma_kernel[grid](
         x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, m, n, k, x.stride(0),
-        out.stride(0), per, n_split, *strides,
-        BM=bm, BN=bn, Q=q, **type_constants(p), FAST=mode, HAS_BIAS=bias is not None,
+        out.stride(0), per, n_split, *strides, *bit_constants(mode == 4),
+        BM=bm, BN=bn, Q=q, **type_constants(p), FAST=mode, W_LEFT=weights_left(bm), EVEN=even,
+        HAS_BIAS=bias is not None,
         SPLIT=split, GATE=-1 if gate is None else KINDS[gate],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
