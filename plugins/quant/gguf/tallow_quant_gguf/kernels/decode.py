@@ -22,7 +22,7 @@ straight-line code for exactly its planes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import triton
@@ -59,17 +59,31 @@ def plane_args(p: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
     return ptrs + [iq4_table(some.device)], strides
 
 
-def iq4_table(device: torch.device) -> torch.Tensor:
-    """The IQ4 value table on ``device``, made once per device (by the first kernel launch,
-    which precedes any CUDA-graph capture: the engine runs each shape eagerly first)."""
-    lut = _LUTS.get(device)
-    if lut is None:
+def per_device(cache: dict, device: torch.device, make: Callable[[], torch.Tensor],
+               what: str) -> torch.Tensor:
+    """``cache[device]``, made by ``make()`` the first time: before any CUDA-graph capture (the
+    engine runs each shape eagerly first, and ``ops.warm_up`` makes them at load), since an
+    allocation inside a capture would belong to the graph."""
+    buf = cache.get(device)
+    if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("tallow-quant-gguf: the first quantized kernel on "
-                               f"{device} ran inside a CUDA-graph capture; run it once "
-                               "eagerly first")
-        lut = _LUTS[device] = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device)
-    return lut
+            raise RuntimeError(f"tallow-quant-gguf: the {what} of {device} was first needed "
+                               "inside a CUDA-graph capture; run the kernels once eagerly first")
+        buf = cache[device] = make()
+    return buf
+
+
+def iq4_table(device: torch.device) -> torch.Tensor:
+    """The IQ4 value table on ``device``, made once per device."""
+    return per_device(_LUTS, device, lambda: torch.tensor(IQ4_VALUES, dtype=torch.float32,
+                                                          device=device), "IQ4 table")
+
+
+@triton.jit
+def quad_range(pid_k, quads_per_split, K, BYTE: tl.constexpr):
+    """The quads ``[begin, end)`` of K slice ``pid_k``."""
+    begin = pid_k * quads_per_split
+    return begin, tl.minimum(begin + quads_per_split, (K // 32) * (2 if BYTE else 1))
 
 
 @triton.jit

@@ -44,8 +44,8 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..packing import PackedWeight
-from .decode import (group_scales, load_codes, load_group_fields, plane_args, quads_per_chunk,
-                     slot_code, slot_columns, type_constants)
+from .decode import (group_scales, load_codes, load_group_fields, plane_args, quad_range,
+                     quads_per_chunk, slot_code, slot_columns, type_constants)
 from .splitk import counters, finish_tile, split_chunks, workspace
 
 #: decoding modes (see the module docstring)
@@ -171,8 +171,7 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
     row_mask = rows < N
     r2 = rows[:, None]
     r3 = r2[:, :, None]
-    q_begin = pid_k * quads_per_split
-    q_end = tl.minimum(q_begin + quads_per_split, (K // 32) * (2 if BYTE else 1))
+    q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
     qs = tl.arange(0, Q)
     u3 = tl.arange(0, 4)[None, None, :]
     SLOTS: tl.constexpr = 4 if BYTE else 8

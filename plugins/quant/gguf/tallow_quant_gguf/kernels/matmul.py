@@ -44,8 +44,8 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..packing import PackedWeight
-from .decode import (group_scales, load_codes, load_group_fields, plane_args, quads_per_chunk,
-                     slot_weights, type_constants)
+from .decode import (group_scales, load_codes, load_group_fields, plane_args, quad_range,
+                     quads_per_chunk, slot_weights, type_constants)
 from .gemv import _as_float, _byte_to_bits_15, bit_constants, check_offsets
 from .splitk import counters, finish_tile, split_chunks, workspace
 
@@ -115,19 +115,31 @@ def _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0, qs, q_end, s_
 
 
 @triton.jit
-def _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S: tl.constexpr,
-             NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-             OFFSET: tl.constexpr, LUT: tl.constexpr, MINS: tl.constexpr, DT: tl.constexpr):
-    """Slot ``S`` decoded in float32 and rounded to ``DT`` (the second group's scale for the
-    second half of the slots of a 16-element-group type)."""
+def _nibble_bits(nib, P: tl.constexpr, scale, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi,
+                 DT: tl.constexpr):
+    """Slots ``2P`` and ``2P + 1`` (the nibbles of byte P of every word) as ``v * scale + c``
+    rounded to ``DT``, v read from the code bits as ``256 + q`` and ``16 + q``."""
+    t = _byte_to_bits_15(nib, P)
+    return ((_as_float(t, mask_lo, magic_lo) * scale + c_lo).to(DT),
+            (_as_float(t, mask_hi, magic_hi) * scale + c_hi).to(DT))
+
+
+@triton.jit
+def _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S: tl.constexpr,
+              NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
+              OFFSET: tl.constexpr, LUT: tl.constexpr, MINS: tl.constexpr, DT: tl.constexpr):
+    """Slots ``S`` and ``S + 1`` decoded in float32 and rounded to ``DT`` (the second group's
+    scale for the second half of the slots of a 16-element-group type)."""
     SLOTS: tl.constexpr = 4 if BYTE else 8
     if S < SLOTS // 2:
-        w = slot_weights(nib, pair, bit, byte, lut_ptr, scale, low_min, S, NIB, PAIR, BIT,
-                         BYTE, OFFSET, LUT, MINS)
+        scale_s, low_min_s = scale, low_min
     else:
-        w = slot_weights(nib, pair, bit, byte, lut_ptr, scale1, low_min1, S, NIB, PAIR, BIT,
+        scale_s, low_min_s = scale1, low_min1
+    first = slot_weights(nib, pair, bit, byte, lut_ptr, scale_s, low_min_s, S, NIB, PAIR, BIT,
                          BYTE, OFFSET, LUT, MINS)
-    return w.to(DT)
+    second = slot_weights(nib, pair, bit, byte, lut_ptr, scale_s, low_min_s, S + 1, NIB, PAIR,
+                          BIT, BYTE, OFFSET, LUT, MINS)
+    return first.to(DT), second.to(DT)
 
 
 @triton.jit
@@ -175,8 +187,7 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     m_mask = offs_m < M
     r2 = rows[:, None]
     r3 = r2[:, :, None]
-    q_begin = pid_k * quads_per_split
-    q_end = tl.minimum(q_begin + quads_per_split, (K // 32) * (2 if BYTE else 1))
+    q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
     qs = tl.arange(0, Q)
     u3 = tl.arange(0, 4)[None, None, :]
     xrow = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
@@ -242,18 +253,14 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             scale3 = scale[:, :, None]
             c_lo = c_lo[:, :, None]
             c_hi = c_hi[:, :, None]
-            t = _byte_to_bits_15(nib, 0)
-            w0 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
-            w1 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
-            t = _byte_to_bits_15(nib, 1)
-            w2 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
-            w3 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
-            t = _byte_to_bits_15(nib, 2)
-            w4 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
-            w5 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
-            t = _byte_to_bits_15(nib, 3)
-            w6 = (_as_float(t, mask_lo, magic_lo) * scale3 + c_lo).to(DT)
-            w7 = (_as_float(t, mask_hi, magic_hi) * scale3 + c_hi).to(DT)
+            w0, w1 = _nibble_bits(nib, 0, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
+                                  magic_hi, DT)
+            w2, w3 = _nibble_bits(nib, 1, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
+                                  magic_hi, DT)
+            w4, w5 = _nibble_bits(nib, 2, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
+                                  magic_hi, DT)
+            w6, w7 = _nibble_bits(nib, 3, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
+                                  magic_hi, DT)
             w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
         elif FAST == 4:
             # 8-bit codes stored as q + 128: 256 + (q + 128) from the bits
@@ -267,34 +274,18 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
         else:
             scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
             scale1, low_min1 = group_scales(d, dm, sc1, mn, SCALES, MINS)
+            w0, w1 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1,
+                               0, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
+            w2, w3 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1,
+                               2, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
             if BYTE:
-                w = _natural4(
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 0,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 1,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 2,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 3,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT), BN, Q)
+                w = _natural4(w0, w1, w2, w3, BN, Q)
             else:
-                w = _natural8(
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 0,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 1,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 2,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 3,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 4,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 5,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 6,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT),
-                    _generic(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, 7,
-                             NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT), BN, Q)
+                w4, w5 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
+                                   low_min1, 4, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
+                w6, w7 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
+                                   low_min1, 6, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
+                w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
         KQ: tl.constexpr = 16 * Q if BYTE else 32 * Q
         cols = (q0 // 2 if BYTE else q0) * 32 + tl.arange(0, KQ)
         if EVEN:

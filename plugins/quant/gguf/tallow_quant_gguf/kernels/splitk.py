@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode import per_device
+
 #: output tiles a split launch may have (one counter each)
 MAX_TILES = 1 << 16
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -27,14 +29,8 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 def counters(device: torch.device) -> torch.Tensor:
     """The zeroed tile counters of ``device``, made once (before any CUDA-graph capture)."""
-    buf = _COUNTERS.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("tallow-quant-gguf: the first split-K kernel on "
-                               f"{device} ran inside a CUDA-graph capture; run it once "
-                               "eagerly first (ops.warm_up does)")
-        buf = _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return buf
+    return per_device(_COUNTERS, device, lambda: torch.zeros(MAX_TILES, dtype=torch.int32,
+                                                             device=device), "split-K counters")
 
 
 @triton.jit
