@@ -70,7 +70,8 @@ def default_choice(qtype: str, n: int, k: int, m: int, sm_count: int = 132) -> C
         return Choice("mma", (64, 64, 8, 4, 3, _mma_splits(n, 64, -(-m // 64), k, sm_count),
                               1))
     if m <= 512:
-        return Choice("mma", (128, 128, 4, 8, 3, 1, 2))
+        return Choice("mma", (128, 128, 4, 8, 3,
+                              _mma_splits(n, 128, -(-m // 128), k, sm_count), 2))
     return Choice("dequant")
 
 

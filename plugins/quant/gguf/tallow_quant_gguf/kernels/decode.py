@@ -91,10 +91,10 @@ def load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, quads3, u3, mask3,
                s_nib, s_pair, s_bit, s_byte,
                NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
                MASKED: tl.constexpr):
-    """The code planes of a ``[BN, Q, 4]`` tile: row offsets ``r3 [BN, 1, 1]``, quads
-    ``quads3 [1, Q, 1]``, words ``u3 [1, 1, 4]``; int32 tensors (a scalar zero for the planes
-    the type lacks). With ``MASKED`` the entries outside ``mask3`` read as zero; without it
-    they are not read and hold anything (callers never use them)."""
+    """The code planes of a tile: row indices ``r3``, quads ``quads3`` and words ``u3`` that
+    broadcast to the tile's shape (``[BN, Q, 4]``, or ``[entries, 4]``); int32 tensors (a
+    scalar zero for the planes the type lacks). With ``MASKED`` the entries outside ``mask3``
+    read as zero; without it they are not read and hold anything (callers never use them)."""
     nib = 0
     pair = 0
     bit = 0
@@ -108,6 +108,35 @@ def load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, quads3, u3, mask3,
         pair = _load(pair_ptr + r3 * s_pair + at, mask3, MASKED).to(tl.int32)
     if BIT:
         bit = _load(bit_ptr + r3 * s_bit + at, mask3, MASKED).to(tl.int32)
+    return nib, pair, bit, byte
+
+
+@triton.jit
+def load_code_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows, row_mask, q0, q_end,
+                   s_nib, s_pair, s_bit, s_byte, BN: tl.constexpr, Q: tl.constexpr,
+                   NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
+                   BYTE: tl.constexpr, EVEN: tl.constexpr):
+    """The code planes of rows ``rows [BN]`` and quads ``q0 .. q0 + Q`` as ``[BN, Q, 4]``
+    int32 tiles. Each is loaded as a ``[BN, 4Q]`` row-major tile, whose words are contiguous
+    along the rows of the tile, so that every Triton version lays it out the same way (16-byte
+    vectors, whole quads in each thread) before the view as quads. ``EVEN``: whole tiles, no
+    masks."""
+    col = q0 * 4 + tl.arange(0, 4 * Q)
+    if EVEN:
+        mask = None
+    else:
+        mask = row_mask[:, None] & (col < q_end * 4)[None, :]
+    nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows[:, None], 0,
+                                      col[None, :], mask, s_nib, s_pair, s_bit, s_byte, NIB,
+                                      PAIR, BIT, BYTE, not EVEN)
+    if BYTE:
+        byte = tl.reshape(byte, (BN, Q, 4))
+    if NIB:
+        nib = tl.reshape(nib, (BN, Q, 4))
+    if PAIR:
+        pair = tl.reshape(pair, (BN, Q, 4))
+    if BIT:
+        bit = tl.reshape(bit, (BN, Q, 4))
     return nib, pair, bit, byte
 
 

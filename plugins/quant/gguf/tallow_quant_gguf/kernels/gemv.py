@@ -110,42 +110,40 @@ def _load_x(xb, xmask, K, GATE: tl.constexpr, X_TY: tl.constexpr, MASKED: tl.con
 
 @triton.jit
 def _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-               r3, r2, row_mask, q0, qs, q_end, one, u3, s_nib, s_pair, s_bit, s_byte, s_d,
+               rows, row_mask, q0, q_in, q_end, zero, u2, s_nib, s_pair, s_bit, s_byte, s_d,
                s_sc, NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
                BYTE: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr,
                SCALES: tl.constexpr, MINS: tl.constexpr, EVEN: tl.constexpr):
-    """The codes and scale fields of quads ``q0 + qs`` of the program's rows. ``EVEN``: the
-    tile is whole or wholly past ``q_end`` (then nothing is read)."""
-    quads = q0 + qs
+    """The codes (``[BN * Q, 4]``) and scale fields (``[BN * Q]``) of quads ``q0 + q_in`` of
+    ``rows`` (the entries' rows: ``BN`` blocks of ``Q``). ``EVEN``: the tile is whole or wholly
+    past ``q_end`` (then nothing is read)."""
+    quads = q0 + q_in
     if EVEN:
-        mask3 = q0 < q_end
-        mask2 = mask3
+        mask2 = q0 < q_end
+        mask1 = mask2
     else:
-        qmask = quads < q_end
-        mask3 = row_mask[:, None, None] & qmask[None, :, None] & (u3 >= 0)
-        mask2 = row_mask[:, None] & qmask[None, :]
-    nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3,
-                                      quads[None, :, None], u3, mask3, s_nib, s_pair, s_bit,
-                                      s_byte, NIB, PAIR, BIT, BYTE, not EVEN)
-    # ``one`` (1 at run time) hides the chunks' contiguity from the compiler, so that these
-    # small loads take the layout of the code tiles (one quad per thread) and need no
-    # exchange between lanes
-    chunks = quads // 2 if BYTE else quads
-    d, dm, sc0, sc1, mn = load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2,
-                                            (chunks * one)[None, :], mask2, s_d, s_sc, GROUP,
-                                            QBLOCK, SCALES, MINS, not EVEN)
+        mask1 = row_mask & (quads < q_end)
+        mask2 = mask1[:, None] & (u2 >= 0)
+    nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows[:, None],
+                                      quads[:, None], u2, mask2, s_nib, s_pair, s_bit, s_byte,
+                                      NIB, PAIR, BIT, BYTE, not EVEN)
+    # ``zero`` (0 at run time) hides the alignment of these narrow loads from the compiler, so
+    # that it reads one value per entry, in the code tile's layout (one quad per thread)
+    chunks = (quads // 2 if BYTE else quads) + zero
+    d, dm, sc0, sc1, mn = load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, rows, chunks, mask1,
+                                            s_d, s_sc, GROUP, QBLOCK, SCALES, MINS, not EVEN)
     return nib, pair, bit, byte, d, dm, sc0, sc1, mn
 
 
 @triton.jit
-def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask, K, magic, S: tl.constexpr,
+def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K, magic, S: tl.constexpr,
                   NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
                   LUT: tl.constexpr, GATE: tl.constexpr, X_TY: tl.constexpr, EVEN: tl.constexpr):
-    """Slot ``S`` of any type: (its values times x, x) for the program's ``[BN, Q, 4]`` tile. The
-    assembled code placed in bits 15..22 reads as ``256 + q``; table types multiply their
+    """Slot ``S`` of any type: (its values times x, x) for the program's ``[BN * Q, 4]`` tile.
+    The assembled code placed in bits 15..22 reads as ``256 + q``; table types multiply their
     table values."""
     q = slot_code(nib, pair, bit, byte, S, NIB, PAIR, BIT, BYTE)
-    xv = _load_x(x_ptr + slot_columns(q3, u3, S, BYTE), xmask, K, GATE, X_TY, not EVEN)
+    xv = _load_x(x_ptr + slot_columns(q2, u2, S, BYTE), xmask, K, GATE, X_TY, not EVEN)
     if LUT:
         v = tl.load(lut_ptr + q)
     else:
@@ -153,10 +151,10 @@ def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask, K, magic,
     return v * xv, xv
 
 
-@step_jit(values=["quads_per_split", "n_split", "one"],
+@step_jit(values=["quads_per_split", "n_split", "zero"],
           pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"])
 def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, quads_per_split, n_split, one,
+                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, quads_per_split, n_split, zero,
                  s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi,
                  BN: tl.constexpr, Q: tl.constexpr,
                  NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
@@ -167,44 +165,46 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
                  USE_PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = pid_n * BN + tl.arange(0, BN)
+    # the program's entries are BN blocks of Q quads, one block per row: the compiler lays the
+    # quads across the threads and repeats the blocks in each thread, so every thread holds
+    # the same quad of each of its BN rows (and loads that quad's activations once: the
+    # repeated loads of one address are merged)
+    entry = tl.arange(0, BN * Q)
+    q_in = entry % Q
+    rows = pid_n * BN + entry // Q
     row_mask = rows < N
-    r2 = rows[:, None]
-    r3 = r2[:, :, None]
     q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
-    qs = tl.arange(0, Q)
-    u3 = tl.arange(0, 4)[None, None, :]
+    u2 = tl.arange(0, 4)[None, :]
     SLOTS: tl.constexpr = 4 if BYTE else 8
     X_TY: tl.constexpr = x_ptr.dtype.element_ty
 
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
         tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                          r3, r2, row_mask, q_begin, qs, q_end, one, u3, s_nib, s_pair,
+                          rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib, s_pair,
                           s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
                           SCALES, MINS, EVEN)
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
-    acc = tl.zeros((BN, Q), dtype=tl.float32)
+    acc = tl.zeros((BN * Q,), dtype=tl.float32)
     for q0 in range(q_begin, q_end, Q):
-        quads = q0 + qs
         if PREFETCH:
             upcoming = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                                  mn_ptr, r3, r2, row_mask, q0 + Q, qs, q_end, one, u3, s_nib,
+                                  mn_ptr, rows, row_mask, q0 + Q, q_in, q_end, zero, u2, s_nib,
                                   s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE,
                                   GROUP, QBLOCK, SCALES, MINS, EVEN)
         else:
             tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                              mn_ptr, r3, r2, row_mask, q0, qs, q_end, one, u3, s_nib, s_pair,
+                              mn_ptr, rows, row_mask, q0, q_in, q_end, zero, u2, s_nib, s_pair,
                               s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
                               SCALES, MINS, EVEN)
         nib, pair, bit, byte, d, dm, sc0, sc1, mn = tile
-        q3 = quads[None, :, None]
-        xmask = (q3 < q_end) & (u3 >= 0)
+        q2 = (q0 + q_in)[:, None]
+        xmask = (q2 < q_end) & (u2 >= 0)
         scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
         if MODE == 1:
             # 4-bit codes: slots 2p and 2p+1 are the nibbles of byte p of every word, read as
             # 256 + q and 16 + q; each sum starts from the first product
-            xb = x_ptr + 32 * q3 + u3
+            xb = x_ptr + 32 * q2 + u2
             t = _byte_to_bits_15(nib, 0)
             x_lo = _load_x(xb, xmask, K, GATE, X_TY, not EVEN)
             x_hi = _load_x(xb + 4, xmask, K, GATE, X_TY, not EVEN)
@@ -218,70 +218,72 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
                 part += _as_float(t, mask_hi, magic_hi) * xh
                 x_lo += xl
                 x_hi += xh
-            xs_lo = tl.sum(x_lo, axis=2)
-            xs_hi = tl.sum(x_hi, axis=2)
+            xs_lo = tl.sum(x_lo, axis=1)
+            xs_hi = tl.sum(x_hi, axis=1)
             xsum = xs_lo + xs_hi
             # sum(q * x) = sum(v * x) - 256 * sum(x_lo) - 16 * sum(x_hi); the offset and the
             # min are per group, over all of the chunk's x
             base = 256.0 * xs_lo + 16.0 * xs_hi + OFFSET * xsum
-            acc += scale * (tl.sum(part, axis=2) - base)
+            acc += scale * (tl.sum(part, axis=1) - base)
             if MINS != 0:
                 acc -= low_min * xsum
         elif MODE == 2:
             # 8-bit codes stored as q + 128: 256 + (q + 128) per value
-            xb = x_ptr + slot_columns(q3, u3, 0, BYTE)
+            xb = x_ptr + slot_columns(q2, u2, 0, BYTE)
             x8 = _load_x(xb, xmask, K, GATE, X_TY, not EVEN)
             p8 = _as_float(_byte_to_bits_15(byte, 0), mask_lo, magic_lo) * x8
             for p in tl.static_range(1, 4):
                 xv = _load_x(xb + 8 * p, xmask, K, GATE, X_TY, not EVEN)
                 p8 += _as_float(_byte_to_bits_15(byte, p), mask_lo, magic_lo) * xv
                 x8 += xv
-            xsum = tl.sum(x8, axis=2)
-            acc += scale * (tl.sum(p8, axis=2) - (256.0 + OFFSET) * xsum)
+            xsum = tl.sum(x8, axis=1)
+            acc += scale * (tl.sum(p8, axis=1) - (256.0 + OFFSET) * xsum)
         else:
             # any type: the assembled code placed in bits 15..22 gives 256 + q (table types
             # multiply their table values directly); 16-element groups keep their halves apart
-            p_a, x_a = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask, K,
+            p_a, x_a = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K,
                                      magic_lo, 0, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY, EVEN)
             for s in tl.static_range(1, SLOTS // 2 if GROUP == 16 else SLOTS):
-                pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask, K,
+                pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K,
                                        magic_lo, s, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY, EVEN)
                 p_a += pv
                 x_a += xv
             if GROUP == 16:
-                p_b, x_b = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask,
+                p_b, x_b = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask,
                                          K, magic_lo, SLOTS // 2, NIB, PAIR, BIT, BYTE, LUT, GATE,
                                          X_TY, EVEN)
                 for s in tl.static_range(SLOTS // 2 + 1, SLOTS):
-                    pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q3, u3, xmask,
+                    pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask,
                                            K, magic_lo, s, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY,
                                            EVEN)
                     p_b += pv
                     x_b += xv
             base: tl.constexpr = 0.0 if LUT else 256.0 + OFFSET
-            xs_a = tl.sum(x_a, axis=2)
-            acc += scale * (tl.sum(p_a, axis=2) - base * xs_a)
+            xs_a = tl.sum(x_a, axis=1)
+            acc += scale * (tl.sum(p_a, axis=1) - base * xs_a)
             if MINS != 0:
                 acc -= low_min * xs_a
             if GROUP == 16:
                 scale_b, low_min_b = group_scales(d, dm, sc1, mn, SCALES, MINS)
-                xs_b = tl.sum(x_b, axis=2)
-                acc += scale_b * (tl.sum(p_b, axis=2) - base * xs_b)
+                xs_b = tl.sum(x_b, axis=1)
+                acc += scale_b * (tl.sum(p_b, axis=1) - base * xs_b)
                 if MINS != 0:
                     acc -= low_min_b * xs_b
         if PREFETCH:
             tile = upcoming
 
-    y = tl.sum(acc, axis=1)[None, :]
+    y = tl.sum(tl.reshape(acc, (BN, Q)), axis=1)[None, :]
+    out_rows = pid_n * BN + tl.arange(0, BN)
+    out_mask = out_rows < N
     offs_m = tl.arange(0, 1)
-    mask = row_mask[None, :]
+    mask = out_mask[None, :]
     if SPLIT:
-        finish_tile(y, ws_ptr, cnt_ptr, pid_n, pid_k, n_split, offs_m, rows, row_mask, mask,
+        finish_tile(y, ws_ptr, cnt_ptr, pid_n, pid_k, n_split, offs_m, out_rows, out_mask, mask,
                     N, N, y_ptr, N, b_ptr, HAS_BIAS)
     else:
         if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rows[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            y += tl.load(b_ptr + out_rows, mask=out_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + out_rows[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 #: (rows per program, warps, K slices, prefetch): the starting point where no tuned entry exists
@@ -327,7 +329,7 @@ def gemv_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = No
     use_pdl = pdl_enabled(x)
     even = n % bn == 0 and per % q == 0 and n_quads % per == 0
     _gemv_kernel[(grid_n, n_split)](
-        x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, n, k, per, n_split, 1,
+        x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, n, k, per, n_split, 0,
         *strides, *bit_constants(mode == MODE_BYTE),
         BN=bn, Q=q, **type_constants(p), MODE=mode, PREFETCH=prefetch, EVEN=even,
         HAS_BIAS=bias is not None, SPLIT=split, GATE=-1 if gate is None else KINDS[gate],

@@ -44,7 +44,7 @@ from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..packing import PackedWeight
-from .decode import (group_scales, load_codes, load_group_fields, plane_args, quad_range,
+from .decode import (group_scales, load_code_tile, load_group_fields, plane_args, quad_range,
                      quads_per_chunk, slot_weights, type_constants)
 from .gemv import _as_float, _byte_to_bits_15, bit_constants, check_offsets
 from .splitk import counters, finish_tile, split_chunks, workspace
@@ -143,25 +143,34 @@ def _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S
 
 
 @triton.jit
-def _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN: tl.constexpr, Q: tl.constexpr):
+def _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN: tl.constexpr, Q: tl.constexpr,
+              ROWS_LAST: tl.constexpr):
     """Slots ``0..7`` of a ``[BN, Q, 4]`` tile of 4-bit codes → ``[BN, 32 Q]`` in column order
-    (slot ``s``, word ``u`` of quad ``q`` is column ``32 q + 4 s + u``). The values stay in the
-    thread that decoded them: the joins add in-thread dimensions, the permutation only renames
-    them."""
+    (slot ``s``, word ``u`` of quad ``q`` is column ``32 q + 4 s + u``), or its transpose
+    ``[32 Q, BN]`` (``ROWS_LAST``). The values stay in the thread that decoded them: the joins
+    add in-thread dimensions, the permutation only renames them."""
     low = tl.join(tl.join(w0, w1), tl.join(w2, w3))  # [BN, Q, u, s0, s1]
     high = tl.join(tl.join(w4, w5), tl.join(w6, w7))
     every = tl.join(low, high)  # [BN, Q, u, s0, s1, s2]
-    return tl.reshape(tl.permute(every, (0, 1, 5, 4, 3, 2)), (BN, 32 * Q))
+    if ROWS_LAST:
+        tile = tl.reshape(tl.permute(every, (1, 5, 4, 3, 2, 0)), (32 * Q, BN))
+    else:
+        tile = tl.reshape(tl.permute(every, (0, 1, 5, 4, 3, 2)), (BN, 32 * Q))
+    return tile
 
 
 @triton.jit
-def _natural4(w0, w1, w2, w3, BN: tl.constexpr, Q: tl.constexpr):
+def _natural4(w0, w1, w2, w3, BN: tl.constexpr, Q: tl.constexpr, ROWS_LAST: tl.constexpr):
     """Slots ``0..3`` of a ``[BN, Q, 4]`` tile of 8-bit codes → ``[BN, 16 Q]`` in column
     order (a quad is half a chunk: slot ``s``, word ``u`` of quad ``q`` is column
-    ``32 (q // 2) + 8 s + 4 (q % 2) + u``)."""
+    ``32 (q // 2) + 8 s + 4 (q % 2) + u``), or its transpose (``ROWS_LAST``)."""
     every = tl.join(tl.join(w0, w1), tl.join(w2, w3))  # [BN, Q, u, s0, s1]
     every = tl.reshape(every, (BN, Q // 2, 2, 4, 2, 2))  # [BN, chunk, half, u, s0, s1]
-    return tl.reshape(tl.permute(every, (0, 1, 5, 4, 2, 3)), (BN, 16 * Q))
+    if ROWS_LAST:
+        tile = tl.reshape(tl.permute(every, (1, 5, 4, 2, 3, 0)), (16 * Q, BN))
+    else:
+        tile = tl.reshape(tl.permute(every, (0, 1, 5, 4, 2, 3)), (BN, 16 * Q))
+    return tile
 
 
 @step_jit(values=["M", "quads_per_split", "n_split"],
@@ -186,10 +195,8 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     offs_m = pid_m * BM + tl.arange(0, BM)
     m_mask = offs_m < M
     r2 = rows[:, None]
-    r3 = r2[:, :, None]
     q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
     qs = tl.arange(0, Q)
-    u3 = tl.arange(0, 4)[None, None, :]
     xrow = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     F16: tl.constexpr = FAST == 1 or FAST == 2
     DT: tl.constexpr = tl.float16 if F16 else x_ptr.dtype.element_ty
@@ -205,16 +212,9 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q_begin, qs, q_end,
                            s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
     for q0 in range(q_begin, q_end, Q):
-        quads = q0 + qs
-        q3 = quads[None, :, None]
-        if EVEN:  # whole tiles: no masks on the weights
-            mask3 = None
-        else:
-            qmask = quads < q_end
-            mask3 = row_mask[:, None, None] & qmask[None, :, None] & (u3 >= 0)
-        nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, q3, u3,
-                                          mask3, s_nib, s_pair, s_bit, s_byte, NIB, PAIR, BIT,
-                                          BYTE, not EVEN)
+        nib, pair, bit, byte = load_code_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows,
+                                              row_mask, q0, q_end, s_nib, s_pair, s_bit,
+                                              s_byte, BN, Q, NIB, PAIR, BIT, BYTE, EVEN)
         d, dm, sc0, sc1, mn = fields
         fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0 + Q, qs, q_end,
                                s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
@@ -234,13 +234,13 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
                 _NIB_FP16, _NIB_CONSTRAINTS, [nib, a16, d16, c16], dtype=(tl.float16,) * 8,
                 is_pure=True, pack=2)
-            w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
+            w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         elif FAST == 2:
             d16 = tl.broadcast_to(d.to(tl.float16)[:, :, None], (BN, Q, 4))
             w0, w1, w2, w3 = tl.inline_asm_elementwise(
                 _BYTE_FP16, _BYTE_CONSTRAINTS, [byte, d16], dtype=(tl.float16,) * 4,
                 is_pure=True, pack=2)
-            w = _natural4(w0, w1, w2, w3, BN, Q)
+            w = _natural4(w0, w1, w2, w3, BN, Q, not W_LEFT)
         elif FAST == 3:
             # 4-bit codes: 256 + q (low nibble of byte p) and 16 + q (high nibble) from the
             # bits; w = v * scale + c with c = -(base + offset) * scale - min
@@ -261,7 +261,7 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
                                   magic_hi, DT)
             w6, w7 = _nibble_bits(nib, 3, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
                                   magic_hi, DT)
-            w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
+            w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         elif FAST == 4:
             # 8-bit codes stored as q + 128: 256 + (q + 128) from the bits
             scale = d.to(tl.float32)[:, :, None]
@@ -270,7 +270,7 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             w1 = (_as_float(_byte_to_bits_15(byte, 1), mask_lo, magic_lo) * scale + c).to(DT)
             w2 = (_as_float(_byte_to_bits_15(byte, 2), mask_lo, magic_lo) * scale + c).to(DT)
             w3 = (_as_float(_byte_to_bits_15(byte, 3), mask_lo, magic_lo) * scale + c).to(DT)
-            w = _natural4(w0, w1, w2, w3, BN, Q)
+            w = _natural4(w0, w1, w2, w3, BN, Q, not W_LEFT)
         else:
             scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
             scale1, low_min1 = group_scales(d, dm, sc1, mn, SCALES, MINS)
@@ -279,13 +279,13 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             w2, w3 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1,
                                2, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
             if BYTE:
-                w = _natural4(w0, w1, w2, w3, BN, Q)
+                w = _natural4(w0, w1, w2, w3, BN, Q, not W_LEFT)
             else:
                 w4, w5 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
                                    low_min1, 4, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
                 w6, w7 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
                                    low_min1, 6, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
-                w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q)
+                w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         KQ: tl.constexpr = 16 * Q if BYTE else 32 * Q
         cols = (q0 // 2 if BYTE else q0) * 32 + tl.arange(0, KQ)
         if EVEN:
@@ -296,7 +296,7 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
         if W_LEFT:
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
         else:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
 
     if W_LEFT:
         y = tl.trans(acc)  # [BM, BN]
