@@ -2,7 +2,7 @@
 
   python bench/gpu/quant_micro.py [--types Q4_K,Q8_0] [--rows 1,4,16,64,256,512,4096]
                                   [--shapes qkv,o,gate_up,down,head] [--output FILE.json]
-  python bench/gpu/quant_micro.py --sweep --table TUNED.json [--budget 300] [--jobs 16]
+  python bench/gpu/quant_micro.py --sweep --table TUNED.json [--budget 170] [--jobs 16]
 
 For every projection of llama-3-8b (qkv 4096->6144, o 4096->4096, gate_up 4096->28672,
 down 14336->4096, head 4096->128256), weight type and row count M it times, each inside a CUDA
@@ -19,9 +19,13 @@ chosen), prints per (shape, type, M) the best, the default's time and bf16's, an
 best of every cell as a tuned table (``--table``) that the plugin reads:
 copy it to ``plugins/quant/gguf/tallow_quant_gguf/tuned/`` (the table names its GPU) or point
 ``plugins.settings.tallow-quant-gguf.tuned_table`` at it. Before timing, the kernel variants
-are compiled by ``--jobs`` processes at once (into Triton's cache); the cells run in order of
-importance (one to 16 rows first) and the sweep stops at ``--budget`` seconds, writing what it
-has.
+are compiled by ``--jobs`` processes at once (into Triton's cache), each run once; a variant
+that fails to compile or launch is reported and left out of the timing (a process whose CUDA
+context it broke hands its remaining variants to a fresh one). The cells run in order of
+importance (one to 16 rows first); the table and ``--output`` are rewritten after every shape,
+and the sweep stops before the next shape once ``--budget`` seconds (compilation included) have
+passed, or when an error has left the CUDA context unusable. A candidate whose one timed run
+takes over ``SLOW_FACTOR`` times the cell's best so far is not timed further.
 
 ``--device cpu`` with ``TRITON_INTERPRET=1`` and small shapes (``--shapes tiny=64:512``) runs the
 script's logic on a CPU, timed by the wall clock: a dry run, not a measurement.
@@ -50,6 +54,8 @@ L2_ROTATION_BYTES = 400_000_000
 PASSES = ((1, 4, 16), (64, 256, 512), (4096,))
 #: the head only ever multiplies the last position of each sequence
 HEAD_MAX_ROWS = 512
+#: a candidate whose one timed run takes this many times the cell's best is not graph-timed
+SLOW_FACTOR = 3.0
 
 
 DEVICE = "cuda"
@@ -112,25 +118,44 @@ def _variant_key(qtype: str, k: int, choice) -> tuple:
     return (qtype, k, "dequant")
 
 
-def _compile_variants(tasks: list[tuple], device: str = "cuda") -> list[str]:
+def context_usable() -> bool:
+    """Whether the CUDA context still runs work (an illegal address or a failed launch leaves
+    it unusable for the rest of the process)."""
+    if DEVICE != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device=DEVICE).add_(1).item() == 2.0
+    except Exception:
+        return False
+
+
+def _compile_variants(tasks: list[tuple], device: str = "cuda") -> tuple[dict, list[tuple]]:
     """Run each ``(qtype, k, choice)`` once on a 512-row weight (the real shapes' row counts
-    and this one share their specialisation): Triton compiles and caches each variant."""
+    and this one share their specialisation): Triton compiles and caches each variant.
+    Returns the failures (variant key -> message) and the tasks left untried because a failure
+    broke this process's CUDA context."""
     global DEVICE
     DEVICE = device
-    failures = []
-    for qtype, k, choice in tasks:
+    failures = {}
+    for i, (qtype, k, choice) in enumerate(tasks):
         try:
             p = packed_weights(qtype, 512, k, 1)[0]
             m = 1 if choice.path == "gemv" else 16
             _run(torch.randn(m, k, device=DEVICE, dtype=_dtype()), p, choice)
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
-        except Exception as exc:  # reported by the parent, the variant is skipped there
-            failures.append(f"{qtype} K={k} {choice}: {type(exc).__name__}: {exc}"[:300])
-    return failures
+        except Exception as exc:  # reported by the parent, the variant is left out of timing
+            failures[_variant_key(qtype, k, choice)] = (
+                f"{qtype} K={k} {choice}: {type(exc).__name__}: {exc}"[:300])
+            if not context_usable():
+                return failures, tasks[i + 1:]
+    return failures, []
 
 
-def precompile(cells: list[tuple], jobs: int) -> None:
+def precompile(cells: list[tuple], jobs: int) -> dict:
+    """Compile every variant the cells' candidates need, ``jobs`` processes at once. Returns
+    the variants that failed (key -> message)."""
     from tallow_quant_gguf.tuning import candidates
 
     variants = {}
@@ -139,14 +164,24 @@ def precompile(cells: list[tuple], jobs: int) -> None:
             variants.setdefault(_variant_key(qtype, k, choice), (qtype, k, choice))
     tasks = list(variants.values())
     started = time.perf_counter()
-    shards = [tasks[i::jobs] for i in range(jobs)]
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        failures = [f for result in pool.map(_compile_variants, shards, [DEVICE] * jobs)
-                    for f in result]
+    failures: dict = {}
+    pending = tasks
+    # one process per shard: a shard whose CUDA context broke comes back with its untried
+    # variants, which go to fresh processes
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        while pending:
+            shards = [pending[i::jobs] for i in range(min(jobs, len(pending)))]
+            pending = []
+            for failed, untried in pool.map(_compile_variants, shards,
+                                            [DEVICE] * len(shards)):
+                failures.update(failed)
+                pending += untried
     print(f"compiled {len(tasks)} kernel variants with {jobs} processes in "
-          f"{time.perf_counter() - started:.0f} s", flush=True)
-    for failure in failures:
-        print(f"  !! {failure}", flush=True)
+          f"{time.perf_counter() - started:.0f} s ({len(failures)} failed)", flush=True)
+    for failure in failures.values():
+        print(f"    !! {failure}", flush=True)
+    return failures
 
 
 def _sm_count() -> int:
@@ -158,8 +193,27 @@ def _dtype() -> torch.dtype:
 
 
 # -- timing -----------------------------------------------------------------------------------
+def once(fn) -> float:
+    """Seconds of one call of ``fn`` on the device (the wall clock in a dry run)."""
+    if DEVICE != "cuda":
+        started = time.perf_counter()
+        fn()
+        return time.perf_counter() - started
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+class BrokenContext(RuntimeError):
+    """An error left the CUDA context unusable: nothing more can run in this process."""
+
+
 def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies: int,
-              dense_ws: list, dense_copies: int, sweep: bool) -> dict:
+              dense_ws: list, dense_copies: int, sweep: bool,
+              failed: dict | None = None) -> dict:
     from tallow.kernels.linear import linear as bf16_linear
     from tallow_quant_gguf import ops
     from tallow_quant_gguf.scheme import KernelPolicy
@@ -178,23 +232,35 @@ def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies
         w = ops.dequantize(qws[0], x.dtype)
         ref = F.linear(x, w).float()
         scale = F.linear(x.abs(), w.abs()).float() + 1e-6
-        timed, wrong = [], []
+        timed, wrong, slow = [], [], []
         for choice in candidates(qtype, n, k, m, _sm_count()):
+            if failed and _variant_key(qtype, k, choice) in failed:
+                wrong.append((str(choice), "failed when compiled"))
+                continue
             try:
                 err = _error(_run(x, qws[0], choice), ref, scale)
                 if not err <= 2e-2:
                     wrong.append((str(choice), err))
                     continue
+                rough = once(lambda: _run(x, qws[1 % q_copies], choice))
+                if timed and rough > SLOW_FACTOR * min(t for t, _ in timed):
+                    slow.append((rough, choice))
+                    continue
                 timed.append((seconds(lambda i: _run(x, qws[i], choice), q_copies), choice))
             except Exception as exc:  # e.g. a tile that needs more shared memory than exists
-                wrong.append((str(choice), f"{type(exc).__name__}"))
+                wrong.append((str(choice), f"{type(exc).__name__}: {exc}"[:200]))
+                if not context_usable():
+                    for what, err in wrong:
+                        print(f"    !! {what}: {err}", flush=True)
+                    raise BrokenContext(f"{qtype} {name} m={m} {choice}") from exc
         timed.sort(key=lambda t: t[0])
         row["candidates"] = [(t, c.path, list(c.config)) for t, c in timed]
+        row["slow"] = [(t, c.path, list(c.config)) for t, c in slow]
         row["wrong"] = wrong
         if timed:
             row["best_s"], best = timed[0]
             row["best"] = dict(path=best.path, config=list(best.config))
-            row["default_s"] = next((t for t, c in timed if c == default), None)
+            row["default_s"] = next((t for t, c in timed + slow if c == default), None)
         for what, err in wrong:
             print(f"    !! {what}: {err}", flush=True)
         del w, ref, scale
@@ -217,7 +283,10 @@ def _print_row(row: dict) -> None:
     print(text, flush=True)
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: argparse.Namespace, save=lambda results: None) -> list[dict]:
+    """Time the cells (and with ``--sweep`` every candidate); ``save(results)`` after every
+    shape, so a run cut short keeps what it measured."""
+    started = time.perf_counter()
     types = args.types.split(",")
     shapes = {}
     for spec in args.shapes.split(","):
@@ -227,10 +296,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     passes = [[m for m in p if m in wanted] for p in PASSES]
     cells = [(t, shape, m) for p in passes for t in types for shape in shapes.values()
              for m in p if not (shape == SHAPES["head"] and m > HEAD_MAX_ROWS)]
-    if args.sweep:
-        precompile(cells, args.jobs)
-    started = time.perf_counter()
-    results = []
+    failed = precompile(cells, args.jobs) if args.sweep else {}
+    results: list[dict] = []
     for rows in passes:
         for qtype in types:
             for name, (n, k) in shapes.items():
@@ -241,22 +308,30 @@ def run(args: argparse.Namespace) -> list[dict]:
                     print(f"budget of {args.budget} s spent: stopping before {qtype} {name} "
                           f"{ms}", flush=True)
                     return results
+                # a dry run rotates through two copies: it times nothing
+                rotation = L2_ROTATION_BYTES if DEVICE == "cuda" else 0
                 dense_bytes = n * k * 2
-                dense_copies = max(2, -(-L2_ROTATION_BYTES // dense_bytes))
+                dense_copies = max(2, -(-rotation // dense_bytes))
                 dense_ws = [torch.randn(n, k, device=DEVICE, dtype=_dtype()) * k ** -0.5
                             for _ in range(dense_copies)]
                 probe = packed_weights(qtype, n, k, 1)[0]
-                q_copies = max(2, -(-L2_ROTATION_BYTES // probe.nbytes))
+                q_copies = max(2, -(-rotation // probe.nbytes))
                 qws = [probe] + packed_weights(qtype, n, k, q_copies - 1)
                 for m in ms:
-                    row = time_cell(qtype, name, n, k, m, qws, q_copies, dense_ws,
-                                    dense_copies, args.sweep)
+                    try:
+                        row = time_cell(qtype, name, n, k, m, qws, q_copies, dense_ws,
+                                        dense_copies, args.sweep, failed)
+                    except BrokenContext as exc:
+                        print(f"!! the CUDA context broke at {exc} ({exc.__cause__!r}): "
+                              f"stopping; the table keeps the cells before it", flush=True)
+                        return results
                     results.append(row)
                     _print_row(row)
+                save(results)
                 del dense_ws, qws, probe
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
-    print(f"timed in {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"timed in {time.perf_counter() - started:.0f} s (compilation included)", flush=True)
     return results
 
 
@@ -284,8 +359,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--table", help="write the tuned table here (with --sweep)")
-    parser.add_argument("--budget", type=float, default=300.0,
-                        help="seconds of timing after compilation")
+    parser.add_argument("--budget", type=float, default=170.0,
+                        help="seconds from the start (compilation included) after which no "
+                             "further shape is begun")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument("--output")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run (TRITON_INTERPRET=1)")
@@ -294,15 +370,25 @@ def main() -> None:
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    results = run(args)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"device": _device_name(), "results": results}, f, indent=1)
+    results = run(args, lambda results: save(args, results))
+    save(args, results)
     if args.sweep and args.table:
-        table = tuned_table(results)
-        with open(args.table, "w") as f:
-            json.dump(table, f, indent=1)
-        print(f"tuned table: {len(table['entries'])} entries in {args.table}")
+        print(f"tuned table: {len(tuned_table(results)['entries'])} entries in {args.table}")
+
+
+def save(args: argparse.Namespace, results: list[dict]) -> None:
+    """Write ``--output`` and (with ``--sweep``) the tuned table ``--table``, whole files
+    replaced at once (a run killed while writing leaves the previous ones)."""
+    if args.output:
+        _write_json(args.output, {"device": _device_name(), "results": results})
+    if args.sweep and args.table:
+        _write_json(args.table, tuned_table(results))
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path + ".part", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".part", path)
 
 
 if __name__ == "__main__":
