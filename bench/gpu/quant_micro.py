@@ -25,7 +25,8 @@ context it broke hands its remaining variants to a fresh one). The cells run in 
 importance (one to 16 rows first); the table and ``--output`` are rewritten after every shape,
 and the sweep stops before the next shape once ``--budget`` seconds (compilation included) have
 passed, or when an error has left the CUDA context unusable. A candidate whose one timed run
-takes over ``SLOW_FACTOR`` times the cell's best so far is not timed further.
+takes over ``SLOW_FACTOR`` times the cell's best so far (and over ``SLOW_FLOOR``) is not timed
+further.
 
 ``--device cpu`` with ``TRITON_INTERPRET=1`` and small shapes (``--shapes tiny=64:512``) runs the
 script's logic on a CPU, timed by the wall clock: a dry run, not a measurement.
@@ -56,6 +57,8 @@ PASSES = ((1, 4, 16), (64, 256, 512), (4096,))
 HEAD_MAX_ROWS = 512
 #: a candidate whose one timed run takes this many times the cell's best is not graph-timed
 SLOW_FACTOR = 3.0
+#: ... and at least this many seconds (a short kernel's single run is timed roughly)
+SLOW_FLOOR = 50e-6
 
 
 DEVICE = "cuda"
@@ -200,6 +203,9 @@ def once(fn) -> float:
         fn()
         return time.perf_counter() - started
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # the GPU waits ~0.5 ms before the start event, so the launch from Python is queued by
+    # the time it is recorded: the time is the kernel's, not the launch's
+    torch.cuda._sleep(1_000_000)
     start.record()
     fn()
     end.record()
@@ -243,7 +249,7 @@ def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies
                     wrong.append((str(choice), err))
                     continue
                 rough = once(lambda: _run(x, qws[1 % q_copies], choice))
-                if timed and rough > SLOW_FACTOR * min(t for t, _ in timed):
+                if timed and rough > max(SLOW_FACTOR * min(t for t, _ in timed), SLOW_FLOOR):
                     slow.append((rough, choice))
                     continue
                 timed.append((seconds(lambda i: _run(x, qws[i], choice), q_copies), choice))
