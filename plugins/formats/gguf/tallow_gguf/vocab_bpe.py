@@ -21,23 +21,6 @@ from .vocab import merge_pairs, unique_vocab
 log = logging.getLogger("tallow.gguf")
 
 
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's reversible byte → printable character map.
-
-    Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) are moved to
-    code points from U+0100 up, in byte order.
-    """
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in keep}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
-
-
 def pre_tokenizer_spec(metadata: dict[str, Any]) -> PreTokenizerSpec:
     """The split of the file's ``tokenizer.ggml.pre``; an unknown name falls back to GPT-2's
     split, with a warning (llama.cpp refuses such a file)."""

@@ -42,14 +42,18 @@ class Vocabulary:
     cases: list[Case]
 
 
-@pytest.fixture(scope="module", params=VOCABULARIES)
-def vocabulary(request, vectors) -> Vocabulary:
-    name = request.param
+def _tokenizer(vectors, name: str):
     checkpoint = GGUFFormat().load(str(vectors / f"ggml-vocab-{name}.gguf"))
     assert checkpoint.tokenizer is not None, checkpoint.extra.get("tokenizer_error")
     tokenizer = checkpoint.tokenizer
     tokenizer.encode_special_tokens = True  # llama.cpp's parse_special=false
-    return Vocabulary(name, tokenizer, read_cases(vectors, name))
+    return tokenizer
+
+
+@pytest.fixture(scope="module", params=VOCABULARIES)
+def vocabulary(request, vectors) -> Vocabulary:
+    return Vocabulary(request.param, _tokenizer(vectors, request.param),
+                      read_cases(vectors, request.param))
 
 
 def _show(tokenizer, ids: list[int]) -> str:
@@ -91,3 +95,16 @@ def test_decoding_gives_the_text_back(vocabulary):
     wrong = [(text, back) for text, back in wrong if back != text]
     assert not wrong, f"ggml-vocab-{vocabulary.name}: " + "; ".join(
         f"{text!r} decodes to {back!r}" for text, back in wrong)
+
+
+def test_phi3_user_tokens_swallow_the_spaces_after_them(vectors):
+    # Phi-3's "</s>" is user-defined (matched whole even with parse_special=false) and, as in
+    # llama.cpp, takes the whitespace after it; the text after it then gets its own "▁".
+    tok = _tokenizer(vectors, "phi-3")
+    end = tok.token_to_id("</s>")
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    assert encode("Hi</s>  \n there") == [*encode("Hi"), end, *encode("there")]
+    assert encode("Hi </s>") == [*encode("Hi "), end]  # the space before it stays
