@@ -42,6 +42,14 @@ class Section(BaseModel):
         if not name.startswith("_"):
             self._origins.pop(name, None)  # set in code: the recorded source no longer holds
 
+    def __eq__(self, other: Any) -> bool:
+        # the recorded sources are bookkeeping, not part of a configuration's value
+        if not isinstance(other, Section):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's models
+
 
 class ModelConfig(Section):
     """Which model to serve and how to hold its weights."""
