@@ -9,6 +9,7 @@ the plugin loaded: the message then still says which plugin registered the targe
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import traceback
 from typing import Iterable
@@ -60,6 +61,7 @@ class ComponentLoadError(PluginLoadError):
 
 _PLUGIN_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _PLUGGY_DIR = os.path.dirname(os.path.abspath(pluggy.__file__))
+_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__))
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -68,8 +70,8 @@ def describe_exception(exc: BaseException) -> str:
     where = ""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
-        if (frame.filename.startswith("<") or path.startswith(_PLUGIN_PACKAGE_DIR)
-                or path.startswith(_PLUGGY_DIR)):
+        if frame.filename.startswith("<") or path.startswith(
+                (_PLUGIN_PACKAGE_DIR, _PLUGGY_DIR, _IMPORTLIB_DIR)):
             continue
         where = f" (raised at {frame.filename}:{frame.lineno})"
         break

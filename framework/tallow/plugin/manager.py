@@ -52,6 +52,8 @@ CORE_MODULE = "tallow.builtins"
 ENV_PLUGINS = "TALLOW_PLUGINS"
 ENV_TRACE = "TALLOW_TRACE_HOOKS"
 REGISTRATION_PREFIX = "tallow_register_"
+#: statuses of a plugin whose hooks and components are in the manager
+_LOADED = ("ok", "broken")
 
 #: every hook tallow declares, in declaration order
 HOOK_NAMES: tuple[str, ...] = tuple(
@@ -70,9 +72,9 @@ class PluginStatus:
 
     ``status`` is ``"ok"``, ``"failed"`` (``reason`` holds the error), ``"disabled"``
     (``reason`` says which setting left it out) or ``"broken"`` (it loaded, but a registered
-    ``"module:attr"`` target does not resolve: :meth:`PluginManager.check_targets`). ``mode`` says why it was loaded: ``builtin``,
-    ``required``, ``enabled`` or ``autoload`` (empty when disabled). ``components`` maps each
-    kind to the names this distribution registered.
+    ``"module:attr"`` target does not resolve: :meth:`PluginManager.check_targets`). ``mode``
+    says why it was loaded: ``builtin``, ``required``, ``enabled`` or ``autoload`` (empty when
+    disabled). ``components`` maps each kind to the names this distribution registered.
     """
 
     name: str
@@ -220,7 +222,7 @@ class PluginManager:
     def _load(self, name: str, version: str, label: str, importer: Callable[[], Any], *,
               mode: str, fatal: bool) -> PluginStatus:
         key = canonical(name)
-        if key in self._records and self._records[key].status == "ok":
+        if key in self._records and self._records[key].status in _LOADED:
             raise PluginError(f"plugin {name} is already loaded")
         marks = self.registries.mark()
         plugin: Any = None
@@ -347,7 +349,7 @@ class PluginManager:
     def loaded(self) -> dict[str, str]:
         """Distribution → version of every plugin that loaded (the core included): what a
         worker process must load to match this one (:func:`load_pinned_plugins`)."""
-        return {r.name: r.version for r in self._records.values() if r.status == "ok"}
+        return {r.name: r.version for r in self._records.values() if r.status in _LOADED}
 
     def check_targets(self, *, import_them: bool = False) -> None:
         """Resolve every lazy target of the loaded plugins; a plugin with a target that does not
@@ -367,7 +369,7 @@ class PluginManager:
         return PluginStatus(record.name, record.version, record.entry_point, record.status,
                             record.reason, record.mode,
                             self.registries.owned_by(record.name)
-                            if record.status in ("ok", "broken") else {})
+                            if record.status in _LOADED else {})
 
 
 def _object_label(plugin: Any) -> str:
