@@ -4,7 +4,6 @@ models, the old keywords kept, clear errors; and ``model.tokenizer`` (``tokenize
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +33,9 @@ OLD_KEYWORDS = {
     "disable_cuda_graph": ("runner", "disable_cuda_graph"),
     "max_cuda_graph_batch": ("runner", "max_cuda_graph_batch"),
 }
-TINY = dict(model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=16,
-            max_model_len=256)
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("TALLOW_"):
-            monkeypatch.delenv(var)
+pytestmark = pytest.mark.usefixtures("no_tallow_env")
 
 
 def test_old_keywords_keep_their_meaning() -> None:
@@ -149,10 +142,10 @@ def save_tokenizer(path: Path, words: list[str]) -> Path:
 
 @pytest.mark.parametrize("source", ["keyword", "env", "config file", "TALLOW_CONFIG"])
 def test_model_tokenizer_replaces_the_sources_tokenizer(
-        source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny: dict) -> None:
     tok_dir = save_tokenizer(tmp_path / "tok", WORDS)
     # the model's own (synthetic) tokenizer reads these words as unknown
-    assert LLM(**TINY).get_tokenizer().encode("beta gamma delta") != [1, 2, 3]
+    assert LLM(**tiny).get_tokenizer().encode("beta gamma delta") != [1, 2, 3]
     keywords: dict[str, Any] = {}
     if source == "keyword":
         keywords["tokenizer"] = str(tok_dir)
@@ -165,22 +158,24 @@ def test_model_tokenizer_replaces_the_sources_tokenizer(
             monkeypatch.setenv("TALLOW_CONFIG", str(path))
         else:
             keywords["config"] = path
-    llm = LLM(**TINY, **keywords)
+    llm = LLM(**tiny, **keywords)
     tok = llm.get_tokenizer()
     assert tok.encode("beta gamma delta") == [1, 2, 3]
     assert tok.eos_token_ids == {4}
 
 
-def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path: Path) -> None:
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path: Path,
+                                                                 tiny: dict) -> None:
     tok_dir = save_tokenizer(tmp_path / "big", [f"w{i}" for i in range(600)])
     with pytest.raises(ValueError) as info:
-        LLM(**TINY, tokenizer=str(tok_dir))
+        LLM(**tiny, tokenizer=str(tok_dir))
     assert str(info.value) == (
         f"model.tokenizer {str(tok_dir)!r} (from LLM() keyword tokenizer): the tokenizer has "
         "600 tokens but the model's vocabulary has 512; expected the tokenizer of this model")
 
 
-def test_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
+def test_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path,
+                                                                 tiny: dict) -> None:
     with pytest.raises(ValueError, match=r"model.tokenizer .*: expected a directory containing "
                                          r"tokenizer.json"):
-        LLM(**TINY, tokenizer=str(tmp_path))
+        LLM(**tiny, tokenizer=str(tmp_path))

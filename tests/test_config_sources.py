@@ -11,7 +11,6 @@ matter a real engine is built on the few-MB ``random:tiny-llama`` model.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +29,10 @@ from tallow.plugin import SelectionError
 
 FRONTENDS = ("cli", "LLM", "AsyncEngine")
 FLAGS = {(section, name): flag for section, name, flag, _ in setting_flags()}
-TINY = dict(model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=16,
-            max_model_len=256)
 FP8, HERMES, LLAMA = "tallow-kvcache-fp8", "tallow-tool-hermes", "tallow-llama"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No TALLOW_* variable of the calling shell leaks into these tests."""
-    for var in list(os.environ):
-        if var.startswith("TALLOW_"):
-            monkeypatch.delenv(var)
+pytestmark = pytest.mark.usefixtures("no_tallow_env")
 
 
 @pytest.fixture
@@ -234,7 +226,7 @@ LEAVE_OUT: dict[str, tuple[dict, dict[str, str], dict[str, Any], str]] = {
 @pytest.mark.parametrize("source", list(LEAVE_OUT))
 def test_a_plugin_left_out_by_any_source_is_not_used(
         source: str, frontend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], tiny: dict) -> None:
     file_settings, env, keywords, refusal = LEAVE_OUT[source]
     config = write_yaml(tmp_path / "tallow.yaml", file_settings) if file_settings else None
     for var, value in env.items():
@@ -253,8 +245,8 @@ def test_a_plugin_left_out_by_any_source_is_not_used(
 
     def build(**more: Any) -> Any:
         if frontend == "LLM":
-            return LLM(config=config, **TINY, **keywords, **more).engine
-        return AsyncEngine.create(config=config, **TINY, **keywords, **more)
+            return LLM(config=config, **tiny, **keywords, **more).engine
+        return AsyncEngine.create(config=config, **tiny, **keywords, **more)
 
     engine = build()
     pm = engine.plugin_manager
@@ -271,10 +263,10 @@ def test_a_plugin_left_out_by_any_source_is_not_used(
 
 
 def test_the_same_sources_load_the_plugin_when_nothing_leaves_it_out(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tiny: dict) -> None:
     # the control of the test above: fp8 is used when no source leaves it out
     monkeypatch.setenv("TALLOW_PLUGINS__DISABLE", HERMES)
-    engine = LLM(**TINY, kv_codec="fp8").engine
+    engine = LLM(**tiny, kv_codec="fp8").engine
     assert "fp8" in engine.plugin_manager.registries.kv_codecs
     assert engine.parts.core.runner.kv_dtype != engine.parts.loaded.dtype
     assert "hermes" not in engine.plugin_manager.registries.tool_parsers

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -25,15 +24,9 @@ from tallow.plugin.manager import load_plugins
 from tallow.plugin.target_check import target_problem
 from tallow.plugin.testing import isolated_plugin_manager, make_config
 
-TINY = dict(model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=16,
-            max_model_len=256)
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in list(os.environ):
-        if var.startswith("TALLOW_"):
-            monkeypatch.delenv(var)
+pytestmark = pytest.mark.usefixtures("no_tallow_env")
 
 
 def write_tree(root: Path, files: dict[str, str]) -> Path:
@@ -110,7 +103,7 @@ def test_a_target_whose_module_raises_says_where(tmp_path: Path,
                                  f"{tmp_path / 'tgt_boom.py'}:2)")
 
 
-def test_selection_and_the_engine_report_the_broken_target() -> None:
+def test_selection_and_the_engine_report_the_broken_target(tiny: dict) -> None:
     isolated = isolated_plugin_manager()
     entry_of("tallow.config.models:TallowConfg", isolated)
     with pytest.raises(SelectionError) as info:
@@ -122,7 +115,7 @@ def test_selection_and_the_engine_report_the_broken_target() -> None:
     entry_of("tallow.config.models:TallowConfg", pm)
     with pytest.raises(SelectionError, match=r"(?s)cache.kv_codec 'typo': .*of plugin "
                                              r"tallow-typo 1.2.3 .* has no attribute"):
-        LLM(**TINY, kv_codec="typo", plugin_manager=pm)
+        LLM(**tiny, kv_codec="typo", plugin_manager=pm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,9 +288,9 @@ def provided(dist: str, kind: str, names: str) -> str:
 DISABLED = "disabled by plugins.disable; take it out of plugins.disable to load it"
 
 
-def test_an_architecture_of_a_disabled_plugin() -> None:
+def test_an_architecture_of_a_disabled_plugin(tiny: dict) -> None:
     with pytest.raises(SelectionError) as info:
-        LLM(**TINY, plugins={"disable": ["tallow-llama"]})
+        LLM(**tiny, plugins={"disable": ["tallow-llama"]})
     assert str(info.value) == (
         "no model plugin implements architecture 'LlamaForCausalLM' (loaded: none); "
         + provided("tallow-llama", "architecture", "'LlamaForCausalLM'")
@@ -328,9 +321,9 @@ def test_a_weight_format_of_a_disabled_plugin(tmp_path: Path) -> None:
         "; " + provided("tallow-gguf", "weight_format", "'gguf'") + DISABLED)
 
 
-def test_a_quant_scheme_of_a_disabled_plugin() -> None:
+def test_a_quant_scheme_of_a_disabled_plugin(tiny: dict) -> None:
     with pytest.raises(SelectionError) as info:
-        LLM(**TINY, isq="q4_k", plugins={"disable": ["tallow-quant-gguf"]})
+        LLM(**tiny, isq="q4_k", plugins={"disable": ["tallow-quant-gguf"]})
     assert str(info.value).startswith("model.isq 'q4_k': no installed quant scheme can quantize")
     assert str(info.value).endswith(
         "; " + provided("tallow-quant-gguf", "quant_scheme", "'gguf'") + "disabled by "
@@ -338,9 +331,9 @@ def test_a_quant_scheme_of_a_disabled_plugin() -> None:
         "it")
 
 
-def test_an_attention_backend_of_a_disabled_plugin() -> None:
+def test_an_attention_backend_of_a_disabled_plugin(tiny: dict) -> None:
     with pytest.raises(SelectionError) as info:
-        LLM(**TINY, attention_backend="triton",
+        LLM(**tiny, attention_backend="triton",
             plugins={"disable": ["tallow-attention-triton"]})
     text = str(info.value)
     assert text.startswith("unknown attention_backend 'triton' (registered: torch); ")
