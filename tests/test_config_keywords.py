@@ -179,3 +179,13 @@ def test_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path,
     with pytest.raises(ValueError, match=r"model.tokenizer .*: expected a directory containing "
                                          r"tokenizer.json"):
         LLM(**tiny, tokenizer=str(tmp_path))
+
+
+def test_config_names_a_file_and_from_config_takes_a_resolved_one(tiny: dict) -> None:
+    resolved = config_from_kwargs(**tiny, max_num_seqs=3)
+    with pytest.raises(TypeError, match=r"LLM\(\) config= names a YAML file, got TallowConfig; "
+                                        r"an engine for a TallowConfig is made with "
+                                        r"from_config\(config\)"):
+        LLM(config=resolved)
+    llm = LLM.from_config(resolved)
+    assert llm.config is resolved and llm.engine.core.scheduler.max_num_seqs == 3

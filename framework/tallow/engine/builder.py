@@ -44,6 +44,9 @@ def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | No
     being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
     from tallow.config import load_config
 
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"{caller} config= names a YAML file, got {type(config).__name__}; "
+                        "an engine for a TallowConfig is made with from_config(config)")
     return load_config(path=config, keywords={"model": model, **settings}, caller=caller)
 
 

@@ -39,6 +39,15 @@ class LLM:
         self.config = resolve_engine_config(model, config, settings, caller="LLM()")
         self.engine = LLMEngine.from_config(self.config, plugin_manager)
 
+    @classmethod
+    def from_config(cls, config: TallowConfig, plugin_manager: Any = None) -> "LLM":
+        """An ``LLM`` for an already resolved configuration, used as it is (no file, no
+        environment, no keywords)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm.engine = LLMEngine.from_config(config, plugin_manager)
+        return llm
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
