@@ -14,6 +14,9 @@ from tallow.config import (
 )
 from tallow.config.keywords import FLAT_SECTIONS, RESERVED
 from tallow.engine.llm import LLM, config_from_kwargs
+from tallow.engine.sampling_params import SamplingParams
+from tallow.plugin import hookimpl
+from tallow.plugin.manager import load_plugins
 
 # The keywords LLM() accepted when its list was kept by hand: each must keep its meaning.
 OLD_KEYWORDS = {
@@ -189,3 +192,46 @@ def test_config_names_a_file_and_from_config_takes_a_resolved_one(tiny: dict) ->
         LLM(config=resolved)
     llm = LLM.from_config(resolved)
     assert llm.config is resolved and llm.engine.core.scheduler.max_num_seqs == 3
+
+
+class NoTokenizerWeights:
+    """A weight format whose checkpoints carry no tokenizer (the random weights' otherwise)."""
+
+    @hookimpl
+    def tallow_register_weight_formats(self, registry: Any) -> None:
+        from tallow.engine.random_model import RandomWeights
+
+        class Bare(RandomWeights):
+            name = "bare"
+
+            @classmethod
+            def claims(cls, source: str) -> bool:
+                return source.startswith("bare:")
+
+            def load(self, source: str, *, revision: str | None = None) -> Any:
+                checkpoint = super().load(source.replace("bare:", "random:"))
+                checkpoint.source, checkpoint.tokenizer = source, None
+                checkpoint.extra["tokenizer_error"] = "no tokenizer on purpose"
+                return checkpoint
+
+        registry.register("bare", Bare, priority=1000)
+
+
+def test_the_advice_of_a_missing_tokenizer_works(tmp_path: Path, tiny: dict) -> None:
+    def plugins() -> Any:
+        pm = load_plugins(None, env={})
+        pm.add_plugin(NoTokenizerWeights(), "tallow-test-bare", "0.1")
+        return pm
+
+    settings = {**tiny, "model": "bare:tiny-llama"}
+    with pytest.raises(ValueError) as info:
+        LLM(**settings, plugin_manager=plugins())
+    assert str(info.value) == (
+        "the model source 'bare:tiny-llama' carries no usable tokenizer (no tokenizer on "
+        "purpose); set model.tokenizer to a directory with the model's tokenizer.json "
+        "(--tokenizer, TALLOW_MODEL__TOKENIZER, tokenizer: in the YAML file's model section, "
+        "or LLM(tokenizer=...))")
+    tok_dir = save_tokenizer(tmp_path / "tok", WORDS)
+    llm = LLM(**settings, tokenizer=str(tok_dir), plugin_manager=plugins())
+    out = llm.generate("alpha beta", SamplingParams(max_tokens=3, ignore_eos=True))
+    assert out[0].prompt_token_ids == [0, 1] and len(out[0].outputs[0].token_ids) == 3

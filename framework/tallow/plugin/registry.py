@@ -62,13 +62,14 @@ class Entry:
             obj: Any = importlib.import_module(module_name)
         except Exception as exc:
             raise self._load_error(exc, describe_exception(exc)) from exc
-        where = f"module {module_name}"
-        for part in attr.split("."):
+        parts = attr.split(".")
+        for depth, part in enumerate(parts):
             try:
                 obj = getattr(obj, part)
             except AttributeError as exc:
+                where = (f"{module_name}:{'.'.join(parts[:depth])}" if depth
+                         else f"module {module_name}")
                 raise self._load_error(exc, missing_attribute(where, part, dir(obj))) from exc
-            where = f"{module_name}:{part}" if where.startswith("module ") else f"{where}.{part}"
         self._loaded = obj
         return obj
 
