@@ -130,3 +130,14 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
     assert "TestBrokenParser::test_examples_parse_to_their_calls" not in "".join(failed)
     assert "no installed distribution 'tallow-no-such-plugin'" in proc.stdout
+
+
+def test_tallow_imports_no_pytest_at_runtime() -> None:
+    """The kit lives in tallow.plugin.testing; nothing that serves imports it (or pytest)."""
+    code = ("import sys, tallow.plugin, tallow.layers, tallow.kernels, tallow.engine.llm, "
+            "tallow.server.app, tallow.cli\n"
+            "print([m for m in ('pytest', 'tallow.plugin.testing') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
