@@ -58,6 +58,10 @@ class AttentionLayer:
     scale: float
     sliding_window: int | None = None  # attend to at most this many most recent tokens
     logit_softcap: float | None = None  # scores → softcap * tanh(scores / softcap)
+    #: True: query ``j`` sees keys up to its own position (decoders). False: every query of a
+    #: sequence sees all of its keys (encoders); the engine then computes each sequence whole
+    #: in one step, so that all its keys exist when its queries attend.
+    causal: bool = True
 
 
 @dataclass
@@ -97,15 +101,18 @@ class Attention(nn.Module):
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float | None = None, sliding_window: int | None = None,
-                 logit_softcap: float | None = None) -> None:
+                 logit_softcap: float | None = None, causal: bool = True) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
                              f"{num_kv_heads}")
+        if sliding_window and not causal:
+            raise ValueError("a sliding window needs causal attention (causal=True)")
         self.layer = AttentionLayer(
             layer_index=layer_index, num_heads=num_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
+            causal=bool(causal),
         )
         self.kv_cache: torch.Tensor | None = None
 
@@ -128,4 +135,5 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         s = self.layer
         return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
-                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}")
+                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
+                + ("" if s.causal else ", causal=False"))
