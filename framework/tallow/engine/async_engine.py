@@ -20,8 +20,9 @@ import torch
 
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
+from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import SequenceStatus
 
@@ -35,7 +36,8 @@ class AsyncEngine(EngineFrontend):
         super().__init__(parts)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        #: request id → its outputs (an embedding request gets its pooled vector), or the error
+        self._streams: dict[str, asyncio.Queue[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -81,7 +83,7 @@ class AsyncEngine(EngineFrontend):
                     self._wake.clear()
                     continue
                 out = self.core.step()
-                if out.updates or out.finished or out.prompt_logprobs:
+                if out.updates or out.finished or out.prompt_logprobs or out.pooled:
                     self._deliver(self._on_core_output, out)
                 c = self._counters
                 c["steps_total"] += 1
@@ -120,6 +122,10 @@ class AsyncEngine(EngineFrontend):
 
     # -- the asyncio side ---------------------------------------------------------------
     def _on_core_output(self, out: CoreOutput) -> None:
+        for request_id, vector in out.pooled.items():
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(vector)
         outputs, to_stop = self.processor.process(out)
         self._counters["generation_tokens_total"] += len(out.updates)
         for rid, index in to_stop:
@@ -178,6 +184,39 @@ class AsyncEngine(EngineFrontend):
             if not finished:
                 self._post("abort", request_id)
                 self.processor.abort_request(request_id)
+
+    async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
+                    request_id: str) -> EmbeddingOutput:
+        """The embedding of one input (on an engine built to embed). Admission errors are
+        raised as for :meth:`generate`; cancelling the call aborts the request."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine has failed: {self.error}")
+        if self._thread is None:
+            await self.start()
+        if not prompt_token_ids:
+            raise AdmissionError("input: must contain at least one token", field="input")
+        if request_id in self._streams:
+            raise AdmissionError(f"request id {request_id!r} is already in use",
+                                 field="request_id")
+        assert self._loop is not None and self.embedding is not None
+        stream: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[request_id] = stream
+        admitted = self._loop.create_future()
+        self._post("add", request_id, list(prompt_token_ids), params, 0, admitted)
+        finished = False
+        try:
+            await admitted  # leaving before the add is taken still posts the abort below
+            self._counters["prompt_tokens_total"] += len(prompt_token_ids)
+            item = await stream.get()
+            if isinstance(item, BaseException):
+                raise EngineDeadError(f"the engine has failed: {item}") from item
+            finished = True
+            return EmbeddingOutput(request_id, list(prompt_token_ids),
+                                   finish_embedding(item, self.embedding, params.dimensions))
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._post("abort", request_id)
 
     async def abort(self, request_id: str) -> None:
         self._post("abort", request_id)

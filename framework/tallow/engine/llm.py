@@ -8,8 +8,9 @@ from typing import Any, Iterable, Sequence
 from tallow.config import TallowConfig, load_config
 
 from .builder import resolve_engine_config
+from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 
 
@@ -78,8 +79,52 @@ class LLM:
             raise
         return self._run(ids)
 
-    def _run(self, ids: list[str]) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
+    def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
+              dimensions: int | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
+        """Embeddings of ``inputs`` (texts or token-id lists), in their order, all in the
+        engine at once; needs an engine built to embed (``task="embed"``, or an embedding
+        model). ``dimensions`` shortens the vectors and ``truncate_prompt_tokens`` cuts
+        inputs longer than the model accepts, as for ``POST /v1/embeddings``
+        (:mod:`tallow.engine.embedding`)."""
+        info = self.engine.embedding
+        if info is None:
+            raise ValueError(f"LLM.embed(): this engine serves {self.engine.model_name} for the "
+                             f"{self.engine.task!r} task; load an embedding model, or pass "
+                             "task='embed'")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
+                                       and isinstance(inputs[0], int)):
+            inputs = [inputs]  # type: ignore[list-item]
+        problem = info.dimensions_problem(dimensions)
+        if problem:
+            raise ValueError(f"LLM.embed(): dimensions: {problem}")
+        limit = self.engine.max_model_len
+        try:
+            truncate_to = truncation_length(truncate_prompt_tokens, limit)
+        except ValueError as exc:
+            raise ValueError(f"LLM.embed(): truncate_prompt_tokens: {exc}") from None
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for i, item in enumerate(inputs):
+            try:
+                prompts.append(input_token_ids(tokenizer, info, item, limit, truncate_to))
+            except ValueError as exc:
+                raise ValueError(f"LLM.embed(): inputs[{i}]: {exc}") from None
+        params = PoolingParams(dimensions)
+        ids = []
+        try:
+            for prompt in prompts:
+                rid = self.engine.next_request_id()
+                self.engine.add_request(rid, prompt, params)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return self._run(ids)
+
+    def _run(self, ids: list[str]) -> list[Any]:
+        done: dict[str, Any] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 if out.finished:

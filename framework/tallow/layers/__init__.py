@@ -7,6 +7,7 @@ from .attention import (
 )
 from .causal_lm import CausalLM, default_weight_loader
 from .embedding import LMHead, VocabEmbedding
+from .encoder import EncoderModel
 from .linear import (
     ColumnParallelLinear, LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
     ReplicatedLinear, RowParallelLinear, WeightSlice,
@@ -16,6 +17,7 @@ from .linear_method import (
 )
 from .model import ArchConfig, BuildContext
 from .norm import RMSNorm, rms_norm_ref
+from .pooling import POOLING_MODES, Pooler, pool_hidden
 from .quantized import QuantizedWeight
 from .rotary import (
     SUPPORTED_ROPE_TYPES, DynamicNTKRotaryEmbedding, RotaryEmbedding, apply_rotary,
@@ -26,7 +28,8 @@ from .weight_names import WeightLoadError, WeightMatch, WeightNameMap, WeightRul
 __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
     "get_forward_context", "ArchConfig", "BuildContext",
-    "CausalLM", "default_weight_loader",
+    "CausalLM", "default_weight_loader", "EncoderModel",
+    "Pooler", "pool_hidden", "POOLING_MODES",
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",
     "QKVParallelLinear", "RowParallelLinear", "WeightSlice", "QuantizedWeight",
     "LinearMethod", "UnquantizedLinearMethod", "linear_method_for", "set_weight_attrs",

@@ -39,3 +39,6 @@ class BuildContext:
     quant: Any = None  # a tallow.plugin.QuantScheme instance, or None for plain weights
     tp_rank: int = 0
     tp_size: int = 1
+    #: what the engine will run: "generate" (tokens from logits) or "embed" (pooled hidden
+    #: states; a model may then leave out its LM head)
+    task: str = "generate"

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .embedding_spec import EmbeddingSpec
+
 
 class Component:
     """Anything a registry can hold.
@@ -66,6 +68,9 @@ class Checkpoint:
     tensor_shapes: dict[str, tuple[int, ...]] | None = None
     #: the file ``config`` was read from (``config.json``, the ``.gguf``), for error messages
     config_path: str | None = None
+    #: what the checkpoint's own files say about its embeddings (a sentence-transformers
+    #: directory's pooling and normalization), or None when they say nothing
+    embedding: "EmbeddingSpec | None" = None
 
     @property
     def chat_template(self) -> str | None:

@@ -164,15 +164,19 @@ class LlamaForCausalLM(CausalLM):
     model_type: ClassVar[str] = "llama"
     qk_norm: ClassVar[bool] = False
     weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=True)}
+    # embedding checkpoints (Qwen3-Embedding) are saved from the bare decoder: layers.0...
+    base_model_prefix = "model"
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(config, build)
         cfg = self.config
         self.model = LlamaModel(self, cfg, build)
-        tie = bool(cfg.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                              tie_with=self.model.embed_tokens if tie else None, build=build,
-                              prefix="lm_head")
+        self.lm_head: LMHead | None = None
+        if build.task != "embed":  # embeddings pool hidden states: no head needed
+            tie = bool(cfg.get("tie_word_embeddings", False))
+            self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
+                                  tie_with=self.model.embed_tokens if tie else None,
+                                  build=build, prefix="lm_head")
 
     # -- the switches that tell the family apart -----------------------------------------
     def qkv_bias(self, config: ArchConfig) -> bool:
@@ -205,7 +209,7 @@ class LlamaForCausalLM(CausalLM):
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         # GGUF files of tied models simply have no output.weight.
-        if naming == "gguf" and "lm_head.weight" in missing:
+        if naming == "gguf" and "lm_head.weight" in missing and self.lm_head is not None:
             self.lm_head.tie(self.model.embed_tokens)
             return {"lm_head.weight"}
         return set()
