@@ -47,6 +47,18 @@ class PagedRunner:
     def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
         """Run one step: ``chunks`` = [(seq id, its next tokens)]; returns each chunk's
         float32 logits ``[len(tokens), vocab]``."""
+        hidden, starts = self._forward(chunks)
+        logits = self.model.compute_logits(hidden).float()
+        return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+
+    @torch.no_grad()
+    def hidden_states(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Like :meth:`step`, but each chunk's hidden states ``[len(tokens), H]`` as the model
+        returns them (an encoder, which has no logits; embeddings)."""
+        hidden, starts = self._forward(chunks)
+        return [hidden[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+
+    def _forward(self, chunks: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -80,8 +92,7 @@ class PagedRunner:
         with forward_context(meta, self.backend):
             hidden = self.model(torch.tensor(ids, device=device),
                                 torch.tensor(positions, device=device))
-        logits = self.model.compute_logits(hidden).float()
-        return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+        return hidden, starts
 
     def greedy(self, seq_id: int, prompt: list[int], steps: int
                ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
