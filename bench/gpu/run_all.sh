@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro, or full: the runs behind the
+# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,embed,embedtests, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -201,6 +201,17 @@ if [[ ",$MODE," == *",quantmicro,"* ]]; then  # what the engine runs per llama-3
   echo "== quantized matmul kernels on llama-3-8b shapes"
   timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
 fi
+if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
+  echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
+  { timeout 150 python3 -m pytest -q -rs --timeout 120 plugins/attention/triton/tests/kernel_cases.py -k "bidirectional or chunked"
+    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/models/bert/tests
+  } 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_embed.log"
+fi
+if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inputs
+  EMB=(embed --model random:all-minilm-l6-v2 --dtype bfloat16 --num-prompts 16384 --input-len 128)
+  bench embed_minilm_128 240 "${EMB[@]}"
+  bench embed_minilm_128_big_steps 240 "${EMB[@]}" --max-num-batched-tokens 32768 --max-num-seqs 1024
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -209,7 +220,7 @@ for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
     keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
             "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s", "weight_bytes"]
+            "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

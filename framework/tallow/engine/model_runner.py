@@ -322,7 +322,6 @@ class ModelRunner:
                                   feed.token_ids.index_select(0, batch.fed_from))
         hidden = self.forward(batch.ids, batch.pos, batch.meta)
         qsl = batch.meta.query_start_loc_cpu
-        spans: list[tuple[int, int]] = []
         for i, item in enumerate(scheduled):
             pending.targets.extend(item.sample_seqs)
             if item.prompt_logprobs:
@@ -330,17 +329,23 @@ class ModelRunner:
                     hidden[qsl[i]:qsl[i + 1]], item)
             if item.pool:
                 pending.pool_targets.append(item.seq)
-                spans.append((qsl[i], qsl[i + 1]))
-        if spans:
-            if self.pooler is None:
-                raise RuntimeError("an embedding request reached a model runner without a "
-                                   "pooler (the engine was built for generation)")
-            pending.pooled = self.pooler(hidden, spans)
+        if pending.pool_targets:
+            self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
             self._sample(pending, logits)
         self._queue_readback(pending)
         return pending
+
+    def _pool(self, pending: PendingStep, hidden: torch.Tensor, batch: _Batch) -> None:
+        """Pool every sequence of an embedding step (each one a whole input)."""
+        if self.pooler is None:
+            raise RuntimeError("an embedding request reached a model runner without a pooler "
+                               "(the engine was built for generation)")
+        if len(pending.pool_targets) != batch.meta.num_seqs:
+            raise RuntimeError("an embedding step holds sequences that are not whole inputs "
+                               "to pool")
+        pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
     def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
         targets = pending.targets

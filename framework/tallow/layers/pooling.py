@@ -1,8 +1,8 @@
 """Pooling: one vector per sequence from the hidden states of its tokens (embeddings).
 
 The engine computes each embedding request's sequence whole in one step, so a sequence's rows
-of the step's flat ``hidden [T, H]`` are all of its tokens; ``spans`` says where each pooled
-sequence's rows are. Modes:
+of the step's flat ``hidden [T, H]`` are all of its tokens, and every sequence of an embedding
+step is pooled. Modes:
 
 - ``mean``: the average over all of its tokens (special tokens included, as
   sentence-transformers averages every token its attention mask keeps);
@@ -17,7 +17,6 @@ the model's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -41,34 +40,32 @@ class Pooler:
     def __post_init__(self) -> None:
         check_pooling_mode(self.mode)
 
-    def __call__(self, hidden: torch.Tensor, spans: Sequence[tuple[int, int]]) -> torch.Tensor:
-        """``[len(spans), H]`` float32: one vector per ``(start, end)`` row range of
-        ``hidden [T, H]`` (each range non-empty)."""
-        pooled = pool_hidden(hidden, spans, self.mode)
+    def __call__(self, hidden: torch.Tensor, query_start_loc: torch.Tensor) -> torch.Tensor:
+        """``[B, H]`` float32: one vector per sequence of the flat batch ``hidden [T, H]``,
+        sequence ``i`` owning rows ``query_start_loc[i]:query_start_loc[i + 1]`` (``[B + 1]``,
+        on ``hidden``'s device; every sequence non-empty)."""
+        pooled = pool_hidden(hidden, query_start_loc, self.mode)
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         return pooled
 
 
-def pool_hidden(hidden: torch.Tensor, spans: Sequence[tuple[int, int]],
+def pool_hidden(hidden: torch.Tensor, query_start_loc: torch.Tensor,
                 mode: str) -> torch.Tensor:
-    """The ``mode`` pooling of each row range of ``hidden`` (no normalization), float32."""
-    if any(end <= start for start, end in spans):
-        raise ValueError("pooling needs at least one row per sequence")
-    device = hidden.device
-    if mode == "cls":
-        rows = torch.tensor([start for start, _ in spans], dtype=torch.long)
-        return hidden.index_select(0, rows.to(device, non_blocking=True)).float()
-    if mode == "last":
-        rows = torch.tensor([end - 1 for _, end in spans], dtype=torch.long)
-        return hidden.index_select(0, rows.to(device, non_blocking=True)).float()
+    """The ``mode`` pooling of each sequence of ``hidden`` (no normalization), float32.
+
+    Computed on the device from ``query_start_loc`` alone, so that pooling queues behind the
+    forward pass without waiting for it."""
     check_pooling_mode(mode)
-    lengths = torch.tensor([end - start for start, end in spans], dtype=torch.long)
-    segment = torch.repeat_interleave(torch.arange(len(spans)), lengths)
-    covered = spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])) \
-        and spans[-1][1] == hidden.shape[0]
-    rows = hidden if covered else hidden.index_select(0, torch.cat(
-        [torch.arange(start, end) for start, end in spans]).to(device, non_blocking=True))
-    sums = torch.zeros(len(spans), hidden.shape[1], dtype=torch.float32, device=device)
-    sums.index_add_(0, segment.to(device, non_blocking=True), rows.float())
-    return sums / lengths.to(device=device, dtype=torch.float32, non_blocking=True)[:, None]
+    bounds = query_start_loc.to(torch.long)
+    starts, ends = bounds[:-1], bounds[1:]
+    if mode == "cls":
+        return hidden.index_select(0, starts).float()
+    if mode == "last":
+        return hidden.index_select(0, ends - 1).float()
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    owner = torch.searchsorted(ends, rows, right=True)
+    sums = torch.zeros(starts.shape[0], hidden.shape[1], dtype=torch.float32,
+                       device=hidden.device)
+    sums.index_add_(0, owner, hidden.float())
+    return sums / (ends - starts).to(torch.float32)[:, None]
