@@ -129,3 +129,41 @@ def test_matryoshka_dimensions_from_the_config() -> None:
     assert "more than the model's 64" in info.dimensions_problem(65)
     normalized = EmbeddingInfo(pooling="mean", normalize=True, size=64)
     assert normalized.dimensions_problem(20) is None
+
+
+def test_async_engine_embeds_concurrently_and_cancels(tiny_qwen3: Path) -> None:
+    """Concurrent AsyncEngine.embed calls share steps and give the offline engine's vectors;
+    one cancelled at once (a client gone) leaves no request and no KV block behind."""
+    import asyncio
+
+    from tallow.engine.async_engine import AsyncEngine
+    from tallow.engine.embedding import PoolingParams
+    from tallow.engine.llm import config_from_kwargs
+
+    settings = dict(model=str(tiny_qwen3), device="cpu", max_model_len=128, task="embed")
+    expected = LLM.from_config(config_from_kwargs(**settings)).embed(INPUTS)
+
+    async def main() -> list:
+        engine = AsyncEngine.from_config(config_from_kwargs(**settings))
+        try:
+            calls = [asyncio.ensure_future(engine.embed(ids, PoolingParams(), f"e{i}"))
+                     for i, ids in enumerate(INPUTS)]
+            gone = asyncio.ensure_future(engine.embed(INPUTS[0], PoolingParams(), "gone"))
+            await asyncio.sleep(0)
+            gone.cancel()
+            outs = await asyncio.gather(*calls)
+            for _ in range(100):
+                if not engine.core.has_unfinished():
+                    break
+                await asyncio.sleep(0.02)
+            bm = engine.core.scheduler.block_manager
+            assert not engine.core.has_unfinished()
+            assert bm.num_free_blocks == bm.num_total_blocks
+            return outs
+        finally:
+            await engine.shutdown()
+
+    for got, want in zip(asyncio.run(main()), expected):
+        assert got.prompt_token_ids == want.prompt_token_ids
+        torch.testing.assert_close(torch.tensor(got.embedding), torch.tensor(want.embedding),
+                                   rtol=1e-5, atol=1e-6)

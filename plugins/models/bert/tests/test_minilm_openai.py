@@ -92,8 +92,12 @@ def test_single_text_and_the_default_base64_encoding(api: Any, oracle: Any) -> N
 
 def test_base64_is_the_float_vector_bytes(client: Any) -> None:
     body = {"model": MODEL, "input": TEXTS[:3]}
+    from tallow.server.responses import EmbeddingResponse
+
     floats = client.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json()
     b64 = client.post("/v1/embeddings", json={**body, "encoding_format": "base64"}).json()
+    for response in (floats, b64):  # the bodies the OpenAPI document describes
+        EmbeddingResponse.model_validate(response)
     for f, b in zip(floats["data"], b64["data"]):
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
         assert decoded.tolist() == np.asarray(f["embedding"], dtype=np.float32).tolist()
