@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import build_engine, lengths, now, quantization, random_prompts, sync
+from .common import build_engine, input_prompts, now, quantization, random_prompts, sync
 
 
 def _embed_all(engine: Any, prompts: list[list[int]]) -> tuple[int, dict[str, float], int]:
@@ -37,8 +37,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size
     n = args.num_prompts
-    in_lens = lengths(n, args.input_len, args.min_input_len, args.max_input_len, seed=10)
-    prompts = random_prompts(n, in_lens, vocab, seed=12)
+    in_lens, prompts = input_prompts(args, vocab)
     _embed_all(engine, random_prompts(64, [min(32, parts.max_model_len)] * 64, vocab, seed=13))
     sync(device)
     start = now()

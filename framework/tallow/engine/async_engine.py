@@ -139,6 +139,31 @@ class AsyncEngine(EngineFrontend):
         for stream in self._streams.values():
             stream.put_nowait(exc)
 
+    async def _open(self, request_id: str, prompt_token_ids: list[int],
+                    field: str) -> asyncio.Queue[Any]:
+        """The output queue of a new request, once the engine runs and the request is
+        admissible on this side (``field`` names its tokens in errors)."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine has failed: {self.error}")
+        if self._thread is None:
+            await self.start()
+        if not prompt_token_ids:
+            raise AdmissionError(f"{field}: must contain at least one token", field=field)
+        if request_id in self._streams:
+            raise AdmissionError(f"request id {request_id!r} is already in use",
+                                 field="request_id")
+        stream: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[request_id] = stream
+        return stream
+
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: Any,
+                priority: int) -> asyncio.Future[None]:
+        """Post the request to the engine thread; the future settles when it was admitted."""
+        assert self._loop is not None
+        admitted = self._loop.create_future()
+        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        return admitted
+
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, *, prompt: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -147,21 +172,9 @@ class AsyncEngine(EngineFrontend):
         Admission errors are raised before the first output. Closing the iterator early (a
         client went away) aborts the request and frees its KV blocks.
         """
-        if self.error is not None:
-            raise EngineDeadError(f"the engine has failed: {self.error}")
-        if self._thread is None:
-            await self.start()
-        if not prompt_token_ids:
-            raise AdmissionError("prompt: must contain at least one token", field="prompt")
-        if request_id in self._streams:
-            raise AdmissionError(f"request id {request_id!r} is already in use",
-                                 field="request_id")
-        assert self._loop is not None
-        stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request_id] = stream
+        stream = await self._open(request_id, prompt_token_ids, "prompt")
         self.processor.add_request(request_id, prompt, prompt_token_ids, params)
-        admitted = self._loop.create_future()
-        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        admitted = self._submit(request_id, prompt_token_ids, params, priority)
         finished = False
         try:
             # Until its final output arrives the request may be in the engine, or on its way
@@ -189,20 +202,8 @@ class AsyncEngine(EngineFrontend):
                     request_id: str) -> EmbeddingOutput:
         """The embedding of one input (on an engine built to embed). Admission errors are
         raised as for :meth:`generate`; cancelling the call aborts the request."""
-        if self.error is not None:
-            raise EngineDeadError(f"the engine has failed: {self.error}")
-        if self._thread is None:
-            await self.start()
-        if not prompt_token_ids:
-            raise AdmissionError("input: must contain at least one token", field="input")
-        if request_id in self._streams:
-            raise AdmissionError(f"request id {request_id!r} is already in use",
-                                 field="request_id")
-        assert self._loop is not None and self.embedding is not None
-        stream: asyncio.Queue[Any] = asyncio.Queue()
-        self._streams[request_id] = stream
-        admitted = self._loop.create_future()
-        self._post("add", request_id, list(prompt_token_ids), params, 0, admitted)
+        stream = await self._open(request_id, prompt_token_ids, "input")
+        admitted = self._submit(request_id, prompt_token_ids, params, 0)
         finished = False
         try:
             await admitted  # leaving before the add is taken still posts the abort below
@@ -211,6 +212,7 @@ class AsyncEngine(EngineFrontend):
             if isinstance(item, BaseException):
                 raise EngineDeadError(f"the engine has failed: {item}") from item
             finished = True
+            assert self.embedding is not None  # the engine took an embedding request
             return EmbeddingOutput(request_id, list(prompt_token_ids),
                                    finish_embedding(item, self.embedding, params.dimensions))
         finally:

@@ -66,18 +66,8 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} "
                              "prompts")
-        ids = []
-        try:
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
-                rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p, stream=False,
-                                        priority=priority[i] if priority else 0)
-                ids.append(rid)
-        except Exception:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
-        return self._run(ids)
+        return self._run([(prompt, p, priority[i] if priority else 0)
+                          for i, (prompt, p) in enumerate(zip(prompts, plist))])
 
     def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
               dimensions: int | None = None,
@@ -111,19 +101,21 @@ class LLM:
             except ValueError as exc:
                 raise ValueError(f"LLM.embed(): inputs[{i}]: {exc}") from None
         params = PoolingParams(dimensions)
-        ids = []
+        return self._run([(prompt, params, 0) for prompt in prompts])
+
+    def _run(self, requests: list[tuple[Any, Any, int]]) -> list[Any]:
+        """Add every ``(prompt, params, priority)`` (none, if one is refused), run the engine
+        until all are done and return their final outputs in order."""
+        ids: list[str] = []
         try:
-            for prompt in prompts:
+            for prompt, params, priority in requests:
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, params)
+                self.engine.add_request(rid, prompt, params, stream=False, priority=priority)
                 ids.append(rid)
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)
             raise
-        return self._run(ids)
-
-    def _run(self, ids: list[str]) -> list[Any]:
         done: dict[str, Any] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
