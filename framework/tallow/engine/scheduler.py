@@ -13,7 +13,8 @@ An embedding request (``pooling``) computes its whole prompt in one step, never 
 encoder's attention is bidirectional: every token needs all the others), skips the prefix cache
 (pooling needs every token's hidden state) and samples nothing: the engine finishes it when the
 step's pooled vector is read back. Its prompt must fit one step's budget; until a step has room
-for it, it waits.
+for it, it waits. An engine that embeds runs its block manager without prefix caching, so an
+encoder's blocks (whose K/V depend on later tokens) are never offered for sharing.
 
 A sequence whose length is known in advance (``ignore_eos`` with ``max_tokens``, one
 completion) *reserves* the blocks it will grow into: a waiting sequence is admitted only if the
@@ -472,8 +473,7 @@ class Scheduler:
             new.seq.fill_pending_token(new.index, int(token))
         mark_computed, running = self.block_manager.mark_computed, SequenceStatus.RUNNING
         for item in applied.out.scheduled:
-            # an encoder's K/V depend on the tokens after them: never shared
-            if item.seq.status is running and not item.seq.pooling:
+            if item.seq.status is running:
                 mark_computed(item.seq, upto=item.start + item.num_tokens)
         return kept
 
@@ -531,10 +531,10 @@ class _Step:
 
     def schedule_running(self) -> None:
         s, bm = self.s, self.s.block_manager
-        # Sequences that end by length when their pending token arrives get no more work, nor
-        # do embedding requests whose pooled vector is still on its way back.
-        queue = deque(seq for seq in s.running
-                      if seq.num_uncomputed_tokens and not s._awaits_length_stop(seq))
+        # Sequences that end by length when their pending token arrives get no more work.
+        # (Embedding requests whose vector is still on its way back have nothing left to
+        # compute: their chunk below is empty.)
+        queue = deque(seq for seq in s.running if not s._awaits_length_stop(seq))
         # Decodes still to be placed; a prefill chunk leaves them room in the budget.
         pending_decodes = sum(1 for seq in queue if seq.num_uncomputed_tokens == 1)
         while queue:
