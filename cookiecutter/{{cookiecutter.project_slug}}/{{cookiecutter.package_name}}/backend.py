@@ -1,6 +1,7 @@
 """Paged attention in plain torch that gathers each sequence's keys and values through its
 block table and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal
-(and sliding-window) mask, or none for bidirectional layers. Serves every device torch runs on and every elementwise KV codec.
+(and sliding-window) mask, or none for bidirectional layers. Serves every device torch runs
+on and every elementwise KV codec.
 """
 
 from __future__ import annotations
