@@ -19,7 +19,7 @@ from tallow.kernels._dispatch import interpreting
 from tallow.kernels.offline import (compile_for_gpu, opcode, pdl_order, resource_usage,
                                     sass_loops)
 from tallow_quant_gguf.kernels.decode import type_constants
-from tallow_quant_gguf.kernels.dequant import BLOCK_QUADS, BLOCK_ROWS, _dequant_kernel
+from tallow_quant_gguf.kernels import dequant
 from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_mode
 from tallow_quant_gguf.kernels.matmul import _mma_kernel, decode_mode, weights_left
 from tallow_quant_gguf.packing import PackedWeight
