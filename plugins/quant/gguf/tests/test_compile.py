@@ -5,7 +5,8 @@ one-row GEMV spills no registers, reads its codes in 16-byte vectors, exchanges 
 lanes in its loop and spends few instructions per weight (the budget that keeps it at memory
 speed on an H200); the tensor-core kernel uses Hopper's wgmma and, with the fp16 decoding, no
 conversion instructions on the weights; PDL's wait comes after the first weight tile; the
-dequantization has no fused multiply-adds (its values must be ggml's bits)."""
+dequantization has no fused multiply-adds (its values must be ggml's bits), stores only 16-byte
+vectors, exchanges nothing through shared memory and spends few instructions per weight."""
 
 from __future__ import annotations
 

@@ -149,8 +149,8 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
                     mask_lo, mask_hi, magic_lo, magic_hi,
                     GATHER: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
                     EVEN: tl.constexpr, BITS: tl.constexpr, PTX: tl.constexpr,
-                    NIB: tl.constexpr,
-                    PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
+                    NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
+                    BYTE: tl.constexpr,
                     OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
                     QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr):
     # Everything that depends only on the column block is computed once: per piece (``J`` of
@@ -202,14 +202,15 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
                                        off_d, off_sc, mask2, SCALES, MINS, not EVEN)
         if BITS and BYTE:  # each half of the piece: byte `part` of 4 of the chunk's words
             code_ptr = byte_ptr + base3 * s_byte
-            t0 = _byte_to_bits_15(_load(code_ptr + off_code, mask3, not EVEN), rot, PTX)
-            t1 = _byte_to_bits_15(_load(code_ptr + (off_code + 4), mask3, not EVEN), rot,
-                                  PTX)
+            codes0 = _load(code_ptr + off_code, mask3, not EVEN)
+            codes1 = _load(code_ptr + (off_code + 4), mask3, not EVEN)
+            t0 = _byte_to_bits_15(codes0, rot, PTX)
+            t1 = _byte_to_bits_15(codes1, rot, PTX)
             f0 = _as_float(t0, mask_lo, magic_lo) - (256.0 + OFFSET)
             f1 = _as_float(t1, mask_lo, magic_lo) - (256.0 + OFFSET)
         elif BITS:  # slot 2p in bits 15..18 (256 + q), slot 2p + 1 in bits 19..22 (16 + q)
-            t = _byte_to_bits_15(_load(nib_ptr + base3 * s_nib + off_code, mask3, not EVEN), rot,
-                                 PTX)
+            codes = _load(nib_ptr + base3 * s_nib + off_code, mask3, not EVEN)
+            t = _byte_to_bits_15(codes, rot, PTX)
             f0 = _as_float(t, mask_lo, magic_lo) - (256.0 + OFFSET)
             f1 = _as_float(t, mask_hi, magic_hi) - (16.0 + OFFSET)
         else:
