@@ -37,7 +37,7 @@ from tallow.kernels.jit import step_jit
 
 from ..packing import PackedWeight
 from .decode import plane_args, type_constants
-from .gemv import bit_constants
+from .gemv import _as_float, bit_constants
 
 #: rows per step, chunks (32 elements) per program and warps of the kernel
 BLOCK_ROWS, BLOCK_CHUNKS, WARPS = 16, 8, 4
@@ -75,11 +75,6 @@ def _byte_to_bits_15(w, k, PTX: tl.constexpr):
         v = w.to(tl.uint32, bitcast=True)
         t = ((v >> k) | (v << ((32 - k) & 31))).to(tl.int32, bitcast=True)
     return t
-
-
-@triton.jit
-def _as_float(t, mask, magic):
-    return ((t & mask) | magic).to(tl.float32, bitcast=True)
 
 
 @triton.jit
