@@ -30,13 +30,6 @@ from .naming import hf_name_map
 DEFAULT_ROTARY_PCT = 0.25
 
 
-def _require(config: ArchConfig, key: str) -> Any:
-    value = config.get(key)
-    if value is None:
-        raise ValueError(f"model config: {key!r} is required")
-    return value
-
-
 class GPTNeoXAttention(nn.Module):
     """Fused qkv projection, partial rotary, paged attention, output projection."""
 
@@ -69,7 +62,7 @@ class GPTNeoXMLP(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext, prefix: str) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
-        inner = int(_require(config, "intermediate_size"))
+        inner = int(config.require("intermediate_size"))
         self.dense_h_to_4h = ColumnParallelLinear(hidden, inner, bias=True, build=build,
                                                   prefix=f"{prefix}.dense_h_to_4h")
         self.dense_4h_to_h = RowParallelLinear(inner, hidden, bias=True, build=build,
@@ -110,19 +103,19 @@ class GPTNeoXModel(nn.Module):
 
     def __init__(self, config: ArchConfig, build: BuildContext) -> None:
         super().__init__()
-        hidden = int(_require(config, "hidden_size"))
-        heads = int(_require(config, "num_attention_heads"))
+        hidden = int(config.require("hidden_size"))
+        heads = int(config.require("num_attention_heads"))
         if hidden % heads:
             raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
                              f"num_attention_heads {heads}")
         rope_config = {"rotary_pct": DEFAULT_ROTARY_PCT, **config}
         # One rotary table shared by every layer.
         self.rotary_emb = rope_from_config(rope_config, hidden // heads, device=build.device)
-        self.embed_in = VocabEmbedding(int(_require(config, "vocab_size")), hidden,
+        self.embed_in = VocabEmbedding(int(config.require("vocab_size")), hidden,
                                        build=build, prefix="gpt_neox.embed_in")
         self.layers = nn.ModuleList(
             GPTNeoXLayer(config, build, i, self.rotary_emb, f"gpt_neox.layers.{i}")
-            for i in range(int(_require(config, "num_hidden_layers"))))
+            for i in range(int(config.require("num_hidden_layers"))))
         self.final_layer_norm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-5)),
                                           build=build)
 

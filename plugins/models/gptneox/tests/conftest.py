@@ -36,8 +36,9 @@ def randomize_(model: torch.nn.Module, seed: int, std: float = 0.3) -> None:
                 p.copy_(std * noise)
 
 
-def save_tiny(path: Path, seed: int = 0, **overrides: Any) -> Any:
-    """A random transformers ``GPTNeoXForCausalLM`` saved with a tokenizer at ``path``."""
+def save_tiny(path: Path, seed: int = 0, std: float = 0.3, **overrides: Any) -> Any:
+    """A random transformers ``GPTNeoXForCausalLM`` saved with a tokenizer at ``path``
+    (``overrides`` are config fields; ``std`` as in :func:`randomize_`)."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -48,7 +49,7 @@ def save_tiny(path: Path, seed: int = 0, **overrides: Any) -> Any:
     config = transformers.GPTNeoXConfig(**{**settings, **overrides})
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                           dtype=torch.float32)
-    randomize_(model, seed)
+    randomize_(model, seed, std)
     if config.tie_word_embeddings:
         model.tie_weights()
     model.eval()
