@@ -104,9 +104,9 @@ class Attention(nn.Module):
     ``tp_size`` 1 the two are the same; with more ranks pass the counts of the rank's
     projection, ``num_heads`` and ``num_kv_heads`` of
     :class:`~tallow.layers.QKVParallelLinear` (which takes the totals and divides them,
-    replicating KV heads when there are fewer than ranks). The model runner sizes each layer's KV cache from these counts, and
-    backends read ``Hq / Hkv`` as the grouped-query ratio. ``scale`` defaults to
-    ``head_dim ** -0.5``.
+    replicating KV heads when there are fewer than ranks). The model runner sizes each
+    layer's KV cache from these counts, and backends read ``Hq / Hkv`` as the grouped-query
+    ratio. ``scale`` defaults to ``head_dim ** -0.5``.
     """
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -287,8 +287,9 @@ class QKVParallelLinear(ColumnParallelLinear):
     (the config's ``num_attention_heads`` / ``num_key_value_heads``); afterwards the attributes
     ``num_heads`` and ``num_kv_heads`` hold **this rank's** counts (``total_num_heads`` and
     ``total_num_kv_heads`` keep the totals), which is what :class:`~tallow.layers.Attention`
-    takes. Output (per rank) is ``[q (Hq/tp * D) | k (Hkv/tp * D) | v (Hkv/tp * D)]``. When there are
-    fewer KV heads than ranks, each KV head is replicated on ``tp / Hkv`` consecutive ranks.
+    takes. Output (per rank) is ``[q (Hq/tp * D) | k (Hkv/tp * D) | v (Hkv/tp * D)]``. When
+    there are fewer KV heads than ranks, each KV head is replicated on ``tp / Hkv``
+    consecutive ranks.
     Checkpoint tensors load with ``shard_id`` ``"q"``, ``"k"`` or ``"v"`` (or None for a
     checkpoint that already stores them fused, in that order).
     """
