@@ -30,6 +30,16 @@ from .naming import hf_name_map
 DEFAULT_ROTARY_PCT = 0.25
 
 
+def head_dim(config: ArchConfig) -> int:
+    """``hidden_size / num_attention_heads``; the config has no separate head size."""
+    hidden = int(config.require("hidden_size"))
+    heads = int(config.require("num_attention_heads"))
+    if hidden % heads:
+        raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
+                         f"num_attention_heads {heads}")
+    return hidden // heads
+
+
 class GPTNeoXAttention(nn.Module):
     """Fused qkv projection, partial rotary, paged attention, output projection."""
 
@@ -38,17 +48,17 @@ class GPTNeoXAttention(nn.Module):
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
-        head_dim = hidden // heads
+        head_size = head_dim(config)
         bias = bool(config.get("attention_bias", True))
         # GPT-NeoX has as many KV heads as query heads (no grouped-query attention).
-        self.query_key_value = QKVParallelLinear(hidden, head_dim, heads, heads, bias,
+        self.query_key_value = QKVParallelLinear(hidden, head_size, heads, heads, bias,
                                                  build=build, prefix=f"{prefix}.query_key_value")
         self.dense = RowParallelLinear(hidden, hidden, bias, build=build,
                                        prefix=f"{prefix}.dense")
         self.rotary_emb = rotary
         # Attention takes this rank's head counts, which the projection has worked out.
         self.attn = Attention(layer_index, self.query_key_value.num_heads,
-                              self.query_key_value.num_kv_heads, head_dim)
+                              self.query_key_value.num_kv_heads, head_size)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.query_key_value.split(self.query_key_value(hidden))
@@ -104,13 +114,9 @@ class GPTNeoXModel(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext) -> None:
         super().__init__()
         hidden = int(config.require("hidden_size"))
-        heads = int(config.require("num_attention_heads"))
-        if hidden % heads:
-            raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
-                             f"num_attention_heads {heads}")
         rope_config = {"rotary_pct": DEFAULT_ROTARY_PCT, **config}
         # One rotary table shared by every layer.
-        self.rotary_emb = rope_from_config(rope_config, hidden // heads, device=build.device)
+        self.rotary_emb = rope_from_config(rope_config, head_dim(config), device=build.device)
         self.embed_in = VocabEmbedding(int(config.require("vocab_size")), hidden,
                                        build=build, prefix="gpt_neox.embed_in")
         self.layers = nn.ModuleList(

@@ -1,4 +1,4 @@
-"""Registration of the GPT-NeoX architecture (a lazy target: no torch imported here)."""
+"""Registration of the architectures (lazy targets: no torch imported here)."""
 
 from tallow.plugin import hookimpl
 
@@ -6,3 +6,4 @@ from tallow.plugin import hookimpl
 @hookimpl
 def tallow_register_architectures(registry) -> None:
     registry.register("GPTNeoXForCausalLM", "tallow_gptneox.model:GPTNeoXForCausalLM")
+    registry.register("StableLmForCausalLM", "tallow_gptneox.stablelm:StableLmForCausalLM")

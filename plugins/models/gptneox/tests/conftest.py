@@ -36,17 +36,26 @@ def randomize_(model: torch.nn.Module, seed: int, std: float = 0.3) -> None:
                 p.copy_(std * noise)
 
 
-def save_tiny(path: Path, seed: int = 0, std: float = 0.3, **overrides: Any) -> Any:
-    """A random transformers ``GPTNeoXForCausalLM`` saved with a tokenizer at ``path``
+#: small shapes per model type; tests override single fields
+TINY = {
+    "gpt_neox": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                     num_attention_heads=4, vocab_size=256, rotary_pct=0.5,
+                     max_position_embeddings=128),
+    "stablelm": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                     partial_rotary_factor=0.5, max_position_embeddings=128),
+}
+
+
+def save_tiny(path: Path, seed: int = 0, std: float = 0.3, model_type: str = "gpt_neox",
+              **overrides: Any) -> Any:
+    """A random transformers model of ``model_type`` saved with a tokenizer at ``path``
     (``overrides`` are config fields; ``std`` as in :func:`randomize_`)."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    settings = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                    num_attention_heads=4, vocab_size=256, rotary_pct=0.5,
-                    max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-                    pad_token_id=None)
-    config = transformers.GPTNeoXConfig(**{**settings, **overrides})
+    settings = dict(TINY[model_type], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = transformers.AutoConfig.for_model(model_type, **{**settings, **overrides})
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                           dtype=torch.float32)
     randomize_(model, seed, std)
@@ -121,9 +130,24 @@ def assert_logprobs_close(ours: list[dict[int, float]], ref: torch.Tensor, what:
         assert top <= set(position), f"{what}, position {i}: top-{TOP} tokens differ"
 
 
+def assert_greedy_parity(path: Path, hf: Any, what: str, prompt: list[int] = PROMPT) -> None:
+    """``tallow.LLM`` on the checkpoint at ``path`` decodes ``prompt`` as transformers' ``hf``
+    does: the same greedy tokens, not all one token, and log-probabilities that agree at every
+    prompt position and every step."""
+    from tallow import LLM
+
+    ref, ref_logprobs = hf_greedy(hf, prompt)
+    ours = tallow_greedy(LLM(model=str(path), max_model_len=128), prompt)
+    assert ours.tokens == ref.tokens, f"{what}: greedy tokens differ"
+    # a model that ignores its input predicts one token over and over
+    assert len(set(ref.tokens)) > 1, f"{what}: greedy output is constant; weights too small"
+    assert_logprobs_close(ours.prompt, ref_logprobs[:len(prompt) - 1], f"{what}: prompt")
+    assert_logprobs_close(ours.steps, ref_logprobs[len(prompt) - 1:-1], f"{what}: steps")
+
+
 @pytest.fixture
 def neox() -> SimpleNamespace:
     """The helpers above, for test modules (which cannot import conftest by name)."""
     return SimpleNamespace(save_tiny=save_tiny, as_hub_config=as_hub_config, hf_greedy=hf_greedy,
                            tallow_greedy=tallow_greedy, assert_logprobs_close=assert_logprobs_close,
-                           PROMPT=PROMPT, STEPS=STEPS)
+                           assert_greedy_parity=assert_greedy_parity, PROMPT=PROMPT, STEPS=STEPS)

@@ -118,9 +118,12 @@ def test_registration_is_lazy():
     assert eps["tallow-model-gptneox"] == "tallow_gptneox.plugin"
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
-    assert [e.name for e in registry] == ["GPTNeoXForCausalLM"]
+    assert [e.name for e in registry] == ["GPTNeoXForCausalLM", "StableLmForCausalLM"]
     assert all(e.lazy for e in registry)
     assert registry.get("GPTNeoXForCausalLM") is GPTNeoXForCausalLM
+    from tallow_gptneox.stablelm import StableLmForCausalLM
+
+    assert registry.get("StableLmForCausalLM") is StableLmForCausalLM
 
 
 def test_registration_imports_no_torch():

@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-from tallow import LLM  # noqa: E402
+from tallow import LLM, SamplingParams  # noqa: E402
 
 CONFIGS = {
     "pythia": {},  # parallel residual, gelu, half of each head rotated
@@ -28,15 +28,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_parity(name, tmp_path, neox):
     hf = neox.save_tiny(tmp_path, seed=len(name), **CONFIGS[name])
-    ref, ref_logprobs = neox.hf_greedy(hf, neox.PROMPT)
-    ours = neox.tallow_greedy(LLM(model=str(tmp_path), max_model_len=128), neox.PROMPT)
-
-    assert ours.tokens == ref.tokens, f"{name}: greedy tokens differ"
-    # a model that ignores its input predicts one token over and over
-    assert len(set(ref.tokens)) > 1, f"{name}: greedy output is constant; weights too small"
-    prompt_len = len(neox.PROMPT)
-    neox.assert_logprobs_close(ours.prompt, ref_logprobs[:prompt_len - 1], f"{name}: prompt")
-    neox.assert_logprobs_close(ours.steps, ref_logprobs[prompt_len - 1:-1], f"{name}: steps")
+    neox.assert_greedy_parity(tmp_path, hf, name)
 
 
 def test_config_with_the_hub_rotary_keys(tmp_path, neox):
@@ -44,10 +36,7 @@ def test_config_with_the_hub_rotary_keys(tmp_path, neox):
     hf = neox.save_tiny(tmp_path, seed=3, rotary_pct=0.25, rotary_emb_base=2000.0)
     config = neox.as_hub_config(tmp_path)
     assert "rope_parameters" not in config and config["rotary_pct"] == 0.25
-    ref, ref_logprobs = neox.hf_greedy(hf, neox.PROMPT)
-    ours = neox.tallow_greedy(LLM(model=str(tmp_path), max_model_len=128), neox.PROMPT)
-    assert ours.tokens == ref.tokens
-    neox.assert_logprobs_close(ours.steps, ref_logprobs[len(neox.PROMPT) - 1:-1], "steps")
+    neox.assert_greedy_parity(tmp_path, hf, "hub config")
 
 
 def test_batched_and_chunked_prefill_match_one_by_one(tmp_path, neox):
@@ -57,29 +46,36 @@ def test_batched_and_chunked_prefill_match_one_by_one(tmp_path, neox):
     refs = [neox.hf_greedy(hf, p, steps=8)[0].tokens for p in prompts]
     llm = LLM(model=str(tmp_path), max_model_len=128, prefill_chunk_size=5,
               max_num_batched_tokens=16, block_size=4)
-    from tallow import SamplingParams
-
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == refs
 
 
+# Pythia-shaped heads (64 features, a quarter rotated); StableLM with its optional parts on
+GPU_SHAPES = {
+    "gpt_neox": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4,
+                     rotary_pct=0.25),
+    "stablelm": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                     num_key_value_heads=2, partial_rotary_factor=0.25, qk_layernorm=True,
+                     use_parallel_residual=True, use_qkv_bias=True),
+}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("model_type", list(GPU_SHAPES))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_parity_on_cuda(dtype, tmp_path, neox):
+def test_parity_on_cuda(dtype, model_type, tmp_path, neox):
     """The engine's CUDA path (its Triton kernels where they serve the dtype, CUDA graphs;
     the Triton attention backend in bfloat16) against transformers in float32 on the CPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    check_against_float32(neox, tmp_path, "cuda", dtype)
+    check_against_float32(neox, tmp_path, "cuda", dtype, model_type)
 
 
-def check_against_float32(neox, path, device: str, dtype: str) -> None:
-    """Pythia-shaped heads (64 features, a quarter rotated) on ``device`` in ``dtype``:
-    float32 to the CPU tolerance's order; bfloat16 within its rounding on the prompt and
-    transformers' greedy continuation fed as one prompt, with the same top token wherever
-    float32's choice is clear."""
-    hf = neox.save_tiny(path, seed=5, std=0.15, hidden_size=256, intermediate_size=1024,
-                        num_attention_heads=4, rotary_pct=0.25)
+def check_against_float32(neox, path, device: str, dtype: str, model_type: str) -> None:
+    """A model of ``GPU_SHAPES`` on ``device`` in ``dtype``: float32 to the CPU tolerance's
+    order; bfloat16 within its rounding on the prompt and transformers' greedy continuation
+    fed as one prompt, with the same top token wherever float32's choice is clear."""
+    hf = neox.save_tiny(path, seed=5, std=0.15, model_type=model_type, **GPU_SHAPES[model_type])
     ref, ref_logprobs = neox.hf_greedy(hf, neox.PROMPT)
     llm = LLM(model=str(path), max_model_len=128, device=device, dtype=dtype, num_blocks=64)
     ours = neox.tallow_greedy(llm, neox.PROMPT)
