@@ -65,11 +65,13 @@ def test_a_docstring_naming_a_missing_symbol_is_a_warning(caplog):
     layers = pkg["layers"]
     norm = pkg["layers.layer_norm.LayerNorm"]
     # absolute, with ~, relative to the module, a member of a class, and outside tallow
+    # ... and names a package's __getattr__ serves from its _LAZY table
     for good in ("tallow.layers.RMSNorm", "tallow.plugin.AttentionBackend", "RMSNorm",
-                 "LayerNorm.forward", "torch.nn.LayerNorm"):
+                 "LayerNorm.forward", "torch.nn.LayerNorm", "tallow.LLM",
+                 "tallow.SamplingParams", "tallow.plugin.testing.PagedRunner"):
         assert roles._exists(pkg, norm, good), good
     for stale in ("tallow.layers.RMSNormal", "tallow.nothing.Here", "LayerNorm.backward",
-                  "NoSuchName"):
+                  "NoSuchName", "tallow.LLMX", "tallow.plugin.testing.PagedRunnr"):
         assert not roles._exists(pkg, norm, stale), stale
 
     norm.docstring.value = "See :class:`~tallow.layers.RMSNorm` and :func:`tallow.layers.gone`."

@@ -9,6 +9,7 @@ starts with ``~``, as Sphinx does.
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 from typing import Any
@@ -20,12 +21,37 @@ _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj):`(~?)([\
 _log = logging.getLogger("mkdocs.plugins.tallow_docs")
 
 
-def _member(obj: Any, part: str) -> Any:
-    """``obj``'s member ``part`` with aliases followed; None when absent, ``True`` when it is
-    re-exported from outside tallow (nothing further can be checked)."""
-    members = getattr(obj, "members", None)
-    if members is None or part not in members:
+def _lazy_target(module: Any, part: str) -> str | None:
+    """Where a module's ``__getattr__`` finds ``part``, from its ``_LAZY`` table, which static
+    analysis cannot follow: ``{"LLM": "tallow.engine.llm:LLM"}`` (a full target) or
+    ``{"PagedRunner": "paged_runner"}`` (a submodule holding the name)."""
+    table = module.members.get("_LAZY") if getattr(module, "is_module", False) else None
+    try:
+        lazy = ast.literal_eval(str(table.value)) if table is not None else {}
+    except (ValueError, SyntaxError):
         return None
+    target = lazy.get(part) if isinstance(lazy, dict) else None
+    if not isinstance(target, str):
+        return None
+    if ":" in target:
+        return target.replace(":", ".")
+    return f"{module.path}.{target}.{part}"
+
+
+def _member(obj: Any, part: str) -> Any:
+    """``obj``'s member ``part`` with aliases and lazy exports followed; None when absent,
+    ``True`` when it comes from outside tallow (nothing further can be checked)."""
+    members = getattr(obj, "members", None)
+    if members is None:
+        return None
+    if part not in members:
+        lazy = _lazy_target(obj, part)
+        if lazy is None:
+            return None
+        try:
+            return obj.modules_collection[lazy]
+        except KeyError:
+            return None
     member = members[part]
     if member.is_alias:
         try:

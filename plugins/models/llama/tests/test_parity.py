@@ -57,7 +57,8 @@ def _hf_generate(model, prompt: list[int]):
     return tokens, [step[0] for step in out.logits], prompt_logits
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+# plain Llama, Mistral, Qwen2 and Qwen3 configs: test_conformance.py
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in ("qwen2", "qwen3")])
 def test_greedy_parity(name, tmp_path, kit):
     config = CONFIGS[name]()
     hf = kit.build_hf(config, tmp_path, seed=zlib.crc32(name.encode()) % 1000)
