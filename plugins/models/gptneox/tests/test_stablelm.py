@@ -1,5 +1,5 @@
-"""StableLM: parity with transformers through tallow.LLM on tiny random models, one per switch
-of the architecture, and its per-head q/k norms' loading."""
+"""StableLM's loading: per-head q/k norms, the parallel residual's single norm, and what it
+refuses. Its parity with transformers is in test_conformance.py."""
 
 from __future__ import annotations
 
@@ -11,20 +11,6 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext, WeightLoadError  # noqa: E402
 
 from tallow_gptneox.stablelm import StableLmForCausalLM  # noqa: E402
-
-CONFIGS = {
-    "stablelm-3b": {},  # sequential residual, no biases, half of each head rotated
-    "parallel-qkv-bias": dict(use_parallel_residual=True, use_qkv_bias=True,
-                              partial_rotary_factor=0.25, rope_theta=500.0),
-    "qk-layernorm-tied": dict(qk_layernorm=True, tie_word_embeddings=True,
-                              num_key_value_heads=4),
-}
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_parity(name, tmp_path, neox):
-    hf = neox.save_tiny(tmp_path, seed=len(name), model_type="stablelm", **CONFIGS[name])
-    neox.assert_greedy_parity(tmp_path, hf, name)
 
 
 def _state(**overrides):
