@@ -2,10 +2,11 @@
 
 Each layer is ``x = LN(x + attn(x))``, ``x = LN(x + ffn(x))`` with bidirectional attention
 (``Attention(..., causal=False)``: every token sees the whole input), LayerNorms with a bias and
-a GELU feed-forward. The input is the sum of the token, absolute position and token-type
-embeddings, normalized. Inputs are single texts, so every token has type 0. RoBERTa and
-XLM-RoBERTa count positions from ``pad_token_id + 1`` (their position table keeps the first
-rows for padding) and have one token type.
+a GELU feed-forward (``hidden_act`` by name, :func:`tallow.layers.get_act`). The input is the
+sum of the token, absolute position and token-type embeddings, normalized. Inputs are single
+texts, so every token has type 0. RoBERTa and XLM-RoBERTa count positions from
+``pad_token_id + 1`` (their position table keeps the first rows for padding) and have one
+token type.
 
 The model makes hidden states only; the engine pools them into embeddings
 (:mod:`tallow.layers.pooling`). Checkpoint names: :mod:`tallow_bert.naming`.
@@ -13,44 +14,17 @@ The model makes hidden states only; the engine pools them into embeddings
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, ColumnParallelLinear, EncoderModel, QKVParallelLinear,
-    RowParallelLinear, VocabEmbedding, default_weight_loader,
+    ArchConfig, Attention, BuildContext, ColumnParallelLinear, EncoderModel, LayerNorm,
+    QKVParallelLinear, RowParallelLinear, VocabEmbedding, default_weight_loader, get_act,
 )
 
 from .naming import hf_name_map
-
-#: transformers' activation names of BERT-family configs
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-}
-
-
-def _require(config: ArchConfig, key: str) -> Any:
-    value = config.get(key)
-    if value is None:
-        raise ValueError(f"model config: {key!r} is required")
-    return value
-
-
-def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"model config: hidden_act {name!r} is not supported (expected one of "
-                         f"{', '.join(sorted(_ACTIVATIONS))})") from None
 
 
 def _table(rows: int, dim: int, build: BuildContext) -> nn.Parameter:
@@ -60,37 +34,21 @@ def _table(rows: int, dim: int, build: BuildContext) -> nn.Parameter:
     return param
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm with weight and bias; statistics in float32 whatever the model's dtype."""
-
-    def __init__(self, hidden: int, eps: float, build: BuildContext) -> None:
-        super().__init__()
-        self.eps = float(eps)
-        self.weight = nn.Parameter(torch.ones(hidden, dtype=build.dtype, device=build.device),
-                                   requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(hidden, dtype=build.dtype, device=build.device),
-                                 requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), self.bias.float(),
-                           self.eps)
-        return out.to(x.dtype)
-
-
 class BertEmbeddings(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext, position_offset: int) -> None:
         super().__init__()
-        hidden = int(_require(config, "hidden_size"))
+        hidden = int(config.require("hidden_size"))
         self.position_offset = position_offset
-        self.word_embeddings = VocabEmbedding(int(_require(config, "vocab_size")), hidden,
+        self.word_embeddings = VocabEmbedding(int(config.require("vocab_size")), hidden,
                                               build=build, prefix="embeddings.word_embeddings")
         self.position_embeddings = nn.Module()
         self.position_embeddings.weight = _table(
-            int(_require(config, "max_position_embeddings")), hidden, build)
+            int(config.require("max_position_embeddings")), hidden, build)
         self.token_type_embeddings = nn.Module()
         self.token_type_embeddings.weight = _table(int(config.get("type_vocab_size") or 2),
                                                    hidden, build)
-        self.LayerNorm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-12)), build)
+        self.LayerNorm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-12)),
+                                   build=build)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.word_embeddings(input_ids)
@@ -103,7 +61,7 @@ class BertSelfAttention(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext, layer: int, prefix: str) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
-        heads = int(_require(config, "num_attention_heads"))
+        heads = int(config.require("num_attention_heads"))
         if hidden % heads:
             raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
                              f"num_attention_heads {heads}")
@@ -126,7 +84,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = RowParallelLinear(in_features, hidden, True, build=build,
                                        prefix=f"{prefix}.dense")
-        self.LayerNorm = LayerNorm(hidden, eps, build)
+        self.LayerNorm = LayerNorm(hidden, eps, build=build)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dense(x))
@@ -148,9 +106,9 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext, prefix: str) -> None:
         super().__init__()
         self.dense = ColumnParallelLinear(int(config.hidden_size),
-                                          int(_require(config, "intermediate_size")), True,
+                                          int(config.require("intermediate_size")), True,
                                           build=build, prefix=f"{prefix}.dense")
-        self.act = _activation(str(config.get("hidden_act", "gelu")))
+        self.act = get_act(str(config.get("hidden_act", "gelu")))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(x))
@@ -174,7 +132,7 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext) -> None:
         super().__init__()
-        n_layers = int(_require(config, "num_hidden_layers"))
+        n_layers = int(config.require("num_hidden_layers"))
         self.layer = nn.ModuleList(BertLayer(config, build, i) for i in range(n_layers))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
