@@ -167,3 +167,14 @@ def test_async_engine_embeds_concurrently_and_cancels(tiny_qwen3: Path) -> None:
         assert got.prompt_token_ids == want.prompt_token_ids
         torch.testing.assert_close(torch.tensor(got.embedding), torch.tensor(want.embedding),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_warm_up_of_an_embedding_engine_leaves_no_trace(tiny_qwen3: Path) -> None:
+    """The start-up warm-up (run on GPUs) sends embedding steps, not generation ones."""
+    llm = _llm(tiny_qwen3, task="embed")
+    core = llm.engine.core
+    core.warm_up()
+    bm = core.scheduler.block_manager
+    assert not core.has_unfinished() and core.steps == 0
+    assert bm.num_free_blocks == bm.num_total_blocks
+    assert len(llm.embed(INPUTS[:2])) == 2
