@@ -22,6 +22,9 @@ from .rotary import (
     compute_inv_freq, get_rope, rope_parameters,
 )
 from .weight_names import WeightLoadError, WeightMatch, WeightNameMap, WeightRule
+from .context_length import context_lengths
+from .rope_scaling import LongRoPERotaryEmbedding, longrope_attention_factor, longrope_rotary
+from .sharded_norm import ShardedRMSNorm
 
 __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
@@ -35,4 +38,6 @@ __all__ = [
     "RotaryEmbedding", "DynamicNTKRotaryEmbedding", "get_rope", "apply_rotary",
     "compute_inv_freq", "rope_parameters", "SUPPORTED_ROPE_TYPES",
     "WeightRule", "WeightNameMap", "WeightMatch", "WeightLoadError",
+    "context_lengths", "LongRoPERotaryEmbedding", "longrope_attention_factor",
+    "longrope_rotary", "ShardedRMSNorm",
 ]

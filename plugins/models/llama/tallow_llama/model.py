@@ -62,7 +62,8 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
                  rotary: RotaryEmbedding, *, head_dim: int, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, sliding_window: int | None, prefix: str) -> None:
+                 qk_norm: bool, sliding_window: int | None, prefix: str,
+                 scale: float | None = None) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
@@ -80,7 +81,8 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary
         self.attn = Attention(layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, scale=head_dim ** -0.5, sliding_window=sliding_window)
+                              head_dim, scale=head_dim ** -0.5 if scale is None else scale,
+                              sliding_window=sliding_window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -91,13 +93,17 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm)."""
+    """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm).
+
+    ``residual_multiplier`` scales each block's output before it joins the stream (Granite).
+    """
 
     def __init__(self, attn: LlamaAttention, mlp: LlamaMLP, hidden: int, eps: float,
-                 build: BuildContext) -> None:
+                 build: BuildContext, residual_multiplier: float = 1.0) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
+        self.residual_multiplier = float(residual_multiplier)
         self.input_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
 
@@ -109,12 +115,22 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self.mlp(hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm."""
+    """Embedding, decoder layers, final norm.
+
+    The owning model class builds each layer's attention and the layer itself
+    (``build_attention``, ``build_decoder_layer``), so families that differ only there reuse
+    the rest.
+    """
 
     def __init__(self, owner: "LlamaForCausalLM", config: ArchConfig,
                  build: BuildContext) -> None:
@@ -129,26 +145,27 @@ class LlamaModel(nn.Module):
         base, scaling, partial = rope_parameters(config)
         max_position = int(config.get("max_position_embeddings") or 2048)
         self.rotary_emb = get_rope(head_dim, int(head_dim * partial), max_position, base,
-                                   scaling, is_neox_style=True, device=build.device)
+                                   scaling, is_neox_style=owner.rope_neox_style,
+                                   device=build.device)
         self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
                                            prefix="model.embed_tokens")
         act = config.get("hidden_act", "silu")
+        self.embedding_multiplier = owner.embedding_multiplier(config)
         layers = []
         for i in range(n_layers):
             prefix = f"model.layers.{i}"
-            attn = LlamaAttention(
-                config, build, i, self.rotary_emb, head_dim=head_dim,
-                qkv_bias=owner.qkv_bias(config), o_bias=owner.o_bias(config),
-                qk_norm=owner.qk_norm, sliding_window=owner.layer_sliding_window(config, i),
-                prefix=f"{prefix}.self_attn")
+            attn = owner.build_attention(config, build, i, self.rotary_emb, head_dim,
+                                         f"{prefix}.self_attn")
             mlp = LlamaMLP(hidden, intermediate, act, owner.mlp_bias(config), build,
                            f"{prefix}.mlp")
-            layers.append(LlamaDecoderLayer(attn, mlp, hidden, eps, build))
+            layers.append(owner.build_decoder_layer(config, build, attn, mlp))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden, eps, build=build)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
@@ -163,6 +180,7 @@ class LlamaForCausalLM(CausalLM):
     gguf_architectures: ClassVar[tuple[str, ...]] = ("llama",)
     model_type: ClassVar[str] = "llama"
     qk_norm: ClassVar[bool] = False
+    rope_neox_style: ClassVar[bool] = True
     weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=True)}
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
@@ -186,6 +204,33 @@ class LlamaForCausalLM(CausalLM):
 
     def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
         return None
+
+    def attention_scale(self, config: ArchConfig, head_dim: int) -> float | None:
+        """The softmax scale of q·k; None for ``1 / sqrt(head_dim)``."""
+        return None
+
+    def embedding_multiplier(self, config: ArchConfig) -> float:
+        return 1.0
+
+    def residual_multiplier(self, config: ArchConfig) -> float:
+        return 1.0
+
+    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
+                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+        """The attention block of decoder layer ``layer``."""
+        return LlamaAttention(
+            config, build, layer, rotary, head_dim=head_dim, qkv_bias=self.qkv_bias(config),
+            o_bias=self.o_bias(config), qk_norm=self.qk_norm,
+            sliding_window=self.layer_sliding_window(config, layer), prefix=prefix,
+            scale=self.attention_scale(config, head_dim))
+
+    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
+                            mlp: LlamaMLP) -> nn.Module:
+        """One decoder layer around ``attn`` and ``mlp``: ``forward(positions, hidden,
+        residual) -> (hidden, residual)``, the residual add deferred to the next norm."""
+        return LlamaDecoderLayer(attn, mlp, int(config.hidden_size),
+                                 float(config.get("rms_norm_eps", 1e-6)), build,
+                                 self.residual_multiplier(config))
 
     # -- running ---------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

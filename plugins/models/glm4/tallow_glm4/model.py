@@ -1,0 +1,70 @@
+"""GLM-4 (the 0414 family: ``Glm4ForCausalLM``, GLM-4-9B/32B-0414, GLM-Z1): the Llama decoder with
+
+- two more norms per layer: ``post_self_attn_layernorm`` on the attention output and
+  ``post_mlp_layernorm`` on the MLP output, each before its residual add (four norms in all);
+- partial rotary (``partial_rotary_factor``, 0.5 in the released models) in GLM's interleaved
+  layout: feature ``2i`` pairs with ``2i + 1`` (GPT-J style), over the first
+  ``head_dim * partial_rotary_factor`` features of each head;
+- biases on q, k and v (``attention_bias``, on by default), none on the output projection or
+  the MLP; gate and up stored fused (``gate_up_proj``) in the checkpoint.
+
+Tensor names, HF and GGUF, are listed in :mod:`tallow_glm4.naming`. A GGUF config is completed by
+the Llama family's ``config_from_gguf``: the rotary size (``rope.dimension_count``) gives the
+partial rotary factor, the tensors say whether q, k and v have biases.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tallow.layers import ArchConfig, BuildContext, RMSNorm
+from tallow_llama.model import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+
+from .naming import gguf_name_map, hf_name_map
+
+
+class Glm4DecoderLayer(LlamaDecoderLayer):
+    """Pre-norm attention and MLP blocks whose outputs are normed again before they join the
+    residual stream (the adds are deferred into the next pre-norm, as in Llama)."""
+
+    def __init__(self, attn: nn.Module, mlp: LlamaMLP, hidden: int, eps: float,
+                 build: BuildContext) -> None:
+        super().__init__(attn, mlp, hidden, eps, build)
+        self.post_self_attn_layernorm = RMSNorm(hidden, eps, build=build)
+        self.post_mlp_layernorm = RMSNorm(hidden, eps, build=build)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_self_attn_layernorm(self.self_attn(positions, hidden))
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.post_mlp_layernorm(self.mlp(hidden)), residual
+
+
+class Glm4ForCausalLM(LlamaForCausalLM):
+    """GLM-4-0414 (see the module docstring)."""
+
+    hf_architectures = ("Glm4ForCausalLM",)
+    gguf_architectures = ("glm4",)
+    model_type = "glm4"
+    rope_neox_style = False
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map()}
+
+    def qkv_bias(self, config: ArchConfig) -> bool:
+        return bool(config.get("attention_bias", True))
+
+    def o_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def mlp_bias(self, config: ArchConfig) -> bool:
+        return False
+
+    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
+                            mlp: LlamaMLP) -> nn.Module:
+        return Glm4DecoderLayer(attn, mlp, int(config.hidden_size),
+                                float(config.get("rms_norm_eps", 1e-6)), build)
