@@ -1,4 +1,5 @@
-"""GLM-4 (the 0414 family: ``Glm4ForCausalLM``, GLM-4-9B/32B-0414, GLM-Z1): the Llama decoder with
+"""GLM-4, the 0414 family (``Glm4ForCausalLM``: GLM-4-9B/32B-0414, GLM-Z1): the Llama decoder
+with
 
 - two more norms per layer: ``post_self_attn_layernorm`` on the attention output and
   ``post_mlp_layernorm`` on the MLP output, each before its residual add (four norms in all);
@@ -8,12 +9,15 @@
 - biases on q, k and v (``attention_bias``, on by default), none on the output projection or
   the MLP; gate and up stored fused (``gate_up_proj``) in the checkpoint.
 
+A config without ``partial_rotary_factor`` rotates half of each head, as transformers assumes.
 Tensor names, HF and GGUF, are listed in :mod:`tallow_glm4.naming`. A GGUF config is completed by
 the Llama family's ``config_from_gguf``: the rotary size (``rope.dimension_count``) gives the
 partial rotary factor, the tensors say whether q, k and v have biases.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,6 +59,12 @@ class Glm4ForCausalLM(LlamaForCausalLM):
     rope_neox_style = False
     weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map()}
 
+    def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
+        cfg = ArchConfig(config)
+        # transformers' default for GLM-4 configs that do not say (rope_parameters wins)
+        cfg.setdefault("partial_rotary_factor", 0.5)
+        super().__init__(cfg, build)
+
     def qkv_bias(self, config: ArchConfig) -> bool:
         return bool(config.get("attention_bias", True))
 
@@ -68,3 +78,10 @@ class Glm4ForCausalLM(LlamaForCausalLM):
                             mlp: LlamaMLP) -> nn.Module:
         return Glm4DecoderLayer(attn, mlp, int(config.hidden_size),
                                 float(config.get("rms_norm_eps", 1e-6)), build)
+
+    @classmethod
+    def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        cfg = super().config_from_gguf(metadata, config)
+        # the file states its rotary size; without a partial factor it rotates whole heads
+        cfg.setdefault("partial_rotary_factor", 1.0)
+        return cfg

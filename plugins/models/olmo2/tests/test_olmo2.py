@@ -1,0 +1,160 @@
+"""OLMo 2 against transformers on tiny random models (safetensors and GGUF), and the plugin's
+registration.
+
+A model is saved by transformers, read back through a weight format into ``Olmo2ForCausalLM``
+and run through a paged KV cache: the prompt's logits, 20 greedy tokens and every step's logits
+must match transformers' forward and greedy ``generate``. The GGUF file is written with the
+``gguf`` package's own name map for ``olmo2`` (what llama.cpp's converter uses).
+"""
+
+from __future__ import annotations
+
+import zlib
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
+
+from tallow.layers import ArchConfig, BuildContext  # noqa: E402
+from tallow.plugin import ArchitectureRegistry  # noqa: E402
+from tallow.plugin.model_testing import (  # noqa: E402
+    PagedRunner, assert_close_logits, assert_greedy_parity, gguf_tensors, load_model,
+    random_hf_model, write_gguf,
+)
+from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
+from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
+
+from tallow_olmo2 import plugin  # noqa: E402
+from tallow_olmo2.model import Olmo2ForCausalLM  # noqa: E402
+
+STEPS = 20
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
+             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+             pad_token_id=None)
+CONFIGS = {
+    "olmo2-tied": lambda: transformers.Olmo2Config(**SMALL, tie_word_embeddings=True),
+    "olmo2-bias-mha": lambda: transformers.Olmo2Config(
+        **{**SMALL, "num_key_value_heads": 4}, attention_bias=True, rope_theta=500000.0),
+}
+PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
+
+
+def _hf(name: str):
+    return random_hf_model(CONFIGS[name](), seed=zlib.crc32(name.encode()) % 1000)
+
+
+def _load_safetensors(hf, path, **kw) -> Olmo2ForCausalLM:
+    hf.save_pretrained(str(path), safe_serialization=True)
+    ckpt = SafetensorsFormat().load(str(path))
+    assert ckpt.architecture == "Olmo2ForCausalLM"
+    return load_model(Olmo2ForCausalLM, ckpt, **kw)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_parity(name, tmp_path):
+    hf = _hf(name)
+    model = _load_safetensors(hf, tmp_path)
+    attn = model.model.layers[0].self_attn
+    assert attn.q_norm.weight.shape == (64,) and attn.k_norm.weight.shape == (
+        16 * hf.config.num_key_value_heads,)
+    assert not hasattr(model.model.layers[0], "input_layernorm")
+    assert_greedy_parity(model, hf, PROMPT, STEPS, what=name)
+
+
+def test_flat_batch_of_two_sequences(tmp_path):
+    """Two sequences share steps: one prefilled in two chunks beside the other's prefill and
+    decode; each matches its own transformers forward."""
+    hf = _hf("olmo2-tied")
+    model = _load_safetensors(hf, tmp_path)
+    a, b = PROMPT[:7], PROMPT + [8]
+    runner = PagedRunner(model)
+    runner.add(0)
+    runner.add(1)
+    first_a, first_b = runner.step([(0, a[:4]), (1, b)])
+    second_a, second_b = runner.step([(0, a[4:]), (1, [99])])
+    with torch.no_grad():
+        ref_a = hf(torch.tensor([a])).logits[0]
+        ref_b = hf(torch.tensor([b + [99]])).logits[0]
+    assert_close_logits(torch.cat([first_a, second_a]), ref_a, "sequence a")
+    assert_close_logits(torch.cat([first_b, second_b]), ref_b, "sequence b")
+
+
+def test_gguf_matches_transformers(tmp_path):
+    from tallow_gguf.format import GGUFFormat
+
+    hf = _hf("olmo2-tied")
+    cfg = hf.config
+    # tied: like llama.cpp's converter, no output.weight; the head ties to token_embd
+    tensors = list(gguf_tensors(hf.state_dict(), "olmo2", cfg.num_hidden_layers,
+                                skip=("lm_head.weight",)))
+    names = {name for name, _ in tensors}
+    assert {"blk.0.attn_q_norm.weight", "blk.0.post_attention_norm.weight",
+            "blk.0.post_ffw_norm.weight"} <= names
+    assert "blk.0.attn_norm.weight" not in names and "blk.0.ffn_norm.weight" not in names
+    path = tmp_path / "olmo2.gguf"
+    write_gguf(path, "olmo2", {
+        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+        "attention.head_count": cfg.num_attention_heads,
+        "attention.head_count_kv": cfg.num_key_value_heads,
+        "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+        "rope.dimension_count": 16, "rope.freq_base": 10000.0,
+    }, tensors, cfg.vocab_size)
+    ckpt = GGUFFormat().load(str(path))
+    config = Olmo2ForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
+    assert config["architectures"] == ["Olmo2ForCausalLM"]
+    model = load_model(Olmo2ForCausalLM, ckpt, config=config)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert_greedy_parity(model, hf, PROMPT, STEPS, what="olmo2 GGUF")
+
+
+@pytest.mark.parametrize("tp,kv_heads", [(2, 2), (4, 2), (4, 1)])
+def test_sharded_qk_norms_slice_their_weights(tp, kv_heads):
+    """Under tensor parallelism each rank's q/k norm holds the weight slice of its heads;
+    ranks that replicate a KV head hold the same slice."""
+    cfg = ArchConfig({**SMALL, "num_attention_heads": 4, "num_key_value_heads": kv_heads})
+    full_q, full_k = torch.arange(64.0), torch.arange(16.0 * kv_heads)
+    for rank in range(tp):
+        model = Olmo2ForCausalLM(cfg, BuildContext(tp_rank=rank, tp_size=tp))
+        attn = model.model.layers[0].self_attn
+        for norm, full in ((attn.q_norm, full_q), (attn.k_norm, full_k)):
+            norm.weight.weight_loader(norm.weight, full)
+        q_rows = 64 // tp
+        k_rows = 16 * max(1, kv_heads // tp)
+        k_slice = rank // max(1, tp // kv_heads)
+        torch.testing.assert_close(attn.q_norm.weight, full_q[rank * q_rows:(rank + 1) * q_rows])
+        torch.testing.assert_close(attn.k_norm.weight,
+                                   full_k[k_slice * k_rows:(k_slice + 1) * k_rows])
+
+
+def test_registration_is_lazy():
+    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
+    assert eps["tallow-olmo2"] == "tallow_olmo2.plugin"
+    registry = ArchitectureRegistry()
+    plugin.tallow_register_architectures(registry)
+    assert registry.get("Olmo2ForCausalLM") is Olmo2ForCausalLM
+    assert registry.for_gguf("olmo2").name == "Olmo2ForCausalLM"
+    assert modules_imported_by_registration("tallow_olmo2.plugin",
+                                            "tallow_register_architectures",
+                                            "ArchitectureRegistry") == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parity_on_cuda(name, tmp_path):
+    """On the GPU (Triton rotary and norm kernels), float32 against transformers on the CPU;
+    bfloat16 stays near it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = _hf(name)
+    model = _load_safetensors(hf, tmp_path / "f32", device="cuda")
+    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
+    assert_greedy_parity(model, hf, PROMPT, STEPS, what=f"{name} on cuda")
+    m16 = _load_safetensors(hf, tmp_path / "bf16", dtype=torch.bfloat16, device="cuda")
+    l16 = PagedRunner(m16).greedy(0, PROMPT, 0)[2]
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPT])).logits[0]
+    assert_close_logits(l16.cpu(), ref, f"{name}: bfloat16 prompt logits", rel=5e-2)
