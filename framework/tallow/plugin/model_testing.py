@@ -31,7 +31,9 @@ from tallow.layers.torch_attention import TorchAttentionBackend
 
 __all__ = [
     "PagedRunner", "randomize_", "random_hf_model", "hf_greedy", "assert_close_logits",
-    "assert_greedy_parity", "load_model", "gguf_tensors", "write_gguf", "read_gguf",
+    "assert_greedy_parity", "assert_cuda_parity", "assert_registers_architecture",
+    "assert_engine_greedy", "save_placeholder_tokenizer",
+    "load_model", "load_saved", "gguf_tensors", "gguf_metadata", "write_gguf", "read_gguf",
 ]
 
 
@@ -191,6 +193,72 @@ def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20
     return tokens
 
 
+def assert_cuda_parity(load: Callable[..., Any], hf: Any, prompt: list[int], steps: int = 20,
+                       *, what: str = "", bf16_rel: float = 5e-2) -> None:
+    """On a CUDA device: ``load(dtype=torch.float32, device="cuda")`` has every parameter and
+    buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
+    the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives prompt logits within
+    ``bf16_rel`` of it."""
+    model = load(dtype=torch.float32, device="cuda")
+    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
+    assert_greedy_parity(model, hf, prompt, steps, what=f"{what} on cuda")
+    low = load(dtype=torch.bfloat16, device="cuda")
+    logits = PagedRunner(low).greedy(0, prompt, 0)[2]
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
+
+
+def assert_registers_architecture(plugin_module: str, distribution: str, cls: type) -> None:
+    """The installed distribution's ``tallow`` entry point is ``plugin_module``, which registers
+    ``cls`` lazily under each of its HF architectures and GGUF architecture names, importing no
+    torch while it does."""
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
+    from .registry import ArchitectureRegistry
+    from .testing import modules_imported_by_registration
+
+    found = {ep.name: ep.value for ep in entry_points(group="tallow")}.get(distribution)
+    assert found == plugin_module, f"entry point of {distribution}: {found!r}"
+    registry = ArchitectureRegistry()
+    import_module(plugin_module).tallow_register_architectures(registry)
+    for name in cls.hf_architectures:
+        assert registry.entry(name).lazy and registry.get(name) is cls, name
+    for arch in cls.gguf_architectures:
+        assert registry.for_gguf(arch).name in cls.hf_architectures, arch
+    assert modules_imported_by_registration(plugin_module, "tallow_register_architectures",
+                                            "ArchitectureRegistry") == []
+
+
+def save_placeholder_tokenizer(path: str | Path, vocab_size: int) -> None:
+    """Write a ``tokenizer.json`` whose token ``i`` is the word ``t<i>`` into the model
+    directory ``path``: enough for the engine to load a random model that is prompted with
+    token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)},
+                                           unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(Path(path) / "tokenizer.json"))
+
+
+def assert_engine_greedy(path: str | Path, hf: Any, prompts: list[list[int]], steps: int = 20,
+                         **llm_kwargs: Any) -> None:
+    """The whole engine (:class:`tallow.LLM` on the model directory ``path``, which needs a
+    tokenizer: :func:`save_placeholder_tokenizer`) generates transformers' greedy tokens for
+    every prompt, all prompts in one batch. ``llm_kwargs`` go to ``LLM`` (``device``,
+    ``dtype`` — float32 unless given —, ``block_size``, ...)."""
+    from tallow import LLM, SamplingParams
+
+    llm = LLM(model=str(path), **{"dtype": "float32", **llm_kwargs})
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps,
+                                                ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        expected = hf_greedy(hf, prompt, steps)[0]
+        assert out.outputs[0].token_ids == expected, f"prompt {prompt}"
+
+
 def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", config: Mapping[str, Any] | None = None
                ) -> Any:
@@ -200,6 +268,21 @@ def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32
     model = cls(ArchConfig(dict(config if config is not None else checkpoint.config)), build)
     model.load_weights(checkpoint.tensors(), naming=checkpoint.naming)
     return model.eval()
+
+
+def load_saved(hf: Any, path: str | Path, cls: type, read: Callable[[str], Any], *,
+               config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
+    holds it is reused), read it back with a weight format's ``read`` (``SafetensorsFormat()
+    .load``), check the architecture it reports, and :func:`load_model` ``cls`` from it;
+    ``config`` entries replace the checkpoint's."""
+    path = Path(path)
+    if not (path / "config.json").exists():
+        hf.save_pretrained(str(path), safe_serialization=True)
+    checkpoint = read(str(path))
+    assert checkpoint.architecture in cls.hf_architectures, checkpoint.architecture
+    return load_model(cls, checkpoint, config={**checkpoint.config, **(config or {})},
+                      **kwargs)
 
 
 def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, *,
@@ -225,6 +308,31 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
         if transform is not None:
             array = transform(name, array)
         yield mapped, np.ascontiguousarray(array)
+
+
+def gguf_metadata(config: Any, **extra: Any) -> dict[str, Any]:
+    """The architecture keys llama.cpp's converter writes for a transformers ``config`` (sizes,
+    heads, norm epsilon, RoPE base and rotated features), without the ``<arch>.`` prefix, for
+    :func:`write_gguf`; ``extra`` adds or replaces keys."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor",
+                                                           None) or 1.0
+    metadata: dict[str, Any] = {
+        "block_count": config.num_hidden_layers,
+        "context_length": config.max_position_embeddings,
+        "embedding_length": config.hidden_size,
+        "feed_forward_length": config.intermediate_size,
+        "attention.head_count": heads,
+        "attention.head_count_kv": config.num_key_value_heads or heads,
+        "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        "rope.freq_base": float(rope.get("rope_theta") or getattr(config, "rope_theta", 1e4)),
+        "rope.dimension_count": int(head_dim * partial),
+    }
+    if head_dim != config.hidden_size // heads:
+        metadata["attention.key_length"] = metadata["attention.value_length"] = head_dim
+    return {**metadata, **extra}
 
 
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],

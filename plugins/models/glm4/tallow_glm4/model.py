@@ -38,16 +38,11 @@ class Glm4DecoderLayer(LlamaDecoderLayer):
         self.post_self_attn_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_mlp_layernorm = RMSNorm(hidden, eps, build=build)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.post_self_attn_layernorm(self.self_attn(positions, hidden))
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.post_mlp_layernorm(self.mlp(hidden)), residual
+    def attention_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.post_self_attn_layernorm(hidden)
+
+    def mlp_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.post_mlp_layernorm(hidden)
 
 
 class Glm4ForCausalLM(LlamaForCausalLM):

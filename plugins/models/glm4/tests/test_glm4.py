@@ -1,16 +1,11 @@
-"""GLM-4 against transformers on tiny random models (safetensors and GGUF), and the plugin's
-registration.
-
-A model is saved by transformers, read back through a weight format into ``Glm4ForCausalLM``
-and run through a paged KV cache: the prompt's logits, 20 greedy tokens and every step's logits
-must match transformers' forward and greedy ``generate``. The GGUF file is written with the
-``gguf`` package's own name map for ``glm4`` (what llama.cpp's converter uses).
-"""
+"""GLM-4 against transformers: tiny random models saved as safetensors and as GGUF (named by
+the ``gguf`` package's map for ``glm4``), run through a paged KV cache — prompt logits, 20
+greedy tokens and every step's logits (:func:`assert_greedy_parity`) — plus the interleaved
+rotary layout, the default partial factor and the registration."""
 
 from __future__ import annotations
 
 import zlib
-from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -18,15 +13,13 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin import ArchitectureRegistry  # noqa: E402
 from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_greedy_parity, gguf_tensors, load_model,
-    random_hf_model, write_gguf,
+    PagedRunner, assert_cuda_parity, assert_engine_greedy, assert_greedy_parity,
+    assert_registers_architecture, gguf_metadata, gguf_tensors, load_model, load_saved,
+    random_hf_model, save_placeholder_tokenizer, write_gguf,
 )
-from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
-from tallow_glm4 import plugin  # noqa: E402
 from tallow_glm4.model import Glm4ForCausalLM  # noqa: E402
 
 STEPS = 20
@@ -50,10 +43,7 @@ def _hf(name: str):
 
 
 def _load_safetensors(hf, path, **kw) -> Glm4ForCausalLM:
-    hf.save_pretrained(str(path), safe_serialization=True)
-    ckpt = SafetensorsFormat().load(str(path))
-    assert ckpt.architecture == "Glm4ForCausalLM"
-    return load_model(Glm4ForCausalLM, ckpt, **kw)
+    return load_saved(hf, path, Glm4ForCausalLM, SafetensorsFormat().load, **kw)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -96,14 +86,9 @@ def test_gguf_matches_transformers(tmp_path):
     assert {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight",
             "blk.0.ffn_norm.weight", "blk.0.attn_q.bias"} <= names
     path = tmp_path / "glm4.gguf"
-    write_gguf(path, "glm4", {
-        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads, "attention.key_length": 16,
-        "attention.value_length": 16, "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-        "rope.dimension_count": 8, "rope.freq_base": 10000.0,
-    }, tensors, cfg.vocab_size)
+    metadata = gguf_metadata(cfg)
+    assert metadata["rope.dimension_count"] == 8
+    write_gguf(path, "glm4", metadata, tensors, cfg.vocab_size)
     ckpt = GGUFFormat().load(str(path))
     config = Glm4ForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     assert config["partial_rotary_factor"] == 0.5 and config["attention_bias"] is True
@@ -111,15 +96,18 @@ def test_gguf_matches_transformers(tmp_path):
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="glm4 GGUF")
 
 
+def test_through_the_engine(tmp_path):
+    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
+    greedy tokens of two prompts batched together are transformers'."""
+    hf = _hf("glm4")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
+                         num_blocks=64, block_size=4)
+
+
 def test_registration_is_lazy():
-    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
-    assert eps["tallow-glm4"] == "tallow_glm4.plugin"
-    registry = ArchitectureRegistry()
-    plugin.tallow_register_architectures(registry)
-    assert registry.get("Glm4ForCausalLM") is Glm4ForCausalLM
-    assert registry.for_gguf("glm4").name == "Glm4ForCausalLM"
-    assert modules_imported_by_registration("tallow_glm4.plugin", "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert_registers_architecture("tallow_glm4.plugin", "tallow-glm4", Glm4ForCausalLM)
 
 
 @pytest.mark.gpu
@@ -130,11 +118,16 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    model = _load_safetensors(hf, tmp_path / "f32", device="cuda")
-    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
-    assert_greedy_parity(model, hf, PROMPT, STEPS, what=f"{name} on cuda")
-    m16 = _load_safetensors(hf, tmp_path / "bf16", dtype=torch.bfloat16, device="cuda")
-    l16 = PagedRunner(m16).greedy(0, PROMPT, 0)[2]
-    with torch.no_grad():
-        ref = hf(torch.tensor([PROMPT])).logits[0]
-    assert_close_logits(l16.cpu(), ref, f"{name}: bfloat16 prompt logits", rel=5e-2)
+    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
+                       what=name)
+
+
+@pytest.mark.gpu
+def test_through_the_engine_on_cuda(tmp_path):
+    """The engine on the GPU: Triton attention, CUDA graphs for the decode steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = _hf("glm4")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")

@@ -1,18 +1,11 @@
-"""Granite 3 against transformers on tiny random models (safetensors and GGUF), and the plugin's
-registration.
-
-A model is saved by transformers, read back through a weight format into ``GraniteForCausalLM``
-and run through a paged KV cache: the prompt's logits, 20 greedy tokens and every step's logits
-must match transformers' forward and greedy ``generate``. The multipliers are far from 1 so that
-a missing one shows. The GGUF file is written like llama.cpp's converter writes ``granite``:
-the ``gguf`` package's name map, Q/K rows permuted as for ``llama``, the multipliers under their
-``*_scale`` keys.
-"""
+"""Granite 3 against transformers on tiny random models, its multipliers far from 1 so that a
+missing one shows: from safetensors, and from a GGUF file as llama.cpp's converter writes
+``granite`` (the ``gguf`` package's name map, Q/K rows permuted as for ``llama``, the
+multipliers under their ``*_scale`` keys); registration."""
 
 from __future__ import annotations
 
 import zlib
-from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -20,15 +13,13 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin import ArchitectureRegistry  # noqa: E402
 from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_greedy_parity, gguf_tensors, load_model,
-    random_hf_model, write_gguf,
+    PagedRunner, assert_cuda_parity, assert_engine_greedy, assert_greedy_parity,
+    assert_registers_architecture, gguf_metadata, gguf_tensors, load_model, load_saved,
+    random_hf_model, save_placeholder_tokenizer, write_gguf,
 )
-from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
-from tallow_granite import plugin  # noqa: E402
 from tallow_granite.model import GraniteForCausalLM  # noqa: E402
 
 STEPS = 20
@@ -55,10 +46,7 @@ def _hf(name: str):
 
 
 def _load_safetensors(hf, path, **kw) -> GraniteForCausalLM:
-    hf.save_pretrained(str(path), safe_serialization=True)
-    ckpt = SafetensorsFormat().load(str(path))
-    assert ckpt.architecture == "GraniteForCausalLM"
-    return load_model(GraniteForCausalLM, ckpt, **kw)
+    return load_saved(hf, path, GraniteForCausalLM, SafetensorsFormat().load, **kw)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -73,9 +61,7 @@ def test_greedy_parity(name, tmp_path):
 def test_every_multiplier_matters(key, tmp_path):
     """Setting one multiplier back to 1 changes the logits: the parity above covers each."""
     hf = _hf("granite-tied")
-    hf.save_pretrained(str(tmp_path), safe_serialization=True)
-    ckpt = SafetensorsFormat().load(str(tmp_path))
-    model = load_model(GraniteForCausalLM, ckpt, config={**ckpt.config, key: 1.0})
+    model = _load_safetensors(hf, tmp_path, config={key: 1.0})
     wrong = PagedRunner(model).greedy(0, PROMPT, 0)[2]
     with torch.no_grad():
         ref = hf(torch.tensor([PROMPT])).logits[0]
@@ -109,16 +95,9 @@ def test_gguf_matches_transformers(tmp_path):
     tensors = gguf_tensors(hf.state_dict(), "granite", cfg.num_hidden_layers,
                            transform=permute, skip=("lm_head.weight",))
     path = tmp_path / "granite.gguf"
-    write_gguf(path, "granite", {
-        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads,
-        "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-        "rope.dimension_count": 16, "rope.freq_base": 10000.0,
-        "attention.scale": 0.09, "embedding_scale": 2.0, "residual_scale": 1.5,
-        "logit_scale": 4.0,
-    }, tensors, cfg.vocab_size)
+    write_gguf(path, "granite", gguf_metadata(
+        cfg, **{"attention.scale": 0.09, "embedding_scale": 2.0, "residual_scale": 1.5,
+                "logit_scale": 4.0}), tensors, cfg.vocab_size)
     ckpt = GGUFFormat().load(str(path))
     config = GraniteForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     assert {k: round(config[k], 6) for k in MULTIPLIERS} == MULTIPLIERS
@@ -136,16 +115,18 @@ def test_gguf_without_attention_scale_uses_the_default():
     assert "residual_multiplier" not in config and "logits_scaling" not in config
 
 
+def test_through_the_engine(tmp_path):
+    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
+    greedy tokens of two prompts batched together are transformers'."""
+    hf = _hf("granite-tied")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
+                         num_blocks=64, block_size=4)
+
+
 def test_registration_is_lazy():
-    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
-    assert eps["tallow-granite"] == "tallow_granite.plugin"
-    registry = ArchitectureRegistry()
-    plugin.tallow_register_architectures(registry)
-    assert registry.get("GraniteForCausalLM") is GraniteForCausalLM
-    assert registry.for_gguf("granite").name == "GraniteForCausalLM"
-    assert modules_imported_by_registration("tallow_granite.plugin",
-                                            "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert_registers_architecture("tallow_granite.plugin", "tallow-granite", GraniteForCausalLM)
 
 
 @pytest.mark.gpu
@@ -155,11 +136,16 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    model = _load_safetensors(hf, tmp_path / "f32", device="cuda")
-    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
-    assert_greedy_parity(model, hf, PROMPT, STEPS, what=f"{name} on cuda")
-    m16 = _load_safetensors(hf, tmp_path / "bf16", dtype=torch.bfloat16, device="cuda")
-    l16 = PagedRunner(m16).greedy(0, PROMPT, 0)[2]
-    with torch.no_grad():
-        ref = hf(torch.tensor([PROMPT])).logits[0]
-    assert_close_logits(l16.cpu(), ref, f"{name}: bfloat16 prompt logits", rel=5e-2)
+    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
+                       what=name)
+
+
+@pytest.mark.gpu
+def test_through_the_engine_on_cuda(tmp_path):
+    """The engine on the GPU: Triton attention, CUDA graphs for the decode steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = _hf("granite-tied")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")

@@ -95,7 +95,9 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm).
 
-    ``residual_multiplier`` scales each block's output before it joins the stream (Granite).
+    What a block's output goes through before it joins the stream is ``attention_output`` /
+    ``mlp_output``: scaling by ``residual_multiplier`` (Granite) here, a norm in families that
+    have one there (GLM-4).
     """
 
     def __init__(self, attn: LlamaAttention, mlp: LlamaMLP, hidden: int, eps: float,
@@ -107,6 +109,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
 
+    def attention_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.residual_multiplier == 1.0:
+            return hidden
+        return hidden * self.residual_multiplier
+
+    def mlp_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.attention_output(hidden)
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -114,14 +124,9 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        if self.residual_multiplier != 1.0:
-            hidden = hidden * self.residual_multiplier
+        hidden = self.attention_output(self.self_attn(positions, hidden))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        hidden = self.mlp(hidden)
-        if self.residual_multiplier != 1.0:
-            hidden = hidden * self.residual_multiplier
-        return hidden, residual
+        return self.mlp_output(self.mlp(hidden)), residual
 
 
 class LlamaModel(nn.Module):

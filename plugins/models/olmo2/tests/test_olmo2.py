@@ -1,16 +1,10 @@
-"""OLMo 2 against transformers on tiny random models (safetensors and GGUF), and the plugin's
-registration.
-
-A model is saved by transformers, read back through a weight format into ``Olmo2ForCausalLM``
-and run through a paged KV cache: the prompt's logits, 20 greedy tokens and every step's logits
-must match transformers' forward and greedy ``generate``. The GGUF file is written with the
-``gguf`` package's own name map for ``olmo2`` (what llama.cpp's converter uses).
-"""
+"""OLMo 2 (post-norms, q/k norms over whole projections) against transformers on tiny random
+models, from safetensors and from a GGUF file named by the ``gguf`` package's ``olmo2`` map;
+a flat batch of two sequences; the q/k norm slices under tensor parallelism; registration."""
 
 from __future__ import annotations
 
 import zlib
-from importlib.metadata import entry_points
 
 import pytest
 import torch
@@ -18,15 +12,13 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin import ArchitectureRegistry  # noqa: E402
 from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_greedy_parity, gguf_tensors, load_model,
-    random_hf_model, write_gguf,
+    PagedRunner, assert_close_logits, assert_cuda_parity, assert_engine_greedy,
+    assert_greedy_parity, assert_registers_architecture, gguf_metadata, gguf_tensors, load_model,
+    load_saved, random_hf_model, save_placeholder_tokenizer, write_gguf,
 )
-from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
-from tallow_olmo2 import plugin  # noqa: E402
 from tallow_olmo2.model import Olmo2ForCausalLM  # noqa: E402
 
 STEPS = 20
@@ -47,10 +39,7 @@ def _hf(name: str):
 
 
 def _load_safetensors(hf, path, **kw) -> Olmo2ForCausalLM:
-    hf.save_pretrained(str(path), safe_serialization=True)
-    ckpt = SafetensorsFormat().load(str(path))
-    assert ckpt.architecture == "Olmo2ForCausalLM"
-    return load_model(Olmo2ForCausalLM, ckpt, **kw)
+    return load_saved(hf, path, Olmo2ForCausalLM, SafetensorsFormat().load, **kw)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -95,14 +84,7 @@ def test_gguf_matches_transformers(tmp_path):
             "blk.0.post_ffw_norm.weight"} <= names
     assert "blk.0.attn_norm.weight" not in names and "blk.0.ffn_norm.weight" not in names
     path = tmp_path / "olmo2.gguf"
-    write_gguf(path, "olmo2", {
-        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads,
-        "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-        "rope.dimension_count": 16, "rope.freq_base": 10000.0,
-    }, tensors, cfg.vocab_size)
+    write_gguf(path, "olmo2", gguf_metadata(cfg), tensors, cfg.vocab_size)
     ckpt = GGUFFormat().load(str(path))
     config = Olmo2ForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     assert config["architectures"] == ["Olmo2ForCausalLM"]
@@ -130,16 +112,18 @@ def test_sharded_qk_norms_slice_their_weights(tp, kv_heads):
                                    full_k[k_slice * k_rows:(k_slice + 1) * k_rows])
 
 
+def test_through_the_engine(tmp_path):
+    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
+    greedy tokens of two prompts batched together are transformers'."""
+    hf = _hf("olmo2-tied")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
+                         num_blocks=64, block_size=4)
+
+
 def test_registration_is_lazy():
-    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
-    assert eps["tallow-olmo2"] == "tallow_olmo2.plugin"
-    registry = ArchitectureRegistry()
-    plugin.tallow_register_architectures(registry)
-    assert registry.get("Olmo2ForCausalLM") is Olmo2ForCausalLM
-    assert registry.for_gguf("olmo2").name == "Olmo2ForCausalLM"
-    assert modules_imported_by_registration("tallow_olmo2.plugin",
-                                            "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert_registers_architecture("tallow_olmo2.plugin", "tallow-olmo2", Olmo2ForCausalLM)
 
 
 @pytest.mark.gpu
@@ -150,11 +134,16 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    model = _load_safetensors(hf, tmp_path / "f32", device="cuda")
-    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
-    assert_greedy_parity(model, hf, PROMPT, STEPS, what=f"{name} on cuda")
-    m16 = _load_safetensors(hf, tmp_path / "bf16", dtype=torch.bfloat16, device="cuda")
-    l16 = PagedRunner(m16).greedy(0, PROMPT, 0)[2]
-    with torch.no_grad():
-        ref = hf(torch.tensor([PROMPT])).logits[0]
-    assert_close_logits(l16.cpu(), ref, f"{name}: bfloat16 prompt logits", rel=5e-2)
+    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
+                       what=name)
+
+
+@pytest.mark.gpu
+def test_through_the_engine_on_cuda(tmp_path):
+    """The engine on the GPU: Triton attention, CUDA graphs for the decode steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = _hf("olmo2-tied")
+    _load_safetensors(hf, tmp_path)
+    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")

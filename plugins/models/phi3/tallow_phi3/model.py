@@ -1,4 +1,4 @@
-"""Phi-3, Phi-3.5 and Phi-4 (``Phi3ForCausalLM``): the Llama decoder with
+"""Phi-3, Phi-3.5 and Phi-4 (``Phi3ForCausalLM``): the Llama decoder (Mistral's switches) with
 
 - q, k and v stored as one ``qkv_proj`` and gate and up as one ``gate_up_proj`` in the
   checkpoint (split on load into the same fused layers Llama uses);
@@ -24,7 +24,7 @@ from tallow.layers import (
     ArchConfig, BuildContext, LongRoPERotaryEmbedding, WeightLoadError, rope_parameters,
 )
 from tallow_llama.gguf_config import arch_value, llama_family_config
-from tallow_llama.model import LlamaForCausalLM
+from tallow_llama.model import MistralForCausalLM
 from tallow_llama.naming import hf_name_map
 
 from .naming import gguf_name_map
@@ -51,8 +51,10 @@ def phi3_config(config: ArchConfig | dict[str, Any]) -> ArchConfig:
     return cfg
 
 
-class Phi3ForCausalLM(LlamaForCausalLM):
-    """Phi-3 / Phi-3.5 / Phi-4 (see the module docstring)."""
+class Phi3ForCausalLM(MistralForCausalLM):
+    """Phi-3 / Phi-3.5 / Phi-4 (see the module docstring): Mistral's switches (no biases, a
+    window on every layer when ``sliding_window`` is set; GGUF's 0 reads as none) with
+    LongRoPE and its own GGUF names."""
 
     hf_architectures = ("Phi3ForCausalLM",)
     gguf_architectures = ("phi3",)
@@ -62,19 +64,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(phi3_config(config), build)
         self._gguf_rope_factors: dict[str, torch.Tensor] = {}
-
-    def qkv_bias(self, config: ArchConfig) -> bool:
-        return False
-
-    def o_bias(self, config: ArchConfig) -> bool:
-        return False
-
-    def mlp_bias(self, config: ArchConfig) -> bool:
-        return False
-
-    def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
-        # GGUF files of Phi-4 say 0 for "no window"
-        return config.get("sliding_window") or None
 
     # -- loading ---------------------------------------------------------------------------
     def load_rope_factors(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:

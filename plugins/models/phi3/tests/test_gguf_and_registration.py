@@ -5,7 +5,6 @@ with a config built by ``config_from_gguf`` alone; and the plugin's registration
 from __future__ import annotations
 
 import math
-from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
@@ -15,14 +14,12 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 pytest.importorskip("gguf", reason="the gguf package writes the test files")
 
 from tallow.layers import LongRoPERotaryEmbedding, WeightLoadError  # noqa: E402
-from tallow.plugin import ArchitectureRegistry  # noqa: E402
 from tallow.plugin.model_testing import (  # noqa: E402
-    assert_greedy_parity, gguf_tensors, load_model, random_hf_model, write_gguf,
+    assert_greedy_parity, assert_registers_architecture, gguf_metadata, gguf_tensors, load_model,
+    random_hf_model, write_gguf,
 )
-from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 from tallow_gguf.format import GGUFFormat  # noqa: E402
 
-from tallow_phi3 import plugin  # noqa: E402
 from tallow_phi3.model import Phi3ForCausalLM  # noqa: E402
 
 ORIGINAL, MAX = 16, 64
@@ -44,16 +41,10 @@ def _phi4_mini_like():
 
 def _write(path, hf, *, longrope: bool = True, factors: bool = True) -> None:
     cfg = hf.config
-    metadata = {
-        "block_count": cfg.num_hidden_layers, "context_length": MAX,
-        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-        "attention.head_count": cfg.num_attention_heads,
-        "attention.head_count_kv": cfg.num_key_value_heads,
-        "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-        "rope.dimension_count": 12, "rope.freq_base": 10000.0,
-        "rope.scaling.original_context_length": ORIGINAL,
-        "attention.sliding_window": 0,  # what the converter writes for "no window"
-    }
+    # the converter writes 0 for "no window"
+    metadata = gguf_metadata(cfg, **{"rope.scaling.original_context_length": ORIGINAL,
+                                     "attention.sliding_window": 0})
+    assert metadata["rope.dimension_count"] == 12
     tensors = list(gguf_tensors(hf.state_dict(), "phi3", cfg.num_hidden_layers))
     if longrope:
         metadata["rope.scaling.attn_factor"] = math.sqrt(1 + math.log(MAX / ORIGINAL)
@@ -125,11 +116,4 @@ def test_config_from_gguf():
 
 
 def test_registration_is_lazy():
-    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
-    assert eps["tallow-phi3"] == "tallow_phi3.plugin"
-    registry = ArchitectureRegistry()
-    plugin.tallow_register_architectures(registry)
-    assert registry.get("Phi3ForCausalLM") is Phi3ForCausalLM
-    assert registry.for_gguf("phi3").name == "Phi3ForCausalLM"
-    assert modules_imported_by_registration("tallow_phi3.plugin", "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert_registers_architecture("tallow_phi3.plugin", "tallow-phi3", Phi3ForCausalLM)

@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import LongRoPERotaryEmbedding  # noqa: E402
 from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_greedy_parity, load_model, random_hf_model,
+    PagedRunner, assert_close_logits, assert_cuda_parity, assert_engine_greedy,
+    assert_greedy_parity, load_model, random_hf_model, save_placeholder_tokenizer,
 )
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
@@ -122,23 +123,37 @@ def test_sliding_window_on_every_layer(tmp_path):
     assert windows == [8, 8]
 
 
+def _engine_check(name: str, path, **llm_kwargs) -> None:
+    hf = _save(name, path)
+    save_placeholder_tokenizer(path, hf.config.vocab_size)
+    # sequences past the original context from the first step, and one that stays within it
+    assert_engine_greedy(path, hf, [LONG_PROMPT, LONG_PROMPT[::-1]], STEPS, **llm_kwargs)
+    assert_engine_greedy(path, hf, [PROMPT[:6]], 10, **llm_kwargs)
+
+
+def test_through_the_engine(tmp_path):
+    """tallow.LLM on the saved directory: weight format, registry, scheduler, sampler."""
+    _engine_check("phi4-mini-partial", tmp_path, device="cpu", num_blocks=64, block_size=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["phi3-longrope-su", "phi4-mini-partial"])
 def test_parity_on_cuda(name, tmp_path):
-    """Built and run on the GPU (Triton rotary from the two-table cache, Triton attention
-    backend not involved: the reference backend), against transformers on the CPU; bfloat16
-    stays near the float32 reference."""
+    """Built and run on the GPU (the Triton rotary kernel reading the two-table cache),
+    against transformers on the CPU, past and within the original context; bfloat16 stays
+    near float32."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _save(name, tmp_path)
-    model = _load(tmp_path, device="cuda")
-    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
-    assert_greedy_parity(model, hf, LONG_PROMPT, STEPS, what=f"{name} on cuda")
-    assert_greedy_parity(_load(tmp_path, device="cuda"), hf, PROMPT[:6], 10,
-                         what=f"{name} short")
-    m16 = _load(tmp_path, dtype=torch.bfloat16, device="cuda")
-    for prompt in (PROMPT, LONG_PROMPT):
-        l16 = PagedRunner(m16).greedy(0, prompt, 0)[2]
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        assert_close_logits(l16.cpu(), ref, f"{name}: bfloat16 prompt logits", rel=5e-2)
+    load = lambda **kw: _load(tmp_path, **kw)  # noqa: E731
+    assert_cuda_parity(load, hf, LONG_PROMPT, STEPS, what=f"{name} long")
+    assert_cuda_parity(load, hf, PROMPT[:6], 10, what=f"{name} short")
+
+
+@pytest.mark.gpu
+def test_through_the_engine_on_cuda(tmp_path):
+    """The engine on the GPU: Triton attention, and CUDA graphs replaying the decode steps
+    with LongRoPE's row offsets computed on the device."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _engine_check("phi4-mini-partial", tmp_path, device="cuda")
