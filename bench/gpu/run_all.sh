@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,quantsweep, or full: the runs behind the
+# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -166,11 +166,23 @@ fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
-if [[ ",$MODE," == *",quanttests,"* ]]; then
+if [[ ",$MODE," == *",quanttests,"* ]]; then  # ~2.5 min at most
   echo "== GPU tests of tallow-quant-gguf (kernel cases, then the gpu-marked tests)"
-  { timeout 300 python3 -m pytest -q -rs --timeout 240 plugins/quant/gguf/tests/kernel_cases.py
-    timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 plugins/quant/gguf/tests
+  { timeout 100 python3 -m pytest -q -rs -n 8 --timeout 90 plugins/quant/gguf/tests/kernel_cases.py
+    timeout 140 python3 -m pytest -q -m gpu -rs -n 4 --timeout 120 plugins/quant/gguf/tests
   } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_quant.log"
+fi
+# every candidate kernel configuration; writes the tuned table after every shape: copy
+# OUT/quant_tuned.json to plugins/quant/gguf/tallow_quant_gguf/tuned/ and the plugin uses it on
+# GPUs of the name in it. No shape begins after 160 s (compilation included), 3.5 min at most.
+if [[ ",$MODE," == *",quanttune,"* ]]; then
+  echo "== tuning sweep of the quantized matmul kernels (llama-3-8b shapes, Q4_K and Q8_0)"
+  timeout 210 python3 bench/gpu/quant_micro.py --sweep --budget 160 --jobs 16 \
+    --table "$OUT/quant_tuned.json" --output "$OUT/quanttune_all.json" 2>&1 | grep -v Warning \
+    | tee "$OUT/quanttune.log" | grep -v "^    !!" | tail -90
+  grep -c "^    !!" "$OUT/quanttune.log" | xargs echo "candidates refused (failed, raised or wrong):"
+  grep "^    !!" "$OUT/quanttune.log" | head -12
+  python3 -c "import json,sys; t=json.load(open(sys.argv[1])); print('tuned table:', len(t['entries']), 'entries for', t['device'])" "$OUT/quant_tuned.json" || echo "!! no tuned table written"
 fi
 Q8B=(--model random:llama-3-8b --dtype bfloat16)
 if [[ ",$MODE," == *",q4klat,"* ]]; then
@@ -185,13 +197,9 @@ fi
 if [[ ",$MODE," == *",q4kttft,"* ]]; then
   bench ttft_8b_4096_q4k 240 latency "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
 fi
-if [[ ",$MODE," == *",quantmicro,"* ]]; then  # fused / dequant+cuBLAS / auto / bf16 per llama-3-8b shape and row count
+if [[ ",$MODE," == *",quantmicro,"* ]]; then  # what the engine runs per llama-3-8b shape and row count, against bf16
   echo "== quantized matmul kernels on llama-3-8b shapes"
   timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
-fi
-if [[ ",$MODE," == *",quantsweep,"* ]]; then  # tile configurations of the 1-row and 16-row kernels
-  echo "== quantized GEMV tile sweep"
-  timeout 560 python3 bench/gpu/quant_micro.py --types Q4_K,Q8_0 --rows 1,16 --sweep 2>&1 | grep -v Warning | tee "$OUT/quantsweep.log" | tail -60
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -36,6 +37,19 @@ class EngineParts:
     attention_backend: str
 
 
+def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
+                          settings: Mapping[str, Any], *, caller: str) -> Any:
+    """The configuration of an engine made from Python: the YAML file ``config`` (else
+    ``$TALLOW_CONFIG``), the ``TALLOW_*`` environment and the keyword ``settings`` (``model``
+    being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
+    from tallow.config import load_config
+
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"{caller} config= names a YAML file, got {type(config).__name__}; "
+                        "an engine for a TallowConfig is made with from_config(config)")
+    return load_config(path=config, keywords={"model": model, **settings}, caller=caller)
+
+
 class EngineFrontend:
     """What both engines (offline and asynchronous) hold: the built parts, the model's name,
     tokenizer, context limit and plugins, and the output processor that makes text."""
@@ -49,6 +63,22 @@ class EngineFrontend:
         self.plugin_manager = parts.plugin_manager
         self.processor = OutputProcessor(parts.tokenizer)
 
+    @classmethod
+    def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
+        """The engine for a resolved configuration (a :class:`tallow.config.TallowConfig`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def create(cls, model: str | None = None, *,
+               config: str | os.PathLike[str] | None = None, plugin_manager: Any = None,
+               **settings: Any) -> Any:
+        """The engine for the configuration ``tallow serve`` would resolve with these keywords
+        as its flags: defaults < YAML (``config=`` or ``$TALLOW_CONFIG``) < ``TALLOW_*``
+        environment < keywords (the keywords of :class:`tallow.LLM`)."""
+        resolved = resolve_engine_config(model, config, settings,
+                                         caller=f"{cls.__name__}.create()")
+        return cls.from_config(resolved, plugin_manager)
+
 
 def model_source(config: Any) -> tuple[str, str]:
     """(source, served name). No source means the embedded default model."""
@@ -59,6 +89,23 @@ def model_source(config: Any) -> tuple[str, str]:
         return str(default_model_path()), config.model.served_model_name or DEFAULT_MODEL_NAME
     name = config.model.served_model_name or source
     return source, name
+
+
+def load_tokenizer(config: Any, checkpoint: Any, model_vocab: int | None) -> Tokenizer:
+    """The tokenizer of ``model.tokenizer`` when it is set, else the checkpoint's. One from
+    elsewhere must not produce ids the model has no embedding for."""
+    path = config.model.tokenizer
+    if not path:
+        return Tokenizer.from_checkpoint(checkpoint)
+    tokenizer = Tokenizer.from_directory(path)
+    origin = config.model.setting_origin("tokenizer")
+    if model_vocab and tokenizer.vocab_size > int(model_vocab):
+        raise ValueError(
+            f"model.tokenizer {path!r}{f' (from {origin})' if origin else ''}: the tokenizer has "
+            f"{tokenizer.vocab_size} tokens but the model's vocabulary has {model_vocab}; "
+            "expected the tokenizer of this model")
+    log.info("tokenizer: %s (model.tokenizer) instead of the model source's", path)
+    return tokenizer
 
 
 def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
@@ -177,8 +224,8 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
                         isq=config.model.isq)
-    tokenizer = Tokenizer.from_checkpoint(loaded.checkpoint)
     arch = loaded.config.text
+    tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
     max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
                         or 4096)
     codec_entry = select_kv_codec(registries, config)

@@ -2,57 +2,51 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable, Sequence
 
+from tallow.config import TallowConfig, load_config
+
+from .builder import resolve_engine_config
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
-# Flat keyword → (section, field) of the configuration, for LLM(**kwargs).
-_FLAT_KEYS = {
-    "model": ("model", "source"), "dtype": ("model", "dtype"), "device": ("model", "device"),
-    "revision": ("model", "revision"), "max_model_len": ("model", "max_model_len"),
-    "seed": ("model", "seed"), "served_model_name": ("model", "served_model_name"),
-    "weight_format": ("model", "weight_format"), "isq": ("model", "isq"),
-    "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
-    "kv_fraction": ("cache", "kv_fraction"), "mem_mb": ("cache", "mem_mb"),
-    "kv_codec": ("cache", "kv_codec"),
-    "enable_prefix_caching": ("cache", "enable_prefix_caching"),
-    "max_num_seqs": ("scheduler", "max_num_seqs"),
-    "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
-    "prefill_chunk_size": ("scheduler", "prefill_chunk_size"),
-    "policy": ("scheduler", "policy"),
-    "async_scheduling": ("scheduler", "async_scheduling"),
-    "attention_backend": ("runner", "attention_backend"),
-    "disable_cuda_graph": ("runner", "disable_cuda_graph"),
-    "max_cuda_graph_batch": ("runner", "max_cuda_graph_batch"),
-}
 
-
-def config_from_kwargs(**kwargs: Any) -> Any:
-    from tallow.config import config_from_mapping
-
-    nested: dict[str, dict[str, Any]] = {}
-    for key, value in kwargs.items():
-        if key not in _FLAT_KEYS:
-            raise TypeError(f"LLM() got an unexpected keyword argument {key!r} "
-                            f"(known: {', '.join(sorted(_FLAT_KEYS))})")
-        section, name = _FLAT_KEYS[key]
-        nested.setdefault(section, {})[name] = value
-    return config_from_mapping(nested, origin="LLM() arguments")
+def config_from_kwargs(**kwargs: Any) -> TallowConfig:
+    """The configuration that ``kwargs`` (the keywords of :class:`LLM`) give on their own, with
+    no file and no environment: for tests and embedders that must not depend on the process's
+    environment. :class:`LLM` itself layers them over the file and the environment."""
+    return load_config(env={}, keywords=kwargs, caller="config_from_kwargs()")
 
 
 class LLM:
     """Generate from a local model: ``LLM(model="path/or/id").generate(prompts, params)``.
 
-    With no ``model``, the embedded default model is used. Other keywords are engine settings
-    (``dtype``, ``device``, ``max_model_len``, ``block_size``, ``prefill_chunk_size``, ...).
+    The configuration is resolved as ``tallow serve`` resolves it: the defaults, then the YAML
+    file (``config=``, else ``$TALLOW_CONFIG``), then ``TALLOW_<SECTION>__<FIELD>`` environment
+    variables, then the keyword arguments. Every setting is a keyword
+    (:mod:`tallow.config.keywords`): ``model`` (the source; None: the embedded default model),
+    the other fields of the model, cache, scheduler, runner and server sections by name
+    (``dtype``, ``device``, ``max_model_len``, ``tokenizer``, ``block_size``, ``kv_codec``,
+    ``max_num_seqs``, ...), and the other sections whole (``plugins={"disable": [...]}``). A
+    keyword left at None leaves its setting to the lower sources; an unknown one is a TypeError.
+    ``plugin_manager`` replaces the plugins the configuration would load.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        config = config_from_kwargs(model=model, **kwargs)
-        self.engine = LLMEngine.from_config(config)
-        self.config = config
+    def __init__(self, model: str | None = None, *, config: str | os.PathLike[str] | None = None,
+                 plugin_manager: Any = None, **settings: Any) -> None:
+        self.config = resolve_engine_config(model, config, settings, caller="LLM()")
+        self.engine = LLMEngine.from_config(self.config, plugin_manager)
+
+    @classmethod
+    def from_config(cls, config: TallowConfig, plugin_manager: Any = None) -> "LLM":
+        """An ``LLM`` for an already resolved configuration, used as it is (no file, no
+        environment, no keywords)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm.engine = LLMEngine.from_config(config, plugin_manager)
+        return llm
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from tallow.layers import ArchConfig, BuildContext
-from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError
+from tallow.plugin import (
+    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, SelectionError,
+)
 
 from .checkpoint_check import check_config_against_tensors
 
@@ -65,10 +67,11 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
                 return entry
         except Exception as exc:  # a broken format must not hide the others
             log.warning("weight format %s failed to inspect %s: %s", entry.name, source, exc)
-    known = ", ".join(formats.names()) or "none installed"
+    known = ", ".join(formats.names()) or "none loaded"
     raise SelectionError(f"no weight format recognises the model source {source!r} "
                          f"(formats: {known}); expected a .gguf file, a directory with "
-                         "config.json and *.safetensors, or a Hugging Face id 'org/name'")
+                         "config.json and *.safetensors, or a Hugging Face id 'org/name'"
+                         + formats.missing_hint())
 
 
 def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:
@@ -91,9 +94,9 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         config.setdefault("architectures", [entry.name])
         return entry, config
     if arch not in registries.architectures:
-        known = ", ".join(sorted(registries.architectures.names())) or "none installed"
+        known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
-                             f"(installed: {known})")
+                             f"(loaded: {known})" + registries.architectures.missing_hint(arch))
     return registries.architectures.entry(arch), config
 
 
@@ -126,14 +129,17 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
     if needed:
         if needed not in schemes:
             log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
-                     "enabled: dequantizing them at load", checkpoint.source, needed, needed)
+                     "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
+                     schemes.missing_hint(needed))
             return None
         entry = schemes.entry(needed)
         try:
             cls = entry.load()
             reasons = _scheme_refusals(cls, config, device)
-        except Exception as exc:  # an unusable scheme must not stop a model that can load
-            reasons = [f"cannot import {entry.target}: {type(exc).__name__}: {exc}"]
+        except ComponentLoadError as exc:  # an unusable scheme must not stop a model that
+            reasons = [str(exc)]  # can load
+        except Exception as exc:
+            reasons = [f"{type(exc).__name__}: {exc}"]
         if reasons:
             log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
                      "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
@@ -156,10 +162,11 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
                      entry.name, entry.distribution, isq)
             return cls(config, isq=isq)
         log.info("quant scheme %s cannot quantize to %s: %s", entry.name, isq, "; ".join(reasons))
-    known = ", ".join(schemes.names()) or "none installed"
+    known = ", ".join(schemes.names()) or "none loaded"
     why = "those that offer it refused" if offered else f"quant schemes: {known}"
     raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
-                         f"({why}; tallow-quant-gguf provides the GGML types)")
+                         f"({why}; tallow-quant-gguf provides the GGML types)"
+                         + schemes.missing_hint())
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

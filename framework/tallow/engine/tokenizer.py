@@ -88,7 +88,9 @@ class Tokenizer:
             raise ValueError(
                 f"the model source {checkpoint.source!r} carries no usable tokenizer"
                 + (f" ({reason})" if reason else "")
-                + "; set model.tokenizer to a directory with tokenizer.json")
+                + "; set model.tokenizer to a directory with the model's tokenizer.json "
+                "(--tokenizer, TALLOW_MODEL__TOKENIZER, tokenizer: in the YAML file's model "
+                "section, or LLM(tokenizer=...))")
         return cls(checkpoint.tokenizer, checkpoint.tokenizer_config,
                    checkpoint.generation_config)
 

@@ -15,10 +15,11 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
-  (for plugins whose kernels follow the same rule).
+  (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
+  run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
 """
 
-from ._dispatch import triton_enabled
+from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
 from .attention_ref import store_kv_ref
@@ -27,7 +28,7 @@ from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
-    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref",
+    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "interpreting",
     "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
     "silu_and_mul_ref", "store_kv", "store_kv_ref", "triton_enabled",
 ]

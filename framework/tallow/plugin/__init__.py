@@ -9,6 +9,7 @@ from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
     ToolResult, WeightFormat,
 )
+from .errors import ComponentLoadError, PluginError, PluginLoadError
 from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
 from .registry import (
@@ -35,4 +36,5 @@ __all__ = [
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
     "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
+    "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

@@ -1,7 +1,7 @@
 """GLM-4 against transformers: tiny random models saved as safetensors and as GGUF (named by
 the ``gguf`` package's map for ``glm4``), run through a paged KV cache — prompt logits, 20
 greedy tokens and every step's logits (:func:`assert_greedy_parity`) — plus the interleaved
-rotary layout, the default partial factor and the registration."""
+rotary layout and the default partial factor. The conformance suite: test_conformance.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_cuda_parity, assert_engine_greedy, assert_greedy_parity,
-    assert_registers_architecture, gguf_metadata, gguf_tensors, load_model, load_saved,
-    random_hf_model, save_placeholder_tokenizer, write_gguf,
+from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    random_hf_model,
 )
+from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
 from tallow_glm4.model import Glm4ForCausalLM  # noqa: E402
@@ -96,20 +97,6 @@ def test_gguf_matches_transformers(tmp_path):
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="glm4 GGUF")
 
 
-def test_through_the_engine(tmp_path):
-    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
-    greedy tokens of two prompts batched together are transformers'."""
-    hf = _hf("glm4")
-    _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
-                         num_blocks=64, block_size=4)
-
-
-def test_registration_is_lazy():
-    assert_registers_architecture("tallow_glm4.plugin", "tallow-glm4", Glm4ForCausalLM)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_parity_on_cuda(name, tmp_path):
@@ -129,5 +116,6 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("glm4")
     _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
+                         plugins=["tallow-glm4", "tallow-safetensors", "tallow-attention-triton"],
+                         config={"model": {"device": "cuda"}})

@@ -1,7 +1,7 @@
 """Granite 3 against transformers on tiny random models, its multipliers far from 1 so that a
 missing one shows: from safetensors, and from a GGUF file as llama.cpp's converter writes
 ``granite`` (the ``gguf`` package's name map, Q/K rows permuted as for ``llama``, the
-multipliers under their ``*_scale`` keys); registration."""
+multipliers under their ``*_scale`` keys). The conformance suite: test_conformance.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_cuda_parity, assert_engine_greedy, assert_greedy_parity,
-    assert_registers_architecture, gguf_metadata, gguf_tensors, load_model, load_saved,
-    random_hf_model, save_placeholder_tokenizer, write_gguf,
+from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    random_hf_model,
 )
+from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
 from tallow_granite.model import GraniteForCausalLM  # noqa: E402
@@ -115,20 +116,6 @@ def test_gguf_without_attention_scale_uses_the_default():
     assert "residual_multiplier" not in config and "logits_scaling" not in config
 
 
-def test_through_the_engine(tmp_path):
-    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
-    greedy tokens of two prompts batched together are transformers'."""
-    hf = _hf("granite-tied")
-    _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
-                         num_blocks=64, block_size=4)
-
-
-def test_registration_is_lazy():
-    assert_registers_architecture("tallow_granite.plugin", "tallow-granite", GraniteForCausalLM)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_parity_on_cuda(name, tmp_path):
@@ -147,5 +134,6 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("granite-tied")
     _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
+                         plugins=["tallow-granite", "tallow-safetensors", "tallow-attention-triton"],
+                         config={"model": {"device": "cuda"}})

@@ -1,6 +1,5 @@
-"""The helpers of :mod:`tallow.plugin.model_testing`, and loading a saved transformers model into
-the tallow class of its architecture, for the test modules (which cannot import conftest by
-name)."""
+"""Tiny transformers twins of the Llama-family models, and the kit's helpers to run a tallow
+model without the engine (``PagedRunner``: see tallow.plugin.testing)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,22 @@ from typing import Any
 import pytest
 import torch
 
-from tallow.plugin.model_testing import (
-    PagedRunner, assert_close_logits, load_model, random_hf_model, randomize_,
-)
+from tallow.layers import BuildContext
+from tallow.plugin.testing.model import assert_close_logits
+from tallow.plugin.testing.paged_runner import PagedRunner, randomize_
 
 
 def build_hf(config: Any, path: Path, seed: int = 0) -> Any:
     """A transformers model of ``config`` with random weights, saved as safetensors at ``path``."""
-    model = random_hf_model(config, seed)
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                             dtype=torch.float32)
+    randomize_(model, seed)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.eval()
     model.save_pretrained(str(path), safe_serialization=True)
     return model
 
@@ -27,6 +34,7 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32,
                 device: str = "cpu") -> tuple[Any, Any]:
     """(model, checkpoint) of the directory through the safetensors format and the registered
     architecture class."""
+    from tallow.layers import ArchConfig
     from tallow_safetensors.format import SafetensorsFormat
 
     from tallow_llama import model as llama_models
@@ -35,7 +43,10 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32,
     assert fmt.claims(str(path))
     ckpt = fmt.load(str(path))
     cls = getattr(llama_models, ckpt.architecture)
-    return load_model(cls, ckpt, dtype=dtype, device=device), ckpt
+    model = cls(ArchConfig(ckpt.config), BuildContext(dtype=dtype, device=torch.device(device)))
+    model.load_weights(ckpt.tensors(), naming=ckpt.naming)
+    model.eval()
+    return model, ckpt
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-from tallow.plugin.model_testing import hf_greedy  # noqa: E402
+from tallow.plugin.testing.model import hf_greedy  # noqa: E402
 
 STEPS = 20
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -53,7 +53,8 @@ def _hf_generate(model, prompt: list[int]):
     return hf_greedy(model, prompt, STEPS)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+# plain Llama, Mistral, Qwen2 and Qwen3 configs: test_conformance.py
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in ("qwen2", "qwen3")])
 def test_greedy_parity(name, tmp_path, kit):
     config = CONFIGS[name]()
     hf = kit.build_hf(config, tmp_path, seed=zlib.crc32(name.encode()) % 1000)

@@ -1,6 +1,6 @@
 """OLMo 2 (post-norms, q/k norms over whole projections) against transformers on tiny random
 models, from safetensors and from a GGUF file named by the ``gguf`` package's ``olmo2`` map;
-a flat batch of two sequences; the q/k norm slices under tensor parallelism; registration."""
+the q/k norm slices under tensor parallelism. The conformance suite: test_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
-from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_cuda_parity, assert_engine_greedy,
-    assert_greedy_parity, assert_registers_architecture, gguf_metadata, gguf_tensors, load_model,
-    load_saved, random_hf_model, save_placeholder_tokenizer, write_gguf,
+from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    random_hf_model,
 )
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
@@ -51,24 +51,6 @@ def test_greedy_parity(name, tmp_path):
         16 * hf.config.num_key_value_heads,)
     assert not hasattr(model.model.layers[0], "input_layernorm")
     assert_greedy_parity(model, hf, PROMPT, STEPS, what=name)
-
-
-def test_flat_batch_of_two_sequences(tmp_path):
-    """Two sequences share steps: one prefilled in two chunks beside the other's prefill and
-    decode; each matches its own transformers forward."""
-    hf = _hf("olmo2-tied")
-    model = _load_safetensors(hf, tmp_path)
-    a, b = PROMPT[:7], PROMPT + [8]
-    runner = PagedRunner(model)
-    runner.add(0)
-    runner.add(1)
-    first_a, first_b = runner.step([(0, a[:4]), (1, b)])
-    second_a, second_b = runner.step([(0, a[4:]), (1, [99])])
-    with torch.no_grad():
-        ref_a = hf(torch.tensor([a])).logits[0]
-        ref_b = hf(torch.tensor([b + [99]])).logits[0]
-    assert_close_logits(torch.cat([first_a, second_a]), ref_a, "sequence a")
-    assert_close_logits(torch.cat([first_b, second_b]), ref_b, "sequence b")
 
 
 def test_gguf_matches_transformers(tmp_path):
@@ -112,20 +94,6 @@ def test_sharded_qk_norms_slice_their_weights(tp, kv_heads):
                                    full_k[k_slice * k_rows:(k_slice + 1) * k_rows])
 
 
-def test_through_the_engine(tmp_path):
-    """tallow.LLM on the saved directory (weight format, registry, scheduler, sampler): the
-    greedy tokens of two prompts batched together are transformers'."""
-    hf = _hf("olmo2-tied")
-    _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cpu",
-                         num_blocks=64, block_size=4)
-
-
-def test_registration_is_lazy():
-    assert_registers_architecture("tallow_olmo2.plugin", "tallow-olmo2", Olmo2ForCausalLM)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_parity_on_cuda(name, tmp_path):
@@ -145,5 +113,6 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("olmo2-tied")
     _load_safetensors(hf, tmp_path)
-    save_placeholder_tokenizer(tmp_path, hf.config.vocab_size)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS, device="cuda")
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
+                         plugins=["tallow-olmo2", "tallow-safetensors", "tallow-attention-triton"],
+                         config={"model": {"device": "cuda"}})

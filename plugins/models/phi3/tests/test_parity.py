@@ -17,10 +17,11 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import LongRoPERotaryEmbedding  # noqa: E402
-from tallow.plugin.model_testing import (  # noqa: E402
-    PagedRunner, assert_close_logits, assert_cuda_parity, assert_engine_greedy,
-    assert_greedy_parity, load_model, random_hf_model, save_placeholder_tokenizer,
+from tallow.plugin.testing.model import assert_close_logits  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, random_hf_model,
 )
+from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
 from tallow_phi3.model import Phi3ForCausalLM  # noqa: E402
@@ -123,19 +124,6 @@ def test_sliding_window_on_every_layer(tmp_path):
     assert windows == [8, 8]
 
 
-def _engine_check(name: str, path, **llm_kwargs) -> None:
-    hf = _save(name, path)
-    save_placeholder_tokenizer(path, hf.config.vocab_size)
-    # sequences past the original context from the first step, and one that stays within it
-    assert_engine_greedy(path, hf, [LONG_PROMPT, LONG_PROMPT[::-1]], STEPS, **llm_kwargs)
-    assert_engine_greedy(path, hf, [PROMPT[:6]], 10, **llm_kwargs)
-
-
-def test_through_the_engine(tmp_path):
-    """tallow.LLM on the saved directory: weight format, registry, scheduler, sampler."""
-    _engine_check("phi4-mini-partial", tmp_path, device="cpu", num_blocks=64, block_size=4)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["phi3-longrope-su", "phi4-mini-partial"])
 def test_parity_on_cuda(name, tmp_path):
@@ -156,4 +144,9 @@ def test_through_the_engine_on_cuda(tmp_path):
     with LongRoPE's row offsets computed on the device."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    _engine_check("phi4-mini-partial", tmp_path, device="cuda")
+    hf = _save("phi4-mini-partial", tmp_path)
+    engine = dict(plugins=["tallow-phi3", "tallow-safetensors", "tallow-attention-triton"],
+                  config={"model": {"device": "cuda"}})
+    # sequences past the original context from the first step, and one that stays within it
+    assert_engine_greedy(tmp_path, hf, [LONG_PROMPT, LONG_PROMPT[::-1]], STEPS, **engine)
+    assert_engine_greedy(tmp_path, hf, [PROMPT[:6]], 10, **engine)

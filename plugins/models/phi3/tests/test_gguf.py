@@ -1,6 +1,6 @@
 """Phi-3 GGUF files as llama.cpp's converter writes them (fused ``attn_qkv`` and ``ffn_up``,
 LongRoPE as ``rope.scaling.attn_factor`` plus two factor tensors), read through tallow-gguf
-with a config built by ``config_from_gguf`` alone; and the plugin's registration."""
+with a config built by ``config_from_gguf`` alone."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 pytest.importorskip("gguf", reason="the gguf package writes the test files")
 
 from tallow.layers import LongRoPERotaryEmbedding, WeightLoadError  # noqa: E402
-from tallow.plugin.model_testing import (  # noqa: E402
-    assert_greedy_parity, assert_registers_architecture, gguf_metadata, gguf_tensors, load_model,
-    random_hf_model, write_gguf,
+from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_greedy_parity, load_model, random_hf_model,
 )
 from tallow_gguf.format import GGUFFormat  # noqa: E402
 
@@ -113,7 +113,3 @@ def test_config_from_gguf():
     assert cfg["rope_scaling"] == {
         "rope_type": "longrope", "attention_factor": 1.19,
         "original_max_position_embeddings": 4096, "short_factor": None, "long_factor": None}
-
-
-def test_registration_is_lazy():
-    assert_registers_architecture("tallow_phi3.plugin", "tallow-phi3", Phi3ForCausalLM)
