@@ -115,6 +115,26 @@ def test_bad_configurations_are_named():
         get_rope(16, 16, 256, 10000.0, scaling()).set_freq_factors(torch.ones(8))
 
 
+@pytest.mark.parametrize("neox", [True, False])
+def test_the_kernel_entry_point_reads_the_two_table_cache(neox):
+    """What the module hands the fused rotary kernel on a GPU (shifted rows into the one
+    ``cos|sin`` cache) rotates as the module's own reference path does; partial rotary, both
+    pair layouts. (With ``TRITON_INTERPRET=1`` the entry point runs the Triton kernel.)"""
+    from tallow.kernels import rotary_embedding
+
+    rotary = get_rope(16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6],
+                                                    long_factor=LONG[:6]), is_neox_style=neox)
+    positions = torch.tensor([39, 28, 29, 30, 31, 32])
+    q, k = torch.randn(6, 4 * 16), torch.randn(6, 2 * 16)
+    with forward_context(_meta([0, 1, 5, 6], [40, 32, 33]), backend=None):
+        ref_q, ref_k = rotary(positions, q.clone(), k.clone())
+        rows = rotary.cache_rows(positions)
+    out_q, out_k = rotary_embedding(rows, q.clone(), k.clone(), rotary.cos_sin_cache, 16,
+                                    is_neox=neox)
+    torch.testing.assert_close(out_q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_k, ref_k, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 def test_triton_rotary_reads_the_two_table_cache():
     """On CUDA the fused Triton rotary kernel rotates from the shifted rows (partial rotary,

@@ -27,7 +27,7 @@ def context_lengths(positions: torch.Tensor) -> torch.Tensor:
     if meta is None:
         return (positions.max() + 1).expand(n).to(torch.int64)
     starts = meta.query_start_loc.to(positions.device)
-    rows = torch.arange(n, device=positions.device)
+    rows = torch.arange(n, device=positions.device, dtype=starts.dtype)
     seq = torch.searchsorted(starts[1:].contiguous(), rows, right=True)
     # rows past the last sequence (padding of a captured batch) borrow the last one's length
     seq = seq.clamp_(max=meta.seq_lens.shape[0] - 1)
