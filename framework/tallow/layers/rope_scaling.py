@@ -82,15 +82,16 @@ class LongRoPERotaryEmbedding(RotaryEmbedding):
         if original_max_position <= 0:
             raise ValueError("rope_scaling.original_max_position_embeddings must be positive, "
                              f"got {original_max_position}")
-        self.original_max_position = int(original_max_position)
         pairs = rotary_dim // 2
-        self._base_freq = _base_freq(base, rotary_dim)
+        base_freq = _base_freq(base, rotary_dim)
         short = _factors(short_factor, pairs, "short_factor")
         long = _factors(long_factor, pairs, "long_factor")
         super().__init__(head_dim, rotary_dim, max_position, base, is_neox_style,
-                         1.0 / (short * self._base_freq), attention_scaling, cache_len, device)
+                         1.0 / (short * base_freq), attention_scaling, cache_len, device)
+        self.original_max_position = int(original_max_position)
+        self._base_freq = base_freq
         self.register_buffer("long_inv_freq",
-                             (1.0 / (long * self._base_freq)).to(self.inv_freq.device),
+                             (1.0 / (long * base_freq)).to(self.inv_freq.device),
                              persistent=False)
         self._rebuild()
 

@@ -110,12 +110,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
 
     def attention_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._scaled(hidden)
+
+    def mlp_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._scaled(hidden)
+
+    def _scaled(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.residual_multiplier == 1.0:
             return hidden
         return hidden * self.residual_multiplier
-
-    def mlp_output(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.attention_output(hidden)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
