@@ -70,10 +70,14 @@ def gguf_metadata(config: Any, **extra: Any) -> dict[str, Any]:
 
 
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],
-               tensors: Iterable[tuple[str, Any]], vocab_size: int) -> None:
+               tensors: Iterable[tuple[str, Any]], vocab_size: int, *,
+               quantize: str | None = None) -> None:
     """Write a GGUF file of architecture ``arch``: ``metadata`` keys without the ``<arch>.``
     prefix (ints as uint32, floats as float32, strings, bools, lists of numbers as float32
-    arrays), a placeholder vocabulary of ``vocab_size`` tokens, and ``tensors``."""
+    arrays), a placeholder vocabulary of ``vocab_size`` tokens (padding id 0: transformers'
+    GGUF loader wants one inside the vocabulary), and ``tensors``. ``quantize`` (a GGML type
+    name such as ``"Q8_0"``) stores every matrix in that type with the ``gguf`` package's
+    quantizer; vectors stay float32."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -93,8 +97,14 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],
     writer.add_token_list([f"t{i}" for i in range(vocab_size)])
     writer.add_token_scores([0.0] * vocab_size)
     writer.add_token_types([1] * vocab_size)
+    writer.add_pad_token_id(0)
+    qtype = gguf.GGMLQuantizationType[quantize] if quantize else None
     for name, array in tensors:
-        writer.add_tensor(name, array)
+        if qtype is not None and array.ndim == 2:
+            blocks = gguf.quants.quantize(array, qtype)
+            writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -15,6 +15,7 @@ pytest.importorskip("gguf", reason="the gguf package writes the test files")
 
 from tallow.layers import LongRoPERotaryEmbedding, WeightLoadError  # noqa: E402
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
+from tallow.plugin.testing.model import hf_greedy  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_greedy_parity, load_model, random_hf_model,
 )
@@ -113,3 +114,57 @@ def test_config_from_gguf():
     assert cfg["rope_scaling"] == {
         "rope_type": "longrope", "attention_factor": 1.19,
         "original_max_position_embeddings": 4096, "short_factor": None, "long_factor": None}
+
+
+def _q8_0_file(tmp_path):
+    """A Q8_0 Phi-3 file (fused attn_qkv and ffn_up kept quantized) without LongRoPE, which
+    transformers' own GGUF loader reads too: the oracle of the quantized path."""
+    config = transformers.Phi3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5, max_position_embeddings=MAX,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf = random_hf_model(config, seed=22)
+    path = tmp_path / "phi3-q8_0.gguf"
+    write_gguf(path, "phi3", gguf_metadata(config), gguf_tensors(hf.state_dict(), "phi3", 2),
+               config.vocab_size, quantize="Q8_0")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager")
+    return path, theirs.eval()
+
+
+def _engine_tokens(path, **config) -> tuple[list[int], object]:
+    from tallow import SamplingParams
+    from tallow.plugin.testing import offline_llm
+
+    llm = offline_llm(str(path), plugins=["tallow-phi3", "tallow-gguf", "tallow-quant-gguf",
+                                          "tallow-attention-triton"],
+                      config={"model": {"dtype": "float32"}, **config})
+    out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=20,
+                                                ignore_eos=True))[0]
+    return list(out.outputs[0].token_ids), llm.engine.parts.loaded.quant
+
+
+@pytest.mark.parametrize("keep_quantized", [False, True])
+def test_q8_0_file_through_the_engine_matches_transformers_gguf_loader(tmp_path,
+                                                                       keep_quantized):
+    """The engine on a quantized file, dequantized at load or kept in Q8_0 blocks by the
+    tallow-quant-gguf scheme (fused projections included), generates what transformers
+    generates from the same file."""
+    path, theirs = _q8_0_file(tmp_path)
+    settings = {"plugins": {"settings": {"tallow-quant-gguf": {"cpu": keep_quantized}}}}
+    tokens, quant = _engine_tokens(path, **settings)
+    assert (quant is not None) == keep_quantized
+    assert tokens == hf_greedy(theirs, PROMPT, 20)[0]
+
+
+@pytest.mark.gpu
+def test_q8_0_file_through_the_engine_on_cuda(tmp_path):
+    """On the GPU the quant scheme keeps the blocks and runs its Triton matmuls on the fused
+    qkv and gate|up projections; Triton attention, CUDA graphs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    path, theirs = _q8_0_file(tmp_path)
+    tokens, quant = _engine_tokens(path, model={"dtype": "float32", "device": "cuda"})
+    assert quant is not None
+    assert tokens == hf_greedy(theirs, PROMPT, 20)[0]
+
