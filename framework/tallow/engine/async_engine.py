@@ -1,7 +1,8 @@
 """The asynchronous engine the server uses.
 
 A background thread owns the engine core and steps it while there is work; the asyncio side
-tokenizes, detokenizes and checks stop strings (:class:`OutputProcessor`). The two sides talk
+tokenizes, detokenizes and checks stop strings
+(:class:`~tallow.engine.output_processor.OutputProcessor`). The two sides talk
 through a command queue (thread → core) and ``call_soon_threadsafe`` (core → asyncio), so HTTP
 handling and text work never stall the device, and the device never waits on a lock held by
 the event loop.

@@ -22,7 +22,7 @@ get in.
 
 Protocol, one step: ``out = schedule()`` → the runner performs ``out.blocks_to_copy``, runs
 ``out.scheduled`` and samples one token per sequence in each item's ``sample_seqs`` →
-``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`finish`. The
+``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`Scheduler.finish`. The
 scheduler never decides a stop; in particular the engine must finish a sequence when it
 reaches ``max_model_len`` tokens. Not thread-safe: the engine core's thread owns it.
 

@@ -7,6 +7,7 @@ from .attention import (
 )
 from .causal_lm import CausalLM, default_weight_loader
 from .embedding import LMHead, VocabEmbedding
+from .layer_norm import LayerNorm
 from .linear import (
     ColumnParallelLinear, LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
     ReplicatedLinear, RowParallelLinear, WeightSlice,
@@ -16,7 +17,9 @@ from .linear_method import (
 )
 from .model import ArchConfig, BuildContext
 from .norm import RMSNorm, rms_norm_ref
+from .plain_activation import PLAIN_ACTIVATIONS, Activation, get_act
 from .quantized import QuantizedWeight
+from .rope_config import rope_from_config, rotary_dim
 from .rotary import (
     SUPPORTED_ROPE_TYPES, DynamicNTKRotaryEmbedding, RotaryEmbedding, apply_rotary,
     compute_inv_freq, get_rope, rope_parameters,
@@ -38,6 +41,7 @@ __all__ = [
     "RotaryEmbedding", "DynamicNTKRotaryEmbedding", "get_rope", "apply_rotary",
     "compute_inv_freq", "rope_parameters", "SUPPORTED_ROPE_TYPES",
     "WeightRule", "WeightNameMap", "WeightMatch", "WeightLoadError",
+    "LayerNorm", "Activation", "get_act", "PLAIN_ACTIVATIONS", "rope_from_config", "rotary_dim",
     "context_lengths", "LongRoPERotaryEmbedding", "longrope_attention_factor",
     "longrope_rotary", "ShardedRMSNorm",
 ]

@@ -49,7 +49,12 @@ class AttentionMetadata:
 
 @dataclass(frozen=True)
 class AttentionLayer:
-    """The fixed facts of one attention layer."""
+    """The fixed facts of one attention layer, as this tensor-parallel rank runs it.
+
+    ``num_heads`` and ``num_kv_heads`` count the heads **of this rank** (see
+    :class:`Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
+    allocated from them: ``[2, blocks, block_size, num_kv_heads, head_dim]``.
+    """
 
     layer_index: int
     num_heads: int
@@ -93,6 +98,15 @@ class Attention(nn.Module):
     """Paged attention for one layer. The model runner binds ``kv_cache`` after allocation.
 
     ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]``.
+
+    **Head counts are per tensor-parallel rank**: ``num_heads`` (``Hq``) and ``num_kv_heads``
+    (``Hkv``) are the heads whose q, k and v this rank computes, not the model's totals. With
+    ``tp_size`` 1 the two are the same; with more ranks pass the counts of the rank's
+    projection, ``num_heads`` and ``num_kv_heads`` of
+    :class:`~tallow.layers.QKVParallelLinear` (which takes the totals and divides them,
+    replicating KV heads when there are fewer than ranks). The model runner sizes each
+    layer's KV cache from these counts, and backends read ``Hq / Hkv`` as the grouped-query
+    ratio. ``scale`` defaults to ``head_dim ** -0.5``.
     """
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,

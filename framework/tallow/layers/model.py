@@ -23,6 +23,13 @@ class ArchConfig(dict):
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
 
+    def require(self, key: str) -> Any:
+        """The value of ``key``; a ValueError naming the key when it is absent or null."""
+        value = self.get(key)
+        if value is None:
+            raise ValueError(f"model config: {key!r} is required")
+        return value
+
     @property
     def text(self) -> "ArchConfig":
         """The language-model part of a multimodal config (``text_config``), else itself."""

@@ -37,9 +37,10 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longr
 def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
     """``(base, rope_scaling, partial_rotary_factor)`` from an HF config.
 
-    Reads both the current form (``rope_parameters: {rope_type, rope_theta, ...}``) and the
-    older one (``rope_theta`` plus ``rope_scaling: {type | rope_type, factor, ...}``).
-    ``rope_scaling`` is None for plain RoPE.
+    Reads the current form (``rope_parameters: {rope_type, rope_theta, ...}``), the older one
+    (``rope_theta`` plus ``rope_scaling: {type | rope_type, factor, ...}``), and GPT-NeoX's
+    keys (``rotary_emb_base`` for the base, ``rotary_pct`` for the rotated fraction of each
+    head), in that order of precedence. ``rope_scaling`` is None for plain RoPE.
     """
     params = config.get("rope_parameters") or {}
     legacy = config.get("rope_scaling") or {}
@@ -49,10 +50,10 @@ def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | 
     merged: dict[str, Any] = {**legacy, **params}
     base = merged.pop("rope_theta", None)
     if base is None:
-        base = config.get("rope_theta", 10000.0)
+        base = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
     partial = merged.pop("partial_rotary_factor", None)
     if partial is None:
-        partial = config.get("partial_rotary_factor", 1.0)
+        partial = config.get("partial_rotary_factor", config.get("rotary_pct", 1.0))
     rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
     merged.pop("type", None)
     if rope_type == "default":

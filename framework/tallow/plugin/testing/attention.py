@@ -10,8 +10,9 @@ declares.
         kv_codecs = ("auto", "fp8")
 
 It runs on a CPU when the backend's ``validate`` accepts ``model.device: cpu``, else on a CUDA
-GPU, else it is skipped with "needs a CUDA GPU". Set :attr:`run_on` to force a device (a
-Triton backend under ``TRITON_INTERPRET=1`` runs on CPU tensors).
+GPU, else it is skipped with "needs a CUDA GPU". Set
+:attr:`AttentionBackendConformance.run_on` to force a device (a Triton backend under
+``TRITON_INTERPRET=1`` runs on CPU tensors).
 """
 
 from __future__ import annotations

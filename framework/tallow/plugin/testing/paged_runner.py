@@ -101,12 +101,14 @@ class PagedRunner:
 
 def randomize_(model: torch.nn.Module, seed: int, std: float = 0.08) -> None:
     """Give every parameter of a transformers model random values (biases and norm weights too,
-    which transformers initialises to constants that would hide mistakes)."""
+    which transformers initialises to constants that would hide mistakes): norm weights
+    ``1 + 0.2 N(0, 1)``, everything else, norm biases included, ``std N(0, 1)`` (a LayerNorm
+    bias near 1 everywhere would add the same vector to every token's state)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if "norm" in name:
+            if "norm" in name and not name.endswith("bias"):
                 p.copy_(1.0 + 0.2 * noise)
             else:
                 p.copy_(std * noise)
