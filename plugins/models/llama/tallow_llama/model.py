@@ -25,7 +25,7 @@ from torch import nn
 from tallow.layers import (
     ArchConfig, Attention, BuildContext, CausalLM, LMHead, MergedColumnParallelLinear,
     QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabEmbedding,
-    get_act_and_mul, get_rope, rope_parameters,
+    get_act_and_mul, rope_from_config,
 )
 
 from .gguf_config import llama_family_config
@@ -150,11 +150,9 @@ class LlamaModel(nn.Module):
         intermediate = int(_require(config, "intermediate_size"))
         eps = float(config.get("rms_norm_eps", 1e-6))
         head_dim = int(config.get("head_dim") or hidden // heads)
-        base, scaling, partial = rope_parameters(config)
-        max_position = int(config.get("max_position_embeddings") or 2048)
-        self.rotary_emb = get_rope(head_dim, int(head_dim * partial), max_position, base,
-                                   scaling, is_neox_style=owner.rope_neox_style,
-                                   device=build.device)
+        self.rotary_emb = rope_from_config(config, head_dim,
+                                           is_neox_style=owner.rope_neox_style,
+                                           device=build.device)
         self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
                                            prefix="model.embed_tokens")
         act = config.get("hidden_act", "silu")
