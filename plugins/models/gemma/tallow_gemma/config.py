@@ -160,7 +160,7 @@ def config_from_gguf(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
             cfg["sliding_window"] = GEMMA2_DEFAULTS["sliding_window"]
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if cfg.get(key) is None:
-                cfg[key] = GEMMA2_DEFAULTS[key]
+                cfg[key] = float(get(key, GEMMA2_DEFAULTS[key]))
     defaults = GEMMA3_DEFAULTS if gemma3 else GEMMA2_DEFAULTS
     cfg["rope_theta"] = float(cfg.get("rope_theta") or defaults["rope_theta"])
     if not math.isfinite(cfg["rope_theta"]) or cfg["rope_theta"] <= 0:
