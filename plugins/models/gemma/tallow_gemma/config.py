@@ -94,8 +94,9 @@ def gemma3_rope(config: Mapping[str, Any]
     if isinstance(params, Mapping) and (SLIDING in params or FULL in params):
         full = params.get(FULL) or {}
         sliding = params.get(SLIDING) or {}
-        g_base, g_scaling, _ = rope_parameters({"rope_parameters": full,
-                                                "rope_theta": config.get("rope_theta")})
+        g_base, g_scaling, _ = rope_parameters({
+            "rope_parameters": full,
+            "rope_theta": config.get("rope_theta") or GEMMA3_DEFAULTS["rope_theta"]})
         l_base, l_scaling, _ = rope_parameters({"rope_parameters": sliding,
                                                 "rope_theta": local_base})
         return {FULL: (g_base, g_scaling), SLIDING: (l_base, l_scaling)}

@@ -29,7 +29,8 @@ def build_hf(config: Any, seed: int = 0, path: Path | None = None,
 
     torch.manual_seed(seed)
     factory = getattr(transformers, cls_name)
-    model = factory.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    build = getattr(factory, "from_config", None) or factory._from_config  # Auto* or a class
+    model = build(config, attn_implementation="eager", dtype=torch.float32)
     randomize_(model, seed)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
