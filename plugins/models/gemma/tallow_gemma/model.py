@@ -178,6 +178,9 @@ class GemmaModel(nn.Module):
                     for kind, (base, scaling) in owner.rope_by_layer_kind(config).items()}
         # registered once each (a dict of modules), shared by the layers of their kind
         self.rotary = nn.ModuleDict(rotaries)
+        if config.get("use_bidirectional_attention"):
+            raise ValueError("model config: use_bidirectional_attention is true (an embedding "
+                             "model such as EmbeddingGemma); tallow runs Gemma causally only")
         window = config.get("sliding_window")
         if window is not None and (isinstance(window, bool) or int(window) < 1):
             raise ValueError(f"model config: 'sliding_window' must be a positive integer or "

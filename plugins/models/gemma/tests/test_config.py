@@ -93,3 +93,17 @@ def test_both_multimodal_layouts(prefix, head):
                     "multi_modal_projector.mm_input_projection_weight"):
         assert names.match(skipped).ignored
     assert names.match("some.other.tensor") is None
+
+
+def test_bidirectional_models_are_refused():
+    import torch
+
+    from tallow.layers import ArchConfig, BuildContext
+
+    cfg = Gemma3ForCausalLM.config_from_hf({"hidden_size": 32, "num_hidden_layers": 1,
+                                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                                            "head_dim": 16, "intermediate_size": 64,
+                                            "vocab_size": 10, "max_position_embeddings": 8,
+                                            "use_bidirectional_attention": True})
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        Gemma3ForCausalLM(ArchConfig(cfg), BuildContext(device=torch.device("cpu")))

@@ -110,5 +110,9 @@ def test_multimodal_checkpoint_serves_its_text_model(tmp_path, kit):
     model = llm.engine.parts.loaded.model
     assert type(model).__name__ == "Gemma3ForConditionalGeneration"
     assert model.config["rope_local_base_freq"] == 10000.0  # a default, not in the file
+    # the engine sized everything from the flattened, completed config too
+    engine_config = llm.engine.parts.loaded.config
+    assert "text_config" not in engine_config and engine_config["vocab_size"] == 300
+    assert engine_config["rms_norm_eps"] == 1e-6
     for prompt, out in zip(PROMPTS, _generate(llm, PROMPTS)):
         assert out.outputs[0].token_ids == _hf_tokens(hf, prompt)
