@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tallow.layers import ArchConfig, BuildContext
-from tallow.plugin.testing.model import assert_close_logits
+from tallow.plugin.testing.model import assert_close_logits, hf_greedy
 from tallow.plugin.testing.paged_runner import PagedRunner, randomize_
 
 # the prompt is longer than the windows of the tiny configs, so the windows matter
@@ -58,17 +58,12 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32, device: str = "c
 
 def hf_generate(model: Any, prompt: list[int], steps: int = STEPS
                 ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
-    """transformers' greedy tokens, the logits of each step, and the prompt's logits."""
-    ids = torch.tensor([prompt])
+    """transformers' greedy tokens, the logits of each step, and the prompt's logits (only
+    those for ``steps=0``)."""
+    if steps:
+        return hf_greedy(model, prompt, steps)
     with torch.no_grad():
-        prompt_logits = model(ids).logits[0]
-        if steps == 0:
-            return [], [], prompt_logits
-        out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True,
-                             pad_token_id=None, eos_token_id=None)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    return tokens, [step[0] for step in out.logits], prompt_logits
+        return [], [], model(torch.tensor([prompt])).logits[0]
 
 
 # llama.cpp's names for the per-layer tensors of gemma2 / gemma3
