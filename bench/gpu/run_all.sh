@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,embed,embedtests, or full: the runs behind the
+# quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -73,6 +73,13 @@ if [[ ",$MODE," == *",profile,"* ]]; then
   for extra in "" "--eager" "--gemv-rows 0" "--model random:qwen3-0.6b --batch 256 --input-len 300"; do
     timeout 150 python3 bench/gpu/profile_decode.py step $extra 2>&1 | grep -v Warning | tail -34
   done | tee "$OUT/profile.log"
+fi
+if [[ ",$MODE," == *",gemmatests,"* ]]; then
+  echo "== GPU tests of tallow-model-gemma (tiny parity; Gemma 3 4B shape on triton vs transformers and torch)"
+  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/models/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
+fi
+if [[ ",$MODE," == *",gemma4b,"* ]]; then  # batch-1 decode of Gemma 3 4B's shape; 2048-token prompts outrun its 1024-token window
+  bench latency_gemma3_4b_bs1 300 latency --model random:gemma-3-4b --dtype bfloat16 --batch-size 1 --input-len 2048 --output-len 256 --max-model-len 4096
 fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 if [[ ",$MODE," == *",latencysync,"* ]]; then

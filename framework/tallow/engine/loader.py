@@ -97,7 +97,15 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
                              f"(loaded: {known})" + registries.architectures.missing_hint(arch))
-    return registries.architectures.entry(arch), config
+    entry = registries.architectures.entry(arch)
+    refine = getattr(entry.load(), "config_from_hf", None)
+    if refine is not None:
+        try:
+            config = refine(config)
+        except ValueError as exc:  # the model class names the key, not the file
+            raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                 str(exc)) from None
+    return entry, config
 
 
 def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:

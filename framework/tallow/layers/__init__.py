@@ -27,6 +27,9 @@ from .rotary import (
     compute_inv_freq, get_rope, rope_parameters,
 )
 from .weight_names import WeightLoadError, WeightMatch, WeightNameMap, WeightRule
+from .context_length import context_lengths
+from .rope_scaling import LongRoPERotaryEmbedding, longrope_attention_factor, longrope_rotary
+from .sharded_norm import ShardedRMSNorm
 
 __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
@@ -42,4 +45,6 @@ __all__ = [
     "compute_inv_freq", "rope_parameters", "SUPPORTED_ROPE_TYPES",
     "WeightRule", "WeightNameMap", "WeightMatch", "WeightLoadError",
     "LayerNorm", "Activation", "get_act", "PLAIN_ACTIVATIONS", "rope_from_config", "rotary_dim",
+    "context_lengths", "LongRoPERotaryEmbedding", "longrope_attention_factor",
+    "longrope_rotary", "ShardedRMSNorm",
 ]

@@ -40,7 +40,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
       (the engine widens them wherever it computes with them);
     - ``load_weights(tensors, naming) -> set[str]``: the parameters it filled, after checking that
       nothing is missing or left over;
-    - ``config_from_gguf(metadata, config) -> dict`` (classmethod).
+    - ``config_from_gguf(metadata, config) -> dict`` and ``config_from_hf(config) -> dict``
+      (classmethods).
 
     Embeddings (``build.task == "embed"``): the engine pools the hidden states of ``forward``
     (:mod:`tallow.layers.pooling`) and never asks for logits, so a model may then build no LM
@@ -211,6 +212,17 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             method = getattr(module, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
+
+    @classmethod
+    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """Complete the HF-style ``config`` of a checkpoint that is not GGUF (``config.json``).
+
+        The default returns it unchanged; an architecture overrides it to fill what its
+        ``config.json`` may leave out (its config class's defaults), so that the engine sizes
+        the model, the vocabulary and the context from the same values the model is built
+        with.
+        """
+        return config
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:

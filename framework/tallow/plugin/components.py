@@ -107,7 +107,10 @@ class ModelArchitecture:
       argmax of the logits as returned);
     - ``load_weights(tensors, naming) -> set[str]`` the parameter names it filled;
     - ``config_from_gguf(metadata, config) -> dict`` (classmethod): refine the HF-style config
-      that the GGUF format derived generically from ``metadata``.
+      that the GGUF format derived generically from ``metadata``;
+    - ``config_from_hf(config) -> dict`` (classmethod, optional): complete the config of any
+      other checkpoint (``config.json``), e.g. with the defaults its config class implies;
+      the engine builds the model and sizes vocabulary and context from the result.
     """
 
     hf_architectures: ClassVar[tuple[str, ...]] = ()
