@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -40,7 +41,7 @@ from .env import disable_nvlink_multicast, share_cpu_cores
 from .state import ParallelState
 from .step_message import ControlChannel, StepMessage, STOP
 from .topology import Topology, resolve_topology
-from .watchdog import EXIT_GRACE_S, Watchdog, report_failure, stop_processes
+from .watchdog import EXIT_GRACE_S, STOPPED_KEY, Watchdog, report_failure, stop_processes
 
 log = logging.getLogger("tallow.distributed")
 
@@ -203,7 +204,7 @@ def _start(topology: Topology, *, collective_timeout_s: float, heartbeat_timeout
         control = ControlChannel(dist.new_group(backend="gloo", timeout=_FOREVER))
     except BaseException:
         watchdog.stop()
-        stop_processes(list(children.values()))
+        stop_processes(list(children.values()), grace=1.0)
         raise
     parallel = ParallelState(topology, device, dist.group.WORLD, control, store, watchdog,
                              list(children.values()))
@@ -233,7 +234,7 @@ def _on_failure(holder: list[ParallelState], reason: str, own_workers: bool) -> 
         def leave() -> None:
             print(f"tallow: {reason}; the tensor-parallel group cannot continue, exiting",
                   file=sys.stderr, flush=True)
-            stop_processes(children, timeout=1.0)
+            stop_processes(children, grace=0.5)
             os._exit(1)
 
         threading.Timer(0.0 if parallel is None else EXIT_GRACE_S, leave).start()
@@ -241,7 +242,7 @@ def _on_failure(holder: list[ParallelState], reason: str, own_workers: bool) -> 
     if watchdog is not None and own_workers:
         report_failure(watchdog.store, f"{reason} (seen by rank {rank})")
     print(f"tallow: rank {rank}: {reason}; leaving", file=sys.stderr, flush=True)
-    stop_processes(children, timeout=1.0)
+    stop_processes(children, grace=0.5)
     os._exit(1)
 
 
@@ -255,22 +256,46 @@ def shutdown() -> None:
     if parallel.watchdog is not None:
         parallel.watchdog.stop()
     if parallel.is_driver and parallel.failure is None:
-        _tell_workers_to_stop(parallel)
-    stop_processes(parallel.processes, timeout=10.0)
+        if _tell_workers_to_stop(parallel):
+            _wait_for_workers(parallel)
+    elif not parallel.is_driver and parallel.watchdog is not None:
+        try:  # tell the driver that this rank took the stop message
+            parallel.watchdog.store.add(STOPPED_KEY, 1)
+        except Exception:
+            pass
+    stop_processes(parallel.processes, grace=10.0)
     try:
         dist.destroy_process_group()
     except Exception:  # a group that failed may not tear down cleanly; the process is ending
         log.debug("destroying the process group failed", exc_info=True)
 
 
-def _tell_workers_to_stop(parallel: ParallelState) -> None:
+def _wait_for_workers(parallel: ParallelState, timeout: float = 5.0) -> None:
+    """Wait (bounded) until every worker has taken the stop message, so that none of them
+    sees the store (which this process hosts) vanish first and takes it for a failure."""
+    store = parallel.watchdog.store if parallel.watchdog is not None else None
+    if store is None:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while int(store.add(STOPPED_KEY, 0)) < parallel.world_size - 1:
+            if time.monotonic() > deadline:
+                log.warning("tensor parallelism: not every worker acknowledged the stop")
+                return
+            time.sleep(0.02)
+    except Exception:
+        log.debug("waiting for the workers to stop failed", exc_info=True)
+
+
+def _tell_workers_to_stop(parallel: ParallelState) -> bool:
+    """Send the stop message; False when it could not be sent."""
     control = parallel.control
     # another thread of this process may be in the middle of a step: give it a moment, else
     # leave the workers to the parent-death and heartbeat checks
     if not control.lock.acquire(timeout=5.0):
         log.warning("tensor parallelism: a step is still running; stopping the workers "
                     "without telling them")
-        return
+        return False
     try:
         active = parallel.active
         if active is not None and not active.retired:
@@ -278,8 +303,10 @@ def _tell_workers_to_stop(parallel: ParallelState) -> None:
             active.retired = True
         else:
             control.send_object(None)
+        return True
     except Exception:
         log.debug("telling the workers to stop failed", exc_info=True)
+        return False
     finally:
         control.lock.release()
 

@@ -54,6 +54,11 @@ class ParallelState:
         """Why the group failed, once a rank was lost; else None."""
         return self.watchdog.failure if self.watchdog is not None else None
 
+    def diagnose(self, wait: float = 1.0) -> str | None:
+        """After a collective raised: the lost rank that explains it (the failure is then
+        handled as the watchdog handles it), or None."""
+        return self.watchdog.diagnose(wait) if self.watchdog is not None else None
+
     def on_failure(self, handler: Callable[[str], None]) -> None:
         """Call ``handler(reason)`` (from the watchdog's thread) when a rank fails."""
         self.failure_handlers.append(handler)

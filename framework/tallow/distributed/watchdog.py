@@ -40,6 +40,8 @@ POLL_S = 0.1
 #: seconds between a failure and the driver's exit (the 503 responses go out meanwhile)
 EXIT_GRACE_S = 2.0
 FAILURE_KEY = "tallow/failure"
+#: how many workers have taken the driver's stop message
+STOPPED_KEY = "tallow/stopped"
 
 
 def heartbeat_key(rank: int) -> str:
@@ -74,14 +76,13 @@ def describe_exit(process: Any) -> str:
     return f"exited with status {code}"
 
 
-def stop_processes(processes: list[Any], timeout: float = 5.0) -> None:
-    """Terminate ``processes`` (SIGTERM, then SIGKILL after ``timeout``) and reap them."""
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + timeout
+def stop_processes(processes: list[Any], grace: float = 0.0) -> None:
+    """Give ``processes`` ``grace`` seconds to exit by themselves, then SIGKILL the rest and
+    reap them (spawned workers ignore SIGTERM and SIGINT: their driver ends them)."""
+    deadline = time.monotonic() + grace
     for p in processes:
         p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
         if p.is_alive():
             p.kill()
             p.join(1.0)
@@ -105,6 +106,7 @@ class Watchdog(threading.Thread):
         self.parent_pid = parent_pid
         self.on_failure = on_failure
         self.failure: str | None = None
+        self._failing = threading.Lock()
         self._stopping = threading.Event()
         #: rank -> (last counter value seen, when it changed)
         self._beats: dict[int, tuple[int, float]] = {}
@@ -159,12 +161,32 @@ class Watchdog(threading.Thread):
                         f"{self.timeout:g})", False)
         return None
 
+    def diagnose(self, wait: float = 1.0) -> str | None:
+        """Why the group failed, looking now rather than at the next poll (a collective has
+        just raised: the lost rank may take a moment to show); None if no rank seems lost
+        within ``wait`` seconds. A failure found is acted on as the watchdog would."""
+        deadline = time.monotonic() + wait
+        while self.failure is None:
+            try:
+                found = self.check(time.monotonic())
+            except Exception as exc:
+                found = (f"the rendezvous store cannot be reached ({type(exc).__name__}: "
+                         f"{exc})", False)
+            if found is not None:
+                self.fail(*found)
+                break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        return self.failure
+
     def fail(self, reason: str, own_workers: bool = False) -> None:
         """Record the group's first failure and act on it (see the module docstring);
         ``own_workers``: it concerns workers this process spawned."""
-        if self.failure is not None:
-            return
-        self.failure = reason
+        with self._failing:
+            if self.failure is not None:
+                return
+            self.failure = reason
         if self.on_failure is not None:
             self.on_failure(reason, own_workers)
 

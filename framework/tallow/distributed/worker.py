@@ -42,8 +42,10 @@ def spawned_main(spec: Any) -> None:
     die_with_parent()
     if os.getppid() != spec.parent_pid:  # the parent died before the line above took effect
         raise SystemExit(1)
-    # Ctrl-C reaches every process of the terminal's group: the driver ends the workers
+    # Ctrl-C and a service manager's SIGTERM reach every process of the group: the driver
+    # ends its workers (and if it dies, they die with it)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = spec.topology.rank
     logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [rank {rank}]: %(message)s")
@@ -57,6 +59,10 @@ def serve(parallel: ParallelState) -> None:
     from . import launch
     from .watchdog import report_failure
 
+    try:  # Ctrl-C reaches every rank started from the terminal: the driver ends the workers
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave the process's handlers as they are
+        pass
     try:
         while True:
             startup = parallel.control.receive_object()

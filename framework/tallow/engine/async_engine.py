@@ -93,6 +93,9 @@ class AsyncEngine(EngineFrontend):
                 c["step_seconds_total"] += out.step_time
                 c["host_seconds_total"] += out.host_time
         except BaseException as exc:  # the engine is dead: fail every waiting request loudly
+            parallel = self.parts.parallel
+            if self.error is None and parallel is not None and isinstance(exc, Exception):
+                parallel.diagnose()  # a lost rank makes a collective raise: name the rank
             if self.error is not None:  # a lost tensor-parallel rank, already reported
                 return
             log.exception("engine loop failed")
