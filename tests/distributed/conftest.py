@@ -68,8 +68,9 @@ def served_prompts() -> list[str]:
 def served_reference(checkpoints: dict[str, str], served_prompts: list[str]) -> list[str]:
     """The TP=1 greedy completions of ``served_prompts`` (32 tokens each), as text."""
     from tallow import LLM, SamplingParams
-    from tp_cases import PLUGINS, TIGHT
+    from tp_cases import PLUGINS, TIGHT, one_thread
 
-    llm = LLM(model=checkpoints["llama"], plugins=PLUGINS, **TIGHT)
-    outputs = llm.generate(served_prompts, SamplingParams(max_tokens=32, temperature=0.0))
+    with one_thread():
+        llm = LLM(model=checkpoints["llama"], plugins=PLUGINS, **TIGHT)
+        outputs = llm.generate(served_prompts, SamplingParams(max_tokens=32, temperature=0.0))
     return [o.outputs[0].text for o in outputs]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from tp_processes import run_driver
-from tp_cases import TIGHT, run_case, standard_waves, token_waves
+from tp_cases import TIGHT, one_thread, run_case, standard_waves, token_waves
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,10 @@ def _cases(checkpoints: dict[str, str], tp: int) -> list[dict[str, Any]]:
                              "max_num_batched_tokens": 2048, "prefill_chunk_size": None},
                 "waves": [[{"prompt": "The quick brown fox jumps over the lazy dog. " * 50,
                             "params": {"max_tokens": 8, "temperature": 0.0}}]]}
-        cases += [gguf, long]
+        # K/V stored as 8-bit floats: each rank's cache holds its heads, encoded alike
+        fp8 = {"name": "fp8-kv", "model": checkpoints["llama"], "waves": standard_waves()[:1],
+               "settings": {**TIGHT, "kv_codec": "fp8"}}
+        cases += [gguf, long, fp8]
     else:  # last: its refusal ends the group
         cases.append(gguf)
     return cases
@@ -40,7 +43,8 @@ def _cases(checkpoints: dict[str, str], tp: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def references(checkpoints: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {case["name"]: run_case(case, 1) for case in _cases(checkpoints, 2)}
+    with one_thread():
+        return {case["name"]: run_case(case, 1) for case in _cases(checkpoints, 2)}
 
 
 def _assert_same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
@@ -67,6 +71,7 @@ def test_tokens_equal_tp1(tp: int, checkpoints, references, tmp_path, sessions) 
     if tp == 2:
         _assert_same(results["gguf"], references["gguf"], "GGUF k-quants TP=2")
         _assert_same(results["long-step"], references["long-step"], "one long step TP=2")
+        _assert_same(results["fp8-kv"], references["fp8-kv"], "fp8 KV cache TP=2")
     else:
         # ffn_down's 512 Q4_K columns over 4 ranks are 128 each: half a block
         error = results["gguf"]["error"]

@@ -2,21 +2,23 @@
 reference) or as a script (``python tp_cases.py SPEC.json``: the driver of a TP group, which
 runs every case of SPEC on one group of spawned workers and prints one JSON line per case).
 
-A case is ``{"name", "model", "settings", "waves", "expect_error"}``: ``waves`` are lists of
-requests (``{"prompt", "params"}``) given to ``LLM.generate`` one after the other, so a later
-wave finds the prefixes of an earlier one in the prefix cache.
+A case is ``{"name", "model", "settings", "waves"}`` (optionally ``"plugins"``, more plugins to
+enable, and ``"plugin_settings"``): ``waves`` are lists of requests (``{"prompt", "params"}``)
+given to ``LLM.generate`` one after the other, so a later wave finds the prefixes of an earlier
+one in the prefix cache. A case whose engine cannot be built gives ``{"name", "error"}``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 #: plugins the cases need (loading every installed one costs each process seconds)
 PLUGINS = {"autoload": False, "enable": ["tallow-llama", "tallow-safetensors", "tallow-gguf",
-                                         "tallow-quant-gguf"]}
+                                         "tallow-quant-gguf", "tallow-kvcache-fp8"]}
 
 #: small blocks, a small step budget and a small cache: prompts are prefilled in chunks,
 #: shared prefixes hit the prefix cache, and the running sequences outgrow the cache
@@ -70,15 +72,30 @@ def _summary(output: Any) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread (a TP=1 reference beside other busy processes: torch's spinning
+    threads on a shared machine cost more than they give on these tiny models)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_case(case: dict[str, Any], tensor_parallel_size: int) -> dict[str, Any]:
     """Build the case's engine and run its waves; errors are results (``"error"``)."""
     from tallow import LLM, SamplingParams
 
     started = time.monotonic()
     try:
+        plugins = {**PLUGINS, "enable": PLUGINS["enable"] + case.get("plugins", []),
+                   "settings": case.get("plugin_settings", {})}
         llm = LLM(model=case["model"], tensor_parallel_size=tensor_parallel_size,
-                  plugins={**PLUGINS, "settings": case.get("plugin_settings", {})},
-                  **case.get("settings", TIGHT))
+                  plugins=plugins, **case.get("settings", TIGHT))
     except Exception as exc:
         return {"name": case["name"], "error": f"{type(exc).__name__}: {exc}"}
     results = []
@@ -88,6 +105,7 @@ def run_case(case: dict[str, Any], tensor_parallel_size: int) -> dict[str, Any]:
         results.extend(_summary(o) for o in outputs)
     stats = llm.engine.stats()
     return {"name": case["name"], "results": results,
+            "cuda_graphs": llm.engine.core.runner.graphs is not None,
             "stats": {k: stats[k] for k in ("num_preemptions", "prefix_cache_hit_rate",
                                             "steps")},
             "seconds": round(time.monotonic() - started, 2)}

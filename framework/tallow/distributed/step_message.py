@@ -10,10 +10,12 @@ forward and the same collectives as the driver.
 
 Packed, a step is one ``uint8`` buffer: a header of :data:`HEADER_WORDS` int64 words, then the
 int64 parts (the batch's ``i64``, the copies, the logit ranges), then the batch's ``i32``. The
-:class:`ControlChannel` sends it with one broadcast of a fixed :data:`CAPACITY` bytes over a gloo
-group (host to host: the driver never waits for its device to describe a step, and a worker
-reads it while its device still runs the step before); a step larger than that (long prompts,
-large batches of long block tables) sends the rest with a second broadcast.
+:class:`ControlChannel` sends it over a gloo group (host to host: the driver never waits for its
+device to describe a step, and a worker reads it while its device still runs the step before)
+with one broadcast of a size both sides derive from the previous message
+(:func:`next_capacity`: a power of two above it, so steady decoding sends one broadcast of about
+its own size); a message larger than that (a long prompt after decode steps) sends the rest with
+a second broadcast.
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ TOKENS_BROADCAST = 2  # rank 0 samples and broadcasts the ids on the device grou
 
 HEADER_WORDS = 16
 _MAGIC = 0x7A110  # first word of every message: a stream out of step shows at once
-#: bytes of the first broadcast of every message
-CAPACITY = 32 * 1024
+#: bounds of the first broadcast of a message, in bytes
+MIN_CAPACITY = 4 * 1024
+MAX_CAPACITY = 1 << 20
+
+
+def next_capacity(size: int) -> int:
+    """The first broadcast's size for the message after one of ``size`` bytes: the next power
+    of two above ``1.25 * size`` (room for block tables to grow), within the bounds."""
+    want = max(MIN_CAPACITY, size + size // 4)
+    return min(MAX_CAPACITY, 1 << (want - 1).bit_length())
 
 
 @dataclass
@@ -116,11 +126,18 @@ class ControlChannel:
     keeps a second thread of the driver (shutting down) from interleaving a message with a
     step's."""
 
-    def __init__(self, group: Any, capacity: int = CAPACITY) -> None:
+    def __init__(self, group: Any) -> None:
         self.group = group
-        self.capacity = capacity
-        self._head = torch.empty(capacity, dtype=torch.uint8)
+        #: size of the next message's first broadcast: the same on every rank
+        self.capacity = MIN_CAPACITY
+        self._buffers: dict[int, torch.Tensor] = {}
         self.lock = threading.Lock()
+
+    def _head(self) -> torch.Tensor:
+        buf = self._buffers.get(self.capacity)
+        if buf is None:
+            buf = self._buffers[self.capacity] = torch.empty(self.capacity, dtype=torch.uint8)
+        return buf
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as dist
@@ -129,22 +146,25 @@ class ControlChannel:
 
     def send(self, message: StepMessage) -> None:
         data = message.pack()
-        head = self._head.numpy()
-        first = min(data.size, self.capacity)
-        head[:first] = data[:first]
-        self._broadcast(self._head)
-        if data.size > self.capacity:
-            self._broadcast(torch.from_numpy(data[self.capacity:]))
+        head, capacity = self._head(), self.capacity
+        first = min(data.size, capacity)
+        head.numpy()[:first] = data[:first]
+        self._broadcast(head)
+        if data.size > capacity:
+            self._broadcast(torch.from_numpy(data[capacity:]))
+        self.capacity = next_capacity(data.size)
 
     def receive(self) -> StepMessage:
-        self._broadcast(self._head)
-        head = self._head.numpy()
-        size = StepMessage.packed_size(head[:8 * HEADER_WORDS].view(np.int64))
-        if size <= self.capacity:
-            return StepMessage.unpack(head[:size])
-        rest = torch.empty(size - self.capacity, dtype=torch.uint8)
-        self._broadcast(rest)
-        return StepMessage.unpack(np.concatenate([head, rest.numpy()]))
+        head, capacity = self._head(), self.capacity
+        self._broadcast(head)
+        data = head.numpy()
+        size = StepMessage.packed_size(data[:8 * HEADER_WORDS].view(np.int64))
+        if size > capacity:
+            rest = torch.empty(size - capacity, dtype=torch.uint8)
+            self._broadcast(rest)
+            data = np.concatenate([data, rest.numpy()])
+        self.capacity = next_capacity(size)
+        return StepMessage.unpack(data[:size])
 
     def send_object(self, obj: Any) -> None:
         """A picklable object to every rank (start-up: the configuration and plugins)."""
