@@ -28,17 +28,22 @@ import torch.distributed as dist
 from tallow.distributed.env import disable_nvlink_multicast
 
 
+def _microseconds(fn, repeats: int) -> float:
+    """Mean µs of ``fn()`` on the device over ``repeats`` calls (queued back to back)."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    events[0].record()
+    for _ in range(repeats):
+        fn()
+    events[1].record()
+    events[1].synchronize()
+    return events[0].elapsed_time(events[1]) / repeats * 1e3
+
+
 def _time_eager(x: torch.Tensor, repeats: int) -> float:
     for _ in range(5):
         dist.all_reduce(x)
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        dist.all_reduce(x)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats * 1e3  # µs
+    return _microseconds(lambda: dist.all_reduce(x), repeats)
 
 
 def _time_graph(x: torch.Tensor, per_step: int, repeats: int) -> float:
@@ -53,15 +58,9 @@ def _time_graph(x: torch.Tensor, per_step: int, repeats: int) -> float:
     with torch.cuda.graph(graph):
         for _ in range(per_step):
             dist.all_reduce(x)
-    graph.replay()
+    graph.replay()  # the first replay uploads the graph
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats * 1e3
+    return _microseconds(graph.replay, repeats)
 
 
 def _nccl_tests(nbytes: list[int], gpus: int) -> dict[int, float]:

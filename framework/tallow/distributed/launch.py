@@ -60,6 +60,10 @@ class WorkerSpec:
     heartbeat_timeout_s: float
     parent_pid: int
     log_level: str = "WARNING"
+    #: the spawning thread was the main thread: the worker may ask the kernel to kill it when
+    #: that thread ends (Linux ties PR_SET_PDEATHSIG to the thread, not the process; from
+    #: another thread the parent-pid check of the watchdog does the job alone)
+    die_with_parent: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -171,7 +175,8 @@ def _spawn(topology: Topology, collective_timeout_s: float, heartbeat_timeout_s:
     children: dict[int, WorkerProcess] = {}
     for rank in topology.spawned_ranks():
         spec = WorkerSpec(topology.for_rank(rank), collective_timeout_s, heartbeat_timeout_s,
-                          parent_pid=os.getpid(), log_level=worker_level)
+                          parent_pid=os.getpid(), log_level=worker_level,
+                          die_with_parent=threading.current_thread() is threading.main_thread())
         popen = subprocess.Popen([sys.executable, "-m", "tallow.distributed", spec.to_json()],
                                  stdin=subprocess.DEVNULL)
         children[rank] = WorkerProcess(rank, popen)

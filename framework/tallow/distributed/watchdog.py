@@ -15,8 +15,9 @@ rendezvous store, ``tallow/heartbeat/<rank>``) every :func:`beat_interval` secon
   with a dead peer hangs), so the process ends rather than leave clients waiting.
 - **A worker** leaves (status 1, after stopping the workers it spawned) when the driver is
   gone: its heartbeat has not moved for the timeout, or the store it hosts cannot be reached.
-  A spawned worker also dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and the parent
-  process id checked every poll), so no worker outlives its launch.
+  A spawned worker also dies with its parent (the parent process id checked every poll, and
+  ``PR_SET_PDEATHSIG`` on Linux when the main thread spawned it), so no worker outlives its
+  launch.
 
 Bound: a spawned worker's death ends the driver within ``POLL_S + EXIT_GRACE_S`` (under 3 s); a
 remote rank's within ``heartbeat_timeout_s + 1 + EXIT_GRACE_S``.

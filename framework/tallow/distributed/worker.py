@@ -39,7 +39,8 @@ def spawned_main(spec: Any) -> None:
     from . import launch
     from .watchdog import die_with_parent
 
-    die_with_parent()
+    if spec.die_with_parent:
+        die_with_parent()
     if os.getppid() != spec.parent_pid:  # the parent died before the line above took effect
         raise SystemExit(1)
     # Ctrl-C and a service manager's SIGTERM reach every process of the group: the driver
@@ -76,7 +77,7 @@ def serve(parallel: ParallelState) -> None:
         if watchdog is not None and (watchdog.stopping or watchdog.failure is not None):
             raise SystemExit(1) from None
         reason = f"tensor-parallel rank {parallel.rank} failed: {type(exc).__name__}: {exc}"
-        log.exception("rank %d failed", parallel.rank)
+        log.debug("rank %d failed", parallel.rank, exc_info=True)
         if watchdog is not None:
             report_failure(watchdog.store, reason)
         print(f"tallow: {reason}", file=sys.stderr, flush=True)
