@@ -7,8 +7,11 @@
 # nvidia-cudnn-frontend, also declared, are imported only by kernels the backend never uses.
 #
 # Usage, from the project root, after ../shared/gpu/fetch-wheels.sh (which empties .whl):
-#   bash bench/gpu/flashinfer_wheels.sh
+#   bash bench/gpu/flashinfer_wheels.sh [AOT_TARBALL]
 # Both downloads are checked against the sha256 below, so the result is the same every time.
+# AOT_TARBALL (optional): modules compiled on the GPU machine by bench/gpu/flashinfer_probe.py
+# (OUT/jit/flashinfer-aot-sm90a.tar.gz, 5 MB: the bf16 head-size-128 decode, FA2 and FA3
+# modules); copied into .whl, where bench/gpu/run_all.sh unpacks it so they need no compiling.
 #
 # Why 0.6.6: flashinfer-python wheels start at 0.5.0 (earlier versions are source only); up to
 # 0.6.x they are ~7-8 MB, later ones grow (0.6.18: 18 MB, 0.7.4: 101 MB, with cuda-tile,
@@ -36,7 +39,7 @@ TVM_FFI_SHA256=059eed9bfc94bcd41650fb8eefde74040a1bc7e7b1a6f0a8ff897b02b118875b
 exclude="$(git rev-parse --git-common-dir 2>/dev/null || echo .git)/info/exclude"
 grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
 mkdir -p .whl
-rm -f .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl
+rm -f .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl .whl/flashinfer-aot-*.tar.gz
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf '%s --hash=sha256:%s\n%s --hash=sha256:%s\n' "$FLASHINFER" "$FLASHINFER_SHA256" \
@@ -87,5 +90,8 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATE
 print(f"{src.name}: {src.stat().st_size / 1e6:.1f} MB -> {dest.stat().st_size / 1e6:.1f} MB "
       f"({dropped} files dropped, {len(kept)} kept)")
 PY
-ls -l .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl
-du -ch .whl/*.whl | tail -1 | sed 's/total/all wheels in .whl/'
+if [ $# -gt 0 ]; then
+  install -m 644 "$1" .whl/flashinfer-aot-sm90a.tar.gz
+fi
+ls -l .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl .whl/flashinfer-aot-*.tar.gz 2>/dev/null
+du -ch .whl/* | tail -1 | sed 's/total/all of .whl/'

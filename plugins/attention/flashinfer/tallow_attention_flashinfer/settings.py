@@ -21,8 +21,10 @@ class FlashInferSettings(BaseModel):
     #: per sequence) or on CUDA cores (its decode kernels); "auto": tensor cores from 4 query
     #: heads per KV head or with an 8-bit cache
     decode_tensor_cores: Literal["auto", "always", "never"] = "auto"
-    #: scratch memory of the split-KV kernels, shared by every layer and step
-    workspace_mb: int = Field(256, ge=16, le=16384)
+    #: scratch memory of the split-KV kernels (MiB), shared by every layer and step: a long
+    #: chunk of a prompt split over many thread blocks outgrows the 128 MiB of FlashInfer's
+    #: examples
+    workspace_mb: int = Field(512, ge=16, le=16384)
 
 
 def read_settings(config: Any) -> FlashInferSettings:

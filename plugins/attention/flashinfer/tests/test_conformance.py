@@ -12,6 +12,9 @@ from flashinfer_cases import FA2_ONLY
 
 from tallow.plugin.testing import AttentionBackendConformance
 
+# selected by `pytest -m gpu`; the registration checks need neither and run everywhere
+pytestmark = pytest.mark.gpu
+
 
 class TestFlashInferConformance(AttentionBackendConformance):
     """tallow's attention-backend suite: FA2 kernels at head size 128 (bf16 and, through the
