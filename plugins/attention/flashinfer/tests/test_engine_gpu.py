@@ -9,6 +9,7 @@ import torch
 from flashinfer_cases import needs_gpu
 
 from tallow import LLM, SamplingParams
+from tallow.plugin.testing import forced_logprobs
 
 pytestmark = needs_gpu
 
@@ -24,14 +25,6 @@ def _llm(**kw) -> LLM:
 def _prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     return [torch.randint(10, 150000, (n,), generator=g).tolist() for n in LENGTHS]
-
-
-def _forced_logprobs(llm: LLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """``llm``'s log-probs of ``tokens`` after ``prompt``, teacher-forced (prompt steps)."""
-    out = llm.generate([prompt + tokens], SamplingParams(temperature=0.0, max_tokens=1,
-                                                         prompt_logprobs=1))[0]
-    return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
-                         for i, t in enumerate(tokens)])
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +51,8 @@ def test_decodes_from_graphs_match_triton(engines) -> None:
         tokens = out.outputs[0].token_ids
         decoded = torch.tensor([pos[t].logprob for pos, t in zip(out.outputs[0].logprobs,
                                                                  tokens)])
-        theirs = _forced_logprobs(tri, prompt, tokens)
+        theirs = forced_logprobs(tri, prompt, tokens)
         assert torch.allclose(decoded, theirs, atol=0.08), (len(prompt),
                                                            (decoded - theirs).abs().max())
-        ours = _forced_logprobs(fi, prompt, tokens)
+        ours = forced_logprobs(fi, prompt, tokens)
         assert torch.allclose(ours, theirs, atol=0.08), (len(prompt), (ours - theirs).abs().max())
