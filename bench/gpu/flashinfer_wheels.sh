@@ -28,7 +28,9 @@
 # subfolders of other kernels (fmha_v2, nv_internal, xqa, fused_moe), which no attention module
 # lists or includes (checked against the compiler's dependency files of the decode, FA2 and FA3
 # prefill modules). The Python package is kept whole, so `import flashinfer` works unchanged.
-# Sizes (measured): flashinfer-python 0.6.6 7.4 MB -> 5.4 MB pruned; apache-tvm-ffi 3.3 MB.
+# Sizes (measured): flashinfer-python 0.6.6 7.8 MB -> 5.8 MB pruned; apache-tvm-ffi 3.3 MB; with
+# the server's own missing wheels (../shared/gpu/fetch-wheels.sh, 3.5 MB) and the AOT tarball
+# (5 MB), .whl holds about 18 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FLASHINFER=flashinfer-python==0.6.6

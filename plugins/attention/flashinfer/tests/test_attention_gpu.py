@@ -1,9 +1,9 @@
 """The flashinfer backend on a CUDA GPU against the torch reference and the triton backend:
 prompts, chunked prefill beside decodes, decode over long contexts and prefix-cache hits, for
 every shape of flashinfer_cases.SHAPES (head sizes 64, 128, 256, GQA ratios 2 to 8, bf16 and
-fp16, sliding window and softcap, e4m3 and e5m2 caches); CUDA-graph replay against eager runs;
-the attention-backend conformance suite. Fresh random inputs every run (TALLOW_TEST_SEED
-replays one)."""
+fp16, sliding window and softcap, e4m3 and e5m2 caches); CUDA-graph replay against eager runs.
+(The attention-backend conformance suite: test_conformance.py.) Fresh random inputs every run
+(TALLOW_TEST_SEED replays one)."""
 
 from __future__ import annotations
 
