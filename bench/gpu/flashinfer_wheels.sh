@@ -26,8 +26,10 @@
 # data/cutlass/tools/util/include and data/spdlog/include (flashinfer/jit/cpp_ext.py). Dropped:
 # cutlass's python package, examples, tests and tools other than util/include, and the csrc
 # subfolders of other kernels (fmha_v2, nv_internal, xqa, fused_moe), which no attention module
-# lists or includes (checked against the compiler's dependency files of the decode, FA2 and FA3
-# prefill modules). The Python package is kept whole, so `import flashinfer` works unchanged.
+# lists or includes: the decode module's compiler dependency file names only data/include and
+# csrc/tvm_ffi_utils.h, and the pruned wheel compiled the decode, FA2 and FA3 (sm_90a) modules
+# on the GPU machine (bench/gpu/flashinfer_probe.py). The Python package is kept whole, so
+# `import flashinfer` works unchanged.
 # Sizes (measured): flashinfer-python 0.6.6 7.8 MB -> 5.8 MB pruned; apache-tvm-ffi 3.3 MB; with
 # the server's own missing wheels (../shared/gpu/fetch-wheels.sh, 3.5 MB) and the AOT tarball
 # (5 MB), .whl holds about 18 MB.
