@@ -72,7 +72,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plans: dict[LayerKind, KindPlans] = {}
         self._workspaces: dict[torch.device, torch.Tensor] = {}
         self._step: _Step | None = None
-        self._checked: set[tuple[Any, ...]] = set()
+        #: inputs already checked (by their shapes and dtypes) -> their layer kind
+        self._checked: dict[tuple[Any, ...], LayerKind] = {}
 
     # -- selection ------------------------------------------------------------------------
     @classmethod
@@ -194,7 +195,8 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # -- the step -------------------------------------------------------------------------
     def _check(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kv_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+               kv_cache: torch.Tensor, meta: AttentionMetadata) -> LayerKind:
+        """Raise ValueError naming what does not fit; return the layer's kind."""
         n = q.shape[0]
         if k.shape[0] != n or v.shape[0] != n or meta.slot_mapping.shape[0] != n:
             raise ValueError(
@@ -204,8 +206,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         key = (layer, q.dtype, k.dtype, v.dtype, kv_cache.dtype, q.device, tuple(q.shape[1:]),
                tuple(k.shape[1:]), tuple(v.shape[1:]), tuple(kv_cache.shape[2:]),
                kv_cache.stride(-1), meta.block_size)
-        if key in self._checked:
-            return
+        kind = self._checked.get(key)
+        if kind is not None:
+            return kind
         reasons = self.supports_layer(layer)
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
         if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d) or q.stride(-1) != 1:
@@ -234,17 +237,18 @@ class FlashInferAttentionBackend(AttentionBackend):
         if reasons:
             raise ValueError(f"flashinfer attention, layer {layer.layer_index}: "
                              + "; ".join(reasons))
-        self._checked.add(key)
+        kind = self._checked[key] = LayerKind.of(layer, q.dtype, kv_cache.dtype)
+        return kind
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Store ``k``/``v`` at ``meta.slot_mapping``, return attention [T, Hq, D] for ``q``.
 
         Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten."""
-        self._check(layer, q, k, v, kv_cache, meta)
+        kind = self._check(layer, q, k, v, kv_cache, meta)
         store_kv(kv_cache, k, v, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self._planned(meta, LayerKind.of(layer, q.dtype, kv_cache.dtype)).run(q, kv_cache, out)
+        self._planned(meta, kind).run(q, kv_cache, out)
         return out
 
     # -- warm-up --------------------------------------------------------------------------
