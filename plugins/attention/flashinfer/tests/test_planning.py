@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tallow.layers import AttentionLayer
 from tallow.plugin.testing.paged_batch import random_paged_step
 from tallow_attention_flashinfer.backend import FlashInferAttentionBackend
 from tallow_attention_flashinfer.kinds import LayerKind
@@ -191,3 +192,29 @@ def test_cuda_graph_steps_plan_every_kind_up_front_into_fixed_buffers(fake_flash
     assert eight is not wrapper and eight.kwargs["paged_kv_indptr_buffer"].shape == (9,)
     assert eight._int_workspace_buffer is wrapper._int_workspace_buffer
     assert eight._pin_memory_int_workspace_buffer is wrapper._pin_memory_int_workspace_buffer
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 8), (False, None)])
+def test_warm_up_steps_are_whole_batches(causal: bool, window) -> None:
+    """The tiny steps the warm-up runs per layer kind are well-formed: every query row has a
+    slot in its own pages, and the reference computes them."""
+    from tallow.kernels.attention_ref import paged_attention_ref, store_kv_ref
+    from tallow_attention_flashinfer.backend import _tiny_step
+    from tallow_attention_flashinfer.paging import host_page_args
+
+    layer = AttentionLayer(0, 8, 2, 64, 0.125, sliding_window=window, logit_softcap=None,
+                           causal=causal)
+    kind = LayerKind.of(layer, torch.bfloat16, torch.float8_e4m3fn)
+    for query_lens, context_lens in (([3, 1], [2, 4] if causal else [0, 0]), ([1, 1], [5, 0])):
+        lay, q, k, v, cache, meta = _tiny_step(kind, 4, torch.device("cpu"), query_lens,
+                                               context_lens)
+        assert lay.sliding_window == window and lay.causal == causal
+        assert cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+        args = host_page_args(meta.query_start_loc_cpu, meta.seq_lens_cpu, 4)
+        assert args.num_pages == cache.shape[1]  # every page of the cache belongs to one
+        assert meta.is_decode_only == (query_lens == [1, 1])
+        store_kv_ref(cache, k, v, meta.slot_mapping)
+        out = paged_attention_ref(q, cache, query_start_loc=meta.query_start_loc_cpu,
+                                  seq_lens=meta.seq_lens_cpu, block_tables=meta.block_tables,
+                                  scale=lay.scale, sliding_window=window, causal=causal)
+        assert out.shape == q.shape and bool(torch.isfinite(out.float()).all())
