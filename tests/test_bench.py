@@ -36,7 +36,7 @@ def test_latency_reports_speed_and_step_phases():
 
 def test_throughput_generates_every_requested_token():
     r = bench("throughput", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts",
-              "6", "--input-len", "16", "--output-len", "9")
+              "6", "--input-len", "16", "--output-len", "9", "--max-waiting", "2")
     assert r["output_tokens"] == 6 * 9 and r["input_tokens"] == 6 * 16
     assert r["weight_bytes"] > 0 and r["quantization"] == "none (float32)"
     assert r["output_tok_s"] > 0 and r["steps"] >= 9
@@ -48,7 +48,8 @@ def test_embed_returns_every_embedding():
     """A decoder shape built for embeddings (the bench sets the task): every input comes back,
     many per step."""
     r = bench("embed", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts", "12",
-              "--input-len", "16", "--max-model-len", "64", "--max-num-batched-tokens", "64")
+              "--input-len", "16", "--max-model-len", "64", "--max-num-batched-tokens", "64",
+              "--max-waiting", "4")  # more inputs at once than a server's queue would hold
     assert r["num_prompts"] == 12 and r["input_tokens"] == 12 * 16
     assert r["steps"] == 3 and r["inputs_s"] > 0 and r["total_tok_s"] > 0
     assert r["embedding"]["pooling"] == "last" and r["embedding"]["dimensions"] == 64

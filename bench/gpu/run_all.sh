@@ -4,6 +4,7 @@
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
+# fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
@@ -18,6 +19,14 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# FlashInfer modules compiled ahead of time (bench/gpu/flashinfer_probe.py's tarball, copied into
+# .whl by bench/gpu/flashinfer_wheels.sh): unpacked into the installed package, where flashinfer
+# loads them instead of compiling them
+for aot in .whl/flashinfer-aot-*.tar.gz; do
+  [ -f "$aot" ] || continue
+  fi_dir=$(python3 -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('flashinfer').origin))") \
+    && tar xzf "$aot" -C "$fi_dir" && echo "flashinfer: modules of $aot installed in $fi_dir/data/aot"
+done
 pip_args=(-q --no-deps --no-build-isolation -e .)
 for d in plugins/*/*/; do pip_args+=(-e "$d"); done
 python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
@@ -232,6 +241,26 @@ if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inp
   bench embed_minilm_128 240 "${EMB[@]}"
   bench embed_minilm_128_big_steps 240 "${EMB[@]}" --max-num-batched-tokens 32768 --max-num-seqs 1024
 fi
+# FlashInfer (tallow-attention-flashinfer) against Triton, the A/B behind the default backend
+# priority: the same runs as latency, ttft, qwen3 and thr8b with the backend named. Needs the
+# wheels of bench/gpu/flashinfer_wheels.sh; with its AOT tarball nothing compiles for these.
+# Wall time on an H200 (estimates): fitests ~2.5 min (compiles 4 FA2 modules, ~1 min on 16
+# cores), *8blat ~1 min, *8bttft ~1 min, *q3thr ~1.5 min, *8bthr ~3.5 min each.
+if [[ ",$MODE," == *",fitests,"* ]]; then
+  echo "== GPU tests of tallow-attention-flashinfer"
+  MAX_JOBS=8 timeout 420 python3 -m pytest -q -m gpu -rsfE --timeout 360 plugins/attention/flashinfer/tests 2>&1 | tail -30 | tee "$OUT/tests_flashinfer.log"
+fi
+AB_LAT8B=(latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096)
+AB_TTFT8B=(latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192)
+AB_Q3THR=(throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096)
+AB_THR8B=(throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512)
+for backend in flashinfer triton; do
+  short=${backend/flashinfer/fi}; short=${short/triton/tri}
+  [[ ",$MODE," == *",${short}8blat,"* ]] && bench "latency_8b_bs1_$backend" 240 "${AB_LAT8B[@]}" --attention-backend "$backend"
+  [[ ",$MODE," == *",${short}8bttft,"* ]] && bench "ttft_8b_4096_$backend" 180 "${AB_TTFT8B[@]}" --attention-backend "$backend"
+  [[ ",$MODE," == *",${short}q3thr,"* ]] && bench "throughput_qwen3_0.6b_$backend" 300 "${AB_Q3THR[@]}" --attention-backend "$backend"
+  [[ ",$MODE," == *",${short}8bthr,"* ]] && bench "throughput_8b_$backend" 330 "${AB_THR8B[@]}" --attention-backend "$backend"
+done
 # Tensor parallelism over the first two GPUs (NCCL; NVLink multicast is kept off by tallow
 # itself, and here for nccl-tests too).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

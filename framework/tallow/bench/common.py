@@ -63,12 +63,15 @@ def build_config(args: Any) -> Any:
     return load_config(args)
 
 
-def build_engine(config: Any) -> Any:
+def build_engine(config: Any, queued: int = 0) -> Any:
     """The engine a benchmark measures, with the start-up heap frozen out of the garbage
-    collector as ``tallow serve`` does."""
+    collector as ``tallow serve`` does. ``queued``: requests the benchmark adds at once; the
+    waiting queue is widened to hold them (a server's limit guards against overload, which an
+    offline run is not)."""
     from tallow.engine.builder import freeze_startup_heap
     from tallow.engine.llm_engine import LLMEngine
 
+    config.scheduler.max_waiting = max(config.scheduler.max_waiting, queued)
     engine = LLMEngine.from_config(config)
     freeze_startup_heap()
     return engine

@@ -11,6 +11,8 @@ from typing import Any
 
 from .common import build_engine, input_prompts, now, quantization, random_prompts, sync
 
+_WARM_UP_INPUTS = 64
+
 
 def _embed_all(engine: Any, prompts: list[list[int]]) -> tuple[int, dict[str, float], int]:
     """(steps, summed step phases, outputs) of embedding ``prompts``, all added at once."""
@@ -32,13 +34,14 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     if config.model.task == "generate":
         raise ValueError("tallow bench embed measures the embed task; drop --task generate")
     config.model.task = "embed"
-    engine = build_engine(config)
+    engine = build_engine(config, queued=max(args.num_prompts, _WARM_UP_INPUTS))
     parts = engine.parts
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size
     n = args.num_prompts
     in_lens, prompts = input_prompts(args, vocab)
-    _embed_all(engine, random_prompts(64, [min(32, parts.max_model_len)] * 64, vocab, seed=13))
+    _embed_all(engine, random_prompts(_WARM_UP_INPUTS, [min(32, parts.max_model_len)] * _WARM_UP_INPUTS,
+                                      vocab, seed=13))
     sync(device)
     start = now()
     steps, phases, done = _embed_all(engine, prompts)

@@ -36,7 +36,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     # The card's own speed first, with nothing else allocated: H200s of one model differ by a
     # few percent in GEMM throughput, as much as the changes a run is meant to compare.
     card = _card_speed(resolve_device(config.model.device))
-    engine = build_engine(config)
+    engine = build_engine(config, queued=args.num_prompts)
     parts = engine.parts
     device = parts.loaded.device
     n = args.num_prompts

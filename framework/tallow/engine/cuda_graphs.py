@@ -4,10 +4,14 @@ Every input of a decode step lives in a persistent device buffer; a replay only 
 step's values in. Graphs are captured with ``meta.max_seq_len = max_model_len`` so the attention
 kernels' launch grids cover any context; the kernels read the true per-sequence lengths from
 ``seq_lens``. Padding rows have slot -1 (nothing stored) and length 1 (finite, discarded).
+Before every replay the attention backend's ``plan`` sees the graph's metadata with this
+step's host lengths (``cuda_graph`` set), so a backend that schedules on the host refills its
+own fixed buffers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import torch
 
 from tallow.layers import AttentionMetadata, forward_context
+from tallow.plugin import AttentionBackend
 
 log = logging.getLogger("tallow.engine")
 
@@ -60,10 +65,15 @@ class CudaGraphRunner:
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        #: the metadata each graph was captured with (its buffers; host lists of the capture)
+        self.metas: dict[int, AttentionMetadata] = {}
         self.sizes = graph_batch_sizes(max_batch)
         self.pool = None
         #: captured size -> the captured size replayed for it (see fastest_graphs)
         self.replay_size: dict[int, int] = {}
+        #: whether the backend prepares steps on the host (its own ``plan``, not the default)
+        self.backend_plans = getattr(type(runner.backend), "plan",
+                                     AttentionBackend.plan) is not AttentionBackend.plan
 
     def _meta(self, bs: int) -> AttentionMetadata:
         r = self.runner
@@ -71,7 +81,8 @@ class CudaGraphRunner:
             num_seqs=bs, num_tokens=bs, query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
             slot_mapping=self.slot_mapping[:bs], max_query_len=1, max_seq_len=r.max_model_len,
-            block_size=r.block_size,
+            block_size=r.block_size, query_start_loc_cpu=list(range(bs + 1)),
+            seq_lens_cpu=[1] * bs, cuda_graph=True,
         )
 
     @classmethod
@@ -82,7 +93,7 @@ class CudaGraphRunner:
         started = time.perf_counter()
         free_before = torch.cuda.mem_get_info(runner.device)[0]
         for bs in reversed(self.sizes):
-            meta = self._meta(bs)
+            meta = self.metas[bs] = self._meta(bs)
             with forward_context(meta, runner.backend):
                 for _ in range(2):  # warm up: Triton compiles, allocator settles
                     runner.model(self.input_ids[:bs], self.positions[:bs])
@@ -121,6 +132,7 @@ class CudaGraphRunner:
         self.seq_lens.fill_(1)
         times = {}
         for size, graph in self.graphs.items():
+            self._plan(self.metas[size])
             graph.replay()  # first replay: uploads the graph
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -148,5 +160,15 @@ class CudaGraphRunner:
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)
             self.seq_lens[bs:size].fill_(1)
+        if self.backend_plans:
+            lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens.tolist()
+            self._plan(dataclasses.replace(self.metas[size], max_seq_len=meta.max_seq_len,
+                                           seq_lens_cpu=list(lens) + [1] * (size - bs)))
         self.graphs[size].replay()
         return self.outputs[size][:bs]
+
+    def _plan(self, meta: AttentionMetadata) -> None:
+        """The backend's per-step preparation for a replay of the graph ``meta`` belongs to
+        (see :meth:`tallow.plugin.AttentionBackend.plan`)."""
+        if self.backend_plans:
+            self.runner.backend.plan(meta)

@@ -41,6 +41,10 @@ class AttentionMetadata:
     # metadata was built for a CUDA graph, where only device tensors exist.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    #: True when this step is captured in, or replayed from, a CUDA graph of ``num_seqs``
+    #: rows: the device tensors above are that graph's fixed buffers (see
+    #: :meth:`tallow.plugin.AttentionBackend.plan`).
+    cuda_graph: bool = False
 
     @property
     def is_decode_only(self) -> bool:
@@ -80,7 +84,13 @@ _context: list[ForwardContext] = []
 
 @contextlib.contextmanager
 def forward_context(meta: AttentionMetadata, backend: Any) -> Iterator[ForwardContext]:
-    """Make ``meta`` and ``backend`` visible to every :class:`Attention` during one forward."""
+    """Make ``meta`` and ``backend`` visible to every :class:`Attention` during one forward.
+
+    One forward is one step: the backend's ``plan(meta)`` (when it has one) runs first, once,
+    before any layer (outside any CUDA graph being captured in the block)."""
+    plan = getattr(backend, "plan", None)
+    if plan is not None:
+        plan(meta)
     ctx = ForwardContext(meta, backend)
     _context.append(ctx)
     try:

@@ -219,6 +219,19 @@ class AttentionBackend(Component):
         return [f"kv codec {codec.name!r} has its own encoding, which this backend does not "
                 "implement"]
 
+    def plan(self, meta: Any) -> None:
+        """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
+        describes, before any layer runs: work that depends on the batch but not on the layer
+        (scheduling it over the GPU, page lists), done once per step so that :meth:`forward`
+        only launches kernels. The engine calls it once per step, before the model's forward
+        (:func:`tallow.layers.attention.forward_context` does), and before every replay of a
+        CUDA graph. Then ``meta.cuda_graph`` is True, its device tensors are the graph's fixed
+        buffers, already holding this step's values, and its host lists describe the padded
+        batch (padding rows: length 1, slot -1); state that :meth:`forward` reads while the
+        graph is captured must live in buffers fixed per ``meta.num_seqs``. The default does
+        nothing. :meth:`forward` called with metadata that was not planned (tests, warm-ups)
+        must still work, outside graph capture."""
+
     def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
                 kv_cache: "torch.Tensor", meta: Any) -> "torch.Tensor":
         raise NotImplementedError

@@ -48,6 +48,7 @@ _LAZY = {
     "tiny_tokenizer": "tokenizer",
     "save_tokenizer": "tokenizer",
     "offline_llm": "engine",
+    "forced_logprobs": "engine",
     "random_hf_model": "model_parity",
     "assert_greedy_parity": "model_parity",
     "assert_cuda_parity": "model_parity",

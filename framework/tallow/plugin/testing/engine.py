@@ -27,3 +27,17 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     pm.hook.tallow_configure(config=settings)
     # An explicit manager: LLM() would also read TALLOW_* and TALLOW_CONFIG from the caller.
     return LLM.from_config(settings, pm)
+
+
+def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> Any:
+    """``llm``'s log-probabilities of ``tokens`` following ``prompt``, teacher-forced (one
+    prompt step over ``prompt + tokens``), as a float tensor: what two engines on the same
+    weights (two attention backends, say) are compared by."""
+    import torch
+
+    from tallow.engine.sampling_params import SamplingParams
+
+    out = llm.generate([list(prompt) + list(tokens)],
+                       SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+    return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
+                         for i, t in enumerate(tokens)])
