@@ -277,7 +277,7 @@ if [[ ",$MODE," == *",tp2thr,"* ]]; then
   bench throughput_8b_tp2 420 throughput --model random:llama-3-8b "${TP2[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 fi
 if [[ ",$MODE," == *",tp2lat70b,"* ]]; then  # target: >= 48 tok/s (bandwidth ceiling ~61)
-  bench latency_70b_tp2_bs1 540 latency --model random:llama-3-70b "${TP2[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+  bench latency_70b_tp2_bs1 540 latency --model random:llama-3-70b "${TP2[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096 --max-num-seqs 16 --max-cuda-graph-batch 16
 fi
 if [[ ",$MODE," == *",tp2thr70b,"* ]]; then
   bench throughput_70b_tp2 590 throughput --model random:llama-3-70b "${TP2[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 256 --max-cuda-graph-batch 256
