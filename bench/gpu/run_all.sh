@@ -4,7 +4,8 @@
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
-# fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr, or full: the runs behind the
+# fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -260,6 +261,34 @@ for backend in flashinfer triton; do
   [[ ",$MODE," == *",${short}q3thr,"* ]] && bench "throughput_qwen3_0.6b_$backend" 300 "${AB_Q3THR[@]}" --attention-backend "$backend"
   [[ ",$MODE," == *",${short}8bthr,"* ]] && bench "throughput_8b_$backend" 330 "${AB_THR8B[@]}" --attention-backend "$backend"
 done
+# Tensor parallelism over the first two GPUs (NCCL; NVLink multicast is kept off by tallow
+# itself, and here for nccl-tests too).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [[ ",$MODE," == *",tptests,"* ]]; then  # TP=2 vs TP=1 logits and tokens, graph replay = eager (~2 min)
+  echo "== GPU tests of tensor parallelism (2 GPUs)"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 400 tests/distributed 2>&1 \
+    | grep -v Warning | tail -30 | tee "$OUT/tests_tp.log"
+fi
+TP2=(--dtype bfloat16 --tensor-parallel-size 2)
+if [[ ",$MODE," == *",tp2lat,"* ]]; then  # target: >= 380 tok/s (one H200: 242)
+  bench latency_8b_tp2_bs1 300 latency --model random:llama-3-8b "${TP2[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tp2thr,"* ]]; then
+  bench throughput_8b_tp2 420 throughput --model random:llama-3-8b "${TP2[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",tp2lat70b,"* ]]; then  # target: >= 48 tok/s (bandwidth ceiling ~61)
+  bench latency_70b_tp2_bs1 540 latency --model random:llama-3-70b "${TP2[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096 --max-num-seqs 16 --max-cuda-graph-batch 16
+fi
+if [[ ",$MODE," == *",tp2thr70b,"* ]]; then
+  bench throughput_70b_tp2 590 throughput --model random:llama-3-70b "${TP2[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 256 --max-cuda-graph-batch 256
+fi
+if [[ ",$MODE," == *",tp2allreduce,"* ]]; then  # the all-reduces of a decode step, eager and in a graph, vs nccl-tests
+  echo "== all-reduce per decode step over 2 GPUs (llama-3-8b: 65 per step; llama-3-70b: 161)"
+  for shape in "--hidden 4096 --layers 32" "--hidden 8192 --layers 80"; do
+    timeout 120 torchrun --standalone --nproc-per-node 2 bench/gpu/tp_allreduce.py $shape \
+      --output "$OUT/tp2_allreduce_h${shape:9:4}.json" 2>&1 | grep -v Warning | tail -8
+  done | tee "$OUT/tp2_allreduce.log"
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

@@ -106,7 +106,8 @@ class ServeProcess:
     """
 
     def __init__(self, args: list[str], *, timeout: float = 400.0, host_port: bool = False,
-                 uds: str | None = None, env: dict[str, str] | None = None) -> None:
+                 uds: str | None = None, env: dict[str, str] | None = None,
+                 new_session: bool = False) -> None:
         import os
         import tempfile
 
@@ -124,13 +125,17 @@ class ServeProcess:
         self.env = {**os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="tallow-serve-", suffix=".log")
         self.proc: Any = None
+        #: start it as the leader of a session of its own (its process group id is its pid):
+        #: the processes it starts can then be found, and killed, as one group
+        self.new_session = new_session
 
     def start(self) -> "ServeProcess":
         import subprocess
         import sys
 
         self.proc = subprocess.Popen([sys.executable, "-m", "tallow", "serve", *self.args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=self.new_session)
         deadline = time.monotonic() + self.timeout
         while True:
             if self.proc.poll() is not None:

@@ -102,6 +102,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
     result.update({
         "model": config.model.source, "dtype": str(parts.loaded.dtype).replace("torch.", ""),
+        # weights and bandwidth are those of one rank (its shard) under tensor parallelism
+        "tensor_parallel_size": parts.parallel.world_size if parts.parallel else 1,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "attention_backend": parts.attention_backend,
         "cuda_graphs": runner.graphs is not None,
@@ -126,6 +128,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     out = [
         ("model", r["model"]), ("device", r["device"]), ("dtype", r["dtype"]),
         ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
+        ("tensor-parallel ranks", r.get("tensor_parallel_size", 1)),
         ("batch / input / output", f"{r['batch_size']} / {r['input_len']} / {r['output_len']}"),
         ("weights on device (GiB)", r["weight_bytes"] / 2**30),
         ("quantization", r["quantization"]),

@@ -63,6 +63,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     stats = engine.stats()
     return {
         "model": config.model.source, "weight_bytes": parts.loaded.weight_bytes,
+        # weights and bandwidth are those of one rank (its shard) under tensor parallelism
+        "tensor_parallel_size": parts.parallel.world_size if parts.parallel else 1,
         "quantization": quantization(parts), "num_prompts": n, "attention_backend":
         parts.attention_backend, "cuda_graphs": parts.core.runner.graphs is not None,
         "input_tokens": sum(in_lens), "output_tokens": generated, "elapsed_s": elapsed,
@@ -93,6 +95,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
         ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),
         ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
+        ("tensor-parallel ranks", r.get("tensor_parallel_size", 1)),
         ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),

@@ -25,7 +25,8 @@ from .models import SECTIONS
 from .sources import Layer
 
 #: sections whose fields are keywords of their own (the others are keywords as a whole)
-FLAT_SECTIONS: tuple[str, ...] = ("model", "cache", "scheduler", "runner", "server")
+FLAT_SECTIONS: tuple[str, ...] = ("model", "cache", "scheduler", "runner", "parallel",
+                                   "server")
 
 #: keywords the Python API takes besides the settings (see :class:`tallow.LLM`)
 RESERVED: tuple[str, ...] = ("config", "plugin_manager")

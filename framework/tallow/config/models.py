@@ -172,6 +172,42 @@ class RunnerConfig(Section):
                                       "a CUDA graph; larger batches run eagerly.")
 
 
+class ParallelConfig(Section):
+    """Tensor parallelism over torch.distributed: ranks, nodes, rendezvous, failure limits."""
+
+    tensor_parallel_size: int = Field(
+        1, gt=0, description="Ranks the model is split over (one process per GPU). 1 runs in "
+        "this process. Under torchrun (WORLD_SIZE set) it defaults to the world size.")
+    nnodes: int = Field(1, gt=0, description="Hosts taking part; each runs one tallow launch "
+                        "with tensor_parallel_size / nnodes ranks. The HTTP server runs on "
+                        "node 0 only.")
+    node_rank: int = Field(0, ge=0, description="Which host this launch is (0 .. nnodes-1); "
+                           "node 0 holds rank 0, the driver.")
+    master_addr: Optional[str] = Field(
+        None, description="Address of node 0, where the ranks meet; None: $MASTER_ADDR, else "
+        "127.0.0.1.")
+    master_port: Optional[int] = Field(
+        None, ge=0, le=65535, description="TCP port of the rendezvous on node 0; None: "
+        "$MASTER_PORT, else a free port on a single node and 29500 across nodes.")
+    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collectives of the model: auto takes nccl on CUDA devices, gloo "
+        "on CPU.")
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="How long a collective of a step (or of start-up) may wait "
+        "for the other ranks before it fails; a hung rank then stops the engine.")
+    heartbeat_timeout_s: float = Field(
+        10.0, gt=0, description="A rank on another host (or started by torchrun) whose "
+        "heartbeat is older than this counts as dead; workers leave when the driver's is. "
+        "Local worker processes are watched directly, without waiting this long.")
+
+    @field_validator("master_addr")
+    @classmethod
+    def _address(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError("expected a host name or address")
+        return value
+
+
 class ServerConfig(Section):
     """The OpenAI-compatible HTTP server."""
 
@@ -275,6 +311,7 @@ class TallowConfig(Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)

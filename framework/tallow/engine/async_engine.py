@@ -46,6 +46,8 @@ class AsyncEngine(EngineFrontend):
                           "steps_total": 0, "step_seconds_total": 0.0,
                           "host_seconds_total": 0.0}
         self.error: BaseException | None = None
+        if parts.parallel is not None:  # a lost tensor-parallel rank fails every request
+            parts.parallel.on_failure(self._group_failed)
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> "AsyncEngine":
@@ -91,9 +93,21 @@ class AsyncEngine(EngineFrontend):
                 c["step_seconds_total"] += out.step_time
                 c["host_seconds_total"] += out.host_time
         except BaseException as exc:  # the engine is dead: fail every waiting request loudly
+            parallel = self.parts.parallel
+            if self.error is None and parallel is not None and isinstance(exc, Exception):
+                parallel.diagnose()  # a lost rank makes a collective raise: name the rank
+            if self.error is not None:  # a lost tensor-parallel rank, already reported
+                return
             log.exception("engine loop failed")
             self.error = exc
             self._deliver(self._fail_all, exc)
+
+    def _group_failed(self, reason: str) -> None:
+        """A rank of the tensor-parallel group was lost (the watchdog's thread calls this):
+        waiting and new requests fail with ``reason`` (a 503), whatever the engine thread is
+        blocked in."""
+        self.error = EngineDeadError(reason)
+        self._deliver(self._fail_all, self.error)
 
     def _deliver(self, fn: Any, arg: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():

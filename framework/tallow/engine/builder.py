@@ -41,6 +41,8 @@ class EngineParts:
     task: str = "generate"
     #: how the model's embeddings are made (task embed), else None
     embedding: EmbeddingInfo | None = None
+    #: the tensor-parallel group this engine drives (tallow.distributed), else None
+    parallel: Any = None
 
 
 def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
@@ -219,17 +221,32 @@ def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
     return entry, made[entry.name]
 
 
-def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
-    if plugin_manager is None:
-        from tallow.plugin.manager import load_plugins
+@dataclass
+class BuiltRunner:
+    """The model side of an engine, as every rank of a tensor-parallel group builds it."""
 
-        plugin_manager = load_plugins(config.plugins)
-        plugin_manager.hook.tallow_configure(config=config)
-    registries = plugin_manager.registries
+    loaded: LoadedModel
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    attention_backend: Entry
+    max_model_len: int
+    #: the token budget of one step
+    step_tokens: int
+    num_blocks: int
+    embedding: EmbeddingInfo | None = None
+
+
+def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRunner:
+    """Model, KV cache and model runner for ``config`` (CUDA graphs captured on a GPU).
+
+    ``parallel`` is this process's tensor-parallel group (:mod:`tallow.distributed`) or None:
+    every rank calls this with the same configuration and the same plugins, and the
+    collectives of start-up pair up (the KV cache takes the smallest budget of any rank, CUDA
+    graphs are captured together)."""
     if config.model.seed is not None:
         torch.manual_seed(int(config.model.seed))
-    source, served_name = model_source(config)
-    device = resolve_device(config.model.device)
+    source, _ = model_source(config)
+    device = parallel.device if parallel is not None else resolve_device(config.model.device)
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
@@ -256,6 +273,10 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     if embed:
         num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
                                                    max_model_len)
+    if parallel is not None:
+        from tallow.distributed.collectives import agree
+
+        num_blocks = int(agree([num_blocks], "min")[0])
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, block_size,
              num_blocks * per_block / 2**20)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
@@ -279,13 +300,48 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         from .cuda_graphs import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
+    return BuiltRunner(loaded, tokenizer, runner, backend_entry, max_model_len, step_tokens,
+                       num_blocks, embedding)
+
+
+def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
+    """The engine for ``config``. With tensor parallelism (``parallel`` settings, or ranks
+    started by torchrun) this process joins its group first: rank 0 goes on to build the
+    engine, handing its workers the same one; any other rank serves as a worker here until
+    the driver ends the group, then leaves the process (SystemExit)."""
+    from tallow.distributed import launch
+
+    parallel = launch.start(config)
+    if parallel is not None and not parallel.is_driver:
+        from tallow.distributed.worker import serve
+
+        serve(parallel)
+        raise SystemExit(0)
+    if plugin_manager is None:
+        from tallow.plugin.manager import load_plugins
+
+        plugin_manager = load_plugins(config.plugins)
+        plugin_manager.hook.tallow_configure(config=config)
+    registries = plugin_manager.registries
+    publisher = None
+    if parallel is not None:
+        from tallow.distributed.driver import open_engine
+
+        publisher = open_engine(parallel, config, plugin_manager.loaded(),
+                                feeds_tokens=config.scheduler.async_scheduling)
+    _, served_name = model_source(config)
+    built = build_runner(config, registries, parallel)
+    loaded, runner, tokenizer = built.loaded, built.runner, built.tokenizer
+    runner.step_publisher = publisher
+    embed = loaded.task == "embed"
+    max_model_len = built.max_model_len
     # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
-    block_manager = BlockManager(num_blocks, block_size,
+    block_manager = BlockManager(built.num_blocks, config.cache.block_size,
                                  enable_prefix_caching=config.cache.enable_prefix_caching
                                  and not embed)
     scheduler = Scheduler(
         block_manager, max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=step_tokens,
+        max_num_batched_tokens=built.step_tokens,
         prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
         policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
     )
@@ -299,4 +355,4 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         core.warm_up()
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
-                       backend_entry.name, loaded.task, embedding)
+                       built.attention_backend.name, loaded.task, built.embedding, parallel)

@@ -107,7 +107,7 @@ class CudaGraphRunner:
             self.outputs[bs] = out
         torch.cuda.synchronize(runner.device)
         used = free_before - torch.cuda.mem_get_info(runner.device)[0]
-        times = self._time_replays()
+        times = self._agreed(self._time_replays())
         self.replay_size = fastest_graphs(times)
         for size, other in self.replay_size.items():
             if other != size:
@@ -116,6 +116,15 @@ class CudaGraphRunner:
         log.info("captured %d CUDA graphs (batch ≤ %d) in %.1fs, %.0f MiB", len(self.graphs),
                  max_batch, time.perf_counter() - started, used / 2**20)
         return self
+
+    @staticmethod
+    def _agreed(times: dict[int, float]) -> dict[int, float]:
+        """Under tensor parallelism, each size's slowest time over the ranks: every rank
+        must replay the same graph for a batch (their collectives pair up)."""
+        from tallow.distributed.collectives import agree
+
+        sizes = sorted(times)
+        return dict(zip(sizes, agree([times[s] for s in sizes], "max")))
 
     def _time_replays(self, repeats: int = 3) -> dict[int, float]:
         """Seconds per replay of each graph with every row padding (no KV written)."""

@@ -66,7 +66,15 @@ class LLMEngine(EngineFrontend):
             if previous is not None:
                 outputs.extend(self._process(previous))
 
-        core_out = self.core.step(between=process_previous)
+        try:
+            core_out = self.core.step(between=process_previous)
+        except Exception as exc:
+            reason = self.parts.parallel.diagnose() if self.parts.parallel is not None else None
+            if reason is None:
+                raise
+            from tallow.distributed.driver import GroupFailedError
+
+            raise GroupFailedError(reason) from exc
         self.last_step = core_out  # what the device just did (timing tools read it)
         if self.core.has_unfinished():
             self._unprocessed = core_out

@@ -243,9 +243,12 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     cls = entry.load()
     resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
+    from tallow.distributed.state import tp_rank, tp_size
+
     with torch.device(device):
         model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
-                                           task=resolved_task))
+                                           task=resolved_task, tp_rank=tp_rank(),
+                                           tp_size=tp_size()))
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         from .random_model import initialize_random

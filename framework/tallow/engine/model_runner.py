@@ -10,7 +10,7 @@ that need logits go through the sampler. Decode-only batches can replay CUDA gra
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,36 @@ class PendingStep:
 
 
 @dataclass
+class HostBatch:
+    """One step's flat batch on the host (:meth:`ModelRunner.fill_host`), before
+    :meth:`ModelRunner.upload` moves it to the device in two transfers.
+
+    ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
+    (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``
+    used); ``i32`` holds the query offsets (``num_seqs + 1``), the sequence lengths
+    (``num_seqs``) and the block tables (``num_seqs x width``). A tensor-parallel driver sends
+    exactly these to its workers, which upload them as they are."""
+
+    i64: np.ndarray
+    i32: np.ndarray
+    num_seqs: int
+    num_tokens: int
+    num_sampled: int
+    num_fed: int
+    width: int
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def query_start_loc(self) -> list[int]:
+        return self.i32[:self.num_seqs + 1].tolist()
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return self.i32[self.num_seqs + 1:2 * self.num_seqs + 1].tolist()
+
+
+@dataclass
 class _Batch:
     """One step's inputs on the device."""
 
@@ -115,6 +145,14 @@ def _fill_block_table(table: np.ndarray, tables: list[list[int]]) -> None:
         flat.extend(blocks)
     lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
     table[np.arange(table.shape[1]) < lengths[:, None]] = flat
+
+
+def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int, int]]:
+    """The row ranges whose logits a step computes for prompt logprobs, in order."""
+    if host is None or not any(item.prompt_logprobs for item in scheduled):
+        return []
+    qsl = host.query_start_loc
+    return [(qsl[i], qsl[i + 1]) for i, item in enumerate(scheduled) if item.prompt_logprobs]
 
 
 def _plain_greedy(seq: Any) -> bool:
@@ -154,6 +192,10 @@ class ModelRunner:
             attn.kv_cache = cache
             self.kv_caches.append(cache)
         self.graphs = None  # a CudaGraphRunner once captured
+        #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
+        #: told each step's batch before it runs (``publish``) and its sampled token ids
+        #: after (``share_tokens``), so that the workers run the same step. None: one process.
+        self.step_publisher: Any = None
         self._host: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
@@ -187,17 +229,25 @@ class ModelRunner:
         return host.to(self.device, non_blocking=True)
 
     def prepare(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> _Batch:
-        """Host-side flat batch for ``scheduled`` (list of ScheduledSeq), moved to the device
-        in two transfers (int64: tokens, positions, slots, sampled rows, fed rows; int32:
-        offsets, lengths, tables).
+        """The step's flat batch for ``scheduled`` (list of ScheduledSeq) on the device:
+        :meth:`fill_host`, then :meth:`upload`."""
+        return self.upload(self.fill_host(scheduled, fed))
+
+    def _reuse_staging(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's transfers have left the buffers
+            self._copied = None
+
+    def fill_host(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> HostBatch:
+        """Host-side flat batch for ``scheduled`` (list of ScheduledSeq) in the staging buffers
+        (int64: tokens, positions, slots, sampled rows, fed rows; int32: offsets, lengths,
+        tables).
 
         ``fed`` maps each sequence sampled by the step still running (async scheduling) to its
         row in that step's token ids: a sequence whose last token is still pending gets a
         placeholder id here, and the batch says where on the device the real one is.
         """
-        if self._copied is not None:
-            self._copied.synchronize()  # the last step's transfers have left the buffers
-            self._copied = None
+        self._reuse_staging()
         bs = self.block_size
         num_seqs = len(scheduled)
         lens = [item.num_tokens for item in scheduled]
@@ -258,23 +308,43 @@ class ModelRunner:
         num_fed = len(fed_list)
         if num_fed:
             fed_rows[:num_fed], fed_from[:num_fed] = zip(*fed_list)
-        dev_i64 = self._to_device("i64", i64)
-        dev_i32 = self._to_device("i32", i32)
+        return HostBatch(i64, i32, num_seqs=num_seqs, num_tokens=num_tokens,
+                         num_sampled=num_sampled, num_fed=num_fed, width=width,
+                         max_query_len=max(lens), max_seq_len=max(seq_lens))
+
+    def stage(self, host: HostBatch) -> HostBatch:
+        """``host`` (built elsewhere: a tensor-parallel worker receives it) copied into this
+        runner's staging buffers, ready for :meth:`upload`."""
+        self._reuse_staging()
+        i64 = self._staging("i64", host.i64.size, np.int64)
+        i64[:] = host.i64
+        i32 = self._staging("i32", host.i32.size, np.int32)
+        i32[:] = host.i32
+        return replace(host, i64=i64, i32=i32)
+
+    def upload(self, host: HostBatch) -> _Batch:
+        """Move a batch of the staging buffers (:meth:`fill_host`, :meth:`stage`) to the
+        device: one transfer per buffer."""
+        num_seqs, num_tokens, width = host.num_seqs, host.num_tokens, host.width
+        fed_at = 3 * num_tokens + host.num_sampled
+        dev_i64 = self._to_device("i64", host.i64)
+        dev_i32 = self._to_device("i32", host.i32)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
-        qsl_list = qsl.tolist()
         meta = AttentionMetadata(
             num_seqs=num_seqs, num_tokens=num_tokens,
             query_start_loc=dev_i32[:num_seqs + 1],
             seq_lens=dev_i32[num_seqs + 1:2 * num_seqs + 1],
             block_tables=dev_i32[2 * num_seqs + 1:].view(num_seqs, width),
             slot_mapping=dev_i64[2 * num_tokens:3 * num_tokens],
-            max_query_len=max(lens), max_seq_len=max(seq_lens), block_size=bs,
-            query_start_loc_cpu=qsl_list, seq_lens_cpu=seq_lens,
+            max_query_len=host.max_query_len, max_seq_len=host.max_seq_len,
+            block_size=self.block_size,
+            query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens,
         )
         batch = _Batch(dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta,
                        sample_rows=dev_i64[3 * num_tokens:fed_at])
+        num_fed = host.num_fed
         if num_fed:
             batch.fed_rows = dev_i64[fed_at:fed_at + num_fed]
             batch.fed_from = dev_i64[fed_at + num_seqs:fed_at + num_seqs + num_fed]
@@ -308,22 +378,24 @@ class ModelRunner:
         scheduling): sequences whose last token it sampled read that token from its device
         tensor of token ids.
         """
-        self.copy_blocks(out.blocks_to_copy)
         pending = PendingStep()
         scheduled = out.scheduled
-        if not scheduled:
+        host = None
+        if scheduled:
+            host = self.fill_host(scheduled, feed.rows_by_seq() if feed is not None else None)
+        for item in scheduled:
+            pending.targets.extend(item.sample_seqs)
+        greedy = all(_plain_greedy(seq) for seq in pending.targets)
+        publisher = self.step_publisher
+        if publisher is not None:
+            publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host), greedy)
+        self.copy_blocks(out.blocks_to_copy)
+        if host is None:
             return pending
-        batch = self.prepare(scheduled, feed.rows_by_seq() if feed is not None else None)
-        if batch.fed_rows is not None:
-            assert feed is not None and feed.token_ids is not None
-            # After the host→device copy, before the forward: the eager model and the CUDA
-            # graphs (which copy ids into their static buffer) both read the patched ids.
-            batch.ids.index_copy_(0, batch.fed_rows,
-                                  feed.token_ids.index_select(0, batch.fed_from))
-        hidden = self.forward(batch.ids, batch.pos, batch.meta)
+        batch = self.upload(host)
+        hidden = self.run_batch(batch, feed.token_ids if feed is not None else None)
         qsl = batch.meta.query_start_loc_cpu
         for i, item in enumerate(scheduled):
-            pending.targets.extend(item.sample_seqs)
             if item.prompt_logprobs:
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
@@ -333,9 +405,24 @@ class ModelRunner:
             self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
-            self._sample(pending, logits)
+            self._sample(pending, logits, greedy)
+            if publisher is not None:
+                publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
         return pending
+
+    def run_batch(self, batch: _Batch, fed_token_ids: torch.Tensor | None) -> torch.Tensor:
+        """The forward of an uploaded batch: its hidden states. Rows whose input is a token of
+        the step still running read it from ``fed_token_ids`` (that step's sampled ids) first,
+        after the host→device copy and before the forward, so the eager model and the CUDA
+        graphs (which copy ids into their static buffer) both read the patched ids."""
+        if batch.fed_rows is not None:
+            if fed_token_ids is None:
+                raise RuntimeError("the step feeds on the sampled tokens of a step that has "
+                                   "none")
+            batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0,
+                                                                               batch.fed_from))
+        return self.forward(batch.ids, batch.pos, batch.meta)
 
     def _pool(self, pending: PendingStep, hidden: torch.Tensor, batch: _Batch) -> None:
         """Pool every sequence of an embedding step (each one a whole input)."""
@@ -347,9 +434,9 @@ class ModelRunner:
                                "to pool")
         pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
-    def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
+    def _sample(self, pending: PendingStep, logits: torch.Tensor, greedy: bool) -> None:
         targets = pending.targets
-        if all(_plain_greedy(seq) for seq in targets):
+        if greedy:
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
             # them to float32 first would not change it).
             pending.token_ids = argmax_rows(logits)

@@ -21,6 +21,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                        max_position_embeddings=8192, rms_norm_eps=1e-5,
                        tie_word_embeddings=False),
+    # 141 GB of bf16 weights: served over two H200s or more (tensor parallelism)
+    "llama-3-70b": dict(architectures=["LlamaForCausalLM"], hidden_size=8192,
+                        intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                        max_position_embeddings=8192, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False),
     "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
                          intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,

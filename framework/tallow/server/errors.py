@@ -90,7 +90,8 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
                         code="queue_full", headers={"Retry-After": "1"})
     if "EngineDeadError" in names:
         log.error("the engine has failed", exc_info=exc)
-        return APIError(503, "The inference engine has failed; the server must be restarted.",
+        reason = str(exc) or "the inference engine has failed"
+        return APIError(503, f"{reason[0].upper()}{reason[1:]}; the server must be restarted.",
                         code="engine_dead")
     log.error("internal error while serving a request", exc_info=exc)
     return APIError(500, "Internal server error; the server log has the details.",

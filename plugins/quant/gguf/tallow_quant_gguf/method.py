@@ -92,9 +92,13 @@ class GGUFLinearMethod(LinearMethod):
         if isinstance(loaded, QuantizedWeight):
             qt = QUANT_TYPES[loaded.qtype]
             if c0 % qt.block or c1 % qt.block:
+                tp = getattr(self.layer, "tp_size", 1)
                 raise ValueError(f"{self._what}: this rank's columns {c0}:{c1} do not fall on "
                                  f"{qt.block}-element block boundaries of {qt.name}; "
-                                 "row-parallel shards of a quantized weight must")
+                                 "row-parallel shards of a quantized weight must (tensor "
+                                 f"parallelism over {tp} ranks splits each row's "
+                                 f"{loaded.shape[-1] // qt.block} blocks: choose a "
+                                 "tensor-parallel size that divides them)")
             raw = loaded.data[r0:r1, qt.row_bytes(c0):qt.row_bytes(c1)]
             packed = pack(raw.to(self.device), qt, cols=c1 - c0)
         else:
