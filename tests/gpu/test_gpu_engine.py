@@ -138,7 +138,7 @@ def test_fp8_kv_cache_against_the_torch_backend_and_eager():
     on its own greedy tokens), and eager triton the same tokens as the graphs."""
     fast = engine(kv_codec="fp8")
     assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
-    assert {c.dtype for c in fast.core.runner.kv_caches} == {torch.float8_e4m3fn}
+    assert {c["k"].dtype for c in fast.core.runner.kv_caches} == {torch.float8_e4m3fn}
     ref = engine(kv_codec="fp8", attention_backend="torch", disable_cuda_graph=True)
     eager = engine(kv_codec="fp8", disable_cuda_graph=True)
     for other in (ref, eager):

@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
-from .common import build_engine, copy_bandwidth, mean, now, percentile, random_prompts, sync
+from .common import (
+    build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, mean, now, percentile,
+    random_prompts, sync,
+)
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
@@ -26,11 +29,6 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
             continue  # rotary tables: a few rows are read per step
         total += buf.numel() * buf.element_size()
     return total
-
-
-def kv_bytes_per_token(runner: Any) -> int:
-    return sum(2 * a.layer.num_kv_heads * a.layer.head_dim * c.element_size()
-               for a, c in zip(runner.layers, runner.kv_caches))
 
 
 def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
@@ -87,7 +85,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     bandwidth = copy_bandwidth(device)
     w_bytes = weight_bytes_per_step(parts.loaded.model, args.batch_size)
     mean_ctx = args.input_len + args.output_len / 2
-    kv_bytes = int(args.batch_size * mean_ctx * kv_bytes_per_token(runner))
+    kv_bytes = int(args.batch_size * mean_ctx * parts.kv_footprint.bytes_per_token)
     step_bytes = w_bytes + kv_bytes
     achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
     result.update({
@@ -100,6 +98,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "weight_bytes_per_step": w_bytes, "kv_bytes_per_step": kv_bytes,
         "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
+        **kv_capacity(parts),
     })
     if getattr(args, "compare", None) == "hf":
         from .hf_compare import hf_latency
@@ -126,6 +125,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
         ("bandwidth utilisation", r["bandwidth_utilisation"]),
     ] + [(f"decode step: {k} (ms)", v * 1e3) for k, v in r["decode_step_phases_s"].items()]
+    out += kv_capacity_rows(r)
     if "hf" in r:
         out += [("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
                 ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),

@@ -354,6 +354,7 @@ class EngineCore:
             "num_waiting": s.num_waiting, "num_running": s.num_running,
             "kv_usage": bm.usage, "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
+            "kv_capacity_tokens": bm.capacity_tokens,
             "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
             "overlapped_steps": self.overlapped_steps,
             "num_preemptions": s.num_preemptions,

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tallow.kernels.kv_cache import LayerKVCache
 
 
 @dataclass
@@ -90,7 +93,8 @@ def get_forward_context() -> ForwardContext:
 
 
 class Attention(nn.Module):
-    """Paged attention for one layer. The model runner binds ``kv_cache`` after allocation.
+    """Paged attention for one layer. The model runner binds ``kv_cache`` (a
+    :class:`tallow.kernels.kv_cache.LayerKVCache`) after allocation.
 
     ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]``.
     """
@@ -107,7 +111,7 @@ class Attention(nn.Module):
             head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
         )
-        self.kv_cache: torch.Tensor | None = None
+        self.kv_cache: LayerKVCache | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()

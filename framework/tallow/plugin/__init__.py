@@ -6,8 +6,8 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 """
 
 from .components import (
-    AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
-    ToolResult, WeightFormat,
+    AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
+    ToolProvider, ToolResult, WeightFormat,
 )
 from .hookspecs import hookimpl, hookspec
 from .registry import (
@@ -25,7 +25,7 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
+    "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec", "KVTensor",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from tallow.kernels.attention_ref import cache_saturation
+from tallow.kernels.kv_cache import LayerKVCache, cache_saturation
 from tallow.kernels.pdl import pdl_enabled
 
 from .heuristics import (
@@ -66,8 +66,10 @@ def _precision(dtype: torch.dtype) -> tuple[str, bool]:
     return dot_precision(torch.finfo(dtype).bits // 8), interpreting() and dtype == torch.bfloat16
 
 
-def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int]:
-    return kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """(block, offset-in-block, head) strides of a paged K or V tensor [blocks, bs, Hkv, D];
+    K and V of one layer are laid out alike, so one set serves both."""
+    return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +85,7 @@ def f16_products(dtype: torch.dtype, cache_bytes: int) -> bool:
 # -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
 # ``pdl``: launch with Programmatic Dependent Launch (tallow.kernels.pdl); the kernel's USE_PDL
 # and the launch option always go together.
-# ``saturate``: the clamp of values stored into the cache (tallow.kernels.attention_ref.
+# ``saturate``: the clamp of values stored into the cache (tallow.kernels.kv_cache.
 # cache_saturation of the cache dtype; 0.0 = none).
 def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: float = 0.0,
                pdl: bool = False) -> dict[str, object]:
@@ -140,27 +142,28 @@ def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
 
 
 # -- launchers ---------------------------------------------------------------------------------
-def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def store_kv(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
-    ``slot_mapping`` [T] (int, -1 = skip), converting to the cache's dtype as
-    :func:`tallow.kernels.attention_ref.to_cache_dtype` does."""
+    """Write ``k``/``v`` [T, Hkv, D] into the layer's cache at ``slot_mapping`` [T] (int,
+    -1 = skip), converting to the cache's dtype as its codec's reference ``encode`` does
+    (:func:`tallow.kernels.kv_cache.to_cache_dtype`)."""
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
         return
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
-    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2],
-                      saturate=cache_saturation(kv_cache.dtype), pdl=pdl_enabled(kv_cache))
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=k_cache.shape[1],
+                      saturate=cache_saturation(k_cache.dtype), pdl=pdl_enabled(k_cache))
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
     store_kv_kernel[grid](
-        k, v, kv_cache[0], kv_cache[1], slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         stride_cb, stride_co, stride_ch, **spec,
     )
 
 
-def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+def prefill_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor, *,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                       block_tables: torch.Tensor, num_seqs: int, scale: float,
                       sliding_window: int | None = None, logit_softcap: float | None = None,
@@ -175,18 +178,19 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     if n_tokens == 0 or num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    n_kv = kv_cache.shape[3]
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
-                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                        block_size=k_cache.shape[1], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
                         capability=device_facts(q.device)[1],
-                        cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
+                        cache_bytes=k_cache.element_size(), pdl=pdl_enabled(q))
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
     prefill_kernel[grid](
-        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc, out,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         qk_scale, softcap, int(sliding_window or 0), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
@@ -194,22 +198,23 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     return out
 
 
-def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, num_seqs: int,
+def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
                       max_seq_len: int | None) -> int:
     """The decode split count for a batch of ``q`` [T, Hq, D] over ``kv_cache``:
     :func:`heuristics.decode_num_splits` on this device for the decode tiles' warps, ignoring
     the ``max_seq_len`` hint while a CUDA graph is being captured."""
     device = q.device
-    n_kv = kv_cache.shape[3]
+    k_cache = kv_cache["k"]
+    n_kv = k_cache.shape[2]
     tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
-                         kv_cache.element_size())
+                         k_cache.element_size())
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     return decode_num_splits(num_seqs, n_kv, sm_count=device_facts(device)[0],
                              max_seq_len=None if capturing else max_seq_len,
                              num_warps=tiles.num_warps)
 
 
-def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor, *,
                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, num_seqs: int, scale: float,
                      sliding_window: int | None = None, logit_softcap: float | None = None,
@@ -232,7 +237,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     if num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    n_kv = kv_cache.shape[3]
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     if num_splits is None:
         num_splits = choose_num_splits(q, kv_cache, num_seqs, max_seq_len)
@@ -247,7 +253,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         k = v = q  # unused by the kernel
         slot_mapping = seq_lens
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     d_pad = next_pow2(head_dim)
     single = num_splits == 1
     if single:
@@ -258,13 +264,13 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
     spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
-                       block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                       block_size=k_cache.shape[1], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
-                       fused_store=fused, saturate=cache_saturation(kv_cache.dtype),
-                       cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
+                       fused_store=fused, saturate=cache_saturation(k_cache.dtype),
+                       cache_bytes=k_cache.element_size(), pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
-        q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        q, k, v, slot_mapping, k_cache, v_cache, block_tables, seq_lens,
         query_start_loc, out, part_acc, part_ml,
         qk_scale, softcap, window, num_splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -147,7 +147,9 @@ def test_cache_dtype_differs_from_inputs() -> None:
     # The GPU rounds fp32 -> bf16 to nearest like torch; the interpreter's numpy conversion
     # may land one bf16 ulp away.
     ulp = 2.0 ** -7 if ops.interpreting() else 0.0
-    torch.testing.assert_close(case.kv_cache, expected_cache, rtol=ulp, atol=0, equal_nan=True)
+    for name in ("k", "v"):
+        torch.testing.assert_close(case.kv_cache[name], expected_cache[name], rtol=ulp, atol=0,
+                                   equal_nan=True)
     # the kernel reads the bf16 cache, as the reference does: fp32 products, fp32 tolerance
     torch.testing.assert_close(out[:case.valid_rows], expected_out, atol=1e-2 if ulp else 2e-4,
                                rtol=1e-2 if ulp else 2e-4)

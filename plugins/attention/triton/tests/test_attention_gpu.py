@@ -11,9 +11,12 @@ import zlib
 import pytest
 import torch
 
+from tallow.kernels.kv_cache import allocate_layer
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
-from tallow_attention_triton.testing import grow_keys, make_case, run_and_check, tolerance
+from tallow_attention_triton.testing import (
+    assert_same_cache, cast_codec, grow_keys, make_case, run_and_check, tolerance,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,10 +99,8 @@ def test_fp8_cache_scores_that_keep_growing(cache_dtype: torch.dtype,
 def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtype) -> None:
     """Values off the 8-bit grid (ties included) and beyond its range, stored by the store
     kernel and by the decode launch with the store fused: the same bytes as torch's
-    round-to-nearest-even cast after the clamp (tallow.kernels.attention_ref.to_cache_dtype)."""
+    round-to-nearest-even cast after the clamp (tallow.kernels.kv_cache.to_cache_dtype)."""
     from tallow_attention_triton import ops
-
-    from tallow.kernels.attention_ref import store_kv_ref
 
     g = torch.Generator(device="cuda").manual_seed(seed_of("fp8-round", cache_dtype, dtype))
     n, n_kv, d, block = 64, 8, 128, 16
@@ -109,25 +110,28 @@ def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtyp
     k, v = k.to(dtype), v.to(dtype)
     slots = torch.randperm(8 * block, generator=g, device="cuda")[:n]
     slots[5] = -1
-    cache = torch.zeros(2, 8, block, n_kv, d, dtype=cache_dtype, device="cuda")
+    codec = cast_codec(cache_dtype)
+    cache = allocate_layer(codec, num_kv_heads=n_kv, head_dim=d, block_size=block, num_blocks=8,
+                           model_dtype=dtype, device="cuda")
     expected = cache.clone()
-    store_kv_ref(expected, k, v, slots)
+    codec.encode(expected, k, v, slots)
     ops.store_kv(cache, k, v, slots)
-    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert_same_cache(cache, expected, "store kernel")
     # the fused store: one query per sequence, each sequence's new token at its slot
     seqs = 8
-    fused = torch.zeros_like(cache)
+    fused = allocate_layer(codec, num_kv_heads=n_kv, head_dim=d, block_size=block,
+                           num_blocks=8, model_dtype=dtype, device="cuda")
     want = fused.clone()
     tables = torch.arange(8, dtype=torch.int32, device="cuda").view(seqs, 1)
     new_slots = torch.arange(seqs, device="cuda") * block + 3  # position 3 of each block
-    store_kv_ref(want, k[:seqs], v[:seqs], new_slots)
+    codec.encode(want, k[:seqs], v[:seqs], new_slots)
     q = torch.randn(seqs, 4 * n_kv, d, generator=g, device="cuda").to(dtype)
     out = torch.empty_like(q)
     ops.decode_attention(q, fused, out, query_start_loc=torch.arange(
         seqs + 1, dtype=torch.int32, device="cuda"), seq_lens=torch.full(
         (seqs,), 4, dtype=torch.int32, device="cuda"), block_tables=tables, num_seqs=seqs,
         scale=d ** -0.5, num_splits=2, k=k[:seqs], v=v[:seqs], slot_mapping=new_slots)
-    assert torch.equal(fused.view(torch.uint8), want.view(torch.uint8))
+    assert_same_cache(fused, want, "decode with the store fused")
     assert not torch.isnan(out.float()).any()
 
 
@@ -254,7 +258,8 @@ def test_cuda_graph_capture_and_replay() -> None:
         q[:n].copy_(case.q)
         k[:n].copy_(case.k)
         v[:n].copy_(case.v)
-        cache.copy_(case.kv_cache)
+        for name, tensor in cache.tensors.items():
+            tensor.copy_(case.kv_cache[name])
         seq_lens.fill_(1)
         seq_lens[:n].copy_(case.meta.seq_lens)
         tables.zero_()
@@ -275,7 +280,7 @@ def test_cuda_graph_capture_and_replay() -> None:
         graph.replay()
         torch.cuda.synchronize()
         expected_out, expected_cache = case.expected()
-        torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0, equal_nan=True)
+        assert_same_cache(cache, expected_cache, f"graph replay, batch {n}")
         torch.testing.assert_close(out[:n], expected_out, **tolerance(torch.bfloat16))
 
 

@@ -7,6 +7,6 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_kv_codecs(registry) -> None:
-    registry.register("fp8", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec")
-    registry.register("fp8_e4m3", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec")
-    registry.register("fp8_e5m2", "tallow_kvcache_fp8.codec:FP8E5M2KVCodec")
+    registry.register("fp8", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec", bits=8)
+    registry.register("fp8_e4m3", "tallow_kvcache_fp8.codec:FP8E4M3KVCodec", bits=8)
+    registry.register("fp8_e5m2", "tallow_kvcache_fp8.codec:FP8E5M2KVCodec", bits=8)

@@ -12,6 +12,16 @@ import triton.language as tl
 
 
 @triton.jit
+def saturate(x, LIMIT: tl.constexpr):
+    """``x`` clamped to [-LIMIT, LIMIT] (in fp32) when LIMIT > 0, else unchanged: values bound
+    for an 8-bit float cache, whose casts have no infinity to overflow to (LIMIT is
+    :func:`tallow.kernels.kv_cache.cache_saturation` of the cache dtype)."""
+    if LIMIT > 0:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
+    return x
+
+
+@triton.jit
 def tanh(x):
     """tanh through one exp2; exp2 overflowing to inf (or to 0) gives exactly +1 (or -1)."""
     e = tl.exp2(x * 2.8853900817779268)  # 2 * log2(e)

@@ -26,7 +26,7 @@ per pair of values (:func:`common.widen_fp8_in_ptx`) and, where it is off (fp32 
 or Triton's interpreter), ``WIDEN_V_IN_REGISTERS`` with a select after the widening;
 ``LAZY_RESCALE`` rescales the accumulator only when a row's maximum grew by more than 8 (log2
 domain);
-``SATURATE`` clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype`
+``SATURATE`` clamps the fused store as :func:`tallow.kernels.kv_cache.to_cache_dtype`
 does. The PTX widening and the lazy rescale took the sm_90 loop of the one-warp program from
 ~1,220 to ~790 instructions per 32-key tile (SASS count); the isolated decode of the
 throughput probe did not get faster from it (docs/benchmarks.md).
@@ -38,11 +38,10 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
-from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
 from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
-                     product_operand, scores, tanh, widen_fp8_in_ptx)
+                     product_operand, saturate, scores, tanh, widen_fp8_in_ptx)
 
 
 @triton.jit

@@ -6,8 +6,9 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
-from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
+
+from .common import saturate
 
 
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies.

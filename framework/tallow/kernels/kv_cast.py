@@ -1,0 +1,89 @@
+"""KV codecs that cast: each K and V element stored in one storage dtype.
+
+:class:`CastKVCodec` lays out two paged tensors per layer, ``k`` and ``v`` of
+``[block_size, Hkv, D]`` each. Its encoding is a cast: values are clamped to the storage
+dtype's largest finite value when it is an 8-bit float (which has no infinity), rounded to
+nearest even, and widened when read (:func:`tallow.kernels.kv_cache.to_cache_dtype`).
+
+With ``per_head_scales`` the layout adds ``k_scale`` and ``v_scale`` (float32 ``[Hkv]``, one
+per layer): a head's values are stored divided by its scale and multiplied by it when read,
+so that an 8-bit float's range covers a head whose values are far from 1. Scales of 1 store
+exactly what an unscaled codec stores.
+
+The core's ``auto`` codec (the model's dtype) is this class; tallow-kvcache-fp8 derives its
+8-bit float codecs from it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from tallow.plugin import KVCodec, KVTensor
+
+from .kv_cache import LayerKVCache, indexable, slots_to_blocks, to_cache_dtype
+
+
+class CastKVCodec(KVCodec):
+    """K and V cast into :meth:`storage_dtype`; ``auto``: the model's own dtype."""
+
+    name: ClassVar[str] = "auto"
+    bits_per_element: ClassVar[float] = 16.0
+    #: the storage dtype; None: the model's dtype
+    storage: ClassVar[torch.dtype | None] = None
+
+    def __init__(self, config: object = None, *, storage: torch.dtype | None = None,
+                 per_head_scales: bool = False) -> None:
+        super().__init__(config)
+        if storage is not None:  # a cast into another dtype than the class's (tests, tools)
+            self.storage = storage
+        self.per_head_scales = per_head_scales
+
+    def storage_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return self.storage or model_dtype
+
+    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
+               model_dtype: torch.dtype) -> list[KVTensor]:
+        dtype = self.storage_dtype(model_dtype)
+        block = (block_size, num_kv_heads, head_dim)
+        tensors = [KVTensor("k", block, dtype), KVTensor("v", block, dtype)]
+        if self.per_head_scales:
+            tensors += [KVTensor("k_scale", (num_kv_heads,), torch.float32, per_block=False),
+                        KVTensor("v_scale", (num_kv_heads,), torch.float32, per_block=False)]
+        return tensors
+
+    def init_layer(self, cache: LayerKVCache) -> None:
+        for name in ("k_scale", "v_scale"):
+            if name in cache:
+                cache[name].fill_(1.0)
+
+    def encode(self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
+               slot_mapping: torch.Tensor) -> None:
+        rows, blocks, offsets = slots_to_blocks(slot_mapping, cache.block_size)
+        for name, x in (("k", k), ("v", v)):
+            x = x[rows]
+            scale = cache.get(f"{name}_scale")
+            if scale is not None:
+                x = x.float() / scale[:, None]
+            target = cache[name]
+            indexable(target)[blocks, offsets] = indexable(to_cache_dtype(x, target.dtype))
+
+    def decode(self, cache: LayerKVCache, blocks: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = []
+        for name in ("k", "v"):
+            tensor = cache[name]
+            x = indexable(tensor)[blocks].view(tensor.dtype).float()
+            x = x.reshape(-1, cache.num_kv_heads, cache.head_dim)
+            scale = cache.get(f"{name}_scale")
+            if scale is not None:
+                x = x * scale[:, None]
+            out.append(x)
+        return out[0], out[1]
+
+
+class AutoKVCodec(CastKVCodec):
+    """The default: K and V in the model's own dtype."""
+
+    name: ClassVar[str] = "auto"
