@@ -1,12 +1,12 @@
 """The ``tallow`` command.
 
-``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``
-and ``tallow mcp`` come from :mod:`tallow.server.cli`, :mod:`tallow.bench.cli` and
-:mod:`tallow.server.mcp_cli` when those are installed: each provides
-``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its subcommand and sets
-``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
-imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins list``
-import no torch.
+``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``,
+``tallow mcp`` and ``tallow quantize`` come from :mod:`tallow.server.cli`,
+:mod:`tallow.bench.cli`, :mod:`tallow.server.mcp_cli` and :mod:`tallow.quantize_cli` when
+those are installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that
+adds its subcommand and sets ``func`` (``func(args) -> int | None``) with ``set_defaults``.
+They are imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins
+list`` import no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tallow.server.cli", "start the OpenAI-compatible HTTP server"),
     "bench": ("tallow.bench.cli", "run the benchmarks"),
     "mcp": ("tallow.server.mcp_cli", "serve the model to MCP hosts over stdio"),
+    "quantize": ("tallow.quantize_cli", "write a quantized model file (e.g. a Q4_K_M GGUF)"),
 }
 
 

