@@ -219,6 +219,10 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
     )
+    if codec.calibrated:
+        from .kv_calibration import calibrate_kv_codec
+
+        calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)
     if device.type == "cuda" and warm_up_backend is not None:
         # kernel variants that the warm-up steps below do not reach (long contexts split

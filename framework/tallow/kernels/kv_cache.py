@@ -154,12 +154,14 @@ class LayerKVCache:
     """
 
     __slots__ = ("codec", "tensors", "layout", "num_kv_heads", "head_dim", "block_size",
-                 "num_blocks", "model_dtype")
+                 "num_blocks", "model_dtype", "layer")
 
     def __init__(self, codec: KVCodec, tensors: dict[str, torch.Tensor], *,
                  layout: Sequence[KVTensor], num_kv_heads: int, head_dim: int, block_size: int,
-                 model_dtype: torch.dtype) -> None:
+                 model_dtype: torch.dtype, layer: Any = None) -> None:
         self.codec = codec
+        #: the attention layer (tallow.layers.AttentionLayer) the cache serves, when known
+        self.layer = layer
         self.tensors = tensors
         self.layout = tuple(layout)
         self.num_kv_heads = num_kv_heads
@@ -188,10 +190,14 @@ class LayerKVCache:
 
     def clone(self) -> "LayerKVCache":
         """A copy with tensors of its own (for tests and references)."""
-        return LayerKVCache(self.codec, {n: t.clone() for n, t in self.tensors.items()},
-                            layout=self.layout, num_kv_heads=self.num_kv_heads,
-                            head_dim=self.head_dim, block_size=self.block_size,
-                            model_dtype=self.model_dtype)
+        return self.with_tensors({n: t.clone() for n, t in self.tensors.items()})
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "LayerKVCache":
+        """The same cache description over other tensors (copies, another device)."""
+        return LayerKVCache(self.codec, tensors, layout=self.layout,
+                            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                            block_size=self.block_size, model_dtype=self.model_dtype,
+                            layer=self.layer)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
@@ -201,9 +207,9 @@ class LayerKVCache:
 
 def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
                    num_blocks: int, model_dtype: torch.dtype,
-                   device: torch.device | str = "cpu") -> LayerKVCache:
+                   device: torch.device | str = "cpu", layer: Any = None) -> LayerKVCache:
     """One layer's cache of ``num_blocks`` blocks, zeroed, its per-layer tensors filled by the
-    codec (:meth:`KVCodec.init_layer`)."""
+    codec (:meth:`KVCodec.init_layer`). ``layer`` is the attention layer it serves, if known."""
     layout = layer_layout(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           block_size=block_size, model_dtype=model_dtype)
     tensors = {}
@@ -211,17 +217,19 @@ def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_si
         shape = (num_blocks, *spec.shape) if spec.per_block else spec.shape
         tensors[spec.name] = torch.zeros(shape, dtype=spec.dtype, device=device)
     cache = LayerKVCache(codec, tensors, layout=layout, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, block_size=block_size, model_dtype=model_dtype)
+                         head_dim=head_dim, block_size=block_size, model_dtype=model_dtype,
+                         layer=layer)
     codec.init_layer(cache)
     return cache
 
 
 def allocate(codec: KVCodec, layers: Iterable[Any], *, num_blocks: int, block_size: int,
              model_dtype: torch.dtype, device: torch.device | str) -> list[LayerKVCache]:
-    """The caches of ``layers`` (objects with ``num_kv_heads`` and ``head_dim``), in order."""
+    """The caches of ``layers`` (objects with ``num_kv_heads`` and ``head_dim``, e.g.
+    :class:`tallow.layers.AttentionLayer`), in order."""
     return [allocate_layer(codec, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
                            block_size=block_size, num_blocks=num_blocks,
-                           model_dtype=model_dtype, device=device)
+                           model_dtype=model_dtype, device=device, layer=layer)
             for layer in layers]
 
 

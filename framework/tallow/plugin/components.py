@@ -154,7 +154,9 @@ class KVCodec(Component):
       :mod:`tallow.kernels.kv_cache` allocates them, sizes the KV budget from their bytes per
       block, copies their blocks and hands them to attention backends as a
       :class:`tallow.kernels.kv_cache.LayerKVCache`;
-    - :meth:`init_layer` fills the per-layer tensors once they are allocated;
+    - :meth:`init_layer` fills the per-layer tensors once they are allocated, and, for a
+      codec that sets :attr:`calibrated`, :meth:`calibrate` refines them from the K/V the
+      model computes over a calibration text;
     - :meth:`encode` writes one step's K/V into the cache at their slots;
     - :meth:`decode` reads whole blocks back as K/V.
 
@@ -170,6 +172,9 @@ class KVCodec(Component):
     """
 
     bits_per_element: ClassVar[float] = 16.0
+    #: True when :meth:`calibrate` wants the K/V a model computes over a calibration text:
+    #: the engine then runs that pass once at start-up, before serving
+    calibrated: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -183,6 +188,14 @@ class KVCodec(Component):
         """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
         the default has none to fill."""
 
+    def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
+                  v: "torch.Tensor") -> None:
+        """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
+        queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
+        attention layer receives them) over the engine's calibration text. Called once per
+        layer before anything is stored, for codecs that set :attr:`calibrated`;
+        ``cache.layer`` is the attention layer."""
+
     def encode(self, cache: Any, k: "torch.Tensor", v: "torch.Tensor",
                slot_mapping: "torch.Tensor") -> None:
         """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
@@ -191,7 +204,7 @@ class KVCodec(Component):
 
     def decode(self, cache: Any, blocks: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
         """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
-        ``blocks`` (int64 [n]) in order, as attention must see them."""
+        ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
         raise NotImplementedError
 
 

@@ -22,7 +22,7 @@ from tallow.kernels.kv_cache import LayerKVCache, float8_reasons
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor
 
-from . import ops
+from . import ops, turbo_ops
 from .heuristics import MAX_SPLITS, block_size_reasons, head_dim_reasons, next_pow2
 from .testing import make_case
 
@@ -34,6 +34,8 @@ TENSOR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CACHE_DTYPES = TENSOR_DTYPES + (torch.float8_e4m3fn, torch.float8_e5m2)
 #: the KV codecs the kernels implement: casts into one of CACHE_DTYPES, K and V paged alike
 CAST_CODECS = frozenset({"auto", "fp8", "fp8_e5m2"})
+#: and the turbo format of tallow-kvcache-turboquant (turbo_ops)
+TURBO_CODECS = frozenset({"turbo8", "turbo4", "turbo3"})
 
 
 def _split_counts_per_reduce_width() -> list[int]:
@@ -65,6 +67,37 @@ def _cache_dtype_reasons(what: str, dtype: torch.dtype) -> list[str]:
         return []
     return [f"{what} {dtype} is not supported (expected one of "
             + ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES) + ")"]
+
+
+def _paged_reasons(kv_cache: LayerKVCache, num_kv_heads: int, head_dim: int,
+                   block_size: int) -> list[str]:
+    """Why the kernels cannot index the paged tensors of ``kv_cache`` as they are (shapes,
+    strides, block size)."""
+    turbo = turbo_ops.is_turbo(kv_cache)
+    k_name, v_name = ("k_codes", "v_codes") if turbo else ("k", "v")
+    k_cache, v_cache = kv_cache.get(k_name), kv_cache.get(v_name)
+    width = k_cache.shape[-1] if turbo and k_cache is not None else head_dim
+    if k_cache is None or v_cache is None or k_cache.dim() != 4 \
+            or tuple(k_cache.shape[2:]) != (num_kv_heads, width):
+        return [f"kv_cache must hold {k_name} and {v_name} of [blocks, block_size, "
+                f"{num_kv_heads}, {width}], got {kv_cache!r}"]
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        return [f"kv_cache {k_name} and {v_name} must have the same shape and strides"]
+    if k_cache.stride(-1) != 1:
+        return ["kv_cache must be contiguous in its last dimension"]
+    reasons = block_size_reasons(k_cache.shape[1])
+    if k_cache.shape[1] != block_size:
+        reasons.append(f"kv_cache block size {k_cache.shape[1]} differs from "
+                       f"meta.block_size {block_size}")
+    if turbo:
+        k_scales, v_scales = kv_cache["k_scales"], kv_cache["v_scales"]
+        if k_scales.stride() != v_scales.stride() or k_scales.stride(-1) != 1:
+            reasons.append("kv_cache k_scales and v_scales must have the same strides, "
+                           "contiguous per head")
+        for name in turbo_ops.PER_LAYER:
+            if name in kv_cache and not kv_cache[name].is_contiguous():
+                reasons.append(f"kv_cache {name} must be contiguous")
+    return reasons
 
 
 def _cast_layout_reasons(layout: list[KVTensor]) -> list[str]:
@@ -102,13 +135,14 @@ class TritonAttentionBackend(AttentionBackend):
 
     Serves fp16, bf16 and fp32 models on CUDA devices of compute capability 8.0 or newer, with
     the KV codecs its kernels implement (``auto``: K/V cached in the model's dtype; ``fp8`` and
-    ``fp8_e5m2`` of tallow-kvcache-fp8), head sizes that are multiples of 16 up to 256 and
+    ``fp8_e5m2`` of tallow-kvcache-fp8; ``turbo8``, ``turbo4`` and ``turbo3`` of
+    tallow-kvcache-turboquant), head sizes that are multiples of 16 up to 256 and
     power-of-two block sizes up to 256.
     """
 
     name: ClassVar[str] = "triton"
     supports_cuda_graph: ClassVar[bool] = True
-    fused_kv_codecs: ClassVar[frozenset[str]] = CAST_CODECS
+    fused_kv_codecs: ClassVar[frozenset[str]] = CAST_CODECS | TURBO_CODECS
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -159,10 +193,12 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
         """Reasons the kernels cannot keep K/V as ``codec`` does: they implement the codecs of
         :attr:`fused_kv_codecs`, casts into one of :data:`CACHE_DTYPES` laid out as paged
-        ``k`` and ``v`` tensors."""
+        ``k`` and ``v`` tensors and the turbo format (:func:`turbo_ops.layout_reasons`)."""
         reasons = super().supports_kv_codec(codec, layout)
         if reasons:
             return reasons
+        if codec.name in TURBO_CODECS:
+            return turbo_ops.layout_reasons(layout)
         return _cast_layout_reasons(layout) + [
             reason for spec in layout for reason in self._float8_reasons(spec.dtype)]
 
@@ -195,7 +231,6 @@ class TritonAttentionBackend(AttentionBackend):
                 f"triton attention, layer {layer.layer_index}: q, k, v and meta.slot_mapping "
                 f"must have the same number of rows, got {n}, {k.shape[0]}, {v.shape[0]}, "
                 f"{meta.slot_mapping.shape[0]}")
-        k_cache, v_cache = kv_cache.get("k"), kv_cache.get("v")
         key = (layer, q.dtype, k.dtype, v.dtype, q.device, tuple(q.shape[1:]),
                tuple(k.shape[1:]), tuple(v.shape[1:]), meta.block_size, kv_cache.codec.name,
                tuple((name, t.dtype, tuple(t.shape[1:]), t.stride()) for name, t in
@@ -210,19 +245,7 @@ class TritonAttentionBackend(AttentionBackend):
             if t.dim() != 3 or tuple(t.shape[1:]) != (hkv, d):
                 reasons.append(f"{name} must be [T, {hkv}, {d}], got {list(t.shape)}")
         reasons += self.supports_kv_codec(kv_cache.codec, list(kv_cache.layout))
-        if k_cache is None or v_cache is None or k_cache.dim() != 4 \
-                or tuple(k_cache.shape[2:]) != (hkv, d):
-            reasons.append(f"kv_cache must hold k and v of [blocks, block_size, {hkv}, {d}], "
-                           f"got {kv_cache!r}")
-        elif k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
-            reasons.append("kv_cache k and v must have the same shape and strides")
-        elif k_cache.stride(-1) != 1:
-            reasons.append("kv_cache must be contiguous in its last dimension")
-        else:
-            reasons += block_size_reasons(k_cache.shape[1])
-            if k_cache.shape[1] != meta.block_size:
-                reasons.append(f"kv_cache block size {k_cache.shape[1]} differs from "
-                               f"meta.block_size {meta.block_size}")
+        reasons += _paged_reasons(kv_cache, hkv, d, meta.block_size)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dtype not in TENSOR_DTYPES:
                 reasons.append(f"{name} dtype {t.dtype} is not supported (expected float16, "
@@ -275,6 +298,10 @@ class TritonAttentionBackend(AttentionBackend):
         Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten.
         """
         self._check(layer, q, k, v, kv_cache, meta)
+        turbo = turbo_ops.is_turbo(kv_cache)
+        if turbo:
+            # the queries in the stored keys' coordinates, once for the step
+            q = turbo_ops.rotate_queries(q, kv_cache)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
                       block_tables=meta.block_tables, num_seqs=meta.num_seqs,
@@ -285,20 +312,22 @@ class TritonAttentionBackend(AttentionBackend):
             splits = common["num_splits"] or ops.choose_num_splits(
                 q, kv_cache, meta.num_seqs, meta.max_seq_len)
             common["num_splits"] = splits
-            if splits > 1 and q.shape[0] == meta.num_seqs:
+            if splits > 1 and q.shape[0] == meta.num_seqs and not turbo:
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
                 # extra registers cost occupancy, so the store launches on its own (H200).
                 return ops.decode_attention(q, kv_cache, out, k=k, v=v,
                                             slot_mapping=meta.slot_mapping, **common)
             ops.store_kv(kv_cache, k, v, meta.slot_mapping)
-            return ops.decode_attention(q, kv_cache, out, **common)
-        ops.store_kv(kv_cache, k, v, meta.slot_mapping)
-        qsl = meta.query_start_loc_cpu
-        singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
-        prefill_args = {name: val for name, val in common.items()
-                        if name not in ("num_splits", "max_seq_len")}
-        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **prefill_args)
-        if singles:
-            ops.decode_attention(q, kv_cache, out, mixed=True, **common)
-        return out
+            ops.decode_attention(q, kv_cache, out, **common)
+        else:
+            ops.store_kv(kv_cache, k, v, meta.slot_mapping)
+            qsl = meta.query_start_loc_cpu
+            singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
+            prefill_args = {name: val for name, val in common.items()
+                            if name not in ("num_splits", "max_seq_len")}
+            ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **prefill_args)
+            if singles:
+                ops.decode_attention(q, kv_cache, out, mixed=True, **common)
+        # a turbo cache's output is a mix of rotated values: rotated back once
+        return turbo_ops.restore_output(out, kv_cache) if turbo else out

@@ -22,6 +22,7 @@ import torch
 from tallow.kernels.kv_cache import LayerKVCache, cache_saturation
 from tallow.kernels.pdl import pdl_enabled
 
+from . import turbo_ops
 from .heuristics import (
     DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
     next_pow2, prefill_tiles,
@@ -72,6 +73,19 @@ def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
+def _paged(kv_cache: LayerKVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor, int, int, int]:
+    """(K, V, K scales, V scales, scale strides (block, offset), code bits) of a layer's cache
+    as the attention kernels take them: the cast tensors, or a turbo cache's codes and scales
+    (a cast cache passes its K and V where no scale is read)."""
+    if turbo_ops.is_turbo(kv_cache):
+        codes, scales = kv_cache["k_codes"], kv_cache["k_scales"]
+        return (codes, kv_cache["v_codes"], scales, kv_cache["v_scales"], scales.stride(0),
+                scales.stride(1), turbo_ops.bits_of(kv_cache.head_dim, codes.shape[3]))
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    return k_cache, v_cache, k_cache, v_cache, 0, 0, 0
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -96,19 +110,23 @@ def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: f
                 USE_PDL=pdl, launch_pdl=pdl)
 
 
+# ``kv_bits``: the code width of a turbo cache (turbo_ops), 0 for a cache that casts. A turbo
+# cache takes the tiles of an 8-bit cache and none of the 8-bit float cache's widening.
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
-                 cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
+                 cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False
+                 ) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap),
                           cache_bytes=cache_bytes)
     precision, upcast = _precision(dtype)
-    return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+    cast_bytes = 2 if kv_bits else cache_bytes
+    return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), KV_BITS=kv_bits,
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
-                F16_PRODUCTS=f16_products(dtype, cache_bytes),
+                F16_PRODUCTS=f16_products(dtype, cast_bytes),
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -116,18 +134,21 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
-                cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
+                cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False
+                ) -> dict[str, object]:
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cache_bytes)
     precision, upcast = _precision(dtype)
+    cast_bytes = 2 if kv_bits else cache_bytes
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
-                D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
+                D_PAD=next_pow2(head_dim), KV_BITS=kv_bits, BLOCK_SIZE=block_size,
+                TILE_N=tiles.tile_n,
                 USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 SATURATE=saturate if fused_store else 0.0,
-                F16_PRODUCTS=f16_products(dtype, cache_bytes),
-                WIDEN_V_IN_REGISTERS=cache_bytes == 1,
-                WIDEN_V_IN_PTX=f16_products(dtype, cache_bytes) and not interpreting(),
-                LAZY_RESCALE=cache_bytes == 1,
+                F16_PRODUCTS=f16_products(dtype, cast_bytes),
+                WIDEN_V_IN_REGISTERS=cast_bytes == 1,
+                WIDEN_V_IN_PTX=f16_products(dtype, cast_bytes) and not interpreting(),
+                LAZY_RESCALE=cast_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -146,9 +167,13 @@ def store_kv(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into the layer's cache at ``slot_mapping`` [T] (int,
     -1 = skip), converting to the cache's dtype as its codec's reference ``encode`` does
-    (:func:`tallow.kernels.kv_cache.to_cache_dtype`)."""
+    (:func:`tallow.kernels.kv_cache.to_cache_dtype`; a turbo cache: rotated, quantized and
+    packed, :func:`turbo_ops.store_turbo`)."""
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
+        return
+    if turbo_ops.is_turbo(kv_cache):
+        turbo_ops.store_turbo(kv_cache, k, v, slot_mapping)
         return
     k_cache, v_cache = kv_cache["k"], kv_cache["v"]
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
@@ -178,22 +203,22 @@ def prefill_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor
     if n_tokens == 0 or num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    k_cache, v_cache, k_scales, v_scales, stride_sb, stride_so, bits = _paged(kv_cache)
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
                         block_size=k_cache.shape[1], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
                         capability=device_facts(q.device)[1],
-                        cache_bytes=k_cache.element_size(), pdl=pdl_enabled(q))
+                        cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q))
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
     prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, query_start_loc, out,
         qk_scale, softcap, int(sliding_window or 0), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
     )
     return out
 
@@ -204,7 +229,7 @@ def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
     :func:`heuristics.decode_num_splits` on this device for the decode tiles' warps, ignoring
     the ``max_seq_len`` hint while a CUDA graph is being captured."""
     device = q.device
-    k_cache = kv_cache["k"]
+    k_cache = _paged(kv_cache)[0]
     n_kv = k_cache.shape[2]
     tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
                          k_cache.element_size())
@@ -237,7 +262,7 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
     if num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    k_cache, v_cache, k_scales, v_scales, stride_sb, stride_so, bits = _paged(kv_cache)
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     if num_splits is None:
@@ -245,6 +270,9 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     fused = k is not None
+    if fused and bits:
+        raise ValueError("decode_attention stores K/V only into a cache that casts, not into "
+                         "a turbo cache (use store_kv)")
     if fused:
         if v is None or slot_mapping is None:
             raise ValueError("decode_attention stores K/V only given k, v and slot_mapping")
@@ -267,15 +295,15 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
                        block_size=k_cache.shape[1], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
                        fused_store=fused, saturate=cache_saturation(k_cache.dtype),
-                       cache_bytes=k_cache.element_size(), pdl=pdl_enabled(q))
+                       cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
-        q, k, v, slot_mapping, k_cache, v_cache, block_tables, seq_lens,
+        q, k, v, slot_mapping, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens,
         query_start_loc, out, part_acc, part_ml,
         qk_scale, softcap, window, num_splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
     )
     if not single:
         decode_reduce_kernel[(num_seqs, n_heads)](

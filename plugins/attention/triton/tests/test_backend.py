@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import tallow.builtins
-from tallow.kernels.kv_cache import LayerKVCache
 from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers import AttentionLayer
 from tallow.plugin import (
@@ -184,10 +183,8 @@ def test_forward_rejects_bad_inputs_with_the_field_named() -> None:
     with pytest.raises(ValueError, match=r"q must be \[T, 4, 64\], got \[3, 2, 128\]"):
         be.forward(case.layer, case.q.reshape(3, 2, 128), case.k, case.v, case.kv_cache,
                    case.meta)
-    narrow = LayerKVCache(case.kv_cache.codec,
-                          {n: t[:, :, :1] for n, t in case.kv_cache.tensors.items()},
-                          layout=case.kv_cache.layout, num_kv_heads=1, head_dim=64,
-                          block_size=16, model_dtype=torch.float16)
+    narrow = case.kv_cache.with_tensors({n: t[:, :, :1] for n, t in
+                                         case.kv_cache.tensors.items()})
     with pytest.raises(ValueError, match=r"kv_cache must hold k and v of \[blocks, block_size, "
                                          r"2, 64\]"):
         be.forward(case.layer, case.q, case.k, case.v, narrow, case.meta)

@@ -57,6 +57,34 @@ def scores(q, k, qk_scale, softcap, USE_SOFTCAP: tl.constexpr, PRECISION: tl.con
 
 
 @triton.jit
+def scaled_scores(q, k, key_scale, qk_scale, softcap, USE_SOFTCAP: tl.constexpr,
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """:func:`scores` of ``q`` against keys ``k`` [N, D] stored as codes, each key's scale
+    ``key_scale`` [N] multiplying its column of products (before the softcap)."""
+    s = dot(q, tl.trans(k), PRECISION, UPCAST) * key_scale[None, :]
+    if USE_SOFTCAP:
+        s = softcap * tanh(s * qk_scale)
+    else:
+        s = s * qk_scale
+    return s
+
+
+@triton.jit
+def online_softmax_step_scaled(acc, l_i, m_i, s, v, value_scale, PRECISION: tl.constexpr,
+                               UPCAST: tl.constexpr):
+    """:func:`online_softmax_step` for values ``v`` [N, D] stored as codes with scales
+    ``value_scale`` [N]: the scales multiply the softmax weights' columns before the product
+    (the row sums take the weights alone)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pv = (p * value_scale[None, :]).to(v.dtype)
+    acc = acc * alpha[:, None] + dot(pv, v, PRECISION, UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def online_softmax_step(acc, l_i, m_i, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Fold one tile of log2-domain scores ``s`` [M, N] (masked entries -inf) and its values
     ``v`` [N, D] into the running (acc, row sum, row max).
@@ -100,6 +128,19 @@ def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_of
     cache of strides (block, offset-in-block); tokens outside ``n_mask`` read block 0."""
     blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     return blk * stride_cb + (offs_n % BLOCK_SIZE) * stride_co + kv_head_off
+
+
+@triton.jit
+def turbo_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, code_head_off,
+                  stride_sb, stride_so, kv_head, BLOCK_SIZE: tl.constexpr):
+    """(code byte offsets, scale offsets) [N] of context tokens ``offs_n`` of one sequence and
+    one KV head in a turbo cache (codes of strides (block, offset-in-block), scales of
+    strides (block, offset-in-block) and 1 per head), from one read of the block table;
+    tokens outside ``n_mask`` read block 0."""
+    blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    pos = offs_n % BLOCK_SIZE
+    return (blk * stride_cb + pos * stride_co + code_head_off,
+            blk * stride_sb + pos * stride_so + kv_head)
 
 
 @triton.jit
