@@ -2,8 +2,9 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
-# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big, or full: the runs behind the
-# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B and fp8 runs.
+# qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
+# kvtests,kvkernelcases,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3, or full: the runs behind the
+# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and KV-codec runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -164,15 +165,38 @@ fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
+if [[ ",$MODE," == *",kvtests,"* ]]; then  # the KV codecs' GPU tests: fused turbo and fp8 kernels against the torch reference
+  echo "== GPU tests of the KV codecs"
+  timeout 560 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu/test_gpu_engine.py \
+    plugins/attention/triton/tests/test_attention_gpu.py plugins/attention/triton/tests/test_pdl_gpu.py \
+    -k "turbo or fp8 or graph or compiles" 2>&1 | tail -25 | tee "$OUT/tests_kv.log"
+fi
+if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # the interpreter's kernel cases (turbo included) on the GPU
+  echo "== kernel cases on the GPU"
+  timeout 400 python3 -m pytest -q -rs plugins/attention/triton/tests/kernel_cases.py 2>&1 | tail -15 | tee "$OUT/tests_kernel_cases.log"
+fi
+if [[ ",$MODE," == *",thr8bturbo4,"* ]]; then  # the fp8 run's workload with a turbo4 cache (run beside thr8bfp8)
+  bench throughput_8b_turbo4 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec turbo4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+# Long contexts: 64 sequences of 32,768 prompt tokens, 128 generated each; the decode rate over
+# the decode steps, the sequences that ran at once and that the cache holds (per codec).
+# llama-3.1-8b: llama-3-8b's shapes with rotary scaling to 128k positions (llama-3-8b stops at 8k).
+LONG32K=(latency --model random:llama-3.1-8b --dtype bfloat16 --batch-size 64 --input-len 32768 --output-len 128 --max-model-len 32896 --max-num-seqs 64 --max-cuda-graph-batch 64 --warmup-input-len 512)
+for codec in bf16 fp8 turbo4 turbo3; do
+  if [[ ",$MODE," == *",long32k$codec,"* ]]; then
+    bench long32k_$codec 560 "${LONG32K[@]}" --kv-codec "$([ $codec = bf16 ] && echo auto || echo $codec)"
+  fi
+done
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 print("\n== summary")
 for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
-    keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
-            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s"]
+    keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
+            "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
+            "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",
+            "card_gemm_flops", "card_copy_bytes_per_s"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

@@ -111,7 +111,10 @@ def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: f
 
 
 # ``kv_bits``: the code width of a turbo cache (turbo_ops), 0 for a cache that casts. A turbo
-# cache takes the tiles of an 8-bit cache and none of the 8-bit float cache's widening.
+# cache takes none of the 8-bit float cache's widening; its prefill takes the tiles of an 8-bit
+# cache and its decode those of a 16-bit one (4-warp programs: the unpacking needs their
+# registers; one-warp programs spill at head size 96 and 128 with 3-bit codes, sm_90) with
+# two pipeline stages (three spill at head size 96).
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
@@ -119,7 +122,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                  ) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap),
-                          cache_bytes=cache_bytes)
+                          cache_bytes=cache_bytes, codes=bool(kv_bits))
     precision, upcast = _precision(dtype)
     cast_bytes = 2 if kv_bits else cache_bytes
     return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), KV_BITS=kv_bits,
@@ -136,9 +139,10 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
                 cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False
                 ) -> dict[str, object]:
-    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cache_bytes)
-    precision, upcast = _precision(dtype)
     cast_bytes = 2 if kv_bits else cache_bytes
+    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cast_bytes,
+                         codes=bool(kv_bits))
+    precision, upcast = _precision(dtype)
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
                 D_PAD=next_pow2(head_dim), KV_BITS=kv_bits, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n,
@@ -150,7 +154,8 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 WIDEN_V_IN_PTX=f16_products(dtype, cast_bytes) and not interpreting(),
                 LAZY_RESCALE=cast_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
+                num_warps=tiles.num_warps, num_stages=2 if kv_bits else tiles.num_stages,
+                launch_pdl=pdl)
 
 
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
@@ -231,8 +236,9 @@ def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
     device = q.device
     k_cache = _paged(kv_cache)[0]
     n_kv = k_cache.shape[2]
+    turbo = turbo_ops.is_turbo(kv_cache)
     tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
-                         k_cache.element_size())
+                         2 if turbo else k_cache.element_size(), codes=turbo)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     return decode_num_splits(num_seqs, n_kv, sm_count=device_facts(device)[0],
                              max_seq_len=None if capturing else max_seq_len,

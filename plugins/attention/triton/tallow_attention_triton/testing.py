@@ -163,6 +163,22 @@ def to_device(cache: LayerKVCache, device: torch.device) -> LayerKVCache:
     return cache.with_tensors({n: t.to(device) for n, t in cache.tensors.items()})
 
 
+def calibrate_randomly(case: PagedCase, seed: int) -> PagedCase:
+    """Give ``case``'s turbo cache offsets and smoothing as a calibration would (random
+    values), so that the kernels' handling of each is exercised; under a softcap the key
+    offset stays zero, as calibration leaves it. A cache without them is left alone."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = case.kv_cache
+    for name in ("k_offset", "v_offset"):
+        if name in cache:
+            cache[name].copy_(torch.randn(cache[name].shape, generator=gen))
+    if case.layer.logit_softcap and "k_offset" in cache:
+        cache["k_offset"].zero_()
+    if "k_smooth" in cache:
+        cache["k_smooth"].copy_(torch.rand(cache["k_smooth"].shape, generator=gen) * 1.5 + 0.5)
+    return case
+
+
 def grow_keys(case: PagedCase, step: float = 2.0, period: int = 20) -> PagedCase:
     """Scale the cached keys of each sequence's ``j``-th block by ``1 + step * (j % period)``
     (read back and stored again through the codec), so that attention scores keep climbing

@@ -79,8 +79,13 @@ def store_turbo_spec(*, num_kv_heads: int, head_dim: int, block_size: int, bits:
                      pdl: bool = False) -> dict[str, object]:
     segments = {8: 1, 4: 2, 3: 8}[bits]
     seg_w = head_dim // segments
+    # the rotation's product runs over 16 input coordinates at a time; 32 where the eight
+    # 3-bit segments of a 256-wide head need fewer, larger steps (both: no register spills
+    # on sm_90, test_compile.py)
+    k_chunk = 32 if segments == 8 and head_dim > 128 else 16
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-                H_PAD=max(16, next_pow2(num_kv_heads)), D_PAD=max(16, next_pow2(head_dim)),
+                H_PAD=max(16, next_pow2(num_kv_heads)), D_PAD=max(k_chunk, next_pow2(head_dim)),
+                K_CHUNK=k_chunk,
                 BLOCK_SIZE=block_size, BITS=bits, SEGMENTS=segments, SEG_W=seg_w,
                 SEG_PAD=max(16, next_pow2(seg_w)), RMS_STEP=STEP_PER_RMS.get(bits, 0.0),
                 PRECISION=_fp32_precision(), num_warps=4, USE_PDL=pdl, launch_pdl=pdl)

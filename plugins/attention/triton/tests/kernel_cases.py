@@ -19,7 +19,9 @@ import torch
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles
-from tallow_attention_triton.testing import grow_keys, make_case, run_and_check
+from tallow_attention_triton.testing import (
+    calibrate_randomly, grow_keys, make_case, run_and_check,
+)
 
 if ops.interpreting():
     DEVICE = "cpu"
@@ -183,6 +185,59 @@ def test_decode_scores_that_keep_growing(cache_dtype: torch.dtype, num_splits: i
                      cache_dtype=cache_dtype, device=DEVICE,
                      seed=seed_of("grow", cache_dtype, num_splits))
     run_and_check(grow_keys(case), backend(num_splits))
+
+
+def turbo_codec(bits: int):  # noqa: ANN201
+    turboquant = pytest.importorskip(
+        "tallow_kvcache_turboquant.codec",
+        reason="the turbo cases need tallow-kvcache-turboquant (its codecs are the oracle)")
+    return {8: turboquant.Turbo8KVCodec, 4: turboquant.Turbo4KVCodec,
+            3: turboquant.Turbo3KVCodec}[bits]()
+
+
+@pytest.mark.parametrize("bits", [8, 4, 3])
+@pytest.mark.parametrize(("kind", "num_splits", "head_dim"), [
+    ("decode", 1, 64), ("decode", 3, 128), ("mixed", 2, 80), ("prefill", None, 96)])
+def test_turbo_cache(bits: int, kind: str, num_splits: int | None, head_dim: int) -> None:
+    """A turbo cache (tallow-kvcache-turboquant): the fused store (rotation, quantization,
+    packing) against the codec's encode, and attention over the codes (queries rotated, the
+    output rotated back) against the reference over its decode; head sizes that are and are
+    not powers of two."""
+    q_lens, ctx = {"decode": ([1, 1, 1, 1], [0, 5, 37, 90]),
+                   "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    codec = turbo_codec(bits)
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=head_dim, block_size=16, dtype=torch.bfloat16, codec=codec,
+                     device=DEVICE, seed=seed_of("turbo", bits, kind, num_splits, head_dim))
+    run_and_check(calibrate_randomly(case, bits), backend(num_splits))
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, 4.0), (40, None)])
+def test_turbo_cache_with_window_and_softcap(window: int, softcap: float | None) -> None:
+    for kind, q_lens, ctx in (("decode", [1, 1], [20, 100]), ("prefill", [30, 1], [0, 45])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=4, num_kv_heads=2,
+                         head_dim=64, block_size=8, dtype=torch.float16, codec=turbo_codec(4),
+                         device=DEVICE, sliding_window=window, logit_softcap=softcap,
+                         scale=0.3, seed=seed_of("turbo-window", window, softcap, kind))
+        run_and_check(calibrate_randomly(case, window), backend(2))
+
+
+def test_turbo_cache_padding_rows_and_graph_style_padding() -> None:
+    """Rows with slot -1 store nothing in a turbo cache either; a CUDA-graph padding
+    sequence reads a finite slot."""
+    case = make_case(query_lens=[1, 1, 1], context_lens=[40, 0, 9], num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     codec=turbo_codec(3), device=DEVICE, padding_rows=3,
+                     seed=seed_of("turbo-pad"))
+    run_and_check(calibrate_randomly(case, 1), backend())
+    case = make_case(query_lens=[1, 1], context_lens=[25, 1], num_heads=4, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16, codec=turbo_codec(4),
+                     device=DEVICE, host_copies=False, seed=seed_of("turbo-graphpad"))
+    case.meta.slot_mapping[1] = -1
+    case.meta.seq_lens[1] = 1
+    case.meta.max_seq_len = 4096
+    run_and_check(calibrate_randomly(case, 2), backend())
 
 
 def test_random_batches() -> None:

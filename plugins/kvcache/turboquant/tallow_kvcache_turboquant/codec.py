@@ -11,7 +11,7 @@ tensor          shape                       dtype     holds
 ``v_scales``    [blocks, bs, Hkv]           float16
 ``k_offset``    [Hkv, D] (per layer)        float32   ``m``: subtracted from every key
 ``k_smooth``    [Hkv, D] (per layer)        float32   ``s``: keys divided, queries multiplied
-``v_offset``    [Hkv, D] (per layer)        float32   ``m_v``: subtracted from every value
+``v_offset``    [Hkv, D] (per layer)        float32   ``m_v`` (center_values): less every value
 ``rotation``    [D, D] (per layer)          float32   ``R``: stored vectors are ``x @ R.T``
 ==============  ==========================  ========  ======================================
 

@@ -26,6 +26,8 @@ from tallow_kvcache_turboquant.quantize import (
 from tallow_kvcache_turboquant.rotation import fast_hadamard, rotate, rotation_matrix
 
 CODECS = [Turbo8KVCodec, Turbo4KVCodec, Turbo3KVCodec]
+VALUES_CENTERED = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
+    "center_values": True}}}})
 HEAD_DIMS = [64, 80, 96, 128, 256]
 
 
@@ -165,7 +167,7 @@ def test_layout_and_capacity_against_a_16_bit_cache(codec_cls: type[TurboKVCodec
         "k_codes": ((6, 4, 2, 8 * b), torch.uint8), "k_scales": ((6, 4, 2), torch.float16),
         "v_codes": ((6, 4, 2, 8 * b), torch.uint8), "v_scales": ((6, 4, 2), torch.float16),
         "k_offset": ((2, 64), torch.float32), "k_smooth": ((2, 64), torch.float32),
-        "v_offset": ((2, 64), torch.float32), "rotation": ((64, 64), torch.float32)}
+        "rotation": ((64, 64), torch.float32)}
     assert torch.equal(cache["rotation"], rotation_matrix(64, 0))
     assert torch.equal(cache["k_smooth"], torch.ones(2, 64))
     for head_dim in (64, 128):
@@ -177,12 +179,14 @@ def test_layout_and_capacity_against_a_16_bit_cache(codec_cls: type[TurboKVCodec
                               model_dtype=torch.bfloat16).vs_bf16 >= floor
 
 
-def test_settings_leave_parts_of_the_format_out() -> None:
+def test_settings_leave_parts_of_the_format_out_or_add_them() -> None:
     config = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
-        "rotation": False, "center_keys": False, "smooth_keys": False,
-        "center_values": False}}}})
+        "rotation": False, "center_keys": False, "smooth_keys": False}}}})
     cache = make_cache(Turbo4KVCodec(config))
     assert set(cache.tensors) == {"k_codes", "k_scales", "v_codes", "v_scales"}
+    config = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
+        "center_values": True}}}})
+    assert "v_offset" in make_cache(Turbo4KVCodec(config))
 
 
 @pytest.mark.parametrize("codec_cls", CODECS)
@@ -190,7 +194,7 @@ def test_settings_leave_parts_of_the_format_out() -> None:
 def test_encode_decode_round_trip(codec_cls: type[TurboKVCodec], head_dim: int) -> None:
     """Each row comes back at its slot within the quantizer's error; slot -1 writes nothing;
     other slots are untouched."""
-    codec = codec_cls()
+    codec = codec_cls(VALUES_CENTERED)
     cache = make_cache(codec, head_dim=head_dim)
     for name in ("k_offset", "v_offset"):
         cache[name].normal_(generator=gen(7))
@@ -245,7 +249,7 @@ def paged_error(codec: TurboKVCodec, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 def test_calibration_is_exact_for_attention_and_makes_it_more_accurate() -> None:
     q, k, v = random_attention_case(offset=40.0)
-    codec = Turbo4KVCodec()
+    codec = Turbo4KVCodec(VALUES_CENTERED)
     layer = AttentionLayer(0, 8, 2, 64, 0.125)
     cache = make_cache(codec, layer=layer)
     codec.calibrate(cache, q, k, v)
@@ -255,7 +259,7 @@ def test_calibration_is_exact_for_attention_and_makes_it_more_accurate() -> None
     torch.testing.assert_close(smooth.pow(2).mean(-1), torch.ones(2))
     assert float(smooth[:, 40:].mean()) > 2 * float(smooth[:, 4:40].mean())
     # Exactness: with 8-bit codes the transforms change nothing but rounding.
-    assert paged_error(Turbo8KVCodec(), q, k, v, calibrate=True) < 0.01
+    assert paged_error(Turbo8KVCodec(VALUES_CENTERED), q, k, v, calibrate=True) < 0.01
     # Accuracy: calibrated 4-bit attention is several times closer to the exact one.
     plain, tuned = (paged_error(Turbo4KVCodec(), q, k, v, calibrate=c) for c in (False, True))
     assert tuned < plain / 3, (plain, tuned)

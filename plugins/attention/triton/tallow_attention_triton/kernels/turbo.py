@@ -65,34 +65,56 @@ def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
 
 
 @triton.jit
-def _stored_segment(x, rot_ptr, seg: tl.constexpr, offs_d, d_mask, HEAD_DIM: tl.constexpr,
-                    SEG_W: tl.constexpr, SEG_PAD: tl.constexpr, PRECISION: tl.constexpr):
-    """Coordinates ``[seg * SEG_W, (seg + 1) * SEG_W)`` of ``x @ R.T`` [H_PAD, SEG_PAD] (fp32):
-    one product with that block of rows of ``R``, so each segment's codes come out in the
-    packing's order with no shuffling of registers. Deterministic: computing a segment again
+def _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg: tl.constexpr,
+                    heads, h_mask, HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr,
+                    H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                    K_CHUNK: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    """Coordinates ``[seg * SEG_W, (seg + 1) * SEG_W)`` [H_PAD, SEG_PAD] (fp32) of the stored
+    form of the vectors at ``src_ptr + src_rows``: less their offset, divided by their
+    smoothing, rotated (``@ R.T``) — that block of rows of ``R`` only, so each segment's codes
+    come out in the packing's order with no shuffling of registers. The product runs over
+    ``K_CHUNK`` input coordinates at a time, each chunk read from memory, so neither the
+    vectors nor ``R`` is held whole in registers. Deterministic: computing a segment again
     gives the same bits."""
     offs_i = tl.arange(0, SEG_PAD)
     i_mask = offs_i < SEG_W
-    rt = tl.load(rot_ptr + (seg * SEG_W + offs_i)[None, :] * HEAD_DIM + offs_d[:, None],
-                 mask=d_mask[:, None] & i_mask[None, :], other=0.0)
-    return tl.dot(x, rt, input_precision=PRECISION)
+    y = tl.zeros([H_PAD, SEG_PAD], tl.float32)
+    for k0 in range(0, D_PAD, K_CHUNK):
+        offs_k = k0 + tl.arange(0, K_CHUNK)
+        k_mask = offs_k < HEAD_DIM
+        mask = h_mask[:, None] & k_mask[None, :]
+        x = tl.load(src_ptr + src_rows[:, None] + offs_k[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        per_head = heads[:, None] * HEAD_DIM + offs_k[None, :]
+        if HAS_OFFSET:
+            x = x - tl.load(offset_ptr + per_head, mask=mask, other=0.0)
+        if HAS_SMOOTH:
+            x = tl.math.div_rn(x, tl.load(smooth_ptr + per_head, mask=mask, other=1.0))
+        rt = tl.load(rot_ptr + (seg * SEG_W + offs_i)[None, :] * HEAD_DIM + offs_k[:, None],
+                     mask=k_mask[:, None] & i_mask[None, :], other=0.0)
+        y += tl.dot(x, rt, input_precision=PRECISION)
+    return y
 
 
 @triton.jit
-def _encode_rows(x, rot_ptr, codes_ptr, scales_ptr, code_rows, scale_rows, h_mask, offs_d,
-                 d_mask, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BITS: tl.constexpr,
-                 SEGMENTS: tl.constexpr,
-                 SEG_W: tl.constexpr, SEG_PAD: tl.constexpr, RMS_STEP: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """Rotate, quantize and pack the vectors ``x`` [H_PAD, D_PAD] (fp32, already less their
-    offset and smoothed), writing the codes at byte offsets ``code_rows`` and the scales at
-    ``scale_rows`` (rows outside ``h_mask`` are not written)."""
+def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, scales_ptr,
+                 code_rows, scale_rows, heads, h_mask, HAS_OFFSET: tl.constexpr,
+                 HAS_SMOOTH: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr, K_CHUNK: tl.constexpr, BITS: tl.constexpr,
+                 SEGMENTS: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
+                 RMS_STEP: tl.constexpr, PRECISION: tl.constexpr):
+    """Transform, quantize and pack the vectors at ``src_ptr + src_rows`` (one per head),
+    writing the codes at byte offsets ``code_rows`` and the scales at ``scale_rows`` (rows
+    outside ``h_mask`` are not written)."""
     center = ((1 << BITS) - 1) * 0.5
     # the scale first, from every coordinate of the rotated vector
     amax = tl.zeros([H_PAD], tl.float32)
     sumsq = tl.zeros([H_PAD], tl.float32)
     for seg in tl.static_range(SEGMENTS):
-        y = _stored_segment(x, rot_ptr, seg, offs_d, d_mask, HEAD_DIM, SEG_W, SEG_PAD, PRECISION)
+        y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg, heads,
+                            h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
+                            SEG_W, SEG_PAD, PRECISION)
         amax = tl.maximum(amax, tl.max(tl.abs(y), 1))
         sumsq += tl.sum(y * y, 1)
     if RMS_STEP > 0:
@@ -109,7 +131,9 @@ def _encode_rows(x, rot_ptr, codes_ptr, scales_ptr, code_rows, scale_rows, h_mas
     plane1 = tl.zeros([H_PAD, SEG_PAD], tl.int32)
     high = tl.zeros([H_PAD, SEG_PAD], tl.int32)
     for seg in tl.static_range(SEGMENTS):
-        y = _stored_segment(x, rot_ptr, seg, offs_d, d_mask, HEAD_DIM, SEG_W, SEG_PAD, PRECISION)
+        y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg, heads,
+                            h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
+                            SEG_W, SEG_PAD, PRECISION)
         q = tl.where(s > 0.0, tl.math.div_rn(y, safe), 0.0)
         code = tl.minimum(tl.maximum(tl.floor(q + (center + 0.5)), 0.0),
                           (1 << BITS) - 1).to(tl.int32)
@@ -140,7 +164,7 @@ def store_turbo_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_co, stride_ch, stride_sb, stride_so,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BITS: tl.constexpr,
+    D_PAD: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BITS: tl.constexpr,
     SEGMENTS: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
     RMS_STEP: tl.constexpr, HAS_K_OFFSET: tl.constexpr, HAS_K_SMOOTH: tl.constexpr,
     HAS_V_OFFSET: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
@@ -160,24 +184,13 @@ def store_turbo_kernel(
     off = slot % BLOCK_SIZE
     heads = tl.arange(0, H_PAD)
     h_mask = heads < NUM_KV_HEADS
-    offs_d = tl.arange(0, D_PAD)
-    d_mask = offs_d < HEAD_DIM
-    mask = h_mask[:, None] & d_mask[None, :]
-    per_head = heads[:, None] * HEAD_DIM + offs_d[None, :]
     code_rows = blk * stride_cb + off * stride_co + heads.to(tl.int64) * stride_ch
     scale_rows = blk * stride_sb + off * stride_so + heads
-
-    k = tl.load(k_ptr + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    if HAS_K_OFFSET:
-        k = k - tl.load(k_offset_ptr + per_head, mask=mask, other=0.0)
-    if HAS_K_SMOOTH:
-        k = tl.math.div_rn(k, tl.load(k_smooth_ptr + per_head, mask=mask, other=1.0))
-    _encode_rows(k, rot_ptr, k_codes_ptr, k_scales_ptr, code_rows, scale_rows, h_mask, offs_d,
-                 d_mask, H_PAD, HEAD_DIM, BITS, SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
-    v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + offs_d[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    if HAS_V_OFFSET:
-        v = v - tl.load(v_offset_ptr + per_head, mask=mask, other=0.0)
-    _encode_rows(v, rot_ptr, v_codes_ptr, v_scales_ptr, code_rows, scale_rows, h_mask, offs_d,
-                 d_mask, H_PAD, HEAD_DIM, BITS, SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
+    _encode_rows(k_ptr, t * stride_kt + heads.to(tl.int64) * stride_kh, k_offset_ptr,
+                 k_smooth_ptr, rot_ptr, k_codes_ptr, k_scales_ptr, code_rows, scale_rows,
+                 heads, h_mask, HAS_K_OFFSET, HAS_K_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
+                 BITS, SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
+    _encode_rows(v_ptr, t * stride_vt + heads.to(tl.int64) * stride_vh, v_offset_ptr,
+                 v_offset_ptr, rot_ptr, v_codes_ptr, v_scales_ptr, code_rows, scale_rows,
+                 heads, h_mask, HAS_V_OFFSET, False, H_PAD, HEAD_DIM, D_PAD, K_CHUNK, BITS,
+                 SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
