@@ -133,7 +133,8 @@ class ModelRunner:
         self.layers = kv_layers(model)
         self.kv_caches = kv_cache.allocate(self.kv_codec, [a.layer for a in self.layers],
                                            num_blocks=num_blocks, block_size=block_size,
-                                           model_dtype=dtype, device=device)
+                                           model_dtype=dtype, device=device,
+                                           checkpoint_scales=[a.kv_scales for a in self.layers])
         for attn, cache in zip(self.layers, self.kv_caches):
             attn.kv_cache = cache
         self.graphs = None  # a CudaGraphRunner once captured

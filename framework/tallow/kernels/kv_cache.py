@@ -207,9 +207,12 @@ class LayerKVCache:
 
 def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
                    num_blocks: int, model_dtype: torch.dtype,
-                   device: torch.device | str = "cpu", layer: Any = None) -> LayerKVCache:
+                   device: torch.device | str = "cpu", layer: Any = None,
+                   checkpoint_scales: dict[str, torch.Tensor] | None = None) -> LayerKVCache:
     """One layer's cache of ``num_blocks`` blocks, zeroed, its per-layer tensors filled by the
-    codec (:meth:`KVCodec.init_layer`). ``layer`` is the attention layer it serves, if known."""
+    codec (:meth:`KVCodec.init_layer`, then :meth:`KVCodec.use_checkpoint_scales` with
+    ``checkpoint_scales`` when they are given: the model's, empty when its checkpoint has
+    none). ``layer`` is the attention layer it serves, if known."""
     layout = layer_layout(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
                           block_size=block_size, model_dtype=model_dtype)
     tensors = {}
@@ -220,17 +223,29 @@ def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_si
                          head_dim=head_dim, block_size=block_size, model_dtype=model_dtype,
                          layer=layer)
     codec.init_layer(cache)
+    if checkpoint_scales is not None:
+        codec.use_checkpoint_scales(cache, checkpoint_scales)
     return cache
 
 
 def allocate(codec: KVCodec, layers: Iterable[Any], *, num_blocks: int, block_size: int,
-             model_dtype: torch.dtype, device: torch.device | str) -> list[LayerKVCache]:
+             model_dtype: torch.dtype, device: torch.device | str,
+             checkpoint_scales: Sequence[dict[str, torch.Tensor]] | None = None
+             ) -> list[LayerKVCache]:
     """The caches of ``layers`` (objects with ``num_kv_heads`` and ``head_dim``, e.g.
-    :class:`tallow.layers.AttentionLayer`), in order."""
+    :class:`tallow.layers.AttentionLayer`), in order; ``checkpoint_scales``: each layer's
+    KV-cache scales from the checkpoint (:attr:`tallow.layers.Attention.kv_scales`)."""
+    layers = list(layers)
+    scales: Sequence[dict[str, torch.Tensor] | None] = (
+        [None] * len(layers) if checkpoint_scales is None else checkpoint_scales)
+    if len(scales) != len(layers):
+        raise ValueError(f"checkpoint_scales has {len(scales)} entries for {len(layers)} "
+                         "layers")
     return [allocate_layer(codec, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
                            block_size=block_size, num_blocks=num_blocks,
-                           model_dtype=model_dtype, device=device, layer=layer)
-            for layer in layers]
+                           model_dtype=model_dtype, device=device, layer=layer,
+                           checkpoint_scales=layer_scales)
+            for layer, layer_scales in zip(layers, scales)]
 
 
 def copy_blocks(caches: Iterable[LayerKVCache], src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ nearest even, and widened when read (:func:`tallow.kernels.kv_cache.to_cache_dty
 With ``per_head_scales`` the layout adds ``k_scale`` and ``v_scale`` (float32 ``[Hkv]``, one
 per layer): a head's values are stored divided by its scale and multiplied by it when read,
 so that an 8-bit float's range covers a head whose values are far from 1. Scales of 1 store
-exactly what an unscaled codec stores.
+exactly what an unscaled codec stores; :meth:`CastKVCodec.use_checkpoint_scales` takes them
+from the checkpoint (FP8-KV checkpoints' ``self_attn.k_scale``/``v_scale``).
 
 The core's ``auto`` codec (the model's dtype) is this class; tallow-kvcache-fp8 derives its
 8-bit float codecs from it.
@@ -57,6 +58,31 @@ class CastKVCodec(KVCodec):
         for name in ("k_scale", "v_scale"):
             if name in cache:
                 cache[name].fill_(1.0)
+
+    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, torch.Tensor]
+                              ) -> None:
+        """With ``per_head_scales``, the checkpoint's ``k_scale`` and ``v_scale`` of this layer
+        become its scales (one value for every head, or one per head); a codec without
+        scales ignores them. Errors name the layer and what was expected."""
+        if not self.per_head_scales:
+            return
+        layer = getattr(cache.layer, "layer_index", "?")
+        missing = [name for name in ("k", "v") if name not in scales]
+        if missing:
+            raise ValueError(
+                f"kv codec {self.name!r} stores K and V divided by the checkpoint's KV-cache "
+                f"scales, but the checkpoint has no {' or '.join(f'{n}_scale' for n in missing)}"
+                f" for layer {layer} (self_attn.k_scale and self_attn.v_scale)")
+        for name in ("k", "v"):
+            given = scales[name].detach().float().flatten()
+            if given.numel() not in (1, cache.num_kv_heads):
+                raise ValueError(f"layer {layer}: the checkpoint's {name}_scale has "
+                                 f"{given.numel()} values, expected 1 or one per KV head "
+                                 f"({cache.num_kv_heads})")
+            if not bool(torch.isfinite(given).all()) or not bool((given > 0).all()):
+                raise ValueError(f"layer {layer}: the checkpoint's {name}_scale must be positive "
+                                 f"and finite, got {given.tolist()}")
+            cache[f"{name}_scale"].copy_(given.expand(cache.num_kv_heads))
 
     def encode(self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
                slot_mapping: torch.Tensor) -> None:

@@ -112,6 +112,9 @@ class Attention(nn.Module):
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
         )
         self.kv_cache: LayerKVCache | None = None
+        #: scales of this layer's K and V cache read from a checkpoint (``"k"``, ``"v"``: one
+        #: value, or one per KV head), handed to the KV codec (``use_checkpoint_scales``)
+        self.kv_scales: dict[str, torch.Tensor] = {}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()

@@ -154,9 +154,10 @@ class KVCodec(Component):
       :mod:`tallow.kernels.kv_cache` allocates them, sizes the KV budget from their bytes per
       block, copies their blocks and hands them to attention backends as a
       :class:`tallow.kernels.kv_cache.LayerKVCache`;
-    - :meth:`init_layer` fills the per-layer tensors once they are allocated, and, for a
-      codec that sets :attr:`calibrated`, :meth:`calibrate` refines them from the K/V the
-      model computes over a calibration text;
+    - :meth:`init_layer` fills the per-layer tensors once they are allocated,
+      :meth:`use_checkpoint_scales` may take scales the checkpoint carries, and, for a codec
+      that sets :attr:`calibrated`, :meth:`calibrate` refines them from the K/V the model
+      computes over a calibration text;
     - :meth:`encode` writes one step's K/V into the cache at their slots;
     - :meth:`decode` reads whole blocks back as K/V.
 
@@ -187,6 +188,14 @@ class KVCodec(Component):
     def init_layer(self, cache: Any) -> None:
         """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
         the default has none to fill."""
+
+    def use_checkpoint_scales(self, cache: Any, scales: dict[str, "torch.Tensor"]) -> None:
+        """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
+        holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
+        ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
+        by the engine once per layer after :meth:`init_layer`, before anything is stored;
+        ``cache.layer`` is the attention layer. The default ignores them (a codec without
+        scales, or one that calibrates its own)."""
 
     def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
                   v: "torch.Tensor") -> None:

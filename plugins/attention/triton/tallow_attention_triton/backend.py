@@ -101,14 +101,20 @@ def _paged_reasons(kv_cache: LayerKVCache, num_kv_heads: int, head_dim: int,
 
 
 def _cast_layout_reasons(layout: list[KVTensor]) -> list[str]:
-    """Why the kernels cannot read a cache of ``layout`` as K and V cast elementwise."""
+    """Why the kernels cannot read a cache of ``layout`` as K and V cast elementwise (with,
+    optionally, a float32 scale per KV head for each: ``k_scale`` and ``v_scale``)."""
     by_name = {spec.name: spec for spec in layout}
     k, v = by_name.get("k"), by_name.get("v")
-    if set(by_name) != {"k", "v"} or not (k.per_block and v.per_block) or k.shape != v.shape \
-            or k.dtype != v.dtype or len(k.shape) != 3:
+    names = set(by_name)
+    scaled = names == {"k", "v", "k_scale", "v_scale"}
+    if not (names == {"k", "v"} or scaled) or k is None or v is None \
+            or not (k.per_block and v.per_block) or k.shape != v.shape \
+            or k.dtype != v.dtype or len(k.shape) != 3 or (scaled and not all(
+                not by_name[n].per_block and by_name[n].dtype == torch.float32
+                and tuple(by_name[n].shape) == (k.shape[1],) for n in ("k_scale", "v_scale"))):
         return ["its cache layout is not paged k and v tensors of [block_size, Hkv, D] in one "
-                "dtype (" + ", ".join(f"{s.name} {list(s.shape)} {s.dtype}" for s in layout)
-                + ")"]
+                "dtype, with or without float32 k_scale and v_scale of [Hkv] ("
+                + ", ".join(f"{s.name} {list(s.shape)} {s.dtype}" for s in layout) + ")"]
     return _cache_dtype_reasons("cache dtype", k.dtype)
 
 
@@ -135,9 +141,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     Serves fp16, bf16 and fp32 models on CUDA devices of compute capability 8.0 or newer, with
     the KV codecs its kernels implement (``auto``: K/V cached in the model's dtype; ``fp8`` and
-    ``fp8_e5m2`` of tallow-kvcache-fp8; ``turbo8``, ``turbo4`` and ``turbo3`` of
-    tallow-kvcache-turboquant), head sizes that are multiples of 16 up to 256 and
-    power-of-two block sizes up to 256.
+    ``fp8_e5m2`` of tallow-kvcache-fp8, with or without per-head scales; ``turbo8``,
+    ``turbo4`` and ``turbo3`` of tallow-kvcache-turboquant), head sizes that are multiples of
+    16 up to 256 and power-of-two block sizes up to 256.
     """
 
     name: ClassVar[str] = "triton"
@@ -299,9 +305,13 @@ class TritonAttentionBackend(AttentionBackend):
         """
         self._check(layer, q, k, v, kv_cache, meta)
         turbo = turbo_ops.is_turbo(kv_cache)
+        scaled = "k_scale" in kv_cache
         if turbo:
             # the queries in the stored keys' coordinates, once for the step
             q = turbo_ops.rotate_queries(q, kv_cache)
+        elif scaled:
+            # keys stored divided by their head's scale: the queries carry it instead
+            q = ops.scale_queries(q, kv_cache)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
                       block_tables=meta.block_tables, num_seqs=meta.num_seqs,
@@ -312,7 +322,7 @@ class TritonAttentionBackend(AttentionBackend):
             splits = common["num_splits"] or ops.choose_num_splits(
                 q, kv_cache, meta.num_seqs, meta.max_seq_len)
             common["num_splits"] = splits
-            if splits > 1 and q.shape[0] == meta.num_seqs and not turbo:
+            if splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or scaled):
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
                 # extra registers cost occupancy, so the store launches on its own (H200).
@@ -329,5 +339,8 @@ class TritonAttentionBackend(AttentionBackend):
             ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **prefill_args)
             if singles:
                 ops.decode_attention(q, kv_cache, out, mixed=True, **common)
-        # a turbo cache's output is a mix of rotated values: rotated back once
-        return turbo_ops.restore_output(out, kv_cache) if turbo else out
+        # a turbo cache's output is a mix of rotated values: rotated back once; a scaled
+        # cast cache's, of values divided by their head's scale: multiplied back once
+        if turbo:
+            return turbo_ops.restore_output(out, kv_cache)
+        return ops.scale_output(out, kv_cache) if scaled else out

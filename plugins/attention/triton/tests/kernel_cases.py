@@ -16,6 +16,7 @@ import zlib
 import pytest
 import torch
 
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles
@@ -170,6 +171,27 @@ def test_fp8_cache(cache_dtype: torch.dtype, kind: str, num_splits: int | None) 
     case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
                      head_dim=64, block_size=16, dtype=torch.bfloat16, cache_dtype=cache_dtype,
                      device=DEVICE, seed=seed_of("fp8", cache_dtype, kind, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize(("kind", "num_splits"), [("decode", 3), ("decode", 1), ("mixed", 2),
+                                                  ("prefill", None)])
+def test_fp8_cache_with_head_scales(cache_dtype: torch.dtype, kind: str,
+                                    num_splits: int | None) -> None:
+    """An 8-bit float cache whose keys and values are stored divided by a scale per KV head
+    (checkpoint scales): the store divides, the queries carry the key scales and the output
+    the value scales, against the codec's reference; the scales are far from 1, so ignoring
+    one would show. They have at most 3 significant bits, so that this step's K/V (on the
+    8-bit grid times the scale) divide back exactly: the interpreter's float8 conversion
+    rounds a value just below a power of two down to the power below it."""
+    q_lens, ctx = {"decode": ([1, 1, 1], [0, 37, 90]), "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     codec=CastKVCodec(storage=cache_dtype, per_head_scales=True),
+                     head_scales=([3 / 64, 3.5], [5.0, 3 / 128]), device=DEVICE,
+                     seed=seed_of("fp8-scaled", cache_dtype, kind, num_splits))
     run_and_check(case, backend(num_splits))
 
 

@@ -104,8 +104,11 @@ def test_kv_codecs_it_serves() -> None:
     assert "cache dtype torch.int8 is not supported" in reason and "float8_e4m3fn" in reason
     scaled = CastKVCodec(per_head_scales=True).layout(num_kv_heads=2, head_dim=64,
                                                       block_size=16, model_dtype=torch.bfloat16)
-    (reason,) = be.supports_kv_codec(Fp8(), scaled)
-    assert "not paged k and v tensors" in reason and "k_scale [2]" in reason
+    assert be.supports_kv_codec(Fp8(), scaled) == []  # a float32 scale per KV head
+    odd = [spec if spec.name != "v_scale" else KVTensor("v_scale", (2,), torch.float16, False)
+           for spec in scaled]
+    (reason,) = be.supports_kv_codec(Fp8(), odd)
+    assert "not paged k and v tensors" in reason and "v_scale [2] torch.float16" in reason
 
 
 def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from tallow.kernels.kv_cache import allocate_layer
+from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import Attention, AttentionMetadata, BuildContext, forward_context
 from tallow.layers.torch_attention import TorchAttentionBackend
 
@@ -41,9 +43,11 @@ class PagedRunner:
         p = next(self.model.parameters())
         for m in self.model.modules():
             if isinstance(m, Attention):
-                spec = m.layer
-                m.kv_cache = torch.zeros(2, num_blocks, self.block_size, spec.num_kv_heads,
-                                         spec.head_dim, dtype=p.dtype, device=p.device)
+                m.kv_cache = allocate_layer(AutoKVCodec(), num_kv_heads=m.layer.num_kv_heads,
+                                            head_dim=m.layer.head_dim,
+                                            block_size=self.block_size, num_blocks=num_blocks,
+                                            model_dtype=p.dtype, device=p.device,
+                                            layer=m.layer)
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
