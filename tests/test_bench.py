@@ -30,6 +30,10 @@ def test_latency_reports_speed_and_step_phases():
     assert r["weight_bytes_per_step"] > 0
     assert r["peak_running"] == 2 and r["kv_codec"] == "auto"
     assert r["kv_capacity_tokens"] == r["kv_blocks"] * 16 and r["kv_capacity_vs_bf16"] == 0.5
+    # tiny-llama in float32: its parameters, counted once, are the weights on the device
+    per_layer = 128 * 64 + 64 * 64 + 256 * 64 + 64 * 128 + 2 * 64  # qkv, o, gate_up, down, norms
+    params = (2 * 512 * 64 + 2 * per_layer + 64) * 4  # embedding, head, 2 layers, final norm
+    assert r["weight_bytes"] >= params and r["quantization"] == "none (float32)"
 
 
 def test_latency_of_a_batch_the_kv_cache_holds_only_in_part():
@@ -50,6 +54,7 @@ def test_throughput_generates_every_requested_token():
     r = bench("throughput", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts",
               "6", "--input-len", "16", "--output-len", "9")
     assert r["output_tokens"] == 6 * 9 and r["input_tokens"] == 6 * 16
+    assert r["weight_bytes"] > 0 and r["quantization"] == "none (float32)"
     assert r["output_tok_s"] > 0 and r["steps"] >= 9
     # the card's calibration is measured on CUDA only
     assert r["card_gemm_flops"] is None and r["card_copy_bytes_per_s"] is None

@@ -70,6 +70,22 @@ def test_engine_nlls_equal_transformers_logits_on_the_same_weights() -> None:
         math.exp(sum(theirs) / len(theirs)), rel=1e-4)
 
 
+@torch.inference_mode()
+def test_windows_in_flight_together_score_the_same_nlls() -> None:
+    engine = LLMEngine.from_config(config_from_kwargs(
+        model="random:tiny-llama", dtype="float32", device="cpu", num_blocks=256))
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(10, engine.parts.core.runner.vocab_size, (150,),
+                           generator=gen).tolist()
+    plan = ppl.windows(len(tokens), 40, 25)
+    one = ppl.score_windows(engine, tokens, plan, batch=1)
+    four = ppl.score_windows(engine, tokens, plan, batch=4)
+    assert len(one) == len(four) == 149
+    torch.testing.assert_close(torch.tensor(four), torch.tensor(one), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ppl.BenchInputError, match="--batch must be at least 1"):
+        ppl.score_windows(engine, tokens, plan, batch=0)
+
+
 def test_markdown_of_the_plays_becomes_plain_text() -> None:
     text = ppl.markdown_to_text("# Hamlet\n\n## ACT I\n\n_Enter BERNARDO_\n\n**BERNARDO**  \n"
                                 "Who's there?  \nLong_live_the_king\n")
@@ -105,13 +121,15 @@ def test_json_report_of_the_command(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tallow", "bench", "perplexity", "--model", "random:tiny-llama",
          "--device", "cpu", "--dtype", "float32", "--text", str(text), "--ctx", "64",
-         "--stride", "32", "--max-tokens", "150", "--json", "--token-nlls", str(nlls)],
+         "--stride", "32", "--max-tokens", "150", "--batch", "2", "--json", "--token-nlls",
+         str(nlls)],
         check=True, capture_output=True, text=True, timeout=300)
     r = json.loads(out.stdout[out.stdout.index("{"):])
     assert set(r) >= {"model", "text", "device", "dtype", "kv_codec", "ctx", "stride",
-                      "text_tokens", "windows", "tokens_scored", "nll_mean", "nll_stderr",
+                      "batch", "text_tokens", "windows", "tokens_scored", "nll_mean", "nll_stderr",
                       "perplexity", "perplexity_stderr", "elapsed_s", "tokens_per_s", "command"}
     assert r["text_tokens"] == 150 and r["tokens_scored"] == 149 and r["stride"] == 32
+    assert r["batch"] == 2
     assert r["windows"] == len(ppl.windows(150, 64, 32))
     per_token = json.loads(nlls.read_text())
     assert len(per_token) == 149

@@ -150,3 +150,26 @@ def test_external_subcommands_attach_lazily(tmp_path: Path, monkeypatch: pytest.
     assert "tallow_fake_cmd" in sys.modules
     assert cli.main(["broken"]) == 2
     assert "the 'broken' command is not available: needs a GPU stack" in capsys.readouterr().err
+
+
+def test_a_damaged_model_file_is_a_one_line_error(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Any command that loads a model (``tallow bench`` does) reports ModelFileError as one
+    line naming the file and the field, without a traceback."""
+    (tmp_path / "tallow_loads_cmd.py").write_text(textwrap.dedent("""
+        from tallow.plugin import ModelFileError
+
+        def fail(args):
+            raise ModelFileError("/m/x.gguf", "metadata 'llama.block_count'", "7, but ...")
+
+        def add_parser(subparsers):
+            parser = subparsers.add_parser("loads")
+            parser.set_defaults(func=fail)
+            return parser
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "EXTERNAL_COMMANDS", {"loads": ("tallow_loads_cmd", "loads")})
+    assert cli.main(["loads"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tallow: /m/x.gguf: metadata 'llama.block_count': 7, but ...\n"

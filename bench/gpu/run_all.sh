@@ -3,8 +3,10 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# kvtests,kvkernelcases,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3, or full: the runs behind the
-# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and KV-codec runs.
+# kvtests,kvkernelcases,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
+# quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,quantsweep, or full: the runs behind the
+# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
+# KV-codec and quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -187,6 +189,33 @@ for codec in bf16 fp8 turbo4 turbo3; do
     bench long32k_$codec 560 "${LONG32K[@]}" --kv-codec "$([ $codec = bf16 ] && echo auto || echo $codec)"
   fi
 done
+if [[ ",$MODE," == *",quanttests,"* ]]; then
+  echo "== GPU tests of tallow-quant-gguf (kernel cases, then the gpu-marked tests)"
+  { timeout 300 python3 -m pytest -q -rs --timeout 240 plugins/quant/gguf/tests/kernel_cases.py
+    timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 plugins/quant/gguf/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_quant.log"
+fi
+Q8B=(--model random:llama-3-8b --dtype bfloat16)
+if [[ ",$MODE," == *",q4klat,"* ]]; then
+  bench latency_8b_q4k_bs1 300 latency "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",q8lat,"* ]]; then
+  bench latency_8b_q8_0_bs1 300 latency "${Q8B[@]}" --isq q8_0 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",q4kthr,"* ]]; then
+  bench throughput_8b_q4k 450 throughput "${Q8B[@]}" --isq q4_k --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",q4kttft,"* ]]; then
+  bench ttft_8b_4096_q4k 240 latency "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+fi
+if [[ ",$MODE," == *",quantmicro,"* ]]; then  # fused / dequant+cuBLAS / auto / bf16 per llama-3-8b shape and row count
+  echo "== quantized matmul kernels on llama-3-8b shapes"
+  timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
+fi
+if [[ ",$MODE," == *",quantsweep,"* ]]; then  # tile configurations of the 1-row and 16-row kernels
+  echo "== quantized GEMV tile sweep"
+  timeout 560 python3 bench/gpu/quant_micro.py --types Q4_K,Q8_0 --rows 1,16 --sweep 2>&1 | grep -v Warning | tee "$OUT/quantsweep.log" | tail -60
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -196,7 +225,7 @@ for f in sorted(out.glob("*.json")):
     keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
             "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
             "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",
-            "card_gemm_flops", "card_copy_bytes_per_s"]
+            "card_gemm_flops", "card_copy_bytes_per_s", "weight_bytes"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

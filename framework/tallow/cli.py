@@ -185,6 +185,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tallow`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     from tallow.config import ConfigError
+    from tallow.plugin import ModelFileError
     from tallow.plugin.manager import PluginError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tallow: {exc}", file=sys.stderr)
         return 2
-    except PluginError as exc:
+    except (PluginError, ModelFileError) as exc:  # a damaged model names file and field
         print(f"tallow: {exc}", file=sys.stderr)
         return 1
 

@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SRC", help="the model: a .gguf file or a directory with "
                                                  "config.json, tokenizer.json and *.safetensors")
     p.add_argument("output", metavar="OUT", help="the file to write (e.g. model-q4_k_m.gguf)")
-    p.add_argument("--type", dest="file_type", required=True,
+    p.add_argument("--type", dest="file_type", required=True, metavar="TYPE",
                    help="the file type: a quantization type (q4_0, q8_0, q4_k, ...) or a mix "
                         "(q4_k_m, q5_k_m); the installed schemes list theirs in the error "
                         "for an unknown one")

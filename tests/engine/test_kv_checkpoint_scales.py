@@ -46,24 +46,30 @@ def scaled_llama(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return with_tensors(tiny_llama, tmp_path_factory.mktemp("scaled") / "m", extra)
 
 
-def engine(path: Path, scales: str | None = None, codec: str = "fp8") -> LLMEngine:
+def engine(path: Path, scales: str | None = None, codec: str = "fp8", device: str = "cpu",
+           **runner: Any) -> LLMEngine:
     mapping: dict[str, Any] = {
-        "model": {"source": str(path), "dtype": "float32", "device": "cpu"},
-        "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": codec}}
+        "model": {"source": str(path), "dtype": "float32", "device": device},
+        "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": codec}, "runner": runner,
+        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 3}}}}
     if scales is not None:
-        mapping["plugins"] = {"settings": {"tallow-kvcache-fp8": {"scales": scales}}}
+        mapping["plugins"]["settings"]["tallow-kvcache-fp8"] = {"scales": scales}
     return LLMEngine.from_config(config_from_mapping(mapping, origin="test"))
 
 
-def prompt_logprobs(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
-    eng.add_request("r", ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
-                    stream=False)
+def run(eng: LLMEngine, ids: list[int], params: SamplingParams) -> Any:
+    eng.add_request(eng.next_request_id(), ids, params, stream=False)
     out = None
     while eng.has_unfinished():
         for o in eng.step():
             if o.finished:
                 out = o
     assert out is not None
+    return out
+
+
+def prompt_logprobs(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
+    out = run(eng, ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))
     return torch.tensor([out.prompt_logprobs[p][ids[p]].logprob for p in range(1, len(ids))])
 
 
@@ -141,3 +147,28 @@ def test_scales_of_the_wrong_size_name_the_layer(tiny_llama: Path, tmp_path: Pat
 def test_unknown_scales_setting_names_the_key(tiny_llama: Path) -> None:
     with pytest.raises(Exception, match=r"plugins\.settings\.tallow-kvcache-fp8\.scales"):
         engine(tiny_llama, scales="calibrated")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_triton_backend_with_checkpoint_scales_matches_the_torch_backend(
+        scaled_llama: Path) -> None:
+    """The Triton backend on a scaled fp8 cache (the store divides, queries and output carry
+    the scales outside the attention kernels) with CUDA graphs, against the torch backend over
+    the codec's reference: the prompt log-probs of a long prompt (prefill kernel, chunks of
+    blocks) and the log-probs of 24 greedy tokens (decode kernels, split contexts)."""
+    fast = engine(scaled_llama, scales="checkpoint", device="cuda")
+    assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
+    assert "k_scale" in fast.core.runner.kv_caches[0]
+    ref = engine(scaled_llama, scales="checkpoint", device="cuda", attention_backend="torch",
+                 disable_cuda_graph=True)
+    ids = fast.tokenizer.encode(PROMPT * 3)
+    torch.testing.assert_close(prompt_logprobs(fast, ids), prompt_logprobs(ref, ids),
+                               atol=2e-3, rtol=0)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
+    ours, theirs = (run(e, ids, params).outputs[0] for e in (fast, ref))
+    assert ours.token_ids == theirs.token_ids
+    torch.testing.assert_close(
+        torch.tensor([ours.logprobs[i][t].logprob for i, t in enumerate(ours.token_ids)]),
+        torch.tensor([theirs.logprobs[i][t].logprob for i, t in enumerate(theirs.token_ids)]),
+        atol=2e-3, rtol=0)

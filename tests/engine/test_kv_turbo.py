@@ -74,7 +74,9 @@ def test_turbo_cache_matches_transformers_through_the_same_codec(tiny_qwen2, cod
     model = hf_model_through(tiny_qwen2, caches, codec)
     with torch.no_grad():
         prompt = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-        ref = model.generate(torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS,
+        # no end-of-sequence token: the engine ignores EOS, so transformers must neither stop
+        # at it nor mask it (min_new_tokens would) where it is the greedy choice
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=STEPS, eos_token_id=None,
                              do_sample=False, output_logits=True, return_dict_in_generate=True,
                              pad_token_id=0)
     ref_prompt = prompt[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]

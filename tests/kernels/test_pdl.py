@@ -11,7 +11,6 @@ same bits with PDL on and off, eagerly and replayed from a captured CUDA graph.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 pytest.importorskip("triton", reason="tallow.kernels.pdl is Triton's")
 
 from tallow.kernels import pdl  # noqa: E402
+from tallow.kernels.offline import compile_for_gpu, pdl_order  # noqa: E402
 from tallow.kernels.pdl import off_then_on, pdl_enabled, set_pdl  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -104,45 +104,12 @@ def test_compiled_with_pdl_reads_tritons_cache():
 
 # --- what the kernels compile to (Triton's compiler for sm_90, no GPU needed) ----------------
 
-_LOAD = re.compile(r"\bld\.global|\bcp\.async")
-_STORE = re.compile(r"\bst\.global|\batom\.|\bred\.global")
-
-
 def _ptx(kernel: Any, constexprs: dict[str, Any], types: dict[str, str], num_warps: int,
          use_pdl: bool) -> str:
     """PTX of ``kernel`` for sm_90; pointers are fp16 unless ``types`` says otherwise, other
     runtime arguments i32 (pointers and strides 16-aligned, as the JIT would see them)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    constexprs = dict(constexprs, USE_PDL=use_pdl)
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        signature[name] = types.get(name, "*fp16" if name.endswith("_ptr") else "i32")
-        if name.endswith("_ptr") or name.startswith("stride"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "launch_pdl": use_pdl})
-    return compiled.asm["ptx"]
-
-
-def pdl_order(ptx: str) -> tuple[int, int]:
-    """(global loads, global stores) that come before ``griddepcontrol.wait`` in ``ptx``,
-    after checking there is one wait and one launch_dependents, in that order."""
-    lines = ptx.splitlines()
-    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
-    releases = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
-    assert len(waits) == 1 and len(releases) == 1, (waits, releases)
-    assert waits[0] < releases[0], "the next grid is released before this one waited"
-    before = lines[:waits[0]]
-    return (sum(bool(_LOAD.search(line)) for line in before),
-            sum(bool(_STORE.search(line)) for line in before))
+    return compile_for_gpu(kernel, dict(constexprs, USE_PDL=use_pdl), types,
+                           num_warps=num_warps, launch_pdl=use_pdl).asm["ptx"]
 
 
 def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int, bool]]:

@@ -56,6 +56,9 @@ def add_parser(subparsers: Any) -> None:
                      help="new tokens scored per window after the first (default ctx/2)")
     ppl.add_argument("--max-tokens", type=int,
                      help="score only the first N tokens of the text (default: all of it)")
+    ppl.add_argument("--batch", type=int, default=1,
+                     help="windows in the engine at once (default 1; more is faster on a GPU "
+                          "and scores the same tokens)")
     ppl.add_argument("--token-nlls", metavar="FILE",
                      help="also write the NLL of every scored token (a JSON list, in text "
                           "order), for paired comparisons of two runs on the same text")

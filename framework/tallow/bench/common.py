@@ -84,6 +84,17 @@ def kv_capacity_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
             ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x")]
 
 
+def quantization(parts: Any) -> str:
+    """What holds the weights: the quant scheme's summary, or the dense dtype."""
+    quant = parts.loaded.quant
+    summary = getattr(quant, "summary", None)
+    if summary is not None:
+        return summary()
+    if quant is not None:
+        return type(quant).__name__
+    return "none (" + str(parts.loaded.dtype).replace("torch.", "") + ")"
+
+
 def print_report(title: str, rows: list[tuple[str, Any]], as_json: bool,
                  payload: dict[str, Any]) -> None:
     if as_json:

@@ -9,23 +9,31 @@ import torch
 
 from .common import (
     build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, mean, now, percentile,
-    random_prompts, sync,
+    quantization, random_prompts, sync,
 )
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
-    """Bytes of weights a decode step reads: every parameter once, except that an untied
-    embedding table is only gathered (``batch`` rows)."""
+    """Bytes of weights a decode step reads: every parameter and buffer once (quantized
+    storage included), except that a token embedding the head does not share is only gathered
+    (``batch`` rows) and the rotary tables are only indexed."""
+    from tallow.layers import LMHead, VocabEmbedding
+
+    shared = {id(m._tied_to[0]) for m in model.modules()
+              if isinstance(m, LMHead) and m.tied}
+    gathered: set[int] = set()
     total = 0
-    for name, param in model.named_parameters():
-        nbytes = param.numel() * param.element_size()
-        if "embed" in name and param.dim() == 2:
-            tied = any(p is param for n, p in model.named_parameters() if "lm_head" in n)
-            if not tied:
-                nbytes = batch * param.shape[1] * param.element_size()
-        total += nbytes
+    for module in model.modules():
+        if isinstance(module, VocabEmbedding) and id(module) not in shared:
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            gathered.update(id(t) for t in own)
+            nbytes = sum(t.numel() * t.element_size() for t in own)
+            total += nbytes * min(batch, module.rows_per_rank) // max(1, module.rows_per_rank)
+    for tensor in {id(t): t for t in model.parameters()}.values():
+        if id(tensor) not in gathered:
+            total += tensor.numel() * tensor.element_size()
     for name, buf in model.named_buffers():
-        if "cos_sin" in name or "inv_freq" in name:
+        if id(buf) in gathered or "cos_sin" in name or "inv_freq" in name:
             continue  # rotary tables: a few rows are read per step
         total += buf.numel() * buf.element_size()
     return total
@@ -106,6 +114,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "cuda_graphs": runner.graphs is not None,
         "batch_size": args.batch_size, "input_len": args.input_len,
         "output_len": args.output_len,
+        "weight_bytes": parts.loaded.weight_bytes, "quantization": quantization(parts),
         "weight_bytes_per_step": w_bytes, "kv_bytes_per_step": kv_bytes,
         "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
@@ -129,6 +138,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("model", r["model"]), ("device", r["device"]), ("dtype", r["dtype"]),
         ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
         ("batch / input / output", f"{r['batch_size']} / {r['input_len']} / {r['output_len']}"),
+        ("weights on device (GiB)", r["weight_bytes"] / 2**30),
+        ("quantization", r["quantization"]),
         ("TTFT (ms)", r["ttft_s"] * 1e3),
         ("decode tok/s per sequence", r["decode_tok_s_per_seq"]),
         ("decode tok/s total", r["decode_tok_s_total"]),

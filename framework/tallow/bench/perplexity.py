@@ -142,27 +142,48 @@ def windows(num_tokens: int, ctx: int, stride: int) -> list[Window]:
 
 def window_nlls(engine: Any, tokens: list[int], window: Window) -> list[float]:
     """NLL of each token of ``window``'s scored part, from the engine's prompt logprobs."""
-    from tallow.engine.sampling_params import SamplingParams
+    return score_windows(engine, tokens, [window])
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-    prompt = tokens[window.begin:window.end]
-    rid = engine.next_request_id()
-    engine.add_request(rid, prompt, params, stream=False)
-    result = None
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id == rid and out.finished:
-                result = out
-    if result is None or result.prompt_logprobs is None:
+
+def _scored_nlls(out: Any, prompt: list[int], window: Window) -> list[float]:
+    if out.prompt_logprobs is None:
         raise RuntimeError("the engine returned no prompt logprobs for a perplexity window")
-    lps = result.prompt_logprobs
     nlls = []
     for pos in range(window.score_from - window.begin, len(prompt)):
-        entry = lps[pos]
+        entry = out.prompt_logprobs[pos]
         if entry is None or prompt[pos] not in entry:
             raise RuntimeError(f"no logprob for prompt position {pos} of a window")
         nlls.append(-float(entry[prompt[pos]].logprob))
     return nlls
+
+
+def score_windows(engine: Any, tokens: list[int], plan: list[Window],
+                  batch: int = 1) -> list[float]:
+    """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
+    ``batch`` windows in the engine at once (they share its steps as any requests do)."""
+    from tallow.engine.sampling_params import SamplingParams
+
+    if batch < 1:
+        raise BenchInputError(f"--batch must be at least 1, got {batch}")
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    results: dict[int, list[float]] = {}
+    pending: dict[str, int] = {}
+    next_window = 0
+    while next_window < len(plan) or pending:
+        while next_window < len(plan) and len(pending) < batch:
+            w = plan[next_window]
+            rid = engine.next_request_id()
+            engine.add_request(rid, tokens[w.begin:w.end], params, stream=False)
+            pending[rid] = next_window
+            next_window += 1
+        if not engine.has_unfinished():
+            raise RuntimeError("the engine finished without returning every perplexity window")
+        for out in engine.step():
+            if out.finished and out.request_id in pending:
+                k = pending.pop(out.request_id)
+                w = plan[k]
+                results[k] = _scored_nlls(out, tokens[w.begin:w.end], w)
+    return [nll for k in range(len(plan)) for nll in results[k]]
 
 
 def summarize(nlls: list[float]) -> dict[str, float]:
@@ -209,9 +230,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     if not plan:
         raise BenchInputError(f"the text has {len(tokens)} token(s): nothing to score")
     started = time.perf_counter()
-    nlls: list[float] = []
-    for window in plan:
-        nlls.extend(window_nlls(engine, tokens, window))
+    nlls = score_windows(engine, tokens, plan, getattr(args, "batch", 1) or 1)
     elapsed = time.perf_counter() - started
     if getattr(args, "token_nlls", None):
         pathlib.Path(args.token_nlls).write_text(json.dumps(nlls))
@@ -222,6 +241,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "device": (torch.cuda.get_device_name(parts.loaded.device)
                    if parts.loaded.device.type == "cuda" else "cpu"),
         "kv_codec": config.cache.kv_codec, "ctx": args.ctx, "stride": stride,
+        "batch": getattr(args, "batch", 1) or 1,
         "text_tokens": len(tokens), "windows": len(plan), "tokens_scored": len(nlls),
         **summarize(nlls), "elapsed_s": elapsed, "tokens_per_s": len(nlls) / elapsed,
     }
@@ -232,7 +252,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("model", r["model"]), ("text", r["text"]), ("device", r["device"]),
         ("dtype", r["dtype"]), ("KV codec", r["kv_codec"]),
         ("context / stride", f"{r['ctx']} / {r['stride']}"),
-        ("windows", r["windows"]), ("tokens scored", r["tokens_scored"]),
+        ("windows (in flight)", f"{r['windows']} ({r['batch']})"),
+        ("tokens scored", r["tokens_scored"]),
         ("perplexity", f"{r['perplexity']:.4f} ± {r['perplexity_stderr']:.4f}"),
         ("mean NLL (nats)", f"{r['nll_mean']:.5f} ± {r['nll_stderr']:.5f}"),
         ("time (s)", r["elapsed_s"]), ("tokens scored / s", r["tokens_per_s"]),

@@ -8,7 +8,7 @@ import torch
 
 from .common import (
     build_engine, copy_bandwidth, gemm_flops, kv_capacity, kv_capacity_rows, lengths, now,
-    random_prompts, sync,
+    quantization, random_prompts, sync,
 )
 
 
@@ -64,7 +64,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     elapsed = now() - start
     stats = engine.stats()
     return {
-        "model": config.model.source, "num_prompts": n, "attention_backend":
+        "model": config.model.source, "weight_bytes": parts.loaded.weight_bytes,
+        "quantization": quantization(parts), "num_prompts": n, "attention_backend":
         parts.attention_backend, "cuda_graphs": parts.core.runner.graphs is not None,
         "input_tokens": sum(in_lens), "output_tokens": generated, "elapsed_s": elapsed,
         "steps": steps, "output_tok_s": generated / elapsed,
@@ -91,7 +92,8 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     return [
-        ("model", r["model"]), ("prompts", r["num_prompts"]),
+        ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
+        ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),
         ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
         ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),

@@ -56,6 +56,13 @@ class ModelConfig(Section):
                       "without a per-request seed, random weights).")
     tokenizer: Optional[str] = Field(None, description="Load the tokenizer from here instead of "
                                      "from the model source.")
+    isq: Optional[Literal["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
+                          "q5_k", "q6_k"]] = Field(
+        None, description="Quantize a float model's weights while it loads, layer by layer on "
+        "the device, into this GGML type (a quant-scheme plugin provides it: "
+        "tallow-quant-gguf); every matrix takes it, embedding and head included, except rows "
+        "that are not whole blocks of it, which take llama.cpp's fallback type. None keeps "
+        "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

@@ -194,7 +194,8 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     device = resolve_device(config.model.device)
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
-                        revision=config.model.revision)
+                        revision=config.model.revision, config=config,
+                        isq=config.model.isq)
     tokenizer = Tokenizer.from_checkpoint(loaded.checkpoint)
     arch = loaded.config.text
     max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")

@@ -13,7 +13,7 @@ _FLAT_KEYS = {
     "model": ("model", "source"), "dtype": ("model", "dtype"), "device": ("model", "device"),
     "revision": ("model", "revision"), "max_model_len": ("model", "max_model_len"),
     "seed": ("model", "seed"), "served_model_name": ("model", "served_model_name"),
-    "weight_format": ("model", "weight_format"),
+    "weight_format": ("model", "weight_format"), "isq": ("model", "isq"),
     "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
     "kv_fraction": ("cache", "kv_fraction"), "mem_mb": ("cache", "mem_mb"),
     "kv_codec": ("cache", "kv_codec"),

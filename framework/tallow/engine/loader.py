@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from tallow.layers import ArchConfig, BuildContext
-from tallow.plugin import Checkpoint, Entry, Registries, SelectionError
+from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError
+
+from .checkpoint_check import check_config_against_tensors
 
 log = logging.getLogger("tallow.engine")
 
@@ -79,7 +81,13 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         metadata = checkpoint.extra.get("gguf_metadata", {})
         refine = getattr(cls, "config_from_gguf", None)
         if refine is not None:
-            config = refine(metadata, config)
+            try:
+                config = refine(metadata, config)
+            except ModelFileError:
+                raise
+            except ValueError as exc:  # the model class names the key, not the file
+                raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                     str(exc)) from None
         config.setdefault("architectures", [entry.name])
         return entry, config
     if arch not in registries.architectures:
@@ -87,6 +95,84 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
                              f"(installed: {known})")
     return registries.architectures.entry(arch), config
+
+
+def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
+    reasons = list(cls.validate(config) or []) if config is not None else []
+    need = int(getattr(cls, "min_capability", 0) or 0)
+    if need and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major * 10 + minor < need:
+            reasons.append(f"needs CUDA compute capability {need // 10}.{need % 10}, "
+                           f"{device} has {major}.{minor}")
+    return reasons
+
+
+def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, device: torch.device,
+                        config: Any = None, isq: str | None = None) -> Any:
+    """The quant scheme instance that holds the model's weights, or None for dense weights.
+
+    A checkpoint whose ``quantization`` names a scheme gets that scheme when it is installed and
+    can serve; otherwise one log line says why and its tensors are dequantized at load. ``isq``
+    (``model.isq``) asks the highest-priority scheme that lists it in ``isq_types`` to quantize
+    a float checkpoint while it loads.
+    """
+    schemes = registries.quant_schemes
+    needed = checkpoint.quantization
+    if needed and isq:
+        raise SelectionError(f"model.isq {isq!r}: the checkpoint {checkpoint.source} is already "
+                             f"quantized ({needed}); load-time quantization applies to float "
+                             "checkpoints")
+    if needed:
+        if needed not in schemes:
+            log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
+                     "enabled: dequantizing them at load", checkpoint.source, needed, needed)
+            return None
+        entry = schemes.entry(needed)
+        try:
+            cls = entry.load()
+            reasons = _scheme_refusals(cls, config, device)
+        except Exception as exc:  # an unusable scheme must not stop a model that can load
+            reasons = [f"cannot import {entry.target}: {type(exc).__name__}: {exc}"]
+        if reasons:
+            log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
+                     "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
+                     entry.distribution, "; ".join(reasons))
+            return None
+        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", needed,
+                 entry.distribution, needed)
+        return cls(config, isq=None)
+    if not isq:
+        return None
+    offered = []
+    for entry in schemes.by_priority():
+        cls = entry.load()
+        if isq not in getattr(cls, "isq_types", ()):
+            continue
+        offered.append(entry.name)
+        reasons = _scheme_refusals(cls, config, device)
+        if not reasons:
+            log.info("quant scheme: %s (from %s) quantizes the weights to %s while loading",
+                     entry.name, entry.distribution, isq)
+            return cls(config, isq=isq)
+        log.info("quant scheme %s cannot quantize to %s: %s", entry.name, isq, "; ".join(reasons))
+    known = ", ".join(schemes.names()) or "none installed"
+    why = "those that offer it refused" if offered else f"quant schemes: {known}"
+    raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
+                         f"({why}; tallow-quant-gguf provides the GGML types)")
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of device memory the model's parameters and buffers take (shared ones once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key in seen or t.numel() == 0:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
 
 
 @dataclass
@@ -97,27 +183,54 @@ class LoadedModel:
     architecture: Entry
     dtype: torch.dtype
     device: torch.device
+    #: the quant scheme instance holding the weights (None: dense weights)
+    quant: Any = None
+    #: device memory of the model's parameters and buffers
+    weight_bytes: int = 0
 
 
 def load_model(registries: Registries, source: str, *, device: torch.device,
                dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
-               revision: str | None = None, quant: Any = None) -> LoadedModel:
+               revision: str | None = None, quant: Any = None, config: Any = None,
+               isq: str | None = None) -> LoadedModel:
+    """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;
+    without it the scheme follows the checkpoint and ``isq`` (:func:`choose_quant_scheme`,
+    ``config`` being what schemes validate and read their settings from)."""
     fmt = choose_weight_format(registries, source, weight_format).load()()
     checkpoint = fmt.load(source, revision=revision)
-    entry, config = resolve_architecture(registries, checkpoint)
-    arch_cfg = ArchConfig(config)
-    torch_dtype = resolve_dtype(dtype, device, str(config.get("torch_dtype") or ""))
+    entry, config_dict = resolve_architecture(registries, checkpoint)
+    # before anything is allocated from the config
+    check_config_against_tensors(config_dict, checkpoint)
+    arch_cfg = ArchConfig(config_dict)
+    torch_dtype = resolve_dtype(dtype, device, str(config_dict.get("torch_dtype") or ""))
+    if quant is None:
+        quant = choose_quant_scheme(registries, checkpoint, device=device, config=config,
+                                    isq=isq)
     cls = entry.load()
     started = time.perf_counter()
     with torch.device(device):
         model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant))
+    quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         from .random_model import initialize_random
 
-        initialize_random(model)
+        initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
+        finish = getattr(model, "process_weights_after_loading", None)
+        if finish is not None:
+            finish()
     else:
-        model.load_weights(checkpoint.tensors(), naming=checkpoint.naming)
+        tensors = checkpoint.tensors()
+        if quantizing:
+            from tqdm.auto import tqdm
+
+            tensors = tqdm(tensors, desc=f"Quantizing to {quantizing}", unit="tensor",
+                           disable=None, leave=False)
+        model.load_weights(tensors, naming=checkpoint.naming)
     model.eval()
+    nbytes = weight_bytes(model)
     log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,
              time.perf_counter() - started)
-    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device)
+    summary = getattr(quant, "summary", None)
+    log.info("weights: %.2f GiB on %s%s", nbytes / 2**30, device,
+             f" ({summary()})" if summary is not None else "")
+    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes)

@@ -81,19 +81,35 @@ def synthetic_tokenizer(vocab_size: int) -> Any:
     return tok
 
 
+#: standard deviation of the random matrices
+RANDOM_STD = 0.02
+
+
 @torch.no_grad()
-def initialize_random(model: torch.nn.Module, seed: int = 0) -> None:
-    """Fill every parameter on its own device: matrices ~ N(0, 0.02), norms 1, biases 0."""
+def initialize_random(model: torch.nn.Module, seed: int = 0, progress: str | None = None) -> None:
+    """Fill every parameter on its own device: matrices ~ N(0, 0.02), norms 1, biases 0.
+
+    A parameter that carries ``random_fill(generator, std)`` (a quantization method whose
+    storage is made from float weights, e.g. while quantizing at load) fills itself: it draws
+    its float weights, one layer at a time, so no float copy of the whole model exists.
+    ``progress`` titles a progress bar over the parameters (shown on a terminal only)."""
+    from tqdm.auto import tqdm
+
     gen = None
-    for name, param in model.named_parameters():
+    params = list(model.named_parameters())
+    for name, param in tqdm(params, desc=progress, unit="tensor", leave=False,
+                            disable=True if progress is None else None):
         if gen is None or gen.device != param.device:
             gen = torch.Generator(device=param.device).manual_seed(seed)
-        if name.endswith("bias"):
+        fill = getattr(param, "random_fill", None)
+        if fill is not None:
+            fill(gen, RANDOM_STD)
+        elif name.endswith("bias"):
             param.zero_()
         elif param.dim() == 1:
             param.fill_(1.0)
         elif param.is_floating_point():
-            param.normal_(0.0, 0.02, generator=gen)
+            param.normal_(0.0, RANDOM_STD, generator=gen)
 
 
 class RandomWeights(WeightFormat):

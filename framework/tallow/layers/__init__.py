@@ -9,13 +9,14 @@ from .causal_lm import CausalLM, default_weight_loader
 from .embedding import LMHead, VocabEmbedding
 from .linear import (
     ColumnParallelLinear, LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
-    ReplicatedLinear, RowParallelLinear,
+    ReplicatedLinear, RowParallelLinear, WeightSlice,
 )
 from .linear_method import (
     LinearMethod, UnquantizedLinearMethod, linear_method_for, set_weight_attrs,
 )
 from .model import ArchConfig, BuildContext
 from .norm import RMSNorm, rms_norm_ref
+from .quantized import QuantizedWeight
 from .rotary import (
     SUPPORTED_ROPE_TYPES, DynamicNTKRotaryEmbedding, RotaryEmbedding, apply_rotary,
     compute_inv_freq, get_rope, rope_parameters,
@@ -27,7 +28,7 @@ __all__ = [
     "get_forward_context", "ArchConfig", "BuildContext",
     "CausalLM", "default_weight_loader",
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",
-    "QKVParallelLinear", "RowParallelLinear",
+    "QKVParallelLinear", "RowParallelLinear", "WeightSlice", "QuantizedWeight",
     "LinearMethod", "UnquantizedLinearMethod", "linear_method_for", "set_weight_attrs",
     "RMSNorm", "rms_norm_ref", "SiluAndMul", "GeluTanhAndMul", "get_act_and_mul",
     "VocabEmbedding", "LMHead",

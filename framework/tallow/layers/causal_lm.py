@@ -16,6 +16,7 @@ from torch import nn
 
 from .attention import Attention
 from .model import ArchConfig, BuildContext
+from .quantized import QuantizedWeight
 from .weight_names import WeightLoadError, WeightNameMap
 
 _LIST_LIMIT = 20
@@ -84,9 +85,12 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         """Load checkpoint ``tensors`` named under ``naming``; return the parameters filled.
 
         Every tensor goes through its parameter's ``weight_loader`` (which shards it for this
-        rank and converts its dtype). Raises :class:`WeightLoadError` naming the tensor when a
-        shape does not fit, and, after the last tensor, listing every parameter left unfilled
-        and every checkpoint tensor that no rule knows.
+        rank and converts its dtype). A still-quantized tensor
+        (:class:`~tallow.layers.QuantizedWeight`) reaches the loader as it is when the parameter
+        says ``accepts_quantized``; otherwise it is dequantized to float32 first. Raises
+        :class:`WeightLoadError` naming the tensor when a shape does not fit, and, after the
+        last tensor, listing every parameter left unfilled and every checkpoint tensor that no
+        rule knows.
         """
         name_map = self.weight_names(naming)
         params = dict(self.named_parameters(remove_duplicate=False))
@@ -100,11 +104,18 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
                 continue
             if match.ignored:
                 continue
-            if not isinstance(tensor, torch.Tensor):
-                tensor = torch.as_tensor(tensor)
             rule = match.rule
+            quantized = isinstance(tensor, QuantizedWeight)
+            if not quantized and not isinstance(tensor, torch.Tensor):
+                tensor = torch.as_tensor(tensor)
+            if quantized and (rule.handler or (rule.transform and not rule.rowwise)):
+                tensor, quantized = tensor.dequantize(), False
             if rule.transform:
-                tensor = getattr(self, rule.transform)(tensor, match.groups)
+                transform = getattr(self, rule.transform)
+                if quantized:
+                    tensor = tensor.map_rows(lambda rows: transform(rows, match.groups))
+                else:
+                    tensor = transform(tensor, match.groups)
             if rule.handler:
                 getattr(self, rule.handler)(tensor, match.groups)
                 continue
@@ -117,6 +128,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             name = canonical[id(param)]
             if name != target:  # a tied alias (lm_head of tied embeddings): keep the original
                 continue
+            if quantized and not getattr(param, "accepts_quantized", False):
+                tensor = tensor.dequantize()  # no quantization scheme keeps it: float32
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
                 if rule.shard is None:

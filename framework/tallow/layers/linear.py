@@ -16,6 +16,11 @@ Each parameter carries ``weight_loader(param, loaded, shard_id=None)``: it slice
 (the full checkpoint tensor, any dtype) for this rank, checks the shape, and copies it (converting
 the dtype) into the right place. Merged parameters also carry ``shard_ids``, the shards a complete
 load must provide.
+
+A quantization method that stores weights in a layout of its own (and so brings its own
+loader) asks the layer the same questions through ``checkpoint_shape(shard_id)`` (the full
+checkpoint tensor expected for a shard) and ``weight_slices(shard_id)`` (which rows and columns
+of it this rank's output partitions hold, as :class:`WeightSlice`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,19 @@ from torch import nn
 from .linear_method import LinearMethod, linear_method_for, set_weight_attrs
 from .model import BuildContext
 from .parallel import all_gather_last_dim, all_reduce, divide
+
+
+@dataclass(frozen=True)
+class WeightSlice:
+    """The part of a checkpoint tensor that one output partition of this rank holds: rows
+    ``rows[0]:rows[1]`` (output features) and columns ``cols[0]:cols[1]`` (input features; None
+    for all of them), followed by ``pad_rows`` rows of zeros (the tail of the last shard of a
+    vocabulary that does not divide evenly)."""
+
+    partition: int
+    rows: tuple[int, int]
+    cols: tuple[int, int] | None = None
+    pad_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,20 @@ class LinearBase(nn.Module):
                       shard_id: Hashable | None = None) -> None:
         raise NotImplementedError
 
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
+        """``(rows, cols)`` of the full checkpoint tensor that loads ``shard_id``."""
+        raise NotImplementedError
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]:
+        """Where the checkpoint tensor of ``shard_id`` goes on this rank (see the module
+        docstring)."""
+        raise NotImplementedError
+
+    def _no_shard(self, shard_id: Hashable | None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"{self.prefix or type(self).__name__}: has no shards, got shard "
+                             f"{shard_id!r}")
+
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_size}, tp={self.tp_rank}/{self.tp_size}, "
                 f"bias={self.bias is not None}, method={type(self.quant_method).__name__}")
@@ -114,6 +146,14 @@ class ReplicatedLinear(LinearBase):
             raise ValueError(f"{self.prefix or 'ReplicatedLinear'}: has no shards, got shard "
                              f"{shard_id!r}")
         _copy_into(param.data, loaded, self.prefix or "ReplicatedLinear")
+
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
+        self._no_shard(shard_id)
+        return self.output_size, self.input_size
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]:
+        self._no_shard(shard_id)
+        return [WeightSlice(0, (0, self.output_size))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
@@ -177,6 +217,24 @@ class ColumnParallelLinear(LinearBase):
             return
         index = 0 if shard_id is None else self._partition(shard_id)
         self._load_partition(param, loaded, self.partitions[index], dim, extent, logical, what)
+
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
+        if shard_id is None:
+            return sum(p.full_size for p in self.partitions), self.input_size
+        return self.partitions[self._partition(shard_id)].full_size, self.input_size
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]:
+        if shard_id is None and len(self.partitions) > 1:  # already fused in the checkpoint
+            out, start = [], 0
+            for i, p in enumerate(self.partitions):
+                begin = start + p.rank_index * p.rank_size
+                out.append(WeightSlice(i, (begin, begin + p.rank_size)))
+                start += p.full_size
+            return out
+        index = 0 if shard_id is None else self._partition(shard_id)
+        p = self.partitions[index]
+        begin = p.rank_index * p.rank_size
+        return [WeightSlice(index, (begin, begin + p.rank_size))]
 
     def _load_partition(self, param: torch.Tensor, loaded: torch.Tensor, p: _Partition,
                         dim: int, extent: int, logical: int, what: str) -> None:
@@ -309,6 +367,15 @@ class RowParallelLinear(LinearBase):
             raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
                              f"expected {full} along dim {dim}")
         _copy_into(param.data, loaded.narrow(dim, self.tp_rank * size, size), what)
+
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
+        self._no_shard(shard_id)
+        return self.output_size, self.input_size
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]:
+        self._no_shard(shard_id)
+        begin = self.tp_rank * self.input_per_rank
+        return [WeightSlice(0, (0, self.output_size), (begin, begin + self.input_per_rank))]
 
     def forward(self, x: torch.Tensor, act: nn.Module | None = None) -> torch.Tensor:
         """``x @ W.T (+ b)``, summed over ranks. With ``act`` (a gated activation of

@@ -10,7 +10,11 @@ A quantization scheme supplies its method through ``linear_method``: a
 :class:`tallow.plugin.QuantScheme` instance placed in ``BuildContext.quant`` may define
 ``linear_method(prefix)`` (or ``linear_method()``) returning a :class:`LinearMethod`, or None for
 layers it leaves unquantized. Without a scheme, or when it returns None, the layer uses
-:class:`UnquantizedLinearMethod`.
+:class:`UnquantizedLinearMethod`. Token embeddings and the LM head ask too, through the optional
+``embedding_method(prefix)`` and ``head_method(prefix)``; a scheme without them leaves those
+layers unquantized. An embedding's method implements :meth:`LinearMethod.embedding` (gather
+rows); a head tied to the embedding multiplies by the embedding's storage through the
+embedding's method.
 
 Sharding attributes. Every parameter a method creates says which of its dimensions follow the
 layer's logical output and input (``output_dim``, ``input_dim``; None when the parameter is not
@@ -29,6 +33,7 @@ import inspect
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tallow.kernels.linear import gated_gemv, gated_gemv_fits
@@ -60,6 +65,11 @@ class LinearMethod:
         this default runs them one after the other."""
         return self.apply(layer, act(x), bias)
 
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids [T]`` of the weight, ``[T, input_size]`` in the layer's dtype (a token
+        embedding: ``output_sizes`` are vocabulary rows). Methods for embeddings implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not store token embeddings")
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once after every checkpoint tensor is loaded (repacking, transposes...)."""
 
@@ -81,6 +91,9 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, layer.weight)
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,12 +118,22 @@ def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:
         setattr(param, key, value)
 
 
-def linear_method_for(quant: Any, prefix: str) -> LinearMethod:
+#: the factory a scheme may define for each kind of layer, tried in order
+_FACTORIES = {"linear": ("linear_method",), "head": ("head_method",),
+              "embedding": ("embedding_method",)}
+
+
+def linear_method_for(quant: Any, prefix: str, role: str = "linear") -> LinearMethod:
     """The :class:`LinearMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
-    layer at ``prefix``; :class:`UnquantizedLinearMethod` when it assigns none."""
+    layer at ``prefix``; :class:`UnquantizedLinearMethod` when it assigns none. ``role`` is
+    ``"linear"``, ``"head"`` (the LM head) or ``"embedding"`` (token embeddings): see the
+    module docstring for the factory each asks."""
+    if role not in _FACTORIES:
+        raise ValueError(f"role must be one of {', '.join(_FACTORIES)}, got {role!r}")
     if quant is None:
         return UnquantizedLinearMethod()
-    factory = getattr(quant, "linear_method", None)
+    factory = next((f for f in (getattr(quant, n, None) for n in _FACTORIES[role])
+                    if f is not None), None)
     if factory is None:
         return UnquantizedLinearMethod()
     try:

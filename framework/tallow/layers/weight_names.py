@@ -10,7 +10,10 @@ component (``[^.]+``) and is substituted into ``target``::
 The first rule whose source matches the whole name wins. A rule may also
 
 - name a ``transform``: a method of the model called as ``transform(tensor, groups)`` before
-  loading (GGUF's Q/K row permutation is undone this way);
+  loading (GGUF's Q/K row permutation is undone this way). A transform that only moves whole
+  rows (dim 0) says so with ``rowwise=True``; it then applies to the rows of bytes of a
+  still-quantized tensor (:class:`~tallow.layers.QuantizedWeight`), which is otherwise
+  dequantized before any transform;
 - name a ``handler`` instead of a target: a method called as ``handler(tensor, groups)`` that
   consumes the tensor itself (GGUF's ``rope_freqs``);
 - have neither target nor handler: the tensor is known and deliberately skipped.
@@ -38,6 +41,7 @@ class WeightRule:
     shard: Hashable | None = None
     transform: str | None = None
     handler: str | None = None
+    rowwise: bool = False
 
     def __post_init__(self) -> None:
         if self.target is not None and self.handler is not None:

@@ -10,6 +10,7 @@ from .components import (
     ToolProvider, ToolResult, WeightFormat,
 )
 from .hookspecs import hookimpl, hookspec
+from .model_files import ModelFileError
 from .registry import (
     ArchitectureRegistry, AttentionBackendRegistry, Entry, KVCodecRegistry, QuantSchemeRegistry,
     Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
@@ -33,5 +34,5 @@ __all__ = [
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
-    "select", "SelectionError", "PluginSettingsError", "plugin_settings",
+    "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
 ]

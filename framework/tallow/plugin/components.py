@@ -38,6 +38,10 @@ class Checkpoint:
     through the architecture's ``config_from_gguf``). ``tensors()`` yields ``(name, tensor)``
     pairs named as the checkpoint names them; ``naming`` says which scheme (``"hf"`` or
     ``"gguf"``), and the model's ``load_weights`` maps them.
+
+    A format checks its files while it builds the checkpoint (headers against file sizes,
+    metadata against tensors) and raises :class:`tallow.plugin.ModelFileError` for a damaged
+    one, so that nothing is allocated from a corrupt count.
     """
 
     source: str
@@ -50,10 +54,18 @@ class Checkpoint:
     #: ``tokenizer_config.json``-style dict: bos_token, eos_token, add_bos_token, chat_template...
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
-    #: name of a quant scheme the checkpoint needs (e.g. "gguf"), or None for plain weights
+    #: the quant scheme its quantized tensors are for (e.g. "gguf"), or None for plain weights.
+    #: Such tensors arrive as :class:`tallow.layers.QuantizedWeight`; without that scheme
+    #: installed they are dequantized at load.
     quantization: str | None = None
     #: free-form facts the format wants to pass on (GGUF metadata, file paths, ...)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: name -> shape (torch order) of every tensor ``tensors()`` yields, as the files' headers
+    #: state them (read without touching tensor data); None when the format cannot tell. The
+    #: engine checks the config against it before building the model.
+    tensor_shapes: dict[str, tuple[int, ...]] | None = None
+    #: the file ``config`` was read from (``config.json``, the ``.gguf``), for error messages
+    config_path: str | None = None
 
     @property
     def chat_template(self) -> str | None:
@@ -103,14 +115,39 @@ class ModelArchitecture:
 class QuantScheme(Component):
     """A weight quantization scheme.
 
-    ``detect(config)`` says whether a checkpoint config asks for it; ``min_capability`` is the
-    lowest CUDA compute capability (major*10+minor) its kernels run on (0: any, CPU included).
+    How the engine chooses one when a model loads:
+
+    - a checkpoint whose ``Checkpoint.quantization`` names a scheme (its tensors arrive as
+      :class:`tallow.layers.QuantizedWeight`) is served by the scheme registered under that
+      name, if one is installed, ``validate(config)`` gives no reasons and the device meets
+      ``min_capability``; otherwise the engine logs why and the tensors are dequantized at load;
+    - ``model.isq`` (load-time quantization of a float model) takes the highest-priority scheme
+      whose ``isq_types`` lists the type, and fails naming the installed ones if none does.
+
+    The chosen class is instantiated as ``cls(config, isq=<type or None>)`` (``config`` the
+    :class:`tallow.config.TallowConfig`; settings under ``plugins.settings.<distribution>``)
+    and the instance is the model's ``BuildContext.quant``. Layers ask it for their storage and
+    matmul through ``linear_method(prefix)``, ``head_method(prefix)`` (the LM head) and
+    ``embedding_method(prefix)`` (token embeddings), each optional and each returning a
+    :class:`tallow.layers.LinearMethod` or None to leave the layer unquantized (see
+    :mod:`tallow.layers.linear_method`). ``summary()`` (optional) describes what it holds once
+    the weights are loaded, for the start-up log.
+
+    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme;
+    ``min_capability`` is the lowest CUDA compute capability (major*10+minor) its kernels run
+    on (0: any, CPU included).
     """
 
     min_capability: ClassVar[int] = 0
+    #: weight types ``model.isq`` may name that this scheme quantizes float weights to
+    isq_types: ClassVar[tuple[str, ...]] = ()
     #: File types ``tallow quantize --type`` may ask this scheme to write (lower-case names,
     #: e.g. ``"q4_k_m"``); empty for a scheme that does not write model files.
     file_types: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+        self.config = config
+        self.isq = isq
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:

@@ -85,6 +85,7 @@ def serve(config: Any, bind: Any) -> int:
     import uvicorn
 
     from tallow.engine.async_engine import AsyncEngine
+    from tallow.plugin import ModelFileError
     from tallow.plugin.manager import load_plugins
 
     from .app import build_app
@@ -99,8 +100,10 @@ def serve(config: Any, bind: Any) -> int:
             engine = AsyncEngine.from_config(config, plugin_manager=pm)
         except Exception as exc:  # a model that cannot be served: say why, without a traceback
             log.debug("engine start-up failed", exc_info=True)
-            print(f"tallow: cannot serve the model: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            # a damaged model file names itself, the field and the problem
+            detail = str(exc) if isinstance(exc, ModelFileError) else \
+                f"{type(exc).__name__}: {exc}"
+            print(f"tallow: cannot serve the model: {detail}", file=sys.stderr)
             return 1
         from tallow.engine.builder import freeze_startup_heap
 

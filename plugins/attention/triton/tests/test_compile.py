@@ -7,19 +7,14 @@ that the 16-bit configurations (the speed path) spill no registers.
 
 from __future__ import annotations
 
-import os
 import re
 import struct
-import subprocess
-import tempfile
 from typing import Any
 
 import pytest
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
+from tallow.kernels.offline import compile_for_gpu, resource_usage
 from tallow_attention_triton import ops
 from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
 from tallow_attention_triton.kernels.prefill import prefill_kernel
@@ -29,8 +24,6 @@ if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
     pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
                 allow_module_level=True)
 
-CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                         "cuobjdump")
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
                 "slot_ptr": "*i64"}
 F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr"}
@@ -53,41 +46,22 @@ def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
     is the Triton pointer type of the KV cache when it is not ``dtype``'s."""
     spec = dict(spec)
     options = {"num_warps": spec.pop("num_warps"), "num_stages": spec.pop("num_stages", 3)}
-    signature: dict[str, str] = {}
-    constexprs: dict[str, Any] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in spec:
-            signature[name] = "constexpr"
-            constexprs[name] = spec[name]
-            continue
+    types: dict[str, str] = {}
+    for name in kernel.arg_names:
         if name in INT_POINTERS:
-            signature[name] = INT_POINTERS[name]
+            types[name] = INT_POINTERS[name]
         elif name in F32_POINTERS:
-            signature[name] = "*fp32"
+            types[name] = "*fp32"
         elif cache and name in CACHE_POINTERS:
-            signature[name] = cache
+            types[name] = cache
         elif name in TURBO_POINTERS:
-            signature[name] = TURBO_POINTERS[name]
-        elif name.endswith("_ptr"):
-            signature[name] = TT[dtype]
+            types[name] = TURBO_POINTERS[name]
         elif name in F32_SCALARS:
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-        if name.endswith("_ptr") or (name.startswith("stride_") and name != "stride_bt"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
-
-
-def resource_usage(compiled: Any) -> dict[str, int]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], check=True,
-                              capture_output=True, text=True).stdout
-    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text)}
+            types[name] = "fp32"
+    return compile_for_gpu(
+        kernel, spec, types, capability=capability, default_pointer=TT[dtype],
+        aligned=lambda n: n.endswith("_ptr") or (n.startswith("stride_") and n != "stride_bt"),
+        **options)
 
 
 def assert_fast(compiled: Any, what: str, *, tensor_op: str) -> None:

@@ -1,4 +1,5 @@
-"""GGUF tensors to float32 arrays, through the ``gguf`` package's numpy dequantizers.
+"""GGUF tensors to float32 arrays, through the ``gguf`` package's numpy dequantizers, and
+block-quantized tensors as they are stored.
 
 GGUF records dimensions fastest-first (``ne[0]`` is the row length), so a matrix stored as
 ``[in, out]`` in GGUF order is ``[out, in]`` in numpy/torch order: the orientation of a Hugging
@@ -56,3 +57,25 @@ def type_name(tensor: Any) -> str:
     from gguf import GGMLQuantizationType
 
     return GGMLQuantizationType(int(tensor.tensor_type)).name
+
+
+#: GGML types read as plain float tensors; every other type is block-quantized
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+
+
+def is_block_quantized(tensor: Any) -> bool:
+    """Whether ``tensor`` (a reader tensor) is stored in GGML blocks (Q4_K, Q8_0, ...)."""
+    name = type_name(tensor)
+    return name not in FLOAT_TYPES and name not in _PLAIN_CASTS
+
+
+def dequantize_blocks(data: Any, qtype: str, shape: tuple[int, ...]) -> Any:
+    """float32 torch tensor of ``shape`` from GGML blocks of ``qtype`` (``data``: a uint8
+    torch tensor, one row of blocks per logical row); the dequantizer of the
+    :class:`tallow.layers.QuantizedWeight` a checkpoint yields."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    out = gguf_dequantize(data.cpu().numpy(), GGMLQuantizationType[qtype])
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(shape))

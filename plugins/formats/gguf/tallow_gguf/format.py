@@ -7,10 +7,10 @@ import pathlib
 import time
 from typing import Any, ClassVar, Iterator
 
-from tallow.plugin import Checkpoint, WeightFormat
+from tallow.plugin import Checkpoint, ModelFileError, WeightFormat
 
 from .config import config_from_metadata, torch_dtype_of
-from .dequant import dequantize, type_name
+from .dequant import dequantize, dequantize_blocks, is_block_quantized, logical_shape, type_name
 from .reader import GGUFModelFile, open_gguf
 from .tokenizer import TokenizerBuildError, build_tokenizer
 
@@ -37,11 +37,15 @@ def plain_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
 class GGUFFormat(WeightFormat):
     """GGUF model files (llama.cpp's format), single or split with gguf-split.
 
-    ``load`` returns a checkpoint whose ``tensors()`` yields ``(gguf tensor name, float32
-    tensor)`` one tensor at a time, dequantized on the CPU by the gguf package; matrices come in
-    torch order ``[out, in]``. The tensors are the file's as stored: family-specific
-    transformations llama.cpp applied at conversion (the Q/K row permutation of ``llama``
-    files, norm offsets of some families) are the model class's to undo.
+    ``load`` returns a checkpoint whose ``tensors()`` yields ``(gguf tensor name, tensor)`` one
+    tensor at a time, matrices in torch order ``[out, in]``: float types as float32 tensors,
+    block-quantized types (Q4_K, Q8_0, ...) as :class:`tallow.layers.QuantizedWeight` holding
+    the file's blocks (one row of blocks per matrix row) with the gguf package's dequantizer.
+    The checkpoint's ``quantization`` is then ``"gguf"``: a quant scheme of that name keeps the
+    blocks; without one the engine dequantizes them at load. The tensors are the file's as
+    stored: family-specific transformations llama.cpp applied at conversion (the Q/K row
+    permutation of ``llama`` files, norm offsets of some families) are the model class's to
+    undo.
     """
 
     name: ClassVar[str] = "gguf"
@@ -92,8 +96,11 @@ class GGUFFormat(WeightFormat):
             extra["tokenizer_error"] = str(exc)
         types = [(type_name(t), len(t.shape)) for t in model.tensors.values()]
         vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer else None
-        config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
-                                      torch_dtype=torch_dtype_of(types))
+        try:
+            config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
+                                          torch_dtype=torch_dtype_of(types))
+        except ValueError as exc:  # names the key, not the file
+            raise ModelFileError(path, None, str(exc)) from None
         return Checkpoint(
             source=source or str(path),
             config=config,
@@ -103,18 +110,36 @@ class GGUFFormat(WeightFormat):
             tokenizer=tokenizer,
             tokenizer_config=tokenizer_config,
             generation_config=generation_config,
-            quantization=None,
+            quantization="gguf" if any(is_block_quantized(t) for t in model.tensors.values())
+            else None,
             extra=extra,
+            tensor_shapes={name: logical_shape(t) for name, t in model.tensors.items()},
+            config_path=str(path),
         )
 
 
 def _iter_tensors(model: GGUFModelFile) -> Iterator[tuple[str, Any]]:
-    """Dequantize one tensor at a time, with a progress bar (shown on a terminal only)."""
-    import torch
+    """One tensor at a time, with a progress bar (shown on a terminal only)."""
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(model.tensors), desc="Dequantizing GGUF tensors", unit="tensor",
+    with tqdm(total=len(model.tensors), desc="Reading GGUF tensors", unit="tensor",
               disable=None, leave=False) as bar:
         for name, tensor in model.tensors.items():
-            yield name, torch.from_numpy(dequantize(tensor))
+            yield name, read_tensor(tensor)
             bar.update(1)
+
+
+def read_tensor(tensor: Any) -> Any:
+    """A reader tensor as a float32 torch tensor, or as a
+    :class:`tallow.layers.QuantizedWeight` when it is block-quantized."""
+    import numpy as np
+    import torch
+
+    if not is_block_quantized(tensor):
+        return torch.from_numpy(dequantize(tensor))
+    from tallow.layers import QuantizedWeight
+
+    shape = logical_shape(tensor)
+    # a copy: the memory map is read-only, and the copy is freed once the weight is loaded
+    data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(*shape[:-1], -1))
+    return QuantizedWeight("gguf", type_name(tensor), shape, data, dequantize_blocks)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import gguf_synthetic as gs
-from tallow.plugin import WeightFormatRegistry
+from tallow.plugin import ModelFileError, WeightFormatRegistry
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_gguf import plugin
 from tallow_gguf.config import config_from_metadata, torch_dtype_of
 from tallow_gguf.format import GGUFFormat
-from tallow_gguf.reader import GGUFFormatError, shard_paths
+from tallow_gguf.reader import shard_paths
 
 
 def _tensors():
@@ -41,33 +41,63 @@ def written(tmp_path_factory):
     return tensors, single, shards
 
 
-def test_tensors_are_dequantized_in_torch_order(written):
+def _values(tensor) -> np.ndarray:
+    """float32 values of a checkpoint tensor, whether float or still block-quantized."""
+    from tallow.layers import QuantizedWeight
+
+    if isinstance(tensor, QuantizedWeight):
+        tensor = tensor.dequantize()
+    return tensor.numpy()
+
+
+def test_tensors_come_in_torch_order_float_or_as_blocks(written):
     import gguf
+    import torch
+    from tallow.layers import QuantizedWeight
 
     tensors, single, _ = written
     ck = GGUFFormat().load(str(single))
+    assert ck.quantization == "gguf"  # Q8_0, Q4_0, Q5_0 tensors are in the file
     got = dict(ck.tensors())
     assert set(got) == set(tensors)
     for name, (array, qtype) in tensors.items():
         t = got[name]
         assert tuple(t.shape) == array.shape, name  # [out, in], as written
-        # the gguf package's own round trip is the oracle
-        expected = gguf.quants.dequantize(gguf.quants.quantize(array, qtype), qtype)
-        np.testing.assert_array_equal(t.numpy(), np.asarray(expected, np.float32), err_msg=name)
+        blocks = gguf.quants.quantize(array, qtype)
+        if qtype.name in ("F32", "F16", "BF16"):
+            assert isinstance(t, torch.Tensor) and t.dtype == torch.float32, name
+        else:  # the file's blocks as they are, one row of blocks per matrix row
+            assert isinstance(t, QuantizedWeight) and (t.scheme, t.qtype) == ("gguf", qtype.name)
+            np.testing.assert_array_equal(t.data.numpy(), blocks, err_msg=name)
+        # the gguf package's own round trip is the oracle of the values
+        expected = gguf.quants.dequantize(blocks, qtype)
+        values = _values(t)
+        np.testing.assert_array_equal(values, np.asarray(expected, np.float32), err_msg=name)
         # and the values are the written ones up to quantization error
         tol = {"F32": 0, "F16": 1e-2, "BF16": 3e-2}.get(qtype.name, 0.35)
-        assert np.abs(t.numpy() - array).max() <= tol * max(1.0, np.abs(array).max()), name
+        assert np.abs(values - array).max() <= tol * max(1.0, np.abs(array).max()), name
+
+
+def test_a_file_of_float_tensors_needs_no_quant_scheme(tmp_path):
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(1)
+    tensors = {"blk.0.ffn_down.weight": (rng.standard_normal((64, 128)).astype(np.float32), Q.F16),
+               "blk.0.attn_norm.weight": (rng.standard_normal((64,)).astype(np.float32), Q.F32)}
+    path = gs.write_sentencepiece_gguf(tmp_path / "float.gguf", tensors=tensors)[0]
+    assert GGUFFormat().load(str(path)).quantization is None
 
 
 def test_split_shards_load_from_any_shard(written):
     tensors, single, shards = written
     assert len(shards) == 3  # six tensors, two per shard
-    reference = {k: v.numpy() for k, v in GGUFFormat().load(str(single)).tensors()}
+    reference = {k: _values(v) for k, v in GGUFFormat().load(str(single)).tensors()}
     for shard in shards:
         assert GGUFFormat.claims(str(shard))
         ck = GGUFFormat().load(str(shard))
         assert ck.extra["gguf_files"] == [str(p) for p in shards]
-        got = {k: v.numpy() for k, v in ck.tensors()}
+        got = {k: _values(v) for k, v in ck.tensors()}
         assert set(got) == set(reference)
         for name in reference:
             np.testing.assert_array_equal(got[name], reference[name])
@@ -80,7 +110,7 @@ def test_missing_shard_is_named(written, tmp_path):
     import shutil
 
     copies = [shutil.copy(p, tmp_path / p.name) for p in shards[:2]]
-    with pytest.raises(GGUFFormatError, match=r"tiny-split-00003-of-00003\.gguf"):
+    with pytest.raises(ModelFileError, match=r"tiny-split-00003-of-00003\.gguf"):
         GGUFFormat().load(copies[0])
     assert shard_paths(tmp_path / "plain.gguf") == [tmp_path / "plain.gguf"]
 
@@ -88,7 +118,7 @@ def test_missing_shard_is_named(written, tmp_path):
 def test_not_a_gguf_file(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
-    with pytest.raises(GGUFFormatError, match="not a readable GGUF file"):
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
         GGUFFormat().load(str(bad))
     with pytest.raises(FileNotFoundError, match="no such GGUF file"):
         GGUFFormat().load(str(tmp_path / "missing.gguf"))
@@ -105,6 +135,14 @@ def test_synthetic_config(written):
     assert cfg["bos_token_id"] == 1 and cfg["eos_token_id"] == 2
     assert "partial_rotary_factor" not in cfg  # rope.dimension_count == head_dim
     assert cfg["torch_dtype"] == "bfloat16"
+
+
+def test_checkpoint_states_tensor_shapes_without_reading_them(written):
+    tensors, single, shards = written
+    for source in (single, shards[1]):
+        ck = GGUFFormat().load(str(source))
+        assert ck.tensor_shapes == {name: array.shape for name, (array, _) in tensors.items()}
+        assert ck.config_path == str(single if source == single else shards[0])
 
 
 def _meta(**extra):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tallow.layers import QuantizedWeight
 from tallow_gguf import format as gguf_format
 from tallow_gguf.dequant import logical_shape, type_name
 
@@ -18,7 +19,7 @@ def test_checkpoint_identity(qwen_checkpoint, qwen_gguf_file):
     ck = qwen_checkpoint
     assert ck.architecture == "gguf:qwen2"
     assert ck.naming == "gguf"
-    assert ck.quantization is None
+    assert ck.quantization == "gguf"  # its matrices are block-quantized
     assert ck.source == str(qwen_gguf_file)
     meta = ck.extra["gguf_metadata"]
     assert meta["general.architecture"] == "qwen2"
@@ -106,6 +107,12 @@ def test_dequantized_tensors_equal_gguf_dequantizers(qwen_model, hf_qwen_config)
         tensor = model.tensors[name]
         expected = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         got = ours[name]
+        if isinstance(got, QuantizedWeight):  # block types come as the file's blocks
+            assert got.qtype == type_name(tensor) and tuple(got.shape) == hf_shapes[names[name]]
+            np.testing.assert_array_equal(got.data.numpy(), tensor.data)
+            got = got.dequantize()
+        else:
+            assert type_name(tensor) == "F32"
         assert got.dtype == torch.float32
         assert tuple(got.shape) == hf_shapes[names[name]], name
         np.testing.assert_array_equal(got.numpy(), np.asarray(expected, dtype=np.float32)
@@ -122,9 +129,9 @@ def test_output_projection_is_vocab_by_hidden(qwen_model):
     # the first rows only: the whole matrix is 0.5 GB in float32
     rows = _RowSlice(tensor, 4)
     ours = dict(gguf_format._iter_tensors(_Subset.of({"output.weight": rows})))["output.weight"]
-    assert tuple(ours.shape) == (4, 896)
+    assert tuple(ours.shape) == (4, 896) and ours.qtype == "Q8_0"
     np.testing.assert_array_equal(
-        ours.numpy(), gguf.quants.dequantize(tensor.data[:4], tensor.tensor_type))
+        ours.dequantize().numpy(), gguf.quants.dequantize(tensor.data[:4], tensor.tensor_type))
 
 
 def test_tensors_are_lazy(qwen_checkpoint, monkeypatch):
@@ -132,9 +139,9 @@ def test_tensors_are_lazy(qwen_checkpoint, monkeypatch):
 
     def counting(tensor):
         calls.append(tensor.name)
-        return np.zeros(1, dtype=np.float32)
+        return torch.zeros(1)
 
-    monkeypatch.setattr(gguf_format, "dequantize", counting)
+    monkeypatch.setattr(gguf_format, "read_tensor", counting)
     it = qwen_checkpoint.tensors()
     assert calls == []
     first = [next(it) for _ in range(3)]

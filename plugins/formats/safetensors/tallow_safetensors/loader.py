@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tallow.plugin import Checkpoint
+from tallow.plugin import Checkpoint, ModelFileError
 
-from .files import CheckpointError, iter_tensors, weight_files
+from .files import iter_tensors, read_headers, weight_files
 from .tokenizer_files import read_json, read_tokenizer, read_tokenizer_config
 
 
@@ -23,9 +23,9 @@ def is_model_directory(path: str | os.PathLike[str]) -> bool:
 def architecture_of(config: dict[str, Any], where: Path) -> str:
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise CheckpointError(f"{where / 'config.json'}: 'architectures' must be a non-empty list "
-                              "of model class names (e.g. [\"LlamaForCausalLM\"]), got "
-                              f"{archs!r}")
+        raise ModelFileError(where / "config.json", "'architectures'",
+                             "must be a non-empty list of model class names (e.g. "
+                             f"[\"LlamaForCausalLM\"]), got {archs!r}")
     return archs[0]
 
 
@@ -34,19 +34,21 @@ def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
     """The :class:`Checkpoint` of a model directory.
 
     Reads ``config.json`` (required), the weight files (``model.safetensors.index.json`` or every
-    ``*.safetensors``; tensors are read lazily, as ``Checkpoint.tensors()`` is iterated),
+    ``*.safetensors``; their headers are checked now, the tensors read lazily, as
+    ``Checkpoint.tensors()`` is iterated),
     ``tokenizer.json``, ``tokenizer_config.json`` (with ``special_tokens_map.json`` and
     ``chat_template.jinja``) and ``generation_config.json``. ``source`` is what the user named
     (a hub id, say); it defaults to the path.
     """
     root = Path(path)
     if not root.is_dir():
-        raise CheckpointError(f"{root} is not a directory")
+        raise ModelFileError(root, None, "is not a directory")
     if not (root / "config.json").is_file():
-        raise CheckpointError(f"{root} has no config.json")
+        raise ModelFileError(root, None, "has no config.json")
     config = read_json(root / "config.json")
     architecture = architecture_of(config, root)
     files = weight_files(root)
+    tensors = read_headers(files)  # checked before anything is built from the config
     quant = config.get("quantization_config")
     quantization = quant.get("quant_method") if isinstance(quant, dict) else None
     return Checkpoint(
@@ -61,4 +63,6 @@ def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
         quantization=quantization,
         extra={"path": str(root), "files": [str(f) for f in files],
                "dtype": config.get("torch_dtype") or config.get("dtype")},
+        tensor_shapes={name: entry.shape for name, (_, entry) in tensors.items()},
+        config_path=str(root / "config.json"),
     )

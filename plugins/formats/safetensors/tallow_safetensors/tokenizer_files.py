@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .files import CheckpointError
+from tallow.plugin import ModelFileError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
@@ -17,10 +17,11 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ModelFileError(path, None, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise ModelFileError(path, None,
+                             f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -58,8 +59,8 @@ def read_tokenizer_config(root: Path) -> dict[str, Any]:
         cfg["chat_templates"] = named
         template = named.get("default")
     if template is not None and not isinstance(template, str):
-        raise CheckpointError(f"{root}: chat_template must be a string or a list of "
-                              f"{{name, template}}, got {type(template).__name__}")
+        raise ModelFileError(root, "chat_template", "must be a string or a list of "
+                             f"{{name, template}}, got {type(template).__name__}")
     if template is not None:
         cfg["chat_template"] = template
     return cfg
@@ -75,4 +76,5 @@ def read_tokenizer(root: Path) -> Any:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the tokenizers library raises bare Exceptions
-        raise CheckpointError(f"{path}: cannot be read by the tokenizers library ({exc})") from exc
+        raise ModelFileError(path, None,
+                             f"cannot be read by the tokenizers library ({exc})") from exc

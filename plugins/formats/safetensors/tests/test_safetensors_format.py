@@ -10,10 +10,10 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers writes the checkpoints")
 
-from tallow.plugin import WeightFormatRegistry  # noqa: E402
+from tallow.plugin import ModelFileError, WeightFormatRegistry  # noqa: E402
 
 from tallow_safetensors import plugin  # noqa: E402
-from tallow_safetensors.files import CheckpointError, iter_tensors, weight_files  # noqa: E402
+from tallow_safetensors.files import iter_tensors, weight_files  # noqa: E402
 from tallow_safetensors.format import SafetensorsFormat  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
@@ -84,7 +84,7 @@ def test_missing_shard_is_named(tmp_path):
     tiny_model().save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
     victim = sorted(tmp_path.glob("model-*.safetensors"))[-1]
     victim.unlink()
-    with pytest.raises(CheckpointError, match=victim.name):
+    with pytest.raises(ModelFileError, match=victim.name):
         SafetensorsFormat().load(str(tmp_path))
 
 
@@ -93,7 +93,7 @@ def test_config_without_architectures_is_refused(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["architectures"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="'architectures' must be a non-empty list"):
+    with pytest.raises(ModelFileError, match="'architectures': must be a non-empty list"):
         SafetensorsFormat().load(str(tmp_path))
 
 
@@ -164,3 +164,34 @@ def test_the_llama_plugin_loads_what_this_format_reads(tmp_path):
     torch.testing.assert_close(ours.model.embed_tokens.weight,
                                model.model.embed_tokens.weight, rtol=0, atol=0)
 
+
+
+def test_headers_are_checked_when_the_checkpoint_is_read(tmp_path):
+    """Every shard's header is read (not its tensors) by ``load``: the checkpoint states each
+    tensor's shape, and a damaged shard is refused then, naming it, not as the weights load."""
+    model = tiny_model(torch.bfloat16)
+    model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
+    ckpt = SafetensorsFormat().load(str(tmp_path))
+    assert ckpt.tensor_shapes == {k: tuple(v.shape) for k, v in model.state_dict().items()
+                                  if k != "lm_head.weight" or not model.config.tie_word_embeddings}
+    assert ckpt.config_path == str(tmp_path / "config.json")
+    victim = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    victim.write_bytes(victim.read_bytes()[:-3])
+    with pytest.raises(ModelFileError, match=rf"{victim.name}: tensor '.*': data_offsets .* "
+                                             r"the file is truncated"):
+        SafetensorsFormat().load(str(tmp_path))
+
+
+def test_index_and_headers_must_agree(tmp_path):
+    tiny_model().save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
+    index_path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    files = list(index["weight_map"].values())
+    home = next(f for f in files if files.count(f) > 1)  # stays in the checkpoint when moved
+    other = next(f for f in files if f != home)
+    name = next(n for n, f in index["weight_map"].items() if f == home)
+    index["weight_map"][name] = other
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ModelFileError, match=rf"index\.json: weight_map: places tensor '{name}' "
+                                             rf"in {other}, but it is in {home}"):
+        SafetensorsFormat().load(str(tmp_path))

@@ -30,7 +30,7 @@ Hugging Face names (``naming="hf"``) → parameter:
     model.layers.i.self_attn.{k,v}_scale     → the layer's KV-cache scales (FP8-KV checkpoints;
                                                CausalLM.load_{k,v}_cache_scale)
 
-GGUF names (``naming="gguf"``; tensors already dequantized to float, ``[out, in]``) → parameter:
+GGUF names (``naming="gguf"``; matrices ``[out, in]``, float or still block-quantized) → parameter:
 
     token_embd.weight            → model.embed_tokens.weight
     blk.i.attn_norm.weight       → model.layers.i.input_layernorm.weight
@@ -51,7 +51,8 @@ GGUF names (``naming="gguf"``; tensors already dequantized to float, ``[out, in]
 (*) For GGUF architecture ``llama`` the converter stores the rows of each Q and K head
 interleaved (pairs ``(x_j, x_{j+D/2})`` side by side, the rotary layout of the original Llama
 code); loading undoes it: rows ``[heads, D/2, 2]`` → ``[heads, 2, D/2]``, with the KV head count for
-K. ``qwen2`` and ``qwen3`` files keep the Hugging Face layout.
+K. ``qwen2`` and ``qwen3`` files keep the Hugging Face layout. The permutation moves whole rows,
+so it applies to the rows of a tensor that is still block-quantized as well.
 """
 
 from __future__ import annotations
@@ -101,9 +102,9 @@ def gguf_name_map(interleaved_qk: bool) -> WeightNameMap:
         WeightRule("token_embd.weight", "model.embed_tokens.weight"),
         WeightRule(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
         WeightRule(f"{_B}.attn_q.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q",
-                   transform=q_fix),
+                   transform=q_fix, rowwise=True),
         WeightRule(f"{_B}.attn_k.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k",
-                   transform=k_fix),
+                   transform=k_fix, rowwise=True),
         WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
         WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
         WeightRule(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),

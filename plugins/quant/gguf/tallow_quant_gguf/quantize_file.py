@@ -3,9 +3,9 @@
 The source is a :class:`tallow.plugin.Checkpoint` as a weight format read it:
 
 - a GGUF file: its metadata (vocabulary included) is copied from the file, with the new
-  ``general.file_type``; its tensors arrive dequantized to float32, so tensors that were
-  quantized in the source are dequantized and requantized — the new type's error comes on top
-  of theirs (the log says which);
+  ``general.file_type``; tensors that were quantized in the source (they arrive as
+  :class:`tallow.layers.QuantizedWeight`) are dequantized to float32 and requantized — the new
+  type's error comes on top of theirs (the log says which);
 - a safetensors directory of a llama or qwen2 model: metadata, vocabulary and tensor names are
   written as llama.cpp's converter writes them (:mod:`tallow_quant_gguf.quantize_hf`).
 
@@ -23,6 +23,8 @@ import time
 from typing import Any, Iterator
 
 import numpy as np
+
+from tallow.layers import QuantizedWeight
 
 from .quantize import QUANT_TYPES, quantize
 from .quantize_mix import FILE_TYPES, LLAMA_FILE_TYPES, TensorTypes, check_file_type
@@ -118,10 +120,13 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
     with tqdm(total=count or None, desc=f"Quantizing to {file_type}", unit="tensor",
               disable=None if progress else True) as bar:
         for name, tensor in tensors:
+            if isinstance(tensor, QuantizedWeight):
+                tensor = tensor.dequantize()
             target = plan(name, tuple(tensor.shape))
             if target in QUANT_TYPES:
                 rows = tensor.reshape(-1, tensor.shape[-1]).to(device)
                 data = quantize(rows, target).cpu().numpy()
+                data = data.reshape(*tensor.shape[:-1], data.shape[-1])  # e.g. [experts, ...]
                 writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType[target.upper()])
             else:
                 dtype = np.float16 if target == "f16" else np.float32

@@ -1,0 +1,122 @@
+"""The quant scheme ``gguf``: GGML block types kept quantized, and load-time quantization.
+
+Settings (``plugins.settings.tallow-quant-gguf``). Three choose how a matmul runs on a GPU,
+by the number of input rows ``M`` (see :mod:`tallow_quant_gguf.ops`):
+
+``matmul``            ``auto`` (by ``M``, below), ``fused`` (always the Triton kernels that
+                      decode as they multiply) or ``dequant`` (always decode the weight to a
+                      workspace in the activation dtype and call cuBLAS)
+``gemv_max_rows``     ``auto``: at most this many rows take the fused GEMV (default 16)
+``dequant_min_rows``  ``auto``: at least this many rows take the workspace and cuBLAS (default
+                      1024); the rows between take the fused tensor-core GEMM
+``cpu``               keep a GGUF file's weights quantized on a CPU too (default false)
+
+On a CPU the matmul decodes the whole weight on every call (the exact torch reference): a
+quarter of the memory of float32 weights, but many times slower. So unless ``cpu`` is true
+the scheme declines a GGUF file served on a CPU, and the engine dequantizes it at load (the
+log says so); load-time quantization (``model.isq``) is served on a CPU regardless.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tallow.plugin import QuantScheme
+
+from .qtypes import ISQ_TYPES, QUANT_TYPES
+from .quantize_file import FileQuantization
+
+DISTRIBUTION = "tallow-quant-gguf"
+MATMUL_MODES = ("auto", "fused", "dequant")
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """The scheme's settings, validated: how matmuls pick their kernel on a GPU, and whether
+    a GGUF file is kept quantized on a CPU."""
+
+    matmul: str = "auto"
+    gemv_max_rows: int = 16
+    dequant_min_rows: int = 1024
+    cpu: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> "KernelPolicy":
+        where = f"plugins.settings.{DISTRIBUTION}"
+        unknown = set(settings) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                             f"expected {', '.join(cls.__dataclass_fields__)}")
+        policy = cls(**settings)
+        if policy.matmul not in MATMUL_MODES:
+            raise ValueError(f"{where}.matmul: expected one of {', '.join(MATMUL_MODES)}, got "
+                             f"{policy.matmul!r}")
+        if not isinstance(policy.cpu, bool):
+            raise ValueError(f"{where}.cpu: expected true or false, got {policy.cpu!r}")
+        for name in ("gemv_max_rows", "dequant_min_rows"):
+            value = getattr(policy, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}.{name}: expected a non-negative integer, got "
+                                 f"{value!r}")
+        return policy
+
+
+def _on_cpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
+class GGUFQuantScheme(FileQuantization, QuantScheme):
+    """GGML block-quantized weights (GGUF files) kept quantized; ``model.isq`` quantizes a
+    float model into the same types while it loads; ``tallow quantize`` writes GGUF files
+    (:class:`~tallow_quant_gguf.quantize_file.FileQuantization`)."""
+
+    name: ClassVar[str] = "gguf"
+    min_capability: ClassVar[int] = 0
+    isq_types: ClassVar[tuple[str, ...]] = ISQ_TYPES
+
+    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+        super().__init__(config, isq)
+        if isq is not None and isq not in ISQ_TYPES:
+            raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
+        settings = {}
+        if config is not None:
+            settings = dict(config.plugins.settings.get(DISTRIBUTION, {}))
+        self.policy = KernelPolicy.from_settings(settings)
+        self.methods: list[Any] = []
+
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        if config is None or config.model.isq:
+            return []
+        policy = KernelPolicy.from_settings(dict(config.plugins.settings.get(DISTRIBUTION, {})))
+        if policy.cpu or not _on_cpu(config.model.device):
+            return []
+        return [f"on a CPU it decodes every weight on every call, many times slower than float "
+                f"weights (plugins.settings.{DISTRIBUTION}.cpu: true keeps them quantized)"]
+
+    @classmethod
+    def detect(cls, config: dict[str, Any]) -> bool:
+        return config.get("quantization_config", {}).get("quant_method") == "gguf"
+
+    def _method(self, prefix: str) -> Any:
+        from .method import GGUFLinearMethod
+
+        method = GGUFLinearMethod(self, prefix)
+        self.methods.append(method)
+        return method
+
+    # every linear layer, the head and the token embedding keep their GGUF blocks
+    linear_method = head_method = embedding_method = _method
+
+    def summary(self) -> str:
+        """The storage types of the loaded weights, e.g. ``gguf: Q4_K x224, Q6_K x1``."""
+        counts = Counter(p.type_name for m in self.methods for p in m.parts if p is not None)
+        kinds = ", ".join(f"{name} x{n}" for name, n in sorted(
+            counts.items(), key=lambda kv: (kv[0] not in QUANT_TYPES, kv[0])))
+        how = f", quantized at load to {self.isq}" if self.isq else ""
+        return f"gguf: {kinds}{how}"
