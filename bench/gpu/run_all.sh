@@ -170,8 +170,9 @@ fi
 if [[ ",$MODE," == *",kvtests,"* ]]; then  # the KV codecs' GPU tests: fused turbo and fp8 kernels against the torch reference
   echo "== GPU tests of the KV codecs"
   timeout 560 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu/test_gpu_engine.py \
+    tests/engine/test_kv_fp8_settings.py \
     plugins/attention/triton/tests/test_attention_gpu.py plugins/attention/triton/tests/test_pdl_gpu.py \
-    -k "turbo or fp8 or graph or compiles" 2>&1 | tail -25 | tee "$OUT/tests_kv.log"
+    -k "turbo or fp8 or graph or compiles or scales" 2>&1 | tail -25 | tee "$OUT/tests_kv.log"
 fi
 if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # the interpreter's kernel cases (turbo included) on the GPU
   echo "== kernel cases on the GPU"

@@ -132,6 +132,29 @@ def test_small_prefill_chunks_give_the_same_tokens_on_gpu():
     assert a == b
 
 
+def agrees_with_reference_and_eager(fast: LLMEngine, ref: LLMEngine, eager: LLMEngine, *,
+                                    seed: int, atol: float) -> None:
+    """``fast`` (triton, CUDA graphs) gives ``ref``'s log-probs to ``atol`` on ``ref``'s greedy
+    tokens fed back (teacher-forced), and eager triton the same greedy tokens as ``fast`` in
+    batches of 1, 2 and 4."""
+    batch = prompts(4, seed=seed)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for prompt, out in zip(batch, run(ref, batch, params)):
+        tokens = out.outputs[0].token_ids
+        forced = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        ours, theirs = (run(e, [prompt + tokens], forced)[0] for e in (fast, ref))
+        a = torch.tensor([ours.prompt_logprobs[len(prompt) + i][t].logprob
+                          for i, t in enumerate(tokens)])
+        b = torch.tensor([theirs.prompt_logprobs[len(prompt) + i][t].logprob
+                          for i, t in enumerate(tokens)])
+        assert torch.allclose(a, b, atol=atol), (a - b).abs().max()
+    for n in (1, 2, 4):
+        sub = prompts(n, seed=seed + 9 + n)
+        a = [o.outputs[0].token_ids for o in run(fast, sub, params)]
+        b = [o.outputs[0].token_ids for o in run(eager, sub, params)]
+        assert a == b
+
+
 def test_fp8_kv_cache_against_the_torch_backend_and_eager():
     """An fp8 (e4m3) cache through the triton kernels with CUDA graphs: the torch reference
     backend on the same weights and the same codec gives the same log-probs (teacher-forced
@@ -143,23 +166,7 @@ def test_fp8_kv_cache_against_the_torch_backend_and_eager():
     eager = engine(kv_codec="fp8", disable_cuda_graph=True)
     for other in (ref, eager):
         other.parts.loaded.model.load_state_dict(fast.parts.loaded.model.state_dict())
-    batch = prompts(4, seed=21)
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    ref_out = run(ref, batch, params)
-    for prompt, out in zip(batch, ref_out):
-        tokens = out.outputs[0].token_ids
-        forced = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
-        ours, theirs = (run(e, [prompt + tokens], forced)[0] for e in (fast, ref))
-        a = torch.tensor([ours.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
-        b = torch.tensor([theirs.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
-        assert torch.allclose(a, b, atol=0.08), (a - b).abs().max()
-    for n in (1, 2, 4):
-        sub = prompts(n, seed=30 + n)
-        a = [o.outputs[0].token_ids for o in run(fast, sub, params)]
-        b = [o.outputs[0].token_ids for o in run(eager, sub, params)]
-        assert a == b
+    agrees_with_reference_and_eager(fast, ref, eager, seed=21, atol=0.08)
 
 
 def same_weights_and_calibration(source: LLMEngine, *others: LLMEngine) -> None:
@@ -186,22 +193,7 @@ def test_turbo_kv_cache_against_the_torch_backend_and_eager(codec):
     ref = engine(kv_codec=codec, attention_backend="torch", disable_cuda_graph=True)
     eager = engine(kv_codec=codec, disable_cuda_graph=True)
     same_weights_and_calibration(fast, ref, eager)
-    batch = prompts(4, seed=41)
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    for prompt, out in zip(batch, run(ref, batch, params)):
-        tokens = out.outputs[0].token_ids
-        forced = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
-        ours, theirs = (run(e, [prompt + tokens], forced)[0] for e in (fast, ref))
-        a = torch.tensor([ours.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
-        b = torch.tensor([theirs.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
-        assert torch.allclose(a, b, atol=0.1), (a - b).abs().max()
-    for n in (1, 2, 4):
-        sub = prompts(n, seed=50 + n)
-        a = [o.outputs[0].token_ids for o in run(fast, sub, params)]
-        b = [o.outputs[0].token_ids for o in run(eager, sub, params)]
-        assert a == b
+    agrees_with_reference_and_eager(fast, ref, eager, seed=41, atol=0.1)
 
 
 def test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens():

@@ -120,3 +120,34 @@ def test_registry_keeps_bits_for_listings() -> None:
     for bad in (0, -1, "4", True):
         with pytest.raises(RegistryError, match="bits must be a positive number or None"):
             registry.register(f"x{bad}", "m:X", bits=bad)
+
+
+def test_centred_keys_spend_the_8_bit_precision_on_what_varies() -> None:
+    """center_keys: the calibrated offset is each head's mean key (zero under a logit
+    softcap); keys are stored less it and read back with it. Keys with a large constant per
+    channel (as Qwen2's key biases give) come back far closer than through a plain cast."""
+    codec = CastKVCodec(storage=torch.float8_e4m3fn, center_keys=True)
+    assert codec.calibrated and not CastKVCodec(storage=torch.float8_e4m3fn).calibrated
+    layer = AttentionLayer(0, 4, 2, 16, 0.25)
+    cache = kv_cache.allocate_layer(codec, num_kv_heads=2, head_dim=16, block_size=4,
+                                    num_blocks=4, model_dtype=torch.float32, layer=layer)
+    assert cache["k_offset"].shape == (2, 16) and not cache["k_offset"].any()
+    gen = torch.Generator().manual_seed(2)
+    bias = torch.randn(2, 16, generator=gen) * 200
+    k = bias + torch.randn(16, 2, 16, generator=gen)
+    v = torch.randn(16, 2, 16, generator=gen)
+    q = torch.randn(16, 4, 16, generator=gen)
+    codec.calibrate(cache, q, k, v)
+    torch.testing.assert_close(cache["k_offset"], k.mean(0))
+    codec.encode(cache, k, v, torch.arange(16))
+    got_k, got_v = codec.decode(cache, torch.arange(4))
+    plain = kv_cache.to_cache_dtype(k, torch.float8_e4m3fn).float()
+    centred_error = float((got_k - k).norm() / (k - bias).norm())
+    plain_error = float((plain - k).norm() / (k - bias).norm())
+    assert centred_error < 0.05 < 1.0 < plain_error
+    torch.testing.assert_close(got_v, kv_cache.to_cache_dtype(v, torch.float8_e4m3fn).float())
+    capped = kv_cache.allocate_layer(
+        codec, num_kv_heads=2, head_dim=16, block_size=4, num_blocks=4,
+        model_dtype=torch.float32, layer=AttentionLayer(0, 4, 2, 16, 0.25, logit_softcap=30.0))
+    codec.calibrate(capped, q, k, v)
+    assert not capped["k_offset"].any()

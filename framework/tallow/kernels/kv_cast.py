@@ -11,6 +11,16 @@ so that an 8-bit float's range covers a head whose values are far from 1. Scales
 exactly what an unscaled codec stores; :meth:`CastKVCodec.use_checkpoint_scales` takes them
 from the checkpoint (FP8-KV checkpoints' ``self_attn.k_scale``/``v_scale``).
 
+With ``center_keys`` the layout adds ``k_offset`` (float32 ``[Hkv, D]``, one per layer): the
+mean key of each head over the engine's calibration text (:meth:`CastKVCodec.calibrate`),
+subtracted from every key before the cast and added back when read. Some models' keys carry a
+large constant per channel (Qwen2's key biases: in Qwen2.5-0.5B a channel's mean is up to
+hundreds of times its spread), and an 8-bit float spends its 3 mantissa bits on that
+constant; centred, they go to what varies between keys. Every key of a head moves by the same
+vector, so a query's scores move by one constant, which the softmax cancels: a backend may
+read the centred keys as they are stored. Under a logit softcap, which is not
+shift-invariant, the offset stays zero.
+
 The core's ``auto`` codec (the model's dtype) is this class; tallow-kvcache-fp8 derives its
 8-bit float codecs from it.
 """
@@ -35,11 +45,14 @@ class CastKVCodec(KVCodec):
     storage: ClassVar[torch.dtype | None] = None
 
     def __init__(self, config: object = None, *, storage: torch.dtype | None = None,
-                 per_head_scales: bool = False) -> None:
+                 per_head_scales: bool = False, center_keys: bool = False) -> None:
         super().__init__(config)
         if storage is not None:  # a cast into another dtype than the class's (tests, tools)
             self.storage = storage
         self.per_head_scales = per_head_scales
+        self.center_keys = center_keys
+        #: the key offsets come from the engine's calibration pass
+        self.calibrated = center_keys
 
     def storage_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return self.storage or model_dtype
@@ -52,6 +65,9 @@ class CastKVCodec(KVCodec):
         if self.per_head_scales:
             tensors += [KVTensor("k_scale", (num_kv_heads,), torch.float32, per_block=False),
                         KVTensor("v_scale", (num_kv_heads,), torch.float32, per_block=False)]
+        if self.center_keys:
+            tensors.append(KVTensor("k_offset", (num_kv_heads, head_dim), torch.float32,
+                                    per_block=False))
         return tensors
 
     def init_layer(self, cache: LayerKVCache) -> None:
@@ -84,11 +100,21 @@ class CastKVCodec(KVCodec):
                                  f"and finite, got {given.tolist()}")
             cache[f"{name}_scale"].copy_(given.expand(cache.num_kv_heads))
 
+    def calibrate(self, cache: LayerKVCache, q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> None:
+        """``k_offset``: each head's mean key over the calibration text (zero under a logit
+        softcap, where the softmax would not cancel it)."""
+        if "k_offset" in cache and not getattr(cache.layer, "logit_softcap", None):
+            cache["k_offset"].copy_(k.float().mean(dim=0))
+
     def encode(self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
                slot_mapping: torch.Tensor) -> None:
         rows, blocks, offsets = slots_to_blocks(slot_mapping, cache.block_size)
         for name, x in (("k", k), ("v", v)):
             x = x[rows]
+            offset = cache.get(f"{name}_offset")
+            if offset is not None:
+                x = x.float() - offset
             scale = cache.get(f"{name}_scale")
             if scale is not None:
                 x = x.float() / scale[:, None]
@@ -105,6 +131,9 @@ class CastKVCodec(KVCodec):
             scale = cache.get(f"{name}_scale")
             if scale is not None:
                 x = x * scale[:, None]
+            offset = cache.get(f"{name}_offset")
+            if offset is not None:
+                x = x + offset
             out.append(x)
         return out[0], out[1]
 

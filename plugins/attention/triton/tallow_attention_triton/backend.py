@@ -102,19 +102,27 @@ def _paged_reasons(kv_cache: LayerKVCache, num_kv_heads: int, head_dim: int,
 
 def _cast_layout_reasons(layout: list[KVTensor]) -> list[str]:
     """Why the kernels cannot read a cache of ``layout`` as K and V cast elementwise (with,
-    optionally, a float32 scale per KV head for each: ``k_scale`` and ``v_scale``)."""
+    optionally, a float32 scale per KV head for each, ``k_scale`` and ``v_scale``, and a
+    float32 key offset per head, ``k_offset`` [Hkv, D])."""
     by_name = {spec.name: spec for spec in layout}
     k, v = by_name.get("k"), by_name.get("v")
     names = set(by_name)
-    scaled = names == {"k", "v", "k_scale", "v_scale"}
-    if not (names == {"k", "v"} or scaled) or k is None or v is None \
-            or not (k.per_block and v.per_block) or k.shape != v.shape \
-            or k.dtype != v.dtype or len(k.shape) != 3 or (scaled and not all(
-                not by_name[n].per_block and by_name[n].dtype == torch.float32
-                and tuple(by_name[n].shape) == (k.shape[1],) for n in ("k_scale", "v_scale"))):
+    scaled = {"k_scale", "v_scale"} <= names
+    extra = names - {"k", "v"} - ({"k_scale", "v_scale"} if scaled else set()) - {"k_offset"}
+
+    def per_layer(name: str, shape: tuple[int, ...]) -> bool:
+        spec = by_name[name]
+        return not spec.per_block and spec.dtype == torch.float32 and tuple(spec.shape) == shape
+
+    if extra or k is None or v is None or not (k.per_block and v.per_block) \
+            or k.shape != v.shape or k.dtype != v.dtype or len(k.shape) != 3 \
+            or (scaled and not (per_layer("k_scale", (k.shape[1],))
+                                and per_layer("v_scale", (k.shape[1],)))) \
+            or ("k_offset" in names and not per_layer("k_offset", tuple(k.shape[1:]))):
         return ["its cache layout is not paged k and v tensors of [block_size, Hkv, D] in one "
-                "dtype, with or without float32 k_scale and v_scale of [Hkv] ("
-                + ", ".join(f"{s.name} {list(s.shape)} {s.dtype}" for s in layout) + ")"]
+                "dtype, with or without float32 k_scale and v_scale of [Hkv] and k_offset of "
+                "[Hkv, D] (" + ", ".join(f"{s.name} {list(s.shape)} {s.dtype}" for s in layout)
+                + ")"]
     return _cache_dtype_reasons("cache dtype", k.dtype)
 
 
@@ -141,9 +149,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     Serves fp16, bf16 and fp32 models on CUDA devices of compute capability 8.0 or newer, with
     the KV codecs its kernels implement (``auto``: K/V cached in the model's dtype; ``fp8`` and
-    ``fp8_e5m2`` of tallow-kvcache-fp8, with or without per-head scales; ``turbo8``,
-    ``turbo4`` and ``turbo3`` of tallow-kvcache-turboquant), head sizes that are multiples of
-    16 up to 256 and power-of-two block sizes up to 256.
+    ``fp8_e5m2`` of tallow-kvcache-fp8, with or without per-head scales and centred keys;
+    ``turbo8``, ``turbo4`` and ``turbo3`` of tallow-kvcache-turboquant), head sizes that are
+    multiples of 16 up to 256 and power-of-two block sizes up to 256.
     """
 
     name: ClassVar[str] = "triton"
@@ -306,6 +314,9 @@ class TritonAttentionBackend(AttentionBackend):
         self._check(layer, q, k, v, kv_cache, meta)
         turbo = turbo_ops.is_turbo(kv_cache)
         scaled = "k_scale" in kv_cache
+        # centred keys are read as stored: a query's scores all move by q . offset, which the
+        # softmax cancels (the codec leaves the offset zero under a logit softcap)
+        transformed = scaled or "k_offset" in kv_cache
         if turbo:
             # the queries in the stored keys' coordinates, once for the step
             q = turbo_ops.rotate_queries(q, kv_cache)
@@ -322,7 +333,7 @@ class TritonAttentionBackend(AttentionBackend):
             splits = common["num_splits"] or ops.choose_num_splits(
                 q, kv_cache, meta.num_seqs, meta.max_seq_len)
             common["num_splits"] = splits
-            if splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or scaled):
+            if splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or transformed):
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
                 # extra registers cost occupancy, so the store launches on its own (H200).

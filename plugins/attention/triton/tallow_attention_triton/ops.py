@@ -102,14 +102,16 @@ def f16_products(dtype: torch.dtype, cache_bytes: int) -> bool:
 # ``saturate``: the clamp of values stored into the cache (tallow.kernels.kv_cache.
 # cache_saturation of the cache dtype; 0.0 = none).
 # ``head_scales``: values divided by a scale per KV head before the cast (a cast codec with
-# per-head scales).
+# per-head scales); ``key_offset``: keys less their head's offset vector first (centred keys).
 def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: float = 0.0,
-               head_scales: bool = False, pdl: bool = False) -> dict[str, object]:
+               head_scales: bool = False, key_offset: bool = False, pdl: bool = False
+               ) -> dict[str, object]:
     d_pad = next_pow2(head_dim)
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                 HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
                 D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate,
-                HEAD_SCALES=head_scales, num_warps=4, USE_PDL=pdl, launch_pdl=pdl)
+                HEAD_SCALES=head_scales, KEY_OFFSET=key_offset, num_warps=4, USE_PDL=pdl,
+                launch_pdl=pdl)
 
 
 # ``kv_bits``: the code width of a turbo cache (turbo_ops), 0 for a cache that casts. A turbo
@@ -174,8 +176,9 @@ def store_kv(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write ``k``/``v`` [T, Hkv, D] into the layer's cache at ``slot_mapping`` [T] (int,
     -1 = skip), converting to the cache's dtype as its codec's reference ``encode`` does
-    (:func:`tallow.kernels.kv_cache.to_cache_dtype`, after dividing by the head's scale when
-    the cache has ``k_scale``/``v_scale``; a turbo cache: rotated, quantized and packed,
+    (:func:`tallow.kernels.kv_cache.to_cache_dtype`, after subtracting the head's key offset
+    when the cache has ``k_offset`` and dividing by the head's scale when it has
+    ``k_scale``/``v_scale``; a turbo cache: rotated, quantized and packed,
     :func:`turbo_ops.store_turbo`)."""
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
@@ -186,14 +189,17 @@ def store_kv(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
     k_cache, v_cache = kv_cache["k"], kv_cache["v"]
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     k_scale, v_scale = kv_cache.get("k_scale"), kv_cache.get("v_scale")
+    k_offset = kv_cache.get("k_offset")
     spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=k_cache.shape[1],
                       saturate=cache_saturation(k_cache.dtype), head_scales=k_scale is not None,
-                      pdl=pdl_enabled(k_cache))
+                      key_offset=k_offset is not None, pdl=pdl_enabled(k_cache))
     stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
+    # a cache without scales or offsets passes its K and V where those are not read
     store_kv_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping,
         k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
+        k_cache if k_offset is None else k_offset,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         stride_cb, stride_co, stride_ch, **spec,
     )

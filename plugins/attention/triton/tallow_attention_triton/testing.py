@@ -65,7 +65,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
               logit_softcap: float | None = None, scale: float | None = None,
               padding_rows: int = 0, spare_blocks: int = 3, num_blocks: int | None = None,
               seed: int = 0, host_copies: bool = True,
-              head_scales: tuple[list[float], list[float]] | None = None) -> PagedCase:
+              head_scales: tuple[list[float], list[float]] | None = None,
+              key_offset: torch.Tensor | None = None) -> PagedCase:
     """A random batch; ``context_lens[i]`` earlier tokens of sequence ``i`` are already cached
     and its ``query_lens[i]`` tokens are this step's (their K/V still to be stored).
 
@@ -78,7 +79,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
     ``num_blocks`` fixes the pool size (default: what the batch needs + ``spare_blocks``).
     ``host_copies`` False leaves ``query_start_loc_cpu``/``seq_lens_cpu`` None, as a CUDA-graph
     runner does. ``head_scales`` (K scales, V scales; one per KV head) fill a cache's
-    ``k_scale``/``v_scale`` before anything is stored.
+    ``k_scale``/``v_scale`` and ``key_offset`` [Hkv, D] its ``k_offset`` before anything is
+    stored.
     """
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
@@ -110,6 +112,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
     if head_scales is not None:
         cache["k_scale"].copy_(torch.tensor(head_scales[0]))
         cache["v_scale"].copy_(torch.tensor(head_scales[1]))
+    if key_offset is not None:
+        cache["k_offset"].copy_(key_offset)
     slots: list[int] = []
     ctx_slots: list[int] = []
     for i, (ctx, n) in enumerate(zip(context_lens, query_lens)):
@@ -130,10 +134,12 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
         # This step's K/V already on the 8-bit grid: the store is then exact on the GPU and in
         # Triton's interpreter alike (which rounds ties differently); the rounding itself is
         # checked against torch on the GPU.
-        # (a scaled cache: the grid times the head's scale)
+        # (a scaled cache: the grid times the head's scale; centred keys: plus the offset)
         k_scale = cache["k_scale"][:, None] if "k_scale" in cache else 1.0
         v_scale = cache["v_scale"][:, None] if "v_scale" in cache else 1.0
-        k = ((k.float() / k_scale).to(k_store.dtype).float() * k_scale).to(dtype)
+        k_offset = cache["k_offset"] if "k_offset" in cache else 0.0
+        k = (((k.float() - k_offset) / k_scale).to(k_store.dtype).float() * k_scale
+             + k_offset).to(dtype)
         v = ((v.float() / v_scale).to(k_store.dtype).float() * v_scale).to(dtype)
     qsl = [0]
     for n in query_lens:

@@ -195,6 +195,28 @@ def test_fp8_cache_with_head_scales(cache_dtype: torch.dtype, kind: str,
     run_and_check(case, backend(num_splits))
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize(("kind", "num_splits"), [("decode", 3), ("mixed", 2), ("prefill", None)])
+def test_fp8_cache_with_centred_keys(scaled: bool, kind: str, num_splits: int | None) -> None:
+    """Keys stored less their head's offset (and divided by a scale): the store subtracts
+    it, attention reads the centred keys as they are (every score of a query moves by the
+    same q . offset), against the reference that adds it back. Large offsets, as Qwen2's key
+    biases give; multiples of 1/8 in float32, so that this step's keys (on the 8-bit grid
+    plus the offset) come back exactly."""
+    q_lens, ctx = {"decode": ([1, 1, 1], [0, 37, 90]), "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    gen = torch.Generator().manual_seed(seed_of("fp8-centred", scaled, kind))
+    offset = torch.randint(-160, 160, (2, 64), generator=gen).float() / 8
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.float32,
+                     codec=CastKVCodec(storage=torch.float8_e4m3fn, per_head_scales=scaled,
+                                       center_keys=True),
+                     head_scales=([0.5, 4.0], [2.0, 0.25]) if scaled else None,
+                     key_offset=offset, device=DEVICE,
+                     seed=seed_of("fp8-centred", scaled, kind, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16],
                          ids=str)
 @pytest.mark.parametrize("num_splits", [1, 3])

@@ -136,6 +136,41 @@ def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtyp
     assert not torch.isnan(out.float()).any()
 
 
+@pytest.mark.parametrize("cache_dtype", FP8, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("centred", [False, True])
+def test_fp8_cache_with_head_scales_long_contexts(cache_dtype: torch.dtype,
+                                                  num_splits: int | None, centred: bool) -> None:
+    """An 8-bit cache with a scale per KV head (checkpoint scales) and, centred, a large offset
+    per head and channel subtracted from the keys, at llama-3-8b's head shape: the store
+    subtracts and divides values off the grid (the bytes as torch's), and decode and a mixed
+    batch read it with the queries and the output scaled outside the kernels and the centred
+    keys read as stored."""
+    from tallow.kernels.kv_cast import CastKVCodec
+
+    rng = random.Random(seed_of("fp8-scaled", cache_dtype, num_splits, centred))
+    scales = ([rng.uniform(0.005, 3.0) for _ in range(8)], [rng.uniform(0.005, 3.0)
+                                                           for _ in range(8)])
+    codec = CastKVCodec(storage=cache_dtype, per_head_scales=True, center_keys=centred)
+    offset = None
+    if centred:
+        offset = torch.randn(8, 128, generator=torch.Generator().manual_seed(
+            rng.randrange(2**31))) * 50
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    for q_lens, c_lens in (([1] * len(ctx), ctx), ([1, 300, 1, 77], [3000, 0, 511, 1000])):
+        case = make_case(query_lens=q_lens, context_lens=c_lens, num_heads=32, num_kv_heads=8,
+                         head_dim=128, block_size=16, dtype=torch.bfloat16, codec=codec,
+                         head_scales=scales, key_offset=offset, device="cuda",
+                         seed=rng.randrange(2**31))
+        g = torch.Generator(device="cuda").manual_seed(case.seed)
+        # this step's K/V off the grid: the store's division and rounding against torch's
+        case.k.copy_(torch.randn(case.k.shape, generator=g, device="cuda") * 2
+                     + (0.0 if offset is None else offset.cuda()))
+        case.v.copy_(torch.randn(case.v.shape, generator=g, device="cuda") * 2)
+        run_and_check(case, backend(num_splits))
+
+
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("dtype", HALF, ids=str)

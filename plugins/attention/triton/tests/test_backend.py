@@ -109,6 +109,14 @@ def test_kv_codecs_it_serves() -> None:
            for spec in scaled]
     (reason,) = be.supports_kv_codec(Fp8(), odd)
     assert "not paged k and v tensors" in reason and "v_scale [2] torch.float16" in reason
+    for scales in (False, True):  # centred keys: a float32 offset per KV head and channel
+        centred = CastKVCodec(per_head_scales=scales, center_keys=True).layout(
+            num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16)
+        assert be.supports_kv_codec(Fp8(), centred) == []
+    wrong = [spec if spec.name != "k_offset" else KVTensor("k_offset", (2,), torch.float32,
+                                                             False) for spec in centred]
+    (reason,) = be.supports_kv_codec(Fp8(), wrong)
+    assert "k_offset [2] torch.float32" in reason
 
 
 def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
 
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
                 "slot_ptr": "*i64"}
-F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr"}
+F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr", "k_offset_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
@@ -144,12 +144,15 @@ def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> Non
     assert resource_usage(compiled)["STACK"] == 0
     assert "min.f32" in compiled.asm["ptx"] and "max.f32" in compiled.asm["ptx"]
     assert "div.rn.f32" not in compiled.asm["ptx"]
-    # with a scale per KV head (checkpoint scales): divided, correctly rounded, as torch does
-    spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit,
-                          head_scales=True)
-    compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
-    assert resource_usage(compiled)["STACK"] == 0
-    assert "div.rn.f32" in compiled.asm["ptx"]
+    # with a scale per KV head (checkpoint scales): divided, correctly rounded, as torch does;
+    # and with centred keys (an offset subtracted first)
+    for offset in (False, True):
+        spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit,
+                              head_scales=True, key_offset=offset)
+        compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
+        assert resource_usage(compiled)["STACK"] == 0
+        assert "div.rn.f32" in compiled.asm["ptx"]
+        assert ("sub.f32" in compiled.asm["ptx"]) == offset
 
 
 def test_reduce_store_and_fp32_paths_compile() -> None:

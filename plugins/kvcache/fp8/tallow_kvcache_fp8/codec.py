@@ -9,6 +9,7 @@ attention backend implements them in its kernels.
 With the setting ``scales: checkpoint`` the layout adds a scale per KV head for keys and one
 for values (:class:`~tallow.kernels.kv_cast.CastKVCodec` ``per_head_scales``), read from the
 checkpoint's ``self_attn.k_scale``/``v_scale``: values are divided by them before the cast.
+With ``center_keys: true`` each key is stored less its head's calibrated mean key.
 
 e4m3 keeps 3 mantissa bits over a range of +-448, e5m2 2 bits over +-57344. Keys and values of
 common models lie well inside +-448 (they come out of a normalised hidden state through one
@@ -28,11 +29,13 @@ from .settings import fp8_settings
 
 
 class FP8KVCodec(CastKVCodec):
-    """A cast into an 8-bit float, with the checkpoint's scales when the settings ask."""
+    """A cast into an 8-bit float, with the checkpoint's scales and centred keys when the
+    settings ask."""
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__(config,
-                         per_head_scales=fp8_settings(config).scales == "checkpoint")
+        settings = fp8_settings(config)
+        super().__init__(config, per_head_scales=settings.scales == "checkpoint",
+                         center_keys=settings.center_keys)
 
 
 class FP8E4M3KVCodec(FP8KVCodec):

@@ -1,9 +1,12 @@
-"""KV-cache scales read from a checkpoint (``self_attn.k_scale``/``v_scale`` of FP8-KV
+"""The fp8 codecs' settings through the engine: checkpoint scales and centred keys.
+
+KV-cache scales read from a checkpoint (``self_attn.k_scale``/``v_scale`` of FP8-KV
 checkpoints): with ``plugins.settings.tallow-kvcache-fp8.scales: checkpoint`` the fp8 cache
 stores each layer's keys and values divided by them, which the engine's prompt log-probs show
 against transformers whose attention sees K and V rounded the same way; without the setting
 they are ignored; a checkpoint without them, or with scales of the wrong size, stops start-up
-with the layer named."""
+with the layer named. With ``center_keys`` the cache stores keys less each head's calibrated
+mean key."""
 
 from __future__ import annotations
 
@@ -172,3 +175,27 @@ def test_triton_backend_with_checkpoint_scales_matches_the_torch_backend(
         torch.tensor([ours.logprobs[i][t].logprob for i, t in enumerate(ours.token_ids)]),
         torch.tensor([theirs.logprobs[i][t].logprob for i, t in enumerate(theirs.token_ids)]),
         atol=2e-3, rtol=0)
+
+
+def test_fp8_with_centred_keys_matches_transformers_through_the_codec(tiny_qwen2: Path) -> None:
+    """``center_keys``: the engine calibrates each layer's mean key at start-up (Qwen2's key
+    biases make it far from zero) and its prompt log-probs are transformers' with K/V through
+    the same codec; the offsets matter (a plain fp8 cast is further away)."""
+    from codec_oracle import hf_model_through
+
+    mapping: dict[str, Any] = {
+        "model": {"source": str(tiny_qwen2), "dtype": "float32", "device": "cpu"},
+        "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": "fp8"},
+        "plugins": {"settings": {"tallow-kvcache-fp8": {"center_keys": True}}}}
+    eng = LLMEngine.from_config(config_from_mapping(mapping, origin="test"))
+    caches = eng.core.runner.kv_caches
+    assert all(float(c["k_offset"].abs().max()) > 0 for c in caches)  # calibrated
+    ids = eng.tokenizer.encode(PROMPT)
+    got = prompt_logprobs(eng, ids)
+    model = hf_model_through(tiny_qwen2, caches, "fp8-centred")
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    torch.testing.assert_close(got, logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])],
+                               atol=1e-4, rtol=0)
+    plain = hf_prompt_logprobs(tiny_qwen2, ids, None, None)
+    assert float((plain - got).abs().max()) > 1e-3
