@@ -52,12 +52,23 @@ def test_latency_of_a_batch_the_kv_cache_holds_only_in_part():
 
 def test_throughput_generates_every_requested_token():
     r = bench("throughput", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts",
-              "6", "--input-len", "16", "--output-len", "9")
+              "6", "--input-len", "16", "--output-len", "9", "--max-waiting", "2")
     assert r["output_tokens"] == 6 * 9 and r["input_tokens"] == 6 * 16
     assert r["weight_bytes"] > 0 and r["quantization"] == "none (float32)"
     assert r["output_tok_s"] > 0 and r["steps"] >= 9
     # the card's calibration is measured on CUDA only
     assert r["card_gemm_flops"] is None and r["card_copy_bytes_per_s"] is None
+
+
+def test_embed_returns_every_embedding():
+    """A decoder shape built for embeddings (the bench sets the task): every input comes back,
+    many per step."""
+    r = bench("embed", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts", "12",
+              "--input-len", "16", "--max-model-len", "64", "--max-num-batched-tokens", "64",
+              "--max-waiting", "4")  # more inputs at once than a server's queue would hold
+    assert r["num_prompts"] == 12 and r["input_tokens"] == 12 * 16
+    assert r["steps"] == 3 and r["inputs_s"] > 0 and r["total_tok_s"] > 0
+    assert r["embedding"]["pooling"] == "last" and r["embedding"]["dimensions"] == 64
 
 
 @torch.inference_mode()

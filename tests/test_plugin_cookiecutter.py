@@ -1,8 +1,11 @@
-"""The cookiecutter template renders a plugin distribution that installs, is discovered, loads
-and passes its own tests.
+"""The cookiecutter template renders, for every kind of component, a plugin distribution that
+installs, is discovered through its entry point, loads, and passes its own tests (tallow's
+conformance suite for the kind among them).
 
-The template is rendered the way cookiecutter renders it (Jinja2 over the file names and
-contents, each default in cookiecutter.json rendered in order with the values before it).
+All kinds are rendered with cookiecutter and installed editable into one virtual environment
+layered on the current one (``--system-site-packages`` plus this environment's site directory,
+so tallow and its test dependencies are the ones under test); each project's tests then run
+in that environment, in a subprocess.
 """
 
 from __future__ import annotations
@@ -11,72 +14,99 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tomllib
+import venv
 from pathlib import Path
-from typing import Any
 
-import jinja2
+import pytest
+
+cookiecutter_main = pytest.importorskip("cookiecutter.main",
+                                        reason="cookiecutter renders the template")
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "cookiecutter"
+KINDS = json.loads((TEMPLATE / "cookiecutter.json").read_text())["kind"]
+#: what each kind registers: (registry kind, component name for plugin_name "ci-<kind>")
+COMPONENTS = {
+    "tool-parser": ("tool_parser", "ci_tool_parser"), "model": ("architecture", "ArceeForCausalLM"),
+    "weight-format": ("weight_format", "ci_weight_format"),
+    "quant-scheme": ("quant_scheme", "ci_quant_scheme"), "kv-codec": ("kv_codec", "ci_kv_codec"),
+    "attention-backend": ("attention_backend", "ci_attention_backend"),
+    "tool-provider": ("tool_provider", "ci_tool_provider"), "routes": ("route", "/ci-routes"),
+}
+#: modules a rendered plugin may import from tallow
+PUBLIC = ("tallow.plugin", "tallow.layers", "tallow.kernels")
 
 
-def render(template: Path, out: Path, overrides: dict[str, str]) -> tuple[Path, dict[str, Any]]:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    context: dict[str, Any] = {}
-    for key, default in json.loads((template / "cookiecutter.json").read_text()).items():
-        value = overrides.get(key, default)
-        context[key] = env.from_string(value).render(cookiecutter=context) \
-            if isinstance(value, str) else value
-    (root,) = [p for p in template.iterdir() if p.is_dir() and "{{" in p.name]
-    for path in sorted(root.rglob("*")):
-        if "__pycache__" in path.parts or not path.is_file():
-            continue
-        rel = env.from_string(str(path.relative_to(template))).render(cookiecutter=context)
-        dest = out / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(env.from_string(path.read_text()).render(cookiecutter=context))
-    project = out / env.from_string(root.name).render(cookiecutter=context)
-    return project, context
+def render(kind: str, out: Path) -> Path:
+    return Path(cookiecutter_main.cookiecutter(
+        str(TEMPLATE), no_input=True, output_dir=str(out),
+        extra_context={"kind": kind, "plugin_name": f"ci-{kind}"}))
 
 
-def _env(site: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(extra)
-    return env
+def layered_venv(path: Path) -> Path:
+    """A virtual environment that sees this one's packages (editable installs included)."""
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(path)
+    python = path / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; "
+                           "print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]
+    # addsitedir runs this environment's .pth files (the editable finders) too
+    (Path(site) / "tallow-test-parent.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
 
 
-def test_template_renders_an_installable_working_plugin(tmp_path: Path) -> None:
-    project, ctx = render(TEMPLATE, tmp_path / "rendered", {"plugin_name": "ci_sample"})
-    dist, package = ctx["project_slug"], ctx["package_name"]
-    assert (dist, package) == ("tallow-ci-sample", "tallow_ci_sample")
-    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
-    assert meta["name"] == dist
-    assert meta["entry-points"]["tallow"] == {dist: f"{package}.plugin"}
-    assert (project / package / "plugin.py").is_file()
-    assert (project / "tests" / "test_plugin.py").is_file()
-    assert "{{" not in "".join(p.read_text() for p in project.rglob("*.py"))
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("TALLOW_", "PYTEST_", "VIRTUAL_ENV"))}
 
-    site = tmp_path / "site"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--disable-pip-version-check", "--target", str(site), str(project)],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
 
-    listing = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--json"],
-                             capture_output=True, text=True, timeout=120,
-                             env=_env(site, TALLOW_PLUGINS=dist))
+def test_every_kind_renders_installs_and_passes_its_tests(tmp_path: Path) -> None:
+    assert set(KINDS) == set(COMPONENTS)
+    projects = {kind: render(kind, tmp_path / "rendered") for kind in KINDS}
+    for kind, project in projects.items():
+        files = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
+        package = project.name.replace("-", "_")
+        assert {"pyproject.toml", "README.md", "PUBLISHING.md", ".gitignore",
+                f"{package}/plugin.py", "tests/test_conformance.py"} <= files, (kind, files)
+        modules = [f for f in files if f.startswith(f"{package}/") and f.endswith(".py")]
+        assert len(modules) == 3, f"{kind}: expected __init__, plugin and one component: {modules}"
+        meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+        assert meta["entry-points"]["tallow"] == {project.name: f"{package}.plugin"}
+        for source in project.rglob("*.py"):
+            text = source.read_text()
+            assert "cookiecutter." not in text and "{%" not in text, source
+            for line in text.splitlines():
+                if line.startswith(("from tallow", "import tallow")):
+                    module = line.split()[1]
+                    if module == "tallow" or module.startswith("tallow."):
+                        assert module.startswith(PUBLIC), f"{source}: {line}"
+
+    python = layered_venv(tmp_path / "venv")
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check",
+         *[arg for p in projects.values() for arg in ("-e", str(p))]],
+        capture_output=True, text=True, timeout=600, env=clean_env())
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    listing = subprocess.run([str(python), "-m", "tallow", "plugins", "list", "--json"],
+                             capture_output=True, text=True, timeout=120, env=clean_env())
     assert listing.returncode == 0, listing.stderr
-    status = {p["name"]: p for p in json.loads(listing.stdout)}[dist]
-    assert status["status"] == "ok", status["reason"]
-    assert status["version"] == ctx["version"]
-    assert status["components"] == {"tool_parser": ["ci_sample-calls"]}
+    statuses = {p["name"]: p for p in json.loads(listing.stdout)}
+    for kind, project in projects.items():
+        status = statuses[project.name]
+        assert status["status"] == "ok", (kind, status["reason"])
+        registry_kind, component = COMPONENTS[kind]
+        assert status["components"] == {registry_kind: [component]}, (kind, status)
 
-    # the rendered project's own tests pass against the installed plugin
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests"], capture_output=True, text=True, timeout=300,
-                           cwd=project, env=_env(site))
-    assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert "4 passed" in tests.stdout
+    failures = []
+    for kind, project in projects.items():
+        run = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "-rs"], capture_output=True, text=True, timeout=600,
+                             cwd=project, env=clean_env())
+        if run.returncode != 0 or " passed" not in run.stdout or "skipped" in run.stdout:
+            failures.append(f"--- {kind}:\n{run.stdout[-3000:]}{run.stderr[-1500:]}")
+    assert not failures, "\n".join(failures)

@@ -57,8 +57,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     plugins_sub = plugins.add_subparsers(dest="action", metavar="ACTION")
     plugins_sub.required = True
     listing = plugins_sub.add_parser(
-        "list", help="every plugin found: version, status, components registered")
+        "list", help="every plugin found: version, status (ok, failed, disabled, or broken: "
+        "a registered target does not resolve), components registered")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.add_argument("--import-components", action="store_true",
+                         help="import every registered component instead of only finding its "
+                         "module:attr target (slower, imports torch; also catches a missing "
+                         "dependency)")
     listing.add_argument("--check-tools", action="store_true",
                          help="also start the tool providers (connect to the configured MCP "
                          "servers, say) and report the state and tools of each source")
@@ -102,6 +107,7 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
     config = load_config(args)
     pm = load_plugins(config.plugins)
+    pm.check_targets(import_them=args.import_components)  # a typo in a target: "broken"
     statuses = pm.statuses()
     checked = _check_tools(pm, config) if args.check_tools else None
     if args.json:

@@ -14,7 +14,7 @@ PREFIX = "CALL "
 class CallLineParser(ToolParser):
     """Every line ``CALL name {...}`` with a JSON object is a call; other lines are content."""
 
-    name: ClassVar[str] = "{{ cookiecutter.plugin_name }}-calls"
+    name: ClassVar[str] = "{{ cookiecutter.component_name }}"
     priority: ClassVar[int] = 0
 
     @classmethod
@@ -25,20 +25,28 @@ class CallLineParser(ToolParser):
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParseResult:
         content: list[str] = []
         calls: list[ToolCall] = []
+        names = _tool_names(tools)
         for line in text.splitlines(keepends=True):
-            call = _call(line)
+            call = _call(line, names)
             if call is None:
                 content.append(line)
             else:
                 calls.append(call)
         rest = "".join(content)
-        return ParseResult(content=rest if rest.strip() or not calls else None, tool_calls=calls)
+        return ParseResult(content=rest if rest or not calls else None, tool_calls=calls)
 
     def stream(self, tools: list[dict[str, Any]] | None = None) -> StreamingToolParser:
-        return _LineStream()
+        return _LineStream(_tool_names(tools))
 
 
-def _call(line: str) -> ToolCall | None:
+def _tool_names(tools: list[dict[str, Any]] | None) -> set[str] | None:
+    """The names a call may use (None: any, when the request offers no tools)."""
+    if not tools:
+        return None
+    return {t.get("function", {}).get("name") for t in tools}
+
+
+def _call(line: str, names: set[str] | None) -> ToolCall | None:
     if not line.startswith(PREFIX):
         return None
     name, _, arguments = line[len(PREFIX):].strip().partition(" ")
@@ -46,15 +54,16 @@ def _call(line: str) -> ToolCall | None:
         parsed = json.loads(arguments)
     except json.JSONDecodeError:
         return None  # malformed markup stays content
-    if not name or not isinstance(parsed, dict):
-        return None
+    if not name or not isinstance(parsed, dict) or (names is not None and name not in names):
+        return None  # not a call: the line stays content
     return ToolCall(name=name, arguments=json.dumps(parsed))
 
 
 class _LineStream(StreamingToolParser):
     """Holds text until a line is complete, then emits it as content or as one call."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: set[str] | None) -> None:
+        self._names = names
         self._buffer = ""
         self._index = 0
 
@@ -74,7 +83,7 @@ class _LineStream(StreamingToolParser):
         return delta
 
     def _emit(self, line: str, delta: StreamDelta) -> None:
-        call = _call(line)
+        call = _call(line, self._names)
         if call is None:
             delta.content += line
             return

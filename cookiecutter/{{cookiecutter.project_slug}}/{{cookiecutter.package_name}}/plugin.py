@@ -11,16 +11,57 @@ from typing import Any
 from tallow.plugin import hookimpl
 
 DISTRIBUTION = "{{ cookiecutter.project_slug }}"
-PARSER_NAME = "{{ cookiecutter.plugin_name }}-calls"
+COMPONENT = "{{ cookiecutter.component_name }}"
 
 #: settings read from the config's plugins.settings["{{ cookiecutter.project_slug }}"]
 settings: dict[str, Any] = {}
-
+{% if cookiecutter.kind == "tool-parser" %}
 
 @hookimpl
 def tallow_register_tool_parsers(registry: Any) -> None:
-    registry.register(PARSER_NAME, "{{ cookiecutter.package_name }}.parser:CallLineParser")
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.parser:CallLineParser")
+{% elif cookiecutter.kind == "model" %}
 
+@hookimpl
+def tallow_register_architectures(registry: Any) -> None:
+    # the Hugging Face ``architectures`` name in config.json
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.model:ArceeForCausalLM")
+{% elif cookiecutter.kind == "weight-format" %}
+
+@hookimpl
+def tallow_register_weight_formats(registry: Any) -> None:
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.npz_format:NpzFormat",
+                      priority=20)
+{% elif cookiecutter.kind == "quant-scheme" %}
+
+@hookimpl
+def tallow_register_quant_schemes(registry: Any) -> None:
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.scheme:RowInt8Scheme")
+{% elif cookiecutter.kind == "kv-codec" %}
+
+@hookimpl
+def tallow_register_kv_codecs(registry: Any) -> None:
+    # bits: what one K or V element takes, listed by `tallow plugins list`
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.codec:Float16KVCodec", bits=16)
+{% elif cookiecutter.kind == "attention-backend" %}
+
+@hookimpl
+def tallow_register_attention_backends(registry: Any) -> None:
+    # below the core's triton backend, above its torch reference (priority -100)
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.backend:DenseTorchBackend",
+                      priority=-50)
+{% elif cookiecutter.kind == "tool-provider" %}
+
+@hookimpl
+def tallow_register_tool_providers(registry: Any) -> None:
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.provider:ClockToolProvider")
+{% elif cookiecutter.kind == "routes" %}
+
+@hookimpl
+def tallow_register_routes(registry: Any) -> None:
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.routes:status_page",
+                      methods=("GET",))
+{% endif %}
 
 @hookimpl
 def tallow_configure(config: Any) -> None:

@@ -49,18 +49,29 @@ def lengths(n: int, fixed: int | None, lo: int | None, hi: int | None, seed: int
     return [fixed] * n
 
 
+def input_prompts(args: Any, vocab: int) -> tuple[list[int], list[list[int]]]:
+    """(lengths, token ids) of ``args.num_prompts`` random inputs of the ``--input-len`` /
+    ``--min-input-len``/``--max-input-len`` lengths: the same every run."""
+    in_lens = lengths(args.num_prompts, args.input_len, args.min_input_len,
+                      args.max_input_len, seed=10)
+    return in_lens, random_prompts(args.num_prompts, in_lens, vocab, seed=12)
+
+
 def build_config(args: Any) -> Any:
     from tallow.config import load_config
 
     return load_config(args)
 
 
-def build_engine(config: Any) -> Any:
+def build_engine(config: Any, queued: int = 0) -> Any:
     """The engine a benchmark measures, with the start-up heap frozen out of the garbage
-    collector as ``tallow serve`` does."""
+    collector as ``tallow serve`` does. ``queued``: requests the benchmark adds at once; the
+    waiting queue is widened to hold them (a server's limit guards against overload, which an
+    offline run is not)."""
     from tallow.engine.builder import freeze_startup_heap
     from tallow.engine.llm_engine import LLMEngine
 
+    config.scheduler.max_waiting = max(config.scheduler.max_waiting, queued)
     engine = LLMEngine.from_config(config)
     freeze_startup_heap()
     return engine

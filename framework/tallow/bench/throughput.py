@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from .common import (
-    build_engine, copy_bandwidth, gemm_flops, kv_capacity, kv_capacity_rows, lengths, now,
-    quantization, random_prompts, sync,
+    build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
+    lengths, now, quantization, random_prompts, sync,
 )
 
 
@@ -36,14 +36,12 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     # The card's own speed first, with nothing else allocated: H200s of one model differ by a
     # few percent in GEMM throughput, as much as the changes a run is meant to compare.
     card = _card_speed(resolve_device(config.model.device))
-    engine = build_engine(config)
+    engine = build_engine(config, queued=args.num_prompts)
     parts = engine.parts
     device = parts.loaded.device
-    vocab = parts.core.runner.vocab_size
     n = args.num_prompts
-    in_lens = lengths(n, args.input_len, args.min_input_len, args.max_input_len, seed=10)
+    in_lens, prompts = input_prompts(args, parts.core.runner.vocab_size)
     out_lens = lengths(n, args.output_len, args.min_output_len, args.max_output_len, seed=11)
-    prompts = random_prompts(n, in_lens, vocab, seed=12)
     warm_up(engine)
     sync(device)
     start = now()

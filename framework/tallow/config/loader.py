@@ -1,8 +1,10 @@
 """Merge the sources of settings and validate them once.
 
-Precedence, highest first: command-line flags, ``TALLOW_<SECTION>__<FIELD>`` environment
-variables, the YAML file (``--config`` or ``$TALLOW_CONFIG``), the defaults of the models. A
-setting replaces the lower layers' value whole (lists and mappings are not merged).
+Precedence, highest first: command-line flags or the keyword arguments of the Python API,
+``TALLOW_<SECTION>__<FIELD>`` environment variables, the YAML file (``--config``, the ``config=``
+argument, or ``$TALLOW_CONFIG``), the defaults of the models. A setting replaces the lower
+layers' value whole (lists and mappings are not merged). :func:`load_config` is the one place
+that layers them, for the ``tallow`` commands and for ``LLM()`` / ``AsyncEngine.create()``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import ValidationError
 
 from .cli_args import CONFIG_DEST, add_config_arguments, read_args
 from .errors import ConfigError, Problem, problems_from_validation
+from .keywords import read_keywords
 from .models import TallowConfig
 from .sources import Layer, read_env, read_file
 
@@ -51,6 +54,9 @@ def _validate(layers: Sequence[Layer]) -> TallowConfig:
     if problems:
         raise ConfigError(problems)
     assert config is not None
+    for key, origin in origins.items():
+        if len(key) == 2:
+            getattr(config, key[0])._origins[key[1]] = origin
     return config
 
 
@@ -70,14 +76,20 @@ def load_config(
     args: argparse.Namespace | Sequence[str] | None = None,
     env: Mapping[str, str] = os.environ,
     path: str | os.PathLike[str] | None = None,
+    *,
+    keywords: Mapping[str, Any] | None = None,
+    caller: str = "LLM()",
 ) -> TallowConfig:
-    """The effective configuration.
+    """The effective configuration: defaults < YAML file < environment < flags and keywords.
 
     ``args`` is a namespace parsed by a parser that went through :func:`add_config_arguments`
     (or a list of such command-line arguments); ``path`` names the YAML file and wins over
-    ``--config``, which wins over ``$TALLOW_CONFIG``. Raises :class:`ConfigError` listing every
-    problem (file, key path, value, what was expected).
+    ``--config``, which wins over ``$TALLOW_CONFIG``. ``keywords`` are the keyword arguments of
+    the Python API (:mod:`tallow.config.keywords`; ``caller`` names the function in messages).
+    Raises :class:`ConfigError` listing every problem (file, key path, value, what was
+    expected), and TypeError for a keyword that is not a setting.
     """
+    keyword_layer = read_keywords(keywords or {}, caller)
     if args is not None and not isinstance(args, argparse.Namespace):
         parser = argparse.ArgumentParser(prog="tallow", add_help=False)
         add_config_arguments(parser)
@@ -94,6 +106,7 @@ def load_config(
         layers.append(read_file(path))
     layers.append(read_env(env))
     layers.append(read_args(args))
+    layers.append(keyword_layer)
     return _validate(layers)
 
 

@@ -1,9 +1,11 @@
 """Every setting of tallow, as pydantic models: one section per concern, unknown keys refused.
 
 Each field carries its documentation (``description``) and, where the generated command-line
-flag is not simply ``--<field-name>``, the flag in ``json_schema_extra={"flag": ...}``. The CLI
-(:func:`tallow.config.add_config_arguments`), the environment scheme and
-``docs/configuration.md`` are all derived from these models, so a new setting is added here once.
+flag is not simply ``--<field-name>``, the flag in ``json_schema_extra={"flag": ...}`` (and
+where the keyword of ``LLM()`` is not the field's name, ``"keyword"``). The CLI
+(:func:`tallow.config.add_config_arguments`), the environment scheme, the keyword arguments of
+the Python API (:mod:`tallow.config.keywords`) and ``docs/configuration.md`` are all derived from
+these models, so a new setting is added here once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 import warnings
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -26,6 +28,28 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
 
+    # field → where its value came from, filled by tallow.config.load_config
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def setting_origin(self, name: str) -> str:
+        """Where the value of field ``name`` came from (``"env TALLOW_PLUGINS__DISABLE"``,
+        ``"file tallow.yaml"``, ``"flag --disable-plugin"``, ``"LLM() keyword plugins"``); empty
+        for a default or a value set in code after loading."""
+        return self._origins.get(name, "")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not name.startswith("_"):
+            self._origins.pop(name, None)  # set in code: the recorded source no longer holds
+
+    def __eq__(self, other: Any) -> bool:
+        # the recorded sources are bookkeeping, not part of a configuration's value
+        if not isinstance(other, Section):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's models
+
 
 class ModelConfig(Section):
     """Which model to serve and how to hold its weights."""
@@ -35,7 +59,7 @@ class ModelConfig(Section):
         description="Model to serve: a local directory, a GGUF file, a hub id, or a name a weight "
         "format claims (e.g. random:<arch>). None serves the embedded default model "
         "(Qwen2.5-Coder-0.5B-Instruct, GGUF).",
-        json_schema_extra=_flag("--model"),
+        json_schema_extra=_flag("--model", keyword="model"),
     )
     revision: Optional[str] = Field(None, description="Revision (branch, tag or commit) of a "
                                     "hub model.")
@@ -54,8 +78,10 @@ class ModelConfig(Section):
         "every format, highest priority first, whether it claims the source.")
     seed: int = Field(0, ge=0, description="Seed of the random number generators (sampling "
                       "without a per-request seed, random weights).")
-    tokenizer: Optional[str] = Field(None, description="Load the tokenizer from here instead of "
-                                     "from the model source.")
+    tokenizer: Optional[str] = Field(
+        None, description="Directory with a tokenizer.json (and, when present, "
+        "tokenizer_config.json, generation_config.json, chat_template.jinja) to use instead of "
+        "the model source's tokenizer; its token ids must fit the model's vocabulary.")
     isq: Optional[Literal["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
                           "q5_k", "q6_k"]] = Field(
         None, description="Quantize a float model's weights while it loads, layer by layer on "
@@ -63,6 +89,21 @@ class ModelConfig(Section):
         "tallow-quant-gguf); every matrix takes it, embedding and head included, except rows "
         "that are not whole blocks of it, which take llama.cpp's fallback type. None keeps "
         "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto", description="What the model is served for: generate (completions and chat) or "
+        "embed (/v1/embeddings, LLM.embed; each input computed whole in one step, nothing "
+        "cached after it). auto embeds with encoder-only models (BERT) and with model "
+        "directories that carry sentence-transformers files (modules.json), else generates.")
+    pooling: Literal["auto", "mean", "cls", "last"] = Field(
+        "auto", description="How an embedding is pooled from the hidden states of its tokens "
+        "(task embed): their mean, the first (CLS) token or the last token. auto: as the "
+        "model's sentence-transformers files say, else the model's own default (mean for "
+        "encoders, last token for decoders).")
+    normalize_embeddings: Optional[bool] = Field(
+        None, description="Scale embeddings to unit length (task embed). None: as the model's "
+        "sentence-transformers files say (a Normalize module), true when it has none. "
+        "Requests may ask for fewer dimensions only of normalized embeddings.")
 
     @field_validator("device")
     @classmethod

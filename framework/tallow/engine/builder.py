@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from tallow.kernels import kv_cache
 from tallow.plugin import Entry, SelectionError, select
 
+from . import embedding_setup
 from .core import EngineCore
+from .embedding import EmbeddingInfo
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
@@ -38,6 +41,23 @@ class EngineParts:
     kv_codec: str = "auto"
     #: what the cache of the chosen codec costs per token and holds
     kv_footprint: kv_cache.KVFootprint | None = None
+    #: "generate" or "embed"
+    task: str = "generate"
+    #: how the model's embeddings are made (task embed), else None
+    embedding: EmbeddingInfo | None = None
+
+
+def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
+                          settings: Mapping[str, Any], *, caller: str) -> Any:
+    """The configuration of an engine made from Python: the YAML file ``config`` (else
+    ``$TALLOW_CONFIG``), the ``TALLOW_*`` environment and the keyword ``settings`` (``model``
+    being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
+    from tallow.config import load_config
+
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"{caller} config= names a YAML file, got {type(config).__name__}; "
+                        "an engine for a TallowConfig is made with from_config(config)")
+    return load_config(path=config, keywords={"model": model, **settings}, caller=caller)
 
 
 class EngineFrontend:
@@ -52,6 +72,26 @@ class EngineFrontend:
         self.max_model_len = parts.max_model_len
         self.plugin_manager = parts.plugin_manager
         self.processor = OutputProcessor(parts.tokenizer)
+        #: "generate" or "embed": the requests this engine takes
+        self.task = parts.task
+        #: the served model's embeddings (task embed), else None
+        self.embedding = parts.embedding
+
+    @classmethod
+    def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
+        """The engine for a resolved configuration (a :class:`tallow.config.TallowConfig`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def create(cls, model: str | None = None, *,
+               config: str | os.PathLike[str] | None = None, plugin_manager: Any = None,
+               **settings: Any) -> Any:
+        """The engine for the configuration ``tallow serve`` would resolve with these keywords
+        as its flags: defaults < YAML (``config=`` or ``$TALLOW_CONFIG``) < ``TALLOW_*``
+        environment < keywords (the keywords of :class:`tallow.LLM`)."""
+        resolved = resolve_engine_config(model, config, settings,
+                                         caller=f"{cls.__name__}.create()")
+        return cls.from_config(resolved, plugin_manager)
 
 
 def model_source(config: Any) -> tuple[str, str]:
@@ -63,6 +103,23 @@ def model_source(config: Any) -> tuple[str, str]:
         return str(default_model_path()), config.model.served_model_name or DEFAULT_MODEL_NAME
     name = config.model.served_model_name or source
     return source, name
+
+
+def load_tokenizer(config: Any, checkpoint: Any, model_vocab: int | None) -> Tokenizer:
+    """The tokenizer of ``model.tokenizer`` when it is set, else the checkpoint's. One from
+    elsewhere must not produce ids the model has no embedding for."""
+    path = config.model.tokenizer
+    if not path:
+        return Tokenizer.from_checkpoint(checkpoint)
+    tokenizer = Tokenizer.from_directory(path)
+    origin = config.model.setting_origin("tokenizer")
+    if model_vocab and tokenizer.vocab_size > int(model_vocab):
+        raise ValueError(
+            f"model.tokenizer {path!r}{f' (from {origin})' if origin else ''}: the tokenizer has "
+            f"{tokenizer.vocab_size} tokens but the model's vocabulary has {model_vocab}; "
+            "expected the tokenizer of this model")
+    log.info("tokenizer: %s (model.tokenizer) instead of the model source's", path)
+    return tokenizer
 
 
 def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
@@ -195,11 +252,18 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
-                        isq=config.model.isq)
-    tokenizer = Tokenizer.from_checkpoint(loaded.checkpoint)
+                        isq=config.model.isq, task=config.model.task)
     arch = loaded.config.text
-    max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
-                        or 4096)
+    tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
+    embed = loaded.task == "embed"
+    embedding = embedding_setup.embedding_info(config, loaded) if embed else None
+    step_tokens = config.scheduler.max_num_batched_tokens
+    if embed:
+        max_model_len = embedding_setup.embedding_max_model_len(config, loaded)
+        step_tokens = embedding_setup.step_token_budget(config, max_model_len)
+    else:
+        max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
+                            or 4096)
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()(config)
     block_size = config.cache.block_size
@@ -209,6 +273,9 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
                               block_size=block_size, model_dtype=loaded.dtype)
     num_blocks = kv_budget_blocks(config, loaded, cost.bytes_per_block, max_model_len,
                                   cost.fixed_bytes)
+    if embed:
+        num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
+                                                   max_model_len)
     log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
              "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
              cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
@@ -219,6 +286,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         block_size=block_size, attention_backend=backend, vocab_size=vocab,
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
+        pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
     )
     if codec.calibrated:
         from .kv_calibration import calibrate_kv_codec
@@ -231,22 +299,25 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         started = time.perf_counter()
         warm_up_backend([a.layer for a in runner.layers], runner.kv_caches, loaded.dtype)
         log.info("attention backend warmed up in %.1fs", time.perf_counter() - started)
-    if device.type == "cuda" and not config.runner.disable_cuda_graph and getattr(
+    # embedding steps are never decode steps: nothing to capture
+    if device.type == "cuda" and not embed and not config.runner.disable_cuda_graph and getattr(
             backend, "supports_cuda_graph", False):
         from .cuda_graphs import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
+    # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
     block_manager = BlockManager(num_blocks, block_size,
-                                 enable_prefix_caching=config.cache.enable_prefix_caching)
+                                 enable_prefix_caching=config.cache.enable_prefix_caching
+                                 and not embed)
     scheduler = Scheduler(
         block_manager, max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_batched_tokens=step_tokens,
         prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
         policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling)
+                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.
@@ -254,4 +325,5 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         core.warm_up()
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
-                       backend_entry.name, codec_entry.name, cost)
+                       backend_entry.name, kv_codec=codec_entry.name, kv_footprint=cost,
+                       task=loaded.task, embedding=embedding)

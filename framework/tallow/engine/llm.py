@@ -2,57 +2,52 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable, Sequence
 
+from tallow.config import TallowConfig, load_config
+
+from .builder import resolve_engine_config
+from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-# Flat keyword → (section, field) of the configuration, for LLM(**kwargs).
-_FLAT_KEYS = {
-    "model": ("model", "source"), "dtype": ("model", "dtype"), "device": ("model", "device"),
-    "revision": ("model", "revision"), "max_model_len": ("model", "max_model_len"),
-    "seed": ("model", "seed"), "served_model_name": ("model", "served_model_name"),
-    "weight_format": ("model", "weight_format"), "isq": ("model", "isq"),
-    "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
-    "kv_fraction": ("cache", "kv_fraction"), "mem_mb": ("cache", "mem_mb"),
-    "kv_codec": ("cache", "kv_codec"),
-    "enable_prefix_caching": ("cache", "enable_prefix_caching"),
-    "max_num_seqs": ("scheduler", "max_num_seqs"),
-    "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
-    "prefill_chunk_size": ("scheduler", "prefill_chunk_size"),
-    "policy": ("scheduler", "policy"),
-    "async_scheduling": ("scheduler", "async_scheduling"),
-    "attention_backend": ("runner", "attention_backend"),
-    "disable_cuda_graph": ("runner", "disable_cuda_graph"),
-    "max_cuda_graph_batch": ("runner", "max_cuda_graph_batch"),
-}
 
-
-def config_from_kwargs(**kwargs: Any) -> Any:
-    from tallow.config import config_from_mapping
-
-    nested: dict[str, dict[str, Any]] = {}
-    for key, value in kwargs.items():
-        if key not in _FLAT_KEYS:
-            raise TypeError(f"LLM() got an unexpected keyword argument {key!r} "
-                            f"(known: {', '.join(sorted(_FLAT_KEYS))})")
-        section, name = _FLAT_KEYS[key]
-        nested.setdefault(section, {})[name] = value
-    return config_from_mapping(nested, origin="LLM() arguments")
+def config_from_kwargs(**kwargs: Any) -> TallowConfig:
+    """The configuration that ``kwargs`` (the keywords of :class:`LLM`) give on their own, with
+    no file and no environment: for tests and embedders that must not depend on the process's
+    environment. :class:`LLM` itself layers them over the file and the environment."""
+    return load_config(env={}, keywords=kwargs, caller="config_from_kwargs()")
 
 
 class LLM:
     """Generate from a local model: ``LLM(model="path/or/id").generate(prompts, params)``.
 
-    With no ``model``, the embedded default model is used. Other keywords are engine settings
-    (``dtype``, ``device``, ``max_model_len``, ``block_size``, ``prefill_chunk_size``, ...).
+    The configuration is resolved as ``tallow serve`` resolves it: the defaults, then the YAML
+    file (``config=``, else ``$TALLOW_CONFIG``), then ``TALLOW_<SECTION>__<FIELD>`` environment
+    variables, then the keyword arguments. Every setting is a keyword
+    (:mod:`tallow.config.keywords`): ``model`` (the source; None: the embedded default model),
+    the other fields of the model, cache, scheduler, runner and server sections by name
+    (``dtype``, ``device``, ``max_model_len``, ``tokenizer``, ``block_size``, ``kv_codec``,
+    ``max_num_seqs``, ...), and the other sections whole (``plugins={"disable": [...]}``). A
+    keyword left at None leaves its setting to the lower sources; an unknown one is a TypeError.
+    ``plugin_manager`` replaces the plugins the configuration would load.
     """
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        config = config_from_kwargs(model=model, **kwargs)
-        self.engine = LLMEngine.from_config(config)
-        self.config = config
+    def __init__(self, model: str | None = None, *, config: str | os.PathLike[str] | None = None,
+                 plugin_manager: Any = None, **settings: Any) -> None:
+        self.config = resolve_engine_config(model, config, settings, caller="LLM()")
+        self.engine = LLMEngine.from_config(self.config, plugin_manager)
+
+    @classmethod
+    def from_config(cls, config: TallowConfig, plugin_manager: Any = None) -> "LLM":
+        """An ``LLM`` for an already resolved configuration, used as it is (no file, no
+        environment, no keywords)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm.engine = LLMEngine.from_config(config, plugin_manager)
+        return llm
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
@@ -71,21 +66,57 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} "
                              "prompts")
-        ids = []
+        return self._run([(prompt, p, priority[i] if priority else 0)
+                          for i, (prompt, p) in enumerate(zip(prompts, plist))])
+
+    def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
+              dimensions: int | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
+        """Embeddings of ``inputs`` (texts or token-id lists), in their order, all in the
+        engine at once; needs an engine built to embed (``task="embed"``, or an embedding
+        model). ``dimensions`` shortens the vectors and ``truncate_prompt_tokens`` cuts
+        inputs longer than the model accepts, as for ``POST /v1/embeddings``
+        (:mod:`tallow.engine.embedding`)."""
+        info = self.engine.embedding
+        if info is None:
+            raise ValueError(f"LLM.embed(): this engine serves {self.engine.model_name} for the "
+                             f"{self.engine.task!r} task; load an embedding model, or pass "
+                             "task='embed'")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
+                                       and isinstance(inputs[0], int)):
+            inputs = [inputs]  # type: ignore[list-item]
+        problem = info.dimensions_problem(dimensions)
+        if problem:
+            raise ValueError(f"LLM.embed(): dimensions: {problem}")
+        limit = self.engine.max_model_len
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            truncate_to = truncation_length(truncate_prompt_tokens, limit)
+        except ValueError as exc:
+            raise ValueError(f"LLM.embed(): truncate_prompt_tokens: {exc}") from None
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for i, item in enumerate(inputs):
+            try:
+                prompts.append(input_token_ids(tokenizer, info, item, limit, truncate_to))
+            except ValueError as exc:
+                raise ValueError(f"LLM.embed(): inputs[{i}]: {exc}") from None
+        params = PoolingParams(dimensions)
+        return self._run([(prompt, params, 0) for prompt in prompts])
+
+    def _run(self, requests: list[tuple[Any, Any, int]]) -> list[Any]:
+        """Add every ``(prompt, params, priority)`` (none, if one is refused), run the engine
+        until all are done and return their final outputs in order."""
+        ids: list[str] = []
+        try:
+            for prompt, params, priority in requests:
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p, stream=False,
-                                        priority=priority[i] if priority else 0)
+                self.engine.add_request(rid, prompt, params, stream=False, priority=priority)
                 ids.append(rid)
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)
             raise
-        return self._run(ids)
-
-    def _run(self, ids: list[str]) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
+        done: dict[str, Any] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 if out.finished:

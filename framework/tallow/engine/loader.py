@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from tallow.layers import ArchConfig, BuildContext
-from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError
+from tallow.plugin import (
+    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, SelectionError,
+)
 
 from .checkpoint_check import check_config_against_tensors
 
@@ -65,10 +67,11 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
                 return entry
         except Exception as exc:  # a broken format must not hide the others
             log.warning("weight format %s failed to inspect %s: %s", entry.name, source, exc)
-    known = ", ".join(formats.names()) or "none installed"
+    known = ", ".join(formats.names()) or "none loaded"
     raise SelectionError(f"no weight format recognises the model source {source!r} "
                          f"(formats: {known}); expected a .gguf file, a directory with "
-                         "config.json and *.safetensors, or a Hugging Face id 'org/name'")
+                         "config.json and *.safetensors, or a Hugging Face id 'org/name'"
+                         + formats.missing_hint())
 
 
 def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:
@@ -91,10 +94,18 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         config.setdefault("architectures", [entry.name])
         return entry, config
     if arch not in registries.architectures:
-        known = ", ".join(sorted(registries.architectures.names())) or "none installed"
+        known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
-                             f"(installed: {known})")
-    return registries.architectures.entry(arch), config
+                             f"(loaded: {known})" + registries.architectures.missing_hint(arch))
+    entry = registries.architectures.entry(arch)
+    refine = getattr(entry.load(), "config_from_hf", None)
+    if refine is not None:
+        try:
+            config = refine(config)
+        except ValueError as exc:  # the model class names the key, not the file
+            raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                 str(exc)) from None
+    return entry, config
 
 
 def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
@@ -126,14 +137,17 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
     if needed:
         if needed not in schemes:
             log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
-                     "enabled: dequantizing them at load", checkpoint.source, needed, needed)
+                     "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
+                     schemes.missing_hint(needed))
             return None
         entry = schemes.entry(needed)
         try:
             cls = entry.load()
             reasons = _scheme_refusals(cls, config, device)
-        except Exception as exc:  # an unusable scheme must not stop a model that can load
-            reasons = [f"cannot import {entry.target}: {type(exc).__name__}: {exc}"]
+        except ComponentLoadError as exc:  # an unusable scheme must not stop a model that
+            reasons = [str(exc)]  # can load
+        except Exception as exc:
+            reasons = [f"{type(exc).__name__}: {exc}"]
         if reasons:
             log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
                      "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
@@ -156,10 +170,11 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
                      entry.name, entry.distribution, isq)
             return cls(config, isq=isq)
         log.info("quant scheme %s cannot quantize to %s: %s", entry.name, isq, "; ".join(reasons))
-    known = ", ".join(schemes.names()) or "none installed"
+    known = ", ".join(schemes.names()) or "none loaded"
     why = "those that offer it refused" if offered else f"quant schemes: {known}"
     raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
-                         f"({why}; tallow-quant-gguf provides the GGML types)")
+                         f"({why}; tallow-quant-gguf provides the GGML types)"
+                         + schemes.missing_hint())
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -175,6 +190,22 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def resolve_task(requested: str | None, entry: Entry, checkpoint: Checkpoint) -> str:
+    """What the model is served for: ``requested`` (``model.task``) when the architecture
+    offers it; for ``auto``, embed for an architecture that cannot generate (an encoder) or a
+    checkpoint whose files describe its embeddings (sentence-transformers), else generate."""
+    cls = entry.load()
+    tasks = tuple(getattr(cls, "tasks", ("generate",)))
+    if requested in (None, "auto"):
+        if "generate" not in tasks or (checkpoint.embedding is not None and "embed" in tasks):
+            return "embed" if "embed" in tasks else tasks[0]
+        return "generate"
+    if requested not in tasks:
+        raise SelectionError(f"model.task {requested!r}: architecture {entry.name} (from "
+                             f"{entry.distribution}) serves {', '.join(tasks)}")
+    return requested
+
+
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
@@ -187,15 +218,18 @@ class LoadedModel:
     quant: Any = None
     #: device memory of the model's parameters and buffers
     weight_bytes: int = 0
+    #: what the model was built for: "generate" or "embed"
+    task: str = "generate"
 
 
 def load_model(registries: Registries, source: str, *, device: torch.device,
                dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
                revision: str | None = None, quant: Any = None, config: Any = None,
-               isq: str | None = None) -> LoadedModel:
+               isq: str | None = None, task: str | None = "auto") -> LoadedModel:
     """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;
     without it the scheme follows the checkpoint and ``isq`` (:func:`choose_quant_scheme`,
-    ``config`` being what schemes validate and read their settings from)."""
+    ``config`` being what schemes validate and read their settings from). ``task`` is
+    ``model.task`` (:func:`resolve_task`)."""
     fmt = choose_weight_format(registries, source, weight_format).load()()
     checkpoint = fmt.load(source, revision=revision)
     entry, config_dict = resolve_architecture(registries, checkpoint)
@@ -207,9 +241,11 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
         quant = choose_quant_scheme(registries, checkpoint, device=device, config=config,
                                     isq=isq)
     cls = entry.load()
+    resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
     with torch.device(device):
-        model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant))
+        model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
+                                           task=resolved_task))
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         from .random_model import initialize_random
@@ -233,4 +269,5 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     summary = getattr(quant, "summary", None)
     log.info("weights: %.2f GiB on %s%s", nbytes / 2**30, device,
              f" ({summary()})" if summary is not None else "")
-    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes)
+    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes,
+                       resolved_task)

@@ -14,7 +14,8 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
-  (for plugins whose kernels follow the same rule).
+  (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
+  run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
 
 The paged KV cache is owned by :mod:`tallow.kernels.kv_cache` (layouts, allocation, block
 copy, capacity, the dtype rules of 8-bit caches); :mod:`tallow.kernels.kv_cast` holds the
@@ -22,14 +23,14 @@ codecs that cast (``auto`` and the base of fp8); :mod:`tallow.kernels.attention_
 paged-attention reference, which reads any codec's cache through the codec's ``decode``.
 """
 
-from ._dispatch import triton_enabled
+from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
 from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
-    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref",
+    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "interpreting",
     "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
     "silu_and_mul_ref", "triton_enabled",
 ]

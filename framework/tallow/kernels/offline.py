@@ -54,9 +54,7 @@ def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[s
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
-def resource_usage(compiled: Any) -> dict[str, int]:
-    """Registers (``REG``), stack and local memory bytes (``STACK``, ``LOCAL``: non-zero means
-    spills) of a compiled kernel, as ``cuobjdump`` reports them."""
+def _cuobjdump(compiled: Any, flag: str) -> str:
     import triton
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
@@ -64,9 +62,43 @@ def resource_usage(compiled: Any) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run([cuobjdump, flag, f.name], check=True, capture_output=True,
+                              text=True).stdout
+
+
+def resource_usage(compiled: Any) -> dict[str, int]:
+    """Registers (``REG``), stack and local memory bytes (``STACK``, ``LOCAL``: non-zero means
+    spills) of a compiled kernel, as ``cuobjdump`` reports them."""
+    text = _cuobjdump(compiled, "--dump-resource-usage")
     return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", text)}
+
+
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
+
+
+def sass_loops(compiled: Any) -> list[list[str]]:
+    """The machine instructions (SASS, as ``cuobjdump -sass`` prints them) of each loop of a
+    compiled kernel: the instructions from a backward branch's target to the branch, longest
+    loop first. Tests count what a kernel spends per iteration with it."""
+    lines = []
+    for line in _cuobjdump(compiled, "-sass").splitlines():
+        m = _SASS_LINE.match(line)
+        if m:
+            lines.append((int(m.group(1), 16), m.group(2)))
+    index = {address: i for i, (address, _) in enumerate(lines)}
+    loops = []
+    for i, (address, text) in enumerate(lines):
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) <= address and int(m.group(1), 16) in index:
+            loops.append([t for _, t in lines[index[int(m.group(1), 16)]:i + 1]])
+    return sorted(loops, key=len, reverse=True)
+
+
+def opcode(instruction: str) -> str:
+    """The opcode of a SASS instruction without its predicate and modifiers (``LOP3``,
+    ``FFMA``, ``LDG``...)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
 
 
 def pdl_order(ptx: str) -> tuple[int, int]:

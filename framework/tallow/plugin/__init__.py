@@ -9,6 +9,8 @@ from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
     ToolProvider, ToolResult, WeightFormat,
 )
+from .embedding_spec import EmbeddingSpec
+from .errors import ComponentLoadError, PluginError, PluginLoadError
 from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
 from .registry import (
@@ -26,7 +28,8 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec", "KVTensor",
+    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme",
+    "KVCodec", "KVTensor",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
@@ -35,4 +38,5 @@ __all__ = [
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
     "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
+    "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

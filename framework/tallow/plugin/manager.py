@@ -28,7 +28,6 @@ import importlib.metadata as metadata
 import logging
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -38,8 +37,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import hookspecs
+from .errors import PluginError, PluginLoadError
+from .errors import describe_exception as _describe
 from .hookspecs import PROJECT
 from .registry import Registries, registering_as
+from .target_check import target_problems
+from .unloaded import UnloadedPlugins
 
 log = logging.getLogger("tallow.plugin")
 
@@ -49,28 +52,14 @@ CORE_MODULE = "tallow.builtins"
 ENV_PLUGINS = "TALLOW_PLUGINS"
 ENV_TRACE = "TALLOW_TRACE_HOOKS"
 REGISTRATION_PREFIX = "tallow_register_"
+#: statuses of a plugin whose hooks and components are in the manager
+_LOADED = ("ok", "broken")
 
 #: every hook tallow declares, in declaration order
 HOOK_NAMES: tuple[str, ...] = tuple(
     name for name, obj in vars(hookspecs).items()
     if name.startswith("tallow_") and callable(obj) and hasattr(obj, f"{PROJECT}_spec")
 )
-
-
-class PluginError(RuntimeError):
-    """The plugins cannot be set up as configured; start-up stops."""
-
-
-class PluginLoadError(PluginError):
-    """An enabled or required plugin failed to import or register."""
-
-    def __init__(self, message: str, *, distribution: str, version: str, entry_point: str,
-                 cause: BaseException) -> None:
-        super().__init__(message)
-        self.distribution = distribution
-        self.version = version
-        self.entry_point = entry_point
-        self.cause = cause
 
 
 class HookNameError(PluginError):
@@ -81,10 +70,11 @@ class HookNameError(PluginError):
 class PluginStatus:
     """What happened to one plugin distribution.
 
-    ``status`` is ``"ok"``, ``"failed"`` (``reason`` holds the error) or ``"disabled"``
-    (``reason`` says which setting left it out). ``mode`` says why it was loaded: ``builtin``,
-    ``required``, ``enabled`` or ``autoload`` (empty when disabled). ``components`` maps each
-    kind to the names this distribution registered.
+    ``status`` is ``"ok"``, ``"failed"`` (``reason`` holds the error), ``"disabled"``
+    (``reason`` says which setting left it out) or ``"broken"`` (it loaded, but a registered
+    ``"module:attr"`` target does not resolve: :meth:`PluginManager.check_targets`). ``mode``
+    says why it was loaded: ``builtin``, ``required``, ``enabled`` or ``autoload`` (empty when
+    disabled). ``components`` maps each kind to the names this distribution registered.
     """
 
     name: str
@@ -192,6 +182,9 @@ class PluginManager:
         self.pluggy.add_hookspecs(hookspecs)
         self.registries = Registries()
         self.hook = HookRelay(self)
+        #: the discovered plugins that did not load, for "installed but disabled" messages
+        self.unloaded = UnloadedPlugins()
+        self.registries.explain_unloaded_with(self.unloaded.explain)
         self._records: dict[str, _Record] = {}
         self._shutdown_done = False
         if trace is None:
@@ -217,16 +210,19 @@ class PluginManager:
         return self._load(candidate.name, candidate.version, candidate.label,
                           candidate.entry_point.load, mode=mode, fatal=fatal)
 
-    def record_disabled(self, candidate: Candidate, reason: str) -> PluginStatus:
-        """Note a discovered plugin that was not loaded, and why."""
+    def record_disabled(self, candidate: Candidate, reason: str,
+                        enable: str = "") -> PluginStatus:
+        """Note a discovered plugin that was not loaded, why (``reason``), and how to load it
+        (``enable``, for messages about a component it provides)."""
         record = _Record(candidate.name, candidate.version, candidate.label, "disabled", reason)
         self._records[canonical(candidate.name)] = record
+        self.unloaded.disabled(canonical(candidate.name), candidate, reason, enable)
         return self._status(record)
 
     def _load(self, name: str, version: str, label: str, importer: Callable[[], Any], *,
               mode: str, fatal: bool) -> PluginStatus:
         key = canonical(name)
-        if key in self._records and self._records[key].status == "ok":
+        if key in self._records and self._records[key].status in _LOADED:
             raise PluginError(f"plugin {name} is already loaded")
         marks = self.registries.mark()
         plugin: Any = None
@@ -236,7 +232,7 @@ class PluginManager:
             self.pluggy.register(plugin, name=name)
             self._check_pending_for(plugin, name)
             implemented = {c.name for c in self.pluggy.get_hookcallers(plugin) or []}
-            with registering_as(name, version):
+            with registering_as(name, version, label):
                 for hook_name in HOOK_NAMES:
                     if hook_name.startswith(REGISTRATION_PREFIX) and hook_name in implemented:
                         registry = getattr(self.registries, hook_name[len(REGISTRATION_PREFIX):])
@@ -247,6 +243,7 @@ class PluginManager:
                 self.pluggy.unregister(plugin)
             reason = _describe(exc)
             self._records[key] = _Record(name, version, label, "failed", reason, mode)
+            self.unloaded.failed(key, name, version, reason)
             if fatal:
                 why = {"required": "it is required (plugins.require)",
                        "builtin": "it is part of the core"}.get(
@@ -261,6 +258,7 @@ class PluginManager:
                         name, version, label, reason)
         else:
             self._records[key] = _Record(name, version, label, "ok", "", mode, plugin)
+            self.unloaded.loaded(key)
             log.debug("plugin %s %s loaded (%s)", name, version, mode)
         return self._status(self._records[key])
 
@@ -351,35 +349,31 @@ class PluginManager:
     def loaded(self) -> dict[str, str]:
         """Distribution → version of every plugin that loaded (the core included): what a
         worker process must load to match this one (:func:`load_pinned_plugins`)."""
-        return {r.name: r.version for r in self._records.values() if r.status == "ok"}
+        return {r.name: r.version for r in self._records.values() if r.status in _LOADED}
+
+    def check_targets(self, *, import_them: bool = False) -> None:
+        """Resolve every lazy target of the loaded plugins; a plugin with a target that does not
+        resolve gets status ``broken``, its reason naming each such component, its target and
+        what is wrong. Without ``import_them`` the targets are found without importing them
+        (:func:`tallow.plugin.target_check.target_problem`: no torch, no GPU); with it each is
+        imported, which also catches a missing dependency."""
+        for record in self._records.values():
+            if record.status != "ok":
+                continue
+            problems = target_problems(self.registries, record.name, import_them=import_them)
+            if problems:
+                record.status = "broken"
+                record.reason = "; ".join(problems)
 
     def _status(self, record: _Record) -> PluginStatus:
         return PluginStatus(record.name, record.version, record.entry_point, record.status,
                             record.reason, record.mode,
-                            self.registries.owned_by(record.name) if record.status == "ok"
-                            else {})
+                            self.registries.owned_by(record.name)
+                            if record.status in _LOADED else {})
 
 
 def _object_label(plugin: Any) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__qualname__
-
-
-_PLUGIN_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_PLUGGY_DIR = os.path.dirname(os.path.abspath(pluggy.__file__))
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message (raised at file:line)``, the location being the deepest frame in the
-    plugin's own code (not tallow's plugin machinery, pluggy or the import system)."""
-    where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        path = os.path.abspath(frame.filename)
-        if (frame.filename.startswith("<") or path.startswith(_PLUGIN_PACKAGE_DIR)
-                or path.startswith(_PLUGGY_DIR)):
-            continue
-        where = f" (raised at {frame.filename}:{frame.lineno})"
-        break
-    return f"{type(exc).__name__}: {exc}{where}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,9 +407,11 @@ def discover(entry_points: Iterable[metadata.EntryPoint] | None = None) -> list[
 
 @dataclass(frozen=True)
 class Plan:
-    """For each candidate: the mode it loads in (None: not loaded) and why."""
+    """For each candidate: the mode it loads in (None: not loaded) and why; ``advice`` says,
+    per canonical name of one left out, how to load it."""
 
     items: list[tuple[Candidate, str | None, str]]
+    advice: dict[str, str] = field(default_factory=dict)
 
 
 def plan_plugins(candidates: list[Candidate], plugins_config: Any,
@@ -480,23 +476,39 @@ def plan_plugins(candidates: list[Candidate], plugins_config: Any,
                           + "\n  - ".join(problems))
 
     items: list[tuple[Candidate, str | None, str]] = []
+    advice: dict[str, str] = {}
     for cand in candidates:
         n = canonical(cand.name)
         if n in requirements:
             items.append((cand, "required", ""))
         elif env_list is not None:
-            items.append((cand, "enabled", "") if n in listed else
-                         (cand, None, f"not listed in {ENV_PLUGINS}={env_list!r}"))
+            if n in listed:
+                items.append((cand, "enabled", ""))
+            else:
+                items.append((cand, None, f"not listed in {ENV_PLUGINS}={env_list!r}"))
+                advice[n] = f"add it to {ENV_PLUGINS}, or unset {ENV_PLUGINS}, to load it"
         elif n in disable:
-            items.append((cand, None, "disabled by plugins.disable"))
+            items.append((cand, None, "disabled by plugins.disable"
+                          + _origin(plugins_config, "disable")))
+            advice[n] = "take it out of plugins.disable to load it"
         elif n in enable:
             items.append((cand, "enabled", ""))
         elif autoload:
             items.append((cand, "autoload", ""))
         else:
-            items.append((cand, None, "plugins.autoload is off and it is not in "
-                                      "plugins.enable"))
-    return Plan(items)
+            items.append((cand, None, "plugins.autoload is off"
+                          + _origin(plugins_config, "autoload")
+                          + " and it is not in plugins.enable"))
+            advice[n] = "add it to plugins.enable (or turn plugins.autoload on) to load it"
+    return Plan(items, advice)
+
+
+def _origin(plugins_config: Any, name: str) -> str:
+    """`` (from env TALLOW_PLUGINS__DISABLE)``: where the setting ``name`` came from, when the
+    configuration recorded it (:meth:`tallow.config.models.Section.setting_origin`)."""
+    origin_of = getattr(plugins_config, "setting_origin", None)
+    origin = origin_of(name) if callable(origin_of) else ""
+    return f" (from {origin})" if origin else ""
 
 
 def _satisfies(version: str, req: Requirement) -> bool:
@@ -536,7 +548,7 @@ def load_plugins(plugins_config: Any = None, *, env: Mapping[str, str] = os.envi
     plan = plan_plugins(discover(entry_points), config, env)
     for candidate, mode, reason in plan.items:
         if mode is None:
-            pm.record_disabled(candidate, reason)
+            pm.record_disabled(candidate, reason, plan.advice.get(canonical(candidate.name), ""))
         else:
             pm.load_candidate(candidate, mode=mode, fatal=mode != "autoload")
     pm.check_pending()

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .errors import ComponentLoadError, describe_exception, missing_attribute
+
 log = logging.getLogger("tallow.plugin")
 
 
@@ -33,13 +35,20 @@ class Entry:
     priority: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
     _loaded: Any = field(default=None, repr=False)
+    #: the entry point of the plugin that registered it (``name = module``), when known
+    entry_point: str = ""
 
     @property
     def lazy(self) -> bool:
         return isinstance(self.target, str)
 
     def load(self) -> Any:
-        """Import the target (once) and return the object it names."""
+        """Import the target (once) and return the object it names.
+
+        A target that cannot be imported or resolved raises
+        :class:`~tallow.plugin.ComponentLoadError` naming the plugin (distribution, version,
+        entry point), the target and what failed.
+        """
         if self._loaded is not None:
             return self._loaded
         if not isinstance(self.target, str):
@@ -47,15 +56,28 @@ class Entry:
             return self._loaded
         module_name, sep, attr = self.target.partition(":")
         if not sep or not module_name or not attr:
-            raise RegistryError(
-                f"{self.kind} {self.name!r} from {self.distribution}: target {self.target!r} "
-                "is not of the form 'module:attr'"
-            )
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+            detail = "it is not of the form 'module:attr'"
+            raise self._load_error(ValueError(detail), detail)
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except Exception as exc:
+            raise self._load_error(exc, describe_exception(exc)) from exc
+        parts = attr.split(".")
+        for depth, part in enumerate(parts):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError as exc:
+                where = (f"{module_name}:{'.'.join(parts[:depth])}" if depth
+                         else f"module {module_name}")
+                raise self._load_error(exc, missing_attribute(where, part, dir(obj))) from exc
         self._loaded = obj
         return obj
+
+    def _load_error(self, cause: BaseException, detail: str) -> ComponentLoadError:
+        return ComponentLoadError(
+            kind=self.kind, component=self.name, target=str(self.target), detail=detail,
+            distribution=self.distribution, version=self.version,
+            entry_point=self.entry_point, cause=cause)
 
     def describe(self) -> dict[str, Any]:
         target = self.target if isinstance(self.target, str) else _qualname(self.target)
@@ -78,21 +100,23 @@ def _qualname(obj: Any) -> str:
 
 # The distribution currently registering. The plugin manager sets it around each plugin's
 # registration hooks; direct calls (tests, the core itself) fall back to "<unknown>"/"tallow".
-_current_owner: list[tuple[str, str]] = []
+_current_owner: list[tuple[str, str, str]] = []
 
 
 @contextmanager
-def registering_as(distribution: str, version: str = "") -> Iterator[None]:
-    """Attribute every registration made inside the block to ``distribution``."""
-    _current_owner.append((distribution, version))
+def registering_as(distribution: str, version: str = "",
+                   entry_point: str = "") -> Iterator[None]:
+    """Attribute every registration made inside the block to ``distribution`` (``version``,
+    and the ``entry_point`` it was loaded from, for messages)."""
+    _current_owner.append((distribution, version, entry_point))
     try:
         yield
     finally:
         _current_owner.pop()
 
 
-def _owner() -> tuple[str, str]:
-    return _current_owner[-1] if _current_owner else ("<unknown>", "")
+def _owner() -> tuple[str, str, str]:
+    return _current_owner[-1] if _current_owner else ("<unknown>", "", "")
 
 
 class Registry:
@@ -108,6 +132,9 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         # Journal of mutations, so the plugin manager can roll back a failing plugin.
         self._journal: list[tuple[str, Entry | None]] = []
+        #: set by the plugin manager: (kind, match) → what installed plugins that did not load
+        #: would provide (see :meth:`missing_hint`)
+        self.explain_unloaded: Callable[[str, Callable[[Entry], bool] | None], str] | None = None
 
     # -- registration -------------------------------------------------------------------
     def register(
@@ -126,11 +153,11 @@ class Registry:
         """
         if not isinstance(name, str) or not name:
             raise RegistryError(f"{self.kind}: a name must be a non-empty string, got {name!r}")
-        if isinstance(target, str) and ":" not in target:
+        if isinstance(target, str) and not all(target.partition(":")):
             raise RegistryError(
                 f"{self.kind} {name!r}: target {target!r} is not of the form 'module:attr'"
             )
-        dist, version = _owner()
+        dist, version, entry_point = _owner()
         previous = self._entries.get(name)
         if previous is not None:
             if not override:
@@ -144,7 +171,8 @@ class Registry:
                 "%s %r registered by %s is overridden by %s", self.kind, name,
                 previous.distribution, dist,
             )
-        entry = Entry(self.kind, name, target, dist, version, priority, dict(meta))
+        entry = Entry(self.kind, name, target, dist, version, priority, dict(meta),
+                      entry_point=entry_point)
         self._journal.append((name, previous))
         self._entries[name] = entry
         return entry
@@ -185,7 +213,21 @@ class Registry:
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "none"
-            raise RegistryError(f"unknown {self.kind} {name!r} (registered: {known})") from None
+            raise RegistryError(f"unknown {self.kind} {name!r} (registered: {known})"
+                                + self.missing_hint(name)) from None
+
+    def missing_hint(self, name: str | None = None, *,
+                     match: Callable[[Entry], bool] | None = None) -> str:
+        """``"; plugin tallow-x 0.1 provides ... but is installed and not loaded: disabled by
+        plugins.disable ...; take it out ..."`` when an installed plugin that was left out (or
+        failed to load) may provide the component ``name`` (or one ``match`` accepts; neither:
+        any of this kind), else ``""``. For the end of a lookup's error message."""
+        if self.explain_unloaded is None:
+            return ""
+        if match is None and name is not None:
+            match = lambda entry: entry.name == name  # noqa: E731
+        text = self.explain_unloaded(self.kind, match)
+        return f"; {text}" if text else ""
 
     def get(self, name: str) -> Any:
         """The loaded component registered under ``name``."""
@@ -217,9 +259,10 @@ class ArchitectureRegistry(Registry):
             if gguf_arch in entry.meta.get("gguf", ()):
                 return entry
         known = sorted({g for e in self for g in e.meta.get("gguf", ())})
+        hint = self.missing_hint(match=lambda e: gguf_arch in e.meta.get("gguf", ()))
         raise RegistryError(
             f"no architecture plugin handles GGUF architecture {gguf_arch!r} "
-            f"(known: {', '.join(known) or 'none'})"
+            f"(known: {', '.join(known) or 'none'}){hint}"
         )
 
 
@@ -312,6 +355,13 @@ class Registries:
         self.tool_parsers = ToolParserRegistry()
         self.tool_providers = ToolProviderRegistry()
         self.routes = RouteRegistry()
+
+    def explain_unloaded_with(
+            self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
+        """Let every registry's lookup errors say what left-out plugins provide
+        (:meth:`Registry.missing_hint`)."""
+        for registry in self.all():
+            registry.explain_unloaded = explain
 
     def all(self) -> list[Registry]:
         return [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from .errors import ComponentLoadError
 from .registry import Entry, Registry, RegistryError
 
 log = logging.getLogger("tallow.plugin")
@@ -28,8 +29,8 @@ class SelectionError(RuntimeError):
 def _validate_reasons(entry: Entry, config: Any) -> list[str]:
     try:
         component = entry.load()
-    except Exception as exc:  # an import failure is a reason, not a crash
-        return [f"cannot import {entry.target}: {type(exc).__name__}: {exc}"]
+    except ComponentLoadError as exc:  # an import failure is a reason, not a crash
+        return [str(exc)]
     validate = getattr(component, "validate", None)
     if validate is None:
         return []
@@ -71,7 +72,8 @@ def select(registry: Registry, config: Any, name: str | None = None, *,
             return entry
         rejected.append(f"{entry.name}: {', '.join(reasons)}")
     detail = "\n  - ".join(rejected) if rejected else "none is registered"
-    raise SelectionError(f"no {registry.kind} can serve this configuration:\n  - {detail}")
+    raise SelectionError(f"no {registry.kind} can serve this configuration:\n  - {detail}"
+                         + registry.missing_hint())
 
 
 def _select_named(registry: Registry, config: Any, name: str, check: Check | None) -> Entry:

@@ -150,7 +150,8 @@ def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str
             return entry
     known = ", ".join(registry.names()) or "none is registered"
     raise SelectionError(f"no tool parser matches model {model_name!r} and its chat template "
-                         f"(registered: {known}); name one with server.tool_parser")
+                         f"(registered: {known}); name one with server.tool_parser"
+                         + registry.missing_hint())
 
 
 def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:

@@ -94,6 +94,7 @@ def serve(config: Any, bind: Any) -> int:
 
     started = time.monotonic()
     pm = load_plugins(config.plugins)
+    pm.check_targets()  # /v1/plugins shows a plugin with an unresolvable target as broken
     try:
         pm.hook.tallow_configure(config=config)
         try:

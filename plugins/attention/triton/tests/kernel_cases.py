@@ -115,6 +115,19 @@ def test_sliding_window_and_softcap(window: int, softcap: float | None) -> None:
         run_and_check(case, backend(4))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_bidirectional_whole_sequences(dtype: torch.dtype) -> None:
+    """An encoder step (causal=False): whole sequences, each query sees every key of its
+    sequence. Lengths cross query tiles and key tiles and end mid-tile; one-token sequences go
+    to the decode kernel beside them."""
+    tiles = prefill_tiles(32, 2, torch.finfo(dtype).bits // 8)
+    q_lens = [2 * tiles.block_q + 3, 1, tiles.tile_n + 5, 7, 1]
+    case = make_case(query_lens=q_lens, context_lens=[0] * len(q_lens), num_heads=4,
+                     num_kv_heads=2, head_dim=32, block_size=8, dtype=dtype, device=DEVICE,
+                     causal=False, seed=seed_of("bidirectional", dtype))
+    run_and_check(case, backend())
+
+
 @pytest.mark.parametrize("block_size", [1, 32, 128])
 def test_block_sizes(block_size: int) -> None:
     case = make_case(query_lens=[1, 7, 1], context_lens=[70, 33, 1], num_heads=4,
@@ -265,6 +278,17 @@ def test_turbo_cache_with_window_and_softcap(window: int, softcap: float | None)
                          device=DEVICE, sliding_window=window, logit_softcap=softcap,
                          scale=0.3, seed=seed_of("turbo-window", window, softcap, kind))
         run_and_check(calibrate_randomly(case, window), backend(2))
+
+
+def test_turbo_cache_bidirectional_whole_sequences() -> None:
+    """An encoder step (causal=False) over a turbo cache: every query of a sequence sees all
+    of its keys' codes; one-token sequences beside them go to the decode kernel."""
+    q_lens = [40, 1, 21, 1]
+    case = make_case(query_lens=q_lens, context_lens=[0] * len(q_lens), num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=8, dtype=torch.bfloat16,
+                     codec=turbo_codec(4), device=DEVICE, causal=False,
+                     seed=seed_of("turbo-bidirectional"))
+    run_and_check(calibrate_randomly(case, 3), backend())
 
 
 def test_turbo_cache_padding_rows_and_graph_style_padding() -> None:

@@ -85,9 +85,10 @@ def _base_metadata(writer: Any, arch: str, n_vocab: int) -> None:
     writer.add_uint32(f"{arch}.rope.dimension_count", 16)
 
 
-def write_byte_level_gguf(path: pathlib.Path, pre: str, *, arch: str = "llama",
+def write_byte_level_gguf(path: pathlib.Path, pre: str | None, *, arch: str = "llama",
                           chat_template: str | None = None) -> pathlib.Path:
-    """A tensor-less GGUF with a trained byte-level vocabulary and ``tokenizer.ggml.pre``."""
+    """A tensor-less GGUF with a trained byte-level vocabulary and ``tokenizer.ggml.pre`` (none
+    when ``pre`` is ``None``)."""
     import gguf
 
     tokens, merges = train_byte_level()
@@ -97,7 +98,8 @@ def write_byte_level_gguf(path: pathlib.Path, pre: str, *, arch: str = "llama",
     writer = gguf.GGUFWriter(path, arch)
     _base_metadata(writer, arch, len(tokens))
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

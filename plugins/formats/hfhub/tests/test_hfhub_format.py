@@ -125,15 +125,10 @@ def test_only_the_shards_of_the_index_are_fetched(tmp_path, monkeypatch):
     assert calls[1] == ["*.safetensors"]
 
 
-def test_registered_through_the_entry_point():
-    from importlib.metadata import entry_points
-
-    eps = {ep.name: ep.value for ep in entry_points(group="tallow")}
-    assert eps["tallow-hfhub"] == "tallow_hfhub.plugin"
+def test_registered_below_local_directories():
+    """(Entry point, lazy target: tests/test_conformance.py.)"""
     registry = WeightFormatRegistry()
     plugin.tallow_register_weight_formats(registry)
-    entry = registry.entry("hfhub")
-    assert entry.load() is HFHubFormat
     # below local directories, so a path is never taken for a hub id
     from tallow_safetensors import plugin as st_plugin
 

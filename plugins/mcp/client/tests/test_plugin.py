@@ -13,19 +13,8 @@ from mcp_fixtures import SDK_STDIO, TIME, settings_config
 
 import tallow_mcp.plugin as plugin
 from tallow.plugin import PluginSettingsError
-from tallow.plugin.testing import isolated_plugin_manager, modules_imported_by_registration
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def test_registers_a_lazy_provider_without_heavy_imports() -> None:
-    pm = isolated_plugin_manager(("tallow-mcp", plugin))
-    entry = pm.registries.tool_providers.entry("mcp")
-    assert entry.lazy and entry.distribution == "tallow-mcp"
-    assert modules_imported_by_registration("tallow_mcp.plugin",
-                                            "tallow_register_tool_providers",
-                                            "ToolProviderRegistry",
-                                            watch=("torch", "mcp")) == []
 
 
 @pytest.mark.parametrize("servers, expected", [

@@ -46,6 +46,7 @@ class GGUFLinearMethod(LinearMethod):
         self.prefix = prefix
         self.parts: list[PackedWeight | None] = []
         self.layer: nn.Module | None = None
+        self._warm_gates: set[str] = set()
 
     # -- storage ---------------------------------------------------------------------------
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
@@ -147,7 +148,7 @@ class GGUFLinearMethod(LinearMethod):
             for name, tensor in p.planes.items():
                 layer.register_buffer(f"weight_{i}_{name}", tensor, persistent=False)
         if self.device.type == "cuda":
-            ops.warm_up(self.parts, self.dtype)
+            ops.warm_up(self.parts, self.dtype, self.scheme.policy)
 
     # -- compute ---------------------------------------------------------------------------
     def apply(self, layer: nn.Module, x: torch.Tensor,
@@ -159,6 +160,13 @@ class GGUFLinearMethod(LinearMethod):
         kind = getattr(act, "kind", None)
         if kind is None:
             return self.apply(layer, act(x), bias)
+        if kind not in self._warm_gates and x.is_cuda:
+            # the kernels that apply the activation as they read x are variants of their own:
+            # compiled at the first gated call (the engine runs every captured shape eagerly
+            # before capturing it)
+            self._warm_gates.add(kind)
+            if not torch.cuda.is_current_stream_capturing():
+                ops.warm_up(self.parts, x.dtype, self.scheme.policy, gated=kind)
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=kind)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:

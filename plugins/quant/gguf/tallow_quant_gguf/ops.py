@@ -4,15 +4,17 @@ Each runs its Triton kernel where Triton runs (CUDA tensors, or any tensor under
 ``TRITON_INTERPRET=1``) and its torch reference (:mod:`tallow_quant_gguf.reference`)
 elsewhere: on a CPU the weights are decoded on every call, exact and slow.
 
-Which kernel a matmul takes on a GPU depends on its rows ``M`` and the scheme's settings
-(:class:`~tallow_quant_gguf.scheme.KernelPolicy`): the fused GEMV up to ``gemv_max_rows``,
-the fused tensor-core GEMM below ``dequant_min_rows``, and from there on the weight decoded
-into a workspace in x's dtype and multiplied by cuBLAS (``matmul`` forces one of the last two).
-Nothing here synchronises with the device or allocates differently between two calls of one
-shape, so CUDA graphs capture these paths as they are.
+Which kernel a matmul takes on a GPU (:mod:`tallow_quant_gguf.tuning`) depends on its weight's
+type and shape and on its rows ``M``: the CUDA-core GEMV for one row, the tensor-core kernel,
+or the weight decoded into a workspace in x's dtype and multiplied by cuBLAS. Nothing here
+synchronises with the device or allocates differently between two calls of one shape, so CUDA
+graphs capture these paths as they are; :func:`warm_up` compiles every variant a layer can
+take before serving.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,30 +60,57 @@ def embedding(p: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     return rows.view(*ids.shape, p.cols)
 
 
-def warm_up(parts: list[PackedWeight], dtype: torch.dtype) -> None:
-    """Compile, before serving, the dequantization that large batches run into a workspace
-    (the engine's warm-up steps are too short to reach it): one row of each quantized part,
-    decoded into ``dtype``. Kernels compile once per type and width, so this is cheap after
-    the first layer."""
+def warm_up(parts: list[PackedWeight], dtype: torch.dtype,
+            policy: KernelPolicy | None = None, gated: str | None = None) -> None:
+    """Compile, before serving (and before any CUDA-graph capture), every kernel variant the
+    parts' matmuls can take at any number of rows — one per row bucket of
+    :mod:`~tallow_quant_gguf.tuning` — plus the row dequantization of the workspace path and
+    the embedding; and make the per-device buffers (split-K counters, the IQ4 table). Each
+    variant runs once on a few rows of the weight: the kernels compile once per type, shape
+    class and configuration, so this is quick after the first layer. ``gated`` is the
+    activation the layer's input takes (a gated MLP's down projection)."""
     from .kernels.dequant import dequantize_triton
+    from .kernels.splitk import counters
+    from .tuning import BUCKETS
 
+    policy = policy or _DEFAULT_POLICY
     for p in parts:
-        if p.qtype is not None and triton_enabled(p.planes["d"]):
-            row = torch.zeros(1, dtype=torch.long, device=p.device)
-            dequantize_triton(p.gather_rows(row), dtype, out=torch.empty(
-                1, p.cols, dtype=dtype, device=p.device))
+        if p.qtype is None or not triton_enabled(p.planes["d"]):
+            continue
+        counters(p.device)
+        row = torch.zeros(1, dtype=torch.long, device=p.device)
+        dequantize_triton(p.gather_rows(row), dtype, out=torch.empty(
+            1, p.cols, dtype=dtype, device=p.device))
+        dequantize_triton(p, dtype, ids=row)
+        seen = set()
+        for m in BUCKETS:
+            choice = policy.choice(p.type_name, p.rows, p.cols, m, p.device)
+            if choice.path == "dequant" or choice in seen:
+                continue
+            seen.add(choice)
+            sample = _warm_sample(p, choice)
+            x = torch.zeros(1 if choice.path == "gemv" else min(m, 16),
+                            (2 if gated else 1) * p.cols, dtype=dtype, device=p.device)
+            _fused(x, sample, None, choice, gated)
 
 
-def kernel_for(policy: KernelPolicy, rows: int) -> str:
-    """``"gemv"``, ``"gemm"`` (both fused) or ``"dequant"`` (workspace and cuBLAS) for a
-    matmul of ``rows`` input rows on a GPU."""
-    if policy.matmul == "dequant":
-        return "dequant"
-    if rows <= policy.gemv_max_rows:
-        return "gemv"
-    if policy.matmul == "auto" and rows >= policy.dequant_min_rows:
-        return "dequant"
-    return "gemm"
+def _warm_sample(p: PackedWeight, choice: Any) -> PackedWeight:
+    """A few rows of ``p`` that compile the same kernel variant as the whole weight: the
+    kernels specialise on whether the row count is a multiple of the row block."""
+    block = choice.config[0] if choice.path == "gemv" else choice.config[1]
+    n = block * 2 if p.rows % block == 0 and p.rows >= 2 * block else p.rows
+    return p.map(lambda t: t[:n]) if n < p.rows else p
+
+
+def _fused(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None, choice: Any,
+           gate: str | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    if choice.path == "gemv":
+        from .kernels.gemv import gemv_triton
+
+        return gemv_triton(x, p, bias, out=out, gate=gate, config=choice.config)
+    from .kernels.matmul import qmatmul_triton
+
+    return qmatmul_triton(x, p, bias, out=out, gate=gate, config=choice.config)
 
 
 def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None = None, *,
@@ -105,15 +134,19 @@ def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None
             x2 = _act(x2, gate)
         return reference.linear_ref(x2, parts, bias).view(*lead, -1)
     policy = policy or _DEFAULT_POLICY
-    kind = kernel_for(policy, x2.shape[0])
+    m = x2.shape[0]
     n = sum(p.rows for p in parts)
-    if kind == "dequant":
+    quantized = [p for p in parts if p.qtype is not None]
+    if not quantized:
+        return F.linear(_act(x2, gate) if gate else x2, _workspace(parts, n, x2.dtype),
+                        bias).view(*lead, n)
+    # the layer's largest quantized part decides between the workspace and the fused kernels
+    main = max(quantized, key=lambda p: p.rows)
+    if policy.choice(main.type_name, n, main.cols, m, x2.device).path == "dequant":
         if gate is not None:
             x2 = _act(x2, gate)
         return F.linear(x2, _workspace(parts, n, x2.dtype), bias).view(*lead, n)
-    from .kernels.matmul import qmatmul_triton
-
-    y = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     activated = None
     start = 0
     for p in parts:
@@ -125,7 +158,10 @@ def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None
             cols_out.copy_(F.linear(activated if gate is not None else x2,
                                     p.planes["dense"].to(x2.dtype), part_bias))
         else:
-            qmatmul_triton(x2, p, part_bias, out=cols_out, gate=gate)
+            choice = policy.choice(p.type_name, p.rows, p.cols, m, x2.device)
+            if choice.path == "dequant":  # a part whose own table entry prefers cuBLAS
+                choice = policy.choice(p.type_name, p.rows, p.cols, m, x2.device, fused=True)
+            _fused(x2, p, part_bias, choice, gate, out=cols_out)
         start += p.rows
     return y.view(*lead, n)
 

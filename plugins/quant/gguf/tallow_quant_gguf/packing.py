@@ -3,29 +3,39 @@
 GGML interleaves each block's scales with its codes, and several types scatter the bits of one
 element over the block (Q4_K's nibbles cover 64 elements per 32 bytes, Q5_K/Q3_K keep high bits
 as bit-columns, Q6_K splits a 6-bit code over two arrays). A :class:`PackedWeight` stores each
-kind of field of a ``[rows, cols]`` weight as its own contiguous row-major tensor, in one
-element order for every type:
+kind of field of a ``[rows, cols]`` weight as its own contiguous row-major tensor:
 
 =========  =====================  ====================================================
 plane      dtype, shape           content
 =========  =====================  ====================================================
-``nib``    uint8 ``[R, K/2]``     4 bits per element; per 32 elements 16 bytes, byte j
-                                  holding element j (low nibble) and 16+j (high nibble)
-``pair``   int32 ``[R, K/16]``    2 bits per element; word w holds elements 16w..16w+15,
-                                  element 16w+i at bits 2i, 2i+1
-``bit``    int32 ``[R, K/32]``    1 bit per element; word w bit i is element 32w+i
-``byte``   int8 ``[R, K]``        a signed 8-bit code per element (Q8_0)
+``nib``    int32 ``[R, K/8]``     4 bits per element (the code's low bits)
+``pair``   int16 ``[R, K/8]``     2 bits per element (bits 4-5 of Q6_K, the code of
+                                  Q2_K and Q3_K)
+``bit``    uint8 ``[R, K/8]``     1 bit per element (bit 4 of the 5-bit types, bit 2
+                                  of Q3_K)
+``byte``   int32 ``[R, K/4]``     an 8-bit code per element, stored as ``q + 128``
+                                  (unsigned, Q8_0: ``OFFSET`` 128 takes it back)
 ``d``      fp16 ``[R, K/block]``  the block scale
 ``dm``     fp16 ``[R, K/block]``  the block min (negated for Q4_1/Q5_1: they add it)
 ``sc``     int8 ``[R, K/group]``  the group's sub-scale (uint8 packed scale|min for Q2_K)
 ``mn``     int8 ``[R, K/group]``  the group's sub-min (Q4_K, Q5_K)
 =========  =====================  ====================================================
 
-A program reading 32 elements of a row finds their codes in 16 contiguous bytes (plus one or
-two words for the high bits) and their scales in one or two bytes, whatever the type, so one
-kernel serves every type and loads wide, coalesced vectors. The planes cost the same bytes as
-the GGML blocks, except where 6-bit sub-scales (and mins) are unpacked to bytes: Q4_K
-(+2.8%), Q5_K (+2.3%), Q3_K (+3.6%), IQ4_XS (+1.5%).
+**Slot order.** Every 32 consecutive elements of a row (a *chunk*; every group and block is
+a whole number of chunks or halves of one) are stored transposed: for the 4-bit codes the
+chunk is 4 int32 words, and nibble ``s`` (bits ``4s..4s+3``) of word ``u`` holds element
+``4s + u``. So one 16-byte vector load gives a thread the whole chunk, and the elements of
+one *slot* ``s`` across the 4 words are 4 consecutive elements of the row: the kernels decode
+slot by slot and multiply each slot by 4 consecutive activations (one 8-byte load), never
+moving codes between lanes. The other planes follow the same order so that each lines up
+with the nibbles: the ``pair`` plane has one int16 per word ``u`` (bits ``2s, 2s+1`` for
+slot ``s``), the ``bit`` plane one byte per word ``u`` (bit ``s``). The 8-bit codes (Q8_0)
+take 8 words per chunk: byte ``b`` of word ``u`` holds element ``8b + u`` (4 slots of 8
+consecutive elements). Slots ``0..3`` are the chunk's first 16 elements, ``4..7`` the last
+16, so a 16-element group (Q6_K, Q3_K, Q2_K) is half the slots.
+
+The planes cost the same bytes as the GGML blocks, except where 6-bit sub-scales (and mins)
+are unpacked to bytes: Q4_K (+2.8%), Q5_K (+2.3%), Q3_K (+3.6%), IQ4_XS (+1.5%).
 
 Tensor parallelism: rows are independent, so a column-parallel shard is a range of whole rows;
 a row-parallel shard is a range of whole blocks of every row (its bounds must be multiples of
@@ -130,13 +140,13 @@ def _empty_planes(qt: QuantType, rows: int, k: int, device: torch.device
                   ) -> dict[str, torch.Tensor]:
     shapes: dict[str, tuple[torch.dtype, int]] = {"d": (torch.float16, k // qt.block)}
     if qt.nib:
-        shapes["nib"] = (torch.uint8, k // 2)
+        shapes["nib"] = (torch.int32, k // 8)
     if qt.pair:
-        shapes["pair"] = (torch.int32, k // 16)
+        shapes["pair"] = (torch.int16, k // 8)
     if qt.bit:
-        shapes["bit"] = (torch.int32, k // 32)
+        shapes["bit"] = (torch.uint8, k // 8)
     if qt.byte:
-        shapes["byte"] = (torch.int8, k)
+        shapes["byte"] = (torch.int32, k // 4)
     if qt.mins:
         shapes["dm"] = (torch.float16, k // qt.block)
     if qt.scales == SCALE_SUB:
@@ -184,22 +194,64 @@ def _nibble_halves(src: torch.Tensor, half: int) -> torch.Tensor:
     return nib.reshape(r, nb * n * 2)
 
 
-def _nib_plane(codes: torch.Tensor) -> torch.Tensor:
-    """Natural-order 4-bit codes ``[R, K]`` → the ``nib`` plane."""
-    r, k = codes.shape
-    v = codes.view(r, k // 32, 2, 16)
-    return (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(r, k // 2)
+def _halves(src: torch.Tensor) -> torch.Tensor:
+    """GGML's 32-element nibble order (byte ``j`` holds element ``j`` low, ``16 + j`` high)
+    ``[R, nb, 16n]`` bytes → natural-order 4-bit codes ``[R, nb * 32n]``."""
+    r, nb, n = src.shape
+    v = src.view(r, nb, n // 16, 1, 16)
+    return torch.cat([v & 15, v >> 4], dim=3).reshape(r, nb * n * 2)
 
 
-def _packed_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Natural-order ``bits``-bit codes ``[R, K]`` → int32 words, element ``i`` of a word at
-    bit ``bits * i`` (little-endian bytes, so the layout is the same on every device)."""
+def _slots(codes: torch.Tensor, per_chunk_words: int) -> torch.Tensor:
+    """Natural-order codes ``[R, K]`` → ``[R, K/32, words, slots]``: the codes each word of a
+    chunk holds, slot by slot (slot ``s`` of word ``u`` is element ``words * s + u``)."""
     r, k = codes.shape
-    per_byte = 8 // bits
-    v = codes.view(r, k // per_byte, per_byte)
-    shifts = (torch.arange(per_byte, dtype=torch.uint8, device=codes.device) * bits)
-    packed = (v << shifts).sum(dim=-1, dtype=torch.uint8)
-    return packed.view(r, -1, 4).contiguous().view(torch.int32).reshape(r, -1)
+    slots = 32 // per_chunk_words
+    return codes.view(r, k // 32, slots, per_chunk_words).transpose(2, 3).contiguous()
+
+
+def _nib_words(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes ``[R, K]`` → the ``nib`` plane: nibble ``s`` of word ``u`` is element
+    ``4s + u`` of its chunk (little-endian bytes: byte ``b`` holds slots ``2b``, ``2b+1``)."""
+    v = _slots(codes, 4)  # [R, C, 4 words, 8 slots]
+    packed = v[..., 0::2] | (v[..., 1::2] << 4)  # [R, C, 4, 4 bytes]
+    return packed.contiguous().view(torch.int32).reshape(codes.shape[0], -1)
+
+
+def _byte_words(codes: torch.Tensor) -> torch.Tensor:
+    """8-bit codes (uint8) ``[R, K]`` → the ``byte`` plane: byte ``b`` of word ``u`` is element
+    ``8b + u`` of its chunk."""
+    v = _slots(codes, 8)  # [R, C, 8 words, 4 slots]
+    return v.view(torch.int32).reshape(codes.shape[0], -1)
+
+
+def _pair_halves(codes: torch.Tensor) -> torch.Tensor:
+    """2-bit codes ``[R, K]`` → the ``pair`` plane: bits ``2s, 2s+1`` of int16 ``u`` are
+    element ``4s + u`` of its chunk."""
+    v = _slots(codes, 4)  # [R, C, 4, 8 slots]
+    shifts = (torch.arange(4, dtype=torch.uint8, device=codes.device) * 2)
+    packed = (v.view(*v.shape[:3], 2, 4) << shifts).sum(dim=-1, dtype=torch.uint8)
+    return packed.contiguous().view(torch.int16).reshape(codes.shape[0], -1)
+
+
+def _bit_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """1-bit codes ``[R, K]`` → the ``bit`` plane: bit ``s`` of byte ``u`` is element
+    ``4s + u`` of its chunk."""
+    v = _slots(codes, 4)  # [R, C, 4, 8 slots]
+    shifts = torch.arange(8, dtype=torch.uint8, device=codes.device)
+    return (v << shifts).sum(dim=-1, dtype=torch.uint8).reshape(codes.shape[0], -1)
+
+
+def _code_planes(low4: torch.Tensor | None, pair: torch.Tensor | None,
+                 bit: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if low4 is not None:
+        out["nib"] = _nib_words(low4)
+    if pair is not None:
+        out["pair"] = _pair_halves(pair)
+    if bit is not None:
+        out["bit"] = _bit_bytes(bit)
+    return out
 
 
 def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
@@ -214,13 +266,17 @@ def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
         if qt.mins == MIN_BLOCK:  # Q4_1/Q5_1 add m: stored negated, the min is subtracted
             out["dm"] = -_f16(b, 2)
             at = 4
+        bit = None
         if qt.bit:  # qh: bit j of a little-endian word is element j's fifth bit
-            out["bit"] = b[..., at:at + 4].contiguous().view(torch.int32).reshape(r, nb)
+            words = b[..., at:at + 4].contiguous().view(torch.int32)  # [R, nb, 1]
+            bit = ((words >> torch.arange(32, dtype=torch.int32, device=b.device)) & 1).to(
+                torch.uint8).reshape(r, nb * 32)
             at += 4
-        if qt.byte:
-            out["byte"] = b[..., at:at + 32].contiguous().view(torch.int8).reshape(r, nb * 32)
-        else:  # 16 bytes: low nibbles elements 0..15, high nibbles 16..31 (the plane's order)
-            out["nib"] = b[..., at:at + 16].reshape(r, nb * 16)
+        if qt.byte:  # signed bytes stored as q + 128: the xor flips the sign bit
+            codes = (b[..., at:at + 32] ^ 0x80).reshape(r, nb * 32)
+            out["byte"] = _byte_words(codes)
+        else:
+            out.update(_code_planes(_halves(b[..., at:at + 16]), None, bit))
     elif name in ("Q4_K", "Q5_K"):
         out["d"], out["dm"] = _f16(b, 0), _f16(b, 2)
         s = b[..., 4:16]
@@ -229,23 +285,22 @@ def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
             torch.int8).reshape(r, nb * 8)
         out["mn"] = torch.cat([mid & 63, (hi >> 4) | ((mid >> 2) & 0x30)], -1).view(
             torch.int8).reshape(r, nb * 8)
-        at = 16
+        at, bit = 16, None
         if qt.bit:
-            out["bit"] = _packed_words(_bit_columns(b[..., 16:48]), 1)
+            bit = _bit_columns(b[..., 16:48])
             at = 48
-        out["nib"] = _nib_plane(_nibble_halves(b[..., at:at + 128], 32))
+        out.update(_code_planes(_nibble_halves(b[..., at:at + 128], 32), None, bit))
     elif name == "Q6_K":
-        out["nib"] = _nib_plane(_nibble_halves(b[..., 0:128], 64))
-        out["pair"] = _packed_words(_pair_columns(b[..., 128:192]), 2)
+        out.update(_code_planes(_nibble_halves(b[..., 0:128], 64),
+                                _pair_columns(b[..., 128:192]), None))
         out["sc"] = b[..., 192:208].contiguous().view(torch.int8).reshape(r, nb * 16)
         out["d"] = _f16(b, 208)
     elif name == "Q2_K":
         out["sc"] = b[..., 0:16].reshape(r, nb * 16)
-        out["pair"] = _packed_words(_pair_columns(b[..., 16:80]), 2)
+        out.update(_code_planes(None, _pair_columns(b[..., 16:80]), None))
         out["d"], out["dm"] = _f16(b, 80), _f16(b, 82)
     elif name == "Q3_K":
-        out["bit"] = _packed_words(_bit_columns(b[..., 0:32]), 1)
-        out["pair"] = _packed_words(_pair_columns(b[..., 32:96]), 2)
+        out.update(_code_planes(None, _pair_columns(b[..., 32:96]), _bit_columns(b[..., 0:32])))
         s = b[..., 96:108]
         low = torch.cat([s[..., :8] & 15, s[..., :8] >> 4], -1)
         high = ((s[..., 8:12].unsqueeze(2) >> _shifts(2, 4, s.device, 4)) & 3).reshape(r, nb, 16)
@@ -259,7 +314,7 @@ def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
         low = ((b[..., 4:8].unsqueeze(-1) >> _shifts(4, 2, b.device, 3).view(1, 1, 1, 2)) & 15)
         low = low.reshape(r, nb, 8).to(torch.int32)
         out["sc"] = ((low | (high << 4)) - 32).to(torch.int8).reshape(r, nb * 8)
-        out["nib"] = b[..., 8:136].reshape(r, nb * 128)
+        out.update(_code_planes(_halves(b[..., 8:136]), None, None))
     else:  # pragma: no cover - the type table and this function list the same types
         raise AssertionError(name)
     return out

@@ -5,7 +5,8 @@ Every supported type decodes an element the same way::
     value = S[group] * f(q) - M[group]
 
 ``q`` is the element's integer code, assembled from up to three bit planes (a 4-bit
-*nibble*, a 2-bit *pair*, one *bit*; or a signed 8-bit *byte*), ``f(q)`` is ``q - offset`` or,
+*nibble*, a 2-bit *pair*, one *bit*; or an 8-bit *byte*, Q8_0's signed code stored plus 128),
+``f(q)`` is ``q - offset`` or,
 for the IQ4 types, a lookup in a 16-entry table. The scale ``S`` of a group of 16 or 32
 elements is the block's fp16 ``d``, optionally times an integer sub-scale; the optional min
 ``M`` is the block's fp16 ``dm``, optionally times an integer sub-min. Products are formed in
@@ -61,7 +62,7 @@ _TYPES = [
     QuantType("Q4_1", 32, 20, nib=True, mins=MIN_BLOCK),
     QuantType("Q5_0", 32, 22, nib=True, bit=True, offset=16),
     QuantType("Q5_1", 32, 24, nib=True, bit=True, mins=MIN_BLOCK),
-    QuantType("Q8_0", 32, 34, byte=True),
+    QuantType("Q8_0", 32, 34, byte=True, offset=128),
     QuantType("Q2_K", 256, 84, pair=True, group=16, scales=SCALE_PACKED, mins=MIN_PACKED),
     QuantType("Q3_K", 256, 110, pair=True, bit=True, offset=4, group=16, scales=SCALE_SUB),
     QuantType("Q4_K", 256, 144, nib=True, scales=SCALE_SUB, mins=MIN_SUB),

@@ -16,33 +16,38 @@ from .packing import PackedWeight
 from .qtypes import IQ4_VALUES, MIN_BLOCK, MIN_PACKED, MIN_SUB, SCALE_PACKED, SCALE_SUB
 
 
-def _fields(words: torch.Tensor, width: int) -> torch.Tensor:
-    """int32 words ``[R, W]`` → their ``32 / width`` fields of ``width`` bits, low first, as
-    uint8 ``[R, W * 32 / width]`` (the words are little-endian, so byte ``b`` of the view holds
-    bits ``8b..8b+7``)."""
+def _natural(slotted: torch.Tensor) -> torch.Tensor:
+    """``[R, C, words, slots]`` codes (slot ``s`` of word ``u`` is element ``words * s + u`` of
+    chunk ``C``) → natural order ``[R, C * 32]``."""
+    return slotted.transpose(2, 3).reshape(slotted.shape[0], -1)
+
+
+def _unpack(plane: torch.Tensor, words: int, width: int) -> torch.Tensor:
+    """A code plane → its fields of ``width`` bits in natural order, uint8 ``[R, K]``: each
+    chunk is ``words`` little-endian fields-words (see :mod:`tallow_quant_gguf.packing`)."""
+    as_bytes = plane.contiguous().view(torch.uint8)
+    r = as_bytes.shape[0]
     per_byte = 8 // width
-    shifts = torch.arange(per_byte, dtype=torch.uint8, device=words.device) * width
-    as_bytes = words.contiguous().view(torch.uint8)
-    return ((as_bytes.unsqueeze(-1) >> shifts) & ((1 << width) - 1)).reshape(words.shape[0], -1)
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=plane.device) * width
+    fields = (as_bytes.unsqueeze(-1) >> shifts) & ((1 << width) - 1)  # [R, bytes, per_byte]
+    return _natural(fields.reshape(r, -1, words, 32 // words))
 
 
 def codes(p: PackedWeight) -> torch.Tensor:
-    """The integer code ``q`` of every element, ``[R, K]`` (uint8; int8 for Q8_0), before the
-    offset or table."""
+    """The integer code ``q`` of every element, uint8 ``[R, K]``, before the offset or table
+    (Q8_0's codes are the stored ``q + 128``)."""
     qt = p.qtype
     assert qt is not None
-    r, k = p.rows, p.cols
     if qt.byte:
-        return p.planes["byte"]
+        return _unpack(p.planes["byte"], 8, 8)
     q: torch.Tensor | None = None
     if qt.nib:
-        nib = p.planes["nib"].view(r, k // 32, 1, 16)
-        q = torch.cat([nib & 15, nib >> 4], dim=2).view(r, k)
+        q = _unpack(p.planes["nib"], 4, 4)
     if qt.pair:
-        pair = _fields(p.planes["pair"], 2)
+        pair = _unpack(p.planes["pair"], 4, 2)
         q = pair if q is None else q | (pair << 4)
     if qt.bit:
-        q = q | (_fields(p.planes["bit"], 1) << (4 if qt.nib else 2))
+        q = q | (_unpack(p.planes["bit"], 4, 1) << (4 if qt.nib else 2))
     return q
 
 

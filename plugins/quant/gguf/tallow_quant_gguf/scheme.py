@@ -1,14 +1,16 @@
 """The quant scheme ``gguf``: GGML block types kept quantized, and load-time quantization.
 
 Settings (``plugins.settings.tallow-quant-gguf``). Three choose how a matmul runs on a GPU,
-by the number of input rows ``M`` (see :mod:`tallow_quant_gguf.ops`):
+by its weight's type and shape and the number of input rows ``M`` (see
+:mod:`tallow_quant_gguf.tuning`):
 
-``matmul``            ``auto`` (by ``M``, below), ``fused`` (always the Triton kernels that
-                      decode as they multiply) or ``dequant`` (always decode the weight to a
-                      workspace in the activation dtype and call cuBLAS)
-``gemv_max_rows``     ``auto``: at most this many rows take the fused GEMV (default 16)
-``dequant_min_rows``  ``auto``: at least this many rows take the workspace and cuBLAS (default
-                      1024); the rows between take the fused tensor-core GEMM
+``matmul``            ``auto`` (the tuned table, else the defaults), ``fused`` (never the
+                      workspace path) or ``dequant`` (always decode the weight to a workspace in
+                      the activation dtype and call cuBLAS)
+``dequant_min_rows``  ``auto``: at least this many rows take the workspace and cuBLAS, fewer
+                      never do (default: unset, the table decides)
+``tuned_table``       a JSON table written by ``bench/gpu/quant_micro.py --sweep`` (default:
+                      the table shipped for this GPU, if any)
 ``cpu``               keep a GGUF file's weights quantized on a CPU too (default false)
 
 On a CPU the matmul decodes the whole weight on every call (the exact torch reference): a
@@ -19,6 +21,7 @@ log says so); load-time quantization (``model.isq``) is served on a CPU regardle
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -37,8 +40,8 @@ class KernelPolicy:
     a GGUF file is kept quantized on a CPU."""
 
     matmul: str = "auto"
-    gemv_max_rows: int = 16
-    dequant_min_rows: int = 1024
+    dequant_min_rows: int | None = None
+    tuned_table: str | None = None
     cpu: bool = False
 
     @classmethod
@@ -54,12 +57,47 @@ class KernelPolicy:
                              f"{policy.matmul!r}")
         if not isinstance(policy.cpu, bool):
             raise ValueError(f"{where}.cpu: expected true or false, got {policy.cpu!r}")
-        for name in ("gemv_max_rows", "dequant_min_rows"):
-            value = getattr(policy, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{where}.{name}: expected a non-negative integer, got "
-                                 f"{value!r}")
+        rows = policy.dequant_min_rows
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool)
+                                 or rows < 0):
+            raise ValueError(f"{where}.dequant_min_rows: expected a non-negative integer, got "
+                             f"{rows!r}")
+        if policy.tuned_table is not None:
+            if not isinstance(policy.tuned_table, str):
+                raise ValueError(f"{where}.tuned_table: expected a file path, got "
+                                 f"{policy.tuned_table!r}")
+            from .tuning import TunedTable
+
+            try:
+                TunedTable.load(policy.tuned_table)
+            except ValueError as exc:
+                raise ValueError(f"{where}.tuned_table: {exc}") from None
         return policy
+
+    def choice(self, qtype: str, n: int, k: int, m: int, device: Any,
+               fused: bool = False) -> Any:
+        """The :class:`~tallow_quant_gguf.tuning.Choice` for ``m`` rows through a ``qtype``
+        weight ``[n, k]`` on the CUDA ``device`` (``fused``: never the workspace path)."""
+        from .tuning import choose
+
+        table, sm_count = _device_tuning(self.tuned_table, device)
+        return choose(table, qtype, n, k, m, sm_count, self.dequant_min_rows,
+                      "fused" if fused else self.matmul)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_tuning(tuned_table: str | None, device: Any) -> tuple[Any, int]:
+    """(tuned table, SM count) for ``device``; Triton's interpreter on a CPU takes the
+    defaults of a 132-SM GPU."""
+    import torch
+
+    from .tuning import TunedTable, device_table
+
+    if torch.device(device).type != "cuda":
+        return (TunedTable.load(tuned_table) if tuned_table else TunedTable()), 132
+    props = torch.cuda.get_device_properties(device)
+    table = TunedTable.load(tuned_table) if tuned_table else device_table(props.name)
+    return table, props.multi_processor_count
 
 
 def _on_cpu(device: str) -> bool:

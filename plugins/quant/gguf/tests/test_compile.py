@@ -1,21 +1,28 @@
 """Compile the plugin's kernels with Triton's real compiler for Hopper (sm_90) and Ampere
 (sm_80) on any machine: no GPU is needed to build a cubin. Checks what the interpreter cannot:
-every type's kernels type-check and lower with the launch parameters the entry points use;
-the decode-path configurations spill no registers and read their codes in vector loads; the
-GEMM uses tensor cores; PDL's wait comes after the first weight tile; the dequantization has
-no fused multiply-adds (its values must be ggml's bits)."""
+every type's kernels type-check and lower with the launch parameters the entry points use; the
+one-row GEMV spills no registers, reads its codes in 16-byte vectors, exchanges nothing between
+lanes in its loop and spends few instructions per weight (the budget that keeps it at memory
+speed on an H200); the tensor-core kernel uses Hopper's wgmma and, with the fp16 decoding, no
+conversion instructions on the weights; PDL's wait comes after the first weight tile; the
+dequantization has no fused multiply-adds (its values must be ggml's bits), stores only 16-byte
+vectors, exchanges nothing through shared memory and spends few instructions per weight."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from tallow.kernels._dispatch import interpreting
-from tallow.kernels.offline import compile_for_gpu, pdl_order, resource_usage
-from tallow_quant_gguf.kernels.dequant import BLOCK_HALVES, BLOCK_ROWS, _dequant_kernel
-from tallow_quant_gguf.kernels.matmul import _qmatmul_kernel, matmul_config
+from tallow.kernels.offline import (compile_for_gpu, opcode, pdl_order, resource_usage,
+                                    sass_loops)
+from tallow_quant_gguf.kernels.decode import type_constants
+from tallow_quant_gguf.kernels import dequant
+from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_mode
+from tallow_quant_gguf.kernels.matmul import _mma_kernel, decode_mode, weights_left
 from tallow_quant_gguf.packing import PackedWeight
 from tallow_quant_gguf.qtypes import QUANT_TYPES, SCALE_PACKED
 
@@ -26,18 +33,17 @@ if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
 TYPES = sorted(QUANT_TYPES)
 
 
-def _constants(qtype: str) -> dict[str, Any]:
-    from tallow_quant_gguf.kernels.decode import type_constants
-
-    return type_constants(PackedWeight(QUANT_TYPES[qtype], 0, 0, {}))
+def _weight(qtype: str) -> PackedWeight:
+    return PackedWeight(QUANT_TYPES[qtype], 0, 0, {})
 
 
 def _pointer_types(qtype: str, act: str, out: str) -> dict[str, str]:
     qt = QUANT_TYPES[qtype]
-    return {"x_ptr": act, "nib_ptr": "*u8", "pair_ptr": "*i32", "bit_ptr": "*i32",
-            "byte_ptr": "*i8", "d_ptr": "*fp16", "dm_ptr": "*fp16",
+    return {"x_ptr": act, "nib_ptr": "*i32", "pair_ptr": "*i16", "bit_ptr": "*u8",
+            "byte_ptr": "*i32", "d_ptr": "*fp16", "dm_ptr": "*fp16",
             "sc_ptr": "*u8" if qt.scales == SCALE_PACKED else "*i8", "mn_ptr": "*i8",
-            "lut_ptr": "*fp32", "b_ptr": act, "y_ptr": out, "ids_ptr": "*i64", "out_ptr": out}
+            "lut_ptr": "*fp32", "b_ptr": act, "y_ptr": out, "ws_ptr": "*fp32",
+            "cnt_ptr": "*i32", "ids_ptr": "*i64", "out_ptr": out}
 
 
 def compile_for(kernel: Any, constexprs: dict[str, Any], pointers: dict[str, str],
@@ -50,61 +56,142 @@ def compile_for(kernel: Any, constexprs: dict[str, Any], pointers: dict[str, str
         **options)
 
 
-def matmul(qtype: str, m: int, *, k: int = 4096, act: str = "*bf16", partial: bool = False,
-           gate: int = -1, pdl: bool = True, capability: int = 90) -> Any:
-    bm, bn, h, warps, stages = matmul_config(m, 4096, k)
-    constexprs = dict(BM=bm, BN=bn, H=h, **_constants(qtype), HAS_BIAS=False, PARTIAL=partial,
-                      GATE=gate, DOT_PRECISION="tf32", USE_PDL=pdl)
-    pointers = _pointer_types(qtype, act, "*fp32" if partial else act)
-    return compile_for(_qmatmul_kernel, constexprs, pointers, capability, num_warps=warps,
-                       num_stages=stages)
+def gemv(qtype: str, rows: int = 4, warps: int = 1, *, prefetch: bool = True,
+         even: bool = True, split: bool = False, gate: int = -1, pdl: bool = True,
+         act: str = "*bf16") -> Any:
+    p = _weight(qtype)
+    constexprs = dict(BN=rows, Q=32 * warps, **type_constants(p), MODE=gemv_mode(p),
+                      PREFETCH=prefetch, EVEN=even, HAS_BIAS=False, SPLIT=split, GATE=gate,
+                      USE_PDL=pdl)
+    return compile_for(_gemv_kernel, constexprs, _pointer_types(qtype, act, act),
+                       num_warps=warps, num_stages=1)
+
+
+def mma(qtype: str, bm: int = 16, bn: int = 64, q: int = 8, warps: int = 4, stages: int = 3,
+        *, decoding: int = 1, even: bool = True, split: bool = False, gate: int = -1,
+        pdl: bool = True,
+        act: str = "*bf16", capability: int = 90) -> Any:
+    import torch
+
+    p = _weight(qtype)
+    x_dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[act]
+    constexprs = dict(BM=bm, BN=bn, Q=q, **type_constants(p),
+                      FAST=decode_mode(p, decoding, x_dtype), W_LEFT=weights_left(bm),
+                      EVEN=even, HAS_BIAS=False,
+                      SPLIT=split, GATE=gate,
+                      DOT_PRECISION="ieee" if act == "*fp32" else "tf32", USE_PDL=pdl)
+    return compile_for(_mma_kernel, constexprs, _pointer_types(qtype, act, act), capability,
+                       num_warps=warps, num_stages=stages)
+
+
+def loop_profile(compiled: Any) -> Counter:
+    """Opcode counts of the kernel's main loop."""
+    return Counter(opcode(i) for i in sass_loops(compiled)[0])
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_every_type_compiles_for_decode_batches(qtype):
-    for m in (1, 8):
-        assert matmul(qtype, m).asm["cubin"], (qtype, m)
+    assert gemv(qtype).asm["cubin"], qtype
+    assert gemv(qtype, even=False, split=True).asm["cubin"], qtype
+    assert mma(qtype, decoding=0).asm["cubin"], qtype
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q6_K", "Q5_0"])
-def test_decode_gemv_spills_nothing_and_loads_vectors(qtype):
-    compiled = matmul(qtype, 1)
+#: the most SASS instructions per weight the one-row loop may spend: at about 60% of the
+#: H200's issue rate, 4.6 for Q4_K is ~2.8 TB/s of weights, 5.5 for Q8_0 is memory speed
+GEMV_BUDGET = {"Q4_K": 4.6, "Q4_0": 4.6, "Q8_0": 5.5, "Q6_K": 8.5, "Q5_0": 8.0}
+
+
+@pytest.mark.parametrize("qtype", sorted(GEMV_BUDGET))
+def test_gemv_spends_few_instructions_per_weight(qtype):
+    compiled = gemv(qtype)
     use = resource_usage(compiled)
     assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{qtype} GEMV spills registers: {use}"
-    ptx = compiled.asm["ptx"]
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx), f"{qtype}: codes not read as vectors"
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), \
+        f"{qtype}: codes not read as 16-byte vectors"
+    profile = loop_profile(compiled)
+    # no exchange between lanes: every plane and the activations share the codes' layout
+    assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), (qtype, profile)
+    weights = 4 * 32 * (16 if QUANT_TYPES[qtype].byte else 32) // 32  # per thread and step
+    per_weight = sum(profile.values()) / weights
+    assert per_weight <= GEMV_BUDGET[qtype], (qtype, round(per_weight, 2), profile)
 
 
-def test_pdl_waits_after_the_first_weight_tile():
-    loads, stores = pdl_order(matmul("Q4_K", 1).asm["ptx"])
+def test_gemv_prefetches_its_first_tile_before_the_pdl_wait():
+    loads, stores = pdl_order(gemv("Q4_K").asm["ptx"])
     assert loads > 0, "no weight load before the wait"
     assert stores == 0, "a store before the wait"
-    assert "griddepcontrol" not in matmul("Q4_K", 1, pdl=False).asm["ptx"]
+    assert "griddepcontrol" not in gemv("Q4_K", pdl=False).asm["ptx"]
 
 
-def test_batched_products_use_tensor_cores():
-    assert "mma.sync" in matmul("Q4_K", 8).asm["ptx"]
-    for qtype in ("Q4_K", "Q8_0", "Q6_K"):  # the large-batch GEMM: Hopper's wgmma
-        compiled = matmul(qtype, 256)
+def test_split_gemv_counts_its_tiles_with_one_atomic_per_program():
+    ptx = gemv("Q4_K", split=True).asm["ptx"]
+    assert len(re.findall(r"\batom\.[\w.]*add", ptx)) == 1, "one counter increment"
+    assert re.search(r"\batom\.[\w.]*exch", ptx), "the last program resets the counter"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q4_0", "Q8_0"])
+def test_tensor_core_kernel_decodes_without_conversions(qtype):
+    for decoding in (1, 2):
+        compiled = mma(qtype, decoding=decoding)
         assert "wgmma" in compiled.asm["ptx"], qtype
         assert resource_usage(compiled)["STACK"] == 0, qtype
-    # Ampere: no PDL (its launches never ask for it below compute capability 9.0)
-    assert "mma" in matmul("Q8_0", 256, capability=80, pdl=False).asm["ptx"]
+        profile = loop_profile(compiled)
+        # the weights come from bit operations: no int-to-float conversion per value
+        assert profile["I2F"] + profile["I2FP"] <= 32, (qtype, decoding, profile)
+        if decoding == 1:  # fp16 pairs: two values per instruction
+            assert profile["HFMA2"] + profile["HMUL2"] + profile["HADD2"] >= 32, profile
 
 
-def test_split_k_gate_and_float32_variants_compile():
-    assert matmul("Q4_K", 8, partial=True).asm["cubin"]
-    assert matmul("Q6_K", 1, gate=0).asm["cubin"]
-    assert matmul("Q5_K", 4, gate=1, act="*fp16").asm["cubin"]
-    assert matmul("Q4_0", 1, act="*fp32").asm["cubin"]
+def test_tensor_core_variants_compile():
+    for qtype in ("Q4_K", "Q8_0", "Q6_K"):  # the large-batch tiles: Hopper's wgmma
+        compiled = mma(qtype, 128, 128, 4, 8, 3, decoding=2 if qtype != "Q6_K" else 0)
+        assert "wgmma" in compiled.asm["ptx"], qtype
+        assert resource_usage(compiled)["STACK"] == 0, qtype
+    assert mma("Q4_K", 64, 64, 8, 4, 3, split=True).asm["cubin"]
+    assert mma("Q5_K", gate=1, act="*fp16", decoding=0).asm["cubin"]
+    assert mma("Q4_0", act="*fp32").asm["cubin"]
+    # Ampere: mma.sync, no PDL (its launches never ask for it below compute capability 9.0)
+    assert "mma.sync" in mma("Q8_0", 64, 64, 8, 4, 2, pdl=False, capability=80).asm["ptx"]
+
+
+def dequantize_kernel(qtype: str, out: str = "*bf16", *, gather: bool = False,
+                      even: bool = True) -> Any:
+    p = _weight(qtype)
+    constexprs = dict(GATHER=gather, BN=dequant.BLOCK_ROWS, C=dequant.BLOCK_CHUNKS, EVEN=even,
+                      BITS=dequant.bits_mode(p), PTX=True, **type_constants(p))
+    return compile_for(dequant._dequant_kernel, constexprs, _pointer_types(qtype, out, out),
+                       num_warps=dequant.WARPS, enable_fp_fusion=False)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_dequantize_compiles_without_fused_multiply_adds(qtype):
-    variants = (("*fp32", False), ("*bf16", True)) if qtype == "Q4_K" else (("*fp32", False),)
-    for out, gather in variants:
-        constexprs = dict(GATHER=gather, BN=BLOCK_ROWS, H=BLOCK_HALVES, **_constants(qtype))
-        compiled = compile_for(_dequant_kernel, constexprs, _pointer_types(qtype, out, out),
-                               num_warps=4, enable_fp_fusion=False)
+    variants = ((("*fp32", False, True), ("*bf16", True, False), ("*fp16", False, False))
+                if qtype == "Q4_K" else (("*fp32", False, True), ("*bf16", False, False)))
+    for out, gather, even in variants:
+        compiled = dequantize_kernel(qtype, out, gather=gather, even=even)
         assert not re.search(r"\bfma\.", compiled.asm["ptx"]), f"{qtype}: fused multiply-add"
         assert resource_usage(compiled)["STACK"] == 0
+
+
+#: the most SASS instructions per weight the workspace loop may spend (bf16 out, whole tiles):
+#: at ~60% of the H200's issue rate, 11 per weight decode gate_up (117M weights) in ~55 us,
+#: below the ~90 us its 300 MB of reads and writes take
+DEQUANT_BUDGET = {"Q4_K": 10.5, "Q4_0": 9.5, "Q8_0": 8.0, "Q6_K": 13.5, "Q5_K": 16.0}
+
+
+@pytest.mark.parametrize("qtype", sorted(DEQUANT_BUDGET))
+def test_dequantize_writes_whole_vectors_with_few_instructions(qtype):
+    compiled = dequantize_kernel(qtype)
+    ptx = compiled.asm["ptx"]
+    # every store a 16-byte vector: a warp writes 512 contiguous bytes, whole sectors
+    stores = re.findall(r"\bst\.global(?:\.\w+)*", ptx)
+    assert stores and all(s.endswith(".v4.b32") for s in stores), (qtype, set(stores))
+    assert resource_usage(compiled)["LOCAL"] == 0
+    profile = loop_profile(compiled)
+    # the pieces are joined in registers: nothing crosses lanes or goes through shared memory
+    assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), (qtype, profile)
+    weights = dequant.BLOCK_ROWS * dequant.BLOCK_CHUNKS * 32 // (32 * dequant.WARPS)
+    per_weight = sum(profile.values()) / weights
+    assert per_weight <= DEQUANT_BUDGET[qtype], (qtype, round(per_weight, 2), profile)
+    if dequant.bits_mode(_weight(qtype)):  # codes become floats without conversions
+        assert profile["I2F"] + profile["I2FP"] <= 8, (qtype, profile)  # the sub-scales only

@@ -1,7 +1,8 @@
 """The plugin's kernels on a CUDA GPU at llama-3-8b shapes, against their torch references, on
 fresh random inputs (set TALLOW_TEST_SEED to replay a run): every decode batch size up to 16
-and large batches through each of the three matmul paths, PDL, and CUDA-graph replay of the
-kernels and of a whole engine serving a quantized model."""
+through the kernel the engine picks, large batches through each path, configurations of the
+tuning sweep, PDL, split-K, and CUDA-graph replay of the kernels and of a whole engine serving
+a quantized model."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ if not torch.cuda.is_available():
 from kernel_cases import BASE_SEED, close, seed_of, weight  # noqa: E402
 from quant_engine_runs import engine, greedy  # noqa: E402
 from tallow_quant_gguf import ops  # noqa: E402
-from tallow_quant_gguf.kernels.matmul import _qmatmul_kernel, qmatmul_triton  # noqa: E402
+from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_triton  # noqa: E402
+from tallow_quant_gguf.kernels.matmul import _mma_kernel, qmatmul_triton  # noqa: E402
 from tallow_quant_gguf.reference import dequantize_ref  # noqa: E402
 from tallow_quant_gguf.scheme import KernelPolicy  # noqa: E402
 
@@ -30,12 +32,28 @@ def x_of(m: int, k: int, *parts: object) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q6_K", "Q5_0", "Q4_0"])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_gemv_every_decode_batch(qtype, n, k):
+def test_every_decode_batch_through_the_kernel_the_engine_picks(qtype, n, k):
     _, packed = weight(qtype, n, k, "gpu")
     w = dequantize_ref(packed)
     for m in range(1, 17):
         x = x_of(m, k, qtype, n)
-        close(qmatmul_triton(x, packed), x, w, None, f"{qtype} [{n}, {k}] m={m}")
+        close(ops.linear(x, [packed]), x, w, None, f"{qtype} [{n}, {k}] m={m}")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_sweep_configurations(qtype):
+    """The corners of the tuning sweep's candidates compute the product."""
+    from tallow_quant_gguf.tuning import candidates
+
+    n, k = 4096, 4096
+    _, packed = weight(qtype, n, k, "sweep")
+    w = dequantize_ref(packed)
+    for m in (1, 4, 64):
+        x = x_of(m, k, "sweep", qtype)
+        for choice in candidates(qtype, n, k, m, corners=True):
+            got = ops._fused(x, packed, None, choice, None) if choice.path != "dequant" else \
+                ops.linear(x, [packed], policy=KernelPolicy(matmul="dequant"))
+            close(got, x, w, None, f"{qtype} m={m} {choice}")
 
 
 @pytest.mark.parametrize("matmul", ["fused", "dequant"])
@@ -55,16 +73,35 @@ def test_pdl_launch_matches_plain_launch():
     if not pdl_enabled(torch.empty(1, device="cuda")):
         pytest.skip("PDL needs compute capability 9.0+ and a Triton with gdc_wait")
     _, packed = weight("Q4_K", 4096, 4096, "pdl")
-    x = x_of(1, 4096, "pdl")
+    x = x_of(4, 4096, "pdl")
+    off, on = off_then_on(lambda: gemv_triton(x[:1], packed, config=(4, 1, 1, True)))
+    assert torch.equal(off, on)
+    assert compiled_with_pdl(_gemv_kernel) is not False
     off, on = off_then_on(lambda: qmatmul_triton(x, packed))
     assert torch.equal(off, on)
-    assert compiled_with_pdl(_qmatmul_kernel) is not False
+    assert compiled_with_pdl(_mma_kernel) is not False
+
+
+def test_split_k_is_deterministic_and_leaves_its_counters_at_zero():
+    from tallow_quant_gguf.kernels.splitk import counters
+
+    _, packed = weight("Q4_K", 4096, 14336, "split")
+    x = x_of(16, 14336, "split")
+    first = gemv_triton(x[:1], packed, config=(4, 1, 7, True))
+    for _ in range(3):
+        assert torch.equal(gemv_triton(x[:1], packed, config=(4, 1, 7, True)), first)
+    close(first, x[:1], dequantize_ref(packed), None, "split gemv")
+    many = qmatmul_triton(x, packed, config=(16, 64, 8, 4, 3, 7, 1))
+    close(many, x, dequantize_ref(packed), None, "split mma")
+    torch.cuda.synchronize()
+    assert int(counters(x.device).count_nonzero()) == 0
 
 
 def test_graph_replay_equals_eager_for_every_path():
     parts = [weight("Q4_K", 1024, 4096, "graph")[1], weight("Q8_0", 512, 4096, "graph")[1]]
-    policy = KernelPolicy(gemv_max_rows=16, dequant_min_rows=128)
-    for m in (1, 8, 64, 256):  # gemv, gemv (dot), fused gemm, workspace + cuBLAS
+    policy = KernelPolicy(dequant_min_rows=128)
+    ops.warm_up(parts, torch.bfloat16, policy)
+    for m in (1, 8, 64, 256):  # gemv (split), tensor cores (split), tensor cores, workspace
         x = x_of(m, 4096, "graph")
         eager = ops.linear(x, parts, policy=policy)
         static_x = x.clone()

@@ -199,14 +199,16 @@ def test_settings_are_validated_with_their_key():
         return GGUFQuantScheme(make_config({"plugins": {"settings": {
             "tallow-quant-gguf": settings}}}))
 
-    assert scheme({"matmul": "dequant", "gemv_max_rows": 8}).policy == KernelPolicy(
-        "dequant", 8, 1024)
+    assert scheme({"matmul": "dequant", "dequant_min_rows": 8}).policy == KernelPolicy(
+        "dequant", 8)
     with pytest.raises(ValueError, match=r"tallow-quant-gguf\.matmul: expected one of auto"):
         scheme({"matmul": "fast"})
     with pytest.raises(ValueError, match="unknown setting.*gemv_rows"):
         scheme({"gemv_rows": 4})
     with pytest.raises(ValueError, match="dequant_min_rows: expected a non-negative integer"):
         scheme({"dequant_min_rows": -1})
+    with pytest.raises(ValueError, match="tuned_table: tuned table .*nowhere.json: cannot read"):
+        scheme({"tuned_table": "/nowhere.json"})
 
 
 def test_isq_types_with_llama_cpp_shape_fallbacks():

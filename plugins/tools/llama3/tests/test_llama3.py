@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 
 import pytest
@@ -11,8 +10,7 @@ from hypothesis import strategies as st
 
 import tallow_tool_llama3.plugin
 from tallow.plugin.testing import (
-    assert_streaming_matches_parse, isolated_plugin_manager, modules_imported_by_registration,
-    parse_summary,
+    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
 )
 from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_llama3.parser import Llama3JsonToolParser
@@ -118,14 +116,8 @@ def test_matches(model, template, expected):
     assert Llama3JsonToolParser.matches(model, template) is expected
 
 
-def test_registration_through_the_entry_point():
-    [ep] = [e for e in importlib.metadata.entry_points(group="tallow")
-            if e.name == "tallow-tool-llama3"]
-    assert ep.value == "tallow_tool_llama3.plugin"
+def test_registered_at_the_class_priority():
+    """(Entry point, lazy target and light registration: tests/test_conformance.py.)"""
     pm = isolated_plugin_manager(("tallow-tool-llama3", tallow_tool_llama3.plugin))
     entry = pm.registries.tool_parsers.entry("llama3_json")
-    assert entry.lazy and entry.load() is Llama3JsonToolParser
-    assert entry.priority == Llama3JsonToolParser.priority
-    assert modules_imported_by_registration("tallow_tool_llama3.plugin",
-                                            "tallow_register_tool_parsers",
-                                            "ToolParserRegistry") == []
+    assert entry.load() is Llama3JsonToolParser and entry.priority == Llama3JsonToolParser.priority

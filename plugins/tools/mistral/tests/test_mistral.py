@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 
 import pytest
@@ -11,8 +10,7 @@ from hypothesis import strategies as st
 
 import tallow_tool_mistral.plugin
 from tallow.plugin.testing import (
-    assert_streaming_matches_parse, isolated_plugin_manager, modules_imported_by_registration,
-    parse_summary,
+    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
 )
 from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_mistral.parser import MistralToolParser
@@ -126,14 +124,8 @@ def test_matches(model, template, expected):
     assert MistralToolParser.matches(model, template) is expected
 
 
-def test_registration_through_the_entry_point():
-    [ep] = [e for e in importlib.metadata.entry_points(group="tallow")
-            if e.name == "tallow-tool-mistral"]
-    assert ep.value == "tallow_tool_mistral.plugin"
+def test_registered_at_the_class_priority():
+    """(Entry point, lazy target and light registration: tests/test_conformance.py.)"""
     pm = isolated_plugin_manager(("tallow-tool-mistral", tallow_tool_mistral.plugin))
     entry = pm.registries.tool_parsers.entry("mistral")
-    assert entry.lazy and entry.load() is MistralToolParser
-    assert entry.priority == MistralToolParser.priority
-    assert modules_imported_by_registration("tallow_tool_mistral.plugin",
-                                            "tallow_register_tool_parsers",
-                                            "ToolParserRegistry") == []
+    assert entry.load() is MistralToolParser and entry.priority == MistralToolParser.priority

@@ -27,13 +27,51 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
+from ..manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
+
+#: the conformance suites and their helpers, imported on first use (they import torch)
+_LAZY = {
+    "ComponentConformance": "component",
+    "AttentionBackendConformance": "attention",
+    "KVCodecConformance": "kv_codec",
+    "ToolParserConformance": "tool_parser",
+    "WeightFormatConformance": "weight_format",
+    "WrittenCheckpoint": "weight_format",
+    "QuantSchemeConformance": "quant",
+    "ModelArchitectureConformance": "model",
+    "ToolProviderConformance": "tool_provider",
+    "RouteConformance": "routes",
+    "PagedStep": "paged_batch",
+    "random_paged_step": "paged_batch",
+    "check_step": "paged_batch",
+    "PagedRunner": "paged_runner",
+    "tiny_tokenizer": "tokenizer",
+    "save_tokenizer": "tokenizer",
+    "offline_llm": "engine",
+    "random_hf_model": "model_parity",
+    "assert_greedy_parity": "model_parity",
+    "assert_cuda_parity": "model_parity",
+    "assert_engine_greedy": "model_parity",
+    "load_model": "model_parity",
+    "load_saved": "model_parity",
+    "gguf_tensors": "gguf_files",
+    "gguf_metadata": "gguf_files",
+    "write_gguf": "gguf_files",
+    "read_gguf": "gguf_files",
+}
+
 
 __all__ = [
     "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
     "tallow_plugin_manager", "tallow_hook_recorder", "parse_summary",
-    "assert_streaming_matches_parse", "modules_imported_by_registration",
+    "assert_streaming_matches_parse", "modules_imported_by_registration", *_LAZY,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _default_name(plugin: Any) -> str:
@@ -210,7 +248,7 @@ def assert_streaming_matches_parse(parser: Any, text: str, tools: Any = None,
     """Check a tool parser's contract on ``text``: fed one character at a time, then in
     ``tries`` random splits (chunks of 1–9 characters, seeded by the text), the assembled
     stream equals ``parser.parse(text, tools)``. Returns that parse result."""
-    from .tool_parsing import assemble
+    from ..tool_parsing import assemble
 
     whole = parser.parse(text, tools)
     rng = random.Random(text)

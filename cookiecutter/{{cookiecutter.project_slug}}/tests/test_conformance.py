@@ -1,0 +1,105 @@
+"""{{ cookiecutter.project_slug }} against tallow's conformance suite for its kind
+(tallow.plugin.testing): the suite loads the component through this distribution's installed
+entry point, so install the project first (pip install -e .)."""
+
+from __future__ import annotations
+{% if cookiecutter.kind == "tool-parser" %}
+from tallow.plugin.testing import ToolParserConformance
+
+
+class TestConformance(ToolParserConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+    examples = [
+        ('CALL get_weather {"city": "Paris"}\n', [("get_weather", {"city": "Paris"})]),
+        ('Let me look.\nCALL get_weather {"city": "東京"}\nCALL search {"q": [1, null]}',
+         [("get_weather", {"city": "東京"}), ("search", {"q": [1, None]})]),
+    ]
+{% elif cookiecutter.kind == "model" %}
+from typing import Any
+
+from tallow.plugin.testing import ModelArchitectureConformance
+
+
+class TestConformance(ModelArchitectureConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+
+    def hf_config(self) -> Any:
+        import transformers
+
+        return transformers.ArceeConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
+            rms_norm_eps=1e-5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+{% elif cookiecutter.kind == "weight-format" %}
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tallow.plugin.testing import WeightFormatConformance, WrittenCheckpoint
+from tallow.plugin.testing.weight_format import tiny_llama_checkpoint
+
+
+class TestConformance(WeightFormatConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+
+    def write_checkpoint(self, directory: Path) -> WrittenCheckpoint:
+        config, tensors = tiny_llama_checkpoint()
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text(json.dumps(config))
+        np.savez(directory / "model.npz", **{k: v.numpy() for k, v in tensors.items()})
+        return WrittenCheckpoint(str(directory), tensors, "LlamaForCausalLM",
+                                 [directory / "model.npz"])
+{% elif cookiecutter.kind == "quant-scheme" %}
+from typing import Any
+
+import torch
+
+from tallow.plugin.testing import QuantSchemeConformance
+from {{ cookiecutter.package_name }}.scheme import quantize
+
+
+class TestConformance(QuantSchemeConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+
+    def quantized_weights(self, rows: int, cols: int) -> list[Any]:
+        return [quantize(torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)))]
+{% elif cookiecutter.kind == "kv-codec" %}
+from tallow.plugin.testing import KVCodecConformance
+
+
+class TestConformance(KVCodecConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+    # rounding to nearest float16: half a unit in the last place (2**-11 relative) for normal
+    # numbers, half the subnormal step (2**-25) below them
+    relative_tolerance = 2.0 ** -11
+    absolute_tolerance = 2.0 ** -25
+{% elif cookiecutter.kind == "attention-backend" %}
+from tallow.plugin.testing import AttentionBackendConformance
+
+
+class TestConformance(AttentionBackendConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+    kv_codecs = ("auto",)
+{% elif cookiecutter.kind == "tool-provider" %}
+from tallow.plugin.testing import ToolProviderConformance
+
+
+class TestConformance(ToolProviderConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+    sample_call = ("add", {"a": 1, "b": 2.5})
+{% elif cookiecutter.kind == "routes" %}
+from tallow.plugin.testing import RouteConformance
+
+
+class TestConformance(RouteConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+{% endif %}

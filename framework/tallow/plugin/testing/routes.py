@@ -1,0 +1,58 @@
+"""The routes suite: a registered HTTP route loads, and served the way ``tallow serve`` serves
+plugin routes (a Starlette ``Route`` with its methods, or a ``Mount`` of an ASGI app), answers
+each of its methods.
+
+::
+
+    class TestMyPage(RouteConformance):
+        distribution = "tallow-mypage"
+        component = "/mypage"                  # the registered path
+        expected_status = 200
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from ..registry import Entry
+from .component import ComponentConformance
+
+
+class RouteConformance(ComponentConformance):
+    registry_kind = "routes"
+
+    #: the path requested (default: the registered path; under a mount, any path inside it)
+    request_path: ClassVar[str | None] = None
+    expected_status: ClassVar[int] = 200
+
+    @pytest.fixture(scope="class")
+    def client(self, entry: Entry, component_class: Any) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Mount, Route
+        from starlette.testclient import TestClient
+
+        if entry.meta.get("mount"):
+            route: Any = Mount(entry.name, app=component_class)
+        else:
+            route = Route(entry.name, component_class,
+                          methods=list(entry.meta.get("methods", ("GET",))))
+        with TestClient(Starlette(routes=[route])) as client:
+            yield client
+
+    def test_path_and_methods(self, entry: Entry) -> None:
+        assert entry.name.startswith("/")
+        methods = entry.meta.get("methods", ("GET",))
+        assert methods and all(m.upper() in {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                             "OPTIONS"} for m in methods), methods
+
+    def test_target_is_callable(self, component_class: Any) -> None:
+        assert callable(component_class), f"{self.component}: target {component_class!r}"
+
+    def test_answers_each_method(self, entry: Entry, client: Any) -> None:
+        path = self.request_path or entry.name
+        for method in entry.meta.get("methods", ("GET",)):
+            response = client.request(method, path)
+            assert response.status_code == self.expected_status, (
+                f"{method} {path}: {response.status_code} {response.text[:200]}")
