@@ -53,7 +53,7 @@ def layout_reasons(layout: list[KVTensor]) -> list[str]:
                     f"unknown tensors {', '.join(unknown)}" if unknown else "",
                     f"missing {', '.join(missing)}" if missing else "") if part)
                 + "; the torch backend serves layouts without a rotation)"]
-    codes, scales, rotation = specs["k_codes"], specs["k_scales"], specs["rotation"]
+    codes, rotation = specs["k_codes"], specs["rotation"]
     head_dim = rotation.shape[0]
     reasons = []
     for name, want_dtype, shape in (
