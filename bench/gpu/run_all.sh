@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# kvtests,kvkernelcases,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
+# kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # or full: the runs behind the targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles,
 # probes, A/B, fp8, KV-codec and quantized-weight (tallow-quant-gguf, --isq) runs.
@@ -174,16 +174,38 @@ fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
-if [[ ",$MODE," == *",kvtests,"* ]]; then  # the KV codecs' GPU tests: fused turbo and fp8 kernels against the torch reference
-  echo "== GPU tests of the KV codecs"
-  timeout 560 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu/test_gpu_engine.py \
-    tests/engine/test_kv_fp8_settings.py \
-    plugins/attention/triton/tests/test_attention_gpu.py plugins/attention/triton/tests/test_pdl_gpu.py \
-    -k "turbo or fp8 or graph or compiles or scales" 2>&1 | tail -25 | tee "$OUT/tests_kv.log"
+# The KV codecs' GPU tests, file by file, each file's failures with short tracebacks as soon
+# as that file ends (the whole log in OUT/tests_kv*.log): kvtestsquick ~4 min, one test per
+# fused path at real sizes and the tests that failed at 57cb60d; kvtests ~9 min, all of them.
+kvtest() {  # log, timeout, pytest args...
+  timeout "$2" python3 -m pytest -q -m gpu -rfE --tb=short --timeout 240 "${@:3}" 2>&1 \
+    | grep -v Warning | tee -a "$OUT/$1" | grep -v "^[.sFEx]*\s*\[ *[0-9]*%\]$"
+}
+if [[ ",$MODE," == *",kvtestsquick,"* ]]; then
+  echo "== GPU tests of the KV codecs (short selection)"
+  G=plugins/attention/triton/tests/test_attention_gpu.py
+  kvtest tests_kv_quick.log 150 "tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_against_the_torch_backend_and_eager[turbo4]" \
+    tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens
+  kvtest tests_kv_quick.log 150 $G -k "turbo_cache_long_contexts and 1-torch.float16 \
+    or head_scales_long_contexts and True-1- or turbo_sliding_window_and_softcap \
+    or cuda_graph_capture_and_replay or store_codes_match or fp8_store_rounds \
+    or turbo_every_head_dim_and_group and (1-80-3 or 8-256-4 or 8-96-8)"
 fi
-if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # the interpreter's kernel cases (turbo included) on the GPU
-  echo "== kernel cases on the GPU"
-  timeout 400 python3 -m pytest -q -rs plugins/attention/triton/tests/kernel_cases.py 2>&1 | tail -15 | tee "$OUT/tests_kernel_cases.log"
+if [[ ",$MODE," == *",kvtests,"* ]]; then
+  echo "== GPU tests of the KV codecs"
+  kvtest tests_kv.log 240 tests/gpu/test_gpu_engine.py tests/engine/test_kv_fp8_settings.py \
+    -k "turbo or fp8 or graph or scales"
+  kvtest tests_kv.log 330 plugins/attention/triton/tests/test_attention_gpu.py \
+    plugins/attention/triton/tests/test_pdl_gpu.py -k "turbo or fp8 or graph or compiles or scales"
+fi
+if [[ ",$MODE," == *",turboprobe,"* ]]; then  # ~2 min: where a decode step's attention time goes per cache
+  echo "== decode attention per cache: the step, the store, the kernels, the rotations"
+  timeout 240 python3 bench/gpu/kv_turbo_probe.py --batch 512 2>&1 | grep -v Warning | tee "$OUT/turboprobe.log"
+fi
+if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # ~4 min: the interpreter's kernel cases and the kit's conformance cases (every codec) on the GPU
+  echo "== kernel and conformance cases on the GPU"
+  timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 240 plugins/attention/triton/tests/kernel_cases.py \
+    plugins/attention/triton/tests/conformance_cases.py 2>&1 | grep -v Warning | tee "$OUT/tests_kernel_cases.log" | tail -40
 fi
 if [[ ",$MODE," == *",thr8bturbo4,"* ]]; then  # the fp8 run's workload with a turbo4 cache (run beside thr8bfp8)
   bench throughput_8b_turbo4 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec turbo4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
