@@ -6,7 +6,9 @@ captured in one CUDA graph, as the model runner replays them.
 For each cache: the whole backend step (store, queries' transform, attention, output's
 transform), then each part alone over the same 32 layers: the store, the attention kernels on
 queries already transformed, the queries' rotation and the output's (turbo only). K/V bytes
-read per step and TB/s are those of the attention part.
+read per step and TB/s are those of the attention part. Then a prefill step per cache: 8
+prompts of 1024 tokens over 32 layers (store and attention), where every query tile reads and
+unpacks its context again.
 
 Usage: python bench/gpu/kv_turbo_probe.py [--batch 512] [--codecs bf16,fp8,turbo8,turbo4,turbo3]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import triton
 
 from tallow.kernels.kv_cache import footprint
 from tallow_attention_triton import ops, turbo_ops
@@ -75,6 +78,19 @@ def probe(name: str, batch: int, ctx: list[int]) -> str:
             f"{gbytes:7.2f} {gbytes / attn:6.2f} {err:8.1e}  ({splits} splits)")
 
 
+def prefill(name: str) -> str:
+    """ms of a prefill step of 8 x 1024 tokens over 32 layers with cache ``name``."""
+    be = TritonAttentionBackend()
+    case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
+                     num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
+                     dtype=torch.bfloat16, codec=codec_of(name), device="cuda")
+    # eager, as the engine runs prefill steps (do_bench flushes the L2 between runs)
+    ms = triton.testing.do_bench(lambda: [be.forward(case.layer, case.q, case.k, case.v,
+                                                     case.kv_cache, case.meta)
+                                          for _ in range(LAYERS)])
+    return f"{name:8s} prefill 8 x 1024 tokens, 32 layers: {ms:8.3f} ms"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=512)
@@ -86,6 +102,9 @@ def main() -> None:
           f"{'out rot':>7s} {'KV GB':>7s} {'TB/s':>6s} {'max err':>8s}")
     for name in args.codecs.split(","):
         print(probe(name, args.batch, ctx), flush=True)
+        torch.cuda.empty_cache()
+    for name in args.codecs.split(","):
+        print(prefill(name), flush=True)
         torch.cuda.empty_cache()
 
 
