@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 HIDDEN, N_Q, N_KV, HEAD, MLP, VOCAB = 4096, 32, 8, 128, 14336, 128256
-BLOCK_SIZE, N_BLOCKS, MAX_POS = 16, 4096, 8192
+MAX_POS = 8192
 BATCHES = (1, 8, 32, 64, 128, 256)
 
 
@@ -25,8 +25,6 @@ def _cases(n: int, dtype: torch.dtype):
     """(name, triton callable, reference callable) for n tokens."""
     from tallow.kernels import activation, gumbel, norm, rotary
     from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.attention_ref import store_kv_ref
-    from tallow.kernels.kv_store_triton import store_kv_triton
     from tallow.kernels.norm_triton import rms_norm_triton
     from tallow.kernels.rotary_triton import rotary_embedding_triton
     from tallow.kernels.sampling_triton import gumbel_argmax_triton
@@ -51,13 +49,6 @@ def _cases(n: int, dtype: torch.dtype):
     yield ("rotary (q+k, in place)",
            lambda: rotary_embedding_triton(pos, q, k, cache, HEAD, True, True),
            lambda: rotary.rotary_embedding_ref(pos, q, k, cache, HEAD, True, True))
-
-    kv_cache = torch.zeros(2, N_BLOCKS, BLOCK_SIZE, N_KV, HEAD, device=dev, dtype=dtype)
-    kk = k.view(n, N_KV, HEAD)
-    vv = qkv[:, (N_Q + N_KV) * HEAD:].view(n, N_KV, HEAD)
-    slots = torch.randperm(N_BLOCKS * BLOCK_SIZE, device=dev)[:n]
-    yield ("store_kv", lambda: store_kv_triton(kv_cache, kk, vv, slots),
-           lambda: store_kv_ref(kv_cache, kk, vv, slots))
 
     logits = torch.randn(n, VOCAB, device=dev)
     inv_t = torch.full((n,), 1.0 / 0.7, device=dev)

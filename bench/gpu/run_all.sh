@@ -3,11 +3,12 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
+# kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
-# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
-# quantized-weight (tallow-quant-gguf, --isq) runs.
+# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
+# KV-codec and quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -183,6 +184,51 @@ fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
+# The KV codecs' GPU tests, file by file, each file's failures with short tracebacks as soon
+# as that file ends (the whole log in OUT/tests_kv*.log): kvtestsquick ~4 min, one test per
+# fused path at real sizes and the tests that failed at 57cb60d; kvtests ~9 min, all of them.
+kvtest() {  # log, timeout, pytest args...
+  timeout "$2" python3 -m pytest -q -m gpu -rfE --tb=short --timeout 240 "${@:3}" 2>&1 \
+    | grep -v Warning | tee -a "$OUT/$1" | grep -v "^[.sFEx]*\s*\[ *[0-9]*%\]$"
+}
+if [[ ",$MODE," == *",kvtestsquick,"* ]]; then
+  echo "== GPU tests of the KV codecs (short selection)"
+  G=plugins/attention/triton/tests/test_attention_gpu.py
+  kvtest tests_kv_quick.log 150 "tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_against_the_torch_backend_and_eager[turbo4]" \
+    tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens
+  kvtest tests_kv_quick.log 150 $G -k "turbo_cache_long_contexts and 1-torch.float16 \
+    or head_scales_long_contexts and True-1- or turbo_sliding_window_and_softcap \
+    or cuda_graph_capture_and_replay or store_codes_match or fp8_store_rounds \
+    or turbo_every_head_dim_and_group and (1-80-3 or 8-256-4 or 8-96-8)"
+fi
+if [[ ",$MODE," == *",kvtests,"* ]]; then
+  echo "== GPU tests of the KV codecs"
+  kvtest tests_kv.log 240 tests/gpu/test_gpu_engine.py tests/engine/test_kv_fp8_settings.py \
+    -k "turbo or fp8 or graph or scales"
+  kvtest tests_kv.log 330 plugins/attention/triton/tests/test_attention_gpu.py \
+    plugins/attention/triton/tests/test_pdl_gpu.py -k "turbo or fp8 or graph or compiles or scales"
+fi
+if [[ ",$MODE," == *",turboprobe,"* ]]; then  # ~2 min: where a decode step's attention time goes per cache
+  echo "== decode attention per cache: the step, the store, the kernels, the rotations"
+  timeout 240 python3 bench/gpu/kv_turbo_probe.py --batch 512 2>&1 | grep -v Warning | tee "$OUT/turboprobe.log"
+fi
+if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # ~4 min: the interpreter's kernel cases and the kit's conformance cases (every codec) on the GPU
+  echo "== kernel and conformance cases on the GPU"
+  timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 240 plugins/attention/triton/tests/kernel_cases.py \
+    plugins/attention/triton/tests/conformance_cases.py 2>&1 | grep -v Warning | tee "$OUT/tests_kernel_cases.log" | tail -40
+fi
+if [[ ",$MODE," == *",thr8bturbo4,"* ]]; then  # the fp8 run's workload with a turbo4 cache (run beside thr8bfp8)
+  bench throughput_8b_turbo4 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec turbo4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+# Long contexts: 64 sequences of 32,768 prompt tokens, 128 generated each; the decode rate over
+# the decode steps, the sequences that ran at once and that the cache holds (per codec).
+# llama-3.1-8b: llama-3-8b's shapes with rotary scaling to 128k positions (llama-3-8b stops at 8k).
+LONG32K=(latency --model random:llama-3.1-8b --dtype bfloat16 --batch-size 64 --input-len 32768 --output-len 128 --max-model-len 32896 --max-num-seqs 64 --max-cuda-graph-batch 64 --warmup-input-len 512)
+for codec in bf16 fp8 turbo4 turbo3; do
+  if [[ ",$MODE," == *",long32k$codec,"* ]]; then
+    bench long32k_$codec 560 "${LONG32K[@]}" --kv-codec "$([ $codec = bf16 ] && echo auto || echo $codec)"
+  fi
+done
 if [[ ",$MODE," == *",quanttests,"* ]]; then  # ~2.5 min at most
   echo "== GPU tests of tallow-quant-gguf (kernel cases, then the gpu-marked tests)"
   { timeout 100 python3 -m pytest -q -rs -n 8 --timeout 90 plugins/quant/gguf/tests/kernel_cases.py
@@ -295,9 +341,10 @@ out = pathlib.Path(sys.argv[1])
 print("\n== summary")
 for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
-    keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
-            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
+    keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
+            "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
+            "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",
+            "card_gemm_flops", "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

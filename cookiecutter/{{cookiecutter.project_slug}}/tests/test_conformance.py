@@ -75,6 +75,10 @@ from tallow.plugin.testing import KVCodecConformance
 class TestConformance(KVCodecConformance):
     distribution = "{{ cookiecutter.project_slug }}"
     component = "{{ cookiecutter.component_name }}"
+    # rounding to nearest float16: half a unit in the last place (2**-11 relative) for normal
+    # numbers, half the subnormal step (2**-25) below them
+    relative_tolerance = 2.0 ** -11
+    absolute_tolerance = 2.0 ** -25
 {% elif cookiecutter.kind == "attention-backend" %}
 from tallow.plugin.testing import AttentionBackendConformance
 

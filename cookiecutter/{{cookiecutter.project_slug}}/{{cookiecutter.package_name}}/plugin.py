@@ -41,7 +41,8 @@ def tallow_register_quant_schemes(registry: Any) -> None:
 
 @hookimpl
 def tallow_register_kv_codecs(registry: Any) -> None:
-    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.codec:Float16KVCodec")
+    # bits: what one K or V element takes, listed by `tallow plugins list`
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.codec:Float16KVCodec", bits=16)
 {% elif cookiecutter.kind == "attention-backend" %}
 
 @hookimpl

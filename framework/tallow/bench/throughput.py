@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from .common import (
-    build_engine, copy_bandwidth, gemm_flops, input_prompts, lengths, now, quantization,
-    random_prompts, sync,
+    build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
+    lengths, now, quantization, random_prompts, sync,
 )
 
 
@@ -72,7 +72,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "total_tok_s": (generated + sum(in_lens)) / elapsed, "req_s": n / elapsed,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
-        "kv_blocks": stats["num_total_blocks"],
+        **kv_capacity(parts),
         # sequences whose KV was dropped for lack of blocks and recomputed later
         "preemptions": stats["num_preemptions"],
         # mean seconds per step spent in each phase of the engine step
@@ -99,7 +99,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
-        ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
+        ("requests/s", r["req_s"]), *kv_capacity_rows(r),
         ("preemptions (recomputed)", r["preemptions"]),
     ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
         (name, value) for name, value in (

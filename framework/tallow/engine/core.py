@@ -100,6 +100,10 @@ class CoreOutput:
     #: the host phases (schedule, launch, post) that ran while the device was still busy with
     #: an earlier step from start to end, so the device did not wait for them (async mode)
     hidden: set[str] = field(default_factory=set)
+    #: every step this call ran on the device (the one whose tokens it returns and, in async
+    #: mode, the one it launched) computed decode rows only, no prompt: its wall time is a
+    #: decode step's (benchmarks count decode throughput over such steps)
+    decode_only: bool = False
 
     @property
     def host_time(self) -> float:
@@ -144,6 +148,11 @@ def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
     out.timings = dict(clock.timings)
     out.hidden = hidden
     return out
+
+
+def _decode_only(step: "_InFlight | None") -> bool:
+    """Whether ``step`` (None: nothing was launched) computes decode rows only."""
+    return step is None or all(item.is_decode for item in step.plan.scheduled)
 
 
 def _must_collect_first(plan: SchedulerOutput) -> bool:
@@ -311,6 +320,7 @@ class EngineCore:
         elif launched is not None and not launched.pending.is_done():
             hidden.add("post")  # the device ran `launched` meanwhile
         self._in_flight = launched
+        out.decode_only = out.decode_only and _decode_only(launched)
         return _stamp(out, clock, hidden)
 
     def _collect_then_launch(self, previous: _InFlight,
@@ -322,6 +332,7 @@ class EngineCore:
         clock.mark("overlapped")
         out = self._collect(previous, clock)
         self._in_flight = self._schedule_and_launch(clock, feed=None)
+        out.decode_only = out.decode_only and _decode_only(self._in_flight)
         return _stamp(out, clock, set())
 
     def _schedule_and_launch(self, clock: _Clock, feed: _InFlight | None) -> _InFlight | None:
@@ -346,7 +357,7 @@ class EngineCore:
         """Read a step's tokens back, commit them and check stops."""
         result = self.runner.collect(step.pending)
         clock.mark("wait")
-        out = CoreOutput()
+        out = CoreOutput(decode_only=_decode_only(step))
         self._report_prompt_side(step.plan, result, out)
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()
@@ -414,6 +425,7 @@ class EngineCore:
             "num_waiting": s.num_waiting, "num_running": s.num_running,
             "kv_usage": bm.usage, "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
+            "kv_capacity_tokens": bm.capacity_tokens,
             "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
             "overlapped_steps": self.overlapped_steps,
             "num_preemptions": s.num_preemptions,

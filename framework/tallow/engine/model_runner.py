@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
-from tallow.kernels.attention_ref import indexable
+from tallow.kernels import kv_cache
+from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
@@ -49,12 +50,6 @@ def kv_layers(model: torch.nn.Module) -> list[Attention]:
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     layers.sort(key=lambda m: m.layer.layer_index)
     return layers
-
-
-def kv_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return sum(2 * block_size * a.layer.num_kv_heads * a.layer.head_dim * elem
-               for a in kv_layers(model))
 
 
 def child_seed(seed: int | None, index: int) -> int | None:
@@ -165,7 +160,7 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_dtype: torch.dtype | None = None, sampler: Sampler | None = None,
+                 kv_codec: Any = None, sampler: Sampler | None = None,
                  pooler: Any = None) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
@@ -182,15 +177,14 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.eos_token_ids = set(eos_token_ids or ())
         self.sampler = sampler or Sampler()
-        self.kv_dtype = kv_dtype or dtype
+        self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
         self.layers = kv_layers(model)
-        self.kv_caches: list[torch.Tensor] = []
-        for attn in self.layers:
-            spec = attn.layer
-            cache = torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                                dtype=self.kv_dtype, device=device)
+        self.kv_caches = kv_cache.allocate(self.kv_codec, [a.layer for a in self.layers],
+                                           num_blocks=num_blocks, block_size=block_size,
+                                           model_dtype=dtype, device=device,
+                                           checkpoint_scales=[a.kv_scales for a in self.layers])
+        for attn, cache in zip(self.layers, self.kv_caches):
             attn.kv_cache = cache
-            self.kv_caches.append(cache)
         self.graphs = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
@@ -206,9 +200,7 @@ class ModelRunner:
             return
         src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
         dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
-        for cache in self.kv_caches:
-            cache = indexable(cache)
-            cache[:, dst] = cache[:, src]
+        kv_cache.copy_blocks(self.kv_caches, src, dst)
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.

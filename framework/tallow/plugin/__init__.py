@@ -6,8 +6,8 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 """
 
 from .components import (
-    AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
-    ToolResult, WeightFormat,
+    AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
+    ToolProvider, ToolResult, WeightFormat,
 )
 from .embedding_spec import EmbeddingSpec
 from .errors import ComponentLoadError, PluginError, PluginLoadError
@@ -28,7 +28,8 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
+    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme",
+    "KVCodec", "KVTensor",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",

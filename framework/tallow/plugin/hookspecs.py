@@ -61,13 +61,14 @@ def tallow_register_quant_schemes(registry: "QuantSchemeRegistry") -> None:
 
 @hookspec
 def tallow_register_kv_codecs(registry: "KVCodecRegistry") -> None:
-    """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`).
+    """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`):
+    ``registry.register(name, "pkg.module:Class", bits=N)`` with the nominal bits per stored
+    element (listings show them without importing the codec).
 
-    A codec states its bytes per element and the cache dtype. An elementwise codec (a plain,
-    saturating cast into that dtype) is written and read by every attention backend that
-    handles the dtype; a codec with its own encoding provides its write (quantize into the
-    paged cache) and read (dequantize) paths to the backends that implement it, which accept
-    it in ``AttentionBackend.supports_kv_codec``.
+    A codec lays out the tensors of one layer's cache (codes, scales, ...) and provides a
+    plain-torch reference ``encode`` (a step's K/V into the cache) and ``decode`` (blocks back
+    to K/V). The torch attention backend serves any codec through them; a backend that
+    implements a codec in kernels of its own names it in ``fused_kv_codecs``.
     """
 
 

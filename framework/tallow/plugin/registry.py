@@ -279,9 +279,27 @@ class QuantSchemeRegistry(Registry):
 
 
 class KVCodecRegistry(Registry):
-    """KV-cache codecs (auto, fp8, turbo*)."""
+    """KV-cache codecs (auto, fp8, turbo*).
+
+    ``bits`` is the codec's nominal storage per K or V element without its scales (None: the
+    model's dtype), kept as metadata so that listings show it without importing the codec.
+    """
 
     kind = "kv_codec"
+
+    def register(self, name: str, target: Any, *, bits: float | None = None, priority: int = 0,
+                 override: bool = False, **meta: Any) -> Entry:
+        if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, float))
+                                 or bits <= 0):
+            raise RegistryError(f"kv_codec {name!r}: bits must be a positive number or None, "
+                                f"got {bits!r}")
+        return super().register(name, target, priority=priority, override=override, bits=bits,
+                                **meta)
+
+    def label(self, name: str) -> str:
+        """``name`` with its storage for listings: ``turbo4 (4 bits)``, ``auto (model dtype)``."""
+        bits = self.entry(name).meta.get("bits")
+        return f"{name} ({'model dtype' if bits is None else f'{bits:g} bits'})"
 
 
 class AttentionBackendRegistry(Registry):

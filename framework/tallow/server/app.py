@@ -111,7 +111,8 @@ async def health(state: ServerState, request: Request) -> Response:
     body = {"status": "ok" if error is None else "error", "model": state.model_name,
             **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
                                          "num_free_blocks", "num_total_blocks",
-                                         "prefix_cache_hit_rate") if k in stats},
+                                         "kv_capacity_tokens", "prefix_cache_hit_rate")
+                if k in stats},
             "server_inflight": state.inflight}
     if error is not None:
         body["error"] = f"{type(error).__name__}: {error}"
