@@ -19,18 +19,22 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 
 The paged KV cache is owned by :mod:`tallow.kernels.kv_cache` (layouts, allocation, block
 copy, capacity, the dtype rules of 8-bit caches); :mod:`tallow.kernels.kv_cast` holds the
-codecs that cast (``auto`` and the base of fp8); :mod:`tallow.kernels.attention_ref` is the
+codecs that cast (``auto`` and the base of fp8); :func:`store_cast_kv` (:mod:`.kv_store`)
+writes K/V into a plain cast codec's ``k``/``v`` tensors for backends whose kernels only read
+the cache; :mod:`tallow.kernels.attention_ref` is the
 paged-attention reference, which reads any codec's cache through the codec's ``decode``.
 """
 
 from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
+from .kv_store import store_cast_kv, store_cast_kv_ref
 from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
     "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "interpreting",
     "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
-    "silu_and_mul_ref", "triton_enabled",
+    "silu_and_mul_ref", "store_cast_kv",
+    "store_cast_kv_ref", "triton_enabled",
 ]
