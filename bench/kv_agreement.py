@@ -15,6 +15,9 @@ Usage (CPU, the default model; a few minutes per codec)::
 
 ``NAME@FILE`` runs codec ``NAME`` with the settings of the tallow YAML file ``FILE`` (its
 plugin settings choose the codec's options); every codec is compared with one reference run.
+``--reference FILE`` keeps that run's tokens in ``FILE``: written when the file does not
+exist, read (and checked against the prompts and token count) when it does, so that codecs
+can be measured in separate, shorter runs against the same reference.
 """
 
 from __future__ import annotations
@@ -95,18 +98,40 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def reference_run(path: str | None, tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, the unquantized cache's greedy tokens): from ``path`` when it holds them
+    for these prompts and this many tokens, else computed (and written to ``path``)."""
+    import os
+
+    if path and os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("texts") != PROMPTS or saved.get("tokens_per_prompt") != tokens:
+            raise SystemExit(f"{path} holds the reference of other prompts or another token "
+                             f"count (expected {tokens} tokens per prompt)")
+        return saved["prompts"], saved["reference"]
+    ref = engine("auto", None)
+    prompts = [ref.tokenizer.encode(text) for text in PROMPTS]
+    reference = greedy(ref, prompts, tokens)
+    del ref
+    if path:
+        with open(path, "w") as f:
+            json.dump({"texts": PROMPTS, "tokens_per_prompt": tokens, "prompts": prompts,
+                       "reference": reference}, f)
+    return prompts, reference
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--codecs", default="fp8,turbo8,turbo4,turbo3",
                    help="comma-separated codec names, each optionally NAME@CONFIG.yaml")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--output", help="write the results as JSON here")
+    p.add_argument("--reference", help="JSON file of the reference tokens: read if it exists, "
+                   "else written")
     args = p.parse_args(argv)
     started = time.perf_counter()
-    ref = engine("auto", None)
-    prompts = [ref.tokenizer.encode(text) for text in PROMPTS]
-    reference = greedy(ref, prompts, args.tokens)
-    del ref
+    prompts, reference = reference_run(args.reference, args.tokens)
     results: dict[str, Any] = {"tokens_per_prompt": args.tokens, "prompts": len(prompts),
                                "codecs": {}}
     for label in args.codecs.split(","):
