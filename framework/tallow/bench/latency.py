@@ -45,7 +45,7 @@ def kv_bytes_per_token(runner: Any) -> int:
 
 def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
             seed: int = 0) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     device = engine.parts.loaded.device
     vocab = engine.parts.core.runner.vocab_size

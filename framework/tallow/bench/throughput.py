@@ -15,7 +15,7 @@ from .common import (
 def warm_up(engine: Any) -> None:
     """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
     sequences (mixed steps), so that kernels compile first."""
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     vocab = engine.parts.core.runner.vocab_size
     for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
@@ -29,7 +29,7 @@ def warm_up(engine: Any) -> None:
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     from tallow.engine.loader import resolve_device
 

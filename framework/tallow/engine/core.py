@@ -57,7 +57,7 @@ from .embedding import PoolingParams
 from .errors import AdmissionError
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
 from .sequence import SequenceStatus
 
@@ -193,8 +193,9 @@ class EngineCore:
                                        pooling=True)
             return
         # A private copy: the caller may reuse or change its object, while the engine relies
-        # on a request's params never changing (the sampler caches what it derives from them).
+        # on a request's params never changing (what is derived from them is cached on them).
         params = params.clone()
+        params.validate_vocab(self.runner.vocab_size)
         if params.max_tokens is None:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.scheduler.add_request(request_id, prompt_token_ids, params,

@@ -22,7 +22,7 @@ from tallow.kernels.host import device_tensor
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampler import RowParams, Sampler, SamplingBatch
+from .sampling import RowParams, Sampler, SamplingBatch, takes_argmax
 
 log = logging.getLogger("tallow.engine")
 
@@ -115,12 +115,6 @@ def _fill_block_table(table: np.ndarray, tables: list[list[int]]) -> None:
         flat.extend(blocks)
     lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
     table[np.arange(table.shape[1]) < lengths[:, None]] = flat
-
-
-def _plain_greedy(seq: Any) -> bool:
-    """Argmax is the whole story: greedy, no logit edits, no logprobs, min_tokens reached."""
-    p = seq.params
-    return p.argmax_only and seq.num_output_tokens >= p.min_tokens
 
 
 class ModelRunner:
@@ -349,7 +343,7 @@ class ModelRunner:
 
     def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
         targets = pending.targets
-        if all(_plain_greedy(seq) for seq in targets):
+        if all(takes_argmax(seq.params, seq.num_output_tokens) for seq in targets):
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
             # them to float32 first would not change it).
             pending.token_ids = argmax_rows(logits)

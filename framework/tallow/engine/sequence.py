@@ -25,7 +25,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 
 __all__ = ["SequenceStatus", "Sequence", "Request", "PENDING_TOKEN"]
 

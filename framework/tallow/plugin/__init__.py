@@ -18,7 +18,7 @@ from .registry import (
     Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
     WeightFormatRegistry, registering_as,
 )
-from .selection import SelectionError, select
+from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
     CallRegion, Decision, FoundCall, MarkupToolParser, ParseResult, StreamDelta,
@@ -36,6 +36,6 @@ __all__ = [
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
-    "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
+    "select", "serving", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
     "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

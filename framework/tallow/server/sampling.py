@@ -48,7 +48,7 @@ def build_sampling_params(req: ChatCompletionRequest | CompletionRequest, *, max
                           vocab_size: int | None, logprobs: int | None = None,
                           prompt_logprobs: int | None = None) -> Any:
     """The engine's ``SamplingParams`` for ``req`` (imported lazily: it lives in the engine)."""
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     kwargs: dict[str, Any] = {name: getattr(req, name) for name in _PASS_THROUGH
                               if getattr(req, name, None) is not None}
