@@ -19,8 +19,10 @@ from .embedding import EmbeddingInfo
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_bytes_per_block, kv_layers
 from .output_processor import OutputProcessor
+from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
 from .block_manager import BlockManager
+from .token_bytes import tokenizer_info
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
@@ -259,12 +261,15 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, block_size,
              num_blocks * per_block / 2**20)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
+    structured = None if embed else StructuredOutputs.for_engine(
+        registries, config, lambda: tokenizer_info(tokenizer, vocab), device)
     runner = ModelRunner(
         loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
         block_size=block_size, attention_backend=backend, vocab_size=vocab,
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_dtype=kv_dtype,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
+        grammar=structured,
     )
     warm_up_backend = getattr(backend, "warm_up", None)
     if device.type == "cuda" and warm_up_backend is not None:
@@ -291,7 +296,8 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task)
+                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task,
+                      structured=structured)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.

@@ -63,6 +63,12 @@ class SamplingBatch:
     max_top_k: int  # largest top_k among top_k_rows (0 if none)
     top_p_rows: list[int]
     min_p_rows: list[int]
+    #: the packed token masks of the rows constrained by a grammar ([M, ceil(V / 32)] int32 on
+    #: the logits' device, see :mod:`tallow.plugin.grammar`) and which rows they are ([M]
+    #: int64); set by the engine once the rows' grammars are up to date, None when no row is
+    #: constrained
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: torch.Tensor | None = None
 
     @property
     def max_num_logprobs(self) -> int | None:

@@ -14,7 +14,10 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from tallow.plugin import GrammarSpec
+
 from ..errors import InvalidParameter
+from .structured import structured_spec
 
 __all__ = ["SamplingParams", "InvalidParameter", "MAX_LOGPROBS", "GREEDY_TEMPERATURE"]
 
@@ -81,8 +84,12 @@ class SamplingParams:
     ``top_k`` 0 or -1 turns top-k off; ``max_tokens`` None means "until the context is full"
     (the engine fills in the limit). ``stop`` may be given as one string. ``logprobs`` /
     ``prompt_logprobs`` are the number of top alternatives to report per position (0 = only the
-    chosen token), None = not reported. Construction validates and normalizes every field;
-    assigning a field afterwards is not re-validated (use :meth:`clone` with changes instead).
+    chosen token), None = not reported. ``structured_outputs`` constrains the output to a
+    JSON Schema, regular expression, choice list or grammar (a
+    :class:`~tallow.engine.sampling.structured.StructuredOutputsParams`, a mapping of its
+    fields, or a :class:`tallow.plugin.GrammarSpec`; kept as the spec). Construction validates
+    and normalizes every field; assigning a field afterwards is not re-validated (use
+    :meth:`clone` with changes instead).
     """
 
     n: int = 1
@@ -105,6 +112,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     spaces_between_special_tokens: bool = True
+    structured_outputs: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         self.n = _int("n", self.n, minimum=1)
@@ -145,6 +153,11 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             setattr(self, name, _optional_int(name, getattr(self, name), minimum=0,
                                               maximum=MAX_LOGPROBS))
+        self.structured_outputs = structured_spec(self.structured_outputs)
+        if self.structured_outputs is not None and self.min_tokens:
+            raise InvalidParameter("min_tokens", "min_tokens cannot be combined with "
+                                   "structured_outputs: the grammar decides where the output "
+                                   f"may end (got min_tokens={self.min_tokens})")
 
     # -- field checks ------------------------------------------------------------------
     @staticmethod

@@ -2,8 +2,9 @@
 
 Per row, in this order: logit bias → min_tokens mask of EOS/stop tokens → repetition penalty
 (prompt+output tokens; positive logits divided, negative multiplied) → frequency/presence
-penalties (output tokens, OpenAI semantics) → greedy rows take the argmax → temperature →
-top-k → top-p → min-p → sample.
+penalties (output tokens, OpenAI semantics) → the grammar's token mask (structured outputs:
+disallowed tokens -inf) → greedy rows take the argmax → temperature → top-k → top-p → min-p →
+sample.
 
 Sampling is the Gumbel-max trick with noise hashed from ``(seed, step, token index)``
 (``tallow.kernels.gumbel``): a seeded row samples the same token whatever the rest of the batch
@@ -21,6 +22,7 @@ import torch
 
 from tallow.kernels.host import device_tensor
 from tallow.kernels.sampling import apply_logit_edits, gumbel_argmax, gumbel_noise
+from tallow.kernels.token_bitmask import apply_token_bitmask
 
 from .batch import SamplingBatch
 from .filters import apply_min_p, apply_top_k, apply_top_p
@@ -64,9 +66,11 @@ class Sampler:
             raise ValueError(f"logits: expected float32, got {logits.dtype}")
         raw = logits
         processed = logits
-        if batch.edits.num_entries:
+        if batch.edits.num_entries or batch.grammar_bitmask is not None:
             processed = logits.clone()
             apply_logit_edits(processed, batch.edits)
+            if batch.grammar_bitmask is not None:
+                apply_token_bitmask(processed, batch.grammar_bitmask, batch.grammar_rows)
 
         filtered = batch.filtered_rows
         if not filtered:

@@ -41,6 +41,8 @@ _LAZY = {
     "ModelArchitectureConformance": "model",
     "ToolProviderConformance": "tool_provider",
     "RouteConformance": "routes",
+    "GrammarBackendConformance": "grammar_backend",
+    "tiny_tokenizer_info": "grammar_backend",
     "PagedStep": "paged_batch",
     "random_paged_step": "paged_batch",
     "check_step": "paged_batch",
