@@ -82,8 +82,12 @@ def test_sentencepiece_tokens_spell_the_text_with_its_leading_space():
     assert info.token_bytes[-1] is None  # ids past the tokenizer's vocabulary
 
 
-def test_wordpiece_vocabularies_are_refused():
+def test_wordpiece_vocabularies_are_refused(qwen):
+    from tallow.engine.token_bytes import vocabulary_problem
     from tallow.plugin.testing import tiny_tokenizer
 
+    wordpiece = Tokenizer(tiny_tokenizer(), {"eos_token": "</s>"})
     with pytest.raises(ValueError, match="WordPiece"):
-        tokenizer_info(Tokenizer(tiny_tokenizer(), {"eos_token": "</s>"}), 64)
+        tokenizer_info(wordpiece, 64)
+    assert "WordPiece" in vocabulary_problem(wordpiece)
+    assert vocabulary_problem(qwen) is None

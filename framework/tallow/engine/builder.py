@@ -22,7 +22,7 @@ from .output_processor import OutputProcessor
 from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
 from .block_manager import BlockManager
-from .token_bytes import tokenizer_info
+from .token_bytes import tokenizer_info, vocabulary_problem
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
@@ -74,6 +74,12 @@ class EngineFrontend:
         self.task = parts.task
         #: the served model's embeddings (task embed), else None
         self.embedding = parts.embedding
+
+    @property
+    def structured(self) -> Any:
+        """The engine's structured outputs (a tallow.engine.sampling.StructuredOutputs: the
+        grammar backend and its compile cache), None for an engine that embeds."""
+        return self.core.structured
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
@@ -262,7 +268,8 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
              num_blocks * per_block / 2**20)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
     structured = None if embed else StructuredOutputs.for_engine(
-        registries, config, lambda: tokenizer_info(tokenizer, vocab), device)
+        registries, config, lambda: tokenizer_info(tokenizer, vocab), device,
+        vocabulary_problem=vocabulary_problem(tokenizer))
     runner = ModelRunner(
         loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
         block_size=block_size, attention_backend=backend, vocab_size=vocab,

@@ -62,6 +62,16 @@ def _encoding(tokenizer: Tokenizer) -> str:
     return "plain"
 
 
+def vocabulary_problem(tokenizer: Tokenizer) -> str | None:
+    """Why the tokens of ``tokenizer`` have no fixed bytes (so no grammar can be matched
+    against them), or None when :func:`tokenizer_info` can describe them."""
+    try:
+        _encoding(tokenizer)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _token_bytes(text: str, encoding: str) -> bytes:
     if encoding == "byte_level":
         chars = _byte_level_chars()

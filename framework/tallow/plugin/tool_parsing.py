@@ -112,10 +112,14 @@ class ToolParser(Component):
     ``call_opening`` is the text that opens one call in the model's trained format when a JSON
     object ``{"name": ..., "arguments": ...}`` follows it (``"<tool_call>\\n"`` for hermes); the
     server prefixes it when it forces a call. Empty when the format has no such opening.
+    ``call_closing`` is the text that ends such a call (``"\\n</tool_call>"`` for hermes; empty
+    when the object's end is the call's end): a call whose JSON object was constrained by a
+    grammar is written ``call_opening + object + call_closing`` and parsed by the parser.
     """
 
     priority: ClassVar[int] = 0
     call_opening: ClassVar[str] = ""
+    call_closing: ClassVar[str] = ""
 
     @classmethod
     def matches(cls, model_name: str, chat_template: str | None) -> bool:

@@ -93,12 +93,19 @@ class StructuredOutputs:
     @classmethod
     def for_engine(cls, registries: Any, config: Any,
                    tokenizer_info: Callable[[], TokenizerInfo], device: torch.device | str,
-                   ) -> "StructuredOutputs":
+                   vocabulary_problem: str | None = None) -> "StructuredOutputs":
         """The grammar side of an engine: the backend ``runner.grammar_backend`` names (one
         that cannot serve stops start-up), or the first by priority that serves; with none,
-        requests that need one are refused with a message saying which plugin provides it."""
+        requests that need one are refused with a message saying which plugin provides it.
+        ``vocabulary_problem`` says why the model's tokens cannot be matched by any grammar
+        (then requests are refused with it)."""
         name = config.runner.grammar_backend
         registry = registries.grammar_backends
+        if vocabulary_problem is not None:
+            return cls(None, tokenizer_info, config=config, device=device,
+                       cache_size=config.runner.grammar_cache_size,
+                       unavailable=f"structured outputs are not available for this model: "
+                                   f"{vocabulary_problem}")
         try:
             entry = select(registry, config, name)
         except SelectionError as exc:
