@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests, or full: the runs behind the
+# quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,sotests,sothr, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -231,6 +231,16 @@ if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inp
   bench embed_minilm_128 240 "${EMB[@]}"
   bench embed_minilm_128_big_steps 240 "${EMB[@]}" --max-num-batched-tokens 32768 --max-num-seqs 1024
 fi
+if [[ ",$MODE," == *",sotests,"* ]]; then  # structured outputs: needs the xgrammar wheels in .whl
+  echo "== GPU tests of structured outputs (the mask kernel, constrained decoding under CUDA graphs)"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 360 tests/kernels/test_token_bitmask.py \
+    tests/gpu/test_structured_outputs_gpu.py 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_so.log"
+fi
+if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of unconstrained tok/s
+  bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
+    --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
+    --json-schema bench/schemas/order.json
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -239,7 +249,8 @@ for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
     keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
             "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
+            "card_copy_bytes_per_s", "weight_bytes", "inputs_s", "constrained_tok_s",
+            "unconstrained_tok_s", "constrained_vs_unconstrained", "mask_ms_per_step"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

@@ -29,6 +29,10 @@ def warm_up(engine: Any) -> None:
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
+    if getattr(args, "json_schema", None):
+        from . import constrained
+
+        return constrained.run(args, config)
     from tallow.engine.sampling import SamplingParams
 
     from tallow.engine.loader import resolve_device
@@ -89,6 +93,10 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    if "constrained_tok_s" in r:
+        from . import constrained
+
+        return constrained.rows(r)
     return [
         ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
         ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),
