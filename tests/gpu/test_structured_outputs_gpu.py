@@ -26,7 +26,7 @@ SCHEMAS = [
                  "maxItems": 4}},
      "required": ["name", "age", "tags"], "additionalProperties": False},
     {"type": "array", "items": {"type": "object", "properties": {
-        "x": {"type": "number", "minimum": -1, "maximum": 1},
+        "x": {"type": "integer", "minimum": -5, "maximum": 5},
         "ok": {"type": "boolean"}}, "required": ["x", "ok"], "additionalProperties": False},
      "minItems": 1, "maxItems": 3},
 ]
