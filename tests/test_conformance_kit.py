@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 BROKEN = '''
@@ -107,15 +106,11 @@ class TestNotInstalled(ToolParserConformance):
 
 
 def test_suites_fail_broken_components(tmp_path: Path) -> None:
-    module = tmp_path / "test_broken.py"
-    module.write_text(textwrap.dedent(BROKEN))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rfE", str(module)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    from tallow.plugin.testing import suite_failures
+
     # a test that fails, or whose fixture (the component's loading) errors
-    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
-              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
-    report = proc.stdout[-4000:]
+    failed, stdout = suite_failures(BROKEN, tmp_path, timeout=300)
+    report = stdout[-4000:]
     for test in ("TestBrokenBackend::test_prefill[torch.float32]",
                  "TestBrokenBackend::test_decode[torch.bfloat16]",
                  "TestBrokenBackend::test_prefix_hit",
@@ -129,7 +124,7 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
     # what the broken components do right still passes
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
     assert "TestBrokenParser::test_examples_parse_to_their_calls" not in "".join(failed)
-    assert "no installed distribution 'tallow-no-such-plugin'" in proc.stdout
+    assert "no installed distribution 'tallow-no-such-plugin'" in stdout
 
 
 def test_tallow_imports_no_pytest_at_runtime() -> None:

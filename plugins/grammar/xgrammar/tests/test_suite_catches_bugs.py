@@ -4,10 +4,9 @@ fail while the rest pass."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
+
+from tallow.plugin.testing import suite_failures
 
 BROKEN = '''
 import pytest
@@ -56,14 +55,8 @@ class TestNoRollback(GrammarBackendConformance):
 
 
 def test_the_suite_catches_broken_backends(tmp_path: Path) -> None:
-    module = tmp_path / "test_broken.py"
-    module.write_text(textwrap.dedent(BROKEN))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rfE", str(module)], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
-    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
-              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
-    report = proc.stdout[-4000:]
+    failed, stdout = suite_failures(BROKEN, tmp_path)
+    report = stdout[-4000:]
     for test in ("TestLeaky::test_choice_masks_are_exact", "TestLeaky::test_regex_masks_are_exact",
                  "TestLeaky::test_grammar_masks_are_exact",
                  "TestNoRollback::test_rollback_restores_earlier_masks"):
