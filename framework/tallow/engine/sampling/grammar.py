@@ -193,6 +193,20 @@ class StructuredOutputs:
         self._copied.record()
         return masks
 
+    def warm_up(self, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
+        """Run the mask kernel once per logits dtype (a GPU compiles it now, not in the first
+        constrained step)."""
+        if self.entry is None or self.device.type != "cuda":
+            return
+        from tallow.kernels.token_bitmask import apply_token_bitmask
+
+        words = (vocab_size + 31) // 32
+        mask = torch.zeros(1, words, dtype=torch.int32, device=self.device)
+        rows = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for dtype in dict.fromkeys(dtypes):
+            apply_token_bitmask(torch.zeros(1, vocab_size, dtype=dtype, device=self.device),
+                                mask, rows)
+
     def stats(self) -> dict[str, Any]:
         return {"grammar_mask_seconds_total": self.mask_seconds,
                 "grammar_mask_steps_total": self.mask_steps,
