@@ -12,7 +12,6 @@ import contextlib
 import json
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -78,11 +77,9 @@ def _torch_sampling():
 
 def _sampler_batch(n: int):
     """A decode step of n rows with penalties and seeds: (logits, batch, build seconds)."""
-    from tallow.engine.sampler import RowParams, SamplingBatch
-    params = SimpleNamespace(temperature=0.8, top_p=1.0, top_k=0, min_p=0.0,
-                             repetition_penalty=1.1, frequency_penalty=0.2,
-                             presence_penalty=0.1, logit_bias=None, seed=None, logprobs=None,
-                             min_tokens=0, stop_token_ids=[], ignore_eos=False)
+    from tallow.engine.sampling import RowParams, SamplingBatch, SamplingParams
+    params = SamplingParams(temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2,
+                            presence_penalty=0.1)
     g = torch.Generator().manual_seed(0)
     rows = [RowParams(params, torch.randint(0, VOCAB, (128,), generator=g).tolist(),
                       torch.randint(0, VOCAB, (512,), generator=g).tolist(), seed=i, step=128)
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             t_ref = do_bench(ref, return_mode="median") * 1e3
             rows.append({"kernel": name, "tokens": n, "triton_us": t_fast, "torch_us": t_ref})
             print(f"{name:<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}{t_ref / t_fast:>9.2f}x")
-        from tallow.engine.sampler import Sampler
+        from tallow.engine.sampling import Sampler
         logits, batch, build_s = _sampler_batch(n)
         sampler = Sampler()
         t_fast = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 BROKEN = '''
@@ -113,15 +112,11 @@ class TestNotInstalled(ToolParserConformance):
 
 
 def test_suites_fail_broken_components(tmp_path: Path) -> None:
-    module = tmp_path / "test_broken.py"
-    module.write_text(textwrap.dedent(BROKEN))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rfE", str(module)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    from tallow.plugin.testing import suite_failures
+
     # a test that fails, or whose fixture (the component's loading) errors
-    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
-              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
-    report = proc.stdout[-4000:]
+    failed, stdout = suite_failures(BROKEN, tmp_path, timeout=300)
+    report = stdout[-4000:]
     for test in ("TestBrokenBackend::test_prefill[torch.float32]",
                  "TestBrokenBackend::test_decode[torch.bfloat16]",
                  "TestBrokenBackend::test_prefix_hit",
@@ -137,7 +132,7 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
     assert "TestBrokenCodec::test_copied_block_reads_the_same" not in "".join(failed)
     assert "TestBrokenParser::test_examples_parse_to_their_calls" not in "".join(failed)
-    assert "no installed distribution 'tallow-no-such-plugin'" in proc.stdout
+    assert "no installed distribution 'tallow-no-such-plugin'" in stdout
 
 
 def test_tallow_imports_no_pytest_at_runtime() -> None:

@@ -5,7 +5,7 @@
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
-# fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, --isq) runs.
@@ -335,6 +335,16 @@ if [[ ",$MODE," == *",tp2allreduce,"* ]]; then  # the all-reduces of a decode st
       --output "$OUT/tp2_allreduce_h${shape:9:4}.json" 2>&1 | grep -v Warning | tail -8
   done | tee "$OUT/tp2_allreduce.log"
 fi
+if [[ ",$MODE," == *",sotests,"* ]]; then  # structured outputs: needs the xgrammar wheels in .whl
+  echo "== GPU tests of structured outputs (the mask kernel, constrained decoding under CUDA graphs)"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 360 tests/kernels/test_token_bitmask.py \
+    tests/gpu/test_structured_outputs_gpu.py 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_so.log"
+fi
+if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of unconstrained tok/s
+  bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
+    --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
+    --json-schema bench/schemas/order.json
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -344,7 +354,9 @@ for f in sorted(out.glob("*.json")):
     keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
             "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
             "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",
-            "card_gemm_flops", "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
+            "card_gemm_flops", "card_copy_bytes_per_s", "weight_bytes", "inputs_s",
+            "constrained_tok_s", "unconstrained_tok_s", "constrained_vs_unconstrained",
+            "mask_ms_per_step"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

@@ -409,21 +409,18 @@ def test_logit_edits_bit_equal(n_rows, vocab, n_entries):
 def test_sampler_on_device_matches_cpu(monkeypatch):
     """Seeded rows sample the same tokens on this device (Triton kernels) as on the CPU
     (torch references), with penalties, bias, greedy rows and top-k in the batch."""
-    from types import SimpleNamespace
-
-    from tallow.engine.sampler import RowParams, Sampler, SamplingBatch
+    from tallow.engine.sampling import RowParams, Sampler, SamplingBatch, SamplingParams
     from tallow.kernels import sampling
     g = rng(10)
     vocab = 1000 if INTERPRET else 151936
     n = 6 if INTERPRET else 64
 
-    def params(i: int) -> SimpleNamespace:
-        return SimpleNamespace(
-            temperature=0.0 if i % 5 == 0 else 0.5 + (i % 3) * 0.4, top_p=1.0,
-            top_k=20 if i % 4 == 1 else 0, min_p=0.0,
-            repetition_penalty=1.2 if i % 2 else 1.0, frequency_penalty=0.3 * (i % 3),
-            presence_penalty=0.1, logit_bias={3: 2.0} if i % 3 == 0 else None, seed=None,
-            logprobs=2 if i == 1 else None, min_tokens=0, stop_token_ids=[], ignore_eos=False)
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0 if i % 5 == 0 else 0.5 + (i % 3) * 0.4,
+            top_k=20 if i % 4 == 1 else 0, repetition_penalty=1.2 if i % 2 else 1.0,
+            frequency_penalty=0.3 * (i % 3), presence_penalty=0.1,
+            logit_bias={3: 2.0} if i % 3 == 0 else None, logprobs=2 if i == 1 else None)
 
     rows = []
     for i in range(n):

@@ -192,8 +192,8 @@ def test_error_statuses(server, client) -> None:
     assert info.value.param == "messages[0].role"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=HELLO,
-                                       response_format={"type": "json_object"})
-    assert info.value.param == "response_format"
+                                       response_format={"type": "yaml"})
+    assert info.value.param == "response_format.type"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="hello " * 2100, max_tokens=1)
     assert info.value.code == "context_length_exceeded"

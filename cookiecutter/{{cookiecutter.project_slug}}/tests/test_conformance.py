@@ -102,4 +102,11 @@ from tallow.plugin.testing import RouteConformance
 class TestConformance(RouteConformance):
     distribution = "{{ cookiecutter.project_slug }}"
     component = "{{ cookiecutter.component_name }}"
+{% elif cookiecutter.kind == "grammar-backend" %}
+from tallow.plugin.testing import GrammarBackendConformance
+
+
+class TestConformance(GrammarBackendConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
 {% endif %}

@@ -61,6 +61,13 @@ def tallow_register_tool_providers(registry: Any) -> None:
 def tallow_register_routes(registry: Any) -> None:
     registry.register(COMPONENT, "{{ cookiecutter.package_name }}.routes:status_page",
                       methods=("GET",))
+{% elif cookiecutter.kind == "grammar-backend" %}
+
+@hookimpl
+def tallow_register_grammar_backends(registry: Any) -> None:
+    # below tallow-grammar-xgrammar (priority 100): name it in runner.grammar_backend to use it
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.grammar:ScanBackend",
+                      priority=-50)
 {% endif %}
 
 @hookimpl

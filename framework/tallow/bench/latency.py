@@ -41,7 +41,7 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
 
 def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
             seed: int = 0) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     device = engine.parts.loaded.device
     vocab = engine.parts.core.runner.vocab_size

@@ -15,7 +15,7 @@ from .common import (
 def warm_up(engine: Any) -> None:
     """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
     sequences (mixed steps), so that kernels compile first."""
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     vocab = engine.parts.core.runner.vocab_size
     for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
@@ -29,7 +29,11 @@ def warm_up(engine: Any) -> None:
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    if getattr(args, "json_schema", None):
+        from . import constrained
+
+        return constrained.run(args, config)
+    from tallow.engine.sampling import SamplingParams
 
     from tallow.engine.loader import resolve_device
 
@@ -91,6 +95,10 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    if "constrained_tok_s" in r:
+        from . import constrained
+
+        return constrained.rows(r)
     return [
         ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
         ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),

@@ -164,7 +164,7 @@ class SchedulerConfig(Section):
 
 
 class RunnerConfig(Section):
-    """The model runner: attention backend and CUDA graphs."""
+    """The model runner: attention backend, CUDA graphs, structured-output grammars."""
 
     attention_backend: str = Field(
         "auto", description="Name of the attention backend; auto takes the highest-priority "
@@ -173,6 +173,13 @@ class RunnerConfig(Section):
                                      "replaying captured CUDA graphs.")
     max_cuda_graph_batch: int = Field(256, gt=0, description="Largest decode batch captured in "
                                       "a CUDA graph; larger batches run eagerly.")
+    grammar_backend: str = Field(
+        "auto", description="Name of the grammar backend for structured outputs "
+        "(response_format, guided decoding, forced tool calls; a grammar-backend plugin: "
+        "xgrammar); auto takes the highest-priority one that is installed and enabled.")
+    grammar_cache_size: int = Field(
+        256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
+        "list or EBNF grammar) kept for reuse.")
 
 
 class ParallelConfig(Section):

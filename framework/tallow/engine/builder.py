@@ -20,8 +20,10 @@ from .embedding import EmbeddingInfo
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
+from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
 from .block_manager import BlockManager
+from .token_bytes import tokenizer_info, vocabulary_problem
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
@@ -78,6 +80,12 @@ class EngineFrontend:
         self.task = parts.task
         #: the served model's embeddings (task embed), else None
         self.embedding = parts.embedding
+
+    @property
+    def structured(self) -> Any:
+        """The engine's structured outputs (a tallow.engine.sampling.StructuredOutputs: the
+        grammar backend and its compile cache), None for an engine that embeds."""
+        return self.core.structured
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
@@ -305,12 +313,16 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
              cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
              / 2**20, cost.tokens_per_gib, cost.vs_bf16)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
+    structured = None if embed else StructuredOutputs.for_engine(
+        registries, config, lambda: tokenizer_info(tokenizer, vocab), device,
+        vocabulary_problem=vocabulary_problem(tokenizer))
     runner = ModelRunner(
         loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
         block_size=block_size, attention_backend=backend, vocab_size=vocab,
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
+        grammar=structured,
     )
     if codec.calibrated:
         from .kv_calibration import calibrate_kv_codec
@@ -376,12 +388,15 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task)
+                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task,
+                      structured=structured)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.
         started = time.perf_counter()
         core.warm_up()
+        if structured is not None:  # sampled rows' logits are float32, argmax rows the model's
+            structured.warm_up(vocab, (torch.float32, loaded.dtype))
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
                        built.attention_backend.name, kv_codec=built.kv_codec,

@@ -12,7 +12,7 @@ import torch
 
 from tallow.layers import ArchConfig, BuildContext
 from tallow.plugin import (
-    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, SelectionError,
+    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, SelectionError, select,
 )
 
 from .checkpoint_check import check_config_against_tensors
@@ -51,27 +51,32 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device,
 
 
 def choose_weight_format(registries: Registries, source: str, name: str | None) -> Entry:
-    """The named format if it claims ``source``; else the first format by priority that does."""
+    """The format that reads ``source``: :func:`tallow.plugin.select` with ``claims(source)``
+    as its check, so a named format must claim it and otherwise the first by priority that
+    does is taken. An unknown name is a :class:`RegistryError` listing the registered ones."""
     formats = registries.weight_formats
     if name and name != "auto":
-        entry = formats.entry(name)
-        if not entry.load().claims(source):
-            raise SelectionError(f"weight format {name!r} (from {entry.distribution}) does not "
-                                 f"recognise the model source {source!r}")
-        return entry
-    for entry in formats.by_priority():
+        formats.entry(name)
+
+    def claims(entry: Entry) -> list[str]:
         try:
             if entry.load().claims(source):
-                log.info("weight format: %s (from %s) for %s", entry.name, entry.distribution,
-                         source)
-                return entry
+                return []
         except Exception as exc:  # a broken format must not hide the others
             log.warning("weight format %s failed to inspect %s: %s", entry.name, source, exc)
-    known = ", ".join(formats.names()) or "none loaded"
-    raise SelectionError(f"no weight format recognises the model source {source!r} "
-                         f"(formats: {known}); expected a .gguf file, a directory with "
-                         "config.json and *.safetensors, or a Hugging Face id 'org/name'"
-                         + formats.missing_hint())
+            return [f"failed to inspect the model source: {type(exc).__name__}: {exc}"]
+        return [f"does not recognise the model source {source!r}"]
+
+    try:
+        return select(formats, None, name, check=claims)
+    except SelectionError as exc:
+        if name and name != "auto":
+            raise
+        known = ", ".join(formats.names()) or "none loaded"
+        raise SelectionError(f"no weight format recognises the model source {source!r} "
+                             f"(formats: {known}); expected a .gguf file, a directory with "
+                             "config.json and *.safetensors, or a Hugging Face id 'org/name'"
+                             + formats.missing_hint()) from exc
 
 
 def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:

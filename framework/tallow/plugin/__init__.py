@@ -11,14 +11,18 @@ from .components import (
 )
 from .embedding_spec import EmbeddingSpec
 from .errors import ComponentLoadError, PluginError, PluginLoadError
+from .grammar import (
+    GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo,
+    bitmask_words,
+)
 from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
 from .registry import (
-    ArchitectureRegistry, AttentionBackendRegistry, Entry, KVCodecRegistry, QuantSchemeRegistry,
-    Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
-    WeightFormatRegistry, registering_as,
+    ArchitectureRegistry, AttentionBackendRegistry, Entry, GrammarBackendRegistry, KVCodecRegistry,
+    QuantSchemeRegistry, Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry,
+    ToolProviderRegistry, WeightFormatRegistry, registering_as,
 )
-from .selection import SelectionError, select
+from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
     CallRegion, Decision, FoundCall, MarkupToolParser, ParseResult, StreamDelta,
@@ -36,7 +40,9 @@ __all__ = [
     "Decision", "FoundCall",
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
-    "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
-    "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
+    "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "GrammarBackendRegistry",
+    "registering_as", "GRAMMAR_KINDS", "GrammarBackend", "GrammarError", "GrammarMatcher",
+    "GrammarSpec", "TokenizerInfo", "bitmask_words",
+    "select", "serving", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
     "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

@@ -320,6 +320,13 @@ class ToolProviderRegistry(Registry):
     kind = "tool_provider"
 
 
+class GrammarBackendRegistry(Registry):
+    """Structured-output grammar backends (xgrammar, llguidance); chosen by priority unless
+    ``runner.grammar_backend`` names one."""
+
+    kind = "grammar_backend"
+
+
 class RouteRegistry(Registry):
     """Extra HTTP routes: name = path, target = an ASGI app or a Starlette endpoint."""
 
@@ -339,6 +346,7 @@ REGISTRY_CLASSES: dict[str, type[Registry]] = {
     for cls in (
         ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
         AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
+        GrammarBackendRegistry,
     )
 }
 
@@ -355,6 +363,7 @@ class Registries:
         self.tool_parsers = ToolParserRegistry()
         self.tool_providers = ToolProviderRegistry()
         self.routes = RouteRegistry()
+        self.grammar_backends = GrammarBackendRegistry()
 
     def explain_unloaded_with(
             self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
@@ -367,6 +376,7 @@ class Registries:
         return [
             self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
             self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
+            self.grammar_backends,
         ]
 
     def mark(self) -> list[int]:

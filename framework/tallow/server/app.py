@@ -143,6 +143,9 @@ async def plugins(state: ServerState, request: Request) -> Response:
     statuses = [_describe_status(s) for s in pm.statuses()]
     components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
     selected = state.tool_parsing.describe()
+    structured = state.structured
+    if structured is not None:
+        selected["grammar_backend"] = structured.entry.name if structured.available else None
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
                          "selected": selected,
                          "tool_providers": state.tool_providers.statuses()})
