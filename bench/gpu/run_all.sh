@@ -28,9 +28,13 @@ for aot in .whl/flashinfer-aot-*.tar.gz; do
   fi_dir=$(python3 -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('flashinfer').origin))") \
     && tar xzf "$aot" -C "$fi_dir" && echo "flashinfer: modules of $aot installed in $fi_dir/data/aot"
 done
-pip_args=(-q --no-deps --no-build-isolation -e .)
-for d in plugins/*/*/; do pip_args+=(-e "$d"); done
-python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
+# One editable install per machine (a later call on the same machine finds the marker).
+if [ ! -f /tmp/tallow-installed ] || [ "$(cat /tmp/tallow-installed)" != "$PWD" ]; then
+  pip_args=(-q --no-deps --no-build-isolation -e .)
+  for d in plugins/*/*/; do pip_args+=(-e "$d"); done
+  python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
+  echo "$PWD" > /tmp/tallow-installed
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 # A snapshot without .git (git archive) names its commit in COMMIT.
