@@ -375,6 +375,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     loaded, runner, tokenizer = built.loaded, built.runner, built.tokenizer
     runner.step_publisher = publisher
     embed = loaded.task == "embed"
+    structured = runner.grammar
     max_model_len = built.max_model_len
     # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
     block_manager = BlockManager(built.num_blocks, config.cache.block_size,
