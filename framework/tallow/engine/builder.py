@@ -397,7 +397,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         started = time.perf_counter()
         core.warm_up()
         if structured is not None:  # sampled rows' logits are float32, argmax rows the model's
-            structured.warm_up(vocab, (torch.float32, loaded.dtype))
+            structured.warm_up(runner.vocab_size, (torch.float32, loaded.dtype))
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
                        built.attention_backend.name, kv_codec=built.kv_codec,
