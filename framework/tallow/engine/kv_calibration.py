@@ -61,15 +61,26 @@ cost until winter.
 
 #: at most this many calibration tokens (the text is repeated when shorter)
 MAX_TOKENS = 512
+#: a tokenizer that reads the text as fewer distinct ids does not know its words
+MIN_DISTINCT_IDS = 32
 
 
 def calibration_ids(tokenizer: Any, vocab_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
     """Token ids of :data:`CALIBRATION_TEXT` under ``tokenizer``, repeated to fill
     ``max_tokens``; ids outside the model's vocabulary (a tokenizer larger than the model's
-    embedding) are dropped."""
+    embedding) are dropped. A tokenizer that reads the text as fewer than
+    :data:`MIN_DISTINCT_IDS` distinct ids gets ``max_tokens`` ids drawn evenly from the
+    vocabulary (seeded, so every engine of the model calibrates alike)."""
     ids = [i for i in tokenizer.encode(CALIBRATION_TEXT) if 0 <= i < vocab_size]
-    if not ids:
-        raise ValueError("the calibration text has no token id inside the model's vocabulary")
+    if len(set(ids)) < MIN_DISTINCT_IDS:
+        # A tokenizer that knows no word of the text (a random model's synthetic vocabulary
+        # reads every word as its unknown token): statistics of one token repeated would fit
+        # the offsets and smoothing to the positions' rotation alone, far from any served
+        # text, so the pass sees tokens drawn evenly from the vocabulary instead.
+        log.info("the tokenizer reads the calibration text as %d distinct ids: calibrating "
+                 "on %d ids drawn from the vocabulary", len(set(ids)), max_tokens)
+        generator = torch.Generator().manual_seed(0)
+        return torch.randint(0, vocab_size, (max_tokens,), generator=generator).tolist()
     while len(ids) < max_tokens:
         ids = ids + ids
     return ids[:max_tokens]
