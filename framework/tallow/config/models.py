@@ -83,12 +83,14 @@ class ModelConfig(Section):
         "tokenizer_config.json, generation_config.json, chat_template.jinja) to use instead of "
         "the model source's tokenizer; its token ids must fit the model's vocabulary.")
     isq: Optional[Literal["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                          "q5_k", "q6_k"]] = Field(
+                          "q5_k", "q6_k", "fp8"]] = Field(
         None, description="Quantize a float model's weights while it loads, layer by layer on "
-        "the device, into this GGML type (a quant-scheme plugin provides it: "
-        "tallow-quant-gguf); every matrix takes it, embedding and head included, except rows "
-        "that are not whole blocks of it, which take llama.cpp's fallback type. None keeps "
-        "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "the device, into this type (a quant-scheme plugin provides it). The GGML types "
+        "(tallow-quant-gguf): every matrix takes it, embedding and head included, except rows "
+        "that are not whole blocks of it, which take llama.cpp's fallback type. fp8 "
+        "(tallow-quant-fp8): every matrix in float8 e4m3 with one scale per output row, "
+        "activations quantized per token on GPUs of compute capability 8.9+. None keeps the "
+        "checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

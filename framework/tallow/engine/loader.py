@@ -111,14 +111,32 @@ def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
     return reasons
 
 
+def _checkpoint_scheme(schemes: Any, checkpoint: Checkpoint) -> Entry | None:
+    """The scheme registered under the checkpoint's ``quantization`` name; else the first by
+    priority whose ``detect`` accepts the checkpoint's config (one ``quant_method``, such as
+    ``compressed-tensors``, names encodings that different schemes serve)."""
+    if checkpoint.quantization in schemes:
+        return schemes.entry(checkpoint.quantization)
+    for entry in schemes.by_priority():
+        try:
+            if entry.load().detect(checkpoint.config):
+                return entry
+        except Exception as exc:  # a broken scheme must not hide the others
+            log.warning("quant scheme %s failed to inspect %s: %s", entry.name, checkpoint.source,
+                        exc)
+    return None
+
+
 def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, device: torch.device,
                         config: Any = None, isq: str | None = None) -> Any:
     """The quant scheme instance that holds the model's weights, or None for dense weights.
 
-    A checkpoint whose ``quantization`` names a scheme gets that scheme when it is installed and
-    can serve; otherwise one log line says why and its tensors are dequantized at load. ``isq``
-    (``model.isq``) asks the highest-priority scheme that lists it in ``isq_types`` to quantize
-    a float checkpoint while it loads.
+    A checkpoint whose ``quantization`` names a scheme (or whose config a scheme's ``detect``
+    accepts) gets that scheme when it is installed and can serve, configured with the
+    checkpoint's config (``configure_checkpoint``; a config it refuses stops the load, naming
+    the config file); otherwise one log line says why and its tensors are dequantized at load.
+    ``isq`` (``model.isq``) asks the highest-priority scheme that lists it in ``isq_types`` to
+    quantize a float checkpoint while it loads.
     """
     schemes = registries.quant_schemes
     needed = checkpoint.quantization
@@ -127,12 +145,12 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
                              f"quantized ({needed}); load-time quantization applies to float "
                              "checkpoints")
     if needed:
-        if needed not in schemes:
+        entry = _checkpoint_scheme(schemes, checkpoint)
+        if entry is None:
             log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
                      "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
                      schemes.missing_hint(needed))
             return None
-        entry = schemes.entry(needed)
         try:
             cls = entry.load()
             reasons = _scheme_refusals(cls, config, device)
@@ -142,12 +160,20 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
             reasons = [f"{type(exc).__name__}: {exc}"]
         if reasons:
             log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
-                     "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
-                     entry.distribution, "; ".join(reasons))
+                     "serve (%s): dequantizing them at load", checkpoint.source, needed,
+                     entry.name, entry.distribution, "; ".join(reasons))
             return None
-        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", needed,
+        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", entry.name,
                  entry.distribution, needed)
-        return cls(config, isq=None)
+        scheme = cls(config, isq=None)
+        configure = getattr(scheme, "configure_checkpoint", None)
+        if configure is not None:
+            try:
+                configure(dict(checkpoint.config))
+            except ValueError as exc:
+                raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                     str(exc)) from None
+        return scheme
     if not isq:
         return None
     offered = []
@@ -165,7 +191,8 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
     known = ", ".join(schemes.names()) or "none loaded"
     why = "those that offer it refused" if offered else f"quant schemes: {known}"
     raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
-                         f"({why}; tallow-quant-gguf provides the GGML types)"
+                         f"({why}; tallow-quant-gguf provides the GGML types, "
+                         "tallow-quant-fp8 provides fp8)"
                          + schemes.missing_hint())
 
 

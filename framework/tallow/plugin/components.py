@@ -133,9 +133,12 @@ class QuantScheme(Component):
     :mod:`tallow.layers.linear_method`). ``summary()`` (optional) describes what it holds once
     the weights are loaded, for the start-up log.
 
-    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme;
-    ``min_capability`` is the lowest CUDA compute capability (major*10+minor) its kernels run
-    on (0: any, CPU included).
+    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme; the
+    engine asks it when no scheme is registered under the checkpoint's ``quantization`` name
+    (one ``quant_method``, such as ``compressed-tensors``, covers encodings that different
+    schemes serve). ``configure_checkpoint(config)`` then hands the chosen instance that config
+    before the model is built. ``min_capability`` is the lowest CUDA compute capability
+    (major*10+minor) its kernels run on (0: any, CPU included).
     """
 
     min_capability: ClassVar[int] = 0
@@ -152,6 +155,13 @@ class QuantScheme(Component):
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
         return False
+
+    def configure_checkpoint(self, config: dict[str, Any]) -> None:
+        """Called once, before the model is built, with the HF-style config of the checkpoint
+        whose quantized tensors this instance will hold (its ``quantization_config`` says how
+        they are encoded: scale granularity, activation scheme...). Raise ``ValueError``
+        naming the field for a config the scheme cannot serve: the engine stops with that
+        message, naming the config file. The default accepts any config."""
 
     @classmethod
     def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
