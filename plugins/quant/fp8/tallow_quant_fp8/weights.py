@@ -59,6 +59,10 @@ class Fp8Weight:
         return self.data.shape[1]
 
     @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    @property
     def block(self) -> bool:
         return self.layout == "block"
 

@@ -38,9 +38,17 @@ MAX_ROWS = 16
 
 @triton.jit
 def _load_x(x_ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    """Activations at ``x_ptrs`` (``mask`` None: all of them); with a gate, the row is
+    ``[gate | up]`` and the value ``act(gate) * up`` as the activation kernel rounds it."""
+    if mask is None:
+        x = tl.load(x_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=mask, other=0.0)
     if GATE >= 0:
-        up = tl.load(x_ptrs + K, mask=mask, other=0.0)
+        if mask is None:
+            up = tl.load(x_ptrs + K)
+        else:
+            up = tl.load(x_ptrs + K, mask=mask, other=0.0)
         x = gated_value(x, up, GATE, X_TY)
     return x
 
@@ -58,21 +66,24 @@ def _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K: tl.constexpr, EVEN_N: tl.const
 
 
 @triton.jit
-def _scaled_x(x_ptrs, s_row, k, offs_k, m_mask, K, EVEN_K: tl.constexpr,
-              BLOCKWISE: tl.constexpr, GATE: tl.constexpr, X_TY: tl.constexpr):
-    """One row's activations of columns ``k + offs_k`` in float32, times their block's weight
-    scale when the weight is block-wise."""
+def _row_x(x_row, s_row, k, offs_k, K, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr,
+           BLOCKWISE: tl.constexpr, GATE: tl.constexpr, X_TY: tl.constexpr):
+    """The one row's activations of columns ``k + offs_k`` in float32 (a 1-d tile: the weight
+    tile's rows broadcast it without moving values between lanes), times their block's weight
+    scale when the weight is block-wise (one scale per 128 columns, applied to the tile
+    reshaped as ``[BLOCK_K / 128, 128]``)."""
     if EVEN_K:
-        mask = m_mask[:, None]
+        x = _load_x(x_row, None, K, GATE, X_TY).to(tl.float32)
     else:
-        mask = m_mask[:, None] & ((k + offs_k) < K)[None, :]
-    x = _load_x(x_ptrs, mask, K, GATE, X_TY).to(tl.float32)
+        x = _load_x(x_row, (k + offs_k) < K, K, GATE, X_TY).to(tl.float32)
     if BLOCKWISE:
+        G: tl.constexpr = BLOCK_K // 128
+        groups = k // 128 + tl.arange(0, G)
         if EVEN_K:
-            s = tl.load(s_row + (k + offs_k) // 128)
+            s = tl.load(s_row + groups)
         else:
-            s = tl.load(s_row + (k + offs_k) // 128, mask=(k + offs_k) < K, other=0.0)
-        x = x * s[None, :]
+            s = tl.load(s_row + groups, mask=groups * 128 < K, other=0.0)
+        x = tl.reshape(tl.reshape(x, (G, 128)) * s[:, None], (BLOCK_K,))
     return x
 
 
@@ -94,18 +105,19 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_w
     # block scales: this program's rows lie in one 128-row block (BLOCK_N divides 128)
     s_row = s_ptr + ((pid * BLOCK_N) // 128) * stride_sn
     if BLOCK_M == 1:
+        x_row = x_ptr + offs_k
         # the weights are no kernel's output: the first tile is requested before the wait
         w = _load_w(w_ptrs, 0, offs_k, n_mask, K, EVEN_K, EVEN_N)
         wait_prior(USE_PDL)
         allow_next(USE_PDL)
-        x = _scaled_x(x_ptrs, s_row, 0, offs_k, m_mask, K, EVEN_K, BLOCKWISE, GATE, x_ty)
-        acc = w.to(tl.float32) * x
+        x = _row_x(x_row, s_row, 0, offs_k, K, EVEN_K, BLOCK_K, BLOCKWISE, GATE, x_ty)
+        acc = w.to(tl.float32) * x[None, :]
         for k in range(BLOCK_K, K, BLOCK_K):
             w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
+            x_row += BLOCK_K
             w = _load_w(w_ptrs, k, offs_k, n_mask, K, EVEN_K, EVEN_N)
-            x = _scaled_x(x_ptrs, s_row, k, offs_k, m_mask, K, EVEN_K, BLOCKWISE, GATE, x_ty)
-            acc += w.to(tl.float32) * x
+            x = _row_x(x_row, s_row, k, offs_k, K, EVEN_K, BLOCK_K, BLOCKWISE, GATE, x_ty)
+            acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, axis=1)[None, :]
     else:
         wait_prior(USE_PDL)
