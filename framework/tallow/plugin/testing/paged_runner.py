@@ -32,12 +32,15 @@ class PagedRunner:
     def __post_init__(self) -> None:
         self.backend = TorchAttentionBackend()
         num_blocks = self.blocks_per_seq * self.max_seqs
-        p = next(self.model.parameters())
+        # the model's float dtype: a quantized layer's first parameter may be a uint8 one
+        p = next((q for q in self.model.parameters() if q.is_floating_point()),
+                 next(self.model.parameters()))
+        dtype = getattr(getattr(self.model, "build", None), "dtype", None) or p.dtype
         for m in self.model.modules():
             if isinstance(m, Attention):
                 spec = m.layer
                 m.kv_cache = torch.zeros(2, num_blocks, self.block_size, spec.num_kv_heads,
-                                         spec.head_dim, dtype=p.dtype, device=p.device)
+                                         spec.head_dim, dtype=dtype, device=p.device)
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq

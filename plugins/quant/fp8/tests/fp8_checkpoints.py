@@ -183,9 +183,9 @@ class FakeQuantActivations:
     not the plugin's code."""
 
     def __init__(self, model: Any, mode: str, gemv_max_rows: int,
-                 static_scales: dict[str, float] | None = None) -> None:
+                 static_scales: dict[str, float] | None = None, head: bool = False) -> None:
         self.hooks = []
-        for name in _linear_names(model):
+        for name in _linear_names(model) + (["lm_head"] if head else []):
             module = model.get_submodule(name)
             static = (static_scales or {}).get(name)
             self.hooks.append(module.register_forward_pre_hook(
