@@ -3,9 +3,10 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro, or full: the runs behind the
+# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,
+# fp8wtests,fp8wlat,fp8wthr,fp8wttft,fp8wmicro, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
-# quantized-weight (tallow-quant-gguf, --isq) runs.
+# quantized-weight (tallow-quant-gguf, tallow-quant-fp8, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -200,6 +201,26 @@ fi
 if [[ ",$MODE," == *",quantmicro,"* ]]; then  # what the engine runs per llama-3-8b shape and row count, against bf16
   echo "== quantized matmul kernels on llama-3-8b shapes"
   timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
+fi
+if [[ ",$MODE," == *",fp8wtests,"* ]]; then  # ~4 min at most
+  echo "== GPU tests of tallow-quant-fp8 (kernel cases, then the gpu-marked tests)"
+  { timeout 150 python3 -m pytest -q -rs --timeout 140 plugins/quant/fp8/tests/kernel_cases.py
+    timeout 240 python3 -m pytest -q -m gpu -rs --timeout 230 plugins/quant/fp8/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_fp8w.log"
+fi
+F8B=(--model random:llama-3-8b --dtype bfloat16 --isq fp8)
+if [[ ",$MODE," == *",fp8wlat,"* ]]; then
+  bench latency_8b_fp8w_bs1 300 latency "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wthr,"* ]]; then  # fp8 weights and an fp8 KV cache
+  bench throughput_8b_fp8w_fp8kv 450 throughput "${F8B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",fp8wttft,"* ]]; then
+  bench ttft_8b_4096_fp8w 240 latency "${F8B[@]}" --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+fi
+if [[ ",$MODE," == *",fp8wmicro,"* ]]; then  # the fp8 GEMV/GEMM against bf16 per llama-3-8b shape, M 1/16/256/4096, and the GEMV sweep
+  echo "== fp8 matmuls on llama-3-8b shapes"
+  timeout 420 python3 bench/gpu/fp8_micro.py --rows 1,16,256,4096 --sweep-gemv --output "$OUT/fp8micro.json" 2>&1 | grep -v Warning | tee "$OUT/fp8micro.log" | tail -60
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

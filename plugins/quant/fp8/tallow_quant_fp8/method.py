@@ -58,6 +58,7 @@ class Fp8LinearMethod(LinearMethod):
         self.plan: ops.LayerPlan | None = None
         self.layer: nn.Module | None = None
         self._parts: list[_Partition] = []
+        self._warm_gates: set[str] = set()
 
     @property
     def _what(self) -> str:
@@ -210,6 +211,7 @@ class Fp8LinearMethod(LinearMethod):
             if self.weight.input_scale is not None:
                 layer.register_buffer("qinput_scale", self.weight.input_scale, persistent=False)
             self.plan = self._plan(self.weight)
+            ops.warm_up(self.weight, self.plan, self.dtype, self.scheme.settings)
         self._parts = []
 
     def _assemble(self, index: int, p: _Partition) -> Fp8Weight | torch.Tensor:
@@ -278,6 +280,13 @@ class Fp8LinearMethod(LinearMethod):
         kind = getattr(act, "kind", None)
         if self.weight is None or kind is None:
             return self.apply(layer, act(x), bias)
+        if kind not in self._warm_gates and x.is_cuda:
+            # the kernels that apply the activation as they read x are variants of their own:
+            # compiled at the first gated call (the engine runs every captured shape eagerly
+            # before capturing it)
+            self._warm_gates.add(kind)
+            if not torch.cuda.is_current_stream_capturing():
+                ops.warm_up(self.weight, self.plan, x.dtype, self.scheme.settings, gate=kind)
         return ops.linear(x, self.weight, self.plan, bias, settings=self.scheme.settings,
                           gate=kind)
 

@@ -22,7 +22,7 @@ capture it.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,10 +41,14 @@ _ACTIVATIONS = ("silu", "gelu_tanh")
 class LayerPlan:
     """What a layer's products need besides its weight: how its activations are quantized in
     the W8A8 path (``token``, ``group``, ``static`` or ``none`` for weights only) and whether
-    ``torch._scaled_mm`` takes it on this device."""
+    ``torch._scaled_mm`` takes it on this device. Where the kernels do not run, the reference
+    keeps the dequantized weight (``dequantized``, made at the first product: float32 on a
+    CPU, the activations' dtype on a GPU without float8): a CPU converts e4m3 at ~50 M values/s,
+    too slow to repeat for every product."""
 
     activations: str
     scaled_mm: bool = False
+    dequantized: torch.Tensor | None = field(default=None, repr=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,7 +99,11 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
         if gate is not None:
             x2 = _act(x2, gate)
         acts = "none" if weight_only else plan.activations
-        return reference.linear_ref(x2, weight, bias, activations=acts).view(*lead, -1)
+        if plan.dequantized is None:
+            plan.dequantized = weight.dequantize(
+                torch.float32 if x2.device.type == "cpu" else x2.dtype)
+        return reference.linear_ref(x2, weight, bias, activations=acts,
+                                    dequantized=plan.dequantized).view(*lead, -1)
     if m <= settings.gemv_max_rows and m > 0:
         from .kernels.gemv import gemv_triton
 
@@ -123,6 +131,21 @@ def _w8a8(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tenso
     from .kernels.gemm import gemm_triton
 
     return gemm_triton(q, weight, bias, a_scales=scales, out_dtype=x.dtype)
+
+
+def warm_up(weight: Fp8Weight, plan: LayerPlan, dtype: torch.dtype, settings: Fp8Settings,
+            gate: str | None = None) -> None:
+    """Compile, before serving (and before any CUDA-graph capture), every kernel variant this
+    layer's products can take: the GEMV's one-row and several-row forms, the activation
+    quantization and the GEMM's small- and large-batch tiles (or ``torch._scaled_mm``, which
+    compiles nothing). Each runs once on zeros."""
+    if not kernels_run(weight.data):
+        return
+    width = weight.cols * (2 if gate is not None else 1)
+    rows = {1, settings.gemv_max_rows, settings.gemv_max_rows + 1, 65}
+    for m in sorted(r for r in rows if r > 0):
+        x = torch.zeros(m, width, dtype=dtype, device=weight.data.device)
+        linear(x, weight, plan, settings=settings, gate=gate)
 
 
 def embedding(weight: Fp8Weight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -9,7 +9,8 @@ They compute what the GPU path computes, so that a CPU measurement of quality me
 - :func:`linear_ref`: ``x @ W.T`` with ``W`` dequantized; with ``activations`` other than
   ``"none"`` the activations are first quantized and dequantized as above (the W8A8 path of
   larger batches), otherwise multiplied as they are (the weight-only GEMV of decode batches).
-  Products are float32; only the order of the additions differs from the GPU's.
+  Products are float32 (in the dtype of a dequantized copy kept in 16 bits on a GPU without
+  float8); only the order of the additions differs from the GPU's.
 """
 
 from __future__ import annotations
@@ -45,25 +46,21 @@ def dequantize_activations(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     return (q.float().reshape(m, groups, k // groups) * scale[..., None]).reshape(m, k)
 
 
-def activation_group(weight: Fp8Weight) -> int | None:
-    """The activation group of a weight's W8A8 path: 128 columns for block-wise weights (the
-    format's definition), whole rows otherwise."""
-    return BLOCK if weight.block else None
-
-
 def linear_ref(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
-               activations: str = "none") -> torch.Tensor:
+               activations: str = "none", dequantized: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` in x's dtype, computed in float32 (see the module
     docstring); ``activations``: ``"none"`` (x as it is), ``"token"``, ``"group"`` or
-    ``"static"`` (x quantized first)."""
-    w = weight.dequantize()
+    ``"static"`` (x quantized first). ``dequantized`` is ``weight.dequantize()`` when the
+    caller keeps it (converting e4m3 is slow on a CPU)."""
+    w = dequantized if dequantized is not None else weight.dequantize()
     if activations == "none":
         x32 = x.float()
     else:
         static = weight.input_scale if activations == "static" else None
         group = BLOCK if activations == "group" else None
         x32 = dequantize_activations(*quantize_activations_ref(x, group, static))
-    y = x32 @ w.T
+    y = x32.to(w.dtype) @ w.T  # float32, but for a dequantized copy kept in a 16-bit dtype
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(y.dtype)
     return y.to(x.dtype)

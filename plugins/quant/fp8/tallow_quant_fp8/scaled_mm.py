@@ -27,8 +27,9 @@ from .weights import BLOCK, Fp8Weight
 
 log = logging.getLogger("tallow.quant.fp8")
 
-#: rows of the product tried at load
-_PROBE_ROWS = 32
+#: rows of the products tried at load: cuBLAS's rules on the scales' layout may depend on
+#: the row count (the 1 x 128 scales' leading dimension is M)
+_PROBE_ROWS = (17, 18, 31, 32, 33, 100, 1000)
 
 
 def scaled_mm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight,
@@ -75,11 +76,12 @@ def _check(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool) -> str | Non
     if device.type != "cuda":
         return f"{device} is not a CUDA device"
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(_PROBE_ROWS, k, generator=gen, device=device).to(dtype)
     group = BLOCK if weight.block else None
     try:
-        q, s = quantize_activations_triton(x, group=group, scales_column_major=weight.block)
-        got = scaled_mm(q, s, weight, None, dtype, fast_accum).float()
+        for m in _PROBE_ROWS:
+            x = torch.randn(m, k, generator=gen, device=device).to(dtype)
+            q, s = quantize_activations_triton(x, group=group, scales_column_major=weight.block)
+            got = scaled_mm(q, s, weight, None, dtype, fast_accum).float()
         torch.cuda.synchronize(device)
     except Exception as exc:  # cuBLAS or torch refusing the shape or the scaling
         reason = f"torch._scaled_mm refused {what}: {exc}".splitlines()[0]
