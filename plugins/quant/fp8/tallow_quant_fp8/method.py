@@ -119,9 +119,11 @@ class Fp8LinearMethod(LinearMethod):
             slot.pad_rows = part.pad_rows
             (r0, r1), (c0, c1) = part.rows, part.cols or (0, self.input_size)
             if isinstance(loaded, Fp8Weight):
-                slot.ready = _slice_weight(loaded, r0, r1, c0, c1, self._what).to(self.device)
+                ready = _slice_weight(loaded, r0, r1, c0, c1, self._what)
+                slot.ready = Fp8Weight(_fp8_on(ready.data, self.device),
+                                       ready.scale.to(self.device).contiguous(), ready.layout)
             elif loaded.dtype == FP8:
-                slot.data = loaded[r0:r1, c0:c1].to(self.device)
+                slot.data = _fp8_on(loaded[r0:r1, c0:c1], self.device)
             elif not loaded.is_floating_point():
                 raise ValueError(f"{self._what}: expected a float8 e4m3 or float weight, got "
                                  f"{loaded.dtype}")
@@ -305,6 +307,12 @@ def _slice_weight(w: Fp8Weight, r0: int, r1: int, c0: int, c1: int, what: str) -
                          f"must start on {BLOCK}-element block boundaries")
     scale = w.scale[r0 // BLOCK:-(-r1 // BLOCK), c0 // BLOCK:-(-c1 // BLOCK)]
     return Fp8Weight(w.data[r0:r1, c0:c1], scale, "block", w.input_scale)
+
+
+def _fp8_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An e4m3 slice as a contiguous tensor on ``device``, moved as bytes (not every device's
+    copy kernels take float8)."""
+    return t.view(torch.uint8).to(device).contiguous().view(FP8)
 
 
 def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:

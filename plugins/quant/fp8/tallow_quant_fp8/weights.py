@@ -18,7 +18,7 @@ Checkpoint tensors may also arrive as :class:`tallow.layers.QuantizedWeight` of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -83,12 +83,8 @@ class Fp8Weight:
             scale = self.scale[ids // BLOCK].repeat_interleave(BLOCK, 1)[:, :self.cols]
         else:
             scale = self.scale[ids][:, None]
-        return self.data[ids].float() * scale
-
-    def to(self, device: torch.device) -> "Fp8Weight":
-        return replace(self, data=self.data.to(device), scale=self.scale.to(device),
-                       input_scale=None if self.input_scale is None
-                       else self.input_scale.to(device))
+        # gathered as bytes: not every device's indexing kernels take float8
+        return self.data.view(torch.uint8)[ids].view(FP8).float() * scale
 
     def nbytes(self) -> int:
         return self.data.numel() + 4 * self.scale.numel()
@@ -127,8 +123,9 @@ def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
     if statics and len(statics) != len(parts):
         raise ValueError("some partitions of a merged layer have a static input scale and "
                          "others do not")
-    return Fp8Weight(torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts]),
-                     parts[0].layout, torch.stack(statics).amax() if statics else None)
+    data = torch.cat([p.data.view(torch.uint8) for p in parts]).view(FP8)  # bytes: see rows_of
+    return Fp8Weight(data, torch.cat([p.scale for p in parts]), parts[0].layout,
+                     torch.stack(statics).amax() if statics else None)
 
 
 def as_quantized(weight: Fp8Weight) -> "QuantizedWeight":  # noqa: F821

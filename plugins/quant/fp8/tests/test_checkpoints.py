@@ -25,7 +25,7 @@ from fp8_checkpoints import (FakeQuantActivations, calibration_inputs, oracle_lo
                              write_compressed_tensors, write_hf_fp8)
 from tallow.config import config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
+from tallow import LLM, SamplingParams
 from tallow.plugin.testing.paged_runner import PagedRunner
 
 pytest.importorskip("compressed_tensors", reason="compressed-tensors writes the checkpoints")
@@ -59,13 +59,17 @@ def checkpoints(float_model, tmp_path_factory):
     return out
 
 
-def engine(directory: Path, **settings) -> LLMEngine:
-    return LLMEngine.from_config(config_from_mapping({
+def engine_config(directory: Path, **settings):
+    return config_from_mapping({
         "model": {"source": str(directory), "device": "cpu", "dtype": "float32",
                   "max_model_len": 128},
         "cache": {"num_blocks": 32},
         "plugins": {"settings": {"tallow-quant-fp8": settings}} if settings else {},
-    }))
+    })
+
+
+def engine(directory: Path, **settings) -> LLMEngine:
+    return LLMEngine.from_config(engine_config(directory, **settings))
 
 
 def tallow_greedy(eng: LLMEngine, prompt: list[int]):
@@ -169,15 +173,10 @@ def test_the_engine_generates_the_oracle_tokens(checkpoints):
     from compressed_tensors.quantization import disable_quantization
 
     oracle.apply(disable_quantization)
-    eng = engine(directory)
+    llm = LLM.from_config(engine_config(directory))
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
-    eng.add_request(eng.next_request_id(), PROMPT, params)
-    tokens = None
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                tokens = list(out.outputs[0].token_ids)
-    assert tokens == oracle_logits(oracle, PROMPT, STEPS)[0]
+    (out,) = llm.generate([PROMPT], params)
+    assert list(out.outputs[0].token_ids) == oracle_logits(oracle, PROMPT, STEPS)[0]
 
 
 def test_a_bad_config_stops_the_load_naming_file_and_field(checkpoints, tmp_path):

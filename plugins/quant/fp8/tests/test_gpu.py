@@ -16,9 +16,9 @@ if torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs a CUDA GPU of compute capability 8.9+ (float8)", allow_module_level=True)
 
 from kernel_cases import BASE_SEED, gen, random_weight  # noqa: E402
+from tallow import LLM, SamplingParams  # noqa: E402
 from tallow.config import config_from_mapping  # noqa: E402
 from tallow.engine.llm_engine import LLMEngine  # noqa: E402
-from tallow.engine.sampling_params import SamplingParams  # noqa: E402
 from tallow_quant_fp8 import ops, reference  # noqa: E402
 from tallow_quant_fp8.ops import LayerPlan  # noqa: E402
 from tallow_quant_fp8.scaled_mm import scaled_mm_serves  # noqa: E402
@@ -122,8 +122,8 @@ def test_graph_capture_and_replay_equal_eager():
                     f"{layout} {matmul} m={m} (TALLOW_TEST_SEED={BASE_SEED})"
 
 
-def _engine(source: str, *, disable_graphs: bool, **model) -> LLMEngine:
-    return LLMEngine.from_config(config_from_mapping({
+def _llm(source: str, *, disable_graphs: bool, **model) -> LLM:
+    return LLM.from_config(config_from_mapping({
         "model": {"source": source, "device": "cuda", "dtype": "bfloat16",
                   "max_model_len": 2048, **model},
         "cache": {"num_blocks": 2048},
@@ -132,28 +132,19 @@ def _engine(source: str, *, disable_graphs: bool, **model) -> LLMEngine:
     }))
 
 
-def _greedy(eng: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    ids = []
-    for prompt in prompts:
-        ids.append(eng.next_request_id())
-        eng.add_request(ids[-1], prompt, params)
-    done = {}
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[i] for i in ids]
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
 
 
 def test_isq_fp8_model_graphs_equal_eager_and_weights_are_the_fp8_size():
-    graphs = _engine("random:llama-3.2-1b", disable_graphs=False, isq="fp8")
-    eager = _engine("random:llama-3.2-1b", disable_graphs=True, isq="fp8")
-    loaded = graphs.parts.loaded
+    graphs = _llm("random:llama-3.2-1b", disable_graphs=False, isq="fp8")
+    eager = _llm("random:llama-3.2-1b", disable_graphs=True, isq="fp8")
+    loaded = graphs.engine.parts.loaded
     fp8 = sum(m.quant_method.weight.nbytes() for m in loaded.model.modules()
               if getattr(getattr(m, "quant_method", None), "weight", None) is not None)
     assert fp8 <= loaded.weight_bytes <= fp8 + 50_000_000  # + norms and rotary tables
-    assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
+    assert graphs.engine.core.runner.graphs is not None and eager.engine.core.runner.graphs is None
     g = torch.Generator().manual_seed(BASE_SEED)
     for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()

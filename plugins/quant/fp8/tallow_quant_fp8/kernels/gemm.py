@@ -98,6 +98,8 @@ def gemm_triton(a: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = 
     activations without."""
     m, k = a.shape
     n = weight.rows
+    if a.stride(1) != 1:
+        a = a.contiguous()
     if a_scales is None:
         mode = A_FLOAT
         out_dtype = out_dtype or a.dtype
