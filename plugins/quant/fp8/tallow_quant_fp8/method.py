@@ -96,9 +96,11 @@ class Fp8LinearMethod(LinearMethod):
         layer.register_parameter(name, param)
         return param
 
-    def _slices(self, loaded: Any, shard_id: Hashable | None, what: str) -> list[WeightSlice]:
+    def _weight_slices(self, loaded: Any, shard_id: Hashable | None) -> list[WeightSlice]:
+        """Where this rank's parts of the checkpoint weight ``loaded`` go, after checking its
+        shape."""
         expected = tuple(self.layer.checkpoint_shape(shard_id))
-        if what == "weight" and tuple(loaded.shape) != expected:
+        if tuple(loaded.shape) != expected:
             shard = "" if shard_id is None else f" shard {shard_id!r}"
             raise ValueError(f"{self._what}{shard}: checkpoint tensor has shape "
                              f"{tuple(loaded.shape)}, expected {expected}")
@@ -111,7 +113,7 @@ class Fp8LinearMethod(LinearMethod):
                 loaded = loaded.dequantize()
             else:
                 loaded = from_quantized(loaded.data, loaded.qtype, loaded.shape)
-        for part in self._slices(loaded, shard_id, "weight"):
+        for part in self._weight_slices(loaded, shard_id):
             slot = self._parts[part.partition]
             if slot.data is not None or slot.ready is not None:
                 raise ValueError(f"{self._what}: output partition {part.partition} is loaded "
