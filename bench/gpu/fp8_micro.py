@@ -113,8 +113,9 @@ def cell(name: str, n: int, k: int, m: int, fp8: list, blocks: list, dense: list
     block_reason = scaled_mm_serves(blocks[0], dtype) if DEVICE == "cuda" else "no CUDA"
     if block_reason is None:
         timed("block_quant+scaled_mm", lambda i: scaled_mm(
-            *quantize_activations_triton(x, group=128, scales_column_major=True), blocks[i],
-            None, dtype), q_copies)
+            *quantize_activations_triton(x, group=128, scales_column_major=True,
+                                         row_multiple=4), blocks[i], None, dtype)[:m],
+            q_copies)
     else:
         results.setdefault("block_scaled_mm_refused", block_reason)
     timed("block_quant+triton", lambda i: triton_w8a8(x, blocks[i], dtype, 128), q_copies)

@@ -119,15 +119,16 @@ def _w8a8(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tenso
           settings: Fp8Settings, gate: str | None) -> torch.Tensor:
     from .kernels.quantize import quantize_activations_triton
 
+    from .scaled_mm import row_multiple, scaled_mm
+
     use_cublas = plan.scaled_mm and x.is_cuda
     q, scales = quantize_activations_triton(
         x, group=BLOCK if weight.block else None,
         static_scale=weight.input_scale if plan.activations == "static" else None, gate=gate,
-        scales_column_major=use_cublas and weight.block)
+        scales_column_major=use_cublas and weight.block,
+        row_multiple=row_multiple(weight) if use_cublas else 1)
     if use_cublas:
-        from .scaled_mm import scaled_mm
-
-        return scaled_mm(q, scales, weight, bias, x.dtype, settings.fast_accum)
+        return scaled_mm(q, scales, weight, bias, x.dtype, settings.fast_accum)[:x.shape[0]]
     from .kernels.gemm import gemm_triton
 
     return gemm_triton(q, weight, bias, a_scales=scales, out_dtype=x.dtype)

@@ -8,7 +8,8 @@ column-major (``q.t()`` of the row-major ``[N, K]`` weight). Scales:
   "row-wise" scaling, cuBLAS 12.9+ or CUTLASS inside torch);
 - block-wise weights: ``scale_a [M, K/128]`` with strides ``(1, M)`` (1 x 128 blocks,
   "outer-dim-major"), ``scale_b`` the ``[N/128, K/128]`` block scales transposed (128 x 128
-  blocks), which torch supports with cuBLAS 12.9+.
+  blocks), which torch supports on Hopper with cuBLAS 12.9+; cuBLAS wants M a multiple of 4
+  there, so the activations are padded (:func:`row_multiple`) and the extra rows dropped.
 
 cuBLAS refuses some shapes (K and N must be multiples of 16; block scales have alignment rules
 of their own), and an older torch has no block-wise scaling at all. :func:`scaled_mm_serves`
@@ -30,6 +31,11 @@ log = logging.getLogger("tallow.quant.fp8")
 #: rows of the products tried at load: cuBLAS's rules on the scales' layout may depend on
 #: the row count (the 1 x 128 scales' leading dimension is M)
 _PROBE_ROWS = (17, 18, 31, 32, 33, 100, 1000)
+
+
+def row_multiple(weight: Fp8Weight) -> int:
+    """The row count ``torch._scaled_mm``'s activations must be a multiple of for ``weight``."""
+    return 4 if weight.block else 1
 
 
 def scaled_mm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight,
@@ -80,8 +86,9 @@ def _check(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool) -> str | Non
     try:
         for m in _PROBE_ROWS:
             x = torch.randn(m, k, generator=gen, device=device).to(dtype)
-            q, s = quantize_activations_triton(x, group=group, scales_column_major=weight.block)
-            got = scaled_mm(q, s, weight, None, dtype, fast_accum).float()
+            q, s = quantize_activations_triton(x, group=group, scales_column_major=weight.block,
+                                               row_multiple=row_multiple(weight))
+            got = scaled_mm(q, s, weight, None, dtype, fast_accum)[:m].float()
         torch.cuda.synchronize(device)
     except Exception as exc:  # cuBLAS or torch refusing the shape or the scaling
         reason = f"torch._scaled_mm refused {what}: {exc}".splitlines()[0]

@@ -107,6 +107,13 @@ def test_static_scale_and_column_major_scales():
     q, s = quantize_activations_triton(x, group=BLOCK, scales_column_major=True)
     assert s.stride() == (1, 6) and s.shape == (6, 2)
     same_values(s, reference.quantize_activations_ref(x, BLOCK)[1], "column-major scales")
+    # padded to a multiple of 4 rows (cuBLAS's block-scaled GEMM): zeros, scales of one
+    q, s = quantize_activations_triton(x, group=BLOCK, scales_column_major=True, row_multiple=4)
+    assert q.shape == (8, 256) and s.shape == (8, 2) and s.stride() == (1, 8)
+    q_ref, s_ref = reference.quantize_activations_ref(x, BLOCK)
+    same_values(q[:6], q_ref, "padded values")
+    same_values(s[:6], s_ref, "padded scales")
+    assert not q[6:].float().any() and bool((s[6:] == 1).all())
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])

@@ -84,12 +84,15 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, static_ptr, M, K, stride_xm, stride_qm
 
 def quantize_activations_triton(x: torch.Tensor, *, group: int | None = None,
                                 static_scale: torch.Tensor | None = None,
-                                gate: str | None = None, scales_column_major: bool = False
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+                                gate: str | None = None, scales_column_major: bool = False,
+                                row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (or ``[M, 2K]`` with ``gate``) as (e4m3 ``[M, K]``, float32 scales
     ``[M, G]``), G = 1 per token (``group`` None) or ``K / 128``; ``static_scale`` a float32
-    one-element tensor. ``scales_column_major`` lays the scales out with stride ``(1, M)``."""
+    one-element tensor. ``scales_column_major`` lays the scales out with stride ``(1, M)``.
+    ``row_multiple`` pads both to a multiple of that many rows (zeros, scales of one), for a
+    consumer that needs it (cuBLAS's block-scaled GEMM: 4)."""
     m, width = x.shape
+    rows = -(-m // row_multiple) * row_multiple
     k = width // 2 if gate is not None else width
     if group is not None and (group != BLOCK or k % BLOCK):
         raise ValueError(f"activation groups must be {BLOCK} columns dividing K, got group "
@@ -97,11 +100,14 @@ def quantize_activations_triton(x: torch.Tensor, *, group: int | None = None,
     if x.stride(1) != 1:
         x = x.contiguous()
     groups = 1 if group is None else k // group
-    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    q = torch.empty(rows, k, dtype=FP8, device=x.device)
     if scales_column_major:
-        scales = torch.empty(groups, m, dtype=torch.float32, device=x.device).t()
+        scales = torch.empty(groups, rows, dtype=torch.float32, device=x.device).t()
     else:
-        scales = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+        scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows > m:
+        q[m:].view(torch.uint8).zero_()
+        scales[m:].fill_(1.0)
     if m == 0:
         return q, scales
     chunk = min(_CHUNK, max(BLOCK, triton.next_power_of_2(k)))
