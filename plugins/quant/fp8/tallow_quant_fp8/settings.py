@@ -9,6 +9,10 @@
                    ``scaled_mm`` (refuse to load a layer it does not take) or ``triton``
 ``fast_accum``     let ``torch._scaled_mm`` accumulate in the tensor cores' reduced precision
                    (faster; default false)
+``isq_vocab``      under ``model.isq: fp8``, quantize the token embedding and the LM head too
+                   (default true; a head tied to the embedding follows it). False keeps both
+                   in the model's dtype: better quality, more memory, and at batch 1 the head's
+                   bf16 bytes to read
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class Fp8Settings:
     gemv_max_rows: int = 16
     matmul: str = "auto"
     fast_accum: bool = False
+    isq_vocab: bool = True
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> "Fp8Settings":
@@ -44,9 +49,10 @@ class Fp8Settings:
         if s.matmul not in MATMULS:
             raise ValueError(f"{where}.matmul: expected one of {', '.join(MATMULS)}, got "
                              f"{s.matmul!r}")
-        if not isinstance(s.fast_accum, bool):
-            raise ValueError(f"{where}.fast_accum: expected true or false, got "
-                             f"{s.fast_accum!r}")
+        for name in ("fast_accum", "isq_vocab"):
+            if not isinstance(getattr(s, name), bool):
+                raise ValueError(f"{where}.{name}: expected true or false, got "
+                                 f"{getattr(s, name)!r}")
         return s
 
     @classmethod

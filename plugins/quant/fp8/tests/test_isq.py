@@ -73,6 +73,22 @@ def test_isq_equals_the_model_of_the_quantized_weights(float_dir_and_oracle):
         assert tokens == expected[0]
 
 
+def test_isq_vocab_false_keeps_embedding_and_head_dense(float_dir_and_oracle):
+    directory, _ = float_dir_and_oracle
+    eng = LLMEngine.from_config(config_from_mapping({
+        "model": {"source": str(directory), "device": "cpu", "dtype": "float32",
+                  "max_model_len": 128, "isq": "fp8"},
+        "cache": {"num_blocks": 32},
+        "plugins": {"settings": {"tallow-quant-fp8": {"isq_vocab": False}}},
+    }))
+    model = eng.parts.loaded.model
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.float32
+    assert model.model.layers[0].mlp.down_proj.qweight.dtype == torch.float8_e4m3fn
+    assert eng.parts.loaded.quant.summary().startswith("fp8: e4m3 per channel, activations per "
+                                                       "token; 8 layers")
+
+
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
     from tallow_quant_fp8 import method, weights
 
