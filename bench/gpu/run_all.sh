@@ -4,7 +4,7 @@
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,
-# fp8wtests,fp8wlat,fp8wthr,fp8wttft,fp8wmicro, or full: the runs behind the
+# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, tallow-quant-fp8, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
@@ -211,6 +211,9 @@ fi
 F8B=(--model random:llama-3-8b --dtype bfloat16 --isq fp8)
 if [[ ",$MODE," == *",fp8wlat,"* ]]; then
   bench latency_8b_fp8w_bs1 300 latency "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wlatvocab,"* ]]; then  # A/B: embedding and head in fp8 too
+  bench latency_8b_fp8w_vocab_bs1 300 latency --config bench/gpu/fp8_isq_vocab.yaml "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",fp8wthr,"* ]]; then  # fp8 weights and an fp8 KV cache
   bench throughput_8b_fp8w_fp8kv 450 throughput "${F8B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512

@@ -88,9 +88,9 @@ class ModelConfig(Section):
         "the device, into this type (a quant-scheme plugin provides it). The GGML types "
         "(tallow-quant-gguf): every matrix takes it, embedding and head included, except rows "
         "that are not whole blocks of it, which take llama.cpp's fallback type. fp8 "
-        "(tallow-quant-fp8): every matrix in float8 e4m3 with one scale per output row, "
-        "activations quantized per token on GPUs of compute capability 8.9+. None keeps the "
-        "checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "(tallow-quant-fp8): every linear layer in float8 e4m3 with one scale per output row "
+        "(embedding and head too with its isq_vocab setting), activations of large batches "
+        "quantized per token. None keeps the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

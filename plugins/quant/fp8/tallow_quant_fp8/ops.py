@@ -118,7 +118,6 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
 def _w8a8(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tensor | None,
           settings: Fp8Settings, gate: str | None) -> torch.Tensor:
     from .kernels.quantize import quantize_activations_triton
-
     from .scaled_mm import row_multiple, scaled_mm
 
     use_cublas = plan.scaled_mm and x.is_cuda

@@ -4,8 +4,8 @@
   compressed-tensors float8 (per tensor, per channel, 128 x 128 blocks);
   :mod:`tallow_quant_fp8.formats` reads their ``quantization_config``. The engine finds the
   scheme by the name ``fp8``, or by :meth:`Fp8QuantScheme.detect` for compressed-tensors.
-- ``model.isq: fp8``: every matrix of a float model (embedding and head included, unless the
-  ``isq_vocab`` setting is false) quantized while it loads, one scale per output row.
+- ``model.isq: fp8``: every linear layer of a float model (and with the ``isq_vocab`` setting
+  the embedding and head) quantized while it loads, one scale per output row.
 
 Products of up to ``gemv_max_rows`` rows are weight-only; larger ones quantize their
 activations to e4m3 (W8A8; :mod:`tallow_quant_fp8.ops`). The kernels need compute capability
@@ -81,7 +81,7 @@ class Fp8QuantScheme(QuantScheme):
 
     def head_method(self, prefix: str) -> Any:
         """The LM head: a checkpoint's may be float8 or not (the loader keeps a float one
-        dense); under ``model.isq`` float8 unless ``isq_vocab`` is false."""
+        dense); under ``model.isq`` float8 only with ``isq_vocab``."""
         return None if self.isq and not self.settings.isq_vocab else self._method(prefix)
 
     def embedding_method(self, prefix: str) -> Any:

@@ -10,9 +10,9 @@
 ``fast_accum``     let ``torch._scaled_mm`` accumulate in the tensor cores' reduced precision
                    (faster; default false)
 ``isq_vocab``      under ``model.isq: fp8``, quantize the token embedding and the LM head too
-                   (default true; a head tied to the embedding follows it). False keeps both
-                   in the model's dtype: better quality, more memory, and at batch 1 the head's
-                   bf16 bytes to read
+                   (a head tied to the embedding follows it). Default false: both stay in the
+                   model's dtype, as in published FP8 checkpoints; true saves their memory and,
+                   at batch 1, half the head's bytes, at a cost in quality (docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Fp8Settings:
     gemv_max_rows: int = 16
     matmul: str = "auto"
     fast_accum: bool = False
-    isq_vocab: bool = True
+    isq_vocab: bool = False
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> "Fp8Settings":

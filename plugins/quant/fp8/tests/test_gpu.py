@@ -128,7 +128,8 @@ def _llm(source: str, *, disable_graphs: bool, **model) -> LLM:
                   "max_model_len": 2048, **model},
         "cache": {"num_blocks": 2048},
         "runner": {"disable_cuda_graph": disable_graphs, "max_cuda_graph_batch": 32},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4},
+                                 "tallow-quant-fp8": {"isq_vocab": True}}},
     }))
 
 
@@ -138,12 +139,16 @@ def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[in
 
 
 def test_isq_fp8_model_graphs_equal_eager_and_weights_are_the_fp8_size():
+    """Embedding and (tied) head in fp8 too (``isq_vocab``): every fp8 path of a decode step."""
     graphs = _llm("random:llama-3.2-1b", disable_graphs=False, isq="fp8")
     eager = _llm("random:llama-3.2-1b", disable_graphs=True, isq="fp8")
     loaded = graphs.engine.parts.loaded
-    fp8 = sum(m.quant_method.weight.nbytes() for m in loaded.model.modules()
+    model = loaded.model
+    fp8 = sum(m.quant_method.weight.nbytes() for m in model.modules()
               if getattr(getattr(m, "quant_method", None), "weight", None) is not None)
-    assert fp8 <= loaded.weight_bytes <= fp8 + 50_000_000  # + norms and rotary tables
+    dense = sum(p.nbytes for p in model.parameters() if p.is_floating_point())  # the norms
+    assert model.model.embed_tokens.qweight.dtype == torch.float8_e4m3fn
+    assert fp8 + dense <= loaded.weight_bytes <= fp8 + dense + 50_000_000  # + rotary tables
     assert graphs.engine.core.runner.graphs is not None and eager.engine.core.runner.graphs is None
     g = torch.Generator().manual_seed(BASE_SEED)
     for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels

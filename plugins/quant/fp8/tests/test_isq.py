@@ -1,8 +1,8 @@
-"""Load-time quantization (``model.isq: fp8``) on the CPU: every matrix of a float checkpoint,
-embedding and head included, becomes e4m3 with one float32 scale per row as it arrives, and
-the model computes what transformers computes with those weights (quantized here with plain
-torch: ``scale = amax(|row|) / 448``, values ``w / scale`` rounded to nearest even), with the
-activations of products of more than 16 rows quantized per token. ``random:`` models draw and
+"""Load-time quantization (``model.isq: fp8``) on the CPU: every linear layer of a float
+checkpoint (and with ``isq_vocab`` the embedding and head) becomes e4m3 with one float32 scale
+per row as it arrives, and the model computes what transformers computes with those weights
+(quantized here with plain torch: ``scale = amax(|row|) / 448``, values ``w / scale`` rounded
+to nearest even), with the activations of products of more than 16 rows quantized per token. ``random:`` models draw and
 quantize a slice of rows at a time; what cannot work is refused clearly."""
 
 from __future__ import annotations
@@ -27,40 +27,57 @@ def per_row_fp8(w: torch.Tensor) -> torch.Tensor:
     return (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
 
 
+VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
 @pytest.fixture(scope="module")
-def float_dir_and_oracle(tmp_path_factory):
-    model = tiny_llama(1)
+def float_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("isq") / "float"
-    model.save_pretrained(directory)
+    tiny_llama(1).save_pretrained(directory)
     save_tokenizer(directory)
-    oracle = tiny_llama(1)
-    oracle.load_state_dict({name: per_row_fp8(w) if w.dim() == 2 else w
-                            for name, w in model.state_dict().items()})
-    return directory, oracle
+    return directory
 
 
-def engine(source: str, **model) -> LLMEngine:
+def oracle_model(vocab: bool):
+    """The transformers model of the quantized weights (every linear layer; with ``vocab`` the
+    embedding and head too)."""
+    model, oracle = tiny_llama(1), tiny_llama(1)
+    oracle.load_state_dict({name: per_row_fp8(w) if w.dim() == 2 and (vocab or name not in VOCAB)
+                            else w for name, w in model.state_dict().items()})
+    return oracle
+
+
+def engine(source: str, isq_vocab: bool | None = None, **model) -> LLMEngine:
+    settings = {} if isq_vocab is None else {"tallow-quant-fp8": {"isq_vocab": isq_vocab}}
     return LLMEngine.from_config(config_from_mapping({
         "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
                   **model},
         "cache": {"num_blocks": 32},
+        "plugins": {"settings": settings},
     }))
 
 
-def test_isq_equals_the_model_of_the_quantized_weights(float_dir_and_oracle):
-    directory, oracle = float_dir_and_oracle
-    eng = engine(str(directory), isq="fp8")
+@pytest.mark.parametrize("vocab", [False, True])
+def test_isq_equals_the_model_of_the_quantized_weights(float_dir, vocab):
+    eng = engine(str(float_dir), isq_vocab=vocab if vocab else None, isq="fp8")  # False: default
     loaded = eng.parts.loaded
-    assert loaded.quant.summary() == ("fp8: e4m3 per channel, activations per token; 10 layers "
-                                      "(quantized at load)")
+    assert loaded.quant.summary() == ("fp8: e4m3 per channel, activations per token; "
+                                      f"{10 if vocab else 8} layers (quantized at load)")
     model = loaded.model
-    for layer in (model.model.embed_tokens, model.lm_head, model.model.layers[1].mlp.down_proj):
-        assert layer.qweight.dtype == torch.float8_e4m3fn
-    dense = engine(str(directory)).parts.loaded
-    assert loaded.weight_bytes < 0.3 * dense.weight_bytes  # 8 bits and a scale per row, not 32
+    assert model.model.layers[1].mlp.down_proj.qweight.dtype == torch.float8_e4m3fn
+    for layer in (model.model.embed_tokens, model.lm_head):
+        if vocab:
+            assert layer.qweight.dtype == torch.float8_e4m3fn
+        else:
+            assert layer.weight.dtype == torch.float32
+    dense = engine(str(float_dir)).parts.loaded
+    # 8 bits and a scale per row, not 32 (the float32 embedding and head of this tiny model
+    # are 40 % of it)
+    assert loaded.weight_bytes < (0.3 if vocab else 0.55) * dense.weight_bytes
 
+    oracle = oracle_model(vocab)
     for seq, prompt in enumerate((PROMPT, LONG_PROMPT)):
-        hooks = FakeQuantActivations(oracle, "token", gemv_max_rows=16, head=True)
+        hooks = FakeQuantActivations(oracle, "token", gemv_max_rows=16, head=vocab)
         try:
             expected = oracle_logits(oracle, prompt, STEPS)
         finally:
@@ -71,22 +88,6 @@ def test_isq_equals_the_model_of_the_quantized_weights(float_dir_and_oracle):
         for a, b in zip(steps, expected[2]):
             torch.testing.assert_close(a, b, rtol=0, atol=2e-4 * scale)
         assert tokens == expected[0]
-
-
-def test_isq_vocab_false_keeps_embedding_and_head_dense(float_dir_and_oracle):
-    directory, _ = float_dir_and_oracle
-    eng = LLMEngine.from_config(config_from_mapping({
-        "model": {"source": str(directory), "device": "cpu", "dtype": "float32",
-                  "max_model_len": 128, "isq": "fp8"},
-        "cache": {"num_blocks": 32},
-        "plugins": {"settings": {"tallow-quant-fp8": {"isq_vocab": False}}},
-    }))
-    model = eng.parts.loaded.model
-    assert model.model.embed_tokens.weight.dtype == torch.float32
-    assert model.lm_head.weight.dtype == torch.float32
-    assert model.model.layers[0].mlp.down_proj.qweight.dtype == torch.float8_e4m3fn
-    assert eng.parts.loaded.quant.summary().startswith("fp8: e4m3 per channel, activations per "
-                                                       "token; 8 layers")
 
 
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
@@ -101,7 +102,7 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
     monkeypatch.setattr(method, "quantize_rows", recording)
     monkeypatch.setattr(method, "RANDOM_CHUNK_ROWS", 100)
-    eng = engine("random:tiny-llama", isq="fp8")
+    eng = engine("random:tiny-llama", isq_vocab=True, isq="fp8")
     assert seen and max(rows for rows, _ in seen) <= 100
     # the head (512 rows) came in slices
     assert sum(rows for rows, cols in seen if cols == 64) >= 2 * 512
@@ -116,9 +117,9 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
 
 def test_wrong_requests_are_refused_clearly(tmp_path):
+    directory = tmp_path / "fp8"
+    write_hf_fp8(tiny_llama(2), directory, block=False)
     with pytest.raises(Exception, match="already quantized"):
-        directory = tmp_path / "fp8"
-        write_hf_fp8(tiny_llama(2), directory, block=False)
         engine(str(directory), isq="fp8")
     with pytest.raises(ConfigError, match=r"model\.isq"):
         config_from_mapping({"model": {"isq": "fp4"}})
