@@ -2,9 +2,9 @@
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
-.PHONY: install test serve bench lint
-install:  ## the core and every first-party plugin, editable, with test extras
-	$(PYTHON) -m pip install -q -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+.PHONY: install test serve bench lint docs
+install:  ## the core and every first-party plugin, editable, with test and docs extras
+	$(PYTHON) -m pip install -q -e '.[test,docs]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 
 test: install  ## pytest's "no tests collected" (5) counts as success
 	$(PYTHON) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
@@ -14,6 +14,9 @@ serve: install
 
 bench:
 	tallow bench latency --model random:llama-3-8b --dtype bfloat16
+
+docs: install  ## the documentation site, into site/ (strict: a stale reference fails)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
 lint:
 	$(PYTHON) -m pytest -q tests/test_boundaries.py

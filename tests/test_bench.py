@@ -44,6 +44,16 @@ def test_throughput_generates_every_requested_token():
     assert r["card_gemm_flops"] is None and r["card_copy_bytes_per_s"] is None
 
 
+def test_embed_returns_every_embedding():
+    """A decoder shape built for embeddings (the bench sets the task): every input comes back,
+    many per step."""
+    r = bench("embed", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts", "12",
+              "--input-len", "16", "--max-model-len", "64", "--max-num-batched-tokens", "64")
+    assert r["num_prompts"] == 12 and r["input_tokens"] == 12 * 16
+    assert r["steps"] == 3 and r["inputs_s"] > 0 and r["total_tok_s"] > 0
+    assert r["embedding"]["pooling"] == "last" and r["embedding"]["dimensions"] == 64
+
+
 @torch.inference_mode()
 def test_compare_hf_runs_transformers_on_the_engine_weights():
     from tallow.bench.hf_compare import hf_model_like

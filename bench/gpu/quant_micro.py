@@ -3,6 +3,7 @@
   python bench/gpu/quant_micro.py [--types Q4_K,Q8_0] [--rows 1,4,16,64,256,512,4096]
                                   [--shapes qkv,o,gate_up,down,head] [--output FILE.json]
   python bench/gpu/quant_micro.py --sweep --table TUNED.json [--budget 170] [--jobs 16]
+                                  [--rows 16,64,256,512,4096 --merge SHIPPED.json]
 
 For every projection of llama-3-8b (qkv 4096->6144, o 4096->4096, gate_up 4096->28672,
 down 14336->4096, head 4096->128256), weight type and row count M it times, each inside a CUDA
@@ -27,6 +28,11 @@ and the sweep stops before the next shape once ``--budget`` seconds (compilation
 passed, or when an error has left the CUDA context unusable. A candidate whose one timed run
 takes over ``SLOW_FACTOR`` times the cell's best so far (and over ``SLOW_FLOOR``) is not timed
 further.
+
+``--merge TABLE`` (with ``--sweep``) starts the table from an existing one of the same GPU: the
+cells this sweep times replace that table's entries for their (type, N, K, row bucket), the
+others are kept, so a sweep restricted with ``--rows`` re-tunes some buckets of the shipped
+table without dropping the rest.
 
 ``--device cpu`` with ``TRITON_INTERPRET=1`` and small shapes (``--shapes tiny=64:512``) runs the
 script's logic on a CPU, timed by the wall clock: a dry run, not a measurement.
@@ -341,17 +347,38 @@ def run(args: argparse.Namespace, save=lambda results: None) -> list[dict]:
     return results
 
 
-def tuned_table(results: list[dict]) -> dict:
+def tuned_table(results: list[dict], merge: str | None = None) -> dict:
+    """The table of the best choice per timed cell; with ``merge`` (a table file of this GPU),
+    that table's entries for the cells not timed here are kept."""
     import triton
 
-    from tallow_quant_gguf.tuning import table_json
+    from tallow_quant_gguf.tuning import bucket, table_json
 
     best = [dict(type=r["type"], n=r["n"], k=r["k"], m=r["m"], path=r["best"]["path"],
                  config=r["best"]["config"], us=round(r["best_s"] * 1e6, 2),
                  bf16_us=round(r["bf16_s"] * 1e6, 2))
             for r in results if "best" in r]
+    if merge:
+        def cell(e: dict) -> tuple:
+            return e["type"].upper(), e["n"], e["k"], bucket(e["m"])
+
+        timed = {cell(e) for e in best}
+        best = [e for e in base_entries(merge) if cell(e) not in timed] + best
     return table_json(best, _device_name(), torch=torch.__version__,
                       triton=triton.__version__)
+
+
+def base_entries(path: str) -> list[dict]:
+    """The entries of the table ``path`` (checked as the plugin checks it), which must have been
+    measured on this GPU."""
+    from tallow_quant_gguf.tuning import TunedTable
+
+    TunedTable.load(path)
+    data = json.loads(open(path).read())
+    if data.get("device") != _device_name():
+        raise SystemExit(f"--merge {path}: a table of {data.get('device')!r}, this GPU is "
+                         f"{_device_name()!r}")
+    return data["entries"]
 
 
 def _device_name() -> str:
@@ -365,6 +392,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--table", help="write the tuned table here (with --sweep)")
+    parser.add_argument("--merge", help="keep this table's entries for the cells not timed "
+                                        "(with --sweep and --table)")
     parser.add_argument("--budget", type=float, default=170.0,
                         help="seconds from the start (compilation included) after which no "
                              "further shape is begun")
@@ -376,10 +405,15 @@ def main() -> None:
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
+    if args.merge:
+        if not (args.sweep and args.table):
+            sys.exit("--merge needs --sweep and --table")
+        base_entries(args.merge)  # a table of another GPU is refused before any timing
     results = run(args, lambda results: save(args, results))
     save(args, results)
     if args.sweep and args.table:
-        print(f"tuned table: {len(tuned_table(results)['entries'])} entries in {args.table}")
+        print(f"tuned table: {len(tuned_table(results, args.merge)['entries'])} entries in "
+              f"{args.table}")
 
 
 def save(args: argparse.Namespace, results: list[dict]) -> None:
@@ -388,7 +422,7 @@ def save(args: argparse.Namespace, results: list[dict]) -> None:
     if args.output:
         _write_json(args.output, {"device": _device_name(), "results": results})
     if args.sweep and args.table:
-        _write_json(args.table, tuned_table(results))
+        _write_json(args.table, tuned_table(results, getattr(args, "merge", None)))
 
 
 def _write_json(path: str, data: dict) -> None:

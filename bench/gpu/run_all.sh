@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,
+# quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, tallow-quant-fp8, --isq) runs.
@@ -74,6 +74,13 @@ if [[ ",$MODE," == *",profile,"* ]]; then
   for extra in "" "--eager" "--gemv-rows 0" "--model random:qwen3-0.6b --batch 256 --input-len 300"; do
     timeout 150 python3 bench/gpu/profile_decode.py step $extra 2>&1 | grep -v Warning | tail -34
   done | tee "$OUT/profile.log"
+fi
+if [[ ",$MODE," == *",gemmatests,"* ]]; then
+  echo "== GPU tests of tallow-model-gemma (tiny parity; Gemma 3 4B shape on triton vs transformers and torch)"
+  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/models/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
+fi
+if [[ ",$MODE," == *",gemma4b,"* ]]; then  # batch-1 decode of Gemma 3 4B's shape; 2048-token prompts outrun its 1024-token window
+  bench latency_gemma3_4b_bs1 300 latency --model random:gemma-3-4b --dtype bfloat16 --batch-size 1 --input-len 2048 --output-len 256 --max-model-len 4096
 fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 if [[ ",$MODE," == *",latencysync,"* ]]; then
@@ -185,6 +192,18 @@ if [[ ",$MODE," == *",quanttune,"* ]]; then
   grep "^    !!" "$OUT/quanttune.log" | head -12
   python3 -c "import json,sys; t=json.load(open(sys.argv[1])); print('tuned table:', len(t['entries']), 'entries for', t['device'])" "$OUT/quant_tuned.json" || echo "!! no tuned table written"
 fi
+# the sweep again from 16 rows up (the workspace path is timed from 17 rows), its cells merged
+# into the shipped H200 table (the one- to 4-row cells kept): copy OUT/quant_tuned.json over
+# plugins/quant/gguf/tallow_quant_gguf/tuned/nvidia-h200.json. No shape begins after 150 s.
+if [[ ",$MODE," == *",quanttunelarge,"* ]]; then
+  echo "== tuning sweep from 16 rows up, merged into the shipped table"
+  timeout 200 python3 bench/gpu/quant_micro.py --sweep --rows 16,64,256,512,4096 --budget 150 \
+    --jobs 16 --merge plugins/quant/gguf/tallow_quant_gguf/tuned/nvidia-h200.json \
+    --table "$OUT/quant_tuned.json" --output "$OUT/quanttune_large.json" 2>&1 | grep -v Warning \
+    | tee "$OUT/quanttune_large.log" | grep -v "^    !!" | tail -60
+  grep -c "^    !!" "$OUT/quanttune_large.log" | xargs echo "candidates refused (failed, raised or wrong):"
+  python3 -c "import json,sys; t=json.load(open(sys.argv[1])); print('tuned table:', len(t['entries']), 'entries for', t['device'])" "$OUT/quant_tuned.json" || echo "!! no tuned table written"
+fi
 Q8B=(--model random:llama-3-8b --dtype bfloat16)
 if [[ ",$MODE," == *",q4klat,"* ]]; then
   bench latency_8b_q4k_bs1 300 latency "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -225,6 +244,17 @@ if [[ ",$MODE," == *",fp8wmicro,"* ]]; then  # the fp8 GEMV/GEMM against bf16 pe
   echo "== fp8 matmuls on llama-3-8b shapes"
   timeout 420 python3 bench/gpu/fp8_micro.py --rows 1,16,256,4096 --sweep-gemv --output "$OUT/fp8micro.json" 2>&1 | grep -v Warning | tee "$OUT/fp8micro.log" | tail -60
 fi
+if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
+  echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
+  { timeout 150 python3 -m pytest -q -rs --timeout 120 plugins/attention/triton/tests/kernel_cases.py -k "bidirectional or chunked"
+    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/models/bert/tests
+  } 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_embed.log"
+fi
+if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inputs
+  EMB=(embed --model random:all-minilm-l6-v2 --dtype bfloat16 --num-prompts 16384 --input-len 128)
+  bench embed_minilm_128 240 "${EMB[@]}"
+  bench embed_minilm_128_big_steps 240 "${EMB[@]}" --max-num-batched-tokens 32768 --max-num-seqs 1024
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -233,7 +263,7 @@ for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
     keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
             "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s", "weight_bytes"]
+            "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

@@ -164,3 +164,51 @@ def test_wordpiece_cleanup_only_when_asked():
     ids = backend.encode("hello, world!").ids
     assert Tokenizer(backend, {}).decode(ids) == "hello , world !"
     assert Tokenizer(backend, {"clean_up_tokenization_spaces": True}).decode(ids) == "hello, world!"
+
+
+def _bert_like(tmp_path, truncation_side: str | None = None):
+    """A WordPiece tokenizer with [CLS] ... [SEP] whose tokenizer.json pads and truncates every
+    input to 8 tokens (as sentence-transformers' files do, to 128), saved with its config."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, processors
+
+    vocab = {w: i for i, w in enumerate(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "one", "two", "three", "four", "five", "six"])}
+    tok = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.enable_padding(length=8, pad_id=0, pad_token="[PAD]")
+    tok.enable_truncation(max_length=8)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    if truncation_side:
+        config["truncation_side"] = truncation_side
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_padding_and_truncation_of_the_file_are_off_as_in_transformers(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    path = _bert_like(tmp_path)
+    ours = Tokenizer.from_directory(path)
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+    text = "one two three four five six one two three"
+    assert ours.encode("one two") == ref("one two")["input_ids"] == [2, 4, 5, 3]
+    assert ours.encode(text) == ref(text)["input_ids"]
+    assert len(ours.encode(text)) == 11
+
+
+@pytest.mark.parametrize("side", [None, "left"])
+def test_encode_truncated_matches_transformers_truncation(tmp_path, side) -> None:
+    transformers = pytest.importorskip("transformers")
+    path = _bert_like(tmp_path, side)
+    ours = Tokenizer.from_directory(path)
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"),
+                                               truncation_side=side or "right")
+    text = "one two three four five six"
+    for limit in (2, 3, 5, 8, 20):
+        assert ours.encode_truncated(text, limit) == \
+            ref(text, truncation=True, max_length=limit)["input_ids"], limit
+    with pytest.raises(ValueError, match="adds 2 special tokens"):
+        ours.encode_truncated(text, 1)

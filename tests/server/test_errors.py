@@ -161,6 +161,17 @@ def test_unknown_model_is_404(serve) -> None:
     assert client.get("/v1/models/fake-model").json()["id"] == "fake-model"
 
 
+def test_embeddings_on_a_generation_server_are_400(serve) -> None:
+    """The model is served for generation: /v1/embeddings says so (and the reverse is checked
+    with a real embedding model in tallow-model-bert's tests)."""
+    client = serve()
+    err = _error(client.post("/v1/embeddings", json={"input": "hello"}), 400)
+    assert err["param"] == "model" and err["code"] == "unsupported_task"
+    assert "served for text generation" in err["message"] and "model.task" in err["message"]
+    _error(client.post("/v1/embeddings", json={"input": "x", "model": "gpt-17"}), 404)
+    assert client.get("/v1/models/fake-model").json()["task"] == "generate"
+
+
 def test_prompt_longer_than_the_context_is_400(serve) -> None:
     client = serve(FakeEngine(max_model_len=64))
     err = _error(client.post("/v1/completions", json={"prompt": "x" * 100}), 400)

@@ -1,6 +1,7 @@
 """Paged attention in plain torch that gathers each sequence's keys and values through its
 block table and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal
-(and sliding-window) mask. Serves every device torch runs on and every elementwise KV codec.
+(and sliding-window) mask, or none for bidirectional layers. Serves every device torch runs
+on and every elementwise KV codec.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class DenseTorchBackend(AttentionBackend):
             n = end - start
             q_pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]
             k_pos = torch.arange(seq_len, device=q.device)[None, :]
-            allowed = k_pos <= q_pos
+            # an encoder layer (causal False) sees its whole sequence
+            allowed = k_pos <= q_pos if layer.causal else k_pos < seq_len
             if layer.sliding_window:
                 allowed &= q_pos - k_pos < layer.sliding_window
             scores_q = q[start:end].float().transpose(0, 1)  # [Hq, n, D]

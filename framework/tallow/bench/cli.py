@@ -21,7 +21,8 @@ def _lengths(p: argparse.ArgumentParser, input_default: int | None,
 def add_parser(subparsers: Any) -> None:
     from tallow.config import add_config_arguments
 
-    bench = subparsers.add_parser("bench", help="measure latency, throughput, serving or perplexity")
+    bench = subparsers.add_parser(
+        "bench", help="measure latency, throughput, embeddings, serving or perplexity")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
 
     lat = kinds.add_parser("latency", help="one batch: TTFT, decode tok/s, ITL, bandwidth")
@@ -33,6 +34,13 @@ def add_parser(subparsers: Any) -> None:
     thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
     thr.add_argument("--num-prompts", type=int, default=1000)
     _lengths(thr, 1000, 1000)
+
+    emb = kinds.add_parser("embed", help="N inputs at once through the embed task: inputs/s, "
+                                        "tokens/s")
+    emb.add_argument("--num-prompts", type=int, default=4096)
+    emb.add_argument("--input-len", type=int, default=128)
+    emb.add_argument("--min-input-len", type=int, help="random input lengths: uniform range")
+    emb.add_argument("--max-input-len", type=int)
 
     srv = kinds.add_parser("serve", help="Poisson arrivals through the HTTP API")
     srv.add_argument("--num-prompts", type=int, default=200)
@@ -61,7 +69,7 @@ def add_parser(subparsers: Any) -> None:
                      help="also write the NLL of every scored token (a JSON list, in text "
                           "order), for paired comparisons of two runs on the same text")
 
-    for p in (lat, thr, srv, ppl):
+    for p in (lat, thr, emb, srv, ppl):
         add_config_arguments(p)
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("--output", help="also write the JSON result to this file")
@@ -71,12 +79,12 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tallow.config import load_config
 
-    from . import latency, perplexity, serve, throughput
+    from . import embed, latency, perplexity, serve, throughput
     from .common import print_report
 
     config = load_config(args)
     module = {"latency": latency, "throughput": throughput, "serve": serve,
-              "perplexity": perplexity}[args.bench_kind]
+              "perplexity": perplexity, "embed": embed}[args.bench_kind]
     try:
         result = module.run(args, config)
     except perplexity.BenchInputError as exc:  # a bad --text/--corpus/--ctx/...: no traceback

@@ -49,6 +49,14 @@ def lengths(n: int, fixed: int | None, lo: int | None, hi: int | None, seed: int
     return [fixed] * n
 
 
+def input_prompts(args: Any, vocab: int) -> tuple[list[int], list[list[int]]]:
+    """(lengths, token ids) of ``args.num_prompts`` random inputs of the ``--input-len`` /
+    ``--min-input-len``/``--max-input-len`` lengths: the same every run."""
+    in_lens = lengths(args.num_prompts, args.input_len, args.min_input_len,
+                      args.max_input_len, seed=10)
+    return in_lens, random_prompts(args.num_prompts, in_lens, vocab, seed=12)
+
+
 def build_config(args: Any) -> Any:
     from tallow.config import load_config
 

@@ -9,7 +9,8 @@ import torch
 from .common import now, random_prompts, sync
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text"}
 
 
 def hf_model_like(parts: Any) -> torch.nn.Module:

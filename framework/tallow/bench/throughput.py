@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from .common import (
-    build_engine, copy_bandwidth, gemm_flops, lengths, now, quantization, random_prompts, sync,
+    build_engine, copy_bandwidth, gemm_flops, input_prompts, lengths, now, quantization,
+    random_prompts, sync,
 )
 
 
@@ -38,11 +39,9 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
-    vocab = parts.core.runner.vocab_size
     n = args.num_prompts
-    in_lens = lengths(n, args.input_len, args.min_input_len, args.max_input_len, seed=10)
+    in_lens, prompts = input_prompts(args, parts.core.runner.vocab_size)
     out_lens = lengths(n, args.output_len, args.min_output_len, args.max_output_len, seed=11)
-    prompts = random_prompts(n, in_lens, vocab, seed=12)
     warm_up(engine)
     sync(device)
     start = now()

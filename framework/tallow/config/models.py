@@ -92,6 +92,21 @@ class ModelConfig(Section):
         "(embedding and head too with its isq_vocab setting), activations of large batches "
         "quantized per token. None keeps the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto", description="What the model is served for: generate (completions and chat) or "
+        "embed (/v1/embeddings, LLM.embed; each input computed whole in one step, nothing "
+        "cached after it). auto embeds with encoder-only models (BERT) and with model "
+        "directories that carry sentence-transformers files (modules.json), else generates.")
+    pooling: Literal["auto", "mean", "cls", "last"] = Field(
+        "auto", description="How an embedding is pooled from the hidden states of its tokens "
+        "(task embed): their mean, the first (CLS) token or the last token. auto: as the "
+        "model's sentence-transformers files say, else the model's own default (mean for "
+        "encoders, last token for decoders).")
+    normalize_embeddings: Optional[bool] = Field(
+        None, description="Scale embeddings to unit length (task embed). None: as the model's "
+        "sentence-transformers files say (a Normalize module), true when it has none. "
+        "Requests may ask for fewer dimensions only of normalized embeddings.")
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:

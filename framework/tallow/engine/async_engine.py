@@ -1,7 +1,8 @@
 """The asynchronous engine the server uses.
 
 A background thread owns the engine core and steps it while there is work; the asyncio side
-tokenizes, detokenizes and checks stop strings (:class:`OutputProcessor`). The two sides talk
+tokenizes, detokenizes and checks stop strings
+(:class:`~tallow.engine.output_processor.OutputProcessor`). The two sides talk
 through a command queue (thread → core) and ``call_soon_threadsafe`` (core → asyncio), so HTTP
 handling and text work never stall the device, and the device never waits on a lock held by
 the event loop.
@@ -20,8 +21,9 @@ import torch
 
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
+from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import SequenceStatus
 
@@ -35,7 +37,8 @@ class AsyncEngine(EngineFrontend):
         super().__init__(parts)
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        #: request id → its outputs (an embedding request gets its pooled vector), or the error
+        self._streams: dict[str, asyncio.Queue[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -81,7 +84,7 @@ class AsyncEngine(EngineFrontend):
                     self._wake.clear()
                     continue
                 out = self.core.step()
-                if out.updates or out.finished or out.prompt_logprobs:
+                if out.updates or out.finished or out.prompt_logprobs or out.pooled:
                     self._deliver(self._on_core_output, out)
                 c = self._counters
                 c["steps_total"] += 1
@@ -120,6 +123,10 @@ class AsyncEngine(EngineFrontend):
 
     # -- the asyncio side ---------------------------------------------------------------
     def _on_core_output(self, out: CoreOutput) -> None:
+        for request_id, vector in out.pooled.items():
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(vector)
         outputs, to_stop = self.processor.process(out)
         self._counters["generation_tokens_total"] += len(out.updates)
         for rid, index in to_stop:
@@ -133,6 +140,31 @@ class AsyncEngine(EngineFrontend):
         for stream in self._streams.values():
             stream.put_nowait(exc)
 
+    async def _open(self, request_id: str, prompt_token_ids: list[int],
+                    field: str) -> asyncio.Queue[Any]:
+        """The output queue of a new request, once the engine runs and the request is
+        admissible on this side (``field`` names its tokens in errors)."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine has failed: {self.error}")
+        if self._thread is None:
+            await self.start()
+        if not prompt_token_ids:
+            raise AdmissionError(f"{field}: must contain at least one token", field=field)
+        if request_id in self._streams:
+            raise AdmissionError(f"request id {request_id!r} is already in use",
+                                 field="request_id")
+        stream: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[request_id] = stream
+        return stream
+
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: Any,
+                priority: int) -> asyncio.Future[None]:
+        """Post the request to the engine thread; the future settles when it was admitted."""
+        assert self._loop is not None
+        admitted = self._loop.create_future()
+        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        return admitted
+
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, *, prompt: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -141,21 +173,9 @@ class AsyncEngine(EngineFrontend):
         Admission errors are raised before the first output. Closing the iterator early (a
         client went away) aborts the request and frees its KV blocks.
         """
-        if self.error is not None:
-            raise EngineDeadError(f"the engine has failed: {self.error}")
-        if self._thread is None:
-            await self.start()
-        if not prompt_token_ids:
-            raise AdmissionError("prompt: must contain at least one token", field="prompt")
-        if request_id in self._streams:
-            raise AdmissionError(f"request id {request_id!r} is already in use",
-                                 field="request_id")
-        assert self._loop is not None
-        stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request_id] = stream
+        stream = await self._open(request_id, prompt_token_ids, "prompt")
         self.processor.add_request(request_id, prompt, prompt_token_ids, params)
-        admitted = self._loop.create_future()
-        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        admitted = self._submit(request_id, prompt_token_ids, params, priority)
         finished = False
         try:
             # Until its final output arrives the request may be in the engine, or on its way
@@ -178,6 +198,28 @@ class AsyncEngine(EngineFrontend):
             if not finished:
                 self._post("abort", request_id)
                 self.processor.abort_request(request_id)
+
+    async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
+                    request_id: str) -> EmbeddingOutput:
+        """The embedding of one input (on an engine built to embed). Admission errors are
+        raised as for :meth:`generate`; cancelling the call aborts the request."""
+        stream = await self._open(request_id, prompt_token_ids, "input")
+        admitted = self._submit(request_id, prompt_token_ids, params, 0)
+        finished = False
+        try:
+            await admitted  # leaving before the add is taken still posts the abort below
+            self._counters["prompt_tokens_total"] += len(prompt_token_ids)
+            item = await stream.get()
+            if isinstance(item, BaseException):
+                raise EngineDeadError(f"the engine has failed: {item}") from item
+            finished = True
+            assert self.embedding is not None  # the engine took an embedding request
+            return EmbeddingOutput(request_id, list(prompt_token_ids),
+                                   finish_embedding(item, self.embedding, params.dimensions))
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._post("abort", request_id)
 
     async def abort(self, request_id: str) -> None:
         self._post("abort", request_id)

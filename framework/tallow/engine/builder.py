@@ -13,7 +13,9 @@ import torch
 
 from tallow.plugin import Entry, SelectionError, select
 
+from . import embedding_setup
 from .core import EngineCore
+from .embedding import EmbeddingInfo
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_bytes_per_block, kv_layers
 from .output_processor import OutputProcessor
@@ -35,6 +37,10 @@ class EngineParts:
     loaded: LoadedModel
     plugin_manager: Any
     attention_backend: str
+    #: "generate" or "embed"
+    task: str = "generate"
+    #: how the model's embeddings are made (task embed), else None
+    embedding: EmbeddingInfo | None = None
 
 
 def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
@@ -62,6 +68,10 @@ class EngineFrontend:
         self.max_model_len = parts.max_model_len
         self.plugin_manager = parts.plugin_manager
         self.processor = OutputProcessor(parts.tokenizer)
+        #: "generate" or "embed": the requests this engine takes
+        self.task = parts.task
+        #: the served model's embeddings (task embed), else None
+        self.embedding = parts.embedding
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
@@ -223,11 +233,18 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
-                        isq=config.model.isq)
+                        isq=config.model.isq, task=config.model.task)
     arch = loaded.config.text
     tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
-    max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
-                        or 4096)
+    embed = loaded.task == "embed"
+    embedding = embedding_setup.embedding_info(config, loaded) if embed else None
+    step_tokens = config.scheduler.max_num_batched_tokens
+    if embed:
+        max_model_len = embedding_setup.embedding_max_model_len(config, loaded)
+        step_tokens = embedding_setup.step_token_budget(config, max_model_len)
+    else:
+        max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
+                            or 4096)
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()()
     kv_dtype = codec.cache_dtype(loaded.dtype)
@@ -236,6 +253,9 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     block_size = config.cache.block_size
     per_block = kv_bytes_per_block(loaded.model, block_size, kv_dtype)
     num_blocks = kv_budget_blocks(config, loaded, per_block, max_model_len)
+    if embed:
+        num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
+                                                   max_model_len)
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, block_size,
              num_blocks * per_block / 2**20)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
@@ -244,6 +264,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         block_size=block_size, attention_backend=backend, vocab_size=vocab,
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_dtype=kv_dtype,
+        pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
     )
     warm_up_backend = getattr(backend, "warm_up", None)
     if device.type == "cuda" and warm_up_backend is not None:
@@ -252,22 +273,25 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         started = time.perf_counter()
         warm_up_backend([a.layer for a in runner.layers], runner.kv_caches, loaded.dtype)
         log.info("attention backend warmed up in %.1fs", time.perf_counter() - started)
-    if device.type == "cuda" and not config.runner.disable_cuda_graph and getattr(
+    # embedding steps are never decode steps: nothing to capture
+    if device.type == "cuda" and not embed and not config.runner.disable_cuda_graph and getattr(
             backend, "supports_cuda_graph", False):
         from .cuda_graphs import CudaGraphRunner
 
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
+    # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
     block_manager = BlockManager(num_blocks, block_size,
-                                 enable_prefix_caching=config.cache.enable_prefix_caching)
+                                 enable_prefix_caching=config.cache.enable_prefix_caching
+                                 and not embed)
     scheduler = Scheduler(
         block_manager, max_num_seqs=config.scheduler.max_num_seqs,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_batched_tokens=step_tokens,
         prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
         policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling)
+                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.
@@ -275,4 +299,4 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
         core.warm_up()
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
-                       backend_entry.name)
+                       backend_entry.name, loaded.task, embedding)

@@ -35,6 +35,15 @@ know its tokens' values (repetition/frequency/presence penalties), asks for logp
 logprobs, or forks ``n > 1`` completions, the next call collects it *before* planning the next
 step (see :func:`_must_collect_first`). Plain greedy and seeded temperature/top-k/top-p/min-p
 rows (with logit bias or min_tokens too: those depend on token counts, not values) overlap.
+
+Embeddings
+----------
+An engine built for ``task == "embed"`` takes :class:`~tallow.engine.embedding.PoolingParams`
+requests only (and one built to generate, SamplingParams only). Each is computed whole in one
+step, many in a step; the step pools their hidden states on the device (the runner's
+``pooler``), and when the step is read back each request finishes with its vector in
+:attr:`CoreOutput.pooled` and its KV blocks are freed. Nothing is sampled; steps overlap in
+async mode as plain greedy ones do.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .embedding import PoolingParams
+from .errors import AdmissionError
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
 from .sampling_params import SamplingParams
@@ -54,6 +65,10 @@ log = logging.getLogger("tallow.engine")
 
 #: the phases of CoreOutput.timings that are host work the device may wait for
 _HOST_PHASES = ("schedule", "launch", "post")
+
+#: what the scheduler reads of an embedding request's params: one sequence, nothing sampled
+_POOLING_SEQUENCE = SamplingParams(max_tokens=1)
+TASKS = ("generate", "embed")
 
 
 @dataclass
@@ -74,6 +89,8 @@ class CoreOutput:
     num_cached_tokens: dict[str, int] = field(default_factory=dict)
     #: request ids whose every completion has finished this step
     finished: list[str] = field(default_factory=list)
+    #: embedding requests finished this step: request id → pooled vector (float32, host)
+    pooled: dict[str, Any] = field(default_factory=dict)
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards.
@@ -143,7 +160,11 @@ def _must_collect_first(plan: SchedulerOutput) -> bool:
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
-                 max_model_len: int, async_scheduling: bool = False) -> None:
+                 max_model_len: int, async_scheduling: bool = False,
+                 task: str = "generate") -> None:
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+        self.task = task
         self.scheduler = scheduler
         self.runner = runner
         self.eos_token_ids = set(eos_token_ids)
@@ -155,9 +176,22 @@ class EngineCore:
         self._in_flight: _InFlight | None = None  # async mode: the step the device runs
 
     # -- requests -----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    *, arrival_time: float | None = None, priority: int = 0) -> None:
-        """Admit a request (raises AdmissionError / QueueFullError when it cannot be)."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams | PoolingParams, *, arrival_time: float | None = None,
+                    priority: int = 0) -> None:
+        """Admit a request (raises AdmissionError / QueueFullError when it cannot be): a
+        completion (SamplingParams) on a generating engine, an embedding (PoolingParams) on
+        an embedding one."""
+        pooling = isinstance(params, PoolingParams)
+        if pooling != (self.task == "embed"):
+            asked = "an embedding" if pooling else "a generation"
+            raise AdmissionError(f"{asked} request, but this engine was built for the "
+                                 f"{self.task!r} task (model.task)", field="model")
+        if pooling:
+            self.scheduler.add_request(request_id, prompt_token_ids, _POOLING_SEQUENCE,
+                                       arrival_time=arrival_time, priority=priority,
+                                       pooling=True)
+            return
         # A private copy: the caller may reuse or change its object, while the engine relies
         # on a request's params never changing (the sampler caches what it derives from them).
         params = params.clone()
@@ -188,6 +222,9 @@ class EngineCore:
         counters reset. Call it on an idle engine."""
         if self.has_unfinished():
             raise RuntimeError("warm_up() needs an idle engine")
+        if self.task == "embed":
+            self._warm_up_embedding(prompt_len)
+            return
         vocab = max(2, self.runner.vocab_size)
         params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
         lengths = [min(prompt_len, self.max_model_len - 4), min(prompt_len // 2 + 3,
@@ -201,6 +238,19 @@ class EngineCore:
         bm = self.scheduler.block_manager
         bm.reset_prefix_cache()
         bm.reset_stats()
+        self.scheduler.num_preemptions = 0
+        self.steps = self.overlapped_steps = 0
+
+    def _warm_up_embedding(self, prompt_len: int) -> None:
+        """Embedding steps of a few lengths (one-token inputs take the decode kernels)."""
+        vocab = max(2, self.runner.vocab_size)
+        longest = min(prompt_len, self.max_model_len, self.scheduler.max_num_batched_tokens)
+        for i, n in enumerate(sorted({longest, max(1, longest // 2 + 3), 1})):
+            prompt = [(7 * j + i) % vocab for j in range(n)]
+            self.add_request(f"tallow-warm-up-{i}", prompt, PoolingParams())
+        while self.has_unfinished():
+            self.step()
+        self.scheduler.block_manager.reset_stats()
         self.scheduler.num_preemptions = 0
         self.steps = self.overlapped_steps = 0
 
@@ -313,9 +363,19 @@ class EngineCore:
             request = self.scheduler.get_request(request_id)
             if request is None or all(s.status.is_finished for s in request.seqs):
                 out.finished.append(request_id)
+        self._finish_pooled(step.pending, result, out)
         self.steps += 1
         clock.mark("post")
         return out
+
+    def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
+        """End the embedding requests the step pooled (an aborted one is dropped)."""
+        for seq in pending.pool_targets:
+            if seq.status.is_finished:
+                continue
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
+            out.pooled[seq.request_id] = result.pooled[seq.seq_id]
+            out.finished.append(seq.request_id)
 
     @staticmethod
     def _report_prompt_side(plan: SchedulerOutput, result: StepResult,

@@ -8,8 +8,9 @@ from typing import Any, Iterable, Sequence
 from tallow.config import TallowConfig, load_config
 
 from .builder import resolve_engine_config
+from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 
 
@@ -65,21 +66,57 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} "
                              "prompts")
-        ids = []
+        return self._run([(prompt, p, priority[i] if priority else 0)
+                          for i, (prompt, p) in enumerate(zip(prompts, plist))])
+
+    def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
+              dimensions: int | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
+        """Embeddings of ``inputs`` (texts or token-id lists), in their order, all in the
+        engine at once; needs an engine built to embed (``task="embed"``, or an embedding
+        model). ``dimensions`` shortens the vectors and ``truncate_prompt_tokens`` cuts
+        inputs longer than the model accepts, as for ``POST /v1/embeddings``
+        (:mod:`tallow.engine.embedding`)."""
+        info = self.engine.embedding
+        if info is None:
+            raise ValueError(f"LLM.embed(): this engine serves {self.engine.model_name} for the "
+                             f"{self.engine.task!r} task; load an embedding model, or pass "
+                             "task='embed'")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
+                                       and isinstance(inputs[0], int)):
+            inputs = [inputs]  # type: ignore[list-item]
+        problem = info.dimensions_problem(dimensions)
+        if problem:
+            raise ValueError(f"LLM.embed(): dimensions: {problem}")
+        limit = self.engine.max_model_len
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            truncate_to = truncation_length(truncate_prompt_tokens, limit)
+        except ValueError as exc:
+            raise ValueError(f"LLM.embed(): truncate_prompt_tokens: {exc}") from None
+        tokenizer = self.engine.tokenizer
+        prompts = []
+        for i, item in enumerate(inputs):
+            try:
+                prompts.append(input_token_ids(tokenizer, info, item, limit, truncate_to))
+            except ValueError as exc:
+                raise ValueError(f"LLM.embed(): inputs[{i}]: {exc}") from None
+        params = PoolingParams(dimensions)
+        return self._run([(prompt, params, 0) for prompt in prompts])
+
+    def _run(self, requests: list[tuple[Any, Any, int]]) -> list[Any]:
+        """Add every ``(prompt, params, priority)`` (none, if one is refused), run the engine
+        until all are done and return their final outputs in order."""
+        ids: list[str] = []
+        try:
+            for prompt, params, priority in requests:
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, p, stream=False,
-                                        priority=priority[i] if priority else 0)
+                self.engine.add_request(rid, prompt, params, stream=False, priority=priority)
                 ids.append(rid)
         except Exception:
             for rid in ids:
                 self.engine.abort(rid)
             raise
-        return self._run(ids)
-
-    def _run(self, ids: list[str]) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
+        done: dict[str, Any] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 if out.finished:

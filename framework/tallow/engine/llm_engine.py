@@ -7,7 +7,8 @@ from typing import Any
 
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
-from .outputs import RequestOutput
+from .embedding import PoolingParams, finish_embedding
+from .outputs import EmbeddingOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import SequenceStatus
 
@@ -18,6 +19,8 @@ class LLMEngine(EngineFrontend):
         self._ids = itertools.count()
         self._unprocessed: CoreOutput | None = None  # the last step, not yet turned into text
         self.last_step: CoreOutput | None = None
+        #: embedding requests in the engine: request id → (token ids, params)
+        self._embeddings: dict[str, tuple[list[int], PoolingParams]] = {}
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> "LLMEngine":
@@ -28,9 +31,12 @@ class LLMEngine(EngineFrontend):
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, priority: int = 0, stream: bool = True) -> None:
-        """Queue a request. With ``stream=False`` its output is produced only once, finished."""
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | PoolingParams, *, priority: int = 0,
+                    stream: bool = True) -> None:
+        """Queue a request. With ``stream=False`` its output is produced only once, finished.
+        An embedding request (``PoolingParams``, on an engine built to embed) takes token ids
+        and yields one :class:`EmbeddingOutput`."""
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -38,17 +44,22 @@ class LLMEngine(EngineFrontend):
         if not ids:
             raise ValueError("prompt: must contain at least one token")
         self.core.add_request(request_id, ids, params, priority=priority)
+        if isinstance(params, PoolingParams):
+            self._embeddings[request_id] = (ids, params)
+            return
         self.processor.add_request(request_id, text, ids, params, stream=stream)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(request_id)
+        self._embeddings.pop(request_id, None)
         return self.processor.abort_request(request_id)
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step. The text of step N is made while the device runs step N+1, so
-        outputs trail the device by one step (and a stop string ends a completion one step
-        late: the extra token is dropped)."""
-        outputs: list[RequestOutput] = []
+    def step(self) -> list[Any]:
+        """One engine step: :class:`RequestOutput` of completions, :class:`EmbeddingOutput`
+        of finished embedding requests. The text of step N is made while the device runs step
+        N+1, so outputs trail the device by one step (and a stop string ends a completion one
+        step late: the extra token is dropped)."""
+        outputs: list[Any] = []
         previous, self._unprocessed = self._unprocessed, None
 
         def process_previous() -> None:
@@ -63,10 +74,25 @@ class LLMEngine(EngineFrontend):
             outputs.extend(self._process(core_out))
         return outputs
 
-    def _process(self, core_out: CoreOutput) -> list[RequestOutput]:
-        outputs, to_stop = self.processor.process(core_out)
+    def _process(self, core_out: CoreOutput) -> list[Any]:
+        outputs: list[Any] = []
+        if core_out.pooled:
+            outputs += self._embedding_outputs(core_out)
+        generated, to_stop = self.processor.process(core_out)
         for request_id, index in to_stop:
             self.core.finish_sequence(request_id, index, SequenceStatus.FINISHED_STOPPED)
+        return outputs + generated
+
+    def _embedding_outputs(self, core_out: CoreOutput) -> list[EmbeddingOutput]:
+        outputs = []
+        for request_id, vector in core_out.pooled.items():
+            request = self._embeddings.pop(request_id, None)
+            if request is None:
+                continue
+            ids, params = request
+            assert self.embedding is not None
+            outputs.append(EmbeddingOutput(request_id, ids, finish_embedding(
+                vector, self.embedding, params.dimensions)))
         return outputs
 
     def has_unfinished(self) -> bool:

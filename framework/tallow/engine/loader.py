@@ -97,7 +97,15 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
         known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
                              f"(loaded: {known})" + registries.architectures.missing_hint(arch))
-    return registries.architectures.entry(arch), config
+    entry = registries.architectures.entry(arch)
+    refine = getattr(entry.load(), "config_from_hf", None)
+    if refine is not None:
+        try:
+            config = refine(config)
+        except ValueError as exc:  # the model class names the key, not the file
+            raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                 str(exc)) from None
+    return entry, config
 
 
 def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
@@ -209,6 +217,22 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def resolve_task(requested: str | None, entry: Entry, checkpoint: Checkpoint) -> str:
+    """What the model is served for: ``requested`` (``model.task``) when the architecture
+    offers it; for ``auto``, embed for an architecture that cannot generate (an encoder) or a
+    checkpoint whose files describe its embeddings (sentence-transformers), else generate."""
+    cls = entry.load()
+    tasks = tuple(getattr(cls, "tasks", ("generate",)))
+    if requested in (None, "auto"):
+        if "generate" not in tasks or (checkpoint.embedding is not None and "embed" in tasks):
+            return "embed" if "embed" in tasks else tasks[0]
+        return "generate"
+    if requested not in tasks:
+        raise SelectionError(f"model.task {requested!r}: architecture {entry.name} (from "
+                             f"{entry.distribution}) serves {', '.join(tasks)}")
+    return requested
+
+
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
@@ -221,15 +245,18 @@ class LoadedModel:
     quant: Any = None
     #: device memory of the model's parameters and buffers
     weight_bytes: int = 0
+    #: what the model was built for: "generate" or "embed"
+    task: str = "generate"
 
 
 def load_model(registries: Registries, source: str, *, device: torch.device,
                dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
                revision: str | None = None, quant: Any = None, config: Any = None,
-               isq: str | None = None) -> LoadedModel:
+               isq: str | None = None, task: str | None = "auto") -> LoadedModel:
     """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;
     without it the scheme follows the checkpoint and ``isq`` (:func:`choose_quant_scheme`,
-    ``config`` being what schemes validate and read their settings from)."""
+    ``config`` being what schemes validate and read their settings from). ``task`` is
+    ``model.task`` (:func:`resolve_task`)."""
     fmt = choose_weight_format(registries, source, weight_format).load()()
     checkpoint = fmt.load(source, revision=revision)
     entry, config_dict = resolve_architecture(registries, checkpoint)
@@ -241,9 +268,11 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
         quant = choose_quant_scheme(registries, checkpoint, device=device, config=config,
                                     isq=isq)
     cls = entry.load()
+    resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
     with torch.device(device):
-        model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant))
+        model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
+                                           task=resolved_task))
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         from .random_model import initialize_random
@@ -267,4 +296,5 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     summary = getattr(quant, "summary", None)
     log.info("weights: %.2f GiB on %s%s", nbytes / 2**30, device,
              f" ({summary()})" if summary is not None else "")
-    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes)
+    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes,
+                       resolved_task)

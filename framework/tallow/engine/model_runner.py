@@ -41,6 +41,8 @@ class StepResult:
     sampled: dict[int, SampledToken] = field(default_factory=dict)
     #: seq_id → logprobs of the prompt positions computed this step (first prompt token: None)
     prompt_logprobs: dict[int, list[dict[int, Logprob] | None]] = field(default_factory=dict)
+    #: seq_id → the pooled hidden states of an embedding request (float32, on the host)
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def kv_layers(model: torch.nn.Module) -> list[Attention]:
@@ -75,6 +77,10 @@ class PendingStep:
     host_token_ids: torch.Tensor | None = None
     #: recorded after the step's last queued work (CUDA only; on a CPU work is synchronous)
     done: Any = None
+    #: embedding requests pooled by the step, in the order of the rows of ``pooled``
+    pool_targets: list[Any] = field(default_factory=list)
+    pooled: torch.Tensor | None = None
+    host_pooled: torch.Tensor | None = None
 
     def rows_by_seq(self) -> dict[int, int]:
         """seq_id → its row in ``token_ids``."""
@@ -121,8 +127,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_dtype: torch.dtype | None = None, sampler: Sampler | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, sampler: Sampler | None = None,
+                 pooler: Any = None) -> None:
         self.model = model
+        #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
+        #: only generates)
+        self.pooler = pooler
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
@@ -317,11 +327,25 @@ class ModelRunner:
             if item.prompt_logprobs:
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
+            if item.pool:
+                pending.pool_targets.append(item.seq)
+        if pending.pool_targets:
+            self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
             self._sample(pending, logits)
         self._queue_readback(pending)
         return pending
+
+    def _pool(self, pending: PendingStep, hidden: torch.Tensor, batch: _Batch) -> None:
+        """Pool every sequence of an embedding step (each one a whole input)."""
+        if self.pooler is None:
+            raise RuntimeError("an embedding request reached a model runner without a pooler "
+                               "(the engine was built for generation)")
+        if len(pending.pool_targets) != batch.meta.num_seqs:
+            raise RuntimeError("an embedding step holds sequences that are not whole inputs "
+                               "to pool")
+        pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
     def _sample(self, pending: PendingStep, logits: torch.Tensor) -> None:
         targets = pending.targets
@@ -352,18 +376,30 @@ class ModelRunner:
                                pin_memory=True)
             host.copy_(pending.token_ids, non_blocking=True)
             pending.host_token_ids = host
+        if pending.pooled is not None:
+            host = torch.empty(pending.pooled.shape, dtype=pending.pooled.dtype,
+                               pin_memory=True)
+            host.copy_(pending.pooled, non_blocking=True)
+            pending.host_pooled = host
         pending.done = torch.cuda.Event()
         pending.done.record()
 
     def collect(self, pending: PendingStep) -> StepResult:
-        """Wait for a launched step and read its tokens (and logprobs) back."""
+        """Wait for a launched step and read its tokens (and logprobs, pooled vectors)
+        back."""
         result = pending.result
-        if pending.token_ids is None:
+        if pending.token_ids is None and pending.pooled is None:
             return result
         if pending.done is not None:
             # Waits for this step only, with the GIL released, so the asyncio thread can turn
             # earlier tokens into text meanwhile.
             pending.done.synchronize()
+        if pending.pooled is not None:
+            pooled = pending.host_pooled if pending.host_pooled is not None else pending.pooled
+            for seq, row in zip(pending.pool_targets, pooled.unbind(0)):
+                result.pooled[seq.seq_id] = row
+        if pending.token_ids is None:
+            return result
         ids = pending.host_token_ids if pending.host_token_ids is not None else pending.token_ids
         tokens = ids.tolist()
         sampled = pending.sampled

@@ -43,3 +43,13 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first_token, finished times
+
+
+@dataclass
+class EmbeddingOutput:
+    """The embedding of one input: its vector and the token ids it was computed from."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
+    finished: bool = True

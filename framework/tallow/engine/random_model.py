@@ -52,6 +52,22 @@ SHAPES: dict[str, dict[str, Any]] = {
                      num_key_value_heads=8, head_dim=128, vocab_size=151936,
                      rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
                      tie_word_embeddings=False),
+    # sentence-transformers/all-MiniLM-L6-v2 (an encoder: served for embeddings)
+    "all-minilm-l6-v2": dict(architectures=["BertModel"], hidden_size=384,
+                             intermediate_size=1536, num_hidden_layers=6,
+                             num_attention_heads=12, vocab_size=30522,
+                             max_position_embeddings=512, type_vocab_size=2,
+                             layer_norm_eps=1e-12, hidden_act="gelu"),
+    # Gemma 3 4B's text model: every 6th layer global, the others a 1024-token window
+    "gemma-3-4b": dict(architectures=["Gemma3ForCausalLM"], hidden_size=2560,
+                       intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=256, vocab_size=262208,
+                       hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=256,
+                       sliding_window=1024, sliding_window_pattern=6, rope_theta=1000000.0,
+                       rope_local_base_freq=10000.0,
+                       rope_scaling={"rope_type": "linear", "factor": 8.0},
+                       max_position_embeddings=131072, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
     # A few-MB model of the llama shape family, for CPU tests of the random path itself.
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

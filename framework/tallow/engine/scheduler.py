@@ -9,6 +9,13 @@ running sequence is preempted *by recompute*: its blocks are freed and it goes b
 waiting queue with nothing computed; when it is admitted again it recomputes its prompt and
 the outputs it had (using the prefix cache where it can) and continues where it stopped.
 
+An embedding request (``pooling``) computes its whole prompt in one step, never in chunks (an
+encoder's attention is bidirectional: every token needs all the others), skips the prefix cache
+(pooling needs every token's hidden state) and samples nothing: the engine finishes it when the
+step's pooled vector is read back. Its prompt must fit one step's budget; until a step has room
+for it, it waits. An engine that embeds runs its block manager without prefix caching, so an
+encoder's blocks (whose K/V depend on later tokens) are never offered for sharing.
+
 A sequence whose length is known in advance (``ignore_eos`` with ``max_tokens``, one
 completion) *reserves* the blocks it will grow into: a waiting sequence is admitted only if the
 free blocks still cover every such reservation after its own (its whole known length, or for
@@ -22,7 +29,7 @@ get in.
 
 Protocol, one step: ``out = schedule()`` → the runner performs ``out.blocks_to_copy``, runs
 ``out.scheduled`` and samples one token per sequence in each item's ``sample_seqs`` →
-``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`finish`. The
+``update(out, sampled)`` → the engine checks stop conditions and calls :meth:`Scheduler.finish`. The
 scheduler never decides a stop; in particular the engine must finish a sequence when it
 reaches ``max_model_len`` tokens. Not thread-safe: the engine core's thread owns it.
 
@@ -72,6 +79,8 @@ class ScheduledSeq:
     prompt_logprobs: bool = False
     #: a running sequence computing its one pending token (as opposed to a prompt chunk)
     is_decode: bool = False
+    #: an embedding request's whole prompt: pool its rows' hidden states (nothing is sampled)
+    pool: bool = False
 
     @property
     def end(self) -> int:
@@ -160,9 +169,11 @@ class Scheduler:
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    *, arrival_time: float | None = None, priority: int = 0) -> Request:
+                    *, arrival_time: float | None = None, priority: int = 0,
+                    pooling: bool = False) -> Request:
         """Queue a request; raise AdmissionError if it can never be served, QueueFullError if
-        the waiting queue is full."""
+        the waiting queue is full. ``pooling``: an embedding request (see the module
+        docstring)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
@@ -182,12 +193,14 @@ class Scheduler:
             raise AdmissionError("prompt_token_ids must be token ids (integers >= 0)",
                                  field="prompt")
         length, bm = len(prompt), self.block_manager
-        if length + 1 > self.max_model_len:
+        if pooling:
+            self._check_pooled_prompt(length)
+        elif length + 1 > self.max_model_len:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the context length max_model_len={self.max_model_len} (the KV "
                 f"cache holds {bm.capacity_tokens} tokens)", field="prompt")
-        if bm.blocks_for(length + 1) > bm.num_total_blocks:
+        if bm.blocks_for(length + (not pooling)) > bm.num_total_blocks:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the KV cache capacity of {bm.capacity_tokens} tokens "
@@ -200,11 +213,21 @@ class Scheduler:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting} sequences); "
                                  "retry later")
         request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
-                                 priority=priority)
+                                 priority=priority, pooling=pooling)
         self.requests[request_id] = request
         self._note_final_length(request.seqs[0])
         self._enqueue(request.seqs[0])
         return request
+
+    def _check_pooled_prompt(self, length: int) -> None:
+        if length > self.max_model_len:
+            raise AdmissionError(f"the input has {length} tokens, more than the context length "
+                                 f"max_model_len={self.max_model_len}", field="prompt")
+        if length > self.max_num_batched_tokens:
+            raise AdmissionError(
+                f"the input has {length} tokens, more than one step computes "
+                f"(scheduler.max_num_batched_tokens={self.max_num_batched_tokens}); an "
+                "embedding input is computed whole in one step", field="prompt")
 
     def get_request(self, request_id: str) -> Request | None:
         """The request, while any of its sequences is unfinished; else None."""
@@ -306,6 +329,8 @@ class Scheduler:
         return 1
 
     def _chunk(self, seq: Sequence, start: int, remaining: int, budget: int) -> int:
+        if seq.pooling:  # all of it or nothing
+            return remaining if remaining <= budget else 0
         n = min(remaining, budget)
         if self.prefill_chunk_size is not None:
             n = min(n, self.prefill_chunk_size)
@@ -320,6 +345,8 @@ class Scheduler:
         start = seq.num_computed_tokens
         params = seq.params
         sample: list[Sequence] = []
+        if seq.pooling:
+            return ScheduledSeq(seq, start, num_tokens, pool=start + num_tokens == seq.num_tokens)
         if start + num_tokens == seq.num_tokens:
             sample.append(seq)
             if seq.index == 0 and params.n > 1:
@@ -331,7 +358,10 @@ class Scheduler:
         return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs, is_decode)
 
     def _may_use_prefix_cache(self, seq: Sequence) -> bool:
-        # Cached blocks would skip prompt rows whose logprobs the request asked for.
+        # Cached blocks would skip prompt rows whose logprobs (or hidden states, to pool) the
+        # request asked for.
+        if seq.pooling:
+            return False
         return seq.params.prompt_logprobs is None or seq.prompt_computed
 
     def _awaits_length_stop(self, seq: Sequence) -> bool:
@@ -502,6 +532,8 @@ class _Step:
     def schedule_running(self) -> None:
         s, bm = self.s, self.s.block_manager
         # Sequences that end by length when their pending token arrives get no more work.
+        # (Embedding requests whose vector is still on its way back have nothing left to
+        # compute: their chunk below is empty.)
         queue = deque(seq for seq in s.running if not s._awaits_length_stop(seq))
         # Decodes still to be placed; a prefill chunk leaves them room in the budget.
         pending_decodes = sum(1 for seq in queue if seq.num_uncomputed_tokens == 1)
@@ -565,6 +597,8 @@ class _Step:
             hits = bm.get_prefix_hits(seq) if s._may_use_prefix_cache(seq) else []
             cached = len(hits) * bm.block_size
             num_new = s._chunk(seq, cached, seq.num_tokens - cached, self.budget)
+            if not num_new:
+                break  # an embedding input that needs a step with more room
             slots = s._slots(seq)
             if (self.used_slots + slots > s.max_num_seqs
                     or not bm.can_allocate(seq, num_new, hits)

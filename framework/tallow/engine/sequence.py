@@ -97,6 +97,9 @@ class Sequence:
     num_registered_blocks: int = field(default=0, repr=False)
     #: trailing outputs that are placeholders for tokens still on the device (async scheduling)
     num_pending_tokens: int = 0
+    #: an embedding request: its prompt is computed whole in one step and pooled; it samples
+    #: nothing and ends with that step
+    pooling: bool = False
     _all: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -210,11 +213,13 @@ class Request:
 
     @classmethod
     def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-               arrival_time: float | None = None, priority: int = 0) -> "Request":
+               arrival_time: float | None = None, priority: int = 0,
+               pooling: bool = False) -> "Request":
         arrival = time.time() if arrival_time is None else float(arrival_time)
         prompt = list(prompt_token_ids)
         seqs = [Sequence(request_id=request_id, index=i, prompt_token_ids=prompt,
-                         params=params, arrival_time=arrival, priority=priority)
+                         params=params, arrival_time=arrival, priority=priority,
+                         pooling=pooling)
                 for i in range(params.n)]
         return cls(request_id=request_id, prompt_token_ids=prompt, params=params, seqs=seqs,
                    arrival_time=arrival, priority=priority, forked=params.n == 1)

@@ -69,6 +69,13 @@ class Tokenizer:
             if content is not None:
                 self.special_tokens[name] = content
         cfg = self.tokenizer_config
+        # A tokenizer.json may carry padding and truncation settings (sentence-transformers'
+        # pad every input to 128 tokens); transformers turns them off unless a call asks for
+        # them, and so does tallow: ids are exactly the text's.
+        if getattr(tokenizer, "padding", None) is not None:
+            tokenizer.no_padding()
+        if getattr(tokenizer, "truncation", None) is not None:
+            tokenizer.no_truncation()
         if tokenizer.post_processor is None:
             self._set_post_processor(bool(cfg.get("add_bos_token")), bool(cfg.get("add_eos_token")))
         self._special_ids = self._collect_special_ids()
@@ -203,6 +210,23 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
+        """Token ids of ``text`` with special tokens, at most ``max_tokens`` of them: the text's
+        own tokens are cut (at the end, or at the start when ``tokenizer_config`` says
+        ``truncation_side: left``) so that they and the special tokens fit, as transformers
+        truncates with ``truncation=True, max_length=max_tokens``."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode_truncated expects a str, got {type(text).__name__}")
+        special = self._tok.num_special_tokens_to_add(False)
+        if max_tokens < special:
+            raise ValueError(f"cannot fit an input into {max_tokens} tokens: the tokenizer adds "
+                             f"{special} special tokens")
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        if len(encoding.ids) > max_tokens - special:
+            side = "left" if self.tokenizer_config.get("truncation_side") == "left" else "right"
+            encoding.truncate(max_tokens - special, direction=side)
+        return self._tok.post_process(encoding, add_special_tokens=True).ids
 
     def encode_batch(self, texts: Sequence[str],
                      add_special_tokens: bool = True) -> list[list[int]]:

@@ -62,11 +62,13 @@ def gather_context_ref(kv_cache: torch.Tensor, block_table: torch.Tensor,
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                   context_len: int, sliding_window: int | None = None,
-                  logit_softcap: float | None = None) -> torch.Tensor:
-    """Causal attention of the last ``q.shape[0]`` tokens of a sequence over its whole context.
+                  logit_softcap: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Attention of the last ``q.shape[0]`` tokens of a sequence over its whole context.
 
     q [Q, Hq, D]; k, v [S, Hkv, D] with S = ``context_len``; query i sits at position
-    ``S - Q + i``. Computed in float32; returns q's dtype.
+    ``S - Q + i`` and, when ``causal``, sees the keys up to that position; otherwise every
+    query sees all ``S`` keys (bidirectional, as in encoders). Computed in float32; returns
+    q's dtype.
     """
     n_q, n_heads, _ = q.shape
     n_kv = k.shape[1]
@@ -79,7 +81,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
         scores = logit_softcap * torch.tanh(scores / logit_softcap)
     q_pos = torch.arange(context_len - n_q, context_len, device=q.device)[:, None]
     k_pos = torch.arange(context_len, device=q.device)[None, :]
-    allowed = k_pos <= q_pos
+    allowed = k_pos <= q_pos if causal else k_pos < context_len
     if sliding_window:
         allowed = allowed & (q_pos - k_pos < sliding_window)
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -91,8 +93,9 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
 def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, *, query_start_loc: list[int],
                         seq_lens: list[int], block_tables: torch.Tensor, scale: float,
                         sliding_window: int | None = None,
-                        logit_softcap: float | None = None) -> torch.Tensor:
-    """Attention for a flat batch whose K/V are already in the paged cache."""
+                        logit_softcap: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Attention for a flat batch whose K/V are already in the paged cache (``causal``: see
+    :func:`attention_ref`)."""
     out = torch.zeros_like(q)
     for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
@@ -101,5 +104,5 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: torch.Tensor, *, query_start_
         k, v = gather_context_ref(kv_cache, block_tables[i], seq_len)
         out[start:end] = attention_ref(q[start:end], k, v, scale=scale, context_len=seq_len,
                                        sliding_window=sliding_window,
-                                       logit_softcap=logit_softcap)
+                                       logit_softcap=logit_softcap, causal=causal)
     return out

@@ -7,6 +7,8 @@ from .attention import (
 )
 from .causal_lm import CausalLM, default_weight_loader
 from .embedding import LMHead, VocabEmbedding
+from .encoder import EncoderModel
+from .layer_norm import LayerNorm
 from .linear import (
     ColumnParallelLinear, LinearBase, MergedColumnParallelLinear, QKVParallelLinear,
     ReplicatedLinear, RowParallelLinear, WeightSlice,
@@ -16,17 +18,24 @@ from .linear_method import (
 )
 from .model import ArchConfig, BuildContext
 from .norm import RMSNorm, rms_norm_ref
+from .plain_activation import PLAIN_ACTIVATIONS, Activation, get_act
+from .pooling import POOLING_MODES, Pooler, pool_hidden
 from .quantized import QuantizedWeight
+from .rope_config import rope_from_config, rotary_dim
 from .rotary import (
     SUPPORTED_ROPE_TYPES, DynamicNTKRotaryEmbedding, RotaryEmbedding, apply_rotary,
     compute_inv_freq, get_rope, rope_parameters,
 )
 from .weight_names import WeightLoadError, WeightMatch, WeightNameMap, WeightRule
+from .context_length import context_lengths
+from .rope_scaling import LongRoPERotaryEmbedding, longrope_attention_factor, longrope_rotary
+from .sharded_norm import ShardedRMSNorm
 
 __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
     "get_forward_context", "ArchConfig", "BuildContext",
-    "CausalLM", "default_weight_loader",
+    "CausalLM", "default_weight_loader", "EncoderModel",
+    "Pooler", "pool_hidden", "POOLING_MODES",
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",
     "QKVParallelLinear", "RowParallelLinear", "WeightSlice", "QuantizedWeight",
     "LinearMethod", "UnquantizedLinearMethod", "linear_method_for", "set_weight_attrs",
@@ -35,4 +44,7 @@ __all__ = [
     "RotaryEmbedding", "DynamicNTKRotaryEmbedding", "get_rope", "apply_rotary",
     "compute_inv_freq", "rope_parameters", "SUPPORTED_ROPE_TYPES",
     "WeightRule", "WeightNameMap", "WeightMatch", "WeightLoadError",
+    "LayerNorm", "Activation", "get_act", "PLAIN_ACTIVATIONS", "rope_from_config", "rotary_dim",
+    "context_lengths", "LongRoPERotaryEmbedding", "longrope_attention_factor",
+    "longrope_rotary", "ShardedRMSNorm",
 ]

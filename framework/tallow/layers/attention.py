@@ -49,7 +49,12 @@ class AttentionMetadata:
 
 @dataclass(frozen=True)
 class AttentionLayer:
-    """The fixed facts of one attention layer."""
+    """The fixed facts of one attention layer, as this tensor-parallel rank runs it.
+
+    ``num_heads`` and ``num_kv_heads`` count the heads **of this rank** (see
+    :class:`Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
+    allocated from them: ``[2, blocks, block_size, num_kv_heads, head_dim]``.
+    """
 
     layer_index: int
     num_heads: int
@@ -58,6 +63,10 @@ class AttentionLayer:
     scale: float
     sliding_window: int | None = None  # attend to at most this many most recent tokens
     logit_softcap: float | None = None  # scores → softcap * tanh(scores / softcap)
+    #: True: query ``j`` sees keys up to its own position (decoders). False: every query of a
+    #: sequence sees all of its keys (encoders); the engine then computes each sequence whole
+    #: in one step, so that all its keys exist when its queries attend.
+    causal: bool = True
 
 
 @dataclass
@@ -93,19 +102,31 @@ class Attention(nn.Module):
     """Paged attention for one layer. The model runner binds ``kv_cache`` after allocation.
 
     ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]``.
+
+    **Head counts are per tensor-parallel rank**: ``num_heads`` (``Hq``) and ``num_kv_heads``
+    (``Hkv``) are the heads whose q, k and v this rank computes, not the model's totals. With
+    ``tp_size`` 1 the two are the same; with more ranks pass the counts of the rank's
+    projection, ``num_heads`` and ``num_kv_heads`` of
+    :class:`~tallow.layers.QKVParallelLinear` (which takes the totals and divides them,
+    replicating KV heads when there are fewer than ranks). The model runner sizes each
+    layer's KV cache from these counts, and backends read ``Hq / Hkv`` as the grouped-query
+    ratio. ``scale`` defaults to ``head_dim ** -0.5``.
     """
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float | None = None, sliding_window: int | None = None,
-                 logit_softcap: float | None = None) -> None:
+                 logit_softcap: float | None = None, causal: bool = True) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
                              f"{num_kv_heads}")
+        if sliding_window and not causal:
+            raise ValueError("a sliding window needs causal attention (causal=True)")
         self.layer = AttentionLayer(
             layer_index=layer_index, num_heads=num_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
+            causal=bool(causal),
         )
         self.kv_cache: torch.Tensor | None = None
 
@@ -128,4 +149,5 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         s = self.layer
         return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
-                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}")
+                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
+                + ("" if s.causal else ", causal=False"))

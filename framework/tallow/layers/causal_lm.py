@@ -40,7 +40,12 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
       (the engine widens them wherever it computes with them);
     - ``load_weights(tensors, naming) -> set[str]``: the parameters it filled, after checking that
       nothing is missing or left over;
-    - ``config_from_gguf(metadata, config) -> dict`` (classmethod).
+    - ``config_from_gguf(metadata, config) -> dict`` and ``config_from_hf(config) -> dict``
+      (classmethods).
+
+    Embeddings (``build.task == "embed"``): the engine pools the hidden states of ``forward``
+    (:mod:`tallow.layers.pooling`) and never asks for logits, so a model may then build no LM
+    head; checkpoint tensors of a head it did not build (``lm_head.*``) are passed over.
     """
 
     #: Hugging Face ``architectures`` names and GGUF ``general.architecture`` values served
@@ -48,6 +53,17 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
     gguf_architectures: ClassVar[tuple[str, ...]] = ()
     #: naming scheme -> how checkpoint names map onto parameters
     weight_name_maps: ClassVar[dict[str, WeightNameMap]] = {}
+    #: what the engine may run this model for ("generate", "embed")
+    tasks: ClassVar[tuple[str, ...]] = ("generate", "embed")
+    #: the pooling of embeddings when neither the configuration nor the checkpoint's files say
+    #: (see tallow.layers.pooling): a decoder's last token sees the whole input
+    default_pooling: ClassVar[str] = "last"
+    #: Hugging Face's ``base_model_prefix``: a checkpoint saved from the bare base model (an
+    #: embedding model's backbone, say) names its tensors without it (``layers.0...`` for
+    #: ``model.layers.0...``), one saved from a task model with it (``bert.embeddings...``
+    #: for ``embeddings...``). Names the map does not know are retried with the prefix added
+    #: or removed. None: names are taken as they are.
+    base_model_prefix: ClassVar[str | None] = None
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__()
@@ -96,8 +112,9 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         canonical = {id(p): n for n, p in self.named_parameters()}
         loaded: dict[str, set[Hashable]] = defaultdict(set)
         unexpected: list[str] = []
+        embedding_only = self.build.task == "embed"
         for ckpt_name, tensor in tensors:
-            match = name_map.match(ckpt_name)
+            match = self._match(name_map, ckpt_name, naming)
             if match is None:
                 unexpected.append(ckpt_name)
                 continue
@@ -121,6 +138,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             target = match.target
             assert target is not None
             param = params.get(target)
+            if param is None and embedding_only and target.startswith("lm_head."):
+                continue  # an embedding model built without its head
             if param is None:
                 unexpected.append(f"{ckpt_name} (-> {target}, which this model does not have)")
                 continue
@@ -155,6 +174,17 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         self.process_weights_after_loading()
         return {n for n, _ in self.named_parameters()}
 
+    def _match(self, name_map: WeightNameMap, ckpt_name: str, naming: str) -> Any:
+        """The rule for ``ckpt_name``, also under :attr:`base_model_prefix` (added or
+        removed) for Hugging Face names."""
+        match = name_map.match(ckpt_name)
+        prefix = self.base_model_prefix
+        if match is not None or not prefix or naming != "hf":
+            return match
+        if ckpt_name.startswith(prefix + "."):
+            return name_map.match(ckpt_name[len(prefix) + 1:])
+        return name_map.match(f"{prefix}.{ckpt_name}")
+
     def _missing(self, loaded: dict[str, set[Hashable]]) -> list[str]:
         out = []
         for name, param in self.named_parameters():
@@ -182,6 +212,17 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             method = getattr(module, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
+
+    @classmethod
+    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """Complete the HF-style ``config`` of a checkpoint that is not GGUF (``config.json``).
+
+        The default returns it unchanged; an architecture overrides it to fill what its
+        ``config.json`` may leave out (its config class's defaults), so that the engine sizes
+        the model, the vocabulary and the context from the same values the model is built
+        with.
+        """
+        return config
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:

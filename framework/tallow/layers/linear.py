@@ -283,8 +283,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """The q, k and v projections of attention stored as one.
 
-    Output (per rank) is ``[q (Hq/tp * D) | k (Hkv/tp * D) | v (Hkv/tp * D)]``. When there are
-    fewer KV heads than ranks, each KV head is replicated on ``tp / Hkv`` consecutive ranks.
+    ``num_heads`` and ``num_kv_heads`` given to the constructor are the model's **totals**
+    (the config's ``num_attention_heads`` / ``num_key_value_heads``); afterwards the attributes
+    ``num_heads`` and ``num_kv_heads`` hold **this rank's** counts (``total_num_heads`` and
+    ``total_num_kv_heads`` keep the totals), which is what :class:`~tallow.layers.Attention`
+    takes. Output (per rank) is ``[q (Hq/tp * D) | k (Hkv/tp * D) | v (Hkv/tp * D)]``. When
+    there are fewer KV heads than ranks, each KV head is replicated on ``tp / Hkv``
+    consecutive ranks.
     Checkpoint tensors load with ``shard_id`` ``"q"``, ``"k"`` or ``"v"`` (or None for a
     checkpoint that already stores them fused, in that order).
     """

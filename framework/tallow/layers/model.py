@@ -23,6 +23,13 @@ class ArchConfig(dict):
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
 
+    def require(self, key: str) -> Any:
+        """The value of ``key``; a ValueError naming the key when it is absent or null."""
+        value = self.get(key)
+        if value is None:
+            raise ValueError(f"model config: {key!r} is required")
+        return value
+
     @property
     def text(self) -> "ArchConfig":
         """The language-model part of a multimodal config (``text_config``), else itself."""
@@ -39,3 +46,6 @@ class BuildContext:
     quant: Any = None  # a tallow.plugin.QuantScheme instance, or None for plain weights
     tp_rank: int = 0
     tp_size: int = 1
+    #: what the engine will run: "generate" (tokens from logits) or "embed" (pooled hidden
+    #: states; a model may then leave out its LM head)
+    task: str = "generate"

@@ -10,7 +10,9 @@ model built here and its transformers twin rotate q and k identically:
   are computed (what transformers does for one sequence);
 - ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth blend between;
 - ``yarn``: a ramp between interpolated and extrapolated frequencies, and cos/sin scaled by
-  ``attention_factor`` (default ``0.1 ln(factor) + 1``).
+  ``attention_factor`` (default ``0.1 ln(factor) + 1``);
+- ``longrope`` (``su``): per-frequency short and long divisors chosen by sequence length
+  (:mod:`tallow.layers.rope_scaling`).
 
 cos and sin are computed once, in float32, for every position below the cache length and
 looked up by position in ``forward``; only ``dynamic`` computes them per step.
@@ -26,18 +28,19 @@ from torch import nn
 
 from tallow.kernels import rotary_embedding
 
-from .attention import get_forward_context
+from .context_length import context_lengths
 from .norm import RMSNorm
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
     """``(base, rope_scaling, partial_rotary_factor)`` from an HF config.
 
-    Reads both the current form (``rope_parameters: {rope_type, rope_theta, ...}``) and the
-    older one (``rope_theta`` plus ``rope_scaling: {type | rope_type, factor, ...}``).
-    ``rope_scaling`` is None for plain RoPE.
+    Reads the current form (``rope_parameters: {rope_type, rope_theta, ...}``), the older one
+    (``rope_theta`` plus ``rope_scaling: {type | rope_type, factor, ...}``), and GPT-NeoX's
+    keys (``rotary_emb_base`` for the base, ``rotary_pct`` for the rotated fraction of each
+    head), in that order of precedence. ``rope_scaling`` is None for plain RoPE.
     """
     params = config.get("rope_parameters") or {}
     legacy = config.get("rope_scaling") or {}
@@ -47,10 +50,10 @@ def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | 
     merged: dict[str, Any] = {**legacy, **params}
     base = merged.pop("rope_theta", None)
     if base is None:
-        base = config.get("rope_theta", 10000.0)
+        base = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
     partial = merged.pop("partial_rotary_factor", None)
     if partial is None:
-        partial = config.get("partial_rotary_factor", 1.0)
+        partial = config.get("partial_rotary_factor", config.get("rotary_pct", 1.0))
     rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
     merged.pop("type", None)
     if rope_type == "default":
@@ -130,6 +133,10 @@ def compute_inv_freq(rotary_dim: int, max_position: int, base: float,
     For ``dynamic`` this is the frequency set of sequences no longer than ``max_position``.
     """
     rope_type = _rope_type(rope_scaling)
+    if rope_type == "longrope":
+        from .rope_scaling import longrope_inv_freq
+        assert rope_scaling is not None
+        return longrope_inv_freq(rotary_dim, max_position, base, rope_scaling)
     inv_freq = _base_inv_freq(base, rotary_dim)
     if rope_type in ("default", "dynamic"):
         return inv_freq, 1.0
@@ -145,6 +152,8 @@ def _rope_type(rope_scaling: Mapping[str, Any] | None) -> str:
     if not rope_scaling:
         return "default"
     rope_type = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+    if rope_type == "su":  # LongRoPE's first name, in Phi-3's early configs
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_scaling.rope_type {rope_type!r} is not supported (expected one "
                          f"of {', '.join(SUPPORTED_ROPE_TYPES)})")
@@ -263,24 +272,10 @@ class DynamicNTKRotaryEmbedding(RotaryEmbedding):
         super().__init__(*args, **kwargs)
         self.factor = float(factor)
 
-    def _seq_len_per_token(self, positions: torch.Tensor) -> torch.Tensor:
-        n = positions.shape[0]
-        try:
-            meta = get_forward_context().meta
-        except RuntimeError:  # called outside a step (a test, say): one sequence
-            meta = None
-        if meta is not None:
-            starts = meta.query_start_loc.to(positions.device)
-            rows = torch.arange(n, device=positions.device)
-            seq = torch.searchsorted(starts[1:].contiguous(), rows, right=True)
-            seq = seq.clamp_(max=meta.seq_lens.shape[0] - 1)
-            return meta.seq_lens.to(positions.device)[seq].to(torch.int64)
-        return (positions.max() + 1).expand(n).to(torch.int64)
-
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.rotary_dim
-        seq_len = torch.clamp(self._seq_len_per_token(positions), min=self.max_position)
+        seq_len = torch.clamp(context_lengths(positions), min=self.max_position)
         scale = (self.factor * seq_len / self.max_position) - (self.factor - 1)
         base = self.base * scale ** (d / (d - 2))  # [T] float32
         exponents = torch.arange(0, d, 2, dtype=torch.int64,
@@ -300,6 +295,11 @@ def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
     for plain RoPE. ``linear`` extends the cache to ``max_position * factor``.
     """
     rope_type = _rope_type(rope_scaling)
+    if rope_type == "longrope":
+        from .rope_scaling import longrope_rotary
+        assert rope_scaling is not None
+        return longrope_rotary(head_dim, rotary_dim, max_position, base, rope_scaling,
+                               is_neox_style, device=device)
     inv_freq, attention_scaling = compute_inv_freq(rotary_dim, max_position, base, rope_scaling)
     cache_len = max_position
     if rope_type == "linear":

@@ -9,6 +9,7 @@ from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
     ToolResult, WeightFormat,
 )
+from .embedding_spec import EmbeddingSpec
 from .errors import ComponentLoadError, PluginError, PluginLoadError
 from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
@@ -27,7 +28,7 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
+    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",

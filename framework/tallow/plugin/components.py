@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .embedding_spec import EmbeddingSpec
+
 
 class Component:
     """Anything a registry can hold.
@@ -66,6 +68,9 @@ class Checkpoint:
     tensor_shapes: dict[str, tuple[int, ...]] | None = None
     #: the file ``config`` was read from (``config.json``, the ``.gguf``), for error messages
     config_path: str | None = None
+    #: what the checkpoint's own files say about its embeddings (a sentence-transformers
+    #: directory's pooling and normalization), or None when they say nothing
+    embedding: "EmbeddingSpec | None" = None
 
     @property
     def chat_template(self) -> str | None:
@@ -102,7 +107,10 @@ class ModelArchitecture:
       argmax of the logits as returned);
     - ``load_weights(tensors, naming) -> set[str]`` the parameter names it filled;
     - ``config_from_gguf(metadata, config) -> dict`` (classmethod): refine the HF-style config
-      that the GGUF format derived generically from ``metadata``.
+      that the GGUF format derived generically from ``metadata``;
+    - ``config_from_hf(config) -> dict`` (classmethod, optional): complete the config of any
+      other checkpoint (``config.json``), e.g. with the defaults its config class implies;
+      the engine builds the model and sizes vocabulary and context from the result.
     """
 
     hf_architectures: ClassVar[tuple[str, ...]] = ()

@@ -14,7 +14,10 @@ import pluggy
 PROJECT = "tallow"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+"""Declares a hook (tallow's own use: the functions of this module)."""
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Marks a plugin's implementation of a hook: ``@hookimpl`` above a function named like the
+hook (``def tallow_register_architectures(registry): ...``)."""
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import (

@@ -23,6 +23,7 @@ import tallow
 
 from .chat import create_chat_completion
 from .completions import create_completion
+from .embeddings import create_embedding
 from .errors import APIError, from_exception, invalid
 from .messages import normalize_messages
 from .metrics import CONTENT_TYPE
@@ -30,12 +31,13 @@ from .middleware import APIKeyAuth, BodyLimit, StatusCounter
 from .parsers import ToolParsing, choose_tool_parser
 from .openapi import BODY_ERRORS, GENERATION_ERRORS, Endpoint, openapi_document
 from .protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_model,
-    parse_json_body, parse_request,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+    TokenizeRequest, check_model, parse_json_body, parse_request,
 )
 from .responses import (
-    ChatCompletionResponse, CompletionResponse, DetokenizeResponse, HealthResponse, ModelCard,
-    ModelList, PluginsResponse, TokenizeResponse, ToolsResponse, VersionResponse,
+    ChatCompletionResponse, CompletionResponse, DetokenizeResponse, EmbeddingResponse,
+    HealthResponse, ModelCard, ModelList, PluginsResponse, TokenizeResponse, ToolsResponse,
+    VersionResponse,
 )
 from .state import ServerState
 from .tool_providers import ToolProviders, list_server_tools
@@ -84,9 +86,13 @@ def _get_endpoint(state: ServerState, handler: Callable[[ServerState, Request], 
 
 # -- small endpoints ------------------------------------------------------------------------
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": state.created,
+    card = {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "tallow", "root": state.model_name, "parent": None,
-            "max_model_len": state.max_model_len}
+            "max_model_len": state.max_model_len, "task": state.task}
+    info = getattr(state.engine, "embedding", None)
+    if info is not None:
+        card["embedding"] = info.describe()
+    return card
 
 
 async def list_models(state: ServerState, request: Request) -> Response:
@@ -216,6 +222,8 @@ def _endpoints() -> list[Endpoint]:
                  errors=GENERATION_ERRORS),
         Endpoint("POST", "/v1/completions", create_completion, "Text completion",
                  CompletionRequest, CompletionResponse, streams=True, errors=GENERATION_ERRORS),
+        Endpoint("POST", "/v1/embeddings", create_embedding, "Embeddings of texts or token ids",
+                 EmbeddingRequest, EmbeddingResponse, errors=GENERATION_ERRORS),
         Endpoint("POST", "/tokenize", tokenize, "Token ids of a prompt or a conversation",
                  TokenizeRequest, TokenizeResponse, errors=BODY_ERRORS + ((404, "Unknown model."),)),
         Endpoint("POST", "/detokenize", detokenize, "Text of token ids", DetokenizeRequest,

@@ -267,6 +267,7 @@ async def create_chat_completion(state: ServerState, request: Request,
                                  body: dict[str, Any]) -> Response:
     req = parse_request(ChatCompletionRequest, body)
     check_model(req.model, state.served_names)
+    state.require_generation("/v1/chat/completions")
     reject_unsupported(req)
     from .tool_loop import create_with_server_tools, wants_server_tools  # it builds on this module
 

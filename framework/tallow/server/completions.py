@@ -294,6 +294,7 @@ async def create_completion(state: ServerState, request: Request,
                             body: dict[str, Any]) -> Response:
     req = parse_request(CompletionRequest, body)
     check_model(req.model, state.served_names)
+    state.require_generation("/v1/completions")
     reject_unsupported(req)
     handler = TextCompletion(state, req)
     params = await handler.prepare()

@@ -13,7 +13,7 @@ Besides OpenAI's fields, the vLLM-style sampling extensions of the engine are ac
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -109,6 +109,20 @@ class CompletionRequest(_SamplingFields):
     echo: bool | None = False
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``: ``input`` is a string, strings, token ids or lists of them."""
+
+    model_config = _STRICT
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    #: vLLM extension: cut inputs to this many tokens (-1: the model's limit) instead of
+    #: refusing those that are longer
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
 
 class TokenizeRequest(BaseModel):

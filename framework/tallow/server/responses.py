@@ -123,6 +123,27 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    #: the vector, or with ``encoding_format: base64`` its little-endian float32 bytes
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(BaseModel):
+    """``POST /v1/embeddings``: one entry per input, in input order."""
+
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int

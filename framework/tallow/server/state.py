@@ -105,6 +105,31 @@ class ServerState:
             raise invalid("messages", f"The chat template cannot render these messages: "
                           f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None
 
+    # -- the task the engine serves ---------------------------------------------------------
+    @property
+    def task(self) -> str:
+        """``generate`` or ``embed`` (model.task, as resolved when the engine was built)."""
+        return getattr(self.engine, "task", "generate")
+
+    def require_generation(self, endpoint: str) -> None:
+        """400 for a generation endpoint on a server whose model embeds."""
+        if self.task != "generate":
+            raise APIError(400, f"The model {self.model_name!r} is served for embeddings "
+                           f"(model.task {self.task}); {endpoint} needs a model served for "
+                           "text generation. Use /v1/embeddings.", param="model",
+                           code="unsupported_task")
+
+    def embedding_info(self, endpoint: str) -> Any:
+        """The served model's :class:`~tallow.engine.embedding.EmbeddingInfo`; 400 when the
+        model is served for generation."""
+        info = getattr(self.engine, "embedding", None)
+        if self.task != "embed" or info is None:
+            raise APIError(400, f"The model {self.model_name!r} is served for text generation "
+                           f"(model.task {self.task}); {endpoint} needs a server started with "
+                           "an embedding model (model.task embed).", param="model",
+                           code="unsupported_task")
+        return info
+
     # -- admission ----------------------------------------------------------------------
     def check_fanout(self, prompts: int, n: int) -> None:
         """400 when ``prompts`` × ``n`` sequences exceed ``server.max_sequences_per_request``."""

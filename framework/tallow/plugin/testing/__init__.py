@@ -49,6 +49,16 @@ _LAZY = {
     "save_tokenizer": "tokenizer",
     "offline_llm": "engine",
     "run_interpreted": "interpret",
+    "random_hf_model": "model_parity",
+    "assert_greedy_parity": "model_parity",
+    "assert_cuda_parity": "model_parity",
+    "assert_engine_greedy": "model_parity",
+    "load_model": "model_parity",
+    "load_saved": "model_parity",
+    "gguf_tensors": "gguf_files",
+    "gguf_metadata": "gguf_files",
+    "write_gguf": "gguf_files",
+    "read_gguf": "gguf_files",
 }
 
 

@@ -1,6 +1,6 @@
 """The attention-backend suite: the backend against the core's torch reference on random
-prefill, decode, chunked-prefill, prefix-hit and padded steps, and with each KV codec it
-declares.
+prefill, decode, chunked-prefill, prefix-hit, bidirectional (encoder) and padded steps, and with
+each KV codec it declares.
 
 ::
 
@@ -10,8 +10,9 @@ declares.
         kv_codecs = ("auto", "fp8")
 
 It runs on a CPU when the backend's ``validate`` accepts ``model.device: cpu``, else on a CUDA
-GPU, else it is skipped with "needs a CUDA GPU". Set :attr:`run_on` to force a device (a
-Triton backend under ``TRITON_INTERPRET=1`` runs on CPU tensors).
+GPU, else it is skipped with "needs a CUDA GPU". Set
+:attr:`AttentionBackendConformance.run_on` to force a device (a Triton backend under
+``TRITON_INTERPRET=1`` runs on CPU tensors).
 """
 
 from __future__ import annotations
@@ -113,6 +114,23 @@ class AttentionBackendConformance(ComponentConformance):
         self.check(backend, device, self.dtypes[0], "prefix",
                    query_lens=[1, 5, bs + 1], context_lens=[2 * bs + 3, 2 * bs, 2 * bs + 7],
                    shared_prefix_blocks=2)
+
+    def test_bidirectional_layer(self, backend: Any, device: str) -> None:
+        """An encoder layer (``causal=False``): whole sequences, every query over all of its
+        sequence's keys — or, for a backend that cannot, a refusal with reasons before any
+        step (``supports_layer``), so that the engine picks another backend."""
+        bs = self.block_size
+        step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                 head_dim=self.head_dim, block_size=bs, dtype=self.dtypes[0],
+                                 device=device, query_lens=[bs + 5, 1, 2 * bs],
+                                 context_lens=[0, 0, 0], causal=False,
+                                 seed=zlib.crc32(type(self).__name__.encode()))
+        supports = getattr(backend, "supports_layer", None)
+        reasons = supports(step.layer) if supports is not None else []
+        if reasons:
+            assert all(isinstance(r, str) and r for r in reasons), reasons
+            return
+        check_step(step, backend)
 
     def test_padding_rows_store_nothing(self, backend: Any, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""

@@ -15,7 +15,6 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     mappings (``{"cache": {"num_blocks": 64}}``); the model runs on the CPU unless it names
     another device."""
     from tallow.engine.llm import LLM
-    from tallow.engine.llm_engine import LLMEngine
 
     from . import make_config
 
@@ -26,7 +25,5 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     settings = make_config(data)
     pm = load_plugins(settings.plugins, env={})
     pm.hook.tallow_configure(config=settings)
-    llm = LLM.__new__(LLM)  # LLM() would discover every installed plugin
-    llm.config = settings
-    llm.engine = LLMEngine.from_config(settings, pm)
-    return llm
+    # An explicit manager: LLM() would also read TALLOW_* and TALLOW_CONFIG from the caller.
+    return LLM.from_config(settings, pm)

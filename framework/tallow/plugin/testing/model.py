@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from .component import ComponentConformance
-from .paged_runner import PagedRunner, randomize_
+from .paged_runner import PagedRunner
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
@@ -81,17 +81,11 @@ class ModelArchitectureConformance(ComponentConformance):
     @pytest.fixture(scope="class")
     def transformers_model(self, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         """(the transformers model with random weights, the directory it was saved to)."""
-        transformers = pytest.importorskip("transformers",
-                                           reason="transformers is the parity oracle")
-        config = self.hf_config()
+        pytest.importorskip("transformers", reason="transformers is the parity oracle")
+        from .model_parity import random_hf_model
+
         seed = zlib.crc32(self.component.encode()) % 1000
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", dtype=torch.float32)
-        randomize_(model, seed, std=self.weight_std)
-        if getattr(config, "tie_word_embeddings", False):
-            model.tie_weights()
-        model.eval()
+        model = random_hf_model(self.hf_config(), seed, std=self.weight_std)
         directory = tmp_path_factory.mktemp("model")
         model.save_pretrained(str(directory), safe_serialization=True)
         return model, directory

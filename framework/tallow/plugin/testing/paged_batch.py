@@ -40,7 +40,7 @@ class PagedStep:
             self.q[:self.valid_rows], cache, query_start_loc=self.meta.query_start_loc.tolist(),
             seq_lens=self.meta.seq_lens.tolist(), block_tables=self.meta.block_tables,
             scale=self.layer.scale, sliding_window=self.layer.sliding_window,
-            logit_softcap=self.layer.logit_softcap)
+            logit_softcap=self.layer.logit_softcap, causal=self.layer.causal)
         return out, cache
 
 
@@ -49,10 +49,12 @@ def random_paged_step(*, query_lens: list[int], context_lens: list[int], num_hea
                       dtype: torch.dtype = torch.float32, cache_dtype: torch.dtype | None = None,
                       device: str | torch.device = "cpu", shared_prefix_blocks: int = 0,
                       padding_rows: int = 0, sliding_window: int | None = None,
-                      logit_softcap: float | None = None, seed: int = 0) -> PagedStep:
+                      logit_softcap: float | None = None, seed: int = 0,
+                      causal: bool = True) -> PagedStep:
     """A random step (see the module docstring). ``shared_prefix_blocks`` full blocks at the
     start of sequence 0 are also the first blocks of every other sequence (each needs at least
-    that much context). ``padding_rows`` extra query rows belong to no sequence."""
+    that much context). ``padding_rows`` extra query rows belong to no sequence. ``causal``
+    False: a bidirectional (encoder) layer, whose sequences come whole (no context)."""
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
     shared_tokens = shared_prefix_blocks * block_size
@@ -111,7 +113,8 @@ def random_paged_step(*, query_lens: list[int], context_lens: list[int], num_hea
         block_size=block_size, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
     layer = AttentionLayer(layer_index=0, num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, scale=head_dim ** -0.5,
-                           sliding_window=sliding_window, logit_softcap=logit_softcap)
+                           sliding_window=sliding_window, logit_softcap=logit_softcap,
+                           causal=causal)
     what = (f"query_lens {query_lens}, context_lens {context_lens}, shared blocks "
             f"{shared_prefix_blocks}, padding {padding_rows}, {layer}, dtype {dtype}, cache "
             f"{cache_dtype}, seed {seed}")

@@ -50,6 +50,18 @@ class PagedRunner:
     def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
         """Run one step: ``chunks`` = [(seq id, its next tokens)]; returns each chunk's
         float32 logits ``[len(tokens), vocab]``."""
+        hidden, starts = self._forward(chunks)
+        logits = self.model.compute_logits(hidden).float()
+        return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+
+    @torch.no_grad()
+    def hidden_states(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Like :meth:`step`, but each chunk's hidden states ``[len(tokens), H]`` as the model
+        returns them (an encoder, which has no logits; embeddings)."""
+        hidden, starts = self._forward(chunks)
+        return [hidden[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+
+    def _forward(self, chunks: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, list[int]]:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -83,8 +95,7 @@ class PagedRunner:
         with forward_context(meta, self.backend):
             hidden = self.model(torch.tensor(ids, device=device),
                                 torch.tensor(positions, device=device))
-        logits = self.model.compute_logits(hidden).float()
-        return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+        return hidden, starts
 
     def greedy(self, seq_id: int, prompt: list[int], steps: int
                ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
@@ -104,12 +115,14 @@ class PagedRunner:
 
 def randomize_(model: torch.nn.Module, seed: int, std: float = 0.08) -> None:
     """Give every parameter of a transformers model random values (biases and norm weights too,
-    which transformers initialises to constants that would hide mistakes)."""
+    which transformers initialises to constants that would hide mistakes): norm weights
+    ``1 + 0.2 N(0, 1)``, everything else, norm biases included, ``std N(0, 1)`` (a LayerNorm
+    bias near 1 everywhere would add the same vector to every token's state)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if "norm" in name:
+            if "norm" in name and not name.endswith("bias"):
                 p.copy_(1.0 + 0.2 * noise)
             else:
                 p.copy_(std * noise)

@@ -171,6 +171,8 @@ class TritonAttentionBackend(AttentionBackend):
         if layer.num_heads % layer.num_kv_heads:
             reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
                            f"{layer.num_kv_heads}")
+        if not layer.causal and layer.sliding_window:
+            reasons.append("a sliding window on a bidirectional (causal=False) layer")
         return reasons
 
     # -- the step -------------------------------------------------------------------------
@@ -231,19 +233,21 @@ class TritonAttentionBackend(AttentionBackend):
         try:
             for layer, cache in zip(layers, kv_caches):
                 key = (layer.num_heads, layer.num_kv_heads, layer.head_dim,
-                       bool(layer.sliding_window), bool(layer.logit_softcap), cache.dtype,
-                       cache.shape[2])
+                       bool(layer.sliding_window), bool(layer.logit_softcap), layer.causal,
+                       cache.dtype, cache.shape[2])
                 if key in done:
                     continue
                 done.add(key)
                 for query_lens, context_lens, padding, splits in _WARM_UP_BATCHES:
+                    if not layer.causal:  # encoder sequences are always computed whole
+                        context_lens = [0] * len(context_lens)
                     case = make_case(query_lens=query_lens, context_lens=context_lens,
                                      num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
                                      head_dim=layer.head_dim, block_size=cache.shape[2],
                                      dtype=dtype, cache_dtype=cache.dtype, device=cache.device,
                                      sliding_window=layer.sliding_window,
                                      logit_softcap=layer.logit_softcap, scale=layer.scale,
-                                     padding_rows=padding)
+                                     padding_rows=padding, causal=layer.causal)
                     self.num_splits = splits
                     self.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         finally:
@@ -279,7 +283,10 @@ class TritonAttentionBackend(AttentionBackend):
         singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
         prefill_args = {name: val for name, val in common.items()
                         if name not in ("num_splits", "max_seq_len")}
-        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles, **prefill_args)
+        # A one-query sequence goes to the decode kernel either way: in a bidirectional layer
+        # it is a whole one-token sequence, whose query sees its one key in both kernels.
+        ops.prefill_attention(q, kv_cache, out, skip_single_query=singles,
+                              causal=layer.causal, **prefill_args)
         if singles:
             ops.decode_attention(q, kv_cache, out, mixed=True, **common)
         return out

@@ -97,7 +97,8 @@ def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: f
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
-                 cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
+                 cache_bytes: int = 2, pdl: bool = False,
+                 causal: bool = True) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap),
                           cache_bytes=cache_bytes)
@@ -106,7 +107,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
-                F16_PRODUCTS=f16_products(dtype, cache_bytes),
+                CAUSAL=bool(causal), F16_PRODUCTS=f16_products(dtype, cache_bytes),
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -164,8 +165,9 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                       block_tables: torch.Tensor, num_seqs: int, scale: float,
                       sliding_window: int | None = None, logit_softcap: float | None = None,
-                      skip_single_query: bool = False) -> torch.Tensor:
-    """Causal attention of every sequence's queries over its cached context, into ``out``.
+                      skip_single_query: bool = False, causal: bool = True) -> torch.Tensor:
+    """Attention of every sequence's queries over its cached context, into ``out``: causal,
+    or with ``causal`` False every query over all ``seq_lens[i]`` keys (encoders).
 
     q, out [T, Hq, D]; K/V of all tokens up to ``seq_lens[i]`` must already be in the cache.
     With ``skip_single_query`` the rows of sequences with one query are left untouched (for
@@ -181,7 +183,8 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
                         block_size=kv_cache.shape[2], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
                         capability=device_facts(q.device)[1],
-                        cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
+                        cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q),
+                        causal=causal)
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)

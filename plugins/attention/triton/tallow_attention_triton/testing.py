@@ -41,7 +41,7 @@ class PagedCase:
             query_start_loc=self.meta.query_start_loc.tolist(),
             seq_lens=self.meta.seq_lens.tolist(), block_tables=self.meta.block_tables,
             scale=self.layer.scale, sliding_window=self.layer.sliding_window,
-            logit_softcap=self.layer.logit_softcap,
+            logit_softcap=self.layer.logit_softcap, causal=self.layer.causal,
         )
         return out, cache
 
@@ -52,14 +52,15 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
               device: str | torch.device = "cpu", sliding_window: int | None = None,
               logit_softcap: float | None = None, scale: float | None = None,
               padding_rows: int = 0, spare_blocks: int = 3, num_blocks: int | None = None,
-              seed: int = 0, host_copies: bool = True) -> PagedCase:
+              seed: int = 0, host_copies: bool = True, causal: bool = True) -> PagedCase:
     """A random batch; ``context_lens[i]`` earlier tokens of sequence ``i`` are already cached
     and its ``query_lens[i]`` tokens are this step's (their K/V still to be stored).
 
     ``padding_rows`` extra query rows at the end belong to no sequence and have slot -1.
     ``num_blocks`` fixes the pool size (default: what the batch needs + ``spare_blocks``).
     ``host_copies`` False leaves ``query_start_loc_cpu``/``seq_lens_cpu`` None, as a CUDA-graph
-    runner does.
+    runner does. ``causal`` False makes a bidirectional (encoder) layer, whose sequences the
+    engine always computes whole: give it context lengths of 0.
     """
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
@@ -123,7 +124,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
     layer = AttentionLayer(layer_index=0, num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=head_dim,
                            scale=scale if scale is not None else head_dim ** -0.5,
-                           sliding_window=sliding_window, logit_softcap=logit_softcap)
+                           sliding_window=sliding_window, logit_softcap=logit_softcap,
+                           causal=causal)
     return PagedCase(layer=layer, q=q.to(dev), k=k.to(dev), v=v.to(dev),
                      kv_cache=cache.to(dev), meta=meta, valid_rows=n_tokens,
                      query_lens=list(query_lens), seed=seed)

@@ -112,6 +112,19 @@ def test_sliding_window_and_softcap(window: int, softcap: float | None) -> None:
         run_and_check(case, backend(4))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_bidirectional_whole_sequences(dtype: torch.dtype) -> None:
+    """An encoder step (causal=False): whole sequences, each query sees every key of its
+    sequence. Lengths cross query tiles and key tiles and end mid-tile; one-token sequences go
+    to the decode kernel beside them."""
+    tiles = prefill_tiles(32, 2, torch.finfo(dtype).bits // 8)
+    q_lens = [2 * tiles.block_q + 3, 1, tiles.tile_n + 5, 7, 1]
+    case = make_case(query_lens=q_lens, context_lens=[0] * len(q_lens), num_heads=4,
+                     num_kv_heads=2, head_dim=32, block_size=8, dtype=dtype, device=DEVICE,
+                     causal=False, seed=seed_of("bidirectional", dtype))
+    run_and_check(case, backend())
+
+
 @pytest.mark.parametrize("block_size", [1, 32, 128])
 def test_block_sizes(block_size: int) -> None:
     case = make_case(query_lens=[1, 7, 1], context_lens=[70, 33, 1], num_heads=4,

@@ -74,6 +74,23 @@ def test_prefill_compiles_for_hopper_without_spills(head_dim: int) -> None:
     assert_fast(compiled, f"prefill D={head_dim}", tensor_op="wgmma.mma_async")
 
 
+@pytest.mark.parametrize(("capability", "head_dim"), [(80, 32), (90, 32), (90, 64)])
+def test_bidirectional_prefill_compiles_without_spills(capability: int, head_dim: int) -> None:
+    """The encoder variant (causal=False), at BERT-family head sizes (all-MiniLM-L6-v2: 32)."""
+    spec = ops.prefill_spec(head_dim=head_dim, group=1, dtype=torch.bfloat16, block_size=16,
+                            sliding_window=None, logit_softcap=None, skip_single_query=True,
+                            capability=capability, causal=False)
+    compiled = compile_for(prefill_kernel, spec, torch.bfloat16, capability)
+    assert_fast(compiled, f"bidirectional prefill D={head_dim} sm_{capability}",
+                tensor_op="wgmma.mma_async" if capability == 90 else "mma")
+    # one-token inputs beside them go to the decode kernel
+    spec = ops.decode_spec(num_heads=12, group=1, head_dim=head_dim, dtype=torch.bfloat16,
+                           block_size=16, sliding_window=None, logit_softcap=None,
+                           mixed=True, single_split=True, fused_store=False)
+    assert_fast(compile_for(decode_split_kernel, spec, torch.bfloat16, capability),
+                f"decode D={head_dim} sm_{capability}", tensor_op="mma.sync")
+
+
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_decode_compiles_for_hopper_without_spills(head_dim: int) -> None:
     spec = ops.decode_spec(num_heads=32, group=4, head_dim=head_dim, dtype=torch.bfloat16,

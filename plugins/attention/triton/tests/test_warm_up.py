@@ -144,3 +144,28 @@ def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]
     TritonAttentionBackend().warm_up([layer], [cache], torch.bfloat16)
     assert ptrs and cache.data_ptr() not in ptrs
     assert torch.equal(cache, torch.full_like(cache, 5.0))
+
+
+def test_warm_up_covers_the_steps_of_an_encoder(launched: set[tuple[Any, ...]]) -> None:
+    """A bidirectional (causal=False) layer, as all-MiniLM-L6-v2's: embedding steps hold whole
+    inputs of any length, one-token inputs among them; warm-up launched every variant."""
+    dtype = torch.bfloat16
+    layer = AttentionLayer(layer_index=0, num_heads=12, num_kv_heads=12, head_dim=32,
+                           scale=32 ** -0.5, causal=False)
+    cache = torch.empty(2, 4, 16, 12, 32, dtype=dtype)
+    be = TritonAttentionBackend()
+    be.warm_up([layer], [cache], dtype)
+    warmed = set(launched)
+    launched.clear()
+    rng = random.Random(11)
+    for _ in range(60):
+        n = rng.choice([1, 2, 7, 64, 256])
+        query_lens = [rng.choice([1, 2, 9, 128, 512]) for _ in range(n)]
+        q, k, v, meta = _batch(layer, dtype, query_lens, list(query_lens), 0,
+                               host_copies=True)
+        be.forward(layer, q, k, v, cache, meta)
+    served = set(launched)
+    assert any(name == "prefill_kernel" and ("CAUSAL", False) in variant
+               for name, variant in served)
+    missing = served - warmed
+    assert not missing, f"{len(missing)} variants compile while serving: {sorted(missing)[:2]}"

@@ -22,7 +22,7 @@ ARCH_KEYS: dict[str, str] = {
     "attention.key_length": "head_dim",
     "attention.value_length": "v_head_dim",
     "attention.sliding_window": "sliding_window",
-    "attention.logit_softcapping": "attn_logit_softcapping",
+    "attn_logit_softcapping": "attn_logit_softcapping",
     "final_logit_softcapping": "final_logit_softcapping",
     "rope.freq_base": "rope_theta",
     "expert_count": "num_experts",

@@ -17,6 +17,8 @@ from tallow_safetensors.tokenizer_files import read_json
 METADATA_PATTERNS = [
     "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
     "chat_template.jinja", "chat_template.json", INDEX_NAME,
+    # sentence-transformers: how the model's embeddings are pooled and normalized
+    "modules.json", "sentence_bert_config.json", "*_Pooling/config.json",
 ]
 WEIGHT_PATTERNS = ["*.safetensors"]
 

@@ -9,6 +9,7 @@ from typing import Any
 from tallow.plugin import Checkpoint, ModelFileError
 
 from .files import iter_tensors, read_headers, weight_files
+from .sentence_transformers import read_embedding_spec
 from .tokenizer_files import read_json, read_tokenizer, read_tokenizer_config
 
 
@@ -37,7 +38,8 @@ def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
     ``*.safetensors``; their headers are checked now, the tensors read lazily, as
     ``Checkpoint.tensors()`` is iterated),
     ``tokenizer.json``, ``tokenizer_config.json`` (with ``special_tokens_map.json`` and
-    ``chat_template.jinja``) and ``generation_config.json``. ``source`` is what the user named
+    ``chat_template.jinja``), ``generation_config.json`` and the sentence-transformers files
+    (``modules.json`` and the modules' settings). ``source`` is what the user named
     (a hub id, say); it defaults to the path.
     """
     root = Path(path)
@@ -65,4 +67,5 @@ def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
                "dtype": config.get("torch_dtype") or config.get("dtype")},
         tensor_shapes={name: entry.shape for name, (_, entry) in tensors.items()},
         config_path=str(root / "config.json"),
+        embedding=read_embedding_spec(root),
     )

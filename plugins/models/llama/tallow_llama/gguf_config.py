@@ -32,6 +32,12 @@ def _getter(metadata: Mapping[str, Any]):
     return get
 
 
+def arch_value(metadata: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """The value of architecture key ``key`` (``"rope.freq_base"``), with or without the
+    ``<general.architecture>.`` prefix, as a plain Python value; ``default`` when absent."""
+    return _getter(metadata)(key, default)
+
+
 def _uniform(value: Any, key: str) -> Any:
     """A per-layer list that must hold one value for every layer (the Llama family)."""
     if isinstance(value, (list, tuple)):

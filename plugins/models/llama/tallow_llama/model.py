@@ -25,7 +25,7 @@ from torch import nn
 from tallow.layers import (
     ArchConfig, Attention, BuildContext, CausalLM, LMHead, MergedColumnParallelLinear,
     QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabEmbedding,
-    get_act_and_mul, get_rope, rope_parameters,
+    get_act_and_mul, rope_from_config,
 )
 
 from .gguf_config import llama_family_config
@@ -62,7 +62,8 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
                  rotary: RotaryEmbedding, *, head_dim: int, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, sliding_window: int | None, prefix: str) -> None:
+                 qk_norm: bool, sliding_window: int | None, prefix: str,
+                 scale: float | None = None) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
@@ -80,7 +81,8 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary
         self.attn = Attention(layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, scale=head_dim ** -0.5, sliding_window=sliding_window)
+                              head_dim, scale=head_dim ** -0.5 if scale is None else scale,
+                              sliding_window=sliding_window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -91,15 +93,32 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm)."""
+    """Pre-norm attention and MLP blocks on a residual stream (the add is fused into the norm).
+
+    What a block's output goes through before it joins the stream is ``attention_output`` /
+    ``mlp_output``: scaling by ``residual_multiplier`` (Granite) here, a norm in families that
+    have one there (GLM-4).
+    """
 
     def __init__(self, attn: LlamaAttention, mlp: LlamaMLP, hidden: int, eps: float,
-                 build: BuildContext) -> None:
+                 build: BuildContext, residual_multiplier: float = 1.0) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
+        self.residual_multiplier = float(residual_multiplier)
         self.input_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
+
+    def attention_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._scaled(hidden)
+
+    def mlp_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._scaled(hidden)
+
+    def _scaled(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.residual_multiplier == 1.0:
+            return hidden
+        return hidden * self.residual_multiplier
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,13 +127,18 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.attention_output(self.self_attn(positions, hidden))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.mlp_output(self.mlp(hidden)), residual
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm."""
+    """Embedding, decoder layers, final norm.
+
+    The owning model class builds each layer's attention and the layer itself
+    (``build_attention``, ``build_decoder_layer``), so families that differ only there reuse
+    the rest.
+    """
 
     def __init__(self, owner: "LlamaForCausalLM", config: ArchConfig,
                  build: BuildContext) -> None:
@@ -126,29 +150,28 @@ class LlamaModel(nn.Module):
         intermediate = int(_require(config, "intermediate_size"))
         eps = float(config.get("rms_norm_eps", 1e-6))
         head_dim = int(config.get("head_dim") or hidden // heads)
-        base, scaling, partial = rope_parameters(config)
-        max_position = int(config.get("max_position_embeddings") or 2048)
-        self.rotary_emb = get_rope(head_dim, int(head_dim * partial), max_position, base,
-                                   scaling, is_neox_style=True, device=build.device)
+        self.rotary_emb = rope_from_config(config, head_dim,
+                                           is_neox_style=owner.rope_neox_style,
+                                           device=build.device)
         self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
                                            prefix="model.embed_tokens")
         act = config.get("hidden_act", "silu")
+        self.embedding_multiplier = owner.embedding_multiplier(config)
         layers = []
         for i in range(n_layers):
             prefix = f"model.layers.{i}"
-            attn = LlamaAttention(
-                config, build, i, self.rotary_emb, head_dim=head_dim,
-                qkv_bias=owner.qkv_bias(config), o_bias=owner.o_bias(config),
-                qk_norm=owner.qk_norm, sliding_window=owner.layer_sliding_window(config, i),
-                prefix=f"{prefix}.self_attn")
+            attn = owner.build_attention(config, build, i, self.rotary_emb, head_dim,
+                                         f"{prefix}.self_attn")
             mlp = LlamaMLP(hidden, intermediate, act, owner.mlp_bias(config), build,
                            f"{prefix}.mlp")
-            layers.append(LlamaDecoderLayer(attn, mlp, hidden, eps, build))
+            layers.append(owner.build_decoder_layer(config, build, attn, mlp))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden, eps, build=build)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
@@ -163,16 +186,21 @@ class LlamaForCausalLM(CausalLM):
     gguf_architectures: ClassVar[tuple[str, ...]] = ("llama",)
     model_type: ClassVar[str] = "llama"
     qk_norm: ClassVar[bool] = False
+    rope_neox_style: ClassVar[bool] = True
     weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(interleaved_qk=True)}
+    # embedding checkpoints (Qwen3-Embedding) are saved from the bare decoder: layers.0...
+    base_model_prefix = "model"
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(config, build)
         cfg = self.config
         self.model = LlamaModel(self, cfg, build)
-        tie = bool(cfg.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                              tie_with=self.model.embed_tokens if tie else None, build=build,
-                              prefix="lm_head")
+        self.lm_head: LMHead | None = None
+        if build.task != "embed":  # embeddings pool hidden states: no head needed
+            tie = bool(cfg.get("tie_word_embeddings", False))
+            self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
+                                  tie_with=self.model.embed_tokens if tie else None,
+                                  build=build, prefix="lm_head")
 
     # -- the switches that tell the family apart -----------------------------------------
     def qkv_bias(self, config: ArchConfig) -> bool:
@@ -186,6 +214,33 @@ class LlamaForCausalLM(CausalLM):
 
     def layer_sliding_window(self, config: ArchConfig, layer: int) -> int | None:
         return None
+
+    def attention_scale(self, config: ArchConfig, head_dim: int) -> float | None:
+        """The softmax scale of q·k; None for ``1 / sqrt(head_dim)``."""
+        return None
+
+    def embedding_multiplier(self, config: ArchConfig) -> float:
+        return 1.0
+
+    def residual_multiplier(self, config: ArchConfig) -> float:
+        return 1.0
+
+    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
+                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+        """The attention block of decoder layer ``layer``."""
+        return LlamaAttention(
+            config, build, layer, rotary, head_dim=head_dim, qkv_bias=self.qkv_bias(config),
+            o_bias=self.o_bias(config), qk_norm=self.qk_norm,
+            sliding_window=self.layer_sliding_window(config, layer), prefix=prefix,
+            scale=self.attention_scale(config, head_dim))
+
+    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
+                            mlp: LlamaMLP) -> nn.Module:
+        """One decoder layer around ``attn`` and ``mlp``: ``forward(positions, hidden,
+        residual) -> (hidden, residual)``, the residual add deferred to the next norm."""
+        return LlamaDecoderLayer(attn, mlp, int(config.hidden_size),
+                                 float(config.get("rms_norm_eps", 1e-6)), build,
+                                 self.residual_multiplier(config))
 
     # -- running ---------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -205,7 +260,7 @@ class LlamaForCausalLM(CausalLM):
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         # GGUF files of tied models simply have no output.weight.
-        if naming == "gguf" and "lm_head.weight" in missing:
+        if naming == "gguf" and "lm_head.weight" in missing and self.lm_head is not None:
             self.lm_head.tie(self.model.embed_tokens)
             return {"lm_head.weight"}
         return set()

@@ -35,12 +35,14 @@ GGUF names (``naming="gguf"``; matrices ``[out, in]``, float or still block-quan
     blk.i.attn_q.{weight,bias}   → model.layers.i.self_attn.qkv_proj.*  shard q   (*)
     blk.i.attn_k.{weight,bias}   → model.layers.i.self_attn.qkv_proj.*  shard k   (*)
     blk.i.attn_v.{weight,bias}   → model.layers.i.self_attn.qkv_proj.*  shard v
+    blk.i.attn_qkv.{weight,bias} → model.layers.i.self_attn.qkv_proj.*  (already fused: Phi-3)
     blk.i.attn_output.weight     → model.layers.i.self_attn.o_proj.weight
     blk.i.attn_q_norm.weight     → model.layers.i.self_attn.q_norm.weight
     blk.i.attn_k_norm.weight     → model.layers.i.self_attn.k_norm.weight
     blk.i.ffn_norm.weight        → model.layers.i.post_attention_layernorm.weight
     blk.i.ffn_gate.weight        → model.layers.i.mlp.gate_up_proj.weight  shard 0
     blk.i.ffn_up.weight          → model.layers.i.mlp.gate_up_proj.weight  shard 1
+                                   (whole, gate|up, with ``fused_gate_up``: Phi-3, GLM-4)
     blk.i.ffn_down.weight        → model.layers.i.mlp.down_proj.weight
     output_norm.weight           → model.norm.weight
     output.weight                → lm_head.weight  (absent: the head is tied to token_embd)
@@ -90,10 +92,14 @@ def hf_name_map() -> WeightNameMap:
     ])
 
 
-def gguf_name_map(interleaved_qk: bool) -> WeightNameMap:
-    """llama.cpp GGUF names; ``interleaved_qk`` for files whose Q/K rows need un-permuting."""
+def gguf_name_map(interleaved_qk: bool, fused_gate_up: bool = False) -> WeightNameMap:
+    """llama.cpp GGUF names; ``interleaved_qk`` for files whose Q/K rows need un-permuting,
+    ``fused_gate_up`` for families whose ``ffn_up`` holds gate and up together (Phi-3, GLM-4).
+    Families with more tensors append their rules (``gguf_name_map(...) + [...]``)."""
     q_fix = "unpermute_q" if interleaved_qk else None
     k_fix = "unpermute_k" if interleaved_qk else None
+    up = (WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}") if fused_gate_up
+          else WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1))
     return WeightNameMap([
         WeightRule("token_embd.weight", "model.embed_tokens.weight"),
         WeightRule(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
@@ -102,12 +108,13 @@ def gguf_name_map(interleaved_qk: bool) -> WeightNameMap:
         WeightRule(f"{_B}.attn_k.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k",
                    transform=k_fix, rowwise=True),
         WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
+        WeightRule(f"{_B}.attn_qkv.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}"),
         WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
         WeightRule(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
         WeightRule(f"{_B}.attn_k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
         WeightRule(f"{_B}.ffn_norm.weight", f"{_L}.post_attention_layernorm.weight"),
         WeightRule(f"{_B}.ffn_gate.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
-        WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
+        up,
         WeightRule(f"{_B}.ffn_down.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
         WeightRule("output_norm.weight", "model.norm.weight"),
         WeightRule("output.weight", "lm_head.weight"),

@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
+from tallow.plugin.testing.model import hf_greedy  # noqa: E402
+
 STEPS = 20
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
@@ -48,13 +50,7 @@ PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
 
 
 def _hf_generate(model, prompt: list[int]):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        prompt_logits = model(ids).logits[0]
-        out = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(prompt):].tolist()
-    return tokens, [step[0] for step in out.logits], prompt_logits
+    return hf_greedy(model, prompt, STEPS)
 
 
 # plain Llama, Mistral, Qwen2 and Qwen3 configs: test_conformance.py

@@ -60,8 +60,8 @@ def test_legacy_rope_scaling_is_read():
 
 
 def test_unknown_rope_type_is_named():
-    with pytest.raises(ValueError, match="'longrope' is not supported"):
-        get_rope(64, 64, 128, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ValueError, match="'spiral' is not supported"):
+        get_rope(64, 64, 128, 10000.0, {"rope_type": "spiral", "factor": 2.0})
     with pytest.raises(ValueError, match="needs 'low_freq_factor'"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0,
                                          "high_freq_factor": 4.0})

@@ -7,10 +7,12 @@ then cuBLAS). The choice depends on the weight's type and shape and on the numbe
 bucketed (:data:`BUCKETS`: 1, 2-4, 5-16, 17-64, 65-256, 257-512, 513 and more).
 
 A *tuned table* (JSON, written by ``bench/gpu/quant_micro.py --sweep``) records the fastest
-path and configuration the sweep timed for each ``(type, N, K, bucket)``; tables shipped in
-``tallow_quant_gguf/tuned/`` are used on the GPU they were measured on (matched by device
-name), and the setting ``tuned_table`` names another file. Shapes and types the table lacks
-take :func:`default_choice`.
+path and configuration the sweep timed for each ``(type, N, K, bucket)``, measured at the
+bucket's largest M; tables shipped in ``tallow_quant_gguf/tuned/`` are used on the GPU they were
+measured on (matched by device name), and the setting ``tuned_table`` names another file.
+Shapes and types the table lacks take :func:`default_choice`. An M between two measured rows
+whose paths differ (the tensor-core kernel below, the workspace above) takes the path
+estimated faster at M from the two measurements (:meth:`TunedTable.choose`).
 
 Every choice is a pure function of the type, the shape and ``M``: the same call always runs
 the same kernel, so CUDA graphs replay what was captured, and ``ops.warm_up`` can compile
@@ -36,6 +38,10 @@ CONFIG_LENGTHS = {"gemv": 4, "mma": 7, "dequant": 0}
 TUNED_DIR = Path(__file__).with_name("tuned")
 #: the table format's version: a table of another version is refused
 FORMAT = 1
+#: the fewest rows for which the sweep times the workspace path (every bucket above the
+#: one-row to 16-row decode buckets, where a GEMV or the tensor-core kernel reads the weight
+#: once and the workspace would write it 3.5 times over)
+DEQUANT_MIN_ROWS = 17
 
 
 def bucket(m: int) -> int:
@@ -104,12 +110,16 @@ def validate_entry(entry: dict[str, Any], where: str) -> tuple[tuple[str, int, i
 
 
 class TunedTable:
-    """Tuned choices by ``(type, N, K, bucket)``."""
+    """Tuned choices by ``(type, N, K, bucket)``, with the times the sweep measured for them
+    (``times``: microseconds of the choice and of bf16 on the same shape), where recorded."""
 
     def __init__(self, entries: dict[tuple[str, int, int, int], Choice] | None = None,
-                 source: str = "") -> None:
+                 source: str = "",
+                 times: dict[tuple[str, int, int, int], tuple[float, float]] | None = None
+                 ) -> None:
         self.entries = dict(entries or {})
         self.source = source
+        self.times = dict(times or {})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TunedTable":
@@ -127,19 +137,58 @@ class TunedTable:
         if data.get("format") != FORMAT:
             raise ValueError(f"{where}: format {data.get('format')!r}, this plugin reads "
                              f"format {FORMAT}")
-        entries = {}
+        entries, times = {}, {}
         for i, entry in enumerate(data["entries"]):
             if not isinstance(entry, dict):
                 raise ValueError(f"{where}: entries[{i}] must be an object")
             key, choice = validate_entry(entry, f"{where}: entries[{i}]")
             entries[key] = choice
-        return cls(entries, where)
+            us, bf16_us = entry.get("us"), entry.get("bf16_us")
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                   for v in (us, bf16_us)):
+                times[key] = (float(us), float(bf16_us))
+        return cls(entries, where, times)
 
     def choose(self, qtype: str, n: int, k: int, m: int) -> Choice | None:
-        return self.entries.get((qtype.upper(), n, k, bucket(m)))
+        """The entry of ``m``'s bucket; for an ``m`` below the bucket's top whose entry takes
+        another path than the measured row below (say the tensor-core kernel at 64 rows and
+        the workspace at 256), the one of the two estimated faster at ``m``
+        (:func:`estimate_us`)."""
+        top = bucket(m)
+        key = (qtype.upper(), n, k, top)
+        chosen = self.entries.get(key)
+        below = [b for b in BUCKETS if 1 < b < m]  # the one-row GEMV serves one row only
+        if chosen is None or m >= top or not below:
+            return chosen
+        low_key = (qtype.upper(), n, k, below[-1])
+        low = self.entries.get(low_key)
+        if low is None or low.path == chosen.path or not (
+                key in self.times and low_key in self.times):
+            return chosen
+        rows = (below[-1], top)
+        bf16_at_m = _between(m, rows, (self.times[low_key][1], self.times[key][1]))
+        low_us = estimate_us(low, below[-1], *self.times[low_key], m, bf16_at_m)
+        top_us = estimate_us(chosen, top, *self.times[key], m, bf16_at_m)
+        return low if low_us < top_us else chosen
 
     def shapes(self) -> Iterable[tuple[str, int, int]]:
         return sorted({key[:3] for key in self.entries})
+
+
+def _between(m: int, rows: tuple[int, int], values: tuple[float, float]) -> float:
+    """``values`` at ``rows``, linearly interpolated at ``m``."""
+    (a, b), (va, vb) = rows, values
+    return va + (vb - va) * (m - a) / (b - a)
+
+
+def estimate_us(choice: Choice, rows: int, us: float, bf16_us: float, m: int,
+                bf16_at_m: float) -> float:
+    """A choice measured at ``rows`` (``us``, and ``bf16_us`` for bf16 there) estimated at
+    ``m`` rows: the workspace path costs its decoding (the same at any M) plus the bf16
+    product at ``m``; a fused kernel grows with the rows it multiplies."""
+    if choice.path == "dequant":
+        return us - bf16_us + bf16_at_m
+    return us * m / rows
 
 
 def table_json(best: list[dict[str, Any]], device: str, **versions: str) -> dict[str, Any]:
@@ -198,7 +247,8 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
     """The configurations the tuning sweep times for ``m`` rows through a ``qtype`` weight
     ``[n, k]``: the GEMV's row blocks, warps, K slices and prefetch for one row; the
     tensor-core kernel's tiles, stages, K slices and decodings for every ``m``; the
-    workspace path from 64 rows. ``corners``: a handful of them, for tests."""
+    workspace path from :data:`DEQUANT_MIN_ROWS` rows. ``corners``: a handful of them, for
+    tests."""
     from .qtypes import quant_type
 
     qt = quant_type(qtype)
@@ -240,7 +290,7 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
                     continue
                 for decoding in decodings:
                     out.append(Choice("mma", (bm, bn, q, warps, stage, splits, decoding)))
-    if m >= 64:
+    if m >= DEQUANT_MIN_ROWS:
         out.append(Choice("dequant"))
     if corners:
         def first(test) -> list[Choice]:

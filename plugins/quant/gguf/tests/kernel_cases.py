@@ -94,6 +94,25 @@ def test_dequantize_is_bit_identical_to_gguf(qtype):
         assert ((half[finite] - rounded[finite]).abs() <= ulp).all(), f"{qtype} bf16"
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_whole_and_partial_tiles(qtype):
+    """Whole tiles (no masks; a program walks two row blocks), a partial column block, and the
+    half-precision workspaces: the values of the torch reference, rounded as torch rounds."""
+    small = QUANT_TYPES[qtype].block == 32
+    # rows, cols: whole tiles of 16 rows by 256 columns; then a ragged last column block
+    for rows, cols in ((32, 512), (20, 96 if small else 768)):
+        _, packed = weight(qtype, rows, cols, "tiles")
+        expected = dequantize_ref(packed)
+        same_bits(dequantize_triton(packed), expected, f"{qtype} [{rows}, {cols}]")
+        for dtype in (torch.float16, torch.bfloat16):
+            got = dequantize_triton(packed, dtype).float().cpu()
+            rounded = expected.to(dtype).float().cpu()
+            if DEVICE == "cuda":
+                same_bits(got, rounded, f"{qtype} [{rows}, {cols}] {dtype}")
+            else:  # the interpreter may truncate instead of rounding (see above)
+                assert ((got - rounded).abs() <= rounded.abs() * 2.0 ** -7).all(), qtype
+
+
 def x_of(m: int, k: int, *parts: object, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     g = torch.Generator(device=DEVICE).manual_seed(seed_of("x", m, k, *parts))
     return torch.randn(m, k, device=DEVICE, generator=g).to(dtype)

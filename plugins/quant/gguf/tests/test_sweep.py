@@ -116,3 +116,37 @@ def test_sweep_stops_at_its_budget_and_keeps_what_it_has(sweep, monkeypatch, tmp
     assert sweep.run(args) == []
     args.budget = 1e9
     assert [r["shape"] for r in sweep.run(args)] == ["a", "b"]
+
+
+def test_a_restricted_sweep_merges_its_cells_into_an_existing_table(sweep, monkeypatch,
+                                                                    tmp_path):
+    """``--rows 16,64 --merge`` (the ``quanttunelarge`` item): the cells timed replace the
+    base table's entries of their buckets, every other entry is kept as it was."""
+    from tallow_quant_gguf.tuning import table_json
+
+    monkeypatch.setattr(sweep, "precompile", lambda cells, jobs: {})
+    monkeypatch.setattr(sweep, "seconds", lambda fn, copies, iters=10: (fn(0), 1e-5)[1])
+    monkeypatch.setattr(sweep, "once", lambda fn: (fn(), 1e-5)[1])
+    monkeypatch.setattr(sweep, "_run", lambda x, p, choice: F.linear(x.float(),
+                                                                     dequantize_ref(p)))
+    kept = [dict(type="Q4_K", n=N, k=K, m=m, path="mma", config=[16, 32, 8, 2, 3, 1, 1],
+                 us=7.0, bf16_us=5.0) for m in (1, 4, 16, 64)]
+    kept[0].update(path="gemv", config=[4, 1, 1, True])
+    other_shape = dict(kept[2], n=2 * N)
+    base = tmp_path / "shipped.json"
+    base.write_text(json.dumps(table_json(kept + [other_shape], "cpu")))
+    args = argparse.Namespace(types="Q4_K", shapes=f"tiny={N}:{K}", rows="16,64", sweep=True,
+                              table=str(tmp_path / "t.json"), output=None, budget=1e9, jobs=1,
+                              merge=str(base))
+    sweep.save(args, sweep.run(args))
+    table = json.loads((tmp_path / "t.json").read_text())
+    cells = {(e["n"], e["m"]): e for e in table["entries"]}
+    assert set(cells) == {(N, 1), (N, 4), (N, 16), (N, 64), (2 * N, 16)}
+    assert cells[(N, 1)] == kept[0] and cells[(N, 4)] == kept[1]  # not timed: kept
+    assert cells[(2 * N, 16)] == other_shape
+    for m in (16, 64):  # timed: the sweep's fastest (all equal here: the first candidate)
+        assert cells[(N, m)]["us"] == 10.0 and cells[(N, m)]["path"] in ("mma", "dequant")
+    # a table of another GPU is not merged
+    base.write_text(json.dumps(table_json(kept, "NVIDIA H100")))
+    with pytest.raises(SystemExit, match="a table of 'NVIDIA H100'"):
+        sweep.tuned_table([], str(base))

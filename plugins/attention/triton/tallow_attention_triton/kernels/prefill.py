@@ -1,4 +1,4 @@
-"""Causal varlen attention over the paged cache: prefills, chunked prefills, mixed batches.
+"""Varlen attention over the paged cache: prefills, chunked prefills, mixed batches.
 
 Grid (query tile, KV head). Sequence ``i`` owns program ids starting at
 ``query_start_loc[i] // BLOCK_Q + i`` (enough for its ``cdiv(query_len, BLOCK_Q)`` tiles), so
@@ -11,6 +11,8 @@ step's K/V are stored before the kernel runs), token by token through the block 
 Query ``j`` of a sequence with ``q_len`` queries and length ``seq_len`` sits at position
 ``seq_len - q_len + j`` and sees keys ``k <= pos`` (and ``pos - k < window``). Tiles wholly
 below the tile's first query position and inside every window are processed without masks.
+Without ``CAUSAL`` (encoders: the engine then puts each whole sequence in one step) every
+query sees all ``seq_len`` keys, and only the last, partial key tile is masked.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
                  kv_lo, seq_len, qk_scale, softcap, window, kv_head_off,
                  stride_cb, stride_co, offs_d, d_mask,
                  MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     offs_n = start_n + tl.arange(0, TILE_N)
     if MASKED:
@@ -57,7 +59,10 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
     k = k.to(q.dtype)  # a cache in another dtype than the activations
     s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
-        allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if CAUSAL:
+            allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        else:
+            allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
         if USE_WINDOW:
             allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
         s = tl.where(allowed, s, float("-inf"))
@@ -78,7 +83,7 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    CAUSAL: tl.constexpr, F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
@@ -112,6 +117,8 @@ def prefill_kernel(
 
     first_pos = ctx + tile * BLOCK_Q  # the tile's first query position
     last_pos = tl.minimum(first_pos + BLOCK_Q, seq_len) - 1
+    if not CAUSAL:
+        last_pos = seq_len - 1  # every query sees every key
     kv_lo = 0
     if USE_WINDOW:
         kv_lo = tl.maximum(first_pos - window + 1, 0)
@@ -119,7 +126,10 @@ def prefill_kernel(
     # Keys below `full_end` are visible to every query of the tile: no masks needed there.
     full_end = start
     if not USE_WINDOW:
-        full_end = ((first_pos + 1) // TILE_N) * TILE_N
+        if CAUSAL:
+            full_end = ((first_pos + 1) // TILE_N) * TILE_N
+        else:
+            full_end = (seq_len // TILE_N) * TILE_N
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_head_off = kv_head.to(tl.int64) * stride_ch
@@ -130,12 +140,12 @@ def prefill_kernel(
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
             qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            False, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+            False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
     for start_n in range(full_end, last_pos + 1, TILE_N):
         acc, l_i, m_i = _attend_tile(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
             qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            True, USE_WINDOW, USE_SOFTCAP, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+            True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
