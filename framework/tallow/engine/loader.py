@@ -111,6 +111,51 @@ def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
     return reasons
 
 
+def _scheme_for_checkpoint(schemes: Any, checkpoint: Checkpoint, needed: str,
+                          device: torch.device, config: Any) -> Any:
+    """The first scheme that serves a checkpoint quantized with ``needed`` (its
+    ``quant_method``): the scheme of that name, or one listing it in its ``quant_methods``
+    whose ``detect`` recognises the checkpoint's config (``compressed-tensors`` holds fp8, int4
+    or fp4 weights, each another scheme's). None, with one log line saying why, when none can:
+    the tensors are then dequantized at load."""
+    entries = schemes.for_quant_method(needed)
+    if not entries:
+        log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
+                 "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
+                 schemes.missing_hint(needed))
+        return None
+    refusals = []
+    for entry in entries:
+        try:
+            cls = entry.load()
+            if entry.name != needed and not cls.detect(dict(checkpoint.config)):
+                refusals.append(f"quant scheme {entry.name!r} (from {entry.distribution}) does "
+                                f"not hold this kind of {needed} checkpoint")
+                continue
+            reasons = _scheme_refusals(cls, config, device)
+        except ComponentLoadError as exc:  # an unusable scheme must not stop a model that
+            reasons = [str(exc)]  # can load
+        except Exception as exc:
+            reasons = [f"{type(exc).__name__}: {exc}"]
+        if reasons:
+            refusals.append(f"quant scheme {entry.name!r} (from {entry.distribution}) cannot "
+                            f"serve ({'; '.join(reasons)})")
+            continue
+        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", entry.name,
+                 entry.distribution, needed)
+        scheme = cls(config, isq=None)
+        try:
+            scheme.use_checkpoint_config(dict(checkpoint.config))
+        except ValueError as exc:
+            raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                                 f"quant scheme {entry.name!r} (from {entry.distribution}) "
+                                 f"cannot serve its weights: {exc}") from exc
+        return scheme
+    log.info("%s: its weights are %s-quantized, but %s: dequantizing them at load",
+             checkpoint.source, needed, "; ".join(refusals))
+    return None
+
+
 def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, device: torch.device,
                         config: Any = None, isq: str | None = None) -> Any:
     """The quant scheme instance that holds the model's weights, or None for dense weights.
@@ -127,27 +172,7 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
                              f"quantized ({needed}); load-time quantization applies to float "
                              "checkpoints")
     if needed:
-        if needed not in schemes:
-            log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
-                     "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
-                     schemes.missing_hint(needed))
-            return None
-        entry = schemes.entry(needed)
-        try:
-            cls = entry.load()
-            reasons = _scheme_refusals(cls, config, device)
-        except ComponentLoadError as exc:  # an unusable scheme must not stop a model that
-            reasons = [str(exc)]  # can load
-        except Exception as exc:
-            reasons = [f"{type(exc).__name__}: {exc}"]
-        if reasons:
-            log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
-                     "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
-                     entry.distribution, "; ".join(reasons))
-            return None
-        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", needed,
-                 entry.distribution, needed)
-        return cls(config, isq=None)
+        return _scheme_for_checkpoint(schemes, checkpoint, needed, device, config)
     if not isq:
         return None
     offered = []

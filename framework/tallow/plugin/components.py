@@ -148,10 +148,22 @@ class QuantScheme(Component):
     def __init__(self, config: Any = None, isq: str | None = None) -> None:
         self.config = config
         self.isq = isq
+        #: the HF-style config of the checkpoint whose quantized weights this instance holds
+        #: (empty under load-time quantization): see :meth:`use_checkpoint_config`
+        self.checkpoint_config: dict[str, Any] = {}
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
         return False
+
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        """Called by the engine once, before the model is built, with the HF-style config of
+        the checkpoint whose quantized weights this instance will hold (its
+        ``quantization_config`` says how they are stored: code width, groups, zero points).
+        Raise ``ValueError`` naming the field for a configuration the scheme cannot serve; the
+        engine reports it against the checkpoint's config file. The default keeps it as
+        :attr:`checkpoint_config`."""
+        self.checkpoint_config = dict(config)
 
     @classmethod
     def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,

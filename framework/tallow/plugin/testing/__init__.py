@@ -38,6 +38,7 @@ _LAZY = {
     "WeightFormatConformance": "weight_format",
     "WrittenCheckpoint": "weight_format",
     "QuantSchemeConformance": "quant",
+    "QuantizedLayer": "quant",
     "ModelArchitectureConformance": "model",
     "ToolProviderConformance": "tool_provider",
     "RouteConformance": "routes",
