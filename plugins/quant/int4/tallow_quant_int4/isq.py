@@ -47,7 +47,7 @@ def quantize_rtn(weight: torch.Tensor, device: torch.device, bits: int = 4) -> I
     for ratio in CLIP_RATIOS:
         scale = _stored_scale(base * ratio)
         q = _codes(w, scale, half)
-        err = ((q - half).to(torch.float32) * scale.float()[..., None] - w).square().sum(-1)
+        err = ((q.to(torch.float32) - half) * scale[..., None] - w).square().sum(-1)
         if best_err is None:
             best_scale, best_err = scale, err
         else:

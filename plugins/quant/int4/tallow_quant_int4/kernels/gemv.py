@@ -117,8 +117,10 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
                  GROUP: tl.constexpr, ZEROS: tl.constexpr, PREFETCH: tl.constexpr,
                  EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
                  USE_PDL: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    # one axis, x blocks fastest: the programs that share a weight tile run side by side
+    m_blocks = tl.cdiv(M, BM)
+    pid_m = tl.program_id(0) % m_blocks
+    pid_n = tl.program_id(0) // m_blocks
     QC: tl.constexpr = 32 if BITS == 4 else 16  # columns of a quad
     X_TY: tl.constexpr = x_ptr.dtype.element_ty
     n_quads = K // QC
@@ -205,10 +207,11 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 #: (rows of x, weight rows, warps, prefetch) per program, by rows of x (rounded up to a power of
 #: two). Counted offline for sm_90 (``tests/test_compile.py``): 3.5 SASS instructions per
 #: weight at one row (eight weight rows share each activation's conversion and sums), about 3
-#: per weight and row of x from two rows on; 16 rows of x in one program would spill, so 16
-#: rows run as two programs of 8.
+#: per weight and row of x from two rows on. More than 4 rows of x in one program would spill,
+#: so 8 and 16 rows run as 2 and 4 programs side by side on the same weight rows (neighbours
+#: in the launch order: the second reads them from the cache).
 DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
-                   8: (8, 2, 1, True), 16: (8, 2, 1, True)}
+                   8: (4, 2, 1, True), 16: (4, 2, 1, True)}
 #: elements a tensor may have: the kernels index them with 32-bit offsets
 MAX_ELEMENTS = 2**31 - 1
 
@@ -242,7 +245,7 @@ def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None,
     bm, bn, warps, prefetch = config or gemv_config(m)
     q = 32 * warps
     use_pdl = pdl_enabled(x)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
         x, w.codes, w.scales, w.zeros if w.zeros is not None else w.scales,
         bias if bias is not None else w.scales, out, m, n, k, x.stride(0), out.stride(0),
