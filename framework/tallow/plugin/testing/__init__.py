@@ -49,6 +49,7 @@ _LAZY = {
     "tiny_tokenizer": "tokenizer",
     "save_tokenizer": "tokenizer",
     "offline_llm": "engine",
+    "run_interpreted": "interpreter",
 }
 
 

@@ -12,10 +12,8 @@ import json
 import pytest
 import torch
 
-from tallow.config import config_from_mapping
-from tallow.engine.llm_engine import LLMEngine
+from engines import engine, greedy, settings
 from tallow.engine.loader import load_model
-from tallow.engine.sampling_params import SamplingParams
 from tallow.plugin.testing import PagedRunner
 from tiny_checkpoints import FORMATS, write_checkpoint
 
@@ -28,29 +26,6 @@ EXPECTED = {"gptq": "int4 g128", "gptq-act-order-asym": "int4 asym g64 act-order
             "compressed-tensors": "int4 g128",
             "compressed-tensors-8bit-asym": "int8 asym per-channel",
             "marlin": "int4 g128", "gptq-marlin-format": "int4 g128"}
-
-
-def settings(source: str, **model):
-    return config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32",
-                  "max_model_len": 128, **model},
-        "cache": {"num_blocks": 32}})
-
-
-def engine(source: str, **model) -> LLMEngine:
-    return LLMEngine.from_config(settings(source, **model))
-
-
-def greedy(eng: LLMEngine, prompt: list[int], steps: int) -> list[int]:
-    rid = eng.next_request_id()
-    eng.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=steps,
-                                                ignore_eos=True))
-    tokens: list[int] = []
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                tokens = list(out.outputs[0].token_ids)
-    return tokens
 
 
 @torch.no_grad()
@@ -85,7 +60,7 @@ def test_a_checkpoint_computes_its_decoded_float_model(tmp_path, fmt):
     logits = runner.step([(0, PROMPT)])[0]
     scale = float(expected_logits.abs().max())
     torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4 * scale)
-    assert greedy(eng, PROMPT, 8) == expected_tokens
+    assert greedy(eng, [PROMPT], 8) == [expected_tokens]
 
 
 def test_unsupported_configs_are_refused_naming_the_field(tmp_path):

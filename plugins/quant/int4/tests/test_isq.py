@@ -8,36 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tallow.engine.sampling_params import SamplingParams
+from engines import engine, greedy
 from tallow_quant_int4 import isq
 from tallow_quant_int4.layout import dequantize
 
 transformers = pytest.importorskip("transformers", reason="transformers writes the checkpoint")
 PROMPTS = [[3, 17, 250, 9, 64], [128, 5, 77, 31, 200, 1, 42]]
-
-
-def _engine(source: str, **model):
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model},
-        "cache": {"num_blocks": 32}}))
-
-
-def _greedy(eng, prompts, steps):
-    ids = []
-    for prompt in prompts:
-        ids.append(eng.next_request_id())
-        eng.add_request(ids[-1], prompt, SamplingParams(temperature=0.0, max_tokens=steps,
-                                                        ignore_eos=True))
-    done = {}
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[i] for i in ids]
 
 
 def test_codes_are_the_nearest_for_the_stored_scale():
@@ -94,16 +70,16 @@ def hf_dirs(tmp_path_factory):
 
 def test_isq_equals_the_float_model_of_the_decoded_weights(hf_dirs):
     float_dir, decoded_dir = hf_dirs
-    quantized = _engine(str(float_dir), isq="int4")
+    quantized = engine(str(float_dir), isq="int4")
     loaded = quantized.parts.loaded
     assert loaded.quant.isq == "int4"
     model = loaded.model
     assert model.model.layers[0].self_attn.qkv_proj.quant_method.type_names() == ["int4 g128"]
     assert model.lm_head.quant_method.type_names() == ["int4 g128"]
     assert loaded.quant.summary() == "int4: int4 g128 x9, quantized at load to int4"
-    reference = _engine(str(decoded_dir))
+    reference = engine(str(decoded_dir))
     assert reference.parts.loaded.quant is None
-    assert _greedy(quantized, PROMPTS, 8) == _greedy(reference, PROMPTS, 8)
+    assert greedy(quantized, PROMPTS, 8) == greedy(reference, PROMPTS, 8)
 
 
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
@@ -118,9 +94,9 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
     monkeypatch.setattr(isq, "quantize_rtn", recording)
     monkeypatch.setattr(method, "RANDOM_CHUNK_ROWS", 100)
-    eng = _engine("random:tiny-llama", isq="int4")
+    eng = engine("random:tiny-llama", isq="int4")
     assert seen and max(rows for rows, _ in seen) <= 100
-    dense = _engine("random:tiny-llama")
+    dense = engine("random:tiny-llama")
 
     def linear_bytes(e) -> int:
         model = e.parts.loaded.model
@@ -130,4 +106,4 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
             and p.dim() == 2)
 
     assert linear_bytes(eng) < 0.2 * linear_bytes(dense)  # 4.1 bits per weight, not 32
-    assert len(_greedy(eng, PROMPTS, 8)[0]) == 8
+    assert len(greedy(eng, PROMPTS, 8)[0]) == 8

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from engines import engine, greedy  # noqa: E402
 from int_weights import random_unpacked  # noqa: E402
 from tallow_quant_int4 import ops  # noqa: E402
 from tallow_quant_int4.kernels.dequant import dequantize_triton  # noqa: E402
@@ -111,31 +112,9 @@ def test_graph_replay_equals_eager_for_every_path():
 
 
 def _engine(source: str, *, graphs: bool, **model):
-    from tallow.config import config_from_mapping
-    from tallow.engine.llm_engine import LLMEngine
-
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cuda", "dtype": "bfloat16",
-                  "max_model_len": 2048, **model},
-        "cache": {"num_blocks": 2048},
-        "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 32},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}}}))
-
-
-def _greedy(eng, prompts, steps):
-    from tallow.engine.sampling_params import SamplingParams
-
-    ids = []
-    for prompt in prompts:
-        ids.append(eng.next_request_id())
-        eng.add_request(ids[-1], prompt, SamplingParams(temperature=0.0, max_tokens=steps,
-                                                        ignore_eos=True))
-    done = {}
-    while eng.has_unfinished():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[i] for i in ids]
+    return engine(source, device="cuda", dtype="bfloat16", max_model_len=2048,
+                  num_blocks=2048, runner={"disable_cuda_graph": not graphs,
+                                           "max_cuda_graph_batch": 32}, **model)
 
 
 def test_isq_int4_engine_graphs_equal_eager():
@@ -147,7 +126,7 @@ def test_isq_int4_engine_graphs_equal_eager():
     for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
                  for L in torch.randint(3, 300, (n,), generator=g)]
-        assert _greedy(graphs, batch, 24) == _greedy(eager, batch, 24), f"batch {n}"
+        assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), f"batch {n}"
 
 
 @pytest.mark.parametrize("fmt", ["gptq-act-order-asym", "awq", "compressed-tensors"])

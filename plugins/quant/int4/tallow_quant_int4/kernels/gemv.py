@@ -36,41 +36,11 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.activation_triton import KINDS, gated_value
+from tallow.kernels.code_bits import bit_constants, bits_as_float, byte_to_bits_15
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..layout import IntWeight
-
-#: 256.0 and 16.0 as float32 bits: a field in bits 15..22 (15..18) of the first, or in bits
-#: 19..22 of the second, reads as the field's value plus 256 (16)
-MAGIC_256, MAGIC_16 = 0x43800000, 0x41800000
-#: the masks that pick bits 15..18, 19..22 and 15..22
-MASK_LO4, MASK_HI4, MASK_8 = 0x00078000, 0x00780000, 0x007F8000
-
-
-def bit_constants(bits: int) -> tuple[int, int, int, int]:
-    """(mask_lo, mask_hi, magic_lo, magic_hi) of the exponent-bits decoding."""
-    return (MASK_8 if bits == 8 else MASK_LO4), MASK_HI4, MAGIC_256, MAGIC_16
-
-
-@triton.jit
-def byte_to_bits_15(w, P: tl.constexpr):
-    """``w`` shifted so that its byte ``P`` sits in bits 15..22."""
-    if P == 0:
-        t = w << 15
-    elif P == 1:
-        t = w << 7
-    elif P == 2:
-        t = w >> 1
-    else:
-        t = w >> 9
-    return t
-
-
-@triton.jit
-def bits_as_float(t, mask, magic):
-    return ((t & mask) | magic).to(tl.float32, bitcast=True)
-
 
 @triton.jit
 def load_x(ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
@@ -249,7 +219,7 @@ def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None,
     _gemv_kernel[grid](
         x, w.codes, w.scales, w.zeros if w.zeros is not None else w.scales,
         bias if bias is not None else w.scales, out, m, n, k, x.stride(0), out.stride(0),
-        w.codes.stride(0), w.scales.stride(0), *bit_constants(w.bits),
+        w.codes.stride(0), w.scales.stride(0), *bit_constants(w.bits == 8),
         BM=bm, BN=bn, Q=q, BITS=w.bits, GROUP=w.group, ZEROS=w.zeros is not None,
         PREFETCH=prefetch, EVEN_N=n % bn == 0, HAS_BIAS=bias is not None,
         GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl, num_warps=warps,
