@@ -134,6 +134,11 @@ class IntWeight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
+    @classmethod
+    def cat_rows(cls, weights: list["IntWeight"]) -> "IntWeight":
+        """Weights that :meth:`stacks_with` one another, one after the other along the rows."""
+        return cat_rows(weights)
+
 
 def cat_rows(weights: list[IntWeight]) -> IntWeight:
     """Weights that :meth:`IntWeight.stacks_with` one another, one after the other along the

@@ -83,7 +83,7 @@ def test_isq_equals_the_float_model_of_the_decoded_weights(hf_dirs):
 
 
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
-    from tallow_quant_int4 import method
+    from tallow_quant_int4.method import IntLinearMethod
 
     seen = []
     real = isq.quantize_rtn
@@ -93,7 +93,7 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
         return real(weight, device, bits)
 
     monkeypatch.setattr(isq, "quantize_rtn", recording)
-    monkeypatch.setattr(method, "RANDOM_CHUNK_ROWS", 100)
+    monkeypatch.setattr(IntLinearMethod, "random_chunk_rows", 100)
     eng = engine("random:tiny-llama", isq="int4")
     assert seen and max(rows for rows, _ in seen) <= 100
     dense = engine("random:tiny-llama")
