@@ -83,14 +83,15 @@ class ModelConfig(Section):
         "tokenizer_config.json, generation_config.json, chat_template.jinja) to use instead of "
         "the model source's tokenizer; its token ids must fit the model's vocabulary.")
     isq: Optional[Literal["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                          "q5_k", "q6_k", "int4"]] = Field(
+                          "q5_k", "q6_k", "int4", "mxfp4"]] = Field(
         None, description="Quantize a float model's weights while it loads, layer by layer on "
         "the device, into this type (a quant-scheme plugin provides it). A GGML type "
         "(tallow-quant-gguf): every matrix takes it, embedding and head included, except rows "
         "that are not whole blocks of it, which take llama.cpp's fallback type. int4 "
         "(tallow-quant-int4): 4-bit codes with a float16 scale per 128 columns, symmetric, "
-        "for every linear layer and an untied head; token embeddings stay dense. None keeps "
-        "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "for every linear layer and an untied head; token embeddings stay dense. mxfp4 "
+        "(tallow-quant-fp4): e2m1 codes with a power-of-two scale per 32 columns, for the same "
+        "layers. None keeps the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

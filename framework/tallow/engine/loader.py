@@ -191,7 +191,7 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
     why = "those that offer it refused" if offered else f"quant schemes: {known}"
     raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
                          f"({why}; tallow-quant-gguf provides the GGML types, tallow-quant-int4 "
-                         "int4)"
+                         "int4, tallow-quant-fp4 mxfp4)"
                          + schemes.missing_hint())
 
 

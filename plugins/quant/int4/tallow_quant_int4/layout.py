@@ -7,12 +7,10 @@ have no zero tensor; their zero point is ``2 ** (bits - 1)`` (codes are stored u
 
 Storage, chosen for the GPU kernels (:mod:`tallow_quant_int4.kernels`):
 
-- ``codes``: int32 ``[rows, cols * bits / 32]``, each row's codes contiguous. The unit is the
-  *quad*, 4 consecutive words (16 bytes, one vector load): ``32`` columns of 4-bit codes or
-  ``16`` of 8-bit ones. Inside a quad, word ``u`` holds in its slot ``s`` (bits
-  ``bits * s`` and up) the code of column ``4 * s + u`` of the quad. So slot ``s`` of the 4
-  words is 4 consecutive columns, whose activations are one vector load, and one shift of a
-  word brings two 4-bit slots (a byte) to where the kernels decode them.
+- ``codes``: int32 ``[rows, cols * bits / 32]``, each row's codes contiguous, in the quads of
+  :mod:`tallow.kernels.quads` (16 bytes: 32 four-bit or 16 eight-bit codes; the code of
+  column ``4 * s + u`` of a quad in slot ``s`` of word ``u``), which
+  :mod:`tallow.kernels.code_bits` decodes.
 - ``scales``: ``[rows, cols / group]`` in the checkpoint's float type (float16, bfloat16 or
   float32: kept exact).
 - ``zeros``: uint8 ``[rows, cols / group]`` or None (symmetric).
@@ -29,10 +27,10 @@ from typing import Callable
 
 import torch
 
+from tallow.kernels.quads import QUAD_COLUMNS, pack_quads, unpack_quads
+
 #: code widths the layout and kernels support
 BITS = (4, 8)
-#: columns of one quad (16 bytes of codes) per code width
-QUAD_COLUMNS = {4: 32, 8: 16}
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -155,26 +153,14 @@ def cat_rows(weights: list[IntWeight]) -> IntWeight:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned codes ``[rows, cols]`` (any integer dtype, values below ``2**bits``) → the
-    layout's int32 words ``[rows, cols * bits / 32]``."""
-    rows, cols = codes.shape
-    per_word = 32 // bits
-    quads = codes.to(torch.int64).reshape(rows, cols // (4 * per_word), per_word, 4)
-    shifts = torch.arange(per_word, device=codes.device, dtype=torch.int64) * bits
-    words = (quads << shifts[None, None, :, None]).sum(dim=2)  # [rows, quad, 4]
-    words = torch.where(words >= 2**31, words - 2**32, words)  # the int32 bit pattern
-    return words.to(torch.int32).reshape(rows, cols * bits // 32)
+    """Unsigned codes ``[rows, cols]`` → the layout's int32 words (the quads of
+    :mod:`tallow.kernels.quads`)."""
+    return pack_quads(codes, bits)
 
 
 def unpack_codes(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """The layout's int32 words ``[rows, n]`` → unsigned codes ``[rows, n * 32 / bits]``
-    (uint8), the inverse of :func:`pack_codes`."""
-    rows, n = words.shape
-    per_word = 32 // bits
-    shifts = torch.arange(per_word, device=words.device, dtype=torch.int32) * bits
-    quads = words.reshape(rows, n // 4, 1, 4)
-    codes = (quads >> shifts[None, None, :, None]) & ((1 << bits) - 1)  # [rows, quad, slot, 4]
-    return codes.to(torch.uint8).reshape(rows, n * per_word)
+    """The layout's int32 words → unsigned codes ``[rows, cols]`` (uint8)."""
+    return unpack_quads(words, bits)
 
 
 def from_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
