@@ -218,6 +218,15 @@ if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-
   echo "== int4 matmul on llama-3-8b shapes"
   timeout 400 python3 bench/gpu/int4_micro.py --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -120
 fi
+if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
+  echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
+  { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
+    timeout 200 python3 -m pytest -q -m gpu -rs --timeout 180 plugins/quant/fp4/tests
+  } 2>&1 | grep -v Warning | tail -30 | tee "$OUT/tests_fp4.log"
+fi
+if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
+  bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

@@ -89,5 +89,6 @@ def warm_up(parts: list[Any], dtype: torch.dtype, gate: str | None = None,
         m = 1
         while m <= max_gemv_rows:
             x = torch.zeros(m, (2 if gate else 1) * p.cols, dtype=dtype, device=p.device)
-            gemv_triton(x, sample, None, gate=gate, config=gemv_config(m))
+            gemv_triton(x, sample, None, gate=gate,
+                        config=gemv_config(m, p.kind == "nvfp4"))
             m *= 2

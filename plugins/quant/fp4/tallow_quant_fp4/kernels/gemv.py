@@ -118,16 +118,23 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-#: (rows of x, weight rows, warps, prefetch) per program, by rows of x (a power of two)
+#: (rows of x, weight rows, warps, prefetch) per program, by rows of x (a power of two), for
+#: MXFP4 and for NVFP4 (whose two scales per quad need more registers: fewer weight rows).
+#: Counted offline for sm_90 (``tests/test_compile.py``): MXFP4 spends about 10.6 SASS
+#: instructions per weight at one row (the e2m1 decoding and its sign are ~8 of them), 6.4
+#: per weight and row at two rows and 4.7 at four.
 DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
                    8: (4, 2, 1, True), 16: (4, 2, 1, True)}
+NV_CONFIGS = {1: (1, 2, 1, True), 2: (2, 2, 1, True), 4: (4, 1, 1, True),
+              8: (4, 1, 1, True), 16: (4, 1, 1, True)}
 
 
-def gemv_config(m: int) -> tuple[int, int, int, bool]:
+def gemv_config(m: int, nv: bool = False) -> tuple[int, int, int, bool]:
     bucket = 1 << max(0, (m - 1).bit_length())
-    if bucket not in DEFAULT_CONFIGS:
+    table = NV_CONFIGS if nv else DEFAULT_CONFIGS
+    if bucket not in table:
         raise ValueError(f"gemv: {m} rows of x is more than the small-batch kernel takes (16)")
-    return DEFAULT_CONFIGS[bucket]
+    return table[bucket]
 
 
 def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None, *,
@@ -142,7 +149,7 @@ def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, warps, prefetch = config or gemv_config(m)
+    bm, bn, warps, prefetch = config or gemv_config(m, w.kind == "nvfp4")
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
