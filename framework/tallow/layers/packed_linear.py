@@ -24,8 +24,12 @@ needs around its format:
 A part is any object with ``rows``, ``cols``, ``map_rows(fn)`` (fn applied to each per-row
 tensor: pads, slices), ``stacks_with(other)``, ``tensors()`` and a classmethod
 ``cat_rows(parts)``; a dense part is a float tensor ``[rows, cols]``. Subclasses implement
-``unpack_shard``, ``quantize_float`` (optional), ``apply`` and ``finish`` (optional: e.g.
-compiling kernels once the parts are final).
+``unpack_shard``, ``quantize_float`` (optional), ``matmul(x, bias, gate)`` over the parts (with
+``gate`` one of :attr:`~PackedLinearMethod.gated_kinds`, the activation of a gated MLP's
+``[gate | up]`` input, applied as x is read) and ``warm_up(dtype, gate)`` (compiling, on a GPU,
+every kernel variant the matmul may launch: called once the parts are final, and at the first
+gated call of each activation, before any CUDA-graph capture since the engine runs every shape
+eagerly first).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class PackedLinearMethod(LinearMethod):
         self.pending: dict[Hashable, dict[str, torch.Tensor]] = {}
         self.layer: nn.Module | None = None
         self._slots: list[Any] = []
+        self._warm_gates: set[str] = set()
 
     # -- what a subclass provides -----------------------------------------------------------
     def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
@@ -75,8 +80,32 @@ class PackedLinearMethod(LinearMethod):
         """A float slice quantized into a part, or None to keep it dense."""
         return None
 
-    def finish(self, layer: nn.Module) -> None:
-        """Called once the parts are final (stacked and registered)."""
+    #: the activations ``matmul`` applies to a gated input as it reads it
+    gated_kinds: tuple[str, ...] = ()
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               gate: str | None = None) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` over the parts; with ``gate``, x is ``[gate | up]``."""
+        raise NotImplementedError
+
+    def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
+        """Compile the kernels the matmul may launch for activations of ``dtype`` (a GPU)."""
+
+    # -- compute ---------------------------------------------------------------------------
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.matmul(x, bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        kind = getattr(act, "kind", None)
+        if kind not in self.gated_kinds:
+            return self.matmul(act(x), bias)
+        if kind not in self._warm_gates and x.is_cuda:
+            self._warm_gates.add(kind)
+            if not torch.cuda.is_current_stream_capturing():
+                self.warm_up(x.dtype, gate=kind)
+        return self.matmul(x, bias, gate=kind)
 
     # -- storage ---------------------------------------------------------------------------
     @property
@@ -188,7 +217,8 @@ class PackedLinearMethod(LinearMethod):
             for name, tensor in named.items():
                 layer.register_buffer(f"{self.buffer_prefix}_{i}_{name}", tensor,
                                       persistent=False)
-        self.finish(layer)
+        if self.device.type == "cuda":
+            self.warm_up(self.dtype)
 
 
 def _shape(part: Any) -> tuple[int, int]:

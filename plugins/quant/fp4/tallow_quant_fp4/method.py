@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from tallow.layers import PackedLinearMethod, WeightSlice
 
@@ -28,7 +27,6 @@ class FP4LinearMethod(PackedLinearMethod):
                          layout.required if layout else (), quantize_floats=bool(scheme.isq))
         self.scheme = scheme
         self.layout = layout
-        self._warm_gates: set[str] = set()
 
     def quantize_float(self, weight: torch.Tensor) -> FP4Weight | None:
         from .isq import quantize_mxfp4
@@ -51,24 +49,14 @@ class FP4LinearMethod(PackedLinearMethod):
                                   scales[r0:r1, c0 // group:c1 // group], global_scale))
         return out
 
-    def finish(self, layer: nn.Module) -> None:
-        if self.device.type == "cuda":
-            ops.warm_up(self.parts, self.dtype)
+    gated_kinds = ops.ACTIVATIONS
 
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ops.linear(x, self.parts, bias)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               gate: str | None = None) -> torch.Tensor:
+        return ops.linear(x, self.parts, bias, gate=gate)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-        kind = getattr(act, "kind", None)
-        if kind not in ops.ACTIVATIONS:
-            return self.apply(layer, act(x), bias)
-        if kind not in self._warm_gates and x.is_cuda:
-            self._warm_gates.add(kind)  # compiled at the first gated call, before any capture
-            if not torch.cuda.is_current_stream_capturing():
-                ops.warm_up(self.parts, x.dtype, gate=kind)
-        return ops.linear(x, self.parts, bias, gate=kind)
+    def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
+        ops.warm_up(self.parts, dtype, gate=gate)
 
     def type_names(self) -> list[str]:
         return [p.type_name if isinstance(p, FP4Weight) else "dense" for p in self.parts]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from tallow.layers import PackedLinearMethod, WeightSlice
 
@@ -37,7 +36,6 @@ class IntLinearMethod(PackedLinearMethod):
                          layout.required if layout else (), quantize_floats=bool(scheme.isq))
         self.scheme = scheme
         self.layout = layout
-        self._warm_gates: set[str] = set()
 
     def quantize_float(self, weight: torch.Tensor) -> IntWeight | None:
         from .isq import quantize_rtn
@@ -53,28 +51,15 @@ class IntLinearMethod(PackedLinearMethod):
                              "input features across tensor-parallel ranks")
         return [_slice(unpacked, s, what) for s in slices]
 
-    def finish(self, layer: nn.Module) -> None:
-        if self.device.type == "cuda":
-            ops.warm_up(self.parts, self.dtype, self.scheme.policy)
-
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
-        return ops.linear(x, self.parts, bias, policy=self.scheme.policy)
+    gated_kinds = ops.ACTIVATIONS
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-        kind = getattr(act, "kind", None)
-        if kind not in ops.ACTIVATIONS:
-            return self.apply(layer, act(x), bias)
-        if kind not in self._warm_gates and x.is_cuda:
-            # the kernels that apply the activation as they read x are variants of their own,
-            # compiled at the first gated call (the engine runs every shape it captures in a
-            # CUDA graph eagerly before capturing it)
-            self._warm_gates.add(kind)
-            if not torch.cuda.is_current_stream_capturing():
-                ops.warm_up(self.parts, x.dtype, self.scheme.policy, gate=kind)
-        return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=kind)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               gate: str | None = None) -> torch.Tensor:
+        return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
+
+    def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
+        ops.warm_up(self.parts, dtype, self.scheme.policy, gate=gate)
 
     def type_names(self) -> list[str]:
         """What each part holds, for the scheme's summary."""
