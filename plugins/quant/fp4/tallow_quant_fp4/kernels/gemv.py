@@ -17,20 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, gated_value
+from tallow.kernels.activation_triton import KINDS, load_activations
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..layout import FP4Weight
 from .decode import e2m1, scale_value
-
-
-@triton.jit
-def _load_x(ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if GATE >= 0:
-        x = gated_value(x, tl.load(ptrs + K, mask=mask, other=0.0), GATE, X_TY)
-    return x.to(tl.float32)
 
 
 @triton.jit
@@ -97,7 +89,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
         second = tl.zeros((BM, BN, Q, 4), dtype=tl.float32)
         for s in tl.static_range(8):
             v = e2m1(codes >> (4 * s))[None]
-            xv = _load_x(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
+            xv = load_activations(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
             if s < 4:
                 first += v * xv
             else:

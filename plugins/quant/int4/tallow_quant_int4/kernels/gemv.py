@@ -35,22 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, gated_value
+from tallow.kernels.activation_triton import KINDS, load_activations
 from tallow.kernels.code_bits import bit_constants, bits_as_float, byte_to_bits_15
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
 from ..layout import IntWeight
-
-@triton.jit
-def load_x(ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
-    """Activations at ``ptrs`` in float32 (zero outside ``mask``); with a gate the row is
-    ``[gate | up]`` and the value ``act(gate) * up`` as the activation kernel rounds it."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if GATE >= 0:
-        x = gated_value(x, tl.load(ptrs + K, mask=mask, other=0.0), GATE, X_TY)
-    return x.to(tl.float32)
-
 
 @triton.jit
 def _load_tile(q_ptr, s_ptr, z_ptr, rows, quads, qmask, stride_q, stride_s,
@@ -128,14 +118,14 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
             # byte p of each word: slot 2p (column 8p + u, 256 + q) and slot 2p + 1
             # (column 8p + 4 + u, 16 + q)
             t = byte_to_bits_15(codes, 0)[None]
-            x_lo = load_x(xrow + cols, xmask, K, GATE, X_TY)
-            x_hi = load_x(xrow + cols + 4, xmask, K, GATE, X_TY)
+            x_lo = load_activations(xrow + cols, xmask, K, GATE, X_TY)
+            x_hi = load_activations(xrow + cols + 4, xmask, K, GATE, X_TY)
             part = bits_as_float(t, mask_lo, magic_lo) * x_lo
             part += bits_as_float(t, mask_hi, magic_hi) * x_hi
             for p in tl.static_range(1, 4):
                 t = byte_to_bits_15(codes, p)[None]
-                xl = load_x(xrow + cols + 8 * p, xmask, K, GATE, X_TY)
-                xh = load_x(xrow + cols + 8 * p + 4, xmask, K, GATE, X_TY)
+                xl = load_activations(xrow + cols + 8 * p, xmask, K, GATE, X_TY)
+                xh = load_activations(xrow + cols + 8 * p + 4, xmask, K, GATE, X_TY)
                 part += bits_as_float(t, mask_lo, magic_lo) * xl
                 part += bits_as_float(t, mask_hi, magic_hi) * xh
                 x_lo += xl
@@ -150,10 +140,10 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
                 dot = dot - (264.0 * s_lo + 24.0 * s_hi)
         else:
             # byte p of each word: slot p (column 4p + u), 256 + q
-            x8 = load_x(xrow + cols, xmask, K, GATE, X_TY)
+            x8 = load_activations(xrow + cols, xmask, K, GATE, X_TY)
             part = bits_as_float(byte_to_bits_15(codes, 0)[None], mask_lo, magic_lo) * x8
             for p in tl.static_range(1, 4):
-                xv = load_x(xrow + cols + 4 * p, xmask, K, GATE, X_TY)
+                xv = load_activations(xrow + cols + 4 * p, xmask, K, GATE, X_TY)
                 part += bits_as_float(byte_to_bits_15(codes, p)[None], mask_lo, magic_lo) * xv
                 x8 += xv
             s8 = tl.sum(x8, axis=3)
