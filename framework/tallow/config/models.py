@@ -91,7 +91,8 @@ class ModelConfig(Section):
         "(tallow-quant-int4): 4-bit codes with a float16 scale per 128 columns, symmetric, "
         "for every linear layer and an untied head; token embeddings stay dense. mxfp4 "
         "(tallow-quant-fp4): e2m1 codes with a power-of-two scale per 32 columns, for the same "
-        "layers. None keeps the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "layers. None keeps the checkpoint's weights.",
+        json_schema_extra=_flag("--isq", metavar="TYPE"))
 
     @field_validator("device")
     @classmethod

@@ -128,6 +128,7 @@ def unpack(layout: FP4Layout, t: dict[str, torch.Tensor], shape: tuple[int, int]
             global_scale = float(g.float())
             scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
     if tuple(scales.shape) != (n, k // group) or scales.dtype != torch.uint8:
-        raise ValueError(f"{what}: the scales must be {('e4m3' if layout.kind == 'nvfp4' else 'uint8 e8m0')} of shape ({n}, {k // group}), got {scales.dtype} "
-                         f"{tuple(scales.shape)}")
+        encoding = "e4m3" if layout.kind == "nvfp4" else "uint8 e8m0"
+        raise ValueError(f"{what}: the scales must be {encoding} of shape ({n}, {k // group}), "
+                         f"got {scales.dtype} {tuple(scales.shape)}")
     return _codes_of_bytes(packed), scales, global_scale

@@ -36,13 +36,17 @@ Part = Union[IntWeight, torch.Tensor]
 ACTIVATIONS = ("silu", "gelu_tanh")
 #: the most rows of x the CUDA-core kernel takes
 MAX_GEMV_ROWS = 16
+#: the default limit: at ~3.3 instructions per weight and row, 16 rows cost the CUDA cores
+#: about as much as decoding the weight into a workspace and multiplying on tensor cores
+#: (estimated for gate_up on an H200; ``bench/gpu/int4_micro.py`` measures both)
+DEFAULT_GEMV_ROWS = 8
 
 
 @dataclass(frozen=True)
 class KernelPolicy:
     """How a matmul picks its kernel on a GPU (the scheme's settings)."""
 
-    gemv_max_rows: int = MAX_GEMV_ROWS
+    gemv_max_rows: int = DEFAULT_GEMV_ROWS
 
     def __post_init__(self) -> None:
         rows = self.gemv_max_rows

@@ -4,7 +4,7 @@ one layout and multiplied by Triton kernels.
 
 Settings (``plugins.settings.tallow-quant-int4``):
 
-``gemv_max_rows``  the most rows of x (0 to 16, default 16) that take the CUDA-core kernel on
+``gemv_max_rows``  the most rows of x (0 to 16, default 8) that take the CUDA-core kernel on
                    a GPU; more take the weight decoded into a workspace and cuBLAS.
 
 On a CPU the matmul decodes the whole weight on every call (the exact torch reference); the
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tallow.plugin import QuantScheme, plugin_settings
 
 from .checkpoint_config import CheckpointLayout, checkpoint_layout, holds_integer_weights
-from .ops import MAX_GEMV_ROWS, KernelPolicy
+from .ops import DEFAULT_GEMV_ROWS, MAX_GEMV_ROWS, KernelPolicy
 
 DISTRIBUTION = "tallow-quant-int4"
 ISQ_TYPES = ("int4",)
@@ -30,7 +30,7 @@ ISQ_TYPES = ("int4",)
 class Int4Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gemv_max_rows: int = Field(MAX_GEMV_ROWS, ge=0, le=MAX_GEMV_ROWS)
+    gemv_max_rows: int = Field(DEFAULT_GEMV_ROWS, ge=0, le=MAX_GEMV_ROWS)
 
 
 class IntQuantScheme(QuantScheme):
