@@ -100,7 +100,7 @@ def main() -> None:
                     t = seconds(lambda i: dequantize_triton(ws[i], torch.bfloat16), copies)
                     print(f"    dequantize into a bf16 workspace: {t * 1e6:8.1f} us "
                           f"({(int4_bytes + 2 * n * k) / t / 1e9:.0f} GB/s moved)", flush=True)
-        del ws, dense
+        ws = dense = None  # free the copies before the next shape
         torch.cuda.empty_cache()
     if args.output:
         with open(args.output, "w") as f:
