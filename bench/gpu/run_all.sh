@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,int4tests,int4lat,int4thr,int4micro,
+# quanttune,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,
 # fp4tests,mxfp4lat, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
 # quantized-weight (tallow-quant-gguf, --isq) runs.
@@ -212,7 +212,10 @@ if [[ ",$MODE," == *",int4lat,"* ]]; then
   bench latency_8b_int4_bs1 300 latency "${Q8B[@]}" --isq int4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",int4thr,"* ]]; then
-  bench throughput_8b_int4 450 throughput "${Q8B[@]}" --isq int4 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+  bench throughput_8b_int4 450 throughput "${Q8B[@]}" --isq int4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4thrfp8,"* ]]; then  # the same with an fp8 KV cache
+  bench throughput_8b_int4_fp8kv 450 throughput "${Q8B[@]}" --isq int4 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 fi
 if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-3-8b shape, M 1/16/256/4096
   echo "== int4 matmul on llama-3-8b shapes"
