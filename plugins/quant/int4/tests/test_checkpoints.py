@@ -1,6 +1,6 @@
 """Real checkpoints of every format, on CPU: a tiny random Llama quantized into GPTQ (4-bit,
 act-order with zero points, 8-bit ``gptq_v2``), AWQ, compressed-tensors (4-bit groups, 8-bit
-asymmetric channels), Marlin and GPTQ-in-Marlin-format, written as ``config.json`` with its
+asymmetric channels), Marlin and GPTQ-in-Marlin-format (the 8-bit one with its LM head quantized too), written as ``config.json`` with its
 ``quantization_config`` plus ``model.safetensors``, loads through tallow's safetensors format
 into the ``int4`` scheme; its logits equal (float32 tolerance) those of the transformers model
 whose weights are the decoded codes, and its greedy tokens are that model's."""
@@ -51,7 +51,9 @@ def test_a_checkpoint_computes_its_decoded_float_model(tmp_path, fmt):
     layer = loaded.model.model.layers[0]
     assert layer.self_attn.qkv_proj.quant_method.type_names() == [EXPECTED[fmt]]
     assert layer.mlp.gate_up_proj.quant_method.type_names() == [EXPECTED[fmt]]
-    assert loaded.model.lm_head.quant_method.type_names() == ["dense"]
+    # GPTQModel's lm_head: true quantizes the head too
+    head = [EXPECTED[fmt]] if FORMATS[fmt][0].get("lm_head") else ["dense"]
+    assert loaded.model.lm_head.quant_method.type_names() == head
     expected_tokens, expected_logits = hf_greedy(hf, PROMPT, 8)
     fresh = load_model(eng.plugin_manager.registries, str(path), device=torch.device("cpu"),
                        dtype="float32", config=settings(str(path)))

@@ -69,7 +69,8 @@ FORMATS = {
     "gptq-act-order-asym": ({"quant_method": "gptq", "bits": 4, "group_size": 64,
                              "desc_act": True, "sym": False}, 4, 64, True, True),
     "gptq-8bit-v2": ({"quant_method": "gptq", "bits": 8, "group_size": -1, "desc_act": False,
-                      "sym": True, "checkpoint_format": "gptq_v2"}, 8, -1, False, False),
+                      "sym": True, "checkpoint_format": "gptq_v2", "lm_head": True},
+                     8, -1, False, False),
     "awq": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
              "version": "gemm", "modules_to_not_convert": None}, 4, 128, True, False),
     "compressed-tensors": ({
@@ -128,11 +129,12 @@ def write_checkpoint(root: Path, fmt: str, seed: int = 0) -> tuple[Path, "torch.
     decoded = {}
     for name, param in model.state_dict().items():
         stem = name.rsplit(".", 1)[0]
-        if any(stem.endswith(lin) for lin in LINEARS):
+        if any(stem.endswith(lin) for lin in LINEARS) or (stem == "lm_head"
+                                                          and qcfg.get("lm_head")):
             # layers that read the same input share GPTQ's act order (its Hessian's)
-            layer = int(stem.split(".")[2])
+            layer = int(stem.split(".")[2]) if stem != "lm_head" else 99
             reads = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2,
-                     "up_proj": 2, "down_proj": 3}[stem.rsplit(".", 1)[1]]
+                     "up_proj": 2, "down_proj": 3, "lm_head": 4}[stem.rsplit(".", 1)[-1]]
             u = _quantized(fmt, qcfg, param, bits, group, zeros, act_order,
                            seed=10 * layer + reads)
             for suffix, t in _layer_tensors(fmt, qcfg, u).items():
