@@ -4,9 +4,10 @@
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
-# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro, or full: the runs behind the
+# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,
+# fp4tests,mxfp4lat, or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
-# quantized-weight (tallow-quant-gguf, tallow-quant-fp8, --isq) runs.
+# quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -254,6 +255,34 @@ if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inp
   EMB=(embed --model random:all-minilm-l6-v2 --dtype bfloat16 --num-prompts 16384 --input-len 128)
   bench embed_minilm_128 240 "${EMB[@]}"
   bench embed_minilm_128_big_steps 240 "${EMB[@]}" --max-num-batched-tokens 32768 --max-num-seqs 1024
+fi
+if [[ ",$MODE," == *",int4tests,"* ]]; then  # ~3 min at most
+  echo "== GPU tests of tallow-quant-int4 (kernel cases, then the gpu-marked tests)"
+  { timeout 120 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 110 plugins/quant/int4/tests/kernel_cases.py
+    timeout 240 python3 -m pytest -q -m gpu -rs --timeout 200 plugins/quant/int4/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_int4.log"
+fi
+if [[ ",$MODE," == *",int4lat,"* ]]; then
+  bench latency_8b_int4_bs1 300 latency "${Q8B[@]}" --isq int4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",int4thr,"* ]]; then
+  bench throughput_8b_int4 450 throughput "${Q8B[@]}" --isq int4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4thrfp8,"* ]]; then  # the same with an fp8 KV cache
+  bench throughput_8b_int4_fp8kv 450 throughput "${Q8B[@]}" --isq int4 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-3-8b shape, M 1/16/256/4096
+  echo "== int4 matmul on llama-3-8b shapes"
+  timeout 400 python3 bench/gpu/int4_micro.py --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -120
+fi
+if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
+  echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
+  { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
+    timeout 200 python3 -m pytest -q -m gpu -rs --timeout 180 plugins/quant/fp4/tests
+  } 2>&1 | grep -v Warning | tail -30 | tee "$OUT/tests_fp4.log"
+fi
+if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
+  bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -2,8 +2,10 @@
 
 - Checkpoints: HF / vLLM ``quant_method: "fp8"`` (per tensor, or 128 x 128 blocks) and
   compressed-tensors float8 (per tensor, per channel, 128 x 128 blocks);
-  :mod:`tallow_quant_fp8.formats` reads their ``quantization_config``. The engine finds the
-  scheme by the name ``fp8``, or by :meth:`Fp8QuantScheme.detect` for compressed-tensors.
+  :mod:`tallow_quant_fp8.formats` reads their ``quantization_config``. The scheme serves the
+  quantization methods ``fp8`` (its name) and ``compressed-tensors`` (registered in
+  ``quant_methods``), and :meth:`Fp8QuantScheme.detect` claims the float8 checkpoints among
+  them.
 - ``model.isq: fp8``: every linear layer of a float model (and with the ``isq_vocab`` setting
   the embedding and head) quantized while it loads, one scale per output row.
 
@@ -67,7 +69,10 @@ class Fp8QuantScheme(QuantScheme):
     def detect(cls, config: dict[str, Any]) -> bool:
         return detects(config)
 
-    def configure_checkpoint(self, config: dict[str, Any]) -> None:
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        """Read how the checkpoint stores its float8 weights; ``ValueError`` naming the
+        ``quantization_config`` field this scheme cannot serve."""
+        super().use_checkpoint_config(config)
         self.checkpoint = parse(config)
 
     def _method(self, prefix: str) -> Any:

@@ -190,6 +190,7 @@ def test_a_bad_config_stops_the_load_naming_file_and_field(checkpoints, tmp_path
     config = json.loads((directory / "config.json").read_text())
     config["quantization_config"]["weight_block_size"] = [64, 64]
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFileError, match=r"config\.json: quantization_config\."
-                                             r"weight_block_size: only \[128, 128\]"):
+    with pytest.raises(ModelFileError, match=r"config\.json: quant scheme 'fp8' .*: "
+                                             r"quantization_config\.weight_block_size: only "
+                                             r"\[128, 128\]"):
         engine(directory)
