@@ -14,6 +14,7 @@ from fp8_checkpoints import (FakeQuantActivations, oracle_logits, save_tokenizer
                              write_hf_fp8)
 from tallow.config import ConfigError, config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
+from tallow.plugin import SelectionError
 from tallow.plugin.testing.paged_runner import PagedRunner
 
 PROMPT = [3, 17, 250, 9, 64, 101, 7]
@@ -122,7 +123,11 @@ def test_wrong_requests_are_refused_clearly(tmp_path):
     with pytest.raises(Exception, match="already quantized"):
         engine(str(directory), isq="fp8")
     with pytest.raises(ConfigError, match=r"model\.isq"):
-        config_from_mapping({"model": {"isq": "fp4"}})
+        config_from_mapping({"model": {"isq": "FP-8"}})
+    # a well-formed type no installed scheme offers: refused listing those offered
+    with pytest.raises(SelectionError, match=r"model\.isq 'fp6': no installed quant scheme .*"
+                                             r"fp8 \(tallow-quant-fp8\)"):
+        engine("random:tiny-llama", isq="fp6")
     with pytest.raises(ValueError, match=r"plugins\.settings\.tallow-quant-fp8\.gemv_max_rows"):
         LLMEngine.from_config(config_from_mapping({
             "model": {"source": "random:tiny-llama", "device": "cpu", "isq": "fp8"},
