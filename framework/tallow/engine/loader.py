@@ -15,6 +15,7 @@ from tallow.plugin import (
     Checkpoint, Entry, ModelFileError, Registries, SelectionError,
 )
 
+from .calibration import calibrate
 from .checkpoint_check import check_config_against_tensors
 from .quant_choice import choose_quant_scheme, isq_offers
 
@@ -207,6 +208,8 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
                     "not hand its tensors over as float weights") from exc
             raise
     model.eval()
+    calibrate(model, quant, checkpoint, device, torch_dtype,
+              max_tokens=arch_cfg.text.get("max_position_embeddings"))
     nbytes = weight_bytes(model)
     log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,
              time.perf_counter() - started)

@@ -125,7 +125,7 @@ class PackedLinearMethod(LinearMethod):
                                        requires_grad=False)
             set_weight_attrs(placeholder, weight_loader=partial(self._load, name),
                              from_checkpoint=False)
-            if name == "weight" and self.quantize_floats:
+            if name == "weight":
                 set_weight_attrs(placeholder, random_fill=self.random_fill)
             layer.register_parameter(name, placeholder)
 
@@ -171,9 +171,9 @@ class PackedLinearMethod(LinearMethod):
 
     @torch.no_grad()
     def random_fill(self, generator: torch.Generator, std: float) -> None:
-        """Random float weights ~ N(0, std), quantized as they are drawn (a ``random:`` model
-        under load-time quantization): at most :attr:`random_chunk_rows` float rows exist at a
-        time."""
+        """Random float weights ~ N(0, std) (a ``random:`` model), quantized as they are drawn
+        when the method quantizes at load (then at most :attr:`random_chunk_rows` float rows
+        exist at a time), else kept dense."""
         for index, rows in enumerate(self.output_sizes):
             chunks = []
             for start in range(0, rows, self.random_chunk_rows):
@@ -210,8 +210,19 @@ class PackedLinearMethod(LinearMethod):
         if len({isinstance(p, torch.Tensor) for p in self._slots}) > 1:
             raise ValueError(f"{self.what}: some output partitions are quantized and some are "
                              "not; a merged layer must be one or the other")
-        self.parts = _stack(self._slots)
+        parts = _stack(self._slots)
         self._slots = []
+        self.replace_parts(parts)
+
+    def replace_parts(self, parts: list[Any]) -> None:
+        """Make ``parts`` the layer's storage: registered as its buffers (those of the parts
+        before them removed) and, on a GPU, their kernels compiled. Loading ends with it; a
+        method that quantizes later (from calibration) calls it again."""
+        layer = self.layer
+        for name in [n for n in layer._buffers if n.startswith(f"{self.buffer_prefix}_")]:
+            delattr(layer, name)
+        self.parts = list(parts)
+        self._warm_gates.clear()  # the new parts' gated variants compile at their first call
         for i, p in enumerate(self.parts):
             named = {"dense": p} if isinstance(p, torch.Tensor) else p.tensors()
             for name, tensor in named.items():

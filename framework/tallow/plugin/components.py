@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .calibration import CalibrationRequest
     from .embedding_spec import EmbeddingSpec
 
 
@@ -146,7 +147,8 @@ class QuantScheme(Component):
     embeddings), each optional and each returning a :class:`tallow.layers.LinearMethod` or
     None to leave the layer unquantized (see :mod:`tallow.layers.linear_method`).
     ``summary()`` (optional) describes what it holds once the weights are loaded, for the
-    start-up log. ``min_capability`` is the lowest CUDA compute capability (major*10+minor)
+    start-up log. A scheme that quantizes from calibration data asks for it through
+    ``calibration_request()`` (:mod:`tallow.plugin.calibration`). ``min_capability`` is the lowest CUDA compute capability (major*10+minor)
     its kernels run on (0: any, CPU included).
     """
 
@@ -182,6 +184,17 @@ class QuantScheme(Component):
         configuration the scheme cannot serve; the engine reports it against the
         checkpoint's config file. The default keeps it as :attr:`checkpoint_config`."""
         self.checkpoint_config = dict(config)
+
+    def calibration_request(self) -> "CalibrationRequest | None":
+        """Asked once the weights are loaded: None, or the text the engine must run the model
+        over before the scheme can quantize (a calibrated quantizer, whose layers kept their
+        float weights so far; see :mod:`tallow.plugin.calibration`). The engine then calls
+        :meth:`calibrated`."""
+        return None
+
+    def calibrated(self) -> None:
+        """Called after the engine ran the model over the text of :meth:`calibration_request`
+        (and before anything else runs it): quantize what was held back."""
 
     @classmethod
     def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
