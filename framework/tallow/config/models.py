@@ -92,8 +92,9 @@ class ModelConfig(Section):
         "llama.cpp's fallback type. fp8 (tallow-quant-fp8): every linear layer in float8 e4m3 "
         "with one scale per output row (embedding and head too with its isq_vocab setting), "
         "activations of large batches quantized per token. int4 (tallow-quant-int4): 4-bit "
-        "codes with a scale per group of 128 columns for every linear layer and an untied "
-        "head (its settings choose the method and group); token embeddings stay dense. mxfp4 "
+        "codes with a scale and zero point per group of 128 columns for every linear layer "
+        "and an untied head, chosen by GPTQ over calibration text (its settings choose the "
+        "method, group and calibration); token embeddings stay dense. mxfp4 "
         "(tallow-quant-fp4): e2m1 codes with a power-of-two scale per 32 columns, for the "
         "same layers. None keeps the checkpoint's weights.",
         json_schema_extra=_flag("--isq", metavar="TYPE"))

@@ -6,7 +6,9 @@ placeholder per tensor name of the checkpoint's format (GPTQ: ``qweight``, ``qze
 ``scales``, ``g_idx``; compressed-tensors: ``weight_packed``, ...) plus ``weight`` for a layer
 kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int4.formats`),
 this rank's rows and columns are cut out and packed into the layout once. Float weights are
-quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`), else kept dense.
+quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
+until the engine has run the model over calibration text, each layer adding its inputs to a
+Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense.
 """
 
 from __future__ import annotations
@@ -32,15 +34,38 @@ class IntLinearMethod(PackedLinearMethod):
 
     def __init__(self, scheme: "IntQuantScheme", prefix: str) -> None:
         layout = scheme.layout  # None under model.isq
+        # GPTQ holds the float weights until the engine has calibrated
+        at_load = bool(scheme.isq) and not scheme.calibrating
         super().__init__(prefix, layout.tensors if layout else (),
-                         layout.required if layout else (), quantize_floats=bool(scheme.isq))
+                         layout.required if layout else (), quantize_floats=at_load)
         self.scheme = scheme
         self.layout = layout
+        #: sum of x x^T over the inputs seen while calibrating (float32 [cols, cols])
+        self.hessian: torch.Tensor | None = None
 
     def quantize_float(self, weight: torch.Tensor) -> IntWeight | None:
         from .isq import quantize_rtn
 
-        return quantize_rtn(weight, self.device)
+        return quantize_rtn(weight, self.device, self.scheme.recipe)
+
+    def quantize_held_weights(self) -> None:
+        """After calibration: every float part quantized against the layer's Hessian (parts
+        no group size fits stay dense)."""
+        from .isq import quantize_calibrated
+
+        parts = [p if not isinstance(p, torch.Tensor) else
+                 quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe) or p
+                 for p in self.parts]
+        self.hessian = None
+        self.replace_parts(parts)
+
+    def _observe(self, x: torch.Tensor, gate: str | None) -> None:
+        inputs = ops.activated(x, gate) if gate is not None else x
+        flat = inputs.reshape(-1, inputs.shape[-1]).to(torch.float32)
+        if self.hessian is None:
+            self.hessian = torch.zeros(flat.shape[1], flat.shape[1], dtype=torch.float32,
+                                       device=flat.device)
+        self.hessian.addmm_(flat.T, flat)
 
     def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
                      slices: list[WeightSlice], what: str) -> list[IntWeight]:
@@ -56,6 +81,8 @@ class IntLinearMethod(PackedLinearMethod):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                gate: str | None = None) -> torch.Tensor:
+        if self.scheme.calibrating:
+            self._observe(x, gate)
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
 
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:

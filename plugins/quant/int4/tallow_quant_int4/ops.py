@@ -58,7 +58,8 @@ class KernelPolicy:
 _DEFAULT = KernelPolicy()
 
 
-def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
+def activated(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``act(gate) * up`` of a gated MLP's merged input ``x = [gate | up]``."""
     from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
@@ -94,7 +95,7 @@ def linear(x: torch.Tensor, parts: list[Part], bias: torch.Tensor | None = None,
     fused = triton_enabled(x2) and x2.shape[0] <= policy.gemv_max_rows
     if gate is not None and not (fused and all(
             isinstance(p, IntWeight) and p.perm is None for p in parts)):
-        x2, gate = _act(x2, gate), None  # the fused kernel applies it only to x as it is
+        x2, gate = activated(x2, gate), None  # the fused kernel applies it only to x as it is
     if len(parts) == 1:
         return _part(x2, parts[0], bias, gate, fused).view(*lead, n)
     y = torch.empty(x2.shape[0], n, dtype=x2.dtype, device=x2.device)

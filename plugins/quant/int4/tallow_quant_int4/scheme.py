@@ -2,10 +2,13 @@
 checkpoints, or a float model quantized at load with ``model.isq: int4``) kept as codes in
 one layout and multiplied by Triton kernels.
 
-Settings (``plugins.settings.tallow-quant-int4``):
+Settings (``plugins.settings.tallow-quant-int4``, :mod:`tallow_quant_int4.settings`):
 
 ``gemv_max_rows``  the most rows of x (0 to 16, default 8) that take the CUDA-core kernel on
                    a GPU; more take the weight decoded into a workspace and cuBLAS.
+``method``, ``group_size``, ``symmetric``, ``act_order``, ``damp``, ``calibration_*``
+                   how ``model.isq: int4`` chooses codes (:mod:`tallow_quant_int4.isq`):
+                   GPTQ on calibration text (the default) or round to nearest.
 
 On a CPU the matmul decodes the whole weight on every call (the exact torch reference); the
 scheme serves there too, since a checkpoint of packed integers has no other way to load.
@@ -16,21 +19,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tallow.plugin import QuantScheme, plugin_settings
+from tallow.plugin import CalibrationRequest, QuantScheme, plugin_settings
 
 from .checkpoint_config import CheckpointLayout, checkpoint_layout, holds_integer_weights
-from .ops import DEFAULT_GEMV_ROWS, MAX_GEMV_ROWS, KernelPolicy
+from .ops import KernelPolicy
+from .settings import DISTRIBUTION, Int4Settings
 
-DISTRIBUTION = "tallow-quant-int4"
 ISQ_TYPES = ("int4",)
-
-
-class Int4Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gemv_max_rows: int = Field(DEFAULT_GEMV_ROWS, ge=0, le=MAX_GEMV_ROWS)
 
 
 class IntQuantScheme(QuantScheme):
@@ -46,13 +41,17 @@ class IntQuantScheme(QuantScheme):
         super().__init__(config, isq)
         if isq is not None and isq not in ISQ_TYPES:
             raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
-        settings = plugin_settings(Int4Settings, config, DISTRIBUTION)
-        self.policy = KernelPolicy(gemv_max_rows=settings.gemv_max_rows)
+        self.settings = plugin_settings(Int4Settings, config, DISTRIBUTION)
+        self.policy = KernelPolicy(gemv_max_rows=self.settings.gemv_max_rows)
+        self.recipe = self.settings.recipe()
         self.layout: CheckpointLayout | None = None
         self.methods: list[Any] = []
+        #: while True, the layers add their inputs to their Hessians (GPTQ's calibration)
+        self.calibrating = bool(isq) and self.recipe.method == "gptq"
 
     @classmethod
     def validate(cls, config: Any) -> list[str]:
+        plugin_settings(Int4Settings, config, DISTRIBUTION)  # a bad setting stops start-up
         return []
 
     @classmethod
@@ -76,10 +75,24 @@ class IntQuantScheme(QuantScheme):
     # model.isq); token embeddings stay dense
     linear_method = head_method = _method
 
+    def calibration_request(self) -> CalibrationRequest | None:
+        """GPTQ under ``model.isq``: the text its layers' inputs are gathered over."""
+        if not self.calibrating:
+            return None
+        return CalibrationRequest(sequences=self.settings.calibration_sequences,
+                                  tokens=self.settings.calibration_tokens,
+                                  text=self.settings.read_calibration_text())
+
+    def calibrated(self) -> None:
+        """Quantize every layer from the inputs it saw (GPTQ)."""
+        self.calibrating = False
+        for method in self.methods:
+            method.quantize_held_weights()
+
     def summary(self) -> str:
         """What the loaded weights hold, e.g. ``int4: int4 g128 x224, dense x1``."""
         counts = Counter(name for m in self.methods for name in m.type_names())
         kinds = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
-        how = (f", quantized at load to {self.isq}" if self.isq
+        how = (f", quantized at load to {self.isq} ({self.recipe.method})" if self.isq
                else f", from a {self.layout.method} checkpoint" if self.layout else "")
         return f"int4: {kinds}{how}"

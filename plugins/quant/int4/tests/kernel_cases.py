@@ -71,7 +71,7 @@ def test_gemv_applies_the_gate_as_it_reads_x(gate):
     w = _weight(4, False, 32, 128, 64)
     x = torch.randn(1, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE,
                                                                            torch.bfloat16)
-    activated = ops._act(x, gate)
+    activated = ops.activated(x, gate)
     _check(gemv_triton(x, w, gate=gate), reference.linear_ref(activated, w))
 
 
@@ -104,4 +104,4 @@ def test_linear_with_act_order_and_merged_parts(m):
     _check(ops.linear(x, parts, bias), x @ dense.T + bias)
     gated = torch.randn(m, 256, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     _check(ops.linear(gated, parts[:2], None, gate="silu"),
-           ops._act(gated, "silu") @ dense[:24].T)
+           ops.activated(gated, "silu") @ dense[:24].T)

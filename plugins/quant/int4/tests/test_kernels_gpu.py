@@ -118,15 +118,36 @@ def _engine(source: str, *, graphs: bool, **model):
 
 
 def test_isq_int4_engine_graphs_equal_eager():
-    graphs = _engine("random:llama-3.2-1b", graphs=True, isq="int4")
-    eager = _engine("random:llama-3.2-1b", graphs=False, isq="int4")
+    rtn = {"method": "rtn"}  # drawn and rounded a slice at a time: both engines alike
+    graphs = _engine("random:llama-3.2-1b", graphs=True, isq="int4", int4=rtn)
+    eager = _engine("random:llama-3.2-1b", graphs=False, isq="int4", int4=rtn)
     assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
-    assert "int4 g128" in graphs.parts.loaded.quant.summary()
+    assert "int4 asym g128" in graphs.parts.loaded.quant.summary()
     g = torch.Generator().manual_seed(0)
     for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
                  for L in torch.randint(3, 300, (n,), generator=g)]
         assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), f"batch {n}"
+
+
+def test_isq_gptq_calibrates_on_the_gpu_the_same_on_every_load():
+    """The default method: the engine runs the model over calibration text on the GPU, then
+    every layer is quantized by GPTQ there; two loads give the same codes and the engine
+    serves with CUDA graphs."""
+    small = {"calibration_sequences": 8, "calibration_tokens": 256}
+    first = _engine("random:llama-3.2-1b", graphs=True, isq="int4", int4=small)
+    again = _engine("random:llama-3.2-1b", graphs=False, isq="int4", int4=small)
+    quant = first.parts.loaded.quant
+    assert quant.summary().endswith("quantized at load to int4 (gptq)") and not quant.calibrating
+
+    def codes(eng):
+        layer = eng.parts.loaded.model.model.layers[3]
+        return [layer.self_attn.qkv_proj.quant_method.parts[0].codes,
+                layer.mlp.down_proj.quant_method.parts[0].codes]
+
+    assert all(torch.equal(a, b) for a, b in zip(codes(first), codes(again)))
+    batch = [[5, 17, 300, 2], [9] * 40]
+    assert greedy(first, batch, 16) == greedy(again, batch, 16)
 
 
 @pytest.mark.parametrize("fmt", ["gptq-act-order-asym", "awq", "compressed-tensors"])
