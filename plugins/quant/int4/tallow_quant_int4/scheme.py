@@ -81,7 +81,8 @@ class IntQuantScheme(QuantScheme):
             return None
         return CalibrationRequest(sequences=self.settings.calibration_sequences,
                                   tokens=self.settings.calibration_tokens,
-                                  text=self.settings.read_calibration_text())
+                                  text=self.settings.read_calibration_text(),
+                                  corpus=self.settings.calibration_corpus)
 
     def calibrated(self) -> None:
         """Quantize every layer from the inputs it saw (GPTQ)."""

@@ -26,7 +26,10 @@ class Int4Settings(BaseModel):
     damp: float = Field(0.01, gt=0.0, le=1.0)
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
-    #: a UTF-8 text file to calibrate on (None: the engine's default text)
+    #: the built-in text to calibrate on: English prose (the King James Bible) or tallow's
+    #: own Python source
+    calibration_corpus: Literal["kjv", "source"] = "kjv"
+    #: a UTF-8 text file to calibrate on instead (None: ``calibration_corpus``)
     calibration_text: Optional[str] = None
 
     def recipe(self) -> Recipe:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines import engine, greedy
-from tallow.plugin import PluginSettingsError
+from engines import engine, greedy, settings
+from tallow.plugin import CalibrationRequest, PluginSettingsError
 from tallow_quant_int4 import isq
 from tallow_quant_int4.isq import Recipe
 from tallow_quant_int4.layout import IntWeight, dequantize
@@ -182,10 +182,30 @@ def test_bad_settings_are_refused_naming_them(tmp_path):
     with pytest.raises(PluginSettingsError,
                        match=r"plugins\.settings\.tallow-quant-int4\.group_size"):
         engine("random:tiny-llama", isq="int4", int4={"group_size": 100})
+    with pytest.raises(PluginSettingsError,
+                       match=r"plugins\.settings\.tallow-quant-int4\.calibration_corpus"):
+        engine("random:tiny-llama", isq="int4", int4={"calibration_corpus": "shakespeare"})
     missing = tmp_path / "nothing.txt"
     with pytest.raises(ValueError, match=r"plugins\.settings\.tallow-quant-int4\."
                                          r"calibration_text: cannot read"):
         engine("random:tiny-llama", isq="int4", int4={"calibration_text": str(missing)})
+
+
+def test_gptq_asks_for_english_prose_by_default_and_rtn_for_nothing(tmp_path):
+    from tallow_quant_int4.scheme import IntQuantScheme
+
+    default = IntQuantScheme(settings("random:tiny-llama", isq="int4"), "int4")
+    assert default.calibration_request() == CalibrationRequest(sequences=32, tokens=512,
+                                                               corpus="kjv")
+    text = tmp_path / "calibration.txt"
+    text.write_text("some text\n")
+    chosen = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
+        "calibration_text": str(text), "calibration_sequences": 2}), "int4")
+    assert chosen.calibration_request() == CalibrationRequest(sequences=2, tokens=512,
+                                                              text="some text\n", corpus="kjv")
+    rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}),
+                         "int4")
+    assert rtn.calibration_request() is None and not rtn.calibrating
 
 
 def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):

@@ -134,7 +134,9 @@ def test_isq_gptq_calibrates_on_the_gpu_the_same_on_every_load():
     """The default method: the engine runs the model over calibration text on the GPU, then
     every layer is quantized by GPTQ there; two loads give the same codes and the engine
     serves with CUDA graphs."""
-    small = {"calibration_sequences": 8, "calibration_tokens": 256}
+    # tallow's source: present wherever tallow is, unlike the default corpus's package
+    small = {"calibration_sequences": 8, "calibration_tokens": 256,
+             "calibration_corpus": "source"}
     first = _engine("random:llama-3.2-1b", graphs=True, isq="int4", int4=small)
     again = _engine("random:llama-3.2-1b", graphs=False, isq="int4", int4=small)
     quant = first.parts.loaded.quant
