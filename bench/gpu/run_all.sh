@@ -5,10 +5,11 @@
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
+# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,
 # sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
-# KV-codec and quantized-weight (tallow-quant-gguf, --isq) runs.
+# KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -280,6 +281,29 @@ if [[ ",$MODE," == *",quantmicro,"* ]]; then  # what the engine runs per llama-3
   echo "== quantized matmul kernels on llama-3-8b shapes"
   timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
 fi
+if [[ ",$MODE," == *",fp8wtests,"* ]]; then  # ~9 min at most (Triton compiles on first use)
+  echo "== GPU tests of tallow-quant-fp8 (kernel cases, then the gpu-marked tests)"
+  { timeout 220 python3 -m pytest -q -rs --timeout 200 plugins/quant/fp8/tests/kernel_cases.py
+    timeout 300 python3 -m pytest -q -m gpu -rs --timeout 280 plugins/quant/fp8/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_fp8w.log"
+fi
+F8B=(--model random:llama-3-8b --dtype bfloat16 --isq fp8)
+if [[ ",$MODE," == *",fp8wlat,"* ]]; then
+  bench latency_8b_fp8w_bs1 300 latency "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wlatvocab,"* ]]; then  # A/B: embedding and head in fp8 too
+  bench latency_8b_fp8w_vocab_bs1 300 latency --config bench/gpu/fp8_isq_vocab.yaml "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wthr,"* ]]; then  # fp8 weights and an fp8 KV cache
+  bench throughput_8b_fp8w_fp8kv 450 throughput "${F8B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",fp8wttft,"* ]]; then
+  bench ttft_8b_4096_fp8w 240 latency "${F8B[@]}" --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+fi
+if [[ ",$MODE," == *",fp8wmicro,"* ]]; then  # the fp8 GEMV/GEMM against bf16 per llama-3-8b shape, M 1/16/256/4096, and the GEMV sweep
+  echo "== fp8 matmuls on llama-3-8b shapes"
+  timeout 420 python3 bench/gpu/fp8_micro.py --rows 1,16,256,4096 --sweep-gemv --output "$OUT/fp8micro.json" 2>&1 | grep -v Warning | tee "$OUT/fp8micro.log" | tail -60
+fi
 if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
   echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
   { timeout 150 python3 -m pytest -q -rs --timeout 120 plugins/attention/triton/tests/kernel_cases.py -k "bidirectional or chunked"
@@ -348,6 +372,37 @@ if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of uncons
   bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
     --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
     --json-schema bench/schemas/order.json
+fi
+if [[ ",$MODE," == *",int4tests,"* ]]; then  # ~6 min at most (two GPTQ loads of a 1B model among them)
+  echo "== GPU tests of tallow-quant-int4 (kernel cases, then the gpu-marked tests)"
+  { timeout 120 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 110 plugins/quant/int4/tests/kernel_cases.py
+    timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 plugins/quant/int4/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_int4.log"
+fi
+# speed runs round to nearest (bench/gpu/int4_rtn.yaml): the default's layout and kernels
+# without calibrating the 8B model at load; GPTQ on the GPU is among int4tests
+I4B=(--config bench/gpu/int4_rtn.yaml "${Q8B[@]}" --isq int4)
+if [[ ",$MODE," == *",int4lat,"* ]]; then
+  bench latency_8b_int4_bs1 300 latency "${I4B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",int4thr,"* ]]; then
+  bench throughput_8b_int4 450 throughput "${I4B[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4thrfp8,"* ]]; then  # the same with an fp8 KV cache
+  bench throughput_8b_int4_fp8kv 450 throughput "${I4B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-3-8b shape, M 1/16/256/4096
+  echo "== int4 matmul on llama-3-8b shapes"
+  timeout 400 python3 bench/gpu/int4_micro.py --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -120
+fi
+if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
+  echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
+  { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
+    timeout 200 python3 -m pytest -q -m gpu -rs --timeout 180 plugins/quant/fp4/tests
+  } 2>&1 | grep -v Warning | tail -30 | tee "$OUT/tests_fp4.log"
+fi
+if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
+  bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -36,7 +36,11 @@ def tallow_register_weight_formats(registry: Any) -> None:
 
 @hookimpl
 def tallow_register_quant_schemes(registry: Any) -> None:
-    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.scheme:RowInt8Scheme")
+    # Checkpoints whose config.json says quantization_config.quant_method: COMPONENT come to
+    # this scheme. quant_methods=("compressed-tensors", ...) would add methods that other
+    # schemes serve too; the scheme's detect() then claims its own checkpoints among them.
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.scheme:RowInt8Scheme",
+                      quant_methods=())
 {% elif cookiecutter.kind == "kv-codec" %}
 
 @hookimpl

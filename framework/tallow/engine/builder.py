@@ -280,7 +280,8 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
-                        isq=config.model.isq, task=config.model.task)
+                        isq=config.model.isq, task=config.model.task,
+                        quant_scheme=config.model.quant_scheme)
     arch = loaded.config.text
     tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
     embed = loaded.task == "embed"

@@ -5,6 +5,7 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 ``tallow`` entry point.
 """
 
+from .calibration import CalibrationRequest
 from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
     ToolProvider, ToolResult, WeightFormat,
@@ -32,8 +33,8 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme",
-    "KVCodec", "KVTensor",
+    "CalibrationRequest", "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat",
+    "ModelArchitecture", "QuantScheme", "KVCodec", "KVTensor",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .calibration import CalibrationRequest
     from .embedding_spec import EmbeddingSpec
 
 
@@ -123,27 +124,32 @@ class ModelArchitecture:
 class QuantScheme(Component):
     """A weight quantization scheme.
 
-    How the engine chooses one when a model loads:
+    How the engine chooses one when a model loads (:mod:`tallow.engine.quant_choice`):
 
-    - a checkpoint whose ``Checkpoint.quantization`` names a scheme (its tensors arrive as
-      :class:`tallow.layers.QuantizedWeight`) is served by the scheme registered under that
-      name, if one is installed, ``validate(config)`` gives no reasons and the device meets
-      ``min_capability``; otherwise the engine logs why and the tensors are dequantized at load;
-    - ``model.isq`` (load-time quantization of a float model) takes the highest-priority scheme
-      whose ``isq_types`` lists the type, and fails naming the installed ones if none does.
+    - a quantized checkpoint (``Checkpoint.quantization``: a ``config.json``'s
+      ``quantization_config.quant_method``, ``"gguf"`` for a GGUF file of quantized blocks) is
+      *claimed* by every installed scheme that serves its method (the scheme's name, or a
+      method it lists at registration: ``registry.register("int4", "...", quant_methods=
+      ("gptq", "awq", "compressed-tensors"))``) and whose ``detect(config)`` accepts the
+      checkpoint's HF-style config. One claim: that scheme serves, if ``validate(config)``
+      gives no reasons and the device meets ``min_capability``; otherwise the engine logs why
+      and the tensors are dequantized at load, as when no scheme claims the checkpoint. Two
+      claims stop the load naming both and ``model.quant_scheme``, the setting that picks one;
+    - ``model.isq`` (load-time quantization of a float model) takes the one scheme whose
+      ``isq_types`` lists the type; a type none lists is refused naming those offered.
 
     The chosen class is instantiated as ``cls(config, isq=<type or None>)`` (``config`` the
     :class:`tallow.config.TallowConfig`; settings under ``plugins.settings.<distribution>``)
-    and the instance is the model's ``BuildContext.quant``. Layers ask it for their storage and
-    matmul through ``linear_method(prefix)``, ``head_method(prefix)`` (the LM head) and
-    ``embedding_method(prefix)`` (token embeddings), each optional and each returning a
-    :class:`tallow.layers.LinearMethod` or None to leave the layer unquantized (see
-    :mod:`tallow.layers.linear_method`). ``summary()`` (optional) describes what it holds once
-    the weights are loaded, for the start-up log.
-
-    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme;
-    ``min_capability`` is the lowest CUDA compute capability (major*10+minor) its kernels run
-    on (0: any, CPU included).
+    and the instance is the model's ``BuildContext.quant``. A checkpoint's scheme then reads
+    how the weights are stored through ``use_checkpoint_config(config)``, before the model is
+    built. Layers ask it for their storage and matmul through ``linear_method(prefix)``,
+    ``head_method(prefix)`` (the LM head) and ``embedding_method(prefix)`` (token
+    embeddings), each optional and each returning a :class:`tallow.layers.LinearMethod` or
+    None to leave the layer unquantized (see :mod:`tallow.layers.linear_method`).
+    ``summary()`` (optional) describes what it holds once the weights are loaded, for the
+    start-up log. A scheme that quantizes from calibration data asks for it through
+    ``calibration_request()`` (:mod:`tallow.plugin.calibration`). ``min_capability`` is the lowest CUDA compute capability (major*10+minor)
+    its kernels run on (0: any, CPU included).
     """
 
     min_capability: ClassVar[int] = 0
@@ -156,10 +162,39 @@ class QuantScheme(Component):
     def __init__(self, config: Any = None, isq: str | None = None) -> None:
         self.config = config
         self.isq = isq
+        #: the HF-style config of the checkpoint whose quantized weights this instance holds
+        #: (empty under load-time quantization): see :meth:`use_checkpoint_config`
+        self.checkpoint_config: dict[str, Any] = {}
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
-        return False
+        """Whether the HF-style checkpoint ``config`` (of a quantization method the scheme
+        serves) holds weights in an encoding of this scheme. The default claims every
+        checkpoint of its methods; a scheme that shares a method with others
+        (``compressed-tensors``) recognises its own by the ``quantization_config``. It only
+        recognises: a config it claims but cannot serve is refused by
+        :meth:`use_checkpoint_config`, naming the field."""
+        return True
+
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        """Called by the engine once, before the model is built, with the HF-style config of
+        the checkpoint whose quantized weights this instance will hold (its
+        ``quantization_config`` says how they are stored: code width, groups, zero points,
+        scale granularity, activation scheme). Raise ``ValueError`` naming the field for a
+        configuration the scheme cannot serve; the engine reports it against the
+        checkpoint's config file. The default keeps it as :attr:`checkpoint_config`."""
+        self.checkpoint_config = dict(config)
+
+    def calibration_request(self) -> "CalibrationRequest | None":
+        """Asked once the weights are loaded: None, or the text the engine must run the model
+        over before the scheme can quantize (a calibrated quantizer, whose layers kept their
+        float weights so far; see :mod:`tallow.plugin.calibration`). The engine then calls
+        :meth:`calibrated`."""
+        return None
+
+    def calibrated(self) -> None:
+        """Called after the engine ran the model over the text of :meth:`calibration_request`
+        (and before anything else runs it): quantize what was held back."""
 
     @classmethod
     def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,

@@ -273,9 +273,38 @@ class WeightFormatRegistry(Registry):
 
 
 class QuantSchemeRegistry(Registry):
-    """Weight quantization schemes (GGUF k-quants, FP8, GPTQ/AWQ, ...)."""
+    """Weight quantization schemes (GGUF k-quants, FP8, GPTQ/AWQ, ...).
+
+    ``quant_methods=("gptq", "compressed-tensors", ...)`` names the checkpoint quantization
+    methods (``Checkpoint.quantization``: a ``config.json``'s
+    ``quantization_config.quant_method``) a scheme may serve besides its own name. Several
+    schemes may list one method (``compressed-tensors`` holds fp8, int4 and fp4 weights); each
+    says through ``detect(config)`` whether a checkpoint is one of its own (see
+    :class:`tallow.plugin.QuantScheme`).
+    """
 
     kind = "quant_scheme"
+
+    def register(self, name: str, target: Any, *,
+                 quant_methods: tuple[str, ...] | list[str] = (), priority: int = 0,
+                 override: bool = False, **meta: Any) -> Entry:
+        if isinstance(quant_methods, str) or not all(
+                isinstance(m, str) and m for m in quant_methods):
+            raise RegistryError(f"{self.kind} {name!r}: quant_methods must be a tuple of "
+                                f"non-empty strings, got {quant_methods!r}")
+        return super().register(name, target, priority=priority, override=override,
+                                quant_methods=tuple(quant_methods), **meta)
+
+    def for_quant_method(self, method: str) -> list[Entry]:
+        """The schemes that may serve checkpoints of quantization method ``method`` (it is
+        their name or in their ``quant_methods``), highest priority first."""
+        return [e for e in self.by_priority() if serves_quant_method(e, method)]
+
+
+def serves_quant_method(entry: Entry, method: str) -> bool:
+    """Whether the quant scheme ``entry`` may serve checkpoints of quantization method
+    ``method``: its name, or one of the ``quant_methods`` it was registered with."""
+    return entry.name == method or method in entry.meta.get("quant_methods", ())
 
 
 class KVCodecRegistry(Registry):

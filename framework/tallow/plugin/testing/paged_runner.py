@@ -37,11 +37,14 @@ class PagedRunner:
     def __post_init__(self) -> None:
         self.backend = TorchAttentionBackend()
         codec = self.kv_codec if self.kv_codec is not None else AutoKVCodec()
-        p = next(self.model.parameters())
+        # the model's float dtype: a quantized layer's first parameter may be a uint8 one
+        p = next((q for q in self.model.parameters() if q.is_floating_point()),
+                 next(self.model.parameters()))
+        dtype = getattr(getattr(self.model, "build", None), "dtype", None) or p.dtype
         attns = [m for m in self.model.modules() if isinstance(m, Attention)]
         caches = kv_cache.allocate(codec, [m.layer for m in attns],
                                    num_blocks=self.blocks_per_seq * self.max_seqs,
-                                   block_size=self.block_size, model_dtype=p.dtype,
+                                   block_size=self.block_size, model_dtype=dtype,
                                    device=p.device)
         for m, cache in zip(attns, caches):
             m.kv_cache = cache

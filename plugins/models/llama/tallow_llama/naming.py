@@ -92,7 +92,7 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_L}.post_attention_layernorm.weight",
                    f"{_L}.post_attention_layernorm.weight"),
         WeightRule("model.norm.weight", "model.norm.weight"),
-        WeightRule("lm_head.weight", "lm_head.weight"),
+        WeightRule("lm_head.{p}", "lm_head.{p}"),  # weight, or a quantized head's tensors
     ])
 
 
