@@ -45,17 +45,26 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
             "output_tok_s": tokens / elapsed, "outputs": outputs}
 
 
-def _valid(outputs: list[Any], schema: Any) -> int:
+def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
+    """How many outputs parse and validate against ``schema``, and why each output that its
+    grammar ended (finish reason "stop") does not: its text and the first problem found."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     count = 0
+    problems = []
     for out in outputs:
         try:
-            count += validator.is_valid(json.loads(out.text))
-        except ValueError:
-            pass
-    return count
+            error = jsonschema.exceptions.best_match(validator.iter_errors(json.loads(out.text)))
+            why = None if error is None else (f"{error.message} at "
+                                              f"{error.json_path} ({error.validator})")
+        except ValueError as exc:
+            why = f"not JSON: {exc}"
+        count += why is None
+        if why is not None and out.finish_reason == "stop":
+            problems.append(f"{why}; text {out.text[:400]!r}")
+    return count, problems
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
@@ -99,6 +108,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     mask_steps = after["grammar_mask_steps_total"] - before["grammar_mask_steps_total"]
     mask_s = after["grammar_mask_seconds_total"] - before["grammar_mask_seconds_total"]
     stopped = sum(o.finish_reason == "stop" for o in with_grammar["outputs"])
+    valid, problems = _validate(with_grammar["outputs"], schema)
     parts = engine.parts
     return {
         "model": config.model.source, "quantization": quantization(parts),
@@ -115,7 +125,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "mask_rows_per_step": (after["grammar_mask_rows_total"]
                                - before["grammar_mask_rows_total"]) / max(1, mask_steps),
         "outputs_ended_by_grammar": stopped,
-        "outputs_valid": _valid(with_grammar["outputs"], schema),
+        "outputs_valid": valid,
+        "invalid_ended_by_grammar": problems,
     }
 
 
@@ -135,4 +146,6 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("constrained rows per step", r["mask_rows_per_step"]),
         ("outputs ended by their grammar", r["outputs_ended_by_grammar"]),
         ("outputs valid against the schema", r["outputs_valid"]),
+        *((f"ended by its grammar, invalid ({i + 1})", why)
+          for i, why in enumerate(r.get("invalid_ended_by_grammar", [])[:5])),
     ]

@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import xgrammar as xgr
@@ -64,6 +64,17 @@ def _rows_of(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
     words = (bits.view(-1, 32).to(torch.int64) * weights).sum(-1)
     return words.to(torch.int32)
+
+
+def _runs(rows: Iterable[int]) -> list[tuple[int, int]]:
+    """``rows`` (ascending or not) as ``[start, stop)`` runs of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    return runs
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,7 @@ class XGrammarBackend(GrammarBackend):
             raise TypeError("fill_bitmasks takes this backend's matchers only")
         with self._batch_lock:  # one batch matcher, its threads shared
             self._batch.batch_fill_next_token_bitmask([m.inner for m in ours], bitmask, rows)
-        json_rows = [row for m, row in zip(ours, rows) if m.json]
-        if json_rows:
-            bitmask[json_rows] &= self.json_tokens
+        for start, stop in _runs(row for m, row in zip(ours, rows) if m.json):
+            # in place on a slice: indexing by a list of rows would copy them out and back,
+            # which costs more than filling them
+            bitmask[start:stop] &= self.json_tokens

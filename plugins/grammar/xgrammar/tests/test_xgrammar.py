@@ -122,6 +122,31 @@ def test_json_masks_never_allow_control_characters(bytes_backend):
         assert ord("a") in allowed
 
 
+def test_batched_fill_clears_control_characters_of_json_rows_only(bytes_backend):
+    # enough rows for the batched path; JSON rows in runs and alone, regex rows between them
+    json_grammar = bytes_backend.compile(GrammarSpec.json_schema({"type": "string",
+                                                                  "maxLength": 5}))
+    regex_grammar = bytes_backend.compile(GrammarSpec("regex", "[\\x00-\\x7f]*"))
+    kinds = "jjjrjjrrjrjjj"
+    matchers = [bytes_backend.matcher(json_grammar if k == "j" else regex_grammar)
+                for k in kinds]
+    for matcher, kind in zip(matchers, kinds):
+        if kind == "j":
+            assert matcher.accept(ord('"'))
+    rows = [3, 4, 5, 0, 7, 8, 1, 2, 10, 9, 12, 13, 14]
+    words = bytes_backend.tokenizer.bitmask_words
+    batch = torch.full((16, words), -1, dtype=torch.int32)
+    assert len(matchers) >= bytes_backend.settings.parallel_rows
+    bytes_backend.fill_bitmasks(matchers, batch, rows)
+    for matcher, kind, row in zip(matchers, kinds, rows):
+        own = torch.full((1, words), -1, dtype=torch.int32)
+        matcher.fill_bitmask(own, 0)
+        assert torch.equal(batch[row], own[0]), row
+        control = allowed_ids(batch[row], 257) & set(range(32))
+        assert bool(control) == (kind == "r"), (row, kind)
+    assert torch.equal(batch[[6, 11, 15]], torch.full((3, words), -1, dtype=torch.int32))
+
+
 def test_choice_with_quotes_and_control_characters(bytes_backend):
     choices = ('say "hi"', "back\\slash", "tab\tnew\nline", "é")
     compiled = bytes_backend.compile(GrammarSpec("choice", choices))
