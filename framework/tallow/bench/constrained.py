@@ -32,17 +32,21 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
         engine.add_request(ids[-1], prompt, p, stream=False)
     steps = 0
     done: dict[str, Any] = {}
+    phases: dict[str, float] = {}
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out.outputs[0]
         steps += 1
+        for key, value in engine.last_step.timings.items():
+            phases[key] = phases.get(key, 0.0) + value
     sync(device)
     elapsed = now() - start
     outputs = [done[i] for i in ids]
     tokens = sum(len(o.token_ids) for o in outputs)
     return {"elapsed_s": elapsed, "steps": steps, "output_tokens": tokens,
-            "output_tok_s": tokens / elapsed, "outputs": outputs}
+            "output_tok_s": tokens / elapsed, "outputs": outputs,
+            "phases_ms": {k: 1e3 * v / max(1, steps) for k, v in phases.items()}}
 
 
 def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
@@ -126,6 +130,10 @@ def run(args: Any, config: Any) -> dict[str, Any]:
                                - before["grammar_mask_rows_total"]) / max(1, mask_steps),
         "outputs_ended_by_grammar": stopped,
         "outputs_valid": valid,
+        # mean host milliseconds per engine step in each phase (tallow.engine.core): where a
+        # constrained step's extra time goes
+        "step_phases_ms": {"constrained": with_grammar["phases_ms"],
+                           "unconstrained": free["phases_ms"]},
         "invalid_ended_by_grammar": problems,
     }
 
@@ -146,6 +154,9 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("constrained rows per step", r["mask_rows_per_step"]),
         ("outputs ended by their grammar", r["outputs_ended_by_grammar"]),
         ("outputs valid against the schema", r["outputs_valid"]),
+        *((f"ms per step in {phase} (constrained, unconstrained)",
+           f"{ms:.2f}, {r['step_phases_ms']['unconstrained'].get(phase, 0.0):.2f}")
+          for phase, ms in r.get("step_phases_ms", {}).get("constrained", {}).items()),
         *((f"ended by its grammar, invalid ({i + 1})", why)
           for i, why in enumerate(r.get("invalid_ended_by_grammar", [])[:5])),
     ]
