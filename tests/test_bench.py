@@ -111,3 +111,21 @@ def test_schedule_replay_shows_preemptions_only_for_sequences_of_unknown_length(
     assert unknown["preemptions"] > 0 and unknown["recomputed_tokens"] > 0
     assert known["decode_rows"] == 8 * 39  # every output token but the first is a decode
     assert unknown["decode_rows"] < 8 * 39  # recomputed outputs come back as prompt rows
+
+
+def test_constrained_bench_explains_grammar_ended_outputs_that_fail_the_schema():
+    from types import SimpleNamespace
+
+    from tallow.bench.constrained import _validate
+
+    schema = {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+              "required": ["zip"]}
+    outputs = [SimpleNamespace(text='{"zip":"12345"}', finish_reason="stop"),
+               SimpleNamespace(text='{"zip":"1234"}', finish_reason="stop"),
+               SimpleNamespace(text='{"zi', finish_reason="length"),
+               SimpleNamespace(text='{"zi', finish_reason="stop")]
+    valid, problems = _validate(outputs, schema)
+    assert valid == 1
+    assert len(problems) == 2  # the length-ended output is not the grammar's doing
+    assert "does not match" in problems[0] and "(pattern)" in problems[0]
+    assert problems[1].startswith("not JSON")

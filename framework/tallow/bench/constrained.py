@@ -32,30 +32,43 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
         engine.add_request(ids[-1], prompt, p, stream=False)
     steps = 0
     done: dict[str, Any] = {}
+    phases: dict[str, float] = {}
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out.outputs[0]
         steps += 1
+        for key, value in engine.last_step.timings.items():
+            phases[key] = phases.get(key, 0.0) + value
     sync(device)
     elapsed = now() - start
     outputs = [done[i] for i in ids]
     tokens = sum(len(o.token_ids) for o in outputs)
     return {"elapsed_s": elapsed, "steps": steps, "output_tokens": tokens,
-            "output_tok_s": tokens / elapsed, "outputs": outputs}
+            "output_tok_s": tokens / elapsed, "outputs": outputs,
+            "phases_ms": {k: 1e3 * v / max(1, steps) for k, v in phases.items()}}
 
 
-def _valid(outputs: list[Any], schema: Any) -> int:
+def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
+    """How many outputs parse and validate against ``schema``, and why each output that its
+    grammar ended (finish reason "stop") does not: its text and the first problem found."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     count = 0
+    problems = []
     for out in outputs:
         try:
-            count += validator.is_valid(json.loads(out.text))
-        except ValueError:
-            pass
-    return count
+            error = jsonschema.exceptions.best_match(validator.iter_errors(json.loads(out.text)))
+            why = None if error is None else (f"{error.message} at "
+                                              f"{error.json_path} ({error.validator})")
+        except ValueError as exc:
+            why = f"not JSON: {exc}"
+        count += why is None
+        if why is not None and out.finish_reason == "stop":
+            problems.append(f"{why}; text {out.text[:400]!r}")
+    return count, problems
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
@@ -99,6 +112,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     mask_steps = after["grammar_mask_steps_total"] - before["grammar_mask_steps_total"]
     mask_s = after["grammar_mask_seconds_total"] - before["grammar_mask_seconds_total"]
     stopped = sum(o.finish_reason == "stop" for o in with_grammar["outputs"])
+    valid, problems = _validate(with_grammar["outputs"], schema)
     parts = engine.parts
     return {
         "model": config.model.source, "quantization": quantization(parts),
@@ -115,7 +129,12 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "mask_rows_per_step": (after["grammar_mask_rows_total"]
                                - before["grammar_mask_rows_total"]) / max(1, mask_steps),
         "outputs_ended_by_grammar": stopped,
-        "outputs_valid": _valid(with_grammar["outputs"], schema),
+        "outputs_valid": valid,
+        # mean host milliseconds per engine step in each phase (tallow.engine.core): where a
+        # constrained step's extra time goes
+        "step_phases_ms": {"constrained": with_grammar["phases_ms"],
+                           "unconstrained": free["phases_ms"]},
+        "invalid_ended_by_grammar": problems,
     }
 
 
@@ -135,4 +154,9 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("constrained rows per step", r["mask_rows_per_step"]),
         ("outputs ended by their grammar", r["outputs_ended_by_grammar"]),
         ("outputs valid against the schema", r["outputs_valid"]),
+        *((f"ms per step in {phase} (constrained, unconstrained)",
+           f"{ms:.2f}, {r['step_phases_ms']['unconstrained'].get(phase, 0.0):.2f}")
+          for phase, ms in r.get("step_phases_ms", {}).get("constrained", {}).items()),
+        *((f"ended by its grammar, invalid ({i + 1})", why)
+          for i, why in enumerate(r.get("invalid_ended_by_grammar", [])[:5])),
     ]

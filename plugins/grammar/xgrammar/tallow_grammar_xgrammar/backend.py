@@ -9,7 +9,11 @@ that a grammar never allows.
 JSON outputs are compact by default (no whitespace between tokens, ``,`` and ``:`` as
 separators). Whatever xgrammar allows, a JSON row's mask is also cleared of tokens that hold
 a raw control character, which no JSON text may contain (xgrammar's length-bounded string
-rule lets them through).
+rule lets them through), and of UTF-16 surrogates encoded as UTF-8 (``ED A0``..``ED BF``),
+which are not UTF-8 but which xgrammar's string rule allows: a surrogate's three bytes decode to
+three replacement characters, so its string would fail ``maxLength`` and the text would not be
+UTF-8. Within a token those bytes are cleared like control characters; across tokens, a row
+whose last token ends with ``ED`` loses the tokens that start with ``A0``..``BF``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import xgrammar as xgr
@@ -33,8 +37,11 @@ from .settings import XGrammarSettings
 
 log = logging.getLogger("tallow.grammar.xgrammar")
 
-_CONTROL = re.compile(rb"[\x00-\x1f]")
-_CONTROL_BUT_WHITESPACE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_CONTROL = re.compile(rb"[\x00-\x1f]|\xed[\xa0-\xbf]")
+_CONTROL_BUT_WHITESPACE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]|\xed[\xa0-\xbf]")
+#: the lead byte of a three-byte sequence that would encode a surrogate if the next byte were
+#: A0..BF
+_SURROGATE_LEAD = 0xED
 # xgrammar prefixes its messages with a timestamp and its source location
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 
@@ -66,10 +73,21 @@ def _rows_of(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+def _runs(rows: Iterable[int]) -> list[tuple[int, int]]:
+    """``rows`` (ascending or not) as ``[start, stop)`` runs of consecutive rows."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    return runs
+
+
 @dataclass(frozen=True)
 class _Compiled:
     grammar: Any  # xgrammar.CompiledGrammar
-    #: a JSON grammar: its masks lose the tokens holding control characters
+    #: a JSON grammar: its masks lose the tokens holding control characters or surrogates
     json: bool
 
 
@@ -81,11 +99,20 @@ class XGrammarMatcher(GrammarMatcher):
         self.json = compiled.json
         self.inner = xgr.GrammarMatcher(compiled.grammar)
         self._ended: bool | None = None  # is_terminated, worked out once per state
+        #: per accepted token: whether it ends with a surrogate's lead byte (JSON grammars)
+        self._lead_last: list[bool] = []
+
+    @property
+    def after_surrogate_lead(self) -> bool:
+        """The last accepted token ends with ``ED`` (its next byte must not be A0..BF)."""
+        return bool(self._lead_last) and self._lead_last[-1]
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self.inner.fill_next_token_bitmask(bitmask, row)
         if self.json:
             bitmask[row] &= self.backend.json_tokens
+            if self.after_surrogate_lead:
+                bitmask[row] &= self.backend.no_surrogate_tail
 
     def accept(self, token_id: int) -> bool:
         if self.is_terminated():  # xgrammar would still take the stop token here
@@ -93,6 +120,8 @@ class XGrammarMatcher(GrammarMatcher):
         accepted = self.inner.accept_token(token_id)
         if accepted:
             self._ended = None
+            if self.json:
+                self._lead_last.append(token_id in self.backend.surrogate_leads)
         return accepted
 
     def is_terminated(self) -> bool:
@@ -112,6 +141,7 @@ class XGrammarMatcher(GrammarMatcher):
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self.inner.rollback(num_tokens)
+            del self._lead_last[-num_tokens:]
             self._ended = None
 
 
@@ -136,6 +166,13 @@ class XGrammarBackend(GrammarBackend):
         json_ok = [i for i, b in enumerate(vocab) if not control.search(b)]
         #: one bitmask row: the tokens a JSON text may hold anywhere
         self.json_tokens = _rows_of(json_ok, tokenizer.vocab_size)
+        #: tokens that end with a surrogate's lead byte, and one bitmask row: the tokens that
+        #: may follow one (those not starting with A0..BF)
+        self.surrogate_leads = frozenset(i for i, b in enumerate(vocab)
+                                         if b[-1:] == bytes([_SURROGATE_LEAD]))
+        self.no_surrogate_tail = _rows_of([i for i, b in enumerate(vocab)
+                                           if not 0xA0 <= (b[0] if b else 0) <= 0xBF],
+                                          tokenizer.vocab_size)
         #: one bitmask row: the EOS tokens
         self.eos_tokens = _rows_of(tokenizer.eos_token_ids, tokenizer.vocab_size)
         self._batch = xgr.BatchGrammarMatcher(self.settings.max_threads)
@@ -185,6 +222,10 @@ class XGrammarBackend(GrammarBackend):
             raise TypeError("fill_bitmasks takes this backend's matchers only")
         with self._batch_lock:  # one batch matcher, its threads shared
             self._batch.batch_fill_next_token_bitmask([m.inner for m in ours], bitmask, rows)
-        json_rows = [row for m, row in zip(ours, rows) if m.json]
-        if json_rows:
-            bitmask[json_rows] &= self.json_tokens
+        for start, stop in _runs(row for m, row in zip(ours, rows) if m.json):
+            # in place on a slice: indexing by a list of rows would copy them out and back,
+            # which costs more than filling them
+            bitmask[start:stop] &= self.json_tokens
+        for matcher, row in zip(ours, rows):
+            if matcher.json and matcher.after_surrogate_lead:
+                bitmask[row] &= self.no_surrogate_tail

@@ -122,6 +122,67 @@ def test_json_masks_never_allow_control_characters(bytes_backend):
         assert ord("a") in allowed
 
 
+def test_json_strings_hold_no_surrogates_within_or_across_tokens():
+    # xgrammar's string rule takes ED A0..BF (a UTF-16 surrogate in UTF-8's form, not UTF-8):
+    # decoded, its three bytes are three replacement characters, so maxLength would fail
+    pieces = (tuple(bytes([b]) for b in range(256)) + (b"\xed\xa0\x80", b"\xed\x9f\xbf")
+              + (None,))
+    eos = len(pieces) - 1
+    backend = XGrammarBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
+                                            eos_token_ids=(eos,)))
+    words = backend.tokenizer.bitmask_words
+    compiled = backend.compile(GrammarSpec.json_schema({"type": "string", "maxLength": 3}))
+
+    def allowed(matcher) -> set[int]:
+        mask = torch.full((1, words), -1, dtype=torch.int32)
+        matcher.fill_bitmask(mask, 0)
+        return allowed_ids(mask[0], len(pieces))
+
+    matcher = backend.matcher(compiled)
+    assert matcher.accept(ord('"'))
+    assert 256 not in allowed(matcher) and 257 in allowed(matcher)  # within a token
+    assert matcher.accept(0xED)
+    after_lead = allowed(matcher)
+    assert not after_lead & set(range(0xA0, 0xC0))  # across tokens
+    assert set(range(0x80, 0xA0)) <= after_lead
+    matchers = [backend.matcher(compiled) for _ in range(backend.settings.parallel_rows)]
+    for other in matchers:
+        assert other.accept(ord('"')) and other.accept(0xED)
+    batch = torch.full((len(matchers), words), -1, dtype=torch.int32)
+    backend.fill_bitmasks(matchers, batch, range(len(matchers)))
+    assert all(allowed_ids(row, len(pieces)) == after_lead for row in batch)
+    matcher.rollback(1)  # back to the opening quote: the rule no longer applies
+    assert not matcher.after_surrogate_lead
+    assert matcher.accept(0xED) and matcher.accept(0x9F) and matcher.accept(0xBF)
+    assert matcher.accept(ord('"'))
+    assert matcher.is_terminated() or matcher.accept(eos)
+
+
+def test_batched_fill_clears_control_characters_of_json_rows_only(bytes_backend):
+    # enough rows for the batched path; JSON rows in runs and alone, regex rows between them
+    json_grammar = bytes_backend.compile(GrammarSpec.json_schema({"type": "string",
+                                                                  "maxLength": 5}))
+    regex_grammar = bytes_backend.compile(GrammarSpec("regex", "[\\x00-\\x7f]*"))
+    kinds = "jjjrjjrrjrjjj"
+    matchers = [bytes_backend.matcher(json_grammar if k == "j" else regex_grammar)
+                for k in kinds]
+    for matcher, kind in zip(matchers, kinds):
+        if kind == "j":
+            assert matcher.accept(ord('"'))
+    rows = [3, 4, 5, 0, 7, 8, 1, 2, 10, 9, 12, 13, 14]
+    words = bytes_backend.tokenizer.bitmask_words
+    batch = torch.full((16, words), -1, dtype=torch.int32)
+    assert len(matchers) >= bytes_backend.settings.parallel_rows
+    bytes_backend.fill_bitmasks(matchers, batch, rows)
+    for matcher, kind, row in zip(matchers, kinds, rows):
+        own = torch.full((1, words), -1, dtype=torch.int32)
+        matcher.fill_bitmask(own, 0)
+        assert torch.equal(batch[row], own[0]), row
+        control = allowed_ids(batch[row], 257) & set(range(32))
+        assert bool(control) == (kind == "r"), (row, kind)
+    assert torch.equal(batch[[6, 11, 15]], torch.full((3, words), -1, dtype=torch.int32))
+
+
 def test_choice_with_quotes_and_control_characters(bytes_backend):
     choices = ('say "hi"', "back\\slash", "tab\tnew\nline", "é")
     compiled = bytes_backend.compile(GrammarSpec("choice", choices))
