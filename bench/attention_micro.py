@@ -59,7 +59,7 @@ def paged_batch(query_lens: list[int], context_lens: list[int]):
     per_seq = [-(-s // BS) for s in seq_lens]
     total = sum(per_seq)
     width = max(per_seq)
-    cache = torch.empty(2, total, BS, HKV, D, dtype=DTYPE, device=dev).normal_()
+    cache = random_cache(total, dev)
     perm = torch.randperm(total, device=dev, dtype=torch.int64)
     tables = torch.zeros(len(seq_lens), width, dtype=torch.int32, device=dev)
     slots = []
@@ -88,6 +88,18 @@ def paged_batch(query_lens: list[int], context_lens: list[int]):
     k = torch.randn(n, HKV, D, dtype=DTYPE, device=dev)
     v = torch.randn(n, HKV, D, dtype=DTYPE, device=dev)
     return layer, q, k, v, cache, meta
+
+
+def random_cache(num_blocks: int, device: torch.device):
+    """A bf16 cache of ``num_blocks`` blocks of random K/V."""
+    from tallow.kernels.kv_cache import allocate_layer
+    from tallow.kernels.kv_cast import AutoKVCodec
+
+    cache = allocate_layer(AutoKVCodec(), num_kv_heads=HKV, head_dim=D, block_size=BS,
+                           num_blocks=num_blocks, model_dtype=DTYPE, device=device)
+    for tensor in cache.paged():
+        tensor.normal_()
+    return cache
 
 
 def reference(layer, q, cache, meta):
@@ -124,7 +136,7 @@ def decode_row(batch: int, context: int, with_reference: bool) -> Row:
     with torch.cuda.graph(graph):
         attend()  # captured: split count chosen for any length
     g = bench(graph.replay)
-    kv_bytes = 2 * batch * (context + 1) * HKV * D * cache.element_size()
+    kv_bytes = 2 * batch * (context + 1) * HKV * D * cache["k"].element_size()
     flops = 4 * batch * HQ * D * (context + 1)
     ref_us = err = None
     if with_reference:
@@ -143,7 +155,7 @@ def layers_row(batch: int, context: int, layers: int = 32) -> Row:
     from tallow_attention_triton.backend import TritonAttentionBackend
 
     layer, q, k, v, cache, meta = paged_batch([1] * batch, [context] * batch)
-    caches = [cache] + [torch.empty_like(cache).normal_() for _ in range(layers - 1)]
+    caches = [cache] + [random_cache(cache.num_blocks, q.device) for _ in range(layers - 1)]
     be = TritonAttentionBackend()
     outs = []
 
@@ -158,7 +170,7 @@ def layers_row(batch: int, context: int, layers: int = 32) -> Row:
     with torch.cuda.graph(graph):
         step()
     t = bench(graph.replay) / layers
-    kv_bytes = 2 * batch * (context + 1) * HKV * D * cache.element_size()
+    kv_bytes = 2 * batch * (context + 1) * HKV * D * cache["k"].element_size()
     flops = 4 * batch * HQ * D * (context + 1)
     return Row(f"graph/layer b={batch} ctx={context}", t, t, t, None, kv_bytes / t / 1e3,
                flops / t / 1e6, None)
@@ -180,7 +192,7 @@ def prefill_row(tokens: int, context: int, with_reference: bool) -> Row:
     t = bench(attend)
     pairs = sum(context + i + 1 for i in range(tokens))  # causal (query, key) pairs
     flops = 4 * HQ * D * pairs
-    kv_bytes = 2 * (context + tokens) * HKV * D * cache.element_size()
+    kv_bytes = 2 * (context + tokens) * HKV * D * cache["k"].element_size()
     ref_us = err = None
     if with_reference:
         expected = reference(layer, q, cache, meta)

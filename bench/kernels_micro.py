@@ -12,12 +12,11 @@ import contextlib
 import json
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
 HIDDEN, N_Q, N_KV, HEAD, MLP, VOCAB = 4096, 32, 8, 128, 14336, 128256
-BLOCK_SIZE, N_BLOCKS, MAX_POS = 16, 4096, 8192
+MAX_POS = 8192
 BATCHES = (1, 8, 32, 64, 128, 256)
 
 
@@ -25,8 +24,6 @@ def _cases(n: int, dtype: torch.dtype):
     """(name, triton callable, reference callable) for n tokens."""
     from tallow.kernels import activation, gumbel, norm, rotary
     from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.attention_ref import store_kv_ref
-    from tallow.kernels.kv_store_triton import store_kv_triton
     from tallow.kernels.norm_triton import rms_norm_triton
     from tallow.kernels.rotary_triton import rotary_embedding_triton
     from tallow.kernels.sampling_triton import gumbel_argmax_triton
@@ -51,13 +48,6 @@ def _cases(n: int, dtype: torch.dtype):
     yield ("rotary (q+k, in place)",
            lambda: rotary_embedding_triton(pos, q, k, cache, HEAD, True, True),
            lambda: rotary.rotary_embedding_ref(pos, q, k, cache, HEAD, True, True))
-
-    kv_cache = torch.zeros(2, N_BLOCKS, BLOCK_SIZE, N_KV, HEAD, device=dev, dtype=dtype)
-    kk = k.view(n, N_KV, HEAD)
-    vv = qkv[:, (N_Q + N_KV) * HEAD:].view(n, N_KV, HEAD)
-    slots = torch.randperm(N_BLOCKS * BLOCK_SIZE, device=dev)[:n]
-    yield ("store_kv", lambda: store_kv_triton(kv_cache, kk, vv, slots),
-           lambda: store_kv_ref(kv_cache, kk, vv, slots))
 
     logits = torch.randn(n, VOCAB, device=dev)
     inv_t = torch.full((n,), 1.0 / 0.7, device=dev)
@@ -87,11 +77,9 @@ def _torch_sampling():
 
 def _sampler_batch(n: int):
     """A decode step of n rows with penalties and seeds: (logits, batch, build seconds)."""
-    from tallow.engine.sampler import RowParams, SamplingBatch
-    params = SimpleNamespace(temperature=0.8, top_p=1.0, top_k=0, min_p=0.0,
-                             repetition_penalty=1.1, frequency_penalty=0.2,
-                             presence_penalty=0.1, logit_bias=None, seed=None, logprobs=None,
-                             min_tokens=0, stop_token_ids=[], ignore_eos=False)
+    from tallow.engine.sampling import RowParams, SamplingBatch, SamplingParams
+    params = SamplingParams(temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2,
+                            presence_penalty=0.1)
     g = torch.Generator().manual_seed(0)
     rows = [RowParams(params, torch.randint(0, VOCAB, (128,), generator=g).tolist(),
                       torch.randint(0, VOCAB, (512,), generator=g).tolist(), seed=i, step=128)
@@ -123,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             t_ref = do_bench(ref, return_mode="median") * 1e3
             rows.append({"kernel": name, "tokens": n, "triton_us": t_fast, "torch_us": t_ref})
             print(f"{name:<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}{t_ref / t_fast:>9.2f}x")
-        from tallow.engine.sampler import Sampler
+        from tallow.engine.sampling import Sampler
         logits, batch, build_s = _sampler_batch(n)
         sampler = Sampler()
         t_fast = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3

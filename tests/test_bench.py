@@ -28,10 +28,26 @@ def test_latency_reports_speed_and_step_phases():
     assert r["decode_tok_s_per_seq"] > 0 and r["itl_p99_s"] >= r["itl_p50_s"] > 0
     assert set(r["decode_step_phases_s"]) == {"schedule", "launch", "overlapped", "wait", "post"}
     assert r["weight_bytes_per_step"] > 0
+    assert r["peak_running"] == 2 and r["kv_codec"] == "auto"
+    assert r["kv_capacity_tokens"] == r["kv_blocks"] * 16 and r["kv_capacity_vs_bf16"] == 0.5
     # tiny-llama in float32: its parameters, counted once, are the weights on the device
     per_layer = 128 * 64 + 64 * 64 + 256 * 64 + 64 * 128 + 2 * 64  # qkv, o, gate_up, down, norms
     params = (2 * 512 * 64 + 2 * per_layer + 64) * 4  # embedding, head, 2 layers, final norm
     assert r["weight_bytes"] >= params and r["quantization"] == "none (float32)"
+
+
+def test_latency_of_a_batch_the_kv_cache_holds_only_in_part():
+    """Eight 80-token sequences in a cache of 20 blocks of 16 tokens: four fit at once, and
+    the decode rate counts the tokens the decode steps produced, not eight per step; the
+    turbo4 codec's capacity is reported against a 16-bit cache."""
+    r = bench("latency", "--model", "random:tiny-llama", "--device", "cpu", "--batch-size", "8",
+              "--input-len", "64", "--output-len", "16", "--num-blocks", "20",
+              "--max-model-len", "128", "--kv-codec", "turbo4", "--warmup-input-len", "8")
+    assert r["kv_fits_sequences"] == 4 and r["peak_running"] == 4
+    assert r["kv_codec"] == "turbo4" and r["kv_capacity_tokens"] == 320
+    # head size 16: 4 bits of code + a 16-bit scale per 16 elements = 5 bits against 16
+    assert abs(r["kv_capacity_vs_bf16"] - 3.2) < 1e-9
+    assert r["decode_tok_s_total"] <= 4.01 * r["decode_tok_s_per_seq"]
 
 
 def test_throughput_generates_every_requested_token():
@@ -95,3 +111,21 @@ def test_schedule_replay_shows_preemptions_only_for_sequences_of_unknown_length(
     assert unknown["preemptions"] > 0 and unknown["recomputed_tokens"] > 0
     assert known["decode_rows"] == 8 * 39  # every output token but the first is a decode
     assert unknown["decode_rows"] < 8 * 39  # recomputed outputs come back as prompt rows
+
+
+def test_constrained_bench_explains_grammar_ended_outputs_that_fail_the_schema():
+    from types import SimpleNamespace
+
+    from tallow.bench.constrained import _validate
+
+    schema = {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+              "required": ["zip"]}
+    outputs = [SimpleNamespace(text='{"zip":"12345"}', finish_reason="stop"),
+               SimpleNamespace(text='{"zip":"1234"}', finish_reason="stop"),
+               SimpleNamespace(text='{"zi', finish_reason="length"),
+               SimpleNamespace(text='{"zi', finish_reason="stop")]
+    valid, problems = _validate(outputs, schema)
+    assert valid == 1
+    assert len(problems) == 2  # the length-ended output is not the grammar's doing
+    assert "does not match" in problems[0] and "(pattern)" in problems[0]
+    assert problems[1].startswith("not JSON")

@@ -78,7 +78,7 @@ import importlib
 importlib.import_module("tallow.engine.runner")
 
 def register(registry):
-    registry.register("x", "tallow.engine.sampler:Sampler")
+    registry.register("x", "tallow.engine.sampling:Sampler")
 '''
     found = violations(bad)
     assert len(found) == 7, found

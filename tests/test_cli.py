@@ -75,9 +75,18 @@ def test_plugins_list_table() -> None:
     assert lines[0].split() == ["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS", "/", "REASON"]
     core = next(line for line in lines if line.startswith("tallow "))
     assert " ok " in core and "attention_backend: torch" in core
+    assert "kv_codec: auto (model dtype)" in core
     for name in first_party_distributions():
         row = next(line for line in lines if line.startswith(name + " "))
         assert " disabled " in row and "TALLOW_PLUGINS" in row
+
+
+def test_plugins_list_shows_each_kv_codec_with_its_bits() -> None:
+    proc = _tallow("plugins", "list", TALLOW_PLUGINS="tallow-kvcache-fp8")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines()
+               if line.startswith("tallow-kvcache-fp8 "))
+    assert "kv_codec: fp8 (8 bits), fp8_e4m3 (8 bits), fp8_e5m2 (8 bits)" in row
 
 
 def test_config_show_yaml_and_json_agree_and_follow_precedence(tmp_path: Path) -> None:

@@ -252,12 +252,16 @@ def test_a_plugin_left_out_by_any_source_is_not_used(
     pm = engine.plugin_manager
     assert {s.name: s.status for s in pm.statuses()} == listed
     assert "fp8" not in pm.registries.kv_codecs and "hermes" not in pm.registries.tool_parsers
-    assert pm.registries.kv_codecs.names() == ["auto"]
+    # the core's codec and the other KV-codec plugins' (turboquant) stay
+    assert "auto" in pm.registries.kv_codecs.names()
+    assert not {"fp8", "fp8_e4m3", "fp8_e5m2"} & set(pm.registries.kv_codecs.names())
 
     with pytest.raises(SelectionError) as refused:
         build(kv_codec="fp8")
     text = str(refused.value)
-    assert text.startswith("cache.kv_codec 'fp8': unknown kv_codec 'fp8' (registered: auto)")
+    registered = ", ".join(sorted(pm.registries.kv_codecs.names()))
+    assert text.startswith(f"cache.kv_codec 'fp8': unknown kv_codec 'fp8' (registered: "
+                           f"{registered})"), text
     assert f"plugin {FP8} " in text and "provides kv_codec 'fp8'" in text
     assert "installed and not loaded" in text and refusal in text, text
 
@@ -268,5 +272,5 @@ def test_the_same_sources_load_the_plugin_when_nothing_leaves_it_out(
     monkeypatch.setenv("TALLOW_PLUGINS__DISABLE", HERMES)
     engine = LLM(**tiny, kv_codec="fp8").engine
     assert "fp8" in engine.plugin_manager.registries.kv_codecs
-    assert engine.parts.core.runner.kv_dtype != engine.parts.loaded.dtype
+    assert engine.parts.core.runner.kv_caches[0]["k"].dtype != engine.parts.loaded.dtype
     assert "hermes" not in engine.plugin_manager.registries.tool_parsers

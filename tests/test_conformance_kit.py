@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 BROKEN = '''
 import pytest
 import torch
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers.torch_attention import TorchAttentionBackend
-from tallow.plugin import KVCodec, ParseResult, StreamDelta, ToolCall, ToolParser
+from tallow.plugin import ParseResult, StreamDelta, ToolCall, ToolParser
 from tallow.plugin.testing import (
     AttentionBackendConformance, KVCodecConformance, ToolParserConformance,
 )
@@ -35,12 +35,17 @@ class TestBrokenBackend(AttentionBackendConformance):
         return OffByScale
 
 
-class WrongSize(KVCodec):
-    name = "wrong"
-    bytes_per_element = 2.0
+class StoresPadding(CastKVCodec):
+    """Casts into float16 whatever the model's dtype (too few bits for a float32 model's
+    "model dtype" listing), and stores rows with slot -1 at the end of the last block."""
 
-    def cache_dtype(self, model_dtype):
-        return torch.float8_e4m3fn
+    name = "padding"
+    storage = torch.float16
+
+    def encode(self, cache, k, v, slot_mapping):
+        blocks, offsets = slot_mapping // cache.block_size, slot_mapping % cache.block_size
+        cache["k"][blocks, offsets] = k.to(torch.float16)
+        cache["v"][blocks, offsets] = v.to(torch.float16)
 
 
 class TestBrokenCodec(KVCodecConformance):
@@ -49,7 +54,7 @@ class TestBrokenCodec(KVCodecConformance):
 
     @pytest.fixture(scope="class")
     def component_class(self):
-        return WrongSize
+        return StoresPadding
 
 
 class Greedy(ToolParser):
@@ -107,19 +112,16 @@ class TestNotInstalled(ToolParserConformance):
 
 
 def test_suites_fail_broken_components(tmp_path: Path) -> None:
-    module = tmp_path / "test_broken.py"
-    module.write_text(textwrap.dedent(BROKEN))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rfE", str(module)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    from tallow.plugin.testing import suite_failures
+
     # a test that fails, or whose fixture (the component's loading) errors
-    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
-              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
-    report = proc.stdout[-4000:]
+    failed, stdout = suite_failures(BROKEN, tmp_path, timeout=300)
+    report = stdout[-4000:]
     for test in ("TestBrokenBackend::test_prefill[torch.float32]",
                  "TestBrokenBackend::test_decode[torch.bfloat16]",
                  "TestBrokenBackend::test_prefix_hit",
-                 "TestBrokenCodec::test_bytes_per_element_is_the_cache_dtype_size",
+                 "TestBrokenCodec::test_bytes_cover_the_stated_bits",
+                 "TestBrokenCodec::test_round_trip_through_scattered_partial_blocks",
                  "TestBrokenParser::test_streaming_equals_whole_parse[example0]",
                  "TestBrokenParser::test_plain_text_is_content[plain0]",
                  "TestBrokenParser::test_unknown_tool_is_not_a_call[example0]",
@@ -128,8 +130,9 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
         assert any(f.startswith(test) for f in failed), f"{test} did not fail:\n{report}"
     # what the broken components do right still passes
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
+    assert "TestBrokenCodec::test_copied_block_reads_the_same" not in "".join(failed)
     assert "TestBrokenParser::test_examples_parse_to_their_calls" not in "".join(failed)
-    assert "no installed distribution 'tallow-no-such-plugin'" in proc.stdout
+    assert "no installed distribution 'tallow-no-such-plugin'" in stdout
 
 
 def test_tallow_imports_no_pytest_at_runtime() -> None:

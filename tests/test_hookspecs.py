@@ -91,6 +91,10 @@ class AllHooks:
         self._register("tallow_register_tool_providers", registry)
 
     @hookimpl
+    def tallow_register_grammar_backends(self, registry: Any) -> None:
+        self._register("tallow_register_grammar_backends", registry)
+
+    @hookimpl
     def tallow_register_routes(self, registry: Any) -> None:
         self._register("tallow_register_routes", registry)
 

@@ -34,6 +34,7 @@ COMPONENTS = {
     "quant-scheme": ("quant_scheme", "ci_quant_scheme"), "kv-codec": ("kv_codec", "ci_kv_codec"),
     "attention-backend": ("attention_backend", "ci_attention_backend"),
     "tool-provider": ("tool_provider", "ci_tool_provider"), "routes": ("route", "/ci-routes"),
+    "grammar-backend": ("grammar_backend", "ci_grammar_backend"),
 }
 #: modules a rendered plugin may import from tallow
 PUBLIC = ("tallow.plugin", "tallow.layers", "tallow.kernels")

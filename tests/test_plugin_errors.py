@@ -388,4 +388,5 @@ def test_no_hint_when_nothing_is_left_out() -> None:
     pm = load_plugins(None, env={})
     with pytest.raises(RegistryError) as info:
         pm.registries.kv_codecs.entry("fp4")
-    assert str(info.value) == "unknown kv_codec 'fp4' (registered: auto, fp8, fp8_e4m3, fp8_e5m2)"
+    assert str(info.value) == ("unknown kv_codec 'fp4' (registered: auto, fp8, fp8_e4m3, "
+                               "fp8_e5m2, turbo3, turbo4, turbo8)")

@@ -154,8 +154,16 @@ def _cumsum(xs):
 
 def reference(b, **kw):
     from tallow.kernels.attention_ref import paged_attention_ref
+    from tallow.kernels.kv_cache import LayerKVCache, layer_layout
+    from tallow.kernels.kv_cast import CastKVCodec
     qsl = [0] + list(_cumsum(b["query_lens"]))
-    return paged_attention_ref(b["q"], b["cache"], query_start_loc=qsl, seq_lens=b["seq_lens"],
+    # the probe's stacked cache seen as a cast codec's k and v pages
+    codec = CastKVCodec(storage=b["cache"].dtype)
+    shape = dict(num_kv_heads=b["hkv"], head_dim=b["d"], block_size=b["block_size"])
+    layout = layer_layout(codec, model_dtype=b["q"].dtype, **shape)
+    cache = LayerKVCache(codec, {"k": b["cache"][0], "v": b["cache"][1]}, layout=layout,
+                         model_dtype=b["q"].dtype, **shape)
+    return paged_attention_ref(b["q"], cache, query_start_loc=qsl, seq_lens=b["seq_lens"],
                                block_tables=b["tables"], scale=b["d"] ** -0.5, **kw)
 
 

@@ -3,11 +3,13 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
+# kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
-# fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,
+# sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
-# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8 and
-# quantized-weight (tallow-quant-gguf, --isq) runs.
+# targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
+# KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
 # Writes OUTDIR/tests.log, OUTDIR/<bench>.json and prints a summary table last.
 set -uo pipefail
 OUT=${1:-/tmp/tallow-gpu}
@@ -27,9 +29,13 @@ for aot in .whl/flashinfer-aot-*.tar.gz; do
   fi_dir=$(python3 -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('flashinfer').origin))") \
     && tar xzf "$aot" -C "$fi_dir" && echo "flashinfer: modules of $aot installed in $fi_dir/data/aot"
 done
-pip_args=(-q --no-deps --no-build-isolation -e .)
-for d in plugins/*/*/; do pip_args+=(-e "$d"); done
-python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
+# One editable install per machine (a later call on the same machine finds the marker).
+if [ ! -f /tmp/tallow-installed ] || [ "$(cat /tmp/tallow-installed)" != "$PWD" ]; then
+  pip_args=(-q --no-deps --no-build-isolation -e .)
+  for d in plugins/*/*/; do pip_args+=(-e "$d"); done
+  python3 -m pip install "${pip_args[@]}" >/tmp/tallow-install.log 2>&1 || { tail -20 /tmp/tallow-install.log; exit 1; }
+  echo "$PWD" > /tmp/tallow-installed
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 # A snapshot without .git (git archive) names its commit in COMMIT.
@@ -183,6 +189,51 @@ fi
 if [[ ",$MODE," == *",thr8bfp8big,"* ]]; then  # fp8 KV holds all 1000 sequences at once
   bench throughput_8b_fp8_1024 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 1024 --max-cuda-graph-batch 1024
 fi
+# The KV codecs' GPU tests, file by file, each file's failures with short tracebacks as soon
+# as that file ends (the whole log in OUT/tests_kv*.log): kvtestsquick ~4 min, one test per
+# fused path at real sizes and the tests that failed at 57cb60d; kvtests ~9 min, all of them.
+kvtest() {  # log, timeout, pytest args...
+  timeout "$2" python3 -m pytest -q -m gpu -rfE --tb=short --timeout 240 "${@:3}" 2>&1 \
+    | grep -v Warning | tee -a "$OUT/$1" | grep -v "^[.sFEx]*\s*\[ *[0-9]*%\]$"
+}
+if [[ ",$MODE," == *",kvtestsquick,"* ]]; then
+  echo "== GPU tests of the KV codecs (short selection)"
+  G=plugins/attention/triton/tests/test_attention_gpu.py
+  kvtest tests_kv_quick.log 150 "tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_against_the_torch_backend_and_eager[turbo4]" \
+    tests/gpu/test_gpu_engine.py::test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens
+  kvtest tests_kv_quick.log 150 $G -k "turbo_cache_long_contexts and 1-torch.float16 \
+    or head_scales_long_contexts and True-1- or turbo_sliding_window_and_softcap \
+    or cuda_graph_capture_and_replay or store_codes_match or fp8_store_rounds \
+    or turbo_every_head_dim_and_group and (1-80-3 or 8-256-4 or 8-96-8)"
+fi
+if [[ ",$MODE," == *",kvtests,"* ]]; then
+  echo "== GPU tests of the KV codecs"
+  kvtest tests_kv.log 240 tests/gpu/test_gpu_engine.py tests/engine/test_kv_fp8_settings.py \
+    -k "turbo or fp8 or graph or scales"
+  kvtest tests_kv.log 330 plugins/attention/triton/tests/test_attention_gpu.py \
+    plugins/attention/triton/tests/test_pdl_gpu.py -k "turbo or fp8 or graph or compiles or scales"
+fi
+if [[ ",$MODE," == *",turboprobe,"* ]]; then  # ~2 min: where a decode step's attention time goes per cache
+  echo "== decode attention per cache: the step, the store, the kernels, the rotations"
+  timeout 240 python3 bench/gpu/kv_turbo_probe.py --batch 512 2>&1 | grep -v Warning | tee "$OUT/turboprobe.log"
+fi
+if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # ~4 min: the interpreter's kernel cases and the kit's conformance cases (every codec) on the GPU
+  echo "== kernel and conformance cases on the GPU"
+  timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 240 plugins/attention/triton/tests/kernel_cases.py \
+    plugins/attention/triton/tests/conformance_cases.py 2>&1 | grep -v Warning | tee "$OUT/tests_kernel_cases.log" | tail -40
+fi
+if [[ ",$MODE," == *",thr8bturbo4,"* ]]; then  # the fp8 run's workload with a turbo4 cache (run beside thr8bfp8)
+  bench throughput_8b_turbo4 330 throughput --model random:llama-3-8b --dtype bfloat16 --kv-codec turbo4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+# Long contexts: 64 sequences of 32,768 prompt tokens, 128 generated each; the decode rate over
+# the decode steps, the sequences that ran at once and that the cache holds (per codec).
+# llama-3.1-8b: llama-3-8b's shapes with rotary scaling to 128k positions (llama-3-8b stops at 8k).
+LONG32K=(latency --model random:llama-3.1-8b --dtype bfloat16 --batch-size 64 --input-len 32768 --output-len 128 --max-model-len 32896 --max-num-seqs 64 --max-cuda-graph-batch 64 --warmup-input-len 512)
+for codec in bf16 fp8 turbo4 turbo3; do
+  if [[ ",$MODE," == *",long32k$codec,"* ]]; then
+    bench long32k_$codec 560 "${LONG32K[@]}" --kv-codec "$([ $codec = bf16 ] && echo auto || echo $codec)"
+  fi
+done
 if [[ ",$MODE," == *",quanttests,"* ]]; then  # ~2.5 min at most
   echo "== GPU tests of tallow-quant-gguf (kernel cases, then the gpu-marked tests)"
   { timeout 100 python3 -m pytest -q -rs -n 8 --timeout 90 plugins/quant/gguf/tests/kernel_cases.py
@@ -229,6 +280,29 @@ fi
 if [[ ",$MODE," == *",quantmicro,"* ]]; then  # what the engine runs per llama-3-8b shape and row count, against bf16
   echo "== quantized matmul kernels on llama-3-8b shapes"
   timeout 560 python3 bench/gpu/quant_micro.py --output "$OUT/quantmicro.json" 2>&1 | grep -v Warning | tee "$OUT/quantmicro.log" | tail -80
+fi
+if [[ ",$MODE," == *",fp8wtests,"* ]]; then  # ~9 min at most (Triton compiles on first use)
+  echo "== GPU tests of tallow-quant-fp8 (kernel cases, then the gpu-marked tests)"
+  { timeout 220 python3 -m pytest -q -rs --timeout 200 plugins/quant/fp8/tests/kernel_cases.py
+    timeout 300 python3 -m pytest -q -m gpu -rs --timeout 280 plugins/quant/fp8/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_fp8w.log"
+fi
+F8B=(--model random:llama-3-8b --dtype bfloat16 --isq fp8)
+if [[ ",$MODE," == *",fp8wlat,"* ]]; then
+  bench latency_8b_fp8w_bs1 300 latency "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wlatvocab,"* ]]; then  # A/B: embedding and head in fp8 too
+  bench latency_8b_fp8w_vocab_bs1 300 latency --config bench/gpu/fp8_isq_vocab.yaml "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",fp8wthr,"* ]]; then  # fp8 weights and an fp8 KV cache
+  bench throughput_8b_fp8w_fp8kv 450 throughput "${F8B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",fp8wttft,"* ]]; then
+  bench ttft_8b_4096_fp8w 240 latency "${F8B[@]}" --batch-size 1 --input-len 4096 --output-len 4 --max-model-len 8192
+fi
+if [[ ",$MODE," == *",fp8wmicro,"* ]]; then  # the fp8 GEMV/GEMM against bf16 per llama-3-8b shape, M 1/16/256/4096, and the GEMV sweep
+  echo "== fp8 matmuls on llama-3-8b shapes"
+  timeout 420 python3 bench/gpu/fp8_micro.py --rows 1,16,256,4096 --sweep-gemv --output "$OUT/fp8micro.json" 2>&1 | grep -v Warning | tee "$OUT/fp8micro.log" | tail -60
 fi
 if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
   echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
@@ -289,15 +363,59 @@ if [[ ",$MODE," == *",tp2allreduce,"* ]]; then  # the all-reduces of a decode st
       --output "$OUT/tp2_allreduce_h${shape:9:4}.json" 2>&1 | grep -v Warning | tail -8
   done | tee "$OUT/tp2_allreduce.log"
 fi
+if [[ ",$MODE," == *",sotests,"* ]]; then  # structured outputs: needs the xgrammar wheels in .whl
+  echo "== GPU tests of structured outputs (the mask kernel, constrained decoding under CUDA graphs)"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 360 tests/kernels/test_token_bitmask.py \
+    tests/gpu/test_structured_outputs_gpu.py 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_so.log"
+fi
+if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of unconstrained tok/s
+  bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
+    --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
+    --json-schema bench/schemas/order.json
+fi
+if [[ ",$MODE," == *",int4tests,"* ]]; then  # ~6 min at most (two GPTQ loads of a 1B model among them)
+  echo "== GPU tests of tallow-quant-int4 (kernel cases, then the gpu-marked tests)"
+  { timeout 120 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 110 plugins/quant/int4/tests/kernel_cases.py
+    timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 plugins/quant/int4/tests
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_int4.log"
+fi
+# speed runs round to nearest (bench/gpu/int4_rtn.yaml): the default's layout and kernels
+# without calibrating the 8B model at load; GPTQ on the GPU is among int4tests
+I4B=(--config bench/gpu/int4_rtn.yaml "${Q8B[@]}" --isq int4)
+if [[ ",$MODE," == *",int4lat,"* ]]; then
+  bench latency_8b_int4_bs1 300 latency "${I4B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",int4thr,"* ]]; then
+  bench throughput_8b_int4 450 throughput "${I4B[@]}" --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4thrfp8,"* ]]; then  # the same with an fp8 KV cache
+  bench throughput_8b_int4_fp8kv 450 throughput "${I4B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-3-8b shape, M 1/16/256/4096
+  echo "== int4 matmul on llama-3-8b shapes"
+  timeout 400 python3 bench/gpu/int4_micro.py --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -120
+fi
+if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
+  echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
+  { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
+    timeout 200 python3 -m pytest -q -m gpu -rs --timeout 180 plugins/quant/fp4/tests
+  } 2>&1 | grep -v Warning | tail -30 | tee "$OUT/tests_fp4.log"
+fi
+if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
+  bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 print("\n== summary")
 for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
-    keys = ["decode_tok_s_per_seq", "ttft_s", "itl_p50_s", "bandwidth_utilisation",
-            "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s", "card_gemm_flops",
-            "card_copy_bytes_per_s", "weight_bytes", "inputs_s"]
+    keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
+            "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
+            "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",
+            "card_gemm_flops", "card_copy_bytes_per_s", "weight_bytes", "inputs_s",
+            "constrained_tok_s", "unconstrained_tok_s", "constrained_vs_unconstrained",
+            "mask_ms_per_step"]
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY

@@ -9,7 +9,8 @@ __version__ = "0.1.0"
 # The Python API is imported lazily so that `import tallow` (and plugin listing) stays cheap.
 _LAZY = {
     "LLM": "tallow.engine.llm:LLM",
-    "SamplingParams": "tallow.engine.sampling_params:SamplingParams",
+    "SamplingParams": "tallow.engine.sampling:SamplingParams",
+    "StructuredOutputsParams": "tallow.engine.sampling:StructuredOutputsParams",
     "AsyncEngine": "tallow.engine.async_engine:AsyncEngine",
 }
 
@@ -23,4 +24,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tallow' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "SamplingParams", "AsyncEngine", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "AsyncEngine", "__version__"]

@@ -14,7 +14,7 @@ def tallow_register_attention_backends(registry) -> None:
 
 @hookimpl
 def tallow_register_kv_codecs(registry) -> None:
-    registry.register("auto", "tallow.layers.kv_codec:AutoKVCodec")
+    registry.register("auto", "tallow.kernels.kv_cast:AutoKVCodec", bits=None)
 
 
 @hookimpl

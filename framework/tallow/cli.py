@@ -1,12 +1,12 @@
 """The ``tallow`` command.
 
-``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``
-``tallow mcp`` and ``tallow quantize`` come from :mod:`tallow.server.cli`, :mod:`tallow.bench.cli`,
-:mod:`tallow.server.mcp_cli` and :mod:`tallow.quantize_cli` when those are installed: each
-provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that adds its subcommand and sets
-``func`` (``func(args) -> int | None``) with ``set_defaults``. They are
-imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins list``
-import no torch.
+``tallow plugins list`` and ``tallow config show`` live here. ``tallow serve``, ``tallow bench``,
+``tallow mcp`` and ``tallow quantize`` come from :mod:`tallow.server.cli`,
+:mod:`tallow.bench.cli`, :mod:`tallow.server.mcp_cli` and :mod:`tallow.quantize_cli` when
+those are installed: each provides ``add_parser(subparsers) -> argparse.ArgumentParser`` that
+adds its subcommand and sets ``func`` (``func(args) -> int | None``) with ``set_defaults``.
+They are imported only when their subcommand runs, so ``tallow --help`` and ``tallow plugins
+list`` import no torch.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         return 0
     rows = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
     for s in statuses:
-        detail = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in s.components.items())
+        detail = "; ".join(f"{kind}: {', '.join(_labels(pm, kind, names))}"
+                           for kind, names in s.components.items())
         rows.append([s.name, s.version or "?", s.status, s.mode or "-",
                      s.reason if s.status != "ok" else (detail or "(none)")])
     print(_table(rows))
@@ -128,6 +129,13 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         print()
         print(_tools_table(checked))
     return 0
+
+
+def _labels(pm: Any, kind: str, names: list[str]) -> list[str]:
+    """Component names as listed: KV codecs with their bits per element."""
+    if kind == "kv_codec":
+        return [pm.registries.kv_codecs.label(name) for name in names]
+    return names
 
 
 def _check_tools(pm: Any, config: Any) -> list[dict[str, Any]]:

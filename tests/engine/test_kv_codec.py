@@ -1,7 +1,8 @@
 """KV codecs through the engine: the fp8 caches of tallow-kvcache-fp8 against transformers
-with its keys and values rounded the same way, the KV budget in blocks, and the errors for a
-codec that does not exist or that the attention backend cannot serve, and the automatic
-choice of attention backend passing over one that refuses the codec or the model."""
+with its keys and values rounded the same way, the KV budget in blocks, a codec served only
+through its reference, the errors for a codec that does not exist or that the attention
+backend cannot serve, and the automatic choice of attention backend passing over one that
+refuses the codec or the model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from tallow import LLM, SamplingParams
 from tallow.engine.builder import EngineParts, build_engine
 from tallow.engine.llm import config_from_kwargs
-from tallow.kernels.attention_ref import to_cache_dtype
+from tallow.kernels.kv_cache import to_cache_dtype
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers.torch_attention import TorchAttentionBackend
 from tallow.plugin import AttentionBackend, SelectionError, hookimpl
 from tallow.plugin.manager import load_plugins
@@ -59,7 +61,7 @@ def hf_run(model, ids: list[int]) -> tuple[torch.Tensor, list[int], torch.Tensor
 def test_fp8_cache_matches_transformers_with_rounded_kv(tiny_llama, codec):
     llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128,
               block_size=4, kv_codec=codec)
-    assert {c.dtype for c in llm.engine.core.runner.kv_caches} == {CODECS[codec]}
+    assert {c["k"].dtype for c in llm.engine.core.runner.kv_caches} == {CODECS[codec]}
     ids = llm.get_tokenizer().encode(PROMPT)
     out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True,
                                              logprobs=0, prompt_logprobs=0))[0]
@@ -84,7 +86,7 @@ def test_fp8_holds_four_times_the_blocks_of_a_float32_cache(tiny_llama):
     for codec in ("auto", "fp8"):
         llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", mem_mb=1,
                   block_size=4, max_model_len=256, kv_codec=codec)
-        blocks[codec] = llm.engine.core.runner.kv_caches[0].shape[1]
+        blocks[codec] = llm.engine.core.runner.kv_caches[0].num_blocks
         assert llm.engine.core.scheduler.block_manager.num_free_blocks == blocks[codec]
     assert blocks["fp8"] == 4 * blocks["auto"] > 0
 
@@ -97,32 +99,47 @@ def test_unknown_codec_names_the_field_and_the_choices(tiny_llama):
     assert "fp8" in text and "auto" in text and "plugins" in text
 
 
-def test_codec_with_its_own_encoding_is_refused_by_the_torch_backend(tiny_llama, monkeypatch):
-    from tallow_kvcache_fp8.codec import FP8E4M3KVCodec
+class HalfStoredCodec(CastKVCodec):
+    """A codec no backend implements in kernels of its own: K and V kept as float16."""
 
-    monkeypatch.setattr(FP8E4M3KVCodec, "elementwise", False)
-    refusal = (r"cannot use kv codec 'fp8' \(cache.kv_codec; cache dtype torch.float8_e4m3fn\): "
-               r".*own encoding")
-    with pytest.raises(SelectionError, match=r"(?s)^no attention_backend can serve .*\n  - torch: "
-                                             + refusal):
-        LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, kv_codec="fp8")
-    with pytest.raises(SelectionError, match=r"^attention_backend 'torch' \(from tallow\) cannot "
-                                             r"serve this configuration:\n  - " + refusal):
-        LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, kv_codec="fp8",
-            attention_backend="torch")
+    name = "test-half"
+    storage = torch.float16
+
+
+class RegistersHalfStored:
+    @hookimpl
+    def tallow_register_kv_codecs(self, registry: Any) -> None:
+        registry.register("test-half", HalfStoredCodec, bits=16)
+
+
+def test_codec_served_through_its_reference_by_the_torch_backend(tiny_llama):
+    """A codec that only has its torch reference runs on the torch backend, which reads any
+    codec through ``encode``/``decode``; a backend that names the codecs it implements
+    refuses it, by name, and an automatic choice passes it over."""
+    parts = build_with_picky(tiny_llama, kv_codec="test-half", extra=RegistersHalfStored())
+    assert parts.attention_backend == "torch" and parts.kv_codec == "test-half"
+    assert {c["k"].dtype for c in parts.core.runner.kv_caches} == {torch.float16}
+    with pytest.raises(SelectionError) as info:
+        build_with_picky(tiny_llama, kv_codec="test-half", attention_backend="picky",
+                         extra=RegistersHalfStored())
+    assert str(info.value) == (
+        "attention_backend 'picky' (from tallow-test-picky) cannot serve this configuration:\n"
+        "  - cannot use kv codec 'test-half' (cache.kv_codec; k, v: float16): kv codec "
+        "'test-half' is not implemented by this backend (it implements auto, fp8, fp8_e5m2)")
 
 
 # -- a backend above the torch reference that refuses e4m3 caches (as triton does below sm_89)
 class RefusesE4M3(AttentionBackend):
     made: ClassVar[list[Any]] = []  # every instance, to see that the chosen one is built once
+    fused_kv_codecs = frozenset({"auto", "fp8", "fp8_e5m2"})
 
     def __init__(self, config: Any = None) -> None:
         self.made.append(self)
 
-    def supports_kv_codec(self, codec: Any, cache_dtype: torch.dtype) -> list[str]:
-        if cache_dtype == torch.float8_e4m3fn:
+    def supports_kv_codec(self, codec: Any, layout: list[Any]) -> list[str]:
+        if any(spec.dtype == torch.float8_e4m3fn for spec in layout):
             return ["e4m3 needs compute capability 8.9"]
-        return super().supports_kv_codec(codec, cache_dtype)
+        return super().supports_kv_codec(codec, layout)
 
 
 class RegistersRefusesE4M3:
@@ -131,11 +148,13 @@ class RegistersRefusesE4M3:
         registry.register("picky", RefusesE4M3, priority=50)
 
 
-def build_with_picky(tiny_llama, **kwargs: Any) -> EngineParts:
+def build_with_picky(tiny_llama, extra: Any = None, **kwargs: Any) -> EngineParts:
     config = config_from_kwargs(model=str(tiny_llama), dtype="float32", device="cpu",
                                 num_blocks=64, **kwargs)
     pm = load_plugins(config.plugins)
     pm.add_plugin(RegistersRefusesE4M3(), "tallow-test-picky", "0.1")
+    if extra is not None:
+        pm.add_plugin(extra, "tallow-test-codec", "0.1")
     RefusesE4M3.made.clear()
     return build_engine(config, pm)
 
@@ -149,8 +168,8 @@ def test_auto_backend_passes_over_one_that_refuses_the_codec(tiny_llama, caplog)
         parts = build_with_picky(tiny_llama, kv_codec="fp8")
     assert parts.attention_backend == "torch"
     assert type(parts.core.runner.backend) is TorchAttentionBackend
-    assert {c.dtype for c in parts.core.runner.kv_caches} == {torch.float8_e4m3fn}
-    assert ("picky: cannot use kv codec 'fp8' (cache.kv_codec; cache dtype torch.float8_e4m3fn): "
+    assert {c["k"].dtype for c in parts.core.runner.kv_caches} == {torch.float8_e4m3fn}
+    assert ("picky: cannot use kv codec 'fp8' (cache.kv_codec; k, v: float8_e4m3fn): "
             "e4m3 needs compute capability 8.9") in caplog.text
 
 
@@ -159,7 +178,7 @@ def test_named_backend_that_refuses_the_codec_stops_start_up(tiny_llama):
         build_with_picky(tiny_llama, kv_codec="fp8", attention_backend="picky")
     assert str(info.value) == (
         "attention_backend 'picky' (from tallow-test-picky) cannot serve this configuration:\n"
-        "  - cannot use kv codec 'fp8' (cache.kv_codec; cache dtype torch.float8_e4m3fn): "
+        "  - cannot use kv codec 'fp8' (cache.kv_codec; k, v: float8_e4m3fn): "
         "e4m3 needs compute capability 8.9")
 
 

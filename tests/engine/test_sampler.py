@@ -4,7 +4,6 @@ hand-checked penalty semantics, and the distribution it should sample from."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -12,36 +11,12 @@ from transformers.generation.logits_process import (
     MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper,
 )
 
-from tallow.engine.sampler import (
-    RowParams, Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p,
+from tallow.engine.errors import InvalidParameter
+from tallow.engine.sampling import (
+    RowParams, Sampler, SamplingBatch, SamplingParams, apply_min_p, apply_top_k, apply_top_p,
 )
-from tallow.engine.sampling_params import SamplingParams
 from tallow.kernels.gumbel import gumbel_noise_ref, log_f32, row_keys
 from tallow.kernels.sampling import apply_logit_edits_ref
-
-@dataclass
-class _Params:
-    """The SamplingParams attributes the sampler reads, unvalidated: lets a test hand the sampler
-    values that SamplingParams itself would refuse, to check the sampler's own guards."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-    min_tokens: int = 0
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < 1e-5
-
 
 def params(**kw) -> SamplingParams:
     return SamplingParams(**kw)
@@ -339,16 +314,25 @@ def test_gumbel_noise_moments_and_keys():
 # --- bad input ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw,field_name", [
-    (dict(logit_bias={99: 1.0}), "logit_bias"),
     (dict(top_p=0.0), "top_p"),
     (dict(min_p=1.5), "min_p"),
     (dict(top_k=-3), "top_k"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
+])
+def test_bad_params_are_refused_where_they_are_built(kw, field_name):
+    """Parameters are checked once, by SamplingParams; no sampler ever sees a bad one."""
+    with pytest.raises(InvalidParameter, match=field_name) as info:
+        SamplingParams(**kw)
+    assert info.value.field == field_name
+
+
+@pytest.mark.parametrize("kw,field_name", [
+    (dict(logit_bias={99: 1.0}), "logit_bias"),
     (dict(min_tokens=1, stop_token_ids=[1000]), "stop_token_ids"),
 ])
-def test_bad_params_name_the_field(kw, field_name):
-    with pytest.raises(ValueError, match=field_name):
-        SamplingBatch.build([row(_Params(**kw))], 50, "cpu")
+def test_token_ids_outside_the_vocabulary_are_refused_at_the_door(kw, field_name):
+    with pytest.raises(InvalidParameter, match=field_name):
+        SamplingParams(**kw).validate_vocab(50)
 
 
 def test_logits_shape_checked():
@@ -360,16 +344,16 @@ def test_logits_shape_checked():
 @pytest.mark.parametrize("out,prompt,field_name", [([5, 70], [1], "output_token_ids"),
                                                    ([5], [1, -2], "prompt_token_ids")])
 def test_bad_token_ids_name_the_field(out, prompt, field_name):
-    p = _Params(frequency_penalty=0.5, repetition_penalty=1.2)
+    p = params(frequency_penalty=0.5, repetition_penalty=1.2)
     with pytest.raises(ValueError, match=field_name):
         SamplingBatch.build([row(p, out=out, prompt=prompt)], 50, "cpu")
 
 
 def test_edits_are_unique_and_merged():
     """A token named by several sources gets one entry carrying all of them."""
-    p = _Params(logit_bias={4: 1.5}, min_tokens=5, stop_token_ids=[4, 9],
-                repetition_penalty=1.3, frequency_penalty=0.5)
-    batch = SamplingBatch.build([row(p, out=[4, 4, 7], prompt=[4, 8]), row(_Params(), out=[4])],
+    p = params(logit_bias={4: 1.5}, min_tokens=5, stop_token_ids=[4, 9],
+               repetition_penalty=1.3, frequency_penalty=0.5)
+    batch = SamplingBatch.build([row(p, out=[4, 4, 7], prompt=[4, 8]), row(params(), out=[4])],
                                 20, "cpu", eos_token_ids={9})
     e = batch.edits
     pairs = list(zip(e.rows.tolist(), e.tokens.tolist()))

@@ -132,21 +132,14 @@ def test_small_prefill_chunks_give_the_same_tokens_on_gpu():
     assert a == b
 
 
-def test_fp8_kv_cache_against_the_torch_backend_and_eager():
-    """An fp8 (e4m3) cache through the triton kernels with CUDA graphs: the torch reference
-    backend on the same weights and the same codec gives the same log-probs (teacher-forced
-    on its own greedy tokens), and eager triton the same tokens as the graphs."""
-    fast = engine(kv_codec="fp8")
-    assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
-    assert {c.dtype for c in fast.core.runner.kv_caches} == {torch.float8_e4m3fn}
-    ref = engine(kv_codec="fp8", attention_backend="torch", disable_cuda_graph=True)
-    eager = engine(kv_codec="fp8", disable_cuda_graph=True)
-    for other in (ref, eager):
-        other.parts.loaded.model.load_state_dict(fast.parts.loaded.model.state_dict())
-    batch = prompts(4, seed=21)
+def agrees_with_reference_and_eager(fast: LLMEngine, ref: LLMEngine, eager: LLMEngine, *,
+                                    seed: int, atol: float) -> None:
+    """``fast`` (triton, CUDA graphs) gives ``ref``'s log-probs to ``atol`` on ``ref``'s greedy
+    tokens fed back (teacher-forced), and eager triton the same greedy tokens as ``fast`` in
+    batches of 1, 2 and 4."""
+    batch = prompts(4, seed=seed)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    ref_out = run(ref, batch, params)
-    for prompt, out in zip(batch, ref_out):
+    for prompt, out in zip(batch, run(ref, batch, params)):
         tokens = out.outputs[0].token_ids
         forced = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
         ours, theirs = (run(e, [prompt + tokens], forced)[0] for e in (fast, ref))
@@ -154,12 +147,85 @@ def test_fp8_kv_cache_against_the_torch_backend_and_eager():
                           for i, t in enumerate(tokens)])
         b = torch.tensor([theirs.prompt_logprobs[len(prompt) + i][t].logprob
                           for i, t in enumerate(tokens)])
-        assert torch.allclose(a, b, atol=0.08), (a - b).abs().max()
+        assert torch.allclose(a, b, atol=atol), (a - b).abs().max()
     for n in (1, 2, 4):
-        sub = prompts(n, seed=30 + n)
+        sub = prompts(n, seed=seed + 9 + n)
         a = [o.outputs[0].token_ids for o in run(fast, sub, params)]
         b = [o.outputs[0].token_ids for o in run(eager, sub, params)]
         assert a == b
+
+
+def test_fp8_kv_cache_against_the_torch_backend_and_eager():
+    """An fp8 (e4m3) cache through the triton kernels with CUDA graphs: the torch reference
+    backend on the same weights and the same codec gives the same log-probs (teacher-forced
+    on its own greedy tokens), and eager triton the same tokens as the graphs."""
+    fast = engine(kv_codec="fp8")
+    assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
+    assert {c["k"].dtype for c in fast.core.runner.kv_caches} == {torch.float8_e4m3fn}
+    ref = engine(kv_codec="fp8", attention_backend="torch", disable_cuda_graph=True)
+    eager = engine(kv_codec="fp8", disable_cuda_graph=True)
+    for other in (ref, eager):
+        other.parts.loaded.model.load_state_dict(fast.parts.loaded.model.state_dict())
+    agrees_with_reference_and_eager(fast, ref, eager, seed=21, atol=0.08)
+
+
+def same_weights_and_calibration(source: LLMEngine, *others: LLMEngine) -> None:
+    """Give ``others`` ``source``'s weights and its KV codec's per-layer tensors (calibrated
+    on the weights each engine was built with)."""
+    state = source.parts.loaded.model.state_dict()
+    for other in others:
+        other.parts.loaded.model.load_state_dict(state)
+        for mine, theirs in zip(source.core.runner.kv_caches, other.core.runner.kv_caches):
+            for spec in mine.layout:
+                if not spec.per_block:
+                    theirs[spec.name].copy_(mine[spec.name])
+
+
+@pytest.mark.parametrize("codec", ["turbo8", "turbo4", "turbo3"])
+def test_turbo_kv_cache_against_the_torch_backend_and_eager(codec):
+    """A turbo cache through the triton kernels (fused store, codes read in the attention
+    kernels) with CUDA graphs: the torch reference backend over the codec's own encode and
+    decode gives the same log-probs (teacher-forced on its greedy tokens), and eager triton
+    the same tokens as the graphs."""
+    fast = engine(kv_codec=codec)
+    assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
+    assert {c.codec.name for c in fast.core.runner.kv_caches} == {codec}
+    ref = engine(kv_codec=codec, attention_backend="torch", disable_cuda_graph=True)
+    eager = engine(kv_codec=codec, disable_cuda_graph=True)
+    same_weights_and_calibration(fast, ref, eager)
+    agrees_with_reference_and_eager(fast, ref, eager, seed=41, atol=0.1)
+
+
+def test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens():
+    """turbo4 on the GPU: a prompt served from the prefix cache, and sequences preempted for
+    lack of blocks and recomputed, give the tokens of a roomy run without either. float32
+    and a small model, so that batch composition does not move the greedy choices."""
+    from tallow.config import config_from_mapping
+
+    def build(num_blocks: int, prefix_caching: bool) -> LLMEngine:
+        return LLMEngine.from_config(config_from_mapping({
+            "model": {"source": "random:tiny-llama", "dtype": "float32", "device": "cuda",
+                      "max_model_len": 512},
+            "cache": {"num_blocks": num_blocks, "kv_codec": "turbo4",
+                      "enable_prefix_caching": prefix_caching},
+            "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+        }))
+
+    roomy = build(2048, False)
+    batch = [[t % 500 + 10 for t in q] for q in prompts(8, seed=61)]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    expected = [o.outputs[0].token_ids for o in run(roomy, batch, params)]
+    cached = build(2048, True)
+    same_weights_and_calibration(roomy, cached)
+    first = run(cached, [batch[3]], params)[0]
+    again = run(cached, [batch[3]], params)[0]
+    assert again.num_cached_tokens > 0
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == expected[3]
+    tight = build(40, False)
+    same_weights_and_calibration(roomy, tight)
+    got = [o.outputs[0].token_ids for o in run(tight, batch, params)]
+    assert tight.core.scheduler.num_preemptions > 0
+    assert got == expected
 
 
 def test_card_speed_measurements_are_plausible_for_a_gpu():

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from tallow.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from tallow.kernels.attention_ref import store_kv_ref
 from tallow.kernels.gumbel import gumbel_argmax_ref, gumbel_noise_ref, row_keys
 from tallow.kernels.norm import rms_norm_ref
 from tallow.kernels.rotary import rotary_embedding_ref
@@ -63,77 +62,6 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     tol = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3),
            torch.bfloat16: (1.6e-2, 1.6e-2)}[expected.dtype]
     torch.testing.assert_close(actual, expected, rtol=tol[0], atol=tol[1])
-
-
-# --- KV store -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_tokens,n_kv,head,block_size,n_blocks", big_or_tiny(
-    [(1, 8, 128, 16, 64), (257, 8, 128, 16, 64), (33, 2, 64, 32, 8), (1000, 8, 128, 16, 512)],
-    [(5, 2, 16, 4, 4), (9, 1, 8, 8, 3)]))
-def test_store_kv(dtype, n_tokens, n_kv, head, block_size, n_blocks):
-    from tallow.kernels.kv_store import store_kv
-    from tallow.kernels.kv_store_triton import store_kv_triton
-    g = rng(1)
-    # k and v are column slices of a fused qkv row: token stride wider than Hkv*D.
-    qkv = randn(g, n_tokens, 3 * n_kv * head, dtype=dtype)
-    k = qkv[:, n_kv * head:2 * n_kv * head].view(n_tokens, n_kv, head)
-    v = qkv[:, 2 * n_kv * head:].view(n_tokens, n_kv, head)
-    slots = torch.randperm(n_blocks * block_size, generator=g)[:n_tokens]
-    slots[torch.rand(n_tokens, generator=g) < 0.2] = -1
-    slots = slots.to(DEVICE)
-    expected = randn(g, 2, n_blocks, block_size, n_kv, head, dtype=dtype)
-    actual = expected.clone()
-    store_kv_ref(expected, k, v, slots)
-    store_kv_triton(actual, k, v, slots)
-    assert torch.equal(actual, expected)
-    dispatched = randn(g, 2, n_blocks, block_size, n_kv, head, dtype=dtype)
-    ref = dispatched.clone()
-    store_kv(dispatched, k, v, slots.to(torch.int32))
-    store_kv_ref(ref, k, v, slots)
-    assert torch.equal(dispatched, ref)
-
-
-def test_store_kv_casts_to_cache_dtype():
-    from tallow.kernels.kv_store_triton import store_kv_triton
-    g = rng(2)
-    k, v = randn(g, 6, 2, 16), randn(g, 6, 2, 16)
-    slots = torch.tensor([0, 5, -1, 9, 2, 15], device=DEVICE)
-    expected = torch.zeros(2, 4, 4, 2, 16, dtype=torch.float16, device=DEVICE)
-    actual = expected.clone()
-    store_kv_ref(expected, k, v, slots)
-    store_kv_triton(actual, k, v, slots)
-    assert torch.equal(actual, expected)
-
-
-@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_store_kv_into_fp8_cache(cache_dtype, dtype):
-    """Into an 8-bit float cache: clamped to its largest finite value (no NaN from overflow),
-    then rounded to nearest even like torch's cast, bit for bit. Triton's interpreter converts
-    values off the 8-bit grid unreliably (ties, binade edges), so there the inputs other than
-    the clamped ones lie on the grid and only the clamp and the copy are checked."""
-    from tallow.kernels.attention_ref import to_cache_dtype
-    from tallow.kernels.kv_store_triton import store_kv_triton
-    g = rng(3)
-    n_tokens, n_kv, head, block_size, n_blocks = big_or_tiny([(300, 8, 128, 16, 32)],
-                                                             [(6, 2, 16, 4, 4)])[0]
-    k = randn(g, n_tokens, n_kv, head, dtype=dtype, scale=60.0)
-    v = randn(g, n_tokens, n_kv, head, dtype=dtype, scale=60.0)
-    if INTERPRET:
-        k, v = to_cache_dtype(k, cache_dtype).to(dtype), to_cache_dtype(v, cache_dtype).to(dtype)
-    else:
-        k[0, 0, 2:4] = torch.tensor([17.0, -25.0])  # two e4m3 ties: to the even neighbour
-    k[0, 0, :2] = torch.tensor([6e4, -6e4])  # both clamps
-    slots = torch.randperm(n_blocks * block_size, generator=g)[:n_tokens].to(DEVICE)
-    expected = torch.zeros(2, n_blocks, block_size, n_kv, head, dtype=cache_dtype,
-                           device=DEVICE)
-    actual = expected.clone()
-    store_kv_ref(expected, k, v, slots)
-    store_kv_triton(actual, k, v, slots)
-    limit = torch.finfo(cache_dtype).max
-    assert float(actual.float().abs().max()) == limit and not torch.isnan(actual.float()).any()
-    assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
 
 
 # --- RMSNorm ------------------------------------------------------------------------------
@@ -481,21 +409,18 @@ def test_logit_edits_bit_equal(n_rows, vocab, n_entries):
 def test_sampler_on_device_matches_cpu(monkeypatch):
     """Seeded rows sample the same tokens on this device (Triton kernels) as on the CPU
     (torch references), with penalties, bias, greedy rows and top-k in the batch."""
-    from types import SimpleNamespace
-
-    from tallow.engine.sampler import RowParams, Sampler, SamplingBatch
+    from tallow.engine.sampling import RowParams, Sampler, SamplingBatch, SamplingParams
     from tallow.kernels import sampling
     g = rng(10)
     vocab = 1000 if INTERPRET else 151936
     n = 6 if INTERPRET else 64
 
-    def params(i: int) -> SimpleNamespace:
-        return SimpleNamespace(
-            temperature=0.0 if i % 5 == 0 else 0.5 + (i % 3) * 0.4, top_p=1.0,
-            top_k=20 if i % 4 == 1 else 0, min_p=0.0,
-            repetition_penalty=1.2 if i % 2 else 1.0, frequency_penalty=0.3 * (i % 3),
-            presence_penalty=0.1, logit_bias={3: 2.0} if i % 3 == 0 else None, seed=None,
-            logprobs=2 if i == 1 else None, min_tokens=0, stop_token_ids=[], ignore_eos=False)
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0 if i % 5 == 0 else 0.5 + (i % 3) * 0.4,
+            top_k=20 if i % 4 == 1 else 0, repetition_penalty=1.2 if i % 2 else 1.0,
+            frequency_penalty=0.3 * (i % 3), presence_penalty=0.1,
+            logit_bias={3: 2.0} if i % 3 == 0 else None, logprobs=2 if i == 1 else None)
 
     rows = []
     for i in range(n):

@@ -117,7 +117,6 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
     from tallow.kernels.activation_triton import _gated_act_kernel
     from tallow.kernels.argmax_triton import _chunk_argmax_kernel, _pick_chunk_kernel
     from tallow.kernels.gemv_triton import _gemv_kernel
-    from tallow.kernels.kv_store_triton import _store_kv_kernel
     from tallow.kernels.norm_triton import _rms_norm_kernel
     from tallow.kernels.rotary_triton import _rotary_kernel
 
@@ -141,10 +140,6 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
                       {"pos_ptr": "*i64", "cache_ptr": "*fp32", "eps": "fp32"}, 4, False))
     cases += [
         ("gated_act", _gated_act_kernel, dict(KIND=0, BLOCK=1024), {}, 4, False),
-        ("store_kv", _store_kv_kernel, dict(BLOCK=1024, SATURATE=0.0), {"slot_ptr": "*i64"}, 4,
-         False),
-        ("store_kv-fp8", _store_kv_kernel, dict(BLOCK=1024, SATURATE=448.0),
-         {"slot_ptr": "*i64", "cache_ptr": "*fp8e4nv"}, 4, False),
         ("argmax-chunks", _chunk_argmax_kernel, dict(CHUNK=4096),
          {"best_val_ptr": "*fp32", "best_idx_ptr": "*i32"}, 8, False),
         ("argmax-pick", _pick_chunk_kernel, dict(C_PAD=32),
@@ -262,22 +257,10 @@ def test_gated_act_same_bits(pdl_gpu, kind):
 
 @gpu
 @needs_gpu
-def test_store_kv_and_argmax_same_bits(pdl_gpu):
+def test_argmax_same_bits(pdl_gpu):
     from tallow.kernels.argmax_triton import _pick_chunk_kernel, argmax_rows_triton
-    from tallow.kernels.kv_store_triton import _store_kv_kernel, store_kv_triton
-    k, v = _randn(3, 8, 128, seed=12), _randn(3, 8, 128, seed=13)
-    slots = torch.tensor([0, 77, -1], device="cuda")
-    base = _randn(2, 8, 16, 8, 128, seed=14)
-
-    def store():
-        cache = base.clone()
-        store_kv_triton(cache, k, v, slots)
-        return cache
-
-    assert_same_bits(*off_then_on(store))
     logits = _randn(2, 128256, dtype=torch.float32, seed=15)
     assert_same_bits(*off_then_on(lambda: argmax_rows_triton(logits)))
-    assert_built_with_pdl(_store_kv_kernel)
     assert_built_with_pdl(_pick_chunk_kernel)
 
 

@@ -23,14 +23,17 @@ def test_qkv_projection_turns_totals_into_this_ranks_counts(tp, heads, kv, rank_
 def test_kv_cache_is_sized_from_the_ranks_kv_heads():
     import torch
 
-    from tallow.engine.model_runner import kv_bytes_per_block
+    from tallow.kernels import kv_cache
+    from tallow.kernels.kv_cast import AutoKVCodec
+
+    def per_block(attns: list[Attention]) -> int:
+        return kv_cache.footprint(AutoKVCodec(), [a.layer for a in attns], block_size=16,
+                                  model_dtype=torch.bfloat16).bytes_per_block
 
     qkv = QKVParallelLinear(64, 8, 8, 4, build=BuildContext(tp_rank=0, tp_size=2))
-    rank = torch.nn.ModuleList([Attention(0, qkv.num_heads, qkv.num_kv_heads, 8)])
-    whole = torch.nn.ModuleList([Attention(0, 8, 4, 8)])
-    per_rank = kv_bytes_per_block(rank, 16, torch.bfloat16)
+    per_rank = per_block([Attention(0, qkv.num_heads, qkv.num_kv_heads, 8)])
     assert per_rank == 2 * 16 * 2 * 8 * 2  # K and V, 16 slots, 2 KV heads of 8, 2 bytes
-    assert kv_bytes_per_block(whole, 16, torch.bfloat16) == 2 * per_rank
+    assert per_block([Attention(0, 8, 4, 8)]) == 2 * per_rank
 
 
 def test_grouped_query_ratio_must_be_whole():

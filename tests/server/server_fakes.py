@@ -137,7 +137,9 @@ class FakeEngine:
         return {"num_waiting": 0, "num_running": len(self.active),
                 "kv_usage": used / self.num_total_blocks,
                 "num_free_blocks": self.num_free_blocks,
-                "num_total_blocks": self.num_total_blocks, "prefix_cache_hit_rate": 0.0,
+                "num_total_blocks": self.num_total_blocks,
+                "kv_capacity_tokens": self.num_total_blocks * self.block_size,
+                "prefix_cache_hit_rate": 0.0,
                 "prompt_tokens_total": self.prompt_tokens_total,
                 "generation_tokens_total": self.generation_tokens_total}
 

@@ -192,8 +192,8 @@ def test_error_statuses(server, client) -> None:
     assert info.value.param == "messages[0].role"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=HELLO,
-                                       response_format={"type": "json_object"})
-    assert info.value.param == "response_format"
+                                       response_format={"type": "yaml"})
+    assert info.value.param == "response_format.type"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="hello " * 2100, max_tokens=1)
     assert info.value.code == "context_length_exceeded"
@@ -251,6 +251,9 @@ def _samples(url: str) -> dict[str, float]:
 def test_metrics_parse_and_move(server, client) -> None:
     before = _samples(server.url)
     assert before["tallow_kv_cache_total_blocks"] > 0
+    health = httpx.get(server.url + "/health").json()
+    assert before["tallow_kv_cache_capacity_tokens"] == health["kv_capacity_tokens"] \
+        == before["tallow_kv_cache_total_blocks"] * 16  # the default block size
     assert before["tallow_generation_tokens_total"] > 0  # the tests above generated
     client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=2, temperature=0)
     after = _samples(server.url)

@@ -106,9 +106,6 @@ UNSUPPORTED = [
     ("chat", {"function_call": "auto"}, "function_call"),
     ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
     ("chat", {"store": True}, "store"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format"),
     ("chat", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      "messages[0].content[0].type"),
@@ -118,6 +115,20 @@ UNSUPPORTED = [
     ("completions", {"suffix": "}"}, "suffix"),
     ("completions", {"best_of": 3}, "best_of"),
 ]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs.choice"),
+])
+def test_structured_outputs_need_an_engine_that_constrains(serve, extra, param) -> None:
+    client = serve()  # the fake engine has no grammar side
+    for path, body in (("/v1/chat/completions", {"messages": MSG}),
+                       ("/v1/completions", {"prompt": "x"})):
+        err = _error(client.post(path, json={**body, **extra}), 400)
+        assert err["param"] == param and err["code"] == "structured_outputs_unavailable"
+    assert not client.engine.requests
 
 
 @pytest.mark.parametrize("endpoint,extra,param", UNSUPPORTED,

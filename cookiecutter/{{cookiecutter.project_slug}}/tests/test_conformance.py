@@ -54,20 +54,30 @@ class TestConformance(WeightFormatConformance):
         return WrittenCheckpoint(str(directory), tensors, "LlamaForCausalLM",
                                  [directory / "model.npz"])
 {% elif cookiecutter.kind == "quant-scheme" %}
-from typing import Any
-
+import pytest
 import torch
 
-from tallow.plugin.testing import QuantSchemeConformance
-from {{ cookiecutter.package_name }}.scheme import quantize
+from tallow.plugin.testing import QuantizedLayer, QuantSchemeConformance
+from {{ cookiecutter.package_name }}.scheme import QTYPE, SCHEME, RowInt8Scheme, quantize
+
+#: what a checkpoint of this scheme's rows says in its config.json
+CHECKPOINT_CONFIG = {"quantization_config": {"quant_method": SCHEME, "format": QTYPE, "bits": 8}}
 
 
 class TestConformance(QuantSchemeConformance):
     distribution = "{{ cookiecutter.project_slug }}"
     component = "{{ cookiecutter.component_name }}"
 
-    def quantized_weights(self, rows: int, cols: int) -> list[Any]:
-        return [quantize(torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)))]
+    def quantized_layers(self, rows: int, cols: int) -> list[QuantizedLayer]:
+        weight = quantize(torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)))
+        return [QuantizedLayer(QTYPE, {"": weight}, weight.dequantize(), CHECKPOINT_CONFIG)]
+
+
+def test_a_checkpoint_config_it_cannot_serve_is_refused_naming_the_field() -> None:
+    config = {"quantization_config": {**CHECKPOINT_CONFIG["quantization_config"], "bits": 4}}
+    assert RowInt8Scheme.detect(config)
+    with pytest.raises(ValueError, match=r"^quantization_config\.bits: expected 8, got 4$"):
+        RowInt8Scheme().use_checkpoint_config(config)
 {% elif cookiecutter.kind == "kv-codec" %}
 from tallow.plugin.testing import KVCodecConformance
 
@@ -75,6 +85,10 @@ from tallow.plugin.testing import KVCodecConformance
 class TestConformance(KVCodecConformance):
     distribution = "{{ cookiecutter.project_slug }}"
     component = "{{ cookiecutter.component_name }}"
+    # rounding to nearest float16: half a unit in the last place (2**-11 relative) for normal
+    # numbers, half the subnormal step (2**-25) below them
+    relative_tolerance = 2.0 ** -11
+    absolute_tolerance = 2.0 ** -25
 {% elif cookiecutter.kind == "attention-backend" %}
 from tallow.plugin.testing import AttentionBackendConformance
 
@@ -96,6 +110,13 @@ from tallow.plugin.testing import RouteConformance
 
 
 class TestConformance(RouteConformance):
+    distribution = "{{ cookiecutter.project_slug }}"
+    component = "{{ cookiecutter.component_name }}"
+{% elif cookiecutter.kind == "grammar-backend" %}
+from tallow.plugin.testing import GrammarBackendConformance
+
+
+class TestConformance(GrammarBackendConformance):
     distribution = "{{ cookiecutter.project_slug }}"
     component = "{{ cookiecutter.component_name }}"
 {% endif %}

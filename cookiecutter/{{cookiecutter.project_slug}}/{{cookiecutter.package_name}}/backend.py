@@ -1,7 +1,7 @@
-"""Paged attention in plain torch that gathers each sequence's keys and values through its
+"""Paged attention in plain torch that reads each sequence's keys and values through its
 block table and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal
 (and sliding-window) mask, or none for bidirectional layers. Serves every device torch runs
-on and every elementwise KV codec.
+on and every KV codec, through the codec's reference ``encode`` and ``decode``.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from tallow.kernels.attention_ref import gather_context_ref, store_kv_ref
 from tallow.plugin import AttentionBackend
 
 
 class DenseTorchBackend(AttentionBackend):
     name: ClassVar[str] = "{{ cookiecutter.component_name }}"
+    # stores and reads any codec's cache with the codec's own torch reference
+    uses_codec_reference: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -26,8 +27,9 @@ class DenseTorchBackend(AttentionBackend):
         return []
 
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: Any) -> torch.Tensor:
-        store_kv_ref(kv_cache, k, v, meta.slot_mapping)
+                kv_cache: Any, meta: Any) -> torch.Tensor:
+        codec = kv_cache.codec
+        codec.encode(kv_cache, k, v, meta.slot_mapping)
         starts = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
         out = torch.zeros_like(q)
@@ -36,7 +38,8 @@ class DenseTorchBackend(AttentionBackend):
             start, end = starts[i], starts[i + 1]
             if end == start:
                 continue
-            keys, values = gather_context_ref(kv_cache, meta.block_tables[i], seq_len)
+            blocks = meta.block_tables[i, :-(-seq_len // kv_cache.block_size)].long()
+            keys, values = codec.decode(kv_cache, blocks)
             n = end - start
             q_pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None]
             k_pos = torch.arange(seq_len, device=q.device)[None, :]
@@ -45,8 +48,8 @@ class DenseTorchBackend(AttentionBackend):
             if layer.sliding_window:
                 allowed &= q_pos - k_pos < layer.sliding_window
             scores_q = q[start:end].float().transpose(0, 1)  # [Hq, n, D]
-            keys = keys.float().repeat_interleave(group, 1).transpose(0, 1)
-            values = values.float().repeat_interleave(group, 1).transpose(0, 1)
+            keys = keys[:seq_len].repeat_interleave(group, 1).transpose(0, 1)
+            values = values[:seq_len].repeat_interleave(group, 1).transpose(0, 1)
             if layer.logit_softcap:
                 raise NotImplementedError("logit softcap")  # refused in supports_layer
             o = F.scaled_dot_product_attention(scores_q, keys, values, attn_mask=allowed,

@@ -36,12 +36,17 @@ def tallow_register_weight_formats(registry: Any) -> None:
 
 @hookimpl
 def tallow_register_quant_schemes(registry: Any) -> None:
-    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.scheme:RowInt8Scheme")
+    # Checkpoints whose config.json says quantization_config.quant_method: COMPONENT come to
+    # this scheme. quant_methods=("compressed-tensors", ...) would add methods that other
+    # schemes serve too; the scheme's detect() then claims its own checkpoints among them.
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.scheme:RowInt8Scheme",
+                      quant_methods=())
 {% elif cookiecutter.kind == "kv-codec" %}
 
 @hookimpl
 def tallow_register_kv_codecs(registry: Any) -> None:
-    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.codec:Float16KVCodec")
+    # bits: what one K or V element takes, listed by `tallow plugins list`
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.codec:Float16KVCodec", bits=16)
 {% elif cookiecutter.kind == "attention-backend" %}
 
 @hookimpl
@@ -60,6 +65,13 @@ def tallow_register_tool_providers(registry: Any) -> None:
 def tallow_register_routes(registry: Any) -> None:
     registry.register(COMPONENT, "{{ cookiecutter.package_name }}.routes:status_page",
                       methods=("GET",))
+{% elif cookiecutter.kind == "grammar-backend" %}
+
+@hookimpl
+def tallow_register_grammar_backends(registry: Any) -> None:
+    # below tallow-grammar-xgrammar (priority 100): name it in runner.grammar_backend to use it
+    registry.register(COMPONENT, "{{ cookiecutter.package_name }}.grammar:ScanBackend",
+                      priority=-50)
 {% endif %}
 
 @hookimpl

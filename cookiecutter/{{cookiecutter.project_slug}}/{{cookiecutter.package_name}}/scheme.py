@@ -81,5 +81,20 @@ class RowInt8Scheme(QuantScheme):
     name: ClassVar[str] = SCHEME
     isq_types: ClassVar[tuple[str, ...]] = (QTYPE,)
 
+    @classmethod
+    def detect(cls, config: dict[str, Any]) -> bool:
+        """Asked of checkpoints whose quant_method this scheme serves (see plugin.py): they
+        are its own when they store 8-bit rows; another scheme may claim the others."""
+        quant = config.get("quantization_config") or {}
+        return quant.get("format", QTYPE) == QTYPE
+
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        """Reads how the claimed checkpoint stores its weights, refusing what this scheme
+        cannot serve by the field's name (the engine adds the config file's)."""
+        super().use_checkpoint_config(config)
+        bits = config["quantization_config"].get("bits", 8)
+        if bits != 8:
+            raise ValueError(f"quantization_config.bits: expected 8, got {bits!r}")
+
     def linear_method(self, prefix: str) -> LinearMethod | None:
         return RowInt8Method()

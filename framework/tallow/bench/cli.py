@@ -30,10 +30,15 @@ def add_parser(subparsers: Any) -> None:
     lat.add_argument("--input-len", type=int, default=512)
     lat.add_argument("--output-len", type=int, default=256)
     lat.add_argument("--compare", choices=["hf"], help="also run transformers, print ratio")
+    lat.add_argument("--warmup-input-len", type=int,
+                     help="prompt length of the untimed warm-up batch (default: --input-len)")
 
     thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
     thr.add_argument("--num-prompts", type=int, default=1000)
     _lengths(thr, 1000, 1000)
+    thr.add_argument("--json-schema", metavar="FILE",
+                     help="constrain the outputs to this JSON Schema and compare with the same "
+                          "prompts unconstrained (needs a grammar-backend plugin)")
 
     emb = kinds.add_parser("embed", help="N inputs at once through the embed task: inputs/s, "
                                         "tokens/s")

@@ -77,6 +77,24 @@ def build_engine(config: Any, queued: int = 0) -> Any:
     return engine
 
 
+def kv_capacity(parts: Any) -> dict[str, Any]:
+    """The KV cache of a built engine: its codec, the tokens it holds, and tokens per GiB
+    against a 16-bit cache of the same layers (scales included)."""
+    cost = parts.kv_footprint
+    blocks = parts.core.scheduler.block_manager.num_total_blocks
+    return {"kv_codec": parts.kv_codec, "kv_blocks": blocks,
+            "kv_capacity_tokens": cost.tokens(blocks),
+            "kv_bytes_per_token": cost.bytes_per_token,
+            "kv_tokens_per_gib": cost.tokens_per_gib, "kv_capacity_vs_bf16": cost.vs_bf16}
+
+
+def kv_capacity_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [("KV codec", r["kv_codec"]), ("KV blocks", r["kv_blocks"]),
+            ("KV capacity (tokens)", r["kv_capacity_tokens"]),
+            ("KV tokens per GiB", r["kv_tokens_per_gib"]),
+            ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x")]
+
+
 def quantization(parts: Any) -> str:
     """What holds the weights: the quant scheme's summary, or the dense dtype."""
     quant = parts.loaded.quant

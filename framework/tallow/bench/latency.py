@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from .common import (
-    build_engine, copy_bandwidth, mean, now, percentile, quantization, random_prompts, sync,
+    build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, mean, now, percentile,
+    quantization, random_prompts, sync,
 )
 
 
@@ -38,14 +39,9 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
     return total
 
 
-def kv_bytes_per_token(runner: Any) -> int:
-    return sum(2 * a.layer.num_kv_heads * a.layer.head_dim * c.element_size()
-               for a, c in zip(runner.layers, runner.kv_caches))
-
-
 def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
             seed: int = 0) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     device = engine.parts.loaded.device
     vocab = engine.parts.core.runner.vocab_size
@@ -57,19 +53,24 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, prompt, params, stream=False)
     first: dict[str, float] = {}
-    step_times: list[float] = []  # decode steps only (every sequence past its prompt)
+    step_times: list[float] = []  # decode steps only (no prompt computed in them)
+    step_tokens = 0  # tokens those steps produced
     parts: dict[str, list[float]] = {}
+    peak_running = 0
+    scheduler = engine.core.scheduler
     while engine.has_unfinished():
         t0 = now()
         engine.step()
         t1 = now()
-        decode_step = len(first) == batch
-        for update in engine.last_step.updates:  # tokens the device produced this step
+        peak_running = max(peak_running, scheduler.num_running)
+        step = engine.last_step
+        for update in step.updates:  # tokens the device produced this step
             if update.request_id not in first:
                 first[update.request_id] = t1 - start
-        if decode_step:
+        if step.decode_only and step.updates:
             step_times.append(t1 - t0)
-            for key, value in engine.last_step.timings.items():
+            step_tokens += len(step.updates)
+            for key, value in step.timings.items():
                 parts.setdefault(key, []).append(value)
     total = now() - start
     itl = step_times
@@ -78,8 +79,12 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
         "ttft_max_s": max(first.values()) if first else float("nan"),
         "itl_mean_s": mean(itl), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
         "decode_tok_s_per_seq": 1.0 / mean(itl) if itl else float("nan"),
-        "decode_tok_s_total": batch / mean(itl) if itl else float("nan"),
+        # tokens over time of the decode steps: the batch times the rate per sequence when
+        # every sequence fits at once, fewer when the KV cache holds only some of them
+        "decode_tok_s_total": step_tokens / sum(itl) if itl else float("nan"),
         "e2e_s": total, "decode_steps": len(itl),
+        # the most sequences running at once: the batch, or what the KV cache held of it
+        "peak_running": peak_running,
         # mean seconds per decode step spent in each phase of the engine step
         "decode_step_phases_s": {k: mean(v) for k, v in parts.items()},
     }
@@ -90,14 +95,16 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     parts = engine.parts
     device = parts.loaded.device
     runner = parts.core.runner
-    # Warm-up: compile kernels, fill allocator caches.
-    measure(engine, batch=args.batch_size, input_len=args.input_len, output_len=8, seed=1)
+    # Warm-up: compile kernels, fill allocator caches (with shorter prompts if asked: a batch
+    # of long contexts would take minutes to prefill twice).
+    measure(engine, batch=args.batch_size, input_len=args.warmup_input_len or args.input_len,
+            output_len=8, seed=1)
     result = measure(engine, batch=args.batch_size, input_len=args.input_len,
                      output_len=args.output_len, seed=2)
     bandwidth = copy_bandwidth(device)
     w_bytes = weight_bytes_per_step(parts.loaded.model, args.batch_size)
     mean_ctx = args.input_len + args.output_len / 2
-    kv_bytes = int(args.batch_size * mean_ctx * kv_bytes_per_token(runner))
+    kv_bytes = int(args.batch_size * mean_ctx * parts.kv_footprint.bytes_per_token)
     step_bytes = w_bytes + kv_bytes
     achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
     result.update({
@@ -113,6 +120,10 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "weight_bytes_per_step": w_bytes, "kv_bytes_per_step": kv_bytes,
         "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
+        **kv_capacity(parts),
+        # sequences of this batch's length (prompt and output) the KV cache holds at once
+        "kv_fits_sequences": parts.core.scheduler.block_manager.num_total_blocks // -(
+            -(args.input_len + args.output_len) // parts.kv_footprint.block_size),
     })
     if getattr(args, "compare", None) == "hf":
         from .hf_compare import hf_latency
@@ -135,6 +146,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("TTFT (ms)", r["ttft_s"] * 1e3),
         ("decode tok/s per sequence", r["decode_tok_s_per_seq"]),
         ("decode tok/s total", r["decode_tok_s_total"]),
+        ("sequences running at once (peak)", r["peak_running"]),
         ("ITL p50 (ms)", r["itl_p50_s"] * 1e3), ("ITL p99 (ms)", r["itl_p99_s"] * 1e3),
         ("bytes read per decode step (GB)",
          (r["weight_bytes_per_step"] + r["kv_bytes_per_step"]) / 1e9),
@@ -142,6 +154,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
         ("bandwidth utilisation", r["bandwidth_utilisation"]),
     ] + [(f"decode step: {k} (ms)", v * 1e3) for k, v in r["decode_step_phases_s"].items()]
+    out += kv_capacity_rows(r) + [("sequences of this length the KV cache holds",
+                                   r["kv_fits_sequences"])]
     if "hf" in r:
         out += [("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
                 ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),

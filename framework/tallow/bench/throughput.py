@@ -7,15 +7,15 @@ from typing import Any
 import torch
 
 from .common import (
-    build_engine, copy_bandwidth, gemm_flops, input_prompts, lengths, now, quantization,
-    random_prompts, sync,
+    build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
+    lengths, now, quantization, random_prompts, sync,
 )
 
 
 def warm_up(engine: Any) -> None:
     """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
     sequences (mixed steps), so that kernels compile first."""
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling import SamplingParams
 
     vocab = engine.parts.core.runner.vocab_size
     for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
@@ -29,7 +29,11 @@ def warm_up(engine: Any) -> None:
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.sampling_params import SamplingParams
+    if getattr(args, "json_schema", None):
+        from . import constrained
+
+        return constrained.run(args, config)
+    from tallow.engine.sampling import SamplingParams
 
     from tallow.engine.loader import resolve_device
 
@@ -72,7 +76,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "total_tok_s": (generated + sum(in_lens)) / elapsed, "req_s": n / elapsed,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
-        "kv_blocks": stats["num_total_blocks"],
+        **kv_capacity(parts),
         # sequences whose KV was dropped for lack of blocks and recomputed later
         "preemptions": stats["num_preemptions"],
         # mean seconds per step spent in each phase of the engine step
@@ -91,6 +95,10 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    if "constrained_tok_s" in r:
+        from . import constrained
+
+        return constrained.rows(r)
     return [
         ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
         ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),
@@ -99,7 +107,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
         ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
-        ("requests/s", r["req_s"]), ("KV blocks", r["kv_blocks"]),
+        ("requests/s", r["req_s"]), *kv_capacity_rows(r),
         ("preemptions (recomputed)", r["preemptions"]),
     ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
         (name, value) for name, value in (

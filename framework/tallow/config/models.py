@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def _flag(name: str, **extra: Any) -> dict[str, Any]:
@@ -82,13 +83,27 @@ class ModelConfig(Section):
         None, description="Directory with a tokenizer.json (and, when present, "
         "tokenizer_config.json, generation_config.json, chat_template.jinja) to use instead of "
         "the model source's tokenizer; its token ids must fit the model's vocabulary.")
-    isq: Optional[Literal["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                          "q5_k", "q6_k"]] = Field(
+    isq: Optional[str] = Field(
         None, description="Quantize a float model's weights while it loads, layer by layer on "
-        "the device, into this GGML type (a quant-scheme plugin provides it: "
-        "tallow-quant-gguf); every matrix takes it, embedding and head included, except rows "
-        "that are not whole blocks of it, which take llama.cpp's fallback type. None keeps "
-        "the checkpoint's weights.", json_schema_extra=_flag("--isq", metavar="TYPE"))
+        "the device, into this type: any type an installed quant-scheme plugin offers (an "
+        "unknown one is refused, listing those offered). The GGML types q4_0, q4_1, q5_0, "
+        "q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k (tallow-quant-gguf): every matrix takes it, "
+        "embedding and head included, except rows that are not whole blocks of it, which take "
+        "llama.cpp's fallback type. fp8 (tallow-quant-fp8): every linear layer in float8 e4m3 "
+        "with one scale per output row (embedding and head too with its isq_vocab setting), "
+        "activations of large batches quantized per token. int4 (tallow-quant-int4): 4-bit "
+        "codes with a scale and zero point per group of 128 columns for every linear layer "
+        "and an untied head, chosen by GPTQ over calibration text (its settings choose the "
+        "method, group and calibration); token embeddings stay dense. mxfp4 "
+        "(tallow-quant-fp4): e2m1 codes with a power-of-two scale per 32 columns, for the "
+        "same layers. None keeps the checkpoint's weights.",
+        json_schema_extra=_flag("--isq", metavar="TYPE"))
+    quant_scheme: str = Field(
+        "auto", description="Name of the quant-scheme plugin that keeps a quantized "
+        "checkpoint's weights (or quantizes them under model.isq); auto takes the one installed "
+        "scheme that claims the checkpoint (its quantization_config.quant_method among the "
+        "scheme's, and the scheme's detect accepting the config) or offers the isq type. Needed "
+        "only when two installed schemes claim the same checkpoint or type.")
 
     task: Literal["auto", "generate", "embed"] = Field(
         "auto", description="What the model is served for: generate (completions and chat) or "
@@ -104,6 +119,14 @@ class ModelConfig(Section):
         None, description="Scale embeddings to unit length (task embed). None: as the model's "
         "sentence-transformers files say (a Normalize module), true when it has none. "
         "Requests may ask for fewer dimensions only of normalized embeddings.")
+
+    @field_validator("isq")
+    @classmethod
+    def _check_isq(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _NAME.match(value):
+            raise ValueError("expected a quantization type name such as q4_k, fp8 or int4 "
+                             "(lower-case letters, digits and _)")
+        return value
 
     @field_validator("device")
     @classmethod
@@ -126,7 +149,10 @@ class CacheConfig(Section):
         json_schema_extra=_flag("--mem", metavar="MB"))
     kv_codec: str = Field("auto", description="How K and V are stored (a kv-codec plugin: auto "
                           "keeps the model dtype; fp8 and fp8_e5m2 of tallow-kvcache-fp8 "
-                          "store 8-bit floats, half the bytes of bf16; others when installed).")
+                          "store 8-bit floats, half the bytes of bf16; turbo8, turbo4 and "
+                          "turbo3 of tallow-kvcache-turboquant rotate and quantize to 8, 4 or "
+                          "3 bits, about 2, 3.9 and 5.1 times the tokens of bf16; others when "
+                          "installed).")
     enable_prefix_caching: bool = Field(True, description="Reuse the KV blocks of prompt "
                                         "prefixes shared between requests.")
     num_blocks: Optional[int] = Field(
@@ -161,7 +187,7 @@ class SchedulerConfig(Section):
 
 
 class RunnerConfig(Section):
-    """The model runner: attention backend and CUDA graphs."""
+    """The model runner: attention backend, CUDA graphs, structured-output grammars."""
 
     attention_backend: str = Field(
         "auto", description="Name of the attention backend; auto takes the highest-priority "
@@ -170,6 +196,13 @@ class RunnerConfig(Section):
                                      "replaying captured CUDA graphs.")
     max_cuda_graph_batch: int = Field(256, gt=0, description="Largest decode batch captured in "
                                       "a CUDA graph; larger batches run eagerly.")
+    grammar_backend: str = Field(
+        "auto", description="Name of the grammar backend for structured outputs "
+        "(response_format, guided decoding, forced tool calls; a grammar-backend plugin: "
+        "xgrammar); auto takes the highest-priority one that is installed and enabled.")
+    grammar_cache_size: int = Field(
+        256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
+        "list or EBNF grammar) kept for reuse.")
 
 
 class ParallelConfig(Section):

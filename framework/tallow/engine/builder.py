@@ -11,16 +11,19 @@ from typing import Any, Mapping
 
 import torch
 
+from tallow.kernels import kv_cache
 from tallow.plugin import Entry, SelectionError, select
 
 from . import embedding_setup
 from .core import EngineCore
 from .embedding import EmbeddingInfo
 from .loader import LoadedModel, load_model, resolve_device
-from .model_runner import ModelRunner, kv_bytes_per_block, kv_layers
+from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
+from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
 from .block_manager import BlockManager
+from .token_bytes import tokenizer_info, vocabulary_problem
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
@@ -37,6 +40,9 @@ class EngineParts:
     loaded: LoadedModel
     plugin_manager: Any
     attention_backend: str
+    kv_codec: str = "auto"
+    #: what the cache of the chosen codec costs per token and holds
+    kv_footprint: kv_cache.KVFootprint | None = None
     #: "generate" or "embed"
     task: str = "generate"
     #: how the model's embeddings are made (task embed), else None
@@ -74,6 +80,12 @@ class EngineFrontend:
         self.task = parts.task
         #: the served model's embeddings (task embed), else None
         self.embedding = parts.embedding
+
+    @property
+    def structured(self) -> Any:
+        """The engine's structured outputs (a tallow.engine.sampling.StructuredOutputs: the
+        grammar backend and its compile cache), None for an engine that embeds."""
+        return self.core.structured
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
@@ -121,24 +133,26 @@ def load_tokenizer(config: Any, checkpoint: Any, model_vocab: int | None) -> Tok
 
 
 def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
-                     max_model_len: int) -> int:
+                     max_model_len: int, fixed_bytes: int = 0) -> int:
+    """Blocks of ``bytes_per_block`` (all layers) that the KV budget holds, after
+    ``fixed_bytes`` of per-layer tensors that do not depend on the block count."""
     cache = config.cache
     if cache.num_blocks:
         return int(cache.num_blocks)
     if cache.mem_mb:
-        budget = int(cache.mem_mb) << 20
+        budget = (int(cache.mem_mb) << 20) - fixed_bytes
     elif loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
         free, total = torch.cuda.mem_get_info(loaded.device)
         # kv_fraction of what the card has left after weights and the activations of a step
         # (a margin for them and for CUDA graphs is kept back).
         reserve = min(4 << 30, int(0.05 * total))
-        budget = int(cache.kv_fraction * max(0, free - reserve))
+        budget = int(cache.kv_fraction * max(0, free - reserve)) - fixed_bytes
     else:
         need = config.scheduler.max_num_seqs * max_model_len * bytes_per_block // max(
             1, config.cache.block_size)
         budget = min(_CPU_KV_CAP, need)
-    blocks = budget // bytes_per_block
+    blocks = max(0, budget) // bytes_per_block
     min_blocks = -(-max_model_len // config.cache.block_size)
     if blocks < min_blocks:
         log.warning("KV budget of %d blocks cannot hold one %d-token sequence; using %d blocks",
@@ -183,9 +197,9 @@ def select_kv_codec(registries: Any, config: Any) -> Entry:
 
 
 def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: Any,
-                     kv_dtype: torch.dtype) -> list[str]:
+                     layout: list[Any]) -> list[str]:
     """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
-    K/V as ``codec`` does in a cache of ``kv_dtype``; empty when it can."""
+    K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can."""
     reasons = []
     check_layer = getattr(backend, "supports_layer", None)
     if check_layer is not None:
@@ -193,28 +207,41 @@ def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: An
         if problems:
             reasons.append("cannot run this model: " + "; ".join(problems))
     check_codec = getattr(backend, "supports_kv_codec", None)
-    problems = check_codec(codec, kv_dtype) if check_codec is not None else []
+    problems = check_codec(codec, layout) if check_codec is not None else []
     if problems:
-        reasons.append(f"cannot use kv codec {codec_name!r} (cache.kv_codec; cache dtype "
-                       f"{kv_dtype}): " + "; ".join(problems))
+        reasons.append(f"cannot use kv codec {codec_name!r} (cache.kv_codec; "
+                       f"{describe_layout(layout)}): " + "; ".join(problems))
     return reasons
+
+
+def describe_layout(layout: list[Any]) -> str:
+    """``k, v: float8_e4m3fn`` — a layer's cache tensors by dtype, for messages."""
+    by_dtype: dict[str, list[str]] = {}
+    for spec in layout:
+        by_dtype.setdefault(str(spec.dtype).removeprefix("torch."), []).append(spec.name)
+    return "; ".join(f"{', '.join(names)}: {dtype}" for dtype, names in by_dtype.items())
 
 
 def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
                              codec_name: str, codec: Any,
-                             kv_dtype: torch.dtype) -> tuple[Entry, Any]:
+                             block_size: int) -> tuple[Entry, Any]:
     """(entry, instance) of the attention backend that serves ``config``, the loaded model and
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
     start-up with its reasons (:class:`SelectionError`)."""
     layers = [a.layer for a in kv_layers(loaded.model)]
+    first = layers[0] if layers else None
+    layout = kv_cache.layer_layout(
+        codec, num_kv_heads=first.num_kv_heads if first else 1,
+        head_dim=first.head_dim if first else 64, block_size=block_size,
+        model_dtype=loaded.dtype)
     made: dict[str, Any] = {}
 
     def refusals(entry: Entry) -> list[str]:
         # Refusals are answered by an instance (it may depend on the backend's settings); the
         # chosen one is kept so that the backend is built only once.
         made[entry.name] = backend = entry.load()(config)
-        return backend_refusals(backend, layers, codec_name, codec, kv_dtype)
+        return backend_refusals(backend, layers, codec_name, codec, layout)
 
     entry = select(registries.attention_backends, config, config.runner.attention_backend,
                    check=refusals)
@@ -234,6 +261,9 @@ class BuiltRunner:
     step_tokens: int
     num_blocks: int
     embedding: EmbeddingInfo | None = None
+    #: the chosen KV codec's name and what its cache costs per token
+    kv_codec: str = "auto"
+    kv_footprint: kv_cache.KVFootprint | None = None
 
 
 def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRunner:
@@ -250,7 +280,8 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
                         weight_format=config.model.weight_format,
                         revision=config.model.revision, config=config,
-                        isq=config.model.isq, task=config.model.task)
+                        isq=config.model.isq, task=config.model.task,
+                        quant_scheme=config.model.quant_scheme)
     arch = loaded.config.text
     tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
     embed = loaded.task == "embed"
@@ -263,13 +294,14 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
                             or 4096)
     codec_entry = select_kv_codec(registries, config)
-    codec = codec_entry.load()()
-    kv_dtype = codec.cache_dtype(loaded.dtype)
-    backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
-                                                      codec, kv_dtype)
+    codec = codec_entry.load()(config)
     block_size = config.cache.block_size
-    per_block = kv_bytes_per_block(loaded.model, block_size, kv_dtype)
-    num_blocks = kv_budget_blocks(config, loaded, per_block, max_model_len)
+    backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
+                                                      codec, block_size)
+    cost = kv_cache.footprint(codec, [a.layer for a in kv_layers(loaded.model)],
+                              block_size=block_size, model_dtype=loaded.dtype)
+    num_blocks = kv_budget_blocks(config, loaded, cost.bytes_per_block, max_model_len,
+                                  cost.fixed_bytes)
     if embed:
         num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
                                                    max_model_len)
@@ -277,16 +309,26 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         from tallow.distributed.collectives import agree
 
         num_blocks = int(agree([num_blocks], "min")[0])
-    log.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, block_size,
-             num_blocks * per_block / 2**20)
+    log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
+             "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
+             cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
+             / 2**20, cost.tokens_per_gib, cost.vs_bf16)
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
+    structured = None if embed else StructuredOutputs.for_engine(
+        registries, config, lambda: tokenizer_info(tokenizer, vocab), device,
+        vocabulary_problem=vocabulary_problem(tokenizer))
     runner = ModelRunner(
         loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
         block_size=block_size, attention_backend=backend, vocab_size=vocab,
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
-        eos_token_ids=tokenizer.eos_token_ids, kv_dtype=kv_dtype,
+        eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
+        grammar=structured,
     )
+    if codec.calibrated:
+        from .kv_calibration import calibrate_kv_codec
+
+        calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)
     if device.type == "cuda" and warm_up_backend is not None:
         # kernel variants that the warm-up steps below do not reach (long contexts split
@@ -301,7 +343,7 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
 
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
     return BuiltRunner(loaded, tokenizer, runner, backend_entry, max_model_len, step_tokens,
-                       num_blocks, embedding)
+                       num_blocks, embedding, kv_codec=codec_entry.name, kv_footprint=cost)
 
 
 def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
@@ -334,6 +376,7 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     loaded, runner, tokenizer = built.loaded, built.runner, built.tokenizer
     runner.step_publisher = publisher
     embed = loaded.task == "embed"
+    structured = runner.grammar
     max_model_len = built.max_model_len
     # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
     block_manager = BlockManager(built.num_blocks, config.cache.block_size,
@@ -347,12 +390,17 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     )
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task)
+                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task,
+                      structured=structured)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.
         started = time.perf_counter()
         core.warm_up()
+        if structured is not None:  # sampled rows' logits are float32, argmax rows the model's
+            structured.warm_up(runner.vocab_size, (torch.float32, loaded.dtype))
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
     return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
-                       built.attention_backend.name, loaded.task, built.embedding, parallel)
+                       built.attention_backend.name, kv_codec=built.kv_codec,
+                       kv_footprint=built.kv_footprint, task=loaded.task,
+                       embedding=built.embedding, parallel=parallel)

@@ -53,18 +53,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tallow.plugin import GrammarError, GrammarSpec
+
 from .embedding import PoolingParams
-from .errors import AdmissionError
+from .errors import AdmissionError, InvalidParameter
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
 from .sequence import SequenceStatus
 
 log = logging.getLogger("tallow.engine")
 
 #: the phases of CoreOutput.timings that are host work the device may wait for
-_HOST_PHASES = ("schedule", "launch", "post")
+_HOST_PHASES = ("schedule", "launch", "mask", "post")
 
 #: what the scheduler reads of an embedding request's params: one sequence, nothing sampled
 _POOLING_SEQUENCE = SamplingParams(max_tokens=1)
@@ -93,13 +95,18 @@ class CoreOutput:
     pooled: dict[str, Any] = field(default_factory=dict)
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
-    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards.
+    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
+    #: and (structured outputs) filling the grammars' token masks and queueing the sampling.
     #: In async mode schedule/launch are those of the step launched by this call and
     #: wait/post those of the step whose tokens it returns.
     timings: dict[str, float] = field(default_factory=dict)
     #: the host phases (schedule, launch, post) that ran while the device was still busy with
     #: an earlier step from start to end, so the device did not wait for them (async mode)
     hidden: set[str] = field(default_factory=set)
+    #: every step this call ran on the device (the one whose tokens it returns and, in async
+    #: mode, the one it launched) computed decode rows only, no prompt: its wall time is a
+    #: decode step's (benchmarks count decode throughput over such steps)
+    decode_only: bool = False
 
     @property
     def host_time(self) -> float:
@@ -146,6 +153,11 @@ def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
     return out
 
 
+def _decode_only(step: "_InFlight | None") -> bool:
+    """Whether ``step`` (None: nothing was launched) computes decode rows only."""
+    return step is None or all(item.is_decode for item in step.plan.scheduled)
+
+
 def _must_collect_first(plan: SchedulerOutput) -> bool:
     """Whether the step after ``plan`` must wait until ``plan``'s tokens are read back."""
     for item in plan.scheduled:
@@ -161,7 +173,7 @@ def _must_collect_first(plan: SchedulerOutput) -> bool:
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
                  max_model_len: int, async_scheduling: bool = False,
-                 task: str = "generate") -> None:
+                 task: str = "generate", structured: Any = None) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task = task
@@ -174,6 +186,9 @@ class EngineCore:
         #: steps planned and launched while the previous one was still in flight (async mode)
         self.overlapped_steps = 0
         self._in_flight: _InFlight | None = None  # async mode: the step the device runs
+        #: grammars of structured outputs (a tallow.engine.sampling.StructuredOutputs), None
+        #: for an engine that cannot constrain outputs
+        self.structured = structured
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -193,12 +208,30 @@ class EngineCore:
                                        pooling=True)
             return
         # A private copy: the caller may reuse or change its object, while the engine relies
-        # on a request's params never changing (the sampler caches what it derives from them).
+        # on a request's params never changing (what is derived from them is cached on them).
         params = params.clone()
+        params.validate_vocab(self.runner.vocab_size)
         if params.max_tokens is None:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
-        self.scheduler.add_request(request_id, prompt_token_ids, params,
-                                   arrival_time=arrival_time, priority=priority)
+        spec = params.structured_outputs
+        grammars = [self._grammar_state(spec) for _ in range(params.n)] if spec else []
+        request = self.scheduler.add_request(request_id, prompt_token_ids, params,
+                                             arrival_time=arrival_time, priority=priority)
+        for seq, state in zip(request.seqs, grammars):
+            seq.grammar = state
+
+    def _grammar_state(self, spec: GrammarSpec) -> Any:
+        """A fresh grammar state for one completion; InvalidParameter when the engine cannot
+        constrain outputs or the spec cannot be compiled."""
+        if self.structured is None:
+            raise InvalidParameter("structured_outputs", "this engine cannot constrain "
+                                   "outputs (structured outputs need an engine built to "
+                                   "generate, with a grammar backend)")
+        try:
+            return self.structured.new_state(spec)
+        except GrammarError as exc:
+            raise InvalidParameter("structured_outputs",
+                                   f"structured_outputs: {exc}") from None
 
     def abort(self, request_id: str) -> None:
         """Abort a request; safe while its step is in flight (the step's tokens for it are
@@ -302,6 +335,9 @@ class EngineCore:
         between()
         clock.mark("overlapped")
         out = self._collect(previous, clock)
+        # The grammars have now seen `previous`'s tokens: mask and sample `launched`, whose
+        # forward the device is running.
+        self._sample_constrained(launched, clock)
         if launched is None and self.scheduler.has_unfinished():
             # Nothing could be planned on top of `previous` (say, its sequences end by length
             # and hold the blocks waiting ones need): now that it is committed, plan again
@@ -310,7 +346,10 @@ class EngineCore:
             hidden.clear()
         elif launched is not None and not launched.pending.is_done():
             hidden.add("post")  # the device ran `launched` meanwhile
+            if "mask" in clock.timings:
+                hidden.add("mask")
         self._in_flight = launched
+        out.decode_only = out.decode_only and _decode_only(launched)
         return _stamp(out, clock, hidden)
 
     def _collect_then_launch(self, previous: _InFlight,
@@ -322,6 +361,7 @@ class EngineCore:
         clock.mark("overlapped")
         out = self._collect(previous, clock)
         self._in_flight = self._schedule_and_launch(clock, feed=None)
+        out.decode_only = out.decode_only and _decode_only(self._in_flight)
         return _stamp(out, clock, set())
 
     def _schedule_and_launch(self, clock: _Clock, feed: _InFlight | None) -> _InFlight | None:
@@ -330,23 +370,36 @@ class EngineCore:
         ``feed`` is the step still in flight (async mode), whose sampled tokens are inputs of
         this one. The scheduler applies the new step (placeholders) right after the launch:
         the runner reads each sequence's token count as the sampler's step counter.
+
+        A step with grammar-constrained rows is sampled here too when there is no ``feed``;
+        with one, the caller samples it (:meth:`_sample_constrained`) once ``feed``'s tokens
+        are committed, since its grammars must see them first.
         """
         plan = self.scheduler.schedule()
         clock.mark("schedule")
         if not plan.scheduled:
             self.scheduler.advance(plan)
             return None
-        pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None)
+        pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None,
+                                     constrained=self.scheduler.num_constrained > 0)
         applied = self.scheduler.advance(plan)
         launched = _InFlight(plan, pending, applied, collect_first=_must_collect_first(plan))
         clock.mark("launch")
+        if feed is None:
+            self._sample_constrained(launched, clock)
         return launched
+
+    def _sample_constrained(self, launched: _InFlight | None, clock: _Clock) -> None:
+        """Mask and sample a launched step whose sampling waits for its grammars."""
+        if launched is not None and launched.pending.logits is not None:
+            self.runner.sample_constrained(launched.pending)
+            clock.mark("mask")
 
     def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
         """Read a step's tokens back, commit them and check stops."""
         result = self.runner.collect(step.pending)
         clock.mark("wait")
-        out = CoreOutput()
+        out = CoreOutput(decode_only=_decode_only(step))
         self._report_prompt_side(step.plan, result, out)
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()
@@ -395,6 +448,14 @@ class EngineCore:
         may follow it in async mode, so counts come from ``index``, not from ``seq``)."""
         params = seq.params
         n_out = index + 1
+        state = seq.grammar
+        if state is not None:
+            if not state.sync(seq.output_token_ids, n_out):
+                log.warning("request %s: its grammar refused token %d; the output ends there",
+                            seq.request_id, state.refused)
+            if state.refused is not None or state.terminated:
+                update.finish_reason = "stop"
+                return SequenceStatus.FINISHED_STOPPED
         if n_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 update.finish_reason = "stop"
@@ -414,7 +475,9 @@ class EngineCore:
             "num_waiting": s.num_waiting, "num_running": s.num_running,
             "kv_usage": bm.usage, "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
+            "kv_capacity_tokens": bm.capacity_tokens,
             "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
             "overlapped_steps": self.overlapped_steps,
             "num_preemptions": s.num_preemptions,
+            **(self.structured.stats() if self.structured is not None else {}),
         }

@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
-from tallow.layers import ArchConfig, BuildContext
+from tallow.layers import ArchConfig, BuildContext, WeightLoadError
 from tallow.plugin import (
-    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, SelectionError,
+    Checkpoint, Entry, ModelFileError, Registries, SelectionError, select,
 )
 
+from .calibration import calibrate
 from .checkpoint_check import check_config_against_tensors
+from .quant_choice import choose_quant_scheme, isq_offers
 
 log = logging.getLogger("tallow.engine")
 
@@ -51,27 +53,32 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device,
 
 
 def choose_weight_format(registries: Registries, source: str, name: str | None) -> Entry:
-    """The named format if it claims ``source``; else the first format by priority that does."""
+    """The format that reads ``source``: :func:`tallow.plugin.select` with ``claims(source)``
+    as its check, so a named format must claim it and otherwise the first by priority that
+    does is taken. An unknown name is a :class:`RegistryError` listing the registered ones."""
     formats = registries.weight_formats
     if name and name != "auto":
-        entry = formats.entry(name)
-        if not entry.load().claims(source):
-            raise SelectionError(f"weight format {name!r} (from {entry.distribution}) does not "
-                                 f"recognise the model source {source!r}")
-        return entry
-    for entry in formats.by_priority():
+        formats.entry(name)
+
+    def claims(entry: Entry) -> list[str]:
         try:
             if entry.load().claims(source):
-                log.info("weight format: %s (from %s) for %s", entry.name, entry.distribution,
-                         source)
-                return entry
+                return []
         except Exception as exc:  # a broken format must not hide the others
             log.warning("weight format %s failed to inspect %s: %s", entry.name, source, exc)
-    known = ", ".join(formats.names()) or "none loaded"
-    raise SelectionError(f"no weight format recognises the model source {source!r} "
-                         f"(formats: {known}); expected a .gguf file, a directory with "
-                         "config.json and *.safetensors, or a Hugging Face id 'org/name'"
-                         + formats.missing_hint())
+            return [f"failed to inspect the model source: {type(exc).__name__}: {exc}"]
+        return [f"does not recognise the model source {source!r}"]
+
+    try:
+        return select(formats, None, name, check=claims)
+    except SelectionError as exc:
+        if name and name != "auto":
+            raise
+        known = ", ".join(formats.names()) or "none loaded"
+        raise SelectionError(f"no weight format recognises the model source {source!r} "
+                             f"(formats: {known}); expected a .gguf file, a directory with "
+                             "config.json and *.safetensors, or a Hugging Face id 'org/name'"
+                             + formats.missing_hint()) from exc
 
 
 def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:
@@ -106,75 +113,6 @@ def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tupl
             raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
                                  str(exc)) from None
     return entry, config
-
-
-def _scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
-    reasons = list(cls.validate(config) or []) if config is not None else []
-    need = int(getattr(cls, "min_capability", 0) or 0)
-    if need and device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        if major * 10 + minor < need:
-            reasons.append(f"needs CUDA compute capability {need // 10}.{need % 10}, "
-                           f"{device} has {major}.{minor}")
-    return reasons
-
-
-def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, device: torch.device,
-                        config: Any = None, isq: str | None = None) -> Any:
-    """The quant scheme instance that holds the model's weights, or None for dense weights.
-
-    A checkpoint whose ``quantization`` names a scheme gets that scheme when it is installed and
-    can serve; otherwise one log line says why and its tensors are dequantized at load. ``isq``
-    (``model.isq``) asks the highest-priority scheme that lists it in ``isq_types`` to quantize
-    a float checkpoint while it loads.
-    """
-    schemes = registries.quant_schemes
-    needed = checkpoint.quantization
-    if needed and isq:
-        raise SelectionError(f"model.isq {isq!r}: the checkpoint {checkpoint.source} is already "
-                             f"quantized ({needed}); load-time quantization applies to float "
-                             "checkpoints")
-    if needed:
-        if needed not in schemes:
-            log.info("%s: its weights are %s-quantized, but no quant scheme %r is installed and "
-                     "enabled: dequantizing them at load%s", checkpoint.source, needed, needed,
-                     schemes.missing_hint(needed))
-            return None
-        entry = schemes.entry(needed)
-        try:
-            cls = entry.load()
-            reasons = _scheme_refusals(cls, config, device)
-        except ComponentLoadError as exc:  # an unusable scheme must not stop a model that
-            reasons = [str(exc)]  # can load
-        except Exception as exc:
-            reasons = [f"{type(exc).__name__}: {exc}"]
-        if reasons:
-            log.info("%s: its weights are %s-quantized, but quant scheme %r (from %s) cannot "
-                     "serve (%s): dequantizing them at load", checkpoint.source, needed, needed,
-                     entry.distribution, "; ".join(reasons))
-            return None
-        log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", needed,
-                 entry.distribution, needed)
-        return cls(config, isq=None)
-    if not isq:
-        return None
-    offered = []
-    for entry in schemes.by_priority():
-        cls = entry.load()
-        if isq not in getattr(cls, "isq_types", ()):
-            continue
-        offered.append(entry.name)
-        reasons = _scheme_refusals(cls, config, device)
-        if not reasons:
-            log.info("quant scheme: %s (from %s) quantizes the weights to %s while loading",
-                     entry.name, entry.distribution, isq)
-            return cls(config, isq=isq)
-        log.info("quant scheme %s cannot quantize to %s: %s", entry.name, isq, "; ".join(reasons))
-    known = ", ".join(schemes.names()) or "none loaded"
-    why = "those that offer it refused" if offered else f"quant schemes: {known}"
-    raise SelectionError(f"model.isq {isq!r}: no installed quant scheme can quantize to it "
-                         f"({why}; tallow-quant-gguf provides the GGML types)"
-                         + schemes.missing_hint())
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -225,11 +163,14 @@ class LoadedModel:
 def load_model(registries: Registries, source: str, *, device: torch.device,
                dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
                revision: str | None = None, quant: Any = None, config: Any = None,
-               isq: str | None = None, task: str | None = "auto") -> LoadedModel:
+               isq: str | None = None, task: str | None = "auto",
+               quant_scheme: str | None = None) -> LoadedModel:
     """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;
-    without it the scheme follows the checkpoint and ``isq`` (:func:`choose_quant_scheme`,
-    ``config`` being what schemes validate and read their settings from). ``task`` is
-    ``model.task`` (:func:`resolve_task`)."""
+    without it the scheme follows the checkpoint, ``isq`` and ``quant_scheme``
+    (:func:`choose_quant_scheme`, ``config`` being what schemes validate and read their
+    settings from). ``task`` is ``model.task`` (:func:`resolve_task`)."""
+    if quant is None and isq:
+        isq_offers(registries.quant_schemes, isq)  # an unknown type fails before any reading
     fmt = choose_weight_format(registries, source, weight_format).load()()
     checkpoint = fmt.load(source, revision=revision)
     entry, config_dict = resolve_architecture(registries, checkpoint)
@@ -239,7 +180,7 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     torch_dtype = resolve_dtype(dtype, device, str(config_dict.get("torch_dtype") or ""))
     if quant is None:
         quant = choose_quant_scheme(registries, checkpoint, device=device, config=config,
-                                    isq=isq)
+                                    isq=isq, quant_scheme=quant_scheme)
     cls = entry.load()
     resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
@@ -264,8 +205,19 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
 
             tensors = tqdm(tensors, desc=f"Quantizing to {quantizing}", unit="tensor",
                            disable=None, leave=False)
-        model.load_weights(tensors, naming=checkpoint.naming)
+        try:
+            model.load_weights(tensors, naming=checkpoint.naming)
+        except WeightLoadError as exc:
+            if checkpoint.quantization and quant is None:
+                raise WeightLoadError(
+                    f"{exc}\n{checkpoint.source} is {checkpoint.quantization}-quantized and no "
+                    "quant scheme serves it (the log line 'its weights are "
+                    f"{checkpoint.quantization}-quantized, but ...' says why); its format could "
+                    "not hand its tensors over as float weights") from exc
+            raise
     model.eval()
+    calibrate(model, quant, checkpoint, device, torch_dtype,
+              max_tokens=arch_cfg.text.get("max_position_embeddings"))
     nbytes = weight_bytes(model)
     log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,
              time.perf_counter() - started)

@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
-from tallow.kernels.attention_ref import indexable
+from tallow.kernels import kv_cache
+from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
+from tallow.kernels.token_bitmask import apply_token_bitmask
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampler import RowParams, Sampler, SamplingBatch
+from .sampling import RowParams, Sampler, SamplingBatch, takes_argmax
 
 log = logging.getLogger("tallow.engine")
 
@@ -51,12 +53,6 @@ def kv_layers(model: torch.nn.Module) -> list[Attention]:
     return layers
 
 
-def kv_bytes_per_block(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return sum(2 * block_size * a.layer.num_kv_heads * a.layer.head_dim * elem
-               for a in kv_layers(model))
-
-
 def child_seed(seed: int | None, index: int) -> int | None:
     """The seed of completion ``index`` of a request: distinct streams for n > 1."""
     if seed is None:
@@ -81,6 +77,9 @@ class PendingStep:
     pool_targets: list[Any] = field(default_factory=list)
     pooled: torch.Tensor | None = None
     host_pooled: torch.Tensor | None = None
+    #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
+    #: the tokens of the step before (:meth:`ModelRunner.sample_constrained` samples them)
+    logits: torch.Tensor | None = None
 
     def rows_by_seq(self) -> dict[int, int]:
         """seq_id → its row in ``token_ids``."""
@@ -156,17 +155,17 @@ def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int,
 
 
 def _plain_greedy(seq: Any) -> bool:
-    """Argmax is the whole story: greedy, no logit edits, no logprobs, min_tokens reached."""
-    p = seq.params
-    return p.argmax_only and seq.num_output_tokens >= p.min_tokens
+    """Argmax of the logits as they are is the whole story (no grammar mask either), so every
+    rank of a tensor-parallel group can take the token itself."""
+    return takes_argmax(seq.params, seq.num_output_tokens) and seq.grammar is None
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_dtype: torch.dtype | None = None, sampler: Sampler | None = None,
-                 pooler: Any = None) -> None:
+                 kv_codec: Any = None, sampler: Sampler | None = None,
+                 pooler: Any = None, grammar: Any = None) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
         #: only generates)
@@ -182,15 +181,16 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.eos_token_ids = set(eos_token_ids or ())
         self.sampler = sampler or Sampler()
-        self.kv_dtype = kv_dtype or dtype
+        self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
+        #: the engine's StructuredOutputs (grammar masks), None when it has none
+        self.grammar = grammar
         self.layers = kv_layers(model)
-        self.kv_caches: list[torch.Tensor] = []
-        for attn in self.layers:
-            spec = attn.layer
-            cache = torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                                dtype=self.kv_dtype, device=device)
+        self.kv_caches = kv_cache.allocate(self.kv_codec, [a.layer for a in self.layers],
+                                           num_blocks=num_blocks, block_size=block_size,
+                                           model_dtype=dtype, device=device,
+                                           checkpoint_scales=[a.kv_scales for a in self.layers])
+        for attn, cache in zip(self.layers, self.kv_caches):
             attn.kv_cache = cache
-            self.kv_caches.append(cache)
         self.graphs = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
@@ -206,9 +206,7 @@ class ModelRunner:
             return
         src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
         dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
-        for cache in self.kv_caches:
-            cache = indexable(cache)
-            cache[:, dst] = cache[:, src]
+        kv_cache.copy_blocks(self.kv_caches, src, dst)
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
@@ -370,13 +368,20 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: Any, feed: PendingStep | None = None) -> PendingStep:
+    def launch(self, out: Any, feed: PendingStep | None = None,
+               constrained: bool = False) -> PendingStep:
         """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
         the device here except prompt logprobs, so the host can do other work meanwhile.
 
         ``feed`` is the step still running when this one is planned ahead of it (async
         scheduling): sequences whose last token it sampled read that token from its device
         tensor of token ids.
+
+        ``constrained`` says that some sequence of the engine has a grammar. When one of this
+        step's sampled sequences does, only the forward and the logits are queued: the caller
+        brings the grammars up to date (the tokens of the step before may still be on the
+        device) and then calls :meth:`sample_constrained`, so the masks are computed while the
+        device runs this step's forward.
         """
         pending = PendingStep()
         scheduled = out.scheduled
@@ -405,7 +410,10 @@ class ModelRunner:
             self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
-            self._sample(pending, logits, greedy)
+            if constrained and any(seq.grammar is not None for seq in pending.targets):
+                pending.logits = logits
+                return pending
+            self._sample(pending, logits)
             if publisher is not None:
                 publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
@@ -424,6 +432,34 @@ class ModelRunner:
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
 
+    @torch.inference_mode()
+    def sample_constrained(self, pending: PendingStep) -> None:
+        """Sample a step :meth:`launch` left with its logits: fill the token masks of its
+        constrained sequences (each grammar first catches up with its sequence's known
+        tokens), then sample and queue the read-back. A sequence finished meanwhile, or whose
+        grammar has ended, is sampled without a mask (its token will be dropped)."""
+        logits, pending.logits = pending.logits, None
+        assert logits is not None and self.grammar is not None
+        rows: list[int] = []
+        states = []
+        for j, seq in enumerate(pending.targets):
+            state = seq.grammar
+            if state is None or seq.status.is_finished:
+                continue
+            known = seq.num_output_tokens - seq.num_pending_tokens
+            if state.sync(seq.output_token_ids, known) and not state.terminated:
+                rows.append(j)
+                states.append(state)
+        if states:
+            masks = self.grammar.fill(states)
+            self._sample(pending, logits,
+                         (masks, device_tensor(rows, torch.int64, logits.device)))
+        else:
+            self._sample(pending, logits)
+        if self.step_publisher is not None:
+            self.step_publisher.share_tokens(pending.token_ids)
+        self._queue_readback(pending)
+
     def _pool(self, pending: PendingStep, hidden: torch.Tensor, batch: _Batch) -> None:
         """Pool every sequence of an embedding step (each one a whole input)."""
         if self.pooler is None:
@@ -434,11 +470,16 @@ class ModelRunner:
                                "to pool")
         pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
-    def _sample(self, pending: PendingStep, logits: torch.Tensor, greedy: bool) -> None:
+    def _sample(self, pending: PendingStep, logits: torch.Tensor,
+                grammar: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Sample ``logits`` [targets, V]; ``grammar`` is (masks, rows) of the rows a grammar
+        constrains."""
         targets = pending.targets
-        if greedy:
+        if all(takes_argmax(seq.params, seq.num_output_tokens) for seq in targets):
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
-            # them to float32 first would not change it).
+            # them to float32 first would not change it), masked where a grammar says so.
+            if grammar is not None:
+                apply_token_bitmask(logits, *grammar)
             pending.token_ids = argmax_rows(logits)
             return
         logits = logits.float()
@@ -449,6 +490,8 @@ class ModelRunner:
                           step=seq.num_output_tokens) for seq in targets]
         batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
                                     eos_token_ids=self.eos_token_ids)
+        if grammar is not None:
+            batch.grammar_bitmask, batch.grammar_rows = grammar
         pending.sampled = self.sampler(logits, batch)
         pending.token_ids = pending.sampled.token_ids
 

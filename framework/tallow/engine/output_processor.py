@@ -14,7 +14,7 @@ from typing import Any
 from .core import CoreOutput, TokenUpdate
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 
 
 @dataclass

@@ -51,7 +51,7 @@ from typing import Callable
 
 from .block_manager import BlockManager
 from .errors import AdmissionError, QueueFullError
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 from .sequence import Request, Sequence, SequenceStatus
 
 __all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AppliedStep", "NewToken",
@@ -164,6 +164,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._pending: SchedulerOutput | None = None
         self.num_preemptions = 0
+        #: unfinished requests whose output a grammar constrains (structured outputs)
+        self.num_constrained = 0
         #: seq_id -> blocks at the known final length, for sequences that reserve them
         self._final_blocks: dict[int, int] = {}
 
@@ -215,6 +217,7 @@ class Scheduler:
         request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
                                  priority=priority, pooling=pooling)
         self.requests[request_id] = request
+        self.num_constrained += params.structured_outputs is not None
         self._note_final_length(request.seqs[0])
         self._enqueue(request.seqs[0])
         return request
@@ -262,6 +265,7 @@ class Scheduler:
             request.forked = True
         if request.is_finished:
             del self.requests[seq.request_id]
+            self.num_constrained -= request.params.structured_outputs is not None
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Abort every unfinished sequence of the request, wherever it is; return them. An

@@ -24,8 +24,9 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from .sampling_params import SamplingParams
+from .sampling import SamplingParams
 
 __all__ = ["SequenceStatus", "Sequence", "Request", "PENDING_TOKEN"]
 
@@ -100,6 +101,9 @@ class Sequence:
     #: an embedding request: its prompt is computed whole in one step and pooled; it samples
     #: nothing and ends with that step
     pooling: bool = False
+    #: the structured-output grammar state (a tallow.engine.sampling.GrammarState) of a
+    #: constrained completion; None when its output is free
+    grammar: Any = field(default=None, repr=False)
     _all: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

@@ -30,6 +30,18 @@ def gated_value(g, u, KIND: tl.constexpr, OUT_TY: tl.constexpr):
 
 
 @triton.jit
+def load_activations(ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
+    """Activations at ``ptrs`` in float32 (zero outside ``mask``), for a kernel that reads its
+    input itself; with a gate (``GATE`` >= 0) the row is ``[gate | up]`` (``up`` K elements
+    further) and the value ``act(gate) * up`` as the activation kernel rounds it (``X_TY`` the
+    input's type)."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if GATE >= 0:
+        x = gated_value(x, tl.load(ptrs + K, mask=mask, other=0.0), GATE, X_TY)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gated_act_kernel(x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl.constexpr,
                       USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)  # everything below reads or writes this step's tensors

@@ -17,6 +17,7 @@ from .linear_method import (
     LinearMethod, UnquantizedLinearMethod, linear_method_for, set_weight_attrs,
 )
 from .model import ArchConfig, BuildContext
+from .packed_linear import PackedLinearMethod
 from .norm import RMSNorm, rms_norm_ref
 from .plain_activation import PLAIN_ACTIVATIONS, Activation, get_act
 from .pooling import POOLING_MODES, Pooler, pool_hidden
@@ -39,6 +40,7 @@ __all__ = [
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",
     "QKVParallelLinear", "RowParallelLinear", "WeightSlice", "QuantizedWeight",
     "LinearMethod", "UnquantizedLinearMethod", "linear_method_for", "set_weight_attrs",
+    "PackedLinearMethod",
     "RMSNorm", "rms_norm_ref", "SiluAndMul", "GeluTanhAndMul", "get_act_and_mul",
     "VocabEmbedding", "LMHead",
     "RotaryEmbedding", "DynamicNTKRotaryEmbedding", "get_rope", "apply_rotary",

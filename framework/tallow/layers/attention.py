@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tallow.kernels.kv_cache import LayerKVCache
 
 
 @dataclass
@@ -109,7 +112,8 @@ def get_forward_context() -> ForwardContext:
 
 
 class Attention(nn.Module):
-    """Paged attention for one layer. The model runner binds ``kv_cache`` after allocation.
+    """Paged attention for one layer. The model runner binds ``kv_cache`` (a
+    :class:`tallow.kernels.kv_cache.LayerKVCache`) after allocation.
 
     ``forward(q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> [T, Hq*D]``.
 
@@ -138,7 +142,10 @@ class Attention(nn.Module):
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
             causal=bool(causal),
         )
-        self.kv_cache: torch.Tensor | None = None
+        self.kv_cache: LayerKVCache | None = None
+        #: scales of this layer's K and V cache read from a checkpoint (``"k"``, ``"v"``: one
+        #: value, or one per KV head), handed to the KV codec (``use_checkpoint_scales``)
+        self.kv_scales: dict[str, torch.Tensor] = {}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()

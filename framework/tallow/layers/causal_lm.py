@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Hashable, Iterable
 import torch
 from torch import nn
 
+from .attention import Attention
 from .model import ArchConfig, BuildContext
 from .quantized import QuantizedWeight
 from .weight_names import WeightLoadError, WeightNameMap
@@ -198,6 +199,22 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             lacking = [s for s in shards if s not in loaded.get(name, ())]
             out.extend(f"{name}[{s}]" for s in lacking)
         return out
+
+    def load_k_cache_scale(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:
+        """Weight-rule handler: a checkpoint's scale of layer ``groups["i"]``'s key cache
+        (``self_attn.k_scale`` in FP8-KV checkpoints), kept on its :class:`Attention`."""
+        self._attention(int(groups["i"])).kv_scales["k"] = tensor.detach().float().clone()
+
+    def load_v_cache_scale(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:
+        """As :meth:`load_k_cache_scale`, for the value cache."""
+        self._attention(int(groups["i"])).kv_scales["v"] = tensor.detach().float().clone()
+
+    def _attention(self, layer_index: int) -> Attention:
+        for module in self.modules():
+            if isinstance(module, Attention) and module.layer.layer_index == layer_index:
+                return module
+        raise WeightLoadError(f"{type(self).__name__}: a KV-cache scale names layer "
+                              f"{layer_index}, which has no attention layer")
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         """A chance to fill parameters the checkpoint lacks (tying a head, say).

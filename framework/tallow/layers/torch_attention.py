@@ -1,4 +1,8 @@
-"""The plain-torch attention backend: correct everywhere, fast nowhere. The CPU path."""
+"""The plain-torch attention backend: correct everywhere, fast nowhere. The CPU path.
+
+It serves every KV codec through the codec's own torch reference: ``encode`` stores the step's
+K/V, ``decode`` reads each sequence's blocks back for :func:`paged_attention_ref`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels.attention_ref import paged_attention_ref, store_kv_ref
+from tallow.kernels.attention_ref import paged_attention_ref
+from tallow.kernels.kv_cache import LayerKVCache
 from tallow.plugin import AttentionBackend
 
 from .attention import AttentionLayer, AttentionMetadata
@@ -15,13 +20,15 @@ from .attention import AttentionLayer, AttentionMetadata
 class TorchAttentionBackend(AttentionBackend):
     name: ClassVar[str] = "torch"
     supports_cuda_graph: ClassVar[bool] = False
+    fused_kv_codecs: ClassVar[frozenset[str]] = frozenset()
+    uses_codec_reference: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        store_kv_ref(kv_cache, k, v, meta.slot_mapping)
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
+        kv_cache.codec.encode(kv_cache, k, v, meta.slot_mapping)
         qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
         return paged_attention_ref(

@@ -5,20 +5,25 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 ``tallow`` entry point.
 """
 
+from .calibration import CalibrationRequest
 from .components import (
-    AttentionBackend, Checkpoint, Component, KVCodec, ModelArchitecture, QuantScheme, ToolProvider,
-    ToolResult, WeightFormat,
+    AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
+    ToolProvider, ToolResult, WeightFormat,
 )
 from .embedding_spec import EmbeddingSpec
 from .errors import ComponentLoadError, PluginError, PluginLoadError
+from .grammar import (
+    GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo,
+    bitmask_words,
+)
 from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
 from .registry import (
-    ArchitectureRegistry, AttentionBackendRegistry, Entry, KVCodecRegistry, QuantSchemeRegistry,
-    Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
-    WeightFormatRegistry, registering_as,
+    ArchitectureRegistry, AttentionBackendRegistry, Entry, GrammarBackendRegistry, KVCodecRegistry,
+    QuantSchemeRegistry, Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry,
+    ToolProviderRegistry, WeightFormatRegistry, registering_as,
 )
-from .selection import SelectionError, select
+from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
     CallRegion, Decision, FoundCall, MarkupToolParser, ParseResult, StreamDelta,
@@ -28,14 +33,17 @@ from .tool_parsing import (
 
 __all__ = [
     "hookimpl", "hookspec",
-    "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat", "ModelArchitecture", "QuantScheme", "KVCodec",
+    "CalibrationRequest", "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat",
+    "ModelArchitecture", "QuantScheme", "KVCodec", "KVTensor",
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
     "Decision", "FoundCall",
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
-    "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "registering_as",
-    "select", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
+    "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "GrammarBackendRegistry",
+    "registering_as", "GRAMMAR_KINDS", "GrammarBackend", "GrammarError", "GrammarMatcher",
+    "GrammarSpec", "TokenizerInfo", "bitmask_words",
+    "select", "serving", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
     "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .calibration import CalibrationRequest
     from .embedding_spec import EmbeddingSpec
 
 
@@ -123,27 +124,32 @@ class ModelArchitecture:
 class QuantScheme(Component):
     """A weight quantization scheme.
 
-    How the engine chooses one when a model loads:
+    How the engine chooses one when a model loads (:mod:`tallow.engine.quant_choice`):
 
-    - a checkpoint whose ``Checkpoint.quantization`` names a scheme (its tensors arrive as
-      :class:`tallow.layers.QuantizedWeight`) is served by the scheme registered under that
-      name, if one is installed, ``validate(config)`` gives no reasons and the device meets
-      ``min_capability``; otherwise the engine logs why and the tensors are dequantized at load;
-    - ``model.isq`` (load-time quantization of a float model) takes the highest-priority scheme
-      whose ``isq_types`` lists the type, and fails naming the installed ones if none does.
+    - a quantized checkpoint (``Checkpoint.quantization``: a ``config.json``'s
+      ``quantization_config.quant_method``, ``"gguf"`` for a GGUF file of quantized blocks) is
+      *claimed* by every installed scheme that serves its method (the scheme's name, or a
+      method it lists at registration: ``registry.register("int4", "...", quant_methods=
+      ("gptq", "awq", "compressed-tensors"))``) and whose ``detect(config)`` accepts the
+      checkpoint's HF-style config. One claim: that scheme serves, if ``validate(config)``
+      gives no reasons and the device meets ``min_capability``; otherwise the engine logs why
+      and the tensors are dequantized at load, as when no scheme claims the checkpoint. Two
+      claims stop the load naming both and ``model.quant_scheme``, the setting that picks one;
+    - ``model.isq`` (load-time quantization of a float model) takes the one scheme whose
+      ``isq_types`` lists the type; a type none lists is refused naming those offered.
 
     The chosen class is instantiated as ``cls(config, isq=<type or None>)`` (``config`` the
     :class:`tallow.config.TallowConfig`; settings under ``plugins.settings.<distribution>``)
-    and the instance is the model's ``BuildContext.quant``. Layers ask it for their storage and
-    matmul through ``linear_method(prefix)``, ``head_method(prefix)`` (the LM head) and
-    ``embedding_method(prefix)`` (token embeddings), each optional and each returning a
-    :class:`tallow.layers.LinearMethod` or None to leave the layer unquantized (see
-    :mod:`tallow.layers.linear_method`). ``summary()`` (optional) describes what it holds once
-    the weights are loaded, for the start-up log.
-
-    ``detect(config)`` says whether an HF-style checkpoint config asks for the scheme;
-    ``min_capability`` is the lowest CUDA compute capability (major*10+minor) its kernels run
-    on (0: any, CPU included).
+    and the instance is the model's ``BuildContext.quant``. A checkpoint's scheme then reads
+    how the weights are stored through ``use_checkpoint_config(config)``, before the model is
+    built. Layers ask it for their storage and matmul through ``linear_method(prefix)``,
+    ``head_method(prefix)`` (the LM head) and ``embedding_method(prefix)`` (token
+    embeddings), each optional and each returning a :class:`tallow.layers.LinearMethod` or
+    None to leave the layer unquantized (see :mod:`tallow.layers.linear_method`).
+    ``summary()`` (optional) describes what it holds once the weights are loaded, for the
+    start-up log. A scheme that quantizes from calibration data asks for it through
+    ``calibration_request()`` (:mod:`tallow.plugin.calibration`). ``min_capability`` is the lowest CUDA compute capability (major*10+minor)
+    its kernels run on (0: any, CPU included).
     """
 
     min_capability: ClassVar[int] = 0
@@ -156,10 +162,39 @@ class QuantScheme(Component):
     def __init__(self, config: Any = None, isq: str | None = None) -> None:
         self.config = config
         self.isq = isq
+        #: the HF-style config of the checkpoint whose quantized weights this instance holds
+        #: (empty under load-time quantization): see :meth:`use_checkpoint_config`
+        self.checkpoint_config: dict[str, Any] = {}
 
     @classmethod
     def detect(cls, config: dict[str, Any]) -> bool:
-        return False
+        """Whether the HF-style checkpoint ``config`` (of a quantization method the scheme
+        serves) holds weights in an encoding of this scheme. The default claims every
+        checkpoint of its methods; a scheme that shares a method with others
+        (``compressed-tensors``) recognises its own by the ``quantization_config``. It only
+        recognises: a config it claims but cannot serve is refused by
+        :meth:`use_checkpoint_config`, naming the field."""
+        return True
+
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        """Called by the engine once, before the model is built, with the HF-style config of
+        the checkpoint whose quantized weights this instance will hold (its
+        ``quantization_config`` says how they are stored: code width, groups, zero points,
+        scale granularity, activation scheme). Raise ``ValueError`` naming the field for a
+        configuration the scheme cannot serve; the engine reports it against the
+        checkpoint's config file. The default keeps it as :attr:`checkpoint_config`."""
+        self.checkpoint_config = dict(config)
+
+    def calibration_request(self) -> "CalibrationRequest | None":
+        """Asked once the weights are loaded: None, or the text the engine must run the model
+        over before the scheme can quantize (a calibrated quantizer, whose layers kept their
+        float weights so far; see :mod:`tallow.plugin.calibration`). The engine then calls
+        :meth:`calibrated`."""
+        return None
+
+    def calibrated(self) -> None:
+        """Called after the engine ran the model over the text of :meth:`calibration_request`
+        (and before anything else runs it): quantize what was held back."""
 
     @classmethod
     def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
@@ -174,50 +209,123 @@ class QuantScheme(Component):
         raise NotImplementedError(f"quant scheme {cls.name!r} does not write model files")
 
 
-class KVCodec(Component):
-    """How K and V are stored in the paged cache.
+@dataclass(frozen=True)
+class KVTensor:
+    """One tensor of an attention layer's KV cache, as a :class:`KVCodec` lays it out.
 
-    ``cache_dtype(model_dtype)`` is the torch dtype of the cache tensors; the engine sizes the
-    KV budget from it. ``bytes_per_element`` is the codec's nominal storage per element, for
-    listings and for codecs whose cache tensors pack several elements per item.
-
-    ``elementwise`` True means the codec is a plain cast: each element is written rounded to
-    ``cache_dtype`` (to nearest even, and for 8-bit floats clamped to the dtype's largest
-    finite value first, since they have no infinity) and read back by widening it. Any attention
-    backend that can read a cache of that dtype serves such a codec. A codec with an encoding
-    of its own (scales, packed bits) sets it False; only backends whose
-    ``supports_kv_codec`` accepts it by name can serve it.
+    A ``per_block`` tensor is paged: it is allocated ``[num_blocks, *shape]`` (``shape`` is one
+    block, block size first), its blocks are handed out by the block manager and copied for
+    copy-on-write. Any other tensor is allocated with ``shape`` once per layer, for what the
+    whole layer shares (a scale per head, a rotation), and filled by
+    :meth:`KVCodec.init_layer`.
     """
 
-    bytes_per_element: ClassVar[float] = 2.0
-    elementwise: ClassVar[bool] = True
+    name: str
+    shape: tuple[int, ...]
+    dtype: Any  # a torch.dtype
+    per_block: bool = True
 
-    def cache_dtype(self, model_dtype: "torch.dtype") -> "torch.dtype":
-        return model_dtype
+
+class KVCodec(Component):
+    """How K and V are stored in the paged cache: the layout of the cache tensors of one
+    attention layer, and a plain-torch reference of writing into them and reading from them.
+
+    - :meth:`layout` lists the tensors of one layer (:class:`KVTensor`): codes, scales, ...;
+      :mod:`tallow.kernels.kv_cache` allocates them, sizes the KV budget from their bytes per
+      block, copies their blocks and hands them to attention backends as a
+      :class:`tallow.kernels.kv_cache.LayerKVCache`;
+    - :meth:`init_layer` fills the per-layer tensors once they are allocated,
+      :meth:`use_checkpoint_scales` may take scales the checkpoint carries, and, for a codec
+      that sets :attr:`calibrated`, :meth:`calibrate` refines them from the K/V the model
+      computes over a calibration text;
+    - :meth:`encode` writes one step's K/V into the cache at their slots;
+    - :meth:`decode` reads whole blocks back as K/V.
+
+    The references define the format: the torch attention backend runs on them, and a backend
+    that implements a codec in its own kernels (it names the codec in
+    :attr:`AttentionBackend.fused_kv_codecs`) is tested against them.
+
+    ``bits_per_element`` is the nominal storage of one K or V element without the scales that
+    go with it, for listings (registered as ``bits=`` too, so that listing plugins imports
+    nothing). The codec is built with the configuration (a
+    :class:`tallow.config.TallowConfig`, or None in tests) and reads its plugin's settings
+    from it.
+    """
+
+    bits_per_element: ClassVar[float] = 16.0
+    #: True when :meth:`calibrate` wants the K/V a model computes over a calibration text:
+    #: the engine then runs that pass once at start-up, before serving
+    calibrated: ClassVar[bool] = False
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
+               model_dtype: "torch.dtype") -> list[KVTensor]:
+        """The tensors of one layer's cache for heads of ``head_dim`` elements."""
+        raise NotImplementedError
+
+    def init_layer(self, cache: Any) -> None:
+        """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
+        the default has none to fill."""
+
+    def use_checkpoint_scales(self, cache: Any, scales: dict[str, "torch.Tensor"]) -> None:
+        """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
+        holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
+        ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
+        by the engine once per layer after :meth:`init_layer`, before anything is stored;
+        ``cache.layer`` is the attention layer. The default ignores them (a codec without
+        scales, or one that calibrates its own)."""
+
+    def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
+                  v: "torch.Tensor") -> None:
+        """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
+        queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
+        attention layer receives them) over the engine's calibration text. Called once per
+        layer before anything is stored, for codecs that set :attr:`calibrated`;
+        ``cache.layer`` is the attention layer."""
+
+    def encode(self, cache: Any, k: "torch.Tensor", v: "torch.Tensor",
+               slot_mapping: "torch.Tensor") -> None:
+        """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
+        ``slot_mapping`` [T] (slot = block * block_size + offset; -1 skips the row)."""
+        raise NotImplementedError
+
+    def decode(self, cache: Any, blocks: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
+        ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
+        raise NotImplementedError
 
 
 class AttentionBackend(Component):
     """Paged attention over one flat batch.
 
     ``forward(layer, q, k, v, kv_cache, meta)`` writes this step's ``k``/``v`` [T, Hkv, D] into
-    ``kv_cache`` [2, num_blocks, block_size, Hkv, D] at ``meta.slot_mapping`` and returns the
-    attention output [T, Hq, D] for queries ``q`` [T, Hq, D], reading each sequence's earlier
-    context through ``meta.block_tables``. ``layer`` carries the head counts, scale, sliding
-    window and logit softcap (:class:`tallow.layers.attention.AttentionLayer`).
+    ``kv_cache`` (a :class:`tallow.kernels.kv_cache.LayerKVCache`: the layer's cache tensors as
+    its KV codec lays them out) at ``meta.slot_mapping`` and returns the attention output
+    [T, Hq, D] for queries ``q`` [T, Hq, D], reading each sequence's earlier context through
+    ``meta.block_tables``. ``layer`` carries the head counts, scale, sliding window and logit
+    softcap (:class:`tallow.layers.attention.AttentionLayer`).
     """
 
     #: True if the decode path may be captured in a CUDA graph
     supports_cuda_graph: ClassVar[bool] = False
+    #: the KV codecs (by name) whose storage this backend's own kernels write and read
+    fused_kv_codecs: ClassVar[frozenset[str]] = frozenset({"auto"})
+    #: True for a backend that serves any codec through the codec's torch reference
+    #: (``encode``/``decode``), as the core's ``torch`` backend does
+    uses_codec_reference: ClassVar[bool] = False
 
-    def supports_kv_codec(self, codec: KVCodec, cache_dtype: "torch.dtype") -> list[str]:
-        """Reasons this backend cannot store K/V the way ``codec`` does in a cache of
-        ``cache_dtype`` (empty when it can). The engine chooses the codec first and asks each
+    def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
+        """Reasons this backend cannot store K/V as ``codec`` does with ``layout`` (one
+        layer's tensors; empty when it can). The engine chooses the codec first and asks each
         candidate backend (an instance); a refusal passes an automatically chosen backend
-        over for the next by priority. The default serves elementwise codecs only."""
-        if codec.elementwise:
+        over for the next by priority. The default serves the codecs named in
+        :attr:`fused_kv_codecs`, or every codec when :attr:`uses_codec_reference`."""
+        if self.uses_codec_reference or codec.name in self.fused_kv_codecs:
             return []
-        return [f"kv codec {codec.name!r} has its own encoding, which this backend does not "
-                "implement"]
+        return [f"kv codec {codec.name!r} is not implemented by this backend (it implements "
+                + ", ".join(sorted(self.fused_kv_codecs)) + ")"]
 
     def plan(self, meta: Any) -> None:
         """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
@@ -233,10 +341,10 @@ class AttentionBackend(Component):
         must still work, outside graph capture."""
 
     def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
-                kv_cache: "torch.Tensor", meta: Any) -> "torch.Tensor":
+                kv_cache: Any, meta: Any) -> "torch.Tensor":
         raise NotImplementedError
 
-    def warm_up(self, layers: list[Any], kv_caches: list["torch.Tensor"],
+    def warm_up(self, layers: list[Any], kv_caches: list[Any],
                 dtype: "torch.dtype") -> None:
         """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
         (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as

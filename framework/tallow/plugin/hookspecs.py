@@ -21,8 +21,9 @@ hook (``def tallow_register_architectures(registry): ...``)."""
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import (
-        ArchitectureRegistry, AttentionBackendRegistry, KVCodecRegistry, QuantSchemeRegistry,
-        RouteRegistry, ToolParserRegistry, ToolProviderRegistry, WeightFormatRegistry,
+        ArchitectureRegistry, AttentionBackendRegistry, GrammarBackendRegistry, KVCodecRegistry,
+        QuantSchemeRegistry, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
+        WeightFormatRegistry,
     )
 
 
@@ -61,13 +62,14 @@ def tallow_register_quant_schemes(registry: "QuantSchemeRegistry") -> None:
 
 @hookspec
 def tallow_register_kv_codecs(registry: "KVCodecRegistry") -> None:
-    """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`).
+    """Register KV-cache codecs (:class:`tallow.plugin.KVCodec`):
+    ``registry.register(name, "pkg.module:Class", bits=N)`` with the nominal bits per stored
+    element (listings show them without importing the codec).
 
-    A codec states its bytes per element and the cache dtype. An elementwise codec (a plain,
-    saturating cast into that dtype) is written and read by every attention backend that
-    handles the dtype; a codec with its own encoding provides its write (quantize into the
-    paged cache) and read (dequantize) paths to the backends that implement it, which accept
-    it in ``AttentionBackend.supports_kv_codec``.
+    A codec lays out the tensors of one layer's cache (codes, scales, ...) and provides a
+    plain-torch reference ``encode`` (a step's K/V into the cache) and ``decode`` (blocks back
+    to K/V). The torch attention backend serves any codec through them; a backend that
+    implements a codec in kernels of its own names it in ``fused_kv_codecs``.
     """
 
 
@@ -110,6 +112,25 @@ def tallow_register_routes(registry: "RouteRegistry") -> None:
 
     ``registry.register("/path", "pkg.module:endpoint_or_app", methods=("GET",), mount=False)``;
     with ``mount=True`` the target is an ASGI app mounted under the path.
+    """
+
+
+@hookspec
+def tallow_register_grammar_backends(registry: "GrammarBackendRegistry") -> None:
+    """Register structured-output grammar backends (:class:`tallow.plugin.GrammarBackend`).
+
+    ``registry.register(name, "pkg.module:BackendClass", priority=N)``. Unless
+    ``runner.grammar_backend`` names one, the highest-priority backend whose
+    ``validate(config)`` gives no reasons serves; a named backend that gives reasons stops
+    start-up with them. The engine builds the backend as ``cls(tokenizer_info, config)`` when
+    the first request with a ``response_format``, guided-decoding field or forced tool call
+    arrives, and from then on the backend compiles each JSON Schema, regular expression,
+    choice list or EBNF grammar once (``compile(spec)``, raising
+    :class:`tallow.plugin.GrammarError` with the path of what it cannot enforce; the engine
+    caches the result by the spec's hash) and gives every constrained sequence a
+    :class:`tallow.plugin.GrammarMatcher`: the allowed-token bitmask before each step,
+    ``accept`` of the sampled token, ``is_terminated``, and ``rollback`` when tokens are taken
+    back. Must not import torch or the grammar library at registration time.
     """
 
 

@@ -273,15 +273,62 @@ class WeightFormatRegistry(Registry):
 
 
 class QuantSchemeRegistry(Registry):
-    """Weight quantization schemes (GGUF k-quants, FP8, GPTQ/AWQ, ...)."""
+    """Weight quantization schemes (GGUF k-quants, FP8, GPTQ/AWQ, ...).
+
+    ``quant_methods=("gptq", "compressed-tensors", ...)`` names the checkpoint quantization
+    methods (``Checkpoint.quantization``: a ``config.json``'s
+    ``quantization_config.quant_method``) a scheme may serve besides its own name. Several
+    schemes may list one method (``compressed-tensors`` holds fp8, int4 and fp4 weights); each
+    says through ``detect(config)`` whether a checkpoint is one of its own (see
+    :class:`tallow.plugin.QuantScheme`).
+    """
 
     kind = "quant_scheme"
 
+    def register(self, name: str, target: Any, *,
+                 quant_methods: tuple[str, ...] | list[str] = (), priority: int = 0,
+                 override: bool = False, **meta: Any) -> Entry:
+        if isinstance(quant_methods, str) or not all(
+                isinstance(m, str) and m for m in quant_methods):
+            raise RegistryError(f"{self.kind} {name!r}: quant_methods must be a tuple of "
+                                f"non-empty strings, got {quant_methods!r}")
+        return super().register(name, target, priority=priority, override=override,
+                                quant_methods=tuple(quant_methods), **meta)
+
+    def for_quant_method(self, method: str) -> list[Entry]:
+        """The schemes that may serve checkpoints of quantization method ``method`` (it is
+        their name or in their ``quant_methods``), highest priority first."""
+        return [e for e in self.by_priority() if serves_quant_method(e, method)]
+
+
+def serves_quant_method(entry: Entry, method: str) -> bool:
+    """Whether the quant scheme ``entry`` may serve checkpoints of quantization method
+    ``method``: its name, or one of the ``quant_methods`` it was registered with."""
+    return entry.name == method or method in entry.meta.get("quant_methods", ())
+
 
 class KVCodecRegistry(Registry):
-    """KV-cache codecs (auto, fp8, turbo*)."""
+    """KV-cache codecs (auto, fp8, turbo*).
+
+    ``bits`` is the codec's nominal storage per K or V element without its scales (None: the
+    model's dtype), kept as metadata so that listings show it without importing the codec.
+    """
 
     kind = "kv_codec"
+
+    def register(self, name: str, target: Any, *, bits: float | None = None, priority: int = 0,
+                 override: bool = False, **meta: Any) -> Entry:
+        if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, float))
+                                 or bits <= 0):
+            raise RegistryError(f"kv_codec {name!r}: bits must be a positive number or None, "
+                                f"got {bits!r}")
+        return super().register(name, target, priority=priority, override=override, bits=bits,
+                                **meta)
+
+    def label(self, name: str) -> str:
+        """``name`` with its storage for listings: ``turbo4 (4 bits)``, ``auto (model dtype)``."""
+        bits = self.entry(name).meta.get("bits")
+        return f"{name} ({'model dtype' if bits is None else f'{bits:g} bits'})"
 
 
 class AttentionBackendRegistry(Registry):
@@ -300,6 +347,13 @@ class ToolProviderRegistry(Registry):
     """Providers of tools the server can call itself (MCP clients)."""
 
     kind = "tool_provider"
+
+
+class GrammarBackendRegistry(Registry):
+    """Structured-output grammar backends (xgrammar, llguidance); chosen by priority unless
+    ``runner.grammar_backend`` names one."""
+
+    kind = "grammar_backend"
 
 
 class RouteRegistry(Registry):
@@ -321,6 +375,7 @@ REGISTRY_CLASSES: dict[str, type[Registry]] = {
     for cls in (
         ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
         AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
+        GrammarBackendRegistry,
     )
 }
 
@@ -337,6 +392,7 @@ class Registries:
         self.tool_parsers = ToolParserRegistry()
         self.tool_providers = ToolProviderRegistry()
         self.routes = RouteRegistry()
+        self.grammar_backends = GrammarBackendRegistry()
 
     def explain_unloaded_with(
             self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
@@ -349,6 +405,7 @@ class Registries:
         return [
             self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
             self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
+            self.grammar_backends,
         ]
 
     def mark(self) -> list[int]:

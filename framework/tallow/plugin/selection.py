@@ -76,6 +76,21 @@ def select(registry: Registry, config: Any, name: str | None = None, *,
                          + registry.missing_hint())
 
 
+def serving(registry: Registry, config: Any, *, check: Check | None = None) -> list[Entry]:
+    """Every entry of ``registry`` that serves ``config``, highest priority first: the first is
+    what :func:`select` takes automatically, the others are what a caller may fall back on
+    (the server's secondary tool parsers). Entries that give reasons are left out and logged
+    at debug level."""
+    chosen: list[Entry] = []
+    for entry in registry.by_priority():
+        reasons = _reasons(entry, config, check)
+        if reasons:
+            log.debug("%s: %r cannot serve: %s", registry.kind, entry.name, ", ".join(reasons))
+        else:
+            chosen.append(entry)
+    return chosen
+
+
 def _select_named(registry: Registry, config: Any, name: str, check: Check | None) -> Entry:
     try:
         entry = registry.entry(name)

@@ -31,7 +31,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, NamedTuple
 
 from .components import Component
 from .json_schema import SchemaProblem, check_schema, schema_errors
@@ -112,10 +112,14 @@ class ToolParser(Component):
     ``call_opening`` is the text that opens one call in the model's trained format when a JSON
     object ``{"name": ..., "arguments": ...}`` follows it (``"<tool_call>\\n"`` for hermes); the
     server prefixes it when it forces a call. Empty when the format has no such opening.
+    ``call_closing`` is the text that ends such a call (``"\\n</tool_call>"`` for hermes; empty
+    when the object's end is the call's end): a call whose JSON object was constrained by a
+    grammar is written ``call_opening + object + call_closing`` and parsed by the parser.
     """
 
     priority: ClassVar[int] = 0
     call_opening: ClassVar[str] = ""
+    call_closing: ClassVar[str] = ""
 
     @classmethod
     def matches(cls, model_name: str, chat_template: str | None) -> bool:
@@ -131,27 +135,41 @@ class ToolParser(Component):
 def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str | None,
                        name: str | None = "auto") -> "Entry":
     """The parser named ``name``, or else (``"auto"``/None) the highest-priority parser whose
-    ``matches(model_name, chat_template)`` is true; the choice is logged.
+    ``matches(model_name, chat_template)`` is true: :func:`tallow.plugin.select` with the match
+    as its check, so a parser that cannot be imported is passed over with its reason. The
+    choice is logged.
 
-    Raises :class:`tallow.plugin.SelectionError` for an unknown name or when nothing matches.
+    Raises :class:`tallow.plugin.SelectionError` for an unknown or unusable name, or when
+    nothing matches.
     """
-    from .registry import RegistryError
-    from .selection import SelectionError
+    from .selection import SelectionError, select
 
     if name and name != "auto":
         try:
-            return registry.entry(name)
-        except RegistryError as exc:
+            return select(registry, None, name)
+        except SelectionError as exc:
             raise SelectionError(f"server.tool_parser: {exc}") from None
-    for entry in registry.by_priority():
-        if entry.load().matches(model_name, chat_template):
-            log.info("tool_parser: chose %r from %s (priority %d) for model %r", entry.name,
-                     entry.distribution, entry.priority, model_name)
-            return entry
-    known = ", ".join(registry.names()) or "none is registered"
-    raise SelectionError(f"no tool parser matches model {model_name!r} and its chat template "
-                         f"(registered: {known}); name one with server.tool_parser"
-                         + registry.missing_hint())
+    try:
+        return select(registry, None, check=template_match(model_name, chat_template))
+    except SelectionError:
+        known = ", ".join(registry.names()) or "none is registered"
+        raise SelectionError(f"no tool parser matches model {model_name!r} and its chat "
+                             f"template (registered: {known}); name one with "
+                             "server.tool_parser" + registry.missing_hint()) from None
+
+
+def template_match(model_name: str, chat_template: str | None) -> "Callable[[Entry], list[str]]":
+    """A :func:`tallow.plugin.select` check: a tool parser serves when it ``matches`` the model
+    name and chat template (a parser that raises gives its error as the reason)."""
+
+    def check(entry: "Entry") -> list[str]:
+        try:
+            fits = bool(entry.load().matches(model_name, chat_template))
+        except Exception as exc:  # a broken parser plugin must not stop the others
+            return [f"matches() failed: {type(exc).__name__}: {exc}"]
+        return [] if fits else [f"does not match model {model_name!r} and its chat template"]
+
+    return check
 
 
 def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:

@@ -111,7 +111,8 @@ async def health(state: ServerState, request: Request) -> Response:
     body = {"status": "ok" if error is None else "error", "model": state.model_name,
             **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
                                          "num_free_blocks", "num_total_blocks",
-                                         "prefix_cache_hit_rate") if k in stats},
+                                         "kv_capacity_tokens", "prefix_cache_hit_rate")
+                if k in stats},
             "server_inflight": state.inflight}
     if error is not None:
         body["error"] = f"{type(error).__name__}: {error}"
@@ -142,6 +143,9 @@ async def plugins(state: ServerState, request: Request) -> Response:
     statuses = [_describe_status(s) for s in pm.statuses()]
     components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
     selected = state.tool_parsing.describe()
+    structured = state.structured
+    if structured is not None:
+        selected["grammar_backend"] = structured.entry.name if structured.available else None
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
                          "selected": selected,
                          "tool_providers": state.tool_providers.statuses()})

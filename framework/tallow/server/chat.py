@@ -20,6 +20,9 @@ from .generation import aclose_quietly, run_generation, unless_disconnected
 from .sampling import build_sampling_params, resolve_max_tokens
 from .sse import DONE, StreamSession
 from .state import ServerState
+from .structured import (
+    Constraint, compile_constraint, compile_tool_parameters, requested_constraint,
+)
 from .tools import ChoiceTools, Final, plan_tools
 
 log = logging.getLogger("tallow.server")
@@ -50,8 +53,10 @@ class ChatCompletion:
         self.created = int(time.time())
         self.include_usage, self.continuous_usage = stream_flags(req)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
+        structured = state.structured
         self.plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                               state.tool_parsing)
+                               state.tool_parsing,
+                               constrain=structured is not None and structured.available)
         self.prompt_ids: list[int] = []
         self.timer = state.metrics.timer()
 
@@ -77,14 +82,32 @@ class ChatCompletion:
         requested = budget or self.req.max_completion_tokens or self.req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len,
                                         "messages", param)
+        spec = await self._output_constraint()
         try:
             params = build_sampling_params(self.req, max_tokens=max_tokens,
                                            vocab_size=getattr(self.state.tokenizer,
                                                               "vocab_size", None),
-                                           logprobs=self.top)
+                                           logprobs=self.top, structured_outputs=spec)
         except Exception as exc:
             raise from_exception(exc) from None
         return ids, params, prompt
+
+    async def _output_constraint(self) -> Any:
+        """The GrammarSpec the output must match (compiled already), or None: a forced tool
+        call under a grammar, or what the request asks for (response_format and friends)."""
+        asked = requested_constraint(self.req)
+        if self.plan.forced and self.plan.constrained:
+            if asked is not None:
+                field = asked.field.split(".")[0]
+                raise invalid(field, f"{field!r} cannot be combined with a forced "
+                              "'tool_choice': the output is the tool call.")
+            call = Constraint(self.plan.call_spec(), "tool_choice")
+            await compile_tool_parameters(self.state, self.plan.tools or [], call)
+            return call.spec
+        if asked is None:
+            return None
+        await compile_constraint(self.state, asked)
+        return asked.spec
 
     # -- shapes -------------------------------------------------------------------------
     def _usage(self, out: Any) -> dict[str, Any]:
@@ -103,10 +126,10 @@ class ChatCompletion:
         return json.dumps(body, ensure_ascii=False)
 
     @staticmethod
-    def _finish_reason(o: Any, final: Final, forced_done: bool) -> str:
+    def _finish_reason(o: Any, final: Final, tools: Any) -> str:
         if final.tool_calls:
-            return "tool_calls"
-        if forced_done:
+            return "length" if tools.truncated else "tool_calls"
+        if tools.complete:
             return "stop"
         if o.finish_reason == "abort":
             raise APIError(503, "The request was aborted by the server (shutting down?).",
@@ -156,7 +179,7 @@ class ChatCompletion:
                                                      self.top, self.state.token_text),
                             "refusal": None}
             result.append({"index": o.index, "message": message, "logprobs": logprobs,
-                           "finish_reason": self._finish_reason(o, final, tools.complete)})
+                           "finish_reason": self._finish_reason(o, final, tools)})
         self.timer.finish([c["finish_reason"] for c in result], last.num_cached_tokens)
         return JSONResponse({"id": self.id, "object": "chat.completion",
                              "created": self.created, "model": self.state.model_name,
@@ -228,8 +251,8 @@ class ChatCompletion:
                                         "logprobs": logprobs, "finish_reason": None}], usage))
         if ending:
             c.finished = True
-            if any(p.tool_calls for p in pieces):
-                reason = "tool_calls"
+            if any(p.tool_calls for p in pieces) or c.tools.sent_calls:
+                reason = "length" if c.tools.truncated else "tool_calls"
             elif force:
                 reason = "stop"
             elif o.finish_reason == "abort":

@@ -26,6 +26,7 @@ from .protocol import (
 from .sampling import build_sampling_params, resolve_max_tokens
 from .sse import DONE, StreamSession
 from .state import ServerState
+from .structured import compile_constraint, requested_constraint
 
 
 @dataclass
@@ -114,6 +115,9 @@ class TextCompletion:
             raise invalid("prompt", "Invalid value for 'prompt': expected at least one prompt.")
         self.state.check_fanout(len(items), self.n)
         vocab = getattr(self.state.tokenizer, "vocab_size", None)
+        asked = requested_constraint(self.req)
+        if asked is not None:
+            await compile_constraint(self.state, asked)
         param_list = []
         for p, item in enumerate(items):
             where = "prompt" if len(items) == 1 else f"prompt[{p}]"
@@ -137,7 +141,8 @@ class TextCompletion:
             try:
                 param_list.append(build_sampling_params(
                     self.req, max_tokens=max_tokens, vocab_size=vocab, logprobs=self.top,
-                    prompt_logprobs=self.top if self.echo and self.top is not None else None))
+                    prompt_logprobs=self.top if self.echo and self.top is not None else None,
+                    structured_outputs=asked.spec if asked is not None else None))
             except Exception as exc:
                 raise from_exception(exc) from None
         return param_list

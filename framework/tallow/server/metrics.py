@@ -3,8 +3,9 @@
 Counted by the server as requests flow: HTTP responses by endpoint and status, time to first
 token, inter-token latency, end-to-end latency, finished requests by finish reason and prompt
 tokens served from the prefix cache. Read from ``engine.stats()`` at scrape time (so a scrape
-always sees the engine's present state): waiting and running requests, KV-cache usage and free
-blocks, the prefix-cache hit rate, and the prompt and generation token counters.
+always sees the engine's present state): waiting and running requests, KV-cache usage, free
+blocks and capacity in tokens, the prefix-cache hit rate, and the prompt and generation token
+counters.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _ENGINE_GAUGES = {
     "kv_usage": ("tallow_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0..1)."),
     "num_free_blocks": ("tallow_kv_cache_free_blocks", "KV-cache blocks free."),
     "num_total_blocks": ("tallow_kv_cache_total_blocks", "KV-cache blocks in all."),
+    "kv_capacity_tokens": ("tallow_kv_cache_capacity_tokens",
+                           "Tokens of K and V the KV cache holds in all (blocks x block size)."),
     "prefix_cache_hit_rate": ("tallow_prefix_cache_hit_rate",
                               "Fraction of looked-up prompt blocks found in the prefix cache."),
 }

@@ -17,7 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tallow.plugin import RegistryError
+from tallow.plugin import SelectionError, select, serving
+from tallow.plugin.tool_parsing import template_match
 
 log = logging.getLogger("tallow.server")
 
@@ -38,49 +39,31 @@ class ToolParsing:
         return {"tool_parser": self.name, "fallbacks": [name for name, _ in self.fallbacks]}
 
 
-def _named(registry: Any, name: str) -> ToolParsing:
-    if registry is None:
-        raise ToolParserError(f"--tool-parser {name!r}: no plugin manager, so no tool parser "
-                              "is registered")
-    try:
-        entry = registry.entry(name)
-    except RegistryError as exc:
-        raise ToolParserError(f"--tool-parser {name!r}: {exc}") from None
-    try:
-        parser = entry.load()
-    except Exception as exc:
-        raise ToolParserError(f"--tool-parser {name!r} (from {entry.distribution}) cannot be "
-                              f"imported: {type(exc).__name__}: {exc}") from exc
-    log.info("tool parser: %r from %s (named in the config)", name, entry.distribution)
-    return ToolParsing(name, parser)
-
-
 def choose_tool_parser(engine: Any, config: Any = None) -> ToolParsing:
-    """The tool parsers for ``engine``'s model (see the module docstring)."""
+    """The tool parsers for ``engine``'s model (see the module docstring): the primary is
+    chosen by :func:`tallow.plugin.select`, the fallbacks are the other parsers it would serve
+    with (:func:`tallow.plugin.serving`)."""
     pm = getattr(engine, "plugin_manager", None)
     registry = getattr(getattr(pm, "registries", None), "tool_parsers", None)
     name = getattr(getattr(config, "server", None), "tool_parser", "auto") or "auto"
     if name != "auto":
-        return _named(registry, name)
+        if registry is None:
+            raise ToolParserError(f"--tool-parser {name!r}: no plugin manager, so no tool "
+                                  "parser is registered")
+        try:
+            entry = select(registry, config, name)
+        except SelectionError as exc:
+            raise ToolParserError(f"--tool-parser {name!r}: {exc}") from None
+        return ToolParsing(name, entry.load())
     if registry is None:
         return ToolParsing()
     template = getattr(engine.tokenizer, "chat_template", None)
-    fitting: list[tuple[str, Any]] = []
-    for entry in registry.by_priority():
-        try:
-            parser = entry.load()
-            fits = bool(parser.matches(engine.model_name, template))
-        except Exception as exc:  # a broken parser plugin must not stop the server
-            log.warning("tool parser %r from %s failed: %s: %s", entry.name, entry.distribution,
-                        type(exc).__name__, exc)
-            continue
-        if fits:
-            fitting.append((entry.name, parser))
+    fitting = serving(registry, config, check=template_match(engine.model_name, template))
     if not fitting:
         log.info("tool parser: none of %s matches %s; tool calling is off",
                  registry.names() or "[]", engine.model_name)
         return ToolParsing()
-    (first, parser), rest = fitting[0], tuple(fitting[1:])
-    log.info("tool parser: chose %r for %s%s", first, engine.model_name,
+    first, rest = fitting[0], tuple((e.name, e.load()) for e in fitting[1:])
+    log.info("tool parser: chose %r for %s%s", first.name, engine.model_name,
              f" (fallbacks: {', '.join(n for n, _ in rest)})" if rest else "")
-    return ToolParsing(first, parser, rest)
+    return ToolParsing(first.name, first.load(), rest)

@@ -7,7 +7,10 @@ Known OpenAI fields that tallow does not implement are accepted by the model and
 
 Besides OpenAI's fields, the vLLM-style sampling extensions of the engine are accepted:
 ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output`` and ``priority``.
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output`` and ``priority``;
+and vLLM's guided-decoding fields (``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``, ``structured_outputs``), which :mod:`tallow.server.structured` reads
+together with ``response_format``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ class _SamplingFields(BaseModel):
     include_stop_str_in_output: bool | None = None
     priority: int | None = 0
 
+    # structured outputs (tallow.server.structured reads and checks them): OpenAI's, then vLLM's
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+
 
 # The shape of one chat message, for the OpenAPI document; :mod:`.messages` checks it.
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -83,7 +94,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
-    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     #: tallow extension: run the server's own tools in a loop (None: server.server_tools)
     server_tools: bool | None = None
@@ -298,16 +308,6 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise unsupported("reasoning_effort", "the served model does not reason")
         if req.store:
             raise unsupported("store", "tallow does not store completions")
-        if req.response_format is not None:
-            kind = req.response_format.get("type")
-            if kind not in ("text", "json_object", "json_schema"):
-                raise invalid("response_format.type",
-                              "Invalid value for 'response_format.type': expected 'text', "
-                              f"'json_object' or 'json_schema', got {kind!r}.")
-            if kind != "text":
-                raise unsupported("response_format",
-                                  f"type {kind!r} needs guided decoding, which tallow does not "
-                                  "implement; only 'text' is accepted")
         if req.top_logprobs is not None and not req.logprobs:
             raise invalid("top_logprobs",
                           "'top_logprobs' requires 'logprobs' to be true.")

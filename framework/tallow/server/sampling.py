@@ -46,9 +46,11 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 
 def build_sampling_params(req: ChatCompletionRequest | CompletionRequest, *, max_tokens: int,
                           vocab_size: int | None, logprobs: int | None = None,
-                          prompt_logprobs: int | None = None) -> Any:
-    """The engine's ``SamplingParams`` for ``req`` (imported lazily: it lives in the engine)."""
-    from tallow.engine.sampling_params import SamplingParams
+                          prompt_logprobs: int | None = None,
+                          structured_outputs: Any = None) -> Any:
+    """The engine's ``SamplingParams`` for ``req`` (imported lazily: it lives in the engine);
+    ``structured_outputs`` is the GrammarSpec its output must match, if any."""
+    from tallow.engine.sampling import SamplingParams
 
     kwargs: dict[str, Any] = {name: getattr(req, name) for name in _PASS_THROUGH
                               if getattr(req, name, None) is not None}
@@ -67,6 +69,7 @@ def build_sampling_params(req: ChatCompletionRequest | CompletionRequest, *, max
     kwargs["max_tokens"] = max_tokens
     kwargs["logprobs"] = logprobs
     kwargs["prompt_logprobs"] = prompt_logprobs
+    kwargs["structured_outputs"] = structured_outputs
     params = SamplingParams(**kwargs)
     if vocab_size:
         params.validate_vocab(vocab_size)

@@ -47,6 +47,9 @@ class ServerState:
         self.metrics = ServerMetrics(engine.stats, self.model_name)
         self.tool_parsing = tool_parsing or ToolParsing()
         self.tool_providers = tool_providers or ToolProviders()
+        #: the engine's grammar side (tallow.engine.sampling.StructuredOutputs), None when it
+        #: cannot constrain outputs
+        self.structured = getattr(engine, "structured", None)
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
         self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
                                                256))

@@ -187,7 +187,7 @@ class ToolLoop:
             mine = [c for c in calls if c.name in self.provided]
             theirs = [c for c in calls if c.name not in self.provided]
             if not mine:
-                yield End(ChatCompletion._finish_reason(o, Final(None, theirs), False), theirs)
+                yield End(ChatCompletion._finish_reason(o, Final(None, theirs), choice), theirs)
                 return
             if self.rounds >= self.max_rounds:
                 for event in self._not_run(mine):

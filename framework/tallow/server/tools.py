@@ -4,8 +4,10 @@
   read a response in which the primary finds no call.
 - ``tool_choice: "none"`` (or no tools) renders no tools into the prompt and parses nothing.
 - ``"auto"`` renders the tools and parses the output with the parsers.
-- ``"required"`` / a named function append a call's start to the generation prompt
-  (:mod:`.forced`) and read one call out of the continuation.
+- ``"required"`` / a named function: with a grammar backend the output is constrained to one
+  call valid against the tool's parameters, streamed as it is written (id and name first, then
+  the arguments in pieces); without one, a call's start is appended to the generation prompt
+  and one call is read out of the continuation (:mod:`.forced`).
 - Every call is validated against its tool (``validate_tool_call``: a known name, arguments a
   JSON object valid against the tool's ``parameters`` schema). A response whose calls do not all
   validate is returned as plain content: the model's exact text.
@@ -23,11 +25,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tallow.plugin import GrammarSpec
 from tallow.plugin.json_schema import SchemaProblem, check_schema
 from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
 
 from .errors import invalid, unsupported
-from .forced import ForcedCallScanner, steering_prefix
+from .forced import CallStream, ForcedCallScanner, call_schema, steering_prefix
 
 log = logging.getLogger("tallow.server")
 
@@ -86,6 +89,13 @@ class ToolPlan:
     parser_cls: Any = None
     fallback_cls: tuple[Any, ...] = ()
     opening: str = ""
+    closing: str = ""
+    #: a forced call is constrained by a grammar (the server has a grammar backend)
+    constrained: bool = False
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "named")
 
     @property
     def prompt_tools(self) -> list[dict[str, Any]] | None:
@@ -94,26 +104,34 @@ class ToolPlan:
 
     @property
     def prompt_suffix(self) -> str:
-        """Text appended to the generation prompt (steering a forced call)."""
+        """Text appended to the generation prompt (the opening of a constrained call, or the
+        start of a steered one)."""
+        if self.forced and self.constrained:
+            return self.opening
         if self.mode == "required":
             return steering_prefix(None, self.opening)
         if self.mode == "named":
             return steering_prefix(self.name, self.opening)
         return ""
 
+    def call_spec(self) -> GrammarSpec:
+        """The grammar of a constrained forced call."""
+        return GrammarSpec.json_schema(call_schema(self.tools or [], self.name))
+
     def choice(self) -> "ChoiceTools":
         """Fresh tool state for one of the ``n`` choices."""
         if self.mode == "auto":
             return AutoTools(self)
-        if self.mode in ("required", "named"):
-            return ForcedTools(self)
+        if self.forced:
+            return ConstrainedCall(self) if self.constrained else ForcedTools(self)
         return NoTools()
 
 
 def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
-               parsing: Any) -> ToolPlan:
+               parsing: Any, constrain: bool = False) -> ToolPlan:
     """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request, given the
-    server's :class:`~tallow.server.parsers.ToolParsing`."""
+    server's :class:`~tallow.server.parsers.ToolParsing`; ``constrain`` says that forced calls
+    can be constrained by a grammar."""
     parser_cls = getattr(parsing, "parser", None)
     if tools is not None and len(tools) == 0:
         tools = None
@@ -148,9 +166,11 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
                       "served model; start the server with --tool-parser NAME.",
                       code="tool_parser_unavailable")
     opening = str(getattr(parser_cls, "call_opening", "") or "") if parser_cls else ""
+    closing = str(getattr(parser_cls, "call_closing", "") or "") if opening else ""
     fallbacks = tuple(cls for _, cls in getattr(parsing, "fallbacks", ()))
     return ToolPlan(mode=mode, tools=tools, name=named, parallel=parallel is not False,
-                    parser_cls=parser_cls, fallback_cls=fallbacks, opening=opening)
+                    parser_cls=parser_cls, fallback_cls=fallbacks, opening=opening,
+                    closing=closing, constrained=constrain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +202,10 @@ class ChoiceTools:
 
     #: true once the output holds everything the response needs (a forced call is closed)
     complete: bool = False
+    #: tool-call deltas have been sent while streaming (the choice ends with "tool_calls")
+    sent_calls: bool = False
+    #: the output stopped inside a call (its finish reason is "length")
+    truncated: bool = False
 
     def feed(self, text: str) -> StreamDelta:
         raise NotImplementedError
@@ -312,3 +336,55 @@ class ForcedTools(ChoiceTools):
         if call is None:
             return Final(self.scanner.raw)
         return Final(None, [call])
+
+
+class ConstrainedCall(ChoiceTools):
+    """A forced call under a grammar: the output is one call's JSON object (see
+    :mod:`.forced`). While streaming, its deltas are sent as the object grows; the whole
+    response has the same call, read by the server's tool parsers from the output in the
+    model's markup (``call_opening`` + object + ``call_closing``), with the arguments as the
+    model wrote them (which the stream's pieces add up to)."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.stream = CallStream()
+
+    def feed(self, text: str) -> StreamDelta:
+        deltas = self.stream.feed(text)
+        if deltas:
+            self.sent_calls = True
+        return StreamDelta(tool_calls=deltas)
+
+    def finish(self) -> list[StreamDelta]:
+        self.truncated = self.stream.name is not None and not self.stream.closed
+        return []  # every piece was sent as it came
+
+    def final(self, text: str) -> Final:
+        if len(text) > len(self.stream.text):
+            self.feed(text[len(self.stream.text):])
+        call = self.stream.call()
+        if call is None:  # cut off before the name was complete
+            return Final(text)
+        self.truncated = not self.stream.closed
+        if not self.truncated:
+            self._check_with_parsers(call)
+        return Final(None, [call])
+
+    def _check_with_parsers(self, call: ToolCall) -> None:
+        """Read the call back through the tool parsers, as the model's markup; they must find
+        this call (a grammar and a parser that disagree would be a bug worth a log line)."""
+        import json
+
+        markup = self.plan.opening + self.stream.text + self.plan.closing
+        for cls in (self.plan.parser_cls, *self.plan.fallback_cls):
+            if cls is None:
+                continue
+            found = cls().parse(markup, self.plan.tools).tool_calls
+            if found:
+                same = (found[0].name == call.name
+                        and json.loads(found[0].arguments) == json.loads(call.arguments))
+                if not same:
+                    log.warning("the tool parser reads the constrained call %r as %r",
+                                call, found[0])
+                return
+        log.warning("no tool parser reads the constrained call %r", markup)

@@ -38,9 +38,12 @@ _LAZY = {
     "WeightFormatConformance": "weight_format",
     "WrittenCheckpoint": "weight_format",
     "QuantSchemeConformance": "quant",
+    "QuantizedLayer": "quant",
     "ModelArchitectureConformance": "model",
     "ToolProviderConformance": "tool_provider",
     "RouteConformance": "routes",
+    "GrammarBackendConformance": "grammar_backend",
+    "tiny_tokenizer_info": "grammar_backend",
     "PagedStep": "paged_batch",
     "random_paged_step": "paged_batch",
     "check_step": "paged_batch",
@@ -49,6 +52,7 @@ _LAZY = {
     "save_tokenizer": "tokenizer",
     "offline_llm": "engine",
     "forced_logprobs": "engine",
+    "run_interpreted": "interpreter",
     "random_hf_model": "model_parity",
     "assert_greedy_parity": "model_parity",
     "assert_cuda_parity": "model_parity",
@@ -64,6 +68,7 @@ _LAZY = {
 
 __all__ = [
     "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
+    "suite_failures",
     "tallow_plugin_manager", "tallow_hook_recorder", "parse_summary",
     "assert_streaming_matches_parse", "modules_imported_by_registration", *_LAZY,
 ]
@@ -130,6 +135,25 @@ def modules_imported_by_registration(module: str, hook: str, registry: str,
     if out.returncode != 0:
         raise AssertionError(f"registering {module} failed:\n{out.stderr}")
     return [name for name in out.stdout.strip().split(",") if name]
+
+
+def suite_failures(source: str, directory: Any, timeout: float = 600) -> tuple[set[str], str]:
+    """Run the test module ``source`` (conformance suites subclassed for deliberately broken
+    components, say) in a fresh pytest process in ``directory``; return the ids
+    (``Class::test[param]``) of the tests that failed or errored, and pytest's output. This is
+    how a plugin checks that a suite catches a bug: the tests that must fail do, the others
+    pass."""
+    import pathlib
+    import textwrap
+
+    module = pathlib.Path(directory) / "test_broken.py"
+    module.write_text(textwrap.dedent(source))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-rfE", str(module)], capture_output=True, text=True,
+                          timeout=timeout, cwd=directory)
+    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
+              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
+    return failed, proc.stdout
 
 
 def make_config(data: Mapping[str, Any] | None = None) -> Any:

@@ -1,6 +1,7 @@
 """Run a model plugin's class without the engine: :class:`PagedRunner` plays the model
-runner's part (contiguous block tables, a paged KV cache per ``Attention`` module, the step's
-``AttentionMetadata`` in the forward context of the core's torch attention backend)."""
+runner's part (contiguous block tables, a paged KV cache per ``Attention`` module allocated by
+:mod:`tallow.kernels.kv_cache` for a KV codec, the step's ``AttentionMetadata`` in the forward
+context of the core's torch attention backend)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import torch
 
+from tallow.kernels import kv_cache
+from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import Attention, AttentionMetadata, forward_context
 from tallow.layers.torch_attention import TorchAttentionBackend
 
@@ -21,23 +24,30 @@ class _Seq:
 
 @dataclass
 class PagedRunner:
-    """Runs steps of a flat batch through ``model`` with a paged KV cache."""
+    """Runs steps of a flat batch through ``model`` with a paged KV cache of ``kv_codec``
+    (a :class:`tallow.plugin.KVCodec`; default: ``auto``, the model's dtype)."""
 
     model: Any
     block_size: int = 4
     blocks_per_seq: int = 16
     max_seqs: int = 4
     seqs: dict[int, _Seq] = field(default_factory=dict)
+    kv_codec: Any = None
 
     def __post_init__(self) -> None:
         self.backend = TorchAttentionBackend()
-        num_blocks = self.blocks_per_seq * self.max_seqs
-        p = next(self.model.parameters())
-        for m in self.model.modules():
-            if isinstance(m, Attention):
-                spec = m.layer
-                m.kv_cache = torch.zeros(2, num_blocks, self.block_size, spec.num_kv_heads,
-                                         spec.head_dim, dtype=p.dtype, device=p.device)
+        codec = self.kv_codec if self.kv_codec is not None else AutoKVCodec()
+        # the model's float dtype: a quantized layer's first parameter may be a uint8 one
+        p = next((q for q in self.model.parameters() if q.is_floating_point()),
+                 next(self.model.parameters()))
+        dtype = getattr(getattr(self.model, "build", None), "dtype", None) or p.dtype
+        attns = [m for m in self.model.modules() if isinstance(m, Attention)]
+        caches = kv_cache.allocate(codec, [m.layer for m in attns],
+                                   num_blocks=self.blocks_per_seq * self.max_seqs,
+                                   block_size=self.block_size, model_dtype=dtype,
+                                   device=p.device)
+        for m, cache in zip(attns, caches):
+            m.kv_cache = cache
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq

@@ -3,8 +3,9 @@
 Per step, :meth:`FlashInferAttentionBackend.plan` (called by the engine before the layers run,
 or on the first layer when nobody did) turns the step's metadata into FlashInfer's page
 arguments once; each layer kind (:mod:`.kinds`) is planned on its first layer; every layer
-then stores its K/V at ``meta.slot_mapping`` (tallow's store kernel, which also casts to an
-8-bit cache) and runs the planned wrapper:
+then stores its K/V at ``meta.slot_mapping`` (:func:`tallow.kernels.store_cast_kv`, the cast
+codecs' store, which also casts to an 8-bit cache) and runs the planned wrapper over the
+layer's ``k`` and ``v`` page tensors:
 
 - decode-only steps: FlashInfer's decode (CUDA cores) or its FA2 kernels with one query row per
   sequence (tensor cores), chosen per kind; under a CUDA graph through the wrapper's graph mode,
@@ -23,9 +24,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels import store_kv
+from tallow.kernels import store_cast_kv
+from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
 from tallow.layers import AttentionLayer, AttentionMetadata
-from tallow.plugin import AttentionBackend, PluginSettingsError
+from tallow.plugin import AttentionBackend, KVCodec, KVTensor, PluginSettingsError
 
 from .availability import device_reasons, get, import_reasons, nvcc_reasons, package_reasons
 from .kinds import ACTIVATION_DTYPES, CACHE_DTYPES, FP8_DTYPES, HEAD_DIMS, LayerKind, jit_specs
@@ -36,6 +38,16 @@ from .settings import DISTRIBUTION, FlashInferSettings, read_settings
 log = logging.getLogger("tallow.attention.flashinfer")
 
 DTYPES = {"auto", "float16", "bfloat16"}
+#: the KV codecs whose cache FlashInfer's kernels read: plain casts into the model's dtype
+#: (tallow's ``auto``) or an 8-bit float (tallow-kvcache-fp8's ``fp8`` and ``fp8_e5m2``)
+CAST_CODECS = frozenset({"auto", "fp8", "fp8_e5m2"})
+#: per-layer tensors of a cast codec that FlashInfer cannot apply: it takes at most one scalar
+#: scale for all K (and one for all V), not one per head, and no key offset
+_UNREAD_TENSORS = {
+    "k_scale": "per-head K/V scales (FlashInfer takes at most one scalar scale for all heads)",
+    "v_scale": "per-head K/V scales (FlashInfer takes at most one scalar scale for all heads)",
+    "k_offset": "centred keys (FlashInfer's kernels take no key offset)",
+}
 
 
 def _names(dtypes: tuple[torch.dtype, ...]) -> str:
@@ -57,12 +69,14 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     Serves float16 and bfloat16 models on CUDA devices of compute capability 8.0 or newer with
     head sizes 64, 128 and 256, any grouped-query ratio, sliding windows, logit softcap,
-    bidirectional (encoder) layers, and elementwise KV codecs into a cache of the model's dtype
-    or an 8-bit float (``fp8``, ``fp8_e5m2`` of tallow-kvcache-fp8).
+    bidirectional (encoder) layers, and the KV codecs that cast into a cache of the model's
+    dtype or an 8-bit float (``auto``; ``fp8``, ``fp8_e5m2`` of tallow-kvcache-fp8) without
+    per-head scales or centred keys.
     """
 
     name: ClassVar[str] = "flashinfer"
     supports_cuda_graph: ClassVar[bool] = True
+    fused_kv_codecs: ClassVar[frozenset[str]] = CAST_CODECS
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -119,16 +133,34 @@ class FlashInferAttentionBackend(AttentionBackend):
             reasons.append("a sliding window on a bidirectional (causal=False) layer")
         return reasons
 
-    def supports_kv_codec(self, codec: Any, cache_dtype: torch.dtype) -> list[str]:
-        """Elementwise codecs (plain casts, which tallow's store kernel writes) into a cache of
-        float16, bfloat16 or an 8-bit float, which FlashInfer's kernels read directly."""
-        reasons = super().supports_kv_codec(codec, cache_dtype)
-        if cache_dtype not in CACHE_DTYPES:
-            reasons.append(f"cache dtype {cache_dtype} is not supported (FlashInfer's kernels "
-                           f"read {_names(CACHE_DTYPES)})")
-        elif cache_dtype in FP8_DTYPES and self.settings.prefill_backend == "fa3":
+    def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
+        """Reasons FlashInfer cannot read K/V kept as ``codec`` does with ``layout``: it reads
+        the codecs of :attr:`fused_kv_codecs` laid out as paged ``k`` and ``v`` tensors of
+        ``[block_size, Hkv, D]`` in one of float16, bfloat16 or an 8-bit float, with no
+        per-layer tensors (no per-head scales, no key offsets)."""
+        reasons = super().supports_kv_codec(codec, layout)
+        if reasons:
+            return reasons
+        paged = {spec.name: spec for spec in layout if spec.per_block}
+        if sorted(paged) != ["k", "v"]:
+            return [f"kv codec {codec.name!r} lays out paged tensors {sorted(paged)}; "
+                    "FlashInfer reads exactly a paged 'k' and 'v'"]
+        k, v = paged["k"], paged["v"]
+        if len(k.shape) != 3 or k.shape != v.shape or k.dtype != v.dtype:
+            reasons.append(f"kv codec {codec.name!r}: FlashInfer reads 'k' and 'v' pages of one "
+                           "shape [block_size, Hkv, D] and one dtype, got "
+                           f"{list(k.shape)} {k.dtype} and {list(v.shape)} {v.dtype}")
+        elif k.dtype not in CACHE_DTYPES:
+            reasons.append(f"kv codec {codec.name!r}: cache dtype {k.dtype} is not supported "
+                           f"(FlashInfer's kernels read {_names(CACHE_DTYPES)})")
+        elif k.dtype in FP8_DTYPES and self.settings.prefill_backend == "fa3":
             reasons.append(f"plugins.settings.{DISTRIBUTION}.prefill_backend 'fa3': FA3 reads "
                            "an 8-bit cache only with 8-bit queries (use auto or fa2)")
+        unread = {_UNREAD_TENSORS.get(spec.name, f"per-layer tensor {spec.name!r}")
+                  for spec in layout if not spec.per_block}
+        for what in sorted(unread):
+            reasons.append(f"kv codec {codec.name!r} stores {what}; use the codec without "
+                           "them, or runner.attention_backend: triton")
         return reasons
 
     # -- planning -------------------------------------------------------------------------
@@ -195,7 +227,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # -- the step -------------------------------------------------------------------------
     def _check(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               kv_cache: torch.Tensor, meta: AttentionMetadata) -> LayerKind:
+               kv_cache: LayerKVCache, meta: AttentionMetadata) -> LayerKind:
         """Raise ValueError naming what does not fit; return the layer's kind."""
         n = q.shape[0]
         if k.shape[0] != n or v.shape[0] != n or meta.slot_mapping.shape[0] != n:
@@ -203,9 +235,10 @@ class FlashInferAttentionBackend(AttentionBackend):
                 f"flashinfer attention, layer {layer.layer_index}: q, k, v and "
                 f"meta.slot_mapping must have the same number of rows, got {n}, {k.shape[0]}, "
                 f"{v.shape[0]}, {meta.slot_mapping.shape[0]}")
-        key = (layer, q.dtype, k.dtype, v.dtype, kv_cache.dtype, q.device, tuple(q.shape[1:]),
-               tuple(k.shape[1:]), tuple(v.shape[1:]), tuple(kv_cache.shape[2:]),
-               kv_cache.stride(-1), meta.block_size)
+        key = (layer, q.dtype, k.dtype, v.dtype, q.device, tuple(q.shape[1:]),
+               tuple(k.shape[1:]), tuple(v.shape[1:]), meta.block_size, kv_cache.codec.name,
+               tuple((name, t.dtype, t.device, tuple(t.shape[1:]), t.is_contiguous())
+                     for name, t in kv_cache.tensors.items()))
         kind = self._checked.get(key)
         if kind is not None:
             return kind
@@ -220,48 +253,42 @@ class FlashInferAttentionBackend(AttentionBackend):
         if q.dtype not in ACTIVATION_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
             reasons.append(f"q, k and v must all be one of {_names(ACTIVATION_DTYPES)}, got "
                            f"{q.dtype}, {k.dtype}, {v.dtype}")
-        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (hkv, d):
-            reasons.append(f"kv_cache must be [2, blocks, block_size, {hkv}, {d}], got "
-                           f"{list(kv_cache.shape)}")
-        elif not kv_cache.is_contiguous():
-            reasons.append("kv_cache must be contiguous")
-        elif kv_cache.shape[2] != meta.block_size:
-            reasons.append(f"kv_cache block size {kv_cache.shape[2]} differs from "
-                           f"meta.block_size {meta.block_size}")
-        if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
-            reasons.append(f"kv_cache dtype {kv_cache.dtype} must be q's ({q.dtype}) or an "
-                           f"8-bit float ({_names(FP8_DTYPES)})")
-        if q.device.type != "cuda" or kv_cache.device != q.device:
-            reasons.append(f"tensors must be on one CUDA device, got q on {q.device} and the "
-                           f"cache on {kv_cache.device}")
+        codec_reasons = self.supports_kv_codec(kv_cache.codec, list(kv_cache.layout))
+        reasons += codec_reasons
+        if not codec_reasons:
+            reasons += _page_reasons(kv_cache, q.dtype, hkv, d, meta.block_size)
+            if q.device.type != "cuda" or kv_cache.device != q.device:
+                reasons.append(f"tensors must be on one CUDA device, got q on {q.device} and "
+                               f"the cache on {kv_cache.device}")
         if reasons:
             raise ValueError(f"flashinfer attention, layer {layer.layer_index}: "
                              + "; ".join(reasons))
-        kind = self._checked[key] = LayerKind.of(layer, q.dtype, kv_cache.dtype)
+        kind = self._checked[key] = LayerKind.of(layer, q.dtype, kv_cache["k"].dtype)
         return kind
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
         """Store ``k``/``v`` at ``meta.slot_mapping``, return attention [T, Hq, D] for ``q``.
 
         Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten."""
         kind = self._check(layer, q, k, v, kv_cache, meta)
-        store_kv(kv_cache, k, v, meta.slot_mapping)
+        pages = (kv_cache["k"], kv_cache["v"])
+        store_cast_kv(*pages, k, v, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self._planned(meta, kind).run(q, kv_cache, out)
+        self._planned(meta, kind).run(q, pages, out)
         return out
 
     # -- warm-up --------------------------------------------------------------------------
-    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[torch.Tensor],
+    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache],
                 dtype: torch.dtype) -> None:
         """Learn the model's layer kinds (CUDA graphs plan them before capture), compile the
         FlashInfer modules they need in parallel (one nvcc build each, just in time; a module
         compiled before, or shipped ahead of time, is only loaded), then run a step with
         prompts and a decode-only step per kind on caches of their own, so that no serving step
         compiles or loads a module."""
-        kinds: dict[LayerKind, torch.Tensor] = {}
+        kinds: dict[LayerKind, LayerKVCache] = {}
         for layer, cache in zip(layers, kv_caches):
-            kinds.setdefault(LayerKind.of(layer, dtype, cache.dtype), cache)
+            kinds.setdefault(LayerKind.of(layer, dtype, cache["k"].dtype), cache)
         self.kinds.update(kinds)
         started = time.perf_counter()
         specs = {}
@@ -279,16 +306,39 @@ class FlashInferAttentionBackend(AttentionBackend):
             for query_lens, context_lens in (([3, 1], [2, 4]), ([1, 1], [5, 0])):
                 if not kind.causal:
                     context_lens = [0, 0]
-                self.forward(*_tiny_step(kind, cache.shape[2], cache.device, query_lens,
-                                         context_lens))
+                self.forward(*_tiny_step(kind, cache, query_lens, context_lens))
         torch.cuda.synchronize()
         self._step = None
 
 
-def _tiny_step(kind: LayerKind, block_size: int, device: torch.device, query_lens: list[int],
+def _page_reasons(kv_cache: LayerKVCache, q_dtype: torch.dtype, hkv: int, d: int,
+                  block_size: int) -> list[str]:
+    """What does not fit in ``kv_cache``'s ``k``/``v`` pages for a layer of ``hkv`` KV heads
+    of ``d`` elements, ``q_dtype`` queries and blocks of ``block_size`` tokens."""
+    reasons = []
+    for name in ("k", "v"):
+        t = kv_cache[name]
+        if t.dim() != 4 or tuple(t.shape[2:]) != (hkv, d):
+            reasons.append(f"kv_cache[{name!r}] must be [blocks, block_size, {hkv}, {d}], got "
+                           f"{list(t.shape)}")
+        elif not t.is_contiguous():
+            reasons.append(f"kv_cache[{name!r}] must be contiguous")
+        elif t.shape[1] != block_size:
+            reasons.append(f"kv_cache[{name!r}] block size {t.shape[1]} differs from "
+                           f"meta.block_size {block_size}")
+    dtype = kv_cache["k"].dtype
+    if dtype not in FP8_DTYPES and dtype != q_dtype:
+        reasons.append(f"kv_cache dtype {dtype} must be q's ({q_dtype}) or an 8-bit float "
+                       f"({_names(FP8_DTYPES)})")
+    return reasons
+
+
+def _tiny_step(kind: LayerKind, like: LayerKVCache, query_lens: list[int],
                context_lens: list[int]) -> tuple[Any, ...]:
     """(layer, q, k, v, kv_cache, meta) of a small step of ``kind`` on a zeroed cache of its
-    own: sequence i has ``context_lens[i]`` cached tokens and ``query_lens[i]`` new ones."""
+    own, of ``like``'s codec and block size: sequence i has ``context_lens[i]`` cached tokens
+    and ``query_lens[i]`` new ones."""
+    block_size, device = like.block_size, like.device
     layer = AttentionLayer(layer_index=-1, num_heads=kind.num_heads,
                            num_kv_heads=kind.num_kv_heads, head_dim=kind.head_dim,
                            scale=kind.scale,
@@ -309,8 +359,9 @@ def _tiny_step(kind: LayerKind, block_size: int, device: torch.device, query_len
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
-    cache = torch.zeros(2, at, block_size, kind.num_kv_heads, kind.head_dim,
-                        dtype=kind.kv_dtype, device=device)
+    cache = allocate_layer(like.codec, num_kv_heads=kind.num_kv_heads, head_dim=kind.head_dim,
+                           block_size=block_size, num_blocks=at, model_dtype=kind.q_dtype,
+                           device=device, layer=layer)
     q = torch.zeros(rows, kind.num_heads, kind.head_dim, dtype=kind.q_dtype, device=device)
     k = torch.zeros(rows, kind.num_kv_heads, kind.head_dim, dtype=kind.q_dtype, device=device)
     meta = AttentionMetadata(

@@ -31,11 +31,12 @@ class Planned:
     wrapper: Any
     rows: int
 
-    def run(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> None:
-        """Attention of ``q``'s first ``rows`` rows into ``out`` over ``kv_cache`` [2, blocks,
-        block_size, kv heads, head size] (K and V are its two halves, FlashInfer's NHD
-        layout)."""
-        self.wrapper.run(q[:self.rows], (kv_cache[0], kv_cache[1]), out=out[:self.rows])
+    def run(self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor],
+            out: torch.Tensor) -> None:
+        """Attention of ``q``'s first ``rows`` rows into ``out`` over ``pages``, the layer's K
+        and V page tensors [blocks, block_size, kv heads, head size] (FlashInfer's NHD layout,
+        which its paged kernels take as a (k, v) tuple)."""
+        self.wrapper.run(q[:self.rows], pages, out=out[:self.rows])
 
 
 @dataclass

@@ -16,7 +16,10 @@ import pytest
 import torch
 from flashinfer_cases import SHAPES, backend, needs_gpu
 
-from tallow.kernels.attention_ref import paged_attention_ref, store_kv_ref
+from tallow.kernels import store_cast_kv_ref
+from tallow.kernels.attention_ref import paged_attention_ref
+from tallow.kernels.kv_cache import allocate_layer
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers import AttentionLayer, AttentionMetadata, forward_context
 from tallow.plugin.testing.paged_batch import (
     check_step, output_tolerance, random_paged_step, widened)
@@ -69,8 +72,14 @@ def _graph_case(shape: str, rows: int, width: int, num_blocks: int):
     layers = [AttentionLayer(i, heads, kv_heads, head_dim, head_dim ** -0.5,
                              sliding_window=window, logit_softcap=softcap) for i in range(2)]
     g = torch.Generator(device="cuda").manual_seed(seed_of("graph", shape))
-    caches = [(torch.randn(2, num_blocks, 16, kv_heads, head_dim, generator=g, device="cuda")
-               .to(cache_dtype)) for _ in layers]
+    codec = CastKVCodec(storage=cache_dtype)
+    caches = [allocate_layer(codec, num_kv_heads=kv_heads, head_dim=head_dim, block_size=16,
+                             num_blocks=num_blocks, model_dtype=dtype, device="cuda",
+                             layer=layer) for layer in layers]
+    for cache in caches:
+        for name in ("k", "v"):
+            cache[name].copy_(torch.randn(cache[name].shape, generator=g, device="cuda")
+                              .to(cache_dtype))
     static = dict(
         seq_lens=torch.ones(rows, dtype=torch.int32, device="cuda"),
         block_tables=torch.zeros(rows, width, dtype=torch.int32, device="cuda"),
@@ -170,8 +179,10 @@ def test_padding_rows_of_a_replay_store_nothing(flashinfer_modules) -> None:
     static["k"].normal_()
     static["v"].normal_()
     expected = cache.clone()
-    store_kv_ref(expected, static["k"], static["v"], static["slot_mapping"])
+    store_cast_kv_ref(expected["k"], expected["v"], static["k"], static["v"],
+                      static["slot_mapping"])
     be.plan(dataclasses.replace(meta, seq_lens_cpu=[20, 1, 1, 1]))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(widened(cache), widened(expected))
+    for name in ("k", "v"):
+        assert torch.equal(widened(cache[name]), widened(expected[name])), name

@@ -16,7 +16,7 @@ import torch
 import tallow.builtins
 from tallow.layers import AttentionLayer
 from tallow.plugin import (
-    AttentionBackend, AttentionBackendRegistry, KVCodec, PluginSettingsError, SelectionError,
+    AttentionBackend, AttentionBackendRegistry, KVTensor, PluginSettingsError, SelectionError,
     select)
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_attention_flashinfer import availability, plugin
@@ -204,31 +204,67 @@ def test_layers_it_refuses() -> None:
         "a sliding window on a bidirectional (causal=False) layer"]
 
 
-class _Codec(KVCodec):
-    name: ClassVar[str] = "test"
+def _cast(storage: torch.dtype, name: str = "auto", **options: Any) -> tuple[Any, list]:
+    from tallow.kernels.kv_cast import CastKVCodec
 
-    def __init__(self, elementwise: bool = True) -> None:
-        self.elementwise = elementwise  # type: ignore[misc]
+    codec = CastKVCodec(storage=storage, **options)
+    codec.name = name  # type: ignore[misc]
+    return codec, codec.layout(num_kv_heads=2, head_dim=64, block_size=16,
+                               model_dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn,
-                                   torch.float8_e5m2], ids=str)
-def test_kv_caches_it_reads(dtype: torch.dtype) -> None:
-    assert FlashInferAttentionBackend(config()).supports_kv_codec(_Codec(), dtype) == []
+def test_it_names_the_cast_codecs_it_reads() -> None:
+    """auto of the core and the codecs of tallow-kvcache-fp8, by their registered names."""
+    from tallow_kvcache_fp8.codec import FP8E4M3KVCodec, FP8E5M2KVCodec
+
+    assert FlashInferAttentionBackend.fused_kv_codecs == {
+        "auto", FP8E4M3KVCodec.name, FP8E5M2KVCodec.name}
+
+
+@pytest.mark.parametrize("name, dtype", [("auto", torch.bfloat16), ("auto", torch.float16),
+                                         ("fp8", torch.float8_e4m3fn),
+                                         ("fp8_e5m2", torch.float8_e5m2)], ids=str)
+def test_kv_caches_it_reads(name: str, dtype: torch.dtype) -> None:
+    assert FlashInferAttentionBackend(config()).supports_kv_codec(*_cast(dtype, name)) == []
 
 
 def test_kv_caches_it_refuses() -> None:
     backend = FlashInferAttentionBackend(config())
-    assert backend.supports_kv_codec(_Codec(), torch.float32) == [
-        "cache dtype torch.float32 is not supported (FlashInfer's kernels read float16, "
-        "bfloat16, float8_e4m3fn, float8_e5m2)"]
-    reasons = backend.supports_kv_codec(_Codec(elementwise=False), torch.uint8)
-    assert "has its own encoding" in reasons[0] and len(reasons) == 2
+    assert backend.supports_kv_codec(*_cast(torch.float32)) == [
+        "kv codec 'auto': cache dtype torch.float32 is not supported (FlashInfer's kernels "
+        "read float16, bfloat16, float8_e4m3fn, float8_e5m2)"]
+    assert backend.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8", per_head_scales=True)) == [
+        "kv codec 'fp8' stores per-head K/V scales (FlashInfer takes at most one scalar scale "
+        "for all heads); use the codec without them, or runner.attention_backend: triton"]
+    assert backend.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8", center_keys=True)) == [
+        "kv codec 'fp8' stores centred keys (FlashInfer's kernels take no key offset); use the "
+        "codec without them, or runner.attention_backend: triton"]
+    codec, layout = _cast(torch.bfloat16, "turbo4")
+    assert backend.supports_kv_codec(codec, layout) == [
+        "kv codec 'turbo4' is not implemented by this backend (it implements auto, fp8, "
+        "fp8_e5m2)"]
+    codec, layout = _cast(torch.bfloat16)
+    packed = [KVTensor("kv", (2, 16, 2, 64), torch.bfloat16)]
+    assert backend.supports_kv_codec(codec, packed) == [
+        "kv codec 'auto' lays out paged tensors ['kv']; FlashInfer reads exactly a paged 'k' "
+        "and 'v'"]
+    flat = [KVTensor("k", (16, 128), torch.bfloat16), KVTensor("v", (16, 128), torch.bfloat16)]
+    assert "FlashInfer reads 'k' and 'v' pages of one shape" in \
+        backend.supports_kv_codec(codec, flat)[0]
     fa3 = FlashInferAttentionBackend(config(settings={"prefill_backend": "fa3"}))
-    assert fa3.supports_kv_codec(_Codec(), torch.bfloat16) == []
-    assert fa3.supports_kv_codec(_Codec(), torch.float8_e4m3fn) == [
+    assert fa3.supports_kv_codec(*_cast(torch.bfloat16)) == []
+    assert fa3.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8")) == [
         f"plugins.settings.{SETTINGS}.prefill_backend 'fa3': FA3 reads an 8-bit cache only "
         "with 8-bit queries (use auto or fa2)"]
+
+
+def test_turbo_codecs_are_refused() -> None:
+    from tallow_kvcache_turboquant.codec import Turbo4KVCodec
+
+    codec = Turbo4KVCodec()
+    layout = codec.layout(num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16)
+    reasons = FlashInferAttentionBackend(config()).supports_kv_codec(codec, layout)
+    assert reasons and "kv codec 'turbo4' is not implemented by this backend" in reasons[0]
 
 
 # -- selection ---------------------------------------------------------------------------------
@@ -292,8 +328,9 @@ def test_forward_refuses_cpu_tensors_and_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"q, k, v and meta.slot_mapping must have the same "
                                          r"number of rows, got 4, 3"):
         backend.forward(step.layer, step.q, step.k[:3], step.v, step.kv_cache, step.meta)
+    half = step.kv_cache.with_tensors({n: t.half() for n, t in step.kv_cache.tensors.items()})
     with pytest.raises(ValueError, match=r"kv_cache dtype torch.float16 must be q's"):
-        backend.forward(step.layer, step.q, step.k, step.v, step.kv_cache.half(), step.meta)
+        backend.forward(step.layer, step.q, step.k, step.v, half, step.meta)
     with pytest.raises(ValueError, match=r"q, k and v must all be one of float16, bfloat16, got "
                                          r"torch.float32"):
         backend.forward(step.layer, step.q.float(), step.k, step.v, step.kv_cache, step.meta)

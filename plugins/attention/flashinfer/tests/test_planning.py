@@ -138,17 +138,18 @@ def test_decode_steps_use_the_decode_wrapper(fake_flashinfer) -> None:
     assert tensor_cores.kwargs == {"use_tensor_cores": True, "backend": "fa2"}
 
 
-def test_run_hands_over_the_cache_halves_and_the_sequence_rows(fake_flashinfer) -> None:
+def test_run_hands_over_the_k_and_v_pages_and_the_sequence_rows(fake_flashinfer) -> None:
     be = backend()
     s = step([1, 1], [3, 5])
     s = dataclasses.replace(s, q=torch.cat([s.q, s.q[:2]]))  # two padding rows after them
     out = torch.zeros_like(s.q)
     planned = be._planned(s.meta, kind_of(s))
-    planned.run(s.q, s.kv_cache, out)
+    planned.run(s.q, (s.kv_cache["k"], s.kv_cache["v"]), out)
     q, (k_cache, v_cache), o = planned.wrapper.runs[0]
     assert q.shape[0] == 2 and o.shape[0] == 2 and o.data_ptr() == out.data_ptr()
-    assert k_cache.data_ptr() == s.kv_cache[0].data_ptr() and k_cache.shape == s.kv_cache.shape[1:]
-    assert v_cache.data_ptr() == s.kv_cache[1].data_ptr()
+    assert k_cache.data_ptr() == s.kv_cache["k"].data_ptr()
+    assert k_cache.shape == s.kv_cache["k"].shape and k_cache.dim() == 4
+    assert v_cache.data_ptr() == s.kv_cache["v"].data_ptr()
 
 
 def graph_meta(s, size: int, width: int):
@@ -198,22 +199,28 @@ def test_cuda_graph_steps_plan_every_kind_up_front_into_fixed_buffers(fake_flash
 def test_warm_up_steps_are_whole_batches(causal: bool, window) -> None:
     """The tiny steps the warm-up runs per layer kind are well-formed: every query row has a
     slot in its own pages, and the reference computes them."""
-    from tallow.kernels.attention_ref import paged_attention_ref, store_kv_ref
+    from tallow.kernels import store_cast_kv
+    from tallow.kernels.attention_ref import paged_attention_ref
+    from tallow.kernels.kv_cache import allocate_layer
+    from tallow.kernels.kv_cast import CastKVCodec
     from tallow_attention_flashinfer.backend import _tiny_step
     from tallow_attention_flashinfer.paging import host_page_args
 
     layer = AttentionLayer(0, 8, 2, 64, 0.125, sliding_window=window, logit_softcap=None,
                            causal=causal)
     kind = LayerKind.of(layer, torch.bfloat16, torch.float8_e4m3fn)
+    codec = CastKVCodec(storage=torch.float8_e4m3fn)
+    like = allocate_layer(codec, num_kv_heads=2, head_dim=64, block_size=4, num_blocks=1,
+                          model_dtype=torch.bfloat16)
     for query_lens, context_lens in (([3, 1], [2, 4] if causal else [0, 0]), ([1, 1], [5, 0])):
-        lay, q, k, v, cache, meta = _tiny_step(kind, 4, torch.device("cpu"), query_lens,
-                                               context_lens)
+        lay, q, k, v, cache, meta = _tiny_step(kind, like, query_lens, context_lens)
         assert lay.sliding_window == window and lay.causal == causal
-        assert cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+        assert cache.codec is codec and cache is not like
+        assert cache["k"].dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
         args = host_page_args(meta.query_start_loc_cpu, meta.seq_lens_cpu, 4)
-        assert args.num_pages == cache.shape[1]  # every page of the cache belongs to one
+        assert args.num_pages == cache.num_blocks  # every page of the cache belongs to one
         assert meta.is_decode_only == (query_lens == [1, 1])
-        store_kv_ref(cache, k, v, meta.slot_mapping)
+        store_cast_kv(cache["k"], cache["v"], k, v, meta.slot_mapping)
         out = paged_attention_ref(q, cache, query_start_loc=meta.query_start_loc_cpu,
                                   seq_lens=meta.seq_lens_cpu, block_tables=meta.block_tables,
                                   scale=lay.scale, sliding_window=window, causal=causal)

@@ -86,12 +86,15 @@ def dot_precision(elem_bytes: int) -> str:
 
 
 def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 90,
-                  windowed_or_capped: bool = False, cache_bytes: int = 2) -> PrefillTiles:
+                  windowed_or_capped: bool = False, cache_bytes: int = 2,
+                  codes: bool = False) -> PrefillTiles:
     """Tiles for the prefill kernel. 16-bit inputs: sized to run without register spills on
     Hopper's wgmma and on Ampere's mma (checked by compiling for sm_80 and sm_90 in the tests;
     Ampere keeps accumulators in more registers, so it pipelines one stage less). fp32 inputs
     are a correctness path: small tiles, some spills at head size 256. An 8-bit cache
-    (``cache_bytes`` 1) is widened in registers, which the 128-key tile cannot afford."""
+    (``cache_bytes`` 1) is widened in registers, which the 128-key tile cannot afford; packed
+    codes (``codes``: a turbo cache) are unpacked there too, which at head size 256 needs
+    16-key tiles."""
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
@@ -106,14 +109,14 @@ def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 
         else:
             block_m, tile_n, warps, stages = 128, 64, 8, 2
     else:
-        block_m, tile_n, warps, stages = 64, 32, 8, 2
+        block_m, tile_n, warps, stages = 64, 16 if codes else 32, 8, 2
     block_m = max(block_m, next_pow2(group))
     return PrefillTiles(block_m=block_m, block_q=block_m // group, tile_n=tile_n,
                         num_warps=warps, num_stages=stages)
 
 
 def decode_tiles(head_dim: int, group: int, elem_bytes: int,
-                 cache_bytes: int | None = None) -> DecodeTiles:
+                 cache_bytes: int | None = None, codes: bool = False) -> DecodeTiles:
     """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
     program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
     matters little). fp32 takes 16-token steps to stay within registers.
@@ -124,7 +127,10 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
     (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.4 against 14.1 ms per 32
     layers; the 1000 x 1000/1000 throughput run: 11,948 and 11,971 output tok/s against
     11,194-11,314 with the 4-warp 64-key tiles; docs/benchmarks.md). Head sizes above 128
-    and groups above 16 keep the 4-warp tiles: one warp would spill registers there."""
+    and groups above 16 keep the 4-warp tiles: one warp would spill registers there.
+
+    Packed codes (``codes``: a turbo cache, passed with ``cache_bytes`` 2) take the 4-warp
+    tiles, 16 keys at head size 256, where unpacking 32 keys spills (sm_90)."""
     d_pad = next_pow2(head_dim)
     g_pad = max(16, next_pow2(group))
     if elem_bytes >= 4:
@@ -133,6 +139,8 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
         tile_n, warps, stages = 32, 1, 3
     else:
         tile_n, warps, stages = min(64, max(16, 8192 // d_pad)), 4, 3
+        if codes and d_pad > 128:
+            tile_n = 16
     return DecodeTiles(g_pad=g_pad, tile_n=tile_n, num_warps=warps, num_stages=stages)
 
 

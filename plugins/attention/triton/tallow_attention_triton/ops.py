@@ -19,9 +19,10 @@ from functools import lru_cache
 
 import torch
 
-from tallow.kernels.attention_ref import cache_saturation
+from tallow.kernels.kv_cache import LayerKVCache, cache_saturation
 from tallow.kernels.pdl import pdl_enabled
 
+from . import turbo_ops
 from .heuristics import (
     DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
     next_pow2, prefill_tiles,
@@ -66,8 +67,23 @@ def _precision(dtype: torch.dtype) -> tuple[str, bool]:
     return dot_precision(torch.finfo(dtype).bits // 8), interpreting() and dtype == torch.bfloat16
 
 
-def _cache_strides(kv_cache: torch.Tensor) -> tuple[int, int, int]:
-    return kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)
+def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """(block, offset-in-block, head) strides of a paged K or V tensor [blocks, bs, Hkv, D];
+    K and V of one layer are laid out alike, so one set serves both."""
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+def _paged(kv_cache: LayerKVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor, int, int, int]:
+    """(K, V, K scales, V scales, scale strides (block, offset), code bits) of a layer's cache
+    as the attention kernels take them: the cast tensors, or a turbo cache's codes and scales
+    (a cast cache passes its K and V where no scale is read)."""
+    if turbo_ops.is_turbo(kv_cache):
+        codes, scales = kv_cache["k_codes"], kv_cache["k_scales"]
+        return (codes, kv_cache["v_codes"], scales, kv_cache["v_scales"], scales.stride(0),
+                scales.stride(1), turbo_ops.bits_of(kv_cache.head_dim, codes.shape[3]))
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
+    return k_cache, v_cache, k_cache, v_cache, 0, 0, 0
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -83,31 +99,41 @@ def f16_products(dtype: torch.dtype, cache_bytes: int) -> bool:
 # -- compile-time parameters of each launch (also used by the tests that compile for sm_90) --
 # ``pdl``: launch with Programmatic Dependent Launch (tallow.kernels.pdl); the kernel's USE_PDL
 # and the launch option always go together.
-# ``saturate``: the clamp of values stored into the cache (tallow.kernels.attention_ref.
+# ``saturate``: the clamp of values stored into the cache (tallow.kernels.kv_cache.
 # cache_saturation of the cache dtype; 0.0 = none).
+# ``head_scales``: values divided by a scale per KV head before the cast (a cast codec with
+# per-head scales); ``key_offset``: keys less their head's offset vector first (centred keys).
 def store_spec(*, num_kv_heads: int, head_dim: int, block_size: int, saturate: float = 0.0,
-               pdl: bool = False) -> dict[str, object]:
+               head_scales: bool = False, key_offset: bool = False, pdl: bool = False
+               ) -> dict[str, object]:
     d_pad = next_pow2(head_dim)
     return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                 HEADS_PER_PROGRAM=min(next_pow2(num_kv_heads), max(1, 4096 // d_pad)),
-                D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate, num_warps=4,
-                USE_PDL=pdl, launch_pdl=pdl)
+                D_PAD=d_pad, BLOCK_SIZE=block_size, SATURATE=saturate,
+                HEAD_SCALES=head_scales, KEY_OFFSET=key_offset, num_warps=4, USE_PDL=pdl,
+                launch_pdl=pdl)
 
 
+# ``kv_bits``: the code width of a turbo cache (turbo_ops), 0 for a cache that casts. A turbo
+# cache takes none of the 8-bit float cache's widening; its prefill takes the tiles of an 8-bit
+# cache and its decode those of a 16-bit one (4-warp programs: the unpacking needs their
+# registers; one-warp programs spill at head size 96 and 128 with 3-bit codes, sm_90) with
+# two pipeline stages (three spill at head size 96).
 def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: int,
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
-                 cache_bytes: int = 2, pdl: bool = False,
+                 cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False,
                  causal: bool = True) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap),
-                          cache_bytes=cache_bytes)
+                          cache_bytes=cache_bytes, codes=bool(kv_bits))
     precision, upcast = _precision(dtype)
-    return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+    cast_bytes = 2 if kv_bits else cache_bytes
+    return dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), KV_BITS=kv_bits,
                 BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, BLOCK_SIZE=block_size,
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
-                CAUSAL=bool(causal), F16_PRODUCTS=f16_products(dtype, cache_bytes),
+                CAUSAL=bool(causal), F16_PRODUCTS=f16_products(dtype, cast_bytes),
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
@@ -115,20 +141,25 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
-                cache_bytes: int = 2, pdl: bool = False) -> dict[str, object]:
-    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cache_bytes)
+                cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False
+                ) -> dict[str, object]:
+    cast_bytes = 2 if kv_bits else cache_bytes
+    tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cast_bytes,
+                         codes=bool(kv_bits))
     precision, upcast = _precision(dtype)
     return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
-                D_PAD=next_pow2(head_dim), BLOCK_SIZE=block_size, TILE_N=tiles.tile_n,
+                D_PAD=next_pow2(head_dim), KV_BITS=kv_bits, BLOCK_SIZE=block_size,
+                TILE_N=tiles.tile_n,
                 USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(logit_softcap),
                 MIXED=mixed, SINGLE_SPLIT=single_split, FUSED_STORE=fused_store,
                 SATURATE=saturate if fused_store else 0.0,
-                F16_PRODUCTS=f16_products(dtype, cache_bytes),
-                WIDEN_V_IN_REGISTERS=cache_bytes == 1,
-                WIDEN_V_IN_PTX=f16_products(dtype, cache_bytes) and not interpreting(),
-                LAZY_RESCALE=cache_bytes == 1,
+                F16_PRODUCTS=f16_products(dtype, cast_bytes),
+                WIDEN_V_IN_REGISTERS=cast_bytes == 1,
+                WIDEN_V_IN_PTX=f16_products(dtype, cast_bytes) and not interpreting(),
+                LAZY_RESCALE=cast_bytes == 1,
                 PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
+                num_warps=tiles.num_warps, num_stages=2 if kv_bits else tiles.num_stages,
+                launch_pdl=pdl)
 
 
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
@@ -141,27 +172,62 @@ def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
 
 
 # -- launchers ---------------------------------------------------------------------------------
-def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def store_kv(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write ``k``/``v`` [T, Hkv, D] into ``kv_cache`` [2, blocks, block_size, Hkv, D] at
-    ``slot_mapping`` [T] (int, -1 = skip), converting to the cache's dtype as
-    :func:`tallow.kernels.attention_ref.to_cache_dtype` does."""
+    """Write ``k``/``v`` [T, Hkv, D] into the layer's cache at ``slot_mapping`` [T] (int,
+    -1 = skip), converting to the cache's dtype as its codec's reference ``encode`` does
+    (:func:`tallow.kernels.kv_cache.to_cache_dtype`, after subtracting the head's key offset
+    when the cache has ``k_offset`` and dividing by the head's scale when it has
+    ``k_scale``/``v_scale``; a turbo cache: rotated, quantized and packed,
+    :func:`turbo_ops.store_turbo`)."""
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
         return
+    if turbo_ops.is_turbo(kv_cache):
+        turbo_ops.store_turbo(kv_cache, k, v, slot_mapping)
+        return
+    k_cache, v_cache = kv_cache["k"], kv_cache["v"]
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
-    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=kv_cache.shape[2],
-                      saturate=cache_saturation(kv_cache.dtype), pdl=pdl_enabled(kv_cache))
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    k_scale, v_scale = kv_cache.get("k_scale"), kv_cache.get("v_scale")
+    k_offset = kv_cache.get("k_offset")
+    spec = store_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=k_cache.shape[1],
+                      saturate=cache_saturation(k_cache.dtype), head_scales=k_scale is not None,
+                      key_offset=k_offset is not None, pdl=pdl_enabled(k_cache))
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens, cdiv(n_kv, spec["HEADS_PER_PROGRAM"]))
+    # a cache without scales or offsets passes its K and V where those are not read
     store_kv_kernel[grid](
-        k, v, kv_cache[0], kv_cache[1], slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping,
+        k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
+        k_cache if k_offset is None else k_offset,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         stride_cb, stride_co, stride_ch, **spec,
     )
 
 
-def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+def scale_queries(q: torch.Tensor, kv_cache: LayerKVCache) -> torch.Tensor:
+    """``q`` [T, Hq, D] times its KV head's ``k_scale`` when the cache stores keys divided by
+    a scale per head (a cast codec with per-head scales), else ``q`` itself: ``(q * s) . k'``
+    is ``q . k`` for a stored ``k' = k / s``, so the attention kernels read the cache as an
+    unscaled one. Once per step, outside the kernels' loops."""
+    k_scale = kv_cache.get("k_scale")
+    if k_scale is None:
+        return q
+    per_q_head = k_scale.repeat_interleave(q.shape[1] // k_scale.shape[0])
+    return (q.float() * per_q_head[:, None]).to(q.dtype)
+
+
+def scale_output(out: torch.Tensor, kv_cache: LayerKVCache) -> torch.Tensor:
+    """The attention output [T, Hq, D] times its KV head's ``v_scale`` when the cache stores
+    values divided by a scale per head (the softmax weights sum to one, so the output of the
+    stored values times the scale is the output of the values), in place."""
+    v_scale = kv_cache.get("v_scale")
+    if v_scale is not None:
+        out.mul_(v_scale.repeat_interleave(out.shape[1] // v_scale.shape[0])[:, None])
+    return out
+
+
+def prefill_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor, *,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                       block_tables: torch.Tensor, num_seqs: int, scale: float,
                       sliding_window: int | None = None, logit_softcap: float | None = None,
@@ -177,42 +243,45 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     if n_tokens == 0 or num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    n_kv = kv_cache.shape[3]
+    k_cache, v_cache, k_scales, v_scales, stride_sb, stride_so, bits = _paged(kv_cache)
+    n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     spec = prefill_spec(head_dim=head_dim, group=group, dtype=q.dtype,
-                        block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                        block_size=k_cache.shape[1], sliding_window=sliding_window,
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
                         capability=device_facts(q.device)[1],
-                        cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q),
+                        cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q),
                         causal=causal)
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
     prefill_kernel[grid](
-        q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc, out,
+        q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, query_start_loc, out,
         qk_scale, softcap, int(sliding_window or 0), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
     )
     return out
 
 
-def choose_num_splits(q: torch.Tensor, kv_cache: torch.Tensor, num_seqs: int,
+def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
                       max_seq_len: int | None) -> int:
     """The decode split count for a batch of ``q`` [T, Hq, D] over ``kv_cache``:
     :func:`heuristics.decode_num_splits` on this device for the decode tiles' warps, ignoring
     the ``max_seq_len`` hint while a CUDA graph is being captured."""
     device = q.device
-    n_kv = kv_cache.shape[3]
+    k_cache = _paged(kv_cache)[0]
+    n_kv = k_cache.shape[2]
+    turbo = turbo_ops.is_turbo(kv_cache)
     tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
-                         kv_cache.element_size())
+                         2 if turbo else k_cache.element_size(), codes=turbo)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     return decode_num_splits(num_seqs, n_kv, sm_count=device_facts(device)[0],
                              max_seq_len=None if capturing else max_seq_len,
                              num_warps=tiles.num_warps)
 
 
-def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, *,
+def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor, *,
                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, num_seqs: int, scale: float,
                      sliding_window: int | None = None, logit_softcap: float | None = None,
@@ -235,13 +304,17 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     if num_seqs == 0:
         return out
     q = _last_dim_contiguous(q)
-    n_kv = kv_cache.shape[3]
+    k_cache, v_cache, k_scales, v_scales, stride_sb, stride_so, bits = _paged(kv_cache)
+    n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     if num_splits is None:
         num_splits = choose_num_splits(q, kv_cache, num_seqs, max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     fused = k is not None
+    if fused and bits:
+        raise ValueError("decode_attention stores K/V only into a cache that casts, not into "
+                         "a turbo cache (use store_kv)")
     if fused:
         if v is None or slot_mapping is None:
             raise ValueError("decode_attention stores K/V only given k, v and slot_mapping")
@@ -250,7 +323,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         k = v = q  # unused by the kernel
         slot_mapping = seq_lens
     qk_scale, softcap = score_constants(scale, logit_softcap)
-    stride_cb, stride_co, stride_ch = _cache_strides(kv_cache)
+    stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     d_pad = next_pow2(head_dim)
     single = num_splits == 1
     if single:
@@ -261,18 +334,18 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
     spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
-                       block_size=kv_cache.shape[2], sliding_window=sliding_window,
+                       block_size=k_cache.shape[1], sliding_window=sliding_window,
                        logit_softcap=logit_softcap, mixed=mixed, single_split=single,
-                       fused_store=fused, saturate=cache_saturation(kv_cache.dtype),
-                       cache_bytes=kv_cache.element_size(), pdl=pdl_enabled(q))
+                       fused_store=fused, saturate=cache_saturation(k_cache.dtype),
+                       cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
     decode_split_kernel[(num_seqs, n_kv, num_splits)](
-        q, k, v, slot_mapping, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+        q, k, v, slot_mapping, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens,
         query_start_loc, out, part_acc, part_ml,
         qk_scale, softcap, window, num_splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0), **spec,
+        stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
     )
     if not single:
         decode_reduce_kernel[(num_seqs, n_heads)](

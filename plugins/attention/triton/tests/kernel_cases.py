@@ -16,10 +16,13 @@ import zlib
 import pytest
 import torch
 
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles
-from tallow_attention_triton.testing import grow_keys, make_case, run_and_check
+from tallow_attention_triton.testing import (
+    calibrate_randomly, grow_keys, make_case, run_and_check,
+)
 
 if ops.interpreting():
     DEVICE = "cpu"
@@ -160,7 +163,9 @@ def test_cache_dtype_differs_from_inputs() -> None:
     # The GPU rounds fp32 -> bf16 to nearest like torch; the interpreter's numpy conversion
     # may land one bf16 ulp away.
     ulp = 2.0 ** -7 if ops.interpreting() else 0.0
-    torch.testing.assert_close(case.kv_cache, expected_cache, rtol=ulp, atol=0, equal_nan=True)
+    for name in ("k", "v"):
+        torch.testing.assert_close(case.kv_cache[name], expected_cache[name], rtol=ulp, atol=0,
+                                   equal_nan=True)
     # the kernel reads the bf16 cache, as the reference does: fp32 products, fp32 tolerance
     torch.testing.assert_close(out[:case.valid_rows], expected_out, atol=1e-2 if ulp else 2e-4,
                                rtol=1e-2 if ulp else 2e-4)
@@ -182,6 +187,49 @@ def test_fp8_cache(cache_dtype: torch.dtype, kind: str, num_splits: int | None) 
     run_and_check(case, backend(num_splits))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize(("kind", "num_splits"), [("decode", 3), ("decode", 1), ("mixed", 2),
+                                                  ("prefill", None)])
+def test_fp8_cache_with_head_scales(cache_dtype: torch.dtype, kind: str,
+                                    num_splits: int | None) -> None:
+    """An 8-bit float cache whose keys and values are stored divided by a scale per KV head
+    (checkpoint scales): the store divides, the queries carry the key scales and the output
+    the value scales, against the codec's reference; the scales are far from 1, so ignoring
+    one would show. They have at most 3 significant bits, so that this step's K/V (on the
+    8-bit grid times the scale) divide back exactly: the interpreter's float8 conversion
+    rounds a value just below a power of two down to the power below it."""
+    q_lens, ctx = {"decode": ([1, 1, 1], [0, 37, 90]), "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     codec=CastKVCodec(storage=cache_dtype, per_head_scales=True),
+                     head_scales=([3 / 64, 3.5], [5.0, 3 / 128]), device=DEVICE,
+                     seed=seed_of("fp8-scaled", cache_dtype, kind, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize(("kind", "num_splits"), [("decode", 3), ("mixed", 2), ("prefill", None)])
+def test_fp8_cache_with_centred_keys(scaled: bool, kind: str, num_splits: int | None) -> None:
+    """Keys stored less their head's offset (and divided by a scale): the store subtracts
+    it, attention reads the centred keys as they are (every score of a query moves by the
+    same q . offset), against the reference that adds it back. Large offsets, as Qwen2's key
+    biases give; multiples of 1/8 in float32, so that this step's keys (on the 8-bit grid
+    plus the offset) come back exactly."""
+    q_lens, ctx = {"decode": ([1, 1, 1], [0, 37, 90]), "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    gen = torch.Generator().manual_seed(seed_of("fp8-centred", scaled, kind))
+    offset = torch.randint(-160, 160, (2, 64), generator=gen).float() / 8
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.float32,
+                     codec=CastKVCodec(storage=torch.float8_e4m3fn, per_head_scales=scaled,
+                                       center_keys=True),
+                     head_scales=([0.5, 4.0], [2.0, 0.25]) if scaled else None,
+                     key_offset=offset, device=DEVICE,
+                     seed=seed_of("fp8-centred", scaled, kind, num_splits))
+    run_and_check(case, backend(num_splits))
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16],
                          ids=str)
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -194,6 +242,70 @@ def test_decode_scores_that_keep_growing(cache_dtype: torch.dtype, num_splits: i
                      cache_dtype=cache_dtype, device=DEVICE,
                      seed=seed_of("grow", cache_dtype, num_splits))
     run_and_check(grow_keys(case), backend(num_splits))
+
+
+def turbo_codec(bits: int):  # noqa: ANN201
+    turboquant = pytest.importorskip(
+        "tallow_kvcache_turboquant.codec",
+        reason="the turbo cases need tallow-kvcache-turboquant (its codecs are the oracle)")
+    return {8: turboquant.Turbo8KVCodec, 4: turboquant.Turbo4KVCodec,
+            3: turboquant.Turbo3KVCodec}[bits]()
+
+
+@pytest.mark.parametrize("bits", [8, 4, 3])
+@pytest.mark.parametrize(("kind", "num_splits", "head_dim"), [
+    ("decode", 1, 64), ("decode", 3, 128), ("mixed", 2, 80), ("prefill", None, 96)])
+def test_turbo_cache(bits: int, kind: str, num_splits: int | None, head_dim: int) -> None:
+    """A turbo cache (tallow-kvcache-turboquant): the fused store (rotation, quantization,
+    packing) against the codec's encode, and attention over the codes (queries rotated, the
+    output rotated back) against the reference over its decode; head sizes that are and are
+    not powers of two."""
+    q_lens, ctx = {"decode": ([1, 1, 1, 1], [0, 5, 37, 90]),
+                   "mixed": ([1, 9, 1, 20], [40, 0, 3, 13]),
+                   "prefill": ([12, 30], [0, 21])}[kind]
+    codec = turbo_codec(bits)
+    case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                     head_dim=head_dim, block_size=16, dtype=torch.bfloat16, codec=codec,
+                     device=DEVICE, seed=seed_of("turbo", bits, kind, num_splits, head_dim))
+    run_and_check(calibrate_randomly(case, bits), backend(num_splits))
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, 4.0), (40, None)])
+def test_turbo_cache_with_window_and_softcap(window: int, softcap: float | None) -> None:
+    for kind, q_lens, ctx in (("decode", [1, 1], [20, 100]), ("prefill", [30, 1], [0, 45])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=4, num_kv_heads=2,
+                         head_dim=64, block_size=8, dtype=torch.float16, codec=turbo_codec(4),
+                         device=DEVICE, sliding_window=window, logit_softcap=softcap,
+                         scale=0.3, seed=seed_of("turbo-window", window, softcap, kind))
+        run_and_check(calibrate_randomly(case, window), backend(2))
+
+
+def test_turbo_cache_bidirectional_whole_sequences() -> None:
+    """An encoder step (causal=False) over a turbo cache: every query of a sequence sees all
+    of its keys' codes; one-token sequences beside them go to the decode kernel."""
+    q_lens = [40, 1, 21, 1]
+    case = make_case(query_lens=q_lens, context_lens=[0] * len(q_lens), num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=8, dtype=torch.bfloat16,
+                     codec=turbo_codec(4), device=DEVICE, causal=False,
+                     seed=seed_of("turbo-bidirectional"))
+    run_and_check(calibrate_randomly(case, 3), backend())
+
+
+def test_turbo_cache_padding_rows_and_graph_style_padding() -> None:
+    """Rows with slot -1 store nothing in a turbo cache either; a CUDA-graph padding
+    sequence reads a finite slot."""
+    case = make_case(query_lens=[1, 1, 1], context_lens=[40, 0, 9], num_heads=4,
+                     num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16,
+                     codec=turbo_codec(3), device=DEVICE, padding_rows=3,
+                     seed=seed_of("turbo-pad"))
+    run_and_check(calibrate_randomly(case, 1), backend())
+    case = make_case(query_lens=[1, 1], context_lens=[25, 1], num_heads=4, num_kv_heads=2,
+                     head_dim=64, block_size=16, dtype=torch.bfloat16, codec=turbo_codec(4),
+                     device=DEVICE, host_copies=False, seed=seed_of("turbo-graphpad"))
+    case.meta.slot_mapping[1] = -1
+    case.meta.seq_lens[1] = 1
+    case.meta.max_seq_len = 4096
+    run_and_check(calibrate_randomly(case, 2), backend())
 
 
 def test_random_batches() -> None:

@@ -11,9 +11,13 @@ import zlib
 import pytest
 import torch
 
+from tallow.kernels.kv_cache import allocate_layer
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
-from tallow_attention_triton.testing import grow_keys, make_case, run_and_check, tolerance
+from tallow_attention_triton.testing import (
+    assert_same_cache, calibrate_randomly, cast_codec, grow_keys, make_case, run_and_check,
+    tolerance,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,10 +100,8 @@ def test_fp8_cache_scores_that_keep_growing(cache_dtype: torch.dtype,
 def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtype) -> None:
     """Values off the 8-bit grid (ties included) and beyond its range, stored by the store
     kernel and by the decode launch with the store fused: the same bytes as torch's
-    round-to-nearest-even cast after the clamp (tallow.kernels.attention_ref.to_cache_dtype)."""
+    round-to-nearest-even cast after the clamp (tallow.kernels.kv_cache.to_cache_dtype)."""
     from tallow_attention_triton import ops
-
-    from tallow.kernels.attention_ref import store_kv_ref
 
     g = torch.Generator(device="cuda").manual_seed(seed_of("fp8-round", cache_dtype, dtype))
     n, n_kv, d, block = 64, 8, 128, 16
@@ -109,26 +111,64 @@ def test_fp8_store_rounds_like_torch(cache_dtype: torch.dtype, dtype: torch.dtyp
     k, v = k.to(dtype), v.to(dtype)
     slots = torch.randperm(8 * block, generator=g, device="cuda")[:n]
     slots[5] = -1
-    cache = torch.zeros(2, 8, block, n_kv, d, dtype=cache_dtype, device="cuda")
+    codec = cast_codec(cache_dtype)
+    cache = allocate_layer(codec, num_kv_heads=n_kv, head_dim=d, block_size=block, num_blocks=8,
+                           model_dtype=dtype, device="cuda")
     expected = cache.clone()
-    store_kv_ref(expected, k, v, slots)
+    codec.encode(expected, k, v, slots)
     ops.store_kv(cache, k, v, slots)
-    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
+    assert_same_cache(cache, expected, "store kernel")
     # the fused store: one query per sequence, each sequence's new token at its slot
     seqs = 8
-    fused = torch.zeros_like(cache)
+    fused = allocate_layer(codec, num_kv_heads=n_kv, head_dim=d, block_size=block,
+                           num_blocks=8, model_dtype=dtype, device="cuda")
     want = fused.clone()
     tables = torch.arange(8, dtype=torch.int32, device="cuda").view(seqs, 1)
     new_slots = torch.arange(seqs, device="cuda") * block + 3  # position 3 of each block
-    store_kv_ref(want, k[:seqs], v[:seqs], new_slots)
+    codec.encode(want, k[:seqs], v[:seqs], new_slots)
     q = torch.randn(seqs, 4 * n_kv, d, generator=g, device="cuda").to(dtype)
     out = torch.empty_like(q)
     ops.decode_attention(q, fused, out, query_start_loc=torch.arange(
         seqs + 1, dtype=torch.int32, device="cuda"), seq_lens=torch.full(
         (seqs,), 4, dtype=torch.int32, device="cuda"), block_tables=tables, num_seqs=seqs,
         scale=d ** -0.5, num_splits=2, k=k[:seqs], v=v[:seqs], slot_mapping=new_slots)
-    assert torch.equal(fused.view(torch.uint8), want.view(torch.uint8))
+    assert_same_cache(fused, want, "decode with the store fused")
     assert not torch.isnan(out.float()).any()
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("centred", [False, True])
+def test_fp8_cache_with_head_scales_long_contexts(cache_dtype: torch.dtype,
+                                                  num_splits: int | None, centred: bool) -> None:
+    """An 8-bit cache with a scale per KV head (checkpoint scales) and, centred, a large offset
+    per head and channel subtracted from the keys, at llama-3-8b's head shape: the store
+    subtracts and divides values off the grid (the bytes as torch's), and decode and a mixed
+    batch read it with the queries and the output scaled outside the kernels and the centred
+    keys read as stored."""
+    from tallow.kernels.kv_cast import CastKVCodec
+
+    rng = random.Random(seed_of("fp8-scaled", cache_dtype, num_splits, centred))
+    scales = ([rng.uniform(0.005, 3.0) for _ in range(8)], [rng.uniform(0.005, 3.0)
+                                                           for _ in range(8)])
+    codec = CastKVCodec(storage=cache_dtype, per_head_scales=True, center_keys=centred)
+    offset = None
+    if centred:
+        offset = torch.randn(8, 128, generator=torch.Generator().manual_seed(
+            rng.randrange(2**31))) * 50
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    for q_lens, c_lens in (([1] * len(ctx), ctx), ([1, 300, 1, 77], [3000, 0, 511, 1000])):
+        case = make_case(query_lens=q_lens, context_lens=c_lens, num_heads=32, num_kv_heads=8,
+                         head_dim=128, block_size=16, dtype=torch.bfloat16, codec=codec,
+                         head_scales=scales, key_offset=offset, device="cuda",
+                         seed=rng.randrange(2**31))
+        g = torch.Generator(device="cuda").manual_seed(case.seed)
+        # this step's K/V off the grid: the store's division and rounding against torch's
+        case.k.copy_(torch.randn(case.k.shape, generator=g, device="cuda") * 2
+                     + (0.0 if offset is None else offset.cuda()))
+        case.v.copy_(torch.randn(case.v.shape, generator=g, device="cuda") * 2)
+        run_and_check(case, backend(num_splits))
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
@@ -219,10 +259,12 @@ def test_any_split_count_gives_the_same_decode() -> None:
         torch.testing.assert_close(o, outs[0], atol=2e-3, rtol=2e-3)
 
 
-def test_cuda_graph_capture_and_replay() -> None:
+@pytest.mark.parametrize("turbo_bits", [None, 4], ids=["cast", "turbo4"])
+def test_cuda_graph_capture_and_replay(turbo_bits: int | None) -> None:
     """Capture decode once with the runner's conventions (persistent buffers, max_seq_len =
     max_model_len, padding sequences of length 1 with slot -1), then replay it on fresh batches
-    of other sizes and lengths: the results match the reference each time."""
+    of other sizes and lengths: the results match the reference each time. With a turbo cache
+    the graph also holds the queries' rotation and the output's."""
     batch, width, n_blocks = 16, 260, 16 * 251 + 8
     hq, hkv, d, bs = 32, 8, 128, 16
     dev = torch.device("cuda")
@@ -230,11 +272,13 @@ def test_cuda_graph_capture_and_replay() -> None:
 
     def fresh(n: int, seed: int):
         rng = random.Random(seed)
-        return make_case(query_lens=[1] * n, context_lens=[rng.randint(0, 4000) for _ in
+        case = make_case(query_lens=[1] * n, context_lens=[rng.randint(0, 4000) for _ in
                                                            range(n)],
                          num_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                          dtype=torch.bfloat16, device=dev, num_blocks=n_blocks,
+                         codec=turbo_codec(turbo_bits) if turbo_bits else None,
                          host_copies=False, seed=seed)
+        return calibrate_randomly(case, seed)
 
     first = fresh(batch, seed_of("graph", 0))
     q = first.q.clone()
@@ -254,7 +298,8 @@ def test_cuda_graph_capture_and_replay() -> None:
         q[:n].copy_(case.q)
         k[:n].copy_(case.k)
         v[:n].copy_(case.v)
-        cache.copy_(case.kv_cache)
+        for name, tensor in cache.tensors.items():
+            tensor.copy_(case.kv_cache[name])
         seq_lens.fill_(1)
         seq_lens[:n].copy_(case.meta.seq_lens)
         tables.zero_()
@@ -274,9 +319,11 @@ def test_cuda_graph_capture_and_replay() -> None:
         load(case)
         graph.replay()
         torch.cuda.synchronize()
-        expected_out, expected_cache = case.expected()
-        torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0, equal_nan=True)
-        torch.testing.assert_close(out[:n], expected_out, **tolerance(torch.bfloat16))
+        assert_same_cache(cache, case.expected_cache(), f"graph replay, batch {n}")
+        # attention against the reference over the cache the graph wrote (run_and_check)
+        scale = 2.0 if turbo_bits else 1.0
+        torch.testing.assert_close(out[:n], case.reference_output(cache), **{
+            key: value * scale for key, value in tolerance(torch.bfloat16).items()})
 
 
 def _compiled_variants(kernels: list) -> int:
@@ -338,7 +385,7 @@ def test_new_batch_shapes_compile_nothing_new() -> None:
     assert _compiled_variants(kernels) == before
 
 
-@pytest.mark.parametrize("kv_codec", ["auto", "fp8"])
+@pytest.mark.parametrize("kv_codec", ["auto", "fp8", "turbo4"])
 def test_an_engine_compiles_no_attention_kernel_while_serving(kv_codec: str) -> None:
     """After start-up (the backend's warm-up, graph capture, the engine's warm-up steps),
     long prompts beside decodes whose contexts split, then decode-only steps, launch only
@@ -349,7 +396,9 @@ def test_an_engine_compiles_no_attention_kernel_while_serving(kv_codec: str) -> 
     from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
     from tallow_attention_triton.kernels.prefill import prefill_kernel
     from tallow_attention_triton.kernels.store import store_kv_kernel
-    kernels = [decode_split_kernel, decode_reduce_kernel, prefill_kernel, store_kv_kernel]
+    from tallow_attention_triton.kernels.turbo import store_turbo_kernel
+    kernels = [decode_split_kernel, decode_reduce_kernel, prefill_kernel, store_kv_kernel,
+               store_turbo_kernel]
     eng = LLMEngine.from_config(config_from_mapping({
         "model": {"source": "random:llama-3.2-1b", "dtype": "bfloat16", "device": "cuda",
                   "max_model_len": 4096},
@@ -371,3 +420,100 @@ def test_an_engine_compiles_no_attention_kernel_while_serving(kv_codec: str) -> 
     while eng.has_unfinished():
         eng.step()
     assert _compiled_variants(kernels) == before
+
+
+# -- the turbo KV format (tallow-kvcache-turboquant) ---------------------------------------------
+TURBO = [8, 4, 3]
+
+
+def turbo_codec(bits: int):  # noqa: ANN201
+    turboquant = pytest.importorskip(
+        "tallow_kvcache_turboquant.codec",
+        reason="the turbo cases need tallow-kvcache-turboquant (its codecs are the oracle)")
+    return {8: turboquant.Turbo8KVCodec, 4: turboquant.Turbo4KVCodec,
+            3: turboquant.Turbo3KVCodec}[bits]()
+
+
+@pytest.mark.parametrize("bits", TURBO)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_turbo_cache_long_contexts(bits: int, dtype: torch.dtype,
+                                   num_splits: int | None) -> None:
+    """Decode over a turbo cache at llama-3-8b's head shape, contexts up to 4101 tokens
+    (partial last blocks, split boundaries), and a mixed batch with prefill chunks after
+    cached context: the fused store against the codec's encode, attention against the
+    reference over its decode."""
+    rng = random.Random(seed_of("turbo", bits, dtype, num_splits))
+    ctx = LONG_CONTEXTS[:]
+    rng.shuffle(ctx)
+    for q_lens, contexts in (([1] * len(ctx), ctx), ([1, 300, 1, 77], [3000, 0, 511, 1000])):
+        case = make_case(query_lens=q_lens, context_lens=contexts, num_heads=32,
+                         num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
+                         codec=turbo_codec(bits), device="cuda", seed=rng.randrange(2**31))
+        run_and_check(calibrate_randomly(case, rng.randrange(2**31)), backend(num_splits))
+
+
+@pytest.mark.parametrize("bits", TURBO)
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("group", [1, 8])
+def test_turbo_every_head_dim_and_group(bits: int, head_dim: int, group: int) -> None:
+    for kind, q_lens, ctx in (("decode", [1] * 6, [0, 5, 130, 700, 1500, 3000]),
+                              ("mixed", [1, 1, 150, 33, 1, 300], [2000, 7, 0, 900, 64, 250])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=2 * group,
+                         num_kv_heads=2, head_dim=head_dim, block_size=16,
+                         dtype=torch.bfloat16, codec=turbo_codec(bits), device="cuda",
+                         seed=seed_of("turbo-dims", bits, head_dim, group, kind))
+        run_and_check(calibrate_randomly(case, head_dim + group), backend())
+
+
+@pytest.mark.parametrize("bits", TURBO)
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_turbo_sliding_window_and_softcap(bits: int, softcap: float | None) -> None:
+    for kind, q_lens, ctx in (("decode", [1] * 5, [0, 50, 999, 1001, 3500]),
+                              ("mixed", [300, 1, 1200, 1], [0, 2500, 800, 40])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=16, num_kv_heads=4,
+                         head_dim=128, block_size=16, dtype=torch.bfloat16,
+                         codec=turbo_codec(bits), device="cuda", sliding_window=64,
+                         logit_softcap=softcap, seed=seed_of("turbo-window", bits, softcap))
+        run_and_check(calibrate_randomly(case, bits), backend())
+
+
+@pytest.mark.parametrize("bits", TURBO)
+@pytest.mark.parametrize("dtype", HALF + [torch.float32], ids=str)
+def test_turbo_store_codes_match_the_codec(bits: int, dtype: torch.dtype) -> None:
+    """The fused store on 2,048 tokens of keys with a large shared offset: its codes are the
+    codec's reference codes except for the rare coordinate on a rounding boundary (the
+    rotation sums in another order), which lands on the neighbouring code; scales agree to a
+    float16 step; slot -1 writes nothing."""
+    from tallow_attention_triton import ops
+    from tallow_kvcache_turboquant.quantize import unpack
+
+    codec = turbo_codec(bits)
+    g = torch.Generator(device="cuda").manual_seed(seed_of("turbo-store", bits, dtype))
+    n, n_kv, d, block = 2048, 8, 128, 16
+    k = (torch.randn(n, n_kv, d, generator=g, device="cuda") * 3 + 20).to(dtype)
+    v = torch.randn(n, n_kv, d, generator=g, device="cuda").to(dtype)
+    slots = torch.randperm(160 * block, generator=g, device="cuda")[:n]
+    slots[::97] = -1
+    cache = kv_cache_of(codec, n_kv, d, block, 160)
+    cache["k_offset"].copy_(k.float().mean(0))
+    cache["k_smooth"].uniform_(0.5, 2.0, generator=g)
+    expected = cache.clone()
+    codec.encode(expected, k, v, slots)
+    ops.store_kv(cache, k, v, slots)
+    for name in ("k", "v"):
+        torch.testing.assert_close(cache[f"{name}_scales"].float(),
+                                   expected[f"{name}_scales"].float(), rtol=1e-3, atol=0)
+        got = unpack(cache[f"{name}_codes"], bits, d).int()
+        want = unpack(expected[f"{name}_codes"], bits, d).int()
+        diff = (got - want).abs()
+        assert int(diff.max()) <= 1, f"{name}: a code off by {int(diff.max())}"
+        assert float((diff > 0).float().mean()) < 1e-3, f"{name}: too many codes differ"
+    untouched = torch.ones(160 * block, dtype=torch.bool, device="cuda")
+    untouched[slots[slots >= 0]] = False
+    assert int(cache["k_codes"].flatten(0, 1)[untouched].count_nonzero()) == 0
+
+
+def kv_cache_of(codec, n_kv: int, d: int, block: int, blocks: int):  # noqa: ANN001, ANN201
+    return allocate_layer(codec, num_kv_heads=n_kv, head_dim=d, block_size=block,
+                          num_blocks=blocks, model_dtype=torch.bfloat16, device="cuda")

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 import tallow.builtins
+from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers import AttentionLayer
-from tallow.plugin import AttentionBackend, AttentionBackendRegistry, SelectionError, select
+from tallow.plugin import (
+    AttentionBackend, AttentionBackendRegistry, KVTensor, SelectionError, select,
+)
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_attention_triton import heuristics, plugin
 from tallow_attention_triton.backend import TritonAttentionBackend
@@ -76,45 +79,62 @@ def test_validate_lists_every_reason_on_a_cpu_config() -> None:
     assert len(reasons) == 3
 
 
-def test_kv_codecs_it_serves() -> None:
-    """Plain-cast codecs into a cache dtype the kernels read; nothing with its own encoding."""
-    from tallow.plugin import KVCodec
+def cast_layout(dtype: torch.dtype) -> list[KVTensor]:
+    return CastKVCodec(storage=dtype).layout(num_kv_heads=2, head_dim=64, block_size=16,
+                                             model_dtype=torch.bfloat16)
 
-    class Cast(KVCodec):
-        name = "cast"
+
+def test_kv_codecs_it_serves() -> None:
+    """The cast codecs, by name, into a cache dtype the kernels read; nothing else."""
+    from tallow.plugin import KVCodec
 
     class Packed(KVCodec):
         name = "packed4"
-        elementwise = False
+
+    class Fp8(CastKVCodec):
+        name = "fp8"
 
     be = TritonAttentionBackend()
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
                   torch.float8_e5m2):
-        assert be.supports_kv_codec(Cast(), dtype) == []
-    (reason,) = be.supports_kv_codec(Packed(), torch.uint8)[:1]
-    assert "'packed4' has its own encoding" in reason
-    (reason,) = be.supports_kv_codec(Cast(), torch.int8)
+        assert be.supports_kv_codec(Fp8(), cast_layout(dtype)) == []
+    (reason,) = be.supports_kv_codec(Packed(), cast_layout(torch.bfloat16))
+    assert "'packed4' is not implemented by this backend" in reason and "fp8_e5m2" in reason
+    (reason,) = be.supports_kv_codec(Fp8(), cast_layout(torch.int8))
     assert "cache dtype torch.int8 is not supported" in reason and "float8_e4m3fn" in reason
+    scaled = CastKVCodec(per_head_scales=True).layout(num_kv_heads=2, head_dim=64,
+                                                      block_size=16, model_dtype=torch.bfloat16)
+    assert be.supports_kv_codec(Fp8(), scaled) == []  # a float32 scale per KV head
+    odd = [spec if spec.name != "v_scale" else KVTensor("v_scale", (2,), torch.float16, False)
+           for spec in scaled]
+    (reason,) = be.supports_kv_codec(Fp8(), odd)
+    assert "not paged k and v tensors" in reason and "v_scale [2] torch.float16" in reason
+    for scales in (False, True):  # centred keys: a float32 offset per KV head and channel
+        centred = CastKVCodec(per_head_scales=scales, center_keys=True).layout(
+            num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16)
+        assert be.supports_kv_codec(Fp8(), centred) == []
+    wrong = [spec if spec.name != "k_offset" else KVTensor("k_offset", (2,), torch.float32,
+                                                             False) for spec in centred]
+    (reason,) = be.supports_kv_codec(Fp8(), wrong)
+    assert "k_offset [2] torch.float32" in reason
 
 
 def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton cannot convert to or from e4m3 below compute capability 8.9 (the kernels would
     fail to compile at warm-up on an A100); e5m2 builds on Ampere."""
-    from tallow.plugin import KVCodec
-
-    class Cast(KVCodec):
-        name = "cast"
-
+    codec = CastKVCodec()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
     be = TritonAttentionBackend(config(device="cuda:0"))
-    (reason,) = be.supports_kv_codec(Cast(), torch.float8_e4m3fn)
-    assert "compute capability 8.9" in reason and "8.0" in reason and "fp8_e5m2" in reason
-    assert be.supports_kv_codec(Cast(), torch.float8_e5m2) == []
-    assert be.supports_kv_codec(Cast(), torch.bfloat16) == []
+    reasons = be.supports_kv_codec(codec, cast_layout(torch.float8_e4m3fn))
+    assert len(reasons) == 2  # k and v
+    assert "compute capability 8.9" in reasons[0] and "8.0" in reasons[0] \
+        and "fp8_e5m2" in reasons[0]
+    assert be.supports_kv_codec(codec, cast_layout(torch.float8_e5m2)) == []
+    assert be.supports_kv_codec(codec, cast_layout(torch.bfloat16)) == []
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
-    assert be.supports_kv_codec(Cast(), torch.float8_e4m3fn) == []
+    assert be.supports_kv_codec(codec, cast_layout(torch.float8_e4m3fn)) == []
 
 
 def test_validate_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,8 +194,11 @@ def test_forward_rejects_bad_inputs_with_the_field_named() -> None:
     with pytest.raises(ValueError, match=r"q must be \[T, 4, 64\], got \[3, 2, 128\]"):
         be.forward(case.layer, case.q.reshape(3, 2, 128), case.k, case.v, case.kv_cache,
                    case.meta)
-    with pytest.raises(ValueError, match=r"kv_cache must be \[2, blocks, block_size, 2, 64\]"):
-        be.forward(case.layer, case.q, case.k, case.v, case.kv_cache[:, :, :, :1], case.meta)
+    narrow = case.kv_cache.with_tensors({n: t[:, :, :1] for n, t in
+                                         case.kv_cache.tensors.items()})
+    with pytest.raises(ValueError, match=r"kv_cache must hold k and v of \[blocks, block_size, "
+                                         r"2, 64\]"):
+        be.forward(case.layer, case.q, case.k, case.v, narrow, case.meta)
     with pytest.raises(ValueError, match=r"q dtype torch.int32 is not supported"):
         be.forward(case.layer, case.q.to(torch.int32), case.k, case.v, case.kv_cache,
                    case.meta)

@@ -26,12 +26,17 @@ if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
 
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
                 "slot_ptr": "*i64"}
-F32_POINTERS = {"part_acc_ptr", "part_ml_ptr"}
+F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr", "k_offset_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
 CACHE_POINTERS = {"k_cache_ptr", "v_cache_ptr"}
+#: the turbo format's tensors (kernels/turbo.py); in the cast kernels the scale pointers are
+#: unused
+TURBO_POINTERS = {"k_codes_ptr": "*u8", "v_codes_ptr": "*u8", "k_scales_ptr": "*fp16",
+                  "v_scales_ptr": "*fp16", "k_offset_ptr": "*fp32", "k_smooth_ptr": "*fp32",
+                  "v_offset_ptr": "*fp32", "rot_ptr": "*fp32"}
 
 
 def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
@@ -49,6 +54,8 @@ def compile_for(kernel: Any, spec: dict[str, Any], dtype: torch.dtype,
             types[name] = "*fp32"
         elif cache and name in CACHE_POINTERS:
             types[name] = cache
+        elif name in TURBO_POINTERS:
+            types[name] = TURBO_POINTERS[name]
         elif name in F32_SCALARS:
             types[name] = "fp32"
     return compile_for_gpu(
@@ -153,6 +160,16 @@ def test_fp8_cache_variants_compile_for_hopper_without_spills(cache: str) -> Non
     compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
     assert resource_usage(compiled)["STACK"] == 0
     assert "min.f32" in compiled.asm["ptx"] and "max.f32" in compiled.asm["ptx"]
+    assert "div.rn.f32" not in compiled.asm["ptx"]
+    # with a scale per KV head (checkpoint scales): divided, correctly rounded, as torch does;
+    # and with centred keys (an offset subtracted first)
+    for offset in (False, True):
+        spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit,
+                              head_scales=True, key_offset=offset)
+        compiled = compile_for(store_kv_kernel, spec, torch.bfloat16, 90, cache)
+        assert resource_usage(compiled)["STACK"] == 0
+        assert "div.rn.f32" in compiled.asm["ptx"]
+        assert ("sub.f32" in compiled.asm["ptx"]) == offset
 
 
 def test_reduce_store_and_fp32_paths_compile() -> None:
@@ -217,5 +234,64 @@ def test_pdl_waits_before_any_memory_access(single_split: bool, fused_store: boo
         if not spec["USE_PDL"]:
             assert "griddepcontrol" not in ptx
             continue
+        early = [line for line in _before_wait(ptx) if memory.search(line)]
+        assert not early, f"{kernel.__name__} touches memory before its wait: {early[:3]}"
+
+
+TURBO = [8, 4, 3]
+HAS_ALL = dict(HAS_K_OFFSET=True, HAS_K_SMOOTH=True, HAS_V_OFFSET=True)
+
+
+@pytest.mark.parametrize("bits", TURBO)
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_turbo_variants_compile_for_hopper_without_spills(bits: int, head_dim: int) -> None:
+    """The turbo cache paths (codes unpacked in the tile loads, scales on the scores' and
+    weights' columns) build for sm_90 with tensor-core products and no spills, and the fused
+    store (rotation by a tensor-core product, quantization, packing) builds too."""
+    from tallow_attention_triton.kernels.turbo import store_turbo_kernel
+    from tallow_attention_triton.turbo_ops import store_turbo_spec
+
+    for single in (True, False):
+        spec = ops.decode_spec(num_heads=32, group=4, head_dim=head_dim, dtype=torch.bfloat16,
+                               block_size=16, sliding_window=None, logit_softcap=None,
+                               mixed=not single, single_split=single, fused_store=False,
+                               cache_bytes=1, kv_bits=bits)
+        assert spec["KV_BITS"] == bits and not spec["F16_PRODUCTS"] \
+            and not spec["WIDEN_V_IN_PTX"] and not spec["LAZY_RESCALE"]
+        assert spec["num_warps"] == 4
+        compiled = compile_for(decode_split_kernel, spec, torch.bfloat16, 90, "*u8")
+        assert_fast(compiled, f"decode turbo{bits} D={head_dim}", tensor_op="mma.sync")
+    spec = ops.prefill_spec(head_dim=head_dim, group=4, dtype=torch.bfloat16, block_size=16,
+                            sliding_window=None, logit_softcap=None, skip_single_query=True,
+                            cache_bytes=1, kv_bits=bits)
+    compiled = compile_for(prefill_kernel, spec, torch.bfloat16, 90, "*u8")
+    assert_fast(compiled, f"prefill turbo{bits} D={head_dim}", tensor_op="wgmma.mma_async")
+    spec = dict(store_turbo_spec(num_kv_heads=8, head_dim=head_dim, block_size=16, bits=bits),
+                **HAS_ALL)
+    compiled = compile_for(store_turbo_kernel, spec, torch.bfloat16, 90, "*u8")
+    assert resource_usage(compiled)["STACK"] == 0
+
+
+def test_turbo_kernels_wait_before_any_memory_access() -> None:
+    """PDL: the turbo variants wait for the previous grid before their first load or store,
+    like the others."""
+    from tallow_attention_triton.kernels.turbo import store_turbo_kernel
+    from tallow_attention_triton.turbo_ops import store_turbo_spec
+
+    memory = re.compile(r"\b(ld|st)\.global|\bcp\.async|\batom\.|\bred\.global")
+    cases = [
+        (decode_split_kernel, ops.decode_spec(
+            num_heads=32, group=4, head_dim=128, dtype=torch.bfloat16, block_size=16,
+            sliding_window=None, logit_softcap=None, mixed=False, single_split=False,
+            fused_store=False, cache_bytes=1, kv_bits=4, pdl=True)),
+        (prefill_kernel, ops.prefill_spec(
+            head_dim=128, group=4, dtype=torch.bfloat16, block_size=16, sliding_window=None,
+            logit_softcap=None, skip_single_query=True, cache_bytes=1, kv_bits=3, pdl=True)),
+        (store_turbo_kernel, dict(store_turbo_spec(num_kv_heads=8, head_dim=128,
+                                                   block_size=16, bits=4, pdl=True),
+                                  **HAS_ALL)),
+    ]
+    for kernel, spec in cases:
+        ptx = compile_for(kernel, spec, torch.bfloat16, 90, "*u8").asm["ptx"]
         early = [line for line in _before_wait(ptx) if memory.search(line)]
         assert not early, f"{kernel.__name__} touches memory before its wait: {early[:3]}"

@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 import torch
 
+from tallow.kernels.kv_cache import LayerKVCache
 from tallow.kernels.pdl import compiled_with_pdl, off_then_on, set_pdl, unsupported_reason
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
 from tallow_attention_triton.kernels.prefill import prefill_kernel
 from tallow_attention_triton.kernels.store import store_kv_kernel
-from tallow_attention_triton.testing import PagedCase, make_case
+from tallow_attention_triton.testing import PagedCase, assert_same_cache, make_case
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,9 +36,20 @@ def pdl_gpu():
     set_pdl(None)
 
 
-def same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def same(actual: torch.Tensor | LayerKVCache, expected: torch.Tensor | LayerKVCache) -> None:
     """Equal values, NaN where NaN (cache entries no sequence owns are NaN)."""
+    if isinstance(expected, LayerKVCache):
+        assert_same_cache(actual, expected, "PDL on against off")
+        return
     torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def copy_into(static: torch.Tensor | LayerKVCache, value: torch.Tensor | LayerKVCache) -> None:
+    if isinstance(static, LayerKVCache):
+        for name, tensor in static.tensors.items():
+            tensor.copy_(value[name])
+    else:
+        static.copy_(value)
 
 
 def built_with_pdl(*kernels: Any) -> None:
@@ -59,7 +71,7 @@ def test_decode_same_bits(num_splits: int, fused_store: bool) -> None:
     meta = case.meta
     stored = dict(k=case.k, v=case.v, slot_mapping=meta.slot_mapping) if fused_store else {}
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
+    def run() -> tuple[torch.Tensor, LayerKVCache]:
         cache = case.kv_cache.clone()
         if not fused_store:
             ops.store_kv(cache, case.k, case.v, meta.slot_mapping)
@@ -86,7 +98,7 @@ def test_mixed_batch_same_bits() -> None:
                      num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
                      device="cuda", seed=7)
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
+    def run() -> tuple[torch.Tensor, LayerKVCache]:
         cache = case.kv_cache.clone()
         out = TritonAttentionBackend().forward(case.layer, case.q, case.k, case.v, cache,
                                                case.meta)
@@ -114,12 +126,17 @@ def test_graph_of_a_decode_chain_same_bits(num_splits: int) -> None:
         return (torch.randn(t.shape, generator=g, device="cuda") * 0.5).to(t.dtype)
 
     # three inputs on one batch layout: new q/k/v, the cached values moved (NaN stays NaN)
+    def moved(cache: LayerKVCache) -> LayerKVCache:
+        out = cache.clone()
+        for tensor in out.tensors.values():
+            tensor += noise(tensor)
+        return out
+
     inputs = [(case.q, case.k, case.v, case.kv_cache)] + [
-        (noise(case.q), noise(case.k), noise(case.v), case.kv_cache + noise(case.kv_cache))
-        for _ in range(2)]
+        (noise(case.q), noise(case.k), noise(case.v), moved(case.kv_cache)) for _ in range(2)]
 
     def chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              cache: torch.Tensor) -> torch.Tensor:
+              cache: LayerKVCache) -> torch.Tensor:
         ops.store_kv(cache, k, v, meta.slot_mapping)
         a = ops.decode_attention(q, cache, torch.empty_like(q), **common)
         b = ops.decode_attention(a, cache, torch.empty_like(q), k=k, v=v,
@@ -127,7 +144,7 @@ def test_graph_of_a_decode_chain_same_bits(num_splits: int) -> None:
         return ops.decode_attention(b, cache, torch.empty_like(q), **common)
 
     def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              cache: LayerKVCache) -> tuple[torch.Tensor, LayerKVCache]:
         cache = cache.clone()
         return chain(q, k, v, cache), cache
 
@@ -146,7 +163,7 @@ def test_graph_of_a_decode_chain_same_bits(num_splits: int) -> None:
     got = []
     for args in inputs:
         for static, value in zip((q, k, v, cache), args):
-            static.copy_(value)
+            copy_into(static, value)
         graph.replay()
         got.append((out.clone(), cache.clone()))
     torch.cuda.synchronize()

@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import MIN_TOKENS_PER_SPLIT
+from tallow_attention_triton.testing import cast_codec
 
 KERNELS = ("decode_split_kernel", "decode_reduce_kernel", "prefill_kernel", "store_kv_kernel")
 
@@ -106,7 +108,8 @@ def test_warm_up_launches_what_serving_launches(launched: set[tuple[Any, ...]],
     layer = AttentionLayer(layer_index=3, num_heads=heads, num_kv_heads=kv_heads,
                            head_dim=head_dim, scale=head_dim ** -0.5, sliding_window=window,
                            logit_softcap=softcap)
-    cache = torch.empty(2, 4, 16, kv_heads, head_dim, dtype=cache_dtype)
+    cache = allocate_layer(cast_codec(cache_dtype), num_kv_heads=kv_heads, head_dim=head_dim,
+                           block_size=16, num_blocks=4, model_dtype=dtype)
     be = TritonAttentionBackend()
     be.warm_up([layer, layer], [cache, cache], dtype)
     warmed = set(launched)
@@ -132,18 +135,21 @@ def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]
     """It launches on caches of its own: the engine's caches only describe the layout."""
     layer = AttentionLayer(layer_index=0, num_heads=4, num_kv_heads=2, head_dim=64,
                            scale=0.125)
-    cache = torch.full((2, 3, 16, 2, 64), 5.0, dtype=torch.bfloat16)
+    cache = allocate_layer(cast_codec(torch.bfloat16), num_kv_heads=2, head_dim=64,
+                           block_size=16, num_blocks=3, model_dtype=torch.bfloat16)
+    for tensor in cache.tensors.values():
+        tensor.fill_(5.0)
     ptrs: set[int] = set()
     original = ops.store_kv
 
-    def store_kv(kv_cache: torch.Tensor, *args: Any) -> None:
-        ptrs.add(kv_cache.data_ptr())
+    def store_kv(kv_cache: LayerKVCache, *args: Any) -> None:
+        ptrs.update(t.data_ptr() for t in kv_cache.tensors.values())
         original(kv_cache, *args)
 
     monkeypatch.setattr(ops, "store_kv", store_kv)
     TritonAttentionBackend().warm_up([layer], [cache], torch.bfloat16)
-    assert ptrs and cache.data_ptr() not in ptrs
-    assert torch.equal(cache, torch.full_like(cache, 5.0))
+    assert ptrs and not ptrs & {t.data_ptr() for t in cache.tensors.values()}
+    assert all(torch.equal(t, torch.full_like(t, 5.0)) for t in cache.tensors.values())
 
 
 def test_warm_up_covers_the_steps_of_an_encoder(launched: set[tuple[Any, ...]]) -> None:
@@ -152,7 +158,8 @@ def test_warm_up_covers_the_steps_of_an_encoder(launched: set[tuple[Any, ...]]) 
     dtype = torch.bfloat16
     layer = AttentionLayer(layer_index=0, num_heads=12, num_kv_heads=12, head_dim=32,
                            scale=32 ** -0.5, causal=False)
-    cache = torch.empty(2, 4, 16, 12, 32, dtype=dtype)
+    cache = allocate_layer(cast_codec(dtype), num_kv_heads=12, head_dim=32, block_size=16,
+                           num_blocks=4, model_dtype=dtype)
     be = TritonAttentionBackend()
     be.warm_up([layer], [cache], dtype)
     warmed = set(launched)

@@ -19,3 +19,12 @@ class TestFP8E4M3AliasConformance(KVCodecConformance):
 class TestFP8E5M2Conformance(KVCodecConformance):
     distribution = "tallow-kvcache-fp8"
     component = "fp8_e5m2"
+
+
+class TestFP8CentredKeysConformance(KVCodecConformance):
+    """With ``center_keys`` the layout adds the per-layer key offset, which calibration
+    fills (the suite's calibration check: keys with a large constant per channel)."""
+
+    distribution = "tallow-kvcache-fp8"
+    component = "fp8"
+    settings = {"center_keys": True}

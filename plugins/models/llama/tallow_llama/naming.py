@@ -27,6 +27,8 @@ Hugging Face names (``naming="hf"``) → parameter:
                                              → same name
     already fused qkv_proj / gate_up_proj    → same name (split on load)
     model.layers.i.self_attn.rotary_emb.inv_freq → ignored (recomputed)
+    model.layers.i.self_attn.{k,v}_scale     → the layer's KV-cache scales (FP8-KV checkpoints;
+                                               CausalLM.load_{k,v}_cache_scale)
 
 GGUF names (``naming="gguf"``; matrices ``[out, in]``, float or still block-quantized) → parameter:
 
@@ -80,6 +82,8 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_L}.self_attn.q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
         WeightRule(f"{_L}.self_attn.k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
         WeightRule(f"{_L}.self_attn.rotary_emb.inv_freq"),
+        WeightRule(f"{_L}.self_attn.k_scale", handler="load_k_cache_scale"),
+        WeightRule(f"{_L}.self_attn.v_scale", handler="load_v_cache_scale"),
         WeightRule(f"{_L}.mlp.gate_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
         WeightRule(f"{_L}.mlp.up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
         WeightRule(f"{_L}.mlp.gate_up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}"),
@@ -88,7 +92,7 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_L}.post_attention_layernorm.weight",
                    f"{_L}.post_attention_layernorm.weight"),
         WeightRule("model.norm.weight", "model.norm.weight"),
-        WeightRule("lm_head.weight", "lm_head.weight"),
+        WeightRule("lm_head.{p}", "lm_head.{p}"),  # weight, or a quantized head's tensors
     ])
 
 

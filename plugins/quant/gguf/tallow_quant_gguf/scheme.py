@@ -137,10 +137,6 @@ class GGUFQuantScheme(FileQuantization, QuantScheme):
         return [f"on a CPU it decodes every weight on every call, many times slower than float "
                 f"weights (plugins.settings.{DISTRIBUTION}.cpu: true keeps them quantized)"]
 
-    @classmethod
-    def detect(cls, config: dict[str, Any]) -> bool:
-        return config.get("quantization_config", {}).get("quant_method") == "gguf"
-
     def _method(self, prefix: str) -> Any:
         from .method import GGUFLinearMethod
 

@@ -106,9 +106,14 @@ def test_a_float_gguf_file_is_quantized_at_load(tmp_path):
 
 def test_wrong_requests_are_refused_clearly(tmp_path):
     from tallow.config import ConfigError
+    from tallow.plugin import SelectionError
 
     path = write_llama_gguf(tmp_path / "q.gguf")
     with pytest.raises(Exception, match="already quantized"):
         _engine(str(path), isq="q4_k")
     with pytest.raises(ConfigError, match=r"model\.isq"):
-        config_from_mapping({"model": {"isq": "q9_k"}})
+        config_from_mapping({"model": {"isq": "Q4 K"}})
+    # a well-formed type no installed scheme offers: refused listing the offered ones
+    with pytest.raises(SelectionError, match=r"model\.isq 'q9_k': no installed quant scheme .*"
+                                             r"q4_0, .*q6_k \(tallow-quant-gguf\)"):
+        _engine(str(path), isq="q9_k")

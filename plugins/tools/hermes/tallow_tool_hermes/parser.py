@@ -65,6 +65,7 @@ class HermesToolParser(MarkupToolParser):
     name = "hermes"
     priority: ClassVar[int] = 60
     call_opening: ClassVar[str] = OPEN + "\n"
+    call_closing: ClassVar[str] = "\n" + CLOSE
     openers = {OPEN: HermesRegion}
 
     @classmethod

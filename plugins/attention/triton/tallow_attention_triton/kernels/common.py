@@ -12,6 +12,16 @@ import triton.language as tl
 
 
 @triton.jit
+def saturate(x, LIMIT: tl.constexpr):
+    """``x`` clamped to [-LIMIT, LIMIT] (in fp32) when LIMIT > 0, else unchanged: values bound
+    for an 8-bit float cache, whose casts have no infinity to overflow to (LIMIT is
+    :func:`tallow.kernels.kv_cache.cache_saturation` of the cache dtype)."""
+    if LIMIT > 0:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -LIMIT), LIMIT)
+    return x
+
+
+@triton.jit
 def tanh(x):
     """tanh through one exp2; exp2 overflowing to inf (or to 0) gives exactly +1 (or -1)."""
     e = tl.exp2(x * 2.8853900817779268)  # 2 * log2(e)
@@ -44,6 +54,34 @@ def scores(q, k, qk_scale, softcap, USE_SOFTCAP: tl.constexpr, PRECISION: tl.con
     else:
         s = s * qk_scale
     return s
+
+
+@triton.jit
+def scaled_scores(q, k, key_scale, qk_scale, softcap, USE_SOFTCAP: tl.constexpr,
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """:func:`scores` of ``q`` against keys ``k`` [N, D] stored as codes, each key's scale
+    ``key_scale`` [N] multiplying its column of products (before the softcap)."""
+    s = dot(q, tl.trans(k), PRECISION, UPCAST) * key_scale[None, :]
+    if USE_SOFTCAP:
+        s = softcap * tanh(s * qk_scale)
+    else:
+        s = s * qk_scale
+    return s
+
+
+@triton.jit
+def online_softmax_step_scaled(acc, l_i, m_i, s, v, value_scale, PRECISION: tl.constexpr,
+                               UPCAST: tl.constexpr):
+    """:func:`online_softmax_step` for values ``v`` [N, D] stored as codes with scales
+    ``value_scale`` [N]: the scales multiply the softmax weights' columns before the product
+    (the row sums take the weights alone)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pv = (p * value_scale[None, :]).to(v.dtype)
+    acc = acc * alpha[:, None] + dot(pv, v, PRECISION, UPCAST)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -90,6 +128,19 @@ def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_of
     cache of strides (block, offset-in-block); tokens outside ``n_mask`` read block 0."""
     blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     return blk * stride_cb + (offs_n % BLOCK_SIZE) * stride_co + kv_head_off
+
+
+@triton.jit
+def turbo_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, code_head_off,
+                  stride_sb, stride_so, kv_head, BLOCK_SIZE: tl.constexpr):
+    """(code byte offsets, scale offsets) [N] of context tokens ``offs_n`` of one sequence and
+    one KV head in a turbo cache (codes of strides (block, offset-in-block), scales of
+    strides (block, offset-in-block) and 1 per head), from one read of the block table;
+    tokens outside ``n_mask`` read block 0."""
+    blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    pos = offs_n % BLOCK_SIZE
+    return (blk * stride_cb + pos * stride_co + code_head_off,
+            blk * stride_sb + pos * stride_so + kv_head)
 
 
 @triton.jit

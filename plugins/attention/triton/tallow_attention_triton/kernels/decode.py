@@ -26,10 +26,16 @@ per pair of values (:func:`common.widen_fp8_in_ptx`) and, where it is off (fp32 
 or Triton's interpreter), ``WIDEN_V_IN_REGISTERS`` with a select after the widening;
 ``LAZY_RESCALE`` rescales the accumulator only when a row's maximum grew by more than 8 (log2
 domain);
-``SATURATE`` clamps the fused store as :func:`tallow.kernels.attention_ref.to_cache_dtype`
+``SATURATE`` clamps the fused store as :func:`tallow.kernels.kv_cache.to_cache_dtype`
 does. The PTX widening and the lazy rescale took the sm_90 loop of the one-warp program from
 ~1,220 to ~790 instructions per 32-key tile (SASS count); the isolated decode of the
 throughput probe did not get faster from it (docs/benchmarks.md).
+
+``KV_BITS`` > 0 reads a turbo cache (:mod:`.turbo`): ``k_cache_ptr``/``v_cache_ptr`` are the
+packed codes (strides ``stride_c*`` in bytes), ``k_scales_ptr``/``v_scales_ptr`` a float16 scale
+per token and head (strides ``stride_sb``, ``stride_so``, 1), and ``q`` is already rotated. Key
+scales multiply the scores' columns and value scales the softmax weights' columns; the store is
+never fused there.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.jit import step_jit
-from tallow.kernels.kv_store_triton import saturate
 from tallow.kernels.pdl import allow_next, wait_prior
 
 from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
-                     product_operand, scores, tanh, widen_fp8_in_ptx)
+                     online_softmax_step_scaled, product_operand, saturate, scaled_scores,
+                     scores, tanh, turbo_offsets, widen_fp8_in_ptx)
+from .turbo import code_positions, load_centered
 
 
 @triton.jit
@@ -74,14 +81,14 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
 @step_jit(values=["window", "num_splits", "stride_bt"],
           pointers=["slot_ptr", "block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
 def decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
     qk_scale, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_cb, stride_co, stride_ch, stride_bt,
+    stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BITS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
@@ -89,6 +96,8 @@ def decode_split_kernel(
     WIDEN_V_IN_PTX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    tl.static_assert(KV_BITS == 0 or not FUSED_STORE,
+                     "the store is fused only for caches that cast (KV_BITS 0)")
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -137,6 +146,8 @@ def decode_split_kernel(
     q = product_operand(q, F16_PRODUCTS)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if KV_BITS > 0:
+        byte, shift, high_byte, high_shift = code_positions(offs_d, HEAD_DIM, KV_BITS)
     window_lo = 0
     if USE_WINDOW:
         window_lo = seq_len - window
@@ -163,30 +174,53 @@ def decode_split_kernel(
             n_mask = n_mask & (offs_n >= window_lo)
         if FUSED_STORE:
             n_mask = n_mask & (offs_n != new_pos)  # folded in below, from registers
-        kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
-                            BLOCK_SIZE)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        k = k.to(q.dtype)  # a cache in another dtype than the activations
-        s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if WIDEN_V_IN_PTX:
-            # masked keys already loaded as 0; the row indices only anchor Triton's layout
-            anchor = offs_n[:, None] + tl.zeros([TILE_N, D_PAD], tl.int32)
-            v = widen_fp8_in_ptx(v, anchor)  # fp16, as q is (F16_PRODUCTS)
+        if KV_BITS > 0:
+            # codes of the rotated keys and values, their scales per token
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            code_off, scale_off = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
+                                                kv_head_off, stride_sb, stride_so, kv_head,
+                                                BLOCK_SIZE)
+            k = load_centered(k_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
+                              high_shift, KV_BITS, q.dtype)
+            k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
+            s = scaled_scores(q, k, k_scale.to(tl.float32), qk_scale, softcap, USE_SOFTCAP,
+                              PRECISION, UPCAST)
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            v = load_centered(v_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
+                              high_shift, KV_BITS, q.dtype)
+            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
+            acc, l_i, m_i = online_softmax_step_scaled(acc, l_i, m_i, s, v,
+                                                       v_scale.to(tl.float32), PRECISION,
+                                                       UPCAST)
         else:
-            v = v.to(q.dtype)
-            if WIDEN_V_IN_REGISTERS:
-                # An 8-bit V staged for the P.V product is read back transposed one byte at a
-                # time; with a select after the widening, Triton widens V in registers first
-                # and stages it 16-bit (read back with transposed loads of 16-bit pairs). The
-                # 8-bit tile itself still arrives through the asynchronous copy pipeline.
-                v = tl.where(kv_mask, v, 0.0)
-        if LAZY_RESCALE:
-            acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION, UPCAST)
-        else:
-            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
+            kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
+                                BLOCK_SIZE)
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
+                        other=0.0)
+            k = k.to(q.dtype)  # a cache in another dtype than the activations
+            s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
+                        other=0.0)
+            if WIDEN_V_IN_PTX:
+                # masked keys already loaded as 0; the row indices only anchor Triton's layout
+                anchor = offs_n[:, None] + tl.zeros([TILE_N, D_PAD], tl.int32)
+                v = widen_fp8_in_ptx(v, anchor)  # fp16, as q is (F16_PRODUCTS)
+            else:
+                v = v.to(q.dtype)
+                if WIDEN_V_IN_REGISTERS:
+                    # An 8-bit V staged for the P.V product is read back transposed one byte
+                    # at a time; with a select after the widening, Triton widens V in
+                    # registers first and stages it 16-bit (read back with transposed loads
+                    # of 16-bit pairs). The 8-bit tile itself still arrives through the
+                    # asynchronous copy pipeline.
+                    v = tl.where(kv_mask, v, 0.0)
+            if LAZY_RESCALE:
+                acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION,
+                                                         UPCAST)
+            else:
+                acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if SINGLE_SPLIT:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros

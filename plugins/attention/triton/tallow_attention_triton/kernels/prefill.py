@@ -23,7 +23,11 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import kv_offsets, online_softmax_step, product_operand, scores
+from .common import (
+    kv_offsets, online_softmax_step, online_softmax_step_scaled, product_operand,
+    scaled_scores, scores, turbo_offsets,
+)
+from .turbo import code_positions, load_centered
 
 
 @triton.jit
@@ -39,6 +43,19 @@ def _find_sequence(qsl_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
+    """Scores ``s`` with -inf where a query may not see a key: past the sequence or below the
+    window's start (``n_mask``), after the query (causal), or out of its window."""
+    if CAUSAL:
+        allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+    else:
+        allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
+    if USE_WINDOW:
+        allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
+    return tl.where(allowed, s, float("-inf"))
 
 
 @triton.jit
@@ -59,34 +76,62 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
     k = k.to(q.dtype)  # a cache in another dtype than the activations
     s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
-        if CAUSAL:
-            allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        else:
-            allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
-        if USE_WINDOW:
-            allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
-        s = tl.where(allowed, s, float("-inf"))
+        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CAUSAL)
     v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     v = v.to(q.dtype)
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
+
+
+@triton.jit
+def _attend_turbo_tile(acc, l_i, m_i, q, q_pos, k_codes_ptr, v_codes_ptr, k_scales_ptr,
+                       v_scales_ptr, bt_row, start_n, kv_lo, seq_len, qk_scale, softcap,
+                       window, kv_head, code_head_off, stride_cb, stride_co, stride_sb,
+                       stride_so, d_mask, byte, shift, high_byte, high_shift,
+                       MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
+                       USE_SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                       TILE_N: tl.constexpr, KV_BITS: tl.constexpr, PRECISION: tl.constexpr,
+                       UPCAST: tl.constexpr):
+    """:func:`_attend_tile` over a turbo cache (:mod:`.turbo`): ``q`` is rotated, the tiles
+    are centered codes, the scales multiply the scores' and the weights' columns."""
+    offs_n = start_n + tl.arange(0, TILE_N)
+    if MASKED:
+        n_mask = (offs_n < seq_len) & (offs_n >= kv_lo)
+    else:
+        n_mask = offs_n < seq_len
+    code_off, scale_off = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
+                                        code_head_off, stride_sb, stride_so, kv_head,
+                                        BLOCK_SIZE)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = load_centered(k_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift,
+                      KV_BITS, q.dtype)
+    k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
+    s = scaled_scores(q, k, k_scale, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
+    if MASKED:
+        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CAUSAL)
+    v = load_centered(v_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift,
+                      KV_BITS, q.dtype)
+    v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
+    return online_softmax_step_scaled(acc, l_i, m_i, s, v, v_scale, PRECISION, UPCAST)
 
 
 # Step-dependent arguments are not specialized on: see tallow.kernels.jit.
 @step_jit(values=["window", "num_seqs", "stride_bt"],
           pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
 def prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
+    seq_lens_ptr, qsl_ptr, out_ptr,
     qk_scale, softcap, window, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_co, stride_ch, stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
     CAUSAL: tl.constexpr, F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel."""
+    """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel.
+    ``KV_BITS`` > 0: a turbo cache, as in :func:`.decode.decode_split_kernel`."""
     wait_prior(USE_PDL)  # the program's sequence is found in this step's metadata
     allow_next(USE_PDL)
     pid = tl.program_id(0)
@@ -136,16 +181,35 @@ def prefill_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    for start_n in range(start, full_end, TILE_N):
-        acc, l_i, m_i = _attend_tile(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
-            qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
-    for start_n in range(full_end, last_pos + 1, TILE_N):
-        acc, l_i, m_i = _attend_tile(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo, seq_len,
-            qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d, d_mask,
-            True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION, UPCAST)
+    if KV_BITS > 0:
+        byte, shift, high_byte, high_shift = code_positions(offs_d, HEAD_DIM, KV_BITS)
+        for start_n in range(start, full_end, TILE_N):
+            acc, l_i, m_i = _attend_turbo_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
+                bt_row, start_n, kv_lo, seq_len, qk_scale, softcap, window, kv_head,
+                kv_head_off, stride_cb, stride_co, stride_sb, stride_so, d_mask, byte, shift,
+                high_byte, high_shift, False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE,
+                TILE_N, KV_BITS, PRECISION, UPCAST)
+        for start_n in range(full_end, last_pos + 1, TILE_N):
+            acc, l_i, m_i = _attend_turbo_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
+                bt_row, start_n, kv_lo, seq_len, qk_scale, softcap, window, kv_head,
+                kv_head_off, stride_cb, stride_co, stride_sb, stride_so, d_mask, byte, shift,
+                high_byte, high_shift, True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE,
+                TILE_N, KV_BITS, PRECISION, UPCAST)
+    else:
+        for start_n in range(start, full_end, TILE_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo,
+                seq_len, qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d,
+                d_mask, False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION,
+                UPCAST)
+        for start_n in range(full_end, last_pos + 1, TILE_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo,
+                seq_len, qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d,
+                d_mask, True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION,
+                UPCAST)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

@@ -40,6 +40,9 @@ import triton
 import triton.language as tl
 
 from tallow.kernels.activation_triton import KINDS, gated_value
+from tallow.kernels.code_bits import bit_constants
+from tallow.kernels.code_bits import bits_as_float as _as_float
+from tallow.kernels.code_bits import byte_to_bits_15 as _byte_to_bits_15
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
 
@@ -50,19 +53,6 @@ from .splitk import counters, finish_tile, split_chunks, workspace
 
 #: decoding modes (see the module docstring)
 MODE_GENERIC, MODE_NIB, MODE_BYTE = 0, 1, 2
-#: 256.0 and 16.0 as float32 bits: a field in bits 15..22 (15..18) of the first, or in bits
-#: 19..22 of the second, reads as the field's value plus 256 (16)
-_MAGIC_256, _MAGIC_16 = 0x43800000, 0x41800000
-#: the masks that pick bits 15..18, 19..22 and 15..22
-_MASK_LO4, _MASK_HI4, _MASK_8 = 0x00078000, 0x00780000, 0x007F8000
-
-
-def bit_constants(byte: bool) -> tuple[int, int, int, int]:
-    """(mask_lo, mask_hi, magic_lo, magic_hi) of the exponent-bits decoding, for 8-bit codes or
-    for 4-bit ones."""
-    return (_MASK_8 if byte else _MASK_LO4), _MASK_HI4, _MAGIC_256, _MAGIC_16
-
-
 def gemv_mode(p: PackedWeight) -> int:
     qt = p.qtype
     if qt.byte:
@@ -70,25 +60,6 @@ def gemv_mode(p: PackedWeight) -> int:
     if qt.nib and not (qt.pair or qt.bit or qt.lut) and qt.group == 32:
         return MODE_NIB
     return MODE_GENERIC
-
-
-@triton.jit
-def _byte_to_bits_15(w, P: tl.constexpr):
-    """``w`` shifted so that its byte ``P`` sits in bits 15..22."""
-    if P == 0:
-        t = w << 15
-    elif P == 1:
-        t = w << 7
-    elif P == 2:
-        t = w >> 1
-    else:
-        t = w >> 9
-    return t
-
-
-@triton.jit
-def _as_float(t, mask, magic):
-    return ((t & mask) | magic).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -1,0 +1,43 @@
+"""Sampling, in one place: what a request asks for and how its tokens are drawn.
+
+* :mod:`.params` — :class:`SamplingParams`: every setting validated once, when it is built; the
+  greedy rule (:attr:`SamplingParams.greedy`) and the other facts the engine derives from it.
+* :mod:`.structured` — :class:`StructuredOutputsParams`: what a request's output must match.
+* :mod:`.batch` — :class:`SamplingBatch`: one step's rows laid out as tensors.
+* :mod:`.filters` — top-k, top-p and min-p on scaled logits.
+* :mod:`.sampler` — :class:`Sampler`: the processing order and the draw; :func:`takes_argmax`,
+  the engine's test for steps that need nothing but an argmax.
+* :mod:`.grammar` — :class:`StructuredOutputs`: the grammar backend, compiled grammars, each
+  constrained sequence's matcher (:class:`GrammarState`) and the step's token masks.
+
+The kernels the sampler runs (logit edits, Gumbel noise and argmax, token masks) are in
+:mod:`tallow.kernels.sampling` and :mod:`tallow.kernels.token_bitmask`, each with its torch
+reference.
+"""
+
+from typing import Any
+
+from .params import GREEDY_TEMPERATURE, MAX_LOGPROBS, InvalidParameter, SamplingParams
+from .structured import StructuredOutputsParams
+
+# The tensor side is imported on first use: SamplingParams alone (what a client of the engine
+# builds) imports no torch.
+_LAZY = {
+    "RowParams": ".batch", "SamplingBatch": ".batch", "apply_min_p": ".filters",
+    "apply_top_k": ".filters", "apply_top_p": ".filters", "Sampler": ".sampler",
+    "SamplerOutput": ".sampler", "takes_argmax": ".sampler", "GrammarState": ".grammar",
+    "StructuredOutputs": ".grammar",
+}
+
+__all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "SamplingParams",
+           "StructuredOutputsParams", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,214 @@
+"""The engine side of structured outputs: the grammar backend, the compile cache, each
+constrained sequence's matcher, and the step's packed token masks.
+
+The backend (a :class:`tallow.plugin.GrammarBackend`) is chosen at start-up by the rule every
+component kind follows (``runner.grammar_backend``) and built on first use, since turning a
+150k-token vocabulary into bytes takes a moment that engines which never constrain anything
+should not pay. Compiled grammars are cached by the spec's key (a server compiles a request's
+spec off its event loop, and the engine finds it in the cache when the request arrives).
+
+A matcher must have seen every earlier token of its sequence before it fills a mask. The
+sequence's token list is the truth: :meth:`GrammarState.sync` accepts the tokens the matcher
+has not seen and rolls back tokens it saw that the sequence no longer has.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from tallow.plugin import (
+    Entry, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, SelectionError,
+    TokenizerInfo, select,
+)
+
+from ..errors import InvalidParameter
+
+log = logging.getLogger("tallow.engine")
+
+#: the first-party backend, named when none is installed
+FIRST_PARTY_BACKEND = "tallow-grammar-xgrammar"
+
+
+class GrammarState:
+    """A constrained sequence's matcher and how many of its outputs it has accepted."""
+
+    __slots__ = ("matcher", "accepted", "refused")
+
+    def __init__(self, matcher: GrammarMatcher) -> None:
+        self.matcher = matcher
+        self.accepted = 0
+        #: a token the matcher refused (the sequence cannot go on under its grammar)
+        self.refused: int | None = None
+
+    def sync(self, outputs: Sequence[int], count: int) -> bool:
+        """Bring the matcher to exactly ``outputs[:count]``: roll back what it accepted past
+        ``count``, accept what it has not seen. False once a token was refused."""
+        if self.refused is not None:
+            return False
+        if self.accepted > count:
+            self.matcher.rollback(self.accepted - count)
+            self.accepted = count
+        while self.accepted < count:
+            token = outputs[self.accepted]
+            if not self.matcher.accept(token):
+                self.refused = token
+                return False
+            self.accepted += 1
+        return True
+
+    @property
+    def terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputs:
+    """Grammar compilation and masks for one engine (see the module docstring)."""
+
+    def __init__(self, entry: Entry | None, tokenizer_info: Callable[[], TokenizerInfo], *,
+                 config: Any = None, device: torch.device | str = "cpu",
+                 cache_size: int = 256, unavailable: str = "") -> None:
+        self.entry = entry
+        self._tokenizer_info = tokenizer_info
+        self.config = config
+        self.device = torch.device(device)
+        self.cache_size = cache_size
+        #: why no backend serves (when ``entry`` is None): the message of a refused request
+        self.unavailable = unavailable
+        self._backend: GrammarBackend | None = None
+        self._lock = threading.Lock()
+        self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._host: torch.Tensor | None = None
+        self._copied: Any = None  # the event after the last mask left the pinned buffer
+        #: seconds spent filling masks, steps that filled any, rows filled
+        self.mask_seconds = 0.0
+        self.mask_steps = 0
+        self.mask_rows = 0
+
+    @classmethod
+    def for_engine(cls, registries: Any, config: Any,
+                   tokenizer_info: Callable[[], TokenizerInfo], device: torch.device | str,
+                   vocabulary_problem: str | None = None) -> "StructuredOutputs":
+        """The grammar side of an engine: the backend ``runner.grammar_backend`` names (one
+        that cannot serve stops start-up), or the first by priority that serves; with none,
+        requests that need one are refused with a message saying which plugin provides it.
+        ``vocabulary_problem`` says why the model's tokens cannot be matched by any grammar
+        (then requests are refused with it)."""
+        name = config.runner.grammar_backend
+        registry = registries.grammar_backends
+        if vocabulary_problem is not None:
+            return cls(None, tokenizer_info, config=config, device=device,
+                       cache_size=config.runner.grammar_cache_size,
+                       unavailable=f"structured outputs are not available for this model: "
+                                   f"{vocabulary_problem}")
+        try:
+            entry = select(registry, config, name)
+        except SelectionError as exc:
+            if name and name != "auto":
+                raise SelectionError(f"runner.grammar_backend {name!r}: {exc}") from None
+            hint = registry.missing_hint()
+            if not hint:
+                hint = (f"; install one: pip install {FIRST_PARTY_BACKEND} (the xgrammar "
+                        "backend), or name a grammar-backend plugin in plugins.enable")
+            refused = f" ({exc})" if len(registry) else ""
+            unavailable = ("structured outputs need a grammar backend, and none is available"
+                           + refused + hint)
+            return cls(None, tokenizer_info, config=config, device=device,
+                       cache_size=config.runner.grammar_cache_size, unavailable=unavailable)
+        return cls(entry, tokenizer_info, config=config, device=device,
+                   cache_size=config.runner.grammar_cache_size)
+
+    # -- compiling ----------------------------------------------------------------------
+    @property
+    def available(self) -> bool:
+        return self.entry is not None
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """The backend instance, built on first use; InvalidParameter when there is none."""
+        if self.entry is None:
+            raise InvalidParameter("structured_outputs", self.unavailable)
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    started = time.perf_counter()
+                    self._backend = self.entry.load()(self._tokenizer_info(), self.config)
+                    log.info("grammar backend %r (from %s) ready in %.2fs", self.entry.name,
+                             self.entry.distribution, time.perf_counter() - started)
+        return self._backend
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar of ``spec``, from the cache when it was compiled before.
+        Raises :class:`tallow.plugin.GrammarError` for a spec the backend refuses and
+        InvalidParameter when no backend is available."""
+        with self._lock:
+            hit = self._cache.get(spec.key)
+            if hit is not None:
+                self._cache.move_to_end(spec.key)
+                return hit
+        backend = self.backend
+        if spec.kind not in backend.kinds:
+            raise GrammarError(f"the {self.entry.name} grammar backend does not compile "  # type: ignore[union-attr]
+                               f"{spec.kind} specs (it compiles: {', '.join(backend.kinds)})")
+        compiled = backend.compile(spec)
+        with self._lock:
+            self._cache[spec.key] = compiled
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def new_state(self, spec: GrammarSpec) -> GrammarState:
+        """A fresh matcher state for one sequence constrained by ``spec``."""
+        return GrammarState(self.backend.matcher(self.compile(spec)))
+
+    # -- masks --------------------------------------------------------------------------
+    def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
+        """The packed masks of ``states`` (each already in step with its sequence) on the
+        engine's device, one row each ([len, words] int32)."""
+        backend = self.backend
+        words = backend.tokenizer.bitmask_words
+        n = len(states)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous masks have left the pinned buffer
+            self._copied = None
+        if self._host is None or self._host.shape[0] < n:
+            rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
+            self._host = torch.empty(rows, words, dtype=torch.int32,
+                                     pin_memory=self.device.type == "cuda")
+        host = self._host[:n]
+        started = time.perf_counter()
+        backend.fill_bitmasks([s.matcher for s in states], host, range(n))
+        self.mask_seconds += time.perf_counter() - started
+        self.mask_steps += 1
+        self.mask_rows += n
+        if self.device.type != "cuda":
+            return host
+        masks = host.to(self.device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return masks
+
+    def warm_up(self, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
+        """Run the mask kernel once per logits dtype (a GPU compiles it now, not in the first
+        constrained step)."""
+        if self.entry is None or self.device.type != "cuda":
+            return
+        from tallow.kernels.token_bitmask import apply_token_bitmask
+
+        words = (vocab_size + 31) // 32
+        mask = torch.zeros(1, words, dtype=torch.int32, device=self.device)
+        rows = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for dtype in dict.fromkeys(dtypes):
+            apply_token_bitmask(torch.zeros(1, vocab_size, dtype=dtype, device=self.device),
+                                mask, rows)
+
+    def stats(self) -> dict[str, Any]:
+        return {"grammar_mask_seconds_total": self.mask_seconds,
+                "grammar_mask_steps_total": self.mask_steps,
+                "grammar_mask_rows_total": self.mask_rows,
+                "grammar_cache_entries": len(self._cache)}

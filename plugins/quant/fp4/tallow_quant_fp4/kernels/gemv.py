@@ -1,0 +1,154 @@
+"""The small-batch product of an FP4 weight on the CUDA cores: ``y = x @ W.T (+ b)`` for up to
+a few rows of x, decoding each weight once for all of them, in float32.
+
+The structure is the integer kernel's (``tallow-quant-int4``): a program owns ``BN`` weight
+rows and ``BM`` rows of x; every thread takes one quad (16 bytes, 32 codes) of each of its
+rows per iteration, the warps side by side along K, and reuses each activation for its ``BN``
+rows and each decoded weight for its ``BM`` rows of x; the next tile's codes and scales are
+loaded before the current ones are used (and, with PDL, before waiting for the kernel that
+wrote x). Codes are decoded by :func:`~tallow_quant_fp4.kernels.decode.e2m1`; the group's
+scale multiplies the partial sum of its columns (a quad is one MXFP4 group, or two NVFP4
+groups: slots 0-3 and 4-7).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tallow.kernels.activation_triton import KINDS, load_activations
+from tallow.kernels.jit import step_jit
+from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+
+from ..layout import FP4Weight
+from .decode import e2m1, scale_value
+
+
+@triton.jit
+def _load_tile(q_ptr, s_ptr, rows, quads, qmask, stride_q, stride_s, NV: tl.constexpr):
+    """Codes ``[BN, Q, 4]`` and scale bytes (``[BN, Q]``; NVFP4: the second group's too)."""
+    u3 = tl.arange(0, 4)[None, None, :]
+    r2 = rows[:, None]
+    codes = tl.load(q_ptr + rows[:, None, None] * stride_q + quads[:, :, None] * 4 + u3,
+                    mask=qmask[:, :, None], other=0)
+    if NV:
+        s0 = tl.load(s_ptr + r2 * stride_s + 2 * quads, mask=qmask, other=0)
+        s1 = tl.load(s_ptr + r2 * stride_s + 2 * quads + 1, mask=qmask, other=0)
+    else:
+        s0 = tl.load(s_ptr + r2 * stride_s + quads, mask=qmask, other=0)
+        s1 = s0
+    return codes, s0, s1
+
+
+@triton.jit
+def _mask(rows, quads, N, n_quads, EVEN_N: tl.constexpr):
+    if EVEN_N:
+        mask = quads < n_quads
+    else:
+        mask = (rows[:, None] < N) & (quads < n_quads)
+    return mask
+
+
+@step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
+def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_q,
+                 stride_s, global_scale, BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
+                 NV: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, GATE: tl.constexpr, USE_PDL: tl.constexpr):
+    m_blocks = tl.cdiv(M, BM)
+    pid_m = tl.program_id(0) % m_blocks
+    pid_n = tl.program_id(0) // m_blocks
+    X_TY: tl.constexpr = x_ptr.dtype.element_ty
+    n_quads = K // 32
+    rows = pid_n * BN + tl.arange(0, BN)
+    q_in = tl.arange(0, Q)[None, :]
+    u4 = tl.arange(0, 4)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    m_ok = offs_m < M
+    xrow = x_ptr + offs_m.to(tl.int64)[:, None, None, None] * stride_xm
+    m4 = m_ok[:, None, None, None]
+    if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
+        tile = _load_tile(q_ptr, s_ptr, rows, q_in, _mask(rows, q_in, N, n_quads, EVEN_N),
+                          stride_q, stride_s, NV)
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
+    acc = tl.zeros((BM, BN, Q), dtype=tl.float32)
+    for q0 in range(0, n_quads, Q):
+        quads = q0 + q_in
+        if PREFETCH:
+            nxt = quads + Q
+            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, _mask(rows, nxt, N, n_quads, EVEN_N),
+                                  stride_q, stride_s, NV)
+        else:
+            tile = _load_tile(q_ptr, s_ptr, rows, quads, _mask(rows, quads, N, n_quads, EVEN_N),
+                              stride_q, stride_s, NV)
+        codes, s0, s1 = tile
+        cols = (quads * 32)[None, :, :, None] + u4[None, None, None, :]
+        xmask = m4 & (quads < n_quads)[None, :, :, None]
+        first = tl.zeros((BM, BN, Q, 4), dtype=tl.float32)
+        second = tl.zeros((BM, BN, Q, 4), dtype=tl.float32)
+        for s in tl.static_range(8):
+            v = e2m1(codes >> (4 * s))[None]
+            xv = load_activations(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
+            if s < 4:
+                first += v * xv
+            else:
+                second += v * xv
+        scale0 = scale_value(s0, global_scale, NV)[None]
+        if NV:
+            acc += scale0 * tl.sum(first, axis=3) + \
+                scale_value(s1, global_scale, NV)[None] * tl.sum(second, axis=3)
+        else:
+            acc += scale0 * tl.sum(first + second, axis=3)
+        if PREFETCH:
+            tile = upcoming
+    y = tl.sum(acc, axis=2)
+    n_ok = rows < N
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + rows[None, :]
+    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+#: (rows of x, weight rows, warps, prefetch) per program, by rows of x (a power of two), for
+#: MXFP4 and for NVFP4 (whose two scales per quad need more registers: fewer weight rows).
+#: Counted offline for sm_90 (``tests/test_compile.py``): MXFP4 spends about 10.6 SASS
+#: instructions per weight at one row (the e2m1 decoding and its sign are ~8 of them), 6.4
+#: per weight and row at two rows and 4.7 at four.
+DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
+                   8: (4, 2, 1, True), 16: (4, 2, 1, True)}
+NV_CONFIGS = {1: (1, 2, 1, True), 2: (2, 2, 1, True), 4: (4, 1, 1, True),
+              8: (4, 1, 1, True), 16: (4, 1, 1, True)}
+
+
+def gemv_config(m: int, nv: bool = False) -> tuple[int, int, int, bool]:
+    bucket = 1 << max(0, (m - 1).bit_length())
+    table = NV_CONFIGS if nv else DEFAULT_CONFIGS
+    if bucket not in table:
+        raise ValueError(f"gemv: {m} rows of x is more than the small-batch kernel takes (16)")
+    return table[bucket]
+
+
+def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None, *,
+                gate: str | None = None,
+                config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+    """``x [M, K] @ W.T (+ bias)`` → ``[M, N]`` in x's dtype (``x [M, 2K]``, ``[gate | up]``,
+    with ``gate``). ``config`` is ``(BM, BN, warps, prefetch)``."""
+    m = x.shape[0]
+    n, k = w.rows, w.cols
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    bm, bn, warps, prefetch = config or gemv_config(m, w.kind == "nvfp4")
+    use_pdl = pdl_enabled(x)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _gemv_kernel[grid](
+        x, w.codes, w.scales, bias if bias is not None else w.scales, out, m, n, k,
+        x.stride(0), out.stride(0), w.codes.stride(0), w.scales.stride(0), w.global_scale,
+        BM=bm, BN=bn, Q=32 * warps, NV=w.kind == "nvfp4", PREFETCH=prefetch,
+        EVEN_N=n % bn == 0, HAS_BIAS=bias is not None,
+        GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl, num_warps=warps,
+        num_stages=1, launch_pdl=use_pdl)
+    return out

@@ -1,0 +1,59 @@
+"""The quant scheme ``fp4``: MXFP4 and NVFP4 weights (gpt-oss-style ``mxfp4`` checkpoints,
+compressed-tensors ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``, or a float model
+quantized at load with ``model.isq: mxfp4``) decoded by Triton kernels. The H200 has no FP4
+tensor cores: the weights are decoded to the activations' type (W4A16). Dense linear layers
+only (mixture-of-experts weights are not served).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar
+
+from tallow.plugin import QuantScheme
+
+from .checkpoint import FP4Layout, fp4_layout, holds_fp4_weights
+
+ISQ_TYPES = ("mxfp4",)
+
+
+class FP4QuantScheme(QuantScheme):
+    name: ClassVar[str] = "fp4"
+    #: the NVFP4 scales' e4m3 decoding and the kernels are built for Ampere and later
+    min_capability: ClassVar[int] = 80
+    isq_types: ClassVar[tuple[str, ...]] = ISQ_TYPES
+
+    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+        super().__init__(config, isq)
+        if isq is not None and isq not in ISQ_TYPES:
+            raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
+        self.layout: FP4Layout | None = None
+        self.methods: list[Any] = []
+
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        return []
+
+    @classmethod
+    def detect(cls, config: dict[str, Any]) -> bool:
+        return holds_fp4_weights(config)
+
+    def use_checkpoint_config(self, config: dict[str, Any]) -> None:
+        super().use_checkpoint_config(config)
+        self.layout = fp4_layout(config)
+
+    def _method(self, prefix: str) -> Any:
+        from .method import FP4LinearMethod
+
+        method = FP4LinearMethod(self, prefix)
+        self.methods.append(method)
+        return method
+
+    linear_method = head_method = _method
+
+    def summary(self) -> str:
+        counts = Counter(name for m in self.methods for name in m.type_names())
+        kinds = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+        how = (f", quantized at load to {self.isq}" if self.isq
+               else f", from a {self.layout.method} checkpoint" if self.layout else "")
+        return f"fp4: {kinds}{how}"

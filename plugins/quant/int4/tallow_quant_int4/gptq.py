@@ -1,0 +1,106 @@
+"""GPTQ: integer codes chosen column by column so that the layer's outputs, over the inputs it
+saw while calibrating, stay close to the float layer's (Frantar et al., 2022, "GPTQ: Accurate
+Post-Training Quantization for Generative Pre-trained Transformers", arXiv:2210.17323).
+
+With ``H = sum(x x^T)`` over the calibration inputs ``x`` of a layer, the output error of a
+weight change ``D`` is ``tr(D H D^T)``. GPTQ rounds one input column at a time and spreads its
+rounding error over the columns not yet rounded, weighted by the inverse of ``H`` (through the
+upper Cholesky factor ``U`` of ``H^-1``: column ``i``'s error divided by ``U[i, i]`` times row
+``i`` of ``U``), so later columns compensate for earlier ones. Columns are taken in blocks of
+:data:`BLOCK`, the updates beyond a block applied once per block. Each group's scale and zero
+point are fitted (:func:`tallow_quant_int4.groups.fit`) when its first column comes, on the
+group's weights as updated so far. With ``act_order`` the columns are taken in decreasing
+order of ``H``'s diagonal (the inputs with the most energy first, while the most columns are
+left to absorb their error); the groups stay runs of consecutive columns, their scales and
+zero points fitted on the original weights before any column moves ("static groups"), so the
+layout needs no permutation and the matmul reads its input as it is.
+
+A small multiple of the diagonal's mean (``damp``) is added to ``H`` so that it can be
+inverted; input features that never fired (a zero diagonal) get weight zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .groups import fit, storage_dtype
+from .layout import IntWeight, from_codes
+
+#: columns whose updates are applied together
+BLOCK = 128
+#: how many times the damping may grow tenfold when H is still not positive definite
+_DAMP_RETRIES = 4
+
+
+@torch.no_grad()
+def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
+         symmetric: bool, act_order: bool = False, damp: float = 0.01,
+         device: torch.device | None = None) -> IntWeight:
+    """``weight [rows, cols]`` quantized against ``hessian [cols, cols]`` (the sum of ``x
+    x^T`` over the layer's calibration inputs), ``group`` dividing ``cols``; computed on
+    ``device`` (default: the weight's) in float32."""
+    device = device or weight.device
+    w = weight.to(device, torch.float32).clone()
+    rows, cols = w.shape
+    if cols % group or BLOCK % group:
+        raise ValueError(f"GPTQ: group size {group} must divide the {cols} columns and "
+                         f"{BLOCK}")
+    h = hessian.to(device, torch.float32).clone()
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    groups = torch.arange(cols, device=device) // group  # of each column, in natural order
+    order = None
+    if act_order:  # static groups: every group fitted before any column moves
+        scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric)
+        order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+        w, h, groups = w[:, order], h[order][:, order], groups[order]
+    else:
+        scales = torch.empty(rows, cols // group, dtype=torch.float32, device=device)
+        zeros = torch.empty_like(scales)
+    u = _inverse_factor(h, damp)
+    codes = torch.empty(rows, cols, dtype=torch.uint8, device=device)
+    top = float((1 << bits) - 1)
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))  # as codes_for
+    for b0 in range(0, cols, BLOCK):
+        b1 = min(b0 + BLOCK, cols)
+        block = w[:, b0:b1].clone()
+        errors = torch.empty_like(block)
+        ub = u[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            col = b0 + i
+            g = int(groups[col]) if order is not None else col // group
+            if order is None and col % group == 0:
+                # the group's columns as updated so far (groups never straddle blocks)
+                scales[:, g], zeros[:, g] = fit(block[:, i:i + group], bits, symmetric)
+                safe[:, g] = torch.where(scales[:, g] > 0, scales[:, g], 1.0)
+            x = block[:, i]
+            q = torch.round(x / safe[:, g]).add_(zeros[:, g]).clamp_(0.0, top)
+            codes[:, col] = q
+            err = x.sub((q - zeros[:, g]) * scales[:, g]).div_(ub[i, i])
+            block[:, i:].addr_(err, ub[i, i:], alpha=-1.0)
+            errors[:, i] = err
+        w[:, b1:] -= errors @ u[b0:b1, b1:]
+    if order is not None:
+        natural = torch.empty_like(codes)
+        natural[:, order] = codes
+        codes = natural
+    return from_codes(codes, scales.to(storage_dtype(scales)),
+                      None if symmetric else zeros.to(torch.uint8), bits,
+                      what=f"GPTQ weight [{rows}, {cols}]")
+
+
+def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """The upper Cholesky factor of ``(h + damping * I)^-1``, the damping ``damp`` times the
+    mean of the diagonal (grown tenfold while ``h`` is not yet positive definite)."""
+    mean = float(torch.diagonal(h).mean())
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    for attempt in range(_DAMP_RETRIES + 1):
+        factor, info = torch.linalg.cholesky_ex(h + (damp * 10**attempt) * mean * eye)
+        if int(info) == 0:
+            inverse = torch.cholesky_inverse(factor)
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            if int(info) == 0:
+                return upper
+    raise ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
+                     f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")

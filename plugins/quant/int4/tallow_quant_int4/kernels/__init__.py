@@ -1,0 +1,1 @@
+"""Triton kernels of tallow-quant-int4, each with its torch reference in ``reference.py``."""

@@ -1,0 +1,52 @@
+"""The settings of ``tallow-quant-int4`` (``plugins.settings.tallow-quant-int4``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .isq import Recipe
+from .ops import DEFAULT_GEMV_ROWS, MAX_GEMV_ROWS
+
+DISTRIBUTION = "tallow-quant-int4"
+
+
+class Int4Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    #: the most rows of x that take the CUDA-core kernel on a GPU
+    gemv_max_rows: int = Field(DEFAULT_GEMV_ROWS, ge=0, le=MAX_GEMV_ROWS)
+    # -- model.isq: int4 ---------------------------------------------------------------------
+    method: Literal["gptq", "rtn"] = "gptq"
+    group_size: Literal[32, 64, 128] = 128
+    symmetric: bool = False
+    act_order: bool = False
+    damp: float = Field(0.01, gt=0.0, le=1.0)
+    calibration_sequences: int = Field(32, ge=1, le=4096)
+    calibration_tokens: int = Field(512, ge=16, le=65536)
+    #: the built-in text to calibrate on: English prose (the King James Bible) or tallow's
+    #: own Python source
+    calibration_corpus: Literal["kjv", "source"] = "kjv"
+    #: a UTF-8 text file to calibrate on instead (None: ``calibration_corpus``)
+    calibration_text: Optional[str] = None
+
+    def recipe(self) -> Recipe:
+        return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,
+                      act_order=self.act_order, damp=self.damp)
+
+    def read_calibration_text(self) -> str | None:
+        """The text of ``calibration_text`` (None when unset)."""
+        if self.calibration_text is None:
+            return None
+        path = Path(self.calibration_text).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"plugins.settings.{DISTRIBUTION}.calibration_text: cannot read "
+                             f"{str(path)!r} as UTF-8 text ({exc})") from None
+        if not text.strip():
+            raise ValueError(f"plugins.settings.{DISTRIBUTION}.calibration_text: {str(path)!r} "
+                             "is empty")
+        return text

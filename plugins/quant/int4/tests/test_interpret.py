@@ -1,0 +1,12 @@
+"""Runs the kernel cases (``kernel_cases.py``) under Triton's CPU interpreter, so CI without a
+GPU checks every kernel of the plugin against its torch reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tallow.plugin.testing import run_interpreted
+
+
+def test_kernels_under_the_triton_interpreter() -> None:
+    run_interpreted(Path(__file__).with_name("kernel_cases.py"))
