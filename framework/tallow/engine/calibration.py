@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from tallow.kernels import kv_cache
+from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import Attention, AttentionMetadata, forward_context
 from tallow.layers.torch_attention import TorchAttentionBackend
 from tallow.plugin import CalibrationRequest, Checkpoint
@@ -110,10 +112,11 @@ def run_windows(model: torch.nn.Module, windows: list[list[int]], device: torch.
     blocks_per_seq = math.ceil(longest / _BLOCK)
     attentions = [m for m in model.modules() if isinstance(m, Attention)]
     saved = [getattr(m, "kv_cache", None) for m in attentions]
-    for m in attentions:
-        spec = m.layer
-        m.kv_cache = torch.zeros(2, per_step * blocks_per_seq, _BLOCK, spec.num_kv_heads,
-                                 spec.head_dim, dtype=dtype, device=device)
+    caches = kv_cache.allocate(AutoKVCodec(), [m.layer for m in attentions],
+                               num_blocks=per_step * blocks_per_seq, block_size=_BLOCK,
+                               model_dtype=dtype, device=device)
+    for m, cache in zip(attentions, caches):
+        m.kv_cache = cache
     backend = TorchAttentionBackend()
     try:
         for first in range(0, len(windows), per_step):
