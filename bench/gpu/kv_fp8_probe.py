@@ -67,7 +67,7 @@ def main() -> None:
         except Exception as exc:  # a tile shape that does not compile: recorded, not fatal
             rows.append((f"decode {args.batch}: {label}", float("nan"), type(exc).__name__,
                          float("nan")))
-            del case
+            case = None
             continue
         err = float((out[:case.valid_rows].float() - ref.float()).abs().max())
         stored = all(torch.equal(case.kv_cache[name].view(torch.uint8),
@@ -78,7 +78,7 @@ def main() -> None:
                                             case.meta) for _ in range(LAYERS)])
         nbytes = tokens * KV_HEADS * HEAD_DIM * 2 * case.kv_cache["k"].element_size() * LAYERS
         rows.append((f"decode {args.batch}: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s", err))
-        del case
+        case = None
         torch.cuda.empty_cache()
     ops.decode_spec = original
     original_prefill = ops.prefill_spec

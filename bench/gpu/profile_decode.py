@@ -84,7 +84,7 @@ def gemv_sweep() -> None:
         top = " ".join(f"{c[1]}x{c[2]}w{c[3]}:{b:.0f}" for b, c in results[:5])
         print(f"{name:10s} {cublas:12.0f} {default:13.0f}  {top} (default "
               f"{gemv_config(1, n, k)}, rel err {err:.1e})", flush=True)
-        del ws
+        ws = None
         torch.cuda.empty_cache()
 
 

@@ -19,8 +19,12 @@ Checkpoint tensors may also arrive as :class:`tallow.layers.QuantizedWeight` of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tallow.layers import QuantizedWeight
 
 FP8 = torch.float8_e4m3fn
 #: the largest finite e4m3 value
@@ -128,7 +132,7 @@ def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
                      torch.stack(statics).amax() if statics else None)
 
 
-def as_quantized(weight: Fp8Weight) -> "QuantizedWeight":  # noqa: F821
+def as_quantized(weight: Fp8Weight) -> QuantizedWeight:
     """``weight`` as a :class:`tallow.layers.QuantizedWeight` of scheme ``fp8`` (each row's
     bytes followed by its float32 scales; see the module docstring)."""
     from tallow.layers import QuantizedWeight
