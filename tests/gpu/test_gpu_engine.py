@@ -186,12 +186,17 @@ def test_turbo_kv_cache_against_the_torch_backend_and_eager(codec):
     """A turbo cache through the triton kernels (fused store, codes read in the attention
     kernels) with CUDA graphs: the torch reference backend over the codec's own encode and
     decode gives the same log-probs (teacher-forced on its greedy tokens), and eager triton
-    the same tokens as the graphs."""
-    fast = engine(kv_codec=codec)
+    the same tokens as the graphs.
+
+    float32: in bf16 the two backends' attention outputs differ by rounding, which moves the
+    next layer's K/V across 4- and 3-bit code boundaries and compounds over the layers (0.23
+    and 0.64 nats apart on an H200), so bf16 would test the rounding and not the kernels."""
+    fast = engine(kv_codec=codec, dtype="float32")
     assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
     assert {c.codec.name for c in fast.core.runner.kv_caches} == {codec}
-    ref = engine(kv_codec=codec, attention_backend="torch", disable_cuda_graph=True)
-    eager = engine(kv_codec=codec, disable_cuda_graph=True)
+    ref = engine(kv_codec=codec, dtype="float32", attention_backend="torch",
+                 disable_cuda_graph=True)
+    eager = engine(kv_codec=codec, dtype="float32", disable_cuda_graph=True)
     same_weights_and_calibration(fast, ref, eager)
     agrees_with_reference_and_eager(fast, ref, eager, seed=41, atol=0.1)
 
