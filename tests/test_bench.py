@@ -50,6 +50,22 @@ def test_latency_of_a_batch_the_kv_cache_holds_only_in_part():
     assert r["decode_tok_s_total"] <= 4.01 * r["decode_tok_s_per_seq"]
 
 
+def test_latency_prefill_first_decodes_the_whole_batch_together():
+    """Prompts prefilled one per step (a 64-token step budget): timed directly, the first
+    sequences decode while the last still prefill and finish early, so decode steps advance
+    fewer than the batch on average; with --prefill-first the timed batch finds its prompts
+    in the prefix cache and every decode step advances all four."""
+    common = ("latency", "--model", "random:tiny-llama", "--device", "cpu", "--batch-size", "4",
+              "--input-len", "64", "--output-len", "12", "--max-num-batched-tokens", "64",
+              "--warmup-input-len", "8")
+    staggered = bench(*common)
+    together = bench(*common, "--prefill-first")
+    assert staggered["prefill_first"] is False and together["prefill_first"] is True
+    assert staggered["decode_running_mean"] < 4
+    assert together["decode_running_mean"] == 4 and together["peak_running"] == 4
+    assert together["ttft_s"] > 0 and together["decode_steps"] >= 10
+
+
 def test_throughput_generates_every_requested_token():
     r = bench("throughput", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts",
               "6", "--input-len", "16", "--output-len", "9", "--max-waiting", "2")

@@ -32,6 +32,10 @@ def add_parser(subparsers: Any) -> None:
     lat.add_argument("--compare", choices=["hf"], help="also run transformers, print ratio")
     lat.add_argument("--warmup-input-len", type=int,
                      help="prompt length of the untimed warm-up batch (default: --input-len)")
+    lat.add_argument("--prefill-first", action="store_true",
+                     help="run every prompt for one token first (TTFT is taken there), then "
+                          "time the batch over its prefix-cached prompts, so that as many "
+                          "sequences decode together as the KV cache holds")
 
     thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
     thr.add_argument("--num-prompts", type=int, default=1000)
