@@ -190,6 +190,8 @@ def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat
         if k >= 2048:
             return 1, block_n, 2048, 4
         block_k = max(vec, min(1024, triton.next_power_of_2(k)))
+        if weight_dtype.itemsize != 1:
+            return 1, block_n, block_k, 2
         return 1, block_n, block_k, max(1, min(4, block_k // vec // 32))
     if block_scales:
         return MAX_ROWS, 32, SCALE_BLOCK, 4
