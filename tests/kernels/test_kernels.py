@@ -269,6 +269,74 @@ def test_gated_gemv_same_bits_as_activation_then_gemv(kind, d, n):
                                atol=2e-2 * expected.abs().max().item())
 
 
+# e4m3 weights with float32 scales (one per output row, or per 128 x 128 block): llama-3-8b's
+# qkv, o, gate_up, down and head on the GPU; shapes with partial blocks and K tails everywhere
+_E4M3_GEMV_SHAPES = big_or_tiny(
+    [(1, 4096, 6144), (1, 4096, 4096), (1, 4096, 28672), (1, 14336, 4096), (1, 4096, 128256),
+     (1, 4100, 1000), (1, 896, 200), (4, 4096, 6144), (16, 14336, 512)],
+    [(1, 256, 24), (1, 200, 136), (1, 40, 10), (3, 256, 40)])
+
+
+def _e4m3_weight(g: torch.Generator, n: int, k: int, blocks: bool):
+    """(e4m3 weight, its scales, the float32 weight they stand for)."""
+    w = randn(g, n, k, scale=3.0).clamp(-448, 448).to(torch.float8_e4m3fn)
+    if blocks:
+        s = (torch.rand(-(-n // 128), -(-k // 128), generator=g) * 0.02 + 1e-3).to(DEVICE)
+        full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    else:
+        s = (torch.rand(n, generator=g) * 0.02 + 1e-3).to(DEVICE)
+        full = s[:, None]
+    return w, s, w.float() * full
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["row_scales", "block_scales"])
+@pytest.mark.parametrize("m,k,n", _E4M3_GEMV_SHAPES)
+def test_gemv_e4m3_weights_with_scales(blocks, m, k, n):
+    """e4m3 weights read by the same GEMV, scaled per row or per 128 x 128 block, equal the
+    float32 product of the dequantized weight (up to the order of float32 additions)."""
+    from tallow.kernels.gemv_triton import gemv_triton
+    g = rng(11)
+    w, s, dequantized = _e4m3_weight(g, n, k, blocks)
+    # the interpreter computes bf16 tl.dot wrongly: several rows are checked in fp16 there
+    dtypes = [torch.float32] if INTERPRET and m == 1 else [torch.float16] if INTERPRET else [
+        torch.bfloat16, torch.float16]
+    for dtype in dtypes:
+        x = randn(g, m, k, dtype=dtype)
+        b = randn(g, n, dtype=dtype)
+        got = gemv_triton(x, w, b, scale=s).double()
+        ref = x.double() @ dequantized.double().T + b.double()
+        scale = x.double().abs() @ dequantized.double().abs().T + 1e-6
+        err = ((got - ref).abs() / scale).max().item()
+        assert err <= (1e-5 if dtype == torch.float32 else 1e-2), (dtype, err)
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_gated_gemv_e4m3_same_bits_as_activation_then_gemv(kind):
+    from tallow.kernels.activation_triton import gated_act_triton
+    from tallow.kernels.gemv_triton import gemv_triton
+    g = rng(12)
+    d, n = big_or_tiny([(14336, 4096)], [(256, 24)])[0]
+    for blocks in (False, True):
+        w, s, _ = _e4m3_weight(g, n, d, blocks)
+        x = randn(g, 1, 2 * d, dtype=torch.bfloat16, scale=2.0)
+        assert torch.equal(gemv_triton(x, w, scale=s, gate=kind),
+                           gemv_triton(gated_act_triton(x, kind), w, scale=s))
+
+
+def test_gemv_refuses_scales_of_the_wrong_shape():
+    from tallow.kernels.gemv_triton import gemv_triton
+    g = rng(13)
+    w, s, _ = _e4m3_weight(g, 24, 256, False)
+    x = randn(g, 1, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"scale must be \[24\] \(one per output row\) or "
+                                         r"\[1, 2\]"):
+        gemv_triton(x, w, scale=s[:10])
+    with pytest.raises(ValueError, match="scales must be float32"):
+        gemv_triton(x, w, scale=s.half())
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        gemv_triton(randn(g, 17, 256, dtype=torch.bfloat16), w, scale=s)
+
+
 def test_gated_linear_dispatch_and_errors(monkeypatch):
     from tallow.kernels import gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod

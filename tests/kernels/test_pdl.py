@@ -121,12 +121,18 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
     from tallow.kernels.rotary_triton import _rotary_kernel
 
     cases = []
+    gemv = dict(SCALES=0, VEC=8, GATE=-1, DOT_PRECISION="tf32")
     for block_k, even_k, even_n in [(2048, True, True), (2048, False, False), (64, True, False),
                                     (1024, False, True)]:
         cases.append((f"gemv-1row-k{block_k}-{even_k}-{even_n}", _gemv_kernel,
-                      dict(HAS_BIAS=True, BLOCK_M=1, BLOCK_N=4, BLOCK_K=block_k, EVEN_K=even_k,
-                           EVEN_N=even_n), {}, 4, True))
-    cases.append(("gemv-16rows", _gemv_kernel, dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32,
+                      dict(gemv, HAS_BIAS=True, BLOCK_M=1, BLOCK_N=4, BLOCK_K=block_k,
+                           EVEN_K=even_k, EVEN_N=even_n), {}, 4, True))
+    for scales in (1, 2):  # e4m3 weights, scales per row / per 128 x 128 block
+        cases.append((f"gemv-1row-e4m3-scales{scales}", _gemv_kernel,
+                      dict(gemv, HAS_BIAS=False, SCALES=scales, BLOCK_M=1, BLOCK_N=8,
+                           BLOCK_K=2048, VEC=16, EVEN_K=True, EVEN_N=True),
+                      {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32"}, 4, True))
+    cases.append(("gemv-16rows", _gemv_kernel, dict(gemv, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=32,
                                                     BLOCK_K=256, EVEN_K=False, EVEN_N=False),
                   {}, 4, False))
     for residual in (False, True):

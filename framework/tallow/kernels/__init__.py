@@ -11,6 +11,10 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``argmax_rows(x)``: greedy decoding's argmax per row (two-stage on CUDA).
 * ``tallow.kernels.linear.linear(x, weight, bias=None)``: dense linear layer; a Triton GEMV
   for one row (not re-exported here: the name would hide the submodule).
+* ``tallow.kernels.gemv_triton.gemv_triton(x, weight, bias=None, *, scale=None, gate=None)``:
+  the GEMV of up to 16 rows on CUDA tensors, for float weights and for float8 e4m3 weights
+  with float32 scales per output row (``[N]``) or per 128 x 128 block; quantized-weight
+  plugins call it for their decode products.
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
 * ``tallow.kernels.token_bitmask``: ``apply_token_bitmask(logits, bitmask, rows)``, the

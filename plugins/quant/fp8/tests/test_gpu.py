@@ -91,8 +91,9 @@ def test_gated_products_apply_the_activation():
 
 
 def test_pdl_launch_matches_plain_launch():
+    from tallow.kernels.gemv_triton import _gemv_kernel
     from tallow.kernels.pdl import compiled_with_pdl, off_then_on, pdl_enabled
-    from tallow_quant_fp8.kernels.gemv import _gemv_kernel, gemv_triton
+    from tallow_quant_fp8.kernels.gemv import gemv_triton
 
     if not pdl_enabled(torch.empty(1, device="cuda")):
         pytest.skip("PDL needs compute capability 9.0+ and a Triton with gdc_wait")

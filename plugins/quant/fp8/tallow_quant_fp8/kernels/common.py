@@ -31,7 +31,3 @@ def quantize_value(x, scale):
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     return round_to_e4m3(q).to(tl.float8e4nv)
 
-
-def pow2_divisor(n: int, cap: int) -> int:
-    """The largest power of two that divides ``n``, at most ``cap`` (1 for n = 0)."""
-    return min(cap, n & -n) if n else 1
