@@ -24,17 +24,22 @@ def e2m1(code):
 
 
 @triton.jit
+def e4m3_value(b):
+    """float32 value of e4m3 bytes ``b`` (int32)."""
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    return tl.where((b & 128) != 0, -v, v)
+
+
+@triton.jit
 def scale_value(b, global_scale, NV: tl.constexpr):
     """float32 scale of scale bytes ``b`` (int32): e8m0, or (``NV``) e4m3 over the global
-    scale."""
+    scale, divided with correct rounding as the format defines it (the reference's bits)."""
     b = b.to(tl.int32)
     if NV:
-        e = (b >> 3) & 15
-        m = b & 7
-        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-        v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
-        v = tl.where((b & 128) != 0, -v, v)
-        v = tl.math.div_rn(v, global_scale)
+        v = tl.math.div_rn(e4m3_value(b), global_scale)
     else:
         v = tl.where(b == 0, 1 << 22, b << 23).to(tl.float32, bitcast=True)
     return v
