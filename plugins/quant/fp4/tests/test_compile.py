@@ -63,3 +63,10 @@ def test_the_small_batch_loop_cost(bm):
     assert moves <= 0.02 * sum(profile.values()), profile
     per = sum(profile.values()) / (bn * 32) / bm
     assert per <= BUDGET[bm], (bm, round(per, 2), profile)
+
+
+@pytest.mark.parametrize("nv", [False, True])
+@pytest.mark.parametrize("warps", [2, 4])
+def test_warps_along_k_compile_without_spills(nv, warps):
+    use = resource_usage(gemv(nv, 1, 2 if nv else 8, warps))
+    assert use["STACK"] == 0 and use["LOCAL"] == 0, (nv, warps, use)

@@ -8,7 +8,8 @@ rows and each decoded weight for its ``BM`` rows of x; the next tile's codes and
 loaded before the current ones are used (and, with PDL, before waiting for the kernel that
 wrote x). Codes are decoded by :func:`~tallow_quant_fp4.kernels.decode.e2m1`; the group's
 scale multiplies the partial sum of its columns (a quad is one MXFP4 group, or two NVFP4
-groups: slots 0-3 and 4-7).
+groups: slots 0-3 and 4-7). NVFP4's global scale divides each output once, after the sum, not
+every group's scale. Warps per program along K: :mod:`tallow.kernels.quad_gemv`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import triton.language as tl
 from tallow.kernels.activation_triton import KINDS, load_activations
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+from tallow.kernels.quad_gemv import launch_config, tile_mask
 
 from ..layout import FP4Weight
-from .decode import e2m1, scale_value
+from .decode import e2m1, e4m3_value, scale_value
 
 
 @triton.jit
@@ -39,15 +41,6 @@ def _load_tile(q_ptr, s_ptr, rows, quads, qmask, stride_q, stride_s, NV: tl.cons
         s0 = tl.load(s_ptr + r2 * stride_s + quads, mask=qmask, other=0)
         s1 = s0
     return codes, s0, s1
-
-
-@triton.jit
-def _mask(rows, quads, N, n_quads, EVEN_N: tl.constexpr):
-    if EVEN_N:
-        mask = quads < n_quads
-    else:
-        mask = (rows[:, None] < N) & (quads < n_quads)
-    return mask
 
 
 @step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
@@ -68,7 +61,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
     xrow = x_ptr + offs_m.to(tl.int64)[:, None, None, None] * stride_xm
     m4 = m_ok[:, None, None, None]
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(q_ptr, s_ptr, rows, q_in, _mask(rows, q_in, N, n_quads, EVEN_N),
+        tile = _load_tile(q_ptr, s_ptr, rows, q_in, tile_mask(rows, q_in, N, n_quads, EVEN_N),
                           stride_q, stride_s, NV)
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
@@ -77,10 +70,10 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
         quads = q0 + q_in
         if PREFETCH:
             nxt = quads + Q
-            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, _mask(rows, nxt, N, n_quads, EVEN_N),
+            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, tile_mask(rows, nxt, N, n_quads, EVEN_N),
                                   stride_q, stride_s, NV)
         else:
-            tile = _load_tile(q_ptr, s_ptr, rows, quads, _mask(rows, quads, N, n_quads, EVEN_N),
+            tile = _load_tile(q_ptr, s_ptr, rows, quads, tile_mask(rows, quads, N, n_quads, EVEN_N),
                               stride_q, stride_s, NV)
         codes, s0, s1 = tile
         cols = (quads * 32)[None, :, :, None] + u4[None, None, None, :]
@@ -94,15 +87,16 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
                 first += v * xv
             else:
                 second += v * xv
-        scale0 = scale_value(s0, global_scale, NV)[None]
-        if NV:
-            acc += scale0 * tl.sum(first, axis=3) + \
-                scale_value(s1, global_scale, NV)[None] * tl.sum(second, axis=3)
+        if NV:  # the e4m3 scales; the global scale divides each output once, at the end
+            acc += e4m3_value(s0.to(tl.int32))[None] * tl.sum(first, axis=3) + \
+                e4m3_value(s1.to(tl.int32))[None] * tl.sum(second, axis=3)
         else:
-            acc += scale0 * tl.sum(first + second, axis=3)
+            acc += scale_value(s0, global_scale, NV)[None] * tl.sum(first + second, axis=3)
         if PREFETCH:
             tile = upcoming
     y = tl.sum(acc, axis=2)
+    if NV:
+        y = tl.math.div_rn(y, global_scale)
     n_ok = rows < N
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -121,12 +115,17 @@ NV_CONFIGS = {1: (1, 2, 1, True), 2: (2, 2, 1, True), 4: (4, 1, 1, True),
               8: (4, 1, 1, True), 16: (4, 1, 1, True)}
 
 
-def gemv_config(m: int, nv: bool = False) -> tuple[int, int, int, bool]:
+def gemv_config(m: int, n: int, k: int, nv: bool = False,
+                device: torch.device | None = None) -> tuple[int, int, int, bool]:
+    """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16) by an ``[n, k]`` weight
+    (``nv``: NVFP4) on ``device`` (default: the current CUDA device); the warps along K from
+    :func:`tallow.kernels.quad_gemv.launch_config`."""
     bucket = 1 << max(0, (m - 1).bit_length())
     table = NV_CONFIGS if nv else DEFAULT_CONFIGS
     if bucket not in table:
         raise ValueError(f"gemv: {m} rows of x is more than the small-batch kernel takes (16)")
-    return table[bucket]
+    device = device if device is not None else torch.device("cuda")
+    return launch_config(table[bucket], m, n, k // 32, device)
 
 
 def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None, *,
@@ -141,7 +140,7 @@ def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, warps, prefetch = config or gemv_config(m, w.kind == "nvfp4")
+    bm, bn, warps, prefetch = config or gemv_config(m, n, k, w.kind == "nvfp4", x.device)
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
