@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int4_micro import L2_ROTATION_BYTES, SHAPES, seconds  # noqa: E402
+from int4_micro import L2_ROTATION_BYTES, SHAPES, seconds, sweep_gemv  # noqa: E402
 
 
 def fp4_weights(kind: str, n: int, k: int, copies: int) -> list:
@@ -85,19 +85,8 @@ def main() -> None:
                       f"{default or ''}", flush=True)
                 if not (args.gemv_configs and m <= 16):
                     continue
-                bm = min(m, 4)
-                for bn in (1, 2, 4, 8):
-                    for warps in (1, 2, 4, 8):
-                        try:
-                            t = seconds(lambda i: gemv_triton(
-                                x, ws[i], config=(bm, bn, warps, True)), copies)
-                        except Exception as exc:  # a configuration that does not compile
-                            print(f"    !! BN={bn} warps={warps}: {type(exc).__name__}")
-                            continue
-                        results.append({"kind": kind, "shape": name, "m": m,
-                                        "config": [bm, bn, warps], "us": t * 1e6})
-                        print(f"    gemv BM={bm} BN={bn} warps={warps}: {t * 1e6:8.1f} us "
-                              f"{nbytes / t / 1e9:6.0f} GB/s", flush=True)
+                sweep_gemv(lambda i, c: gemv_triton(x, ws[i], config=c), m, (1, 2, 4, 8),
+                           nbytes, copies, {"kind": kind, "shape": name}, results)
             ws = None
         dense = None  # free the copies before the next shape
         torch.cuda.empty_cache()

@@ -48,6 +48,23 @@ def seconds(fn, copies: int) -> float:
     return 1.0 / _graph_bandwidth(lambda i: fn(i % copies), 1_000_000_000, iters=10)
 
 
+def sweep_gemv(launch, m: int, rows_per_program, nbytes: int, copies: int, tags: dict,
+               results: list) -> None:
+    """Times ``launch(i, config)`` for every (BM, BN, warps, prefetch) of ``rows_per_program``
+    weight rows and 1 to 8 warps along K, printing and recording each."""
+    bm = min(m, 4)
+    for bn in rows_per_program:
+        for warps in (1, 2, 4, 8):
+            try:
+                t = seconds(lambda i: launch(i, (bm, bn, warps, True)), copies)
+            except Exception as exc:  # a configuration that does not compile
+                print(f"    !! BN={bn} warps={warps}: {type(exc).__name__}")
+                continue
+            results.append({**tags, "m": m, "config": [bm, bn, warps], "us": t * 1e6})
+            print(f"    gemv BM={bm} BN={bn:2d} warps={warps}: {t * 1e6:8.1f} us "
+                  f"{nbytes / t / 1e9:6.0f} GB/s", flush=True)
+
+
 def main() -> None:
     from tallow.kernels.linear import linear as dense_linear
     from tallow_quant_int4 import ops
@@ -68,7 +85,7 @@ def main() -> None:
           f"{'int4/bf16':>9s}", flush=True)
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        int4_bytes = n * k // 2 + n * k // 128 * 2
+        int4_bytes = n * k // 2 + n * k // 128 * (3 if args.asym else 2)
         copies = max(2, L2_ROTATION_BYTES // int4_bytes + 1)
         ws = int4_weights(n, k, copies, args.asym)
         dense_copies = max(2, L2_ROTATION_BYTES // (2 * n * k) + 1)
@@ -88,19 +105,8 @@ def main() -> None:
             print(f"{name:8s} {m:5d} {row['int4_us']:9.1f} {row['int4_gbs']:6.0f} "
                   f"{row['bf16_us']:9.1f} {row['bf16_gbs']:6.0f} {t4 / t16:9.2f}", flush=True)
             if args.gemv_configs and m <= 16:
-                for bn in (2, 4, 8, 16):
-                    for warps in (1, 2, 4, 8):
-                        bm = min(m, 4)
-                        try:
-                            t = seconds(lambda i: gemv_triton(x, ws[i], config=(bm, bn, warps,
-                                                                                  True)), copies)
-                        except Exception as exc:  # a configuration that does not compile
-                            print(f"    !! BN={bn} warps={warps}: {type(exc).__name__}")
-                            continue
-                        results.append({"shape": name, "m": m, "config": [bm, bn, warps],
-                                        "us": t * 1e6})
-                        print(f"    gemv BM={bm} BN={bn:2d} warps={warps}: {t * 1e6:8.1f} us "
-                              f"{int4_bytes / t / 1e9:6.0f} GB/s", flush=True)
+                sweep_gemv(lambda i, c: gemv_triton(x, ws[i], config=c), m, (2, 4, 8, 16),
+                           int4_bytes, copies, {"shape": name}, results)
                 if name == "down":  # the gated MLP's input: act(gate) * up read by the GEMV
                     xg = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
                     t_fused = seconds(lambda i: ops.linear(xg, [ws[i]], gate="silu"), copies)
