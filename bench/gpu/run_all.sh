@@ -5,7 +5,7 @@
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
-# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,
+# fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
@@ -393,15 +393,19 @@ fi
 if [[ ",$MODE," == *",int4thrfp8,"* ]]; then  # the same with an fp8 KV cache
   bench throughput_8b_int4_fp8kv 450 throughput "${I4B[@]}" --kv-codec fp8 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
 fi
-if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 against bf16 per llama-3-8b shape, M 1/16/256/4096
+if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 asymmetric (the --isq int4 layout) against bf16 per llama-3-8b shape, M 1/16/256/4096, the GEMV's configs and gate A/B
   echo "== int4 matmul on llama-3-8b shapes"
-  timeout 400 python3 bench/gpu/int4_micro.py --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -120
+  timeout 500 python3 bench/gpu/int4_micro.py --asym --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -200
 fi
 if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
   echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
   { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
     timeout 200 python3 -m pytest -q -m gpu -rs --timeout 180 plugins/quant/fp4/tests
   } 2>&1 | grep -v Warning | tail -30 | tee "$OUT/tests_fp4.log"
+fi
+if [[ ",$MODE," == *",fp4micro,"* ]]; then  # mxfp4 and nvfp4 against bf16 per llama-3-8b shape, M 1/4/16/256, and the GEMV's configs
+  echo "== fp4 matmuls on llama-3-8b shapes"
+  timeout 500 python3 bench/gpu/fp4_micro.py --gemv-configs --rows 1,4,16 --output "$OUT/fp4micro.json" 2>&1 | grep -v Warning | tee "$OUT/fp4micro.log" | tail -200
 fi
 if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
   bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -412,6 +416,8 @@ out = pathlib.Path(sys.argv[1])
 print("\n== summary")
 for f in sorted(out.glob("*.json")):
     r = json.loads(f.read_text())
+    if not isinstance(r, dict):  # the micro benches' per-shape lists have their own logs
+        continue
     keys = ["decode_tok_s_per_seq", "decode_tok_s_total", "ttft_s", "itl_p50_s",
             "bandwidth_utilisation", "speedup_vs_hf", "output_tok_s", "total_tok_s", "req_s",
             "peak_running", "kv_fits_sequences", "kv_capacity_tokens", "kv_capacity_vs_bf16",

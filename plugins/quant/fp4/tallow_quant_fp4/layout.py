@@ -111,8 +111,10 @@ def scale_values(kind: str, scales: torch.Tensor, global_scale: float = 1.0) -> 
     if kind == "mxfp4":
         return torch.ldexp(torch.ones_like(scales, dtype=torch.float32),
                            scales.to(torch.int32) - 127)
-    return scales.view(torch.float8_e4m3fn).to(torch.float32) / torch.tensor(
-        global_scale, dtype=torch.float32)
+    # the divisor lives on the scales' device: torch divides a CUDA tensor by a CPU scalar as a
+    # product with its reciprocal (one more rounding), and the format divides
+    divisor = torch.tensor(global_scale, dtype=torch.float32, device=scales.device)
+    return scales.view(torch.float8_e4m3fn).to(torch.float32) / divisor
 
 
 def dequantize(w: FP4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

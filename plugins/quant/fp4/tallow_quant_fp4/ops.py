@@ -90,5 +90,5 @@ def warm_up(parts: list[Any], dtype: torch.dtype, gate: str | None = None,
         while m <= max_gemv_rows:
             x = torch.zeros(m, (2 if gate else 1) * p.cols, dtype=dtype, device=p.device)
             gemv_triton(x, sample, None, gate=gate,
-                        config=gemv_config(m, p.kind == "nvfp4"))
+                        config=gemv_config(m, p.rows, p.cols, p.kind == "nvfp4", p.device))
             m *= 2

@@ -149,8 +149,8 @@ def warm_up(parts: list[Part], dtype: torch.dtype, policy: KernelPolicy | None =
             gate: str | None = None) -> None:
     """Compile, before serving (and before any CUDA-graph capture), every kernel variant the
     parts' matmuls can take: the CUDA-core kernel for each power of two of rows up to the
-    policy's limit, and the decoding into a workspace. Each runs on a sample of the weight's
-    rows that compiles the same variant (Triton specialises on a row count's divisibility by
+    policy's limit (configured for the whole weight's shape), and the decoding into a
+    workspace. Each runs on a sample of the weight's rows that compiles the same variant (Triton specialises on a row count's divisibility by
     16 and on whether rows are whole blocks). ``gate``: the activation the layer's input
     takes (a gated MLP's down projection)."""
     from .kernels.dequant import dequantize_triton
@@ -167,7 +167,7 @@ def warm_up(parts: list[Part], dtype: torch.dtype, policy: KernelPolicy | None =
             width = (2 if gate else 1) * p.cols
             x = torch.zeros(m, width, dtype=dtype, device=p.device)
             gemv_triton(x, sample, None, gate=gate if p.perm is None else None,
-                        config=gemv_config(m))
+                        config=gemv_config(m, p.rows, p.cols, p.bits, p.device))
             m *= 2
 
 

@@ -49,10 +49,14 @@ def test_gemv_equals_the_reference(layout, m, dtype):
     _check(gemv_triton(x, w), reference.linear_ref(x, w))
 
 
-@pytest.mark.parametrize("config", [(1, 1, 1, False), (2, 8, 2, True), (4, 2, 1, True)])
-def test_gemv_configurations(config):
-    """Every (BM, BN, warps, prefetch): rows not a multiple of BN, quads not of the tile."""
-    w = _weight(4, True, 21, 320, 32, seed=3)
+@pytest.mark.parametrize("config", [(1, 1, 1, False), (2, 8, 2, True), (4, 2, 1, True),
+                                    (1, 8, 4, True), (1, 8, 2, False)])
+@pytest.mark.parametrize("cols", [320, 2336])
+def test_gemv_configurations(config, cols):
+    """Every (BM, BN, warps, prefetch): rows not a multiple of BN, quads not of the tile, the
+    warps of a program along K (2336 columns: 73 quads, several iterations of 1 or 2 warps,
+    one partly empty iteration of 4)."""
+    w = _weight(4, True, 21, cols, 32, seed=3)
     x = torch.randn(config[0], w.cols, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     _check(gemv_triton(x, w, config=config), reference.linear_ref(x, w))
 

@@ -98,3 +98,15 @@ def test_the_dequantization_writes_16_byte_vectors():
     ptx = dequant().asm["ptx"]
     assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx), "workspace not written in 16 bytes"
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx), "codes not read in 16 bytes"
+
+
+@pytest.mark.parametrize("warps", [2, 4, 8])
+def test_warps_along_k_exchange_nothing_in_the_loop(warps):
+    """The widened launches (:func:`tallow.kernels.quad_gemv.launch_config`): the warps share
+    the work along K and meet only after the loop; no spills."""
+    compiled = gemv(4, 1, 8, warps, zeros=True)
+    use = resource_usage(compiled)
+    assert use["STACK"] == 0 and use["LOCAL"] == 0, use
+    profile = loop_profile(compiled)
+    assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), profile
+    assert sum(profile.values()) / (8 * 32) <= BUDGET[(4, 1)] + 0.2, profile

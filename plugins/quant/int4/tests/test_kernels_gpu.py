@@ -83,7 +83,7 @@ def test_pdl_launch_matches_plain_launch():
     w = weight(4096, 4096, seed=3)
     x = x_of(4, 4096, seed=3)
     for m in (1, 4):
-        off, on = off_then_on(lambda: gemv_triton(x[:m], w, config=gemv_config(m)))
+        off, on = off_then_on(lambda: gemv_triton(x[:m], w, config=gemv_config(m, 4096, 4096)))
         assert torch.equal(off, on)
     assert compiled_with_pdl(_gemv_kernel) is not False
 

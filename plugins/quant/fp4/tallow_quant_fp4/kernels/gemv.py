@@ -6,9 +6,11 @@ rows and ``BM`` rows of x; every thread takes one quad (16 bytes, 32 codes) of e
 rows per iteration, the warps side by side along K, and reuses each activation for its ``BN``
 rows and each decoded weight for its ``BM`` rows of x; the next tile's codes and scales are
 loaded before the current ones are used (and, with PDL, before waiting for the kernel that
-wrote x). Codes are decoded by :func:`~tallow_quant_fp4.kernels.decode.e2m1`; the group's
+wrote x). Codes are decoded two at a time by
+:func:`~tallow_quant_fp4.kernels.decode.e2m1_pair` (slots s and s + 4 of a word); the group's
 scale multiplies the partial sum of its columns (a quad is one MXFP4 group, or two NVFP4
-groups: slots 0-3 and 4-7).
+groups: slots 0-3 and 4-7). NVFP4's global scale divides each output once, after the sum, not
+every group's scale. Warps per program along K: :mod:`tallow.kernels.quad_gemv`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import triton.language as tl
 from tallow.kernels.activation_triton import KINDS, load_activations
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+from tallow.kernels.quad_gemv import launch_config, tile_mask
 
 from ..layout import FP4Weight
-from .decode import e2m1, scale_value
+from .decode import PAIR_FACTOR, PAIR_MAGNITUDES, PAIR_SIGNS, e2m1_pair, e4m3_value, scale_value
 
 
 @triton.jit
@@ -41,18 +44,9 @@ def _load_tile(q_ptr, s_ptr, rows, quads, qmask, stride_q, stride_s, NV: tl.cons
     return codes, s0, s1
 
 
-@triton.jit
-def _mask(rows, quads, N, n_quads, EVEN_N: tl.constexpr):
-    if EVEN_N:
-        mask = quads < n_quads
-    else:
-        mask = (rows[:, None] < N) & (quads < n_quads)
-    return mask
-
-
 @step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
 def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_q,
-                 stride_s, global_scale, BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
+                 stride_s, global_scale, mag_mask, sign_mask, BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
                  NV: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr,
                  HAS_BIAS: tl.constexpr, GATE: tl.constexpr, USE_PDL: tl.constexpr):
     m_blocks = tl.cdiv(M, BM)
@@ -68,7 +62,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
     xrow = x_ptr + offs_m.to(tl.int64)[:, None, None, None] * stride_xm
     m4 = m_ok[:, None, None, None]
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(q_ptr, s_ptr, rows, q_in, _mask(rows, q_in, N, n_quads, EVEN_N),
+        tile = _load_tile(q_ptr, s_ptr, rows, q_in, tile_mask(rows, q_in, N, n_quads, EVEN_N),
                           stride_q, stride_s, NV)
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
@@ -77,32 +71,31 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
         quads = q0 + q_in
         if PREFETCH:
             nxt = quads + Q
-            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, _mask(rows, nxt, N, n_quads, EVEN_N),
+            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, tile_mask(rows, nxt, N, n_quads, EVEN_N),
                                   stride_q, stride_s, NV)
         else:
-            tile = _load_tile(q_ptr, s_ptr, rows, quads, _mask(rows, quads, N, n_quads, EVEN_N),
+            tile = _load_tile(q_ptr, s_ptr, rows, quads, tile_mask(rows, quads, N, n_quads, EVEN_N),
                               stride_q, stride_s, NV)
         codes, s0, s1 = tile
         cols = (quads * 32)[None, :, :, None] + u4[None, None, None, :]
         xmask = m4 & (quads < n_quads)[None, :, :, None]
         first = tl.zeros((BM, BN, Q, 4), dtype=tl.float32)
         second = tl.zeros((BM, BN, Q, 4), dtype=tl.float32)
-        for s in tl.static_range(8):
-            v = e2m1(codes >> (4 * s))[None]
-            xv = load_activations(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
-            if s < 4:
-                first += v * xv
-            else:
-                second += v * xv
-        scale0 = scale_value(s0, global_scale, NV)[None]
-        if NV:
-            acc += scale0 * tl.sum(first, axis=3) + \
-                scale_value(s1, global_scale, NV)[None] * tl.sum(second, axis=3)
+        for s in tl.static_range(4):  # slots s and s + 4: columns 4s + u and 16 + 4s + u
+            lo, hi = e2m1_pair(codes, s, mag_mask, sign_mask)
+            first += lo[None] * load_activations(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
+            second += hi[None] * load_activations(xrow + cols + 16 + 4 * s, xmask, K, GATE,
+                                                  X_TY)
+        if NV:  # the e4m3 scales; the global scale divides each output once, at the end
+            acc += e4m3_value(s0.to(tl.int32))[None] * tl.sum(first, axis=3) + \
+                e4m3_value(s1.to(tl.int32))[None] * tl.sum(second, axis=3)
         else:
-            acc += scale0 * tl.sum(first + second, axis=3)
+            acc += scale_value(s0, global_scale, NV)[None] * tl.sum(first + second, axis=3)
         if PREFETCH:
             tile = upcoming
-    y = tl.sum(acc, axis=2)
+    y = tl.sum(acc, axis=2) * 16384.0  # 1 / PAIR_FACTOR, a power of two: exact
+    if NV:
+        y = tl.math.div_rn(y, global_scale)
     n_ok = rows < N
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -111,22 +104,32 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
 
 
 #: (rows of x, weight rows, warps, prefetch) per program, by rows of x (a power of two), for
-#: MXFP4 and for NVFP4 (whose two scales per quad need more registers: fewer weight rows).
-#: Counted offline for sm_90 (``tests/test_compile.py``): MXFP4 spends about 10.6 SASS
-#: instructions per weight at one row (the e2m1 decoding and its sign are ~8 of them), 6.4
-#: per weight and row at two rows and 4.7 at four.
+#: MXFP4 and for NVFP4 (whose two scales per quad need more registers: fewer weight rows at one
+#: row of x). Counted offline for sm_90 (``tests/test_compile.py``): MXFP4 spends about 5.8
+#: SASS instructions per weight at one row (e2m1 codes decoded in pairs through float16 bits,
+#: :func:`~tallow_quant_fp4.kernels.decode.e2m1_pair`), 4.0 per weight and row at two rows and
+#: 3.4 at four; NVFP4 6.1, 4.4 and 3.6. The warps are the fewest:
+#: :func:`tallow.kernels.quad_gemv.launch_config` adds warps along K where a shape launches too
+#: few programs to fill the GPU.
 DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
                    8: (4, 2, 1, True), 16: (4, 2, 1, True)}
-NV_CONFIGS = {1: (1, 2, 1, True), 2: (2, 2, 1, True), 4: (4, 1, 1, True),
-              8: (4, 1, 1, True), 16: (4, 1, 1, True)}
+NV_CONFIGS = {1: (1, 4, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
+              8: (4, 2, 1, True), 16: (4, 2, 1, True)}
+
+assert PAIR_FACTOR == 1.0 / 16384.0  # the kernel's last multiplication undoes it
 
 
-def gemv_config(m: int, nv: bool = False) -> tuple[int, int, int, bool]:
+def gemv_config(m: int, n: int, k: int, nv: bool = False,
+                device: torch.device | None = None) -> tuple[int, int, int, bool]:
+    """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16) by an ``[n, k]`` weight
+    (``nv``: NVFP4) on ``device`` (default: the current CUDA device); the warps along K from
+    :func:`tallow.kernels.quad_gemv.launch_config`."""
     bucket = 1 << max(0, (m - 1).bit_length())
     table = NV_CONFIGS if nv else DEFAULT_CONFIGS
     if bucket not in table:
         raise ValueError(f"gemv: {m} rows of x is more than the small-batch kernel takes (16)")
-    return table[bucket]
+    device = device if device is not None else torch.device("cuda")
+    return launch_config(table[bucket], m, n, k // 32, device)
 
 
 def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None, *,
@@ -141,12 +144,13 @@ def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, warps, prefetch = config or gemv_config(m, w.kind == "nvfp4")
+    bm, bn, warps, prefetch = config or gemv_config(m, n, k, w.kind == "nvfp4", x.device)
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
         x, w.codes, w.scales, bias if bias is not None else w.scales, out, m, n, k,
         x.stride(0), out.stride(0), w.codes.stride(0), w.scales.stride(0), w.global_scale,
+        PAIR_MAGNITUDES, PAIR_SIGNS,
         BM=bm, BN=bn, Q=32 * warps, NV=w.kind == "nvfp4", PREFETCH=prefetch,
         EVEN_N=n % bn == 0, HAS_BIAS=bias is not None,
         GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl, num_warps=warps,

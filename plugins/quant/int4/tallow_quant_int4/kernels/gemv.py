@@ -39,8 +39,9 @@ from tallow.kernels.activation_triton import KINDS, load_activations
 from tallow.kernels.code_bits import bit_constants, bits_as_float, byte_to_bits_15
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+from tallow.kernels.quad_gemv import launch_config, tile_mask
 
-from ..layout import IntWeight
+from ..layout import QUAD_COLUMNS, IntWeight
 
 @triton.jit
 def _load_tile(q_ptr, s_ptr, z_ptr, rows, quads, qmask, stride_q, stride_s,
@@ -58,16 +59,6 @@ def _load_tile(q_ptr, s_ptr, z_ptr, rows, quads, qmask, stride_q, stride_s,
     if ZEROS:
         zero = tl.load(z_ptr + r2 * stride_s + grp, mask=qmask, other=0)
     return codes, scale, zero
-
-
-@triton.jit
-def _tile_mask(rows, quads, N, n_quads, EVEN_N: tl.constexpr):
-    """Which quads of the tile exist: ``[1, Q]`` when every row does, else ``[BN, Q]``."""
-    if EVEN_N:
-        mask = quads < n_quads
-    else:
-        mask = (rows[:, None] < N) & (quads < n_quads)
-    return mask
 
 
 @step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
@@ -95,7 +86,7 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
         tile = _load_tile(q_ptr, s_ptr, z_ptr, rows, q_in,
-                          _tile_mask(rows, q_in, N, n_quads, EVEN_N), stride_q, stride_s, QC,
+                          tile_mask(rows, q_in, N, n_quads, EVEN_N), stride_q, stride_s, QC,
                           GROUP, ZEROS)
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
@@ -105,11 +96,11 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
         if PREFETCH:
             nxt = quads + Q
             upcoming = _load_tile(q_ptr, s_ptr, z_ptr, rows, nxt,
-                                  _tile_mask(rows, nxt, N, n_quads, EVEN_N), stride_q,
+                                  tile_mask(rows, nxt, N, n_quads, EVEN_N), stride_q,
                                   stride_s, QC, GROUP, ZEROS)
         else:
             tile = _load_tile(q_ptr, s_ptr, z_ptr, rows, quads,
-                              _tile_mask(rows, quads, N, n_quads, EVEN_N), stride_q, stride_s,
+                              tile_mask(rows, quads, N, n_quads, EVEN_N), stride_q, stride_s,
                               QC, GROUP, ZEROS)
         codes, scale, zero = tile
         cols = (quads * QC)[None, :, :, None] + u4[None, None, None, :]  # [1, 1, Q, 4]
@@ -169,19 +160,24 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 #: weight at one row (eight weight rows share each activation's conversion and sums), about 3
 #: per weight and row of x from two rows on. More than 4 rows of x in one program would spill,
 #: so 8 and 16 rows run as 2 and 4 programs side by side on the same weight rows (neighbours
-#: in the launch order: the second reads them from the cache).
+#: in the launch order: the second reads them from the cache). The warps are the fewest:
+#: :func:`tallow.kernels.quad_gemv.launch_config` adds warps along K where a shape launches
+#: too few programs to fill the GPU.
 DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
                    8: (4, 2, 1, True), 16: (4, 2, 1, True)}
 #: elements a tensor may have: the kernels index them with 32-bit offsets
 MAX_ELEMENTS = 2**31 - 1
 
 
-def gemv_config(m: int) -> tuple[int, int, int, bool]:
-    """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16)."""
+def gemv_config(m: int, n: int, k: int, bits: int = 4,
+                device: torch.device | None = None) -> tuple[int, int, int, bool]:
+    """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16) by a ``[n, k]`` weight of
+    ``bits``-bit codes on ``device`` (default: the current CUDA device)."""
     bucket = 1 << max(0, (m - 1).bit_length())
     if bucket not in DEFAULT_CONFIGS:
         raise ValueError(f"gemv: {m} rows of x is more than the small-batch kernel takes (16)")
-    return DEFAULT_CONFIGS[bucket]
+    device = device if device is not None else torch.device("cuda")
+    return launch_config(DEFAULT_CONFIGS[bucket], m, n, k // QUAD_COLUMNS[bits], device)
 
 
 def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None, *,
@@ -202,7 +198,7 @@ def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None,
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bm, bn, warps, prefetch = config or gemv_config(m)
+    bm, bn, warps, prefetch = config or gemv_config(m, n, k, w.bits, x.device)
     q = 32 * warps
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
