@@ -39,6 +39,7 @@ def test_rows_are_classified(seqs, all_argmax, any_grammar):
     rows = StepRows.of(seqs)
     assert (rows.all_argmax, rows.any_grammar) == (all_argmax, any_grammar)
     assert rows.plain_argmax == (all_argmax and not any_grammar)
+    assert rows.steps == tuple(seq.num_output_tokens for seq in seqs)
 
 
 def test_a_step_asks_each_row_once(monkeypatch):
@@ -66,3 +67,25 @@ def test_a_step_asks_each_row_once(monkeypatch):
                            SamplingParams(temperature=0.0, max_tokens=2))
     engine.step()
     assert asked == [0, 0, 0]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_rows_beside_a_grammar_row_sample_as_they_do_alone(tiny_llama, async_scheduling):
+    """A step with a grammar-constrained row is drawn once its grammars are up to date, after
+    the scheduler has appended the step's placeholders: the other rows still draw at their
+    launch step (a seeded row's tokens do not depend on the rest of the batch) and their
+    penalties read only the tokens before it (no placeholder)."""
+    from tallow import LLM, StructuredOutputsParams
+
+    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
+              block_size=4, async_scheduling=async_scheduling)
+    grammar = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=(
+        StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}})))
+    for params in (SamplingParams(temperature=1.0, seed=7, max_tokens=8),
+                   SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5),
+                   SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4,
+                                  stop_token_ids=list(range(50)))):
+        alone = llm.generate(["def add(a, b):"], [params])[0].outputs[0].token_ids
+        beside = llm.generate(["def add(a, b):", "The quick"],
+                              [params, grammar])[0].outputs[0].token_ids
+        assert beside == alone, params

@@ -480,11 +480,17 @@ class ModelRunner:
             pending.token_ids = argmax_rows(logits)
             return
         logits = logits.float()
-        # step counts pending placeholders too: it is the index of the token drawn now
-        rows = [RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
-                          prompt_token_ids=seq.prompt_token_ids,
-                          seed=child_seed(seq.params.seed, seq.index),
-                          step=seq.num_output_tokens) for seq in targets]
+        # Each row as it was at launch: its step (placeholders of earlier steps included) is the
+        # index of the token drawn now, and its outputs are those before it (the step's own
+        # placeholder, appended since when the draw waited for grammars, is not one).
+        rows = []
+        for seq, step in zip(targets, pending.sampled_rows.steps, strict=True):
+            outputs = seq.output_token_ids
+            rows.append(RowParams(params=seq.params,
+                                  output_token_ids=outputs if len(outputs) == step
+                                  else outputs[:step],
+                                  prompt_token_ids=seq.prompt_token_ids,
+                                  seed=child_seed(seq.params.seed, seq.index), step=step))
         batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
                                     eos_token_ids=self.eos_token_ids)
         if grammar is not None:

@@ -57,6 +57,10 @@ class StepRows:
     all_argmax: bool
     #: some row is constrained by a grammar (its mask waits for the grammar to catch up)
     any_grammar: bool
+    #: each row's output count at launch: the index of the token it draws. The scheduler
+    #: appends the step's own placeholders after the launch, and a step whose masks wait for
+    #: its grammars is drawn after that, so the draw reads these rather than the count then.
+    steps: tuple[int, ...] = ()
 
     @property
     def plain_argmax(self) -> bool:
@@ -67,10 +71,13 @@ class StepRows:
     @classmethod
     def of(cls, seqs: Iterable[SampledSequence]) -> "StepRows":
         all_argmax, any_grammar = True, False
+        steps = []
         for seq in seqs:
-            all_argmax = all_argmax and takes_argmax(seq.params, seq.num_output_tokens)
+            step = seq.num_output_tokens
+            steps.append(step)
+            all_argmax = all_argmax and takes_argmax(seq.params, step)
             any_grammar = any_grammar or seq.grammar is not None
-        return cls(all_argmax=all_argmax, any_grammar=any_grammar)
+        return cls(all_argmax=all_argmax, any_grammar=any_grammar, steps=tuple(steps))
 
 
 @dataclass
