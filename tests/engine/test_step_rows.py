@@ -81,11 +81,14 @@ def test_rows_beside_a_grammar_row_sample_as_they_do_alone(tiny_llama, async_sch
               block_size=4, async_scheduling=async_scheduling)
     grammar = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=(
         StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}})))
+    prompt = "def add(a, b):"
+    greedy = llm.generate([prompt], [SamplingParams(temperature=0.0, max_tokens=8)])
+    fourth = greedy[0].outputs[0].token_ids[3]
     for params in (SamplingParams(temperature=1.0, seed=7, max_tokens=8),
                    SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5),
+                   # the token greedy decoding writes fourth is masked up to the fourth
                    SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4,
-                                  stop_token_ids=list(range(50)))):
-        alone = llm.generate(["def add(a, b):"], [params])[0].outputs[0].token_ids
-        beside = llm.generate(["def add(a, b):", "The quick"],
-                              [params, grammar])[0].outputs[0].token_ids
+                                  stop_token_ids=[fourth])):
+        alone = llm.generate([prompt], [params])[0].outputs[0].token_ids
+        beside = llm.generate([prompt, "The quick"], [params, grammar])[0].outputs[0].token_ids
         assert beside == alone, params
