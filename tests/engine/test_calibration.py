@@ -137,3 +137,21 @@ def test_no_request_runs_nothing(llama_dir):
     load_model(load_plugins().registries, str(root), device=torch.device("cpu"),
                dtype="float32", quant=scheme)
     assert scheme.calls == 0 and scheme.inputs == {}
+
+
+def test_a_random_models_synthetic_tokenizer_calibrates_the_weights_on_varied_ids():
+    """A ``random:`` model's tokenizer reads every English word as its unknown token; the
+    weights' calibration then runs over seeded ids drawn from the vocabulary (as the KV
+    codecs' does), not one token repeated: the first layer's inputs differ from position to
+    position, and two loads see the same ones."""
+    def layer0_inputs() -> torch.Tensor:
+        scheme = _Scheme(CalibrationRequest(sequences=2, tokens=48, text=TEXT))
+        load_model(load_plugins().registries, "random:tiny-llama", device=torch.device("cpu"),
+                   dtype="float32", quant=scheme)
+        assert scheme.calls == 1
+        return torch.cat(scheme.inputs["model.layers.0.self_attn.qkv_proj"])
+
+    first = layer0_inputs()
+    assert first.shape[0] == 2 * 48
+    assert len(torch.unique(first, dim=0)) >= 32  # one id repeated would give one row
+    torch.testing.assert_close(layer0_inputs(), first, rtol=0, atol=0)

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from tallow.kernels import kv_cache
-from tallow.kernels.kv_cast import AutoKVCodec
-from tallow.layers import AttentionMetadata, forward_context
+from tallow.layers import AttentionMetadata
 from tallow.layers.torch_attention import TorchAttentionBackend
+
+from .calibration_pass import MIN_DISTINCT_IDS, run_windows, text_windows
 
 log = logging.getLogger("tallow.engine")
 
@@ -61,29 +61,18 @@ cost until winter.
 
 #: at most this many calibration tokens (the text is repeated when shorter)
 MAX_TOKENS = 512
-#: a tokenizer that reads the text as fewer distinct ids does not know its words
-MIN_DISTINCT_IDS = 32
+
+__all__ = ["CALIBRATION_TEXT", "MAX_TOKENS", "MIN_DISTINCT_IDS", "calibrate_kv_codec",
+           "calibration_ids", "record_qkv"]
 
 
 def calibration_ids(tokenizer: Any, vocab_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
     """Token ids of :data:`CALIBRATION_TEXT` under ``tokenizer``, repeated to fill
-    ``max_tokens``; ids outside the model's vocabulary (a tokenizer larger than the model's
-    embedding) are dropped. A tokenizer that reads the text as fewer than
-    :data:`MIN_DISTINCT_IDS` distinct ids gets ``max_tokens`` ids drawn evenly from the
-    vocabulary (seeded, so every engine of the model calibrates alike)."""
-    ids = [i for i in tokenizer.encode(CALIBRATION_TEXT) if 0 <= i < vocab_size]
-    if len(set(ids)) < MIN_DISTINCT_IDS:
-        # A tokenizer that knows no word of the text (a random model's synthetic vocabulary
-        # reads every word as its unknown token): statistics of one token repeated would fit
-        # the offsets and smoothing to the positions' rotation alone, far from any served
-        # text, so the pass sees tokens drawn evenly from the vocabulary instead.
-        log.info("the tokenizer reads the calibration text as %d distinct ids: calibrating "
-                 "on %d ids drawn from the vocabulary", len(set(ids)), max_tokens)
-        generator = torch.Generator().manual_seed(0)
-        return torch.randint(0, vocab_size, (max_tokens,), generator=generator).tolist()
-    while len(ids) < max_tokens:
-        ids = ids + ids
-    return ids[:max_tokens]
+    ``max_tokens``: one window of :func:`tallow.engine.calibration_pass.text_windows` (ids
+    outside the model's vocabulary dropped; ids drawn from the vocabulary when the tokenizer
+    reads the text as fewer than :data:`MIN_DISTINCT_IDS` distinct ids)."""
+    return text_windows(CALIBRATION_TEXT, tokenizer.encode, vocab_size, sequences=1,
+                        tokens=max_tokens, repeat=True)[0]
 
 
 Recorded = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -106,33 +95,11 @@ class _Recorder(TorchAttentionBackend):
 @torch.inference_mode()
 def record_qkv(runner: Any, ids: list[int]) -> Recorded:
     """Each layer's Q [len(ids), Hq, D], K and V [len(ids), Hkv, D] (float32) over the
-    prompt ``ids``, computed with the torch reference attention on scratch caches; the
-    runner's caches and attention backend are left as they were."""
-    n = len(ids)
-    bs = runner.block_size
-    blocks = -(-n // bs)
-    device = runner.device
-    scratch = kv_cache.allocate(AutoKVCodec(), [a.layer for a in runner.layers],
-                                num_blocks=blocks, block_size=bs, model_dtype=runner.dtype,
-                                device=device)
-    meta = AttentionMetadata(
-        num_seqs=1, num_tokens=n,
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
-        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
-        slot_mapping=torch.arange(n, dtype=torch.int64, device=device),
-        max_query_len=n, max_seq_len=n, block_size=bs,
-        query_start_loc_cpu=[0, n], seq_lens_cpu=[n])
+    prompt ``ids``, computed with the torch reference attention on scratch caches
+    (:func:`tallow.engine.calibration_pass.run_windows`); the runner's caches and attention
+    backend are left as they were."""
     recorder = _Recorder()
-    try:
-        for attn, cache in zip(runner.layers, scratch):
-            attn.kv_cache = cache
-        with forward_context(meta, recorder):
-            runner.model(torch.tensor(ids, dtype=torch.int64, device=device),
-                         torch.arange(n, dtype=torch.int64, device=device))
-    finally:
-        for attn, cache in zip(runner.layers, runner.kv_caches):
-            attn.kv_cache = cache
+    run_windows(runner.model, [ids], runner.device, runner.dtype, backend=recorder)
     return recorder.seen
 
 

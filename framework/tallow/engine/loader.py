@@ -217,7 +217,8 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
             raise
     model.eval()
     calibrate(model, quant, checkpoint, device, torch_dtype,
-              max_tokens=arch_cfg.text.get("max_position_embeddings"))
+              max_tokens=arch_cfg.text.get("max_position_embeddings"),
+              vocab_size=arch_cfg.text.get("vocab_size"))
     nbytes = weight_bytes(model)
     log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,
              time.perf_counter() - started)

@@ -24,7 +24,7 @@ from tallow.kernels.token_bitmask import apply_token_bitmask
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampling import RowParams, Sampler, SamplingBatch, takes_argmax
+from .sampling import RowParams, Sampler, SamplingBatch, StepRows
 
 log = logging.getLogger("tallow.engine")
 
@@ -67,6 +67,8 @@ class PendingStep:
     result: StepResult = field(default_factory=StepResult)
     #: the sequences sampled, in the order of the rows of ``token_ids``
     targets: list[Any] = field(default_factory=list)
+    #: how ``targets`` are sampled, decided when the step is launched
+    sampled_rows: StepRows = StepRows(all_argmax=True, any_grammar=False)
     token_ids: torch.Tensor | None = None
     sampled: Any = None
     #: a pinned host copy of ``token_ids``, queued right behind the sampling (CUDA only)
@@ -152,12 +154,6 @@ def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int,
         return []
     qsl = host.query_start_loc
     return [(qsl[i], qsl[i + 1]) for i, item in enumerate(scheduled) if item.prompt_logprobs]
-
-
-def _plain_greedy(seq: Any) -> bool:
-    """Argmax of the logits as they are is the whole story (no grammar mask either), so every
-    rank of a tensor-parallel group can take the token itself."""
-    return takes_argmax(seq.params, seq.num_output_tokens) and seq.grammar is None
 
 
 class ModelRunner:
@@ -390,10 +386,11 @@ class ModelRunner:
             host = self.fill_host(scheduled, feed.rows_by_seq() if feed is not None else None)
         for item in scheduled:
             pending.targets.extend(item.sample_seqs)
-        greedy = all(_plain_greedy(seq) for seq in pending.targets)
+        pending.sampled_rows = StepRows.of(pending.targets)
         publisher = self.step_publisher
         if publisher is not None:
-            publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host), greedy)
+            publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host),
+                              pending.sampled_rows.plain_argmax)
         self.copy_blocks(out.blocks_to_copy)
         if host is None:
             return pending
@@ -410,7 +407,7 @@ class ModelRunner:
             self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
-            if constrained and any(seq.grammar is not None for seq in pending.targets):
+            if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
                 return pending
             self._sample(pending, logits)
@@ -475,7 +472,7 @@ class ModelRunner:
         """Sample ``logits`` [targets, V]; ``grammar`` is (masks, rows) of the rows a grammar
         constrains."""
         targets = pending.targets
-        if all(takes_argmax(seq.params, seq.num_output_tokens) for seq in targets):
+        if pending.sampled_rows.all_argmax:
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
             # them to float32 first would not change it), masked where a grammar says so.
             if grammar is not None:
@@ -483,11 +480,17 @@ class ModelRunner:
             pending.token_ids = argmax_rows(logits)
             return
         logits = logits.float()
-        # step counts pending placeholders too: it is the index of the token drawn now
-        rows = [RowParams(params=seq.params, output_token_ids=seq.output_token_ids,
-                          prompt_token_ids=seq.prompt_token_ids,
-                          seed=child_seed(seq.params.seed, seq.index),
-                          step=seq.num_output_tokens) for seq in targets]
+        # Each row as it was at launch: its step (placeholders of earlier steps included) is the
+        # index of the token drawn now, and its outputs are those before it (the step's own
+        # placeholder, appended since when the draw waited for grammars, is not one).
+        rows = []
+        for seq, step in zip(targets, pending.sampled_rows.steps, strict=True):
+            outputs = seq.output_token_ids
+            rows.append(RowParams(params=seq.params,
+                                  output_token_ids=outputs if len(outputs) == step
+                                  else outputs[:step],
+                                  prompt_token_ids=seq.prompt_token_ids,
+                                  seed=child_seed(seq.params.seed, seq.index), step=step))
         batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
                                     eos_token_ids=self.eos_token_ids)
         if grammar is not None:

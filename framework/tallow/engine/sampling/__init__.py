@@ -6,7 +6,8 @@
 * :mod:`.batch` — :class:`SamplingBatch`: one step's rows laid out as tensors.
 * :mod:`.filters` — top-k, top-p and min-p on scaled logits.
 * :mod:`.sampler` — :class:`Sampler`: the processing order and the draw; :func:`takes_argmax`,
-  the engine's test for steps that need nothing but an argmax.
+  the engine's test for rows that need nothing but an argmax, and :class:`StepRows`, what
+  that test and the grammars say of a step's rows, decided once.
 * :mod:`.grammar` — :class:`StructuredOutputs`: the grammar backend, compiled grammars, each
   constrained sequence's matcher (:class:`GrammarState`) and the step's token masks.
 
@@ -26,7 +27,7 @@ _LAZY = {
     "RowParams": ".batch", "SamplingBatch": ".batch", "apply_min_p": ".filters",
     "apply_top_k": ".filters", "apply_top_p": ".filters", "Sampler": ".sampler",
     "SamplerOutput": ".sampler", "takes_argmax": ".sampler", "GrammarState": ".grammar",
-    "StructuredOutputs": ".grammar",
+    "StructuredOutputs": ".grammar", "StepRows": ".sampler",
 }
 
 __all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "SamplingParams",

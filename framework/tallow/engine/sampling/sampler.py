@@ -17,6 +17,7 @@ any processing), like vLLM v1 by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
 
 import torch
 
@@ -35,6 +36,48 @@ def takes_argmax(params: SamplingParams, num_output_tokens: int) -> bool:
     reached. The engine skips building a :class:`SamplingBatch` for steps where every row
     does."""
     return params.argmax_only and num_output_tokens >= params.min_tokens
+
+
+class SampledSequence(Protocol):
+    """What :meth:`StepRows.of` reads of a sequence to sample."""
+
+    params: SamplingParams
+    num_output_tokens: int
+    grammar: Any
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """How one step's rows are sampled, decided in one pass over them when the step is
+    launched and read by every later stage of the step (the tensor-parallel broadcast, the
+    draw)."""
+
+    #: every row's token is the argmax of its logits (:func:`takes_argmax`), masked where a
+    #: grammar constrains the row: the step needs no :class:`SamplingBatch`
+    all_argmax: bool
+    #: some row is constrained by a grammar (its mask waits for the grammar to catch up)
+    any_grammar: bool
+    #: each row's output count at launch: the index of the token it draws. The scheduler
+    #: appends the step's own placeholders after the launch, and a step whose masks wait for
+    #: its grammars is drawn after that, so the draw reads these rather than the count then.
+    steps: tuple[int, ...] = ()
+
+    @property
+    def plain_argmax(self) -> bool:
+        """The logits as they are decide every token (argmax, no mask), so each rank of a
+        tensor-parallel group can take the tokens itself."""
+        return self.all_argmax and not self.any_grammar
+
+    @classmethod
+    def of(cls, seqs: Iterable[SampledSequence]) -> "StepRows":
+        all_argmax, any_grammar = True, False
+        steps = []
+        for seq in seqs:
+            step = seq.num_output_tokens
+            steps.append(step)
+            all_argmax = all_argmax and takes_argmax(seq.params, step)
+            any_grammar = any_grammar or seq.grammar is not None
+        return cls(all_argmax=all_argmax, any_grammar=any_grammar, steps=tuple(steps))
 
 
 @dataclass

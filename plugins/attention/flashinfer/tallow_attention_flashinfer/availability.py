@@ -7,7 +7,7 @@ import os
 import shutil
 from typing import Any
 
-import torch
+from tallow.kernels.cuda_device import cuda_device_reasons
 
 #: the oldest flashinfer-python whose wrappers this backend drives as it does
 MIN_FLASHINFER = (0, 6, 6)
@@ -63,30 +63,9 @@ def nvcc_reasons() -> list[str]:
             "CUDA toolkit and set CUDA_HOME or put nvcc on PATH)"]
 
 
-def cuda_index(device: str) -> int | None:
-    """The device index named by ``model.device`` ("cuda:N" -> N; "cuda"/"auto" -> None)."""
-    if device.startswith("cuda:"):
-        try:
-            return int(device.split(":", 1)[1])
-        except ValueError:
-            return None
-    return None
-
-
 def device_reasons(device: str) -> tuple[list[str], tuple[int, int] | None]:
     """(reasons, compute capability) of the CUDA device ``model.device`` names."""
-    if not torch.cuda.is_available():
-        return ["no CUDA device (torch.cuda.is_available() is False)"], None
-    index = cuda_index(device)
-    if index is not None and index >= torch.cuda.device_count():
-        return [f"model.device {device!r} does not exist ({torch.cuda.device_count()} CUDA "
-                "device(s))"], None
-    cap = tuple(torch.cuda.get_device_capability(
-        index if index is not None else torch.cuda.current_device()))
-    if cap < MIN_CAPABILITY:
-        return [f"CUDA compute capability {cap[0]}.{cap[1]} is below "
-                f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}"], cap  # type: ignore[return-value]
-    return [], cap  # type: ignore[return-value]
+    return cuda_device_reasons(device, MIN_CAPABILITY)
 
 
 def get(obj: Any, *path: str, default: Any = None) -> Any:

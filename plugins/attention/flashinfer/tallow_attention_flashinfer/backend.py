@@ -27,6 +27,7 @@ import torch
 from tallow.kernels import store_cast_kv
 from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
 from tallow.layers import AttentionLayer, AttentionMetadata
+from tallow.layers.attention_checks import check_rows, layer_reasons, qkv_shape_reasons
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor, PluginSettingsError
 
 from .availability import device_reasons, get, import_reasons, nvcc_reasons, package_reasons
@@ -126,12 +127,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         if layer.head_dim not in HEAD_DIMS:
             reasons.append(f"head size {layer.head_dim} is not one FlashInfer's kernels are "
                            f"built for here ({', '.join(map(str, HEAD_DIMS))})")
-        if layer.num_kv_heads < 1 or layer.num_heads % layer.num_kv_heads:
-            reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
-                           f"{layer.num_kv_heads}")
-        if not layer.causal and layer.sliding_window:
-            reasons.append("a sliding window on a bidirectional (causal=False) layer")
-        return reasons
+        return reasons + layer_reasons(layer)
 
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
         """Reasons FlashInfer cannot read K/V kept as ``codec`` does with ``layout``: it reads
@@ -229,12 +225,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _check(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kv_cache: LayerKVCache, meta: AttentionMetadata) -> LayerKind:
         """Raise ValueError naming what does not fit; return the layer's kind."""
-        n = q.shape[0]
-        if k.shape[0] != n or v.shape[0] != n or meta.slot_mapping.shape[0] != n:
-            raise ValueError(
-                f"flashinfer attention, layer {layer.layer_index}: q, k, v and "
-                f"meta.slot_mapping must have the same number of rows, got {n}, {k.shape[0]}, "
-                f"{v.shape[0]}, {meta.slot_mapping.shape[0]}")
+        check_rows("flashinfer", layer, q, k, v, meta)
         key = (layer, q.dtype, k.dtype, v.dtype, q.device, tuple(q.shape[1:]),
                tuple(k.shape[1:]), tuple(v.shape[1:]), meta.block_size, kv_cache.codec.name,
                tuple((name, t.dtype, t.device, tuple(t.shape[1:]), t.is_contiguous())
@@ -243,13 +234,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         if kind is not None:
             return kind
         reasons = self.supports_layer(layer)
-        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d) or q.stride(-1) != 1:
-            reasons.append(f"q must be [T, {hq}, {d}] with contiguous heads, got "
-                           f"{list(q.shape)}")
-        for name, t in (("k", k), ("v", v)):
-            if t.dim() != 3 or tuple(t.shape[1:]) != (hkv, d):
-                reasons.append(f"{name} must be [T, {hkv}, {d}], got {list(t.shape)}")
+        hkv, d = layer.num_kv_heads, layer.head_dim
+        reasons += qkv_shape_reasons(layer, q, k, v, contiguous_heads=True)
         if q.dtype not in ACTIVATION_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
             reasons.append(f"q, k and v must all be one of {_names(ACTIVATION_DTYPES)}, got "
                            f"{q.dtype}, {k.dtype}, {v.dtype}")

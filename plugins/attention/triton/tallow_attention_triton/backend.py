@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from tallow.kernels.cuda_device import capability, cuda_device_reasons, cuda_index
 from tallow.kernels.kv_cache import LayerKVCache, float8_reasons
 from tallow.layers import AttentionLayer, AttentionMetadata
+from tallow.layers.attention_checks import check_rows, layer_reasons, qkv_shape_reasons
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor
 
 from . import ops, turbo_ops
@@ -54,12 +56,6 @@ _WARM_UP_BATCHES = [([5, 3], [0, 4], 0, None)] + [
     batch for splits in _split_counts_per_reduce_width()
     for batch in (([1, 4], [6, 2], 0, splits), ([1, 1], [7, 3], 0, splits),
                   ([1, 1], [7, 3], 1, splits))]
-
-
-def _capability(index: int | None) -> tuple[int, int]:
-    """Compute capability of CUDA device ``index`` (None: the current device)."""
-    return torch.cuda.get_device_capability(index if index is not None else
-                                            torch.cuda.current_device())
 
 
 def _cache_dtype_reasons(what: str, dtype: torch.dtype) -> list[str]:
@@ -134,16 +130,6 @@ def _get(obj: Any, *path: str, default: Any = None) -> Any:
     return default if obj is None else obj
 
 
-def _cuda_index(device: str) -> int | None:
-    """The device index named by ``model.device`` ("cuda:N" -> N; "cuda"/"auto" -> current)."""
-    if device.startswith("cuda:"):
-        try:
-            return int(device.split(":", 1)[1])
-        except ValueError:
-            return None
-    return None
-
-
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention through the Triton kernels of :mod:`tallow_attention_triton.ops`.
 
@@ -190,19 +176,7 @@ class TritonAttentionBackend(AttentionBackend):
         except Exception as exc:  # pragma: no cover - triton ships with the core
             reasons.append(f"triton cannot be imported: {type(exc).__name__}: {exc}")
             return reasons
-        if not torch.cuda.is_available():
-            reasons.append("no CUDA device (torch.cuda.is_available() is False)")
-            return reasons
-        index = _cuda_index(device)
-        if index is not None and index >= torch.cuda.device_count():
-            reasons.append(f"model.device {device!r} does not exist "
-                           f"({torch.cuda.device_count()} CUDA device(s))")
-            return reasons
-        cap = _capability(index)
-        if tuple(cap) < MIN_CAPABILITY:
-            reasons.append(f"CUDA compute capability {cap[0]}.{cap[1]} is below "
-                           f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}")
-        return reasons
+        return reasons + cuda_device_reasons(device, MIN_CAPABILITY)[0]
 
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
         """Reasons the kernels cannot keep K/V as ``codec`` does: they implement the codecs of
@@ -220,7 +194,7 @@ class TritonAttentionBackend(AttentionBackend):
         device = str(_get(self.config, "model", "device", default="auto"))
         if device == "cpu" or not torch.cuda.is_available():
             return []
-        reasons = float8_reasons(dtype, _capability(_cuda_index(device)))
+        reasons = float8_reasons(dtype, capability(cuda_index(device)))
         if reasons and dtype == torch.float8_e4m3fn:
             reasons = [reasons[0] + ": use kv codec fp8_e5m2, or runner.attention_backend: "
                        "torch"]
@@ -230,36 +204,20 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_layer(layer: AttentionLayer) -> list[str]:
         """Reasons this backend cannot run ``layer`` (empty when it can). The model runner
         may call it once per layer after building the model; ``forward`` enforces it too."""
-        reasons = head_dim_reasons(layer.head_dim)
-        if layer.num_heads % layer.num_kv_heads:
-            reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
-                           f"{layer.num_kv_heads}")
-        if not layer.causal and layer.sliding_window:
-            reasons.append("a sliding window on a bidirectional (causal=False) layer")
-        return reasons
+        return head_dim_reasons(layer.head_dim) + layer_reasons(layer)
 
     # -- the step -------------------------------------------------------------------------
     def _check(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kv_cache: LayerKVCache, meta: AttentionMetadata) -> None:
-        n = q.shape[0]
-        if k.shape[0] != n or v.shape[0] != n or meta.slot_mapping.shape[0] != n:
-            raise ValueError(
-                f"triton attention, layer {layer.layer_index}: q, k, v and meta.slot_mapping "
-                f"must have the same number of rows, got {n}, {k.shape[0]}, {v.shape[0]}, "
-                f"{meta.slot_mapping.shape[0]}")
+        check_rows("triton", layer, q, k, v, meta)
         key = (layer, q.dtype, k.dtype, v.dtype, q.device, tuple(q.shape[1:]),
                tuple(k.shape[1:]), tuple(v.shape[1:]), meta.block_size, kv_cache.codec.name,
                tuple((name, t.dtype, tuple(t.shape[1:]), t.stride()) for name, t in
                      kv_cache.tensors.items()))
         if key in self._checked:
             return
-        reasons = self.supports_layer(layer)
-        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d):
-            reasons.append(f"q must be [T, {hq}, {d}], got {list(q.shape)}")
-        for name, t in (("k", k), ("v", v)):
-            if t.dim() != 3 or tuple(t.shape[1:]) != (hkv, d):
-                reasons.append(f"{name} must be [T, {hkv}, {d}], got {list(t.shape)}")
+        reasons = self.supports_layer(layer) + qkv_shape_reasons(layer, q, k, v)
+        hkv, d = layer.num_kv_heads, layer.head_dim
         reasons += self.supports_kv_codec(kv_cache.codec, list(kv_cache.layout))
         reasons += _paged_reasons(kv_cache, hkv, d, meta.block_size)
         for name, t in (("q", q), ("k", k), ("v", v)):
