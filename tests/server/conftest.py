@@ -1,4 +1,5 @@
-"""Fixtures of the server tests: an app over the fake engine, in process or on a real socket."""
+"""Fixtures of the server tests: an app over the fake engine, in process or on a real socket;
+one ``tallow serve`` of the embedded default model shared by the end-to-end files."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from server_fakes import FakeEngine  # noqa: E402
-from server_helpers import LiveServer, make_config  # noqa: E402
+from server_helpers import DEFAULT_SERVER_KEY, LiveServer, ServeProcess, make_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +64,19 @@ def live(plugin_manager: Any) -> Iterator[Callable[..., LiveServer]]:
     yield make
     for srv in servers:
         srv.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def default_model_server() -> Iterator[ServeProcess]:
+    """``tallow serve`` on the embedded default model (Qwen2.5-Coder-0.5B-Instruct, float32 on
+    CPU), started once for every end-to-end file that needs no settings of its own: loading
+    the 0.5B model in a fresh process is the largest part of such a file's time.
+
+    Settings are the union of what its users ask for: an API key (``DEFAULT_SERVER_KEY``), a
+    2,048-token context, 32 sequences at once (concurrent structured-output requests batch),
+    and a 256 KiB body limit (the 413 test sends more)."""
+    srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
+                        "--max-num-seqs", "32", "--api-key", DEFAULT_SERVER_KEY,
+                        "--max-body-bytes", "262144"]).start()
+    yield srv
+    assert srv.stop() == 0, srv.log_text()[-3000:]  # a graceful shutdown, status 0
