@@ -78,5 +78,25 @@ def default_model_server() -> Iterator[ServeProcess]:
     srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
                         "--max-num-seqs", "32", "--api-key", DEFAULT_SERVER_KEY,
                         "--max-body-bytes", "262144"]).start()
+    _shared["default_model_server"] = srv
     yield srv
+    _shared.pop("default_model_server", None)
     assert srv.stop() == 0, srv.log_text()[-3000:]  # a graceful shutdown, status 0
+
+
+#: the shared server while it runs, and the last collected test that uses it
+_shared: dict[str, Any] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    users = [item for item in items if "default_model_server" in getattr(item, "fixturenames", ())]
+    _shared["last_user"] = users[-1] if users else None
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Stops the shared server after its last user rather than at the end of the session, so
+    that its 3 GB (float32 weights and KV cache) are not held while the rest of the suite runs;
+    the session's teardown then checks the exit status the stop got."""
+    srv = _shared.get("default_model_server")
+    if srv is not None and item is _shared.get("last_user"):
+        srv.stop()
