@@ -7,8 +7,8 @@ install:  ## the core and every first-party plugin, editable, with test and docs
 	$(PYTHON) -m pip install -q -e '.[test,docs]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	$(PYTHON) -m pip install -q --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
 
-test: install  ## pytest's "no tests collected" (5) counts as success
-	$(PYTHON) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+test: install  ## pytest's "no tests collected" (5) counts as success; the log ends naming the slowest tests
+	$(PYTHON) -m pytest --durations=40 $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 serve: install
 	tallow serve

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import tomllib
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -103,11 +104,15 @@ def test_every_kind_renders_installs_and_passes_its_tests(tmp_path: Path) -> Non
         registry_kind, component = COMPONENTS[kind]
         assert status["components"] == {registry_kind: [component]}, (kind, status)
 
-    failures = []
-    for kind, project in projects.items():
-        run = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              "-rs"], capture_output=True, text=True, timeout=600,
-                             cwd=project, env=clean_env())
-        if run.returncode != 0 or " passed" not in run.stdout or "skipped" in run.stdout:
-            failures.append(f"--- {kind}:\n{run.stdout[-3000:]}{run.stderr[-1500:]}")
+    def own_tests(project: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-rs"], capture_output=True, text=True, timeout=600,
+                              cwd=project, env=clean_env())
+
+    # the runs are independent, and each spends most of its time importing torch: one per core
+    with ThreadPoolExecutor(max_workers=min(len(projects), os.cpu_count() or 1)) as pool:
+        runs = dict(zip(projects, pool.map(own_tests, projects.values())))
+    failures = [f"--- {kind}:\n{run.stdout[-3000:]}{run.stderr[-1500:]}"
+                for kind, run in runs.items()
+                if run.returncode != 0 or " passed" not in run.stdout or "skipped" in run.stdout]
     assert not failures, "\n".join(failures)

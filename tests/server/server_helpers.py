@@ -14,6 +14,9 @@ try:  # the HTTP client the official openai SDK (3.x) and Starlette's test clien
 except ImportError:  # older SDKs use httpx
     import httpx  # type: ignore[no-redef]
 
+#: the API key of the shared ``tallow serve`` of the default model (``default_model_server``)
+DEFAULT_SERVER_KEY = "sk-tallow-e2e"
+
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city.",

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import ServeProcess, httpx
+from server_helpers import DEFAULT_SERVER_KEY, ServeProcess, httpx
 
 pytestmark = pytest.mark.slow
 
-KEY = "sk-tallow-e2e"
+KEY = DEFAULT_SERVER_KEY
 MODEL = "Qwen2.5-Coder-0.5B-Instruct"
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 WEATHER = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
@@ -36,12 +36,10 @@ ADD_TOOL = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServeProcess]:
-    srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
-                        "--max-num-seqs", "8", "--api-key", KEY,
-                        "--max-body-bytes", "262144"]).start()
-    yield srv
-    assert srv.stop() == 0, srv.log_text()[-3000:]  # a graceful shutdown, status 0
+def server(default_model_server: ServeProcess) -> ServeProcess:
+    """The session's shared server (tests/server/conftest.py): key ``KEY``, 2,048-token
+    context, a 256 KiB body limit."""
+    return default_model_server
 
 
 @pytest.fixture(scope="module")

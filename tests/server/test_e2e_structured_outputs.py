@@ -21,12 +21,12 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import openai
 import pytest
-from server_helpers import ServeProcess
+from server_helpers import DEFAULT_SERVER_KEY, ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -48,17 +48,16 @@ CONCURRENCY = 32
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServeProcess]:
-    srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "1024",
-                        "--max-num-seqs", str(CONCURRENCY)]).start()
-    yield srv
-    assert srv.stop() == 0, srv.log_text()[-3000:]
+def server(default_model_server: ServeProcess) -> ServeProcess:
+    """The session's shared server (tests/server/conftest.py): it runs ``CONCURRENCY``
+    sequences at once."""
+    return default_model_server
 
 
 @pytest.fixture(scope="module")
 def client(server: ServeProcess) -> Any:
     """Makes an ``openai.AsyncOpenAI`` for the event loop of each test's ``run``."""
-    return lambda: openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+    return lambda: openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=DEFAULT_SERVER_KEY,
                                       max_retries=0, timeout=600)
 
 
