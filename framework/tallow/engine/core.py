@@ -335,9 +335,10 @@ class EngineCore:
         between()
         clock.mark("overlapped")
         out = self._collect(previous, clock)
-        # The grammars have now seen `previous`'s tokens: mask and sample `launched`, whose
-        # forward the device is running.
-        self._sample_constrained(launched, clock)
+        # The grammars have now seen `previous`'s tokens: the grammar thread fills the masks
+        # of `launched` (whose forward the device is running) while this thread returns,
+        # plans the next step and builds its batch; that launch samples `launched` first.
+        self._start_masks(launched, clock)
         if launched is None and self.scheduler.has_unfinished():
             # Nothing could be planned on top of `previous` (say, its sequences end by length
             # and hold the blocks waiting ones need): now that it is committed, plan again
@@ -395,8 +396,18 @@ class EngineCore:
             self.runner.sample_constrained(launched.pending)
             clock.mark("mask")
 
+    def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
+        """Start filling the masks of a launched step whose sampling waits for its grammars
+        (the next launch, or the collect of the step, samples it)."""
+        if launched is not None and launched.pending.logits is not None:
+            self.runner.start_masks(launched.pending)
+            clock.mark("mask")
+
     def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
-        """Read a step's tokens back, commit them and check stops."""
+        """Read a step's tokens back, commit them and check stops. A step still waiting for
+        its masks (no later step was launched to sample it) is sampled first: the grammars
+        accept nothing while its masks are being filled."""
+        self._sample_constrained(step, clock)
         result = self.runner.collect(step.pending)
         clock.mark("wait")
         out = CoreOutput(decode_only=_decode_only(step))
