@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grammar_fill_micro import SCHEMA, VOCAB, _walked_matchers  # noqa: E402
+from grammar_fill_micro import (  # noqa: E402
+    SCHEMA, _walked_matchers, synthetic_info, xgrammar_backend,
+)
 
 ROWS = 187
 
@@ -55,19 +55,10 @@ def _beside(work: Callable[[], object]) -> tuple[float, float]:
 
 def main() -> None:
     import xgrammar as xgr
-    from tallow_grammar_xgrammar.backend import XGrammarBackend
-
-    from tallow.bench.synthetic_vocab import write_tokenizer
-    from tallow.engine.token_bytes import tokenizer_info
-    from tallow.engine.tokenizer import Tokenizer
     from tallow.plugin import GrammarSpec
 
-    with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = Tokenizer.from_directory(write_tokenizer(Path(scratch) / "tok", VOCAB))
-    info = tokenizer_info(tokenizer, VOCAB)
-    config = SimpleNamespace(plugins=SimpleNamespace(
-        settings={"tallow-grammar-xgrammar": {"max_threads": 1}}))
-    backend = XGrammarBackend(info, config)
+    backend = xgrammar_backend(synthetic_info(), 1)
+    info = backend.tokenizer
     compiled = backend.compile(GrammarSpec.json_schema(json.loads(SCHEMA.read_text())))
     matchers = _walked_matchers(backend, compiled, ROWS, 40, seed=0)
     inner = [m.inner for m in matchers]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,7 +29,9 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grammar_fill_micro import SCHEMA, VOCAB, _median_ms, _walked_matchers  # noqa: E402
+from grammar_fill_micro import (  # noqa: E402
+    SCHEMA, _median_ms, _walked_matchers, add_row_arguments, synthetic_info, xgrammar_backend,
+)
 
 
 def _host_work(rows: int, rounds: int) -> int:
@@ -67,33 +68,21 @@ def _median_wall_and_cpu_ms(fn: Callable[[], object], repeat: int) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=187)
+    add_row_arguments(parser, 187)
     parser.add_argument("--host-ms", type=float, default=4.0)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--max-walk", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
 
-    from tallow_grammar_xgrammar.backend import XGrammarBackend
-
-    from tallow.bench.synthetic_vocab import write_tokenizer
     from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
-    from tallow.engine.token_bytes import tokenizer_info
-    from tallow.engine.tokenizer import Tokenizer
     from tallow.plugin import GrammarSpec
 
-    with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = Tokenizer.from_directory(write_tokenizer(Path(scratch) / "tok", VOCAB))
-    info = tokenizer_info(tokenizer, VOCAB)
+    info = synthetic_info()
     schema = json.loads(SCHEMA.read_text())
     rounds = _rounds_for(args.rows, args.host_ms)
     for threads in args.threads:
-        config = SimpleNamespace(plugins=SimpleNamespace(
-            settings={"tallow-grammar-xgrammar": {"max_threads": threads}}))
-        backend = XGrammarBackend(info, config)
+        backend = xgrammar_backend(info, threads)
         entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
                                 load=lambda: lambda _info, _config: backend)
-        structured = StructuredOutputs(entry, lambda: info, config=config)
+        structured = StructuredOutputs(entry, lambda: info, config=backend.config)
         compiled = structured.compile(GrammarSpec.json_schema(schema))
         states = [GrammarState(m) for m in
                   _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)]
