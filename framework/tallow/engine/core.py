@@ -96,7 +96,9 @@ class CoreOutput:
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
-    #: and (structured outputs) filling the grammars' token masks and queueing the sampling.
+    #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
+    #: sampling a step whose masks no later launch waited for (a launch that samples the step
+    #: before it counts its wait for the masks in "launch").
     #: In async mode schedule/launch are those of the step launched by this call and
     #: wait/post those of the step whose tokens it returns.
     timings: dict[str, float] = field(default_factory=dict)
