@@ -62,32 +62,50 @@ def _walked_matchers(backend, compiled, rows: int, max_walk: int, seed: int) -> 
     return matchers
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--max-walk", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=20)
-    args = parser.parse_args()
-
-    import xgrammar as xgr
-    from tallow_grammar_xgrammar.backend import XGrammarBackend
-
+def synthetic_info():
+    """The TokenizerInfo of the bench's synthetic byte-level vocabulary (VOCAB tokens)."""
     from tallow.bench.synthetic_vocab import write_tokenizer
     from tallow.engine.token_bytes import tokenizer_info
     from tallow.engine.tokenizer import Tokenizer
-    from tallow.plugin import GrammarSpec
 
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = Tokenizer.from_directory(write_tokenizer(Path(scratch) / "tok", VOCAB))
-    info = tokenizer_info(tokenizer, VOCAB)
+    return tokenizer_info(tokenizer, VOCAB)
+
+
+def xgrammar_backend(info, threads: int):
+    """An XGrammarBackend for ``info`` whose batched fills run on ``threads`` threads."""
+    from tallow_grammar_xgrammar.backend import XGrammarBackend
+
+    config = SimpleNamespace(plugins=SimpleNamespace(
+        settings={"tallow-grammar-xgrammar": {"max_threads": threads}}))
+    return XGrammarBackend(info, config)
+
+
+def add_row_arguments(parser: argparse.ArgumentParser, rows: int) -> None:
+    """The options every grammar micro-benchmark takes: rows, xgrammar threads, how far each
+    matcher is walked into the schema, calls per median."""
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--max-walk", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_row_arguments(parser, 256)
+    args = parser.parse_args()
+
+    import xgrammar as xgr
+
+    from tallow.plugin import GrammarSpec
+
+    info = synthetic_info()
     schema = json.loads(SCHEMA.read_text())
     host = torch.empty(args.rows, info.bitmask_words, dtype=torch.int32)
     rows = range(args.rows)
     for threads in args.threads:
-        config = SimpleNamespace(plugins=SimpleNamespace(
-            settings={"tallow-grammar-xgrammar": {"max_threads": threads}}))
-        backend = XGrammarBackend(info, config)
+        backend = xgrammar_backend(info, threads)
         compiled = backend.compile(GrammarSpec.json_schema(schema))
         matchers = _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)
         inner = [m.inner for m in matchers]

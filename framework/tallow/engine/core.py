@@ -96,7 +96,9 @@ class CoreOutput:
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
-    #: and (structured outputs) filling the grammars' token masks and queueing the sampling.
+    #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
+    #: sampling a step whose masks no later launch waited for (a launch that samples the step
+    #: before it counts its wait for the masks in "launch").
     #: In async mode schedule/launch are those of the step launched by this call and
     #: wait/post those of the step whose tokens it returns.
     timings: dict[str, float] = field(default_factory=dict)
@@ -335,9 +337,10 @@ class EngineCore:
         between()
         clock.mark("overlapped")
         out = self._collect(previous, clock)
-        # The grammars have now seen `previous`'s tokens: mask and sample `launched`, whose
-        # forward the device is running.
-        self._sample_constrained(launched, clock)
+        # The grammars have now seen `previous`'s tokens: the grammar thread fills the masks
+        # of `launched` (whose forward the device is running) while this thread returns,
+        # plans the next step and builds its batch; that launch samples `launched` first.
+        self._start_masks(launched, clock)
         if launched is None and self.scheduler.has_unfinished():
             # Nothing could be planned on top of `previous` (say, its sequences end by length
             # and hold the blocks waiting ones need): now that it is committed, plan again
@@ -395,8 +398,18 @@ class EngineCore:
             self.runner.sample_constrained(launched.pending)
             clock.mark("mask")
 
+    def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
+        """Start filling the masks of a launched step whose sampling waits for its grammars
+        (the next launch, or the collect of the step, samples it)."""
+        if launched is not None and launched.pending.logits is not None:
+            self.runner.start_masks(launched.pending)
+            clock.mark("mask")
+
     def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
-        """Read a step's tokens back, commit them and check stops."""
+        """Read a step's tokens back, commit them and check stops. A step still waiting for
+        its masks (no later step was launched to sample it) is sampled first: the grammars
+        accept nothing while its masks are being filled."""
+        self._sample_constrained(step, clock)
         result = self.runner.collect(step.pending)
         clock.mark("wait")
         out = CoreOutput(decode_only=_decode_only(step))

@@ -82,6 +82,10 @@ class PendingStep:
     #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
     #: the tokens of the step before (:meth:`ModelRunner.sample_constrained` samples them)
     logits: torch.Tensor | None = None
+    #: the masks of those rows being filled on the grammar thread
+    #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
+    mask_fill: Any = None
+    mask_rows: list[int] = field(default_factory=list)
 
     def rows_by_seq(self) -> dict[int, int]:
         """seq_id → its row in ``token_ids``."""
@@ -376,14 +380,20 @@ class ModelRunner:
         ``constrained`` says that some sequence of the engine has a grammar. When one of this
         step's sampled sequences does, only the forward and the logits are queued: the caller
         brings the grammars up to date (the tokens of the step before may still be on the
-        device) and then calls :meth:`sample_constrained`, so the masks are computed while the
-        device runs this step's forward.
+        device) and then calls :meth:`start_masks` and later :meth:`sample_constrained`, so
+        the masks are computed while the device runs this step's forward.
+
+        A ``feed`` still waiting for its masks is sampled here, once this step's batch is
+        built on the host and before its forward is queued (which reads the feed's tokens):
+        the grammar thread fills those masks while the host builds this batch.
         """
         pending = PendingStep()
         scheduled = out.scheduled
         host = None
         if scheduled:
             host = self.fill_host(scheduled, feed.rows_by_seq() if feed is not None else None)
+        if feed is not None and feed.logits is not None:
+            self.sample_constrained(feed)
         for item in scheduled:
             pending.targets.extend(item.sample_seqs)
         pending.sampled_rows = StepRows.of(pending.targets)
@@ -429,14 +439,15 @@ class ModelRunner:
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
 
-    @torch.inference_mode()
-    def sample_constrained(self, pending: PendingStep) -> None:
-        """Sample a step :meth:`launch` left with its logits: fill the token masks of its
-        constrained sequences (each grammar first catches up with its sequence's known
-        tokens), then sample and queue the read-back. A sequence finished meanwhile, or whose
-        grammar has ended, is sampled without a mask (its token will be dropped)."""
-        logits, pending.logits = pending.logits, None
-        assert logits is not None and self.grammar is not None
+    def start_masks(self, pending: PendingStep) -> None:
+        """Start filling the token masks of a step :meth:`launch` left with its logits, on the
+        grammar thread: each grammar first catches up with its sequence's known tokens (here,
+        on the calling thread). A sequence finished by then, or whose grammar has ended, gets
+        no mask (its token will be dropped). Until :meth:`sample_constrained` the step's
+        matchers belong to the grammar thread."""
+        assert pending.logits is not None and self.grammar is not None
+        if pending.mask_fill is not None:
+            return
         rows: list[int] = []
         states = []
         for j, seq in enumerate(pending.targets):
@@ -447,10 +458,21 @@ class ModelRunner:
             if state.sync(seq.output_token_ids, known) and not state.terminated:
                 rows.append(j)
                 states.append(state)
-        if states:
-            masks = self.grammar.fill(states)
-            self._sample(pending, logits,
-                         (masks, device_tensor(rows, torch.int64, logits.device)))
+        pending.mask_rows = rows
+        pending.mask_fill = self.grammar.start_fill(states) if states else False
+
+    @torch.inference_mode()
+    def sample_constrained(self, pending: PendingStep) -> None:
+        """Sample a step :meth:`launch` left with its logits: wait for its masks
+        (:meth:`start_masks`, started now if it was not), then sample and queue the
+        read-back."""
+        self.start_masks(pending)
+        logits, pending.logits = pending.logits, None
+        fill, pending.mask_fill = pending.mask_fill, None
+        if fill:
+            masks = self.grammar.take(fill)
+            rows = device_tensor(pending.mask_rows, torch.int64, logits.device)
+            self._sample(pending, logits, (masks, rows))
         else:
             self._sample(pending, logits)
         if self.step_publisher is not None:

@@ -15,6 +15,7 @@ has not seen and rolls back tokens it saw that the sequence no longer has.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
@@ -67,6 +68,17 @@ class GrammarState:
         return self.matcher.is_terminated()
 
 
+class MaskFill:
+    """A fill of one step's masks running on the grammar thread
+    (:meth:`StructuredOutputs.start_fill`)."""
+
+    __slots__ = ("future", "rows")
+
+    def __init__(self, future: "concurrent.futures.Future[torch.Tensor]", rows: int) -> None:
+        self.future = future
+        self.rows = rows
+
+
 class StructuredOutputs:
     """Grammar compilation and masks for one engine (see the module docstring)."""
 
@@ -85,10 +97,15 @@ class StructuredOutputs:
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
         self._copied: Any = None  # the event after the last mask left the pinned buffer
-        #: seconds spent filling masks, steps that filled any, rows filled
+        #: the fill started and not yet taken (one at a time: they share the pinned buffer)
+        self._job: MaskFill | None = None
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        #: seconds spent filling masks (on the grammar thread), steps that filled any, rows
+        #: filled, and seconds the engine thread waited for a fill to end
         self.mask_seconds = 0.0
         self.mask_steps = 0
         self.mask_rows = 0
+        self.mask_wait_seconds = 0.0
 
     @classmethod
     def for_engine(cls, registries: Any, config: Any,
@@ -169,23 +186,61 @@ class StructuredOutputs:
     # -- masks --------------------------------------------------------------------------
     def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
         """The packed masks of ``states`` (each already in step with its sequence) on the
-        engine's device, one row each ([len, words] int32)."""
+        engine's device, one row each ([len, words] int32); waits for them."""
+        return self.take(self.start_fill(states))
+
+    def start_fill(self, states: Sequence[GrammarState]) -> "MaskFill":
+        """Start filling the masks of ``states`` (each already in step with its sequence) on
+        the grammar thread. Until :meth:`take` returns, their matchers belong to that thread:
+        accept nothing into them and roll nothing back."""
+        if self._job is not None:  # never taken (its step was dropped): let it end first
+            self._job.future.exception()
+            self._job = None
         backend = self.backend
         words = backend.tokenizer.bitmask_words
         n = len(states)
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous masks have left the pinned buffer
-            self._copied = None
         if self._host is None or self._host.shape[0] < n:
+            self._wait_copied()  # the old buffer may still be read by a copy
             rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
             self._host = torch.empty(rows, words, dtype=torch.int32,
                                      pin_memory=self.device.type == "cuda")
         host = self._host[:n]
+        matchers = [s.matcher for s in states]
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="tallow-grammar-masks")
+        self._job = MaskFill(self._thread.submit(self._fill_host, backend, matchers, host), n)
+        return self._job
+
+    def _fill_host(self, backend: GrammarBackend, matchers: list[GrammarMatcher],
+                   host: torch.Tensor) -> torch.Tensor:
+        """On the grammar thread: fill ``host`` once the last masks have left it."""
+        self._wait_copied()
         started = time.perf_counter()
-        backend.fill_bitmasks([s.matcher for s in states], host, range(n))
+        # inference mode is per thread, and the buffer may have been made under it
+        with torch.inference_mode():
+            backend.fill_bitmasks(matchers, host, range(len(matchers)))
         self.mask_seconds += time.perf_counter() - started
+        return host
+
+    def _wait_copied(self) -> None:
+        copied, self._copied = self._copied, None
+        if copied is not None:
+            copied.synchronize()
+
+    def take(self, job: "MaskFill") -> torch.Tensor:
+        """Wait for a fill :meth:`start_fill` started and return its masks on the device
+        (the copy is queued on the engine thread's stream). The matchers are the engine's
+        again afterwards."""
+        if job is not self._job:
+            raise RuntimeError("these grammar masks were already taken, or a later fill "
+                               "replaced them")
+        self._job = None
+        started = time.perf_counter()
+        host = job.future.result()  # waits with the GIL released
+        self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1
-        self.mask_rows += n
+        self.mask_rows += job.rows
         if self.device.type != "cuda":
             return host
         masks = host.to(self.device, non_blocking=True)
@@ -211,4 +266,5 @@ class StructuredOutputs:
         return {"grammar_mask_seconds_total": self.mask_seconds,
                 "grammar_mask_steps_total": self.mask_steps,
                 "grammar_mask_rows_total": self.mask_rows,
+                "grammar_mask_wait_seconds_total": self.mask_wait_seconds,
                 "grammar_cache_entries": len(self._cache)}
