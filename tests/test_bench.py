@@ -66,6 +66,19 @@ def test_latency_prefill_first_decodes_the_whole_batch_together():
     assert together["ttft_s"] > 0 and together["decode_steps"] >= 10
 
 
+def test_latency_synthetic_context_skips_the_prompts_and_runs_what_fits():
+    """Eight 80-token sequences in a cache of 20 blocks: with --synthetic-context the four
+    that fit are timed, their prompts found in the prefix cache but for the last block, and
+    every decode step advances all four; no TTFT is reported."""
+    r = bench("latency", "--model", "random:tiny-llama", "--device", "cpu", "--batch-size", "8",
+              "--input-len", "64", "--output-len", "16", "--num-blocks", "20",
+              "--max-model-len", "128", "--warmup-input-len", "8", "--synthetic-context")
+    assert r["synthetic_context"] is True and r["sequences_timed"] == 4
+    assert r["prefix_hit_rate"] == 48 / 64  # 3 of 4 blocks: the last token is computed
+    assert r["decode_running_mean"] == 4 and r["peak_running"] == 4
+    assert r["ttft_s"] != r["ttft_s"] and r["decode_steps"] >= 14
+
+
 def test_throughput_generates_every_requested_token():
     r = bench("throughput", "--model", "random:tiny-llama", "--device", "cpu", "--num-prompts",
               "6", "--input-len", "16", "--output-len", "9", "--max-waiting", "2")

@@ -238,6 +238,31 @@ def test_reset_prefix_cache_and_disabled_cache() -> None:
     assert off.num_cached_blocks == 0 and off.hit_rate == 0.0
 
 
+def test_uncomputed_prefix_is_found_like_a_computed_one() -> None:
+    """A prompt registered without computing (the latency bench's synthetic context) gives a
+    later sequence with that prompt the same hits a computed prompt would: every full block
+    before the last token, evictable meanwhile, and a second registration takes no block."""
+    tokens = list(range(11))  # blocks of 4: two full blocks before the last token
+    bm = BlockManager(6, 4)
+    assert bm.register_uncomputed_prefix(tokens) == 2
+    assert bm.num_free_blocks == 6 and bm.num_cached_blocks == 2
+    assert bm.register_uncomputed_prefix(tokens) == 0 and bm.num_cached_blocks == 2
+    reference = BlockManager(6, 4)
+    done = make_seq(tokens, "done")
+    compute(reference, done, 11)
+    reference.free(done)
+    seq = make_seq(tokens)
+    hits = bm.get_prefix_hits(seq)
+    assert len(hits) == len(reference.get_prefix_hits(make_seq(tokens))) == 2
+    assert bm.allocate_prefix(seq, hits) == 8 and seq.num_computed_tokens == 8
+    compute(bm, seq, 3)
+    assert bm.num_free_blocks == 3
+    with pytest.raises(NoFreeBlocksError):
+        BlockManager(1, 4).register_uncomputed_prefix(tokens)
+    with pytest.raises(ValueError, match="prefix caching"):
+        BlockManager(6, 4, enable_prefix_caching=False).register_uncomputed_prefix(tokens)
+
+
 def test_invariant_checker_catches_corruption() -> None:
     bm = BlockManager(4, 2)
     a = make_seq([1, 2, 3])

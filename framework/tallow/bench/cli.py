@@ -36,6 +36,11 @@ def add_parser(subparsers: Any) -> None:
                      help="run every prompt for one token first (TTFT is taken there), then "
                           "time the batch over its prefix-cached prompts, so that as many "
                           "sequences decode together as the KV cache holds")
+    lat.add_argument("--synthetic-context", action="store_true",
+                     help="do not compute the prompts: register their KV blocks in the prefix "
+                          "cache as they are (synthetic K/V) for as many sequences as the cache "
+                          "holds, which then decode over their whole context; for decode speed "
+                          "at long context (no TTFT)")
 
     thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
     thr.add_argument("--num-prompts", type=int, default=1000)

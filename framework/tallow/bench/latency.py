@@ -57,19 +57,40 @@ def prefill_only(engine: Any, prompts: list[list[int]]) -> dict[str, float]:
     return first
 
 
+def register_synthetic_context(engine: Any, prompts: list[list[int]], output_len: int
+                               ) -> list[list[int]]:
+    """Keep as many of ``prompts`` as the KV cache holds with their outputs, and register
+    their full blocks in the prefix cache without computing them (synthetic K/V: the cache's
+    current contents), so each sequence computes only its last block and then decodes over
+    its whole context. Decode work depends on the context length and the KV codec, not on the
+    cached values; this skips minutes of prefill at 32k tokens."""
+    manager = engine.core.scheduler.block_manager
+    fits = manager.num_total_blocks // manager.blocks_for(len(prompts[0]) + output_len)
+    kept = prompts[:max(1, fits)]
+    for prompt in kept:
+        manager.register_uncomputed_prefix(prompt)
+    manager.reset_stats()
+    return kept
+
+
 def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
-            seed: int = 0, prefill_first: bool = False) -> dict[str, Any]:
+            seed: int = 0, prefill_first: bool = False,
+            synthetic_context: bool = False) -> dict[str, Any]:
     """Run one batch and time it. With ``prefill_first`` every prompt is first run for one
     token (TTFT is taken there) and the timed batch then finds its prompts in the prefix
     cache, so its sequences decode together as far as the cache holds them, instead of the
-    first ones finishing while the last ones still prefill."""
+    first ones finishing while the last ones still prefill. With ``synthetic_context`` the
+    prompts' blocks are registered uncomputed instead (:func:`register_synthetic_context`):
+    only as many sequences run as the cache holds, and TTFT is not measured."""
     from tallow.engine.sampling import SamplingParams
 
     device = engine.parts.loaded.device
     vocab = engine.parts.core.runner.vocab_size
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     prompts = random_prompts(batch, [input_len] * batch, vocab, seed)
-    prefilled = prefill_only(engine, prompts) if prefill_first else None
+    if synthetic_context:
+        prompts = register_synthetic_context(engine, prompts, output_len)
+    prefilled = prefill_only(engine, prompts) if prefill_first and not synthetic_context else None
     ids = [engine.next_request_id() for _ in prompts]
     sync(device)
     start = now()
@@ -99,8 +120,10 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
     itl = step_times
     if prefilled is not None:
         first = prefilled
+    if synthetic_context:
+        first = {}  # the prompts were never computed: no time to first token to report
     return {
-        "ttft_s": mean(list(first.values())),
+        "ttft_s": mean(list(first.values())) if first else float("nan"),
         "ttft_max_s": max(first.values()) if first else float("nan"),
         "itl_mean_s": mean(itl), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
         "decode_tok_s_per_seq": 1.0 / mean(itl) if itl else float("nan"),
@@ -110,7 +133,10 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
         "e2e_s": total, "decode_steps": len(itl),
         # sequences a decode step advanced, on average: what its KV reads are counted for
         "decode_running_mean": step_tokens / len(itl) if itl else float("nan"),
-        "prefill_first": prefill_first,
+        "prefill_first": prefill_first, "synthetic_context": synthetic_context,
+        "sequences_timed": len(prompts),
+        # prompt tokens the timed batch found in the prefix cache, of all its prompt tokens
+        "prefix_hit_rate": engine.core.scheduler.block_manager.hit_rate,
         # the most sequences running at once: the batch, or what the KV cache held of it
         "peak_running": peak_running,
         # mean seconds per decode step spent in each phase of the engine step
@@ -129,7 +155,8 @@ def run(args: Any, config: Any) -> dict[str, Any]:
             output_len=8, seed=1)
     result = measure(engine, batch=args.batch_size, input_len=args.input_len,
                      output_len=args.output_len, seed=2,
-                     prefill_first=getattr(args, "prefill_first", False))
+                     prefill_first=getattr(args, "prefill_first", False),
+                     synthetic_context=getattr(args, "synthetic_context", False))
     bandwidth = copy_bandwidth(device)
     w_bytes = weight_bytes_per_step(parts.loaded.model, args.batch_size)
     mean_ctx = args.input_len + args.output_len / 2
@@ -177,6 +204,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("TTFT (ms)", r["ttft_s"] * 1e3),
         ("decode tok/s per sequence", r["decode_tok_s_per_seq"]),
         ("decode tok/s total", r["decode_tok_s_total"]),
+        ("sequences timed", r["sequences_timed"]),
+        ("synthetic context (prompts not computed)", r["synthetic_context"]),
         ("sequences running at once (peak)", r["peak_running"]),
         ("sequences per decode step (mean)", r["decode_running_mean"]),
         ("ITL p50 (ms)", r["itl_p50_s"] * 1e3), ("ITL p99 (ms)", r["itl_p99_s"] * 1e3),

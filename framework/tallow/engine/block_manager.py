@@ -191,6 +191,37 @@ class BlockManager:
                 self._cache[h] = block
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
+    def register_uncomputed_prefix(self, token_ids: list[int]) -> int:
+        """Register the full blocks of a prompt ``token_ids`` in the prefix cache *without
+        computing them*; a later sequence with this prompt then starts at its last block.
+
+        For benchmarks only (``tallow bench latency --synthetic-context``): it times decoding
+        at long context without spending minutes on prefill. The blocks keep whatever the KV
+        cache holds, not the prompt's K/V, so the engine never calls this. The blocks are left
+        evictable (unreferenced). Returns how many were registered; blocks already cached are
+        kept as they are.
+        """
+        if not self.enable_prefix_caching:
+            raise ValueError("register_uncomputed_prefix needs prefix caching enabled")
+        bs = self.block_size
+        hashes: list[bytes] = []
+        for i in range((len(token_ids) - 1) // bs):  # the last token is always computed
+            hashes.append(chain_hash(hashes[-1] if hashes else None,
+                                     token_ids[i * bs:(i + 1) * bs]))
+        missing = [h for h in hashes if h not in self._cache]
+        if len(missing) > self.num_free_blocks:
+            raise NoFreeBlocksError(f"the prefix needs {len(missing)} KV blocks, "
+                                    f"{self.num_free_blocks} are free")
+        registered = 0
+        for h in missing:
+            block = self._take()
+            self._ref[block] = 0
+            self._hash[block] = h
+            self._cache[h] = block
+            self._evictable[block] = None
+            registered += 1
+        return registered
+
     def reset_stats(self) -> None:
         """Start :attr:`hit_rate` and the eviction count afresh (after a warm-up, say)."""
         self._query_tokens = self._hit_tokens = self.num_evictions = 0
