@@ -174,21 +174,21 @@ def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat
                 block_scales: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an ``m x k`` by ``k x n`` product.
 
-    One row, 16-bit weights: four output features per program and 2,048 columns per step (16
-    KB of weights in flight per program). On an H200 (timed inside a CUDA graph, llama-3-8b
-    and qwen3-0.6b shapes, see ``bench/gpu/profile_decode.py gemv``) that tile streamed 3.4–4.5
-    TB/s where cuBLAS gave 2.5–4.2: many small programs keep more loads in flight than a few
-    wide ones. One row, e4m3 weights: eight output rows per program, for the same 16 KB per
-    step (a program of four e4m3 rows had half the bytes in flight of a bf16 one).
+    One row, 16-bit weights with K >= 2,048: two output features per program, 2,048 columns
+    per step, eight warps — the fastest tile of the sweep on every llama-3-8b shape (the GEMV
+    sweep of ``bench/gpu/profile_decode.py gemv``, docs/benchmarks.md): many small programs
+    keep more loads in flight than a few wide ones, and eight warps per program cover the
+    latency of each 8 KB step. One row, e4m3 weights: eight output rows per program, four
+    warps (16 KB per step).
 
     Several rows: 32 output features, up to 256 columns per step (128 with block scales: one
     block of columns per step).
     """
     vec = vector_width(weight_dtype)
     if m == 1:
-        block_n = 8 if weight_dtype.itemsize == 1 else 4
         if k >= 2048:
-            return 1, block_n, 2048, 4
+            return (1, 8, 2048, 4) if weight_dtype.itemsize == 1 else (1, 2, 2048, 8)
+        block_n = 8 if weight_dtype.itemsize == 1 else 4
         block_k = max(vec, min(1024, triton.next_power_of_2(k)))
         if weight_dtype.itemsize != 1:
             return 1, block_n, block_k, 2
