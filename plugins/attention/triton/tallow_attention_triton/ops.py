@@ -33,6 +33,10 @@ from .kernels.turbo_decode import decode_nibbles_kernel
 from .kernels.store import store_kv_kernel
 
 LOG2E = 1.4426950408889634
+#: decode a 4-bit turbo cache with its own kernel (kernels/turbo_decode.py); False: with the
+#: split kernel that serves every cache, kept so the two can be compared on the same batch
+#: (bench/gpu/kv_turbo_probe.py)
+NIBBLE_DECODE = True
 
 
 def interpreting() -> bool:
@@ -294,7 +298,7 @@ def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
     k_cache = _paged(kv_cache)[0]
     n_kv = k_cache.shape[2]
     turbo = turbo_ops.is_turbo(kv_cache)
-    if _paged(kv_cache)[-1] == 4:
+    if _paged(kv_cache)[-1] == 4 and NIBBLE_DECODE:
         tiles = nibble_decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size())
     else:
         tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
@@ -358,7 +362,7 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
     window = int(sliding_window or 0)
-    if bits == 4:
+    if bits == 4 and NIBBLE_DECODE:
         spec = decode_nibbles_spec(num_heads=n_heads, group=group, head_dim=head_dim,
                                    dtype=q.dtype, block_size=k_cache.shape[1],
                                    sliding_window=sliding_window, logit_softcap=logit_softcap,
