@@ -98,11 +98,13 @@ def unpack_nibbles(b, anchor, IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
     ``IN_PTX`` (fp16 only, not under the interpreter) does four bytes per inline-PTX call:
     each pair of bytes spread into the low bytes of two 16-bit halves (one ``prmt``), then per
     pair of values an and/or (one ``LOP3``) making the fp16 ``1024 + n`` (``1024 + 16 n`` for
-    the high nibble) and one or two fp16x2 subtractions or one fma: about 1.25 instructions
-    per value, against a byte extraction, shift, mask, int-to-float conversion, subtraction
-    and narrowing per value in registers. ``anchor``, an int32 tensor of ``b``'s shape that the
-    PTX ignores, keeps Triton from moving the unpacking after the tile's staging for the
-    tensor-core products (see :func:`.common.widen_fp8_in_ptx`)."""
+    the high nibble), then two fp16x2 subtractions (1024, then 7.5: 1031.5 is no fp16) or, for
+    the high nibble, one fma (``x / 16 - 71.5``): 12 instructions per 8 values, against a byte
+    extraction, shift, mask, int-to-float conversion, subtraction and narrowing per value in
+    registers. ``anchor``, an int32 tensor of ``b``'s shape that the PTX ignores, keeps Triton
+    from moving the unpacking after the tile's staging for the tensor-core products (see
+    :func:`.common.widen_fp8_in_ptx`); without it the sm_90 loop takes more instructions, not
+    fewer (the staged bytes are read back one at a time)."""
     if IN_PTX:
         lo, hi = tl.inline_asm_elementwise(
             _NIBBLE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b, anchor],

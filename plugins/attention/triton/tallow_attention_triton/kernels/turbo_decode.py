@@ -5,8 +5,8 @@ and coordinate ``d + D/2`` in its high nibble. A product over coordinates may ta
 any order, so this kernel never interleaves the two: a key or value tile is two tiles of
 ``D/2`` coordinates, the low nibbles and the high nibbles of one contiguous run of bytes per
 token, and the query and the output are cut in the same two halves. Per byte that is one
-16-byte-load share, one unpacking into two fp16 values (:func:`.turbo.unpack_nibbles`, about
-1.25 instructions per value in PTX) and the tensor-core products; per token the key's scale
+16-byte-load share, one unpacking into two fp16 values (:func:`.turbo.unpack_nibbles`, 1.5
+instructions per value in PTX) and the tensor-core products; per token the key's scale
 multiplies its column of scores and the value's scale its column of softmax weights, so no
 tile element is ever scaled. With 16-bit activations the products run in fp16: the codes
 (``code - 7.5``) are exact in it, and a bf16 query widens to fp16 exactly (clamped to fp16's
