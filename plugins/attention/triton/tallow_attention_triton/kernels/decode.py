@@ -63,6 +63,17 @@ def _tile_range(seq_len, window, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr)
 
 
 @triton.jit
+def _split_tiles(seq_len, window, num_splits, split, USE_WINDOW: tl.constexpr,
+                 TILE_N: tl.constexpr):
+    """(first token of tile 0, first tile, end tile) of split ``split``'s share of a
+    one-query sequence's tiles: ``num_splits`` equal runs (the last ones may be empty)."""
+    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
+    t_begin = split * per_split
+    return lo, t_begin, tl.minimum(t_begin + per_split, n_tiles)
+
+
+@triton.jit
 def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
     """(row of the sequence's query, whether this kernel serves it). In a mixed batch only
     sequences with exactly one query are served (the prefill kernel takes the others); in a
@@ -129,10 +140,7 @@ def decode_split_kernel(
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
         tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
-    t_begin = split * per_split
-    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    lo, t_begin, t_end = _split_tiles(seq_len, window, num_splits, split, USE_WINDOW, TILE_N)
     if not SINGLE_SPLIT:
         # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:

@@ -50,7 +50,9 @@ def code_positions(offs_d, HEAD_DIM: tl.constexpr, BITS: tl.constexpr):
 def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
                   BITS: tl.constexpr, DTYPE: tl.constexpr):
     """``code - c`` [N, D_PAD] in ``DTYPE`` (exact: small integers and halves) of the packed
-    vectors starting at byte offsets ``rows`` [N]; 0 where ``mask`` [N, D_PAD] is false."""
+    vectors starting at byte offsets ``rows`` [N]; ``-c`` where ``mask`` [N, D_PAD] is false
+    (code 0): the callers mask those tokens' scores, zero their weights and scales, and zero
+    the query's coordinates past the head size, so no select per value is needed."""
     b = tl.load(codes_ptr + rows[:, None] + byte[None, :], mask=mask, other=0).to(tl.int32)
     if BITS == 8:
         code = b
@@ -60,8 +62,7 @@ def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
         hb = tl.load(codes_ptr + rows[:, None] + high_byte[None, :], mask=mask,
                      other=0).to(tl.int32)
         code = ((b >> shift[None, :]) & 3) | (((hb >> high_shift[None, :]) & 1) << 2)
-    centered = code.to(tl.float32) - ((1 << BITS) - 1) * 0.5
-    return tl.where(mask, centered, 0.0).to(DTYPE)
+    return (code.to(tl.float32) - ((1 << BITS) - 1) * 0.5).to(DTYPE)
 
 
 

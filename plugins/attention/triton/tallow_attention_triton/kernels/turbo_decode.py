@@ -25,8 +25,8 @@ import triton.language as tl
 from tallow.kernels.jit import step_jit
 from tallow.kernels.pdl import allow_next, wait_prior
 
-from .common import dot, product_operand, tanh, turbo_offsets
-from .decode import _query_row, _tile_range
+from .common import dot, product_operand, scaled_weights, tanh, turbo_offsets
+from .decode import _query_row, _split_tiles
 from .turbo import load_nibble_halves
 
 
@@ -62,10 +62,7 @@ def decode_nibbles_kernel(
     if not served:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
-    t_begin = split * per_split
-    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    lo, t_begin, t_end = _split_tiles(seq_len, window, num_splits, split, USE_WINDOW, TILE_N)
     if not SINGLE_SPLIT:
         # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:
@@ -112,14 +109,9 @@ def decode_nibbles_kernel(
         v_lo, v_hi = load_nibble_halves(v_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
                                         UNPACK_IN_PTX, q_lo.dtype)
         v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = (p * v_scale[None, :]).to(v_lo.dtype)
+        pv, alpha, l_i, m_i = scaled_weights(l_i, m_i, s, v_scale, v_lo.dtype)
         acc_lo = acc_lo * alpha[:, None] + dot(pv, v_lo, PRECISION, UPCAST)
         acc_hi = acc_hi * alpha[:, None] + dot(pv, v_hi, PRECISION, UPCAST)
-        m_i = m_new
 
     if SINGLE_SPLIT:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
