@@ -147,8 +147,8 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
 def nibble_decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTiles:
     """Tiles for the 4-bit turbo decode kernel (kernels/turbo_decode.py). With 16-bit
     activations at head sizes up to 128 and groups up to 16: one-warp programs on 32-key tiles,
-    as for an 8-bit float cache (no cross-warp reductions or barriers; 2,382 sm_90 instructions
-    per 64 keys at head size 128, against 3,164 for 4-warp programs on 64-key tiles). Larger
+    as for an 8-bit float cache (no cross-warp reductions or barriers; 2,362 sm_90 instructions
+    per 64 keys at head size 128, against 3,244 for 4-warp programs on 64-key tiles). Larger
     heads and groups spill one warp's registers and take 4-warp programs; fp32 products take
     16-key steps."""
     d_pad = next_pow2(head_dim)

@@ -282,9 +282,9 @@ def test_turbo4_decode_unpacks_nibbles_in_ptx(head_dim: int, group: int,
     """The 4-bit turbo decode kernel builds for sm_90 with tensor-core products, vectorised or
     asynchronous loads and no spills, single-split and split alike; with 16-bit activations
     it unpacks the codes in PTX (fp16 products), and at llama-3-8b's shape its loop stays
-    within the instruction count that made it the decode of 4-bit caches (1,191 sm_90
-    instructions per 32-key tile, against 3,336 per 32 keys of the split kernel's 4-warp
-    64-key tiles)."""
+    within the instruction count that made it the decode of 4-bit caches (1,181 sm_90
+    instructions per 32-key tile, against 3,336 per 32 keys in the split kernel's 4-warp
+    64-key tiles, which decoded them before)."""
     from tallow.kernels.offline import opcode, sass_loops
     from tallow_attention_triton.kernels.turbo_decode import decode_nibbles_kernel
 

@@ -30,6 +30,23 @@ from .decode import _query_row, _split_tiles
 from .turbo import load_nibble_halves
 
 
+@triton.jit
+def _tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, active,
+                 kv_head, stride_sb, stride_so, USE_WINDOW: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """(key scales, value scales) [TILE_N] fp32 of the tile of tokens from ``start`` of one
+    KV head; 0 for tokens outside the context (or the window) and everywhere unless
+    ``active``."""
+    offs_n = start + tl.arange(0, TILE_N)
+    n_mask = (offs_n < seq_len) & active
+    if USE_WINDOW:
+        n_mask = n_mask & (offs_n >= window_lo)
+    blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    off = blk * stride_sb + (offs_n % BLOCK_SIZE) * stride_so + kv_head
+    return (tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
+            tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32))
+
+
 # Step-dependent arguments are not specialized on: see tallow.kernels.jit.
 @step_jit(values=["window", "num_splits", "stride_bt"],
           pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
@@ -87,17 +104,24 @@ def decode_nibbles_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc_lo = tl.zeros([G_PAD, H_PAD], tl.float32)
     acc_hi = tl.zeros([G_PAD, H_PAD], tl.float32)
+    # The scales (2 bytes per token: too narrow for the asynchronous copies that bring the
+    # code tiles in ahead of use) are read one tile ahead, so that their latency overlaps a
+    # tile's work instead of stalling the scores.
+    k_scale, v_scale = _tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
+                                    seq_len, window_lo, t_begin < t_end, kv_head, stride_sb,
+                                    stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
     for t in range(t_begin, t_end):
         offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
         n_mask = offs_n < seq_len
         if USE_WINDOW:
             n_mask = n_mask & (offs_n >= window_lo)
-        code_off, scale_off = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
-                                            code_head_off, stride_sb, stride_so, kv_head,
-                                            BLOCK_SIZE)
+        code_off, _ = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
+                                    code_head_off, stride_sb, stride_so, kv_head, BLOCK_SIZE)
         k_lo, k_hi = load_nibble_halves(k_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
                                         UNPACK_IN_PTX, q_lo.dtype)
-        k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
+        next_k_scale, next_v_scale = _tile_scales(
+            k_scales_ptr, v_scales_ptr, bt_row, lo + (t + 1) * TILE_N, seq_len, window_lo,
+            t + 1 < t_end, kv_head, stride_sb, stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
         s = dot(q_lo, tl.trans(k_lo), PRECISION, UPCAST) \
             + dot(q_hi, tl.trans(k_hi), PRECISION, UPCAST)
         s = s * k_scale[None, :]
@@ -108,10 +132,11 @@ def decode_nibbles_kernel(
         s = tl.where(n_mask[None, :], s, float("-inf"))
         v_lo, v_hi = load_nibble_halves(v_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
                                         UNPACK_IN_PTX, q_lo.dtype)
-        v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
         pv, alpha, l_i, m_i = scaled_weights(l_i, m_i, s, v_scale, v_lo.dtype)
         acc_lo = acc_lo * alpha[:, None] + dot(pv, v_lo, PRECISION, UPCAST)
         acc_hi = acc_hi * alpha[:, None] + dot(pv, v_hi, PRECISION, UPCAST)
+        k_scale = next_k_scale
+        v_scale = next_v_scale
 
     if SINGLE_SPLIT:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
