@@ -135,6 +135,23 @@ def load_nibble_halves(codes_ptr, rows, offs_n, n_mask, offs_h, HALF: tl.constex
 
 
 @triton.jit
+def tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, active,
+                 kv_head, stride_sb, stride_so, USE_WINDOW: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """(key scales, value scales) [TILE_N] fp32 of the tile of tokens from ``start`` of one
+    KV head; 0 for tokens outside the context (or the window) and everywhere unless
+    ``active``."""
+    offs_n = start + tl.arange(0, TILE_N)
+    n_mask = (offs_n < seq_len) & active
+    if USE_WINDOW:
+        n_mask = n_mask & (offs_n >= window_lo)
+    blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    off = blk * stride_sb + (offs_n % BLOCK_SIZE) * stride_so + kv_head
+    return (tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
+            tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
 def _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h_mask,
                      HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Input coordinates ``offs_k`` [H_PAD, K_CHUNK] (fp32) of the vectors at ``src_ptr +

@@ -27,24 +27,7 @@ from tallow.kernels.pdl import allow_next, wait_prior
 
 from .common import dot, product_operand, scaled_weights, tanh, turbo_offsets
 from .decode import _query_row, _split_tiles
-from .turbo import load_nibble_halves
-
-
-@triton.jit
-def _tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, active,
-                 kv_head, stride_sb, stride_so, USE_WINDOW: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
-    """(key scales, value scales) [TILE_N] fp32 of the tile of tokens from ``start`` of one
-    KV head; 0 for tokens outside the context (or the window) and everywhere unless
-    ``active``."""
-    offs_n = start + tl.arange(0, TILE_N)
-    n_mask = (offs_n < seq_len) & active
-    if USE_WINDOW:
-        n_mask = n_mask & (offs_n >= window_lo)
-    blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    off = blk * stride_sb + (offs_n % BLOCK_SIZE) * stride_so + kv_head
-    return (tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
-            tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32))
+from .turbo import load_nibble_halves, tile_scales
 
 
 # Step-dependent arguments are not specialized on: see tallow.kernels.jit.
@@ -107,7 +90,7 @@ def decode_nibbles_kernel(
     # The scales (2 bytes per token: too narrow for the asynchronous copies that bring the
     # code tiles in ahead of use) are read one tile ahead, so that their latency overlaps a
     # tile's work instead of stalling the scores.
-    k_scale, v_scale = _tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
+    k_scale, v_scale = tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
                                     seq_len, window_lo, t_begin < t_end, kv_head, stride_sb,
                                     stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
     for t in range(t_begin, t_end):
@@ -119,7 +102,7 @@ def decode_nibbles_kernel(
                                     code_head_off, stride_sb, stride_so, kv_head, BLOCK_SIZE)
         k_lo, k_hi = load_nibble_halves(k_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
                                         UNPACK_IN_PTX, q_lo.dtype)
-        next_k_scale, next_v_scale = _tile_scales(
+        next_k_scale, next_v_scale = tile_scales(
             k_scales_ptr, v_scales_ptr, bt_row, lo + (t + 1) * TILE_N, seq_len, window_lo,
             t + 1 < t_end, kv_head, stride_sb, stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
         s = dot(q_lo, tl.trans(k_lo), PRECISION, UPCAST) \
