@@ -10,12 +10,21 @@ read per step and TB/s are those of the attention part. Then a prefill step per 
 prompts of 1024 tokens over 32 layers (store and attention), where every query tile reads and
 unpacks its context again.
 
-Usage: python bench/gpu/kv_turbo_probe.py [--batch 512] [--codecs bf16,fp8,turbo8,turbo4,turbo3]
+A 4-bit cache is decoded by its own kernel (kernels/turbo_decode.py); the row ``turbo4/split``
+decodes it with the split kernel that serves the other caches (``ops.NIBBLE_DECODE`` off), and
+``turbo4@TxWxS`` with the own kernel on tiles of T keys, W warps and S pipeline stages instead
+of the heuristic's (``heuristics.nibble_decode_tiles``), so both choices are compared on the
+same batch. ``--context LO:HI`` draws the contexts from LO..HI instead (``32768:32768`` with
+``--batch 64``: the 64 x 32k decode).
+
+Usage: python bench/gpu/kv_turbo_probe.py [--batch 512] [--context 1000:1480]
+    [--codecs bf16,fp8,turbo8,turbo4,turbo3,turbo4/split,turbo4@64x4x2] [--no-prefill]
 """
 
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 
 import torch
 import triton
@@ -23,6 +32,7 @@ import triton
 from tallow.kernels.kv_cache import footprint
 from tallow_attention_triton import ops, turbo_ops
 from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.heuristics import DecodeTiles
 from tallow_attention_triton.testing import make_case
 
 from overlap_probe import time_graph  # this folder is on sys.path when run as a script
@@ -42,8 +52,31 @@ def codec_of(name: str):  # noqa: ANN201
     return {"turbo8": Turbo8KVCodec, "turbo4": Turbo4KVCodec, "turbo3": Turbo3KVCodec}[name]()
 
 
-def probe(name: str, batch: int, ctx: list[int]) -> str:
+@contextmanager
+def variant(name: str):  # noqa: ANN201
+    """The decode choices of a row name: ``/split`` (the split kernel for a 4-bit cache) or
+    ``@TxWxS`` (tiles of the 4-bit kernel); the codec's name is what comes before them."""
+    saved = ops.NIBBLE_DECODE, ops.nibble_decode_tiles
+    if name.endswith("/split"):
+        ops.NIBBLE_DECODE = False
+    elif "@" in name:
+        tile_n, warps, stages = map(int, name.split("@")[1].split("x"))
+        ops.nibble_decode_tiles = lambda head_dim, group, elem_bytes: DecodeTiles(
+            g_pad=max(16, 1 << (group - 1).bit_length()), tile_n=tile_n, num_warps=warps,
+            num_stages=stages)
+    try:
+        yield name.split("/")[0].split("@")[0]
+    finally:
+        ops.NIBBLE_DECODE, ops.nibble_decode_tiles = saved
+
+
+def probe(row: str, batch: int, ctx: list[int]) -> str:
     """The row of one cache (see the module docstring)."""
+    with variant(row) as name:
+        return _probe(row, name, batch, ctx)
+
+
+def _probe(row: str, name: str, batch: int, ctx: list[int]) -> str:
     be = TritonAttentionBackend()
     codec = codec_of(name)
     case = make_case(query_lens=[1] * batch, context_lens=ctx, num_heads=HEADS,
@@ -74,7 +107,7 @@ def probe(name: str, batch: int, ctx: list[int]) -> str:
         out_rot = time_graph(layers(lambda: turbo_ops.restore_output(o, cache)))
     cost = footprint(codec, [layer], block_size=16, model_dtype=torch.bfloat16)
     gbytes = (sum(ctx) + batch) * cost.bytes_per_token * LAYERS / 1e9
-    return (f"{name:8s} {step:8.3f} {store:7.3f} {attn:7.3f} {q_rot:7.3f} {out_rot:7.3f} "
+    return (f"{row:14s} {step:8.3f} {store:7.3f} {attn:7.3f} {q_rot:7.3f} {out_rot:7.3f} "
             f"{gbytes:7.2f} {gbytes / attn:6.2f} {err:8.1e}  ({splits} splits)")
 
 
@@ -94,16 +127,22 @@ def prefill(name: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--codecs", default="bf16,fp8,turbo8,turbo4,turbo3")
+    p.add_argument("--context", default="1000:1480", help="LO:HI, contexts drawn uniformly")
+    p.add_argument("--codecs", default="bf16,fp8,turbo8,turbo4,turbo3,turbo4/split,"
+                                       "turbo4@64x4x2,turbo4@64x2x3")
+    p.add_argument("--no-prefill", action="store_true", help="skip the prefill rows")
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(1000, 1481, (args.batch,), generator=g).tolist()
-    print(f"{'cache':8s} {'step ms':>8s} {'store':>7s} {'attn':>7s} {'q rot':>7s} "
+    lo, hi = map(int, args.context.split(":"))
+    ctx = torch.randint(lo, hi + 1, (args.batch,), generator=g).tolist()
+    print(f"{'cache':14s} {'step ms':>8s} {'store':>7s} {'attn':>7s} {'q rot':>7s} "
           f"{'out rot':>7s} {'KV GB':>7s} {'TB/s':>6s} {'max err':>8s}")
     for name in args.codecs.split(","):
         print(probe(name, args.batch, ctx), flush=True)
         torch.cuda.empty_cache()
     for name in args.codecs.split(","):
+        if args.no_prefill or not name.isalnum():  # the variants change only the decode
+            continue
         print(prefill(name), flush=True)
         torch.cuda.empty_cache()
 

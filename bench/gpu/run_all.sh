@@ -3,7 +3,7 @@
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
-# kvtestsquick,kvtests,kvkernelcases,turboprobe,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
+# kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
@@ -215,7 +215,12 @@ if [[ ",$MODE," == *",kvtests,"* ]]; then
 fi
 if [[ ",$MODE," == *",turboprobe,"* ]]; then  # ~2 min: where a decode step's attention time goes per cache
   echo "== decode attention per cache: the step, the store, the kernels, the rotations"
-  timeout 240 python3 bench/gpu/kv_turbo_probe.py --batch 512 2>&1 | grep -v Warning | tee "$OUT/turboprobe.log"
+  timeout 420 python3 bench/gpu/kv_turbo_probe.py --batch 512 2>&1 | grep -v Warning | tee "$OUT/turboprobe.log"
+fi
+if [[ ",$MODE," == *",turboprobe32k,"* ]]; then  # ~3 min: the same decode rows for 64 sequences of 32k tokens
+  echo "== decode attention per cache, 64 x 32k"
+  timeout 420 python3 bench/gpu/kv_turbo_probe.py --batch 64 --context 32768:32768 --no-prefill \
+    --codecs bf16,fp8,turbo4,turbo4/split,turbo4@64x4x2,turbo3 2>&1 | grep -v Warning | tee "$OUT/turboprobe32k.log"
 fi
 if [[ ",$MODE," == *",kvkernelcases,"* ]]; then  # ~4 min: the interpreter's kernel cases and the kit's conformance cases (every codec) on the GPU
   echo "== kernel and conformance cases on the GPU"

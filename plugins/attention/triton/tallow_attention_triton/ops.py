@@ -25,13 +25,18 @@ from tallow.kernels.pdl import pdl_enabled
 from . import turbo_ops
 from .heuristics import (
     DEFAULT_CAPABILITY, DEFAULT_SM_COUNT, cdiv, decode_num_splits, decode_tiles, dot_precision,
-    next_pow2, prefill_tiles,
+    next_pow2, nibble_decode_tiles, prefill_tiles,
 )
 from .kernels.decode import decode_reduce_kernel, decode_split_kernel
 from .kernels.prefill import prefill_kernel
+from .kernels.turbo_decode import decode_nibbles_kernel
 from .kernels.store import store_kv_kernel
 
 LOG2E = 1.4426950408889634
+#: decode a 4-bit turbo cache with its own kernel (kernels/turbo_decode.py); False: with the
+#: split kernel that serves every cache, kept so the two can be compared on the same batch
+#: (bench/gpu/kv_turbo_probe.py)
+NIBBLE_DECODE = True
 
 
 def interpreting() -> bool:
@@ -162,6 +167,26 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 launch_pdl=pdl)
 
 
+# A 4-bit turbo cache decodes in its own kernel (kernels/turbo_decode.py), with fp16 products
+# for 16-bit activations and the codes unpacked in PTX on the GPU.
+def decode_nibbles_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
+                        block_size: int, sliding_window: int | None,
+                        logit_softcap: float | None, mixed: bool, single_split: bool,
+                        pdl: bool = False) -> dict[str, object]:
+    tiles = nibble_decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
+    f16 = torch.finfo(dtype).bits == 16
+    precision = dot_precision(2 if f16 else 4)
+    d_pad = next_pow2(head_dim)
+    return dict(NUM_Q_HEADS=num_heads, GROUP=group, G_PAD=tiles.g_pad, HEAD_DIM=head_dim,
+                D_PAD=d_pad, HALF=head_dim // 2, H_PAD=d_pad // 2, BLOCK_SIZE=block_size,
+                TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
+                USE_SOFTCAP=bool(logit_softcap), MIXED=mixed, SINGLE_SPLIT=single_split,
+                F16_PRODUCTS=f16, UNPACK_IN_PTX=f16 and not interpreting(),
+                # the interpreter's fp16 matmul accumulates in fp16: widen there
+                PRECISION=precision, UPCAST=interpreting(), USE_PDL=pdl,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
+
+
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
                 sliding_window: int | None, mixed: bool, pdl: bool = False
                 ) -> dict[str, object]:
@@ -273,8 +298,11 @@ def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
     k_cache = _paged(kv_cache)[0]
     n_kv = k_cache.shape[2]
     turbo = turbo_ops.is_turbo(kv_cache)
-    tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
-                         2 if turbo else k_cache.element_size(), codes=turbo)
+    if _paged(kv_cache)[-1] == 4 and NIBBLE_DECODE:
+        tiles = nibble_decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size())
+    else:
+        tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
+                             2 if turbo else k_cache.element_size(), codes=turbo)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     return decode_num_splits(num_seqs, n_kv, sm_count=device_facts(device)[0],
                              max_seq_len=None if capturing else max_seq_len,
@@ -333,20 +361,35 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
         scratch = torch.empty(n_part * (d_pad + 2), dtype=torch.float32, device=q.device)
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
-    spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
-                       block_size=k_cache.shape[1], sliding_window=sliding_window,
-                       logit_softcap=logit_softcap, mixed=mixed, single_split=single,
-                       fused_store=fused, saturate=cache_saturation(k_cache.dtype),
-                       cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q))
     window = int(sliding_window or 0)
-    decode_split_kernel[(num_seqs, n_kv, num_splits)](
-        q, k, v, slot_mapping, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens,
-        query_start_loc, out, part_acc, part_ml,
-        qk_scale, softcap, window, num_splits,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
-    )
+    if bits == 4 and NIBBLE_DECODE:
+        spec = decode_nibbles_spec(num_heads=n_heads, group=group, head_dim=head_dim,
+                                   dtype=q.dtype, block_size=k_cache.shape[1],
+                                   sliding_window=sliding_window, logit_softcap=logit_softcap,
+                                   mixed=mixed, single_split=single, pdl=pdl_enabled(q))
+        decode_nibbles_kernel[(num_seqs, n_kv, num_splits)](
+            q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, query_start_loc,
+            out, part_acc, part_ml, qk_scale, softcap, window, num_splits,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so,
+            **spec,
+        )
+    else:
+        spec = decode_spec(num_heads=n_heads, group=group, head_dim=head_dim, dtype=q.dtype,
+                           block_size=k_cache.shape[1], sliding_window=sliding_window,
+                           logit_softcap=logit_softcap, mixed=mixed, single_split=single,
+                           fused_store=fused, saturate=cache_saturation(k_cache.dtype),
+                           cache_bytes=k_cache.element_size(), kv_bits=bits,
+                           pdl=pdl_enabled(q))
+        decode_split_kernel[(num_seqs, n_kv, num_splits)](
+            q, k, v, slot_mapping, k_cache, v_cache, k_scales, v_scales, block_tables,
+            seq_lens, query_start_loc, out, part_acc, part_ml,
+            qk_scale, softcap, window, num_splits,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1),
+            stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so,
+            **spec,
+        )
     if not single:
         decode_reduce_kernel[(num_seqs, n_heads)](
             part_acc, part_ml, seq_lens, query_start_loc, out,

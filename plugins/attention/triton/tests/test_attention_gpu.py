@@ -10,10 +10,13 @@ import zlib
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from tallow.kernels.kv_cache import allocate_layer
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
+from tallow_attention_triton.kernels.turbo import load_nibble_halves
 from tallow_attention_triton.testing import (
     assert_same_cache, calibrate_randomly, cast_codec, grow_keys, make_case, run_and_check,
     tolerance,
@@ -476,6 +479,34 @@ def test_turbo_sliding_window_and_softcap(bits: int, softcap: float | None) -> N
                          codec=turbo_codec(bits), device="cuda", sliding_window=64,
                          logit_softcap=softcap, seed=seed_of("turbo-window", bits, softcap))
         run_and_check(calibrate_randomly(case, bits), backend())
+
+
+@triton.jit
+def _unpack_nibble_tile(codes_ptr, out_ptr, IN_PTX: tl.constexpr):
+    """The 32 x 64 bytes at ``codes_ptr`` unpacked into 32 x 128 fp16 (low nibbles, then high)."""
+    offs_n = tl.arange(0, 32)
+    offs_h = tl.arange(0, 64)
+    lo, hi = load_nibble_halves(codes_ptr, offs_n * 64, offs_n, offs_n < 32, offs_h, 64,
+                                IN_PTX, tl.float16)
+    dst = out_ptr + offs_n[:, None] * 128 + offs_h[None, :]
+    tl.store(dst, lo)
+    tl.store(dst + 64, hi)
+
+
+def test_nibbles_unpacked_in_ptx_are_the_centered_codes() -> None:
+    """The 4-bit decode's PTX unpacking (kernels/turbo.py) against torch on every byte value
+    in every position of a tile: low nibble - 7.5 and high nibble - 7.5, exactly, as the
+    register path computes them."""
+    g = torch.Generator(device="cuda").manual_seed(seed_of("nibbles"))
+    codes = torch.cat([torch.arange(256, device="cuda"),
+                       torch.randint(0, 256, (32 * 64 - 256,), generator=g, device="cuda")])
+    codes = codes[torch.randperm(codes.numel(), generator=g, device="cuda")].to(torch.uint8)
+    b = codes.view(32, 64).int()
+    want = (torch.cat([b & 15, b >> 4], dim=1).float() - 7.5).half()
+    for in_ptx in (True, False):
+        out = torch.full((32, 128), float("nan"), dtype=torch.float16, device="cuda")
+        _unpack_nibble_tile[(1,)](codes, out, IN_PTX=in_ptx, num_warps=1)
+        assert torch.equal(out, want), f"in_ptx={in_ptx}: {(out != want).sum()} values differ"
 
 
 @pytest.mark.parametrize("bits", TURBO)

@@ -262,3 +262,20 @@ def test_tile_shapes(group: int, elem_bytes: int, cache_bytes: int | None,
     # activations, head size <= 128, group <= 16; test_compile checks the llama-3-8b shape)
     one_warp = cache_bytes == 1 and elem_bytes == 2 and head_dim <= 128 and group <= 16
     assert (d.num_warps, d.tile_n) == ((1, 32) if one_warp else (4, d.tile_n))
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 16, 32])
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+@pytest.mark.parametrize("head_dim", heuristics.TESTED_HEAD_DIMS)
+def test_turbo4_decode_tiles(group: int, elem_bytes: int, head_dim: int) -> None:
+    """The 4-bit turbo decode kernel's tiles: one-warp 32-key programs only where they build
+    without spills (16-bit activations, head size <= 128, group <= 16; test_compile checks
+    both sides of that line), 16-key steps for fp32 products."""
+    d = heuristics.nibble_decode_tiles(head_dim, group, elem_bytes)
+    assert d.g_pad >= max(16, group) and d.tile_n >= 16
+    if elem_bytes == 4:
+        assert (d.num_warps, d.tile_n) == (4, 16)
+    elif head_dim <= 128 and group <= 16:
+        assert (d.num_warps, d.tile_n, d.num_stages) == (1, 32, 3)
+    else:
+        assert d.num_warps == 4

@@ -75,13 +75,22 @@ def online_softmax_step_scaled(acc, l_i, m_i, s, v, value_scale, PRECISION: tl.c
     """:func:`online_softmax_step` for values ``v`` [N, D] stored as codes with scales
     ``value_scale`` [N]: the scales multiply the softmax weights' columns before the product
     (the row sums take the weights alone)."""
+    pv, alpha, l_i, m_new = scaled_weights(l_i, m_i, s, value_scale, v.dtype)
+    acc = acc * alpha[:, None] + dot(pv, v, PRECISION, UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def scaled_weights(l_i, m_i, s, value_scale, DTYPE: tl.constexpr):
+    """The online softmax's step for log2-domain scores ``s`` [M, N] over values stored as
+    codes with scales ``value_scale`` [N]: (softmax weights times the scales, in ``DTYPE``,
+    for the product with the codes; the factor that rescales the accumulator; the new row sum;
+    the new row max)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    pv = (p * value_scale[None, :]).to(v.dtype)
-    acc = acc * alpha[:, None] + dot(pv, v, PRECISION, UPCAST)
-    return acc, l_i, m_new
+    return (p * value_scale[None, :]).to(DTYPE), alpha, l_i, m_new
 
 
 @triton.jit

@@ -49,7 +49,7 @@ from tallow.kernels.pdl import allow_next, wait_prior
 from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
                      online_softmax_step_scaled, product_operand, saturate, scaled_scores,
                      scores, tanh, turbo_offsets, widen_fp8_in_ptx)
-from .turbo import code_positions, load_centered
+from .turbo import code_positions, load_centered, tile_scales
 
 
 @triton.jit
@@ -60,6 +60,17 @@ def _tile_range(seq_len, window, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr)
         lo = tl.maximum(seq_len - window, 0)
     lo = (lo // TILE_N) * TILE_N
     return lo, tl.cdiv(seq_len - lo, TILE_N)
+
+
+@triton.jit
+def _split_tiles(seq_len, window, num_splits, split, USE_WINDOW: tl.constexpr,
+                 TILE_N: tl.constexpr):
+    """(first token of tile 0, first tile, end tile) of split ``split``'s share of a
+    one-query sequence's tiles: ``num_splits`` equal runs (the last ones may be empty)."""
+    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
+    t_begin = split * per_split
+    return lo, t_begin, tl.minimum(t_begin + per_split, n_tiles)
 
 
 @triton.jit
@@ -129,10 +140,7 @@ def decode_split_kernel(
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
         tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
-    t_begin = split * per_split
-    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    lo, t_begin, t_end = _split_tiles(seq_len, window, num_splits, split, USE_WINDOW, TILE_N)
     if not SINGLE_SPLIT:
         # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:
@@ -167,6 +175,11 @@ def decode_split_kernel(
         m_i = tl.maximum(m_i, s_new)
         l_i = tl.exp2(s_new - m_i)  # 1 for the new token, 0 elsewhere
         acc = l_i[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
+    if KV_BITS > 0:
+        # scales read one tile ahead (see kernels/turbo_decode.py)
+        k_scale, v_scale = tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
+                                       seq_len, window_lo, t_begin < t_end, kv_head, stride_sb,
+                                       stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
     for t in range(t_begin, t_end):
         offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
         n_mask = offs_n < seq_len
@@ -177,21 +190,21 @@ def decode_split_kernel(
         if KV_BITS > 0:
             # codes of the rotated keys and values, their scales per token
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            code_off, scale_off = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
-                                                kv_head_off, stride_sb, stride_so, kv_head,
-                                                BLOCK_SIZE)
+            code_off, _ = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
+                                        kv_head_off, stride_sb, stride_so, kv_head, BLOCK_SIZE)
             k = load_centered(k_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
                               high_shift, KV_BITS, q.dtype)
-            k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
-            s = scaled_scores(q, k, k_scale.to(tl.float32), qk_scale, softcap, USE_SOFTCAP,
-                              PRECISION, UPCAST)
+            next_k_scale, next_v_scale = tile_scales(
+                k_scales_ptr, v_scales_ptr, bt_row, lo + (t + 1) * TILE_N, seq_len, window_lo,
+                t + 1 < t_end, kv_head, stride_sb, stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
+            s = scaled_scores(q, k, k_scale, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
             s = tl.where(n_mask[None, :], s, float("-inf"))
             v = load_centered(v_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
                               high_shift, KV_BITS, q.dtype)
-            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
-            acc, l_i, m_i = online_softmax_step_scaled(acc, l_i, m_i, s, v,
-                                                       v_scale.to(tl.float32), PRECISION,
-                                                       UPCAST)
+            acc, l_i, m_i = online_softmax_step_scaled(acc, l_i, m_i, s, v, v_scale,
+                                                       PRECISION, UPCAST)
+            k_scale = next_k_scale
+            v_scale = next_v_scale
         else:
             kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
                                 BLOCK_SIZE)

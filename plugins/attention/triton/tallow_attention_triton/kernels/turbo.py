@@ -50,7 +50,9 @@ def code_positions(offs_d, HEAD_DIM: tl.constexpr, BITS: tl.constexpr):
 def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
                   BITS: tl.constexpr, DTYPE: tl.constexpr):
     """``code - c`` [N, D_PAD] in ``DTYPE`` (exact: small integers and halves) of the packed
-    vectors starting at byte offsets ``rows`` [N]; 0 where ``mask`` [N, D_PAD] is false."""
+    vectors starting at byte offsets ``rows`` [N]; ``-c`` where ``mask`` [N, D_PAD] is false
+    (code 0): the callers mask those tokens' scores, zero their weights and scales, and zero
+    the query's coordinates past the head size, so no select per value is needed."""
     b = tl.load(codes_ptr + rows[:, None] + byte[None, :], mask=mask, other=0).to(tl.int32)
     if BITS == 8:
         code = b
@@ -60,8 +62,126 @@ def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
         hb = tl.load(codes_ptr + rows[:, None] + high_byte[None, :], mask=mask,
                      other=0).to(tl.int32)
         code = ((b >> shift[None, :]) & 3) | (((hb >> high_shift[None, :]) & 1) << 2)
-    centered = code.to(tl.float32) - ((1 << BITS) - 1) * 0.5
-    return tl.where(mask, centered, 0.0).to(DTYPE)
+    return (code.to(tl.float32) - ((1 << BITS) - 1) * 0.5).to(DTYPE)
+
+
+
+#: The PTX nibble unpacking. fp16 bit patterns, two per 32-bit word: 1024.0, 7.5, 1/16, -71.5.
+#: A nibble ``n`` or'ed into the low mantissa bits of 1024.0 reads as ``1024 + n``, and in bits
+#: 4-7 as ``1024 + 16 n``; every subtraction and product is exact. ``lop3`` 0xEA is
+#: ``(a & b) | c``.
+_NIBBLE_PTX = tl.constexpr("""{
+.reg .b32 z, t0, t1, magic, center, sixteenth, offset;
+mov.b32 z, 0;
+mov.b32 magic, 0x64006400;
+mov.b32 center, 0x47804780;
+mov.b32 sixteenth, 0x2C002C00;
+mov.b32 offset, 0xD478D478;
+prmt.b32 t0, $4, z, 0x4140;
+prmt.b32 t1, $4, z, 0x4342;
+lop3.b32 $0, t0, 0x000F000F, magic, 0xEA;
+lop3.b32 $1, t1, 0x000F000F, magic, 0xEA;
+sub.f16x2 $0, $0, magic;
+sub.f16x2 $1, $1, magic;
+sub.f16x2 $0, $0, center;
+sub.f16x2 $1, $1, center;
+lop3.b32 $2, t0, 0x00F000F0, magic, 0xEA;
+lop3.b32 $3, t1, 0x00F000F0, magic, 0xEA;
+fma.rn.f16x2 $2, $2, sixteenth, offset;
+fma.rn.f16x2 $3, $3, sixteenth, offset;
+}""")
+
+
+@triton.jit
+def unpack_nibbles(b, anchor, IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
+    """(low nibble - 7.5, high nibble - 7.5) of the bytes ``b`` (uint8), in ``DTYPE`` (exact).
+
+    ``IN_PTX`` (fp16 only, not under the interpreter) does four bytes per inline-PTX call:
+    each pair of bytes spread into the low bytes of two 16-bit halves (one ``prmt``), then per
+    pair of values an and/or (one ``LOP3``) making the fp16 ``1024 + n`` (``1024 + 16 n`` for
+    the high nibble), then two fp16x2 subtractions (1024, then 7.5: 1031.5 is no fp16) or, for
+    the high nibble, one fma (``x / 16 - 71.5``): 12 instructions per 8 values, against a byte
+    extraction, shift, mask, int-to-float conversion, subtraction and narrowing per value in
+    registers. ``anchor``, an int32 tensor of ``b``'s shape that the PTX ignores, keeps Triton
+    from moving the unpacking after the tile's staging for the tensor-core products (see
+    :func:`.common.widen_fp8_in_ptx`); without it the sm_90 loop takes more instructions, not
+    fewer (the staged bytes are read back one at a time)."""
+    if IN_PTX:
+        lo, hi = tl.inline_asm_elementwise(
+            _NIBBLE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b, anchor],
+            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        lo = ((b & 15).to(tl.float32) - 7.5).to(DTYPE)
+        hi = ((b >> 4).to(tl.float32) - 7.5).to(DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def load_nibble_halves(codes_ptr, rows, offs_n, n_mask, offs_h, HALF: tl.constexpr,
+                       IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
+    """The centered 4-bit codes ``code - 7.5`` of the packed vectors at byte offsets ``rows``
+    [N] (tokens ``offs_n``), as two tiles [N, H_PAD] (``offs_h`` = ``arange(H_PAD)``): coordinates ``[0, HALF)`` (low nibbles) and ``[HALF, D)``
+    (high nibbles), ``HALF = D / 2``. Each row's ``HALF`` bytes are one contiguous run, read
+    with 16-byte loads and each byte used for both of its codes. Rows outside ``n_mask`` and
+    columns past ``HALF`` read byte 0 (codes -7.5): their scores and weights are masked or
+    their query coordinates zero."""
+    if HALF == offs_h.shape[0]:
+        mask = n_mask[:, None]  # uniform along the row: keeps the loads 16 bytes wide
+    else:
+        mask = n_mask[:, None] & (offs_h < HALF)[None, :]
+    b = tl.load(codes_ptr + rows[:, None] + offs_h[None, :], mask=mask, other=0)
+    anchor = offs_n[:, None] + tl.zeros([offs_n.shape[0], offs_h.shape[0]], tl.int32)
+    return unpack_nibbles(b, anchor, IN_PTX, DTYPE)
+
+
+@triton.jit
+def tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, active,
+                 kv_head, stride_sb, stride_so, USE_WINDOW: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """(key scales, value scales) [TILE_N] fp32 of the tile of tokens from ``start`` of one
+    KV head; 0 for tokens outside the context (or the window) and everywhere unless
+    ``active``."""
+    offs_n = start + tl.arange(0, TILE_N)
+    n_mask = (offs_n < seq_len) & active
+    if USE_WINDOW:
+        n_mask = n_mask & (offs_n >= window_lo)
+    blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    off = blk * stride_sb + (offs_n % BLOCK_SIZE) * stride_so + kv_head
+    return (tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
+            tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h_mask,
+                     HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Input coordinates ``offs_k`` [H_PAD, K_CHUNK] (fp32) of the vectors at ``src_ptr +
+    src_rows`` less their offset and divided by their smoothing (0 outside the vectors)."""
+    k_mask = offs_k < HEAD_DIM
+    mask = h_mask[:, None] & k_mask[None, :]
+    x = tl.load(src_ptr + src_rows[:, None] + offs_k[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    per_head = heads[:, None] * HEAD_DIM + offs_k[None, :]
+    if HAS_OFFSET:
+        x = x - tl.load(offset_ptr + per_head, mask=mask, other=0.0)
+    if HAS_SMOOTH:
+        x = tl.math.div_rn(x, tl.load(smooth_ptr + per_head, mask=mask, other=1.0))
+    return x
+
+
+@triton.jit
+def _stored_sumsq(src_ptr, src_rows, offset_ptr, smooth_ptr, heads, h_mask,
+                  HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr, H_PAD: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, K_CHUNK: tl.constexpr):
+    """Squared norms [H_PAD] of the vectors at ``src_ptr + src_rows`` less their offset and
+    divided by their smoothing: those of their stored (rotated) form, the rotation being
+    orthogonal (equal up to float32 rounding, as two summation orders are)."""
+    sumsq = tl.zeros([H_PAD], tl.float32)
+    for k0 in range(0, D_PAD, K_CHUNK):
+        x = _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr,
+                             k0 + tl.arange(0, K_CHUNK), heads, h_mask, HAS_OFFSET,
+                             HAS_SMOOTH, HEAD_DIM)
+        sumsq += tl.sum(x * x, 1)
+    return sumsq
 
 
 @triton.jit
@@ -83,14 +203,8 @@ def _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg: tl.
     for k0 in range(0, D_PAD, K_CHUNK):
         offs_k = k0 + tl.arange(0, K_CHUNK)
         k_mask = offs_k < HEAD_DIM
-        mask = h_mask[:, None] & k_mask[None, :]
-        x = tl.load(src_ptr + src_rows[:, None] + offs_k[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        per_head = heads[:, None] * HEAD_DIM + offs_k[None, :]
-        if HAS_OFFSET:
-            x = x - tl.load(offset_ptr + per_head, mask=mask, other=0.0)
-        if HAS_SMOOTH:
-            x = tl.math.div_rn(x, tl.load(smooth_ptr + per_head, mask=mask, other=1.0))
+        x = _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h_mask,
+                             HAS_OFFSET, HAS_SMOOTH, HEAD_DIM)
         rt = tl.load(rot_ptr + (seg * SEG_W + offs_i)[None, :] * HEAD_DIM + offs_k[:, None],
                      mask=k_mask[:, None] & i_mask[None, :], other=0.0)
         y += tl.dot(x, rt, input_precision=PRECISION)
@@ -109,17 +223,18 @@ def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, 
     outside ``h_mask`` are not written)."""
     center = ((1 << BITS) - 1) * 0.5
     # the scale first, from every coordinate of the rotated vector
-    amax = tl.zeros([H_PAD], tl.float32)
-    sumsq = tl.zeros([H_PAD], tl.float32)
-    for seg in tl.static_range(SEGMENTS):
-        y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg, heads,
-                            h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
-                            SEG_W, SEG_PAD, PRECISION)
-        amax = tl.maximum(amax, tl.max(tl.abs(y), 1))
-        sumsq += tl.sum(y * y, 1)
     if RMS_STEP > 0:
+        # the rotation keeps the norm: the rms of the vector before it, with no product
+        sumsq = _stored_sumsq(src_ptr, src_rows, offset_ptr, smooth_ptr, heads, h_mask,
+                              HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK)
         scale = RMS_STEP * tl.sqrt_rn(sumsq / HEAD_DIM)
     else:
+        amax = tl.zeros([H_PAD], tl.float32)
+        for seg in tl.static_range(SEGMENTS):
+            y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg,
+                                heads, h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD,
+                                K_CHUNK, SEG_W, SEG_PAD, PRECISION)
+            amax = tl.maximum(amax, tl.max(tl.abs(y), 1))
         scale = amax / center
     scale = scale.to(tl.float16)
     tl.store(scales_ptr + scale_rows, scale, mask=h_mask)
