@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from tallow import LLM, SamplingParams, StructuredOutputsParams
+from tallow.engine.sampling.structured import structured_spec
 from tallow.plugin import GrammarSpec
 
 SCHEMA = {"type": "object", "properties": {
@@ -217,3 +218,115 @@ def test_no_matcher_advances_twice_across_preemptions(tiny_llama, alone, monkeyp
         assert state.accepted == len(seq.output_token_ids)
         assert watch.accepts[id(state.matcher)] == state.accepted
     assert tokens["r0"] == alone["json"] and tokens["r3"] == alone["json2"]
+
+
+def _step_until_held(core, watch, tokens, rid, after: int) -> int:
+    """Step until ``rid`` has ``after`` tokens, then hold the next job that accepts tokens
+    before its accepts, and return once the grammar thread waits there (with the tokens of
+    ``rid`` reported so far)."""
+    for _ in range(400):
+        if len(tokens[rid]) >= after:
+            watch.armed_accept = True
+        for update in core.step().updates:
+            tokens[update.request_id].append(update.token.token_id)
+        if len(tokens[rid]) >= after and not watch.armed_accept:
+            assert watch.held.wait(timeout=30), "the held job never reached its accepts"
+            return len(tokens[rid])
+    raise AssertionError("no job was held")
+
+
+def _drain(core, tokens, limit=400) -> dict[str, str | None]:
+    finish: dict[str, str | None] = {}
+    for _ in range(limit):
+        if not core.has_unfinished():
+            return finish
+        for update in core.step().updates:
+            tokens[update.request_id].append(update.token.token_id)
+            if update.finish_reason is not None:
+                finish[update.request_id] = update.finish_reason
+    raise AssertionError("the engine did not finish")
+
+
+@pytest.mark.parametrize("how", ["abort", "stop-string"])
+def test_a_completion_ended_while_its_accept_is_pending_reports_nothing_more(
+        llm, alone, monkeypatch, how):
+    """The engine thread ends a completion (an abort; a stop string seen by the output
+    processor) while the grammar thread has not yet accepted its last token: that token is
+    not reported, nothing after it is, the request is gone, and the other request's output
+    is its solo run's."""
+    from tallow.engine.sequence import SequenceStatus
+
+    watch = Watch(llm, monkeypatch)
+    core = llm.engine.core
+    core.add_request("doomed", PROMPTS[0], _params(JSON))
+    core.add_request("json2", PROMPTS[3], _params(JSON))
+    tokens: dict[str, list[int]] = {"doomed": [], "json2": []}
+    reported = _step_until_held(core, watch, tokens, "doomed", 3)
+    if how == "abort":
+        core.abort("doomed")
+    else:
+        assert core.finish_sequence("doomed", 0, SequenceStatus.FINISHED_STOPPED)
+    watch.release.set()
+    _drain(core, tokens)
+    assert tokens["doomed"] == alone["json"][:reported]
+    assert tokens["json2"] == alone["json2"]
+    assert watch.violations == []
+    assert core.scheduler.num_constrained == 0 and not core.has_unfinished()
+
+
+def test_a_request_preempted_while_its_accept_is_pending_resumes_its_grammar(
+        tiny_llama, alone, monkeypatch):
+    """A cache too small for the batch: the accept job of a step is held on the grammar
+    thread while the engine plans the next steps (which preempts sequences); every output
+    still equals its solo run, and every matcher took each of its tokens once."""
+    tight = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=16,
+                block_size=4, max_model_len=64, async_scheduling=True)
+    watch = Watch(tight, monkeypatch)
+    core = tight.engine.core
+    requests = {f"r{i}": (PROMPTS[i % 4], _params(JSON)) for i in range(4)}
+    seqs = []
+    for rid, (prompt, params) in requests.items():
+        core.add_request(rid, prompt, params)
+        seqs.extend(core.scheduler.get_request(rid).seqs)
+    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
+    _step_until_held(core, watch, tokens, "r0", 4)
+    preempted = core.scheduler.num_preemptions
+    for _ in range(2):  # the engine thread plans on while the accepts wait
+        threading.Timer(0.2, watch.release.set).start()
+        for update in core.step().updates:
+            tokens[update.request_id].append(update.token.token_id)
+    _drain(core, tokens)
+    assert core.scheduler.num_preemptions > preempted or core.scheduler.num_preemptions > 0
+    assert watch.violations == []
+    for seq in seqs:
+        assert seq.grammar.accepted == len(seq.output_token_ids)
+        assert watch.accepts[id(seq.grammar.matcher)] == seq.grammar.accepted
+    assert tokens["r0"] == alone["json"] and tokens["r3"] == alone["json2"]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_an_ended_grammar_ends_its_output_at_its_last_token(tiny_llama, async_scheduling):
+    """The grammar's end, found on the grammar thread a step after the token was sampled,
+    still ends the output right after that token, with finish reason "stop": a fresh
+    matcher fed the output accepts every token and ends after the last one only. With
+    ``max_tokens`` equal to that length the reason stays "stop" (the grammar's end counts
+    first, as the token that reached the limit also ended the grammar)."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
+              block_size=4, async_scheduling=async_scheduling)
+    structured = llm.engine.core.structured
+    specs = [StructuredOutputsParams(json=SCHEMA), {"choice": ["yes", "no"]},
+             {"regex": "[a-c]{2,5}"}]
+    prompts = [PROMPTS[i % 4] for i in range(len(specs))]
+    outs = llm.generate(prompts, [_params(spec, max_tokens=60) for spec in specs])
+    for spec, prompt, out in zip(specs, prompts, outs):
+        done = out.outputs[0]
+        assert done.finish_reason == "stop" and done.stop_reason is None
+        state = llm.engine.core._grammar_state(structured_spec(spec))
+        for i, token in enumerate(done.token_ids):
+            assert not state.matcher.is_terminated(), (spec, i)
+            assert state.matcher.accept(token), (spec, i)
+        assert state.matcher.is_terminated(), spec
+        exact = llm.generate(prompt, _params(spec, max_tokens=len(done.token_ids)))[0]
+        assert exact.outputs[0].token_ids == done.token_ids
+        assert exact.outputs[0].finish_reason == "stop"
+    assert structured.stats()["grammar_accept_seconds_total"] > 0
