@@ -36,6 +36,15 @@ logprobs, or forks ``n > 1`` completions, the next call collects it *before* pla
 step (see :func:`_must_collect_first`). Plain greedy and seeded temperature/top-k/top-p/min-p
 rows (with logit bias or min_tokens too: those depend on token counts, not values) overlap.
 
+Structured outputs
+------------------
+Grammar matchers live on the grammar thread (:mod:`tallow.engine.sampling.grammar_step`):
+after a step is committed, one job there accepts its constrained rows' tokens and fills the
+masks of the step launched on top. The updates of those rows are held back and reported by
+the next collect (or at the end of the call, when no step is left in flight), once the job
+has said whether each grammar refused its token or has ended: such a row then finishes with
+finish reason "stop" at that token (see :meth:`EngineCore._settle_grammars`).
+
 Embeddings
 ----------
 An engine built for ``task == "embed"`` takes :class:`~tallow.engine.embedding.PoolingParams`
@@ -96,7 +105,7 @@ class CoreOutput:
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
-    #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
+    #: and (structured outputs) starting the grammar thread's job (accepts and masks), or
     #: sampling a step whose masks no later launch waited for (a launch that samples the step
     #: before it counts its wait for the masks in "launch").
     #: In async mode schedule/launch are those of the step launched by this call and

@@ -82,7 +82,7 @@ class PendingStep:
     #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
     #: the tokens of the step before (:meth:`ModelRunner.sample_constrained` samples them)
     logits: torch.Tensor | None = None
-    #: the masks of those rows being filled on the grammar thread
+    #: the grammar thread's job filling the masks of those rows
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
     mask_fill: Any = None
     mask_rows: list[int] = field(default_factory=list)
@@ -378,10 +378,11 @@ class ModelRunner:
         tensor of token ids.
 
         ``constrained`` says that some sequence of the engine has a grammar. When one of this
-        step's sampled sequences does, only the forward and the logits are queued: the caller
-        brings the grammars up to date (the tokens of the step before may still be on the
-        device) and then calls :meth:`start_masks` and later :meth:`sample_constrained`, so
-        the masks are computed while the device runs this step's forward.
+        step's sampled sequences does, only the forward and the logits are queued: once the
+        tokens of the step before are committed (they may still be on the device now), the
+        caller calls :meth:`start_masks` — the grammar thread accepts them and fills the
+        masks while the device runs this step's forward — and later
+        :meth:`sample_constrained`.
 
         A ``feed`` still waiting for its masks is sampled here, once this step's batch is
         built on the host and before its forward is queued (which reads the feed's tokens):

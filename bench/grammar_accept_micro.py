@@ -1,0 +1,149 @@
+"""Micro-benchmark of where a constrained step's accepts run: the engine thread's time per
+step when it accepts each row's sampled token itself (one ``accept`` and one
+``is_terminated`` per row, as the engine did before) while the grammar thread fills the next
+masks, against the grammar thread doing both (one batched ``accept_tokens`` call, then the
+fill; the grammar's end read off the masks), as ``tallow.engine.core`` arranges a step now.
+
+Rows, vocabulary and the stand-in host work are those of ``bench/grammar_overlap_micro.py``
+(JSON-Schema rows of ``bench/schemas/order.json`` on the synthetic 151,936-token vocabulary).
+Each row gets a random continuation of allowed tokens; a timed step advances every row by its
+next token, and each round starts from the same states (rolled back, untimed). Prints, per
+arrangement, the median milliseconds per step of wall time and of the engine thread's own CPU
+time (``time.thread_time``), the best of three interleaved rounds; and the accepts alone, on
+one thread: a loop of ``accept`` + ``is_terminated`` against one ``accept_tokens`` call.
+
+    .venv/bin/python bench/grammar_accept_micro.py --rows 187 --host-ms 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grammar_fill_micro import (  # noqa: E402
+    SCHEMA, _walked_matchers, add_row_arguments, synthetic_info, xgrammar_backend,
+)
+from grammar_overlap_micro import (  # noqa: E402
+    _host_work, _median_wall_and_cpu_ms, _rounds_for,
+)
+
+
+def _continuations(backend, matchers: list, steps: int, seed: int) -> list[list[int]]:
+    """For each matcher, ``steps`` random allowed tokens that keep it going (not EOS, not
+    ending it), found by walking it and rolling it back; [] where no such walk was found."""
+    info = backend.tokenizer
+    shifts = torch.arange(32, dtype=torch.int32)
+    eos = torch.tensor(sorted(info.eos_token_ids), dtype=torch.int64)
+    scratch = torch.empty(1, info.bitmask_words, dtype=torch.int32)
+    rng = random.Random(seed)
+    out = []
+    for matcher in matchers:
+        tokens: list[int] = []
+        for _ in range(steps):
+            matcher.fill_bitmask(scratch, 0)
+            bits = ((scratch[0].unsqueeze(-1) >> shifts) & 1).flatten()[:info.vocab_size]
+            bits[eos] = 0
+            allowed = bits.nonzero().flatten()
+            if not len(allowed):
+                break
+            token = int(allowed[rng.randrange(len(allowed))])
+            assert matcher.accept(token)
+            tokens.append(token)
+            if matcher.is_terminated():
+                break
+        matcher.rollback(len(tokens))
+        out.append(tokens if len(tokens) == steps and not matcher.is_terminated() else [])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_row_arguments(parser, 187)
+    parser.add_argument("--host-ms", type=float, default=4.0)
+    parser.set_defaults(max_walk=20)
+    args = parser.parse_args()
+
+    from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
+    from tallow.plugin import GrammarSpec
+
+    info = synthetic_info()
+    schema = json.loads(SCHEMA.read_text())
+    rounds = _rounds_for(args.rows, args.host_ms)
+    steps = args.repeat + 3  # _median_wall_and_cpu_ms: three warm-up calls, then the timed
+    for threads in args.threads:
+        backend = xgrammar_backend(info, threads)
+        entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
+                                load=lambda: lambda _info, _config: backend)
+        structured = StructuredOutputs(entry, lambda: info, config=backend.config)
+        compiled = structured.compile(GrammarSpec.json_schema(schema))
+        rows: list[tuple[GrammarState, list[int]]] = []
+        seed = 0
+        while len(rows) < args.rows:
+            walked = _walked_matchers(backend, compiled, args.rows, args.max_walk, seed)
+            for matcher, more in zip(walked, _continuations(backend, walked, steps, seed)):
+                if more and len(rows) < args.rows:
+                    state = GrammarState(matcher)
+                    rows.append((state, more))
+            seed += 1
+        states = [state for state, _ in rows]
+        step = {"k": 0}
+
+        def reset() -> None:
+            for state in states:
+                state.matcher.rollback(state.accepted)
+                state.accepted = 0
+                state.ended = False
+            step["k"] = 0
+
+        def accepts_here() -> None:  # before: the engine thread's stop checks
+            step["k"] += 1
+            for state, more in rows:
+                state.sync(more, step["k"])
+                state.matcher.is_terminated()
+
+        def before() -> None:
+            accepts_here()
+            job = structured.start_fill([(s, more, step["k"]) for s, more in rows])
+            _host_work(args.rows, rounds)
+            structured.take(job)
+
+        def now() -> None:
+            step["k"] += 1
+            job = structured.start_fill([(s, more, step["k"]) for s, more in rows])
+            _host_work(args.rows, rounds)
+            structured.take(job)
+
+        def batched_accepts() -> None:
+            step["k"] += 1
+            backend.accept_tokens([s.matcher for s in states],
+                                  [more[step["k"] - 1] for _, more in rows])
+            for state in states:
+                state.accepted += 1
+
+        cases = {"accepts on the engine thread, fill on the grammar thread (before)": before,
+                 "accepts and fill on the grammar thread (now)": now,
+                 "accept + is_terminated per row, one thread": accepts_here,
+                 "accept_tokens, one call, one thread": batched_accepts}
+        best = {name: (float("inf"), float("inf")) for name in cases}
+        with torch.inference_mode():
+            for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
+                for name, fn in cases.items():
+                    reset()
+                    wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
+                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+        reset()
+        print(f"rows {len(rows)}, xgrammar threads {threads}, host work {args.host_ms} ms "
+              "(ms per step, wall / engine-thread CPU):")
+        for name, (wall, cpu) in best.items():
+            print(f"  {name}: {wall:.2f} / {cpu:.2f}")
+
+
+if __name__ == "__main__":
+    main()
