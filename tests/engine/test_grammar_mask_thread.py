@@ -225,11 +225,11 @@ def _step_until_held(core, watch, tokens, rid, after: int) -> int:
     before its accepts, and return once the grammar thread waits there (with the tokens of
     ``rid`` reported so far)."""
     for _ in range(400):
-        if len(tokens[rid]) >= after:
-            watch.armed_accept = True
+        armed = len(tokens[rid]) >= after
+        watch.armed_accept = armed
         for update in core.step().updates:
             tokens[update.request_id].append(update.token.token_id)
-        if len(tokens[rid]) >= after and not watch.armed_accept:
+        if armed and not watch.armed_accept:  # this call started the job to hold
             assert watch.held.wait(timeout=30), "the held job never reached its accepts"
             return len(tokens[rid])
     raise AssertionError("no job was held")
