@@ -127,7 +127,8 @@ def main() -> None:
             for state in states:
                 state.accepted += 1
 
-        cases = {"accepts on the engine thread, fill on the grammar thread (before)": before,
+        cases = {"host work alone": lambda: _host_work(args.rows, rounds),
+                 "accepts on the engine thread, fill on the grammar thread (before)": before,
                  "accepts and fill on the grammar thread (now)": now,
                  "accept + is_terminated per row, one thread": accepts_here,
                  "accept_tokens, one call, one thread": batched_accepts}

@@ -109,7 +109,8 @@ class StructuredOutputs:
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
-        self._not_eos: torch.Tensor | None = None  # one mask row: every token but EOS
+        #: (word, its bits of tokens other than EOS) of each mask word with an EOS bit
+        self._eos_words: list[tuple[int, int]] | None = None
         self._copied: Any = None  # the event after the last mask left the pinned buffer
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
@@ -224,8 +225,8 @@ class StructuredOutputs:
             rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
             self._host = torch.empty(rows, words, dtype=torch.int32,
                                      pin_memory=self.device.type == "cuda")
-        if self._not_eos is None:
-            self._not_eos = _all_but(backend.tokenizer.eos_token_ids, words)
+        if self._eos_words is None:
+            self._eos_words = _eos_words(backend.tokenizer.eos_token_ids)
         self._job = MaskFill(self._thread.submit(self._work, backend, advance, fill,
                                                  self._host[:n]), n)
         return self._job
@@ -242,7 +243,7 @@ class StructuredOutputs:
             if host is not None:
                 self._wait_copied()  # the last masks have left the buffer
                 accepted = time.perf_counter()
-                grammar_step.fill(backend, fill, host, self._not_eos)
+                grammar_step.fill(backend, fill, host, self._eos_words)
                 self.mask_seconds += time.perf_counter() - accepted
             grammar_step.settle_unfilled(advance, fill)
         return host
@@ -305,10 +306,12 @@ class StructuredOutputs:
                 "grammar_cache_entries": len(self._cache)}
 
 
-def _all_but(tokens: Sequence[int], words: int) -> torch.Tensor:
-    """One packed mask row ([1, words] int32) allowing every token but ``tokens``."""
-    row = [0xFFFF_FFFF] * words
-    for token in tokens:
-        row[token // 32] &= ~(1 << token % 32)
-    return torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in row]],
-                        dtype=torch.int32)
+def _eos_words(eos_token_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """``(word, the word's bits of other tokens as an int32)`` for each mask word holding
+    an EOS token's bit."""
+    others: dict[int, int] = {}
+    for token in eos_token_ids:
+        word = token // 32
+        others[word] = others.get(word, 0xFFFF_FFFF) & ~(1 << token % 32)
+    return [(word, bits - (1 << 32) if bits >= 1 << 31 else bits)
+            for word, bits in sorted(others.items())]
