@@ -67,8 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_row_arguments(parser, 187)
     parser.add_argument("--host-ms", type=float, default=4.0)
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval for the run (default: the interpreter's)")
     parser.set_defaults(max_walk=20)
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
     from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
     from tallow.plugin import GrammarSpec
@@ -140,8 +144,9 @@ def main() -> None:
                     wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
                     best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
         reset()
-        print(f"rows {len(rows)}, xgrammar threads {threads}, host work {args.host_ms} ms "
-              "(ms per step, wall / engine-thread CPU):")
+        print(f"rows {len(rows)}, xgrammar threads {threads}, host work {args.host_ms} ms, "
+              f"switch interval {1e3 * sys.getswitchinterval():g} ms (ms per step, wall / "
+              "engine-thread CPU):")
         for name, (wall, cpu) in best.items():
             print(f"  {name}: {wall:.2f} / {cpu:.2f}")
 

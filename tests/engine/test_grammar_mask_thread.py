@@ -330,3 +330,18 @@ def test_an_ended_grammar_ends_its_output_at_its_last_token(tiny_llama, async_sc
         assert exact.outputs[0].token_ids == done.token_ids
         assert exact.outputs[0].finish_reason == "stop"
     assert structured.stats()["grammar_accept_seconds_total"] > 0
+
+
+def test_the_switch_interval_setting_applies_when_the_grammar_thread_starts(tiny_llama):
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
+                  block_size=4, grammar_switch_interval_ms=0.5)
+        assert sys.getswitchinterval() == before  # nothing constrained yet
+        out = llm.generate(PROMPTS[0], _params(CHOICE))[0].outputs[0]
+        assert out.text in ("yes", "no")
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)

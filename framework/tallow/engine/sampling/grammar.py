@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -209,8 +210,7 @@ class StructuredOutputs:
         engine thread waited for the job (:meth:`take` or :meth:`wait`), it reads no
         verdict of these states."""
         if self._thread is None:
-            self._thread = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="tallow-grammar-masks")
+            self._start_thread()
         backend = self.backend
         fill, advance = list(fill), list(advance)
         if not fill:
@@ -230,6 +230,17 @@ class StructuredOutputs:
         self._job = MaskFill(self._thread.submit(self._work, backend, advance, fill,
                                                  self._host[:n]), n)
         return self._job
+
+    def _start_thread(self) -> None:
+        interval = getattr(getattr(self.config, "runner", None), "grammar_switch_interval_ms",
+                           None)
+        if interval is not None:
+            # process-wide: how long a thread waiting for the GIL lets the holder run on
+            sys.setswitchinterval(interval / 1e3)
+            log.info("thread switch interval set to %g ms (runner.grammar_switch_interval_ms)",
+                     interval)
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="tallow-grammar-masks")
 
     def _work(self, backend: GrammarBackend, advance: list[RowWork], fill: list[RowWork],
               host: torch.Tensor | None) -> torch.Tensor | None:
