@@ -24,33 +24,23 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
-    SCHEMA, _walked_matchers, add_row_arguments, synthetic_info, xgrammar_backend,
+    SCHEMA, _walked_matchers, add_row_arguments, allowed_but_eos, synthetic_info,
+    xgrammar_backend,
 )
-from grammar_overlap_micro import (  # noqa: E402
-    _host_work, _median_wall_and_cpu_ms, _rounds_for,
-)
+from grammar_overlap_micro import _host_work, _rounds_for, best_of_rounds, report  # noqa: E402
 
 
 def _continuations(backend, matchers: list, steps: int, seed: int) -> list[list[int]]:
     """For each matcher, ``steps`` random allowed tokens that keep it going (not EOS, not
     ending it), found by walking it and rolling it back; [] where no such walk was found."""
-    info = backend.tokenizer
-    shifts = torch.arange(32, dtype=torch.int32)
-    eos = torch.tensor(sorted(info.eos_token_ids), dtype=torch.int64)
-    scratch = torch.empty(1, info.bitmask_words, dtype=torch.int32)
     rng = random.Random(seed)
     out = []
     for matcher in matchers:
         tokens: list[int] = []
         for _ in range(steps):
-            matcher.fill_bitmask(scratch, 0)
-            bits = ((scratch[0].unsqueeze(-1) >> shifts) & 1).flatten()[:info.vocab_size]
-            bits[eos] = 0
-            allowed = bits.nonzero().flatten()
+            allowed = allowed_but_eos(matcher, backend.tokenizer)
             if not len(allowed):
                 break
             token = int(allowed[rng.randrange(len(allowed))])
@@ -136,20 +126,10 @@ def main() -> None:
                  "accepts and fill on the grammar thread (now)": now,
                  "accept + is_terminated per row, one thread": accepts_here,
                  "accept_tokens, one call, one thread": batched_accepts}
-        best = {name: (float("inf"), float("inf")) for name in cases}
-        with torch.inference_mode():
-            for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
-                for name, fn in cases.items():
-                    reset()
-                    wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
-                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+        best = best_of_rounds(cases, args.repeat, before_each=reset)
         reset()
-        print(f"rows {len(rows)}, xgrammar threads {threads}, host work {args.host_ms} ms, "
-              f"switch interval {1e3 * sys.getswitchinterval():g} ms (ms per step, wall / "
-              "engine-thread CPU):")
-        for name, (wall, cpu) in best.items():
-            print(f"  {name}: {wall:.2f} / {cpu:.2f}")
-
+        report(f"rows {len(rows)}, xgrammar threads {threads}, host work {args.host_ms} ms, "
+               f"switch interval {1e3 * sys.getswitchinterval():g} ms", best)
 
 if __name__ == "__main__":
     main()

@@ -98,7 +98,7 @@ def main() -> None:
             _host_work(args.rows, rounds)
 
         def overlapped() -> None:
-            job = structured.start_fill(states)
+            job = structured.start_fill([(s, (), s.accepted) for s in states])
             _host_work(args.rows, rounds)
             structured.take(job)
 
@@ -106,16 +106,30 @@ def main() -> None:
                  "fill alone, on the engine thread": fill_here,
                  "fill then host work (one thread)": serial,
                  "host work while the grammar thread fills": overlapped}
-        best = {name: (float("inf"), float("inf")) for name in cases}
-        with torch.inference_mode():
-            for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
-                for name, fn in cases.items():
-                    wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
-                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-        print(f"rows {args.rows}, xgrammar threads {threads} (ms per step, wall / engine-thread "
-              "CPU):")
-        for name, (wall, cpu) in best.items():
-            print(f"  {name}: {wall:.2f} / {cpu:.2f}")
+        report(f"rows {args.rows}, xgrammar threads {threads}",
+               best_of_rounds(cases, args.repeat))
+
+
+def best_of_rounds(cases: dict[str, Callable[[], object]], repeat: int,
+                   before_each: Callable[[], object] = lambda: None,
+                   ) -> dict[str, tuple[float, float]]:
+    """Each case's best (wall, engine-thread CPU) median ms over three rounds that interleave
+    the cases, so that a busy moment of the machine hits them all; ``before_each`` runs,
+    untimed, before each case's measurement."""
+    best = {name: (float("inf"), float("inf")) for name in cases}
+    with torch.inference_mode():
+        for _ in range(3):
+            for name, fn in cases.items():
+                before_each()
+                wall, cpu = _median_wall_and_cpu_ms(fn, repeat)
+                best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    return best
+
+
+def report(title: str, best: dict[str, tuple[float, float]]) -> None:
+    print(f"{title} (ms per step, wall / engine-thread CPU):")
+    for name, (wall, cpu) in best.items():
+        print(f"  {name}: {wall:.2f} / {cpu:.2f}")
 
 
 if __name__ == "__main__":
