@@ -22,14 +22,14 @@ import json
 import random
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
     SCHEMA, _walked_matchers, add_row_arguments, allowed_but_eos, synthetic_info,
-    xgrammar_backend,
 )
-from grammar_overlap_micro import _host_work, _rounds_for, best_of_rounds, report  # noqa: E402
+from grammar_overlap_micro import (  # noqa: E402
+    _host_work, _rounds_for, best_of_rounds, engine_grammars, report,
+)
 
 
 def _continuations(backend, matchers: list, steps: int, seed: int) -> list[list[int]]:
@@ -64,19 +64,14 @@ def main() -> None:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
 
-    from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
-    from tallow.plugin import GrammarSpec
+    from tallow.engine.sampling.grammar import GrammarState
 
     info = synthetic_info()
     schema = json.loads(SCHEMA.read_text())
     rounds = _rounds_for(args.rows, args.host_ms)
     steps = args.repeat + 3  # _median_wall_and_cpu_ms: three warm-up calls, then the timed
     for threads in args.threads:
-        backend = xgrammar_backend(info, threads)
-        entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
-                                load=lambda: lambda _info, _config: backend)
-        structured = StructuredOutputs(entry, lambda: info, config=backend.config)
-        compiled = structured.compile(GrammarSpec.json_schema(schema))
+        backend, structured, compiled = engine_grammars(info, threads, schema)
         rows: list[tuple[GrammarState, list[int]]] = []
         seed = 0
         while len(rows) < args.rows:

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 from types import SimpleNamespace
 
 import torch
@@ -72,18 +72,13 @@ def main() -> None:
     parser.add_argument("--host-ms", type=float, default=4.0)
     args = parser.parse_args()
 
-    from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
-    from tallow.plugin import GrammarSpec
+    from tallow.engine.sampling.grammar import GrammarState
 
     info = synthetic_info()
     schema = json.loads(SCHEMA.read_text())
     rounds = _rounds_for(args.rows, args.host_ms)
     for threads in args.threads:
-        backend = xgrammar_backend(info, threads)
-        entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
-                                load=lambda: lambda _info, _config: backend)
-        structured = StructuredOutputs(entry, lambda: info, config=backend.config)
-        compiled = structured.compile(GrammarSpec.json_schema(schema))
+        backend, structured, compiled = engine_grammars(info, threads, schema)
         states = [GrammarState(m) for m in
                   _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)]
 
@@ -108,6 +103,19 @@ def main() -> None:
                  "host work while the grammar thread fills": overlapped}
         report(f"rows {args.rows}, xgrammar threads {threads}",
                best_of_rounds(cases, args.repeat))
+
+
+def engine_grammars(info: Any, threads: int, schema: Any) -> tuple[Any, Any, Any]:
+    """An xgrammar backend on ``threads`` threads, the engine's StructuredOutputs around it,
+    and ``schema`` compiled."""
+    from tallow.engine.sampling.grammar import StructuredOutputs
+    from tallow.plugin import GrammarSpec
+
+    backend = xgrammar_backend(info, threads)
+    entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
+                            load=lambda: lambda _info, _config: backend)
+    structured = StructuredOutputs(entry, lambda: info, config=backend.config)
+    return backend, structured, structured.compile(GrammarSpec.json_schema(schema))
 
 
 def best_of_rounds(cases: dict[str, Callable[[], object]], repeat: int,
