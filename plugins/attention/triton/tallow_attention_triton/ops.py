@@ -37,6 +37,14 @@ LOG2E = 1.4426950408889634
 #: split kernel that serves every cache, kept so the two can be compared on the same batch
 #: (bench/gpu/kv_turbo_probe.py)
 NIBBLE_DECODE = True
+#: the nibble kernel multiplies half-width tiles (head size / 2 coordinates each), and a
+#: tensor-core product needs at least 16 along its reduction: smaller heads take the split kernel
+NIBBLE_MIN_HEAD_DIM = 32
+
+
+def nibble_decode(bits: int, head_dim: int) -> bool:
+    """Whether a decode over a ``bits``-bit turbo cache runs the nibble kernel."""
+    return bits == 4 and NIBBLE_DECODE and head_dim >= NIBBLE_MIN_HEAD_DIM
 
 
 def interpreting() -> bool:
@@ -298,7 +306,7 @@ def choose_num_splits(q: torch.Tensor, kv_cache: LayerKVCache, num_seqs: int,
     k_cache = _paged(kv_cache)[0]
     n_kv = k_cache.shape[2]
     turbo = turbo_ops.is_turbo(kv_cache)
-    if _paged(kv_cache)[-1] == 4 and NIBBLE_DECODE:
+    if nibble_decode(_paged(kv_cache)[-1], q.shape[-1]):
         tiles = nibble_decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size())
     else:
         tiles = decode_tiles(q.shape[-1], q.shape[1] // n_kv, q.element_size(),
@@ -362,7 +370,7 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
     window = int(sliding_window or 0)
-    if bits == 4 and NIBBLE_DECODE:
+    if nibble_decode(bits, head_dim):
         spec = decode_nibbles_spec(num_heads=n_heads, group=group, head_dim=head_dim,
                                    dtype=q.dtype, block_size=k_cache.shape[1],
                                    sliding_window=sliding_window, logit_softcap=logit_softcap,

@@ -276,7 +276,8 @@ def test_turbo_variants_compile_for_hopper_without_spills(bits: int, head_dim: i
 
 @pytest.mark.parametrize(("head_dim", "group", "dtype"), [
     (64, 4, torch.bfloat16), (96, 8, torch.float16), (128, 4, torch.bfloat16),
-    (256, 4, torch.bfloat16), (128, 32, torch.bfloat16), (128, 4, torch.float32)])
+    (256, 4, torch.bfloat16), (128, 32, torch.bfloat16), (128, 4, torch.float32),
+    (32, 2, torch.float32)])
 def test_turbo4_decode_unpacks_nibbles_in_ptx(head_dim: int, group: int,
                                               dtype: torch.dtype) -> None:
     """The 4-bit turbo decode kernel builds for sm_90 with tensor-core products, vectorised or
@@ -306,6 +307,30 @@ def test_turbo4_decode_unpacks_nibbles_in_ptx(head_dim: int, group: int,
             assert len(loop) <= 1300, f"{len(loop)} instructions per 32-key tile"
             ops_ = [opcode(i) for i in loop]
             assert ops_.count("I2F") == 0, "codes widened one by one (int-to-float)"
+
+
+def test_heads_under_32_decode_4_bit_caches_with_the_split_kernel() -> None:
+    """The nibble kernel's half-width products reduce over head size / 2 coordinates, and a
+    tensor-core product needs 16: at head size 16 it does not build for sm_90, so such heads
+    (tiny test models) take the split kernel, which does."""
+    from tallow_attention_triton.kernels.turbo_decode import decode_nibbles_kernel
+
+    assert not ops.nibble_decode(4, 16) and ops.nibble_decode(4, 32)
+    assert not ops.nibble_decode(3, 128) and not ops.nibble_decode(8, 128)
+    spec = ops.decode_nibbles_spec(num_heads=4, group=2, head_dim=16, dtype=torch.float32,
+                                   block_size=16, sliding_window=None, logit_softcap=None,
+                                   mixed=False, single_split=False)
+    with pytest.raises(Exception) as info:
+        compile_for(decode_nibbles_kernel, spec, torch.float32, 90, "*u8")
+    causes, exc = [], info.value
+    while exc is not None:
+        causes.append(str(exc))
+        exc = exc.__cause__
+    assert any("K >= 16" in c for c in causes), causes[-1]
+    split = ops.decode_spec(num_heads=4, group=2, head_dim=16, dtype=torch.float32,
+                            block_size=16, sliding_window=None, logit_softcap=None, mixed=False,
+                            single_split=False, fused_store=False, cache_bytes=1, kv_bits=4)
+    compile_for(decode_split_kernel, split, torch.float32, 90, "*u8")
 
 
 def test_turbo_kernels_wait_before_any_memory_access() -> None:
