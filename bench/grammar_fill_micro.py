@@ -40,25 +40,21 @@ def _median_ms(fn: Callable[[], object], repeat: int) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def allowed_but_eos(matcher, info) -> torch.Tensor:
-    """The token ids other than EOS that ``matcher`` allows next (a 1-d tensor)."""
-    scratch = torch.empty(1, info.bitmask_words, dtype=torch.int32)
-    matcher.fill_bitmask(scratch, 0)
-    bits = ((scratch[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()
-    bits = bits[:info.vocab_size]
-    bits[list(info.eos_token_ids)] = 0
-    return bits.nonzero().flatten()
-
-
 def _walked_matchers(backend, compiled, rows: int, max_walk: int, seed: int) -> list:
     """``rows`` matchers, each advanced by up to ``max_walk`` random allowed tokens."""
     info = backend.tokenizer
+    shifts = torch.arange(32, dtype=torch.int32)
+    eos = torch.tensor(sorted(info.eos_token_ids), dtype=torch.int64)
+    scratch = torch.empty(1, info.bitmask_words, dtype=torch.int32)
     rng = random.Random(seed)
     matchers = []
     for _ in range(rows):
         matcher = backend.matcher(compiled)
         for _ in range(rng.randrange(max_walk + 1)):
-            allowed = allowed_but_eos(matcher, info)
+            matcher.fill_bitmask(scratch, 0)
+            bits = ((scratch[0].unsqueeze(-1) >> shifts) & 1).flatten()[:info.vocab_size]
+            bits[eos] = 0
+            allowed = bits.nonzero().flatten()
             if not len(allowed):
                 break
             assert matcher.accept(int(allowed[rng.randrange(len(allowed))]))

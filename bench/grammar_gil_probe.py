@@ -75,12 +75,6 @@ def main() -> None:
             fresh.accept_token(token)
             fresh.rollback(1)
 
-    starts = [xgr.GrammarMatcher(compiled.grammar) for _ in range(ROWS)]
-
-    def batch_accept_and_undo() -> None:
-        xgr.BatchGrammarMatcher.batch_accept_token(starts, [token] * ROWS)
-        xgr.BatchGrammarMatcher.batch_rollback(starts, 1)
-
     cases = {
         "pure-Python loop (holds the GIL)": lambda: sum(range(20000)),
         "time.sleep 5 ms (releases the GIL)": lambda: time.sleep(0.005),
@@ -89,8 +83,6 @@ def main() -> None:
         f"XGrammarBackend.fill_bitmasks, {ROWS} rows":
             lambda: backend.fill_bitmasks(matchers, host, rows),
         f"GrammarMatcher.accept_token + rollback, {ROWS} each": accept_and_undo,
-        f"BatchGrammarMatcher.batch_accept_token + batch_rollback, {ROWS} rows":
-            batch_accept_and_undo,
     }
     for name, work in cases.items():
         alone, beside = _beside(work)

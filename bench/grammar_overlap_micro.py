@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 from types import SimpleNamespace
 
 import torch
@@ -72,13 +72,18 @@ def main() -> None:
     parser.add_argument("--host-ms", type=float, default=4.0)
     args = parser.parse_args()
 
-    from tallow.engine.sampling.grammar import GrammarState
+    from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
+    from tallow.plugin import GrammarSpec
 
     info = synthetic_info()
     schema = json.loads(SCHEMA.read_text())
     rounds = _rounds_for(args.rows, args.host_ms)
     for threads in args.threads:
-        backend, structured, compiled = engine_grammars(info, threads, schema)
+        backend = xgrammar_backend(info, threads)
+        entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
+                                load=lambda: lambda _info, _config: backend)
+        structured = StructuredOutputs(entry, lambda: info, config=backend.config)
+        compiled = structured.compile(GrammarSpec.json_schema(schema))
         states = [GrammarState(m) for m in
                   _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)]
 
@@ -93,7 +98,7 @@ def main() -> None:
             _host_work(args.rows, rounds)
 
         def overlapped() -> None:
-            job = structured.start_fill([(s, (), s.accepted) for s in states])
+            job = structured.start_fill(states)
             _host_work(args.rows, rounds)
             structured.take(job)
 
@@ -101,43 +106,16 @@ def main() -> None:
                  "fill alone, on the engine thread": fill_here,
                  "fill then host work (one thread)": serial,
                  "host work while the grammar thread fills": overlapped}
-        report(f"rows {args.rows}, xgrammar threads {threads}",
-               best_of_rounds(cases, args.repeat))
-
-
-def engine_grammars(info: Any, threads: int, schema: Any) -> tuple[Any, Any, Any]:
-    """An xgrammar backend on ``threads`` threads, the engine's StructuredOutputs around it,
-    and ``schema`` compiled."""
-    from tallow.engine.sampling.grammar import StructuredOutputs
-    from tallow.plugin import GrammarSpec
-
-    backend = xgrammar_backend(info, threads)
-    entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
-                            load=lambda: lambda _info, _config: backend)
-    structured = StructuredOutputs(entry, lambda: info, config=backend.config)
-    return backend, structured, structured.compile(GrammarSpec.json_schema(schema))
-
-
-def best_of_rounds(cases: dict[str, Callable[[], object]], repeat: int,
-                   before_each: Callable[[], object] = lambda: None,
-                   ) -> dict[str, tuple[float, float]]:
-    """Each case's best (wall, engine-thread CPU) median ms over three rounds that interleave
-    the cases, so that a busy moment of the machine hits them all; ``before_each`` runs,
-    untimed, before each case's measurement."""
-    best = {name: (float("inf"), float("inf")) for name in cases}
-    with torch.inference_mode():
-        for _ in range(3):
-            for name, fn in cases.items():
-                before_each()
-                wall, cpu = _median_wall_and_cpu_ms(fn, repeat)
-                best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    return best
-
-
-def report(title: str, best: dict[str, tuple[float, float]]) -> None:
-    print(f"{title} (ms per step, wall / engine-thread CPU):")
-    for name, (wall, cpu) in best.items():
-        print(f"  {name}: {wall:.2f} / {cpu:.2f}")
+        best = {name: (float("inf"), float("inf")) for name in cases}
+        with torch.inference_mode():
+            for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
+                for name, fn in cases.items():
+                    wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
+                    best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+        print(f"rows {args.rows}, xgrammar threads {threads} (ms per step, wall / engine-thread "
+              "CPU):")
+        for name, (wall, cpu) in best.items():
+            print(f"  {name}: {wall:.2f} / {cpu:.2f}")
 
 
 if __name__ == "__main__":

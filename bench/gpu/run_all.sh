@@ -7,7 +7,6 @@
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
-# sothrsw1 (sothr with a 1 ms thread switch interval: runner.grammar_switch_interval_ms),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -381,11 +380,6 @@ if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of uncons
   bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
     --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
     --json-schema bench/schemas/order.json
-fi
-if [[ ",$MODE," == *",sothrsw1,"* ]]; then  # A/B of sothr: the grammar thread's GIL waits
-  bench throughput_qwen3_0.6b_json_schema_switch1ms 420 throughput --model random:qwen3-0.6b \
-    --dtype bfloat16 --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
-    --json-schema bench/schemas/order.json --grammar-switch-interval-ms 1
 fi
 if [[ ",$MODE," == *",int4tests,"* ]]; then  # ~6 min at most (two GPTQ loads of a 1B model among them)
   echo "== GPU tests of tallow-quant-int4 (kernel cases, then the gpu-marked tests)"

@@ -129,10 +129,6 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "constrained_vs_unconstrained": with_grammar["output_tok_s"] / free["output_tok_s"],
         "constrained_steps": with_grammar["steps"], "unconstrained_steps": free["steps"],
         "mask_ms_per_step": 1e3 * mask_s / max(1, mask_steps),
-        # accepting the sampled tokens, on the grammar thread before each fill
-        "accept_ms_per_step": 1e3 * (after.get("grammar_accept_seconds_total", 0.0)
-                                     - before.get("grammar_accept_seconds_total", 0.0))
-        / max(1, mask_steps),
         # what of it the engine thread waited for (the rest ran beside its other work)
         "mask_wait_ms_per_step": 1e3 * wait_s / max(1, mask_steps),
         "mask_rows_per_step": (after["grammar_mask_rows_total"]
@@ -160,8 +156,6 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("engine steps (constrained, unconstrained)",
          f"{r['constrained_steps']}, {r['unconstrained_steps']}"),
         ("mask fill per step (ms)", r["mask_ms_per_step"]),
-        ("accepting the sampled tokens per step, grammar thread (ms)",
-         r.get("accept_ms_per_step", 0.0)),
         ("engine thread's wait for the masks per step (ms)", r["mask_wait_ms_per_step"]),
         ("constrained rows per step", r["mask_rows_per_step"]),
         ("outputs ended by their grammar", r["outputs_ended_by_grammar"]),

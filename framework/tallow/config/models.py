@@ -203,11 +203,6 @@ class RunnerConfig(Section):
     grammar_cache_size: int = Field(
         256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
         "list or EBNF grammar) kept for reuse.")
-    grammar_switch_interval_ms: float | None = Field(
-        None, gt=0, le=100, description="The interpreter's thread switch interval "
-        "(sys.setswitchinterval, milliseconds), set when the grammar thread starts: after each "
-        "call into the grammar library that thread waits for the GIL while the engine thread "
-        "runs Python, up to this long; none keeps the interpreter's (5 ms).")
 
 
 class ParallelConfig(Section):

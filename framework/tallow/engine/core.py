@@ -36,15 +36,6 @@ logprobs, or forks ``n > 1`` completions, the next call collects it *before* pla
 step (see :func:`_must_collect_first`). Plain greedy and seeded temperature/top-k/top-p/min-p
 rows (with logit bias or min_tokens too: those depend on token counts, not values) overlap.
 
-Structured outputs
-------------------
-Grammar matchers live on the grammar thread (:mod:`tallow.engine.sampling.grammar_step`):
-after a step is committed, one job there accepts its constrained rows' tokens and fills the
-masks of the step launched on top. The updates of those rows are held back and reported by
-the next collect (or at the end of the call, when no step is left in flight), once the job
-has said whether each grammar refused its token or has ended: such a row then finishes with
-finish reason "stop" at that token (see :meth:`EngineCore._settle_grammars`).
-
 Embeddings
 ----------
 An engine built for ``task == "embed"`` takes :class:`~tallow.engine.embedding.PoolingParams`
@@ -105,7 +96,7 @@ class CoreOutput:
     step_time: float = 0.0  # wall time of the step
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
-    #: and (structured outputs) starting the grammar thread's job (accepts and masks), or
+    #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
     #: sampling a step whose masks no later launch waited for (a launch that samples the step
     #: before it counts its wait for the masks in "launch").
     #: In async mode schedule/launch are those of the step launched by this call and
@@ -200,13 +191,6 @@ class EngineCore:
         #: grammars of structured outputs (a tallow.engine.sampling.StructuredOutputs), None
         #: for an engine that cannot constrain outputs
         self.structured = structured
-        #: constrained rows' updates of the last commit, reported once their grammars have
-        #: accepted the tokens (see _settle_grammars)
-        self._held: list[tuple[Any, TokenUpdate]] = []
-        #: (state, outputs, count) of those rows, for the next grammar job to accept
-        self._to_accept: list[Any] = []
-        #: the grammar job accepting the held rows' tokens
-        self._accepting: Any = None
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -306,9 +290,8 @@ class EngineCore:
         self.steps = self.overlapped_steps = 0
 
     def has_unfinished(self) -> bool:
-        """Requests remain, or a step's tokens are still to be read back or reported."""
-        return (self.scheduler.has_unfinished() or self._in_flight is not None
-                or bool(self._held))
+        """Requests remain, or a step's tokens are still to be read back."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # -- the step -----------------------------------------------------------------------
     def step(self, between: Callable[[], None] | None = None) -> CoreOutput:
@@ -329,9 +312,7 @@ class EngineCore:
         clock.mark("overlapped")
         if launched is None:
             return CoreOutput()
-        out = self._collect(launched, clock)
-        self._start_masks(None, clock)
-        return self._end_call(out, clock, hidden=set())
+        return _stamp(self._collect(launched, clock), clock, hidden=set())
 
     def _step_async(self, between: Callable[[], None]) -> CoreOutput:
         previous, self._in_flight = self._in_flight, None
@@ -372,7 +353,7 @@ class EngineCore:
                 hidden.add("mask")
         self._in_flight = launched
         out.decode_only = out.decode_only and _decode_only(launched)
-        return self._end_call(out, clock, hidden)
+        return _stamp(out, clock, hidden)
 
     def _collect_then_launch(self, previous: _InFlight,
                              between: Callable[[], None]) -> CoreOutput:
@@ -382,18 +363,9 @@ class EngineCore:
         between()  # the device still runs `previous`
         clock.mark("overlapped")
         out = self._collect(previous, clock)
-        self._start_masks(None, clock)
         self._in_flight = self._schedule_and_launch(clock, feed=None)
         out.decode_only = out.decode_only and _decode_only(self._in_flight)
-        return self._end_call(out, clock, set())
-
-    def _end_call(self, out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
-        """Stamp a call's output; with no step left in flight, report the held constrained
-        rows first (nothing else would: the engine may go idle now)."""
-        if self._in_flight is None and (self._held or self._accepting is not None):
-            self._settle_grammars(out)
-            clock.mark("post")
-        return _stamp(out, clock, hidden)
+        return _stamp(out, clock, set())
 
     def _schedule_and_launch(self, clock: _Clock, feed: _InFlight | None) -> _InFlight | None:
         """Plan a step and queue it on the device; None if there was nothing to run.
@@ -427,20 +399,11 @@ class EngineCore:
             clock.mark("mask")
 
     def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
-        """Start the grammar thread's job: accept the tokens the last commit gave constrained
-        rows and fill the masks of ``launched`` when its sampling waits for its grammars
+        """Start filling the masks of a launched step whose sampling waits for its grammars
         (the next launch, or the collect of the step, samples it)."""
-        advance, self._to_accept = self._to_accept, []
-        job = None
         if launched is not None and launched.pending.logits is not None:
-            job = self.runner.start_masks(launched.pending, advance)
-        elif advance:
-            job = self.structured.start_fill((), advance)
-        else:
-            return
-        if advance:
-            self._accepting = job
-        clock.mark("mask")
+            self.runner.start_masks(launched.pending)
+            clock.mark("mask")
 
     def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
         """Read a step's tokens back, commit them and check stops. A step still waiting for
@@ -451,9 +414,8 @@ class EngineCore:
         clock.mark("wait")
         out = CoreOutput(decode_only=_decode_only(step))
         self._report_prompt_side(step.plan, result, out)
-        touched_requests = self._settle_grammars(out, report=False)
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
-        held, to_accept = self._held, self._to_accept
+        touched_requests: set[str] = set()
         for new in self.scheduler.commit(step.applied, sampled_ids):
             seq = new.seq
             token = result.sampled[seq.seq_id]
@@ -461,56 +423,16 @@ class EngineCore:
             status = self._check_stop(seq, new.index, token.token_id, update)
             if status is not None:
                 self.scheduler.finish(seq, status)
-            if seq.grammar is not None:
-                held.append((seq, update))
-                to_accept.append((seq.grammar, seq.output_token_ids, new.index + 1))
-                continue
-            if status is not None:
                 touched_requests.add(seq.request_id)
             out.updates.append(update)
-        self._report_finished(touched_requests, out)
-        self._finish_pooled(step.pending, result, out)
-        self.steps += 1
-        clock.mark("post")
-        return out
-
-    def _settle_grammars(self, out: CoreOutput, report: bool = True) -> set[str]:
-        """Report the held constrained rows: wait for the grammar job that accepted their
-        tokens (the launch that sampled the next step usually waited for it already), end
-        the rows whose grammar refused its token or has ended (``finish_reason`` "stop" at
-        that token, whatever else would have ended it there), and add their updates to
-        ``out``. A row finished meanwhile by an abort or a stop string is not reported: its
-        token is not wanted. Returns the requests that ended (``report``: listed in ``out``
-        here)."""
-        touched: set[str] = set()
-        job, self._accepting = self._accepting, None
-        if job is not None:
-            self.structured.wait(job)
-        held, self._held = self._held, []
-        for seq, update in held:
-            if update.finish_reason is None and seq.status.is_finished:
-                continue
-            state = seq.grammar
-            if state.refused is not None or state.ended:
-                if state.refused is not None:
-                    log.warning("request %s: its grammar refused token %d; the output ends "
-                                "there", seq.request_id, state.refused)
-                update.finish_reason, update.stop_reason = "stop", None
-                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-            if update.finish_reason is not None:
-                touched.add(seq.request_id)
-            out.updates.append(update)
-        if report:
-            self._report_finished(touched, out)
-        return touched
-
-    def _report_finished(self, touched_requests: set[str], out: CoreOutput) -> None:
-        """List in ``out`` the requests among ``touched_requests`` whose every completion has
-        finished."""
         for request_id in touched_requests:
             request = self.scheduler.get_request(request_id)
             if request is None or all(s.status.is_finished for s in request.seqs):
                 out.finished.append(request_id)
+        self._finish_pooled(step.pending, result, out)
+        self.steps += 1
+        clock.mark("post")
+        return out
 
     def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
         """End the embedding requests the step pooled (an aborted one is dropped)."""
@@ -539,6 +461,14 @@ class EngineCore:
         may follow it in async mode, so counts come from ``index``, not from ``seq``)."""
         params = seq.params
         n_out = index + 1
+        state = seq.grammar
+        if state is not None:
+            if not state.sync(seq.output_token_ids, n_out):
+                log.warning("request %s: its grammar refused token %d; the output ends there",
+                            seq.request_id, state.refused)
+            if state.refused is not None or state.terminated:
+                update.finish_reason = "stop"
+                return SequenceStatus.FINISHED_STOPPED
         if n_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 update.finish_reason = "stop"

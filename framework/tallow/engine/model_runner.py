@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +82,7 @@ class PendingStep:
     #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
     #: the tokens of the step before (:meth:`ModelRunner.sample_constrained` samples them)
     logits: torch.Tensor | None = None
-    #: the grammar thread's job filling the masks of those rows
+    #: the masks of those rows being filled on the grammar thread
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
     mask_fill: Any = None
     mask_rows: list[int] = field(default_factory=list)
@@ -378,11 +378,10 @@ class ModelRunner:
         tensor of token ids.
 
         ``constrained`` says that some sequence of the engine has a grammar. When one of this
-        step's sampled sequences does, only the forward and the logits are queued: once the
-        tokens of the step before are committed (they may still be on the device now), the
-        caller calls :meth:`start_masks` — the grammar thread accepts them and fills the
-        masks while the device runs this step's forward — and later
-        :meth:`sample_constrained`.
+        step's sampled sequences does, only the forward and the logits are queued: the caller
+        brings the grammars up to date (the tokens of the step before may still be on the
+        device) and then calls :meth:`start_masks` and later :meth:`sample_constrained`, so
+        the masks are computed while the device runs this step's forward.
 
         A ``feed`` still waiting for its masks is sampled here, once this step's batch is
         built on the host and before its forward is queued (which reads the feed's tokens):
@@ -440,32 +439,27 @@ class ModelRunner:
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
 
-    def start_masks(self, pending: PendingStep, advance: Sequence[Any] = ()) -> Any:
-        """Start the grammar thread's job for a step :meth:`launch` left with its logits:
-        accept the tokens of ``advance`` (``(state, outputs, count)`` of the rows the step
-        before committed), bring each of this step's grammars up to its sequence's committed
-        tokens and fill their masks. Rows of sequences finished by then get no mask (their
-        token will be dropped). Until :meth:`sample_constrained` the step's matchers belong
-        to the grammar thread. Returns the job (a MaskFill; None when it has nothing to
-        do)."""
+    def start_masks(self, pending: PendingStep) -> None:
+        """Start filling the token masks of a step :meth:`launch` left with its logits, on the
+        grammar thread: each grammar first catches up with its sequence's known tokens (here,
+        on the calling thread). A sequence finished by then, or whose grammar has ended, gets
+        no mask (its token will be dropped). Until :meth:`sample_constrained` the step's
+        matchers belong to the grammar thread."""
         assert pending.logits is not None and self.grammar is not None
         if pending.mask_fill is not None:
-            if advance:
-                raise RuntimeError("this step's grammar job was started already")
-            return pending.mask_fill or None
+            return
         rows: list[int] = []
-        fill = []
+        states = []
         for j, seq in enumerate(pending.targets):
             state = seq.grammar
             if state is None or seq.status.is_finished:
                 continue
-            rows.append(j)
-            fill.append((state, seq.output_token_ids,
-                         len(seq.output_token_ids) - seq.num_pending_tokens))
+            known = seq.num_output_tokens - seq.num_pending_tokens
+            if state.sync(seq.output_token_ids, known) and not state.terminated:
+                rows.append(j)
+                states.append(state)
         pending.mask_rows = rows
-        pending.mask_fill = (self.grammar.start_fill(fill, advance) if fill or advance
-                             else False)
-        return pending.mask_fill or None
+        pending.mask_fill = self.grammar.start_fill(states) if states else False
 
     @torch.inference_mode()
     def sample_constrained(self, pending: PendingStep) -> None:
@@ -475,8 +469,8 @@ class ModelRunner:
         self.start_masks(pending)
         logits, pending.logits = pending.logits, None
         fill, pending.mask_fill = pending.mask_fill, None
-        masks = self.grammar.take(fill) if fill else None
-        if masks is not None:
+        if fill:
+            masks = self.grammar.take(fill)
             rows = device_tensor(pending.mask_rows, torch.int64, logits.device)
             self._sample(pending, logits, (masks, rows))
         else:

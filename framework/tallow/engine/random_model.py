@@ -74,13 +74,6 @@ SHAPES: dict[str, dict[str, Any]] = {
                        rope_scaling={"rope_type": "linear", "factor": 8.0},
                        max_position_embeddings=131072, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
-    # qwen3-0.6b's vocabulary (151,936 tokens) on a few-MB body: CPU runs of what grows with
-    # the vocabulary (the constrained bench's grammars and masks) without a real model's cost.
-    "tiny-qwen3": dict(architectures=["Qwen3ForCausalLM"], hidden_size=64,
-                       intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, vocab_size=151936,
-                       rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True),
     # A few-MB model of the llama shape family, for CPU tests of the random path itself.
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -140,13 +140,11 @@ class TokenizerInfo:
 class GrammarMatcher:
     """Where one constrained sequence stands in its grammar.
 
-    The engine calls, on its one grammar thread (never two calls at once, never one from the
-    thread that drives the device):
+    The engine calls, on the thread that drives the device:
 
     - :meth:`fill_bitmask` before each token is sampled (the engine has passed every earlier
-      token to :meth:`accept` by then), usually through :meth:`GrammarBackend.fill_bitmasks`;
-    - :meth:`accept` with each sampled token, usually through
-      :meth:`GrammarBackend.accept_tokens`, and :meth:`is_terminated` where no mask tells;
+      token to :meth:`accept` by then);
+    - :meth:`accept` with each sampled token, and then :meth:`is_terminated`;
     - :meth:`rollback` when tokens it accepted are taken back from the sequence.
     """
 
@@ -154,8 +152,8 @@ class GrammarMatcher:
         """Write row ``row`` of ``bitmask`` (a CPU int32 tensor [rows, words], see the module
         docstring): the bit of token ``t`` set iff ``t`` may come next — its bytes continue
         the grammar, or it is an EOS token and the text so far is complete — and every other
-        bit clear (tokens without bytes, ids past the vocabulary); every bit of the row clear
-        once the matcher accepted an EOS token. Does not change the state."""
+        bit clear (tokens without bytes, ids past the vocabulary). Does not change the
+        state."""
         raise NotImplementedError
 
     def accept(self, token_id: int) -> bool:
@@ -214,12 +212,3 @@ class GrammarBackend(Component):
         in parallel; the engine calls this once per step for all constrained rows."""
         for matcher, row in zip(matchers, rows):
             matcher.fill_bitmask(bitmask, row)
-
-    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
-                      tokens: Sequence[int]) -> list[bool]:
-        """``[matchers[i].accept(tokens[i]) for every i]``: the engine calls this once per
-        step with the token each constrained row sampled (one token per matcher). A backend
-        may do it in one call into its library: a library call that releases the GIL has to
-        win it back from the engine thread when it returns, so one call per step is cheaper
-        on that thread than one per row."""
-        return [matcher.accept(token) for matcher, token in zip(matchers, tokens)]

@@ -10,11 +10,6 @@ spec off its event loop, and the engine finds it in the cache when the request a
 A matcher must have seen every earlier token of its sequence before it fills a mask. The
 sequence's token list is the truth: :meth:`GrammarState.sync` accepts the tokens the matcher
 has not seen and rolls back tokens it saw that the sequence no longer has.
-
-Once built, matchers are used on one grammar thread only (:mod:`.grammar_step`): a job
-(:meth:`StructuredOutputs.start_fill`) accepts the tokens a step committed, fills the masks
-of the next step and records each grammar's verdict; the engine thread reads a verdict after
-it waited for the job (:meth:`StructuredOutputs.take`, :meth:`StructuredOutputs.wait`).
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -35,8 +29,6 @@ from tallow.plugin import (
 )
 
 from ..errors import InvalidParameter
-from . import grammar_step
-from .grammar_step import RowWork
 
 log = logging.getLogger("tallow.engine")
 
@@ -45,18 +37,15 @@ FIRST_PARTY_BACKEND = "tallow-grammar-xgrammar"
 
 
 class GrammarState:
-    """A constrained sequence's matcher, how many of its outputs it has accepted, and its
-    verdict: a token it refused, or that nothing may follow what it accepted."""
+    """A constrained sequence's matcher and how many of its outputs it has accepted."""
 
-    __slots__ = ("matcher", "accepted", "refused", "ended")
+    __slots__ = ("matcher", "accepted", "refused")
 
     def __init__(self, matcher: GrammarMatcher) -> None:
         self.matcher = matcher
         self.accepted = 0
         #: a token the matcher refused (the sequence cannot go on under its grammar)
         self.refused: int | None = None
-        #: nothing but EOS may follow the accepted tokens (set by the grammar thread)
-        self.ended = False
 
     def sync(self, outputs: Sequence[int], count: int) -> bool:
         """Bring the matcher to exactly ``outputs[:count]``: roll back what it accepted past
@@ -66,7 +55,6 @@ class GrammarState:
         if self.accepted > count:
             self.matcher.rollback(self.accepted - count)
             self.accepted = count
-            self.ended = False
         while self.accepted < count:
             token = outputs[self.accepted]
             if not self.matcher.accept(token):
@@ -76,19 +64,17 @@ class GrammarState:
         return True
 
     @property
-    def stopped(self) -> bool:
-        """The sequence ends here: a token was refused or the grammar has ended."""
-        return self.refused is not None or self.ended
+    def terminated(self) -> bool:
+        return self.matcher.is_terminated()
 
 
 class MaskFill:
-    """One job on the grammar thread (:meth:`StructuredOutputs.start_fill`): accepting a
-    step's tokens and filling the next step's masks (``rows`` of them; 0: accepting only)."""
+    """A fill of one step's masks running on the grammar thread
+    (:meth:`StructuredOutputs.start_fill`)."""
 
     __slots__ = ("future", "rows")
 
-    def __init__(self, future: "concurrent.futures.Future[torch.Tensor | None]",
-                 rows: int) -> None:
+    def __init__(self, future: "concurrent.futures.Future[torch.Tensor]", rows: int) -> None:
         self.future = future
         self.rows = rows
 
@@ -110,17 +96,13 @@ class StructuredOutputs:
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
-        #: (word, its bits of tokens other than EOS) of each mask word with an EOS bit
-        self._eos_words: list[tuple[int, int]] | None = None
         self._copied: Any = None  # the event after the last mask left the pinned buffer
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         #: seconds spent filling masks (on the grammar thread), steps that filled any, rows
-        #: filled, and seconds the engine thread waited for a fill to end; seconds spent
-        #: accepting tokens (on the grammar thread)
+        #: filled, and seconds the engine thread waited for a fill to end
         self.mask_seconds = 0.0
-        self.accept_seconds = 0.0
         self.mask_steps = 0
         self.mask_rows = 0
         self.mask_wait_seconds = 0.0
@@ -201,62 +183,44 @@ class StructuredOutputs:
         """A fresh matcher state for one sequence constrained by ``spec``."""
         return GrammarState(self.backend.matcher(self.compile(spec)))
 
-    # -- the grammar thread -------------------------------------------------------------
-    def start_fill(self, fill: Sequence[RowWork], advance: Sequence[RowWork] = ()) -> MaskFill:
-        """Start a job on the grammar thread: bring the states of ``advance`` and ``fill``
-        (``(state, outputs, count)`` each, see :mod:`.grammar_step`) to their committed
-        tokens, fill one mask row per ``fill`` entry, in order, and record each state's
-        verdict. Jobs run one after another, in the order they were started. Until the
-        engine thread waited for the job (:meth:`take` or :meth:`wait`), it reads no
-        verdict of these states."""
-        if self._thread is None:
-            self._start_thread()
-        backend = self.backend
-        fill, advance = list(fill), list(advance)
-        if not fill:
-            return MaskFill(self._thread.submit(self._work, backend, advance, fill, None), 0)
+    # -- masks --------------------------------------------------------------------------
+    def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
+        """The packed masks of ``states`` (each already in step with its sequence) on the
+        engine's device, one row each ([len, words] int32); waits for them."""
+        return self.take(self.start_fill(states))
+
+    def start_fill(self, states: Sequence[GrammarState]) -> "MaskFill":
+        """Start filling the masks of ``states`` (each already in step with its sequence) on
+        the grammar thread. Until :meth:`take` returns, their matchers belong to that thread:
+        accept nothing into them and roll nothing back."""
         if self._job is not None:  # never taken (its step was dropped): let it end first
             self._job.future.exception()
             self._job = None
+        backend = self.backend
         words = backend.tokenizer.bitmask_words
-        n = len(fill)
+        n = len(states)
         if self._host is None or self._host.shape[0] < n:
             self._wait_copied()  # the old buffer may still be read by a copy
             rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
             self._host = torch.empty(rows, words, dtype=torch.int32,
                                      pin_memory=self.device.type == "cuda")
-        if self._eos_words is None:
-            self._eos_words = _eos_words(backend.tokenizer.eos_token_ids)
-        self._job = MaskFill(self._thread.submit(self._work, backend, advance, fill,
-                                                 self._host[:n]), n)
+        host = self._host[:n]
+        matchers = [s.matcher for s in states]
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="tallow-grammar-masks")
+        self._job = MaskFill(self._thread.submit(self._fill_host, backend, matchers, host), n)
         return self._job
 
-    def _start_thread(self) -> None:
-        interval = getattr(getattr(self.config, "runner", None), "grammar_switch_interval_ms",
-                           None)
-        if interval is not None:
-            # process-wide: how long a thread waiting for the GIL lets the holder run on
-            sys.setswitchinterval(interval / 1e3)
-            log.info("thread switch interval set to %g ms (runner.grammar_switch_interval_ms)",
-                     interval)
-        self._thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="tallow-grammar-masks")
-
-    def _work(self, backend: GrammarBackend, advance: list[RowWork], fill: list[RowWork],
-              host: torch.Tensor | None) -> torch.Tensor | None:
-        """On the grammar thread: one job (see :meth:`start_fill`)."""
+    def _fill_host(self, backend: GrammarBackend, matchers: list[GrammarMatcher],
+                   host: torch.Tensor) -> torch.Tensor:
+        """On the grammar thread: fill ``host`` once the last masks have left it."""
+        self._wait_copied()
+        started = time.perf_counter()
         # inference mode is per thread, and the buffer may have been made under it
         with torch.inference_mode():
-            started = time.perf_counter()
-            grammar_step.advance(backend, [*advance, *fill])
-            accepted = time.perf_counter()
-            self.accept_seconds += accepted - started
-            if host is not None:
-                self._wait_copied()  # the last masks have left the buffer
-                accepted = time.perf_counter()
-                grammar_step.fill(backend, fill, host, self._eos_words)
-                self.mask_seconds += time.perf_counter() - accepted
-            grammar_step.settle_unfilled(advance, fill)
+            backend.fill_bitmasks(matchers, host, range(len(matchers)))
+        self.mask_seconds += time.perf_counter() - started
         return host
 
     def _wait_copied(self) -> None:
@@ -264,27 +228,17 @@ class StructuredOutputs:
         if copied is not None:
             copied.synchronize()
 
-    def wait(self, job: MaskFill) -> None:
-        """Wait for a job to end (an error on the grammar thread is raised here); its
-        verdicts may be read afterwards. A job with masks is still to be :meth:`take` n."""
-        started = time.perf_counter()
-        job.future.result()  # waits with the GIL released
-        self.mask_wait_seconds += time.perf_counter() - started
-
-    def take(self, job: MaskFill) -> torch.Tensor | None:
-        """Wait for a job :meth:`start_fill` started and return its masks on the device
-        (the copy is queued on the engine thread's stream); None for a job without masks.
-        Rows of grammars that ended or refused their token are all allowed (their tokens
-        are dropped)."""
-        if not job.rows:
-            self.wait(job)
-            return None
+    def take(self, job: "MaskFill") -> torch.Tensor:
+        """Wait for a fill :meth:`start_fill` started and return its masks on the device
+        (the copy is queued on the engine thread's stream). The matchers are the engine's
+        again afterwards."""
         if job is not self._job:
             raise RuntimeError("these grammar masks were already taken, or a later fill "
                                "replaced them")
         self._job = None
-        self.wait(job)
-        host = job.future.result()
+        started = time.perf_counter()
+        host = job.future.result()  # waits with the GIL released
+        self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1
         self.mask_rows += job.rows
         if self.device.type != "cuda":
@@ -313,16 +267,4 @@ class StructuredOutputs:
                 "grammar_mask_steps_total": self.mask_steps,
                 "grammar_mask_rows_total": self.mask_rows,
                 "grammar_mask_wait_seconds_total": self.mask_wait_seconds,
-                "grammar_accept_seconds_total": self.accept_seconds,
                 "grammar_cache_entries": len(self._cache)}
-
-
-def _eos_words(eos_token_ids: Sequence[int]) -> list[tuple[int, int]]:
-    """``(word, the word's bits of other tokens as an int32)`` for each mask word holding
-    an EOS token's bit."""
-    others: dict[int, int] = {}
-    for token in eos_token_ids:
-        word = token // 32
-        others[word] = others.get(word, 0xFFFF_FFFF) & ~(1 << token % 32)
-    return [(word, bits - (1 << 32) if bits >= 1 << 31 else bits)
-            for word, bits in sorted(others.items())]

@@ -351,40 +351,6 @@ class GrammarBackendConformance(ComponentConformance):
         for matcher, row in zip(matchers, rows):
             assert torch.equal(batch[row], _fill(matcher, info.bitmask_words))
 
-    def test_accept_tokens_equals_each_matchers_accept(self, backend: GrammarBackend,
-                                                       info: TokenizerInfo) -> None:
-        """The batched accept against one matcher at a time, on twins walked alike: allowed
-        tokens, forbidden ones, EOS where the grammar may end and tokens after the end; the
-        results, and the states afterwards (masks, termination), are the same."""
-        compiled = backend.compile(self._spec(backend))
-        rng = random.Random(13)
-        batched, single, tokens = [], [], []
-        for i in range(24):  # enough for a backend that accepts many rows in parallel
-            twins = backend.matcher(compiled), backend.matcher(compiled)
-            for _ in range(i % 7):
-                mask = _fill(twins[0], info.bitmask_words)
-                token = _pick(rng, allowed_ids(mask, info.vocab_size), info, structural=True)
-                if token in info.eos_token_ids or twins[0].is_terminated():
-                    break
-                assert all(m.accept(token) for m in twins)
-            allowed = sorted(allowed_ids(_fill(twins[0], info.bitmask_words),
-                                         info.vocab_size))
-            forbidden = [t for t in range(info.vocab_size) if t not in set(allowed)]
-            kind = i % 3
-            token = (rng.choice(allowed) if kind == 0 and allowed
-                     else rng.choice(forbidden) if kind == 1 and forbidden
-                     else info.eos_token_ids[0])
-            batched.append(twins[0])
-            single.append(twins[1])
-            tokens.append(token)
-        got = backend.accept_tokens(batched, tokens)
-        want = [m.accept(t) for m, t in zip(single, tokens)]
-        assert got == want
-        assert any(want) and not all(want)
-        for one, other in zip(batched, single):
-            assert one.is_terminated() == other.is_terminated()
-            assert torch.equal(_fill(one, info.bitmask_words), _fill(other, info.bitmask_words))
-
     def test_accept_refuses_what_the_mask_forbids(self, backend: GrammarBackend,
                                                   info: TokenizerInfo) -> None:
         compiled = backend.compile(self._spec(backend))
@@ -407,37 +373,6 @@ class GrammarBackendConformance(ComponentConformance):
         assert matcher.is_terminated(), "a walk did not terminate"
         for token in range(info.vocab_size):
             assert not matcher.accept(token), f"accept({token}) after termination"
-
-    def test_nothing_follows_an_accepted_eos(self, backend: GrammarBackend,
-                                            info: TokenizerInfo) -> None:
-        """Where the grammar may end but could also go on, EOS is accepted; afterwards the
-        matcher is terminated, its mask row is all clear (alone and among other rows) and it
-        accepts nothing."""
-        if "regex" in backend.kinds:
-            spec = GrammarSpec("regex", "(ab)+")
-        elif "choice" in backend.kinds:
-            spec = GrammarSpec("choice", ("ab", "abab"))
-        else:
-            pytest.skip("the backend compiles neither regex nor choice specs")
-        compiled = backend.compile(spec)
-        matcher, other = backend.matcher(compiled), backend.matcher(compiled)
-        rng = random.Random(17)
-        eos = set(info.eos_token_ids)
-        for _ in range(self.max_walk):
-            allowed = allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size)
-            if allowed & eos:
-                break
-            assert matcher.accept(_pick(rng, allowed, info, structural=True))
-        ended = sorted(allowed & eos)
-        assert ended and allowed - eos, "a walk never reached a point where the grammar may end"
-        assert not matcher.is_terminated()
-        assert matcher.accept(ended[0]) and matcher.is_terminated()
-        assert not bool(_fill(matcher, info.bitmask_words).any())
-        batch = torch.full((2, info.bitmask_words), -1, dtype=torch.int32)
-        backend.fill_bitmasks([matcher, other], batch, [1, 0])
-        assert not bool(batch[1].any())
-        assert torch.equal(batch[0], _fill(other, info.bitmask_words))
-        assert backend.accept_tokens([matcher], [ended[0]]) == [False]
 
 
 def _regex_oracle(pattern: str) -> tuple[Callable[[bytes], bool], Callable[[bytes], bool]]:

@@ -99,8 +99,6 @@ class XGrammarMatcher(GrammarMatcher):
         self.json = compiled.json
         self.inner = xgr.GrammarMatcher(compiled.grammar)
         self._ended: bool | None = None  # is_terminated, worked out once per state
-        #: an EOS token was accepted: xgrammar refuses to fill a mask after that
-        self.stopped = False
         #: per accepted token: whether it ends with a surrogate's lead byte (JSON grammars)
         self._lead_last: list[bool] = []
 
@@ -110,9 +108,6 @@ class XGrammarMatcher(GrammarMatcher):
         return bool(self._lead_last) and self._lead_last[-1]
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self.stopped:
-            bitmask[row] = 0
-            return
         self.inner.fill_next_token_bitmask(bitmask, row)
         if self.json:
             bitmask[row] &= self.backend.json_tokens
@@ -124,16 +119,10 @@ class XGrammarMatcher(GrammarMatcher):
             return False
         accepted = self.inner.accept_token(token_id)
         if accepted:
-            self._accepted(token_id)
+            self._ended = None
+            if self.json:
+                self._lead_last.append(token_id in self.backend.surrogate_leads)
         return accepted
-
-    def _accepted(self, token_id: int) -> None:
-        """Bookkeeping after xgrammar took ``token_id``."""
-        self._ended = None
-        if token_id in self.backend.eos_token_ids:
-            self.stopped = True
-        if self.json:
-            self._lead_last.append(token_id in self.backend.surrogate_leads)
 
     def is_terminated(self) -> bool:
         if self._ended is None:
@@ -154,7 +143,6 @@ class XGrammarMatcher(GrammarMatcher):
             self.inner.rollback(num_tokens)
             del self._lead_last[-num_tokens:]
             self._ended = None
-            self.stopped = False  # an EOS is the last token a matcher takes
 
 
 class XGrammarBackend(GrammarBackend):
@@ -187,7 +175,6 @@ class XGrammarBackend(GrammarBackend):
                                           tokenizer.vocab_size)
         #: one bitmask row: the EOS tokens
         self.eos_tokens = _rows_of(tokenizer.eos_token_ids, tokenizer.vocab_size)
-        self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self._batch = xgr.BatchGrammarMatcher(self.settings.max_threads)
         self._batch_lock = threading.Lock()
 
@@ -230,15 +217,11 @@ class XGrammarBackend(GrammarBackend):
             for matcher, row in zip(matchers, rows):
                 matcher.fill_bitmask(bitmask, row)
             return
-        ours = self._ours(matchers, "fill_bitmasks")
-        live = [(m, row) for m, row in zip(ours, rows) if not m.stopped]
-        if len(live) < len(ours):  # xgrammar raises for a matcher that took an EOS token
-            for m, row in zip(ours, rows):
-                if m.stopped:
-                    bitmask[row] = 0
+        ours = [m for m in matchers if isinstance(m, XGrammarMatcher)]
+        if len(ours) != len(matchers):
+            raise TypeError("fill_bitmasks takes this backend's matchers only")
         with self._batch_lock:  # one batch matcher, its threads shared
-            self._batch.batch_fill_next_token_bitmask([m.inner for m, _ in live], bitmask,
-                                                      [row for _, row in live])
+            self._batch.batch_fill_next_token_bitmask([m.inner for m in ours], bitmask, rows)
         for start, stop in _runs(row for m, row in zip(ours, rows) if m.json):
             # in place on a slice: indexing by a list of rows would copy them out and back,
             # which costs more than filling them
@@ -246,32 +229,3 @@ class XGrammarBackend(GrammarBackend):
         for matcher, row in zip(ours, rows):
             if matcher.json and matcher.after_surrogate_lead:
                 bitmask[row] &= self.no_surrogate_tail
-
-    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
-                      tokens: Sequence[int]) -> list[bool]:
-        """One ``batch_accept_token`` call for the rows whose token is not an EOS token
-        (xgrammar releases the GIL around it); an EOS token goes through :meth:`accept`, which
-        refuses it after the grammar's end. A non-EOS token needs no such check: where the
-        grammar has ended, xgrammar allows no token but EOS and refuses it itself."""
-        ours = self._ours(matchers, "accept_tokens")
-        results = [False] * len(ours)
-        batch = [i for i, token in enumerate(tokens) if token not in self.eos_token_ids]
-        if len(batch) < len(ours):
-            for i, (matcher, token) in enumerate(zip(ours, tokens)):
-                if token in self.eos_token_ids:
-                    results[i] = matcher.accept(token)
-        if batch:
-            taken = xgr.BatchGrammarMatcher.batch_accept_token(
-                [ours[i].inner for i in batch], [tokens[i] for i in batch])
-            for i, accepted in zip(batch, taken):
-                if accepted:
-                    ours[i]._accepted(tokens[i])
-                    results[i] = True
-        return results
-
-    @staticmethod
-    def _ours(matchers: Sequence[GrammarMatcher], what: str) -> list[XGrammarMatcher]:
-        ours = [m for m in matchers if isinstance(m, XGrammarMatcher)]
-        if len(ours) != len(matchers):
-            raise TypeError(f"{what} takes this backend's matchers only")
-        return ours
