@@ -178,8 +178,9 @@ def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat
     per step, eight warps — the fastest tile of the sweep on every llama-3-8b shape (the GEMV
     sweep of ``bench/gpu/profile_decode.py gemv``, docs/benchmarks.md): many small programs
     keep more loads in flight than a few wide ones, and eight warps per program cover the
-    latency of each 8 KB step. One row, e4m3 weights: eight output rows per program, four
-    warps (16 KB per step).
+    latency of each 8 KB step. One row, e4m3 weights with K >= 2,048: four output rows per
+    program on eight warps, the same 8 KB per step (end to end on llama-3-8b it decoded 13 %
+    faster than eight rows on four warps, docs/benchmarks.md).
 
     Several rows: 32 output features, up to 256 columns per step (128 with block scales: one
     block of columns per step).
@@ -187,7 +188,7 @@ def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat
     vec = vector_width(weight_dtype)
     if m == 1:
         if k >= 2048:
-            return (1, 8, 2048, 4) if weight_dtype.itemsize == 1 else (1, 2, 2048, 8)
+            return (1, 4, 2048, 8) if weight_dtype.itemsize == 1 else (1, 2, 2048, 8)
         block_n = 8 if weight_dtype.itemsize == 1 else 4
         block_k = max(vec, min(1024, triton.next_power_of_2(k)))
         if weight_dtype.itemsize != 1:

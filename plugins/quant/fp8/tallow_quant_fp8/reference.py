@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .weights import BLOCK, FP8_MAX, MIN_SCALE, Fp8Weight, round_to_fp8
+from .weights import BLOCK, Fp8Weight, round_to_fp8, scale_of
 
 
 def quantize_activations_ref(x: torch.Tensor, group: int | None = None,
@@ -34,7 +34,7 @@ def quantize_activations_ref(x: torch.Tensor, group: int | None = None,
     if static_scale is not None:
         scale = static_scale.float().reshape(1, 1).expand(m, k // width)
     else:
-        scale = (x32.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+        scale = scale_of(x32.abs().amax(dim=-1))
     q = round_to_fp8(x32 / scale[..., None])
     return q.reshape(m, k), scale.contiguous()
 

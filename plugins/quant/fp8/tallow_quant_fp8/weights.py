@@ -107,8 +107,16 @@ def quantize_rows(weight: torch.Tensor) -> Fp8Weight:
         raise ValueError(f"fp8 quantization takes a 2-d float weight, got {weight.dtype} "
                          f"{tuple(weight.shape)}")
     w = weight.float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = scale_of(w.abs().amax(dim=1))
     return Fp8Weight(round_to_fp8(w / scale[:, None]), scale, "row")
+
+
+def scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` correctly rounded, at least ``MIN_SCALE``. The divisor lives on
+    ``amax``'s device: torch divides a CUDA tensor by a Python or CPU scalar as a product with
+    its reciprocal (one more rounding), where the kernels divide."""
+    divisor = torch.full((), FP8_MAX, dtype=torch.float32, device=amax.device)
+    return (amax.float() / divisor).clamp(min=MIN_SCALE)
 
 
 def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
