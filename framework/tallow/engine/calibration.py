@@ -79,8 +79,9 @@ def calibrate(model: torch.nn.Module, quant: Any, checkpoint: Checkpoint,
                                sequences=request.sequences, tokens=tokens)
     except ValueError as exc:
         raise ValueError(f"quant scheme {quant.name!r}: {exc}") from None
-    run_windows(model, windows, device, dtype)
+    run_windows(model, windows, device, dtype, one_pass=request.sequential)
     quant.calibrated()
-    log.info("calibrated %s on %d windows of %d tokens in %.1fs", quant.name, len(windows),
-             tokens, time.perf_counter() - started)
+    log.info("calibrated %s on %d windows of %d tokens%s in %.1fs", quant.name, len(windows),
+             tokens, " (sequential)" if request.sequential else "",
+             time.perf_counter() - started)
     return True

@@ -8,7 +8,10 @@ kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int
 this rank's rows and columns are cut out and packed into the layout once. Float weights are
 quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
 until the engine has run the model over calibration text, each layer adding its inputs to a
-Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense.
+Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
+``sequential`` setting the engine runs every calibration window in one forward pass and each
+layer quantizes as soon as it has seen its inputs, before computing its output, so every later
+layer's Hessian is gathered from the outputs of the quantized layers before it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class IntLinearMethod(PackedLinearMethod):
         self.layout = layout
         #: sum of x x^T over the inputs seen while calibrating (float32 [cols, cols])
         self.hessian: torch.Tensor | None = None
+        #: the held float weights have been quantized (no more inputs to observe)
+        self.quantized = False
 
     def quantize_float(self, weight: torch.Tensor) -> IntWeight | None:
         from .isq import quantize_rtn
@@ -50,9 +55,12 @@ class IntLinearMethod(PackedLinearMethod):
 
     def quantize_held_weights(self) -> None:
         """After calibration: every float part quantized against the layer's Hessian (parts
-        no group size fits stay dense)."""
+        no group size fits stay dense); once only."""
         from .isq import quantize_calibrated
 
+        if self.quantized:
+            return
+        self.quantized = True
         parts = [p if not isinstance(p, torch.Tensor) else
                  quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe) or p
                  for p in self.parts]
@@ -81,8 +89,10 @@ class IntLinearMethod(PackedLinearMethod):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                gate: str | None = None) -> torch.Tensor:
-        if self.scheme.calibrating:
+        if self.scheme.calibrating and not self.quantized:
             self._observe(x, gate)
+            if self.scheme.settings.sequential:  # x holds every calibration window
+                self.quantize_held_weights()
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
 
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:

@@ -26,6 +26,9 @@ class Int4Settings(BaseModel):
     damp: float = Field(0.01, gt=0.0, le=1.0)
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
+    #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
+    #: layers after it see its quantized outputs (one forward pass over every window)
+    sequential: bool = False
     #: the built-in text to calibrate on: English prose (the King James Bible) or tallow's
     #: own Python source
     calibration_corpus: Literal["kjv", "source"] = "kjv"
