@@ -12,6 +12,9 @@ A request with ``sequential`` set has every window prefilled in one forward pass
 sees all of its calibration inputs in one call and may quantize there and then, so that the
 layers after it are calibrated on the outputs of the already-quantized layers before them (the
 order GPTQ's authors use), at the cost of holding the activations of every window at once.
+With ``paired`` as well, the pass holds every window twice, all of them and then all of them
+again (twice the tokens): a scheme can keep the first copies on its float weights, as the
+reference its quantized layers aim at.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ class CalibrationRequest:
     built-in text ``corpus`` (one of :data:`CORPORA`, see
     :func:`tallow.engine.calibration.builtin_calibration_text`), tokenized by the checkpoint's
     own tokenizer and spread evenly over the text. ``sequential``: all windows in one forward
-    pass (see the module docstring)."""
+    pass; ``paired`` (needs ``sequential``): every window twice in that pass (see the module
+    docstring)."""
 
     sequences: int
     tokens: int
     text: str | None = None
     corpus: str = "source"
     sequential: bool = False
+    paired: bool = False
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -47,6 +52,10 @@ class CalibrationRequest:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"calibration {name}: expected a positive integer, got "
                                  f"{value!r}")
-        if not isinstance(self.sequential, bool):
-            raise ValueError(f"calibration sequential: expected true or false, got "
-                             f"{self.sequential!r}")
+        for name in ("sequential", "paired"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"calibration {name}: expected true or false, got "
+                                 f"{getattr(self, name)!r}")
+        if self.paired and not self.sequential:
+            raise ValueError("calibration paired: needs sequential (both copies of each "
+                             "window in one forward pass)")

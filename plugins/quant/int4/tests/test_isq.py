@@ -136,9 +136,10 @@ def _decoded_model(quantized_model, float_model, tmp_path):
 
 @pytest.mark.parametrize("int4", [{"method": "rtn", "symmetric": True}, {},
                                   {"act_order": True, "symmetric": True},
-                                  {"sequential": True}],
+                                  {"sequential": True},
+                                  {"sequential": True, "float_reference": True}],
                          ids=["rtn-sym", "default-gptq", "gptq-act-order-sym",
-                              "gptq-sequential"])
+                              "gptq-sequential", "gptq-float-reference"])
 def test_isq_equals_the_float_model_of_the_decoded_weights(float_dir, int4, tmp_path):
     path, float_model, text = float_dir
     small = {"calibration_sequences": 8, "calibration_tokens": 128, "calibration_text": text}
@@ -251,6 +252,8 @@ def _calibration_hessians(path, text, monkeypatch, **int4):
     def record(self):
         if not self.quantized and self.hessian is not None:
             hessians[self.prefix] = self.hessian.clone()
+            if self.cross is not None:
+                hessians[f"{self.prefix} cross"] = self.cross.clone()
         real(self)
 
     monkeypatch.setattr(IntLinearMethod, "quantize_held_weights", record)
@@ -260,19 +263,23 @@ def _calibration_hessians(path, text, monkeypatch, **int4):
     return hessians, loaded.model
 
 
-def _second_layer_hessian(hf_model, text) -> torch.Tensor:
-    """``sum x x^T`` of the inputs of layer 1's q/k/v projection in ``hf_model`` over the
-    calibration windows (the tokenizer reads word ``w<i>`` as id ``i``)."""
+def _second_layer_inputs(hf_model, text) -> torch.Tensor:
+    """The inputs of layer 1's q/k/v projection in ``hf_model`` over the calibration windows
+    (the tokenizer reads word ``w<i>`` as id ``i``), one row a token."""
     from tallow.engine.calibration import calibration_windows
 
     ids = [int(w[1:]) for w in open(text).read().split()]
-    total = torch.zeros(256, 256)
+    rows = []
     with torch.no_grad():
         for window in calibration_windows(ids, 4, 64):
             out = hf_model(torch.tensor([window]), output_hidden_states=True)
-            x = hf_model.model.layers[1].input_layernorm(out.hidden_states[1])[0]
-            total += x.T @ x
-    return total
+            rows.append(hf_model.model.layers[1].input_layernorm(out.hidden_states[1])[0])
+    return torch.cat(rows)
+
+
+def _second_layer_hessian(hf_model, text) -> torch.Tensor:
+    x = _second_layer_inputs(hf_model, text)
+    return x.T @ x
 
 
 def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
@@ -294,3 +301,23 @@ def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it
     torch.testing.assert_close(in_order[second], quantized_oracle, rtol=1e-4,
                                atol=1e-4 * scale)
     assert float((in_order[second] - at_once[second]).abs().max()) > 1e-2 * scale
+
+
+def test_float_reference_pairs_the_float_models_inputs_with_the_quantized_ones(
+        float_dir, tmp_path, monkeypatch):
+    """Under ``float_reference`` a layer's Hessian is still the quantized model's inputs',
+    and its cross term pairs them token by token with the float model's inputs."""
+    path, float_model, text = float_dir
+    seen, model = _calibration_hessians(path, text, monkeypatch, sequential=True,
+                                        float_reference=True)
+    second = "model.layers.1.self_attn.qkv_proj"
+    decoded = transformers.LlamaForCausalLM.from_pretrained(
+        _decoded_model(model, float_model, tmp_path)).eval()
+    x_quant = _second_layer_inputs(decoded, text)
+    x_float = _second_layer_inputs(float_model, text)
+    scale = float(seen[second].abs().max())
+    torch.testing.assert_close(seen[second], x_quant.T @ x_quant, rtol=1e-4, atol=1e-4 * scale)
+    torch.testing.assert_close(seen[f"{second} cross"], x_float.T @ x_quant, rtol=1e-4,
+                               atol=1e-4 * scale)
+    with pytest.raises(PluginSettingsError, match="float_reference needs sequential"):
+        engine(str(path), isq="int4", int4={"float_reference": True})
