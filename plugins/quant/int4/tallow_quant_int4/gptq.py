@@ -21,6 +21,8 @@ inverted; input features that never fired (a zero diagonal) get weight zero.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from .groups import fit, storage_dtype
@@ -108,29 +110,35 @@ def float_target(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tenso
     dead = torch.diagonal(h) == 0
     h = h.clone()
     h[dead, dead] = 1.0
-    mean = float(torch.diagonal(h).mean())
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
-    for attempt in range(_DAMP_RETRIES + 1):
-        factor, info = torch.linalg.cholesky_ex(h + (damp * 10**attempt) * mean * eye)
-        if int(info) == 0:
-            # V^T = W^T + (H + dI)^-1 (W (M - H))^T, H symmetric
-            drift = cross.to(h) - hessian.to(h)
-            return w + torch.cholesky_solve((w @ drift).T, factor).T
-    raise ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
-                     f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")
+    drift = cross.to(h) - hessian.to(h)
+    for factor in _damped_factors(h, damp):
+        # V^T = W^T + (H + dI)^-1 (W (M - H))^T, H symmetric
+        return w + torch.cholesky_solve((w @ drift).T, factor).T
+    raise _singular(damp)
 
 
 def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     """The upper Cholesky factor of ``(h + damping * I)^-1``, the damping ``damp`` times the
     mean of the diagonal (grown tenfold while ``h`` is not yet positive definite)."""
+    for factor in _damped_factors(h, damp):
+        inverse = torch.cholesky_inverse(factor)
+        upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+        if int(info) == 0:
+            return upper
+    raise _singular(damp)
+
+
+def _damped_factors(h: torch.Tensor, damp: float) -> Iterator[torch.Tensor]:
+    """The lower Cholesky factors of ``h + damping * I``, the damping ``damp`` times the mean
+    of the diagonal and growing tenfold on each try, for the tries where it factors."""
     mean = float(torch.diagonal(h).mean())
     eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     for attempt in range(_DAMP_RETRIES + 1):
         factor, info = torch.linalg.cholesky_ex(h + (damp * 10**attempt) * mean * eye)
         if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            if int(info) == 0:
-                return upper
-    raise ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
-                     f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")
+            yield factor
+
+
+def _singular(damp: float) -> ValueError:
+    return ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
+                      f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")
