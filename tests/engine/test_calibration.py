@@ -131,6 +131,35 @@ def test_the_scheme_sees_its_layers_inputs_over_the_text(llama_dir):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("sequential,paired,steps", [(False, False, [80, 80, 40]),
+                                                     (True, False, [200]),
+                                                     (True, True, [400])])
+def test_a_sequential_request_runs_every_window_in_one_pass(llama_dir, monkeypatch,
+                                                           sequential, paired, steps):
+    """Windows go a few per forward pass, or all in one when the request is sequential (so a
+    layer can quantize on all its inputs before the layers after it run), each twice when
+    paired: the same tokens, the second copy after all the first ones."""
+    from tallow.engine import calibration_pass
+
+    monkeypatch.setattr(calibration_pass, "_STEP_TOKENS", 80)  # two windows of 40 a pass
+    root, _ = llama_dir
+    scheme = _Scheme(CalibrationRequest(sequences=5, tokens=40, text=TEXT,
+                                        sequential=sequential, paired=paired))
+    load_model(load_plugins().registries, str(root), device=torch.device("cpu"),
+               dtype="float32", quant=scheme)
+    calls = scheme.inputs["model.layers.1.mlp.down_proj"]
+    assert [len(x) for x in calls] == steps
+    if paired:
+        torch.testing.assert_close(calls[0][:200], calls[0][200:], rtol=0, atol=0)
+
+
+def test_a_request_names_a_bad_sequential_or_paired_flag():
+    with pytest.raises(ValueError, match="calibration sequential: expected true or false"):
+        CalibrationRequest(sequences=1, tokens=8, sequential="yes")
+    with pytest.raises(ValueError, match="calibration paired: needs sequential"):
+        CalibrationRequest(sequences=1, tokens=8, paired=True)
+
+
 def test_no_request_runs_nothing(llama_dir):
     root, _ = llama_dir
     scheme = _Scheme(None)

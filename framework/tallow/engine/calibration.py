@@ -79,8 +79,12 @@ def calibrate(model: torch.nn.Module, quant: Any, checkpoint: Checkpoint,
                                sequences=request.sequences, tokens=tokens)
     except ValueError as exc:
         raise ValueError(f"quant scheme {quant.name!r}: {exc}") from None
-    run_windows(model, windows, device, dtype)
+    if request.paired:
+        windows = windows + windows
+    run_windows(model, windows, device, dtype, one_pass=request.sequential)
     quant.calibrated()
-    log.info("calibrated %s on %d windows of %d tokens in %.1fs", quant.name, len(windows),
-             tokens, time.perf_counter() - started)
+    log.info("calibrated %s on %d windows of %d tokens%s in %.1fs", quant.name, len(windows),
+             tokens, " (paired)" if request.paired else " (sequential)"
+             if request.sequential else "",
+             time.perf_counter() - started)
     return True

@@ -70,13 +70,14 @@ def text_windows(text: str, encode: Callable[[str], list[int]], vocab_size: int,
 
 @torch.no_grad()
 def run_windows(model: torch.nn.Module, windows: list[list[int]], device: torch.device,
-                dtype: torch.dtype, backend: TorchAttentionBackend | None = None) -> None:
-    """Prefill each window as a sequence of its own, a few per forward pass, with the core's
-    torch attention (``backend``: it or a subclass that looks at what passes through) on KV
-    caches made for them and removed afterwards: the attention layers get their own caches
-    back, untouched."""
+                dtype: torch.dtype, backend: TorchAttentionBackend | None = None,
+                one_pass: bool = False) -> None:
+    """Prefill each window as a sequence of its own, a few per forward pass (all of them in
+    one with ``one_pass``), with the core's torch attention (``backend``: it or a subclass that
+    looks at what passes through) on KV caches made for them and removed afterwards: the
+    attention layers get their own caches back, untouched."""
     longest = max(len(w) for w in windows)
-    per_step = max(1, _STEP_TOKENS // longest)
+    per_step = len(windows) if one_pass else max(1, _STEP_TOKENS // longest)
     blocks_per_seq = math.ceil(longest / _BLOCK)
     attentions = [m for m in model.modules() if isinstance(m, Attention)]
     saved = [getattr(m, "kv_cache", None) for m in attentions]

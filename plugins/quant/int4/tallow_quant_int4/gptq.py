@@ -21,6 +21,8 @@ inverted; input features that never fired (a zero diagonal) get weight zero.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from .groups import fit, storage_dtype
@@ -90,17 +92,53 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
                       what=f"GPTQ weight [{rows}, {cols}]")
 
 
+@torch.no_grad()
+def float_target(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor,
+                 damp: float = 0.01) -> torch.Tensor:
+    """The weight ``V = W M H^-1`` whose outputs over the quantized model's inputs ``X_q``
+    come closest (least squares) to the float layer's outputs over the float model's inputs
+    ``X_f``: ``H = sum x_q x_q^T`` (``hessian``), ``M = sum x_f x_q^T`` (``cross``), rows of
+    ``W`` the float layer's. Since ``X_f W^T - X_q V^T`` is then orthogonal to every ``X_q``
+    direction, GPTQ of ``V`` against ``H`` minimises ``|X_f W^T - X_q Q^T|``: each layer also
+    corrects the error the quantized layers before it left in its inputs (the asymmetric
+    calibration of GPTAQ, Li et al., 2025, arXiv:2504.02692). Computed as ``W + W (M - H)
+    (H + damping I)^-1``, so that where the inputs agree (``M = H``, the first layer) the
+    damping leaves ``W`` exactly as it is. Float32, on the hessian's device; the damping as
+    :func:`gptq`'s."""
+    h = hessian.to(torch.float32)
+    w = weight.to(h.device, torch.float32)
+    dead = torch.diagonal(h) == 0
+    h = h.clone()
+    h[dead, dead] = 1.0
+    drift = cross.to(h) - hessian.to(h)
+    for factor in _damped_factors(h, damp):
+        # V^T = W^T + (H + dI)^-1 (W (M - H))^T, H symmetric
+        return w + torch.cholesky_solve((w @ drift).T, factor).T
+    raise _singular(damp)
+
+
 def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     """The upper Cholesky factor of ``(h + damping * I)^-1``, the damping ``damp`` times the
     mean of the diagonal (grown tenfold while ``h`` is not yet positive definite)."""
+    for factor in _damped_factors(h, damp):
+        inverse = torch.cholesky_inverse(factor)
+        upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+        if int(info) == 0:
+            return upper
+    raise _singular(damp)
+
+
+def _damped_factors(h: torch.Tensor, damp: float) -> Iterator[torch.Tensor]:
+    """The lower Cholesky factors of ``h + damping * I``, the damping ``damp`` times the mean
+    of the diagonal and growing tenfold on each try, for the tries where it factors."""
     mean = float(torch.diagonal(h).mean())
     eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     for attempt in range(_DAMP_RETRIES + 1):
         factor, info = torch.linalg.cholesky_ex(h + (damp * 10**attempt) * mean * eye)
         if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            if int(info) == 0:
-                return upper
-    raise ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
-                     f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")
+            yield factor
+
+
+def _singular(damp: float) -> ValueError:
+    return ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
+                      f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")

@@ -70,18 +70,24 @@ def quantize_rtn(weight: torch.Tensor, device: torch.device,
 
 @torch.no_grad()
 def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
-                        device: torch.device, recipe: Recipe) -> IntWeight | None:
+                        device: torch.device, recipe: Recipe,
+                        cross: torch.Tensor | None = None) -> IntWeight | None:
     """``weight`` quantized with GPTQ against ``hessian`` (the sum of ``x x^T`` over its
     calibration inputs), or rounded to nearest when the layer saw none; None when no group
-    size divides its rows."""
+    size divides its rows. With ``cross`` (``sum x_f x^T``, ``x_f`` the float model's input
+    where the quantized model's was ``x``) GPTQ aims at the float layer's outputs over the
+    float inputs (:func:`tallow_quant_int4.gptq.float_target`)."""
     if hessian is None:
         return quantize_rtn(weight, device, recipe)
-    from .gptq import gptq
+    from .gptq import float_target, gptq
 
     rows, cols = _check(weight, recipe)
     group = recipe.group_for(cols)
     if group is None:
         return None
+    if cross is not None:
+        weight = float_target(weight.to(device), hessian.to(device), cross.to(device),
+                              recipe.damp)
     return gptq(weight, hessian, bits=recipe.bits, group=group, symmetric=recipe.symmetric,
                 act_order=recipe.act_order, damp=recipe.damp, device=device)
 

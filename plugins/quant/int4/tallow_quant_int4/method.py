@@ -8,7 +8,13 @@ kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int
 this rank's rows and columns are cut out and packed into the layout once. Float weights are
 quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
 until the engine has run the model over calibration text, each layer adding its inputs to a
-Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense.
+Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
+``sequential`` setting the engine runs every calibration window in one forward pass and each
+layer quantizes as soon as it has seen its inputs, before computing its output, so every later
+layer's Hessian is gathered from the outputs of the quantized layers before it. With
+``float_reference`` as well the pass holds every window twice, the first copies kept on the
+float weights: each layer then aims at the float model's outputs, not just at its own float
+weights' outputs over the quantized inputs (:func:`tallow_quant_int4.gptq.float_target`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ class IntLinearMethod(PackedLinearMethod):
         self.layout = layout
         #: sum of x x^T over the inputs seen while calibrating (float32 [cols, cols])
         self.hessian: torch.Tensor | None = None
+        #: the held float weights have been quantized (no more inputs to observe)
+        self.quantized = False
+        #: sum of x_f x^T, x_f the float model's input where the quantized one's was x
+        self.cross: torch.Tensor | None = None
 
     def quantize_float(self, weight: torch.Tensor) -> IntWeight | None:
         from .isq import quantize_rtn
@@ -50,22 +60,50 @@ class IntLinearMethod(PackedLinearMethod):
 
     def quantize_held_weights(self) -> None:
         """After calibration: every float part quantized against the layer's Hessian (parts
-        no group size fits stay dense)."""
+        no group size fits stay dense); once only."""
         from .isq import quantize_calibrated
 
+        if self.quantized:
+            return
+        self.quantized = True
         parts = [p if not isinstance(p, torch.Tensor) else
-                 quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe) or p
+                 quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe,
+                                     self.cross) or p
                  for p in self.parts]
-        self.hessian = None
+        self.hessian = self.cross = None
         self.replace_parts(parts)
 
-    def _observe(self, x: torch.Tensor, gate: str | None) -> None:
-        inputs = ops.activated(x, gate) if gate is not None else x
-        flat = inputs.reshape(-1, inputs.shape[-1]).to(torch.float32)
+    def _observe(self, x: torch.Tensor, gate: str | None,
+                 reference: torch.Tensor | None = None) -> None:
+        flat = self._flat_inputs(x, gate)
         if self.hessian is None:
             self.hessian = torch.zeros(flat.shape[1], flat.shape[1], dtype=torch.float32,
                                        device=flat.device)
         self.hessian.addmm_(flat.T, flat)
+        if reference is not None:
+            ref = self._flat_inputs(reference, gate)
+            if self.cross is None:
+                self.cross = torch.zeros_like(self.hessian)
+            self.cross.addmm_(ref.T, flat)
+
+    @staticmethod
+    def _flat_inputs(x: torch.Tensor, gate: str | None) -> torch.Tensor:
+        inputs = ops.activated(x, gate) if gate is not None else x
+        return inputs.reshape(-1, inputs.shape[-1]).to(torch.float32)
+
+    def _calibrate_beside_float(self, x: torch.Tensor, bias: torch.Tensor | None,
+                                gate: str | None) -> torch.Tensor:
+        """The pass of ``float_reference``: the first half of ``x``'s rows the float model's
+        (answered by the float weights), the second the same tokens in the quantized model
+        (answered by the weights this layer quantizes now)."""
+        flat = x.reshape(-1, x.shape[-1])
+        half = flat.shape[0] // 2
+        reference, inputs = flat[:half], flat[half:]
+        out_ref = ops.linear(reference, self.parts, bias, policy=self.scheme.policy, gate=gate)
+        self._observe(inputs, gate, reference)
+        self.quantize_held_weights()
+        out = ops.linear(inputs, self.parts, bias, policy=self.scheme.policy, gate=gate)
+        return torch.cat([out_ref, out]).view(*x.shape[:-1], out.shape[-1])
 
     def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
                      slices: list[WeightSlice], what: str) -> list[IntWeight]:
@@ -81,8 +119,12 @@ class IntLinearMethod(PackedLinearMethod):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                gate: str | None = None) -> torch.Tensor:
-        if self.scheme.calibrating:
+        if self.scheme.calibrating and not self.quantized:
+            if self.scheme.settings.float_reference:
+                return self._calibrate_beside_float(x, bias, gate)
             self._observe(x, gate)
+            if self.scheme.settings.sequential:  # x holds every calibration window
+                self.quantize_held_weights()
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
 
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:

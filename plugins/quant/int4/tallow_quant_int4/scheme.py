@@ -6,7 +6,8 @@ Settings (``plugins.settings.tallow-quant-int4``, :mod:`tallow_quant_int4.settin
 
 ``gemv_max_rows``  the most rows of x (0 to 16, default 8) that take the CUDA-core kernel on
                    a GPU; more take the weight decoded into a workspace and cuBLAS.
-``method``, ``group_size``, ``symmetric``, ``act_order``, ``damp``, ``calibration_*``
+``method``, ``group_size``, ``symmetric``, ``act_order``, ``damp``, ``sequential``,
+``float_reference``, ``calibration_*``
                    how ``model.isq: int4`` chooses codes (:mod:`tallow_quant_int4.isq`):
                    GPTQ on calibration text (the default) or round to nearest.
 
@@ -82,7 +83,9 @@ class IntQuantScheme(QuantScheme):
         return CalibrationRequest(sequences=self.settings.calibration_sequences,
                                   tokens=self.settings.calibration_tokens,
                                   text=self.settings.read_calibration_text(),
-                                  corpus=self.settings.calibration_corpus)
+                                  corpus=self.settings.calibration_corpus,
+                                  sequential=self.settings.sequential,
+                                  paired=self.settings.float_reference)
 
     def calibrated(self) -> None:
         """Quantize every layer from the inputs it saw (GPTQ)."""

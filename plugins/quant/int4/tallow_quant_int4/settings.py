@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .isq import Recipe
 from .ops import DEFAULT_GEMV_ROWS, MAX_GEMV_ROWS
@@ -26,11 +26,25 @@ class Int4Settings(BaseModel):
     damp: float = Field(0.01, gt=0.0, le=1.0)
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
+    #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
+    #: layers after it see its quantized outputs (one forward pass over every window)
+    sequential: bool = False
+    #: with ``sequential``: each layer aims at the float model's outputs over the float
+    #: model's inputs (the windows also run through the float layers, side by side), so it
+    #: corrects the error the quantized layers before it left in its inputs
+    float_reference: bool = False
     #: the built-in text to calibrate on: English prose (the King James Bible) or tallow's
     #: own Python source
     calibration_corpus: Literal["kjv", "source"] = "kjv"
     #: a UTF-8 text file to calibrate on instead (None: ``calibration_corpus``)
     calibration_text: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _reference_needs_sequential(self) -> "Int4Settings":
+        if self.float_reference and not self.sequential:
+            raise ValueError("float_reference needs sequential: true (the float model's "
+                             "inputs are gathered in the sequential calibration pass)")
+        return self
 
     def recipe(self) -> Recipe:
         return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tallow_quant_int4.gptq import gptq
+from tallow_quant_int4.gptq import float_target, gptq
 from tallow_quant_int4.isq import Recipe, quantize_rtn
 from tallow_quant_int4.layout import dequantize
 
@@ -73,3 +73,29 @@ def test_dead_inputs_get_zero_weight_and_few_samples_still_factor():
 def test_a_group_must_fit_the_blocks():
     with pytest.raises(ValueError, match="group size 96 must divide"):
         gptq(_weight(cols=192), torch.eye(192), bits=4, group=96, symmetric=True)
+
+
+def test_the_float_target_is_the_least_squares_weight_over_the_quantized_inputs():
+    """``float_target``'s weight maps the quantized model's inputs closest to the float
+    layer's outputs over the float inputs (the oracle: torch's least squares), and GPTQ aimed
+    at it keeps the quantized layer's outputs closer to the float model's than GPTQ aimed at
+    the float weight itself."""
+    w, x_float = _weight(), _inputs()
+    drift = 0.3 * _inputs(seed=7)  # what quantized earlier layers changed in the inputs
+    x_quant = x_float + drift
+    h, cross = x_quant.T @ x_quant, x_float.T @ x_quant
+    target = float_target(w, h, cross, damp=1e-9)
+    oracle = torch.linalg.lstsq(x_quant.double(), (x_float @ w.T).double()).solution.T
+    # the same outputs over the quantized inputs (the weights themselves are ill-conditioned)
+    want = x_quant.double() @ oracle.T
+    torch.testing.assert_close(x_quant.double() @ target.double().T, want, rtol=0,
+                               atol=1e-3 * float(want.abs().max()))
+
+    def error(decoded: torch.Tensor) -> float:
+        return float(((x_float @ w.T - x_quant @ decoded.T) ** 2).mean())
+
+    # where the inputs agree the damping leaves the weight as it is
+    torch.testing.assert_close(float_target(w, h, h), w, rtol=0, atol=1e-6)
+    aimed = dequantize(gptq(target, h, bits=4, group=128, symmetric=False))
+    plain = dequantize(gptq(w, h, bits=4, group=128, symmetric=False))
+    assert error(aimed) < 0.7 * error(plain)

@@ -135,8 +135,11 @@ def _decoded_model(quantized_model, float_model, tmp_path):
 
 
 @pytest.mark.parametrize("int4", [{"method": "rtn", "symmetric": True}, {},
-                                  {"act_order": True, "symmetric": True}],
-                         ids=["rtn-sym", "default-gptq", "gptq-act-order-sym"])
+                                  {"act_order": True, "symmetric": True},
+                                  {"sequential": True},
+                                  {"sequential": True, "float_reference": True}],
+                         ids=["rtn-sym", "default-gptq", "gptq-act-order-sym",
+                              "gptq-sequential", "gptq-float-reference"])
 def test_isq_equals_the_float_model_of_the_decoded_weights(float_dir, int4, tmp_path):
     path, float_model, text = float_dir
     small = {"calibration_sequences": 8, "calibration_tokens": 128, "calibration_text": text}
@@ -203,6 +206,9 @@ def test_gptq_asks_for_english_prose_by_default_and_rtn_for_nothing(tmp_path):
         "calibration_text": str(text), "calibration_sequences": 2}), "int4")
     assert chosen.calibration_request() == CalibrationRequest(sequences=2, tokens=512,
                                                               text="some text\n", corpus="kjv")
+    in_order = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
+        "sequential": True}), "int4")
+    assert in_order.calibration_request().sequential
     rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}),
                          "int4")
     assert rtn.calibration_request() is None and not rtn.calibrating
@@ -233,3 +239,85 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
     assert linear_bytes(eng) < 0.2 * linear_bytes(dense)  # ~4.3 bits per weight, not 32
     assert len(greedy(eng, PROMPTS, 8)[0]) == 8
+
+
+def _calibration_hessians(path, text, monkeypatch, **int4):
+    """The Hessian each layer is quantized against, by layer name, and the quantized model,
+    for a load of ``path`` under GPTQ with the settings ``int4``."""
+    from tallow_quant_int4.method import IntLinearMethod
+
+    hessians: dict[str, torch.Tensor] = {}
+    real = IntLinearMethod.quantize_held_weights
+
+    def record(self):
+        if not self.quantized and self.hessian is not None:
+            hessians[self.prefix] = self.hessian.clone()
+            if self.cross is not None:
+                hessians[f"{self.prefix} cross"] = self.cross.clone()
+        real(self)
+
+    monkeypatch.setattr(IntLinearMethod, "quantize_held_weights", record)
+    small = {"calibration_sequences": 4, "calibration_tokens": 64, "calibration_text": text}
+    loaded = engine(str(path), isq="int4", int4={**small, **int4}).parts.loaded
+    monkeypatch.setattr(IntLinearMethod, "quantize_held_weights", real)
+    return hessians, loaded.model
+
+
+def _second_layer_inputs(hf_model, text) -> torch.Tensor:
+    """The inputs of layer 1's q/k/v projection in ``hf_model`` over the calibration windows
+    (the tokenizer reads word ``w<i>`` as id ``i``), one row a token."""
+    from tallow.engine.calibration import calibration_windows
+
+    ids = [int(w[1:]) for w in open(text).read().split()]
+    rows = []
+    with torch.no_grad():
+        for window in calibration_windows(ids, 4, 64):
+            out = hf_model(torch.tensor([window]), output_hidden_states=True)
+            rows.append(hf_model.model.layers[1].input_layernorm(out.hidden_states[1])[0])
+    return torch.cat(rows)
+
+
+def _second_layer_hessian(hf_model, text) -> torch.Tensor:
+    x = _second_layer_inputs(hf_model, text)
+    return x.T @ x
+
+
+def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
+        float_dir, tmp_path, monkeypatch):
+    path, float_model, text = float_dir
+    at_once, _ = _calibration_hessians(path, text, monkeypatch)
+    in_order, model = _calibration_hessians(path, text, monkeypatch, sequential=True)
+    assert sorted(at_once) == sorted(in_order) and len(at_once) == 8
+    first, second = "model.layers.0.self_attn.qkv_proj", "model.layers.1.self_attn.qkv_proj"
+    # nothing is quantized before the first layer: the same inputs either way
+    torch.testing.assert_close(in_order[first], at_once[first], rtol=1e-5, atol=1e-4)
+    # layer 1 sees the float model's layer 0, or the quantized one
+    scale = float(at_once[second].abs().max())
+    float_oracle = _second_layer_hessian(float_model, text)
+    torch.testing.assert_close(at_once[second], float_oracle, rtol=1e-4, atol=1e-4 * scale)
+    decoded = transformers.LlamaForCausalLM.from_pretrained(
+        _decoded_model(model, float_model, tmp_path)).eval()
+    quantized_oracle = _second_layer_hessian(decoded, text)
+    torch.testing.assert_close(in_order[second], quantized_oracle, rtol=1e-4,
+                               atol=1e-4 * scale)
+    assert float((in_order[second] - at_once[second]).abs().max()) > 1e-2 * scale
+
+
+def test_float_reference_pairs_the_float_models_inputs_with_the_quantized_ones(
+        float_dir, tmp_path, monkeypatch):
+    """Under ``float_reference`` a layer's Hessian is still the quantized model's inputs',
+    and its cross term pairs them token by token with the float model's inputs."""
+    path, float_model, text = float_dir
+    seen, model = _calibration_hessians(path, text, monkeypatch, sequential=True,
+                                        float_reference=True)
+    second = "model.layers.1.self_attn.qkv_proj"
+    decoded = transformers.LlamaForCausalLM.from_pretrained(
+        _decoded_model(model, float_model, tmp_path)).eval()
+    x_quant = _second_layer_inputs(decoded, text)
+    x_float = _second_layer_inputs(float_model, text)
+    scale = float(seen[second].abs().max())
+    torch.testing.assert_close(seen[second], x_quant.T @ x_quant, rtol=1e-4, atol=1e-4 * scale)
+    torch.testing.assert_close(seen[f"{second} cross"], x_float.T @ x_quant, rtol=1e-4,
+                               atol=1e-4 * scale)
+    with pytest.raises(PluginSettingsError, match="float_reference needs sequential"):
+        engine(str(path), isq="int4", int4={"float_reference": True})
