@@ -15,6 +15,10 @@ left to absorb their error); the groups stay runs of consecutive columns, their 
 zero points fitted on the original weights before any column moves ("static groups"), so the
 layout needs no permutation and the matmul reads its input as it is.
 
+With ``clip_search`` each group's clipping ratio is chosen by the squared error of its weights
+weighted per column by ``H``'s diagonal (the input energy of the column) instead of the plain
+squared error, over a finer grid of ratios (:func:`tallow_quant_int4.groups.fit`).
+
 A small multiple of the diagonal's mean (``damp``) is added to ``H`` so that it can be
 inverted; input features that never fired (a zero diagonal) get weight zero.
 """
@@ -37,7 +41,7 @@ _DAMP_RETRIES = 4
 @torch.no_grad()
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
          symmetric: bool, act_order: bool = False, damp: float = 0.01,
-         device: torch.device | None = None) -> IntWeight:
+         clip_search: bool = False, device: torch.device | None = None) -> IntWeight:
     """``weight [rows, cols]`` quantized against ``hessian [cols, cols]`` (the sum of ``x
     x^T`` over the layer's calibration inputs), ``group`` dividing ``cols``; computed on
     ``device`` (default: the weight's) in float32."""
@@ -52,9 +56,12 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     groups = torch.arange(cols, device=device) // group  # of each column, in natural order
+    # the Hessian's diagonal in natural column order, as each group's error weights
+    energy = torch.diagonal(h).clone() if clip_search else None
     order = None
     if act_order:  # static groups: every group fitted before any column moves
-        scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric)
+        scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric,
+                            None if energy is None else energy.reshape(-1, group))
         order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
         w, h, groups = w[:, order], h[order][:, order], groups[order]
     else:
@@ -74,7 +81,9 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
             g = int(groups[col]) if order is not None else col // group
             if order is None and col % group == 0:
                 # the group's columns as updated so far (groups never straddle blocks)
-                scales[:, g], zeros[:, g] = fit(block[:, i:i + group], bits, symmetric)
+                scales[:, g], zeros[:, g] = fit(
+                    block[:, i:i + group], bits, symmetric,
+                    None if energy is None else energy[col:col + group])
                 safe[:, g] = torch.where(scales[:, g] > 0, scales[:, g], 1.0)
             x = block[:, i]
             q = torch.round(x / safe[:, g]).add_(zeros[:, g]).clamp_(0.0, top)

@@ -8,6 +8,12 @@ searched over a few clipping ratios (symmetric: of its magnitude; asymmetric: of
 each group takes the one whose rounded weights have the least squared error: clipping the
 rare largest weights buys a finer step for all the others.
 
+Inside GPTQ, with ``clip_search``, the error of each candidate is weighted per column by the
+diagonal of the layer's Hessian (the energy of that column's input, so an error costs what it
+costs the layer's output), and the candidates also include the finer grid
+:data:`SHARED_CLIPS`, applied to both ends of an asymmetric range together (to the magnitude of
+a symmetric one).
+
 Scales are rounded to how they are stored (float16 where they fit, else float32) before the
 codes are chosen, so the codes are the nearest for the stored scale.
 """
@@ -22,6 +28,9 @@ import torch
 SYMMETRIC_CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 #: fractions of each end of an asymmetric group's range tried (every pair)
 ASYMMETRIC_CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8)
+#: fractions of the range tried on top of the above by the Hessian-weighted search (both ends
+#: of an asymmetric range shrunk by the same fraction)
+SHARED_CLIPS = tuple(round(1.0 - 0.02 * k, 2) for k in range(11))
 #: float16 keeps scales exactly in this range; outside it they are stored in float32
 F16_RANGE = (2.0**-14, 65504.0)
 
@@ -51,25 +60,35 @@ def codes_for(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     return (torch.round(v / safe) + zero[..., None]).clamp(0, top)
 
 
-def fit(v: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def fit(v: torch.Tensor, bits: int, symmetric: bool,
+        column_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(scale, zero)`` ``[...]`` (float32; the scale as stored, the zero an integer) of
-    each group ``v [..., g]`` (float32): the clipping ratio with the least squared error."""
+    each group ``v [..., g]`` (float32): the clipping ratio with the least squared error.
+    With ``column_weights`` (nonnegative, broadcastable to ``v``: the Hessian's diagonal for
+    the group's columns) each column's squared error is weighted by it, and the ratios of
+    :data:`SHARED_CLIPS` are tried as well."""
     half = 1 << (bits - 1)
+    shared = SHARED_CLIPS if column_weights is not None else ()
     if symmetric:
         base = torch.maximum(v.amax(-1).clamp(min=0) / (half - 1),
                              (-v).amax(-1).clamp(min=0) / half)
         zero = torch.full_like(base, float(half))
-        candidates = ((base * r, zero) for r in SYMMETRIC_CLIPS)
+        ratios = SYMMETRIC_CLIPS + tuple(r for r in shared if r not in SYMMETRIC_CLIPS)
+        candidates = ((base * r, zero) for r in ratios)
     else:
         lo, hi = v.amin(-1).clamp(max=0), v.amax(-1).clamp(min=0)
         top = (1 << bits) - 1
-        candidates = (_asymmetric(lo * a, hi * b, top)
-                      for a, b in itertools.product(ASYMMETRIC_CLIPS, repeat=2))
+        pairs = list(itertools.product(ASYMMETRIC_CLIPS, repeat=2))
+        pairs += [(r, r) for r in shared if (r, r) not in pairs]
+        candidates = (_asymmetric(lo * a, hi * b, top) for a, b in pairs)
     best_scale = best_zero = best_err = None
     for scale, zero in candidates:
         scale = stored_scale(scale)
         q = codes_for(v, scale, zero, bits)
-        err = ((q - zero[..., None]) * scale[..., None] - v).square().sum(-1)
+        err = ((q - zero[..., None]) * scale[..., None] - v).square()
+        if column_weights is not None:
+            err = err * column_weights
+        err = err.sum(-1)
         if best_err is None:
             best_scale, best_zero, best_err = scale, zero, err
             continue

@@ -37,6 +37,8 @@ class Recipe:
     bits: int = 4
     #: GPTQ's damping, a fraction of the mean of the Hessian's diagonal
     damp: float = 0.01
+    #: GPTQ's group ranges clipped by the Hessian-weighted error (:func:`groups.fit`)
+    clip_search: bool = False
 
     def group_for(self, cols: int) -> int | None:
         """The group size for rows of ``cols`` columns: the recipe's, else the largest smaller
@@ -49,7 +51,8 @@ class Recipe:
         """``int4 g128 asym gptq``, for the log and benchmarks."""
         return " ".join(p for p in (f"int{self.bits}", f"g{self.group}",
                                     "sym" if self.symmetric else "asym", self.method,
-                                    "act-order" if self.act_order else "") if p)
+                                    "act-order" if self.act_order else "",
+                                    "clip-search" if self.clip_search else "") if p)
 
 
 @torch.no_grad()
@@ -89,7 +92,8 @@ def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
         weight = float_target(weight.to(device), hessian.to(device), cross.to(device),
                               recipe.damp)
     return gptq(weight, hessian, bits=recipe.bits, group=group, symmetric=recipe.symmetric,
-                act_order=recipe.act_order, damp=recipe.damp, device=device)
+                act_order=recipe.act_order, damp=recipe.damp,
+                clip_search=recipe.clip_search, device=device)
 
 
 def _check(weight: torch.Tensor, recipe: Recipe) -> tuple[int, int]:

@@ -24,6 +24,9 @@ class Int4Settings(BaseModel):
     symmetric: bool = False
     act_order: bool = False
     damp: float = Field(0.01, gt=0.0, le=1.0)
+    #: GPTQ picks each group's clipping ratio by its error weighted by the Hessian's diagonal
+    #: (the input energy of each column), over a finer grid of ratios
+    clip_search: bool = False
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
     #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
@@ -48,7 +51,8 @@ class Int4Settings(BaseModel):
 
     def recipe(self) -> Recipe:
         return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,
-                      act_order=self.act_order, damp=self.damp)
+                      act_order=self.act_order, damp=self.damp,
+                      clip_search=self.clip_search)
 
     def read_calibration_text(self) -> str | None:
         """The text of ``calibration_text`` (None when unset)."""

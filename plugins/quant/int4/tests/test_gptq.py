@@ -3,14 +3,18 @@ identity Hessian) no error is worth spreading, so it rounds exactly as round to 
 with correlated inputs its output error over those inputs is far below round to nearest's
 (act-order, with its groups fitted up front, lower still); inputs that never fire get zero weight; a Hessian of fewer samples
 than columns still factors (damping); the result is a valid weight of the layout and the
-same on every run."""
+same on every run. The clip search (``clip_search``) never raises a group's error weighted by
+the Hessian's diagonal against the unclipped range nor against the unweighted search, and off
+it leaves GPTQ as it was."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tallow_quant_int4 import gptq as gptq_module
 from tallow_quant_int4.gptq import float_target, gptq
+from tallow_quant_int4.groups import codes_for, fit
 from tallow_quant_int4.isq import Recipe, quantize_rtn
 from tallow_quant_int4.layout import dequantize
 
@@ -99,3 +103,77 @@ def test_the_float_target_is_the_least_squares_weight_over_the_quantized_inputs(
     aimed = dequantize(gptq(target, h, bits=4, group=128, symmetric=False))
     plain = dequantize(gptq(w, h, bits=4, group=128, symmetric=False))
     assert error(aimed) < 0.7 * error(plain)
+
+
+def _weighted_error(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                    energy: torch.Tensor) -> torch.Tensor:
+    """Each group's squared rounding error, every column weighted by its ``energy``."""
+    decoded = (codes_for(v, scale, zero, 4) - zero[..., None]) * scale[..., None]
+    return ((decoded - v) ** 2 * energy).sum(-1)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_weighted_clip_search_never_raises_the_weighted_error(symmetric):
+    g = torch.Generator().manual_seed(3)
+    # heavy tails, so that clipping pays, and column energies over three decades
+    v = torch.randn(256, 4, 128, generator=g) * torch.rand(256, 4, 1, generator=g).add(0.1)
+    v = v + 0.5 * torch.randn(256, 4, 128, generator=g) ** 3
+    energy = 10.0 ** (3 * torch.rand(4, 128, generator=g))
+    searched = _weighted_error(v, *fit(v, 4, symmetric, energy), energy)
+    plain = _weighted_error(v, *fit(v, 4, symmetric), energy)
+    if symmetric:
+        half = 8.0
+        scale = torch.maximum(v.amax(-1).clamp(min=0) / (half - 1), (-v).amax(-1).clamp(min=0)
+                              / half).half().float()
+        zero = torch.full_like(scale, half)
+    else:
+        lo, hi = v.amin(-1).clamp(max=0), v.amax(-1).clamp(min=0)
+        scale = ((hi - lo) / 15).half().float()
+        zero = torch.round(-lo / scale).clamp(0, 15)
+    full_range = _weighted_error(v, scale, zero, energy)
+    assert bool((searched <= full_range * (1 + 1e-6)).all())
+    assert bool((searched <= plain * (1 + 1e-6)).all())
+    assert float(searched.sum()) < 0.97 * float(full_range.sum())
+    assert float(searched.sum()) < float(plain.sum())
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_gptq_with_a_diagonal_hessian_clips_each_group_by_its_weighted_error(symmetric):
+    """A diagonal Hessian leaves no error to spread: each group's output error is its weighted
+    rounding error, which the clip search lowers."""
+    w = _weight() + 0.4 * _weight(seed=5) ** 3
+    energy = 10.0 ** (3 * torch.rand(256, generator=torch.Generator().manual_seed(4)))
+    h = torch.diag(energy)
+
+    def output_error(q) -> torch.Tensor:
+        return (((dequantize(q) - w) ** 2) * energy).reshape(64, 2, 128).sum(-1)
+
+    plain = output_error(gptq(w, h, bits=4, group=128, symmetric=symmetric))
+    for act_order in (False, True):
+        clipped = output_error(gptq(w, h, bits=4, group=128, symmetric=symmetric,
+                                    act_order=act_order, clip_search=True))
+        assert bool((clipped <= plain * (1 + 1e-5)).all())
+        assert float(clipped.sum()) < float(plain.sum())
+
+
+def test_without_the_clip_search_gptq_fits_its_groups_unweighted(monkeypatch):
+    """Off, every group is fitted as before the setting existed (no column weights), and the
+    result is the default's."""
+    w, x = _weight(), _inputs()
+    h = x.T @ x
+    default = gptq(w, h, bits=4, group=128, symmetric=False)
+    seen = []
+
+    def spy(v, bits, symmetric, column_weights=None):
+        seen.append(column_weights)
+        return fit(v, bits, symmetric, column_weights)
+
+    monkeypatch.setattr(gptq_module, "fit", spy)
+    off = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=False)
+    assert seen and all(c is None for c in seen)
+    assert torch.equal(off.codes, default.codes) and torch.equal(off.scales, default.scales)
+    assert torch.equal(off.zeros, default.zeros)
+    seen.clear()
+    on = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=True)
+    assert seen and all(c is not None and c.shape == (128,) for c in seen)
+    assert not torch.equal(on.codes, off.codes)

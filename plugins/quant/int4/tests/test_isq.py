@@ -137,9 +137,11 @@ def _decoded_model(quantized_model, float_model, tmp_path):
 @pytest.mark.parametrize("int4", [{"method": "rtn", "symmetric": True}, {},
                                   {"act_order": True, "symmetric": True},
                                   {"sequential": True},
-                                  {"sequential": True, "float_reference": True}],
+                                  {"sequential": True, "float_reference": True},
+                                  {"sequential": True, "clip_search": True}],
                          ids=["rtn-sym", "default-gptq", "gptq-act-order-sym",
-                              "gptq-sequential", "gptq-float-reference"])
+                              "gptq-sequential", "gptq-float-reference",
+                              "gptq-sequential-clip-search"])
 def test_isq_equals_the_float_model_of_the_decoded_weights(float_dir, int4, tmp_path):
     path, float_model, text = float_dir
     small = {"calibration_sequences": 8, "calibration_tokens": 128, "calibration_text": text}
@@ -209,6 +211,10 @@ def test_gptq_asks_for_english_prose_by_default_and_rtn_for_nothing(tmp_path):
     in_order = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
         "sequential": True}), "int4")
     assert in_order.calibration_request().sequential
+    assert not default.recipe.clip_search
+    clipping = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
+        "clip_search": True}), "int4")
+    assert clipping.recipe.clip_search and clipping.recipe.name == "int4 g128 asym gptq clip-search"
     rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}),
                          "int4")
     assert rtn.calibration_request() is None and not rtn.calibrating
