@@ -32,15 +32,17 @@ def add_parser(subparsers: Any) -> None:
     lat.add_argument("--compare", choices=["hf"], help="also run transformers, print ratio")
     lat.add_argument("--warmup-input-len", type=int,
                      help="prompt length of the untimed warm-up batch (default: --input-len)")
-    lat.add_argument("--prefill-first", action="store_true",
-                     help="run every prompt for one token first (TTFT is taken there), then "
-                          "time the batch over its prefix-cached prompts, so that as many "
-                          "sequences decode together as the KV cache holds")
-    lat.add_argument("--synthetic-context", action="store_true",
-                     help="do not compute the prompts: register their KV blocks in the prefix "
-                          "cache as they are (synthetic K/V) for as many sequences as the cache "
-                          "holds, which then decode over their whole context; for decode speed "
-                          "at long context (no TTFT)")
+    # two ways of decoding a whole batch together: run its prompts first, or skip them
+    together = lat.add_mutually_exclusive_group()
+    together.add_argument("--prefill-first", action="store_true",
+                          help="run every prompt for one token first (TTFT is taken there), then "
+                               "time the batch over its prefix-cached prompts, so that as many "
+                               "sequences decode together as the KV cache holds")
+    together.add_argument("--synthetic-context", action="store_true",
+                          help="do not compute the prompts: register their KV blocks in the "
+                               "prefix cache as they are (synthetic K/V) for as many sequences "
+                               "as the cache holds, which then decode over their whole "
+                               "context; for decode speed at long context (no TTFT)")
 
     thr = kinds.add_parser("throughput", help="N prompts at once: tokens/s, requests/s")
     thr.add_argument("--num-prompts", type=int, default=1000)

@@ -88,9 +88,12 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
     vocab = engine.parts.core.runner.vocab_size
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     prompts = random_prompts(batch, [input_len] * batch, vocab, seed)
+    if prefill_first and synthetic_context:
+        raise ValueError("prefill_first and synthetic_context exclude each other: the one "
+                         "computes the prompts, the other skips them")
     if synthetic_context:
         prompts = register_synthetic_context(engine, prompts, output_len)
-    prefilled = prefill_only(engine, prompts) if prefill_first and not synthetic_context else None
+    prefilled = prefill_only(engine, prompts) if prefill_first else None
     ids = [engine.next_request_id() for _ in prompts]
     sync(device)
     start = now()

@@ -212,15 +212,13 @@ class BlockManager:
         if len(missing) > self.num_free_blocks:
             raise NoFreeBlocksError(f"the prefix needs {len(missing)} KV blocks, "
                                     f"{self.num_free_blocks} are free")
-        registered = 0
         for h in missing:
             block = self._take()
             self._ref[block] = 0
             self._hash[block] = h
             self._cache[h] = block
             self._evictable[block] = None
-            registered += 1
-        return registered
+        return len(missing)
 
     def reset_stats(self) -> None:
         """Start :attr:`hit_rate` and the eviction count afresh (after a warm-up, say)."""
