@@ -4,6 +4,7 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
 .PHONY: install test serve bench lint docs
 install:  ## the core and every first-party plugin, editable, with test and docs extras
+	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
 	$(PYTHON) -m pip install -q -e '.[test,docs]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	$(PYTHON) -m pip install -q --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
 
