@@ -31,7 +31,8 @@ CHOICE = {"choice": ["yes", "no"]}
 
 class Watch:
     """Instruments an engine's grammar side: which matchers a fill holds (from its start to
-    the take of its masks), every accept and rollback (each must find its matcher free), and
+    the take of its masks), every accept (one by one or a step's at once) and rollback (each
+    must find its matcher free), and
     a way to hold the next fill back on the grammar thread until the test lets it go."""
 
     def __init__(self, llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,8 +84,17 @@ class Watch:
             watch.check(matcher, "rollback of")
             return rollback(matcher, n)
 
+        accept_tokens = backend.accept_tokens
+
+        def watched_accept_tokens(matchers, tokens):  # a step's tokens at once
+            for matcher in matchers:
+                watch.check(matcher, "accept into")
+                watch.accepts[id(matcher)] = watch.accepts.get(id(matcher), 0) + 1
+            return accept_tokens(matchers, tokens)
+
         monkeypatch.setattr(cls, "accept", watched_accept)
         monkeypatch.setattr(cls, "rollback", watched_rollback)
+        monkeypatch.setattr(backend, "accept_tokens", watched_accept_tokens)
 
     def check(self, matcher, what: str) -> None:
         if any(id(matcher) in ids for ids in self.busy.values()):

@@ -181,3 +181,51 @@ def test_grammar_state_follows_the_sequence():
     assert state.sync([5, 6, 9], 3) and state.matcher.tokens == [5, 6, 9]
     assert not state.sync([5, 6, 9, -1], 4) and state.refused == -1
     assert not state.sync([5, 6, 9, 1], 4)  # a refused state stays refused
+
+
+def test_a_steps_tokens_advance_their_grammars_in_one_backend_call():
+    """StructuredOutputs.advance leaves every state as GrammarState.sync would; the states
+    with exactly one new token go to the backend's accept_tokens together."""
+    from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
+    from tallow.plugin import GrammarBackend
+
+    class Recorder:
+        def __init__(self, tokens):
+            self.tokens = list(tokens)
+
+        def accept(self, token):
+            if token < 0:
+                return False
+            self.tokens.append(token)
+            return True
+
+        def rollback(self, n):
+            del self.tokens[len(self.tokens) - n:]
+
+    class Backend(GrammarBackend):
+        calls: list[list[int]] = []
+
+        def accept_tokens(self, matchers, tokens):
+            self.calls.append(list(tokens))
+            return super().accept_tokens(matchers, tokens)
+
+    structured = StructuredOutputs(None, lambda: None)
+    structured._backend = backend = Backend(None)
+    structured.entry = object()  # a backend is loaded: no plugin lookup
+
+    def state(accepted):
+        s = GrammarState(Recorder(accepted))
+        s.accepted = len(accepted)
+        return s
+
+    one, refused, behind, rolled = state([1]), state([1]), state([]), state([1, 2, 3])
+    stuck = state([4])
+    stuck.refused = -5
+    structured.advance([(one, [1, 2], 2), (refused, [1, -1], 2), (behind, [7, 8], 2),
+                        (rolled, [1, 2, 3], 2), (stuck, [4, 6], 2)])
+    assert backend.calls == [[2, -1]]  # the others took GrammarState.sync's way
+    assert one.matcher.tokens == [1, 2] and one.accepted == 2 and one.refused is None
+    assert refused.accepted == 1 and refused.refused == -1
+    assert behind.matcher.tokens == [7, 8] and behind.accepted == 2
+    assert rolled.matcher.tokens == [1, 2] and rolled.accepted == 2
+    assert stuck.matcher.tokens == [4] and stuck.refused == -5

@@ -416,7 +416,13 @@ class EngineCore:
         self._report_prompt_side(step.plan, result, out)
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()
-        for new in self.scheduler.commit(step.applied, sampled_ids):
+        committed = self.scheduler.commit(step.applied, sampled_ids)
+        if self.structured is not None:
+            # the step's tokens into their grammars at once; the stop checks below find them
+            # accepted (their own sync is then a no-op)
+            self.structured.advance([(new.seq.grammar, new.seq.output_token_ids, new.index + 1)
+                                     for new in committed if new.seq.grammar is not None])
+        for new in committed:
             seq = new.seq
             token = result.sampled[seq.seq_id]
             update = TokenUpdate(seq.request_id, seq.index, token)

@@ -144,7 +144,8 @@ class GrammarMatcher:
 
     - :meth:`fill_bitmask` before each token is sampled (the engine has passed every earlier
       token to :meth:`accept` by then);
-    - :meth:`accept` with each sampled token, and then :meth:`is_terminated`;
+    - :meth:`accept` with each sampled token (through :meth:`GrammarBackend.accept_tokens`,
+      for the whole step at once), and then :meth:`is_terminated`;
     - :meth:`rollback` when tokens it accepted are taken back from the sequence.
     """
 
@@ -205,6 +206,13 @@ class GrammarBackend(Component):
     def matcher(self, compiled: Any) -> GrammarMatcher:
         """A fresh matcher at the start of ``compiled``."""
         raise NotImplementedError
+
+    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
+                      tokens: Sequence[int]) -> list[bool]:
+        """``matchers[i].accept(tokens[i])`` for every ``i``: whether each was accepted. A
+        backend may advance them in one call; the engine calls this once per step with the
+        token each constrained sequence has just sampled."""
+        return [matcher.accept(token) for matcher, token in zip(matchers, tokens)]
 
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: "torch.Tensor",
                       rows: Sequence[int]) -> None:

@@ -183,6 +183,26 @@ class StructuredOutputs:
         """A fresh matcher state for one sequence constrained by ``spec``."""
         return GrammarState(self.backend.matcher(self.compile(spec)))
 
+    def advance(self, steps: Sequence[tuple[GrammarState, Sequence[int], int]]) -> None:
+        """Bring each ``(state, outputs, count)``'s matcher to ``outputs[:count]``, as
+        :meth:`GrammarState.sync` does, the usual case — one new token per sequence — for all
+        of them in one :meth:`GrammarBackend.accept_tokens` call (one step's tokens)."""
+        batch: list[tuple[GrammarState, int]] = []
+        for state, outputs, count in steps:
+            if state.refused is None and state.accepted == count - 1:
+                batch.append((state, outputs[count - 1]))
+            else:
+                state.sync(outputs, count)
+        if not batch:
+            return
+        tokens = [token for _, token in batch]
+        accepted = self.backend.accept_tokens([state.matcher for state, _ in batch], tokens)
+        for (state, token), ok in zip(batch, accepted, strict=True):
+            if ok:
+                state.accepted += 1
+            else:
+                state.refused = token
+
     # -- masks --------------------------------------------------------------------------
     def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
         """The packed masks of ``states`` (each already in step with its sequence) on the

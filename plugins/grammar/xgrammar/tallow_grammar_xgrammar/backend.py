@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -119,10 +120,14 @@ class XGrammarMatcher(GrammarMatcher):
             return False
         accepted = self.inner.accept_token(token_id)
         if accepted:
-            self._ended = None
-            if self.json:
-                self._lead_last.append(token_id in self.backend.surrogate_leads)
+            self.accepted(token_id)
         return accepted
+
+    def accepted(self, token_id: int) -> None:
+        """Note that ``self.inner`` has just accepted ``token_id``."""
+        self._ended = None
+        if self.json:
+            self._lead_last.append(token_id in self.backend.surrogate_leads)
 
     def is_terminated(self) -> bool:
         if self._ended is None:
@@ -166,6 +171,7 @@ class XGrammarBackend(GrammarBackend):
         json_ok = [i for i, b in enumerate(vocab) if not control.search(b)]
         #: one bitmask row: the tokens a JSON text may hold anywhere
         self.json_tokens = _rows_of(json_ok, tokenizer.vocab_size)
+        self._json_words = self.json_tokens.numpy()
         #: tokens that end with a surrogate's lead byte, and one bitmask row: the tokens that
         #: may follow one (those not starting with A0..BF)
         self.surrogate_leads = frozenset(i for i, b in enumerate(vocab)
@@ -210,6 +216,27 @@ class XGrammarBackend(GrammarBackend):
     def matcher(self, compiled: _Compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self, compiled)
 
+    @staticmethod
+    def _own(matchers: Sequence[GrammarMatcher], what: str) -> list[XGrammarMatcher]:
+        ours = [m for m in matchers if isinstance(m, XGrammarMatcher)]
+        if len(ours) != len(matchers):
+            raise TypeError(f"{what} takes this backend's matchers only")
+        return ours
+
+    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
+                      tokens: Sequence[int]) -> list[bool]:
+        ours = self._own(matchers, "accept_tokens")
+        results = [False] * len(ours)
+        live = [i for i, m in enumerate(ours) if not m.is_terminated()]
+        if live:  # one call for the step: xgrammar advances them with the GIL released
+            got = xgr.BatchGrammarMatcher.batch_accept_token([ours[i].inner for i in live],
+                                                             [tokens[i] for i in live])
+            for i, ok in zip(live, got, strict=True):
+                if ok:
+                    ours[i].accepted(tokens[i])
+                results[i] = bool(ok)
+        return results
+
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
                       rows: Sequence[int]) -> None:
         rows = list(rows)
@@ -217,15 +244,15 @@ class XGrammarBackend(GrammarBackend):
             for matcher, row in zip(matchers, rows):
                 matcher.fill_bitmask(bitmask, row)
             return
-        ours = [m for m in matchers if isinstance(m, XGrammarMatcher)]
-        if len(ours) != len(matchers):
-            raise TypeError("fill_bitmasks takes this backend's matchers only")
+        ours = self._own(matchers, "fill_bitmasks")
         with self._batch_lock:  # one batch matcher, its threads shared
             self._batch.batch_fill_next_token_bitmask([m.inner for m in ours], bitmask, rows)
+        words, json_tokens = bitmask.numpy(), self._json_words
         for start, stop in _runs(row for m, row in zip(ours, rows) if m.json):
-            # in place on a slice: indexing by a list of rows would copy them out and back,
-            # which costs more than filling them
-            bitmask[start:stop] &= self.json_tokens
+            # in place on a slice (indexing by a list of rows would copy them out and back),
+            # by numpy: one thread, where torch would wake its whole CPU thread pool beside
+            # the engine's thread
+            np.bitwise_and(words[start:stop], json_tokens, out=words[start:stop])
         for matcher, row in zip(ours, rows):
             if matcher.json and matcher.after_surrogate_lead:
                 bitmask[row] &= self.no_surrogate_tail

@@ -254,3 +254,38 @@ def test_random_walks_over_the_real_vocabulary_validate(qwen_backend):
                     break
                 text += info.token_bytes[token]
         assert finished >= 3, f"{schema}: {finished} of 6 walks finished"
+
+
+def test_a_steps_tokens_accepted_at_once_as_one_by_one(bytes_backend):
+    """``accept_tokens`` (one xgrammar call) leaves every matcher as ``accept`` would: refused
+    tokens, a terminated matcher and the JSON rows' surrogate bookkeeping included."""
+    json_grammar = bytes_backend.compile(GrammarSpec.json_schema({"type": "string",
+                                                                  "maxLength": 3}))
+    choice = bytes_backend.compile(GrammarSpec("choice", ("ab", "b")))
+    eos = bytes_backend.tokenizer.eos_token_ids[0]
+    # prefixes and next tokens: allowed, refused, after termination, a surrogate lead
+    cases = [(json_grammar, b'"', ord("x")), (json_grammar, b'"xy"', ord("x")),
+             (json_grammar, b'"x', 0xED), (choice, b"a", ord("b")), (choice, b"b", ord("a")),
+             (choice, b"ab", ord("b")), (json_grammar, b'"xy"', eos), (choice, b"", ord("b"))]
+
+    def prepared():
+        out = []
+        for grammar, prefix, _ in cases:
+            matcher = bytes_backend.matcher(grammar)
+            assert all(matcher.accept(b) for b in prefix)
+            out.append(matcher)
+        return out
+
+    tokens = [token for _, _, token in cases]
+    single, batched = prepared(), prepared()
+    expected = [m.accept(t) for m, t in zip(single, tokens)]
+    assert bytes_backend.accept_tokens(batched, tokens) == expected
+    assert expected == [True, False, True, True, False, False, False, True]
+    words = bytes_backend.tokenizer.bitmask_words
+    for one, other in zip(single, batched):
+        assert one.is_terminated() == other.is_terminated()
+        assert one.after_surrogate_lead == other.after_surrogate_lead
+        masks = torch.zeros(2, words, dtype=torch.int32)
+        one.fill_bitmask(masks, 0)
+        other.fill_bitmask(masks, 1)
+        assert torch.equal(masks[0], masks[1])
