@@ -41,3 +41,16 @@ def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> A
                        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
     return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
                          for i, t in enumerate(tokens)])
+
+
+def replay_own_graph_sizes(engine: Any) -> None:
+    """Make every decode batch of ``engine`` (a :class:`tallow.LLM` or an ``LLMEngine``) whose
+    size was captured replay the CUDA graph of that size. By default a batch may replay a
+    larger captured graph that timed faster (its rows padded), whose matrix products can pick
+    other kernels than the unpadded batch — and round differently. Comparisons of graphs with
+    eager call this first, so both run the same kernels."""
+    core = engine.engine.core if hasattr(engine, "engine") else engine.core
+    graphs = core.runner.graphs
+    if graphs is None:
+        raise ValueError("this engine runs without CUDA graphs")
+    graphs.replay_size = {size: size for size in graphs.sizes}

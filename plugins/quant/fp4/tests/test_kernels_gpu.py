@@ -69,6 +69,7 @@ def test_isq_mxfp4_engine_graphs_equal_eager():
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
     from tallow.engine.sampling_params import SamplingParams
+    from tallow.plugin.testing.engine import replay_own_graph_sizes
 
     def engine(graphs: bool):
         return LLMEngine.from_config(config_from_mapping({
@@ -93,6 +94,7 @@ def test_isq_mxfp4_engine_graphs_equal_eager():
 
     graphs, eager = engine(True), engine(False)
     assert "mxfp4 x" in graphs.parts.loaded.quant.summary()
+    replay_own_graph_sizes(graphs)  # eager runs the same kernels
     g = torch.Generator().manual_seed(0)
     for n in (1, 4, 16):
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()

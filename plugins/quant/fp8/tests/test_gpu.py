@@ -19,6 +19,7 @@ from kernel_cases import BASE_SEED, gen, random_weight  # noqa: E402
 from tallow import LLM, SamplingParams  # noqa: E402
 from tallow.config import config_from_mapping  # noqa: E402
 from tallow.engine.llm_engine import LLMEngine  # noqa: E402
+from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 from tallow_quant_fp8 import ops, reference  # noqa: E402
 from tallow_quant_fp8.ops import LayerPlan  # noqa: E402
 from tallow_quant_fp8.scaled_mm import scaled_mm_serves  # noqa: E402
@@ -151,8 +152,9 @@ def test_isq_fp8_model_graphs_equal_eager_and_weights_are_the_fp8_size():
     assert model.model.embed_tokens.qweight.dtype == torch.float8_e4m3fn
     assert fp8 + dense <= loaded.weight_bytes <= fp8 + dense + 50_000_000  # + rotary tables
     assert graphs.engine.core.runner.graphs is not None and eager.engine.core.runner.graphs is None
+    replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(BASE_SEED)
-    for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels
+    for n in (1, 2, 4, 8, 16, 32):  # captured sizes, each replaying its own graph: eager runs the same kernels
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
                  for L in torch.randint(3, 300, (n,), generator=g)]
         assert _greedy(graphs, batch, 24) == _greedy(eager, batch, 24), \

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 
 from kernel_cases import BASE_SEED, close, seed_of, weight  # noqa: E402
 from quant_engine_runs import engine, greedy  # noqa: E402
+from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 from tallow_quant_gguf import ops  # noqa: E402
 from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_triton  # noqa: E402
 from tallow_quant_gguf.kernels.matmul import _mma_kernel, qmatmul_triton  # noqa: E402
@@ -131,8 +132,9 @@ def _graphs_and_eager(source: str, max_model_len: int, **model):
 
 def _assert_same_tokens(graphs, eager, vocab: int, what: str) -> None:
     assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
+    replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(seed_of(what))
-    for n in (1, 2, 4, 8, 16):  # captured sizes: no padding, so eager runs the same kernels
+    for n in (1, 2, 4, 8, 16):  # captured sizes, each replaying its own graph: eager runs the same kernels
         batch = [torch.randint(0, vocab, (int(L),), generator=g).tolist()
                  for L in torch.randint(3, 300, (n,), generator=g)]
         assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), \

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 
 from engines import engine, greedy  # noqa: E402
 from int_weights import random_unpacked  # noqa: E402
+from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 from tallow_quant_int4 import ops  # noqa: E402
 from tallow_quant_int4.kernels.dequant import dequantize_triton  # noqa: E402
 from tallow_quant_int4.kernels.gemv import _gemv_kernel, gemv_config, gemv_triton  # noqa: E402
@@ -123,8 +124,9 @@ def test_isq_int4_engine_graphs_equal_eager():
     eager = _engine("random:llama-3.2-1b", graphs=False, isq="int4", int4=rtn)
     assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
     assert "int4 asym g128" in graphs.parts.loaded.quant.summary()
+    replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(0)
-    for n in (1, 2, 4, 8, 16, 32):  # captured sizes: eager runs the same kernels
+    for n in (1, 2, 4, 8, 16, 32):  # captured sizes, each replaying its own graph: eager runs the same kernels
         batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
                  for L in torch.randint(3, 300, (n,), generator=g)]
         assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), f"batch {n}"
