@@ -171,13 +171,22 @@ def test_a_compressed_tensors_checkpoint_on_the_gpu_follows_the_cpu_reference(tm
         directory = tmp_path / preset
         write_compressed_tensors(tiny_llama(3), preset, directory, list(range(3, 60)))
         logits = {}
-        for device, dtype in (("cuda", "bfloat16"), ("cpu", "float32")):
+        for device, dtype in (("cuda", "bfloat16"), ("cpu", "bfloat16"), ("cpu", "float32")):
             eng = LLMEngine.from_config(config_from_mapping({
                 "model": {"source": str(directory), "device": device, "dtype": dtype,
                           "max_model_len": 128}, "cache": {"num_blocks": 32}}))
             runner = PagedRunner(eng.parts.loaded.model)
             runner.add(0)
-            logits[device] = runner.step([(0, prompt)])[0]
-        ref = logits["cpu"]
-        err = ((logits["cuda"].cpu() - ref).abs().max() / ref.abs().max()).item()
-        assert err <= 3e-2, f"{preset}: {err:.3g}"
+            logits[device, dtype] = runner.step([(0, prompt)])[0].float().cpu()
+        ref = logits["cpu", "float32"]
+
+        def err(key):
+            return ((logits[key] - ref).abs().max() / ref.abs().max()).item()
+
+        # Activations rounded to e4m3 turn bfloat16's small differences from float32 into
+        # whole e4m3 steps (on an H200: 0.12-0.13 of the largest logit on the GPU, 0.13-0.14
+        # on the CPU in bfloat16): the GPU must be as close to the float32 reference as the
+        # CPU reference computing in bfloat16 is.
+        assert err(("cuda", "bfloat16")) <= 1.5 * err(("cpu", "bfloat16")) + 1e-2, \
+            f"{preset}: GPU {err(('cuda', 'bfloat16')):.3g}, CPU in bfloat16 " \
+            f"{err(('cpu', 'bfloat16')):.3g}"
