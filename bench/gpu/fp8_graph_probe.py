@@ -2,9 +2,11 @@
 graphs and eager: for the batches of ``test_isq_fp8_model_graphs_equal_eager`` over several
 seeds, each engine decodes twice (is it deterministic on its own?) and the two are compared;
 at the first position where they differ, the top-2 logprob gap of each engine says whether it
-is a near tie or a real difference in the computed logits.
+is a near tie or a real difference in the computed logits. ``--own-sizes`` makes each batch
+replay the graph of its own size, not a larger one that timed faster (whose padded products
+may pick other kernels than eager).
 
-    python3 bench/gpu/fp8_graph_probe.py --seeds 8 --sizes 1 2 4
+    python3 bench/gpu/fp8_graph_probe.py --seeds 8 --sizes 1 2 4 [--own-sizes]
 """
 
 from __future__ import annotations
@@ -14,18 +16,24 @@ import argparse
 import torch
 
 
-def _llm(graphs: bool, vocab: bool):
+def _llm(graphs: bool, vocab: bool, own_sizes: bool):
     from tallow import LLM
     from tallow.config import config_from_mapping
 
-    return LLM.from_config(config_from_mapping({
+    llm = LLM.from_config(config_from_mapping({
         "model": {"source": "random:llama-3.2-1b", "device": "cuda", "dtype": "bfloat16",
                   "max_model_len": 2048, "isq": "fp8"},
-        "cache": {"num_blocks": 2048},
+        # no prefix cache: a repeated batch recomputes its prompts with the same kernels
+        "cache": {"num_blocks": 2048, "enable_prefix_caching": False},
         "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 32},
         "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4},
                                  "tallow-quant-fp8": {"isq_vocab": vocab}}},
     }))
+    if graphs and own_sizes:
+        from tallow.plugin.testing.engine import replay_own_graph_sizes
+
+        replay_own_graph_sizes(llm)
+    return llm
 
 
 def _run(llm, prompts, logprobs: int | None):
@@ -55,10 +63,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--no-vocab", action="store_true", help="isq_vocab off")
+    parser.add_argument("--own-sizes", action="store_true",
+                        help="each batch replays the graph of its own size (not a faster, "
+                             "larger one: tallow.plugin.testing.engine.replay_own_graph_sizes)")
     args = parser.parse_args()
     vocab = not args.no_vocab
-    graphs, eager = _llm(True, vocab), _llm(False, vocab)
-    print(f"isq_vocab={vocab}")
+    graphs, eager = _llm(True, vocab, args.own_sizes), _llm(False, vocab, args.own_sizes)
+    print(f"isq_vocab={vocab} own_sizes={args.own_sizes}")
     for seed in range(args.seeds):
         g = torch.Generator().manual_seed(seed)
         for n in (1, 2, 4, 8, 16, 32):
