@@ -23,8 +23,8 @@ the walk goes on until the matcher terminates.
   the plugin declares (:attr:`GrammarBackendConformance.refused_schemas`); malformed ones raise
   it too, never another exception.
 - ``rollback`` returns to the exact earlier masks; matchers of one compiled grammar are
-  independent; ``fill_bitmasks`` equals the matchers' own fills; ``accept`` refuses what the
-  mask forbids and anything after termination.
+  independent; ``fill_bitmasks`` equals the matchers' own fills and ``accept_tokens`` their
+  own accepts; ``accept`` refuses what the mask forbids and anything after termination.
 
 Only the kinds the backend declares in ``kinds`` are exercised; a spec of another kind must
 raise :class:`~tallow.plugin.GrammarError`.
@@ -350,6 +350,40 @@ class GrammarBackendConformance(ComponentConformance):
         backend.fill_bitmasks(matchers, batch, rows)
         for matcher, row in zip(matchers, rows):
             assert torch.equal(batch[row], _fill(matcher, info.bitmask_words))
+
+    def test_accept_tokens_equals_each_matchers_accept(self, backend: GrammarBackend,
+                                                       info: TokenizerInfo) -> None:
+        compiled = backend.compile(self._spec(backend))
+
+        def walked(seed: int) -> tuple[list[Any], list[int]]:
+            """24 matchers at varied places (terminated ones among them) and a next token
+            each: mostly allowed, some forbidden."""
+            rng = random.Random(seed)
+            matchers, tokens = [], []
+            for i in range(24):
+                matcher = backend.matcher(compiled)
+                for _ in range(i % 7):
+                    token = _pick(rng, allowed_ids(_fill(matcher, info.bitmask_words),
+                                                   info.vocab_size), info, structural=True)
+                    if not matcher.accept(token) or matcher.is_terminated():
+                        break
+                allowed = allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size)
+                if i % 4 == 3 or not allowed:
+                    tokens.append(rng.randrange(info.vocab_size))
+                else:
+                    tokens.append(_pick(rng, allowed, info, structural=True))
+                matchers.append(matcher)
+            return matchers, tokens
+
+        one_by_one, tokens = walked(13)
+        expected = [m.accept(t) for m, t in zip(one_by_one, tokens)]
+        batched, same_tokens = walked(13)
+        assert same_tokens == tokens
+        assert backend.accept_tokens(batched, tokens) == expected
+        for alone, together in zip(one_by_one, batched):
+            assert alone.is_terminated() == together.is_terminated()
+            assert torch.equal(_fill(together, info.bitmask_words),
+                               _fill(alone, info.bitmask_words))
 
     def test_accept_refuses_what_the_mask_forbids(self, backend: GrammarBackend,
                                                   info: TokenizerInfo) -> None:
