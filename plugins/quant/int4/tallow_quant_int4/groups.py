@@ -8,9 +8,10 @@ searched over a few clipping ratios (symmetric: of its magnitude; asymmetric: of
 each group takes the one whose rounded weights have the least squared error: clipping the
 rare largest weights buys a finer step for all the others.
 
-Inside GPTQ, with ``clip_search``, the error of each candidate is weighted per column by the
-diagonal of the layer's Hessian (the energy of that column's input, so an error costs what it
-costs the layer's output), and the candidates also include the finer grid
+Inside GPTQ, with ``clip_search``, the error of each candidate is weighted per column (by the
+diagonal of the layer's Hessian, the energy of that column's input, or by what GPTQ's own cost
+gives the column's error: :func:`tallow_quant_int4.gptq.clip_weights`), and the candidates
+also include the finer grid
 :data:`SHARED_CLIPS`, applied to both ends of an asymmetric range together (to the magnitude of
 a symmetric one).
 
@@ -64,7 +65,7 @@ def fit(v: torch.Tensor, bits: int, symmetric: bool,
         column_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(scale, zero)`` ``[...]`` (float32; the scale as stored, the zero an integer) of
     each group ``v [..., g]`` (float32): the clipping ratio with the least squared error.
-    With ``column_weights`` (nonnegative, broadcastable to ``v``: the Hessian's diagonal for
+    With ``column_weights`` (nonnegative, broadcastable to ``v``: inside GPTQ, the weights of
     the group's columns) each column's squared error is weighted by it, and the ratios of
     :data:`SHARED_CLIPS` are tried as well."""
     half = 1 << (bits - 1)

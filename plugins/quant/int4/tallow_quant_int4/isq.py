@@ -39,6 +39,9 @@ class Recipe:
     damp: float = 0.01
     #: GPTQ's group ranges clipped by the Hessian-weighted error (:func:`groups.fit`)
     clip_search: bool = False
+    #: how the clip search weights each column's error: ``hessian`` or ``inverse``
+    #: (:func:`tallow_quant_int4.gptq.clip_weights`)
+    clip_weighting: str = "hessian"
 
     def group_for(self, cols: int) -> int | None:
         """The group size for rows of ``cols`` columns: the recipe's, else the largest smaller
@@ -52,7 +55,12 @@ class Recipe:
         return " ".join(p for p in (f"int{self.bits}", f"g{self.group}",
                                     "sym" if self.symmetric else "asym", self.method,
                                     "act-order" if self.act_order else "",
-                                    "clip-search" if self.clip_search else "") if p)
+                                    self._clip_name()) if p)
+
+    def _clip_name(self) -> str:
+        if not self.clip_search:
+            return ""
+        return "clip-search" if self.clip_weighting == "hessian" else "clip-search-inverse"
 
 
 @torch.no_grad()
@@ -93,7 +101,8 @@ def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
                               recipe.damp)
     return gptq(weight, hessian, bits=recipe.bits, group=group, symmetric=recipe.symmetric,
                 act_order=recipe.act_order, damp=recipe.damp,
-                clip_search=recipe.clip_search, device=device)
+                clip_search=recipe.clip_search, clip_weighting=recipe.clip_weighting,
+                device=device)
 
 
 def _check(weight: torch.Tensor, recipe: Recipe) -> tuple[int, int]:
