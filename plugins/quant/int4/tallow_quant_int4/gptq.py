@@ -22,6 +22,9 @@ energy of the column; ``clip_weighting: hessian``) or the cost GPTQ pays for its
 ``1 / [H^-1]_ii`` over the columns not yet rounded (``clip_weighting: inverse``; see
 :func:`clip_weights`).
 
+Without ``clip`` each group's scale and zero point cover its whole range, as GPTQ's reference
+implementation fits them (no clipping ratio searched).
+
 A small multiple of the diagonal's mean (``damp``) is added to ``H`` so that it can be
 inverted; input features that never fired (a zero diagonal) get weight zero.
 """
@@ -46,12 +49,15 @@ _DAMP_RETRIES = 4
 @torch.no_grad()
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
          symmetric: bool, act_order: bool = False, damp: float = 0.01,
-         clip_search: bool = False, clip_weighting: str = "hessian",
+         clip_search: bool = False, clip_weighting: str = "hessian", clip: bool = True,
          device: torch.device | None = None) -> IntWeight:
     """``weight [rows, cols]`` quantized against ``hessian [cols, cols]`` (the sum of ``x
     x^T`` over the layer's calibration inputs), ``group`` dividing ``cols``; computed on
     ``device`` (default: the weight's) in float32. ``clip_weighting`` (with ``clip_search``):
-    ``"hessian"`` or ``"inverse"`` (:func:`clip_weights`)."""
+    ``"hessian"`` or ``"inverse"`` (:func:`clip_weights`). Without ``clip`` every group
+    takes its whole range (no clipping ratio searched)."""
+    if clip_search and not clip:
+        raise ValueError("GPTQ: clip_search needs clip (it searches clipping ratios)")
     if clip_weighting not in CLIP_WEIGHTINGS:
         raise ValueError(f"GPTQ: clip_weighting {clip_weighting!r} is not one of "
                          f"{', '.join(CLIP_WEIGHTINGS)}")
@@ -74,7 +80,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     energy = clip_weights(h, u, order, clip_weighting) if clip_search else None
     if act_order:  # static groups: every group fitted before any column moves
         scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric,
-                            None if energy is None else energy.reshape(-1, group))
+                            None if energy is None else energy.reshape(-1, group), clip)
         w, h, groups = w[:, order], h[order][:, order], groups[order]
     else:
         scales = torch.empty(rows, cols // group, dtype=torch.float32, device=device)
@@ -94,7 +100,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
                 # the group's columns as updated so far (groups never straddle blocks)
                 scales[:, g], zeros[:, g] = fit(
                     block[:, i:i + group], bits, symmetric,
-                    None if energy is None else energy[col:col + group])
+                    None if energy is None else energy[col:col + group], clip)
                 safe[:, g] = torch.where(scales[:, g] > 0, scales[:, g], 1.0)
             x = block[:, i]
             q = torch.round(x / safe[:, g]).add_(zeros[:, g]).clamp_(0.0, top)

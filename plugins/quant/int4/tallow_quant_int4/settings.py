@@ -31,6 +31,9 @@ class Int4Settings(BaseModel):
     #: (``hessian``) or by what GPTQ's own cost gives it, ``1 / [H^-1]_ii`` over the columns
     #: not yet rounded (``inverse``: the error left after the later columns compensate)
     clip_weighting: Literal["hessian", "inverse"] = "hessian"
+    #: each group's range searched over clipping ratios by its squared error (false: every
+    #: group takes its whole range, min to max, as GPTQ's reference implementation does)
+    clip: bool = True
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
     #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
@@ -54,12 +57,15 @@ class Int4Settings(BaseModel):
         if self.clip_weighting != "hessian" and not self.clip_search:
             raise ValueError("clip_weighting needs clip_search: true (it weights the clip "
                              "search's errors)")
+        if self.clip_search and not self.clip:
+            raise ValueError("clip_search needs clip: true (it searches clipping ratios)")
         return self
 
     def recipe(self) -> Recipe:
         return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,
                       act_order=self.act_order, damp=self.damp,
-                      clip_search=self.clip_search, clip_weighting=self.clip_weighting)
+                      clip_search=self.clip_search, clip_weighting=self.clip_weighting,
+                      clip=self.clip)
 
     def read_calibration_text(self) -> str | None:
         """The text of ``calibration_text`` (None when unset)."""

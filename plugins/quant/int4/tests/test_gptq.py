@@ -166,9 +166,9 @@ def test_without_the_clip_search_gptq_fits_its_groups_unweighted(monkeypatch):
     default = gptq(w, h, bits=4, group=128, symmetric=False)
     seen = []
 
-    def spy(v, bits, symmetric, column_weights=None):
+    def spy(v, bits, symmetric, column_weights=None, clip=True):
         seen.append(column_weights)
-        return fit(v, bits, symmetric, column_weights)
+        return fit(v, bits, symmetric, column_weights, clip)
 
     monkeypatch.setattr(gptq_module, "fit", spy)
     off = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=False)
@@ -202,9 +202,9 @@ def test_the_inverse_clip_weighting_weights_each_column_by_gptqs_own_cost(monkey
     h = x.T @ x
     seen = []
 
-    def spy(v, bits, symmetric, column_weights=None):
+    def spy(v, bits, symmetric, column_weights=None, clip=True):
         seen.append(column_weights.reshape(-1))
-        return fit(v, bits, symmetric, column_weights)
+        return fit(v, bits, symmetric, column_weights, clip)
 
     monkeypatch.setattr(gptq_module, "fit", spy)
     gptq(w, h, bits=4, group=32, symmetric=False, act_order=act_order, damp=0.01,
@@ -257,3 +257,32 @@ def test_an_unknown_clip_weighting_is_refused():
     with pytest.raises(ValueError, match="clip_weighting 'diagonal'"):
         gptq(_weight(cols=128), torch.eye(128), bits=4, group=128, symmetric=False,
              clip_search=True, clip_weighting="diagonal")
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_without_clipping_every_group_takes_its_whole_range(symmetric):
+    """``clip: false``: each group's scale (and zero point) cover its weights from the least to
+    the largest, in round to nearest and in GPTQ (with an identity Hessian the two agree);
+    heavy tails make the default's search clip, so the two differ."""
+    w = _weight() + 0.4 * _weight(seed=5) ** 3
+    v = w.reshape(64, 2, 128)
+    if symmetric:
+        whole = torch.maximum(v.amax(-1).clamp(min=0) / 7, (-v).amax(-1).clamp(min=0) / 8)
+    else:
+        whole = (v.amax(-1).clamp(min=0) - v.amin(-1).clamp(max=0)) / 15
+    whole = whole.half().float()
+    scale, _ = fit(v, 4, symmetric, clip=False)
+    torch.testing.assert_close(scale, whole, rtol=0, atol=0)
+    # column weights choose nothing when there is nothing to choose from
+    torch.testing.assert_close(fit(v, 4, symmetric, torch.rand(128) + 0.1, clip=False)[0],
+                               whole, rtol=0, atol=0)
+    recipe = Recipe(method="rtn", symmetric=symmetric, clip=False)
+    rtn = quantize_rtn(w, CPU, recipe)
+    assert torch.equal(rtn.scales.float(), whole)
+    got = gptq(w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False)
+    assert torch.equal(got.codes, rtn.codes) and torch.equal(got.scales, rtn.scales)
+    clipped = quantize_rtn(w, CPU, Recipe(method="rtn", symmetric=symmetric))
+    assert bool((clipped.scales.float() < whole).any())
+    with pytest.raises(ValueError, match="clip_search needs clip"):
+        gptq(w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False,
+             clip_search=True)
