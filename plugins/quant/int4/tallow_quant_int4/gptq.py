@@ -16,8 +16,14 @@ zero points fitted on the original weights before any column moves ("static grou
 layout needs no permutation and the matmul reads its input as it is.
 
 With ``clip_search`` each group's clipping ratio is chosen by the squared error of its weights
-weighted per column by ``H``'s diagonal (the input energy of the column) instead of the plain
-squared error, over a finer grid of ratios (:func:`tallow_quant_int4.groups.fit`).
+weighted per column instead of the plain squared error, over a finer grid of ratios
+(:func:`tallow_quant_int4.groups.fit`); the weight of a column is ``H``'s diagonal (the input
+energy of the column; ``clip_weighting: hessian``) or the cost GPTQ pays for its error,
+``1 / [H^-1]_ii`` over the columns not yet rounded (``clip_weighting: inverse``; see
+:func:`clip_weights`).
+
+Without ``clip`` each group's scale and zero point cover its whole range, as GPTQ's reference
+implementation fits them (no clipping ratio searched).
 
 A small multiple of the diagonal's mean (``damp``) is added to ``H`` so that it can be
 inverted; input features that never fired (a zero diagonal) get weight zero.
@@ -34,6 +40,8 @@ from .layout import IntWeight, from_codes
 
 #: columns whose updates are applied together
 BLOCK = 128
+#: how ``clip_search`` weights each column's error (:func:`clip_weights`)
+CLIP_WEIGHTINGS = ("hessian", "inverse")
 #: how many times the damping may grow tenfold when H is still not positive definite
 _DAMP_RETRIES = 4
 
@@ -41,10 +49,18 @@ _DAMP_RETRIES = 4
 @torch.no_grad()
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
          symmetric: bool, act_order: bool = False, damp: float = 0.01,
-         clip_search: bool = False, device: torch.device | None = None) -> IntWeight:
+         clip_search: bool = False, clip_weighting: str = "hessian", clip: bool = True,
+         device: torch.device | None = None) -> IntWeight:
     """``weight [rows, cols]`` quantized against ``hessian [cols, cols]`` (the sum of ``x
     x^T`` over the layer's calibration inputs), ``group`` dividing ``cols``; computed on
-    ``device`` (default: the weight's) in float32."""
+    ``device`` (default: the weight's) in float32. ``clip_weighting`` (with ``clip_search``):
+    ``"hessian"`` or ``"inverse"`` (:func:`clip_weights`). Without ``clip`` every group
+    takes its whole range (no clipping ratio searched)."""
+    if clip_search and not clip:
+        raise ValueError("GPTQ: clip_search needs clip (it searches clipping ratios)")
+    if clip_weighting not in CLIP_WEIGHTINGS:
+        raise ValueError(f"GPTQ: clip_weighting {clip_weighting!r} is not one of "
+                         f"{', '.join(CLIP_WEIGHTINGS)}")
     device = device or weight.device
     w = weight.to(device, torch.float32).clone()
     rows, cols = w.shape
@@ -56,18 +72,19 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     groups = torch.arange(cols, device=device) // group  # of each column, in natural order
-    # the Hessian's diagonal in natural column order, as each group's error weights
-    energy = torch.diagonal(h).clone() if clip_search else None
     order = None
+    if act_order:
+        order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+    u = _inverse_factor(h if order is None else h[order][:, order], damp)
+    # each column's error weight when its group's range is chosen, in natural column order
+    energy = clip_weights(h, u, order, clip_weighting) if clip_search else None
     if act_order:  # static groups: every group fitted before any column moves
         scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric,
-                            None if energy is None else energy.reshape(-1, group))
-        order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+                            None if energy is None else energy.reshape(-1, group), clip)
         w, h, groups = w[:, order], h[order][:, order], groups[order]
     else:
         scales = torch.empty(rows, cols // group, dtype=torch.float32, device=device)
         zeros = torch.empty_like(scales)
-    u = _inverse_factor(h, damp)
     codes = torch.empty(rows, cols, dtype=torch.uint8, device=device)
     top = float((1 << bits) - 1)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))  # as codes_for
@@ -83,7 +100,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
                 # the group's columns as updated so far (groups never straddle blocks)
                 scales[:, g], zeros[:, g] = fit(
                     block[:, i:i + group], bits, symmetric,
-                    None if energy is None else energy[col:col + group])
+                    None if energy is None else energy[col:col + group], clip)
                 safe[:, g] = torch.where(scales[:, g] > 0, scales[:, g], 1.0)
             x = block[:, i]
             q = torch.round(x / safe[:, g]).add_(zeros[:, g]).clamp_(0.0, top)
@@ -99,6 +116,26 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     return from_codes(codes, scales.to(storage_dtype(scales)),
                       None if symmetric else zeros.to(torch.uint8), bits,
                       what=f"GPTQ weight [{rows}, {cols}]")
+
+
+def clip_weights(h: torch.Tensor, u: torch.Tensor, order: torch.Tensor | None,
+                 weighting: str) -> torch.Tensor:
+    """The weight of each column's squared error (natural column order) when a group's
+    clipping ratio is chosen: ``"hessian"``, ``H``'s diagonal (the column's input energy, as if
+    no other column made up for its error); ``"inverse"``, ``1 / U[i, i]^2`` with ``U`` the
+    upper Cholesky factor of the damped ``H^-1`` in GPTQ's column order (``u``; ``order`` the
+    act-order permutation, None for the natural order): what a rounding error in column ``i``
+    still costs the output after the columns not yet rounded have compensated for it, the
+    cost GPTQ itself pays (``U[i, i]^2`` is the first diagonal entry of the inverse of ``H``
+    restricted to column ``i`` and the columns after it)."""
+    if weighting == "hessian":
+        return torch.diagonal(h).clone()
+    cost = torch.diagonal(u).square().reciprocal()
+    if order is None:
+        return cost
+    natural = torch.empty_like(cost)
+    natural[order] = cost
+    return natural
 
 
 @torch.no_grad()

@@ -8,9 +8,10 @@ searched over a few clipping ratios (symmetric: of its magnitude; asymmetric: of
 each group takes the one whose rounded weights have the least squared error: clipping the
 rare largest weights buys a finer step for all the others.
 
-Inside GPTQ, with ``clip_search``, the error of each candidate is weighted per column by the
-diagonal of the layer's Hessian (the energy of that column's input, so an error costs what it
-costs the layer's output), and the candidates also include the finer grid
+Inside GPTQ, with ``clip_search``, the error of each candidate is weighted per column (by the
+diagonal of the layer's Hessian, the energy of that column's input, or by what GPTQ's own cost
+gives the column's error: :func:`tallow_quant_int4.gptq.clip_weights`), and the candidates
+also include the finer grid
 :data:`SHARED_CLIPS`, applied to both ends of an asymmetric range together (to the magnitude of
 a symmetric one).
 
@@ -61,24 +62,27 @@ def codes_for(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
 
 
 def fit(v: torch.Tensor, bits: int, symmetric: bool,
-        column_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        column_weights: torch.Tensor | None = None,
+        clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(scale, zero)`` ``[...]`` (float32; the scale as stored, the zero an integer) of
     each group ``v [..., g]`` (float32): the clipping ratio with the least squared error.
-    With ``column_weights`` (nonnegative, broadcastable to ``v``: the Hessian's diagonal for
+    With ``column_weights`` (nonnegative, broadcastable to ``v``: inside GPTQ, the weights of
     the group's columns) each column's squared error is weighted by it, and the ratios of
-    :data:`SHARED_CLIPS` are tried as well."""
+    :data:`SHARED_CLIPS` are tried as well. Without ``clip`` every group takes its whole range
+    (the ratio 1 only; ``column_weights`` then change nothing)."""
     half = 1 << (bits - 1)
-    shared = SHARED_CLIPS if column_weights is not None else ()
+    shared = SHARED_CLIPS if column_weights is not None and clip else ()
     if symmetric:
         base = torch.maximum(v.amax(-1).clamp(min=0) / (half - 1),
                              (-v).amax(-1).clamp(min=0) / half)
         zero = torch.full_like(base, float(half))
-        ratios = SYMMETRIC_CLIPS + tuple(r for r in shared if r not in SYMMETRIC_CLIPS)
+        ratios = SYMMETRIC_CLIPS if clip else (1.0,)
+        ratios += tuple(r for r in shared if r not in ratios)
         candidates = ((base * r, zero) for r in ratios)
     else:
         lo, hi = v.amin(-1).clamp(max=0), v.amax(-1).clamp(min=0)
         top = (1 << bits) - 1
-        pairs = list(itertools.product(ASYMMETRIC_CLIPS, repeat=2))
+        pairs = list(itertools.product(ASYMMETRIC_CLIPS if clip else (1.0,), repeat=2))
         pairs += [(r, r) for r in shared if (r, r) not in pairs]
         candidates = (_asymmetric(lo * a, hi * b, top) for a, b in pairs)
     best_scale = best_zero = best_err = None

@@ -39,6 +39,11 @@ class Recipe:
     damp: float = 0.01
     #: GPTQ's group ranges clipped by the Hessian-weighted error (:func:`groups.fit`)
     clip_search: bool = False
+    #: how the clip search weights each column's error: ``hessian`` or ``inverse``
+    #: (:func:`tallow_quant_int4.gptq.clip_weights`)
+    clip_weighting: str = "hessian"
+    #: each group's range searched over clipping ratios (False: its whole range)
+    clip: bool = True
 
     def group_for(self, cols: int) -> int | None:
         """The group size for rows of ``cols`` columns: the recipe's, else the largest smaller
@@ -52,7 +57,13 @@ class Recipe:
         return " ".join(p for p in (f"int{self.bits}", f"g{self.group}",
                                     "sym" if self.symmetric else "asym", self.method,
                                     "act-order" if self.act_order else "",
-                                    "clip-search" if self.clip_search else "") if p)
+                                    "" if self.clip else "no-clip",
+                                    self._clip_name()) if p)
+
+    def _clip_name(self) -> str:
+        if not self.clip_search:
+            return ""
+        return "clip-search" if self.clip_weighting == "hessian" else "clip-search-inverse"
 
 
 @torch.no_grad()
@@ -65,7 +76,7 @@ def quantize_rtn(weight: torch.Tensor, device: torch.device,
     if group is None:
         return None
     w = weight.to(device, torch.float32).reshape(rows, cols // group, group)
-    scale, zero = fit(w, recipe.bits, recipe.symmetric)
+    scale, zero = fit(w, recipe.bits, recipe.symmetric, clip=recipe.clip)
     codes = codes_for(w, scale, zero, recipe.bits).to(torch.uint8).reshape(rows, cols)
     return from_codes(codes, scale.to(storage_dtype(scale)),
                       None if recipe.symmetric else zero.to(torch.uint8), recipe.bits)
@@ -93,7 +104,8 @@ def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
                               recipe.damp)
     return gptq(weight, hessian, bits=recipe.bits, group=group, symmetric=recipe.symmetric,
                 act_order=recipe.act_order, damp=recipe.damp,
-                clip_search=recipe.clip_search, device=device)
+                clip_search=recipe.clip_search, clip_weighting=recipe.clip_weighting,
+                clip=recipe.clip, device=device)
 
 
 def _check(weight: torch.Tensor, recipe: Recipe) -> tuple[int, int]:

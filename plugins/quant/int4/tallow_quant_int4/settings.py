@@ -24,9 +24,16 @@ class Int4Settings(BaseModel):
     symmetric: bool = False
     act_order: bool = False
     damp: float = Field(0.01, gt=0.0, le=1.0)
-    #: GPTQ picks each group's clipping ratio by its error weighted by the Hessian's diagonal
-    #: (the input energy of each column), over a finer grid of ratios
+    #: GPTQ picks each group's clipping ratio by its error weighted per column
+    #: (``clip_weighting``), over a finer grid of ratios
     clip_search: bool = False
+    #: with ``clip_search``: each column's error weighted by the Hessian's diagonal
+    #: (``hessian``) or by what GPTQ's own cost gives it, ``1 / [H^-1]_ii`` over the columns
+    #: not yet rounded (``inverse``: the error left after the later columns compensate)
+    clip_weighting: Literal["hessian", "inverse"] = "hessian"
+    #: each group's range searched over clipping ratios by its squared error (false: every
+    #: group takes its whole range, min to max, as GPTQ's reference implementation does)
+    clip: bool = True
     calibration_sequences: int = Field(32, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
     #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
@@ -43,16 +50,22 @@ class Int4Settings(BaseModel):
     calibration_text: Optional[str] = None
 
     @model_validator(mode="after")
-    def _reference_needs_sequential(self) -> "Int4Settings":
+    def _dependent_settings(self) -> "Int4Settings":
         if self.float_reference and not self.sequential:
             raise ValueError("float_reference needs sequential: true (the float model's "
                              "inputs are gathered in the sequential calibration pass)")
+        if self.clip_weighting != "hessian" and not self.clip_search:
+            raise ValueError("clip_weighting needs clip_search: true (it weights the clip "
+                             "search's errors)")
+        if self.clip_search and not self.clip:
+            raise ValueError("clip_search needs clip: true (it searches clipping ratios)")
         return self
 
     def recipe(self) -> Recipe:
         return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,
                       act_order=self.act_order, damp=self.damp,
-                      clip_search=self.clip_search)
+                      clip_search=self.clip_search, clip_weighting=self.clip_weighting,
+                      clip=self.clip)
 
     def read_calibration_text(self) -> str | None:
         """The text of ``calibration_text`` (None when unset)."""

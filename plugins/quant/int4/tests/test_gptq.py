@@ -5,7 +5,9 @@ with correlated inputs its output error over those inputs is far below round to 
 than columns still factors (damping); the result is a valid weight of the layout and the
 same on every run. The clip search (``clip_search``) never raises a group's error weighted by
 the Hessian's diagonal against the unclipped range nor against the unweighted search, and off
-it leaves GPTQ as it was."""
+it leaves GPTQ as it was; with ``clip_weighting: inverse`` it weights each column by GPTQ's own
+cost ``1 / [H^-1]_ii`` over the columns not yet rounded (either column order), which clips a
+crafted outlier that the Hessian's diagonal would keep."""
 
 from __future__ import annotations
 
@@ -164,9 +166,9 @@ def test_without_the_clip_search_gptq_fits_its_groups_unweighted(monkeypatch):
     default = gptq(w, h, bits=4, group=128, symmetric=False)
     seen = []
 
-    def spy(v, bits, symmetric, column_weights=None):
+    def spy(v, bits, symmetric, column_weights=None, clip=True):
         seen.append(column_weights)
-        return fit(v, bits, symmetric, column_weights)
+        return fit(v, bits, symmetric, column_weights, clip)
 
     monkeypatch.setattr(gptq_module, "fit", spy)
     off = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=False)
@@ -177,3 +179,110 @@ def test_without_the_clip_search_gptq_fits_its_groups_unweighted(monkeypatch):
     on = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=True)
     assert seen and all(c is not None and c.shape == (128,) for c in seen)
     assert not torch.equal(on.codes, off.codes)
+
+
+def _remaining_inverse_costs(h: torch.Tensor, order: torch.Tensor, damp: float) -> torch.Tensor:
+    """For each column (natural order), ``1 / [A^-1]_00`` with ``A`` the damped Hessian over
+    that column and the columns after it in ``order`` (float64, by plain inversion)."""
+    h = h.double()
+    h = h + damp * float(torch.diagonal(h).mean()) * torch.eye(h.shape[0], dtype=h.dtype)
+    cost = torch.empty(h.shape[0], dtype=torch.float64)
+    for k, col in enumerate(order.tolist()):
+        rest = order[k:]
+        cost[col] = 1.0 / torch.linalg.inv(h[rest][:, rest])[0, 0]
+    return cost
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_the_inverse_clip_weighting_weights_each_column_by_gptqs_own_cost(monkeypatch,
+                                                                          act_order):
+    """With ``clip_weighting: inverse`` the clip search weights each column's error by
+    ``1 / [H^-1]_ii`` over the columns not yet rounded (in GPTQ's order), not by ``H_ii``."""
+    w, x = _weight(cols=128, rows=16), _inputs(n=512, cols=128)
+    h = x.T @ x
+    seen = []
+
+    def spy(v, bits, symmetric, column_weights=None, clip=True):
+        seen.append(column_weights.reshape(-1))
+        return fit(v, bits, symmetric, column_weights, clip)
+
+    monkeypatch.setattr(gptq_module, "fit", spy)
+    gptq(w, h, bits=4, group=32, symmetric=False, act_order=act_order, damp=0.01,
+         clip_search=True, clip_weighting="inverse")
+    got = torch.cat(seen).double()
+    order = (torch.argsort(torch.diagonal(h), descending=True, stable=True) if act_order
+             else torch.arange(128))
+    want = _remaining_inverse_costs(h, order, 0.01)
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=0)
+    # not the Hessian's diagonal up to a factor: correlated inputs pay far less than H_ii
+    ratio = want / torch.diagonal(h).double()
+    assert float(ratio.max() / ratio.min()) > 10.0
+
+
+def test_the_inverse_weighting_clips_an_outlier_that_a_later_twin_column_makes_up_for():
+    """A crafted group: column 0's input has a near copy in column 1, so GPTQ moves column 0's
+    rounding error onto column 1 almost for free; column 0 holds the row's one large weight.
+    By the Hessian's diagonal (high energy) that weight must not be clipped; by GPTQ's own cost
+    (tiny) clipping it is cheap and buys a finer step for every other column. The inverse
+    weighting clips (the minimum of its weighted error over the candidates), and its output
+    error over the inputs is the lower one."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2048, 128, generator=g)
+    x[:, 0] = 4.0 * x[:, 1] + 0.01 * torch.randn(2048, generator=g)  # a loud near twin
+    h = x.T @ x
+    w = 0.1 * torch.randn(8, 128, generator=g)
+    w[:, 0] = 1.0  # the outlier
+    out = {}
+    for weighting in ("hessian", "inverse"):
+        q = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=True,
+                 clip_weighting=weighting)
+        out[weighting] = (q, float(((x @ (dequantize(q) - w).T) ** 2).mean()))
+    ranges = {k: (q.scales.float()[:, 0], q.zeros.float()[:, 0]) for k, (q, _) in out.items()}
+
+    def largest(scale, zero):  # the largest value the group's codes reach
+        return (15.0 - zero) * scale
+
+    # by the Hessian's diagonal the outlier keeps its value; by GPTQ's cost it is clipped
+    assert bool((largest(*ranges["hessian"]) > 0.97).all())
+    assert bool((largest(*ranges["inverse"]) < 0.92).all())
+    assert out["inverse"][1] < out["hessian"][1]
+    # the inverse weighting's choice minimises the error it weights, over the search's ranges
+    cost = _remaining_inverse_costs(h, torch.arange(128), 0.01).float()
+    chosen = _weighted_error(w, *ranges["inverse"], cost)
+    torch.testing.assert_close(chosen, _weighted_error(w, *fit(w, 4, False, cost), cost))
+    assert bool((chosen < _weighted_error(w, *ranges["hessian"], cost)).all())
+
+
+def test_an_unknown_clip_weighting_is_refused():
+    with pytest.raises(ValueError, match="clip_weighting 'diagonal'"):
+        gptq(_weight(cols=128), torch.eye(128), bits=4, group=128, symmetric=False,
+             clip_search=True, clip_weighting="diagonal")
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_without_clipping_every_group_takes_its_whole_range(symmetric):
+    """``clip: false``: each group's scale (and zero point) cover its weights from the least to
+    the largest, in round to nearest and in GPTQ (with an identity Hessian the two agree);
+    heavy tails make the default's search clip, so the two differ."""
+    w = _weight() + 0.4 * _weight(seed=5) ** 3
+    v = w.reshape(64, 2, 128)
+    if symmetric:
+        whole = torch.maximum(v.amax(-1).clamp(min=0) / 7, (-v).amax(-1).clamp(min=0) / 8)
+    else:
+        whole = (v.amax(-1).clamp(min=0) - v.amin(-1).clamp(max=0)) / 15
+    whole = whole.half().float()
+    scale, _ = fit(v, 4, symmetric, clip=False)
+    torch.testing.assert_close(scale, whole, rtol=0, atol=0)
+    # column weights choose nothing when there is nothing to choose from
+    torch.testing.assert_close(fit(v, 4, symmetric, torch.rand(128) + 0.1, clip=False)[0],
+                               whole, rtol=0, atol=0)
+    recipe = Recipe(method="rtn", symmetric=symmetric, clip=False)
+    rtn = quantize_rtn(w, CPU, recipe)
+    assert torch.equal(rtn.scales.float(), whole)
+    got = gptq(w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False)
+    assert torch.equal(got.codes, rtn.codes) and torch.equal(got.scales, rtn.scales)
+    clipped = quantize_rtn(w, CPU, Recipe(method="rtn", symmetric=symmetric))
+    assert bool((clipped.scales.float() < whole).any())
+    with pytest.raises(ValueError, match="clip_search needs clip"):
+        gptq(w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False,
+             clip_search=True)

@@ -138,10 +138,15 @@ def _decoded_model(quantized_model, float_model, tmp_path):
                                   {"act_order": True, "symmetric": True},
                                   {"sequential": True},
                                   {"sequential": True, "float_reference": True},
-                                  {"sequential": True, "clip_search": True}],
+                                  {"sequential": True, "clip_search": True},
+                                  {"sequential": True, "clip_search": True,
+                                   "clip_weighting": "inverse"},
+                                  {"sequential": True, "act_order": True, "clip": False}],
                          ids=["rtn-sym", "default-gptq", "gptq-act-order-sym",
                               "gptq-sequential", "gptq-float-reference",
-                              "gptq-sequential-clip-search"])
+                              "gptq-sequential-clip-search",
+                              "gptq-sequential-clip-search-inverse",
+                              "gptq-sequential-act-order-no-clip"])
 def test_isq_equals_the_float_model_of_the_decoded_weights(float_dir, int4, tmp_path):
     path, float_model, text = float_dir
     small = {"calibration_sequences": 8, "calibration_tokens": 128, "calibration_text": text}
@@ -190,6 +195,14 @@ def test_bad_settings_are_refused_naming_them(tmp_path):
     with pytest.raises(PluginSettingsError,
                        match=r"plugins\.settings\.tallow-quant-int4\.calibration_corpus"):
         engine("random:tiny-llama", isq="int4", int4={"calibration_corpus": "shakespeare"})
+    with pytest.raises(PluginSettingsError,
+                       match=r"plugins\.settings\.tallow-quant-int4\.clip_weighting"):
+        engine("random:tiny-llama", isq="int4", int4={"clip_search": True,
+                                                      "clip_weighting": "diagonal"})
+    with pytest.raises(PluginSettingsError, match="clip_weighting needs clip_search"):
+        engine("random:tiny-llama", isq="int4", int4={"clip_weighting": "inverse"})
+    with pytest.raises(PluginSettingsError, match="clip_search needs clip"):
+        engine("random:tiny-llama", isq="int4", int4={"clip_search": True, "clip": False})
     missing = tmp_path / "nothing.txt"
     with pytest.raises(ValueError, match=r"plugins\.settings\.tallow-quant-int4\."
                                          r"calibration_text: cannot read"):
@@ -215,6 +228,15 @@ def test_gptq_asks_for_english_prose_by_default_and_rtn_for_nothing(tmp_path):
     clipping = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
         "clip_search": True}), "int4")
     assert clipping.recipe.clip_search and clipping.recipe.name == "int4 g128 asym gptq clip-search"
+    assert clipping.recipe.clip_weighting == "hessian"
+    inverse = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
+        "clip_search": True, "clip_weighting": "inverse"}), "int4")
+    assert inverse.recipe.clip_weighting == "inverse"
+    assert inverse.recipe.name == "int4 g128 asym gptq clip-search-inverse"
+    whole = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"clip": False}),
+                           "int4")
+    assert not whole.recipe.clip and whole.recipe.name == "int4 g128 asym gptq no-clip"
+    assert default.recipe.clip
     rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}),
                          "int4")
     assert rtn.calibration_request() is None and not rtn.calibrating
