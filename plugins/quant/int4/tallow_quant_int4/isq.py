@@ -37,7 +37,7 @@ class Recipe:
     bits: int = 4
     #: GPTQ's damping, a fraction of the mean of the Hessian's diagonal
     damp: float = 0.01
-    #: GPTQ's group ranges clipped by the Hessian-weighted error (:func:`groups.fit`)
+    #: GPTQ's group ranges clipped by the per-column weighted error (:func:`groups.fit`)
     clip_search: bool = False
     #: how the clip search weights each column's error: ``hessian`` or ``inverse``
     #: (:func:`tallow_quant_int4.gptq.clip_weights`)

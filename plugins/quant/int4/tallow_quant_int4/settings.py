@@ -22,7 +22,9 @@ class Int4Settings(BaseModel):
     method: Literal["gptq", "rtn"] = "gptq"
     group_size: Literal[32, 64, 128] = 128
     symmetric: bool = False
-    act_order: bool = False
+    #: columns in decreasing order of input energy (static groups); on by default with
+    #: ``sequential`` (measured: docs/benchmarks.md, int4 GPTQ perplexity)
+    act_order: bool = True
     damp: float = Field(0.01, gt=0.0, le=1.0)
     #: GPTQ picks each group's clipping ratio by its error weighted per column
     #: (``clip_weighting``), over a finer grid of ratios
@@ -34,11 +36,11 @@ class Int4Settings(BaseModel):
     #: each group's range searched over clipping ratios by its squared error (false: every
     #: group takes its whole range, min to max, as GPTQ's reference implementation does)
     clip: bool = True
-    calibration_sequences: int = Field(32, ge=1, le=4096)
+    calibration_sequences: int = Field(64, ge=1, le=4096)
     calibration_tokens: int = Field(512, ge=16, le=65536)
     #: GPTQ layer by layer: each layer quantized as the calibration pass reaches it, so the
     #: layers after it see its quantized outputs (one forward pass over every window)
-    sequential: bool = False
+    sequential: bool = True
     #: with ``sequential``: each layer aims at the float model's outputs over the float
     #: model's inputs (the windows also run through the float layers, side by side), so it
     #: corrects the error the quantized layers before it left in its inputs
