@@ -154,26 +154,29 @@ def test_min_tokens_cannot_be_combined():
         SamplingParams(structured_outputs={"regex": "a", "choice": ["a"]})
 
 
+class Recorder:
+    """A matcher that takes every token but negative ones, and remembers them."""
+
+    def __init__(self, tokens=()):
+        self.tokens: list[int] = list(tokens)
+
+    def accept(self, token):
+        if token < 0:
+            return False
+        self.tokens.append(token)
+        return True
+
+    def rollback(self, n):
+        del self.tokens[len(self.tokens) - n:]
+
+    def is_terminated(self):
+        return False
+
+
 def test_grammar_state_follows_the_sequence():
     """GrammarState.sync accepts what its matcher has not seen and rolls back what the
     sequence no longer has."""
     from tallow.engine.sampling.grammar import GrammarState
-
-    class Recorder:
-        def __init__(self):
-            self.tokens: list[int] = []
-
-        def accept(self, token):
-            if token < 0:
-                return False
-            self.tokens.append(token)
-            return True
-
-        def rollback(self, n):
-            del self.tokens[len(self.tokens) - n:]
-
-        def is_terminated(self):
-            return False
 
     state = GrammarState(Recorder())
     assert state.sync([5, 6, 7, 8], 3) and state.matcher.tokens == [5, 6, 7]
@@ -188,19 +191,6 @@ def test_a_steps_tokens_advance_their_grammars_in_one_backend_call():
     with exactly one new token go to the backend's accept_tokens together."""
     from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
     from tallow.plugin import GrammarBackend
-
-    class Recorder:
-        def __init__(self, tokens):
-            self.tokens = list(tokens)
-
-        def accept(self, token):
-            if token < 0:
-                return False
-            self.tokens.append(token)
-            return True
-
-        def rollback(self, n):
-            del self.tokens[len(self.tokens) - n:]
 
     class Backend(GrammarBackend):
         calls: list[list[int]] = []

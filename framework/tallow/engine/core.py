@@ -417,7 +417,7 @@ class EngineCore:
         sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
         touched_requests: set[str] = set()
         committed = self.scheduler.commit(step.applied, sampled_ids)
-        if self.structured is not None:
+        if self.structured is not None and self.scheduler.num_constrained:
             # the step's tokens into their grammars at once; the stop checks below find them
             # accepted (their own sync is then a no-op)
             self.structured.advance([(new.seq.grammar, new.seq.output_token_ids, new.index + 1)

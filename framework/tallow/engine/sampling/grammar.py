@@ -57,11 +57,25 @@ class GrammarState:
             self.accepted = count
         while self.accepted < count:
             token = outputs[self.accepted]
-            if not self.matcher.accept(token):
-                self.refused = token
+            if not self.took(token, self.matcher.accept(token)):
                 return False
-            self.accepted += 1
         return True
+
+    def next_token(self, outputs: Sequence[int], count: int) -> int | None:
+        """The one token :meth:`sync` would accept to reach ``outputs[:count]`` when that is
+        all it would do (the matcher is one token behind and has refused nothing), else
+        None."""
+        if self.refused is None and self.accepted == count - 1:
+            return outputs[count - 1]
+        return None
+
+    def took(self, token: int, accepted: bool) -> bool:
+        """Count ``token`` as accepted by the matcher, or as refused; returns ``accepted``."""
+        if accepted:
+            self.accepted += 1
+        else:
+            self.refused = token
+        return accepted
 
     @property
     def terminated(self) -> bool:
@@ -189,19 +203,17 @@ class StructuredOutputs:
         of them in one :meth:`GrammarBackend.accept_tokens` call (one step's tokens)."""
         batch: list[tuple[GrammarState, int]] = []
         for state, outputs, count in steps:
-            if state.refused is None and state.accepted == count - 1:
-                batch.append((state, outputs[count - 1]))
-            else:
+            token = state.next_token(outputs, count)
+            if token is None:
                 state.sync(outputs, count)
+            else:
+                batch.append((state, token))
         if not batch:
             return
         tokens = [token for _, token in batch]
         accepted = self.backend.accept_tokens([state.matcher for state, _ in batch], tokens)
         for (state, token), ok in zip(batch, accepted, strict=True):
-            if ok:
-                state.accepted += 1
-            else:
-                state.refused = token
+            state.took(token, ok)
 
     # -- masks --------------------------------------------------------------------------
     def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
