@@ -14,6 +14,11 @@ ARRANGEMENT:
   ``profile``     as built, with the engine thread under cProfile during the timed
                   constrained run and, separately, the unconstrained one: prints each one's
                   40 functions of most own time (what a constrained step adds, by function)
+  ``timers``      as built, with the host-side parts of a step timed by wall clock (no
+                  profiler: each call of a listed method adds its time to its total): prints
+                  milliseconds per step for each part, constrained and unconstrained runs
+
+Arrangements combine with commas (``serial,timers``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ import sys
 
 
 def main() -> int:
-    arrangement = sys.argv[1]
+    for arrangement in sys.argv[1].split(","):
+        _arrange(arrangement)
+    from tallow.cli import main as tallow_main
+    return tallow_main(sys.argv[2:])
+
+
+def _arrange(arrangement: str) -> None:
     if arrangement == "serial":
         from tallow.engine.sampling.grammar import StructuredOutputs
 
@@ -38,11 +49,83 @@ def main() -> int:
         sys.setswitchinterval(float(arrangement.split("=", 1)[1]))
     elif arrangement == "profile":
         _profile_timed_runs()
+    elif arrangement == "timers":
+        _time_parts()
     elif arrangement != "thread":
-        raise SystemExit(f"unknown arrangement {arrangement!r}: thread, serial, switch=S or "
-                         "profile")
-    from tallow.cli import main as tallow_main
-    return tallow_main(sys.argv[2:])
+        raise SystemExit(f"unknown arrangement {arrangement!r}: thread, serial, switch=S, "
+                         "profile or timers")
+
+
+#: the host-side parts of a step timed by ``timers`` (inclusive: a part called inside another
+#: counts in both)
+_PARTS = {
+    "tallow.engine.core:EngineCore": ["_schedule_and_launch", "_collect", "_check_stop"],
+    "tallow.engine.scheduler:Scheduler": ["schedule", "advance", "commit"],
+    "tallow.engine.model_runner:ModelRunner": [
+        "launch", "fill_host", "upload", "run_batch", "sample_constrained", "start_masks",
+        "_sample", "_queue_readback", "collect"],
+    "tallow.engine.sampling.grammar:StructuredOutputs": ["advance", "start_fill", "take"],
+    "tallow.engine.output_processor:OutputProcessor": ["process"],
+}
+
+
+def _time_parts() -> None:
+    """Wrap each of ``_PARTS`` with a wall-clock total per timed run (not the warm-ups);
+    print milliseconds per engine step at exit."""
+    import atexit
+    import importlib
+    import time
+    from collections import Counter
+
+    from tallow.bench import constrained
+
+    totals = {"constrained": Counter(), "unconstrained": Counter()}
+    steps = {"constrained": 0, "unconstrained": 0}
+    current: list[str | None] = [None]
+
+    def timer(key: str, method):
+        def timed_method(*args, **kwargs):
+            kind = current[0]
+            if kind is None:
+                return method(*args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                totals[kind][key] += time.perf_counter() - started
+        return timed_method
+
+    for where, names in _PARTS.items():
+        module, cls_name = where.split(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        for name in names:
+            setattr(cls, name, timer(f"{cls_name}.{name}", getattr(cls, name)))
+
+    timed = constrained._timed
+
+    def timed_run(engine, prompts, params):
+        if len(prompts) <= 4:  # a warm-up
+            return timed(engine, prompts, params)
+        kind = "constrained" if params[0].structured_outputs is not None else "unconstrained"
+        current[0] = kind
+        try:
+            result = timed(engine, prompts, params)
+        finally:
+            current[0] = None
+        steps[kind] = result["steps"]
+        return result
+
+    def report() -> None:
+        print("== host-side parts, ms per step (inclusive): constrained / unconstrained",
+              file=sys.stderr)
+        keys = sorted(set(totals["constrained"]) | set(totals["unconstrained"]))
+        for key in keys:
+            c, u = (1e3 * totals[k][key] / max(1, steps[k]) for k in ("constrained",
+                                                                     "unconstrained"))
+            print(f"{key:40s} {c:7.3f} {u:7.3f} {c - u:+7.3f}", file=sys.stderr)
+
+    constrained._timed = timed_run
+    atexit.register(report)
 
 
 def _profile_timed_runs() -> None:

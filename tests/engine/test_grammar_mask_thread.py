@@ -164,6 +164,27 @@ def test_fills_overlap_and_never_share_their_matchers(llm, alone, monkeypatch):
         json.loads(tokenizer.decode(out[rid]))
 
 
+def test_the_callers_work_runs_while_the_masks_are_filled(llm, alone, monkeypatch):
+    """A call whose launched step waits for its grammars collects the step before first and
+    starts the masks' fill, so the caller's ``between`` work (turning earlier tokens into
+    text) runs beside the fill, not before it."""
+    watch = Watch(llm, monkeypatch)
+    core = llm.engine.core
+    core.add_request("json", PROMPTS[0], _params(JSON))
+    beside_a_fill = []
+    tokens = []
+    while core.has_unfinished():
+        out = core.step(between=lambda: beside_a_fill.append(bool(watch.busy)))
+        tokens += [update.token.token_id for update in out.updates]
+    assert tokens == alone["json"]
+    # every call but the first (nothing in flight yet) and the last two: the collect of the
+    # next to last ends the request (its grammar ended), so its launched row gets no mask,
+    # and the last launches nothing
+    assert beside_a_fill[0] is False and beside_a_fill[-2:] == [False, False]
+    assert all(beside_a_fill[1:-2]), str(beside_a_fill)
+    assert watch.violations == []
+
+
 def test_a_request_aborted_while_its_mask_is_filled_ends_there(llm, alone, monkeypatch):
     watch = Watch(llm, monkeypatch)
     core = llm.engine.core

@@ -160,6 +160,12 @@ def _decode_only(step: "_InFlight | None") -> bool:
     return step is None or all(item.is_decode for item in step.plan.scheduled)
 
 
+def _waits_for_grammars(step: "_InFlight | None") -> bool:
+    """Whether ``step`` was launched with its logits kept for grammar masks (its sampling
+    waits for them)."""
+    return step is not None and step.pending.logits is not None
+
+
 def _must_collect_first(plan: SchedulerOutput) -> bool:
     """Whether the step after ``plan`` must wait until ``plan``'s tokens are read back."""
     for item in plan.scheduled:
@@ -334,13 +340,21 @@ class EngineCore:
         self.overlapped_steps += launched is not None
         # Still running after the launch: the device was busy while we planned.
         hidden = set() if previous.pending.is_done() else {"schedule", "launch"}
-        between()
-        clock.mark("overlapped")
+        # A launched step whose sampling waits for its grammars: `previous`'s tokens are
+        # collected first (they were sampled just before `launched`'s forward, so they are
+        # back almost at once), so that the grammar thread fills `launched`'s masks while
+        # this thread does the caller's work, returns, plans the next step and builds its
+        # batch (that launch samples `launched` first). Otherwise the caller's work hides the
+        # device's time before the wait for `previous`.
+        masks_first = _waits_for_grammars(launched)
+        if not masks_first:
+            between()
+            clock.mark("overlapped")
         out = self._collect(previous, clock)
-        # The grammars have now seen `previous`'s tokens: the grammar thread fills the masks
-        # of `launched` (whose forward the device is running) while this thread returns,
-        # plans the next step and builds its batch; that launch samples `launched` first.
         self._start_masks(launched, clock)
+        if masks_first:
+            between()
+            clock.mark("overlapped")
         if launched is None and self.scheduler.has_unfinished():
             # Nothing could be planned on top of `previous` (say, its sequences end by length
             # and hold the blocks waiting ones need): now that it is committed, plan again
@@ -394,14 +408,14 @@ class EngineCore:
 
     def _sample_constrained(self, launched: _InFlight | None, clock: _Clock) -> None:
         """Mask and sample a launched step whose sampling waits for its grammars."""
-        if launched is not None and launched.pending.logits is not None:
+        if _waits_for_grammars(launched):
             self.runner.sample_constrained(launched.pending)
             clock.mark("mask")
 
     def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
         """Start filling the masks of a launched step whose sampling waits for its grammars
         (the next launch, or the collect of the step, samples it)."""
-        if launched is not None and launched.pending.logits is not None:
+        if _waits_for_grammars(launched):
             self.runner.start_masks(launched.pending)
             clock.mark("mask")
 

@@ -38,6 +38,11 @@ from .settings import XGrammarSettings
 
 log = logging.getLogger("tallow.grammar.xgrammar")
 
+try:  # the bindings behind xgr.BatchGrammarMatcher (see _batch_accept)
+    from xgrammar.matcher import _core as _xgr_core
+except ImportError:  # pragma: no cover - a later xgrammar may move them
+    _xgr_core = None
+
 _CONTROL = re.compile(rb"[\x00-\x1f]|\xed[\xa0-\xbf]")
 _CONTROL_BUT_WHITESPACE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]|\xed[\xa0-\xbf]")
 #: the lead byte of a three-byte sequence that would encode a surrogate if the next byte were
@@ -50,6 +55,18 @@ _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")
 def _message(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return _SOURCE_PREFIX.sub("", first)
+
+
+def _batch_accept(matchers: list[Any], tokens: list[int]) -> list[Any]:
+    """``BatchGrammarMatcher.batch_accept_token``: each matcher accepts its token (in C++,
+    with the GIL released), one truthy result each. Called on the bindings when they are
+    where xgrammar 0.2 keeps them: its wrapper reads the result array back one indexed call
+    per row, where a slice reads it in one."""
+    if _xgr_core is None:
+        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+    got = _xgr_core.BatchGrammarMatcher.batch_accept_token([m._handle for m in matchers],
+                                                           tokens, False)
+    return got[0:len(got)]
 
 
 def _ebnf_literal(text: str) -> str:
@@ -229,8 +246,7 @@ class XGrammarBackend(GrammarBackend):
         results = [False] * len(ours)
         live = [i for i, m in enumerate(ours) if not m.is_terminated()]
         if live:  # one call for the step: xgrammar advances them with the GIL released
-            got = xgr.BatchGrammarMatcher.batch_accept_token([ours[i].inner for i in live],
-                                                             [tokens[i] for i in live])
+            got = _batch_accept([ours[i].inner for i in live], [tokens[i] for i in live])
             for i, ok in zip(live, got, strict=True):
                 if ok:
                     ours[i].accepted(tokens[i])
