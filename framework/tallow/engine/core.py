@@ -20,6 +20,10 @@ schedules, launches and post-processes.
     one call:   schedule N+1 | launch N+1 | between | wait for N | post N  → N's tokens
     the device: ....... step N ..........| step N+1 .......................
 
+(When N+1's sampling waits for grammar masks, N is read back before ``between``, so that the
+masks of N+1 are filled on the grammar thread while ``between`` runs; see
+:mod:`tallow.engine.sampling.grammar`.)
+
 When N+1 is planned, N's tokens are still on the device. The scheduler has applied N already
 (``Scheduler.advance``): computed counts moved on and every sampled sequence got a placeholder
 token, so N+1 is planned as if the token were known. The runner builds N+1 with placeholder ids
