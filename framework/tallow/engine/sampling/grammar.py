@@ -86,11 +86,13 @@ class MaskFill:
     """A fill of one step's masks running on the grammar thread
     (:meth:`StructuredOutputs.start_fill`)."""
 
-    __slots__ = ("future", "rows")
+    __slots__ = ("future", "rows", "began")
 
-    def __init__(self, future: "concurrent.futures.Future[torch.Tensor]", rows: int) -> None:
-        self.future = future
+    def __init__(self, rows: int) -> None:
+        self.future: "concurrent.futures.Future[torch.Tensor] | None" = None
         self.rows = rows
+        #: set by the grammar thread as it hands the matchers to the backend
+        self.began = threading.Event()
 
 
 class StructuredOutputs:
@@ -241,13 +243,24 @@ class StructuredOutputs:
         if self._thread is None:
             self._thread = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="tallow-grammar-masks")
-        self._job = MaskFill(self._thread.submit(self._fill_host, backend, matchers, host), n)
-        return self._job
+        job = MaskFill(n)
+        job.future = self._thread.submit(self._fill_host, backend, matchers, host, job.began)
+        self._job = job
+        # Hand the GIL over until the fill has begun: a thread that wants the GIL waits until
+        # its holder blocks or the interpreter's switch interval (5 ms) runs out, so the fill
+        # would otherwise start only when this thread next blocks — in the next step's wait
+        # for it. Once in the backend, the fill releases the GIL in its native part (as
+        # xgrammar's calls do), and this thread goes on beside it.
+        job.began.wait()
+        return job
 
     def _fill_host(self, backend: GrammarBackend, matchers: list[GrammarMatcher],
-                   host: torch.Tensor) -> torch.Tensor:
+                   host: torch.Tensor, began: threading.Event) -> torch.Tensor:
         """On the grammar thread: fill ``host`` once the last masks have left it."""
-        self._wait_copied()
+        try:
+            self._wait_copied()
+        finally:
+            began.set()
         started = time.perf_counter()
         # inference mode is per thread, and the buffer may have been made under it
         with torch.inference_mode():

@@ -196,6 +196,7 @@ class XGrammarBackend(GrammarBackend):
         self.no_surrogate_tail = _rows_of([i for i, b in enumerate(vocab)
                                            if not 0xA0 <= (b[0] if b else 0) <= 0xBF],
                                           tokenizer.vocab_size)
+        self._no_surrogate_tail_words = self.no_surrogate_tail.numpy()
         #: one bitmask row: the EOS tokens
         self.eos_tokens = _rows_of(tokenizer.eos_token_ids, tokenizer.vocab_size)
         self._batch = xgr.BatchGrammarMatcher(self.settings.max_threads)
@@ -261,14 +262,19 @@ class XGrammarBackend(GrammarBackend):
                 matcher.fill_bitmask(bitmask, row)
             return
         ours = self._own(matchers, "fill_bitmasks")
+        # What the rows need after xgrammar's fill is worked out before it: the engine's
+        # grammar thread runs this beside the engine thread, and each stretch of Python after
+        # the native fill (which releases the GIL) waits for the GIL again
+        inner = [m.inner for m in ours]
+        json_runs = _runs(row for m, row in zip(ours, rows) if m.json)
+        after_lead = [row for m, row in zip(ours, rows) if m.json and m.after_surrogate_lead]
         with self._batch_lock:  # one batch matcher, its threads shared
-            self._batch.batch_fill_next_token_bitmask([m.inner for m in ours], bitmask, rows)
-        words, json_tokens = bitmask.numpy(), self._json_words
-        for start, stop in _runs(row for m, row in zip(ours, rows) if m.json):
+            self._batch.batch_fill_next_token_bitmask(inner, bitmask, rows)
+        words = bitmask.numpy()
+        for start, stop in json_runs:
             # in place on a slice (indexing by a list of rows would copy them out and back),
             # by numpy: one thread, where torch would wake its whole CPU thread pool beside
             # the engine's thread
-            np.bitwise_and(words[start:stop], json_tokens, out=words[start:stop])
-        for matcher, row in zip(ours, rows):
-            if matcher.json and matcher.after_surrogate_lead:
-                bitmask[row] &= self.no_surrogate_tail
+            np.bitwise_and(words[start:stop], self._json_words, out=words[start:stop])
+        for row in after_lead:
+            np.bitwise_and(words[row], self._no_surrogate_tail_words, out=words[row])
