@@ -14,6 +14,10 @@ ARRANGEMENT:
   ``profile``     as built, with the engine thread under cProfile during the timed
                   constrained run and, separately, the unconstrained one: prints each one's
                   40 functions of most own time (what a constrained step adds, by function)
+  ``nohandoff``   as built, but the engine thread does not hand the GIL to the grammar
+                  thread when it starts a fill (the fill begins when the engine thread next
+                  blocks or the switch interval runs out)
+  ``xgthreads=N`` xgrammar's fills on N threads (the plugin's ``max_threads``)
   ``timers``      as built, with the host-side parts of a step timed by wall clock (no
                   profiler: each call of a listed method adds its time to its total): prints
                   milliseconds per step for each part, constrained and unconstrained runs
@@ -49,11 +53,28 @@ def _arrange(arrangement: str) -> None:
         sys.setswitchinterval(float(arrangement.split("=", 1)[1]))
     elif arrangement == "profile":
         _profile_timed_runs()
+    elif arrangement == "nohandoff":
+        from tallow.engine.sampling.grammar import MaskFill
+
+        init = MaskFill.__init__
+
+        def began_at_once(self, rows):
+            init(self, rows)
+            self.began.set()  # start_fill's wait returns at once
+
+        MaskFill.__init__ = began_at_once
+    elif arrangement.startswith("xgthreads="):
+        import tallow_grammar_xgrammar.backend as xgrammar_backend
+
+        threads = int(arrangement.split("=", 1)[1])
+        settings_of = xgrammar_backend.plugin_settings
+        xgrammar_backend.plugin_settings = lambda cls, config, name: settings_of(
+            cls, config, name).model_copy(update={"max_threads": threads})
     elif arrangement == "timers":
         _time_parts()
     elif arrangement != "thread":
         raise SystemExit(f"unknown arrangement {arrangement!r}: thread, serial, switch=S, "
-                         "profile or timers")
+                         "nohandoff, xgthreads=N, profile or timers")
 
 
 #: the host-side parts of a step timed by ``timers`` (inclusive: a part called inside another
