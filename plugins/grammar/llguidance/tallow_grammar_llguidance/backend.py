@@ -1,9 +1,10 @@
 """The llguidance grammar backend: tallow's grammar contract on llguidance's ``LLMatcher``.
 
-The vocabulary reaches llguidance as raw bytes per token, with a greedy encoder over them. A token without bytes (EOS, control
-tokens, ids past the tokenizer's vocabulary) is given a name that starts with ``0xFF``, which
-llguidance takes for a special token that no grammar text can produce; a real token starting
-with that byte is never UTF-8, so treating it as special loses no text either.
+The vocabulary reaches llguidance as raw bytes per token, with a greedy encoder over them
+(see :class:`_Tokens`). A token without bytes (EOS, control tokens, ids past the tokenizer's
+vocabulary) is given a name that starts with ``0xFF``, which llguidance takes for a special
+token that no grammar text can produce; a real token starting with that byte is never UTF-8,
+so treating it as special loses no text either.
 
 Each spec is compiled once into a matcher at its start; sequences get deep copies of it.
 Every grammar is handed over as Lark with forcing off (see :func:`_lark`); a JSON Schema as
@@ -136,18 +137,13 @@ class LLGuidanceBackend(GrammarBackend):
         self._lock = threading.Lock()
 
     def compile(self, spec: GrammarSpec) -> llg.LLMatcher:
-        grammar = self._grammar(spec)
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar,
-                                                                          self.lltokenizer)
-        if is_error:
-            message = messages[0] if messages else "invalid grammar"
+        # LLMatcher reports a grammar it cannot build through is_error, never by raising
+        matcher = llg.LLMatcher(self.lltokenizer, self._grammar(spec), log_level=0)
+        if matcher.is_error():
+            message = matcher.get_error()
             path = refusal_path(spec.schema, message) if spec.kind == "json" else ""
             raise GrammarError(f"llguidance cannot compile the {spec.kind}: "
                                f"{_first_line(message)}", path)
-        matcher = llg.LLMatcher(self.lltokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"llguidance cannot compile the {spec.kind}: "
-                               f"{_first_line(matcher.get_error())}")
         return matcher
 
     def _grammar(self, spec: GrammarSpec) -> str:

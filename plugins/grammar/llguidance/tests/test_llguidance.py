@@ -173,6 +173,21 @@ def test_forced_text_allows_every_token_that_continues_it(backend):
     assert matcher.is_terminated()
 
 
+def test_every_eos_token_ends_a_complete_text():
+    pieces = tuple(bytes([b]) for b in range(256)) + (None, None)
+    backend = LLGuidanceBackend(TokenizerInfo(vocab_size=len(pieces) + 3, token_bytes=pieces,
+                                              eos_token_ids=(257, 256)))
+    compiled = backend.compile(GrammarSpec("regex", "ab+"))
+    for eos in (256, 257):
+        matcher = backend.matcher(compiled)
+        assert not {256, 257} & allowed(backend, matcher)
+        assert matcher.accept(ord("a")) and matcher.accept(ord("b"))
+        assert allowed(backend, matcher) == {ord("b"), 256, 257}
+        assert matcher.accept(eos) and matcher.is_terminated()
+        matcher.rollback(1)  # the EOS, and with it the termination, is undone
+        assert not matcher.is_terminated() and matcher.accept(ord("b"))
+
+
 def test_gbnf_grammars_and_their_errors(backend):
     compiled = backend.compile(GrammarSpec("grammar", 'root ::= "a" [0-9]+ ("," "b")?'))
     matcher = backend.matcher(compiled)
@@ -197,8 +212,20 @@ def qwen_backend() -> LLGuidanceBackend:
     return LLGuidanceBackend(tokenizer_info(tokenizer, int(checkpoint.config["vocab_size"])))
 
 
+@pytest.fixture(scope="module")
+def closers(qwen_backend) -> np.ndarray:
+    """Per token id: EOS, or short and closing a string, object or array (walks prefer them,
+    so that open strings and arrays end)."""
+    info = qwen_backend.tokenizer
+    eos = set(info.eos_token_ids)
+    pieces = list(info.token_bytes) + [None] * (info.vocab_size - len(info.token_bytes))
+    return np.array([t in eos or (b is not None and len(b) < 4
+                                  and any(c in b for c in b'"}],'))
+                     for t, b in enumerate(pieces)])
+
+
 @pytest.mark.parametrize("case", SERVER_SCHEMAS, ids=[c["name"] for c in SERVER_SCHEMAS])
-def test_server_schemas_walked_over_the_real_vocabulary_validate(qwen_backend, case):
+def test_server_schemas_walked_over_the_real_vocabulary_validate(qwen_backend, closers, case):
     schema = case["schema"]
     info = qwen_backend.tokenizer
     eos = set(info.eos_token_ids)
@@ -212,11 +239,10 @@ def test_server_schemas_walked_over_the_real_vocabulary_validate(qwen_backend, c
         for _ in range(300):
             matcher.fill_bitmask(mask, 0)
             bits = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
-            choices = np.flatnonzero(bits[:info.vocab_size]).tolist()
+            bits = bits[:info.vocab_size].astype(bool)
+            choices = np.flatnonzero(bits).tolist()
             assert choices and all(t in eos or info.token_bytes[t] for t in choices)
-            # short, closing tokens first, so that open strings and arrays end
-            closing = [t for t in choices if t in eos or (
-                len(info.token_bytes[t]) < 4 and any(c in info.token_bytes[t] for c in b'"}],'))]
+            closing = np.flatnonzero(bits & closers).tolist()
             token = rng.choice(closing if closing and rng.random() < 0.7 else choices)
             assert matcher.accept(token)
             if token not in eos:
