@@ -35,6 +35,7 @@ from .settings import LLGuidanceSettings
 
 
 _NO_FORCING = '%llguidance {"no_forcing": true}\n'
+_PLACE = re.compile(r"^at \d+\(\d+\):\s*")
 # the header llguidance's GBNF converter writes, with no options in it
 _HEADER = re.compile(r"\A\s*%llguidance\s*\{\s*\}\s*\n")
 
@@ -87,8 +88,15 @@ def _lark(body: str) -> str:
     return _NO_FORCING + _HEADER.sub("", body, count=1)
 
 
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "invalid grammar"
+def _message(error: str) -> str:
+    """llguidance's error in one line, without its place in the Lark text the backend wrote
+    (``at 2(8): ``) and with the reason of a regex error (given on a later line)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "invalid grammar"
+    first = _PLACE.sub("", lines[0]).replace("failed to compile JSON schema: ", "")
+    reason = next((line for line in lines[1:] if line.startswith("error: ")), None)
+    return f"{first} {reason[len('error: '):]}" if reason else first
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -142,8 +150,8 @@ class LLGuidanceBackend(GrammarBackend):
         if matcher.is_error():
             message = matcher.get_error()
             path = refusal_path(spec.schema, message) if spec.kind == "json" else ""
-            raise GrammarError(f"llguidance cannot compile the {spec.kind}: "
-                               f"{_first_line(message)}", path)
+            what = "enforce this JSON Schema" if spec.kind == "json" else f"compile the {spec.kind}"
+            raise GrammarError(f"llguidance cannot {what}: {_message(message)}", path)
         return matcher
 
     def _grammar(self, spec: GrammarSpec) -> str:
