@@ -1,0 +1,1 @@
+"""tallow grammar backend on llguidance."""
