@@ -6,7 +6,7 @@
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
-# sotests,sothr,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -380,6 +380,11 @@ if [[ ",$MODE," == *",sothr,"* ]]; then  # target: constrained >= 90 % of uncons
   bench throughput_qwen3_0.6b_json_schema 420 throughput --model random:qwen3-0.6b --dtype bfloat16 \
     --num-prompts 256 --input-len 256 --output-len 768 --max-model-len 2048 \
     --json-schema bench/schemas/order.json
+fi
+if [[ ",$MODE," == *",sothrllg,"* ]]; then  # the same with the llguidance grammar backend (its wheel in .whl)
+  TALLOW_RUNNER__GRAMMAR_BACKEND=llguidance bench throughput_qwen3_0.6b_json_schema_llguidance 420 \
+    throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --input-len 256 \
+    --output-len 768 --max-model-len 2048 --json-schema bench/schemas/order.json
 fi
 if [[ ",$MODE," == *",int4tests,"* ]]; then  # ~6 min at most (two GPTQ loads of a 1B model among them)
   echo "== GPU tests of tallow-quant-int4 (kernel cases, then the gpu-marked tests)"
