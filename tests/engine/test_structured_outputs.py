@@ -139,7 +139,8 @@ def test_a_schema_the_backend_cannot_enforce_is_refused(llm):
 
 
 def test_without_a_grammar_backend_the_request_names_the_plugin(tiny_llama):
-    bare = engine(tiny_llama, plugins={"disable": ["tallow-grammar-xgrammar"]})
+    bare = engine(tiny_llama, plugins={"disable": ["tallow-grammar-xgrammar",
+                                                   "tallow-grammar-llguidance"]})
     with pytest.raises(InvalidParameter, match="tallow-grammar-xgrammar") as info:
         bare.generate(PROMPTS[0], constrained(SCHEMAS[0]))
     assert "plugins.disable" in str(info.value)
