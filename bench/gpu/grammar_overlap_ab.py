@@ -98,8 +98,6 @@ def _time_parts() -> None:
     import time
     from collections import Counter
 
-    from tallow.bench import constrained
-
     totals = {"constrained": Counter(), "unconstrained": Counter()}
     steps = {"constrained": 0, "unconstrained": 0}
     current: list[str | None] = [None]
@@ -122,15 +120,10 @@ def _time_parts() -> None:
         for name in names:
             setattr(cls, name, timer(f"{cls_name}.{name}", getattr(cls, name)))
 
-    timed = constrained._timed
-
-    def timed_run(engine, prompts, params):
-        if len(prompts) <= 4:  # a warm-up
-            return timed(engine, prompts, params)
-        kind = "constrained" if params[0].structured_outputs is not None else "unconstrained"
+    def timed_run(kind, run):
         current[0] = kind
         try:
-            result = timed(engine, prompts, params)
+            result = run()
         finally:
             current[0] = None
         steps[kind] = result["steps"]
@@ -145,7 +138,7 @@ def _time_parts() -> None:
                                                                      "unconstrained"))
             print(f"{key:40s} {c:7.3f} {u:7.3f} {c - u:+7.3f}", file=sys.stderr)
 
-    constrained._timed = timed_run
+    _around_timed_runs(timed_run)
     atexit.register(report)
 
 
@@ -156,18 +149,12 @@ def _profile_timed_runs() -> None:
     import cProfile
     import pstats
 
-    from tallow.bench import constrained
-
-    timed = constrained._timed
     profiles = {"constrained": cProfile.Profile(), "unconstrained": cProfile.Profile()}
 
-    def profiled_timed(engine, prompts, params):
-        if len(prompts) <= 4:  # a warm-up
-            return timed(engine, prompts, params)
-        kind = "constrained" if params[0].structured_outputs is not None else "unconstrained"
+    def profiled_timed(kind, run):
         profiles[kind].enable()
         try:
-            return timed(engine, prompts, params)
+            return run()
         finally:
             profiles[kind].disable()
 
@@ -176,8 +163,25 @@ def _profile_timed_runs() -> None:
             print(f"== engine thread, {kind} run: functions by own time", file=sys.stderr)
             pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(40)
 
-    constrained._timed = profiled_timed
+    _around_timed_runs(profiled_timed)
     atexit.register(report)
+
+
+def _around_timed_runs(around) -> None:
+    """Run each timed run of ``bench throughput --json-schema`` (not the warm-ups) as
+    ``around(kind, run)``: ``kind`` "constrained" or "unconstrained", ``run()`` the run
+    itself, returning its result. Wrappers stack (``profile,timers``)."""
+    from tallow.bench import constrained
+
+    timed = constrained._timed
+
+    def timed_by_kind(engine, prompts, params):
+        if len(prompts) <= 4:  # a warm-up
+            return timed(engine, prompts, params)
+        kind = "constrained" if params[0].structured_outputs is not None else "unconstrained"
+        return around(kind, lambda: timed(engine, prompts, params))
+
+    constrained._timed = timed_by_kind
 
 
 if __name__ == "__main__":
