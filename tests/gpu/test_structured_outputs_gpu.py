@@ -70,10 +70,22 @@ def run(eng: LLMEngine, n: int = 24) -> list:
     return [done[r] for r in ids]
 
 
-def test_constrained_outputs_on_the_gpu(tokenizer_dir):
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("backend", [
+    "xgrammar",
+    pytest.param("llguidance", marks=pytest.mark.skipif(
+        not (_installed("tallow_grammar_llguidance") and _installed("llguidance")),
+        reason="needs the tallow-grammar-llguidance plugin and the llguidance package")),
+])
+def test_constrained_outputs_on_the_gpu(tokenizer_dir, backend):
     import jsonschema
 
-    graphs = engine(tokenizer_dir)
+    graphs = engine(tokenizer_dir, grammar_backend=backend)
     assert graphs.parts.core.runner.graphs is not None
     outs = run(graphs)
     for i, out in enumerate(outs):
@@ -81,5 +93,6 @@ def test_constrained_outputs_on_the_gpu(tokenizer_dir):
         jsonschema.validate(json.loads(out.text), SCHEMAS[i % 2])
     stats = graphs.stats()
     assert stats["grammar_mask_steps_total"] > 0
-    eager_sync = run(engine(tokenizer_dir, disable_cuda_graph=True, async_scheduling=False))
+    eager_sync = run(engine(tokenizer_dir, grammar_backend=backend, disable_cuda_graph=True,
+                            async_scheduling=False))
     assert [o.token_ids for o in eager_sync] == [o.token_ids for o in outs]

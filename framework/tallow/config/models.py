@@ -199,7 +199,8 @@ class RunnerConfig(Section):
     grammar_backend: str = Field(
         "auto", description="Name of the grammar backend for structured outputs "
         "(response_format, guided decoding, forced tool calls; a grammar-backend plugin: "
-        "xgrammar); auto takes the highest-priority one that is installed and enabled.")
+        "xgrammar or llguidance); auto takes the highest-priority one that is installed and "
+        "enabled.")
     grammar_cache_size: int = Field(
         256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
         "list or EBNF grammar) kept for reuse.")
