@@ -220,3 +220,21 @@ def test_a_steps_tokens_advance_their_grammars_in_one_backend_call():
     assert behind.matcher.tokens == [7, 8] and behind.accepted == 2
     assert rolled.matcher.tokens == [1, 2] and rolled.accepted == 2
     assert stuck.matcher.tokens == [4] and stuck.refused == -5
+
+
+def test_a_backend_takes_only_its_own_matchers_in_a_batched_call():
+    """GrammarBackend.own_matchers: the check a batched accept or fill makes before it hands
+    native states to its library."""
+    from tallow.plugin import GrammarBackend, GrammarMatcher
+
+    class Mine(GrammarMatcher):
+        pass
+
+    class Backend(GrammarBackend):
+        matcher_type = Mine
+
+    backend = Backend(None)
+    mine = [Mine(), Mine()]
+    assert backend.own_matchers(mine, "fill_bitmasks") == mine
+    with pytest.raises(TypeError, match="fill_bitmasks takes this backend's matchers only"):
+        backend.own_matchers([Mine(), GrammarMatcher()], "fill_bitmasks")

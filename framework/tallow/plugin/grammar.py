@@ -190,6 +190,8 @@ class GrammarBackend(Component):
 
     #: the :data:`GRAMMAR_KINDS` this backend compiles
     kinds: ClassVar[tuple[str, ...]] = ()
+    #: the :class:`GrammarMatcher` subclass :meth:`matcher` makes (see :meth:`own_matchers`)
+    matcher_type: ClassVar[type[GrammarMatcher]] = GrammarMatcher
 
     def __init__(self, tokenizer: TokenizerInfo, config: Any = None) -> None:
         self.tokenizer = tokenizer
@@ -213,6 +215,16 @@ class GrammarBackend(Component):
         backend may advance them in one call; the engine calls this once per step with the
         token each constrained sequence has just sampled."""
         return [matcher.accept(token) for matcher, token in zip(matchers, tokens)]
+
+    def own_matchers(self, matchers: Sequence[GrammarMatcher], what: str) -> list[Any]:
+        """``matchers`` as a list, each checked to be a :attr:`matcher_type`: a batched
+        :meth:`accept_tokens` or :meth:`fill_bitmasks` that hands their native states to its
+        library must not be given another backend's matchers. Raises ``TypeError`` naming
+        ``what`` otherwise."""
+        ours = [m for m in matchers if isinstance(m, self.matcher_type)]
+        if len(ours) != len(matchers):
+            raise TypeError(f"{what} takes this backend's matchers only")
+        return ours
 
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: "torch.Tensor",
                       rows: Sequence[int]) -> None:

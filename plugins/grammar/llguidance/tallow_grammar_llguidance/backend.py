@@ -131,6 +131,7 @@ class LLGuidanceBackend(GrammarBackend):
 
     name = "llguidance"
     kinds = ("json", "regex", "choice", "grammar")
+    matcher_type = LLGuidanceMatcher
 
     def __init__(self, tokenizer: TokenizerInfo, config: Any = None) -> None:
         super().__init__(tokenizer, config)
@@ -179,20 +180,13 @@ class LLGuidanceBackend(GrammarBackend):
     def matcher(self, compiled: llg.LLMatcher) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(compiled.deep_copy())
 
-    @staticmethod
-    def _own(matchers: Sequence[GrammarMatcher], what: str) -> list[LLGuidanceMatcher]:
-        ours = [m for m in matchers if isinstance(m, LLGuidanceMatcher)]
-        if len(ours) != len(matchers):
-            raise TypeError(f"{what} takes this backend's matchers only")
-        return ours
-
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
                       rows: Sequence[int]) -> None:
         if len(matchers) < self.settings.parallel_rows:
             for matcher, row in zip(matchers, rows):
                 matcher.fill_bitmask(bitmask, row)
             return
-        ours = self._own(matchers, "fill_bitmasks")
+        ours = self.own_matchers(matchers, "fill_bitmasks")
         with self._lock:  # one executor, its threads shared
             fill_next_token_bitmask_par(self._executor,
                                         [(m.inner, row) for m, row in zip(ours, rows)], bitmask)

@@ -173,6 +173,7 @@ class XGrammarBackend(GrammarBackend):
 
     name = "xgrammar"
     kinds = ("json", "regex", "choice", "grammar")
+    matcher_type = XGrammarMatcher
 
     def __init__(self, tokenizer: TokenizerInfo, config: Any = None) -> None:
         super().__init__(tokenizer, config)
@@ -234,16 +235,9 @@ class XGrammarBackend(GrammarBackend):
     def matcher(self, compiled: _Compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self, compiled)
 
-    @staticmethod
-    def _own(matchers: Sequence[GrammarMatcher], what: str) -> list[XGrammarMatcher]:
-        ours = [m for m in matchers if isinstance(m, XGrammarMatcher)]
-        if len(ours) != len(matchers):
-            raise TypeError(f"{what} takes this backend's matchers only")
-        return ours
-
     def accept_tokens(self, matchers: Sequence[GrammarMatcher],
                       tokens: Sequence[int]) -> list[bool]:
-        ours = self._own(matchers, "accept_tokens")
+        ours = self.own_matchers(matchers, "accept_tokens")
         results = [False] * len(ours)
         live = [i for i, m in enumerate(ours) if not m.is_terminated()]
         if live:  # one call for the step: xgrammar advances them with the GIL released
@@ -261,7 +255,7 @@ class XGrammarBackend(GrammarBackend):
             for matcher, row in zip(matchers, rows):
                 matcher.fill_bitmask(bitmask, row)
             return
-        ours = self._own(matchers, "fill_bitmasks")
+        ours = self.own_matchers(matchers, "fill_bitmasks")
         # What the rows need after xgrammar's fill is worked out before it: the engine's
         # grammar thread runs this beside the engine thread, and each stretch of Python after
         # the native fill (which releases the GIL) waits for the GIL again
