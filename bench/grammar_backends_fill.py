@@ -39,7 +39,7 @@ def main() -> None:
 
     from tallow.plugin import GrammarSpec
 
-    info = synthetic_info()
+    info = synthetic_info(args.tokenizer)
     spec = GrammarSpec.json_schema(json.loads(SCHEMA.read_text()))
     host = torch.empty(args.rows, info.bitmask_words, dtype=torch.int32)
     for distribution, where in BACKENDS.items():

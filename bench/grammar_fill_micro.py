@@ -62,12 +62,15 @@ def _walked_matchers(backend, compiled, rows: int, max_walk: int, seed: int) -> 
     return matchers
 
 
-def synthetic_info():
-    """The TokenizerInfo of the bench's synthetic byte-level vocabulary (VOCAB tokens)."""
+def synthetic_info(tokenizer_dir: str | None = None):
+    """The TokenizerInfo of the bench's synthetic byte-level vocabulary (VOCAB tokens), or of
+    the tokenizer in ``tokenizer_dir`` (a ``tokenizer.json`` directory; ``--tokenizer``)."""
     from tallow.bench.synthetic_vocab import write_tokenizer
     from tallow.engine.token_bytes import tokenizer_info
     from tallow.engine.tokenizer import Tokenizer
 
+    if tokenizer_dir:
+        return tokenizer_info(Tokenizer.from_directory(tokenizer_dir), VOCAB)
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = Tokenizer.from_directory(write_tokenizer(Path(scratch) / "tok", VOCAB))
     return tokenizer_info(tokenizer, VOCAB)
@@ -89,6 +92,9 @@ def add_row_arguments(parser: argparse.ArgumentParser, rows: int) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--max-walk", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--tokenizer", default=None,
+                        help="a tokenizer.json directory of VOCAB tokens at most instead of the "
+                             "synthetic vocabulary (say, Qwen's own)")
 
 
 def main() -> None:
@@ -100,7 +106,7 @@ def main() -> None:
 
     from tallow.plugin import GrammarSpec
 
-    info = synthetic_info()
+    info = synthetic_info(args.tokenizer)
     schema = json.loads(SCHEMA.read_text())
     host = torch.empty(args.rows, info.bitmask_words, dtype=torch.int32)
     rows = range(args.rows)

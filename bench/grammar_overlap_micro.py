@@ -75,7 +75,7 @@ def main() -> None:
     from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
     from tallow.plugin import GrammarSpec
 
-    info = synthetic_info()
+    info = synthetic_info(args.tokenizer)
     schema = json.loads(SCHEMA.read_text())
     rounds = _rounds_for(args.rows, args.host_ms)
     for threads in args.threads:

@@ -34,7 +34,7 @@ def main() -> None:
     from tallow.engine.sampling.grammar import GrammarState, StructuredOutputs
     from tallow.plugin import GrammarSpec
 
-    info = synthetic_info()
+    info = synthetic_info(args.tokenizer)
     backend = xgrammar_backend(info, args.threads[0])
     compiled = backend.compile(GrammarSpec.json_schema(json.loads(SCHEMA.read_text())))
     matchers = _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)
@@ -76,14 +76,14 @@ def main() -> None:
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            got = _batch_accept(inner, tokens)
+            got = _batch_accept(matchers, tokens)
             times.append(time.perf_counter() - start)
             assert all(got)
             for m in inner:
                 m.rollback(1)
         return 1e3 * sorted(times)[len(times) // 2]
 
-    handles = lambda: [m._handle for m in inner]  # noqa: E731
+    handles = lambda: [m.native for m in matchers]  # noqa: E731
     results = {
         "StructuredOutputs.advance (batched accepts)": timed(lambda: structured.advance(steps)),
         "termination test after the accepts": timed(

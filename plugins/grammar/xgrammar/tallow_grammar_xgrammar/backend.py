@@ -57,14 +57,14 @@ def _message(exc: BaseException) -> str:
     return _SOURCE_PREFIX.sub("", first)
 
 
-def _batch_accept(matchers: list[Any], tokens: list[int]) -> list[Any]:
+def _batch_accept(matchers: list["XGrammarMatcher"], tokens: list[int]) -> list[Any]:
     """``BatchGrammarMatcher.batch_accept_token``: each matcher accepts its token (in C++,
     with the GIL released), one truthy result each. Called on the bindings when they are
     where xgrammar 0.2 keeps them: its wrapper reads the result array back one indexed call
     per row, where a slice reads it in one."""
     if _xgr_core is None:
-        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
-    got = _xgr_core.BatchGrammarMatcher.batch_accept_token([m._handle for m in matchers],
+        return xgr.BatchGrammarMatcher.batch_accept_token([m.inner for m in matchers], tokens)
+    got = _xgr_core.BatchGrammarMatcher.batch_accept_token([m.native for m in matchers],
                                                            tokens, False)
     return got[0:len(got)]
 
@@ -116,6 +116,9 @@ class XGrammarMatcher(GrammarMatcher):
         self.backend = backend
         self.json = compiled.json
         self.inner = xgr.GrammarMatcher(compiled.grammar)
+        #: the bindings' matcher behind ``inner`` (the wrapper's methods, each a Python call
+        #: and a property read more, run for every constrained row every step)
+        self.native = self.inner._handle if _xgr_core is not None else self.inner
         self._ended: bool | None = None  # is_terminated, worked out once per state
         #: per accepted token: whether it ends with a surrogate's lead byte (JSON grammars)
         self._lead_last: list[bool] = []
@@ -152,9 +155,9 @@ class XGrammarMatcher(GrammarMatcher):
         return self._ended
 
     def _nothing_may_follow(self) -> bool:
-        if self.inner.is_terminated():
+        if self.native.is_terminated():
             return True
-        if not self.inner.is_completed():
+        if not self.native.is_completed():
             return False
         scratch = torch.empty(1, self.backend.tokenizer.bitmask_words, dtype=torch.int32)
         self.fill_bitmask(scratch, 0)
@@ -241,7 +244,7 @@ class XGrammarBackend(GrammarBackend):
         results = [False] * len(ours)
         live = [i for i, m in enumerate(ours) if not m.is_terminated()]
         if live:  # one call for the step: xgrammar advances them with the GIL released
-            got = _batch_accept([ours[i].inner for i in live], [tokens[i] for i in live])
+            got = _batch_accept([ours[i] for i in live], [tokens[i] for i in live])
             for i, ok in zip(live, got, strict=True):
                 if ok:
                     ours[i].accepted(tokens[i])
@@ -259,11 +262,14 @@ class XGrammarBackend(GrammarBackend):
         # What the rows need after xgrammar's fill is worked out before it: the engine's
         # grammar thread runs this beside the engine thread, and each stretch of Python after
         # the native fill (which releases the GIL) waits for the GIL again
-        inner = [m.inner for m in ours]
+        native = [m.native for m in ours]
         json_runs = _runs(row for m, row in zip(ours, rows) if m.json)
         after_lead = [row for m, row in zip(ours, rows) if m.json and m.after_surrogate_lead]
         with self._batch_lock:  # one batch matcher, its threads shared
-            self._batch.batch_fill_next_token_bitmask(inner, bitmask, rows)
+            if _xgr_core is None:
+                self._batch.batch_fill_next_token_bitmask(native, bitmask, rows)
+            else:  # the wrapper's own list of handles would be made under the GIL again
+                self._batch._handle.batch_fill_next_token_bitmask(native, bitmask, rows, False)
         words = bitmask.numpy()
         for start, stop in json_runs:
             # in place on a slice (indexing by a list of rows would copy them out and back),
