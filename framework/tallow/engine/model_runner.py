@@ -471,7 +471,9 @@ class ModelRunner:
         fill, pending.mask_fill = pending.mask_fill, None
         if fill:
             masks = self.grammar.take(fill)
-            rows = device_tensor(pending.mask_rows, torch.int64, logits.device)
+            # rows are ascending targets: as many as the targets means every row has a mask
+            rows = (None if len(pending.mask_rows) == len(pending.targets)
+                    else device_tensor(pending.mask_rows, torch.int64, logits.device))
             self._sample(pending, logits, (masks, rows))
         else:
             self._sample(pending, logits)
@@ -490,9 +492,9 @@ class ModelRunner:
         pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
     def _sample(self, pending: PendingStep, logits: torch.Tensor,
-                grammar: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                grammar: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
         """Sample ``logits`` [targets, V]; ``grammar`` is (masks, rows) of the rows a grammar
-        constrains."""
+        constrains (rows None: every row, mask i for row i)."""
         targets = pending.targets
         if pending.sampled_rows.all_argmax:
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening

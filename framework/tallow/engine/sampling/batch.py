@@ -65,8 +65,8 @@ class SamplingBatch:
     min_p_rows: list[int]
     #: the packed token masks of the rows constrained by a grammar ([M, ceil(V / 32)] int32 on
     #: the logits' device, see :mod:`tallow.plugin.grammar`) and which rows they are ([M]
-    #: int64); set by the engine once the rows' grammars are up to date, None when no row is
-    #: constrained
+    #: int64, or None when every row has one, mask i for row i); set by the engine once the
+    #: rows' grammars are up to date; no mask when no row is constrained
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: torch.Tensor | None = None
 

@@ -241,14 +241,21 @@ class XGrammarBackend(GrammarBackend):
     def accept_tokens(self, matchers: Sequence[GrammarMatcher],
                       tokens: Sequence[int]) -> list[bool]:
         ours = self.own_matchers(matchers, "accept_tokens")
-        results = [False] * len(ours)
-        live = [i for i, m in enumerate(ours) if not m.is_terminated()]
-        if live:  # one call for the step: xgrammar advances them with the GIL released
-            got = _batch_accept([ours[i] for i in live], [tokens[i] for i in live])
-            for i, ok in zip(live, got, strict=True):
-                if ok:
-                    ours[i].accepted(tokens[i])
-                results[i] = bool(ok)
+        # Termination comes from each matcher's cache where the stop checks have worked it
+        # out (for every row the engine advances, they have): this runs for every
+        # constrained row every step, on the engine thread.
+        live = [m._ended is False or not m.is_terminated() for m in ours]
+        if all(live):  # one call for the step: xgrammar advances them with the GIL released
+            results = [bool(ok) for ok in _batch_accept(ours, list(tokens))]
+        elif any(live):
+            got = iter(_batch_accept([m for m, k in zip(ours, live) if k],
+                                     [t for t, k in zip(tokens, live) if k]))
+            results = [bool(next(got)) if k else False for k in live]
+        else:
+            results = [False] * len(ours)
+        for matcher, token, ok in zip(ours, tokens, results):
+            if ok:
+                matcher.accepted(token)
         return results
 
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
