@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..grammar import GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarSpec, TokenizerInfo
 from .component import ComponentConformance
@@ -67,6 +70,58 @@ def allowed_ids(row: torch.Tensor, vocab_size: int) -> set[int]:
     """The token ids whose bits are set in one packed mask row."""
     bits = ((row.to(torch.int64).unsqueeze(-1) >> torch.arange(32)) & 1).flatten()
     return set(bits[:vocab_size].nonzero().flatten().tolist())
+
+
+def closing_tokens(info: TokenizerInfo) -> "np.ndarray":
+    """Per token id (the logits' ids): EOS, or a token under four bytes that closes a string,
+    object or array. Walks that favour them (:func:`walk_to_end`) end their strings and
+    arrays within a few hundred tokens of a real vocabulary."""
+    import numpy as np
+
+    eos = set(info.eos_token_ids)
+    pieces = list(info.token_bytes) + [None] * (info.vocab_size - len(info.token_bytes))
+    return np.array([t in eos or (b is not None and len(b) < 4
+                                  and any(c in b for c in b'"}],'))
+                     for t, b in enumerate(pieces)])
+
+
+def walk_to_end(backend: GrammarBackend, compiled: Any, rng: random.Random, *,
+                max_tokens: int, prefer: "np.ndarray | None" = None,
+                prefer_rate: float = 0.7) -> bytes | None:
+    """Drive a fresh matcher of ``compiled`` along a seeded random walk over the backend's
+    vocabulary: at each step the mask must allow some token and only tokens with bytes or
+    EOS; the token drawn (one of ``prefer``'s with probability ``prefer_rate`` when the mask
+    allows any) must be accepted. Returns the text once an EOS or termination ends it, None
+    if ``max_tokens`` ran out first. For plugin tests over a real vocabulary, where
+    :class:`GrammarBackendConformance`'s exact oracles would be too slow."""
+    import numpy as np
+
+    info = backend.tokenizer
+    eos = set(info.eos_token_ids)
+    mask = torch.empty(1, info.bitmask_words, dtype=torch.int32)
+    matcher = backend.matcher(compiled)
+    text = b""
+    for _ in range(max_tokens):
+        matcher.fill_bitmask(mask, 0)
+        bits = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
+        bits = bits[:info.vocab_size].astype(bool)
+        choices = np.flatnonzero(bits).tolist()
+        assert choices, f"the mask allows no token after {text!r}"
+        bare = [t for t in choices if t not in eos and not _bytes_of(info, t)]
+        assert not bare, f"the mask allows tokens without bytes after {text!r}: {bare[:8]}"
+        preferred = np.flatnonzero(bits & prefer).tolist() if prefer is not None else []
+        token = rng.choice(preferred if preferred and rng.random() < prefer_rate
+                           else choices)
+        assert matcher.accept(token), f"the matcher refused {token} after {text!r}"
+        if token not in eos:
+            text += _bytes_of(info, token)
+        if token in eos or matcher.is_terminated():
+            return text
+    return None
+
+
+def _bytes_of(info: TokenizerInfo, token: int) -> bytes:
+    return (info.token_bytes[token] or b"") if token < len(info.token_bytes) else b""
 
 
 def _fill(matcher: Any, words: int) -> torch.Tensor:

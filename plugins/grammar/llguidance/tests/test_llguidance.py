@@ -9,13 +9,12 @@ import random
 from pathlib import Path
 
 import jsonschema
-import numpy as np
 import pytest
 import torch
 
 from tallow.plugin import GrammarError, GrammarSpec, TokenizerInfo
 from tallow.plugin.testing import make_config
-from tallow.plugin.testing.grammar_backend import allowed_ids
+from tallow.plugin.testing.grammar_backend import allowed_ids, closing_tokens, walk_to_end
 from tallow_grammar_llguidance.backend import LLGuidanceBackend
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -212,43 +211,16 @@ def qwen_backend() -> LLGuidanceBackend:
     return LLGuidanceBackend(tokenizer_info(tokenizer, int(checkpoint.config["vocab_size"])))
 
 
-@pytest.fixture(scope="module")
-def closers(qwen_backend) -> np.ndarray:
-    """Per token id: EOS, or short and closing a string, object or array (walks prefer them,
-    so that open strings and arrays end)."""
-    info = qwen_backend.tokenizer
-    eos = set(info.eos_token_ids)
-    pieces = list(info.token_bytes) + [None] * (info.vocab_size - len(info.token_bytes))
-    return np.array([t in eos or (b is not None and len(b) < 4
-                                  and any(c in b for c in b'"}],'))
-                     for t, b in enumerate(pieces)])
-
-
 @pytest.mark.parametrize("case", SERVER_SCHEMAS, ids=[c["name"] for c in SERVER_SCHEMAS])
-def test_server_schemas_walked_over_the_real_vocabulary_validate(qwen_backend, closers, case):
+def test_server_schemas_walked_over_the_real_vocabulary_validate(qwen_backend, case):
     schema = case["schema"]
-    info = qwen_backend.tokenizer
-    eos = set(info.eos_token_ids)
     compiled = qwen_backend.compile(GrammarSpec.json_schema(schema))
+    closing = closing_tokens(qwen_backend.tokenizer)
     rng = random.Random(case["name"])
-    mask = torch.empty(1, info.bitmask_words, dtype=torch.int32)
     finished = 0
     for _ in range(3):
-        matcher = qwen_backend.matcher(compiled)
-        text = b""
-        for _ in range(300):
-            matcher.fill_bitmask(mask, 0)
-            bits = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
-            bits = bits[:info.vocab_size].astype(bool)
-            choices = np.flatnonzero(bits).tolist()
-            assert choices and all(t in eos or info.token_bytes[t] for t in choices)
-            closing = np.flatnonzero(bits & closers).tolist()
-            token = rng.choice(closing if closing and rng.random() < 0.7 else choices)
-            assert matcher.accept(token)
-            if token not in eos:
-                text += info.token_bytes[token]
-            if token in eos or matcher.is_terminated():
-                validator(schema).validate(json.loads(text.decode("utf-8")))
-                finished += 1
-                break
+        text = walk_to_end(qwen_backend, compiled, rng, max_tokens=300, prefer=closing)
+        if text is not None:
+            validator(schema).validate(json.loads(text.decode("utf-8")))
+            finished += 1
     assert finished >= 1, f"{case['name']}: no walk finished"

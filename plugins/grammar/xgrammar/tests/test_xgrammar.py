@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tallow.plugin import GrammarError, GrammarSpec, TokenizerInfo
-from tallow.plugin.testing.grammar_backend import allowed_ids
+from tallow.plugin.testing.grammar_backend import allowed_ids, closing_tokens, walk_to_end
 from tallow_grammar_xgrammar.backend import XGrammarBackend
 
 
@@ -226,34 +226,37 @@ REAL_SCHEMAS = [
 def test_random_walks_over_the_real_vocabulary_validate(qwen_backend):
     import jsonschema
 
-    info = qwen_backend.tokenizer
-    eos = set(info.eos_token_ids)
-    closing = torch.tensor([b is not None and any(c in b for c in b'"}],') and len(b) < 4
-                            for b in info.token_bytes])
+    closing = closing_tokens(qwen_backend.tokenizer)
     rng = random.Random(0)
-    mask = torch.empty(1, info.bitmask_words, dtype=torch.int32)
     for schema in REAL_SCHEMAS:
         compiled = qwen_backend.compile(GrammarSpec.json_schema(schema))
         finished = 0
         for _ in range(6):
-            matcher = qwen_backend.matcher(compiled)
-            text = b""
-            for _ in range(400):
-                matcher.fill_bitmask(mask, 0)
-                allowed = allowed_ids(mask[0], info.vocab_size)
-                assert allowed and all(t in eos or info.token_bytes[t] for t in allowed)
-                preferred = [t for t in allowed if t < len(closing) and closing[t]]
-                pool = preferred if preferred and rng.random() < 0.6 else sorted(allowed)
-                token = rng.choice(pool)
-                assert matcher.accept(token)
-                if token in eos or matcher.is_terminated():
-                    text += b"" if token in eos else info.token_bytes[token]
-                    value = json.loads(text.decode("utf-8"))
-                    jsonschema.validate(value, schema)
-                    finished += 1
-                    break
-                text += info.token_bytes[token]
+            text = walk_to_end(qwen_backend, compiled, rng, max_tokens=400, prefer=closing,
+                               prefer_rate=0.6)
+            if text is not None:
+                jsonschema.validate(json.loads(text.decode("utf-8")), schema)
+                finished += 1
         assert finished >= 3, f"{schema}: {finished} of 6 walks finished"
+
+
+def test_the_kits_walk_ends_validates_and_catches_byteless_tokens(bytes_backend):
+    """``walk_to_end`` returns the text a grammar ended, None when its tokens run out, and
+    fails a mask that allows a token without bytes."""
+    choice = bytes_backend.compile(GrammarSpec("choice", ("yes", "no")))
+    rng = random.Random(1)
+    assert walk_to_end(bytes_backend, choice, rng, max_tokens=10) in (b"yes", b"no")
+    assert walk_to_end(bytes_backend, choice, rng, max_tokens=1) is None
+
+    # the backend's idea of the vocabulary loses the bytes of "a" after xgrammar was built
+    # with them, so its masks still allow it
+    info = bytes_backend.tokenizer
+    broken = XGrammarBackend(info)
+    broken.tokenizer = TokenizerInfo(
+        vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
+        token_bytes=tuple(None if t == ord("a") else b for t, b in enumerate(info.token_bytes)))
+    with pytest.raises(AssertionError, match="without bytes"):
+        walk_to_end(broken, broken.compile(GrammarSpec("regex", "a+")), rng, max_tokens=5)
 
 
 def test_a_steps_tokens_accepted_at_once_as_one_by_one(bytes_backend):
