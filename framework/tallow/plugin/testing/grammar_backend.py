@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import pytest
 import torch
 
-if TYPE_CHECKING:
-    import numpy as np
-
 from ..grammar import GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarSpec, TokenizerInfo
 from .component import ComponentConformance
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _FRAGMENTS = ('{"', '":', '",', '"}', '},', '],', '"]', '["', "true", "false", "null", "name",
               "city", "Paris", " the", "12", "3.5", "-1", "ab", "cd", "é", "😀", "\\n", '\\"',
