@@ -284,6 +284,9 @@ def test_a_steps_tokens_accepted_at_once_as_one_by_one(bytes_backend):
     expected = [m.accept(t) for m, t in zip(single, tokens)]
     assert bytes_backend.accept_tokens(batched, tokens) == expected
     assert expected == [True, False, True, True, False, False, False, True]
+    ended = [m for m in prepared() if m.is_terminated()]  # a step of ended matchers only
+    assert ended and bytes_backend.accept_tokens(ended, [eos] * len(ended)) == [False] * len(
+        ended)
     words = bytes_backend.tokenizer.bitmask_words
     for one, other in zip(single, batched):
         assert one.is_terminated() == other.is_terminated()
