@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Iterator
 
 import torch
 
@@ -32,6 +33,24 @@ BACKENDS = {
 }
 
 
+def installed_backends(info, threads: int) -> Iterator[tuple[str, Any, float]]:
+    """``(distribution, backend, seconds its construction took)`` for each installed backend
+    of :data:`BACKENDS`, built for ``info`` with ``threads`` threads of its own; prints the
+    ones that are not installed."""
+    for distribution, where in BACKENDS.items():
+        module, name = where.split(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError:
+            print(f"{distribution}: not installed")
+            continue
+        started = time.perf_counter()
+        config = SimpleNamespace(plugins=SimpleNamespace(
+            settings={distribution: {"max_threads": threads}}))
+        backend = cls(info, config)
+        yield distribution, backend, time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_row_arguments(parser, 187)
@@ -42,19 +61,10 @@ def main() -> None:
     info = synthetic_info(args.tokenizer)
     spec = GrammarSpec.json_schema(json.loads(SCHEMA.read_text()))
     host = torch.empty(args.rows, info.bitmask_words, dtype=torch.int32)
-    for distribution, where in BACKENDS.items():
-        module, name = where.split(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except ImportError:
-            print(f"{distribution}: not installed")
-            continue
+    for distribution, backend, built in installed_backends(info, args.threads[0]):
         started = time.perf_counter()
-        config = SimpleNamespace(plugins=SimpleNamespace(
-            settings={distribution: {"max_threads": args.threads[0]}}))
-        backend = cls(info, config)
         compiled = backend.compile(spec)
-        set_up = time.perf_counter() - started
+        set_up = built + time.perf_counter() - started
         matchers = _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)
         fill = _median_ms(lambda: backend.fill_bitmasks(matchers, host, range(args.rows)),
                           args.repeat)

@@ -15,17 +15,15 @@ where the backends' costs differ otherwise.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grammar_backends_fill import BACKENDS  # noqa: E402
+from grammar_backends_fill import installed_backends  # noqa: E402
 from grammar_fill_micro import SCHEMA, synthetic_info  # noqa: E402
 
 
@@ -66,16 +64,7 @@ def main() -> None:
 
     info = synthetic_info()
     spec = GrammarSpec.json_schema(json.loads(SCHEMA.read_text()))
-    for distribution, where in BACKENDS.items():
-        module, name = where.split(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except ImportError:
-            print(f"{distribution}: not installed")
-            continue
-        config = SimpleNamespace(plugins=SimpleNamespace(
-            settings={distribution: {"max_threads": args.threads}}))
-        backend = cls(info, config)
+    for distribution, backend, _ in installed_backends(info, args.threads):
         fills = walk(backend, backend.compile(spec), args.rows, args.steps, args.seed)
         per_row = sorted(1e3 * seconds / rows for seconds, rows in fills)
         print(f"{distribution}: {len(fills)} steps, fill ms per row per step: median "
