@@ -21,6 +21,11 @@ ARRANGEMENT:
   ``timers``      as built, with the host-side parts of a step timed by wall clock (no
                   profiler: each call of a listed method adds its time to its total): prints
                   milliseconds per step for each part, constrained and unconstrained runs
+  ``gputrace``    as built, with the device's own timeline traced (CUPTI, no host-side
+                  events) over 60 steps in the middle of each timed run: prints per step the
+                  device's busy and idle time, its idle gaps, its copies and its kernels by
+                  total time (what a constrained step adds on the device, and how long the
+                  device waits for the host)
 
 Arrangements combine with commas (``serial,timers``).
 """
@@ -72,9 +77,11 @@ def _arrange(arrangement: str) -> None:
             cls, config, name).model_copy(update={"max_threads": threads})
     elif arrangement == "timers":
         _time_parts()
+    elif arrangement == "gputrace":
+        _trace_device()
     elif arrangement != "thread":
         raise SystemExit(f"unknown arrangement {arrangement!r}: thread, serial, switch=S, "
-                         "nohandoff, xgthreads=N, profile or timers")
+                         "nohandoff, xgthreads=N, profile, timers or gputrace")
 
 
 #: the host-side parts of a step timed by ``timers`` (inclusive: a part called inside another
@@ -140,6 +147,98 @@ def _time_parts() -> None:
 
     _around_timed_runs(timed_run)
     atexit.register(report)
+
+
+def _trace_device(first: int = 150, count: int = 60) -> None:
+    """Trace the device's work over steps ``first``..``first + count`` of each timed run
+    (torch.profiler, CUDA activity only, so the host runs as it does untraced); print a
+    summary of each at exit."""
+    import atexit
+    import json
+    import os
+    import tempfile
+
+    import torch
+    from tallow.engine.core import EngineCore
+
+    summaries: dict[str, str] = {}
+    current: list[str | None] = [None]
+    state = {"step": 0, "prof": None}
+    step = EngineCore.step
+
+    def traced_step(self, *args, **kwargs):
+        kind = current[0]
+        if kind is not None:
+            state["step"] += 1
+            if state["step"] == first:
+                prof = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA])
+                prof.__enter__()
+                state["prof"] = prof
+            elif state["step"] == first + count and state["prof"] is not None:
+                torch.cuda.synchronize()
+                prof, state["prof"] = state["prof"], None
+                prof.__exit__(None, None, None)
+                with tempfile.TemporaryDirectory() as scratch:
+                    path = os.path.join(scratch, "trace.json")
+                    prof.export_chrome_trace(path)
+                    with open(path) as f:
+                        trace = json.load(f)
+                summaries[kind] = _device_summary(trace, count)
+        return step(self, *args, **kwargs)
+
+    EngineCore.step = traced_step
+
+    def traced_run(kind, run):
+        current[0], state["step"] = kind, 0
+        try:
+            return run()
+        finally:
+            current[0] = None
+
+    def report() -> None:
+        for kind, text in summaries.items():
+            print(f"== device timeline, {kind} run, per step over {count} steps", file=sys.stderr)
+            print(text, file=sys.stderr)
+
+    _around_timed_runs(traced_run)
+    atexit.register(report)
+
+
+def _device_summary(trace: dict, steps: int) -> str:
+    """Busy time, idle gaps, copies and kernels per step of a chrome trace's device events."""
+    from collections import defaultdict
+
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"
+              and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not events:
+        return "  (no device events)"
+    events.sort(key=lambda e: e["ts"])
+    start, end = events[0]["ts"], max(e["ts"] + e["dur"] for e in events)
+    busy, gaps = 0.0, []
+    reach = start
+    for e in events:
+        if e["ts"] > reach:
+            gaps.append(e["ts"] - reach)
+        busy += max(0.0, e["ts"] + e["dur"] - max(reach, e["ts"]))
+        reach = max(reach, e["ts"] + e["dur"])
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for e in events:
+        name = e["name"][:70]
+        item = by_name[name]
+        item[0] += 1
+        item[1] += e["dur"]
+        item[2] += float((e.get("args") or {}).get("bytes", 0) or 0)
+    lines = [f"  span {(end - start) / steps / 1e3:.3f} ms, busy {busy / steps / 1e3:.3f} ms, "
+             f"idle {(end - start - busy) / steps / 1e3:.3f} ms per step"]
+    big = sorted(g for g in gaps if g >= 20)
+    lines.append(f"  idle gaps >= 20 us: {len(big) / steps:.1f} per step, "
+                 f"{sum(big) / steps / 1e3:.3f} ms per step; largest "
+                 + ", ".join(f"{g / 1e3:.3f}" for g in big[-8:]) + " ms")
+    for name, (n, dur, nbytes) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:16]:
+        extra = f", {nbytes / n / 1e6:.2f} MB each" if nbytes else ""
+        lines.append(f"  {dur / steps / 1e3:7.3f} ms  {n / steps:5.1f}x  {name}{extra}")
+    return "\n".join(lines)
 
 
 def _profile_timed_runs() -> None:
