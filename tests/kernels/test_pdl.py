@@ -146,8 +146,13 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
                       {"pos_ptr": "*i64", "cache_ptr": "*fp32", "eps": "fp32"}, 4, False))
     cases += [
         ("gated_act", _gated_act_kernel, dict(KIND=0, BLOCK=1024), {}, 4, False),
-        ("argmax-chunks", _chunk_argmax_kernel, dict(CHUNK=4096),
+        ("argmax-chunks", _chunk_argmax_kernel, dict(CHUNK=4096, MASKED=False,
+                                                     MASK_INDEXED=False),
          {"best_val_ptr": "*fp32", "best_idx_ptr": "*i32"}, 8, False),
+        ("argmax-chunks-masked", _chunk_argmax_kernel, dict(CHUNK=4096, MASKED=True,
+                                                            MASK_INDEXED=True),
+         {"best_val_ptr": "*fp32", "best_idx_ptr": "*i32", "bitmask_ptr": "*i32",
+          "mask_of_row_ptr": "*i32"}, 8, False),
         ("argmax-pick", _pick_chunk_kernel, dict(C_PAD=32),
          {"best_val_ptr": "*fp32", "best_idx_ptr": "*i32", "out_ptr": "*i64"}, 1, False),
     ]

@@ -1,5 +1,6 @@
-"""The structured-output mask kernel against its torch reference, and the reference against a
-token-by-token reading of the bitmask.
+"""The structured-output mask kernels (the mask applied in place, greedy decoding under masks)
+against their torch references, and the references against a token-by-token reading of the
+bitmask.
 
 Like ``test_kernels.py``: on a CUDA machine the Triton kernel runs on the GPU at serving
 shapes (``pytest -m gpu``); ``test_interpreter.py`` also runs this module under
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from tallow.kernels.token_bitmask import (
-    apply_token_bitmask, apply_token_bitmask_ref, unpack_bitmask,
+    apply_token_bitmask, apply_token_bitmask_ref, masked_argmax, masked_argmax_ref,
+    unpack_bitmask,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -87,3 +89,53 @@ def test_kernel_matches_reference(dtype, density, with_rows):
     assert torch.equal(actual.cpu(), expected)
     if density < 1.0:
         assert not torch.equal(actual.cpu(), logits.cpu())
+
+
+def test_masked_argmax_reference_picks_the_best_allowed_token():
+    g = rng()
+    vocab = 77
+    mask = random_bitmask(g, 3, vocab, 0.3)
+    mask[1] = 0  # a row that allows nothing: every token is -inf, the first wins
+    logits = torch.randn(5, vocab, generator=g)
+    before = logits.clone()
+    rows = torch.tensor([4, 0, 2])
+    got = masked_argmax_ref(logits, mask, rows)
+    assert torch.equal(logits, before)  # the logits are not changed
+    for m, r in enumerate(rows.tolist()):
+        allowed = [t for t in range(vocab) if (int(mask[m, t // 32]) >> (t % 32)) & 1]
+        best = max(allowed, key=lambda t: float(logits[r, t])) if allowed else 0
+        assert int(got[r]) == best
+    for r in (1, 3):  # rows without a mask: the plain argmax
+        assert int(got[r]) == int(logits[r].argmax())
+    with pytest.raises(ValueError, match="expected 1 rows"):
+        masked_argmax(logits, mask, torch.tensor([0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_DEVICE, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.5, 1.0])
+@pytest.mark.parametrize("with_rows", [True, False])
+def test_masked_argmax_matches_reference(dtype, density, with_rows):
+    g = rng()
+    n, vocab = (6, 9000) if INTERPRET else (256, 151936)
+    logits = (torch.randn(n, vocab, generator=g) * 4).to(dtype)
+    # ties across the kernel's chunks (the first index wins) and a NaN (it wins where allowed)
+    logits[0, :] = 0
+    logits[0, vocab - 1] = logits[0, vocab // 2] = logits[0, 5] = 3
+    logits[1, vocab // 3] = float("nan")
+    if with_rows:
+        rows = torch.randperm(n, generator=g)[: n // 2 + 1]
+        rows = torch.cat([torch.tensor([0, 1]), rows[(rows != 0) & (rows != 1)]])
+        mask = random_bitmask(g, rows.shape[0], vocab, density)
+        rows_dev = rows.to(DEVICE)
+    else:
+        rows, rows_dev = None, None
+        mask = random_bitmask(g, n, vocab, density)
+    on_device = logits.to(DEVICE)
+    expected = masked_argmax_ref(logits, mask, rows)
+    got = masked_argmax(on_device, mask.to(DEVICE), rows_dev)
+    assert got.dtype == torch.int64
+    assert torch.equal(got.cpu(), expected)
+    # the logits are not changed (the NaN included)
+    torch.testing.assert_close(on_device.cpu(), logits, rtol=0, atol=0, equal_nan=True)

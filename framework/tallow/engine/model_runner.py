@@ -20,7 +20,7 @@ from tallow.kernels import argmax_rows
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
-from tallow.kernels.token_bitmask import apply_token_bitmask
+from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
@@ -525,9 +525,8 @@ class ModelRunner:
         if pending.sampled_rows.all_argmax:
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
             # them to float32 first would not change it), masked where a grammar says so.
-            if grammar is not None:
-                apply_token_bitmask(logits, *grammar)
-            pending.token_ids = argmax_rows(logits)
+            pending.token_ids = (argmax_rows(logits) if grammar is None
+                                 else masked_argmax(logits, *grammar))
             return
         logits = logits.float()
         # Each row as it was at launch: its step (placeholders of earlier steps included) is the

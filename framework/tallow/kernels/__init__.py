@@ -18,7 +18,8 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
   the sampler.
 * ``tallow.kernels.token_bitmask``: ``apply_token_bitmask(logits, bitmask, rows)``, the
-  structured-output mask (packed int32 words of allowed tokens) applied to a step's logits.
+  structured-output mask (packed int32 words of allowed tokens) applied to a step's logits,
+  and ``masked_argmax(logits, bitmask, rows)``, greedy decoding under those masks in one pass.
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.

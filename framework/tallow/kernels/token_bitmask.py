@@ -4,6 +4,10 @@ A mask row is packed, 32 tokens to an int32 word (the layout of
 :mod:`tallow.plugin.grammar`): token ``t`` is allowed iff bit ``t % 32`` of word ``t // 32`` is
 set. Only the constrained rows of a step carry a mask; ``rows`` says which rows of the logits
 they belong to.
+
+:func:`masked_argmax` is greedy decoding under the masks in one pass over the logits (the
+argmax kernel reads each row's mask words beside its logits), where
+:func:`apply_token_bitmask` and an argmax would write the masked logits and read them again.
 """
 
 from __future__ import annotations
@@ -66,3 +70,33 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
     if rows is None:
         rows = torch.arange(logits.shape[0], dtype=torch.int64, device=logits.device)
     apply_token_bitmask_triton(logits, bitmask, rows)
+
+
+def masked_argmax_ref(logits: torch.Tensor, bitmask: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch reference of :func:`masked_argmax` (``logits`` is left unchanged)."""
+    masked = logits.clone()
+    apply_token_bitmask_ref(masked, bitmask, rows)
+    return masked.argmax(dim=-1)
+
+
+def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The argmax of each row of ``logits`` [N, V] among the tokens its mask allows, int64
+    [N]: the argmax after :func:`apply_token_bitmask` (same ``bitmask`` and ``rows``; rows
+    without a mask take the plain argmax; ties go to the first index, NaN counts as
+    largest), without changing ``logits``. The Triton kernel on CUDA tensors, the reference
+    elsewhere."""
+    _check(logits, bitmask, rows)
+    if not triton_enabled(logits) or logits.shape[0] == 0:
+        return masked_argmax_ref(logits, bitmask, rows)
+    from .argmax_triton import argmax_rows_triton
+
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    bitmask = bitmask.contiguous()
+    if rows is None:
+        return argmax_rows_triton(logits, bitmask)
+    mask_of_row = torch.full((logits.shape[0],), -1, dtype=torch.int32, device=logits.device)
+    mask_of_row[rows] = torch.arange(rows.shape[0], dtype=torch.int32, device=logits.device)
+    return argmax_rows_triton(logits, bitmask, mask_of_row)

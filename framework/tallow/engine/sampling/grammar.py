@@ -117,7 +117,8 @@ class MaskFill:
     __slots__ = ("future", "rows", "live", "began", "caught_up")
 
     def __init__(self, rows: int) -> None:
-        self.future: "concurrent.futures.Future[torch.Tensor] | None" = None
+        #: the masks (on a GPU: the device tensor and the event after its copy)
+        self.future: "concurrent.futures.Future[Any] | None" = None
         self.rows = rows
         #: the indices of the fill's states that got a mask, row ``k`` of the masks for
         #: ``live[k]`` (a state that refused its caught-up token or terminated gets none)
@@ -147,6 +148,7 @@ class StructuredOutputs:
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
         self._copied: Any = None  # the event after the last mask left the pinned buffer
+        self._copy_stream: Any = None
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -266,8 +268,9 @@ class StructuredOutputs:
         that thread: accept nothing into them and roll nothing back, and read their counts
         and termination only after :meth:`wait_caught_up`."""
         if self._job is not None:  # never taken (its step was dropped): let it end first
-            self._job.future.exception()
-            self._job = None
+            dropped, self._job = self._job.future, None
+            if dropped.exception() is None and self.device.type == "cuda":
+                self._copied = dropped.result()[1]  # its copy may still read the buffer
         backend = self.backend
         words = backend.tokenizer.bitmask_words
         n = len(states)
@@ -316,7 +319,21 @@ class StructuredOutputs:
             backend.fill_bitmasks([states[i].matcher for i in job.live], host,
                                   range(len(job.live)))
         self.mask_seconds += time.perf_counter() - started
-        return host[:len(job.live)]
+        return self._upload(host[:len(job.live)])
+
+    def _upload(self, host: torch.Tensor) -> Any:
+        """On the grammar thread: the masks as they go to a GPU (a tensor of the device and
+        the event after its copy), copied on a stream of their own as soon as they are
+        filled, beside the device's work on the engine's stream; on a CPU, ``host``."""
+        if self.device.type != "cuda":
+            return host
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+            masks = host.to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        return masks, copied
 
     def wait_caught_up(self) -> None:
         """Wait until the fill in flight, if any, has accepted its caught-up tokens: the
@@ -334,37 +351,42 @@ class StructuredOutputs:
 
     def take(self, job: "MaskFill") -> torch.Tensor:
         """Wait for a fill :meth:`start_fill` started and return its masks on the device
-        (the copy is queued on the engine thread's stream), one row per state of
+        (the engine thread's stream waits for their copy), one row per state of
         ``job.live``. The matchers are the engine's again afterwards."""
         if job is not self._job:
             raise RuntimeError("these grammar masks were already taken, or a later fill "
                                "replaced them")
         self._job = None
         started = time.perf_counter()
-        host = job.future.result()  # waits with the GIL released
+        filled = job.future.result()  # waits with the GIL released
         self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1
         self.mask_rows += len(job.live)
         if self.device.type != "cuda":
-            return host
-        masks = host.to(self.device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+            return filled
+        masks, self._copied = filled
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(self._copied)
+        # made on the copy stream, read on this one: not to be reused before this one is done
+        masks.record_stream(stream)
         return masks
 
     def warm_up(self, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
-        """Run the mask kernel once per logits dtype (a GPU compiles it now, not in the first
-        constrained step)."""
+        """Run the mask kernels once per logits dtype (a GPU compiles them now, not in the
+        first constrained step): the mask applied before a draw, and greedy decoding under
+        masks of every row or of some rows."""
         if self.entry is None or self.device.type != "cuda":
             return
-        from tallow.kernels.token_bitmask import apply_token_bitmask
+        from tallow.kernels.token_bitmask import apply_token_bitmask, masked_argmax
 
         words = (vocab_size + 31) // 32
         mask = torch.zeros(1, words, dtype=torch.int32, device=self.device)
         rows = torch.zeros(1, dtype=torch.int64, device=self.device)
         for dtype in dict.fromkeys(dtypes):
-            apply_token_bitmask(torch.zeros(1, vocab_size, dtype=dtype, device=self.device),
-                                mask, rows)
+            logits = torch.zeros(1, vocab_size, dtype=dtype, device=self.device)
+            masked_argmax(logits, mask)
+            masked_argmax(logits, mask, rows)
+            apply_token_bitmask(logits, mask, rows)
 
     def stats(self) -> dict[str, Any]:
         return {"grammar_mask_seconds_total": self.mask_seconds,
