@@ -14,8 +14,9 @@ ARRANGEMENT:
   ``profile``     as built, with the engine thread under cProfile during the timed
                   constrained run and, separately, the unconstrained one: prints each one's
                   40 functions of most own time (what a constrained step adds, by function)
-  ``nohandoff``   as built, but the engine thread does not wait, when it starts a fill,
-                  until the grammar thread has begun it (holds the caught-up step's tokens)
+  ``nohandoff``   as built, but the engine thread does not hand the GIL to the grammar
+                  thread when it starts a fill (the fill begins when the engine thread next
+                  blocks or the switch interval runs out)
   ``xgthreads=N`` xgrammar's fills on N threads (the plugin's ``max_threads``)
   ``timers``      as built, with the host-side parts of a step timed by wall clock (no
                   profiler: each call of a listed method adds its time to its total): prints
@@ -47,8 +48,8 @@ def _arrange(arrangement: str) -> None:
 
         start_fill = StructuredOutputs.start_fill
 
-        def serial_start_fill(self, states, catch_up=None):
-            job = start_fill(self, states, catch_up)
+        def serial_start_fill(self, states):
+            job = start_fill(self, states)
             job.future.result()
             return job
 
@@ -91,8 +92,7 @@ _PARTS = {
     "tallow.engine.model_runner:ModelRunner": [
         "launch", "fill_host", "upload", "run_batch", "sample_constrained", "start_masks",
         "_sample", "_queue_readback", "collect"],
-    "tallow.engine.sampling.grammar:StructuredOutputs": ["advance", "start_fill", "take",
-                                                         "wait_caught_up"],
+    "tallow.engine.sampling.grammar:StructuredOutputs": ["advance", "start_fill", "take"],
     "tallow.engine.output_processor:OutputProcessor": ["process"],
 }
 
@@ -125,8 +125,7 @@ def _time_parts() -> None:
         module, cls_name = where.split(":")
         cls = getattr(importlib.import_module(module), cls_name)
         for name in names:
-            if hasattr(cls, name):  # an older engine may lack one
-                setattr(cls, name, timer(f"{cls_name}.{name}", getattr(cls, name)))
+            setattr(cls, name, timer(f"{cls_name}.{name}", getattr(cls, name)))
 
     def timed_run(kind, run):
         current[0] = kind

@@ -1,8 +1,7 @@
 """The grammar thread's ordering: a step's masks are filled on it while the engine thread
-collects the step before, returns, plans and builds the next step; the grammar thread accepts
-the tokens of the step before first. The matchers of a fill in flight are never touched by the
-engine thread; a request aborted, finished or preempted while its mask is being filled ends
-cleanly; a finished row's mask never reaches another row; outputs equal those computed
+returns, plans and builds the next step. The matchers of a fill in flight are never touched
+by the engine thread; a request aborted, finished or preempted while its mask is being filled
+ends cleanly; a finished row's mask never reaches another row; outputs equal those computed
 alone."""
 
 from __future__ import annotations
@@ -32,18 +31,15 @@ CHOICE = {"choice": ["yes", "no"]}
 
 class Watch:
     """Instruments an engine's grammar side: which matchers a fill holds (from its start to
-    the take of its masks), every accept (one by one or a step's at once), rollback and
-    termination test (on the engine thread each must find its matcher free; the grammar
-    thread works on the fill's own), and a way to hold the next fill back on the grammar
-    thread until the test lets it go."""
+    the take of its masks), every accept (one by one or a step's at once) and rollback (each
+    must find its matcher free), and
+    a way to hold the next fill back on the grammar thread until the test lets it go."""
 
     def __init__(self, llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
         self.core = llm.engine.core
         structured = self.core.structured
         backend = structured.backend
         self.busy: dict[int, set[int]] = {}  # id(fill) → ids of its matchers
-        self.engine_thread = threading.current_thread()
-        self.grammar_accepts = 0  # tokens accepted on the grammar thread
         self.violations: list[str] = []
         self.accepts: dict[int, int] = {}
         self.armed = False
@@ -52,11 +48,11 @@ class Watch:
         self.release = threading.Event()
         start_fill, take, fill = structured.start_fill, structured.take, backend.fill_bitmasks
 
-        def watched_start_fill(states, catch_up=None):
+        def watched_start_fill(states):
             ids = {id(s.matcher) for s in states}
             if self.armed:
                 self.armed, self.hold = False, ids
-            job = start_fill(states, catch_up)
+            job = start_fill(states)
             self.busy[id(job)] = ids
             return job
 
@@ -66,8 +62,7 @@ class Watch:
             return masks
 
         def held_fill(matchers, bitmask, rows):
-            ids = {id(m) for m in matchers}
-            if self.hold is not None and ids and ids <= self.hold:
+            if {id(m) for m in matchers} == self.hold:
                 self.hold = None
                 self.held.set()
                 assert self.release.wait(timeout=30), "the test never let the fill go"
@@ -77,7 +72,7 @@ class Watch:
         monkeypatch.setattr(structured, "take", watched_take)
         monkeypatch.setattr(backend, "fill_bitmasks", held_fill)
         cls = type(backend.matcher(structured.compile(GrammarSpec("choice", ("a",)))))
-        accept, rollback, terminated = cls.accept, cls.rollback, cls.is_terminated
+        accept, rollback = cls.accept, cls.rollback
         watch = self
 
         def watched_accept(matcher, token):
@@ -89,10 +84,6 @@ class Watch:
             watch.check(matcher, "rollback of")
             return rollback(matcher, n)
 
-        def watched_terminated(matcher):
-            watch.check(matcher, "termination test of")
-            return terminated(matcher)
-
         accept_tokens = backend.accept_tokens
 
         def watched_accept_tokens(matchers, tokens):  # a step's tokens at once
@@ -103,13 +94,9 @@ class Watch:
 
         monkeypatch.setattr(cls, "accept", watched_accept)
         monkeypatch.setattr(cls, "rollback", watched_rollback)
-        monkeypatch.setattr(cls, "is_terminated", watched_terminated)
         monkeypatch.setattr(backend, "accept_tokens", watched_accept_tokens)
 
     def check(self, matcher, what: str) -> None:
-        if threading.current_thread() is not self.engine_thread:
-            self.grammar_accepts += what == "accept into"
-            return
         if any(id(matcher) in ids for ids in self.busy.values()):
             self.violations.append(f"{what} a matcher whose mask is being filled")
 
@@ -190,10 +177,11 @@ def test_the_callers_work_runs_while_the_masks_are_filled(llm, alone, monkeypatc
         out = core.step(between=lambda: beside_a_fill.append(bool(watch.busy)))
         tokens += [update.token.token_id for update in out.updates]
     assert tokens == alone["json"]
-    # every call but the first (nothing in flight yet): the next to last starts its launched
-    # step's fill before the collect that ends the request, and the grammar thread, finding
-    # the grammar ended once it has accepted the collected token, fills no mask for it
-    assert beside_a_fill[0] is False and all(beside_a_fill[1:]), str(beside_a_fill)
+    # every call but the first (nothing in flight yet) and the last two: the collect of the
+    # next to last ends the request (its grammar ended), so its launched row gets no mask,
+    # and the last launches nothing
+    assert beside_a_fill[0] is False and beside_a_fill[-2:] == [False, False]
+    assert all(beside_a_fill[1:-2]), str(beside_a_fill)
     assert watch.violations == []
 
 

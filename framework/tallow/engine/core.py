@@ -344,19 +344,18 @@ class EngineCore:
         self.overlapped_steps += launched is not None
         # Still running after the launch: the device was busy while we planned.
         hidden = set() if previous.pending.is_done() else {"schedule", "launch"}
-        # A launched step whose sampling waits for its grammars: its masks' fill starts now,
-        # on the grammar thread, which takes `previous`'s tokens itself as soon as the device
-        # has them (they were sampled just before `launched`'s forward), accepts them and
-        # fills while this thread collects `previous`, does the caller's work, returns, plans
-        # the next step and builds its batch (that launch samples `launched` first).
-        # Otherwise the caller's work hides the device's time before the wait for `previous`.
+        # A launched step whose sampling waits for its grammars: `previous`'s tokens are
+        # collected first (they were sampled just before `launched`'s forward, so they are
+        # back almost at once), so that the grammar thread fills `launched`'s masks while
+        # this thread does the caller's work, returns, plans the next step and builds its
+        # batch (that launch samples `launched` first). Otherwise the caller's work hides the
+        # device's time before the wait for `previous`.
         masks_first = _waits_for_grammars(launched)
-        if masks_first:
-            self._start_masks(launched, clock, feed=previous)
-        else:
+        if not masks_first:
             between()
             clock.mark("overlapped")
         out = self._collect(previous, clock)
+        self._start_masks(launched, clock)
         if masks_first:
             between()
             clock.mark("overlapped")
@@ -417,12 +416,12 @@ class EngineCore:
             self.runner.sample_constrained(launched.pending)
             clock.mark("mask")
 
-    def _start_masks(self, launched: _InFlight, clock: _Clock, feed: _InFlight) -> None:
+    def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
         """Start filling the masks of a launched step whose sampling waits for its grammars
-        (the next launch, or the collect of the step, samples it); its grammars accept the
-        tokens of ``feed``, the step before it, on the grammar thread first."""
-        self.runner.start_masks(launched.pending, feed=feed.pending)
-        clock.mark("mask")
+        (the next launch, or the collect of the step, samples it)."""
+        if _waits_for_grammars(launched):
+            self.runner.start_masks(launched.pending)
+            clock.mark("mask")
 
     def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
         """Read a step's tokens back, commit them and check stops. A step still waiting for
@@ -437,10 +436,8 @@ class EngineCore:
         touched_requests: set[str] = set()
         committed = self.scheduler.commit(step.applied, sampled_ids)
         if self.structured is not None and self.scheduler.num_constrained:
-            # The step's tokens into their grammars at once (a fill in flight accepts those
-            # of its sequences itself); the stop checks below find them accepted (their own
-            # sync is then a no-op).
-            self.structured.wait_caught_up()
+            # the step's tokens into their grammars at once; the stop checks below find them
+            # accepted (their own sync is then a no-op)
             self.structured.advance([(new.seq.grammar, new.seq.output_token_ids, new.index + 1)
                                      for new in committed if new.seq.grammar is not None])
         for new in committed:

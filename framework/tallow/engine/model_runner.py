@@ -24,7 +24,7 @@ from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
 from .outputs import Logprob
-from .sampling import CatchUp, RowParams, Sampler, SamplingBatch, StepRows
+from .sampling import RowParams, Sampler, SamplingBatch, StepRows
 
 log = logging.getLogger("tallow.engine")
 
@@ -94,14 +94,6 @@ class PendingStep:
     def is_done(self) -> bool:
         """Whether the device has finished the step (never waits)."""
         return self.done is None or bool(self.done.query())
-
-    def sampled_ids(self) -> list[int]:
-        """The step's sampled token ids on the host, one per row of ``token_ids``; waits for
-        the device (this step only, with the GIL released)."""
-        if self.done is not None:
-            self.done.synchronize()
-        ids = self.host_token_ids if self.host_token_ids is not None else self.token_ids
-        return ids.tolist()
 
 
 @dataclass
@@ -447,43 +439,27 @@ class ModelRunner:
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
 
-    def start_masks(self, pending: PendingStep, feed: PendingStep | None = None) -> None:
+    def start_masks(self, pending: PendingStep) -> None:
         """Start filling the token masks of a step :meth:`launch` left with its logits, on the
         grammar thread: each grammar first catches up with its sequence's known tokens (here,
         on the calling thread). A sequence finished by then, or whose grammar has ended, gets
         no mask (its token will be dropped). Until :meth:`sample_constrained` the step's
-        matchers belong to the grammar thread.
-
-        ``feed`` is the step launched before this one, still to be read back: a sequence
-        whose token it sampled is one token behind, and the grammar thread accepts that token
-        as soon as the device has it, before it fills the mask (the engine thread reads the
-        grammars only after :meth:`StructuredOutputs.wait_caught_up`)."""
+        matchers belong to the grammar thread."""
         assert pending.logits is not None and self.grammar is not None
         if pending.mask_fill is not None:
             return
-        fed = feed.rows_by_seq() if feed is not None and feed.token_ids is not None else {}
         rows: list[int] = []
         states = []
-        fed_rows: list[int | None] = []
         for j, seq in enumerate(pending.targets):
             state = seq.grammar
             if state is None or seq.status.is_finished:
                 continue
             known = seq.num_output_tokens - seq.num_pending_tokens
-            # its first placeholder is `feed`'s token when this step's follows it
-            row = fed.get(seq.seq_id) if seq.num_pending_tokens > 1 else None
-            if not state.sync(seq.output_token_ids, known):
-                continue
-            if row is None and state.terminated:
-                continue
-            rows.append(j)
-            states.append(state)
-            fed_rows.append(row)
+            if state.sync(seq.output_token_ids, known) and not state.terminated:
+                rows.append(j)
+                states.append(state)
         pending.mask_rows = rows
-        catch_up = None
-        if any(row is not None for row in fed_rows):
-            catch_up = CatchUp(feed.sampled_ids, fed_rows)
-        pending.mask_fill = self.grammar.start_fill(states, catch_up) if states else False
+        pending.mask_fill = self.grammar.start_fill(states) if states else False
 
     @torch.inference_mode()
     def sample_constrained(self, pending: PendingStep) -> None:
@@ -495,8 +471,6 @@ class ModelRunner:
         fill, pending.mask_fill = pending.mask_fill, None
         if fill:
             masks = self.grammar.take(fill)
-            pending.mask_rows = [pending.mask_rows[i] for i in fill.live]
-        if fill and pending.mask_rows:
             # rows are ascending targets: as many as the targets means every row has a mask
             rows = (None if len(pending.mask_rows) == len(pending.targets)
                     else device_tensor(pending.mask_rows, torch.int64, logits.device))
@@ -582,7 +556,8 @@ class ModelRunner:
                 result.pooled[seq.seq_id] = row
         if pending.token_ids is None:
             return result
-        tokens = pending.sampled_ids()
+        ids = pending.host_token_ids if pending.host_token_ids is not None else pending.token_ids
+        tokens = ids.tolist()
         sampled = pending.sampled
         lps = ranks = top_ids = top_lps = None
         if sampled is not None and sampled.logprobs is not None:

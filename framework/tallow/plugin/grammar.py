@@ -140,19 +140,13 @@ class TokenizerInfo:
 class GrammarMatcher:
     """Where one constrained sequence stands in its grammar.
 
-    The engine calls:
+    The engine calls, on the thread that drives the device:
 
     - :meth:`fill_bitmask` before each token is sampled (the engine has passed every earlier
       token to :meth:`accept` by then);
     - :meth:`accept` with each sampled token (through :meth:`GrammarBackend.accept_tokens`,
       for the whole step at once), and then :meth:`is_terminated`;
     - :meth:`rollback` when tokens it accepted are taken back from the sequence.
-
-    A matcher is used by one thread at a time: the thread that drives the device, or the
-    engine's grammar thread, which accepts a step's tokens and fills the next step's masks
-    while the other thread commits that step. Two threads may call into the backend at once
-    for different matchers (:meth:`GrammarBackend.accept_tokens` on one,
-    :meth:`GrammarBackend.fill_bitmasks` on the other).
     """
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:

@@ -27,7 +27,7 @@ _LAZY = {
     "RowParams": ".batch", "SamplingBatch": ".batch", "apply_min_p": ".filters",
     "apply_top_k": ".filters", "apply_top_p": ".filters", "Sampler": ".sampler",
     "SamplerOutput": ".sampler", "takes_argmax": ".sampler", "GrammarState": ".grammar",
-    "StructuredOutputs": ".grammar", "CatchUp": ".grammar", "StepRows": ".sampler",
+    "StructuredOutputs": ".grammar", "StepRows": ".sampler",
 }
 
 __all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "SamplingParams",

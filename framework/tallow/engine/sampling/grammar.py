@@ -10,14 +10,6 @@ spec off its event loop, and the engine finds it in the cache when the request a
 A matcher must have seen every earlier token of its sequence before it fills a mask. The
 sequence's token list is the truth: :meth:`GrammarState.sync` accepts the tokens the matcher
 has not seen and rolls back tokens it saw that the sequence no longer has.
-
-A step's masks are filled on the grammar thread (:meth:`StructuredOutputs.start_fill`). In
-async scheduling the fill is started before the step still on the device is read back: the
-grammar thread waits for that step's tokens itself (:class:`CatchUp`), accepts them, works out
-termination and fills, while the engine thread commits the same tokens. From the start of a
-fill to the take of its masks its matchers are the grammar thread's; the engine thread reads
-only their counts and termination, once the fill has caught up
-(:meth:`StructuredOutputs.wait_caught_up`).
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -48,14 +39,13 @@ FIRST_PARTY_BACKEND = "tallow-grammar-xgrammar"
 class GrammarState:
     """A constrained sequence's matcher and how many of its outputs it has accepted."""
 
-    __slots__ = ("matcher", "accepted", "refused", "_terminated")
+    __slots__ = ("matcher", "accepted", "refused")
 
     def __init__(self, matcher: GrammarMatcher) -> None:
         self.matcher = matcher
         self.accepted = 0
         #: a token the matcher refused (the sequence cannot go on under its grammar)
         self.refused: int | None = None
-        self._terminated: bool | None = None  # the matcher's, at ``accepted`` tokens
 
     def sync(self, outputs: Sequence[int], count: int) -> bool:
         """Bring the matcher to exactly ``outputs[:count]``: roll back what it accepted past
@@ -65,7 +55,6 @@ class GrammarState:
         if self.accepted > count:
             self.matcher.rollback(self.accepted - count)
             self.accepted = count
-            self._terminated = None
         while self.accepted < count:
             token = outputs[self.accepted]
             if not self.took(token, self.matcher.accept(token)):
@@ -84,50 +73,26 @@ class GrammarState:
         """Count ``token`` as accepted by the matcher, or as refused; returns ``accepted``."""
         if accepted:
             self.accepted += 1
-            self._terminated = None
         else:
             self.refused = token
         return accepted
 
     @property
     def terminated(self) -> bool:
-        """Whether the matcher has terminated, asked once per accepted count: the engine
-        thread reads it (a plain attribute then) while the grammar thread fills the mask of
-        the matcher that worked it out."""
-        if self._terminated is None:
-            self._terminated = self.matcher.is_terminated()
-        return self._terminated
-
-
-@dataclass
-class CatchUp:
-    """The tokens a fill's matchers accept before their masks are filled, on the grammar
-    thread: ``tokens()`` waits for a step still on the device (with the GIL released) and
-    returns its sampled token ids; state ``i`` of the fill accepts ``tokens()[rows[i]]``
-    (``None``: nothing)."""
-
-    tokens: Callable[[], Sequence[int]]
-    rows: Sequence[int | None]
+        return self.matcher.is_terminated()
 
 
 class MaskFill:
     """A fill of one step's masks running on the grammar thread
     (:meth:`StructuredOutputs.start_fill`)."""
 
-    __slots__ = ("future", "rows", "live", "began", "caught_up")
+    __slots__ = ("future", "rows", "began")
 
     def __init__(self, rows: int) -> None:
-        #: the masks (on a GPU: the device tensor and the event after its copy)
-        self.future: "concurrent.futures.Future[Any] | None" = None
+        self.future: "concurrent.futures.Future[torch.Tensor] | None" = None
         self.rows = rows
-        #: the indices of the fill's states that got a mask, row ``k`` of the masks for
-        #: ``live[k]`` (a state that refused its caught-up token or terminated gets none)
-        self.live: list[int] = []
-        #: set by the grammar thread once it holds the caught-up tokens (or has begun)
+        #: set by the grammar thread as it hands the matchers to the backend
         self.began = threading.Event()
-        #: set by the grammar thread once its states have accepted the caught-up tokens and
-        #: know their termination
-        self.caught_up = threading.Event()
 
 
 class StructuredOutputs:
@@ -148,7 +113,6 @@ class StructuredOutputs:
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
         self._copied: Any = None  # the event after the last mask left the pinned buffer
-        self._copy_stream: Any = None
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -246,31 +210,26 @@ class StructuredOutputs:
                 state.sync(outputs, count)
             else:
                 batch.append((state, token))
-        if batch:
-            self._accept(self.backend, batch)
-
-    @staticmethod
-    def _accept(backend: GrammarBackend, batch: list[tuple[GrammarState, int]]) -> None:
-        """Each ``(state, token)``'s matcher accepts its token, all in one backend call."""
         if not batch:
             return
         tokens = [token for _, token in batch]
-        accepted = backend.accept_tokens([state.matcher for state, _ in batch], tokens)
+        accepted = self.backend.accept_tokens([state.matcher for state, _ in batch], tokens)
         for (state, token), ok in zip(batch, accepted, strict=True):
             state.took(token, ok)
 
     # -- masks --------------------------------------------------------------------------
-    def start_fill(self, states: Sequence[GrammarState],
-                   catch_up: CatchUp | None = None) -> "MaskFill":
-        """Start filling the masks of ``states`` on the grammar thread; each state is in step
-        with its sequence, or one token behind when ``catch_up`` gives that token (then the
-        grammar thread accepts it first). Until :meth:`take` returns, the matchers belong to
-        that thread: accept nothing into them and roll nothing back, and read their counts
-        and termination only after :meth:`wait_caught_up`."""
+    def fill(self, states: Sequence[GrammarState]) -> torch.Tensor:
+        """The packed masks of ``states`` (each already in step with its sequence) on the
+        engine's device, one row each ([len, words] int32); waits for them."""
+        return self.take(self.start_fill(states))
+
+    def start_fill(self, states: Sequence[GrammarState]) -> "MaskFill":
+        """Start filling the masks of ``states`` (each already in step with its sequence) on
+        the grammar thread. Until :meth:`take` returns, their matchers belong to that thread:
+        accept nothing into them and roll nothing back."""
         if self._job is not None:  # never taken (its step was dropped): let it end first
-            dropped, self._job = self._job.future, None
-            if dropped.exception() is None and self.device.type == "cuda":
-                self._copied = dropped.result()[1]  # its copy may still read the buffer
+            self._job.future.exception()
+            self._job = None
         backend = self.backend
         words = backend.tokenizer.bitmask_words
         n = len(states)
@@ -279,70 +238,35 @@ class StructuredOutputs:
             rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
             self._host = torch.empty(rows, words, dtype=torch.int32,
                                      pin_memory=self.device.type == "cuda")
+        host = self._host[:n]
+        matchers = [s.matcher for s in states]
         if self._thread is None:
             self._thread = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="tallow-grammar-masks")
         job = MaskFill(n)
-        job.future = self._thread.submit(self._catch_up_and_fill, backend, list(states),
-                                         catch_up, self._host[:n], job)
+        job.future = self._thread.submit(self._fill_host, backend, matchers, host, job.began)
         self._job = job
-        if catch_up is not None:
-            # Block until the grammar thread holds the step's tokens: both threads then wake
-            # on the device, and the grammar thread's accepts (native, GIL released) run
-            # while this thread commits the same tokens. Were this thread to wait on the
-            # device itself, whichever woke first would keep the GIL through its Python and
-            # the other would start only when it next blocks.
-            job.began.wait()
+        # Hand the GIL over until the fill has begun: a thread that wants the GIL waits until
+        # its holder blocks or the interpreter's switch interval (5 ms) runs out, so the fill
+        # would otherwise start only when this thread next blocks — in the next step's wait
+        # for it. Once in the backend, the fill releases the GIL in its native part (as
+        # xgrammar's calls do), and this thread goes on beside it.
+        job.began.wait()
         return job
 
-    def _catch_up_and_fill(self, backend: GrammarBackend, states: list[GrammarState],
-                           catch_up: CatchUp | None, host: torch.Tensor,
-                           job: MaskFill) -> torch.Tensor:
-        """On the grammar thread: accept the caught-up tokens, then fill a mask for each state
-        still going into ``host`` once the last masks have left it."""
+    def _fill_host(self, backend: GrammarBackend, matchers: list[GrammarMatcher],
+                   host: torch.Tensor, began: threading.Event) -> torch.Tensor:
+        """On the grammar thread: fill ``host`` once the last masks have left it."""
         try:
-            if catch_up is not None:
-                tokens = catch_up.tokens()
-                job.began.set()
-                self._accept(backend, [(state, tokens[row])
-                                       for state, row in zip(states, catch_up.rows)
-                                       if row is not None and state.refused is None])
-            job.live = [i for i, state in enumerate(states)
-                        if state.refused is None and not state.terminated]
+            self._wait_copied()
         finally:
-            job.began.set()
-            job.caught_up.set()
-        self._wait_copied()
+            began.set()
         started = time.perf_counter()
         # inference mode is per thread, and the buffer may have been made under it
         with torch.inference_mode():
-            backend.fill_bitmasks([states[i].matcher for i in job.live], host,
-                                  range(len(job.live)))
+            backend.fill_bitmasks(matchers, host, range(len(matchers)))
         self.mask_seconds += time.perf_counter() - started
-        return self._upload(host[:len(job.live)])
-
-    def _upload(self, host: torch.Tensor) -> Any:
-        """On the grammar thread: the masks as they go to a GPU (a tensor of the device and
-        the event after its copy), copied on a stream of their own as soon as they are
-        filled, beside the device's work on the engine's stream; on a CPU, ``host``."""
-        if self.device.type != "cuda":
-            return host
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(self.device)
-        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
-            masks = host.to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
-        return masks, copied
-
-    def wait_caught_up(self) -> None:
-        """Wait until the fill in flight, if any, has accepted its caught-up tokens: the
-        engine thread reads its states' counts and termination only then."""
-        job = self._job
-        if job is not None:
-            started = time.perf_counter()
-            job.caught_up.wait()
-            self.mask_wait_seconds += time.perf_counter() - started
+        return host
 
     def _wait_copied(self) -> None:
         copied, self._copied = self._copied, None
@@ -351,24 +275,22 @@ class StructuredOutputs:
 
     def take(self, job: "MaskFill") -> torch.Tensor:
         """Wait for a fill :meth:`start_fill` started and return its masks on the device
-        (the engine thread's stream waits for their copy), one row per state of
-        ``job.live``. The matchers are the engine's again afterwards."""
+        (the copy is queued on the engine thread's stream). The matchers are the engine's
+        again afterwards."""
         if job is not self._job:
             raise RuntimeError("these grammar masks were already taken, or a later fill "
                                "replaced them")
         self._job = None
         started = time.perf_counter()
-        filled = job.future.result()  # waits with the GIL released
+        host = job.future.result()  # waits with the GIL released
         self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1
-        self.mask_rows += len(job.live)
+        self.mask_rows += job.rows
         if self.device.type != "cuda":
-            return filled
-        masks, self._copied = filled
-        stream = torch.cuda.current_stream(self.device)
-        stream.wait_event(self._copied)
-        # made on the copy stream, read on this one: not to be reused before this one is done
-        masks.record_stream(stream)
+            return host
+        masks = host.to(self.device, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
         return masks
 
     def warm_up(self, vocab_size: int, dtypes: Sequence[torch.dtype]) -> None:
