@@ -12,7 +12,7 @@ import torch
 
 from tallow.engine.llm import config_from_kwargs
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 
 
 def bench(*args: str) -> dict:

@@ -119,7 +119,7 @@ def profile_ttft(args: argparse.Namespace) -> None:
     from tallow.bench.common import build_engine, random_prompts
     from tallow.bench.latency import measure
     from tallow.config import load_config
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
 
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)
@@ -162,7 +162,7 @@ def sync() -> None:
 def profile_step(args: argparse.Namespace) -> None:
     from tallow.config import load_config
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
     from tallow.kernels import linear as linear_mod
 
     linear_mod.GEMV_MAX_ROWS = args.gemv_rows
@@ -255,7 +255,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
     from tallow.bench.throughput import warm_up
     from tallow.config import load_config
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
 
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)

@@ -24,7 +24,7 @@ from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
 from .outputs import EmbeddingOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .sequence import SequenceStatus
 
 log = logging.getLogger("tallow.engine")

@@ -9,7 +9,7 @@ from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .outputs import EmbeddingOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .sequence import SequenceStatus
 
 

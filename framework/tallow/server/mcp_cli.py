@@ -55,7 +55,7 @@ def build_server(engine: Any) -> Any:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     @contextlib.asynccontextmanager
     async def lifespan(server: Any) -> AsyncIterator[dict[str, Any]]:
