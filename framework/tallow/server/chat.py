@@ -15,7 +15,7 @@ from .logprobs import chat_logprobs
 from .messages import normalize_messages
 from .protocol import ChatCompletionRequest
 from .sampling import resolve_max_tokens
-from .serving import Item, OpenAIServing, single_stream
+from .serving import Item, OpenAIServing, Starter, single_stream
 from .state import ServerState
 from .structured import (
     Constraint, compile_constraint, compile_tool_parameters, requested_constraint,
@@ -69,7 +69,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             return ToolLoop(state, req, await state.tool_providers.tools())
         return cls(state, req)
 
-    async def start(self) -> tuple[Any, int]:
+    async def start(self) -> tuple[Starter, int]:
         ids, params, prompt = await self.prepare()
         return (lambda: single_stream(self.state.engine.generate(
             ids, params, self.id, prompt=prompt, priority=self.req.priority or 0)),

@@ -13,13 +13,13 @@ choices shaped as text with OpenAI's completions logprobs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 from .errors import invalid
 from .logprobs import completion_logprobs, merge_completion_logprobs
 from .protocol import CompletionRequest
 from .sampling import resolve_max_tokens
-from .serving import Item, OpenAIServing, merge_streams
+from .serving import Item, OpenAIServing, Starter, merge_streams
 from .state import ServerState
 from .structured import compile_constraint, requested_constraint
 
@@ -63,11 +63,11 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         self._sent: dict[int, _Sent] = {}  # by choice index
         self._done: set[int] = set()
 
-    async def start(self) -> tuple[Any, int]:
+    async def start(self) -> tuple[Starter, int]:
         params = await self.prepare()
         self.prompt_count = len(params)
 
-        def begin() -> Any:
+        def begin() -> AsyncIterator[Item]:
             return merge_streams([
                 self.state.engine.generate(p.ids, sp, f"{self.id}-{i}", prompt=p.text,
                                            priority=self.req.priority or 0)

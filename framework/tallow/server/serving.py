@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from typing import Any, AsyncIterator, ClassVar, Generic, TypeVar
+from typing import Any, AsyncIterator, Callable, ClassVar, Generic, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -39,6 +39,8 @@ from .state import ServerState
 R = TypeVar("R", bound=SamplingFields)
 #: one engine output of one of the request's prompts: (prompt index, RequestOutput)
 Item = tuple[int, Any]
+#: starts a request's engine streams (called once it is admitted)
+Starter = Callable[[], AsyncIterator[Item]]
 
 
 async def single_stream(gen: AsyncIterator[Any]) -> AsyncIterator[Item]:
@@ -151,7 +153,7 @@ class OpenAIServing(ABC, Generic[R]):
                                     self.timer, sequences)
 
     @abstractmethod
-    async def start(self) -> tuple[Any, int]:
+    async def start(self) -> tuple[Starter, int]:
         """Build the prompts and their sampling parameters (refusing what is wrong with them
         before admission); return a function starting the engine's stream of :data:`Item`
         and how many sequences it generates."""
