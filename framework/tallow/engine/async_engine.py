@@ -60,7 +60,6 @@ class AsyncEngine(EngineFrontend):
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="tallow-engine", daemon=True)
         self._thread.start()
-        self.plugin_manager.hook.tallow_engine_ready(engine=self)
 
     async def shutdown(self) -> None:
         self._stopping.set()
