@@ -77,7 +77,8 @@ def _torch_sampling():
 
 def _sampler_batch(n: int):
     """A decode step of n rows with penalties and seeds: (logits, batch, build seconds)."""
-    from tallow.engine.sampling import RowParams, SamplingBatch, SamplingParams
+    from tallow import SamplingParams
+    from tallow.engine.sampling import RowParams, SamplingBatch
     params = SamplingParams(temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2,
                             presence_penalty=0.1)
     g = torch.Generator().manual_seed(0)

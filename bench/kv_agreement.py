@@ -72,7 +72,7 @@ def run(eng: Any, prompts: list[list[int]], params: Any) -> list[Any]:
 
 
 def greedy(eng: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return [o.outputs[0].token_ids for o in run(eng, prompts, params)]
@@ -80,7 +80,7 @@ def greedy(eng: Any, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 def forced_top1(eng: Any, prompt: list[int], continuation: list[int]) -> list[int]:
     """The codec's argmax at each position of ``continuation`` fed after ``prompt``."""
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
 
     out = run(eng, [prompt + continuation],
               SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]

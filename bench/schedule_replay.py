@@ -17,7 +17,7 @@ import json
 import time
 
 from tallow.engine.block_manager import BlockManager
-from tallow.engine.sampling import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.scheduler import Scheduler
 from tallow.engine.sequence import SequenceStatus
 

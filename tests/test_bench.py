@@ -12,7 +12,7 @@ import torch
 
 from tallow.engine.llm import config_from_kwargs
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 
 
 def bench(*args: str) -> dict:
@@ -158,3 +158,16 @@ def test_constrained_bench_explains_grammar_ended_outputs_that_fail_the_schema()
     assert len(problems) == 2  # the length-ended output is not the grammar's doing
     assert "does not match" in problems[0] and "(pattern)" in problems[0]
     assert problems[1].startswith("not JSON")
+
+
+def test_kernel_timing_rotates_past_the_l2_and_dry_runs_on_a_cpu() -> None:
+    from tallow.bench.kernel_timing import (
+        L2_ROTATION_BYTES, LLAMA3_8B_SHAPES, graph_seconds, rotation_copies,
+    )
+
+    n, k = LLAMA3_8B_SHAPES["head"]
+    assert rotation_copies(2 * n * k) == 2  # a 1 GB head: two copies already miss the L2
+    assert rotation_copies(1 << 20) * (1 << 20) > L2_ROTATION_BYTES
+    calls: list[int] = []
+    assert graph_seconds(calls.append, copies=3, device="cpu") >= 0.0
+    assert calls == [0]  # a dry run calls the kernel once, on the first copy

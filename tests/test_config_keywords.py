@@ -14,7 +14,7 @@ from tallow.config import (
 )
 from tallow.config.keywords import FLAT_SECTIONS, RESERVED
 from tallow.engine.llm import LLM, config_from_kwargs
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.plugin import hookimpl
 from tallow.plugin.manager import load_plugins
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -193,13 +194,14 @@ def test_autoload_failures_are_skipped_and_rolled_back(eps: list[Any]) -> None:
     assert status[GOOD].status == "ok" and status[BROKEN].status == "failed"
     assert status[HALFWAY].status == "failed"
     assert "fixture-halfway-kv" not in pm.registries.kv_codecs
-    # the failed plugin is not left registered with pluggy: it never sees lifecycle hooks
+    # the failed plugin is not left registered with pluggy: it never sees the configuration
     assert pm.pluggy.get_plugin(HALFWAY) is None
-    impls = [i.plugin_name for i in pm.pluggy.hook.tallow_shutdown.get_hookimpls()]
+    impls = [i.plugin_name for i in pm.pluggy.hook.tallow_configure.get_hookimpls()]
     assert HALFWAY not in impls
+    # the good plugin reads its settings; the failed one's implementation would raise
+    pm.configure(SimpleNamespace(plugins=SimpleNamespace(settings={})))
     entry = pm.registries.attention_backends.entry("fixture-attn")
     assert (entry.distribution, entry.version) == (GOOD, META[GOOD]["version"])
-    pm.shutdown()
 
 
 def test_disable_filters_before_importing(eps: list[Any]) -> None:

@@ -75,7 +75,7 @@ def test_failed_plugin_is_rolled_back_everywhere() -> None:
             raise KeyError("boom")
 
         @hookimpl
-        def tallow_engine_ready(self, engine: Any) -> None:
+        def tallow_configure(self, config: Any) -> None:
             raise AssertionError("must not be called")
 
     pm = isolated_plugin_manager(builtins=True)
@@ -86,7 +86,7 @@ def test_failed_plugin_is_rolled_back_everywhere() -> None:
     assert "test_plugin_manager.py" in status.reason  # points at the plugin's code
     assert {r.kind: r.names() for r in pm.registries.all()} == before
     assert not pm.pluggy.is_registered(plugin)
-    pm.engine_ready(object())  # the failed plugin's hook is gone
+    pm.configure(object())  # the failed plugin's hook is gone
 
 
 def test_rollback_restores_what_an_override_replaced() -> None:
@@ -127,12 +127,12 @@ def test_misspelled_hooks_are_caught_marked_or_not() -> None:
     assert "did you mean tallow_register_tool_parsers" in status.reason
 
     @hookimpl
-    def tallow_shutdwon() -> None:
+    def tallow_configur(config: Any) -> None:
         pass
 
-    status = pm.add_plugin(_module("typo2", tallow_shutdwon=tallow_shutdwon), "tallow-typo2",
+    status = pm.add_plugin(_module("typo2", tallow_configur=tallow_configur), "tallow-typo2",
                            fatal=False)
-    assert "unknown hook 'tallow_shutdwon'; did you mean tallow_shutdown" in status.reason
+    assert "unknown hook 'tallow_configur'; did you mean tallow_configure" in status.reason
     pm.check_pending()  # nothing unknown is left registered
 
     @hookimpl(optionalhook=True)
@@ -159,30 +159,6 @@ def test_configure_is_historic() -> None:
     assert pm.hook.tallow_configure(config=config) == []
     pm.add_plugin(Configurable("late"), "tallow-late")
     assert seen == [("early", config), ("late", config)]
-
-
-def test_shutdown_runs_once_newest_first_and_isolates_errors(
-        caplog: pytest.LogCaptureFixture) -> None:
-    order: list[str] = []
-
-    class Closer:
-        def __init__(self, tag: str, fail: bool = False) -> None:
-            self.tag, self.fail = tag, fail
-
-        @hookimpl
-        def tallow_shutdown(self) -> None:
-            order.append(self.tag)
-            if self.fail:
-                raise OSError(f"{self.tag} could not close")
-
-    pm = isolated_plugin_manager(("tallow-a", Closer("a")), ("tallow-b", Closer("b", True)),
-                                 ("tallow-c", Closer("c")))
-    with caplog.at_level(logging.ERROR, logger="tallow.plugin"):
-        pm.hook.tallow_shutdown()
-    assert order == ["c", "b", "a"]
-    assert "tallow-b raised in tallow_shutdown" in caplog.text
-    pm.shutdown()
-    assert order == ["c", "b", "a"]
 
 
 def test_trace_env_switch_writes_hook_calls(capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,3 +253,17 @@ def test_named_entry_whose_check_gives_reasons_is_refused() -> None:
     with pytest.raises(SelectionError, match="'invalid' .* configuration:\n  - no GPU$"):
         select(reg, None, "invalid", check=check)
     assert check.asked == []
+
+
+def test_a_plugin_implementing_a_removed_lifecycle_hook_is_refused_by_name() -> None:
+    # tallow_engine_ready and tallow_shutdown were declared and never used; a plugin that
+    # still implements one must fail loudly rather than wait for a call that never comes.
+    @hookimpl
+    def tallow_shutdown() -> None:
+        pass
+
+    pm = PluginManager(env={})
+    status = pm.add_plugin(_module("old", tallow_shutdown=tallow_shutdown), "tallow-old",
+                           fatal=False)
+    assert status.status == "failed"
+    assert "unknown hook 'tallow_shutdown'" in status.reason

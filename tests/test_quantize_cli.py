@@ -46,8 +46,7 @@ class SchemePlugin:
 @pytest.fixture
 def registries() -> Any:
     pm = isolated_plugin_manager(("tallow-test-schemes", SchemePlugin()), builtins=True)
-    yield pm.registries
-    pm.shutdown()
+    return pm.registries
 
 
 def test_the_scheme_offering_the_type_writes_the_file(registries: Any, tmp_path: Path) -> None:

@@ -23,7 +23,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int4_micro import L2_ROTATION_BYTES, SHAPES, seconds, sweep_gemv  # noqa: E402
+from int4_micro import sweep_gemv  # noqa: E402
+
+from tallow.bench.kernel_timing import L2_ROTATION_BYTES
+from tallow.bench.kernel_timing import LLAMA3_8B_SHAPES as SHAPES
+from tallow.bench.kernel_timing import graph_seconds as seconds
 
 
 def fp4_weights(kind: str, n: int, k: int, copies: int) -> list:

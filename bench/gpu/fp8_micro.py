@@ -30,31 +30,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tallow.bench.kernel_timing import L2_ROTATION_BYTES, graph_seconds
+from tallow.bench.kernel_timing import LLAMA3_8B_SHAPES as SHAPES
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-          "down": (4096, 14336), "head": (128256, 4096)}
-L2_ROTATION_BYTES = 400_000_000
 GEMV_CONFIGS = [(1, bn, bk, w) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048, 4096)
                 for w in (2, 4, 8)]
 DEVICE = "cuda"
 
 
 def seconds(fn, copies: int, iters: int = 10) -> float:
-    """Device seconds of one ``fn(i)``, replayed in a CUDA graph (the wall clock on a CPU)."""
-    if DEVICE != "cuda":
-        started = time.perf_counter()
-        fn(0)
-        return time.perf_counter() - started
-    from profile_decode import _graph_bandwidth
-
-    return 1.0 / _graph_bandwidth(lambda i: fn(i % copies), 1_000_000_000, iters=iters)
+    return graph_seconds(fn, copies, iters, DEVICE)
 
 
 def weights(n: int, k: int, copies: int, block: bool) -> list:

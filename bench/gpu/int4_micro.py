@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_decode import _graph_bandwidth  # noqa: E402
-
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-          "down": (4096, 14336), "head": (128256, 4096)}
-L2_ROTATION_BYTES = 400_000_000
+from tallow.bench.kernel_timing import L2_ROTATION_BYTES
+from tallow.bench.kernel_timing import LLAMA3_8B_SHAPES as SHAPES
+from tallow.bench.kernel_timing import graph_seconds as seconds
 
 
 def int4_weights(n: int, k: int, copies: int, asym: bool = False) -> list:
@@ -42,10 +37,6 @@ def int4_weights(n: int, k: int, copies: int, asym: bool = False) -> list:
                  if asym else None)
         out.append(IntWeight(4, 128, n, k, codes, scales, zeros))
     return out
-
-
-def seconds(fn, copies: int) -> float:
-    return 1.0 / _graph_bandwidth(lambda i: fn(i % copies), 1_000_000_000, iters=10)
 
 
 def sweep_gemv(launch, m: int, rows_per_program, nbytes: int, copies: int, tags: dict,

@@ -20,7 +20,7 @@ from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.testing import make_case
 
-from overlap_probe import time_graph  # this folder is on sys.path when run as a script
+from tallow.bench.kernel_timing import graph_milliseconds as time_graph
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 32
 

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from tallow_attention_triton.ops import decode_attention
 
+from tallow.bench.kernel_timing import graph_milliseconds as time_graph
+
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 4096, 14336, 32, 8, 128, 32, 16
 
 
@@ -134,28 +136,6 @@ def overlap(a: Half, b: Half, kv, w, side: torch.cuda.Stream, splits=None) -> No
                 else:
                     done_b = attn_on_side(h)
     main.wait_stream(side)
-
-
-def time_graph(fn, iters: int = 10, stream: torch.cuda.Stream | None = None) -> float:
-    """ms per replay of ``fn`` captured in a CUDA graph (on ``stream``)."""
-    s = stream or torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # compile and warm
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main() -> None:

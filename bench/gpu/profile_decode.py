@@ -26,29 +26,7 @@ import warnings
 
 import torch
 
-
-def _graph_bandwidth(fn, nbytes: int, iters: int = 20) -> float:
-    """GB/s of ``iters`` launches of ``fn(i)`` replayed as one CUDA graph: no launch gaps from
-    Python, as in the engine's captured decode step."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return nbytes / (start.elapsed_time(end) / 1e3 / (5 * iters)) / 1e9
+from tallow.bench.kernel_timing import graph_bandwidth
 
 
 def gemv_sweep() -> None:
@@ -72,13 +50,13 @@ def gemv_sweep() -> None:
         ref = F.linear(x, ws[0]).float()
         got = gemv_triton(x, ws[0]).float()
         err = ((got - ref).abs().max() / ref.abs().max()).item()
-        cublas = _graph_bandwidth(lambda i: F.linear(x, ws[i % copies]), nbytes)
-        default = _graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies]), nbytes)
+        cublas = graph_bandwidth(lambda i: F.linear(x, ws[i % copies]), nbytes)
+        default = graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies]), nbytes)
         results = []
         for cfg in configs:
             if cfg[2] > max(256, k):
                 continue
-            bw = _graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies], config=cfg), nbytes)
+            bw = graph_bandwidth(lambda i: gemv_triton(x, ws[i % copies], config=cfg), nbytes)
             results.append((bw, cfg))
         results.sort(reverse=True)
         top = " ".join(f"{c[1]}x{c[2]}w{c[3]}:{b:.0f}" for b, c in results[:5])
@@ -104,7 +82,7 @@ def gemm_sweep() -> None:
         for name, w in ws.items():
             x = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
             flops = 2 * m * w.numel()
-            times[name] = flops / (_graph_bandwidth(lambda i: F.linear(x, w), flops) * 1e9)
+            times[name] = flops / (graph_bandwidth(lambda i: F.linear(x, w), flops) * 1e9)
         step = 32 * sum(times.values())
         flops = 2 * m * (32 * sum(w.numel() for w in ws.values()))
         print(f"{m:5d} " + " ".join(f"{t * 1e6:9.1f}" for t in times.values())
@@ -119,7 +97,7 @@ def profile_ttft(args: argparse.Namespace) -> None:
     from tallow.bench.common import build_engine, random_prompts
     from tallow.bench.latency import measure
     from tallow.config import load_config
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
 
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)
@@ -162,7 +140,7 @@ def sync() -> None:
 def profile_step(args: argparse.Namespace) -> None:
     from tallow.config import load_config
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
     from tallow.kernels import linear as linear_mod
 
     linear_mod.GEMV_MAX_ROWS = args.gemv_rows
@@ -255,7 +233,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
     from tallow.bench.throughput import warm_up
     from tallow.config import load_config
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling import SamplingParams
+    from tallow import SamplingParams
 
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)

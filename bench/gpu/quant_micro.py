@@ -51,12 +51,9 @@ from multiprocessing import get_context
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_decode import _graph_bandwidth  # noqa: E402
+from tallow.bench.kernel_timing import L2_ROTATION_BYTES, graph_seconds
+from tallow.bench.kernel_timing import LLAMA3_8B_SHAPES as SHAPES
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-          "down": (4096, 14336), "head": (128256, 4096)}
-L2_ROTATION_BYTES = 400_000_000
 #: the rows of the decode and prefill steps the sweep covers, by pass (most important first)
 PASSES = ((1, 4, 16), (64, 256, 512), (4096,))
 #: the head only ever multiplies the last position of each sequence
@@ -71,12 +68,7 @@ DEVICE = "cuda"
 
 
 def seconds(fn, copies: int, iters: int = 10) -> float:
-    """Device seconds of one ``fn(i)``, replayed in a CUDA graph (see profile_decode)."""
-    if DEVICE != "cuda":  # a dry run
-        started = time.perf_counter()
-        fn(0)
-        return time.perf_counter() - started
-    return 1.0 / _graph_bandwidth(lambda i: fn(i % copies), 1_000_000_000, iters=iters)
+    return graph_seconds(fn, copies, iters, DEVICE)
 
 
 def packed_weights(qtype: str, n: int, k: int, copies: int) -> list:

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 # The Python API is imported lazily so that `import tallow` (and plugin listing) stays cheap.
 _LAZY = {
     "LLM": "tallow.engine.llm:LLM",
-    "SamplingParams": "tallow.engine.sampling:SamplingParams",
+    "SamplingParams": "tallow.engine.sampling.params:SamplingParams",
     "StructuredOutputsParams": "tallow.engine.sampling:StructuredOutputsParams",
     "AsyncEngine": "tallow.engine.async_engine:AsyncEngine",
 }

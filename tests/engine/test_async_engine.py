@@ -8,7 +8,7 @@ import pytest
 
 from tallow.engine.async_engine import AsyncEngine
 from tallow.engine.llm import config_from_kwargs
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])

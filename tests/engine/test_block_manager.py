@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tallow.engine.block_manager import BlockManager, NoFreeBlocksError, chain_hash
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.sequence import Sequence
 
 

@@ -70,7 +70,7 @@ def test_the_per_layer_tensors_carry_all_of_a_turbo_codecs_calibration():
     cache tensors (as the GPU tests share them), computes that engine's log-probs: nothing of
     the calibration lives outside the cache's per-layer tensors."""
     from tallow.engine.kv_calibration import calibrate_kv_codec
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
 
     first, second = random_engine("tiny-llama", "turbo4"), random_engine("tiny-llama", "turbo4")
     model = second.parts.loaded.model

@@ -19,7 +19,7 @@ import torch
 
 from tallow.config import config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.kernels.kv_cache import to_cache_dtype
 
 PROMPT = "Paged attention stores keys and values in fixed-size blocks. Continuous batching"

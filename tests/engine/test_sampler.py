@@ -12,8 +12,9 @@ from transformers.generation.logits_process import (
 )
 
 from tallow.engine.errors import InvalidParameter
+from tallow import SamplingParams
 from tallow.engine.sampling import (
-    RowParams, Sampler, SamplingBatch, SamplingParams, apply_min_p, apply_top_k, apply_top_p,
+    RowParams, Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p,
 )
 from tallow.kernels.gumbel import gumbel_noise_ref, log_f32, row_keys
 from tallow.kernels.sampling import apply_logit_edits_ref

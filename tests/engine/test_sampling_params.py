@@ -7,7 +7,8 @@ import math
 import pytest
 
 from tallow.engine.errors import InvalidParameter
-from tallow.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from tallow import SamplingParams
+from tallow.engine.sampling.params import MAX_LOGPROBS
 
 
 def test_defaults_are_vllm_defaults() -> None:

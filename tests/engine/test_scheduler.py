@@ -6,7 +6,7 @@ import pytest
 
 from tallow.engine.block_manager import BlockManager
 from tallow.engine.errors import AdmissionError, QueueFullError
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.scheduler import Scheduler, SchedulerOutput
 from tallow.engine.sequence import Sequence, SequenceStatus
 

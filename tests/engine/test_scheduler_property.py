@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tallow.engine.block_manager import BlockManager
 from tallow.engine.errors import AdmissionError
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.scheduler import AppliedStep, NewToken, Scheduler, SchedulerOutput
 from tallow.engine.sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 

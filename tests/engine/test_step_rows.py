@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tallow.engine.sampling import SamplingParams, StepRows
+from tallow import SamplingParams
+from tallow.engine.sampling import StepRows
 from tallow.engine.sampling import sampler as sampler_module
 
 

@@ -477,7 +477,8 @@ def test_logit_edits_bit_equal(n_rows, vocab, n_entries):
 def test_sampler_on_device_matches_cpu(monkeypatch):
     """Seeded rows sample the same tokens on this device (Triton kernels) as on the CPU
     (torch references), with penalties, bias, greedy rows and top-k in the batch."""
-    from tallow.engine.sampling import RowParams, Sampler, SamplingBatch, SamplingParams
+    from tallow import SamplingParams
+    from tallow.engine.sampling import RowParams, Sampler, SamplingBatch
     from tallow.kernels import sampling
     g = rng(10)
     vocab = 1000 if INTERPRET else 151936

@@ -255,7 +255,7 @@ def test_a_request_abandoned_while_queued_for_the_engine_is_aborted() -> None:
     queue; the client leaves; once the thread goes on, the request must not run."""
     from tallow.engine.async_engine import AsyncEngine
     from tallow.engine.llm import config_from_kwargs
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
 
     engine = AsyncEngine.from_config(config_from_kwargs(
         model="random:tiny-llama", dtype="float32", device="cpu", max_model_len=512))

@@ -73,7 +73,7 @@ def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
     from tallow.plugin import GrammarSpec
 
     schema = json.loads(Path(args.json_schema).read_text())

@@ -42,7 +42,7 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
 def prefill_only(engine: Any, prompts: list[list[int]]) -> dict[str, float]:
     """Run ``prompts`` for one token each; their full KV blocks stay in the prefix cache for a
     second pass over the same prompts. Seconds from the start to each first token."""
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
     sync(engine.parts.loaded.device)
@@ -82,7 +82,7 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
     first ones finishing while the last ones still prefill. With ``synthetic_context`` the
     prompts' blocks are registered uncomputed instead (:func:`register_synthetic_context`):
     only as many sequences run as the cache holds, and TTFT is not measured."""
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     device = engine.parts.loaded.device
     vocab = engine.parts.core.runner.vocab_size

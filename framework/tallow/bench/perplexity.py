@@ -161,7 +161,7 @@ def score_windows(engine: Any, tokens: list[int], plan: list[Window],
                   batch: int = 1) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     if batch < 1:
         raise BenchInputError(f"--batch must be at least 1, got {batch}")

@@ -15,7 +15,7 @@ from .common import (
 def warm_up(engine: Any) -> None:
     """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
     sequences (mixed steps), so that kernels compile first."""
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     vocab = engine.parts.core.runner.vocab_size
     for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
@@ -33,7 +33,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         from . import constrained
 
         return constrained.run(args, config)
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     from tallow.engine.loader import resolve_device
 

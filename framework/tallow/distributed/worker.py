@@ -111,7 +111,6 @@ def _serve_engine(parallel: ParallelState, startup: dict[str, Any]) -> None:
             fed = run_step(runner, message, fed)
     finally:
         del runner
-        plugins.shutdown()
         gc.collect()
         if parallel.device.type == "cuda":
             torch.cuda.empty_cache()

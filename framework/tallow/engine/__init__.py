@@ -1,6 +1,5 @@
 """The engine: requests, scheduling, paged KV memory, model running, sampling."""
 
 from .errors import AdmissionError, InvalidParameter, QueueFullError
-from .sampling import SamplingParams
 
-__all__ = ["SamplingParams", "AdmissionError", "InvalidParameter", "QueueFullError"]
+__all__ = ["AdmissionError", "InvalidParameter", "QueueFullError"]

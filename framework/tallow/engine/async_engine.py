@@ -24,7 +24,7 @@ from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
 from .outputs import EmbeddingOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .sequence import SequenceStatus
 
 log = logging.getLogger("tallow.engine")
@@ -60,7 +60,6 @@ class AsyncEngine(EngineFrontend):
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="tallow-engine", daemon=True)
         self._thread.start()
-        self.plugin_manager.hook.tallow_engine_ready(engine=self)
 
     async def shutdown(self) -> None:
         self._stopping.set()

@@ -63,7 +63,7 @@ from .embedding import PoolingParams
 from .errors import AdmissionError, InvalidParameter
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
 from .sequence import SequenceStatus
 

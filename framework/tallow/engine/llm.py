@@ -11,7 +11,7 @@ from .builder import resolve_engine_config
 from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
 from .outputs import EmbeddingOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 
 
 def config_from_kwargs(**kwargs: Any) -> TallowConfig:

@@ -9,7 +9,7 @@ from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .outputs import EmbeddingOutput, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .sequence import SequenceStatus
 
 
@@ -24,9 +24,7 @@ class LLMEngine(EngineFrontend):
 
     @classmethod
     def from_config(cls, config: Any, plugin_manager: Any = None) -> "LLMEngine":
-        engine = cls(build_engine(config, plugin_manager))
-        engine.plugin_manager.hook.tallow_engine_ready(engine=engine)
-        return engine
+        return cls(build_engine(config, plugin_manager))
 
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"

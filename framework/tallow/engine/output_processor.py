@@ -14,7 +14,7 @@ from typing import Any
 from .core import CoreOutput, TokenUpdate
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 
 
 @dataclass

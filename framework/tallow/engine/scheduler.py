@@ -51,7 +51,7 @@ from typing import Callable
 
 from .block_manager import BlockManager
 from .errors import AdmissionError, QueueFullError
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 from .sequence import Request, Sequence, SequenceStatus
 
 __all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AppliedStep", "NewToken",

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sampling import SamplingParams
+from .sampling.params import SamplingParams
 
 __all__ = ["SequenceStatus", "Sequence", "Request", "PENDING_TOKEN"]
 

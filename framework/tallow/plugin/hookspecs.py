@@ -1,8 +1,10 @@
 """Every extension point of tallow, declared as pluggy hook specifications.
 
 Registration hooks are called once at start-up, each with a typed registry; an implementation
-registers lazy ``"module:attr"`` targets and returns nothing. Lifecycle hooks tell plugins what
-the process is doing. No hook is ever called per request or per token.
+registers lazy ``"module:attr"`` targets and returns nothing. ``tallow_configure`` gives every
+plugin the effective configuration. No hook is ever called per request or per token; what a
+plugin holds at run time is a component its owner starts and stops (a tool provider's
+``start``/``stop``), not a process-wide hook.
 """
 
 from __future__ import annotations
@@ -142,18 +144,3 @@ def tallow_configure(config: Any) -> None:
     ``config.plugins.settings.get(<distribution name>, {})``; do not mutate ``config``.
     """
 
-
-@hookspec
-def tallow_engine_ready(engine: Any) -> None:
-    """The engine has loaded its model and allocated its KV cache; requests may now flow.
-
-    Called once, on the process that drives the engine, before the server accepts traffic.
-    """
-
-
-@hookspec
-def tallow_shutdown() -> None:
-    """The process is shutting down: release what you hold (subprocesses, connections).
-
-    Called once; must not raise (a raising implementation is logged and the others still run).
-    """

@@ -123,7 +123,7 @@ def canonical(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Hook relay: pluggy's, with tallow's calling rules for two lifecycle hooks
+# Hook relay: pluggy's, with tallow's calling rule for the historic hook
 # ---------------------------------------------------------------------------------------------
 class _HistoricCaller:
     """Calling a historic hook records the call, so plugins registered later receive it too."""
@@ -144,8 +144,7 @@ class HookRelay:
     """``pm.hook.<name>(**kwargs)`` calls every implementation of a hook.
 
     As pluggy's relay, except: ``tallow_configure`` (historic) may be called directly and is
-    replayed to plugins registered later; ``tallow_shutdown`` runs once, each implementation
-    isolated (a raising one is logged and the others still run).
+    replayed to plugins registered later.
     """
 
     def __init__(self, manager: "PluginManager") -> None:
@@ -160,8 +159,6 @@ class HookRelay:
             raise AttributeError(
                 f"tallow declares no hook {name!r} (hooks: {', '.join(HOOK_NAMES)})"
             ) from None
-        if name == "tallow_shutdown":
-            return self._manager._run_shutdown
         if caller.spec is not None and caller.spec.opts.get("historic"):
             return _HistoricCaller(caller)
         return caller
@@ -186,7 +183,6 @@ class PluginManager:
         self.unloaded = UnloadedPlugins()
         self.registries.explain_unloaded_with(self.unloaded.explain)
         self._records: dict[str, _Record] = {}
-        self._shutdown_done = False
         if trace is None:
             trace = env.get(ENV_TRACE, "").strip().lower() not in ("", "0", "false", "no")
         if trace:
@@ -299,26 +295,6 @@ class PluginManager:
     def configure(self, config: Any) -> None:
         """Tell every plugin (and every plugin added later) the effective configuration."""
         self.hook.tallow_configure(config=config)
-
-    def engine_ready(self, engine: Any) -> None:
-        """Tell every plugin that the engine is ready to serve."""
-        self.hook.tallow_engine_ready(engine=engine)
-
-    def shutdown(self) -> None:
-        """Call ``tallow_shutdown`` once: newest plugin first, each isolated (errors are logged)."""
-        self._run_shutdown()
-
-    def _run_shutdown(self) -> list[Any]:
-        if self._shutdown_done:
-            return []
-        self._shutdown_done = True
-        results: list[Any] = []
-        for impl in reversed(self.pluggy.hook.tallow_shutdown.get_hookimpls()):
-            try:
-                results.extend(self._caller_for(impl.plugin, "tallow_shutdown")())
-            except Exception:
-                log.exception("plugin %s raised in tallow_shutdown", impl.plugin_name)
-        return results
 
     def check_pending(self) -> None:
         """Raise if any registered plugin implements a hook tallow does not declare."""
@@ -535,8 +511,7 @@ def load_plugins(plugins_config: Any = None, *, env: Mapping[str, str] = os.envi
     defaults). ``env`` supplies ``TALLOW_PLUGINS`` (comma-separated distribution names: exactly
     those load, as if enabled; empty: no external plugin) and ``TALLOW_TRACE_HOOKS``.
     ``entry_points`` replaces discovery (embedding, tests). The caller then calls
-    ``pm.hook.tallow_configure(config=...)``, ``tallow_engine_ready(engine=...)`` and
-    ``tallow_shutdown()`` (or :meth:`PluginManager.shutdown`).
+    ``pm.configure(config)`` (the ``tallow_configure`` hook).
 
     Raises :class:`PluginError` / :class:`PluginLoadError` when start-up must stop.
     """

@@ -1,24 +1,21 @@
-"""``POST /v1/chat/completions``: whole responses and SSE streams, with tools and logprobs."""
+"""``POST /v1/chat/completions``: whole responses and SSE streams, with tools and logprobs.
+
+:class:`ChatCompletion` is the chat side of :class:`~tallow.server.serving.OpenAIServing`: the
+prompt rendered from the messages by the model's chat template, and choices shaped as
+messages or deltas, with tool calls parsed out of the text.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from typing import Any, AsyncIterator
+from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from .errors import APIError, from_exception, invalid
-from .logprobs import chat_logprobs, reported_tokens
+from .errors import invalid
+from .logprobs import chat_logprobs
 from .messages import normalize_messages
-from .protocol import (
-    ChatCompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
-)
-from .generation import aclose_quietly, run_generation, unless_disconnected
-from .sampling import build_sampling_params, resolve_max_tokens
-from .sse import DONE, StreamSession
+from .protocol import ChatCompletionRequest
+from .sampling import resolve_max_tokens
+from .serving import Item, OpenAIServing, Starter, single_stream
 from .state import ServerState
 from .structured import (
     Constraint, compile_constraint, compile_tool_parameters, requested_constraint,
@@ -32,33 +29,51 @@ _RESERVED_TEMPLATE_KEYS = {"chat_template", "messages", "tools", "add_generation
 
 
 class _Choice:
-    """Streaming bookkeeping of one of the ``n`` choices."""
+    """Bookkeeping of one of the ``n`` choices: the text given to its tool parser so far and
+    the parser's latest delta, the tokens whose logprobs were sent, whether it has ended."""
 
     def __init__(self, tools: ChoiceTools) -> None:
         self.tools = tools
         self.text_len = 0
+        self.delta: Any = None
         self.tokens = 0
         self.finished = False
         self.started = False
-        self.reason: str | None = None
 
 
-class ChatCompletion:
+class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     """One chat-completion request, from its parsed body to the response."""
 
+    request_type = ChatCompletionRequest
+    path = "/v1/chat/completions"
+    prompt_param = "messages"
+    id_prefix = "chatcmpl"
+    response_object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
     def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
-        self.state = state
-        self.req = req
-        self.id = state.new_id("chatcmpl")
-        self.created = int(time.time())
-        self.include_usage, self.continuous_usage = stream_flags(req)
+        super().__init__(state, req)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         structured = state.structured
         self.plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                                state.tool_parsing,
                                constrain=structured is not None and structured.available)
         self.prompt_ids: list[int] = []
-        self.timer = state.metrics.timer()
+        self._choices: list[_Choice] = []
+
+    @classmethod
+    async def create(cls, state: ServerState, req: Any) -> Any:
+        from .tool_loop import ToolLoop, wants_server_tools  # it builds on this module
+
+        if wants_server_tools(state, req):
+            return ToolLoop(state, req, await state.tool_providers.tools())
+        return cls(state, req)
+
+    async def start(self) -> tuple[Starter, int]:
+        ids, params, prompt = await self.prepare()
+        return (lambda: single_stream(self.state.engine.generate(
+            ids, params, self.id, prompt=prompt, priority=self.req.priority or 0)),
+            self.req.n or 1)
 
     async def prepare(self, messages: list[dict[str, Any]] | None = None,
                       budget: int | None = None) -> tuple[list[int], Any, str]:
@@ -83,13 +98,7 @@ class ChatCompletion:
         max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len,
                                         "messages", param)
         spec = await self._output_constraint()
-        try:
-            params = build_sampling_params(self.req, max_tokens=max_tokens,
-                                           vocab_size=getattr(self.state.tokenizer,
-                                                              "vocab_size", None),
-                                           logprobs=self.top, structured_outputs=spec)
-        except Exception as exc:
-            raise from_exception(exc) from None
+        params = self.sampling_params(max_tokens, self.top, structured_outputs=spec)
         return ids, params, prompt
 
     async def _output_constraint(self) -> Any:
@@ -109,60 +118,45 @@ class ChatCompletion:
         await compile_constraint(self.state, asked)
         return asked.spec
 
-    # -- shapes -------------------------------------------------------------------------
-    def _usage(self, out: Any) -> dict[str, Any]:
-        completion = sum(len(o.token_ids) for o in out.outputs)
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": completion,
-                "total_tokens": len(self.prompt_ids) + completion,
-                "prompt_tokens_details": {"cached_tokens": int(out.num_cached_tokens or 0)}}
+    # -- following the outputs ----------------------------------------------------------
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
-        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
-                                "created": self.created, "model": self.state.model_name,
-                                "system_fingerprint": self.state.system_fingerprint,
-                                "choices": choices}
-        if self.include_usage or self.continuous_usage:
-            body["usage"] = usage
-        return json.dumps(body, ensure_ascii=False)
+    def received(self, item: Item) -> None:
+        """Give each choice's new text to its tool parser."""
+        _, out = item
+        if not self._choices:
+            self._choices = [_Choice(self.plan.choice()) for _ in out.outputs]
+        for o in out.outputs:
+            c = self._choices[o.index]
+            if c.finished:
+                continue
+            new_text = o.text[c.text_len:]
+            c.text_len = len(o.text)
+            c.delta = c.tools.feed(new_text) if new_text else None
+
+    def can_stop(self) -> bool:
+        return all(c.finished or c.tools.complete for c in self._choices)
 
     @staticmethod
-    def _finish_reason(o: Any, final: Final, tools: Any) -> str:
+    def tool_finish_reason(o: Any, final: Final, tools: Any) -> str:
+        """A choice's finish reason once its tool calls are known."""
         if final.tool_calls:
             return "length" if tools.truncated else "tool_calls"
         if tools.complete:
             return "stop"
-        if o.finish_reason == "abort":
-            raise APIError(503, "The request was aborted by the server (shutting down?).",
-                           code="aborted")
-        return o.finish_reason or "stop"
+        return OpenAIServing.engine_finish_reason(o)
+
+    def _logprobs(self, o: Any, start: int, end: int) -> dict[str, Any]:
+        return {"content": chat_logprobs(o.logprobs[start:end], o.token_ids[start:end],
+                                         self.top or 0, self.state.token_text),
+                "refusal": None}
 
     # -- whole response -----------------------------------------------------------------
-    async def respond(self, request: Request, gen: AsyncIterator[Any], first: Any) -> Response:
-        choices = [self.plan.choice() for _ in first.outputs]
-        fed = [0] * len(choices)
-
-        async def collect() -> Any:
-            last = first
-            try:
-                out = first
-                while True:
-                    self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
-                    for o in out.outputs:
-                        choices[o.index].feed(o.text[fed[o.index]:])
-                        fed[o.index] = len(o.text)
-                    last = out
-                    if out.finished or all(c.complete for c in choices):
-                        return last
-                    out = await gen.__anext__()
-            except StopAsyncIteration:
-                return last
-            finally:
-                await aclose_quietly(gen)
-
-        last = await unless_disconnected(request, collect())
+    def choices(self) -> list[dict[str, Any]]:
         result = []
-        for o in last.outputs:
-            tools = choices[o.index]
+        for o in self.latest[0].outputs:
+            tools = self._choices[o.index].tools
             final = tools.final(o.text)
             message: dict[str, Any] = {"role": "assistant", "content": final.content,
                                        "refusal": None}
@@ -173,95 +167,58 @@ class ChatCompletion:
                     for c in final.tool_calls]
             logprobs = None
             if self.top is not None and o.logprobs is not None:
-                shown = reported_tokens(o, self.state.eos_token_ids,
-                                        bool(self.req.include_stop_str_in_output))
-                logprobs = {"content": chat_logprobs(o.logprobs[:shown], o.token_ids[:shown],
-                                                     self.top, self.state.token_text),
-                            "refusal": None}
+                logprobs = self._logprobs(o, 0, self.reported(o))
             result.append({"index": o.index, "message": message, "logprobs": logprobs,
-                           "finish_reason": self._finish_reason(o, final, tools)})
-        self.timer.finish([c["finish_reason"] for c in result], last.num_cached_tokens)
-        return JSONResponse({"id": self.id, "object": "chat.completion",
-                             "created": self.created, "model": self.state.model_name,
-                             "system_fingerprint": self.state.system_fingerprint,
-                             "choices": result, "usage": self._usage(last)})
+                           "finish_reason": self.tool_finish_reason(o, final, tools)})
+        return result
 
     # -- stream -------------------------------------------------------------------------
-    async def stream(self, gen: AsyncIterator[Any], first: Any,
-                     session: StreamSession) -> AsyncIterator[str]:
-        choices = [_Choice(self.plan.choice()) for _ in first.outputs]
-        last = first
-        out = first
-        while True:
-            last = out
-            self.timer.tokens(max(len(o.token_ids) for o in out.outputs))
-            for o in out.outputs:
-                for chunk in self._choice_chunks(choices[o.index], o, out):
-                    yield chunk
-            if all(c.finished for c in choices):
-                break
-            if all(c.finished or c.tools.complete for c in choices):
-                # Every forced call is closed: stop generating and finish the choices.
-                await aclose_quietly(gen)
-                for o in out.outputs:
-                    for chunk in self._choice_chunks(choices[o.index], o, out, force=True):
-                        yield chunk
-                break
-            try:
-                out = await gen.__anext__()
-            except StopAsyncIteration:
-                break
-        self.timer.finish([c.reason or "stop" for c in choices], last.num_cached_tokens)
-        if self.include_usage:
-            yield self._chunk([], self._usage(last))
-        yield DONE
+    def choice_chunks(self, item: Item, usage: Any) -> list[str]:
+        _, out = item
+        return [chunk for o in out.outputs
+                for chunk in self._choice_chunks(self._choices[o.index], o, usage)]
 
-    def _choice_chunks(self, c: _Choice, o: Any, out: Any, force: bool = False) -> list[str]:
+    def closing_chunks(self, usage: Any) -> list[str]:
+        return [chunk for o in self.latest[0].outputs
+                for chunk in self._choice_chunks(self._choices[o.index], o, usage, force=True)]
+
+    def _choice_chunks(self, c: _Choice, o: Any, usage: Any, force: bool = False) -> list[str]:
         if c.finished:
             return []
         chunks: list[str] = []
-        usage = self._usage(out) if self.continuous_usage else None
         if not c.started:
             c.started = True
-            chunks.append(self._chunk([{"index": o.index,
-                                        "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}], usage))
-        new_text = o.text[c.text_len:]
-        c.text_len = len(o.text)
-        delta = c.tools.feed(new_text) if new_text else None
+            chunks.append(self.chunk([{"index": o.index,
+                                       "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}], usage))
+        delta, c.delta = c.delta, None
         logprobs = None
-        shown = reported_tokens(o, self.state.eos_token_ids,
-                                bool(self.req.include_stop_str_in_output))
+        shown = self.reported(o)
         if self.top is not None and o.logprobs is not None and shown > c.tokens:
-            logprobs = {"content": chat_logprobs(o.logprobs[c.tokens:shown],
-                                                 o.token_ids[c.tokens:shown],
-                                                 self.top, self.state.token_text),
-                        "refusal": None}
+            logprobs = self._logprobs(o, c.tokens, shown)
         c.tokens = max(c.tokens, shown)
         pieces = [delta] if delta else []
         ending = o.finished or force
         if ending:
             pieces += c.tools.finish()
         for i, piece in enumerate(pieces):
-            chunks.append(self._chunk([{"index": o.index, "delta": _delta_dict(piece),
-                                        "logprobs": logprobs if i == 0 else None,
-                                        "finish_reason": None}], usage))
+            chunks.append(self.chunk([{"index": o.index, "delta": _delta_dict(piece),
+                                       "logprobs": logprobs if i == 0 else None,
+                                       "finish_reason": None}], usage))
         if not pieces and logprobs is not None:
-            chunks.append(self._chunk([{"index": o.index, "delta": {"content": ""},
-                                        "logprobs": logprobs, "finish_reason": None}], usage))
+            chunks.append(self.chunk([{"index": o.index, "delta": {"content": ""},
+                                       "logprobs": logprobs, "finish_reason": None}], usage))
         if ending:
             c.finished = True
             if any(p.tool_calls for p in pieces) or c.tools.sent_calls:
                 reason = "length" if c.tools.truncated else "tool_calls"
             elif force:
                 reason = "stop"
-            elif o.finish_reason == "abort":
-                raise APIError(503, "The request was aborted by the server.", code="aborted")
             else:
-                reason = o.finish_reason or "stop"
-            c.reason = reason
-            chunks.append(self._chunk([{"index": o.index, "delta": {}, "logprobs": None,
-                                        "finish_reason": reason}], usage))
+                reason = self.engine_finish_reason(o)
+            self.reasons[o.index] = reason
+            chunks.append(self.chunk([{"index": o.index, "delta": {}, "logprobs": None,
+                                       "finish_reason": reason}], usage))
         return chunks
 
 
@@ -286,19 +243,4 @@ def _delta_dict(piece: Any) -> dict[str, Any]:
     return delta
 
 
-async def create_chat_completion(state: ServerState, request: Request,
-                                 body: dict[str, Any]) -> Response:
-    req = parse_request(ChatCompletionRequest, body)
-    check_model(req.model, state.served_names)
-    state.require_generation("/v1/chat/completions")
-    reject_unsupported(req)
-    from .tool_loop import create_with_server_tools, wants_server_tools  # it builds on this module
-
-    if wants_server_tools(state, req):
-        return await create_with_server_tools(state, request, req)
-    handler = ChatCompletion(state, req)
-    ids, params, prompt = await handler.prepare()
-    return await run_generation(
-        state, request, lambda: state.engine.generate(ids, params, handler.id, prompt=prompt,
-                                                      priority=req.priority or 0),
-        "messages", bool(req.stream), handler.respond, handler.stream, handler.timer, req.n or 1)
+create_chat_completion = ChatCompletion.serve

@@ -95,48 +95,45 @@ def serve(config: Any, bind: Any) -> int:
     started = time.monotonic()
     pm = load_plugins(config.plugins)
     pm.check_targets()  # /v1/plugins shows a plugin with an unresolvable target as broken
+    pm.configure(config)
     try:
-        pm.hook.tallow_configure(config=config)
-        try:
-            engine = AsyncEngine.from_config(config, plugin_manager=pm)
-        except Exception as exc:  # a model that cannot be served: say why, without a traceback
-            log.debug("engine start-up failed", exc_info=True)
-            # a damaged model file names itself, the field and the problem
-            detail = str(exc) if isinstance(exc, ModelFileError) else \
-                f"{type(exc).__name__}: {exc}"
-            print(f"tallow: cannot serve the model: {detail}", file=sys.stderr)
-            return 1
-        from tallow.engine.builder import freeze_startup_heap
+        engine = AsyncEngine.from_config(config, plugin_manager=pm)
+    except Exception as exc:  # a model that cannot be served: say why, without a traceback
+        log.debug("engine start-up failed", exc_info=True)
+        # a damaged model file names itself, the field and the problem
+        detail = str(exc) if isinstance(exc, ModelFileError) else \
+            f"{type(exc).__name__}: {exc}"
+        print(f"tallow: cannot serve the model: {detail}", file=sys.stderr)
+        return 1
+    from tallow.engine.builder import freeze_startup_heap
 
-        freeze_startup_heap()
-        try:
-            app = build_app(engine, config)
-        except ToolParserError as exc:
-            print(f"tallow: {exc}", file=sys.stderr)
-            return 2
-        level = config.logging.level
-        uv_config = uvicorn_config(
-            app, host=bind.host, port=bind.port, uds=bind.uds,
-            log_config=None, log_level=level.lower(), access_log=level == "DEBUG",
-            timeout_graceful_shutdown=5, timeout_keep_alive=30, server_header=False)
-        if bind.uds is not None:
-            _remove_stale_socket(bind.uds)
-        sock = uv_config.bind_socket()
-        if bind.uds is None:
-            host, port = sock.getsockname()[:2]
-            url = type(bind)(host=bind.host, port=port).url()
-        else:
-            url = bind.url()
-        log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
-        print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
-        try:
-            _run_until_signalled(uvicorn.Server(uv_config), sock)
-        finally:
-            if bind.uds is not None and os.path.exists(bind.uds):
-                os.remove(bind.uds)
-        return 0
+    freeze_startup_heap()
+    try:
+        app = build_app(engine, config)
+    except ToolParserError as exc:
+        print(f"tallow: {exc}", file=sys.stderr)
+        return 2
+    level = config.logging.level
+    uv_config = uvicorn_config(
+        app, host=bind.host, port=bind.port, uds=bind.uds,
+        log_config=None, log_level=level.lower(), access_log=level == "DEBUG",
+        timeout_graceful_shutdown=5, timeout_keep_alive=30, server_header=False)
+    if bind.uds is not None:
+        _remove_stale_socket(bind.uds)
+    sock = uv_config.bind_socket()
+    if bind.uds is None:
+        host, port = sock.getsockname()[:2]
+        url = type(bind)(host=bind.host, port=port).url()
+    else:
+        url = bind.url()
+    log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
+    print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
+    try:
+        _run_until_signalled(uvicorn.Server(uv_config), sock)
     finally:
-        pm.shutdown()
+        if bind.uds is not None and os.path.exists(bind.uds):
+            os.remove(bind.uds)
+    return 0
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -162,7 +159,7 @@ class _Stopped(Exception):
 
 def _run_until_signalled(server: Any, sock: Any) -> None:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal; catching
-    # it here lets the process run its plugins' shutdown hooks and exit with status 0.
+    # it here lets the process clean up (the socket file) and exit with status 0.
     def stopped(signum: int, frame: Any) -> None:
         raise _Stopped(signum)
 

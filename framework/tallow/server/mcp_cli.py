@@ -55,7 +55,7 @@ def build_server(engine: Any) -> Any:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from tallow.engine.sampling import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     @contextlib.asynccontextmanager
     async def lifespan(server: Any) -> AsyncIterator[dict[str, Any]]:
@@ -130,17 +130,13 @@ def run(args: argparse.Namespace) -> int:
     from tallow.engine.async_engine import AsyncEngine
 
     pm = load_plugins(config.plugins)
+    pm.configure(config)
     try:
-        pm.hook.tallow_configure(config=config)
-        try:
-            engine = AsyncEngine.from_config(config, plugin_manager=pm)
-        except Exception as exc:
-            log.debug("engine start-up failed", exc_info=True)
-            print(f"tallow: cannot serve the model: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
-            return 1
-        log.info("serving %s over MCP (stdio)", engine.model_name)
-        build_server(engine).run("stdio")
-        return 0
-    finally:
-        pm.shutdown()
+        engine = AsyncEngine.from_config(config, plugin_manager=pm)
+    except Exception as exc:
+        log.debug("engine start-up failed", exc_info=True)
+        print(f"tallow: cannot serve the model: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    log.info("serving %s over MCP (stdio)", engine.model_name)
+    build_server(engine).run("stdio")
+    return 0

@@ -32,7 +32,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class _SamplingFields(BaseModel):
+class SamplingFields(BaseModel):
     """Fields shared by chat and text completions."""
 
     model_config = _STRICT
@@ -83,7 +83,7 @@ _MESSAGE: dict[str, Any] = {
         "tool_calls": {"type": "array", "items": {"type": "object"}}}}
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. ``messages`` is checked by :mod:`.messages`."""
 
     messages: list[dict[str, Any]] = Field(min_length=1, json_schema_extra={"items": _MESSAGE})
@@ -110,7 +110,7 @@ class ChatCompletionRequest(_SamplingFields):
     service_tier: str | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, strings, token ids or lists of them."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -318,7 +318,7 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise unsupported("best_of", "best_of must equal n (tallow returns every candidate)")
 
 
-def stream_flags(req: _SamplingFields) -> tuple[bool, bool]:
+def stream_flags(req: SamplingFields) -> tuple[bool, bool]:
     """(include_usage, continuous_usage_stats) of a streaming request."""
     opts = req.stream_options
     if opts is None:

@@ -8,15 +8,21 @@ naming the field by :func:`tallow.server.errors.from_exception`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from tallow.engine.sampling.params import SamplingParams
 
 from .errors import APIError, invalid
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import SamplingFields
 
-# Request field → SamplingParams field, copied when the request sets it (not None).
-_PASS_THROUGH = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "frequency_penalty", "presence_penalty", "seed", "min_tokens", "ignore_eos",
-                 "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output")
+T = TypeVar("T")
+
+#: The engine's defaults, taken where a request leaves a field out (None).
+_DEFAULTS = SamplingParams()
+
+
+def _given(value: T | None, default: T) -> T:
+    return default if value is None else value
 
 
 def context_error(prompt_len: int, max_model_len: int, param: str) -> APIError:
@@ -44,33 +50,52 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
     return requested
 
 
-def build_sampling_params(req: ChatCompletionRequest | CompletionRequest, *, max_tokens: int,
-                          vocab_size: int | None, logprobs: int | None = None,
-                          prompt_logprobs: int | None = None,
-                          structured_outputs: Any = None) -> Any:
-    """The engine's ``SamplingParams`` for ``req`` (imported lazily: it lives in the engine);
-    ``structured_outputs`` is the GrammarSpec its output must match, if any."""
-    from tallow.engine.sampling import SamplingParams
-
-    kwargs: dict[str, Any] = {name: getattr(req, name) for name in _PASS_THROUGH
-                              if getattr(req, name, None) is not None}
-    if req.stop is not None:
-        kwargs["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-    if req.logit_bias:
-        bias: dict[int, float] = {}
-        for key, value in req.logit_bias.items():
-            try:
-                token = int(key)
-            except ValueError:
-                raise invalid("logit_bias", f"Invalid value for 'logit_bias': keys must be token "
-                              f"ids, got {key!r}.") from None
-            bias[token] = value
-        kwargs["logit_bias"] = bias
-    kwargs["max_tokens"] = max_tokens
-    kwargs["logprobs"] = logprobs
-    kwargs["prompt_logprobs"] = prompt_logprobs
-    kwargs["structured_outputs"] = structured_outputs
-    params = SamplingParams(**kwargs)
+def build_sampling_params(req: SamplingFields, *, max_tokens: int, vocab_size: int | None,
+                          logprobs: int | None = None, prompt_logprobs: int | None = None,
+                          structured_outputs: Any = None) -> SamplingParams:
+    """The engine's ``SamplingParams`` for ``req``, field by field (a field renamed on either
+    side is a type error here); ``structured_outputs`` is the GrammarSpec its output must
+    match, if any. The completion budget and logprobs are the endpoint's to decide."""
+    d = _DEFAULTS
+    params = SamplingParams(
+        n=_given(req.n, d.n),
+        temperature=_given(req.temperature, d.temperature),
+        top_p=_given(req.top_p, d.top_p),
+        top_k=_given(req.top_k, d.top_k),
+        min_p=_given(req.min_p, d.min_p),
+        repetition_penalty=_given(req.repetition_penalty, d.repetition_penalty),
+        frequency_penalty=_given(req.frequency_penalty, d.frequency_penalty),
+        presence_penalty=_given(req.presence_penalty, d.presence_penalty),
+        logit_bias=_logit_bias(req.logit_bias),
+        seed=req.seed,
+        max_tokens=max_tokens,
+        min_tokens=_given(req.min_tokens, d.min_tokens),
+        stop=[] if req.stop is None else [req.stop] if isinstance(req.stop, str)
+        else list(req.stop),
+        stop_token_ids=list(_given(req.stop_token_ids, d.stop_token_ids)),
+        ignore_eos=_given(req.ignore_eos, d.ignore_eos),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=_given(req.skip_special_tokens, d.skip_special_tokens),
+        include_stop_str_in_output=_given(req.include_stop_str_in_output,
+                                          d.include_stop_str_in_output),
+        structured_outputs=structured_outputs,
+    )
     if vocab_size:
         params.validate_vocab(vocab_size)
     return params
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """JSON object keys are strings: ``{"50256": -100}`` is how clients send a token id."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid("logit_bias", f"Invalid value for 'logit_bias': keys must be token "
+                          f"ids, got {key!r}.") from None
+        out[token] = value
+    return out

@@ -144,6 +144,16 @@ class ToolLoop:
     def id(self) -> str:
         return self.handler.id
 
+    async def run(self, request: Request) -> Response:
+        """Start the first round and answer whole or as a stream."""
+        ids, params, prompt = await self.handler.prepare(self.messages)
+        self.prompt_tokens += len(ids)
+        return await run_generation(
+            self.state, request,
+            lambda: self.state.engine.generate(ids, params, self.id, prompt=prompt,
+                                               priority=self.req.priority or 0),
+            "messages", bool(self.req.stream), self.respond, self.stream, self.handler.timer, 1)
+
     def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
@@ -187,7 +197,8 @@ class ToolLoop:
             mine = [c for c in calls if c.name in self.provided]
             theirs = [c for c in calls if c.name not in self.provided]
             if not mine:
-                yield End(ChatCompletion._finish_reason(o, Final(None, theirs), choice), theirs)
+                yield End(ChatCompletion.tool_finish_reason(o, Final(None, theirs), choice),
+                          theirs)
                 return
             if self.rounds >= self.max_rounds:
                 for event in self._not_run(mine):
@@ -308,13 +319,9 @@ class ToolLoop:
                                      for c in end.client_calls]
         message[EXTENSION_FIELD] = entries
         self.handler.timer.finish([end.finish_reason], self.cached_tokens)
-        h = self.handler
-        return JSONResponse({"id": h.id, "object": "chat.completion", "created": h.created,
-                             "model": self.state.model_name,
-                             "system_fingerprint": self.state.system_fingerprint,
-                             "choices": [{"index": 0, "message": message, "logprobs": None,
-                                          "finish_reason": end.finish_reason}],
-                             "usage": self.usage()})
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": end.finish_reason}
+        return JSONResponse(self.handler.body([choice], self.usage()))
 
     # -- stream ---------------------------------------------------------------------------
     async def stream(self, gen: AsyncIterator[Any], first: Any,
@@ -323,7 +330,7 @@ class ToolLoop:
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             usage = self.usage() if h.continuous_usage else None
-            return h._chunk([{"index": 0, "delta": delta, "logprobs": None,
+            return h.chunk([{"index": 0, "delta": delta, "logprobs": None,
                               "finish_reason": finish}], usage)
 
         yield chunk({"role": "assistant", "content": ""})
@@ -342,17 +349,5 @@ class ToolLoop:
                 yield chunk({}, event.finish_reason)
                 h.timer.finish([event.finish_reason], self.cached_tokens)
         if h.include_usage:
-            yield h._chunk([], self.usage())
+            yield h.chunk([], self.usage())
         yield DONE
-
-
-async def create_with_server_tools(state: ServerState, request: Request,
-                                   req: ChatCompletionRequest) -> Response:
-    """Answer ``req`` through the tool loop (the caller checked :func:`wants_server_tools`)."""
-    loop = ToolLoop(state, req, await state.tool_providers.tools())
-    ids, params, prompt = await loop.handler.prepare(loop.messages)
-    loop.prompt_tokens += len(ids)
-    return await run_generation(
-        state, request, lambda: state.engine.generate(ids, params, loop.id, prompt=prompt,
-                                                      priority=req.priority or 0),
-        "messages", bool(req.stream), loop.respond, loop.stream, loop.handler.timer, 1)

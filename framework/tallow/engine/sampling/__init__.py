@@ -18,11 +18,12 @@ reference.
 
 from typing import Any
 
-from .params import GREEDY_TEMPERATURE, MAX_LOGPROBS, InvalidParameter, SamplingParams
+from .params import GREEDY_TEMPERATURE, MAX_LOGPROBS, InvalidParameter
 from .structured import StructuredOutputsParams
 
-# The tensor side is imported on first use: SamplingParams alone (what a client of the engine
-# builds) imports no torch.
+# SamplingParams is imported from where it is defined, .params (publicly: `from tallow import
+# SamplingParams`). The tensor side is imported on first use: building SamplingParams (what a
+# client of the engine does) imports no torch.
 _LAZY = {
     "RowParams": ".batch", "SamplingBatch": ".batch", "apply_min_p": ".filters",
     "apply_top_k": ".filters", "apply_top_p": ".filters", "Sampler": ".sampler",
@@ -30,8 +31,8 @@ _LAZY = {
     "StructuredOutputs": ".grammar", "StepRows": ".sampler",
 }
 
-__all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "SamplingParams",
-           "StructuredOutputsParams", *_LAZY]
+__all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "StructuredOutputsParams",
+           *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -249,12 +249,10 @@ except ImportError:  # pragma: no cover - the helpers above work without pytest
 if pytest is not None:
 
     @pytest.fixture
-    def tallow_plugin_manager() -> Iterator[PluginManager]:
+    def tallow_plugin_manager() -> PluginManager:
         """An empty isolated :class:`PluginManager` (no discovery, no builtins); add your plugin
-        with ``.add_plugin(module, "tallow-name", "version")``. Shut down after the test."""
-        pm = isolated_plugin_manager()
-        yield pm
-        pm.shutdown()
+        with ``.add_plugin(module, "tallow-name", "version")``."""
+        return isolated_plugin_manager()
 
     @pytest.fixture
     def tallow_hook_recorder(tallow_plugin_manager: PluginManager) -> Iterator[HookRecorder]:

@@ -176,11 +176,8 @@ def kv_codec(name: str) -> Any:
     from ..manager import load_plugins
 
     pm = load_plugins(None, env={})
-    try:
-        if name not in pm.registries.kv_codecs:
-            installed = ", ".join(e.name for e in pm.registries.kv_codecs)
-            raise AssertionError(f"no installed plugin registers kv codec {name!r} "
-                                 f"(installed: {installed})")
-        return load_target(pm.registries.kv_codecs.entry(name))()
-    finally:
-        pm.shutdown()
+    if name not in pm.registries.kv_codecs:
+        installed = ", ".join(e.name for e in pm.registries.kv_codecs)
+        raise AssertionError(f"no installed plugin registers kv codec {name!r} "
+                             f"(installed: {installed})")
+    return load_target(pm.registries.kv_codecs.entry(name))()

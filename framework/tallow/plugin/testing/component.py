@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import pytest
 
@@ -107,14 +107,12 @@ class ComponentConformance:
     light_modules: ClassVar[tuple[str, ...]] = ("torch",)
 
     @pytest.fixture(scope="class")
-    def plugin_manager(self) -> Iterator[PluginManager]:
+    def plugin_manager(self) -> PluginManager:
         """The core plus :attr:`distribution`, loaded through its entry point."""
         if not self.distribution or not self.component:
             raise AssertionError(f"{type(self).__name__}: set the class attributes "
                                  "'distribution' and 'component'")
-        pm = load_distribution(self.distribution)
-        yield pm
-        pm.shutdown()
+        return load_distribution(self.distribution)
 
     @pytest.fixture(scope="class")
     def entry(self, plugin_manager: PluginManager) -> Entry:

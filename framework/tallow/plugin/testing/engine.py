@@ -35,7 +35,7 @@ def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> A
     weights (two attention backends, say) are compared by."""
     import torch
 
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow.engine.sampling.params import SamplingParams
 
     out = llm.generate([list(prompt) + list(tokens)],
                        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]

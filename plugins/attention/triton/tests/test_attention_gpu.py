@@ -395,7 +395,7 @@ def test_an_engine_compiles_no_attention_kernel_while_serving(kv_codec: str) -> 
     attention kernel variants compiled already: no serving step waits for Triton."""
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
     from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
     from tallow_attention_triton.kernels.prefill import prefill_kernel
     from tallow_attention_triton.kernels.store import store_kv_kernel

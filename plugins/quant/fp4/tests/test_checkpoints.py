@@ -25,7 +25,7 @@ def _engine(source: str, **model):
 
 
 def _tokens(eng, prompt, steps):
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
 
     rid = eng.next_request_id()
     eng.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=steps,

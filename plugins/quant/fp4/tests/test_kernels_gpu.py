@@ -68,7 +68,7 @@ def test_graph_replay_equals_eager():
 def test_isq_mxfp4_engine_graphs_equal_eager():
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.engine.sampling_params import SamplingParams
+    from tallow import SamplingParams
     from tallow.plugin.testing.engine import replay_own_graph_sizes
 
     def engine(graphs: bool):

@@ -233,11 +233,8 @@ def test_tallow_quantize_reaches_this_writer_through_a_quant_scheme(tmp_path: Pa
     out = tmp_path / "tiny-q5_k_m.gguf"
     pm = isolated_plugin_manager("tallow_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
                                  builtins=True)
-    try:
-        summary = quantize_model(pm.registries, str(src), str(out), "Q5_K_M", device="cpu",
-                                 progress=False)
-    finally:
-        pm.shutdown()
+    summary = quantize_model(pm.registries, str(src), str(out), "Q5_K_M", device="cpu",
+                             progress=False)
     assert summary["scheme"] == "gguf (tallow-quant-gguf)" and summary["file_type"] == "q5_k_m"
     types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
     assert types["blk.0.attn_q.weight"] == "Q5_K" and types["output.weight"] == "Q6_K"

@@ -6,7 +6,7 @@ from typing import Any
 
 from tallow.config import config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 
 
 def settings(source: str, *, device: str = "cpu", dtype: str = "float32",

@@ -14,5 +14,5 @@ def tallow_register_attention_backends(registry) -> None:
 
 
 @hookimpl
-def tallow_shutdown() -> None:
-    raise AssertionError("a plugin that failed to load must never see tallow_shutdown")
+def tallow_configure(config) -> None:
+    raise AssertionError("a plugin that failed to load must never see tallow_configure")
