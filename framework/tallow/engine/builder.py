@@ -355,9 +355,9 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
 
     parallel = launch.start(config)
     if parallel is not None and not parallel.is_driver:
-        from tallow.distributed.worker import serve
+        from .worker import serve
 
-        serve(parallel)
+        serve(parallel, build_runner)
         raise SystemExit(0)
     if plugin_manager is None:
         from tallow.plugin.manager import load_plugins

@@ -183,7 +183,7 @@ class PluginManager:
         self.registries = Registries()
         self.hook = HookRelay(self)
         #: the discovered plugins that did not load, for "installed but disabled" messages
-        self.unloaded = UnloadedPlugins()
+        self.unloaded = UnloadedPlugins(probe_alone)
         self.registries.explain_unloaded_with(self.unloaded.explain)
         self._records: dict[str, _Record] = {}
         self._shutdown_done = False
@@ -590,3 +590,13 @@ def _plugins_section(plugins_config: Any) -> Any:
     if not hasattr(plugins_config, "autoload") and hasattr(plugins_config, "plugins"):
         return plugins_config.plugins
     return plugins_config
+
+
+def probe_alone(candidate: Any) -> Registries | None:
+    """The registries a left-out plugin fills when loaded on its own (None: it cannot load)."""
+    scratch = PluginManager(env={})
+    try:
+        scratch.load_candidate(candidate, mode="enabled", fatal=True)
+    except PluginError:
+        return None
+    return scratch.registries

@@ -13,10 +13,8 @@ from starlette.responses import JSONResponse, Response
 from .errors import APIError, from_exception, invalid
 from .logprobs import chat_logprobs, reported_tokens
 from .messages import normalize_messages
-from .protocol import (
-    ChatCompletionRequest, check_model, parse_request, reject_unsupported, stream_flags,
-)
-from .generation import aclose_quietly, run_generation, unless_disconnected
+from .protocol import ChatCompletionRequest, stream_flags
+from .generation import aclose_quietly, unless_disconnected
 from .sampling import build_sampling_params, resolve_max_tokens
 from .sse import DONE, StreamSession
 from .state import ServerState
@@ -284,21 +282,3 @@ def _delta_dict(piece: Any) -> dict[str, Any]:
             calls.append(entry)
         delta["tool_calls"] = calls
     return delta
-
-
-async def create_chat_completion(state: ServerState, request: Request,
-                                 body: dict[str, Any]) -> Response:
-    req = parse_request(ChatCompletionRequest, body)
-    check_model(req.model, state.served_names)
-    state.require_generation("/v1/chat/completions")
-    reject_unsupported(req)
-    from .tool_loop import create_with_server_tools, wants_server_tools  # it builds on this module
-
-    if wants_server_tools(state, req):
-        return await create_with_server_tools(state, request, req)
-    handler = ChatCompletion(state, req)
-    ids, params, prompt = await handler.prepare()
-    return await run_generation(
-        state, request, lambda: state.engine.generate(ids, params, handler.id, prompt=prompt,
-                                                      priority=req.priority or 0),
-        "messages", bool(req.stream), handler.respond, handler.stream, handler.timer, req.n or 1)

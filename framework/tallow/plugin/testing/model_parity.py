@@ -24,28 +24,13 @@ import torch
 
 from tallow.layers import ArchConfig, BuildContext
 
-from .model import assert_close_logits, hf_greedy
-from .paged_runner import PagedRunner, randomize_
+from .model import assert_close_logits, hf_greedy, random_hf_model
+from .paged_runner import PagedRunner
 
 __all__ = [
     "random_hf_model", "assert_greedy_parity", "assert_cuda_parity", "assert_engine_greedy",
     "load_model", "load_saved",
 ]
-
-
-def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
-    """A transformers causal LM of ``config`` in float32 eager attention, every parameter
-    random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
-    config says so, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                             dtype=torch.float32)
-    randomize_(model, seed, std)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    return model.eval()
 
 
 def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20, *,
