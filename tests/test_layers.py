@@ -4,8 +4,10 @@ them import each other, directly or round a circle.
 Checked on the syntax tree of every module of ``framework/tallow``: every ``import`` and
 ``from ... import`` counts, at module level, inside a function or class, and under ``if
 TYPE_CHECKING:`` alike (an annotation that names a higher layer is a dependency on it too),
-as do module names given as literals to ``importlib.import_module``. The two checkers are
-shown to catch a planted upward import and a planted circle on module graphs written here.
+as do module names given as literals to ``importlib.import_module`` and the names the
+``tallow`` package resolves lazily (``from tallow import LLM`` imports the engine). The two
+checkers are shown to catch a planted upward import and a planted circle on module graphs
+written here.
 """
 
 from __future__ import annotations
@@ -73,10 +75,27 @@ def _module_name(path: Path, root: Path) -> tuple[str, bool]:
     return ".".join(parts), is_package
 
 
+def lazy_names(init_source: str) -> dict[str, str]:
+    """The names the ``tallow`` package resolves lazily (its ``_LAZY`` table: name ->
+    ``"module:attr"``), each to the module that ``from tallow import name`` imports."""
+    for node in ast.parse(init_source).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "_LAZY"):
+            table = ast.literal_eval(node.value)
+            return {name: target.partition(":")[0] for name, target in table.items()}
+    return {}
+
+
+LAZY = lazy_names((CORE / "tallow" / "__init__.py").read_text(encoding="utf-8"))
+
+
 def imports_of(module: str, is_package: bool, source: str, known: set[str],
-               filename: str = "<string>") -> list[Edge]:
+               filename: str = "<string>", lazy: dict[str, str] | None = None) -> list[Edge]:
     """Every import of ``source`` (module ``module``) that names a module of ``known``'s
-    package: ``from pkg import mod`` names ``pkg.mod`` when that is a module, ``pkg`` else."""
+    package: ``from pkg import mod`` names ``pkg.mod`` when that is a module, ``pkg`` else;
+    ``from tallow import LLM`` names the module the package resolves ``LLM`` from (``lazy``,
+    :data:`LAZY` when None)."""
+    lazy = LAZY if lazy is None else lazy
     tree = ast.parse(source, filename)
     found: list[Edge] = []
 
@@ -98,7 +117,10 @@ def imports_of(module: str, is_package: bool, source: str, known: set[str],
                 base = node.module or ""
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                add(sub if sub in known else base, node.lineno)
+                if base == "tallow" and alias.name in lazy:
+                    add(lazy[alias.name], node.lineno)
+                else:
+                    add(sub if sub in known else base, node.lineno)
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
               and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
@@ -206,11 +228,15 @@ def test_the_checkers_catch_a_planted_upward_import_and_circle() -> None:
                                     "importlib.import_module('tallow.engine.builder')\n"),
         "tallow.layers": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                           "    from tallow.engine import builder\n"),
+        # the package's lazy Python API imports the engine when the name is taken
+        "tallow.plugin.registry": "from tallow import __version__, LLM\n",
     }
     graph = _planted(sources)
     found = upward_imports(graph)
     assert [f.split(" ")[0] for f in found] == [
-        "tallow.kernels.kv_cache:1", "tallow.engine.loader:2", "tallow.layers:3"], found
+        "tallow.kernels.kv_cache:1", "tallow.engine.loader:2", "tallow.layers:3",
+        "tallow.plugin.registry:1"], found
+    assert LAZY["LLM"] == "tallow.engine.llm"
     assert import_cycles(graph) == [
         ["tallow.bench.perplexity", "tallow.engine.builder", "tallow.engine.loader"]]
     # a module importing the package it sits in, which imports it back, is a circle too

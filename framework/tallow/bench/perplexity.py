@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tallow.engine.corpora import CorpusError, corpus_text
+from tallow.engine.sampling import SamplingParams
 
 
 class BenchInputError(ValueError):
@@ -81,8 +82,6 @@ def score_windows(engine: Any, tokens: list[int], plan: list[Window],
                   batch: int = 1) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
-    from tallow.engine.sampling import SamplingParams
-
     if batch < 1:
         raise BenchInputError(f"--batch must be at least 1, got {batch}")
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)

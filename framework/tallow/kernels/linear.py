@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
+from .activation import gelu_tanh_and_mul, silu_and_mul
 
 #: The most rows that take the Triton GEMV; more go to cuBLAS. On the H200 the GEMV's
 #: several-row (tl.dot) path was slower than cuBLAS on most llama-3-8b shapes at 2–16 rows
@@ -68,8 +69,6 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     or "gelu_tanh": a gated MLP's activation and down projection. One row on a GPU is one
     GEMV that applies the activation as it reads x (same bits as the two steps); otherwise the
     activation kernel then :func:`linear`."""
-    from .activation import gelu_tanh_and_mul, silu_and_mul
-
     acts = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
     if kind not in acts:
         raise ValueError(f"gated_linear: kind must be one of {', '.join(acts)}, got {kind!r}")

@@ -36,9 +36,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from tallow import __version__
+
 from . import hookspecs
-from .errors import PluginError, PluginLoadError
-from .errors import describe_exception as _describe
+from .errors import PluginError, PluginLoadError, describe_exception as _describe
 from .hookspecs import PROJECT
 from .registry import Registries, registering_as
 from .target_check import target_problems
@@ -521,8 +522,6 @@ def _satisfies(version: str, req: Requirement) -> bool:
 
 
 def _core_version() -> str:
-    from tallow import __version__
-
     return __version__
 
 

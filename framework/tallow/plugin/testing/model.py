@@ -28,8 +28,13 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from tallow import SamplingParams
+from tallow.layers import ArchConfig, BuildContext
+
 from .component import ComponentConformance
+from .engine import offline_llm
 from .paged_runner import PagedRunner, randomize_
+from .tokenizer import save_tokenizer
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
@@ -108,8 +113,6 @@ class ModelArchitectureConformance(ComponentConformance):
                transformers_model: tuple[Any, Path]) -> tuple[Any, set[str]]:
         """(the plugin's model built from the saved config and tensors, the parameters its
         ``load_weights`` says it filled)."""
-        from tallow.layers import ArchConfig, BuildContext
-
         config, tensors = load_checkpoint_dir(transformers_model[1])
         model = component_class(ArchConfig(config), BuildContext())
         filled = model.load_weights(iter(tensors.items()), naming="hf")
@@ -172,9 +175,6 @@ class ModelArchitectureConformance(ComponentConformance):
         except PackageNotFoundError:
             pytest.skip("needs the tallow-safetensors weight format installed to load the "
                         "saved model")
-        from tallow import SamplingParams
-
-        from .tokenizer import save_tokenizer
 
         hf, directory = transformers_model
         save_tokenizer(directory)
@@ -185,8 +185,6 @@ class ModelArchitectureConformance(ComponentConformance):
         assert list(out.outputs[0].token_ids) == ref_tokens
 
     def llm(self, source: str) -> Any:
-        from .engine import offline_llm
-
         plugins = ["tallow-safetensors"]
         if self.distribution not in ("tallow", "tallow-safetensors"):
             plugins.insert(0, self.distribution)

@@ -22,10 +22,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from tallow import SamplingParams
 from tallow.layers import ArchConfig, BuildContext
 
+from .engine import offline_llm
 from .model import assert_close_logits, hf_greedy, random_hf_model
 from .paged_runner import PagedRunner
+from .tokenizer import save_tokenizer
 
 __all__ = [
     "random_hf_model", "assert_greedy_parity", "assert_cuda_parity", "assert_engine_greedy",
@@ -75,11 +78,6 @@ def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]]
     (:func:`~tallow.plugin.testing.engine.offline_llm`), generates transformers' greedy tokens
     for every prompt, all prompts in one batch. ``config`` adds settings (``{"model":
     {"device": "cuda"}}``); the model runs in float32 unless it says otherwise."""
-    from tallow import SamplingParams
-
-    from .engine import offline_llm
-    from .tokenizer import save_tokenizer
-
     root = Path(path)
     if not (root / "tokenizer.json").exists():
         save_tokenizer(root)
