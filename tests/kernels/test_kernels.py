@@ -230,7 +230,7 @@ _GEMV_SHAPES = big_or_tiny(
     if not (INTERPRET and dtype == torch.bfloat16 and shape[0] > 1)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv(dtype, m, k, n, with_bias):
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     from tallow.kernels.linear import linear_ref
     g = rng(7)
     x = randn(g, m, k, dtype=dtype)
@@ -250,7 +250,7 @@ def test_gated_gemv_same_bits_as_activation_then_gemv(kind, d, n):
     """The down projection with the activation applied as the GEMV reads its input gives the
     bits of the gated-activation kernel followed by the GEMV, and matches the reference."""
     from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     from tallow.kernels.linear import gated_linear, linear_ref
     g = rng(9)
     x = randn(g, 1, 2 * d, dtype=torch.bfloat16, scale=2.0)
@@ -294,7 +294,7 @@ def _e4m3_weight(g: torch.Generator, n: int, k: int, blocks: bool):
 def test_gemv_e4m3_weights_with_scales(blocks, m, k, n):
     """e4m3 weights read by the same GEMV, scaled per row or per 128 x 128 block, equal the
     float32 product of the dequantized weight (up to the order of float32 additions)."""
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(11)
     w, s, dequantized = _e4m3_weight(g, n, k, blocks)
     # the interpreter computes bf16 tl.dot wrongly: several rows are checked in fp16 there
@@ -313,7 +313,7 @@ def test_gemv_e4m3_weights_with_scales(blocks, m, k, n):
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_gemv_e4m3_same_bits_as_activation_then_gemv(kind):
     from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(12)
     d, n = big_or_tiny([(14336, 4096)], [(256, 24)])[0]
     for blocks in (False, True):
@@ -324,7 +324,7 @@ def test_gated_gemv_e4m3_same_bits_as_activation_then_gemv(kind):
 
 
 def test_gemv_refuses_scales_of_the_wrong_shape():
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(13)
     w, s, _ = _e4m3_weight(g, 24, 256, False)
     x = randn(g, 1, 256, dtype=torch.bfloat16)
@@ -338,7 +338,7 @@ def test_gemv_refuses_scales_of_the_wrong_shape():
 
 
 def test_gated_linear_dispatch_and_errors(monkeypatch):
-    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import _gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod
     calls = []
     real = gemv_mod.gemv_triton
@@ -361,7 +361,7 @@ def test_gated_linear_dispatch_and_errors(monkeypatch):
 
 
 def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
-    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import _gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod
     calls = []
     real = gemv_mod.gemv_triton

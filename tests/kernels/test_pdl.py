@@ -116,7 +116,7 @@ def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int,
     """(name, kernel, constexprs, pointer types, num_warps, reads weights before the wait)."""
     from tallow.kernels.activation_triton import _gated_act_kernel
     from tallow.kernels.argmax_triton import _chunk_argmax_kernel, _pick_chunk_kernel
-    from tallow.kernels.gemv_triton import _gemv_kernel
+    from tallow.kernels._gemv_triton import _gemv_kernel
     from tallow.kernels.norm_triton import _rms_norm_kernel
     from tallow.kernels.rotary_triton import _rotary_kernel
 
@@ -214,7 +214,7 @@ def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
                                  (300, 1001), (64, 24), (2048, 7)])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gemv_same_bits(pdl_gpu, k, n, rows):
-    from tallow.kernels.gemv_triton import _gemv_kernel, gemv_triton
+    from tallow.kernels._gemv_triton import _gemv_kernel, gemv_triton
     x = _randn(rows, k, seed=1)
     w = _randn(n, k, scale=k ** -0.5, seed=2)
     b = _randn(n, seed=3)
@@ -284,7 +284,7 @@ def test_graph_of_a_decode_mlp_chain_same_bits(pdl_gpu, hidden, inter):
     allocator hands each kernel memory an earlier kernel just used, so a kernel that wrote
     before its wait would show up here."""
     from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     from tallow.kernels.norm_triton import rms_norm_triton
     layers = [(_randn(hidden, seed=20 + i), _randn(2 * inter, hidden, scale=hidden ** -0.5,
                                                     seed=30 + i),

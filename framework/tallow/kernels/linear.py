@@ -1,7 +1,7 @@
 """Dense linear layers: ``y = x @ W.T + b``.
 
 A decode step with few sequences multiplies a handful of rows by every weight matrix; there the
-Triton GEMV of :mod:`tallow.kernels.gemv_triton` streams the weights. Larger batches are matrix
+Triton GEMV of :mod:`tallow.kernels._gemv_triton` streams the weights. Larger batches are matrix
 products, which cuBLAS (``F.linear``) does best.
 """
 
@@ -47,7 +47,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
                          f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})")
     if not _gemv_fits(x, weight, bias):
         return F.linear(x, weight, bias)
-    from .gemv_triton import gemv_triton
+    from ._gemv_triton import gemv_triton
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -85,6 +85,6 @@ def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                *, kind: str) -> torch.Tensor:
     """The one-GEMV path of :func:`gated_linear`, for a caller that has checked
     :func:`gated_gemv_fits` and ``kind`` ("silu" or "gelu_tanh") itself."""
-    from .gemv_triton import gemv_triton
+    from ._gemv_triton import gemv_triton
     return gemv_triton(x.reshape(1, x.shape[-1]), weight, bias, gate=kind).view(
         *x.shape[:-1], weight.shape[0])

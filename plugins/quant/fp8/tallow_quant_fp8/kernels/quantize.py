@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, gated_value
-from tallow.kernels.jit import step_jit
+from tallow.kernels import ACTIVATION_KINDS as KINDS, gated_value, step_jit
 
 from ..weights import BLOCK, FP8, MIN_SCALE
 from .common import quantize_value
