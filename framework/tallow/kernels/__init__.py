@@ -92,9 +92,9 @@ from .rotary import rotary_embedding, rotary_embedding_ref
 #: the public names whose modules import Triton (or, for the offline compiler, are only for
 #: tests): public name -> (submodule, name there), imported when first taken
 _LAZY: dict[str, tuple[str, str]] = {
-    "ACTIVATION_KINDS": ("activation_triton", "KINDS"),
-    "gated_value": ("activation_triton", "gated_value"),
-    "load_activations": ("activation_triton", "load_activations"),
+    "ACTIVATION_KINDS": ("_activation_triton", "KINDS"),
+    "gated_value": ("_activation_triton", "gated_value"),
+    "load_activations": ("_activation_triton", "load_activations"),
     "bit_constants": ("code_bits", "bit_constants"),
     "bits_as_float": ("code_bits", "bits_as_float"),
     "byte_to_bits_15": ("code_bits", "byte_to_bits_15"),
@@ -111,11 +111,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "compiled_with_pdl": ("pdl", "compiled_with_pdl"),
     "quad_launch_config": ("quad_gemv", "launch_config"),
     "quad_tile_mask": ("quad_gemv", "tile_mask"),
-    "compile_for_gpu": ("offline", "compile_for_gpu"),
-    "resource_usage": ("offline", "resource_usage"),
-    "sass_loops": ("offline", "sass_loops"),
-    "sass_opcode": ("offline", "opcode"),
-    "pdl_order": ("offline", "pdl_order"),
+    "compile_for_gpu": ("_offline", "compile_for_gpu"),
+    "resource_usage": ("_offline", "resource_usage"),
+    "sass_loops": ("_offline", "sass_loops"),
+    "sass_opcode": ("_offline", "opcode"),
+    "pdl_order": ("_offline", "pdl_order"),
 }
 
 

@@ -1,6 +1,6 @@
 """One step's sparse logit edits (biases, masks, penalty counts) as unique ``(row, token)``
 entries: what :func:`tallow.kernels.sampling.apply_logit_edits` applies, in its own module
-because both the torch reference and the Triton kernel (:mod:`.sampling_triton`) take it."""
+because both the torch reference and the Triton kernel (:mod:`._sampling_triton`) take it."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def apply_logit_edits(logits: torch.Tensor, edits: LogitEdits) -> None:
     if edits.num_entries == 0:
         return
     if triton_enabled(logits):
-        from .sampling_triton import apply_logit_edits_triton
+        from ._sampling_triton import apply_logit_edits_triton
         apply_logit_edits_triton(logits, edits)
     else:
         apply_logit_edits_ref(logits, edits)
@@ -56,7 +56,7 @@ def gumbel_argmax(logits: torch.Tensor, inv_temperature: torch.Tensor, greedy: t
     contract): the fused Triton kernel on CUDA, the reference elsewhere. Both give the same
     token for the same inputs."""
     if triton_enabled(logits):
-        from .sampling_triton import gumbel_argmax_triton
+        from ._sampling_triton import gumbel_argmax_triton
         return gumbel_argmax_triton(logits, inv_temperature, greedy, key1, key2)
     return gumbel_argmax_ref(logits, inv_temperature, greedy, key1, key2)
 
@@ -65,6 +65,6 @@ def gumbel_noise(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) -> tor
     """Gumbel noise [N, vocab_size] float32 (see ``gumbel.gumbel_noise_ref``): the Triton
     kernel on CUDA, the reference elsewhere, equal to the bit."""
     if triton_enabled(key1):
-        from .sampling_triton import gumbel_noise_triton
+        from ._sampling_triton import gumbel_noise_triton
         return gumbel_noise_triton(key1, key2, vocab_size)
     return gumbel_noise_ref(key1, key2, vocab_size)
