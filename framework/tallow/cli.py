@@ -19,6 +19,8 @@ import logging
 import sys
 from typing import Any, Callable, Sequence
 
+from tallow import __version__
+
 # subcommand → (module providing add_parser, one-line help shown while it is not imported)
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tallow.server.cli", "start the OpenAI-compatible HTTP server"),
@@ -44,7 +46,6 @@ def _first_positional(argv: Sequence[str]) -> str | None:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser of ``tallow``; ``argv`` decides which external subcommand is imported."""
-    from tallow import __version__
     from tallow.config import add_config_arguments
 
     parser = argparse.ArgumentParser(

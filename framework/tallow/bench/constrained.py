@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import build_engine, input_prompts, now, quantization, sync
+from .synthetic_vocab import write_tokenizer
 
 
 def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str, Any]:
@@ -81,8 +82,6 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         if source.startswith("random:") and not config.model.tokenizer:
             from tallow.engine.random_model import shape_config
-
-            from .synthetic_vocab import write_tokenizer
 
             vocab = int(shape_config(source)["vocab_size"])
             config.model.tokenizer = str(write_tokenizer(Path(scratch) / "tokenizer", vocab))

@@ -7,18 +7,19 @@ from typing import Any
 
 import torch
 
+from tallow.layers import LMHead, VocabEmbedding
+
 from .common import (
     build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, mean, now, percentile,
     quantization, random_prompts, sync,
 )
+from .hf_compare import hf_latency
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once (quantized
     storage included), except that a token embedding the head does not share is only gathered
     (``batch`` rows) and the rotary tables are only indexed."""
-    from tallow.layers import LMHead, VocabEmbedding
-
     shared = {id(m._tied_to[0]) for m in model.modules()
               if isinstance(m, LMHead) and m.tied}
     gathered: set[int] = set()
@@ -187,8 +188,6 @@ def run(args: Any, config: Any) -> dict[str, Any]:
             -(args.input_len + args.output_len) // parts.kv_footprint.block_size),
     })
     if getattr(args, "compare", None) == "hf":
-        from .hf_compare import hf_latency
-
         hf = hf_latency(parts, batch=args.batch_size, input_len=args.input_len,
                         output_len=args.output_len)
         result["hf"] = hf

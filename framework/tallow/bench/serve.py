@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from .common import lengths, mean, percentile
+from .common import lengths, mean, percentile, random_prompts
 
 
 def _free_port() -> int:
@@ -85,8 +85,6 @@ async def _drive(base: str, model: str, prompts: list[list[int]], out_lens: list
 
 def run(args: Any, config: Any) -> dict[str, Any]:
     import httpx
-
-    from .common import random_prompts
 
     proc = None
     base = args.url

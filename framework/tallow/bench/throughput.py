@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from . import constrained
 from .common import (
     build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
     lengths, now, quantization, random_prompts, sync,
@@ -30,8 +31,6 @@ def warm_up(engine: Any) -> None:
 
 def run(args: Any, config: Any) -> dict[str, Any]:
     if getattr(args, "json_schema", None):
-        from . import constrained
-
         return constrained.run(args, config)
     from tallow.engine.sampling.params import SamplingParams
 
@@ -96,8 +95,6 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     if "constrained_tok_s" in r:
-        from . import constrained
-
         return constrained.rows(r)
     return [
         ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),

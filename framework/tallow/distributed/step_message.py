@@ -1,7 +1,7 @@
 """What the driver tells its workers each step, and the channel that carries it.
 
 A step is described by what the driver's model runner built on the host for it (the
-:class:`~tallow.engine.model_runner.HostBatch`: token ids, positions, cache slots, the rows to
+:class:`~tallow.types.HostBatch`: token ids, positions, cache slots, the rows to
 sample and to feed, query offsets, lengths, block tables), the KV blocks to copy before it
 (copy-on-write of ``n > 1`` forks), the row ranges whose logits it computes for prompt
 logprobs, and how the workers get its sampled tokens. Workers know nothing of requests,
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tallow.engine.model_runner import HostBatch
+from tallow.types import HostBatch
 
 #: message kinds
 STEP, RELEASE, STOP = 1, 2, 3

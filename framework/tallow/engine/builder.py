@@ -11,20 +11,29 @@ from typing import Any, Mapping
 
 import torch
 
+from tallow.config import load_config
+from tallow.default_model import DEFAULT_MODEL_NAME, default_model_path
+from tallow.distributed import launch
+from tallow.distributed.collectives import agree
+from tallow.distributed.driver import open_engine
 from tallow.kernels import kv_cache
 from tallow.plugin import Entry, SelectionError, select
+from tallow.plugin.manager import load_plugins
 
 from . import embedding_setup
+from .block_manager import BlockManager
 from .core import EngineCore
+from .cuda_graphs import CudaGraphRunner
 from .embedding import EmbeddingInfo
+from .kv_calibration import calibrate_kv_codec
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
 from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
-from .block_manager import BlockManager
 from .token_bytes import tokenizer_info, vocabulary_problem
 from .tokenizer import Tokenizer
+from .worker import serve
 
 log = logging.getLogger("tallow.engine")
 
@@ -56,8 +65,6 @@ def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | No
     """The configuration of an engine made from Python: the YAML file ``config`` (else
     ``$TALLOW_CONFIG``), the ``TALLOW_*`` environment and the keyword ``settings`` (``model``
     being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
-    from tallow.config import load_config
-
     if config is not None and not isinstance(config, (str, os.PathLike)):
         raise TypeError(f"{caller} config= names a YAML file, got {type(config).__name__}; "
                         "an engine for a TallowConfig is made with from_config(config)")
@@ -108,8 +115,6 @@ def model_source(config: Any) -> tuple[str, str]:
     """(source, served name). No source means the embedded default model."""
     source = config.model.source
     if not source:
-        from tallow.default_model import DEFAULT_MODEL_NAME, default_model_path
-
         return str(default_model_path()), config.model.served_model_name or DEFAULT_MODEL_NAME
     name = config.model.served_model_name or source
     return source, name
@@ -306,8 +311,6 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
                                                    max_model_len)
     if parallel is not None:
-        from tallow.distributed.collectives import agree
-
         num_blocks = int(agree([num_blocks], "min")[0])
     log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
              "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
@@ -326,8 +329,6 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         grammar=structured,
     )
     if codec.calibrated:
-        from .kv_calibration import calibrate_kv_codec
-
         calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)
     if device.type == "cuda" and warm_up_backend is not None:
@@ -339,8 +340,6 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     # embedding steps are never decode steps: nothing to capture
     if device.type == "cuda" and not embed and not config.runner.disable_cuda_graph and getattr(
             backend, "supports_cuda_graph", False):
-        from .cuda_graphs import CudaGraphRunner
-
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
     return BuiltRunner(loaded, tokenizer, runner, backend_entry, max_model_len, step_tokens,
                        num_blocks, embedding, kv_codec=codec_entry.name, kv_footprint=cost)
@@ -351,24 +350,16 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     started by torchrun) this process joins its group first: rank 0 goes on to build the
     engine, handing its workers the same one; any other rank serves as a worker here until
     the driver ends the group, then leaves the process (SystemExit)."""
-    from tallow.distributed import launch
-
     parallel = launch.start(config)
     if parallel is not None and not parallel.is_driver:
-        from tallow.distributed.worker import serve
-
-        serve(parallel)
+        serve(parallel, build_runner)
         raise SystemExit(0)
     if plugin_manager is None:
-        from tallow.plugin.manager import load_plugins
-
         plugin_manager = load_plugins(config.plugins)
         plugin_manager.hook.tallow_configure(config=config)
     registries = plugin_manager.registries
     publisher = None
     if parallel is not None:
-        from tallow.distributed.driver import open_engine
-
         publisher = open_engine(parallel, config, plugin_manager.loaded(),
                                 feeds_tokens=config.scheduler.async_scheduling)
     _, served_name = model_source(config)

@@ -15,6 +15,7 @@ import torch
 from tallow.plugin import CalibrationRequest, Checkpoint
 
 from .calibration_pass import calibration_windows, run_windows, text_windows
+from .corpora import CorpusError, corpus_text
 
 log = logging.getLogger("tallow.engine")
 
@@ -37,11 +38,10 @@ def default_calibration_text() -> str:
 def builtin_calibration_text(corpus: str) -> str:
     """The text of a built-in calibration corpus (:data:`tallow.plugin.calibration.CORPORA`):
     ``source`` (:func:`default_calibration_text`) or a public-domain corpus of ``tallow bench
-    perplexity``; ``ValueError`` naming the package to install when its package is missing."""
+    perplexity`` (:mod:`tallow.engine.corpora`); ``ValueError`` naming the package to install
+    when its package is missing."""
     if corpus == "source":
         return default_calibration_text()
-    from tallow.bench.perplexity import CorpusError, corpus_text
-
     try:
         return corpus_text(corpus)
     except CorpusError as exc:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tallow.distributed.collectives import agree
 from tallow.layers import AttentionMetadata, forward_context
 from tallow.plugin import AttentionBackend
 
@@ -121,8 +122,6 @@ class CudaGraphRunner:
     def _agreed(times: dict[int, float]) -> dict[int, float]:
         """Under tensor parallelism, each size's slowest time over the ranks: every rank
         must replay the same graph for a batch (their collectives pair up)."""
-        from tallow.distributed.collectives import agree
-
         sizes = sorted(times)
         return dict(zip(sizes, agree([times[s] for s in sizes], "max")))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from tallow.distributed.driver import GroupFailedError
+
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
@@ -70,7 +72,6 @@ class LLMEngine(EngineFrontend):
             reason = self.parts.parallel.diagnose() if self.parts.parallel is not None else None
             if reason is None:
                 raise
-            from tallow.distributed.driver import GroupFailedError
 
             raise GroupFailedError(reason) from exc
         self.last_step = core_out  # what the device just did (timing tools read it)

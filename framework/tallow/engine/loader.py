@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
+from tallow.distributed.state import tp_rank, tp_size
 from tallow.layers import ArchConfig, BuildContext, WeightLoadError
-from tallow.plugin import (
-    Checkpoint, Entry, ModelFileError, Registries, SelectionError, select,
-)
+from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError, select
 
 from .calibration import calibrate
 from .checkpoint_check import check_config_against_tensors
 from .quant_choice import choose_quant_scheme, isq_offers
+from .random_model import initialize_random
 
 log = logging.getLogger("tallow.engine")
 
@@ -184,7 +184,6 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     cls = entry.load()
     resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
-    from tallow.distributed.state import tp_rank, tp_size
 
     with torch.device(device):
         model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
@@ -192,8 +191,6 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
                                            tp_size=tp_size()))
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
-        from .random_model import initialize_random
-
         initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
         finish = getattr(model, "process_weights_after_loading", None)
         if finish is not None:

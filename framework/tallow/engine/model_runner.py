@@ -22,6 +22,7 @@ from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
+from tallow.types import HostBatch
 
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
@@ -94,36 +95,6 @@ class PendingStep:
     def is_done(self) -> bool:
         """Whether the device has finished the step (never waits)."""
         return self.done is None or bool(self.done.query())
-
-
-@dataclass
-class HostBatch:
-    """One step's flat batch on the host (:meth:`ModelRunner.fill_host`), before
-    :meth:`ModelRunner.upload` moves it to the device in two transfers.
-
-    ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
-    (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``
-    used); ``i32`` holds the query offsets (``num_seqs + 1``), the sequence lengths
-    (``num_seqs``) and the block tables (``num_seqs x width``). A tensor-parallel driver sends
-    exactly these to its workers, which upload them as they are."""
-
-    i64: np.ndarray
-    i32: np.ndarray
-    num_seqs: int
-    num_tokens: int
-    num_sampled: int
-    num_fed: int
-    width: int
-    max_query_len: int
-    max_seq_len: int
-
-    @property
-    def query_start_loc(self) -> list[int]:
-        return self.i32[:self.num_seqs + 1].tolist()
-
-    @property
-    def seq_lens(self) -> list[int]:
-        return self.i32[self.num_seqs + 1:2 * self.num_seqs + 1].tolist()
 
 
 @dataclass

@@ -1,47 +1,147 @@
 """Compute kernels of tallow. Each Triton kernel has a plain-torch reference beside it; the
 references are what the CPU path runs.
 
+A plugin imports what it uses from this package, and only the names of :data:`__all__` (the
+boundary test checks it); the submodules are the core's own layout and may change. Importing
+the package imports torch but not Triton: the names marked *(Triton)* below are resolved when
+first taken, and an entry point imports its Triton kernel only when it first runs on a GPU.
+
 Entry points (each runs its Triton kernel on CUDA tensors and its ``*_ref`` reference
-elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
+elsewhere):
 
 * ``rms_norm(x, weight, eps, residual=None, gemma_style=False)``: RMSNorm, optionally with the
   residual add fused (returns ``(out, new_residual)``).
 * ``rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox=True, inplace=True)``.
 * ``silu_and_mul(x)``, ``gelu_tanh_and_mul(x)``: gated MLP activations.
 * ``argmax_rows(x)``: greedy decoding's argmax per row (two-stage on CUDA).
-* ``tallow.kernels.linear.linear(x, weight, bias=None)``: dense linear layer; a Triton GEMV
-  for one row (not re-exported here: the name would hide the submodule).
-* ``tallow.kernels.gemv_triton.gemv_triton(x, weight, bias=None, *, scale=None, gate=None)``:
-  the GEMV of up to 16 rows on CUDA tensors, for float weights and for float8 e4m3 weights
+* ``dense_linear(x, weight, bias=None)``: dense linear layer, a Triton GEMV for one row;
+  ``gated_linear(x, weight, bias=None, *, kind)``: the same product of the gated activation
+  of ``x`` in one launch.
+* ``gemv_triton(x, weight, bias=None, *, scale=None, gate=None)`` *(Triton)*: the GEMV of up to
+  ``GEMV_MAX_ROWS`` (16) rows on CUDA tensors, for float weights and for float8 e4m3 weights
   with float32 scales per output row (``[N]``) or per 128 x 128 block; quantized-weight
-  plugins call it for their decode products.
-* ``tallow.kernels.sampling``: logit edits, Gumbel noise and the fused Gumbel argmax used by
-  the sampler.
-* ``tallow.kernels.token_bitmask``: ``apply_token_bitmask(logits, bitmask, rows)``, the
-  structured-output mask (packed int32 words of allowed tokens) applied to a step's logits,
-  and ``masked_argmax(logits, bitmask, rows)``, greedy decoding under those masks in one pass.
+  plugins call it for their decode products, with ``gemv_config(m, n, k, weight_dtype)`` its
+  tile choice.
+* ``rms_norm_ref``, ``rotary_embedding_ref``, ``silu_and_mul_ref``, ``gelu_tanh_and_mul_ref``,
+  ``argmax_rows_ref``, ``store_cast_kv_ref``: the torch references, for plugins' tests.
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
 
-The paged KV cache is owned by :mod:`tallow.kernels.kv_cache` (layouts, allocation, block
-copy, capacity, the dtype rules of 8-bit caches); :mod:`tallow.kernels.kv_cast` holds the
-codecs that cast (``auto`` and the base of fp8); :func:`store_cast_kv` (:mod:`.kv_store`)
-writes K/V into a plain cast codec's ``k``/``v`` tensors for backends whose kernels only read
-the cache; :mod:`tallow.kernels.attention_ref` is the
-paged-attention reference, which reads any codec's cache through the codec's ``decode``.
+The paged KV cache (:mod:`tallow.kernels.kv_cache` owns layouts, allocation, block copy,
+capacity and the dtype rules of 8-bit caches):
+
+* ``LayerKVCache``: one attention layer's cache tensors as its KV codec lays them out;
+  ``allocate_layer(codec, *, num_kv_heads, head_dim, block_size, num_blocks, model_dtype,
+  device)`` makes one;
+* ``to_cache_dtype``, ``cache_saturation``, ``float8_reasons``: the 8-bit caches' dtype rules
+  (rounding, the largest finite value, whether a device stores float8); ``slots_to_blocks``:
+  the cache blocks a slot mapping touches;
+* ``CastKVCodec``: the base of the codecs that store K/V cast to a dtype (the core's ``auto``;
+  tallow-kvcache-fp8 derives its fp8 codec from it); ``store_cast_kv(k_cache, v_cache, k, v,
+  slot_mapping)`` writes K/V into such a cache for backends whose kernels only read it;
+* ``attention_ref`` and ``paged_attention_ref``: the attention reference, dense and over a
+  paged cache read through its codec's ``decode``, that attention backends are tested against.
+
+For plugins' own Triton kernels:
+
+* ``step_jit(values=..., pointers=...)`` *(Triton)*: ``triton.jit`` without the
+  specializations that would compile a new variant when a step-dependent argument changes;
+* ``pdl_enabled(where)``, ``wait_prior()``, ``allow_next()`` *(Triton)*: Programmatic Dependent
+  Launch, the rules of :mod:`tallow.kernels.pdl`; for tests ``set_pdl``,
+  ``unsupported_reason``, ``off_then_on`` and ``compiled_with_pdl``;
+* ``gated_value``, ``load_activations``, ``ACTIVATION_KINDS`` *(Triton)*: the gated
+  activation inside a kernel, by kind number;
+* ``QUAD_COLUMNS``, ``pack_quads``, ``unpack_quads``: the quad layout of packed 4- and 8-bit
+  codes; ``bit_constants``, ``byte_to_bits_15``, ``bits_as_float`` *(Triton)*: codes to float
+  bits in a kernel; ``quad_launch_config``, ``quad_tile_mask`` *(Triton)*: the tiles and warps
+  of a small-batch kernel over quads;
+* ``cuda_index``, ``capability``, ``cuda_device_reasons``: which GPU a device string names and
+  whether it has a compute capability;
+* ``compile_for_gpu``, ``resource_usage``, ``sass_loops``, ``sass_opcode``, ``pdl_order``:
+  building a kernel for a GPU on a machine without one, for tests (registers, vector loads,
+  tensor-core instructions, where PDL's wait falls).
+
+The sampler's kernels (:mod:`tallow.kernels.sampling`) and the structured-output masks
+(:mod:`tallow.kernels.token_bitmask`: ``apply_token_bitmask`` and ``masked_argmax``) serve the
+engine and are not part of the plugin surface.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
+from .attention_ref import attention_ref, paged_attention_ref
+from .cuda_device import capability, cuda_device_reasons, cuda_index
+from .kv_cache import (
+    LayerKVCache, allocate_layer, cache_saturation, float8_reasons, slots_to_blocks,
+    to_cache_dtype,
+)
+from .kv_cast import CastKVCodec
 from .kv_store import store_cast_kv, store_cast_kv_ref
+from .linear import gated_linear
+from .linear import linear as dense_linear
 from .norm import rms_norm, rms_norm_ref
+from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
 from .rotary import rotary_embedding, rotary_embedding_ref
 
+#: the public names whose modules import Triton (or, for the offline compiler, are only for
+#: tests): public name -> (submodule, name there), imported when first taken
+_LAZY: dict[str, tuple[str, str]] = {
+    "ACTIVATION_KINDS": ("_activation_triton", "KINDS"),
+    "gated_value": ("_activation_triton", "gated_value"),
+    "load_activations": ("_activation_triton", "load_activations"),
+    "bit_constants": ("code_bits", "bit_constants"),
+    "bits_as_float": ("code_bits", "bits_as_float"),
+    "byte_to_bits_15": ("code_bits", "byte_to_bits_15"),
+    "GEMV_MAX_ROWS": ("_gemv_triton", "MAX_ROWS"),
+    "gemv_config": ("_gemv_triton", "gemv_config"),
+    "gemv_triton": ("_gemv_triton", "gemv_triton"),
+    "step_jit": ("jit", "step_jit"),
+    "allow_next": ("pdl", "allow_next"),
+    "wait_prior": ("pdl", "wait_prior"),
+    "pdl_enabled": ("pdl", "pdl_enabled"),
+    "set_pdl": ("pdl", "set_pdl"),
+    "unsupported_reason": ("pdl", "unsupported_reason"),
+    "off_then_on": ("pdl", "off_then_on"),
+    "compiled_with_pdl": ("pdl", "compiled_with_pdl"),
+    "quad_launch_config": ("quad_gemv", "launch_config"),
+    "quad_tile_mask": ("quad_gemv", "tile_mask"),
+    "compile_for_gpu": ("_offline", "compile_for_gpu"),
+    "resource_usage": ("_offline", "resource_usage"),
+    "sass_loops": ("_offline", "sass_loops"),
+    "sass_opcode": ("_offline", "opcode"),
+    "pdl_order": ("_offline", "pdl_order"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "argmax_rows", "argmax_rows_ref", "gelu_tanh_and_mul", "gelu_tanh_and_mul_ref", "interpreting",
-    "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
-    "silu_and_mul_ref", "store_cast_kv",
-    "store_cast_kv_ref", "triton_enabled",
+    # entry points
+    "argmax_rows", "argmax_rows_ref", "dense_linear", "gated_linear", "gelu_tanh_and_mul",
+    "gelu_tanh_and_mul_ref", "rms_norm", "rms_norm_ref", "rotary_embedding",
+    "rotary_embedding_ref", "silu_and_mul", "silu_and_mul_ref", "interpreting", "triton_enabled",
+    "GEMV_MAX_ROWS", "gemv_config", "gemv_triton",
+    # the paged KV cache
+    "CastKVCodec", "LayerKVCache", "allocate_layer", "attention_ref", "cache_saturation",
+    "float8_reasons", "paged_attention_ref", "slots_to_blocks", "store_cast_kv",
+    "store_cast_kv_ref", "to_cache_dtype",
+    # plugins' own kernels
+    "ACTIVATION_KINDS", "QUAD_COLUMNS", "allow_next", "bit_constants", "bits_as_float",
+    "byte_to_bits_15", "capability", "compiled_with_pdl", "compile_for_gpu", "cuda_device_reasons",
+    "cuda_index", "gated_value", "load_activations", "off_then_on", "pack_quads", "pdl_enabled",
+    "pdl_order", "quad_launch_config", "quad_tile_mask", "resource_usage", "sass_loops",
+    "sass_opcode", "set_pdl", "step_jit", "unpack_quads", "unsupported_reason", "wait_prior",
 ]

@@ -40,7 +40,7 @@ def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def _dispatch(x: torch.Tensor, kind: str) -> torch.Tensor:
-    from .activation_triton import gated_act_triton
+    from ._activation_triton import gated_act_triton
     return gated_act_triton(x, kind)
 
 

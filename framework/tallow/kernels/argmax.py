@@ -20,7 +20,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"argmax_rows: expected x [rows, n] with n > 0, got {tuple(x.shape)}")
     if not triton_enabled(x) or x.shape[0] == 0:
         return argmax_rows_ref(x)
-    from .argmax_triton import argmax_rows_triton
+    from ._argmax_triton import argmax_rows_triton
     if x.stride(1) != 1:
         x = x.contiguous()
     return argmax_rows_triton(x)

@@ -4,7 +4,7 @@ A sampled token is ``argmax(logits * inv_temperature + g)`` where ``g`` is Gumbe
 from a hash of ``(seed, step, token index)``. Because the noise of a token depends on nothing
 else, a seeded row samples the same token whatever else is in the batch, and on any device.
 
-The same arithmetic is written twice, here in torch and in ``sampling_triton.py`` in Triton, and
+The same arithmetic is written twice, here in torch and in ``_sampling_triton.py`` in Triton, and
 the two must agree to the bit. That is why:
 
 * the hash works on 32-bit words held in int64 tensors, with the 32x32-bit products split into

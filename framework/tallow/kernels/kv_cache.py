@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from tallow.plugin import KVCodec, KVTensor
+from tallow.types import KVCodec, KVTensor
 
 #: bytes of one element of the 16-bit cache that capacities are compared with
 REFERENCE_BYTES = 2

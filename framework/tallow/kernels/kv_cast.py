@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from tallow.plugin import KVCodec, KVTensor
+from tallow.types import KVCodec, KVTensor
 
 from .kv_cache import LayerKVCache, indexable, slots_to_blocks, to_cache_dtype
 

@@ -58,7 +58,7 @@ def store_cast_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
     if k.shape[0] == 0:
         return
     if triton_enabled(k_cache) and not _triton_cannot_convert(k_cache):
-        from .kv_store_triton import store_cast_kv_triton
+        from ._kv_store_triton import store_cast_kv_triton
         store_cast_kv_triton(k_cache, v_cache, k, v, slot_mapping)
     else:
         store_cast_kv_ref(k_cache, v_cache, k, v, slot_mapping)

@@ -1,7 +1,7 @@
 """Dense linear layers: ``y = x @ W.T + b``.
 
 A decode step with few sequences multiplies a handful of rows by every weight matrix; there the
-Triton GEMV of :mod:`tallow.kernels.gemv_triton` streams the weights. Larger batches are matrix
+Triton GEMV of :mod:`tallow.kernels._gemv_triton` streams the weights. Larger batches are matrix
 products, which cuBLAS (``F.linear``) does best.
 """
 
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
+from .activation import gelu_tanh_and_mul, silu_and_mul
 
 #: The most rows that take the Triton GEMV; more go to cuBLAS. On the H200 the GEMV's
 #: several-row (tl.dot) path was slower than cuBLAS on most llama-3-8b shapes at 2–16 rows
@@ -46,7 +47,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
                          f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})")
     if not _gemv_fits(x, weight, bias):
         return F.linear(x, weight, bias)
-    from .gemv_triton import gemv_triton
+    from ._gemv_triton import gemv_triton
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -68,8 +69,6 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     or "gelu_tanh": a gated MLP's activation and down projection. One row on a GPU is one
     GEMV that applies the activation as it reads x (same bits as the two steps); otherwise the
     activation kernel then :func:`linear`."""
-    from .activation import gelu_tanh_and_mul, silu_and_mul
-
     acts = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
     if kind not in acts:
         raise ValueError(f"gated_linear: kind must be one of {', '.join(acts)}, got {kind!r}")
@@ -86,6 +85,6 @@ def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                *, kind: str) -> torch.Tensor:
     """The one-GEMV path of :func:`gated_linear`, for a caller that has checked
     :func:`gated_gemv_fits` and ``kind`` ("silu" or "gelu_tanh") itself."""
-    from .gemv_triton import gemv_triton
+    from ._gemv_triton import gemv_triton
     return gemv_triton(x.reshape(1, x.shape[-1]), weight, bias, gate=kind).view(
         *x.shape[:-1], weight.shape[0])

@@ -52,6 +52,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """
     _check(x, weight, residual)
     if triton_enabled(x) and x.numel():
-        from .norm_triton import rms_norm_triton
+        from ._norm_triton import rms_norm_triton
         return rms_norm_triton(x, weight, eps, residual, gemma_style)
     return rms_norm_ref(x, weight, eps, residual, gemma_style)

@@ -126,7 +126,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor |
     check_rotary_args(positions, q, k, cos_sin_cache, head_size)
     _check_qk_norm(k, qk_norm, head_size)
     if triton_enabled(q) and positions.numel():
-        from .rotary_triton import rotary_embedding_triton
+        from ._rotary_triton import rotary_embedding_triton
         if qk_norm is not None and cos_sin_cache.shape[1] != head_size:
             # partial rotary: the kernel's pairs do not cover the whole head; norm first
             assert k is not None

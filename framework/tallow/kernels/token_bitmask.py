@@ -65,7 +65,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
     _check(logits, bitmask, rows)
     if bitmask.shape[0] == 0:
         return
-    from .token_bitmask_triton import apply_token_bitmask_triton
+    from ._token_bitmask_triton import apply_token_bitmask_triton
 
     if rows is None:
         rows = torch.arange(logits.shape[0], dtype=torch.int64, device=logits.device)
@@ -90,7 +90,7 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor,
     _check(logits, bitmask, rows)
     if not triton_enabled(logits) or logits.shape[0] == 0:
         return masked_argmax_ref(logits, bitmask, rows)
-    from .argmax_triton import argmax_rows_triton
+    from ._argmax_triton import argmax_rows_triton
 
     if logits.stride(1) != 1:
         logits = logits.contiguous()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from tallow.distributed import collectives
+
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
     """``numerator / denominator``, refusing a remainder (shards must be equal)."""
@@ -24,8 +26,6 @@ def all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     """Sum ``x`` over the tensor-parallel ranks (identity when ``tp_size`` is 1)."""
     if tp_size == 1:
         return x
-    from tallow.distributed import collectives
-
     return collectives.all_reduce(x)
 
 
@@ -33,6 +33,4 @@ def all_gather_last_dim(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     """Concatenate each rank's ``x`` along the last dimension, in rank order."""
     if tp_size == 1:
         return x
-    from tallow.distributed import collectives
-
     return collectives.all_gather_last_dim(x, tp_size)

@@ -29,7 +29,7 @@ import torch
 
 from .context_length import context_lengths
 from .norm import RMSNorm
-from .rotary import RotaryEmbedding
+from .rotary_embedding import RotaryEmbedding
 
 LONGROPE_TYPES = ("longrope", "su")
 

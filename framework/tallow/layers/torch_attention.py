@@ -12,7 +12,7 @@ import torch
 
 from tallow.kernels.attention_ref import paged_attention_ref
 from tallow.kernels.kv_cache import LayerKVCache
-from tallow.plugin import AttentionBackend
+from tallow.types import AttentionBackend
 
 from .attention import AttentionLayer, AttentionMetadata
 

@@ -36,9 +36,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from tallow import __version__
+
 from . import hookspecs
-from .errors import PluginError, PluginLoadError
-from .errors import describe_exception as _describe
+from .errors import PluginError, PluginLoadError, describe_exception as _describe
 from .hookspecs import PROJECT
 from .registry import Registries, registering_as
 from .target_check import target_problems
@@ -180,7 +181,7 @@ class PluginManager:
         self.registries = Registries()
         self.hook = HookRelay(self)
         #: the discovered plugins that did not load, for "installed but disabled" messages
-        self.unloaded = UnloadedPlugins()
+        self.unloaded = UnloadedPlugins(probe_alone)
         self.registries.explain_unloaded_with(self.unloaded.explain)
         self._records: dict[str, _Record] = {}
         if trace is None:
@@ -497,8 +498,6 @@ def _satisfies(version: str, req: Requirement) -> bool:
 
 
 def _core_version() -> str:
-    from tallow import __version__
-
     return __version__
 
 
@@ -565,3 +564,13 @@ def _plugins_section(plugins_config: Any) -> Any:
     if not hasattr(plugins_config, "autoload") and hasattr(plugins_config, "plugins"):
         return plugins_config.plugins
     return plugins_config
+
+
+def probe_alone(candidate: Any) -> Registries | None:
+    """The registries a left-out plugin fills when loaded on its own (None: it cannot load)."""
+    scratch = PluginManager(env={})
+    try:
+        scratch.load_candidate(candidate, mode="enabled", fatal=True)
+    except PluginError:
+        return None
+    return scratch.registries

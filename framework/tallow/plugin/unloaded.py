@@ -17,6 +17,11 @@ from typing import Any, Callable
 from .registry import Entry, Registries
 
 Match = Callable[[Entry], bool]
+#: loads one discovered plugin on its own into a scratch plugin manager and returns the
+#: registries it filled (None: it cannot load); the plugin manager hands in its own
+#: (:func:`tallow.plugin.manager.probe_alone`), which this module cannot import: the manager
+#: builds on it
+Probe = Callable[[Any], "Registries | None"]
 
 
 @dataclass
@@ -34,8 +39,9 @@ class _Unloaded:
 class UnloadedPlugins:
     """The installed plugins one plugin manager left out or failed to load."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Probe) -> None:
         self._plugins: dict[str, _Unloaded] = {}
+        self._probe = probe
 
     def disabled(self, key: str, candidate: Any, reason: str, enable: str) -> None:
         self._plugins[key] = _Unloaded(candidate.name, candidate.version, "disabled", reason,
@@ -50,7 +56,7 @@ class UnloadedPlugins:
     def _registries(self, plugin: _Unloaded) -> Registries | None:
         if not plugin.probed:
             plugin.probed = True
-            plugin.registries = _probe(plugin.candidate)
+            plugin.registries = self._probe(plugin.candidate)
         return plugin.registries
 
     def explain(self, kind: str, match: Match | None) -> str:
@@ -79,16 +85,3 @@ class UnloadedPlugins:
             parts = [*providing, "installed plugins that failed to load, and may provide it: "
                      + "; ".join(failed)]
         return "; ".join(parts)
-
-
-def _probe(candidate: Any) -> Registries | None:
-    """The registries a left-out plugin fills when loaded on its own (None: it cannot load)."""
-    from .errors import PluginError
-    from .manager import PluginManager
-
-    scratch = PluginManager(env={})
-    try:
-        scratch.load_candidate(candidate, mode="enabled", fatal=True)
-    except PluginError:
-        return None
-    return scratch.registries

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 import tallow
 
-from .chat import create_chat_completion
+from .chat_endpoint import create_chat_completion
 from .completions import create_completion
 from .embeddings import create_embedding
 from .errors import APIError, from_exception, invalid

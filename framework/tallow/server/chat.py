@@ -61,14 +61,6 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         self.prompt_ids: list[int] = []
         self._choices: list[_Choice] = []
 
-    @classmethod
-    async def create(cls, state: ServerState, req: Any) -> Any:
-        from .tool_loop import ToolLoop, wants_server_tools  # it builds on this module
-
-        if wants_server_tools(state, req):
-            return ToolLoop(state, req, await state.tool_providers.tools())
-        return cls(state, req)
-
     async def start(self) -> tuple[Starter, int]:
         ids, params, prompt = await self.prepare()
         return (lambda: single_stream(self.state.engine.generate(
@@ -241,6 +233,3 @@ def _delta_dict(piece: Any) -> dict[str, Any]:
             calls.append(entry)
         delta["tool_calls"] = calls
     return delta
-
-
-create_chat_completion = ChatCompletion.serve

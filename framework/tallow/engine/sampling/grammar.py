@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from tallow.kernels.token_bitmask import apply_token_bitmask, masked_argmax
 from tallow.plugin import (
     Entry, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, SelectionError,
     TokenizerInfo, select,
@@ -299,7 +300,6 @@ class StructuredOutputs:
         masks of every row or of some rows."""
         if self.entry is None or self.device.type != "cuda":
             return
-        from tallow.kernels.token_bitmask import apply_token_bitmask, masked_argmax
 
         words = (vocab_size + 31) // 32
         mask = torch.zeros(1, words, dtype=torch.int32, device=self.device)

@@ -27,6 +27,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+from tallow import __version__
+from tallow.config import config_from_mapping
+
 from ..manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
 
 #: the conformance suites and their helpers, imported on first use (they import torch)
@@ -109,8 +112,6 @@ def isolated_plugin_manager(*plugins: Any, builtins: bool = False,
     """
     pm = PluginManager(trace=trace, env={})
     if builtins:
-        from tallow import __version__
-
         pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, __version__,
                       entry_point=CORE_MODULE, mode="builtin")
     for item in plugins:
@@ -163,8 +164,6 @@ def make_config(data: Mapping[str, Any] | None = None) -> Any:
     """A validated :class:`tallow.config.TallowConfig` from a nested mapping, e.g.
     ``make_config({"runner": {"attention_backend": "mine"}})``, for ``validate(config)`` and
     ``tallow_configure`` in plugin tests."""
-    from tallow.config import config_from_mapping
-
     return config_from_mapping(data or {}, origin="test config")
 
 

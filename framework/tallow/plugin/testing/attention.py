@@ -27,6 +27,8 @@ import torch
 from tallow.kernels import kv_cache
 
 from ..components import AttentionBackend
+from ..manager import load_plugins
+from . import make_config
 from .component import ComponentConformance, load_target
 from .paged_batch import check_step, random_paged_step
 
@@ -57,8 +59,6 @@ class AttentionBackendConformance(ComponentConformance):
     run_on: ClassVar[str | None] = None
 
     def config(self, device: str) -> Any:
-        from . import make_config
-
         data: dict[str, Any] = {"model": {"device": device},
                                 "cache": {"block_size": self.block_size}}
         if self.settings:
@@ -173,8 +173,6 @@ class AttentionBackendConformance(ComponentConformance):
 def kv_codec(name: str) -> Any:
     """An instance of the KV codec registered as ``name`` by any installed plugin (or the
     core)."""
-    from ..manager import load_plugins
-
     pm = load_plugins(None, env={})
     if name not in pm.registries.kv_codecs:
         installed = ", ".join(e.name for e in pm.registries.kv_codecs)

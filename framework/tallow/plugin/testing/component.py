@@ -26,10 +26,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tallow import __version__
+
 from ..manager import (
-    CORE_DISTRIBUTION, CORE_MODULE, ENTRY_POINT_GROUP, Candidate, PluginManager, canonical,
+    CORE_DISTRIBUTION, CORE_MODULE, Candidate, ENTRY_POINT_GROUP, PluginManager, canonical,
 )
 from ..registry import Entry, Registries
+from . import modules_imported_by_registration
 
 
 def find_entry_point(distribution: str) -> Candidate:
@@ -61,8 +64,6 @@ def load_distribution(distribution: str) -> PluginManager:
     installed entry point (for ``"tallow"``: the core alone). A failing plugin raises
     :class:`~tallow.plugin.manager.PluginLoadError` naming distribution, version and entry
     point."""
-    from tallow import __version__
-
     pm = PluginManager(env={})
     pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, __version__,
                   entry_point=CORE_MODULE, mode="builtin")
@@ -149,8 +150,6 @@ class ComponentConformance:
                 f"{self.base_class.__module__}.{self.base_class.__qualname__}")
 
     def test_registration_imports_nothing_heavy(self) -> None:
-        from . import modules_imported_by_registration
-
         imported = modules_imported_by_registration(
             registration_module(self.distribution), f"tallow_register_{self.registry_kind}",
             registry_class_name(self.registry_kind), watch=self.light_modules)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from tallow.engine.sampling.params import SamplingParams
+
 from ..manager import load_plugins
+from . import make_config
 
 
 def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any] | None = None
@@ -15,8 +18,6 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     mappings (``{"cache": {"num_blocks": 64}}``); the model runs on the CPU unless it names
     another device."""
     from tallow.engine.llm import LLM
-
-    from . import make_config
 
     data: dict[str, Any] = {key: dict(value) for key, value in (config or {}).items()}
     data.setdefault("model", {}).setdefault("device", "cpu")
@@ -34,8 +35,6 @@ def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> A
     prompt step over ``prompt + tokens``), as a float tensor: what two engines on the same
     weights (two attention backends, say) are compared by."""
     import torch
-
-    from tallow.engine.sampling.params import SamplingParams
 
     out = llm.generate([list(prompt) + list(tokens)],
                        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]

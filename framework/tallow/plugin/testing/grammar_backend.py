@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from ..grammar import GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarSpec, TokenizerInfo
+from . import make_config
 from .component import ComponentConformance
 
 if TYPE_CHECKING:
@@ -190,8 +191,6 @@ class GrammarBackendConformance(ComponentConformance):
 
     @pytest.fixture(scope="class")
     def backend(self, component_class: Any, info: TokenizerInfo) -> GrammarBackend:
-        from . import make_config
-
         config = make_config({"plugins": {"settings": {self.distribution: self.settings}}}
                              if self.settings else {})
         return component_class(info, config)

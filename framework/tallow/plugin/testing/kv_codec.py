@@ -47,6 +47,8 @@ from tallow.kernels import kv_cache
 from tallow.kernels.kv_cache import allocate_layer, copy_blocks, footprint
 
 from ..components import KVCodec, KVTensor
+from ..selection import select
+from . import make_config
 from .component import ComponentConformance
 
 
@@ -117,8 +119,6 @@ class KVCodecConformance(ComponentConformance):
 
     @pytest.fixture(scope="class")
     def codec(self, component_class: Any) -> Any:
-        from . import make_config
-
         config = make_config({"plugins": {"settings": {self.distribution: dict(self.settings)}}}
                              if self.settings else None)
         return component_class(config)
@@ -138,9 +138,6 @@ class KVCodecConformance(ComponentConformance):
 
     # -- what the codec states ---------------------------------------------------------------
     def test_selected_by_name(self, plugin_manager: Any) -> None:
-        from ..selection import select
-        from . import make_config
-
         config = make_config({"cache": {"kv_codec": self.component}})
         assert select(plugin_manager.registries.kv_codecs, config, self.component).name == \
             self.component

@@ -28,8 +28,13 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from tallow import SamplingParams
+from tallow.layers import ArchConfig, BuildContext
+
 from .component import ComponentConformance
-from .paged_runner import PagedRunner
+from .engine import offline_llm
+from .paged_runner import PagedRunner, randomize_
+from .tokenizer import save_tokenizer
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
@@ -50,6 +55,21 @@ def hf_greedy(model: Any, prompt: list[int], steps: int
         out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
                              output_logits=True, return_dict_in_generate=True)
     return out.sequences[0, len(prompt):].tolist(), [s[0] for s in out.logits], prompt_logits
+
+
+def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
+    """A transformers causal LM of ``config`` in float32 eager attention, every parameter
+    random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
+    config says so, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                             dtype=torch.float32)
+    randomize_(model, seed, std)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model.eval()
 
 
 def load_checkpoint_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -82,8 +102,6 @@ class ModelArchitectureConformance(ComponentConformance):
     def transformers_model(self, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         """(the transformers model with random weights, the directory it was saved to)."""
         pytest.importorskip("transformers", reason="transformers is the parity oracle")
-        from .model_parity import random_hf_model
-
         seed = zlib.crc32(self.component.encode()) % 1000
         model = random_hf_model(self.hf_config(), seed, std=self.weight_std)
         directory = tmp_path_factory.mktemp("model")
@@ -95,8 +113,6 @@ class ModelArchitectureConformance(ComponentConformance):
                transformers_model: tuple[Any, Path]) -> tuple[Any, set[str]]:
         """(the plugin's model built from the saved config and tensors, the parameters its
         ``load_weights`` says it filled)."""
-        from tallow.layers import ArchConfig, BuildContext
-
         config, tensors = load_checkpoint_dir(transformers_model[1])
         model = component_class(ArchConfig(config), BuildContext())
         filled = model.load_weights(iter(tensors.items()), naming="hf")
@@ -159,9 +175,6 @@ class ModelArchitectureConformance(ComponentConformance):
         except PackageNotFoundError:
             pytest.skip("needs the tallow-safetensors weight format installed to load the "
                         "saved model")
-        from tallow import SamplingParams
-
-        from .tokenizer import save_tokenizer
 
         hf, directory = transformers_model
         save_tokenizer(directory)
@@ -172,8 +185,6 @@ class ModelArchitectureConformance(ComponentConformance):
         assert list(out.outputs[0].token_ids) == ref_tokens
 
     def llm(self, source: str) -> Any:
-        from .engine import offline_llm
-
         plugins = ["tallow-safetensors"]
         if self.distribution not in ("tallow", "tallow-safetensors"):
             plugins.insert(0, self.distribution)

@@ -22,30 +22,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from tallow import SamplingParams
 from tallow.layers import ArchConfig, BuildContext
 
-from .model import assert_close_logits, hf_greedy
-from .paged_runner import PagedRunner, randomize_
+from .engine import offline_llm
+from .model import assert_close_logits, hf_greedy, random_hf_model
+from .paged_runner import PagedRunner
+from .tokenizer import save_tokenizer
 
 __all__ = [
     "random_hf_model", "assert_greedy_parity", "assert_cuda_parity", "assert_engine_greedy",
     "load_model", "load_saved",
 ]
-
-
-def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
-    """A transformers causal LM of ``config`` in float32 eager attention, every parameter
-    random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
-    config says so, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                             dtype=torch.float32)
-    randomize_(model, seed, std)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    return model.eval()
 
 
 def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20, *,
@@ -90,11 +78,6 @@ def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]]
     (:func:`~tallow.plugin.testing.engine.offline_llm`), generates transformers' greedy tokens
     for every prompt, all prompts in one batch. ``config`` adds settings (``{"model":
     {"device": "cuda"}}``); the model runs in float32 unless it says otherwise."""
-    from tallow import SamplingParams
-
-    from .engine import offline_llm
-    from .tokenizer import save_tokenizer
-
     root = Path(path)
     if not (root / "tokenizer.json").exists():
         save_tokenizer(root)

@@ -33,7 +33,13 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from tallow.layers import (
+    BuildContext, MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear, SiluAndMul,
+)
+
 from ..components import QuantScheme
+from ..registry import serves_quant_method
+from . import make_config
 from .component import ComponentConformance
 
 
@@ -80,8 +86,6 @@ class QuantSchemeConformance(ComponentConformance):
                     checkpoint_config: dict[str, Any] | None = None) -> Any:
         """The scheme instance layers are built with (``component_class(config)``, told the
         ``checkpoint_config`` when one is given)."""
-        from . import make_config
-
         scheme = component_class(make_config({}))
         if checkpoint_config:
             scheme.use_checkpoint_config(checkpoint_config)
@@ -95,8 +99,6 @@ class QuantSchemeConformance(ComponentConformance):
             metafunc.parametrize("batch", [1, 7])
 
     def test_states_its_requirements(self, component_class: Any, entry: Any) -> None:
-        from . import make_config
-
         assert isinstance(component_class.min_capability, int)
         assert isinstance(component_class.detect({}), bool)
         methods = entry.meta.get("quant_methods", ())
@@ -107,8 +109,6 @@ class QuantSchemeConformance(ComponentConformance):
 
     def test_claims_the_checkpoints_of_its_layouts(self, component_class: Any,
                                                    entry: Any) -> None:
-        from ..registry import serves_quant_method
-
         for case in self.quantized_layers(self.rows, self.cols):
             if not case.checkpoint_config:
                 continue
@@ -121,8 +121,6 @@ class QuantSchemeConformance(ComponentConformance):
 
     def test_linear_equals_dequantized_matmul(self, component_class: Any, qtype_index: int,
                                               batch: int) -> None:
-        from tallow.layers import BuildContext, ReplicatedLinear
-
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
         layer = ReplicatedLinear(self.cols, self.rows, build=build, prefix="layer.proj")
@@ -133,8 +131,6 @@ class QuantSchemeConformance(ComponentConformance):
 
     def test_merged_shards_equal_dequantized_matmul(self, component_class: Any,
                                                     qtype_index: int) -> None:
-        from tallow.layers import BuildContext, MergedColumnParallelLinear
-
         cases = [self.quantized_layers(self.rows, self.cols)[qtype_index] for _ in range(2)]
         build = BuildContext(quant=self.make_scheme(component_class, cases[0].checkpoint_config))
         layer = MergedColumnParallelLinear(self.cols, [self.rows, self.rows], build=build,
@@ -148,8 +144,6 @@ class QuantSchemeConformance(ComponentConformance):
 
     def test_row_parallel_with_activation(self, component_class: Any,
                                           qtype_index: int) -> None:
-        from tallow.layers import BuildContext, RowParallelLinear, SiluAndMul
-
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
         layer = RowParallelLinear(self.cols, self.rows, build=build, prefix="layer.down_proj")

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ..tool_parsing import ParseResult, ToolParser, assemble
+from . import assert_streaming_matches_parse
 from .component import ComponentConformance
 
 #: text without any tool call markup that every parser must leave as content, exactly
@@ -161,6 +162,4 @@ def _mutate(text: str, rng: random.Random) -> str:
 
 
 def _check_streaming(parser: Any, text: str, tools: Any, tries: int) -> None:
-    from . import assert_streaming_matches_parse
-
     assert_streaming_matches_parse(parser, text, tools, tries)

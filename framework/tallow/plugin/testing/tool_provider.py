@@ -21,6 +21,8 @@ import re
 from typing import Any, Awaitable, Callable, ClassVar
 
 from ..components import ToolProvider, ToolResult
+from ..json_schema import check_schema
+from . import make_config
 from .component import ComponentConformance
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -36,8 +38,6 @@ class ToolProviderConformance(ComponentConformance):
     sample_call: ClassVar[tuple[str, dict[str, Any]]] = ("", {})
 
     def config(self) -> Any:
-        from . import make_config
-
         return make_config({"plugins": {"settings": {self.distribution: self.settings}}})
 
     def run(self, component_class: Any,
@@ -56,8 +56,6 @@ class ToolProviderConformance(ComponentConformance):
         asyncio.run(main())
 
     def test_lists_valid_tool_definitions(self, component_class: Any) -> None:
-        from ..json_schema import check_schema
-
         async def scenario(provider: Any) -> None:
             tools = await provider.list_tools()
             assert isinstance(tools, list) and tools, "no tools listed"
@@ -99,7 +97,5 @@ class ToolProviderConformance(ComponentConformance):
         self.run(component_class, scenario)
 
     def test_nothing_configured(self, component_class: Any) -> None:
-        from . import make_config
-
         provider = component_class.from_config(make_config({}))
         assert provider is None or isinstance(provider, ToolProvider)

@@ -7,7 +7,7 @@ import os
 import shutil
 from typing import Any
 
-from tallow.kernels.cuda_device import cuda_device_reasons
+from tallow.kernels import cuda_device_reasons
 
 #: the oldest flashinfer-python whose wrappers this backend drives as it does
 MIN_FLASHINFER = (0, 6, 6)

@@ -24,8 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels import store_cast_kv
-from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
+from tallow.kernels import LayerKVCache, allocate_layer, store_cast_kv
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.layers.attention_checks import check_rows, layer_reasons, qkv_shape_reasons
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor, PluginSettingsError

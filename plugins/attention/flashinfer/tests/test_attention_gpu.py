@@ -16,10 +16,7 @@ import pytest
 import torch
 from flashinfer_cases import SHAPES, backend, needs_gpu
 
-from tallow.kernels import store_cast_kv_ref
-from tallow.kernels.attention_ref import paged_attention_ref
-from tallow.kernels.kv_cache import allocate_layer
-from tallow.kernels.kv_cast import CastKVCodec
+from tallow.kernels import CastKVCodec, allocate_layer, paged_attention_ref, store_cast_kv_ref
 from tallow.layers import AttentionLayer, AttentionMetadata, forward_context
 from tallow.plugin.testing.paged_batch import (
     check_step, output_tolerance, random_paged_step, widened)

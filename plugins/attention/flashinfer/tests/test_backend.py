@@ -205,7 +205,7 @@ def test_layers_it_refuses() -> None:
 
 
 def _cast(storage: torch.dtype, name: str = "auto", **options: Any) -> tuple[Any, list]:
-    from tallow.kernels.kv_cast import CastKVCodec
+    from tallow.kernels import CastKVCodec
 
     codec = CastKVCodec(storage=storage, **options)
     codec.name = name  # type: ignore[misc]

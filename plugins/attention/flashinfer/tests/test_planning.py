@@ -200,9 +200,9 @@ def test_warm_up_steps_are_whole_batches(causal: bool, window) -> None:
     """The tiny steps the warm-up runs per layer kind are well-formed: every query row has a
     slot in its own pages, and the reference computes them."""
     from tallow.kernels import store_cast_kv
-    from tallow.kernels.attention_ref import paged_attention_ref
-    from tallow.kernels.kv_cache import allocate_layer
-    from tallow.kernels.kv_cast import CastKVCodec
+    from tallow.kernels import paged_attention_ref
+    from tallow.kernels import allocate_layer
+    from tallow.kernels import CastKVCodec
     from tallow_attention_flashinfer.backend import _tiny_step
     from tallow_attention_flashinfer.paging import host_page_args
 

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels.cuda_device import capability, cuda_device_reasons, cuda_index
-from tallow.kernels.kv_cache import LayerKVCache, float8_reasons
+from tallow.kernels import (
+    LayerKVCache, capability, cuda_device_reasons, cuda_index, float8_reasons,
+)
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.layers.attention_checks import check_rows, layer_reasons, qkv_shape_reasons
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor

@@ -19,8 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from tallow.kernels.kv_cache import LayerKVCache, cache_saturation
-from tallow.kernels.pdl import pdl_enabled
+from tallow.kernels import LayerKVCache, cache_saturation, pdl_enabled
 
 from . import turbo_ops
 from .heuristics import (

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tallow.kernels.attention_ref import paged_attention_ref
-from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
-from tallow.kernels.kv_cast import CastKVCodec
+from tallow.kernels import CastKVCodec, LayerKVCache, allocate_layer, paged_attention_ref
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow.plugin import KVCodec
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tallow.kernels.kv_cache import LayerKVCache
-from tallow.kernels.pdl import pdl_enabled
+from tallow.kernels import LayerKVCache, pdl_enabled
 from tallow.plugin import KVTensor
 
 from .heuristics import dot_precision, next_pow2

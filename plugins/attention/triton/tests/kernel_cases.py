@@ -16,7 +16,7 @@ import zlib
 import pytest
 import torch
 
-from tallow.kernels.kv_cast import CastKVCodec
+from tallow.kernels import CastKVCodec
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.heuristics import decode_tiles, prefill_tiles

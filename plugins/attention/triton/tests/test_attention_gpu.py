@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.kv_cache import allocate_layer
+from tallow.kernels import allocate_layer
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.kernels.turbo import load_nibble_halves
@@ -149,7 +149,7 @@ def test_fp8_cache_with_head_scales_long_contexts(cache_dtype: torch.dtype,
     subtracts and divides values off the grid (the bytes as torch's), and decode and a mixed
     batch read it with the queries and the output scaled outside the kernels and the centred
     keys read as stored."""
-    from tallow.kernels.kv_cast import CastKVCodec
+    from tallow.kernels import CastKVCodec
 
     rng = random.Random(seed_of("fp8-scaled", cache_dtype, num_splits, centred))
     scales = ([rng.uniform(0.005, 3.0) for _ in range(8)], [rng.uniform(0.005, 3.0)

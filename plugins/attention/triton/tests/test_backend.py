@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tallow.builtins
-from tallow.kernels.kv_cast import CastKVCodec
+from tallow.kernels import CastKVCodec
 from tallow.layers import AttentionLayer
 from tallow.plugin import (
     AttentionBackend, AttentionBackendRegistry, KVTensor, SelectionError, select,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tallow.kernels.offline import compile_for_gpu, resource_usage
+from tallow.kernels import compile_for_gpu, resource_usage
 from tallow_attention_triton import ops
 from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel
 from tallow_attention_triton.kernels.prefill import prefill_kernel
@@ -286,7 +286,7 @@ def test_turbo4_decode_unpacks_nibbles_in_ptx(head_dim: int, group: int,
     within the instruction count that made it the decode of 4-bit caches (1,181 sm_90
     instructions per 32-key tile, against 3,336 per 32 keys in the split kernel's 4-warp
     64-key tiles, which decoded them before)."""
-    from tallow.kernels.offline import opcode, sass_loops
+    from tallow.kernels import sass_loops, sass_opcode as opcode
     from tallow_attention_triton.kernels.turbo_decode import decode_nibbles_kernel
 
     for single in (True, False):

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from tallow.kernels.kv_cache import LayerKVCache
-from tallow.kernels.pdl import compiled_with_pdl, off_then_on, set_pdl, unsupported_reason
+from tallow.kernels import (
+    LayerKVCache, compiled_with_pdl, off_then_on, set_pdl, unsupported_reason,
+)
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 from tallow_attention_triton.kernels.decode import decode_reduce_kernel, decode_split_kernel

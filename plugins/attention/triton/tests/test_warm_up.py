@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tallow.kernels.kv_cache import LayerKVCache, allocate_layer
+from tallow.kernels import LayerKVCache, allocate_layer
 from tallow.layers import AttentionLayer, AttentionMetadata
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend

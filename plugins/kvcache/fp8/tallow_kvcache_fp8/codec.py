@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels.kv_cast import CastKVCodec
+from tallow.kernels import CastKVCodec
 
 from .settings import fp8_settings
 

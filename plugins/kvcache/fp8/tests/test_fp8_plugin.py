@@ -7,7 +7,7 @@ from importlib.metadata import entry_points
 
 import torch
 
-from tallow.kernels.kv_cache import allocate_layer, cache_saturation, to_cache_dtype
+from tallow.kernels import allocate_layer, cache_saturation, to_cache_dtype
 from tallow.plugin import KVCodecRegistry
 from tallow.plugin.testing import modules_imported_by_registration
 

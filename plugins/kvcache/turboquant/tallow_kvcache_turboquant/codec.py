@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.kernels.kv_cache import LayerKVCache, slots_to_blocks
+from tallow.kernels import LayerKVCache, slots_to_blocks
 from tallow.plugin import KVCodec, KVTensor
 
 from .calibration import key_offset, key_smoothing, value_offset

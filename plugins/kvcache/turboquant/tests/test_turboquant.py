@@ -10,8 +10,7 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from tallow.kernels import kv_cache
-from tallow.kernels.attention_ref import attention_ref, paged_attention_ref
+from tallow.kernels import attention_ref, kv_cache, paged_attention_ref
 from tallow.layers import AttentionLayer
 from tallow.plugin import KVCodecRegistry, PluginSettingsError
 from tallow.plugin.testing import make_config, modules_imported_by_registration

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from tallow.kernels.quads import pack_quads, unpack_quads
+from tallow.kernels import pack_quads, unpack_quads
 
 #: the e2m1 values by code (bit 3 the sign)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,

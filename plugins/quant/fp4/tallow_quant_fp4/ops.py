@@ -11,9 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tallow.kernels import triton_enabled
-from tallow.kernels.linear import gated_linear
-from tallow.kernels.linear import linear as dense_linear
+from tallow.kernels import dense_linear, gated_linear, triton_enabled
 
 from .layout import FP4Weight, dequantize
 
@@ -22,7 +20,7 @@ MAX_GEMV_ROWS = 16
 
 
 def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
 

@@ -11,8 +11,9 @@ from collections import Counter
 
 import pytest
 
-from tallow.kernels import interpreting
-from tallow.kernels.offline import compile_for_gpu, opcode, resource_usage, sass_loops
+from tallow.kernels import (
+    compile_for_gpu, interpreting, resource_usage, sass_loops, sass_opcode as opcode,
+)
 from tallow_quant_fp4.kernels.dequant import BLOCK_QUADS, BLOCK_ROWS, _dequant_kernel
 from tallow_quant_fp4.kernels.gemv import DEFAULT_CONFIGS, NV_CONFIGS, _gemv_kernel
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 import torch
 from torch import nn
 
-from tallow.kernels.linear import linear as dense_linear
+from tallow.kernels import dense_linear
 from tallow.layers import LinearMethod, QuantizedWeight, WeightSlice, set_weight_attrs
 
 from . import ops

@@ -75,7 +75,7 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 
 def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
 

@@ -16,7 +16,7 @@ import zlib
 import pytest
 import torch
 
-from tallow.kernels._dispatch import interpreting
+from tallow.kernels import interpreting
 from tallow_quant_fp8 import ops, reference
 from tallow_quant_fp8.kernels.gemm import gemm_triton
 from tallow_quant_fp8.kernels.gemv import gemv_triton
@@ -119,7 +119,7 @@ def test_static_scale_and_column_major_scales():
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_quantization_applies_the_gate(kind):
     # the activation kernel's own values (its float32 exp is not torch's)
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     act = silu_and_mul if kind == "silu" else gelu_tanh_and_mul
     g = gen("gate", kind)
@@ -150,7 +150,7 @@ def test_gemv_equals_the_dequantized_product(layout, m, n, k):
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("m", [1, 5])
 def test_gemv_applies_the_gate(kind, m):
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     act = silu_and_mul if kind == "silu" else gelu_tanh_and_mul
     g = gen("gemv-gate", kind, m)

@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 
-from tallow.kernels._dispatch import interpreting
-from tallow.kernels.offline import compile_for_gpu, opcode, pdl_order, resource_usage, sass_loops
+from tallow.kernels import (
+    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+)
 
 if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
     pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
                 allow_module_level=True)
 
-from tallow.kernels.gemv_triton import _gemv_kernel
+from tallow.kernels._gemv_triton import _gemv_kernel
 from tallow_quant_fp8.kernels.gemm import A_FLOAT, A_GROUP, A_ROW, _gemm_kernel, gemm_config
 from tallow_quant_fp8.kernels.gemv import gemv_config
 from tallow_quant_fp8.kernels.quantize import _CHUNK, _quantize_kernel

@@ -79,7 +79,7 @@ def test_scaled_mm_with_block_scales_or_the_reason_it_cannot():
 
 
 def test_gated_products_apply_the_activation():
-    from tallow.kernels.activation import silu_and_mul
+    from tallow.kernels import silu_and_mul
 
     weight = random_weight(4096, 14336, "row", gen("gated"))
     plan = plan_for(weight, "token")
@@ -92,8 +92,8 @@ def test_gated_products_apply_the_activation():
 
 
 def test_pdl_launch_matches_plain_launch():
-    from tallow.kernels.gemv_triton import _gemv_kernel
-    from tallow.kernels.pdl import compiled_with_pdl, off_then_on, pdl_enabled
+    from tallow.kernels._gemv_triton import _gemv_kernel
+    from tallow.kernels import compiled_with_pdl, off_then_on, pdl_enabled
     from tallow_quant_fp8.kernels.gemv import gemv_triton
 
     if not pdl_enabled(torch.empty(1, device="cuda")):

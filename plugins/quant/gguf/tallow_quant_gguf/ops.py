@@ -30,7 +30,7 @@ _DEFAULT_POLICY = KernelPolicy()
 
 
 def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
 

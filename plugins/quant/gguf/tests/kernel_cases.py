@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from quant_blocks import random_blocks
-from tallow.kernels._dispatch import interpreting
+from tallow.kernels import interpreting
 from tallow_quant_gguf import ops
 from tallow_quant_gguf.kernels.dequant import dequantize_triton
 from tallow_quant_gguf.kernels.gemv import gemv_triton

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tallow.kernels._dispatch import interpreting
-from tallow.kernels.offline import (compile_for_gpu, opcode, pdl_order, resource_usage,
-                                    sass_loops)
+from tallow.kernels import (
+    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+)
 from tallow_quant_gguf.kernels.decode import type_constants
 from tallow_quant_gguf.kernels import dequant
 from tallow_quant_gguf.kernels.gemv import _gemv_kernel, gemv_mode

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from tallow.kernels.quads import QUAD_COLUMNS, pack_quads, unpack_quads
+from tallow.kernels import QUAD_COLUMNS, pack_quads, unpack_quads
 
 #: code widths the layout and kernels support
 BITS = (4, 8)

@@ -25,9 +25,7 @@ from typing import Union
 import torch
 import torch.nn.functional as F
 
-from tallow.kernels import triton_enabled
-from tallow.kernels.linear import gated_linear
-from tallow.kernels.linear import linear as dense_linear
+from tallow.kernels import dense_linear, gated_linear, triton_enabled
 
 from . import reference
 from .layout import IntWeight
@@ -60,7 +58,7 @@ _DEFAULT = KernelPolicy()
 
 def activated(x: torch.Tensor, kind: str) -> torch.Tensor:
     """``act(gate) * up`` of a gated MLP's merged input ``x = [gate | up]``."""
-    from tallow.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+    from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
 

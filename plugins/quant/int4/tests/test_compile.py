@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tallow.kernels import interpreting
-from tallow.kernels.offline import (compile_for_gpu, opcode, pdl_order, resource_usage,
-                                    sass_loops)
+from tallow.kernels import (
+    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+)
 from tallow_quant_int4.kernels.dequant import BLOCK_QUADS, BLOCK_ROWS, _dequant_kernel
 from tallow_quant_int4.kernels.gemv import DEFAULT_CONFIGS, _gemv_kernel
 

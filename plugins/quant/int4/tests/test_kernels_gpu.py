@@ -77,7 +77,7 @@ def test_dequantization_is_the_reference_bit_for_bit(dtype):
 
 
 def test_pdl_launch_matches_plain_launch():
-    from tallow.kernels.pdl import compiled_with_pdl, off_then_on, pdl_enabled
+    from tallow.kernels import compiled_with_pdl, off_then_on, pdl_enabled
 
     if not pdl_enabled(torch.empty(1, device="cuda")):
         pytest.skip("PDL needs compute capability 9.0+ and a Triton with gdc_wait")

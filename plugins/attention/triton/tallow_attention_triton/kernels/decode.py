@@ -43,8 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tallow.kernels.jit import step_jit
-from tallow.kernels.pdl import allow_next, wait_prior
+from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
                      online_softmax_step_scaled, product_operand, saturate, scaled_scores,

@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, load_activations
-from tallow.kernels.jit import step_jit
-from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
-from tallow.kernels.quad_gemv import launch_config, tile_mask
+from tallow.kernels import (
+    ACTIVATION_KINDS as KINDS, allow_next, load_activations, pdl_enabled, quad_launch_config as
+    launch_config, quad_tile_mask as tile_mask, step_jit, wait_prior,
+)
 
 from ..layout import FP4Weight
 from .decode import PAIR_FACTOR, PAIR_MAGNITUDES, PAIR_SIGNS, e2m1_pair, e4m3_value, scale_value

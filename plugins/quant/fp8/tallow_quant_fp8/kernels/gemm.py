@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.jit import step_jit
+from tallow.kernels import step_jit
 
 from ..weights import BLOCK, Fp8Weight
 

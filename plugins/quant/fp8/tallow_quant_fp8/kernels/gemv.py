@@ -1,7 +1,7 @@
 """Weight-only products for decode batches: ``y = x @ (q * s).T (+ b)`` for up to 16 rows of
 bf16/fp16 (or float32) activations, the weights read once as e4m3.
 
-The core GEMV (:mod:`tallow.kernels.gemv_triton`) serves float and e4m3 weights alike: one row
+The core GEMV (:mod:`tallow.kernels._gemv_triton`) serves float and e4m3 weights alike: one row
 streams eight e4m3 rows per program in 16-byte vectors, widened to float32 and scaled per
 output row (the row's sum) or per 128 x 128 block (each 128 columns' part of the sum); 2–16
 rows use ``tl.dot`` with the weights widened to the activations' dtype. A gated MLP's
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from tallow.kernels.gemv_triton import MAX_ROWS
-from tallow.kernels.gemv_triton import gemv_config as _core_config
-from tallow.kernels.gemv_triton import gemv_triton as _core_gemv
+from tallow.kernels import (
+    GEMV_MAX_ROWS as MAX_ROWS, gemv_config as _core_config, gemv_triton as _core_gemv,
+)
 
 from ..weights import FP8, Fp8Weight
 
@@ -24,7 +24,7 @@ __all__ = ["MAX_ROWS", "gemv_config", "gemv_triton"]
 
 def gemv_config(m: int, n: int, k: int, blockwise: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the core GEMV for ``m`` rows through an e4m3
-    ``[n, k]`` weight (see :func:`tallow.kernels.gemv_triton.gemv_config`)."""
+    ``[n, k]`` weight (see :func:`tallow.kernels._gemv_triton.gemv_config`)."""
     return _core_config(m, n, k, FP8, blockwise)
 
 

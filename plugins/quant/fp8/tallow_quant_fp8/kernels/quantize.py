@@ -11,7 +11,7 @@ so the bits equal :func:`tallow_quant_fp8.reference.quantize_activations_ref`'s.
 ``s_ptr + row * stride_sm + group * stride_sg``: row-major for the Triton GEMM, column-major
 ("outer-dim-major") for ``torch._scaled_mm``'s 1 x 128 scaling.
 
-With ``GATE`` (a kind of :data:`tallow.kernels.activation_triton.KINDS`) each row of x is
+With ``GATE`` (a kind of :data:`tallow.kernels.ACTIVATION_KINDS`) each row of x is
 ``[gate | up]``, ``K`` wide each, and the value quantized is ``act(gate) * up`` rounded to x's
 dtype, exactly as the activation kernel computes it: a gated MLP's down projection reads its
 input once.
@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, gated_value
-from tallow.kernels.jit import step_jit
+from tallow.kernels import ACTIVATION_KINDS as KINDS, gated_value, step_jit
 
 from ..weights import BLOCK, FP8, MIN_SCALE
 from .common import quantize_value

@@ -32,8 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels import interpreting
-from tallow.kernels.jit import step_jit
+from tallow.kernels import interpreting, step_jit
 
 from ..packing import PackedWeight
 from .decode import plane_args, type_constants

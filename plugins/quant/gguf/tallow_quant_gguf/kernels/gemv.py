@@ -39,12 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels.activation_triton import KINDS, gated_value
-from tallow.kernels.code_bits import bit_constants
-from tallow.kernels.code_bits import bits_as_float as _as_float
-from tallow.kernels.code_bits import byte_to_bits_15 as _byte_to_bits_15
-from tallow.kernels.jit import step_jit
-from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+from tallow.kernels import (
+    ACTIVATION_KINDS as KINDS, allow_next, bit_constants, bits_as_float as _as_float,
+    byte_to_bits_15 as _byte_to_bits_15, gated_value, pdl_enabled, step_jit, wait_prior,
+)
 
 from ..packing import PackedWeight
 from .decode import (group_scales, load_codes, load_group_fields, plane_args, quad_range,

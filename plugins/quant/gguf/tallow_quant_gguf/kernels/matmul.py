@@ -38,10 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tallow.kernels import interpreting
-from tallow.kernels.activation_triton import KINDS, gated_value
-from tallow.kernels.jit import step_jit
-from tallow.kernels.pdl import allow_next, pdl_enabled, wait_prior
+from tallow.kernels import (
+    ACTIVATION_KINDS as KINDS, allow_next, gated_value, interpreting, pdl_enabled, step_jit,
+    wait_prior,
+)
 
 from ..packing import PackedWeight
 from .decode import (group_scales, load_code_tile, load_group_fields, plane_args, quad_range,

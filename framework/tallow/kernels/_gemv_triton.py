@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .activation_triton import KINDS, gated_value
+from ._activation_triton import KINDS, gated_value
 from .jit import step_jit
 from .pdl import allow_next, pdl_enabled, wait_prior
 
@@ -66,7 +66,7 @@ def _load_w(w_ptrs, k, cols, n_mask, K, EVEN_K: tl.constexpr, EVEN_N: tl.constex
 @triton.jit
 def _load_x(x_ptrs, mask, K, GATE: tl.constexpr):
     """Activations at ``x_ptrs`` (``mask`` None: all of them). With a gate (``GATE`` >= 0, a
-    kind of :data:`activation_triton.KINDS`) each row of x is ``[gate | up]``, K wide each,
+    kind of :data:`_activation_triton.KINDS`) each row of x is ``[gate | up]``, K wide each,
     and the value is ``act(gate) * up`` as the activation kernel rounds it."""
     if mask is None:
         x = tl.load(x_ptrs)

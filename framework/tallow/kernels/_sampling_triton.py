@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import LogitEdits
+from .logit_edits import LogitEdits
 
 _EDIT_BLOCK = 256
 _VOCAB_BLOCK = 1024

@@ -18,13 +18,27 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .collectives import broadcast_from_driver
-from .state import ParallelState
-from .step_message import RELEASE, STOP, TOKENS_ARGMAX, TOKENS_BROADCAST, StepMessage
+from tallow.config import TallowConfig
+from tallow.distributed import launch
+from tallow.distributed.collectives import broadcast_from_driver
+from tallow.distributed.launch import WorkerSpec
+from tallow.distributed.state import ParallelState
+from tallow.distributed.step_message import (
+    RELEASE, STOP, TOKENS_ARGMAX, TOKENS_BROADCAST, StepMessage,
+)
+from tallow.distributed.watchdog import die_with_parent, report_failure
+from tallow.kernels import argmax_rows
+from tallow.plugin.manager import load_pinned_plugins
+
+#: builds this rank's model runner as the driver builds its own
+#: (:func:`tallow.engine.builder.build_runner`: config, registries, parallel state -> a
+#: ``BuiltRunner``). It is handed in rather than imported because the builder, serving a rank
+#: started by torchrun, calls into this module.
+BuildRunner = Callable[[TallowConfig, Any, ParallelState], Any]
 
 log = logging.getLogger("tallow.distributed")
 
@@ -33,12 +47,9 @@ class _Stopped(Exception):
     """The driver ended the group."""
 
 
-def spawned_main(spec: Any) -> None:
+def spawned_main(spec: WorkerSpec, build_runner: BuildRunner) -> None:
     """Entry point of a worker process spawned by :func:`tallow.distributed.launch.start`
     (``python -m tallow.distributed SPEC``)."""
-    from . import launch
-    from .watchdog import die_with_parent
-
     if spec.die_with_parent:
         die_with_parent()
     if os.getppid() != spec.parent_pid:  # the parent died before the line above took effect
@@ -51,15 +62,12 @@ def spawned_main(spec: Any) -> None:
     logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [rank {rank}]: %(message)s")
     parallel = launch.join(spec)
-    serve(parallel)
+    serve(parallel, build_runner)
 
 
-def serve(parallel: ParallelState) -> None:
+def serve(parallel: ParallelState, build_runner: BuildRunner) -> None:
     """Serve the driver's engines until it stops the group; exits the process with status 1
     (after telling the driver why) when this rank cannot go on."""
-    from . import launch
-    from .watchdog import report_failure
-
     try:  # Ctrl-C reaches every rank started from the terminal: the driver ends the workers
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: leave the process's handlers as they are
@@ -69,7 +77,7 @@ def serve(parallel: ParallelState) -> None:
             startup = parallel.control.receive_object()
             if startup is None:
                 break
-            _serve_engine(parallel, startup)
+            _serve_engine(parallel, startup, build_runner)
     except _Stopped:
         pass
     except BaseException as exc:
@@ -86,11 +94,8 @@ def serve(parallel: ParallelState) -> None:
     launch.shutdown()
 
 
-def _serve_engine(parallel: ParallelState, startup: dict[str, Any]) -> None:
-    from tallow.config import TallowConfig
-    from tallow.engine.builder import build_runner
-    from tallow.plugin.manager import load_pinned_plugins
-
+def _serve_engine(parallel: ParallelState, startup: dict[str, Any],
+                  build_runner: BuildRunner) -> None:
     config = TallowConfig.model_validate(startup["config"])
     plugins = load_pinned_plugins(startup["plugins"])
     plugins.hook.tallow_configure(config=config)
@@ -133,8 +138,6 @@ def run_step(runner: Any, message: StepMessage, fed: torch.Tensor | None) -> tor
         return None
     logits = model.compute_logits(hidden.index_select(0, batch.sample_rows))
     if message.tokens == TOKENS_ARGMAX:
-        from tallow.kernels import argmax_rows
-
         return argmax_rows(logits)
     if message.tokens == TOKENS_BROADCAST:
         tokens = torch.empty(host.num_sampled, dtype=torch.int64, device=runner.device)

@@ -1,0 +1,24 @@
+"""``POST /v1/chat/completions``: the server's tool loop (:mod:`.tool_loop`) when the request
+uses tools the server runs itself, the plain chat handler (:class:`.chat.ChatCompletion`) else.
+The choice lives here, above both, because the tool loop builds on the chat handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .chat import ChatCompletion
+from .state import ServerState
+from .tool_loop import ToolLoop, wants_server_tools
+
+
+class ChatEndpoint(ChatCompletion):
+    """The chat handler as served: hands requests with server tools to the tool loop."""
+
+    @classmethod
+    async def create(cls, state: ServerState, req: Any) -> Any:
+        if wants_server_tools(state, req):
+            return ToolLoop(state, req, await state.tool_providers.tools())
+        return ChatCompletion(state, req)
+
+
+create_chat_completion = ChatEndpoint.serve

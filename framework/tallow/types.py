@@ -1,0 +1,212 @@
+"""The contracts that the core's lowest layers implement and the plugin API hands to plugins:
+the :class:`Component` base of everything a registry holds, and the KV-cache and attention
+contracts (:class:`KVTensor`, :class:`KVCodec`, :class:`AttentionBackend`) that
+:mod:`tallow.kernels` and :mod:`tallow.layers` build on; and :class:`HostBatch`, one step's
+flat batch as host arrays, which the engine's model runner builds and a tensor-parallel step
+message (:mod:`tallow.distributed.step_message`) carries to the workers.
+
+They sit below every other module of the core (docs/architecture.md, "Layers") so that the
+kernels and layers need not import :mod:`tallow.plugin`, which re-exports them for plugins.
+Like the rest of the plugin API they import no torch: tensor types appear only in annotations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+__all__ = ["AttentionBackend", "Component", "HostBatch", "KVCodec", "KVTensor"]
+
+
+class Component:
+    """Anything a registry can hold.
+
+    ``validate(config)`` returns the reasons this component cannot serve ``config`` (empty when
+    it can); selection (:func:`tallow.plugin.select`) relies on it.
+    """
+
+    name: ClassVar[str] = ""
+
+    @classmethod
+    def validate(cls, config: Any) -> list[str]:
+        return []
+
+
+@dataclass(frozen=True)
+class KVTensor:
+    """One tensor of an attention layer's KV cache, as a :class:`KVCodec` lays it out.
+
+    A ``per_block`` tensor is paged: it is allocated ``[num_blocks, *shape]`` (``shape`` is one
+    block, block size first), its blocks are handed out by the block manager and copied for
+    copy-on-write. Any other tensor is allocated with ``shape`` once per layer, for what the
+    whole layer shares (a scale per head, a rotation), and filled by
+    :meth:`KVCodec.init_layer`.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: Any  # a torch.dtype
+    per_block: bool = True
+
+
+class KVCodec(Component):
+    """How K and V are stored in the paged cache: the layout of the cache tensors of one
+    attention layer, and a plain-torch reference of writing into them and reading from them.
+
+    - :meth:`layout` lists the tensors of one layer (:class:`KVTensor`): codes, scales, ...;
+      :mod:`tallow.kernels.kv_cache` allocates them, sizes the KV budget from their bytes per
+      block, copies their blocks and hands them to attention backends as a
+      :class:`tallow.kernels.kv_cache.LayerKVCache`;
+    - :meth:`init_layer` fills the per-layer tensors once they are allocated,
+      :meth:`use_checkpoint_scales` may take scales the checkpoint carries, and, for a codec
+      that sets :attr:`calibrated`, :meth:`calibrate` refines them from the K/V the model
+      computes over a calibration text;
+    - :meth:`encode` writes one step's K/V into the cache at their slots;
+    - :meth:`decode` reads whole blocks back as K/V.
+
+    The references define the format: the torch attention backend runs on them, and a backend
+    that implements a codec in its own kernels (it names the codec in
+    :attr:`AttentionBackend.fused_kv_codecs`) is tested against them.
+
+    ``bits_per_element`` is the nominal storage of one K or V element without the scales that
+    go with it, for listings (registered as ``bits=`` too, so that listing plugins imports
+    nothing). The codec is built with the configuration (a
+    :class:`tallow.config.TallowConfig`, or None in tests) and reads its plugin's settings
+    from it.
+    """
+
+    bits_per_element: ClassVar[float] = 16.0
+    #: True when :meth:`calibrate` wants the K/V a model computes over a calibration text:
+    #: the engine then runs that pass once at start-up, before serving
+    calibrated: ClassVar[bool] = False
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
+               model_dtype: "torch.dtype") -> list[KVTensor]:
+        """The tensors of one layer's cache for heads of ``head_dim`` elements."""
+        raise NotImplementedError
+
+    def init_layer(self, cache: Any) -> None:
+        """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
+        the default has none to fill."""
+
+    def use_checkpoint_scales(self, cache: Any, scales: dict[str, "torch.Tensor"]) -> None:
+        """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
+        holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
+        ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
+        by the engine once per layer after :meth:`init_layer`, before anything is stored;
+        ``cache.layer`` is the attention layer. The default ignores them (a codec without
+        scales, or one that calibrates its own)."""
+
+    def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
+                  v: "torch.Tensor") -> None:
+        """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
+        queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
+        attention layer receives them) over the engine's calibration text. Called once per
+        layer before anything is stored, for codecs that set :attr:`calibrated`;
+        ``cache.layer`` is the attention layer."""
+
+    def encode(self, cache: Any, k: "torch.Tensor", v: "torch.Tensor",
+               slot_mapping: "torch.Tensor") -> None:
+        """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
+        ``slot_mapping`` [T] (slot = block * block_size + offset; -1 skips the row)."""
+        raise NotImplementedError
+
+    def decode(self, cache: Any, blocks: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
+        ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
+        raise NotImplementedError
+
+
+class AttentionBackend(Component):
+    """Paged attention over one flat batch.
+
+    ``forward(layer, q, k, v, kv_cache, meta)`` writes this step's ``k``/``v`` [T, Hkv, D] into
+    ``kv_cache`` (a :class:`tallow.kernels.kv_cache.LayerKVCache`: the layer's cache tensors as
+    its KV codec lays them out) at ``meta.slot_mapping`` and returns the attention output
+    [T, Hq, D] for queries ``q`` [T, Hq, D], reading each sequence's earlier context through
+    ``meta.block_tables``. ``layer`` carries the head counts, scale, sliding window and logit
+    softcap (:class:`tallow.layers.attention.AttentionLayer`).
+    """
+
+    #: True if the decode path may be captured in a CUDA graph
+    supports_cuda_graph: ClassVar[bool] = False
+    #: the KV codecs (by name) whose storage this backend's own kernels write and read
+    fused_kv_codecs: ClassVar[frozenset[str]] = frozenset({"auto"})
+    #: True for a backend that serves any codec through the codec's torch reference
+    #: (``encode``/``decode``), as the core's ``torch`` backend does
+    uses_codec_reference: ClassVar[bool] = False
+
+    def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
+        """Reasons this backend cannot store K/V as ``codec`` does with ``layout`` (one
+        layer's tensors; empty when it can). The engine chooses the codec first and asks each
+        candidate backend (an instance); a refusal passes an automatically chosen backend
+        over for the next by priority. The default serves the codecs named in
+        :attr:`fused_kv_codecs`, or every codec when :attr:`uses_codec_reference`."""
+        if self.uses_codec_reference or codec.name in self.fused_kv_codecs:
+            return []
+        return [f"kv codec {codec.name!r} is not implemented by this backend (it implements "
+                + ", ".join(sorted(self.fused_kv_codecs)) + ")"]
+
+    def plan(self, meta: Any) -> None:
+        """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
+        describes, before any layer runs: work that depends on the batch but not on the layer
+        (scheduling it over the GPU, page lists), done once per step so that :meth:`forward`
+        only launches kernels. The engine calls it once per step, before the model's forward
+        (:func:`tallow.layers.attention.forward_context` does), and before every replay of a
+        CUDA graph. Then ``meta.cuda_graph`` is True, its device tensors are the graph's fixed
+        buffers, already holding this step's values, and its host lists describe the padded
+        batch (padding rows: length 1, slot -1); state that :meth:`forward` reads while the
+        graph is captured must live in buffers fixed per ``meta.num_seqs``. The default does
+        nothing. :meth:`forward` called with metadata that was not planned (tests, warm-ups)
+        must still work, outside graph capture."""
+
+    def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
+                kv_cache: Any, meta: Any) -> "torch.Tensor":
+        raise NotImplementedError
+
+    def warm_up(self, layers: list[Any], kv_caches: list[Any],
+                dtype: "torch.dtype") -> None:
+        """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
+        (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as
+        ``forward`` gets them) and activations of ``dtype``, so that no serving step compiles
+        one. The engine calls it once on a GPU, after the caches are allocated and before
+        CUDA graphs are captured. It must not write into ``kv_caches`` (they are only a
+        description of shape, dtype and layout); a backend that compiles nothing on first use
+        keeps this default, which does nothing."""
+
+
+@dataclass
+class HostBatch:
+    """One step's flat batch on the host (:meth:`tallow.engine.model_runner.ModelRunner.fill_host`),
+    before :meth:`~tallow.engine.model_runner.ModelRunner.upload` moves it to the device in two transfers.
+
+    ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
+    (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``
+    used); ``i32`` holds the query offsets (``num_seqs + 1``), the sequence lengths
+    (``num_seqs``) and the block tables (``num_seqs x width``). A tensor-parallel driver sends
+    exactly these to its workers, which upload them as they are."""
+
+    i64: np.ndarray
+    i32: np.ndarray
+    num_seqs: int
+    num_tokens: int
+    num_sampled: int
+    num_fed: int
+    width: int
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def query_start_loc(self) -> list[int]:
+        return self.i32[:self.num_seqs + 1].tolist()
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return self.i32[self.num_seqs + 1:2 * self.num_seqs + 1].tolist()
