@@ -35,6 +35,7 @@ _IDLE_WAIT_S = 0.05
 class AsyncEngine(EngineFrontend):
     def __init__(self, parts: EngineParts) -> None:
         super().__init__(parts)
+        self.core.trace_steps()  # the step and host-time metrics are read from the timings
         self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         #: request id → its outputs (an embedding request gets its pooled vector), or the error
