@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import ContextManager, Iterator, Protocol
+from typing import ContextManager, Protocol
 
 
 class DeviceWork(Protocol):
@@ -47,6 +47,7 @@ class StepTracer:
         self.timings: dict[str, float] = {}
         self.hidden: set[str] = set()
         self._started = self._ended = time.perf_counter()
+        self._phase = _Phase(self)  # one object for every phase: they run one at a time
 
     def start(self) -> None:
         """Begin a step call: forget the previous call's phases."""
@@ -56,23 +57,18 @@ class StepTracer:
 
     def phase(self, name: str) -> ContextManager[None]:
         """Add the wall time of the ``with`` block to phase ``name`` (a phase may run more
-        than once in a call: its times add up)."""
-        return self._timed(name)
-
-    @contextlib.contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._ended = time.perf_counter()
-            self.timings[name] = self.timings.get(name, 0.0) + self._ended - began
+        than once in a call: its times add up; phases do not nest)."""
+        self._phase.name = name
+        return self._phase
 
     def hide_while_busy(self, work: DeviceWork, *phases: str) -> None:
         """Mark those of ``phases`` that ran in this call as hidden if the device is still
         running ``work`` now: it had queued work while they ran, so it did not wait for them."""
         if not work.is_done():
-            self.hidden.update(phase for phase in phases if phase in self.timings)
+            timings, hidden = self.timings, self.hidden
+            for phase in phases:
+                if phase in timings:
+                    hidden.add(phase)
 
     def unhide(self) -> None:
         """Nothing of this call was hidden after all (the device ran dry within it: a step
@@ -85,6 +81,27 @@ class StepTracer:
         out.step_time = self._ended - self._started
         out.timings = dict(self.timings)
         out.hidden = set(self.hidden)
+
+
+class _Phase:
+    """The running phase of a :class:`StepTracer`: a plain context manager, reused (a step
+    enters several phases per call; a generator-based one costs several times more)."""
+
+    __slots__ = ("tracer", "name", "began")
+
+    def __init__(self, tracer: StepTracer) -> None:
+        self.tracer = tracer
+        self.name = ""
+        self.began = 0.0
+
+    def __enter__(self) -> None:
+        self.began = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        now = time.perf_counter()
+        tracer, name = self.tracer, self.name
+        tracer._ended = now
+        tracer.timings[name] = tracer.timings.get(name, 0.0) + now - self.began
 
 
 class _NoTracer(StepTracer):
