@@ -326,7 +326,8 @@ class EngineCore:
         return out
 
     def _step_sync(self, between: Callable[[], None]) -> CoreOutput | None:
-        """One step start to end: the device idles while the host schedules and commits."""
+        """One step start to end, its tokens returned (None if there was nothing to run): the
+        device idles while the host schedules and commits."""
         launched = self._schedule_and_launch(feed=None)
         self._overlap(between)
         if launched is None:
@@ -335,9 +336,9 @@ class EngineCore:
 
     def _step_overlapped(self, between: Callable[[], None]) -> CoreOutput | None:
         """Async mode: plan and launch the next step while the one in flight runs on the
-        device, then collect and commit the one in flight and return its tokens (None when
-        the call returns no step: the first one only launches). Everything about running two
-        steps at once is decided here.
+        device, then collect and commit the one in flight and return its tokens (an empty
+        output when nothing was in flight, so the call only launched; None when nothing was
+        launched either). Everything about running two steps at once is decided here.
 
         - The fallback: a step in flight that the next step needs on the host (see
           :func:`_must_collect_first`) is collected and committed first, then the next step
