@@ -149,6 +149,7 @@ def profile_step(args: argparse.Namespace) -> None:
                           "--max-cuda-graph-batch", str(max(8, args.batch))]
                          + (["--disable-cuda-graph"] if args.eager else []))
     engine = LLMEngine.from_config(config)
+    engine.core.trace_steps()  # the phases below read engine.last_step.timings
     params = SamplingParams(max_tokens=10_000, ignore_eos=True, temperature=0.0)
     vocab = engine.parts.core.runner.vocab_size
     for i in range(args.batch):
@@ -238,6 +239,7 @@ def profile_throughput(args: argparse.Namespace) -> None:
     config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
                           "4096"] + args.extra)
     engine = LLMEngine.from_config(config)
+    engine.core.trace_steps()  # the phases below read engine.last_step.timings
     from tallow.engine.builder import freeze_startup_heap
     freeze_startup_heap()  # as tallow bench does
     runner = engine.parts.core.runner

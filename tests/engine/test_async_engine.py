@@ -68,6 +68,30 @@ def test_concurrent_streams_and_cancellation(engine):
     run(main())
 
 
+def test_step_time_metrics_add_up_the_traced_steps(tiny_llama):
+    # The server's step and host-time metrics come from the core's step timings: the async
+    # engine turns its tracer on (off, every step would add zero).
+    engine = AsyncEngine.from_config(config_from_kwargs(
+        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4))
+    assert engine.core.tracer.enabled
+
+    async def main():
+        await engine.start()
+        before = engine.stats()
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        async for _ in engine.generate(engine.tokenizer.encode("time me"), params, "timed"):
+            pass
+        after = engine.stats()
+        await engine.shutdown()
+        assert after["steps_total"] > before["steps_total"]
+        assert after["step_seconds_total"] > before["step_seconds_total"]
+        # on a CPU nothing hides behind device work: schedule, launch and post all count
+        assert after["host_seconds_total"] > before["host_seconds_total"]
+        assert after["host_seconds_total"] <= after["step_seconds_total"]
+
+    run(main())
+
+
 def test_admission_error_surfaces_before_first_output(tiny_llama):
     eng = AsyncEngine.from_config(config_from_kwargs(
         model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, block_size=4,

@@ -364,16 +364,24 @@ def test_finish_drops_pending_tokens_and_a_length_bound_sequence_is_not_reschedu
 
 
 # -- timings -----------------------------------------------------------------------------------
-def test_timings_keys_and_host_time(tiny_llama, monkeypatch):
-    llm = make(tiny_llama, True)
-    engine = llm.engine
-    engine.add_request("t", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=6,
-                                                       ignore_eos=True))
+def greedy_steps(engine: LLMEngine, prompt: str, max_tokens: int) -> list[CoreOutput]:
+    """Run one greedy request to its end; what each step call reported."""
+    engine.add_request("t", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                   ignore_eos=True))
     outs: list[CoreOutput] = []
     while engine.has_unfinished():
         engine.step()
+        assert engine.last_step is not None
         outs.append(engine.last_step)
-    assert sum(len(o.updates) for o in outs) == 6
+    assert sum(len(o.updates) for o in outs) == max_tokens
+    return outs
+
+
+def test_timings_keys_and_host_time(tiny_llama, monkeypatch):
+    llm = make(tiny_llama, True)
+    engine = llm.engine
+    engine.core.trace_steps()
+    outs = greedy_steps(engine, PROMPTS[0], 6)
     assert not outs[0].updates  # the first call only launches
     for o in outs:
         assert set(o.timings) <= PHASES and o.step_time >= sum(o.timings.values()) - 1e-9
@@ -398,6 +406,7 @@ def test_timings_keys_and_host_time(tiny_llama, monkeypatch):
 def test_sync_mode_timings_unchanged(tiny_llama):
     llm = make(tiny_llama, False)
     engine = llm.engine
+    engine.core.trace_steps()
     engine.add_request("t", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3,
                                                        ignore_eos=True))
     engine.step()
@@ -408,6 +417,33 @@ def test_sync_mode_timings_unchanged(tiny_llama):
     while engine.has_unfinished():
         engine.step()
     assert llm.engine.core.overlapped_steps == 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_steps_are_not_timed_by_default(tiny_llama, monkeypatch, async_scheduling):
+    # Off, the tracer records nothing and never asks the device whether a step is done.
+    asked: list[PendingStep] = []
+    is_done = PendingStep.is_done
+    monkeypatch.setattr(PendingStep, "is_done", lambda self: asked.append(self) or is_done(self))
+    llm = make(tiny_llama, async_scheduling)
+    engine = llm.engine
+    assert not engine.core.tracer.enabled
+    for o in greedy_steps(engine, PROMPTS[0], 5):
+        assert o.timings == {} and o.hidden == set() and o.step_time == 0.0
+        assert o.host_time == 0.0
+    assert asked == []
+    # turned on, then off again: only the steps in between are timed
+    engine.core.trace_steps()
+    engine.add_request("u", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=3,
+                                                       ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.last_step.timings and engine.last_step.step_time > 0
+    engine.core.trace_steps(False)
+    engine.step()
+    assert engine.last_step.timings == {} and engine.last_step.step_time == 0.0
+    while engine.has_unfinished():
+        engine.step()
 
 
 # -- configuration ---------------------------------------------------------------------------

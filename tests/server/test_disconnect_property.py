@@ -82,16 +82,18 @@ class Spy:
     """Records the commands the server posts to the engine thread."""
 
     def __init__(self, engine: Any) -> None:
+        from tallow.engine.async_engine import Abort, AddRequest
+
         self.adds: dict[int, str] = {}  # first prompt token -> request id
         self.aborts: set[str] = set()
         post = engine._post
 
-        def spy(*command: Any) -> None:
-            if command[0] == "add":
-                self.adds[command[2][0]] = command[1]
-            elif command[0] == "abort":
-                self.aborts.add(command[1])
-            post(*command)
+        def spy(command: Any) -> None:
+            if isinstance(command, AddRequest):
+                self.adds[command.prompt_token_ids[0]] = command.request_id
+            elif isinstance(command, Abort):
+                self.aborts.add(command.request_id)
+            post(command)
 
         engine._post = spy
 

@@ -73,6 +73,7 @@ def build_engine(config: Any, queued: int = 0) -> Any:
 
     config.scheduler.max_waiting = max(config.scheduler.max_waiting, queued)
     engine = LLMEngine.from_config(config)
+    engine.core.trace_steps()  # the benchmarks report where a step's time goes
     freeze_startup_heap()
     return engine
 

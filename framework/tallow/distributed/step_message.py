@@ -20,6 +20,7 @@ a second broadcast.
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,15 +30,29 @@ import torch
 
 from tallow.types import HostBatch
 
-#: message kinds
-STEP, RELEASE, STOP = 1, 2, 3
-_KINDS = {STEP: "step", RELEASE: "release", STOP: "stop"}
 
-#: how the workers learn a step's sampled tokens (they need them when the next step, planned
-#: before they are known on any host, feeds on them: async scheduling)
-TOKENS_NONE = 0  # they do not: nothing feeds on this step
-TOKENS_ARGMAX = 1  # every row is plain greedy: each rank takes the argmax of the same logits
-TOKENS_BROADCAST = 2  # rank 0 samples and broadcasts the ids on the device group
+class MessageKind(enum.IntEnum):
+    """What a message tells the workers (its value is the header word that carries it)."""
+
+    STEP = 1  # run this step
+    RELEASE = 2  # the engine went idle: release what is held for the next step
+    STOP = 3  # shut down
+
+
+class TokenSource(enum.IntEnum):
+    """How the workers learn a step's sampled tokens (they need them when the next step,
+    planned before they are known on any host, feeds on them: async scheduling)."""
+
+    NONE = 0  # they do not: nothing feeds on this step
+    ARGMAX = 1  # every row is plain greedy: each rank takes the argmax of the same logits
+    BROADCAST = 2  # rank 0 samples and broadcasts the ids on the device group
+
+
+STEP, RELEASE, STOP = MessageKind.STEP, MessageKind.RELEASE, MessageKind.STOP
+TOKENS_NONE, TOKENS_ARGMAX, TOKENS_BROADCAST = (TokenSource.NONE, TokenSource.ARGMAX,
+                                                TokenSource.BROADCAST)
+
+_KIND_VALUES = frozenset(kind.value for kind in MessageKind)
 
 HEADER_WORDS = 16
 _MAGIC = 0x7A110  # first word of every message: a stream out of step shows at once
@@ -53,16 +68,16 @@ def next_capacity(size: int) -> int:
     return min(MAX_CAPACITY, 1 << (want - 1).bit_length())
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepMessage:
     """One message of the driver (see the module docstring)."""
 
-    kind: int
+    kind: MessageKind
     number: int  # steps sent to this engine's workers before this one
     host: HostBatch | None = None  # None: nothing to run (a copy-only step, or not a step)
     copies: list[tuple[int, int]] = field(default_factory=list)
     logit_rows: list[tuple[int, int]] = field(default_factory=list)
-    tokens: int = TOKENS_NONE
+    tokens: TokenSource = TokenSource.NONE
 
     def pack(self) -> np.ndarray:
         """The message as one ``uint8`` array."""
@@ -91,7 +106,7 @@ class StepMessage:
     def unpack(cls, data: np.ndarray) -> "StepMessage":
         """The message packed in ``data`` (``uint8``; copies are made of what is kept)."""
         header = data[:8 * HEADER_WORDS].view(np.int64)
-        if int(header[0]) != _MAGIC or int(header[1]) not in _KINDS:
+        if int(header[0]) != _MAGIC or int(header[1]) not in _KIND_VALUES:
             raise RuntimeError("tensor-parallel worker received a malformed step message "
                                f"(header {header[:3].tolist()}); the ranks are out of step")
         if data.size != cls.packed_size(header):
@@ -108,11 +123,12 @@ class StepMessage:
         host = None
         if header[6]:
             host = HostBatch(i64, i32, *(int(v) for v in header[7:14]))
-        return cls(int(header[1]), int(header[2]), host, [tuple(c) for c in copies],
-                   [tuple(r) for r in rows], int(header[3]))
+        return cls(MessageKind(int(header[1])), int(header[2]), host,
+                   [(int(a), int(b)) for a, b in copies], [(int(a), int(b)) for a, b in rows],
+                   TokenSource(int(header[3])))
 
     def describe(self) -> str:
-        what = _KINDS.get(self.kind, str(self.kind))
+        what = self.kind.name.lower()
         if self.host is None:
             return f"{what} #{self.number}"
         return (f"{what} #{self.number}: {self.host.num_seqs} sequences, "

@@ -5,19 +5,28 @@ tokenizes, detokenizes and checks stop strings
 (:class:`~tallow.engine.output_processor.OutputProcessor`). The two sides talk
 through a command queue (thread → core) and ``call_soon_threadsafe`` (core → asyncio), so HTTP
 handling and text work never stall the device, and the device never waits on a lock held by
-the event loop.
+the event loop. A command is a small frozen dataclass (:class:`AddRequest`, :class:`Abort`,
+:class:`FinishSequence`); the engine thread dispatches on its type.
+
+The engine times its steps (the core's tracer is on) because the server's metrics add the
+times up: ``step_seconds_total`` and ``host_seconds_total``, the host time the device may
+have waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
-import time
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, TypeVar
 
 import torch
+
+from tallow.config import TallowConfig
+from tallow.plugin.manager import PluginManager
 
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
@@ -30,15 +39,62 @@ from .sequence import SequenceStatus
 log = logging.getLogger("tallow.engine")
 
 _IDLE_WAIT_S = 0.05
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Admit a request; ``admitted`` settles (on the event loop) once the core took it, or
+    with the admission error."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams | PoolingParams
+    priority: int
+    admitted: asyncio.Future[None]
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Abort a request (a no-op if it has finished or was never admitted)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class FinishSequence:
+    """End one completion of a request early: the output processor saw a stop string."""
+
+    request_id: str
+    index: int
+
+
+#: what the asyncio side posts to the engine thread
+EngineCommand = AddRequest | Abort | FinishSequence
+
+#: what a request's output queue carries: a completion's outputs, an embedding's pooled
+#: vector, or the error that killed the engine
+_StreamItem = RequestOutput | torch.Tensor | BaseException
+
+
+def _settle(admitted: asyncio.Future[None], error: BaseException | None) -> None:
+    """Settle an add's future on the event loop (unless its caller has gone)."""
+    if admitted.done():
+        return
+    if error is None:
+        admitted.set_result(None)
+    else:
+        admitted.set_exception(error)
 
 
 class AsyncEngine(EngineFrontend):
     def __init__(self, parts: EngineParts) -> None:
         super().__init__(parts)
-        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.core.trace_steps()  # the step and host-time metrics are read from the timings
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._wake = threading.Event()
         #: request id → its outputs (an embedding request gets its pooled vector), or the error
-        self._streams: dict[str, asyncio.Queue[Any]] = {}
+        self._streams: dict[str, asyncio.Queue[_StreamItem]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -50,7 +106,8 @@ class AsyncEngine(EngineFrontend):
             parts.parallel.on_failure(self._group_failed)
 
     @classmethod
-    def from_config(cls, config: Any, plugin_manager: Any = None) -> "AsyncEngine":
+    def from_config(cls, config: TallowConfig,
+                    plugin_manager: PluginManager | None = None) -> "AsyncEngine":
         return cls(build_engine(config, plugin_manager))
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -69,7 +126,7 @@ class AsyncEngine(EngineFrontend):
             self._thread = None
 
     # -- the engine thread --------------------------------------------------------------
-    def _post(self, *command: Any) -> None:
+    def _post(self, command: EngineCommand) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -108,7 +165,8 @@ class AsyncEngine(EngineFrontend):
         self.error = EngineDeadError(reason)
         self._deliver(self._fail_all, self.error)
 
-    def _deliver(self, fn: Any, arg: Any) -> None:
+    def _deliver(self, fn: Callable[[_T], None], arg: _T) -> None:
+        """Call ``fn(arg)`` on the event loop (nothing once the loop is closed)."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(fn, arg)
 
@@ -118,20 +176,22 @@ class AsyncEngine(EngineFrontend):
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            kind = command[0]
-            if kind == "add":
-                _, rid, ids, params, priority, future = command
+            self._execute(command)
+
+    def _execute(self, command: EngineCommand) -> None:
+        match command:
+            case AddRequest():
+                error: BaseException | None = None
                 try:
-                    self.core.add_request(rid, ids, params, priority=priority)
+                    self.core.add_request(command.request_id, command.prompt_token_ids,
+                                          command.params, priority=command.priority)
                 except BaseException as exc:
-                    self._deliver(lambda a: None if a[0].done() else a[0].set_exception(a[1]),
-                                  (future, exc))
-                else:
-                    self._deliver(lambda f: None if f.done() else f.set_result(None), future)
-            elif kind == "abort":
-                self.core.abort(command[1])
-            elif kind == "finish":
-                self.core.finish_sequence(command[1], command[2],
+                    error = exc
+                self._deliver(functools.partial(_settle, command.admitted), error)
+            case Abort():
+                self.core.abort(command.request_id)
+            case FinishSequence():
+                self.core.finish_sequence(command.request_id, command.index,
                                           SequenceStatus.FINISHED_STOPPED)
 
     # -- the asyncio side ---------------------------------------------------------------
@@ -143,7 +203,7 @@ class AsyncEngine(EngineFrontend):
         outputs, to_stop = self.processor.process(out)
         self._counters["generation_tokens_total"] += len(out.updates)
         for rid, index in to_stop:
-            self._post("finish", rid, index)
+            self._post(FinishSequence(rid, index))
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
@@ -154,7 +214,7 @@ class AsyncEngine(EngineFrontend):
             stream.put_nowait(exc)
 
     async def _open(self, request_id: str, prompt_token_ids: list[int],
-                    field: str) -> asyncio.Queue[Any]:
+                    field: str) -> asyncio.Queue[_StreamItem]:
         """The output queue of a new request, once the engine runs and the request is
         admissible on this side (``field`` names its tokens in errors)."""
         if self.error is not None:
@@ -166,16 +226,16 @@ class AsyncEngine(EngineFrontend):
         if request_id in self._streams:
             raise AdmissionError(f"request id {request_id!r} is already in use",
                                  field="request_id")
-        stream: asyncio.Queue[Any] = asyncio.Queue()
+        stream: asyncio.Queue[_StreamItem] = asyncio.Queue()
         self._streams[request_id] = stream
         return stream
 
-    def _submit(self, request_id: str, prompt_token_ids: list[int], params: Any,
-                priority: int) -> asyncio.Future[None]:
+    def _submit(self, request_id: str, prompt_token_ids: list[int],
+                params: SamplingParams | PoolingParams, priority: int) -> asyncio.Future[None]:
         """Post the request to the engine thread; the future settles when it was admitted."""
         assert self._loop is not None
         admitted = self._loop.create_future()
-        self._post("add", request_id, list(prompt_token_ids), params, priority, admitted)
+        self._post(AddRequest(request_id, list(prompt_token_ids), params, priority, admitted))
         return admitted
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -201,6 +261,7 @@ class AsyncEngine(EngineFrontend):
                 item = await stream.get()
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine has failed: {item}") from item
+                assert isinstance(item, RequestOutput)  # a completion's stream
                 if item.finished:
                     finished = True
                 yield item
@@ -209,7 +270,7 @@ class AsyncEngine(EngineFrontend):
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._post("abort", request_id)
+                self._post(Abort(request_id))
                 self.processor.abort_request(request_id)
 
     async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
@@ -225,6 +286,7 @@ class AsyncEngine(EngineFrontend):
             item = await stream.get()
             if isinstance(item, BaseException):
                 raise EngineDeadError(f"the engine has failed: {item}") from item
+            assert isinstance(item, torch.Tensor)  # an embedding's stream: its pooled vector
             finished = True
             assert self.embedding is not None  # the engine took an embedding request
             return EmbeddingOutput(request_id, list(prompt_token_ids),
@@ -232,16 +294,16 @@ class AsyncEngine(EngineFrontend):
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._post("abort", request_id)
+                self._post(Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._post("abort", request_id)
+        self._post(Abort(request_id))
         final = self.processor.abort_request(request_id)
         stream = self._streams.get(request_id)
         if stream is not None and final is not None:
             stream.put_nowait(final)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         stats = self.core.stats()
         stats.update(self._counters)
         return stats

@@ -4,24 +4,28 @@ It is single-threaded by design: the thread that calls :meth:`EngineCore.step` o
 and the KV cache. Everything that touches text (detokenization, stop strings) happens outside,
 in :mod:`tallow.engine.output_processor`, so the device never waits for Python string work.
 
-The pipeline
-------------
-A step goes through five phases: **schedule** (the scheduler picks the tokens each sequence
-computes), **launch** (the runner builds the batch on the host, copies it to the device and
-queues the forward and the sampling), **overlapped** (the caller's ``between`` work, e.g.
-detokenizing earlier tokens, while the device computes), **wait** (the sampled token ids come
-back) and **post** (tokens appended, stop conditions checked, finished sequences freed).
+The step's verbs
+----------------
+A step reads as five verbs, each a method: **schedule** (the scheduler picks the tokens each
+sequence computes), **launch** (the runner builds the batch on the host, copies it to the device
+and queues the forward and the sampling), **overlap** (the caller's ``between`` work, e.g.
+detokenizing earlier tokens, while the device computes), **collect** (wait for the device and
+read the sampled token ids back) and **commit** (tokens appended, grammars advanced, stop
+conditions checked, finished sequences freed). Steps with grammar-constrained rows add the
+grammar masks: filling them on the grammar thread and sampling under them.
 
-*Sync mode* runs them in that order for one step per call; the device is idle while the host
-schedules, launches and post-processes.
+*Sync mode* runs them in that order for one step per call (:meth:`EngineCore._step_sync`); the
+device is idle while the host schedules, launches and commits.
 
-*Async mode* (``scheduler.async_scheduling``) plans step N+1 while the device runs step N::
+*Async mode* (``scheduler.async_scheduling``) plans step N+1 while the device runs step N, the
+same verbs in another order; one method, :meth:`EngineCore._step_overlapped`, holds every
+decision about running two steps at once::
 
-    one call:   schedule N+1 | launch N+1 | between | wait for N | post N  → N's tokens
-    the device: ....... step N ..........| step N+1 .......................
+    one call:   schedule N+1 | launch N+1 | overlap | collect N | commit N  → N's tokens
+    the device: ....... step N ..........| step N+1 .........................
 
-(When N+1's sampling waits for grammar masks, N is read back before ``between``, so that the
-masks of N+1 are filled on the grammar thread while ``between`` runs; see
+(When N+1's sampling waits for grammar masks, N is collected and committed before the
+overlap, so that the masks of N+1 are filled on the grammar thread while ``between`` runs; see
 :mod:`tallow.engine.sampling.grammar`.)
 
 When N+1 is planned, N's tokens are still on the device. The scheduler has applied N already
@@ -40,6 +44,13 @@ logprobs, or forks ``n > 1`` completions, the next call collects it *before* pla
 step (see :func:`_must_collect_first`). Plain greedy and seeded temperature/top-k/top-p/min-p
 rows (with logit bias or min_tokens too: those depend on token counts, not values) overlap.
 
+Timing
+------
+Each verb runs inside a phase of the engine's tracer (:mod:`tallow.engine.step_tracer`):
+``schedule``, ``launch``, ``overlapped``, ``wait`` (collect), ``post`` (commit) and ``mask``.
+The tracer is off by default and then records nothing; :meth:`EngineCore.trace_steps` turns it
+on for those who read :attr:`CoreOutput.timings` (``tallow bench``, the server's metrics).
+
 Embeddings
 ----------
 An engine built for ``task == "embed"`` takes :class:`~tallow.engine.embedding.PoolingParams`
@@ -53,9 +64,10 @@ async mode as plain greedy ones do.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
+
+import torch
 
 from tallow.plugin import GrammarError, GrammarSpec
 
@@ -63,9 +75,11 @@ from .embedding import PoolingParams
 from .errors import AdmissionError, InvalidParameter
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
 from .outputs import Logprob
+from .sampling.grammar import GrammarState, StructuredOutputs
 from .sampling.params import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
-from .sequence import SequenceStatus
+from .sequence import Sequence, SequenceStatus
+from .step_tracer import NO_TRACER, StepTracer
 
 log = logging.getLogger("tallow.engine")
 
@@ -96,8 +110,10 @@ class CoreOutput:
     #: request ids whose every completion has finished this step
     finished: list[str] = field(default_factory=list)
     #: embedding requests finished this step: request id → pooled vector (float32, host)
-    pooled: dict[str, Any] = field(default_factory=dict)
-    step_time: float = 0.0  # wall time of the step
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
+    # step_time, timings and hidden are recorded while the engine's tracer is on
+    # (EngineCore.trace_steps); off, the default, they stay empty.
+    step_time: float = 0.0  # wall time of the step call
     #: where the step's wall time went: scheduling, building and queueing the batch on the
     #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
     #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
@@ -106,7 +122,7 @@ class CoreOutput:
     #: In async mode schedule/launch are those of the step launched by this call and
     #: wait/post those of the step whose tokens it returns.
     timings: dict[str, float] = field(default_factory=dict)
-    #: the host phases (schedule, launch, post) that ran while the device was still busy with
+    #: the host phases (schedule, launch, mask, post) that ran while the device was still busy with
     #: an earlier step from start to end, so the device did not wait for them (async mode)
     hidden: set[str] = field(default_factory=set)
     #: every step this call ran on the device (the one whose tokens it returns and, in async
@@ -116,8 +132,8 @@ class CoreOutput:
 
     @property
     def host_time(self) -> float:
-        """Host time the device may have waited for: schedule, launch and post, except the
-        phases hidden behind device work (the wait itself and the overlapped work never
+        """Host time the device may have waited for: schedule, launch, mask and post, except
+        the phases hidden behind device work (the wait itself and the overlapped work never
         count)."""
         t = self.timings
         return sum(t.get(phase, 0.0) for phase in _HOST_PHASES if phase not in self.hidden)
@@ -134,29 +150,8 @@ class _InFlight:
     collect_first: bool
 
 
-class _Clock:
-    """Adds the wall time since the previous mark to a named phase."""
-
-    def __init__(self) -> None:
-        self.started = self.last = time.perf_counter()
-        self.timings: dict[str, float] = {}
-
-    def mark(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
-        self.last = now
-
-
 def _nothing() -> None:
     pass
-
-
-def _stamp(out: CoreOutput, clock: _Clock, hidden: set[str]) -> CoreOutput:
-    """Record the call's wall time, its phases and which of them the device hid."""
-    out.step_time = clock.last - clock.started
-    out.timings = dict(clock.timings)
-    out.hidden = hidden
-    return out
 
 
 def _decode_only(step: "_InFlight | None") -> bool:
@@ -185,7 +180,7 @@ def _must_collect_first(plan: SchedulerOutput) -> bool:
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
                  max_model_len: int, async_scheduling: bool = False,
-                 task: str = "generate", structured: Any = None) -> None:
+                 task: str = "generate", structured: StructuredOutputs | None = None) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task = task
@@ -198,9 +193,10 @@ class EngineCore:
         #: steps planned and launched while the previous one was still in flight (async mode)
         self.overlapped_steps = 0
         self._in_flight: _InFlight | None = None  # async mode: the step the device runs
-        #: grammars of structured outputs (a tallow.engine.sampling.StructuredOutputs), None
-        #: for an engine that cannot constrain outputs
+        #: grammars of structured outputs, None for an engine that cannot constrain outputs
         self.structured = structured
+        #: times the phases of each step; records nothing unless trace_steps() turned it on
+        self.tracer: StepTracer = NO_TRACER
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -214,7 +210,7 @@ class EngineCore:
             asked = "an embedding" if pooling else "a generation"
             raise AdmissionError(f"{asked} request, but this engine was built for the "
                                  f"{self.task!r} task (model.task)", field="model")
-        if pooling:
+        if isinstance(params, PoolingParams):
             self.scheduler.add_request(request_id, prompt_token_ids, _POOLING_SEQUENCE,
                                        arrival_time=arrival_time, priority=priority,
                                        pooling=True)
@@ -232,7 +228,7 @@ class EngineCore:
         for seq, state in zip(request.seqs, grammars):
             seq.grammar = state
 
-    def _grammar_state(self, spec: GrammarSpec) -> Any:
+    def _grammar_state(self, spec: GrammarSpec) -> GrammarState:
         """A fresh grammar state for one completion; InvalidParameter when the engine cannot
         constrain outputs or the spec cannot be compiled."""
         if self.structured is None:
@@ -304,159 +300,187 @@ class EngineCore:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # -- the step -----------------------------------------------------------------------
+    def trace_steps(self, on: bool = True) -> None:
+        """Time every step from now on (``on=False``: stop): where each call's wall time went
+        lands in :attr:`CoreOutput.timings`, ``hidden`` and ``step_time`` (see
+        :mod:`tallow.engine.step_tracer`). Off by default; benchmarks and the server's metrics
+        turn it on."""
+        self.tracer = StepTracer() if on else NO_TRACER
+
     def step(self, between: Callable[[], None] | None = None) -> CoreOutput:
-        """Run one step (see the module docstring for sync and async mode).
+        """Run one step: schedule → launch → (overlap) → collect → commit (see the module
+        docstring for sync and async mode).
 
         ``between`` is called once, while the device computes: host work done there (turning
         the previous step's tokens into text, say) hides behind the device's work.
         """
+        self.tracer.start()
         between = between or _nothing
         if self.async_scheduling:
-            return self._step_async(between)
-        return self._step_sync(between)
-
-    def _step_sync(self, between: Callable[[], None]) -> CoreOutput:
-        clock = _Clock()
-        launched = self._schedule_and_launch(clock, feed=None)
-        between()
-        clock.mark("overlapped")
-        if launched is None:
+            out = self._step_overlapped(between)
+        else:
+            out = self._step_sync(between)
+        if out is None:  # nothing ran on the device
             return CoreOutput()
-        return _stamp(self._collect(launched, clock), clock, hidden=set())
+        self.tracer.stamp(out)
+        return out
 
-    def _step_async(self, between: Callable[[], None]) -> CoreOutput:
+    def _step_sync(self, between: Callable[[], None]) -> CoreOutput | None:
+        """One step start to end, its tokens returned (None if there was nothing to run): the
+        device idles while the host schedules and commits."""
+        launched = self._schedule_and_launch(feed=None)
+        self._overlap(between)
+        if launched is None:
+            return None
+        return self._commit(launched, self._collect(launched))
+
+    def _step_overlapped(self, between: Callable[[], None]) -> CoreOutput | None:
+        """Async mode: plan and launch the next step while the one in flight runs on the
+        device, then collect and commit the one in flight and return its tokens (an empty
+        output when nothing was in flight, so the call only launched; None when nothing was
+        launched either). Everything about running two steps at once is decided here.
+
+        - The fallback: a step in flight that the next step needs on the host (see
+          :func:`_must_collect_first`) is collected and committed first, then the next step
+          is planned; only the caller's work overlaps the device.
+        - The grammar masks: when the launched step's sampling waits for its grammars, the
+          step in flight is collected first (it was sampled just before the launched step's
+          forward, so it is back almost at once) and the masks start filling on the grammar
+          thread, so that they fill while this thread does the caller's work, returns, plans
+          the next step and builds its batch (that launch samples this one first). Otherwise
+          the caller's work hides the device's time before the wait for the step in flight.
+        - A launch with nothing to plan on top of the step in flight (say, its sequences end by
+          length and hold the blocks waiting ones need) is retried once that step is
+          committed, rather than leave the device idle until the next call.
+        """
         previous, self._in_flight = self._in_flight, None
         if previous is not None and previous.collect_first:
-            return self._collect_then_launch(previous, between)
-        return self._launch_then_collect(previous, between)
-
-    def _launch_then_collect(self, previous: _InFlight | None,
-                             between: Callable[[], None]) -> CoreOutput:
-        """The overlapped step: plan and launch the next step while ``previous`` runs on the
-        device, then read ``previous`` back and return its tokens."""
-        clock = _Clock()
-        launched = self._schedule_and_launch(clock, feed=previous)
-        if previous is None:  # the first step, or the one after a collected step
-            between()
-            clock.mark("overlapped")
-            self._in_flight = launched
-            return CoreOutput() if launched is None else _stamp(CoreOutput(), clock, set())
-        self.overlapped_steps += launched is not None
-        # Still running after the launch: the device was busy while we planned.
-        hidden = set() if previous.pending.is_done() else {"schedule", "launch"}
-        # A launched step whose sampling waits for its grammars: `previous`'s tokens are
-        # collected first (they were sampled just before `launched`'s forward, so they are
-        # back almost at once), so that the grammar thread fills `launched`'s masks while
-        # this thread does the caller's work, returns, plans the next step and builds its
-        # batch (that launch samples `launched` first). Otherwise the caller's work hides the
-        # device's time before the wait for `previous`.
-        masks_first = _waits_for_grammars(launched)
-        if not masks_first:
-            between()
-            clock.mark("overlapped")
-        out = self._collect(previous, clock)
-        self._start_masks(launched, clock)
-        if masks_first:
-            between()
-            clock.mark("overlapped")
-        if launched is None and self.scheduler.has_unfinished():
-            # Nothing could be planned on top of `previous` (say, its sequences end by length
-            # and hold the blocks waiting ones need): now that it is committed, plan again
-            # rather than leave the device idle until the next call.
-            launched = self._schedule_and_launch(clock, feed=None)
-            hidden.clear()
-        elif launched is not None and not launched.pending.is_done():
-            hidden.add("post")  # the device ran `launched` meanwhile
-            if "mask" in clock.timings:
-                hidden.add("mask")
+            self._overlap(between)  # the device still runs `previous`
+            out = self._commit(previous, self._collect(previous))
+            launched = self._schedule_and_launch(feed=None)
+        else:
+            launched = self._schedule_and_launch(feed=previous)
+            if previous is None:  # the first step, or the one after a collected step
+                self._overlap(between)
+                self._in_flight = launched
+                return None if launched is None else CoreOutput()
+            self.overlapped_steps += launched is not None
+            # still running after the launch: the device was busy while we planned
+            self.tracer.hide_while_busy(previous.pending, "schedule", "launch")
+            masks_first = _waits_for_grammars(launched)
+            if not masks_first:
+                self._overlap(between)
+            out = self._commit(previous, self._collect(previous))
+            if masks_first:
+                assert launched is not None
+                self._start_masks(launched)
+                self._overlap(between)
+            if launched is None and self.scheduler.has_unfinished():
+                launched = self._schedule_and_launch(feed=None)
+                self.tracer.unhide()
+            elif launched is not None:
+                self.tracer.hide_while_busy(launched.pending, "post", "mask")
         self._in_flight = launched
         out.decode_only = out.decode_only and _decode_only(launched)
-        return _stamp(out, clock, hidden)
+        return out
 
-    def _collect_then_launch(self, previous: _InFlight,
-                             between: Callable[[], None]) -> CoreOutput:
-        """The fallback: the next step needs what ``previous`` produced (see
-        :func:`_must_collect_first`), so read it back before planning."""
-        clock = _Clock()
-        between()  # the device still runs `previous`
-        clock.mark("overlapped")
-        out = self._collect(previous, clock)
-        self._in_flight = self._schedule_and_launch(clock, feed=None)
-        out.decode_only = out.decode_only and _decode_only(self._in_flight)
-        return _stamp(out, clock, set())
-
-    def _schedule_and_launch(self, clock: _Clock, feed: _InFlight | None) -> _InFlight | None:
-        """Plan a step and queue it on the device; None if there was nothing to run.
+    # -- the verbs of a step ------------------------------------------------------------
+    def _schedule_and_launch(self, feed: _InFlight | None) -> _InFlight | None:
+        """Schedule a step and launch it; None if there was nothing to run.
 
         ``feed`` is the step still in flight (async mode), whose sampled tokens are inputs of
-        this one. The scheduler applies the new step (placeholders) right after the launch:
-        the runner reads each sequence's token count as the sampler's step counter.
-
-        A step with grammar-constrained rows is sampled here too when there is no ``feed``;
-        with one, the caller samples it (:meth:`_sample_constrained`) once ``feed``'s tokens
-        are committed, since its grammars must see them first.
+        this one. A step with grammar-constrained rows is sampled here too when there is no
+        ``feed``; with one, a later verb samples it (:meth:`_sample_constrained`) once
+        ``feed``'s tokens are committed, since its grammars must see them first.
         """
-        plan = self.scheduler.schedule()
-        clock.mark("schedule")
-        if not plan.scheduled:
-            self.scheduler.advance(plan)
+        plan = self._schedule()
+        if plan is None:
             return None
-        pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None,
-                                     constrained=self.scheduler.num_constrained > 0)
-        applied = self.scheduler.advance(plan)
-        launched = _InFlight(plan, pending, applied, collect_first=_must_collect_first(plan))
-        clock.mark("launch")
-        if feed is None:
-            self._sample_constrained(launched, clock)
+        launched = self._launch(plan, feed)
+        if feed is None and _waits_for_grammars(launched):
+            self._sample_constrained(launched)
         return launched
 
-    def _sample_constrained(self, launched: _InFlight | None, clock: _Clock) -> None:
-        """Mask and sample a launched step whose sampling waits for its grammars."""
-        if _waits_for_grammars(launched):
+    def _schedule(self) -> SchedulerOutput | None:
+        """Plan the next step (phase ``schedule``); None when it computes nothing (the empty
+        plan is applied all the same: the scheduler's bookkeeping moves on)."""
+        with self.tracer.phase("schedule"):
+            plan = self.scheduler.schedule()
+            if not plan.scheduled:
+                self.scheduler.advance(plan)
+                return None
+            return plan
+
+    def _launch(self, plan: SchedulerOutput, feed: _InFlight | None) -> _InFlight:
+        """Build ``plan``'s batch on the host and queue its forward and sampling on the
+        device (phase ``launch``). The scheduler applies the step (placeholder tokens) right
+        after the launch: the runner reads each sequence's token count as the sampler's step
+        counter."""
+        with self.tracer.phase("launch"):
+            pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None,
+                                         constrained=self.scheduler.num_constrained > 0)
+            applied = self.scheduler.advance(plan)
+            return _InFlight(plan, pending, applied, collect_first=_must_collect_first(plan))
+
+    def _overlap(self, between: Callable[[], None]) -> None:
+        """The caller's work, run while the device computes (phase ``overlapped``)."""
+        with self.tracer.phase("overlapped"):
+            between()
+
+    def _sample_constrained(self, launched: _InFlight) -> None:
+        """Mask and sample a launched step whose sampling waits for its grammars (phase
+        ``mask``)."""
+        with self.tracer.phase("mask"):
             self.runner.sample_constrained(launched.pending)
-            clock.mark("mask")
 
-    def _start_masks(self, launched: _InFlight | None, clock: _Clock) -> None:
-        """Start filling the masks of a launched step whose sampling waits for its grammars
-        (the next launch, or the collect of the step, samples it)."""
-        if _waits_for_grammars(launched):
+    def _start_masks(self, launched: _InFlight) -> None:
+        """Start filling the masks of a launched step whose sampling waits for its grammars,
+        on the grammar thread (phase ``mask``); the next launch, or the collect of the step,
+        samples it."""
+        with self.tracer.phase("mask"):
             self.runner.start_masks(launched.pending)
-            clock.mark("mask")
 
-    def _collect(self, step: _InFlight, clock: _Clock) -> CoreOutput:
-        """Read a step's tokens back, commit them and check stops. A step still waiting for
-        its masks (no later step was launched to sample it) is sampled first: the grammars
-        accept nothing while its masks are being filled."""
-        self._sample_constrained(step, clock)
-        result = self.runner.collect(step.pending)
-        clock.mark("wait")
-        out = CoreOutput(decode_only=_decode_only(step))
-        self._report_prompt_side(step.plan, result, out)
-        sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
-        touched_requests: set[str] = set()
-        committed = self.scheduler.commit(step.applied, sampled_ids)
-        if self.structured is not None and self.scheduler.num_constrained:
-            # the step's tokens into their grammars at once; the stop checks below find them
-            # accepted (their own sync is then a no-op)
-            self.structured.advance([(new.seq.grammar, new.seq.output_token_ids, new.index + 1)
-                                     for new in committed if new.seq.grammar is not None])
-        for new in committed:
-            seq = new.seq
-            token = result.sampled[seq.seq_id]
-            update = TokenUpdate(seq.request_id, seq.index, token)
-            status = self._check_stop(seq, new.index, token.token_id, update)
-            if status is not None:
-                self.scheduler.finish(seq, status)
-                touched_requests.add(seq.request_id)
-            out.updates.append(update)
-        for request_id in touched_requests:
-            request = self.scheduler.get_request(request_id)
-            if request is None or all(s.status.is_finished for s in request.seqs):
-                out.finished.append(request_id)
-        self._finish_pooled(step.pending, result, out)
-        self.steps += 1
-        clock.mark("post")
-        return out
+    def _collect(self, step: _InFlight) -> StepResult:
+        """Wait for a launched step and read its tokens back (phase ``wait``). A step still
+        waiting for its masks (no later step was launched to sample it) is sampled first: the
+        grammars accept nothing while its masks are being filled."""
+        if _waits_for_grammars(step):
+            self._sample_constrained(step)
+        with self.tracer.phase("wait"):
+            return self.runner.collect(step.pending)
+
+    def _commit(self, step: _InFlight, result: StepResult) -> CoreOutput:
+        """Commit a collected step (phase ``post``): fill its sequences' placeholders with
+        the tokens, let their grammars accept them, check stops, free what finished, and
+        report the step's tokens, prompt logprobs and pooled vectors."""
+        with self.tracer.phase("post"):
+            out = CoreOutput(decode_only=_decode_only(step))
+            self._report_prompt_side(step.plan, result, out)
+            sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
+            touched_requests: set[str] = set()
+            committed = self.scheduler.commit(step.applied, sampled_ids)
+            if self.structured is not None and self.scheduler.num_constrained:
+                # the step's tokens into their grammars at once; the stop checks below find
+                # them accepted (their own sync is then a no-op)
+                self.structured.advance([(new.seq.grammar, new.seq.output_token_ids,
+                                          new.index + 1)
+                                         for new in committed if new.seq.grammar is not None])
+            for new in committed:
+                seq = new.seq
+                token = result.sampled[seq.seq_id]
+                update = TokenUpdate(seq.request_id, seq.index, token)
+                status = self._check_stop(seq, new.index, token.token_id, update)
+                if status is not None:
+                    self.scheduler.finish(seq, status)
+                    touched_requests.add(seq.request_id)
+                out.updates.append(update)
+            for request_id in touched_requests:
+                request = self.scheduler.get_request(request_id)
+                if request is None or all(s.status.is_finished for s in request.seqs):
+                    out.finished.append(request_id)
+            self._finish_pooled(step.pending, result, out)
+            self.steps += 1
+            return out
 
     def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
         """End the embedding requests the step pooled (an aborted one is dropped)."""
@@ -479,11 +503,12 @@ class EngineCore:
             if item.start == item.seq.num_cached_tokens:  # its first chunk after admission
                 out.num_cached_tokens[item.seq.request_id] = item.seq.num_cached_tokens
 
-    def _check_stop(self, seq: Any, index: int, token: int,
+    def _check_stop(self, seq: Sequence, index: int, token: int,
                     update: TokenUpdate) -> SequenceStatus | None:
         """The stop status of ``seq`` given its output ``index`` (placeholders of later steps
         may follow it in async mode, so counts come from ``index``, not from ``seq``)."""
         params = seq.params
+        assert params.max_tokens is not None  # add_request sets it
         n_out = index + 1
         state = seq.grammar
         if state is not None:
@@ -505,7 +530,7 @@ class EngineCore:
             return SequenceStatus.FINISHED_LENGTH
         return None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         s = self.scheduler
         bm = s.block_manager
         return {
