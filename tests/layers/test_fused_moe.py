@@ -62,7 +62,7 @@ def test_router_variants(name):
     logits = torch.randn(12, E, generator=g) * 2
     bias = torch.randn(E, generator=g) * 0.3 if with_bias else None
     weights, ids = select_experts(logits, spec, bias)
-    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
     got = [dict(zip(i.tolist(), w.tolist())) for i, w in zip(ids, weights)]
     expected = _per_token_router(logits, spec, bias)
     for token, (ours, ref) in enumerate(zip(got, expected)):

@@ -187,8 +187,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
               config: MoEConfig | None = None) -> torch.Tensor:
     """The expert MLP of ``x [T, H]`` → ``[T, H]`` in x's dtype (see the module docstring).
 
-    ``topk_ids [T, top_k]`` (int32 or int64) and ``topk_weights [T, top_k]`` (any float dtype)
-    come from a router; the weights are in x's dtype. ``config`` overrides
+    ``topk_ids [T, top_k]`` (int32 or int64) and ``topk_weights [T, top_k]`` (any float
+    dtype, read in float32) come from a router. ``config`` overrides
     :func:`moe_config` (the sweep script passes its candidates)."""
     _check(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias)
     if not triton_enabled(x) or x.shape[0] == 0:

@@ -66,8 +66,9 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_valid, BLOCK: tl.conste
 
 def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:
     flat = topk_ids.reshape(-1)
-    if flat.dtype != torch.int32 or not flat.is_contiguous():
-        flat = flat.to(torch.int32).contiguous()
+    if flat.dtype not in (torch.int32, torch.int64):
+        flat = flat.to(torch.int32)
+    flat = flat.contiguous()
     num_valid = flat.numel()
     capacity = padded_capacity(num_valid, num_experts, block_m)
     num_blocks = capacity // block_m
@@ -230,8 +231,9 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         x = x.contiguous()
     if w13.stride(2) != 1 or w2.stride(2) != 1:
         raise ValueError("fused_moe: expert weights need contiguous rows")
-    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
-    weights = topk_weights.reshape(-1).float().contiguous()
+    # the router's int64 ids and float32 weights are read as they are (no conversion kernels)
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
     align = None if config.path == "gemv" else moe_align_triton(ids.view(tokens, top_k), e,
                                                                 config.block_m)
     inter = torch.empty(tokens * top_k, two_i // 2, dtype=x.dtype, device=x.device)
@@ -240,4 +242,5 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   ids=ids, align=align, config=config)
     _launch(config.path, x, w13, w13_bias, inter, gated=True, a_div=top_k, **common)
     _launch(config.path, inter, w2, w2_bias, out_k, gated=False, a_div=1, **common)
-    return out_k.view(tokens, top_k, h).sum(1, dtype=torch.float32).to(x.dtype)
+    # torch sums 16-bit tensors in float32 and rounds once: the reference's arithmetic
+    return out_k.view(tokens, top_k, h).sum(1)

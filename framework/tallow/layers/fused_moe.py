@@ -210,7 +210,7 @@ class FusedMoE(nn.Module):
                                    if shared_gate else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights float32 ``[T, top_k]``, expert ids int32 ``[T, top_k]``) of ``x``."""
+        """(weights float32 ``[T, top_k]``, expert ids int64 ``[T, top_k]``) of ``x``."""
         return select_experts(self.gate(x), self.router,
                               getattr(self.gate, "e_score_correction_bias", None))
 

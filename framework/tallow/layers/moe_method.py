@@ -66,8 +66,7 @@ class UnquantizedMoEMethod(MoEMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
-        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights.to(x.dtype),
-                         topk_ids, activation=layer.activation,
+        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, activation=layer.activation,
                          w13_bias=getattr(layer, "w13_bias", None),
                          w2_bias=getattr(layer, "w2_bias", None),
                          swiglu_alpha=layer.swiglu_alpha, swiglu_limit=layer.swiglu_limit)

@@ -11,7 +11,9 @@ The variants the model families use (:class:`RouterSpec`):
   (gpt-oss).
 
 ``routed_scaling_factor`` multiplies every weight at the end (DeepSeek-V3: 2.5). Weights come
-back in float32, ids in int32; everything is plain torch (topk and friends are CUDA-graph safe).
+back in float32, ids as torch's topk gives them (int64: the kernels read them as they are, so a
+decode step runs no conversion); everything is plain torch (topk and friends are CUDA-graph
+safe), in as few kernels as each variant allows.
 """
 
 from __future__ import annotations
@@ -63,25 +65,28 @@ def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
 def select_experts(logits: torch.Tensor, spec: RouterSpec,
                    correction_bias: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits [T, E]`` → (weights float32 ``[T, top_k]``, expert ids int32 ``[T, top_k]``)."""
+    """``logits [T, E]`` → (weights float32 ``[T, top_k]``, expert ids int64 ``[T, top_k]``)."""
     if logits.dim() != 2 or logits.shape[1] < spec.top_k:
         raise ValueError(f"router: logits must be [tokens, experts >= top_k={spec.top_k}], "
                          f"got {tuple(logits.shape)}")
     if correction_bias is not None and spec.scoring != "sigmoid":
         raise ValueError("router: a correction bias goes with sigmoid scoring")
-    scores = logits.float()
     if spec.scoring == "softmax_selected":
-        values, ids = scores.topk(spec.top_k, dim=-1)
+        values, ids = logits.float().topk(spec.top_k, dim=-1)
         weights = values.softmax(-1)
     else:
-        scores = scores.softmax(-1) if spec.scoring == "softmax" else scores.sigmoid()
+        scores = (logits.softmax(-1, dtype=torch.float32) if spec.scoring == "softmax"
+                  else logits.float().sigmoid())
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if spec.num_groups > 1:
             choice = _group_mask(choice, spec)
-        ids = choice.topk(spec.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
+        values, ids = choice.topk(spec.top_k, dim=-1)
+        # the choice is the scores themselves unless a bias or the group mask changed it
+        weights = values if choice is scores else scores.gather(1, ids)
         if spec.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-20)
+            # softmax weights are positive; sigmoid ones may all but vanish
+            total = weights.sum(-1, keepdim=True)
+            weights = weights / (total if spec.scoring == "softmax" else total.clamp_min(1e-20))
     if spec.routed_scaling_factor != 1.0:
         weights = weights * spec.routed_scaling_factor
-    return weights, ids.to(torch.int32)
+    return weights, ids
