@@ -41,7 +41,7 @@ def test_sparse_step_and_dense_layers_with_64_experts(tmp_path):
     hf = random_hf_model(config, seed=5)
     model = load_saved(hf, tmp_path, Qwen3MoeForCausalLM, _safetensors().SafetensorsFormat().load)
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == [
-        "DenseMLP", "FusedMoE", "DenseMLP", "DenseMLP"]
+        "LlamaMLP", "FusedMoE", "LlamaMLP", "LlamaMLP"]
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="qwen3-moe sparse step")
     moe = model.model.layers[1].mlp
     with torch.no_grad():
