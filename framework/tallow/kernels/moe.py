@@ -177,7 +177,7 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         if w2_bias is not None:
             y = y + w2_bias[expert].float()
         out_k[rows] = (y * weights[rows, None]).to(x.dtype)
-    return out_k.view(tokens, top_k, -1).float().sum(1).to(x.dtype)
+    return out_k.view(tokens, top_k, x.shape[1]).float().sum(1).to(x.dtype)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
