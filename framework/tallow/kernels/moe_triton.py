@@ -212,8 +212,8 @@ def _launch(kind: str, a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | No
     # Triton's interpreter multiplies bfloat16 tiles wrongly (3.7: garbage from tl.dot), so
     # there the tiles go to float32 first; float32 inputs take the exact product everywhere
     upcast = a.dtype == torch.float32 or (interpreting() and a.dtype == torch.bfloat16)
-    grid = (align.expert_ids.shape[0] * triton.cdiv(n, config.block_n),)
-    _moe_gemm_kernel[grid](a, w, b, out, align.sorted_ids, align.expert_ids, align.rows_used,
+    programs = align.expert_ids.shape[0] * triton.cdiv(n, config.block_n)
+    _moe_gemm_kernel[(programs,)](a, w, b, out, align.sorted_ids, align.expert_ids, align.rows_used,
                            topk_w, n, k, align.num_valid, alpha, limit, a.stride(0),
                            w.stride(0), w.stride(1), b_stride, out.stride(0),
                            BLOCK_M=config.block_m, DOT_PRECISION="ieee" if upcast else "tf32",
@@ -238,9 +238,10 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                                                                 config.block_m)
     inter = torch.empty(tokens * top_k, two_i // 2, dtype=x.dtype, device=x.device)
     out_k = torch.empty(tokens * top_k, h, dtype=x.dtype, device=x.device)
-    common = dict(activation=activation, alpha=float(alpha), limit=float(limit), topk_w=weights,
-                  ids=ids, align=align, config=config)
-    _launch(config.path, x, w13, w13_bias, inter, gated=True, a_div=top_k, **common)
-    _launch(config.path, inter, w2, w2_bias, out_k, gated=False, a_div=1, **common)
+    for a, w, bias, out, gated in ((x, w13, w13_bias, inter, True),
+                                   (inter, w2, w2_bias, out_k, False)):
+        _launch(config.path, a, w, bias, out, gated=gated, a_div=top_k if gated else 1,
+                activation=activation, alpha=float(alpha), limit=float(limit), topk_w=weights,
+                ids=ids, align=align, config=config)
     # torch sums 16-bit tensors in float32 and rounds once: the reference's arithmetic
     return out_k.view(tokens, top_k, h).sum(1)

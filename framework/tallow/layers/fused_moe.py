@@ -40,6 +40,9 @@ from typing import Hashable
 import torch
 from torch import nn
 
+from tallow.kernels.moe import ACTIVATIONS
+
+from .activation import SiluAndMul
 from .linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from .model import BuildContext
 from .moe_method import moe_method_for
@@ -92,8 +95,9 @@ class FusedExperts(nn.Module):
             for e in range(self.num_experts):
                 self._load_expert(param, e, loaded[e], None, what)
             return
-        expert, part = shard_id  # type: ignore[misc]
-        e = int(expert)
+        if not isinstance(shard_id, tuple) or len(shard_id) != 2:
+            raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
+        e, part = int(shard_id[0]), str(shard_id[1])
         if not 0 <= e < self.num_experts:
             raise ValueError(f"{what}: expert {e} out of range (the layer has "
                              f"{self.num_experts})")
@@ -173,10 +177,6 @@ class FusedMoE(nn.Module):
                  shared_intermediate_size: int = 0, shared_gate: bool = False,
                  reduce_results: bool = True) -> None:
         super().__init__()
-        from tallow.kernels.moe import ACTIVATIONS
-
-        from .activation import SiluAndMul
-
         build = build if build is not None else BuildContext()
         if activation not in ACTIVATIONS:
             raise ValueError(f"FusedMoE: activation must be one of {', '.join(ACTIVATIONS)}, "

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tallow.kernels.moe import fused_moe
+from tallow.kernels import fused_moe
 
 from .linear_method import set_weight_attrs
 
