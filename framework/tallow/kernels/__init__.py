@@ -23,7 +23,7 @@ elsewhere; Triton itself is imported only when a kernel first runs on a GPU):
 * ``fused_moe(x, w13, w2, topk_weights, topk_ids, ...)``: a mixture-of-experts MLP over stacked
   expert weights (:mod:`tallow.kernels.moe`: token → expert alignment ``moe_align``, grouped
   GEMMs with the activation and the routing weight fused, a GEMV path for a few tokens; tiles
-  from ``moe_config``).
+  from :mod:`tallow.kernels.moe_config`, not re-exported: the name would hide the submodule).
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
@@ -40,14 +40,13 @@ from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
 from .kv_store import store_cast_kv, store_cast_kv_ref
-from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref, moe_config
+from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
 from .norm import rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
     "argmax_rows", "argmax_rows_ref", "fused_moe", "fused_moe_ref", "gelu_tanh_and_mul",
     "gelu_tanh_and_mul_ref", "interpreting", "MoEConfig", "moe_align", "moe_align_ref",
-    "moe_config",
     "rms_norm", "rms_norm_ref", "rotary_embedding", "rotary_embedding_ref", "silu_and_mul",
     "silu_and_mul_ref", "store_cast_kv",
     "store_cast_kv_ref", "triton_enabled",
