@@ -17,21 +17,23 @@ Entry points (the Triton kernels of :mod:`.moe_triton` on CUDA tensors and under
   each ``(token, expert)`` pair streams only its expert's rows, so batch 1 reads the
   ``top_k`` selected experts' weights and nothing else.
 
-Why the sum over ``top_k`` is a separate reduction rather than fused into the down GEMM: fusing
-means atomic adds into the output, which makes the result depend on the order programs finish
-(float addition does not associate) and, in bf16, rounds at every add. The ``[T * top_k, H]``
-buffer it needs is small (128 KB for 8 tokens of a 2048-wide, top-8 model) and the sum is one
-memory-bound pass over it, so determinism costs little.
+The sum over ``top_k``: the GEMV path fuses it (one program computes a token's block of
+outputs for each of its experts in slot order and adds them up in float32). The grouped GEMM
+runs a token's experts in different programs, so fusing there would mean atomic adds into the
+output, which makes the result depend on the order programs finish (float addition does not
+associate) and, in bf16, rounds at every add; it writes ``[T * top_k, H]`` instead and one
+memory-bound torch sum adds each token's rows — a pass over 4 MB at 256 tokens of a 2048-wide,
+top-8 model, small beside the GEMMs' weight traffic — so determinism costs little.
 
 Activations (``activation``): ``"silu"`` — SwiGLU, ``silu(gate) * up``; ``"swiglu_clamp"`` —
 gpt-oss's clamped SwiGLU, ``gate = min(gate, limit)``, ``up = clamp(up, -limit, limit)``,
 ``(up + 1) * gate * sigmoid(alpha * gate)``. Optional biases ``w13_bias [E, 2I]`` and
 ``w2_bias [E, H]`` are added before the activation and before the routing weight.
 
-Rounding (kernel and reference alike): products accumulate in float32; bias and activation in
-float32; the intermediate ``[T * top_k, I]`` is stored in x's dtype; the down product times the
-routing weight is stored in x's dtype; the sum over ``top_k`` runs in float32 and is rounded
-once.
+Rounding: products accumulate in float32; bias and activation in float32; the intermediate
+``[T * top_k, I]`` is stored in x's dtype; the down product times the routing weight is stored
+in x's dtype (the reference and the grouped GEMM; the GEMV path keeps it in float32); the sum
+over ``top_k`` runs in float32 and is rounded once.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@
 - ``_moe_gemm_kernel``: the grouped GEMM over aligned blocks; with ``GATED`` it reads the gate
   and the up rows of ``w13`` into two accumulators and stores the activation; otherwise
   (down) it multiplies by the routing weight;
-- ``_moe_gemv_kernel``: the same two products for a few tokens, one program per (row,
-  output block): only the row's own expert is read.
+- ``_moe_gemv_kernel``: the gate/up product for a few tokens, one program per (row, output
+  block): only the row's own expert is read; ``_moe_gemv_down_kernel``: the down product of a
+  few tokens, one program per (token, output block) summing the token's experts.
 
 Every kernel takes the row count as a runtime value (``step_jit``): a decode step of another
 batch size compiles nothing new. Grids depend on the token count only.
@@ -192,6 +193,42 @@ def _moe_gemv_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
              res.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
 
 
+@triton.jit
+def _moe_gemv_down_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
+                          stride_am, stride_we, stride_wn, stride_be, stride_om,
+                          TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """The down product of a few tokens with the weighted sum over ``top_k`` fused: one
+    program per (token, output block) runs the token's experts in slot order and sums their
+    weighted outputs in float32, so no ``[T * top_k, H]`` buffer and no reduction kernel."""
+    token = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for slot in range(TOP_K):
+        row = token * TOP_K + slot
+        expert = tl.load(ids_ptr + row).to(tl.int64)
+        a_ptrs = a_ptr + row.to(tl.int64) * stride_am + offs_k
+        w_ptrs = (w_ptr + expert * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+                  + offs_k[None, :])
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            k_mask = (k + offs_k) < K
+            a = tl.load(a_ptrs, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :],
+                           other=0.0).to(tl.float32) * a
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        y = tl.sum(acc, 1)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask,
+                         other=0.0).to(tl.float32)
+        total += y * tl.load(topk_w_ptr + row).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n,
+             total.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
 def _launch(kind: str, a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor, *, gated: bool, a_div: int, activation: str, alpha: float,
             limit: float, topk_w: torch.Tensor, ids: torch.Tensor,
@@ -237,11 +274,21 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     align = None if config.path == "gemv" else moe_align_triton(ids.view(tokens, top_k), e,
                                                                 config.block_m)
     inter = torch.empty(tokens * top_k, two_i // 2, dtype=x.dtype, device=x.device)
+    _launch(config.path, x, w13, w13_bias, inter, gated=True, a_div=top_k,
+            activation=activation, alpha=float(alpha), limit=float(limit), topk_w=weights,
+            ids=ids, align=align, config=config)
+    if config.path == "gemv":
+        out = torch.empty(tokens, h, dtype=x.dtype, device=x.device)
+        _moe_gemv_down_kernel[(tokens, triton.cdiv(h, config.block_n))](
+            inter, w2, w2_bias if w2_bias is not None else w2, out, ids, weights, h,
+            two_i // 2, inter.stride(0), w2.stride(0), w2.stride(1),
+            w2_bias.stride(0) if w2_bias is not None else 0, out.stride(0), TOP_K=top_k,
+            HAS_BIAS=w2_bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            num_warps=config.num_warps)
+        return out
     out_k = torch.empty(tokens * top_k, h, dtype=x.dtype, device=x.device)
-    for a, w, bias, out, gated in ((x, w13, w13_bias, inter, True),
-                                   (inter, w2, w2_bias, out_k, False)):
-        _launch(config.path, a, w, bias, out, gated=gated, a_div=top_k if gated else 1,
-                activation=activation, alpha=float(alpha), limit=float(limit), topk_w=weights,
-                ids=ids, align=align, config=config)
+    _launch(config.path, inter, w2, w2_bias, out_k, gated=False, a_div=1,
+            activation=activation, alpha=float(alpha), limit=float(limit), topk_w=weights,
+            ids=ids, align=align, config=config)
     # torch sums 16-bit tensors in float32 and rounds once: the reference's arithmetic
     return out_k.view(tokens, top_k, h).sum(1)
