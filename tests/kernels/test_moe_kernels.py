@@ -15,6 +15,7 @@ import torch
 
 from tallow.kernels.moe import (
     MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref, padded_capacity,
+    softmax_topk, softmax_topk_ref,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -70,6 +71,30 @@ def per_expert_rows(align, num_experts: int) -> dict[int, list[int]]:
         rows = ids[b * align.block_m:(b + 1) * align.block_m]
         out[blocks[b]].extend(r for r in rows.tolist() if r < align.num_valid)
     return {e: sorted(r) for e, r in out.items()}
+
+
+# --- router ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens,num_experts,top_k", [(1, 128, 8), (7, 60, 4), (33, 8, 2),
+                                                      (5, 64, 1)]
+                         + ([] if INTERPRET else [(4096, 128, 8), (300, 256, 8)]))
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_topk(tokens, num_experts, top_k, renormalize, dtype):
+    g = rng(6)
+    logits = (torch.randn(tokens, num_experts, generator=g) * 3).to(dtype).to(DEVICE)
+    weights, ids = softmax_topk(logits, top_k, renormalize, scale=1.5)
+    ref_w, ref_ids = softmax_topk_ref(logits.cpu(), top_k, renormalize, scale=1.5)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int64
+    # equal logits (bf16 has few values) may be chosen either way: the weights in rank order
+    # must match, and each chosen id must carry the weight its own logit gives
+    torch.testing.assert_close(weights.cpu(), ref_w, rtol=1e-5, atol=1e-6)
+    assert all(len(set(r)) == top_k for r in ids.cpu().tolist())
+    probs = logits.cpu().softmax(-1, dtype=torch.float32)
+    chosen = probs.gather(1, ids.cpu())
+    if renormalize:
+        chosen = chosen / chosen.sum(-1, keepdim=True)
+    torch.testing.assert_close(weights.cpu(), chosen * 1.5, rtol=1e-5, atol=1e-6)
 
 
 # --- alignment ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ gets ``sum_j weights[t, j] * down_e(act(gate_e(x_t), up_e(x_t)))``.
 Entry points (the Triton kernels of :mod:`.moe_triton` on CUDA tensors and under
 ``TRITON_INTERPRET=1``, the ``*_ref`` references elsewhere):
 
+* :func:`softmax_topk` — the softmax top-k router (optionally renormalised) in one launch;
 * :func:`moe_align` — token → expert sorting and block alignment for the grouped GEMM: the
   flat ``(token, slot)`` indices sorted by expert, each expert's run padded to the GEMM's
   ``BLOCK_M`` rows, the expert of every block, and how many rows are in use. Buffers are sized
@@ -50,7 +51,7 @@ ACTIVATIONS = ("silu", "swiglu_clamp")
 
 __all__ = [
     "ACTIVATIONS", "MoEAlignment", "MoEConfig", "fused_moe", "fused_moe_ref", "moe_align",
-    "moe_align_ref", "moe_config", "padded_capacity",
+    "moe_align_ref", "moe_config", "padded_capacity", "softmax_topk", "softmax_topk_ref",
 ]
 
 
@@ -120,6 +121,29 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlig
         return moe_align_ref(topk_ids, num_experts, block_m)
     from .moe_triton import moe_align_triton
     return moe_align_triton(topk_ids, num_experts, block_m)
+
+
+def softmax_topk_ref(logits: torch.Tensor, top_k: int, renormalize: bool = False,
+                     scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch reference of :func:`softmax_topk`."""
+    weights, ids = logits.softmax(-1, dtype=torch.float32).topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return (weights * scale if scale != 1.0 else weights), ids
+
+
+def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = False,
+                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The softmax top-k router of ``logits [T, E]``: (weights float32 ``[T, top_k]``, ids
+    int64 ``[T, top_k]``), largest first, renormalised to sum to one when asked, times
+    ``scale``. One Triton launch on the device (torch needs four or five kernels)."""
+    if logits.dim() != 2 or not 1 <= top_k <= logits.shape[1]:
+        raise ValueError(f"softmax_topk: expected logits [T, E >= top_k={top_k}], got "
+                         f"{tuple(logits.shape)}")
+    if not triton_enabled(logits) or logits.stride(1) != 1:
+        return softmax_topk_ref(logits, top_k, renormalize, scale)
+    from .moe_triton import softmax_topk_triton
+    return softmax_topk_triton(logits, top_k, renormalize, scale)
 
 
 def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

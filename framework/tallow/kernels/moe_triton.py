@@ -1,5 +1,6 @@
 """Triton kernels of the fused MoE (:mod:`tallow.kernels.moe` documents the contract).
 
+- ``_softmax_topk_kernel``: the softmax top-k router in one launch (one program per token);
 - alignment: ``_count_kernel`` (rows per expert, atomics), ``_offsets_kernel`` (one program:
   padded starts, the expert of every block, rows in use), ``_scatter_kernel`` (each row to
   its expert's next free slot, atomics);
@@ -63,6 +64,44 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_valid, BLOCK: tl.conste
     ids = tl.load(ids_ptr + offs, mask=mask, other=0)
     slot = tl.atomic_add(cursor_ptr + ids, tl.full([BLOCK], 1, tl.int32), mask=mask)
     tl.store(sorted_ptr + slot, offs.to(tl.int32), mask=mask)
+
+
+@triton.jit
+def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, num_experts, stride_t, scale,
+                         TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
+    """One token's router: softmax over its logits in float32, the ``TOP_K`` largest in
+    descending order (the first index on ties), optionally renormalised, times ``scale``."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_POW2)
+    x = tl.load(logits_ptr + token * stride_t + offs, mask=offs < num_experts,
+                other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)
+    denom = 1.0
+    if RENORMALIZE:  # a first pass for the chosen weights' sum
+        q = p
+        denom = 0.0
+        for _ in tl.static_range(TOP_K):
+            v = tl.max(q, 0)
+            denom += v
+            q = tl.where(offs == tl.argmax(q, 0), -1.0, q)
+    for j in tl.static_range(TOP_K):
+        i = tl.argmax(p, 0)
+        tl.store(w_ptr + token * TOP_K + j, tl.max(p, 0) / denom * scale)
+        tl.store(ids_ptr + token * TOP_K + j, i.to(tl.int64))
+        p = tl.where(offs == i, -1.0, p)
+
+
+def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, experts = logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        _softmax_topk_kernel[(tokens,)](logits, weights, ids, experts, logits.stride(0),
+                                        float(scale), TOP_K=top_k, RENORMALIZE=renormalize,
+                                        E_POW2=triton.next_power_of_2(experts))
+    return weights, ids
 
 
 def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:

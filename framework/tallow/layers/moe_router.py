@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tallow.kernels.moe import softmax_topk
+
 SCORINGS = ("softmax", "sigmoid", "softmax_selected")
 
 
@@ -71,6 +73,8 @@ def select_experts(logits: torch.Tensor, spec: RouterSpec,
                          f"got {tuple(logits.shape)}")
     if correction_bias is not None and spec.scoring != "sigmoid":
         raise ValueError("router: a correction bias goes with sigmoid scoring")
+    if spec.scoring == "softmax" and spec.num_groups == 1:  # the common router: one kernel
+        return softmax_topk(logits, spec.top_k, spec.renormalize, spec.routed_scaling_factor)
     if spec.scoring == "softmax_selected":
         values, ids = logits.float().topk(spec.top_k, dim=-1)
         weights = values.softmax(-1)
