@@ -11,8 +11,10 @@
   block): only the row's own expert is read; ``_moe_gemv_down_kernel``: the down product of a
   few tokens, one program per (token, output block) summing the token's experts.
 
-Every kernel takes the row count as a runtime value (``step_jit``): a decode step of another
-batch size compiles nothing new. Grids depend on the token count only.
+The grouped GEMM's kernels take the row count as a runtime value (``step_jit``). Grids depend
+on the token count only. The decode path's kernels (router, both GEMVs) follow the PDL rules
+of :mod:`.pdl`: each waits for its predecessor before reading anything, since what it reads
+(logits, expert ids, the intermediate) is the previous kernel's output.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ._dispatch import interpreting
 from .jit import step_jit
 from .moe import MoEAlignment, padded_capacity
 from .moe_config import MoEConfig
+from .pdl import allow_next, pdl_enabled, wait_prior
 
 _ACT = {"silu": 0, "swiglu_clamp": 1}
 _ALIGN_BLOCK = 256
@@ -68,9 +71,12 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ptr, num_valid, BLOCK: tl.conste
 
 @triton.jit
 def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, num_experts, stride_t, scale,
-                         TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr):
+                         TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     """One token's router: softmax over its logits in float32, the ``TOP_K`` largest in
     descending order (the first index on ties), optionally renormalised, times ``scale``."""
+    wait_prior(USE_PDL)  # the logits are the previous kernel's output
+    allow_next(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, E_POW2)
     x = tl.load(logits_ptr + token * stride_t + offs, mask=offs < num_experts,
@@ -98,9 +104,11 @@ def softmax_topk_triton(logits: torch.Tensor, top_k: int, renormalize: bool,
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
     if tokens:
+        use_pdl = pdl_enabled(logits)
         _softmax_topk_kernel[(tokens,)](logits, weights, ids, experts, logits.stride(0),
                                         float(scale), TOP_K=top_k, RENORMALIZE=renormalize,
-                                        E_POW2=triton.next_power_of_2(experts))
+                                        E_POW2=triton.next_power_of_2(experts),
+                                        USE_PDL=use_pdl, launch_pdl=use_pdl)
     return weights, ids
 
 
@@ -203,7 +211,10 @@ def _moe_gemv_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
                      stride_am, stride_we, stride_wn, stride_be, stride_om,
                      A_DIV: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    # which expert's rows to stream is the router's output: nothing to prefetch before it
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
     row = tl.program_id(0)
     expert = tl.load(ids_ptr + row).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -236,10 +247,12 @@ def _moe_gemv_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
 def _moe_gemv_down_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
                           stride_am, stride_we, stride_wn, stride_be, stride_om,
                           TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     """The down product of a few tokens with the weighted sum over ``top_k`` fused: one
     program per (token, output block) runs the token's experts in slot order and sums their
     weighted outputs in float32, so no ``[T * top_k, H]`` buffer and no reduction kernel."""
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -281,8 +294,10 @@ def _launch(kind: str, a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | No
     b_stride = bias.stride(0) if bias is not None else 0
     if kind == "gemv":
         grid = (out.shape[0], triton.cdiv(n, config.block_n))
+        use_pdl = pdl_enabled(a)
         _moe_gemv_kernel[grid](a, w, b, out, ids, topk_w, n, k, alpha, limit, a.stride(0),
-                               w.stride(0), w.stride(1), b_stride, out.stride(0), **flags)
+                               w.stride(0), w.stride(1), b_stride, out.stride(0),
+                               USE_PDL=use_pdl, launch_pdl=use_pdl, **flags)
         return
     assert align is not None
     # Triton's interpreter multiplies bfloat16 tiles wrongly (3.7: garbage from tl.dot), so
@@ -323,7 +338,7 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
             two_i // 2, inter.stride(0), w2.stride(0), w2.stride(1),
             w2_bias.stride(0) if w2_bias is not None else 0, out.stride(0), TOP_K=top_k,
             HAS_BIAS=w2_bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            num_warps=config.num_warps)
+            USE_PDL=pdl_enabled(x), launch_pdl=pdl_enabled(x), num_warps=config.num_warps)
         return out
     out_k = torch.empty(tokens * top_k, h, dtype=x.dtype, device=x.device)
     _launch(config.path, inter, w2, w2_bias, out_k, gated=False, a_div=1,
