@@ -16,7 +16,8 @@ Entry points (the Triton kernels of :mod:`.moe_triton` on CUDA tensors and under
   fused, down as a second with the routing weight fused, then a small sum over each token's
   ``top_k`` rows. A few tokens take a GEMV path instead (:func:`moe_config` says how few):
   each ``(token, expert)`` pair streams only its expert's rows, so batch 1 reads the
-  ``top_k`` selected experts' weights and nothing else.
+  ``top_k`` selected experts' weights and nothing else, and the down kernel sums each token's
+  experts itself.
 
 The sum over ``top_k``: the GEMV path fuses it (one program computes a token's block of
 outputs for each of its experts in slot order and adds them up in float32). The grouped GEMM
