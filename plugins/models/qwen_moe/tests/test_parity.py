@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import ArchConfig, BuildContext, FusedMoE  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
 )
 
 from tallow_model_qwen_moe.model import (  # noqa: E402
@@ -85,3 +85,24 @@ def test_engine_runs_the_random_shape(shape):
     outs = llm.generate([[1, 2, 3, 4, 5], list(range(40, 80))],
                         SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_cuda_parity(family, tmp_path):
+    """On the GPU the experts run the Triton kernels: float32 greedy parity with transformers
+    (prompt and decode steps, so both the GEMM and the GEMV path), bfloat16 prompt logits
+    close to it."""
+    if family == "qwen3":
+        config = transformers.Qwen3MoeConfig(**BASE, head_dim=16, num_experts=64,
+                                             num_experts_per_tok=8, norm_topk_prob=True)
+        cls = Qwen3MoeForCausalLM
+    else:
+        config = transformers.Qwen2MoeConfig(**BASE, num_experts=16, num_experts_per_tok=4,
+                                             shared_expert_intermediate_size=40)
+        cls = Qwen2MoeForCausalLM
+    hf = random_hf_model(config, seed=8)
+    read = _safetensors().SafetensorsFormat().load
+    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, cls, read, **kw), hf, PROMPT,
+                       STEPS, what=family)
