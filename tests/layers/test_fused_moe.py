@@ -228,6 +228,9 @@ def test_weight_loader_refuses_wrong_shapes():
     with pytest.raises(ValueError, match="expert 3"):
         layer.experts.w13_weight.weight_loader(layer.experts.w13_weight,
                                                torch.zeros(INTER + 1, H), ("3", "gate"))
+    with pytest.raises(ValueError, match="no part 'down'"):
+        layer.experts.w13_weight.weight_loader(layer.experts.w13_weight,
+                                               torch.zeros(INTER, H), ("0", "down"))
     with pytest.raises(ValueError, match="out of range"):
         layer.experts.w2_weight.weight_loader(layer.experts.w2_weight, torch.zeros(H, INTER),
                                               (str(E), "down"))

@@ -109,14 +109,15 @@ class FusedExperts(nn.Module):
         i_rank, rank = self.intermediate_per_rank, self.tp_rank
         full_i = self.intermediate_size
         if param.shard_ids[0][1] == "gate":  # w13: rows are gate then up, I each
-            halves = [("gate", 0), ("up", 1)] if part is None else [(part, 0 if part == "gate"
-                                                                      else 1)]
+            if part not in (None, "gate", "up"):
+                raise ValueError(f"{what}: the gate/up projection has no part {part!r}")
+            halves = [0, 1] if part is None else [0 if part == "gate" else 1]
             expected = 2 * full_i if part is None else full_i
             if src.shape[0] != expected or src.shape[1:] != dst.shape[1:]:
                 raise ValueError(f"{what}: expert {e} {part or 'gate_up'} tensor has shape "
                                  f"{tuple(src.shape)}, expected "
                                  f"{(expected, *dst.shape[1:])}")
-            for name, half in halves:
+            for half in halves:
                 block = src if part is not None else src.narrow(0, half * full_i, full_i)
                 with torch.no_grad():
                     dst.narrow(0, half * i_rank, i_rank).copy_(block.narrow(0, rank * i_rank,
