@@ -58,6 +58,15 @@ SHAPES: dict[str, dict[str, Any]] = {
                      num_key_value_heads=8, head_dim=128, vocab_size=151936,
                      rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
                      tie_word_embeddings=False),
+    # 128 experts of which 8 per token: 30.5B parameters, 3.3B active per token
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,
+                          intermediate_size=6144, moe_intermediate_size=768,
+                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                          head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, rope_theta=1000000.0,
+                          max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False),
     # sentence-transformers/all-MiniLM-L6-v2 (an encoder: served for embeddings)
     "all-minilm-l6-v2": dict(architectures=["BertModel"], hidden_size=384,
                              intermediate_size=1536, num_hidden_layers=6,
@@ -80,6 +89,14 @@ SHAPES: dict[str, dict[str, Any]] = {
                        num_key_value_heads=2, vocab_size=512, rope_theta=10000.0,
                        max_position_embeddings=2048, rms_norm_eps=1e-5,
                        tie_word_embeddings=False),
+    # A few-MB Qwen3-MoE (8 experts, 2 per token), for CPU tests of MoE models in the engine.
+    "tiny-qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], hidden_size=64,
+                           intermediate_size=128, moe_intermediate_size=32,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, num_experts=8, num_experts_per_tok=2,
+                           norm_topk_prob=True, vocab_size=512, rope_theta=10000.0,
+                           max_position_embeddings=2048, rms_norm_eps=1e-6,
+                           tie_word_embeddings=False),
 }
 
 

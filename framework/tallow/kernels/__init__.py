@@ -24,6 +24,11 @@ elsewhere):
   tile choice.
 * ``rms_norm_ref``, ``rotary_embedding_ref``, ``silu_and_mul_ref``, ``gelu_tanh_and_mul_ref``,
   ``argmax_rows_ref``, ``store_cast_kv_ref``: the torch references, for plugins' tests.
+* ``fused_moe(x, w13, w2, topk_weights, topk_ids, ...)``: a mixture-of-experts MLP over stacked
+  expert weights (``moe_align``: token → expert alignment; grouped GEMMs with the activation and
+  the routing weight fused, a GEMV path for a few tokens; tiles from
+  :mod:`tallow.kernels.moe_config`, not re-exported: the name would hide the submodule), with
+  ``fused_moe_ref`` / ``moe_align_ref`` its references and ``MoEConfig`` its tiles.
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
@@ -85,6 +90,7 @@ from .kv_cast import CastKVCodec
 from .kv_store import store_cast_kv, store_cast_kv_ref
 from .linear import gated_linear
 from .linear import linear as dense_linear
+from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
 from .norm import rms_norm, rms_norm_ref
 from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
 from .rotary import rotary_embedding, rotary_embedding_ref
@@ -144,4 +150,6 @@ __all__ = [
     "cuda_index", "gated_value", "load_activations", "off_then_on", "pack_quads", "pdl_enabled",
     "pdl_order", "quad_launch_config", "quad_tile_mask", "resource_usage", "sass_loops",
     "sass_opcode", "set_pdl", "step_jit", "unpack_quads", "unsupported_reason", "wait_prior",
+    # mixture of experts
+    "MoEConfig", "fused_moe", "fused_moe_ref", "moe_align", "moe_align_ref",
 ]

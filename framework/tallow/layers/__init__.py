@@ -17,6 +17,9 @@ from .linear_method import (
     LinearMethod, UnquantizedLinearMethod, linear_method_for, set_weight_attrs,
 )
 from .model import ArchConfig, BuildContext
+from .fused_moe import FusedExperts, FusedMoE
+from .moe_method import MoEMethod, UnquantizedMoEMethod, moe_method_for
+from .moe_router import SCORINGS, RouterSpec, select_experts
 from .packed_linear import PackedLinearMethod
 from .norm import RMSNorm, rms_norm_ref
 from .plain_activation import PLAIN_ACTIVATIONS, Activation, get_act
@@ -49,4 +52,6 @@ __all__ = [
     "LayerNorm", "Activation", "get_act", "PLAIN_ACTIVATIONS", "rope_from_config", "rotary_dim",
     "context_lengths", "LongRoPERotaryEmbedding", "longrope_attention_factor",
     "longrope_rotary", "ShardedRMSNorm",
+    "FusedMoE", "FusedExperts", "MoEMethod", "UnquantizedMoEMethod", "moe_method_for",
+    "RouterSpec", "select_experts", "SCORINGS",
 ]

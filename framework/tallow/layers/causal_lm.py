@@ -150,19 +150,20 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             if quantized and not getattr(param, "accepts_quantized", False):
                 tensor = tensor.dequantize()  # no quantization scheme keeps it: float32
             loader = getattr(param, "weight_loader", default_weight_loader)
+            shard = match.shard
             try:
-                if rule.shard is None:
+                if shard is None:
                     loader(param, tensor)
                 else:
-                    loader(param, tensor, rule.shard)
+                    loader(param, tensor, shard)
             except (ValueError, RuntimeError, TypeError) as exc:
                 raise WeightLoadError(f"{type(self).__name__}: checkpoint tensor {ckpt_name!r} "
                                       f"-> parameter {target!r}: {exc}") from exc
             shards = getattr(param, "shard_ids", None)
-            if rule.shard is None and shards:
+            if shard is None and shards:
                 loaded[name].update(shards)
             else:
-                loaded[name].add(rule.shard)
+                loaded[name].add(shard)
         missing = self._missing(loaded)
         if missing:
             missing = sorted(set(missing) - self.resolve_missing(set(missing), naming))

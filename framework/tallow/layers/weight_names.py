@@ -17,6 +17,10 @@ The first rule whose source matches the whole name wins. A rule may also
 - name a ``handler`` instead of a target: a method called as ``handler(tensor, groups)`` that
   consumes the tensor itself (GGUF's ``rope_freqs``);
 - have neither target nor handler: the tensor is known and deliberately skipped.
+
+A ``shard`` may itself use the source's fields, as a string or a tuple of strings: per-expert
+tensors of a mixture of experts load into one stacked parameter with
+``shard=("{e}", "gate")``, which :attr:`WeightMatch.shard` fills in (``("3", "gate")``).
 """
 
 from __future__ import annotations
@@ -46,10 +50,20 @@ class WeightRule:
     def __post_init__(self) -> None:
         if self.target is not None and self.handler is not None:
             raise ValueError(f"weight rule {self.source!r}: give a target or a handler, not both")
-        unknown = set(_FIELD.findall(self.target or "")) - set(_FIELD.findall(self.source))
+        used = _FIELD.findall(self.target or "") + _FIELD.findall(" ".join(_shard_texts(
+            self.shard)))
+        unknown = set(used) - set(_FIELD.findall(self.source))
         if unknown:
             raise ValueError(f"weight rule {self.source!r}: target {self.target!r} uses "
                              f"{sorted(unknown)} that the source does not capture")
+
+
+def _shard_texts(shard: Hashable | None) -> list[str]:
+    if isinstance(shard, str):
+        return [shard]
+    if isinstance(shard, tuple):
+        return [s for s in shard if isinstance(s, str)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,19 @@ class WeightMatch:
         if self.rule.target is None:
             return None
         return _FIELD.sub(lambda m: self.groups[m.group(1)], self.rule.target)
+
+    @property
+    def shard(self) -> Hashable | None:
+        """The rule's shard with the source's fields filled in."""
+        shard = self.rule.shard
+        if isinstance(shard, str):
+            return self._fill(shard)
+        if isinstance(shard, tuple):
+            return tuple(self._fill(s) if isinstance(s, str) else s for s in shard)
+        return shard
+
+    def _fill(self, template: str) -> str:
+        return _FIELD.sub(lambda m: self.groups[m.group(1)], template)
 
     @property
     def ignored(self) -> bool:

@@ -147,7 +147,6 @@ class LlamaModel(nn.Module):
         vocab = int(_require(config, "vocab_size"))
         n_layers = int(_require(config, "num_hidden_layers"))
         heads = int(_require(config, "num_attention_heads"))
-        intermediate = int(_require(config, "intermediate_size"))
         eps = float(config.get("rms_norm_eps", 1e-6))
         head_dim = int(config.get("head_dim") or hidden // heads)
         self.rotary_emb = rope_from_config(config, head_dim,
@@ -155,15 +154,13 @@ class LlamaModel(nn.Module):
                                            device=build.device)
         self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
                                            prefix="model.embed_tokens")
-        act = config.get("hidden_act", "silu")
         self.embedding_multiplier = owner.embedding_multiplier(config)
         layers = []
         for i in range(n_layers):
             prefix = f"model.layers.{i}"
             attn = owner.build_attention(config, build, i, self.rotary_emb, head_dim,
                                          f"{prefix}.self_attn")
-            mlp = LlamaMLP(hidden, intermediate, act, owner.mlp_bias(config), build,
-                           f"{prefix}.mlp")
+            mlp = owner.build_mlp(config, build, i, f"{prefix}.mlp")
             layers.append(owner.build_decoder_layer(config, build, attn, mlp))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden, eps, build=build)
@@ -234,8 +231,15 @@ class LlamaForCausalLM(CausalLM):
             sliding_window=self.layer_sliding_window(config, layer), prefix=prefix,
             scale=self.attention_scale(config, head_dim))
 
+    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
+                  prefix: str) -> nn.Module:
+        """The MLP block of decoder layer ``layer`` (mixture-of-experts families return their
+        MoE block on the layers that have one)."""
+        return LlamaMLP(int(config.hidden_size), int(_require(config, "intermediate_size")),
+                        config.get("hidden_act", "silu"), self.mlp_bias(config), build, prefix)
+
     def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
-                            mlp: LlamaMLP) -> nn.Module:
+                            mlp: nn.Module) -> nn.Module:
         """One decoder layer around ``attn`` and ``mlp``: ``forward(positions, hidden,
         residual) -> (hidden, residual)``, the residual add deferred to the next norm."""
         return LlamaDecoderLayer(attn, mlp, int(config.hidden_size),

@@ -1,0 +1,247 @@
+"""A mixture-of-experts MLP block: router, routed experts, optional shared expert.
+
+Example (Qwen3-MoE's block; the names match its checkpoints under ``prefix``)::
+
+    from tallow.layers import FusedMoE, RouterSpec
+
+    mlp = FusedMoE(num_experts=128, hidden_size=2048, intermediate_size=768,
+                   router=RouterSpec(top_k=8, renormalize=True),
+                   build=build, prefix="model.layers.0.mlp")
+    out = mlp(hidden)                      # [T, 2048] -> [T, 2048]
+
+    # the plugin's weight_name_maps: per-expert and stacked checkpoint forms
+    rules = FusedMoE.hf_weight_rules("model.layers.{i}.mlp")
+
+Parameters (``prefix`` ``.gate``, ``.experts``, ``.shared_expert``, ``.shared_expert_gate``,
+named as in Hugging Face's MoE models):
+
+- ``gate.weight [E, H]`` (and ``gate.bias`` with ``router_bias``): the router's logits; with
+  ``correction_bias`` also ``gate.e_score_correction_bias [E]`` (DeepSeek-V3, GLM-4.5);
+- ``experts.w13_weight [E, 2I/tp, H]`` (each expert's gate rows then its up rows) and
+  ``experts.w2_weight [E, H, I/tp]``, with ``expert_bias`` also ``experts.w13_bias`` and
+  ``experts.w2_bias`` (gpt-oss). They load from per-expert tensors
+  (``experts.{e}.gate_proj.weight`` ...) or from the stacked forms transformers 5 uses in
+  memory (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``);
+- with ``shared_intermediate_size``, ``shared_expert`` (a gated MLP every token goes through,
+  ``gate_up_proj`` / ``down_proj``) and with ``shared_gate`` its scalar gate
+  ``shared_expert_gate.weight [1, H]``: ``sigmoid(x · g) * shared(x)`` (Qwen2-MoE).
+
+Tensor parallelism splits every expert (and the shared expert) along its intermediate size;
+each rank computes a partial sum of the block's output and one all-reduce at the end adds
+them (the expert ``w2_bias`` is held by rank 0 only, so it is added once). How the experts are
+stored and run is the :class:`~tallow.layers.MoEMethod` that ``build.quant`` assigns (float
+experts for now; see :mod:`tallow.layers.moe_method`).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+from torch import nn
+
+from tallow.kernels.moe import ACTIVATIONS
+
+from .activation import SiluAndMul
+from .linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from .model import BuildContext
+from .moe_method import moe_method_for
+from .moe_router import RouterSpec, select_experts
+from .parallel import all_reduce, divide
+from .weight_names import WeightRule
+
+#: per-expert checkpoint names → (stacked parameter, part)
+_EXPERT_PARTS = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"),
+                 "down_proj": ("w2", "down")}
+
+
+class FusedExperts(nn.Module):
+    """The routed experts of a :class:`FusedMoE`: stacked parameters, their loader, and the
+    :class:`~tallow.layers.MoEMethod` that runs them."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 bias: bool, activation: str, swiglu_alpha: float, swiglu_limit: float,
+                 build: BuildContext, prefix: str) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.tp_rank, self.tp_size = build.tp_rank, build.tp_size
+        self.intermediate_per_rank = divide(intermediate_size, build.tp_size,
+                                            f"{prefix} expert intermediate size")
+        self.activation = activation
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
+        self.prefix = prefix
+        self.quant_method = moe_method_for(build.quant, prefix)
+        self.quant_method.create_weights(self, num_experts, hidden_size,
+                                         self.intermediate_per_rank, bias, build.dtype,
+                                         build.device)
+        for name, param in self.named_parameters(recurse=False):
+            part = ("gate", "up") if name.startswith("w13") else ("down",)
+            if not hasattr(param, "shard_ids"):
+                param.shard_ids = tuple((str(e), p) for e in range(num_experts) for p in part)
+            if not hasattr(param, "weight_loader"):
+                param.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
+                      shard_id: Hashable | None = None) -> None:
+        """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
+        checkpoint tensor; None: the stacked tensor of every expert (``[E, ...]``)."""
+        what = self.prefix or "FusedExperts"
+        if shard_id is None:
+            if loaded.shape[0] != self.num_experts:
+                raise ValueError(f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
+                                 f"{self.num_experts} experts")
+            for e in range(self.num_experts):
+                self._load_expert(param, e, loaded[e], None, what)
+            return
+        if not isinstance(shard_id, tuple) or len(shard_id) != 2:
+            raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
+        e, part = int(shard_id[0]), str(shard_id[1])
+        if not 0 <= e < self.num_experts:
+            raise ValueError(f"{what}: expert {e} out of range (the layer has "
+                             f"{self.num_experts})")
+        self._load_expert(param, e, loaded, part, what)
+
+    def _load_expert(self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None,
+                     what: str) -> None:
+        dst = param.data[e]
+        i_rank, rank = self.intermediate_per_rank, self.tp_rank
+        full_i = self.intermediate_size
+        if param.shard_ids[0][1] == "gate":  # w13: rows are gate then up, I each
+            if part not in (None, "gate", "up"):
+                raise ValueError(f"{what}: the gate/up projection has no part {part!r}")
+            halves = [0, 1] if part is None else [0 if part == "gate" else 1]
+            expected = 2 * full_i if part is None else full_i
+            if src.shape[0] != expected or src.shape[1:] != dst.shape[1:]:
+                raise ValueError(f"{what}: expert {e} {part or 'gate_up'} tensor has shape "
+                                 f"{tuple(src.shape)}, expected "
+                                 f"{(expected, *dst.shape[1:])}")
+            for half in halves:
+                block = src if part is not None else src.narrow(0, half * full_i, full_i)
+                with torch.no_grad():
+                    dst.narrow(0, half * i_rank, i_rank).copy_(block.narrow(0, rank * i_rank,
+                                                                            i_rank))
+            return
+        if part not in (None, "down"):
+            raise ValueError(f"{what}: the down projection has no part {part!r}")
+        if dst.dim() == 1:  # w2_bias [H]: added once, after the sum over ranks
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"{what}: expert {e} down bias has shape {tuple(src.shape)}, "
+                                 f"expected {tuple(dst.shape)}")
+            with torch.no_grad():
+                dst.copy_(src if rank == 0 else torch.zeros_like(src))
+            return
+        if src.shape[0] != dst.shape[0] or src.shape[1] != full_i:
+            raise ValueError(f"{what}: expert {e} down tensor has shape {tuple(src.shape)}, "
+                             f"expected {(dst.shape[0], full_i)}")
+        with torch.no_grad():
+            dst.copy_(src.narrow(1, rank * i_rank, i_rank))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, topk_weights, topk_ids)
+
+
+class _SharedExpert(nn.Module):
+    """The shared expert's gated MLP, left unreduced (the block reduces once)."""
+
+    def __init__(self, hidden: int, intermediate: int, build: BuildContext, prefix: str,
+                 act: nn.Module) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, build=build,
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate, hidden, reduce_results=False,
+                                           build=build, prefix=f"{prefix}.down_proj")
+        self.act_fn = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj(x), act=self.act_fn)
+
+
+class FusedMoE(nn.Module):
+    """A mixture-of-experts MLP block ``[T, H] -> [T, H]`` (see the module docstring).
+
+    ``router`` picks each token's experts (:class:`RouterSpec`: softmax top-k with or without
+    renormalisation, sigmoid with a correction bias and grouped top-k, softmax over the
+    selected logits; a routed scaling factor). ``activation`` is ``"silu"`` (SwiGLU) or
+    ``"swiglu_clamp"`` (gpt-oss: clamped at ``swiglu_limit``, ``alpha`` ``swiglu_alpha``,
+    usually with ``expert_bias``). ``reduce_results=False`` leaves the sum over
+    tensor-parallel ranks to the caller.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 router: RouterSpec, build: BuildContext | None = None, prefix: str = "",
+                 router_bias: bool = False, correction_bias: bool = False,
+                 activation: str = "silu", expert_bias: bool = False,
+                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+                 shared_intermediate_size: int = 0, shared_gate: bool = False,
+                 reduce_results: bool = True) -> None:
+        super().__init__()
+        build = build if build is not None else BuildContext()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"FusedMoE: activation must be one of {', '.join(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        if router.top_k > num_experts:
+            raise ValueError(f"FusedMoE: top_k {router.top_k} > {num_experts} experts")
+        if correction_bias and router.scoring != "sigmoid":
+            raise ValueError("FusedMoE: a correction bias goes with sigmoid scoring")
+        if shared_gate and not shared_intermediate_size:
+            raise ValueError("FusedMoE: shared_gate needs a shared expert "
+                             "(shared_intermediate_size)")
+        self.router = router
+        self.tp_size = build.tp_size
+        self.reduce_results = reduce_results
+        # the router is small and every rank needs all of its logits: replicated
+        self.gate = ReplicatedLinear(hidden_size, num_experts, router_bias, build=build,
+                                     prefix=f"{prefix}.gate")
+        if correction_bias:
+            bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32,
+                                            device=build.device), requires_grad=False)
+            self.gate.register_parameter("e_score_correction_bias", bias)
+        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
+                                    bias=expert_bias, activation=activation,
+                                    swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+                                    build=build, prefix=f"{prefix}.experts")
+        self.shared_expert = (_SharedExpert(hidden_size, shared_intermediate_size, build,
+                                            f"{prefix}.shared_expert", SiluAndMul())
+                              if shared_intermediate_size else None)
+        self.shared_expert_gate = (ReplicatedLinear(hidden_size, 1, build=build,
+                                                    prefix=f"{prefix}.shared_expert_gate")
+                                   if shared_gate else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights float32 ``[T, top_k]``, expert ids int64 ``[T, top_k]``) of ``x``."""
+        return select_experts(self.gate(x), self.router,
+                              getattr(self.gate, "e_score_correction_bias", None))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        if self.reduce_results:
+            out = all_reduce(out, self.tp_size)
+        return out.view(shape)
+
+    @staticmethod
+    def hf_weight_rules(prefix: str) -> list[WeightRule]:
+        """Rules mapping a checkpoint's routed-expert tensors under ``prefix`` (a template such
+        as ``"model.layers.{i}.mlp"``) onto the stacked parameters: per-expert
+        ``experts.{e}.gate_proj|up_proj|down_proj.weight|bias`` and the stacked
+        ``experts.gate_up_proj``, ``experts.down_proj`` (and their ``_bias``). The router
+        (``gate.*``) and shared-expert names are the model's to map like any linear layer's."""
+        rules = [WeightRule(prefix + ".experts.{e}." + name + ".{kind}",
+                            prefix + ".experts." + stacked + "_{kind}", shard=("{e}", part))
+                 for name, (stacked, part) in _EXPERT_PARTS.items()]
+        for name, stacked in (("gate_up_proj", "w13"), ("down_proj", "w2")):
+            rules.append(WeightRule(f"{prefix}.experts.{name}",
+                                    f"{prefix}.experts.{stacked}_weight"))
+            rules.append(WeightRule(f"{prefix}.experts.{name}_bias",
+                                    f"{prefix}.experts.{stacked}_bias"))
+        return rules

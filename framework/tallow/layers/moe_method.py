@@ -1,0 +1,88 @@
+"""How a mixture-of-experts layer stores its experts and runs them: the quantization seam.
+
+A :class:`MoEMethod` is to :class:`~tallow.layers.FusedMoE` what a
+:class:`~tallow.layers.LinearMethod` is to a linear layer: it creates the expert parameters,
+may post-process them after loading, and runs the experts in ``apply``. The layer owns the
+router, the shared experts, the tensor-parallel split (each rank holds ``I / tp`` of every
+expert's intermediate features) and the mapping of checkpoint tensors onto its parameters.
+
+Only :class:`UnquantizedMoEMethod` (float weights) exists so far. A quantization scheme will
+supply its own through an optional ``moe_method(prefix)`` factory, asked by
+:func:`moe_method_for` the way ``linear_method(prefix)`` is asked for linear layers; its
+parameters say which dimension follows the expert index, the output and the input
+(``expert_dim``, ``output_dim``, ``input_dim``) so the layer's loader can shard them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from tallow.kernels import fused_moe
+
+from .linear_method import set_weight_attrs
+
+
+class MoEMethod:
+    """Storage and computation of a layer's routed experts (see the module docstring)."""
+
+    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
+                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
+                       device: torch.device) -> None:
+        """Register ``w13_weight`` (gate rows then up rows of each expert, this rank's share)
+        and ``w2_weight`` on ``layer``, and ``w13_bias`` / ``w2_bias`` when ``bias``."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial expert output ``[T, H]`` (summed over ranks by the layer)."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after every checkpoint tensor is loaded."""
+
+
+class UnquantizedMoEMethod(MoEMethod):
+    """Stacked float experts ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` in the build dtype, run by
+    :func:`tallow.kernels.moe.fused_moe`."""
+
+    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
+                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
+                       device: torch.device) -> None:
+        def param(*shape: int, **attrs: Any) -> nn.Parameter:
+            p = nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device),
+                             requires_grad=False)
+            set_weight_attrs(p, expert_dim=0, **attrs)
+            return p
+
+        i, h, e = intermediate_per_rank, hidden_size, num_experts
+        layer.register_parameter("w13_weight", param(e, 2 * i, h, output_dim=1, input_dim=2))
+        layer.register_parameter("w2_weight", param(e, h, i, output_dim=1, input_dim=2))
+        if bias:
+            layer.register_parameter("w13_bias", param(e, 2 * i, output_dim=1, input_dim=None))
+            layer.register_parameter("w2_bias", param(e, h, output_dim=1, input_dim=None))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, activation=layer.activation,
+                         w13_bias=getattr(layer, "w13_bias", None),
+                         w2_bias=getattr(layer, "w2_bias", None),
+                         swiglu_alpha=layer.swiglu_alpha, swiglu_limit=layer.swiglu_limit)
+
+
+def moe_method_for(quant: Any, prefix: str) -> MoEMethod:
+    """The :class:`MoEMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
+    experts at ``prefix``: its ``moe_method(prefix)`` when it has one and returns a method,
+    else :class:`UnquantizedMoEMethod` (schemes that quantize only linear layers leave the
+    experts in float)."""
+    factory = getattr(quant, "moe_method", None) if quant is not None else None
+    method = factory(prefix) if factory is not None else None
+    if method is None:
+        return UnquantizedMoEMethod()
+    if not isinstance(method, MoEMethod):
+        raise TypeError(f"quant scheme {type(quant).__name__}.moe_method returned "
+                        f"{type(method).__name__} for {prefix!r}; expected a "
+                        "tallow.layers.MoEMethod or None")
+    return method

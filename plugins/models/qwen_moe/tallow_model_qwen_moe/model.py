@@ -1,0 +1,93 @@
+"""Qwen2-MoE and Qwen3-MoE: the Qwen2 / Qwen3 decoders of tallow-llama with a
+mixture-of-experts MLP.
+
+=========== ================= ========= =================== ===================================
+model       q/k/v bias        q/k norm  router              shared expert
+=========== ================= ========= =================== ===================================
+Qwen2-MoE   ``qkv_bias``      no        softmax top-k,      ``shared_expert`` scaled by
+            (default on)                ``norm_topk_prob``  ``sigmoid(shared_expert_gate(x))``
+Qwen3-MoE   ``attention_bias`` per head  softmax top-k,      none
+                                        ``norm_topk_prob``
+=========== ================= ========= =================== ===================================
+
+Layer ``i`` has the MoE block when it is not in ``mlp_only_layers`` and ``(i + 1)`` is a
+multiple of ``decoder_sparse_step``; the others keep the dense SwiGLU MLP of
+``intermediate_size``. The MoE block is :class:`tallow.layers.FusedMoE` with experts of
+``moe_intermediate_size``. Checkpoint names: :mod:`tallow_model_qwen_moe.naming`. GGUF files
+of these families are not read yet.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tallow.layers import ArchConfig, BuildContext, FusedMoE, RouterSpec
+from tallow_llama.model import Qwen2ForCausalLM, Qwen3ForCausalLM
+
+from .naming import hf_name_map
+
+
+def num_experts(config: ArchConfig) -> int:
+    """The routed experts of a config: ``num_experts`` (checkpoints) or ``num_local_experts``
+    (what transformers 5 writes for Qwen3-MoE)."""
+    value = config.get("num_experts") or config.get("num_local_experts")
+    if not value:
+        raise ValueError("model config: 'num_experts' (or 'num_local_experts') is required")
+    return int(value)
+
+
+def is_moe_layer(config: ArchConfig, layer: int) -> bool:
+    """Whether decoder layer ``layer`` has the MoE block (transformers' rule)."""
+    step = int(config.get("decoder_sparse_step") or 1)
+    return (layer not in (config.get("mlp_only_layers") or [])
+            and num_experts(config) > 0 and (layer + 1) % step == 0)
+
+
+def moe_block(config: ArchConfig, build: BuildContext, prefix: str,
+              shared_gate: bool) -> FusedMoE:
+    """The MoE block of one layer: softmax top-k routing, SwiGLU experts, and (Qwen2-MoE) a
+    shared expert of ``shared_expert_intermediate_size`` behind a sigmoid gate."""
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
+                         "supported by the experts (SwiGLU)")
+    shared = int(config.get("shared_expert_intermediate_size") or 0) if shared_gate else 0
+    return FusedMoE(num_experts(config), int(config.hidden_size),
+                    int(config.require("moe_intermediate_size")),
+                    router=RouterSpec(top_k=int(config.require("num_experts_per_tok")),
+                                      renormalize=bool(config.get("norm_topk_prob", False))),
+                    shared_intermediate_size=shared, shared_gate=bool(shared),
+                    build=build, prefix=prefix)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention, no shared expert."""
+
+    hf_architectures = ("Qwen3MoeForCausalLM",)
+    gguf_architectures = ()
+    model_type = "qwen3_moe"
+    weight_name_maps = {"hf": hf_name_map()}
+
+    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
+                  prefix: str) -> nn.Module:
+        if is_moe_layer(config, layer):
+            return moe_block(config, build, prefix, shared_gate=False)
+        return super().build_mlp(config, build, layer, prefix)
+
+
+class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    """Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention with ``qkv_bias``, a
+    gated shared expert beside the routed ones."""
+
+    hf_architectures = ("Qwen2MoeForCausalLM",)
+    gguf_architectures = ()
+    model_type = "qwen2_moe"
+    weight_name_maps = {"hf": hf_name_map()}
+
+    def qkv_bias(self, config: ArchConfig) -> bool:
+        return bool(config.get("qkv_bias", True))
+
+    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
+                  prefix: str) -> nn.Module:
+        if is_moe_layer(config, layer):
+            return moe_block(config, build, prefix, shared_gate=True)
+        return super().build_mlp(config, build, layer, prefix)

@@ -1,0 +1,19 @@
+"""Registration of the Qwen mixture-of-experts architectures (lazy targets: no torch here)."""
+
+from __future__ import annotations
+
+from tallow.plugin import hookimpl
+
+_MODEL = "tallow_model_qwen_moe.model"
+
+#: HF architecture name -> class in the model module
+ARCHITECTURES: dict[str, str] = {
+    "Qwen3MoeForCausalLM": "Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "Qwen2MoeForCausalLM",
+}
+
+
+@hookimpl
+def tallow_register_architectures(registry) -> None:
+    for hf_name, cls in ARCHITECTURES.items():
+        registry.register(hf_name, f"{_MODEL}:{cls}")
