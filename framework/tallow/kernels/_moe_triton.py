@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ._dispatch import interpreting
 from .jit import step_jit
-from .moe import MoEAlignment, padded_capacity
+from ._moe_layout import MoEAlignment, padded_capacity
 from .moe_config import MoEConfig
 from .pdl import allow_next, pdl_enabled, wait_prior
 

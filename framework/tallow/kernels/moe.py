@@ -40,12 +40,11 @@ over ``top_k`` runs in float32 and is rounded once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
+from ._moe_layout import MoEAlignment, padded_capacity
 from .moe_config import MoEConfig, moe_config
 
 ACTIVATIONS = ("silu", "swiglu_clamp")
@@ -54,31 +53,6 @@ __all__ = [
     "ACTIVATIONS", "MoEAlignment", "MoEConfig", "fused_moe", "fused_moe_ref", "moe_align",
     "moe_align_ref", "moe_config", "padded_capacity", "softmax_topk", "softmax_topk_ref",
 ]
-
-
-@dataclass(frozen=True)
-class MoEAlignment:
-    """The grouped GEMM's view of a routing (see :func:`moe_align`).
-
-    ``sorted_ids [capacity]`` int32: flat ``token * top_k + slot`` indices grouped by expert,
-    each expert's group padded with ``num_valid`` (an index past every real row) to a multiple
-    of ``block_m``; ``expert_ids [capacity / block_m]`` int32: the expert of each block;
-    ``rows_used [1]`` int32: how many entries of ``sorted_ids`` the experts' groups fill (blocks
-    from there on are skipped)."""
-
-    sorted_ids: torch.Tensor
-    expert_ids: torch.Tensor
-    rows_used: torch.Tensor
-    block_m: int
-    num_valid: int
-
-
-def padded_capacity(num_valid: int, num_experts: int, block_m: int) -> int:
-    """Entries of ``sorted_ids`` that any routing of ``num_valid`` rows over ``num_experts``
-    experts needs: every row, plus up to ``block_m - 1`` rows of padding for each expert that
-    can receive one — rounded up to whole blocks."""
-    padded = num_valid + min(num_experts, num_valid) * (block_m - 1)
-    return -(-padded // block_m) * block_m
 
 
 def _check_ids(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> None:
