@@ -7,6 +7,8 @@
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
+# 1000 x 1000 throughput; the fused-MoE tile sweep at one token),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -96,6 +98,22 @@ if [[ ",$MODE," == *",gemmatests,"* ]]; then
 fi
 if [[ ",$MODE," == *",gemma4b,"* ]]; then  # batch-1 decode of Gemma 3 4B's shape; 2048-token prompts outrun its 1024-token window
   bench latency_gemma3_4b_bs1 300 latency --model random:gemma-3-4b --dtype bfloat16 --batch-size 1 --input-len 2048 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",moetests,"* ]]; then
+  echo "== GPU tests of the fused MoE (kernels against their references, the layer in CUDA graphs, Qwen-MoE parity)"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_moe_kernels.py \
+    tests/gpu/test_fused_moe_gpu.py plugins/models/qwen_moe 2>&1 | tail -20 | tee "$OUT/tests_moe.log"
+fi
+if [[ ",$MODE," == *",moelat,"* ]]; then
+  bench latency_qwen3_30b_a3b_bs1 240 latency --model random:qwen3-30b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",moethr,"* ]]; then
+  bench throughput_qwen3_30b_a3b 420 throughput --model random:qwen3-30b-a3b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",moesweep1,"* ]]; then  # the GEMV path's tiles at one token (the batch-1 decode's), into OUT
+  echo "== fused-MoE tiles at one token"
+  timeout 180 python3 bench/gpu/moe_sweep.py --shapes qwen3-30b-a3b,mixtral-8x7b,gpt-oss-20b --tokens 1 \
+    --output "$OUT/moe_configs.json" 2>&1 | grep -v Warning | tail -8
 fi
 want latency && bench latency_8b_bs1 240 latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 if [[ ",$MODE," == *",latencysync,"* ]]; then
