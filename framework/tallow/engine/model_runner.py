@@ -23,6 +23,8 @@ from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
+from .cache_groups import allocate_group, find_cache_groups
+from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
 
@@ -103,9 +105,11 @@ class HostBatch:
 
     ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
     (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``
-    used); ``i32`` holds the query offsets (``num_seqs + 1``), the sequence lengths
-    (``num_seqs``) and the block tables (``num_seqs x width``). A tensor-parallel driver sends
-    exactly these to its workers, which upload them as they are."""
+    used), then with several paged cache groups the slots of groups 1.. (``num_tokens`` each)
+    and with state groups each one's state slots (``num_seqs`` each); ``i32`` holds the query
+    offsets (``num_seqs + 1``), the sequence lengths (``num_seqs``) and the block tables
+    (``num_seqs x width`` per paged group). A tensor-parallel driver sends exactly these to
+    its workers, which upload them as they are."""
 
     i64: np.ndarray
     i32: np.ndarray
@@ -116,6 +120,8 @@ class HostBatch:
     width: int
     max_query_len: int
     max_seq_len: int
+    num_groups: int = 1
+    num_state_groups: int = 0
 
     @property
     def query_start_loc(self) -> list[int]:
@@ -165,7 +171,8 @@ class ModelRunner:
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
                  kv_codec: Any = None, sampler: Sampler | None = None,
-                 pooler: Any = None, grammar: Any = None) -> None:
+                 pooler: Any = None, grammar: Any = None,
+                 group_sizes: list[PagedGroupSize] | None = None) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
         #: only generates)
@@ -184,13 +191,27 @@ class ModelRunner:
         self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
         #: the engine's StructuredOutputs (grammar masks), None when it has none
         self.grammar = grammar
+        groups = find_cache_groups(model)
+        #: the paged cache groups (the first is the primary one) and the state groups
+        self.paged_groups = [g for g in groups if g.paged]
+        self.state_groups = [g for g in groups if not g.paged]
+        #: each paged group's pool (default: ``num_blocks`` each)
+        self.group_sizes = group_sizes or [PagedGroupSize(num_blocks, g.window)
+                                           for g in self.paged_groups]
+        if len(self.group_sizes) != len(self.paged_groups):
+            raise ValueError(f"{len(self.group_sizes)} group sizes for "
+                             f"{len(self.paged_groups)} paged cache groups")
+        #: per paged group, its layers' caches (the tensors blocks are copied in)
+        self.group_caches = [
+            allocate_group(g, self.kv_codec, size=size, block_size=block_size,
+                           model_dtype=dtype, device=device)
+            for g, size in zip(self.paged_groups, self.group_sizes)]
+        #: per state group, its layers' StateCaches (one slot per running sequence)
+        self.state_caches = [
+            allocate_group(g, self.kv_codec, size=max_num_seqs, block_size=block_size,
+                           model_dtype=dtype, device=device) for g in self.state_groups]
         self.layers = kv_layers(model)
-        self.kv_caches = kv_cache.allocate(self.kv_codec, [a.layer for a in self.layers],
-                                           num_blocks=num_blocks, block_size=block_size,
-                                           model_dtype=dtype, device=device,
-                                           checkpoint_scales=[a.kv_scales for a in self.layers])
-        for attn, cache in zip(self.layers, self.kv_caches):
-            attn.kv_cache = cache
+        self.kv_caches = [attn.kv_cache for attn in self.layers]
         self.graphs = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
@@ -200,13 +221,37 @@ class ModelRunner:
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
     # -----------------------------------------------------------------------------------
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: duplicate whole blocks (all layers) before they diverge."""
+    def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
+        """Copy-on-write: duplicate whole blocks (all layers of their group) before they
+        diverge; a pair ``(src, dst)`` is of the first paged group, ``(src, dst, group)`` of
+        another."""
         if not pairs:
             return
-        src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
-        dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
-        kv_cache.copy_blocks(self.kv_caches, src, dst)
+        by_group: dict[int, list[tuple[int, ...]]] = {}
+        for pair in pairs:
+            by_group.setdefault(pair[2] if len(pair) > 2 else 0, []).append(pair)
+        for group, own in by_group.items():
+            src = device_tensor([p[0] for p in own], torch.int64, self.device)
+            dst = device_tensor([p[1] for p in own], torch.int64, self.device)
+            caches = self.group_caches[group]
+            if caches and isinstance(caches[0], torch.Tensor):  # latent caches
+                for cache in caches:
+                    cache[dst] = cache[src]
+            else:
+                kv_cache.copy_blocks(caches, src, dst)
+
+    def apply_state_ops(self, resets: list[tuple[int, int]],
+                        copies: list[tuple[int, int, int]]) -> None:
+        """Zero the state slots sequences have just taken and copy forked completions'
+        states, before the forward that uses them."""
+        for group, slot in resets:
+            slots = torch.tensor([slot], dtype=torch.int64, device=self.device)
+            for cache in self.state_caches[group]:
+                cache.zero_slots(slots)
+        for group, src, dst in copies:
+            for cache in self.state_caches[group]:
+                for tensor in cache.tensors.values():
+                    tensor[dst].copy_(tensor[src])
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
@@ -253,20 +298,28 @@ class ModelRunner:
         num_sampled = sum(len(item.sample_seqs) for item in scheduled)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
         tables = [item.seq.block_ids for item in scheduled]
+        num_groups, num_states = len(self.paged_groups) or 1, len(self.state_groups)
+        group_tables = [[item.seq.block_tables[g] for item in scheduled]
+                        for g in range(1, num_groups)]
         # Wide enough for every block table (a table may run ahead of this step's tokens).
-        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs))
+        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs),
+                    *(len(t) for ts in group_tables for t in ts))
         # int64 layout: ids, positions, slots [num_tokens each], sampled rows [num_sampled],
-        # fed rows and their sources [at most one per sequence each].
+        # fed rows and their sources [at most one per sequence each], other groups' slots
+        # [num_tokens each], state slots [num_seqs per state group].
         fed_at = 3 * num_tokens + num_sampled
-        i64 = self._staging("i64", fed_at + 2 * num_seqs, np.int64)
+        extra_at = fed_at + 2 * num_seqs
+        i64 = self._staging("i64", extra_at + (num_groups - 1) * num_tokens
+                            + num_states * num_seqs, np.int64)
         ids, pos = i64[:num_tokens], i64[num_tokens:2 * num_tokens]
         slots = i64[2 * num_tokens:3 * num_tokens]
         sample_rows = i64[3 * num_tokens:fed_at]
-        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:]
-        i32 = self._staging("i32", 2 * num_seqs + 1 + num_seqs * width, np.int32)
+        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:extra_at]
+        table_at = 2 * num_seqs + 1
+        i32 = self._staging("i32", table_at + num_groups * num_seqs * width, np.int32)
         qsl = i32[:num_seqs + 1]
-        lens_arr = i32[num_seqs + 1:2 * num_seqs + 1]
-        table = i32[2 * num_seqs + 1:].reshape(num_seqs, width)
+        lens_arr = i32[num_seqs + 1:table_at]
+        table = i32[table_at:table_at + num_seqs * width].reshape(num_seqs, width)
         qsl[0] = 0
         np.cumsum(lens, out=qsl[1:])
         lens_arr[:] = seq_lens
@@ -306,9 +359,24 @@ class ModelRunner:
         num_fed = len(fed_list)
         if num_fed:
             fed_rows[:num_fed], fed_from[:num_fed] = zip(*fed_list)
+        if group_tables:
+            seq_of_row = np.repeat(np.arange(num_seqs), lens)
+            for g, own in enumerate(group_tables, start=1):
+                at = table_at + g * num_seqs * width
+                g_table = i32[at:at + num_seqs * width].reshape(num_seqs, width)
+                _fill_block_table(g_table, own)
+                g_slots = i64[extra_at + (g - 1) * num_tokens:extra_at + g * num_tokens]
+                g_slots[:] = g_table[seq_of_row, pos // bs].astype(np.int64) * bs + pos % bs
+        state_at = extra_at + (num_groups - 1) * num_tokens
+        for s, group in enumerate(self.state_groups):
+            dummy = self.max_num_seqs  # padding and sequences holding no slot
+            i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs] = [
+                item.seq.state_slots[s] if len(item.seq.state_slots) > s
+                and item.seq.state_slots[s] >= 0 else dummy for item in scheduled]
         return HostBatch(i64, i32, num_seqs=num_seqs, num_tokens=num_tokens,
                          num_sampled=num_sampled, num_fed=num_fed, width=width,
-                         max_query_len=max(lens), max_seq_len=max(seq_lens))
+                         max_query_len=max(lens), max_seq_len=max(seq_lens),
+                         num_groups=num_groups, num_state_groups=num_states)
 
     def stage(self, host: HostBatch) -> HostBatch:
         """``host`` (built elsewhere: a tensor-parallel worker receives it) copied into this
@@ -330,16 +398,30 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
+        table_at, table_len = 2 * num_seqs + 1, num_seqs * width
         meta = AttentionMetadata(
             num_seqs=num_seqs, num_tokens=num_tokens,
             query_start_loc=dev_i32[:num_seqs + 1],
-            seq_lens=dev_i32[num_seqs + 1:2 * num_seqs + 1],
-            block_tables=dev_i32[2 * num_seqs + 1:].view(num_seqs, width),
+            seq_lens=dev_i32[num_seqs + 1:table_at],
+            block_tables=dev_i32[table_at:table_at + table_len].view(num_seqs, width),
             slot_mapping=dev_i64[2 * num_tokens:3 * num_tokens],
             max_query_len=host.max_query_len, max_seq_len=host.max_seq_len,
             block_size=self.block_size,
             query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens,
         )
+        extra_at = fed_at + 2 * num_seqs
+        if host.num_groups > 1:
+            views = [meta]
+            for g in range(1, host.num_groups):
+                at = table_at + g * table_len
+                views.append(replace(
+                    meta, block_tables=dev_i32[at:at + table_len].view(num_seqs, width),
+                    slot_mapping=dev_i64[extra_at + (g - 1) * num_tokens:
+                                         extra_at + g * num_tokens]))
+            meta.group_views = views
+        state_at = extra_at + (host.num_groups - 1) * num_tokens
+        meta.state_slots = [dev_i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs]
+                            for s in range(host.num_state_groups)]
         batch = _Batch(dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta,
                        sample_rows=dev_i64[3 * num_tokens:fed_at])
         num_fed = host.num_fed
@@ -402,6 +484,8 @@ class ModelRunner:
             publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host),
                               pending.sampled_rows.plain_argmax)
         self.copy_blocks(out.blocks_to_copy)
+        if out.state_resets or out.state_copies:
+            self.apply_state_ops(out.state_resets, out.state_copies)
         if host is None:
             return pending
         batch = self.upload(host)
