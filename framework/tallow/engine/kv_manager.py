@@ -19,7 +19,8 @@ Copy-on-write copies of the primary group are ``(src, dst)`` pairs, those of ano
 group ``(src, dst, group)`` triples. A state slot is taken when a sequence is first given
 room (:meth:`append_slots`) and zeroed before the step that first uses it; a forked ``n > 1``
 completion takes a slot holding a copy of its parent's state. Those operations are handed to
-the scheduler's output through :meth:`pop_state_ops`.
+the scheduler's output, in the order they were decided (a slot copied to at a fork, given back
+and taken again must end zeroed), through :meth:`pop_state_ops`.
 """
 
 from __future__ import annotations
@@ -138,8 +139,7 @@ class KVCacheManager:
         self.states = [StatePool(n, i) for i, n in enumerate(state_slots)]
         self.max_step_tokens = max_step_tokens
         self._owners: dict[int, Sequence] = {}
-        self._resets: list[tuple[int, int]] = []
-        self._state_copies: list[tuple[int, int, int]] = []
+        self._state_ops: list[tuple[int, int, int]] = []
 
     # -- sizes (the primary group's) -------------------------------------------------------
     @property
@@ -283,7 +283,7 @@ class KVCacheManager:
                                                                           num_new_tokens))
         for pool in self.states:
             if pool.slot(seq) < 0:
-                self._resets.append((pool.index, pool.take(seq)))
+                self._state_ops.append((pool.index, -1, pool.take(seq)))
         self._owners[seq.seq_id] = seq
         return copies
 
@@ -291,7 +291,7 @@ class KVCacheManager:
         for group in self.groups:
             group.fork(parent, child)
         for pool in self.states:
-            self._state_copies.append((pool.index, pool.slot(parent), pool.take(child)))
+            self._state_ops.append((pool.index, pool.slot(parent), pool.take(child)))
         self._owners[child.seq_id] = child
 
     def free(self, seq: Sequence) -> None:
@@ -301,12 +301,12 @@ class KVCacheManager:
             pool.release(seq)
         self._owners.pop(seq.seq_id, None)
 
-    def pop_state_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-        """State slots to zero ``(group, slot)`` and to copy ``(group, src, dst)`` before the
-        next step's forward, in order; handed over once."""
-        resets, copies = self._resets, self._state_copies
-        self._resets, self._state_copies = [], []
-        return resets, copies
+    def pop_state_ops(self) -> list[tuple[int, int, int]]:
+        """``(group, src, dst)``: state slot ``dst`` of state group ``group`` takes a copy of
+        slot ``src``, or zeros when ``src`` is -1; to apply in order before the next step's
+        forward. Handed over once."""
+        ops, self._state_ops = self._state_ops, []
+        return ops
 
     # -- checking ---------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -240,18 +240,16 @@ class ModelRunner:
             else:
                 kv_cache.copy_blocks(caches, src, dst)
 
-    def apply_state_ops(self, resets: list[tuple[int, int]],
-                        copies: list[tuple[int, int, int]]) -> None:
-        """Zero the state slots sequences have just taken and copy forked completions'
-        states, before the forward that uses them."""
-        for group, slot in resets:
-            slots = torch.tensor([slot], dtype=torch.int64, device=self.device)
-            for cache in self.state_caches[group]:
-                cache.zero_slots(slots)
-        for group, src, dst in copies:
+    def apply_state_ops(self, ops: list[tuple[int, int, int]]) -> None:
+        """In order, zero the state slots sequences have just taken (``src`` -1) and copy
+        forked completions' states (``src`` to ``dst``), before the forward that uses them."""
+        for group, src, dst in ops:
             for cache in self.state_caches[group]:
                 for tensor in cache.tensors.values():
-                    tensor[dst].copy_(tensor[src])
+                    if src < 0:
+                        tensor[dst].zero_()
+                    else:
+                        tensor[dst].copy_(tensor[src])
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
@@ -484,8 +482,8 @@ class ModelRunner:
             publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host),
                               pending.sampled_rows.plain_argmax)
         self.copy_blocks(out.blocks_to_copy)
-        if out.state_resets or out.state_copies:
-            self.apply_state_ops(out.state_resets, out.state_copies)
+        if out.state_ops:
+            self.apply_state_ops(out.state_ops)
         if host is None:
             return pending
         batch = self.upload(host)

@@ -92,13 +92,13 @@ class ScheduledSeq:
 class SchedulerOutput:
     """The plan of one step. ``blocks_to_copy`` are copy-on-write copies (src, dst) to perform
     before the forward ((src, dst, group) for a paged group other than the first); with state
-    cache groups, ``state_resets`` (group, slot) are zeroed and ``state_copies`` (group, src,
-    dst) copied before it too. ``preempted`` lost their blocks this step (informational)."""
+    cache groups, ``state_ops`` (group, src, dst) are applied in order before it too: slot
+    ``dst`` takes a copy of slot ``src``, or zeros when ``src`` is -1. ``preempted`` lost their
+    blocks this step (informational)."""
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, ...]] = field(default_factory=list)
-    state_resets: list[tuple[int, int]] = field(default_factory=list)
-    state_copies: list[tuple[int, int, int]] = field(default_factory=list)
+    state_ops: list[tuple[int, int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     num_batched_tokens: int = 0
 
@@ -638,5 +638,5 @@ class _Step:
                               num_batched_tokens=sum(i.num_tokens for i in scheduled))
         pop_state_ops = getattr(self.s.block_manager, "pop_state_ops", None)
         if pop_state_ops is not None:
-            out.state_resets, out.state_copies = pop_state_ops()
+            out.state_ops = pop_state_ops()
         return out

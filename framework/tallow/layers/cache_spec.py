@@ -141,11 +141,6 @@ class StateCache:
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]
 
-    def zero_slots(self, slots: torch.Tensor) -> None:
-        """Reset the state of ``slots`` (a sequence starts from nothing)."""
-        for tensor in self.tensors.values():
-            tensor.index_fill_(0, slots, 0)
-
 
 @runtime_checkable
 class CacheLayer(Protocol):
