@@ -198,11 +198,11 @@ class BlockManager:
         the null block below the window of the first query, the cached blocks in it; None when
         one of those is not cached."""
         first = self.first_needed_block(blocks * self.block_size)
-        needed = cached[first:blocks]
-        if any(b is None for b in needed):
+        needed = [b for b in cached[first:blocks] if b is not None]
+        if len(needed) < blocks - first:
             return None
         null = self.null_block if self.null_block is not None else -1
-        return [null] * first + needed  # type: ignore[list-item]
+        return [null] * first + needed
 
     def allocate_prefix(self, seq: Sequence, prefix_hits: list[int] | None = None, *,
                         record_stats: bool = True) -> int:

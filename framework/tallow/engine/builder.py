@@ -229,14 +229,15 @@ def describe_layout(layout: list[Any]) -> str:
 
 
 def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
-                             codec_name: str, codec: Any,
-                             block_size: int) -> tuple[Entry, Any]:
+                             codec_name: str, codec: Any, block_size: int,
+                             sliding_groups: bool = True) -> tuple[Entry, Any]:
     """(entry, instance) of the attention backend that serves ``config``, the loaded model and
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
     start-up with its reasons (:class:`SelectionError`)."""
     layers = [a.layer for a in kv_layers(loaded.model)]
-    num_paged = sum(1 for g in find_cache_groups(loaded.model) if g.paged)
+    num_paged = sum(1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups)
+                    if g.paged)
     first = layers[0] if layers else None
     layout = kv_cache.layer_layout(
         codec, num_kv_heads=first.num_kv_heads if first else 1,
@@ -307,11 +308,17 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()(config)
     block_size = config.cache.block_size
+    # A tensor-parallel step message carries one group's block tables: sliding-window layers
+    # then share the full group (their blocks are kept until the sequence ends).
+    sliding_groups = parallel is None
     backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
-                                                      codec, block_size)
+                                                      codec, block_size, sliding_groups)
     cost = kv_cache.footprint(codec, [a.layer for a in kv_layers(loaded.model)],
                               block_size=block_size, model_dtype=loaded.dtype)
-    groups = find_cache_groups(loaded.model)
+    groups = find_cache_groups(loaded.model, sliding_groups=sliding_groups)
+    if parallel is not None and any(not g.paged for g in groups):
+        raise ValueError("tensor parallelism does not serve models with a recurrent state "
+                         "per sequence yet")
     max_num_seqs = config.scheduler.max_num_seqs
     block_bytes = [group_block_bytes(g, codec, block_size=block_size, model_dtype=loaded.dtype)
                    for g in groups if g.paged]
@@ -349,7 +356,7 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
-        grammar=structured, group_sizes=group_sizes or None,
+        grammar=structured, group_sizes=group_sizes or None, sliding_groups=sliding_groups,
     )
     if codec.calibrated:
         from .kv_calibration import calibrate_kv_codec

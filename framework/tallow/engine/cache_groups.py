@@ -29,7 +29,7 @@ import torch
 
 from tallow.kernels import kv_cache
 from tallow.layers import (
-    Attention, CacheSpec, LatentCacheSpec, RecurrentStateSpec, SlidingWindowSpec, StateCache,
+    Attention, CacheSpec, FullAttentionSpec, LatentCacheSpec, RecurrentStateSpec, SlidingWindowSpec, StateCache,
     cache_layers,
 )
 
@@ -69,12 +69,17 @@ def _order(group: CacheGroup) -> tuple[int, int]:
     return (0, 0)
 
 
-def find_cache_groups(model: torch.nn.Module) -> list[CacheGroup]:
+def find_cache_groups(model: torch.nn.Module, *,
+                      sliding_groups: bool = True) -> list[CacheGroup]:
     """The cache groups of ``model``, paged groups first (see the module docstring); attention
-    layers in a group are ordered by layer index."""
+    layers in a group are ordered by layer index. ``sliding_groups`` False puts sliding-window
+    layers in the full-attention group (their blocks are then kept, their attention still
+    masks by the window): a tensor-parallel step carries one group's tables."""
     by_key: dict[Hashable, CacheGroup] = {}
     for layer in cache_layers(model):
         spec = layer.cache_spec()
+        if not sliding_groups and isinstance(spec, SlidingWindowSpec):
+            spec = FullAttentionSpec(spec.num_kv_heads, spec.head_dim)
         group = by_key.setdefault(spec.group_key, CacheGroup(spec.group_key, spec))
         group.layers.append(layer)
     groups = sorted(by_key.values(), key=_order)
@@ -154,17 +159,18 @@ def allocate_group(group: CacheGroup, codec: Any, *, size: PagedGroupSize | int,
     state group's slot count)."""
     if not group.paged:
         num_slots = int(size)  # type: ignore[arg-type]
-        caches = []
+        states: list[Any] = []
         for layer in group.layers:
             tensors = {t.name: torch.zeros((num_slots + 1, *t.shape),
                                            dtype=t.dtype or model_dtype, device=device)
                        for t in group.spec.tensors}  # type: ignore[attr-defined]
             cache = StateCache(tensors, group.index, num_slots)
             layer.bind_cache(cache, group.index)
-            caches.append(cache)
-        return caches
+            states.append(cache)
+        return states
     assert isinstance(size, PagedGroupSize)
     rows = size.num_blocks + (size.window is not None)  # the null block of a sliding group
+    caches: list[Any]
     if isinstance(group.spec, LatentCacheSpec):
         dtype = group.spec.dtype or model_dtype
         caches = [torch.zeros(rows, block_size, group.spec.width, dtype=dtype, device=device)

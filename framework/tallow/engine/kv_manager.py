@@ -226,20 +226,23 @@ class KVCacheManager:
                 while k and group.window_hit(blocks, k) is None:
                     k -= 1
                     changed = True
-        tables = []
+        tables: list[list[int]] = []
         for group, blocks in zip(self.groups, cached):
-            table = blocks[:k] if group.window is None else group.window_hit(blocks, k)
+            table = ([b for b in blocks[:k] if b is not None] if group.window is None
+                     else group.window_hit(blocks, k))
             tables.append(list(table or []))
         return GroupHits(tables)
 
-    def _hits(self, prefix_hits: object, group: int) -> list[int]:
+    def _hits(self, prefix_hits: GroupHits | list[int] | tuple[int, ...] | None,
+              group: int) -> list[int]:
         if isinstance(prefix_hits, GroupHits):
             return prefix_hits.tables[group] if prefix_hits.tables else []
         if prefix_hits:
             raise ValueError("prefix hits of a KVCacheManager come from its get_prefix_hits")
         return []
 
-    def allocate_prefix(self, seq: Sequence, prefix_hits: GroupHits | None = None, *,
+    def allocate_prefix(self, seq: Sequence,
+                        prefix_hits: GroupHits | list[int] | None = None, *,
                         record_stats: bool = True) -> int:
         hits = self.get_prefix_hits(seq) if prefix_hits is None else prefix_hits
         cached = 0

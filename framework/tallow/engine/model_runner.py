@@ -172,7 +172,8 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
                  kv_codec: Any = None, sampler: Sampler | None = None,
                  pooler: Any = None, grammar: Any = None,
-                 group_sizes: list[PagedGroupSize] | None = None) -> None:
+                 group_sizes: list[PagedGroupSize] | None = None,
+                 sliding_groups: bool = True) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
         #: only generates)
@@ -191,7 +192,7 @@ class ModelRunner:
         self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
         #: the engine's StructuredOutputs (grammar masks), None when it has none
         self.grammar = grammar
-        groups = find_cache_groups(model)
+        groups = find_cache_groups(model, sliding_groups=sliding_groups)
         #: the paged cache groups (the first is the primary one) and the state groups
         self.paged_groups = [g for g in groups if g.paged]
         self.state_groups = [g for g in groups if not g.paged]

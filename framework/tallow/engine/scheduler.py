@@ -521,7 +521,7 @@ class _Step:
         item = self.s._item(seq, num_tokens, bucket is self.decodes)
         copies = self.s.block_manager.append_slots(seq, num_tokens)
         if copies:
-            self.copies[seq.seq_id] = copies
+            self.copies[seq.seq_id] = list(copies)
         bucket.append(item)
         self.items[seq.seq_id] = (bucket, item)
         self.budget -= num_tokens
