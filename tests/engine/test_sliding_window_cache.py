@@ -17,6 +17,7 @@ from tallow import LLM, SamplingParams
 from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
 from tallow.engine.sampling_params import SamplingParams as EngineParams
 from tallow.engine.scheduler import Scheduler
+from tallow.engine.sequence import Sequence
 
 WINDOW = 24  # tiny-mistral's sliding window
 BLOCK = 4
@@ -130,3 +131,20 @@ def test_gemma3_shaped_32k_sequence_holds_the_window_and_one_block():
     assert max(local_in_step) <= (window + chunk) // block + 1
     assert manager.num_free_blocks == manager.num_total_blocks
     assert manager.groups[1].num_free_blocks == manager.groups[1].num_total_blocks
+
+
+def test_uncomputed_prefix_registers_only_the_window_in_a_sliding_group():
+    """The benchmarks' synthetic context: a sliding group registers the blocks inside the
+    window before the prefix's end only, so a long context fits its small pool, and a
+    sequence with that prompt then hits the whole prefix."""
+    manager = KVCacheManager([PagedGroupSize(300), PagedGroupSize(12, 16)], block_size=4,
+                             enable_prefix_caching=True, max_step_tokens=8)
+    prompt = [(i * 7) % 50 for i in range(1001)]
+    assert manager.register_uncomputed_prefix(prompt) == 250
+    assert manager.groups[1].num_cached_blocks == 4  # window 16 = the last 4 blocks
+    seq = Sequence("r", 0, prompt, EngineParams(max_tokens=1))
+    hits = manager.get_prefix_hits(seq)
+    assert len(hits) == 250
+    assert manager.allocate_prefix(seq, hits) == 1000
+    assert manager.live_blocks(seq, 1) == 4
+    manager.check_invariants()

@@ -327,7 +327,10 @@ class BlockManager:
         for i in range((len(token_ids) - 1) // bs):  # the last token is always computed
             hashes.append(chain_hash(hashes[-1] if hashes else None,
                                      token_ids[i * bs:(i + 1) * bs]))
-        missing = [h for h in hashes if h not in self._cache]
+        # a windowed group needs only the blocks inside the window of the first query after
+        # the prefix (see KVCacheManager.get_prefix_hits)
+        first = self.first_needed_block(len(hashes) * bs)
+        missing = [h for h in hashes[first:] if h not in self._cache]
         if len(missing) > self.num_free_blocks:
             raise NoFreeBlocksError(f"the prefix needs {len(missing)} KV blocks, "
                                     f"{self.num_free_blocks} are free")
