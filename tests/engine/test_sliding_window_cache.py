@@ -148,3 +148,24 @@ def test_uncomputed_prefix_registers_only_the_window_in_a_sliding_group():
     assert manager.allocate_prefix(seq, hits) == 1000
     assert manager.live_blocks(seq, 1) == 4
     manager.check_invariants()
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_mistral_window_under_preemption(async_scheduling):
+    """A sliding pool of 14 blocks for three long sequences: they preempt one another (and are
+    recomputed), and the tokens equal those of a roomy engine that keeps every block."""
+    params = SamplingParams(temperature=0.0, max_tokens=30)
+    tight = LLM(model="random:tiny-mistral", dtype="float32", device="cpu", num_blocks=14,
+                block_size=BLOCK, max_model_len=512, prefill_chunk_size=8,
+                max_num_batched_tokens=16, async_scheduling=async_scheduling)
+    got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
+    roomy = _mistral(async_scheduling=async_scheduling)
+    _keep_every_block(roomy)
+    expected = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, params)]
+    assert got == expected
+    scheduler = tight.engine.core.scheduler
+    assert scheduler.num_preemptions > 0
+    manager = scheduler.block_manager
+    assert manager.groups[0].num_total_blocks == 14
+    assert manager.num_free_blocks == manager.num_total_blocks
+    manager.check_invariants()
