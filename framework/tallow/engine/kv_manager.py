@@ -140,6 +140,15 @@ class KVCacheManager:
         self.max_step_tokens = max_step_tokens
         self._owners: dict[int, Sequence] = {}
         self._state_ops: list[tuple[int, int, int]] = []
+        if len(self.groups) == 1 and not self.states:
+            # One paged group (most models): the scheduler's per-sequence calls go straight to
+            # its manager, adding no Python call per sequence and step.
+            bm = self.primary
+            self.can_allocate = bm.can_allocate  # type: ignore[method-assign,assignment]
+            self.append_slots = bm.append_slots  # type: ignore[method-assign,assignment]
+            self.mark_computed = bm.mark_computed  # type: ignore[method-assign]
+            self.fork = bm.fork  # type: ignore[method-assign]
+            self.free = bm.free  # type: ignore[method-assign]
 
     # -- sizes (the primary group's) -------------------------------------------------------
     @property
