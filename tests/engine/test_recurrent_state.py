@@ -88,10 +88,11 @@ def test_abort_gives_the_slot_back(model, expected, async_scheduling):
     assert_all_free(core)
 
 
-def test_forked_completions_copy_the_parent_state(model, expected):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_forked_completions_copy_the_parent_state(model, expected, async_scheduling):
     """n = 2: the second completion is forked at the end of the prompt and takes a slot
     holding a copy of the first one's state (greedy: both equal the reference)."""
-    core = build_core(model)
+    core = build_core(model, async_scheduling=async_scheduling, prefill_chunk_size=4)
     got = run_to_end(core, {"a": (PROMPTS["a"], greedy(n=2))})
     assert got["a"] == [expected["a"], expected["a"]]
     assert_all_free(core)
