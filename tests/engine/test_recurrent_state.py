@@ -50,7 +50,7 @@ def test_the_model_declares_one_state_group(model):
     runner = core.runner
     assert len(runner.state_groups) == 1 and len(runner.paged_groups) == 1
     assert isinstance(runner.state_groups[0].spec, RecurrentStateSpec)
-    cache = runner.state_caches[0][0]
+    cache = runner.caches.states[0][0]
     assert cache["h"].shape == (runner.max_num_seqs + 1, 32)  # the slots and the dummy
 
 

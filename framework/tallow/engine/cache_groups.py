@@ -28,6 +28,7 @@ from typing import Any, Hashable
 import torch
 
 from tallow.kernels import kv_cache
+from tallow.kernels.host import device_tensor
 from tallow.layers import (
     Attention, CacheSpec, FullAttentionSpec, LatentCacheSpec, RecurrentStateSpec, SlidingWindowSpec, StateCache,
     cache_layers,
@@ -35,8 +36,8 @@ from tallow.layers import (
 
 from .kv_manager import PagedGroupSize
 
-__all__ = ["CacheGroup", "find_cache_groups", "split_budget", "allocate_group",
-           "state_bytes"]
+__all__ = ["CacheGroup", "GroupCaches", "find_cache_groups", "split_budget",
+           "allocate_group", "state_bytes"]
 
 
 @dataclass
@@ -183,3 +184,59 @@ def allocate_group(group: CacheGroup, codec: Any, *, size: PagedGroupSize | int,
     for layer, cache in zip(group.layers, caches):
         layer.bind_cache(cache, group.index)
     return caches
+
+
+class GroupCaches:
+    """The tensors of every cache group of ``model``, allocated and bound to its layers: each
+    paged group's pool (``group_sizes``; default ``num_blocks`` each), ``num_slots`` state
+    slots per state group. The one owner of copying blocks and state slots between steps."""
+
+    def __init__(self, model: torch.nn.Module, codec: Any, *, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device, num_slots: int,
+                 group_sizes: list[PagedGroupSize] | None = None,
+                 sliding_groups: bool = True) -> None:
+        groups = find_cache_groups(model, sliding_groups=sliding_groups)
+        self.device = device
+        self.paged_groups = [g for g in groups if g.paged]
+        self.state_groups = [g for g in groups if not g.paged]
+        self.group_sizes = group_sizes or [PagedGroupSize(num_blocks, g.window)
+                                           for g in self.paged_groups]
+        if len(self.group_sizes) != len(self.paged_groups):
+            raise ValueError(f"{len(self.group_sizes)} group sizes for "
+                             f"{len(self.paged_groups)} paged cache groups")
+        #: per paged group, its layers' caches (the tensors blocks are copied in)
+        self.paged = [allocate_group(g, codec, size=size, block_size=block_size,
+                                     model_dtype=dtype, device=device)
+                      for g, size in zip(self.paged_groups, self.group_sizes)]
+        #: per state group, its layers' StateCaches
+        self.states = [allocate_group(g, codec, size=num_slots, block_size=block_size,
+                                      model_dtype=dtype, device=device)
+                       for g in self.state_groups]
+
+    def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
+        """Copy-on-write: duplicate whole blocks (all layers of their group) before they
+        diverge; a pair ``(src, dst)`` is of the first paged group, ``(src, dst, group)`` of
+        another."""
+        by_group: dict[int, list[tuple[int, ...]]] = {}
+        for pair in pairs:
+            by_group.setdefault(pair[2] if len(pair) > 2 else 0, []).append(pair)
+        for group, own in by_group.items():
+            src = device_tensor([p[0] for p in own], torch.int64, self.device)
+            dst = device_tensor([p[1] for p in own], torch.int64, self.device)
+            caches = self.paged[group]
+            if caches and isinstance(caches[0], torch.Tensor):  # latent caches
+                for cache in caches:
+                    cache[dst] = cache[src]
+            else:
+                kv_cache.copy_blocks(caches, src, dst)
+
+    def apply_state_ops(self, ops: list[tuple[int, int, int]]) -> None:
+        """In order, zero the state slots sequences have just taken (``src`` -1) and copy
+        forked completions' states (``src`` to ``dst``), before the forward that uses them."""
+        for group, src, dst in ops:
+            for cache in self.states[group]:
+                for tensor in cache.tensors.values():
+                    if src < 0:
+                        tensor[dst].zero_()
+                    else:
+                        tensor[dst].copy_(tensor[src])

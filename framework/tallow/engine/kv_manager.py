@@ -268,15 +268,19 @@ class KVCacheManager:
             group.mark_computed(seq, upto)
 
     def register_uncomputed_prefix(self, token_ids: list[int]) -> int:
-        """See :meth:`BlockManager.register_uncomputed_prefix` (every paged group)."""
-        return [g.register_uncomputed_prefix(token_ids) for g in self.groups][0]
+        """See :meth:`BlockManager.register_uncomputed_prefix`: in every paged group; returns
+        the primary group's count."""
+        counts = [g.register_uncomputed_prefix(token_ids) for g in self.groups]
+        return counts[0]
 
     def reset_stats(self) -> None:
         for group in self.groups:
             group.reset_stats()
 
     def reset_prefix_cache(self) -> int:
-        return [g.reset_prefix_cache() for g in self.groups][0]
+        """Forget every cached block of every group; returns the primary group's count."""
+        counts = [g.reset_prefix_cache() for g in self.groups]
+        return counts[0]
 
     # -- allocation -------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int,

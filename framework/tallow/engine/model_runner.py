@@ -17,13 +17,12 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
-from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
 
-from .cache_groups import allocate_group, find_cache_groups
+from .cache_groups import GroupCaches
 from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
@@ -192,25 +191,16 @@ class ModelRunner:
         self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
         #: the engine's StructuredOutputs (grammar masks), None when it has none
         self.grammar = grammar
-        groups = find_cache_groups(model, sliding_groups=sliding_groups)
-        #: the paged cache groups (the first is the primary one) and the state groups
-        self.paged_groups = [g for g in groups if g.paged]
-        self.state_groups = [g for g in groups if not g.paged]
-        #: each paged group's pool (default: ``num_blocks`` each)
-        self.group_sizes = group_sizes or [PagedGroupSize(num_blocks, g.window)
-                                           for g in self.paged_groups]
-        if len(self.group_sizes) != len(self.paged_groups):
-            raise ValueError(f"{len(self.group_sizes)} group sizes for "
-                             f"{len(self.paged_groups)} paged cache groups")
-        #: per paged group, its layers' caches (the tensors blocks are copied in)
-        self.group_caches = [
-            allocate_group(g, self.kv_codec, size=size, block_size=block_size,
-                           model_dtype=dtype, device=device)
-            for g, size in zip(self.paged_groups, self.group_sizes)]
-        #: per state group, its layers' StateCaches (one slot per running sequence)
-        self.state_caches = [
-            allocate_group(g, self.kv_codec, size=max_num_seqs, block_size=block_size,
-                           model_dtype=dtype, device=device) for g in self.state_groups]
+        #: the tensors of every cache group, bound to the model's layers
+        self.caches = GroupCaches(model, self.kv_codec, num_blocks=num_blocks,
+                                  block_size=block_size, dtype=dtype, device=device,
+                                  num_slots=max_num_seqs, group_sizes=group_sizes,
+                                  sliding_groups=sliding_groups)
+        #: the paged cache groups (the first is the primary one), their pools, the state
+        #: groups
+        self.paged_groups = self.caches.paged_groups
+        self.group_sizes = self.caches.group_sizes
+        self.state_groups = self.caches.state_groups
         self.layers = kv_layers(model)
         self.kv_caches = [attn.kv_cache for attn in self.layers]
         self.graphs = None  # a CudaGraphRunner once captured
@@ -223,34 +213,9 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
-        """Copy-on-write: duplicate whole blocks (all layers of their group) before they
-        diverge; a pair ``(src, dst)`` is of the first paged group, ``(src, dst, group)`` of
-        another."""
-        if not pairs:
-            return
-        by_group: dict[int, list[tuple[int, ...]]] = {}
-        for pair in pairs:
-            by_group.setdefault(pair[2] if len(pair) > 2 else 0, []).append(pair)
-        for group, own in by_group.items():
-            src = device_tensor([p[0] for p in own], torch.int64, self.device)
-            dst = device_tensor([p[1] for p in own], torch.int64, self.device)
-            caches = self.group_caches[group]
-            if caches and isinstance(caches[0], torch.Tensor):  # latent caches
-                for cache in caches:
-                    cache[dst] = cache[src]
-            else:
-                kv_cache.copy_blocks(caches, src, dst)
-
-    def apply_state_ops(self, ops: list[tuple[int, int, int]]) -> None:
-        """In order, zero the state slots sequences have just taken (``src`` -1) and copy
-        forked completions' states (``src`` to ``dst``), before the forward that uses them."""
-        for group, src, dst in ops:
-            for cache in self.state_caches[group]:
-                for tensor in cache.tensors.values():
-                    if src < 0:
-                        tensor[dst].zero_()
-                    else:
-                        tensor[dst].copy_(tensor[src])
+        """Copy-on-write before the forward (:meth:`GroupCaches.copy_blocks`)."""
+        if pairs:
+            self.caches.copy_blocks(pairs)
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
@@ -484,7 +449,7 @@ class ModelRunner:
                               pending.sampled_rows.plain_argmax)
         self.copy_blocks(out.blocks_to_copy)
         if out.state_ops:
-            self.apply_state_ops(out.state_ops)
+            self.caches.apply_state_ops(out.state_ops)
         if host is None:
             return pending
         batch = self.upload(host)
