@@ -189,9 +189,11 @@ class HostBatch:
 
     ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
     (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``
-    used); ``i32`` holds the query offsets (``num_seqs + 1``), the sequence lengths
-    (``num_seqs``) and the block tables (``num_seqs x width``). A tensor-parallel driver sends
-    exactly these to its workers, which upload them as they are."""
+    used), then with several paged cache groups the slots of groups 1.. (``num_tokens`` each)
+    and with state groups each one's state slots (``num_seqs`` each); ``i32`` holds the query
+    offsets (``num_seqs + 1``), the sequence lengths (``num_seqs``) and the block tables
+    (``num_seqs x width`` per paged group). A tensor-parallel driver sends exactly these to
+    its workers, which upload them as they are."""
 
     i64: np.ndarray
     i32: np.ndarray
@@ -202,6 +204,8 @@ class HostBatch:
     width: int
     max_query_len: int
     max_seq_len: int
+    num_groups: int = 1
+    num_state_groups: int = 0
 
     @property
     def query_start_loc(self) -> list[int]:

@@ -4,6 +4,16 @@ cache over full blocks.
 Only numbers live here; the runner owns the tensors. A sequence's block table
 (``seq.block_ids``) maps its token ``j`` to block ``block_ids[j // block_size]``.
 
+One manager serves one paged cache group (``group``: the index of the sequence's table in
+``seq.block_tables``); :class:`tallow.engine.kv_manager.KVCacheManager` composes one per group.
+A manager with a sliding ``window`` gives back, after each committed step
+(:meth:`mark_computed`), the blocks whose every token is older than the window of any future
+query: a query at position ``p`` reads keys ``k`` with ``p - k < window``, so once the
+sequence has ``c`` tokens committed, blocks wholly below ``c - window + 1`` are never read
+again. Their table entries then name the *null block* (id ``num_blocks``, one past the pool: a
+valid, never written block of the group's tensors), so kernels that iterate a table and mask
+never index out of bounds.
+
 Prefix cache: a *full* block whose K/V are computed is registered under a chained hash, the
 hash of (its parent block's hash, its token ids), so a hit on block ``i`` implies the whole
 prefix up to it matches. When the last reference to a cached block goes away the block is not
@@ -46,11 +56,22 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, *, group: int = 0,
+                 window: int | None = None) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive integer or None, got {window!r}")
         self.block_size = block_size
+        #: the index of this manager's table in ``seq.block_tables``
+        self.group = group
+        #: a sliding window (tokens): blocks older than it are given back while sequences run
+        self.window = window
+        #: the block that released table entries name (None without a window)
+        self.null_block: int | None = num_blocks if window is not None else None
+        #: seq_id -> leading table entries already given back (windowed managers)
+        self._released: dict[int, int] = {}
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._num_blocks = num_blocks
         self._ref = [0] * num_blocks
@@ -96,6 +117,31 @@ class BlockManager:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)
 
+    def _table(self, seq: Sequence) -> list[int]:
+        """``seq``'s block table in this manager's group."""
+        tables = seq.block_tables
+        while len(tables) <= self.group:
+            tables.append([])
+        registered = seq.registered_blocks
+        while len(registered) <= self.group:
+            registered.append(0)
+        return tables[self.group]
+
+    def _set_table(self, seq: Sequence, table: list[int], registered: int) -> None:
+        self._table(seq)
+        seq.block_tables[self.group] = table
+        seq.registered_blocks[self.group] = registered
+
+    @property
+    def max_seq_blocks(self) -> int | None:
+        """The most blocks one sequence holds at once, whatever its length (None: no bound,
+        it grows with the sequence)."""
+        return None
+
+    def live_blocks(self, seq: Sequence) -> int:
+        """Blocks ``seq`` holds in this group (entries naming the null block excluded)."""
+        return len(self._table(seq)) - self._released.get(seq.seq_id, 0)
+
     def ref_count(self, block_id: int) -> int:
         return self._ref[block_id]
 
@@ -135,6 +181,29 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def cached_blocks(self, seq: Sequence, limit: int) -> list[int | None]:
+        """For ``seq``'s first ``limit`` full blocks, the cached block holding each (None
+        where this group's cache has none). Pure lookup."""
+        return [self._cache.get(self._block_hash(seq, i)) for i in range(limit)]
+
+    def first_needed_block(self, num_tokens: int) -> int:
+        """The first block a query at position ``num_tokens`` (and any later one) reads: 0
+        without a window."""
+        if self.window is None:
+            return 0
+        return max(0, num_tokens - self.window + 1) // self.block_size
+
+    def window_hit(self, cached: list[int | None], blocks: int) -> list[int] | None:
+        """The table of a prefix hit of ``blocks`` full blocks given :meth:`cached_blocks`:
+        the null block below the window of the first query, the cached blocks in it; None when
+        one of those is not cached."""
+        first = self.first_needed_block(blocks * self.block_size)
+        needed = [b for b in cached[first:blocks] if b is not None]
+        if len(needed) < blocks - first:
+            return None
+        null = self.null_block if self.null_block is not None else -1
+        return [null] * first + needed
+
     def allocate_prefix(self, seq: Sequence, prefix_hits: list[int] | None = None, *,
                         record_stats: bool = True) -> int:
         """Attach cached blocks to a sequence that holds none; return the tokens they cover.
@@ -143,21 +212,28 @@ class BlockManager:
         ``prefix_hits`` is a fresh :meth:`get_prefix_hits` result, looked up if omitted.
         ``record_stats`` adds this lookup to :attr:`hit_rate`.
         """
-        if seq.block_ids or seq.num_computed_tokens:
+        if self._table(seq) or (seq.num_computed_tokens and self.group == 0):
             raise ValueError(f"allocate_prefix: sequence {seq.seq_id} already holds blocks "
                              f"or computed tokens")
         hits = self.get_prefix_hits(seq) if prefix_hits is None else list(prefix_hits)
+        null = self.null_block
         for i, block in enumerate(hits):
+            if block == null:
+                continue
             if self._hash[block] is None or self._hash[block] != self._block_hash(seq, i):
                 raise ValueError(f"allocate_prefix: block {block} is not the cached block "
                                  f"{i} of sequence {seq.seq_id}; look the prefix up again")
         for block in hits:
+            if block == null:
+                continue
             if self._ref[block] == 0:
                 del self._evictable[block]
             self._ref[block] += 1
         cached = len(hits) * self.block_size
-        seq.block_ids = hits
-        seq.num_registered_blocks = len(hits)
+        self._set_table(seq, hits, len(hits))
+        released = sum(1 for b in hits if b == null) if null is not None else 0
+        if released:
+            self._released[seq.seq_id] = released
         seq.num_computed_tokens = cached
         self._owners[seq.seq_id] = seq
         if record_stats and self.enable_prefix_caching:
@@ -173,23 +249,66 @@ class BlockManager:
         registered. A block whose contents are already cached under another block is left
         uncached (the first copy stays canonical).
         """
-        if not self.enable_prefix_caching:
-            return
-        if upto is not None and upto // self.block_size <= seq.num_registered_blocks:
+        if self.enable_prefix_caching:
+            self._register(seq, upto)
+        if self.window is not None:
+            self.release_outside_window(seq, seq.num_computed_tokens if upto is None
+                                        else min(upto, seq.num_computed_tokens))
+
+    def _register(self, seq: Sequence, upto: int | None) -> None:
+        table = self._table(seq)
+        registered = seq.registered_blocks[self.group]
+        if upto is not None and upto // self.block_size <= registered:
             return  # no block completed below ``upto``: the usual decode step, cheaply
         computed = min(seq.num_computed_tokens, seq.num_known_tokens)
         if upto is not None:
             computed = min(computed, upto)
-        full = min(computed // self.block_size, len(seq.block_ids))
-        if full <= seq.num_registered_blocks:
+        full = min(computed // self.block_size, len(table))
+        if full <= registered:
             return
-        for i in range(seq.num_registered_blocks, full):
+        null = self.null_block
+        for i in range(registered, full):
+            block = table[i]
+            if block == null:
+                continue
             h = self._block_hash(seq, i)
-            block = seq.block_ids[i]
             if self._hash[block] is None and h not in self._cache:
                 self._hash[block] = h
                 self._cache[h] = block
-        seq.num_registered_blocks = max(seq.num_registered_blocks, full)
+        seq.registered_blocks[self.group] = max(registered, full)
+
+    def release_outside_window(self, seq: Sequence, committed: int) -> int:
+        """Give back ``seq``'s blocks that no query at position ``committed`` or later reads
+        (see the module docstring); their entries name the null block. Returns how many.
+
+        ``committed`` counts tokens whose step is done on the host's side: with async
+        scheduling a step may still run on the device, but the blocks it reads lie at or above
+        its own start's window, and a block given back now is written only by a step queued
+        later on the same stream."""
+        if self.window is None:
+            return 0
+        table = self._table(seq)
+        first = min(self.first_needed_block(committed), len(table))
+        done = self._released.get(seq.seq_id, 0)
+        if first <= done:
+            return 0
+        null = self.null_block
+        for i in range(done, first):
+            block = table[i]
+            if block == null:
+                continue
+            self._drop_ref(block)
+            table[i] = null  # type: ignore[assignment]
+        self._released[seq.seq_id] = first
+        return first - done
+
+    def _drop_ref(self, block: int) -> None:
+        self._ref[block] -= 1
+        if self._ref[block] == 0:
+            if self._hash[block] is not None:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
 
     def register_uncomputed_prefix(self, token_ids: list[int]) -> int:
         """Register the full blocks of a prompt ``token_ids`` in the prefix cache *without
@@ -208,7 +327,10 @@ class BlockManager:
         for i in range((len(token_ids) - 1) // bs):  # the last token is always computed
             hashes.append(chain_hash(hashes[-1] if hashes else None,
                                      token_ids[i * bs:(i + 1) * bs]))
-        missing = [h for h in hashes if h not in self._cache]
+        # a windowed group needs only the blocks inside the window of the first query after
+        # the prefix (see KVCacheManager.get_prefix_hits)
+        first = self.first_needed_block(len(hashes) * bs)
+        missing = [h for h in hashes[first:] if h not in self._cache]
         if len(missing) > self.num_free_blocks:
             raise NoFreeBlocksError(f"the prefix needs {len(missing)} KV blocks, "
                                     f"{self.num_free_blocks} are free")
@@ -242,7 +364,7 @@ class BlockManager:
         if prefix_hits:
             start, table = len(prefix_hits) * self.block_size, prefix_hits
         else:
-            start, table = seq.num_computed_tokens, seq.block_ids
+            start, table = seq.num_computed_tokens, self._table(seq)
         end = start + num_new_tokens
         last = self.blocks_for(end)
         need = max(0, last - len(table))
@@ -265,11 +387,12 @@ class BlockManager:
             # bound settles almost every call without looking at the table.
             if free >= num_new_tokens // self.block_size + 2:
                 return True
-        elif seq.block_ids or seq.num_computed_tokens:
+        elif self._table(seq) or (seq.num_computed_tokens and self.group == 0):
             raise ValueError("can_allocate: prefix_hits only apply to a sequence holding no "
                              "blocks")
         else:
-            free -= sum(1 for b in prefix_hits if self._ref[b] == 0)
+            null = self.null_block
+            free -= sum(1 for b in prefix_hits if b != null and self._ref[b] == 0)
         return self._blocks_needed(seq, num_new_tokens, prefix_hits) <= free
 
     def _take(self) -> int:
@@ -296,7 +419,7 @@ class BlockManager:
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        table = seq.block_ids
+        table = self._table(seq)
         bs = self.block_size
         end = seq.num_computed_tokens + num_new_tokens
         if end <= len(table) * bs and self._ref[table[seq.num_computed_tokens // bs]] == 1 and (
@@ -326,15 +449,21 @@ class BlockManager:
         The child's tokens must start with the parent's computed tokens (children of a request
         share its prompt). Shared blocks are copied on the first write (:meth:`append_slots`).
         """
-        if child.block_ids or child.num_computed_tokens:
+        if self._table(child) or (child.num_computed_tokens and self.group == 0):
             raise ValueError(f"fork: child sequence {child.seq_id} already holds blocks")
         n = parent.num_computed_tokens
         if child.all_token_ids[:n] != parent.all_token_ids[:n]:
             raise ValueError(f"fork: sequence {child.seq_id} does not share the computed tokens "
                              f"of sequence {parent.seq_id}")
-        for block in parent.block_ids:
-            self._ref[block] += 1
-        child.block_ids = list(parent.block_ids)
+        table = self._table(parent)
+        null = self.null_block
+        for block in table:
+            if block != null:
+                self._ref[block] += 1
+        released = self._released.get(parent.seq_id)
+        if released:
+            self._released[child.seq_id] = released
+        self._set_table(child, list(table), 0)
         child.num_computed_tokens = n
         # Hashes of blocks with identical tokens are identical: reuse the parent's chain.
         same = 0
@@ -344,21 +473,18 @@ class BlockManager:
             same += 1
         if len(child.block_hashes) < same:
             child.block_hashes[:] = parent.block_hashes[:same]
-        child.num_registered_blocks = min(parent.num_registered_blocks, same)
+        child.registered_blocks[self.group] = min(parent.registered_blocks[self.group], same)
         self._owners[child.seq_id] = child
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references. Cached blocks no one references become evictable (tail
         blocks first in eviction order); others become free. Leaves num_computed_tokens alone."""
-        for block in reversed(seq.block_ids):
-            self._ref[block] -= 1
-            if self._ref[block] == 0:
-                if self._hash[block] is not None:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
-        seq.block_ids = []
-        seq.num_registered_blocks = 0
+        null = self.null_block
+        for block in reversed(self._table(seq)):
+            if block != null:
+                self._drop_ref(block)
+        self._set_table(seq, [], 0)
+        self._released.pop(seq.seq_id, None)
         self._owners.pop(seq.seq_id, None)
 
     # -- checking ------------------------------------------------------------------------
@@ -368,15 +494,25 @@ class BlockManager:
             raise AssertionError(f"BlockManager invariant: {msg}")
 
         counts = [0] * self._num_blocks
+        null = self.null_block
         for seq in self._owners.values():
-            if len(set(seq.block_ids)) != len(seq.block_ids):
-                fail(f"sequence {seq.seq_id} lists a block twice: {seq.block_ids}")
-            for block in seq.block_ids:
+            table = self._table(seq)
+            live = [b for b in table if b != null]
+            if len(set(live)) != len(live):
+                fail(f"sequence {seq.seq_id} lists a block twice: {table}")
+            released = self._released.get(seq.seq_id, 0)
+            if null is not None and any(b == null for b in table[released:]):
+                fail(f"sequence {seq.seq_id} names the null block past its released entries")
+            if null is not None and any(b != null for b in table[:released]):
+                fail(f"sequence {seq.seq_id} holds a released entry")
+            for block in live:
                 counts[block] += 1
-            if len(seq.block_ids) * self.block_size < seq.num_computed_tokens:
+            if len(table) * self.block_size < seq.num_computed_tokens:
                 fail(f"sequence {seq.seq_id} has {seq.num_computed_tokens} computed tokens in "
-                     f"{len(seq.block_ids)} blocks")
-            for i, block in enumerate(seq.block_ids):
+                     f"{len(table)} blocks")
+            for i, block in enumerate(table):
+                if block == null:
+                    continue
                 h = self._hash[block]
                 if h is not None and h != self._block_hash(seq, i):
                     fail(f"block {block} is cached under a hash that is not sequence "

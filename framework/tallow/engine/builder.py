@@ -6,7 +6,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -21,11 +21,12 @@ from tallow.plugin import Entry, SelectionError, select
 from tallow.plugin.manager import load_plugins
 
 from . import embedding_setup
-from .block_manager import BlockManager
+from .cache_groups import find_cache_groups, group_block_bytes, split_budget, state_bytes
 from .core import EngineCore
 from .cuda_graphs import CudaGraphRunner
 from .embedding import EmbeddingInfo
 from .kv_calibration import calibrate_kv_codec
+from .kv_manager import KVCacheManager, PagedGroupSize
 from .loader import LoadedModel, load_model, resolve_device
 from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
@@ -202,10 +203,15 @@ def select_kv_codec(registries: Any, config: Any) -> Entry:
 
 
 def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: Any,
-                     layout: list[Any]) -> list[str]:
+                     layout: list[Any], num_paged_groups: int = 1) -> list[str]:
     """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
-    K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can."""
+    K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can. A model
+    of several paged cache groups (sliding-window layers beside full ones) needs a backend
+    that reads each layer's group view of the step (``supports_cache_groups``)."""
     reasons = []
+    if num_paged_groups > 1 and not getattr(backend, "supports_cache_groups", False):
+        reasons.append(f"cannot run a model of {num_paged_groups} paged cache groups "
+                       "(layers with sliding windows beside full attention)")
     check_layer = getattr(backend, "supports_layer", None)
     if check_layer is not None:
         problems = sorted({r for layer in layers for r in check_layer(layer)})
@@ -228,13 +234,15 @@ def describe_layout(layout: list[Any]) -> str:
 
 
 def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
-                             codec_name: str, codec: Any,
-                             block_size: int) -> tuple[Entry, Any]:
+                             codec_name: str, codec: Any, block_size: int,
+                             sliding_groups: bool = True) -> tuple[Entry, Any]:
     """(entry, instance) of the attention backend that serves ``config``, the loaded model and
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
     start-up with its reasons (:class:`SelectionError`)."""
     layers = [a.layer for a in kv_layers(loaded.model)]
+    num_paged = sum(1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups)
+                    if g.paged)
     first = layers[0] if layers else None
     layout = kv_cache.layer_layout(
         codec, num_kv_heads=first.num_kv_heads if first else 1,
@@ -246,7 +254,7 @@ def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
         # Refusals are answered by an instance (it may depend on the backend's settings); the
         # chosen one is kept so that the backend is built only once.
         made[entry.name] = backend = entry.load()(config)
-        return backend_refusals(backend, layers, codec_name, codec, layout)
+        return backend_refusals(backend, layers, codec_name, codec, layout, num_paged)
 
     entry = select(registries.attention_backends, config, config.runner.attention_backend,
                    check=refusals)
@@ -266,6 +274,10 @@ class BuiltRunner:
     step_tokens: int
     num_blocks: int
     embedding: EmbeddingInfo | None = None
+    #: each paged cache group's pool (the first is ``num_blocks``), and the state groups'
+    #: slot counts
+    group_sizes: list[PagedGroupSize] = field(default_factory=list)
+    state_slots: list[int] = field(default_factory=list)
     #: the chosen KV codec's name and what its cache costs per token
     kv_codec: str = "auto"
     kv_footprint: kv_cache.KVFootprint | None = None
@@ -301,17 +313,38 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()(config)
     block_size = config.cache.block_size
+    # A tensor-parallel step message carries one group's block tables: sliding-window layers
+    # then share the full group (their blocks are kept until the sequence ends).
+    sliding_groups = parallel is None
     backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
-                                                      codec, block_size)
+                                                      codec, block_size, sliding_groups)
     cost = kv_cache.footprint(codec, [a.layer for a in kv_layers(loaded.model)],
                               block_size=block_size, model_dtype=loaded.dtype)
-    num_blocks = kv_budget_blocks(config, loaded, cost.bytes_per_block, max_model_len,
-                                  cost.fixed_bytes)
+    groups = find_cache_groups(loaded.model, sliding_groups=sliding_groups)
+    if parallel is not None and any(not g.paged for g in groups):
+        raise ValueError("tensor parallelism does not serve models with a recurrent state "
+                         "per sequence yet")
+    max_num_seqs = config.scheduler.max_num_seqs
+    block_bytes = [group_block_bytes(g, codec, block_size=block_size, model_dtype=loaded.dtype)
+                   for g in groups if g.paged]
+    num_blocks = kv_budget_blocks(config, loaded, max(1, sum(block_bytes)), max_model_len,
+                                  cost.fixed_bytes + state_bytes(groups, max_num_seqs,
+                                                                 loaded.dtype))
     if embed:
         num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
                                                    max_model_len)
     if parallel is not None:
         num_blocks = int(agree([num_blocks], "min")[0])
+    group_sizes = split_budget(groups, num_blocks, block_bytes, block_size=block_size,
+                               max_num_seqs=max_num_seqs, max_step_tokens=step_tokens,
+                               redistribute=not config.cache.num_blocks)
+    if group_sizes:
+        num_blocks = group_sizes[0].num_blocks
+    if len(group_sizes) > 1 or len(groups) > len(group_sizes):
+        log.info("cache groups: %s", "; ".join(
+            f"{type(g.spec).__name__} x{len(g.layers)}: "
+            + (f"{size.num_blocks} blocks" if g.paged else f"{max_num_seqs} state slots")
+            for g, size in zip(groups, group_sizes + [None] * len(groups))))
     log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
              "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
              cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
@@ -326,7 +359,7 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
         max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
         eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
-        grammar=structured,
+        grammar=structured, group_sizes=group_sizes or None, sliding_groups=sliding_groups,
     )
     if codec.calibrated:
         calibrate_kv_codec(runner, codec, tokenizer, vocab)
@@ -342,7 +375,9 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
             backend, "supports_cuda_graph", False):
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
     return BuiltRunner(loaded, tokenizer, runner, backend_entry, max_model_len, step_tokens,
-                       num_blocks, embedding, kv_codec=codec_entry.name, kv_footprint=cost)
+                       num_blocks, embedding, kv_codec=codec_entry.name, kv_footprint=cost,
+                       group_sizes=list(runner.group_sizes),
+                       state_slots=[max_num_seqs] * len(runner.state_groups))
 
 
 def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
@@ -370,9 +405,11 @@ def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
     structured = runner.grammar
     max_model_len = built.max_model_len
     # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
-    block_manager = BlockManager(built.num_blocks, config.cache.block_size,
-                                 enable_prefix_caching=config.cache.enable_prefix_caching
-                                 and not embed)
+    block_manager = KVCacheManager(built.group_sizes or [PagedGroupSize(built.num_blocks)],
+                                   block_size=config.cache.block_size,
+                                   enable_prefix_caching=config.cache.enable_prefix_caching
+                                   and not embed, state_slots=built.state_slots,
+                                   max_step_tokens=built.step_tokens)
     scheduler = Scheduler(
         block_manager, max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=built.step_tokens,

@@ -4,6 +4,8 @@ Every input of a decode step lives in a persistent device buffer; a replay only 
 step's values in. Graphs are captured with ``meta.max_seq_len = max_model_len`` so the attention
 kernels' launch grids cover any context; the kernels read the true per-sequence lengths from
 ``seq_lens``. Padding rows have slot -1 (nothing stored) and length 1 (finite, discarded).
+With several paged cache groups each group has its own persistent block tables and slots;
+with state groups each has persistent state slots, padding rows naming the dummy slot.
 Before every replay the attention backend's ``plan`` sees the graph's metadata with this
 step's host lengths (``cuda_graph`` set), so a backend that schedules on the host refills its
 own fixed buffers.
@@ -63,6 +65,17 @@ class CudaGraphRunner:
         self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
+        #: paged groups 1..: their block tables and slots (group 0's are the two above)
+        num_groups = max(1, len(getattr(runner, "paged_groups", ())))
+        self.group_tables = [torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
+                             for _ in range(num_groups - 1)]
+        self.group_slots = [torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
+                            for _ in range(num_groups - 1)]
+        #: per state group, each row's state slot (padding rows: the dummy slot)
+        self.dummy_slot = runner.max_num_seqs
+        self.state_slots = [torch.full((max_batch,), self.dummy_slot, dtype=torch.int64,
+                                       device=dev)
+                            for _ in getattr(runner, "state_groups", ())]
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -78,13 +91,19 @@ class CudaGraphRunner:
 
     def _meta(self, bs: int) -> AttentionMetadata:
         r = self.runner
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             num_seqs=bs, num_tokens=bs, query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
             slot_mapping=self.slot_mapping[:bs], max_query_len=1, max_seq_len=r.max_model_len,
             block_size=r.block_size, query_start_loc_cpu=list(range(bs + 1)),
             seq_lens_cpu=[1] * bs, cuda_graph=True,
         )
+        if self.group_tables:
+            meta.group_views = [meta] + [
+                dataclasses.replace(meta, block_tables=table[:bs], slot_mapping=slots[:bs])
+                for table, slots in zip(self.group_tables, self.group_slots)]
+        meta.state_slots = [slots[:bs] for slots in self.state_slots]
+        return meta
 
     @classmethod
     @torch.inference_mode()
@@ -129,6 +148,10 @@ class CudaGraphRunner:
         """Seconds per replay of each graph with every row padding (no KV written)."""
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
+        for slots in self.group_slots:
+            slots.fill_(-1)
+        for slots in self.state_slots:
+            slots.fill_(self.dummy_slot)
         times = {}
         for size, graph in self.graphs.items():
             self._plan(self.metas[size])
@@ -156,6 +179,16 @@ class CudaGraphRunner:
         self.seq_lens[:bs].copy_(meta.seq_lens, non_blocking=True)
         width = meta.block_tables.shape[1]
         self.block_tables[:bs, :width].copy_(meta.block_tables, non_blocking=True)
+        for g, (table, slots) in enumerate(zip(self.group_tables, self.group_slots), start=1):
+            view = meta.group(g)
+            table[:bs, :width].copy_(view.block_tables, non_blocking=True)
+            slots[:bs].copy_(view.slot_mapping, non_blocking=True)
+            if size > bs:
+                slots[bs:size].fill_(-1)
+        for buffer, slots in zip(self.state_slots, meta.state_slots):
+            buffer[:bs].copy_(slots, non_blocking=True)
+            if size > bs:
+                buffer[bs:size].fill_(self.dummy_slot)
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)
             self.seq_lens[bs:size].fill_(1)

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from tallow.kernels import argmax_rows
-from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.layers import Attention, AttentionMetadata, forward_context
 from tallow.types import HostBatch
 
+from .cache_groups import GroupCaches
+from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
 
@@ -136,7 +137,9 @@ class ModelRunner:
                  num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
                  kv_codec: Any = None, sampler: Sampler | None = None,
-                 pooler: Any = None, grammar: Any = None) -> None:
+                 pooler: Any = None, grammar: Any = None,
+                 group_sizes: list[PagedGroupSize] | None = None,
+                 sliding_groups: bool = True) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
         #: only generates)
@@ -155,13 +158,18 @@ class ModelRunner:
         self.kv_codec = kv_codec if kv_codec is not None else AutoKVCodec()
         #: the engine's StructuredOutputs (grammar masks), None when it has none
         self.grammar = grammar
+        #: the tensors of every cache group, bound to the model's layers
+        self.caches = GroupCaches(model, self.kv_codec, num_blocks=num_blocks,
+                                  block_size=block_size, dtype=dtype, device=device,
+                                  num_slots=max_num_seqs, group_sizes=group_sizes,
+                                  sliding_groups=sliding_groups)
+        #: the paged cache groups (the first is the primary one), their pools, the state
+        #: groups
+        self.paged_groups = self.caches.paged_groups
+        self.group_sizes = self.caches.group_sizes
+        self.state_groups = self.caches.state_groups
         self.layers = kv_layers(model)
-        self.kv_caches = kv_cache.allocate(self.kv_codec, [a.layer for a in self.layers],
-                                           num_blocks=num_blocks, block_size=block_size,
-                                           model_dtype=dtype, device=device,
-                                           checkpoint_scales=[a.kv_scales for a in self.layers])
-        for attn, cache in zip(self.layers, self.kv_caches):
-            attn.kv_cache = cache
+        self.kv_caches = [attn.kv_cache for attn in self.layers]
         self.graphs = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
@@ -171,13 +179,10 @@ class ModelRunner:
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
     # -----------------------------------------------------------------------------------
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: duplicate whole blocks (all layers) before they diverge."""
-        if not pairs:
-            return
-        src = device_tensor([p[0] for p in pairs], torch.int64, self.device)
-        dst = device_tensor([p[1] for p in pairs], torch.int64, self.device)
-        kv_cache.copy_blocks(self.kv_caches, src, dst)
+    def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
+        """Copy-on-write before the forward (:meth:`GroupCaches.copy_blocks`)."""
+        if pairs:
+            self.caches.copy_blocks(pairs)
 
     def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
@@ -224,20 +229,28 @@ class ModelRunner:
         num_sampled = sum(len(item.sample_seqs) for item in scheduled)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
         tables = [item.seq.block_ids for item in scheduled]
+        num_groups, num_states = len(self.paged_groups) or 1, len(self.state_groups)
+        group_tables = [[item.seq.block_tables[g] for item in scheduled]
+                        for g in range(1, num_groups)]
         # Wide enough for every block table (a table may run ahead of this step's tokens).
-        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs))
+        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs),
+                    *(len(t) for ts in group_tables for t in ts))
         # int64 layout: ids, positions, slots [num_tokens each], sampled rows [num_sampled],
-        # fed rows and their sources [at most one per sequence each].
+        # fed rows and their sources [at most one per sequence each], other groups' slots
+        # [num_tokens each], state slots [num_seqs per state group].
         fed_at = 3 * num_tokens + num_sampled
-        i64 = self._staging("i64", fed_at + 2 * num_seqs, np.int64)
+        extra_at = fed_at + 2 * num_seqs
+        i64 = self._staging("i64", extra_at + (num_groups - 1) * num_tokens
+                            + num_states * num_seqs, np.int64)
         ids, pos = i64[:num_tokens], i64[num_tokens:2 * num_tokens]
         slots = i64[2 * num_tokens:3 * num_tokens]
         sample_rows = i64[3 * num_tokens:fed_at]
-        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:]
-        i32 = self._staging("i32", 2 * num_seqs + 1 + num_seqs * width, np.int32)
+        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:extra_at]
+        table_at = 2 * num_seqs + 1
+        i32 = self._staging("i32", table_at + num_groups * num_seqs * width, np.int32)
         qsl = i32[:num_seqs + 1]
-        lens_arr = i32[num_seqs + 1:2 * num_seqs + 1]
-        table = i32[2 * num_seqs + 1:].reshape(num_seqs, width)
+        lens_arr = i32[num_seqs + 1:table_at]
+        table = i32[table_at:table_at + num_seqs * width].reshape(num_seqs, width)
         qsl[0] = 0
         np.cumsum(lens, out=qsl[1:])
         lens_arr[:] = seq_lens
@@ -277,9 +290,24 @@ class ModelRunner:
         num_fed = len(fed_list)
         if num_fed:
             fed_rows[:num_fed], fed_from[:num_fed] = zip(*fed_list)
+        if group_tables:
+            seq_of_row = np.repeat(np.arange(num_seqs), lens)
+            for g, own in enumerate(group_tables, start=1):
+                at = table_at + g * num_seqs * width
+                g_table = i32[at:at + num_seqs * width].reshape(num_seqs, width)
+                _fill_block_table(g_table, own)
+                g_slots = i64[extra_at + (g - 1) * num_tokens:extra_at + g * num_tokens]
+                g_slots[:] = g_table[seq_of_row, pos // bs].astype(np.int64) * bs + pos % bs
+        state_at = extra_at + (num_groups - 1) * num_tokens
+        for s, group in enumerate(self.state_groups):
+            dummy = self.max_num_seqs  # padding and sequences holding no slot
+            i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs] = [
+                item.seq.state_slots[s] if len(item.seq.state_slots) > s
+                and item.seq.state_slots[s] >= 0 else dummy for item in scheduled]
         return HostBatch(i64, i32, num_seqs=num_seqs, num_tokens=num_tokens,
                          num_sampled=num_sampled, num_fed=num_fed, width=width,
-                         max_query_len=max(lens), max_seq_len=max(seq_lens))
+                         max_query_len=max(lens), max_seq_len=max(seq_lens),
+                         num_groups=num_groups, num_state_groups=num_states)
 
     def stage(self, host: HostBatch) -> HostBatch:
         """``host`` (built elsewhere: a tensor-parallel worker receives it) copied into this
@@ -301,16 +329,30 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()
+        table_at, table_len = 2 * num_seqs + 1, num_seqs * width
         meta = AttentionMetadata(
             num_seqs=num_seqs, num_tokens=num_tokens,
             query_start_loc=dev_i32[:num_seqs + 1],
-            seq_lens=dev_i32[num_seqs + 1:2 * num_seqs + 1],
-            block_tables=dev_i32[2 * num_seqs + 1:].view(num_seqs, width),
+            seq_lens=dev_i32[num_seqs + 1:table_at],
+            block_tables=dev_i32[table_at:table_at + table_len].view(num_seqs, width),
             slot_mapping=dev_i64[2 * num_tokens:3 * num_tokens],
             max_query_len=host.max_query_len, max_seq_len=host.max_seq_len,
             block_size=self.block_size,
             query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens,
         )
+        extra_at = fed_at + 2 * num_seqs
+        if host.num_groups > 1:
+            views = [meta]
+            for g in range(1, host.num_groups):
+                at = table_at + g * table_len
+                views.append(replace(
+                    meta, block_tables=dev_i32[at:at + table_len].view(num_seqs, width),
+                    slot_mapping=dev_i64[extra_at + (g - 1) * num_tokens:
+                                         extra_at + g * num_tokens]))
+            meta.group_views = views
+        state_at = extra_at + (host.num_groups - 1) * num_tokens
+        meta.state_slots = [dev_i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs]
+                            for s in range(host.num_state_groups)]
         batch = _Batch(dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta,
                        sample_rows=dev_i64[3 * num_tokens:fed_at])
         num_fed = host.num_fed
@@ -373,6 +415,8 @@ class ModelRunner:
             publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host),
                               pending.sampled_rows.plain_argmax)
         self.copy_blocks(out.blocks_to_copy)
+        if out.state_ops:
+            self.caches.apply_state_ops(out.state_ops)
         if host is None:
             return pending
         batch = self.upload(host)

@@ -83,6 +83,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                        rope_scaling={"rope_type": "linear", "factor": 8.0},
                        max_position_embeddings=131072, rms_norm_eps=1e-6,
                        tie_word_embeddings=True),
+    # A few-MB Mistral: every layer a 24-token sliding window, so CPU tests cross it.
+    "tiny-mistral": dict(architectures=["MistralForCausalLM"], hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, rope_theta=10000.0,
+                         max_position_embeddings=2048, rms_norm_eps=1e-5, sliding_window=24,
+                         tie_word_embeddings=False),
     # A few-MB model of the llama shape family, for CPU tests of the random path itself.
     "tiny-llama": dict(architectures=["LlamaForCausalLM"], hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -50,6 +50,7 @@ from operator import attrgetter
 from typing import Callable
 
 from .block_manager import BlockManager
+from .kv_manager import KVCacheManager
 from .errors import AdmissionError, QueueFullError
 from .sampling.params import SamplingParams
 from .sequence import Request, Sequence, SequenceStatus
@@ -90,10 +91,14 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     """The plan of one step. ``blocks_to_copy`` are copy-on-write copies (src, dst) to perform
-    before the forward; ``preempted`` lost their blocks this step (informational)."""
+    before the forward ((src, dst, group) for a paged group other than the first); with state
+    cache groups, ``state_ops`` (group, src, dst) are applied in order before it too: slot
+    ``dst`` takes a copy of slot ``src``, or zeros when ``src`` is -1. ``preempted`` lost their
+    blocks this step (informational)."""
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, ...]] = field(default_factory=list)
+    state_ops: list[tuple[int, int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     num_batched_tokens: int = 0
 
@@ -130,7 +135,7 @@ def _positive_int(name: str, value: object) -> int:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
+    def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, prefill_chunk_size: int | None,
                  max_model_len: int, policy: str = "fcfs",
                  max_waiting: int | None = None) -> None:
@@ -202,7 +207,7 @@ class Scheduler:
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the context length max_model_len={self.max_model_len} (the KV "
                 f"cache holds {bm.capacity_tokens} tokens)", field="prompt")
-        if bm.blocks_for(length + (not pooling)) > bm.num_total_blocks:
+        if length + (not pooling) > bm.capacity_tokens:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the KV cache capacity of {bm.capacity_tokens} tokens "
@@ -379,7 +384,7 @@ class Scheduler:
 
     def _check_fits_alone(self, seq: Sequence) -> None:
         bm = self.block_manager
-        if bm.blocks_for(seq.num_tokens) > bm.num_total_blocks:
+        if seq.num_tokens > bm.capacity_tokens:
             raise RuntimeError(
                 f"sequence {seq.seq_id} of request {seq.request_id!r} has {seq.num_tokens} "
                 f"tokens, more than the KV cache holds ({bm.capacity_tokens}); the engine "
@@ -504,7 +509,7 @@ class _Step:
         self.decodes: list[ScheduledSeq] = []
         self.prefills: list[ScheduledSeq] = []
         self.admitted: list[ScheduledSeq] = []
-        self.copies: dict[int, list[tuple[int, int]]] = {}
+        self.copies: dict[int, list[tuple[int, ...]]] = {}
         self.items: dict[int, tuple[list[ScheduledSeq], ScheduledSeq]] = {}
         self.preempted: list[Sequence] = []
         #: blocks the running sequences of known length will still claim (see admit_waiting)
@@ -516,7 +521,7 @@ class _Step:
         item = self.s._item(seq, num_tokens, bucket is self.decodes)
         copies = self.s.block_manager.append_slots(seq, num_tokens)
         if copies:
-            self.copies[seq.seq_id] = copies
+            self.copies[seq.seq_id] = list(copies)
         bucket.append(item)
         self.items[seq.seq_id] = (bucket, item)
         self.budget -= num_tokens
@@ -628,6 +633,10 @@ class _Step:
         scheduled = self.decodes + self.prefills + self.admitted
         copies = ([pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
                   if self.copies else [])
-        return SchedulerOutput(scheduled=scheduled, blocks_to_copy=copies,
-                               preempted=self.preempted,
-                               num_batched_tokens=sum(i.num_tokens for i in scheduled))
+        out = SchedulerOutput(scheduled=scheduled, blocks_to_copy=copies,
+                              preempted=self.preempted,
+                              num_batched_tokens=sum(i.num_tokens for i in scheduled))
+        pop_state_ops = getattr(self.s.block_manager, "pop_state_ops", None)
+        if pop_state_ops is not None:
+            out.state_ops = pop_state_ops()
+        return out

@@ -80,7 +80,11 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    #: one block table per paged cache group (owned by the block managers); ``block_ids`` is
+    #: the first group's
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]], repr=False)
+    #: per state cache group, the state slot the sequence holds (-1: none)
+    state_slots: list[int] = field(default_factory=list, repr=False)
     #: prompt tokens served by the prefix cache at its first admission
     num_cached_tokens: int = 0
     finish_reason: str | None = None
@@ -94,8 +98,9 @@ class Sequence:
     # Chained hashes of its full blocks of tokens, computed lazily; tokens never change once
     # appended, so these stay valid across preemptions.
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
-    #: how many leading blocks mark_computed has already offered to the prefix cache
-    num_registered_blocks: int = field(default=0, repr=False)
+    #: per paged group, how many leading blocks mark_computed has already offered to the
+    #: prefix cache (``num_registered_blocks`` is the first group's)
+    registered_blocks: list[int] = field(default_factory=lambda: [0], repr=False)
     #: trailing outputs that are placeholders for tokens still on the device (async scheduling)
     num_pending_tokens: int = 0
     #: an embedding request: its prompt is computed whole in one step and pooled; it samples
@@ -113,6 +118,24 @@ class Sequence:
 
     def __hash__(self) -> int:
         return hash(self.seq_id)
+
+    # -- cache tables ----------------------------------------------------------------------
+    @property
+    def block_ids(self) -> list[int]:
+        """The block table of the first paged cache group."""
+        return self.block_tables[0]
+
+    @block_ids.setter
+    def block_ids(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
+    @property
+    def num_registered_blocks(self) -> int:
+        return self.registered_blocks[0]
+
+    @num_registered_blocks.setter
+    def num_registered_blocks(self, count: int) -> None:
+        self.registered_blocks[0] = count
 
     # -- tokens ------------------------------------------------------------------------
     @property

@@ -5,6 +5,10 @@ from .attention import (
     Attention, AttentionLayer, AttentionMetadata, ForwardContext, forward_context,
     get_forward_context,
 )
+from .cache_spec import (
+    CacheLayer, CacheSpec, FullAttentionSpec, LatentCacheSpec, RecurrentStateSpec,
+    SlidingWindowSpec, StateCache, StateTensorSpec, cache_layers,
+)
 from .causal_lm import CausalLM, default_weight_loader
 from .embedding import LMHead, VocabEmbedding
 from .encoder import EncoderModel
@@ -37,7 +41,9 @@ from .sharded_norm import ShardedRMSNorm
 
 __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
-    "get_forward_context", "ArchConfig", "BuildContext",
+    "get_forward_context", "CacheLayer", "CacheSpec", "FullAttentionSpec", "LatentCacheSpec",
+    "RecurrentStateSpec", "SlidingWindowSpec", "StateCache", "StateTensorSpec", "cache_layers",
+    "ArchConfig", "BuildContext",
     "CausalLM", "default_weight_loader", "EncoderModel",
     "Pooler", "pool_hidden", "POOLING_MODES",
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",

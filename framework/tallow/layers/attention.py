@@ -9,11 +9,13 @@ chosen :class:`tallow.plugin.AttentionBackend` does the work.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
+
+from .cache_spec import CacheSpec, FullAttentionSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from tallow.kernels.kv_cache import LayerKVCache
@@ -48,10 +50,20 @@ class AttentionMetadata:
     #: rows: the device tensors above are that graph's fixed buffers (see
     #: :meth:`tallow.plugin.AttentionBackend.plan`).
     cuda_graph: bool = False
+    #: with several paged cache groups, each group's view of the step: the same rows and
+    #: lengths with that group's ``block_tables`` and ``slot_mapping`` (view 0 is this
+    #: metadata itself). Empty when the model has one paged group.
+    group_views: list["AttentionMetadata"] = field(default_factory=list, repr=False)
+    #: per state group, the state slot of each sequence of the step (int64 [B], device)
+    state_slots: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def group(self, index: int) -> "AttentionMetadata":
+        """The view of paged cache group ``index`` (see :attr:`group_views`)."""
+        return self.group_views[index] if self.group_views else self
 
 
 @dataclass(frozen=True)
@@ -143,9 +155,22 @@ class Attention(nn.Module):
             causal=bool(causal),
         )
         self.kv_cache: LayerKVCache | None = None
+        #: the paged cache group whose block tables this layer reads (set by bind_cache)
+        self.cache_group = 0
         #: scales of this layer's K and V cache read from a checkpoint (``"k"``, ``"v"``: one
         #: value, or one per KV head), handed to the KV codec (``use_checkpoint_scales``)
         self.kv_scales: dict[str, torch.Tensor] = {}
+
+    def cache_spec(self) -> CacheSpec:
+        """Paged K/V, of a sliding window when the layer has one."""
+        spec = self.layer
+        if spec.sliding_window:
+            return SlidingWindowSpec(spec.num_kv_heads, spec.head_dim, spec.sliding_window)
+        return FullAttentionSpec(spec.num_kv_heads, spec.head_dim)
+
+    def bind_cache(self, cache: "LayerKVCache", group: int) -> None:
+        self.kv_cache = cache
+        self.cache_group = group
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
@@ -159,7 +184,7 @@ class Attention(nn.Module):
             k.view(n, spec.num_kv_heads, spec.head_dim),
             v.view(n, spec.num_kv_heads, spec.head_dim),
             self.kv_cache,
-            ctx.meta,
+            ctx.meta.group(self.cache_group),
         )
         return out.reshape(n, spec.num_heads * spec.head_dim)
 

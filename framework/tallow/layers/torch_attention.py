@@ -22,6 +22,9 @@ class TorchAttentionBackend(AttentionBackend):
     supports_cuda_graph: ClassVar[bool] = False
     fused_kv_codecs: ClassVar[frozenset[str]] = frozenset()
     uses_codec_reference: ClassVar[bool] = True
+    #: reads each layer's own cache group view of a step (sliding-window groups whose blocks
+    #: are freed, beside full ones): every call takes its block tables from the metadata given
+    supports_cache_groups: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

@@ -144,6 +144,9 @@ class TritonAttentionBackend(AttentionBackend):
     name: ClassVar[str] = "triton"
     supports_cuda_graph: ClassVar[bool] = True
     fused_kv_codecs: ClassVar[frozenset[str]] = CAST_CODECS | TURBO_CODECS
+    #: reads each layer's own cache group view of a step (sliding-window groups whose blocks
+    #: are freed, beside full ones): every call takes its block tables from the metadata given
+    supports_cache_groups: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

@@ -4,7 +4,8 @@ Both read the same ``.gguf`` (transformers through ``from_pretrained(dir, gguf_f
 dequantizing to float32; tallow through tallow-gguf, dequantizing at load on the CPU) and
 decode greedily from the same token ids on CPU in float32; the tokens must be identical. One
 prompt is longer than the model's 512-token sliding window and is prefilled in chunks; it runs
-twice, the second time from the prefix cache. The GGUF tokenizer itself is checked against
+twice, the second time from the prefix cache. Its local layers' cache group gives back the
+blocks outside their window while it runs (checked after every committed step). The GGUF tokenizer itself is checked against
 transformers in tallow-gguf's tests (``test_gemma_gguf.py``).
 """
 
@@ -61,9 +62,30 @@ def _hf_greedy(model, ids: list[int]) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+def _watch_local_blocks(llm) -> tuple[list[int], int, int]:
+    """After every committed step, the blocks a sequence holds for its committed tokens in the
+    sliding-window group; and that group's window and block size."""
+    manager = llm.engine.core.scheduler.block_manager
+    local = [i for i, g in enumerate(manager.groups) if g.window is not None]
+    assert len(manager.groups) == 2 and len(local) == 1, "a full and a sliding group"
+    group = manager.groups[local[0]]
+    seen: list[int] = []
+    mark = manager.mark_computed
+
+    def mark_and_count(seq, upto=None):
+        mark(seq, upto)
+        table = seq.block_tables[local[0]][:-(-upto // group.block_size)]
+        seen.append(sum(1 for b in table if b != group.null_block))
+
+    manager.mark_computed = mark_and_count
+    return seen, group.window, group.block_size
+
+
 def test_greedy_tokens_identical_to_transformers(llm, hf_model):
     from tallow import SamplingParams
 
+    local_blocks, window, block = _watch_local_blocks(llm)
+    assert window == 512
     tok = llm.get_tokenizer()
     long = tok.encode(STORY * 30)
     assert len(long) > 512 + 64, "the long prompt must outrun the 512-token window"
@@ -78,6 +100,9 @@ def test_greedy_tokens_identical_to_transformers(llm, hf_model):
     again = llm.generate([long], params)[0]
     assert again.outputs[0].token_ids == outs[-1].outputs[0].token_ids
     assert again.num_cached_tokens >= 512
+    # the local layers held their window and one block, never the whole long prompt
+    assert max(local_blocks) <= window // block + 1
+    assert max(local_blocks) < -(-len(long) // block)
 
 
 def test_answers_in_text(llm):
