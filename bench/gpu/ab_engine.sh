@@ -7,7 +7,7 @@
 # BASEDIR holds the base commit's framework/ and plugins/ (e.g. `git archive REV framework plugins`);
 # it is put first on PYTHONPATH for the base runs. ITEMS: comma-separated among
 # lat8b (llama-3-8b bf16 batch 1, 512 in / 256 out), thrq3 (qwen3-0.6b, 256 prompts 100-1024 in/out),
-# thr8b (llama-3-8b, 1000 x 1000 in / 1000 out).
+# thr8b (llama-3-8b, 1000 x 1000 in / 1000 out). AB_ROUNDS (default 2): new/base pairs of lat8b.
 set -uo pipefail
 OUT=${1:?outdir}; BASE=$(cd "${2:?basedir}" && pwd); ITEMS=${3:-lat8b,thrq3}
 mkdir -p "$OUT"
@@ -29,7 +29,7 @@ want() { [[ ",$ITEMS," == *",$1,"* ]]; }
 LAT8B=(latency --model random:llama-3-8b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096)
 THRQ3=(throughput --model random:qwen3-0.6b --dtype bfloat16 --num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --max-model-len 4096)
 THR8B=(throughput --model random:llama-3-8b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512)
-if want lat8b; then for t in new base new base; do run $t lat8b 200 "${LAT8B[@]}"; mv -f "$OUT/lat8b-$t.json" "$OUT/lat8b-$t-$(date +%s).json" 2>/dev/null; done; fi
+if want lat8b; then for t in $(for i in $(seq "${AB_ROUNDS:-2}"); do echo new base; done); do run $t lat8b 200 "${LAT8B[@]}"; mv -f "$OUT/lat8b-$t.json" "$OUT/lat8b-$t-$(date +%s).json" 2>/dev/null; done; fi
 if want thrq3; then for t in new base; do run $t thrq3 240 "${THRQ3[@]}"; done; fi
 if want thr8b; then for t in new base; do run $t thr8b 330 "${THR8B[@]}"; done; fi
 python3 - "$OUT" <<'PY'

@@ -9,7 +9,7 @@ from tallow.engine.cache_groups import (
     allocate_group, find_cache_groups, sliding_need, split_budget,
 )
 from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.sequence import Sequence
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import (

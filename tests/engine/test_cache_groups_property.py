@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.engine.scheduler import Scheduler
 from tallow.engine.sequence import SequenceStatus
 

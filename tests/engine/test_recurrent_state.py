@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tallow.engine.sampling_params import SamplingParams
+from tallow import SamplingParams
 from tallow.layers import RecurrentStateSpec
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -15,7 +15,7 @@ import pytest
 
 from tallow import LLM, SamplingParams
 from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
-from tallow.engine.sampling_params import SamplingParams as EngineParams
+from tallow import SamplingParams as EngineParams
 from tallow.engine.scheduler import Scheduler
 from tallow.engine.sequence import Sequence
 

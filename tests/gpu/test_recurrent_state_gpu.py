@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from state_model import StateModel, build_core, run_to_end  # noqa: E402
 
-from tallow.engine.sampling_params import SamplingParams  # noqa: E402
+from tallow import SamplingParams  # noqa: E402
 
 PROMPTS = {"a": [3, 17, 5, 9, 33, 2, 8, 41, 7, 7, 12], "b": [60, 1], "c": [25],
            "d": [(5 * i + 1) % 64 for i in range(23)], "e": [9] * 7}

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from tallow.engine.llm_engine import LLMEngine  # noqa: E402
-from tallow.engine.sampling_params import SamplingParams  # noqa: E402
+from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 
 
