@@ -118,13 +118,13 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
                                          if p["distribution"] == row["name"]]
         print(json.dumps(rows, indent=2))
         return 0
-    rows = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
+    table = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
     for s in statuses:
         detail = "; ".join(f"{kind}: {', '.join(_labels(pm, kind, names))}"
                            for kind, names in s.components.items())
-        rows.append([s.name, s.version or "?", s.status, s.mode or "-",
-                     s.reason if s.status != "ok" else (detail or "(none)")])
-    print(_table(rows))
+        table.append([s.name, s.version or "?", s.status, s.mode or "-",
+                      s.reason if s.status != "ok" else (detail or "(none)")])
+    print(_table(table))
     if checked is not None:
         print()
         print(_tools_table(checked))
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tallow`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     from tallow.config import ConfigError
     from tallow.plugin import ModelFileError
-    from tallow.plugin.manager import PluginError
+    from tallow.plugin import PluginError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="tallow: %(levelname)s: %(message)s")

@@ -128,7 +128,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 20)
     src = torch.empty(n, dtype=torch.float16, device=device)
     dst = torch.empty_like(src)
     seconds = _seconds_per_call(device, lambda: dst.copy_(src), iters)
-    src = dst = None  # frees the buffers (the timed lambda holds the names)
+    del src, dst  # frees the buffers (the timed lambda holds the names)
     torch.cuda.empty_cache()
     return 2 * nbytes / seconds
 
@@ -159,6 +159,6 @@ def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
     seconds = _seconds_per_call(device, lambda: a @ b, iters)
-    a = b = None  # frees the operands (the timed lambda holds the names)
+    del a, b  # frees the operands (the timed lambda holds the names)
     torch.cuda.empty_cache()
     return 2.0 * m * k * n / seconds

@@ -96,7 +96,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     _, prompts = input_prompts(args, engine.parts.core.runner.vocab_size)
     max_tokens = args.output_len or args.max_output_len or 512
     constrained = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                 structured_outputs={"json": schema})
+                                 structured_outputs=GrammarSpec.json_schema(schema))
     started = now()
     structured.compile(GrammarSpec.json_schema(schema))  # a server compiles before admitting
     compile_s = now() - started

@@ -13,7 +13,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text"}
 
 
-def hf_model_like(parts: Any) -> torch.nn.Module:
+def hf_model_like(parts: Any) -> Any:  # Any: a transformers causal LM of any architecture
     """A transformers model of the same config, holding the engine model's weights.
 
     transformers builds its model (random init), then the engine model loads that model's state
@@ -56,7 +56,7 @@ def hf_latency(parts: Any, *, batch: int, input_len: int, output_len: int) -> di
     ttft = gen(1)
     total = gen(output_len)
     decode = (total - ttft) / max(1, output_len - 1)
-    model = None  # frees the copy (gen holds the name)
+    del model  # frees the copy (gen holds the name)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"ttft_s": ttft, "decode_tok_s_per_seq": 1.0 / decode, "e2e_s": total}

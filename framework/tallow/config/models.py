@@ -20,7 +20,7 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _flag(name: str, **extra: Any) -> dict[str, Any]:
+def _flag(name: str | None, **extra: Any) -> dict[str, Any]:
     return {"flag": name, **extra}
 
 

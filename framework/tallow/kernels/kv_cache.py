@@ -51,7 +51,7 @@ def indexable(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype.is_floating_point and t.dtype.itemsize == 1 else t
 
 
-def float8_reasons(dtype: torch.dtype, capability: tuple[int, int] | None) -> list[str]:
+def float8_reasons(dtype: torch.dtype, capability: tuple[int, ...] | None) -> list[str]:
     """Why Triton kernels cannot convert to and from ``dtype`` on a GPU of compute
     ``capability`` (None: not a GPU; empty when they can): e4m3 needs
     :data:`E4M3_MIN_CAPABILITY`."""

@@ -80,6 +80,8 @@ def _scaled(value: int, extent: int, logical: int, what: str) -> int:
 class LinearBase(nn.Module):
     """What every linear layer shares: its method, its rank, and parameter bookkeeping."""
 
+    bias: torch.Tensor | None
+
     def __init__(self, input_size: int, output_size: int, *, build: BuildContext | None = None,
                  prefix: str = "", quant_method: LinearMethod | None = None) -> None:
         super().__init__()
@@ -105,7 +107,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         for param in self.parameters(recurse=False):
             if not hasattr(param, "weight_loader"):
-                param.weight_loader = self.weight_loader
+                set_weight_attrs(param, weight_loader=self.weight_loader)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
                       shard_id: Hashable | None = None) -> None:
@@ -178,7 +180,7 @@ class ColumnParallelLinear(LinearBase):
         if len(self.partitions) > 1:
             for param in self.parameters(recurse=False):
                 if getattr(param, "output_dim", None) is not None:
-                    param.shard_ids = tuple(p.shard_id for p in self.partitions)
+                    set_weight_attrs(param, shard_ids=tuple(p.shard_id for p in self.partitions))
 
     def _partitions(self) -> list[_Partition]:
         rank_size = divide(self.output_size, self.tp_size, f"{self.prefix} output size")

@@ -30,7 +30,7 @@ the layer leaves such a loader in place. A parameter that no checkpoint tensor f
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, Hashable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,28 @@ from torch import nn
 
 from tallow.kernels.linear import gated_gemv, gated_gemv_fits
 from tallow.kernels.linear import linear as dense_linear
+
+if TYPE_CHECKING:
+    from .linear import WeightSlice
+
+
+class ShardedWeights(Protocol):
+    """What a method may ask of the layer it stores weights for (every linear layer, the
+    vocabulary embedding and the head): how the checkpoint's tensors map onto this rank."""
+
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]: ...
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]: ...
+
+
+def sharded_weights(layer: nn.Module) -> ShardedWeights:
+    """``layer`` as the owner of sharded weights (nn.Module's attributes are untyped)."""
+    return cast(ShardedWeights, layer)
+
+
+def dense_weight(layer: nn.Module) -> torch.Tensor:
+    """The float weight a dense method registered on ``layer``."""
+    return cast(torch.Tensor, layer.weight)
 
 
 class LinearMethod:
@@ -90,10 +112,10 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return dense_linear(x, layer.weight, bias)
+        return dense_linear(x, dense_weight(layer), bias)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, layer.weight)
+        return F.embedding(ids, dense_weight(layer))
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,9 +123,10 @@ class UnquantizedLinearMethod(LinearMethod):
         reads its input (one launch and no intermediate tensor at batch 1); see
         :func:`tallow.kernels.linear.gated_linear`."""
         kind = getattr(act, "kind", None)
-        if kind is None or not gated_gemv_fits(x, layer.weight, bias):
+        weight = dense_weight(layer)
+        if kind is None or not gated_gemv_fits(x, weight, bias):
             return self.apply(layer, act(x), bias)
-        return gated_gemv(x, layer.weight, bias, kind=kind)
+        return gated_gemv(x, weight, bias, kind=kind)
 
 
 def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:

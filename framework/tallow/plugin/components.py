@@ -255,7 +255,7 @@ class KVCodec(Component):
     bits_per_element: ClassVar[float] = 16.0
     #: True when :meth:`calibrate` wants the K/V a model computes over a calibration text:
     #: the engine then runs that pass once at start-up, before serving
-    calibrated: ClassVar[bool] = False
+    calibrated: bool = False
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

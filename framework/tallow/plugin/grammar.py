@@ -96,6 +96,7 @@ class GrammarSpec:
         """The JSON Schema of a ``"json"`` spec, parsed."""
         if self.kind != "json":
             raise ValueError(f"a {self.kind} spec has no JSON Schema")
+        assert isinstance(self.value, str)  # __post_init__ checked a "json" spec's value
         return json.loads(self.value)
 
     @property

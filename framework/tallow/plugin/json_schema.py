@@ -21,7 +21,7 @@ validate a bounded document:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 #: Deepest nesting of objects and arrays a schema may have.
 MAX_SCHEMA_DEPTH = 48
@@ -116,7 +116,7 @@ def _bounded(cls: Any) -> Any:
     """``cls`` with its regular-expression keywords matched under a time limit."""
     from jsonschema import validators
 
-    keywords = {"pattern": _pattern}
+    keywords: dict[str, Callable[..., Iterator[Any]]] = {"pattern": _pattern}
     if "patternProperties" in cls.VALIDATORS:
         keywords["patternProperties"] = _pattern_properties
         keywords["additionalProperties"] = _additional_properties

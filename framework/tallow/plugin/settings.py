@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .manager import PluginError
+from .errors import PluginError
 
 M = TypeVar("M", bound=BaseModel)
 

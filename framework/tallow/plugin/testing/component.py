@@ -29,7 +29,7 @@ import pytest
 from ..manager import (
     CORE_DISTRIBUTION, CORE_MODULE, ENTRY_POINT_GROUP, Candidate, PluginManager, canonical,
 )
-from ..registry import Entry, Registries
+from ..registry import Entry, Registries, Registry
 
 
 def find_entry_point(distribution: str) -> Candidate:
@@ -118,7 +118,7 @@ class ComponentConformance:
 
     @pytest.fixture(scope="class")
     def entry(self, plugin_manager: PluginManager) -> Entry:
-        registry = getattr(plugin_manager.registries, self.registry_kind)
+        registry: Registry = getattr(plugin_manager.registries, self.registry_kind)
         if self.component not in registry:
             raise AssertionError(
                 f"{self.distribution} registers no {registry.kind} {self.component!r} "

@@ -189,7 +189,8 @@ class GrammarBackendConformance(ComponentConformance):
         return tiny_tokenizer_info()
 
     @pytest.fixture(scope="class")
-    def backend(self, component_class: Any, info: TokenizerInfo) -> GrammarBackend:
+    def backend(self, component_class: type[GrammarBackend], info: TokenizerInfo
+                ) -> GrammarBackend:
         from . import make_config
 
         config = make_config({"plugins": {"settings": {self.distribution: self.settings}}}

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from tallow.layers import ArchConfig, BuildContext
+from tallow.layers import ArchConfig, BuildContext, CausalLM
+from tallow.plugin.components import Checkpoint
 
 from .model import assert_close_logits, hf_greedy
 from .paged_runner import PagedRunner, randomize_
@@ -108,9 +109,9 @@ def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]]
         assert list(out.outputs[0].token_ids) == expected, f"prompt {list(prompt)}"
 
 
-def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32,
+def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", config: Mapping[str, Any] | None = None
-               ) -> Any:
+               ) -> CausalLM:
     """Build ``cls`` from a weight format's checkpoint (its config, or ``config``), load its
     tensors under the checkpoint's naming, and put it in eval mode."""
     build = BuildContext(dtype=dtype, device=torch.device(device))
@@ -119,7 +120,7 @@ def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32
     return model.eval()
 
 
-def load_saved(hf: Any, path: str | Path, cls: type, read: Callable[[str], Any], *,
+def load_saved(hf: Any, path: str | Path, cls: type[CausalLM], read: Callable[[str], Any], *,
                config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
     """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
     holds it is reused), read it back with a weight format's ``read`` (``SafetensorsFormat()

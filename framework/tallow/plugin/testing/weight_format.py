@@ -27,6 +27,8 @@ from typing import Any, Callable, ClassVar
 import pytest
 import torch
 
+from tallow.layers import QuantizedWeight
+
 from ..components import Checkpoint, WeightFormat
 from ..model_files import ModelFileError
 from .component import ComponentConformance
@@ -88,8 +90,8 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
 }
 
 
-def _values(tensor: Any) -> torch.Tensor:
-    return (tensor.dequantize() if hasattr(tensor, "dequantize") else tensor).float()
+def _values(tensor: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    return (tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor).float()
 
 
 class WeightFormatConformance(ComponentConformance):
