@@ -14,15 +14,20 @@ A ``random:`` model gets a synthetic byte-level vocabulary of its size
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .common import build_engine, input_prompts, now, quantization, sync
+from .common import build_engine, input_prompts, last_step, now, quantization, sync
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
 
-def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str, Any]:
+def _timed(engine: LLMEngine, prompts: list[list[int]], params: list[Any]) -> dict[str, Any]:
     """Run ``prompts`` with ``params`` to the end: elapsed seconds, steps, outputs."""
     device = engine.parts.loaded.device
     sync(device)
@@ -39,7 +44,7 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
             if out.finished:
                 done[out.request_id] = out.outputs[0]
         steps += 1
-        for key, value in engine.last_step.timings.items():
+        for key, value in last_step(engine).timings.items():
             phases[key] = phases.get(key, 0.0) + value
     sync(device)
     elapsed = now() - start
@@ -72,7 +77,7 @@ def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
     return count, problems
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     from tallow.engine.sampling import SamplingParams
     from tallow.plugin import GrammarSpec
 

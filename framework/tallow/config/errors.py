@@ -63,7 +63,7 @@ def key_path(loc: Iterable[Any]) -> str:
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The field names valid at the mapping that holds ``loc``'s last key."""
-    current: Any = model
+    current: object = model
     for part in loc[:-1]:
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
@@ -99,7 +99,7 @@ def _expected(err: ErrorDetails) -> str:
     return msg[:1].lower() + msg[1:]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

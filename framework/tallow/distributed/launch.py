@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ from .state import ParallelState
 from .step_message import ControlChannel, StepMessage, STOP
 from .topology import Topology, resolve_topology
 from .watchdog import EXIT_GRACE_S, STOPPED_KEY, Watchdog, report_failure, stop_processes
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
 
 log = logging.getLogger("tallow.distributed")
 
@@ -74,7 +77,7 @@ class WorkerSpec:
         return cls(**{**data, "topology": Topology(**data["topology"])})
 
 
-def start(config: Any) -> ParallelState | None:
+def start(config: TallowConfig) -> ParallelState | None:
     """This process's group for ``config``, started or joined (see the module docstring), or
     None when the settings and the environment ask for a single process."""
     topology = resolve_topology(config.parallel, config.model.device)

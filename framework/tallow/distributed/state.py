@@ -9,11 +9,19 @@ Without a group every answer is that of a single process (rank 0 of 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .topology import Topology
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from .driver import StepPublisher
+    from .launch import WorkerProcess
+    from .step_message import ControlChannel
+    from .watchdog import Watchdog
 
 
 @dataclass
@@ -23,17 +31,17 @@ class ParallelState:
     topology: Topology
     device: torch.device
     #: the group of the model's collectives (NCCL on GPUs, gloo on CPUs): the default group
-    device_group: Any
+    device_group: dist.ProcessGroup | None
     #: driver → workers messages (tallow.distributed.step_message.ControlChannel, gloo)
-    control: Any
+    control: ControlChannel
     #: the rendezvous store (heartbeats and failure reports live under "tallow/")
-    store: Any
+    store: dist.Store
     #: watches the other ranks (tallow.distributed.watchdog.Watchdog)
-    watchdog: Any = None
+    watchdog: Watchdog | None = None
     #: worker processes this process spawned
-    processes: list[Any] = field(default_factory=list)
+    processes: list[WorkerProcess] = field(default_factory=list)
     #: the driver's link of the engine that uses the group now (tallow.distributed.driver)
-    active: Any = None
+    active: StepPublisher | None = None
     #: called with the reason when a rank fails (the driver's engine fails its requests)
     failure_handlers: list[Callable[[str], None]] = field(default_factory=list)
 

@@ -18,13 +18,16 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .collectives import broadcast_from_driver
 from .state import ParallelState
 from .step_message import RELEASE, STOP, TOKENS_ARGMAX, TOKENS_BROADCAST, StepMessage
+
+if TYPE_CHECKING:
+    from .launch import WorkerSpec
 
 log = logging.getLogger("tallow.distributed")
 
@@ -33,7 +36,7 @@ class _Stopped(Exception):
     """The driver ended the group."""
 
 
-def spawned_main(spec: Any) -> None:
+def spawned_main(spec: WorkerSpec) -> None:
     """Entry point of a worker process spawned by :func:`tallow.distributed.launch.start`
     (``python -m tallow.distributed SPEC``)."""
     from . import launch
@@ -118,7 +121,8 @@ def _serve_engine(parallel: ParallelState, startup: dict[str, Any]) -> None:
 
 
 @torch.inference_mode()
-def run_step(runner: Any, message: StepMessage, fed: torch.Tensor | None) -> torch.Tensor | None:
+def run_step(runner: Any,  # Any: the engine's ModelRunner, a layer above
+             message: StepMessage, fed: torch.Tensor | None) -> torch.Tensor | None:
     """Run the driver's step ``message`` on this rank's shard; returns the step's sampled token
     ids when the next step may feed on them (else None). ``fed`` are the previous step's."""
     runner.copy_blocks(message.copies)

@@ -158,7 +158,9 @@ class LayerKVCache:
 
     def __init__(self, codec: KVCodec, tensors: dict[str, torch.Tensor], *,
                  layout: Sequence[KVTensor], num_kv_heads: int, head_dim: int, block_size: int,
-                 model_dtype: torch.dtype, layer: Any = None) -> None:
+                 model_dtype: torch.dtype,
+                 layer: Any = None,  # Any: the tallow.layers.AttentionLayer, a layer above
+                 ) -> None:
         self.codec = codec
         #: the attention layer (tallow.layers.AttentionLayer) the cache serves, when known
         self.layer = layer
@@ -177,7 +179,7 @@ class LayerKVCache:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
         return self.tensors.get(name, default)
 
     @property
@@ -207,7 +209,8 @@ class LayerKVCache:
 
 def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
                    num_blocks: int, model_dtype: torch.dtype,
-                   device: torch.device | str = "cpu", layer: Any = None,
+                   device: torch.device | str = "cpu",
+                   layer: Any = None,  # Any: as LayerKVCache.layer
                    checkpoint_scales: dict[str, torch.Tensor] | None = None) -> LayerKVCache:
     """One layer's cache of ``num_blocks`` blocks, zeroed, its per-layer tensors filled by the
     codec (:meth:`KVCodec.init_layer`, then :meth:`KVCodec.use_checkpoint_scales` with

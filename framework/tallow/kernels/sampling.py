@@ -18,10 +18,10 @@ Applied to one entry, in this order (the same float32 operations on every path):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from ._dispatch import triton_enabled
 from .gumbel import gumbel_argmax_ref, gumbel_noise_ref
@@ -66,7 +66,7 @@ class LogitEdits:
         keys = np.concatenate([r.astype(np.int64) * vocab_size + t.astype(np.int64)
                                for r, t in parts])
 
-        def t(values: Any, dtype: torch.dtype) -> torch.Tensor:
+        def t(values: ArrayLike, dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, device)
 
         penalties = dict(repetition_penalty=t(repetition_penalty, torch.float32),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -76,17 +76,25 @@ class AttentionLayer:
     causal: bool = True
 
 
+class AttentionImpl(Protocol):
+    """What a forward context runs attention with: a :class:`tallow.plugin.AttentionBackend`
+    (declared here, below the plugin API, by the one method the layers call)."""
+
+    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor: ...
+
+
 @dataclass
 class ForwardContext:
     meta: AttentionMetadata
-    backend: Any  # tallow.plugin.AttentionBackend
+    backend: AttentionImpl
 
 
 _context: list[ForwardContext] = []
 
 
 @contextlib.contextmanager
-def forward_context(meta: AttentionMetadata, backend: Any) -> Iterator[ForwardContext]:
+def forward_context(meta: AttentionMetadata, backend: AttentionImpl) -> Iterator[ForwardContext]:
     """Make ``meta`` and ``backend`` visible to every :class:`Attention` during one forward.
 
     One forward is one step: the backend's ``plan(meta)`` (when it has one) runs first, once,

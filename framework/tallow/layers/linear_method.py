@@ -129,7 +129,7 @@ class UnquantizedLinearMethod(LinearMethod):
         return gated_gemv(x, weight, bias, kind=kind)
 
 
-def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:
+def set_weight_attrs(param: torch.Tensor, **attrs: object) -> None:
     """Attach loading metadata (``output_dim``, ``input_dim``, ``weight_loader``...) to ``param``.
 
     Refuses to overwrite an attribute already set, which would silently change how the
@@ -146,7 +146,7 @@ _FACTORIES = {"linear": ("linear_method",), "head": ("head_method",),
               "embedding": ("embedding_method",)}
 
 
-def linear_method_for(quant: Any, prefix: str, role: str = "linear") -> LinearMethod:
+def linear_method_for(quant: object, prefix: str, role: str = "linear") -> LinearMethod:
     """The :class:`LinearMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
     layer at ``prefix``; :class:`UnquantizedLinearMethod` when it assigns none. ``role`` is
     ``"linear"``, ``"head"`` (the LM head) or ``"embedding"`` (token embeddings): see the

@@ -164,7 +164,8 @@ class PackedLinearMethod(LinearMethod):
         packed = self.quantize_float(weight) if self.quantize_floats else None
         return packed if packed is not None else weight.to(self.device, self.dtype)
 
-    def _store(self, index: int, part: Any, pad_rows: int = 0) -> None:
+    def _store(self, index: int, part: Any,  # Any: a tensor or the subclass's packed part
+               pad_rows: int = 0) -> None:
         if pad_rows:
             part = _pad(part, pad_rows)
         rows, cols = _shape(part)
@@ -239,7 +240,7 @@ class PackedLinearMethod(LinearMethod):
             self.warm_up(self.dtype)
 
 
-def _shape(part: Any) -> tuple[int, int]:
+def _shape(part: Any) -> tuple[int, int]:  # Any: a tensor or a packed part
     if isinstance(part, torch.Tensor):
         return part.shape[0], part.shape[1]
     return part.rows, part.cols
@@ -249,7 +250,7 @@ def _pad_tensor(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows, *t.shape[1:])])
 
 
-def _pad(part: Any, rows: int) -> Any:
+def _pad(part: Any, rows: int) -> Any:  # Any: a tensor or a packed part
     """``rows`` zero rows appended (a vocabulary's tail): zero codes with zero scales."""
     if isinstance(part, torch.Tensor):
         return _pad_tensor(part, rows)

@@ -274,7 +274,8 @@ class DynamicNTKRotaryEmbedding(RotaryEmbedding):
     active, else from the largest position in the call.
     """
 
-    def __init__(self, *args: Any, factor: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, factor: float,
+                 **kwargs: Any) -> None:  # Any: RotaryEmbedding's own arguments
         super().__init__(*args, **kwargs)
         self.factor = float(factor)
 

@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from tokenizers import Tokenizer
+
+    from tallow.config import TallowConfig
+    from tallow.kernels.kv_cache import LayerKVCache
+    from tallow.layers.attention import AttentionLayer, AttentionMetadata
 
     from .calibration import CalibrationRequest
     from .embedding_spec import EmbeddingSpec
@@ -20,13 +25,14 @@ class Component:
     """Anything a registry can hold.
 
     ``validate(config)`` returns the reasons this component cannot serve ``config`` (empty when
-    it can); selection (:func:`tallow.plugin.select`) relies on it.
+    it can); selection (:func:`tallow.plugin.select`) relies on it. ``config`` is None where a
+    kind is chosen without one (weight formats by their source, tool parsers by the model).
     """
 
     name: ClassVar[str] = ""
 
     @classmethod
-    def validate(cls, config: Any) -> list[str]:
+    def validate(cls, config: TallowConfig | None) -> list[str]:
         return []
 
 
@@ -53,7 +59,7 @@ class Checkpoint:
     tensors: Callable[[], Iterator[tuple[str, "torch.Tensor"]]]
     naming: str = "hf"
     #: a ``tokenizers.Tokenizer``; None if the source carries none
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     #: ``tokenizer_config.json``-style dict: bos_token, eos_token, add_bos_token, chat_template...
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -159,7 +165,7 @@ class QuantScheme(Component):
     #: e.g. ``"q4_k_m"``); empty for a scheme that does not write model files.
     file_types: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+    def __init__(self, config: TallowConfig | None = None, isq: str | None = None) -> None:
         self.config = config
         self.isq = isq
         #: the HF-style config of the checkpoint whose quantized weights this instance holds
@@ -222,7 +228,7 @@ class KVTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: Any  # a torch.dtype
+    dtype: torch.dtype
     per_block: bool = True
 
 
@@ -257,7 +263,9 @@ class KVCodec(Component):
     #: the engine then runs that pass once at start-up, before serving
     calibrated: bool = False
 
-    def __init__(self, config: Any = None) -> None:
+    def __init__(self, config: object = None) -> None:
+        # object: the codec's storage is the kernels' concern, below the configuration; the
+        # config is passed through to plugin_settings
         self.config = config
 
     def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
@@ -265,11 +273,11 @@ class KVCodec(Component):
         """The tensors of one layer's cache for heads of ``head_dim`` elements."""
         raise NotImplementedError
 
-    def init_layer(self, cache: Any) -> None:
+    def init_layer(self, cache: LayerKVCache) -> None:
         """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
         the default has none to fill."""
 
-    def use_checkpoint_scales(self, cache: Any, scales: dict[str, "torch.Tensor"]) -> None:
+    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, "torch.Tensor"]) -> None:
         """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
         holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
         ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
@@ -277,7 +285,7 @@ class KVCodec(Component):
         ``cache.layer`` is the attention layer. The default ignores them (a codec without
         scales, or one that calibrates its own)."""
 
-    def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
+    def calibrate(self, cache: LayerKVCache, q: "torch.Tensor", k: "torch.Tensor",
                   v: "torch.Tensor") -> None:
         """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
         queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
@@ -285,13 +293,14 @@ class KVCodec(Component):
         layer before anything is stored, for codecs that set :attr:`calibrated`;
         ``cache.layer`` is the attention layer."""
 
-    def encode(self, cache: Any, k: "torch.Tensor", v: "torch.Tensor",
+    def encode(self, cache: LayerKVCache, k: "torch.Tensor", v: "torch.Tensor",
                slot_mapping: "torch.Tensor") -> None:
         """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
         ``slot_mapping`` [T] (slot = block * block_size + offset; -1 skips the row)."""
         raise NotImplementedError
 
-    def decode(self, cache: Any, blocks: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    def decode(self, cache: LayerKVCache, blocks: "torch.Tensor"
+               ) -> tuple["torch.Tensor", "torch.Tensor"]:
         """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
         ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
         raise NotImplementedError
@@ -316,6 +325,10 @@ class AttentionBackend(Component):
     #: (``encode``/``decode``), as the core's ``torch`` backend does
     uses_codec_reference: ClassVar[bool] = False
 
+    def __init__(self, config: TallowConfig | None = None) -> None:
+        """The engine builds each backend it considers with the configuration."""
+        self.config = config
+
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
         """Reasons this backend cannot store K/V as ``codec`` does with ``layout`` (one
         layer's tensors; empty when it can). The engine chooses the codec first and asks each
@@ -327,7 +340,7 @@ class AttentionBackend(Component):
         return [f"kv codec {codec.name!r} is not implemented by this backend (it implements "
                 + ", ".join(sorted(self.fused_kv_codecs)) + ")"]
 
-    def plan(self, meta: Any) -> None:
+    def plan(self, meta: AttentionMetadata) -> None:
         """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
         describes, before any layer runs: work that depends on the batch but not on the layer
         (scheduling it over the GPU, page lists), done once per step so that :meth:`forward`
@@ -340,11 +353,12 @@ class AttentionBackend(Component):
         nothing. :meth:`forward` called with metadata that was not planned (tests, warm-ups)
         must still work, outside graph capture."""
 
-    def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
-                kv_cache: Any, meta: Any) -> "torch.Tensor":
+    def forward(self, layer: AttentionLayer, q: "torch.Tensor", k: "torch.Tensor",
+                v: "torch.Tensor", kv_cache: LayerKVCache, meta: AttentionMetadata
+                ) -> "torch.Tensor":
         raise NotImplementedError
 
-    def warm_up(self, layers: list[Any], kv_caches: list[Any],
+    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache],
                 dtype: "torch.dtype") -> None:
         """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
         (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as
@@ -388,7 +402,7 @@ class ToolProvider(Component):
     """
 
     @classmethod
-    def from_config(cls, config: Any) -> "ToolProvider | None":
+    def from_config(cls, config: TallowConfig) -> "ToolProvider | None":
         """The provider for ``config`` (a :class:`tallow.config.TallowConfig`), or None when
         the configuration gives it nothing to offer (no servers configured, say). Bad settings
         raise :class:`tallow.plugin.PluginSettingsError` naming the key."""

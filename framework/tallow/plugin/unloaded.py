@@ -12,9 +12,12 @@ load is named as one that may provide it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .registry import Entry, Registries
+
+if TYPE_CHECKING:
+    from .manager import Candidate
 
 Match = Callable[[Entry], bool]
 
@@ -26,7 +29,7 @@ class _Unloaded:
     status: str  # "disabled" or "failed"
     reason: str  # why it did not load
     enable: str = ""  # how to load it
-    candidate: Any = None  # the discovered entry point, to probe a disabled plugin
+    candidate: Candidate | None = None  # the discovered entry point, to probe a disabled plugin
     registries: Registries | None = field(default=None, repr=False)
     probed: bool = False
 
@@ -37,7 +40,7 @@ class UnloadedPlugins:
     def __init__(self) -> None:
         self._plugins: dict[str, _Unloaded] = {}
 
-    def disabled(self, key: str, candidate: Any, reason: str, enable: str) -> None:
+    def disabled(self, key: str, candidate: Candidate, reason: str, enable: str) -> None:
         self._plugins[key] = _Unloaded(candidate.name, candidate.version, "disabled", reason,
                                        enable, candidate)
 
@@ -81,8 +84,11 @@ class UnloadedPlugins:
         return "; ".join(parts)
 
 
-def _probe(candidate: Any) -> Registries | None:
-    """The registries a left-out plugin fills when loaded on its own (None: it cannot load)."""
+def _probe(candidate: Candidate | None) -> Registries | None:
+    """The registries a left-out plugin fills when loaded on its own (None: it cannot load,
+    or it was not discovered as an entry point and cannot be loaded again)."""
+    if candidate is None:
+        return None
     from .errors import PluginError
     from .manager import PluginManager
 

@@ -71,7 +71,7 @@ def load_distribution(distribution: str) -> PluginManager:
     return pm
 
 
-def load_target(entry: Entry) -> Any:
+def load_target(entry: Entry) -> Any:  # Any: a component of any kind
     """``entry.load()``; a target that fails to import or resolve is an AssertionError naming
     the distribution, its version, the component and the target."""
     try:
@@ -102,7 +102,7 @@ class ComponentConformance:
     #: the :class:`~tallow.plugin.Registries` attribute of the kind (set by each suite)
     registry_kind: ClassVar[str] = ""
     #: what the loaded target must be a subclass of (set by each suite; None: not checked)
-    base_class: ClassVar[Any] = None
+    base_class: ClassVar[type | None] = None
     #: modules registration must not import (``tallow plugins list`` registers every plugin)
     light_modules: ClassVar[tuple[str, ...]] = ("torch",)
 
@@ -126,7 +126,7 @@ class ComponentConformance:
         return registry.entry(self.component)
 
     @pytest.fixture(scope="class")
-    def component_class(self, entry: Entry) -> Any:
+    def component_class(self, entry: Entry) -> Any:  # Any: each suite's kind of component
         return load_target(entry)
 
     def test_registered_by_its_distribution(self, plugin_manager: PluginManager,
@@ -143,7 +143,7 @@ class ComponentConformance:
             f"{entry.kind} {entry.name!r} is registered as an object; register the string "
             "'module:attr' so that listing plugins imports nothing of it")
 
-    def test_target_loads(self, component_class: Any) -> None:
+    def test_target_loads(self, component_class: object) -> None:
         if self.base_class is not None:
             assert isinstance(component_class, type) and issubclass(
                 component_class, self.base_class), (

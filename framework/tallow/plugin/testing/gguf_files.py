@@ -44,7 +44,8 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
         yield mapped, np.ascontiguousarray(array)
 
 
-def gguf_metadata(config: Any, **extra: Any) -> dict[str, Any]:
+def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
+                  **extra: object) -> dict[str, Any]:
     """The architecture keys llama.cpp's converter writes for a transformers ``config`` (sizes,
     heads, norm epsilon, RoPE base and rotated features), without the ``<arch>.`` prefix, for
     :func:`write_gguf`; ``extra`` adds or replaces keys."""

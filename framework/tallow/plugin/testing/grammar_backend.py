@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import random
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pytest
 import torch
 
-from ..grammar import GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarSpec, TokenizerInfo
+from ..grammar import (
+    GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo)
 from .component import ComponentConformance
 
 if TYPE_CHECKING:
@@ -85,7 +87,7 @@ def closing_tokens(info: TokenizerInfo) -> "np.ndarray":
                      for t, b in enumerate(pieces)])
 
 
-def walk_to_end(backend: GrammarBackend, compiled: Any, rng: random.Random, *,
+def walk_to_end(backend: GrammarBackend, compiled: object, rng: random.Random, *,
                 max_tokens: int, prefer: "np.ndarray | None" = None,
                 prefer_rate: float = 0.7) -> bytes | None:
     """Drive a fresh matcher of ``compiled`` along a seeded random walk over the backend's
@@ -124,7 +126,7 @@ def _bytes_of(info: TokenizerInfo, token: int) -> bytes:
     return (info.token_bytes[token] or b"") if token < len(info.token_bytes) else b""
 
 
-def _fill(matcher: Any, words: int) -> torch.Tensor:
+def _fill(matcher: GrammarMatcher, words: int) -> torch.Tensor:
     # Start from every bit set: a backend must write the whole row, clear bits included.
     mask = torch.full((1, words), -1, dtype=torch.int32)
     matcher.fill_bitmask(mask, 0)
@@ -496,7 +498,7 @@ def _pick(rng: random.Random, allowed: set[int], info: TokenizerInfo,
     return rng.choice(choices)
 
 
-def _assert_valid(text: bytes, schema: Any, jsonschema: Any) -> None:
+def _assert_valid(text: bytes, schema: object, jsonschema: ModuleType) -> None:
     try:
         value = json.loads(text.decode("utf-8"))
     except ValueError as exc:

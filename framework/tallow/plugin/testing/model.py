@@ -23,13 +23,16 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
 
 from .component import ComponentConformance
 from .paged_runner import PagedRunner
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
@@ -41,7 +44,8 @@ def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
     assert err <= rel * scale, f"{what}: max |diff| {err:.3e} > {rel:.0e} * scale {scale:.2f}"
 
 
-def hf_greedy(model: Any, prompt: list[int], steps: int
+def hf_greedy(model: Any,  # Any: a transformers causal LM of any architecture
+              prompt: list[int], steps: int
               ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
     """transformers' greedy tokens, the logits of each step and the prompt's logits."""
     ids = torch.tensor([prompt])
@@ -74,7 +78,7 @@ class ModelArchitectureConformance(ComponentConformance):
     #: standard deviation of the random weights (norm weights are 1 + 0.2 N(0, 1))
     weight_std: ClassVar[float] = 0.08
 
-    def hf_config(self) -> Any:
+    def hf_config(self) -> PretrainedConfig:
         """A tiny ``transformers`` config of the architecture (a ``PretrainedConfig``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement hf_config")
 
@@ -91,7 +95,9 @@ class ModelArchitectureConformance(ComponentConformance):
         return model, directory
 
     @pytest.fixture(scope="class")
-    def loaded(self, component_class: Any,
+    def loaded(self,
+               component_class: Any,  # Any: the model class, built as cls(ArchConfig, BuildContext)
+
                transformers_model: tuple[Any, Path]) -> tuple[Any, set[str]]:
         """(the plugin's model built from the saved config and tensors, the parameters its
         ``load_weights`` says it filled)."""
@@ -171,7 +177,7 @@ class ModelArchitectureConformance(ComponentConformance):
         out = llm.generate([list(self.prompt)], params)[0]
         assert list(out.outputs[0].token_ids) == ref_tokens
 
-    def llm(self, source: str) -> Any:
+    def llm(self, source: str) -> Any:  # Any: the engine's LLM, a layer above this kit
         from .engine import offline_llm
 
         plugins = ["tallow-safetensors"]

@@ -18,7 +18,7 @@ transformers is imported only by the helpers that build its models.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -26,6 +26,9 @@ from tallow.layers import ArchConfig, BuildContext, CausalLM
 from tallow.plugin.components import Checkpoint
 
 from .model import assert_close_logits, hf_greedy
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 from .paged_runner import PagedRunner, randomize_
 
 __all__ = [
@@ -34,7 +37,8 @@ __all__ = [
 ]
 
 
-def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
+def random_hf_model(config: PretrainedConfig, seed: int = 0, std: float = 0.08
+                    ) -> Any:  # Any: a transformers causal LM of any architecture
     """A transformers causal LM of ``config`` in float32 eager attention, every parameter
     random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
     config says so, in eval mode."""
@@ -49,7 +53,7 @@ def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
     return model.eval()
 
 
-def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20, *,
+def assert_greedy_parity(model: CausalLM, hf: Any, prompt: list[int], steps: int = 20, *,
                          rel: float = 1e-4, what: str = "") -> list[int]:
     """``model`` (through a :class:`PagedRunner`, on its own device) matches transformers'
     ``hf`` on ``prompt``: the prompt's logits, ``steps`` greedy tokens and the logits of every
@@ -120,8 +124,9 @@ def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtyp
     return model.eval()
 
 
-def load_saved(hf: Any, path: str | Path, cls: type[CausalLM], read: Callable[[str], Any], *,
-               config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+def load_saved(hf: Any, path: str | Path, cls: type[CausalLM], read: Callable[[str], Checkpoint],
+               *, config: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> CausalLM:  # Any: load_model's dtype and device
     """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
     holds it is reused), read it back with a weight format's ``read`` (``SafetensorsFormat()
     .load``), check the architecture it reports, and :func:`load_model` ``cls`` from it;
