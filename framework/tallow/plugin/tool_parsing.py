@@ -200,7 +200,7 @@ def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
 # ---------------------------------------------------------------------------------------------
 # Tools and validation
 # ---------------------------------------------------------------------------------------------
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
     return "null" if value is None else kinds.get(type(value), "a number")
 
@@ -298,7 +298,7 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant)
 
 
-def compact_json(value: Any) -> str:
+def compact_json(value: object) -> str:
     """The canonical arguments text: compact separators, non-ASCII kept as is."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -311,7 +311,7 @@ class FoundCall(NamedTuple):
     id: str | None = None
 
 
-def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")
+def call_from_json(obj: object, argument_keys: tuple[str, ...] = ("arguments", "parameters")
                    ) -> FoundCall | None:
     """Read ``{"name": ..., "arguments": {...}}`` (or an alias key); None when ``obj`` is not one.
 

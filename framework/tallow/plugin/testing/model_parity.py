@@ -53,7 +53,9 @@ def random_hf_model(config: PretrainedConfig, seed: int = 0, std: float = 0.08
     return model.eval()
 
 
-def assert_greedy_parity(model: CausalLM, hf: Any, prompt: list[int], steps: int = 20, *,
+def assert_greedy_parity(model: CausalLM,
+                         hf: Any,  # Any: a transformers causal LM of any architecture
+                         prompt: list[int], steps: int = 20, *,
                          rel: float = 1e-4, what: str = "") -> list[int]:
     """``model`` (through a :class:`PagedRunner`, on its own device) matches transformers'
     ``hf`` on ``prompt``: the prompt's logits, ``steps`` greedy tokens and the logits of every
@@ -71,7 +73,9 @@ def assert_greedy_parity(model: CausalLM, hf: Any, prompt: list[int], steps: int
     return tokens
 
 
-def assert_cuda_parity(load: Callable[..., Any], hf: Any, prompt: list[int], steps: int = 20,
+def assert_cuda_parity(load: Callable[..., Any],
+                       hf: Any,  # Any: a transformers causal LM of any architecture
+                       prompt: list[int], steps: int = 20,
                        *, what: str = "", bf16_rel: float = 5e-2) -> None:
     """On a CUDA device: ``load(dtype=torch.float32, device="cuda")`` has every parameter and
     buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
@@ -87,7 +91,9 @@ def assert_cuda_parity(load: Callable[..., Any], hf: Any, prompt: list[int], ste
     assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
 
 
-def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]],
+def assert_engine_greedy(path: str | Path,
+                         hf: Any,  # Any: a transformers causal LM of any architecture
+                         prompts: Sequence[list[int]],
                          steps: int, *, plugins: Sequence[str],
                          config: Mapping[str, Any] | None = None) -> None:
     """The whole engine on the saved model directory ``path`` (given a tiny tokenizer if it has
@@ -124,7 +130,8 @@ def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtyp
     return model.eval()
 
 
-def load_saved(hf: Any, path: str | Path, cls: type[CausalLM], read: Callable[[str], Checkpoint],
+def load_saved(hf: Any,  # Any: a transformers causal LM of any architecture
+               path: str | Path, cls: type[CausalLM], read: Callable[[str], Checkpoint],
                *, config: Mapping[str, Any] | None = None,
                **kwargs: Any) -> CausalLM:  # Any: load_model's dtype and device
     """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
