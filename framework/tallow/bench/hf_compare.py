@@ -64,7 +64,7 @@ def hf_latency(parts: EngineParts, *, batch: int, input_len: int,
     ttft = gen(1)
     total = gen(output_len)
     decode = (total - ttft) / max(1, output_len - 1)
-    del model  # frees the copy (gen holds the name)
+    model = None  # frees the copy (gen holds the name)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"ttft_s": ttft, "decode_tok_s_per_seq": 1.0 / decode, "e2e_s": total}
