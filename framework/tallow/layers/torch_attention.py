@@ -6,7 +6,7 @@ K/V, ``decode`` reads each sequence's blocks back for :func:`paged_attention_ref
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -22,9 +22,6 @@ class TorchAttentionBackend(AttentionBackend):
     supports_cuda_graph: ClassVar[bool] = False
     fused_kv_codecs: ClassVar[frozenset[str]] = frozenset()
     uses_codec_reference: ClassVar[bool] = True
-
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
