@@ -17,7 +17,11 @@ import importlib.util
 import json
 import logging
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.plugin.manager import PluginManager
 
 from tallow import __version__
 
@@ -119,27 +123,27 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
                                          if p["distribution"] == row["name"]]
         print(json.dumps(rows, indent=2))
         return 0
-    rows = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
+    table = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
     for s in statuses:
         detail = "; ".join(f"{kind}: {', '.join(_labels(pm, kind, names))}"
                            for kind, names in s.components.items())
-        rows.append([s.name, s.version or "?", s.status, s.mode or "-",
-                     s.reason if s.status != "ok" else (detail or "(none)")])
-    print(_table(rows))
+        table.append([s.name, s.version or "?", s.status, s.mode or "-",
+                      s.reason if s.status != "ok" else (detail or "(none)")])
+    print(_table(table))
     if checked is not None:
         print()
         print(_tools_table(checked))
     return 0
 
 
-def _labels(pm: Any, kind: str, names: list[str]) -> list[str]:
+def _labels(pm: PluginManager, kind: str, names: list[str]) -> list[str]:
     """Component names as listed: KV codecs with their bits per element."""
     if kind == "kv_codec":
         return [pm.registries.kv_codecs.label(name) for name in names]
     return names
 
 
-def _check_tools(pm: Any, config: Any) -> list[dict[str, Any]]:
+def _check_tools(pm: PluginManager, config: TallowConfig) -> list[dict[str, Any]]:
     from tallow.server.tool_providers import check_tool_providers
 
     pm.hook.tallow_configure(config=config)  # plugins validate their settings here
@@ -192,8 +196,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tallow`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     from tallow.config import ConfigError
-    from tallow.plugin import ModelFileError
-    from tallow.plugin.manager import PluginError
+    from tallow.plugin import ModelFileError, PluginError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="tallow: %(levelname)s: %(message)s")

@@ -12,14 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tallow.plugin import Entry, QuantScheme, Registries
 
 
 class QuantizeError(RuntimeError):
     """The command cannot run as asked (no scheme for the type, output exists...)."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+               ) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "quantize", help="write a quantized model file (e.g. a Q4_K_M GGUF) from a model",
         description="Quantize a model (a GGUF file or a safetensors directory) into a model "
@@ -41,7 +45,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def find_file_quantizer(registries: Any, file_type: str) -> tuple[Any, Any]:
+def find_file_quantizer(registries: Registries, file_type: str) -> tuple[Entry, type[QuantScheme]]:
     """``(entry, scheme class)`` of the first quant scheme by priority that writes
     ``file_type``; :class:`QuantizeError` listing what the installed schemes offer otherwise."""
     offered: dict[str, list[str]] = {}
@@ -68,7 +72,7 @@ def find_file_quantizer(registries: Any, file_type: str) -> tuple[Any, Any]:
     raise QuantizeError(message)
 
 
-def quantize_model(registries: Any, source: str, output: str, file_type: str, *,
+def quantize_model(registries: Registries, source: str, output: str, file_type: str, *,
                    device: str = "auto", force: bool = False,
                    progress: bool = True) -> dict[str, Any]:
     """Read ``source`` with the weight format that claims it and write ``output`` through the

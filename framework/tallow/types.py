@@ -1,7 +1,10 @@
 """The contracts that the core's lowest layers implement and the plugin API hands to plugins:
 the :class:`Component` base of everything a registry holds, and the KV-cache and attention
 contracts (:class:`KVTensor`, :class:`KVCodec`, :class:`AttentionBackend`) that
-:mod:`tallow.kernels` and :mod:`tallow.layers` build on; and :class:`HostBatch`, one step's
+:mod:`tallow.kernels` and :mod:`tallow.layers` build on, with the types those contracts'
+methods take (:class:`LayerKVCache`, re-exported by :mod:`tallow.kernels.kv_cache`;
+:class:`AttentionLayer` and :class:`AttentionMetadata`, re-exported by :mod:`tallow.layers`);
+and :class:`HostBatch`, one step's
 flat batch as host arrays, which the engine's model runner builds and a tensor-parallel step
 message (:mod:`tallow.distributed.step_message`) carries to the workers.
 
@@ -12,27 +15,31 @@ Like the rest of the plugin API they import no torch: tensor types appear only i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
 
-__all__ = ["AttentionBackend", "Component", "HostBatch", "KVCodec", "KVTensor"]
+__all__ = ["AttentionBackend", "AttentionLayer", "AttentionMetadata", "Component", "HostBatch",
+           "KVCodec", "KVTensor", "LayerKVCache"]
 
 
 class Component:
     """Anything a registry can hold.
 
     ``validate(config)`` returns the reasons this component cannot serve ``config`` (empty when
-    it can); selection (:func:`tallow.plugin.select`) relies on it.
+    it can); selection (:func:`tallow.plugin.select`) relies on it. ``config`` is None where a
+    kind is chosen without one (weight formats by their source, tool parsers by the model).
     """
 
     name: ClassVar[str] = ""
 
     @classmethod
     def validate(cls, config: Any) -> list[str]:
+        # Any: a tallow.config.TallowConfig or None; the configuration sits above tallow.types
+        # (docs/architecture.md, "Layers"), and subclasses take it as ``TallowConfig | None``
         return []
 
 
@@ -49,7 +56,7 @@ class KVTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: Any  # a torch.dtype
+    dtype: torch.dtype
     per_block: bool = True
 
 
@@ -82,9 +89,11 @@ class KVCodec(Component):
     bits_per_element: ClassVar[float] = 16.0
     #: True when :meth:`calibrate` wants the K/V a model computes over a calibration text:
     #: the engine then runs that pass once at start-up, before serving
-    calibrated: ClassVar[bool] = False
+    calibrated: bool = False
 
-    def __init__(self, config: Any = None) -> None:
+    def __init__(self, config: object = None) -> None:
+        # object: the codec's storage is the kernels' concern, below the configuration; the
+        # config is passed through to plugin_settings
         self.config = config
 
     def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
@@ -92,11 +101,12 @@ class KVCodec(Component):
         """The tensors of one layer's cache for heads of ``head_dim`` elements."""
         raise NotImplementedError
 
-    def init_layer(self, cache: Any) -> None:
+    def init_layer(self, cache: LayerKVCache) -> None:
         """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
         the default has none to fill."""
 
-    def use_checkpoint_scales(self, cache: Any, scales: dict[str, "torch.Tensor"]) -> None:
+    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, "torch.Tensor"]
+                              ) -> None:
         """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
         holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
         ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
@@ -104,7 +114,7 @@ class KVCodec(Component):
         ``cache.layer`` is the attention layer. The default ignores them (a codec without
         scales, or one that calibrates its own)."""
 
-    def calibrate(self, cache: Any, q: "torch.Tensor", k: "torch.Tensor",
+    def calibrate(self, cache: LayerKVCache, q: "torch.Tensor", k: "torch.Tensor",
                   v: "torch.Tensor") -> None:
         """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
         queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
@@ -112,16 +122,145 @@ class KVCodec(Component):
         layer before anything is stored, for codecs that set :attr:`calibrated`;
         ``cache.layer`` is the attention layer."""
 
-    def encode(self, cache: Any, k: "torch.Tensor", v: "torch.Tensor",
+    def encode(self, cache: LayerKVCache, k: "torch.Tensor", v: "torch.Tensor",
                slot_mapping: "torch.Tensor") -> None:
         """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
         ``slot_mapping`` [T] (slot = block * block_size + offset; -1 skips the row)."""
         raise NotImplementedError
 
-    def decode(self, cache: Any, blocks: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    def decode(self, cache: LayerKVCache, blocks: "torch.Tensor"
+               ) -> tuple["torch.Tensor", "torch.Tensor"]:
         """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
         ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
         raise NotImplementedError
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's flat batch, as attention backends see it.
+
+    Sequences are laid end to end: sequence ``i`` owns query rows
+    ``query_start_loc[i]:query_start_loc[i+1]``; those are its *last* tokens, so its context
+    (earlier cached tokens plus this step's) has length ``seq_lens[i]``. K/V of row ``t`` go to
+    cache slot ``slot_mapping[t]`` (block ``slot // block_size``, offset ``slot % block_size``);
+    -1 marks a padding row whose K/V are not stored. Token ``j`` of sequence ``i`` lives in block
+    ``block_tables[i, j // block_size]``.
+    """
+
+    num_seqs: int
+    num_tokens: int
+    query_start_loc: torch.Tensor  # int32 [B+1], device
+    seq_lens: torch.Tensor  # int32 [B], device
+    block_tables: torch.Tensor  # int32 [B, max_blocks], device
+    slot_mapping: torch.Tensor  # int64 [T], device
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    # Host copies, for backends (the torch reference) that loop in Python. None when the
+    # metadata was built for a CUDA graph, where only device tensors exist.
+    query_start_loc_cpu: list[int] | None = None
+    seq_lens_cpu: list[int] | None = None
+    #: True when this step is captured in, or replayed from, a CUDA graph of ``num_seqs``
+    #: rows: the device tensors above are that graph's fixed buffers (see
+    #: :meth:`tallow.plugin.AttentionBackend.plan`).
+    cuda_graph: bool = False
+    #: with several paged cache groups, each group's view of the step: the same rows and
+    #: lengths with that group's ``block_tables`` and ``slot_mapping`` (view 0 is this
+    #: metadata itself). Empty when the model has one paged group.
+    group_views: list[AttentionMetadata] = field(default_factory=list, repr=False)
+    #: per state group, the state slot of each sequence of the step (int64 [B], device)
+    state_slots: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+    def group(self, index: int) -> AttentionMetadata:
+        """The view of paged cache group ``index`` (see :attr:`group_views`)."""
+        return self.group_views[index] if self.group_views else self
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """The fixed facts of one attention layer, as this tensor-parallel rank runs it.
+
+    ``num_heads`` and ``num_kv_heads`` count the heads **of this rank** (see
+    :class:`Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
+    allocated from them: ``[2, blocks, block_size, num_kv_heads, head_dim]``.
+    """
+
+    layer_index: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int | None = None  # attend to at most this many most recent tokens
+    logit_softcap: float | None = None  # scores → softcap * tanh(scores / softcap)
+    #: True: query ``j`` sees keys up to its own position (decoders). False: every query of a
+    #: sequence sees all of its keys (encoders); the engine then computes each sequence whole
+    #: in one step, so that all its keys exist when its queries attend.
+    causal: bool = True
+
+
+class LayerKVCache:
+    """The KV cache of one attention layer: the tensors its codec lays out, by name.
+
+    Paged tensors are ``[num_blocks, *block shape]``; a token at ``slot`` lives in block
+    ``slot // block_size`` at offset ``slot % block_size``. ``cache["k"]`` is a tensor;
+    :attr:`codec` says how to read it.
+    """
+
+    __slots__ = ("codec", "tensors", "layout", "num_kv_heads", "head_dim", "block_size",
+                 "num_blocks", "model_dtype", "layer")
+
+    def __init__(self, codec: KVCodec, tensors: dict[str, torch.Tensor], *,
+                 layout: Sequence[KVTensor], num_kv_heads: int, head_dim: int, block_size: int,
+                 model_dtype: torch.dtype,
+                 layer: AttentionLayer | None = None) -> None:
+        self.codec = codec
+        #: the attention layer (tallow.layers.AttentionLayer) the cache serves, when known
+        self.layer = layer
+        self.tensors = tensors
+        self.layout = tuple(layout)
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.model_dtype = model_dtype
+        paged = [tensors[s.name] for s in self.layout if s.per_block]
+        self.num_blocks = paged[0].shape[0]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
+        return self.tensors.get(name, default)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.tensors.values())).device
+
+    def paged(self) -> list[torch.Tensor]:
+        """The per-block tensors, in layout order."""
+        return [self.tensors[s.name] for s in self.layout if s.per_block]
+
+    def clone(self) -> "LayerKVCache":
+        """A copy with tensors of its own (for tests and references)."""
+        return self.with_tensors({n: t.clone() for n, t in self.tensors.items()})
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "LayerKVCache":
+        """The same cache description over other tensors (copies, another device)."""
+        return LayerKVCache(self.codec, tensors, layout=self.layout,
+                            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                            block_size=self.block_size, model_dtype=self.model_dtype,
+                            layer=self.layer)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                          for n, t in self.tensors.items())
+        return f"LayerKVCache({self.codec.name}; {parts})"
 
 
 class AttentionBackend(Component):
@@ -143,6 +282,11 @@ class AttentionBackend(Component):
     #: (``encode``/``decode``), as the core's ``torch`` backend does
     uses_codec_reference: ClassVar[bool] = False
 
+    def __init__(self, config: Any = None) -> None:
+        """The engine builds each backend it considers with the configuration."""
+        # Any: a tallow.config.TallowConfig or None, a layer above tallow.types
+        self.config = config
+
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:
         """Reasons this backend cannot store K/V as ``codec`` does with ``layout`` (one
         layer's tensors; empty when it can). The engine chooses the codec first and asks each
@@ -154,7 +298,7 @@ class AttentionBackend(Component):
         return [f"kv codec {codec.name!r} is not implemented by this backend (it implements "
                 + ", ".join(sorted(self.fused_kv_codecs)) + ")"]
 
-    def plan(self, meta: Any) -> None:
+    def plan(self, meta: AttentionMetadata) -> None:
         """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
         describes, before any layer runs: work that depends on the batch but not on the layer
         (scheduling it over the GPU, page lists), done once per step so that :meth:`forward`
@@ -167,11 +311,12 @@ class AttentionBackend(Component):
         nothing. :meth:`forward` called with metadata that was not planned (tests, warm-ups)
         must still work, outside graph capture."""
 
-    def forward(self, layer: Any, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
-                kv_cache: Any, meta: Any) -> "torch.Tensor":
+    def forward(self, layer: AttentionLayer, q: "torch.Tensor", k: "torch.Tensor",
+                v: "torch.Tensor", kv_cache: LayerKVCache, meta: AttentionMetadata
+                ) -> "torch.Tensor":
         raise NotImplementedError
 
-    def warm_up(self, layers: list[Any], kv_caches: list[Any],
+    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache],
                 dtype: "torch.dtype") -> None:
         """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
         (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 
 def _lengths(p: argparse.ArgumentParser, input_default: int | None,
@@ -18,7 +17,7 @@ def _lengths(p: argparse.ArgumentParser, input_default: int | None,
     p.add_argument("--max-output-len", type=int)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tallow.config import add_config_arguments
 
     bench = subparsers.add_parser(

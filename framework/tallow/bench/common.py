@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
 import time
-from typing import Any, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.builder import EngineParts
+    from tallow.engine.core import CoreOutput
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.kernels.kv_cache import KVFootprint
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,7 +58,7 @@ def lengths(n: int, fixed: int | None, lo: int | None, hi: int | None, seed: int
     return [fixed] * n
 
 
-def input_prompts(args: Any, vocab: int) -> tuple[list[int], list[list[int]]]:
+def input_prompts(args: argparse.Namespace, vocab: int) -> tuple[list[int], list[list[int]]]:
     """(lengths, token ids) of ``args.num_prompts`` random inputs of the ``--input-len`` /
     ``--min-input-len``/``--max-input-len`` lengths: the same every run."""
     in_lens = lengths(args.num_prompts, args.input_len, args.min_input_len,
@@ -57,13 +66,13 @@ def input_prompts(args: Any, vocab: int) -> tuple[list[int], list[list[int]]]:
     return in_lens, random_prompts(args.num_prompts, in_lens, vocab, seed=12)
 
 
-def build_config(args: Any) -> Any:
+def build_config(args: argparse.Namespace) -> TallowConfig:
     from tallow.config import load_config
 
     return load_config(args)
 
 
-def build_engine(config: Any, queued: int = 0) -> Any:
+def build_engine(config: TallowConfig, queued: int = 0) -> LLMEngine:
     """The engine a benchmark measures, with the start-up heap frozen out of the garbage
     collector as ``tallow serve`` does. ``queued``: requests the benchmark adds at once; the
     waiting queue is widened to hold them (a server's limit guards against overload, which an
@@ -78,10 +87,25 @@ def build_engine(config: Any, queued: int = 0) -> Any:
     return engine
 
 
-def kv_capacity(parts: Any) -> dict[str, Any]:
+def last_step(engine: LLMEngine) -> CoreOutput:
+    """What the engine's latest step did (its updates, its timings)."""
+    out = engine.last_step
+    if out is None:
+        raise RuntimeError("the engine has not run a step yet")
+    return out
+
+
+def kv_footprint(parts: EngineParts) -> KVFootprint:
+    """The KV cache's cost per token and block (every engine but an embedding one has it)."""
+    if parts.kv_footprint is None:
+        raise RuntimeError("this engine keeps no KV cache")
+    return parts.kv_footprint
+
+
+def kv_capacity(parts: EngineParts) -> dict[str, Any]:
     """The KV cache of a built engine: its codec, the tokens it holds, and tokens per GiB
     against a 16-bit cache of the same layers (scales included)."""
-    cost = parts.kv_footprint
+    cost = kv_footprint(parts)
     blocks = parts.core.scheduler.block_manager.num_total_blocks
     return {"kv_codec": parts.kv_codec, "kv_blocks": blocks,
             "kv_capacity_tokens": cost.tokens(blocks),
@@ -96,7 +120,7 @@ def kv_capacity_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
             ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x")]
 
 
-def quantization(parts: Any) -> str:
+def quantization(parts: EngineParts) -> str:
     """What holds the weights: the quant scheme's summary, or the dense dtype."""
     quant = parts.loaded.quant
     summary = getattr(quant, "summary", None)
@@ -128,8 +152,8 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, iters: int = 20)
     n = nbytes // 2
     src = torch.empty(n, dtype=torch.float16, device=device)
     dst = torch.empty_like(src)
-    seconds = _seconds_per_call(device, lambda: dst.copy_(src), iters)
-    src = dst = None  # frees the buffers (the timed lambda holds the names)
+    seconds = _seconds_per_call(device, partial(dst.copy_, src), iters)
+    del src, dst  # frees the buffers before the cache is emptied
     torch.cuda.empty_cache()
     return 2 * nbytes / seconds
 
@@ -159,7 +183,7 @@ def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
     m, k, n = shape
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
-    seconds = _seconds_per_call(device, lambda: a @ b, iters)
-    a = b = None  # frees the operands (the timed lambda holds the names)
+    seconds = _seconds_per_call(device, partial(torch.matmul, a, b), iters)
+    del a, b  # frees the operands before the cache is emptied
     torch.cuda.empty_cache()
     return 2.0 * m * k * n / seconds

@@ -14,16 +14,21 @@ A ``random:`` model gets a synthetic byte-level vocabulary of its size
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .common import build_engine, input_prompts, now, quantization, sync
+from .common import build_engine, input_prompts, last_step, now, quantization, sync
 from .synthetic_vocab import write_tokenizer
 
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
-def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str, Any]:
+
+def _timed(engine: LLMEngine, prompts: list[list[int]], params: list[Any]) -> dict[str, Any]:
     """Run ``prompts`` with ``params`` to the end: elapsed seconds, steps, outputs."""
     device = engine.parts.loaded.device
     sync(device)
@@ -40,7 +45,7 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
             if out.finished:
                 done[out.request_id] = out.outputs[0]
         steps += 1
-        for key, value in engine.last_step.timings.items():
+        for key, value in last_step(engine).timings.items():
             phases[key] = phases.get(key, 0.0) + value
     sync(device)
     elapsed = now() - start
@@ -51,7 +56,7 @@ def _timed(engine: Any, prompts: list[list[int]], params: list[Any]) -> dict[str
             "phases_ms": {k: 1e3 * v / max(1, steps) for k, v in phases.items()}}
 
 
-def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
+def _validate(outputs: list[Any], schema: object) -> tuple[int, list[str]]:
     """How many outputs parse and validate against ``schema``, and why each output that its
     grammar ended (finish reason "stop") does not: its text and the first problem found."""
     import jsonschema
@@ -73,7 +78,7 @@ def _validate(outputs: list[Any], schema: Any) -> tuple[int, list[str]]:
     return count, problems
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     from tallow.engine.sampling.params import SamplingParams
     from tallow.plugin import GrammarSpec
 
@@ -95,7 +100,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     _, prompts = input_prompts(args, engine.parts.core.runner.vocab_size)
     max_tokens = args.output_len or args.max_output_len or 512
     constrained = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                 structured_outputs={"json": schema})
+                                 structured_outputs=GrammarSpec.json_schema(schema))
     started = now()
     structured.compile(GrammarSpec.json_schema(schema))  # a server compiles before admitting
     compile_s = now() - started

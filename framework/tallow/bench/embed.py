@@ -7,14 +7,21 @@ Any model runs: an encoder (``random:all-minilm-l6-v2``) embeds by itself, a dec
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
-from .common import build_engine, input_prompts, now, quantization, random_prompts, sync
+from .common import (
+    build_engine, input_prompts, last_step, now, quantization, random_prompts, sync,
+)
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
 _WARM_UP_INPUTS = 64
 
 
-def _embed_all(engine: Any, prompts: list[list[int]]) -> tuple[int, dict[str, float], int]:
+def _embed_all(engine: LLMEngine, prompts: list[list[int]]) -> tuple[int, dict[str, float], int]:
     """(steps, summed step phases, outputs) of embedding ``prompts``, all added at once."""
     from tallow.engine.embedding import PoolingParams
 
@@ -25,17 +32,20 @@ def _embed_all(engine: Any, prompts: list[list[int]]) -> tuple[int, dict[str, fl
     phases: dict[str, float] = {}
     while engine.has_unfinished():
         done += len(engine.step())
-        for key, value in engine.last_step.timings.items():
+        for key, value in last_step(engine).timings.items():
             phases[key] = phases.get(key, 0.0) + value
     return engine.core.steps - first, phases, done
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     if config.model.task == "generate":
         raise ValueError("tallow bench embed measures the embed task; drop --task generate")
     config.model.task = "embed"
     engine = build_engine(config, queued=max(args.num_prompts, _WARM_UP_INPUTS))
     parts = engine.parts
+    embedding = parts.embedding
+    if embedding is None:
+        raise RuntimeError("the engine was built without its embedding setup")
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size
     n = args.num_prompts
@@ -55,7 +65,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         "quantization": quantization(parts), "num_prompts": n,
         "attention_backend": parts.attention_backend, "input_tokens": tokens,
         "elapsed_s": elapsed, "steps": steps, "inputs_s": n / elapsed,
-        "total_tok_s": tokens / elapsed, "embedding": parts.embedding.describe(),
+        "total_tok_s": tokens / elapsed, "embedding": embedding.describe(),
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": parts.core.scheduler.max_num_batched_tokens,
         "kv_blocks": parts.core.scheduler.block_manager.num_total_blocks,

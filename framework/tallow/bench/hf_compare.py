@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tallow.layers import CausalLM
+
 from .common import now, random_prompts, sync
+
+if TYPE_CHECKING:
+    from tallow.engine.builder import EngineParts
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                 "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text"}
 
 
-def hf_model_like(parts: Any) -> torch.nn.Module:
+def hf_model_like(parts: EngineParts) -> Any:  # Any: a transformers causal LM of any architecture
     """A transformers model of the same config, holding the engine model's weights.
 
     transformers builds its model (random init), then the engine model loads that model's state
@@ -32,12 +37,15 @@ def hf_model_like(parts: Any) -> torch.nn.Module:
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_cfg, torch_dtype=dtype)
     model.eval()
-    parts.loaded.model.load_weights(model.state_dict().items(), naming="hf")
+    ours = parts.loaded.model
+    assert isinstance(ours, CausalLM), type(ours)
+    ours.load_weights(model.state_dict().items(), naming="hf")
     return model
 
 
 @torch.inference_mode()
-def hf_latency(parts: Any, *, batch: int, input_len: int, output_len: int) -> dict[str, Any]:
+def hf_latency(parts: EngineParts, *, batch: int, input_len: int,
+               output_len: int) -> dict[str, Any]:
     model = hf_model_like(parts)
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size

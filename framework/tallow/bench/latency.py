@@ -3,17 +3,22 @@ and how much of the card's memory bandwidth a decode step uses."""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tallow.layers import LMHead, VocabEmbedding
 
 from .common import (
-    build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, mean, now, percentile,
-    quantization, random_prompts, sync,
+    build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, kv_footprint, last_step, mean,
+    now, percentile, quantization, random_prompts, sync,
 )
 from .hf_compare import hf_latency
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
 
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
@@ -40,7 +45,7 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
     return total
 
 
-def prefill_only(engine: Any, prompts: list[list[int]]) -> dict[str, float]:
+def prefill_only(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, float]:
     """Run ``prompts`` for one token each; their full KV blocks stay in the prefix cache for a
     second pass over the same prompts. Seconds from the start to each first token."""
     from tallow.engine.sampling.params import SamplingParams
@@ -53,12 +58,12 @@ def prefill_only(engine: Any, prompts: list[list[int]]) -> dict[str, float]:
     first: dict[str, float] = {}
     while engine.has_unfinished():
         engine.step()
-        for update in engine.last_step.updates:
+        for update in last_step(engine).updates:
             first.setdefault(update.request_id, now() - start)
     return first
 
 
-def register_synthetic_context(engine: Any, prompts: list[list[int]], output_len: int
+def register_synthetic_context(engine: LLMEngine, prompts: list[list[int]], output_len: int
                                ) -> list[list[int]]:
     """Keep as many of ``prompts`` as the KV cache holds with their outputs, and register
     their full blocks in the prefix cache without computing them (synthetic K/V: the cache's
@@ -74,7 +79,7 @@ def register_synthetic_context(engine: Any, prompts: list[list[int]], output_len
     return kept
 
 
-def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
+def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
             seed: int = 0, prefill_first: bool = False,
             synthetic_context: bool = False) -> dict[str, Any]:
     """Run one batch and time it. With ``prefill_first`` every prompt is first run for one
@@ -111,7 +116,7 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
         engine.step()
         t1 = now()
         peak_running = max(peak_running, scheduler.num_running)
-        step = engine.last_step
+        step = last_step(engine)
         for update in step.updates:  # tokens the device produced this step
             if update.request_id not in first:
                 first[update.request_id] = t1 - start
@@ -148,7 +153,7 @@ def measure(engine: Any, *, batch: int, input_len: int, output_len: int,
     }
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     engine = build_engine(config)
     parts = engine.parts
     device = parts.loaded.device
@@ -166,7 +171,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     mean_ctx = args.input_len + args.output_len / 2
     running = result["decode_running_mean"]
     running = running if running == running else args.batch_size
-    kv_bytes = int(running * mean_ctx * parts.kv_footprint.bytes_per_token)
+    kv_bytes = int(running * mean_ctx * kv_footprint(parts).bytes_per_token)
     step_bytes = w_bytes + kv_bytes
     achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
     result.update({
@@ -185,7 +190,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
         **kv_capacity(parts),
         # sequences of this batch's length (prompt and output) the KV cache holds at once
         "kv_fits_sequences": parts.core.scheduler.block_manager.num_total_blocks // -(
-            -(args.input_len + args.output_len) // parts.kv_footprint.block_size),
+            -(args.input_len + args.output_len) // kv_footprint(parts).block_size),
     })
     if getattr(args, "compare", None) == "hf":
         hf = hf_latency(parts, batch=args.batch_size, input_len=args.input_len,

@@ -13,12 +13,18 @@ spread of the per-token NLLs (delta method: ``ppl * std(nll) / sqrt(n)``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import pathlib
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.engine.outputs import RequestOutput
 
 from tallow.engine.corpora import CorpusError, corpus_text
 from tallow.engine.sampling.params import SamplingParams
@@ -61,12 +67,12 @@ def windows(num_tokens: int, ctx: int, stride: int) -> list[Window]:
     return out
 
 
-def window_nlls(engine: Any, tokens: list[int], window: Window) -> list[float]:
+def window_nlls(engine: LLMEngine, tokens: list[int], window: Window) -> list[float]:
     """NLL of each token of ``window``'s scored part, from the engine's prompt logprobs."""
     return score_windows(engine, tokens, [window])
 
 
-def _scored_nlls(out: Any, prompt: list[int], window: Window) -> list[float]:
+def _scored_nlls(out: RequestOutput, prompt: list[int], window: Window) -> list[float]:
     if out.prompt_logprobs is None:
         raise RuntimeError("the engine returned no prompt logprobs for a perplexity window")
     nlls = []
@@ -78,7 +84,7 @@ def _scored_nlls(out: Any, prompt: list[int], window: Window) -> list[float]:
     return nlls
 
 
-def score_windows(engine: Any, tokens: list[int], plan: list[Window],
+def score_windows(engine: LLMEngine, tokens: list[int], plan: list[Window],
                   batch: int = 1) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
@@ -118,7 +124,7 @@ def summarize(nlls: list[float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-def read_text(args: Any) -> tuple[str, str]:
+def read_text(args: argparse.Namespace) -> tuple[str, str]:
     """(the text, a label of where it came from) from ``--text`` or ``--corpus``."""
     if args.text and args.corpus:
         raise BenchInputError("give either --text FILE or --corpus NAME, not both")
@@ -134,7 +140,7 @@ def read_text(args: Any) -> tuple[str, str]:
         raise BenchInputError(f"--corpus {name}: {exc} (or pass --text FILE)") from None
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     import time
 
     import torch

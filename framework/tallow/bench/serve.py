@@ -3,6 +3,7 @@ started here) `tallow serve` → TTFT, TPOT and ITL percentiles."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -11,9 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import lengths, mean, percentile, random_prompts
+
+if TYPE_CHECKING:
+    import httpx
+
+    from tallow.config import TallowConfig
 
 
 def _free_port() -> int:
@@ -42,7 +48,7 @@ def start_server(extra_args: list[str], port: int, timeout: float = 900.0) -> su
     raise TimeoutError("tallow serve did not become healthy in time")
 
 
-async def _one(client: Any, url: str, model: str, prompt: list[int], max_tokens: int,
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int,
                delay: float) -> dict[str, Any]:
     await asyncio.sleep(delay)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
@@ -83,7 +89,7 @@ async def _drive(base: str, model: str, prompts: list[list[int]], out_lens: list
         return list(results), time.perf_counter() - start
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     import httpx
 
     proc = None

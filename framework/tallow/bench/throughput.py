@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import constrained
 from .common import (
     build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
-    lengths, now, quantization, random_prompts, sync,
+    last_step, lengths, now, quantization, random_prompts, sync,
 )
 
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.engine.llm_engine import LLMEngine
 
-def warm_up(engine: Any) -> None:
+
+def warm_up(engine: LLMEngine) -> None:
     """A small batch before the clock starts: prompt-only steps, then prompts beside decoding
     sequences (mixed steps), so that kernels compile first."""
     from tallow.engine.sampling.params import SamplingParams
@@ -29,7 +34,7 @@ def warm_up(engine: Any) -> None:
         engine.step()
 
 
-def run(args: Any, config: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     if getattr(args, "json_schema", None):
         return constrained.run(args, config)
     from tallow.engine.sampling.params import SamplingParams
@@ -58,7 +63,7 @@ def run(args: Any, config: Any) -> dict[str, Any]:
     while engine.has_unfinished():
         outs = engine.step()
         steps += 1
-        for key, value in engine.last_step.timings.items():
+        for key, value in last_step(engine).timings.items():
             phases[key] = phases.get(key, 0.0) + value
         generated += sum(len(o.outputs[0].token_ids) for o in outs if o.finished)
     sync(device)

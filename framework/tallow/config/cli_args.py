@@ -11,13 +11,15 @@ import argparse
 import typing
 from typing import Any, Iterator
 
+from pydantic.fields import FieldInfo
+
 from .models import SECTIONS
 from .sources import Layer, field_kind
 
 CONFIG_DEST = "config"
 
 
-def setting_flags() -> Iterator[tuple[str, str, str | None, Any]]:
+def setting_flags() -> Iterator[tuple[str, str, str | None, FieldInfo]]:
     """``(section, field, flag or None, FieldInfo)`` for every setting, in model order.
 
     The flag is ``--<field-name>`` unless the field names another (or None: no flag).
@@ -26,6 +28,7 @@ def setting_flags() -> Iterator[tuple[str, str, str | None, Any]]:
         for name, info in model.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
             flag = extra.get("flag", "--" + name.replace("_", "-"))
+            assert flag is None or isinstance(flag, str), f"{section}.{name}: flag {flag!r}"
             yield section, name, flag, info
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def key_path(loc: Iterable[Any]) -> str:
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The field names valid at the mapping that holds ``loc``'s last key."""
-    current: Any = model
+    current: object = model
     for part in loc[:-1]:
         fields = getattr(current, "model_fields", None)
         if not fields or part not in fields:
@@ -70,7 +73,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(fields) if fields else []
 
 
-def _expected(err: dict[str, Any]) -> str:
+def _expected(err: ErrorDetails) -> str:
     kind = err["type"]
     msg = str(err.get("msg", ""))
     ctx = err.get("ctx") or {}
@@ -96,7 +99,7 @@ def _expected(err: dict[str, Any]) -> str:
     return msg[:1].lower() + msg[1:]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -84,7 +84,7 @@ def unknown_keyword_error(name: str, caller: str) -> TypeError:
                      + ", ".join(sorted(KEYWORDS)))
 
 
-def _section_values(keyword: Keyword, value: Any) -> Mapping[str, Any] | None:
+def _section_values(keyword: Keyword, value: object) -> Mapping[str, Any] | None:
     model = SECTIONS[keyword.section]
     if isinstance(value, model):
         return value.model_dump(exclude_unset=True)
@@ -120,7 +120,7 @@ def read_keywords(values: Mapping[str, Any], caller: str = "LLM()") -> Layer:
     return layer
 
 
-def _set_once(layer: Layer, key: tuple[str, str], value: Any, origin: str, caller: str) -> None:
+def _set_once(layer: Layer, key: tuple[str, str], value: object, origin: str, caller: str) -> None:
     if key in layer.values:
         raise TypeError(f"{caller} got {'.'.join(key)} twice: from {layer.origins[key]} and "
                         f"from {origin}")

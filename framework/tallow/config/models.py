@@ -20,7 +20,7 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _flag(name: str, **extra: Any) -> dict[str, Any]:
+def _flag(name: str | None, **extra: object) -> dict[str, Any]:
     return {"flag": name, **extra}
 
 
@@ -38,12 +38,12 @@ class Section(BaseModel):
         for a default or a value set in code after loading."""
         return self._origins.get(name, "")
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         super().__setattr__(name, value)
         if not name.startswith("_"):
             self._origins.pop(name, None)  # set in code: the recorded source no longer holds
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         # the recorded sources are bookkeeping, not part of a configuration's value
         if not isinstance(other, Section):
             return NotImplemented
@@ -334,7 +334,7 @@ with warnings.catch_warnings():
 
         @field_validator("level", mode="before")
         @classmethod
-        def _upper(cls, value: Any) -> Any:
+        def _upper(cls, value: object) -> object:
             return value.upper() if isinstance(value, str) else value
 
 

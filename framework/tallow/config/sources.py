@@ -33,12 +33,12 @@ class Layer:
     origins: dict[tuple[str, ...], str] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
 
-    def set(self, key: tuple[str, ...], value: Any, origin: str) -> None:
+    def set(self, key: tuple[str, ...], value: object, origin: str) -> None:
         self.values[key] = value
         self.origins[key] = origin
 
 
-def field_kind(annotation: Any) -> tuple[str, bool]:
+def field_kind(annotation: object) -> tuple[str, bool]:
     """(``"list"`` | ``"dict"`` | ``"bool"`` | ``"scalar"``, whether None is allowed)."""
     optional = False
     origin = typing.get_origin(annotation)
@@ -108,7 +108,7 @@ def env_var_name(section: str, name: str) -> str:
     return f"{ENV_PREFIX}{section.upper()}{ENV_SEPARATOR}{name.upper()}"
 
 
-def _parse_env_value(var: str, raw: str, annotation: Any) -> tuple[Any, Problem | None]:
+def _parse_env_value(var: str, raw: str, annotation: object) -> tuple[object, Problem | None]:
     kind, optional = field_kind(annotation)
     text = raw.strip()
     if optional and text.lower() in ("", "none", "null"):

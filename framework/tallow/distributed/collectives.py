@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import state
 
 
-def _group() -> object:
+def _group() -> dist.ProcessGroup | None:
     current = state.current()
     if current is None:
         raise RuntimeError("a tensor-parallel collective ran without a process group: a model "

@@ -17,13 +17,19 @@ each step:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
 
 from .collectives import broadcast_from_driver
 from .state import ParallelState
 from .step_message import (
     RELEASE, STEP, TOKENS_ARGMAX, TOKENS_BROADCAST, TOKENS_NONE, StepMessage,
 )
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.types import HostBatch
 
 
 class GroupFailedError(RuntimeError):
@@ -51,7 +57,8 @@ class StepPublisher:
         if failure is not None:
             raise GroupFailedError(failure)
 
-    def publish(self, copies: list[tuple[int, int]], host: Any,
+    def publish(self, copies: list[tuple[int, int]],
+                host: HostBatch | None,  # None: copies only
                 logit_rows: list[tuple[int, int]], greedy: bool) -> None:
         """Send the step the runner is about to run (``host`` None: only ``copies``)."""
         self._check()
@@ -64,7 +71,7 @@ class StepPublisher:
             self.parallel.control.send(message)
         self.steps += 1
 
-    def share_tokens(self, token_ids: Any) -> None:
+    def share_tokens(self, token_ids: torch.Tensor) -> None:
         """After sampling: the workers' share of the step's token ids (see the module
         docstring)."""
         if self._tokens == TOKENS_BROADCAST:
@@ -79,7 +86,7 @@ class StepPublisher:
         self.retired = True
 
 
-def open_engine(parallel: ParallelState, config: Any, plugins: dict[str, str], *,
+def open_engine(parallel: ParallelState, config: TallowConfig, plugins: dict[str, str], *,
                 feeds_tokens: bool) -> StepPublisher:
     """Make the group's workers build the engine of ``config`` with ``plugins`` (the
     driver's resolved plugin list: name → version); the caller builds its own meanwhile, in
@@ -90,5 +97,6 @@ def open_engine(parallel: ParallelState, config: Any, plugins: dict[str, str], *
     with parallel.control.lock:
         parallel.control.send_object({"config": config.model_dump(mode="json"),
                                       "plugins": dict(plugins)})
-    parallel.active = StepPublisher(parallel, feeds_tokens=feeds_tokens)
-    return parallel.active
+    publisher = StepPublisher(parallel, feeds_tokens=feeds_tokens)
+    parallel.active = publisher
+    return publisher

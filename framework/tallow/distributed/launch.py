@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,12 @@ from .env import disable_nvlink_multicast, share_cpu_cores
 from .state import ParallelState
 from .step_message import ControlChannel, StepMessage, STOP
 from .topology import Topology, resolve_topology
-from .watchdog import EXIT_GRACE_S, STOPPED_KEY, Watchdog, report_failure, stop_processes
+from .watchdog import (
+    EXIT_GRACE_S, STOPPED_KEY, Watchdog, WorkerProcess, report_failure, stop_processes,
+)
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
 
 log = logging.getLogger("tallow.distributed")
 
@@ -74,7 +79,7 @@ class WorkerSpec:
         return cls(**{**data, "topology": Topology(**data["topology"])})
 
 
-def start(config: Any) -> ParallelState | None:
+def start(config: TallowConfig) -> ParallelState | None:
     """This process's group for ``config``, started or joined (see the module docstring), or
     None when the settings and the environment ask for a single process."""
     topology = resolve_topology(config.parallel, config.model.device)
@@ -131,42 +136,6 @@ def _store_client(topology: Topology, timeout_s: float) -> Any:
     """A connection of the watchdog's own to the rendezvous store."""
     return dist.TCPStore(topology.master_addr, int(topology.master_port or 0), None, False,
                          timeout=timedelta(seconds=max(5.0, timeout_s)))
-
-
-class WorkerProcess:
-    """A worker this process spawned: a fresh interpreter running ``python -m
-    tallow.distributed`` (as torchrun starts its ranks), so the driver's own script is never
-    imported again in the worker and needs no ``if __name__ == "__main__"`` guard."""
-
-    def __init__(self, rank: int, popen: subprocess.Popen) -> None:
-        self.rank = rank
-        self.popen = popen
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def exitcode(self) -> int | None:
-        """None while it runs; its status, or minus the signal that killed it."""
-        return self.popen.poll()
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def terminate(self) -> None:
-        if self.is_alive():
-            self.popen.terminate()
-
-    def kill(self) -> None:
-        if self.is_alive():
-            self.popen.kill()
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _spawn(topology: Topology, collective_timeout_s: float, heartbeat_timeout_s: float,

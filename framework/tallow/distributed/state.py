@@ -9,11 +9,30 @@ Without a group every answer is that of a single process (rank 0 of 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
 from .topology import Topology
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from .step_message import ControlChannel
+    from .watchdog import Watchdog, WorkerProcess
+
+
+class EngineLink(Protocol):
+    """What the group reads of the driver's link to the engine that uses it
+    (:class:`tallow.distributed.driver.StepPublisher`, declared here by those members: the
+    driver builds on this module)."""
+
+    #: steps published so far
+    steps: int
+    #: a newer engine took the group over (or it was shut down)
+    retired: bool
+
+    def release(self) -> None: ...
 
 
 @dataclass
@@ -23,17 +42,17 @@ class ParallelState:
     topology: Topology
     device: torch.device
     #: the group of the model's collectives (NCCL on GPUs, gloo on CPUs): the default group
-    device_group: Any
+    device_group: dist.ProcessGroup | None
     #: driver → workers messages (tallow.distributed.step_message.ControlChannel, gloo)
-    control: Any
+    control: ControlChannel
     #: the rendezvous store (heartbeats and failure reports live under "tallow/")
-    store: Any
+    store: dist.Store
     #: watches the other ranks (tallow.distributed.watchdog.Watchdog)
-    watchdog: Any = None
+    watchdog: Watchdog | None = None
     #: worker processes this process spawned
-    processes: list[Any] = field(default_factory=list)
+    processes: list[WorkerProcess] = field(default_factory=list)
     #: the driver's link of the engine that uses the group now (tallow.distributed.driver)
-    active: Any = None
+    active: EngineLink | None = None
     #: called with the reason when a rank fails (the driver's engine fails its requests)
     failure_handlers: list[Callable[[str], None]] = field(default_factory=list)
 

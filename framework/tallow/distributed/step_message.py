@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from tallow.types import HostBatch
 
@@ -142,7 +143,7 @@ class ControlChannel:
     keeps a second thread of the driver (shutting down) from interleaving a message with a
     step's."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         #: size of the next message's first broadcast: the same on every rank
         self.capacity = MIN_CAPACITY
@@ -182,13 +183,13 @@ class ControlChannel:
         self.capacity = next_capacity(size)
         return StepMessage.unpack(data[:size])
 
-    def send_object(self, obj: Any) -> None:
+    def send_object(self, obj: object) -> None:
         """A picklable object to every rank (start-up: the configuration and plugins)."""
         import torch.distributed as dist
 
         dist.broadcast_object_list([obj], src=0, group=self.group)
 
-    def receive_object(self) -> Any:
+    def receive_object(self) -> Any:  # Any: what the driver sent (send_object)
         import torch.distributed as dist
 
         box: list[Any] = [None]

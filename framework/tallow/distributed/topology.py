@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from tallow.config import ParallelConfig
 
 #: the port of the rendezvous across hosts when neither the settings nor $MASTER_PORT give one
 #: (torchrun's default)
@@ -100,7 +103,7 @@ def _backend(name: str, device_type: str) -> str:
     return name
 
 
-def resolve_topology(parallel: Any, model_device: str = "auto", *,
+def resolve_topology(parallel: ParallelConfig, model_device: str = "auto", *,
                      environ: Mapping[str, str] | None = None,
                      cuda_devices: int | None = None) -> Topology | None:
     """The group that ``parallel`` (the ``parallel`` settings) and the environment describe,

@@ -29,10 +29,14 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 log = logging.getLogger("tallow.distributed")
 
@@ -65,7 +69,44 @@ def die_with_parent() -> None:
         pass
 
 
-def describe_exit(process: Any) -> str:
+class WorkerProcess:
+    """A worker this process spawned (:func:`tallow.distributed.launch.start` spawns it, the
+    watchdog watches it; defined here, below the launcher, which builds on this module): a fresh interpreter running ``python -m
+    tallow.distributed`` (as torchrun starts its ranks), so the driver's own script is never
+    imported again in the worker and needs no ``if __name__ == "__main__"`` guard."""
+
+    def __init__(self, rank: int, popen: subprocess.Popen) -> None:
+        self.rank = rank
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; its status, or minus the signal that killed it."""
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def terminate(self) -> None:
+        if self.is_alive():
+            self.popen.terminate()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self.popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def describe_exit(process: WorkerProcess) -> str:
     code = process.exitcode
     if code is None:
         return "is running"
@@ -77,7 +118,7 @@ def describe_exit(process: Any) -> str:
     return f"exited with status {code}"
 
 
-def stop_processes(processes: list[Any], grace: float = 0.0) -> None:
+def stop_processes(processes: list[WorkerProcess], grace: float = 0.0) -> None:
     """Give ``processes`` ``grace`` seconds to exit by themselves, then SIGKILL the rest and
     reap them (spawned workers ignore SIGTERM and SIGINT: their driver ends them)."""
     deadline = time.monotonic() + grace
@@ -94,8 +135,8 @@ class Watchdog(threading.Thread):
     thread's own (the process group's is never shared with it); ``children`` maps each rank
     this process spawned to its process; ``remote`` lists the ranks watched by heartbeat."""
 
-    def __init__(self, *, rank: int, store: Any, heartbeat_timeout_s: float,
-                 children: dict[int, Any] | None = None, remote: list[int] | None = None,
+    def __init__(self, *, rank: int, store: dist.Store, heartbeat_timeout_s: float,
+                 children: dict[int, WorkerProcess] | None = None, remote: list[int] | None = None,
                  parent_pid: int | None = None,
                  on_failure: Callable[[str, bool], None] | None = None) -> None:
         super().__init__(name=f"tallow-watchdog-{rank}", daemon=True)
@@ -192,7 +233,7 @@ class Watchdog(threading.Thread):
             self.on_failure(reason, own_workers)
 
 
-def report_failure(store: Any, reason: str) -> None:
+def report_failure(store: dist.Store, reason: str) -> None:
     """Tell the driver why this rank's part of the group failed (best effort)."""
     try:
         store.set(FAILURE_KEY, reason)

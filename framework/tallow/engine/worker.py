@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
@@ -33,6 +33,11 @@ from tallow.distributed.step_message import (
 from tallow.distributed.watchdog import die_with_parent, report_failure
 from tallow.kernels import argmax_rows
 from tallow.plugin.manager import load_pinned_plugins
+
+if TYPE_CHECKING:
+    from tallow.layers import CausalLM
+
+    from .model_runner import ModelRunner
 
 #: builds this rank's model runner as the driver builds its own
 #: (:func:`tallow.engine.builder.build_runner`: config, registries, parallel state -> a
@@ -122,7 +127,8 @@ def _serve_engine(parallel: ParallelState, startup: dict[str, Any],
 
 
 @torch.inference_mode()
-def run_step(runner: Any, message: StepMessage, fed: torch.Tensor | None) -> torch.Tensor | None:
+def run_step(runner: ModelRunner,
+             message: StepMessage, fed: torch.Tensor | None) -> torch.Tensor | None:
     """Run the driver's step ``message`` on this rank's shard; returns the step's sampled token
     ids when the next step may feed on them (else None). ``fed`` are the previous step's."""
     runner.copy_blocks(message.copies)
@@ -131,7 +137,7 @@ def run_step(runner: Any, message: StepMessage, fed: torch.Tensor | None) -> tor
         return None
     batch = runner.upload(runner.stage(host))
     hidden = runner.run_batch(batch, fed)
-    model = runner.model
+    model = cast("CausalLM", runner.model)  # an nn.Module to the runner
     for start, end in message.logit_rows:  # the driver's prompt logprobs, in its order
         model.compute_logits(hidden[start:end])
     if not host.num_sampled:

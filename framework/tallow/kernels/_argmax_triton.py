@@ -76,7 +76,7 @@ def argmax_rows_triton(x: torch.Tensor, bitmask: torch.Tensor | None = None,
     indexed = mask_of_row is not None
     _chunk_argmax_kernel[(rows, n_chunks)](
         x, x.stride(0), n, best_val, best_idx, n_chunks,
-        bitmask if masked else x, bitmask.shape[1] if masked else 0,
+        bitmask if masked else x, bitmask.shape[1] if masked else 0,  # type: ignore[union-attr]
         mask_of_row if indexed else x,
         CHUNK=CHUNK, MASKED=masked, MASK_INDEXED=indexed, USE_PDL=use_pdl, num_warps=8,
         launch_pdl=use_pdl)

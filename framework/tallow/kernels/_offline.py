@@ -26,7 +26,7 @@ def _aligned_by_default(name: str) -> bool:
 def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[str, str], *,
                     capability: int = 90, default_pointer: str = "*fp16",
                     aligned: Callable[[str], bool] = _aligned_by_default,
-                    **options: Any) -> Any:
+                    **options: Any) -> Any:  # Any: triton objects (triton has no type hints)
     """``kernel`` (a ``triton.jit`` function) compiled for ``sm_<capability>``.
 
     Arguments named in ``constexprs`` are compile-time constants (entries that name no
@@ -54,7 +54,7 @@ def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[s
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
-def _cuobjdump(compiled: Any, flag: str) -> str:
+def _cuobjdump(compiled: Any, flag: str) -> str:  # Any: a triton CompiledKernel
     import triton
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
@@ -66,7 +66,7 @@ def _cuobjdump(compiled: Any, flag: str) -> str:
                               text=True).stdout
 
 
-def resource_usage(compiled: Any) -> dict[str, int]:
+def resource_usage(compiled: Any) -> dict[str, int]:  # Any: a triton CompiledKernel
     """Registers (``REG``), stack and local memory bytes (``STACK``, ``LOCAL``: non-zero means
     spills) of a compiled kernel, as ``cuobjdump`` reports them."""
     text = _cuobjdump(compiled, "--dump-resource-usage")
@@ -77,7 +77,7 @@ _SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
 
 
-def sass_loops(compiled: Any) -> list[list[str]]:
+def sass_loops(compiled: Any) -> list[list[str]]:  # Any: a triton CompiledKernel
     """The machine instructions (SASS, as ``cuobjdump -sass`` prints them) of each loop of a
     compiled kernel: the instructions from a backward branch's target to the branch, longest
     loop first. Tests count what a kernel spends per iteration with it."""

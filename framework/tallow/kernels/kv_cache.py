@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from tallow.types import KVCodec, KVTensor
+from tallow.types import LayerKVCache as LayerKVCache  # defined below the contracts that take it
 
 #: bytes of one element of the 16-bit cache that capacities are compared with
 REFERENCE_BYTES = 2
@@ -51,7 +52,7 @@ def indexable(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype.is_floating_point and t.dtype.itemsize == 1 else t
 
 
-def float8_reasons(dtype: torch.dtype, capability: tuple[int, int] | None) -> list[str]:
+def float8_reasons(dtype: torch.dtype, capability: tuple[int, ...] | None) -> list[str]:
     """Why Triton kernels cannot convert to and from ``dtype`` on a GPU of compute
     ``capability`` (None: not a GPU; empty when they can): e4m3 needs
     :data:`E4M3_MIN_CAPABILITY`."""
@@ -144,70 +145,10 @@ def footprint(codec: KVCodec, layers: Iterable[Any], *, block_size: int,
     return KVFootprint(per_block, fixed, block_size, reference)
 
 
-# -- the cache of one layer ---------------------------------------------------------------------
-class LayerKVCache:
-    """The KV cache of one attention layer: the tensors its codec lays out, by name.
-
-    Paged tensors are ``[num_blocks, *block shape]``; a token at ``slot`` lives in block
-    ``slot // block_size`` at offset ``slot % block_size``. ``cache["k"]`` is a tensor;
-    :attr:`codec` says how to read it.
-    """
-
-    __slots__ = ("codec", "tensors", "layout", "num_kv_heads", "head_dim", "block_size",
-                 "num_blocks", "model_dtype", "layer")
-
-    def __init__(self, codec: KVCodec, tensors: dict[str, torch.Tensor], *,
-                 layout: Sequence[KVTensor], num_kv_heads: int, head_dim: int, block_size: int,
-                 model_dtype: torch.dtype, layer: Any = None) -> None:
-        self.codec = codec
-        #: the attention layer (tallow.layers.AttentionLayer) the cache serves, when known
-        self.layer = layer
-        self.tensors = tensors
-        self.layout = tuple(layout)
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.block_size = block_size
-        self.model_dtype = model_dtype
-        paged = [tensors[s.name] for s in self.layout if s.per_block]
-        self.num_blocks = paged[0].shape[0]
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.tensors.get(name, default)
-
-    @property
-    def device(self) -> torch.device:
-        return next(iter(self.tensors.values())).device
-
-    def paged(self) -> list[torch.Tensor]:
-        """The per-block tensors, in layout order."""
-        return [self.tensors[s.name] for s in self.layout if s.per_block]
-
-    def clone(self) -> "LayerKVCache":
-        """A copy with tensors of its own (for tests and references)."""
-        return self.with_tensors({n: t.clone() for n, t in self.tensors.items()})
-
-    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "LayerKVCache":
-        """The same cache description over other tensors (copies, another device)."""
-        return LayerKVCache(self.codec, tensors, layout=self.layout,
-                            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                            block_size=self.block_size, model_dtype=self.model_dtype,
-                            layer=self.layer)
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"{n}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-                          for n, t in self.tensors.items())
-        return f"LayerKVCache({self.codec.name}; {parts})"
-
-
 def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
                    num_blocks: int, model_dtype: torch.dtype,
-                   device: torch.device | str = "cpu", layer: Any = None,
+                   device: torch.device | str = "cpu",
+                   layer: Any = None,  # Any: as LayerKVCache.layer
                    checkpoint_scales: dict[str, torch.Tensor] | None = None) -> LayerKVCache:
     """One layer's cache of ``num_blocks`` blocks, zeroed, its per-layer tensors filled by the
     codec (:meth:`KVCodec.init_layer`, then :meth:`KVCodec.use_checkpoint_scales` with

@@ -42,7 +42,7 @@ class CastKVCodec(KVCodec):
     name: ClassVar[str] = "auto"
     bits_per_element: ClassVar[float] = 16.0
     #: the storage dtype; None: the model's dtype
-    storage: ClassVar[torch.dtype | None] = None
+    storage: torch.dtype | None = None
 
     def __init__(self, config: object = None, *, storage: torch.dtype | None = None,
                  per_head_scales: bool = False, center_keys: bool = False) -> None:

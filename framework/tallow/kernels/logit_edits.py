@@ -5,10 +5,10 @@ because both the torch reference and the Triton kernel (:mod:`._sampling_triton`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from .host import device_tensor
 
@@ -51,7 +51,7 @@ class LogitEdits:
         keys = np.concatenate([r.astype(np.int64) * vocab_size + t.astype(np.int64)
                                for r, t in parts])
 
-        def t(values: Any, dtype: torch.dtype) -> torch.Tensor:
+        def t(values: ArrayLike, dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, device)
 
         penalties = dict(repetition_penalty=t(repetition_penalty, torch.float32),

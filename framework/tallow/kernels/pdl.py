@@ -120,7 +120,7 @@ def off_then_on(fn: Callable[[], Any]) -> tuple[Any, Any]:
     return off, on
 
 
-def compiled_with_pdl(kernel: Any) -> bool | None:
+def compiled_with_pdl(kernel: Any) -> bool | None:  # Any: a triton JITFunction
     """Whether a variant of the Triton ``kernel`` in Triton's in-process cache was built for a
     PDL launch (with the wait in its code): tests and benchmarks check with it that the PDL
     path really ran. None where this Triton does not expose that cache."""

@@ -65,7 +65,7 @@ def _normed_heads(name: str, x: torch.Tensor, n_tokens: int, head_size: int,
     """RMSNorm of every head of ``x`` (into ``x`` when ``inplace``, else into a copy); ``fast``
     takes the norm kernel's dispatch rather than the reference."""
     rows = _token_rows(name, x, n_tokens, head_size)
-    normed = (rms_norm if fast else rms_norm_ref)(rows, weight, eps)
+    normed: torch.Tensor = (rms_norm if fast else rms_norm_ref)(rows, weight, eps)  # type: ignore[assignment]  # one tensor without a residual
     if inplace:
         rows.copy_(normed)
         return x

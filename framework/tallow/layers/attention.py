@@ -9,96 +9,39 @@ chosen :class:`tallow.plugin.AttentionBackend` does the work.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass
+from typing import Iterator, Protocol
 
 import torch
 from torch import nn
 
+# defined below the AttentionBackend contract that takes them, re-exported here
+from tallow.types import AttentionLayer as AttentionLayer
+from tallow.types import AttentionMetadata as AttentionMetadata
+from tallow.types import LayerKVCache
+
 from .cache_spec import CacheSpec, FullAttentionSpec, SlidingWindowSpec
 
-if TYPE_CHECKING:  # pragma: no cover
-    from tallow.kernels.kv_cache import LayerKVCache
 
+class AttentionImpl(Protocol):
+    """What a forward context runs attention with: a :class:`tallow.plugin.AttentionBackend`
+    (declared here, below the plugin API, by the one method the layers call)."""
 
-@dataclass
-class AttentionMetadata:
-    """One step's flat batch, as attention backends see it.
-
-    Sequences are laid end to end: sequence ``i`` owns query rows
-    ``query_start_loc[i]:query_start_loc[i+1]``; those are its *last* tokens, so its context
-    (earlier cached tokens plus this step's) has length ``seq_lens[i]``. K/V of row ``t`` go to
-    cache slot ``slot_mapping[t]`` (block ``slot // block_size``, offset ``slot % block_size``);
-    -1 marks a padding row whose K/V are not stored. Token ``j`` of sequence ``i`` lives in block
-    ``block_tables[i, j // block_size]``.
-    """
-
-    num_seqs: int
-    num_tokens: int
-    query_start_loc: torch.Tensor  # int32 [B+1], device
-    seq_lens: torch.Tensor  # int32 [B], device
-    block_tables: torch.Tensor  # int32 [B, max_blocks], device
-    slot_mapping: torch.Tensor  # int64 [T], device
-    max_query_len: int
-    max_seq_len: int
-    block_size: int
-    # Host copies, for backends (the torch reference) that loop in Python. None when the
-    # metadata was built for a CUDA graph, where only device tensors exist.
-    query_start_loc_cpu: list[int] | None = None
-    seq_lens_cpu: list[int] | None = None
-    #: True when this step is captured in, or replayed from, a CUDA graph of ``num_seqs``
-    #: rows: the device tensors above are that graph's fixed buffers (see
-    #: :meth:`tallow.plugin.AttentionBackend.plan`).
-    cuda_graph: bool = False
-    #: with several paged cache groups, each group's view of the step: the same rows and
-    #: lengths with that group's ``block_tables`` and ``slot_mapping`` (view 0 is this
-    #: metadata itself). Empty when the model has one paged group.
-    group_views: list["AttentionMetadata"] = field(default_factory=list, repr=False)
-    #: per state group, the state slot of each sequence of the step (int64 [B], device)
-    state_slots: list[torch.Tensor] = field(default_factory=list, repr=False)
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.max_query_len == 1
-
-    def group(self, index: int) -> "AttentionMetadata":
-        """The view of paged cache group ``index`` (see :attr:`group_views`)."""
-        return self.group_views[index] if self.group_views else self
-
-
-@dataclass(frozen=True)
-class AttentionLayer:
-    """The fixed facts of one attention layer, as this tensor-parallel rank runs it.
-
-    ``num_heads`` and ``num_kv_heads`` count the heads **of this rank** (see
-    :class:`Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
-    allocated from them: ``[2, blocks, block_size, num_kv_heads, head_dim]``.
-    """
-
-    layer_index: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    scale: float
-    sliding_window: int | None = None  # attend to at most this many most recent tokens
-    logit_softcap: float | None = None  # scores → softcap * tanh(scores / softcap)
-    #: True: query ``j`` sees keys up to its own position (decoders). False: every query of a
-    #: sequence sees all of its keys (encoders); the engine then computes each sequence whole
-    #: in one step, so that all its keys exist when its queries attend.
-    causal: bool = True
+    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor: ...
 
 
 @dataclass
 class ForwardContext:
     meta: AttentionMetadata
-    backend: Any  # tallow.plugin.AttentionBackend
+    backend: AttentionImpl
 
 
 _context: list[ForwardContext] = []
 
 
 @contextlib.contextmanager
-def forward_context(meta: AttentionMetadata, backend: Any) -> Iterator[ForwardContext]:
+def forward_context(meta: AttentionMetadata, backend: AttentionImpl) -> Iterator[ForwardContext]:
     """Make ``meta`` and ``backend`` visible to every :class:`Attention` during one forward.
 
     One forward is one step: the backend's ``plan(meta)`` (when it has one) runs first, once,

@@ -3,11 +3,9 @@ kernels run, with the same words: backends add only what their own kernels need.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from .attention import AttentionLayer
+from .attention import AttentionLayer, AttentionMetadata
 
 
 def layer_reasons(layer: AttentionLayer) -> list[str]:
@@ -23,7 +21,7 @@ def layer_reasons(layer: AttentionLayer) -> list[str]:
 
 
 def check_rows(backend: str, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, meta: Any) -> None:
+               v: torch.Tensor, meta: AttentionMetadata) -> None:
     """ValueError unless ``q``, ``k``, ``v`` and ``meta.slot_mapping`` have one row per token
     of the step (``backend`` names the backend in the message)."""
     n = q.shape[0]

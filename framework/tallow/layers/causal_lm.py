@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections import defaultdict
-from typing import Any, ClassVar, Hashable, Iterable
+from typing import Any, Callable, ClassVar, Hashable, Iterable
 
 import torch
 from torch import nn
@@ -96,7 +96,7 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             raise WeightLoadError(f"{type(self).__name__} cannot load tensors named "
                                   f"{naming!r} (it knows: {known})") from None
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]],
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
                      naming: str = "hf") -> set[str]:
         """Load checkpoint ``tensors`` named under ``naming``; return the parameters filled.
 
@@ -129,7 +129,7 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
                 tensor, quantized = tensor.dequantize(), False
             if rule.transform:
                 transform = getattr(self, rule.transform)
-                if quantized:
+                if isinstance(tensor, QuantizedWeight):
                     tensor = tensor.map_rows(lambda rows: transform(rows, match.groups))
                 else:
                     tensor = transform(tensor, match.groups)
@@ -149,7 +149,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
                 continue
             if quantized and not getattr(param, "accepts_quantized", False):
                 tensor = tensor.dequantize()  # no quantization scheme keeps it: float32
-            loader = getattr(param, "weight_loader", default_weight_loader)
+            # a loader that accepts quantized tensors takes them as they are (accepts_quantized)
+            loader: Callable[..., None] = getattr(param, "weight_loader", default_weight_loader)
             shard = match.shard
             try:
                 if shard is None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .linear import WeightSlice
-from .linear_method import LinearMethod, linear_method_for
+from .linear_method import LinearMethod, linear_method_for, set_weight_attrs
 from .model import BuildContext
 from .parallel import all_gather_last_dim, all_reduce
 
@@ -45,7 +45,7 @@ class _VocabSharded(nn.Module):
                                          b.dtype, b.device)
         for param in self.parameters(recurse=False):
             if not hasattr(param, "weight_loader"):
-                param.weight_loader = self.weight_loader
+                set_weight_attrs(param, weight_loader=self.weight_loader)
 
     def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
         """``(vocab_size, hidden_size)``: the checkpoint tensor is the whole vocabulary."""
@@ -89,6 +89,7 @@ class VocabEmbedding(_VocabSharded):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         method = self.quant_method
+        assert method is not None, "an embedding creates its weight when it is built"
         if self.tp_size == 1:
             return method.embedding(self, input_ids)
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
@@ -130,7 +131,7 @@ class LMHead(_VocabSharded):
         if bias:
             b = nn.Parameter(torch.zeros(self.rows_per_rank, dtype=self._build.dtype,
                                          device=self._build.device), requires_grad=False)
-            b.weight_loader = self._bias_loader
+            set_weight_attrs(b, weight_loader=self._bias_loader)
             self.bias = b
         else:
             self.register_parameter("bias", None)
@@ -158,7 +159,9 @@ class LMHead(_VocabSharded):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         owner = self._tied_to[0] if self._tied_to else self
-        logits = owner.quant_method.apply(owner, hidden, self.bias)
+        method = owner.quant_method
+        assert method is not None, "a head's storage is its own or its tied embedding's"
+        logits = method.apply(owner, hidden, self.bias)
         logits = all_gather_last_dim(logits, self.tp_size)
         return logits[..., :self.num_embeddings]
 

@@ -44,6 +44,7 @@ from tallow.kernels.moe import ACTIVATIONS
 
 from .activation import SiluAndMul
 from .linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from .linear_method import set_weight_attrs
 from .model import BuildContext
 from .moe_method import moe_method_for
 from .moe_router import RouterSpec, select_experts
@@ -79,9 +80,10 @@ class FusedExperts(nn.Module):
         for name, param in self.named_parameters(recurse=False):
             part = ("gate", "up") if name.startswith("w13") else ("down",)
             if not hasattr(param, "shard_ids"):
-                param.shard_ids = tuple((str(e), p) for e in range(num_experts) for p in part)
+                set_weight_attrs(param, shard_ids=tuple((str(e), p) for e in range(num_experts)
+                                                        for p in part))
             if not hasattr(param, "weight_loader"):
-                param.weight_loader = self.weight_loader
+                set_weight_attrs(param, weight_loader=self.weight_loader)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
                       shard_id: Hashable | None = None) -> None:
@@ -108,7 +110,8 @@ class FusedExperts(nn.Module):
         dst = param.data[e]
         i_rank, rank = self.intermediate_per_rank, self.tp_rank
         full_i = self.intermediate_size
-        if param.shard_ids[0][1] == "gate":  # w13: rows are gate then up, I each
+        shard_ids: tuple[tuple[str, str], ...] = getattr(param, "shard_ids")
+        if shard_ids[0][1] == "gate":  # w13: rows are gate then up, I each
             if part not in (None, "gate", "up"):
                 raise ValueError(f"{what}: the gate/up projection has no part {part!r}")
             halves = [0, 1] if part is None else [0 if part == "gate" else 1]

@@ -31,22 +31,9 @@ from typing import Hashable
 import torch
 from torch import nn
 
-from .linear_method import LinearMethod, linear_method_for, set_weight_attrs
+from .linear_method import LinearMethod, WeightSlice, linear_method_for, set_weight_attrs
 from .model import BuildContext
 from .parallel import all_gather_last_dim, all_reduce, divide
-
-
-@dataclass(frozen=True)
-class WeightSlice:
-    """The part of a checkpoint tensor that one output partition of this rank holds: rows
-    ``rows[0]:rows[1]`` (output features) and columns ``cols[0]:cols[1]`` (input features; None
-    for all of them), followed by ``pad_rows`` rows of zeros (the tail of the last shard of a
-    vocabulary that does not divide evenly)."""
-
-    partition: int
-    rows: tuple[int, int]
-    cols: tuple[int, int] | None = None
-    pad_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +67,8 @@ def _scaled(value: int, extent: int, logical: int, what: str) -> int:
 class LinearBase(nn.Module):
     """What every linear layer shares: its method, its rank, and parameter bookkeeping."""
 
+    bias: torch.Tensor | None
+
     def __init__(self, input_size: int, output_size: int, *, build: BuildContext | None = None,
                  prefix: str = "", quant_method: LinearMethod | None = None) -> None:
         super().__init__()
@@ -105,7 +94,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         for param in self.parameters(recurse=False):
             if not hasattr(param, "weight_loader"):
-                param.weight_loader = self.weight_loader
+                set_weight_attrs(param, weight_loader=self.weight_loader)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
                       shard_id: Hashable | None = None) -> None:
@@ -178,7 +167,7 @@ class ColumnParallelLinear(LinearBase):
         if len(self.partitions) > 1:
             for param in self.parameters(recurse=False):
                 if getattr(param, "output_dim", None) is not None:
-                    param.shard_ids = tuple(p.shard_id for p in self.partitions)
+                    set_weight_attrs(param, shard_ids=tuple(p.shard_id for p in self.partitions))
 
     def _partitions(self) -> list[_Partition]:
         rank_size = divide(self.output_size, self.tp_size, f"{self.prefix} output size")

@@ -30,7 +30,8 @@ the layer leaves such a loader in place. A parameter that no checkpoint tensor f
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import Hashable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,38 @@ from torch import nn
 
 from tallow.kernels.linear import gated_gemv, gated_gemv_fits
 from tallow.kernels.linear import linear as dense_linear
+
+@dataclass(frozen=True)
+class WeightSlice:
+    """The part of a checkpoint tensor that one output partition of this rank holds (defined
+    here, below :mod:`tallow.layers.linear`, which re-exports it, for :class:`ShardedWeights`): rows
+    ``rows[0]:rows[1]`` (output features) and columns ``cols[0]:cols[1]`` (input features; None
+    for all of them), followed by ``pad_rows`` rows of zeros (the tail of the last shard of a
+    vocabulary that does not divide evenly)."""
+
+    partition: int
+    rows: tuple[int, int]
+    cols: tuple[int, int] | None = None
+    pad_rows: int = 0
+
+
+class ShardedWeights(Protocol):
+    """What a method may ask of the layer it stores weights for (every linear layer, the
+    vocabulary embedding and the head): how the checkpoint's tensors map onto this rank."""
+
+    def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]: ...
+
+    def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]: ...
+
+
+def sharded_weights(layer: nn.Module) -> ShardedWeights:
+    """``layer`` as the owner of sharded weights (nn.Module's attributes are untyped)."""
+    return cast(ShardedWeights, layer)
+
+
+def dense_weight(layer: nn.Module) -> torch.Tensor:
+    """The float weight a dense method registered on ``layer``."""
+    return cast(torch.Tensor, layer.weight)
 
 
 class LinearMethod:
@@ -90,10 +123,10 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return dense_linear(x, layer.weight, bias)
+        return dense_linear(x, dense_weight(layer), bias)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, layer.weight)
+        return F.embedding(ids, dense_weight(layer))
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,12 +134,13 @@ class UnquantizedLinearMethod(LinearMethod):
         reads its input (one launch and no intermediate tensor at batch 1); see
         :func:`tallow.kernels.linear.gated_linear`."""
         kind = getattr(act, "kind", None)
-        if kind is None or not gated_gemv_fits(x, layer.weight, bias):
+        weight = dense_weight(layer)
+        if kind is None or not gated_gemv_fits(x, weight, bias):
             return self.apply(layer, act(x), bias)
-        return gated_gemv(x, layer.weight, bias, kind=kind)
+        return gated_gemv(x, weight, bias, kind=kind)
 
 
-def set_weight_attrs(param: torch.Tensor, **attrs: Any) -> None:
+def set_weight_attrs(param: torch.Tensor, **attrs: object) -> None:
     """Attach loading metadata (``output_dim``, ``input_dim``, ``weight_loader``...) to ``param``.
 
     Refuses to overwrite an attribute already set, which would silently change how the
@@ -123,7 +157,7 @@ _FACTORIES = {"linear": ("linear_method",), "head": ("head_method",),
               "embedding": ("embedding_method",)}
 
 
-def linear_method_for(quant: Any, prefix: str, role: str = "linear") -> LinearMethod:
+def linear_method_for(quant: object, prefix: str, role: str = "linear") -> LinearMethod:
     """The :class:`LinearMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
     layer at ``prefix``; :class:`UnquantizedLinearMethod` when it assigns none. ``role`` is
     ``"linear"``, ``"head"`` (the LM head) or ``"embedding"`` (token embeddings): see the

@@ -20,7 +20,7 @@ class ArchConfig(dict):
         except KeyError:
             raise AttributeError(f"model config has no {key!r}") from None
 
-    def __setattr__(self, key: str, value: Any) -> None:
+    def __setattr__(self, key: str, value: object) -> None:
         self[key] = value
 
     def require(self, key: str) -> Any:
@@ -43,7 +43,9 @@ class BuildContext:
 
     dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    quant: Any = None  # a tallow.plugin.QuantScheme instance, or None for plain weights
+    #: a tallow.plugin.QuantScheme instance, or None for plain weights (asked for its optional
+    #: factories by name: :func:`tallow.layers.linear_method.linear_method_for`)
+    quant: object = None
     tp_rank: int = 0
     tp_size: int = 1
     #: what the engine will run: "generate" (tokens from logits) or "embed" (pooled hidden

@@ -15,7 +15,7 @@ parameters say which dimension follows the expert index, the output and the inpu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -23,6 +23,17 @@ from torch import nn
 from tallow.kernels import fused_moe
 
 from .linear_method import set_weight_attrs
+
+
+class ExpertWeights(Protocol):
+    """What :meth:`MoEMethod.apply` reads of the layer it stored the experts' weights on
+    (:class:`tallow.layers.fused_moe.FusedExperts`; nn.Module's attributes are untyped)."""
+
+    w13_weight: torch.Tensor
+    w2_weight: torch.Tensor
+    activation: str
+    swiglu_alpha: float
+    swiglu_limit: float
 
 
 class MoEMethod:
@@ -66,10 +77,12 @@ class UnquantizedMoEMethod(MoEMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
-        return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, activation=layer.activation,
+        experts = cast(ExpertWeights, layer)
+        return fused_moe(x, experts.w13_weight, experts.w2_weight, topk_weights, topk_ids,
+                         activation=experts.activation,
                          w13_bias=getattr(layer, "w13_bias", None),
                          w2_bias=getattr(layer, "w2_bias", None),
-                         swiglu_alpha=layer.swiglu_alpha, swiglu_limit=layer.swiglu_limit)
+                         swiglu_alpha=experts.swiglu_alpha, swiglu_limit=experts.swiglu_limit)
 
 
 def moe_method_for(quant: Any, prefix: str) -> MoEMethod:

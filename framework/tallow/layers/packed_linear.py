@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .linear import WeightSlice
-from .linear_method import LinearMethod, set_weight_attrs
+from .linear_method import LinearMethod, set_weight_attrs, sharded_weights
 
 #: rows drawn (and quantized) at a time when a ``random:`` model fills a layer
 RANDOM_CHUNK_ROWS = 8192
@@ -108,6 +108,11 @@ class PackedLinearMethod(LinearMethod):
         return self.matmul(x, bias, gate=kind)
 
     # -- storage ---------------------------------------------------------------------------
+    def _layer(self) -> nn.Module:
+        if self.layer is None:
+            raise RuntimeError(f"{self.what}: create_weights has not run")
+        return self.layer
+
     @property
     def what(self) -> str:
         return self.prefix or type(self.layer).__name__
@@ -144,12 +149,13 @@ class PackedLinearMethod(LinearMethod):
         tensors[name] = loaded
 
     def _load_float(self, loaded: torch.Tensor, shard_id: Hashable | None) -> None:
-        expected = tuple(self.layer.checkpoint_shape(shard_id))
+        layout = sharded_weights(self._layer())
+        expected = tuple(layout.checkpoint_shape(shard_id))
         if tuple(loaded.shape) != expected:
             shard = "" if shard_id is None else f" shard {shard_id!r}"
             raise ValueError(f"{self.what}{shard}: checkpoint tensor has shape "
                              f"{tuple(loaded.shape)}, expected {expected}")
-        for part in self.layer.weight_slices(shard_id):
+        for part in layout.weight_slices(shard_id):
             (r0, r1), cols = part.rows, part.cols
             c0, c1 = cols if cols is not None else (0, loaded.shape[1])
             self._store(part.partition, self._from_float(loaded[r0:r1, c0:c1]), part.pad_rows)
@@ -158,7 +164,8 @@ class PackedLinearMethod(LinearMethod):
         packed = self.quantize_float(weight) if self.quantize_floats else None
         return packed if packed is not None else weight.to(self.device, self.dtype)
 
-    def _store(self, index: int, part: Any, pad_rows: int = 0) -> None:
+    def _store(self, index: int, part: Any,  # Any: a tensor or the subclass's packed part
+               pad_rows: int = 0) -> None:
         if pad_rows:
             part = _pad(part, pad_rows)
         rows, cols = _shape(part)
@@ -197,8 +204,9 @@ class PackedLinearMethod(LinearMethod):
             if lacking:
                 raise ValueError(f"{what}: the checkpoint lacks {', '.join(lacking)} (a "
                                  f"quantized layer stores {', '.join(self.required)})")
-            slices = layer.weight_slices(shard_id)
-            parts = self.unpack_shard(tensors, tuple(layer.checkpoint_shape(shard_id)), slices,
+            layout = sharded_weights(layer)
+            slices = layout.weight_slices(shard_id)
+            parts = self.unpack_shard(tensors, layout.checkpoint_shape(shard_id), slices,
                                       what)
             for part, where in zip(parts, slices):
                 self._store(where.partition, part, where.pad_rows)
@@ -218,7 +226,7 @@ class PackedLinearMethod(LinearMethod):
         """Make ``parts`` the layer's storage: registered as its buffers (those of the parts
         before them removed) and, on a GPU, their kernels compiled. Loading ends with it; a
         method that quantizes later (from calibration) calls it again."""
-        layer = self.layer
+        layer = self._layer()
         for name in [n for n in layer._buffers if n.startswith(f"{self.buffer_prefix}_")]:
             delattr(layer, name)
         self.parts = list(parts)
@@ -232,7 +240,7 @@ class PackedLinearMethod(LinearMethod):
             self.warm_up(self.dtype)
 
 
-def _shape(part: Any) -> tuple[int, int]:
+def _shape(part: Any) -> tuple[int, int]:  # Any: a tensor or a packed part
     if isinstance(part, torch.Tensor):
         return part.shape[0], part.shape[1]
     return part.rows, part.cols
@@ -242,7 +250,7 @@ def _pad_tensor(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows, *t.shape[1:])])
 
 
-def _pad(part: Any, rows: int) -> Any:
+def _pad(part: Any, rows: int) -> Any:  # Any: a tensor or a packed part
     """``rows`` zero rows appended (a vocabulary's tail): zero codes with zero scales."""
     if isinstance(part, torch.Tensor):
         return _pad_tensor(part, rows)

@@ -47,6 +47,9 @@ class RotaryEmbedding(nn.Module):
     ``attention_scaling``); positions must be below ``cache_len``.
     """
 
+    inv_freq: torch.Tensor
+    cos_sin_cache: torch.Tensor
+
     def __init__(self, head_dim: int, rotary_dim: int, max_position: int, base: float,
                  is_neox_style: bool, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
                  cache_len: int | None = None, device: torch.device | str | None = None) -> None:
@@ -104,9 +107,12 @@ class RotaryEmbedding(nn.Module):
         if fast:
             # one Triton launch rotates q and k in place from the shared cos|sin table
             weights = (qk_norm[0].weight, qk_norm[1].weight) if qk_norm is not None else None
-            return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim,
-                                    is_neox=self.is_neox_style, inplace=True, qk_norm=weights,
-                                    norm_eps=qk_norm[0].eps if qk_norm is not None else 1e-6)
+            q, rotated_k = rotary_embedding(
+                positions, q, k, self.cos_sin_cache, self.head_dim, is_neox=self.is_neox_style,
+                inplace=True, qk_norm=weights,
+                norm_eps=qk_norm[0].eps if qk_norm is not None else 1e-6)
+            assert rotated_k is not None  # k was given, so it comes back rotated
+            return q, rotated_k
         cos, sin = self.cos_sin(positions, q.dtype)
         q = apply_rotary(q, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
         k = apply_rotary(k, cos, sin, self.head_dim, self.rotary_dim, self.is_neox_style)
@@ -126,7 +132,8 @@ class DynamicNTKRotaryEmbedding(RotaryEmbedding):
     active, else from the largest position in the call.
     """
 
-    def __init__(self, *args: Any, factor: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, factor: float,
+                 **kwargs: Any) -> None:  # Any: RotaryEmbedding's own arguments
         super().__init__(*args, **kwargs)
         self.factor = float(factor)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .linear_method import set_weight_attrs
 from .model import BuildContext
 from .parallel import all_reduce
 
@@ -40,7 +41,7 @@ class ShardedRMSNorm(nn.Module):
                              f"lies outside the {self.full_size} features of the weight")
         self.weight = nn.Parameter(torch.ones(self.size, dtype=build.dtype, device=build.device),
                                    requires_grad=False)
-        self.weight.weight_loader = self._load_weight
+        set_weight_attrs(self.weight, weight_loader=self._load_weight)
 
     def _load_weight(self, param: torch.Tensor, loaded: torch.Tensor,
                      shard_id: object = None) -> None:

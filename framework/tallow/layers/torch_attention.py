@@ -6,7 +6,7 @@ K/V, ``decode`` reads each sequence's blocks back for :func:`paged_attention_ref
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -25,9 +25,6 @@ class TorchAttentionBackend(AttentionBackend):
     #: reads each layer's own cache group view of a step (sliding-window groups whose blocks
     #: are freed, beside full ones): every call takes its block tables from the metadata given
     supports_cache_groups: ClassVar[bool] = True
-
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:

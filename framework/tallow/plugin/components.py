@@ -12,10 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
-from tallow.types import AttentionBackend, Component, KVCodec, KVTensor
+from tallow.types import AttentionBackend as AttentionBackend
+from tallow.types import Component as Component
+from tallow.types import KVCodec as KVCodec
+from tallow.types import KVTensor as KVTensor
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from tokenizers import Tokenizer
+
+    from tallow.config import TallowConfig
 
     from .calibration import CalibrationRequest
     from .embedding_spec import EmbeddingSpec
@@ -44,7 +50,7 @@ class Checkpoint:
     tensors: Callable[[], Iterator[tuple[str, "torch.Tensor"]]]
     naming: str = "hf"
     #: a ``tokenizers.Tokenizer``; None if the source carries none
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     #: ``tokenizer_config.json``-style dict: bos_token, eos_token, add_bos_token, chat_template...
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -150,7 +156,7 @@ class QuantScheme(Component):
     #: e.g. ``"q4_k_m"``); empty for a scheme that does not write model files.
     file_types: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, config: Any = None, isq: str | None = None) -> None:
+    def __init__(self, config: TallowConfig | None = None, isq: str | None = None) -> None:
         self.config = config
         self.isq = isq
         #: the HF-style config of the checkpoint whose quantized weights this instance holds
@@ -233,7 +239,7 @@ class ToolProvider(Component):
     """
 
     @classmethod
-    def from_config(cls, config: Any) -> "ToolProvider | None":
+    def from_config(cls, config: TallowConfig) -> "ToolProvider | None":
         """The provider for ``config`` (a :class:`tallow.config.TallowConfig`), or None when
         the configuration gives it nothing to offer (no servers configured, say). Bad settings
         raise :class:`tallow.plugin.PluginSettingsError` naming the key."""

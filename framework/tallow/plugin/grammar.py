@@ -25,11 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from .components import Component
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tallow.config import TallowConfig
     import torch
 
 #: what a :class:`GrammarSpec` may describe
@@ -87,15 +88,16 @@ class GrammarSpec:
             raise ValueError(f"a {self.kind} spec's value is a non-empty string")
 
     @classmethod
-    def json_schema(cls, schema: Any) -> "GrammarSpec":
+    def json_schema(cls, schema: Mapping[str, object] | bool) -> "GrammarSpec":
         """The spec of a JSON Schema given as a mapping (or a boolean schema)."""
         return cls("json", json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
 
     @property
-    def schema(self) -> Any:
+    def schema(self) -> Any:  # Any: parsed JSON
         """The JSON Schema of a ``"json"`` spec, parsed."""
         if self.kind != "json":
             raise ValueError(f"a {self.kind} spec has no JSON Schema")
+        assert isinstance(self.value, str)  # __post_init__ checked a "json" spec's value
         return json.loads(self.value)
 
     @property
@@ -193,11 +195,11 @@ class GrammarBackend(Component):
     #: the :class:`GrammarMatcher` subclass :meth:`matcher` makes (see :meth:`own_matchers`)
     matcher_type: ClassVar[type[GrammarMatcher]] = GrammarMatcher
 
-    def __init__(self, tokenizer: TokenizerInfo, config: Any = None) -> None:
+    def __init__(self, tokenizer: TokenizerInfo, config: TallowConfig | None = None) -> None:
         self.tokenizer = tokenizer
         self.config = config
 
-    def compile(self, spec: GrammarSpec) -> Any:
+    def compile(self, spec: GrammarSpec) -> object:
         """The compiled grammar of ``spec`` (any object :meth:`matcher` takes; the engine caches
         it by :attr:`GrammarSpec.key` and shares it between sequences). Raises
         :class:`GrammarError` for a spec that is malformed or that the backend cannot enforce
@@ -205,7 +207,7 @@ class GrammarBackend(Component):
         allows must satisfy the spec."""
         raise NotImplementedError
 
-    def matcher(self, compiled: Any) -> GrammarMatcher:
+    def matcher(self, compiled: object) -> GrammarMatcher:
         """A fresh matcher at the start of ``compiled``."""
         raise NotImplementedError
 
@@ -216,7 +218,8 @@ class GrammarBackend(Component):
         token each constrained sequence has just sampled."""
         return [matcher.accept(token) for matcher, token in zip(matchers, tokens)]
 
-    def own_matchers(self, matchers: Sequence[GrammarMatcher], what: str) -> list[Any]:
+    def own_matchers(self, matchers: Sequence[GrammarMatcher], what: str
+                     ) -> list[Any]:  # Any: the backend's own matcher_type, for its library
         """``matchers`` as a list, each checked to be a :attr:`matcher_type`: a batched
         :meth:`accept_tokens` or :meth:`fill_bitmasks` that hands their native states to its
         library must not be given another backend's matchers. Raises ``TypeError`` naming

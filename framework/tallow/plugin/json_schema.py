@@ -21,7 +21,7 @@ validate a bounded document:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 #: Deepest nesting of objects and arrays a schema may have.
 MAX_SCHEMA_DEPTH = 48
@@ -37,7 +37,7 @@ class SchemaProblem(ValueError):
     """A client's JSON Schema that cannot be used; the message says why."""
 
 
-def check_schema(schema: Any) -> None:
+def check_schema(schema: object) -> None:
     """Refuse ``schema`` unless it is a valid JSON Schema (by its ``$schema`` draft, 2020-12
     by default) that references only itself and nests at most :data:`MAX_SCHEMA_DEPTH` deep."""
     from jsonschema import SchemaError
@@ -53,7 +53,7 @@ def check_schema(schema: Any) -> None:
         raise SchemaProblem("the schema is nested too deeply to check") from None
 
 
-def schema_errors(schema: dict[str, Any], instance: Any, root: str = "",
+def schema_errors(schema: dict[str, Any], instance: object, root: str = "",
                   schema_name: str | None = None) -> list[str]:
     """Every violation of ``schema`` by ``instance``, as ``"<root><path>: <message>"``, in
     path order; a schema that cannot be applied (an unresolvable reference, runaway
@@ -112,11 +112,11 @@ def _validator_class(schema: dict[str, Any]) -> Any:
 
 
 @lru_cache(maxsize=None)
-def _bounded(cls: Any) -> Any:
+def _bounded(cls: Any) -> Any:  # Any: a jsonschema validator class (jsonschema is untyped)
     """``cls`` with its regular-expression keywords matched under a time limit."""
     from jsonschema import validators
 
-    keywords = {"pattern": _pattern}
+    keywords: dict[str, Callable[..., Iterator[Any]]] = {"pattern": _pattern}
     if "patternProperties" in cls.VALIDATORS:
         keywords["patternProperties"] = _pattern_properties
         keywords["additionalProperties"] = _additional_properties
@@ -136,7 +136,9 @@ def _search(pattern: str, text: str) -> bool:
         raise _PatternTimeout(pattern) from None
 
 
-def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
+# Any below: jsonschema's validator, the JSON values it walks and the errors it yields
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
+             ) -> Iterator[Any]:  # Any: as above
     from jsonschema import ValidationError
 
     if not validator.is_type(instance, "string"):
@@ -151,7 +153,7 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,  # Any: as above
                         schema: dict[str, Any]) -> Iterator[Any]:
     from jsonschema import ValidationError
 
@@ -169,7 +171,7 @@ def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _additional_properties(validator: Any, extra_schema: Any, instance: Any,
+def _additional_properties(validator: Any, extra_schema: Any, instance: Any,  # Any: as above
                            schema: dict[str, Any]) -> Iterator[Any]:
     from jsonschema import ValidationError
 

@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
@@ -44,6 +44,9 @@ from .hookspecs import PROJECT
 from .registry import Registries, registering_as
 from .target_check import target_problems
 from .unloaded import UnloadedPlugins
+
+if TYPE_CHECKING:
+    from tallow.config import PluginsConfig, TallowConfig
 
 log = logging.getLogger("tallow.plugin")
 
@@ -115,7 +118,7 @@ class _Record:
     status: str
     reason: str = ""
     mode: str = ""
-    plugin: Any = None
+    plugin: object = None
 
 
 def canonical(name: str) -> str:
@@ -132,12 +135,12 @@ class _HistoricCaller:
     def __init__(self, caller: pluggy.HookCaller) -> None:
         self._caller = caller
 
-    def __call__(self, **kwargs: Any) -> list[Any]:
-        results: list[Any] = []
+    def __call__(self, **kwargs: object) -> list[object]:
+        results: list[object] = []
         self._caller.call_historic(result_callback=results.append, kwargs=kwargs)
         return results
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Any: whatever pluggy's HookCaller has
         return getattr(self._caller, name)
 
 
@@ -151,7 +154,7 @@ class HookRelay:
     def __init__(self, manager: "PluginManager") -> None:
         self._manager = manager
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Any: each hook's caller takes its own arguments
         if name.startswith("_"):
             raise AttributeError(name)
         try:
@@ -190,7 +193,7 @@ class PluginManager:
             self.enable_tracing()
 
     # -- adding plugins ------------------------------------------------------------------
-    def add_plugin(self, plugin: Any, name: str, version: str = "", *,
+    def add_plugin(self, plugin: object, name: str, version: str = "", *,
                    entry_point: str = "", mode: str = "enabled",
                    fatal: bool = True) -> PluginStatus:
         """Register ``plugin`` (a module or object with ``@hookimpl`` methods) as distribution
@@ -216,13 +219,13 @@ class PluginManager:
         self.unloaded.disabled(canonical(candidate.name), candidate, reason, enable)
         return self._status(record)
 
-    def _load(self, name: str, version: str, label: str, importer: Callable[[], Any], *,
+    def _load(self, name: str, version: str, label: str, importer: Callable[[], object], *,
               mode: str, fatal: bool) -> PluginStatus:
         key = canonical(name)
         if key in self._records and self._records[key].status in _LOADED:
             raise PluginError(f"plugin {name} is already loaded")
         marks = self.registries.mark()
-        plugin: Any = None
+        plugin: object = None
         try:
             plugin = importer()
             self._check_hook_names(plugin, name)
@@ -259,12 +262,12 @@ class PluginManager:
             log.debug("plugin %s %s loaded (%s)", name, version, mode)
         return self._status(self._records[key])
 
-    def _caller_for(self, plugin: Any, hook_name: str) -> Any:
+    def _caller_for(self, plugin: object, hook_name: str) -> pluggy.HookCaller:
         """A caller of ``hook_name`` that reaches only ``plugin``'s implementation."""
         others = [p for p in self.pluggy.get_plugins() if p is not plugin]
         return self.pluggy.subset_hook_caller(hook_name, remove_plugins=others)
 
-    def _check_hook_names(self, plugin: Any, name: str) -> None:
+    def _check_hook_names(self, plugin: object, name: str) -> None:
         """Catch ``tallow_*`` functions that would silently never be called."""
         for attr in dir(plugin):
             if not attr.startswith("tallow_") or not callable(getattr(plugin, attr, None)):
@@ -280,7 +283,7 @@ class PluginManager:
                 raise HookNameError(f"{name}: {attr} is not a tallow hook; did you mean "
                                     f"{close[0]}?")
 
-    def _check_pending_for(self, plugin: Any, name: str) -> None:
+    def _check_pending_for(self, plugin: object, name: str) -> None:
         """pluggy's ``check_pending``, for one plugin, with a suggestion for misspellings."""
         for impl_caller in self.pluggy.get_hookcallers(plugin) or []:
             if impl_caller.has_spec():
@@ -293,7 +296,7 @@ class PluginManager:
                     raise HookNameError(f"{name}: unknown hook {impl_caller.name!r}; {hint}")
 
     # -- lifecycle -----------------------------------------------------------------------
-    def configure(self, config: Any) -> None:
+    def configure(self, config: TallowConfig) -> None:
         """Tell every plugin (and every plugin added later) the effective configuration."""
         self.hook.tallow_configure(config=config)
 
@@ -302,7 +305,7 @@ class PluginManager:
         self.pluggy.check_pending()
 
     # -- tracing -------------------------------------------------------------------------
-    def enable_tracing(self, writer: Callable[[str], Any] | None = None) -> Callable[[], None]:
+    def enable_tracing(self, writer: Callable[[str], object] | None = None) -> Callable[[], None]:
         """Write every hook call and its result (to stderr by default); returns an undo."""
         def to_stderr(text: str) -> None:
             sys.stderr.write("".join("[tallow hooks] " + line
@@ -349,7 +352,7 @@ class PluginManager:
                             if record.status in _LOADED else {})
 
 
-def _object_label(plugin: Any) -> str:
+def _object_label(plugin: object) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__qualname__
 
 
@@ -391,7 +394,7 @@ class Plan:
     advice: dict[str, str] = field(default_factory=dict)
 
 
-def plan_plugins(candidates: list[Candidate], plugins_config: Any,
+def plan_plugins(candidates: list[Candidate], plugins_config: object,
                  env: Mapping[str, str]) -> Plan:
     """Decide which candidates load, fatally or not; raise :class:`PluginError` for a
     requirement that cannot be met. Warns about names that match nothing installed."""
@@ -480,7 +483,7 @@ def plan_plugins(candidates: list[Candidate], plugins_config: Any,
     return Plan(items, advice)
 
 
-def _origin(plugins_config: Any, name: str) -> str:
+def _origin(plugins_config: object, name: str) -> str:
     """`` (from env TALLOW_PLUGINS__DISABLE)``: where the setting ``name`` came from, when the
     configuration recorded it (:meth:`tallow.config.models.Section.setting_origin`)."""
     origin_of = getattr(plugins_config, "setting_origin", None)
@@ -501,7 +504,8 @@ def _core_version() -> str:
     return __version__
 
 
-def load_plugins(plugins_config: Any = None, *, env: Mapping[str, str] = os.environ,
+def load_plugins(plugins_config: PluginsConfig | TallowConfig | Mapping[str, object] | None = None,
+                 *, env: Mapping[str, str] = os.environ,
                  entry_points: Iterable[metadata.EntryPoint] | None = None,
                  builtins: bool = True) -> PluginManager:
     """Discover, plan and load the plugins; return the manager.
@@ -548,11 +552,11 @@ def load_pinned_plugins(pinned: Mapping[str, str], *,
 
 
 class _Section:
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, object]) -> None:
         self.__dict__.update(data)
 
 
-def _plugins_section(plugins_config: Any) -> Any:
+def _plugins_section(plugins_config: object) -> object:
     if plugins_config is None:
         return _Section({})
     if isinstance(plugins_config, Mapping):

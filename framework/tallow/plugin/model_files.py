@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 
 class ModelFileError(ValueError):
@@ -28,6 +27,6 @@ class ModelFileError(ValueError):
         where = f"{self.path}: {field}" if field else self.path
         super().__init__(f"{where}: {problem}")
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[ModelFileError], tuple[str, str | None, str]]:
         # rebuilt from its parts, so that it crosses process boundaries (workers) intact
         return type(self), (self.path, self.field, self.problem)

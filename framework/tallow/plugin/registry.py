@@ -29,12 +29,13 @@ class Entry:
 
     kind: str
     name: str
-    target: Any
+    #: a lazy ``"module:attr"`` string, or the object itself
+    target: object
     distribution: str = "<unknown>"
     version: str = ""
     priority: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
-    _loaded: Any = field(default=None, repr=False)
+    _loaded: object = field(default=None, repr=False)
     #: the entry point of the plugin that registered it (``name = module``), when known
     entry_point: str = ""
 
@@ -42,7 +43,7 @@ class Entry:
     def lazy(self) -> bool:
         return isinstance(self.target, str)
 
-    def load(self) -> Any:
+    def load(self) -> Any:  # Any: a component is a class, a function or an app, by kind
         """Import the target (once) and return the object it names.
 
         A target that cannot be imported or resolved raises
@@ -59,7 +60,7 @@ class Entry:
             detail = "it is not of the form 'module:attr'"
             raise self._load_error(ValueError(detail), detail)
         try:
-            obj: Any = importlib.import_module(module_name)
+            obj: object = importlib.import_module(module_name)
         except Exception as exc:
             raise self._load_error(exc, describe_exception(exc)) from exc
         parts = attr.split(".")
@@ -92,7 +93,7 @@ class Entry:
         }
 
 
-def _qualname(obj: Any) -> str:
+def _qualname(obj: object) -> str:
     mod = getattr(obj, "__module__", type(obj).__module__)
     name = getattr(obj, "__qualname__", type(obj).__qualname__)
     return f"{mod}:{name}"
@@ -140,11 +141,11 @@ class Registry:
     def register(
         self,
         name: str,
-        target: Any,
+        target: object,
         *,
         priority: int = 0,
         override: bool = False,
-        **meta: Any,
+        **meta: Any,  # Any: each kind's registry adds typed keywords of its own
     ) -> Entry:
         """Register ``target`` (``"module:attr"`` or an object) under ``name``.
 
@@ -229,7 +230,7 @@ class Registry:
         text = self.explain_unloaded(self.kind, match)
         return f"; {text}" if text else ""
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str) -> Any:  # Any: as Entry.load
         """The loaded component registered under ``name``."""
         return self.entry(name).load()
 
@@ -249,8 +250,8 @@ class ArchitectureRegistry(Registry):
 
     kind = "architecture"
 
-    def register(self, name: str, target: Any, *, gguf: tuple[str, ...] | list[str] = (),
-                 priority: int = 0, override: bool = False, **meta: Any) -> Entry:
+    def register(self, name: str, target: object, *, gguf: tuple[str, ...] | list[str] = (),
+                 priority: int = 0, override: bool = False, **meta: object) -> Entry:
         return super().register(name, target, priority=priority, override=override,
                                 gguf=tuple(gguf), **meta)
 
@@ -285,9 +286,9 @@ class QuantSchemeRegistry(Registry):
 
     kind = "quant_scheme"
 
-    def register(self, name: str, target: Any, *,
+    def register(self, name: str, target: object, *,
                  quant_methods: tuple[str, ...] | list[str] = (), priority: int = 0,
-                 override: bool = False, **meta: Any) -> Entry:
+                 override: bool = False, **meta: object) -> Entry:
         if isinstance(quant_methods, str) or not all(
                 isinstance(m, str) and m for m in quant_methods):
             raise RegistryError(f"{self.kind} {name!r}: quant_methods must be a tuple of "
@@ -316,8 +317,8 @@ class KVCodecRegistry(Registry):
 
     kind = "kv_codec"
 
-    def register(self, name: str, target: Any, *, bits: float | None = None, priority: int = 0,
-                 override: bool = False, **meta: Any) -> Entry:
+    def register(self, name: str, target: object, *, bits: float | None = None, priority: int = 0,
+                 override: bool = False, **meta: object) -> Entry:
         if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, float))
                                  or bits <= 0):
             raise RegistryError(f"kv_codec {name!r}: bits must be a positive number or None, "
@@ -361,9 +362,9 @@ class RouteRegistry(Registry):
 
     kind = "route"
 
-    def register(self, name: str, target: Any, *, methods: tuple[str, ...] = ("GET",),
+    def register(self, name: str, target: object, *, methods: tuple[str, ...] = ("GET",),
                  mount: bool = False, priority: int = 0, override: bool = False,
-                 **meta: Any) -> Entry:
+                 **meta: object) -> Entry:
         if not name.startswith("/"):
             raise RegistryError(f"route {name!r}: a path must start with '/'")
         return super().register(name, target, priority=priority, override=override,

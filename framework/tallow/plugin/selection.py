@@ -10,10 +10,13 @@ knows (the loaded model, the chosen KV codec).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .errors import ComponentLoadError
 from .registry import Entry, Registry, RegistryError
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
 
 log = logging.getLogger("tallow.plugin")
 
@@ -26,7 +29,7 @@ class SelectionError(RuntimeError):
     """No component of a kind can serve the configuration."""
 
 
-def _validate_reasons(entry: Entry, config: Any) -> list[str]:
+def _validate_reasons(entry: Entry, config: TallowConfig | None) -> list[str]:
     try:
         component = entry.load()
     except ComponentLoadError as exc:  # an import failure is a reason, not a crash
@@ -37,7 +40,7 @@ def _validate_reasons(entry: Entry, config: Any) -> list[str]:
     return list(validate(config) or [])
 
 
-def _reasons(entry: Entry, config: Any, check: Check | None) -> list[str]:
+def _reasons(entry: Entry, config: TallowConfig | None, check: Check | None) -> list[str]:
     reasons = _validate_reasons(entry, config)
     # The check may build the component, which is only safe once it imported and validated.
     if reasons or check is None:
@@ -45,7 +48,7 @@ def _reasons(entry: Entry, config: Any, check: Check | None) -> list[str]:
     return list(check(entry) or [])
 
 
-def select(registry: Registry, config: Any, name: str | None = None, *,
+def select(registry: Registry, config: TallowConfig | None, name: str | None = None, *,
            check: Check | None = None) -> Entry:
     """Choose the entry of ``registry`` whose component serves ``config``.
 
@@ -76,7 +79,8 @@ def select(registry: Registry, config: Any, name: str | None = None, *,
                          + registry.missing_hint())
 
 
-def serving(registry: Registry, config: Any, *, check: Check | None = None) -> list[Entry]:
+def serving(registry: Registry, config: TallowConfig | None, *,
+            check: Check | None = None) -> list[Entry]:
     """Every entry of ``registry`` that serves ``config``, highest priority first: the first is
     what :func:`select` takes automatically, the others are what a caller may fall back on
     (the server's secondary tool parsers). Entries that give reasons are left out and logged
@@ -91,7 +95,8 @@ def serving(registry: Registry, config: Any, *, check: Check | None = None) -> l
     return chosen
 
 
-def _select_named(registry: Registry, config: Any, name: str, check: Check | None) -> Entry:
+def _select_named(registry: Registry, config: TallowConfig | None, name: str,
+                  check: Check | None) -> Entry:
     try:
         entry = registry.entry(name)
     except RegistryError as exc:

@@ -9,11 +9,12 @@ the core reports its own settings.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
-from .manager import PluginError
+from .errors import PluginError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,9 +23,10 @@ class PluginSettingsError(PluginError):
     """A plugin's settings are invalid; start-up stops with this message."""
 
 
-def plugin_settings(model: type[M], config: Any, distribution: str) -> M:
+def plugin_settings(model: type[M], config: object, distribution: str) -> M:
     """``config.plugins.settings[distribution]`` validated as ``model`` (an empty mapping when
-    the section is absent). ``config`` is a :class:`tallow.config.TallowConfig` or None.
+    the section is absent). ``config`` is a :class:`tallow.config.TallowConfig` or None (read
+    by attribute: a KV codec, whose base lives below the configuration, holds it as ``object``).
 
     Raises :class:`PluginSettingsError` listing every problem as
     ``plugins.settings.<distribution>.<key path>: <what is wrong> (got <value>)``.
@@ -46,7 +48,7 @@ def plugin_settings(model: type[M], config: Any, distribution: str) -> M:
             from None
 
 
-def _describe(prefix: str, error: Any) -> str:
+def _describe(prefix: str, error: ErrorDetails) -> str:
     path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
                             for part in error["loc"])
     message = error["msg"]

@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from .errors import ComponentLoadError, describe_exception, missing_attribute
 from .registry import Entry, Registries
@@ -70,7 +70,7 @@ def _find_spec(module_name: str) -> ModuleSpec | None:
     parent's search locations."""
     parts = module_name.split(".")
     spec: ModuleSpec | None = None
-    locations: Any = None
+    locations: list[str] | None = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         module = sys.modules.get(name)

@@ -200,12 +200,13 @@ def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
 # ---------------------------------------------------------------------------------------------
 # Tools and validation
 # ---------------------------------------------------------------------------------------------
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
     return "null" if value is None else kinds.get(type(value), "a number")
 
 
-def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> dict[str, dict]:
+def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True
+                 ) -> dict[str, dict[str, Any]]:
     """Map each tool name to the JSON Schema of its arguments.
 
     Accepts OpenAI tools (``{"type": "function", "function": {"name", "parameters"}}``) and bare
@@ -217,7 +218,7 @@ def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> d
         return {}
     if not isinstance(tools, list):
         raise ValueError(f"tools: expected a list of tool definitions, got {_json_type(tools)}")
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -226,9 +227,10 @@ def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True) -> d
         if "function" in tool or "type" in tool:
             if tool.get("type", "function") != "function":
                 raise ValueError(f"{where}.type: expected 'function', got {tool.get('type')!r}")
-            fn, where = tool.get("function"), where + ".function"
-            if not isinstance(fn, dict):
-                raise ValueError(f"{where}: expected an object, got {_json_type(fn)}")
+            inner, where = tool.get("function"), where + ".function"
+            if not isinstance(inner, dict):
+                raise ValueError(f"{where}: expected an object, got {_json_type(inner)}")
+            fn = inner
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{where}.name: expected a non-empty string, got {name!r}")
@@ -296,7 +298,7 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant)
 
 
-def compact_json(value: Any) -> str:
+def compact_json(value: object) -> str:
     """The canonical arguments text: compact separators, non-ASCII kept as is."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -309,7 +311,7 @@ class FoundCall(NamedTuple):
     id: str | None = None
 
 
-def call_from_json(obj: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")
+def call_from_json(obj: object, argument_keys: tuple[str, ...] = ("arguments", "parameters")
                    ) -> FoundCall | None:
     """Read ``{"name": ..., "arguments": {...}}`` (or an alias key); None when ``obj`` is not one.
 
@@ -340,7 +342,9 @@ _STRING_STOP = re.compile(r'["\\]')
 
 def skip_ws(text: str, i: int) -> int:
     """The index of the first non-whitespace character at or after ``i`` (JSON whitespace)."""
-    return _WS.match(text, i).end()
+    match = _WS.match(text, i)
+    assert match is not None  # the pattern matches the empty string
+    return match.end()
 
 
 def bracket_opens(text: str, i: int, allowed: str) -> bool | None:
@@ -548,6 +552,7 @@ class MarkupStream(StreamingToolParser):
         return True
 
     def _step_text(self, final: bool) -> bool:
+        marker: str | None
         buf = self._buf
         if self._at_start and self._anchored:
             rest = buf.lstrip(" \t\r\n")

@@ -12,9 +12,21 @@ load is named as one that may provide it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .registry import Entry, Registries
+
+
+class Candidate(Protocol):
+    """What this module reads of a discovered plugin (:class:`tallow.plugin.manager.Candidate`,
+    declared here by those fields: the manager builds on this module, which cannot import it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
 
 Match = Callable[[Entry], bool]
 #: loads one discovered plugin on its own into a scratch plugin manager and returns the
@@ -31,7 +43,7 @@ class _Unloaded:
     status: str  # "disabled" or "failed"
     reason: str  # why it did not load
     enable: str = ""  # how to load it
-    candidate: Any = None  # the discovered entry point, to probe a disabled plugin
+    candidate: Candidate | None = None  # the discovered entry point, to probe a disabled plugin
     registries: Registries | None = field(default=None, repr=False)
     probed: bool = False
 
@@ -43,7 +55,7 @@ class UnloadedPlugins:
         self._plugins: dict[str, _Unloaded] = {}
         self._probe = probe
 
-    def disabled(self, key: str, candidate: Any, reason: str, enable: str) -> None:
+    def disabled(self, key: str, candidate: Candidate, reason: str, enable: str) -> None:
         self._plugins[key] = _Unloaded(candidate.name, candidate.version, "disabled", reason,
                                        enable, candidate)
 

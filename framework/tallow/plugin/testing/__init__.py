@@ -21,16 +21,24 @@ it, and may then load it as a plugin after a test module has imported it.)
 from __future__ import annotations
 
 import importlib
+import os
 import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+import pluggy
 
 from tallow import __version__
 from tallow.config import config_from_mapping
 
 from ..manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+
+    from ..tool_parsing import ParseResult, ToolParser
 
 #: the conformance suites and their helpers, imported on first use (they import torch)
 _LAZY = {
@@ -80,17 +88,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Any: the lazily imported helper named
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _default_name(plugin: Any) -> str:
+def _default_name(plugin: object) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__name__
 
 
-def add_plugin(pm: PluginManager, plugin: Any, name: str | None = None, version: str = "",
+def add_plugin(pm: PluginManager, plugin: object, name: str | None = None, version: str = "",
                *, fatal: bool = True) -> PluginStatus:
     """Add ``plugin`` (a module, an object with ``@hookimpl`` methods, or a module path) to
     ``pm`` as distribution ``name`` (default: the module's name) and run its registration hooks.
@@ -103,7 +111,7 @@ def add_plugin(pm: PluginManager, plugin: Any, name: str | None = None, version:
     return pm.add_plugin(plugin, name or _default_name(plugin), version, fatal=fatal)
 
 
-def isolated_plugin_manager(*plugins: Any, builtins: bool = False,
+def isolated_plugin_manager(*plugins: object, builtins: bool = False,
                             trace: bool = False) -> PluginManager:
     """A manager without entry-point discovery holding exactly ``plugins``.
 
@@ -141,7 +149,8 @@ def modules_imported_by_registration(module: str, hook: str, registry: str,
     return [name for name in out.stdout.strip().split(",") if name]
 
 
-def suite_failures(source: str, directory: Any, timeout: float = 600) -> tuple[set[str], str]:
+def suite_failures(source: str, directory: str | os.PathLike[str], timeout: float = 600
+                   ) -> tuple[set[str], str]:
     """Run the test module ``source`` (conformance suites subclassed for deliberately broken
     components, say) in a fresh pytest process in ``directory``; return the ids
     (``Class::test[param]``) of the tests that failed or errored, and pytest's output. This is
@@ -160,7 +169,7 @@ def suite_failures(source: str, directory: Any, timeout: float = 600) -> tuple[s
     return failed, proc.stdout
 
 
-def make_config(data: Mapping[str, Any] | None = None) -> Any:
+def make_config(data: Mapping[str, Any] | None = None) -> TallowConfig:
     """A validated :class:`tallow.config.TallowConfig` from a nested mapping, e.g.
     ``make_config({"runner": {"attention_backend": "mine"}})``, for ``validate(config)`` and
     ``tallow_configure`` in plugin tests."""
@@ -174,7 +183,7 @@ class HookCall:
     name: str
     kwargs: dict[str, Any]
     plugins: list[str]
-    result: Any = None
+    result: object = None
     exception: BaseException | None = None
 
 
@@ -191,13 +200,16 @@ class HookRecorder:
 
     def __post_init__(self) -> None:
         self._pending: list[HookCall] = []
-        self._undo: Any = self.pm.pluggy.add_hookcall_monitoring(self._before, self._after)
+        self._undo: Callable[[], None] | None = self.pm.pluggy.add_hookcall_monitoring(
+            self._before, self._after)
 
-    def _before(self, hook_name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
+    def _before(self, hook_name: str, impls: Sequence[pluggy.HookImpl],
+                kwargs: Mapping[str, Any]) -> None:
         names = [impl.plugin_name for impl in impls]
         self._pending.append(HookCall(hook_name, dict(kwargs), names))
 
-    def _after(self, outcome: Any, hook_name: str, impls: Any,
+    def _after(self, outcome: pluggy.Result[object], hook_name: str,
+               impls: Sequence[pluggy.HookImpl],
                kwargs: Mapping[str, Any]) -> None:
         call = self._pending.pop()
         call.exception = outcome.exception
@@ -236,7 +248,7 @@ class HookRecorder:
     def __enter__(self) -> "HookRecorder":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -262,14 +274,15 @@ if pytest is not None:
 
 
 # -- tool-call parsers ---------------------------------------------------------------------
-def parse_summary(result: Any) -> tuple[Any, list[tuple[str, str]]]:
+def parse_summary(result: ParseResult) -> tuple[str | None, list[tuple[str, str]]]:
     """``(content, [(name, arguments), ...])`` of a ParseResult: what a client sees (call ids,
     which are random, left out)."""
     return result.content, [(c.name, c.arguments) for c in result.tool_calls]
 
 
-def assert_streaming_matches_parse(parser: Any, text: str, tools: Any = None,
-                                   tries: int = 40) -> Any:
+def assert_streaming_matches_parse(parser: ToolParser, text: str,
+                                   tools: list[dict[str, Any]] | None = None,
+                                   tries: int = 40) -> ParseResult:
     """Check a tool parser's contract on ``text``: fed one character at a time, then in
     ``tries`` random splits (chunks of 1–9 characters, seeded by the text), the assembled
     stream equals ``parser.parse(text, tools)``. Returns that parse result."""

@@ -19,18 +19,21 @@ GPU, else it is skipped with "needs a CUDA GPU". Set
 from __future__ import annotations
 
 import zlib
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
 
 from tallow.kernels import kv_cache
 
-from ..components import AttentionBackend
+from ..components import AttentionBackend, KVCodec
 from ..manager import load_plugins
 from . import make_config
 from .component import ComponentConformance, load_target
 from .paged_batch import check_step, random_paged_step
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
 
 
 class AttentionBackendConformance(ComponentConformance):
@@ -58,7 +61,7 @@ class AttentionBackendConformance(ComponentConformance):
     #: "cpu" or "cuda" to force the device; None: decided from ``validate`` (module docstring)
     run_on: ClassVar[str | None] = None
 
-    def config(self, device: str) -> Any:
+    def config(self, device: str) -> TallowConfig:
         data: dict[str, Any] = {"model": {"device": device},
                                 "cache": {"block_size": self.block_size}}
         if self.settings:
@@ -66,7 +69,7 @@ class AttentionBackendConformance(ComponentConformance):
         return make_config(data)
 
     @pytest.fixture(scope="class")
-    def device(self, component_class: Any) -> str:
+    def device(self, component_class: type[AttentionBackend]) -> str:
         if self.run_on is not None:
             return self.run_on
         cpu_reasons = component_class.validate(self.config("cpu"))
@@ -77,56 +80,56 @@ class AttentionBackendConformance(ComponentConformance):
         pytest.skip("needs a CUDA GPU (on a CPU: " + "; ".join(cpu_reasons) + ")")
 
     @pytest.fixture(scope="class")
-    def backend(self, component_class: Any, device: str) -> Any:
+    def backend(self, component_class: type[AttentionBackend], device: str) -> AttentionBackend:
         return component_class(self.config(device))
 
-    def check(self, backend: Any, device: str, dtype: torch.dtype, name: str,
-              **shape: Any) -> torch.Tensor:
+    def check(self, backend: AttentionBackend, device: str, dtype: torch.dtype, name: str,
+              **shape: Any) -> torch.Tensor:  # Any: random_paged_step's keywords, of several types
         seed = zlib.crc32(f"{type(self).__name__}/{name}/{dtype}".encode())
         step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                                  head_dim=self.head_dim, block_size=self.block_size,
                                  dtype=dtype, device=device, seed=seed, **shape)
         return check_step(step, backend)
 
-    def test_validate_gives_reasons_as_text(self, component_class: Any) -> None:
+    def test_validate_gives_reasons_as_text(self, component_class: type[AttentionBackend]) -> None:
         for device in ("cpu", "auto"):
             reasons = component_class.validate(self.config(device))
             assert isinstance(reasons, list) and all(
                 isinstance(r, str) and r for r in reasons), reasons
 
-    def pytest_generate_tests(self, metafunc: Any) -> None:
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "dtype" in metafunc.fixturenames:
             metafunc.parametrize("dtype", self.dtypes, ids=str)
         if "codec_name" in metafunc.fixturenames:
             metafunc.parametrize("codec_name", self.kv_codecs)
 
-    def test_prefill(self, backend: Any, device: str, dtype: torch.dtype) -> None:
+    def test_prefill(self, backend: AttentionBackend, device: str, dtype: torch.dtype) -> None:
         """Whole prompts, one spanning several blocks and ending inside one."""
         bs = self.block_size
         self.check(backend, device, dtype, "prefill",
                    query_lens=[3, 2 * bs + 5, 1], context_lens=[0, 0, 0])
 
-    def test_decode(self, backend: Any, device: str, dtype: torch.dtype) -> None:
+    def test_decode(self, backend: AttentionBackend, device: str, dtype: torch.dtype) -> None:
         """One query per sequence over contexts from empty to several blocks."""
         bs = self.block_size
         contexts = [0, 1, bs - 1, bs, 3 * bs + 2]
         self.check(backend, device, dtype, "decode",
                    query_lens=[1] * len(contexts), context_lens=contexts)
 
-    def test_chunked_prefill_beside_decodes(self, backend: Any, device: str) -> None:
+    def test_chunked_prefill_beside_decodes(self, backend: AttentionBackend, device: str) -> None:
         """Later chunks of prompts (context already cached) in the same step as decodes."""
         bs = self.block_size
         self.check(backend, device, self.dtypes[0], "chunked",
                    query_lens=[bs + 3, 1, 7, 1], context_lens=[bs + 4, 2 * bs, 2 * bs - 1, 5])
 
-    def test_prefix_hit(self, backend: Any, device: str) -> None:
+    def test_prefix_hit(self, backend: AttentionBackend, device: str) -> None:
         """Sequences whose first blocks are one shared cached prefix."""
         bs = self.block_size
         self.check(backend, device, self.dtypes[0], "prefix",
                    query_lens=[1, 5, bs + 1], context_lens=[2 * bs + 3, 2 * bs, 2 * bs + 7],
                    shared_prefix_blocks=2)
 
-    def test_bidirectional_layer(self, backend: Any, device: str) -> None:
+    def test_bidirectional_layer(self, backend: AttentionBackend, device: str) -> None:
         """An encoder layer (``causal=False``): whole sequences, every query over all of its
         sequence's keys — or, for a backend that cannot, a refusal with reasons before any
         step (``supports_layer``), so that the engine picks another backend."""
@@ -143,12 +146,12 @@ class AttentionBackendConformance(ComponentConformance):
             return
         check_step(step, backend)
 
-    def test_padding_rows_store_nothing(self, backend: Any, device: str) -> None:
+    def test_padding_rows_store_nothing(self, backend: AttentionBackend, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""
         self.check(backend, device, self.dtypes[0], "padding", query_lens=[1, 1],
                    context_lens=[5, 9], padding_rows=3)
 
-    def test_kv_codec(self, backend: Any, device: str, codec_name: str) -> None:
+    def test_kv_codec(self, backend: AttentionBackend, device: str, codec_name: str) -> None:
         """Each declared codec is accepted for its layout, stores a step as the codec's
         reference ``encode`` does (bit for bit, or within :attr:`kv_codec_store_tolerance`),
         and attends over what it stored as the torch reference does over the same cache."""
@@ -170,7 +173,7 @@ class AttentionBackendConformance(ComponentConformance):
                    output_scale=self.kv_codec_output_scale.get(name, 1.0))
 
 
-def kv_codec(name: str) -> Any:
+def kv_codec(name: str) -> KVCodec:
     """An instance of the KV codec registered as ``name`` by any installed plugin (or the
     core)."""
     pm = load_plugins(None, env={})
@@ -178,4 +181,6 @@ def kv_codec(name: str) -> Any:
         installed = ", ".join(e.name for e in pm.registries.kv_codecs)
         raise AssertionError(f"no installed plugin registers kv codec {name!r} "
                              f"(installed: {installed})")
-    return load_target(pm.registries.kv_codecs.entry(name))()
+    codec = load_target(pm.registries.kv_codecs.entry(name))()
+    assert isinstance(codec, KVCodec), f"kv codec {name!r} is not a KVCodec: {codec!r}"
+    return codec

@@ -31,7 +31,7 @@ from tallow import __version__
 from ..manager import (
     CORE_DISTRIBUTION, CORE_MODULE, Candidate, ENTRY_POINT_GROUP, PluginManager, canonical,
 )
-from ..registry import Entry, Registries
+from ..registry import Entry, Registries, Registry
 from . import modules_imported_by_registration
 
 
@@ -72,7 +72,7 @@ def load_distribution(distribution: str) -> PluginManager:
     return pm
 
 
-def load_target(entry: Entry) -> Any:
+def load_target(entry: Entry) -> Any:  # Any: a component of any kind
     """``entry.load()``; a target that fails to import or resolve is an AssertionError naming
     the distribution, its version, the component and the target."""
     try:
@@ -103,7 +103,7 @@ class ComponentConformance:
     #: the :class:`~tallow.plugin.Registries` attribute of the kind (set by each suite)
     registry_kind: ClassVar[str] = ""
     #: what the loaded target must be a subclass of (set by each suite; None: not checked)
-    base_class: ClassVar[Any] = None
+    base_class: ClassVar[type | None] = None
     #: modules registration must not import (``tallow plugins list`` registers every plugin)
     light_modules: ClassVar[tuple[str, ...]] = ("torch",)
 
@@ -117,7 +117,7 @@ class ComponentConformance:
 
     @pytest.fixture(scope="class")
     def entry(self, plugin_manager: PluginManager) -> Entry:
-        registry = getattr(plugin_manager.registries, self.registry_kind)
+        registry: Registry = getattr(plugin_manager.registries, self.registry_kind)
         if self.component not in registry:
             raise AssertionError(
                 f"{self.distribution} registers no {registry.kind} {self.component!r} "
@@ -125,7 +125,7 @@ class ComponentConformance:
         return registry.entry(self.component)
 
     @pytest.fixture(scope="class")
-    def component_class(self, entry: Entry) -> Any:
+    def component_class(self, entry: Entry) -> Any:  # Any: each suite's kind of component
         return load_target(entry)
 
     def test_registered_by_its_distribution(self, plugin_manager: PluginManager,
@@ -142,7 +142,7 @@ class ComponentConformance:
             f"{entry.kind} {entry.name!r} is registered as an object; register the string "
             "'module:attr' so that listing plugins imports nothing of it")
 
-    def test_target_loads(self, component_class: Any) -> None:
+    def test_target_loads(self, component_class: object) -> None:
         if self.base_class is not None:
             assert isinstance(component_class, type) and issubclass(
                 component_class, self.base_class), (

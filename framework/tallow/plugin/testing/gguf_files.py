@@ -44,7 +44,8 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
         yield mapped, np.ascontiguousarray(array)
 
 
-def gguf_metadata(config: Any, **extra: Any) -> dict[str, Any]:
+def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
+                  **extra: object) -> dict[str, Any]:
     """The architecture keys llama.cpp's converter writes for a transformers ``config`` (sizes,
     heads, norm epsilon, RoPE base and rotated features), without the ``<arch>.`` prefix, for
     :func:`write_gguf`; ``extra`` adds or replaces keys."""
@@ -61,7 +62,7 @@ def gguf_metadata(config: Any, **extra: Any) -> dict[str, Any]:
         "attention.head_count": heads,
         "attention.head_count_kv": config.num_key_value_heads or heads,
         "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
-        "rope.freq_base": float(rope.get("rope_theta") or getattr(config, "rope_theta", 1e4)),
+        "rope.freq_base": float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 1e4),
         "rope.dimension_count": int(head_dim * partial),
     }
     if head_dim != config.hidden_size // heads:

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import json
 import random
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pytest
 import torch
 
-from ..grammar import GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarSpec, TokenizerInfo
+from ..grammar import (
+    GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo)
 from . import make_config
 from .component import ComponentConformance
 
@@ -86,7 +88,7 @@ def closing_tokens(info: TokenizerInfo) -> "np.ndarray":
                      for t, b in enumerate(pieces)])
 
 
-def walk_to_end(backend: GrammarBackend, compiled: Any, rng: random.Random, *,
+def walk_to_end(backend: GrammarBackend, compiled: object, rng: random.Random, *,
                 max_tokens: int, prefer: "np.ndarray | None" = None,
                 prefer_rate: float = 0.7) -> bytes | None:
     """Drive a fresh matcher of ``compiled`` along a seeded random walk over the backend's
@@ -125,7 +127,7 @@ def _bytes_of(info: TokenizerInfo, token: int) -> bytes:
     return (info.token_bytes[token] or b"") if token < len(info.token_bytes) else b""
 
 
-def _fill(matcher: Any, words: int) -> torch.Tensor:
+def _fill(matcher: GrammarMatcher, words: int) -> torch.Tensor:
     # Start from every bit set: a backend must write the whole row, clear bits included.
     mask = torch.full((1, words), -1, dtype=torch.int32)
     matcher.fill_bitmask(mask, 0)
@@ -190,7 +192,8 @@ class GrammarBackendConformance(ComponentConformance):
         return tiny_tokenizer_info()
 
     @pytest.fixture(scope="class")
-    def backend(self, component_class: Any, info: TokenizerInfo) -> GrammarBackend:
+    def backend(self, component_class: type[GrammarBackend], info: TokenizerInfo
+                ) -> GrammarBackend:
         config = make_config({"plugins": {"settings": {self.distribution: self.settings}}}
                              if self.settings else {})
         return component_class(info, config)
@@ -494,7 +497,7 @@ def _pick(rng: random.Random, allowed: set[int], info: TokenizerInfo,
     return rng.choice(choices)
 
 
-def _assert_valid(text: bytes, schema: Any, jsonschema: Any) -> None:
+def _assert_valid(text: bytes, schema: object, jsonschema: ModuleType) -> None:
     try:
         value = json.loads(text.decode("utf-8"))
     except ValueError as exc:

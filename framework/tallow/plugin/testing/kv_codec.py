@@ -44,11 +44,13 @@ import pytest
 import torch
 
 from tallow.kernels import kv_cache
-from tallow.kernels.kv_cache import allocate_layer, copy_blocks, footprint
+from tallow.kernels.kv_cache import LayerKVCache, allocate_layer, copy_blocks, footprint
 
 from ..components import KVCodec, KVTensor
 from ..selection import select
 from . import make_config
+from ..manager import PluginManager
+from ..registry import Entry
 from .component import ComponentConformance
 
 
@@ -68,7 +70,7 @@ def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
 
 
-def poison(cache: Any) -> None:
+def poison(cache: LayerKVCache) -> None:
     """Fill every paged tensor of ``cache`` (a LayerKVCache) with NaN, or with 0xFF bytes
     where its dtype has no NaN, so that what no store wrote stands out."""
     for tensor in cache.paged():
@@ -111,24 +113,24 @@ class KVCodecConformance(ComponentConformance):
     num_kv_heads: ClassVar[int] = 2
     block_size: ClassVar[int] = 8
 
-    def pytest_generate_tests(self, metafunc: Any) -> None:
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "model_dtype" in metafunc.fixturenames:
             metafunc.parametrize("model_dtype", self.model_dtypes, ids=str)
         if "head_dim" in metafunc.fixturenames:
             metafunc.parametrize("head_dim", self.head_dims)
 
     @pytest.fixture(scope="class")
-    def codec(self, component_class: Any) -> Any:
+    def codec(self, component_class: type[KVCodec]) -> KVCodec:
         config = make_config({"plugins": {"settings": {self.distribution: dict(self.settings)}}}
                              if self.settings else None)
         return component_class(config)
 
-    def layout(self, codec: Any, head_dim: int, model_dtype: torch.dtype) -> list[KVTensor]:
+    def layout(self, codec: KVCodec, head_dim: int, model_dtype: torch.dtype) -> list[KVTensor]:
         return kv_cache.layer_layout(codec, num_kv_heads=self.num_kv_heads, head_dim=head_dim,
                                      block_size=self.block_size, model_dtype=model_dtype)
 
-    def allocate(self, codec: Any, head_dim: int, model_dtype: torch.dtype,
-                 num_blocks: int) -> Any:
+    def allocate(self, codec: KVCodec, head_dim: int, model_dtype: torch.dtype,
+                 num_blocks: int) -> LayerKVCache:
         cache = allocate_layer(codec, num_kv_heads=self.num_kv_heads, head_dim=head_dim,
                                block_size=self.block_size, num_blocks=num_blocks,
                                model_dtype=model_dtype,
@@ -137,12 +139,12 @@ class KVCodecConformance(ComponentConformance):
         return cache
 
     # -- what the codec states ---------------------------------------------------------------
-    def test_selected_by_name(self, plugin_manager: Any) -> None:
+    def test_selected_by_name(self, plugin_manager: PluginManager) -> None:
         config = make_config({"cache": {"kv_codec": self.component}})
         assert select(plugin_manager.registries.kv_codecs, config, self.component).name == \
             self.component
 
-    def test_layout_is_valid(self, codec: Any, model_dtype: torch.dtype, head_dim: int) -> None:
+    def test_layout_is_valid(self, codec: KVCodec, model_dtype: torch.dtype, head_dim: int) -> None:
         """The core accepts the layout (unique names, torch dtypes, positive sizes, a paged
         tensor), and the paged tensors start with the block's tokens."""
         for spec in self.layout(codec, head_dim, model_dtype):
@@ -151,7 +153,7 @@ class KVCodecConformance(ComponentConformance):
                     f"paged tensor {spec.name!r} has block shape {spec.shape}: a block's "
                     f"tensors start with its {self.block_size} tokens")
 
-    def test_bytes_cover_the_stated_bits(self, codec: Any, entry: Any, head_dim: int) -> None:
+    def test_bytes_cover_the_stated_bits(self, codec: KVCodec, entry: Entry, head_dim: int) -> None:
         """``bits_per_element`` is what the registration lists, and the paged tensors hold at
         least that many bits per K and V element (scales come on top)."""
         bits = codec.bits_per_element
@@ -169,7 +171,7 @@ class KVCodecConformance(ComponentConformance):
                 f"{cost.bytes_per_token} bytes per token for {elements} K/V elements of "
                 f"{nominal} bits (model dtype {dtype})")
 
-    def test_ignores_absent_checkpoint_scales(self, codec: Any) -> None:
+    def test_ignores_absent_checkpoint_scales(self, codec: KVCodec) -> None:
         """The engine hands every layer its checkpoint's KV scales, an empty mapping for a
         checkpoint without them; with its default settings a codec takes that."""
         if self.settings:
@@ -182,7 +184,7 @@ class KVCodecConformance(ComponentConformance):
                 f"use_checkpoint_scales({{}}) changed {name!r}")
 
     # -- encode and decode -------------------------------------------------------------------
-    def test_round_trip_through_scattered_partial_blocks(self, codec: Any,
+    def test_round_trip_through_scattered_partial_blocks(self, codec: KVCodec,
                                                          model_dtype: torch.dtype,
                                                          head_dim: int) -> None:
         gen = torch.Generator().manual_seed(
@@ -223,7 +225,7 @@ class KVCodecConformance(ComponentConformance):
                 assert torch.equal(now[index], was[index]), (
                     f"encode wrote {spec.name!r} in {where} (rows with slot -1 store nothing)")
 
-    def test_copied_block_reads_the_same(self, codec: Any) -> None:
+    def test_copied_block_reads_the_same(self, codec: KVCodec) -> None:
         """Copy-on-write copies a block's paged tensors; every token's state must live there."""
         head_dim, dtype = self.head_dims[0], self.model_dtypes[0]
         gen = torch.Generator().manual_seed(zlib.crc32(f"{self.component}cow".encode()))
@@ -237,7 +239,7 @@ class KVCodecConformance(ComponentConformance):
                         codec.decode(cache, torch.tensor([3]))):
             assert torch.equal(a, b), "a block copied for copy-on-write reads back differently"
 
-    def test_calibration_keeps_the_round_trip(self, codec: Any) -> None:
+    def test_calibration_keeps_the_round_trip(self, codec: KVCodec) -> None:
         """A codec that calibrates derives its per-layer tensors from a model's Q/K/V before
         anything is stored. Keys here carry a large constant per channel (as Qwen2's key
         biases give) that calibration is there to take out of the quantization: after
@@ -279,7 +281,7 @@ class KVCodecConformance(ComponentConformance):
                                 f"of its spread around the mean, more than the codec's {tol:.3g}")
 
     # -- helpers -----------------------------------------------------------------------------
-    def _values(self, codec: Any, gen: torch.Generator, tokens: int, heads: int, dim: int,
+    def _values(self, codec: KVCodec, gen: torch.Generator, tokens: int, heads: int, dim: int,
                 model_dtype: torch.dtype) -> torch.Tensor:
         """Normal head vectors at several scales (in the model's dtype); for a codec casting
         into an 8-bit float, a few values beyond its range."""
@@ -292,11 +294,11 @@ class KVCodecConformance(ComponentConformance):
         return x.to(model_dtype)
 
     @staticmethod
-    def _storage(codec: Any, model_dtype: torch.dtype) -> torch.dtype | None:
+    def _storage(codec: KVCodec, model_dtype: torch.dtype) -> torch.dtype | None:
         storage = getattr(codec, "storage_dtype", None)
         return storage(model_dtype) if callable(storage) else None
 
-    def _assert_within_promise(self, codec: Any, name: str, wrote: torch.Tensor,
+    def _assert_within_promise(self, codec: KVCodec, name: str, wrote: torch.Tensor,
                                read: torch.Tensor, model_dtype: torch.dtype) -> None:
         if self.vector_tolerance is not None:
             err = (read - wrote).norm(dim=-1)
@@ -327,7 +329,7 @@ class KVCodecConformance(ComponentConformance):
             f"{name}: {int(bad.sum())} element(s) read back beyond {what}, e.g. wrote "
             f"{float(wrote[bad][0])}, read {float(read[bad][0])}")
 
-    def _set_tolerance(self, codec: Any, model_dtype: torch.dtype) -> float:
+    def _set_tolerance(self, codec: KVCodec, model_dtype: torch.dtype) -> float:
         """The promise as a bound on ``||read - wrote|| / ||wrote||`` over a set of vectors."""
         if self.vector_tolerance is not None:
             return self.vector_tolerance

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
@@ -36,6 +36,9 @@ from .engine import offline_llm
 from .paged_runner import PagedRunner, randomize_
 from .tokenizer import save_tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 
 def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
                         rel: float = 1e-4) -> None:
@@ -46,7 +49,8 @@ def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
     assert err <= rel * scale, f"{what}: max |diff| {err:.3e} > {rel:.0e} * scale {scale:.2f}"
 
 
-def hf_greedy(model: Any, prompt: list[int], steps: int
+def hf_greedy(model: Any,  # Any: a transformers causal LM of any architecture
+              prompt: list[int], steps: int
               ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
     """transformers' greedy tokens, the logits of each step and the prompt's logits."""
     ids = torch.tensor([prompt])
@@ -57,7 +61,8 @@ def hf_greedy(model: Any, prompt: list[int], steps: int
     return out.sequences[0, len(prompt):].tolist(), [s[0] for s in out.logits], prompt_logits
 
 
-def random_hf_model(config: Any, seed: int = 0, std: float = 0.08) -> Any:
+def random_hf_model(config: PretrainedConfig, seed: int = 0, std: float = 0.08
+                    ) -> Any:  # Any: a transformers causal LM of any architecture
     """A transformers causal LM of ``config`` in float32 eager attention, every parameter
     random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
     config says so, in eval mode."""
@@ -94,7 +99,7 @@ class ModelArchitectureConformance(ComponentConformance):
     #: standard deviation of the random weights (norm weights are 1 + 0.2 N(0, 1))
     weight_std: ClassVar[float] = 0.08
 
-    def hf_config(self) -> Any:
+    def hf_config(self) -> PretrainedConfig:
         """A tiny ``transformers`` config of the architecture (a ``PretrainedConfig``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement hf_config")
 
@@ -109,7 +114,9 @@ class ModelArchitectureConformance(ComponentConformance):
         return model, directory
 
     @pytest.fixture(scope="class")
-    def loaded(self, component_class: Any,
+    def loaded(self,
+               component_class: Any,  # Any: the model class, built as cls(ArchConfig, BuildContext)
+
                transformers_model: tuple[Any, Path]) -> tuple[Any, set[str]]:
         """(the plugin's model built from the saved config and tensors, the parameters its
         ``load_weights`` says it filled)."""
@@ -184,7 +191,7 @@ class ModelArchitectureConformance(ComponentConformance):
         out = llm.generate([list(self.prompt)], params)[0]
         assert list(out.outputs[0].token_ids) == ref_tokens
 
-    def llm(self, source: str) -> Any:
+    def llm(self, source: str) -> Any:  # Any: the engine's LLM, a layer above this kit
         plugins = ["tallow-safetensors"]
         if self.distribution not in ("tallow", "tallow-safetensors"):
             plugins.insert(0, self.distribution)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from tallow import SamplingParams
-from tallow.layers import ArchConfig, BuildContext
+from tallow.layers import ArchConfig, BuildContext, CausalLM
+from tallow.plugin.components import Checkpoint
 
 from .engine import offline_llm
 from .model import assert_close_logits, hf_greedy, random_hf_model
@@ -36,7 +37,9 @@ __all__ = [
 ]
 
 
-def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20, *,
+def assert_greedy_parity(model: CausalLM,
+                         hf: Any,  # Any: a transformers causal LM of any architecture
+                         prompt: list[int], steps: int = 20, *,
                          rel: float = 1e-4, what: str = "") -> list[int]:
     """``model`` (through a :class:`PagedRunner`, on its own device) matches transformers'
     ``hf`` on ``prompt``: the prompt's logits, ``steps`` greedy tokens and the logits of every
@@ -54,7 +57,9 @@ def assert_greedy_parity(model: Any, hf: Any, prompt: list[int], steps: int = 20
     return tokens
 
 
-def assert_cuda_parity(load: Callable[..., Any], hf: Any, prompt: list[int], steps: int = 20,
+def assert_cuda_parity(load: Callable[..., Any],
+                       hf: Any,  # Any: a transformers causal LM of any architecture
+                       prompt: list[int], steps: int = 20,
                        *, what: str = "", bf16_rel: float = 5e-2) -> None:
     """On a CUDA device: ``load(dtype=torch.float32, device="cuda")`` has every parameter and
     buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
@@ -70,7 +75,9 @@ def assert_cuda_parity(load: Callable[..., Any], hf: Any, prompt: list[int], ste
     assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
 
 
-def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]],
+def assert_engine_greedy(path: str | Path,
+                         hf: Any,  # Any: a transformers causal LM of any architecture
+                         prompts: Sequence[list[int]],
                          steps: int, *, plugins: Sequence[str],
                          config: Mapping[str, Any] | None = None) -> None:
     """The whole engine on the saved model directory ``path`` (given a tiny tokenizer if it has
@@ -91,9 +98,9 @@ def assert_engine_greedy(path: str | Path, hf: Any, prompts: Sequence[list[int]]
         assert list(out.outputs[0].token_ids) == expected, f"prompt {list(prompt)}"
 
 
-def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32,
+def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", config: Mapping[str, Any] | None = None
-               ) -> Any:
+               ) -> CausalLM:
     """Build ``cls`` from a weight format's checkpoint (its config, or ``config``), load its
     tensors under the checkpoint's naming, and put it in eval mode."""
     build = BuildContext(dtype=dtype, device=torch.device(device))
@@ -102,8 +109,10 @@ def load_model(cls: type, checkpoint: Any, *, dtype: torch.dtype = torch.float32
     return model.eval()
 
 
-def load_saved(hf: Any, path: str | Path, cls: type, read: Callable[[str], Any], *,
-               config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+def load_saved(hf: Any,  # Any: a transformers causal LM of any architecture
+               path: str | Path, cls: type[CausalLM], read: Callable[[str], Checkpoint],
+               *, config: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> CausalLM:  # Any: load_model's dtype and device
     """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
     holds it is reused), read it back with a weight format's ``read`` (``SafetensorsFormat()
     .load``), check the architecture it reports, and :func:`load_model` ``cls`` from it;

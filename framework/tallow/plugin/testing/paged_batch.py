@@ -12,7 +12,7 @@ has no NaN), so a backend that reads a wrong block or a masked token gives NaN o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -21,7 +21,7 @@ from tallow.kernels.kv_cache import LayerKVCache, allocate_layer, indexable
 from tallow.kernels.kv_cast import CastKVCodec
 from tallow.layers import AttentionLayer, AttentionMetadata
 
-from ..components import KVCodec
+from ..components import AttentionBackend, KVCodec
 
 
 @dataclass
@@ -162,7 +162,14 @@ def random_paged_step(*, query_lens: list[int], context_lens: list[int], num_hea
     return PagedStep(layer, q.to(dev), k.to(dev), v.to(dev), cache, meta, valid, what)
 
 
-def output_tolerance(dtype: torch.dtype) -> dict[str, float]:
+class Tolerance(TypedDict):
+    """``torch.testing.assert_close``'s tolerances."""
+
+    atol: float
+    rtol: float
+
+
+def output_tolerance(dtype: torch.dtype) -> Tolerance:
     """``assert_close`` tolerances of a backend's output against the float32 reference: a
     kernel may round the softmax probabilities and the output to the activations' dtype."""
     if dtype == torch.float32:
@@ -182,10 +189,11 @@ def widened(tensor: torch.Tensor) -> torch.Tensor:
 def assert_same_cache(got: LayerKVCache, expected: LayerKVCache, what: str) -> None:
     """Every tensor of ``got`` equals ``expected``'s exactly (NaN where NaN)."""
     for name, tensor in expected.tensors.items():
-        torch.testing.assert_close(
-            widened(got[name]).cpu(), widened(tensor).cpu(), rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, name=name: f"KV cache tensor {name!r} after the store differs "
-                                     f"({what}): {m}")
+        def message(m: str, name: str = name) -> str:
+            return f"KV cache tensor {name!r} after the store differs ({what}): {m}"
+
+        torch.testing.assert_close(widened(got[name]).cpu(), widened(tensor).cpu(), rtol=0,
+                                   atol=0, equal_nan=True, msg=message)
 
 
 def assert_close_decoded(got: LayerKVCache, expected: LayerKVCache, tolerance: float,
@@ -210,7 +218,7 @@ def assert_close_decoded(got: LayerKVCache, expected: LayerKVCache, tolerance: f
                                   f"by {rel:.2e} (relative), more than {tolerance} ({what})")
 
 
-def check_step(step: PagedStep, backend: Any, store_tolerance: float | None = None,
+def check_step(step: PagedStep, backend: AttentionBackend, store_tolerance: float | None = None,
                output_scale: float = 1.0) -> torch.Tensor:
     """Run ``backend.forward`` on ``step``. The cache after it must equal the codec's reference
     store exactly (NaN where nothing was written), or, with ``store_tolerance``, decode to
@@ -231,7 +239,8 @@ def check_step(step: PagedStep, backend: Any, store_tolerance: float | None = No
         raise AssertionError(f"NaN in output rows {rows[:20]} ({step.description}): a read "
                              "outside the sequence's blocks or of masked tokens")
     expected_out = step.reference_output(step.kv_cache).cpu()
-    tol = {key: value * output_scale for key, value in output_tolerance(step.q.dtype).items()}
+    base = output_tolerance(step.q.dtype)
+    tol = Tolerance(atol=base["atol"] * output_scale, rtol=base["rtol"] * output_scale)
     torch.testing.assert_close(got, expected_out, **tol,
                                msg=lambda m: f"attention output differs ({step.description}): "
                                              f"{m}")

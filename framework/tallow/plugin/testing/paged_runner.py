@@ -6,14 +6,15 @@ context of the core's torch attention backend)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
-from tallow.layers import Attention, AttentionMetadata, forward_context
+from tallow.layers import Attention, AttentionMetadata, CausalLM, forward_context
 from tallow.layers.torch_attention import TorchAttentionBackend
+
+from ..components import KVCodec
 
 
 @dataclass
@@ -27,12 +28,12 @@ class PagedRunner:
     """Runs steps of a flat batch through ``model`` with a paged KV cache of ``kv_codec``
     (a :class:`tallow.plugin.KVCodec`; default: ``auto``, the model's dtype)."""
 
-    model: Any
+    model: CausalLM
     block_size: int = 4
     blocks_per_seq: int = 16
     max_seqs: int = 4
     seqs: dict[int, _Seq] = field(default_factory=dict)
-    kv_codec: Any = None
+    kv_codec: KVCodec | None = None
 
     def __post_init__(self) -> None:
         self.backend = TorchAttentionBackend()

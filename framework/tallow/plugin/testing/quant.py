@@ -28,17 +28,18 @@ registered, and its ``detect`` accepts the config.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Hashable
 
 import pytest
 import torch
+from torch import nn
 
 from tallow.layers import (
     BuildContext, MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear, SiluAndMul,
 )
 
 from ..components import QuantScheme
-from ..registry import serves_quant_method
+from ..registry import Entry, serves_quant_method
 from . import make_config
 from .component import ComponentConformance
 
@@ -82,8 +83,8 @@ class QuantSchemeConformance(ComponentConformance):
         return [QuantizedLayer(f"{w.scheme} {w.qtype}", {"": w}, w.dequantize())
                 for w in self.quantized_weights(rows, cols)]
 
-    def make_scheme(self, component_class: Any,
-                    checkpoint_config: dict[str, Any] | None = None) -> Any:
+    def make_scheme(self, component_class: type[QuantScheme],
+                    checkpoint_config: dict[str, Any] | None = None) -> QuantScheme:
         """The scheme instance layers are built with (``component_class(config)``, told the
         ``checkpoint_config`` when one is given)."""
         scheme = component_class(make_config({}))
@@ -91,14 +92,15 @@ class QuantSchemeConformance(ComponentConformance):
             scheme.use_checkpoint_config(checkpoint_config)
         return scheme
 
-    def pytest_generate_tests(self, metafunc: Any) -> None:
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "qtype_index" in metafunc.fixturenames:
             n = len(self.quantized_layers(self.rows, self.cols))
             metafunc.parametrize("qtype_index", range(n))
         if "batch" in metafunc.fixturenames:
             metafunc.parametrize("batch", [1, 7])
 
-    def test_states_its_requirements(self, component_class: Any, entry: Any) -> None:
+    def test_states_its_requirements(self, component_class: type[QuantScheme],
+                                     entry: Entry) -> None:
         assert isinstance(component_class.min_capability, int)
         assert isinstance(component_class.detect({}), bool)
         methods = entry.meta.get("quant_methods", ())
@@ -107,8 +109,8 @@ class QuantSchemeConformance(ComponentConformance):
         reasons = component_class.validate(make_config({}))
         assert isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
 
-    def test_claims_the_checkpoints_of_its_layouts(self, component_class: Any,
-                                                   entry: Any) -> None:
+    def test_claims_the_checkpoints_of_its_layouts(self, component_class: type[QuantScheme],
+                                                   entry: Entry) -> None:
         for case in self.quantized_layers(self.rows, self.cols):
             if not case.checkpoint_config:
                 continue
@@ -119,7 +121,8 @@ class QuantSchemeConformance(ComponentConformance):
             assert component_class.detect(dict(case.checkpoint_config)) is True, (
                 f"{case.label}: the scheme's detect does not claim its own checkpoint config")
 
-    def test_linear_equals_dequantized_matmul(self, component_class: Any, qtype_index: int,
+    def test_linear_equals_dequantized_matmul(self, component_class: type[QuantScheme],
+                                              qtype_index: int,
                                               batch: int) -> None:
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
@@ -129,7 +132,7 @@ class QuantSchemeConformance(ComponentConformance):
         x = torch.randn(batch, self.cols, generator=torch.Generator().manual_seed(batch))
         self._compare(layer(x), x @ case.dense.T, case)
 
-    def test_merged_shards_equal_dequantized_matmul(self, component_class: Any,
+    def test_merged_shards_equal_dequantized_matmul(self, component_class: type[QuantScheme],
                                                     qtype_index: int) -> None:
         cases = [self.quantized_layers(self.rows, self.cols)[qtype_index] for _ in range(2)]
         build = BuildContext(quant=self.make_scheme(component_class, cases[0].checkpoint_config))
@@ -142,7 +145,7 @@ class QuantSchemeConformance(ComponentConformance):
         dense = torch.cat([c.dense for c in cases])
         self._compare(layer(x), x @ dense.T, cases[0])
 
-    def test_row_parallel_with_activation(self, component_class: Any,
+    def test_row_parallel_with_activation(self, component_class: type[QuantScheme],
                                           qtype_index: int) -> None:
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
@@ -159,7 +162,7 @@ class QuantSchemeConformance(ComponentConformance):
                                    atol=self.atol * scale, msg=lambda m: f"{case.label}: {m}")
 
 
-def _load(layer: Any, case: QuantizedLayer, shard: Any = None) -> None:
+def _load(layer: nn.Module, case: QuantizedLayer, shard: Hashable | None = None) -> None:
     """Load a layer's checkpoint tensors the way a model's ``load_weights`` does: each through
     its parameter's loader (a :class:`~tallow.layers.QuantizedWeight` through the one
     parameter that accepts it)."""

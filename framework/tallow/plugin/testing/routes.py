@@ -12,12 +12,15 @@ each of its methods.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 import pytest
 
 from ..registry import Entry
 from .component import ComponentConformance
+
+if TYPE_CHECKING:
+    from starlette.testclient import TestClient
 
 
 class RouteConformance(ComponentConformance):
@@ -28,13 +31,15 @@ class RouteConformance(ComponentConformance):
     expected_status: ClassVar[int] = 200
 
     @pytest.fixture(scope="class")
-    def client(self, entry: Entry, component_class: Any) -> Any:
+    def client(self, entry: Entry,
+               component_class: Any,  # Any: an ASGI app, or an endpoint function
+               ) -> Iterator[TestClient]:
         from starlette.applications import Starlette
-        from starlette.routing import Mount, Route
+        from starlette.routing import BaseRoute, Mount, Route
         from starlette.testclient import TestClient
 
         if entry.meta.get("mount"):
-            route: Any = Mount(entry.name, app=component_class)
+            route: BaseRoute = Mount(entry.name, app=component_class)
         else:
             route = Route(entry.name, component_class,
                           methods=list(entry.meta.get("methods", ("GET",))))
@@ -47,10 +52,10 @@ class RouteConformance(ComponentConformance):
         assert methods and all(m.upper() in {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
                                              "OPTIONS"} for m in methods), methods
 
-    def test_target_is_callable(self, component_class: Any) -> None:
+    def test_target_is_callable(self, component_class: object) -> None:
         assert callable(component_class), f"{self.component}: target {component_class!r}"
 
-    def test_answers_each_method(self, entry: Entry, client: Any) -> None:
+    def test_answers_each_method(self, entry: Entry, client: TestClient) -> None:
         path = self.request_path or entry.name
         for method in entry.meta.get("methods", ("GET",)):
             response = client.request(method, path)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 #: special tokens first, so their ids are 0, 1, 2
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
@@ -19,7 +22,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m.role }} : {{ m.content }} </s>
                  "{% if add_generation_prompt %}<s> assistant : {% endif %}")
 
 
-def tiny_tokenizer(words: tuple[str, ...] | list[str] = DEFAULT_WORDS) -> Any:
+def tiny_tokenizer(words: tuple[str, ...] | list[str] = DEFAULT_WORDS) -> Tokenizer:
     """A word-level ``tokenizers.Tokenizer``: the special tokens, then ``words`` in order
     (split on whitespace and punctuation; unknown words become ``<unk>``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -29,6 +29,9 @@ from ..tool_parsing import ParseResult, ToolParser, assemble
 from . import assert_streaming_matches_parse
 from .component import ComponentConformance
 
+#: a model output and the calls (name, arguments) a parser must find in it
+Example = tuple[str, list[tuple[str, dict[str, Any]]]]
+
 #: text without any tool call markup that every parser must leave as content, exactly
 PLAIN_TEXTS = [
     "The weather in Paris is mild today.",
@@ -47,7 +50,7 @@ class ToolParserConformance(ComponentConformance):
     base_class = ToolParser
 
     #: (response, [(tool name, arguments), ...]) as the parser's models write them
-    examples: ClassVar[list[tuple[str, list[tuple[str, dict[str, Any]]]]]] = []
+    examples: ClassVar[list[Example]] = []
     #: texts that must stay content (default: :data:`PLAIN_TEXTS`)
     plain_texts: ClassVar[list[str]] = PLAIN_TEXTS
     #: seeded random chunkings per text
@@ -57,7 +60,7 @@ class ToolParserConformance(ComponentConformance):
     #: False for a format that cannot tell a known tool from an unknown one
     refuses_unknown_tools: ClassVar[bool] = True
 
-    def pytest_generate_tests(self, metafunc: Any) -> None:
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "example" in metafunc.fixturenames:
             if not self.examples:
                 raise AssertionError(f"{type(self).__name__}: set 'examples' to responses "
@@ -69,7 +72,7 @@ class ToolParserConformance(ComponentConformance):
                                  ids=[f"plain{i}" for i in range(len(self.plain_texts))])
 
     @pytest.fixture(scope="class")
-    def parser(self, component_class: Any) -> Any:
+    def parser(self, component_class: type[ToolParser]) -> ToolParser:
         return component_class()
 
     def tools(self) -> list[dict[str, Any]]:
@@ -79,7 +82,7 @@ class ToolParserConformance(ComponentConformance):
             "name": n, "description": f"the {n} tool", "parameters": {"type": "object"}}}
             for n in names]
 
-    def test_examples_parse_to_their_calls(self, parser: Any, example: Any) -> None:
+    def test_examples_parse_to_their_calls(self, parser: ToolParser, example: Example) -> None:
         text, calls = example
         for tools in (self.tools(), None):
             result = parser.parse(text, tools)
@@ -88,17 +91,17 @@ class ToolParserConformance(ComponentConformance):
             assert got == [(n, a) for n, a in calls], f"parsing {text!r} with tools={tools}"
             assert len({c.id for c in result.tool_calls}) == len(result.tool_calls)
 
-    def test_streaming_equals_whole_parse(self, parser: Any, example: Any) -> None:
+    def test_streaming_equals_whole_parse(self, parser: ToolParser, example: Example) -> None:
         _check_streaming(parser, example[0], self.tools(), self.chunkings)
 
-    def test_plain_text_is_content(self, parser: Any, plain: str) -> None:
+    def test_plain_text_is_content(self, parser: ToolParser, plain: str) -> None:
         for tools in (self.tools(), None):
             result = parser.parse(plain, tools)
             assert result.tool_calls == [] and result.content == plain, (
                 f"plain text {plain!r} parsed as {result!r}")
         _check_streaming(parser, plain, self.tools(), self.chunkings)
 
-    def test_unknown_tool_is_not_a_call(self, parser: Any, example: Any) -> None:
+    def test_unknown_tool_is_not_a_call(self, parser: ToolParser, example: Example) -> None:
         if not self.refuses_unknown_tools:
             pytest.skip("this format cannot tell a known tool from an unknown one")
         text, calls = example
@@ -107,7 +110,7 @@ class ToolParserConformance(ComponentConformance):
         result = parser.parse(text, other)
         assert result.tool_calls == [], f"a call to a tool not offered was taken: {result!r}"
 
-    def test_malformed_input_never_raises(self, parser: Any, example: Any) -> None:
+    def test_malformed_input_never_raises(self, parser: ToolParser, example: Example) -> None:
         text = example[0]
         rng = random.Random(zlib.crc32(text.encode()))
         variants = [text[:i] for i in range(len(text))]
@@ -126,7 +129,7 @@ class ToolParserConformance(ComponentConformance):
             for call in result.tool_calls:
                 _arguments(call.arguments)
 
-    def test_matches_answers_a_bool(self, component_class: Any) -> None:
+    def test_matches_answers_a_bool(self, component_class: type[ToolParser]) -> None:
         for name, template in (("some-model", None), ("some-model", "{{ messages }}")):
             assert isinstance(component_class.matches(name, template), bool)
 
@@ -161,5 +164,6 @@ def _mutate(text: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
-def _check_streaming(parser: Any, text: str, tools: Any, tries: int) -> None:
+def _check_streaming(parser: ToolParser, text: str, tools: list[dict[str, Any]] | None,
+                     tries: int) -> None:
     assert_streaming_matches_parse(parser, text, tools, tries)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Awaitable, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar
 
 from ..components import ToolProvider, ToolResult
 from ..json_schema import check_schema
 from . import make_config
 from .component import ComponentConformance
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -37,11 +40,11 @@ class ToolProviderConformance(ComponentConformance):
     #: (tool name, arguments) of a call that succeeds
     sample_call: ClassVar[tuple[str, dict[str, Any]]] = ("", {})
 
-    def config(self) -> Any:
+    def config(self) -> TallowConfig:
         return make_config({"plugins": {"settings": {self.distribution: self.settings}}})
 
-    def run(self, component_class: Any,
-            scenario: Callable[[Any], Awaitable[None]]) -> None:
+    def run(self, component_class: type[ToolProvider],
+            scenario: Callable[[ToolProvider], Awaitable[None]]) -> None:
         """Build the provider from :attr:`settings`, start it, run ``scenario(provider)``,
         stop it."""
         async def main() -> None:
@@ -55,8 +58,8 @@ class ToolProviderConformance(ComponentConformance):
 
         asyncio.run(main())
 
-    def test_lists_valid_tool_definitions(self, component_class: Any) -> None:
-        async def scenario(provider: Any) -> None:
+    def test_lists_valid_tool_definitions(self, component_class: type[ToolProvider]) -> None:
+        async def scenario(provider: ToolProvider) -> None:
             tools = await provider.list_tools()
             assert isinstance(tools, list) and tools, "no tools listed"
             names = []
@@ -72,16 +75,16 @@ class ToolProviderConformance(ComponentConformance):
 
         self.run(component_class, scenario)
 
-    def test_a_call_returns_a_result(self, component_class: Any) -> None:
-        async def scenario(provider: Any) -> None:
+    def test_a_call_returns_a_result(self, component_class: type[ToolProvider]) -> None:
+        async def scenario(provider: ToolProvider) -> None:
             result = await provider.call_tool(*self.sample_call)
             assert isinstance(result, ToolResult) and isinstance(result.content, str)
             assert not result.is_error, result.content
 
         self.run(component_class, scenario)
 
-    def test_failures_are_error_results(self, component_class: Any) -> None:
-        async def scenario(provider: Any) -> None:
+    def test_failures_are_error_results(self, component_class: type[ToolProvider]) -> None:
+        async def scenario(provider: ToolProvider) -> None:
             unknown = await provider.call_tool("no_such_tool_here", {})
             assert isinstance(unknown, ToolResult) and unknown.is_error and unknown.content
             name = self.sample_call[0]
@@ -90,12 +93,12 @@ class ToolProviderConformance(ComponentConformance):
 
         self.run(component_class, scenario)
 
-    def test_status_is_json(self, component_class: Any) -> None:
-        async def scenario(provider: Any) -> None:
+    def test_status_is_json(self, component_class: type[ToolProvider]) -> None:
+        async def scenario(provider: ToolProvider) -> None:
             json.dumps(provider.status())
 
         self.run(component_class, scenario)
 
-    def test_nothing_configured(self, component_class: Any) -> None:
+    def test_nothing_configured(self, component_class: type[ToolProvider]) -> None:
         provider = component_class.from_config(make_config({}))
         assert provider is None or isinstance(provider, ToolProvider)

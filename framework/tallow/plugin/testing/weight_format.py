@@ -27,6 +27,8 @@ from typing import Any, Callable, ClassVar
 import pytest
 import torch
 
+from tallow.layers import QuantizedWeight
+
 from ..components import Checkpoint, WeightFormat
 from ..model_files import ModelFileError
 from .component import ComponentConformance
@@ -88,8 +90,8 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
 }
 
 
-def _values(tensor: Any) -> torch.Tensor:
-    return (tensor.dequantize() if hasattr(tensor, "dequantize") else tensor).float()
+def _values(tensor: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    return (tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor).float()
 
 
 class WeightFormatConformance(ComponentConformance):
@@ -101,7 +103,7 @@ class WeightFormatConformance(ComponentConformance):
         docstring)."""
         raise NotImplementedError(f"{type(self).__name__} must implement write_checkpoint")
 
-    def pytest_generate_tests(self, metafunc: Any) -> None:
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "damage" in metafunc.fixturenames:
             metafunc.parametrize("damage", list(DAMAGES))
 
@@ -109,19 +111,21 @@ class WeightFormatConformance(ComponentConformance):
     def _keep_monkeypatch(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.monkeypatch = monkeypatch
 
-    def load(self, component_class: Any, written: WrittenCheckpoint) -> Checkpoint:
+    def load(self, component_class: type[WeightFormat], written: WrittenCheckpoint) -> Checkpoint:
         checkpoint = component_class().load(written.source)
         assert isinstance(checkpoint, Checkpoint), f"load() returned {checkpoint!r}"
         return checkpoint
 
-    def test_claims_what_it_wrote(self, component_class: Any, tmp_path: Path) -> None:
+    def test_claims_what_it_wrote(self, component_class: type[WeightFormat],
+                                  tmp_path: Path) -> None:
         written = self.write_checkpoint(tmp_path / "written")
         assert component_class.claims(written.source) is True
         (tmp_path / "empty").mkdir()
         for other in (tmp_path / "empty", tmp_path / "absent"):
             assert not component_class.claims(str(other)), f"claims {other}"
 
-    def test_yields_the_declared_tensors(self, component_class: Any, tmp_path: Path) -> None:
+    def test_yields_the_declared_tensors(self, component_class: type[WeightFormat],
+                                         tmp_path: Path) -> None:
         written = self.write_checkpoint(tmp_path / "written")
         checkpoint = self.load(component_class, written)
         assert checkpoint.architecture == written.architecture
@@ -137,7 +141,8 @@ class WeightFormatConformance(ComponentConformance):
         if checkpoint.tensor_shapes is not None:
             assert checkpoint.tensor_shapes == {n: tuple(t.shape) for n, t in got.items()}
 
-    def test_damaged_files_raise_model_file_error(self, component_class: Any, tmp_path: Path,
+    def test_damaged_files_raise_model_file_error(self, component_class: type[WeightFormat],
+                                                  tmp_path: Path,
                                                   damage: str) -> None:
         files = self.write_checkpoint(tmp_path / "probe").files
         assert files, "WrittenCheckpoint.files names no weight file to damage"
