@@ -108,12 +108,13 @@ async def health(state: ServerState, request: Request) -> Response:
     """200 with the engine's load while it serves, 503 once its loop has failed."""
     error = getattr(state.engine, "error", None)
     stats = state.engine.stats()
-    body = {"status": "ok" if error is None else "error", "model": state.model_name,
-            **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
-                                         "num_free_blocks", "num_total_blocks",
-                                         "kv_capacity_tokens", "prefix_cache_hit_rate")
-                if k in stats},
-            "server_inflight": state.inflight}
+    body: dict[str, object] = {
+        "status": "ok" if error is None else "error", "model": state.model_name,
+        **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
+                                     "num_free_blocks", "num_total_blocks",
+                                     "kv_capacity_tokens", "prefix_cache_hit_rate")
+           if k in stats},
+        "server_inflight": state.inflight}
     if error is not None:
         body["error"] = f"{type(error).__name__}: {error}"
     return JSONResponse(body, status_code=200 if error is None else 503)
@@ -145,7 +146,8 @@ async def plugins(state: ServerState, request: Request) -> Response:
     selected = state.tool_parsing.describe()
     structured = state.structured
     if structured is not None:
-        selected["grammar_backend"] = structured.entry.name if structured.available else None
+        entry = structured.entry  # set exactly when the backend is available
+        selected["grammar_backend"] = entry.name if entry is not None else None
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
                          "selected": selected,
                          "tool_providers": state.tool_providers.statuses()})
