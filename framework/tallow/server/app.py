@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,8 +18,10 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Scope
 
 import tallow
+from tallow.config import TallowConfig
 
 from .chat_endpoint import create_chat_completion
 from .completions import create_completion
@@ -39,8 +41,9 @@ from .responses import (
     HealthResponse, ModelCard, ModelList, PluginsResponse, TokenizeResponse, ToolsResponse,
     VersionResponse,
 )
+from .served import ServedEngine
 from .state import ServerState
-from .tool_providers import ToolProviders, list_server_tools
+from .tool_providers import ToolProviders
 from .tools import validate_tools
 
 log = logging.getLogger("tallow.server")
@@ -48,7 +51,7 @@ log = logging.getLogger("tallow.server")
 #: Paths that need the API key when one is configured (the OpenAI API and its helpers).
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
-Handler = Callable[[ServerState, Request, dict[str, Any]], Awaitable[Response]]
+Handler = Callable[[ServerState, Request, dict[str, object]], Awaitable[Response]]
 
 
 def _json_endpoint(state: ServerState, handler: Handler
@@ -85,8 +88,8 @@ def _get_endpoint(state: ServerState, handler: Callable[[ServerState, Request], 
 
 
 # -- small endpoints ------------------------------------------------------------------------
-def _model_card(state: ServerState) -> dict[str, Any]:
-    card = {"id": state.model_name, "object": "model", "created": state.created,
+def _model_card(state: ServerState) -> dict[str, object]:
+    card: dict[str, object] = {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "tallow", "root": state.model_name, "parent": None,
             "max_model_len": state.max_model_len, "task": state.task}
     info = getattr(state.engine, "embedding", None)
@@ -128,7 +131,7 @@ async def metrics(state: ServerState, request: Request) -> Response:
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _describe_status(status: Any) -> dict[str, Any]:
+def _describe_status(status: object) -> dict[str, object]:
     if hasattr(status, "to_dict"):
         return status.to_dict()
     if dataclasses.is_dataclass(status) and not isinstance(status, type):
@@ -153,7 +156,7 @@ async def plugins(state: ServerState, request: Request) -> Response:
                          "tool_providers": state.tool_providers.statuses()})
 
 
-async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+async def tokenize(state: ServerState, request: Request, body: dict[str, object]) -> Response:
     req = parse_request(TokenizeRequest, body)
     check_model(req.model, state.served_names)
     if (req.prompt is None) == (req.messages is None):
@@ -170,7 +173,8 @@ async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
 
 
-async def detokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+async def detokenize(state: ServerState, request: Request, body: dict[str, object]
+                     ) -> Response:
     req = parse_request(DetokenizeRequest, body)
     check_model(req.model, state.served_names)
     vocab = getattr(state.tokenizer, "vocab_size", None)
@@ -180,6 +184,15 @@ async def detokenize(state: ServerState, request: Request, body: dict[str, Any])
                           f"token id of this model (0..{(vocab or 1) - 1}).")
     text = state.tokenizer.decode(req.tokens, skip_special_tokens=bool(req.skip_special_tokens))
     return JSONResponse({"prompt": text})
+
+
+async def list_server_tools(state: ServerState, request: Request) -> Response:
+    """``GET /v1/tools``: the tools the server runs itself, per provider, and the defaults."""
+    config = getattr(state.config, "server", None)
+    return JSONResponse({"object": "list",
+                         "server_tools": getattr(config, "server_tools", "off"),
+                         "max_tool_rounds": getattr(config, "max_tool_rounds", 8),
+                         "providers": await state.tool_providers.describe()})
 
 
 # -- assembly -------------------------------------------------------------------------------
@@ -252,7 +265,7 @@ def _is_protected(path: str) -> bool:
     return path.startswith(PROTECTED_PREFIXES)
 
 
-def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | None = None,
+def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_parsing: ToolParsing | None = None,
               tool_providers: ToolProviders | None = None,
               manage_engine: bool = True) -> Starlette:
     """The ASGI app serving ``engine``.
@@ -288,7 +301,7 @@ def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | No
     routes += [Route("/openapi.json", openapi, methods=["GET"])] + extra
     templates = {r.path for r in routes if isinstance(r, Route)}
 
-    def endpoint_of(scope: Any) -> str:
+    def endpoint_of(scope: Scope) -> str:
         path = scope.get("path", "")
         if path in templates:
             return path

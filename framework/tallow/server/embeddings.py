@@ -28,13 +28,14 @@ from .protocol import EmbeddingRequest, check_model, parse_request
 from .state import ServerState
 
 
-def _items(raw: Any) -> tuple[list[str | list[int]], bool]:
+def _items(raw: str | list[str] | list[int] | list[list[int]]
+           ) -> tuple[list[str | list[int]], bool]:
     """The inputs of ``input``, and whether it was a single one (a string or token ids)."""
     if isinstance(raw, str):
         return [raw], True
     if raw and all(isinstance(x, int) for x in raw):
-        return [list(raw)], True
-    return list(raw), False
+        return [list(raw)], True  # type: ignore[arg-type]  # every item is an int
+    return list(raw), False  # type: ignore[arg-type]  # a list of strings or of token lists
 
 
 def encode_vector(vector: list[float], encoding_format: str | None) -> list[float] | str:
@@ -121,7 +122,7 @@ class EmbeddingsCall:
 
 
 async def create_embedding(state: ServerState, request: Request,
-                           body: dict[str, Any]) -> Response:
+                           body: dict[str, object]) -> Response:
     req = parse_request(EmbeddingRequest, body)
     check_model(req.model, state.served_names)
     call = EmbeddingsCall(state, req)

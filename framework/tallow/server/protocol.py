@@ -63,7 +63,7 @@ class SamplingFields(BaseModel):
 
     # structured outputs (tallow.server.structured reads and checks them): OpenAI's, then vLLM's
     response_format: dict[str, Any] | None = None
-    guided_json: Any = None
+    guided_json: object = None  # a schema (object, boolean or JSON text), checked by .structured
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
@@ -99,13 +99,13 @@ class ChatCompletionRequest(SamplingFields):
     server_tools: bool | None = None
 
     # known OpenAI fields that tallow refuses when they ask for something (see reject_unsupported)
-    audio: Any = None
+    audio: object = None
     modalities: list[str] | None = None
-    prediction: Any = None
-    web_search_options: Any = None
-    functions: Any = None
-    function_call: Any = None
-    reasoning_effort: Any = None
+    prediction: object = None
+    web_search_options: object = None
+    functions: object = None
+    function_call: object = None
+    reasoning_effort: object = None
     store: bool | None = None
     service_tier: str | None = None
 
@@ -280,7 +280,7 @@ def parse_request(model: type[M], obj: dict[str, Any]) -> M:
             from None
 
 
-def _jsonable(value: Any) -> bool:
+def _jsonable(value: object) -> bool:
     try:
         json.dumps(value)
         return True

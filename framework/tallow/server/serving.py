@@ -38,6 +38,7 @@ from .protocol import (
 )
 from .sampling import build_sampling_params
 from .sse import DONE, StreamSession
+from .served import EngineStream
 from .state import ServerState
 
 R = TypeVar("R", bound=SamplingFields)
@@ -69,7 +70,7 @@ class Handler(Protocol):
     async def run(self, request: Request) -> Response: ...
 
 
-async def single_stream(gen: AsyncIterator[RequestOutput]) -> AsyncIterator[Item]:
+async def single_stream(gen: EngineStream) -> AsyncIterator[Item]:
     """The outputs of one engine stream as :data:`Item` (closing this closes ``gen``)."""
     try:
         async for out in gen:
@@ -78,7 +79,7 @@ async def single_stream(gen: AsyncIterator[RequestOutput]) -> AsyncIterator[Item
         await aclose_quietly(gen)
 
 
-async def merge_streams(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[Item]:
+async def merge_streams(gens: list[EngineStream]) -> AsyncIterator[Item]:
     """Outputs of several engine streams as ``(stream index, output)``, as they arrive.
 
     Every stream is started at once, and all their first outputs are awaited before anything
@@ -101,7 +102,7 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterat
         for i, out in enumerate(firsts):
             yield i, out
 
-        async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
+        async def pump(i: int, gen: EngineStream) -> None:
             try:
                 async for out in gen:
                     await queue.put((i, out))
@@ -282,7 +283,8 @@ class OpenAIServing(ABC, Generic[R]):
     def _finish_timer(self) -> None:
         self.timer.finish([self.reasons[i] for i in sorted(self.reasons)], self.cached_tokens())
 
-    async def respond(self, request: Request, gen: AsyncIterator[Item], first: Item) -> Response:
+    async def respond(self, request: Request, gen: AsyncIterator[Item],
+                      first: Item) -> Response:
         """The whole response, once every choice has finished."""
         async def collect() -> None:
             item = first

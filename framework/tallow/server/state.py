@@ -11,19 +11,18 @@ import hashlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 import anyio
 import tallow
 from tallow.config import TallowConfig
-from tallow.engine.embedding import EmbeddingInfo, PoolingParams
-from tallow.engine.outputs import EmbeddingOutput, RequestOutput
-from tallow.engine.sampling.params import SamplingParams
+from tallow.engine.embedding import EmbeddingInfo
 from tallow.engine.tokenizer import Tokenizer
 
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
+from .served import ServedEngine
 from .tool_providers import ToolProviders
 
 if TYPE_CHECKING:
@@ -35,35 +34,6 @@ log = logging.getLogger("tallow.server")
 _INLINE_TOKENIZE_CHARS = 2048
 
 _T = TypeVar("_T")
-
-
-class ServedEngine(Protocol):
-    """What the server uses of its engine: an :class:`~tallow.engine.async_engine.AsyncEngine`,
-    or a stand-in with the same surface. Optional parts (``structured``, ``task``,
-    ``embedding``, ``error``, ``plugin_manager``) are read with ``getattr``."""
-
-    @property
-    def model_name(self) -> str: ...
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    @property
-    def max_model_len(self) -> int: ...
-
-    def stats(self) -> dict[str, float]: ...
-
-    def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
-                 prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        ...
-
-    async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
-                    request_id: str) -> EmbeddingOutput: ...
-
-    async def start(self) -> None: ...
-
-    async def shutdown(self) -> None: ...
-
 
 def _setting(config: TallowConfig | None, section: str, name: str, default: _T) -> _T:
     """``config.section.name``, ``default`` without a config (or a stand-in lacking it)."""

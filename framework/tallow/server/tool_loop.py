@@ -43,6 +43,7 @@ from .messages import normalize_messages
 from .protocol import ChatCompletionRequest
 from .serving import Choice, Usage
 from .sse import DONE, StreamSession
+from .served import EngineStream
 from .state import ServerState
 from .tool_providers import ProvidedTool
 from .tools import Final, plan_tools, tool_name
@@ -180,7 +181,7 @@ class ToolLoop:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     # -- the loop -------------------------------------------------------------------------
-    async def events(self, gen: AsyncIterator[RequestOutput], first: RequestOutput
+    async def events(self, gen: EngineStream, first: RequestOutput
                      ) -> AsyncIterator[Event]:
         """Run the rounds, starting with the first round's engine stream ``gen`` (whose first
         output is ``first``); every later round's stream is opened and closed here."""
@@ -290,7 +291,7 @@ class ToolLoop:
                        CallEnded(call_index(entry), call.id, {"content": why, "is_error": True})]
         return events
 
-    async def _next_round(self) -> tuple[AsyncIterator[RequestOutput], RequestOutput] | None:
+    async def _next_round(self) -> tuple[EngineStream, RequestOutput] | None:
         """Start the next round's generation; None when no token is left to generate (the
         request's budget is spent or the conversation fills the context)."""
         budget = None
@@ -315,7 +316,7 @@ class ToolLoop:
         return gen, first
 
     # -- whole response -------------------------------------------------------------------
-    async def respond(self, request: Request, gen: AsyncIterator[RequestOutput],
+    async def respond(self, request: Request, gen: EngineStream,
                       first: RequestOutput) -> Response:
         async def collect() -> tuple[str, list[dict[str, object]], End]:
             content = ""
@@ -347,7 +348,7 @@ class ToolLoop:
         return JSONResponse(self.handler.body([choice], self.usage()))
 
     # -- stream ---------------------------------------------------------------------------
-    async def stream(self, gen: AsyncIterator[RequestOutput], first: RequestOutput,
+    async def stream(self, gen: EngineStream, first: RequestOutput,
                      session: StreamSession) -> AsyncIterator[str]:
         h = self.handler
 
