@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from tallow.engine.embedding import (
     InputTooLong, PoolingParams, input_token_ids, truncation_length,
 )
+from tallow.engine.outputs import EmbeddingOutput
 
 from .errors import APIError, from_exception, invalid
 from .generation import ClientGone, unless_disconnected
@@ -97,7 +97,7 @@ class EmbeddingsCall:
                               f"Invalid value for 'truncate_prompt_tokens': {exc}.") from None
         return prompts
 
-    async def run(self, prompts: list[list[int]]) -> list[Any]:
+    async def run(self, prompts: list[list[int]]) -> list[EmbeddingOutput]:
         """The embeddings of ``prompts``, all in the engine at once; leaving early (a failure,
         a client gone) aborts those still running."""
         params = PoolingParams(self.req.dimensions)
@@ -112,7 +112,7 @@ class EmbeddingsCall:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def response(self, outputs: list[Any]) -> Response:
+    def response(self, outputs: list[EmbeddingOutput]) -> Response:
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
         data = [{"object": "embedding", "index": i,
                  "embedding": encode_vector(o.embedding, self.req.encoding_format)}

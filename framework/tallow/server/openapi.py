@@ -10,9 +10,10 @@ listed with their methods and auth, without body schemas (a plugin's route is an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel
+from starlette.responses import Response
 
 import tallow
 
@@ -27,7 +28,7 @@ class Endpoint:
 
     method: str
     path: str
-    handler: Callable[..., Any]
+    handler: Callable[..., Awaitable[Response]]  # (state, request[, body])
     summary: str
     request: type[BaseModel] | None = None
     response: type[BaseModel] | None = None

@@ -185,24 +185,24 @@ class ToolProviders:
         return result
 
     # -- reporting ------------------------------------------------------------------------
-    def statuses(self) -> list[dict[str, Any]]:
+    def statuses(self) -> list[dict[str, object]]:
         """Each provider's name, distribution and own status (for ``/v1/plugins``)."""
         out = []
         for slot in self._slots:
-            status: dict[str, Any] = {}
+            status: dict[str, object] = {}
             if slot.provider is not None:
                 try:
                     status = dict(slot.provider.status())
                 except Exception as exc:
                     status = {"error": f"status failed: {type(exc).__name__}: {exc}"}
-            entry = {"name": slot.name, "distribution": slot.distribution,
-                     "running": slot.provider is not None, "status": status}
+            entry: dict[str, object] = {"name": slot.name, "distribution": slot.distribution,
+                                        "running": slot.provider is not None, "status": status}
             if slot.error:
                 entry["error"] = slot.error
             out.append(entry)
         return out
 
-    async def describe(self) -> list[dict[str, Any]]:
+    async def describe(self) -> list[dict[str, object]]:
         """:meth:`statuses` with the tools of each provider (for ``/v1/tools``)."""
         tools = await self.tools()
         out = self.statuses()
@@ -213,10 +213,10 @@ class ToolProviders:
 
 
 def check_tool_providers(plugin_manager: PluginManager | None, config: TallowConfig | None
-                         ) -> list[dict[str, Any]]:
+                         ) -> list[dict[str, object]]:
     """Start every tool provider for ``config``, describe each with its tools, stop them:
     what ``tallow plugins list --check-tools`` shows. Runs its own event loop."""
-    async def check() -> list[dict[str, Any]]:
+    async def check() -> list[dict[str, object]]:
         providers = ToolProviders.from_plugins(plugin_manager, config)
         await providers.start()
         try:
