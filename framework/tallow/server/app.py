@@ -133,7 +133,8 @@ async def metrics(state: ServerState, request: Request) -> Response:
 
 def _describe_status(status: object) -> dict[str, object]:
     if hasattr(status, "to_dict"):
-        return status.to_dict()
+        described: dict[str, object] = status.to_dict()
+        return described
     if dataclasses.is_dataclass(status) and not isinstance(status, type):
         return {k: (str(v) if not isinstance(v, (str, int, float, bool, list, dict, type(None)))
                     else v) for k, v in dataclasses.asdict(status).items()}
@@ -302,7 +303,7 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
     templates = {r.path for r in routes if isinstance(r, Route)}
 
     def endpoint_of(scope: Scope) -> str:
-        path = scope.get("path", "")
+        path: str = scope.get("path", "")
         if path in templates:
             return path
         if path.startswith("/v1/models/"):

@@ -82,7 +82,8 @@ def validate_tools(tools: Sequence[object]) -> list[dict[str, Any]]:
 
 
 def tool_name(tool: dict[str, Any]) -> str:
-    return tool["function"]["name"]
+    name: str = tool["function"]["name"]  # a string once validate_tools has checked it
+    return name
 
 
 @dataclass
