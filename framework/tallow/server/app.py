@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -18,8 +18,10 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Scope
 
 import tallow
+from tallow.config import TallowConfig
 
 from .chat_endpoint import create_chat_completion
 from .completions import create_completion
@@ -39,8 +41,9 @@ from .responses import (
     HealthResponse, ModelCard, ModelList, PluginsResponse, TokenizeResponse, ToolsResponse,
     VersionResponse,
 )
+from .served import ServedEngine
 from .state import ServerState
-from .tool_providers import ToolProviders, list_server_tools
+from .tool_providers import ToolProviders
 from .tools import validate_tools
 
 log = logging.getLogger("tallow.server")
@@ -48,7 +51,7 @@ log = logging.getLogger("tallow.server")
 #: Paths that need the API key when one is configured (the OpenAI API and its helpers).
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
-Handler = Callable[[ServerState, Request, dict[str, Any]], Awaitable[Response]]
+Handler = Callable[[ServerState, Request, dict[str, object]], Awaitable[Response]]
 
 
 def _json_endpoint(state: ServerState, handler: Handler
@@ -85,8 +88,8 @@ def _get_endpoint(state: ServerState, handler: Callable[[ServerState, Request], 
 
 
 # -- small endpoints ------------------------------------------------------------------------
-def _model_card(state: ServerState) -> dict[str, Any]:
-    card = {"id": state.model_name, "object": "model", "created": state.created,
+def _model_card(state: ServerState) -> dict[str, object]:
+    card: dict[str, object] = {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "tallow", "root": state.model_name, "parent": None,
             "max_model_len": state.max_model_len, "task": state.task}
     info = getattr(state.engine, "embedding", None)
@@ -108,12 +111,13 @@ async def health(state: ServerState, request: Request) -> Response:
     """200 with the engine's load while it serves, 503 once its loop has failed."""
     error = getattr(state.engine, "error", None)
     stats = state.engine.stats()
-    body = {"status": "ok" if error is None else "error", "model": state.model_name,
-            **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
-                                         "num_free_blocks", "num_total_blocks",
-                                         "kv_capacity_tokens", "prefix_cache_hit_rate")
-                if k in stats},
-            "server_inflight": state.inflight}
+    body: dict[str, object] = {
+        "status": "ok" if error is None else "error", "model": state.model_name,
+        **{k: stats.get(k) for k in ("num_waiting", "num_running", "kv_usage",
+                                     "num_free_blocks", "num_total_blocks",
+                                     "kv_capacity_tokens", "prefix_cache_hit_rate")
+           if k in stats},
+        "server_inflight": state.inflight}
     if error is not None:
         body["error"] = f"{type(error).__name__}: {error}"
     return JSONResponse(body, status_code=200 if error is None else 503)
@@ -127,9 +131,10 @@ async def metrics(state: ServerState, request: Request) -> Response:
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _describe_status(status: Any) -> dict[str, Any]:
+def _describe_status(status: object) -> dict[str, object]:
     if hasattr(status, "to_dict"):
-        return status.to_dict()
+        described: dict[str, object] = status.to_dict()
+        return described
     if dataclasses.is_dataclass(status) and not isinstance(status, type):
         return {k: (str(v) if not isinstance(v, (str, int, float, bool, list, dict, type(None)))
                     else v) for k, v in dataclasses.asdict(status).items()}
@@ -145,13 +150,14 @@ async def plugins(state: ServerState, request: Request) -> Response:
     selected = state.tool_parsing.describe()
     structured = state.structured
     if structured is not None:
-        selected["grammar_backend"] = structured.entry.name if structured.available else None
+        entry = structured.entry  # set exactly when the backend is available
+        selected["grammar_backend"] = entry.name if entry is not None else None
     return JSONResponse({"object": "list", "plugins": statuses, "components": components,
                          "selected": selected,
                          "tool_providers": state.tool_providers.statuses()})
 
 
-async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+async def tokenize(state: ServerState, request: Request, body: dict[str, object]) -> Response:
     req = parse_request(TokenizeRequest, body)
     check_model(req.model, state.served_names)
     if (req.prompt is None) == (req.messages is None):
@@ -168,7 +174,8 @@ async def tokenize(state: ServerState, request: Request, body: dict[str, Any]) -
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
 
 
-async def detokenize(state: ServerState, request: Request, body: dict[str, Any]) -> Response:
+async def detokenize(state: ServerState, request: Request, body: dict[str, object]
+                     ) -> Response:
     req = parse_request(DetokenizeRequest, body)
     check_model(req.model, state.served_names)
     vocab = getattr(state.tokenizer, "vocab_size", None)
@@ -178,6 +185,15 @@ async def detokenize(state: ServerState, request: Request, body: dict[str, Any])
                           f"token id of this model (0..{(vocab or 1) - 1}).")
     text = state.tokenizer.decode(req.tokens, skip_special_tokens=bool(req.skip_special_tokens))
     return JSONResponse({"prompt": text})
+
+
+async def list_server_tools(state: ServerState, request: Request) -> Response:
+    """``GET /v1/tools``: the tools the server runs itself, per provider, and the defaults."""
+    config = getattr(state.config, "server", None)
+    return JSONResponse({"object": "list",
+                         "server_tools": getattr(config, "server_tools", "off"),
+                         "max_tool_rounds": getattr(config, "max_tool_rounds", 8),
+                         "providers": await state.tool_providers.describe()})
 
 
 # -- assembly -------------------------------------------------------------------------------
@@ -250,7 +266,7 @@ def _is_protected(path: str) -> bool:
     return path.startswith(PROTECTED_PREFIXES)
 
 
-def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | None = None,
+def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_parsing: ToolParsing | None = None,
               tool_providers: ToolProviders | None = None,
               manage_engine: bool = True) -> Starlette:
     """The ASGI app serving ``engine``.
@@ -286,8 +302,8 @@ def build_app(engine: Any, config: Any = None, *, tool_parsing: ToolParsing | No
     routes += [Route("/openapi.json", openapi, methods=["GET"])] + extra
     templates = {r.path for r in routes if isinstance(r, Route)}
 
-    def endpoint_of(scope: Any) -> str:
-        path = scope.get("path", "")
+    def endpoint_of(scope: Scope) -> str:
+        path: str = scope.get("path", "")
         if path in templates:
             return path
         if path.startswith("/v1/models/"):

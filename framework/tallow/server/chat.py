@@ -8,14 +8,17 @@ messages or deltas, with tool calls parsed out of the text.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from tallow.engine.outputs import CompletionOutput
+from tallow.engine.sampling.params import SamplingParams
+from tallow.plugin import GrammarSpec
+from tallow.plugin.tool_parsing import StreamDelta
 
 from .errors import invalid
 from .logprobs import chat_logprobs
 from .messages import normalize_messages
 from .protocol import ChatCompletionRequest
 from .sampling import resolve_max_tokens
-from .serving import Item, OpenAIServing, Starter, single_stream
+from .serving import Choice, Item, OpenAIServing, Starter, Usage, single_stream
 from .state import ServerState
 from .structured import (
     Constraint, compile_constraint, compile_tool_parameters, requested_constraint,
@@ -35,7 +38,7 @@ class _Choice:
     def __init__(self, tools: ChoiceTools) -> None:
         self.tools = tools
         self.text_len = 0
-        self.delta: Any = None
+        self.delta: StreamDelta | None = None
         self.tokens = 0
         self.finished = False
         self.started = False
@@ -67,8 +70,8 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             ids, params, self.id, prompt=prompt, priority=self.req.priority or 0)),
             self.req.n or 1)
 
-    async def prepare(self, messages: list[dict[str, Any]] | None = None,
-                      budget: int | None = None) -> tuple[list[int], Any, str]:
+    async def prepare(self, messages: list[dict[str, object]] | None = None,
+                      budget: int | None = None) -> tuple[list[int], SamplingParams, str]:
         """Render and tokenize the prompt of ``messages`` (normalized; default: the request's)
         and build the sampling parameters (``budget``: most tokens to generate instead of the
         request's own limit)."""
@@ -93,7 +96,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         params = self.sampling_params(max_tokens, self.top, structured_outputs=spec)
         return ids, params, prompt
 
-    async def _output_constraint(self) -> Any:
+    async def _output_constraint(self) -> GrammarSpec | None:
         """The GrammarSpec the output must match (compiled already), or None: a forced tool
         call under a grammar, or what the request asks for (response_format and friends)."""
         asked = requested_constraint(self.req)
@@ -131,7 +134,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         return all(c.finished or c.tools.complete for c in self._choices)
 
     @staticmethod
-    def tool_finish_reason(o: Any, final: Final, tools: Any) -> str:
+    def tool_finish_reason(o: CompletionOutput, final: Final, tools: ChoiceTools) -> str:
         """A choice's finish reason once its tool calls are known."""
         if final.tool_calls:
             return "length" if tools.truncated else "tool_calls"
@@ -139,18 +142,19 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             return "stop"
         return OpenAIServing.engine_finish_reason(o)
 
-    def _logprobs(self, o: Any, start: int, end: int) -> dict[str, Any]:
+    def _logprobs(self, o: CompletionOutput, start: int, end: int) -> dict[str, object]:
+        assert o.logprobs is not None  # asked for: the engine reports them
         return {"content": chat_logprobs(o.logprobs[start:end], o.token_ids[start:end],
                                          self.top or 0, self.state.token_text),
                 "refusal": None}
 
     # -- whole response -----------------------------------------------------------------
-    def choices(self) -> list[dict[str, Any]]:
-        result = []
+    def choices(self) -> list[Choice]:
+        result: list[Choice] = []
         for o in self.latest[0].outputs:
             tools = self._choices[o.index].tools
             final = tools.final(o.text)
-            message: dict[str, Any] = {"role": "assistant", "content": final.content,
+            message: dict[str, object] = {"role": "assistant", "content": final.content,
                                        "refusal": None}
             if final.tool_calls:
                 message["tool_calls"] = [
@@ -165,16 +169,17 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         return result
 
     # -- stream -------------------------------------------------------------------------
-    def choice_chunks(self, item: Item, usage: Any) -> list[str]:
+    def choice_chunks(self, item: Item, usage: Usage | None) -> list[str]:
         _, out = item
         return [chunk for o in out.outputs
                 for chunk in self._choice_chunks(self._choices[o.index], o, usage)]
 
-    def closing_chunks(self, usage: Any) -> list[str]:
+    def closing_chunks(self, usage: Usage | None) -> list[str]:
         return [chunk for o in self.latest[0].outputs
                 for chunk in self._choice_chunks(self._choices[o.index], o, usage, force=True)]
 
-    def _choice_chunks(self, c: _Choice, o: Any, usage: Any, force: bool = False) -> list[str]:
+    def _choice_chunks(self, c: _Choice, o: CompletionOutput, usage: Usage | None,
+                       force: bool = False) -> list[str]:
         if c.finished:
             return []
         chunks: list[str] = []
@@ -214,15 +219,15 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         return chunks
 
 
-def _delta_dict(piece: Any) -> dict[str, Any]:
-    delta: dict[str, Any] = {}
+def _delta_dict(piece: StreamDelta) -> dict[str, object]:
+    delta: dict[str, object] = {}
     if piece.content or not piece.tool_calls:
         delta["content"] = piece.content
     if piece.tool_calls:
         calls = []
         for t in piece.tool_calls:
-            entry: dict[str, Any] = {"index": t.index}
-            fn: dict[str, Any] = {}
+            entry: dict[str, object] = {"index": t.index}
+            fn: dict[str, str] = {}
             if t.id is not None:
                 entry["id"] = t.id
                 entry["type"] = "function"

@@ -4,9 +4,9 @@ The choice lives here, above both, because the tool loop builds on the chat hand
 
 from __future__ import annotations
 
-from typing import Any
-
 from .chat import ChatCompletion
+from .protocol import ChatCompletionRequest
+from .serving import Handler
 from .state import ServerState
 from .tool_loop import ToolLoop, wants_server_tools
 
@@ -15,7 +15,7 @@ class ChatEndpoint(ChatCompletion):
     """The chat handler as served: hands requests with server tools to the tool loop."""
 
     @classmethod
-    async def create(cls, state: ServerState, req: Any) -> Any:
+    async def create(cls, state: ServerState, req: ChatCompletionRequest) -> Handler:
         if wants_server_tools(state, req):
             return ToolLoop(state, req, await state.tool_providers.tools())
         return ChatCompletion(state, req)

@@ -21,12 +21,21 @@ import socket
 import stat
 import sys
 import time
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from tallow.config import TallowConfig
+
+    from .host import BindAddress
 
 log = logging.getLogger("tallow.server")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+               ) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to ``subparsers``; its ``func`` is :func:`run`."""
     from tallow.config import add_config_arguments
 
@@ -80,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     return serve(config, bind)
 
 
-def serve(config: Any, bind: Any) -> int:
+def serve(config: TallowConfig, bind: BindAddress) -> int:
     """Load plugins and the engine for ``config``, then serve on ``bind`` until stopped."""
     import uvicorn
 
@@ -157,10 +166,10 @@ class _Stopped(Exception):
     """SIGINT or SIGTERM arrived and the server has shut down gracefully."""
 
 
-def _run_until_signalled(server: Any, sock: Any) -> None:
+def _run_until_signalled(server: uvicorn.Server, sock: socket.socket) -> None:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal; catching
     # it here lets the process clean up (the socket file) and exit with status 0.
-    def stopped(signum: int, frame: Any) -> None:
+    def stopped(signum: int, frame: FrameType | None) -> None:
         raise _Stopped(signum)
 
     signals = (signal.SIGINT, signal.SIGTERM)

@@ -13,13 +13,16 @@ choices shaped as text with OpenAI's completions logprobs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
+
+from tallow.engine.outputs import CompletionOutput, RequestOutput
+from tallow.engine.sampling.params import SamplingParams
 
 from .errors import invalid
-from .logprobs import completion_logprobs, merge_completion_logprobs
+from .logprobs import CompletionLogprobs, completion_logprobs, merge_completion_logprobs
 from .protocol import CompletionRequest
 from .sampling import resolve_max_tokens
-from .serving import Item, OpenAIServing, Starter, merge_streams
+from .serving import Choice, Item, OpenAIServing, Starter, Usage, merge_streams
 from .state import ServerState
 from .structured import compile_constraint, requested_constraint
 
@@ -75,7 +78,7 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
 
         return begin, len(params) * self.n
 
-    async def prepare(self) -> list[Any]:
+    async def prepare(self) -> list[SamplingParams]:
         """Tokenize the prompts and build one ``SamplingParams`` per prompt."""
         raw = self.req.prompt
         items: list[str | list[int]]
@@ -125,19 +128,19 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
     def completion_tokens(self) -> int:
         return 0 if self.score_only else super().completion_tokens()
 
-    def _prompt_logprobs(self, p: int, out: Any) -> dict[str, Any] | None:
+    def _prompt_logprobs(self, p: int, out: RequestOutput) -> CompletionLogprobs | None:
         if self.top is None or not self.echo:
             return None
         positions = out.prompt_logprobs or [None] * len(self.prompts[p].ids)
         return completion_logprobs(list(positions), self.prompts[p].ids, self.top,
                                    self.state.token_text)
 
-    def _finish_reason(self, o: Any) -> str:
+    def _finish_reason(self, o: CompletionOutput) -> str:
         return "length" if self.score_only else self.engine_finish_reason(o)
 
     # -- whole response -----------------------------------------------------------------
-    def choices(self) -> list[dict[str, Any]]:
-        choices = []
+    def choices(self) -> list[Choice]:
+        choices: list[Choice] = []
         for p in sorted(self.latest):
             out = self.latest[p]
             prompt_lp = self._prompt_logprobs(p, out)
@@ -159,11 +162,12 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         return choices
 
     # -- stream -------------------------------------------------------------------------
-    def choice_chunks(self, item: Item, usage: Any) -> list[str]:
+    def choice_chunks(self, item: Item, usage: Usage | None) -> list[str]:
         p, out = item
         return [chunk for o in out.outputs for chunk in self._choice_chunks(p, out, o, usage)]
 
-    def _choice_chunks(self, p: int, out: Any, o: Any, usage: Any) -> list[str]:
+    def _choice_chunks(self, p: int, out: RequestOutput, o: CompletionOutput,
+                       usage: Usage | None) -> list[str]:
         index = p * self.n + o.index
         if index in self._done:
             return []

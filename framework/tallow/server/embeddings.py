@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from tallow.engine.embedding import (
     InputTooLong, PoolingParams, input_token_ids, truncation_length,
 )
+from tallow.engine.outputs import EmbeddingOutput
 
 from .errors import APIError, from_exception, invalid
 from .generation import ClientGone, unless_disconnected
@@ -28,13 +28,14 @@ from .protocol import EmbeddingRequest, check_model, parse_request
 from .state import ServerState
 
 
-def _items(raw: Any) -> tuple[list[str | list[int]], bool]:
+def _items(raw: str | list[str] | list[int] | list[list[int]]
+           ) -> tuple[list[str | list[int]], bool]:
     """The inputs of ``input``, and whether it was a single one (a string or token ids)."""
     if isinstance(raw, str):
         return [raw], True
     if raw and all(isinstance(x, int) for x in raw):
-        return [list(raw)], True
-    return list(raw), False
+        return [list(raw)], True  # type: ignore[arg-type]  # every item is an int
+    return list(raw), False  # type: ignore[arg-type]  # a list of strings or of token lists
 
 
 def encode_vector(vector: list[float], encoding_format: str | None) -> list[float] | str:
@@ -96,7 +97,7 @@ class EmbeddingsCall:
                               f"Invalid value for 'truncate_prompt_tokens': {exc}.") from None
         return prompts
 
-    async def run(self, prompts: list[list[int]]) -> list[Any]:
+    async def run(self, prompts: list[list[int]]) -> list[EmbeddingOutput]:
         """The embeddings of ``prompts``, all in the engine at once; leaving early (a failure,
         a client gone) aborts those still running."""
         params = PoolingParams(self.req.dimensions)
@@ -111,7 +112,7 @@ class EmbeddingsCall:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def response(self, outputs: list[Any]) -> Response:
+    def response(self, outputs: list[EmbeddingOutput]) -> Response:
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
         data = [{"object": "embedding", "index": i,
                  "embedding": encode_vector(o.embedding, self.req.encoding_format)}
@@ -121,7 +122,7 @@ class EmbeddingsCall:
 
 
 async def create_embedding(state: ServerState, request: Request,
-                           body: dict[str, Any]) -> Response:
+                           body: dict[str, object]) -> Response:
     req = parse_request(EmbeddingRequest, body)
     check_model(req.model, state.served_names)
     call = EmbeddingsCall(state, req)

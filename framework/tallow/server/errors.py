@@ -9,7 +9,6 @@ Anything else is a 500 whose body never carries a traceback; the traceback goes 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -46,7 +45,7 @@ class APIError(Exception):
                                         else "invalid_request_error")
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 

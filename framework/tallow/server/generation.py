@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar, runtime_checkable
 
 import anyio
 from starlette.requests import Request
@@ -30,11 +30,21 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
+_T = TypeVar("_T")
+
+
+@runtime_checkable
+class _Closable(Protocol):
+    """An engine stream: an async generator, whose ``aclose`` aborts an unfinished request."""
+
+    async def aclose(self) -> None: ...
+
+
 class ClientGone(Exception):
     """The client disconnected before the response was ready."""
 
 
-async def unless_disconnected(request: Request, awaitable: Any) -> Any:
+async def unless_disconnected(request: Request, awaitable: Awaitable[_T]) -> _T:
     """Await ``awaitable``; if the client disconnects first, cancel it and raise ClientGone."""
     task = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(wait_for_disconnect(request))
@@ -53,7 +63,7 @@ async def unless_disconnected(request: Request, awaitable: Any) -> Any:
     raise ClientGone()
 
 
-async def first_output(gen: AsyncIterator[Any], param: str) -> Any:
+async def first_output(gen: AsyncIterator[_T], param: str) -> _T:
     """The first output of an engine request; engine refusals become :class:`APIError`."""
     try:
         return await gen.__anext__()
@@ -64,11 +74,13 @@ async def first_output(gen: AsyncIterator[Any], param: str) -> Any:
         raise from_exception(exc, param=param) from None
 
 
-async def aclose_quietly(gen: Any) -> None:
-    """Close an engine stream (aborting its request if unfinished), shielded from cancellation."""
+async def aclose_quietly(gen: AsyncIterator[object]) -> None:
+    """Close an engine stream (aborting its request if unfinished), shielded from cancellation.
+    A stream without ``aclose`` has nothing to close."""
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(Exception):
-            await gen.aclose()
+            if isinstance(gen, _Closable):
+                await gen.aclose()
 
 
 async def _guarded(chunks: AsyncIterator[str], session: StreamSession) -> AsyncIterator[str]:
@@ -85,9 +97,10 @@ async def _guarded(chunks: AsyncIterator[str], session: StreamSession) -> AsyncI
 
 
 async def run_generation(
-    state: ServerState, request: Request, start: Callable[[], AsyncIterator[Any]], param: str,
-    stream: bool, respond: Callable[[Request, AsyncIterator[Any], Any], Awaitable[Response]],
-    chunks: Callable[[AsyncIterator[Any], Any, StreamSession], AsyncIterator[str]],
+    state: ServerState, request: Request, start: Callable[[], AsyncIterator[_T]],
+    param: str, stream: bool,
+    respond: Callable[[Request, AsyncIterator[_T], _T], Awaitable[Response]],
+    chunks: Callable[[AsyncIterator[_T], _T, StreamSession], AsyncIterator[str]],
     timer: RequestTimer, sequences: int,
 ) -> Response:
     """Admit one engine request and answer it whole (``respond``) or as a stream (``chunks``).

@@ -8,12 +8,16 @@ never reaches the app: uvicorn answers it with a plain-text 400. Clients of an O
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import APIError
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
 
 
 class OpenAIErrorsH11Protocol(H11Protocol):
@@ -31,7 +35,7 @@ class OpenAIErrorsH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def uvicorn_config(app: Any, **settings: Any) -> Any:
+def uvicorn_config(app: ASGIApp, **settings: Any) -> uvicorn.Config:  # Any: uvicorn.Config's keywords
     """The ``uvicorn.Config`` tallow serves ``app`` with: ``settings`` (host, port, uds, log
     level...) plus the protocol above and a lifespan that runs the engine."""
     import uvicorn

@@ -10,12 +10,24 @@ A position is a dict token id → ``Logprob`` holding the chosen token and the t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Collection, Sequence, TypedDict
+
+from tallow.engine.outputs import CompletionOutput, Logprob, PositionLogprobs
 
 TokenText = Callable[[int], str]
 
 
-def reported_tokens(output: Any, eos_token_ids: Any = (), include_stop: bool = False) -> int:
+class CompletionLogprobs(TypedDict):
+    """The ``logprobs`` of a completions choice (OpenAI's legacy shape)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+def reported_tokens(output: CompletionOutput, eos_token_ids: Collection[int] = (),
+                    include_stop: bool = False) -> int:
     """How many of ``output``'s tokens have logprobs reported.
 
     A token that ended the completion as a stop token (EOS, with ``stop_reason`` None, or one of
@@ -31,26 +43,26 @@ def reported_tokens(output: Any, eos_token_ids: Any = (), include_stop: bool = F
     return count
 
 
-def _ranked(position: dict[int, Any], k: int) -> list[tuple[int, Any]]:
+def _ranked(position: PositionLogprobs, k: int) -> list[tuple[int, Logprob]]:
     items = list(position.items())
     items.sort(key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30,
                                  -item[1].logprob))
     return items[:k]
 
 
-def _text(token_id: int, lp: Any, token_text: TokenText) -> str:
+def _text(token_id: int, lp: Logprob | None, token_text: TokenText) -> str:
     decoded = getattr(lp, "decoded_token", None)
     return decoded if decoded is not None else token_text(token_id)
 
 
-def _entry(text: str, logprob: float) -> dict[str, Any]:
+def _entry(text: str, logprob: float) -> dict[str, object]:
     # -inf is not JSON; OpenAI reports -9999.0 for tokens with no probability mass.
     value = max(float(logprob), -9999.0)
     return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(positions: list[dict[int, Any]], token_ids: list[int], top: int,
-                  token_text: TokenText) -> list[dict[str, Any]]:
+def chat_logprobs(positions: Sequence[PositionLogprobs], token_ids: Sequence[int], top: int,
+                  token_text: TokenText) -> list[dict[str, object]]:
     """The ``content`` list of a chat choice's ``logprobs`` for ``token_ids``."""
     out = []
     for token_id, position in zip(token_ids, positions):
@@ -63,8 +75,9 @@ def chat_logprobs(positions: list[dict[int, Any]], token_ids: list[int], top: in
     return out
 
 
-def completion_logprobs(positions: list[dict[int, Any] | None], token_ids: list[int], top: int,
-                        token_text: TokenText, offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(positions: Sequence[PositionLogprobs | None], token_ids: Sequence[int],
+                        top: int, token_text: TokenText, offset: int = 0
+                        ) -> CompletionLogprobs:
     """A completion choice's ``logprobs``; ``offset`` is where the first token's text starts."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
@@ -88,9 +101,12 @@ def completion_logprobs(positions: list[dict[int, Any] | None], token_ids: list[
             "text_offset": text_offset}
 
 
-def merge_completion_logprobs(first: dict[str, Any] | None, second: dict[str, Any]
-                              ) -> dict[str, Any]:
+def merge_completion_logprobs(first: CompletionLogprobs | None, second: CompletionLogprobs
+                              ) -> CompletionLogprobs:
     """``first`` followed by ``second`` (echoed prompt, then generated tokens)."""
     if first is None:
         return second
-    return {key: first[key] + second[key] for key in second}
+    return {"tokens": first["tokens"] + second["tokens"],
+            "token_logprobs": first["token_logprobs"] + second["token_logprobs"],
+            "top_logprobs": first["top_logprobs"] + second["top_logprobs"],
+            "text_offset": first["text_offset"] + second["text_offset"]}

@@ -16,14 +16,20 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Annotated, Any, AsyncIterator, Literal
+from typing import TYPE_CHECKING, Annotated, AsyncIterator, Literal
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+    from tallow.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("tallow.mcp")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+               ) -> argparse.ArgumentParser:
     """Add the ``mcp`` subcommand to ``subparsers``; its ``func`` is :func:`run`."""
     from tallow.config import add_config_arguments
 
@@ -49,7 +55,7 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="Sampling tempe
                                      "picks the most likely token every time.")]
 
 
-def build_server(engine: Any) -> Any:
+def build_server(engine: AsyncEngine) -> MCPServer:
     """An ``MCPServer`` whose tools run ``engine`` (an ``AsyncEngine``, started and shut down
     with the server)."""
     from mcp.server.mcpserver import MCPServer
@@ -58,7 +64,7 @@ def build_server(engine: Any) -> Any:
     from tallow.engine.sampling.params import SamplingParams
 
     @contextlib.asynccontextmanager
-    async def lifespan(server: Any) -> AsyncIterator[dict[str, Any]]:
+    async def lifespan(server: MCPServer) -> AsyncIterator[dict[str, object]]:
         await engine.start()
         try:
             yield {}

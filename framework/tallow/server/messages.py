@@ -16,14 +16,14 @@ Image, audio and file content parts, the legacy ``function`` role and an assista
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Sequence
 
 from .errors import invalid, unsupported
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def _text_of(content: Any, where: str, *, allow_none: bool = False) -> str | None:
+def _text_of(content: object, where: str, *, allow_none: bool = False) -> str | None:
     """The text of a message's ``content`` (a string or a list of text parts)."""
     if content is None:
         if allow_none:
@@ -57,10 +57,10 @@ def _text_of(content: Any, where: str, *, allow_none: bool = False) -> str | Non
     return "".join(texts)
 
 
-def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+def _tool_calls(calls: object, where: str) -> list[dict[str, object]]:
     if not isinstance(calls, list):
         raise invalid(where, f"Invalid value for {where!r}: expected a list of tool calls.")
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for j, call in enumerate(calls):
         at = f"{where}[{j}]"
         if not isinstance(call, dict):
@@ -93,9 +93,10 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def normalize_messages(messages: list[Any], param: str = "messages") -> list[dict[str, Any]]:
+def normalize_messages(messages: Sequence[object], param: str = "messages"
+                       ) -> list[dict[str, object]]:
     """Check ``messages`` and return them in the form the chat template expects."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for i, msg in enumerate(messages):
         at = f"{param}[{i}]"
         if not isinstance(msg, dict):
@@ -109,7 +110,7 @@ def normalize_messages(messages: list[Any], param: str = "messages") -> list[dic
         if role not in _ROLES:
             raise invalid(f"{at}.role", f"Invalid value for '{at}.role': unknown role {role!r}; "
                           f"expected one of {', '.join(_ROLES)}.", code="invalid_role")
-        norm: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        norm: dict[str, object] = {"role": "system" if role == "developer" else role}
         if isinstance(msg.get("name"), str):
             norm["name"] = msg["name"]
         if role == "assistant":

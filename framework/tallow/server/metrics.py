@@ -11,10 +11,10 @@ counters.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,10 +46,10 @@ _ENGINE_COUNTERS = {
 class _EngineCollector(Collector):
     """Reads the engine's counters and gauges at scrape time."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, stats: Callable[[], Mapping[str, float]]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         try:
             stats = self._stats()
         except Exception:  # a scrape must not fail because the engine is busy or gone
@@ -67,7 +67,7 @@ class _EngineCollector(Collector):
 class ServerMetrics:
     """The metrics of one app. ``render()`` is the body of ``GET /metrics``."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], Mapping[str, float]], model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name"]
         self.http_requests = Counter(

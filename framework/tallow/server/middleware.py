@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
+
+from prometheus_client import Counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,7 +32,8 @@ class StatusCounter:
     random URLs cannot blow up the label set.
     """
 
-    def __init__(self, app: ASGIApp, counter: Any, endpoint_of: Callable[[Scope], str]) -> None:
+    def __init__(self, app: ASGIApp, counter: Counter, endpoint_of: Callable[[Scope], str]
+                 ) -> None:
         self.app = app
         self.counter = counter
         self.endpoint_of = endpoint_of

@@ -10,9 +10,10 @@ listed with their methods and auth, without body schemas (a plugin's route is an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Awaitable, Callable
 
 from pydantic import BaseModel
+from starlette.responses import Response
 
 import tallow
 
@@ -27,7 +28,7 @@ class Endpoint:
 
     method: str
     path: str
-    handler: Callable[..., Any]
+    handler: Callable[..., Awaitable[Response]]  # (state, request[, body])
     summary: str
     request: type[BaseModel] | None = None
     response: type[BaseModel] | None = None
@@ -53,9 +54,9 @@ class _Schemas:
     """Collects component schemas; each model is generated once, under its own name."""
 
     def __init__(self) -> None:
-        self.components: dict[str, Any] = {}
+        self.components: dict[str, object] = {}
 
-    def ref(self, model: type[BaseModel]) -> dict[str, Any]:
+    def ref(self, model: type[BaseModel]) -> dict[str, object]:
         if model.__name__ not in self.components:
             schema = model.model_json_schema(ref_template=_REF)
             for name, sub in schema.pop("$defs", {}).items():
@@ -64,27 +65,28 @@ class _Schemas:
         return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
+def _json(schema: dict[str, object]) -> dict[str, object]:
     return {"application/json": {"schema": schema}}
 
 
-def _operation(ep: Endpoint, schemas: _Schemas, secured: bool) -> dict[str, Any]:
-    ok: dict[str, Any] = {"description": "Success."}
+def _operation(ep: Endpoint, schemas: _Schemas, secured: bool) -> dict[str, object]:
+    ok: dict[str, object] = {"description": "Success."}
     if ep.media_type:
         ok["content"] = {ep.media_type: {"schema": {"type": "string"}}}
     elif ep.response is not None:
-        ok["content"] = _json(schemas.ref(ep.response))
+        content = _json(schemas.ref(ep.response))
         if ep.streams:
-            ok["content"]["text/event-stream"] = {"schema": {
+            content["text/event-stream"] = {"schema": {
                 "type": "string", "description": "Server-sent events, 'data: <chunk JSON>' "
                 "each, ending with 'data: [DONE]'."}}
-    responses: dict[str, Any] = {"200": ok}
+        ok["content"] = content
+    responses: dict[str, object] = {"200": ok}
     error = schemas.ref(ErrorResponse)
     for status, why in ep.errors:
         responses[str(status)] = {"description": why, "content": _json(error)}
     if secured:
         responses["401"] = {"description": "Missing or wrong API key.", "content": _json(error)}
-    op: dict[str, Any] = {"summary": ep.summary, "operationId": _operation_id(ep),
+    op: dict[str, object] = {"summary": ep.summary, "operationId": _operation_id(ep),
                           "responses": responses,
                           "security": [{"bearerAuth": []}] if secured else []}
     if ep.request is not None:
@@ -103,7 +105,7 @@ def _operation_id(ep: Endpoint) -> str:
 
 
 def openapi_document(endpoints: list[Endpoint], plugin_routes: list[tuple[str, list[str]]],
-                     is_protected: Callable[[str], bool], keys_required: bool) -> dict[str, Any]:
+                     is_protected: Callable[[str], bool], keys_required: bool) -> dict[str, object]:
     """The document for ``endpoints`` and the plugins' ``(path, methods)`` routes.
 
     ``is_protected(path)`` says whether a path needs the API key when keys are configured;
@@ -111,7 +113,7 @@ def openapi_document(endpoints: list[Endpoint], plugin_routes: list[tuple[str, l
     so by listing no security requirement).
     """
     schemas = _Schemas()
-    paths: dict[str, dict[str, Any]] = {}
+    paths: dict[str, dict[str, object]] = {}
     for ep in endpoints:
         path = ep.path.replace(":path}", "}")
         secured = keys_required and is_protected(ep.path)

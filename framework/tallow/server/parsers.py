@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tallow.plugin import SelectionError, select, serving
-from tallow.plugin.tool_parsing import template_match
+from tallow.plugin.tool_parsing import ToolParser, template_match
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+
+    from .served import ServedEngine
 
 log = logging.getLogger("tallow.server")
 
@@ -32,14 +37,14 @@ class ToolParsing:
     """The parsers of a server: ``parser`` (a ToolParser class, or None) and its fallbacks."""
 
     name: str | None = None
-    parser: Any = None
-    fallbacks: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    parser: type[ToolParser] | None = None
+    fallbacks: tuple[tuple[str, type[ToolParser]], ...] = field(default_factory=tuple)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"tool_parser": self.name, "fallbacks": [name for name, _ in self.fallbacks]}
 
 
-def choose_tool_parser(engine: Any, config: Any = None) -> ToolParsing:
+def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None) -> ToolParsing:
     """The tool parsers for ``engine``'s model (see the module docstring): the primary is
     chosen by :func:`tallow.plugin.select`, the fallbacks are the other parsers it would serve
     with (:func:`tallow.plugin.serving`)."""

@@ -63,7 +63,7 @@ class SamplingFields(BaseModel):
 
     # structured outputs (tallow.server.structured reads and checks them): OpenAI's, then vLLM's
     response_format: dict[str, Any] | None = None
-    guided_json: Any = None
+    guided_json: object = None  # a schema (object, boolean or JSON text), checked by .structured
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
@@ -99,13 +99,13 @@ class ChatCompletionRequest(SamplingFields):
     server_tools: bool | None = None
 
     # known OpenAI fields that tallow refuses when they ask for something (see reject_unsupported)
-    audio: Any = None
+    audio: object = None
     modalities: list[str] | None = None
-    prediction: Any = None
-    web_search_options: Any = None
-    functions: Any = None
-    function_call: Any = None
-    reasoning_effort: Any = None
+    prediction: object = None
+    web_search_options: object = None
+    functions: object = None
+    function_call: object = None
+    reasoning_effort: object = None
     store: bool | None = None
     service_tier: str | None = None
 
@@ -163,7 +163,7 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "list[str]
                "list[list[int]]", "dict[str,any]", "dict[str,float]", "StreamOptions"}
 
 
-def param_from_loc(loc: tuple[Any, ...]) -> str:
+def param_from_loc(loc: tuple[int | str, ...]) -> str:
     """``("messages", 2, "role")`` → ``"messages[2].role"``; union tags are dropped."""
     out = ""
     for part in loc:
@@ -177,7 +177,7 @@ def param_from_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_json_body(body: bytes) -> dict[str, Any]:
+def parse_json_body(body: bytes) -> dict[str, object]:
     """The request body as a JSON object, or a 400 saying what is wrong with it.
 
     Besides JSON syntax, two things are refused here, once for every endpoint: nesting deeper
@@ -235,11 +235,11 @@ def _not_text_error(text: str, at: int, where: str) -> APIError:
                    code="invalid_unicode")
 
 
-def _check_values(obj: dict[str, Any]) -> None:
+def _check_values(obj: dict[str, object]) -> None:
     """Depth and Unicode of every value, iteratively (a recursive walk would overflow on the
     documents it must refuse). Lists of numbers, the common large case, are passed over in C;
     paths are spelled out only for containers and for the value at fault."""
-    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    stack: list[tuple[dict[str, object] | list[object], int, str]] = [(obj, 1, "")]
     while stack:
         node, depth, where = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -262,7 +262,7 @@ def _check_values(obj: dict[str, Any]) -> None:
                     stack.append((value, depth + 1, f"{where}[{i}]"))
 
 
-def parse_request(model: type[M], obj: dict[str, Any]) -> M:
+def parse_request(model: type[M], obj: dict[str, object]) -> M:
     """Validate ``obj`` as ``model``; the first problem becomes a 400 naming the field."""
     try:
         return model.model_validate(obj)
@@ -280,7 +280,7 @@ def parse_request(model: type[M], obj: dict[str, Any]) -> M:
             from None
 
 
-def _jsonable(value: Any) -> bool:
+def _jsonable(value: object) -> bool:
     try:
         json.dumps(value)
         return True

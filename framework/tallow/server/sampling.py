@@ -8,9 +8,10 @@ naming the field by :func:`tallow.server.errors.from_exception`).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tallow.engine.sampling.params import SamplingParams
+from tallow.plugin import GrammarSpec
 
 from .errors import APIError, invalid
 from .protocol import SamplingFields
@@ -52,7 +53,7 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 
 def build_sampling_params(req: SamplingFields, *, max_tokens: int, vocab_size: int | None,
                           logprobs: int | None = None, prompt_logprobs: int | None = None,
-                          structured_outputs: Any = None) -> SamplingParams:
+                          structured_outputs: GrammarSpec | None = None) -> SamplingParams:
     """The engine's ``SamplingParams`` for ``req``, field by field (a field renamed on either
     side is a type error here); ``structured_outputs`` is the GrammarSpec its output must
     match, if any. The completion budget and logprobs are the endpoint's to decide."""

@@ -18,12 +18,16 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from typing import Any, AsyncIterator, Callable, ClassVar, Generic, TypeVar
+from typing import (
+    AsyncIterator, Callable, ClassVar, Generic, Mapping, Protocol, TypedDict, TypeVar, cast,
+)
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tallow.engine.outputs import CompletionOutput, RequestOutput
 from tallow.engine.sampling.params import SamplingParams
+from tallow.plugin import GrammarSpec
 
 from .errors import APIError, from_exception
 from .generation import aclose_quietly, run_generation, unless_disconnected
@@ -34,16 +38,39 @@ from .protocol import (
 )
 from .sampling import build_sampling_params
 from .sse import DONE, StreamSession
+from .served import EngineStream
 from .state import ServerState
 
 R = TypeVar("R", bound=SamplingFields)
 #: one engine output of one of the request's prompts: (prompt index, RequestOutput)
-Item = tuple[int, Any]
+Item = tuple[int, RequestOutput]
 #: starts a request's engine streams (called once it is admitted)
 Starter = Callable[[], AsyncIterator[Item]]
+#: the ``usage`` object of a response (sent on stream chunks as null unless asked for)
+Usage = dict[str, object]
 
 
-async def single_stream(gen: AsyncIterator[Any]) -> AsyncIterator[Item]:
+class _ChoiceKeys(TypedDict):
+    index: int
+    finish_reason: str | None
+    logprobs: Mapping[str, object] | None
+
+
+class Choice(_ChoiceKeys, total=False):
+    """One choice of a whole response or of a stream chunk, as sent."""
+
+    message: dict[str, object]  # chat, whole response
+    delta: dict[str, object]  # chat, stream chunk
+    text: str  # completions
+
+
+class Handler(Protocol):
+    """What :meth:`OpenAIServing.create` returns: anything that answers the request."""
+
+    async def run(self, request: Request) -> Response: ...
+
+
+async def single_stream(gen: EngineStream) -> AsyncIterator[Item]:
     """The outputs of one engine stream as :data:`Item` (closing this closes ``gen``)."""
     try:
         async for out in gen:
@@ -52,7 +79,7 @@ async def single_stream(gen: AsyncIterator[Any]) -> AsyncIterator[Item]:
         await aclose_quietly(gen)
 
 
-async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[Item]:
+async def merge_streams(gens: list[EngineStream]) -> AsyncIterator[Item]:
     """Outputs of several engine streams as ``(stream index, output)``, as they arrive.
 
     Every stream is started at once, and all their first outputs are awaited before anything
@@ -62,17 +89,20 @@ async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[Item]:
         async for item in single_stream(gens[0]):
             yield item
         return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    tasks: list[asyncio.Task[Any]] = []
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
     try:
-        firsts: list[Any] = await asyncio.gather(*(g.__anext__() for g in gens), return_exceptions=True)
-        for first in firsts:
+        gathered: list[RequestOutput | BaseException] = await asyncio.gather(
+            *(g.__anext__() for g in gens), return_exceptions=True)
+        firsts: list[RequestOutput] = []
+        for first in gathered:
             if isinstance(first, BaseException):
                 raise first
-        for i, first in enumerate(firsts):
-            yield i, first
+            firsts.append(first)
+        for i, out in enumerate(firsts):
+            yield i, out
 
-        async def pump(i: int, gen: AsyncIterator[Any]) -> None:
+        async def pump(i: int, gen: EngineStream) -> None:
             try:
                 async for out in gen:
                     await queue.put((i, out))
@@ -85,13 +115,13 @@ async def merge_streams(gens: list[AsyncIterator[Any]]) -> AsyncIterator[Item]:
                  if not firsts[i].finished]
         running = len(tasks)
         while running:
-            i, item = await queue.get()
-            if item is None:
+            i, got = await queue.get()
+            if got is None:
                 running -= 1
-            elif isinstance(item, BaseException):
-                raise item
+            elif isinstance(got, BaseException):
+                raise got
             else:
-                yield i, item
+                yield i, got
     finally:
         for task in tasks:
             task.cancel()
@@ -122,7 +152,7 @@ class OpenAIServing(ABC, Generic[R]):
         self.include_usage, self.continuous_usage = stream_flags(req)
         self.timer = state.metrics.timer()
         #: the latest output of each prompt, by prompt index
-        self.latest: dict[int, Any] = {}
+        self.latest: dict[int, RequestOutput] = {}
         #: the finish reason reported for each choice, by choice index (for the metrics)
         self.reasons: dict[int, str] = {}
         #: how many prompts the request generates from (set by :meth:`start`)
@@ -131,17 +161,17 @@ class OpenAIServing(ABC, Generic[R]):
     # -- the flow -------------------------------------------------------------------------
     @classmethod
     async def serve(cls, state: ServerState, request: Request,
-                    body: dict[str, Any]) -> Response:
+                    body: dict[str, object]) -> Response:
         """Answer one HTTP request: check it, start its generation, respond or stream."""
         req = parse_request(cls.request_type, body)
         check_model(req.model, state.served_names)
         state.require_generation(cls.path)
         reject_unsupported(req)
-        handler = await cls.create(state, req)
+        handler = await cls.create(state, cast(R, req))  # a subclass's request_type is its R
         return await handler.run(request)
 
     @classmethod
-    async def create(cls, state: ServerState, req: Any) -> Any:
+    async def create(cls, state: ServerState, req: R) -> Handler:
         """The handler of a checked request, anything with ``run(request)`` (a subclass may
         hand some requests to another, as chat does to the server-side tool loop)."""
         return cls(state, req)
@@ -160,7 +190,7 @@ class OpenAIServing(ABC, Generic[R]):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         prompt_logprobs: int | None = None,
-                        structured_outputs: Any = None) -> SamplingParams:
+                        structured_outputs: GrammarSpec | None = None) -> SamplingParams:
         """The request's ``SamplingParams``; a value the engine refuses is a 400."""
         try:
             return build_sampling_params(
@@ -188,19 +218,19 @@ class OpenAIServing(ABC, Generic[R]):
         return False
 
     @abstractmethod
-    def choices(self) -> list[dict[str, Any]]:
+    def choices(self) -> list[Choice]:
         """The choices of the whole response, from :attr:`latest`."""
 
     @abstractmethod
-    def choice_chunks(self, item: Item, usage: Any) -> list[str]:
+    def choice_chunks(self, item: Item, usage: Usage | None) -> list[str]:
         """The stream chunks an output adds."""
 
-    def closing_chunks(self, usage: Any) -> list[str]:
+    def closing_chunks(self, usage: Usage | None) -> list[str]:
         """The chunks ending every choice when :meth:`can_stop` stopped the generation."""
         return []
 
     # -- shapes ---------------------------------------------------------------------------
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> Usage:
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion,
@@ -209,12 +239,12 @@ class OpenAIServing(ABC, Generic[R]):
     def cached_tokens(self) -> int:
         return sum(int(out.num_cached_tokens or 0) for out in self.latest.values())
 
-    def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def envelope(self, obj: str, choices: list[Choice]) -> dict[str, object]:
         return {"id": self.id, "object": obj, "created": self.created,
                 "model": self.state.model_name,
                 "system_fingerprint": self.state.system_fingerprint, "choices": choices}
 
-    def chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
+    def chunk(self, choices: list[Choice], usage: Usage | None = None) -> str:
         """One stream event; ``usage`` is sent (null on most chunks) when the request asked
         for it through ``stream_options``."""
         body = self.envelope(self.chunk_object, choices)
@@ -222,17 +252,17 @@ class OpenAIServing(ABC, Generic[R]):
             body["usage"] = usage
         return json.dumps(body, ensure_ascii=False)
 
-    def body(self, choices: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+    def body(self, choices: list[Choice], usage: Usage) -> dict[str, object]:
         """A whole response."""
         return {**self.envelope(self.response_object, choices), "usage": usage}
 
-    def reported(self, o: Any) -> int:
+    def reported(self, o: CompletionOutput) -> int:
         """How many of a choice's tokens have logprobs reported."""
         return reported_tokens(o, self.state.eos_token_ids,
                                bool(self.req.include_stop_str_in_output))
 
     @staticmethod
-    def engine_finish_reason(o: Any) -> str:
+    def engine_finish_reason(o: CompletionOutput) -> str:
         """A choice's finish reason as the engine gives it; an aborted request is a 503."""
         if o.finish_reason == "abort":
             raise APIError(503, "The request was aborted by the server (shutting down?).",
@@ -253,7 +283,8 @@ class OpenAIServing(ABC, Generic[R]):
     def _finish_timer(self) -> None:
         self.timer.finish([self.reasons[i] for i in sorted(self.reasons)], self.cached_tokens())
 
-    async def respond(self, request: Request, gen: AsyncIterator[Item], first: Item) -> Response:
+    async def respond(self, request: Request, gen: AsyncIterator[Item],
+                      first: Item) -> Response:
         """The whole response, once every choice has finished."""
         async def collect() -> None:
             item = first
@@ -270,7 +301,8 @@ class OpenAIServing(ABC, Generic[R]):
 
         await unless_disconnected(request, collect())
         choices = self.choices()
-        self.reasons = {c["index"]: c["finish_reason"] for c in choices}
+        self.reasons = {c["index"]: reason for c in choices
+                        if (reason := c["finish_reason"]) is not None}  # always set when whole
         self._finish_timer()
         return JSONResponse(self.body(choices, self.usage()))
 

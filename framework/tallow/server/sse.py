@@ -7,7 +7,7 @@ event ``data: {"error": {...}}`` followed by ``[DONE]`` (the official client rai
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -37,7 +37,7 @@ def event_stream(chunks: AsyncIterator[str],
 class StreamSession:
     """Cleanup of one streamed request, run exactly once however the stream ends."""
 
-    def __init__(self, *closers: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, *closers: Callable[[], Awaitable[object]]) -> None:
         self._closers = list(closers)
         self._closed = False
 

@@ -11,23 +11,32 @@ import hashlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 import anyio
 import tallow
+from tallow.config import TallowConfig
+from tallow.engine.embedding import EmbeddingInfo
+from tallow.engine.tokenizer import Tokenizer
 
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
+from .served import ServedEngine
 from .tool_providers import ToolProviders
+
+if TYPE_CHECKING:
+    from tallow.engine.sampling.grammar import StructuredOutputs
 
 log = logging.getLogger("tallow.server")
 
 # Prompts shorter than this are tokenized on the event loop: a thread hop costs more.
 _INLINE_TOKENIZE_CHARS = 2048
 
+_T = TypeVar("_T")
 
-def _setting(config: Any, section: str, name: str, default: Any) -> Any:
+def _setting(config: TallowConfig | None, section: str, name: str, default: _T) -> _T:
+    """``config.section.name``, ``default`` without a config (or a stand-in lacking it)."""
     return getattr(getattr(config, section, None), name, default) if config is not None \
         else default
 
@@ -37,8 +46,9 @@ class ServerState:
     ``tool_parsing`` is the server's :class:`~tallow.server.parsers.ToolParsing`,
     ``tool_providers`` its :class:`~tallow.server.tool_providers.ToolProviders`."""
 
-    def __init__(self, engine: Any, config: Any = None, tool_parsing: Any = None,
-                 tool_providers: Any = None) -> None:
+    def __init__(self, engine: ServedEngine, config: TallowConfig | None = None,
+                 tool_parsing: ToolParsing | None = None,
+                 tool_providers: ToolProviders | None = None) -> None:
         self.engine = engine
         self.config = config
         self.model_name: str = engine.model_name
@@ -49,7 +59,7 @@ class ServerState:
         self.tool_providers = tool_providers or ToolProviders()
         #: the engine's grammar side (tallow.engine.sampling.StructuredOutputs), None when it
         #: cannot constrain outputs
-        self.structured = getattr(engine, "structured", None)
+        self.structured: StructuredOutputs | None = getattr(engine, "structured", None)
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
         self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
                                                256))
@@ -60,7 +70,7 @@ class ServerState:
 
     # -- identity ---------------------------------------------------------------------
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     @property
@@ -79,7 +89,8 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     # -- prompt work, off the event loop when it is big ---------------------------------
-    async def run_blocking(self, fn: Any, *args: Any, size: int = 1 << 30) -> Any:
+    async def run_blocking(self, fn: Callable[..., _T], *args: object,
+                           size: int = 1 << 30) -> _T:
         if size < _INLINE_TOKENIZE_CHARS:
             return fn(*args)
         return await anyio.to_thread.run_sync(fn, *args)
@@ -89,9 +100,10 @@ class ServerState:
             lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
             size=len(text))
 
-    async def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None,
+    async def render_chat(self, messages: list[dict[str, object]],
+                          tools: list[dict[str, object]] | None,
                           add_generation_prompt: bool = True,
-                          kwargs: dict[str, Any] | None = None) -> str:
+                          kwargs: Mapping[str, Any] | None = None) -> str:  # Any: template variables
         """The chat template applied to ``messages`` (a template failure is the client's 400)."""
         size = sum(len(str(m.get("content") or "")) for m in messages)
 
@@ -122,10 +134,10 @@ class ServerState:
                            "text generation. Use /v1/embeddings.", param="model",
                            code="unsupported_task")
 
-    def embedding_info(self, endpoint: str) -> Any:
+    def embedding_info(self, endpoint: str) -> EmbeddingInfo:
         """The served model's :class:`~tallow.engine.embedding.EmbeddingInfo`; 400 when the
         model is served for generation."""
-        info = getattr(self.engine, "embedding", None)
+        info: EmbeddingInfo | None = getattr(self.engine, "embedding", None)
         if self.task != "embed" or info is None:
             raise APIError(400, f"The model {self.model_name!r} is served for text generation "
                            f"(model.task {self.task}); {endpoint} needs a server started with "

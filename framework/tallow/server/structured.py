@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import anyio
 
@@ -28,6 +28,15 @@ from tallow.plugin import GrammarError, GrammarSpec
 from tallow.plugin.json_schema import SchemaProblem, check_schema
 
 from .errors import APIError, invalid
+from .protocol import SamplingFields
+
+if TYPE_CHECKING:
+    from tallow.engine.sampling.grammar import StructuredOutputs
+
+    from .state import ServerState
+
+#: a JSON Schema as the request gave it, once parsed: an object, or a boolean schema
+Schema = Union[Mapping[str, object], bool]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -44,7 +53,7 @@ class Constraint:
     field: str
 
 
-def _schema(value: Any, field: str) -> Any:
+def _schema(value: object, field: str) -> Schema:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -57,16 +66,17 @@ def _schema(value: Any, field: str) -> Any:
         check_schema(value)
     except SchemaProblem as exc:
         raise invalid(field, f"Invalid value for {field!r}: {exc}.") from None
+    assert isinstance(value, dict)  # check_schema refuses anything but an object
     return value
 
 
-def _string(value: Any, field: str) -> str:
+def _string(value: object, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid(field, f"Invalid value for {field!r}: expected a non-empty string.")
     return value
 
 
-def _choices(value: Any, field: str) -> tuple[str, ...]:
+def _choices(value: object, field: str) -> tuple[str, ...]:
     if (not isinstance(value, list) or not value
             or not all(isinstance(c, str) and c for c in value)):
         raise invalid(field, f"Invalid value for {field!r}: expected a non-empty list of "
@@ -74,7 +84,7 @@ def _choices(value: Any, field: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _from_response_format(fmt: dict[str, Any]) -> Constraint | None:
+def _from_response_format(fmt: Mapping[str, object]) -> Constraint | None:
     kind = fmt.get("type")
     if kind not in ("text", "json_object", "json_schema"):
         raise invalid("response_format.type", "Invalid value for 'response_format.type': "
@@ -101,7 +111,7 @@ def _from_response_format(fmt: dict[str, Any]) -> Constraint | None:
     return Constraint(GrammarSpec.json_schema(_schema(body["schema"], field)), field)
 
 
-def _from_structured_outputs(value: Any) -> Constraint:
+def _from_structured_outputs(value: object) -> Constraint:
     field = "structured_outputs"
     if not isinstance(value, dict):
         raise invalid(field, f"Invalid value for {field!r}: expected an object with one of "
@@ -115,7 +125,7 @@ def _from_structured_outputs(value: Any) -> Constraint:
     return _guided(key, value[key], f"{field}.{key}")
 
 
-def _guided(key: str, value: Any, field: str) -> Constraint:
+def _guided(key: str, value: object, field: str) -> Constraint:
     if key == "json":
         return Constraint(GrammarSpec.json_schema(_schema(value, field)), field)
     if key == "json_object":
@@ -127,11 +137,11 @@ def _guided(key: str, value: Any, field: str) -> Constraint:
     return Constraint(GrammarSpec(key, _string(value, field)), field)
 
 
-def requested_constraint(req: Any) -> Constraint | None:
+def requested_constraint(req: SamplingFields) -> Constraint | None:
     """The output constraint a chat or completions request asks for (400 for a malformed
     one, or for more than one way of asking)."""
     found: list[Constraint] = []
-    fmt = getattr(req, "response_format", None)
+    fmt: Mapping[str, object] | None = getattr(req, "response_format", None)
     if fmt is not None:
         constraint = _from_response_format(fmt)
         if constraint is not None:
@@ -151,8 +161,8 @@ def requested_constraint(req: Any) -> Constraint | None:
     return found[0] if found else None
 
 
-def _structured(state: Any, field: str) -> Any:
-    structured = getattr(state, "structured", None)
+def _structured(state: ServerState, field: str) -> StructuredOutputs:
+    structured: StructuredOutputs | None = getattr(state, "structured", None)
     if structured is None:
         raise invalid(field, f"Invalid value for {field!r}: this server's engine cannot "
                       "constrain outputs.", code="structured_outputs_unavailable")
@@ -168,7 +178,7 @@ def _refusal(exc: GrammarError, field: str) -> APIError:
                    code="unsupported_schema")
 
 
-async def compile_constraint(state: Any, constraint: Constraint) -> None:
+async def compile_constraint(state: ServerState, constraint: Constraint) -> None:
     """Compile ``constraint`` with the engine's grammar backend, in a worker thread."""
     structured = _structured(state, constraint.field)
     try:
@@ -177,7 +187,7 @@ async def compile_constraint(state: Any, constraint: Constraint) -> None:
         raise _refusal(exc, constraint.field) from None
 
 
-async def compile_tool_parameters(state: Any, tools: list[dict[str, Any]],
+async def compile_tool_parameters(state: ServerState, tools: list[dict[str, Any]],
                                   call: Constraint) -> None:
     """Compile a forced call's grammar (:func:`tallow.server.tools.call_schema`): each
     tool's ``parameters`` first, so that a part the backend cannot enforce is named where the

@@ -27,20 +27,23 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Union
+from typing import AsyncIterator, Union
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tallow.engine.outputs import RequestOutput
 from tallow.plugin import ToolResult
-from tallow.plugin.tool_parsing import StreamDelta, ToolCallDelta
+from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
 
 from .chat import ChatCompletion, _delta_dict
 from .errors import APIError, invalid
 from .generation import aclose_quietly, first_output, run_generation, unless_disconnected
 from .messages import normalize_messages
 from .protocol import ChatCompletionRequest
+from .serving import Choice, Usage
 from .sse import DONE, StreamSession
+from .served import EngineStream
 from .state import ServerState
 from .tool_providers import ProvidedTool
 from .tools import Final, plan_tools, tool_name
@@ -95,23 +98,41 @@ class Content:
 
 @dataclass
 class CallStarted:
-    entry: dict[str, Any]  # index, id, type, function {name, arguments}, provider, round
+    entry: dict[str, object]  # index, id, type, function {name, arguments}, provider, round
 
 
 @dataclass
 class CallEnded:
     index: int
     id: str
-    result: dict[str, Any]  # content, is_error
+    result: dict[str, object]  # content, is_error
 
 
 @dataclass
 class End:
     finish_reason: str
-    client_calls: list[Any] = field(default_factory=list)  # ToolCall
+    client_calls: list[ToolCall] = field(default_factory=list)
 
 
 Event = Union[Content, CallStarted, CallEnded, End]
+
+
+def call_index(entry: dict[str, object]) -> int:
+    """The ``index`` of a reported call (:meth:`ToolLoop._entry` sets it)."""
+    index = entry["index"]
+    assert isinstance(index, int)
+    return index
+
+
+def _whole_calls(pieces: list[StreamDelta]) -> list[ToolCall]:
+    """The calls in a finished choice's last deltas. The loop's tools are ``auto``, whose
+    parsers send each call whole, in one delta carrying its id, name and arguments."""
+    calls = []
+    for piece in pieces:
+        for d in piece.tool_calls:
+            assert d.id is not None and d.name is not None
+            calls.append(ToolCall(d.name, d.arguments, d.id))
+    return calls
 
 
 class ToolLoop:
@@ -154,13 +175,14 @@ class ToolLoop:
                                                priority=self.req.priority or 0),
             "messages", bool(self.req.stream), self.respond, self.stream, self.handler.timer, 1)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> Usage:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     # -- the loop -------------------------------------------------------------------------
-    async def events(self, gen: AsyncIterator[Any], first: Any) -> AsyncIterator[Event]:
+    async def events(self, gen: EngineStream, first: RequestOutput
+                     ) -> AsyncIterator[Event]:
         """Run the rounds, starting with the first round's engine stream ``gen`` (whose first
         output is ``first``); every later round's stream is opened and closed here."""
         while True:
@@ -193,7 +215,7 @@ class ToolLoop:
             if rest:
                 written += rest
                 yield Content(rest)
-            calls = [c for p in pieces for c in p.tool_calls]
+            calls = _whole_calls(pieces)
             mine = [c for c in calls if c.name in self.provided]
             theirs = [c for c in calls if c.name not in self.provided]
             if not mine:
@@ -217,14 +239,14 @@ class ToolLoop:
                 return
             gen, first = started
 
-    def _entry(self, call: Any, round_no: int) -> dict[str, Any]:
-        entry = {"index": self._reported, "id": call.id, "type": "function",
+    def _entry(self, call: ToolCall, round_no: int) -> dict[str, object]:
+        entry: dict[str, object] = {"index": self._reported, "id": call.id, "type": "function",
                  "function": {"name": call.name, "arguments": call.arguments},
                  "provider": self.provided[call.name].provider, "round": round_no}
         self._reported += 1
         return entry
 
-    async def _run_calls(self, calls: list[Any], content: str) -> AsyncIterator[Event]:
+    async def _run_calls(self, calls: list[ToolCall], content: str) -> AsyncIterator[Event]:
         """Run this round's calls to provided tools (concurrently), report them, and append
         them and their results to the conversation."""
         entries = [self._entry(call, self.rounds) for call in calls]
@@ -233,10 +255,10 @@ class ToolLoop:
         tasks = [asyncio.ensure_future(self._call(call)) for call in calls]
         results = []
         try:
-            for entry, task in zip(entries, tasks):
+            for call, entry, task in zip(calls, entries, tasks):
                 result = await task
                 results.append(result)
-                yield CallEnded(entry["index"], entry["id"],
+                yield CallEnded(call_index(entry), call.id,
                                 {"content": result.content, "is_error": result.is_error})
         finally:
             for task in tasks:
@@ -252,24 +274,24 @@ class ToolLoop:
             self.messages.append({"role": "tool", "content": text, "tool_call_id": call.id,
                                   "name": call.name})
 
-    async def _call(self, call: Any) -> ToolResult:
+    async def _call(self, call: ToolCall) -> ToolResult:
         try:
             arguments = json.loads(call.arguments)
         except json.JSONDecodeError as exc:  # the parsers validate calls; kept as a guard
             return ToolResult(f"the arguments are not JSON: {exc}", True)
         return await self.state.tool_providers.call(self.provided[call.name], arguments)
 
-    def _not_run(self, calls: list[Any]) -> list[Event]:
+    def _not_run(self, calls: list[ToolCall]) -> list[Event]:
         events: list[Event] = []
         why = (f"not run: the server already ran {self.max_rounds} rounds of tool calls for "
                "this request (server.max_tool_rounds)")
         for call in calls:
             entry = self._entry(call, self.rounds + 1)
             events += [CallStarted(entry),
-                       CallEnded(entry["index"], call.id, {"content": why, "is_error": True})]
+                       CallEnded(call_index(entry), call.id, {"content": why, "is_error": True})]
         return events
 
-    async def _next_round(self) -> tuple[AsyncIterator[Any], Any] | None:
+    async def _next_round(self) -> tuple[EngineStream, RequestOutput] | None:
         """Start the next round's generation; None when no token is left to generate (the
         request's budget is spent or the conversation fills the context)."""
         budget = None
@@ -294,9 +316,11 @@ class ToolLoop:
         return gen, first
 
     # -- whole response -------------------------------------------------------------------
-    async def respond(self, request: Request, gen: AsyncIterator[Any], first: Any) -> Response:
-        async def collect() -> tuple[str, list[dict[str, Any]], End]:
-            content, entries = "", []
+    async def respond(self, request: Request, gen: EngineStream,
+                      first: RequestOutput) -> Response:
+        async def collect() -> tuple[str, list[dict[str, object]], End]:
+            content = ""
+            entries: list[dict[str, object]] = []
             end = End("stop")
             async for event in self.events(gen, first):
                 if isinstance(event, Content):
@@ -310,7 +334,7 @@ class ToolLoop:
             return content, entries, end
 
         content, entries, end = await unless_disconnected(request, collect())
-        message: dict[str, Any] = {"role": "assistant",
+        message: dict[str, object] = {"role": "assistant",
                                    "content": content if content or not end.client_calls
                                    else None, "refusal": None}
         if end.client_calls:
@@ -319,16 +343,16 @@ class ToolLoop:
                                      for c in end.client_calls]
         message[EXTENSION_FIELD] = entries
         self.handler.timer.finish([end.finish_reason], self.cached_tokens)
-        choice = {"index": 0, "message": message, "logprobs": None,
+        choice: Choice = {"index": 0, "message": message, "logprobs": None,
                   "finish_reason": end.finish_reason}
         return JSONResponse(self.handler.body([choice], self.usage()))
 
     # -- stream ---------------------------------------------------------------------------
-    async def stream(self, gen: AsyncIterator[Any], first: Any,
+    async def stream(self, gen: EngineStream, first: RequestOutput,
                      session: StreamSession) -> AsyncIterator[str]:
         h = self.handler
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        def chunk(delta: dict[str, object], finish: str | None = None) -> str:
             usage = self.usage() if h.continuous_usage else None
             return h.chunk([{"index": 0, "delta": delta, "logprobs": None,
                               "finish_reason": finish}], usage)

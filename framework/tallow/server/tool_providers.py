@@ -18,15 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from typing import TYPE_CHECKING, Any
 
 from tallow.plugin import PluginSettingsError, ToolProvider, ToolResult
 
 from .errors import APIError
 from .tools import tool_name, validate_tools
+
+if TYPE_CHECKING:
+    from tallow.config import TallowConfig
+    from tallow.plugin.manager import PluginManager
 
 log = logging.getLogger("tallow.server")
 
@@ -62,7 +63,8 @@ class ToolProviders:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_plugins(cls, plugin_manager: Any, config: Any) -> "ToolProviders":
+    def from_plugins(cls, plugin_manager: PluginManager | None,
+                     config: TallowConfig | None) -> "ToolProviders":
         """One instance of every provider registered in ``plugin_manager`` that has something to
         offer under ``config``. Invalid settings stop start-up (:class:`PluginSettingsError`);
         a provider that fails otherwise is reported by :meth:`describe` and left out."""
@@ -183,24 +185,24 @@ class ToolProviders:
         return result
 
     # -- reporting ------------------------------------------------------------------------
-    def statuses(self) -> list[dict[str, Any]]:
+    def statuses(self) -> list[dict[str, object]]:
         """Each provider's name, distribution and own status (for ``/v1/plugins``)."""
         out = []
         for slot in self._slots:
-            status: dict[str, Any] = {}
+            status: dict[str, object] = {}
             if slot.provider is not None:
                 try:
                     status = dict(slot.provider.status())
                 except Exception as exc:
                     status = {"error": f"status failed: {type(exc).__name__}: {exc}"}
-            entry = {"name": slot.name, "distribution": slot.distribution,
-                     "running": slot.provider is not None, "status": status}
+            entry: dict[str, object] = {"name": slot.name, "distribution": slot.distribution,
+                                        "running": slot.provider is not None, "status": status}
             if slot.error:
                 entry["error"] = slot.error
             out.append(entry)
         return out
 
-    async def describe(self) -> list[dict[str, Any]]:
+    async def describe(self) -> list[dict[str, object]]:
         """:meth:`statuses` with the tools of each provider (for ``/v1/tools``)."""
         tools = await self.tools()
         out = self.statuses()
@@ -210,10 +212,11 @@ class ToolProviders:
         return out
 
 
-def check_tool_providers(plugin_manager: Any, config: Any) -> list[dict[str, Any]]:
+def check_tool_providers(plugin_manager: PluginManager | None, config: TallowConfig | None
+                         ) -> list[dict[str, object]]:
     """Start every tool provider for ``config``, describe each with its tools, stop them:
     what ``tallow plugins list --check-tools`` shows. Runs its own event loop."""
-    async def check() -> list[dict[str, Any]]:
+    async def check() -> list[dict[str, object]]:
         providers = ToolProviders.from_plugins(plugin_manager, config)
         await providers.start()
         try:
@@ -224,7 +227,7 @@ def check_tool_providers(plugin_manager: Any, config: Any) -> list[dict[str, Any
     return asyncio.run(check())
 
 
-def _checked(provider: str, definition: Any) -> dict[str, Any] | None:
+def _checked(provider: str, definition: object) -> dict[str, Any] | None:
     """``definition`` if it is a valid OpenAI tool definition, else None (logged)."""
     try:
         (tool,) = validate_tools([definition])
@@ -233,13 +236,3 @@ def _checked(provider: str, definition: Any) -> dict[str, Any] | None:
         log.warning("tool provider %r offers an invalid tool, left out: %s", provider,
                     exc.message)
     return None
-
-
-async def list_server_tools(state: Any, request: Request) -> Response:
-    """``GET /v1/tools``: the tools the server runs itself, per provider, and the defaults."""
-    providers: ToolProviders = state.tool_providers
-    config = getattr(state.config, "server", None)
-    return JSONResponse({"object": "list",
-                         "server_tools": getattr(config, "server_tools", "off"),
-                         "max_tool_rounds": getattr(config, "max_tool_rounds", 8),
-                         "providers": await providers.describe()})

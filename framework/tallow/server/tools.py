@@ -23,14 +23,19 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tallow.plugin import GrammarSpec
 from tallow.plugin.json_schema import SchemaProblem, check_schema
-from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
+from tallow.plugin.tool_parsing import (
+    StreamDelta, StreamingToolParser, ToolCall, ToolCallDelta, ToolParser,
+)
 
 from .errors import invalid, unsupported
 from .forced import CallStream, ForcedCallScanner, call_schema, steering_prefix
+
+if TYPE_CHECKING:
+    from .parsers import ToolParsing
 
 log = logging.getLogger("tallow.server")
 
@@ -40,9 +45,10 @@ _FN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # ---------------------------------------------------------------------------------------------
 # Request checks
 # ---------------------------------------------------------------------------------------------
-def validate_tools(tools: list[Any]) -> list[dict[str, Any]]:
+def validate_tools(tools: Sequence[object]) -> list[dict[str, Any]]:
     """Check the ``tools`` of a request; 400 naming the first bad field."""
     seen: set[str] = set()
+    checked: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -71,11 +77,13 @@ def validate_tools(tools: list[Any]) -> list[dict[str, Any]]:
             except SchemaProblem as exc:
                 raise invalid(f"{at}.function.parameters", f"Invalid value for "
                               f"'{at}.function.parameters': {exc}.") from None
-    return tools
+        checked.append(tool)
+    return checked
 
 
 def tool_name(tool: dict[str, Any]) -> str:
-    return tool["function"]["name"]
+    name: str = tool["function"]["name"]  # a string once validate_tools has checked it
+    return name
 
 
 @dataclass
@@ -86,8 +94,8 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None
     name: str | None = None
     parallel: bool = True
-    parser_cls: Any = None
-    fallback_cls: tuple[Any, ...] = ()
+    parser_cls: type[ToolParser] | None = None
+    fallback_cls: tuple[type[ToolParser], ...] = ()
     opening: str = ""
     closing: str = ""
     #: a forced call is constrained by a grammar (the server has a grammar backend)
@@ -127,8 +135,9 @@ class ToolPlan:
         return NoTools()
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None,
-               parsing: Any, constrain: bool = False) -> ToolPlan:
+def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | Mapping[str, object] | None,
+               parallel: bool | None, parsing: ToolParsing, constrain: bool = False
+               ) -> ToolPlan:
     """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request, given the
     server's :class:`~tallow.server.parsers.ToolParsing`; ``constrain`` says that forced calls
     can be constrained by a grammar."""
@@ -239,8 +248,9 @@ class AutoTools(ChoiceTools):
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
+        assert plan.parser_cls is not None  # "auto" with tools needs a parser (plan_tools)
         self.parsers = [plan.parser_cls(), *(cls() for cls in plan.fallback_cls)]
-        self.streams: list[Any] | None = None
+        self.streams: list[StreamingToolParser] | None = None
         self.content = [""] * len(self.parsers)  # content each stream has released
         self.text = ""
         self.released = ""
