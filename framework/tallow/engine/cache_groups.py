@@ -23,7 +23,7 @@ tensors ``[max_num_seqs + 1, *shape]``, the last row a dummy for padding rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 import torch
 
@@ -213,7 +213,7 @@ class GroupCaches:
                                       model_dtype=dtype, device=device)
                        for g in self.state_groups]
 
-    def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
+    def copy_blocks(self, pairs: Sequence[tuple[int, ...]]) -> None:
         """Copy-on-write: duplicate whole blocks (all layers of their group) before they
         diverge; a pair ``(src, dst)`` is of the first paged group, ``(src, dst, group)`` of
         another."""

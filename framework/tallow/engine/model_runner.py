@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -179,7 +179,7 @@ class ModelRunner:
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
     # -----------------------------------------------------------------------------------
-    def copy_blocks(self, pairs: list[tuple[int, ...]]) -> None:
+    def copy_blocks(self, pairs: Sequence[tuple[int, ...]]) -> None:
         """Copy-on-write before the forward (:meth:`GroupCaches.copy_blocks`)."""
         if pairs:
             self.caches.copy_blocks(pairs)
