@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -20,13 +20,18 @@ from tallow.kernels import argmax_rows
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
-from tallow.layers import Attention, AttentionMetadata, forward_context
-from tallow.types import HostBatch
+from tallow.distributed.driver import StepPublisher
+from tallow.layers import Attention, AttentionMetadata, Pooler, forward_context
+from tallow.types import AttentionBackend, HostBatch, KVCodec
 
 from .cache_groups import GroupCaches
 from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
+from .sampling.grammar import MaskFill, StructuredOutputs
+from .sampling.sampler import SamplerOutput
+from .scheduler import ScheduledSeq, SchedulerOutput
+from .sequence import Sequence as EngineSequence
 
 log = logging.getLogger("tallow.engine")
 
@@ -68,17 +73,17 @@ class PendingStep:
 
     result: StepResult = field(default_factory=StepResult)
     #: the sequences sampled, in the order of the rows of ``token_ids``
-    targets: list[Any] = field(default_factory=list)
+    targets: list[EngineSequence] = field(default_factory=list)
     #: how ``targets`` are sampled, decided when the step is launched
     sampled_rows: StepRows = StepRows(all_argmax=True, any_grammar=False)
     token_ids: torch.Tensor | None = None
-    sampled: Any = None
+    sampled: SamplerOutput | None = None
     #: a pinned host copy of ``token_ids``, queued right behind the sampling (CUDA only)
     host_token_ids: torch.Tensor | None = None
     #: recorded after the step's last queued work (CUDA only; on a CPU work is synchronous)
-    done: Any = None
+    done: torch.cuda.Event | None = None
     #: embedding requests pooled by the step, in the order of the rows of ``pooled``
-    pool_targets: list[Any] = field(default_factory=list)
+    pool_targets: list[EngineSequence] = field(default_factory=list)
     pooled: torch.Tensor | None = None
     host_pooled: torch.Tensor | None = None
     #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
@@ -86,7 +91,7 @@ class PendingStep:
     logits: torch.Tensor | None = None
     #: the masks of those rows being filled on the grammar thread
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
-    mask_fill: Any = None
+    mask_fill: MaskFill | bool | None = None
     mask_rows: list[int] = field(default_factory=list)
 
     def rows_by_seq(self) -> dict[int, int]:
@@ -124,7 +129,7 @@ def _fill_block_table(table: np.ndarray, tables: list[list[int]]) -> None:
     table[np.arange(table.shape[1]) < lengths[:, None]] = flat
 
 
-def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int, int]]:
+def _logit_rows(scheduled: list[ScheduledSeq], host: HostBatch | None) -> list[tuple[int, int]]:
     """The row ranges whose logits a step computes for prompt logprobs, in order."""
     if host is None or not any(item.prompt_logprobs for item in scheduled):
         return []
@@ -134,10 +139,10 @@ def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int,
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
+                 num_blocks: int, block_size: int, attention_backend: AttentionBackend, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_codec: Any = None, sampler: Sampler | None = None,
-                 pooler: Any = None, grammar: Any = None,
+                 kv_codec: KVCodec | None = None, sampler: Sampler | None = None,
+                 pooler: Pooler | None = None, grammar: StructuredOutputs | None = None,
                  group_sizes: list[PagedGroupSize] | None = None,
                  sliding_groups: bool = True) -> None:
         self.model = model
@@ -174,7 +179,7 @@ class ModelRunner:
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
         #: after (``share_tokens``), so that the workers run the same step. None: one process.
-        self.step_publisher: Any = None
+        self.step_publisher: StepPublisher | None = None
         self._host: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
@@ -202,7 +207,7 @@ class ModelRunner:
         host = self._host[name][:array.size]
         return host.to(self.device, non_blocking=True)
 
-    def prepare(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> _Batch:
+    def prepare(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> _Batch:
         """The step's flat batch for ``scheduled`` (list of ScheduledSeq) on the device:
         :meth:`fill_host`, then :meth:`upload`."""
         return self.upload(self.fill_host(scheduled, fed))
@@ -212,7 +217,7 @@ class ModelRunner:
             self._copied.synchronize()  # the last step's transfers have left the buffers
             self._copied = None
 
-    def fill_host(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> HostBatch:
+    def fill_host(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> HostBatch:
         """Host-side flat batch for ``scheduled`` (list of ScheduledSeq) in the staging buffers
         (int64: tokens, positions, slots, sampled rows, fed rows; int32: offsets, lengths,
         tables).
@@ -362,7 +367,7 @@ class ModelRunner:
         return batch
 
     @staticmethod
-    def _fed_row(fed: dict[int, int] | None, seq: Any) -> int:
+    def _fed_row(fed: dict[int, int] | None, seq: EngineSequence) -> int:
         row = None if fed is None else fed.get(seq.seq_id)
         if row is None or seq.num_pending_tokens != 1:
             raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_pending_tokens} pending "
@@ -381,7 +386,7 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: Any, feed: PendingStep | None = None,
+    def launch(self, out: SchedulerOutput, feed: PendingStep | None = None,
                constrained: bool = False) -> PendingStep:
         """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
         the device here except prompt logprobs, so the host can do other work meanwhile.
@@ -593,7 +598,7 @@ class ModelRunner:
             result.sampled[seq.seq_id] = tok
         return result
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, item: Any) -> list[dict[int, Logprob] | None]:
+    def _prompt_logprobs(self, hidden: torch.Tensor, item: ScheduledSeq) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt
         token has no prefix: None)."""
         seq, start, n = item.seq, item.start, item.num_tokens
