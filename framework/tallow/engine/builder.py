@@ -347,8 +347,9 @@ def build_runner(config: TallowConfig, registries: Registries,
     if len(group_sizes) > 1 or len(groups) > len(group_sizes):
         log.info("cache groups: %s", "; ".join(
             f"{type(g.spec).__name__} x{len(g.layers)}: "
-            + (f"{size.num_blocks} blocks" if g.paged else f"{max_num_seqs} state slots")
-            for g, size in zip(groups, group_sizes + [None] * len(groups))))
+            + (f"{size.num_blocks} blocks" if size is not None and g.paged
+               else f"{max_num_seqs} state slots")
+            for g, size in zip(groups, [*group_sizes, *[None] * len(groups)])))
     log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
              "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
              cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -137,6 +137,14 @@ def _logit_rows(scheduled: list[ScheduledSeq], host: HostBatch | None) -> list[t
     return [(qsl[i], qsl[i + 1]) for i, item in enumerate(scheduled) if item.prompt_logprobs]
 
 
+class GraphReplay(Protocol):
+    """What the runner asks of its captured CUDA graphs
+    (:class:`tallow.engine.cuda_graphs.CudaGraphRunner`, which sits above the runner)."""
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor | None: ...
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, attention_backend: AttentionBackend, vocab_size: int,
@@ -175,7 +183,7 @@ class ModelRunner:
         self.state_groups = self.caches.state_groups
         self.layers = kv_layers(model)
         self.kv_caches = [attn.kv_cache for attn in self.layers]
-        self.graphs = None  # a CudaGraphRunner once captured
+        self.graphs: GraphReplay | None = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
         #: after (``share_tokens``), so that the workers run the same step. None: one process.

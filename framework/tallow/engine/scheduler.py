@@ -479,6 +479,7 @@ class Scheduler:
             raise ValueError(f"commit: no sampled token for sequence {seq.seq_id} "
                              f"(request {seq.request_id!r}, index {seq.index})")
         for new, token in zip(kept, tokens):
+            assert token is not None  # checked above
             new.seq.fill_pending_token(new.index, int(token))
         mark_computed, running = self.block_manager.mark_computed, SequenceStatus.RUNNING
         for item in applied.out.scheduled:

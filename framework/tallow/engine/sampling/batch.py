@@ -165,7 +165,9 @@ class SamplingBatch:
             for i, s in zip(unseeded, fresh):
                 seeds[i] = s
         mask64 = (1 << 64) - 1
-        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeds], dtype=np.uint64),
+        seeded = [s for s in seeds if s is not None]
+        assert len(seeded) == len(seeds)  # every unseeded row drew a seed above
+        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeded], dtype=np.uint64),
                                       np.array(steps, dtype=np.uint64))
 
         def t(values: list, dtype: torch.dtype) -> torch.Tensor:

@@ -230,6 +230,7 @@ class StructuredOutputs:
         the grammar thread. Until :meth:`take` returns, their matchers belong to that thread:
         accept nothing into them and roll nothing back."""
         if self._job is not None:  # never taken (its step was dropped): let it end first
+            assert self._job.future is not None  # submitted when the job was started
             self._job.future.exception()
             self._job = None
         backend = self.backend
@@ -284,6 +285,7 @@ class StructuredOutputs:
                                "replaced them")
         self._job = None
         started = time.perf_counter()
+        assert job.future is not None  # submitted by start_fill
         host = job.future.result()  # waits with the GIL released
         self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1
