@@ -26,7 +26,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 import jinja2.ext
@@ -56,7 +56,7 @@ class _GenerationBlock(jinja2.ext.Extension):
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
-    def _render(self, caller: Any) -> str:
+    def _render(self, caller: Callable[[], str]) -> str:
         return caller()
 
 
@@ -85,10 +85,10 @@ class _SafeNamespace(jinja2.utils.Namespace):
 class _SafeDict:
     """``dict(...)`` for templates, without exposing the ``dict`` type itself."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 

@@ -61,7 +61,7 @@ class LLM:
         """Outputs in the order of ``prompts``. A prompt is a string or a list of token ids."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         prompts = list(prompts)
         if params is None:
             params = SamplingParams()
@@ -87,7 +87,7 @@ class LLM:
                              "task='embed'")
         if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
                                        and isinstance(inputs[0], int)):
-            inputs = [inputs]  # type: ignore[list-item]
+            inputs = [inputs]
         problem = info.dimensions_problem(dimensions)
         if problem:
             raise ValueError(f"LLM.embed(): dimensions: {problem}")
@@ -127,7 +127,7 @@ class LLM:
         return [done[rid] for rid in ids]
 
     def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
-             params: SamplingParams | None = None, *, tools: list[dict] | None = None,
+             params: SamplingParams | None = None, *, tools: list[dict[str, Any]] | None = None,
              add_generation_prompt: bool = True,
              chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Render each conversation through the model's chat template and generate."""

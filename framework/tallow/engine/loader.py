@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from tallow.config import TallowConfig
@@ -82,7 +84,8 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
                              + formats.missing_hint()) from exc
 
 
-def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:
+def resolve_architecture(registries: Registries,
+                         checkpoint: Checkpoint) -> tuple[Entry, dict[str, Any]]:
     """The architecture entry and the (possibly refined) HF-style config."""
     config = dict(checkpoint.config)
     arch = checkpoint.architecture

@@ -157,7 +157,7 @@ def _configured(entry: Entry, checkpoint: Checkpoint, method: str,
                 config: TallowConfig | None) -> QuantScheme:
     log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", entry.name,
              entry.distribution, method)
-    scheme = entry.load()(config, isq=None)
+    scheme: QuantScheme = entry.load()(config, isq=None)
     try:
         scheme.use_checkpoint_config(dict(checkpoint.config))
     except ValueError as exc:
@@ -203,7 +203,7 @@ def _isq_scheme(schemes: QuantSchemeRegistry, isq: str, device: torch.device,
     if len(offers) > 1:
         raise _ambiguous(f"model.isq {isq!r}", offers)
     entry = offers[0]
-    cls = entry.load()
+    cls: type[QuantScheme] = entry.load()
     reasons = scheme_refusals(cls, config, device)
     if reasons:
         raise SelectionError(f"model.isq {isq!r}: quant scheme {_named(entry)} cannot quantize "

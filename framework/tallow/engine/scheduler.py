@@ -161,7 +161,7 @@ class Scheduler:
                 f"the KV cache more memory")
         # attrgetter builds the same tuples as a lambda would, without a Python call per
         # sequence (every step sorts the running sequences by it).
-        self._key: Callable[[Sequence], tuple] = (
+        self._key: Callable[[Sequence], tuple[object, ...]] = (
             attrgetter("priority", "arrival_time", "seq_id") if policy == "priority"
             else attrgetter("arrival_time", "seq_id"))
         self.waiting: list[Sequence] = []  # sorted by self._key

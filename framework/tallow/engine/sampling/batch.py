@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -170,7 +170,7 @@ class SamplingBatch:
         keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeded], dtype=np.uint64),
                                       np.array(steps, dtype=np.uint64))
 
-        def t(values: list, dtype: torch.dtype) -> torch.Tensor:
+        def t(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, dev)
 
         sampled = [i for i in range(n) if not greedy[i]]

@@ -45,8 +45,8 @@ def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | No
          expected: str | None = None) -> int:
     if not _is_int(value):
         raise InvalidParameter(name, f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         if expected is None:
             if minimum is not None and maximum is not None:
                 expected = f"between {minimum} and {maximum}"
@@ -54,17 +54,17 @@ def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | No
                 expected = f">= {minimum}"
             else:
                 expected = f"<= {maximum}"
-        raise InvalidParameter(name, f"{name} must be {expected}, got {value}")
-    return value
+        raise InvalidParameter(name, f"{name} must be {expected}, got {number}")
+    return number
 
 
 def _float(name: str, value: Any) -> float:
     if not _is_real(value):
         raise InvalidParameter(name, f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise InvalidParameter(name, f"{name} must be a finite number, got {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidParameter(name, f"{name} must be a finite number, got {number}")
+    return number
 
 
 def _bool(name: str, value: Any) -> bool:
