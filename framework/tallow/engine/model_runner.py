@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from tallow.kernels import argmax_rows
@@ -91,7 +92,7 @@ class PendingStep:
     logits: torch.Tensor | None = None
     #: the masks of those rows being filled on the grammar thread
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
-    mask_fill: MaskFill | bool | None = None
+    mask_fill: MaskFill | Literal[False] | None = None
     mask_rows: list[int] = field(default_factory=list)
 
     def rows_by_seq(self) -> dict[int, int]:
@@ -197,7 +198,7 @@ class ModelRunner:
         if pairs:
             self.caches.copy_blocks(pairs)
 
-    def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+    def _staging(self, name: str, n: int, dtype: npt.DTypeLike) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
 
         Reused every step: :meth:`prepare` first waits for the previous step's copies out of
@@ -386,11 +387,12 @@ class ModelRunner:
     def forward(self, ids: torch.Tensor, pos: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         if self.graphs is not None and meta.is_decode_only:
-            hidden = self.graphs.run(ids, pos, meta)
-            if hidden is not None:
-                return hidden
+            replayed = self.graphs.run(ids, pos, meta)
+            if replayed is not None:
+                return replayed
         with forward_context(meta, self.backend):
-            return self.model(ids, pos)
+            hidden: torch.Tensor = self.model(ids, pos)
+            return hidden
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -437,6 +439,7 @@ class ModelRunner:
         qsl = batch.meta.query_start_loc_cpu
         for i, item in enumerate(scheduled):
             if item.prompt_logprobs:
+                assert qsl is not None  # upload() fills the host offsets
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
             if item.pool:
@@ -444,12 +447,13 @@ class ModelRunner:
         if pending.pool_targets:
             self._pool(pending, hidden, batch)
         if pending.targets:
-            logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+            logits = self._compute_logits(hidden.index_select(0, batch.sample_rows))
             if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
                 return pending
             self._sample(pending, logits)
             if publisher is not None:
+                assert pending.token_ids is not None  # set by _sample
                 publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
         return pending
@@ -463,6 +467,7 @@ class ModelRunner:
             if fed_token_ids is None:
                 raise RuntimeError("the step feeds on the sampled tokens of a step that has "
                                    "none")
+            assert batch.fed_from is not None  # set together with fed_rows
             batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0,
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
@@ -496,8 +501,10 @@ class ModelRunner:
         read-back."""
         self.start_masks(pending)
         logits, pending.logits = pending.logits, None
+        assert logits is not None  # kept by launch for this call
         fill, pending.mask_fill = pending.mask_fill, None
         if fill:
+            assert self.grammar is not None  # a fill was started by it
             masks = self.grammar.take(fill)
             # rows are ascending targets: as many as the targets means every row has a mask
             rows = (None if len(pending.mask_rows) == len(pending.targets)
@@ -506,6 +513,7 @@ class ModelRunner:
         else:
             self._sample(pending, logits)
         if self.step_publisher is not None:
+            assert pending.token_ids is not None  # set by _sample
             self.step_publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
 
@@ -601,17 +609,24 @@ class ModelRunner:
             if want is not None and lps is not None:
                 tok.logprob = lps[j]
                 tok.rank = ranks[j] if ranks is not None else None
-                if want and top_ids is not None:
+                if want and top_ids is not None and top_lps is not None:
                     tok.top = list(zip(top_ids[j][:want], top_lps[j][:want]))
             result.sampled[seq.seq_id] = tok
         return result
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, item: ScheduledSeq) -> list[dict[int, Logprob] | None]:
+    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's ``compute_logits`` (a CausalLM's or an encoder's; ``self.model`` is
+        typed as the nn.Module it is)."""
+        compute: Callable[[torch.Tensor], torch.Tensor] = getattr(self.model, "compute_logits")
+        return compute(hidden)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor,
+                         item: ScheduledSeq) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt
         token has no prefix: None)."""
         seq, start, n = item.seq, item.start, item.num_tokens
         k = seq.params.prompt_logprobs or 0
-        logits = self.model.compute_logits(hidden).float()
+        logits = self._compute_logits(hidden).float()
         logprobs = torch.log_softmax(logits, dim=-1)
         out: list[dict[int, Logprob] | None] = [None] if start == 0 else []
         prompt = seq.prompt_token_ids
