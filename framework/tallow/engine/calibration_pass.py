@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 

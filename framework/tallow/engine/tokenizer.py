@@ -14,12 +14,14 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tallow.plugin import Checkpoint
+
 from .chat_template import ChatTemplateError, render_chat_template
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def _token_content(value: Any) -> str | None:
+def _token_content(value: Any) -> str | None:  # Any: a config's raw special token, checked here
     """A special token as configs write it: a string, or an AddedToken dict with ``content``."""
     if value is None or isinstance(value, str):
         return value
@@ -31,7 +33,7 @@ def _token_content(value: Any) -> str | None:
                      f"{{'content': str}}, got {value!r}")
 
 
-def _ids(value: Any) -> list[int]:
+def _ids(value: Any) -> list[int]:  # Any: a config's raw id or ids, checked here
     if value is None:
         return []
     if isinstance(value, int):
@@ -57,7 +59,7 @@ class Tokenizer:
     ``add_eos_token`` (the given tokenizer object is modified then).
     """
 
-    def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,
+    def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,  # Any: a tokenizers.Tokenizer; the library is untyped
                  generation_config: Mapping[str, Any] | None = None) -> None:
         if tokenizer is None or not hasattr(tokenizer, "encode"):
             raise ValueError("Tokenizer needs a tokenizers.Tokenizer, got "
@@ -86,7 +88,7 @@ class Tokenizer:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, checkpoint: Any) -> "Tokenizer":
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "Tokenizer":
         """The tokenizer a :class:`tallow.plugin.Checkpoint` carries.
 
         Raises ``ValueError`` when the checkpoint has none (with the format's reason if it gave
@@ -312,7 +314,7 @@ class Tokenizer:
                             tools: Sequence[Mapping[str, Any]] | None = None,
                             add_generation_prompt: bool = True,
                             chat_template: str | None = None,
-                            **template_kwargs: Any) -> str:
+                            **template_kwargs: Any) -> str:  # Any: extra template variables, any value
         """The prompt text for ``messages``, rendered as transformers' ``apply_chat_template``
         renders it (``tokenize=False``).
 
