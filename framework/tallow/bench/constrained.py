@@ -121,6 +121,7 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     stopped = sum(o.finish_reason == "stop" for o in with_grammar["outputs"])
     valid, problems = _validate(with_grammar["outputs"], schema)
     parts = engine.parts
+    assert structured.entry is not None  # available: a grammar backend was chosen
     return {
         "model": config.model.source, "quantization": quantization(parts),
         "attention_backend": parts.attention_backend,

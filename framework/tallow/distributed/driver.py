@@ -57,7 +57,7 @@ class StepPublisher:
         if failure is not None:
             raise GroupFailedError(failure)
 
-    def publish(self, copies: list[tuple[int, int]],
+    def publish(self, copies: list[tuple[int, ...]],  # (src, dst): one paged group
                 host: HostBatch | None,  # None: copies only
                 logit_rows: list[tuple[int, int]], greedy: bool) -> None:
         """Send the step the runner is about to run (``host`` None: only ``copies``)."""

@@ -76,7 +76,7 @@ class StepMessage:
     kind: MessageKind
     number: int  # steps sent to this engine's workers before this one
     host: HostBatch | None = None  # None: nothing to run (a copy-only step, or not a step)
-    copies: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, ...]] = field(default_factory=list)
     logit_rows: list[tuple[int, int]] = field(default_factory=list)
     tokens: TokenSource = TokenSource.NONE
 

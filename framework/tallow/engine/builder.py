@@ -11,14 +11,16 @@ from typing import Any, Mapping
 
 import torch
 
-from tallow.config import load_config
+from tallow.config import TallowConfig, load_config
 from tallow.default_model import DEFAULT_MODEL_NAME, default_model_path
 from tallow.distributed import launch
 from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
+from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
-from tallow.plugin import Entry, SelectionError, select
-from tallow.plugin.manager import load_plugins
+from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
+from tallow.plugin.manager import PluginManager, load_plugins
+from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
 
 from . import embedding_setup
 from .cache_groups import find_cache_groups, group_block_bytes, split_budget, state_bytes
@@ -48,7 +50,7 @@ class EngineParts:
     model_name: str
     max_model_len: int
     loaded: LoadedModel
-    plugin_manager: Any
+    plugin_manager: PluginManager
     attention_backend: str
     kv_codec: str = "auto"
     #: what the cache of the chosen codec costs per token and holds
@@ -58,11 +60,11 @@ class EngineParts:
     #: how the model's embeddings are made (task embed), else None
     embedding: EmbeddingInfo | None = None
     #: the tensor-parallel group this engine drives (tallow.distributed), else None
-    parallel: Any = None
+    parallel: ParallelState | None = None
 
 
 def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
-                          settings: Mapping[str, Any], *, caller: str) -> Any:
+                          settings: Mapping[str, object], *, caller: str) -> TallowConfig:
     """The configuration of an engine made from Python: the YAML file ``config`` (else
     ``$TALLOW_CONFIG``), the ``TALLOW_*`` environment and the keyword ``settings`` (``model``
     being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
@@ -90,20 +92,21 @@ class EngineFrontend:
         self.embedding = parts.embedding
 
     @property
-    def structured(self) -> Any:
+    def structured(self) -> StructuredOutputs | None:
         """The engine's structured outputs (a tallow.engine.sampling.StructuredOutputs: the
         grammar backend and its compile cache), None for an engine that embeds."""
         return self.core.structured
 
     @classmethod
-    def from_config(cls, config: Any, plugin_manager: Any = None) -> Any:
+    def from_config(cls, config: TallowConfig,
+                    plugin_manager: PluginManager | None = None) -> Any:
         """The engine for a resolved configuration (a :class:`tallow.config.TallowConfig`)."""
         raise NotImplementedError
 
     @classmethod
     def create(cls, model: str | None = None, *,
-               config: str | os.PathLike[str] | None = None, plugin_manager: Any = None,
-               **settings: Any) -> Any:
+               config: str | os.PathLike[str] | None = None,
+               plugin_manager: PluginManager | None = None, **settings: object) -> Any:
         """The engine for the configuration ``tallow serve`` would resolve with these keywords
         as its flags: defaults < YAML (``config=`` or ``$TALLOW_CONFIG``) < ``TALLOW_*``
         environment < keywords (the keywords of :class:`tallow.LLM`)."""
@@ -112,7 +115,7 @@ class EngineFrontend:
         return cls.from_config(resolved, plugin_manager)
 
 
-def model_source(config: Any) -> tuple[str, str]:
+def model_source(config: TallowConfig) -> tuple[str, str]:
     """(source, served name). No source means the embedded default model."""
     source = config.model.source
     if not source:
@@ -121,7 +124,7 @@ def model_source(config: Any) -> tuple[str, str]:
     return source, name
 
 
-def load_tokenizer(config: Any, checkpoint: Any, model_vocab: int | None) -> Tokenizer:
+def load_tokenizer(config: TallowConfig, checkpoint: Checkpoint, model_vocab: int | None) -> Tokenizer:
     """The tokenizer of ``model.tokenizer`` when it is set, else the checkpoint's. One from
     elsewhere must not produce ids the model has no embedding for."""
     path = config.model.tokenizer
@@ -138,7 +141,7 @@ def load_tokenizer(config: Any, checkpoint: Any, model_vocab: int | None) -> Tok
     return tokenizer
 
 
-def kv_budget_blocks(config: Any, loaded: LoadedModel, bytes_per_block: int,
+def kv_budget_blocks(config: TallowConfig, loaded: LoadedModel, bytes_per_block: int,
                      max_model_len: int, fixed_bytes: int = 0) -> int:
     """Blocks of ``bytes_per_block`` (all layers) that the KV budget holds, after
     ``fixed_bytes`` of per-layer tensors that do not depend on the block count."""
@@ -193,7 +196,7 @@ def freeze_startup_heap() -> None:
     gc.set_threshold(max(SERVING_GC_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
-def select_kv_codec(registries: Any, config: Any) -> Entry:
+def select_kv_codec(registries: Registries, config: TallowConfig) -> Entry:
     """The entry of the KV codec ``cache.kv_codec`` asks for; errors name that field."""
     try:
         return select(registries.kv_codecs, config, config.cache.kv_codec)
@@ -202,8 +205,8 @@ def select_kv_codec(registries: Any, config: Any) -> Entry:
                              "than auto come from kv-codec plugins)") from None
 
 
-def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: Any,
-                     layout: list[Any], num_paged_groups: int = 1) -> list[str]:
+def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], codec_name: str,
+                     codec: KVCodec, layout: list[KVTensor], num_paged_groups: int = 1) -> list[str]:
     """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
     K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can. A model
     of several paged cache groups (sliding-window layers beside full ones) needs a backend
@@ -225,7 +228,7 @@ def backend_refusals(backend: Any, layers: list[Any], codec_name: str, codec: An
     return reasons
 
 
-def describe_layout(layout: list[Any]) -> str:
+def describe_layout(layout: list[KVTensor]) -> str:
     """``k, v: float8_e4m3fn`` — a layer's cache tensors by dtype, for messages."""
     by_dtype: dict[str, list[str]] = {}
     for spec in layout:
@@ -233,9 +236,9 @@ def describe_layout(layout: list[Any]) -> str:
     return "; ".join(f"{', '.join(names)}: {dtype}" for dtype, names in by_dtype.items())
 
 
-def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
-                             codec_name: str, codec: Any, block_size: int,
-                             sliding_groups: bool = True) -> tuple[Entry, Any]:
+def select_attention_backend(registries: Registries, config: TallowConfig, loaded: LoadedModel,
+                             codec_name: str, codec: KVCodec, block_size: int,
+                             sliding_groups: bool = True) -> tuple[Entry, AttentionBackend]:
     """(entry, instance) of the attention backend that serves ``config``, the loaded model and
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
@@ -248,7 +251,7 @@ def select_attention_backend(registries: Any, config: Any, loaded: LoadedModel,
         codec, num_kv_heads=first.num_kv_heads if first else 1,
         head_dim=first.head_dim if first else 64, block_size=block_size,
         model_dtype=loaded.dtype)
-    made: dict[str, Any] = {}
+    made: dict[str, AttentionBackend] = {}
 
     def refusals(entry: Entry) -> list[str]:
         # Refusals are answered by an instance (it may depend on the backend's settings); the
@@ -283,7 +286,8 @@ class BuiltRunner:
     kv_footprint: kv_cache.KVFootprint | None = None
 
 
-def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRunner:
+def build_runner(config: TallowConfig, registries: Registries,
+                 parallel: ParallelState | None = None) -> BuiltRunner:
     """Model, KV cache and model runner for ``config`` (CUDA graphs captured on a GPU).
 
     ``parallel`` is this process's tensor-parallel group (:mod:`tallow.distributed`) or None:
@@ -343,8 +347,9 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
     if len(group_sizes) > 1 or len(groups) > len(group_sizes):
         log.info("cache groups: %s", "; ".join(
             f"{type(g.spec).__name__} x{len(g.layers)}: "
-            + (f"{size.num_blocks} blocks" if g.paged else f"{max_num_seqs} state slots")
-            for g, size in zip(groups, group_sizes + [None] * len(groups))))
+            + (f"{size.num_blocks} blocks" if size is not None and g.paged
+               else f"{max_num_seqs} state slots")
+            for g, size in zip(groups, [*group_sizes, *[None] * len(groups)])))
     log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
              "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
              cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
@@ -380,7 +385,7 @@ def build_runner(config: Any, registries: Any, parallel: Any = None) -> BuiltRun
                        state_slots=[max_num_seqs] * len(runner.state_groups))
 
 
-def build_engine(config: Any, plugin_manager: Any = None) -> EngineParts:
+def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = None) -> EngineParts:
     """The engine for ``config``. With tensor parallelism (``parallel`` settings, or ranks
     started by torchrun) this process joins its group first: rank 0 goes on to build the
     engine, handing its workers the same one; any other rank serves as a worker here until

@@ -33,6 +33,7 @@ from tallow.layers import (
     Attention, CacheSpec, FullAttentionSpec, LatentCacheSpec, RecurrentStateSpec, SlidingWindowSpec, StateCache,
     cache_layers,
 )
+from tallow.types import KVCodec
 
 from .kv_manager import PagedGroupSize
 
@@ -95,7 +96,7 @@ def find_cache_groups(model: torch.nn.Module, *,
     return paged + states
 
 
-def group_block_bytes(group: CacheGroup, codec: Any, *, block_size: int,
+def group_block_bytes(group: CacheGroup, codec: KVCodec, *, block_size: int,
                       model_dtype: torch.dtype) -> int:
     """Bytes of one block of every layer of paged ``group``."""
     if isinstance(group.spec, LatentCacheSpec):
@@ -153,7 +154,7 @@ def split_budget(groups: list[CacheGroup], num_blocks: int, block_bytes: list[in
     return [PagedGroupSize(n, g.window) for g, n in zip(paged, sizes)]
 
 
-def allocate_group(group: CacheGroup, codec: Any, *, size: PagedGroupSize | int,
+def allocate_group(group: CacheGroup, codec: KVCodec, *, size: PagedGroupSize | int,
                    block_size: int, model_dtype: torch.dtype,
                    device: torch.device) -> list[Any]:
     """The caches of ``group``'s layers, bound to them (``size``: a paged group's pool, or a
@@ -191,7 +192,7 @@ class GroupCaches:
     paged group's pool (``group_sizes``; default ``num_blocks`` each), ``num_slots`` state
     slots per state group. The one owner of copying blocks and state slots between steps."""
 
-    def __init__(self, model: torch.nn.Module, codec: Any, *, num_blocks: int, block_size: int,
+    def __init__(self, model: torch.nn.Module, codec: KVCodec, *, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device, num_slots: int,
                  group_sizes: list[PagedGroupSize] | None = None,
                  sliding_groups: bool = True) -> None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from tallow.plugin import CalibrationRequest, Checkpoint
+from tallow.plugin import CalibrationRequest, Checkpoint, QuantScheme
 
 from .calibration_pass import calibration_windows, run_windows, text_windows
 from .corpora import CorpusError, corpus_text
@@ -48,7 +47,7 @@ def builtin_calibration_text(corpus: str) -> str:
         raise ValueError(f"calibration corpus {corpus!r}: {exc}") from None
 
 
-def calibrate(model: torch.nn.Module, quant: Any, checkpoint: Checkpoint,
+def calibrate(model: torch.nn.Module, quant: QuantScheme | None, checkpoint: Checkpoint,
               device: torch.device, dtype: torch.dtype, max_tokens: int | None = None,
               vocab_size: int | None = None) -> bool:
     """Run ``model`` over the text ``quant`` asks for and tell it so; False when it asks for
@@ -59,6 +58,7 @@ def calibrate(model: torch.nn.Module, quant: Any, checkpoint: Checkpoint,
     request: CalibrationRequest | None = ask() if ask is not None else None
     if request is None:
         return False
+    assert quant is not None  # only a scheme asks for calibration text
     from .tokenizer import Tokenizer
 
     started = time.perf_counter()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -94,8 +94,8 @@ def run_windows(model: torch.nn.Module, windows: list[list[int]], device: torch.
             with forward_context(meta, backend):
                 model(ids, positions)
     finally:
-        for m, cache in zip(attentions, saved):
-            m.kv_cache = cache
+        for m, kept in zip(attentions, saved):
+            m.kv_cache = kept
 
 
 def _prefill_metadata(batch: list[list[int]], blocks_per_seq: int,
@@ -103,7 +103,9 @@ def _prefill_metadata(batch: list[list[int]], blocks_per_seq: int,
                                                      torch.Tensor]:
     """The metadata of one step prefilling every window of ``batch`` from its start, window
     ``i`` in cache blocks ``i * blocks_per_seq ...``."""
-    starts, lens, slots, positions, ids = [0], [], [], [], []
+    starts, lens, ids = [0], [], []
+    slots: list[int] = []
+    positions: list[int] = []
     for i, window in enumerate(batch):
         n = len(window)
         ids.extend(window)

@@ -26,7 +26,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 import jinja2.ext
@@ -51,31 +51,31 @@ class _GenerationBlock(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
+    def parse(self, parser: Any) -> jinja2.nodes.Node:  # Any: jinja2's Parser is untyped
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
-    def _render(self, caller: Any) -> str:
+    def _render(self, caller: Callable[[], str]) -> str:
         return caller()
 
 
 class _SafeNamespace(jinja2.utils.Namespace):
     """``namespace(...)`` that refuses attributes starting with ``_``."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Namespace's own signature trick
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Namespace's own signature trick; Any: keyword values of templates, any Python value
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:
             _SafeNamespace._check(name)
         jinja2.utils.Namespace.__init__(self, attrs)
 
-    def __setitem__(self, name: str, value: Any) -> None:
+    def __setitem__(self, name: str, value: Any) -> None:  # Any: a template sets any value
         _SafeNamespace._check(name)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
-    def _check(name: Any) -> None:
+    def _check(name: Any) -> None:  # Any: a name a template passes, checked here
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
                 f"a chat template may not set the underscore-prefixed attribute {name!r} on a "
@@ -85,10 +85,10 @@ class _SafeNamespace(jinja2.utils.Namespace):
 class _SafeDict:
     """``dict(...)`` for templates, without exposing the ``dict`` type itself."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:  # Any: dict()'s own arguments, from templates
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:  # Any: dict.fromkeys' own arguments, from templates
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -96,8 +96,8 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,  # Any: any value a template serializes
+            separators: Any = None, sort_keys: bool = False) -> str:  # Any: json.dumps' separators as templates pass them
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -127,7 +127,7 @@ def compile_template(source: str) -> jinja2.Template:
             f"the chat template does not compile: {exc.message} (line {exc.lineno})") from None
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any) -> Any:  # Any: any value, rebuilt from JSON types
     """``value`` rebuilt from JSON types only (dicts, lists, str, int, float, bool, None).
 
     Pydantic models and dataclasses become dicts; anything else becomes an inert placeholder
@@ -187,7 +187,7 @@ def render_chat_template(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     special_tokens: Mapping[str, Any] | None = None,
-    **template_kwargs: Any,
+    **template_kwargs: Any,  # Any: extra template variables, any value
 ) -> str:
     """Render ``template`` for ``messages``.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from tallow.layers import ArchConfig
 from tallow.plugin import Checkpoint, ModelFileError
@@ -30,7 +30,7 @@ SIZE_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_he
              "num_key_value_heads", "head_dim")
 
 
-def numbered_layers(names: Any) -> dict[str, int]:
+def numbered_layers(names: Iterable[str]) -> dict[str, int]:
     """Per prefix of a numbered tensor name, how many layers the numbers imply (highest + 1)."""
     highest: dict[str, int] = defaultdict(lambda: -1)
     for name in names:

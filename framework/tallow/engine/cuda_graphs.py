@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
-
 import torch
 
 from tallow.distributed.collectives import agree
 from tallow.layers import AttentionMetadata, forward_context
 from tallow.plugin import AttentionBackend
+
+from .model_runner import ModelRunner
 
 log = logging.getLogger("tallow.engine")
 
@@ -55,7 +55,7 @@ def fastest_graphs(replay_s: dict[int, float], margin: float = REPLAY_MARGIN) ->
 
 
 class CudaGraphRunner:
-    def __init__(self, runner: Any, max_batch: int) -> None:
+    def __init__(self, runner: ModelRunner, max_batch: int) -> None:
         self.runner = runner
         self.max_batch = max_batch
         dev = runner.device
@@ -82,7 +82,7 @@ class CudaGraphRunner:
         #: the metadata each graph was captured with (its buffers; host lists of the capture)
         self.metas: dict[int, AttentionMetadata] = {}
         self.sizes = graph_batch_sizes(max_batch)
-        self.pool = None
+        self.pool: torch.cuda._POOL_HANDLE | None = None
         #: captured size -> the captured size replayed for it (see fastest_graphs)
         self.replay_size: dict[int, int] = {}
         #: whether the backend prepares steps on the host (its own ``plan``, not the default)
@@ -107,7 +107,7 @@ class CudaGraphRunner:
 
     @classmethod
     @torch.inference_mode()
-    def capture(cls, runner: Any, max_batch: int) -> "CudaGraphRunner":
+    def capture(cls, runner: ModelRunner, max_batch: int) -> "CudaGraphRunner":
         max_batch = max(1, min(max_batch, runner.max_num_seqs))
         self = cls(runner, max_batch)
         started = time.perf_counter()

@@ -20,18 +20,20 @@ cancels out. The concatenated output therefore equals ``tokenizer.decode(output_
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Sequence
+
+from .tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 
 #: tokenizer -> (texts of single tokens without skipping special tokens, with skipping): the
 #: context a detokenizer keeps is usually the one token emitted last, and decoding it on every
 #: step cost as much as decoding the new window. Shared by every sequence of the tokenizer.
-_ONE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], dict[int, str]]] = (
+_ONE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Tokenizer, tuple[dict[int, str], dict[int, str]]] = (
     weakref.WeakKeyDictionary())
 
 
-def _one_token_texts(tokenizer: Any, skip_special_tokens: bool) -> dict[int, str]:
+def _one_token_texts(tokenizer: Tokenizer, skip_special_tokens: bool) -> dict[int, str]:
     try:
         texts = _ONE_TOKEN_TEXTS.setdefault(tokenizer, ({}, {}))
     except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: no sharing
@@ -49,7 +51,7 @@ class IncrementalDetokenizer:
     decides how special tokens join text.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int] = (),
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int] = (),
                  skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .tokenizer import Tokenizer
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -101,7 +103,7 @@ def truncation_length(truncate_prompt_tokens: int | None, limit: int) -> int | N
     return truncate_prompt_tokens
 
 
-def input_token_ids(tokenizer: Any, info: EmbeddingInfo, item: str | Sequence[int],
+def input_token_ids(tokenizer: Tokenizer, info: EmbeddingInfo, item: str | Sequence[int],
                     limit: int, truncate_to: int | None) -> list[int]:
     """The token ids of one input (see the module docstring); raises :class:`InputTooLong`."""
     if isinstance(item, str):

@@ -12,20 +12,22 @@ planned beside it) ever hold KV blocks: the cache is sized for that, not for the
 from __future__ import annotations
 
 import logging
-from typing import Any
+import torch
 
+from tallow.config import TallowConfig
 from tallow.layers import Pooler
 
 from .embedding import EmbeddingInfo
+from .loader import LoadedModel
 
 log = logging.getLogger("tallow.engine")
 
 
-def embedding_info(config: Any, loaded: Any) -> EmbeddingInfo:
+def embedding_info(config: TallowConfig, loaded: LoadedModel) -> EmbeddingInfo:
     """The served model's embeddings (see the module docstring)."""
     spec = loaded.checkpoint.embedding
     arch = loaded.config.text
-    pooling = config.model.pooling
+    pooling: str = config.model.pooling
     if pooling == "auto":
         pooling = (spec.pooling if spec is not None and spec.pooling else
                    getattr(type(loaded.model), "default_pooling", "last"))
@@ -50,7 +52,7 @@ def pooler_for(info: EmbeddingInfo) -> Pooler:
     return Pooler(info.pooling, info.normalize)
 
 
-def embedding_max_model_len(config: Any, loaded: Any) -> int:
+def embedding_max_model_len(config: TallowConfig, loaded: LoadedModel) -> int:
     """The longest input (see the module docstring)."""
     limit = position_limit(loaded.model)
     if config.model.max_model_len:
@@ -66,14 +68,14 @@ def embedding_max_model_len(config: Any, loaded: Any) -> int:
     return int(min(candidates)) if candidates else 4096
 
 
-def position_limit(model: Any) -> int | None:
+def position_limit(model: torch.nn.Module) -> int | None:
     """The most positions a model with a learned position table can take (None: no such
     limit, e.g. rotary embeddings)."""
     limit = getattr(model, "position_limit", None)
     return limit() if callable(limit) else None
 
 
-def step_token_budget(config: Any, max_model_len: int) -> int:
+def step_token_budget(config: TallowConfig, max_model_len: int) -> int:
     """``scheduler.max_num_batched_tokens``, raised to hold one whole longest input."""
     budget = int(config.scheduler.max_num_batched_tokens)
     if budget < max_model_len:
@@ -84,7 +86,7 @@ def step_token_budget(config: Any, max_model_len: int) -> int:
     return budget
 
 
-def cap_kv_blocks(blocks: int, config: Any, max_num_batched_tokens: int,
+def cap_kv_blocks(blocks: int, config: TallowConfig, max_num_batched_tokens: int,
                   max_model_len: int) -> int:
     """KV blocks for two steps of embedding inputs at most (one block of slack per sequence),
     and never fewer than one longest input needs."""

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import torch
 
 from tallow.layers import AttentionMetadata
 from tallow.layers.torch_attention import TorchAttentionBackend
+from tallow.types import AttentionLayer, KVCodec, LayerKVCache
 
 from .calibration_pass import MIN_DISTINCT_IDS, run_windows, text_windows
+from .model_runner import ModelRunner
+from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
 
@@ -66,7 +68,7 @@ __all__ = ["CALIBRATION_TEXT", "MAX_TOKENS", "MIN_DISTINCT_IDS", "calibrate_kv_c
            "calibration_ids", "record_qkv"]
 
 
-def calibration_ids(tokenizer: Any, vocab_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
+def calibration_ids(tokenizer: Tokenizer, vocab_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
     """Token ids of :data:`CALIBRATION_TEXT` under ``tokenizer``, repeated to fill
     ``max_tokens``: one window of :func:`tallow.engine.calibration_pass.text_windows` (ids
     outside the model's vocabulary dropped; ids drawn from the vocabulary when the tokenizer
@@ -85,15 +87,15 @@ class _Recorder(TorchAttentionBackend):
         super().__init__()
         self.seen: Recorded = {}
 
-    def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: Any, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
         self.seen[layer.layer_index] = (q.float().clone(), k.float().clone(),
                                         v.float().clone())
         return super().forward(layer, q, k, v, kv_cache, meta)
 
 
 @torch.inference_mode()
-def record_qkv(runner: Any, ids: list[int]) -> Recorded:
+def record_qkv(runner: ModelRunner, ids: list[int]) -> Recorded:
     """Each layer's Q [len(ids), Hq, D], K and V [len(ids), Hkv, D] (float32) over the
     prompt ``ids``, computed with the torch reference attention on scratch caches
     (:func:`tallow.engine.calibration_pass.run_windows`); the runner's caches and attention
@@ -103,12 +105,13 @@ def record_qkv(runner: Any, ids: list[int]) -> Recorded:
     return recorder.seen
 
 
-def calibrate_kv_codec(runner: Any, codec: Any, tokenizer: Any, vocab_size: int) -> None:
+def calibrate_kv_codec(runner: ModelRunner, codec: KVCodec, tokenizer: Tokenizer, vocab_size: int) -> None:
     """Run the calibration pass and hand every layer's Q/K/V to ``codec.calibrate``."""
     started = time.perf_counter()
     ids = calibration_ids(tokenizer, vocab_size)
     seen = record_qkv(runner, ids)
     for attn, cache in zip(runner.layers, runner.kv_caches):
+        assert cache is not None  # the runner allocated every layer's cache
         codec.calibrate(cache, *seen[attn.layer.layer_index])
     log.info("KV codec %s calibrated on %d tokens in %.1fs", codec.name, len(ids),
              time.perf_counter() - started)

@@ -49,7 +49,7 @@ class PagedGroupSize:
     window: int | None = None
 
 
-class GroupHits(list):
+class GroupHits(list[int]):
     """A prefix hit over every paged group: the list itself is the primary group's blocks
     (its length, the hit's block count, is what the scheduler reads); ``tables`` holds each
     group's table for the hit."""
@@ -144,7 +144,7 @@ class KVCacheManager:
             # One paged group (most models): the scheduler's per-sequence calls go straight to
             # its manager, adding no Python call per sequence and step.
             bm = self.primary
-            self.can_allocate = bm.can_allocate  # type: ignore[method-assign,assignment]
+            self.can_allocate = bm.can_allocate  # type: ignore[method-assign]
             self.append_slots = bm.append_slots  # type: ignore[method-assign,assignment]
             self.mark_computed = bm.mark_computed  # type: ignore[method-assign]
             self.fork = bm.fork  # type: ignore[method-assign]

@@ -6,15 +6,17 @@ import os
 from typing import Any, Iterable, Sequence
 
 from tallow.config import TallowConfig, load_config
+from tallow.plugin.manager import PluginManager
 
 from .builder import resolve_engine_config
 from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
 from .outputs import EmbeddingOutput, RequestOutput
 from .sampling.params import SamplingParams
+from .tokenizer import Tokenizer
 
 
-def config_from_kwargs(**kwargs: Any) -> TallowConfig:
+def config_from_kwargs(**kwargs: object) -> TallowConfig:
     """The configuration that ``kwargs`` (the keywords of :class:`LLM`) give on their own, with
     no file and no environment: for tests and embedders that must not depend on the process's
     environment. :class:`LLM` itself layers them over the file and the environment."""
@@ -36,12 +38,13 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, config: str | os.PathLike[str] | None = None,
-                 plugin_manager: Any = None, **settings: Any) -> None:
+                 plugin_manager: PluginManager | None = None, **settings: object) -> None:
         self.config = resolve_engine_config(model, config, settings, caller="LLM()")
         self.engine = LLMEngine.from_config(self.config, plugin_manager)
 
     @classmethod
-    def from_config(cls, config: TallowConfig, plugin_manager: Any = None) -> "LLM":
+    def from_config(cls, config: TallowConfig,
+                    plugin_manager: PluginManager | None = None) -> "LLM":
         """An ``LLM`` for an already resolved configuration, used as it is (no file, no
         environment, no keywords)."""
         llm = cls.__new__(cls)
@@ -49,7 +52,7 @@ class LLM:
         llm.engine = LLMEngine.from_config(config, plugin_manager)
         return llm
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
@@ -58,7 +61,7 @@ class LLM:
         """Outputs in the order of ``prompts``. A prompt is a string or a list of token ids."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         prompts = list(prompts)
         if params is None:
             params = SamplingParams()
@@ -84,7 +87,7 @@ class LLM:
                              "task='embed'")
         if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
                                        and isinstance(inputs[0], int)):
-            inputs = [inputs]  # type: ignore[list-item]
+            inputs = [inputs]
         problem = info.dimensions_problem(dimensions)
         if problem:
             raise ValueError(f"LLM.embed(): dimensions: {problem}")
@@ -124,7 +127,7 @@ class LLM:
         return [done[rid] for rid in ids]
 
     def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
-             params: SamplingParams | None = None, *, tools: list[dict] | None = None,
+             params: SamplingParams | None = None, *, tools: list[dict[str, Any]] | None = None,
              add_generation_prompt: bool = True,
              chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Render each conversation through the model's chat template and generate."""

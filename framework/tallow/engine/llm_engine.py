@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from tallow.config import TallowConfig
 from tallow.distributed.driver import GroupFailedError
+from tallow.plugin.manager import PluginManager
 
 from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
@@ -25,7 +27,8 @@ class LLMEngine(EngineFrontend):
         self._embeddings: dict[str, tuple[list[int], PoolingParams]] = {}
 
     @classmethod
-    def from_config(cls, config: Any, plugin_manager: Any = None) -> "LLMEngine":
+    def from_config(cls, config: TallowConfig,
+                    plugin_manager: PluginManager | None = None) -> "LLMEngine":
         return cls(build_engine(config, plugin_manager))
 
     def next_request_id(self) -> str:

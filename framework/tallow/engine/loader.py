@@ -10,9 +10,12 @@ from typing import Any
 
 import torch
 
+from tallow.config import TallowConfig
 from tallow.distributed.state import tp_rank, tp_size
 from tallow.layers import ArchConfig, BuildContext, WeightLoadError
-from tallow.plugin import Checkpoint, Entry, ModelFileError, Registries, SelectionError, select
+from tallow.plugin import (
+    Checkpoint, Entry, ModelFileError, QuantScheme, Registries, SelectionError, select,
+)
 
 from .calibration import calibrate
 from .checkpoint_check import check_config_against_tensors
@@ -81,7 +84,8 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
                              + formats.missing_hint()) from exc
 
 
-def resolve_architecture(registries: Registries, checkpoint: Checkpoint) -> tuple[Entry, dict]:
+def resolve_architecture(registries: Registries,
+                         checkpoint: Checkpoint) -> tuple[Entry, dict[str, Any]]:
     """The architecture entry and the (possibly refined) HF-style config."""
     config = dict(checkpoint.config)
     arch = checkpoint.architecture
@@ -153,7 +157,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     #: the quant scheme instance holding the weights (None: dense weights)
-    quant: Any = None
+    quant: QuantScheme | None = None
     #: device memory of the model's parameters and buffers
     weight_bytes: int = 0
     #: what the model was built for: "generate" or "embed"
@@ -162,7 +166,8 @@ class LoadedModel:
 
 def load_model(registries: Registries, source: str, *, device: torch.device,
                dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
-               revision: str | None = None, quant: Any = None, config: Any = None,
+               revision: str | None = None, quant: QuantScheme | None = None,
+               config: TallowConfig | None = None,
                isq: str | None = None, task: str | None = "auto",
                quant_scheme: str | None = None) -> LoadedModel:
     """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;

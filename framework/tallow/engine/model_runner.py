@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from tallow.kernels import argmax_rows
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
-from tallow.layers import Attention, AttentionMetadata, forward_context
-from tallow.types import HostBatch
+from tallow.distributed.driver import StepPublisher
+from tallow.layers import Attention, AttentionMetadata, Pooler, forward_context
+from tallow.types import AttentionBackend, HostBatch, KVCodec
 
 from .cache_groups import GroupCaches
 from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
+from .sampling.grammar import MaskFill, StructuredOutputs
+from .sampling.sampler import SamplerOutput
+from .scheduler import ScheduledSeq, SchedulerOutput
+from .sequence import Sequence as EngineSequence
 
 log = logging.getLogger("tallow.engine")
 
@@ -68,17 +74,17 @@ class PendingStep:
 
     result: StepResult = field(default_factory=StepResult)
     #: the sequences sampled, in the order of the rows of ``token_ids``
-    targets: list[Any] = field(default_factory=list)
+    targets: list[EngineSequence] = field(default_factory=list)
     #: how ``targets`` are sampled, decided when the step is launched
     sampled_rows: StepRows = StepRows(all_argmax=True, any_grammar=False)
     token_ids: torch.Tensor | None = None
-    sampled: Any = None
+    sampled: SamplerOutput | None = None
     #: a pinned host copy of ``token_ids``, queued right behind the sampling (CUDA only)
     host_token_ids: torch.Tensor | None = None
     #: recorded after the step's last queued work (CUDA only; on a CPU work is synchronous)
-    done: Any = None
+    done: torch.cuda.Event | None = None
     #: embedding requests pooled by the step, in the order of the rows of ``pooled``
-    pool_targets: list[Any] = field(default_factory=list)
+    pool_targets: list[EngineSequence] = field(default_factory=list)
     pooled: torch.Tensor | None = None
     host_pooled: torch.Tensor | None = None
     #: the logits of a step with grammar-constrained rows, kept until the grammars have seen
@@ -86,7 +92,7 @@ class PendingStep:
     logits: torch.Tensor | None = None
     #: the masks of those rows being filled on the grammar thread
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
-    mask_fill: Any = None
+    mask_fill: MaskFill | Literal[False] | None = None
     mask_rows: list[int] = field(default_factory=list)
 
     def rows_by_seq(self) -> dict[int, int]:
@@ -124,7 +130,7 @@ def _fill_block_table(table: np.ndarray, tables: list[list[int]]) -> None:
     table[np.arange(table.shape[1]) < lengths[:, None]] = flat
 
 
-def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int, int]]:
+def _logit_rows(scheduled: list[ScheduledSeq], host: HostBatch | None) -> list[tuple[int, int]]:
     """The row ranges whose logits a step computes for prompt logprobs, in order."""
     if host is None or not any(item.prompt_logprobs for item in scheduled):
         return []
@@ -132,12 +138,20 @@ def _logit_rows(scheduled: list[Any], host: HostBatch | None) -> list[tuple[int,
     return [(qsl[i], qsl[i + 1]) for i, item in enumerate(scheduled) if item.prompt_logprobs]
 
 
+class GraphReplay(Protocol):
+    """What the runner asks of its captured CUDA graphs
+    (:class:`tallow.engine.cuda_graphs.CudaGraphRunner`, which sits above the runner)."""
+
+    def run(self, ids: torch.Tensor, pos: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor | None: ...
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, attention_backend: Any, vocab_size: int,
+                 num_blocks: int, block_size: int, attention_backend: AttentionBackend, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_codec: Any = None, sampler: Sampler | None = None,
-                 pooler: Any = None, grammar: Any = None,
+                 kv_codec: KVCodec | None = None, sampler: Sampler | None = None,
+                 pooler: Pooler | None = None, grammar: StructuredOutputs | None = None,
                  group_sizes: list[PagedGroupSize] | None = None,
                  sliding_groups: bool = True) -> None:
         self.model = model
@@ -170,11 +184,11 @@ class ModelRunner:
         self.state_groups = self.caches.state_groups
         self.layers = kv_layers(model)
         self.kv_caches = [attn.kv_cache for attn in self.layers]
-        self.graphs = None  # a CudaGraphRunner once captured
+        self.graphs: GraphReplay | None = None  # a CudaGraphRunner once captured
         #: the driver of a tensor-parallel group (tallow.distributed.driver.StepPublisher):
         #: told each step's batch before it runs (``publish``) and its sampled token ids
         #: after (``share_tokens``), so that the workers run the same step. None: one process.
-        self.step_publisher: Any = None
+        self.step_publisher: StepPublisher | None = None
         self._host: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
@@ -184,7 +198,7 @@ class ModelRunner:
         if pairs:
             self.caches.copy_blocks(pairs)
 
-    def _staging(self, name: str, n: int, dtype: np.dtype) -> np.ndarray:
+    def _staging(self, name: str, n: int, dtype: npt.DTypeLike) -> np.ndarray:
         """A reusable host buffer (pinned when a GPU is in use) of at least ``n`` elements.
 
         Reused every step: :meth:`prepare` first waits for the previous step's copies out of
@@ -202,7 +216,7 @@ class ModelRunner:
         host = self._host[name][:array.size]
         return host.to(self.device, non_blocking=True)
 
-    def prepare(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> _Batch:
+    def prepare(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> _Batch:
         """The step's flat batch for ``scheduled`` (list of ScheduledSeq) on the device:
         :meth:`fill_host`, then :meth:`upload`."""
         return self.upload(self.fill_host(scheduled, fed))
@@ -212,7 +226,7 @@ class ModelRunner:
             self._copied.synchronize()  # the last step's transfers have left the buffers
             self._copied = None
 
-    def fill_host(self, scheduled: list[Any], fed: dict[int, int] | None = None) -> HostBatch:
+    def fill_host(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> HostBatch:
         """Host-side flat batch for ``scheduled`` (list of ScheduledSeq) in the staging buffers
         (int64: tokens, positions, slots, sampled rows, fed rows; int32: offsets, lengths,
         tables).
@@ -362,7 +376,7 @@ class ModelRunner:
         return batch
 
     @staticmethod
-    def _fed_row(fed: dict[int, int] | None, seq: Any) -> int:
+    def _fed_row(fed: dict[int, int] | None, seq: EngineSequence) -> int:
         row = None if fed is None else fed.get(seq.seq_id)
         if row is None or seq.num_pending_tokens != 1:
             raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_pending_tokens} pending "
@@ -373,15 +387,16 @@ class ModelRunner:
     def forward(self, ids: torch.Tensor, pos: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         if self.graphs is not None and meta.is_decode_only:
-            hidden = self.graphs.run(ids, pos, meta)
-            if hidden is not None:
-                return hidden
+            replayed = self.graphs.run(ids, pos, meta)
+            if replayed is not None:
+                return replayed
         with forward_context(meta, self.backend):
-            return self.model(ids, pos)
+            hidden: torch.Tensor = self.model(ids, pos)
+            return hidden
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: Any, feed: PendingStep | None = None,
+    def launch(self, out: SchedulerOutput, feed: PendingStep | None = None,
                constrained: bool = False) -> PendingStep:
         """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
         the device here except prompt logprobs, so the host can do other work meanwhile.
@@ -424,6 +439,7 @@ class ModelRunner:
         qsl = batch.meta.query_start_loc_cpu
         for i, item in enumerate(scheduled):
             if item.prompt_logprobs:
+                assert qsl is not None  # upload() fills the host offsets
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
                     hidden[qsl[i]:qsl[i + 1]], item)
             if item.pool:
@@ -431,12 +447,13 @@ class ModelRunner:
         if pending.pool_targets:
             self._pool(pending, hidden, batch)
         if pending.targets:
-            logits = self.model.compute_logits(hidden.index_select(0, batch.sample_rows))
+            logits = self._compute_logits(hidden.index_select(0, batch.sample_rows))
             if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
                 return pending
             self._sample(pending, logits)
             if publisher is not None:
+                assert pending.token_ids is not None  # set by _sample
                 publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
         return pending
@@ -450,6 +467,7 @@ class ModelRunner:
             if fed_token_ids is None:
                 raise RuntimeError("the step feeds on the sampled tokens of a step that has "
                                    "none")
+            assert batch.fed_from is not None  # set together with fed_rows
             batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0,
                                                                                batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta)
@@ -483,8 +501,10 @@ class ModelRunner:
         read-back."""
         self.start_masks(pending)
         logits, pending.logits = pending.logits, None
+        assert logits is not None  # kept by launch for this call
         fill, pending.mask_fill = pending.mask_fill, None
         if fill:
+            assert self.grammar is not None  # a fill was started by it
             masks = self.grammar.take(fill)
             # rows are ascending targets: as many as the targets means every row has a mask
             rows = (None if len(pending.mask_rows) == len(pending.targets)
@@ -493,6 +513,7 @@ class ModelRunner:
         else:
             self._sample(pending, logits)
         if self.step_publisher is not None:
+            assert pending.token_ids is not None  # set by _sample
             self.step_publisher.share_tokens(pending.token_ids)
         self._queue_readback(pending)
 
@@ -588,17 +609,24 @@ class ModelRunner:
             if want is not None and lps is not None:
                 tok.logprob = lps[j]
                 tok.rank = ranks[j] if ranks is not None else None
-                if want and top_ids is not None:
+                if want and top_ids is not None and top_lps is not None:
                     tok.top = list(zip(top_ids[j][:want], top_lps[j][:want]))
             result.sampled[seq.seq_id] = tok
         return result
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, item: Any) -> list[dict[int, Logprob] | None]:
+    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's ``compute_logits`` (a CausalLM's or an encoder's; ``self.model`` is
+        typed as the nn.Module it is)."""
+        compute: Callable[[torch.Tensor], torch.Tensor] = getattr(self.model, "compute_logits")
+        return compute(hidden)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor,
+                         item: ScheduledSeq) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt
         token has no prefix: None)."""
         seq, start, n = item.seq, item.start, item.num_tokens
         k = seq.params.prompt_logprobs or 0
-        logits = self.model.compute_logits(hidden).float()
+        logits = self._compute_logits(hidden).float()
         logprobs = torch.log_softmax(logits, dim=-1)
         out: list[dict[int, Logprob] | None] = [None] if start == 0 else []
         prompt = seq.prompt_token_ids

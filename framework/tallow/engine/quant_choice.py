@@ -12,15 +12,15 @@ for ``model.isq`` and the schemes' ``isq_types``.
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 import torch
 
+from tallow.config import TallowConfig
+
 from tallow.plugin import (
-    Checkpoint, ComponentLoadError, Entry, ModelFileError, Registries, RegistryError,
-    SelectionError,
+    Checkpoint, ComponentLoadError, Entry, ModelFileError, QuantScheme, Registries,
+    RegistryError, SelectionError,
 )
-from tallow.plugin.registry import serves_quant_method
+from tallow.plugin.registry import QuantSchemeRegistry, serves_quant_method
 
 log = logging.getLogger("tallow.engine")
 
@@ -28,7 +28,7 @@ log = logging.getLogger("tallow.engine")
 SETTING = "model.quant_scheme (--quant-scheme)"
 
 
-def scheme_refusals(cls: Any, config: Any, device: torch.device) -> list[str]:
+def scheme_refusals(cls: type[QuantScheme], config: TallowConfig | None, device: torch.device) -> list[str]:
     """Why the scheme class ``cls`` cannot serve ``config`` on ``device`` (its ``validate``
     and ``min_capability``); empty when it can."""
     reasons = list(cls.validate(config) or []) if config is not None else []
@@ -53,8 +53,8 @@ def _ambiguous(what: str, entries: list[Entry]) -> SelectionError:
 
 
 def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, device: torch.device,
-                        config: Any = None, isq: str | None = None,
-                        quant_scheme: str | None = None) -> Any:
+                        config: TallowConfig | None = None, isq: str | None = None,
+                        quant_scheme: str | None = None) -> QuantScheme | None:
     """The quant scheme instance that holds the model's weights, or None for dense weights.
 
     A quantized checkpoint goes to the scheme that claims it (see the module docstring), which
@@ -83,7 +83,7 @@ def choose_quant_scheme(registries: Registries, checkpoint: Checkpoint, *, devic
     return None
 
 
-def _named_entry(schemes: Any, name: str | None) -> Entry | None:
+def _named_entry(schemes: QuantSchemeRegistry, name: str | None) -> Entry | None:
     if not name or name == "auto":
         return None
     try:
@@ -92,7 +92,7 @@ def _named_entry(schemes: Any, name: str | None) -> Entry | None:
         raise SelectionError(f"model.quant_scheme {name!r}: {exc}") from None
 
 
-def _claims(schemes: Any, checkpoint: Checkpoint, method: str) -> tuple[list[Entry], list[str]]:
+def _claims(schemes: QuantSchemeRegistry, checkpoint: Checkpoint, method: str) -> tuple[list[Entry], list[str]]:
     """The schemes that claim the checkpoint, and why each other one serving ``method`` does
     not."""
     claims, passed = [], []
@@ -111,8 +111,9 @@ def _claims(schemes: Any, checkpoint: Checkpoint, method: str) -> tuple[list[Ent
     return claims, passed
 
 
-def _checkpoint_scheme(schemes: Any, checkpoint: Checkpoint, method: str,
-                       device: torch.device, config: Any, named: Entry | None) -> Any:
+def _checkpoint_scheme(schemes: QuantSchemeRegistry, checkpoint: Checkpoint, method: str,
+                       device: torch.device, config: TallowConfig | None,
+                       named: Entry | None) -> QuantScheme | None:
     if named is not None:
         return _named_checkpoint_scheme(named, checkpoint, method, device, config)
     claims, passed = _claims(schemes, checkpoint, method)
@@ -139,7 +140,8 @@ def _checkpoint_scheme(schemes: Any, checkpoint: Checkpoint, method: str,
 
 
 def _named_checkpoint_scheme(entry: Entry, checkpoint: Checkpoint, method: str,
-                             device: torch.device, config: Any) -> Any:
+                             device: torch.device,
+                             config: TallowConfig | None) -> QuantScheme:
     cls = entry.load()
     if not serves_quant_method(entry, method) or not cls.detect(dict(checkpoint.config)):
         raise SelectionError(f"model.quant_scheme {entry.name!r}: quant scheme {_named(entry)} "
@@ -151,10 +153,11 @@ def _named_checkpoint_scheme(entry: Entry, checkpoint: Checkpoint, method: str,
     return _configured(entry, checkpoint, method, config)
 
 
-def _configured(entry: Entry, checkpoint: Checkpoint, method: str, config: Any) -> Any:
+def _configured(entry: Entry, checkpoint: Checkpoint, method: str,
+                config: TallowConfig | None) -> QuantScheme:
     log.info("quant scheme: %s (from %s) keeps the %s-quantized weights", entry.name,
              entry.distribution, method)
-    scheme = entry.load()(config, isq=None)
+    scheme: QuantScheme = entry.load()(config, isq=None)
     try:
         scheme.use_checkpoint_config(dict(checkpoint.config))
     except ValueError as exc:
@@ -164,7 +167,7 @@ def _configured(entry: Entry, checkpoint: Checkpoint, method: str, config: Any) 
     return scheme
 
 
-def isq_offers(schemes: Any, isq: str) -> list[Entry]:
+def isq_offers(schemes: QuantSchemeRegistry, isq: str) -> list[Entry]:
     """The schemes of the quant-scheme registry ``schemes`` whose ``isq_types`` list ``isq``,
     highest priority first; :class:`SelectionError` naming the types the installed schemes
     offer when none does."""
@@ -188,8 +191,8 @@ def isq_offers(schemes: Any, isq: str) -> list[Entry]:
     return offers
 
 
-def _isq_scheme(schemes: Any, isq: str, device: torch.device, config: Any,
-                named: Entry | None) -> Any:
+def _isq_scheme(schemes: QuantSchemeRegistry, isq: str, device: torch.device,
+                config: TallowConfig | None, named: Entry | None) -> QuantScheme:
     offers = isq_offers(schemes, isq)
     if named is not None:
         if named not in offers:
@@ -200,7 +203,7 @@ def _isq_scheme(schemes: Any, isq: str, device: torch.device, config: Any,
     if len(offers) > 1:
         raise _ambiguous(f"model.isq {isq!r}", offers)
     entry = offers[0]
-    cls = entry.load()
+    cls: type[QuantScheme] = entry.load()
     reasons = scheme_refusals(cls, config, device)
     if reasons:
         raise SelectionError(f"model.isq {isq!r}: quant scheme {_named(entry)} cannot quantize "

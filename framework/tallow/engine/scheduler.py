@@ -161,7 +161,7 @@ class Scheduler:
                 f"the KV cache more memory")
         # attrgetter builds the same tuples as a lambda would, without a Python call per
         # sequence (every step sorts the running sequences by it).
-        self._key: Callable[[Sequence], tuple] = (
+        self._key: Callable[[Sequence], tuple[object, ...]] = (
             attrgetter("priority", "arrival_time", "seq_id") if policy == "priority"
             else attrgetter("arrival_time", "seq_id"))
         self.waiting: list[Sequence] = []  # sorted by self._key
@@ -479,6 +479,7 @@ class Scheduler:
             raise ValueError(f"commit: no sampled token for sequence {seq.seq_id} "
                              f"(request {seq.request_id!r}, index {seq.index})")
         for new, token in zip(kept, tokens):
+            assert token is not None  # checked above
             new.seq.fill_pending_token(new.index, int(token))
         mark_computed, running = self.block_manager.mark_computed, SequenceStatus.RUNNING
         for item in applied.out.scheduled:

@@ -108,7 +108,7 @@ class Sequence:
     pooling: bool = False
     #: the structured-output grammar state (a tallow.engine.sampling.GrammarState) of a
     #: constrained completion; None when its output is free
-    grammar: Any = field(default=None, repr=False)
+    grammar: Any = field(default=None, repr=False)  # Any: a GrammarState (sampling.grammar) or None; sequence sits below it
     _all: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

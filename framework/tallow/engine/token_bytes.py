@@ -37,7 +37,7 @@ def _byte_level_chars() -> dict[str, int]:
     return table
 
 
-def _decoder_types(node: Any) -> Iterator[str]:
+def _decoder_types(node: Any) -> Iterator[str]:  # Any: a node of tokenizer.json's decoder, parsed JSON
     """The types of a tokenizer.json decoder and of the decoders it chains."""
     if isinstance(node, dict):
         if isinstance(node.get("type"), str):

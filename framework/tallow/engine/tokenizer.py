@@ -14,22 +14,26 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tallow.plugin import Checkpoint
+
 from .chat_template import ChatTemplateError, render_chat_template
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-def _token_content(value: Any) -> str | None:
+def _token_content(value: Any) -> str | None:  # Any: a config's raw special token, checked here
     """A special token as configs write it: a string, or an AddedToken dict with ``content``."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, Mapping):
+        content = value.get("content")
+        if isinstance(content, str):
+            return content
     raise ValueError(f"tokenizer_config: a special token must be a string or "
                      f"{{'content': str}}, got {value!r}")
 
 
-def _ids(value: Any) -> list[int]:
+def _ids(value: Any) -> list[int]:  # Any: a config's raw id or ids, checked here
     if value is None:
         return []
     if isinstance(value, int):
@@ -55,7 +59,7 @@ class Tokenizer:
     ``add_eos_token`` (the given tokenizer object is modified then).
     """
 
-    def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,
+    def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,  # Any: a tokenizers.Tokenizer; the library is untyped
                  generation_config: Mapping[str, Any] | None = None) -> None:
         if tokenizer is None or not hasattr(tokenizer, "encode"):
             raise ValueError("Tokenizer needs a tokenizers.Tokenizer, got "
@@ -84,7 +88,7 @@ class Tokenizer:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, checkpoint: Any) -> "Tokenizer":
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "Tokenizer":
         """The tokenizer a :class:`tallow.plugin.Checkpoint` carries.
 
         Raises ``ValueError`` when the checkpoint has none (with the format's reason if it gave
@@ -166,7 +170,8 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer knows, added tokens included."""
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        return size
 
     def _id_of(self, name: str) -> int | None:
         content = self.special_tokens.get(name)
@@ -202,14 +207,16 @@ class Tokenizer:
         return sorted(self._special_ids)
 
     def get_vocab(self) -> dict[str, int]:
-        return self._tok.get_vocab(with_added_tokens=True)
+        vocab: dict[str, int] = self._tok.get_vocab(with_added_tokens=True)
+        return vocab
 
     # -- text ↔ ids ----------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the post-processor adds BOS/EOS."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
 
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Token ids of ``text`` with special tokens, at most ``max_tokens`` of them: the text's
@@ -226,7 +233,8 @@ class Tokenizer:
         if len(encoding.ids) > max_tokens - special:
             side = "left" if self.tokenizer_config.get("truncation_side") == "left" else "right"
             encoding.truncate(max_tokens - special, direction=side)
-        return self._tok.post_process(encoding, add_special_tokens=True).ids
+        ids: list[int] = self._tok.post_process(encoding, add_special_tokens=True).ids
+        return ids
 
     def encode_batch(self, texts: Sequence[str],
                      add_special_tokens: bool = True) -> list[list[int]]:
@@ -238,7 +246,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; special tokens are left out when ``skip_special_tokens``."""
-        text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text: str = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
         # The cleanup was designed for WordPiece and would drop real spaces from BPE output.
         if self.tokenizer_config.get("clean_up_tokenization_spaces") and not self._is_bpe:
             text = _clean_up_spaces(text)
@@ -296,15 +304,17 @@ class Tokenizer:
                 if isinstance(t, dict) and t.get("name") == name:
                     return t.get("template")
         named = self.tokenizer_config.get("named_chat_templates")
-        if isinstance(named, Mapping) and isinstance(named.get(name), str):
-            return named[name]
+        if isinstance(named, Mapping):
+            found = named.get(name)
+            if isinstance(found, str):
+                return found
         return None
 
     def apply_chat_template(self, messages: Sequence[Any], *,
                             tools: Sequence[Mapping[str, Any]] | None = None,
                             add_generation_prompt: bool = True,
                             chat_template: str | None = None,
-                            **template_kwargs: Any) -> str:
+                            **template_kwargs: Any) -> str:  # Any: extra template variables, any value
         """The prompt text for ``messages``, rendered as transformers' ``apply_chat_template``
         renders it (``tokenize=False``).
 

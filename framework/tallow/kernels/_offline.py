@@ -23,7 +23,7 @@ def _aligned_by_default(name: str) -> bool:
     return name.endswith("_ptr") or name.startswith("stride")
 
 
-def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[str, str], *,
+def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[str, str], *,  # Any: a Triton JITFunction; triton is untyped here
                     capability: int = 90, default_pointer: str = "*fp16",
                     aligned: Callable[[str], bool] = _aligned_by_default,
                     **options: Any) -> Any:  # Any: triton objects (triton has no type hints)

@@ -150,7 +150,7 @@ class CacheLayer(Protocol):
         """What the layer caches."""
         ...
 
-    def bind_cache(self, cache: Any, group: int) -> None:
+    def bind_cache(self, cache: Any, group: int) -> None:  # Any: a LayerKVCache, a latent tensor or a StateCache, by spec
         """Take the cache the runner allocated: a :class:`tallow.kernels.kv_cache.LayerKVCache`
         for attention groups, a tensor ``[blocks, block_size, width]`` for latent groups, a
         :class:`StateCache` for state groups; ``group`` is the index of the layer's group

@@ -62,7 +62,7 @@ class UnquantizedMoEMethod(MoEMethod):
     def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
                        intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
                        device: torch.device) -> None:
-        def param(*shape: int, **attrs: Any) -> nn.Parameter:
+        def param(*shape: int, **attrs: Any) -> nn.Parameter:  # Any: nn.Parameter attributes of any type
             p = nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device),
                              requires_grad=False)
             set_weight_attrs(p, expert_dim=0, **attrs)
@@ -85,7 +85,7 @@ class UnquantizedMoEMethod(MoEMethod):
                          swiglu_alpha=experts.swiglu_alpha, swiglu_limit=experts.swiglu_limit)
 
 
-def moe_method_for(quant: Any, prefix: str) -> MoEMethod:
+def moe_method_for(quant: Any, prefix: str) -> MoEMethod:  # Any: a QuantScheme or None; tallow.plugin sits above layers
     """The :class:`MoEMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
     experts at ``prefix``: its ``moe_method(prefix)`` when it has one and returns a method,
     else :class:`UnquantizedMoEMethod` (schemes that quantize only linear layers leave the

@@ -9,7 +9,7 @@ plugin holds at run time is a component its owner starts and stops (a tool provi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -22,6 +22,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 hook (``def tallow_register_architectures(registry): ...``)."""
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tallow.config import TallowConfig
+
     from .registry import (
         ArchitectureRegistry, AttentionBackendRegistry, GrammarBackendRegistry, KVCodecRegistry,
         QuantSchemeRegistry, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
@@ -137,7 +139,7 @@ def tallow_register_grammar_backends(registry: "GrammarBackendRegistry") -> None
 
 
 @hookspec(historic=True)
-def tallow_configure(config: Any) -> None:
+def tallow_configure(config: TallowConfig) -> None:
     """The effective configuration (a :class:`tallow.config.TallowConfig`) is known.
 
     Historic: a plugin registered later still receives it. Read your settings from

@@ -570,7 +570,7 @@ def _plugins_section(plugins_config: object) -> object:
     return plugins_config
 
 
-def probe_alone(candidate: Any) -> Registries | None:
+def probe_alone(candidate: Candidate) -> Registries | None:
     """The registries a left-out plugin fills when loaded on its own (None: it cannot load)."""
     scratch = PluginManager(env={})
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -165,10 +165,12 @@ class SamplingBatch:
             for i, s in zip(unseeded, fresh):
                 seeds[i] = s
         mask64 = (1 << 64) - 1
-        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeds], dtype=np.uint64),
+        seeded = [s for s in seeds if s is not None]
+        assert len(seeded) == len(seeds)  # every unseeded row drew a seed above
+        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeded], dtype=np.uint64),
                                       np.array(steps, dtype=np.uint64))
 
-        def t(values: list, dtype: torch.dtype) -> torch.Tensor:
+        def t(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, dev)
 
         sampled = [i for i in range(n) if not greedy[i]]

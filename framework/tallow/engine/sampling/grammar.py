@@ -23,10 +23,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from tallow.config import TallowConfig
 from tallow.kernels.token_bitmask import apply_token_bitmask, masked_argmax
 from tallow.plugin import (
-    Entry, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, SelectionError,
-    TokenizerInfo, select,
+    Entry, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, Registries,
+    SelectionError, TokenizerInfo, select,
 )
 
 from ..errors import InvalidParameter
@@ -100,7 +101,7 @@ class StructuredOutputs:
     """Grammar compilation and masks for one engine (see the module docstring)."""
 
     def __init__(self, entry: Entry | None, tokenizer_info: Callable[[], TokenizerInfo], *,
-                 config: Any = None, device: torch.device | str = "cpu",
+                 config: TallowConfig | None = None, device: torch.device | str = "cpu",
                  cache_size: int = 256, unavailable: str = "") -> None:
         self.entry = entry
         self._tokenizer_info = tokenizer_info
@@ -111,9 +112,9 @@ class StructuredOutputs:
         self.unavailable = unavailable
         self._backend: GrammarBackend | None = None
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
-        self._copied: Any = None  # the event after the last mask left the pinned buffer
+        self._copied: torch.cuda.Event | None = None  # the event after the last mask left the pinned buffer
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -125,7 +126,7 @@ class StructuredOutputs:
         self.mask_wait_seconds = 0.0
 
     @classmethod
-    def for_engine(cls, registries: Any, config: Any,
+    def for_engine(cls, registries: Registries, config: TallowConfig,
                    tokenizer_info: Callable[[], TokenizerInfo], device: torch.device | str,
                    vocabulary_problem: str | None = None) -> "StructuredOutputs":
         """The grammar side of an engine: the backend ``runner.grammar_backend`` names (one
@@ -176,7 +177,7 @@ class StructuredOutputs:
                              self.entry.distribution, time.perf_counter() - started)
         return self._backend
 
-    def compile(self, spec: GrammarSpec) -> Any:
+    def compile(self, spec: GrammarSpec) -> object:
         """The compiled grammar of ``spec``, from the cache when it was compiled before.
         Raises :class:`tallow.plugin.GrammarError` for a spec the backend refuses and
         InvalidParameter when no backend is available."""
@@ -229,6 +230,7 @@ class StructuredOutputs:
         the grammar thread. Until :meth:`take` returns, their matchers belong to that thread:
         accept nothing into them and roll nothing back."""
         if self._job is not None:  # never taken (its step was dropped): let it end first
+            assert self._job.future is not None  # submitted when the job was started
             self._job.future.exception()
             self._job = None
         backend = self.backend
@@ -283,6 +285,7 @@ class StructuredOutputs:
                                "replaced them")
         self._job = None
         started = time.perf_counter()
+        assert job.future is not None  # submitted by start_fill
         host = job.future.result()  # waits with the GIL released
         self.mask_wait_seconds += time.perf_counter() - started
         self.mask_steps += 1

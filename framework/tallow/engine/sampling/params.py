@@ -32,21 +32,21 @@ _LOGIT_BIAS_LIMIT = 100.0
 _PENALTY_LIMIT = 2.0
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> bool:  # Any: a request's raw value, checked here
     # bool is an int in Python; a JSON `true` where a count belongs is a client bug.
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value: Any) -> bool:
+def _is_real(value: Any) -> bool:  # Any: a request's raw value, checked here
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
+def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,  # Any: a request's raw value, checked here
          expected: str | None = None) -> int:
     if not _is_int(value):
         raise InvalidParameter(name, f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         if expected is None:
             if minimum is not None and maximum is not None:
                 expected = f"between {minimum} and {maximum}"
@@ -54,26 +54,26 @@ def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | No
                 expected = f">= {minimum}"
             else:
                 expected = f"<= {maximum}"
-        raise InvalidParameter(name, f"{name} must be {expected}, got {value}")
-    return value
+        raise InvalidParameter(name, f"{name} must be {expected}, got {number}")
+    return number
 
 
-def _float(name: str, value: Any) -> float:
+def _float(name: str, value: Any) -> float:  # Any: a request's raw value, checked here
     if not _is_real(value):
         raise InvalidParameter(name, f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise InvalidParameter(name, f"{name} must be a finite number, got {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidParameter(name, f"{name} must be a finite number, got {number}")
+    return number
 
 
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: Any) -> bool:  # Any: a request's raw value, checked here
     if not isinstance(value, bool):
         raise InvalidParameter(name, f"{name} must be true or false, got {value!r}")
     return value
 
 
-def _optional_int(name: str, value: Any, **bounds: Any) -> int | None:
+def _optional_int(name: str, value: Any, **bounds: Any) -> int | None:  # Any: a raw value, and _int's bounds
     return None if value is None else _int(name, value, **bounds)
 
 
@@ -161,7 +161,7 @@ class SamplingParams:
 
     # -- field checks ------------------------------------------------------------------
     @staticmethod
-    def _check_logit_bias(bias: Any) -> dict[int, float] | None:
+    def _check_logit_bias(bias: Any) -> dict[int, float] | None:  # Any: a request's raw logit_bias, checked here
         if bias is None:
             return None
         if not isinstance(bias, dict):
@@ -189,7 +189,7 @@ class SamplingParams:
         return out
 
     @staticmethod
-    def _check_stop(stop: Any) -> list[str]:
+    def _check_stop(stop: Any) -> list[str]:  # Any: a request's raw stop, checked here
         if stop is None:
             return []
         if isinstance(stop, str):
@@ -205,7 +205,7 @@ class SamplingParams:
         return list(stop)
 
     @staticmethod
-    def _check_token_list(name: str, ids: Any) -> list[int]:
+    def _check_token_list(name: str, ids: Any) -> list[int]:  # Any: a request's raw id list, checked here
         if ids is None:
             return []
         if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)):
@@ -246,6 +246,6 @@ class SamplingParams:
                 and self.repetition_penalty == 1.0 and self.frequency_penalty == 0.0
                 and self.presence_penalty == 0.0)
 
-    def clone(self, **changes: Any) -> "SamplingParams":
+    def clone(self, **changes: Any) -> "SamplingParams":  # Any: any field's value, validated by the constructor
         """A validated deep copy, with ``changes`` applied (lists and dicts are not shared)."""
         return dataclasses.replace(self, **changes)

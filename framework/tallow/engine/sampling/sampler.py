@@ -43,7 +43,7 @@ class SampledSequence(Protocol):
 
     params: SamplingParams
     num_output_tokens: int
-    grammar: Any
+    grammar: Any  # Any: a row's grammar state (GrammarState) or None, duck-typed here
 
 
 @dataclass(frozen=True)

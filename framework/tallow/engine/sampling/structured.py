@@ -32,7 +32,7 @@ class StructuredOutputsParams:
     strings), ``grammar`` (an EBNF grammar, GBNF notation, with a ``root`` rule),
     ``json_object`` (True: any JSON object)."""
 
-    json: Any = None
+    json: Any = None  # Any: a JSON schema: str, dict or pydantic model class
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
@@ -69,7 +69,7 @@ class StructuredOutputsParams:
         return GrammarSpec("grammar", self.grammar)
 
 
-def _schema(value: Any) -> Any:
+def _schema(value: Any) -> Any:  # Any: a schema as given: str, dict or pydantic model
     if isinstance(value, str):
         try:
             value = jsonlib.loads(value)
@@ -84,7 +84,7 @@ def _schema(value: Any) -> Any:
     return value
 
 
-def structured_spec(value: Any) -> GrammarSpec | None:
+def structured_spec(value: Any) -> GrammarSpec | None:  # Any: structured_outputs as a request gives it
     """``SamplingParams.structured_outputs`` as given (None, a GrammarSpec, a
     StructuredOutputsParams or a mapping of its fields) → the spec it asks for."""
     if value is None or isinstance(value, GrammarSpec):

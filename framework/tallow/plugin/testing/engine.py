@@ -30,7 +30,7 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     return LLM.from_config(settings, pm)
 
 
-def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> Any:
+def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> Any:  # Any: an LLM or an LLMEngine; the kit sits above both
     """``llm``'s log-probabilities of ``tokens`` following ``prompt``, teacher-forced (one
     prompt step over ``prompt + tokens``), as a float tensor: what two engines on the same
     weights (two attention backends, say) are compared by."""
@@ -42,7 +42,7 @@ def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> A
                          for i, t in enumerate(tokens)])
 
 
-def replay_own_graph_sizes(engine: Any) -> None:
+def replay_own_graph_sizes(engine: Any) -> None:  # Any: an LLM or an LLMEngine
     """Make every decode batch of ``engine`` (a :class:`tallow.LLM` or an ``LLMEngine``) whose
     size was captured replay the CUDA graph of that size. By default a batch may replay a
     larger captured graph that timed faster (its rows padded), whose matrix products can pick
