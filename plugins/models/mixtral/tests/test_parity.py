@@ -96,6 +96,14 @@ def test_loads_the_stacked_expert_tensors_of_transformers_5():
     assert_greedy_parity(model.eval(), hf, PROMPT, STEPS, what="stacked experts")
 
 
+@pytest.mark.parametrize("change, message", [({"hidden_act": "gelu"}, "hidden_act"),
+                                             ({"num_local_experts": None}, "num_local_experts")])
+def test_config_the_experts_cannot_run_is_refused(change, message):
+    config = {**transformers.MixtralConfig(**BASE).to_dict(), **change}
+    with pytest.raises(ValueError, match=message):
+        MixtralForCausalLM(ArchConfig(config), BuildContext())
+
+
 def test_engine_runs_the_random_shape():
     """``random:tiny-mixtral`` builds, fills and generates through the whole engine."""
     from tallow import LLM, SamplingParams
