@@ -67,6 +67,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                           vocab_size=151936, rope_theta=1000000.0,
                           max_position_embeddings=40960, rms_norm_eps=1e-6,
                           tie_word_embeddings=False),
+    # 8 experts of 14336 of which 2 per token, in every layer: 46.7B parameters, 12.9B active
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                         vocab_size=32000, rope_theta=1000000.0, max_position_embeddings=32768,
+                         rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False),
     # sentence-transformers/all-MiniLM-L6-v2 (an encoder: served for embeddings)
     "all-minilm-l6-v2": dict(architectures=["BertModel"], hidden_size=384,
                              intermediate_size=1536, num_hidden_layers=6,
@@ -103,6 +109,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                            norm_topk_prob=True, vocab_size=512, rope_theta=10000.0,
                            max_position_embeddings=2048, rms_norm_eps=1e-6,
                            tie_word_embeddings=False),
+    # A few-MB Mixtral (8 experts, 2 per token, a 24-token window), for CPU tests in the engine.
+    "tiny-mixtral": dict(architectures=["MixtralForCausalLM"], hidden_size=64,
+                         intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                         vocab_size=512, rope_theta=10000.0, max_position_embeddings=2048,
+                         rms_norm_eps=1e-5, sliding_window=24, tie_word_embeddings=False),
 }
 
 
