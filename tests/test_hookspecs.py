@@ -87,6 +87,10 @@ class AllHooks:
         self._register("tallow_register_tool_parsers", registry)
 
     @hookimpl
+    def tallow_register_reasoning_parsers(self, registry: Any) -> None:
+        self._register("tallow_register_reasoning_parsers", registry)
+
+    @hookimpl
     def tallow_register_tool_providers(self, registry: Any) -> None:
         self._register("tallow_register_tool_providers", registry)
 

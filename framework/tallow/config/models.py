@@ -255,6 +255,9 @@ class ServerConfig(Section):
     max_body_bytes: int = Field(33554432, gt=0, description="Largest request body accepted.")
     tool_parser: str = Field("auto", description="Name of the tool-call parser; auto picks the "
                              "one that matches the model and its chat template.")
+    reasoning_parser: str = Field(
+        "", description="Name of the reasoning parser that splits chat output into "
+        "reasoning_content and content (think, deepseek_r1, ...); empty: none.")
     max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
                            "running) before it answers 503.")
     max_sequences_per_request: int = Field(

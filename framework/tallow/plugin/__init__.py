@@ -20,8 +20,11 @@ from .hookspecs import hookimpl, hookspec
 from .model_files import ModelFileError
 from .registry import (
     ArchitectureRegistry, AttentionBackendRegistry, Entry, GrammarBackendRegistry, KVCodecRegistry,
-    QuantSchemeRegistry, Registries, Registry, RegistryError, RouteRegistry, ToolParserRegistry,
-    ToolProviderRegistry, WeightFormatRegistry, registering_as,
+    QuantSchemeRegistry, ReasoningParserRegistry, Registries, Registry, RegistryError,
+    RouteRegistry, ToolParserRegistry, ToolProviderRegistry, WeightFormatRegistry, registering_as,
+)
+from .reasoning import (
+    ReasoningParser, ReasoningSplit, ReasoningStream, TagReasoningParser, TagReasoningStream,
 )
 from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
@@ -38,7 +41,8 @@ __all__ = [
     "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
-    "Decision", "FoundCall",
+    "Decision", "FoundCall", "ReasoningParser", "ReasoningSplit", "ReasoningStream",
+    "TagReasoningParser", "TagReasoningStream", "ReasoningParserRegistry",
     "Registry", "Registries", "Entry", "RegistryError", "ArchitectureRegistry",
     "WeightFormatRegistry", "QuantSchemeRegistry", "KVCodecRegistry", "AttentionBackendRegistry",
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "GrammarBackendRegistry",

@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .registry import (
         ArchitectureRegistry, AttentionBackendRegistry, GrammarBackendRegistry, KVCodecRegistry,
-        QuantSchemeRegistry, RouteRegistry, ToolParserRegistry, ToolProviderRegistry,
-        WeightFormatRegistry,
+        QuantSchemeRegistry, ReasoningParserRegistry, RouteRegistry, ToolParserRegistry,
+        ToolProviderRegistry, WeightFormatRegistry,
     )
 
 
@@ -96,6 +96,18 @@ def tallow_register_tool_parsers(registry: "ToolParserRegistry") -> None:
     Without ``--tool-parser``, the highest-priority parser whose ``matches(model_name,
     chat_template)`` is true is used. A parser turns model text into OpenAI ``tool_calls``, both
     whole and as streaming deltas.
+    """
+
+
+@hookspec
+def tallow_register_reasoning_parsers(registry: "ReasoningParserRegistry") -> None:
+    """Register reasoning parsers (:class:`tallow.plugin.ReasoningParser`).
+
+    ``registry.register(name, "pkg.module:ParserClass")``. A parser splits a model's output into
+    its reasoning (``<think>...</think>``, say) and its content, whole and as streaming deltas.
+    None is chosen automatically: the server uses the one ``server.reasoning_parser``
+    (``--reasoning-parser``) names, and fails at start-up, listing the registered names, when
+    that name is unknown. Tool calls are then parsed from the content only.
     """
 
 

@@ -344,6 +344,13 @@ class ToolParserRegistry(Registry):
     kind = "tool_parser"
 
 
+class ReasoningParserRegistry(Registry):
+    """Reasoning parsers: split model output into reasoning and content; used only when
+    ``server.reasoning_parser`` names one."""
+
+    kind = "reasoning_parser"
+
+
 class ToolProviderRegistry(Registry):
     """Providers of tools the server can call itself (MCP clients)."""
 
@@ -376,7 +383,7 @@ REGISTRY_CLASSES: dict[str, type[Registry]] = {
     for cls in (
         ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
         AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
-        GrammarBackendRegistry,
+        GrammarBackendRegistry, ReasoningParserRegistry,
     )
 }
 
@@ -394,6 +401,7 @@ class Registries:
         self.tool_providers = ToolProviderRegistry()
         self.routes = RouteRegistry()
         self.grammar_backends = GrammarBackendRegistry()
+        self.reasoning_parsers = ReasoningParserRegistry()
 
     def explain_unloaded_with(
             self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
@@ -406,7 +414,7 @@ class Registries:
         return [
             self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
             self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
-            self.grammar_backends,
+            self.grammar_backends, self.reasoning_parsers,
         ]
 
     def mark(self) -> list[int]:

@@ -31,6 +31,7 @@ from .messages import normalize_messages
 from .metrics import CONTENT_TYPE
 from .middleware import APIKeyAuth, BodyLimit, StatusCounter
 from .parsers import ToolParsing, choose_tool_parser
+from .reasoning import ReasoningParsing, choose_reasoning_parser
 from .openapi import BODY_ERRORS, GENERATION_ERRORS, Endpoint, openapi_document
 from .protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
@@ -148,6 +149,8 @@ async def plugins(state: ServerState, request: Request) -> Response:
     statuses = [_describe_status(s) for s in pm.statuses()]
     components = {reg.kind: [e.describe() for e in reg] for reg in pm.registries.all()}
     selected = state.tool_parsing.describe()
+    if state.reasoning.name is not None:
+        selected.update(state.reasoning.describe())
     structured = state.structured
     if structured is not None:
         entry = structured.entry  # set exactly when the backend is available
@@ -268,6 +271,7 @@ def _is_protected(path: str) -> bool:
 
 def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_parsing: ToolParsing | None = None,
               tool_providers: ToolProviders | None = None,
+              reasoning: ReasoningParsing | None = None,
               manage_engine: bool = True) -> Starlette:
     """The ASGI app serving ``engine``.
 
@@ -276,6 +280,9 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
     which raises :class:`tallow.server.parsers.ToolParserError` for an unusable named parser).
     ``tool_providers`` is the tools the server runs itself (None: every registered tool
     provider that has something to offer under ``config``); the lifespan starts and stops them.
+    ``reasoning`` is the reasoning parser (None: the one ``config.server.reasoning_parser``
+    names, by :func:`tallow.server.reasoning.choose_reasoning_parser`, which raises
+    :class:`tallow.server.reasoning.ReasoningParserError` for an unknown name; none if empty).
     With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
     """
     if tool_parsing is None:
@@ -283,7 +290,9 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
     if tool_providers is None:
         tool_providers = ToolProviders.from_plugins(getattr(engine, "plugin_manager", None),
                                                     config)
-    state = ServerState(engine, config, tool_parsing, tool_providers)
+    if reasoning is None:
+        reasoning = choose_reasoning_parser(engine, config)
+    state = ServerState(engine, config, tool_parsing, tool_providers, reasoning)
     endpoints = _endpoints()
     routes: list[BaseRoute] = [
         Route(ep.path, (_json_endpoint if ep.method == "POST" else _get_endpoint)(

@@ -2,7 +2,9 @@
 
 :class:`ChatCompletion` is the chat side of :class:`~tallow.server.serving.OpenAIServing`: the
 prompt rendered from the messages by the model's chat template, and choices shaped as
-messages or deltas, with tool calls parsed out of the text.
+messages or deltas, with tool calls parsed out of the text. With a reasoning parser
+(:mod:`tallow.server.reasoning`) the text is first split into ``reasoning_content`` and content,
+and tool calls are parsed from the content only.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from tallow.engine.sampling.params import SamplingParams
 from tallow.plugin import GrammarSpec
 from tallow.plugin.tool_parsing import StreamDelta
 
-from .errors import invalid
+from .errors import invalid, unsupported
 from .logprobs import chat_logprobs
 from .messages import normalize_messages
 from .protocol import ChatCompletionRequest
+from .reasoning import ChoiceReasoning
 from .sampling import resolve_max_tokens
 from .serving import Choice, Item, OpenAIServing, Starter, Usage, single_stream
 from .state import ServerState
@@ -32,11 +35,14 @@ _RESERVED_TEMPLATE_KEYS = {"chat_template", "messages", "tools", "add_generation
 
 
 class _Choice:
-    """Bookkeeping of one of the ``n`` choices: the text given to its tool parser so far and
-    the parser's latest delta, the tokens whose logprobs were sent, whether it has ended."""
+    """Bookkeeping of one of the ``n`` choices: the text given to its reasoning and tool
+    parsers so far, the reasoning not yet sent and the tool parser's latest delta, the tokens
+    whose logprobs were sent, whether it has ended."""
 
-    def __init__(self, tools: ChoiceTools) -> None:
+    def __init__(self, tools: ChoiceTools, reasoning: ChoiceReasoning) -> None:
         self.tools = tools
+        self.reasoning = reasoning
+        self.reasoning_delta = ""
         self.text_len = 0
         self.delta: StreamDelta | None = None
         self.tokens = 0
@@ -78,11 +84,19 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         self.state.check_fanout(1, self.req.n or 1)
         if messages is None:
             messages = normalize_messages(self.req.messages)
-        kwargs = self.req.chat_template_kwargs or {}
+        kwargs = dict(self.req.chat_template_kwargs or {})
         for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
             # the template is the model's: a request may pass variables, not replace it
             raise invalid(f"chat_template_kwargs.{key}", f"Invalid value for "
                           f"'chat_template_kwargs': {key!r} cannot be set by a request.")
+        effort = self.req.reasoning_effort
+        if effort is not None:
+            template = getattr(self.state.tokenizer, "chat_template", None)
+            if not isinstance(template, str) or "reasoning_effort" not in template:
+                raise unsupported("reasoning_effort", "the served model does not reason")
+            if not isinstance(effort, str):
+                raise invalid("reasoning_effort", "'reasoning_effort' must be a string.")
+            kwargs.setdefault("reasoning_effort", effort)
         prompt = await self.state.render_chat(messages, self.plan.prompt_tools, kwargs=kwargs)
         prompt += self.plan.prompt_suffix
         ids = await self.state.encode(prompt, add_special_tokens=False)
@@ -121,14 +135,19 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         """Give each choice's new text to its tool parser."""
         _, out = item
         if not self._choices:
-            self._choices = [_Choice(self.plan.choice()) for _ in out.outputs]
+            parser = self.state.reasoning.parser
+            self._choices = [_Choice(self.plan.choice(), ChoiceReasoning(parser))
+                             for _ in out.outputs]
         for o in out.outputs:
             c = self._choices[o.index]
             if c.finished:
                 continue
             new_text = o.text[c.text_len:]
             c.text_len = len(o.text)
-            c.delta = c.tools.feed(new_text) if new_text else None
+            split = c.reasoning.feed(new_text) if new_text else None
+            if split is not None:
+                c.reasoning_delta += split.reasoning
+            c.delta = c.tools.feed(split.content) if split and split.content else None
 
     def can_stop(self) -> bool:
         return all(c.finished or c.tools.complete for c in self._choices)
@@ -152,10 +171,14 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     def choices(self) -> list[Choice]:
         result: list[Choice] = []
         for o in self.latest[0].outputs:
-            tools = self._choices[o.index].tools
-            final = tools.final(o.text)
+            choice = self._choices[o.index]
+            tools = choice.tools
+            split = choice.reasoning.split(o.text)
+            final = tools.final(split.content)
             message: dict[str, object] = {"role": "assistant", "content": final.content,
                                        "refusal": None}
+            if self._shows_reasoning():
+                message["reasoning_content"] = split.reasoning or None
             if final.tool_calls:
                 message["tool_calls"] = [
                     {"id": c.id, "type": "function",
@@ -167,6 +190,11 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             result.append({"index": o.index, "message": message, "logprobs": logprobs,
                            "finish_reason": self.tool_finish_reason(o, final, tools)})
         return result
+
+    def _shows_reasoning(self) -> bool:
+        """Whether responses carry ``reasoning_content``: a reasoning parser is configured and
+        the request did not turn it off (``include_reasoning: false``)."""
+        return self.state.reasoning.parser is not None and self.req.include_reasoning is not False
 
     # -- stream -------------------------------------------------------------------------
     def choice_chunks(self, item: Item, usage: Usage | None) -> list[str]:
@@ -197,7 +225,16 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         pieces = [delta] if delta else []
         ending = o.finished or force
         if ending:
+            rest = c.reasoning.finish()
+            c.reasoning_delta += rest.reasoning
+            if rest.content:
+                more = c.tools.feed(rest.content)
+                pieces += [more] if more else []
             pieces += c.tools.finish()
+        thought, c.reasoning_delta = c.reasoning_delta, ""
+        if thought and self._shows_reasoning():
+            chunks.append(self.chunk([{"index": o.index, "delta": {"reasoning_content": thought},
+                                       "logprobs": None, "finish_reason": None}], usage))
         for i, piece in enumerate(pieces):
             chunks.append(self.chunk([{"index": o.index, "delta": _delta_dict(piece),
                                        "logprobs": logprobs if i == 0 else None,

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tallow.plugin import SelectionError, select, serving
+from tallow.plugin import Entry, Registry, SelectionError, select, serving
 from tallow.plugin.tool_parsing import ToolParser, template_match
 
 if TYPE_CHECKING:
@@ -44,6 +44,18 @@ class ToolParsing:
         return {"tool_parser": self.name, "fallbacks": [name for name, _ in self.fallbacks]}
 
 
+def named_entry(registry: Registry | None, config: TallowConfig | None, name: str, flag: str,
+                what: str, error: type[RuntimeError]) -> Entry:
+    """The component ``name`` of ``registry`` as the setting behind ``flag`` names it; raises
+    ``error`` naming the flag, and the registered names, when it cannot be used."""
+    if registry is None:
+        raise error(f"{flag} {name!r}: no plugin manager, so no {what} is registered")
+    try:
+        return select(registry, config, name)
+    except SelectionError as exc:
+        raise error(f"{flag} {name!r}: {exc}") from None
+
+
 def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None) -> ToolParsing:
     """The tool parsers for ``engine``'s model (see the module docstring): the primary is
     chosen by :func:`tallow.plugin.select`, the fallbacks are the other parsers it would serve
@@ -52,13 +64,8 @@ def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None)
     registry = getattr(getattr(pm, "registries", None), "tool_parsers", None)
     name = getattr(getattr(config, "server", None), "tool_parser", "auto") or "auto"
     if name != "auto":
-        if registry is None:
-            raise ToolParserError(f"--tool-parser {name!r}: no plugin manager, so no tool "
-                                  "parser is registered")
-        try:
-            entry = select(registry, config, name)
-        except SelectionError as exc:
-            raise ToolParserError(f"--tool-parser {name!r}: {exc}") from None
+        entry = named_entry(registry, config, name, "--tool-parser", "tool parser",
+                            ToolParserError)
         return ToolParsing(name, entry.load())
     if registry is None:
         return ToolParsing()

@@ -95,6 +95,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     chat_template_kwargs: dict[str, Any] | None = None
+    #: with a reasoning parser: false leaves reasoning_content out of the response
+    include_reasoning: bool | None = True
     #: tallow extension: run the server's own tools in a loop (None: server.server_tools)
     server_tools: bool | None = None
 
@@ -105,6 +107,7 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: object = None
     functions: object = None
     function_call: object = None
+    #: passed to a chat template that uses it; refused otherwise (see ChatCompletion.prepare)
     reasoning_effort: object = None
     store: bool | None = None
     service_tier: str | None = None
@@ -304,8 +307,6 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         if req.function_call is not None:
             raise unsupported("function_call",
                               "use 'tool_choice' instead of the legacy 'function_call'")
-        if req.reasoning_effort is not None:
-            raise unsupported("reasoning_effort", "the served model does not reason")
         if req.store:
             raise unsupported("store", "tallow does not store completions")
         if req.top_logprobs is not None and not req.logprobs:

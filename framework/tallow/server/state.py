@@ -22,6 +22,7 @@ from tallow.engine.tokenizer import Tokenizer
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
+from .reasoning import ReasoningParsing
 from .served import ServedEngine
 from .tool_providers import ToolProviders
 
@@ -44,11 +45,13 @@ def _setting(config: TallowConfig | None, section: str, name: str, default: _T) 
 class ServerState:
     """Shared by the endpoints of one app. ``config`` may be None (defaults everywhere);
     ``tool_parsing`` is the server's :class:`~tallow.server.parsers.ToolParsing`,
-    ``tool_providers`` its :class:`~tallow.server.tool_providers.ToolProviders`."""
+    ``tool_providers`` its :class:`~tallow.server.tool_providers.ToolProviders`, ``reasoning``
+    its :class:`~tallow.server.reasoning.ReasoningParsing` (default: no reasoning parser)."""
 
     def __init__(self, engine: ServedEngine, config: TallowConfig | None = None,
                  tool_parsing: ToolParsing | None = None,
-                 tool_providers: ToolProviders | None = None) -> None:
+                 tool_providers: ToolProviders | None = None,
+                 reasoning: ReasoningParsing | None = None) -> None:
         self.engine = engine
         self.config = config
         self.model_name: str = engine.model_name
@@ -57,6 +60,7 @@ class ServerState:
         self.metrics = ServerMetrics(engine.stats, self.model_name)
         self.tool_parsing = tool_parsing or ToolParsing()
         self.tool_providers = tool_providers or ToolProviders()
+        self.reasoning = reasoning or ReasoningParsing()
         #: the engine's grammar side (tallow.engine.sampling.StructuredOutputs), None when it
         #: cannot constrain outputs
         self.structured: StructuredOutputs | None = getattr(engine, "structured", None)

@@ -46,6 +46,7 @@ _LAZY = {
     "AttentionBackendConformance": "attention",
     "KVCodecConformance": "kv_codec",
     "ToolParserConformance": "tool_parser",
+    "ReasoningParserConformance": "reasoning_parser",
     "WeightFormatConformance": "weight_format",
     "WrittenCheckpoint": "weight_format",
     "QuantSchemeConformance": "quant",
