@@ -3,7 +3,8 @@
 It uses tallow's real ``Tokenizer`` (over a byte-level BPE of 256 byte tokens plus the Qwen chat
 markers, with the real Qwen2.5 chat template), the real ``SamplingParams`` and output classes,
 and scripted model text instead of a network: ``script(prompt_text, params, index) -> str``.
-Each step appends one token to every unfinished completion; the end of the script is the EOS
+Each step appends one token to every unfinished completion (text detokenized as the request's
+``skip_special_tokens`` says); the end of the script is the EOS
 token (in ``token_ids``, not in the text, ``stop_reason`` None), as the real engine ends. KV
 blocks, admission, the waiting queue and aborts are accounted like the real engine does, so
 tests can see that a client which disconnects frees its blocks.
@@ -60,8 +61,10 @@ QWEN_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def byte_tokenizer() -> Tokenizer:
-    """tallow's Tokenizer over a byte-level BPE: one token per byte, ids 0..255, then SPECIALS."""
+def byte_tokenizer(specials: list[str] | None = None, template: str = QWEN_TEMPLATE,
+                   eos_token: str = "<|im_end|>") -> Tokenizer:
+    """tallow's Tokenizer over a byte-level BPE: one token per byte, ids 0..255, then
+    ``specials`` (default: SPECIALS), with ``template`` as its chat template."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     byte_map = _bytes_to_unicode()
     vocab = {byte_map[b]: b for b in range(256)}
@@ -69,8 +72,8 @@ def byte_tokenizer() -> Tokenizer:
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens(SPECIALS)
-    config = {"chat_template": QWEN_TEMPLATE, "eos_token": "<|im_end|>",
+    hf.add_special_tokens(specials or SPECIALS)
+    config = {"chat_template": template, "eos_token": eos_token,
               "pad_token": "<|endoftext|>", "add_bos_token": False}
     return Tokenizer(hf, config)
 
@@ -217,7 +220,8 @@ class FakeEngine:
                     if eos and not params.ignore_eos:
                         out.finish_reason = "stop"  # stop_reason None: EOS, as the engine says
                         continue
-                    text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                    text = self.tokenizer.decode(out.token_ids, skip_special_tokens=bool(
+                        params.skip_special_tokens))
                     text = text.rstrip("\ufffd")
                     for stop in params.stop:
                         at = text.find(stop)

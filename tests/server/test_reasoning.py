@@ -147,3 +147,17 @@ def test_unknown_reasoning_parser_fails_at_start_up(plugin_manager) -> None:
         build_app(engine(plugin_manager, ANSWER), make_config(reasoning_parser="nope"))
     assert "nope" in str(err.value) and "think" in str(err.value)
     assert "deepseek_r1" in str(err.value)
+
+
+def test_reasoning_parser_chosen_from_the_template(serve, plugin_manager) -> None:
+    fake = engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}")
+    fake.tokenizer.tokenizer_config["chat_template"] = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+        "{% endif %}")
+    client = serve(fake)
+    assert client.get("/v1/plugins").json()["selected"]["reasoning_parser"] == "think"
+    message = whole(client)["message"]
+    assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+    off = serve(fake, reasoning_parser="none")
+    assert whole(off)["message"]["content"] == f"<think>{THOUGHT}</think>{ANSWER}"

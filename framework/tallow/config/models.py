@@ -256,8 +256,9 @@ class ServerConfig(Section):
     tool_parser: str = Field("auto", description="Name of the tool-call parser; auto picks the "
                              "one that matches the model and its chat template.")
     reasoning_parser: str = Field(
-        "", description="Name of the reasoning parser that splits chat output into "
-        "reasoning_content and content (think, deepseek_r1, ...); empty: none.")
+        "auto", description="Name of the reasoning parser that splits chat output into "
+        "reasoning_content and content (think, deepseek_r1, harmony, ...); auto picks the one "
+        "that matches the model and its chat template, none turns it off.")
     max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
                            "running) before it answers 503.")
     max_sequences_per_request: int = Field(

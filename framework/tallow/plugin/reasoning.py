@@ -4,7 +4,9 @@ machinery shared by parsers that delimit reasoning with tags.
 The contract is :class:`ReasoningParser`: ``parse(text)`` splits a whole response into its
 reasoning and its content; ``stream()`` returns a fresh :class:`ReasoningStream` whose deltas,
 concatenated, equal ``parse``'s result for any split of the text into chunks (a tag split across
-chunks included). The server names one with ``server.reasoning_parser``; none is used by default.
+chunks included). The server uses the one ``server.reasoning_parser`` names, or else, by
+default, the highest-priority parser whose ``matches(model_name, chat_template)`` is true, the
+rule tool parsers follow (``none`` turns reasoning parsing off).
 """
 
 from __future__ import annotations
@@ -39,7 +41,19 @@ class ReasoningParser(Component):
     into chunks, the reasoning parts of the stream's deltas (``finish`` included) concatenate to
     ``parse(text).reasoning`` and the content parts to ``parse(text).content``; the delimiting
     markup appears in neither. A response without reasoning markup is all content.
+
+    ``matches`` decides automatic selection from the model name and chat template (the highest
+    ``priority`` parser that matches is used, as for tool parsers); ``reads_special_tokens``
+    says that the parser's markup consists of the tokenizer's special tokens, so the server
+    keeps them in the text it gives the parser (it skips them otherwise).
     """
+
+    priority: ClassVar[int] = 0
+    reads_special_tokens: ClassVar[bool] = False
+
+    @classmethod
+    def matches(cls, model_name: str, chat_template: str | None) -> bool:
+        return False
 
     def parse(self, text: str) -> ReasoningSplit:
         if not isinstance(text, str):

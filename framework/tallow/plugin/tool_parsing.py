@@ -115,9 +115,14 @@ class ToolParser(Component):
     ``call_closing`` is the text that ends such a call (``"\\n</tool_call>"`` for hermes; empty
     when the object's end is the call's end): a call whose JSON object was constrained by a
     grammar is written ``call_opening + object + call_closing`` and parsed by the parser.
+
+    ``reads_special_tokens`` says that the format's markup consists of the tokenizer's special
+    tokens (harmony's ``<|call|>``, say): the server then keeps them in the text it gives the
+    parser (it skips them otherwise).
     """
 
     priority: ClassVar[int] = 0
+    reads_special_tokens: ClassVar[bool] = False
     call_opening: ClassVar[str] = ""
     call_closing: ClassVar[str] = ""
 

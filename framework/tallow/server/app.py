@@ -281,8 +281,10 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
     ``tool_providers`` is the tools the server runs itself (None: every registered tool
     provider that has something to offer under ``config``); the lifespan starts and stops them.
     ``reasoning`` is the reasoning parser (None: the one ``config.server.reasoning_parser``
-    names, by :func:`tallow.server.reasoning.choose_reasoning_parser`, which raises
-    :class:`tallow.server.reasoning.ReasoningParserError` for an unknown name; none if empty).
+    names, or for ``auto`` the one matching the model, by
+    :func:`tallow.server.reasoning.choose_reasoning_parser`, which raises
+    :class:`tallow.server.reasoning.ReasoningParserError` for an unknown name; none for
+    ``none``).
     With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
     """
     if tool_parsing is None:

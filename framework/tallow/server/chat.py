@@ -108,7 +108,21 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
                                         "messages", param)
         spec = await self._output_constraint()
         params = self.sampling_params(max_tokens, self.top, structured_outputs=spec)
+        if self.keeps_special_tokens():
+            params.skip_special_tokens = False
         return ids, params, prompt
+
+    def keeps_special_tokens(self) -> bool:
+        """Whether the output is detokenized with its special tokens: a parser that reads this
+        request's output declares ``reads_special_tokens`` (harmony's markup is made of them).
+        The reasoning parser reads every response; the tool parsers read it when the request
+        uses tools. This overrides the request's ``skip_special_tokens``, which the parser's
+        markup would otherwise lose; the parsers keep that markup out of the content."""
+        parsers: list[type[object] | None] = [self.state.reasoning.parser]
+        if self.plan.mode != "none":
+            parsers += [self.plan.parser_cls, *self.plan.fallback_cls]
+        return any(bool(getattr(p, "reads_special_tokens", False)) for p in parsers
+                   if p is not None)
 
     async def _output_constraint(self) -> GrammarSpec | None:
         """The GrammarSpec the output must match (compiled already), or None: a forced tool
@@ -177,7 +191,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             final = tools.final(split.content)
             message: dict[str, object] = {"role": "assistant", "content": final.content,
                                        "refusal": None}
-            if self._shows_reasoning():
+            if self.shows_reasoning():
                 message["reasoning_content"] = split.reasoning or None
             if final.tool_calls:
                 message["tool_calls"] = [
@@ -191,7 +205,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
                            "finish_reason": self.tool_finish_reason(o, final, tools)})
         return result
 
-    def _shows_reasoning(self) -> bool:
+    def shows_reasoning(self) -> bool:
         """Whether responses carry ``reasoning_content``: a reasoning parser is configured and
         the request did not turn it off (``include_reasoning: false``)."""
         return self.state.reasoning.parser is not None and self.req.include_reasoning is not False
@@ -232,7 +246,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
                 pieces += [more] if more else []
             pieces += c.tools.finish()
         thought, c.reasoning_delta = c.reasoning_delta, ""
-        if thought and self._shows_reasoning():
+        if thought and self.shows_reasoning():
             chunks.append(self.chunk([{"index": o.index, "delta": {"reasoning_content": thought},
                                        "logprobs": None, "finish_reason": None}], usage))
         for i, piece in enumerate(pieces):

@@ -7,7 +7,11 @@ What the template receives:
 - ``developer`` messages are rendered as ``system`` (chat templates know no developer role);
 - assistant ``tool_calls[].function.arguments`` are parsed from JSON text into objects, because
   templates serialize them themselves (``arguments | tojson``);
-- ``tool`` messages keep ``tool_call_id`` (and ``name`` when given).
+- ``tool`` messages keep ``tool_call_id`` (and ``name`` when given);
+- an assistant message's reasoning (``reasoning_content``, the field tallow's responses carry)
+  is given to the template as ``reasoning_content`` (Qwen3's templates read it) and, when the
+  message has no content, also as ``thinking`` (gpt-oss's template reads that, and refuses a
+  tool-call message that has both content and ``thinking``).
 
 Image, audio and file content parts, the legacy ``function`` role and an assistant's legacy
 ``function_call`` are refused with a 400 naming the field.
@@ -93,6 +97,17 @@ def _tool_calls(calls: object, where: str) -> list[dict[str, object]]:
     return out
 
 
+def reasoning_fields(reasoning: str | None, content: object) -> dict[str, str]:
+    """The keys that carry an assistant message's ``reasoning`` to chat templates (see the
+    module docstring); none without reasoning."""
+    if not reasoning:
+        return {}
+    fields = {"reasoning_content": reasoning}
+    if not content:
+        fields["thinking"] = reasoning
+    return fields
+
+
 def normalize_messages(messages: Sequence[object], param: str = "messages"
                        ) -> list[dict[str, object]]:
     """Check ``messages`` and return them in the form the chat template expects."""
@@ -123,6 +138,11 @@ def normalize_messages(messages: Sequence[object], param: str = "messages"
                 norm["content"] = text or None
             else:
                 norm["content"] = text or ""
+            thought = msg.get("reasoning_content")
+            if thought is not None and not isinstance(thought, str):
+                raise invalid(f"{at}.reasoning_content", f"Invalid value for "
+                              f"'{at}.reasoning_content': expected a string.")
+            norm.update(reasoning_fields(thought, norm["content"]))
         else:
             norm["content"] = _text_of(msg.get("content"), f"{at}.content")
         if role == "tool":

@@ -56,6 +56,19 @@ def named_entry(registry: Registry | None, config: TallowConfig | None, name: st
         raise error(f"{flag} {name!r}: {exc}") from None
 
 
+def matching(registry: Registry, config: TallowConfig | None, engine: ServedEngine, what: str,
+             otherwise: str) -> list[Entry]:
+    """The parsers of ``registry`` whose ``matches(model_name, chat_template)`` claims
+    ``engine``'s model, highest priority first (:func:`tallow.plugin.serving`); when none does,
+    logs that, and ``otherwise`` (what it means)."""
+    template = getattr(engine.tokenizer, "chat_template", None)
+    fitting = serving(registry, config, check=template_match(engine.model_name, template))
+    if not fitting:
+        log.info("%s: none of %s matches %s; %s", what, registry.names() or "[]",
+                 engine.model_name, otherwise)
+    return fitting
+
+
 def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None) -> ToolParsing:
     """The tool parsers for ``engine``'s model (see the module docstring): the primary is
     chosen by :func:`tallow.plugin.select`, the fallbacks are the other parsers it would serve
@@ -69,11 +82,8 @@ def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None)
         return ToolParsing(name, entry.load())
     if registry is None:
         return ToolParsing()
-    template = getattr(engine.tokenizer, "chat_template", None)
-    fitting = serving(registry, config, check=template_match(engine.model_name, template))
+    fitting = matching(registry, config, engine, "tool parser", "tool calling is off")
     if not fitting:
-        log.info("tool parser: none of %s matches %s; tool calling is off",
-                 registry.names() or "[]", engine.model_name)
         return ToolParsing()
     first, rest = fitting[0], tuple((e.name, e.load()) for e in fitting[1:])
     log.info("tool parser: chose %r for %s%s", first.name, engine.model_name,

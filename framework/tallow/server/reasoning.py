@@ -1,26 +1,35 @@
 """Reasoning output of chat completions: the server's reasoning parser, chosen once at start-up,
 and its use on one choice.
 
-``server.reasoning_parser`` names a registered :class:`tallow.plugin.ReasoningParser`
-(``--reasoning-parser``); empty (the default) means none, and responses are as without reasoning
-support. An unknown name fails start-up listing the registered names. With a parser, a choice's
-text is split into reasoning (``message.reasoning_content``, streamed as
-``delta.reasoning_content``) and content, and tool calls are parsed from the content only.
+``server.reasoning_parser`` (``--reasoning-parser``) names a registered
+:class:`tallow.plugin.ReasoningParser`; an unknown name fails start-up listing the registered
+names. ``auto`` (the default) takes the highest-priority parser whose ``matches(model_name,
+chat_template)`` is true — the rule, and the owner of the decision, that tool parsers have
+(:mod:`.parsers`): the parser recognises its model's template — and none when no parser matches.
+``none`` (or empty) turns reasoning parsing off, and responses are as without reasoning support.
+With a parser, a choice's text is split into reasoning (``message.reasoning_content``, streamed
+as ``delta.reasoning_content``) and content, and tool calls are parsed from the content only.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tallow.plugin import ReasoningParser, ReasoningSplit, ReasoningStream
 
-from .parsers import named_entry
+from .parsers import matching, named_entry
 
 if TYPE_CHECKING:
     from tallow.config import TallowConfig
 
     from .served import ServedEngine
+
+log = logging.getLogger("tallow.server")
+
+#: settings that turn reasoning parsing off
+OFF = ("", "none")
 
 
 class ReasoningParserError(RuntimeError):
@@ -40,16 +49,27 @@ class ReasoningParsing:
 
 def choose_reasoning_parser(engine: ServedEngine,
                             config: TallowConfig | None = None) -> ReasoningParsing:
-    """The parser ``config.server.reasoning_parser`` names (none when empty); raises
-    :class:`ReasoningParserError` naming the registered parsers when it is unknown."""
-    name = getattr(getattr(config, "server", None), "reasoning_parser", "") or ""
-    if not name:
+    """The parser ``config.server.reasoning_parser`` names, or for ``auto`` the one that matches
+    ``engine``'s model and chat template (see the module docstring); raises
+    :class:`ReasoningParserError` naming the registered parsers when a name is unknown."""
+    server = getattr(config, "server", None)
+    name = str(getattr(server, "reasoning_parser", "auto") if server is not None else "auto")
+    if name.strip().lower() in OFF:
         return ReasoningParsing()
     pm = getattr(engine, "plugin_manager", None)
     registry = getattr(getattr(pm, "registries", None), "reasoning_parsers", None)
-    entry = named_entry(registry, config, name, "--reasoning-parser", "reasoning parser",
-                        ReasoningParserError)
-    return ReasoningParsing(name, entry.load())
+    if name != "auto":
+        entry = named_entry(registry, config, name, "--reasoning-parser", "reasoning parser",
+                            ReasoningParserError)
+        return ReasoningParsing(name, entry.load())
+    if registry is None:
+        return ReasoningParsing()
+    fitting = matching(registry, config, engine, "reasoning parser",
+                       "reasoning stays in the content")
+    if not fitting:
+        return ReasoningParsing()
+    log.info("reasoning parser: chose %r for %s", fitting[0].name, engine.model_name)
+    return ReasoningParsing(fitting[0].name, fitting[0].load())
 
 
 class ChoiceReasoning:

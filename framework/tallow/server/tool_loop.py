@@ -11,6 +11,13 @@ have run and the model still calls one (those calls are not run, they are report
 and ``finish_reason`` is ``"length"``). A response that calls provided and client tools
 together runs the provided ones and then returns the client's.
 
+With a reasoning parser (:mod:`.reasoning`), each round's output is split first: its reasoning
+is reported as ``reasoning_content`` (of the message, all rounds together; of the deltas, as it
+is generated), tool calls are parsed from the content only, and the assistant message of a round
+that ran calls carries its reasoning into the next round's prompt (as ``reasoning_content``,
+and ``thinking`` when it has no content; :func:`.messages.reasoning_fields`), since a model that
+calls tools while it reasons continues from that reasoning.
+
 A failed call (the provider says so, it raised, it timed out) is a tool result the model sees,
 marked as an error; it never fails the request. Each run call is reported in the extension
 field ``server_tool_calls`` — of the message in a whole response, of the deltas in a stream,
@@ -39,8 +46,9 @@ from tallow.plugin.tool_parsing import StreamDelta, ToolCall, ToolCallDelta
 from .chat import ChatCompletion, _delta_dict
 from .errors import APIError, invalid
 from .generation import aclose_quietly, first_output, run_generation, unless_disconnected
-from .messages import normalize_messages
+from .messages import normalize_messages, reasoning_fields
 from .protocol import ChatCompletionRequest
+from .reasoning import ChoiceReasoning
 from .serving import Choice, Usage
 from .sse import DONE, StreamSession
 from .served import EngineStream
@@ -97,6 +105,11 @@ class Content:
 
 
 @dataclass
+class Reasoning:
+    text: str
+
+
+@dataclass
 class CallStarted:
     entry: dict[str, object]  # index, id, type, function {name, arguments}, provider, round
 
@@ -114,7 +127,7 @@ class End:
     client_calls: list[ToolCall] = field(default_factory=list)
 
 
-Event = Union[Content, CallStarted, CallEnded, End]
+Event = Union[Content, Reasoning, CallStarted, CallEnded, End]
 
 
 def call_index(entry: dict[str, object]) -> int:
@@ -187,15 +200,21 @@ class ToolLoop:
         output is ``first``); every later round's stream is opened and closed here."""
         while True:
             choice = self.handler.plan.choice()
+            thinking = ChoiceReasoning(self.state.reasoning.parser)
             written = ""  # this round's content
-            fed = 0  # characters of the output given to the parser
+            thought = ""  # this round's reasoning
+            fed = 0  # characters of the output given to the parsers
             out = first
             try:
                 while True:
                     o = out.outputs[0]
                     self.handler.timer.tokens(self.completion_tokens + len(o.token_ids))
                     new, fed = o.text[fed:], len(o.text)
-                    delta = choice.feed(new) if new else None
+                    split = thinking.feed(new) if new else None
+                    if split is not None and split.reasoning:
+                        thought += split.reasoning
+                        yield Reasoning(split.reasoning)
+                    delta = choice.feed(split.content) if split and split.content else None
                     if delta is not None and delta.content:
                         written += delta.content
                         yield Content(delta.content)
@@ -210,7 +229,12 @@ class ToolLoop:
             o = out.outputs[0]
             self.completion_tokens += len(o.token_ids)
             self.cached_tokens += int(out.num_cached_tokens or 0)
-            pieces = choice.finish()
+            last = thinking.finish()
+            if last.reasoning:
+                thought += last.reasoning
+                yield Reasoning(last.reasoning)
+            pieces = [choice.feed(last.content)] if last.content else []
+            pieces += choice.finish()
             rest = "".join(p.content for p in pieces if p.content)
             if rest:
                 written += rest
@@ -228,7 +252,7 @@ class ToolLoop:
                 yield End("length")
                 return
             self.rounds += 1
-            async for event in self._run_calls(mine, written):
+            async for event in self._run_calls(mine, written, thought):
                 yield event
             if theirs:
                 yield End("tool_calls", theirs)
@@ -246,9 +270,10 @@ class ToolLoop:
         self._reported += 1
         return entry
 
-    async def _run_calls(self, calls: list[ToolCall], content: str) -> AsyncIterator[Event]:
+    async def _run_calls(self, calls: list[ToolCall], content: str, reasoning: str
+                         ) -> AsyncIterator[Event]:
         """Run this round's calls to provided tools (concurrently), report them, and append
-        them and their results to the conversation."""
+        them (with the round's content and reasoning) and their results to the conversation."""
         entries = [self._entry(call, self.rounds) for call in calls]
         for entry in entries:
             yield CallStarted(entry)
@@ -267,7 +292,8 @@ class ToolLoop:
                               "tool_calls": [{"id": c.id, "type": "function",
                                               "function": {"name": c.name,
                                                            "arguments": json.loads(c.arguments)}}
-                                             for c in calls]})
+                                             for c in calls],
+                              **reasoning_fields(reasoning, content)})
         for call, result in zip(calls, results):
             # Chat templates have no error flag for tool results: the text says it.
             text = f"Error: {result.content}" if result.is_error else result.content
@@ -318,25 +344,29 @@ class ToolLoop:
     # -- whole response -------------------------------------------------------------------
     async def respond(self, request: Request, gen: EngineStream,
                       first: RequestOutput) -> Response:
-        async def collect() -> tuple[str, list[dict[str, object]], End]:
-            content = ""
+        async def collect() -> tuple[str, str, list[dict[str, object]], End]:
+            content = reasoning = ""
             entries: list[dict[str, object]] = []
             end = End("stop")
             async for event in self.events(gen, first):
                 if isinstance(event, Content):
                     content += event.text
+                elif isinstance(event, Reasoning):
+                    reasoning += event.text
                 elif isinstance(event, CallStarted):
                     entries.append(dict(event.entry))
                 elif isinstance(event, CallEnded):
                     entries[event.index]["result"] = event.result
                 else:
                     end = event
-            return content, entries, end
+            return content, reasoning, entries, end
 
-        content, entries, end = await unless_disconnected(request, collect())
+        content, reasoning, entries, end = await unless_disconnected(request, collect())
         message: dict[str, object] = {"role": "assistant",
                                    "content": content if content or not end.client_calls
                                    else None, "refusal": None}
+        if self.handler.shows_reasoning():
+            message["reasoning_content"] = reasoning or None
         if end.client_calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}}
@@ -361,6 +391,9 @@ class ToolLoop:
         async for event in self.events(gen, first):
             if isinstance(event, Content):
                 yield chunk({"content": event.text})
+            elif isinstance(event, Reasoning):
+                if h.shows_reasoning():
+                    yield chunk({"reasoning_content": event.text})
             elif isinstance(event, CallStarted):
                 yield chunk({EXTENSION_FIELD: [event.entry]})
             elif isinstance(event, CallEnded):

@@ -7,5 +7,8 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_reasoning_parsers(registry) -> None:
-    registry.register("think", "tallow_reasoning_think.parser:ThinkReasoningParser")
-    registry.register("deepseek_r1", "tallow_reasoning_think.parser:OpenThinkReasoningParser")
+    # deepseek_r1 is asked first: its templates contain <think> too, but open it in the prompt.
+    registry.register("think", "tallow_reasoning_think.parser:ThinkReasoningParser",
+                      priority=50)
+    registry.register("deepseek_r1", "tallow_reasoning_think.parser:OpenThinkReasoningParser",
+                      priority=60)
