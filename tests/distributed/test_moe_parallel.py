@@ -1,0 +1,91 @@
+"""Mixture-of-experts models over two ranks (CPU, float32, gloo) through ``LLM`` give the
+tokens and log-probabilities of one rank: tensor parallelism (every expert split along its
+intermediate size) and expert parallelism (``enable_expert_parallel``: whole experts per rank,
+tokens exchanged by all-to-all). Families: Qwen3-MoE, Qwen2-MoE (a shared expert behind a
+sigmoid gate) and Mixtral; the tight budgets of ``tp_cases.TIGHT`` force chunked prefill,
+prefix-cache hits and preemption on every rank."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from tiny_models import save_tiny
+from tp_cases import TIGHT, one_thread, run_case, standard_waves
+from tp_processes import run_driver
+
+pytestmark = pytest.mark.slow
+
+MOE_PLUGINS = ["tallow-model-qwen-moe", "tallow-model-mixtral"]
+#: 8 experts, top-2: over two ranks each holds 4 under expert parallelism
+FAMILIES = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      norm_topk_prob=True, head_dim=16),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("moe-models")
+    return {family: str(save_tiny(root / family, family, **overrides))
+            for family, overrides in FAMILIES.items()}
+
+
+def _waves() -> list[list[dict[str, Any]]]:
+    """The standard waves with the top-5 log-probabilities of every greedy token: the logits
+    compared within float32 tolerance, beside the tokens themselves."""
+    waves = standard_waves()
+    for wave in waves:
+        for request in wave:
+            if request["params"].get("temperature") == 0.0 and "logprobs" not in \
+                    request["params"]:
+                request["params"] = {**request["params"], "logprobs": 5}
+    return waves
+
+
+def _cases(checkpoints: dict[str, str]) -> list[dict[str, Any]]:
+    cases = []
+    for family, path in checkpoints.items():
+        for mode, expert_parallel in (("tp", False), ("ep", True)):
+            cases.append({"name": f"{family}-{mode}", "model": path, "plugins": MOE_PLUGINS,
+                          "waves": _waves(),
+                          "settings": {**TIGHT, "enable_expert_parallel": expert_parallel}})
+    return cases
+
+
+def _assert_same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    assert "error" not in got, f"{what}: {got['error']}"
+    assert "error" not in want, f"{what} (reference): {want['error']}"
+    compared = 0
+    for i, (g, w) in enumerate(zip(got["results"], want["results"], strict=True)):
+        assert g["tokens"] == w["tokens"], f"{what}, request {i}"
+        for key in ("logprobs", "prompt_logprobs"):
+            assert (key in g) == (key in w), f"{what}, request {i}: {key}"
+            for gs, ws in zip(g.get(key, []), w.get(key, []), strict=True):
+                assert (gs is None) == (ws is None)
+                if gs is not None:
+                    assert gs.keys() == ws.keys(), f"{what}, request {i}: {key}"
+                    for t in gs:
+                        assert math.isclose(gs[t], ws[t], abs_tol=1e-4), \
+                            f"{what}, request {i}, {key} of token {t}: {gs[t]} vs {ws[t]}"
+                        compared += 1
+    assert compared > 100, f"{what}: only {compared} log-probabilities compared"
+
+
+def test_tensor_and_expert_parallel_equal_one_rank(moe_checkpoints, tmp_path, sessions):
+    cases = _cases(moe_checkpoints)
+    with one_thread():
+        references = {family: run_case({**cases[0], "name": family, "model": path,
+                                        "settings": TIGHT}, 1)
+                      for family, path in moe_checkpoints.items()}
+    results = run_driver(cases, 2, tmp_path, sessions, timeout=400)
+    for family in moe_checkpoints:
+        for mode in ("tp", "ep"):
+            name = f"{family}-{mode}"
+            _assert_same(results[name], references[family], f"{name} over 2 ranks")
+            stats = results[name]["stats"]
+            assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
