@@ -7,12 +7,11 @@ prefix-cache hits and preemption on every rank."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 from tiny_models import save_tiny
-from tp_cases import TIGHT, one_thread, run_case, standard_waves
+from tp_cases import TIGHT, assert_same, one_thread, run_case, standard_waves
 from tp_processes import run_driver
 
 pytestmark = pytest.mark.slow
@@ -57,25 +56,6 @@ def _cases(checkpoints: dict[str, str]) -> list[dict[str, Any]]:
     return cases
 
 
-def _assert_same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
-    assert "error" not in got, f"{what}: {got['error']}"
-    assert "error" not in want, f"{what} (reference): {want['error']}"
-    compared = 0
-    for i, (g, w) in enumerate(zip(got["results"], want["results"], strict=True)):
-        assert g["tokens"] == w["tokens"], f"{what}, request {i}"
-        for key in ("logprobs", "prompt_logprobs"):
-            assert (key in g) == (key in w), f"{what}, request {i}: {key}"
-            for gs, ws in zip(g.get(key, []), w.get(key, []), strict=True):
-                assert (gs is None) == (ws is None)
-                if gs is not None:
-                    assert gs.keys() == ws.keys(), f"{what}, request {i}: {key}"
-                    for t in gs:
-                        assert math.isclose(gs[t], ws[t], abs_tol=1e-4), \
-                            f"{what}, request {i}, {key} of token {t}: {gs[t]} vs {ws[t]}"
-                        compared += 1
-    assert compared > 100, f"{what}: only {compared} log-probabilities compared"
-
-
 def test_tensor_and_expert_parallel_equal_one_rank(moe_checkpoints, tmp_path, sessions):
     cases = _cases(moe_checkpoints)
     with one_thread():
@@ -86,6 +66,7 @@ def test_tensor_and_expert_parallel_equal_one_rank(moe_checkpoints, tmp_path, se
     for family in moe_checkpoints:
         for mode in ("tp", "ep"):
             name = f"{family}-{mode}"
-            _assert_same(results[name], references[family], f"{name} over 2 ranks")
+            compared = assert_same(results[name], references[family], f"{name} over 2 ranks")
+            assert compared > 100, f"{name}: only {compared} log-probabilities compared"
             stats = results[name]["stats"]
             assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats

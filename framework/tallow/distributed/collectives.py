@@ -3,8 +3,8 @@
 The sharded layers call :func:`all_reduce` (after a row-parallel matmul, a vocabulary-parallel
 lookup, a sharded norm's sum of squares), :func:`all_gather_last_dim` (the LM head's
 vocabulary shards) and :func:`all_to_all` (expert-parallel MoE layers send tokens to the rank
-of their expert and the results back). Every rank runs them in the same order; inside a captured CUDA graph they
-are captured too (NCCL), so a replay runs them as recorded.
+of their expert and the results back). Every rank runs them in the same order; inside a
+captured CUDA graph they are captured too (NCCL), so a replay runs them as recorded.
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ them (the expert ``w2_bias`` is held by rank 0 only, so it is added once). With
 whole on the ranks instead, ``E / tp`` each (their parameters ``[E / tp, ...]``; the loader
 keeps only this rank's experts of a checkpoint), and each rank's share of the tokens travels
 to their experts' ranks and back by all-to-all (:mod:`tallow.layers.moe_dispatch`); the shared
-expert stays split along its intermediate size, and the same one all-reduce ends the block. How the experts are
-stored and run is the :class:`~tallow.layers.MoEMethod` that ``build.quant`` assigns (float
-experts for now; see :mod:`tallow.layers.moe_method`).
+expert stays split along its intermediate size, and the same one all-reduce ends the block.
+
+How the experts are stored and run is the :class:`~tallow.layers.MoEMethod` that
+``build.quant`` assigns (float experts for now; see :mod:`tallow.layers.moe_method`).
 """
 
 from __future__ import annotations
@@ -215,7 +216,6 @@ class FusedMoE(nn.Module):
                              "(shared_intermediate_size)")
         self.router = router
         self.tp_size = build.tp_size
-        self.tp_rank = build.tp_rank
         self.reduce_results = reduce_results
         # the router is small and every rank needs all of its logits: replicated
         self.gate = ReplicatedLinear(hidden_size, num_experts, router_bias, build=build,
@@ -261,15 +261,15 @@ class FusedMoE(nn.Module):
         """This rank's share of the tokens through the experts of every rank
         (:func:`~tallow.layers.moe_dispatch.dispatch_combine`), in a zero ``[T, H]``."""
         tokens = x.shape[0]
-        size = self.experts.placement.size
-        start, end = token_shard(tokens, self.tp_rank, size)
+        placement = self.experts.placement
+        start, end = token_shard(tokens, placement.rank, placement.size)
         weights, ids = self.route(x[start:end])
         # a captured CUDA graph cannot read split sizes on the host: fixed-size exchange
-        capacity = (-(-tokens // size) * self.router.top_k
+        capacity = (-(-tokens // placement.size) * self.router.top_k
                     if x.is_cuda and torch.cuda.is_current_stream_capturing() else None)
         out = x.new_zeros(x.shape)
-        out[start:end] = dispatch_combine(x[start:end], weights, ids, self.experts.placement,
-                                          self.experts, capacity=capacity)
+        out[start:end] = dispatch_combine(x[start:end], weights, ids, placement, self.experts,
+                                          capacity=capacity)
         return out
 
     @staticmethod
