@@ -234,3 +234,12 @@ def test_every_setting_is_documented() -> None:
             assert needle in text, f"docs/configuration.md lacks {needle}"
         if flag:
             assert f"`{flag}`" in text, f"docs/configuration.md lacks {flag}"
+
+
+def test_expert_parallel_flag_keyword_and_environment() -> None:
+    assert load_config([], env={}).parallel.enable_expert_parallel is False
+    assert load_config(["--enable-expert-parallel"], env={}).parallel.enable_expert_parallel
+    env = {"TALLOW_PARALLEL__ENABLE_EXPERT_PARALLEL": "true"}
+    assert load_config([], env=env).parallel.enable_expert_parallel
+    assert not load_config(["--no-enable-expert-parallel"], env=env).parallel \
+        .enable_expert_parallel

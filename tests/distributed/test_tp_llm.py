@@ -9,12 +9,13 @@ logprobs, and an ``n = 2`` fork (copy-on-write of KV blocks on every rank).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 from tp_processes import run_driver
-from tp_cases import TIGHT, one_thread, run_case, standard_waves, token_waves
+from tp_cases import (
+    TIGHT, assert_same, one_thread, run_case, standard_waves, token_waves,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -47,31 +48,18 @@ def references(checkpoints: dict[str, str]) -> dict[str, dict[str, Any]]:
         return {case["name"]: run_case(case, 1) for case in _cases(checkpoints, 2)}
 
 
-def _assert_same(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
-    assert "error" not in got, f"{what}: {got['error']}"
-    for i, (g, w) in enumerate(zip(got["results"], want["results"], strict=True)):
-        assert g["tokens"] == w["tokens"], f"{what}, request {i}"
-        for key in ("logprobs", "prompt_logprobs"):
-            assert (key in g) == (key in w), f"{what}, request {i}: {key}"
-            for gs, ws in zip(g.get(key, []), w.get(key, []), strict=True):
-                assert (gs is None) == (ws is None)
-                if gs is not None:
-                    assert gs.keys() == ws.keys(), f"{what}, request {i}: {key}"
-                    assert all(math.isclose(gs[t], ws[t], abs_tol=1e-4) for t in gs)
-
-
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tokens_equal_tp1(tp: int, checkpoints, references, tmp_path, sessions) -> None:
     results = run_driver(_cases(checkpoints, tp), tp, tmp_path, sessions)
     for name in ("llama", "qwen2", "qwen3"):
-        _assert_same(results[name], references[name], f"{name} TP={tp}")
+        assert_same(results[name], references[name], f"{name} TP={tp}")
         stats = results[name]["stats"]
         # the features the cases are built to exercise did happen under tensor parallelism
         assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
     if tp == 2:
-        _assert_same(results["gguf"], references["gguf"], "GGUF k-quants TP=2")
-        _assert_same(results["long-step"], references["long-step"], "one long step TP=2")
-        _assert_same(results["fp8-kv"], references["fp8-kv"], "fp8 KV cache TP=2")
+        assert_same(results["gguf"], references["gguf"], "GGUF k-quants TP=2")
+        assert_same(results["long-step"], references["long-step"], "one long step TP=2")
+        assert_same(results["fp8-kv"], references["fp8-kv"], "fp8 KV cache TP=2")
     else:
         # ffn_down's 512 Q4_K columns over 4 ranks are 128 each: half a block
         error = results["gguf"]["error"]

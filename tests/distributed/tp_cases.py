@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import time
 from typing import Any, Iterator
@@ -70,6 +71,76 @@ def _summary(output: Any) -> dict[str, Any]:
                                   {str(t): lp.logprob for t, lp in step.items()}
                                   for step in output.prompt_logprobs]
     return out
+
+
+#: bfloat16 on CUDA, room for eight prompts of 16 greedy tokens (the GPU cases)
+GPU = dict(device="cuda", dtype="bfloat16", max_model_len=512, num_blocks=256,
+           max_num_seqs=16)
+#: the decode kernels split keys the same way in a graph and eagerly: bit-identical steps
+FIXED_SPLITS = {"tallow-attention-triton": {"num_splits": 4}}
+GPU_PROMPTS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return",
+               "Paged attention stores keys and values in fixed-size blocks.",
+               "for i in range(10):\n\tprint(i * i)", "Continuous batching lets new requests",
+               "日本語のテキストと emoji 🙂", "café, naïve, über.", "The lazy dog sleeps"]
+
+
+def gpu_case(model: str, name: str, plugins: list[str] | None = None,
+             **settings: Any) -> dict[str, Any]:
+    """A GPU case: :data:`GPU_PROMPTS`, 16 greedy tokens each with logprobs and prompt
+    logprobs, the Triton attention backend with :data:`FIXED_SPLITS`."""
+    greedy = {"max_tokens": 16, "temperature": 0.0, "logprobs": 2, "prompt_logprobs": 1,
+              "ignore_eos": True}  # every step decodes all eight: one graph size throughout
+    return {"name": name, "model": model, "settings": {**GPU, **settings},
+            "plugins": ["tallow-attention-triton", *(plugins or [])],
+            "plugin_settings": FIXED_SPLITS,
+            "waves": [[{"prompt": p, "params": greedy} for p in GPU_PROMPTS]]}
+
+
+def prompt_logprobs(result: dict[str, Any]) -> list[float]:
+    """The logprob of every prompt token (after the first) of every request of a case."""
+    assert "error" not in result, result["error"]
+    return [next(iter(step.values())) for r in result["results"]
+            for step in r["prompt_logprobs"] if step is not None]
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any], what: str,
+                abs_tol: float = 1e-4) -> int:
+    """The tokens of two runs of a case equal, their logprobs and prompt logprobs within
+    ``abs_tol``; returns how many logprobs were compared."""
+    assert "error" not in got, f"{what}: {got['error']}"
+    assert "error" not in want, f"{what} (reference): {want['error']}"
+    compared = 0
+    for i, (g, w) in enumerate(zip(got["results"], want["results"], strict=True)):
+        assert g["tokens"] == w["tokens"], f"{what}, request {i}"
+        for key in ("logprobs", "prompt_logprobs"):
+            assert (key in g) == (key in w), f"{what}, request {i}: {key}"
+            for gs, ws in zip(g.get(key, []), w.get(key, []), strict=True):
+                assert (gs is None) == (ws is None)
+                if gs is not None:
+                    assert gs.keys() == ws.keys(), f"{what}, request {i}: {key}"
+                    for t in gs:
+                        assert math.isclose(gs[t], ws[t], abs_tol=abs_tol), \
+                            f"{what}, request {i}, {key} of token {t}: {gs[t]} vs {ws[t]}"
+                        compared += 1
+    return compared
+
+
+def tokens_until_a_near_tie(result: dict[str, Any], reference: dict[str, Any],
+                            gap: float = 0.1) -> tuple[int, int]:
+    """(tokens equal, tokens compared): each completion is compared up to its first step
+    whose two best reference logprobs are within ``gap`` (bfloat16 rounding may order a
+    near-tie either way; the completions diverge from there)."""
+    equal = compared = 0
+    for got, want in zip(result["results"], reference["results"], strict=True):
+        for step, (g, w) in enumerate(zip(got["tokens"][0], want["tokens"][0])):
+            best = sorted(want["logprobs"][step].values(), reverse=True)
+            if len(best) > 1 and best[0] - best[1] < gap:
+                break
+            compared += 1
+            equal += g == w
+            if g != w:
+                break
+    return equal, compared
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ def save_tiny(path: Path, model_type: str = "llama", **overrides: Any) -> Path:
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     with torch.no_grad():  # larger weights than the default init: less flat distributions
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() in (2, 3):  # 3: the stacked experts of mixture-of-experts models
                 p.normal_(0, 0.2)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

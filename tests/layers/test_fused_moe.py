@@ -1,6 +1,7 @@
 """tallow.layers.FusedMoE: each router variant and the whole block against plain per-token
-torch, loading from per-expert and stacked checkpoint tensors, and the tensor-parallel split
-(two ranks' partial outputs sum to the single-device output)."""
+torch, loading from per-expert and stacked checkpoint tensors, the tensor-parallel split
+(two ranks' partial outputs sum to the single-device output) and the expert-parallel
+placement (whole experts per rank)."""
 
 from __future__ import annotations
 
@@ -221,6 +222,40 @@ def test_tensor_parallel_ranks_sum_to_the_whole():
         _load(layer, t)
         parts.append(layer(x))
     torch.testing.assert_close(parts[0] + parts[1], whole(x), rtol=1e-5, atol=1e-5)
+
+
+def test_expert_parallel_ranks_hold_and_load_their_whole_experts():
+    """With ``expert_parallel`` each of two ranks stacks its 4 experts whole (no split of the
+    intermediate size, every bias kept); of a per-expert checkpoint it copies those and passes
+    over the others, and the completeness check still asks for every expert of the layer.
+    (The all-to-all itself: tests/distributed/test_moe_dispatch.py.)"""
+    g = torch.Generator().manual_seed(5)
+    t = _checkpoint(g, shared=True, bias=True)
+    kw = dict(shared_intermediate_size=SHARED, shared_gate=True, expert_bias=True)
+    whole = _layer(**kw)
+    _load(whole, t)
+    for rank in range(2):
+        layer = _layer(BuildContext(tp_rank=rank, tp_size=2, expert_parallel=True), **kw)
+        assert layer.experts.placement.start == 4 * rank
+        assert layer.experts.w13_weight.shape == (E // 2, 2 * INTER, H)
+        # the shared expert stays split along its intermediate size
+        assert layer.shared_expert.down_proj.weight.shape == (H, SHARED // 2)
+        seen = _load(layer, t)
+        needed = {(f"mlp.{n}", s) for n, p in layer.named_parameters()
+                  for s in getattr(p, "shard_ids", None) or (None,)}
+        assert needed <= seen and ("mlp.experts.w2_weight", ("7", "down")) in needed
+        mine = slice(4 * rank, 4 * rank + 4)
+        for name in ("w13_weight", "w2_weight", "w13_bias", "w2_bias"):
+            assert torch.equal(getattr(layer.experts, name), getattr(whole.experts, name)[mine]), \
+                (rank, name)
+
+
+def test_expert_parallel_needs_experts_that_divide_by_the_ranks():
+    with pytest.raises(ValueError, match=r"mlp\.experts: 8 experts do not split evenly over 3 "
+                                         "expert-parallel ranks"):
+        _layer(BuildContext(tp_rank=0, tp_size=3, expert_parallel=True))
+    # one rank: nothing to place, the ordinary layer
+    assert _layer(BuildContext(expert_parallel=True)).experts.w13_weight.shape[0] == E
 
 
 def test_weight_loader_refuses_wrong_shapes():

@@ -212,6 +212,12 @@ class ParallelConfig(Section):
     tensor_parallel_size: int = Field(
         1, gt=0, description="Ranks the model is split over (one process per GPU). 1 runs in "
         "this process. Under torchrun (WORLD_SIZE set) it defaults to the world size.")
+    enable_expert_parallel: bool = Field(
+        False, description="Mixture-of-experts layers place whole experts on the "
+        "tensor-parallel ranks (rank r holds experts r*E/tp .. (r+1)*E/tp - 1; tokens go to "
+        "the rank of their expert and back by all-to-all) instead of splitting every expert's "
+        "intermediate size; attention stays tensor-parallel. The expert count must divide by "
+        "tensor_parallel_size.")
     nnodes: int = Field(1, gt=0, description="Hosts taking part; each runs one tallow launch "
                         "with tensor_parallel_size / nnodes ranks. The HTTP server runs on "
                         "node 0 only.")

@@ -1,9 +1,10 @@
 """The collectives of a tensor-parallel step, on the group of :mod:`tallow.distributed.state`.
 
 The sharded layers call :func:`all_reduce` (after a row-parallel matmul, a vocabulary-parallel
-lookup, a sharded norm's sum of squares) and :func:`all_gather_last_dim` (the LM head's
-vocabulary shards). Every rank runs them in the same order; inside a captured CUDA graph they
-are captured too (NCCL), so a replay runs them as recorded.
+lookup, a sharded norm's sum of squares), :func:`all_gather_last_dim` (the LM head's
+vocabulary shards) and :func:`all_to_all` (expert-parallel MoE layers send tokens to the rank
+of their expert and the results back). Every rank runs them in the same order; inside a
+captured CUDA graph they are captured too (NCCL), so a replay runs them as recorded.
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ def all_gather_last_dim(x: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world_size)]
     dist.all_gather(parts, x.contiguous(), group=_group())
     return torch.cat(parts, dim=-1)
+
+
+def all_to_all(output: torch.Tensor, x: torch.Tensor, output_splits: list[int] | None = None,
+               input_splits: list[int] | None = None) -> torch.Tensor:
+    """Exchange rows (dimension 0) between the ranks: ``x``'s ``input_splits[r]`` rows (in
+    order) go to rank ``r``, and ``output`` receives ``output_splits[r]`` rows from each rank
+    ``r`` in rank order; without splits every rank sends and receives equal parts. NCCL and
+    gloo both run it (``all_to_all_single``; gloo on CPU tensors, with unequal splits too).
+    Returns ``output``."""
+    dist.all_to_all_single(output, x.contiguous(), output_splits, input_splits, group=_group())
+    return output
 
 
 def broadcast_from_driver(x: torch.Tensor) -> torch.Tensor:

@@ -193,7 +193,10 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     with torch.device(device):
         model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
                                            task=resolved_task, tp_rank=tp_rank(),
-                                           tp_size=tp_size()))
+                                           tp_size=tp_size(),
+                                           expert_parallel=bool(
+                                               config is not None
+                                               and config.parallel.enable_expert_parallel)))
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)

@@ -28,9 +28,15 @@ named as in Hugging Face's MoE models):
 
 Tensor parallelism splits every expert (and the shared expert) along its intermediate size;
 each rank computes a partial sum of the block's output and one all-reduce at the end adds
-them (the expert ``w2_bias`` is held by rank 0 only, so it is added once). How the experts are
-stored and run is the :class:`~tallow.layers.MoEMethod` that ``build.quant`` assigns (float
-experts for now; see :mod:`tallow.layers.moe_method`).
+them (the expert ``w2_bias`` is held by rank 0 only, so it is added once). With
+``build.expert_parallel`` (``parallel.enable_expert_parallel``) the routed experts are placed
+whole on the ranks instead, ``E / tp`` each (their parameters ``[E / tp, ...]``; the loader
+keeps only this rank's experts of a checkpoint), and each rank's share of the tokens travels
+to their experts' ranks and back by all-to-all (:mod:`tallow.layers.moe_dispatch`); the shared
+expert stays split along its intermediate size, and the same one all-reduce ends the block.
+
+How the experts are stored and run is the :class:`~tallow.layers.MoEMethod` that
+``build.quant`` assigns (float experts for now; see :mod:`tallow.layers.moe_method`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from .activation import SiluAndMul
 from .linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from .linear_method import set_weight_attrs
 from .model import BuildContext
+from .moe_dispatch import ExpertPlacement, dispatch_combine, token_shard
 from .moe_method import moe_method_for
 from .moe_router import RouterSpec, select_experts
 from .parallel import all_reduce, divide
@@ -58,7 +65,11 @@ _EXPERT_PARTS = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"),
 
 class FusedExperts(nn.Module):
     """The routed experts of a :class:`FusedMoE`: stacked parameters, their loader, and the
-    :class:`~tallow.layers.MoEMethod` that runs them."""
+    :class:`~tallow.layers.MoEMethod` that runs them.
+
+    ``tp_rank`` / ``tp_size`` say how each expert is split along its intermediate size (0 and
+    1 under expert parallelism); ``placement`` which experts this rank holds (all of them
+    without expert parallelism): the parameters stack those ``placement.num_local``."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
                  bias: bool, activation: str, swiglu_alpha: float, swiglu_limit: float,
@@ -67,14 +78,21 @@ class FusedExperts(nn.Module):
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
-        self.tp_rank, self.tp_size = build.tp_rank, build.tp_size
-        self.intermediate_per_rank = divide(intermediate_size, build.tp_size,
+        expert_parallel = build.expert_parallel and build.tp_size > 1
+        try:
+            self.placement = ExpertPlacement(num_experts, build.tp_rank if expert_parallel
+                                             else 0, build.tp_size if expert_parallel else 1)
+        except ValueError as exc:
+            raise ValueError(f"{prefix or 'FusedMoE'}: {exc}") from None
+        self.tp_rank, self.tp_size = ((0, 1) if expert_parallel
+                                      else (build.tp_rank, build.tp_size))
+        self.intermediate_per_rank = divide(intermediate_size, self.tp_size,
                                             f"{prefix} expert intermediate size")
         self.activation = activation
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         self.prefix = prefix
         self.quant_method = moe_method_for(build.quant, prefix)
-        self.quant_method.create_weights(self, num_experts, hidden_size,
+        self.quant_method.create_weights(self, self.placement.num_local, hidden_size,
                                          self.intermediate_per_rank, bias, build.dtype,
                                          build.device)
         for name, param in self.named_parameters(recurse=False):
@@ -88,14 +106,16 @@ class FusedExperts(nn.Module):
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
                       shard_id: Hashable | None = None) -> None:
         """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
-        checkpoint tensor; None: the stacked tensor of every expert (``[E, ...]``)."""
+        checkpoint tensor; None: the stacked tensor of every expert (``[E, ...]``). Only the
+        experts this rank holds are copied (``placement``); the others' are passed over."""
         what = self.prefix or "FusedExperts"
+        start = self.placement.start
         if shard_id is None:
             if loaded.shape[0] != self.num_experts:
                 raise ValueError(f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
                                  f"{self.num_experts} experts")
-            for e in range(self.num_experts):
-                self._load_expert(param, e, loaded[e], None, what)
+            for e in range(self.placement.num_local):
+                self._load_expert(param, e, loaded[start + e], None, what)
             return
         if not isinstance(shard_id, tuple) or len(shard_id) != 2:
             raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
@@ -103,7 +123,8 @@ class FusedExperts(nn.Module):
         if not 0 <= e < self.num_experts:
             raise ValueError(f"{what}: expert {e} out of range (the layer has "
                              f"{self.num_experts})")
-        self._load_expert(param, e, loaded, part, what)
+        if self.placement.holds(e):
+            self._load_expert(param, e - start, loaded, part, what)
 
     def _load_expert(self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None,
                      what: str) -> None:
@@ -170,7 +191,8 @@ class FusedMoE(nn.Module):
     selected logits; a routed scaling factor). ``activation`` is ``"silu"`` (SwiGLU) or
     ``"swiglu_clamp"`` (gpt-oss: clamped at ``swiglu_limit``, ``alpha`` ``swiglu_alpha``,
     usually with ``expert_bias``). ``reduce_results=False`` leaves the sum over
-    tensor-parallel ranks to the caller.
+    tensor-parallel ranks to the caller (under expert parallelism too: each rank's output
+    then holds its share of the tokens and zeros elsewhere, plus its shared-expert part).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
@@ -221,8 +243,11 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        weights, ids = self.route(x)
-        out = self.experts(x, weights, ids)
+        if self.experts.placement.size > 1:
+            out = self._expert_parallel(x)
+        else:
+            weights, ids = self.route(x)
+            out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
@@ -231,6 +256,21 @@ class FusedMoE(nn.Module):
         if self.reduce_results:
             out = all_reduce(out, self.tp_size)
         return out.view(shape)
+
+    def _expert_parallel(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the tokens through the experts of every rank
+        (:func:`~tallow.layers.moe_dispatch.dispatch_combine`), in a zero ``[T, H]``."""
+        tokens = x.shape[0]
+        placement = self.experts.placement
+        start, end = token_shard(tokens, placement.rank, placement.size)
+        weights, ids = self.route(x[start:end])
+        # a captured CUDA graph cannot read split sizes on the host: fixed-size exchange
+        capacity = (-(-tokens // placement.size) * self.router.top_k
+                    if x.is_cuda and torch.cuda.is_current_stream_capturing() else None)
+        out = x.new_zeros(x.shape)
+        out[start:end] = dispatch_combine(x[start:end], weights, ids, placement, self.experts,
+                                          capacity=capacity)
+        return out
 
     @staticmethod
     def hf_weight_rules(prefix: str) -> list[WeightRule]:

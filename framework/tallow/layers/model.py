@@ -48,6 +48,9 @@ class BuildContext:
     quant: object = None
     tp_rank: int = 0
     tp_size: int = 1
+    #: mixture-of-experts layers place whole experts on the tensor-parallel ranks instead of
+    #: splitting each along its intermediate size (``parallel.enable_expert_parallel``)
+    expert_parallel: bool = False
     #: what the engine will run: "generate" (tokens from logits) or "embed" (pooled hidden
     #: states; a model may then leave out its LM head)
     task: str = "generate"

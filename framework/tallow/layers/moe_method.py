@@ -4,7 +4,9 @@ A :class:`MoEMethod` is to :class:`~tallow.layers.FusedMoE` what a
 :class:`~tallow.layers.LinearMethod` is to a linear layer: it creates the expert parameters,
 may post-process them after loading, and runs the experts in ``apply``. The layer owns the
 router, the shared experts, the tensor-parallel split (each rank holds ``I / tp`` of every
-expert's intermediate features) and the mapping of checkpoint tensors onto its parameters.
+expert's intermediate features, or under expert parallelism ``E / tp`` whole experts, which
+``create_weights`` is then asked for and ``apply`` receives local ids of) and the mapping of
+checkpoint tensors onto its parameters.
 
 Only :class:`UnquantizedMoEMethod` (float weights) exists so far. A quantization scheme will
 supply its own through an optional ``moe_method(prefix)`` factory, asked by
