@@ -45,6 +45,8 @@ class Fp8QuantScheme(QuantScheme):
         #: how the weights are stored (None until a checkpoint config or isq says)
         self.checkpoint: Fp8Config | None = ISQ_CONFIG if isq else None
         self.methods: list[Any] = []
+        #: the MoE layers' methods, once loaded
+        self.moe_methods: list[Any] = []
 
     @classmethod
     def validate(cls, config: Any) -> list[str]:
@@ -84,6 +86,13 @@ class Fp8QuantScheme(QuantScheme):
 
     linear_method = _method
 
+    def moe_method(self, prefix: str) -> Any:
+        """The routed experts of a FusedMoE layer: e4m3 like the linear layers
+        (:mod:`tallow_quant_fp8.moe_method`)."""
+        from .moe_method import Fp8MoEMethod
+
+        return Fp8MoEMethod(self, prefix)
+
     def head_method(self, prefix: str) -> Any:
         """The LM head: a checkpoint's may be float8 or not (the loader keeps a float one
         dense); under ``model.isq`` float8 only with ``isq_vocab``."""
@@ -101,4 +110,5 @@ class Fp8QuantScheme(QuantScheme):
         how = self.checkpoint.describe() if self.checkpoint is not None else "e4m3"
         dense = f", {kinds['dense']} dense" if kinds["dense"] else ""
         at_load = " (quantized at load)" if self.isq else ""
-        return f"fp8: {how}; {kinds['fp8']} layers{dense}{at_load}"
+        moe = f", {len(self.moe_methods)} expert layers" if self.moe_methods else ""
+        return f"fp8: {how}; {kinds['fp8']} layers{dense}{moe}{at_load}"
