@@ -8,6 +8,8 @@
   them.
 - ``model.isq: fp8``: every linear layer of a float model (and with the ``isq_vocab`` setting
   the embedding and head) quantized while it loads, one scale per output row.
+- The routed experts of FusedMoE layers, from checkpoints or under ``model.isq``, stay e4m3 as
+  well (:meth:`Fp8QuantScheme.moe_method`, :mod:`tallow_quant_fp8.moe_method`).
 
 Products of up to ``gemv_max_rows`` rows are weight-only; larger ones quantize their
 activations to e4m3 (W8A8; :mod:`tallow_quant_fp8.ops`). The kernels need compute capability
