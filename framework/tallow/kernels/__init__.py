@@ -28,7 +28,9 @@ elsewhere):
   expert weights (``moe_align``: token → expert alignment; grouped GEMMs with the activation and
   the routing weight fused, a GEMV path for a few tokens; tiles from
   :mod:`tallow.kernels.moe_config`, not re-exported: the name would hide the submodule), with
-  ``fused_moe_ref`` / ``moe_align_ref`` its references and ``MoEConfig`` its tiles.
+  ``fused_moe_ref`` / ``moe_align_ref`` its references and ``MoEConfig`` its tiles
+  (``default_moe_config``: the untuned choice of path and tiles by token count, which
+  quantized-expert kernels of plugins start from).
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
@@ -91,6 +93,7 @@ from .kv_store import store_cast_kv, store_cast_kv_ref
 from .linear import gated_linear
 from .linear import linear as dense_linear
 from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
+from .moe_config import default_moe_config
 from .norm import rms_norm, rms_norm_ref
 from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
 from .rotary import rotary_embedding, rotary_embedding_ref
@@ -151,5 +154,6 @@ __all__ = [
     "pdl_order", "quad_launch_config", "quad_tile_mask", "resource_usage", "sass_loops",
     "sass_opcode", "set_pdl", "step_jit", "unpack_quads", "unsupported_reason", "wait_prior",
     # mixture of experts
-    "MoEConfig", "fused_moe", "fused_moe_ref", "moe_align", "moe_align_ref",
+    "MoEConfig", "default_moe_config", "fused_moe", "fused_moe_ref", "moe_align",
+    "moe_align_ref",
 ]

@@ -50,7 +50,7 @@ from tallow.kernels.moe import ACTIVATIONS
 
 from .activation import SiluAndMul
 from .linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
-from .linear_method import set_weight_attrs
+from .linear_method import WeightSlice, set_weight_attrs
 from .model import BuildContext
 from .moe_dispatch import ExpertPlacement, dispatch_combine, token_shard
 from .moe_method import moe_method_for
@@ -102,6 +102,29 @@ class FusedExperts(nn.Module):
                                                         for p in part))
             if not hasattr(param, "weight_loader"):
                 set_weight_attrs(param, weight_loader=self.weight_loader)
+
+    def checkpoint_shape(self, part: str) -> tuple[int, int]:
+        """The ``(rows, cols)`` of one expert's whole checkpoint weight of ``part``
+        (``"gate"``, ``"up"``: ``(I, H)``; ``"down"``: ``(H, I)``), before any sharding."""
+        if part in ("gate", "up"):
+            return self.intermediate_size, self.hidden_size
+        if part == "down":
+            return self.hidden_size, self.intermediate_size
+        raise ValueError(f"{self.prefix or 'FusedExperts'}: an expert has no part {part!r} "
+                         "(expected gate, up or down)")
+
+    def weight_slices(self, part: str) -> list[WeightSlice]:
+        """This rank's share of one expert's checkpoint weight of ``part`` (one slice): the
+        rows (gate, up) or columns (down) of its intermediate features. ``partition`` is the
+        block of this rank's stacked rows it fills: ``w13`` rows ``partition * I/tp`` on
+        (0 gate, 1 up); ``w2`` has one (0). Quantization methods whose checkpoints store an
+        expert as packed tensors cut their unpacked weights with it."""
+        i_rank = self.intermediate_per_rank
+        span = (self.tp_rank * i_rank, (self.tp_rank + 1) * i_rank)
+        self.checkpoint_shape(part)  # refuses an unknown part
+        if part == "down":
+            return [WeightSlice(0, (0, self.hidden_size), span)]
+        return [WeightSlice(0 if part == "gate" else 1, span, None)]
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
                       shard_id: Hashable | None = None) -> None:

@@ -8,6 +8,8 @@
   them.
 - ``model.isq: fp8``: every linear layer of a float model (and with the ``isq_vocab`` setting
   the embedding and head) quantized while it loads, one scale per output row.
+- The routed experts of FusedMoE layers, from checkpoints or under ``model.isq``, stay e4m3 as
+  well (:meth:`Fp8QuantScheme.moe_method`, :mod:`tallow_quant_fp8.moe_method`).
 
 Products of up to ``gemv_max_rows`` rows are weight-only; larger ones quantize their
 activations to e4m3 (W8A8; :mod:`tallow_quant_fp8.ops`). The kernels need compute capability
@@ -45,6 +47,8 @@ class Fp8QuantScheme(QuantScheme):
         #: how the weights are stored (None until a checkpoint config or isq says)
         self.checkpoint: Fp8Config | None = ISQ_CONFIG if isq else None
         self.methods: list[Any] = []
+        #: the MoE layers' methods, once loaded
+        self.moe_methods: list[Any] = []
 
     @classmethod
     def validate(cls, config: Any) -> list[str]:
@@ -84,6 +88,13 @@ class Fp8QuantScheme(QuantScheme):
 
     linear_method = _method
 
+    def moe_method(self, prefix: str) -> Any:
+        """The routed experts of a FusedMoE layer: e4m3 like the linear layers
+        (:mod:`tallow_quant_fp8.moe_method`)."""
+        from .moe_method import Fp8MoEMethod
+
+        return Fp8MoEMethod(self, prefix)
+
     def head_method(self, prefix: str) -> Any:
         """The LM head: a checkpoint's may be float8 or not (the loader keeps a float one
         dense); under ``model.isq`` float8 only with ``isq_vocab``."""
@@ -101,4 +112,5 @@ class Fp8QuantScheme(QuantScheme):
         how = self.checkpoint.describe() if self.checkpoint is not None else "e4m3"
         dense = f", {kinds['dense']} dense" if kinds["dense"] else ""
         at_load = " (quantized at load)" if self.isq else ""
-        return f"fp8: {how}; {kinds['fp8']} layers{dense}{at_load}"
+        moe = f", {len(self.moe_methods)} expert layers" if self.moe_methods else ""
+        return f"fp8: {how}; {kinds['fp8']} layers{dense}{moe}{at_load}"

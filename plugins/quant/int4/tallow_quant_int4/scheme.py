@@ -47,6 +47,8 @@ class IntQuantScheme(QuantScheme):
         self.recipe = self.settings.recipe()
         self.layout: CheckpointLayout | None = None
         self.methods: list[Any] = []
+        #: the MoE layers' methods, once loaded
+        self.moe_methods: list[Any] = []
         #: while True, the layers add their inputs to their Hessians (GPTQ's calibration)
         self.calibrating = bool(isq) and self.recipe.method == "gptq"
 
@@ -76,6 +78,13 @@ class IntQuantScheme(QuantScheme):
     # model.isq); token embeddings stay dense
     linear_method = head_method = _method
 
+    def moe_method(self, prefix: str) -> Any:
+        """The routed experts of a FusedMoE layer, kept as integer codes
+        (:mod:`tallow_quant_int4.moe_method`)."""
+        from .moe_method import IntMoEMethod
+
+        return IntMoEMethod(self, prefix)
+
     def calibration_request(self) -> CalibrationRequest | None:
         """GPTQ under ``model.isq``: the text its layers' inputs are gathered over."""
         if not self.calibrating:
@@ -95,7 +104,8 @@ class IntQuantScheme(QuantScheme):
 
     def summary(self) -> str:
         """What the loaded weights hold, e.g. ``int4: int4 g128 x224, dense x1``."""
-        counts = Counter(name for m in self.methods for name in m.type_names())
+        counts = Counter(name for m in [*self.methods, *self.moe_methods]
+                         for name in m.type_names())
         kinds = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
         how = (f", quantized at load to {self.isq} ({self.recipe.method})" if self.isq
                else f", from a {self.layout.method} checkpoint" if self.layout else "")
