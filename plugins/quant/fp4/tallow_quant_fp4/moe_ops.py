@@ -26,7 +26,7 @@ from .layout import e2m1_values, scale_values
 #: tokens up to which the experts run on the decoding kernels (beyond: workspace + GEMM)
 GEMV_MAX_TOKENS = 8
 _ACT = {"silu": 0, "swiglu_clamp": 1}
-BLOCK_N = 16
+BLOCK_N = 32
 GROUPS = 4
 DEQUANT_BLOCK_R = 16
 
