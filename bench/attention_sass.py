@@ -27,7 +27,8 @@ from typing import Any, Iterator
 
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
                 "slot_ptr": "*i64"}
-F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr", "k_offset_ptr"}
+F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
+                "k_offset_ptr"}
 F16_POINTERS = {"k_scales_ptr", "v_scales_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 CACHE_POINTERS = {"k_cache_ptr", "v_cache_ptr"}

@@ -200,6 +200,12 @@ class AttentionLayer:
     #: sequence sees all of its keys (encoders); the engine then computes each sequence whole
     #: in one step, so that all its keys exist when its queries attend.
     causal: bool = True
+    #: attention sinks (gpt-oss): one learned logit per query head of this rank, float32
+    #: ``[num_heads]``, that joins each query's softmax denominator and carries no value:
+    #: ``p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink_h))``. None: no sink. A backend that
+    #: cannot add it refuses the layer (``supports_layer``). The tensor is the model's
+    #: parameter (filled when the checkpoint loads); it takes no part in equality or hashing.
+    sinks: "torch.Tensor | None" = field(default=None, compare=False, repr=False)
 
 
 class LayerKVCache:

@@ -15,6 +15,13 @@ from tallow.plugin import Checkpoint, WeightFormat
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
+_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}
+# gpt-oss's published quantization: MXFP4 experts, everything else in bfloat16
+_MXFP4 = {"quant_method": "mxfp4",
+          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                     "model.embed_tokens", "lm_head"]}
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -73,6 +80,18 @@ SHAPES: dict[str, dict[str, Any]] = {
                          num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
                          vocab_size=32000, rope_theta=1000000.0, max_position_embeddings=32768,
                          rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False),
+    # gpt-oss-20b: 32 experts of 2880 of which 4 per token, stored as MXFP4 (as published;
+    # held packed by the fp4 quant scheme of tallow-quant-fp4): 20.9B parameters, 3.6B active
+    # per token; every other layer a 128-token window, attention sinks, YaRN
+    "gpt-oss-20b": dict(architectures=["GptOssForCausalLM"], hidden_size=2880,
+                        intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+                        num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                        num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
+                        layer_types=["sliding_attention", "full_attention"] * 12,
+                        attention_bias=True, swiglu_limit=7.0, rope_theta=150000.0,
+                        rope_scaling=_GPT_OSS_YARN, max_position_embeddings=131072,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        quantization_config=_MXFP4),
     # sentence-transformers/all-MiniLM-L6-v2 (an encoder: served for embeddings)
     "all-minilm-l6-v2": dict(architectures=["BertModel"], hidden_size=384,
                              intermediate_size=1536, num_hidden_layers=6,
@@ -115,6 +134,18 @@ SHAPES: dict[str, dict[str, Any]] = {
                          num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
                          vocab_size=512, rope_theta=10000.0, max_position_embeddings=2048,
                          rms_norm_eps=1e-5, sliding_window=24, tie_word_embeddings=False),
+    # A few-MB gpt-oss (8 experts, 4 per token, MXFP4 like the real one; a 24-token window on
+    # every other layer, sinks, YaRN over an original context of 256), for CPU engine tests.
+    "tiny-gpt-oss": dict(architectures=["GptOssForCausalLM"], hidden_size=64,
+                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, num_local_experts=8,
+                         num_experts_per_tok=4, vocab_size=512, sliding_window=24,
+                         layer_types=["sliding_attention", "full_attention"],
+                         attention_bias=True, swiglu_limit=7.0, rope_theta=150000.0,
+                         rope_scaling={**_GPT_OSS_YARN, "factor": 8.0,
+                                       "original_max_position_embeddings": 256},
+                         max_position_embeddings=2048, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, quantization_config=_MXFP4),
 }
 
 
@@ -182,8 +213,11 @@ class RandomWeights(WeightFormat):
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:
             return iter(())
 
+        quantization = config.get("quantization_config")
         return Checkpoint(
             source=source, config=config, architecture=config["architectures"][0],
+            # a shape whose real checkpoints are quantized is built with their quant scheme
+            quantization=quantization.get("quant_method") if quantization else None,
             tensors=tensors, naming="random", tokenizer=synthetic_tokenizer(config["vocab_size"]),
             tokenizer_config={"eos_token": "<0>", "add_bos_token": False},
         )

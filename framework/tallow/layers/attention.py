@@ -21,6 +21,7 @@ from tallow.types import AttentionMetadata as AttentionMetadata
 from tallow.types import LayerKVCache
 
 from .cache_spec import CacheSpec, FullAttentionSpec, SlidingWindowSpec
+from .linear_method import set_weight_attrs
 
 
 class AttentionImpl(Protocol):
@@ -80,22 +81,36 @@ class Attention(nn.Module):
     replicating KV heads when there are fewer than ranks). The model runner sizes each
     layer's KV cache from these counts, and backends read ``Hq / Hkv`` as the grouped-query
     ratio. ``scale`` defaults to ``head_dim ** -0.5``.
+
+    ``sinks=True`` (gpt-oss) gives the layer a parameter ``sinks`` (float32 ``[num_heads]``,
+    this rank's heads): one learned logit per query head that joins the softmax denominator
+    (see :class:`AttentionLayer`). Its checkpoint tensor holds every head of the model;
+    ``sinks_head_offset`` is the index of this rank's first query head in it
+    (``tp_rank * num_heads``); ``device`` is where the parameter lives.
     """
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float | None = None, sliding_window: int | None = None,
-                 logit_softcap: float | None = None, causal: bool = True) -> None:
+                 logit_softcap: float | None = None, causal: bool = True, *,
+                 sinks: bool = False, sinks_head_offset: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
                              f"{num_kv_heads}")
         if sliding_window and not causal:
             raise ValueError("a sliding window needs causal attention (causal=True)")
+        self.sinks: nn.Parameter | None = None
+        if sinks:
+            self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32,
+                                                  device=device), requires_grad=False)
+            self.sinks_head_offset = int(sinks_head_offset)
+            set_weight_attrs(self.sinks, weight_loader=self._load_sinks)
         self.layer = AttentionLayer(
             layer_index=layer_index, num_heads=num_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
-            causal=bool(causal),
+            causal=bool(causal), sinks=self.sinks,
         )
         self.kv_cache: LayerKVCache | None = None
         #: the paged cache group whose block tables this layer reads (set by bind_cache)
@@ -103,6 +118,19 @@ class Attention(nn.Module):
         #: scales of this layer's K and V cache read from a checkpoint (``"k"``, ``"v"``: one
         #: value, or one per KV head), handed to the KV codec (``use_checkpoint_scales``)
         self.kv_scales: dict[str, torch.Tensor] = {}
+
+    def _load_sinks(self, param: torch.Tensor, loaded: torch.Tensor,
+                    shard_id: object = None) -> None:
+        """The checkpoint's sinks of every query head; this rank keeps its own heads'."""
+        n, start = param.shape[0], self.sinks_head_offset
+        if shard_id is not None:
+            raise ValueError(f"attention sinks have no shards, got {shard_id!r}")
+        if loaded.dim() != 1 or loaded.shape[0] < start + n:
+            raise ValueError(f"attention sinks: checkpoint tensor has shape "
+                             f"{tuple(loaded.shape)}, expected one value per query head "
+                             f"(at least {start + n})")
+        with torch.no_grad():
+            param.copy_(loaded.narrow(0, start, n).float())
 
     def cache_spec(self) -> CacheSpec:
         """Paged K/V, of a sliding window when the layer has one."""
@@ -135,4 +163,5 @@ class Attention(nn.Module):
         s = self.layer
         return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
                 f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
-                + ("" if s.causal else ", causal=False"))
+                + ("" if s.causal else ", causal=False")
+                + (", sinks" if s.sinks is not None else ""))

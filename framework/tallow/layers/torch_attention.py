@@ -34,5 +34,5 @@ class TorchAttentionBackend(AttentionBackend):
         return paged_attention_ref(
             q, kv_cache, query_start_loc=qsl, seq_lens=lens, block_tables=meta.block_tables,
             scale=layer.scale, sliding_window=layer.sliding_window,
-            logit_softcap=layer.logit_softcap, causal=layer.causal,
+            logit_softcap=layer.logit_softcap, causal=layer.causal, sinks=layer.sinks,
         )

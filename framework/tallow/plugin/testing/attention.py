@@ -146,6 +146,30 @@ class AttentionBackendConformance(ComponentConformance):
             return
         check_step(step, backend)
 
+    def test_attention_sinks(self, backend: AttentionBackend, device: str) -> None:
+        """A layer with attention sinks (gpt-oss: a learned logit per query head in every
+        softmax's denominator), with and without a sliding window, over prefills, chunks and
+        decodes — or, for a backend that cannot add them, a refusal with reasons before any
+        step (``supports_layer``), so that the engine picks another backend."""
+        bs = self.block_size
+        gen = torch.Generator().manual_seed(zlib.crc32(b"sinks"))
+        # sinks around the scores' scale: some heads keep most of their weight, some little
+        sinks = torch.randn(self.num_heads, generator=gen) * 2.0
+        for window in (None, bs // 2 + 1):
+            step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                                     head_dim=self.head_dim, block_size=bs,
+                                     dtype=self.dtypes[0], device=device,
+                                     query_lens=[bs + 3, 1, 5, 1], context_lens=[0, 2 * bs, bs, 0],
+                                     sliding_window=window, sinks=sinks,
+                                     seed=zlib.crc32(f"{type(self).__name__}/sinks/{window}"
+                                                     .encode()))
+            supports = getattr(backend, "supports_layer", None)
+            reasons = supports(step.layer) if supports is not None else []
+            if reasons:
+                assert all(isinstance(r, str) and r for r in reasons), reasons
+                return
+            check_step(step, backend)
+
     def test_padding_rows_store_nothing(self, backend: AttentionBackend, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""
         self.check(backend, device, self.dtypes[0], "padding", query_lens=[1, 1],

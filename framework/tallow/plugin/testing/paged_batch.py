@@ -51,7 +51,8 @@ class PagedStep:
             self.q[:self.valid_rows], cache, query_start_loc=self.meta.query_start_loc.tolist(),
             seq_lens=self.meta.seq_lens.tolist(), block_tables=self.meta.block_tables,
             scale=self.layer.scale, sliding_window=self.layer.sliding_window,
-            logit_softcap=self.layer.logit_softcap, causal=self.layer.causal)
+            logit_softcap=self.layer.logit_softcap, causal=self.layer.causal,
+            sinks=self.layer.sinks)
 
     def expected(self) -> tuple[torch.Tensor, LayerKVCache]:
         """(output rows, cache after the store) by the torch reference."""
@@ -89,12 +90,14 @@ def random_paged_step(*, query_lens: list[int], context_lens: list[int], num_hea
                       codec: KVCodec | None = None, device: str | torch.device = "cpu",
                       shared_prefix_blocks: int = 0, padding_rows: int = 0,
                       sliding_window: int | None = None, logit_softcap: float | None = None,
-                      seed: int = 0, causal: bool = True) -> PagedStep:
+                      seed: int = 0, causal: bool = True,
+                      sinks: torch.Tensor | None = None) -> PagedStep:
     """A random step (see the module docstring). The cache is ``codec``'s, or a cast into
     ``cache_dtype`` (default: ``dtype``). ``shared_prefix_blocks`` full blocks at the start of
     sequence 0 are also the first blocks of every other sequence (each needs at least that
     much context). ``padding_rows`` extra query rows belong to no sequence. ``causal`` False:
-    a bidirectional (encoder) layer, whose sequences come whole (no context)."""
+    a bidirectional (encoder) layer, whose sequences come whole (no context). ``sinks``
+    [num_heads] float32: the layer's attention sinks (on ``device``)."""
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
     shared_tokens = shared_prefix_blocks * block_size
@@ -123,7 +126,8 @@ def random_paged_step(*, query_lens: list[int], context_lens: list[int], num_hea
     layer = AttentionLayer(layer_index=0, num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, scale=head_dim ** -0.5,
                            sliding_window=sliding_window, logit_softcap=logit_softcap,
-                           causal=causal)
+                           causal=causal,
+                           sinks=None if sinks is None else sinks.float().to(device))
     cache = allocate_layer(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            block_size=block_size, num_blocks=num_blocks, model_dtype=dtype,
                            layer=layer)

@@ -126,6 +126,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         if layer.head_dim not in HEAD_DIMS:
             reasons.append(f"head size {layer.head_dim} is not one FlashInfer's kernels are "
                            f"built for here ({', '.join(map(str, HEAD_DIMS))})")
+        if layer.sinks is not None:
+            reasons.append("attention sinks (gpt-oss: a learned logit per head in the softmax "
+                           "denominator) are not added by the FlashInfer kernels used here; "
+                           "use runner.attention_backend: triton")
         return reasons + layer_reasons(layer)
 
     def supports_kv_codec(self, codec: KVCodec, layout: list[KVTensor]) -> list[str]:

@@ -204,6 +204,15 @@ def test_layers_it_refuses() -> None:
         "a sliding window on a bidirectional (causal=False) layer"]
 
 
+def test_layers_with_attention_sinks_are_refused() -> None:
+    """gpt-oss's sinks are not added by the kernels: the layer is refused before any step, so
+    that start-up names the reason (or passes over to the next backend)."""
+    sinks = AttentionLayer(0, 8, 2, 64, 0.125, sliding_window=128, sinks=torch.zeros(8))
+    reasons = FlashInferAttentionBackend.supports_layer(sinks)
+    assert len(reasons) == 1 and "attention sinks" in reasons[0], reasons
+    assert "runner.attention_backend: triton" in reasons[0]
+
+
 def _cast(storage: torch.dtype, name: str = "auto", **options: Any) -> tuple[Any, list]:
     from tallow.kernels import CastKVCodec
 

@@ -251,7 +251,7 @@ class TritonAttentionBackend(AttentionBackend):
             for layer, cache in zip(layers, kv_caches):
                 key = (layer.num_heads, layer.num_kv_heads, layer.head_dim,
                        bool(layer.sliding_window), bool(layer.logit_softcap), layer.causal,
-                       cache.codec.name,
+                       layer.sinks is not None, cache.codec.name,
                        tuple((name, t.dtype) for name, t in cache.tensors.items()),
                        cache.block_size)
                 if key in done:
@@ -266,7 +266,8 @@ class TritonAttentionBackend(AttentionBackend):
                                      dtype=dtype, codec=cache.codec, device=cache.device,
                                      sliding_window=layer.sliding_window,
                                      logit_softcap=layer.logit_softcap, scale=layer.scale,
-                                     padding_rows=padding, causal=layer.causal)
+                                     padding_rows=padding, causal=layer.causal,
+                                     sinks=layer.sinks)
                     self.num_splits = splits
                     self.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         finally:
@@ -295,7 +296,7 @@ class TritonAttentionBackend(AttentionBackend):
                       block_tables=meta.block_tables, num_seqs=meta.num_seqs,
                       scale=layer.scale, sliding_window=layer.sliding_window,
                       logit_softcap=layer.logit_softcap, num_splits=self.num_splits,
-                      max_seq_len=meta.max_seq_len)
+                      max_seq_len=meta.max_seq_len, sinks=layer.sinks)
         if meta.is_decode_only:
             splits = common["num_splits"] or ops.choose_num_splits(
                 q, kv_cache, meta.num_seqs, meta.max_seq_len)

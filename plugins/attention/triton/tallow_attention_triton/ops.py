@@ -98,6 +98,19 @@ def _paged(kv_cache: LayerKVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return k_cache, v_cache, k_cache, v_cache, 0, 0, 0
 
 
+def _sinks_arg(sinks: torch.Tensor | None, num_heads: int, q: torch.Tensor) -> torch.Tensor:
+    """The attention sinks as the kernels read them (float32 [Hq], contiguous, on q's device),
+    or ``q`` where the kernels read none."""
+    if sinks is None:
+        return q
+    if tuple(sinks.shape) != (num_heads,):
+        raise ValueError(f"attention sinks must hold one value per query head ({num_heads}), "
+                         f"got shape {tuple(sinks.shape)}")
+    if sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.device != q.device:
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    return sinks
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -135,7 +148,7 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                  sliding_window: int | None, logit_softcap: float | None,
                  skip_single_query: bool, capability: int = DEFAULT_CAPABILITY,
                  cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False,
-                 causal: bool = True) -> dict[str, object]:
+                 causal: bool = True, sinks: bool = False) -> dict[str, object]:
     tiles = prefill_tiles(head_dim, group, torch.finfo(dtype).bits // 8, capability,
                           windowed_or_capped=bool(sliding_window or logit_softcap),
                           cache_bytes=cache_bytes, codes=bool(kv_bits))
@@ -146,15 +159,15 @@ def prefill_spec(*, head_dim: int, group: int, dtype: torch.dtype, block_size: i
                 TILE_N=tiles.tile_n, USE_WINDOW=bool(sliding_window),
                 USE_SOFTCAP=bool(logit_softcap), SKIP_SINGLE=skip_single_query,
                 CAUSAL=bool(causal), F16_PRODUCTS=f16_products(dtype, cast_bytes),
-                PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
+                PRECISION=precision, UPCAST=upcast, USE_SINKS=sinks, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
 
 def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                 block_size: int, sliding_window: int | None, logit_softcap: float | None,
                 mixed: bool, single_split: bool, fused_store: bool, saturate: float = 0.0,
-                cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False
-                ) -> dict[str, object]:
+                cache_bytes: int = 2, kv_bits: int = 0, pdl: bool = False,
+                sinks: bool = False) -> dict[str, object]:
     cast_bytes = 2 if kv_bits else cache_bytes
     tiles = decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8, cast_bytes,
                          codes=bool(kv_bits))
@@ -169,7 +182,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
                 WIDEN_V_IN_REGISTERS=cast_bytes == 1,
                 WIDEN_V_IN_PTX=f16_products(dtype, cast_bytes) and not interpreting(),
                 LAZY_RESCALE=cast_bytes == 1,
-                PRECISION=precision, UPCAST=upcast, USE_PDL=pdl,
+                PRECISION=precision, UPCAST=upcast, USE_SINKS=sinks, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=2 if kv_bits else tiles.num_stages,
                 launch_pdl=pdl)
 
@@ -179,7 +192,7 @@ def decode_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype
 def decode_nibbles_spec(*, num_heads: int, group: int, head_dim: int, dtype: torch.dtype,
                         block_size: int, sliding_window: int | None,
                         logit_softcap: float | None, mixed: bool, single_split: bool,
-                        pdl: bool = False) -> dict[str, object]:
+                        pdl: bool = False, sinks: bool = False) -> dict[str, object]:
     tiles = nibble_decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     f16 = torch.finfo(dtype).bits == 16
     precision = dot_precision(2 if f16 else 4)
@@ -190,17 +203,17 @@ def decode_nibbles_spec(*, num_heads: int, group: int, head_dim: int, dtype: tor
                 USE_SOFTCAP=bool(logit_softcap), MIXED=mixed, SINGLE_SPLIT=single_split,
                 F16_PRODUCTS=f16, UNPACK_IN_PTX=f16 and not interpreting(),
                 # the interpreter's fp16 matmul accumulates in fp16: widen there
-                PRECISION=precision, UPCAST=interpreting(), USE_PDL=pdl,
+                PRECISION=precision, UPCAST=interpreting(), USE_SINKS=sinks, USE_PDL=pdl,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
 
 
 def reduce_spec(*, num_heads: int, head_dim: int, num_splits: int, tile_n: int,
-                sliding_window: int | None, mixed: bool, pdl: bool = False
-                ) -> dict[str, object]:
+                sliding_window: int | None, mixed: bool, pdl: bool = False,
+                sinks: bool = False) -> dict[str, object]:
     return dict(NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
                 # at least 16: split counts that vary with the batch share one compiled variant
                 S_PAD=max(16, next_pow2(num_splits)), TILE_N=tile_n, USE_WINDOW=bool(sliding_window),
-                MIXED=mixed, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
+                MIXED=mixed, USE_SINKS=sinks, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
 
 
 # -- launchers ---------------------------------------------------------------------------------
@@ -263,9 +276,11 @@ def prefill_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                       block_tables: torch.Tensor, num_seqs: int, scale: float,
                       sliding_window: int | None = None, logit_softcap: float | None = None,
-                      skip_single_query: bool = False, causal: bool = True) -> torch.Tensor:
+                      skip_single_query: bool = False, causal: bool = True,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every sequence's queries over its cached context, into ``out``: causal,
-    or with ``causal`` False every query over all ``seq_lens[i]`` keys (encoders).
+    or with ``causal`` False every query over all ``seq_lens[i]`` keys (encoders). ``sinks``
+    (float32 [Hq]): a logit per query head that joins every softmax's denominator.
 
     q, out [T, Hq, D]; K/V of all tokens up to ``seq_lens[i]`` must already be in the cache.
     With ``skip_single_query`` the rows of sequences with one query are left untouched (for
@@ -283,13 +298,13 @@ def prefill_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor
                         logit_softcap=logit_softcap, skip_single_query=skip_single_query,
                         capability=device_facts(q.device)[1],
                         cache_bytes=k_cache.element_size(), kv_bits=bits, pdl=pdl_enabled(q),
-                        causal=causal)
+                        causal=causal, sinks=sinks is not None)
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
     grid = (n_tokens // spec["BLOCK_Q"] + num_seqs, n_kv)
     prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, query_start_loc, out,
-        qk_scale, softcap, int(sliding_window or 0), num_seqs,
+        _sinks_arg(sinks, n_heads, q), qk_scale, softcap, int(sliding_window or 0), num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so, **spec,
     )
@@ -323,7 +338,8 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
                      num_splits: int | None = None, max_seq_len: int | None = None,
                      mixed: bool = False, k: torch.Tensor | None = None,
                      v: torch.Tensor | None = None,
-                     slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
+                     slot_mapping: torch.Tensor | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K attention for sequences with a single query (row ``query_start_loc[i]``).
 
     ``num_splits`` None picks it with :func:`heuristics.decode_num_splits` from the sequence
@@ -333,7 +349,8 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
     (CUDA-graph padding) are skipped. Given ``k``, ``v`` and ``slot_mapping``, this step's K/V
     of each sequence's query row are stored in the same launch (instead of :func:`store_kv`).
     Partials come from the caching allocator with shapes fixed by (num_seqs, Hq, splits), which
-    CUDA-graph capture records like any other allocation.
+    CUDA-graph capture records like any other allocation. ``sinks``: as in
+    :func:`prefill_attention`, added where the splits are combined.
     """
     n_heads, head_dim = q.shape[1], q.shape[2]
     if num_seqs == 0:
@@ -369,14 +386,17 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
         part_acc = scratch[:n_part * d_pad]
         part_ml = scratch[n_part * d_pad:]
     window = int(sliding_window or 0)
+    sinks_arg = _sinks_arg(sinks, n_heads, q)
+    use_sinks = sinks is not None
     if nibble_decode(bits, head_dim):
         spec = decode_nibbles_spec(num_heads=n_heads, group=group, head_dim=head_dim,
                                    dtype=q.dtype, block_size=k_cache.shape[1],
                                    sliding_window=sliding_window, logit_softcap=logit_softcap,
-                                   mixed=mixed, single_split=single, pdl=pdl_enabled(q))
+                                   mixed=mixed, single_split=single, pdl=pdl_enabled(q),
+                                   sinks=use_sinks)
         decode_nibbles_kernel[(num_seqs, n_kv, num_splits)](
             q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, query_start_loc,
-            out, part_acc, part_ml, qk_scale, softcap, window, num_splits,
+            out, part_acc, part_ml, sinks_arg, qk_scale, softcap, window, num_splits,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             stride_cb, stride_co, stride_ch, block_tables.stride(0), stride_sb, stride_so,
             **spec,
@@ -387,10 +407,10 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
                            logit_softcap=logit_softcap, mixed=mixed, single_split=single,
                            fused_store=fused, saturate=cache_saturation(k_cache.dtype),
                            cache_bytes=k_cache.element_size(), kv_bits=bits,
-                           pdl=pdl_enabled(q))
+                           pdl=pdl_enabled(q), sinks=use_sinks)
         decode_split_kernel[(num_seqs, n_kv, num_splits)](
             q, k, v, slot_mapping, k_cache, v_cache, k_scales, v_scales, block_tables,
-            seq_lens, query_start_loc, out, part_acc, part_ml,
+            seq_lens, query_start_loc, out, part_acc, part_ml, sinks_arg,
             qk_scale, softcap, window, num_splits,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1),
@@ -399,10 +419,10 @@ def decode_attention(q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor,
         )
     if not single:
         decode_reduce_kernel[(num_seqs, n_heads)](
-            part_acc, part_ml, seq_lens, query_start_loc, out,
+            part_acc, part_ml, seq_lens, query_start_loc, out, sinks_arg,
             window, num_splits, out.stride(0), out.stride(1),
             **reduce_spec(num_heads=n_heads, head_dim=head_dim, num_splits=num_splits,
                           tile_n=spec["TILE_N"], sliding_window=sliding_window, mixed=mixed,
-                          pdl=spec["USE_PDL"]),
+                          pdl=spec["USE_PDL"], sinks=use_sinks),
         )
     return out

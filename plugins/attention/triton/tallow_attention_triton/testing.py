@@ -50,6 +50,7 @@ class PagedCase:
             seq_lens=self.meta.seq_lens.tolist(), block_tables=self.meta.block_tables,
             scale=self.layer.scale, sliding_window=self.layer.sliding_window,
             logit_softcap=self.layer.logit_softcap, causal=self.layer.causal,
+            sinks=self.layer.sinks,
         )
 
     def expected(self) -> tuple[torch.Tensor, LayerKVCache]:
@@ -73,7 +74,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
               padding_rows: int = 0, spare_blocks: int = 3, num_blocks: int | None = None,
               seed: int = 0, host_copies: bool = True, causal: bool = True,
               head_scales: tuple[list[float], list[float]] | None = None,
-              key_offset: torch.Tensor | None = None) -> PagedCase:
+              key_offset: torch.Tensor | None = None,
+              sinks: torch.Tensor | None = None) -> PagedCase:
     """A random batch; ``context_lens[i]`` earlier tokens of sequence ``i`` are already cached
     and its ``query_lens[i]`` tokens are this step's (their K/V still to be stored).
 
@@ -89,6 +91,7 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
     engine always computes whole: give it context lengths of 0. ``head_scales`` (K scales, V
     scales; one per KV head) fill a cache's ``k_scale``/``v_scale`` and ``key_offset``
     [Hkv, D] its ``k_offset`` before anything is stored (the random keys are drawn around it).
+    ``sinks`` [num_heads]: the layer's attention sinks (float32, moved to ``device``).
     """
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
@@ -175,7 +178,8 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
                            head_dim=head_dim,
                            scale=scale if scale is not None else head_dim ** -0.5,
                            sliding_window=sliding_window, logit_softcap=logit_softcap,
-                           causal=causal)
+                           causal=causal,
+                           sinks=None if sinks is None else sinks.float().to(dev))
     return PagedCase(layer=layer, q=q.to(dev), k=k.to(dev), v=v.to(dev),
                      kv_cache=to_device(cache, dev), meta=meta, valid_rows=n_tokens,
                      query_lens=list(query_lens), seed=seed)

@@ -324,3 +324,36 @@ def test_random_batches() -> None:
                          sliding_window=rng.choice([None, rng.randint(1, 50)]),
                          padding_rows=rng.randint(0, 2), seed=rng.randrange(2**31))
         run_and_check(case, backend(rng.choice([None, 1, 2, 5])))
+
+
+def _sinks(num_heads: int, seed: int) -> torch.Tensor:
+    """Attention sinks around the scores' scale: some heads keep most of their weight, some
+    give most of it to the sink."""
+    return torch.randn(num_heads, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+
+@pytest.mark.parametrize(("window", "num_splits"), [(None, 1), (None, 3), (6, 1), (6, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_attention_sinks(window: int | None, num_splits: int, dtype: torch.dtype) -> None:
+    """gpt-oss's attention sinks (a logit per query head in every denominator): prefills,
+    chunks beside decodes, and decode-only steps with one split (the split kernel adds the
+    sink) and several (the reduce kernel does), with and without a sliding window."""
+    seed = seed_of("sinks", window, num_splits, dtype)
+    for kind, q_lens, ctx in (("prefill", [19, 1, 7], [0, 30, 12]),
+                              ("decode", [1, 1, 1, 1], [0, 5, 33, 70])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=8, num_kv_heads=2,
+                         head_dim=64, block_size=8, dtype=dtype, device=DEVICE,
+                         sliding_window=window, sinks=_sinks(8, seed), seed=seed)
+        run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_attention_sinks_over_a_turbo_cache(num_splits: int) -> None:
+    """The sinks over a 4-bit turbo cache: its own decode kernel, and the prefill kernel's
+    code path."""
+    seed = seed_of("sinks-turbo", num_splits)
+    for q_lens, ctx in (([1, 1, 1], [0, 9, 40]), ([12, 1], [5, 20])):
+        case = make_case(query_lens=q_lens, context_lens=ctx, num_heads=4, num_kv_heads=2,
+                         head_dim=64, block_size=8, dtype=torch.float16, codec=turbo_codec(4),
+                         device=DEVICE, sinks=_sinks(4, seed), seed=seed)
+        run_and_check(case, backend(num_splits))

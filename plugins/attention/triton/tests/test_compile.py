@@ -26,7 +26,8 @@ if ops.interpreting():  # pragma: no cover - the interpreter replaces triton.jit
 
 INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
                 "slot_ptr": "*i64"}
-F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "k_scale_ptr", "v_scale_ptr", "k_offset_ptr"}
+F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
+                "k_offset_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 TT = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
@@ -192,6 +193,26 @@ def test_reduce_store_and_fp32_paths_compile() -> None:
                                         fused_store=True)),
     ):
         assert compile_for(kernel, spec, torch.float32, 90).asm["cubin"]
+
+
+def test_attention_sinks_build_without_spills() -> None:
+    """gpt-oss's shape (head size 64, 8 query heads per KV head, a 128-token window) with
+    sinks: prefill, both decode epilogues and the reduce build for sm_90 without spilling."""
+    common = dict(head_dim=64, dtype=torch.bfloat16, block_size=16, sliding_window=128,
+                  logit_softcap=None, sinks=True)
+    prefill = ops.prefill_spec(group=8, skip_single_query=True, **common)
+    assert prefill["USE_SINKS"]
+    compiled = [compile_for(prefill_kernel, prefill, torch.bfloat16, 90)]
+    for single in (True, False):
+        spec = ops.decode_spec(num_heads=64, group=8, mixed=False, single_split=single,
+                               fused_store=not single, **common)
+        compiled.append(compile_for(decode_split_kernel, spec, torch.bfloat16, 90))
+    compiled.append(compile_for(decode_reduce_kernel, ops.reduce_spec(
+        num_heads=64, head_dim=64, num_splits=8, tile_n=64, sliding_window=128, mixed=False,
+        sinks=True), torch.bfloat16, 90))
+    for kernel in compiled:
+        use = resource_usage(kernel)
+        assert use["STACK"] == 0 and use["LOCAL"] == 0, f"spills: {use}"
 
 
 def _before_wait(ptx: str) -> list[str]:

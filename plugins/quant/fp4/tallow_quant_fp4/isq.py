@@ -20,7 +20,19 @@ def quantize_mxfp4(weight: torch.Tensor, device: torch.device) -> FP4Weight | No
     rows, cols = weight.shape
     if cols % 32:
         return None
-    w = weight.to(device, torch.float32).reshape(rows, cols // 32, 32)
+    codes, scales = mxfp4_codes(weight.to(device))
+    return from_codes("mxfp4", codes, scales)
+
+
+@torch.no_grad()
+def mxfp4_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e2m1 codes uint8 ``[..., cols]``, e8m0 scale bytes ``[..., cols / 32]``) of float
+    ``weight [..., cols]`` (cols a multiple of 32), on its device."""
+    *lead, cols = weight.shape
+    if cols % 32:
+        raise ValueError(f"MXFP4: rows of {cols} columns are not whole 32-column blocks")
+    device = weight.device
+    w = weight.to(torch.float32).reshape(-1, cols // 32, 32)
     top = w.abs().amax(dim=-1)
     exp = torch.where(top > 0, torch.floor(torch.log2(top)) - 2, torch.full_like(top, -127))
     exp = exp.clamp(-127, 127)
@@ -30,4 +42,4 @@ def quantize_mxfp4(weight: torch.Tensor, device: torch.device) -> FP4Weight | No
     mag = distance.argmin(dim=-1).to(torch.uint8)
     codes = mag | ((scaled < 0) & (mag > 0)).to(torch.uint8) << 3
     scales = (exp + 127).to(torch.uint8)
-    return from_codes("mxfp4", codes.reshape(rows, cols), scales)
+    return codes.reshape(*lead, cols), scales.reshape(*lead, cols // 32)

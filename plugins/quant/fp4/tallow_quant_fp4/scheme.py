@@ -1,8 +1,8 @@
 """The quant scheme ``fp4``: MXFP4 and NVFP4 weights (gpt-oss-style ``mxfp4`` checkpoints,
 compressed-tensors ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``, or a float model
 quantized at load with ``model.isq: mxfp4``) decoded by Triton kernels. The H200 has no FP4
-tensor cores: the weights are decoded to the activations' type (W4A16). Dense linear layers
-only (mixture-of-experts weights are not served).
+tensor cores: the weights are decoded to the activations' type (W4A16). Dense linear layers,
+and the mixture-of-experts experts of ``mxfp4`` checkpoints (gpt-oss: :mod:`.moe`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,17 @@ class FP4QuantScheme(QuantScheme):
         return method
 
     linear_method = head_method = _method
+
+    def moe_method(self, prefix: str) -> Any:
+        """MXFP4 experts kept packed for an ``mxfp4`` checkpoint (gpt-oss's
+        ``*_blocks`` / ``*_scales``); None (float experts) otherwise."""
+        if self.layout is None or self.layout.method != "mxfp4":
+            return None
+        from .moe import MXFP4MoEMethod
+
+        method = MXFP4MoEMethod(prefix)
+        self.methods.append(method)
+        return method
 
     def summary(self) -> str:
         counts = Counter(name for m in self.methods for name in m.type_names())

@@ -83,3 +83,50 @@ def test_linear_with_gate_and_parts(m):
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).to(DEVICE)
     dense = torch.cat([dequantize(p) for p in parts])
     check(ops.linear(x, parts, gate="silu"), ops._act(x, "silu") @ dense.T)
+
+
+# -- MXFP4 experts (gpt-oss) ------------------------------------------------------------------
+def mx_experts(e: int, rows: int, cols: int, seed: int):
+    """Random MXFP4 experts ``(blocks [e, rows, cols/32, 16], scales [e, rows, cols/32])``:
+    every code, scales around 2**-3."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=gen, dtype=torch.int32)
+    scales = 124 + torch.randint(-2, 3, (e, rows, cols // 32), generator=gen, dtype=torch.int32)
+    return blocks.to(torch.uint8).to(DEVICE), scales.to(torch.uint8).to(DEVICE)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 12])  # the decoding kernels, then workspace + GEMM
+@pytest.mark.parametrize("activation", ["swiglu_clamp", "silu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_experts_equal_the_reference(tokens, activation, dtype):
+    from tallow_quant_fp4.moe_ops import GEMV_MAX_TOKENS, mxfp4_moe, mxfp4_moe_ref
+
+    e, h, i, top_k = 8, 64, 96, 4
+    seed = tokens * 7 + len(activation)
+    w13, w2 = mx_experts(e, 2 * i, h, seed), mx_experts(e, h, i, seed + 1)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, h, generator=gen) * 0.5).to(dtype).to(DEVICE)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen).softmax(-1)
+    b13 = (torch.randn(e, 2 * i, generator=gen) * 0.3).to(dtype).to(DEVICE)
+    b2 = (torch.randn(e, h, generator=gen) * 0.3).to(dtype).to(DEVICE)
+    ids, weights = ids.to(DEVICE), weights.to(DEVICE)
+    args = dict(activation=activation, w13_bias=b13, w2_bias=b2, swiglu_limit=2.0)
+    got = mxfp4_moe(x, w13, w2, weights, ids, **args)
+    want = mxfp4_moe_ref(x, w13, w2, weights, ids, **args)
+    assert (tokens <= GEMV_MAX_TOKENS) == (tokens < 12)
+    check(got, want)
+    # no biases: the kernels' other variant
+    check(mxfp4_moe(x, w13, w2, weights, ids, activation=activation),
+          mxfp4_moe_ref(x, w13, w2, weights, ids, activation=activation))
+
+
+def test_dequantize_selected_decodes_exactly_the_selected_experts():
+    from tallow_quant_fp4.moe_ops import dequantize_experts, dequantize_selected
+
+    blocks, scales = mx_experts(6, 40, 96, seed=3)  # rows not a multiple of the row block
+    used = torch.tensor([0, 1, 0, 0, 1, 1], dtype=torch.int32, device=DEVICE)
+    got = dequantize_selected(blocks, scales, used, torch.float32)
+    want = dequantize_experts(blocks, scales)
+    for expert in (1, 4, 5):
+        assert torch.equal(got[expert], want[expert]), expert

@@ -72,3 +72,29 @@ def test_the_small_batch_loop_cost(bm):
 def test_warps_along_k_compile_without_spills(nv, warps):
     use = resource_usage(gemv(nv, 1, 2 if nv else 8, warps))
     assert use["STACK"] == 0 and use["LOCAL"] == 0, (nv, warps, use)
+
+
+@pytest.mark.parametrize("act", ["*bf16", "*fp16", "*fp32"])
+def test_moe_kernels_compile_without_spills(act):
+    """The MXFP4 experts' kernels (kernels/moe.py) at the launch parameters of moe_ops: every
+    activation, with and without biases, read their bytes in 16-byte vectors."""
+    from tallow_quant_fp4.kernels.moe import _dequant_kernel as moe_dequant
+    from tallow_quant_fp4.kernels.moe import _down_kernel, _gate_up_kernel
+    from tallow_quant_fp4.moe_ops import BLOCK_N, DEQUANT_BLOCK_R, GROUPS
+
+    packed = {"w_ptr": "*u8", "s_ptr": "*u8", "ids_ptr": "*i64", "alpha": "fp32",
+              "limit": "fp32", "topk_w_ptr": "*fp32", "used_ptr": "*i32"}
+    kernels = [compile_for_gpu(_gate_up_kernel, dict(TOP_K=4, ACT=a, HAS_BIAS=b,
+                                                      BLOCK_N=BLOCK_N, GROUPS=GROUPS),
+                               packed, default_pointer=act, aligned=_aligned, num_warps=4)
+               for a in (0, 1) for b in (False, True)]
+    kernels.append(compile_for_gpu(_down_kernel, dict(TOP_K=4, HAS_BIAS=True, BLOCK_N=BLOCK_N,
+                                                      GROUPS=GROUPS),
+                                   packed, default_pointer=act, aligned=_aligned, num_warps=4))
+    kernels.append(compile_for_gpu(moe_dequant, dict(BLOCK_R=DEQUANT_BLOCK_R, GROUPS=GROUPS),
+                                   packed, default_pointer=act, aligned=_aligned, num_warps=4))
+    for k in kernels:
+        use = resource_usage(k)
+        assert use["STACK"] == 0 and use["LOCAL"] == 0, use
+    for k in kernels[:-1]:
+        assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", k.asm["ptx"]), "no 16-byte loads"

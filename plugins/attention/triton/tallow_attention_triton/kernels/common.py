@@ -131,6 +131,17 @@ def online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def sink_mass(sinks_ptr, heads, m, mask, USE_SINKS: tl.constexpr):
+    """What the attention sinks of query ``heads`` add to the online softmax's row sums whose
+    log2-domain row maxima are ``m``: ``2 ** (sink * log2(e) - m)`` (a sink is a natural-log
+    logit of the head that joins the denominator and has no value), or 0 without sinks."""
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=mask, other=float("-inf")).to(tl.float32)
+        return tl.exp2(sink * 1.4426950408889634 - m)
+    return tl.zeros_like(m)
+
+
+@triton.jit
 def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
                BLOCK_SIZE: tl.constexpr):
     """Element offsets [N] of context tokens ``offs_n`` of one sequence and one KV head in a

@@ -47,7 +47,7 @@ from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
                      online_softmax_step_scaled, product_operand, saturate, scaled_scores,
-                     scores, tanh, turbo_offsets, widen_fp8_in_ptx)
+                     scores, sink_mass, tanh, turbo_offsets, widen_fp8_in_ptx)
 from .turbo import code_positions, load_centered, tile_scales
 
 
@@ -93,7 +93,7 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
 def decode_split_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr,
     qk_scale, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
@@ -104,7 +104,8 @@ def decode_split_kernel(
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
     SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
     WIDEN_V_IN_PTX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     tl.static_assert(KV_BITS == 0 or not FUSED_STORE,
                      "the store is fused only for caches that cast (KV_BITS 0)")
@@ -235,6 +236,8 @@ def decode_split_kernel(
                 acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
     if SINGLE_SPLIT:
+        # the sinks join the denominator once, here or in the reduce kernel
+        l_i += sink_mass(sinks_ptr, heads, m_i, g_mask, USE_SINKS)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
         o = acc / l_safe[:, None]
         tl.store(out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -250,13 +253,15 @@ def decode_split_kernel(
 
 @step_jit(values=["window", "num_splits"], pointers=["seq_lens_ptr", "qsl_ptr"])
 def decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
+    part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr, sinks_ptr,
     window, num_splits, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     S_PAD: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr, USE_PDL: tl.constexpr,
+    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr, USE_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s."""
+    """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / (sum_s 2^(m_s - M) l_s
+    + the head's sink mass at M, with ``USE_SINKS``)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     wait_prior(USE_PDL)  # the partials are the split kernel's output
@@ -279,6 +284,8 @@ def decode_reduce_kernel(
     m_all = tl.where(n_active > 0, m_all, 0.0)  # no context at all (padding): zeros, not NaN
     w = tl.where(s_mask, tl.exp2(m - m_all), 0.0)
     total = tl.sum(w * row_sum, 0)
+    total += tl.sum(sink_mass(sinks_ptr, head + tl.zeros([1], tl.int32), m_all + tl.zeros(
+        [1], tl.float32), head + tl.zeros([1], tl.int32) >= 0, USE_SINKS), 0)
     total = tl.where(total > 0.0, total, 1.0)
     acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :],
                   mask=s_mask[:, None], other=0.0)

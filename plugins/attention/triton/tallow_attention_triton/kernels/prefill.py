@@ -24,7 +24,7 @@ from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (
     kv_offsets, online_softmax_step, online_softmax_step_scaled, product_operand,
-    scaled_scores, scores, turbo_offsets,
+    scaled_scores, scores, sink_mass, turbo_offsets,
 )
 from .turbo import code_positions, load_centered
 
@@ -118,7 +118,7 @@ def _attend_turbo_tile(acc, l_i, m_i, q, q_pos, k_codes_ptr, v_codes_ptr, k_scal
           pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
 def prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
-    seq_lens_ptr, qsl_ptr, out_ptr,
+    seq_lens_ptr, qsl_ptr, out_ptr, sinks_ptr,
     qk_scale, softcap, window, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
@@ -127,10 +127,11 @@ def prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
     CAUSAL: tl.constexpr, F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel.
-    ``KV_BITS`` > 0: a turbo cache, as in :func:`.decode.decode_split_kernel`."""
+    ``KV_BITS`` > 0: a turbo cache, as in :func:`.decode.decode_split_kernel`. ``USE_SINKS``:
+    ``sinks_ptr`` holds a float32 logit per query head that joins each row's denominator."""
     wait_prior(USE_PDL)  # the program's sequence is found in this step's metadata
     allow_next(USE_PDL)
     pid = tl.program_id(0)
@@ -210,6 +211,7 @@ def prefill_kernel(
                 d_mask, True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION,
                 UPCAST)
 
+    l_i += sink_mass(sinks_ptr, heads, m_i, row_mask, USE_SINKS)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],

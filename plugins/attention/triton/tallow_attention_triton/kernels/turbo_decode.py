@@ -24,7 +24,7 @@ import triton.language as tl
 
 from tallow.kernels import allow_next, step_jit, wait_prior
 
-from .common import dot, product_operand, scaled_weights, tanh, turbo_offsets
+from .common import dot, product_operand, scaled_weights, sink_mass, tanh, turbo_offsets
 from .decode import _query_row, _split_tiles
 from .turbo import load_nibble_halves, tile_scales
 
@@ -35,7 +35,7 @@ from .turbo import load_nibble_halves, tile_scales
 def decode_nibbles_kernel(
     q_ptr, k_codes_ptr, v_codes_ptr, k_scales_ptr, v_scales_ptr,
     block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr,
     qk_scale, softcap, window, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
@@ -45,7 +45,7 @@ def decode_nibbles_kernel(
     TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, F16_PRODUCTS: tl.constexpr,
     UNPACK_IN_PTX: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_SINKS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Codes ``[blocks, bs, Hkv, D/2]`` (strides ``stride_c*``, bytes), scales float16
     ``[blocks, bs, Hkv]`` (strides ``stride_sb``, ``stride_so``, 1); ``q`` rotated as
@@ -121,6 +121,7 @@ def decode_nibbles_kernel(
         v_scale = next_v_scale
 
     if SINGLE_SPLIT:
+        l_i += sink_mass(sinks_ptr, heads, m_i, g_mask, USE_SINKS)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
         dst = out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_h[None, :]
         out_ty = out_ptr.dtype.element_ty
