@@ -35,7 +35,7 @@ experts for now; see :mod:`tallow.layers.moe_method`).
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Any, Hashable
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from .linear_method import set_weight_attrs
 from .model import BuildContext
 from .moe_method import moe_method_for
 from .moe_router import RouterSpec, select_experts
+from .quantized import QuantizedWeight
 from .parallel import all_reduce, divide
 from .weight_names import WeightRule
 
@@ -82,28 +83,52 @@ class FusedExperts(nn.Module):
             if not hasattr(param, "shard_ids"):
                 set_weight_attrs(param, shard_ids=tuple((str(e), p) for e in range(num_experts)
                                                         for p in part))
+            if not hasattr(param, "shard_cover"):
+                set_weight_attrs(param, shard_cover=self.shard_cover)
             if not hasattr(param, "weight_loader"):
                 set_weight_attrs(param, weight_loader=self.weight_loader)
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
-        """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
-        checkpoint tensor; None: the stacked tensor of every expert (``[E, ...]``)."""
+    def shard_cover(self, shard_id: Hashable) -> set[Hashable]:
+        """The per-expert shard ids one loaded shard fills: ``("*", part)`` (that part of every
+        expert, stacked) fills ``(e, part)`` for each expert; any other id fills itself."""
+        if isinstance(shard_id, tuple) and len(shard_id) == 2 and shard_id[0] == "*":
+            return {(str(e), shard_id[1]) for e in range(self.num_experts)}
+        return {shard_id}
+
+    def expert_tensors(self, loaded: Any, shard_id: Hashable | None
+                       ) -> list[tuple[int, str | None, Any]]:
+        """``(expert, part, tensor)`` for each expert a checkpoint tensor holds: ``shard_id``
+        None, the stacked tensor of every expert (``[E, ...]``, part None: the whole
+        projection); ``("*", part)``, one part of every expert stacked (GGUF's
+        ``ffn_gate_exps``); ``(expert, part)``, one expert's part. ``loaded`` is a float tensor
+        or a :class:`~tallow.layers.QuantizedWeight` (its experts are selected as its rows of
+        blocks, still quantized)."""
         what = self.prefix or "FusedExperts"
-        if shard_id is None:
-            if loaded.shape[0] != self.num_experts:
+        if shard_id is None or (isinstance(shard_id, tuple) and len(shard_id) == 2
+                                and shard_id[0] == "*"):
+            part = None if shard_id is None else str(shard_id[1])
+            if len(loaded.shape) != 3 or loaded.shape[0] != self.num_experts:
                 raise ValueError(f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
                                  f"{self.num_experts} experts")
-            for e in range(self.num_experts):
-                self._load_expert(param, e, loaded[e], None, what)
-            return
+            if isinstance(loaded, QuantizedWeight):
+                return [(e, part, loaded.select(e)) for e in range(self.num_experts)]
+            return [(e, part, loaded[e]) for e in range(self.num_experts)]
         if not isinstance(shard_id, tuple) or len(shard_id) != 2:
             raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
         e, part = int(shard_id[0]), str(shard_id[1])
         if not 0 <= e < self.num_experts:
             raise ValueError(f"{what}: expert {e} out of range (the layer has "
                              f"{self.num_experts})")
-        self._load_expert(param, e, loaded, part, what)
+        return [(e, part, loaded)]
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
+                      shard_id: Hashable | None = None) -> None:
+        """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
+        checkpoint tensor; ``("*", part)``: that part of every expert, stacked; None: the
+        stacked tensor of every expert (``[E, ...]``). See :meth:`expert_tensors`."""
+        what = self.prefix or "FusedExperts"
+        for e, part, src in self.expert_tensors(loaded, shard_id):
+            self._load_expert(param, e, src, part, what)
 
     def _load_expert(self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None,
                      what: str) -> None:
@@ -231,6 +256,24 @@ class FusedMoE(nn.Module):
         if self.reduce_results:
             out = all_reduce(out, self.tp_size)
         return out.view(shape)
+
+    @staticmethod
+    def gguf_weight_rules(block: str, prefix: str) -> list[WeightRule]:
+        """Rules mapping llama.cpp's GGUF expert tensors of block template ``block`` (such as
+        ``"blk.{i}"``) onto the layer at ``prefix`` (``"model.layers.{i}.mlp"``): the router
+        ``ffn_gate_inp`` ``[E, H]`` and the stacked experts ``ffn_gate_exps`` /
+        ``ffn_up_exps`` ``[E, I, H]`` and ``ffn_down_exps`` ``[E, H, I]`` (float, or still
+        block-quantized for a scheme that keeps them). Shared experts are the model's to map
+        (their names and gates differ between families)."""
+        experts = f"{prefix}.experts"
+        return [
+            WeightRule(f"{block}.ffn_gate_inp.weight", f"{prefix}.gate.weight"),
+            WeightRule(f"{block}.ffn_gate_exps.weight", f"{experts}.w13_weight",
+                       shard=("*", "gate")),
+            WeightRule(f"{block}.ffn_up_exps.weight", f"{experts}.w13_weight",
+                       shard=("*", "up")),
+            WeightRule(f"{block}.ffn_down_exps.weight", f"{experts}.w2_weight"),
+        ]
 
     @staticmethod
     def hf_weight_rules(prefix: str) -> list[WeightRule]:
