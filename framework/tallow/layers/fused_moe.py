@@ -20,8 +20,10 @@ named as in Hugging Face's MoE models):
 - ``experts.w13_weight [E, 2I/tp, H]`` (each expert's gate rows then its up rows) and
   ``experts.w2_weight [E, H, I/tp]``, with ``expert_bias`` also ``experts.w13_bias`` and
   ``experts.w2_bias`` (gpt-oss). They load from per-expert tensors
-  (``experts.{e}.gate_proj.weight`` ...) or from the stacked forms transformers 5 uses in
-  memory (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``);
+  (``experts.{e}.gate_proj.weight`` ...), from the stacked forms transformers 5 uses in
+  memory (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``), or from one
+  part of every expert stacked (shard ``("*", "gate")``: GGUF's ``ffn_gate_exps [E, I, H]``,
+  :meth:`FusedMoE.gguf_weight_rules`);
 - with ``shared_intermediate_size``, ``shared_expert`` (a gated MLP every token goes through,
   ``gate_up_proj`` / ``down_proj``) and with ``shared_gate`` its scalar gate
   ``shared_expert_gate.weight [1, H]``: ``sigmoid(x · g) * shared(x)`` (Qwen2-MoE).
@@ -30,7 +32,7 @@ Tensor parallelism splits every expert (and the shared expert) along its interme
 each rank computes a partial sum of the block's output and one all-reduce at the end adds
 them (the expert ``w2_bias`` is held by rank 0 only, so it is added once). How the experts are
 stored and run is the :class:`~tallow.layers.MoEMethod` that ``build.quant`` assigns (float
-experts for now; see :mod:`tallow.layers.moe_method`).
+experts unless the scheme has its own; see :mod:`tallow.layers.moe_method`).
 """
 
 from __future__ import annotations

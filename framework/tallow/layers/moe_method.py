@@ -6,11 +6,14 @@ may post-process them after loading, and runs the experts in ``apply``. The laye
 router, the shared experts, the tensor-parallel split (each rank holds ``I / tp`` of every
 expert's intermediate features) and the mapping of checkpoint tensors onto its parameters.
 
-Only :class:`UnquantizedMoEMethod` (float weights) exists so far. A quantization scheme will
-supply its own through an optional ``moe_method(prefix)`` factory, asked by
-:func:`moe_method_for` the way ``linear_method(prefix)`` is asked for linear layers; its
-parameters say which dimension follows the expert index, the output and the input
-(``expert_dim``, ``output_dim``, ``input_dim``) so the layer's loader can shard them.
+The core has :class:`UnquantizedMoEMethod` (float weights). A quantization scheme supplies its
+own through an optional ``moe_method(prefix)`` factory, asked by :func:`moe_method_for` the
+way ``linear_method(prefix)`` is asked for linear layers (tallow-quant-gguf's keeps GGUF
+experts in their blocks). Its parameters say which dimension follows the expert index, the
+output and the input (``expert_dim``, ``output_dim``, ``input_dim``) so the layer's loader can
+shard them; a parameter that sets its own ``weight_loader`` loads itself (with
+``accepts_quantized`` it receives still-quantized checkpoint tensors), usually through
+:meth:`FusedExperts.expert_tensors <tallow.layers.FusedExperts.expert_tensors>`.
 """
 
 from __future__ import annotations
