@@ -152,6 +152,8 @@ class GGUFMoEMethod(MoEMethod):
         return fill
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.stacked:  # already stacked (a second call finds nothing left to do)
+            return
         what = self._what(layer)
         for part, experts in self.loaded.items():
             missing = [e for e, p in enumerate(experts) if p is None]
