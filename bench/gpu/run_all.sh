@@ -8,7 +8,8 @@
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
-# 1000 x 1000 throughput; the fused-MoE tile sweep at one token),
+# 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
+# model's batch-1 decode with --isq q4_k experts),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -109,6 +110,14 @@ if [[ ",$MODE," == *",moelat,"* ]]; then
 fi
 if [[ ",$MODE," == *",moethr,"* ]]; then
   bench throughput_qwen3_30b_a3b 420 throughput --model random:qwen3-30b-a3b --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",moeq4ktests,"* ]]; then  # tallow-quant-gguf's quantized experts
+  echo "== GPU tests of GGUF experts (decode kernels, workspace path, CUDA graphs, isq engine)"
+  timeout 400 python3 -m pytest -q -rs --timeout 360 plugins/quant/gguf/tests/moe_cases.py \
+    plugins/quant/gguf/tests/test_moe_gpu.py 2>&1 | tail -20 | tee "$OUT/tests_moe_q4k.log"
+fi
+if [[ ",$MODE," == *",moeq4klat,"* ]]; then
+  bench latency_qwen3_30b_a3b_q4k_bs1 300 latency --model random:qwen3-30b-a3b --dtype bfloat16 --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",moesweep1,"* ]]; then  # the GEMV path's tiles at one token (the batch-1 decode's), into OUT
   echo "== fused-MoE tiles at one token"

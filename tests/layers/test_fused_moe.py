@@ -278,3 +278,40 @@ def test_weight_rule_fills_its_shard_from_the_name():
     assert match.target == "x.4.w13_weight" and match.shard == ("17", "up")
     with pytest.raises(ValueError, match="does not capture"):
         WeightRule("x.{i}.y", "x.{i}.z", shard=("{e}", "up"))
+
+
+def test_one_part_of_every_expert_stacked_loads_and_covers_its_shards():
+    """GGUF stores each part of every expert stacked (``ffn_gate_exps [E, I, H]``): shard
+    ``("*", part)`` loads it like the per-expert tensors, and ``shard_cover`` tells the loader
+    it filled that part of every expert (and nothing else)."""
+    g = torch.Generator().manual_seed(5)
+    t = _checkpoint(g, shared=False, bias=False)
+    per_expert = _layer()
+    _load(per_expert, t)
+    layer = _layer()
+    layer.gate.weight.data.copy_(t["mlp.gate.weight"])
+    w13, w2 = layer.experts.w13_weight, layer.experts.w2_weight
+    for part in ("gate", "up"):
+        stacked = torch.stack([t[f"mlp.experts.{e}.{part}_proj.weight"] for e in range(E)])
+        w13.weight_loader(w13, stacked, ("*", part))
+    w2.weight_loader(w2, torch.stack([t[f"mlp.experts.{e}.down_proj.weight"]
+                                      for e in range(E)]), None)
+    for name, p in per_expert.state_dict().items():
+        assert torch.equal(p, layer.state_dict()[name]), name
+    assert w13.shard_cover(("*", "up")) == {(str(e), "up") for e in range(E)}
+    assert w13.shard_cover(("3", "up")) == {("3", "up")}
+    with pytest.raises(ValueError, match="does not hold 8 experts"):
+        w13.weight_loader(w13, torch.zeros(E - 1, INTER, H), ("*", "gate"))
+
+
+def test_a_quantized_stacked_tensor_gives_each_expert_its_rows_of_blocks():
+    from tallow.layers import QuantizedWeight
+
+    data = torch.arange(E * INTER * 6, dtype=torch.uint8).reshape(E, INTER, 6)
+    weight = QuantizedWeight("gguf", "Q8_0", (E, INTER, 32), data, lambda *a: None)
+    items = _layer().experts.expert_tensors(weight, ("*", "gate"))
+    assert [(e, part) for e, part, _ in items] == [(e, "gate") for e in range(E)]
+    third = items[3][2]
+    assert third.shape == (INTER, 32) and torch.equal(third.data, data[3])
+    with pytest.raises(ValueError, match="cannot select index 8"):
+        weight.select(E)

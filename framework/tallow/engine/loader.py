@@ -84,6 +84,21 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
                              + formats.missing_hint()) from exc
 
 
+def _gguf_config(entry: Entry, checkpoint: Checkpoint,
+                 config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` completed by ``entry``'s ``config_from_gguf`` from the file's metadata."""
+    refine = getattr(entry.load(), "config_from_gguf", None)
+    if refine is None:
+        return dict(config)
+    try:
+        return dict(refine(checkpoint.extra.get("gguf_metadata", {}), dict(config)))
+    except ModelFileError:
+        raise
+    except ValueError as exc:  # the model class names the key, not the file
+        raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
+                             str(exc)) from None
+
+
 def resolve_architecture(registries: Registries,
                          checkpoint: Checkpoint) -> tuple[Entry, dict[str, Any]]:
     """The architecture entry and the (possibly refined) HF-style config."""
@@ -91,19 +106,20 @@ def resolve_architecture(registries: Registries,
     arch = checkpoint.architecture
     if arch.startswith("gguf:"):
         entry = registries.architectures.for_gguf(arch[len("gguf:"):])
-        cls = entry.load()
-        metadata = checkpoint.extra.get("gguf_metadata", {})
-        refine = getattr(cls, "config_from_gguf", None)
-        if refine is not None:
-            try:
-                config = refine(metadata, config)
-            except ModelFileError:
-                raise
-            except ValueError as exc:  # the model class names the key, not the file
-                raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
-                                     str(exc)) from None
-        config.setdefault("architectures", [entry.name])
-        return entry, config
+        refined = _gguf_config(entry, checkpoint, config)
+        named = (refined.get("architectures") or [entry.name])[0]
+        if named != entry.name and named not in getattr(entry.load(), "hf_architectures", ()):
+            # the class hands the file to another architecture (llama.cpp writes Mixtral as
+            # "llama" with experts): that one completes the config from the same metadata
+            if named not in registries.architectures:
+                raise SelectionError(
+                    f"{checkpoint.source}: GGUF architecture {arch[len('gguf:'):]!r} with "
+                    f"this configuration is served by {named}, which no loaded model plugin "
+                    "implements" + registries.architectures.missing_hint(named))
+            entry = registries.architectures.entry(named)
+            refined = _gguf_config(entry, checkpoint, config)
+        refined.setdefault("architectures", [entry.name])
+        return entry, refined
     if arch not in registries.architectures:
         known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "

@@ -101,7 +101,9 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         """Load checkpoint ``tensors`` named under ``naming``; return the parameters filled.
 
         Every tensor goes through its parameter's ``weight_loader`` (which shards it for this
-        rank and converts its dtype). A still-quantized tensor
+        rank and converts its dtype); a parameter with ``shard_cover(shard) -> set`` says
+        which of its ``shard_ids`` one loaded shard fills (a stacked tensor of every
+        expert's gate, say), else a shard fills itself and no shard fills all of them. A still-quantized tensor
         (:class:`~tallow.layers.QuantizedWeight`) reaches the loader as it is when the parameter
         says ``accepts_quantized``; otherwise it is dequantized to float32 first. Raises
         :class:`WeightLoadError` naming the tensor when a shape does not fit, and, after the
@@ -161,8 +163,11 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
                 raise WeightLoadError(f"{type(self).__name__}: checkpoint tensor {ckpt_name!r} "
                                       f"-> parameter {target!r}: {exc}") from exc
             shards = getattr(param, "shard_ids", None)
+            cover = getattr(param, "shard_cover", None)
             if shard is None and shards:
                 loaded[name].update(shards)
+            elif cover is not None:  # one tensor may fill several shards (stacked experts)
+                loaded[name].update(cover(shard))
             else:
                 loaded[name].add(shard)
         missing = self._missing(loaded)

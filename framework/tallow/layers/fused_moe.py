@@ -20,8 +20,10 @@ named as in Hugging Face's MoE models):
 - ``experts.w13_weight [E, 2I/tp, H]`` (each expert's gate rows then its up rows) and
   ``experts.w2_weight [E, H, I/tp]``, with ``expert_bias`` also ``experts.w13_bias`` and
   ``experts.w2_bias`` (gpt-oss). They load from per-expert tensors
-  (``experts.{e}.gate_proj.weight`` ...) or from the stacked forms transformers 5 uses in
-  memory (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``);
+  (``experts.{e}.gate_proj.weight`` ...), from the stacked forms transformers 5 uses in
+  memory (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``), or from one
+  part of every expert stacked (shard ``("*", "gate")``: GGUF's ``ffn_gate_exps [E, I, H]``,
+  :meth:`FusedMoE.gguf_weight_rules`);
 - with ``shared_intermediate_size``, ``shared_expert`` (a gated MLP every token goes through,
   ``gate_up_proj`` / ``down_proj``) and with ``shared_gate`` its scalar gate
   ``shared_expert_gate.weight [1, H]``: ``sigmoid(x · g) * shared(x)`` (Qwen2-MoE).
@@ -36,12 +38,13 @@ to their experts' ranks and back by all-to-all (:mod:`tallow.layers.moe_dispatch
 expert stays split along its intermediate size, and the same one all-reduce ends the block.
 
 How the experts are stored and run is the :class:`~tallow.layers.MoEMethod` that
-``build.quant`` assigns (float experts for now; see :mod:`tallow.layers.moe_method`).
+``build.quant`` assigns (float experts unless the scheme has its own; see
+:mod:`tallow.layers.moe_method`).
 """
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Any, Hashable
 
 import torch
 from torch import nn
@@ -55,6 +58,7 @@ from .model import BuildContext
 from .moe_dispatch import ExpertPlacement, dispatch_combine, token_shard
 from .moe_method import moe_method_for
 from .moe_router import RouterSpec, select_experts
+from .quantized import QuantizedWeight
 from .parallel import all_reduce, divide
 from .weight_names import WeightRule
 
@@ -100,6 +104,8 @@ class FusedExperts(nn.Module):
             if not hasattr(param, "shard_ids"):
                 set_weight_attrs(param, shard_ids=tuple((str(e), p) for e in range(num_experts)
                                                         for p in part))
+            if not hasattr(param, "shard_cover"):
+                set_weight_attrs(param, shard_cover=self.shard_cover)
             if not hasattr(param, "weight_loader"):
                 set_weight_attrs(param, weight_loader=self.weight_loader)
 
@@ -126,28 +132,74 @@ class FusedExperts(nn.Module):
             return [WeightSlice(0, (0, self.hidden_size), span)]
         return [WeightSlice(0 if part == "gate" else 1, span, None)]
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
-        """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
-        checkpoint tensor; None: the stacked tensor of every expert (``[E, ...]``). Only the
-        experts this rank holds are copied (``placement``); the others' are passed over."""
+    def shard_cover(self, shard_id: Hashable) -> set[Hashable]:
+        """The per-expert shard ids one loaded shard fills: ``("*", part)`` (that part of every
+        expert, stacked) fills ``(e, part)`` for each expert; any other id fills itself."""
+        if isinstance(shard_id, tuple) and len(shard_id) == 2 and shard_id[0] == "*":
+            return {(str(e), shard_id[1]) for e in range(self.num_experts)}
+        return {shard_id}
+
+    def expert_tensors(self, loaded: Any, shard_id: Hashable | None,
+                       projection: str | None = None) -> list[tuple[int, str | None, Any]]:
+        """``(local expert, part, tensor)`` for each expert of a checkpoint tensor that this
+        rank holds (``placement``; the others' are passed over), the index counted from this
+        rank's first expert. ``shard_id`` None: the stacked tensor of every expert
+        (``[E, ...]``, part None: the whole projection); ``("*", part)``: one part of every
+        expert stacked (GGUF's ``ffn_gate_exps``); ``(expert, part)``: one expert's part.
+        ``loaded`` is a float tensor or a :class:`~tallow.layers.QuantizedWeight` (its experts
+        are selected as its rows of blocks, still quantized). ``projection`` ``"w13"`` or
+        ``"w2"`` names the stacked projection the tensor is loaded into: a whole projection
+        (part None) then comes back as its parts (w13's rows split into gate and up), and a
+        part that projection does not have is refused."""
         what = self.prefix or "FusedExperts"
+        items = self._expert_items(loaded, shard_id, what)
+        if projection is None:
+            return items
+        parts = {"w13": ("gate", "up"), "w2": ("down",)}.get(projection)
+        if parts is None:
+            raise ValueError(f"{what}: no projection {projection!r} (expected w13 or w2)")
+        out: list[tuple[int, str | None, Any]] = []
+        for e, part, src in items:
+            if part is None:
+                out += (list(zip([e, e], parts, src.chunk(2, dim=0))) if projection == "w13"
+                        else [(e, "down", src)])
+            elif part in parts:
+                out.append((e, part, src))
+            else:
+                raise ValueError(f"{what}: {projection} has no part {part!r} (expected "
+                                 f"{' or '.join(parts)})")
+        return out
+
+    def _expert_items(self, loaded: Any, shard_id: Hashable | None,
+                      what: str) -> list[tuple[int, str | None, Any]]:
         start = self.placement.start
-        if shard_id is None:
-            if loaded.shape[0] != self.num_experts:
+        if shard_id is None or (isinstance(shard_id, tuple) and len(shard_id) == 2
+                                and shard_id[0] == "*"):
+            part = None if shard_id is None else str(shard_id[1])
+            if len(loaded.shape) < 2 or loaded.shape[0] != self.num_experts:
                 raise ValueError(f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
                                  f"{self.num_experts} experts")
-            for e in range(self.placement.num_local):
-                self._load_expert(param, e, loaded[start + e], None, what)
-            return
+            local = range(self.placement.num_local)
+            if isinstance(loaded, QuantizedWeight):
+                return [(e, part, loaded.select(start + e)) for e in local]
+            return [(e, part, loaded[start + e]) for e in local]
         if not isinstance(shard_id, tuple) or len(shard_id) != 2:
             raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
         e, part = int(shard_id[0]), str(shard_id[1])
         if not 0 <= e < self.num_experts:
             raise ValueError(f"{what}: expert {e} out of range (the layer has "
                              f"{self.num_experts})")
-        if self.placement.holds(e):
-            self._load_expert(param, e - start, loaded, part, what)
+        return [(e - start, part, loaded)] if self.placement.holds(e) else []
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
+                      shard_id: Hashable | None = None) -> None:
+        """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
+        checkpoint tensor; ``("*", part)``: that part of every expert, stacked; None: the
+        stacked tensor of every expert (``[E, ...]``). Only the experts this rank holds are
+        copied; see :meth:`expert_tensors`."""
+        what = self.prefix or "FusedExperts"
+        for e, part, src in self.expert_tensors(loaded, shard_id):
+            self._load_expert(param, e, src, part, what)
 
     def _load_expert(self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None,
                      what: str) -> None:
@@ -294,6 +346,24 @@ class FusedMoE(nn.Module):
         out[start:end] = dispatch_combine(x[start:end], weights, ids, placement, self.experts,
                                           capacity=capacity)
         return out
+
+    @staticmethod
+    def gguf_weight_rules(block: str, prefix: str) -> list[WeightRule]:
+        """Rules mapping llama.cpp's GGUF expert tensors of block template ``block`` (such as
+        ``"blk.{i}"``) onto the layer at ``prefix`` (``"model.layers.{i}.mlp"``): the router
+        ``ffn_gate_inp`` ``[E, H]`` and the stacked experts ``ffn_gate_exps`` /
+        ``ffn_up_exps`` ``[E, I, H]`` and ``ffn_down_exps`` ``[E, H, I]`` (float, or still
+        block-quantized for a scheme that keeps them). Shared experts are the model's to map
+        (their names and gates differ between families)."""
+        experts = f"{prefix}.experts"
+        return [
+            WeightRule(f"{block}.ffn_gate_inp.weight", f"{prefix}.gate.weight"),
+            WeightRule(f"{block}.ffn_gate_exps.weight", f"{experts}.w13_weight",
+                       shard=("*", "gate")),
+            WeightRule(f"{block}.ffn_up_exps.weight", f"{experts}.w13_weight",
+                       shard=("*", "up")),
+            WeightRule(f"{block}.ffn_down_exps.weight", f"{experts}.w2_weight"),
+        ]
 
     @staticmethod
     def hf_weight_rules(prefix: str) -> list[WeightRule]:

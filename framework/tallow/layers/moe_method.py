@@ -10,15 +10,18 @@ checkpoint tensors onto its parameters.
 
 The core holds :class:`UnquantizedMoEMethod` (float weights). A quantization scheme supplies
 its own through an optional ``moe_method(prefix)`` factory, asked by :func:`moe_method_for`
-the way ``linear_method(prefix)`` is asked for linear layers. Its parameters either say which
-dimension follows the expert index, the output and the input (``expert_dim``, ``output_dim``,
-``input_dim``) so the layer's loader can shard them, or carry their own ``weight_loader``
-(called with shard ``(expert, part)``, part ``"gate"``, ``"up"`` or ``"down"``), which asks the
-layer :meth:`~tallow.layers.FusedExperts.checkpoint_shape` and
-:meth:`~tallow.layers.FusedExperts.weight_slices` where this rank's share of a checkpoint
-tensor goes. The checkpoint names ``experts.{e}.gate_proj.<kind>`` reach the parameter
-``w13_<kind>`` (``down_proj``: ``w2_<kind>``), so a method names its parameters after the
-checkpoint's tensors (``w13_weight_scale_inv``, ``w2_qweight``...).
+the way ``linear_method(prefix)`` is asked for linear layers (tallow-quant-fp8, -int4, -fp4
+and -gguf have theirs). Its parameters either say which dimension follows the expert index,
+the output and the input (``expert_dim``, ``output_dim``, ``input_dim``) so the layer's loader
+can shard them, or carry their own ``weight_loader`` (called with shard ``(expert, part)``,
+part ``"gate"``, ``"up"`` or ``"down"``, or a stacked shard; with ``accepts_quantized`` it
+receives still-quantized checkpoint tensors). Such a loader asks the layer
+:meth:`~tallow.layers.FusedExperts.expert_tensors` which of a tensor's experts this rank holds,
+and :meth:`~tallow.layers.FusedExperts.checkpoint_shape` /
+:meth:`~tallow.layers.FusedExperts.weight_slices` where this rank's share of an expert goes.
+The checkpoint names ``experts.{e}.gate_proj.<kind>`` reach the parameter ``w13_<kind>``
+(``down_proj``: ``w2_<kind>``), so a method names its parameters after the checkpoint's
+tensors (``w13_weight_scale_inv``, ``w2_qweight``...).
 """
 
 from __future__ import annotations

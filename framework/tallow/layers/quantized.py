@@ -66,6 +66,14 @@ class QuantizedWeight:
                              f"{tuple(data.shape)}")
         return replace(self, data=data)
 
+    def select(self, index: int) -> "QuantizedWeight":
+        """The sub-tensor at ``index`` of the leading dimension (one expert of a stacked
+        ``[E, N, K]`` weight), still quantized: its rows of bytes are a view."""
+        if len(self.shape) < 2 or not 0 <= index < self.shape[0]:
+            raise ValueError(f"{self.scheme} {self.qtype}: cannot select index {index} of a "
+                             f"tensor of shape {tuple(self.shape)}")
+        return replace(self, shape=tuple(self.shape[1:]), data=self.data[index])
+
     @property
     def nbytes(self) -> int:
         return self.data.numel()

@@ -24,7 +24,8 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
                  skip: Iterable[str] = ()) -> Iterator[tuple[str, Any]]:
     """``(gguf name, float32 numpy array)`` for each tensor of an HF ``state`` dict, named
     by the ``gguf`` package's map for GGUF architecture ``arch`` (what llama.cpp's converter
-    uses). ``transform(hf name, array)`` may rewrite an array (a row permutation); names in
+    uses; stacked experts ``experts.gate_up_proj`` are written as their gate and up halves,
+    ``ffn_gate_exps`` and ``ffn_up_exps``). ``transform(hf name, array)`` may rewrite an array (a row permutation); names in
     ``skip`` are left out. A name the map does not know raises ``KeyError``."""
     import gguf
     import numpy as np
@@ -32,7 +33,7 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(arch_id, num_layers)
     skipped = set(skip)
-    for name, tensor in state.items():
+    for name, tensor in _unfused_experts(state):
         if name in skipped:
             continue
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -42,6 +43,23 @@ def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, 
         if transform is not None:
             array = transform(name, array)
         yield mapped, np.ascontiguousarray(array)
+
+
+def _unfused_experts(state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state's tensors, with transformers 5's stacked ``experts.gate_up_proj [E, 2I, H]``
+    split into ``experts.gate_proj.weight`` and ``experts.up_proj.weight [E, I, H]`` and its
+    ``experts.down_proj`` named ``experts.down_proj.weight`` (the stacked names llama.cpp's
+    converter maps to ``ffn_{gate,up,down}_exps.weight``)."""
+    for name, tensor in state.items():
+        if name.endswith(".experts.gate_up_proj"):
+            base = name[:-len("gate_up_proj")]
+            gate, up = tensor.chunk(2, dim=1)
+            yield base + "gate_proj.weight", gate
+            yield base + "up_proj.weight", up
+        elif name.endswith(".experts.down_proj"):
+            yield name + ".weight", tensor
+        else:
+            yield name, tensor
 
 
 def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
@@ -71,14 +89,15 @@ def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
 
 
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],
-               tensors: Iterable[tuple[str, Any]], vocab_size: int, *,
+               tensors: Iterable[tuple[Any, ...]], vocab_size: int, *,
                quantize: str | None = None) -> None:
     """Write a GGUF file of architecture ``arch``: ``metadata`` keys without the ``<arch>.``
     prefix (ints as uint32, floats as float32, strings, bools, lists of numbers as float32
     arrays), a placeholder vocabulary of ``vocab_size`` tokens (padding id 0: transformers'
     GGUF loader wants one inside the vocabulary), and ``tensors``. ``quantize`` (a GGML type
     name such as ``"Q8_0"``) stores every matrix in that type with the ``gguf`` package's
-    quantizer; vectors stay float32."""
+    quantizer; vectors stay float32. A tensor given as ``(name, blocks, type name)`` is
+    stored as those GGML blocks (uint8, one row of blocks per row) of that type."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -100,8 +119,10 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],
     writer.add_token_types([1] * vocab_size)
     writer.add_pad_token_id(0)
     qtype = gguf.GGMLQuantizationType[quantize] if quantize else None
-    for name, array in tensors:
-        if qtype is not None and array.ndim == 2:
+    for name, array, *raw in tensors:
+        if raw:  # already GGML blocks: the shape follows from the bytes
+            writer.add_tensor(name, array, raw_dtype=gguf.GGMLQuantizationType[raw[0]])
+        elif qtype is not None and array.ndim == 2:
             blocks = gguf.quants.quantize(array, qtype)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
         else:

@@ -117,3 +117,18 @@ def _rope_scaling(get) -> dict[str, Any] | None:
         return out
     raise ValueError(f"GGUF metadata rope.scaling.type {kind!r} is not supported (expected "
                      "none, linear or yarn)")
+
+
+def mixtral_config(metadata: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config of a Mixtral written as GGUF architecture ``llama`` with experts:
+    ``expert_count`` experts of ``feed_forward_length``, ``expert_used_count`` per token
+    (routing weights always renormalised, as llama.cpp does for Mixtral)."""
+    cfg = llama_family_config(metadata, config, hf_architecture="MixtralForCausalLM",
+                              model_type="mixtral")
+    cfg["num_local_experts"] = int(arch_value(metadata, "expert_count"))
+    used = arch_value(metadata, "expert_used_count")
+    if not used:
+        raise ValueError("GGUF metadata expert_used_count is missing; a llama file with "
+                         "experts needs it for num_experts_per_tok")
+    cfg["num_experts_per_tok"] = int(used)
+    return cfg

@@ -28,7 +28,7 @@ from tallow.layers import (
     get_act_and_mul, rope_from_config,
 )
 
-from .gguf_config import llama_family_config
+from .gguf_config import arch_value, llama_family_config, mixtral_config
 from .naming import gguf_name_map, hf_name_map, unpermute_rows
 
 
@@ -271,6 +271,12 @@ class LlamaForCausalLM(CausalLM):
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """The config of a GGUF file; a ``llama`` file that holds experts
+        (``llama.expert_count > 0``) is a Mixtral, as llama.cpp writes them: its config names
+        ``MixtralForCausalLM`` (tallow-model-mixtral), which the engine then builds."""
+        if metadata.get("general.architecture") == "llama" and arch_value(
+                metadata, "expert_count", 0):
+            return mixtral_config(metadata, config)
         return llama_family_config(metadata, config, hf_architecture=cls.hf_architectures[0],
                                    model_type=cls.model_type)
 

@@ -5,7 +5,11 @@ The router is transformers' ``MixtralTopKRouter``: a softmax over all ``num_loca
 logits, the ``num_experts_per_tok`` best, their weights renormalised to sum to one
 (:class:`tallow.layers.RouterSpec` with ``renormalize=True``). The experts are SwiGLU MLPs of
 ``intermediate_size`` (``w1`` gate, ``w3`` up, ``w2`` down); there is no shared expert.
-Checkpoint names: :mod:`tallow_model_mixtral.naming`. GGUF files are not read yet.
+Checkpoint names: :mod:`tallow_model_mixtral.naming`.
+
+GGUF: llama.cpp writes Mixtral as architecture ``llama`` with ``llama.expert_count``;
+tallow-llama's ``config_from_gguf`` names this class for such files, and the engine builds it.
+Quantized experts stay quantized under a scheme that keeps them (tallow-quant-gguf).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from torch import nn
 from tallow.layers import ArchConfig, BuildContext, FusedMoE, RouterSpec
 from tallow_llama.model import MistralForCausalLM
 
-from .naming import hf_name_map
+from .naming import gguf_name_map, hf_name_map
 
 
 def moe_block(config: ArchConfig, build: BuildContext, prefix: str) -> FusedMoE:
@@ -36,7 +40,7 @@ class MixtralForCausalLM(MistralForCausalLM):
     hf_architectures = ("MixtralForCausalLM",)
     gguf_architectures = ()
     model_type = "mixtral"
-    weight_name_maps = {"hf": hf_name_map()}
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map()}
 
     def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
                   prefix: str) -> nn.Module:

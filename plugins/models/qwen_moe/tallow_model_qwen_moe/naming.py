@@ -10,11 +10,26 @@ block's names for layer ``i``::
     model.layers.i.mlp.shared_expert.gate_up_proj.weight <- shared_expert.{gate,up}_proj.weight
     model.layers.i.mlp.shared_expert.down_proj.weight    <- same name        (Qwen2-MoE)
     model.layers.i.mlp.shared_expert_gate.weight  [1, H] <- same name        (Qwen2-MoE)
+
+GGUF names (llama.cpp's ``qwen3moe`` and ``qwen2moe``): tallow-llama's GGUF map (no Q/K row
+permutation) plus, for block ``i``::
+
+    blk.i.ffn_gate_inp.weight   [E, H]     -> mlp.gate.weight (the router)
+    blk.i.ffn_gate_exps.weight  [E, I, H]  -> mlp.experts.w13_weight, every expert's gate
+    blk.i.ffn_up_exps.weight    [E, I, H]  -> mlp.experts.w13_weight, every expert's up
+    blk.i.ffn_down_exps.weight  [E, H, I]  -> mlp.experts.w2_weight
+    blk.i.ffn_gate_shexp.weight, ffn_up_shexp.weight -> mlp.shared_expert.gate_up_proj (qwen2moe)
+    blk.i.ffn_down_shexp.weight                      -> mlp.shared_expert.down_proj
+    blk.i.ffn_gate_inp_shexp.weight  [H] or [1, H]   -> mlp.shared_expert_gate.weight [1, H]
+
+The experts may be float or still block-quantized (a scheme such as tallow-quant-gguf keeps
+them so).
 """
 
 from __future__ import annotations
 
 from tallow.layers import FusedMoE, WeightNameMap, WeightRule
+from tallow_llama.naming import gguf_name_map as llama_gguf_name_map
 from tallow_llama.naming import hf_name_map as llama_hf_name_map
 
 _MLP = "model.layers.{i}.mlp"
@@ -30,4 +45,19 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_SHARED}.gate_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
         WeightRule(f"{_SHARED}.up_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
         WeightRule(f"{_SHARED}.down_proj.weight", f"{_SHARED}.down_proj.weight"),
+    ]
+
+
+_BLK = "blk.{i}"
+
+
+def gguf_name_map() -> WeightNameMap:
+    """llama.cpp GGUF names of ``qwen3moe`` and ``qwen2moe`` files."""
+    return llama_gguf_name_map(interleaved_qk=False) + [
+        *FusedMoE.gguf_weight_rules(_BLK, _MLP),
+        WeightRule(f"{_BLK}.ffn_gate_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
+        WeightRule(f"{_BLK}.ffn_up_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
+        WeightRule(f"{_BLK}.ffn_down_shexp.weight", f"{_SHARED}.down_proj.weight"),
+        WeightRule(f"{_BLK}.ffn_gate_inp_shexp.weight", f"{_MLP}.shared_expert_gate.weight",
+                   transform="as_row"),
     ]

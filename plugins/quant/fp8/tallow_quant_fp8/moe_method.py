@@ -95,35 +95,10 @@ class Fp8MoEMethod(MoEMethod):
             scale = getattr(self.layer, f"{name}_{self.scale_name}")
         return scale
 
-    def _pieces(self, name: str, loaded: torch.Tensor,
-                shard_id: Hashable | None) -> list[tuple[int, str, torch.Tensor]]:
-        """(expert, part, that expert's whole checkpoint tensor of the part) of a tensor
-        loaded into ``name`` (w13 or w2): one expert's, or the stacked ``[E, ...]`` form of
-        every expert."""
-        if shard_id is not None:
-            if not isinstance(shard_id, tuple) or len(shard_id) != 2:
-                raise ValueError(f"{self.prefix}: shard must be (expert, part), got {shard_id!r}")
-            e, part = int(shard_id[0]), str(shard_id[1])
-            if not 0 <= e < self.num_experts or part not in _PARTS[name]:
-                raise ValueError(f"{self.prefix}: no expert {e} part {part!r} in {name} (the "
-                                 f"layer has {self.num_experts} experts)")
-            return [(e, part, loaded)]
-        if loaded.dim() < 1 or loaded.shape[0] != self.num_experts:
-            raise ValueError(f"{self.prefix}: stacked {name} tensor {tuple(loaded.shape)} does "
-                             f"not hold {self.num_experts} experts")
-        out = []
-        for e in range(self.num_experts):
-            if name == "w2":
-                out.append((e, "down", loaded[e]))
-            else:
-                gate, up = loaded[e].chunk(2, dim=0)
-                out += [(e, "gate", gate), (e, "up", up)]
-        return out
-
     def _load_weight(self, name: str, param: torch.Tensor, loaded: torch.Tensor,
                      shard_id: Hashable | None = None) -> None:
         scale = self._scale_of(name)
-        for e, part, src in self._pieces(name, loaded, shard_id):
+        for e, part, src in self.layer.expert_tensors(loaded, shard_id, name):
             expected = self.layer.checkpoint_shape(part)
             if tuple(src.shape) != expected:
                 raise ValueError(f"{self.prefix}: expert {e} {part} weight has shape "
@@ -148,7 +123,7 @@ class Fp8MoEMethod(MoEMethod):
 
     def _load_scale(self, name: str, param: torch.Tensor, loaded: torch.Tensor,
                     shard_id: Hashable | None = None) -> None:
-        for e, part, src in self._pieces(name, loaded, shard_id):
+        for e, part, src in self.layer.expert_tensors(loaded, shard_id, name):
             rows_full, cols_full = self.layer.checkpoint_shape(part)
             [sl] = self.layer.weight_slices(part)
             (r0, r1), (c0, c1) = sl.rows, sl.cols or (0, cols_full)

@@ -38,6 +38,37 @@ if TYPE_CHECKING:  # pragma: no cover
 RANDOM_CHUNK_ROWS = 8192
 
 
+def to_packed(loaded: Any, rows: tuple[int, int], cols: tuple[int, int] | None,
+              isq: str | None, device: torch.device, dtype: torch.dtype, what: str,
+              tp_size: int = 1) -> PackedWeight:
+    """Rows ``rows`` and columns ``cols`` (None: all) of a 2-d checkpoint tensor as a packed
+    weight on ``device``: a :class:`QuantizedWeight` of a type the kernels decode keeps its
+    blocks (the columns must fall on block boundaries); a float tensor is quantized to
+    ``isq`` when given, else kept dense in ``dtype``."""
+    (r0, r1) = rows
+    c0, c1 = cols if cols is not None else (0, loaded.shape[-1])
+    if isinstance(loaded, QuantizedWeight) and (loaded.scheme != "gguf"
+                                                or loaded.qtype not in QUANT_TYPES):
+        loaded = loaded.dequantize()  # a type these kernels do not decode: keep it dense
+    if isinstance(loaded, QuantizedWeight):
+        qt = QUANT_TYPES[loaded.qtype]
+        if c0 % qt.block or c1 % qt.block:
+            raise ValueError(f"{what}: this rank's columns {c0}:{c1} do not fall on "
+                             f"{qt.block}-element block boundaries of {qt.name}; "
+                             "row-parallel shards of a quantized weight must (tensor "
+                             f"parallelism over {tp_size} ranks splits each row's "
+                             f"{loaded.shape[-1] // qt.block} blocks: choose a "
+                             "tensor-parallel size that divides them)")
+        raw = loaded.data[r0:r1, qt.row_bytes(c0):qt.row_bytes(c1)]
+        return pack(raw.to(device), qt, cols=c1 - c0)
+    weight = loaded[r0:r1, c0:c1]
+    if not isq:
+        return dense(weight.to(device, dtype))
+    from .isq import quantize_rows
+
+    return quantize_rows(weight, isq, device, dtype)
+
+
 class GGUFLinearMethod(LinearMethod):
     """Weights of one layer in GGML block types (see the module docstring)."""
 
@@ -79,7 +110,7 @@ class GGUFLinearMethod(LinearMethod):
                              f"{tuple(loaded.shape)}, expected {expected}")
         if isinstance(loaded, QuantizedWeight) and (loaded.scheme != "gguf"
                                                     or loaded.qtype not in QUANT_TYPES):
-            loaded = loaded.dequantize()  # a type these kernels do not decode: keep it dense
+            loaded = loaded.dequantize()  # once, not per slice (to_packed would per slice)
         for part in layer.weight_slices(shard_id):
             if self.parts[part.partition] is not None:
                 raise ValueError(f"{self._what}: output partition {part.partition} is loaded "
@@ -87,31 +118,9 @@ class GGUFLinearMethod(LinearMethod):
             self._store(part.partition, self._convert(loaded, part))
 
     def _convert(self, loaded: Any, part: WeightSlice) -> PackedWeight:
-        (r0, r1), cols = part.rows, part.cols
-        c0, c1 = cols if cols is not None else (0, loaded.shape[-1])
-        if isinstance(loaded, QuantizedWeight):
-            qt = QUANT_TYPES[loaded.qtype]
-            if c0 % qt.block or c1 % qt.block:
-                tp = getattr(self.layer, "tp_size", 1)
-                raise ValueError(f"{self._what}: this rank's columns {c0}:{c1} do not fall on "
-                                 f"{qt.block}-element block boundaries of {qt.name}; "
-                                 "row-parallel shards of a quantized weight must (tensor "
-                                 f"parallelism over {tp} ranks splits each row's "
-                                 f"{loaded.shape[-1] // qt.block} blocks: choose a "
-                                 "tensor-parallel size that divides them)")
-            raw = loaded.data[r0:r1, qt.row_bytes(c0):qt.row_bytes(c1)]
-            packed = pack(raw.to(self.device), qt, cols=c1 - c0)
-        else:
-            packed = self._from_float(loaded[r0:r1, c0:c1])
+        packed = to_packed(loaded, part.rows, part.cols, self.scheme.isq, self.device,
+                           self.dtype, self._what, getattr(self.layer, "tp_size", 1))
         return packed.pad_rows(part.pad_rows)
-
-    def _from_float(self, weight: torch.Tensor) -> PackedWeight:
-        """A float slice: quantized under ``model.isq``, else kept dense."""
-        if not self.scheme.isq:
-            return dense(weight.to(self.device, self.dtype))
-        from .isq import quantize_rows
-
-        return quantize_rows(weight, self.scheme.isq, self.device, self.dtype)
 
     def _store(self, index: int, packed: PackedWeight) -> None:
         rows = self.output_sizes[index]

@@ -12,6 +12,10 @@ by its weight's type and shape and the number of input rows ``M`` (see
 ``tuned_table``       a JSON table written by ``bench/gpu/quant_micro.py --sweep`` (default:
                       the table shipped for this GPU, if any)
 ``cpu``               keep a GGUF file's weights quantized on a CPU too (default false)
+``moe_decode_max_tokens``  batches of at most this many tokens run a mixture of experts'
+                      quantized experts through the decode kernels, larger ones decode every
+                      expert and run the grouped GEMM (default 32;
+                      :mod:`tallow_quant_gguf.experts`)
 
 On a CPU the matmul decodes the whole weight on every call (the exact torch reference): a
 quarter of the memory of float32 weights, but many times slower. So unless ``cpu`` is true
@@ -43,6 +47,7 @@ class KernelPolicy:
     dequant_min_rows: int | None = None
     tuned_table: str | None = None
     cpu: bool = False
+    moe_decode_max_tokens: int = 32
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> "KernelPolicy":
@@ -57,6 +62,10 @@ class KernelPolicy:
                              f"{policy.matmul!r}")
         if not isinstance(policy.cpu, bool):
             raise ValueError(f"{where}.cpu: expected true or false, got {policy.cpu!r}")
+        most = policy.moe_decode_max_tokens
+        if not isinstance(most, int) or isinstance(most, bool) or most < 0:
+            raise ValueError(f"{where}.moe_decode_max_tokens: expected a non-negative integer, "
+                             f"got {most!r}")
         rows = policy.dequant_min_rows
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool)
                                  or rows < 0):
@@ -146,6 +155,15 @@ class GGUFQuantScheme(FileQuantization, QuantScheme):
 
     # every linear layer, the head and the token embedding keep their GGUF blocks
     linear_method = head_method = embedding_method = _method
+
+    def moe_method(self, prefix: str) -> Any:
+        """The experts of a mixture of experts keep their GGUF blocks too (quantized at load
+        under ``model.isq``): :class:`~tallow_quant_gguf.experts.GGUFMoEMethod`."""
+        from .experts import GGUFMoEMethod
+
+        method = GGUFMoEMethod(self, prefix)
+        self.methods.append(method)
+        return method
 
     def summary(self) -> str:
         """The storage types of the loaded weights, e.g. ``gguf: Q4_K x224, Q6_K x1``."""

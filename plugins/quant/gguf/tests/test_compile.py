@@ -195,3 +195,42 @@ def test_dequantize_writes_whole_vectors_with_few_instructions(qtype):
     assert per_weight <= DEQUANT_BUDGET[qtype], (qtype, round(per_weight, 2), profile)
     if dequant.bits_mode(_weight(qtype)):  # codes become floats without conversions
         assert profile["I2F"] + profile["I2FP"] <= 8, (qtype, profile)  # the sub-scales only
+
+
+def moe_kernel(qtype: str, down: bool = False, rows: int = 4, warps: int = 1, *,
+               prefetch: bool = True, even: bool = True, swiglu: bool = True,
+               act: str = "*bf16") -> Any:
+    from tallow_quant_gguf.kernels.moe import _moe_down_kernel, _moe_up_kernel
+
+    p = _weight(qtype)
+    constexprs = dict(BN=rows, Q=32 * warps, **type_constants(p), MODE=gemv_mode(p),
+                      PREFETCH=prefetch, EVEN=even)
+    if not down:
+        constexprs["SWIGLU"] = swiglu
+    pointers = {**_pointer_types(qtype, act, act), "w_ptr": "*fp32"}
+    return compile_for(_moe_down_kernel if down else _moe_up_kernel, constexprs, pointers,
+                       num_warps=warps, num_stages=1)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_every_type_compiles_the_expert_kernels(qtype):
+    assert moe_kernel(qtype).asm["cubin"], qtype
+    assert moe_kernel(qtype, swiglu=False, even=False, prefetch=False).asm["cubin"], qtype
+    assert moe_kernel(qtype, down=True).asm["cubin"], qtype
+    assert moe_kernel(qtype, down=True, even=False, act="*fp32").asm["cubin"], qtype
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_expert_kernels_stream_like_the_gemv(qtype):
+    """The experts' loop is the GEMV's: no spills, 16-byte code loads, nothing exchanged
+    between lanes, and the GEMV's instruction budget per weight in the gate/up kernel (whose
+    programs take twice the rows: gate and up side by side)."""
+    for compiled in (moe_kernel(qtype), moe_kernel(qtype, down=True)):
+        use = resource_usage(compiled)
+        assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{qtype} expert kernel spills: {use}"
+        assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), qtype
+    profile = loop_profile(moe_kernel(qtype))
+    assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), (qtype, profile)
+    weights = 2 * 4 * 32 * (16 if QUANT_TYPES[qtype].byte else 32) // 32
+    per_weight = sum(profile.values()) / weights
+    assert per_weight <= GEMV_BUDGET[qtype], (qtype, round(per_weight, 2), profile)

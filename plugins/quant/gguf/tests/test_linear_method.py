@@ -209,6 +209,9 @@ def test_settings_are_validated_with_their_key():
         scheme({"dequant_min_rows": -1})
     with pytest.raises(ValueError, match="tuned_table: tuned table .*nowhere.json: cannot read"):
         scheme({"tuned_table": "/nowhere.json"})
+    assert scheme({"moe_decode_max_tokens": 0}).policy.moe_decode_max_tokens == 0
+    with pytest.raises(ValueError, match="moe_decode_max_tokens: expected a non-negative"):
+        scheme({"moe_decode_max_tokens": True})
 
 
 def test_isq_types_with_llama_cpp_shape_fallbacks():

@@ -75,29 +75,9 @@ class IntMoEMethod(MoEMethod):
                     set_weight_attrs(p, random_fill=partial(self._random_fill, stacked))
                 layer.register_parameter(f"{stacked}_{name}", p)
 
-    def _pieces(self, stacked: str, loaded: torch.Tensor,
-                shard_id: Hashable | None) -> list[tuple[int, str, torch.Tensor]]:
-        """(expert, part, tensor) of a tensor loaded into ``stacked``: one expert's, or (float
-        weights) the ``[E, ...]`` form of every expert."""
-        if shard_id is not None:
-            if not isinstance(shard_id, tuple) or len(shard_id) != 2:
-                raise ValueError(f"{self.prefix}: shard must be (expert, part), got {shard_id!r}")
-            e, part = int(shard_id[0]), str(shard_id[1])
-            if not 0 <= e < self.num_experts or part not in _PARTS[stacked]:
-                raise ValueError(f"{self.prefix}: no expert {e} part {part!r} in {stacked} "
-                                 f"(the layer has {self.num_experts} experts)")
-            return [(e, part, loaded)]
-        if loaded.dim() != 3 or loaded.shape[0] != self.num_experts:
-            raise ValueError(f"{self.prefix}: stacked {stacked} tensor {tuple(loaded.shape)} "
-                             f"does not hold {self.num_experts} experts")
-        if stacked == "w2":
-            return [(e, "down", loaded[e]) for e in range(self.num_experts)]
-        return [(e, part, half) for e in range(self.num_experts)
-                for part, half in zip(("gate", "up"), loaded[e].chunk(2, dim=0))]
-
     def _load(self, stacked: str, name: str, param: torch.Tensor, loaded: torch.Tensor,
               shard_id: Hashable | None = None) -> None:
-        for e, part, src in self._pieces(stacked, loaded, shard_id):
+        for e, part, src in self.layer.expert_tensors(loaded, shard_id, stacked):
             key = (stacked, e, part)
             if name != "weight":
                 tensors = self.pending.setdefault(key, {})

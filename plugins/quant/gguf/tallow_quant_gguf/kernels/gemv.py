@@ -120,40 +120,25 @@ def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K, magic,
     return v * xv, xv
 
 
-@step_jit(values=["quads_per_split", "n_split", "zero"],
-          pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"])
-def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, quads_per_split, n_split, zero,
-                 s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi,
-                 BN: tl.constexpr, Q: tl.constexpr,
-                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                 OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                 QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                 MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATE: tl.constexpr,
-                 USE_PDL: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    # the program's entries are BN blocks of Q quads, one block per row: the compiler lays the
-    # quads across the threads and repeats the blocks in each thread, so every thread holds
-    # the same quad of each of its BN rows (and loads that quad's activations once: the
-    # repeated loads of one address are merged)
-    entry = tl.arange(0, BN * Q)
-    q_in = entry % Q
-    rows = pid_n * BN + entry // Q
-    row_mask = rows < N
-    q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
+@triton.jit
+def rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr, lut_ptr,
+             tile, rows, row_mask, q_in, q_begin, q_end, zero, K, s_nib, s_pair, s_bit, s_byte,
+             s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi, BN: tl.constexpr, Q: tl.constexpr,
+             NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
+             OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
+             QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
+             MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
+             GATE: tl.constexpr):
+    """The float32 partial dot products ``[BN * Q]`` of the one activation row at ``x_ptr``
+    with weight rows ``rows`` (``BN`` blocks of ``Q`` entries, one block per row) over quads
+    ``q_begin .. q_end``: the GEMV's loop, shared by every kernel that streams quantized rows
+    against one activation row (this module's GEMV, the experts of
+    :mod:`~tallow_quant_gguf.kernels.moe`). With ``PREFETCH`` ``tile`` is the first tile
+    (:func:`_load_tile` at ``q_begin``), loaded by the caller; otherwise it is unused. The
+    caller sums each block of ``Q`` entries."""
     u2 = tl.arange(0, 4)[None, :]
     SLOTS: tl.constexpr = 4 if BYTE else 8
     X_TY: tl.constexpr = x_ptr.dtype.element_ty
-
-    if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                          rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib, s_pair,
-                          s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
-                          SCALES, MINS, EVEN)
-    wait_prior(USE_PDL)
-    allow_next(USE_PDL)
     acc = tl.zeros((BN * Q,), dtype=tl.float32)
     for q0 in range(q_begin, q_end, Q):
         if PREFETCH:
@@ -161,12 +146,13 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
                                   mn_ptr, rows, row_mask, q0 + Q, q_in, q_end, zero, u2, s_nib,
                                   s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE,
                                   GROUP, QBLOCK, SCALES, MINS, EVEN)
+            current = tile
         else:
-            tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                              mn_ptr, rows, row_mask, q0, q_in, q_end, zero, u2, s_nib, s_pair,
-                              s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
-                              SCALES, MINS, EVEN)
-        nib, pair, bit, byte, d, dm, sc0, sc1, mn = tile
+            current = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
+                                 mn_ptr, rows, row_mask, q0, q_in, q_end, zero, u2, s_nib,
+                                 s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP,
+                                 QBLOCK, SCALES, MINS, EVEN)
+        nib, pair, bit, byte, d, dm, sc0, sc1, mn = current
         q2 = (q0 + q_in)[:, None]
         xmask = (q2 < q_end) & (u2 >= 0)
         scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
@@ -240,6 +226,49 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
                     acc -= low_min_b * xs_b
         if PREFETCH:
             tile = upcoming
+
+    return acc
+
+
+@step_jit(values=["quads_per_split", "n_split", "zero"],
+          pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"])
+def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
+                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, quads_per_split, n_split, zero,
+                 s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi,
+                 BN: tl.constexpr, Q: tl.constexpr,
+                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
+                 OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
+                 QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
+                 MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATE: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # the program's entries are BN blocks of Q quads, one block per row: the compiler lays the
+    # quads across the threads and repeats the blocks in each thread, so every thread holds
+    # the same quad of each of its BN rows (and loads that quad's activations once: the
+    # repeated loads of one address are merged)
+    entry = tl.arange(0, BN * Q)
+    q_in = entry % Q
+    rows = pid_n * BN + entry // Q
+    row_mask = rows < N
+    q_begin, q_end = quad_range(pid_k, quads_per_split, K, BYTE)
+    u2 = tl.arange(0, 4)[None, :]
+
+    if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
+        tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
+                          rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib, s_pair,
+                          s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
+                          SCALES, MINS, EVEN)
+    else:
+        tile = (0, 0, 0, 0, 0, 0, 0, 0, 0)
+    wait_prior(USE_PDL)
+    allow_next(USE_PDL)
+    acc = rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
+                   lut_ptr, tile, rows, row_mask, q_in, q_begin, q_end, zero, K, s_nib, s_pair,
+                   s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi, BN, Q, NIB,
+                   PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS, MODE, PREFETCH,
+                   EVEN, GATE)
 
     y = tl.sum(tl.reshape(acc, (BN, Q)), axis=1)[None, :]
     out_rows = pid_n * BN + tl.arange(0, BN)
