@@ -315,3 +315,20 @@ def test_a_quantized_stacked_tensor_gives_each_expert_its_rows_of_blocks():
     assert third.shape == (INTER, 32) and torch.equal(third.data, data[3])
     with pytest.raises(ValueError, match="cannot select index 8"):
         weight.select(E)
+
+
+def test_expert_tensors_gives_a_rank_its_own_experts_and_splits_projections():
+    """Quantized expert loaders (fp8, int4, GGUF) ask ``expert_tensors`` which experts of a
+    checkpoint tensor this rank holds: under expert parallelism rank 1 of 2 gets experts 4..7,
+    numbered 0..3; ``projection`` splits a whole w13 into its gate and up halves and refuses a
+    part the projection does not have."""
+    layer = _layer(BuildContext(tp_rank=1, tp_size=2, expert_parallel=True))
+    stacked = torch.arange(E * 2 * INTER * H, dtype=torch.float32).reshape(E, 2 * INTER, H)
+    items = layer.experts.expert_tensors(stacked, None, "w13")
+    assert [(e, part) for e, part, _ in items] == [(e, p) for e in range(4) for p in ("gate", "up")]
+    assert torch.equal(items[0][2], stacked[4, :INTER]) and torch.equal(items[1][2], stacked[4, INTER:])
+    assert layer.experts.expert_tensors(torch.zeros(INTER, H), ("2", "gate"), "w13") == []
+    [(e, part, _)] = layer.experts.expert_tensors(torch.zeros(INTER, H), ("6", "up"), "w13")
+    assert (e, part) == (2, "up")
+    with pytest.raises(ValueError, match="w2 has no part 'gate'"):
+        layer.experts.expert_tensors(torch.zeros(INTER, H), ("6", "gate"), "w2")
