@@ -7,7 +7,7 @@
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
-# moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
+# moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
 # model's batch-1 decode with --isq q4_k experts),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
@@ -118,6 +118,20 @@ if [[ ",$MODE," == *",moeq4ktests,"* ]]; then  # tallow-quant-gguf's quantized e
 fi
 if [[ ",$MODE," == *",moeq4klat,"* ]]; then
   bench latency_qwen3_30b_a3b_q4k_bs1 300 latency --model random:qwen3-30b-a3b --dtype bfloat16 --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",moealltests,"* ]]; then  # every GPU test of the MoE models, kernels and expert formats, 4 workers
+  echo "== GPU tests of everything mixture-of-experts (core kernels and layer, the models, fp8/int4/fp4/GGUF experts, sinks)"
+  timeout "${MOE_TESTS_LIMIT:-300}" python3 -m pytest -n 4 -q -rfE --tb=short --timeout 200 \
+    tests/kernels/test_moe_kernels.py tests/gpu/test_fused_moe_gpu.py tests/engine/test_async_scheduling_gpu.py \
+    plugins/models/qwen_moe/tests/test_parity.py plugins/models/mixtral/tests/test_parity.py \
+    plugins/models/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
+    plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py \
+    plugins/quant/gguf/tests/test_moe_gpu.py plugins/quant/fp4/tests/test_kernels_gpu.py \
+    "plugins/attention/triton/tests/kernel_cases.py::test_attention_sinks" >"$OUT/tests_moe_all.log" 2>&1
+  tail -30 "$OUT/tests_moe_all.log"
+fi
+if [[ ",$MODE," == *",gptosslat,"* ]]; then  # gpt-oss-20b's shape, float experts, triton attention (sinks)
+  bench latency_gpt_oss_20b_bs1 240 latency --model random:gpt-oss-20b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",moesweep1,"* ]]; then  # the GEMV path's tiles at one token (the batch-1 decode's), into OUT
   echo "== fused-MoE tiles at one token"
