@@ -276,6 +276,8 @@ class ServerConfig(Section):
         "server_tools field overrides it (see docs/mcp.md).")
     max_tool_rounds: int = Field(8, gt=0, le=100, description="Most rounds of server-run tool "
                                  "calls in one chat request.")
+    ui: bool = Field(False, description="Serve the built-in chat web UI at /ui and redirect / "
+                     "to it (the tallow-ui-web plugin; see docs/web-ui.md).")
 
     @field_validator("api_keys")
     @classmethod

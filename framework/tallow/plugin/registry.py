@@ -365,17 +365,22 @@ class GrammarBackendRegistry(Registry):
 
 
 class RouteRegistry(Registry):
-    """Extra HTTP routes: name = path, target = an ASGI app or a Starlette endpoint."""
+    """Extra HTTP routes: name = path, target = an ASGI app or a Starlette endpoint.
+
+    With ``factory=True`` the target is instead called once, when the app is built, with the
+    server's :class:`tallow.config.TallowConfig` (or None), and returns the app or endpoint to
+    serve, or None when that configuration does not serve the route (a UI switched off).
+    """
 
     kind = "route"
 
     def register(self, name: str, target: object, *, methods: tuple[str, ...] = ("GET",),
-                 mount: bool = False, priority: int = 0, override: bool = False,
-                 **meta: object) -> Entry:
+                 mount: bool = False, factory: bool = False, priority: int = 0,
+                 override: bool = False, **meta: object) -> Entry:
         if not name.startswith("/"):
             raise RegistryError(f"route {name!r}: a path must start with '/'")
         return super().register(name, target, priority=priority, override=override,
-                                methods=tuple(methods), mount=mount, **meta)
+                                methods=tuple(methods), mount=mount, factory=factory, **meta)
 
 
 REGISTRY_CLASSES: dict[str, type[Registry]] = {

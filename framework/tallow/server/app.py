@@ -49,6 +49,9 @@ from .tools import validate_tools
 
 log = logging.getLogger("tallow.server")
 
+#: Where a web UI plugin serves the UI when ``server.ui`` is on.
+UI_PATH = "/ui"
+
 #: Paths that need the API key when one is configured (the OpenAI API and its helpers).
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
@@ -208,9 +211,15 @@ def _plugin_routes(state: ServerState) -> list[BaseRoute]:
     for entry in pm.registries.routes:
         try:
             target = entry.load()
+            if entry.meta.get("factory"):  # the plugin decides from the config what it serves
+                target = target(state.config)
         except Exception as exc:
             log.error("route %s from %s cannot be loaded: %s", entry.name, entry.distribution,
                       exc)
+            continue
+        if target is None:
+            log.debug("route %s from %s: not served under this configuration", entry.name,
+                      entry.distribution)
             continue
         if entry.meta.get("mount"):
             routes.append(Mount(entry.name, app=target))

@@ -97,7 +97,7 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     from tallow.plugin import ModelFileError
     from tallow.plugin.manager import load_plugins
 
-    from .app import build_app
+    from .app import UI_PATH, build_app
     from .http_protocol import uvicorn_config
     from .parsers import ToolParserError
 
@@ -105,6 +105,11 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     pm = load_plugins(config.plugins)
     pm.check_targets()  # /v1/plugins shows a plugin with an unresolvable target as broken
     pm.configure(config)
+    if config.server.ui and UI_PATH not in pm.registries.routes:
+        # before the model loads: a missing UI plugin should not cost a minute of loading
+        print(f"tallow: server.ui (--ui) is on, but no loaded plugin serves {UI_PATH}: "
+              "install tallow-ui-web (and do not disable it)", file=sys.stderr)
+        return 2
     try:
         engine = AsyncEngine.from_config(config, plugin_manager=pm)
     except Exception as exc:  # a model that cannot be served: say why, without a traceback
@@ -137,6 +142,8 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
         url = bind.url()
     log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
     print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
+    if config.server.ui and bind.uds is None:
+        print(f"tallow: web UI at {url}{UI_PATH}/", file=sys.stderr, flush=True)
     try:
         _run_until_signalled(uvicorn.Server(uv_config), sock)
     finally:

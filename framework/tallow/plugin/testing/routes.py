@@ -1,6 +1,6 @@
 """The routes suite: a registered HTTP route loads, and served the way ``tallow serve`` serves
-plugin routes (a Starlette ``Route`` with its methods, or a ``Mount`` of an ASGI app), answers
-each of its methods.
+plugin routes (a Starlette ``Route`` with its methods, or a ``Mount`` of an ASGI app; a
+``factory=True`` route first built from ``config``), answers each of its methods.
 
 ::
 
@@ -29,6 +29,9 @@ class RouteConformance(ComponentConformance):
     #: the path requested (default: the registered path; under a mount, any path inside it)
     request_path: ClassVar[str | None] = None
     expected_status: ClassVar[int] = 200
+    #: for a route registered with ``factory=True``: the settings (a nested mapping, as in
+    #: ``tallow.yaml``) under which the factory must serve it
+    config: ClassVar[dict[str, Any]] = {}
 
     @pytest.fixture(scope="class")
     def client(self, entry: Entry,
@@ -38,10 +41,17 @@ class RouteConformance(ComponentConformance):
         from starlette.routing import BaseRoute, Mount, Route
         from starlette.testclient import TestClient
 
+        target = component_class
+        if entry.meta.get("factory"):
+            from . import make_config
+
+            target = component_class(make_config(self.config))
+            assert target is not None, (
+                f"{self.component}: the factory serves nothing under config {self.config!r}")
         if entry.meta.get("mount"):
-            route: BaseRoute = Mount(entry.name, app=component_class)
+            route: BaseRoute = Mount(entry.name, app=target)
         else:
-            route = Route(entry.name, component_class,
+            route = Route(entry.name, target,
                           methods=list(entry.meta.get("methods", ("GET",))))
         with TestClient(Starlette(routes=[route])) as client:
             yield client
