@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -68,6 +69,18 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+class _Files(StaticFiles):
+    """Static files whose errors (404, 405) are answered here, so they carry the headers too
+    instead of reaching the server's JSON error handler."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        try:
+            return await super().get_response(path, scope)
+        except HTTPException as exc:
+            return PlainTextResponse(str(exc.detail), status_code=exc.status_code,
+                                     headers=dict(exc.headers or {}))
+
+
 def _ui_on(config: Any) -> bool:
     return bool(getattr(getattr(config, "server", None), "ui", False))
 
@@ -77,7 +90,7 @@ def ui_app(config: Any) -> ASGIApp | None:
     is off."""
     if not _ui_on(config):
         return None
-    return SecurityHeaders(StaticFiles(directory=STATIC, html=True))
+    return SecurityHeaders(_Files(directory=STATIC, html=True))
 
 
 def root_redirect(config: Any) -> Callable[[Request], Awaitable[Response]] | None:

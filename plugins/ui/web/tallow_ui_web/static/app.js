@@ -347,6 +347,13 @@ function wire() {
   });
   $("open-settings").addEventListener("click", openSettings);
   $("settings-form").addEventListener("submit", saveSettings);
+  $("api-key").addEventListener("keydown", (event) => {
+    // Enter saves (implicit submission would press the form's first button, Cancel)
+    if (event.key === "Enter" && !event.isComposing) {
+      event.preventDefault();
+      if ($("api-key").value.trim()) $("api-key-dialog").close("save");
+    }
+  });
   $("forget-key").addEventListener("click", () => {
     store.apiKey = "";
     status("API key forgotten");

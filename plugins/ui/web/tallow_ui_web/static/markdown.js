@@ -87,6 +87,17 @@ function closingEmphasis(text, i, c) {
   return -1;
 }
 
+// the closing ``pair`` (**, __ or ~~) of a span opened before ``from``, or -1; an underscore
+// pair inside a word (snake__case) neither opens nor closes
+function closingPair(text, from, pair) {
+  for (let j = text.indexOf(pair, from); j >= 0; j = text.indexOf(pair, j + 1)) {
+    if (text[j - 1] === " ") continue;
+    if (pair === "__" && /\w/.test(text[j + 2] || "")) continue;
+    return j;
+  }
+  return -1;
+}
+
 /** Appends the inline Markdown of ``text`` to ``out`` (an element or fragment). */
 export function renderInline(text, out) {
   let buf = "";
@@ -128,8 +139,9 @@ export function renderInline(text, out) {
       continue;
     }
     const pair = text.slice(i, i + 2);
-    if ((pair === "**" || pair === "__" || pair === "~~") && text[i + 2] && text[i + 2] !== " ") {
-      const end = text.indexOf(pair, i + 2);
+    if ((pair === "**" || pair === "__" || pair === "~~") && text[i + 2] && text[i + 2] !== " "
+        && !(pair === "__" && /\w/.test(text[i - 1] || ""))) {
+      const end = closingPair(text, i + 2, pair);
       if (end > i + 2) {
         flush();
         const e = el(pair === "~~" ? "del" : "strong");

@@ -1,0 +1,293 @@
+"""The chat UI in a real browser (Debian's chromium, headless, through Playwright) against a
+live ``tallow serve --ui`` of the embedded default model, with an API key.
+
+One server serves the whole module (the ``server`` fixture): the xdist group keeps these tests
+on one worker. Generations are short (a few dozen tokens) so the module stays quick on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from ui_fixtures import API_KEY, IMAGES, Ui, new_ui
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tallow-ui-web-browser")]
+
+#: what the model is made to write (through the JSON-schema constraint of the real server)
+XSS = "<img src=x onerror=window.pwned=1> [go](javascript:window.pwned=2)"
+CODE_PROMPT = "Write a Python function add(a, b)."
+CODE_SYSTEM = "Answer with one short fenced code block only."
+
+
+def _conversations(ui: Ui) -> list[dict[str, Any]]:
+    raw = ui.page.evaluate("localStorage.getItem('tallow-ui:conversations')")
+    return json.loads(raw) if raw else []
+
+
+def _chat_requests(ui: Ui) -> list[Any]:
+    return [r for r in ui.requests if r.url.endswith("/v1/chat/completions")]
+
+
+def test_api_key_is_asked_for_kept_and_sent_in_a_header(make_ui: Any) -> None:
+    ui = make_ui(key=False)
+    ui.page.goto(f"{ui.server.url}/")
+    assert ui.page.url.endswith("/ui/")
+    dialog = ui.page.locator("#api-key-dialog")
+    dialog.wait_for(state="visible", timeout=10_000)
+    ui.page.fill("#api-key", "sk-wrong")
+    ui.page.click("#api-key-form button[value=save]")
+    ui.page.wait_for_function(
+        "() => document.getElementById('api-key-title').textContent.includes('refused')")
+    assert dialog.is_visible()
+    ui.page.fill("#api-key", API_KEY)
+    ui.page.press("#api-key", "Enter")
+    ui.page.wait_for_selector("#model option", state="attached", timeout=10_000)
+    assert ui.page.input_value("#model") == "Qwen2.5-Coder-0.5B-Instruct"
+    assert ui.page.evaluate("localStorage.getItem('tallow-ui:api-key')") == API_KEY
+
+    ui.settings(**{"max-tokens": 2})
+    ui.send("Hi")
+    ui.wait_done()
+    assert ui.answer().locator(".notice.error").count() == 0
+    api = [r for r in ui.requests if "/v1/" in r.url]
+    headers = [r.all_headers().get("authorization") for r in api]
+    assert headers[:2] == [None, "Bearer sk-wrong"]  # the first try, then the wrong key
+    assert headers[2:] and all(h == f"Bearer {API_KEY}" for h in headers[2:]), headers
+    assert _chat_requests(ui)[-1].all_headers()["authorization"] == f"Bearer {API_KEY}"
+    assert not any(API_KEY in r.url or "sk-wrong" in r.url for r in ui.requests)
+
+
+def test_answer_streams_into_a_growing_dom_and_survives_a_reload(make_ui: Any) -> None:
+    ui = make_ui().open()
+    ui.settings(**{"max-tokens": 40, "temperature": 0})
+    ui.send("Write two short paragraphs about the sea.")
+    content = ui.answer().locator(".content")
+    lengths: list[int] = []
+    first_chunk_marked = False
+    while ui.page.is_visible("#stop"):
+        lengths.append(content.evaluate("e => e.textContent.length"))
+        if not first_chunk_marked and content.locator(".md-chunk").count() > 1:
+            # a chunk that is complete is never rebuilt: the mark survives the rest of the stream
+            content.locator(".md-chunk").first.evaluate("e => { e.dataset.probe = 'kept'; }")
+            first_chunk_marked = True
+        time.sleep(0.05)
+    ui.wait_done()
+    growth = sorted(set(lengths))
+    # (Markdown syntax is consumed as it closes, so the text may lose a character or two)
+    assert len(growth) >= 4, f"the answer did not grow in the page while streaming: {lengths}"
+    if first_chunk_marked:
+        assert content.locator(".md-chunk").first.get_attribute("data-probe") == "kept"
+    answer = content.inner_text()
+    assert len(answer) > growth[0]
+
+    ui.page.reload()
+    ui.page.wait_for_selector(".message.assistant")
+    assert ui.answer().locator(".content").inner_text() == answer
+    assert ui.page.locator(".message.user .bubble").inner_text() == \
+        "Write two short paragraphs about the sea."
+    assert ui.page.locator("#conversations .conversation").count() == 1
+
+    # rename and delete from the list; both stick across a reload
+    ui.page.click("#conversations .rename")
+    ui.page.fill(".rename-input", "The sea")
+    ui.page.press(".rename-input", "Enter")
+    assert ui.page.locator("#conversations .open").inner_text() == "The sea"
+    ui.page.reload()
+    assert ui.page.locator("#conversations .open").inner_text() == "The sea"
+    ui.expected_dialogs.append("delete")
+    ui.page.click("#conversations .delete")
+    ui.page.wait_for_selector("#conversations .conversation", state="detached")
+    assert _conversations(ui) == [] and ui.page.locator(".message").count() == 0
+
+
+def test_stop_aborts_the_request_and_the_server_frees_its_blocks(make_ui: Any) -> None:
+    ui = make_ui().open()
+    ui.settings(**{"max-tokens": 1000})
+    ui.send("Count from 1 to 500, one number per line.")
+    ui.page.wait_for_function(
+        "() => document.querySelector('.message.assistant .content').textContent.length > 5",
+        timeout=60_000)
+    during = ui.server.metrics()
+    assert during["tallow_num_requests_running"] == 1
+    assert during["tallow_kv_cache_free_blocks"] < during["tallow_kv_cache_total_blocks"]
+    ui.page.click("#stop")
+    ui.wait_done(timeout=10)
+    assert ui.answer().locator(".notice").inner_text() == "Stopped."
+    deadline = time.monotonic() + 10
+    while True:
+        after = ui.server.metrics()
+        freed = (after["tallow_num_requests_running"] == 0
+                 and after["tallow_num_requests_waiting"] == 0
+                 and after["tallow_kv_cache_free_blocks"] == after["tallow_kv_cache_total_blocks"])
+        if freed or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert freed, after
+    # the stopped answer is kept, marked stopped
+    saved = _conversations(ui)[0]["messages"][-1]
+    assert saved["stopped"] is True and saved["content"]
+
+
+def test_a_script_the_model_writes_runs_nothing(make_ui: Any) -> None:
+    ui = make_ui().open()
+    schema = {"type": "string", "enum": [XSS]}
+    ui.settings(structured=True, schema=json.dumps(schema), **{"max-tokens": 80})
+    ui.send("Say something.")
+    ui.wait_done()
+    body = _chat_requests(ui)[-1].post_data_json
+    assert body["response_format"]["json_schema"]["schema"] == schema
+    content = ui.answer().locator(".content")
+    text = content.inner_text()
+    assert "<img src=x onerror=window.pwned=1>" in text  # shown, as text
+    assert content.locator("img, script, iframe, object, embed, svg").count() == 0
+    assert content.locator("a").count() == 0  # the javascript: link is text
+    assert content.locator(".unsafe-link").inner_text() == "go"
+    assert ui.page.evaluate("window.pwned") is None
+    assert ui.page.evaluate("window.__cspViolations || []") == []
+    ui.settings(structured=False)
+
+
+#: written straight into the renderer: the whole Markdown surface against what a page must
+#: never hold
+RENDERER_PAYLOADS = [
+    "<img src=x onerror=alert(1)>", "<script>alert(1)</script>", "<svg onload=alert(1)>",
+    '<a href="javascript:alert(1)">x</a>', "<iframe src=//example.com></iframe>",
+    "[x](javascript:alert(1))", "[x](JaVaScRiPt:alert(1))", "[x]( javascript:alert(1))",
+    "[x](java\tscript:alert(1))", "[x](data:text/html,<script>alert(1)</script>)",
+    "[x](vbscript:msgbox(1))", "![i](javascript:alert(1))", "![i](http://example.com/a.png)",
+    "<javascript:alert(1)>", "[x](<javascript:alert(1)>)", "[x](/relative)",
+    "[ok](https://example.com/ \"t\") <mailto:a@example.com> http://example.com/\"onmouseover=\"x",
+    "**<b onmouseover=alert(1)>b</b>** _<i>i</i>_ `<code>`",
+    "```\"><img src=x onerror=alert(1)>\n<script>alert(1)</script>\n```",
+    "| a | <img src=x onerror=alert(1)> |\n|---|:-:|\n| [x](javascript:1) | b |",
+    "> <img src=x onerror=alert(1)>\n- <script>x</script>\n  1. [y](javascript:y)",
+    "# <h1 onclick=alert(1)>t</h1>\n\n---\n\n[[x](javascript:1)](http://example.com)",
+]
+
+
+def test_the_renderer_keeps_only_safe_elements_and_links(make_ui: Any) -> None:
+    ui = make_ui().open()
+    report = ui.page.evaluate("""async (payloads) => {
+        const { renderBlocks } = await import('./markdown.js');
+        const allowed = new Set(['P','BR','STRONG','EM','DEL','CODE','PRE','A','SPAN','DIV',
+          'BUTTON','H1','H2','H3','H4','H5','H6','HR','BLOCKQUOTE','UL','OL','LI','TABLE',
+          'THEAD','TBODY','TR','TH','TD']);
+        const attrs = new Set(['href','target','rel','class','type','aria-label','data-lang',
+          'start','style']);
+        const out = [];
+        for (const text of payloads) {
+          const box = document.createElement('div');
+          box.append(renderBlocks(text));
+          for (const e of box.querySelectorAll('*')) {
+            if (!allowed.has(e.tagName)) out.push(`${text}: element ${e.tagName}`);
+            for (const a of e.attributes) {
+              if (!attrs.has(a.name)) out.push(`${text}: attribute ${a.name}`);
+              if (a.name === 'href' && !/^(https?|mailto):/.test(a.value))
+                out.push(`${text}: href ${a.value}`);
+              if (a.name === 'style' && !/^text-align: (center|right);$/.test(a.value))
+                out.push(`${text}: style ${a.value}`);
+            }
+          }
+          out.push('TEXT ' + box.textContent);
+          out.push('LINKS ' + [...box.querySelectorAll('a')].map((a) => a.href).join(' '));
+        }
+        return out;
+    }""", RENDERER_PAYLOADS)
+    problems = [r for r in report if not r.startswith(("TEXT ", "LINKS "))]
+    assert problems == []
+    texts = "\n".join(r for r in report if r.startswith("TEXT "))
+    assert "<img src=x onerror=alert(1)>" in texts and "<script>alert(1)</script>" in texts
+    links = " ".join(r[6:] for r in report if r.startswith("LINKS ")).split()
+    assert links == ["http://example.com/a.png", "https://example.com/", "mailto:a@example.com",
+                     "http://example.com/", "http://example.com/"]
+
+
+@pytest.fixture(scope="module")
+def code_conversation(browser: Any, server: Any) -> dict[str, Any]:
+    """A conversation in which the model answered with a code block: the storage state of the
+    browser context that had it (also the screenshots' content)."""
+    ui = new_ui(browser, server, key=True).open()
+    ui.settings(system=CODE_SYSTEM, temperature=0, **{"max-tokens": 40})
+    ui.send(CODE_PROMPT)
+    ui.wait_done()
+    state = ui.context.storage_state()
+    errors = ui.errors
+    ui.context.close()
+    assert not errors, errors
+    return state
+
+
+def test_code_is_highlighted_and_copied(make_ui: Any, code_conversation: Any) -> None:
+    ui = make_ui(storage_state=code_conversation,
+                 permissions=["clipboard-read", "clipboard-write"]).open()
+    block = ui.page.locator(".message.assistant .code-block").first
+    block.wait_for()
+    code = block.locator("pre code")
+    assert "def add(a, b)" in code.inner_text()
+    assert code.locator(".tok-keyword", has_text="def").count() >= 1
+    assert code.locator(".tok-keyword", has_text="return").count() >= 1
+    assert code.locator(".tok-function", has_text="add").count() >= 1
+    keyword = code.locator(".tok-keyword").first.evaluate("e => getComputedStyle(e).color")
+    plain = code.evaluate("e => getComputedStyle(e).color")
+    assert keyword != plain  # the colours are applied, not just the classes
+    block.locator("button.copy").click()
+    ui.page.wait_for_function(
+        "() => document.querySelector('.code-block button.copy').textContent === 'Copied'")
+    copied = ui.page.evaluate("navigator.clipboard.readText()")
+    assert copied == code.text_content()
+
+
+def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
+    ui = make_ui().open()
+    ui.settings(temperature=0, **{"max-tokens": 3})
+    ui.send("Say hello.")
+    ui.wait_done()
+    ui.page.click(".message.assistant button.regenerate")
+    ui.page.wait_for_selector("#stop", state="visible")
+    ui.wait_done()
+    assert ui.page.locator(".message").count() == 2
+    regenerated = _chat_requests(ui)[-1].post_data_json["messages"]
+    assert regenerated == [{"role": "user", "content": "Say hello."}]
+
+    ui.page.click(".message.user button.edit")
+    ui.page.fill(".message.user .edit-area", "Say goodbye.")
+    ui.page.click(".message.user button.save")
+    ui.page.wait_for_selector("#stop", state="visible")
+    ui.wait_done()
+    assert ui.page.locator(".message").count() == 2
+    assert ui.page.locator(".message.user .bubble").inner_text() == "Say goodbye."
+    assert _chat_requests(ui)[-1].post_data_json["messages"] == [
+        {"role": "user", "content": "Say goodbye."}]
+    saved = _conversations(ui)[0]["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    assert saved[0]["content"] == "Say goodbye." and saved[1]["content"]
+    # keyboard: the composer is focused after an answer, and Enter sends
+    assert ui.page.evaluate("document.activeElement.id") == "prompt"
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_screenshots(make_ui: Any, code_conversation: Any, scheme: str, size: str) -> None:
+    viewport = {"desktop": {"width": 1280, "height": 800},
+                "phone": {"width": 390, "height": 844}}[size]
+    ui = make_ui(storage_state=code_conversation, color_scheme=scheme, viewport=viewport,
+                 is_mobile=size == "phone", has_touch=size == "phone").open()
+    ui.page.wait_for_selector(".message.assistant .code-block")
+    background = ui.page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == ("rgb(255, 255, 255)" if scheme == "light" else "rgb(24, 24, 27)")
+    # nothing wider than the screen: no sideways scrolling on a phone
+    assert ui.page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+    sidebar = ui.page.locator("#sidebar")
+    assert sidebar.is_visible() == (size == "desktop")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ui.page.screenshot(path=str(IMAGES / f"ui-{size}-{scheme}.png"))
+    if size == "phone":  # the conversation list opens over the chat
+        ui.page.click("#open-sidebar")
+        sidebar.wait_for(state="visible")
+        ui.page.wait_for_timeout(300)
+        ui.page.keyboard.press("Escape")
+        ui.page.wait_for_function("() => !document.body.classList.contains('sidebar-open')")
