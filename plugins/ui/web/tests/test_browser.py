@@ -20,7 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tallow-ui-web-browser")
 #: what the model is made to write (through the JSON-schema constraint of the real server)
 XSS = "<img src=x onerror=window.pwned=1> [go](javascript:window.pwned=2)"
 CODE_PROMPT = "Write a Python function add(a, b)."
-CODE_SYSTEM = "Answer with one short fenced code block only."
 
 
 def _conversations(ui: Ui) -> list[dict[str, Any]]:
@@ -211,7 +210,8 @@ def code_conversation(browser: Any, server: Any) -> dict[str, Any]:
     """A conversation in which the model answered with a code block: the storage state of the
     browser context that had it (also the screenshots' content)."""
     ui = new_ui(browser, server, key=True).open()
-    ui.settings(system=CODE_SYSTEM, temperature=0, **{"max-tokens": 40})
+    # greedy: the model's answer is a sentence, then the function in a fenced block
+    ui.settings(temperature=0, **{"max-tokens": 48})
     ui.send(CODE_PROMPT)
     ui.wait_done()
     state = ui.context.storage_state()
@@ -243,15 +243,20 @@ def test_code_is_highlighted_and_copied(make_ui: Any, code_conversation: Any) ->
 
 def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
     ui = make_ui().open()
-    ui.settings(temperature=0, **{"max-tokens": 3})
+    ui.settings(temperature=0, system="Be brief.", **{"top-p": 0.9, "max-tokens": 3})
     ui.send("Say hello.")
     ui.wait_done()
+    first = _chat_requests(ui)[-1].post_data_json
+    assert first["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert (first["temperature"], first["top_p"], first["max_tokens"]) == (0, 0.9, 3)
+    assert first["model"] == "Qwen2.5-Coder-0.5B-Instruct" and first["stream"] is True
     ui.page.click(".message.assistant button.regenerate")
     ui.page.wait_for_selector("#stop", state="visible")
     ui.wait_done()
     assert ui.page.locator(".message").count() == 2
     regenerated = _chat_requests(ui)[-1].post_data_json["messages"]
-    assert regenerated == [{"role": "user", "content": "Say hello."}]
+    assert regenerated == [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "Say hello."}]
 
     ui.page.click(".message.user button.edit")
     ui.page.fill(".message.user .edit-area", "Say goodbye.")
@@ -261,7 +266,7 @@ def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
     assert ui.page.locator(".message").count() == 2
     assert ui.page.locator(".message.user .bubble").inner_text() == "Say goodbye."
     assert _chat_requests(ui)[-1].post_data_json["messages"] == [
-        {"role": "user", "content": "Say goodbye."}]
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say goodbye."}]
     saved = _conversations(ui)[0]["messages"]
     assert [m["role"] for m in saved] == ["user", "assistant"]
     assert saved[0]["content"] == "Say goodbye." and saved[1]["content"]
@@ -291,3 +296,79 @@ def test_screenshots(make_ui: Any, code_conversation: Any, scheme: str, size: st
         ui.page.wait_for_timeout(300)
         ui.page.keyboard.press("Escape")
         ui.page.wait_for_function("() => !document.body.classList.contains('sidebar-open')")
+
+
+MARKDOWN = """# Title with `code`
+
+Some **bold**, *em*, _em too_, ~~gone~~ and snake__case__name; a [link](https://example.com/x).
+A second line.
+
+- one
+- two with `a|b`
+  1. nested
+  2. nested two
+
+> quoted *text*
+
+| name | n |
+|:-----|--:|
+| a    | 1 |
+
+```python
+def f(x):  # comment
+    return "s" + 1
+```
+
+~~~
+plain ``` inside
+~~~
+
+---
+
+3. three
+4. four
+"""
+
+
+def test_streamed_markdown_ends_as_rendered_whole(make_ui: Any) -> None:
+    ui = make_ui().open()
+    result = ui.page.evaluate("""async (text) => {
+        const { StreamingMarkdown, renderMarkdown } = await import('./markdown.js');
+        const whole = document.createElement('div');
+        renderMarkdown(whole, text);
+        const outs = [];
+        for (let seed = 1; seed <= 20; seed++) {
+          let state = seed;
+          const rand = () => (state = (state * 1103515245 + 12345) % 2147483648) / 2147483648;
+          const box = document.createElement('div');
+          const md = new StreamingMarkdown(box);
+          for (let i = 0; i < text.length;) {
+            const n = 1 + Math.floor(rand() * 12);
+            md.source += text.slice(i, i + n);  // as append(), rendered at once
+            md.render();
+            i += n;
+          }
+          outs.push(box.innerHTML === whole.innerHTML);
+        }
+        const q = (s) => [...whole.querySelectorAll(s)].map((e) => e.textContent);
+        return { same: outs, h1: q('h1'), strong: q('strong'), em: q('em'), del: q('del'),
+                 links: [...whole.querySelectorAll('a')].map((a) => a.href),
+                 lists: [...whole.querySelectorAll('ol')].map((o) => [o.start, o.children.length]),
+                 ulItems: whole.querySelectorAll('ul > li').length, quote: q('blockquote em'),
+                 cells: q('td'), align: [...whole.querySelectorAll('td')].map((t) => t.style.textAlign),
+                 code: q('pre code'), comment: q('.tok-comment'), string: q('.tok-string'),
+                 hr: whole.querySelectorAll('hr').length, br: whole.querySelectorAll('p br').length,
+                 text: whole.textContent };
+    }""", MARKDOWN)
+    assert result["same"] == [True] * 20  # the incremental DOM equals the one-shot DOM
+    assert result["h1"] == ["Title with code"]
+    assert result["strong"] == ["bold"] and result["del"] == ["gone"]
+    assert result["em"] == ["em", "em too", "text"]
+    assert "snake__case__name" in result["text"]
+    assert result["links"] == ["https://example.com/x"]
+    assert result["lists"] == [[1, 2], [3, 2]] and result["ulItems"] == 2
+    assert result["quote"] == ["text"]
+    assert result["cells"] == ["a", "1"] and result["align"] == ["", "right"]
+    assert result["code"] == ['def f(x):  # comment\n    return "s" + 1', "plain ``` inside"]
+    assert result["comment"] == ["# comment"] and result["string"] == ['"s"']
+    assert result["hr"] == 1 and result["br"] == 1

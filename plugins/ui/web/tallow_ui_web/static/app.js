@@ -329,8 +329,6 @@ function wire() {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       $("composer").requestSubmit();
-    } else if (event.key === "Escape" && controller) {
-      controller.abort();
     }
   });
   $("stop").addEventListener("click", () => controller?.abort());
@@ -361,7 +359,9 @@ function wire() {
   $("open-sidebar").addEventListener("click", openSidebar);
   $("close-sidebar").addEventListener("click", closeSidebar);
   document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && document.body.classList.contains("sidebar-open")) closeSidebar();
+    if (event.key !== "Escape" || document.querySelector("dialog[open]")) return;
+    if (document.body.classList.contains("sidebar-open")) closeSidebar();
+    else if (controller) controller.abort();  // Escape stops the answer being written
   });
   // copy buttons of code blocks, including those of an answer still streaming
   $("messages").addEventListener("click", async (event) => {

@@ -186,25 +186,16 @@ export function renderInline(text, out) {
         }
       }
     }
-    if (c === "<") {
-      const m = rest.match(AUTOLINK);
-      const href = m && safeUrl(m[1]);
-      if (href) {
-        flush();
-        out.append(link(href, [m[1]]));
-        i += m[0].length;
-        continue;
-      }
-    }
-    if (c === "h" && !/\w/.test(text[i - 1] || "")) {
-      const m = rest.match(BARE_URL);
-      const href = m && safeUrl(m[0]);
-      if (href) {
-        flush();
-        out.append(link(href, [m[0]]));
-        i += m[0].length;
-        continue;
-      }
+    // <https://…> and bare http(s) URLs
+    const auto = c === "<" ? rest.match(AUTOLINK)
+      : c === "h" && !/\w/.test(text[i - 1] || "") ? rest.match(BARE_URL) : null;
+    const shown = auto && (auto[1] ?? auto[0]);
+    const href = shown && safeUrl(shown);
+    if (href) {
+      flush();
+      out.append(link(href, [shown]));
+      i += auto[0].length;
+      continue;
     }
     buf += c;
     i++;
