@@ -33,8 +33,9 @@ def _chat_requests(ui: Ui) -> list[Any]:
 
 def test_api_key_is_asked_for_kept_and_sent_in_a_header(make_ui: Any) -> None:
     ui = make_ui(key=False)
+    assert f"tallow: web UI at {ui.server.url}/ui/" in ui.server.log_text()
     ui.page.goto(f"{ui.server.url}/")
-    assert ui.page.url.endswith("/ui/")
+    assert ui.page.url == f"{ui.server.url}/ui/"
     dialog = ui.page.locator("#api-key-dialog")
     dialog.wait_for(state="visible", timeout=10_000)
     ui.page.fill("#api-key", "sk-wrong")
@@ -211,7 +212,7 @@ def code_conversation(browser: Any, server: Any) -> dict[str, Any]:
     browser context that had it (also the screenshots' content)."""
     ui = new_ui(browser, server, key=True).open()
     # greedy: the model's answer is a sentence, then the function in a fenced block
-    ui.settings(temperature=0, **{"max-tokens": 48})
+    ui.settings(temperature=0, **{"max-tokens": 45})
     ui.send(CODE_PROMPT)
     ui.wait_done()
     state = ui.context.storage_state()
@@ -372,3 +373,66 @@ def test_streamed_markdown_ends_as_rendered_whole(make_ui: Any) -> None:
     assert result["code"] == ['def f(x):  # comment\n    return "s" + 1', "plain ``` inside"]
     assert result["comment"] == ["# comment"] and result["string"] == ['"s"']
     assert result["hr"] == 1 and result["br"] == 1
+
+
+#: a stream with what the default model does not write: reasoning, a tool the server ran (with
+#: its result) and a client tool call in two parts, each carrying markup
+STREAM_PARTS = [
+    {"role": "assistant", "reasoning_content": "Think <img src=x onerror=window.pwned=3>"},
+    {"reasoning_content": " twice."},
+    {"server_tool_calls": [{"index": 0, "id": "call_1", "type": "function", "provider": "mcp",
+                            "round": 1, "function": {"name": "get_time",
+                                                     "arguments": '{"tz": "UTC"}'}}]},
+    {"server_tool_calls": [{"index": 0, "id": "call_1", "result": {
+        "content": "<script>window.pwned=4</script>12:00", "is_error": False}}]},
+    {"tool_calls": [{"index": 0, "id": "c2", "type": "function",
+                     "function": {"name": "lookup", "arguments": '{"q":'}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": ' "x"}'}}]},
+    {"content": "It is noon."},
+]
+
+
+def test_reasoning_and_tool_calls_are_shown_as_such(make_ui: Any) -> None:
+    """The page's rendering of stream fields the default model never sends, from a stream
+    the browser is handed in place of the server's (the server's side of them has its own
+    tests)."""
+    ui = make_ui().open()
+    events = "".join(f"data: {json.dumps({'choices': [{'index': 0, 'delta': d}]})}\n\n"
+                     for d in STREAM_PARTS) + "data: [DONE]\n\n"
+    ui.page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=events))
+    ui.send("What time is it?", wait_start=False)
+    ui.page.wait_for_selector(".message.assistant .tool-call")
+    ui.wait_done()
+    answer = ui.answer()
+    reasoning = answer.locator("details.reasoning")
+    assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # folded
+    assert reasoning.locator(".reasoning-text").text_content() == \
+        "Think <img src=x onerror=window.pwned=3> twice."
+    calls = answer.locator(".tool-call")
+    assert calls.count() == 2
+    server = calls.nth(0)
+    assert server.locator(".tool-kind").inner_text() == "Tool (server)"
+    assert server.locator(".tool-name").inner_text() == "get_time"
+    assert server.locator(".tool-args").inner_text() == '{"tz": "UTC"}'
+    assert server.locator(".tool-result pre").text_content() == \
+        "<script>window.pwned=4</script>12:00"
+    client = calls.nth(1)
+    assert client.locator(".tool-kind").inner_text() == "Tool call"
+    assert client.locator(".tool-name").inner_text() == "lookup"
+    assert client.locator(".tool-args").inner_text() == '{"q": "x"}'
+    assert answer.locator(".content").inner_text() == "It is noon."
+    assert answer.locator("img, script").count() == 0
+    assert ui.page.evaluate("window.pwned") is None
+
+    # an error answer is shown on the message, and kept
+    ui.page.unroute("**/v1/chat/completions")
+    ui.page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=400, headers={"content-type": "application/json"},
+        body=json.dumps({"error": {"message": "'max_tokens' is too large", "code": None}})))
+    ui.send("Again", wait_start=False)
+    ui.page.wait_for_selector(".message.assistant .notice.error")
+    ui.wait_done()
+    assert ui.answer().locator(".notice.error").inner_text() == \
+        "Error: 'max_tokens' is too large"
+    assert _conversations(ui)[0]["messages"][-1]["error"] == "'max_tokens' is too large"
