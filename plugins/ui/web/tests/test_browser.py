@@ -436,3 +436,32 @@ def test_reasoning_and_tool_calls_are_shown_as_such(make_ui: Any) -> None:
     assert ui.answer().locator(".notice.error").inner_text() == \
         "Error: 'max_tokens' is too large"
     assert _conversations(ui)[0]["messages"][-1]["error"] == "'max_tokens' is too large"
+
+
+def test_keyboard_reaches_every_control(make_ui: Any, code_conversation: Any) -> None:
+    ui = make_ui(storage_state=code_conversation).open()
+    ui.page.wait_for_selector(".code-block")
+    assert ui.page.evaluate("document.activeElement.id") == "prompt"  # ready to type
+    seen: list[str] = []
+    ui.page.evaluate("document.activeElement.blur()")
+    for _ in range(30):
+        ui.page.keyboard.press("Tab")
+        seen.append(ui.page.evaluate("""() => {
+            const e = document.activeElement;
+            return e.id || e.className || e.tagName; }"""))
+    for control in ("new-chat", "open", "icon rename", "icon delete", "model", "open-settings",
+                    "copy", "edit", "regenerate", "prompt", "send"):
+        assert control in seen, (control, seen)
+    # every control says what it does
+    unnamed = ui.page.evaluate("""() => [...document.querySelectorAll('button, select, textarea')]
+        .filter((e) => e.offsetParent !== null)
+        .filter((e) => !(e.getAttribute('aria-label') || e.textContent.trim() || e.labels?.length))
+        .map((e) => e.outerHTML)""")
+    assert unnamed == []
+    # the settings open from the keyboard and Escape closes them
+    ui.page.focus("#open-settings")
+    ui.page.keyboard.press("Enter")
+    ui.page.wait_for_selector("#settings", state="visible")
+    assert ui.page.evaluate("document.activeElement.closest('dialog')?.id") == "settings"
+    ui.page.keyboard.press("Escape")
+    ui.page.wait_for_selector("#settings", state="hidden")

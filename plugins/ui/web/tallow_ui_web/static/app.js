@@ -167,6 +167,8 @@ function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
   document.body.classList.toggle("busy", busy);
+  // screen readers announce the answer once it is complete, not token by token
+  $("messages").setAttribute("aria-busy", String(busy));
   refreshActions();
 }
 
