@@ -108,7 +108,8 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     if config.server.ui and UI_PATH not in pm.registries.routes:
         # before the model loads: a missing UI plugin should not cost a minute of loading
         print(f"tallow: server.ui (--ui) is on, but no loaded plugin serves {UI_PATH}: "
-              "install tallow-ui-web (and do not disable it)", file=sys.stderr)
+              "install tallow-ui-web (pip install tallow-ui-web) and let it load (not in "
+              "plugins.disable; in plugins.enable when autoload is off)", file=sys.stderr)
         return 2
     try:
         engine = AsyncEngine.from_config(config, plugin_manager=pm)

@@ -106,3 +106,22 @@ def test_the_wheel_ships_the_static_files() -> None:
 
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert "static/*" in project["tool"]["setuptools"]["package-data"]["tallow_ui_web"]
+
+
+OFF = '''
+from tallow.plugin.testing import RouteConformance
+
+
+class TestServedWithoutUi(RouteConformance):
+    distribution = "tallow-ui-web"
+    component = "/ui"
+    request_path = "/ui/"
+'''
+
+
+def test_the_route_suite_fails_a_factory_route_its_config_does_not_serve(tmp_path: Path) -> None:
+    from tallow.plugin.testing import suite_failures
+
+    failed, output = suite_failures(OFF, tmp_path, timeout=120)
+    assert failed == {"TestServedWithoutUi::test_answers_each_method"}, output
+    assert "the factory serves nothing under config {}" in output
