@@ -191,6 +191,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     if triton_enabled(q) and q.shape[0]:
         from ._gated_delta_triton import chunk_gated_delta_rule_triton
         return chunk_gated_delta_rule_triton(q, k, v, g, beta, state, slots, query_start_loc,
+                                             max_query_len=max_query_len or q.shape[0],
                                              scale=scale, qk_l2norm=qk_l2norm)
     starts = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc
     return chunk_gated_delta_rule_ref(q, k, v, g, beta, state, slots, starts, scale=scale,
