@@ -74,7 +74,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str,
 def tolerance(dtype: torch.dtype) -> float:
     if INTERPRET:
         return 1e-5
-    return 3e-2 if dtype == torch.bfloat16 else 1e-2
+    return 3e-2 if dtype == torch.bfloat16 else 1e-4
 
 
 CASES = {
@@ -131,7 +131,7 @@ def test_chunk_rule_carries_the_state_across_calls():
         pieces.append(out[:size])
         at += size
     assert at == total
-    rel = 1e-5 if INTERPRET else 1e-2
+    rel = 1e-5 if INTERPRET else 1e-4
     assert_close(torch.cat(pieces), whole, "outputs of the chunked prefill", rel)
     assert_close(state[1], whole_state[1], "state after the chunked prefill", rel)
 

@@ -58,7 +58,7 @@ def _gates(g_ptr, beta_ptr, rows, mask, stride_g, head):
           pointers=("k_ptr", "g_ptr", "beta_ptr", "qsl_ptr", "inv_ptr"))
 def _chunk_inverse(k_ptr, g_ptr, beta_ptr, qsl_ptr, inv_ptr, stride_kt, stride_kh, stride_g,
                    DK, HEADS_PER_K: tl.constexpr, QK_L2NORM: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr):
+                   BT: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
     chunk = tl.program_id(1)
     head = tl.program_id(2)
@@ -76,7 +76,8 @@ def _chunk_inverse(k_ptr, g_ptr, beta_ptr, qsl_ptr, inv_ptr, stride_kt, stride_k
     gc, beta = _gates(g_ptr, beta_ptr, rows, mask, stride_g, head)
     lower = r[:, None] > r[None, :]
     decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
-    a = tl.where(lower, tl.dot(k, tl.trans(k)) * decay * beta[:, None], 0.0)
+    a = tl.where(lower, tl.dot(k, tl.trans(k), input_precision=PRECISION) * decay
+                 * beta[:, None], 0.0)
     # forward elimination: row j of T is final once the rows above it have been subtracted
     t = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     for j in range(0, BT - 1):
@@ -92,7 +93,7 @@ def _chunk_inverse(k_ptr, g_ptr, beta_ptr, qsl_ptr, inv_ptr, stride_kt, stride_k
 def _chunk_scan(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, inv_ptr, state_ptr, slots_ptr, qsl_ptr,
                 out_ptr, stride_qt, stride_qh, stride_vt, stride_vh, stride_g, stride_ot,
                 stride_oh, DK, DV, scale, HEADS_PER_K: tl.constexpr, QK_L2NORM: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     vb = tl.program_id(2)
@@ -122,13 +123,17 @@ def _chunk_scan(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, inv_ptr, state_ptr, slots_
         t = tl.load(inv_ptr + (rows[:, None] * hv + head) * BT + r[None, :],
                     mask=mask[:, None], other=0.0)
         g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
-        w_k = tl.dot(t, k * (beta * tl.exp(gc))[:, None])
-        u = tl.dot(t, v * beta[:, None]) - tl.dot(w_k, s)
+        w_k = tl.dot(t, k * (beta * tl.exp(gc))[:, None], input_precision=PRECISION)
+        u = (tl.dot(t, v * beta[:, None], input_precision=PRECISION)
+             - tl.dot(w_k, s, input_precision=PRECISION))
         decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        o = tl.dot(q * tl.exp(gc)[:, None], s) + tl.dot(tl.dot(q, tl.trans(k)) * decay, u)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
+        o = (tl.dot(q * tl.exp(gc)[:, None], s, input_precision=PRECISION)
+             + tl.dot(qk, u, input_precision=PRECISION))
         tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + vcols[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mask[:, None] & (vcols < DV)[None, :])
-        s = s * tl.exp(g_last) + tl.dot(tl.trans(k * tl.exp(g_last - gc)[:, None]), u)
+        s = s * tl.exp(g_last) + tl.dot(tl.trans(k * tl.exp(g_last - gc)[:, None]), u,
+                                        input_precision=PRECISION)
     tl.store(s_ptrs, s, mask=smask)
 
 
@@ -197,15 +202,19 @@ def chunk_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     num_seqs = slots.shape[0]
     bk = _features(dk)
     bv = min(64, _features(dv))
+    # float32 models get exact float32 products; 16-bit ones tf32 (tensor cores), finer than
+    # their inputs
+    precision = "ieee" if v.dtype == torch.float32 else "tf32"
     inverse = torch.empty((tokens, hv, CHUNK), dtype=torch.float32, device=q.device)
     _chunk_inverse[(num_seqs, triton.cdiv(max(max_query_len, 1), CHUNK), hv)](
         k, g, beta, query_start_loc, inverse, k.stride(0), k.stride(1), g.stride(0), dk,
-        HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk)
+        HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, PRECISION=precision)
     out = torch.zeros((tokens, hv, dv), dtype=v.dtype, device=v.device)
     _chunk_scan[(num_seqs, hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, inverse, state, slots, query_start_loc, out, q.stride(0),
         q.stride(1), v.stride(0), v.stride(1), g.stride(0), out.stride(0), out.stride(1), dk,
-        dv, scale, HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, BV=bv)
+        dv, scale, HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, BV=bv,
+        PRECISION=precision)
     return out
 
 
