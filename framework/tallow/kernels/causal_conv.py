@@ -67,7 +67,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
             continue
         window = torch.cat([conv_state[slot].to(x.dtype), x[a:e]], 0).float()  # [K-1+L, C]
         # y[t] = sum_j w[:, j] * window[t + j]
-        y = sum(w[:, j] * window[j:j + e - a] for j in range(taps))
+        y = torch.zeros(e - a, x.shape[1], dtype=torch.float32, device=x.device)
+        for j in range(taps):
+            y += w[:, j] * window[j:j + e - a]
         if bias is not None:
             y = y + bias.float()
         out[a:e] = _act(y, activation).to(x.dtype)
