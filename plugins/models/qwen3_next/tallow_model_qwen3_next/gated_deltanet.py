@@ -3,10 +3,12 @@
 For a token ``x`` of hidden size ``H``:
 
 1. ``in_proj_qkvz(x)`` gives q, k (``Hk`` heads of ``Dk``), v and z (``Hv`` heads of ``Dv``);
-   ``in_proj_ba(x)`` gives ``b`` and ``a`` (``Hv`` each). The checkpoint interleaves them per
-   key head (``[q_h, k_h, v_h.., z_h..]`` and ``[b_h.., a_h..]``); loading reorders the rows
-   into ``[q | k | v | z]`` and ``[b | a]`` so that the convolution's input ``[q | k | v]`` is
-   one slice of the projection.
+   ``in_proj_ba(x)`` gives ``b`` and ``a`` (``Hv`` each). A Qwen3-Next checkpoint interleaves
+   them per key head (``[q_h, k_h, v_h.., z_h..]`` and ``[b_h.., a_h..]``); loading reorders
+   the rows into ``[q | k | v | z]`` and ``[b | a]`` so that the convolution's input ``[q | k
+   | v]`` is one slice of the projection. A Qwen3.5 checkpoint stores ``in_proj_qkv``,
+   ``in_proj_z``, ``in_proj_b`` and ``in_proj_a`` apart, already in that order (shards 0 and 1
+   of the two projections).
 2. A causal depthwise convolution of ``linear_conv_kernel_dim`` taps with SiLU over ``[q | k
    | v]`` (:func:`tallow.kernels.causal_conv1d`), its last inputs kept in the state.
 3. The gated delta rule (:mod:`tallow.kernels.gated_delta`) with ``g = -exp(A_log) *
@@ -30,8 +32,8 @@ from tallow.kernels import (
     causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, gated_delta_step, gdn_gating,
 )
 from tallow.layers import (
-    ArchConfig, BuildContext, RecurrentStateSpec, ReplicatedLinear, StateCache,
-    StateTensorSpec, get_forward_context,
+    ArchConfig, BuildContext, MergedColumnParallelLinear, RecurrentStateSpec, ReplicatedLinear,
+    StateCache, StateTensorSpec, get_forward_context,
 )
 
 
@@ -69,10 +71,12 @@ class GatedDeltaNet(nn.Module):
     """One linear-attention layer (see the module docstring): ``forward(x [T, H]) -> [T, H]``.
 
     Tensor parallelism is not offered: the engine refuses it for models with a recurrent
-    state, so the projections are replicated."""
+    state."""
 
     def __init__(self, config: ArchConfig, build: BuildContext, prefix: str) -> None:
         super().__init__()
+        if build.tp_size > 1:
+            raise ValueError("the Gated DeltaNet layers do not run under tensor parallelism")
         hidden = int(config.hidden_size)
         self.num_k_heads = int(config.require("linear_num_key_heads"))
         self.num_v_heads = int(config.require("linear_num_value_heads"))
@@ -92,10 +96,10 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkvz = ReplicatedLinear(hidden, self.conv_dim + self.value_dim,
-                                             build=build, prefix=f"{prefix}.in_proj_qkvz")
-        self.in_proj_ba = ReplicatedLinear(hidden, 2 * self.num_v_heads, build=build,
-                                           prefix=f"{prefix}.in_proj_ba")
+        self.in_proj_qkvz = MergedColumnParallelLinear(
+            hidden, [self.conv_dim, self.value_dim], build=build, prefix=f"{prefix}.in_proj_qkvz")
+        self.in_proj_ba = MergedColumnParallelLinear(
+            hidden, [self.num_v_heads] * 2, build=build, prefix=f"{prefix}.in_proj_ba")
         self.conv1d = _ConvTaps(self.conv_dim, self.conv_taps, build)
         self.dt_bias = _param((self.num_v_heads,), build, 1.0)
         self.A_log = _param((self.num_v_heads,), build)
