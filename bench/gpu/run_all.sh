@@ -12,7 +12,7 @@
 # model's batch-1 decode with --isq q4_k experts),
 # qnexttests,qnextlat,qnextprefill (Qwen3-Next, Gated DeltaNet: the kernels against their references and the model's GPU
 # tests; batch-1 decode of random:qwen3-next-12l against its attention-only twin random:qwen3-next-12l-attn; one 32k prompt's
-# prefill, tokens/s = 32768 / ttft_s, of both),
+# prefill, tokens/s = 32768 / ttft_s, of both), q35lat (batch-1 decode of random:qwen3.5-35b-a3b, 69 GB: an H200),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -141,6 +141,9 @@ fi
 if [[ ",$MODE," == *",qnextlat,"* ]]; then  # 12 of Qwen3-Next-80B-A3B's 48 layers (9 linear, 3 full), and all full attention
   bench latency_qwen3_next_12l_bs1 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
   bench latency_qwen3_next_12l_attn_bs1 300 latency --model random:qwen3-next-12l-attn --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",q35lat,"* ]]; then  # Qwen3.5-35B-A3B's text model in bf16
+  bench latency_qwen3_5_35b_a3b_bs1 300 latency --model random:qwen3.5-35b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",qnextprefill,"* ]]; then  # one 32k prompt (chunks of the default 8192-token step budget)
   bench prefill32k_qwen3_next_12l 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 32768 --output-len 4 --max-model-len 33792

@@ -114,6 +114,14 @@ SHAPES: dict[str, dict[str, Any]] = {
     # "qwen3-next-12l" with every layer gated full attention: the attention-only counterpart
     "qwen3-next-12l-attn": dict(_QWEN3_NEXT, num_hidden_layers=12,
                                 layer_types=["full_attention"] * 12),
+    # Qwen3.5-35B-A3B's text model as transformers 5 documents it (Qwen3_5MoeTextConfig's
+    # defaults): 40 layers, every 4th gated full attention, 256 experts of 512 with 8 per
+    # token and a gated shared expert: about 35B parameters, 70 GB in bf16
+    "qwen3.5-35b-a3b": dict(_QWEN3_NEXT, architectures=["Qwen3_5MoeForCausalLM"],
+                            num_hidden_layers=40, num_experts=256, num_experts_per_tok=8,
+                            vocab_size=248320, max_position_embeddings=32768,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25}),
     # A few-MB Qwen3-Next (linear, linear, full, linear; 8 experts, 2 per token), for CPU tests
     # of the recurrent-state path in the engine.
     "tiny-qwen3-next": dict(architectures=["Qwen3NextForCausalLM"], hidden_size=64,
