@@ -48,6 +48,13 @@ def _l2(x, QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _span(qsl_ptr, seq):
+    """(first row, token count) of sequence ``seq``."""
+    start = tl.load(qsl_ptr + seq).to(tl.int64)
+    return start, (tl.load(qsl_ptr + seq + 1) - start).to(tl.int32)
+
+
+@triton.jit
 def _gates(g_ptr, beta_ptr, rows, mask, stride_g, head):
     g = tl.load(g_ptr + rows * stride_g + head, mask=mask, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + rows * stride_g + head, mask=mask, other=0.0).to(tl.float32)
@@ -63,8 +70,7 @@ def _chunk_inverse(k_ptr, g_ptr, beta_ptr, qsl_ptr, inv_ptr, stride_kt, stride_k
     chunk = tl.program_id(1)
     head = tl.program_id(2)
     hv = tl.num_programs(2)
-    start = tl.load(qsl_ptr + seq).to(tl.int64)
-    length = (tl.load(qsl_ptr + seq + 1) - start).to(tl.int32)
+    start, length = _span(qsl_ptr, seq)
     if chunk * BT >= length:
         return
     r = tl.arange(0, BT)
@@ -98,8 +104,7 @@ def _chunk_scan(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, inv_ptr, state_ptr, slots_
     head = tl.program_id(1)
     vb = tl.program_id(2)
     hv = tl.num_programs(1)
-    start = tl.load(qsl_ptr + seq).to(tl.int64)
-    length = (tl.load(qsl_ptr + seq + 1) - start).to(tl.int32)
+    start, length = _span(qsl_ptr, seq)
     if length == 0:
         return
     slot = tl.load(slots_ptr + seq).to(tl.int64)
@@ -201,7 +206,7 @@ def chunk_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     scale = dk ** -0.5 if scale is None else scale
     num_seqs = slots.shape[0]
     bk = _features(dk)
-    bv = min(64, _features(dv))
+    bv = min(32, _features(dv))
     # float32 models get exact float32 products; 16-bit ones tf32 (tensor cores), finer than
     # their inputs
     precision = "ieee" if v.dtype == torch.float32 else "tf32"

@@ -54,35 +54,31 @@ def text_config(config: dict[str, Any], architectures: tuple[str, ...]) -> dict[
     return flat
 
 
-class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+class _TextOfMultimodal:
+    """What a ``...ForConditionalGeneration`` class adds to its text model's class: the
+    ``text_config`` and the ``model.language_model.`` names (listed first among the bases)."""
+
+    hf_architectures: tuple[str, ...]
+
+    def __init__(self, config: Any, build: Any) -> None:
+        super().__init__(text_config(dict(config), self.hf_architectures), build)  # type: ignore[call-arg]
+
+    def weight_names(self, naming: str) -> WeightNameMap:
+        names = super().weight_names(naming)  # type: ignore[misc]
+        return TextModelNames(names) if naming == "hf" else names  # type: ignore[return-value]
+
+    @classmethod
+    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
+        return text_config(config, cls.hf_architectures)
+
+
+class Qwen3_5ForConditionalGeneration(_TextOfMultimodal, Qwen3_5ForCausalLM):
     """The text model of a Qwen3.5 dense checkpoint with a vision tower."""
 
     hf_architectures = ("Qwen3_5ForConditionalGeneration",)
 
-    def __init__(self, config: Any, build: Any) -> None:
-        super().__init__(text_config(dict(config), self.hf_architectures), build)
 
-    def weight_names(self, naming: str) -> WeightNameMap:
-        names = super().weight_names(naming)
-        return TextModelNames(names) if naming == "hf" else names  # type: ignore[return-value]
-
-    @classmethod
-    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
-        return text_config(config, cls.hf_architectures)
-
-
-class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
+class Qwen3_5MoeForConditionalGeneration(_TextOfMultimodal, Qwen3_5MoeForCausalLM):
     """The text model of a Qwen3.5 MoE checkpoint with a vision tower."""
 
     hf_architectures = ("Qwen3_5MoeForConditionalGeneration",)
-
-    def __init__(self, config: Any, build: Any) -> None:
-        super().__init__(text_config(dict(config), self.hf_architectures), build)
-
-    def weight_names(self, naming: str) -> WeightNameMap:
-        names = super().weight_names(naming)
-        return TextModelNames(names) if naming == "hf" else names  # type: ignore[return-value]
-
-    @classmethod
-    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
-        return text_config(config, cls.hf_architectures)
