@@ -1,6 +1,6 @@
 """Runs the kernel tests (``test_kernels.py``, ``test_token_bitmask.py``,
-``test_moe_kernels.py``, ``test_gated_delta_kernels.py``) under Triton's CPU interpreter, so that CI without a GPU checks every
-kernel against its torch reference at tiny shapes.
+``test_moe_kernels.py``, ``test_gated_delta_kernels.py``) under Triton's CPU interpreter, so
+that CI without a GPU checks every kernel against its torch reference at tiny shapes.
 
 ``TRITON_INTERPRET=1`` must be set before triton is imported, hence a fresh interpreter process.
 """

@@ -61,7 +61,8 @@ class _TextOfMultimodal:
     hf_architectures: tuple[str, ...]
 
     def __init__(self, config: Any, build: Any) -> None:
-        super().__init__(text_config(dict(config), self.hf_architectures), build)  # type: ignore[call-arg]
+        flat = text_config(dict(config), self.hf_architectures)
+        super().__init__(flat, build)  # type: ignore[call-arg]  # the model class, next in the MRO
 
     def weight_names(self, naming: str) -> WeightNameMap:
         names = super().weight_names(naming)  # type: ignore[misc]

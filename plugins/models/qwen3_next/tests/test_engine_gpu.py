@@ -5,8 +5,6 @@ kernels captured over state slots, padding rows on the dummy slot)."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -49,8 +47,8 @@ def test_cuda_parity(tmp_path):
 @pytest.mark.parametrize("shape", ["tiny-qwen3-next", "qwen3-next-12l"])
 def test_cuda_graphs_equal_eager(shape):
     """Greedy tokens of batches of 1, 4 and 16 prompts (some past several chunks), with
-    decode steps replayed from CUDA graphs and run eagerly: the same weights (one seed), the
-    same tokens. The engines are built one after the other (the 12-layer shape holds 40 GB)."""
+    decode steps replayed from CUDA graphs, then run eagerly by the same engine (its graphs
+    set aside: the 12-layer shape holds 41 GB, too much for two engines on one card)."""
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
     from tallow.plugin.testing.engine import replay_own_graph_sizes
@@ -59,15 +57,16 @@ def test_cuda_graphs_equal_eager(shape):
     g = torch.Generator().manual_seed(0)
     batches = [[torch.randint(0, vocab, (int(n),), generator=g).tolist()
                 for n in torch.randint(3, 400, (size,), generator=g)] for size in (1, 4, 16)]
+    eng = LLMEngine.from_config(config_from_mapping({
+        "model": {"source": f"random:{shape}", "device": "cuda", "dtype": "bfloat16",
+                  "max_model_len": 1024},
+        "cache": {"num_blocks": 1024},
+        "runner": {"max_cuda_graph_batch": 16}}))
+    runner = eng.core.runner
+    assert runner.graphs is not None, "no CUDA graphs were captured"
+    replay_own_graph_sizes(eng)
 
-    def run(graphs: bool) -> list[list[list[int]]]:
-        eng = LLMEngine.from_config(config_from_mapping({
-            "model": {"source": f"random:{shape}", "device": "cuda", "dtype": "bfloat16",
-                      "max_model_len": 1024},
-            "cache": {"num_blocks": 1024},
-            "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 16}}))
-        if graphs:
-            replay_own_graph_sizes(eng)
+    def run() -> list[list[list[int]]]:
         results = []
         for batch in batches:
             ids = []
@@ -83,12 +82,13 @@ def test_cuda_graphs_equal_eager(shape):
             results.append([done[i] for i in ids])
         manager = eng.core.scheduler.block_manager
         assert manager.num_free_state_slots() == manager.states[0].num_slots
-        del eng
-        gc.collect()
-        torch.cuda.empty_cache()
         return results
 
-    with_graphs = run(True)
-    eager = run(False)
+    with_graphs = run()
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        eager = run()
+    finally:
+        runner.graphs = graphs
     for size, a, b in zip((1, 4, 16), with_graphs, eager):
         assert a == b, f"batch of {size}"
