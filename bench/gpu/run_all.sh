@@ -13,6 +13,7 @@
 # qnexttests,qnextlat,qnextprefill (Qwen3-Next, Gated DeltaNet: the kernels against their references and the model's GPU
 # tests; batch-1 decode of random:qwen3-next-12l against its attention-only twin random:qwen3-next-12l-attn; one 32k prompt's
 # prefill, tokens/s = 32768 / ttft_s, of both), q35lat (batch-1 decode of random:qwen3.5-35b-a3b, 69 GB: an H200),
+# qnext80fp8lat (batch-1 decode of the whole random:qwen3-next-80b-a3b quantized at load to fp8, about 81 GB: an H200),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -144,6 +145,9 @@ if [[ ",$MODE," == *",qnextlat,"* ]]; then  # 12 of Qwen3-Next-80B-A3B's 48 laye
 fi
 if [[ ",$MODE," == *",q35lat,"* ]]; then  # Qwen3.5-35B-A3B's text model in bf16
   bench latency_qwen3_5_35b_a3b_bs1 300 latency --model random:qwen3.5-35b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",qnext80fp8lat,"* ]]; then  # all 48 layers; weights in fp8 (tallow-quant-fp8, --isq fp8)
+  bench latency_qwen3_next_80b_a3b_fp8_bs1 480 latency --model random:qwen3-next-80b-a3b --dtype bfloat16 --isq fp8 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",qnextprefill,"* ]]; then  # one 32k prompt (chunks of the default 8192-token step budget)
   bench prefill32k_qwen3_next_12l 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 32768 --output-len 4 --max-model-len 33792
