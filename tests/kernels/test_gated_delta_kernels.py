@@ -18,7 +18,7 @@ import torch
 from tallow.kernels import (
     causal_conv1d, causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref,
     chunk_gated_delta_rule, chunk_gated_delta_rule_ref, gated_delta_step, gated_delta_step_ref,
-    gdn_gating,
+    gated_rms_norm, gated_rms_norm_ref, gdn_gating,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -199,3 +199,20 @@ def test_conv_update_matches_the_reference():
         ref = causal_conv1d_update_ref(x, weight, b, expected, slots)
         assert_close(out, ref, "conv update outputs", 1e-5)
         assert torch.equal(state, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] if INTERPRET
+                         else [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 13, 300])
+def test_gated_rms_norm_matches_the_reference(rows, dtype):
+    """Rows of value heads, ``z`` a strided view of a wider projection (as the model's is)."""
+    gen = rng(rows)
+    hv, dv = HEADS[1], HEADS[3]
+    x = (torch.randn(rows, hv, dv, generator=gen) * 2).to(dtype).to(DEVICE)
+    wide = torch.randn(rows, 3 * hv * dv, generator=gen).to(dtype).to(DEVICE)
+    z = wide[:, hv * dv:2 * hv * dv].view(rows, hv, dv)
+    weight = (1 + 0.2 * torch.randn(dv, generator=gen)).to(dtype).to(DEVICE)
+    out = gated_rms_norm(x, z, weight, 1e-6)
+    ref = gated_rms_norm_ref(x, z, weight, 1e-6)
+    # float32: another order of the sum of squares; bf16: one rounding step apart at most
+    assert_close(out, ref, "gated RMSNorm", 1e-5 if dtype == torch.float32 else 1e-2)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tallow.kernels import (
     causal_conv1d, causal_conv1d_ref, causal_conv1d_update, chunk_gated_delta_rule,
-    chunk_gated_delta_rule_ref, gated_delta_step, gdn_gating, recurrent_gated_delta_rule_ref,
+    chunk_gated_delta_rule_ref, gated_delta_step, gated_rms_norm, gdn_gating,
+    recurrent_gated_delta_rule_ref,
 )
 
 hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next",
@@ -141,6 +142,22 @@ def test_bad_shapes_are_named():
                                torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="slots: expected one per row"):
         gated_delta_step(q, k, v, a, b, A_log, dt_bias, states, torch.tensor([0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gated_rms_norm_matches_transformers(dtype):
+    gen = torch.Generator().manual_seed(0)
+    ref = hf.Qwen3NextRMSNormGated(24, eps=1e-6)
+    with torch.no_grad():
+        ref.weight.copy_(1 + 0.3 * torch.randn(24, generator=gen))
+    ref = ref.to(dtype)
+    x = (torch.randn(7, 3, 24, generator=gen) * 3).to(dtype)
+    z = torch.randn(7, 3, 24, generator=gen).to(dtype)
+    with torch.no_grad():
+        expected = ref(x, z)
+    torch.testing.assert_close(gated_rms_norm(x, z, ref.weight, 1e-6), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="z: expected the shape"):
+        gated_rms_norm(x, z[:, :2], ref.weight, 1e-6)
 
 
 # -- the short causal convolution -------------------------------------------------------------

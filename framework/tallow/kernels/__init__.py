@@ -44,10 +44,10 @@ Linear attention with a recurrent state per sequence (Gated DeltaNet; state slot
   ``gdn_gating``, ``l2_normalize``: the gates and the q/k normalisation of Qwen3-Next;
 * ``causal_conv1d(x, weight, bias, conv_state, slots, query_start_loc, ...)`` and
   ``causal_conv1d_update(x, weight, bias, conv_state, slots)``: the short causal depthwise
-  convolution before it;
+  convolution before it; ``gated_rms_norm(x, z, weight, eps)``: the gated RMSNorm after it;
 * ``chunk_gated_delta_rule_ref``, ``recurrent_gated_delta_rule_ref`` (one sequence, token by
-  token), ``gated_delta_step_ref``, ``causal_conv1d_ref``, ``causal_conv1d_update_ref``: the
-  references.
+  token), ``gated_delta_step_ref``, ``causal_conv1d_ref``, ``causal_conv1d_update_ref``,
+  ``gated_rms_norm_ref``: the references.
 
 The paged KV cache (:mod:`tallow.kernels.kv_cache` owns layouts, allocation, block copy,
 capacity and the dtype rules of 8-bit caches):
@@ -111,6 +111,7 @@ from .gated_delta import (
     chunk_gated_delta_rule, chunk_gated_delta_rule_ref, gated_delta_step, gated_delta_step_ref,
     gdn_gating, l2_normalize, recurrent_gated_delta_rule_ref,
 )
+from .gated_norm import gated_rms_norm, gated_rms_norm_ref
 from .linear import gated_linear
 from .linear import linear as dense_linear
 from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
@@ -180,5 +181,6 @@ __all__ = [
     # linear attention with a recurrent state per sequence (Gated DeltaNet)
     "causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
     "chunk_gated_delta_rule", "chunk_gated_delta_rule_ref", "gated_delta_step",
-    "gated_delta_step_ref", "gdn_gating", "l2_normalize", "recurrent_gated_delta_rule_ref",
+    "gated_delta_step_ref", "gdn_gating", "gated_rms_norm", "gated_rms_norm_ref", "l2_normalize",
+    "recurrent_gated_delta_rule_ref",
 ]

@@ -25,11 +25,11 @@ the one-token kernels; other steps the prefill kernels over the step's flat sequ
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tallow.kernels import (
-    causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, gated_delta_step, gdn_gating,
+    causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, gated_delta_step,
+    gated_rms_norm, gdn_gating,
 )
 from tallow.layers import (
     ArchConfig, BuildContext, MergedColumnParallelLinear, RecurrentStateSpec, ReplicatedLinear,
@@ -43,9 +43,9 @@ def _param(shape: tuple[int, ...], build: BuildContext, fill: float = 0.0) -> nn
 
 
 class GatedRMSNorm(nn.Module):
-    """``weight * rmsnorm(x) * silu(gate)`` over the last dimension: the statistics in
-    float32, the normalised value rounded to ``x``'s dtype before the weight (transformers'
-    Qwen3NextRMSNormGated)."""
+    """``weight * rmsnorm(x) * silu(gate)`` over the last dimension
+    (:func:`tallow.kernels.gated_rms_norm`: transformers' Qwen3NextRMSNormGated, one launch on
+    a GPU)."""
 
     def __init__(self, size: int, eps: float, build: BuildContext) -> None:
         super().__init__()
@@ -53,10 +53,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = _param((size,), build, 1.0)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(dtype) * F.silu(gate.float())).to(dtype)
+        return gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class _ConvTaps(nn.Module):
