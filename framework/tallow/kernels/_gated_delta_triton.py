@@ -9,8 +9,8 @@ Prefill runs two kernels:
    token row (``[tokens, Hv, CHUNK]`` float32, so no chunk numbering is needed);
 2. ``_chunk_scan``, one program per (sequence, value head, block of value features), over the
    sequence's chunks in order, the state ``[Dk, BV]`` in registers: the corrections ``U = T
-   (beta V) - T (beta e^G K) S``, the outputs ``(Q e^G) S + (Q K^T * decay) U`` and the next
-   state ``e^G_C S + (K e^(G_C - G))^T U`` are matrix products.
+   (beta (V - e^G K S))``, the outputs ``(Q e^G) S + (Q K^T * decay) U`` and the next state
+   ``e^G_C S + (K e^(G_C - G))^T U`` are matrix products.
 
 Decode (``_step``): one program per (row, value head, block of value features), the gating,
 the q/k normalisation and the update fused; the grid is fixed by the number of rows.
@@ -119,22 +119,24 @@ def _chunk_scan(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, inv_ptr, state_ptr, slots_
     for c in range(0, tl.cdiv(length, BT)):
         mask = c * BT + r < length
         rows = start + c * BT + r
-        q = _l2(_load_rows(q_ptr + kh * stride_qh, rows, mask, stride_qt, kcols, DK),
-                QK_L2NORM) * scale
+        gc, beta = _gates(g_ptr, beta_ptr, rows, mask, stride_g, head)
+        g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
+        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
         k = _l2(_load_rows(k_ptr + kh * stride_qh, rows, mask, stride_qt, kcols, DK),
                 QK_L2NORM)
+        # q first, so that it is dead before the corrections are formed
+        q = _l2(_load_rows(q_ptr + kh * stride_qh, rows, mask, stride_qt, kcols, DK),
+                QK_L2NORM) * scale
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
+        o = tl.dot(q * tl.exp(gc)[:, None], s, input_precision=PRECISION)
+        # U = T (beta (V - e^G K S)): the same as T (beta V) - T (beta e^G K) S, one product
+        # fewer and no [BT, Dk] intermediate
         v = _load_rows(v_ptr + head * stride_vh, rows, mask, stride_vt, vcols, DV)
-        gc, beta = _gates(g_ptr, beta_ptr, rows, mask, stride_g, head)
+        known = tl.dot(k * tl.exp(gc)[:, None], s, input_precision=PRECISION)
         t = tl.load(inv_ptr + (rows[:, None] * hv + head) * BT + r[None, :],
                     mask=mask[:, None], other=0.0)
-        g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
-        w_k = tl.dot(t, k * (beta * tl.exp(gc))[:, None], input_precision=PRECISION)
-        u = (tl.dot(t, v * beta[:, None], input_precision=PRECISION)
-             - tl.dot(w_k, s, input_precision=PRECISION))
-        decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
-        o = (tl.dot(q * tl.exp(gc)[:, None], s, input_precision=PRECISION)
-             + tl.dot(qk, u, input_precision=PRECISION))
+        u = tl.dot(t, (v - known) * beta[:, None], input_precision=PRECISION)
+        o += tl.dot(qk, u, input_precision=PRECISION)
         tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + vcols[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mask[:, None] & (vcols < DV)[None, :])
         s = s * tl.exp(g_last) + tl.dot(tl.trans(k * tl.exp(g_last - gc)[:, None]), u,
@@ -208,18 +210,19 @@ def chunk_gated_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     bk = _features(dk)
     bv = min(32, _features(dv))
     # float32 models get exact float32 products; 16-bit ones tf32 (tensor cores), finer than
-    # their inputs
+    # their inputs. Eight warps: a chunk's q, k and state tiles are float32 (64 x 128 each).
     precision = "ieee" if v.dtype == torch.float32 else "tf32"
     inverse = torch.empty((tokens, hv, CHUNK), dtype=torch.float32, device=q.device)
     _chunk_inverse[(num_seqs, triton.cdiv(max(max_query_len, 1), CHUNK), hv)](
         k, g, beta, query_start_loc, inverse, k.stride(0), k.stride(1), g.stride(0), dk,
-        HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, PRECISION=precision)
+        HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, PRECISION=precision,
+        num_warps=8)
     out = torch.zeros((tokens, hv, dv), dtype=v.dtype, device=v.device)
     _chunk_scan[(num_seqs, hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, inverse, state, slots, query_start_loc, out, q.stride(0),
         q.stride(1), v.stride(0), v.stride(1), g.stride(0), out.stride(0), out.stride(1), dk,
         dv, scale, HEADS_PER_K=hv // hk, QK_L2NORM=qk_l2norm, BT=CHUNK, BK=bk, BV=bv,
-        PRECISION=precision)
+        PRECISION=precision, num_warps=8)
     return out
 
 
