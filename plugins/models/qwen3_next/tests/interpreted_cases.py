@@ -13,7 +13,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-from tallow.kernels import interpreting  # noqa: E402
+from tallow.kernels import interpreting, triton_enabled  # noqa: E402
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing import PagedRunner  # noqa: E402
 from tallow.plugin.testing.model import (  # noqa: E402
@@ -32,23 +32,23 @@ STEPS = 4
 
 def test_greedy_parity_through_the_triton_kernels(monkeypatch):
     assert interpreting() and os.environ.get("TRITON_INTERPRET") == "1"
-    import tallow.kernels._causal_conv_triton as conv
-    import tallow.kernels._gated_delta_triton as delta
+    import tallow_model_qwen3_next.gated_deltanet as layer
 
     calls: dict[str, int] = {}
 
-    def counted(module, name):
-        fn = getattr(module, name)
+    def counted(name):
+        fn = getattr(layer, name)
 
-        def wrapper(*args, **kwargs):
+        def wrapper(x, *args, **kwargs):
+            # the entry point runs its Triton kernel for this tensor (its dispatch rule)
+            assert triton_enabled(x), f"{name} would run its torch reference"
             calls[name] = calls.get(name, 0) + 1
-            return fn(*args, **kwargs)
-        monkeypatch.setattr(module, name, wrapper)
+            return fn(x, *args, **kwargs)
+        monkeypatch.setattr(layer, name, wrapper)
 
-    for module, name in ((conv, "causal_conv1d_triton"), (conv, "causal_conv1d_update_triton"),
-                         (delta, "chunk_gated_delta_rule_triton"),
-                         (delta, "gated_delta_step_triton")):
-        counted(module, name)
+    for name in ("causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
+                 "gated_delta_step", "gated_rms_norm"):
+        counted(name)
     hf = random_hf_model(transformers.Qwen3NextConfig(**TINY), seed=5)
     model = Qwen3NextForCausalLM(ArchConfig(hf.config.to_dict()), BuildContext())
     model.load_weights(iter(hf.state_dict().items()), naming="hf")
@@ -61,5 +61,5 @@ def test_greedy_parity_through_the_triton_kernels(monkeypatch):
         assert_close_logits(ours, ref, f"logits of step {i}")
     assert tokens == ref_tokens
     # three linear-attention layers: one prefill and four decode steps each
-    assert calls == {"causal_conv1d_triton": 3, "chunk_gated_delta_rule_triton": 3,
-                     "causal_conv1d_update_triton": 12, "gated_delta_step_triton": 12}, calls
+    assert calls == {"causal_conv1d": 3, "chunk_gated_delta_rule": 3, "gated_rms_norm": 15,
+                     "causal_conv1d_update": 12, "gated_delta_step": 12}, calls
