@@ -10,6 +10,12 @@
 # moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
 # model's batch-1 decode with --isq q4_k experts),
+# qnexttests,qnextlat,qnextprefill (Qwen3-Next, Gated DeltaNet: the kernels against their references and the model's GPU
+# tests; batch-1 decode of random:qwen3-next-12l against its attention-only twin random:qwen3-next-12l-attn; one 32k prompt's
+# prefill, tokens/s = 32768 / ttft_s, of both), q35lat (batch-1 decode of random:qwen3.5-35b-a3b, 69 GB: an H200),
+# qnext80fp8lat (batch-1 decode of the whole random:qwen3-next-80b-a3b quantized at load to fp8, about 81 GB: an H200),
+# qnextlong64 (64 sequences decoding after 32k-token prompts, random:qwen3-next-12l and its attention-only twin; the twin's
+# 2M cached tokens take 50 GB: an H200),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -129,6 +135,29 @@ if [[ ",$MODE," == *",moealltests,"* ]]; then  # every GPU test of the MoE model
     plugins/quant/gguf/tests/test_moe_gpu.py plugins/quant/fp4/tests/test_kernels_gpu.py \
     "plugins/attention/triton/tests/kernel_cases.py::test_attention_sinks" >"$OUT/tests_moe_all.log" 2>&1
   tail -30 "$OUT/tests_moe_all.log"
+fi
+if [[ ",$MODE," == *",qnexttests,"* ]]; then  # Gated DeltaNet kernels against their references; Qwen3-Next parity, graphs vs eager
+  echo "== GPU tests of Qwen3-Next (gated delta rule and conv kernels, float32 parity, CUDA graphs against eager)"
+  timeout 500 python3 -m pytest -q -m gpu -rs --timeout 420 tests/kernels/test_gated_delta_kernels.py \
+    plugins/models/qwen3_next 2>&1 | tail -25 | tee "$OUT/tests_qwen3_next.log"
+fi
+if [[ ",$MODE," == *",qnextlat,"* ]]; then  # 12 of Qwen3-Next-80B-A3B's 48 layers (9 linear, 3 full), and all full attention
+  bench latency_qwen3_next_12l_bs1 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+  bench latency_qwen3_next_12l_attn_bs1 300 latency --model random:qwen3-next-12l-attn --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",q35lat,"* ]]; then  # Qwen3.5-35B-A3B's text model in bf16
+  bench latency_qwen3_5_35b_a3b_bs1 300 latency --model random:qwen3.5-35b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",qnext80fp8lat,"* ]]; then  # all 48 layers; weights in fp8 (tallow-quant-fp8, --isq fp8)
+  bench latency_qwen3_next_80b_a3b_fp8_bs1 480 latency --model random:qwen3-next-80b-a3b --dtype bfloat16 --isq fp8 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",qnextlong64,"* ]]; then  # decode steps at 32k context (prompts computed: prefix caching, hence --synthetic-context, is refused for the hybrid)
+  bench long64x32k_qwen3_next_12l 590 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 64 --input-len 32768 --output-len 64 --max-model-len 33792 --max-num-seqs 64 --max-cuda-graph-batch 64 --warmup-input-len 512
+  bench long64x32k_qwen3_next_12l_attn 590 latency --model random:qwen3-next-12l-attn --dtype bfloat16 --batch-size 64 --input-len 32768 --output-len 64 --max-model-len 33792 --max-num-seqs 64 --max-cuda-graph-batch 64 --warmup-input-len 512
+fi
+if [[ ",$MODE," == *",qnextprefill,"* ]]; then  # one 32k prompt (chunks of the default 8192-token step budget)
+  bench prefill32k_qwen3_next_12l 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 32768 --output-len 4 --max-model-len 33792
+  bench prefill32k_qwen3_next_12l_attn 300 latency --model random:qwen3-next-12l-attn --dtype bfloat16 --batch-size 1 --input-len 32768 --output-len 4 --max-model-len 33792
 fi
 if [[ ",$MODE," == *",gptosslat,"* ]]; then  # gpt-oss-20b's shape, float experts, triton attention (sinks)
   bench latency_gpt_oss_20b_bs1 240 latency --model random:gpt-oss-20b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096

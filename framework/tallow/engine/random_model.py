@@ -22,6 +22,18 @@ _MXFP4 = {"quant_method": "mxfp4",
           "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                      "model.embed_tokens", "lm_head"]}
 
+# Qwen3-Next-80B-A3B's layers (without the layer count), as its config.json gives them
+_QWEN3_NEXT: dict[str, Any] = dict(
+    architectures=["Qwen3NextForCausalLM"], hidden_size=2048, intermediate_size=5120,
+    num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=512,
+    num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                     "partial_rotary_factor": 0.25},
+    max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -92,6 +104,40 @@ SHAPES: dict[str, dict[str, Any]] = {
                         rope_scaling=_GPT_OSS_YARN, max_position_embeddings=131072,
                         rms_norm_eps=1e-5, tie_word_embeddings=False,
                         quantization_config=_MXFP4),
+    # Qwen3-Next-80B-A3B: 48 layers, every 4th gated full attention, the others Gated
+    # DeltaNet (a recurrent state per sequence); 512 experts of which 10 per token and a gated
+    # shared expert: 80B parameters, 3B active per token (160 GB in bf16: more than one GPU)
+    "qwen3-next-80b-a3b": dict(_QWEN3_NEXT, num_hidden_layers=48),
+    # the same layers, 12 of them (3 full attention, 9 linear; 20B parameters): one GPU holds
+    # it in bf16, for benchmarks per layer against "qwen3-next-12l-attn"
+    "qwen3-next-12l": dict(_QWEN3_NEXT, num_hidden_layers=12),
+    # "qwen3-next-12l" with every layer gated full attention: the attention-only counterpart
+    "qwen3-next-12l-attn": dict(_QWEN3_NEXT, num_hidden_layers=12,
+                                layer_types=["full_attention"] * 12),
+    # Qwen3.5-35B-A3B's text model as transformers 5 documents it (Qwen3_5MoeTextConfig's
+    # defaults): 40 layers, every 4th gated full attention, 256 experts of 512 with 8 per
+    # token and a gated shared expert: about 35B parameters, 70 GB in bf16
+    "qwen3.5-35b-a3b": dict(_QWEN3_NEXT, architectures=["Qwen3_5MoeForCausalLM"],
+                            num_hidden_layers=40, num_experts=256, num_experts_per_tok=8,
+                            vocab_size=248320, max_position_embeddings=32768,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25}),
+    # A few-MB Qwen3-Next (linear, linear, full, linear; 8 experts, 2 per token), for CPU tests
+    # of the recurrent-state path in the engine.
+    "tiny-qwen3-next": dict(architectures=["Qwen3NextForCausalLM"], hidden_size=64,
+                            intermediate_size=96, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            linear_num_key_heads=2, linear_num_value_heads=4,
+                            linear_key_head_dim=16, linear_value_head_dim=8,
+                            linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                            norm_topk_prob=True, vocab_size=512,
+                            layer_types=["linear_attention", "linear_attention",
+                                         "full_attention", "linear_attention"],
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.25},
+                            max_position_embeddings=2048, rms_norm_eps=1e-6,
+                            tie_word_embeddings=False),
     # sentence-transformers/all-MiniLM-L6-v2 (an encoder: served for embeddings)
     "all-minilm-l6-v2": dict(architectures=["BertModel"], hidden_size=384,
                              intermediate_size=1536, num_hidden_layers=6,

@@ -35,6 +35,20 @@ elsewhere):
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
 
+Linear attention with a recurrent state per sequence (Gated DeltaNet; state slots of a
+:class:`tallow.layers.RecurrentStateSpec` group, updated in place):
+
+* ``chunk_gated_delta_rule(q, k, v, g, beta, state, slots, query_start_loc, ...)``: the gated
+  delta rule over a step's flat sequences (prefill and chunks); ``gated_delta_step(q, k, v, a,
+  b, A_log, dt_bias, state, slots)``: one token per sequence with the gating fused (decode);
+  ``gdn_gating``, ``l2_normalize``: the gates and the q/k normalisation of Qwen3-Next;
+* ``causal_conv1d(x, weight, bias, conv_state, slots, query_start_loc, ...)`` and
+  ``causal_conv1d_update(x, weight, bias, conv_state, slots)``: the short causal depthwise
+  convolution before it; ``gated_rms_norm(x, z, weight, eps)``: the gated RMSNorm after it;
+* ``chunk_gated_delta_rule_ref``, ``recurrent_gated_delta_rule_ref`` (one sequence, token by
+  token), ``gated_delta_step_ref``, ``causal_conv1d_ref``, ``causal_conv1d_update_ref``,
+  ``gated_rms_norm_ref``: the references.
+
 The paged KV cache (:mod:`tallow.kernels.kv_cache` owns layouts, allocation, block copy,
 capacity and the dtype rules of 8-bit caches):
 
@@ -83,6 +97,9 @@ from ._dispatch import interpreting, triton_enabled
 from .activation import gelu_tanh_and_mul, gelu_tanh_and_mul_ref, silu_and_mul, silu_and_mul_ref
 from .argmax import argmax_rows, argmax_rows_ref
 from .attention_ref import attention_ref, paged_attention_ref
+from .causal_conv import (
+    causal_conv1d, causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref,
+)
 from .cuda_device import capability, cuda_device_reasons, cuda_index
 from .kv_cache import (
     LayerKVCache, allocate_layer, cache_saturation, float8_reasons, slots_to_blocks,
@@ -90,6 +107,11 @@ from .kv_cache import (
 )
 from .kv_cast import CastKVCodec
 from .kv_store import store_cast_kv, store_cast_kv_ref
+from .gated_delta import (
+    chunk_gated_delta_rule, chunk_gated_delta_rule_ref, gated_delta_step, gated_delta_step_ref,
+    gdn_gating, l2_normalize, recurrent_gated_delta_rule_ref,
+)
+from .gated_norm import gated_rms_norm, gated_rms_norm_ref
 from .linear import gated_linear
 from .linear import linear as dense_linear
 from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
@@ -156,4 +178,9 @@ __all__ = [
     # mixture of experts
     "MoEConfig", "default_moe_config", "fused_moe", "fused_moe_ref", "moe_align",
     "moe_align_ref",
+    # linear attention with a recurrent state per sequence (Gated DeltaNet)
+    "causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
+    "chunk_gated_delta_rule", "chunk_gated_delta_rule_ref", "gated_delta_step",
+    "gated_delta_step_ref", "gdn_gating", "gated_rms_norm", "gated_rms_norm_ref", "l2_normalize",
+    "recurrent_gated_delta_rule_ref",
 ]

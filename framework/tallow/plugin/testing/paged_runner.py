@@ -1,7 +1,8 @@
 """Run a model plugin's class without the engine: :class:`PagedRunner` plays the model
 runner's part (contiguous block tables, a paged KV cache per ``Attention`` module allocated by
-:mod:`tallow.kernels.kv_cache` for a KV codec, the step's ``AttentionMetadata`` in the forward
-context of the core's torch attention backend)."""
+:mod:`tallow.kernels.kv_cache` for a KV codec, one state slot per sequence for the layers that
+declare a :class:`~tallow.layers.RecurrentStateSpec`, the step's ``AttentionMetadata`` in the
+forward context of the core's torch attention backend)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import torch
 
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
-from tallow.layers import Attention, AttentionMetadata, CausalLM, forward_context
+from tallow.layers import (
+    Attention, AttentionMetadata, CausalLM, RecurrentStateSpec, StateCache, cache_layers,
+    forward_context,
+)
 from tallow.layers.torch_attention import TorchAttentionBackend
 
 from ..components import KVCodec
@@ -21,6 +25,7 @@ from ..components import KVCodec
 class _Seq:
     blocks: list[int]
     length: int = 0  # tokens already in the cache
+    slot: int = 0  # its state slot (in every state group)
 
 
 @dataclass
@@ -49,10 +54,33 @@ class PagedRunner:
                                    device=p.device)
         for m, cache in zip(attns, caches):
             m.kv_cache = cache
+        self.state_caches = self._bind_states(dtype, p.device)
+
+    def _bind_states(self, dtype: torch.dtype, device: torch.device) -> list[list[StateCache]]:
+        """Zeroed state tensors (``max_seqs`` slots and the dummy) for each group of layers
+        whose recurrent-state specs are equal, bound to them."""
+        groups: dict[object, list[object]] = {}
+        for layer in cache_layers(self.model):
+            spec = layer.cache_spec()
+            if isinstance(spec, RecurrentStateSpec):
+                groups.setdefault(spec.group_key, []).append(layer)
+        bound: list[list[StateCache]] = []
+        for index, layers in enumerate(groups.values()):
+            spec = layers[0].cache_spec()  # type: ignore[attr-defined]
+            caches = []
+            for layer in layers:
+                cache = StateCache({t.name: torch.zeros((self.max_seqs + 1, *t.shape),
+                                                        dtype=t.dtype or dtype, device=device)
+                                    for t in spec.tensors}, index, self.max_seqs)
+                layer.bind_cache(cache, index)  # type: ignore[attr-defined]
+                caches.append(cache)
+            bound.append(caches)
+        return bound
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
-        self.seqs[seq_id] = _Seq(list(range(first, first + self.blocks_per_seq)))
+        self.seqs[seq_id] = _Seq(list(range(first, first + self.blocks_per_seq)),
+                                 slot=len(self.seqs))
 
     @torch.no_grad()
     def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
@@ -100,6 +128,9 @@ class PagedRunner:
             max_query_len=max(len(t) for _, t in chunks), max_seq_len=max(seq_lens),
             block_size=self.block_size, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
         )
+        state_slots = torch.tensor([self.seqs[seq_id].slot for seq_id, _ in chunks],
+                             dtype=torch.int64, device=device)
+        meta.state_slots = [state_slots for _ in self.state_caches]
         with forward_context(meta, self.backend):
             hidden = self.model(torch.tensor(ids, device=device),
                                 torch.tensor(positions, device=device))
