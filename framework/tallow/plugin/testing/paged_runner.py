@@ -1,6 +1,6 @@
 """Run a model plugin's class without the engine: :class:`PagedRunner` plays the model
 runner's part (contiguous block tables, a paged KV cache per ``Attention`` module allocated by
-:mod:`tallow.kernels.kv_cache` for a KV codec, the step's ``AttentionMetadata`` in the forward
+:mod:`tallow.kernels.kv_cache` for a KV codec, a latent cache per ``MLAAttention`` module, the step's ``AttentionMetadata`` in the forward
 context of the core's torch attention backend)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
-from tallow.layers import Attention, AttentionMetadata, CausalLM, forward_context
+from tallow.layers import Attention, AttentionMetadata, CausalLM, MLAAttention, forward_context
 from tallow.layers.torch_attention import TorchAttentionBackend
 
 from ..components import KVCodec
@@ -49,6 +49,15 @@ class PagedRunner:
                                    device=p.device)
         for m, cache in zip(attns, caches):
             m.kv_cache = cache
+        # latent attention (MLA) layers: one latent row per token, in the codec's latent dtype
+        latent_dtype = codec.latent_dtype(dtype)
+        for m in self.model.modules():
+            if isinstance(m, MLAAttention):
+                if latent_dtype is None:
+                    raise ValueError(f"kv codec {codec.name!r} cannot keep a latent cache")
+                m.bind_cache(torch.zeros(self.blocks_per_seq * self.max_seqs, self.block_size,
+                                         m.layer.latent_width, dtype=latent_dtype,
+                                         device=p.device), 0)
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
