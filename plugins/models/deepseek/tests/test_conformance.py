@@ -1,0 +1,101 @@
+"""DeepSeek-V3 and DeepSeek-V2 against tallow's model conformance suite: transformers on the
+same tiny random weights (the V3 router's correction bias random too), 32 greedy tokens, a
+prompt past the dense first layer into the MoE ones, chunked prefill, the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from tallow.layers import FusedMoE, MLAAttention
+from tallow.plugin.testing import ModelArchitectureConformance, PagedRunner
+from tallow.plugin.testing.model import random_hf_model
+
+SMALL = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+             n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+             first_k_dense_replace=1, kv_lora_rank=32, qk_nope_head_dim=16,
+             qk_rope_head_dim=8, v_head_dim=12, rms_norm_eps=1e-5,
+             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+             pad_token_id=None)
+# 30 tokens: with the 32 greedy steps still inside the engine test's 64 positions
+PROMPT = [3, 17, 50, 9, 64, 28, 5, 77, 31, 20, 1, 42, 99, 120, 7, 63, 88, 14, 101, 36, 55, 111,
+          24, 92, 70, 12, 127, 46, 83, 2]
+
+
+def randomize_correction_bias(model: Any, seed: int) -> None:
+    """transformers keeps V3's ``e_score_correction_bias`` as a buffer (zeros when built):
+    random values of the size of the sigmoid scores' spread, so that they change some choices."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.03)
+
+
+class DeepseekConformance(ModelArchitectureConformance):
+    distribution = "tallow-model-deepseek"
+    prompt: ClassVar[list[int]] = PROMPT
+    steps: ClassVar[int] = 32
+
+    @pytest.fixture(scope="class")
+    def transformers_model(self, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+        pytest.importorskip("transformers", reason="transformers is the parity oracle")
+        model = random_hf_model(self.hf_config(), 11, std=self.weight_std)
+        randomize_correction_bias(model, 12)
+        directory = tmp_path_factory.mktemp("model")
+        model.save_pretrained(str(directory), safe_serialization=True)
+        return model, directory
+
+    def test_layers_dense_then_moe_with_latent_attention(self, loaded: tuple[Any, set[str]]
+                                                          ) -> None:
+        model = loaded[0]
+        kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
+        assert kinds == ["LlamaMLP", "FusedMoE", "FusedMoE"]
+        assert sum(isinstance(m, MLAAttention) for m in model.modules()) == 3
+        assert all(m.absorbed for m in model.modules() if isinstance(m, MLAAttention))
+
+    def test_prompt_reaches_most_experts(self, loaded: tuple[Any, set[str]]) -> None:
+        model = loaded[0]
+        chosen: list[torch.Tensor] = []
+        hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
+                 for m in model.modules() if isinstance(m, FusedMoE)]
+        try:
+            PagedRunner(model).greedy(0, self.prompt, 0)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert len(chosen) == 2
+        for ids in chosen:
+            used = torch.unique(ids).numel()
+            assert used >= 5, f"the prompt reaches only {used} of 8 experts"
+
+
+class TestDeepseekV3Conformance(DeepseekConformance):
+    """A low-rank query, sigmoid routing over 4 groups (2 taken) with a correction bias,
+    renormalised weights times 2.5."""
+
+    component = "DeepseekV3ForCausalLM"
+
+    def hf_config(self) -> Any:
+        import transformers
+
+        return transformers.DeepseekV3Config(**SMALL, q_lora_rank=24, n_group=4, topk_group=2,
+                                             routed_scaling_factor=2.5, norm_topk_prob=True)
+
+
+class TestDeepseekV2Conformance(DeepseekConformance):
+    """Queries straight from the hidden state, softmax routing limited to the 2 of 4 groups
+    holding the best experts, weights times 1.5 without renormalisation."""
+
+    component = "DeepseekV2ForCausalLM"
+
+    def hf_config(self) -> Any:
+        import transformers
+
+        return transformers.DeepseekV2Config(**SMALL, q_lora_rank=None, n_group=4,
+                                             topk_group=2, topk_method="group_limited_greedy",
+                                             routed_scaling_factor=1.5)
