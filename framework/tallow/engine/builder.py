@@ -283,7 +283,7 @@ def with_latent_groups(cost: kv_cache.KVFootprint, groups: list[CacheGroup],
     extra = sum(b for g, b in zip(paged, block_bytes) if isinstance(g.spec, LatentCacheSpec))
     if not extra:
         return cost
-    reference = sum(len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES  # type: ignore[attr-defined]
+    reference = sum(len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES
                     for g in paged if isinstance(g.spec, LatentCacheSpec))
     return kv_cache.KVFootprint(cost.bytes_per_block + extra, cost.fixed_bytes, cost.block_size,
                                 cost.reference_bytes_per_token + reference)

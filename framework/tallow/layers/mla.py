@@ -35,6 +35,10 @@ class MLAAttention(nn.Module):
     on every rank); ``scale`` is the softmax scale of q.k (DeepSeek folds YaRN's mscale into
     it)."""
 
+    #: the up-projections, per head (buffers filled by :meth:`absorb`)
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+
     def __init__(self, layer_index: int, num_heads: int, *, kv_lora_rank: int,
                  qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int, scale: float,
                  device: torch.device | str | None = None,

@@ -51,13 +51,13 @@ class PagedRunner:
             m.kv_cache = cache
         # latent attention (MLA) layers: one latent row per token, in the codec's latent dtype
         latent_dtype = codec.latent_dtype(dtype)
-        for m in self.model.modules():
-            if isinstance(m, MLAAttention):
+        for mla in self.model.modules():
+            if isinstance(mla, MLAAttention):
                 if latent_dtype is None:
                     raise ValueError(f"kv codec {codec.name!r} cannot keep a latent cache")
-                m.bind_cache(torch.zeros(self.blocks_per_seq * self.max_seqs, self.block_size,
-                                         m.layer.latent_width, dtype=latent_dtype,
-                                         device=p.device), 0)
+                mla.bind_cache(torch.zeros(self.blocks_per_seq * self.max_seqs,
+                                           self.block_size, mla.layer.latent_width,
+                                           dtype=latent_dtype, device=p.device), 0)
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
