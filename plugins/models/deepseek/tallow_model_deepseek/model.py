@@ -77,6 +77,31 @@ def softmax_scale(config: ArchConfig) -> float:
     return scale
 
 
+def sigmoid_router(config: ArchConfig) -> RouterSpec:
+    """DeepSeek-V3's router (GLM-4.5's too): sigmoid scores, the choice over the
+    ``topk_group`` of ``n_group`` groups (by their two best biased scores), weights
+    renormalised with ``norm_topk_prob`` and times ``routed_scaling_factor``."""
+    return RouterSpec(top_k=_int(config, "num_experts_per_tok"), scoring="sigmoid",
+                      renormalize=bool(config.get("norm_topk_prob", True)),
+                      num_groups=int(config.get("n_group") or 1),
+                      topk_groups=int(config.get("topk_group") or 1),
+                      routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0))
+
+
+def moe_block(config: ArchConfig, build: BuildContext, prefix: str, router: RouterSpec,
+              correction_bias: bool) -> FusedMoE:
+    """The MoE block of one layer: ``n_routed_experts`` SwiGLU experts of
+    ``moe_intermediate_size`` and ``n_shared_experts`` shared ones (one MLP)."""
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
+                         "supported by the experts (SwiGLU)")
+    inter = _int(config, "moe_intermediate_size")
+    shared = int(config.get("n_shared_experts") or 0) * inter
+    return FusedMoE(_int(config, "n_routed_experts"), int(config.hidden_size), inter,
+                    router=router, correction_bias=correction_bias,
+                    shared_intermediate_size=shared, build=build, prefix=prefix)
+
+
 class DeepseekAttention(nn.Module):
     """Latent attention of one decoder layer (see the module docstring)."""
 
@@ -189,14 +214,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                   prefix: str) -> nn.Module:
         if not self.is_moe_layer(config, layer):
             return super().build_mlp(config, build, layer, prefix)
-        if config.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                             "supported by the experts (SwiGLU)")
-        inter = _int(config, "moe_intermediate_size")
-        shared = int(config.get("n_shared_experts") or 0) * inter
-        return FusedMoE(_int(config, "n_routed_experts"), int(config.hidden_size), inter,
-                        router=self.router(config), correction_bias=self.correction_bias,
-                        shared_intermediate_size=shared, build=build, prefix=prefix)
+        return moe_block(config, build, prefix, self.router(config), self.correction_bias)
 
     # -- loading ---------------------------------------------------------------------------
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
@@ -236,9 +254,4 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     correction_bias = True
 
     def router(self, config: ArchConfig) -> RouterSpec:
-        groups = int(config.get("n_group") or 1)
-        return RouterSpec(top_k=_int(config, "num_experts_per_tok"), scoring="sigmoid",
-                          renormalize=bool(config.get("norm_topk_prob", True)),
-                          num_groups=groups, topk_groups=int(config.get("topk_group") or 1),
-                          routed_scaling_factor=float(config.get("routed_scaling_factor")
-                                                      or 1.0))
+        return sigmoid_router(config)

@@ -32,13 +32,10 @@ _ATTENTION = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def hf_name_map() -> WeightNameMap:
-    """Hugging Face ``model.safetensors`` names (the latent attention's rules first: they
-    come before tallow-llama's ``q_proj`` -> ``qkv_proj`` rule)."""
-    attention = [WeightRule(f"{_L}.self_attn.{name}.{{p}}", f"{_L}.self_attn.{name}.{{p}}")
-                 for name in _ATTENTION]
-    return WeightNameMap([
-        *attention,
+def moe_rules() -> list[WeightRule]:
+    """The MoE block's names (router, correction bias, experts, shared experts), shared with
+    the models that use the same block (GLM-4.5)."""
+    return [
         WeightRule(f"{_MLP}.gate.weight", f"{_MLP}.gate.weight"),
         WeightRule(f"{_MLP}.gate.e_score_correction_bias",
                    f"{_MLP}.gate.e_score_correction_bias"),
@@ -48,7 +45,15 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_SHARED}.up_proj.{{p}}", f"{_MLP}.shared_expert.gate_up_proj.{{p}}",
                    shard=1),
         WeightRule(f"{_SHARED}.down_proj.{{p}}", f"{_MLP}.shared_expert.down_proj.{{p}}"),
-    ]) + llama_hf_name_map()
+    ]
+
+
+def hf_name_map() -> WeightNameMap:
+    """Hugging Face ``model.safetensors`` names (the latent attention's rules first: they
+    come before tallow-llama's ``q_proj`` -> ``qkv_proj`` rule)."""
+    attention = [WeightRule(f"{_L}.self_attn.{name}.{{p}}", f"{_L}.self_attn.{name}.{{p}}")
+                 for name in _ATTENTION]
+    return WeightNameMap([*attention, *moe_rules()]) + llama_hf_name_map()
 
 
 def mtp_layer(name: str, num_hidden_layers: int) -> bool:
