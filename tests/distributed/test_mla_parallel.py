@@ -6,13 +6,9 @@ intermediate size (tensor parallel) or placed whole (expert parallel). The tight
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from test_moe_parallel import _waves
+from test_moe_parallel import assert_parallel_equals_one_rank
 from tiny_models import save_tiny
-from tp_cases import TIGHT, assert_same, one_thread, run_case
-from tp_processes import run_driver
 
 pytestmark = pytest.mark.slow
 
@@ -37,21 +33,4 @@ def mla_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def test_latent_attention_over_two_ranks_equals_one(mla_checkpoints, tmp_path, sessions):
-    cases: list[dict[str, Any]] = []
-    for family, path in mla_checkpoints.items():
-        for mode, expert_parallel in (("tp", False), ("ep", True)):
-            cases.append({"name": f"{family}-{mode}", "model": path, "plugins": PLUGINS,
-                          "waves": _waves(),
-                          "settings": {**TIGHT, "enable_expert_parallel": expert_parallel}})
-    with one_thread():
-        references = {family: run_case({**cases[0], "name": family, "model": path,
-                                        "settings": TIGHT}, 1)
-                      for family, path in mla_checkpoints.items()}
-    results = run_driver(cases, 2, tmp_path, sessions, timeout=400)
-    for family in mla_checkpoints:
-        for mode in ("tp", "ep"):
-            name = f"{family}-{mode}"
-            compared = assert_same(results[name], references[family], f"{name} over 2 ranks")
-            assert compared > 100, f"{name}: only {compared} log-probabilities compared"
-            stats = results[name]["stats"]
-            assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
+    assert_parallel_equals_one_rank(mla_checkpoints, PLUGINS, tmp_path, sessions)

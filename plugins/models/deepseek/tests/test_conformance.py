@@ -10,9 +10,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tallow.layers import FusedMoE, MLAAttention
-from tallow.plugin.testing import ModelArchitectureConformance, PagedRunner
+from tallow.layers import MLAAttention
+from tallow.plugin.testing import ModelArchitectureConformance
 from tallow.plugin.testing.model import random_hf_model
+from tallow.plugin.testing.model_parity import expert_choices
 
 SMALL = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
@@ -59,15 +60,7 @@ class DeepseekConformance(ModelArchitectureConformance):
         assert all(m.absorbed for m in model.modules() if isinstance(m, MLAAttention))
 
     def test_prompt_reaches_most_experts(self, loaded: tuple[Any, set[str]]) -> None:
-        model = loaded[0]
-        chosen: list[torch.Tensor] = []
-        hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
-                 for m in model.modules() if isinstance(m, FusedMoE)]
-        try:
-            PagedRunner(model).greedy(0, self.prompt, 0)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        chosen = expert_choices(loaded[0], self.prompt)
         assert len(chosen) == 2
         for ids in chosen:
             used = torch.unique(ids).numel()

@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from tallow.layers import FusedMoE
-from tallow.plugin.testing import ModelArchitectureConformance, PagedRunner
+from tallow.plugin.testing import ModelArchitectureConformance
 from tallow.plugin.testing.model import random_hf_model
+from tallow.plugin.testing.model_parity import expert_choices
 
 SMALL = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -55,15 +55,7 @@ class Glm4MoeConformance(ModelArchitectureConformance):
         assert [type(layer.mlp).__name__ for layer in model.model.layers] == [
             "LlamaMLP", "FusedMoE", "FusedMoE"]
         assert model.model.rotary_emb.rotary_dim == 8  # half of each 16-wide head
-        chosen: list[torch.Tensor] = []
-        hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
-                 for m in model.modules() if isinstance(m, FusedMoE)]
-        try:
-            PagedRunner(model).greedy(0, self.prompt, 0)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        used = [torch.unique(i).numel() for i in chosen]
+        used = [torch.unique(i).numel() for i in expert_choices(model, self.prompt)]
         assert len(used) == 2 and min(used) >= 4, f"the prompt reaches only {used} of 8 experts"
 
 
