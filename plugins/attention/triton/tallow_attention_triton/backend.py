@@ -279,8 +279,8 @@ class TritonAttentionBackend(AttentionBackend):
     def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
                     latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
                     w_uv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Store the step's latent rows; decode steps through the absorbed split-K kernel,
-        others through the core's reference (expanded K/V)."""
+        """Store the step's latent rows; single-query sequences through the absorbed split-K
+        kernel, sequences with several queries through the core's reference (expanded K/V)."""
         key = ("mla", layer, q_nope.dtype, q_nope.device, cache.dtype, tuple(cache.shape[1:]))
         if key not in self._checked:
             reasons = mla_ops.mla_reasons(layer, cache, q_nope)

@@ -1,12 +1,13 @@
 """Host-side launchers of the latent attention (MLA) kernels (:mod:`.kernels.mla`), and the
 backend's MLA step.
 
-Decode steps run the absorbed form: ``q_lat = q_nope W_UK`` for every head (one batched
+Decode rows (every row of a decode-only step, and the single-query sequences of a step with
+prompts) run the absorbed form: ``q_lat = q_nope W_UK`` for every head (one batched
 product), the split-K latent decode kernel (each program reads a tile of latent rows once for
 ``BLOCK_H`` heads), the reduce of the splits, then ``W_UV`` on the latent output. Grids depend
 on host integers only (sequence count, heads, the split count chosen from the sequence count
-and the SM count), so a decode step may be captured in a CUDA graph. Other steps store the
-latent rows with the same kernel and run the core's reference (expanded K/V per sequence).
+and the SM count), so a decode step may be captured in a CUDA graph. Sequences with several
+queries (prompts, chunks) run the core's reference (expanded K/V per sequence).
 """
 
 from __future__ import annotations
@@ -67,16 +68,23 @@ def mla_num_splits(num_seqs: int, head_blocks: int, device: torch.device) -> int
 
 def mla_decode(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
                seq_lens: torch.Tensor, block_tables: torch.Tensor, num_seqs: int, scale: float,
-               num_splits: int | None = None) -> torch.Tensor:
-    """Latent attention output [num_seqs, H, RANK] (float32) of one query per sequence
-    (``q_lat`` [T, H, RANK], ``q_pe`` [T, H, ROPE], rows ``0..num_seqs-1``)."""
+               num_splits: int | None = None,
+               query_start_loc: torch.Tensor | None = None) -> torch.Tensor:
+    """Latent attention output (float32, [T, H, RANK]) of the single-query sequences
+    (``q_lat`` [T, H, RANK], ``q_pe`` [T, H, ROPE]): sequence ``i``'s query is row ``i``, or
+    with ``query_start_loc`` (a step with prompts too) row ``query_start_loc[i]``, and the
+    rows of sequences with several queries are left zero."""
     heads, rank = q_lat.shape[1], q_lat.shape[2]
     rope = q_pe.shape[2]
     head_blocks = cdiv(heads, BLOCK_H)
     splits = num_splits or mla_num_splits(num_seqs, head_blocks, q_lat.device)
     acc = torch.empty(num_seqs, splits, heads, rank, dtype=torch.float32, device=q_lat.device)
     ml = torch.empty(num_seqs, splits, heads, 2, dtype=torch.float32, device=q_lat.device)
-    out = torch.empty(num_seqs, heads, rank, dtype=torch.float32, device=q_lat.device)
+    mixed = query_start_loc is not None
+    out = (torch.zeros if mixed else torch.empty)(q_lat.shape[0] if mixed else num_seqs, heads,
+                                                  rank, dtype=torch.float32,
+                                                  device=q_lat.device)
+    qsl = query_start_loc if query_start_loc is not None else seq_lens  # unread unless mixed
     if num_seqs == 0:
         return out
     r_pad, p_pad = max(16, next_pow2(rank)), max(16, next_pow2(rope))
@@ -84,15 +92,16 @@ def mla_decode(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
     block_n, warps = (32, 8) if r_pad >= 256 else (64, 4)
     upcast = interpreting() and q_lat.dtype == torch.bfloat16
     mla_decode_split_kernel[(num_seqs, head_blocks, splits)](
-        q_lat, q_pe, cache, seq_lens, block_tables, acc, ml,
+        q_lat, q_pe, cache, seq_lens, block_tables, qsl, acc, ml,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         cache.stride(0), cache.stride(1), block_tables.stride(0), scale * LOG2E,
         NUM_HEADS=heads, RANK=rank, ROPE=rope, R_PAD=r_pad, P_PAD=p_pad, BLOCK_H=BLOCK_H,
         BLOCK_N=block_n, BLOCK_SIZE=cache.shape[1], NUM_SPLITS=splits,
-        PRECISION=dot_precision(q_lat.element_size()), UPCAST=upcast, num_warps=warps)
+        PRECISION=dot_precision(q_lat.element_size()), UPCAST=upcast, MIXED=mixed,
+        num_warps=warps)
     mla_decode_reduce_kernel[(num_seqs, heads)](
-        acc, ml, out, out.stride(0), out.stride(1), NUM_HEADS=heads, RANK=rank, R_PAD=r_pad,
-        NUM_SPLITS=splits, S_PAD=max(2, next_pow2(splits)))
+        acc, ml, out, qsl, out.stride(0), out.stride(1), NUM_HEADS=heads, RANK=rank,
+        R_PAD=r_pad, NUM_SPLITS=splits, S_PAD=max(2, next_pow2(splits)), MIXED=mixed)
     return out
 
 
@@ -100,24 +109,32 @@ def forward_mla(layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
                 latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
                 w_uv: torch.Tensor, meta: AttentionMetadata,
                 num_splits: int | None = None) -> torch.Tensor:
-    """The triton backend's :meth:`~tallow.plugin.AttentionBackend.forward_mla`."""
+    """The triton backend's :meth:`~tallow.plugin.AttentionBackend.forward_mla`: decode
+    rows (every row of a decode-only step, the single-query sequences of a mixed one) through
+    the absorbed kernels, sequences with several queries through the core's reference."""
     store_latent(cache, latent, meta.slot_mapping)
-    if not meta.is_decode_only:
+    decode_only = meta.is_decode_only
+    n = meta.num_seqs if decode_only else q_nope.shape[0]
+    prompts: list[int] = []
+    if not decode_only:
         qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
+        prompts = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] > 1]
+    out = q_nope.new_zeros(q_nope.shape[0], layer.num_heads, layer.v_head_dim)
+    if len(prompts) < meta.num_seqs:
+        # [H, T, Dn] @ [H, Dn, R]: every head's latent query in one batched product
+        q_lat = torch.bmm(q_nope[:n].transpose(0, 1), w_uk.to(q_nope.dtype)).transpose(0, 1)
+        o_lat = mla_decode(q_lat, q_pe[:n], cache, seq_lens=meta.seq_lens,
+                           block_tables=meta.block_tables, num_seqs=meta.num_seqs,
+                           scale=layer.scale, num_splits=num_splits,
+                           query_start_loc=None if decode_only else meta.query_start_loc)
+        out[:n] = torch.bmm(o_lat.to(q_nope.dtype).transpose(0, 1),
+                            w_uv.to(q_nope.dtype).transpose(1, 2)).transpose(0, 1)
+    if prompts:
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
-        return mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv,
-                                 query_start_loc=qsl, seq_lens=lens,
-                                 block_tables=meta.block_tables, scale=layer.scale)
-    n = meta.num_seqs
-    # [H, T, Dn] @ [H, Dn, R]: every head's latent query in one batched product
-    q_lat = torch.bmm(q_nope[:n].transpose(0, 1), w_uk.to(q_nope.dtype)).transpose(0, 1)
-    o_lat = mla_decode(q_lat, q_pe[:n], cache, seq_lens=meta.seq_lens,
-                       block_tables=meta.block_tables, num_seqs=n, scale=layer.scale,
-                       num_splits=num_splits)
-    out = torch.bmm(o_lat.to(q_nope.dtype).transpose(0, 1),
-                    w_uv.to(q_nope.dtype).transpose(1, 2)).transpose(0, 1)
-    if out.shape[0] == q_nope.shape[0]:
-        return out
-    full = q_nope.new_zeros(q_nope.shape[0], layer.num_heads, layer.v_head_dim)
-    full[:n] = out
-    return full
+        expanded = mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv,
+                                     query_start_loc=qsl, seq_lens=lens,
+                                     block_tables=meta.block_tables, scale=layer.scale,
+                                     sequences=prompts)
+        for i in prompts:
+            out[qsl[i]:qsl[i + 1]] = expanded[qsl[i]:qsl[i + 1]]
+    return out

@@ -127,11 +127,14 @@ def test_decode_absorbed_over_tiles_blocks_and_splits(dtype, cache_dtype, num_sp
            context_lens=ctx, block_size=16, dtype=dtype, cache_dtype=cache_dtype, padding=2)
 
 
-def test_prefill_chunks_beside_decodes_store_and_attend():
-    """A mixed step (a prefix-cached chunk, a whole prompt, a decode) stores every row with
-    the kernel and attends through the expanded reference."""
-    _check(seed_of("mixed"), None, heads=4, rank=32, rope=16, nope=16, v_dim=16,
-           query_lens=[5, 9, 1], context_lens=[12, 0, 20], block_size=8,
+@pytest.mark.parametrize(("query_lens", "context_lens"), [
+    ([5, 9, 1], [12, 0, 20]), ([1, 1, 7, 1], [30, 2, 9, 0])], ids=str)
+def test_prefill_chunks_beside_decodes_store_and_attend(query_lens, context_lens):
+    """A mixed step (prefix-cached chunks, a whole prompt, decodes) stores every row with the
+    kernel; the decode rows go through the absorbed kernels at their own rows, the others
+    through the expanded reference."""
+    _check(seed_of("mixed", tuple(query_lens)), None, heads=4, rank=32, rope=16, nope=16,
+           v_dim=16, query_lens=query_lens, context_lens=context_lens, block_size=8,
            dtype=torch.float32, cache_dtype=torch.float32)
 
 

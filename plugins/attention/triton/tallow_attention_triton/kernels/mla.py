@@ -36,31 +36,39 @@ def store_latent_kernel(latent_ptr, cache_ptr, slot_ptr, stride_lt, stride_cb, s
 
 @triton.jit
 def mla_decode_split_kernel(
-    q_lat_ptr, q_pe_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, acc_ptr, ml_ptr,
+    q_lat_ptr, q_pe_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, qsl_ptr, acc_ptr, ml_ptr,
     stride_qt, stride_qh, stride_pt, stride_ph, stride_cb, stride_co, stride_bt,
     qk_scale,
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, R_PAD: tl.constexpr, P_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    MIXED: tl.constexpr,
 ):
     """Grid (sequences, cdiv(H, BLOCK_H), NUM_SPLITS). Program (i, hb, s) attends the heads
-    ``hb * BLOCK_H ...`` of sequence ``i`` (one query, its last token) over split ``s`` of its
+    ``hb * BLOCK_H ...`` of sequence ``i``'s query over split ``s`` of its
     ``seq_lens[i]`` latent rows, and writes the unnormalised sum ``acc`` [BLOCK_H, RANK]
     (float32) and the running max and denominator (log2 domain) to the partials
     ``acc_ptr`` [T, S, H, RANK] and ``ml_ptr`` [T, S, H, 2]. An empty split writes max -inf.
-    Scores are ``(q_lat . c + q_pe . k_pe) * qk_scale`` with qk_scale = scale * log2(e)."""
+    Scores are ``(q_lat . c + q_pe . k_pe) * qk_scale`` with qk_scale = scale * log2(e).
+    The query is row ``i``; with ``MIXED`` (a step with prompts too) it is row
+    ``qsl[i]``, and sequences with more than one query are left to the caller."""
     seq = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     split = tl.program_id(2)
+    row = seq
+    if MIXED:
+        row = tl.load(qsl_ptr + seq).to(tl.int64)
+        if tl.load(qsl_ptr + seq + 1) - row != 1:
+            return
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, R_PAD)
     offs_p = tl.arange(0, P_PAD)
     h_mask = offs_h < NUM_HEADS
     r_mask = offs_r < RANK
     p_mask = offs_p < ROPE
-    q_lat = tl.load(q_lat_ptr + seq * stride_qt + offs_h[:, None] * stride_qh + offs_r[None, :],
+    q_lat = tl.load(q_lat_ptr + row * stride_qt + offs_h[:, None] * stride_qh + offs_r[None, :],
                     mask=h_mask[:, None] & r_mask[None, :], other=0.0)
-    q_pe = tl.load(q_pe_ptr + seq * stride_pt + offs_h[:, None] * stride_ph + offs_p[None, :],
+    q_pe = tl.load(q_pe_ptr + row * stride_pt + offs_h[:, None] * stride_ph + offs_p[None, :],
                    mask=h_mask[:, None] & p_mask[None, :], other=0.0)
     seq_len = tl.load(seq_lens_ptr + seq)
     # this split's share of the context, in whole key tiles
@@ -98,13 +106,19 @@ def mla_decode_split_kernel(
 
 
 @triton.jit
-def mla_decode_reduce_kernel(acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh,
-                             NUM_HEADS: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                             S_PAD: tl.constexpr):
+def mla_decode_reduce_kernel(acc_ptr, ml_ptr, out_ptr, qsl_ptr, stride_ot, stride_oh,
+                             NUM_HEADS: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
+                             NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+                             MIXED: tl.constexpr):
     """Grid (sequences, H): the splits' partials of one head combined into its latent output
-    ``out`` [T, H, RANK] (float32)."""
+    ``out`` [T, H, RANK] (float32) at the sequence's query row (as the split kernel)."""
     seq = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    row = seq
+    if MIXED:
+        row = tl.load(qsl_ptr + seq).to(tl.int64)
+        if tl.load(qsl_ptr + seq + 1) - row != 1:
+            return
     offs_s = tl.arange(0, S_PAD)
     offs_r = tl.arange(0, R_PAD)
     s_mask = offs_s < NUM_SPLITS
@@ -116,4 +130,4 @@ def mla_decode_reduce_kernel(acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh,
     acc = tl.load(acc_ptr + part[:, None] * RANK + offs_r[None, :],
                   mask=s_mask[:, None] & (offs_r < RANK)[None, :], other=0.0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
-    tl.store(out_ptr + seq * stride_ot + h * stride_oh + offs_r, out, mask=offs_r < RANK)
+    tl.store(out_ptr + row * stride_ot + h * stride_oh + offs_r, out, mask=offs_r < RANK)
