@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tallow.kernels import cache_saturation, mla_attention_ref
+from tallow.kernels import capability, cache_saturation, float8_reasons, mla_attention_ref
 from tallow.layers import AttentionMetadata, MLALayer
 
 from .heuristics import MAX_SPLITS, cdiv, dot_precision, next_pow2
@@ -40,6 +40,8 @@ def mla_reasons(layer: MLALayer, cache: torch.Tensor, q: torch.Tensor) -> list[s
         reasons.append(f"query dtype {q.dtype} is not supported")
     if q.device.type != "cuda" and not interpreting():
         reasons.append(f"tensors are on {q.device}; the triton backend needs CUDA tensors")
+    if q.device.type == "cuda":
+        reasons += float8_reasons(cache.dtype, capability(q.device.index))
     return reasons
 
 
