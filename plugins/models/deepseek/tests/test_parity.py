@@ -20,7 +20,7 @@ from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
 )
 
-from test_conformance import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
+from deepseek_configs import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
 from tallow_model_deepseek.model import (  # noqa: E402
     DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, softmax_scale,
 )
@@ -188,3 +188,14 @@ def test_cuda_engine_with_graphs_matches_eager():
         return [o.outputs[0].token_ids for o in outs]
 
     assert run(False) == run(True)
+
+
+def test_a_codec_without_a_latent_form_is_refused():
+    """The turbo codecs quantize K and V per head; they keep no latent rows: start-up stops
+    naming the setting."""
+    pytest.importorskip("tallow_kvcache_turboquant", reason="the turbo codecs' plugin")
+    with pytest.raises(ValueError, match="cache.kv_codec 'turbo4' cannot keep a latent"):
+        offline_llm("random:tiny-deepseek-v3",
+                    plugins=["tallow-model-deepseek", "tallow-kvcache-turboquant"],
+                    config={"model": {"dtype": "float32", "max_model_len": 64},
+                            "cache": {"kv_codec": "turbo4", "num_blocks": 20}})
