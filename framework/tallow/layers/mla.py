@@ -124,7 +124,7 @@ class MLAAttention(nn.Module):
         n = q.shape[0]
         q = q.view(n, s.num_heads, s.qk_nope_head_dim + s.qk_rope_head_dim)
         q_nope, q_pe = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
-        out = ctx.backend.forward_mla(s, q_nope, q_pe, latent, self.cache, self.w_uk,  # type: ignore[attr-defined]
+        out = ctx.backend.forward_mla(s, q_nope, q_pe, latent, self.cache, self.w_uk,
                                       self.w_uv, ctx.meta.group(self.cache_group))
         return out.reshape(n, s.num_heads * s.v_head_dim)
 

@@ -1,7 +1,7 @@
 """Run a model plugin's class without the engine: :class:`PagedRunner` plays the model
 runner's part (contiguous block tables, a paged KV cache per ``Attention`` module allocated by
-:mod:`tallow.kernels.kv_cache` for a KV codec, a latent cache per ``MLAAttention`` module, the step's ``AttentionMetadata`` in the forward
-context of the core's torch attention backend)."""
+:mod:`tallow.kernels.kv_cache` for a KV codec, a latent cache per ``MLAAttention`` module, the
+step's ``AttentionMetadata`` in the forward context of the core's torch attention backend)."""
 
 from __future__ import annotations
 
