@@ -7,7 +7,7 @@
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
-# mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference and DeepSeek's GPU parity tests;
+# mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
 # random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
 # moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
@@ -138,7 +138,9 @@ fi
 if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton kernels and the DeepSeek models on the GPU
   echo "== GPU tests of latent attention (MLA kernels against the torch reference, DeepSeek parity and CUDA graphs)"
   timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 300 plugins/attention/triton/tests/mla_cases.py \
-    plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py 2>&1 | tail -20 | tee "$OUT/tests_mla.log"
+    plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py \
+    plugins/models/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    2>&1 | tail -20 | tee "$OUT/tests_mla.log"
 fi
 if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
   bench latency_deepseek_v2_lite_bs1 300 latency --model random:deepseek-v2-lite --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
