@@ -18,8 +18,6 @@ default the absorbed form for single-query sequences, as the decode kernels do).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
 from .kv_cache import indexable, to_cache_dtype
@@ -101,19 +99,16 @@ def mla_absorbed_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Ten
 def mla_attention_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
                       w_uk: torch.Tensor, w_uv: torch.Tensor, query_start_loc: list[int],
                       seq_lens: list[int], block_tables: torch.Tensor, scale: float,
-                      absorbed: bool | None = None,
-                      sequences: Sequence[int] | None = None) -> torch.Tensor:
+                      absorbed: bool | None = None) -> torch.Tensor:
     """MLA for a flat batch whose latent rows are already in the paged ``cache``: sequence
     ``i`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` (its last tokens) and a
     context of ``seq_lens[i]`` rows read through ``block_tables[i]``. ``absorbed`` picks the
     form for every sequence; None: absorbed for single-query sequences, expanded for the
-    others. ``sequences``: compute only these (their rows; the others' stay zero), for a
-    backend whose kernels take the rest. Returns [T, H, Dv] in ``q_nope``'s dtype."""
+    others. Returns [T, H, Dv] in ``q_nope``'s dtype."""
     _check_cache(cache, w_uk.shape[-1] + q_pe.shape[-1])
     heads, dv = q_nope.shape[1], w_uv.shape[1]
     out = torch.zeros(q_nope.shape[0], heads, dv, dtype=q_nope.dtype, device=q_nope.device)
-    for i in range(len(seq_lens)) if sequences is None else sequences:
-        seq_len = seq_lens[i]
+    for i, seq_len in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         if end == start:
             continue

@@ -7,18 +7,20 @@ product), the split-K latent decode kernel (each program reads a tile of latent 
 ``BLOCK_H`` heads), the reduce of the splits, then ``W_UV`` on the latent output. Grids depend
 on host integers only (sequence count, heads, the split count chosen from the sequence count
 and the SM count), so a decode step may be captured in a CUDA graph. Sequences with several
-queries (prompts, chunks) run the core's reference (expanded K/V per sequence).
+queries (prompts, chunks) run the paged prefill kernel over K/V expanded from the latent
+blocks they read (:mod:`.mla_prefill`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from tallow.kernels import capability, cache_saturation, float8_reasons, mla_attention_ref
+from tallow.kernels import capability, cache_saturation, float8_reasons
 from tallow.layers import AttentionMetadata, MLALayer
 
 from .heuristics import MAX_SPLITS, cdiv, dot_precision, next_pow2
 from .kernels.mla import mla_decode_reduce_kernel, mla_decode_split_kernel, store_latent_kernel
+from .mla_prefill import prefill_expanded
 from .ops import LOG2E, device_facts, interpreting
 
 #: heads per decode program (tl.dot needs 16 rows)
@@ -113,7 +115,8 @@ def forward_mla(layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
                 num_splits: int | None = None) -> torch.Tensor:
     """The triton backend's :meth:`~tallow.plugin.AttentionBackend.forward_mla`: decode
     rows (every row of a decode-only step, the single-query sequences of a mixed one) through
-    the absorbed kernels, sequences with several queries through the core's reference."""
+    the absorbed kernels, sequences with several queries through the prefill kernel over K/V
+    expanded from their blocks (:mod:`.mla_prefill`)."""
     store_latent(cache, latent, meta.slot_mapping)
     decode_only = meta.is_decode_only
     n = meta.num_seqs if decode_only else q_nope.shape[0]
@@ -133,10 +136,5 @@ def forward_mla(layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
                             w_uv.to(q_nope.dtype).transpose(1, 2)).transpose(0, 1)
     if prompts:
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
-        expanded = mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv,
-                                     query_start_loc=qsl, seq_lens=lens,
-                                     block_tables=meta.block_tables, scale=layer.scale,
-                                     sequences=prompts)
-        for i in prompts:
-            out[qsl[i]:qsl[i + 1]] = expanded[qsl[i]:qsl[i + 1]]
+        prefill_expanded(layer, q_nope, q_pe, cache, w_uk, w_uv, meta, prompts, qsl, lens, out)
     return out

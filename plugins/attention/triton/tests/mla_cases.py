@@ -127,15 +127,20 @@ def test_decode_absorbed_over_tiles_blocks_and_splits(dtype, cache_dtype, num_sp
            context_lens=ctx, block_size=16, dtype=dtype, cache_dtype=cache_dtype, padding=2)
 
 
-@pytest.mark.parametrize(("query_lens", "context_lens"), [
-    ([5, 9, 1], [12, 0, 20]), ([1, 1, 7, 1], [30, 2, 9, 0])], ids=str)
-def test_prefill_chunks_beside_decodes_store_and_attend(query_lens, context_lens):
+@pytest.mark.parametrize(("query_lens", "context_lens", "rope", "dtype", "cache_dtype"), [
+    ([5, 9, 1], [12, 0, 20], 16, torch.float32, torch.float32),
+    ([1, 1, 7, 1], [30, 2, 9, 0], 16, torch.float32, torch.float32),
+    # q/k heads of 16 + 8 and an 8-bit cache: padded to 32 wide, the blocks gathered as bytes
+    ([6, 1, 11], [17, 4, 0], 8, torch.bfloat16, torch.float8_e4m3fn),
+], ids=str)
+def test_prefill_chunks_beside_decodes_store_and_attend(query_lens, context_lens, rope, dtype,
+                                                        cache_dtype):
     """A mixed step (prefix-cached chunks, a whole prompt, decodes) stores every row with the
-    kernel; the decode rows go through the absorbed kernels at their own rows, the others
-    through the expanded reference."""
-    _check(seed_of("mixed", tuple(query_lens)), None, heads=4, rank=32, rope=16, nope=16,
+    kernel; the decode rows go through the absorbed kernels at their own rows, the prompts
+    through the prefill kernel over K/V expanded from their blocks."""
+    _check(seed_of("mixed", tuple(query_lens)), None, heads=4, rank=32, rope=rope, nope=16,
            v_dim=16, query_lens=query_lens, context_lens=context_lens, block_size=8,
-           dtype=torch.float32, cache_dtype=torch.float32)
+           dtype=dtype, cache_dtype=cache_dtype)
 
 
 if DEVICE == "cuda":  # DeepSeek's own widths: too slow for the interpreter

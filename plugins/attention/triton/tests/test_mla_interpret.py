@@ -15,7 +15,7 @@ from tallow.plugin.testing.interpreter import run_interpreted
 
 def test_mla_kernels_under_the_triton_interpreter() -> None:
     out = run_interpreted(Path(__file__).with_name("mla_cases.py"))
-    assert "6 passed" in out, out[-2000:]
+    assert "7 passed" in out, out[-2000:]
 
 
 @pytest.mark.gpu
@@ -26,4 +26,4 @@ def test_mla_kernels_on_the_gpu() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--import-mode=importlib", "-o", "addopts=", "-x", str(cases)],
                           capture_output=True, text=True, timeout=900, cwd=cases.parent)
-    assert proc.returncode == 0 and "8 passed" in proc.stdout, proc.stdout[-4000:]
+    assert proc.returncode == 0 and "9 passed" in proc.stdout, proc.stdout[-4000:]
