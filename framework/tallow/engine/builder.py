@@ -18,9 +18,9 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
+from tallow.layers import LatentCacheSpec, MLAAttention
 from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
 from tallow.plugin.manager import PluginManager, load_plugins
-from tallow.layers import LatentCacheSpec, MLAAttention
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
 
 from . import embedding_setup
