@@ -37,16 +37,21 @@ class MLAStep:
 def random_mla_step(*, query_lens: list[int], context_lens: list[int], num_heads: int = 4,
                     kv_lora_rank: int = 64, rope: int = 16, nope: int = 32, v_dim: int = 32,
                     block_size: int = 16, dtype: torch.dtype = torch.float32,
-                    device: str = "cpu", padding_rows: int = 0, seed: int = 0) -> MLAStep:
+                    cache_dtype: torch.dtype | None = None, device: str = "cpu",
+                    padding_rows: int = 0, seed: int = 0) -> MLAStep:
     """Sequences with ``context_lens`` rows already cached (in shuffled blocks) and
-    ``query_lens`` new rows each, plus ``padding_rows`` rows of slot -1."""
+    ``query_lens`` new rows each, plus ``padding_rows`` rows of slot -1. ``cache_dtype``
+    (default ``dtype``): an 8-bit float cache gets new rows already on its grid, so that a
+    kernel's conversion and torch's agree whatever their rounding of in-between values (the
+    Triton interpreter rounds a value just below a power of two down)."""
     gen = torch.Generator().manual_seed(seed)
     width = kv_lora_rank + rope
     totals = [c + q for c, q in zip(context_lens, query_lens)]
     per_seq = [-(-t // block_size) for t in totals]
     blocks = list(range(sum(per_seq) + 1))
     random.Random(seed).shuffle(blocks)
-    cache = torch.zeros(len(blocks), block_size, width, dtype=dtype)
+    cache_dtype = cache_dtype or dtype
+    cache = torch.zeros(len(blocks), block_size, width, dtype=cache_dtype)
     tables = torch.zeros(len(totals) + padding_rows, max(per_seq), dtype=torch.int32)
     slots: list[int] = []
     starts = [0]
@@ -77,15 +82,19 @@ def random_mla_step(*, query_lens: list[int], context_lens: list[int], num_heads
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         max_query_len=max(b - a for a, b in zip(starts, starts[1:])), max_seq_len=max(lens),
         block_size=block_size, query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    return MLAStep(layer, rand(n, num_heads, nope), rand(n, num_heads, rope), rand(n, width),
+    latent = torch.randn(n, width, generator=gen)
+    if cache_dtype.itemsize == 1:
+        latent = latent.to(cache_dtype).float()
+    return MLAStep(layer, rand(n, num_heads, nope), rand(n, num_heads, rope),
+                   latent.to(dtype).to(device),
                    rand(num_heads, nope, kv_lora_rank, scale=kv_lora_rank ** -0.5),
                    rand(num_heads, v_dim, kv_lora_rank, scale=kv_lora_rank ** -0.5),
                    cache.to(device), meta, len(query_lens))
 
 
-def check_mla_step(step: MLAStep, backend: AttentionBackend) -> torch.Tensor:
-    """Run ``backend.forward_mla`` on ``step`` and compare with the reference; returns the
-    backend's output."""
+def check_mla_step(step: MLAStep, backend: AttentionBackend, what: str = "") -> torch.Tensor:
+    """Run ``backend.forward_mla`` on ``step`` and compare with the reference (``what``
+    names the case in failures); returns the backend's output."""
     ref_cache = step.cache.clone()
     store_latent_ref(ref_cache, step.latent, step.meta.slot_mapping)
     real = step.num_real
@@ -97,11 +106,16 @@ def check_mla_step(step: MLAStep, backend: AttentionBackend) -> torch.Tensor:
     cache = step.cache.clone()
     out = backend.forward_mla(step.layer, step.q_nope, step.q_pe, step.latent, cache,
                               step.w_uk, step.w_uv, step.meta)
-    assert torch.equal(cache, ref_cache), "the latent cache after the store differs from " \
-                                          "store_latent_ref's (or a padding row was stored)"
+    def raw(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.uint8) if t.element_size() == 1 else t
+
+    assert torch.equal(raw(cache), raw(ref_cache)), \
+        "the latent cache after the store differs from store_latent_ref's (or a padding row " \
+        "was stored)"
     n = qsl[real]
     assert tuple(out.shape) == tuple(ref.shape), f"output {list(out.shape)}, expected " \
                                                  f"{list(ref.shape)}"
     tol = 1e-4 if step.q_nope.dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(out[:n].float(), ref[:n].float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(out[:n].float(), ref[:n].float(), rtol=tol, atol=tol,
+                               msg=lambda m: f"{what}: {m}")
     return out

@@ -15,9 +15,8 @@ import zlib
 import pytest
 import torch
 
-from tallow.kernels import mla_attention_ref, store_latent_ref
-from tallow.layers import AttentionMetadata, MLALayer
-from tallow_attention_triton import mla_ops, ops
+from tallow.plugin.testing.mla_step import check_mla_step, random_mla_step
+from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
 
 if ops.interpreting():
@@ -36,81 +35,17 @@ def seed_of(*parts: object) -> int:
     return (zlib.crc32(repr(parts).encode()) ^ BASE_SEED) % (2**31)
 
 
-def _case(seed, *, heads, rank, rope, nope, v_dim, query_lens, context_lens, block_size,
-          dtype, cache_dtype, padding=0):
-    """A batch over a shuffled paged latent cache: earlier rows already stored, this step's
-    rows to store, plus ``padding`` rows of slot -1 (a CUDA graph's padded batch)."""
-    gen = torch.Generator().manual_seed(seed)
-    width = rank + rope
-    total = [c + q for c, q in zip(context_lens, query_lens)]
-    per_seq = [-(-t // block_size) for t in total]
-    blocks = list(range(sum(per_seq) + 2))
-    random.Random(seed).shuffle(blocks)
-    cache = torch.zeros(len(blocks), block_size, width, dtype=cache_dtype)
-    tables = torch.zeros(len(total), max(per_seq), dtype=torch.int32)
-    slots, new_rows, starts = [], [], [0]
-    at = 0
-    for i, (ctx, n_q) in enumerate(zip(context_lens, query_lens)):
-        own = blocks[at:at + per_seq[i]]
-        at += per_seq[i]
-        tables[i, :len(own)] = torch.tensor(own, dtype=torch.int32)
-        rows = torch.randn(ctx + n_q, width, generator=gen)
-        past = [own[p // block_size] * block_size + p % block_size for p in range(ctx)]
-        store_latent_ref(cache, rows[:ctx], torch.tensor(past, dtype=torch.int64))
-        slots += [own[p // block_size] * block_size + p % block_size
-                  for p in range(ctx, ctx + n_q)]
-        new = rows[ctx:]
-        if cache_dtype.itemsize == 1:
-            # on the 8-bit grid already: the interpreter's float8 conversion rounds a value
-            # just below a power of two down to the power below it, the GPU's to nearest
-            new = new.to(cache_dtype).float()
-        new_rows.append(new)
-        starts.append(starts[-1] + n_q)
-    n = starts[-1]
-    slots += [-1] * padding
-    new_rows.append(torch.randn(padding, width, generator=gen))
-    t = n + padding
-    meta_lens = total + [1] * padding
-    tables = torch.cat([tables, torch.zeros(padding, tables.shape[1], dtype=torch.int32)])
-    qsl = starts + [n + j + 1 for j in range(padding)]
-    meta = AttentionMetadata(
-        num_seqs=len(meta_lens), num_tokens=t,
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(meta_lens, dtype=torch.int32, device=DEVICE),
-        block_tables=tables.to(DEVICE),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
-        max_query_len=max(query_lens), max_seq_len=max(meta_lens), block_size=block_size,
-        query_start_loc_cpu=qsl, seq_lens_cpu=meta_lens)
-    layer = MLALayer(0, heads, rank, nope, rope, v_dim, scale=(nope + rope) ** -0.5)
-    tensors = dict(
-        q_nope=torch.randn(t, heads, nope, generator=gen).to(dtype),
-        q_pe=torch.randn(t, heads, rope, generator=gen).to(dtype),
-        latent=torch.cat(new_rows).to(dtype),
-        w_uk=(torch.randn(heads, nope, rank, generator=gen) * rank ** -0.5).to(dtype),
-        w_uv=(torch.randn(heads, v_dim, rank, generator=gen) * rank ** -0.5).to(dtype))
-    tensors = {k: v.to(DEVICE) for k, v in tensors.items()}
-    return layer, meta, cache.to(DEVICE), tensors, n
-
-
-def _check(seed, num_splits=None, **shape):
-    layer, meta, cache, x, n = _case(seed, **shape)
-    ref_cache = cache.clone()
-    store_latent_ref(ref_cache, x["latent"], meta.slot_mapping)
-    real = len(shape["query_lens"])  # the padding rows' outputs are not compared
-    ref = mla_attention_ref(x["q_nope"], x["q_pe"], ref_cache, w_uk=x["w_uk"], w_uv=x["w_uv"],
-                            query_start_loc=meta.query_start_loc_cpu[:real + 1],
-                            seq_lens=meta.seq_lens_cpu[:real], block_tables=meta.block_tables,
-                            scale=layer.scale)
+def _check(seed, num_splits=None, *, heads, rank, rope, nope, v_dim, query_lens, context_lens,
+           block_size, dtype, cache_dtype, padding=0):
+    """A step over a shuffled paged latent cache (earlier rows stored, this step's rows to
+    store, ``padding`` rows of slot -1) through the backend, against the reference."""
+    step = random_mla_step(query_lens=query_lens, context_lens=context_lens, num_heads=heads,
+                           kv_lora_rank=rank, rope=rope, nope=nope, v_dim=v_dim,
+                           block_size=block_size, dtype=dtype, cache_dtype=cache_dtype,
+                           device=DEVICE, padding_rows=padding, seed=seed)
     backend = TritonAttentionBackend()
     backend.num_splits = num_splits
-    out = backend.forward_mla(layer, x["q_nope"], x["q_pe"], x["latent"], cache, x["w_uk"],
-                              x["w_uv"], meta)
-    # the store wrote exactly the reference's bytes, padding rows nowhere
-    assert torch.equal(cache.view(torch.uint8) if cache.element_size() == 1 else cache,
-                       ref_cache.view(torch.uint8) if cache.element_size() == 1 else ref_cache)
-    tol = 2e-2 if shape["dtype"] != torch.float32 else 1e-4
-    torch.testing.assert_close(out[:n].float(), ref[:n].float(), rtol=tol, atol=tol,
-                               msg=lambda m: f"seed {seed}: {m}")
+    check_mla_step(step, backend, f"seed {seed}")
 
 
 @pytest.mark.parametrize(("dtype", "cache_dtype", "num_splits"), [
