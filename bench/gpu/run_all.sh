@@ -7,6 +7,8 @@
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
+# mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
+# random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
 # moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
 # model's batch-1 decode with --isq q4_k experts),
@@ -161,6 +163,19 @@ if [[ ",$MODE," == *",qnextprefill,"* ]]; then  # one 32k prompt (chunks of the 
 fi
 if [[ ",$MODE," == *",gptosslat,"* ]]; then  # gpt-oss-20b's shape, float experts, triton attention (sinks)
   bench latency_gpt_oss_20b_bs1 240 latency --model random:gpt-oss-20b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton kernels and the DeepSeek models on the GPU
+  echo "== GPU tests of latent attention (MLA kernels against the torch reference, DeepSeek parity and CUDA graphs)"
+  timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 300 plugins/attention/triton/tests/mla_cases.py \
+    plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py \
+    plugins/models/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    2>&1 | tail -20 | tee "$OUT/tests_mla.log"
+fi
+if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
+  bench latency_deepseek_v2_lite_bs1 300 latency --model random:deepseek-v2-lite --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",dsv2thr,"* ]]; then
+  bench throughput_deepseek_v2_lite 480 throughput --model random:deepseek-v2-lite --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 256 --max-cuda-graph-batch 256
 fi
 if [[ ",$MODE," == *",moesweep1,"* ]]; then  # the GEMV path's tiles at one token (the batch-1 decode's), into OUT
   echo "== fused-MoE tiles at one token"

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["AttentionBackend", "AttentionLayer", "AttentionMetadata", "Component", "HostBatch",
-           "KVCodec", "KVTensor", "LayerKVCache"]
+           "KVCodec", "KVTensor", "LayerKVCache", "MLALayer"]
 
 
 class Component:
@@ -134,6 +134,13 @@ class KVCodec(Component):
         ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
         raise NotImplementedError
 
+    def latent_dtype(self, model_dtype: "torch.dtype") -> "torch.dtype | None":
+        """The dtype a latent (MLA) cache is kept in under this codec: one vector per token,
+        each element cast (an 8-bit float saturates at its largest finite value), no scales.
+        None: the codec cannot keep a latent cache (the default; a model with one is then
+        refused at start-up, naming ``cache.kv_codec``)."""
+        return None
+
 
 @dataclass
 class AttentionMetadata:
@@ -206,6 +213,32 @@ class AttentionLayer:
     #: cannot add it refuses the layer (``supports_layer``). The tensor is the model's
     #: parameter (filled when the checkpoint loads); it takes no part in equality or hashing.
     sinks: "torch.Tensor | None" = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class MLALayer:
+    """The fixed facts of one multi-head latent attention (MLA) layer, as this
+    tensor-parallel rank runs it (``num_heads``: this rank's query heads).
+
+    Per token the layer caches one latent vector of ``kv_lora_rank + qk_rope_head_dim``
+    elements shared by all heads: the compressed K/V ``c`` (after its RMSNorm) then the
+    rotated key part ``k_pe``. Head ``h`` reads key ``[W_UK[h] c, k_pe]`` and value
+    ``W_UV[h] c`` with the up-projections ``W_UK [H, qk_nope_head_dim, kv_lora_rank]`` and
+    ``W_UV [H, v_head_dim, kv_lora_rank]``; its query is ``[q_nope, q_pe]``.
+    """
+
+    layer_index: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    scale: float
+
+    @property
+    def latent_width(self) -> int:
+        """Elements of one token's cache row."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 class LayerKVCache:
@@ -287,6 +320,8 @@ class AttentionBackend(Component):
     #: True for a backend that serves any codec through the codec's torch reference
     #: (``encode``/``decode``), as the core's ``torch`` backend does
     uses_codec_reference: ClassVar[bool] = False
+    #: True for a backend that implements :meth:`forward_mla` (latent attention layers)
+    supports_mla: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         """The engine builds each backend it considers with the configuration."""
@@ -321,6 +356,24 @@ class AttentionBackend(Component):
                 v: "torch.Tensor", kv_cache: LayerKVCache, meta: AttentionMetadata
                 ) -> "torch.Tensor":
         raise NotImplementedError
+
+    def forward_mla(self, layer: MLALayer, q_nope: "torch.Tensor", q_pe: "torch.Tensor",
+                    latent: "torch.Tensor", cache: "torch.Tensor", w_uk: "torch.Tensor",
+                    w_uv: "torch.Tensor", meta: AttentionMetadata) -> "torch.Tensor":
+        """Multi-head latent attention of one layer (:class:`MLALayer`), for backends that
+        set :attr:`supports_mla`: store this step's ``latent`` rows [T, latent_width] into
+        ``cache`` ([num_blocks, block_size, latent_width], the latent cache group's tensor,
+        in the codec's :meth:`KVCodec.latent_dtype`) at ``meta.slot_mapping`` (-1: not
+        stored), then return the output [T, H, v_head_dim] for queries ``q_nope``
+        [T, H, qk_nope_head_dim] and ``q_pe`` [T, H, qk_rope_head_dim] (already rotated)
+        over each sequence's context, with the up-projections ``w_uk`` [H, qk_nope_head_dim,
+        kv_lora_rank] and ``w_uv`` [H, v_head_dim, kv_lora_rank]. A backend may expand K/V
+        (prefill) or absorb ``w_uk`` into the queries and ``w_uv`` into the output (decode:
+        the latent is read once for all heads); both are the same attention
+        (:func:`tallow.kernels.mla_attention_ref`). The rules of :meth:`forward` on CUDA
+        graphs and :meth:`plan` apply."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no latent attention "
+                                  "(MLA) path")
 
     def warm_up(self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache],
                 dtype: "torch.dtype") -> None:

@@ -46,27 +46,30 @@ def _waves() -> list[list[dict[str, Any]]]:
     return waves
 
 
-def _cases(checkpoints: dict[str, str]) -> list[dict[str, Any]]:
+def assert_parallel_equals_one_rank(checkpoints: dict[str, str], plugins: list[str],
+                                    tmp_path: Any, sessions: list[int]) -> None:
+    """Each family of ``checkpoints`` over two ranks, tensor parallel ("tp") and expert
+    parallel ("ep"), gives one rank's tokens and log-probabilities, with preemption and
+    prefix-cache hits on the way."""
     cases = []
     for family, path in checkpoints.items():
         for mode, expert_parallel in (("tp", False), ("ep", True)):
-            cases.append({"name": f"{family}-{mode}", "model": path, "plugins": MOE_PLUGINS,
+            cases.append({"name": f"{family}-{mode}", "model": path, "plugins": plugins,
                           "waves": _waves(),
                           "settings": {**TIGHT, "enable_expert_parallel": expert_parallel}})
-    return cases
-
-
-def test_tensor_and_expert_parallel_equal_one_rank(moe_checkpoints, tmp_path, sessions):
-    cases = _cases(moe_checkpoints)
     with one_thread():
         references = {family: run_case({**cases[0], "name": family, "model": path,
                                         "settings": TIGHT}, 1)
-                      for family, path in moe_checkpoints.items()}
+                      for family, path in checkpoints.items()}
     results = run_driver(cases, 2, tmp_path, sessions, timeout=400)
-    for family in moe_checkpoints:
+    for family in checkpoints:
         for mode in ("tp", "ep"):
             name = f"{family}-{mode}"
             compared = assert_same(results[name], references[family], f"{name} over 2 ranks")
             assert compared > 100, f"{name}: only {compared} log-probabilities compared"
             stats = results[name]["stats"]
             assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
+
+
+def test_tensor_and_expert_parallel_equal_one_rank(moe_checkpoints, tmp_path, sessions):
+    assert_parallel_equals_one_rank(moe_checkpoints, MOE_PLUGINS, tmp_path, sessions)

@@ -32,8 +32,9 @@ def _per_token_router(logits: torch.Tensor, spec: RouterSpec,
             if spec.num_groups > 1:
                 size = len(row) // spec.num_groups
                 groups = [list(range(g * size, (g + 1) * size)) for g in range(spec.num_groups)]
+                per_group = 1 if spec.group_score == "max" else 2
                 best = sorted(groups, key=lambda g: -sum(sorted((float(choice[e]) for e in g),
-                                                                reverse=True)[:2]))
+                                                                reverse=True)[:per_group]))
                 allowed = [e for g in best[:spec.topk_groups] for e in g]
             top = sorted(allowed, key=lambda e: -float(choice[e]))[:spec.top_k]
             chosen = {e: float(scores[e]) for e in top}
@@ -51,6 +52,9 @@ ROUTERS = {
                                         num_groups=4, topk_groups=2,
                                         routed_scaling_factor=2.5), True),
     "sigmoid-ungrouped": (RouterSpec(top_k=4, scoring="sigmoid"), True),
+    # DeepSeek-V2's group-limited greedy routing: softmax, groups by their best expert
+    "softmax-grouped-max": (RouterSpec(top_k=3, num_groups=4, topk_groups=2,
+                                       routed_scaling_factor=1.5, group_score="max"), False),
     "softmax-selected": (RouterSpec(top_k=4, scoring="softmax_selected"), False),
     "scaled": (RouterSpec(top_k=1, routed_scaling_factor=0.5), False),
 }
@@ -81,6 +85,19 @@ def test_grouped_topk_keeps_to_the_best_groups():
     logits[0, 2:4] = 3.0  # group 1: two good ones, a better pair
     _, ids = select_experts(logits, spec)
     assert sorted(ids[0].tolist()) == [2, 3]
+
+
+def test_group_score_max_takes_the_group_of_the_best_single_expert():
+    """``group_score="max"`` (DeepSeek-V2) keeps the group of the one very good expert that
+    the top-two sum (DeepSeek-V3) passes over; an unknown score is refused."""
+    logits = torch.full((1, E), -5.0)
+    logits[0, 0] = 5.0
+    logits[0, 2:4] = 3.0
+    _, ids = select_experts(logits, RouterSpec(top_k=2, num_groups=4, topk_groups=1,
+                                               group_score="max"))
+    assert sorted(ids[0].tolist()) == [0, 1]
+    with pytest.raises(ValueError, match="group_score must be 'top2_sum' or 'max'"):
+        RouterSpec(top_k=2, group_score="mean")
 
 
 def _layer(build: BuildContext | None = None, **kw) -> FusedMoE:

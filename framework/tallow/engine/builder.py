@@ -18,12 +18,15 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
+from tallow.layers import LatentCacheSpec, MLAAttention
 from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
 from tallow.plugin.manager import PluginManager, load_plugins
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
 
 from . import embedding_setup
-from .cache_groups import find_cache_groups, group_block_bytes, split_budget, state_bytes
+from .cache_groups import (
+    CacheGroup, find_cache_groups, group_block_bytes, split_budget, state_bytes,
+)
 from .core import EngineCore
 from .cuda_graphs import CudaGraphRunner
 from .embedding import EmbeddingInfo
@@ -206,12 +209,17 @@ def select_kv_codec(registries: Registries, config: TallowConfig) -> Entry:
 
 
 def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], codec_name: str,
-                     codec: KVCodec, layout: list[KVTensor], num_paged_groups: int = 1) -> list[str]:
+                     codec: KVCodec, layout: list[KVTensor], num_paged_groups: int = 1,
+                     latent_layers: int = 0) -> list[str]:
     """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
     K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can. A model
     of several paged cache groups (sliding-window layers beside full ones) needs a backend
-    that reads each layer's group view of the step (``supports_cache_groups``)."""
+    that reads each layer's group view of the step (``supports_cache_groups``); one with
+    ``latent_layers`` (MLA) a backend that has a latent path (``supports_mla``)."""
     reasons = []
+    if latent_layers and not getattr(backend, "supports_mla", False):
+        reasons.append(f"has no latent attention (MLA) path, which {latent_layers} layers of "
+                       "this model need")
     if num_paged_groups > 1 and not getattr(backend, "supports_cache_groups", False):
         reasons.append(f"cannot run a model of {num_paged_groups} paged cache groups "
                        "(layers with sliding windows beside full attention)")
@@ -221,7 +229,8 @@ def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], co
         if problems:
             reasons.append("cannot run this model: " + "; ".join(problems))
     check_codec = getattr(backend, "supports_kv_codec", None)
-    problems = check_codec(codec, layout) if check_codec is not None else []
+    # a model of latent layers only keeps no K/V: the codec matters through latent_dtype
+    problems = check_codec(codec, layout) if check_codec is not None and layers else []
     if problems:
         reasons.append(f"cannot use kv codec {codec_name!r} (cache.kv_codec; "
                        f"{describe_layout(layout)}): " + "; ".join(problems))
@@ -252,16 +261,32 @@ def select_attention_backend(registries: Registries, config: TallowConfig, loade
         head_dim=first.head_dim if first else 64, block_size=block_size,
         model_dtype=loaded.dtype)
     made: dict[str, AttentionBackend] = {}
+    latent = sum(1 for m in loaded.model.modules() if isinstance(m, MLAAttention))
 
     def refusals(entry: Entry) -> list[str]:
         # Refusals are answered by an instance (it may depend on the backend's settings); the
         # chosen one is kept so that the backend is built only once.
         made[entry.name] = backend = entry.load()(config)
-        return backend_refusals(backend, layers, codec_name, codec, layout, num_paged)
+        return backend_refusals(backend, layers, codec_name, codec, layout, num_paged, latent)
 
     entry = select(registries.attention_backends, config, config.runner.attention_backend,
                    check=refusals)
     return entry, made[entry.name]
+
+
+def with_latent_groups(cost: kv_cache.KVFootprint, groups: list[CacheGroup],
+                       block_bytes: list[int]) -> kv_cache.KVFootprint:
+    """``cost`` (the attention layers' K/V) with the latent (MLA) groups' rows added:
+    ``block_bytes`` are the paged groups' bytes per block, in order; a 16-bit latent row is
+    the reference of a latent layer."""
+    paged = [g for g in groups if g.paged]
+    extra = sum(b for g, b in zip(paged, block_bytes) if isinstance(g.spec, LatentCacheSpec))
+    if not extra:
+        return cost
+    reference = sum(len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES
+                    for g in paged if isinstance(g.spec, LatentCacheSpec))
+    return kv_cache.KVFootprint(cost.bytes_per_block + extra, cost.fixed_bytes, cost.block_size,
+                                cost.reference_bytes_per_token + reference)
 
 
 @dataclass
@@ -331,6 +356,7 @@ def build_runner(config: TallowConfig, registries: Registries,
     max_num_seqs = config.scheduler.max_num_seqs
     block_bytes = [group_block_bytes(g, codec, block_size=block_size, model_dtype=loaded.dtype)
                    for g in groups if g.paged]
+    cost = with_latent_groups(cost, groups, block_bytes)
     num_blocks = kv_budget_blocks(config, loaded, max(1, sum(block_bytes)), max_model_len,
                                   cost.fixed_bytes + state_bytes(groups, max_num_seqs,
                                                                  loaded.dtype))

@@ -38,7 +38,7 @@ from tallow.types import KVCodec
 from .kv_manager import PagedGroupSize
 
 __all__ = ["CacheGroup", "GroupCaches", "find_cache_groups", "split_budget",
-           "allocate_group", "state_bytes"]
+           "allocate_group", "state_bytes", "latent_dtype"]
 
 
 @dataclass
@@ -96,11 +96,23 @@ def find_cache_groups(model: torch.nn.Module, *,
     return paged + states
 
 
+def latent_dtype(spec: LatentCacheSpec, codec: KVCodec, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a latent group's tensors: the spec's own, else the KV codec's
+    :meth:`~tallow.plugin.KVCodec.latent_dtype`; ValueError when the codec keeps none."""
+    if spec.dtype is not None:
+        return spec.dtype
+    dtype = codec.latent_dtype(model_dtype)
+    if dtype is None:
+        raise ValueError(f"cache.kv_codec {codec.name!r} cannot keep a latent (MLA) cache; "
+                         "choose a codec that casts (auto, fp8)")
+    return dtype
+
+
 def group_block_bytes(group: CacheGroup, codec: KVCodec, *, block_size: int,
                       model_dtype: torch.dtype) -> int:
     """Bytes of one block of every layer of paged ``group``."""
     if isinstance(group.spec, LatentCacheSpec):
-        dtype = group.spec.dtype or model_dtype
+        dtype = latent_dtype(group.spec, codec, model_dtype)
         return len(group.layers) * block_size * group.spec.width * dtype.itemsize
     return kv_cache.footprint(codec, [a.layer for a in group.layers], block_size=block_size,
                               model_dtype=model_dtype).bytes_per_block
@@ -174,7 +186,7 @@ def allocate_group(group: CacheGroup, codec: KVCodec, *, size: PagedGroupSize | 
     rows = size.num_blocks + (size.window is not None)  # the null block of a sliding group
     caches: list[Any]
     if isinstance(group.spec, LatentCacheSpec):
-        dtype = group.spec.dtype or model_dtype
+        dtype = latent_dtype(group.spec, codec, model_dtype)
         caches = [torch.zeros(rows, block_size, group.spec.width, dtype=dtype, device=device)
                   for _ in group.layers]
     else:
@@ -227,7 +239,8 @@ class GroupCaches:
             caches = self.paged[group]
             if caches and isinstance(caches[0], torch.Tensor):  # latent caches
                 for cache in caches:
-                    cache[dst] = cache[src]
+                    rows = kv_cache.indexable(cache)  # 8-bit floats copied as bytes
+                    rows[dst] = rows[src]
             else:
                 kv_cache.copy_blocks(caches, src, dst)
 

@@ -64,6 +64,14 @@ capacity and the dtype rules of 8-bit caches):
 * ``attention_ref`` and ``paged_attention_ref``: the attention reference, dense and over a
   paged cache read through its codec's ``decode``, that attention backends are tested against.
 
+The latent cache of multi-head latent attention (MLA; :mod:`tallow.kernels.mla_ref`):
+
+* ``store_latent_ref(cache, latent, slot_mapping)``: writes a step's latent rows into a
+  ``[blocks, block_size, W]`` cache; ``mla_attention_ref(q_nope, q_pe, cache, *, w_uk, w_uv,
+  ...)``: MLA over the paged latent cache, expanded K/V (prefill) or with the up-projections
+  absorbed (decode), ``mla_expanded_ref`` / ``mla_absorbed_ref`` the two forms for one
+  sequence; ``absorb_queries(q_nope, w_uk)``: the latent queries of the absorbed form.
+
 For plugins' own Triton kernels:
 
 * ``step_jit(values=..., pointers=...)`` *(Triton)*: ``triton.jit`` without the
@@ -112,6 +120,9 @@ from .gated_delta import (
     gdn_gating, l2_normalize, recurrent_gated_delta_rule_ref,
 )
 from .gated_norm import gated_rms_norm, gated_rms_norm_ref
+from .mla_ref import (
+    absorb_queries, mla_absorbed_ref, mla_attention_ref, mla_expanded_ref, store_latent_ref,
+)
 from .linear import gated_linear
 from .linear import linear as dense_linear
 from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
@@ -169,6 +180,9 @@ __all__ = [
     "CastKVCodec", "LayerKVCache", "allocate_layer", "attention_ref", "cache_saturation",
     "float8_reasons", "paged_attention_ref", "slots_to_blocks", "store_cast_kv",
     "store_cast_kv_ref", "to_cache_dtype",
+    # the latent (MLA) cache
+    "absorb_queries", "mla_absorbed_ref", "mla_attention_ref", "mla_expanded_ref",
+    "store_latent_ref",
     # plugins' own kernels
     "ACTIVATION_KINDS", "QUAD_COLUMNS", "allow_next", "bit_constants", "bits_as_float",
     "byte_to_bits_15", "capability", "compiled_with_pdl", "compile_for_gpu", "cuda_device_reasons",

@@ -57,6 +57,10 @@ class CastKVCodec(KVCodec):
     def storage_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return self.storage or model_dtype
 
+    def latent_dtype(self, model_dtype: torch.dtype) -> torch.dtype | None:
+        """A latent (MLA) cache is cast into the same storage dtype as K and V."""
+        return self.storage_dtype(model_dtype)
+
     def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
                model_dtype: torch.dtype) -> list[KVTensor]:
         dtype = self.storage_dtype(model_dtype)

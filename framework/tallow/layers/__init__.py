@@ -21,6 +21,7 @@ from .linear_method import (
     LinearMethod, UnquantizedLinearMethod, linear_method_for, set_weight_attrs,
 )
 from .model import ArchConfig, BuildContext
+from .mla import MLAAttention, MLALayer
 from .fused_moe import FusedExperts, FusedMoE
 from .moe_method import MoEMethod, UnquantizedMoEMethod, moe_method_for
 from .moe_router import SCORINGS, RouterSpec, select_experts
@@ -43,7 +44,7 @@ __all__ = [
     "Attention", "AttentionLayer", "AttentionMetadata", "ForwardContext", "forward_context",
     "get_forward_context", "CacheLayer", "CacheSpec", "FullAttentionSpec", "LatentCacheSpec",
     "RecurrentStateSpec", "SlidingWindowSpec", "StateCache", "StateTensorSpec", "cache_layers",
-    "ArchConfig", "BuildContext",
+    "ArchConfig", "BuildContext", "MLAAttention", "MLALayer",
     "CausalLM", "default_weight_loader", "EncoderModel",
     "Pooler", "pool_hidden", "POOLING_MODES",
     "LinearBase", "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear",

@@ -18,7 +18,7 @@ from torch import nn
 # defined below the AttentionBackend contract that takes them, re-exported here
 from tallow.types import AttentionLayer as AttentionLayer
 from tallow.types import AttentionMetadata as AttentionMetadata
-from tallow.types import LayerKVCache
+from tallow.types import LayerKVCache, MLALayer
 
 from .cache_spec import CacheSpec, FullAttentionSpec, SlidingWindowSpec
 from .linear_method import set_weight_attrs
@@ -26,10 +26,14 @@ from .linear_method import set_weight_attrs
 
 class AttentionImpl(Protocol):
     """What a forward context runs attention with: a :class:`tallow.plugin.AttentionBackend`
-    (declared here, below the plugin API, by the one method the layers call)."""
+    (declared here, below the plugin API, by the methods the layers call)."""
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor: ...
+
+    def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                    latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
+                    w_uv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor: ...
 
 
 @dataclass

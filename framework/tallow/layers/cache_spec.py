@@ -75,11 +75,12 @@ class SlidingWindowSpec(CacheSpec):
 @dataclass(frozen=True)
 class LatentCacheSpec(CacheSpec):
     """A latent cache (multi-head latent attention, MLA): paged like K/V, one vector of
-    ``width`` per token shared by all heads, kept in ``dtype`` (None: the model's dtype).
+    ``width`` per token shared by all heads, kept in ``dtype`` (None: the KV codec's
+    :meth:`~tallow.plugin.KVCodec.latent_dtype` for the model's dtype).
 
     The engine allocates, budgets and keeps the block tables of such a group like a full
-    attention group; no model in tallow declares it yet, and no attention backend reads it
-    (the MLA model plugin that comes with it will bring its kernels)."""
+    attention group; :class:`tallow.layers.MLAAttention` declares it and reads it through
+    the attention backend's ``forward_mla``."""
 
     width: int
     dtype: torch.dtype | None = None

@@ -6,7 +6,9 @@ The variants the model families use (:class:`RouterSpec`):
   renormalised to sum to one when ``renormalize`` (Mixtral, Qwen3-MoE's ``norm_topk_prob``);
 - ``"sigmoid"``: sigmoid scores; the choice adds a per-expert ``correction_bias`` (DeepSeek-V3,
   GLM-4.5's ``e_score_correction_bias``), the weights do not; with ``num_groups > 1`` only the
-  ``topk_groups`` groups whose two best biased scores sum highest take part (grouped top-k);
+  ``topk_groups`` groups whose two best biased scores sum highest take part (grouped top-k;
+  ``group_score="max"``: the groups of the highest single scores, DeepSeek-V2's
+  group-limited greedy routing, which applies to ``"softmax"`` scores too);
 - ``"softmax_selected"``: the ``top_k`` largest logits, then a softmax over those alone
   (gpt-oss).
 
@@ -37,8 +39,13 @@ class RouterSpec:
     num_groups: int = 1
     topk_groups: int = 1
     routed_scaling_factor: float = 1.0
+    #: how a group of experts is scored for grouped top-k: "top2_sum" (DeepSeek-V3) or "max"
+    group_score: str = "top2_sum"
 
     def __post_init__(self) -> None:
+        if self.group_score not in ("top2_sum", "max"):
+            raise ValueError(f"router group_score must be 'top2_sum' or 'max', got "
+                             f"{self.group_score!r}")
         if self.scoring not in SCORINGS:
             raise ValueError(f"router scoring must be one of {', '.join(SCORINGS)}, got "
                              f"{self.scoring!r}")
@@ -51,13 +58,14 @@ class RouterSpec:
 
 def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
     """``choice`` with the experts outside each token's best ``topk_groups`` groups at -inf;
-    a group scores the sum of its two best experts (DeepSeek-V3)."""
+    a group scores the sum of its two best experts (DeepSeek-V3) or its best one
+    (``group_score="max"``)."""
     tokens, experts = choice.shape
     if experts % spec.num_groups:
         raise ValueError(f"router: {experts} experts do not split into {spec.num_groups} "
                          "groups")
     grouped = choice.view(tokens, spec.num_groups, experts // spec.num_groups)
-    best = min(2, grouped.shape[-1])
+    best = 1 if spec.group_score == "max" else min(2, grouped.shape[-1])
     group_scores = grouped.topk(best, dim=-1).values.sum(-1)
     keep = group_scores.topk(spec.topk_groups, dim=-1).indices
     mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)

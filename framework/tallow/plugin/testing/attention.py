@@ -1,5 +1,6 @@
 """The attention-backend suite: the backend against the core's torch reference on random
-prefill, decode, chunked-prefill, prefix-hit, bidirectional (encoder) and padded steps, and with
+prefill, decode, chunked-prefill, prefix-hit, bidirectional (encoder) and padded steps, latent
+attention (MLA) when it declares it, and with
 each KV codec it declares (its layout accepted, a step stored as the codec's reference stores
 it, attention over that cache as the reference's).
 
@@ -30,6 +31,7 @@ from ..components import AttentionBackend, KVCodec
 from ..manager import load_plugins
 from . import make_config
 from .component import ComponentConformance, load_target
+from .mla_step import check_mla_step, random_mla_step
 from .paged_batch import check_step, random_paged_step
 
 if TYPE_CHECKING:
@@ -174,6 +176,28 @@ class AttentionBackendConformance(ComponentConformance):
         """Rows with slot -1 (a padded batch) leave the cache alone."""
         self.check(backend, device, self.dtypes[0], "padding", query_lens=[1, 1],
                    context_lens=[5, 9], padding_rows=3)
+
+    def test_latent_attention(self, backend: AttentionBackend, device: str,
+                              dtype: torch.dtype) -> None:
+        """A backend that sets ``supports_mla`` stores a step's latent rows as
+        ``store_latent_ref`` does and attends as ``mla_attention_ref`` over decodes (20 heads:
+        more than one block of 16), prefix-cached chunks, a whole prompt and padding rows;
+        one that does not says so by raising NotImplementedError."""
+        bs = self.block_size
+        step = random_mla_step(query_lens=[1, bs + 3, 1, 6], context_lens=[2 * bs + 1, bs, 0, 0],
+                               num_heads=20, block_size=bs, dtype=dtype, device=device,
+                               padding_rows=2,
+                               seed=zlib.crc32(f"{type(self).__name__}/mla/{dtype}".encode()))
+        if not getattr(backend, "supports_mla", False):
+            with pytest.raises(NotImplementedError):
+                backend.forward_mla(step.layer, step.q_nope, step.q_pe, step.latent,
+                                    step.cache, step.w_uk, step.w_uv, step.meta)
+            return
+        check_mla_step(step, backend)
+        decode = random_mla_step(query_lens=[1] * 4, context_lens=[0, 3, bs, 5 * bs + 2],
+                                 num_heads=20, block_size=bs, dtype=dtype, device=device,
+                                 padding_rows=1, seed=zlib.crc32(f"mla-decode/{dtype}".encode()))
+        check_mla_step(decode, backend)
 
     def test_kv_codec(self, backend: AttentionBackend, device: str, codec_name: str) -> None:
         """Each declared codec is accepted for its layout, stores a step as the codec's

@@ -33,7 +33,7 @@ from .tokenizer import save_tokenizer
 
 __all__ = [
     "random_hf_model", "assert_greedy_parity", "assert_cuda_parity", "assert_engine_greedy",
-    "load_model", "load_saved",
+    "load_model", "load_saved", "expert_choices",
 ]
 
 
@@ -96,6 +96,24 @@ def assert_engine_greedy(path: str | Path,
     for prompt, out in zip(prompts, outs):
         expected = hf_greedy(hf, list(prompt), steps)[0]
         assert list(out.outputs[0].token_ids) == expected, f"prompt {list(prompt)}"
+
+
+def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
+    """The expert ids [tokens, top_k] every :class:`~tallow.layers.FusedMoE` layer of
+    ``model`` chooses for ``prompt`` (one prefill through a :class:`PagedRunner`), in layer
+    order: a parity check means something for the experts only if the prompt reaches most of
+    them."""
+    from tallow.layers import FusedMoE
+
+    chosen: list[torch.Tensor] = []
+    hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
+             for m in model.modules() if isinstance(m, FusedMoE)]
+    try:
+        PagedRunner(model).greedy(0, prompt, 0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return chosen
 
 
 def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtype = torch.float32,

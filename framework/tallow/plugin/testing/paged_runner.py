@@ -1,8 +1,8 @@
 """Run a model plugin's class without the engine: :class:`PagedRunner` plays the model
 runner's part (contiguous block tables, a paged KV cache per ``Attention`` module allocated by
-:mod:`tallow.kernels.kv_cache` for a KV codec, one state slot per sequence for the layers that
-declare a :class:`~tallow.layers.RecurrentStateSpec`, the step's ``AttentionMetadata`` in the
-forward context of the core's torch attention backend)."""
+:mod:`tallow.kernels.kv_cache` for a KV codec, a latent cache per ``MLAAttention`` module, one
+state slot per sequence for the layers that declare a :class:`~tallow.layers.RecurrentStateSpec`,
+the step's ``AttentionMetadata`` in the forward context of the core's torch attention backend)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import (
-    Attention, AttentionMetadata, CausalLM, RecurrentStateSpec, StateCache, cache_layers,
-    forward_context,
+    Attention, AttentionMetadata, CausalLM, MLAAttention, RecurrentStateSpec, StateCache,
+    cache_layers, forward_context,
 )
 from tallow.layers.torch_attention import TorchAttentionBackend
 
@@ -54,6 +54,15 @@ class PagedRunner:
                                    device=p.device)
         for m, cache in zip(attns, caches):
             m.kv_cache = cache
+        # latent attention (MLA) layers: one latent row per token, in the codec's latent dtype
+        latent_dtype = codec.latent_dtype(dtype)
+        for mla in self.model.modules():
+            if isinstance(mla, MLAAttention):
+                if latent_dtype is None:
+                    raise ValueError(f"kv codec {codec.name!r} cannot keep a latent cache")
+                mla.bind_cache(torch.zeros(self.blocks_per_seq * self.max_seqs,
+                                           self.block_size, mla.layer.latent_width,
+                                           dtype=latent_dtype, device=p.device), 0)
         self.state_caches = self._bind_states(dtype, p.device)
 
     def _bind_states(self, dtype: torch.dtype, device: torch.device) -> list[list[StateCache]]:

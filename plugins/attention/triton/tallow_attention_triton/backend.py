@@ -21,11 +21,11 @@ import torch
 from tallow.kernels import (
     LayerKVCache, capability, cuda_device_reasons, cuda_index, float8_reasons,
 )
-from tallow.layers import AttentionLayer, AttentionMetadata
+from tallow.layers import AttentionLayer, AttentionMetadata, MLALayer
 from tallow.layers.attention_checks import check_rows, layer_reasons, qkv_shape_reasons
 from tallow.plugin import AttentionBackend, KVCodec, KVTensor
 
-from . import ops, turbo_ops
+from . import mla_ops, ops, turbo_ops
 from .heuristics import MAX_SPLITS, block_size_reasons, head_dim_reasons, next_pow2
 from .testing import make_case
 
@@ -147,6 +147,9 @@ class TritonAttentionBackend(AttentionBackend):
     #: reads each layer's own cache group view of a step (sliding-window groups whose blocks
     #: are freed, beside full ones): every call takes its block tables from the metadata given
     supports_cache_groups: ClassVar[bool] = True
+    #: latent attention (MLA): split-K decode with the up-projections absorbed
+    #: (:mod:`tallow_attention_triton.mla_ops`)
+    supports_mla: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -272,6 +275,21 @@ class TritonAttentionBackend(AttentionBackend):
                     self.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         finally:
             self.num_splits = saved
+
+    def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                    latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
+                    w_uv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Store the step's latent rows; single-query sequences through the absorbed split-K
+        kernel, sequences with several queries through the core's reference (expanded K/V)."""
+        key = ("mla", layer, q_nope.dtype, q_nope.device, cache.dtype, tuple(cache.shape[1:]))
+        if key not in self._checked:
+            reasons = mla_ops.mla_reasons(layer, cache, q_nope)
+            if reasons:
+                raise ValueError(f"triton attention, MLA layer {layer.layer_index}: "
+                                 + "; ".join(reasons))
+            self._checked.add(key)
+        return mla_ops.forward_mla(layer, q_nope, q_pe, latent, cache, w_uk, w_uv, meta,
+                                   num_splits=self.num_splits)
 
     def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:

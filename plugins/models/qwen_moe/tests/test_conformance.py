@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tallow.layers import FusedMoE
-from tallow.plugin.testing import ModelArchitectureConformance, PagedRunner
+from tallow.plugin.testing import ModelArchitectureConformance
+from tallow.plugin.testing.model_parity import expert_choices
 
 SMALL = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -27,15 +27,7 @@ class ReachesTheExperts:
     prompt: ClassVar[list[int]]
 
     def test_prompt_reaches_most_experts(self, loaded: tuple[Any, set[str]]) -> None:
-        model = loaded[0]
-        chosen: list[torch.Tensor] = []
-        hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
-                 for m in model.modules() if isinstance(m, FusedMoE)]
-        try:
-            PagedRunner(model).greedy(0, self.prompt, 0)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        chosen = expert_choices(loaded[0], self.prompt)
         assert chosen, "no MoE block ran"
         for ids in chosen:  # every MoE layer, on the prompt's real hidden states
             used = torch.unique(ids).numel()
