@@ -117,8 +117,9 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     from tallow.engine.builder import freeze_startup_heap
 
     freeze_startup_heap()
+    stopper = _Stopper()
     try:
-        app = build_app(engine, config)
+        app = build_app(engine, config, on_engine_dead=stopper.engine_dead)
     except ToolParserError as exc:
         print(f"tallow: {exc}", file=sys.stderr)
         return 2
@@ -138,11 +139,10 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     log.info("model %s loaded in %.1f s", engine.model_name, time.monotonic() - started)
     print(f"tallow: serving {engine.model_name} at {url}", file=sys.stderr, flush=True)
     try:
-        _run_until_signalled(uvicorn.Server(uv_config), sock)
+        return stopper.run(uvicorn.Server(uv_config), sock)
     finally:
         if bind.uds is not None and os.path.exists(bind.uds):
             os.remove(bind.uds)
-    return 0
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -164,6 +164,30 @@ def _remove_stale_socket(path: str) -> None:
 
 class _Stopped(Exception):
     """SIGINT or SIGTERM arrived and the server has shut down gracefully."""
+
+
+class _Stopper:
+    """Runs uvicorn until a signal (exit status 0) or a failed engine (exit status 1: a dead
+    engine never leaves a live process answering 503 forever; a supervisor restarts it)."""
+
+    def __init__(self) -> None:
+        self.server: uvicorn.Server | None = None
+        self.status = 0
+
+    def engine_dead(self, error: BaseException) -> None:
+        """The app's lifespan calls this on the event loop when the engine loop failed."""
+        self.status = 1
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
+        """Serve on ``sock`` until stopped; returns the process's exit status."""
+        self.server = server
+        _run_until_signalled(server, sock)
+        if self.status:
+            print("tallow: the engine has failed; exiting with status 1", file=sys.stderr,
+                  flush=True)
+        return self.status
 
 
 def _run_until_signalled(server: uvicorn.Server, sock: socket.socket) -> None:
