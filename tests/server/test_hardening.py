@@ -60,3 +60,21 @@ def test_a_healthy_engine_leaves_the_server_running(plugin_manager) -> None:
         time.sleep(0.5)
         assert client.get("/health").status_code == 200
     assert called == []
+
+
+# -- 4. metric labels stay bounded --------------------------------------------------------
+def test_made_up_methods_and_paths_do_not_grow_the_metric_labels(serve) -> None:
+    client = serve()
+    for i in range(40):
+        client.request(f"X{i}", "/health")
+        client.request("GET", f"/scan/{i}")
+        client.request(f"M{i}", f"/v1/scan{i}")
+    text = client.get("/metrics").text
+    series = [line for line in text.splitlines()
+              if line.startswith("tallow_http_requests_total{")]
+    methods = {line.split('method="')[1].split('"')[0] for line in series}
+    endpoints = {line.split('endpoint="')[1].split('"')[0] for line in series}
+    assert methods <= {"GET", "other"}, methods
+    assert endpoints <= {"/health", "other"}, endpoints
+    assert len(series) <= 6, series
+    assert 'endpoint="other",method="other"' in text
