@@ -13,13 +13,14 @@ from server_helpers import free_port, httpx, make_config
 
 
 # -- 1. a dead engine is never silent -----------------------------------------------------
-def test_a_dead_engine_fails_health_and_stops_the_server_with_status_1(plugin_manager) -> None:
-    """The engine loop fails: /health answers 503 and ``tallow serve``'s runner returns exit
-    status 1 by itself (no signal), so a supervisor restarts the process."""
+def test_a_dead_engine_stops_the_server_with_status_1(plugin_manager) -> None:
+    """The engine loop fails: ``tallow serve``'s runner stops uvicorn by itself (no signal)
+    and returns exit status 1, so a supervisor restarts the process."""
+    import uvicorn
+
     from tallow.server.app import build_app
     from tallow.server.cli import _Stopper
     from tallow.server.http_protocol import uvicorn_config
-    import uvicorn
 
     engine = FakeEngine(plugin_manager=plugin_manager)
     stopper = _Stopper()
@@ -31,35 +32,43 @@ def test_a_dead_engine_fails_health_and_stops_the_server_with_status_1(plugin_ma
     seen: dict[str, Any] = {}
 
     def kill_engine() -> None:
-        url = f"http://127.0.0.1:{port}/health"
         deadline = time.monotonic() + 10
         while not server.started and time.monotonic() < deadline:
             time.sleep(0.02)
-        seen["before"] = httpx.get(url).status_code
+        seen["before"] = httpx.get(f"http://127.0.0.1:{port}/health").status_code
         engine.error = RuntimeError("CUDA out of memory")  # what a failed step leaves behind
-        seen["after"] = httpx.get(url).json()
 
     threading.Thread(target=kill_engine, daemon=True).start()
     started = time.monotonic()
-    status = stopper.run(server, sock)  # uvicorn wants the main thread (its signal handlers)
+    try:
+        status = stopper.run(server, sock)  # uvicorn wants the main thread (signal handlers)
+    finally:
+        sock.close()
     assert status == 1
     assert time.monotonic() - started < 10
     assert seen["before"] == 200
-    assert seen["after"]["status"] == "error" and "out of memory" in seen["after"]["error"]
-    sock.close()
 
 
-def test_a_healthy_engine_leaves_the_server_running(plugin_manager) -> None:
+def test_a_dead_engine_fails_health_and_calls_back_once(plugin_manager) -> None:
+    from starlette.testclient import TestClient
+
     from tallow.server.app import build_app
 
     called: list[BaseException] = []
     engine = FakeEngine(plugin_manager=plugin_manager)
-    from starlette.testclient import TestClient
-
     with TestClient(build_app(engine, make_config(), on_engine_dead=called.append)) as client:
+        time.sleep(0.3)
+        assert client.get("/health").status_code == 200 and called == []
+        engine.error = RuntimeError("CUDA out of memory")
+        deadline = time.monotonic() + 5
+        while not called and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert called == [engine.error]
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "error" and "out of memory" in health.json()["error"]
         time.sleep(0.5)
-        assert client.get("/health").status_code == 200
-    assert called == []
+    assert len(called) == 1
 
 
 # -- 4. metric labels stay bounded --------------------------------------------------------
@@ -78,3 +87,63 @@ def test_made_up_methods_and_paths_do_not_grow_the_metric_labels(serve) -> None:
     assert endpoints <= {"/health", "other"}, endpoints
     assert len(series) <= 6, series
     assert 'endpoint="other",method="other"' in text
+
+
+# -- 3. tokenizing never freezes the event loop -------------------------------------------
+def _health_latencies_while(live_url: str, send: Any) -> tuple[list[float], Any]:
+    """/health's latencies, probed every 20 ms while ``send(client)`` runs in a thread."""
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        with httpx.Client(base_url=live_url, timeout=120) as http:
+            result["response"] = send(http)
+
+    worker = threading.Thread(target=work)
+    latencies: list[float] = []
+    with httpx.Client(base_url=live_url, timeout=30) as http:
+        http.get("/health")
+        worker.start()
+        time.sleep(0.05)
+        while worker.is_alive():
+            started = time.monotonic()
+            assert http.get("/health").status_code == 200
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.02)
+    worker.join()
+    return latencies, result["response"]
+
+
+BIG = 3_000_000  # characters: a few seconds of byte-level tokenization
+
+
+def test_health_answers_fast_while_a_big_prompt_tokenizes(live, plugin_manager) -> None:
+    """A context long enough for the prompt; the engine then refuses it (a small answer, so
+    only the tokenization is measured)."""
+    engine = FakeEngine(plugin_manager=plugin_manager, max_model_len=10 * BIG, admit_limit=100)
+    srv = live(engine, max_body_bytes=4 * BIG)
+    prompt = "a b " * (BIG // 4)
+    latencies, resp = _health_latencies_while(
+        srv.url, lambda http: http.post("/v1/completions",
+                                        json={"prompt": prompt, "max_tokens": 1}))
+    assert resp.status_code == 400 and f"{BIG} tokens" in resp.text, resp.text[:300]
+    assert len(latencies) >= 3, latencies  # the tokenization took a while
+    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(live, plugin_manager) -> None:
+    """The byte tokenizer's longest token is 13 characters: 4,096 tokens never hold more than
+    53,248 characters, so a 6 MB prompt is a 400 at once, without tokenizing it."""
+    engine = FakeEngine(plugin_manager=plugin_manager, max_model_len=4096)
+    srv = live(engine, max_body_bytes=4 * BIG)
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        for path, body in [("/tokenize", {"prompt": "a" * BIG}),
+                           ("/v1/completions", {"prompt": "a" * BIG, "max_tokens": 1}),
+                           ("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "a" * BIG}]})]:
+            started = time.monotonic()
+            resp = http.post(path, json=body)
+            assert resp.status_code == 400, (path, resp.text[:300])
+            err = resp.json()["error"]
+            assert err["code"] == "context_length_exceeded", err
+            assert "max_model_len" in err["message"] and "4096" in err["message"], err
+            assert time.monotonic() - started < 1.0, path
