@@ -204,6 +204,14 @@ class RunnerConfig(Section):
     grammar_cache_size: int = Field(
         256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
         "list or EBNF grammar) kept for reuse.")
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds one grammar compile may take; a longer one is stopped "
+        "(its worker process ends, freeing the CPU) and the request gets a 400. Backends that "
+        "can hand a compiled grammar across processes (xgrammar) compile in a worker process; "
+        "others compile in a thread with no time limit.")
+    grammar_max_spec_chars: int = Field(
+        131072, gt=0, description="Largest JSON Schema, regex, choice list or EBNF grammar (in "
+        "characters) a request may ask to compile; a larger one is a 400.")
 
 
 class ParallelConfig(Section):
