@@ -147,3 +147,64 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(live, plugin_mana
             assert err["code"] == "context_length_exceeded", err
             assert "max_model_len" in err["message"] and "4096" in err["message"], err
             assert time.monotonic() - started < 1.0, path
+
+
+# -- 6. chat templates are bounded; SIGTERM always ends the server ------------------------
+LOOPING = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+           "{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def test_a_chat_template_that_never_ends_is_a_400_naming_the_template(serve, plugin_manager
+                                                                      ) -> None:
+    from server_fakes import byte_tokenizer
+
+    engine = FakeEngine(plugin_manager=plugin_manager)
+    engine.tokenizer = byte_tokenizer(template=LOOPING)
+    client = serve(engine, chat_template_timeout_s=0.5)
+    started = time.monotonic()
+    resp = client.post("/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]})
+    assert time.monotonic() - started < 5
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "chat_template_timeout" and err["param"] == "messages"
+    assert "chat template of the model 'fake-model'" in err["message"]
+    assert "server.chat_template_timeout_s" in err["message"]
+    assert client.get("/health").status_code == 200
+
+
+def test_sigterm_ends_the_server_within_seconds_during_a_stuck_render(tmp_path) -> None:
+    """A model whose chat template loops: SIGTERM while a render runs ends the process in a
+    few seconds (the render is stopped at its limit; nothing else keeps the process up)."""
+    import json
+    import signal
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+    from server_helpers import ServeProcess
+    from tiny_models import save_tiny
+
+    path = save_tiny(tmp_path / "tiny", "llama")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = LOOPING
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    srv = ServeProcess(["--model", str(path), "--dtype", "float32", "--device", "cpu",
+                        "--chat-template-timeout-s", "60"], timeout=120).start()
+    try:
+        def chat() -> None:
+            try:
+                with srv.http(timeout=120) as http:
+                    http.post("/v1/chat/completions",
+                              json={"messages": [{"role": "user", "content": "hi"}]})
+            except httpx.HTTPError:
+                pass  # the server went away: expected
+
+        threading.Thread(target=chat, daemon=True).start()
+        time.sleep(1.5)  # the render is running
+        srv.proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        srv.proc.wait(30)
+        assert time.monotonic() - started < 10, srv.log_text()[-2000:]
+    finally:
+        srv.stop()

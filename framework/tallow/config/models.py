@@ -262,6 +262,9 @@ class ServerConfig(Section):
     host: str = Field("0.0.0.0", description="Address to listen on; host:port and "
                       "[ipv6]:port also set the port, unix:///path listens on a Unix socket.")
     port: int = Field(2000, ge=0, le=65535, description="TCP port (0: any free port).")
+    chat_template_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds rendering the model's chat template for one request "
+        "may take; a longer render is stopped and the request gets a 400 naming the template.")
     api_keys: list[str] = Field(
         default_factory=list,
         description="Accepted bearer tokens; empty accepts every request. Repeat --api-key for "

@@ -332,13 +332,15 @@ class Tokenizer:
                             tools: Sequence[Mapping[str, Any]] | None = None,
                             add_generation_prompt: bool = True,
                             chat_template: str | None = None,
+                            time_limit_s: float | None = None,
                             **template_kwargs: Any) -> str:  # Any: extra template variables, any value
         """The prompt text for ``messages``, rendered as transformers' ``apply_chat_template``
         renders it (``tokenize=False``).
 
         ``chat_template`` overrides the model's; with ``tools`` a ``tool_use`` named template is
         preferred when the config has one. ``template_kwargs`` become template variables
-        (``documents``, ``continue_final_message``, ``enable_thinking``, ...). Raises
+        (``documents``, ``continue_final_message``, ``enable_thinking``, ...). ``time_limit_s``
+        bounds the render (see :func:`tallow.engine.chat_template.render_chat_template`). Raises
         ``ValueError`` (:class:`ChatTemplateError`) if there is no template or it fails.
         """
         template = chat_template
@@ -356,7 +358,7 @@ class Tokenizer:
             template, messages, tools=tools, documents=documents,
             add_generation_prompt=add_generation_prompt and not continue_final,
             continue_final_message=continue_final, special_tokens=self.special_tokens,
-            **template_kwargs,
+            time_limit_s=time_limit_s, **template_kwargs,
         )
 
     def __repr__(self) -> str:

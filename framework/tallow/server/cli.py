@@ -20,6 +20,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -162,6 +163,29 @@ def _remove_stale_socket(path: str) -> None:
         probe.close()
 
 
+#: seconds from SIGINT/SIGTERM to the end of the process, whatever is still running
+_STOP_GRACE_S = 8.0
+_exit_timer: threading.Timer | None = None
+
+
+def _exit_if_stuck(grace_s: float) -> None:
+    """End the process ``grace_s`` seconds from now unless it has ended by then: a graceful
+    shutdown gives streams and the engine time to stop, but nothing (a thread stuck in a
+    library call, a plugin's shutdown) may keep a stopped server alive."""
+    global _exit_timer
+    if _exit_timer is not None:
+        return
+
+    def force() -> None:
+        log.error("the server did not stop within %.0f s of the signal; exiting now", grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    _exit_timer = threading.Timer(grace_s, force)
+    _exit_timer.daemon = True
+    _exit_timer.start()
+
+
 class _Stopped(Exception):
     """SIGINT or SIGTERM arrived and the server has shut down gracefully."""
 
@@ -178,11 +202,19 @@ class _Stopper:
         """The app's lifespan calls this on the event loop when the engine loop failed."""
         self.status = 1
         if self.server is not None:
+            _exit_if_stuck(_STOP_GRACE_S)
             self.server.should_exit = True
 
     def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
         """Serve on ``sock`` until stopped; returns the process's exit status."""
         self.server = server
+        handle_exit = server.handle_exit
+
+        def on_signal(sig: int, frame: FrameType | None) -> None:
+            _exit_if_stuck(_STOP_GRACE_S)
+            handle_exit(sig, frame)
+
+        server.handle_exit = on_signal  # type: ignore[method-assign]
         _run_until_signalled(server, sock)
         if self.status:
             print("tallow: the engine has failed; exiting with status 1", file=sys.stderr,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 import anyio
 import tallow
 from tallow.config import TallowConfig
+from tallow.engine.chat_template import ChatTemplateTimeout
 from tallow.engine.embedding import EmbeddingInfo
 from tallow.engine.tokenizer import Tokenizer
 
@@ -134,15 +135,23 @@ class ServerState:
         if tools:  # tool schemas can be large; rendering them never runs on the event loop
             size += _INLINE_TOKENIZE_CHARS
 
+        limit_s = float(_setting(self.config, "server", "chat_template_timeout_s", 5.0))
+
         def render() -> str:
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                **(kwargs or {}))
+                time_limit_s=limit_s, **(kwargs or {}))
 
         try:
             return await self.run_blocking(render, size=size)
         except APIError:
             raise
+        except ChatTemplateTimeout:
+            raise APIError(400, f"The chat template of the model {self.model_name!r} did not "
+                           f"finish rendering these messages within {limit_s:g} s "
+                           "(server.chat_template_timeout_s) and was stopped; the model's "
+                           "template (its tokenizer_config chat_template) is at fault.",
+                           param="messages", code="chat_template_timeout") from None
         except Exception as exc:  # jinja raises for conversations a template refuses
             raise invalid("messages", f"The chat template cannot render these messages: "
                           f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None
