@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tallow.config import TallowConfig
+    from tallow.plugin.manager import PluginManager
 
     from .host import BindAddress
 
@@ -106,6 +107,10 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     pm = load_plugins(config.plugins)
     pm.check_targets()  # /v1/plugins shows a plugin with an unresolvable target as broken
     pm.configure(config)
+    problem = _unknown_parser(pm, config)
+    if problem is not None:  # before the model loads: a typo costs no loading time
+        print(f"tallow: {problem}", file=sys.stderr)
+        return 2
     try:
         engine = AsyncEngine.from_config(config, plugin_manager=pm)
     except Exception as exc:  # a model that cannot be served: say why, without a traceback
@@ -144,6 +149,26 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     finally:
         if bind.uds is not None and os.path.exists(bind.uds):
             os.remove(bind.uds)
+
+
+def _unknown_parser(pm: PluginManager, config: TallowConfig) -> str | None:
+    """Why ``--tool-parser`` or ``--reasoning-parser`` names no registered parser (naming the
+    plugin to install, or the names it may be a typo of), or None when both are usable names."""
+    from tallow.plugin import RegistryError
+
+    from .reasoning import OFF
+
+    named = [("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)]
+    if config.server.reasoning_parser.strip().lower() not in OFF:
+        named.append(("--reasoning-parser", config.server.reasoning_parser,
+                      pm.registries.reasoning_parsers))
+    for flag, name, registry in named:
+        if name and name != "auto":
+            try:
+                registry.entry(name)
+            except RegistryError as exc:
+                return f"{flag} {name!r}: {exc}"
+    return None
 
 
 def _remove_stale_socket(path: str) -> None:
