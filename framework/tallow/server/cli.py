@@ -154,11 +154,12 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
 def _unknown_parser(pm: PluginManager, config: TallowConfig) -> str | None:
     """Why ``--tool-parser`` or ``--reasoning-parser`` names no registered parser (naming the
     plugin to install, or the names it may be a typo of), or None when both are usable names."""
-    from tallow.plugin import RegistryError
+    from tallow.plugin import Registry, RegistryError
 
     from .reasoning import OFF
 
-    named = [("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)]
+    named: list[tuple[str, str, Registry]] = [
+        ("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)]
     if config.server.reasoning_parser.strip().lower() not in OFF:
         named.append(("--reasoning-parser", config.server.reasoning_parser,
                       pm.registries.reasoning_parsers))
