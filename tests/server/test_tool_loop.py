@@ -18,7 +18,7 @@ from server_fakes import FakeEngine
 from server_helpers import TOOLS, LiveServer, chunks_of, httpx, make_config, openai_client
 
 from tallow.plugin import ToolProvider, ToolResult
-from tallow.server.tool_loop import EXTENSION_FIELD
+from tallow.server.tool_loop import ANSWER_NOW, EXTENSION_FIELD
 from tallow.server.tool_providers import ToolProviders
 
 MSG = [{"role": "user", "content": "What time is it in Paris?"}]
@@ -255,6 +255,8 @@ def test_a_repeated_call_is_not_run_again_and_the_model_must_answer(app) -> None
     assert len(engine.requests) == 6  # three rounds each: call, repeat, answer
     last = engine.requests[2]["prompt"]
     assert "<tools>" not in last and "already made" in last
+    assert last.rstrip().endswith("<|im_start|>user\n" + ANSWER_NOW + "<|im_end|>\n"
+                                  "<|im_start|>assistant")
 
 
 def test_after_max_tool_rounds_the_last_round_has_no_tools(app) -> None:

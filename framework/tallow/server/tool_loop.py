@@ -65,6 +65,9 @@ from .tools import Final, plan_tools, tool_name
 
 #: the extension field of messages and deltas that reports the calls the server ran
 EXTENSION_FIELD = "server_tool_calls"
+#: the user turn added before the round generated without tools
+ANSWER_NOW = ("Answer my question now in plain sentences, using the tool results above. Do not "
+              "call any tool and do not write JSON.")
 
 
 def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
@@ -337,8 +340,11 @@ class ToolLoop:
                                   "name": call.name})
 
     def _withdraw_tools(self) -> None:
-        """Generate from now on without tools: none in the prompt, no tool parser."""
+        """Generate from now on without tools: none in the prompt, no tool parser, and the
+        user's turn asking for the answer (small models heed a user turn more than a note in
+        a tool result)."""
         self.handler.plan = plan_tools(None, None, None, self.state.tool_parsing)
+        self.messages.append({"role": "user", "content": ANSWER_NOW})
 
     async def _call(self, call: ToolCall) -> ToolResult:
         try:
