@@ -83,3 +83,14 @@ def test_long_context_attention_peak_memory_is_bounded() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     grown_mib = int(out.stdout.strip().splitlines()[-1])
     assert grown_mib < 400, f"peak memory grew by {grown_mib} MiB"
+
+
+def test_a_context_past_the_rotary_positions_is_refused_at_start_up() -> None:
+    """random:tiny-llama covers 2,048 positions: a longer max_model_len used to be accepted
+    and kill the engine at the first request past them; now start-up refuses it."""
+    from tallow import LLM
+
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is longer than the 2048 positions"):
+        LLM("random:tiny-llama", device="cpu", dtype="float32", max_model_len=4096)
+    llm = LLM("random:tiny-llama", device="cpu", dtype="float32", max_model_len=2048)
+    assert llm is not None
