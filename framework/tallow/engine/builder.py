@@ -119,8 +119,8 @@ def check_position_limit(model: torch.nn.Module, max_model_len: int) -> None:
     """ValueError when ``max_model_len`` goes past the positions the model's rotary embeddings
     cover (their ``cos_sin_cache`` rows): a request reaching them would fail inside a step and
     kill the engine, so the limit is refused at start-up."""
-    rows = [int(m.cos_sin_cache.shape[0]) for m in model.modules()
-            if isinstance(getattr(m, "cos_sin_cache", None), torch.Tensor)]
+    caches = (getattr(m, "cos_sin_cache", None) for m in model.modules())
+    rows = [int(c.shape[0]) for c in caches if isinstance(c, torch.Tensor)]
     if rows and max_model_len > min(rows):
         raise ValueError(f"model.max_model_len {max_model_len} is longer than the {min(rows)} "
                          "positions the model's rotary embedding covers (its "
