@@ -94,3 +94,20 @@ def test_the_stream_reports_the_call_and_streams_the_answer(client: openai.OpenA
             finish = choice.finish_reason or finish
     when = _tool_time(entries)
     assert when in content and finish == "stop"
+
+
+def test_a_plain_question_ends_in_prose_with_the_tools_time(client: openai.OpenAI) -> None:
+    """The issue-46 agent path: no example to follow. The 0.5B model answers with bare JSON
+    calls and repeats its call; the repeat is not run, the next round has no tools and asks
+    for the answer, and the reply is prose holding the time the tool returned."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the current time in Tokyo?"}],
+        temperature=0, max_tokens=200)
+    (choice,) = reply.choices
+    entries = choice.message.server_tool_calls
+    assert entries and entries[0]["function"]["name"] == "get_current_time"
+    when = json.loads(entries[0]["result"]["content"])["datetime"]
+    assert choice.finish_reason == "stop"
+    assert when in choice.message.content
+    assert "{" not in choice.message.content  # prose, not JSON calls
+

@@ -18,7 +18,7 @@ from server_fakes import FakeEngine
 from server_helpers import TOOLS, LiveServer, chunks_of, httpx, make_config, openai_client
 
 from tallow.plugin import ToolProvider, ToolResult
-from tallow.server.tool_loop import EXTENSION_FIELD
+from tallow.server.tool_loop import ANSWER_NOW, EXTENSION_FIELD
 from tallow.server.tool_providers import ToolProviders
 
 MSG = [{"role": "user", "content": "What time is it in Paris?"}]
@@ -229,18 +229,57 @@ def test_several_rounds_and_the_official_client(app) -> None:
     same_as_stream(client, server_tools=True)
 
 
-def test_max_tool_rounds_stops_the_loop(app) -> None:
-    client, engine, clock = app(lambda prompt: call("get_time", zone="UTC"),
-                                max_tool_rounds=2)
+def _answer_without_tools(then: Callable[[str], str]) -> Callable[[str], str]:
+    """A model that calls ``then(prompt)`` while tools are offered (the Qwen template renders
+    them in a ``<tools>`` block) and answers from the last result once they are withdrawn."""
+    def script(prompt: str) -> str:
+        if "<tools>" not in prompt:
+            return "The answer: " + responses(prompt)[-1].split("\n")[0]
+        return then(prompt)
+    return script
+
+
+def test_a_repeated_call_is_not_run_again_and_the_model_must_answer(app) -> None:
+    """A small model repeats its call forever: the repeat is answered from the first result,
+    and the next round is generated without tools, so the request ends in prose."""
+    client, engine, clock = app(_answer_without_tools(
+        lambda prompt: call("get_time", zone="UTC")))
     response = same_as_stream(client, server_tools=True)
     (choice,) = response["choices"]
-    assert choice["finish_reason"] == "length"
+    assert choice["finish_reason"] == "stop"
+    first, again = choice["message"][EXTENSION_FIELD]
+    assert [first["round"], again["round"]] == [1, 2]
+    assert again["result"] == {**first["result"], "repeated": True}
+    assert choice["message"]["content"] == "The answer: " + first["result"]["content"]
+    assert len(clock.calls) == 2  # once in each of the two requests
+    assert len(engine.requests) == 6  # three rounds each: call, repeat, answer
+    last = engine.requests[2]["prompt"]
+    assert "<tools>" not in last and "already made" in last
+    assert last.rstrip().endswith("<|im_start|>user\n" + ANSWER_NOW + "<|im_end|>\n"
+                                  "<|im_start|>assistant")
+
+
+def test_after_max_tool_rounds_the_last_round_has_no_tools(app) -> None:
+    client, engine, clock = app(_answer_without_tools(
+        lambda prompt: call("get_time", zone="Z" * (len(responses(prompt)) + 1))),
+        max_tool_rounds=2)
+    response = same_as_stream(client, server_tools=True)
+    (choice,) = response["choices"]
+    assert choice["finish_reason"] == "stop"
     entries = choice["message"][EXTENSION_FIELD]
-    assert [e["round"] for e in entries] == [1, 2, 3]
-    assert [e["result"]["is_error"] for e in entries] == [False, False, True]
-    assert "max_tool_rounds" in entries[2]["result"]["content"]
-    assert len(clock.calls) == 4  # two rounds in each of the two requests; the third not run
-    assert len(engine.requests) == 6
+    assert [e["round"] for e in entries] == [1, 2]
+    assert not any(e["result"]["is_error"] or e["result"].get("repeated") for e in entries)
+    assert choice["message"]["content"] == "The answer: " + entries[1]["result"]["content"]
+    assert len(clock.calls) == 4 and len(engine.requests) == 6
+
+
+def test_identical_calls_in_one_round_run_once(app) -> None:
+    twice = call("get_time", zone="UTC") + "\n" + call("get_time", zone="UTC")
+    client, engine, clock = app(_answer_without_tools(lambda prompt: twice))
+    response = same_as_stream(client, server_tools=True)
+    entries = response["choices"][0]["message"][EXTENSION_FIELD]
+    assert [e.get("result", {}).get("repeated", False) for e in entries] == [False, True]
+    assert len(clock.calls) == 2  # once per request
 
 
 def test_mixed_client_and_server_tools(app) -> None:

@@ -204,6 +204,14 @@ class RunnerConfig(Section):
     grammar_cache_size: int = Field(
         256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
         "list or EBNF grammar) kept for reuse.")
+    grammar_compile_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds one grammar compile may take; a longer one is stopped "
+        "(its worker process ends, freeing the CPU) and the request gets a 400. Backends that "
+        "can hand a compiled grammar across processes (xgrammar) compile in a worker process; "
+        "others compile in a thread with no time limit.")
+    grammar_max_spec_chars: int = Field(
+        131072, gt=0, description="Largest JSON Schema, regex, choice list or EBNF grammar (in "
+        "characters) a request may ask to compile; a larger one is a 400.")
 
 
 class ParallelConfig(Section):
@@ -254,6 +262,9 @@ class ServerConfig(Section):
     host: str = Field("0.0.0.0", description="Address to listen on; host:port and "
                       "[ipv6]:port also set the port, unix:///path listens on a Unix socket.")
     port: int = Field(2000, ge=0, le=65535, description="TCP port (0: any free port).")
+    chat_template_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds rendering the model's chat template for one request "
+        "may take; a longer render is stopped and the request gets a 400 naming the template.")
     api_keys: list[str] = Field(
         default_factory=list,
         description="Accepted bearer tokens; empty accepts every request. Repeat --api-key for "

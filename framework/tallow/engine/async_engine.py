@@ -124,6 +124,9 @@ class AsyncEngine(EngineFrontend):
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
+        structured = getattr(self, "structured", None)
+        if structured is not None:
+            structured.close()  # its grammar compile worker process
 
     # -- the engine thread --------------------------------------------------------------
     def _post(self, command: EngineCommand) -> None:

@@ -118,6 +118,19 @@ class EngineFrontend:
         return cls.from_config(resolved, plugin_manager)
 
 
+def check_position_limit(model: torch.nn.Module, max_model_len: int) -> None:
+    """ValueError when ``max_model_len`` goes past the positions the model's rotary embeddings
+    cover (their ``cos_sin_cache`` rows): a request reaching them would fail inside a step and
+    kill the engine, so the limit is refused at start-up."""
+    caches = (getattr(m, "cos_sin_cache", None) for m in model.modules())
+    rows = [int(c.shape[0]) for c in caches if isinstance(c, torch.Tensor)]
+    if rows and max_model_len > min(rows):
+        raise ValueError(f"model.max_model_len {max_model_len} is longer than the {min(rows)} "
+                         "positions the model's rotary embedding covers (its "
+                         "max_position_embeddings and rope scaling); set --max-model-len "
+                         f"{min(rows)} or less")
+
+
 def model_source(config: TallowConfig) -> tuple[str, str]:
     """(source, served name). No source means the embedded default model."""
     source = config.model.source
@@ -339,6 +352,7 @@ def build_runner(config: TallowConfig, registries: Registries,
     else:
         max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
                             or 4096)
+        check_position_limit(loaded.model, max_model_len)
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()(config)
     block_size = config.cache.block_size

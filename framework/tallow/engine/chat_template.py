@@ -17,6 +17,12 @@ there:
 
 Every failure (syntax, ``raise_exception``, sandbox violation, a type error inside the template)
 becomes a :class:`ChatTemplateError`, a ``ValueError`` saying what went wrong.
+
+A render is bounded in time: every call, attribute or item access, ``range`` item, ``*`` and
+``**`` a template evaluates counts as a step, and past ``time_limit_s`` the render stops with
+:class:`ChatTemplateTimeout` (nested loops over ``range`` or runaway macro recursion cannot
+hang the caller). ``*`` may not build a string or list over :data:`MAX_REPEAT_ITEMS` items, and
+``**`` takes no exponent over 1000.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Callable
@@ -31,7 +39,7 @@ from typing import Any, Callable
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 # Names a message's reasoning may come under; templates read ``reasoning_content`` (most) or
 # ``thinking`` (gpt-oss), so both are filled from whichever the caller used.
@@ -39,8 +47,90 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
+#: seconds a render may take unless the caller says otherwise
+DEFAULT_TIME_LIMIT_S = 5.0
+#: the most items ``*`` may build (a string's characters, a list's items)
+MAX_REPEAT_ITEMS = 1 << 20
+_CHECK_EVERY = 256  # steps between two reads of the clock
+
+
 class ChatTemplateError(ValueError):
     """A chat template that cannot be compiled or rendered for the given messages."""
+
+
+class ChatTemplateTimeout(ChatTemplateError):
+    """A render that ran past its time limit (and was stopped)."""
+
+
+class _Budget(threading.local):
+    """The deadline of the render running on this thread (renders run on worker threads)."""
+
+    deadline = float("inf")
+    limit_s = DEFAULT_TIME_LIMIT_S
+    steps = 0
+
+
+_budget = _Budget()
+
+
+def _step() -> None:
+    _budget.steps += 1
+    if _budget.steps % _CHECK_EVERY == 0 and time.monotonic() > _budget.deadline:
+        raise ChatTemplateTimeout(f"the chat template did not finish rendering within "
+                                  f"{_budget.limit_s:g} s and was stopped")
+
+
+class _CountedRange:
+    """``range(...)`` for templates: each item taken counts as a step."""
+
+    def __init__(self, *args: int) -> None:
+        self._range = safe_range(*args)
+
+    def __iter__(self) -> Any:  # Any: an iterator of ints
+        for item in self._range:
+            _step()
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:  # Any: an int or a slice, as range takes
+        return self._range[index]
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every call, access and repetition counted against the deadline."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any  # noqa: N805 - the sandbox's own signature; Any: template values
+             ) -> Any:  # Any: whatever the template calls returns
+        _step()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:  # Any: template values
+        _step()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:  # Any: template values
+        _step()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any  # Any: template values
+                   ) -> Any:  # Any: the operation's result
+        _step()
+        if operator == "**":
+            if isinstance(right, (int, float)) and abs(right) > 1000:
+                raise jinja2.exceptions.SecurityError("a chat template may not raise to a "
+                                                      "power over 1000")
+            return left ** right
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
+                    and len(seq) * times > MAX_REPEAT_ITEMS:
+                raise jinja2.exceptions.SecurityError(
+                    f"a chat template may not repeat a sequence to over {MAX_REPEAT_ITEMS} "
+                    "items")
+        return left * right
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -111,7 +201,7 @@ def compile_template(source: str) -> jinja2.Template:
     """Compile ``source`` once (cached by its text) in the sandboxed environment."""
     if not isinstance(source, str):
         raise ChatTemplateError(f"a chat template must be a string, got {type(source).__name__}")
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
     )
@@ -120,6 +210,7 @@ def compile_template(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _SafeDict()
     env.globals["namespace"] = _SafeNamespace
+    env.globals["range"] = _CountedRange
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
@@ -187,6 +278,7 @@ def render_chat_template(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     special_tokens: Mapping[str, Any] | None = None,
+    time_limit_s: float | None = None,
     **template_kwargs: Any,  # Any: extra template variables, any value
 ) -> str:
     """Render ``template`` for ``messages``.
@@ -196,7 +288,9 @@ def render_chat_template(
     ``template_kwargs`` are passed on as variables too (they win over special tokens).
     ``continue_final_message`` leaves the last message open (no end-of-turn after it) so that
     generation continues it; it excludes ``add_generation_prompt``.
-    Raises :class:`ChatTemplateError` on any failure.
+    ``time_limit_s`` bounds the render (default :data:`DEFAULT_TIME_LIMIT_S`).
+    Raises :class:`ChatTemplateError` on any failure, :class:`ChatTemplateTimeout` past the
+    time limit.
     """
     if not messages:
         raise ChatTemplateError("messages is empty: a chat needs at least one message")
@@ -225,11 +319,15 @@ def render_chat_template(
         chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
     variables = {**{k: v for k, v in (special_tokens or {}).items() if v is not None},
                  **plain(template_kwargs)}
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    _budget.limit_s, _budget.deadline = limit, time.monotonic() + limit
     try:
         rendered = compiled.render(
             messages=chat, tools=plain(tools), documents=plain(documents),
             add_generation_prompt=bool(add_generation_prompt), **variables,
         )
+    except ChatTemplateError:
+        raise
     except jinja2.exceptions.SecurityError as exc:
         raise ChatTemplateError(f"the chat template did something unsafe and was stopped: "
                                 f"{exc}") from None
@@ -239,6 +337,8 @@ def render_chat_template(
             OverflowError, RecursionError) as exc:
         raise ChatTemplateError(
             f"the chat template failed on these messages: {type(exc).__name__}: {exc}") from None
+    finally:
+        _budget.deadline = float("inf")
     if final is not None:
         rendered = _cut_at_continue_tag(rendered, final)
     return rendered
@@ -255,5 +355,5 @@ def _cut_at_continue_tag(rendered: str, final: str) -> str:
     return rendered[:at].rstrip()
 
 
-__all__ = ["ChatTemplateError", "compile_template", "render_chat_template", "normalize_messages",
+__all__ = ["ChatTemplateError", "ChatTemplateTimeout", "compile_template", "render_chat_template", "normalize_messages",
            "plain"]

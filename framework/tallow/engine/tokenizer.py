@@ -9,6 +9,7 @@ rendered in the same environment (:mod:`tallow.engine.chat_template`).
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +20,8 @@ from tallow.plugin import Checkpoint
 from .chat_template import ChatTemplateError, render_chat_template
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+#: texts longer than this are tokenized by the library's GIL-releasing batch call
+_GIL_FREE_CHARS = 8192
 
 
 def _token_content(value: Any) -> str | None:  # Any: a config's raw special token, checked here
@@ -211,12 +214,27 @@ class Tokenizer:
         return vocab
 
     # -- text ↔ ids ----------------------------------------------------------------------
+    def _encoding(self, text: str, add_special_tokens: bool) -> Any:  # Any: tokenizers.Encoding
+        # The library's batch call releases the GIL while it works and its single call does
+        # not: a long text goes through the batch call, so other threads (the server's event
+        # loop) run while it is tokenized in a worker thread.
+        if len(text) > _GIL_FREE_CHARS:
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the post-processor adds BOS/EOS."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int] = self._encoding(text, add_special_tokens).ids
         return ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token stands for (the longest vocabulary entry,
+        added tokens included): ``n`` tokens never hold more than ``n * max_token_chars``
+        characters, so a longer text is known too long before it is tokenized."""
+        return max((len(piece) for piece in self.get_vocab()), default=1) or 1
 
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Token ids of ``text`` with special tokens, at most ``max_tokens`` of them: the text's
@@ -229,7 +247,7 @@ class Tokenizer:
         if max_tokens < special:
             raise ValueError(f"cannot fit an input into {max_tokens} tokens: the tokenizer adds "
                              f"{special} special tokens")
-        encoding = self._tok.encode(text, add_special_tokens=False)
+        encoding = self._encoding(text, False)
         if len(encoding.ids) > max_tokens - special:
             side = "left" if self.tokenizer_config.get("truncation_side") == "left" else "right"
             encoding.truncate(max_tokens - special, direction=side)
@@ -314,13 +332,15 @@ class Tokenizer:
                             tools: Sequence[Mapping[str, Any]] | None = None,
                             add_generation_prompt: bool = True,
                             chat_template: str | None = None,
+                            time_limit_s: float | None = None,
                             **template_kwargs: Any) -> str:  # Any: extra template variables, any value
         """The prompt text for ``messages``, rendered as transformers' ``apply_chat_template``
         renders it (``tokenize=False``).
 
         ``chat_template`` overrides the model's; with ``tools`` a ``tool_use`` named template is
         preferred when the config has one. ``template_kwargs`` become template variables
-        (``documents``, ``continue_final_message``, ``enable_thinking``, ...). Raises
+        (``documents``, ``continue_final_message``, ``enable_thinking``, ...). ``time_limit_s``
+        bounds the render (see :func:`tallow.engine.chat_template.render_chat_template`). Raises
         ``ValueError`` (:class:`ChatTemplateError`) if there is no template or it fails.
         """
         template = chat_template
@@ -338,7 +358,7 @@ class Tokenizer:
             template, messages, tools=tools, documents=documents,
             add_generation_prompt=add_generation_prompt and not continue_final,
             continue_final_message=continue_final, special_tokens=self.special_tokens,
-            **template_kwargs,
+            time_limit_s=time_limit_s, **template_kwargs,
         )
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ else of tallow. It implements hooks marked with :data:`hookimpl` in a module nam
 from .calibration import CalibrationRequest
 from .components import (
     AttentionBackend, Checkpoint, Component, KVCodec, KVTensor, ModelArchitecture, QuantScheme,
-    ToolProvider, ToolResult, WeightFormat,
+    ToolProvider, ToolResult, WeightFormat, check_tool_provider_status,
 )
 from .embedding_spec import EmbeddingSpec
 from .errors import ComponentLoadError, PluginError, PluginLoadError
@@ -38,7 +38,7 @@ __all__ = [
     "hookimpl", "hookspec",
     "CalibrationRequest", "Component", "Checkpoint", "EmbeddingSpec", "WeightFormat",
     "ModelArchitecture", "QuantScheme", "KVCodec", "KVTensor",
-    "AttentionBackend", "ToolProvider", "ToolResult", "ToolParser", "StreamingToolParser", "ToolCall",
+    "AttentionBackend", "ToolProvider", "ToolResult", "check_tool_provider_status", "ToolParser", "StreamingToolParser", "ToolCall",
     "ToolCallDelta", "StreamDelta", "ParseResult", "new_call_id", "validate_tool_call",
     "tool_schemas", "assemble", "choose_tool_parser", "MarkupToolParser", "CallRegion",
     "Decision", "FoundCall", "ReasoningParser", "ReasoningSplit", "ReasoningStream",

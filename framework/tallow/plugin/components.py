@@ -276,7 +276,43 @@ class ToolProvider(Component):
         announced a new list. The default never calls it (the tools never change)."""
 
     def status(self) -> dict[str, Any]:
-        """A JSON-able description of the provider's state for operators: by convention
-        ``{"sources": [{"name", "state", "tools", "error", ...}, ...]}``, ``state`` one of
-        ``connecting``, ``up``, ``down``, ``stopped``."""
+        """A JSON-able description of the provider's state for operators:
+        ``{"sources": [{"name", "state", "tool_names", "tools", "error", ...}, ...]}``, every
+        key optional; ``state`` one of ``connecting``, ``up``, ``down``, ``stopped``;
+        ``tool_names`` a list of the tool names of a source that is up, ``tools`` their
+        count, ``error`` why it is down (:func:`check_tool_provider_status` checks it)."""
         return {}
+
+
+#: the keys of a tool provider's status source that the server reads, and their types
+_SOURCE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "state": str, "tool_names": list, "tools": int, "error": str}
+_SOURCE_STATES = ("connecting", "up", "down", "stopped")
+
+
+def check_tool_provider_status(status: object) -> list[str]:
+    """What in ``status`` (a :meth:`ToolProvider.status` result) breaks its documented
+    contract; empty when it follows it."""
+    if not isinstance(status, dict):
+        return [f"status() returned {type(status).__name__}, not a dict"]
+    sources = status.get("sources", [])
+    if not isinstance(sources, list):
+        return [f"status()['sources'] is {type(sources).__name__}, not a list"]
+    problems = []
+    for i, source in enumerate(sources):
+        where = f"status()['sources'][{i}]"
+        if not isinstance(source, dict):
+            problems.append(f"{where} is {type(source).__name__}, not a dict")
+            continue
+        for key, kind in _SOURCE_KEYS.items():
+            if key in source and (not isinstance(source[key], kind)
+                                  or isinstance(source[key], bool)):
+                problems.append(f"{where}[{key!r}] is {type(source[key]).__name__}, expected "
+                                f"{getattr(kind, '__name__', kind)}")
+        if isinstance(source.get("state"), str) and source["state"] not in _SOURCE_STATES:
+            problems.append(f"{where}['state'] is {source['state']!r}, expected one of "
+                            f"{', '.join(_SOURCE_STATES)}")
+        names = source.get("tool_names")
+        if isinstance(names, list) and not all(isinstance(n, str) for n in names):
+            problems.append(f"{where}['tool_names'] holds a non-string")
+    return problems

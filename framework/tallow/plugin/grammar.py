@@ -211,6 +211,20 @@ class GrammarBackend(Component):
         """A fresh matcher at the start of ``compiled``."""
         raise NotImplementedError
 
+    #: whether :meth:`export_compiled` and :meth:`import_compiled` work: the engine then
+    #: compiles in a worker process of its own, which it stops when a compile overruns
+    #: ``runner.grammar_compile_timeout_s``
+    exports_compiled: ClassVar[bool] = False
+
+    def export_compiled(self, compiled: object) -> bytes:
+        """``compiled`` (from :meth:`compile`) as bytes that :meth:`import_compiled` of another
+        instance of this backend, built for the same vocabulary, turns back into it."""
+        raise NotImplementedError
+
+    def import_compiled(self, data: bytes) -> object:
+        """The compiled grammar :meth:`export_compiled` wrote."""
+        raise NotImplementedError
+
     def accept_tokens(self, matchers: Sequence[GrammarMatcher],
                       tokens: Sequence[int]) -> list[bool]:
         """``matchers[i].accept(tokens[i])`` for every ``i``: whether each was accepted. A

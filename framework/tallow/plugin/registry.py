@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .errors import ComponentLoadError, describe_exception, missing_attribute
+from .first_party import install_hint
 
 log = logging.getLogger("tallow.plugin")
 
@@ -214,8 +215,10 @@ class Registry:
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "none"
+            hint = install_hint(self.kind, name, list(self._entries),
+                                unloaded=self.missing_hint(name))
             raise RegistryError(f"unknown {self.kind} {name!r} (registered: {known})"
-                                + self.missing_hint(name)) from None
+                                + hint) from None
 
     def missing_hint(self, name: str | None = None, *,
                      match: Callable[[Entry], bool] | None = None) -> str:

@@ -7,6 +7,7 @@ under uvicorn and under Starlette's test client.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -278,10 +279,28 @@ def _is_protected(path: str) -> bool:
     return path.startswith(PROTECTED_PREFIXES)
 
 
+#: how often the lifespan looks at the engine's ``error`` (a failed engine loop)
+_ENGINE_WATCH_S = 0.2
+
+
+async def _watch_engine(engine: ServedEngine,
+                        on_engine_dead: Callable[[BaseException], None]) -> None:
+    """Call ``on_engine_dead(error)`` once the engine's loop has failed."""
+    while True:
+        error = getattr(engine, "error", None)
+        if error is not None:
+            log.critical("the engine has failed (%s: %s): every request gets 503 "
+                         "engine_dead and the server stops", type(error).__name__, error)
+            on_engine_dead(error)
+            return
+        await asyncio.sleep(_ENGINE_WATCH_S)
+
+
 def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_parsing: ToolParsing | None = None,
               tool_providers: ToolProviders | None = None,
               reasoning: ReasoningParsing | None = None,
-              manage_engine: bool = True) -> Starlette:
+              manage_engine: bool = True,
+              on_engine_dead: Callable[[BaseException], None] | None = None) -> Starlette:
     """The ASGI app serving ``engine``.
 
     ``tool_parsing`` is the tool parsers to use (None: chosen from the engine's plugin
@@ -295,6 +314,9 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
     :class:`tallow.server.reasoning.ReasoningParserError` for an unknown name; none for
     ``none``).
     With ``manage_engine`` the app's lifespan starts the engine loop and shuts it down.
+    ``on_engine_dead(error)`` is called once if the engine's loop fails (``tallow serve``
+    stops the server and exits with status 1, so a supervisor restarts it); until then
+    ``/health`` answers 503.
     """
     if tool_parsing is None:
         tool_parsing = choose_tool_parser(engine, config)
@@ -341,9 +363,13 @@ def build_app(engine: ServedEngine, config: TallowConfig | None = None, *, tool_
         if manage_engine:
             await engine.start()
         await tool_providers.start()
+        watch = asyncio.create_task(_watch_engine(engine, on_engine_dead)) \
+            if on_engine_dead is not None else None
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             await tool_providers.stop()
             if manage_engine:
                 await engine.shutdown()

@@ -99,7 +99,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             kwargs.setdefault("reasoning_effort", effort)
         prompt = await self.state.render_chat(messages, self.plan.prompt_tools, kwargs=kwargs)
         prompt += self.plan.prompt_suffix
-        ids = await self.state.encode(prompt, add_special_tokens=False)
+        ids = await self.state.encode(prompt, add_special_tokens=False, field="messages")
         self.prompt_ids = ids
         param = ("max_completion_tokens" if self.req.max_completion_tokens is not None
                  else "max_tokens")

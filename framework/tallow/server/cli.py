@@ -20,6 +20,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tallow.config import TallowConfig
+    from tallow.plugin.manager import PluginManager
 
     from .host import BindAddress
 
@@ -111,6 +113,10 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
               "install tallow-ui-web (pip install tallow-ui-web) and let it load (not in "
               "plugins.disable; in plugins.enable when autoload is off)", file=sys.stderr)
         return 2
+    problem = _unknown_parser(pm, config)
+    if problem is not None:  # before the model loads: a typo costs no loading time
+        print(f"tallow: {problem}", file=sys.stderr)
+        return 2
     try:
         engine = AsyncEngine.from_config(config, plugin_manager=pm)
     except Exception as exc:  # a model that cannot be served: say why, without a traceback
@@ -123,8 +129,9 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     from tallow.engine.builder import freeze_startup_heap
 
     freeze_startup_heap()
+    stopper = _Stopper()
     try:
-        app = build_app(engine, config)
+        app = build_app(engine, config, on_engine_dead=stopper.engine_dead)
     except ToolParserError as exc:
         print(f"tallow: {exc}", file=sys.stderr)
         return 2
@@ -146,11 +153,31 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     if config.server.ui and bind.uds is None:
         print(f"tallow: web UI at {url}{UI_PATH}/", file=sys.stderr, flush=True)
     try:
-        _run_until_signalled(uvicorn.Server(uv_config), sock)
+        return stopper.run(uvicorn.Server(uv_config), sock)
     finally:
         if bind.uds is not None and os.path.exists(bind.uds):
             os.remove(bind.uds)
-    return 0
+
+
+def _unknown_parser(pm: PluginManager, config: TallowConfig) -> str | None:
+    """Why ``--tool-parser`` or ``--reasoning-parser`` names no registered parser (naming the
+    plugin to install, or the names it may be a typo of), or None when both are usable names."""
+    from tallow.plugin import Registry, RegistryError
+
+    from .reasoning import OFF
+
+    named: list[tuple[str, str, Registry]] = [
+        ("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)]
+    if config.server.reasoning_parser.strip().lower() not in OFF:
+        named.append(("--reasoning-parser", config.server.reasoning_parser,
+                      pm.registries.reasoning_parsers))
+    for flag, name, registry in named:
+        if name and name != "auto":
+            try:
+                registry.entry(name)
+            except RegistryError as exc:
+                return f"{flag} {name!r}: {exc}"
+    return None
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -170,8 +197,63 @@ def _remove_stale_socket(path: str) -> None:
         probe.close()
 
 
+#: seconds from SIGINT/SIGTERM to the end of the process, whatever is still running
+_STOP_GRACE_S = 8.0
+_exit_timer: threading.Timer | None = None
+
+
+def _exit_if_stuck(grace_s: float) -> None:
+    """End the process ``grace_s`` seconds from now unless it has ended by then: a graceful
+    shutdown gives streams and the engine time to stop, but nothing (a thread stuck in a
+    library call, a plugin's shutdown) may keep a stopped server alive."""
+    global _exit_timer
+    if _exit_timer is not None:
+        return
+
+    def force() -> None:
+        log.error("the server did not stop within %.0f s of the signal; exiting now", grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    _exit_timer = threading.Timer(grace_s, force)
+    _exit_timer.daemon = True
+    _exit_timer.start()
+
+
 class _Stopped(Exception):
     """SIGINT or SIGTERM arrived and the server has shut down gracefully."""
+
+
+class _Stopper:
+    """Runs uvicorn until a signal (exit status 0) or a failed engine (exit status 1: a dead
+    engine never leaves a live process answering 503 forever; a supervisor restarts it)."""
+
+    def __init__(self) -> None:
+        self.server: uvicorn.Server | None = None
+        self.status = 0
+
+    def engine_dead(self, error: BaseException) -> None:
+        """The app's lifespan calls this on the event loop when the engine loop failed."""
+        self.status = 1
+        if self.server is not None:
+            _exit_if_stuck(_STOP_GRACE_S)
+            self.server.should_exit = True
+
+    def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
+        """Serve on ``sock`` until stopped; returns the process's exit status."""
+        self.server = server
+        handle_exit = server.handle_exit
+
+        def on_signal(sig: int, frame: FrameType | None) -> None:
+            _exit_if_stuck(_STOP_GRACE_S)
+            handle_exit(sig, frame)
+
+        server.handle_exit = on_signal  # type: ignore[method-assign]
+        _run_until_signalled(server, sock)
+        if self.status:
+            print("tallow: the engine has failed; exiting with status 1", file=sys.stderr,
+                  flush=True)
+        return self.status
 
 
 def _run_until_signalled(server: uvicorn.Server, sock: socket.socket) -> None:

@@ -85,6 +85,8 @@ class EmbeddingsCall:
             if not isinstance(item, str) and vocab and any(t < 0 or t >= vocab for t in item):
                 raise invalid(where, f"Invalid value for {where!r}: token ids must be in "
                               f"0..{vocab - 1}.")
+            if isinstance(item, str) and truncate_to is None:
+                state.check_prompt_chars(len(item), where)
             try:
                 prompts.append(await state.run_blocking(
                     input_token_ids, state.tokenizer, self.info, item, limit, truncate_to,

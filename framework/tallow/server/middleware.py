@@ -25,11 +25,16 @@ async def _send_error(send: Send, err: APIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+#: the HTTP methods counted under their own name; any other method counts as ``"other"``
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class StatusCounter:
     """Counts every HTTP response by endpoint (the route's path template), method and status.
 
-    ``endpoint_of(scope)`` names the endpoint; unknown paths count as ``"other"`` so a scan of
-    random URLs cannot blow up the label set.
+    ``endpoint_of(scope)`` names the endpoint; unknown paths count as ``"other"``, and so do
+    methods outside :data:`KNOWN_METHODS`, so a scan of random URLs or made-up methods cannot
+    blow up the label set (the labels any client can reach are finite).
     """
 
     def __init__(self, app: ASGIApp, counter: Counter, endpoint_of: Callable[[Scope], str]
@@ -44,6 +49,8 @@ class StatusCounter:
             return
         endpoint = self.endpoint_of(scope)
         method = scope.get("method", "GET")
+        if method not in KNOWN_METHODS:
+            method = "other"
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

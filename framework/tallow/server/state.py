@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 import anyio
 import tallow
 from tallow.config import TallowConfig
+from tallow.engine.chat_template import ChatTemplateTimeout
 from tallow.engine.embedding import EmbeddingInfo
 from tallow.engine.tokenizer import Tokenizer
 
@@ -99,7 +100,26 @@ class ServerState:
             return fn(*args)
         return await anyio.to_thread.run_sync(fn, *args)
 
-    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    def check_prompt_chars(self, length: int, field: str) -> None:
+        """400 ``context_length_exceeded`` for a text that cannot fit ``max_model_len`` tokens
+        whatever it holds (longer than ``max_model_len`` × the longest token), before any time
+        is spent tokenizing it."""
+        per_token = getattr(self.tokenizer, "max_token_chars", None)
+        if not isinstance(per_token, int):
+            return
+        limit = self.max_model_len * per_token
+        if length > limit:
+            raise invalid(field, f"Invalid value for {field!r}: the text has {length} "
+                          f"characters; {self.max_model_len} tokens (max_model_len) of this "
+                          f"model hold at most {limit} ({per_token} per token), so it cannot "
+                          "fit the context.", code="context_length_exceeded")
+
+    async def encode(self, text: str, *, add_special_tokens: bool,
+                     field: str = "prompt") -> list[int]:
+        """Token ids of ``text`` (``field`` names it in errors): a text too long for the
+        context is refused first (:meth:`check_prompt_chars`); a long one is tokenized in a
+        worker thread by a call that releases the GIL, so the event loop keeps serving."""
+        self.check_prompt_chars(len(text), field)
         return await self.run_blocking(
             lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
             size=len(text))
@@ -108,18 +128,30 @@ class ServerState:
                           tools: list[dict[str, object]] | None,
                           add_generation_prompt: bool = True,
                           kwargs: Mapping[str, Any] | None = None) -> str:  # Any: template variables
-        """The chat template applied to ``messages`` (a template failure is the client's 400)."""
+        """The chat template applied to ``messages`` (a template failure is the client's 400;
+        contents too long for the context are refused before rendering)."""
         size = sum(len(str(m.get("content") or "")) for m in messages)
+        self.check_prompt_chars(size, "messages")
+        if tools:  # tool schemas can be large; rendering them never runs on the event loop
+            size += _INLINE_TOKENIZE_CHARS
+
+        limit_s = float(_setting(self.config, "server", "chat_template_timeout_s", 5.0))
 
         def render() -> str:
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                **(kwargs or {}))
+                time_limit_s=limit_s, **(kwargs or {}))
 
         try:
             return await self.run_blocking(render, size=size)
         except APIError:
             raise
+        except ChatTemplateTimeout:
+            raise APIError(400, f"The chat template of the model {self.model_name!r} did not "
+                           f"finish rendering these messages within {limit_s:g} s "
+                           "(server.chat_template_timeout_s) and was stopped; the model's "
+                           "template (its tokenizer_config chat_template) is at fault.",
+                           param="messages", code="chat_template_timeout") from None
         except Exception as exc:  # jinja raises for conversations a template refuses
             raise invalid("messages", f"The chat template cannot render these messages: "
                           f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None

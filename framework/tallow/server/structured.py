@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import anyio
 
+from tallow.engine.sampling.grammar_worker import GrammarBudgetError
 from tallow.plugin import GrammarError, GrammarSpec
 from tallow.plugin.json_schema import SchemaProblem, check_schema
 
@@ -174,8 +175,8 @@ def _structured(state: ServerState, field: str) -> StructuredOutputs:
 
 def _refusal(exc: GrammarError, field: str) -> APIError:
     param = f"{field}.{exc.path}" if exc.path else field
-    return invalid(param, f"Invalid value for {param!r}: {exc.problem}.",
-                   code="unsupported_schema")
+    code = "grammar_too_large" if isinstance(exc, GrammarBudgetError) else "unsupported_schema"
+    return invalid(param, f"Invalid value for {param!r}: {exc.problem}.", code=code)
 
 
 async def compile_constraint(state: ServerState, constraint: Constraint) -> None:

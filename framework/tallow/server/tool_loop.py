@@ -11,6 +11,13 @@ have run and the model still calls one (those calls are not run, they are report
 and ``finish_reason`` is ``"length"``). A response that calls provided and client tools
 together runs the provided ones and then returns the client's.
 
+The loop ends in an answer. A call identical (same tool, same arguments) to one already run in
+the request is not run again: it is answered with the earlier result (reported with
+``"repeated": true``), and the next round is generated with the tools withdrawn — rendered
+without tools and read without a tool parser — so the model must reply in prose from the results
+it has. The round after the ``server.max_tool_rounds``-th round of calls is generated the same
+way.
+
 With a reasoning parser (:mod:`.reasoning`), each round's output is split first: its reasoning
 is reported as ``reasoning_content`` (of the message, all rounds together; of the deltas, as it
 is generated), tool calls are parsed from the content only, and the assistant message of a round
@@ -58,6 +65,9 @@ from .tools import Final, plan_tools, tool_name
 
 #: the extension field of messages and deltas that reports the calls the server ran
 EXTENSION_FIELD = "server_tool_calls"
+#: the user turn added before the round generated without tools
+ANSWER_NOW = ("Answer my question now in plain sentences, using the tool results above. Do not "
+              "call any tool and do not write JSON.")
 
 
 def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
@@ -148,6 +158,15 @@ def _whole_calls(pieces: list[StreamDelta]) -> list[ToolCall]:
     return calls
 
 
+def _call_key(call: ToolCall) -> tuple[str, str]:
+    """What makes two calls the same: the tool and its arguments, keys in any order."""
+    try:
+        arguments = json.dumps(json.loads(call.arguments), sort_keys=True)
+    except json.JSONDecodeError:
+        arguments = call.arguments
+    return call.name, arguments
+
+
 class ToolLoop:
     """One chat request running the tool loop (see the module docstring)."""
 
@@ -169,6 +188,8 @@ class ToolLoop:
         self.max_rounds = int(getattr(getattr(state.config, "server", None),
                                       "max_tool_rounds", 8))
         self.rounds = 0
+        #: results of the calls run so far, by tool and canonical arguments
+        self._results: dict[tuple[str, str], ToolResult] = {}
         self._reported = 0  # server calls reported so far (their index)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -252,11 +273,15 @@ class ToolLoop:
                 yield End("length")
                 return
             self.rounds += 1
+            repeated = False
             async for event in self._run_calls(mine, written, thought):
+                repeated |= isinstance(event, CallEnded) and bool(event.result.get("repeated"))
                 yield event
             if theirs:
                 yield End("tool_calls", theirs)
                 return
+            if repeated or self.rounds >= self.max_rounds:
+                self._withdraw_tools()
             started = await self._next_round()
             if started is None:
                 yield End("length")
@@ -277,16 +302,27 @@ class ToolLoop:
         entries = [self._entry(call, self.rounds) for call in calls]
         for entry in entries:
             yield CallStarted(entry)
-        tasks = [asyncio.ensure_future(self._call(call)) for call in calls]
+        # a call already run in this request (or earlier in this round) is not run again
+        keys = [_call_key(call) for call in calls]
+        tasks: dict[tuple[str, str], asyncio.Future[ToolResult]] = {}
+        repeats = []
+        for key, call in zip(keys, calls):
+            repeats.append(key in self._results or key in tasks)
+            if not repeats[-1]:
+                tasks[key] = asyncio.ensure_future(self._call(call))
         results = []
         try:
-            for call, entry, task in zip(calls, entries, tasks):
-                result = await task
+            for call, entry, key, repeat in zip(calls, entries, keys, repeats):
+                result = self._results[key] if key in self._results else await tasks[key]
+                self._results[key] = result
                 results.append(result)
-                yield CallEnded(call_index(entry), call.id,
-                                {"content": result.content, "is_error": result.is_error})
+                ended: dict[str, object] = {"content": result.content,
+                                            "is_error": result.is_error}
+                if repeat:
+                    ended["repeated"] = True
+                yield CallEnded(call_index(entry), call.id, ended)
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()  # the request went away: cancel the calls still running
         self.messages.append({"role": "assistant", "content": content or None,
                               "tool_calls": [{"id": c.id, "type": "function",
@@ -294,11 +330,21 @@ class ToolLoop:
                                                            "arguments": json.loads(c.arguments)}}
                                              for c in calls],
                               **reasoning_fields(reasoning, content)})
-        for call, result in zip(calls, results):
+        for call, result, repeat in zip(calls, results, repeats):
             # Chat templates have no error flag for tool results: the text says it.
             text = f"Error: {result.content}" if result.is_error else result.content
+            if repeat:
+                text += ("\n(This exact call was already made; this is its earlier result. "
+                         "Answer the user with the results you have.)")
             self.messages.append({"role": "tool", "content": text, "tool_call_id": call.id,
                                   "name": call.name})
+
+    def _withdraw_tools(self) -> None:
+        """Generate from now on without tools: none in the prompt, no tool parser, and the
+        user's turn asking for the answer (small models heed a user turn more than a note in
+        a tool result)."""
+        self.handler.plan = plan_tools(None, None, None, self.state.tool_parsing)
+        self.messages.append({"role": "user", "content": ANSWER_NOW})
 
     async def _call(self, call: ToolCall) -> ToolResult:
         try:

@@ -31,6 +31,7 @@ from tallow.plugin import (
 )
 
 from ..errors import InvalidParameter
+from .grammar_worker import CompileWorker, GrammarBudgetError
 
 log = logging.getLogger("tallow.engine")
 
@@ -111,6 +112,10 @@ class StructuredOutputs:
         #: why no backend serves (when ``entry`` is None): the message of a refused request
         self.unavailable = unavailable
         self._backend: GrammarBackend | None = None
+        self._worker: CompileWorker | None = None
+        runner = getattr(config, "runner", None)
+        self.compile_timeout_s: float = getattr(runner, "grammar_compile_timeout_s", 10.0)
+        self.max_spec_chars: int = getattr(runner, "grammar_max_spec_chars", 131072)
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
@@ -186,16 +191,47 @@ class StructuredOutputs:
             if hit is not None:
                 self._cache.move_to_end(spec.key)
                 return hit
+        size = len(spec.value) if isinstance(spec.value, str) else sum(map(len, spec.value))
+        if size > self.max_spec_chars:
+            raise GrammarBudgetError(f"it has {size} characters, more than the server compiles "
+                                     f"({self.max_spec_chars}, runner.grammar_max_spec_chars)",
+                                     "runner.grammar_max_spec_chars")
         backend = self.backend
         if spec.kind not in backend.kinds:
             raise GrammarError(f"the {self.entry.name} grammar backend does not compile "  # type: ignore[union-attr]
                                f"{spec.kind} specs (it compiles: {', '.join(backend.kinds)})")
-        compiled = backend.compile(spec)
+        if backend.exports_compiled:
+            compiled = backend.import_compiled(self._compile_worker(backend).compile(spec))
+        else:
+            compiled = backend.compile(spec)
+        self._check_matchable(backend, compiled)
         with self._lock:
             self._cache[spec.key] = compiled
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _compile_worker(self, backend: GrammarBackend) -> CompileWorker:
+        with self._lock:
+            if self._worker is None:
+                self._worker = CompileWorker(type(backend), backend.tokenizer, self.config,
+                                             self.compile_timeout_s)
+            return self._worker
+
+    @staticmethod
+    def _check_matchable(backend: GrammarBackend, compiled: object) -> None:
+        """GrammarError for a grammar no output can match: at its start no token may come
+        (not even EOS), so any output would break it."""
+        mask = torch.zeros(1, backend.tokenizer.bitmask_words, dtype=torch.int32)
+        backend.matcher(compiled).fill_bitmask(mask, 0)
+        if not bool(mask.any()):
+            raise GrammarError("no output can match it (no token of this model may start it, "
+                               "and it does not match the empty output)")
+
+    def close(self) -> None:
+        """Stop the compile worker, if one runs."""
+        if self._worker is not None:
+            self._worker.stop()
 
     def new_state(self, spec: GrammarSpec) -> GrammarState:
         """A fresh matcher state for one sequence constrained by ``spec``."""
@@ -318,4 +354,6 @@ class StructuredOutputs:
                 "grammar_mask_steps_total": self.mask_steps,
                 "grammar_mask_rows_total": self.mask_rows,
                 "grammar_mask_wait_seconds_total": self.mask_wait_seconds,
-                "grammar_cache_entries": len(self._cache)}
+                "grammar_cache_entries": len(self._cache),
+                "grammar_compile_timeouts_total":
+                    self._worker.timeouts if self._worker is not None else 0}

@@ -218,6 +218,33 @@ class GrammarBackendConformance(ComponentConformance):
         unknown = set(backend.kinds) - set(GRAMMAR_KINDS)
         assert not unknown, f"unknown spec kinds {sorted(unknown)} (known: {GRAMMAR_KINDS})"
 
+    def test_exported_grammars_come_back_the_same(self, component_class: type[GrammarBackend],
+                                                  backend: GrammarBackend,
+                                                  info: TokenizerInfo) -> None:
+        """With ``exports_compiled``, a grammar exported by one instance and imported by
+        another (as the engine's compile worker process hands it over) gives the same masks
+        along a walk."""
+        if not backend.exports_compiled:
+            return
+        other = component_class(info, backend.config)
+        for kind, spec in self._SAMPLES.items():
+            if kind not in backend.kinds:
+                continue
+            data = backend.export_compiled(backend.compile(spec))
+            assert isinstance(data, bytes), "export_compiled must return bytes"
+            here = backend.matcher(backend.compile(spec))
+            there = other.matcher(other.import_compiled(data))
+            for _ in range(8):
+                masks = torch.zeros(2, info.bitmask_words, dtype=torch.int32)
+                here.fill_bitmask(masks, 0)
+                there.fill_bitmask(masks, 1)
+                assert torch.equal(masks[0], masks[1]), f"the imported {kind} grammar differs"
+                allowed = allowed_ids(masks[0], info.vocab_size)
+                token = next((t for t in sorted(allowed) if t not in info.eos_token_ids), None)
+                if token is None:
+                    break
+                assert here.accept(token) and there.accept(token)
+
     # -- exact masks ----------------------------------------------------------------------
     def test_choice_masks_are_exact(self, backend: GrammarBackend, info: TokenizerInfo) -> None:
         if not self._compiles(backend, "choice"):

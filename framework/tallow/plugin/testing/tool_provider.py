@@ -20,7 +20,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar
 
-from ..components import ToolProvider, ToolResult
+from ..components import ToolProvider, ToolResult, check_tool_provider_status
 from ..json_schema import check_schema
 from . import make_config
 from .component import ComponentConformance
@@ -95,7 +95,10 @@ class ToolProviderConformance(ComponentConformance):
 
     def test_status_is_json(self, component_class: type[ToolProvider]) -> None:
         async def scenario(provider: ToolProvider) -> None:
-            json.dumps(provider.status())
+            status = provider.status()
+            json.dumps(status)
+            problems = check_tool_provider_status(status)
+            assert not problems, "status() breaks its contract: " + "; ".join(problems)
 
         self.run(component_class, scenario)
 

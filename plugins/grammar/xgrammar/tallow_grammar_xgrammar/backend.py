@@ -185,6 +185,7 @@ class XGrammarBackend(GrammarBackend):
         vocab += [b""] * (tokenizer.vocab_size - len(vocab))
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=tokenizer.vocab_size,
                                  stop_token_ids=list(tokenizer.eos_token_ids))
+        self._info = info
         # tallow caches compiled grammars itself (by spec), so xgrammar's cache stays off
         self.compiler = xgr.GrammarCompiler(info, max_threads=self.settings.max_threads,
                                             cache_enabled=False)
@@ -237,6 +238,17 @@ class XGrammarBackend(GrammarBackend):
 
     def matcher(self, compiled: _Compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self, compiled)
+
+    exports_compiled = True
+
+    def export_compiled(self, compiled: object) -> bytes:
+        assert isinstance(compiled, _Compiled)
+        kind = b"J" if compiled.json else b"G"
+        return kind + compiled.grammar.serialize_json().encode("utf-8")
+
+    def import_compiled(self, data: bytes) -> _Compiled:
+        grammar = xgr.CompiledGrammar.deserialize_json(data[1:].decode("utf-8"), self._info)
+        return _Compiled(grammar, json=data[:1] == b"J")
 
     def accept_tokens(self, matchers: Sequence[GrammarMatcher],
                       tokens: Sequence[int]) -> list[bool]:

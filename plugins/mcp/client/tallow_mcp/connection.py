@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 import anyio
+import anyio.abc
 import mcp.types as types
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -68,6 +69,8 @@ class ServerConnection:
         self._stopping = False
         self._tried = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: the connection's task group while it is up: calls run as its tasks
+        self._calls: anyio.abc.TaskGroup | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,6 +129,7 @@ class ServerConnection:
             relay_in, relay_out = anyio.create_memory_object_stream[Any](0)
             relays = await stack.enter_async_context(anyio.create_task_group())
             relays.start_soon(self._relay, read, relay_in)
+            self._calls = relays
             session = await stack.enter_async_context(ClientSession(
                 relay_out, write, message_handler=self._on_message,
                 client_info=types.Implementation(name="tallow", version=__version__)))
@@ -139,7 +143,10 @@ class ServerConnection:
             log.info("MCP server %r is up: %d tools (%s)", self.name, len(self.tools),
                      ", ".join(t.name for t in self.tools) or "none")
             self.on_change()
-            reason = await self._serve(session)
+            try:
+                reason = await self._serve(session)
+            finally:
+                self._calls = None
             relays.cancel_scope.cancel()
         return reason
 
@@ -241,6 +248,38 @@ class ServerConnection:
                               f"({self.error or self.state}); it is being retried", True)
         if not any(t.name == tool for t in self.tools):
             return ToolResult(f"the MCP server {self.name!r} offers no tool {tool!r}", True)
+        group = self._calls
+        if group is None:
+            return ToolResult(f"the MCP server {self.name!r} is not connected; it is being "
+                              "retried", True)
+        # The call runs as a task of the connection, not of the caller: a caller that is
+        # cancelled (its client went away) cancels the call's own scope once, and the SDK then
+        # sends notifications/cancelled to the server from a task that nothing else cancels.
+        # Awaited in the caller's task, the SDK's courtesy write would be cut short by the
+        # cancellation of the caller's request scope.
+        done: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        scope = anyio.CancelScope()
+        group.start_soon(self._run_call, session, tool, arguments, scope, done)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            scope.cancel()
+            raise
+
+    async def _run_call(self, session: ClientSession, tool: str, arguments: dict[str, Any],
+                        scope: anyio.CancelScope, done: "asyncio.Future[ToolResult]") -> None:
+        """A call, as a task of the connection; its outcome goes to ``done``."""
+        result = ToolResult(f"the MCP server {self.name!r} went away during the call", True)
+        try:
+            with scope:
+                result = await self._call_tool(session, tool, arguments)
+        finally:
+            if not done.done():
+                done.set_result(result)
+
+    async def _call_tool(self, session: ClientSession, tool: str,
+                         arguments: dict[str, Any]) -> ToolResult:
+        s = self.settings
         try:
             with anyio.fail_after(s.call_timeout):
                 async with self._slots:

@@ -44,8 +44,23 @@ CASES = [
     ("content before is not a call", "Result: " + J(call("search", {})),
      "Result: " + J(call("search", {})), []),
     ("text after is not a call", J(call("search", {})) + " ok", J(call("search", {})) + " ok", []),
-    ("in a code fence", "```json\n" + J(call("search", {})) + "\n```",
-     "```json\n" + J(call("search", {})) + "\n```", []),
+    # what small models write (issue 46): a call per line, or calls in a code fence
+    ("in a code fence", "```json\n" + J(call("search", {})) + "\n```", None, [("search", {})]),
+    ("in a bare fence", "```\n" + J([call("search", {}), call("search", P)]) + "\n```\n",
+     None, [("search", {}), ("search", P)]),
+    ("two in a fence", "```json\n" + J(call("search", {})) + "\n" + J(call("search", P))
+     + "\n```", None, [("search", {}), ("search", P)]),
+    ("a call per line", J(call("search", P)) + "\n" + J(call("search", P)) + "\n"
+     + J(call("search", {})), None, [("search", P), ("search", P), ("search", {})]),
+    ("calls then a non-call", J(call("search", {})) + "\n" + '{"a": 1}',
+     J(call("search", {})) + "\n" + '{"a": 1}', []),
+    ("calls then prose", J(call("search", {})) + "\nDone.", J(call("search", {})) + "\nDone.",
+     []),
+    ("a python fence", "```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+    ("a fence then prose", "```json\n" + J(call("search", {})) + "\n```\nok",
+     "```json\n" + J(call("search", {})) + "\n```\nok", []),
+    ("a fence of a non-call", "```json\n" + '{"a": 1}' + "\n```", "```json\n" + '{"a": 1}'
+     + "\n```", []),
     ("json answer", J({"name": "Ada", "born": 1815}), J({"name": "Ada", "born": 1815}), []),
     ("empty list", "[]", "[]", []),
     ("list with a non-call", J([call("search", {}), 3]), J([call("search", {}), 3]), []),

@@ -1,0 +1,60 @@
+"""Which first-party plugin distribution provides a component, so that an error about a
+component that is not installed can name the package to install.
+
+The core keeps this table (it knows its own first-party plugins); it is consulted only to
+word error messages, never to load anything. Third-party components are not listed: for them
+the registry's message lists what is registered.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+#: kind (a registry's ``kind``) → component name → the distribution that registers it
+FIRST_PARTY: dict[str, dict[str, str]] = {
+    "tool_parser": {
+        "hermes": "tallow-tool-hermes", "json": "tallow-tool-json",
+        "llama3_json": "tallow-tool-llama3", "mistral": "tallow-tool-mistral",
+        "qwen3_coder": "tallow-tool-qwen3-coder",
+    },
+    "reasoning_parser": {
+        "think": "tallow-reasoning-think", "deepseek_r1": "tallow-reasoning-think",
+        "harmony": "tallow-reasoning-harmony",
+    },
+    "grammar_backend": {
+        "xgrammar": "tallow-grammar-xgrammar", "llguidance": "tallow-grammar-llguidance",
+    },
+    "kv_codec": {
+        "fp8": "tallow-kvcache-fp8", "fp8_e4m3": "tallow-kvcache-fp8",
+        "fp8_e5m2": "tallow-kvcache-fp8", "turbo8": "tallow-kvcache-turboquant",
+        "turbo4": "tallow-kvcache-turboquant", "turbo3": "tallow-kvcache-turboquant",
+    },
+    "attention_backend": {
+        "triton": "tallow-attention-triton", "flashinfer": "tallow-attention-flashinfer",
+    },
+    "tool_provider": {"mcp": "tallow-mcp"},
+}
+
+
+def provider_of(kind: str, name: str) -> str | None:
+    """The first-party distribution that provides the ``kind`` component ``name``, if any."""
+    return FIRST_PARTY.get(kind, {}).get(name)
+
+
+def install_hint(kind: str, name: str, registered: list[str], unloaded: str = "") -> str:
+    """The end of an error about the ``kind`` component ``name``, which is not registered.
+
+    ``unloaded`` is what the plugin manager says of installed plugins that did not load and may
+    provide it (``Registry.missing_hint``). A first-party component is named with its
+    distribution and, unless ``unloaded`` explains why it is missing, the pip command; another
+    name gets the names it may be a typo of (``registered`` and the first-party names of the
+    kind); ``unloaded`` follows."""
+    dist = provider_of(kind, name)
+    if dist is not None:
+        if unloaded:  # it names the installed plugin and why it did not load
+            return unloaded
+        return f"; it is provided by the first-party plugin {dist}: pip install {dist}"
+    known = sorted(set(registered) | set(FIRST_PARTY.get(kind, {})))
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    typo = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return typo + unloaded
