@@ -58,4 +58,9 @@ class DenseTorchBackend(AttentionBackend):
         return out
 
     def supports_layer(self, layer: Any) -> list[str]:
-        return ["logit softcap is not implemented"] if layer.logit_softcap else []
+        reasons = []
+        if layer.logit_softcap:
+            reasons.append("logit softcap is not implemented")
+        if getattr(layer, "sinks", None) is not None:  # gpt-oss: SDPA has no sink term
+            reasons.append("attention sinks are not implemented")
+        return reasons
