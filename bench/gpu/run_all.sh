@@ -129,14 +129,14 @@ if [[ ",$MODE," == *",moeq4klat,"* ]]; then
 fi
 if [[ ",$MODE," == *",moealltests,"* ]]; then  # every GPU test of the MoE models, kernels and expert formats, 4 workers
   echo "== GPU tests of everything mixture-of-experts (core kernels and layer, the models, fp8/int4/fp4/GGUF experts, sinks)"
-  timeout "${MOE_TESTS_LIMIT:-300}" python3 -m pytest -n 4 -q -rfE --tb=short --timeout 200 \
+  timeout "${MOE_TESTS_LIMIT:-300}" python3 -m pytest -n 4 -v -rfE --tb=short --timeout 200 \
     tests/kernels/test_moe_kernels.py tests/gpu/test_fused_moe_gpu.py tests/engine/test_async_scheduling_gpu.py \
     plugins/models/qwen_moe/tests/test_parity.py plugins/models/mixtral/tests/test_parity.py \
     plugins/models/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
     plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py \
     plugins/quant/gguf/tests/test_moe_gpu.py plugins/quant/fp4/tests/test_kernels_gpu.py \
     "plugins/attention/triton/tests/kernel_cases.py::test_attention_sinks" >"$OUT/tests_moe_all.log" 2>&1
-  tail -30 "$OUT/tests_moe_all.log"
+  grep -E "FAILED|ERROR| passed| failed" "$OUT/tests_moe_all.log" | tail -40
 fi
 if [[ ",$MODE," == *",qnexttests,"* ]]; then  # Gated DeltaNet kernels against their references; Qwen3-Next parity, graphs vs eager
   echo "== GPU tests of Qwen3-Next (gated delta rule and conv kernels, float32 parity, CUDA graphs against eager)"
