@@ -201,12 +201,21 @@ class EngineCore:
         self.tracer: StepTracer = NO_TRACER
         #: speculative decoding (None: off). A proposal needs the tokens of the step before on
         #: the host, so steps are not overlapped while it is on.
-        self.spec = spec
+        self.spec: SpecDecoding | None = None
         if spec is not None:
-            if task != "generate":
-                raise ValueError("speculative decoding needs an engine built to generate")
-            self.async_scheduling = False
-            scheduler.proposer = spec
+            self.enable_speculation(spec)
+
+    def enable_speculation(self, spec: SpecDecoding) -> None:
+        """Decode with speculative decoding from now on (call it on an idle engine): the
+        scheduler asks ``spec`` for proposals, the runner verifies them, and steps are no
+        longer overlapped."""
+        if self.task != "generate":
+            raise ValueError("speculative decoding needs an engine built to generate")
+        if self.has_unfinished():
+            raise RuntimeError("enable_speculation() needs an idle engine")
+        self.spec = spec
+        self.async_scheduling = False
+        self.scheduler.proposer = spec
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -495,6 +504,7 @@ class EngineCore:
                 status = self._check_stop(seq, new.index, token.token_id, update)
                 if status is not None:
                     self.scheduler.finish(seq, status)
+                    seq.truncate_outputs(new.index + 1)
                     touched_requests.add(seq.request_id)
                 out.updates.append(update)
             for request_id in touched_requests:
