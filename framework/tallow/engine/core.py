@@ -205,17 +205,18 @@ class EngineCore:
         if spec is not None:
             self.enable_speculation(spec)
 
-    def enable_speculation(self, spec: SpecDecoding) -> None:
+    def enable_speculation(self, spec: SpecDecoding | None) -> None:
         """Decode with speculative decoding from now on (call it on an idle engine): the
         scheduler asks ``spec`` for proposals, the runner verifies them, and steps are no
-        longer overlapped."""
-        if self.task != "generate":
+        longer overlapped. None turns it off (steps stay synchronous)."""
+        if self.task != "generate" and spec is not None:
             raise ValueError("speculative decoding needs an engine built to generate")
         if self.has_unfinished():
             raise RuntimeError("enable_speculation() needs an idle engine")
         self.spec = spec
-        self.async_scheduling = False
         self.scheduler.proposer = spec
+        if spec is not None:
+            self.async_scheduling = False
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
