@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tallow.plugin import SpeculationContext, Speculator
+from tallow.plugin import PluginSettingsError, SpeculationContext, Speculator
 
 from .settings import settings_of
 
@@ -52,7 +52,7 @@ class NgramSpeculator(Speculator):
     def validate(cls, config: Any) -> list[str]:
         try:
             settings_of(config)
-        except ValueError as exc:
+        except PluginSettingsError as exc:
             return [str(exc)]
         return []
 

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Sequence
 
-from tallow.plugin import SpeculationContext, Speculator
+from tallow.plugin import PluginSettingsError, SpeculationContext, Speculator
 
 from .settings import ReplayEntry, settings_of
 
@@ -40,7 +40,7 @@ class ReplaySpeculator(Speculator):
     def validate(cls, config: Any) -> list[str]:
         try:
             settings = settings_of(config).replay
-        except ValueError as exc:
+        except PluginSettingsError as exc:
             return [str(exc)]
         if not settings.continuations and settings.file is None:
             return ["replay needs recorded continuations (plugins.settings."
