@@ -60,9 +60,10 @@ class SpeculationContext:
     ``request_id`` and ``index`` identify the completion (a speculator that keeps state per
     sequence keys it by them and drops it in :meth:`Speculator.finished`);
     ``num_prompt_tokens`` says where the prompt ends in the token ids; ``temperature`` is 0 for
-    greedy decoding; ``hidden`` is the target's last hidden state of the sequence (``[hidden]``
-    tensor on the engine's device) when the speculator's ``needs_hidden_states`` is true and
-    the engine has one (None otherwise, e.g. right after a prefill chunk it did not keep).
+    greedy decoding; ``hidden`` is reserved for the target's last hidden state of the sequence
+    (``[hidden]`` tensor on the engine's device), for speculators whose
+    ``needs_hidden_states`` is true (MTP/EAGLE heads). The engine does not keep hidden states
+    yet and passes None; a speculator that needs them must propose nothing then.
     """
 
     request_id: str
