@@ -99,6 +99,10 @@ class AllHooks:
         self._register("tallow_register_grammar_backends", registry)
 
     @hookimpl
+    def tallow_register_speculators(self, registry: Any) -> None:
+        self._register("tallow_register_speculators", registry)
+
+    @hookimpl
     def tallow_register_routes(self, registry: Any) -> None:
         self._register("tallow_register_routes", registry)
 

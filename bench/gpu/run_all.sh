@@ -18,6 +18,7 @@
 # qnext80fp8lat (batch-1 decode of the whole random:qwen3-next-80b-a3b quantized at load to fp8, about 81 GB: an H200),
 # qnextlong64 (64 sequences decoding after 32k-token prompts, random:qwen3-next-12l and its attention-only twin; the twin's
 # 2M cached tokens take 50 GB: an H200),
+# spectests,specverify (speculative decoding: GPU tests with CUDA graphs; verify-step cost vs k and batch on random:llama-3-8b),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/benchmarks.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -505,6 +506,15 @@ if [[ ",$MODE," == *",fp4micro,"* ]]; then  # mxfp4 and nvfp4 against bf16 per l
 fi
 if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
   bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",spectests,"* ]]; then  # speculative decoding beside CUDA graphs (tiny model)
+  echo "== GPU tests of speculative decoding"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/speculators/ngram/tests 2>&1 | tail -15 | tee "$OUT/tests_spec.log"
+fi
+if [[ ",$MODE," == *",specverify,"* ]]; then  # verify-step cost vs k and batch, replay proposals, random:llama-3-8b
+  echo "== speculative decoding: verify step vs k and batch (replay speculator)"
+  timeout 580 python3 bench/gpu/spec_verify.py --model random:llama-3-8b --batches 1,8,64 --ks 1,2,4,8 \
+    --alphas 0.5,0.8,1.0 --input-len 256 --output-len 128 --output "$OUT/spec_verify.json" 2>&1 | grep -v Warning | tee "$OUT/spec_verify.log" | tail -60
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -120,6 +120,25 @@ def kv_capacity_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
             ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x")]
 
 
+def speculative(engine: LLMEngine) -> dict[str, Any]:
+    """Speculative decoding's counters of the engine's run (empty without it): proposals
+    verified, tokens proposed and kept, acceptance rate and mean accepted length."""
+    stats = engine.core.stats()
+    return {key[len("spec_"):]: value for key, value in stats.items()
+            if key.startswith("spec_")}
+
+
+def speculative_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
+    spec = r.get("speculative") or {}
+    if not spec:
+        return []
+    return [("speculative: proposals verified", spec["num_proposals"]),
+            ("speculative: tokens proposed / kept",
+             f"{spec['num_proposed_tokens']} / {spec['num_accepted_tokens']}"),
+            ("speculative: acceptance rate", spec["acceptance_rate"]),
+            ("speculative: mean accepted length", spec["mean_accepted_length"])]
+
+
 def quantization(parts: EngineParts) -> str:
     """What holds the weights: the quant scheme's summary, or the dense dtype."""
     quant = parts.loaded.quant

@@ -12,7 +12,7 @@ from tallow.layers import LMHead, VocabEmbedding
 
 from .common import (
     build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, kv_footprint, last_step, mean,
-    now, percentile, quantization, random_prompts, sync,
+    now, percentile, quantization, random_prompts, speculative, speculative_rows, sync,
 )
 from .hf_compare import hf_latency
 
@@ -108,6 +108,7 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
     first: dict[str, float] = {}
     step_times: list[float] = []  # decode steps only (no prompt computed in them)
     step_tokens = 0  # tokens those steps produced
+    step_seqs = 0  # sequences those steps advanced (a verify step emits several tokens each)
     parts: dict[str, list[float]] = {}
     peak_running = 0
     scheduler = engine.core.scheduler
@@ -123,6 +124,7 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
         if step.decode_only and step.updates:
             step_times.append(t1 - t0)
             step_tokens += len(step.updates)
+            step_seqs += len({(u.request_id, u.index) for u in step.updates})
             for key, value in step.timings.items():
                 parts.setdefault(key, []).append(value)
     total = now() - start
@@ -135,13 +137,16 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
         "ttft_s": mean(list(first.values())) if first else float("nan"),
         "ttft_max_s": max(first.values()) if first else float("nan"),
         "itl_mean_s": mean(itl), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
-        "decode_tok_s_per_seq": 1.0 / mean(itl) if itl else float("nan"),
+        # tokens per sequence and step over the step time: 1 / ITL without speculation
+        "decode_tok_s_per_seq": step_tokens / step_seqs / mean(itl) if itl else float("nan"),
         # tokens over time of the decode steps: the batch times the rate per sequence when
         # every sequence fits at once, fewer when the KV cache holds only some of them
         "decode_tok_s_total": step_tokens / sum(itl) if itl else float("nan"),
         "e2e_s": total, "decode_steps": len(itl),
         # sequences a decode step advanced, on average: what its KV reads are counted for
-        "decode_running_mean": step_tokens / len(itl) if itl else float("nan"),
+        "decode_running_mean": step_seqs / len(itl) if itl else float("nan"),
+        # tokens a sequence gained per decode step (above 1 with speculative decoding)
+        "tokens_per_seq_step": step_tokens / step_seqs if step_seqs else float("nan"),
         "prefill_first": prefill_first, "synthetic_context": synthetic_context,
         "sequences_timed": len(prompts),
         # prompt tokens the timed batch found in the prefix cache, of all its prompt tokens
@@ -150,6 +155,7 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
         "peak_running": peak_running,
         # mean seconds per decode step spent in each phase of the engine step
         "decode_step_phases_s": {k: mean(v) for k, v in parts.items()},
+        "speculative": speculative(engine),
     }
 
 
@@ -222,6 +228,7 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
         ("bandwidth utilisation", r["bandwidth_utilisation"]),
     ] + [(f"decode step: {k} (ms)", v * 1e3) for k, v in r["decode_step_phases_s"].items()]
+    out += speculative_rows(r)
     out += kv_capacity_rows(r) + [("sequences of this length the KV cache holds",
                                    r["kv_fits_sequences"])]
     if "hf" in r:

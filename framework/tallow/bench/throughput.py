@@ -10,7 +10,7 @@ import torch
 from . import constrained
 from .common import (
     build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
-    last_step, lengths, now, quantization, random_prompts, sync,
+    last_step, lengths, now, quantization, random_prompts, speculative, speculative_rows, sync,
 )
 
 if TYPE_CHECKING:
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
         **kv_capacity(parts),
         # sequences whose KV was dropped for lack of blocks and recomputed later
         "preemptions": stats["num_preemptions"],
+        # acceptance of speculative decoding, when it is on
+        "speculative": speculative(engine),
         # mean seconds per step spent in each phase of the engine step
         "step_phases_s": {k: v / max(1, steps) for k, v in phases.items()},
         **card,
@@ -111,7 +113,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
         ("requests/s", r["req_s"]), *kv_capacity_rows(r),
         ("preemptions (recomputed)", r["preemptions"]),
-    ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
+    ] + speculative_rows(r) + [
+        (f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
         (name, value) for name, value in (
             ("card: bf16 GEMM (TFLOP/s)", _scaled(r["card_gemm_flops"], 1e12)),
             ("card: copy bandwidth (GB/s)", _scaled(r["card_copy_bytes_per_s"], 1e9)))

@@ -214,6 +214,32 @@ class RunnerConfig(Section):
         "characters) a request may ask to compile; a larger one is a 400.")
 
 
+class SpeculativeConfig(Section):
+    """Speculative decoding: a speculator proposes tokens, the model verifies them in one
+    step."""
+
+    method: Optional[str] = Field(
+        None, description="Name of the speculator (a speculator plugin: ngram for prompt "
+        "lookup, say); None decodes one token per step. Steps then run synchronously (a "
+        "proposal needs the previous step's tokens).",
+        json_schema_extra=_flag("--speculative-method"))
+    num_speculative_tokens: int = Field(
+        4, gt=0, le=64, description="Most tokens proposed per sequence and step (k); a "
+        "verify step computes k + 1 tokens of each sequence and emits 1 to k + 1.")
+    adaptive: bool = Field(
+        False, description="Adapt each sequence's k to its acceptance: grow it by one after a "
+        "step that accepted every proposed token, shrink it by one after a step that accepted "
+        "fewer than half (between 1 and num_speculative_tokens).",
+        json_schema_extra=_flag("--speculative-adaptive"))
+
+    @field_validator("method")
+    @classmethod
+    def _method_name(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError("expected a speculator name or null")
+        return value
+
+
 class ParallelConfig(Section):
     """Tensor parallelism over torch.distributed: ranks, nodes, rendezvous, failure limits."""
 
@@ -368,6 +394,7 @@ class TallowConfig(Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)

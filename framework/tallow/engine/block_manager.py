@@ -443,6 +443,27 @@ class BlockManager:
         self._owners[seq.seq_id] = seq
         return copies
 
+    def trim(self, seq: Sequence, num_tokens: int) -> int:
+        """Give back ``seq``'s blocks past the first ``blocks_for(num_tokens)``: the slots of
+        proposed tokens a verify step rejected (speculative decoding). Those blocks were taken
+        by that step, hold no computed token and are in no prefix-cache entry, so they go
+        back to the free list. Returns how many."""
+        keep = self.blocks_for(num_tokens)
+        if keep * self.block_size < seq.num_computed_tokens:
+            raise ValueError(f"trim: sequence {seq.seq_id} has {seq.num_computed_tokens} "
+                             f"computed tokens, more than {keep} blocks hold")
+        table = self._table(seq)
+        dropped = 0
+        null = self.null_block
+        while len(table) > keep:
+            block = table.pop()
+            if block != null:
+                self._drop_ref(block)
+                dropped += 1
+        registered = seq.registered_blocks[self.group]
+        seq.registered_blocks[self.group] = min(registered, len(table))
+        return dropped
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give ``child`` (holding no blocks) all of ``parent``'s blocks and computed tokens.
 

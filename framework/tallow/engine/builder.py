@@ -37,6 +37,7 @@ from .model_runner import ModelRunner, kv_layers
 from .output_processor import OutputProcessor
 from .sampling.grammar import StructuredOutputs
 from .scheduler import Scheduler
+from .speculation import SpecDecoding
 from .token_bytes import tokenizer_info, vocabulary_problem
 from .tokenizer import Tokenizer
 from .worker import serve
@@ -425,6 +426,41 @@ def build_runner(config: TallowConfig, registries: Registries,
                        state_slots=[max_num_seqs] * len(runner.state_groups))
 
 
+def build_speculation(config: TallowConfig, registries: Registries, runner: ModelRunner,
+                      parallel: ParallelState | None, embed: bool) -> SpecDecoding | None:
+    """The speculator ``speculative.method`` names, ready for the engine (None when no method
+    is set). Start-up fails naming what stands in the way: an unknown name (the registered
+    ones are listed), the speculator's own reasons, or an engine it cannot serve."""
+    spec = config.speculative
+    if spec.method is None:
+        return None
+    problems = []
+    if embed:
+        problems.append("the engine embeds (model.task embed): nothing is decoded")
+    if parallel is not None:
+        problems.append("tensor parallelism does not verify proposals yet")
+    if runner.state_groups:
+        problems.append("the model keeps a recurrent state per sequence, which cannot take "
+                        "rejected tokens back")
+    if problems:
+        raise ValueError(f"speculative.method={spec.method!r}: " + "; ".join(problems))
+    registry = registries.speculators
+    if spec.method not in registry.names():
+        known = ", ".join(sorted(registry.names())) or "none (install tallow-speculator-ngram)"
+        raise ValueError(f"speculative.method={spec.method!r} is not a registered speculator; "
+                         f"registered: {known}")
+    cls = registry.entry(spec.method).load()
+    reasons = cls.validate(config)
+    if reasons:
+        raise ValueError(f"speculator {spec.method!r} cannot serve this configuration: "
+                         + "; ".join(reasons))
+    log.info("speculative decoding: %s, k=%d%s; steps run synchronously, verify steps "
+             "eagerly", spec.method, spec.num_speculative_tokens,
+             " (adaptive)" if spec.adaptive else "")
+    return SpecDecoding(cls(config), spec.num_speculative_tokens, adaptive=spec.adaptive,
+                        vocab_size=runner.vocab_size)
+
+
 def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = None) -> EngineParts:
     """The engine for ``config``. With tensor parallelism (``parallel`` settings, or ranks
     started by torchrun) this process joins its group first: rank 0 goes on to build the
@@ -461,10 +497,11 @@ def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = No
         prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
         policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
     )
+    spec = build_speculation(config, registries, runner, parallel, embed)
     core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
                       max_model_len=max_model_len,
                       async_scheduling=config.scheduler.async_scheduling, task=loaded.task,
-                      structured=structured)
+                      structured=structured, spec=spec)
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.

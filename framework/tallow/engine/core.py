@@ -79,6 +79,7 @@ from .sampling.grammar import GrammarState, StructuredOutputs
 from .sampling.params import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .speculation import SpecDecoding
 from .step_tracer import NO_TRACER, StepTracer
 
 log = logging.getLogger("tallow.engine")
@@ -180,7 +181,8 @@ def _must_collect_first(plan: SchedulerOutput) -> bool:
 class EngineCore:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
                  max_model_len: int, async_scheduling: bool = False,
-                 task: str = "generate", structured: StructuredOutputs | None = None) -> None:
+                 task: str = "generate", structured: StructuredOutputs | None = None,
+                 spec: SpecDecoding | None = None) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task = task
@@ -197,6 +199,24 @@ class EngineCore:
         self.structured = structured
         #: times the phases of each step; records nothing unless trace_steps() turned it on
         self.tracer: StepTracer = NO_TRACER
+        #: speculative decoding (None: off). A proposal needs the tokens of the step before on
+        #: the host, so steps are not overlapped while it is on.
+        self.spec: SpecDecoding | None = None
+        if spec is not None:
+            self.enable_speculation(spec)
+
+    def enable_speculation(self, spec: SpecDecoding | None) -> None:
+        """Decode with speculative decoding from now on (call it on an idle engine): the
+        scheduler asks ``spec`` for proposals, the runner verifies them, and steps are no
+        longer overlapped. None turns it off (steps stay synchronous)."""
+        if self.task != "generate" and spec is not None:
+            raise ValueError("speculative decoding needs an engine built to generate")
+        if self.has_unfinished():
+            raise RuntimeError("enable_speculation() needs an idle engine")
+        self.spec = spec
+        self.scheduler.proposer = spec
+        if spec is not None:
+            self.async_scheduling = False
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -279,6 +299,8 @@ class EngineCore:
         bm = self.scheduler.block_manager
         bm.reset_prefix_cache()
         bm.reset_stats()
+        if self.spec is not None:
+            self.spec.reset_stats()
         self.scheduler.num_preemptions = 0
         self.steps = self.overlapped_steps = 0
 
@@ -457,21 +479,33 @@ class EngineCore:
             out = CoreOutput(decode_only=_decode_only(step))
             self._report_prompt_side(step.plan, result, out)
             sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
+            accepted_ids = {sid: [tok.token_id for tok in toks]
+                            for sid, toks in result.accepted.items()}
             touched_requests: set[str] = set()
-            committed = self.scheduler.commit(step.applied, sampled_ids)
+            committed = self.scheduler.commit(step.applied, sampled_ids, accepted_ids)
+            if self.spec is not None:
+                self._record_proposals(step.plan, result)
             if self.structured is not None and self.scheduler.num_constrained:
                 # the step's tokens into their grammars at once; the stop checks below find
-                # them accepted (their own sync is then a no-op)
+                # them accepted (their own sync is then a no-op). A sequence that emits
+                # several tokens (a verify step) syncs token by token in its stop checks.
                 self.structured.advance([(new.seq.grammar, new.seq.output_token_ids,
                                           new.index + 1)
-                                         for new in committed if new.seq.grammar is not None])
+                                         for new in committed if new.seq.grammar is not None
+                                         and new.seq.seq_id not in result.accepted])
+            first_index: dict[int, int] = {}
             for new in committed:
                 seq = new.seq
-                token = result.sampled[seq.seq_id]
+                if seq.status.is_finished:  # stopped at an earlier token of this step
+                    continue
+                first = first_index.setdefault(seq.seq_id, new.index)
+                token = (result.sampled[seq.seq_id] if new.index == first
+                         else result.accepted[seq.seq_id][new.index - first - 1])
                 update = TokenUpdate(seq.request_id, seq.index, token)
                 status = self._check_stop(seq, new.index, token.token_id, update)
                 if status is not None:
                     self.scheduler.finish(seq, status)
+                    seq.truncate_outputs(new.index + 1)
                     touched_requests.add(seq.request_id)
                 out.updates.append(update)
             for request_id in touched_requests:
@@ -481,6 +515,16 @@ class EngineCore:
             self._finish_pooled(step.pending, result, out)
             self.steps += 1
             return out
+
+    def _record_proposals(self, plan: SchedulerOutput, result: StepResult) -> None:
+        """Count each verified proposal's kept tokens: a sequence emits the kept ones and one
+        of the target's own, so every emitted token after its first is a kept one."""
+        assert self.spec is not None  # checked by the caller
+        for item in plan.scheduled:
+            proposed = len(item.draft_token_ids)
+            if proposed and item.seq.seq_id in result.sampled:
+                kept = len(result.accepted.get(item.seq.seq_id, ()))
+                self.spec.record(item.seq, proposed, kept)
 
     def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
         """End the embedding requests the step pooled (an aborted one is dropped)."""
@@ -542,4 +586,5 @@ class EngineCore:
             "overlapped_steps": self.overlapped_steps,
             "num_preemptions": s.num_preemptions,
             **(self.structured.stats() if self.structured is not None else {}),
+            **(self.spec.stats() if self.spec is not None else {}),
         }

@@ -303,6 +303,14 @@ class KVCacheManager:
         self._owners[seq.seq_id] = seq
         return copies
 
+    def trim(self, seq: Sequence, num_tokens: int) -> int:
+        """Give back, in every paged group, ``seq``'s blocks past those ``num_tokens`` tokens
+        need (:meth:`BlockManager.trim`); returns the primary group's count. State groups
+        keep nothing per token and cannot take tokens back: speculative decoding refuses
+        models with them."""
+        counts = [group.trim(seq, num_tokens) for group in self.groups]
+        return counts[0]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         for group in self.groups:
             group.fork(parent, child)

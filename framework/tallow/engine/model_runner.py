@@ -31,6 +31,8 @@ from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
 from .sampling.grammar import MaskFill, StructuredOutputs
 from .sampling.sampler import SamplerOutput
+from .sampling.speculative import VerifiedToken
+from .verify import child_seed, verify_scheduled
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence as EngineSequence
 
@@ -53,19 +55,27 @@ class StepResult:
     prompt_logprobs: dict[int, list[dict[int, Logprob] | None]] = field(default_factory=dict)
     #: seq_id → the pooled hidden states of an embedding request (float32, on the host)
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: seq_id → the tokens a verify step emits after the one in ``sampled`` (speculative
+    #: decoding; absent for sequences that emit one)
+    accepted: dict[int, list["SampledToken"]] = field(default_factory=dict)
+
+
+def verified_result(targets: list[EngineSequence], verified: list[list[VerifiedToken]],
+                    result: StepResult) -> StepResult:
+    """A verify step's tokens into ``result``: each target's first emitted token in
+    ``sampled``, the others in ``accepted``."""
+    for seq, tokens in zip(targets, verified, strict=True):
+        emitted = [SampledToken(t.token_id, t.logprob, t.rank, t.top) for t in tokens]
+        result.sampled[seq.seq_id] = emitted[0]
+        if len(emitted) > 1:
+            result.accepted[seq.seq_id] = emitted[1:]
+    return result
 
 
 def kv_layers(model: torch.nn.Module) -> list[Attention]:
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     layers.sort(key=lambda m: m.layer.layer_index)
     return layers
-
-
-def child_seed(seed: int | None, index: int) -> int | None:
-    """The seed of completion ``index`` of a request: distinct streams for n > 1."""
-    if seed is None:
-        return None
-    return seed if index == 0 else (seed * 1_000_003 + index * 7_919) & 0x7FFF_FFFF_FFFF
 
 
 @dataclass
@@ -94,6 +104,9 @@ class PendingStep:
     #: (:meth:`ModelRunner.start_masks`), and the rows of ``targets`` they belong to
     mask_fill: MaskFill | Literal[False] | None = None
     mask_rows: list[int] = field(default_factory=list)
+    #: a verify step (speculative decoding): the tokens each target emits, in the order of
+    #: ``targets``, decided at launch (the step was sampled on the host)
+    verified: list[list[VerifiedToken]] | None = None
 
     def rows_by_seq(self) -> dict[int, int]:
         """seq_id → its row in ``token_ids``."""
@@ -240,7 +253,9 @@ class ModelRunner:
         num_seqs = len(scheduled)
         lens = [item.num_tokens for item in scheduled]
         num_tokens = sum(lens)
-        num_sampled = sum(len(item.sample_seqs) for item in scheduled)
+        # a verify row group (proposed tokens) has every row sampled, others one per target
+        num_sampled = sum(item.num_tokens if item.draft_token_ids else len(item.sample_seqs)
+                          for item in scheduled)
         seq_lens = [item.start + item.num_tokens for item in scheduled]
         tables = [item.seq.block_ids for item in scheduled]
         num_groups, num_states = len(self.paged_groups) or 1, len(self.state_groups)
@@ -286,7 +301,11 @@ class ModelRunner:
                 one_pos.append(start)
                 one_slots.append(tables[i][start // bs] * bs + start % bs)
             else:
-                ids[t:t + n] = seq.all_token_ids[start:start + n]
+                if item.draft_token_ids:
+                    ids[t] = seq.all_token_ids[start]
+                    ids[t + 1:t + n] = item.draft_token_ids
+                else:
+                    ids[t:t + n] = seq.all_token_ids[start:start + n]
                 p = np.arange(start, start + n)
                 pos[t:t + n] = p
                 slots[t:t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
@@ -294,7 +313,9 @@ class ModelRunner:
             if seq.num_pending_tokens and start + n == seq.num_tokens:
                 # Only a sequence's last token can be pending when a step is planned.
                 fed_list.append((t - 1, self._fed_row(fed, seq)))
-            if item.sample_seqs:
+            if item.draft_token_ids:
+                rows.extend(range(t - n, t))
+            elif item.sample_seqs:
                 rows.extend([t - 1] * len(item.sample_seqs))
         if len(one_rows) == num_tokens:  # decode only: the rows are 0 .. num_tokens - 1
             ids[:], pos[:], slots[:] = one_ids, one_pos, one_slots
@@ -448,6 +469,10 @@ class ModelRunner:
             self._pool(pending, hidden, batch)
         if pending.targets:
             logits = self._compute_logits(hidden.index_select(0, batch.sample_rows))
+            if any(item.draft_token_ids for item in scheduled):
+                pending.verified = verify_scheduled(logits, scheduled, self.vocab_size,
+                                                    self.eos_token_ids, self.grammar)
+                return pending
             if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
                 return pending
@@ -580,6 +605,8 @@ class ModelRunner:
         """Wait for a launched step and read its tokens (and logprobs, pooled vectors)
         back."""
         result = pending.result
+        if pending.verified is not None:
+            return verified_result(pending.targets, pending.verified, result)
         if pending.token_ids is None and pending.pooled is None:
             return result
         if pending.done is not None:

@@ -47,7 +47,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, Protocol
 
 from .block_manager import BlockManager
 from .kv_manager import KVCacheManager
@@ -82,6 +82,12 @@ class ScheduledSeq:
     is_decode: bool = False
     #: an embedding request's whole prompt: pool its rows' hidden states (nothing is sampled)
     pool: bool = False
+    #: tokens a speculator proposed after the sequence's last one (speculative decoding): the
+    #: step computes them too (``num_tokens`` is 1 + their count) and every row is verified
+    draft_token_ids: list[int] = field(default_factory=list)
+    #: the proposer's distributions at those positions (a [k, vocab] tensor), None when each
+    #: proposed token was certain (see tallow.plugin.Proposal)
+    draft_probs: object = None
 
     @property
     def end(self) -> int:
@@ -126,6 +132,17 @@ class AppliedStep:
     out: SchedulerOutput
     #: the placeholders it appended, in the order of ``out.scheduled`` then ``sample_seqs``
     tokens: list[NewToken] = field(default_factory=list)
+
+
+class Proposer(Protocol):
+    """What the scheduler asks of speculative decoding (the engine's
+    :class:`~tallow.engine.speculation.SpecDecoding`): up to ``limit`` proposed tokens after
+    ``seq``'s last token, and their distributions (None: each token certain)."""
+
+    def propose(self, seq: Sequence, limit: int) -> tuple[list[int], object]: ...
+
+    def forget(self, seq: Sequence) -> None:
+        """``seq`` finished or was preempted."""
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -173,6 +190,8 @@ class Scheduler:
         self.num_constrained = 0
         #: seq_id -> blocks at the known final length, for sequences that reserve them
         self._final_blocks: dict[int, int] = {}
+        #: speculative decoding: asked for proposals of decoding sequences (None: off)
+        self.proposer: Proposer | None = None
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -250,6 +269,8 @@ class Scheduler:
             return
         self.block_manager.free(seq)
         self._final_blocks.pop(seq.seq_id, None)
+        if self.proposer is not None:
+            self.proposer.forget(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -350,12 +371,16 @@ class Scheduler:
             n = min(n, seq.num_prompt_logprob_rows - start)
         return n
 
-    def _item(self, seq: Sequence, num_tokens: int, is_decode: bool) -> ScheduledSeq:
+    def _item(self, seq: Sequence, num_tokens: int, is_decode: bool,
+              proposal: tuple[list[int], object] | None = None) -> ScheduledSeq:
         start = seq.num_computed_tokens
         params = seq.params
         sample: list[Sequence] = []
         if seq.pooling:
             return ScheduledSeq(seq, start, num_tokens, pool=start + num_tokens == seq.num_tokens)
+        if proposal is not None:  # a decode with proposed tokens: their rows are verified
+            return ScheduledSeq(seq, start, num_tokens, [seq], is_decode=True,
+                                draft_token_ids=proposal[0], draft_probs=proposal[1])
         if start + num_tokens == seq.num_tokens:
             sample.append(seq)
             if seq.index == 0 and params.n > 1:
@@ -407,6 +432,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.forget(seq)
         self.running.remove(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -467,11 +494,16 @@ class Scheduler:
                     tokens.append(NewToken(target, target.append_pending_token()))
         return applied
 
-    def commit(self, applied: AppliedStep, sampled: dict[int, int]) -> list[NewToken]:
+    def commit(self, applied: AppliedStep, sampled: dict[int, int],
+               accepted: dict[int, list[int]] | None = None) -> list[NewToken]:
         """Complete an applied step with its sampled tokens (``seq_id -> token id``): fill the
         placeholders and register the blocks the step computed in the prefix cache. Returns
         the tokens of sequences still unfinished (possibly preempted since), in step order;
-        the engine checks their stops. Tokens of sequences finished meanwhile are dropped."""
+        the engine checks their stops. Tokens of sequences finished meanwhile are dropped.
+
+        ``accepted`` (speculative decoding) maps a sequence that verified proposed tokens to
+        the tokens it emits after the one in ``sampled`` (its emitted tokens are that one and
+        these, at most one more than it proposed; see :meth:`_settle_proposals`)."""
         kept = [new for new in applied.tokens if not new.seq.status.is_finished]
         tokens = [sampled.get(new.seq.seq_id) for new in kept]
         if None in tokens:  # check them all before filling any
@@ -481,11 +513,45 @@ class Scheduler:
         for new, token in zip(kept, tokens):
             assert token is not None  # checked above
             new.seq.fill_pending_token(new.index, int(token))
+        if any(item.draft_token_ids for item in applied.out.scheduled):
+            kept = self._settle_proposals(applied.out, kept, accepted or {})
         mark_computed, running = self.block_manager.mark_computed, SequenceStatus.RUNNING
         for item in applied.out.scheduled:
             if item.seq.status is running:
                 mark_computed(item.seq, upto=item.start + item.num_tokens)
         return kept
+
+    def _settle_proposals(self, out: SchedulerOutput, kept: list[NewToken],
+                          accepted: dict[int, list[int]]) -> list[NewToken]:
+        """After a verify step: append each sequence's further emitted tokens, move its
+        computed count back to the tokens whose K/V are valid (its last token and the kept
+        proposals) and give back the blocks only rejected proposals were in. Returns ``kept``
+        with the new tokens after their sequence's first, in order."""
+        more: dict[int, list[NewToken]] = {}
+        for item in out.scheduled:
+            seq = item.seq
+            k = len(item.draft_token_ids)
+            if not k or seq.status.is_finished:
+                continue
+            extra = accepted.get(seq.seq_id, [])
+            if len(extra) > k:
+                raise ValueError(f"commit: sequence {seq.seq_id} emits {len(extra) + 1} tokens "
+                                 f"from {k} proposed ones (at most {k + 1})")
+            for token in extra:
+                seq.append_token(int(token))
+                more.setdefault(seq.seq_id, []).append(NewToken(seq, seq.num_output_tokens - 1))
+            if seq.status is SequenceStatus.RUNNING:
+                # computed through the last kept proposal; rejected rows' slots are free to
+                # be written again, and blocks holding only them go back
+                seq.num_computed_tokens = item.start + 1 + len(extra)
+                self.block_manager.trim(seq, seq.num_tokens)
+        if not more:
+            return kept
+        ordered: list[NewToken] = []
+        for new in kept:
+            ordered.append(new)
+            ordered.extend(more.pop(new.seq.seq_id, ()))
+        return ordered
 
     def _fork_children(self, request: Request) -> None:
         parent = request.seqs[0]
@@ -518,8 +584,9 @@ class _Step:
         scheduler.running.sort(key=scheduler._key)
         self.used_slots = sum(scheduler._slots(seq) for seq in scheduler.running)
 
-    def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int) -> None:
-        item = self.s._item(seq, num_tokens, bucket is self.decodes)
+    def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int,
+             proposal: tuple[list[int], object] | None = None) -> None:
+        item = self.s._item(seq, num_tokens, bucket is self.decodes, proposal)
         copies = self.s.block_manager.append_slots(seq, num_tokens)
         if copies:
             self.copies[seq.seq_id] = list(copies)
@@ -571,7 +638,40 @@ class _Step:
             if not fits:
                 self._preempt(seq)
                 continue
-            self._add(self.decodes if decode else self.prefills, seq, num_new)
+            proposal = (self._propose(seq, pending_decodes) if decode and s.proposer is not None
+                        else None)
+            if proposal is not None:
+                num_new += len(proposal[0])
+            self._add(self.decodes if decode else self.prefills, seq, num_new, proposal)
+
+    def _propose(self, seq: Sequence, pending_decodes: int) -> tuple[list[int], object] | None:
+        """Proposed tokens for a decoding sequence, within what it may still emit
+        (``max_tokens``, ``max_model_len``), the step's budget (after one token for each decode
+        still to be placed) and the free KV blocks: a proposal never preempts anyone. None
+        when there is none."""
+        s = self.s
+        assert s.proposer is not None  # checked by the caller
+        if seq.num_pending_tokens or seq.params.n > 1 and not self._forked(seq):
+            return None
+        max_tokens = seq.params.max_tokens
+        limit = min(s.max_model_len - seq.num_tokens - 1, self.budget - 1 - pending_decodes)
+        if max_tokens is not None:
+            limit = min(limit, max_tokens - seq.num_output_tokens - 1)
+        if limit <= 0:
+            return None
+        tokens, probs = s.proposer.propose(seq, limit)
+        if not tokens:
+            return None
+        if len(tokens) > limit:
+            raise ValueError(f"the speculator proposed {len(tokens)} tokens, more than the "
+                             f"{limit} asked for")
+        if not s.block_manager.can_allocate(seq, 1 + len(tokens)):
+            return None
+        return tokens, probs
+
+    def _forked(self, seq: Sequence) -> bool:
+        request = self.s.requests.get(seq.request_id)
+        return request is None or request.forked
 
     def _priority_victim(self, seq: Sequence) -> Sequence | None:
         s = self.s

@@ -207,6 +207,15 @@ class Sequence:
             del self._all[-self.num_pending_tokens:]
             self.num_pending_tokens = 0
 
+    def truncate_outputs(self, count: int) -> None:
+        """Keep the first ``count`` outputs of a finished sequence: a verify step may emit
+        tokens past the one that stopped it (speculative decoding), which are not outputs."""
+        if not self.status.is_finished:
+            raise RuntimeError(f"sequence {self.seq_id}: only a finished sequence drops outputs")
+        if count < self.num_output_tokens:
+            del self.output_token_ids[count:]
+            del self._all[self.num_prompt_tokens + count:]
+
     # -- status ------------------------------------------------------------------------
     @property
     def is_finished(self) -> bool:

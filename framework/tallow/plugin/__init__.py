@@ -21,11 +21,12 @@ from .model_files import ModelFileError
 from .registry import (
     ArchitectureRegistry, AttentionBackendRegistry, Entry, GrammarBackendRegistry, KVCodecRegistry,
     QuantSchemeRegistry, ReasoningParserRegistry, Registries, Registry, RegistryError,
-    RouteRegistry, ToolParserRegistry, ToolProviderRegistry, WeightFormatRegistry, registering_as,
+    RouteRegistry, SpeculatorRegistry, ToolParserRegistry, ToolProviderRegistry, WeightFormatRegistry, registering_as,
 )
 from .reasoning import (
     ReasoningParser, ReasoningSplit, ReasoningStream, TagReasoningParser, TagReasoningStream,
 )
+from .speculator import Proposal, SpeculationContext, Speculator
 from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
@@ -48,6 +49,7 @@ __all__ = [
     "ToolParserRegistry", "ToolProviderRegistry", "RouteRegistry", "GrammarBackendRegistry",
     "registering_as", "GRAMMAR_KINDS", "GrammarBackend", "GrammarError", "GrammarMatcher",
     "GrammarSpec", "TokenizerInfo", "bitmask_words",
+    "Speculator", "Proposal", "SpeculationContext", "SpeculatorRegistry",
     "select", "serving", "SelectionError", "PluginSettingsError", "plugin_settings", "ModelFileError",
     "PluginError", "PluginLoadError", "ComponentLoadError",
 ]

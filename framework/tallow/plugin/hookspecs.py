@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .registry import (
         ArchitectureRegistry, AttentionBackendRegistry, GrammarBackendRegistry, KVCodecRegistry,
-        QuantSchemeRegistry, ReasoningParserRegistry, RouteRegistry, ToolParserRegistry,
+        QuantSchemeRegistry, ReasoningParserRegistry, RouteRegistry, SpeculatorRegistry,
+        ToolParserRegistry,
         ToolProviderRegistry, WeightFormatRegistry,
     )
 
@@ -147,6 +148,20 @@ def tallow_register_grammar_backends(registry: "GrammarBackendRegistry") -> None
     :class:`tallow.plugin.GrammarMatcher`: the allowed-token bitmask before each step,
     ``accept`` of the sampled token, ``is_terminated``, and ``rollback`` when tokens are taken
     back. Must not import torch or the grammar library at registration time.
+    """
+
+
+@hookspec
+def tallow_register_speculators(registry: "SpeculatorRegistry") -> None:
+    """Register speculators for speculative decoding (:class:`tallow.plugin.Speculator`).
+
+    ``registry.register(name, "pkg.module:SpeculatorClass")``. None is chosen automatically:
+    the engine uses the one ``speculative.method`` (``--speculative-method``) names, builds it
+    as ``cls(config)`` and fails at start-up, listing the registered names, when that name is
+    unknown or the speculator's ``validate(config)`` gives reasons. Before each decode step the
+    engine asks it for up to ``speculative.num_speculative_tokens`` tokens per sequence
+    (``propose``) and verifies them with the target model in one step. Must not import torch at
+    registration time.
     """
 
 

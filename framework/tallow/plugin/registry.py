@@ -367,6 +367,13 @@ class GrammarBackendRegistry(Registry):
     kind = "grammar_backend"
 
 
+class SpeculatorRegistry(Registry):
+    """Speculators for speculative decoding (prompt lookup, draft models, MTP heads); used only
+    when ``speculative.method`` names one."""
+
+    kind = "speculator"
+
+
 class RouteRegistry(Registry):
     """Extra HTTP routes: name = path, target = an ASGI app or a Starlette endpoint.
 
@@ -391,7 +398,7 @@ REGISTRY_CLASSES: dict[str, type[Registry]] = {
     for cls in (
         ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
         AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
-        GrammarBackendRegistry, ReasoningParserRegistry,
+        GrammarBackendRegistry, ReasoningParserRegistry, SpeculatorRegistry,
     )
 }
 
@@ -410,6 +417,7 @@ class Registries:
         self.routes = RouteRegistry()
         self.grammar_backends = GrammarBackendRegistry()
         self.reasoning_parsers = ReasoningParserRegistry()
+        self.speculators = SpeculatorRegistry()
 
     def explain_unloaded_with(
             self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
@@ -422,7 +430,7 @@ class Registries:
         return [
             self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
             self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
-            self.grammar_backends, self.reasoning_parsers,
+            self.grammar_backends, self.reasoning_parsers, self.speculators,
         ]
 
     def mark(self) -> list[int]:

@@ -1,0 +1,112 @@
+"""Speculative decoding, the engine's side of a speculator: asking it for proposals, adapting
+each sequence's ``k`` and counting what the target kept.
+
+The scheduler asks :meth:`SpecDecoding.propose` for each decoding sequence it places in a step
+(within what the sequence may still emit and the step's budget; see
+:meth:`tallow.engine.scheduler.Scheduler`), the runner verifies every proposal in the step's
+one forward (:mod:`tallow.engine.verify`), and the engine reports each verified sequence's
+outcome to :meth:`SpecDecoding.record` when the step is committed.
+
+Metrics (``stats``): proposals verified, tokens proposed, tokens kept, the acceptance rate
+(kept / proposed) and the mean accepted length — tokens emitted per verified proposal, the
+kept ones plus the target's own, so 1 means no guess was ever kept and ``k + 1`` that all were.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from tallow.plugin import Proposal, SpeculationContext, Speculator
+
+from .sequence import Sequence
+
+log = logging.getLogger("tallow.engine")
+
+__all__ = ["SpecDecoding"]
+
+
+class SpecDecoding:
+    """One engine's speculator, its ``k`` and its counters."""
+
+    def __init__(self, speculator: Speculator, num_speculative_tokens: int, *,
+                 adaptive: bool = False, vocab_size: int | None = None) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.speculator = speculator
+        self.k = int(num_speculative_tokens)
+        self.adaptive = bool(adaptive)
+        self.vocab_size = vocab_size
+        #: each running sequence's own k (adaptive mode); sequences are dropped with their
+        #: last reference
+        self._k_of: "weakref.WeakKeyDictionary[Sequence, int]" = weakref.WeakKeyDictionary()
+        self.num_proposals = 0  # verified proposals of at least one token
+        self.num_proposed_tokens = 0
+        self.num_accepted_tokens = 0
+
+    # -- the scheduler's side -----------------------------------------------------------
+    def propose(self, seq: Sequence, limit: int) -> tuple[list[int], object]:
+        """Up to ``min(k, limit)`` proposed tokens after ``seq``'s last, and the proposer's
+        distributions (None when certain)."""
+        k = min(self._k_of.get(seq, self.k) if self.adaptive else self.k, limit)
+        if k <= 0:
+            return [], None
+        params = seq.params
+        context = SpeculationContext(request_id=seq.request_id, index=seq.index,
+                                     num_prompt_tokens=seq.num_prompt_tokens,
+                                     temperature=0.0 if params.greedy else params.temperature)
+        got = self.speculator.propose(seq.all_token_ids, k, context)
+        proposal = got if isinstance(got, Proposal) else Proposal(list(got))
+        tokens, probs = proposal.token_ids, proposal.probs
+        if len(tokens) > k:  # more than asked: the rest would not fit the step's plan
+            tokens = tokens[:k]
+            probs = None if probs is None else probs[:k]
+        vocab = self.vocab_size
+        if vocab is not None and any(t >= vocab for t in tokens):
+            bad = next(t for t in tokens if t >= vocab)
+            raise ValueError(f"speculator {self.speculator.name or type(self.speculator).__name__}"
+                             f" proposed token id {bad}, outside the vocabulary of {vocab}")
+        return tokens, probs
+
+    def forget(self, seq: Sequence) -> None:
+        """``seq`` finished or was preempted: the speculator drops what it kept for it."""
+        self._k_of.pop(seq, None)
+        self.speculator.finished(seq.request_id, seq.index)
+
+    # -- the engine's side ----------------------------------------------------------------
+    def record(self, seq: Sequence, proposed: int, kept: int) -> None:
+        """A verify step kept ``kept`` of ``seq``'s ``proposed`` tokens."""
+        self.num_proposals += 1
+        self.num_proposed_tokens += proposed
+        self.num_accepted_tokens += kept
+        if self.adaptive:
+            k = self._k_of.get(seq, self.k)
+            if kept == proposed:
+                k = min(self.k, k + 1)
+            elif 2 * kept < proposed:
+                k = max(1, k - 1)
+            self._k_of[seq] = k
+
+    def k_of(self, seq: Sequence) -> int:
+        """The k ``seq`` is asked for next (``k`` unless adaptive)."""
+        return self._k_of.get(seq, self.k) if self.adaptive else self.k
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_proposed_tokens if self.num_proposed_tokens \
+            else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return ((self.num_accepted_tokens + self.num_proposals) / self.num_proposals
+                if self.num_proposals else 0.0)
+
+    def reset_stats(self) -> None:
+        self.num_proposals = self.num_proposed_tokens = self.num_accepted_tokens = 0
+
+    def stats(self) -> dict[str, float]:
+        return {"spec_num_proposals": self.num_proposals,
+                "spec_num_proposed_tokens": self.num_proposed_tokens,
+                "spec_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_acceptance_rate": self.acceptance_rate,
+                "spec_mean_accepted_length": self.mean_accepted_length}
