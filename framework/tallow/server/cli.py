@@ -239,6 +239,15 @@ class _Stopper:
             _exit_if_stuck(_STOP_GRACE_S)
             self.server.should_exit = True
 
+    def keep_process(self) -> None:
+        """Disarm the forced exit that a signal or a failed engine armed, for a caller that
+        goes on living after :meth:`run` (an in-process test); ``tallow serve`` ends the
+        process instead, under that guard."""
+        global _exit_timer
+        if _exit_timer is not None:
+            _exit_timer.cancel()
+            _exit_timer = None
+
     def run(self, server: uvicorn.Server, sock: socket.socket) -> int:
         """Serve on ``sock`` until stopped; returns the process's exit status."""
         self.server = server
