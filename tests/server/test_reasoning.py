@@ -28,7 +28,7 @@ def whole(client: Any, **body: Any) -> dict[str, Any]:
 
 
 def streamed(client: Any, **body: Any) -> tuple[str | None, str, list[dict[str, Any]]]:
-    """Reasoning (None if no delta carried it), content and tool-call parts of a stream."""
+    """Reasoning (None if no delta carried it), content and tool calls of a stream."""
     chunks = chunks_of(client.post("/v1/chat/completions",
                                    json={"messages": MSG, "stream": True, **body}))
     reasoning: str | None = None
@@ -40,7 +40,11 @@ def streamed(client: Any, **body: Any) -> tuple[str | None, str, list[dict[str, 
                 assert "content" not in delta  # reasoning and content come in separate deltas
                 reasoning = (reasoning or "") + delta["reasoning_content"]
             content += delta.get("content") or ""
-            calls += delta.get("tool_calls", [])
+            for part in delta.get("tool_calls", []):  # a call's arguments come in pieces
+                if part["index"] == len(calls):
+                    calls.append({**part, "function": {**part["function"], "arguments": ""}})
+                calls[part["index"]]["function"]["arguments"] += \
+                    part["function"].get("arguments", "")
     return reasoning, content, calls
 
 

@@ -140,7 +140,9 @@ class KVCacheManager:
         self.max_step_tokens = max_step_tokens
         self._owners: dict[int, Sequence] = {}
         self._state_ops: list[tuple[int, int, int]] = []
-        if len(self.groups) == 1 and not self.states:
+        #: one paged group, no state pools: the per-sequence calls go to the block manager
+        self._direct = len(self.groups) == 1 and not self.states
+        if self._direct:
             # One paged group (most models): the scheduler's per-sequence calls go straight to
             # its manager, adding no Python call per sequence and step.
             bm = self.primary
@@ -258,7 +260,8 @@ class KVCacheManager:
         for i, group in enumerate(self.groups):
             cached = group.allocate_prefix(seq, self._hits(hits, i),
                                            record_stats=record_stats and i == 0)
-        self._owners[seq.seq_id] = seq
+        if not self._direct:  # direct: bm.free, not self.free, ends the sequence
+            self._owners[seq.seq_id] = seq
         return cached
 
     def mark_computed(self, seq: Sequence, upto: int | None = None) -> None:

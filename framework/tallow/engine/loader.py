@@ -16,6 +16,8 @@ from tallow.layers import ArchConfig, BuildContext, WeightLoadError
 from tallow.plugin import (
     Checkpoint, Entry, ModelFileError, QuantScheme, Registries, SelectionError, select,
 )
+from tallow.plugin.first_party import install_hint
+from tallow.plugin.registry import WeightFormatRegistry
 
 from .calibration import calibrate
 from .checkpoint_check import check_config_against_tensors
@@ -81,7 +83,26 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
         raise SelectionError(f"no weight format recognises the model source {source!r} "
                              f"(formats: {known}); expected a .gguf file, a directory with "
                              "config.json and *.safetensors, or a Hugging Face id 'org/name'"
-                             + formats.missing_hint()) from exc
+                             + _format_hint(source, formats)) from exc
+
+
+def _format_hint(source: str, formats: WeightFormatRegistry) -> str:
+    """The end of the no-format error: the first-party format plugin the source's shape asks
+    for when it is not registered (a .gguf file, a directory, an 'org/name' id)."""
+    import os
+
+    if source.endswith(".gguf"):
+        wanted = "gguf"
+    elif os.path.isdir(source):
+        wanted = "safetensors"
+    elif source.count("/") == 1 and not os.path.exists(source):
+        wanted = "hfhub"
+    else:
+        return formats.missing_hint()
+    if wanted in formats.names():
+        return formats.missing_hint()
+    return install_hint("weight_format", wanted, list(formats.names()),
+                        unloaded=formats.missing_hint(wanted))
 
 
 def _gguf_config(entry: Entry, checkpoint: Checkpoint,
@@ -123,7 +144,9 @@ def resolve_architecture(registries: Registries,
     if arch not in registries.architectures:
         known = ", ".join(sorted(registries.architectures.names())) or "none"
         raise SelectionError(f"no model plugin implements architecture {arch!r} "
-                             f"(loaded: {known})" + registries.architectures.missing_hint(arch))
+                             f"(loaded: {known})" + install_hint(
+                                 "architecture", arch, list(registries.architectures.names()),
+                                 unloaded=registries.architectures.missing_hint(arch)))
     entry = registries.architectures.entry(arch)
     refine = getattr(entry.load(), "config_from_hf", None)
     if refine is not None:

@@ -20,6 +20,7 @@ from tallow.plugin import (
     Checkpoint, ComponentLoadError, Entry, ModelFileError, QuantScheme, Registries,
     RegistryError, SelectionError,
 )
+from tallow.plugin.first_party import install_hint
 from tallow.plugin.registry import QuantSchemeRegistry, serves_quant_method
 
 log = logging.getLogger("tallow.engine")
@@ -121,8 +122,9 @@ def _checkpoint_scheme(schemes: QuantSchemeRegistry, checkpoint: Checkpoint, met
         raise _ambiguous(f"{checkpoint.source} ({method}-quantized)", claims)
     if not claims:
         why = ("; ".join(passed) if passed else f"no quant scheme serving {method!r} is "
-               "installed and enabled" + schemes.missing_hint(
-                   match=lambda e: serves_quant_method(e, method)))
+               "installed and enabled" + install_hint("quant_method", method, [],
+                                                      unloaded=schemes.missing_hint(
+                   match=lambda e: serves_quant_method(e, method))))
         log.info("%s: its weights are %s-quantized, but %s: dequantizing them at load",
                  checkpoint.source, method, why)
         return None

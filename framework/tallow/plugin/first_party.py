@@ -12,7 +12,47 @@ import difflib
 
 #: kind (a registry's ``kind``) → component name → the distribution that registers it
 FIRST_PARTY: dict[str, dict[str, str]] = {
+    "architecture": {
+        **dict.fromkeys(["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                         "Qwen3ForCausalLM"], "tallow-llama"),
+        "Glm4ForCausalLM": "tallow-glm4", "GraniteForCausalLM": "tallow-granite",
+        "Olmo2ForCausalLM": "tallow-olmo2", "Phi3ForCausalLM": "tallow-phi3",
+        **dict.fromkeys(["BertModel", "RobertaModel", "XLMRobertaModel"], "tallow-model-bert"),
+        **dict.fromkeys(["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"],
+                        "tallow-model-deepseek"),
+        **dict.fromkeys(["Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                         "Gemma3ForConditionalGeneration"], "tallow-model-gemma"),
+        "Glm4MoeForCausalLM": "tallow-model-glm4-moe", "GptOssForCausalLM": "tallow-model-gpt-oss",
+        **dict.fromkeys(["GPTNeoXForCausalLM", "StableLmForCausalLM"], "tallow-model-gptneox"),
+        "MixtralForCausalLM": "tallow-model-mixtral",
+        **dict.fromkeys(["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"], "tallow-model-qwen-moe"),
+        **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                         "Qwen3_5ForConditionalGeneration",
+                         "Qwen3_5MoeForConditionalGeneration"], "tallow-model-qwen3-next"),
+    },
+    # the ``general.architecture`` of a GGUF file → the model plugin that reads it
+    "gguf_architecture": {
+        "llama": "tallow-llama", "qwen2": "tallow-llama", "qwen3": "tallow-llama",
+        "glm4": "tallow-glm4", "granite": "tallow-granite", "gemma2": "tallow-model-gemma",
+        "gemma3": "tallow-model-gemma", "qwen2moe": "tallow-model-qwen-moe",
+        "qwen3moe": "tallow-model-qwen-moe", "olmo2": "tallow-olmo2", "phi3": "tallow-phi3",
+    },
+    "weight_format": {
+        "gguf": "tallow-gguf", "safetensors": "tallow-safetensors", "hfhub": "tallow-hfhub",
+    },
+    "quant_scheme": {
+        "fp4": "tallow-quant-fp4", "fp8": "tallow-quant-fp8", "gguf": "tallow-quant-gguf",
+        "int4": "tallow-quant-int4",
+    },
+    # a checkpoint's ``quantization_config.quant_method`` → the quant scheme plugin serving it
+    # (compressed-tensors is served by several, by its content, so it is not listed)
+    "quant_method": {
+        "fp8": "tallow-quant-fp8", "mxfp4": "tallow-quant-fp4",
+        **dict.fromkeys(["gptq", "gptq_marlin", "awq", "awq_marlin", "marlin"],
+                        "tallow-quant-int4"),
+    },
     "tool_parser": {
+        "harmony": "tallow-reasoning-harmony",
         "hermes": "tallow-tool-hermes", "json": "tallow-tool-json",
         "llama3_json": "tallow-tool-llama3", "mistral": "tallow-tool-mistral",
         "qwen3_coder": "tallow-tool-qwen3-coder",

@@ -263,7 +263,8 @@ class ArchitectureRegistry(Registry):
             if gguf_arch in entry.meta.get("gguf", ()):
                 return entry
         known = sorted({g for e in self for g in e.meta.get("gguf", ())})
-        hint = self.missing_hint(match=lambda e: gguf_arch in e.meta.get("gguf", ()))
+        hint = install_hint("gguf_architecture", gguf_arch, [], unloaded=self.missing_hint(
+            match=lambda e: gguf_arch in e.meta.get("gguf", ())))
         raise RegistryError(
             f"no architecture plugin handles GGUF architecture {gguf_arch!r} "
             f"(known: {', '.join(known) or 'none'}){hint}"

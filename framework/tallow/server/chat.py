@@ -150,8 +150,8 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         _, out = item
         if not self._choices:
             parser = self.state.reasoning.parser
-            self._choices = [_Choice(self.plan.choice(), ChoiceReasoning(parser))
-                             for _ in out.outputs]
+            self._choices = [_Choice(self.plan.choice(stream_calls=True),
+                                     ChoiceReasoning(parser)) for _ in out.outputs]
         for o in out.outputs:
             c = self._choices[o.index]
             if c.finished:

@@ -126,10 +126,12 @@ class ToolPlan:
         """The grammar of a constrained forced call."""
         return GrammarSpec.json_schema(call_schema(self.tools or [], self.name))
 
-    def choice(self) -> "ChoiceTools":
-        """Fresh tool state for one of the ``n`` choices."""
+    def choice(self, stream_calls: bool = False) -> "ChoiceTools":
+        """Fresh tool state for one of the ``n`` choices; ``stream_calls``: an ``auto`` stream
+        sends its first call's deltas as the call is written (a caller that needs whole calls
+        from ``finish``, such as the server-side tool loop, leaves it off)."""
         if self.mode == "auto":
-            return AutoTools(self)
+            return AutoTools(self, stream_calls)
         if self.forced:
             return ConstrainedCall(self) if self.constrained else ForcedTools(self)
         return NoTools()
@@ -246,7 +248,7 @@ class AutoTools(ChoiceTools):
     the end.
     """
 
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ToolPlan, stream_calls: bool = False) -> None:
         self.plan = plan
         assert plan.parser_cls is not None  # "auto" with tools needs a parser (plan_tools)
         self.parsers = [plan.parser_cls(), *(cls() for cls in plan.fallback_cls)]
@@ -255,11 +257,15 @@ class AutoTools(ChoiceTools):
         self.text = ""
         self.released = ""
         self.holding = False
+        #: the first call, streamed as it is written (see :class:`LiveCall`); None: not
+        #: streaming calls, or no call opened yet
+        self.live: LiveCall | None = None
+        self.stream_calls = stream_calls and bool(plan.opening)
 
     def feed(self, text: str) -> StreamDelta:
         self.text += text
         if self.holding:
-            return StreamDelta()
+            return self._live()
         if self.streams is None:
             self.streams = [p.stream(self.plan.tools) for p in self.parsers]
         for k, stream in enumerate(self.streams):
@@ -267,8 +273,10 @@ class AutoTools(ChoiceTools):
             self.content[k] += delta.content
             if delta.tool_calls:
                 self.holding = True
-        if self.holding:
-            return StreamDelta()
+        if self.holding or (self.stream_calls
+                             and self.plan.opening in self.text[len(self.released):]):
+            self.holding = True
+            return self._live()
         safe = min(len(c) for c in self.content)
         if any(not c.startswith(self.content[0][:safe]) for c in self.content):
             self.holding = True  # the parsers disagree on the content: wait for the end
@@ -277,7 +285,45 @@ class AutoTools(ChoiceTools):
         self.released += out
         return StreamDelta(content=out)
 
+    def _live(self) -> StreamDelta:
+        """The deltas of the first call while it is written, once its opening markup and a
+        name of the request's tools are seen; nothing otherwise (held to the end)."""
+        if not self.stream_calls:
+            return StreamDelta()
+        if self.live is None:
+            start = self.text.find(self.plan.opening, len(self.released))
+            if start < 0:
+                return StreamDelta()
+            self.live = LiveCall(start, start + len(self.plan.opening))
+        deltas = self.live.feed(self.text[:self._call_end()])
+        if not self.sent_calls and self.live.stream.name is not None:
+            names = {tool_name(t) for t in self.plan.tools or []}
+            if self.live.stream.name not in names:  # not a call to offer: decide at the end
+                self.stream_calls = False
+                return StreamDelta()
+        if deltas and self.live.stream.name is not None:
+            self.sent_calls = True
+            return StreamDelta(tool_calls=deltas)
+        return StreamDelta()
+
+    def _call_end(self) -> int:
+        """Where the live call's text ends: at the closing markup, or before an end of the
+        output that may be the start of it."""
+        assert self.live is not None
+        closing = self.plan.closing
+        if not closing:
+            return len(self.text)
+        end = self.text.find(closing, self.live.body)
+        if end >= 0:
+            return end
+        for k in range(min(len(closing) - 1, len(self.text)), 0, -1):
+            if self.text.endswith(closing[:k]):
+                return len(self.text) - k
+        return len(self.text)
+
     def finish(self) -> list[StreamDelta]:
+        if self.sent_calls:
+            return self._finish_live()
         final = self.final(self.text)
         rest = final.content or ""
         if rest.startswith(self.released):
@@ -288,6 +334,27 @@ class AutoTools(ChoiceTools):
         out += [StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name,
                                                       arguments=c.arguments)])
                 for i, c in enumerate(final.tool_calls)]
+        return out
+
+    def _finish_live(self) -> list[StreamDelta]:
+        """The end of a stream whose first call was sent as it came: the content not yet
+        released, and the calls after the first (whole) when the parsers read them."""
+        assert self.live is not None
+        self.truncated = not self.live.stream.closed
+        final = self.final(self.text)
+        first = final.tool_calls[0] if final.tool_calls else None
+        if first is not None and first.name == self.live.stream.name:
+            rest, later = final.content or "", final.tool_calls[1:]
+        else:  # the parsers do not read the streamed call: the text before it is the content
+            rest, later = self.text[:self.live.start].rstrip(), []
+        if rest.startswith(self.released):
+            rest = rest[len(self.released):]
+        elif self.released.startswith(rest):
+            rest = ""
+        out = [StreamDelta(content=rest)] if rest else []
+        out += [StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name,
+                                                      arguments=c.arguments)])
+                for i, c in enumerate(later, start=1)]
         return out
 
     def final(self, text: str) -> Final:
@@ -302,6 +369,53 @@ class AutoTools(ChoiceTools):
                 return Final(text)
             return Final(_content_or_none(result.content), calls)
         return Final(text)
+
+
+class LiveCall:
+    """The first call of an ``auto`` output, read as it is written: the JSON object after the
+    parser's call opening (``{"name": ..., "arguments": {...}}``) through a
+    :class:`CallStream`, its arguments sent with the whitespace outside strings left out, so
+    the pieces add up to the compact arguments text a whole response holds."""
+
+    def __init__(self, start: int, body: int) -> None:
+        self.start = start  # where the opening markup starts in the output
+        self.body = body  # where the call's object may start
+        self.stream = CallStream()
+        self._fed = body
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, text: str) -> list[ToolCallDelta]:
+        new = text[self._fed:]
+        self._fed = len(text)
+        if not self.stream.text:
+            new = new.lstrip()
+        out = []
+        for delta in self.stream.feed(new):
+            if delta.arguments:
+                delta = ToolCallDelta(delta.index, id=delta.id, name=delta.name,
+                                      arguments=self._compact(delta.arguments))
+                if not delta.arguments and delta.name is None:
+                    continue
+            out.append(delta)
+        return out
+
+    def _compact(self, piece: str) -> str:
+        kept = []
+        for ch in piece:
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch.isspace():
+                continue
+            kept.append(ch)
+        return "".join(kept)
 
 
 class ForcedTools(ChoiceTools):

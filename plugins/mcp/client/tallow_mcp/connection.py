@@ -62,6 +62,8 @@ class ServerConnection:
         self.since = time.time()
         self._session: ClientSession | None = None
         self._slots = asyncio.Semaphore(settings.max_concurrent_calls)
+        #: calls started and not yet ended (finished, failed or cancelled): 0 when idle
+        self.calls_in_flight = 0
         self._wake = asyncio.Event()
         self._relist = False
         self._check = False  # whether to ping the server: something went wrong on the wire
@@ -270,10 +272,12 @@ class ServerConnection:
                         scope: anyio.CancelScope, done: "asyncio.Future[ToolResult]") -> None:
         """A call, as a task of the connection; its outcome goes to ``done``."""
         result = ToolResult(f"the MCP server {self.name!r} went away during the call", True)
+        self.calls_in_flight += 1
         try:
             with scope:
                 result = await self._call_tool(session, tool, arguments)
         finally:
+            self.calls_in_flight -= 1
             if not done.done():
                 done.set_result(result)
 
@@ -311,6 +315,7 @@ class ServerConnection:
         return {"name": self.name, "transport": s.transport, "target": target,
                 "state": self.state, "error": self.error, "tools": len(self.tools),
                 "tool_names": [t.name for t in self.tools], "connects": self.connects,
+                "calls_in_flight": self.calls_in_flight,
                 "since": round(self.since, 3)}
 
 
