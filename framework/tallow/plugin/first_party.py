@@ -73,6 +73,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "triton": "tallow-attention-triton", "flashinfer": "tallow-attention-flashinfer",
     },
     "tool_provider": {"mcp": "tallow-mcp"},
+    "speculator": {"ngram": "tallow-speculator-ngram", "replay": "tallow-speculator-ngram"},
 }
 
 
