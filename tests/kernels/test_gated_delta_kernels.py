@@ -73,7 +73,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str,
 
 def tolerance(dtype: torch.dtype) -> float:
     if INTERPRET:
-        return 1e-5
+        # float32 on both sides, but the chunk form solves a unit lower-triangular system per
+        # chunk whose rounding grows with the gates' conditioning: about one seed in a few
+        # hundred reaches 1.1e-5 of the scale, so 5e-5 bounds it with margin
+        return 5e-5
     return 3e-2 if dtype == torch.bfloat16 else 1e-4
 
 
