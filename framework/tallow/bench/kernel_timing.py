@@ -18,7 +18,7 @@ import torch
 LLAMA3_8B_SHAPES: dict[str, tuple[int, int]] = {
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
     "head": (128256, 4096)}
-#: bytes of weight copies to rotate over: well above an H100's or H200's 50-60 MB L2
+#: bytes of weight copies to rotate over: well above a data-centre GPU's L2 cache
 L2_ROTATION_BYTES = 400_000_000
 
 

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
 
     from tallow.engine.loader import resolve_device
 
-    # The card's own speed first, with nothing else allocated: H200s of one model differ by a
+    # The card's own speed first, with nothing else allocated: cards of one model differ by a
     # few percent in GEMM throughput, as much as the changes a run is meant to compare.
     card = _card_speed(resolve_device(config.model.device))
     engine = build_engine(config, queued=args.num_prompts)

@@ -202,8 +202,8 @@ def freeze_startup_heap() -> None:
     The youngest generation's threshold is also raised to :data:`SERVING_GC_THRESHOLD`. A busy
     engine allocates thousands of short-lived containers per step (plans, per-sequence
     records); at the default threshold the collector ran several times per step and promoted
-    objects that were about to die, which then cost again in older-generation passes (about
-    4 s of a 55 s llama-3-8b throughput run on an H200 with the default threshold). Cyclic
+    objects that were about to die, which then cost again in older-generation passes (a
+    measurable share of a throughput run with the default threshold). Cyclic
     garbage is still collected, only in larger batches.
 
     Not for processes that build many engines (tests): frozen objects are never collected."""

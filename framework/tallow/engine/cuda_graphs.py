@@ -41,8 +41,8 @@ def fastest_graphs(replay_s: dict[int, float], margin: float = REPLAY_MARGIN) ->
     fastest; a larger one must be faster by ``margin`` (a fraction) to be chosen.
 
     The matrix products' library picks its kernels by shape, and a poor pick can make one
-    padded size slower than the next: on an H200 cuBLAS took 13.1 ms for llama-3-8b's decode
-    GEMMs at 448 rows and 9.8 ms at 464 (``bench/gpu/profile_decode.py gemm``). Padding rows
+    padded size slower than the next (cuBLAS has such cliffs for llama-3-8b's decode GEMMs:
+    ``bench/gpu/profile_decode.py gemm`` shows them, docs/performance.md). Padding rows
     cost nothing in attention (length 1, no KV written), so a batch of 443 is better served
     by the 464 graph."""
     best: dict[int, int] = {}

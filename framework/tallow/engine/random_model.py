@@ -40,7 +40,7 @@ SHAPES: dict[str, dict[str, Any]] = {
                        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                        max_position_embeddings=8192, rms_norm_eps=1e-5,
                        tie_word_embeddings=False),
-    # 141 GB of bf16 weights: served over two H200s or more (tensor parallelism)
+    # 141 GB of bf16 weights: more than one GPU holds, so served with tensor parallelism
     "llama-3-70b": dict(architectures=["LlamaForCausalLM"], hidden_size=8192,
                         intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,

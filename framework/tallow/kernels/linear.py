@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from ._dispatch import triton_enabled
 from .activation import gelu_tanh_and_mul, silu_and_mul
 
-#: The most rows that take the Triton GEMV; more go to cuBLAS. On the H200 the GEMV's
-#: several-row (tl.dot) path was slower than cuBLAS on most llama-3-8b shapes at 2–16 rows
+#: The most rows that take the Triton GEMV; more go to cuBLAS. The GEMV's several-row
+#: (tl.dot) path was slower than cuBLAS on most llama-3-8b shapes at 2–16 rows
 #: (faster only on gate_up); it has not been tuned inside CUDA graphs yet.
 GEMV_MAX_ROWS = 1
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)

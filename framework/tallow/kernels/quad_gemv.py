@@ -23,7 +23,7 @@ import triton.language as tl
 WARPS_PER_SM = 12
 #: the most warps one program spreads along K
 MAX_WARPS = 8
-#: SMs assumed where no GPU is asked (the interpreter): an H100/H200's count
+#: SMs assumed where no GPU is asked (the interpreter): a Hopper data-centre GPU's count
 DEFAULT_SMS = 132
 
 

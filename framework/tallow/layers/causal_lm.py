@@ -79,8 +79,8 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         """Logits ``[N, vocab]`` of ``hidden [N, H]`` through ``self.lm_head``, in the head's
         dtype: greedy rows take their argmax as they are (widening 16-bit logits cannot change
         it), and the engine widens them to float32 for sampling and logprobs. Widening here
-        cost a full copy of the logits every step (~0.2 ms at 512 rows of a 128k vocabulary
-        on an H200)."""
+        would cost a full copy of the logits every step, large at hundreds of rows of a 128k
+        vocabulary."""
         head = getattr(self, "lm_head", None)
         if head is None:
             raise NotImplementedError(f"{type(self).__name__} has no lm_head; override "

@@ -322,7 +322,7 @@ class TritonAttentionBackend(AttentionBackend):
             if splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or transformed):
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
-                # extra registers cost occupancy, so the store launches on its own (H200).
+                # extra registers cost occupancy, so the store launches on its own.
                 return ops.decode_attention(q, kv_cache, out, k=k, v=v,
                                             slot_mapping=meta.slot_mapping, **common)
             ops.store_kv(kv_cache, k, v, meta.slot_mapping)

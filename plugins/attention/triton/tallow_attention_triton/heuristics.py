@@ -22,7 +22,7 @@ MIN_TOKENS_PER_SPLIT = 128
 #: aim for this many decode programs per SM (4-warp programs; several are resident at once)
 PROGRAMS_PER_SM = 2
 #: the SM count and compute capability assumed where none can be asked for (the Triton
-#: interpreter on a CPU): an H100/H200
+#: interpreter on a CPU): a Hopper data-centre GPU's
 DEFAULT_SM_COUNT = 132
 DEFAULT_CAPABILITY = 90
 
@@ -99,8 +99,8 @@ def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 
     if elem_bytes >= 4:
         block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
     elif d_pad <= 128:
-        # measured on an H200 (4096-token prefill, D 128): 128x128 tiles, 3 stages beat
-        # 128x64 by 10-17%; Ampere's mma needs the smaller key tile to stay in registers
+        # measured on Hopper (4096-token prefill, D 128): 128x128 tiles, 3 stages beat
+        # 128x64; Ampere's mma needs the smaller key tile to stay in registers
         # (the window mask and the softcap's tanh need the registers of the smaller tile too)
         if capability >= 90 and not windowed_or_capped and cache_bytes >= 2:
             block_m, tile_n, warps, stages = 128, 128, 8, 3
@@ -123,10 +123,9 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
 
     An 8-bit cache (``cache_bytes`` 1) is widened to fp16 in the kernel, and the tile's
     softmax reductions across warps then cost more than the loads: one-warp programs on
-    32-key tiles (no cross-warp reductions or barriers) are faster on an H200
-    (bench/gpu/kv_fp8_probe.py, llama-3-8b, 443 sequences: 13.4 against 14.1 ms per 32
-    layers; the 1000 x 1000/1000 throughput run: 11,948 and 11,971 output tok/s against
-    11,194-11,314 with the 4-warp 64-key tiles; docs/benchmarks.md). Head sizes above 128
+    32-key tiles (no cross-warp reductions or barriers) are faster, in
+    ``bench/gpu/kv_fp8_probe.py`` and in the llama-3-8b throughput run alike
+    (docs/performance.md). Head sizes above 128
     and groups above 16 keep the 4-warp tiles: one warp would spill registers there.
 
     Packed codes (``codes``: a turbo cache, passed with ``cache_bytes`` 2) take the 4-warp

@@ -58,8 +58,8 @@ def _device_facts(device_index: int) -> tuple[int, int]:
 
 
 def device_facts(device: torch.device) -> tuple[int, int]:
-    """(SM count, compute capability as major*10+minor) of ``device``; an H100's for CPU
-    tensors (the interpreter)."""
+    """(SM count, compute capability as major*10+minor) of ``device``; a Hopper data-centre
+    GPU's for CPU tensors (the interpreter)."""
     if device.type != "cuda":
         return DEFAULT_SM_COUNT, DEFAULT_CAPABILITY
     return _device_facts(device.index if device.index is not None

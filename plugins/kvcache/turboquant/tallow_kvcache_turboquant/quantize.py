@@ -10,8 +10,7 @@ per vector and computes ``code = floor(y / scale + c + 0.5)`` clamped to
 - 3 bits: ``scale = STEP_PER_RMS[3] * rms(y)``, the step of the uniform quantizer with the
   least squared error for Gaussian coordinates (a rotated vector's coordinates are close to
   Gaussian); the few coordinates beyond the outer levels are clipped. With 8 levels this
-  loses less than spending them on the maximum (about 5 % lower perplexity on Qwen2.5-0.5B,
-  docs/benchmarks.md).
+  loses less than spending them on the maximum (a lower perplexity on Qwen2.5-0.5B).
 
 The scale is rounded to float16 first and the codes computed from the rounded scale, so that
 encoding and decoding agree on it. A zero vector has scale 0 and decodes to zeros.

@@ -1,6 +1,6 @@
 """The quant scheme ``fp4``: MXFP4 and NVFP4 weights (gpt-oss-style ``mxfp4`` checkpoints,
 compressed-tensors ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``, or a float model
-quantized at load with ``model.isq: mxfp4``) decoded by Triton kernels. The H200 has no FP4
+quantized at load with ``model.isq: mxfp4``) decoded by Triton kernels. Hopper has no FP4
 tensor cores: the weights are decoded to the activations' type (W4A16). Dense linear layers,
 and the mixture-of-experts experts of ``mxfp4`` checkpoints (gpt-oss: :mod:`.moe`).
 """

@@ -12,7 +12,7 @@
 ``isq_vocab``      under ``model.isq: fp8``, quantize the token embedding and the LM head too
                    (a head tied to the embedding follows it). Default false: both stay in the
                    model's dtype, as in published FP8 checkpoints; true saves their memory and,
-                   at batch 1, half the head's bytes, at a cost in quality (docs/benchmarks.md)
+                   at batch 1, half the head's bytes, at a cost in quality (docs/performance.md)
 """
 
 from __future__ import annotations

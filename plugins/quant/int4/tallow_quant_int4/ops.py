@@ -36,7 +36,7 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 MAX_GEMV_ROWS = 16
 #: the default limit: at ~3.3 instructions per weight and row, 16 rows cost the CUDA cores
 #: about as much as decoding the weight into a workspace and multiplying on tensor cores
-#: (estimated for gate_up on an H200; ``bench/gpu/int4_micro.py`` measures both)
+#: (estimated for gate_up on Hopper; ``bench/gpu/int4_micro.py`` measures both)
 DEFAULT_GEMV_ROWS = 8
 
 

@@ -7,8 +7,8 @@ the context (after the sliding window) is cut into ``TILE_N``-token tiles and th
 grid therefore depends only on host integers fixed per CUDA-graph batch size, and any split
 count is correct for any length. With one split the program writes the output directly;
 otherwise it writes its partial (unnormalised accumulator, row max, row sum) and
-:func:`decode_reduce_kernel` combines them (many small programs: measured faster on an H200
-than letting the last-arriving split merge them).
+:func:`decode_reduce_kernel` combines them (many small programs: measured faster than letting
+the last-arriving split merge them).
 
 ``FUSED_STORE`` (decode-only steps) folds this step's KV-cache store into the split launch:
 split 0 of each (sequence, KV head) writes the new K/V to its slot and also folds the new token
@@ -18,7 +18,7 @@ program waits for the store, and the tile loads stay untouched (a select on them
 Triton from pipelining them into the tensor-core product).
 
 Over an 8-bit float cache (an fp8 KV codec) the kernel reads half the bytes of a 16-bit cache
-but reaches a smaller share of the memory bandwidth (about 2.6 against 4.3 TB/s on an H200),
+but reaches a smaller share of the memory bandwidth (docs/performance.md),
 with far more instructions per byte: ``F16_PRODUCTS`` runs the tile products in fp16 (one
 instruction widens two values); V must be widened before it is staged for the P.V product (the
 transposed operand loads have no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion
@@ -27,9 +27,9 @@ or Triton's interpreter), ``WIDEN_V_IN_REGISTERS`` with a select after the widen
 ``LAZY_RESCALE`` rescales the accumulator only when a row's maximum grew by more than 8 (log2
 domain);
 ``SATURATE`` clamps the fused store as :func:`tallow.kernels.kv_cache.to_cache_dtype`
-does. The PTX widening and the lazy rescale took the sm_90 loop of the one-warp program from
-~1,220 to ~790 instructions per 32-key tile (SASS count); the isolated decode of the
-throughput probe did not get faster from it (docs/benchmarks.md).
+does. The PTX widening and the lazy rescale cut the sm_90 loop of the one-warp program by
+about a third of its instructions per 32-key tile (SASS count); the isolated decode of the
+throughput probe did not get faster from it, so the loop is not issue-bound.
 
 ``KV_BITS`` > 0 reads a turbo cache (:mod:`.turbo`): ``k_cache_ptr``/``v_cache_ptr`` are the
 packed codes (strides ``stride_c*`` in bytes), ``k_scales_ptr``/``v_scales_ptr`` a float16 scale

@@ -343,7 +343,7 @@ def weights_left(bm: int) -> bool:
 
 def mma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int, int]:
     """(BM, BN, Q, warps, stages, K slices, decoding) where no tuned entry exists: starting
-    points for the H200."""
+    points tuned on Hopper."""
     if m <= 16:
         return 16, 64, 8, 4, 3, 1, 1
     if m <= 64:
