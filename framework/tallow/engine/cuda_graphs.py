@@ -42,7 +42,7 @@ def fastest_graphs(replay_s: dict[int, float], margin: float = REPLAY_MARGIN) ->
 
     The matrix products' library picks its kernels by shape, and a poor pick can make one
     padded size slower than the next (cuBLAS has such cliffs for llama-3-8b's decode GEMMs:
-    ``bench/gpu/profile_decode.py gemm`` shows them, docs/performance.md). Padding rows
+    ``bench/gpu/profile_decode.py gemm`` shows them, docs/benchmarks.md). Padding rows
     cost nothing in attention (length 1, no KV written), so a batch of 443 is better served
     by the 464 graph."""
     best: dict[int, int] = {}

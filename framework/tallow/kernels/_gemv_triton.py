@@ -176,11 +176,11 @@ def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat
 
     One row, 16-bit weights with K >= 2,048: two output features per program, 2,048 columns
     per step, eight warps — the fastest tile of the sweep on every llama-3-8b shape (the GEMV
-    sweep of ``bench/gpu/profile_decode.py gemv``, docs/performance.md): many small programs
+    sweep of ``bench/gpu/profile_decode.py gemv``, docs/benchmarks.md): many small programs
     keep more loads in flight than a few wide ones, and eight warps per program cover the
     latency of each 8 KB step. One row, e4m3 weights with K >= 2,048: four output rows per
     program on eight warps, the same 8 KB per step (end to end on llama-3-8b it decoded
-    faster than eight rows on four warps, docs/performance.md).
+    faster than eight rows on four warps, docs/benchmarks.md).
 
     Several rows: 32 output features, up to 256 columns per step (128 with block scales: one
     block of columns per step).

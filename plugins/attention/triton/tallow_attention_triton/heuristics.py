@@ -125,7 +125,7 @@ def decode_tiles(head_dim: int, group: int, elem_bytes: int,
     softmax reductions across warps then cost more than the loads: one-warp programs on
     32-key tiles (no cross-warp reductions or barriers) are faster, in
     ``bench/gpu/kv_fp8_probe.py`` and in the llama-3-8b throughput run alike
-    (docs/performance.md). Head sizes above 128
+    (docs/benchmarks.md). Head sizes above 128
     and groups above 16 keep the 4-warp tiles: one warp would spill registers there.
 
     Packed codes (``codes``: a turbo cache, passed with ``cache_bytes`` 2) take the 4-warp

@@ -14,7 +14,7 @@ Both transforms are exact for attention, so the only cost of a poor calibration 
   squared error ``(sum_c a_c s_c^2)(sum_c b_c / s_c^2)`` is least at
   ``s_c = (b_c / a_c) ** 0.25`` (Cauchy–Schwarz). It moves precision to the channels that
   queries read, which matters most where keys are large and scores sharp (Qwen2.5-0.5B's
-  first layer; docs/performance.md).
+  first layer).
 - **Value offset** ``m_v``: a value is stored less ``m_v`` and ``m_v`` is added back to the
   attention output (the weights of a softmax sum to one).
 """

@@ -23,7 +23,7 @@ class Int4Settings(BaseModel):
     group_size: Literal[32, 64, 128] = 128
     symmetric: bool = False
     #: columns in decreasing order of input energy (static groups); on by default with
-    #: ``sequential`` (measured: docs/performance.md, int4 perplexity)
+    #: ``sequential`` (measured: docs/benchmarks.md, int4 GPTQ perplexity)
     act_order: bool = True
     damp: float = Field(0.01, gt=0.0, le=1.0)
     #: GPTQ picks each group's clipping ratio by its error weighted per column

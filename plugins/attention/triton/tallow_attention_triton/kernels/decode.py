@@ -18,7 +18,7 @@ program waits for the store, and the tile loads stay untouched (a select on them
 Triton from pipelining them into the tensor-core product).
 
 Over an 8-bit float cache (an fp8 KV codec) the kernel reads half the bytes of a 16-bit cache
-but reaches a smaller share of the memory bandwidth (docs/performance.md),
+but reaches a smaller share of the memory bandwidth (docs/benchmarks.md),
 with far more instructions per byte: ``F16_PRODUCTS`` runs the tile products in fp16 (one
 instruction widens two values); V must be widened before it is staged for the P.V product (the
 transposed operand loads have no 8-bit form), which ``WIDEN_V_IN_PTX`` does with one conversion
