@@ -118,7 +118,7 @@ def _open_header(data: bytes, param: str) -> PILImage.Image:
         if accept is not None and not accept(prefix):
             continue
         try:
-            return factory(io.BytesIO(data), None)  # type: ignore[no-any-return]
+            return factory(io.BytesIO(data), "")
         except (SyntaxError, OSError, ValueError, IndexError, EOFError) as exc:
             raise invalid(param, f"Invalid value for {param!r}: the {fmt} image cannot be read "
                           f"({exc or type(exc).__name__}).", code="invalid_image") from None
