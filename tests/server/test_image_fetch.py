@@ -259,10 +259,11 @@ def test_a_wildcard_host_must_resolve_to_public_addresses(
 
 def test_a_name_resolving_to_link_local_is_refused_even_when_listed(
         origin: str, dns: dict[str, list[str]]) -> None:
-    dns["meta.test"] = ["169.254.169.254"]
-    error = refused("http://meta.test/latest/meta-data",
-                    ImagePolicy(allowed_hosts=("meta.test",)))
-    assert "link-local" in error.message and "--allowed-image-hosts" in error.message
+    for address in ("169.254.169.254", "fe80::1", "::ffff:169.254.169.254"):
+        dns["meta.test"] = [address]
+        error = refused("http://meta.test/latest/meta-data",
+                        ImagePolicy(allowed_hosts=("meta.test",)))
+        assert "link-local" in error.message and "--allowed-image-hosts" in error.message
 
 
 def test_an_unresolvable_host_is_refused(dns: dict[str, list[str]]) -> None:

@@ -56,10 +56,13 @@ async def resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-def _is_public(address: Address) -> bool:
+def _unmapped(address: Address) -> Address:
+    """An IPv4-mapped IPv6 address (::ffff:a.b.c.d) as the IPv4 address it reaches."""
     mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
+    return mapped if mapped is not None else address
+
+
+def _is_public(address: Address) -> bool:
     return address.is_global and not address.is_multicast
 
 
@@ -79,9 +82,9 @@ def _allowed_rule(url: httpx.URL, rules: tuple[HostRule, ...], param: str,
     for rule in rules:
         if rule.matches(host, port):
             return rule
-    return_to = ", ".join(map(str, rules))
+    allowed = ", ".join(map(str, rules))
     raise _refuse(param, f"{hop}the host {host}:{port} is not in the allowed image hosts "
-                  f"({HOSTS_SETTING}: {return_to})")
+                  f"({HOSTS_SETTING}: {allowed})")
 
 
 async def _address(url: httpx.URL, rule: HostRule, param: str, hop: str) -> str:
@@ -93,7 +96,7 @@ async def _address(url: httpx.URL, rule: HostRule, param: str, hop: str) -> str:
     except OSError as exc:
         raise _refuse(param, f"{hop}the host {host!r} cannot be resolved ({exc})",
                       code="image_fetch_failed") from None
-    addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
+    addresses = [_unmapped(ipaddress.ip_address(a.split("%", 1)[0])) for a in found]
     if not addresses:
         raise _refuse(param, f"{hop}the host {host!r} has no address", code="image_fetch_failed")
     for address in addresses:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tallow.config.hosts import parse_host_rule
+
 from .errors import invalid
 
 #: the settings as an operator sets them, named in error messages
@@ -38,6 +40,11 @@ class ImagePolicy:
         if self.max_pixels <= 0:
             raise ValueError(f"ImagePolicy.max_pixels: expected a positive pixel count, got "
                              f"{self.max_pixels!r}")
+        for entry in self.allowed_hosts:
+            try:
+                parse_host_rule(entry)
+            except ValueError as exc:
+                raise ValueError(f"ImagePolicy.allowed_hosts: {exc}") from None
         if not self.timeout_s > 0:
             raise ValueError(f"ImagePolicy.timeout_s: expected a positive number of seconds, "
                              f"got {self.timeout_s!r}")
@@ -54,10 +61,11 @@ def policy_from_config(config: Any) -> ImagePolicy:  # Any: TallowConfig or a st
         timeout_s=float(getattr(server, "image_fetch_timeout_s", default.timeout_s)))
 
 
-def too_many_bytes(param: str, size: int | None, policy: ImagePolicy) -> Exception:
+def too_many_bytes(param: str, size: int | None, policy: ImagePolicy, *,
+                   about: bool = False) -> Exception:
     """The 400 for an image over ``max_bytes`` (``size`` None: the download passed the limit
-    and was stopped)."""
-    what = f"is {size:,} bytes" if size is not None else \
+    and was stopped; ``about``: ``size`` is estimated from the encoded length)."""
+    what = f"is {'about ' if about else ''}{size:,} bytes" if size is not None else \
         f"is larger than {policy.max_bytes:,} bytes (the download was stopped there)"
     return invalid(param, f"The image at {param!r} {what}; the limit is {policy.max_bytes:,} "
                    f"({BYTES_SETTING}).", code="image_too_large")

@@ -56,16 +56,17 @@ async def load_image_url(url: str, policy: ImagePolicy, *, param: str) -> PILIma
     url = url.strip()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "data":
-        data = decode_data_url(url, policy, param=param)
-    elif scheme in ("http", "https"):
-        from .image_fetch import fetch_image
-
-        data = await fetch_image(url, policy, param=param)
-    else:
+        # base64 decoding of a large URL is work too: both steps run in the worker thread
+        return await anyio.to_thread.run_sync(
+            lambda: decode_image(decode_data_url(url, policy, param=param), policy, param))
+    if scheme not in ("http", "https"):
         shown = f"{scheme!r} URLs" if scheme else "URLs without a scheme"
         raise invalid(param, f"Invalid value for {param!r}: {shown} are not accepted; send the "
                       "image as a data: URL (data:image/png;base64,...) or an http(s) link.",
                       code="invalid_image_url")
+    from .image_fetch import fetch_image
+
+    data = await fetch_image(url, policy, param=param)
     return await anyio.to_thread.run_sync(decode_image, data, policy, param)
 
 
@@ -91,7 +92,7 @@ def decode_data_url(url: str, policy: ImagePolicy, *, param: str) -> bytes:
     # base64 takes 4 characters for 3 bytes: an encoded text this long cannot fit the limit
     # (whitespace aside), and is refused before it is decoded
     if len(payload) > (policy.max_bytes + 2) // 3 * 4 + 4096:
-        raise too_many_bytes(param, len(payload) * 3 // 4, policy)
+        raise too_many_bytes(param, len(payload) * 3 // 4, policy, about=True)
     try:
         data = base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
