@@ -117,11 +117,12 @@ def _content_type_error(param: str, url: httpx.URL, ctype: str) -> Exception:
                    code="invalid_image")
 
 
-async def _read_body(response: httpx.Response, policy: ImagePolicy, param: str) -> bytes:
+async def _read_body(response: httpx.Response, host: str, policy: ImagePolicy,
+                     param: str) -> bytes:
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         # the limit is on the bytes that are decoded: a compressed body is not inflated here
-        raise _refuse(param, f"{response.url.host} sent it with Content-Encoding {encoding!r}; "
+        raise _refuse(param, f"{host} sent it with Content-Encoding {encoding!r}; "
                       "images are fetched uncompressed (identity)", code="image_fetch_failed")
     declared = response.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > policy.max_bytes:
@@ -188,7 +189,7 @@ async def _fetch(url: str, rules: tuple[HostRule, ...], policy: ImagePolicy,
                 if not ctype.startswith("image/"):
                     raise _content_type_error(param, current, ctype)
                 try:
-                    return await _read_body(response, policy, param)
+                    return await _read_body(response, current.host, policy, param)
                 except httpx.TimeoutException:
                     raise TimeoutError from None
                 except httpx.HTTPError as exc:
