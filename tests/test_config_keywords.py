@@ -87,7 +87,7 @@ def test_none_leaves_the_setting_to_lower_sources() -> None:
     ({"tokeniser": "x"}, "did you mean 'tokenizer'?"),
     ({"disable": ["tallow-mcp"]}, "did you mean plugins={'disable': ...}?"),
     ({"level": "DEBUG"}, "did you mean logging={'level': ...}?"),
-    ({"zzzz": 1}, "the keywords are the settings of docs/configuration.md: api_keys, "),
+    ({"zzzz": 1}, "the keywords are the settings of docs/configuration.md: allowed_image_hosts, "),
 ])
 def test_an_unknown_keyword_is_a_type_error_with_close_matches(given: dict, close: str) -> None:
     (name,) = given

@@ -16,6 +16,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from .hosts import split_host_entries
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -315,6 +317,27 @@ class ServerConfig(Section):
                                  "calls in one chat request.")
     ui: bool = Field(False, description="Serve the built-in chat web UI at /ui and redirect / "
                      "to it (the tallow-ui-web plugin; see docs/web-ui.md).")
+    allowed_image_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts whose http(s) image URLs the server fetches for image_url content "
+        "parts: host, host:port, *.domain (subdomains) or an IP address, comma-separated or "
+        "repeated; empty refuses every image link (data: URLs are always accepted). See "
+        "docs/api.md#images.", json_schema_extra=_flag("--allowed-image-hosts", metavar="HOSTS"))
+    max_image_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest image file "
+                                 "accepted (a data: URL's decoded bytes, a fetched body).")
+    max_image_pixels: int = Field(8192 * 8192, gt=0, description="Largest width × height of "
+                                  "an image, checked on its header before its pixels are "
+                                  "decoded.")
+    image_fetch_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds fetching one image URL may take in all (redirects "
+        "included).", json_schema_extra=_flag("--image-fetch-timeout", metavar="SECONDS"))
+
+    @field_validator("allowed_image_hosts", mode="before")
+    @classmethod
+    def _image_hosts(cls, value: object) -> object:
+        if isinstance(value, (str, list)):
+            return split_host_entries(value)  # a ValueError names the bad entry
+        return value
 
     @field_validator("api_keys")
     @classmethod

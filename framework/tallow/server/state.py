@@ -21,6 +21,7 @@ from tallow.engine.embedding import EmbeddingInfo
 from tallow.engine.tokenizer import Tokenizer
 
 from .errors import APIError, invalid
+from .image_policy import ImagePolicy, policy_from_config
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
 from .reasoning import ReasoningParsing
@@ -69,6 +70,8 @@ class ServerState:
         self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
                                                256))
         self.inflight = 0
+        #: what image_url content parts may hold (server.allowed_image_hosts and the limits)
+        self.image_policy: ImagePolicy = policy_from_config(config)
         dtype = _setting(config, "model", "dtype", "auto")
         digest = hashlib.sha256(f"{tallow.__version__}|{self.model_name}|{dtype}".encode())
         self.system_fingerprint = "fp_tallow_" + digest.hexdigest()[:10]

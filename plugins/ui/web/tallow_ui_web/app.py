@@ -23,7 +23,9 @@ CONTENT_SECURITY_POLICY = "; ".join([
     "default-src 'self'",
     "script-src 'self'",
     "style-src 'self'",
-    "img-src 'self'",
+    # data: for the thumbnails of images the user attaches (read from a local file); the
+    # Markdown renderer never makes an <img>, so no text of the model loads an image
+    "img-src 'self' data:",
     "font-src 'self'",
     "connect-src 'self'",
     "object-src 'none'",

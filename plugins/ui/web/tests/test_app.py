@@ -61,6 +61,7 @@ def test_every_response_carries_the_security_headers(client: TestClient, path: s
     assert directives["connect-src"] == "'self'"
     assert directives["frame-ancestors"] == "'none'"
     assert directives["object-src"] == "'none'"
+    assert directives["img-src"] == "'self' data:"  # thumbnails of the user's own attachments
     assert "unsafe" not in csp and "*" not in csp and "http" not in csp
     assert response.headers["x-content-type-options"] == "nosniff"
     assert response.headers["x-frame-options"] == "DENY"

@@ -7,6 +7,8 @@ on one worker. Generations are short (a few dozen tokens) so the module stays qu
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 from typing import Any
@@ -450,7 +452,7 @@ def test_keyboard_reaches_every_control(make_ui: Any, code_conversation: Any) ->
             const e = document.activeElement;
             return e.id || e.className || e.tagName; }"""))
     for control in ("new-chat", "open", "icon rename", "icon delete", "model", "open-settings",
-                    "copy", "edit", "regenerate", "prompt", "send"):
+                    "copy", "edit", "regenerate", "attach", "prompt", "send"):
         assert control in seen, (control, seen)
     # every control says what it does
     unnamed = ui.page.evaluate("""() => [...document.querySelectorAll('button, select, textarea')]
@@ -465,3 +467,72 @@ def test_keyboard_reaches_every_control(make_ui: Any, code_conversation: Any) ->
     assert ui.page.evaluate("document.activeElement.closest('dialog')?.id") == "settings"
     ui.page.keyboard.press("Escape")
     ui.page.wait_for_selector("#settings", state="hidden")
+
+
+def _image(width: int, height: int, fmt: str) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 140, 200)).save(out, fmt)
+    return out.getvalue()
+
+
+def test_an_attached_image_is_sent_as_an_image_url_part(make_ui: Any) -> None:
+    """The attach button takes a PNG, JPEG or WebP file, shows its thumbnail and sends it as an
+    OpenAI image_url part with a data: URL; the text-only default model's 400 is shown on the
+    answer."""
+    ui = make_ui().open()
+    png, jpeg = _image(12, 8, "PNG"), _image(20, 10, "JPEG")
+    ui.page.set_input_files("#attach-input", files=[
+        {"name": "blue.png", "mimeType": "image/png", "buffer": png},
+        {"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg}])
+    thumbs = ui.page.locator("#attachments .thumb")
+    thumbs.nth(1).wait_for(state="visible")
+    # the thumbnails load under the page's Content-Security-Policy
+    assert [thumbs.nth(i).evaluate("img => img.complete && img.naturalWidth")
+            for i in range(2)] == [12, 20]
+    ui.page.click("#attachments .remove >> nth=1")
+    assert thumbs.count() == 1 and thumbs.first.get_attribute("alt") == "blue.png"
+    # a file of another type is not attached, and the page says why
+    ui.page.set_input_files("#attach-input", files=[
+        {"name": "anim.gif", "mimeType": "image/gif", "buffer": _image(4, 4, "GIF")}])
+    ui.page.wait_for_function(
+        "() => document.getElementById('status').textContent.includes('anim.gif')")
+    assert "not a PNG, JPEG or WebP" in ui.page.inner_text("#status")
+    assert thumbs.count() == 1
+
+    ui.send("What is in this picture?", wait_start=False)
+    ui.page.wait_for_selector(".message.assistant .notice.error", timeout=60_000)
+    ui.wait_done()
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    request = _chat_requests(ui)[-1]
+    assert request.post_data_json["messages"][-1] == {"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": url}}]}
+    response = request.response()
+    assert response is not None and response.status == 400
+    error = response.json()["error"]
+    assert "image" in error["message"]  # the server read the part and refused it by name
+    assert ui.answer().locator(".notice.error").inner_text() == f"Error: {error['message']}"
+    # the composer is empty again; the sent message shows its image, also after a reload
+    assert ui.page.locator("#attachments").is_hidden() and thumbs.count() == 0
+    sent = ui.page.locator(".message.user .thumb")
+    assert sent.evaluate("img => img.complete && img.naturalWidth") == 12
+    saved = _conversations(ui)[0]["messages"]
+    assert saved[0]["images"] == [url] and saved[-1]["error"] == error["message"]
+    ui.page.reload()
+    ui.page.wait_for_selector(".message.user .thumb")
+    assert ui.page.locator(".message.user .thumb").evaluate("img => img.naturalWidth") == 12
+
+    # an image alone (no text) is sent as a single image part
+    ui.page.set_input_files("#attach-input", files=[
+        {"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg}])
+    thumbs.first.wait_for(state="visible")
+    ui.page.click("#send")
+    ui.page.wait_for_function(
+        "() => document.querySelectorAll('.message.assistant .notice.error').length === 2",
+        timeout=60_000)
+    ui.wait_done()
+    assert _chat_requests(ui)[-1].post_data_json["messages"][-1]["content"] == [
+        {"type": "image_url",
+         "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}}]

@@ -10,6 +10,10 @@ const store = new Store();
 const api = new Api(store, askKey);
 let views = [];
 let controller = null;  // the AbortController of the request streaming now
+let attachments = [];  // images to send with the next message: { name, url } (data: URLs)
+
+// the image types the server decodes
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp"];
 
 // ---- the API key --------------------------------------------------------------------------
 function askKey(retrying) {
@@ -139,7 +143,12 @@ function requestBody(messages) {
   if (s.model) body.model = s.model;
   if (s.system.trim()) body.messages.push({ role: "system", content: s.system });
   for (const m of messages) {
-    if (m.role === "user" || (m.role === "assistant" && m.content)) {
+    if (m.role === "user" && m.images?.length) {
+      // OpenAI's content parts: the text, then each image as a data: URL
+      const parts = m.content ? [{ type: "text", text: m.content }] : [];
+      for (const url of m.images) parts.push({ type: "image_url", image_url: { url } });
+      body.messages.push({ role: "user", content: parts });
+    } else if (m.role === "user" || (m.role === "assistant" && m.content)) {
       body.messages.push({ role: m.role, content: m.content });
     }
   }
@@ -224,11 +233,13 @@ async function generate(conv) {
   }
 }
 
-async function send(text) {
+async function send(text, images = []) {
   if (controller) return;
   let conv = store.current();
   if (!conv) conv = store.create();
-  conv.messages.push({ role: "user", content: text });
+  const message = { role: "user", content: text };
+  if (images.length) message.images = images;
+  conv.messages.push(message);
   const view = new MessageView(conv.messages.at(-1), conv.messages.length - 1, actions);
   $("messages").querySelector(".empty")?.remove();
   $("messages").append(view.root);
@@ -250,10 +261,64 @@ async function regenerate() {
 async function resend(index, text) {
   const conv = store.current();
   if (!conv || controller) return;
+  const images = conv.messages[index]?.images;  // an edited message keeps its images
   conv.messages = conv.messages.slice(0, index);
-  conv.messages.push({ role: "user", content: text });
+  conv.messages.push(images?.length ? { role: "user", content: text, images }
+                                    : { role: "user", content: text });
   renderMessages();
   await generate(conv);
+}
+
+// ---- attached images ----------------------------------------------------------------------
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren(...attachments.map((image, i) => {
+    const item = document.createElement("div");
+    item.className = "attachment";
+    const thumb = document.createElement("img");
+    thumb.className = "thumb";
+    thumb.src = image.url;  // a data: URL read from the user's own file
+    thumb.alt = image.name;
+    thumb.title = image.name;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "icon remove";
+    remove.textContent = "✕";
+    remove.setAttribute("aria-label", `Remove ${image.name}`);
+    remove.addEventListener("click", () => {
+      attachments.splice(i, 1);
+      renderAttachments();
+      $("prompt").focus();
+    });
+    item.append(thumb, remove);
+    return item;
+  }));
+  box.hidden = !attachments.length;
+}
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attachFiles(files) {
+  for (const file of files) {
+    if (!IMAGE_TYPES.includes(file.type)) {
+      status(`${file.name}: not a PNG, JPEG or WebP image`);
+      continue;
+    }
+    try {
+      attachments.push({ name: file.name, url: await readAsDataUrl(file) });
+      status("");
+    } catch (error) {
+      status(`${file.name}: ${error?.message || "cannot be read"}`);
+    }
+  }
+  renderAttachments();
 }
 
 // ---- models and settings ------------------------------------------------------------------
@@ -323,9 +388,20 @@ function wire() {
     event.preventDefault();
     const prompt = $("prompt");
     const text = prompt.value.trim();
-    if (!text || controller) return;
+    if ((!text && !attachments.length) || controller) return;
+    const images = attachments.map((image) => image.url);
     prompt.value = "";
-    send(text);
+    attachments = [];
+    renderAttachments();
+    send(text, images);
+  });
+  $("attach").addEventListener("click", () => $("attach-input").click());
+  $("attach-input").addEventListener("change", async () => {
+    const input = $("attach-input");
+    const files = [...input.files];
+    input.value = "";  // choosing the same file again fires change again
+    await attachFiles(files);
+    $("prompt").focus();
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

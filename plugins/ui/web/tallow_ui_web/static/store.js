@@ -93,7 +93,10 @@ export class Store {
     conv.updated = Date.now();
     if (!conv.titled) {
       const first = conv.messages.find((m) => m.role === "user");
-      if (first) conv.title = first.content.trim().split("\n")[0].slice(0, 60) || "New chat";
+      if (first) {
+        conv.title = first.content.trim().split("\n")[0].slice(0, 60)
+          || (first.images?.length ? "Image" : "New chat");
+      }
     }
     return this.save();
   }

@@ -69,7 +69,18 @@ export class MessageView {
     const m = this.message;
     this.root.replaceChildren();
     if (m.role === "user") {
+      if (m.images?.length) {
+        const images = el("div", "message-images");
+        m.images.forEach((url, i) => {
+          const thumb = el("img", "thumb");
+          thumb.src = url;  // the data: URL of an image the user attached
+          thumb.alt = `Image ${i + 1}`;
+          images.append(thumb);
+        });
+        this.root.append(images);
+      }
       this.body = el("div", "bubble", m.content);
+      this.body.hidden = !m.content;
       const tools = el("div", "message-actions");
       tools.append(button("Edit", "edit", () => this.edit(), "Edit this message and resend"));
       this.root.append(this.body, tools);
