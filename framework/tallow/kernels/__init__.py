@@ -30,7 +30,10 @@ elsewhere):
   :mod:`tallow.kernels.moe_config`, not re-exported: the name would hide the submodule), with
   ``fused_moe_ref`` / ``moe_align_ref`` its references and ``MoEConfig`` its tiles
   (``default_moe_config``: the untuned choice of path and tiles by token count, which
-  quantized-expert kernels of plugins start from).
+  quantized-expert kernels of plugins start from). A plugin's own MoE kernels share the
+  rest with the core's: ``check_moe_routing`` (host-side checks), ``MOE_ACTIVATION_CODES`` and,
+  *(Triton)*, ``moe_activate``, ``moe_epilogue``, ``moe_block_ids``, ``moe_block_rows``,
+  ``moe_store_rows`` (:mod:`tallow.kernels.moe_tiles`).
 * ``triton_enabled(tensor)``: whether an entry point runs its Triton kernel for ``tensor``
   (for plugins whose kernels follow the same rule); ``interpreting()``: whether those kernels
   run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX.
@@ -125,7 +128,10 @@ from .mla_ref import (
 )
 from .linear import gated_linear
 from .linear import linear as dense_linear
-from .moe import MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref
+from .moe import (
+    MOE_ACTIVATION_CODES, MoEConfig, check_moe_routing, fused_moe, fused_moe_ref, moe_align,
+    moe_align_ref,
+)
 from .moe_config import default_moe_config
 from .norm import rms_norm, rms_norm_ref
 from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
@@ -158,6 +164,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "sass_loops": ("_offline", "sass_loops"),
     "sass_opcode": ("_offline", "opcode"),
     "pdl_order": ("_offline", "pdl_order"),
+    "moe_activate": ("moe_tiles", "moe_activate"),
+    "moe_epilogue": ("moe_tiles", "moe_epilogue"),
+    "moe_block_ids": ("moe_tiles", "moe_block_ids"),
+    "moe_block_rows": ("moe_tiles", "moe_block_rows"),
+    "moe_store_rows": ("moe_tiles", "moe_store_rows"),
 }
 
 
@@ -192,6 +203,9 @@ __all__ = [
     # mixture of experts
     "MoEConfig", "default_moe_config", "fused_moe", "fused_moe_ref", "moe_align",
     "moe_align_ref",
+    # the parts a quantized-experts plugin's MoE kernels share with the core's
+    "MOE_ACTIVATION_CODES", "check_moe_routing", "moe_activate", "moe_block_ids",
+    "moe_block_rows", "moe_epilogue", "moe_store_rows",
     # linear attention with a recurrent state per sequence (Gated DeltaNet)
     "causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
     "chunk_gated_delta_rule", "chunk_gated_delta_rule_ref", "gated_delta_step",

@@ -1,12 +1,17 @@
-"""The layout the fused-MoE kernels share with their entry points: a routing's rows grouped by
-expert and padded to the grouped GEMM's block size (:func:`tallow.kernels.moe.moe_align` makes
-it). Its own module so that the Triton kernels and the entry points both import it from below."""
+"""What the fused-MoE kernels share with their entry points: the activations and their kernel
+codes, and the layout of a routing's rows grouped by expert and padded to the grouped GEMM's
+block size (:func:`tallow.kernels.moe.moe_align` makes it). Its own module so that the Triton
+kernels and the entry points both import it from below."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+ACTIVATIONS = ("silu", "swiglu_clamp")
+#: the ``ACT`` constexpr of each activation, as the MoE kernels (the core's and plugins') read it
+MOE_ACTIVATION_CODES = {"silu": 0, "swiglu_clamp": 1}
 
 
 @dataclass(frozen=True)

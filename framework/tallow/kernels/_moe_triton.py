@@ -25,11 +25,11 @@ import triton.language as tl
 
 from ._dispatch import interpreting
 from .jit import step_jit
+from ._moe_layout import MOE_ACTIVATION_CODES as _ACT
 from ._moe_layout import MoEAlignment, padded_capacity
 from .moe_config import MoEConfig
+from .moe_tiles import moe_block_ids, moe_block_rows, moe_epilogue, moe_store_rows
 from .pdl import allow_next, pdl_enabled, wait_prior
-
-_ACT = {"silu": 0, "swiglu_clamp": 1}
 _ALIGN_BLOCK = 256
 
 
@@ -136,28 +136,6 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     return MoEAlignment(sorted_ids, expert_ids, rows_used, block_m, num_valid)
 
 
-@triton.jit
-def _epilogue(acc, up, bias_ptr, b_up_ptr, w_row_ptr, offs_n, n_mask, rows, row_mask, alpha,
-              limit, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-              MUL_WEIGHT: tl.constexpr):
-    """Bias, then the gated activation (``GATED``) or the routing weight (``MUL_WEIGHT``), on
-    float32 accumulators whose columns are ``offs_n`` and rows ``rows``."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            up += tl.load(b_up_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if GATED:
-        if ACT == 0:
-            acc = acc / (1.0 + tl.exp(-acc)) * up
-        else:
-            g = tl.minimum(acc, limit)
-            u = tl.minimum(tl.maximum(up, -limit), limit)
-            acc = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
-    if MUL_WEIGHT:
-        acc = acc * tl.load(w_row_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    return acc
-
-
 @step_jit(values=("num_valid",))
 def _moe_gemm_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, rows_used_ptr,
                      topk_w_ptr, N, K, num_valid, alpha, limit, stride_am, stride_we, stride_wn,
@@ -165,17 +143,11 @@ def _moe_gemm_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr
                      ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    blocks_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // blocks_n
-    pid_n = pid % blocks_n
+    pid_m, pid_n = moe_block_ids(N, BLOCK_N)
     if pid_m * BLOCK_M >= tl.load(rows_used_ptr):
         return  # past the experts' padded runs: the worst-case grid's idle tail
-    rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_mask = rows < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    rows, row_mask, expert, offs_n, n_mask = moe_block_rows(
+        pid_m, pid_n, N, sorted_ptr, expert_ids_ptr, num_valid, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + (rows // A_DIV).to(tl.int64)[:, None] * stride_am + offs_k[None, :]
     w_ptrs = (w_ptr + expert * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
@@ -199,11 +171,9 @@ def _moe_gemm_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     b_ptr = bias_ptr + expert * stride_be
-    acc = _epilogue(acc, up, b_ptr, b_ptr + N, topk_w_ptr, offs_n, n_mask, rows, row_mask,
-                    alpha, limit, GATED, ACT, HAS_BIAS, MUL_WEIGHT)
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & n_mask[None, :])
+    acc = moe_epilogue(acc, up, b_ptr, b_ptr + N, topk_w_ptr, offs_n, n_mask, rows, row_mask,
+                       alpha, limit, GATED, ACT, HAS_BIAS, MUL_WEIGHT)
+    moe_store_rows(out_ptr, acc, rows, row_mask, offs_n, n_mask, stride_om)
 
 
 @triton.jit
@@ -236,9 +206,9 @@ def _moe_gemv_kernel(a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, K,
         w_ptrs += BLOCK_K
     rows = tl.full([1], 0, tl.int32) + row
     b_ptr = bias_ptr + expert * stride_be
-    res = _epilogue(tl.sum(acc, 1)[None, :], tl.sum(up, 1)[None, :], b_ptr, b_ptr + N,
-                    topk_w_ptr, offs_n, n_mask, rows, rows >= 0, alpha, limit, GATED, ACT,
-                    HAS_BIAS, MUL_WEIGHT)
+    res = moe_epilogue(tl.sum(acc, 1)[None, :], tl.sum(up, 1)[None, :], b_ptr, b_ptr + N,
+                       topk_w_ptr, offs_n, n_mask, rows, rows >= 0, alpha, limit, GATED, ACT,
+                       HAS_BIAS, MUL_WEIGHT)
     tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n[None, :],
              res.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
 

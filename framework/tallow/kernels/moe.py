@@ -44,14 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
-from ._moe_layout import MoEAlignment, padded_capacity
+from ._moe_layout import ACTIVATIONS, MOE_ACTIVATION_CODES, MoEAlignment, padded_capacity
 from .moe_config import MoEConfig, moe_config
 
-ACTIVATIONS = ("silu", "swiglu_clamp")
 
 __all__ = [
-    "ACTIVATIONS", "MoEAlignment", "MoEConfig", "fused_moe", "fused_moe_ref", "moe_align",
-    "moe_align_ref", "moe_config", "padded_capacity", "softmax_topk", "softmax_topk_ref",
+    "ACTIVATIONS", "MOE_ACTIVATION_CODES", "MoEAlignment", "MoEConfig", "check_moe_routing",
+    "fused_moe", "fused_moe_ref", "moe_align", "moe_align_ref", "moe_config", "padded_capacity", "softmax_topk", "softmax_topk_ref",
 ]
 
 
@@ -121,12 +120,25 @@ def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = False,
     return softmax_topk_triton(logits, top_k, renormalize, scale)
 
 
+def check_moe_routing(who: str, x: torch.Tensor, hidden: int, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor, activation: str) -> None:
+    """Raise ``ValueError`` (its message starting with ``who``) unless ``activation`` is one of
+    :data:`ACTIVATIONS`, ``x`` is ``[T, hidden]`` and ``topk_ids`` / ``topk_weights`` are both
+    ``[T, top_k]``: the checks every fused-MoE entry point makes, whatever its weights."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{who}: activation must be one of {', '.join(ACTIVATIONS)}, "
+                         f"got {activation!r}")
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise ValueError(f"{who}: x must be [T, {hidden}], got {tuple(x.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
+            or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"{who}: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]")
+
+
 def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
            topk_ids: torch.Tensor, activation: str, w13_bias: torch.Tensor | None,
            w2_bias: torch.Tensor | None) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"fused_moe: activation must be one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"fused_moe: expected x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got "
                          f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
@@ -134,10 +146,7 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
     if (x.shape[1] != h or two_i % 2 or tuple(w2.shape) != (e, h, two_i // 2)):
         raise ValueError(f"fused_moe: shapes do not fit: x {tuple(x.shape)}, w13 "
                          f"{tuple(w13.shape)}, w2 {tuple(w2.shape)}")
-    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 \
-            or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)} and topk_weights "
-                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]")
+    check_moe_routing("fused_moe", x, h, topk_weights, topk_ids, activation)
     if w13_bias is not None and tuple(w13_bias.shape) != (e, two_i):
         raise ValueError(f"fused_moe: w13_bias must be [{e}, {two_i}], got "
                          f"{tuple(w13_bias.shape)}")

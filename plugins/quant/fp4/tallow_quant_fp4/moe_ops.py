@@ -19,13 +19,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from tallow.kernels import fused_moe, fused_moe_ref, triton_enabled
+from tallow.kernels import MOE_ACTIVATION_CODES, fused_moe, fused_moe_ref, triton_enabled
 
 from .layout import e2m1_values, scale_values
 
 #: tokens up to which the experts run on the decoding kernels (beyond: workspace + GEMM)
 GEMV_MAX_TOKENS = 8
-_ACT = {"silu": 0, "swiglu_clamp": 1}
 BLOCK_N = 32
 GROUPS = 4
 DEQUANT_BLOCK_R = 16
@@ -84,9 +83,9 @@ def mxfp4_moe(x: torch.Tensor, w13: tuple[torch.Tensor, torch.Tensor],
     scales)``) → ``[T, H]`` in x's dtype (see the module docstring)."""
     args = dict(activation=activation, w13_bias=w13_bias, w2_bias=w2_bias,
                 swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
-    if activation not in _ACT:
-        raise ValueError(f"mxfp4 experts: activation must be one of {', '.join(_ACT)}, got "
-                         f"{activation!r}")
+    if activation not in MOE_ACTIVATION_CODES:
+        raise ValueError(f"mxfp4 experts: activation must be one of "
+                         f"{', '.join(MOE_ACTIVATION_CODES)}, got {activation!r}")
     if not triton_enabled(x) or x.shape[0] == 0:
         return mxfp4_moe_ref(x, w13, w2, topk_weights, topk_ids, **args)
     _check(x, w13, w2)
@@ -133,8 +132,8 @@ def _gemv_moe(x: torch.Tensor, w13: tuple[torch.Tensor, torch.Tensor],
         x, b13, s13, w13_bias if w13_bias is not None else x, inter, ids, n, g13,
         float(alpha), float(limit), x.stride(0), b13.stride(0), b13.stride(1), s13.stride(0),
         s13.stride(1), w13_bias.stride(0) if w13_bias is not None else 0, inter.stride(0),
-        TOP_K=top_k, ACT=_ACT[activation], HAS_BIAS=w13_bias is not None, BLOCK_N=BLOCK_N,
-        GROUPS=GROUPS)
+        TOP_K=top_k, ACT=MOE_ACTIVATION_CODES[activation], HAS_BIAS=w13_bias is not None,
+        BLOCK_N=BLOCK_N, GROUPS=GROUPS)
     out = torch.empty(tokens, h, dtype=x.dtype, device=x.device)
     _down_kernel[(tokens, triton.cdiv(h, BLOCK_N))](
         inter, b2, s2, w2_bias if w2_bias is not None else x, out, ids, weights, h,

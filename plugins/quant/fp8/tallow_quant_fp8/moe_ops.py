@@ -22,13 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tallow.kernels import MoEConfig, default_moe_config, fused_moe_ref
+from tallow.kernels import MoEConfig, check_moe_routing, default_moe_config, fused_moe_ref
 
 from .ops import kernels_run
 from .weights import BLOCK, FP8
-
-ACTIVATIONS = ("silu", "swiglu_clamp")
-
 
 @dataclass(frozen=True)
 class Fp8Experts:
@@ -89,16 +86,8 @@ def dequantize_stacked(data: torch.Tensor, scale: torch.Tensor, block: bool) -> 
 
 def _check(x: torch.Tensor, experts: Fp8Experts, topk_weights: torch.Tensor,
            topk_ids: torch.Tensor, activation: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"fused_moe_fp8: activation must be one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-    h = experts.w13.shape[2]
-    if x.dim() != 2 or x.shape[1] != h:
-        raise ValueError(f"fused_moe_fp8: x must be [T, {h}], got {tuple(x.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
-            or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"fused_moe_fp8: topk_ids {tuple(topk_ids.shape)} and topk_weights "
-                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]")
+    check_moe_routing("fused_moe_fp8", x, experts.w13.shape[2], topk_weights, topk_ids,
+                      activation)
 
 
 def fused_moe_fp8_ref(x: torch.Tensor, experts: Fp8Experts, topk_weights: torch.Tensor,

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tallow.kernels import MoEConfig, default_moe_config, fused_moe_ref, triton_enabled
+from tallow.kernels import (
+    MoEConfig, check_moe_routing, default_moe_config, fused_moe_ref, triton_enabled,
+)
 
 from .layout import IntWeight, dequantize
-
-ACTIVATIONS = ("silu", "swiglu_clamp")
-
 
 @dataclass(frozen=True)
 class StackedInt:
@@ -100,16 +99,8 @@ class IntExperts:
 
 def _check(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
            topk_ids: torch.Tensor, activation: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"fused_moe_int: activation must be one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-    h = experts.w13.shape[2]
-    if x.dim() != 2 or x.shape[1] != h:
-        raise ValueError(f"fused_moe_int: x must be [T, {h}], got {tuple(x.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
-            or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"fused_moe_int: topk_ids {tuple(topk_ids.shape)} and topk_weights "
-                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]")
+    check_moe_routing("fused_moe_int", x, experts.w13.shape[2], topk_weights, topk_ids,
+                      activation)
 
 
 def fused_moe_int_ref(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,

@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tallow.kernels import moe_activate
+
 from .decode import e2m1, scale_value
 
 
@@ -70,12 +72,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, N, n_groups
         b = bias_ptr + expert * stride_be
         gate += tl.load(b + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         up += tl.load(b + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    if ACT == 0:  # SwiGLU
-        h = gate / (1.0 + tl.exp(-gate)) * up
-    else:  # gpt-oss's clamped SwiGLU
-        g = tl.minimum(gate, limit)
-        u = tl.minimum(tl.maximum(up, -limit), limit)
-        h = (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
+    h = moe_activate(gate, up, alpha, limit, ACT)
     tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n,
              h.to(out_ptr.dtype.element_ty), mask=n_mask)
 

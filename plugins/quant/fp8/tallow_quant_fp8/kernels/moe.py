@@ -29,21 +29,13 @@ import triton
 import triton.language as tl
 
 from tallow.kernels import (
-    MoEConfig, allow_next, interpreting, moe_align, pdl_enabled, step_jit, wait_prior,
+    MOE_ACTIVATION_CODES, MoEConfig, allow_next, interpreting, moe_activate, moe_align,
+    moe_block_ids, moe_block_rows, moe_epilogue, moe_store_rows, pdl_enabled, step_jit,
+    wait_prior,
 )
 
-_ACT = {"silu": 0, "swiglu_clamp": 1}
 #: rows and columns of one scale block
 SCALE_BLOCK = 128
-
-
-@triton.jit
-def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
-    if ACT == 0:
-        return gate / (1.0 + tl.exp(-gate)) * up
-    g = tl.minimum(gate, limit)
-    u = tl.minimum(tl.maximum(up, -limit), limit)
-    return (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
 
 
 @triton.jit
@@ -90,7 +82,7 @@ def _gemv_gate_up_kernel(x_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, N, K, alpha, lim
     # the up rows sit N rows below the gate rows (N a multiple of 128 for block scales)
     up = _expert_rows(x_row, w_e, s_e, offs_n + N, n_mask, K, stride_wn, stride_sn, stride_sk,
                       BLOCK_SCALE, BLOCK_N, BLOCK_K)
-    res = _activate(gate, up, alpha, limit, ACT)
+    res = moe_activate(gate, up, alpha, limit, ACT)
     tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n,
              res.to(out_ptr.dtype.element_ty), mask=n_mask)
 
@@ -143,17 +135,11 @@ def _gemm_kernel(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, expert_ids_ptr, rows_
                  GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_SCALE: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    blocks_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // blocks_n
-    pid_n = pid % blocks_n
+    pid_m, pid_n = moe_block_ids(N, BLOCK_N)
     if pid_m * BLOCK_M >= tl.load(rows_used_ptr):
         return  # past the experts' padded runs
-    rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_mask = rows < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    rows, row_mask, expert, offs_n, n_mask = moe_block_rows(
+        pid_m, pid_n, N, sorted_ptr, expert_ids_ptr, num_valid, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + (rows // A_DIV).to(tl.int64)[:, None] * stride_am + offs_k[None, :]
     w_ptrs = (w_ptr + expert * stride_we + offs_n.to(tl.int64)[None, :] * stride_wn
@@ -177,13 +163,9 @@ def _gemm_kernel(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, expert_ids_ptr, rows_
         acc = acc * tl.load(s_e + offs_n * stride_sn, mask=n_mask, other=0.0)[None, :]
         if GATED:
             up = up * tl.load(s_e + (offs_n + N) * stride_sn, mask=n_mask, other=0.0)[None, :]
-    if GATED:
-        acc = _activate(acc, up, alpha, limit, ACT)
-    else:
-        acc = acc * tl.load(topk_w_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & n_mask[None, :])
+    acc = moe_epilogue(acc, up, topk_w_ptr, topk_w_ptr, topk_w_ptr, offs_n, n_mask, rows,
+                       row_mask, alpha, limit, GATED, ACT, False, not GATED)
+    moe_store_rows(out_ptr, acc, rows, row_mask, offs_n, n_mask, stride_om)
 
 
 def _scale_strides(scale: torch.Tensor, block: bool) -> tuple[int, int, int]:
@@ -205,7 +187,7 @@ def fused_moe_fp8_triton(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
     weights = topk_weights.reshape(-1).contiguous()
     inter = torch.empty(tokens * top_k, inter_n, dtype=x.dtype, device=x.device)
     st13, st2 = _scale_strides(s13, block), _scale_strides(s2, block)
-    act = _ACT[activation]
+    act = MOE_ACTIVATION_CODES[activation]
     # block scales: one scale column per K step
     block_k = min(config.block_k, SCALE_BLOCK) if block else config.block_k
     if config.path == "gemv":
