@@ -352,8 +352,14 @@ def test_gated_linear_dispatch_and_errors(monkeypatch):
     many = randn(g, 3, 64, dtype=torch.bfloat16)
     got = linear_mod.gated_linear(many, w, kind="silu")
     assert "silu" not in calls[1:]  # several rows: activation kernel, then linear
-    close(got, linear_mod.linear_ref(silu_and_mul_ref(many).float(), w.float()).to(
-        torch.bfloat16))
+    hidden = silu_and_mul_ref(many).float()
+    expected = linear_mod.linear_ref(hidden, w.float())
+    # the bf16 intermediate may differ by one unit per element (the interpreter rounds by
+    # truncation), which the product carries: bound it by |h| * 2^-7 through |w|, on top of
+    # the output's own rounding
+    carried = (hidden.abs() * 2 ** -7) @ w.float().abs().T
+    err = (got.float() - expected).abs()
+    assert bool((err <= carried + 1.6e-2 * expected.abs() + 1e-3).all()), err.max()
     with pytest.raises(ValueError, match="kind must be one of silu, gelu_tanh"):
         linear_mod.gated_linear(one, w, kind="relu")
     with pytest.raises(ValueError, match="2 x 32 = 64 features"):
