@@ -21,6 +21,7 @@ from tallow.engine.embedding import EmbeddingInfo
 from tallow.engine.tokenizer import Tokenizer
 
 from .errors import APIError, invalid
+from .images import ImagePolicy
 from .metrics import ServerMetrics
 from .parsers import ToolParsing
 from .reasoning import ReasoningParsing
@@ -69,6 +70,8 @@ class ServerState:
         self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
                                                256))
         self.inflight = 0
+        #: the limits of images in requests (and where http(s) images may come from)
+        self.image_policy = ImagePolicy()
         dtype = _setting(config, "model", "dtype", "auto")
         digest = hashlib.sha256(f"{tallow.__version__}|{self.model_name}|{dtype}".encode())
         self.system_fingerprint = "fp_tallow_" + digest.hexdigest()[:10]
@@ -77,6 +80,11 @@ class ServerState:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the served model takes images (chat requests may carry image parts)."""
+        return getattr(self.engine, "images", None) is not None
 
     @property
     def max_model_len(self) -> int:

@@ -37,6 +37,32 @@ def hf_config() -> Any:
                                          tie_word_embeddings=False)
 
 
+#: Qwen2.5-VL's way of rendering image parts, on a template reduced to the messages' content
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' or 'image' in c "
+    "or 'image_url' in c %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% endfor %}")
+
+
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer whose ids 290..292 are the vision tokens (special), and a chat
+    template that renders image parts as Qwen2.5-VL's does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    names = {IMAGE_TOKEN: "<|image_pad|>", VISION_START: "<|vision_start|>",
+             VISION_END: "<|vision_end|>"}
+    vocab = {names.get(i, f"w{i}"): i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens([AddedToken(n, special=True) for n in names.values()])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": False, "eos_token": "w1", "chat_template": CHAT_TEMPLATE}))
+
+
 def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
     from PIL import Image
 
@@ -52,7 +78,6 @@ def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """(the transformers model, the directory it is saved in with tokenizer and processor)."""
-    from tallow.engine.random_model import synthetic_tokenizer
     from tallow.plugin.testing.paged_runner import randomize_
 
     torch.manual_seed(0)
@@ -61,8 +86,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     model.eval()
     path = tmp_path_factory.mktemp("qwen2_5_vl")
     model.save_pretrained(str(path), safe_serialization=True)
-    synthetic_tokenizer(VOCAB).save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    save_tokenizer(path)
     (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return model, path
 
