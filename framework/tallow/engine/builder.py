@@ -18,7 +18,7 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
-from tallow.layers import LatentCacheSpec, MLAAttention, is_vision_language_model
+from tallow.layers import LatentCacheSpec, MLAAttention, VisionLanguageModel
 from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
 from tallow.plugin.manager import PluginManager, load_plugins
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
@@ -425,12 +425,13 @@ def build_runner(config: TallowConfig, registries: Registries,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
         grammar=structured, group_sizes=group_sizes or None, sliding_groups=sliding_groups,
     )
-    if is_vision_language_model(loaded.model) and not embed:
+    model = loaded.model
+    if isinstance(model, VisionLanguageModel) and not embed:
         if parallel is not None:
             raise ValueError("tensor parallelism does not serve images yet: serve the "
                              "vision-language model on one device")
         runner.multimodal = MultimodalRunner(
-            loaded.model, EncoderCache(config.cache.encoder_cache_mb * 2**20), device)
+            model, EncoderCache(config.cache.encoder_cache_mb * 2**20), device)
     if codec.calibrated:
         calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)

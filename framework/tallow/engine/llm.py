@@ -68,18 +68,16 @@ class LLM:
         engine expands it into the image's tokens."""
         single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
                                               and isinstance(prompts[0], int))
-        if single:
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        per_prompt = _images_per_prompt(images, len(prompts), single)
+        batch: list[Any] = [prompts] if single else list(prompts)
+        per_prompt = _images_per_prompt(images, len(batch), single)
         if params is None:
             params = SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} "
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
+        if len(plist) != len(batch):
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(batch)} "
                              "prompts")
         return self._run([(prompt, p, priority[i] if priority else 0)
-                          for i, (prompt, p) in enumerate(zip(prompts, plist))], per_prompt)
+                          for i, (prompt, p) in enumerate(zip(batch, plist))], per_prompt)
 
     def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
               dimensions: int | None = None,

@@ -97,7 +97,7 @@ def chat_images(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
             elif kind == "image_url":
                 ref = part.get("image_url")
                 url = ref.get("url") if isinstance(ref, dict) else ref
-                images.append(decode_data_url(url, f"{where}.image_url.url"))
+                images.append(decode_data_url(str(url or ""), f"{where}.image_url.url"))
                 parts.append({"type": "image"})
             else:
                 parts.append(part)

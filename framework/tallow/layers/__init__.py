@@ -23,7 +23,7 @@ from .linear_method import (
 from .model import ArchConfig, BuildContext
 from .multimodal import (
     MultimodalStep, PlacedImage, ProcessedImage, VisionLanguageModel, current_multimodal_step,
-    is_vision_language_model, merge_multimodal_embeddings, multimodal_step,
+    merge_multimodal_embeddings, multimodal_step,
 )
 from .mla import MLAAttention, MLALayer
 from .mrope import MRotaryEmbedding, mrope_section
@@ -67,6 +67,6 @@ __all__ = [
     "FusedMoE", "FusedExperts", "MoEMethod", "UnquantizedMoEMethod", "moe_method_for",
     "RouterSpec", "select_experts", "SCORINGS",
     "MultimodalStep", "PlacedImage", "ProcessedImage", "VisionLanguageModel",
-    "current_multimodal_step", "is_vision_language_model", "merge_multimodal_embeddings",
+    "current_multimodal_step", "merge_multimodal_embeddings",
     "multimodal_step", "MRotaryEmbedding", "mrope_section",
 ]

@@ -33,8 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from PIL.Image import Image
 
 __all__ = ["ProcessedImage", "PlacedImage", "VisionLanguageModel", "MultimodalStep",
-           "multimodal_step", "current_multimodal_step", "merge_multimodal_embeddings",
-           "is_vision_language_model"]
+           "multimodal_step", "current_multimodal_step", "merge_multimodal_embeddings"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,3 @@ def merge_multimodal_embeddings(embeds: torch.Tensor, step: MultimodalStep | Non
                          f"embeddings {embeds.shape[-1]}")
     return embeds.index_copy(0, step.rows, step.embeds.to(embeds.dtype))
 
-
-def is_vision_language_model(model: Any) -> bool:
-    """Whether ``model`` declares images (subclasses :class:`VisionLanguageModel`)."""
-    return isinstance(model, VisionLanguageModel)
