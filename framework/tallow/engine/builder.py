@@ -191,6 +191,9 @@ def kv_budget_blocks(config: TallowConfig, loaded: LoadedModel, bytes_per_block:
         # kv_fraction of what the card has left after weights and the activations of a step
         # (a margin for them and for CUDA graphs is kept back).
         reserve = min(4 << 30, int(0.05 * total))
+        if isinstance(loaded.model, VisionLanguageModel):
+            # the encoder cache's budget is not the KV cache's to take
+            reserve += int(cache.encoder_cache_mb) << 20
         budget = int(cache.kv_fraction * max(0, free - reserve)) - fixed_bytes
     else:
         need = config.scheduler.max_num_seqs * max_model_len * bytes_per_block // max(
