@@ -190,16 +190,21 @@ class Qwen2_5_VisionTower(nn.Module):
         x = self.patch_embed(pixel_values.to(weight.device, weight.dtype))
         order, windows = window_order(t, h, w, self.merge, self.window)
         order = order.to(x.device)
-        x = x.reshape(-1, unit, x.shape[-1])[order].reshape(-1, x.shape[-1])
+        x = _in_windows(x, order, unit)
         cos, sin = self.rotary(rotary_positions(h, w, self.merge).repeat(t, 1))
-        cos = cos.reshape(-1, unit, cos.shape[-1])[order.cpu()].reshape(cos.shape).to(x.device)
-        sin = sin.reshape(-1, unit, sin.shape[-1])[order.cpu()].reshape(sin.shape).to(x.device)
+        cos, sin = _in_windows(cos.to(x.device), order, unit), _in_windows(sin.to(x.device),
+                                                                            order, unit)
         window_mask = _block_mask(windows, x.device)
         frame_mask = _block_mask([h * w] * t, x.device)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, frame_mask if i in self.full_attention else window_mask)
         merged = self.merger(x)
         return merged[torch.argsort(order)]
+
+
+def _in_windows(x: torch.Tensor, order: torch.Tensor, unit: int) -> torch.Tensor:
+    """The rows of ``x`` with its groups of ``unit`` rows in ``order``."""
+    return x.reshape(-1, unit, x.shape[-1])[order].reshape(x.shape)
 
 
 def _block_mask(lengths: list[int], device: torch.device) -> torch.Tensor | None:
