@@ -7,8 +7,8 @@ the image's tokens (:meth:`process_image` says how many), runs :meth:`encode_ima
 the embeddings and the three-axis positions to :meth:`forward` through the step's
 :class:`tallow.layers.MultimodalStep`.
 
-Qwen2-VL (the first generation) differs in its vision tower (LayerNorm, full attention in
-every block, a GELU MLP) and is not served by this class.
+Qwen2-VL (the first generation) differs only in its vision tower (LayerNorms, full attention
+in every block, a two-layer MLP): :class:`Qwen2VLForConditionalGeneration`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tallow_llama.model import Qwen2ForCausalLM
 
 from .naming import Qwen2VLNames
 from .processor import ImageProcessor, mrope_positions
-from .vision import Qwen2_5_VisionTower
+from .vision import Qwen2_5_VisionTower, Qwen2VisionTower
 
 #: what only the outer config of a transformers 5 checkpoint states
 _OUTER_KEYS = ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
@@ -42,6 +42,7 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
     gguf_architectures = ()
     model_type = "qwen2_5_vl"
     position_axes = 3
+    vision_tower: type[Qwen2_5_VisionTower] = Qwen2_5_VisionTower
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         self._mrope: MRotaryEmbedding | None = None
@@ -50,12 +51,12 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
         vision = cfg.get("vision_config")
         if not isinstance(vision, Mapping):
             raise ValueError("model config: a vision_config object is required")
-        if int(vision.get("out_hidden_size", cfg.hidden_size)) != int(cfg.hidden_size):
-            raise ValueError(f"model config: vision_config.out_hidden_size "
-                             f"{vision.get('out_hidden_size')} differs from hidden_size "
-                             f"{cfg.hidden_size}")
+        out_key = self.vision_tower.out_key
+        if int(vision.get(out_key, cfg.hidden_size)) != int(cfg.hidden_size):
+            raise ValueError(f"model config: vision_config.{out_key} {vision.get(out_key)} "
+                             f"differs from hidden_size {cfg.hidden_size}")
         self._image_token_id = int(cfg.require("image_token_id"))
-        self.visual = Qwen2_5_VisionTower(vision, build)
+        self.visual = self.vision_tower(vision, build)
         # the decoder's plain rotary table is never used: every layer rotates with M-RoPE
         assert self._mrope is not None
         self.model.rotary_emb = self._mrope
@@ -118,3 +119,11 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM, VisionLanguageModel):
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = model.norm(hidden, residual)
         return hidden
+
+
+class Qwen2VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
+    """Qwen2-VL: the same text model and positions, Qwen2-VL's vision tower."""
+
+    hf_architectures = ("Qwen2VLForConditionalGeneration",)
+    model_type = "qwen2_vl"
+    vision_tower = Qwen2VisionTower

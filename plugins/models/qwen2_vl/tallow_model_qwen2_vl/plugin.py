@@ -1,4 +1,5 @@
-"""Registration of the Qwen2.5-VL architecture (a lazy target: no torch imported here)."""
+"""Registration of the Qwen2.5-VL and Qwen2-VL architectures (lazy targets: no torch imported
+here)."""
 
 from __future__ import annotations
 
@@ -7,5 +8,5 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
-    registry.register("Qwen2_5_VLForConditionalGeneration",
-                      "tallow_model_qwen2_vl.model:Qwen2_5_VLForConditionalGeneration")
+    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"):
+        registry.register(name, f"tallow_model_qwen2_vl.model:{name}")

@@ -1,4 +1,5 @@
-"""The Qwen2.5-VL vision tower: patches of one image → embeddings in the text model's width.
+"""The Qwen2.5-VL and Qwen2-VL vision towers: patches of one image → embeddings in the text
+model's width.
 
 * patch embedding: the checkpoint's Conv3d over ``(temporal_patch, patch, patch)`` with an
   equal stride is a linear map of each flattened patch (``[C * T * P * P]``), done as one;
@@ -11,6 +12,10 @@
 Patches come in the processor's order (each ``merge × merge`` group of neighbours
 contiguous); for window attention they are permuted so that each window is contiguous and
 the merger's output is permuted back.
+
+Qwen2-VL (:class:`Qwen2VisionTower`) differs only in its parts: LayerNorms, a two-layer MLP
+(``fc1``, ``hidden_act``, ``fc2``; ``mlp_ratio`` wide), full attention in every block, and its
+widths named ``embed_dim`` (the tower) and ``hidden_size`` (the output).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tallow.layers import BuildContext, RMSNorm, ReplicatedLinear
+from tallow.layers import BuildContext, LayerNorm, RMSNorm, ReplicatedLinear, get_act
 
 
 def _require(config: Mapping[str, Any], key: str) -> Any:
@@ -122,14 +127,27 @@ class VisionMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class VisionBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, hidden: int, build: BuildContext,
+class PlainVisionMLP(nn.Module):
+    """Qwen2-VL's ``fc2(act(fc1(x)))``."""
+
+    def __init__(self, dim: int, hidden: int, act: str, build: BuildContext,
                  prefix: str) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(dim, 1e-6, build=build)
-        self.norm2 = RMSNorm(dim, 1e-6, build=build)
-        self.attn = VisionAttention(dim, heads, build, f"{prefix}.attn")
-        self.mlp = VisionMLP(dim, hidden, build, f"{prefix}.mlp")
+        self.fc1 = ReplicatedLinear(dim, hidden, True, build=build, prefix=f"{prefix}.fc1")
+        self.fc2 = ReplicatedLinear(hidden, dim, True, build=build, prefix=f"{prefix}.fc2")
+        self.act = get_act(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, norms: tuple[nn.Module, nn.Module], attn: VisionAttention,
+                 mlp: nn.Module) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = norms
+        self.attn = attn
+        self.mlp = mlp
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -138,11 +156,11 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, dim: int, context: int, merge: int, build: BuildContext,
-                 prefix: str) -> None:
+    def __init__(self, dim: int, context: int, merge: int, norm: nn.Module,
+                 build: BuildContext, prefix: str) -> None:
         super().__init__()
         self.width = context * merge * merge
-        self.ln_q = RMSNorm(context, 1e-6, build=build)
+        self.ln_q = norm
         self.fc1 = ReplicatedLinear(self.width, self.width, True, build=build,
                                     prefix=f"{prefix}.mlp.0")
         self.fc2 = ReplicatedLinear(self.width, dim, True, build=build, prefix=f"{prefix}.mlp.2")
@@ -154,31 +172,48 @@ class PatchMerger(nn.Module):
 class Qwen2_5_VisionTower(nn.Module):
     """``forward(pixel_values [patches, C*T*P*P], grid (t, h, w)) -> [patches / m², out]``."""
 
+    #: config keys of the tower's width and of its output width
+    width_key, out_key = "hidden_size", "out_hidden_size"
+
     def __init__(self, config: Mapping[str, Any], build: BuildContext) -> None:
         super().__init__()
-        dim = int(_require(config, "hidden_size"))
+        dim = int(_require(config, self.width_key))
         heads = int(_require(config, "num_heads"))
         depth = int(_require(config, "depth"))
         self.patch = int(config.get("patch_size", 14))
         self.temporal = int(config.get("temporal_patch_size", 2))
         self.channels = int(config.get("in_channels", config.get("in_chans", 3)))
         self.merge = int(config.get("spatial_merge_size", 2))
-        self.window = int(config.get("window_size", 112)) // self.merge // self.patch
-        if self.window < 1:
+        self.full_attention = self.full_attention_blocks(config, depth)
+        self.window = (int(config.get("window_size", 112)) // self.merge // self.patch
+                       if len(self.full_attention) < depth else 0)
+        if len(self.full_attention) < depth and self.window < 1:
             raise ValueError("model config: vision_config.window_size must be at least "
                              "spatial_merge_size * patch_size")
-        self.full_attention = {int(i) for i in config.get("fullatt_block_indexes") or ()}
         rope = config.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
         patch_width = self.channels * self.temporal * self.patch * self.patch
         self.patch_embed = ReplicatedLinear(patch_width, dim, False, build=build,
-                                            prefix="visual.patch_embed.proj")
+                                            prefix="visual.patch_embed")
         self.rotary = VisionRotary(dim // heads, theta)
         self.blocks = nn.ModuleList(
-            VisionBlock(dim, heads, int(_require(config, "intermediate_size")), build,
-                        f"visual.blocks.{i}") for i in range(depth))
-        self.merger = PatchMerger(int(_require(config, "out_hidden_size")), dim, self.merge,
-                                  build, "visual.merger")
+            VisionBlock((self.norm(dim, build), self.norm(dim, build)),
+                        VisionAttention(dim, heads, build, f"visual.blocks.{i}.attn"),
+                        self.mlp(config, dim, build, f"visual.blocks.{i}.mlp"))
+            for i in range(depth))
+        self.merger = PatchMerger(int(_require(config, self.out_key)), dim, self.merge,
+                                  self.norm(dim, build), build, "visual.merger")
+
+    # -- what the generations differ in -----------------------------------------------------
+    def full_attention_blocks(self, config: Mapping[str, Any], depth: int) -> set[int]:
+        return {int(i) for i in config.get("fullatt_block_indexes") or ()}
+
+    def norm(self, dim: int, build: BuildContext) -> nn.Module:
+        return RMSNorm(dim, 1e-6, build=build)
+
+    def mlp(self, config: Mapping[str, Any], dim: int, build: BuildContext,
+            prefix: str) -> nn.Module:
+        return VisionMLP(dim, int(_require(config, "intermediate_size")), build, prefix)
 
     def forward(self, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         t, h, w = grid
@@ -188,7 +223,10 @@ class Qwen2_5_VisionTower(nn.Module):
                              f"{t}x{h}x{w}")
         weight = self.patch_embed.weight
         x = self.patch_embed(pixel_values.to(weight.device, weight.dtype))
-        order, windows = window_order(t, h, w, self.merge, self.window)
+        if self.window:
+            order, windows = window_order(t, h, w, self.merge, self.window)
+        else:  # full attention everywhere: the processor's order, one window per frame
+            order, windows = torch.arange(t * h * w // unit), [h * w] * t
         order = order.to(x.device)
         x = _in_windows(x, order, unit)
         cos, sin = self.rotary(rotary_positions(h, w, self.merge).repeat(t, 1))
@@ -215,3 +253,21 @@ def _block_mask(lengths: list[int], device: torch.device) -> torch.Tensor | None
     ids = torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                   torch.tensor(lengths, device=device))
     return ids[:, None] == ids[None, :]
+
+
+class Qwen2VisionTower(Qwen2_5_VisionTower):
+    """Qwen2-VL's tower (see the module docstring)."""
+
+    width_key, out_key = "embed_dim", "hidden_size"
+
+    def full_attention_blocks(self, config: Mapping[str, Any], depth: int) -> set[int]:
+        return set(range(depth))
+
+    def norm(self, dim: int, build: BuildContext) -> nn.Module:
+        return LayerNorm(dim, 1e-6, build=build)
+
+    def mlp(self, config: Mapping[str, Any], dim: int, build: BuildContext,
+            prefix: str) -> nn.Module:
+        hidden = int(dim * float(config.get("mlp_ratio", 4)))
+        return PlainVisionMLP(dim, hidden, str(config.get("hidden_act", "quick_gelu")), build,
+                              prefix)

@@ -20,6 +20,18 @@ PREPROCESSOR = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 36, "patch_si
                 "image_processor_type": "Qwen2VLImageProcessor"}
 
 
+def qwen2_hf_config() -> Any:
+    """Qwen2-VL (first generation): LayerNorm vision blocks, full attention, fc1/fc2 MLPs."""
+    text = hf_config().text_config.to_dict()
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    return transformers.Qwen2VLConfig(text_config=text, vision_config=vision,
+                                      image_token_id=IMAGE_TOKEN,
+                                      vision_start_token_id=VISION_START,
+                                      vision_end_token_id=VISION_END, video_token_id=293,
+                                      tie_word_embeddings=False)
+
+
 def hf_config() -> Any:
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
@@ -75,31 +87,55 @@ def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
     return rgb.convert(mode)
 
 
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    """(the transformers model, the directory it is saved in with tokenizer and processor)."""
+def _save(model: Any, path: Path) -> tuple[Any, Path]:
+    """(``model`` with random weights, the directory it is saved in with tokenizer and
+    processor)."""
     from tallow.plugin.testing.paged_runner import randomize_
 
-    torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(hf_config()).to(torch.float32)
+    model = model.to(torch.float32)
     randomize_(model, 5, 0.15)
     model.eval()
-    path = tmp_path_factory.mktemp("qwen2_5_vl")
     model.save_pretrained(str(path), safe_serialization=True)
     save_tokenizer(path)
     (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return model, path
 
 
-@pytest.fixture(scope="session")
-def llm(checkpoint: tuple[Any, Path]) -> Any:
+def _llm(path: Path) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                                    "tallow-safetensors"],
+    return offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-llama",
+                                           "tallow-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 256},
                                "cache": {"num_blocks": 64, "block_size": 16},
                                "scheduler": {"max_num_batched_tokens": 256}})
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """(the transformers Qwen2.5-VL, the directory it is saved in with tokenizer and
+    processor)."""
+    torch.manual_seed(0)
+    return _save(transformers.Qwen2_5_VLForConditionalGeneration(hf_config()),
+                 tmp_path_factory.mktemp("qwen2_5_vl"))
+
+
+@pytest.fixture(scope="session")
+def llm(checkpoint: tuple[Any, Path]) -> Any:
+    return _llm(checkpoint[1])
+
+
+@pytest.fixture(scope="session")
+def qwen2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """The same for Qwen2-VL."""
+    torch.manual_seed(0)
+    return _save(transformers.Qwen2VLForConditionalGeneration(qwen2_hf_config()),
+                 tmp_path_factory.mktemp("qwen2_vl"))
+
+
+@pytest.fixture(scope="session")
+def qwen2_llm(qwen2_checkpoint: tuple[Any, Path]) -> Any:
+    return _llm(qwen2_checkpoint[1])
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Parity with transformers' Qwen2_5_VLForConditionalGeneration on the same random weights,
+"""Parity with transformers' Qwen2_5_VLForConditionalGeneration (and
+Qwen2VLForConditionalGeneration) on the same random weights,
 through the whole engine (``LLM.generate`` with images): the log-probabilities of the prompt's
 text after the images, and 32 greedy tokens, with one and with two images."""
 
@@ -67,14 +68,19 @@ def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any]) ->
     assert len(set(ref_tokens)) > 1, "degenerate model: greedy decoding repeats one token"
 
 
-def test_one_image(kit, checkpoint, llm) -> None:
-    hf, _ = checkpoint
+FAMILIES = {"qwen2.5-vl": ("checkpoint", "llm"), "qwen2-vl": ("qwen2_checkpoint", "qwen2_llm")}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_one_image(kit, request, family) -> None:
+    (hf, _), llm = (request.getfixturevalue(f) for f in FAMILIES[family])
     _check(kit, llm, hf, _prompt(kit, [[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
            [kit.image(90, 60, seed=1)])
 
 
-def test_two_images(kit, checkpoint, llm) -> None:
-    hf, _ = checkpoint
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_two_images(kit, request, family) -> None:
+    (hf, _), llm = (request.getfixturevalue(f) for f in FAMILIES[family])
     prompt = _prompt(kit, [[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]])
     _check(kit, llm, hf, prompt, [kit.image(56, 112, seed=2),
                                   kit.image(150, 100, "RGBA", seed=3)])

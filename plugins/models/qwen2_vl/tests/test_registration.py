@@ -1,4 +1,4 @@
-"""The plugin registers Qwen2.5-VL lazily (no torch imported), its checkpoints load in both
+"""The plugin registers Qwen2.5-VL and Qwen2-VL lazily (no torch imported), its checkpoints load in both
 tensor layouts, and bad configs are refused naming the key."""
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ def test_registration_is_lazy() -> None:
                                             "ArchitectureRegistry") == []
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
-    cls = registry.entry("Qwen2_5_VLForConditionalGeneration").load()
-    assert issubclass(cls, VisionLanguageModel) and cls.position_axes == 3
+    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"):
+        cls = registry.entry(name).load()
+        assert issubclass(cls, VisionLanguageModel) and cls.position_axes == 3
+        assert cls.hf_architectures == (name,)
 
 
 def _tensors(checkpoint: tuple[Any, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
