@@ -19,6 +19,8 @@
 # qnextlong64 (64 sequences decoding after 32k-token prompts, random:qwen3-next-12l and its attention-only twin; the twin's
 # 2M cached tokens take 50 GB: an H200),
 # spectests,specverify (speculative decoding: GPU tests with CUDA graphs; verify-step cost vs k and batch on random:llama-3-8b),
+# vlmtests,vlmimages (images in: Qwen2.5-VL's GPU tests; random:qwen2.5-vl-7b, 64 requests of one 1024x1024 image, images/s and TTFT
+# with the encoder cache cold and warm),
 # tptests,tp2lat,tp2thr,tp2lat70b,tp2thr70b,tp2allreduce (tensor parallelism: need 2 GPUs, the nvidia-h200-x2 kind), or full: the runs behind the
 # targets in docs/performance.md (tests,latency,ttft,hf,qwen3,thr8b); the others are profiles, probes, A/B, fp8,
 # KV-codec and quantized-weight (tallow-quant-gguf, -fp8, -int4, -fp4, --isq) runs.
@@ -515,6 +517,15 @@ if [[ ",$MODE," == *",specverify,"* ]]; then  # verify-step cost vs k and batch,
   echo "== speculative decoding: verify step vs k and batch (replay speculator)"
   timeout 580 python3 bench/gpu/spec_verify.py --model random:llama-3-8b --batches 1,8,64 --ks 1,2,4,8 \
     --alphas 0.5,0.8,1.0 --input-len 256 --output-len 128 --output "$OUT/spec_verify.json" 2>&1 | grep -v Warning | tee "$OUT/spec_verify.log" | tail -60
+fi
+if [[ ",$MODE," == *",vlmtests,"* ]]; then  # images in: Qwen2.5-VL parity and the engine on the GPU (~2 min)
+  echo "== GPU tests of the image path (tallow-model-qwen2-vl)"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/models/qwen2_vl/tests 2>&1 | tail -15 | tee "$OUT/tests_vlm.log"
+fi
+if [[ ",$MODE," == *",vlmimages,"* ]]; then  # random:qwen2.5-vl-7b, 64 requests of one 1024x1024 image each (1296 tokens): cold vs warm encoder cache
+  echo "== images in: 64 x one 1024x1024 image, cold and warm encoder cache"
+  timeout 580 python3 bench/gpu/vlm_images.py --model random:qwen2.5-vl-7b --num-requests 64 --image-size 1024 \
+    --output-len 8 --dtype bfloat16 --max-model-len 4096 --output "$OUT/vlm_images_7b.json" 2>&1 | grep -v Warning | tee "$OUT/vlm_images_7b.log" | tail -40
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -159,6 +159,9 @@ class CacheConfig(Section):
                                         "prefixes shared between requests.")
     num_blocks: Optional[int] = Field(
         None, gt=0, description="Exact number of KV blocks; overrides the memory budget.")
+    encoder_cache_mb: int = Field(
+        1024, gt=0, description="Device memory in MiB for the image-encoder outputs of a "
+        "vision-language model, kept by image hash (least recently used evicted).")
 
     @field_validator("block_size")
     @classmethod

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 import torch
 
@@ -32,6 +32,7 @@ from .builder import EngineFrontend, EngineParts, build_engine
 from .core import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
+from .multimodal import MultimodalPrompt
 from .outputs import EmbeddingOutput, RequestOutput
 from .sampling.params import SamplingParams
 from .sequence import SequenceStatus
@@ -52,6 +53,8 @@ class AddRequest:
     params: SamplingParams | PoolingParams
     priority: int
     admitted: asyncio.Future[None]
+    #: the images of an expanded prompt, None: text only
+    mm: MultimodalPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,8 @@ class AsyncEngine(EngineFrontend):
                 error: BaseException | None = None
                 try:
                     self.core.add_request(command.request_id, command.prompt_token_ids,
-                                          command.params, priority=command.priority)
+                                          command.params, priority=command.priority,
+                                          mm=command.mm)
                 except BaseException as exc:
                     error = exc
                 self._deliver(functools.partial(_settle, command.admitted), error)
@@ -234,24 +238,34 @@ class AsyncEngine(EngineFrontend):
         return stream
 
     def _submit(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams | PoolingParams, priority: int) -> asyncio.Future[None]:
+                params: SamplingParams | PoolingParams, priority: int,
+                mm: MultimodalPrompt | None = None) -> asyncio.Future[None]:
         """Post the request to the engine thread; the future settles when it was admitted."""
         assert self._loop is not None
         admitted = self._loop.create_future()
-        self._post(AddRequest(request_id, list(prompt_token_ids), params, priority, admitted))
+        self._post(AddRequest(request_id, list(prompt_token_ids), params, priority, admitted,
+                              mm))
         return admitted
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str, *, prompt: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, images: Sequence[Any] | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request (cumulative text per completion).
 
         Admission errors are raised before the first output. Closing the iterator early (a
-        client went away) aborts the request and frees its KV blocks.
+        client went away) aborts the request and frees its KV blocks. ``images`` go with a
+        prompt holding one image placeholder token per image (a vision-language model).
         """
+        if images:
+            # decoding and resizing images is host work: off the event loop
+            prompt_token_ids, mm = await asyncio.to_thread(self.expand_images,
+                                                           list(prompt_token_ids), images)
+        else:
+            mm = None
         stream = await self._open(request_id, prompt_token_ids, "prompt")
         self.processor.add_request(request_id, prompt, prompt_token_ids, params)
-        admitted = self._submit(request_id, prompt_token_ids, params, priority)
+        admitted = self._submit(request_id, prompt_token_ids, params, priority, mm)
         finished = False
         try:
             # Until its final output arrives the request may be in the engine, or on its way

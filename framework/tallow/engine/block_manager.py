@@ -40,10 +40,14 @@ class NoFreeBlocksError(RuntimeError):
     """append_slots was asked for more blocks than are free (check can_allocate first)."""
 
 
-def chain_hash(parent: bytes | None, token_ids: Iterable[int]) -> bytes:
-    """The prefix-cache key of a full block: stable across processes (no salted ``hash()``)."""
+def chain_hash(parent: bytes | None, token_ids: Iterable[int], extra: bytes = b"") -> bytes:
+    """The prefix-cache key of a full block: stable across processes (no salted ``hash()``).
+    ``extra`` is what else the block's K/V depend on: the hashes of the images whose tokens it
+    holds (:meth:`tallow.engine.multimodal.MultimodalPrompt.block_key`)."""
     h = hashlib.sha256(parent or b"")
     h.update(array("q", token_ids).tobytes())
+    if extra:
+        h.update(extra)
     return h.digest()
 
 
@@ -160,7 +164,9 @@ class BlockManager:
                 # A block with a placeholder (a token still on the device) has no hash yet.
                 raise ValueError(f"block {i} of sequence {seq.seq_id} is not full of known "
                                  "tokens")
-            hashes.append(chain_hash(hashes[i - 1] if i else None, tokens[i * bs:(i + 1) * bs]))
+            extra = seq.mm.block_key(i * bs, (i + 1) * bs) if seq.mm is not None else b""
+            hashes.append(chain_hash(hashes[i - 1] if i else None, tokens[i * bs:(i + 1) * bs],
+                                     extra))
         return hashes[index]
 
     def get_prefix_hits(self, seq: Sequence) -> list[int]:

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -18,7 +18,7 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
-from tallow.layers import LatentCacheSpec, MLAAttention
+from tallow.layers import LatentCacheSpec, MLAAttention, VisionLanguageModel
 from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
 from tallow.plugin.manager import PluginManager, load_plugins
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
@@ -29,6 +29,9 @@ from .cache_groups import (
 )
 from .core import EngineCore
 from .cuda_graphs import CudaGraphRunner
+from .encoder_cache import EncoderCache, MultimodalRunner
+from .errors import AdmissionError
+from .multimodal import MultimodalPrompt, PromptImages
 from .embedding import EmbeddingInfo
 from .kv_calibration import calibrate_kv_codec
 from .kv_manager import KVCacheManager, PagedGroupSize
@@ -94,6 +97,21 @@ class EngineFrontend:
         self.task = parts.task
         #: the served model's embeddings (task embed), else None
         self.embedding = parts.embedding
+        mm = parts.core.runner.multimodal
+        #: expands the images of prompts (a vision-language model), else None
+        self.images = PromptImages(mm.model) if mm is not None else None
+
+    def expand_images(self, prompt_token_ids: list[int], images: Sequence[Any] | None
+                      ) -> tuple[list[int], MultimodalPrompt | None]:
+        """The prompt with its image placeholders expanded and its images (processed and
+        hashed here, off the engine thread); ``(prompt_token_ids, None)`` without images.
+        AdmissionError when the model takes no images or the placeholders do not match."""
+        if not images:
+            return prompt_token_ids, None
+        if self.images is None:
+            raise AdmissionError(f"the request has images, but {self.model_name} takes text "
+                                 "only", field="images")
+        return self.images.expand(prompt_token_ids, list(images))
 
     @property
     def structured(self) -> StructuredOutputs | None:
@@ -173,6 +191,9 @@ def kv_budget_blocks(config: TallowConfig, loaded: LoadedModel, bytes_per_block:
         # kv_fraction of what the card has left after weights and the activations of a step
         # (a margin for them and for CUDA graphs is kept back).
         reserve = min(4 << 30, int(0.05 * total))
+        if isinstance(loaded.model, VisionLanguageModel):
+            # the encoder cache's budget is not the KV cache's to take
+            reserve += int(cache.encoder_cache_mb) << 20
         budget = int(cache.kv_fraction * max(0, free - reserve)) - fixed_bytes
     else:
         need = config.scheduler.max_num_seqs * max_model_len * bytes_per_block // max(
@@ -407,6 +428,13 @@ def build_runner(config: TallowConfig, registries: Registries,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
         grammar=structured, group_sizes=group_sizes or None, sliding_groups=sliding_groups,
     )
+    model = loaded.model
+    if isinstance(model, VisionLanguageModel) and not embed:
+        if parallel is not None:
+            raise ValueError("tensor parallelism does not serve images yet: serve the "
+                             "vision-language model on one device")
+        runner.multimodal = MultimodalRunner(
+            model, EncoderCache(config.cache.encoder_cache_mb * 2**20), device)
     if codec.calibrated:
         calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)

@@ -74,6 +74,7 @@ from tallow.plugin import GrammarError, GrammarSpec
 from .embedding import PoolingParams
 from .errors import AdmissionError, InvalidParameter
 from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
+from .multimodal import MultimodalPrompt
 from .outputs import Logprob
 from .sampling.grammar import GrammarState, StructuredOutputs
 from .sampling.params import SamplingParams
@@ -221,10 +222,14 @@ class EngineCore:
     # -- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | PoolingParams, *, arrival_time: float | None = None,
-                    priority: int = 0) -> None:
+                    priority: int = 0, mm: MultimodalPrompt | None = None) -> None:
         """Admit a request (raises AdmissionError / QueueFullError when it cannot be): a
         completion (SamplingParams) on a generating engine, an embedding (PoolingParams) on
-        an embedding one."""
+        an embedding one. ``mm``: the images of an expanded prompt
+        (:meth:`tallow.engine.multimodal.PromptImages.expand`)."""
+        if mm is not None and self.runner.multimodal is None:
+            raise AdmissionError("the request has images, but the served model takes text "
+                                 "only", field="images")
         pooling = isinstance(params, PoolingParams)
         if pooling != (self.task == "embed"):
             asked = "an embedding" if pooling else "a generation"
@@ -244,7 +249,8 @@ class EngineCore:
         spec = params.structured_outputs
         grammars = [self._grammar_state(spec) for _ in range(params.n)] if spec else []
         request = self.scheduler.add_request(request_id, prompt_token_ids, params,
-                                             arrival_time=arrival_time, priority=priority)
+                                             arrival_time=arrival_time, priority=priority,
+                                             mm=mm)
         for seq, state in zip(request.seqs, grammars):
             seq.grammar = state
 
@@ -587,4 +593,5 @@ class EngineCore:
             "num_preemptions": s.num_preemptions,
             **(self.structured.stats() if self.structured is not None else {}),
             **(self.spec.stats() if self.spec is not None else {}),
+            **(self.runner.multimodal.stats() if self.runner.multimodal is not None else {}),
         }

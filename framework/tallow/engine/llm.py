@@ -11,6 +11,7 @@ from tallow.plugin.manager import PluginManager
 from .builder import resolve_engine_config
 from .embedding import PoolingParams, input_token_ids, truncation_length
 from .llm_engine import LLMEngine
+from .multimodal import chat_images
 from .outputs import EmbeddingOutput, RequestOutput
 from .sampling.params import SamplingParams
 from .tokenizer import Tokenizer
@@ -57,20 +58,26 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """Outputs in the order of ``prompts``. A prompt is a string or a list of token ids."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+                 priority: Sequence[int] | None = None,
+                 images: Sequence[Any] | None = None) -> list[RequestOutput]:
+        """Outputs in the order of ``prompts``. A prompt is a string or a list of token ids.
+
+        ``images`` (a vision-language model): for one prompt, its images (PIL images, paths or
+        encoded bytes); for a list of prompts, one list of images per prompt. A prompt holds
+        one image placeholder token (Qwen2-VL: ``<|image_pad|>``) per image, in order; the
+        engine expands it into the image's tokens."""
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
+                                              and isinstance(prompts[0], int))
+        batch: list[Any] = [prompts] if single else list(prompts)
+        per_prompt = _images_per_prompt(images, len(batch), single)
         if params is None:
             params = SamplingParams()
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} "
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
+        if len(plist) != len(batch):
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(batch)} "
                              "prompts")
         return self._run([(prompt, p, priority[i] if priority else 0)
-                          for i, (prompt, p) in enumerate(zip(prompts, plist))])
+                          for i, (prompt, p) in enumerate(zip(batch, plist))], per_prompt)
 
     def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
               dimensions: int | None = None,
@@ -106,14 +113,17 @@ class LLM:
         params = PoolingParams(dimensions)
         return self._run([(prompt, params, 0) for prompt in prompts])
 
-    def _run(self, requests: list[tuple[Any, Any, int]]) -> list[Any]:
-        """Add every ``(prompt, params, priority)`` (none, if one is refused), run the engine
-        until all are done and return their final outputs in order."""
+    def _run(self, requests: list[tuple[Any, Any, int]],
+             images: list[list[Any] | None] | None = None) -> list[Any]:
+        """Add every ``(prompt, params, priority)`` (none, if one is refused), with its
+        ``images``, run the engine until all are done and return their final outputs in
+        order."""
         ids: list[str] = []
         try:
-            for prompt, params, priority in requests:
+            for i, (prompt, params, priority) in enumerate(requests):
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, params, stream=False, priority=priority)
+                self.engine.add_request(rid, prompt, params, stream=False, priority=priority,
+                                        images=images[i] if images else None)
                 ids.append(rid)
         except Exception:
             for rid in ids:
@@ -137,7 +147,34 @@ class LLM:
         else:
             conversations = messages  # type: ignore[assignment]
         tok = self.engine.tokenizer
-        prompts = [tok.encode(tok.apply_chat_template(
-            conv, tools=tools, add_generation_prompt=add_generation_prompt,
-            **(chat_template_kwargs or {})), add_special_tokens=False) for conv in conversations]
+        prompts, images = [], []
+        for conv in conversations:
+            conv, found = chat_images(conv)
+            prompts.append(tok.encode(tok.apply_chat_template(
+                conv, tools=tools, add_generation_prompt=add_generation_prompt,
+                **(chat_template_kwargs or {})), add_special_tokens=False))
+            images.append(found)
+        if any(images):
+            return self.generate(prompts, params, images=images)
         return self.generate(prompts, params)
+
+
+def _images_per_prompt(images: Sequence[Any] | None, count: int,
+                       single: bool) -> list[list[Any] | None] | None:
+    """``images`` of :meth:`LLM.generate` as one list (or None) per prompt."""
+    if images is None:
+        return None
+    if isinstance(images, (str, bytes)) or not isinstance(images, Sequence):
+        raise TypeError("images: expected a list of images (or, for several prompts, one list "
+                        f"per prompt), got {type(images).__name__}")
+    if single:
+        return [list(images)]
+    if len(images) != count:
+        raise ValueError(f"images: got {len(images)} lists of images for {count} prompts")
+    out: list[list[Any] | None] = []
+    for i, item in enumerate(images):
+        if item is not None and (isinstance(item, (str, bytes)) or not isinstance(item, Sequence)):
+            raise TypeError(f"images[{i}]: expected the list of images of prompt {i}, got "
+                            f"{type(item).__name__}")
+        out.append(list(item) if item else None)
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Sequence
 
 from tallow.config import TallowConfig
 from tallow.distributed.driver import GroupFailedError
@@ -36,17 +36,19 @@ class LLMEngine(EngineFrontend):
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | PoolingParams, *, priority: int = 0,
-                    stream: bool = True) -> None:
+                    stream: bool = True, images: Sequence[Any] | None = None) -> None:
         """Queue a request. With ``stream=False`` its output is produced only once, finished.
         An embedding request (``PoolingParams``, on an engine built to embed) takes token ids
-        and yields one :class:`EmbeddingOutput`."""
+        and yields one :class:`EmbeddingOutput`. ``images`` (PIL images, paths or encoded
+        bytes) go with a prompt holding one image placeholder token per image, in order."""
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, ids = None, list(prompt)
         if not ids:
             raise ValueError("prompt: must contain at least one token")
-        self.core.add_request(request_id, ids, params, priority=priority)
+        ids, mm = self.expand_images(ids, images)
+        self.core.add_request(request_id, ids, params, priority=priority, mm=mm)
         if isinstance(params, PoolingParams):
             self._embeddings[request_id] = (ids, params)
             return

@@ -3,7 +3,9 @@ resolve the architecture, build the module and fill its parameters."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +122,23 @@ def _gguf_config(entry: Entry, checkpoint: Checkpoint,
                              str(exc)) from None
 
 
+def _preprocessor_config(checkpoint: Checkpoint) -> dict[str, Any] | None:
+    """The ``preprocessor_config.json`` beside the checkpoint's ``config.json``, if any."""
+    if not checkpoint.config_path:
+        return None
+    path = os.path.join(os.path.dirname(checkpoint.config_path), "preprocessor_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelFileError(path, None, f"not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelFileError(path, None, "expected a JSON object")
+    return data
+
+
 def resolve_architecture(registries: Registries,
                          checkpoint: Checkpoint) -> tuple[Entry, dict[str, Any]]:
     """The architecture entry and the (possibly refined) HF-style config."""
@@ -148,6 +167,10 @@ def resolve_architecture(registries: Registries,
                                  "architecture", arch, list(registries.architectures.names()),
                                  unloaded=registries.architectures.missing_hint(arch)))
     entry = registries.architectures.entry(arch)
+    preprocessor = _preprocessor_config(checkpoint)
+    if preprocessor is not None and "preprocessor_config" not in config:
+        # an image processor's settings, beside config.json (vision-language models)
+        config["preprocessor_config"] = preprocessor
     refine = getattr(entry.load(), "config_from_hf", None)
     if refine is not None:
         try:

@@ -22,10 +22,13 @@ from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.distributed.driver import StepPublisher
-from tallow.layers import Attention, AttentionMetadata, Pooler, forward_context
+from tallow.layers import (
+    Attention, AttentionMetadata, MultimodalStep, Pooler, forward_context, multimodal_step,
+)
 from tallow.types import AttentionBackend, HostBatch, KVCodec
 
 from .cache_groups import GroupCaches
+from .encoder_cache import MultimodalRunner
 from .kv_manager import PagedGroupSize
 from .outputs import Logprob
 from .sampling import RowParams, Sampler, SamplingBatch, StepRows
@@ -202,6 +205,9 @@ class ModelRunner:
         #: told each step's batch before it runs (``publish``) and its sampled token ids
         #: after (``share_tokens``), so that the workers run the same step. None: one process.
         self.step_publisher: StepPublisher | None = None
+        #: images' encoder outputs and positions of a vision-language model's steps (None: the
+        #: model takes text only)
+        self.multimodal: MultimodalRunner | None = None
         self._host: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
@@ -405,13 +411,15 @@ class ModelRunner:
         return row
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        if self.graphs is not None and meta.is_decode_only:
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata,
+                mm: MultimodalStep | None = None) -> torch.Tensor:
+        # A step with images or multi-axis positions runs eagerly: the captured graphs know
+        # neither.
+        if self.graphs is not None and meta.is_decode_only and mm is None:
             replayed = self.graphs.run(ids, pos, meta)
             if replayed is not None:
                 return replayed
-        with forward_context(meta, self.backend):
+        with forward_context(meta, self.backend), multimodal_step(mm):
             hidden: torch.Tensor = self.model(ids, pos)
             return hidden
 
@@ -456,7 +464,8 @@ class ModelRunner:
         if host is None:
             return pending
         batch = self.upload(host)
-        hidden = self.run_batch(batch, feed.token_ids if feed is not None else None)
+        mm = self.multimodal.step_inputs(scheduled) if self.multimodal is not None else None
+        hidden = self.run_batch(batch, feed.token_ids if feed is not None else None, mm)
         qsl = batch.meta.query_start_loc_cpu
         for i, item in enumerate(scheduled):
             if item.prompt_logprobs:
@@ -483,7 +492,8 @@ class ModelRunner:
         self._queue_readback(pending)
         return pending
 
-    def run_batch(self, batch: _Batch, fed_token_ids: torch.Tensor | None) -> torch.Tensor:
+    def run_batch(self, batch: _Batch, fed_token_ids: torch.Tensor | None,
+                  mm: MultimodalStep | None = None) -> torch.Tensor:
         """The forward of an uploaded batch: its hidden states. Rows whose input is a token of
         the step still running read it from ``fed_token_ids`` (that step's sampled ids) first,
         after the host→device copy and before the forward, so the eager model and the CUDA
@@ -495,7 +505,7 @@ class ModelRunner:
             assert batch.fed_from is not None  # set together with fed_rows
             batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0,
                                                                                batch.fed_from))
-        return self.forward(batch.ids, batch.pos, batch.meta)
+        return self.forward(batch.ids, batch.pos, batch.meta, mm)
 
     def start_masks(self, pending: PendingStep) -> None:
         """Start filling the token masks of a step :meth:`launch` left with its logits, on the

@@ -34,6 +34,12 @@ _QWEN3_NEXT: dict[str, Any] = dict(
                      "partial_rotary_factor": 0.25},
     max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
+_QWEN25_VL_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                         in_channels=3, out_hidden_size=3584, patch_size=14,
+                         spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                         fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2,
+                         hidden_act="silu")
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096,
                        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -122,6 +128,29 @@ SHAPES: dict[str, dict[str, Any]] = {
                             vocab_size=248320, max_position_embeddings=32768,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                              "partial_rotary_factor": 0.25}),
+    # Qwen2.5-VL-7B-Instruct: the Qwen2.5-7B text model with M-RoPE and a 32-block window-
+    # attention vision tower (675M parameters) whose merger projects to the text width
+    "qwen2.5-vl-7b": dict(architectures=["Qwen2_5_VLForConditionalGeneration"],
+                          hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                          num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                           "mrope_section": [16, 24, 24]},
+                          max_position_embeddings=128000, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, image_token_id=151655,
+                          video_token_id=151656, vision_start_token_id=151652,
+                          vision_end_token_id=151653, vision_config=_QWEN25_VL_VISION),
+    # the same families' few-MB twin, for CPU runs of the image path
+    "tiny-qwen2.5-vl": dict(architectures=["Qwen2_5_VLForConditionalGeneration"],
+                            hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                             "mrope_section": [2, 3, 3]},
+                            max_position_embeddings=4096, rms_norm_eps=1e-6,
+                            tie_word_embeddings=False, image_token_id=500,
+                            vision_start_token_id=501, vision_end_token_id=502,
+                            vision_config=dict(_QWEN25_VL_VISION, depth=2, hidden_size=32,
+                                               intermediate_size=48, num_heads=2,
+                                               out_hidden_size=64, fullatt_block_indexes=[1])),
     # A few-MB Qwen3-Next (linear, linear, full, linear; 8 experts, 2 per token), for CPU tests
     # of the recurrent-state path in the engine.
     "tiny-qwen3-next": dict(architectures=["Qwen3NextForCausalLM"], hidden_size=64,

@@ -47,7 +47,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from .block_manager import BlockManager
 from .kv_manager import KVCacheManager
@@ -196,10 +196,11 @@ class Scheduler:
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     *, arrival_time: float | None = None, priority: int = 0,
-                    pooling: bool = False) -> Request:
+                    pooling: bool = False, mm: Any = None) -> Request:
         """Queue a request; raise AdmissionError if it can never be served, QueueFullError if
         the waiting queue is full. ``pooling``: an embedding request (see the module
-        docstring)."""
+        docstring); ``mm``: the images of an expanded prompt (a
+        :class:`tallow.engine.multimodal.MultimodalPrompt`)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
@@ -239,7 +240,7 @@ class Scheduler:
             raise QueueFullError(f"the waiting queue is full ({self.max_waiting} sequences); "
                                  "retry later")
         request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
-                                 priority=priority, pooling=pooling)
+                                 priority=priority, pooling=pooling, mm=mm)
         self.requests[request_id] = request
         self.num_constrained += params.structured_outputs is not None
         self._note_final_length(request.seqs[0])

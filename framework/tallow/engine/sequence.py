@@ -109,6 +109,8 @@ class Sequence:
     #: the structured-output grammar state (a tallow.engine.sampling.GrammarState) of a
     #: constrained completion; None when its output is free
     grammar: Any = field(default=None, repr=False)  # Any: a GrammarState (sampling.grammar) or None; sequence sits below it
+    #: the images of its prompt (a tallow.engine.multimodal.MultimodalPrompt), None: text only
+    mm: Any = field(default=None, repr=False)  # Any: a MultimodalPrompt; multimodal sits above it
     _all: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -250,12 +252,12 @@ class Request:
     @classmethod
     def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                arrival_time: float | None = None, priority: int = 0,
-               pooling: bool = False) -> "Request":
+               pooling: bool = False, mm: Any = None) -> "Request":
         arrival = time.time() if arrival_time is None else float(arrival_time)
         prompt = list(prompt_token_ids)
         seqs = [Sequence(request_id=request_id, index=i, prompt_token_ids=prompt,
                          params=params, arrival_time=arrival, priority=priority,
-                         pooling=pooling)
+                         pooling=pooling, mm=mm)
                 for i in range(params.n)]
         return cls(request_id=request_id, prompt_token_ids=prompt, params=params, seqs=seqs,
                    arrival_time=arrival, priority=priority, forked=params.n == 1)

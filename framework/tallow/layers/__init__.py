@@ -21,7 +21,12 @@ from .linear_method import (
     LinearMethod, UnquantizedLinearMethod, linear_method_for, set_weight_attrs,
 )
 from .model import ArchConfig, BuildContext
+from .multimodal import (
+    MultimodalStep, PlacedImage, ProcessedImage, VisionLanguageModel, current_multimodal_step,
+    merge_multimodal_embeddings, multimodal_step,
+)
 from .mla import MLAAttention, MLALayer
+from .mrope import MRotaryEmbedding, mrope_section
 from .fused_moe import FusedExperts, FusedMoE
 from .moe_method import MoEMethod, UnquantizedMoEMethod, moe_method_for
 from .moe_router import SCORINGS, RouterSpec, select_experts
@@ -61,4 +66,7 @@ __all__ = [
     "longrope_rotary", "ShardedRMSNorm",
     "FusedMoE", "FusedExperts", "MoEMethod", "UnquantizedMoEMethod", "moe_method_for",
     "RouterSpec", "select_experts", "SCORINGS",
+    "MultimodalStep", "PlacedImage", "ProcessedImage", "VisionLanguageModel",
+    "current_multimodal_step", "merge_multimodal_embeddings",
+    "multimodal_step", "MRotaryEmbedding", "mrope_section",
 ]

@@ -10,6 +10,8 @@ and tool calls are parsed from the content only.
 from __future__ import annotations
 
 import logging
+from typing import Any
+
 from tallow.engine.outputs import CompletionOutput
 from tallow.engine.sampling.params import SamplingParams
 from tallow.plugin import GrammarSpec
@@ -17,7 +19,8 @@ from tallow.plugin.tool_parsing import StreamDelta
 
 from .errors import invalid, unsupported
 from .logprobs import chat_logprobs
-from .messages import normalize_messages
+from .images import load_image_url
+from .messages import image_urls, normalize_messages
 from .protocol import ChatCompletionRequest
 from .reasoning import ChoiceReasoning
 from .sampling import resolve_max_tokens
@@ -68,13 +71,27 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
                                state.tool_parsing,
                                constrain=structured is not None and structured.available)
         self.prompt_ids: list[int] = []
+        #: the request's images, in the order of their parts (a model that takes images)
+        self.images: list[Any] = []
         self._choices: list[_Choice] = []
 
     async def start(self) -> tuple[Starter, int]:
         ids, params, prompt = await self.prepare()
+        extra = self.image_kwargs()
         return (lambda: single_stream(self.state.engine.generate(
-            ids, params, self.id, prompt=prompt, priority=self.req.priority or 0)),
+            ids, params, self.id, prompt=prompt, priority=self.req.priority or 0, **extra)),
             self.req.n or 1)
+
+    def image_kwargs(self) -> dict[str, Any]:
+        """What ``engine.generate`` is given besides the prompt: the request's images, if
+        it has some."""
+        return {"images": self.images} if self.images else {}
+
+    async def load_images(self) -> None:
+        """Decode the images of the request's ``image_url`` parts (within the server's
+        limits) into :attr:`images`."""
+        self.images = [await load_image_url(url, self.state.image_policy, param=param)
+                       for url, param in image_urls(self.req.messages)]
 
     async def prepare(self, messages: list[dict[str, object]] | None = None,
                       budget: int | None = None) -> tuple[list[int], SamplingParams, str]:
@@ -83,7 +100,9 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         request's own limit)."""
         self.state.check_fanout(1, self.req.n or 1)
         if messages is None:
-            messages = normalize_messages(self.req.messages)
+            messages = normalize_messages(self.req.messages, images=self.state.takes_images)
+        if self.state.takes_images and not self.images:
+            await self.load_images()
         kwargs = dict(self.req.chat_template_kwargs or {})
         for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
             # the template is the model's: a request may pass variables, not replace it
@@ -148,6 +167,9 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     def received(self, item: Item) -> None:
         """Give each choice's new text to its tool parser."""
         _, out = item
+        if self.images and out.prompt_token_ids:
+            # the engine expanded each image into its tokens: they are prompt tokens too
+            self.prompt_ids = list(out.prompt_token_ids)
         if not self._choices:
             parser = self.state.reasoning.parser
             self._choices = [_Choice(self.plan.choice(stream_calls=True),

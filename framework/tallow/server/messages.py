@@ -13,8 +13,13 @@ What the template receives:
   message has no content, also as ``thinking`` (gpt-oss's template reads that, and refuses a
   tool-call message that has both content and ``thinking``).
 
-Image, audio and file content parts, the legacy ``function`` role and an assistant's legacy
-``function_call`` are refused with a 400 naming the field.
+Image parts (``image_url``) are kept for a model that takes images (``images=True``): the
+message's ``content`` is then a list of ``{"type": "text", "text": ...}`` and
+``{"type": "image"}`` parts in their order (the form chat templates of vision-language models
+render), and :func:`image_urls` lists the URLs. ``detail`` is accepted and not used (Qwen2-VL
+sizes an image by its pixels alone). For a text-only model, and always for audio and file
+parts, the legacy ``function`` role and an assistant's legacy ``function_call``, the request
+is refused with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -25,6 +30,54 @@ from typing import Sequence
 from .errors import invalid, unsupported
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+_DETAILS = ("auto", "low", "high")
+
+
+def _image_url(part: dict[str, object], at: str) -> str:
+    """The URL of an ``image_url`` part (checked)."""
+    ref = part.get("image_url")
+    if not isinstance(ref, dict) or not isinstance(ref.get("url"), str):
+        raise invalid(f"{at}.image_url", f"Invalid value for '{at}.image_url': expected an "
+                      "object with a string 'url'.")
+    detail = ref.get("detail")
+    if detail is not None and detail not in _DETAILS:
+        raise invalid(f"{at}.image_url.detail", f"Invalid value for '{at}.image_url.detail': "
+                      f"expected one of {', '.join(_DETAILS)}.")
+    return str(ref["url"])
+
+
+def image_urls(messages: Sequence[object], param: str = "messages") -> list[tuple[str, str]]:
+    """``(url, parameter path)`` of every ``image_url`` part of ``messages``, in order."""
+    out: list[tuple[str, str]] = []
+    for i, msg in enumerate(messages):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                at = f"{param}[{i}].content[{j}]"
+                out.append((_image_url(part, at), f"{at}.image_url.url"))
+    return out
+
+
+def _content_of(content: object, where: str, images: bool) -> object:
+    """A message's ``content`` for the template: its text, or, when it holds images (and the
+    model takes them), its text and image parts in order."""
+    if not images or not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+        return _text_of(content, where)
+    parts: list[dict[str, object]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            _image_url(part, f"{where}[{j}]")
+            parts.append({"type": "image"})
+            continue
+        # checked in place (its index in the error), the image parts read as empty text
+        text = _text_of([{"type": "text", "text": ""}] * j + [part], where)
+        parts.append({"type": "text", "text": text or ""})
+    return parts
 
 
 def _text_of(content: object, where: str, *, allow_none: bool = False) -> str | None:
@@ -108,9 +161,10 @@ def reasoning_fields(reasoning: str | None, content: object) -> dict[str, str]:
     return fields
 
 
-def normalize_messages(messages: Sequence[object], param: str = "messages"
-                       ) -> list[dict[str, object]]:
-    """Check ``messages`` and return them in the form the chat template expects."""
+def normalize_messages(messages: Sequence[object], param: str = "messages", *,
+                       images: bool = False) -> list[dict[str, object]]:
+    """Check ``messages`` and return them in the form the chat template expects; ``images``:
+    the model takes images (their parts are kept, see the module docstring)."""
     out: list[dict[str, object]] = []
     for i, msg in enumerate(messages):
         at = f"{param}[{i}]"
@@ -143,6 +197,8 @@ def normalize_messages(messages: Sequence[object], param: str = "messages"
                 raise invalid(f"{at}.reasoning_content", f"Invalid value for "
                               f"'{at}.reasoning_content': expected a string.")
             norm.update(reasoning_fields(thought, norm["content"]))
+        elif role == "user":
+            norm["content"] = _content_of(msg.get("content"), f"{at}.content", images)
         else:
             norm["content"] = _text_of(msg.get("content"), f"{at}.content")
         if role == "tool":

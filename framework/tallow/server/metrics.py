@@ -39,6 +39,8 @@ _ENGINE_GAUGES = {
     "spec_mean_accepted_length": ("tallow_spec_decode_mean_accepted_length",
                                   "Speculative decoding: tokens emitted per verified proposal "
                                   "(kept proposed tokens plus the model's own)."),
+    "encoder_cache_bytes": ("tallow_encoder_cache_usage_bytes",
+                            "Bytes of image-encoder outputs held by the encoder cache."),
 }
 _ENGINE_COUNTERS = {
     "prompt_tokens_total": ("tallow_prompt_tokens", "Prompt tokens admitted by the engine."),
@@ -51,6 +53,11 @@ _ENGINE_COUNTERS = {
                                  "Speculative decoding: tokens proposed."),
     "spec_num_accepted_tokens": ("tallow_spec_decode_num_accepted_tokens",
                                  "Speculative decoding: proposed tokens the model kept."),
+    "encoder_cache_hits": ("tallow_encoder_cache_hits",
+                           "Image-encoder outputs found in the encoder cache."),
+    "encoder_cache_misses": ("tallow_encoder_cache_misses",
+                             "Image-encoder outputs looked up and not found."),
+    "images_encoded": ("tallow_images_encoded", "Images run through the model's encoder."),
 }
 
 

@@ -3,7 +3,7 @@ request's outputs (:data:`EngineStream`)."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 from tallow.engine.embedding import PoolingParams
 from tallow.engine.outputs import EmbeddingOutput, RequestOutput
@@ -18,7 +18,9 @@ EngineStream = AsyncIterator[RequestOutput]
 class ServedEngine(Protocol):
     """What the server uses of its engine: an :class:`~tallow.engine.async_engine.AsyncEngine`,
     or a stand-in with the same surface. Optional parts (``structured``, ``task``,
-    ``embedding``, ``error``, ``plugin_manager``) are read with ``getattr``."""
+    ``embedding``, ``error``, ``plugin_manager``, ``images``: the prompt expander of a model that
+takes images) are read with ``getattr``; ``generate`` is given ``images`` only when a request
+has some."""
 
     @property
     def model_name(self) -> str: ...
@@ -32,7 +34,8 @@ class ServedEngine(Protocol):
     def stats(self) -> dict[str, float]: ...
 
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
-                 prompt: str | None = None, priority: int = 0) -> EngineStream: ...
+                 prompt: str | None = None, priority: int = 0,
+                 images: Sequence[Any] | None = None) -> EngineStream: ...
 
     async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
                     request_id: str) -> EmbeddingOutput: ...

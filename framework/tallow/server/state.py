@@ -82,6 +82,11 @@ class ServerState:
         return self.engine.tokenizer
 
     @property
+    def takes_images(self) -> bool:
+        """Whether the served model takes images (chat requests may carry image parts)."""
+        return getattr(self.engine, "images", None) is not None
+
+    @property
     def max_model_len(self) -> int:
         return int(self.engine.max_model_len)
 

@@ -183,7 +183,7 @@ class ToolLoop:
         tools = client_tools + [t.definition for t in self.provided.values()]
         self.handler.plan = plan_tools(tools, "auto", req.parallel_tool_calls,
                                        state.tool_parsing)
-        self.messages = normalize_messages(req.messages)
+        self.messages = normalize_messages(req.messages, images=state.takes_images)
         self.budget = req.max_completion_tokens or req.max_tokens
         self.max_rounds = int(getattr(getattr(state.config, "server", None),
                                       "max_tool_rounds", 8))
@@ -203,10 +203,11 @@ class ToolLoop:
         """Start the first round and answer whole or as a stream."""
         ids, params, prompt = await self.handler.prepare(self.messages)
         self.prompt_tokens += len(ids)
+        images = self.handler.image_kwargs()
         return await run_generation(
             self.state, request,
             lambda: self.state.engine.generate(ids, params, self.id, prompt=prompt,
-                                               priority=self.req.priority or 0),
+                                               priority=self.req.priority or 0, **images),
             "messages", bool(self.req.stream), self.respond, self.stream, self.handler.timer, 1)
 
     def usage(self) -> Usage:
@@ -379,7 +380,8 @@ class ToolLoop:
             raise
         self.prompt_tokens += len(ids)
         gen = self.state.engine.generate(ids, params, f"{self.id}-{self.rounds}",
-                                         prompt=prompt, priority=self.req.priority or 0)
+                                         prompt=prompt, priority=self.req.priority or 0,
+                                         **self.handler.image_kwargs())
         try:
             first = await first_output(gen, "messages")
         except BaseException:
