@@ -118,9 +118,10 @@ def test_streamed_answer_equals_the_whole_one(kit, client) -> None:
 
 
 @pytest.mark.parametrize("url,needle", [
-    ("https://example.com/cat.png", "only data: URLs"),
+    ("https://example.com/cat.png", "no host is allowed"),
     ("data:image/png;base64,!!!", "not valid base64"),
-    ("data:image/png;base64," + base64.b64encode(b"plain text").decode(), "not a PNG, JPEG"),
+    ("data:image/png;base64," + base64.b64encode(b"plain text").decode(),
+     "send PNG, JPEG or WebP"),
 ])
 def test_bad_images_are_400s_naming_the_part(client, url, needle) -> None:
     with pytest.raises(openai.BadRequestError) as err:
