@@ -192,7 +192,7 @@ class AttentionLayer:
     """The fixed facts of one attention layer, as this tensor-parallel rank runs it.
 
     ``num_heads`` and ``num_kv_heads`` count the heads **of this rank** (see
-    :class:`Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
+    :class:`~tallow.layers.Attention`); ``head_dim`` is the size of one head. The KV cache of the layer is
     allocated from them: ``[2, blocks, block_size, num_kv_heads, head_dim]``.
     """
 

@@ -5,7 +5,7 @@
 - :mod:`.state`: the group of this process (rank, size, groups), read by the model loader;
 - :mod:`.collectives`: the all-reduce and all-gather of the sharded layers;
 - :mod:`.step_message`: the step description the driver broadcasts to its workers;
-- :mod:`.driver` and :mod:`.worker`: the two sides of a step;
+- :mod:`.driver` (the driver side of a step; the workers run :mod:`tallow.engine.worker`);
 - :mod:`.watchdog`: heartbeats, dead ranks, orphan-free exits;
 - :mod:`.env`: NVLink multicast off, CPU cores shared between ranks.
 

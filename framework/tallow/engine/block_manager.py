@@ -7,7 +7,7 @@ Only numbers live here; the runner owns the tensors. A sequence's block table
 One manager serves one paged cache group (``group``: the index of the sequence's table in
 ``seq.block_tables``); :class:`tallow.engine.kv_manager.KVCacheManager` composes one per group.
 A manager with a sliding ``window`` gives back, after each committed step
-(:meth:`mark_computed`), the blocks whose every token is older than the window of any future
+(:meth:`BlockManager.mark_computed`), the blocks whose every token is older than the window of any future
 query: a query at position ``p`` reads keys ``k`` with ``p - k < window``, so once the
 sequence has ``c`` tokens committed, blocks wholly below ``c - window + 1`` are never read
 again. Their table entries then name the *null block* (id ``num_blocks``, one past the pool: a
@@ -382,7 +382,7 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int,
                      prefix_hits: list[int] | tuple[int, ...] = ()) -> bool:
-        """Whether :meth:`append_slots` (``seq``, ``num_new_tokens``) would succeed now.
+        """Whether :meth:`BlockManager.append_slots` (``seq``, ``num_new_tokens``) would succeed now.
 
         For a sequence about to be admitted, pass the ``prefix_hits`` it will attach: they are
         counted as covering its first tokens, and evictable ones stop being free.
@@ -474,7 +474,7 @@ class BlockManager:
         """Give ``child`` (holding no blocks) all of ``parent``'s blocks and computed tokens.
 
         The child's tokens must start with the parent's computed tokens (children of a request
-        share its prompt). Shared blocks are copied on the first write (:meth:`append_slots`).
+        share its prompt). Shared blocks are copied on the first write (:meth:`BlockManager.append_slots`).
         """
         if self._table(child) or (child.num_computed_tokens and self.group == 0):
             raise ValueError(f"fork: child sequence {child.seq_id} already holds blocks")

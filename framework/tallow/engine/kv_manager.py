@@ -17,10 +17,10 @@ point is not kept); the manager says so in the log once.
 
 Copy-on-write copies of the primary group are ``(src, dst)`` pairs, those of another paged
 group ``(src, dst, group)`` triples. A state slot is taken when a sequence is first given
-room (:meth:`append_slots`) and zeroed before the step that first uses it; a forked ``n > 1``
+room (:meth:`KVCacheManager.append_slots`) and zeroed before the step that first uses it; a forked ``n > 1``
 completion takes a slot holding a copy of its parent's state. Those operations are handed to
 the scheduler's output, in the order they were decided (a slot copied to at a fork, given back
-and taken again must end zeroed), through :meth:`pop_state_ops`.
+and taken again must end zeroed), through :meth:`KVCacheManager.pop_state_ops`.
 """
 
 from __future__ import annotations

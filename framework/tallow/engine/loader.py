@@ -62,7 +62,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device,
 def choose_weight_format(registries: Registries, source: str, name: str | None) -> Entry:
     """The format that reads ``source``: :func:`tallow.plugin.select` with ``claims(source)``
     as its check, so a named format must claim it and otherwise the first by priority that
-    does is taken. An unknown name is a :class:`RegistryError` listing the registered ones."""
+    does is taken. An unknown name is a :class:`~tallow.plugin.registry.RegistryError` listing the registered ones."""
     formats = registries.weight_formats
     if name and name != "auto":
         formats.entry(name)

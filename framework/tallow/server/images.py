@@ -2,7 +2,7 @@
 Pillow within the operator's limits.
 
 :func:`load_image_url` is the one entry point: it turns the ``url`` of an ``image_url`` part
-into an RGB :class:`PIL.Image.Image`, or raises a 400 :class:`~tallow.server.errors.APIError`
+into an RGB ``PIL.Image.Image``, or raises a 400 :class:`~tallow.server.errors.APIError`
 that names the request field and the limit or setting at fault.
 
 - ``data:image/png|jpeg|webp;base64,...`` is decoded in place. The declared type must be an

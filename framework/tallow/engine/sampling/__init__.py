@@ -1,15 +1,15 @@
 """Sampling, in one place: what a request asks for and how its tokens are drawn.
 
-* :mod:`.params` — :class:`SamplingParams`: every setting validated once, when it is built; the
-  greedy rule (:attr:`SamplingParams.greedy`) and the other facts the engine derives from it.
+* :mod:`.params` — :class:`~tallow.engine.sampling.params.SamplingParams`: every setting validated once, when it is built; the
+  greedy rule (:attr:`~tallow.engine.sampling.params.SamplingParams.greedy`) and the other facts the engine derives from it.
 * :mod:`.structured` — :class:`StructuredOutputsParams`: what a request's output must match.
-* :mod:`.batch` — :class:`SamplingBatch`: one step's rows laid out as tensors.
+* :mod:`.batch` — :class:`~tallow.engine.sampling.batch.SamplingBatch`: one step's rows laid out as tensors.
 * :mod:`.filters` — top-k, top-p and min-p on scaled logits.
-* :mod:`.sampler` — :class:`Sampler`: the processing order and the draw; :func:`takes_argmax`,
-  the engine's test for rows that need nothing but an argmax, and :class:`StepRows`, what
+* :mod:`.sampler` — :class:`~tallow.engine.sampling.sampler.Sampler`: the processing order and the draw; :func:`~tallow.engine.sampling.sampler.takes_argmax`,
+  the engine's test for rows that need nothing but an argmax, and :class:`~tallow.engine.sampling.sampler.StepRows`, what
   that test and the grammars say of a step's rows, decided once.
-* :mod:`.grammar` — :class:`StructuredOutputs`: the grammar backend, compiled grammars, each
-  constrained sequence's matcher (:class:`GrammarState`) and the step's token masks.
+* :mod:`.grammar` — :class:`~tallow.engine.sampling.grammar.StructuredOutputs`: the grammar backend, compiled grammars, each
+  constrained sequence's matcher (:class:`~tallow.engine.sampling.grammar.GrammarState`) and the step's token masks.
 
 The kernels the sampler runs (logit edits, Gumbel noise and argmax, token masks) are in
 :mod:`tallow.kernels.sampling` and :mod:`tallow.kernels.token_bitmask`, each with its torch

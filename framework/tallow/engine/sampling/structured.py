@@ -3,7 +3,7 @@
 :class:`StructuredOutputsParams` has vLLM's fields (``json``, ``regex``, ``choice``,
 ``grammar``, ``json_object``), so a Python caller writes
 ``SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`` (or a plain mapping
-with one of those keys); :class:`SamplingParams` keeps the resulting
+with one of those keys); :class:`~tallow.engine.sampling.params.SamplingParams` keeps the resulting
 :class:`tallow.plugin.GrammarSpec`.
 """
 
