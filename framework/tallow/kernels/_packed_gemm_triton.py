@@ -140,7 +140,8 @@ def _dequantize_kernel(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, out_ptr, N, K
 def _weight_args(w: PackedGemmWeight, block_k: int) -> tuple[list, dict]:
     """The weight's pointer and scalar arguments and its constexprs, for K blocks of
     ``block_k``."""
-    sub = w.group if w.group < block_k else block_k
+    # a group narrower than the tile splits it (and divides it); one as wide as K never does
+    sub = w.group if w.group < min(block_k, w.cols) else block_k
     dummy = w.scales
     args = [w.codes, w.scales, w.zeros if w.zeros is not None else dummy,
             w.mins if w.mins is not None else dummy]
