@@ -24,7 +24,8 @@ elsewhere):
   tile choice.
 * ``packed_gemm(x, w, bias=None, *, config=None)``: ``x @ dequant(W)^T`` on tensor cores with
   the weight read packed (4-bit, 8-bit or e4m3 codes with scales per group) and decoded in
-  registers, split-K for a few rows; ``PackedGemmWeight`` its layout, made by
+  registers, split-K for a few rows (``w`` one weight or a list stacked along the rows;
+  ``packed_gemm_warm_up(w, dtype)`` compiles its variants); ``PackedGemmWeight`` its layout, made by
   ``packed_weight(kind, codes, scales, group=..., zeros=..., zero_point=..., mins=...)`` from a
   format's tensors; ``dequantize_packed`` the kernels' decoding written out (float32), with
   ``dequantize_packed_ref`` and ``packed_gemm_ref`` the references (``packed_gemm_tolerance``: the
@@ -139,7 +140,8 @@ from .norm import rms_norm, rms_norm_ref
 from .packed_gemm import TUNED_CONFIGS as PACKED_GEMM_TUNED
 from .packed_gemm import (
     PackedGemmConfig, PackedGemmWeight, dequantize_packed, dequantize_packed_ref, packed_gemm,
-    packed_gemm_config, packed_gemm_ref, packed_gemm_tolerance, packed_weight,
+    packed_gemm_config, packed_gemm_ref, packed_gemm_tolerance, packed_gemm_warm_up,
+    packed_weight,
 )
 from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
 from .rotary import rotary_embedding, rotary_embedding_ref
@@ -192,7 +194,7 @@ __all__ = [
     # tensor-core GEMM of packed weights
     "PACKED_GEMM_TUNED", "PackedGemmConfig", "PackedGemmWeight", "dequantize_packed",
     "dequantize_packed_ref", "packed_gemm", "packed_gemm_config", "packed_gemm_ref",
-    "packed_gemm_tolerance", "packed_weight",
+    "packed_gemm_tolerance", "packed_gemm_warm_up", "packed_weight",
     # the paged KV cache
     "CastKVCodec", "LayerKVCache", "allocate_layer", "attention_ref", "cache_saturation",
     "float8_reasons", "paged_attention_ref", "slots_to_blocks", "store_cast_kv",

@@ -40,6 +40,8 @@ a default rule) or are passed explicitly.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -59,22 +61,54 @@ def packed_gemm_ref(x: torch.Tensor, w: PackedGemmWeight,
     return y.to(x.dtype)
 
 
-def packed_gemm(x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor | None = None, *,
+def packed_gemm(x: torch.Tensor, w: PackedGemmWeight | Sequence[PackedGemmWeight],
+                bias: torch.Tensor | None = None, *,
                 config: PackedGemmConfig | None = None) -> torch.Tensor:
     """``x [..., K] @ W^T (+ bias)`` → ``[..., N]`` in x's dtype: the Triton kernel where
-    Triton runs (x float16 or bfloat16), :func:`packed_gemm_ref` elsewhere."""
-    if x.shape[-1] != w.cols:
+    Triton runs (x float16 or bfloat16), :func:`packed_gemm_ref` elsewhere. ``w`` may be a
+    list of weights of one K, stacked along the rows (the partitions of a merged layer: one
+    launch each, ``config`` for all of them)."""
+    parts = [w] if isinstance(w, PackedGemmWeight) else list(w)
+    cols = parts[0].cols
+    if x.shape[-1] != cols or any(p.cols != cols for p in parts):
         raise ValueError(f"packed GEMM: x has {x.shape[-1]} input features, the weight "
-                         f"[{w.rows}, {w.cols}] expects {w.cols}")
+                         f"[{sum(p.rows for p in parts)}, {cols}] expects {cols}"
+                         + ("" if all(p.cols == cols for p in parts)
+                            else " (and its parts differ in K)"))
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, w.cols)
-    if triton_enabled(x2) and x2.dtype in (torch.float16, torch.bfloat16):
-        from ._packed_gemm_triton import packed_gemm_triton
+    x2 = x.reshape(-1, cols)
+    outs = []
+    start = 0
+    for p in parts:
+        part_bias = None if bias is None else bias[start:start + p.rows]
+        start += p.rows
+        if triton_enabled(x2) and x2.dtype in (torch.float16, torch.bfloat16):
+            from ._packed_gemm_triton import packed_gemm_triton
 
-        y = packed_gemm_triton(x2, w, bias, config=config)
-    else:
-        y = packed_gemm_ref(x2, w, bias)
-    return y.view(*lead, w.rows)
+            outs.append(packed_gemm_triton(x2, p, part_bias, config=config))
+        else:
+            outs.append(packed_gemm_ref(x2, p, part_bias))
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+    return y.view(*lead, start)
+
+
+#: row counts :func:`packed_gemm_warm_up` runs: one per M bucket of the tile table, and
+#: Triton's specialisations of one row and of multiples of 16
+WARM_ROWS = (1, 2, 16, 17, 64, 128, 256)
+
+
+def packed_gemm_warm_up(w: PackedGemmWeight | Sequence[PackedGemmWeight],
+                        dtype: torch.dtype) -> None:
+    """Compile, before serving (and before any CUDA-graph capture), the kernel variants the
+    weights' products take at every row count (each of :data:`WARM_ROWS`, on zeros), where
+    Triton runs them."""
+    parts = [w] if isinstance(w, PackedGemmWeight) else list(w)
+    if dtype not in (torch.float16, torch.bfloat16):
+        return
+    for p in parts:
+        if triton_enabled(p.codes):
+            for m in WARM_ROWS:
+                packed_gemm(torch.zeros(m, p.cols, dtype=dtype, device=p.device), p)
 
 
 def dequantize_packed(w: PackedGemmWeight) -> torch.Tensor:

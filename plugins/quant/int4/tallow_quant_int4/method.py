@@ -6,8 +6,8 @@ placeholder per tensor name of the checkpoint's format (GPTQ: ``qweight``, ``qze
 ``scales``, ``g_idx``; compressed-tensors: ``weight_packed``, ...) plus ``weight`` for a layer
 kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int4.formats`),
 this rank's rows and columns are cut out and packed into the layout once (and, under the
-setting ``kernel: tensor_core``, re-laid once more for :mod:`tallow_quant_int4.tensor_core`). Float weights are
-quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
+setting ``kernel: tensor_core``, re-laid once more for :mod:`tallow_quant_int4.tensor_core`).
+Float weights are quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
 until the engine has run the model over calibration text, each layer adding its inputs to a
 Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
 ``sequential`` setting the engine runs every calibration window in one forward pass and each
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tallow.kernels import packed_gemm_warm_up
 from tallow.layers import PackedLinearMethod, WeightSlice
 
 from . import ops, tensor_core
@@ -149,7 +150,7 @@ class IntLinearMethod(PackedLinearMethod):
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
         if self.scheme.policy.tensor_core and self.parts and all(
                 isinstance(p, IntWeight) for p in self.parts):
-            tensor_core.warm_up(self.parts, self._packed_parts(), dtype)
+            packed_gemm_warm_up(self._packed_parts(), dtype)
             return
         ops.warm_up(self.parts, dtype, self.scheme.policy, gate=gate)
 

@@ -39,8 +39,8 @@ def linear(x: torch.Tensor, parts: list[IntWeight], packed: list[PackedGemmWeigh
            bias: torch.Tensor | None) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)``, ``W`` the parts stacked along the rows, each multiplied
     through its packed copy."""
-    if len(parts) == 1:
-        return packed_gemm(permuted_input(x, parts[0]), packed[0], bias)
+    if all(p.perm is None for p in parts):
+        return packed_gemm(x, packed, bias)
     outs = []
     start = 0
     for p, q in zip(parts, packed):
@@ -49,19 +49,3 @@ def linear(x: torch.Tensor, parts: list[IntWeight], packed: list[PackedGemmWeigh
         start += p.rows
     return torch.cat(outs, dim=-1)
 
-
-#: row counts whose tiles (one per M bucket of :func:`tallow.kernels.packed_gemm_config`, and
-#: Triton's specialisations of one row and of multiples of 16) warm-up compiles
-WARM_ROWS = (1, 2, 16, 17, 64, 128, 256)
-
-
-def warm_up(parts: list[IntWeight], packed: list[PackedGemmWeight], dtype: torch.dtype) -> None:
-    """Compile, before serving, the packed GEMM's variants for every part at each row count
-    of :data:`WARM_ROWS` (on zeros; CUDA only)."""
-    if dtype not in DTYPES:
-        return
-    for p, q in zip(parts, packed):
-        if not triton_enabled(p.codes):
-            continue
-        for m in WARM_ROWS:
-            packed_gemm(torch.zeros(m, p.cols, dtype=dtype, device=p.device), q)
