@@ -6,8 +6,9 @@
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
-# tctests,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat (the packed-weight tensor-core GEMM: its GPU tests; the runs of
-# int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat with each plugin's opt-in tensor-core setting, to A/B in the same call),
+# tctests,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat,tcmxfp4lat (the packed-weight tensor-core GEMM: its GPU tests;
+# the runs of int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in
+# the same call),
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
 # random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
@@ -499,12 +500,13 @@ fi
 if [[ ",$MODE," == *",tctests,"* ]]; then  # ~5 min at most (Triton compiles every shape's tiles)
   echo "== GPU tests of the packed-weight tensor-core GEMM (core at llama-3-8b shapes, then each plugin's re-layout cases)"
   { timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 190 tests/kernels/test_packed_gemm_kernels.py
-    for p in int4 gguf fp8; do
+    for p in int4 gguf fp8 fp4; do
       timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/$p/tests/tensor_core_cases.py
     done
   } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_tc.log"
 fi
 # the same runs as int4lat/int4thr, q4klat/q4kthr, q8lat and fp8wlat through the tensor-core GEMM
+# (tcmxfp4lat: after mxfp4lat)
 if [[ ",$MODE," == *",tcint4lat,"* ]]; then
   bench latency_8b_int4_tc_bs1 300 latency --config bench/gpu/int4_rtn_tc.yaml "${Q8B[@]}" --isq int4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
@@ -535,6 +537,9 @@ if [[ ",$MODE," == *",fp4micro,"* ]]; then  # mxfp4 and nvfp4 against bf16 per l
 fi
 if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
   bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcmxfp4lat,"* ]]; then  # mxfp4lat through the tensor-core GEMM
+  bench latency_8b_mxfp4_tc_bs1 300 latency --config bench/gpu/fp4_tc.yaml "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",spectests,"* ]]; then  # speculative decoding beside CUDA graphs (tiny model)
   echo "== GPU tests of speculative decoding"

@@ -52,6 +52,11 @@ def make_weight(kind: str, n: int, k: int, group: int, variant: str, g: torch.Ge
             return packed_weight("fp8", codes.to(DEVICE), s.to(DEVICE), group=group,
                                  scale_cols=128)
         return packed_weight("fp8", codes.to(DEVICE), scales.to(DEVICE), group=group)
+    if kind == "e2m1":  # MXFP4: powers of two per 32 (bfloat16 holds them exactly)
+        codes = torch.randint(0, 16, (n, k), generator=g)
+        exps = torch.randint(-8, 2, (n, groups), generator=g)
+        scales = torch.ldexp(torch.ones(n, groups), exps).bfloat16()
+        return packed_weight("e2m1", codes.to(DEVICE), scales.to(DEVICE), group=group)
     top = 16 if kind == "u4" else 256
     codes = torch.randint(0, top, (n, k), generator=g)
     zeros = mins = None
@@ -77,6 +82,7 @@ CASES = [  # kind, N, K, group, variant
     ("u8", 40, 128, 64, "zeros"),
     ("fp8", 48, 160, 160, "channel"),
     ("fp8", 40, 200, 128, "block"),
+    ("e2m1", 48, 160, 32, "mx"),
 ]
 #: explicit tiles per batch: split-K for the few-row batches (uneven splits of K), a plain
 #: tiled GEMM for 256 rows
@@ -115,7 +121,7 @@ def test_product_within_rounding(case, m, dtype):
     tol = packed_gemm_tolerance(x.cpu(), weight, config.split_k)
     if bias is not None:
         want += bias.cpu().float()
-        tol += 2.0 ** -8 * bias.cpu().float().abs()  # the bias joins before the last rounding
+        tol += torch.finfo(dtype).eps * bias.cpu().float().abs()  # joins before the last rounding
     err = (y.cpu().float() - want).abs()
     assert bool((err <= tol).all()), f"max excess {float((err - tol).max())}"
 
@@ -134,15 +140,16 @@ def test_default_config_runs():
 
 
 if not INTERPRET:
-    @pytest.mark.parametrize("kind,group", [("u4", 128), ("u4", 32), ("u8", 32), ("fp8", 0)])
+    @pytest.mark.parametrize("kind,group", [("u4", 128), ("u4", 32), ("u8", 32), ("fp8", 0),
+                                            ("e2m1", 32)])
     @pytest.mark.parametrize("m", [1, 16, 256])
     @pytest.mark.parametrize("nk", [(6144, 4096), (4096, 14336), (28672, 4096)])
     def test_llama_shapes_on_gpu(kind, group, m, nk):
         """Every kind at llama-3-8b's qkv, down and gate_up shapes, default tiles."""
         n, k = nk
         g = rng(m + n)
-        variant = ("zeros" if group == 128 else "mins") if kind == "u4" else (
-            "constant" if kind == "u8" else "channel")
+        variant = ("zeros" if group == 128 else "mins") if kind == "u4" else {
+            "u8": "constant", "fp8": "channel", "e2m1": "mx"}[kind]
         w = make_weight(kind, n, k, group or k, variant, g)
         x = torch.randn(m, k, generator=g).bfloat16().to(DEVICE)
         y = packed_gemm(x, w)

@@ -21,9 +21,20 @@ import triton.language as tl
 from ._dispatch import interpreting
 from .packed_layout import PackedGemmConfig, PackedGemmWeight, check_config, packed_gemm_config
 
-_KIND_IDS = {"u4": 0, "u8": 1, "fp8": 2}
+_KIND_IDS = {"u4": 0, "u8": 1, "fp8": 2, "e2m1": 3}
 #: 2**23: its float32 mantissa holds an integer code exactly
 _MAGIC = 8388608.0
+
+
+@triton.jit
+def _e2m1_value(q):
+    """FP4 e2m1 codes (int32, 0..15) → their float32 values, by building the bits: a magnitude
+    ``2e + m`` of 2 or more is ``2**(e-1) * (1 + m/2)``, whose float32 bits are ``(2e + m) << 22``
+    plus the exponent bias less one (``126 << 23``); 1 is 0.5 (those same bias bits) and 0 is
+    zero; bit 3 becomes the sign bit."""
+    mag = q & 7
+    bits = tl.where(mag < 2, mag * 0x3F000000, (mag << 22) + 0x3F000000)
+    return (bits | ((q & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -34,15 +45,19 @@ def _decode_tile(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, k0, offs_n, N, K, s
     """The weights ``[k0, k0 + BLOCK_K) x offs_n`` as float32 ``[BLOCK_K, BLOCK_N]`` (rows past
     K and columns past N decode to zero)."""
     mask_n = offs_n < N
-    if KIND == 0:
+    if KIND == 0 or KIND == 3:
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         words = tl.load(codes_ptr + offs_w[:, None] * N + offs_n[None, :],
                         mask=(offs_w[:, None] < K // 8) & mask_n[None, :], other=0)
         shifts = tl.arange(0, 8) * 4
         q = (words[:, None, :] >> shifts[None, :, None]) & 15
         q = tl.reshape(q, (BLOCK_K, BLOCK_N), can_reorder=False)
-        raw = (q | 0x4B000000).to(tl.float32, bitcast=True)
-        bias = 8388608.0
+        if KIND == 0:
+            raw = (q | 0x4B000000).to(tl.float32, bitcast=True)
+            bias = 8388608.0
+        else:
+            raw = _e2m1_value(q)
+            bias = 0.0
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kmask = (offs_k[:, None] < K) & mask_n[None, :]

@@ -24,6 +24,9 @@ operand takes without a transpose.
                                        that reshapes to ``[K, N]`` in order)
 ``u8``     uint8 ``[K, N]``            unsigned 8-bit codes
 ``fp8``    float8 e4m3 ``[K, N]``      the weight's e4m3 values (zero 0)
+``e2m1``   int32 ``[K / 8, N]``        FP4 e2m1 codes packed as ``u4``, decoded to
+                                       their values ``±{0, .5, 1, 1.5, 2, 3, 4, 6}``
+                                       (zero 0)
 =========  ==========================  ============================================
 
 ``scales``: float16, bfloat16 or float32 ``[ceil(K / group), ceil(N / scale_cols)]`` (kept in
@@ -45,7 +48,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._dispatch import triton_enabled
+from ._dispatch import interpreting, triton_enabled
 from .packed_layout import (  # noqa: F401  (the module's public names)
     KINDS, SPLIT_K_MAX_ROWS, TARGET_PROGRAMS, TUNED_CONFIGS, PackedGemmConfig,
     PackedGemmWeight, check_config, codes_of, dequantize_packed_ref, m_bucket, pack_u4,
@@ -132,8 +135,11 @@ def packed_gemm_tolerance(x: torch.Tensor, weight: torch.Tensor,
     splits) * 2^-24`` relative to ``sum |x| |w|``), and rounds the result to x's dtype (``u``
     of its magnitude). The float32 reference adds its own ``K * 2^-24``. So
     ``|err| <= u |y| + (1 + u) (u + gamma + K 2^-24) sum_k |x_k| |w_k|``, here with a 1 %
-    margin on the second term."""
-    u = torch.finfo(x.dtype).eps / 2
+    margin on the second term. Triton's CPU interpreter converts float32 to bfloat16 by
+    truncation, not to nearest: there (``TRITON_INTERPRET=1``, bfloat16 x) ``u`` is the whole
+    machine epsilon, 2^-7."""
+    eps = torch.finfo(x.dtype).eps
+    u = eps if interpreting() and x.dtype == torch.bfloat16 else eps / 2
     k = weight.shape[1]
     gamma = (2 * k + splits) * 2.0 ** -24
     magnitude = x.abs().to(torch.float32) @ weight.abs().T

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("u4", "u8", "fp8")
-_CODE_DTYPES = {"u4": torch.int32, "u8": torch.uint8, "fp8": torch.float8_e4m3fn}
+KINDS = ("u4", "u8", "fp8", "e2m1")
+_CODE_DTYPES = {"u4": torch.int32, "u8": torch.uint8, "fp8": torch.float8_e4m3fn,
+                "e2m1": torch.int32}
+#: the e2m1 (FP4) values by code, bit 3 the sign
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+#: the kinds whose codes are 4 bits, 8 to an int32 word along K
+NIBBLE_KINDS = ("u4", "e2m1")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 #: the largest M that takes the split-K variant in the default rule
 SPLIT_K_MAX_ROWS = 16
@@ -36,9 +42,9 @@ class PackedGemmWeight:
         if self.group <= 0 or self.scale_cols <= 0:
             raise ValueError(f"{what}: group ({self.group}) and scale_cols ({self.scale_cols}) "
                              "must be positive")
-        if self.kind == "u4" and self.cols % 8:
+        if self.kind in NIBBLE_KINDS and self.cols % 8:
             raise ValueError(f"{what}: 4-bit codes need K a multiple of 8, got {self.cols}")
-        k_rows = self.cols // 8 if self.kind == "u4" else self.cols
+        k_rows = self.cols // 8 if self.kind in NIBBLE_KINDS else self.cols
         groups = -(-self.cols // self.group)
         expect = {"codes": ((k_rows, self.rows), (_CODE_DTYPES[self.kind],)),
                   "scales": ((groups, -(-self.rows // self.scale_cols)), _FLOATS)}
@@ -52,8 +58,8 @@ class PackedGemmWeight:
                 raise ValueError(f"{what}: {name} must be contiguous "
                                  f"{'/'.join(map(str, dtypes))} of shape {shape}, got "
                                  f"{t.dtype} {tuple(t.shape)}")
-        if self.kind == "fp8" and (self.zeros is not None or self.zero_point):
-            raise ValueError(f"{what}: e4m3 codes take no zero point")
+        if self.kind in ("fp8", "e2m1") and (self.zeros is not None or self.zero_point):
+            raise ValueError(f"{what}: {self.kind} codes are values; they take no zero point")
 
     @property
     def device(self) -> torch.device:
@@ -95,9 +101,9 @@ def packed_weight(kind: str, codes: torch.Tensor, scales: torch.Tensor, *, group
     if kind not in KINDS:
         raise ValueError(f"packed weight: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     n, k = codes.shape
-    if kind == "u4":
+    if kind in NIBBLE_KINDS:
         if codes.numel() and int(codes.max()) > 15:
-            raise ValueError("packed u4 weight: codes must be below 16")
+            raise ValueError(f"packed {kind} weight: codes must be below 16")
         stored = pack_u4(codes)
     elif kind == "u8":
         stored = codes.to(torch.uint8).T.contiguous()
@@ -113,7 +119,10 @@ def packed_weight(kind: str, codes: torch.Tensor, scales: torch.Tensor, *, group
 
 
 def codes_of(w: PackedGemmWeight) -> torch.Tensor:
-    """The codes as float32 ``[N, K]`` (exact)."""
+    """The codes as float32 ``[N, K]`` (exact; e2m1 codes as their values)."""
+    if w.kind == "e2m1":
+        table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=w.device)
+        return table[unpack_u4(w.codes).long()]
     if w.kind == "u4":
         return unpack_u4(w.codes).to(torch.float32)
     return w.codes.T.to(torch.float32)
@@ -175,14 +184,14 @@ def packed_gemm_config(m: int, n: int, k: int, kind: str) -> PackedGemmConfig:
     tuned = TUNED_CONFIGS.get((kind, bucket, n, k))
     if tuned is not None:
         return tuned
-    block_k = 128 if kind == "u4" else 64
+    block_k = 128 if kind in NIBBLE_KINDS else 64
     if m <= SPLIT_K_MAX_ROWS:
         tiles_n = -(-n // 64)
         k_tiles = -(-k // block_k)
         split = max(1, min(k_tiles, TARGET_PROGRAMS // max(tiles_n, 1)))
         return PackedGemmConfig(16, 64, block_k, split, num_warps=4, num_stages=4)
     block_m = 64 if bucket <= 64 else 128
-    return PackedGemmConfig(block_m, 128, block_k // 2 if kind != "u4" else 64, 1,
+    return PackedGemmConfig(block_m, 128, 64 if kind in NIBBLE_KINDS else 32, 1,
                             num_warps=8 if block_m == 128 else 4, num_stages=3)
 
 
