@@ -42,3 +42,61 @@ def test_product_within_rounding(qtype, m):
     want = x.float() @ dense.T
     splits = packed_gemm_config(m, 40, k, w.kind).split_k
     assert bool(((y.float() - want).abs() <= packed_gemm_tolerance(x, dense, splits)).all())
+
+
+def test_layers_under_the_setting_take_the_packed_gemm():
+    """A merged Q4_K layer and a Q8_0 down projection with its activation, built by a scheme
+    with ``matmul: tensor_core``: bfloat16 inputs go through the packed copies; a Q6_K layer
+    keeps the default kernels."""
+    from tallow.layers import (
+        BuildContext, MergedColumnParallelLinear, QuantizedWeight, RowParallelLinear,
+        SiluAndMul,
+    )
+    from tallow.plugin.testing import make_config
+    from tallow_quant_gguf.reference import dequantize_ref
+    from tallow_quant_gguf.scheme import GGUFQuantScheme
+
+    config = make_config({"plugins": {"settings": {"tallow-quant-gguf": {
+        "matmul": "tensor_core"}}}})
+    build = BuildContext(quant=GGUFQuantScheme(config))
+
+    def quantized(qtype, rows, cols, seed):
+        blocks, packed = weight(qtype, rows, cols, "layer", seed)
+        return (QuantizedWeight("gguf", qtype, (rows, cols), torch.from_numpy(blocks), None),
+                dequantize_ref(packed))
+
+    merged = MergedColumnParallelLinear(256, [24, 24], build=build, prefix="mlp.gate_up_proj")
+    dense = []
+    for shard in (0, 1):
+        q, d = quantized("Q4_K", 24, 256, shard)
+        merged.weight.weight_loader(merged.weight, q, shard)
+        dense.append(d)
+    merged.quant_method.process_weights_after_loading(merged)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.bfloat16)
+    w = torch.cat(dense).to(DEVICE)
+    y = merged(x)
+    assert merged.quant_method._packed, "the packed GEMM was not used"
+    splits = packed_gemm_config(5, 24, 256, "u4").split_k
+    assert bool(((y.float() - x.float() @ w.T).abs()
+                 <= packed_gemm_tolerance(x, w, splits)).all())
+
+    down = RowParallelLinear(256, 24, build=build, prefix="mlp.down_proj")
+    q, w0 = quantized("Q8_0", 24, 256, 7)
+    down.weight.weight_loader(down.weight, q)
+    down.quant_method.process_weights_after_loading(down)
+    act = SiluAndMul()
+    xx = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEVICE,
+                                                                          torch.bfloat16)
+    a, w0 = act(xx), w0.to(DEVICE)
+    y = down(xx, act=act)
+    assert down.quant_method._packed
+    splits = packed_gemm_config(3, 24, 256, "u8").split_k
+    err = (y.float() - a.float() @ w0.T).abs()
+    assert bool((err <= packed_gemm_tolerance(a, w0, splits)).all())
+
+    other = RowParallelLinear(256, 24, build=build, prefix="mlp.o_proj")
+    q, _ = quantized("Q6_K", 24, 256, 8)
+    other.weight.weight_loader(other.weight, q)
+    other.quant_method.process_weights_after_loading(other)
+    other(x)
+    assert not other.quant_method._packed

@@ -7,9 +7,9 @@ placeholder per tensor name of the checkpoint's format (GPTQ: ``qweight``, ``qze
 kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int4.formats`),
 this rank's rows and columns are cut out and packed into the layout once (and, under the
 setting ``kernel: tensor_core``, re-laid once more for :mod:`tallow_quant_int4.tensor_core`).
-Float weights are quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
-until the engine has run the model over calibration text, each layer adding its inputs to a
-Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
+Float weights are quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load
+(``rtn``), or held until the engine has run the model over calibration text, each layer adding
+its inputs to a Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
 ``sequential`` setting the engine runs every calibration window in one forward pass and each
 layer quantizes as soon as it has seen its inputs, before computing its output, so every later
 layer's Hessian is gathered from the outputs of the quantized layers before it. With

@@ -5,6 +5,8 @@ the GPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -64,3 +66,51 @@ def test_stacked_parts_with_bias():
     splits = packed_gemm_config(3, 24, 256, "u4").split_k
     tol = packed_gemm_tolerance(x, weight, splits) + 2.0 ** -11 * bias.float().abs()
     assert y.shape == (3, 32) and bool(((y.float() - want).abs() <= tol).all())
+
+
+def test_layers_under_the_setting_take_the_packed_gemm():
+    """A merged GPTQ layer and a down projection with its activation, built by a scheme with
+    ``kernel: tensor_core``: bfloat16 inputs go through the packed copies."""
+    from int_weights import dense_of
+    from test_conformance import gptq_config
+    from tallow.layers import BuildContext, MergedColumnParallelLinear, RowParallelLinear
+    from tallow.layers import SiluAndMul
+    from tallow.plugin.testing import make_config
+    from tallow_quant_int4.formats import pack_gptq
+    from tallow_quant_int4.scheme import IntQuantScheme
+
+    config = make_config({"plugins": {"settings": {"tallow-quant-int4": {
+        "kernel": "tensor_core"}}}})
+    scheme = IntQuantScheme(config)
+    scheme.use_checkpoint_config(gptq_config(4, 64, sym=False))
+    build = BuildContext(quant=scheme)
+    us = [random_unpacked(24, 128, group=64, zeros=True, seed=s) for s in (1, 2)]
+    # GPTQ v1 stores zero - 1: a zero of 0 has no encoding
+    us = [dataclasses.replace(u, zeros=u.zeros.clamp(min=1)) for u in us]
+    merged = MergedColumnParallelLinear(128, [24, 24], build=build, prefix="mlp.gate_up_proj")
+    for shard, u in enumerate(us):
+        for name, t in pack_gptq(u, zero_offset=1).items():
+            getattr(merged, name).weight_loader(getattr(merged, name), t, shard)
+    merged.quant_method.process_weights_after_loading(merged)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.bfloat16)
+    dense = torch.cat([dense_of(u) for u in us]).to(DEVICE)
+    y = merged(x)
+    assert merged.quant_method._packed, "the packed GEMM was not used"
+    splits = packed_gemm_config(5, 24, 128, "u4").split_k
+    assert bool(((y.float() - x.float() @ dense.T).abs()
+                 <= packed_gemm_tolerance(x, dense, splits)).all())
+
+    down = RowParallelLinear(128, 24, build=build, prefix="mlp.down_proj")
+    for name, t in pack_gptq(us[0], zero_offset=1).items():
+        getattr(down, name).weight_loader(getattr(down, name), t)
+    down.quant_method.process_weights_after_loading(down)
+    act = SiluAndMul()
+    xx = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE,
+                                                                          torch.bfloat16)
+    a = act(xx)
+    y = down(xx, act=act)
+    assert down.quant_method._packed
+    w0 = dense_of(us[0]).to(DEVICE)
+    splits = packed_gemm_config(3, 24, 128, "u4").split_k
+    err = (y.float() - a.float() @ w0.T).abs()
+    assert bool((err <= packed_gemm_tolerance(a, w0, splits)).all())
