@@ -6,9 +6,9 @@
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
-# tctests,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat,tcmxfp4lat (the packed-weight tensor-core GEMM: its GPU tests;
-# the runs of int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in
-# the same call),
+# tctests,tcmicro,tcsweep,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat,tcmxfp4lat (the packed-weight tensor-core GEMM:
+# its GPU tests; per llama-3-8b shape against bf16; its tile sweep, writing OUT/packed_gemm_tuned.json; the runs of
+# int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in the same call),
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
 # random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
@@ -504,6 +504,15 @@ if [[ ",$MODE," == *",tctests,"* ]]; then  # ~5 min at most (Triton compiles eve
       timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/$p/tests/tensor_core_cases.py
     done
   } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_tc.log"
+fi
+if [[ ",$MODE," == *",tcmicro,"* ]]; then  # every kind per llama-3-8b shape, M 1/16/256/4096, default tiles
+  echo "== packed-weight tensor-core GEMM on llama-3-8b shapes"
+  timeout 500 python3 bench/gpu/packed_gemm_micro.py --output "$OUT/tcmicro.json" 2>&1 | grep -v Warning | tee "$OUT/tcmicro.log" | tail -100
+fi
+if [[ ",$MODE," == *",tcsweep,"* ]]; then  # the tile sweep at 1 and 16 rows (decode), int4 and Q4_K first
+  echo "== packed-weight tensor-core GEMM tile sweep"
+  timeout 560 python3 bench/gpu/packed_gemm_micro.py --sweep --rows 1,16 --kinds int4,q4k,q8_0,fp8,mxfp4 \
+    --output "$OUT/tcsweep.json" --table "$OUT/packed_gemm_tuned.json" 2>&1 | grep -v Warning | tee "$OUT/tcsweep.log" | grep -v "^    !!" | tail -100
 fi
 # the same runs as int4lat/int4thr, q4klat/q4kthr, q8lat and fp8wlat through the tensor-core GEMM
 # (tcmxfp4lat: after mxfp4lat)

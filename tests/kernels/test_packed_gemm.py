@@ -73,6 +73,20 @@ def test_tiles_must_not_straddle_groups():
         PackedGemmConfig(16, 24, 64)
 
 
+def test_tuned_table_from_json(tmp_path, monkeypatch):
+    monkeypatch.setattr("tallow.kernels.packed_layout.TUNED_CONFIGS", {})
+    from tallow.kernels import packed_layout
+
+    path = tmp_path / "table.json"
+    path.write_text('{"u8,16,4096,4096": [16, 128, 64, 4, 4, 3]}')
+    assert packed_layout.load_tuned_configs(str(path)) == 1
+    assert packed_layout.packed_gemm_config(9, 4096, 4096, "u8") == PackedGemmConfig(
+        16, 128, 64, 4, 4, 3)
+    path.write_text('{"q4,16,4096,4096": [16, 128, 64, 4, 4, 3]}')
+    with pytest.raises(ValueError, match="names no packed kind"):
+        packed_layout.load_tuned_configs(str(path))
+
+
 def test_config_table_then_rule(monkeypatch):
     small = packed_gemm_config(1, 4096, 4096, "u4")
     assert small.block_m == 16 and small.split_k > 1

@@ -168,6 +168,22 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], PackedGemmConfig] = {}
 TARGET_PROGRAMS = 264
 
 
+def load_tuned_configs(path: str) -> int:
+    """Add the entries of a JSON table (``bench/gpu/packed_gemm_micro.py --sweep --table``:
+    ``"kind,bucket,n,k"`` -> ``[block_m, block_n, block_k, split_k, num_warps, num_stages]``)
+    to :data:`TUNED_CONFIGS`; returns how many."""
+    import json
+
+    with open(path) as f:
+        table = json.load(f)
+    for key, values in table.items():
+        kind, bucket, n, k = key.split(",")
+        if kind not in KINDS:
+            raise ValueError(f"{path}: entry {key!r} names no packed kind ({', '.join(KINDS)})")
+        TUNED_CONFIGS[(kind, int(bucket), int(n), int(k))] = PackedGemmConfig(*values)
+    return len(table)
+
+
 def m_bucket(m: int) -> int:
     """The row-count bucket of the config table: 1, 16, 64, 128 or 256 (anything above)."""
     for b in (1, 16, 64, 128):
