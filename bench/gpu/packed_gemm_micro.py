@@ -130,15 +130,15 @@ def main() -> None:
                     table[key] = (t, list(vars(cfg).values()))
                 print(f"    best {cfg}: {t * 1e6:.1f} us {w0.nbytes / t / 1e9:.0f} GB/s",
                       flush=True)
+                if args.table:  # after every cell: a sweep cut short keeps what it found
+                    with open(args.table, "w") as f:
+                        json.dump({key: c for key, (_, c) in table.items()}, f, indent=1)
         ws = dense = None  # free the copies before the next shape
         if dev == "cuda":
             torch.cuda.empty_cache()
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=1)
-    if args.table:
-        with open(args.table, "w") as f:
-            json.dump({key: cfg for key, (_, cfg) in table.items()}, f, indent=1)
 
 
 if __name__ == "__main__":

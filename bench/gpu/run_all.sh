@@ -509,9 +509,9 @@ if [[ ",$MODE," == *",tcmicro,"* ]]; then  # every kind per llama-3-8b shape, M 
   echo "== packed-weight tensor-core GEMM on llama-3-8b shapes"
   timeout 500 python3 bench/gpu/packed_gemm_micro.py --output "$OUT/tcmicro.json" 2>&1 | grep -v Warning | tee "$OUT/tcmicro.log" | tail -100
 fi
-if [[ ",$MODE," == *",tcsweep,"* ]]; then  # the tile sweep at 1 and 16 rows (decode), int4 and Q4_K first
+if [[ ",$MODE," == *",tcsweep,"* ]]; then  # the tile sweep at 1 and 16 rows (decode) of int4 and Q4_K; the table is written after every cell
   echo "== packed-weight tensor-core GEMM tile sweep"
-  timeout 560 python3 bench/gpu/packed_gemm_micro.py --sweep --rows 1,16 --kinds int4,q4k,q8_0,fp8,mxfp4 \
+  timeout 560 python3 bench/gpu/packed_gemm_micro.py --sweep --rows 1,16 --kinds int4,q4k --shapes qkv,gate_up,down \
     --output "$OUT/tcsweep.json" --table "$OUT/packed_gemm_tuned.json" 2>&1 | grep -v Warning | tee "$OUT/tcsweep.log" | grep -v "^    !!" | tail -100
 fi
 # the same runs as int4lat/int4thr, q4klat/q4kthr, q8lat and fp8wlat through the tensor-core GEMM
