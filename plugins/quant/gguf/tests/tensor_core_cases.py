@@ -58,7 +58,8 @@ def test_layers_under_the_setting_take_the_packed_gemm():
 
     config = make_config({"plugins": {"settings": {"tallow-quant-gguf": {
         "matmul": "tensor_core"}}}})
-    build = BuildContext(quant=GGUFQuantScheme(config))
+    build = BuildContext(dtype=torch.bfloat16, device=torch.device(DEVICE),
+                         quant=GGUFQuantScheme(config))
 
     def quantized(qtype, rows, cols, seed):
         blocks, packed = weight(qtype, rows, cols, "layer", seed)

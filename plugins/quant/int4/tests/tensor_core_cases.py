@@ -83,7 +83,7 @@ def test_layers_under_the_setting_take_the_packed_gemm():
         "kernel": "tensor_core"}}}})
     scheme = IntQuantScheme(config)
     scheme.use_checkpoint_config(gptq_config(4, 64, sym=False))
-    build = BuildContext(quant=scheme)
+    build = BuildContext(dtype=torch.bfloat16, device=torch.device(DEVICE), quant=scheme)
     us = [random_unpacked(24, 128, group=64, zeros=True, seed=s) for s in (1, 2)]
     # GPTQ v1 stores zero - 1: a zero of 0 has no encoding
     us = [dataclasses.replace(u, zeros=u.zeros.clamp(min=1)) for u in us]
