@@ -12,7 +12,7 @@ tiles and bf16 (tallow's dense linear), printing microseconds, effective GB/s (w
 time) and the ratio. ``--sweep`` also times every tile of :data:`SWEEP` (split-K ones for up to
 16 rows) and writes the fastest per (kind, M bucket, N, K) to ``--table`` as entries of
 ``tallow.kernels.PACKED_GEMM_TUNED`` (``"kind,bucket,n,k"`` -> ``[block_m, block_n,
-block_k, split_k, num_warps, num_stages]``), which ``tallow.kernels.packed_layout.
+block_k, split_k, num_warps, num_stages, swap_ab]``), which ``tallow.kernels.packed_layout.
 load_tuned_configs`` reads.
 """
 
@@ -35,7 +35,8 @@ KINDS = {"int4": ("u4", 128, True, False, torch.float16),
          "fp8": ("fp8", 0, False, False, torch.float32),
          "mxfp4": ("e2m1", 32, False, False, torch.bfloat16)}
 #: tiles the sweep tries: (block_m, block_n, block_k, num_warps, num_stages), each with the
-#: split counts of :data:`SPLITS` up to 16 rows
+#: split counts of :data:`SPLITS` up to 16 rows, and 16-row tiles also as the transposed
+#: product (``swap_ab``)
 SWEEP = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3),
          (16, 64, 64, 2, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
          (128, 128, 128, 8, 3)]
@@ -109,11 +110,12 @@ def main() -> None:
             if not args.sweep:
                 continue
             best = None
-            for (bm, bn, bk, warps, stages), split in itertools.product(SWEEP, SPLITS):
-                if (split > 1 and m > 16) or bm > max(16, 2 * m) or (
+            for (bm, bn, bk, warps, stages), split, swap in itertools.product(
+                    SWEEP, SPLITS, (False, True)):
+                if (split > 1 and m > 16) or bm > max(16, 2 * m) or (swap and bm > 16) or (
                         w0.group < k and w0.group % bk and bk % w0.group):
                     continue
-                cfg = PackedGemmConfig(bm, bn, bk, split, warps, stages)
+                cfg = PackedGemmConfig(bm, bn, bk, split, warps, stages, swap)
                 try:
                     t = graph_seconds(lambda i: packed_gemm(x, ws[i], config=cfg), copies,
                                       device=dev)

@@ -41,7 +41,7 @@ def build(kind: str, group: int, zeros: bool, mins: bool, scales: str, m: int) -
     partial = cfg.split_k > 1
     constexprs = dict(KIND=_KIND_IDS[kind], GROUP=group, SUB=sub, SCALE_COLS=1,
                       HAS_ZEROS=zeros, HAS_MINS=mins, HAS_BIAS=not partial, PARTIAL=partial,
-                      UPCAST=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      UPCAST=False, SWAP=cfg.swap_ab, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k)
     types = {"x_ptr": "*bf16", "codes_ptr": CODES[kind], "scales_ptr": scales,
              "zeros_ptr": "*u8", "mins_ptr": scales, "bias_ptr": "*bf16",

@@ -28,13 +28,12 @@ _MAGIC = 8388608.0
 
 @triton.jit
 def _e2m1_value(q):
-    """FP4 e2m1 codes (int32, 0..15) → their float32 values, by building the bits: a magnitude
-    ``2e + m`` of 2 or more is ``2**(e-1) * (1 + m/2)``, whose float32 bits are ``(2e + m) << 22``
-    plus the exponent bias less one (``126 << 23``); 1 is 0.5 (those same bias bits) and 0 is
-    zero; bit 3 becomes the sign bit."""
-    mag = q & 7
-    bits = tl.where(mag < 2, mag * 0x3F000000, (mag << 22) + 0x3F000000)
-    return (bits | ((q & 8) << 28)).to(tl.float32, bitcast=True)
+    """FP4 e2m1 codes (int32, 0..15) → their float32 values. The code's exponent and mantissa
+    bits shifted to the top of float32's mantissa field, ``(q & 7) << 22``, are the float
+    ``2**(e - 127) * (1 + m/2)`` (``m/2 * 2**-126``, a subnormal, for ``e = 0``): the value
+    times ``2**-126``, which one exact product takes back; bit 3 becomes the sign bit."""
+    bits = ((q & 7) << 22) | ((q & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2**126
 
 
 @triton.jit
@@ -96,13 +95,14 @@ def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_
                         KIND: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
                         SCALE_COLS: tl.constexpr, HAS_ZEROS: tl.constexpr,
                         HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                        UPCAST: tl.constexpr,
+                        UPCAST: tl.constexpr, SWAP: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One ``BLOCK_M x BLOCK_N`` output tile over ``tiles_per_split`` K blocks (the ones of
     split ``program_id(1)``). ``PARTIAL``: float32 partial sums into ``y [splits, M, N]``;
-    else the tile (plus bias) in y's dtype. ``UPCAST``: both operands (the weights already
-    rounded to x's dtype) multiplied as float32, the same products: Triton's interpreter
-    multiplies bfloat16 tiles wrongly."""
+    else the tile (plus bias) in y's dtype. ``SWAP``: the transposed product, the decoded
+    weights as ``tl.dot``'s first operand (see :class:`PackedGemmConfig`). ``UPCAST``: both
+    operands (the weights already rounded to x's dtype) multiplied as float32, the same
+    products: Triton's interpreter multiplies bfloat16 tiles wrongly."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -111,7 +111,10 @@ def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(0, tiles_per_split):
         k0 = (pid_k * tiles_per_split + t) * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -121,10 +124,14 @@ def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_
                          scale_stride, zero_point, KIND, GROUP, SUB, SCALE_COLS, HAS_ZEROS,
                          HAS_MINS, BLOCK_K, BLOCK_N)
         b = b.to(a.dtype)
-        if UPCAST:
+        if SWAP:
+            acc_t = tl.dot(tl.trans(b), tl.trans(a), acc_t)
+        elif UPCAST:
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    if SWAP:
+        acc = tl.trans(acc_t)
     mask = mask_m[:, None] & (offs_n < N)[None, :]
     if PARTIAL:
         out = y_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :]
@@ -190,12 +197,13 @@ def packed_gemm_triton(x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor 
     if m == 0:
         return torch.empty(0, n, dtype=x.dtype, device=x.device)
     args, constexprs = _weight_args(w, cfg.block_k)
+    upcast = interpreting() and x.dtype == torch.bfloat16
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
     _packed_gemm_kernel[grid](
         x, *args, bias if bias is not None else x, y, m, n, k, x.stride(0),
         w.scales.stride(0), w.zero_point, per_split, **constexprs,
         HAS_BIAS=bias is not None and not partial, PARTIAL=partial,
-        UPCAST=interpreting() and x.dtype == torch.bfloat16, BLOCK_M=cfg.block_m,
+        UPCAST=upcast, SWAP=cfg.swap_ab and not upcast, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if not partial:

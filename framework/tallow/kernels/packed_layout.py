@@ -143,7 +143,10 @@ def dequantize_packed_ref(w: PackedGemmWeight) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PackedGemmConfig:
-    """Tiles of one launch: ``split_k`` programs share each output tile's K (1: none)."""
+    """Tiles of one launch: ``split_k`` programs share each output tile's K (1: none);
+    ``swap_ab``: the product computed transposed, ``y^T = W x^T``, so that the decoded weights
+    are ``tl.dot``'s first operand, which Hopper's ``wgmma`` reads from registers (the second
+    must pass through shared memory: only the few rows of x then do)."""
 
     block_m: int
     block_n: int
@@ -151,6 +154,7 @@ class PackedGemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -170,7 +174,8 @@ TARGET_PROGRAMS = 264
 
 def load_tuned_configs(path: str) -> int:
     """Add the entries of a JSON table (``bench/gpu/packed_gemm_micro.py --sweep --table``:
-    ``"kind,bucket,n,k"`` -> ``[block_m, block_n, block_k, split_k, num_warps, num_stages]``)
+    ``"kind,bucket,n,k"`` -> ``[block_m, block_n, block_k, split_k, num_warps, num_stages,
+    swap_ab]``)
     to :data:`TUNED_CONFIGS`; returns how many."""
     import json
 
@@ -205,7 +210,7 @@ def packed_gemm_config(m: int, n: int, k: int, kind: str) -> PackedGemmConfig:
         tiles_n = -(-n // 64)
         k_tiles = -(-k // block_k)
         split = max(1, min(k_tiles, TARGET_PROGRAMS // max(tiles_n, 1)))
-        return PackedGemmConfig(16, 64, block_k, split, num_warps=4, num_stages=4)
+        return PackedGemmConfig(16, 64, block_k, split, num_warps=4, num_stages=4, swap_ab=True)
     block_m = 64 if bucket <= 64 else 128
     return PackedGemmConfig(block_m, 128, 64 if kind in NIBBLE_KINDS else 32, 1,
                             num_warps=8 if block_m == 128 else 4, num_stages=3)
