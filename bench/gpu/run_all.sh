@@ -6,6 +6,9 @@
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
+# tctests,tcmicro,tcsweep,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat,tcmxfp4lat (the packed-weight tensor-core GEMM:
+# its GPU tests; per llama-3-8b shape against bf16; its tile sweep, writing OUT/packed_gemm_tuned.json; the runs of
+# int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in the same call),
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
 # mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
 # random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
@@ -496,6 +499,43 @@ if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 asymmetric (the --isq i
   echo "== int4 matmul on llama-3-8b shapes"
   timeout 500 python3 bench/gpu/int4_micro.py --asym --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -200
 fi
+if [[ ",$MODE," == *",tctests,"* ]]; then  # ~5 min at most (Triton compiles every shape's tiles)
+  echo "== GPU tests of the packed-weight tensor-core GEMM (core at llama-3-8b shapes, then each plugin's re-layout cases)"
+  { timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 190 tests/kernels/test_packed_gemm_kernels.py
+    for p in int4 gguf fp8 fp4; do
+      timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/$p/tests/tensor_core_cases.py
+    done
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_tc.log"
+fi
+if [[ ",$MODE," == *",tcmicro,"* ]]; then  # every kind per llama-3-8b shape, M 1/16/256/4096, default tiles
+  echo "== packed-weight tensor-core GEMM on llama-3-8b shapes"
+  timeout 500 python3 bench/gpu/packed_gemm_micro.py --output "$OUT/tcmicro.json" 2>&1 | grep -v Warning | tee "$OUT/tcmicro.log" | tail -100
+fi
+if [[ ",$MODE," == *",tcsweep,"* ]]; then  # the tile sweep at 1 and 16 rows (decode) of int4 and Q4_K; the table is written after every cell
+  echo "== packed-weight tensor-core GEMM tile sweep"
+  timeout 560 python3 bench/gpu/packed_gemm_micro.py --sweep --rows 1,16 --kinds int4,q4k --shapes qkv,gate_up,down \
+    --output "$OUT/tcsweep.json" --table "$OUT/packed_gemm_tuned.json" 2>&1 | grep -v Warning | tee "$OUT/tcsweep.log" | grep -v "^    !!" | tail -100
+fi
+# the same runs as int4lat/int4thr, q4klat/q4kthr, q8lat and fp8wlat through the tensor-core GEMM
+# (tcmxfp4lat: after mxfp4lat)
+if [[ ",$MODE," == *",tcint4lat,"* ]]; then
+  bench latency_8b_int4_tc_bs1 300 latency --config bench/gpu/int4_rtn_tc.yaml "${Q8B[@]}" --isq int4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcint4thr,"* ]]; then
+  bench throughput_8b_int4_tc 450 throughput --config bench/gpu/int4_rtn_tc.yaml "${Q8B[@]}" --isq int4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",tcq4klat,"* ]]; then
+  bench latency_8b_q4k_tc_bs1 300 latency --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcq4kthr,"* ]]; then
+  bench throughput_8b_q4k_tc 450 throughput --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q4_k --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",tcq8lat,"* ]]; then
+  bench latency_8b_q8_0_tc_bs1 300 latency --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q8_0 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcfp8lat,"* ]]; then
+  bench latency_8b_fp8w_tc_bs1 300 latency --config bench/gpu/fp8_tc.yaml "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
 if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
   echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
   { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
@@ -508,6 +548,9 @@ if [[ ",$MODE," == *",fp4micro,"* ]]; then  # mxfp4 and nvfp4 against bf16 per l
 fi
 if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
   bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcmxfp4lat,"* ]]; then  # mxfp4lat through the tensor-core GEMM
+  bench latency_8b_mxfp4_tc_bs1 300 latency --config bench/gpu/fp4_tc.yaml "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",spectests,"* ]]; then  # speculative decoding beside CUDA graphs (tiny model)
   echo "== GPU tests of speculative decoding"
