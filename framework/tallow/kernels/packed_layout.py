@@ -168,7 +168,7 @@ class PackedGemmConfig:
 
 #: tuned tiles: (kind, M bucket, N, K) -> config; M buckets are :func:`m_bucket`'s
 TUNED_CONFIGS: dict[tuple[str, int, int, int], PackedGemmConfig] = {}
-#: programs the default rule aims the split-K grid at (twice an H100/H200's 132 SMs)
+#: programs the default rule aims the split-K grid at (about twice a Hopper GPU's SM count)
 TARGET_PROGRAMS = 264
 
 
