@@ -26,6 +26,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "Glm4MoeForCausalLM": "tallow-model-glm4-moe", "GptOssForCausalLM": "tallow-model-gpt-oss",
         **dict.fromkeys(["GPTNeoXForCausalLM", "StableLmForCausalLM"], "tallow-model-gptneox"),
         "MixtralForCausalLM": "tallow-model-mixtral",
+        "MiniMaxM2ForCausalLM": "tallow-model-minimax-m2",
         **dict.fromkeys(["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"], "tallow-model-qwen-moe"),
         **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                          "Qwen3_5ForConditionalGeneration",
