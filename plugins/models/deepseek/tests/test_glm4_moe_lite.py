@@ -79,3 +79,24 @@ def test_cuda_parity(tmp_path):
     assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Glm4MoeLiteForCausalLM,
                                                SafetensorsFormat().load, **kw),
                        hf, PROMPT, 32, what="glm4-moe-lite")
+
+
+def test_random_shape_of_glm_4_7_flash():
+    """``random:glm-4.7-flash`` (built on the meta device): 29.9B parameters, one dense layer
+    then 46 MoE layers, and a latent cache of 47 x (512 + 64) x 2 = 54,144 bytes per token in
+    bfloat16."""
+    from tallow.engine.cache_groups import find_cache_groups, group_block_bytes
+    from tallow.engine.random_model import shape_config
+    from tallow.kernels.kv_cast import AutoKVCodec
+
+    config = ArchConfig(shape_config("random:glm-4.7-flash"))
+    with torch.device("meta"):
+        model = Glm4MoeLiteForCausalLM(config, BuildContext(dtype=torch.bfloat16,
+                                                            device=torch.device("meta")))
+    assert 29.9e9 < sum(p.numel() for p in model.parameters()) < 30.0e9
+    kinds = _kinds(model)
+    assert kinds[0] == "LlamaMLP" and kinds[1:] == ["FusedMoE"] * 46
+    (group,) = find_cache_groups(model)
+    per_token = group_block_bytes(group, AutoKVCodec(), block_size=16,
+                                  model_dtype=torch.bfloat16) / 16
+    assert per_token == 47 * 576 * 2
