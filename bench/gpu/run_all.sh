@@ -10,8 +10,9 @@
 # its GPU tests; per llama-3-8b shape against bf16; its tile sweep, writing OUT/packed_gemm_tuned.json; the runs of
 # int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in the same call),
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
-# mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
-# random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
+# mlatests,dsv2lat,dsv2thr,glm47fp8lat (latent attention: the MLA kernels against the reference, DeepSeek's, GLM-4.5's,
+# GLM-4.7-Flash's and MiniMax M2's GPU parity tests; random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput;
+# random:glm-4.7-flash batch-1 decode quantized at load to fp8),
 # moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
 # model's batch-1 decode with --isq q4_k experts),
@@ -175,10 +176,14 @@ if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton ker
   timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 300 plugins/attention/triton/tests/mla_cases.py \
     plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py \
     plugins/models/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    plugins/models/deepseek/tests/test_glm4_moe_lite.py plugins/models/minimax_m2/tests/test_parity.py \
     2>&1 | tail -20 | tee "$OUT/tests_mla.log"
 fi
 if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
   bench latency_deepseek_v2_lite_bs1 300 latency --model random:deepseek-v2-lite --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",glm47fp8lat,"* ]]; then  # GLM-4.7-Flash's shape (30B, latent attention, 64 experts of which 4 per token), weights in fp8
+  bench latency_glm_4_7_flash_fp8_bs1 360 latency --model random:glm-4.7-flash --dtype bfloat16 --isq fp8 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",dsv2thr,"* ]]; then
   bench throughput_deepseek_v2_lite 480 throughput --model random:deepseek-v2-lite --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 256 --max-cuda-graph-batch 256

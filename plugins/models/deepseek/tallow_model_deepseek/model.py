@@ -14,13 +14,17 @@ V3 / R1     sigmoid plus                     the same (``rope_interleave``: the 
             ``e_score_correction_bias`` for   pairs are interleaved; False: rotate-half)
             the choice; groups by their two
             best; ``norm_topk_prob``
+GLM-4.7-    V3's                             V3's; the rope over all ``qk_rope_head_dim``
+Flash                                         features (``partial_rotary_factor`` 1)
 =========== ================================ ==========================================
 
-Both: the first ``first_k_dense_replace`` layers have a dense SwiGLU MLP of
+All: the first ``first_k_dense_replace`` layers have a dense SwiGLU MLP of
 ``intermediate_size``, the others (every ``moe_layer_freq``-th) the MoE block of
 ``n_routed_experts`` experts of ``moe_intermediate_size``, ``num_experts_per_tok`` per token,
 weights times ``routed_scaling_factor``, plus ``n_shared_experts`` shared experts (one MLP of
-``n_shared_experts * moe_intermediate_size``) every token goes through.
+``n_shared_experts * moe_intermediate_size``) every token goes through. GLM-4.7-Flash
+(``Glm4MoeLiteForCausalLM``) is V3's architecture whose config may list each layer's MLP in
+``mlp_layer_types`` (``dense`` / ``sparse``) instead.
 
 Attention of one layer (``H`` heads, ``R`` = ``kv_lora_rank``, ``Dn``/``Dr``/``Dv`` =
 ``qk_nope_head_dim``/``qk_rope_head_dim``/``v_head_dim``)::
@@ -255,3 +259,35 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
     def router(self, config: ArchConfig) -> RouterSpec:
         return sigmoid_router(config)
+
+
+class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-4.7-Flash: DeepSeek-V3's latent attention and router; which layers are MoE comes
+    from ``mlp_layer_types`` when the config lists it (transformers' rule), else from
+    ``first_k_dense_replace`` (a dense first layer when neither says, as transformers)."""
+
+    hf_architectures = ("Glm4MoeLiteForCausalLM",)
+    model_type = "glm4_moe_lite"
+
+    def is_moe_layer(self, config: ArchConfig, layer: int) -> bool:
+        if not int(config.get("n_routed_experts") or 0):
+            return False
+        types = config.get("mlp_layer_types")
+        if types is None:
+            return layer >= int(config.get("first_k_dense_replace", 1) or 0)
+        if len(types) != int(config.num_hidden_layers) or set(types) - {"dense", "sparse"}:
+            raise ValueError(f"model config: mlp_layer_types must list 'dense' or 'sparse' for "
+                             f"each of the {config.num_hidden_layers} layers, got {types!r}")
+        return types[layer] == "sparse"
+
+    @classmethod
+    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """As V3; a ``partial_rotary_factor`` other than 1 is refused: the latent's rope part
+        is ``qk_rope_head_dim`` wide and transformers' attention rotates all of it."""
+        cfg = super().config_from_hf(config)
+        params = cfg.get("rope_parameters") or {}
+        factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if float(factor if factor is not None else 1.0) != 1.0:
+            raise ValueError(f"model config: partial_rotary_factor {factor} is not supported "
+                             "for GLM-4.7-Flash latent attention (expected 1.0)")
+        return cfg

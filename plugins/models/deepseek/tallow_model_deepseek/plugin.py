@@ -10,6 +10,7 @@ _MODEL = "tallow_model_deepseek.model"
 ARCHITECTURES: dict[str, str] = {
     "DeepseekV2ForCausalLM": "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM": "Glm4MoeLiteForCausalLM",
 }
 
 

@@ -73,3 +73,19 @@ class TestDeepseekV2Conformance(DeepseekConformance):
         return transformers.DeepseekV2Config(**SMALL, q_lora_rank=None, n_group=4,
                                              topk_group=2, topk_method="group_limited_greedy",
                                              routed_scaling_factor=1.5)
+
+
+class TestGlm4MoeLiteConformance(DeepseekConformance):
+    """GLM-4.7-Flash (``Glm4MoeLiteForCausalLM``): V3's latent attention and sigmoid routing
+    over 4 groups (2 taken), interleaved rope, the MoE layers named by ``mlp_layer_types``."""
+
+    component = "Glm4MoeLiteForCausalLM"
+
+    def hf_config(self) -> Any:
+        import transformers
+
+        small = {k: v for k, v in SMALL.items() if k != "first_k_dense_replace"}
+        return transformers.Glm4MoeLiteConfig(**small, q_lora_rank=24, n_group=4,
+                                              topk_group=2, routed_scaling_factor=1.8,
+                                              norm_topk_prob=True,
+                                              mlp_layer_types=["dense", "sparse", "sparse"])
