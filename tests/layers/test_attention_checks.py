@@ -29,6 +29,9 @@ def test_layer_reasons():
     assert layer_reasons(_layer(causal=False, sliding_window=16)) == [
         "a sliding window on a bidirectional (causal=False) layer"]
     assert layer_reasons(_layer(sliding_window=16)) == []
+    # no paged kernel masks by chunk: those backends refuse the layer rather than ignore it
+    assert layer_reasons(_layer(attention_chunk_size=32)) == [
+        "chunked local attention (attention_chunk_size 32)"]
 
 
 def test_rows_and_shapes():
