@@ -17,23 +17,27 @@ of each step) is :class:`Llama4MoE`: the router's ``num_experts_per_tok`` best l
 *pre-scaled* by that weight (``expert(w * x)``, not ``w * expert(x)``), plus a shared SwiGLU
 expert of ``intermediate_size`` every token goes through. The other layers are dense SwiGLU
 MLPs of ``intermediate_size_mlp``. Checkpoint names: :mod:`tallow_model_llama4.naming`.
+
+``Llama4ForConditionalGeneration`` checkpoints (the published Scout and Maverick) serve their
+text model: the config's ``text_config``, the tensors under ``language_model.``; the vision
+tower is skipped, so prompts are text only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import nn
 
 from tallow.layers import (
     ArchConfig, Attention, BuildContext, FusedExperts, FusedMoE, QKVParallelLinear,
-    RotaryEmbedding, RouterSpec, RowParallelLinear,
+    RotaryEmbedding, RouterSpec, RowParallelLinear, WeightNameMap,
 )
 from tallow_llama.model import LlamaForCausalLM, LlamaMLP
 
-from .naming import hf_name_map
+from .naming import TextModelNames, hf_name_map
 
 
 @dataclass(frozen=True)
@@ -204,3 +208,35 @@ class Llama4ForCausalLM(LlamaForCausalLM):
             raise ValueError(f"Llama 4 experts: expected a stacked [experts, in, out] tensor, "
                              f"got shape {tuple(tensor.shape)}")
         return tensor.transpose(1, 2)
+
+
+class Llama4ForConditionalGeneration(Llama4ForCausalLM):
+    """The text model of a multimodal Llama 4 checkpoint (``text_config``; the vision tower
+    and its projector are skipped, so prompts are text only)."""
+
+    hf_architectures = ("Llama4ForConditionalGeneration",)
+
+    def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
+        super().__init__(self.config_from_hf(dict(config)), build)
+
+    def weight_names(self, naming: str) -> WeightNameMap:
+        names = super().weight_names(naming)
+        return TextModelNames(names) if naming == "hf" else names  # type: ignore[return-value]
+
+    @classmethod
+    def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """The ``text_config``, with what only the outer config states (dtype, special token
+        ids, tied embeddings)."""
+        text = config.get("text_config")
+        if text is None and "hidden_size" in config:
+            return config  # already the text model's config
+        if not isinstance(text, Mapping):
+            raise ValueError("model config: a Llama4ForConditionalGeneration config needs a "
+                             f"'text_config' object, got {type(text).__name__}")
+        flat = dict(text)
+        for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
+                    "tie_word_embeddings"):
+            if key in config and key not in flat:
+                flat[key] = config[key]
+        flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)
+        return flat

@@ -23,7 +23,7 @@ transform of the model turns them.
 
 from __future__ import annotations
 
-from tallow.layers import WeightNameMap, WeightRule
+from tallow.layers import WeightMatch, WeightNameMap, WeightRule
 from tallow_llama.naming import hf_name_map as llama_hf_name_map
 
 _FF = "model.layers.{i}.feed_forward"
@@ -48,3 +48,25 @@ def hf_name_map() -> WeightNameMap:
                    shard=1),
         WeightRule(f"{_FF}.shared_expert.down_proj.weight", f"{shared}.down_proj.weight"),
     ]
+
+
+class TextModelNames:
+    """The names of the text model inside a ``Llama4ForConditionalGeneration`` checkpoint,
+    matched by the text model's own map; the vision tower and the projector are skipped."""
+
+    #: checkpoint prefix -> the text model's own prefix (transformers 5 writes the first;
+    #: the in-memory names of its ``Llama4ForConditionalGeneration`` are the second)
+    TEXT_PREFIXES = (("language_model.", ""), ("model.language_model.", "model."))
+    SKIPPED_PREFIXES = ("vision_model.", "multi_modal_projector.", "model.vision_model.",
+                        "model.multi_modal_projector.")
+
+    def __init__(self, text: WeightNameMap) -> None:
+        self.text = text
+
+    def match(self, name: str) -> WeightMatch | None:
+        if name.startswith(self.SKIPPED_PREFIXES):
+            return WeightMatch(WeightRule(name), {})  # no target, no handler: skipped
+        for prefix, own in self.TEXT_PREFIXES:
+            if name.startswith(prefix):
+                return self.text.match(own + name[len(prefix):])
+        return self.text.match(name)

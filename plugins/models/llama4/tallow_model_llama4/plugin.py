@@ -9,6 +9,7 @@ _MODEL = "tallow_model_llama4.model"
 #: HF architecture name -> class in the model module
 ARCHITECTURES: dict[str, str] = {
     "Llama4ForCausalLM": "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration": "Llama4ForConditionalGeneration",
 }
 
 

@@ -11,11 +11,14 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext, FusedExperts, FusedMoE  # noqa: E402
+from tallow.plugin.testing.paged_runner import randomize_  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
 )
 
-from tallow_model_llama4.model import Llama4ForCausalLM, Llama4MoE, layer_plan  # noqa: E402
+from tallow_model_llama4.model import (  # noqa: E402
+    Llama4ForCausalLM, Llama4ForConditionalGeneration, Llama4MoE, layer_plan,
+)
 
 # 4 layers: 0-2 rope + chunked, 3 no rope (interval 4); MoE on 1 and 3 (step 2)
 BASE = dict(hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
@@ -114,6 +117,25 @@ def test_moe_block_matches_transformers():
                                                                      ids)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(output_scaled, ref, atol=1e-4)
+
+
+def test_text_model_of_the_multimodal_checkpoint(tmp_path):
+    """A ``Llama4ForConditionalGeneration`` checkpoint (``text_config``, ``language_model.``
+    names, a vision tower and projector beside them) serves its text model: equal to
+    transformers' text path on the same weights."""
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=64, image_size=28, patch_size=14, vision_output_dim=32,
+                  projector_input_dim=32, projector_output_dim=32, pixel_shuffle_ratio=0.5)
+    config = transformers.Llama4Config(text_config=_config().to_dict(), vision_config=vision)
+    torch.manual_seed(9)
+    hf = transformers.Llama4ForConditionalGeneration._from_config(
+        config, attn_implementation="eager", dtype=torch.float32)
+    randomize_(hf, 9, 0.08)
+    hf.eval()
+    model = load_saved(hf, tmp_path, Llama4ForConditionalGeneration,
+                       _safetensors().SafetensorsFormat().load)
+    assert model.config.get("hidden_size") == BASE["hidden_size"]
+    assert_greedy_parity(model, hf.language_model, PROMPT, STEPS, what="llama4 multimodal")
 
 
 @pytest.mark.parametrize("change, message", [
