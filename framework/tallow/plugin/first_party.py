@@ -25,6 +25,8 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "Glm4MoeForCausalLM": "tallow-model-glm4-moe", "GptOssForCausalLM": "tallow-model-gpt-oss",
         **dict.fromkeys(["GPTNeoXForCausalLM", "StableLmForCausalLM"], "tallow-model-gptneox"),
         "MixtralForCausalLM": "tallow-model-mixtral",
+        **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
+                        "tallow-model-llama4"),
         **dict.fromkeys(["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"], "tallow-model-qwen-moe"),
         **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                          "Qwen3_5ForConditionalGeneration",
