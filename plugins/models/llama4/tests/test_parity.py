@@ -99,6 +99,18 @@ def test_no_qk_norm_no_tuning_top2_all_moe(tmp_path):
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="llama4 top-2")
 
 
+def test_llama3_rope_scaling(tmp_path):
+    """Scout's rope: ``llama3`` scaling (factor 16 from 8192 positions) slows the low
+    frequencies, which a 16-wide head at theta 500000 has."""
+    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=16.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_position_embeddings=8192)
+    hf = random_hf_model(_config(rope_parameters=rope), seed=6)
+    model = load_saved(hf, tmp_path, Llama4ForCausalLM, _safetensors().SafetensorsFormat().load)
+    plain = Llama4ForCausalLM(ArchConfig(_config().to_dict()), BuildContext())
+    assert not torch.allclose(model.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq)
+    assert_greedy_parity(model, hf, PROMPT, STEPS, what="llama4 llama3 rope")
+
+
 def test_moe_block_matches_transformers():
     """One MoE block on 40 tokens: transformers' ``Llama4TextMoe`` output (input-scaled
     experts plus the shared expert), not the output-scaled form."""
