@@ -86,12 +86,13 @@ def layer_plan(config: ArchConfig) -> list[LayerPlan]:
         if kind not in ("chunked_attention", "full_attention"):
             raise ValueError(f"model config: layer_types[{i}] is {kind!r}, expected "
                              "'chunked_attention' or 'full_attention'")
-        if kind == "chunked_attention" and not chunk:
-            raise ValueError(f"model config: layer {i} is 'chunked_attention' but "
-                             "attention_chunk_size is not set")
-        plans.append(LayerPlan(i, bool(rope[i]),
-                               int(chunk) if kind == "chunked_attention" else None,
-                               i in moe_layers))
+        chunk_size = None
+        if kind == "chunked_attention":
+            if not chunk:
+                raise ValueError(f"model config: layer {i} is 'chunked_attention' but "
+                                 "attention_chunk_size is not set")
+            chunk_size = int(chunk)
+        plans.append(LayerPlan(i, bool(rope[i]), chunk_size, i in moe_layers))
     return plans
 
 
