@@ -29,6 +29,8 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "MiniMaxM2ForCausalLM": "tallow-model-minimax-m2",
         **dict.fromkeys(["Qwen2_5_VLForConditionalGeneration",
                          "Qwen2VLForConditionalGeneration"], "tallow-model-qwen2-vl"),
+        **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
+                        "tallow-model-llama4"),
         **dict.fromkeys(["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"], "tallow-model-qwen-moe"),
         **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                          "Qwen3_5ForConditionalGeneration",
