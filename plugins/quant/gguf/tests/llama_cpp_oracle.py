@@ -33,11 +33,22 @@ class TinyModel:
     tied: bool
 
 
+_QUIET: list = []
+
+
+def _silence(llama_cpp) -> None:
+    """llama.cpp logs every tensor it quantizes; a no-op log callback (kept alive here)."""
+    if not _QUIET:
+        _QUIET.append(llama_cpp.llama_log_callback(lambda level, text, data: None))
+        llama_cpp.llama_log_set(_QUIET[0], ctypes.c_void_p(0))
+
+
 def llama_cpp_quantize(src: Path, dst: Path, ftype: int) -> None:
     """``llama_model_quantize(src, dst, ftype)`` with llama.cpp's default parameters, on one
     thread; RuntimeError if it fails."""
     import llama_cpp
 
+    _silence(llama_cpp)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = 1

@@ -33,6 +33,18 @@ MODELS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """tallow's CPU quantizer is a stream of small tensor operations; on a shared runner torch's
+    intra-op threads spin more than they help, so these tests quantize on one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("float-gguf")
