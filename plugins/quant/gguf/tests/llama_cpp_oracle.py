@@ -8,8 +8,8 @@ without an importance matrix).
 
 :func:`write_float_gguf` writes a tiny dense ``llama`` or ``qwen2`` model in F32 (a few tensors
 in F16/BF16) with values chosen to reach the quantizers' corner cases: outliers, all-zero and
-constant blocks, one-signed blocks, magnitudes below llama.cpp's ``GROUP_MAX_EPS``, and ties of
-the absolute maximum.
+constant blocks, blocks of signed zeros, one-signed blocks, magnitudes below llama.cpp's
+``GROUP_MAX_EPS``, and ties of the absolute maximum.
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def _matrix(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
         blocks32[k // 2] *= np.float32(1e-17)               # below GROUP_MAX_EPS
         blocks32[2 * k // 3, :2] = [np.float32(0.07), np.float32(-0.07)]  # tied |max|
         blocks32[2 * k // 3, 2:] *= np.float32(0.1)
+        blocks32[3 * k // 4] = np.float32(-0.0)             # negative zeros
+        blocks32[5 * k // 6] = np.where(np.arange(32) % 3 == 0, np.float32(-0.0),
+                                        np.float32(0.0))  # zeros of both signs
     return w
 
 

@@ -33,6 +33,19 @@ MODELS = {
 }
 
 
+#: 80 layers: llama.cpp's 70B class (for llama only with grouped-query attention), whose Q3_K /
+#: Q4_K attn_v it raises to Q5_K; rows of 32 weights keep the files small (every k-quant falls
+#: back to a 32-block type, Q5_K's fallback Q5_1 showing the raise)
+LARGE = {
+    "llama-80-gqa": TinyModel("llama", layers=80, hidden=32, intermediate=32, heads=2,
+                              kv_heads=1, vocab=64, tied=False),
+    "llama-80-mha": TinyModel("llama", layers=80, hidden=32, intermediate=32, heads=2,
+                              kv_heads=2, vocab=64, tied=False),
+    "qwen2-80": TinyModel("qwen2", layers=80, hidden=32, intermediate=32, heads=2, kv_heads=2,
+                          vocab=64, tied=True),
+}
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """tallow's CPU quantizer is a stream of small tensor operations; on a shared runner torch's
@@ -91,6 +104,19 @@ def test_tallow_quantize_writes_llama_cpps_types_and_bytes(
 
     assert (GGUFReader(ours).fields["general.file_type"].contents()
             == GGUFReader(theirs).fields["general.file_type"].contents())
+
+
+@pytest.mark.parametrize("model", list(LARGE))
+@pytest.mark.parametrize("file_type", ["q2_k", "q3_k_m", "q4_k_s", "q4_k_m"])
+def test_70b_class_models_get_llama_cpps_attn_v_types(tmp_path: Path, model: str,
+                                                      file_type: str) -> None:
+    src = write_float_gguf(tmp_path / "f32.gguf", LARGE[model], seed=3)
+    theirs, ours = tmp_path / "llama-cpp.gguf", tmp_path / "tallow.gguf"
+    llama_cpp_quantize(src, theirs, LLAMA_FILE_TYPES[file_type])
+    _tallow_quantize(src, ours, file_type)
+    assert _compare(theirs, ours) == []
+    if file_type == "q4_k_s" and model != "llama-80-mha":  # the raise shows: Q5_K -> Q5_1
+        assert tensors_of(ours)["blk.40.attn_v.weight"][0] == "Q5_1"
 
 
 def test_the_comparison_sees_a_wrong_type_and_a_wrong_block(sources: dict[str, Path],
