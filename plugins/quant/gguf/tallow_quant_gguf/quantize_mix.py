@@ -284,6 +284,6 @@ def model_traits(config: Mapping[str, object], architecture: str, *,
     gqa = heads // kv_heads if isinstance(heads, int) and isinstance(kv_heads, int) \
         and kv_heads > 0 else 1
     arch = architecture.split(":", 1)[-1].lower()
-    is_70b = layers == 80 and (gqa > 1 if arch in ("llama", "llamaforcausallm") else
+    is_70b = layers == 80 and (heads != kv_heads if arch in ("llama", "llamaforcausallm") else
                                arch in ("qwen2", "qwen2forcausallm"))
     return ModelTraits(n_layers=layers, tied_output=tied_output, n_gqa=gqa, is_70b=is_70b)
