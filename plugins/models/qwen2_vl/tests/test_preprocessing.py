@@ -1,5 +1,6 @@
 """Image preprocessing is transformers' Qwen2VLImageProcessor (PIL implementation), reused
-directly and built from the checkpoint's preprocessor_config.json: on ten images of varied
+directly and built from the checkpoint's preprocessor_config.json (Qwen2.5-VL's form, and
+Qwen3-VL's: 16-pixel patches, limits given as ``size``, mean and std 0.5): on ten images of varied
 sizes and modes the model's pixels and grids equal the processor's, and each image expands to
 ``t * h * w / merge²`` placeholder tokens, the count transformers' processor inserts."""
 
@@ -16,19 +17,25 @@ CASES = [  # (width, height, mode)
 ]
 
 
-def _reference(kit: Any) -> Any:
+def _reference(kit: Any, preprocessor: str = "PREPROCESSOR") -> Any:
     from transformers import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(**{k: v for k, v in kit.PREPROCESSOR.items()
+    return Qwen2VLImageProcessorPil(**{k: v for k, v in getattr(kit, preprocessor).items()
                                        if k != "image_processor_type"})
 
 
+#: family → (the engine fixture, the kit's preprocessor config)
+FAMILIES = {"qwen2.5-vl": ("llm", "PREPROCESSOR"), "qwen3-vl": ("qwen3_llm", "PREPROCESSOR3")}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("width,height,mode", CASES)
-def test_pixels_and_grid_equal_transformers(kit, llm, width, height, mode) -> None:
-    model = llm.engine.images.model
+def test_pixels_and_grid_equal_transformers(kit, request, family, width, height, mode) -> None:
+    engine, preprocessor = FAMILIES[family]
+    model = request.getfixturevalue(engine).engine.images.model
     img = kit.image(width, height, mode, seed=width + height)
     ours = model.process_image(img)
-    ref = _reference(kit)(images=[img], return_tensors="pt")
+    ref = _reference(kit, preprocessor)(images=[img], return_tensors="pt")
     grid = tuple(ref["image_grid_thw"][0].tolist())
     assert ours.grid == grid
     assert torch.equal(ours.pixel_values, ref["pixel_values"])
