@@ -56,8 +56,11 @@ class QwenVLModel(VisionLanguageModel):
     rotary_class: type[MRotaryEmbedding] = MRotaryEmbedding
     vision_names = staticmethod(vision_name_map)
     processor_defaults: Mapping[str, Any] = QWEN2_DEFAULTS
+    # set by the text model's class or __init__ (annotations only: no class attribute)
+    hf_architectures: tuple[str, ...]
     config: ArchConfig
     model: Any
+    processor: ImageProcessor
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         self._mrope: MRotaryEmbedding | None = None
