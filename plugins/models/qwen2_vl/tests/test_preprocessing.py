@@ -71,3 +71,25 @@ def test_defaults_without_preprocessor_config(kit) -> None:
     want = ref(images=[img], return_tensors="pt")
     assert got.grid == tuple(want["image_grid_thw"][0].tolist())
     assert torch.equal(got.pixel_values, want["pixel_values"])
+
+
+def test_qwen3_defaults_without_preprocessor_config(kit) -> None:
+    """A Qwen3-VL checkpoint without preprocessor_config.json gets its published processor
+    settings (pixel limits as ``size``, mean and std 0.5) and the vision config's 16-pixel
+    patches; a config that states only pixel counts keeps them."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from tallow_model_qwen2_vl.processor import QWEN3_DEFAULTS, ImageProcessor
+
+    vision = {"patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    published = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16,
+        temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    img = kit.image(1000, 700, "RGBA")
+    got = ImageProcessor(None, vision, QWEN3_DEFAULTS).process(img)
+    want = published(images=[img], return_tensors="pt")
+    assert got.grid == tuple(want["image_grid_thw"][0].tolist())
+    assert torch.equal(got.pixel_values, want["pixel_values"])
+    small = ImageProcessor({"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 16}, vision,
+                           QWEN3_DEFAULTS)
+    assert small.process(img).num_tokens <= 16
