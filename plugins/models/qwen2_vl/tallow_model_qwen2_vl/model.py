@@ -11,8 +11,8 @@ Qwen2-VL (the first generation) differs only in its vision tower (LayerNorms, fu
 in every block, a two-layer MLP): :class:`Qwen2VLForConditionalGeneration`.
 
 Qwen3-VL (:class:`Qwen3VLForConditionalGeneration`) is tallow-llama's Qwen3 decoder (per-head
-q/k norms) with interleaved M-RoPE (:class:`~tallow_model_qwen2_vl.mrope.InterleavedMRotaryEmbedding`)
-and :mod:`tallow_model_qwen2_vl.vision3`'s tower, whose DeepStack features are added to the
+q/k norms) with interleaved M-RoPE
+(:class:`~tallow_model_qwen2_vl.mrope.InterleavedMRotaryEmbedding`) and :mod:`tallow_model_qwen2_vl.vision3`'s tower, whose DeepStack features are added to the
 image tokens' hidden states after the first decoder layers. The parts all three share live in
 :class:`QwenVLModel`.
 """
@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, BuildContext, MRotaryEmbedding, PlacedImage, ProcessedImage, RotaryEmbedding,
-    VisionLanguageModel, WeightNameMap, current_multimodal_step, merge_multimodal_embeddings,
+    ArchConfig, BuildContext, MRotaryEmbedding, MultimodalStep, PlacedImage, ProcessedImage,
+    RotaryEmbedding, VisionLanguageModel, WeightNameMap, current_multimodal_step,
+    merge_multimodal_embeddings,
 )
 from tallow_llama.model import Qwen2ForCausalLM, Qwen3ForCausalLM
 
@@ -132,13 +133,23 @@ class QwenVLModel(VisionLanguageModel):
         return mrope_positions(len(token_ids), images, self.processor.merge)
 
     # -- running ---------------------------------------------------------------------------
+    def image_features(self, step: MultimodalStep | None
+                       ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
+        """The step with the embeddings its image tokens take, and the features added to
+        those tokens' hidden states after decoder layer 0, 1, ... (none here)."""
+        return step, []
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         model = self.model
-        hidden = merge_multimodal_embeddings(model.embed_tokens(input_ids),
-                                             current_multimodal_step())
+        step, features = self.image_features(current_multimodal_step())
+        hidden = merge_multimodal_embeddings(model.embed_tokens(input_ids), step)
         residual = None
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             hidden, residual = layer(positions, hidden, residual)
+            if i < len(features):
+                assert step is not None and step.rows is not None
+                # added to the residual stream (the layer's output plus the deferred residual)
+                hidden = hidden.index_add(0, step.rows, features[i].to(hidden.dtype))
         hidden, _ = model.norm(hidden, residual)
         return hidden
 
@@ -168,27 +179,16 @@ class Qwen3VLForConditionalGeneration(QwenVLModel, Qwen3ForCausalLM):
     vision_names = staticmethod(qwen3_vision_name_map)
     processor_defaults = QWEN3_DEFAULTS
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        model = self.model
-        step = current_multimodal_step()
+    def image_features(self, step: MultimodalStep | None
+                       ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
+        """The tower's output split: the image embeddings, then one DeepStack feature per
+        listed vision block, each added after the decoder layer of its rank."""
+        if step is None or step.embeds is None or step.rows is None:
+            return step, []
         width = int(self.config.hidden_size)
-        deepstack: list[torch.Tensor] = []
-        if step is not None and step.embeds is not None and step.rows is not None:
-            # the tower's output: the image embeddings, then one DeepStack feature per layer
-            count = 1 + len(self.visual.deepstack)
-            if step.embeds.shape[-1] != width * count:
-                raise ValueError(f"image embeddings have width {step.embeds.shape[-1]}, "
-                                 f"expected {count} x hidden_size {width}")
-            parts = step.embeds.split(width, dim=-1)
-            step = replace(step, embeds=parts[0])
-            deepstack = list(parts[1:])
-        hidden = merge_multimodal_embeddings(model.embed_tokens(input_ids), step)
-        residual = None
-        for i, layer in enumerate(model.layers):
-            hidden, residual = layer(positions, hidden, residual)
-            if i < len(deepstack):
-                assert step is not None and step.rows is not None
-                # added to the residual stream (the layer's output plus the deferred residual)
-                hidden = hidden.index_add(0, step.rows, deepstack[i].to(hidden.dtype))
-        hidden, _ = model.norm(hidden, residual)
-        return hidden
+        count = 1 + len(self.visual.deepstack)
+        if step.embeds.shape[-1] != width * count:
+            raise ValueError(f"image embeddings have width {step.embeds.shape[-1]}, expected "
+                             f"{count} x hidden_size {width}")
+        parts = step.embeds.split(width, dim=-1)
+        return replace(step, embeds=parts[0]), list(parts[1:])

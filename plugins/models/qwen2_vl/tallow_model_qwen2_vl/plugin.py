@@ -1,5 +1,5 @@
-"""Registration of the Qwen2.5-VL, Qwen2-VL and Qwen3-VL architectures (lazy targets: no torch imported
-here)."""
+"""Registration of the Qwen2.5-VL, Qwen2-VL and Qwen3-VL architectures (lazy targets: no
+torch imported here)."""
 
 from __future__ import annotations
 

@@ -140,8 +140,8 @@ class Qwen3VisionTower(nn.Module):
         if pixel_values.shape[0] != t * h * w:
             raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches for a grid of "
                              f"{t}x{h}x{w}")
-        weight = self.patch_embed.weight
-        x = self.patch_embed(pixel_values.to(weight.device, weight.dtype))
+        table = self.pos_embed  # the tower's device and dtype
+        x = self.patch_embed(pixel_values.to(table.device, table.dtype))
         x = x + self.position_embeddings(h, w).repeat(t, 1).to(x.dtype)
         cos, sin = self.rotary(rotary_positions(h, w, self.merge).repeat(t, 1))
         cos, sin = cos.to(x.device), sin.to(x.device)

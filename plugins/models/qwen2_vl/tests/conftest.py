@@ -1,5 +1,6 @@
-"""Tiny random Qwen2.5-VL, Qwen2-VL and Qwen3-VL models saved by transformers (the oracle), with a synthetic tokenizer and
-a preprocessor config that keeps images small, and images of varied sizes and modes."""
+"""Tiny random Qwen2.5-VL, Qwen2-VL and Qwen3-VL models saved by transformers (the oracle), with a
+synthetic tokenizer and a preprocessor config that keeps images small, and images of varied
+sizes and modes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The plugin registers Qwen2.5-VL, Qwen2-VL and Qwen3-VL lazily (no torch imported), its checkpoints load in both
-tensor layouts, and bad configs are refused naming the key."""
+"""The plugin registers Qwen2.5-VL, Qwen2-VL and Qwen3-VL lazily (no torch imported), its
+checkpoints load in both tensor layouts, and bad configs are refused naming the key."""
 
 from __future__ import annotations
 
