@@ -25,11 +25,20 @@ from tallow.layers import PlacedImage, ProcessedImage
 #: transformers' defaults for Qwen2-VL / Qwen2.5-VL processors
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+#: what a checkpoint without ``preprocessor_config.json`` is processed with
+QWEN2_DEFAULTS: Mapping[str, Any] = {"min_pixels": DEFAULT_MIN_PIXELS,
+                                     "max_pixels": DEFAULT_MAX_PIXELS}
+#: Qwen3-VL's published preprocessor config: its pixel limits and a mean and std of 0.5
+QWEN3_DEFAULTS: Mapping[str, Any] = {"size": {"shortest_edge": 65536,
+                                              "longest_edge": 16777216},
+                                     "image_mean": [0.5, 0.5, 0.5],
+                                     "image_std": [0.5, 0.5, 0.5]}
 
 
-def hf_image_processor(preprocessor: Mapping[str, Any] | None,
-                       vision: Mapping[str, Any]) -> Any:
-    """transformers' Qwen2-VL image processor for a checkpoint."""
+def hf_image_processor(preprocessor: Mapping[str, Any] | None, vision: Mapping[str, Any],
+                       defaults: Mapping[str, Any] = QWEN2_DEFAULTS) -> Any:
+    """transformers' Qwen2-VL image processor for a checkpoint (Qwen3-VL's checkpoints name
+    the same processor); ``defaults`` fill what the preprocessor config leaves out."""
     from transformers import Qwen2VLImageProcessorPil
 
     settings = dict(preprocessor or {})
@@ -38,18 +47,24 @@ def hf_image_processor(preprocessor: Mapping[str, Any] | None,
     settings.setdefault("patch_size", int(vision.get("patch_size", 14)))
     settings.setdefault("temporal_patch_size", int(vision.get("temporal_patch_size", 2)))
     settings.setdefault("merge_size", int(vision.get("spatial_merge_size", 2)))
-    if "size" not in settings:
-        settings.setdefault("min_pixels", DEFAULT_MIN_PIXELS)
-        settings.setdefault("max_pixels", DEFAULT_MAX_PIXELS)
+    # a config's own limits win over every default limit ("size" and the pixel counts are
+    # two ways of saying the same)
+    has_size = "size" in settings
+    has_pixels = "min_pixels" in settings or "max_pixels" in settings
+    for key, value in defaults.items():
+        if (key == "size" and (has_size or has_pixels)) or (
+                key in ("min_pixels", "max_pixels") and has_size):
+            continue
+        settings.setdefault(key, value)
     return Qwen2VLImageProcessorPil(**settings)
 
 
 class ImageProcessor:
     """``process(image) -> ProcessedImage`` for one checkpoint."""
 
-    def __init__(self, preprocessor: Mapping[str, Any] | None,
-                 vision: Mapping[str, Any]) -> None:
-        self.hf = hf_image_processor(preprocessor, vision)
+    def __init__(self, preprocessor: Mapping[str, Any] | None, vision: Mapping[str, Any],
+                 defaults: Mapping[str, Any] = QWEN2_DEFAULTS) -> None:
+        self.hf = hf_image_processor(preprocessor, vision, defaults)
         self.merge = int(self.hf.merge_size)
 
     def process(self, image: Any) -> ProcessedImage:  # Any: a PIL image

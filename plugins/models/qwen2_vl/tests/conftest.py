@@ -1,5 +1,6 @@
-"""A tiny random Qwen2.5-VL saved by transformers (the oracle), with a synthetic tokenizer and
-a preprocessor config that keeps images small, and images of varied sizes and modes."""
+"""Tiny random Qwen2.5-VL, Qwen2-VL and Qwen3-VL models saved by transformers (the oracle), with a
+synthetic tokenizer and a preprocessor config that keeps images small, and images of varied
+sizes and modes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,31 @@ IMAGE_TOKEN, VISION_START, VISION_END = 290, 291, 292
 PREPROCESSOR = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 36, "patch_size": 14,
                 "temporal_patch_size": 2, "merge_size": 2,
                 "image_processor_type": "Qwen2VLImageProcessor"}
+#: Qwen3-VL's form: 16-pixel patches, limits as ``size``, mean and std 0.5
+PREPROCESSOR3 = {"size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 36},
+                 "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                 "image_processor_type": "Qwen2VLImageProcessorFast"}
+
+
+def qwen3_hf_config() -> Any:
+    """Qwen3-VL: Qwen3 text model (q/k norms, interleaved M-RoPE), a tower with a learned
+    4 x 4 position table and DeepStack features from two blocks into two of three layers."""
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                rms_norm_eps=1e-6, max_position_embeddings=512,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                 "mrope_interleaved": True, "rope_theta": 10000.0},
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2,
+                  out_hidden_size=64, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0, 2], patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2)
+    return transformers.Qwen3VLConfig(text_config=text, vision_config=vision,
+                                      image_token_id=IMAGE_TOKEN,
+                                      vision_start_token_id=VISION_START,
+                                      vision_end_token_id=VISION_END, video_token_id=293,
+                                      tie_word_embeddings=False)
 
 
 def qwen2_hf_config() -> Any:
@@ -87,7 +113,8 @@ def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
     return rgb.convert(mode)
 
 
-def _save(model: Any, path: Path) -> tuple[Any, Path]:
+def _save(model: Any, path: Path, preprocessor: dict[str, Any] = PREPROCESSOR
+          ) -> tuple[Any, Path]:
     """(``model`` with random weights, the directory it is saved in with tokenizer and
     processor)."""
     from tallow.plugin.testing.paged_runner import randomize_
@@ -97,7 +124,7 @@ def _save(model: Any, path: Path) -> tuple[Any, Path]:
     model.eval()
     model.save_pretrained(str(path), safe_serialization=True)
     save_tokenizer(path)
-    (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    (path / "preprocessor_config.json").write_text(json.dumps(preprocessor))
     return model, path
 
 
@@ -139,10 +166,24 @@ def qwen2_llm(qwen2_checkpoint: tuple[Any, Path]) -> Any:
 
 
 @pytest.fixture(scope="session")
+def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """The same for Qwen3-VL."""
+    torch.manual_seed(0)
+    return _save(transformers.Qwen3VLForConditionalGeneration(qwen3_hf_config()),
+                 tmp_path_factory.mktemp("qwen3_vl"), PREPROCESSOR3)
+
+
+@pytest.fixture(scope="session")
+def qwen3_llm(qwen3_checkpoint: tuple[Any, Path]) -> Any:
+    return _llm(qwen3_checkpoint[1])
+
+
+@pytest.fixture(scope="session")
 def kit() -> Any:
     """The constants and helpers above, for test modules (which cannot import conftest)."""
     from types import SimpleNamespace
 
     return SimpleNamespace(IMAGE_TOKEN=IMAGE_TOKEN, VISION_START=VISION_START,
-                           VISION_END=VISION_END, PREPROCESSOR=PREPROCESSOR, image=image,
+                           VISION_END=VISION_END, PREPROCESSOR=PREPROCESSOR,
+                           PREPROCESSOR3=PREPROCESSOR3, image=image,
                            hf_config=hf_config)

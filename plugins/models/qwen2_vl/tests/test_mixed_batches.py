@@ -1,4 +1,5 @@
-"""A batch mixing requests with images and a text-only one (CPU), and on a GPU: the engine with Triton attention and CUDA graphs serves a batch mixing requests
+"""A batch mixing requests with images and a text-only one (CPU; Qwen2.5-VL and Qwen3-VL),
+and on a GPU: the engine with Triton attention and CUDA graphs serves a batch mixing requests
 with images (eager steps: M-RoPE positions and embeddings) and a text-only one, each with
 transformers' greedy tokens on the CPU; the 7B-shaped random model encodes a 1024x1024 image."""
 
@@ -14,13 +15,19 @@ from tallow.engine.sampling.params import SamplingParams
 STEPS = 16
 
 
-def _hf_tokens(kit: Any, hf: Any, prompt: list[int], images: list[Any]) -> list[int]:
+#: family → (the checkpoint fixture, the engine fixture, the kit's preprocessor config)
+FAMILIES = {"qwen2.5-vl": ("checkpoint", "llm", "PREPROCESSOR"),
+            "qwen3-vl": ("qwen3_checkpoint", "qwen3_llm", "PREPROCESSOR3")}
+
+
+def _hf_tokens(kit: Any, hf: Any, prompt: list[int], images: list[Any],
+               preprocessor: str = "PREPROCESSOR") -> list[int]:
     from transformers import Qwen2VLImageProcessorPil
 
     kwargs: dict[str, Any] = {}
     ids = list(prompt)
     if images:
-        proc = Qwen2VLImageProcessorPil(**{k: v for k, v in kit.PREPROCESSOR.items()
+        proc = Qwen2VLImageProcessorPil(**{k: v for k, v in getattr(kit, preprocessor).items()
                                            if k != "image_processor_type"})
         out = proc(images=images, return_tensors="pt")
         grids = iter(out["image_grid_thw"])
@@ -44,22 +51,28 @@ def _mixed_batch(kit: Any) -> tuple[list[list[int]], list[Any]]:
     return prompts, images
 
 
-def test_mixed_batch_on_cpu(kit, checkpoint, llm) -> None:
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_mixed_batch_on_cpu(kit, request, family) -> None:
+    checkpoint, engine, preprocessor = FAMILIES[family]
+    hf = request.getfixturevalue(checkpoint)[0]
+    llm = request.getfixturevalue(engine)
     prompts, images = _mixed_batch(kit)
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate(prompts, params, images=images)
     for prompt, imgs, out in zip(prompts, images, outs):
-        assert list(out.outputs[0].token_ids) == _hf_tokens(kit, checkpoint[0], prompt,
-                                                            imgs or [])
+        assert list(out.outputs[0].token_ids) == _hf_tokens(kit, hf, prompt, imgs or [],
+                                                            preprocessor)
 
 
 @pytest.mark.gpu
-def test_engine_on_cuda_with_graphs(kit, checkpoint) -> None:
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_engine_on_cuda_with_graphs(kit, request, family) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from tallow.plugin.testing.engine import offline_llm
 
-    hf, path = checkpoint
+    checkpoint, _, preprocessor = FAMILIES[family]
+    hf, path = request.getfixturevalue(checkpoint)
     llm = offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-llama",
                                           "tallow-safetensors", "tallow-attention-triton"],
                       config={"model": {"dtype": "float32", "device": "cuda",
@@ -70,7 +83,8 @@ def test_engine_on_cuda_with_graphs(kit, checkpoint) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate(prompts, params, images=images)
     for prompt, imgs, out in zip(prompts, images, outs):
-        assert list(out.outputs[0].token_ids) == _hf_tokens(kit, hf, prompt, imgs or [])
+        assert list(out.outputs[0].token_ids) == _hf_tokens(kit, hf, prompt, imgs or [],
+                                                            preprocessor)
 
 
 @pytest.mark.gpu

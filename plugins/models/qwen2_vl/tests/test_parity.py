@@ -1,5 +1,5 @@
 """Parity with transformers' Qwen2_5_VLForConditionalGeneration (and
-Qwen2VLForConditionalGeneration) on the same random weights,
+Qwen2VLForConditionalGeneration, Qwen3VLForConditionalGeneration) on the same random weights,
 through the whole engine (``LLM.generate`` with images): the log-probabilities of the prompt's
 text after the images, and 32 greedy tokens, with one and with two images."""
 
@@ -23,12 +23,13 @@ def _prompt(kit: Any, text_parts: list[list[int]]) -> list[int]:
     return out
 
 
-def _hf_inputs(kit: Any, prompt: list[int], images: list[Any]) -> dict[str, torch.Tensor]:
+def _hf_inputs(kit: Any, prompt: list[int], images: list[Any],
+               preprocessor: dict[str, Any]) -> dict[str, torch.Tensor]:
     """transformers' inputs: the placeholders expanded by its processor's grids."""
     from transformers import Qwen2VLImageProcessorPil
 
     IMAGE_TOKEN = kit.IMAGE_TOKEN
-    settings = {k: v for k, v in kit.PREPROCESSOR.items() if k != "image_processor_type"}
+    settings = {k: v for k, v in preprocessor.items() if k != "image_processor_type"}
     proc = Qwen2VLImageProcessorPil(**settings)
     out = proc(images=images, return_tensors="pt")
     grids = out["image_grid_thw"]
@@ -46,8 +47,9 @@ def _hf_inputs(kit: Any, prompt: list[int], images: list[Any]) -> dict[str, torc
             "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int()}
 
 
-def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any]) -> None:
-    inputs = _hf_inputs(kit, prompt, images)
+def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any],
+           preprocessor: dict[str, Any]) -> None:
+    inputs = _hf_inputs(kit, prompt, images, preprocessor)
     with torch.no_grad():
         ref_logits = hf(**inputs).logits[0].float()
         ref = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)
@@ -68,26 +70,37 @@ def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any]) ->
     assert len(set(ref_tokens)) > 1, "degenerate model: greedy decoding repeats one token"
 
 
-FAMILIES = {"qwen2.5-vl": ("checkpoint", "llm"), "qwen2-vl": ("qwen2_checkpoint", "qwen2_llm")}
+FAMILIES = {"qwen2.5-vl": ("checkpoint", "llm", "PREPROCESSOR"),
+            "qwen2-vl": ("qwen2_checkpoint", "qwen2_llm", "PREPROCESSOR"),
+            "qwen3-vl": ("qwen3_checkpoint", "qwen3_llm", "PREPROCESSOR3")}
+
+
+def _family(kit: Any, request: Any, family: str) -> tuple[Any, Any, dict[str, Any]]:
+    """(the transformers model, the engine, the preprocessor config) of ``family``."""
+    checkpoint, llm, preprocessor = FAMILIES[family]
+    hf, _ = request.getfixturevalue(checkpoint)
+    return hf, request.getfixturevalue(llm), getattr(kit, preprocessor)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_one_image(kit, request, family) -> None:
-    (hf, _), llm = (request.getfixturevalue(f) for f in FAMILIES[family])
+    hf, llm, preprocessor = _family(kit, request, family)
     _check(kit, llm, hf, _prompt(kit, [[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
-           [kit.image(90, 60, seed=1)])
+           [kit.image(90, 60, seed=1)], preprocessor)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_two_images(kit, request, family) -> None:
-    (hf, _), llm = (request.getfixturevalue(f) for f in FAMILIES[family])
+    hf, llm, preprocessor = _family(kit, request, family)
     prompt = _prompt(kit, [[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]])
     _check(kit, llm, hf, prompt, [kit.image(56, 112, seed=2),
-                                  kit.image(150, 100, "RGBA", seed=3)])
+                                  kit.image(150, 100, "RGBA", seed=3)], preprocessor)
 
 
-def test_images_change_the_output(kit, llm) -> None:
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_images_change_the_output(kit, request, family) -> None:
     """The same prompt with another image gives other logits (the tower is not ignored)."""
+    _, llm, _ = _family(kit, request, family)
     prompt = _prompt(kit, [[5, 17, 40], [88, 120, 9, 64]])
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
     a = llm.generate(prompt, params, images=[kit.image(90, 60, seed=1)])[0]

@@ -1,5 +1,6 @@
 """Image preprocessing is transformers' Qwen2VLImageProcessor (PIL implementation), reused
-directly and built from the checkpoint's preprocessor_config.json: on ten images of varied
+directly and built from the checkpoint's preprocessor_config.json (Qwen2.5-VL's form, and
+Qwen3-VL's: 16-pixel patches, limits given as ``size``, mean and std 0.5): on ten images of varied
 sizes and modes the model's pixels and grids equal the processor's, and each image expands to
 ``t * h * w / merge²`` placeholder tokens, the count transformers' processor inserts."""
 
@@ -16,19 +17,25 @@ CASES = [  # (width, height, mode)
 ]
 
 
-def _reference(kit: Any) -> Any:
+def _reference(kit: Any, preprocessor: str = "PREPROCESSOR") -> Any:
     from transformers import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(**{k: v for k, v in kit.PREPROCESSOR.items()
+    return Qwen2VLImageProcessorPil(**{k: v for k, v in getattr(kit, preprocessor).items()
                                        if k != "image_processor_type"})
 
 
+#: family → (the engine fixture, the kit's preprocessor config)
+FAMILIES = {"qwen2.5-vl": ("llm", "PREPROCESSOR"), "qwen3-vl": ("qwen3_llm", "PREPROCESSOR3")}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("width,height,mode", CASES)
-def test_pixels_and_grid_equal_transformers(kit, llm, width, height, mode) -> None:
-    model = llm.engine.images.model
+def test_pixels_and_grid_equal_transformers(kit, request, family, width, height, mode) -> None:
+    engine, preprocessor = FAMILIES[family]
+    model = request.getfixturevalue(engine).engine.images.model
     img = kit.image(width, height, mode, seed=width + height)
     ours = model.process_image(img)
-    ref = _reference(kit)(images=[img], return_tensors="pt")
+    ref = _reference(kit, preprocessor)(images=[img], return_tensors="pt")
     grid = tuple(ref["image_grid_thw"][0].tolist())
     assert ours.grid == grid
     assert torch.equal(ours.pixel_values, ref["pixel_values"])
@@ -64,3 +71,25 @@ def test_defaults_without_preprocessor_config(kit) -> None:
     want = ref(images=[img], return_tensors="pt")
     assert got.grid == tuple(want["image_grid_thw"][0].tolist())
     assert torch.equal(got.pixel_values, want["pixel_values"])
+
+
+def test_qwen3_defaults_without_preprocessor_config(kit) -> None:
+    """A Qwen3-VL checkpoint without preprocessor_config.json gets its published processor
+    settings (pixel limits as ``size``, mean and std 0.5) and the vision config's 16-pixel
+    patches; a config that states only pixel counts keeps them."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from tallow_model_qwen2_vl.processor import QWEN3_DEFAULTS, ImageProcessor
+
+    vision = {"patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    published = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16,
+        temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    img = kit.image(1000, 700, "RGBA")
+    got = ImageProcessor(None, vision, QWEN3_DEFAULTS).process(img)
+    want = published(images=[img], return_tensors="pt")
+    assert got.grid == tuple(want["image_grid_thw"][0].tolist())
+    assert torch.equal(got.pixel_values, want["pixel_values"])
+    small = ImageProcessor({"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 16}, vision,
+                           QWEN3_DEFAULTS)
+    assert small.process(img).num_tokens <= 16

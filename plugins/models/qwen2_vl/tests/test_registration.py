@@ -1,5 +1,5 @@
-"""The plugin registers Qwen2.5-VL and Qwen2-VL lazily (no torch imported), its checkpoints load in both
-tensor layouts, and bad configs are refused naming the key."""
+"""The plugin registers Qwen2.5-VL, Qwen2-VL and Qwen3-VL lazily (no torch imported), its
+checkpoints load in both tensor layouts, and bad configs are refused naming the key."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_registration_is_lazy() -> None:
                                             "ArchitectureRegistry") == []
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
-    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"):
+    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                 "Qwen3VLForConditionalGeneration"):
         cls = registry.entry(name).load()
         assert issubclass(cls, VisionLanguageModel) and cls.position_axes == 3
         assert cls.hf_architectures == (name,)
