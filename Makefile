@@ -3,10 +3,10 @@ PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
 .PHONY: install test serve bench lint docs
-install:  ## the core and every first-party plugin, editable, with test and docs extras
+install:  ## the core and every first-party plugin, editable, with the test, docs and default-model extras, at the pins of constraints.txt
 	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
-	$(PYTHON) -m pip install -q -e '.[test,docs]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
-	$(PYTHON) -m pip install -q --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
+	$(PYTHON) -m pip install -q -c constraints.txt -e '.[test,docs,default-model]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	$(PYTHON) -m pip install -q -c constraints.txt --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
 	[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)  # Debian's browser for tallow-ui-web's tests (driven by Playwright; no browser download)
 
 test: install  ## pytest's "no tests collected" (5) counts as success; the log ends naming the slowest tests
