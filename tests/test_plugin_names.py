@@ -22,6 +22,7 @@ from tallow.plugin.naming import KINDS as RULE_KINDS, RENAMED, kind_of, new_name
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = {"model", "format", "quant", "kvcache", "attention", "grammar", "reasoning",
          "speculator", "tool", "mcp", "ui"}
+assert set(RULE_KINDS) == KINDS
 PLUGINS = sorted(ROOT.glob("plugins/*/*/pyproject.toml"))
 
 
@@ -43,6 +44,7 @@ def test_every_plugin_follows_the_naming_rule(pyproject: Path) -> None:
     assert project["name"] == dist
     assert project["entry-points"]["tallow"] == {dist: f"{module}.plugin"}
     assert (pyproject.parent / module / "plugin.py").is_file()
+    assert kind_of(dist) == kind
     assert tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"]["find"] == {
         "include": [f"{module}*"]}
 
@@ -53,6 +55,12 @@ def test_the_renamed_table_points_at_plugins_of_the_tree() -> None:
     assert not set(RENAMED) & names
     assert new_name("Tallow_GGUF") == "tallow-format-gguf"
     assert new_name("tallow-format-gguf") is None
+
+
+def test_kind_of_reads_the_kind_from_the_name() -> None:
+    assert kind_of("tallow") == "core" and kind_of("Tallow_Model_Llama") == "model"
+    assert kind_of("tallow-fastattn") == "other" and kind_of("vllm-model-x") == "other"
+    assert kind_of("tallow-model") == "other"
 
 
 def _ep(dist: str, module: str) -> Any:

@@ -7,7 +7,6 @@ over stdio."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path

@@ -243,7 +243,6 @@ class ServerConnection:
     # -- calls ----------------------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
         """Run ``tool``; every failure is an error result (see ``ToolProvider.call_tool``)."""
-        s = self.settings
         session = self._session
         if session is None or self.state != "up":
             return ToolResult(f"the MCP server {self.name!r} is not connected "

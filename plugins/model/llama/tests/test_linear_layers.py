@@ -153,7 +153,7 @@ def test_tied_head_uses_the_embedding_weight():
 
 
 def test_rmsnorm_matches_transformers_and_fuses_the_residual_add():
-    transformers = pytest.importorskip("transformers", reason="transformers is the oracle")
+    pytest.importorskip("transformers", reason="transformers is the oracle")
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

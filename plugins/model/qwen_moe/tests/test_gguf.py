@@ -6,7 +6,6 @@ from the metadata, then logits and 32 greedy tokens against transformers on the 
 from __future__ import annotations
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 pytest.importorskip("gguf", reason="the gguf package writes the files")

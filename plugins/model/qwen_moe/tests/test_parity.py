@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-from tallow.layers import ArchConfig, BuildContext, FusedMoE  # noqa: E402
+from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
 )
