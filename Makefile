@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
-.PHONY: install test serve bench lint docs
+.PHONY: install test serve bench lint docs dist
 install:  ## the core and every first-party plugin, editable, with the test, docs and default-model extras, at the pins of constraints.txt
 	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
 	$(PYTHON) -m pip install -q -c constraints.txt -e '.[test,docs,default-model]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
@@ -21,5 +21,13 @@ bench:
 docs: install  ## the documentation site, into site/ (strict: a stale reference fails)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
-lint:
+lint:  ## ruff (the rules of [tool.ruff]) and the layer boundaries
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q tests/test_boundaries.py
+
+DIST ?= dist
+dist:  ## the wheel and sdist of the core and of every first-party plugin, into $(DIST)/
+	rm -rf '$(DIST)'
+	for p in . $(PLUGINS); do $(PYTHON) -m build --no-isolation --outdir '$(DIST)' "$$p" >/dev/null || exit 1; done
+	rm -rf framework/*.egg-info $(foreach p,$(PLUGINS),$(p)/*.egg-info)  # setuptools' metadata, left in the sources
+	$(PYTHON) -m twine check --strict '$(DIST)'/*
