@@ -45,9 +45,15 @@ CORE_TEST_HELPERS = {"server_fakes"}
 
 
 @cache
+def _installed() -> dict[str, list[str]]:
+    """Top-level import name → the installed distributions providing it."""
+    return dict(metadata.packages_distributions())
+
+
+@cache
 def _distributions_of(module: str) -> set[str]:
     """The distributions that provide the top-level import ``module``."""
-    found = metadata.packages_distributions().get(module, [])
+    found = _installed().get(module, [])
     names = {canonicalize_name(d) for d in found}
     if module in NOT_INSTALLED_HERE:
         names.add(canonicalize_name(NOT_INSTALLED_HERE[module]))
