@@ -96,3 +96,23 @@ def test_a_configuration_naming_an_old_distribution_fails_with_the_new_name(
     assert where in message and "which is now tallow-" in message
     old = message.split(f"{where} names ")[1].split(",")[0]
     assert f"{old}, which is now {new_name(old)}: use the new name" in message
+
+
+def test_the_cookiecutter_names_by_the_rule(tmp_path: Path) -> None:
+    """Each kind of the template renders distribution tallow-<kind>-<name>, module
+    tallow_<kind>_<name>, entry point named as the distribution."""
+    import json
+
+    main = pytest.importorskip("cookiecutter.main", reason="cookiecutter renders the template")
+    template = ROOT / "cookiecutter"
+    for component_kind in json.loads((template / "cookiecutter.json").read_text())["kind"]:
+        project = Path(main.cookiecutter(str(template), no_input=True,
+                                         output_dir=str(tmp_path / component_kind),
+                                         extra_context={"kind": component_kind,
+                                                        "plugin_name": "My_Thing"}))
+        meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+        kind = kind_of(meta["name"])
+        assert kind in RULE_KINDS, (component_kind, meta["name"])
+        assert meta["name"] == project.name == f"tallow-{kind}-my-thing"
+        assert meta["entry-points"]["tallow"] == {meta["name"]: f"tallow_{kind}_my_thing.plugin"}
+        assert (project / f"tallow_{kind}_my_thing" / "plugin.py").is_file()
