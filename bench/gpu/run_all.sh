@@ -78,11 +78,11 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 want() { [[ ",$MODE," == *",$1,"* || "$MODE" == full ]]; }
 if want tests; then
   echo "== GPU tests"
-  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu tests/kernels plugins/attention plugins/models 2>&1 | tail -40 | tee "$OUT/tests.log"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu tests/kernels plugins/attention plugins/model 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
 if want enginetests; then
   echo "== GPU engine tests"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu tests/engine plugins/models \
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu tests/engine plugins/model \
     "tests/kernels/test_kernels.py::test_argmax_rows" "tests/kernels/test_kernels.py::test_gemv" \
     plugins/attention/triton/tests/test_attention_gpu.py::test_new_batch_shapes_compile_nothing_new \
     2>&1 | tail -30 | tee "$OUT/tests_engine.log"
@@ -110,7 +110,7 @@ if [[ ",$MODE," == *",profile,"* ]]; then
 fi
 if [[ ",$MODE," == *",gemmatests,"* ]]; then
   echo "== GPU tests of tallow-model-gemma (tiny parity; Gemma 3 4B shape on triton vs transformers and torch)"
-  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/models/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
+  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/model/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
 fi
 if [[ ",$MODE," == *",gemma4b,"* ]]; then  # batch-1 decode of Gemma 3 4B's shape; 2048-token prompts outrun its 1024-token window
   bench latency_gemma3_4b_bs1 300 latency --model random:gemma-3-4b --dtype bfloat16 --batch-size 1 --input-len 2048 --output-len 256 --max-model-len 4096
@@ -118,7 +118,7 @@ fi
 if [[ ",$MODE," == *",moetests,"* ]]; then
   echo "== GPU tests of the fused MoE (kernels against their references, the layer in CUDA graphs, Qwen-MoE parity)"
   timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_moe_kernels.py \
-    tests/gpu/test_fused_moe_gpu.py plugins/models/qwen_moe 2>&1 | tail -20 | tee "$OUT/tests_moe.log"
+    tests/gpu/test_fused_moe_gpu.py plugins/model/qwen_moe 2>&1 | tail -20 | tee "$OUT/tests_moe.log"
 fi
 if [[ ",$MODE," == *",moelat,"* ]]; then
   bench latency_qwen3_30b_a3b_bs1 240 latency --model random:qwen3-30b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -138,8 +138,8 @@ if [[ ",$MODE," == *",moealltests,"* ]]; then  # every GPU test of the MoE model
   echo "== GPU tests of everything mixture-of-experts (core kernels and layer, the models, fp8/int4/fp4/GGUF experts, sinks)"
   timeout "${MOE_TESTS_LIMIT:-300}" python3 -m pytest -n 4 -v -rfE --tb=short --timeout 200 \
     tests/kernels/test_moe_kernels.py tests/gpu/test_fused_moe_gpu.py tests/engine/test_async_scheduling_gpu.py \
-    plugins/models/qwen_moe/tests/test_parity.py plugins/models/mixtral/tests/test_parity.py \
-    plugins/models/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
+    plugins/model/qwen_moe/tests/test_parity.py plugins/model/mixtral/tests/test_parity.py \
+    plugins/model/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
     plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py \
     plugins/quant/gguf/tests/test_moe_gpu.py plugins/quant/fp4/tests/test_kernels_gpu.py \
     "plugins/attention/triton/tests/kernel_cases.py::test_attention_sinks" >"$OUT/tests_moe_all.log" 2>&1
@@ -148,7 +148,7 @@ fi
 if [[ ",$MODE," == *",qnexttests,"* ]]; then  # Gated DeltaNet kernels against their references; Qwen3-Next parity, graphs vs eager
   echo "== GPU tests of Qwen3-Next (gated delta rule and conv kernels, float32 parity, CUDA graphs against eager)"
   timeout 500 python3 -m pytest -q -m gpu -rs --timeout 420 tests/kernels/test_gated_delta_kernels.py \
-    plugins/models/qwen3_next 2>&1 | tail -25 | tee "$OUT/tests_qwen3_next.log"
+    plugins/model/qwen3_next 2>&1 | tail -25 | tee "$OUT/tests_qwen3_next.log"
 fi
 if [[ ",$MODE," == *",qnextlat,"* ]]; then  # 12 of Qwen3-Next-80B-A3B's 48 layers (9 linear, 3 full), and all full attention
   bench latency_qwen3_next_12l_bs1 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -174,9 +174,9 @@ fi
 if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton kernels and the DeepSeek models on the GPU
   echo "== GPU tests of latent attention (MLA kernels against the torch reference, DeepSeek parity and CUDA graphs)"
   timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 300 plugins/attention/triton/tests/mla_cases.py \
-    plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py \
-    plugins/models/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
-    plugins/models/deepseek/tests/test_glm4_moe_lite.py plugins/models/minimax_m2/tests/test_parity.py \
+    plugins/model/deepseek/tests/test_parity.py plugins/model/deepseek/tests/test_fp8.py \
+    plugins/model/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    plugins/model/deepseek/tests/test_glm4_moe_lite.py plugins/model/minimax_m2/tests/test_parity.py \
     2>&1 | tail -20 | tee "$OUT/tests_mla.log"
 fi
 if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
@@ -411,7 +411,7 @@ fi
 if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
   echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
   { timeout 150 python3 -m pytest -q -rs --timeout 120 plugins/attention/triton/tests/kernel_cases.py -k "bidirectional or chunked"
-    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/models/bert/tests
+    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/model/bert/tests
   } 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_embed.log"
 fi
 if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inputs
@@ -559,7 +559,7 @@ if [[ ",$MODE," == *",tcmxfp4lat,"* ]]; then  # mxfp4lat through the tensor-core
 fi
 if [[ ",$MODE," == *",spectests,"* ]]; then  # speculative decoding beside CUDA graphs (tiny model)
   echo "== GPU tests of speculative decoding"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/speculators/ngram/tests 2>&1 | tail -15 | tee "$OUT/tests_spec.log"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/speculator/ngram/tests 2>&1 | tail -15 | tee "$OUT/tests_spec.log"
 fi
 if [[ ",$MODE," == *",specverify,"* ]]; then  # verify-step cost vs k and batch, replay proposals, random:llama-3-8b
   echo "== speculative decoding: verify step vs k and batch (replay speculator)"

@@ -181,10 +181,10 @@ def save_tiny(path: Path, model_type: str) -> Path:
 
 def _checkpoint(source: Path):
     if source.suffix == ".gguf":
-        from tallow_gguf.format import GGUFFormat
+        from tallow_format_gguf.format import GGUFFormat
 
         return GGUFFormat().load(str(source))
-    from tallow_safetensors.format import SafetensorsFormat
+    from tallow_format_safetensors.format import SafetensorsFormat
 
     return SafetensorsFormat().load(str(source))
 
@@ -296,7 +296,7 @@ def test_tallow_quantize_reaches_this_writer_through_a_quant_scheme(tmp_path: Pa
 
     src = save_tiny(tmp_path / "hf", "llama")
     out = tmp_path / "tiny-q5_k_m.gguf"
-    pm = isolated_plugin_manager("tallow_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
+    pm = isolated_plugin_manager("tallow_format_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
                                  builtins=True)
     summary = quantize_model(pm.registries, str(src), str(out), "Q5_K_M", device="cpu",
                              progress=False)
