@@ -568,7 +568,7 @@ if [[ ",$MODE," == *",specverify,"* ]]; then  # verify-step cost vs k and batch,
 fi
 if [[ ",$MODE," == *",vlmtests,"* ]]; then  # images in: Qwen2.5-VL parity and the engine on the GPU (~2 min)
   echo "== GPU tests of the image path (tallow-model-qwen2-vl)"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/models/qwen2_vl/tests 2>&1 | tail -15 | tee "$OUT/tests_vlm.log"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/model/qwen2_vl/tests 2>&1 | tail -15 | tee "$OUT/tests_vlm.log"
 fi
 if [[ ",$MODE," == *",vlmimages,"* ]]; then  # random:qwen2.5-vl-7b, 64 requests of one 1024x1024 image each (1296 tokens): cold vs warm encoder cache
   echo "== images in: 64 x one 1024x1024 image, cold and warm encoder cache"

@@ -74,7 +74,7 @@ def test_refused_configs(change, message):
 def test_cuda_parity(tmp_path):
     hf = random_hf_model(_config(), seed=33)
     randomize_correction_bias(hf, 34)
-    from tallow_safetensors.format import SafetensorsFormat
+    from tallow_format_safetensors.format import SafetensorsFormat
 
     assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Glm4MoeLiteForCausalLM,
                                                SafetensorsFormat().load, **kw),

@@ -1,4 +1,4 @@
-"""Llama 4 text models (Llama-4-Scout-17B-16E, Llama-4-Maverick-17B-128E): tallow-llama's
+"""Llama 4 text models (Llama-4-Scout-17B-16E, Llama-4-Maverick-17B-128E): tallow-model-llama's
 decoder with three kinds of attention layer and interleaved mixture-of-experts blocks.
 
 Attention (:class:`Llama4Attention`), per layer ``i`` (:func:`layer_plan`):
@@ -35,7 +35,7 @@ from tallow.layers import (
     ArchConfig, Attention, BuildContext, FusedExperts, FusedMoE, QKVParallelLinear,
     RotaryEmbedding, RouterSpec, RowParallelLinear, WeightNameMap,
 )
-from tallow_llama.model import LlamaForCausalLM, LlamaMLP
+from tallow_model_llama.model import LlamaForCausalLM, LlamaMLP
 
 from .naming import TextModelNames, hf_name_map
 

@@ -1,4 +1,4 @@
-"""How Hugging Face checkpoint names map onto Llama 4's parameters: tallow-llama's map for
+"""How Hugging Face checkpoint names map onto Llama 4's parameters: tallow-model-llama's map for
 attention, norms, embeddings and head, plus the ``feed_forward`` block of layer ``i``
 (the model's ``mlp``)::
 
@@ -24,7 +24,7 @@ transform of the model turns them.
 from __future__ import annotations
 
 from tallow.layers import WeightMatch, WeightNameMap, WeightRule
-from tallow_llama.naming import hf_name_map as llama_hf_name_map
+from tallow_model_llama.naming import hf_name_map as llama_hf_name_map
 
 _FF = "model.layers.{i}.feed_forward"
 _MLP = "model.layers.{i}.mlp"

@@ -18,11 +18,11 @@ BASE = dict(hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
             attention_chunk_size=8, floor_scale=4, attn_scale=0.5,
             bos_token_id=None, eos_token_id=None, pad_token_id=None)
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
-PLUGINS = ["tallow-model-llama4", "tallow-safetensors"]
+PLUGINS = ["tallow-model-llama4", "tallow-format-safetensors"]
 
 
 def _saved(tmp_path):
-    pytest.importorskip("tallow_safetensors", reason="the saved model is read by it")
+    pytest.importorskip("tallow_format_safetensors", reason="the saved model is read by it")
     hf = random_hf_model(transformers.Llama4TextConfig(**BASE), seed=11)
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
     return hf

@@ -34,8 +34,8 @@ STEPS = 32
 
 
 def _safetensors():
-    return pytest.importorskip("tallow_safetensors.format",
-                               reason="the saved model is read by tallow-safetensors")
+    return pytest.importorskip("tallow_format_safetensors.format",
+                               reason="the saved model is read by tallow-format-safetensors")
 
 
 def _config(**change):

@@ -1,7 +1,7 @@
-"""MiniMax M2 (``MiniMaxM2ForCausalLM``: MiniMax-M2, M2.1): tallow-llama's decoder with
+"""MiniMax M2 (``MiniMaxM2ForCausalLM``: MiniMax-M2, M2.1): tallow-model-llama's decoder with
 
 - grouped-query attention without biases, q and k RMS-normed over the whole projection (all
-  heads at once, before the rope: tallow-olmo2's :class:`~tallow_olmo2.model.Olmo2Attention`),
+  heads at once, before the rope: tallow-model-olmo2's :class:`~tallow_model_olmo2.model.Olmo2Attention`),
   rotate-half rope over the first ``rotary_dim`` features of each head (transformers' config
   calls it ``partial_rotary_factor = rotary_dim / head_dim``);
 - in every layer a mixture of ``num_local_experts`` SwiGLU experts of ``intermediate_size``:
@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 from torch import nn
 
 from tallow.layers import ArchConfig, BuildContext, FusedMoE, RotaryEmbedding, RouterSpec
-from tallow_llama.model import LlamaForCausalLM
-from tallow_olmo2.model import Olmo2Attention
+from tallow_model_llama.model import LlamaForCausalLM
+from tallow_model_olmo2.model import Olmo2Attention
 
 from .naming import hf_name_map
 

@@ -1,12 +1,12 @@
 """How Hugging Face checkpoint names map onto MiniMax M2's parameters.
 
-Mixtral's map (:func:`tallow_model_mixtral.naming.hf_name_map`: tallow-llama's attention,
+Mixtral's map (:func:`tallow_model_mixtral.naming.hf_name_map`: tallow-model-llama's attention,
 norms, embeddings and head, the router ``block_sparse_moe.gate.weight`` and the experts
 ``block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`` or transformers' stacked
 ``mlp.experts.{gate_up_proj,down_proj}``) plus, for decoder layer ``i``::
 
     model.layers.i.self_attn.{q_norm,k_norm}.weight [heads * head_dim] <- same names
-                                                     (tallow-llama's rules)
+                                                     (tallow-model-llama's rules)
     model.layers.i.mlp.gate.e_score_correction_bias [E]
         <- block_sparse_moe.e_score_correction_bias (published checkpoints)
            or mlp.e_score_correction_bias (transformers 5's state dict)

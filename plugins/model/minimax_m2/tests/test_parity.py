@@ -73,7 +73,7 @@ def test_cuda_parity(tmp_path):
     hf = random_hf_model(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16), seed=53,
                           std=STD)
     randomize_correction_bias(hf, 54)
-    from tallow_safetensors.format import SafetensorsFormat
+    from tallow_format_safetensors.format import SafetensorsFormat
 
     assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, MiniMaxM2ForCausalLM,
                                                SafetensorsFormat().load, **kw),

@@ -1,6 +1,6 @@
 """Qwen2.5-VL and Qwen2-VL: images in, text out.
 
-The text model is tallow-llama's Qwen2 decoder with M-RoPE (:class:`tallow.layers.MRotaryEmbedding`:
+The text model is tallow-model-llama's Qwen2 decoder with M-RoPE (:class:`tallow.layers.MRotaryEmbedding`:
 three position axes, ``mrope_section`` frequencies each); the vision tower is
 :mod:`tallow_model_qwen2_vl.vision`. The engine expands each ``<|image_pad|>`` of a prompt into
 the image's tokens (:meth:`process_image` says how many), runs :meth:`encode_image` and hands
@@ -10,7 +10,7 @@ the embeddings and the three-axis positions to :meth:`forward` through the step'
 Qwen2-VL (the first generation) differs only in its vision tower (LayerNorms, full attention
 in every block, a two-layer MLP): :class:`Qwen2VLForConditionalGeneration`.
 
-Qwen3-VL (:class:`Qwen3VLForConditionalGeneration`) is tallow-llama's Qwen3 decoder (per-head
+Qwen3-VL (:class:`Qwen3VLForConditionalGeneration`) is tallow-model-llama's Qwen3 decoder (per-head
 q/k norms) with interleaved M-RoPE
 (:class:`~tallow_model_qwen2_vl.mrope.InterleavedMRotaryEmbedding`) and :mod:`tallow_model_qwen2_vl.vision3`'s tower, whose DeepStack features are added to the
 image tokens' hidden states after the first decoder layers. The parts all three share live in
@@ -31,7 +31,7 @@ from tallow.layers import (
     RotaryEmbedding, VisionLanguageModel, WeightNameMap, current_multimodal_step,
     merge_multimodal_embeddings,
 )
-from tallow_llama.model import Qwen2ForCausalLM, Qwen3ForCausalLM
+from tallow_model_llama.model import Qwen2ForCausalLM, Qwen3ForCausalLM
 
 from .mrope import InterleavedMRotaryEmbedding
 from .naming import Qwen2VLNames, qwen3_vision_name_map, vision_name_map

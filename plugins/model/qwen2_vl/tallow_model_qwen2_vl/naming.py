@@ -2,7 +2,7 @@
 
 Two layouts exist: the original one (``visual.*``, ``model.layers.*``, ``lm_head.*``) and the
 one transformers 5 saves (``model.visual.*``, ``model.language_model.*``, ``lm_head.*``). The
-text model's names are the Llama family's (tallow-llama's ``hf`` map); the vision tower's:
+text model's names are the Llama family's (tallow-model-llama's ``hf`` map); the vision tower's:
 
     visual.patch_embed.proj.weight  [dim, C, T, P, P] → visual.patch_embed.proj.weight
                                      [dim, C*T*P*P] (the Conv3d as the linear map it is)

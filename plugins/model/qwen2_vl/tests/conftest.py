@@ -131,8 +131,8 @@ def _save(model: Any, path: Path, preprocessor: dict[str, Any] = PREPROCESSOR
 def _llm(path: Path) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                           "tallow-safetensors"],
+    return offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
+                                           "tallow-format-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 256},
                                "cache": {"num_blocks": 64, "block_size": 16},
                                "scheduler": {"max_num_batched_tokens": 256}})

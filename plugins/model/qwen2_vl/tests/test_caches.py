@@ -28,8 +28,8 @@ def _run(llm: Any, prompt: list[int], image: Any) -> Any:
 def fresh_llm(checkpoint: tuple[Any, Any]) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                                    "tallow-safetensors"],
+    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
+                                                    "tallow-format-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 256},
                                "cache": {"num_blocks": 64, "block_size": 16}})
 
@@ -70,8 +70,8 @@ def test_chunk_boundaries_inside_an_image(kit, checkpoint, llm) -> None:
     logprobs as one whole prefill."""
     from tallow.plugin.testing.engine import offline_llm
 
-    chunked = offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                                       "tallow-safetensors"],
+    chunked = offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
+                                                       "tallow-format-safetensors"],
                           config={"model": {"dtype": "float32", "max_model_len": 256},
                                   "cache": {"num_blocks": 64, "block_size": 16,
                                             "enable_prefix_caching": False},

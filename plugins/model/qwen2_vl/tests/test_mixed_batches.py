@@ -73,8 +73,8 @@ def test_engine_on_cuda_with_graphs(kit, request, family) -> None:
 
     checkpoint, _, preprocessor = FAMILIES[family]
     hf, path = request.getfixturevalue(checkpoint)
-    llm = offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                          "tallow-safetensors", "tallow-attention-triton"],
+    llm = offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
+                                          "tallow-format-safetensors", "tallow-attention-triton"],
                       config={"model": {"dtype": "float32", "device": "cuda",
                                         "max_model_len": 256},
                               "cache": {"num_blocks": 64, "block_size": 16}})
@@ -93,7 +93,7 @@ def test_seven_b_shape_encodes_a_large_image(kit) -> None:
         pytest.skip("needs a CUDA GPU")
     from tallow.plugin.testing.engine import offline_llm
 
-    llm = offline_llm("random:qwen2.5-vl-7b", plugins=["tallow-model-qwen2-vl", "tallow-llama"],
+    llm = offline_llm("random:qwen2.5-vl-7b", plugins=["tallow-model-qwen2-vl", "tallow-model-llama"],
                       config={"model": {"dtype": "bfloat16", "device": "cuda",
                                         "max_model_len": 4096}})
     model = llm.engine.images.model

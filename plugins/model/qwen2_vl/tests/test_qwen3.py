@@ -90,8 +90,8 @@ def _engine(path: Any, cache: dict[str, Any] | None = None,
             scheduler: dict[str, Any] | None = None) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-llama",
-                                           "tallow-safetensors"],
+    return offline_llm(str(path), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
+                                           "tallow-format-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 256},
                                "cache": {"num_blocks": 64, "block_size": 16, **(cache or {})},
                                "scheduler": scheduler or {}})

@@ -35,8 +35,8 @@ def client(checkpoint: tuple[Any, Any]) -> Iterator[Any]:
         "model": {"source": str(checkpoint[1]), "device": "cpu", "dtype": "float32",
                   "max_model_len": 256},
         "cache": {"num_blocks": 64, "block_size": 16},
-        "plugins": {"autoload": False, "enable": ["tallow-model-qwen2-vl", "tallow-llama",
-                                                  "tallow-safetensors"]}})
+        "plugins": {"autoload": False, "enable": ["tallow-model-qwen2-vl", "tallow-model-llama",
+                                                  "tallow-format-safetensors"]}})
     pm = load_plugins(config.plugins, env={})
     engine = AsyncEngine.from_config(config, pm)
     with TestClient(build_app(engine, config), raise_server_exceptions=False) as http:

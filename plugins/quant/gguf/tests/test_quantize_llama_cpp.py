@@ -66,7 +66,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _tallow_quantize(src: Path, out: Path, file_type: str) -> dict:
-    from tallow_gguf.format import GGUFFormat
+    from tallow_format_gguf.format import GGUFFormat
 
     return quantize_checkpoint(GGUFFormat().load(str(src)), out, file_type, progress=False)
 
