@@ -30,7 +30,8 @@ def _require_mkdocs() -> None:
 def test_site_builds_in_strict_mode(tmp_path):
     _require_mkdocs()
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    # not --quiet: it raises mkdocs' log level above WARNING, and strict mode then counts nothing
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                            "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}{proc.stderr}"
