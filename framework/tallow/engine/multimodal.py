@@ -180,7 +180,7 @@ class PromptImages:
 
     def __init__(self, model: VisionLanguageModel, *, max_images: int | None = None) -> None:
         self.model = model
-        self.token_id = int(model.image_token_id)
+        self.token_id = int(model.placeholder_token_id)
         self.max_images = max_images
 
     def expand(self, token_ids: Sequence[int], images: Sequence[ImageInput]
@@ -206,8 +206,10 @@ class PromptImages:
                 raise AdmissionError(str(exc), field="images") from None
             processed = self.model.process_image(pil)
             out.extend(ids[prev:slot])
-            placed.append(PromptImage(image_digest(pil), PlacedImage(len(out), processed)))
-            out.extend([self.token_id] * processed.num_tokens)
+            tokens, start = self.model.expand_image(processed)
+            placed.append(PromptImage(image_digest(pil),
+                                      PlacedImage(len(out) + start, processed)))
+            out.extend(tokens)
             prev = slot + 1
         out.extend(ids[prev:])
         positions, delta = self.model.prompt_positions(out, [p.placed for p in placed])

@@ -1,0 +1,174 @@
+"""Gemma 3 with its vision tower against transformers' Gemma3ForConditionalGeneration on the same
+random weights, through the whole engine (``LLM.generate`` with images): the log-probabilities
+of the prompt's text after the images, and 32 greedy tokens, with one and with two images.
+
+The tiny config makes the parts that differ from a text model matter: 6 × 6 patches pooled
+2 × 2 into 9 image tokens, and a sliding window of 6 on the first layer, shorter than an image,
+so the bidirectional attention inside an image meets the window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
+
+from tallow.engine.sampling.params import SamplingParams  # noqa: E402
+
+VOCAB, BOI, EOI, IMAGE, NL = 300, 297, 298, 299, 108
+TOKENS_PER_IMAGE = 9
+IMAGE_SIZE = 84
+STEPS = 32
+
+
+def hf_config() -> Any:
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                query_pre_attn_scalar=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=14,
+                  vision_use_head=False)
+    return transformers.Gemma3Config(text_config=text, vision_config=vision,
+                                     mm_tokens_per_image=TOKENS_PER_IMAGE,
+                                     image_token_index=IMAGE, boi_token_index=BOI,
+                                     eoi_token_index=EOI)
+
+
+def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    rgb = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+    return rgb if mode == "RGB" else rgb.convert(mode)
+
+
+def preprocessor() -> dict[str, Any]:
+    return {"image_processor_type": "Gemma3ImageProcessor",
+            "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "do_pan_and_scan": False}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    from tallow.engine.random_model import synthetic_tokenizer
+    from tallow.plugin.testing.paged_runner import randomize_
+
+    path = tmp_path_factory.mktemp("gemma3_vision")
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration._from_config(
+        hf_config(), attn_implementation="eager", dtype=torch.float32)
+    randomize_(hf, 5, 0.15)
+    hf.eval()
+    hf.save_pretrained(str(path), safe_serialization=True)
+    synthetic_tokenizer(VOCAB).save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<0>",
+                                                            "add_bos_token": False}))
+    (path / "preprocessor_config.json").write_text(json.dumps(preprocessor()))
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint: tuple[Any, Path]) -> Any:
+    from tallow.plugin.testing.engine import offline_llm
+
+    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-gemma", "tallow-safetensors"],
+                       config={"model": {"dtype": "float32", "max_model_len": 256},
+                               "cache": {"num_blocks": 64, "block_size": 16},
+                               "scheduler": {"max_num_batched_tokens": 256}})
+
+
+def _prompt(text_parts: list[list[int]]) -> list[int]:
+    """Text pieces with one begin-of-image placeholder between consecutive pieces."""
+    out = list(text_parts[0])
+    for piece in text_parts[1:]:
+        out += [BOI] + list(piece)
+    return out
+
+
+def _hf_inputs(prompt: list[int], images: list[Any]) -> dict[str, torch.Tensor]:
+    """transformers' inputs: each begin-of-image expanded as Gemma3Processor's
+    ``full_image_sequence`` ("\\n\\n", begin, image tokens, end, "\\n\\n")."""
+    from transformers import Gemma3ImageProcessorPil
+
+    settings = {k: v for k, v in preprocessor().items() if k != "image_processor_type"}
+    pixels = Gemma3ImageProcessorPil(**settings)(images=images, return_tensors="pt")
+    ids: list[int] = []
+    for t in prompt:
+        ids += [NL, BOI] + [IMAGE] * TOKENS_PER_IMAGE + [EOI, NL] if t == BOI else [t]
+    input_ids = torch.tensor([ids])
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "pixel_values": pixels["pixel_values"],
+            "token_type_ids": (input_ids == IMAGE).long()}
+
+
+def _check(llm: Any, hf: Any, prompt: list[int], images: list[Any]) -> None:
+    inputs = _hf_inputs(prompt, images)
+    with torch.no_grad():
+        ref_logits = hf(**inputs).logits[0].float()
+        ref = hf.generate(**inputs, max_new_tokens=STEPS, min_new_tokens=STEPS,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)
+    ref_tokens = ref[0, inputs["input_ids"].shape[1]:].tolist()
+    ref_lp = torch.log_softmax(ref_logits, -1)
+
+    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True,
+                            prompt_logprobs=0, logprobs=0)
+    out = llm.generate(prompt, params, images=images)[0]
+    ids = inputs["input_ids"][0].tolist()
+    assert list(out.prompt_token_ids) == ids, "the engine expanded the images differently"
+    last_image = max(i for i, t in enumerate(ids) if t == IMAGE)
+    # every token after the last image token: the logprob of the token given its prefix
+    for p in range(last_image + 1, len(ids)):
+        ours = out.prompt_logprobs[p][ids[p]].logprob
+        assert ours == pytest.approx(float(ref_lp[p - 1, ids[p]]), abs=2e-4), f"position {p}"
+    assert list(out.outputs[0].token_ids) == ref_tokens
+    assert len(set(ref_tokens)) > 1, "degenerate model: greedy decoding repeats one token"
+
+
+def test_one_image(checkpoint, llm) -> None:
+    _check(llm, checkpoint[0], _prompt([[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
+           [image(90, 60, seed=1)])
+
+
+def test_two_images(checkpoint, llm) -> None:
+    _check(llm, checkpoint[0], _prompt([[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]]),
+           [image(56, 112, seed=2), image(150, 100, "RGBA", seed=3)])
+
+
+def test_bidirectional_image_attention_matters(checkpoint) -> None:
+    """The oracle's own logits differ without ``token_type_ids`` (a causal mask over the image):
+    the parity above depends on the bidirectional block."""
+    hf = checkpoint[0]
+    inputs = _hf_inputs(_prompt([[5, 17, 40], [88, 120, 9]]), [image(90, 60, seed=1)])
+    causal = {k: v for k, v in inputs.items() if k != "token_type_ids"}
+    with torch.no_grad():
+        a, b = hf(**inputs).logits, hf(**causal).logits
+    assert (a[0, -1] - b[0, -1]).abs().max() > 1e-3
+
+
+def test_images_change_the_output(llm) -> None:
+    """The same prompt with another image gives other logits (the tower is not ignored)."""
+    prompt = _prompt([[5, 17, 40], [88, 120, 9, 64]])
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
+    a = llm.generate(prompt, params, images=[image(90, 60, seed=1)])[0]
+    b = llm.generate(prompt, params, images=[image(90, 60, seed=9)])[0]
+    last = len(a.prompt_token_ids) - 1
+    tok = a.prompt_token_ids[last]
+    assert a.prompt_logprobs[last][tok].logprob != pytest.approx(
+        b.prompt_logprobs[last][tok].logprob, abs=1e-4)
+
+
+def test_text_only_prompt(checkpoint, llm) -> None:
+    """The same model serves prompts without images as its text model."""
+    hf = checkpoint[0]
+    prompt = [5, 17, 40, 88, 120, 9, 64, 33]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
+                          do_sample=False, pad_token_id=0, eos_token_id=None)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert list(llm.generate(prompt, params)[0].outputs[0].token_ids) == ref[0, 8:].tolist()
