@@ -143,6 +143,8 @@ class MultimodalPrompt:
     positions: torch.Tensor
     #: what positions past the prompt add to their index
     delta: int = 0
+    #: each image's tokens must be computed in one step (the model's ``whole_images``)
+    whole_images: bool = False
     _ends: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +159,17 @@ class MultimodalPrompt:
                 break
             out.append(im)
         return out
+
+    def chunk_end(self, start: int, num_tokens: int) -> int:
+        """``num_tokens`` or fewer, so that a chunk of tokens ``start .. start + n - 1`` does
+        not end inside an image when ``whole_images`` (0: the chunk cannot start here)."""
+        if not self.whole_images:
+            return num_tokens
+        end = start + num_tokens
+        for im in self.overlapping(end - 1, end):
+            if im.end > end:
+                return max(0, im.offset - start)
+        return num_tokens
 
     def block_key(self, start: int, end: int) -> bytes:
         """What a prefix-cache block over tokens ``start .. end - 1`` adds to its hash: the
@@ -213,4 +226,5 @@ class PromptImages:
             prev = slot + 1
         out.extend(ids[prev:])
         positions, delta = self.model.prompt_positions(out, [p.placed for p in placed])
-        return out, MultimodalPrompt(placed, positions.to(torch.int64), int(delta))
+        return out, MultimodalPrompt(placed, positions.to(torch.int64), int(delta),
+                                     whole_images=bool(self.model.whole_images))

@@ -68,6 +68,9 @@ class VisionLanguageModel:
 
     #: rotary position axes per token (3 for M-RoPE); 1: the engine's 1-D positions
     position_axes: int = 1
+    #: an image's tokens attend to each other (Gemma 3): the scheduler computes each image's
+    #: tokens in one step, never ending a prefill chunk inside an image
+    whole_images: bool = False
 
     @property
     def image_token_id(self) -> int:

@@ -9,10 +9,11 @@ step's K/V in the paged cache), then the rows of image tokens are computed again
 over their sequence's cached K/V with the image's block opened.
 
 This needs every image whole within one step: its later tokens' K/V must exist when its
-earlier ones are computed. An image's tokens are always followed by the end-of-image token,
-so a step whose last row of a sequence is an image token has cut an image; that is refused
-with an error naming the scheduler limit, as is any backend other than ``torch`` (the Triton
-kernels cannot take the mask, and computing without it would be silently wrong).
+earlier ones are computed. The model declares ``whole_images``, so the scheduler never ends a
+prefill chunk inside an image; as a guard, a step whose last row of a sequence is an image token
+(an image's tokens are always followed by the end-of-image token) raises. Any backend other
+than ``torch`` is refused (the Triton kernels cannot take the mask, and computing without it
+would be silently wrong).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ class ImageBlockAttention(nn.Module):
             if hi == qsl[seq + 1]:
                 raise RuntimeError(
                     "a Gemma 3 image was cut between two scheduler steps, but its tokens attend "
-                    "to each other: raise scheduler.max_num_batched_tokens above the image's "
-                    "token count plus the prompt text before it")
+                    "to each other (the scheduler keeps images whole for models that declare "
+                    "whole_images)")
             base = lens[seq] - (qsl[seq + 1] - qsl[seq])  # position of the sequence's first row
             first, end = base + lo - qsl[seq], base + hi - qsl[seq]
             blocks = meta.block_tables[seq, :-(-end // cache.block_size)].long()

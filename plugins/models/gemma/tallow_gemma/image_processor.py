@@ -4,7 +4,8 @@ Preprocessing is transformers' own ``Gemma3ImageProcessor`` (its PIL implementat
 torchvision needed), built from the checkpoint's ``preprocessor_config.json`` when it has one
 (the loader puts it in the config as ``preprocessor_config``), else from the vision config's
 ``image_size`` and the processor's defaults: the image is converted to RGB, resized to
-``image_size × image_size`` (bilinear), rescaled and normalized (mean and std 0.5). Every image
+``image_size × image_size`` (bilinear), rescaled and normalized (mean and std 0.5). A null
+``do_convert_rgb`` (as hub configs have it) converts to RGB. Every image
 becomes ``mm_tokens_per_image`` tokens. Pan-and-scan (extra crops of wide images, announced by
 text in the prompt) is not supported: a preprocessor config that turns it on is refused.
 """
@@ -28,6 +29,10 @@ def hf_image_processor(preprocessor: Mapping[str, Any] | None,
         raise ValueError("preprocessor_config.json: do_pan_and_scan is true; tallow runs Gemma 3 "
                          "images without pan-and-scan crops (set it to false)")
     settings["do_pan_and_scan"] = False
+    # hub configs say null, which transformers takes as "do not convert" and then fails on
+    # RGBA, grayscale and palette images; the tower takes RGB
+    if settings.get("do_convert_rgb") is None:
+        settings["do_convert_rgb"] = True
     if "size" not in settings:
         side = int(vision.get("image_size") or 896)
         settings["size"] = {"height": side, "width": side}

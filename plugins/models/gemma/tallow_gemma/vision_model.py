@@ -12,7 +12,8 @@ what transformers' ``Gemma3Processor`` puts in its place, ``"\\n\\n"``, begin-of
 (``double_newline_token_id`` in the config overrides it). The image tokens' embeddings are the
 encoder's output, unscaled (the text embeddings are multiplied by ``sqrt(hidden)``, as in the
 text model), and they attend to each other bidirectionally
-(:mod:`tallow_gemma.image_attention`). Positions stay 1-D.
+(:mod:`tallow_gemma.image_attention`), so the model declares ``whole_images``: the scheduler
+never ends a prefill chunk inside an image. Positions stay 1-D.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ _VISION_KEYS = ("vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_
 
 class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, VisionLanguageModel):
     """Gemma 3 text model, SigLIP vision tower, average-pool projector."""
+
+    #: an image's tokens attend to each other: the scheduler computes each image in one step
+    whole_images = True
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(config, build)

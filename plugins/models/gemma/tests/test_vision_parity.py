@@ -172,3 +172,29 @@ def test_text_only_prompt(checkpoint, llm) -> None:
                           do_sample=False, pad_token_id=0, eos_token_id=None)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert list(llm.generate(prompt, params)[0].outputs[0].token_ids) == ref[0, 8:].tolist()
+
+
+def _small_step_llm(path: Path, tokens: int) -> Any:
+    from tallow.plugin.testing.engine import offline_llm
+
+    return offline_llm(str(path), plugins=["tallow-model-gemma", "tallow-safetensors"],
+                       config={"model": {"dtype": "float32", "max_model_len": 128},
+                               "cache": {"num_blocks": 64, "block_size": 4},
+                               "scheduler": {"max_num_batched_tokens": tokens}})
+
+
+def test_chunked_prefill_keeps_images_whole(checkpoint) -> None:
+    """Steps of 16 tokens: the image (prompt tokens 12..20) would be cut at 16; the scheduler
+    ends that chunk before the image instead, and the result is still transformers'."""
+    llm = _small_step_llm(checkpoint[1], 16)
+    prompt = _prompt([[5, 17, 40, 41, 42, 43, 44, 45, 46, 47], [88, 120, 9, 64, 33, 12]])
+    _check(llm, checkpoint[0], prompt, [image(90, 60, seed=1)])
+
+
+def test_image_larger_than_a_step_is_refused(checkpoint) -> None:
+    from tallow.engine.errors import AdmissionError
+
+    llm = _small_step_llm(checkpoint[1], 8)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    with pytest.raises(AdmissionError, match="image of 9 tokens does not fit one step of 8"):
+        llm.generate(_prompt([[5], [6]]), params, images=[image(90, 60, seed=1)])
