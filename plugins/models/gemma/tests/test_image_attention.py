@@ -45,3 +45,34 @@ def test_block_attention_equals_the_masked_reference(window) -> None:
     causal = torch.softmax(scores.masked_fill(~(kp <= qp), -torch.inf), -1)
     assert not torch.allclose(got[0], torch.einsum("hk,khd->hd", causal[:, image.start],
                                                    vr), atol=1e-4)
+
+
+class _Backend:
+    """A stand-in for a non-torch attention backend: computes nothing."""
+
+    name = "triton"
+
+    def forward(self, layer, q, k, v, kv_cache, meta):  # noqa: ANN001
+        return torch.zeros_like(q)
+
+
+class _Meta:
+    def group(self, index: int) -> "_Meta":
+        return self
+
+
+def test_backends_without_the_mask_refuse_image_rows() -> None:
+    from tallow.layers import Attention, MultimodalStep, forward_context, multimodal_step
+
+    from tallow_gemma.image_attention import ImageBlockAttention
+
+    attn = Attention(0, 2, 1, 8)
+    attn.bind_cache(object(), 0)  # type: ignore[arg-type]  # the backend never reads it
+    wrapped = ImageBlockAttention(attn)
+    q, kv = torch.randn(4, 16), torch.randn(4, 8)
+    with forward_context(_Meta(), _Backend()):  # type: ignore[arg-type]
+        # a text-only step runs on any backend
+        assert torch.equal(wrapped(q, kv, kv), torch.zeros(4, 16))
+        step = MultimodalStep(embeds=torch.zeros(2, 4), rows=torch.tensor([1, 2]))
+        with multimodal_step(step), pytest.raises(NotImplementedError, match="'triton'"):
+            wrapped(q, kv, kv)
