@@ -74,10 +74,11 @@ class ImageBlockAttention(nn.Module):
         if step is None or step.rows is None or step.rows.numel() == 0:
             return out
         ctx = get_forward_context()
-        if ctx.backend.name != "torch":
+        backend = getattr(ctx.backend, "name", type(ctx.backend).__name__)
+        if backend != "torch":
             raise NotImplementedError(
                 f"Gemma 3 image tokens attend bidirectionally within an image; the "
-                f"{ctx.backend.name!r} attention backend has no such mask (use the torch "
+                f"{backend!r} attention backend has no such mask (use the torch "
                 "backend for prompts with images)")
         spec, cache = self.inner.layer, self.inner.kv_cache
         assert cache is not None  # the inner call above has checked it

@@ -19,12 +19,12 @@ never ends a prefill chunk inside an image. Positions stay 1-D.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from tallow.layers import (
-    ArchConfig, BuildContext, ProcessedImage, VisionLanguageModel, WeightNameMap,
+    ArchConfig, Attention, BuildContext, ProcessedImage, VisionLanguageModel, WeightNameMap,
     current_multimodal_step, merge_multimodal_embeddings,
 )
 
@@ -75,7 +75,8 @@ class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, Vision
         self.processor = ImageProcessor(cfg.get("preprocessor_config"), vision,
                                         self.tokens_per_image)
         for layer in self.model.layers:
-            layer.self_attn.attn = ImageBlockAttention(layer.self_attn.attn)
+            attention = cast(text.GemmaAttention, layer.self_attn)
+            attention.attn = ImageBlockAttention(cast(Attention, attention.attn))
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
