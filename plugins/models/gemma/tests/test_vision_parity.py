@@ -54,9 +54,33 @@ def preprocessor() -> dict[str, Any]:
             "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "do_pan_and_scan": False}
 
 
+#: Gemma 3's way of rendering image parts (``<start_of_image>``), on a template reduced to the
+#: messages' content
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %} <start_of_image> "
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% endfor %}")
+
+
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer (``w<id>``) whose ids 297..299 are Gemma 3's image tokens
+    (special), and a chat template that renders image parts as Gemma 3's does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    names = {BOI: "<start_of_image>", EOI: "<end_of_image>", IMAGE: "<image_soft_token>"}
+    vocab = {names.get(i, f"w{i}"): i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens([AddedToken(n, special=True) for n in names.values()])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": False, "eos_token": "w1", "chat_template": CHAT_TEMPLATE}))
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    from tallow.engine.random_model import synthetic_tokenizer
     from tallow.plugin.testing.paged_runner import randomize_
 
     path = tmp_path_factory.mktemp("gemma3_vision")
@@ -66,9 +90,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     randomize_(hf, 5, 0.15)
     hf.eval()
     hf.save_pretrained(str(path), safe_serialization=True)
-    synthetic_tokenizer(VOCAB).save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<0>",
-                                                            "add_bos_token": False}))
+    save_tokenizer(path)
     (path / "preprocessor_config.json").write_text(json.dumps(preprocessor()))
     return hf, path
 
@@ -198,3 +220,24 @@ def test_image_larger_than_a_step_is_refused(checkpoint) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2)
     with pytest.raises(AdmissionError, match="image of 9 tokens does not fit one step of 8"):
         llm.generate(_prompt([[5], [6]]), params, images=[image(90, 60, seed=1)])
+
+
+def test_chat_with_an_image_url_part(llm) -> None:
+    """``LLM.chat``: the template renders the image part as ``<start_of_image>``, which the
+    engine expands; the same tokens as ``LLM.generate`` with the placeholder id."""
+    import base64
+    import io
+
+    img = image(80, 120, seed=41)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "w5 w6"}, {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "w7 w8"}]}]
+    out = llm.chat(messages, params)[0]
+    ref = llm.generate([5, 6, BOI, 7, 8], params, images=[img])[0]
+    assert list(out.prompt_token_ids) == list(ref.prompt_token_ids)
+    assert list(out.prompt_token_ids).count(IMAGE) == TOKENS_PER_IMAGE
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
