@@ -2,11 +2,19 @@
 PYTHON ?= python3
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml))
 
-.PHONY: install test serve bench lint docs
-install:  ## the core and every first-party plugin, editable, with test and docs extras
+# llama-cpp-python (test extra: llama.cpp's own quantizer is the oracle of `tallow quantize`) is
+# built from its sdist: CPU only, no OpenMP, no multimodal library, tools or tests, and for the
+# x86-64 baseline (no FMA contraction: the scalar reference paths whose bytes the tests compare).
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF \
+	-DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+
+.PHONY: install test serve bench lint docs dist
+install:  ## the core and every first-party plugin, editable, with the test, docs and default-model extras, at the pins of constraints.txt
 	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
-	$(PYTHON) -m pip install -q -e '.[test,docs]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
-	$(PYTHON) -m pip install -q --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	$(PYTHON) -m pip install -q -c constraints.txt -e '.[test,docs,default-model]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	$(PYTHON) -m pip install -q -c constraints.txt --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
 	[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)  # Debian's browser for tallow-ui-web's tests (driven by Playwright; no browser download)
 
 test: install  ## pytest's "no tests collected" (5) counts as success; the log ends naming the slowest tests
@@ -21,5 +29,13 @@ bench:
 docs: install  ## the documentation site, into site/ (strict: a stale reference fails)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
-lint:
+lint:  ## ruff (the rules of [tool.ruff]) and the layer boundaries
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q tests/test_boundaries.py
+
+DIST ?= dist
+dist:  ## the wheel and sdist of the core and of every first-party plugin, into $(DIST)/
+	rm -rf '$(DIST)'
+	for p in . $(PLUGINS); do $(PYTHON) -m build --no-isolation --outdir '$(DIST)' "$$p" >/dev/null || exit 1; done
+	rm -rf framework/*.egg-info $(foreach p,$(PLUGINS),$(p)/*.egg-info)  # setuptools' metadata, left in the sources
+	$(PYTHON) -m twine check --strict '$(DIST)'/*

@@ -24,7 +24,7 @@ def main() -> None:
 
     from tallow.default_model import default_model_path
     from tallow.layers import QuantizedWeight
-    from tallow_gguf.format import GGUFFormat
+    from tallow_format_gguf.format import GGUFFormat
     from tallow_quant_gguf.quantize_file import _copy_gguf_metadata
 
     source = args.source or str(default_model_path())

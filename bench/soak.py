@@ -3,7 +3,7 @@ time by mixed traffic with random client disconnects, then checked for leaks.
 
 Traffic (each request drawn at random): completions and chat, streamed or whole; chat
 constrained by a JSON schema (``response_format``); chat running the server-side tool loop
-against a real MCP server built with the official ``mcp`` SDK (``sdk_server.py`` of tallow-mcp's
+against a real MCP server built with the official ``mcp`` SDK (``sdk_server.py`` of tallow-mcp-client's
 tests). A quarter of the requests are abandoned by their client: a stream after a few chunks,
 a whole response by a client timeout shorter than the generation.
 
@@ -269,7 +269,7 @@ class Server:
                 "--tokenizer", str(workdir / "tokenizer")]
         if tools:
             config = workdir / "tallow.yaml"
-            config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+            config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
                 "sdk": {"command": sys.executable, "args": [str(SDK_SERVER), "stdio"],
                         "allow": sorted(CALLS)}}}}}}))
             args += ["--config", str(config), "--tool-parser", "hermes"]

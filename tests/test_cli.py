@@ -173,3 +173,22 @@ def test_a_damaged_model_file_is_a_one_line_error(tmp_path: Path,
     assert cli.main(["loads"]) == 1
     err = capsys.readouterr().err
     assert err == "tallow: /m/x.gguf: metadata 'llama.block_count': 7, but ...\n"
+
+
+def test_plugins_list_groups_by_kind() -> None:
+    proc = _tallow("plugins", "list", TALLOW_PLUGINS="tallow-kvcache-fp8,tallow-tool-json")
+    assert proc.returncode == 0, proc.stderr
+    headings = [line[:-1] for line in proc.stdout.splitlines() if line.endswith(":")]
+    # the core first, then the kinds in their order, each once
+    assert headings[0] == "core" and len(headings) == len(set(headings))
+    order = ["core", "model", "format", "quant", "kvcache", "attention", "grammar",
+             "reasoning", "speculator", "tool", "mcp", "ui", "other"]
+    assert headings == sorted(headings, key=order.index)
+    kind = ""
+    for line in proc.stdout.splitlines()[1:]:
+        if line.endswith(":"):
+            kind = line[:-1]
+        elif line.startswith("tallow-"):
+            assert line.split()[0].startswith(f"tallow-{kind}-"), (kind, line)
+    as_json = json.loads(_tallow("plugins", "list", "--json").stdout)
+    assert {p["name"]: p["kind"] for p in as_json}["tallow-kvcache-fp8"] == "kvcache"

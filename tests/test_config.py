@@ -211,12 +211,12 @@ def test_flags_cover_every_field_and_parse() -> None:
     cfg = load_config(["--model", "/models/x.gguf", "--dtype", "bfloat16", "--device", "cuda:1",
                        "--mem", "512", "--block-size", "32", "--max-num-seqs", "4",
                        "--scheduling-policy", "priority", "--require-plugin",
-                       "tallow-llama>=0.1", "--log-level", "warning"], env={})
+                       "tallow-model-llama>=0.1", "--log-level", "warning"], env={})
     assert cfg.model.source == "/models/x.gguf" and cfg.model.dtype == "bfloat16"
     assert cfg.model.device == "cuda:1" and cfg.cache.mem_mb == 512
     assert cfg.cache.block_size == 32 and cfg.scheduler.max_num_seqs == 4
     assert cfg.scheduler.policy == "priority"
-    assert cfg.plugins.require == ["tallow-llama>=0.1"] and cfg.logging.level == "WARNING"
+    assert cfg.plugins.require == ["tallow-model-llama>=0.1"] and cfg.logging.level == "WARNING"
 
 
 def test_dump_redacts_api_keys() -> None:

@@ -60,19 +60,19 @@ def test_every_setting_is_reachable_by_a_keyword() -> None:
 
 def test_keywords_set_flat_fields_and_whole_sections() -> None:
     config = config_from_kwargs(model="random:tiny-llama", tokenizer="/tok", max_waiting=3,
-                                port=9000, plugins={"disable": ["tallow-mcp"]},
+                                port=9000, plugins={"disable": ["tallow-mcp-client"]},
                                 logging={"level": "debug"})
     assert (config.model.source, config.model.tokenizer) == ("random:tiny-llama", "/tok")
     assert config.scheduler.max_waiting == 3 and config.server.port == 9000
-    assert config.plugins.disable == ["tallow-mcp"] and config.logging.level == "DEBUG"
+    assert config.plugins.disable == ["tallow-mcp-client"] and config.logging.level == "DEBUG"
     assert config.plugins.setting_origin("disable") == "config_from_kwargs() keyword plugins"
 
 
 def test_a_section_model_gives_only_its_given_fields() -> None:
-    env = {"TALLOW_PLUGINS__DISABLE": "tallow-mcp"}
+    env = {"TALLOW_PLUGINS__DISABLE": "tallow-mcp-client"}
     config = load_config(env=env, keywords={"plugins": PluginsConfig(autoload=False)})
     assert config.plugins.autoload is False
-    assert config.plugins.disable == ["tallow-mcp"]  # not given to the model: env stands
+    assert config.plugins.disable == ["tallow-mcp-client"]  # not given to the model: env stands
     assert config.plugins.setting_origin("disable") == "env TALLOW_PLUGINS__DISABLE"
 
 
@@ -85,7 +85,7 @@ def test_none_leaves_the_setting_to_lower_sources() -> None:
 @pytest.mark.parametrize("given, close", [
     ({"max_num_seq": 1}, "did you mean 'max_num_seqs'?"),
     ({"tokeniser": "x"}, "did you mean 'tokenizer'?"),
-    ({"disable": ["tallow-mcp"]}, "did you mean plugins={'disable': ...}?"),
+    ({"disable": ["tallow-mcp-client"]}, "did you mean plugins={'disable': ...}?"),
     ({"level": "DEBUG"}, "did you mean logging={'level': ...}?"),
     ({"zzzz": 1}, "the keywords are the settings of docs/configuration.md: allowed_image_hosts, "),
 ])
@@ -106,7 +106,7 @@ def test_a_setting_given_twice_is_a_type_error() -> None:
 
 def test_bad_values_name_the_keyword() -> None:
     with pytest.raises(ConfigError) as info:
-        LLM(block_size=12, plugins=["tallow-mcp"])
+        LLM(block_size=12, plugins=["tallow-mcp-client"])
     text = str(info.value)
     assert "cache.block_size (from LLM() keyword block_size): got 12, expected a power of " \
         "two" in text

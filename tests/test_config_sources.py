@@ -29,7 +29,7 @@ from tallow.plugin import SelectionError
 
 FRONTENDS = ("cli", "LLM", "AsyncEngine")
 FLAGS = {(section, name): flag for section, name, flag, _ in setting_flags()}
-FP8, HERMES, LLAMA = "tallow-kvcache-fp8", "tallow-tool-hermes", "tallow-llama"
+FP8, HERMES, LLAMA = "tallow-kvcache-fp8", "tallow-tool-hermes", "tallow-model-llama"
 
 
 pytestmark = pytest.mark.usefixtures("no_tallow_env")

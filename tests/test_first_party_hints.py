@@ -92,8 +92,8 @@ def test_an_architecture_not_installed_names_its_model_plugin() -> None:
             plugin_manager=_bare_plugins())
     message = str(caught.value)
     assert "no model plugin implements architecture 'LlamaForCausalLM'" in message
-    assert message.endswith("it is provided by the first-party plugin tallow-llama: "
-                            "pip install tallow-llama"), message
+    assert message.endswith("it is provided by the first-party plugin tallow-model-llama: "
+                            "pip install tallow-model-llama"), message
 
 
 def test_a_gguf_architecture_not_installed_names_its_model_plugin() -> None:
@@ -116,7 +116,7 @@ def test_a_gguf_file_without_the_gguf_format_names_its_plugin(tmp_path) -> None:
         LLM(model=str(path), device="cpu", plugin_manager=_bare_plugins())
     message = str(caught.value)
     assert "no weight format recognises the model source" in message
-    assert message.endswith("first-party plugin tallow-gguf: pip install tallow-gguf"), message
+    assert message.endswith("first-party plugin tallow-format-gguf: pip install tallow-format-gguf"), message
 
 
 def test_a_named_quant_scheme_not_installed_names_its_plugin() -> None:

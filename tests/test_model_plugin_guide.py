@@ -1,8 +1,8 @@
 """docs/write-a-model-plugin.md shows the GPT-NeoX plugin's code as it is.
 
 Every fenced code block of the guide whose first line is a comment naming a file
-(``# tallow_gptneox/model.py``) must appear verbatim, as consecutive lines, in that file of
-plugins/models/gptneox; and together the blocks must show all of the plugin's code (every line
+(``# tallow_model_gptneox/model.py``) must appear verbatim, as consecutive lines, in that file of
+plugins/model/gptneox; and together the blocks must show all of the plugin's code (every line
 after each module's docstring), so the walkthrough cannot fall behind the plugin it builds.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "write-a-model-plugin.md"
-PLUGIN = ROOT / "plugins" / "models" / "gptneox"
-FULLY_SHOWN = ("tallow_gptneox/plugin.py", "tallow_gptneox/model.py", "tallow_gptneox/naming.py")
+PLUGIN = ROOT / "plugins" / "model" / "gptneox"
+FULLY_SHOWN = ("tallow_model_gptneox/plugin.py", "tallow_model_gptneox/model.py", "tallow_model_gptneox/naming.py")
 
 _BLOCK = re.compile(r"^```[\w-]*\n(.*?)^```", re.S | re.M)
 _HEADER = re.compile(r"#\s*([\w./-]+\.(?:py|toml))\s*$")
@@ -53,7 +53,7 @@ def test_every_excerpt_is_in_the_plugin_verbatim():
     assert len(excerpts) >= 10, "the guide lost its code blocks"
     for name, excerpt in excerpts:
         path = PLUGIN / name
-        assert path.is_file(), f"the guide shows {name}, which plugins/models/gptneox lacks"
+        assert path.is_file(), f"the guide shows {name}, which plugins/model/gptneox lacks"
         lines = path.read_text().split("\n")
         assert find(lines, excerpt) >= 0, (
             f"docs/write-a-model-plugin.md: the block headed {name} (starting "

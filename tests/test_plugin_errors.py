@@ -291,39 +291,39 @@ DISABLED = "disabled by plugins.disable; take it out of plugins.disable to load 
 
 def test_an_architecture_of_a_disabled_plugin(tiny: dict) -> None:
     with pytest.raises(SelectionError) as info:
-        LLM(**tiny, plugins={"disable": ["tallow-llama"]})
+        LLM(**tiny, plugins={"disable": ["tallow-model-llama"]})
     # other installed model plugins' architectures are listed as loaded; Llama's is not
     head, _, rest = str(info.value).partition("; ")
     loaded = re.fullmatch(r"no model plugin implements architecture 'LlamaForCausalLM' "
                           r"\(loaded: ([^)]*)\)", head)
     assert loaded is not None, head
     assert "LlamaForCausalLM" not in loaded.group(1)
-    assert rest == (provided("tallow-llama", "architecture", "'LlamaForCausalLM'")
+    assert rest == (provided("tallow-model-llama", "architecture", "'LlamaForCausalLM'")
                     + "disabled by plugins.disable (from LLM() keyword plugins); take it out "
                     "of plugins.disable to load it")
 
 
 def test_a_gguf_architecture_of_a_disabled_plugin() -> None:
-    pm = load_plugins({"disable": ["tallow-llama"]}, env={})
+    pm = load_plugins({"disable": ["tallow-model-llama"]}, env={})
     with pytest.raises(RegistryError) as info:
         pm.registries.architectures.for_gguf("qwen2")
     assert str(info.value).endswith(
-        "; " + provided("tallow-llama", "architecture", "'Qwen2ForCausalLM'") + DISABLED)
+        "; " + provided("tallow-model-llama", "architecture", "'Qwen2ForCausalLM'") + DISABLED)
 
 
 def test_a_weight_format_of_a_disabled_plugin(tmp_path: Path) -> None:
-    pm = load_plugins({"disable": ["tallow-gguf"]}, env={})
+    pm = load_plugins({"disable": ["tallow-format-gguf"]}, env={})
     with pytest.raises(RegistryError) as named:
         choose_weight_format(pm.registries, str(tmp_path / "m.gguf"), "gguf")
     assert str(named.value).startswith("unknown weight_format 'gguf' (registered: ")
     assert str(named.value).endswith(
-        "; " + provided("tallow-gguf", "weight_format", "'gguf'") + DISABLED)
+        "; " + provided("tallow-format-gguf", "weight_format", "'gguf'") + DISABLED)
     (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(20))
     with pytest.raises(SelectionError) as auto:
         choose_weight_format(pm.registries, str(tmp_path / "m.gguf"), None)
     assert str(auto.value).startswith("no weight format recognises the model source")
     assert str(auto.value).endswith(
-        "; " + provided("tallow-gguf", "weight_format", "'gguf'") + DISABLED)
+        "; " + provided("tallow-format-gguf", "weight_format", "'gguf'") + DISABLED)
 
 
 def test_a_quant_scheme_of_a_disabled_plugin(tiny: dict) -> None:
@@ -348,13 +348,13 @@ def test_an_attention_backend_of_a_disabled_plugin(tiny: dict) -> None:
 
 
 def test_a_kv_codec_left_out_by_tallow_plugins() -> None:
-    pm = load_plugins(None, env={"TALLOW_PLUGINS": "tallow-llama"})
+    pm = load_plugins(None, env={"TALLOW_PLUGINS": "tallow-model-llama"})
     with pytest.raises(RegistryError) as info:
         pm.registries.kv_codecs.entry("fp8_e5m2")
     assert str(info.value) == (
         "unknown kv_codec 'fp8_e5m2' (registered: auto); "
         + provided("tallow-kvcache-fp8", "kv_codec", "'fp8_e5m2'")
-        + "not listed in TALLOW_PLUGINS='tallow-llama'; add it to TALLOW_PLUGINS, or unset "
+        + "not listed in TALLOW_PLUGINS='tallow-model-llama'; add it to TALLOW_PLUGINS, or unset "
         "TALLOW_PLUGINS, to load it")
 
 

@@ -6,9 +6,13 @@
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
 # fp8wtests,fp8wlat,fp8wlatvocab,fp8wthr,fp8wttft,fp8wmicro,int4tests,int4lat,int4thr,int4thrfp8,int4micro,fp4tests,mxfp4lat,fp4micro,
+# tctests,tcmicro,tcsweep,tcint4lat,tcint4thr,tcq4klat,tcq4kthr,tcq8lat,tcfp8lat,tcmxfp4lat (the packed-weight tensor-core GEMM:
+# its GPU tests; per llama-3-8b shape against bf16; its tile sweep, writing OUT/packed_gemm_tuned.json; the runs of
+# int4lat,int4thr,q4klat,q4kthr,q8lat,fp8wlat,mxfp4lat with each plugin's opt-in tensor-core setting, to A/B in the same call),
 # sotests,sothr,sothrllg,fitests,fi8blat,tri8blat,fi8bttft,tri8bttft,fiq3thr,triq3thr,fi8bthr,tri8bthr,
-# mlatests,dsv2lat,dsv2thr (latent attention: the MLA kernels against the reference, DeepSeek's and GLM-4.5's GPU parity tests;
-# random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput),
+# mlatests,dsv2lat,dsv2thr,glm47fp8lat (latent attention: the MLA kernels against the reference, DeepSeek's, GLM-4.5's,
+# GLM-4.7-Flash's and MiniMax M2's GPU parity tests; random:deepseek-v2-lite batch-1 decode and 1000 x 1000 throughput;
+# random:glm-4.7-flash batch-1 decode quantized at load to fp8),
 # moealltests,gptosslat,moetests,moelat,moethr,moesweep1 (mixture of experts: kernels, layer and Qwen-MoE GPU tests; random:qwen3-30b-a3b batch-1 decode and
 # 1000 x 1000 throughput; the fused-MoE tile sweep at one token), moeq4ktests,moeq4klat (GGUF experts: their GPU tests; the same
 # model's batch-1 decode with --isq q4_k experts),
@@ -74,11 +78,11 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 want() { [[ ",$MODE," == *",$1,"* || "$MODE" == full ]]; }
 if want tests; then
   echo "== GPU tests"
-  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu tests/kernels plugins/attention plugins/models 2>&1 | tail -40 | tee "$OUT/tests.log"
+  timeout 420 python3 -m pytest -q -m gpu -rs --timeout 300 tests/gpu tests/kernels plugins/attention plugins/model 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
 if want enginetests; then
   echo "== GPU engine tests"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu tests/engine plugins/models \
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/gpu tests/engine plugins/model \
     "tests/kernels/test_kernels.py::test_argmax_rows" "tests/kernels/test_kernels.py::test_gemv" \
     plugins/attention/triton/tests/test_attention_gpu.py::test_new_batch_shapes_compile_nothing_new \
     2>&1 | tail -30 | tee "$OUT/tests_engine.log"
@@ -106,7 +110,7 @@ if [[ ",$MODE," == *",profile,"* ]]; then
 fi
 if [[ ",$MODE," == *",gemmatests,"* ]]; then
   echo "== GPU tests of tallow-model-gemma (tiny parity; Gemma 3 4B shape on triton vs transformers and torch)"
-  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/models/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
+  timeout 480 python3 -m pytest -q -m gpu -rs --timeout 420 plugins/model/gemma/tests 2>&1 | tail -25 | tee "$OUT/tests_gemma.log"
 fi
 if [[ ",$MODE," == *",gemma4b,"* ]]; then  # batch-1 decode of Gemma 3 4B's shape; 2048-token prompts outrun its 1024-token window
   bench latency_gemma3_4b_bs1 300 latency --model random:gemma-3-4b --dtype bfloat16 --batch-size 1 --input-len 2048 --output-len 256 --max-model-len 4096
@@ -114,7 +118,7 @@ fi
 if [[ ",$MODE," == *",moetests,"* ]]; then
   echo "== GPU tests of the fused MoE (kernels against their references, the layer in CUDA graphs, Qwen-MoE parity)"
   timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 tests/kernels/test_moe_kernels.py \
-    tests/gpu/test_fused_moe_gpu.py plugins/models/qwen_moe 2>&1 | tail -20 | tee "$OUT/tests_moe.log"
+    tests/gpu/test_fused_moe_gpu.py plugins/model/qwen_moe 2>&1 | tail -20 | tee "$OUT/tests_moe.log"
 fi
 if [[ ",$MODE," == *",moelat,"* ]]; then
   bench latency_qwen3_30b_a3b_bs1 240 latency --model random:qwen3-30b-a3b --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -134,8 +138,8 @@ if [[ ",$MODE," == *",moealltests,"* ]]; then  # every GPU test of the MoE model
   echo "== GPU tests of everything mixture-of-experts (core kernels and layer, the models, fp8/int4/fp4/GGUF experts, sinks)"
   timeout "${MOE_TESTS_LIMIT:-300}" python3 -m pytest -n 4 -v -rfE --tb=short --timeout 200 \
     tests/kernels/test_moe_kernels.py tests/gpu/test_fused_moe_gpu.py tests/engine/test_async_scheduling_gpu.py \
-    plugins/models/qwen_moe/tests/test_parity.py plugins/models/mixtral/tests/test_parity.py \
-    plugins/models/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
+    plugins/model/qwen_moe/tests/test_parity.py plugins/model/mixtral/tests/test_parity.py \
+    plugins/model/gpt_oss/tests/test_engine_gpu.py plugins/quant/fp8/tests/moe_kernel_cases.py \
     plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py \
     plugins/quant/gguf/tests/test_moe_gpu.py plugins/quant/fp4/tests/test_kernels_gpu.py \
     "plugins/attention/triton/tests/kernel_cases.py::test_attention_sinks" >"$OUT/tests_moe_all.log" 2>&1
@@ -144,7 +148,7 @@ fi
 if [[ ",$MODE," == *",qnexttests,"* ]]; then  # Gated DeltaNet kernels against their references; Qwen3-Next parity, graphs vs eager
   echo "== GPU tests of Qwen3-Next (gated delta rule and conv kernels, float32 parity, CUDA graphs against eager)"
   timeout 500 python3 -m pytest -q -m gpu -rs --timeout 420 tests/kernels/test_gated_delta_kernels.py \
-    plugins/models/qwen3_next 2>&1 | tail -25 | tee "$OUT/tests_qwen3_next.log"
+    plugins/model/qwen3_next 2>&1 | tail -25 | tee "$OUT/tests_qwen3_next.log"
 fi
 if [[ ",$MODE," == *",qnextlat,"* ]]; then  # 12 of Qwen3-Next-80B-A3B's 48 layers (9 linear, 3 full), and all full attention
   bench latency_qwen3_next_12l_bs1 300 latency --model random:qwen3-next-12l --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
@@ -170,12 +174,16 @@ fi
 if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton kernels and the DeepSeek models on the GPU
   echo "== GPU tests of latent attention (MLA kernels against the torch reference, DeepSeek parity and CUDA graphs)"
   timeout 400 python3 -m pytest -q -rfE --tb=short --timeout 300 plugins/attention/triton/tests/mla_cases.py \
-    plugins/models/deepseek/tests/test_parity.py plugins/models/deepseek/tests/test_fp8.py \
-    plugins/models/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    plugins/model/deepseek/tests/test_parity.py plugins/model/deepseek/tests/test_fp8.py \
+    plugins/model/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
+    plugins/model/deepseek/tests/test_glm4_moe_lite.py plugins/model/minimax_m2/tests/test_parity.py \
     2>&1 | tail -20 | tee "$OUT/tests_mla.log"
 fi
 if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
   bench latency_deepseek_v2_lite_bs1 300 latency --model random:deepseek-v2-lite --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",glm47fp8lat,"* ]]; then  # GLM-4.7-Flash's shape (30B, latent attention, 64 experts of which 4 per token), weights in fp8
+  bench latency_glm_4_7_flash_fp8_bs1 360 latency --model random:glm-4.7-flash --dtype bfloat16 --isq fp8 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
 if [[ ",$MODE," == *",dsv2thr,"* ]]; then
   bench throughput_deepseek_v2_lite 480 throughput --model random:deepseek-v2-lite --dtype bfloat16 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 256 --max-cuda-graph-batch 256
@@ -403,7 +411,7 @@ fi
 if [[ ",$MODE," == *",embedtests,"* ]]; then  # ~2 min
   echo "== GPU tests of the embed task (bidirectional attention kernels, BERT on the engine)"
   { timeout 150 python3 -m pytest -q -rs --timeout 120 plugins/attention/triton/tests/kernel_cases.py -k "bidirectional or chunked"
-    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/models/bert/tests
+    timeout 150 python3 -m pytest -q -m gpu -rs --timeout 120 plugins/model/bert/tests
   } 2>&1 | grep -v Warning | tail -25 | tee "$OUT/tests_embed.log"
 fi
 if [[ ",$MODE," == *",embed,"* ]]; then  # all-MiniLM-L6-v2 shape, 128-token inputs
@@ -496,6 +504,43 @@ if [[ ",$MODE," == *",int4micro,"* ]]; then  # int4 g128 asymmetric (the --isq i
   echo "== int4 matmul on llama-3-8b shapes"
   timeout 500 python3 bench/gpu/int4_micro.py --asym --gemv-configs --output "$OUT/int4micro.json" 2>&1 | grep -v Warning | tee "$OUT/int4micro.log" | tail -200
 fi
+if [[ ",$MODE," == *",tctests,"* ]]; then  # ~5 min at most (Triton compiles every shape's tiles)
+  echo "== GPU tests of the packed-weight tensor-core GEMM (core at llama-3-8b shapes, then each plugin's re-layout cases)"
+  { timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --timeout 190 tests/kernels/test_packed_gemm_kernels.py
+    for p in int4 gguf fp8 fp4; do
+      timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/$p/tests/tensor_core_cases.py
+    done
+  } 2>&1 | grep -v Warning | tail -40 | tee "$OUT/tests_tc.log"
+fi
+if [[ ",$MODE," == *",tcmicro,"* ]]; then  # every kind per llama-3-8b shape, M 1/16/256/4096, default tiles
+  echo "== packed-weight tensor-core GEMM on llama-3-8b shapes"
+  timeout 500 python3 bench/gpu/packed_gemm_micro.py --output "$OUT/tcmicro.json" 2>&1 | grep -v Warning | tee "$OUT/tcmicro.log" | tail -100
+fi
+if [[ ",$MODE," == *",tcsweep,"* ]]; then  # the tile sweep at 1 and 16 rows (decode) of int4 and Q4_K; the table is written after every cell
+  echo "== packed-weight tensor-core GEMM tile sweep"
+  timeout 560 python3 bench/gpu/packed_gemm_micro.py --sweep --rows 1,16 --kinds int4,q4k --shapes qkv,gate_up,down \
+    --output "$OUT/tcsweep.json" --table "$OUT/packed_gemm_tuned.json" 2>&1 | grep -v Warning | tee "$OUT/tcsweep.log" | grep -v "^    !!" | tail -100
+fi
+# the same runs as int4lat/int4thr, q4klat/q4kthr, q8lat and fp8wlat through the tensor-core GEMM
+# (tcmxfp4lat: after mxfp4lat)
+if [[ ",$MODE," == *",tcint4lat,"* ]]; then
+  bench latency_8b_int4_tc_bs1 300 latency --config bench/gpu/int4_rtn_tc.yaml "${Q8B[@]}" --isq int4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcint4thr,"* ]]; then
+  bench throughput_8b_int4_tc 450 throughput --config bench/gpu/int4_rtn_tc.yaml "${Q8B[@]}" --isq int4 --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",tcq4klat,"* ]]; then
+  bench latency_8b_q4k_tc_bs1 300 latency --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q4_k --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcq4kthr,"* ]]; then
+  bench throughput_8b_q4k_tc 450 throughput --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q4_k --num-prompts 1000 --input-len 1000 --output-len 1000 --max-model-len 2048 --max-num-seqs 512 --max-cuda-graph-batch 512
+fi
+if [[ ",$MODE," == *",tcq8lat,"* ]]; then
+  bench latency_8b_q8_0_tc_bs1 300 latency --config bench/gpu/gguf_tc.yaml "${Q8B[@]}" --isq q8_0 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
+if [[ ",$MODE," == *",tcfp8lat,"* ]]; then
+  bench latency_8b_fp8w_tc_bs1 300 latency --config bench/gpu/fp8_tc.yaml "${F8B[@]}" --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
 if [[ ",$MODE," == *",fp4tests,"* ]]; then  # ~3 min at most
   echo "== GPU tests of tallow-quant-fp4 (kernel cases, then the gpu-marked tests)"
   { timeout 100 python3 -m pytest -q -rs -p no:cacheprovider --import-mode=importlib --timeout 90 plugins/quant/fp4/tests/kernel_cases.py
@@ -509,9 +554,12 @@ fi
 if [[ ",$MODE," == *",mxfp4lat,"* ]]; then
   bench latency_8b_mxfp4_bs1 300 latency "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
 fi
+if [[ ",$MODE," == *",tcmxfp4lat,"* ]]; then  # mxfp4lat through the tensor-core GEMM
+  bench latency_8b_mxfp4_tc_bs1 300 latency --config bench/gpu/fp4_tc.yaml "${Q8B[@]}" --isq mxfp4 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
+fi
 if [[ ",$MODE," == *",spectests,"* ]]; then  # speculative decoding beside CUDA graphs (tiny model)
   echo "== GPU tests of speculative decoding"
-  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/speculators/ngram/tests 2>&1 | tail -15 | tee "$OUT/tests_spec.log"
+  timeout 300 python3 -m pytest -q -m gpu -rs --timeout 240 plugins/speculator/ngram/tests 2>&1 | tail -15 | tee "$OUT/tests_spec.log"
 fi
 if [[ ",$MODE," == *",specverify,"* ]]; then  # verify-step cost vs k and batch, replay proposals, random:llama-3-8b
   echo "== speculative decoding: verify step vs k and batch (replay speculator)"

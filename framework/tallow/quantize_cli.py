@@ -32,9 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                                                  "config.json, tokenizer.json and *.safetensors")
     p.add_argument("output", metavar="OUT", help="the file to write (e.g. model-q4_k_m.gguf)")
     p.add_argument("--type", dest="file_type", required=True, metavar="TYPE",
-                   help="the file type: a quantization type (q4_0, q8_0, q4_k, ...) or a mix "
-                        "(q4_k_m, q5_k_m); the installed schemes list theirs in the error "
-                        "for an unknown one")
+                   help="the file type, e.g. q4_0, q8_0, q4_k_m, q5_k_s, q6_k (tallow-quant-gguf "
+                        "writes llama.cpp's file types with llama-quantize's per-tensor types); "
+                        "the installed schemes list theirs in the error for an unknown one")
     p.add_argument("--device", default="auto",
                    help="where to quantize: cpu, cuda, cuda:N (default: a GPU when there is "
                         "one)")

@@ -213,6 +213,10 @@ class AttentionLayer:
     #: cannot add it refuses the layer (``supports_layer``). The tensor is the model's
     #: parameter (filled when the checkpoint loads); it takes no part in equality or hashing.
     sinks: "torch.Tensor | None" = field(default=None, compare=False, repr=False)
+    #: chunked local attention (Llama 4): the positions are cut into chunks of this many
+    #: tokens and a query sees only the keys of its own chunk (up to itself). None: no chunks.
+    #: Backends whose kernels do not compute it refuse the layer (``supports_layer``).
+    attention_chunk_size: int | None = None
 
 
 @dataclass(frozen=True)

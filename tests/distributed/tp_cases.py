@@ -18,7 +18,7 @@ import time
 from typing import Any, Iterator
 
 #: plugins the cases need (loading every installed one costs each process seconds)
-PLUGINS = {"autoload": False, "enable": ["tallow-llama", "tallow-safetensors", "tallow-gguf",
+PLUGINS = {"autoload": False, "enable": ["tallow-model-llama", "tallow-format-safetensors", "tallow-format-gguf",
                                          "tallow-quant-gguf", "tallow-kvcache-fp8"]}
 
 #: small blocks, a small step budget and a small cache: prompts are prefilled in chunks,

@@ -87,7 +87,7 @@ def run_driver(cases: list[dict[str, Any]], tensor_parallel_size: int, tmp_path:
 SERVE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--block-size", "4", "--num-blocks", "40",
                "--max-model-len", "128", "--max-num-batched-tokens", "32",
                "--prefill-chunk-size", "8", "--max-num-seqs", "8", "--no-autoload-plugins",
-               "--enable-plugin", "tallow-llama", "--enable-plugin", "tallow-safetensors"]
+               "--enable-plugin", "tallow-model-llama", "--enable-plugin", "tallow-format-safetensors"]
 
 
 def complete_all(base_url: str, model: str, prompts: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ TEXTS = ["Hello world", '{"name": "Zürich", "temp": -3.5}', "日本語のテキ
 def qwen(qwen_gguf) -> Tokenizer:
     from tallow.plugin.testing import isolated_plugin_manager
 
-    pm = isolated_plugin_manager(("tallow-gguf", "tallow_gguf.plugin"))
+    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"))
     return Tokenizer.from_checkpoint(pm.registries.weight_formats.get("gguf")().load(
         str(qwen_gguf)))
 

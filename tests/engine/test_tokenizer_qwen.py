@@ -37,7 +37,7 @@ TEXTS = [
 def checkpoint(qwen_gguf):
     from tallow.plugin.testing import isolated_plugin_manager
 
-    pm = isolated_plugin_manager(("tallow-gguf", "tallow_gguf.plugin"))
+    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"))
     fmt = pm.registries.weight_formats.get("gguf")
     assert fmt.claims(str(qwen_gguf))
     return fmt().load(str(qwen_gguf))

@@ -32,17 +32,20 @@ CASES = [  # n_q, n_ctx, causal, window, softcap, sinks
     (33, 90, False, 11, None, False),
     (50, 50, True, None, 30.0, False),     # logit soft-capping
     (25, 60, True, 9, None, True),         # sinks (gpt-oss)
+    (30, 75, True, None, None, False, 16),  # chunked local attention (Llama 4)
+    (1, 75, True, None, None, False, 16),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 @pytest.mark.parametrize("budget", [4 * 8 * 8, 4 * 3 * 5, 4])
 def test_blocked_attention_equals_the_one_piece_formula(case, budget: int) -> None:
-    n_q, n_ctx, causal, window, softcap, with_sinks = case
+    n_q, n_ctx, causal, window, softcap, with_sinks, *chunk = case
     q, k, v = _inputs(n_q, n_ctx, heads=4, kv_heads=2, dim=8, seed=n_q * 100 + n_ctx)
     sinks = torch.randn(4, generator=torch.Generator().manual_seed(1)) if with_sinks else None
     kwargs = dict(scale=8 ** -0.5, context_len=n_ctx, sliding_window=window,
-                  logit_softcap=softcap, causal=causal, sinks=sinks)
+                  logit_softcap=softcap, causal=causal, sinks=sinks,
+                  attention_chunk_size=chunk[0] if chunk else None)
     whole = attention_ref(q, k, v, **kwargs, max_score_elements=1 << 40)
     blocked = attention_ref(q, k, v, **kwargs, max_score_elements=budget)
     assert 4 * n_q * n_ctx > budget  # the blocked path did run
@@ -94,3 +97,24 @@ def test_a_context_past_the_rotary_positions_is_refused_at_start_up() -> None:
         LLM("random:tiny-llama", device="cpu", dtype="float32", max_model_len=4096)
     llm = LLM("random:tiny-llama", device="cpu", dtype="float32", max_model_len=2048)
     assert llm is not None
+
+
+@pytest.mark.parametrize("n_q, n_ctx", [(75, 75), (11, 75), (1, 64), (1, 65)])
+def test_chunked_attention_is_causal_attention_within_each_chunk(n_q: int, n_ctx: int) -> None:
+    """With ``attention_chunk_size`` 16 each query attends exactly as plain causal attention
+    over the keys of its own chunk alone (positions ``16c .. 16c+15``): computed here chunk
+    by chunk, through the unmasked formula."""
+    chunk = 16
+    q, k, v = _inputs(n_q, n_ctx, heads=4, kv_heads=2, dim=8, seed=n_q + n_ctx)
+    out = attention_ref(q, k, v, scale=0.4, context_len=n_ctx, attention_chunk_size=chunk)
+    first = n_ctx - n_q
+    for i in range(n_q):
+        pos = first + i
+        start = pos // chunk * chunk
+        ref = attention_ref(q[i:i + 1], k[start:pos + 1], v[start:pos + 1], scale=0.4,
+                            context_len=pos + 1 - start)
+        torch.testing.assert_close(out[i:i + 1], ref, rtol=1e-5, atol=1e-6)
+    if n_q == n_ctx:  # past the first chunk the result differs from full causal attention
+        full = attention_ref(q, k, v, scale=0.4, context_len=n_ctx)
+        torch.testing.assert_close(out[:chunk], full[:chunk])
+        assert not torch.allclose(out[chunk:], full[chunk:], atol=1e-3)

@@ -29,6 +29,9 @@ def test_layer_reasons():
     assert layer_reasons(_layer(causal=False, sliding_window=16)) == [
         "a sliding window on a bidirectional (causal=False) layer"]
     assert layer_reasons(_layer(sliding_window=16)) == []
+    # no paged kernel masks by chunk: those backends refuse the layer rather than ignore it
+    assert layer_reasons(_layer(attention_chunk_size=32)) == [
+        "chunked local attention (attention_chunk_size 32)"]
 
 
 def test_rows_and_shapes():
@@ -70,3 +73,16 @@ def test_cuda_device_reasons(monkeypatch):
         ["CUDA compute capability 7.5 is below 8.0"], (7, 5))
     assert cuda_device_reasons("cuda:1", (8, 0)) == ([], (9, 0))
     assert asked == [0, 1]
+
+
+def test_attention_chunk_size_is_checked_and_carried():
+    """``Attention(attention_chunk_size=)`` reaches the layer facts the backends read; a chunk
+    on a bidirectional layer, or of no tokens, is refused by name."""
+    from tallow.layers import Attention
+
+    attn = Attention(0, 4, 2, 8, attention_chunk_size=16)
+    assert attn.layer.attention_chunk_size == 16 and "chunk=16" in attn.extra_repr()
+    assert Attention(0, 4, 2, 8).layer.attention_chunk_size is None
+    for bad in (dict(attention_chunk_size=0), dict(attention_chunk_size=8, causal=False)):
+        with pytest.raises(ValueError, match="attention_chunk_size"):
+            Attention(0, 4, 2, 8, **bad)

@@ -88,9 +88,9 @@ def run_worker(spec_path: str) -> None:
     from tallow.plugin.testing import isolated_plugin_manager
 
     spec = json.loads(pathlib.Path(spec_path).read_text())
-    pm = isolated_plugin_manager(("tallow-gguf", "tallow_gguf.plugin"),
-                                 ("tallow-safetensors", "tallow_safetensors.plugin"),
-                                 ("tallow-llama", "tallow_llama.plugin"), builtins=True)
+    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"),
+                                 ("tallow-format-safetensors", "tallow_format_safetensors.plugin"),
+                                 ("tallow-model-llama", "tallow_model_llama.plugin"), builtins=True)
     cpu = torch.device("cpu")
     for source in spec["intact"]:
         load_model(pm.registries, source, device=cpu)
@@ -197,7 +197,7 @@ def test_every_damaged_byte_of_a_gguf_header_is_read_or_refused(tmp_path) -> Non
     token's spelling, a float) whose every tensor dequantizes, or is refused with
     ModelFileError naming the file; never another exception. A small vocabulary keeps the
     header (and so the sweep) short."""
-    from tallow_gguf.format import GGUFFormat
+    from tallow_format_gguf.format import GGUFFormat
 
     intact = write_gguf(tmp_path / "intact.gguf", tokens_cut=len(vocabulary()[0]) - 12)[0]
     layout = GGUFLayout.of(intact)
@@ -224,7 +224,7 @@ def test_every_damaged_byte_of_a_safetensors_header_is_judged_as_the_library_jud
     exactly when the safetensors library cannot read it, and reads every tensor otherwise."""
     from safetensors import safe_open
 
-    from tallow_safetensors.loader import load_directory
+    from tallow_format_safetensors.loader import load_directory
 
     root = write_hf_dir(tmp_path / "m")
     path = root / "model.safetensors"

@@ -37,7 +37,7 @@ QUESTION = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     config = tmp_path_factory.mktemp("mcp") / "tallow.yaml"
-    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
         "time": {"command": sys.executable, "args": ["-m", "mcp_server_time"],
                  "allow": ["get_current_time"]}}}}}}))
     srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",

@@ -1,13 +1,12 @@
 """A client that disconnects cancels the MCP tool call its request is waiting on, at the MCP
-server: the server built with the official ``mcp`` SDK (``sdk_server.py`` of tallow-mcp's
+server: the server built with the official ``mcp`` SDK (``sdk_server.py`` of tallow-mcp-client's
 tests) records the cancellation its ``sleep`` tool receives. The model is scripted (the fake
-engine over the Qwen2.5 template and the hermes parser); the provider is the real tallow-mcp
+engine over the Qwen2.5 template and the hermes parser); the provider is the real tallow-mcp-client
 over stdio."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from server_fakes import FakeEngine
 from server_helpers import LiveServer, httpx, make_config
 
-pytest.importorskip("tallow_mcp", reason="tallow-mcp provides the MCP client")
+pytest.importorskip("tallow_mcp_client", reason="tallow-mcp-client provides the MCP client")
 
 SDK_SERVER = str(Path(__file__).parents[2] / "plugins" / "mcp" / "client" / "tests"
                  / "sdk_server.py")
@@ -30,11 +29,11 @@ def mcp_loop(plugin_manager: Any, tmp_path: Path) -> Iterator[tuple[LiveServer, 
     from tallow.plugin.testing import make_config as plugin_config
     from tallow.server.app import build_app
     from tallow.server.tool_providers import ToolProviders
-    from tallow_mcp.provider import MCPToolProvider
+    from tallow_mcp_client.provider import MCPToolProvider
 
     mark = tmp_path / "cancelled"
     provider = MCPToolProvider.from_config(plugin_config({"plugins": {"settings": {
-        "tallow-mcp": {"servers": {"sdk": {
+        "tallow-mcp-client": {"servers": {"sdk": {
             "command": sys.executable, "args": [SDK_SERVER, "stdio"],
             "env": {"SDK_SERVER_CANCEL_MARK": str(mark)}, "allow": ["sleep"]}}}}}}))
     engine = FakeEngine(lambda prompt, params, i: CALL, step_delay=0.01,

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 from server_fakes import FakeEngine
-from server_helpers import TOOLS, httpx
+from server_helpers import httpx
 
 from tallow.plugin import ToolCall, validate_tool_call
 

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-pytest.importorskip("tallow_mcp", reason="tallow-mcp provides the MCP client")
+pytest.importorskip("tallow_mcp_client", reason="tallow-mcp-client provides the MCP client")
 
 SOAK = Path(__file__).parents[2] / "bench" / "soak.py"
 

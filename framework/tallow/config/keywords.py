@@ -5,7 +5,7 @@ from the config models, so that every setting is a keyword and none is listed by
   (``max_num_seqs=``, ``kv_codec=``, ``tokenizer=``, ``port=``), unless the field names another
   in ``json_schema_extra={"keyword": ...}`` (``model=`` is ``model.source``).
 - Every section whose name is not already a keyword takes a mapping or an instance of its model:
-  ``plugins={"disable": ["tallow-mcp"]}`` or ``plugins=PluginsConfig(autoload=False)`` (only the
+  ``plugins={"disable": ["tallow-mcp-client"]}`` or ``plugins=PluginsConfig(autoload=False)`` (only the
   fields given to the instance count, so the others stay with the lower sources),
   ``logging=...``, and also ``cache=``, ``scheduler=``, ``runner=``, ``server=``.
 

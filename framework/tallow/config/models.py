@@ -364,7 +364,7 @@ class PluginsConfig(Section):
         json_schema_extra=_flag("--disable-plugin", metavar="DIST"))
     require: list[str] = Field(
         default_factory=list, description="Distributions that must load, with optional version "
-        "specifiers (tallow-llama>=0.1); missing, mismatched or failing stops start-up.",
+        "specifiers (tallow-model-llama>=0.1); missing, mismatched or failing stops start-up.",
         json_schema_extra=_flag("--require-plugin", metavar="REQ"))
     settings: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-plugin settings, keyed by distribution name; "
@@ -389,7 +389,7 @@ class PluginsConfig(Section):
             except InvalidRequirement as exc:
                 raise ValueError(
                     f"expected a distribution name with optional version specifiers "
-                    f"(e.g. tallow-llama>=0.1), got {text!r}: {str(exc).splitlines()[0]}"
+                    f"(e.g. tallow-model-llama>=0.1), got {text!r}: {str(exc).splitlines()[0]}"
                 ) from None
         return value
 

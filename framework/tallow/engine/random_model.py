@@ -220,6 +220,19 @@ SHAPES: dict[str, dict[str, Any]] = {
                                            "mscale_all_dim": 0.707},
                              max_position_embeddings=163840, rms_norm_eps=1e-6,
                              tie_word_embeddings=False),
+    # zai-org/GLM-4.7-Flash: DeepSeek-V3's latent attention (20 heads, kv_lora_rank 512 + 64
+    # rope dims cached per token, q_lora_rank 768, 192 + 64 query/key and 256 value dims per
+    # head), 64 routed experts of 1536 (4 per token, sigmoid) and a shared one from layer 1 on
+    "glm-4.7-flash": dict(architectures=["Glm4MoeLiteForCausalLM"], hidden_size=2048,
+                          intermediate_size=10240, moe_intermediate_size=1536,
+                          num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20,
+                          q_lora_rank=768, kv_lora_rank=512, qk_nope_head_dim=192,
+                          qk_rope_head_dim=64, v_head_dim=256, n_routed_experts=64,
+                          n_shared_experts=1, num_experts_per_tok=4, n_group=1, topk_group=1,
+                          first_k_dense_replace=1, routed_scaling_factor=1.8,
+                          norm_topk_prob=True, vocab_size=154880, rope_theta=1000000.0,
+                          rope_interleave=True, max_position_embeddings=202752,
+                          rms_norm_eps=1e-5, tie_word_embeddings=False),
     # A few-MB DeepSeek-V3 (latent attention with a low-rank query, 8 experts in 4 groups,
     # sigmoid routing with a correction bias, a shared expert, a dense first layer).
     "tiny-deepseek-v3": dict(architectures=["DeepseekV3ForCausalLM"], hidden_size=64,

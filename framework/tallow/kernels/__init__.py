@@ -22,6 +22,15 @@ elsewhere):
   with float32 scales per output row (``[N]``) or per 128 x 128 block; quantized-weight
   plugins call it for their decode products, with ``gemv_config(m, n, k, weight_dtype)`` its
   tile choice.
+* ``packed_gemm(x, w, bias=None, *, config=None)``: ``x @ dequant(W)^T`` on tensor cores with
+  the weight read packed (4-bit, 8-bit or e4m3 codes with scales per group) and decoded in
+  registers, split-K for a few rows (``w`` one weight or a list stacked along the rows;
+  ``packed_gemm_warm_up(w, dtype)`` compiles its variants); ``PackedGemmWeight`` its layout, made by
+  ``packed_weight(kind, codes, scales, group=..., zeros=..., zero_point=..., mins=...)`` from a
+  format's tensors; ``dequantize_packed`` the kernels' decoding written out (float32), with
+  ``dequantize_packed_ref`` and ``packed_gemm_ref`` the references (``packed_gemm_tolerance``: the
+  bound of the product's rounding against them); ``PackedGemmConfig`` and
+  ``packed_gemm_config(m, n, k, kind)`` its tiles (``PACKED_GEMM_TUNED``: the tuned table).
 * ``rms_norm_ref``, ``rotary_embedding_ref``, ``silu_and_mul_ref``, ``gelu_tanh_and_mul_ref``,
   ``argmax_rows_ref``, ``store_cast_kv_ref``: the torch references, for plugins' tests.
 * ``fused_moe(x, w13, w2, topk_weights, topk_ids, ...)``: a mixture-of-experts MLP over stacked
@@ -134,6 +143,12 @@ from .moe import (
 )
 from .moe_config import default_moe_config
 from .norm import rms_norm, rms_norm_ref
+from .packed_gemm import TUNED_CONFIGS as PACKED_GEMM_TUNED
+from .packed_gemm import (
+    PackedGemmConfig, PackedGemmWeight, dequantize_packed, dequantize_packed_ref, packed_gemm,
+    packed_gemm_config, packed_gemm_ref, packed_gemm_tolerance, packed_gemm_warm_up,
+    packed_weight,
+)
 from .quads import QUAD_COLUMNS, pack_quads, unpack_quads
 from .rotary import rotary_embedding, rotary_embedding_ref
 
@@ -187,6 +202,10 @@ __all__ = [
     "gelu_tanh_and_mul_ref", "rms_norm", "rms_norm_ref", "rotary_embedding",
     "rotary_embedding_ref", "silu_and_mul", "silu_and_mul_ref", "interpreting", "triton_enabled",
     "GEMV_MAX_ROWS", "gemv_config", "gemv_triton",
+    # tensor-core GEMM of packed weights
+    "PACKED_GEMM_TUNED", "PackedGemmConfig", "PackedGemmWeight", "dequantize_packed",
+    "dequantize_packed_ref", "packed_gemm", "packed_gemm_config", "packed_gemm_ref",
+    "packed_gemm_tolerance", "packed_gemm_warm_up", "packed_weight",
     # the paged KV cache
     "CastKVCodec", "LayerKVCache", "allocate_layer", "attention_ref", "cache_saturation",
     "float8_reasons", "paged_attention_ref", "slots_to_blocks", "store_cast_kv",

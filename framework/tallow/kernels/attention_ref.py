@@ -26,11 +26,14 @@ _MAX_KEY_BLOCK = 1024
 
 
 def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context_len: int, causal: bool,
-          sliding_window: int | None) -> torch.Tensor:
+          sliding_window: int | None, chunk_size: int | None = None) -> torch.Tensor:
     """Which keys each query sees: [Q, 1] query and [1, S] key positions → [Q, S] bool."""
     allowed = k_pos <= q_pos if causal else k_pos < context_len
     if sliding_window:
         allowed = allowed & (q_pos - k_pos < sliding_window)
+    if chunk_size:
+        allowed = allowed & (torch.div(q_pos, chunk_size, rounding_mode="floor")
+                             == torch.div(k_pos, chunk_size, rounding_mode="floor"))
     return allowed
 
 
@@ -46,6 +49,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
                   context_len: int, sliding_window: int | None = None,
                   logit_softcap: float | None = None, causal: bool = True,
                   sinks: torch.Tensor | None = None,
+                  attention_chunk_size: int | None = None,
                   max_score_elements: int = MAX_SCORE_ELEMENTS) -> torch.Tensor:
     """Attention of the last ``q.shape[0]`` tokens of a sequence over its whole context.
 
@@ -53,7 +57,9 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     ``S - Q + i`` and, when ``causal``, sees the keys up to that position; otherwise every
     query sees all ``S`` keys (bidirectional, as in encoders). ``sinks`` [Hq] (attention
     sinks): one more logit per head in every softmax, whose probability is dropped (it has no
-    value), so the weights of the keys sum to less than one. Computed in float32; returns q's
+    value), so the weights of the keys sum to less than one. ``attention_chunk_size``: a query
+    sees only the keys of its own chunk of that many positions (Llama 4's chunked local
+    attention). Computed in float32; returns q's
     dtype. A score matrix over ``max_score_elements`` floats is computed in blocks (see the
     module docstring).
     """
@@ -62,6 +68,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
         return _blocked_attention(q, k, v, scale=scale, context_len=context_len,
                                   sliding_window=sliding_window, logit_softcap=logit_softcap,
                                   causal=causal, sinks=sinks,
+                                  chunk_size=attention_chunk_size,
                                   max_score_elements=max_score_elements)
     group = n_heads // k.shape[1]
     qf = q.float().transpose(0, 1)  # [Hq, Q, D]
@@ -70,7 +77,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     scores = _scores(qf, kf, scale, logit_softcap)  # [Hq, Q, S]
     q_pos = torch.arange(context_len - n_q, context_len, device=q.device)[:, None]
     k_pos = torch.arange(context_len, device=q.device)[None, :]
-    allowed = _mask(q_pos, k_pos, context_len, causal, sliding_window)
+    allowed = _mask(q_pos, k_pos, context_len, causal, sliding_window, attention_chunk_size)
     scores = scores.masked_fill(~allowed, float("-inf"))
     if sinks is not None:
         sink = sinks.float().reshape(n_heads, 1, 1).expand(n_heads, n_q, 1)
@@ -84,7 +91,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
 def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                        context_len: int, sliding_window: int | None,
                        logit_softcap: float | None, causal: bool, sinks: torch.Tensor | None,
-                       max_score_elements: int) -> torch.Tensor:
+                       max_score_elements: int, chunk_size: int | None = None) -> torch.Tensor:
     """:func:`attention_ref` over query blocks × key blocks with an online softmax."""
     n_q, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
@@ -100,6 +107,8 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sca
         # none before the first query's window
         k_end = min(context_len, first + q1) if causal else context_len
         k_start = max(0, first + q0 - sliding_window + 1) if sliding_window else 0
+        if chunk_size:  # nor before the first query's chunk
+            k_start = max(k_start, (first + q0) // chunk_size * chunk_size)
         run_max = torch.full((n_heads, q1 - q0, 1), float("-inf"), device=q.device)
         run_sum = torch.zeros((n_heads, q1 - q0, 1), device=q.device)
         acc = torch.zeros((n_heads, q1 - q0, v.shape[-1]), device=q.device)
@@ -109,8 +118,8 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sca
             vf = v[k0:k1].float().repeat_interleave(group, dim=1).transpose(0, 1)
             scores = _scores(qf, kf, scale, logit_softcap)  # [Hq, qb, kb]
             k_pos = torch.arange(k0, k1, device=q.device)[None, :]
-            scores.masked_fill_(~_mask(q_pos, k_pos, context_len, causal, sliding_window),
-                                float("-inf"))
+            scores.masked_fill_(~_mask(q_pos, k_pos, context_len, causal, sliding_window,
+                                       chunk_size), float("-inf"))
             new_max = torch.maximum(run_max, scores.amax(dim=-1, keepdim=True))
             # a row with no visible key yet keeps a -inf maximum: shift it by 0 instead
             shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
@@ -134,9 +143,10 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: "LayerKVCache", *,
                         block_tables: torch.Tensor, scale: float,
                         sliding_window: int | None = None,
                         logit_softcap: float | None = None, causal: bool = True,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention for a flat batch whose K/V are already in the paged cache (``causal`` and
-    ``sinks``: see :func:`attention_ref`)."""
+                        sinks: torch.Tensor | None = None,
+                        attention_chunk_size: int | None = None) -> torch.Tensor:
+    """Attention for a flat batch whose K/V are already in the paged cache (``causal``,
+    ``sinks`` and ``attention_chunk_size``: see :func:`attention_ref`)."""
     out = torch.zeros_like(q)
     block_size = kv_cache.block_size
     for i, seq_len in enumerate(seq_lens):
@@ -148,5 +158,5 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: "LayerKVCache", *,
         out[start:end] = attention_ref(q[start:end], k[:seq_len], v[:seq_len], scale=scale,
                                        context_len=seq_len, sliding_window=sliding_window,
                                        logit_softcap=logit_softcap, causal=causal,
-                                       sinks=sinks)
+                                       sinks=sinks, attention_chunk_size=attention_chunk_size)
     return out

@@ -91,12 +91,16 @@ class Attention(nn.Module):
     (see :class:`AttentionLayer`). Its checkpoint tensor holds every head of the model;
     ``sinks_head_offset`` is the index of this rank's first query head in it
     (``tp_rank * num_heads``); ``device`` is where the parameter lives.
+
+    ``attention_chunk_size`` (Llama 4's chunked local attention): each query sees only the
+    keys of its own chunk of that many positions. The layer keeps a full cache.
     """
 
     def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float | None = None, sliding_window: int | None = None,
                  logit_softcap: float | None = None, causal: bool = True, *,
                  sinks: bool = False, sinks_head_offset: int = 0,
+                 attention_chunk_size: int | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
@@ -104,6 +108,9 @@ class Attention(nn.Module):
                              f"{num_kv_heads}")
         if sliding_window and not causal:
             raise ValueError("a sliding window needs causal attention (causal=True)")
+        if attention_chunk_size is not None and (int(attention_chunk_size) < 1 or not causal):
+            raise ValueError(f"attention_chunk_size must be a positive number of tokens on a "
+                             f"causal layer, got {attention_chunk_size} (causal={causal})")
         self.sinks: nn.Parameter | None = None
         if sinks:
             self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32,
@@ -115,6 +122,7 @@ class Attention(nn.Module):
             head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
             sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
             causal=bool(causal), sinks=self.sinks,
+            attention_chunk_size=int(attention_chunk_size) if attention_chunk_size else None,
         )
         self.kv_cache: LayerKVCache | None = None
         #: the paged cache group whose block tables this layer reads (set by bind_cache)
@@ -168,4 +176,5 @@ class Attention(nn.Module):
         return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
                 f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
                 + ("" if s.causal else ", causal=False")
-                + (", sinks" if s.sinks is not None else ""))
+                + (", sinks" if s.sinks is not None else "")
+                + (f", chunk={s.attention_chunk_size}" if s.attention_chunk_size else ""))

@@ -10,13 +10,18 @@ from .attention import AttentionLayer, AttentionMetadata
 
 def layer_reasons(layer: AttentionLayer) -> list[str]:
     """Reasons a paged backend cannot run ``layer``: query heads that do not share the KV
-    heads evenly, a sliding window on a bidirectional layer."""
+    heads evenly, a sliding window on a bidirectional layer, chunked local attention."""
     reasons = []
     if layer.num_kv_heads < 1 or layer.num_heads % layer.num_kv_heads:
         reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
                        f"{layer.num_kv_heads}")
     if not layer.causal and layer.sliding_window:
         reasons.append("a sliding window on a bidirectional (causal=False) layer")
+    if layer.attention_chunk_size:
+        # no paged kernel masks keys outside the query's chunk: refusing sends the layer to
+        # a backend that does (the torch one) instead of computing full attention
+        reasons.append(f"chunked local attention (attention_chunk_size "
+                       f"{layer.attention_chunk_size})")
     return reasons
 
 

@@ -39,6 +39,7 @@ class TorchAttentionBackend(AttentionBackend):
             q, kv_cache, query_start_loc=qsl, seq_lens=lens, block_tables=meta.block_tables,
             scale=layer.scale, sliding_window=layer.sliding_window,
             logit_softcap=layer.logit_softcap, causal=layer.causal, sinks=layer.sinks,
+            attention_chunk_size=layer.attention_chunk_size,
         )
 
     def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,

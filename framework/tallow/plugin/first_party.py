@@ -14,19 +14,23 @@ import difflib
 FIRST_PARTY: dict[str, dict[str, str]] = {
     "architecture": {
         **dict.fromkeys(["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                         "Qwen3ForCausalLM"], "tallow-llama"),
-        "Glm4ForCausalLM": "tallow-glm4", "GraniteForCausalLM": "tallow-granite",
-        "Olmo2ForCausalLM": "tallow-olmo2", "Phi3ForCausalLM": "tallow-phi3",
+                         "Qwen3ForCausalLM"], "tallow-model-llama"),
+        "Glm4ForCausalLM": "tallow-model-glm4", "GraniteForCausalLM": "tallow-model-granite",
+        "Olmo2ForCausalLM": "tallow-model-olmo2", "Phi3ForCausalLM": "tallow-model-phi3",
         **dict.fromkeys(["BertModel", "RobertaModel", "XLMRobertaModel"], "tallow-model-bert"),
-        **dict.fromkeys(["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"],
+        **dict.fromkeys(["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                         "Glm4MoeLiteForCausalLM"],
                         "tallow-model-deepseek"),
         **dict.fromkeys(["Gemma2ForCausalLM", "Gemma3ForCausalLM",
                          "Gemma3ForConditionalGeneration"], "tallow-model-gemma"),
         "Glm4MoeForCausalLM": "tallow-model-glm4-moe", "GptOssForCausalLM": "tallow-model-gpt-oss",
         **dict.fromkeys(["GPTNeoXForCausalLM", "StableLmForCausalLM"], "tallow-model-gptneox"),
         "MixtralForCausalLM": "tallow-model-mixtral",
-        **dict.fromkeys(["Qwen2_5_VLForConditionalGeneration",
-                         "Qwen2VLForConditionalGeneration"], "tallow-model-qwen2-vl"),
+        "MiniMaxM2ForCausalLM": "tallow-model-minimax-m2",
+        **dict.fromkeys(["Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                         "Qwen3VLForConditionalGeneration"], "tallow-model-qwen2-vl"),
+        **dict.fromkeys(["Llama4ForCausalLM", "Llama4ForConditionalGeneration"],
+                        "tallow-model-llama4"),
         **dict.fromkeys(["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"], "tallow-model-qwen-moe"),
         **dict.fromkeys(["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                          "Qwen3_5ForConditionalGeneration",
@@ -34,13 +38,13 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     },
     # the ``general.architecture`` of a GGUF file → the model plugin that reads it
     "gguf_architecture": {
-        "llama": "tallow-llama", "qwen2": "tallow-llama", "qwen3": "tallow-llama",
-        "glm4": "tallow-glm4", "granite": "tallow-granite", "gemma2": "tallow-model-gemma",
+        "llama": "tallow-model-llama", "qwen2": "tallow-model-llama", "qwen3": "tallow-model-llama",
+        "glm4": "tallow-model-glm4", "granite": "tallow-model-granite", "gemma2": "tallow-model-gemma",
         "gemma3": "tallow-model-gemma", "qwen2moe": "tallow-model-qwen-moe",
-        "qwen3moe": "tallow-model-qwen-moe", "olmo2": "tallow-olmo2", "phi3": "tallow-phi3",
+        "qwen3moe": "tallow-model-qwen-moe", "olmo2": "tallow-model-olmo2", "phi3": "tallow-model-phi3",
     },
     "weight_format": {
-        "gguf": "tallow-gguf", "safetensors": "tallow-safetensors", "hfhub": "tallow-hfhub",
+        "gguf": "tallow-format-gguf", "safetensors": "tallow-format-safetensors", "hfhub": "tallow-format-hfhub",
     },
     "quant_scheme": {
         "fp4": "tallow-quant-fp4", "fp8": "tallow-quant-fp8", "gguf": "tallow-quant-gguf",
@@ -74,7 +78,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     "attention_backend": {
         "triton": "tallow-attention-triton", "flashinfer": "tallow-attention-flashinfer",
     },
-    "tool_provider": {"mcp": "tallow-mcp"},
+    "tool_provider": {"mcp": "tallow-mcp-client"},
     "speculator": {"ngram": "tallow-speculator-ngram", "replay": "tallow-speculator-ngram"},
 }
 

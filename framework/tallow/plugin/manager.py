@@ -42,6 +42,7 @@ from . import hookspecs
 from .errors import PluginError, PluginLoadError, describe_exception as _describe
 from .hookspecs import PROJECT
 from .registry import Registries, registering_as
+from .naming import new_name, renamed_problems
 from .target_check import target_problems
 from .unloaded import UnloadedPlugins
 
@@ -122,7 +123,7 @@ class _Record:
 
 
 def canonical(name: str) -> str:
-    """PEP 503 form of a distribution name: ``Tallow_Llama`` and ``tallow-llama`` are one."""
+    """PEP 503 form of a distribution name: ``Tallow_Llama`` and ``tallow-model-llama`` are one."""
     return canonicalize_name(name)
 
 
@@ -382,6 +383,11 @@ def discover(entry_points: Iterable[metadata.EntryPoint] | None = None) -> list[
                         ep.value)
             continue
         found[canonical(name)] = Candidate(name, version, ep)
+    for old in [n for n in found if new_name(n) in found]:
+        # the same plugin under its old name: both would register the same components
+        log.warning("plugin %s is the old name of %s, which is installed too; ignoring %s "
+                    "(pip uninstall %s)", old, new_name(old), old, old)
+        del found[old]
     return [found[k] for k in sorted(found)]
 
 
@@ -416,6 +422,16 @@ def plan_plugins(candidates: list[Candidate], plugins_config: object,
             requirements[canonical(req.name)] = req
 
     env_list = env.get(ENV_PLUGINS)
+    renamed = (renamed_problems("plugins.enable", list(getattr(plugins_config, "enable", []) or []))
+               + renamed_problems("plugins.disable",
+                                  list(getattr(plugins_config, "disable", []) or []))
+               + renamed_problems("plugins.require", [r.name for r in requirements.values()])
+               + renamed_problems("plugins.settings", list(settings))
+               + renamed_problems(ENV_PLUGINS, [n.strip() for n in (env_list or "").split(",")
+                                                if n.strip()]))
+    if renamed:
+        raise PluginError("the plugins configuration names renamed distributions:\n  - "
+                          + "\n  - ".join(renamed))
     listed: set[str] = set()
     if env_list is not None:
         listed = {canonical(n) for n in env_list.split(",") if n.strip()}

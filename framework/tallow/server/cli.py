@@ -78,10 +78,15 @@ def setup_logging(level: str = "INFO", as_json: bool = False) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the server until it is stopped (SIGINT/SIGTERM); returns the exit status."""
     from tallow.config import load_config
+    from tallow.default_model import NOT_INSTALLED_HINT, default_model_installed
 
     from .host import parse_bind
 
     config = load_config(args)
+    if not config.model.source and not default_model_installed():
+        # before plugins and the engine load: one line saying how to get a model
+        print(NOT_INSTALLED_HINT, file=sys.stderr)
+        return 2
     setup_logging(config.logging.level, config.logging.json)
     try:
         bind = parse_bind(config.server.host, config.server.port)

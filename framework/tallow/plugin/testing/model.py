@@ -173,14 +173,14 @@ class ModelArchitectureConformance(ComponentConformance):
 
     def test_engine_generates_what_transformers_does(
             self, transformers_model: tuple[Any, Path]) -> None:
-        """``LLM.generate`` with this plugin and tallow-safetensors (the saved directory plus a
+        """``LLM.generate`` with this plugin and tallow-format-safetensors (the saved directory plus a
         tiny tokenizer) gives transformers' greedy tokens."""
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            version("tallow-safetensors")
+            version("tallow-format-safetensors")
         except PackageNotFoundError:
-            pytest.skip("needs the tallow-safetensors weight format installed to load the "
+            pytest.skip("needs the tallow-format-safetensors weight format installed to load the "
                         "saved model")
 
         hf, directory = transformers_model
@@ -192,8 +192,8 @@ class ModelArchitectureConformance(ComponentConformance):
         assert list(out.outputs[0].token_ids) == ref_tokens
 
     def llm(self, source: str) -> Any:  # Any: the engine's LLM, a layer above this kit
-        plugins = ["tallow-safetensors"]
-        if self.distribution not in ("tallow", "tallow-safetensors"):
+        plugins = ["tallow-format-safetensors"]
+        if self.distribution not in ("tallow", "tallow-format-safetensors"):
             plugins.insert(0, self.distribution)
         return offline_llm(source, plugins=plugins,
                            config={"model": {"dtype": "float32", "max_model_len": 64},

@@ -5,7 +5,7 @@ more configs and prompts, other weight formats, the GPU, and the whole engine.
 
     from tallow.plugin.testing.model_parity import (
         assert_greedy_parity, load_saved, random_hf_model)
-    from tallow_safetensors.format import SafetensorsFormat
+    from tallow_format_safetensors.format import SafetensorsFormat
 
     def test_longrope(tmp_path):
         hf = random_hf_model(transformers.Phi3Config(...), seed=0)

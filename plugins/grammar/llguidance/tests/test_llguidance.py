@@ -205,7 +205,7 @@ def qwen_backend() -> LLGuidanceBackend:
     from tallow.engine.tokenizer import Tokenizer
     from tallow.plugin.testing import isolated_plugin_manager
 
-    pm = isolated_plugin_manager(("tallow-gguf", "tallow_gguf.plugin"))
+    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"))
     checkpoint = pm.registries.weight_formats.get("gguf")().load(str(default_model_path()))
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     return LLGuidanceBackend(tokenizer_info(tokenizer, int(checkpoint.config["vocab_size"])))

@@ -201,7 +201,7 @@ def qwen_backend() -> XGrammarBackend:
     from tallow.engine.tokenizer import Tokenizer
     from tallow.plugin.testing import isolated_plugin_manager
 
-    pm = isolated_plugin_manager(("tallow-gguf", "tallow_gguf.plugin"))
+    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"))
     checkpoint = pm.registries.weight_formats.get("gguf")().load(str(default_model_path()))
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     vocab = int(checkpoint.config["vocab_size"])

@@ -1,4 +1,4 @@
-"""Fixtures of tallow-mcp's tests (the helpers are in mcp_fixtures.py)."""
+"""Fixtures of tallow-mcp-client's tests (the helpers are in mcp_fixtures.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of tallow-mcp's tests: real MCP servers (``mcp-server-time`` and ``mcp-server-git``
+"""Helpers of tallow-mcp-client's tests: real MCP servers (``mcp-server-time`` and ``mcp-server-git``
 from PyPI, and ``sdk_server.py`` written with the official SDK) and providers configured for
 them."""
 
@@ -21,14 +21,14 @@ SDK_STDIO = {"command": sys.executable, "args": [SDK_SERVER, "stdio"]}
 
 
 def settings_config(servers: dict[str, Any]) -> Any:
-    """A validated tallow config whose tallow-mcp settings hold ``servers``."""
+    """A validated tallow config whose tallow-mcp-client settings hold ``servers``."""
     from tallow.plugin.testing import make_config
 
-    return make_config({"plugins": {"settings": {"tallow-mcp": {"servers": servers}}}})
+    return make_config({"plugins": {"settings": {"tallow-mcp-client": {"servers": servers}}}})
 
 
 def provider_for(servers: dict[str, Any]) -> Any:
-    from tallow_mcp.provider import MCPToolProvider
+    from tallow_mcp_client.provider import MCPToolProvider
 
     provider = MCPToolProvider.from_config(settings_config(servers))
     assert provider is not None

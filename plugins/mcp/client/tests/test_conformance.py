@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class TestMCPConformance(ToolProviderConformance):
-    distribution = "tallow-mcp"
+    distribution = "tallow-mcp-client"
     component = "mcp"
     light_modules = ("torch", "mcp")
     settings = {"servers": {"time": TIME}}

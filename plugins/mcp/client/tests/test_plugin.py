@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from mcp_fixtures import SDK_STDIO, TIME, settings_config
 
-import tallow_mcp.plugin as plugin
+import tallow_mcp_client.plugin as plugin
 from tallow.plugin import PluginSettingsError
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,20 +31,20 @@ pytestmark = pytest.mark.timeout(120)
 def test_bad_settings_name_the_key(servers: dict[str, Any], expected: str) -> None:
     with pytest.raises(PluginSettingsError) as info:
         plugin.tallow_configure(settings_config(servers))
-    assert re.search(r"plugins\.settings\.tallow-mcp\." + expected, str(info.value)), \
+    assert re.search(r"plugins\.settings\.tallow-mcp-client\." + expected, str(info.value)), \
         str(info.value)
 
 
 def test_nothing_configured_means_no_provider() -> None:
     from tallow.plugin.testing import make_config
-    from tallow_mcp.provider import MCPToolProvider
+    from tallow_mcp_client.provider import MCPToolProvider
 
     assert MCPToolProvider.from_config(make_config({})) is None
     assert MCPToolProvider.from_config(settings_config(
         {"t": {**TIME, "enabled": False}})) is None
-    with pytest.raises(PluginSettingsError, match=r"tallow-mcp\.server: unknown key"):
+    with pytest.raises(PluginSettingsError, match=r"tallow-mcp-client\.server: unknown key"):
         MCPToolProvider.from_config(make_config(
-            {"plugins": {"settings": {"tallow-mcp": {"server": {}}}}}))
+            {"plugins": {"settings": {"tallow-mcp-client": {"server": {}}}}}))
 
 
 def test_the_server_runs_mcp_tools_in_its_loop(plugin_manager_with_mcp: Any) -> None:
@@ -69,7 +69,7 @@ def test_the_server_runs_mcp_tools_in_its_loop(plugin_manager_with_mcp: Any) -> 
     with TestClient(build_app(engine, config)) as client:
         tools = client.get("/v1/tools").json()
         (provider,) = tools["providers"]
-        assert provider["name"] == "mcp" and provider["distribution"] == "tallow-mcp"
+        assert provider["name"] == "mcp" and provider["distribution"] == "tallow-mcp-client"
         assert [t["function"]["name"] for t in provider["tools"]] == ["get_current_time",
                                                                      "convert_time"]
         (source,) = provider["status"]["sources"]
@@ -148,7 +148,7 @@ def _server_tests() -> Any:
 
 @pytest.fixture
 def plugin_manager_with_mcp() -> Any:
-    """The installed plugins (tool parsers, tallow-mcp), as ``tallow serve`` loads them."""
+    """The installed plugins (tool parsers, tallow-mcp-client), as ``tallow serve`` loads them."""
     from tallow.plugin.manager import load_plugins
 
     pm = load_plugins(None)
@@ -160,7 +160,7 @@ def test_plugins_list_checks_the_servers(tmp_path) -> None:
     import subprocess
 
     config = tmp_path / "tallow.yaml"
-    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
         "time": TIME, "ghost": {"command": "/nonexistent/mcp-server"}}}}}}))
     run = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--check-tools",
                           "--config", str(config)], capture_output=True, text=True, timeout=100)
@@ -172,13 +172,13 @@ def test_plugins_list_checks_the_servers(tmp_path) -> None:
     listed = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--json",
                              "--check-tools", "--config", str(config)],
                             capture_output=True, text=True, timeout=100)
-    (mine,) = [p for p in json.loads(listed.stdout) if p["name"] == "tallow-mcp"]
+    (mine,) = [p for p in json.loads(listed.stdout) if p["name"] == "tallow-mcp-client"]
     (provider,) = mine["tool_providers"]
     assert [s["state"] for s in provider["status"]["sources"]] == ["up", "down"]
     # bad settings stop the command with the key path
-    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp": {"servers": {
+    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
         "time": {**TIME, "timeout": 3}}}}}}))
     bad = subprocess.run([sys.executable, "-m", "tallow", "plugins", "list", "--check-tools",
                           "--config", str(config)], capture_output=True, text=True, timeout=100)
     assert bad.returncode == 1
-    assert "plugins.settings.tallow-mcp.servers.time.timeout: unknown key" in bad.stderr
+    assert "plugins.settings.tallow-mcp-client.servers.time.timeout: unknown key" in bad.stderr

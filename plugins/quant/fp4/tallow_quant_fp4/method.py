@@ -4,13 +4,14 @@ placeholder per checkpoint tensor name, unpacked when loading ends, neighbours s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tallow.kernels import packed_gemm, packed_gemm_warm_up
 from tallow.layers import PackedLinearMethod, WeightSlice
 
-from . import ops
+from . import ops, tensor_core
 from .checkpoint import unpack
 from .layout import FP4Weight, from_codes
 
@@ -27,6 +28,10 @@ class FP4LinearMethod(PackedLinearMethod):
                          layout.required if layout else (), quantize_floats=bool(scheme.isq))
         self.scheme = scheme
         self.layout = layout
+        #: under ``kernel: tensor_core``, the parts re-laid for the packed GEMM, and the parts
+        #: list they were made from
+        self._packed: list[Any] = []
+        self._packed_from: list[Any] | None = None
 
     def quantize_float(self, weight: torch.Tensor) -> FP4Weight | None:
         from .isq import quantize_mxfp4
@@ -53,9 +58,27 @@ class FP4LinearMethod(PackedLinearMethod):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                gate: str | None = None) -> torch.Tensor:
+        if self._tensor_core(x):
+            return packed_gemm(ops.activated(x, gate) if gate else x, self._packed_parts(),
+                               bias)
         return ops.linear(x, self.parts, bias, gate=gate)
 
+    def _tensor_core(self, x: torch.Tensor) -> bool:
+        """Whether ``kernel: tensor_core`` sends this product through the packed GEMM."""
+        return self.scheme.settings.kernel == "tensor_core" and tensor_core.applies(
+            x, self.parts)
+
+    def _packed_parts(self) -> list[Any]:
+        """The parts in the packed GEMM's layout, re-laid once per list of parts."""
+        if self._packed_from is not self.parts:
+            self._packed = [tensor_core.to_packed(p) for p in self.parts]
+            self._packed_from = self.parts
+        return self._packed
+
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
+        if self.parts and self._tensor_core(torch.empty(0, dtype=dtype, device=self.device)):
+            packed_gemm_warm_up(self._packed_parts(), dtype)
+            return
         ops.warm_up(self.parts, dtype, gate=gate)
 
     def type_names(self) -> list[str]:

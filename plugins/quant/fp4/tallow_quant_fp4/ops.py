@@ -19,7 +19,8 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 MAX_GEMV_ROWS = 16
 
 
-def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
+def activated(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``act(gate) * up`` of a gated MLP's merged input ``x = [gate | up]``."""
     from tallow.kernels import gelu_tanh_and_mul, silu_and_mul
 
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
@@ -50,7 +51,7 @@ def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, 
         return out.view(*lead, -1)
     fused = triton_enabled(x2) and x2.shape[0] <= max_gemv_rows
     if gate is not None and not fused:
-        x2, gate = _act(x2, gate), None
+        x2, gate = activated(x2, gate), None
     outs = []
     start = 0
     for p in parts:
@@ -58,7 +59,7 @@ def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, 
         b = None if bias is None else bias[start:start + rows]
         start += rows
         if not isinstance(p, FP4Weight):
-            outs.append(F.linear(_act(x2, gate) if gate else x2, p.to(x2.dtype), b))
+            outs.append(F.linear(activated(x2, gate) if gate else x2, p.to(x2.dtype), b))
         elif not triton_enabled(x2):
             outs.append(linear_ref(x2, p, b))
         elif fused:

@@ -1,7 +1,9 @@
 """The quant scheme ``fp4``: MXFP4 and NVFP4 weights (gpt-oss-style ``mxfp4`` checkpoints,
 compressed-tensors ``nvfp4-pack-quantized`` / ``mxfp4-pack-quantized``, or a float model
 quantized at load with ``model.isq: mxfp4``) decoded by Triton kernels. Hopper has no FP4
-tensor cores: the weights are decoded to the activations' type (W4A16). Dense linear layers,
+tensor cores: the weights are decoded to the activations' type (W4A16). The setting
+``kernel: tensor_core`` (``plugins.settings.tallow-quant-fp4``) sends every product through
+tallow's packed-weight tensor-core GEMM instead (:mod:`.tensor_core`). Dense linear layers,
 and the mixture-of-experts experts of ``mxfp4`` checkpoints (gpt-oss: :mod:`.moe`).
 """
 
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar
 
-from tallow.plugin import QuantScheme
+from tallow.plugin import QuantScheme, plugin_settings
 
 from .checkpoint import FP4Layout, fp4_layout, holds_fp4_weights
+from .settings import DISTRIBUTION, FP4Settings
 
 ISQ_TYPES = ("mxfp4",)
 
@@ -27,11 +30,13 @@ class FP4QuantScheme(QuantScheme):
         super().__init__(config, isq)
         if isq is not None and isq not in ISQ_TYPES:
             raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
+        self.settings = plugin_settings(FP4Settings, config, DISTRIBUTION)
         self.layout: FP4Layout | None = None
         self.methods: list[Any] = []
 
     @classmethod
     def validate(cls, config: Any) -> list[str]:
+        plugin_settings(FP4Settings, config, DISTRIBUTION)  # a bad setting stops start-up
         return []
 
     @classmethod

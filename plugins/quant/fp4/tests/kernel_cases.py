@@ -82,7 +82,7 @@ def test_linear_with_gate_and_parts(m):
     parts = [weight("mxfp4", 16, 128, seed=1), weight("mxfp4", 8, 128, seed=2)]
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).to(DEVICE)
     dense = torch.cat([dequantize(p) for p in parts])
-    check(ops.linear(x, parts, gate="silu"), ops._act(x, "silu") @ dense.T)
+    check(ops.linear(x, parts, gate="silu"), ops.activated(x, "silu") @ dense.T)
 
 
 # -- MXFP4 experts (gpt-oss) ------------------------------------------------------------------

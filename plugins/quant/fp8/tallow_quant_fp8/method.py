@@ -270,6 +270,10 @@ class Fp8LinearMethod(LinearMethod):
                 raise ValueError(f"{self._what}: plugins.settings.tallow-quant-fp8.matmul is "
                                  f"scaled_mm, but {reason}")
             plan.scaled_mm = reason is None
+        if settings.kernel == "tensor_core":
+            from .tensor_core import to_packed
+
+            plan.packed = to_packed(weight)
         return plan
 
     # -- compute ---------------------------------------------------------------------------

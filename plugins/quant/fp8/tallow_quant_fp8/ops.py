@@ -12,6 +12,9 @@ what a GPU computes):
   or by the Triton GEMM (:mod:`.kernels.gemm`) where cuBLAS does not take the layer.
   Weights-only checkpoints take the Triton GEMM on their unquantized activations.
 
+Under the setting ``kernel: tensor_core`` the weight-only products of 16-bit activations run
+tallow's packed-weight tensor-core GEMM instead (:mod:`.tensor_core`).
+
 The Triton paths run on CUDA GPUs of compute capability 8.9 or newer (float8 conversions and
 tensor cores) and, under ``TRITON_INTERPRET=1``, on CPU tensors; anything else runs the torch
 reference (:mod:`.reference`), which dequantizes the weight on every call. Nothing here
@@ -26,7 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tallow.kernels import interpreting, triton_enabled
+from tallow.kernels import (
+    PackedGemmWeight, interpreting, packed_gemm, packed_gemm_warm_up, triton_enabled,
+)
 
 from . import reference
 from .settings import Fp8Settings
@@ -49,6 +54,9 @@ class LayerPlan:
     activations: str
     scaled_mm: bool = False
     dequantized: torch.Tensor | None = field(default=None, repr=False)
+    #: under ``kernel: tensor_core``, the weight re-laid for the packed GEMM, which then
+    #: takes the weight-only products of 16-bit activations
+    packed: PackedGemmWeight | None = field(default=None, repr=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,6 +112,8 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
                 torch.float32 if x2.device.type == "cpu" else x2.dtype)
         return reference.linear_ref(x2, weight, bias, activations=acts,
                                     dequantized=plan.dequantized).view(*lead, -1)
+    if weight_only and plan.packed is not None and x2.dtype in (torch.float16, torch.bfloat16):
+        return packed_gemm(_act(x2, gate) if gate else x2, plan.packed, bias).view(*lead, -1)
     if m <= settings.gemv_max_rows and m > 0:
         from .kernels.gemv import gemv_triton
 
@@ -141,6 +151,8 @@ def warm_up(weight: Fp8Weight, plan: LayerPlan, dtype: torch.dtype, settings: Fp
     compiles nothing). Each runs once on zeros."""
     if not kernels_run(weight.data):
         return
+    if plan.packed is not None:
+        packed_gemm_warm_up(plan.packed, dtype)
     width = weight.cols * (2 if gate is not None else 1)
     rows = {1, settings.gemv_max_rows, settings.gemv_max_rows + 1, 65}
     for m in sorted(r for r in rows if r > 0):

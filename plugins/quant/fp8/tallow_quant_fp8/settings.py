@@ -9,6 +9,10 @@
                    ``scaled_mm`` (refuse to load a layer it does not take) or ``triton``
 ``fast_accum``     let ``torch._scaled_mm`` accumulate in the tensor cores' reduced precision
                    (faster; default false)
+``kernel``         ``tensor_core``: the weight-only products (the rows of ``gemv_max_rows``, or
+                   every row of a weights-only checkpoint) run tallow's packed-weight
+                   tensor-core GEMM (:mod:`tallow_quant_fp8.tensor_core`) instead of the GEMV
+                   and the Triton GEMM; ``default`` (the default): those kernels
 ``isq_vocab``      under ``model.isq: fp8``, quantize the token embedding and the LM head too
                    (a head tied to the embedding follows it). Default false: both stay in the
                    model's dtype, as in published FP8 checkpoints; true saves their memory and,
@@ -22,6 +26,7 @@ from typing import Any
 
 DISTRIBUTION = "tallow-quant-fp8"
 MATMULS = ("auto", "scaled_mm", "triton")
+KERNELS = ("default", "tensor_core")
 #: the most rows the GEMV takes
 GEMV_ROWS_LIMIT = 16
 
@@ -32,6 +37,7 @@ class Fp8Settings:
     matmul: str = "auto"
     fast_accum: bool = False
     isq_vocab: bool = False
+    kernel: str = "default"
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> "Fp8Settings":
@@ -49,6 +55,9 @@ class Fp8Settings:
         if s.matmul not in MATMULS:
             raise ValueError(f"{where}.matmul: expected one of {', '.join(MATMULS)}, got "
                              f"{s.matmul!r}")
+        if s.kernel not in KERNELS:
+            raise ValueError(f"{where}.kernel: expected one of {', '.join(KERNELS)}, got "
+                             f"{s.kernel!r}")
         for name in ("fast_accum", "isq_vocab"):
             if not isinstance(getattr(s, name), bool):
                 raise ValueError(f"{where}.{name}: expected true or false, got "

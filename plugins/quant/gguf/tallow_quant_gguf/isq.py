@@ -6,7 +6,7 @@ model never exists as a whole in float: memory stays near the quantized size plu
 The bytes come from :func:`tallow_quant_gguf.quantize.quantize` (llama.cpp's reference
 algorithms for the k-quants, ``gguf.quants``' bytes for the others), then are packed for the
 kernels like a GGUF file's blocks. Every matrix takes the requested type (embedding and head
-included), as a plain type of ``tallow quantize`` does.
+included); ``tallow quantize`` instead follows llama.cpp's per-tensor rules.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def quantize_rows(weight: torch.Tensor, isq: str, device: torch.device,
                   dtype: torch.dtype) -> PackedWeight:
     """``weight`` (float ``[rows, cols]``, any device and dtype) quantized on ``device`` to
     ``isq``, or to llama.cpp's fallback type when its rows are not whole blocks of ``isq``
-    (the choice ``tallow quantize --type`` makes for every tensor of a plain type); rows that
+    (the fallback ``tallow quantize`` applies too); rows that
     not even 32-element blocks fit stay dense, in ``dtype``."""
     if weight.dim() != 2 or not weight.is_floating_point():
         raise ValueError(f"model.isq {isq}: expected a 2-d float weight, got {weight.dtype} of "

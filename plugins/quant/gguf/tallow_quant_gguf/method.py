@@ -27,7 +27,9 @@ from torch import nn
 
 from tallow.layers import LinearMethod, QuantizedWeight, WeightSlice, set_weight_attrs
 
-from . import ops
+from tallow.kernels import packed_gemm, packed_gemm_warm_up
+
+from . import ops, tensor_core
 from .packing import PackedWeight, cat_rows, dense, pack
 from .qtypes import QUANT_TYPES
 
@@ -78,6 +80,10 @@ class GGUFLinearMethod(LinearMethod):
         self.parts: list[PackedWeight | None] = []
         self.layer: nn.Module | None = None
         self._warm_gates: set[str] = set()
+        #: under ``matmul: tensor_core``, the parts re-laid for the packed GEMM, and the parts
+        #: list they were made from
+        self._packed: list[Any] = []
+        self._packed_from: list[Any] | None = None
 
     # -- storage ---------------------------------------------------------------------------
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
@@ -161,17 +167,34 @@ class GGUFLinearMethod(LinearMethod):
             for name, tensor in p.planes.items():
                 layer.register_buffer(f"weight_{i}_{name}", tensor, persistent=False)
         if self.device.type == "cuda":
-            ops.warm_up(self.parts, self.dtype, self.scheme.policy)
+            if self._tensor_core(torch.empty(0, dtype=self.dtype, device=self.device)):
+                packed_gemm_warm_up(self._packed_parts(), self.dtype)
+            else:
+                ops.warm_up(self.parts, self.dtype, self.scheme.policy)
+
+    def _tensor_core(self, x: torch.Tensor) -> bool:
+        """Whether ``matmul: tensor_core`` sends this product through the packed GEMM."""
+        return self.scheme.policy.matmul == "tensor_core" and tensor_core.applies(
+            x, self.parts)  # type: ignore[arg-type]
+
+    def _packed_parts(self) -> list[Any]:
+        """The parts in the packed GEMM's layout, re-laid once per list of parts."""
+        if self._packed_from is not self.parts:
+            self._packed = [tensor_core.to_packed(p) for p in self.parts]  # type: ignore[arg-type]
+            self._packed_from = self.parts
+        return self._packed
 
     # -- compute ---------------------------------------------------------------------------
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self._tensor_core(x):
+            return packed_gemm(x, self._packed_parts(), bias)
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy)
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
         kind = getattr(act, "kind", None)
-        if kind is None:
+        if kind is None or self._tensor_core(x):
             return self.apply(layer, act(x), bias)
         if kind not in self._warm_gates and x.is_cuda:
             # the kernels that apply the activation as they read x are variants of their own:

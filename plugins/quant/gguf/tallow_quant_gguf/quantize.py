@@ -7,9 +7,10 @@ model is quantized layer by layer on the GPU, and ``tallow quantize``, which wri
 Every step is a tensor operation over all blocks at once; the only Python loops run over the
 positions inside a block and over the candidate scales of a search, never over blocks.
 
-- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 produce exactly the bytes of ``gguf.quants.quantize`` (the
-  ``gguf`` package's numpy quantizers): same float32 operations in the same order, the same
-  first-of-ties choice of the absolute maximum, the same rounding.
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 produce exactly the bytes of llama.cpp's ``quantize_row_*_ref``
+  and, but for the sign of a zero scale or minimum (blocks of signed zeros), of
+  ``gguf.quants.quantize`` (the ``gguf`` package's numpy quantizers): same float32 operations
+  in the same order, the same first-of-ties choice of the absolute maximum, the same rounding.
 - The k-quants (Q2_K … Q6_K) follow llama.cpp's reference quantizers (``quantize_row_*_ref`` in
   ggml-quants.c, what ``llama-quantize`` runs without an importance matrix): the per-sub-block
   scale/min search, then the 6- or 8-bit quantization of the sub-block scales against one
@@ -47,9 +48,19 @@ class QuantType:
 # The 32-element types, matching gguf.quants.quantize byte for byte
 # --------------------------------------------------------------------------------------------
 def _signed_absmax(blocks: torch.Tensor) -> torch.Tensor:
-    """The value of largest magnitude of each block, with its sign; the first one on ties
-    (``numpy.argmax`` semantics, which ``torch.argmax`` shares)."""
+    """The value of largest magnitude of each block, with its sign; the first one on ties, as
+    llama.cpp's ``if (amax < fabsf(v))`` loop finds it. A block of zeros gives +0.0 (the loop's
+    initial value) whatever the zeros' signs: ``-0.0 / -8`` would store the scale as +0.0 where
+    llama.cpp stores -0.0."""
     index = blocks.abs().argmax(dim=-1, keepdim=True)
+    value = torch.gather(blocks, -1, index)
+    return torch.where(value == 0, torch.zeros_like(value), value)
+
+
+def _first_extreme(blocks: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The minimum (or maximum) of each block as a sequential ``if (v < min)`` scan keeps it:
+    its first occurrence, so that of zeros of both signs the first one's sign is kept."""
+    index = (blocks.argmax if largest else blocks.argmin)(dim=-1, keepdim=True)
     return torch.gather(blocks, -1, index)
 
 
@@ -72,8 +83,8 @@ def _affine_codes(blocks: torch.Tensor, levels: int) -> tuple[torch.Tensor, torc
                                                               torch.Tensor]:
     """Q4_1/Q5_1: ``d = (max - min) / (levels - 1)``, ``m = min`` and the codes
     ``trunc((x - min) / d + 0.5)`` clipped to ``[0, levels - 1]``."""
-    hi = blocks.amax(dim=-1, keepdim=True)
-    lo = blocks.amin(dim=-1, keepdim=True)
+    hi = _first_extreme(blocks, largest=True)
+    lo = _first_extreme(blocks, largest=False)
     d = (hi - lo) / scalar(float(levels - 1), blocks)
     codes = torch.trunc((blocks - lo) * _inverse_or_zero(d) + 0.5)
     return d, lo, codes.clamp(0, levels - 1).to(torch.uint8)

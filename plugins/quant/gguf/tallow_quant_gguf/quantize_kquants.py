@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .quantize_ops import as_byte, f16_bytes, f16_round, nearest_int, scalar, seqsum
+from .quantize_ops import as_byte, f16_bytes, f16_round, nearest_int, scalar, seqsum, sqrt_f32
 
 QK_K = 256
 #: llama.cpp's GROUP_MAX_EPS: a sub-block whose largest magnitude is below it is all zeros
@@ -221,7 +221,7 @@ def _affine_k(blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float,
     """Q4_K/Q5_K: codes [B, 256] (int32) and the 16 header bytes (d, dmin, scales)."""
     count = blocks.shape[0]
     x = _subblocks(blocks, 32)
-    av_x = torch.sqrt(seqsum(x * x) / scalar(32.0, x))
+    av_x = sqrt_f32(seqsum(x * x) / scalar(32.0, x))
     w = av_x + x.abs()
     scales, mins, L = make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad=False)
     scales, mins = scales.view(count, 8), mins.view(count, 8)

@@ -9,7 +9,9 @@ habits would break that, and these helpers avoid them:
 - ``Tensor.sum`` adds in a tree order of its own: a reference that accumulates left to right
   is followed by :func:`seqsum`;
 - ``torch.round`` is fine, but llama.cpp's ``nearest_int`` is a float trick that differs from
-  it for out-of-range input: :func:`nearest_int` is that trick.
+  it for out-of-range input: :func:`nearest_int` is that trick;
+- ``torch.sqrt`` of float32 on the CPU is not always correctly rounded (it can land one unit
+  in the last place below C's ``sqrtf``): :func:`sqrt_f32` takes the root in float64.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def nearest_int(x: torch.Tensor) -> torch.Tensor:
     code, which its callers clamp."""
     biased = (x + _ROUNDING_MAGIC).contiguous()
     return (biased.view(torch.int32) & 0x007FFFFF) - 0x00400000
+
+
+def sqrt_f32(x: torch.Tensor) -> torch.Tensor:
+    """C's ``sqrtf``: the float32 square root, correctly rounded. The float64 root of a float32
+    rounded to float32 is (53 bits hold more than twice 24 + 2, so the double rounding cannot
+    change the result)."""
+    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
 def seqsum(terms: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,11 @@ by its weight's type and shape and the number of input rows ``M`` (see
 :mod:`tallow_quant_gguf.tuning`):
 
 ``matmul``            ``auto`` (the tuned table, else the defaults), ``fused`` (never the
-                      workspace path) or ``dequant`` (always decode the weight to a workspace in
-                      the activation dtype and call cuBLAS)
+                      workspace path), ``dequant`` (always decode the weight to a workspace in
+                      the activation dtype and call cuBLAS) or ``tensor_core`` (layers whose
+                      parts are all Q4_0, Q4_1, Q4_K or Q8_0 re-laid at load and multiplied
+                      by tallow's packed-weight tensor-core GEMM at every row count:
+                      :mod:`tallow_quant_gguf.tensor_core`; other layers as ``auto``)
 ``dequant_min_rows``  ``auto``: at least this many rows take the workspace and cuBLAS, fewer
                       never do (default: unset, the table decides)
 ``tuned_table``       a JSON table written by ``bench/gpu/quant_micro.py --sweep`` (default:
@@ -36,7 +39,7 @@ from .qtypes import ISQ_TYPES, QUANT_TYPES
 from .quantize_file import FileQuantization
 
 DISTRIBUTION = "tallow-quant-gguf"
-MATMUL_MODES = ("auto", "fused", "dequant")
+MATMUL_MODES = ("auto", "fused", "dequant", "tensor_core")
 
 @dataclass(frozen=True)
 class KernelPolicy:
@@ -90,8 +93,10 @@ class KernelPolicy:
         from .tuning import choose
 
         table, sm_count = _device_tuning(self.tuned_table, device)
+        # under tensor_core, the layers it does not take choose as under auto
+        mode = "auto" if self.matmul == "tensor_core" else self.matmul
         return choose(table, qtype, n, k, m, sm_count, self.dequant_min_rows,
-                      "fused" if fused else self.matmul)
+                      "fused" if fused else mode)
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ class TestGGUFSchemeConformance(QuantSchemeConformance):
     light_modules = ("torch", "triton")
 
     def quantized_weights(self, rows: int, cols: int) -> list[Any]:
-        from tallow_gguf.dequant import dequantize_blocks
+        from tallow_format_gguf.dequant import dequantize_blocks
 
         out = []
         for i, qtype in enumerate(TYPES):

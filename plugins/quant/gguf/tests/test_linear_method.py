@@ -26,7 +26,7 @@ from tallow_quant_gguf.scheme import GGUFQuantScheme, KernelPolicy  # noqa: E402
 
 
 def _models(path, arch_cls):
-    from tallow_gguf.format import GGUFFormat
+    from tallow_format_gguf.format import GGUFFormat
 
     checkpoint = GGUFFormat().load(str(path))
     config = ArchConfig(arch_cls.config_from_gguf(checkpoint.extra["gguf_metadata"],
@@ -46,7 +46,7 @@ def llama_file(tmp_path_factory):
 
 @torch.no_grad()
 def test_every_layer_equals_the_dequantized_model(llama_file):
-    from tallow_llama.model import LlamaForCausalLM
+    from tallow_model_llama.model import LlamaForCausalLM
 
     dense, quantized, scheme = _models(llama_file, LlamaForCausalLM)
     g = torch.Generator().manual_seed(0)
@@ -78,7 +78,7 @@ def test_every_layer_equals_the_dequantized_model(llama_file):
 
 @torch.no_grad()
 def test_a_tied_head_multiplies_by_the_quantized_embedding(tmp_path):
-    from tallow_llama.model import Qwen2ForCausalLM
+    from tallow_model_llama.model import Qwen2ForCausalLM
 
     layers = [{"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K",
                "ffn_gate": "Q6_K", "ffn_up": "Q6_K", "ffn_down": "Q5_K"}]
@@ -110,7 +110,7 @@ def test_on_a_cpu_a_gguf_file_is_dequantized_unless_asked(llama_file, caplog):
 
 
 def _qweight(qtype: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight:
-    from tallow_gguf.dequant import dequantize_blocks
+    from tallow_format_gguf.dequant import dequantize_blocks
 
     qt = QUANT_TYPES[qtype]
     blocks = torch.from_numpy(random_blocks(qtype, rows, cols // qt.block, seed=seed,

@@ -14,7 +14,7 @@ from quant_engine_runs import engine, greedy
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 pytest.importorskip("tallow_model_qwen_moe", reason="tallow-model-qwen-moe builds the model")
-pytest.importorskip("tallow_gguf", reason="tallow-gguf reads the file")
+pytest.importorskip("tallow_format_gguf", reason="tallow-format-gguf reads the file")
 
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
@@ -85,7 +85,7 @@ def quantized_file(tmp_path_factory):
 
 def test_q4_k_experts_stay_quantized_and_match_the_decoded_float_model(quantized_file):
     from tallow.layers import ArchConfig, BuildContext
-    from tallow_gguf.format import GGUFFormat
+    from tallow_format_gguf.format import GGUFFormat
     from tallow_model_qwen_moe.model import Qwen3MoeForCausalLM
     from tallow_quant_gguf.experts import GGUFMoEMethod
     from tallow_quant_gguf.scheme import GGUFQuantScheme

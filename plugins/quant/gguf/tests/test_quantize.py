@@ -8,6 +8,9 @@
   is asserted too, block by block.
 - Every type: the bytes dequantize through ``gguf.quants.dequantize`` to values close to the
   input.
+
+The authority on the k-quants' bytes is llama.cpp itself (``test_quantize_llama_cpp.py`` runs
+its quantizer on whole models); the transcription here is the fast check.
 """
 
 from __future__ import annotations
@@ -112,6 +115,23 @@ def test_kquants_are_byte_identical_to_the_llama_cpp_reference(qtype: str) -> No
     err_ours = ((dequantize(ours, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2)
     err_ref = ((dequantize(theirs, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2)
     assert np.array_equal(err_ours.sum(axis=1), err_ref.sum(axis=1))
+
+
+def test_the_square_root_is_c_sqrtf() -> None:
+    """Q4_K/Q5_K weight each sub-block by ``sqrtf(sum x² / 32)``; torch's float32 CPU root can
+    be one unit in the last place low (as for this sum, which made a Q4_K block differ from
+    llama.cpp's), so the quantizer takes a correctly rounded one — numpy's float32 root."""
+    from tallow_quant_gguf.quantize_ops import sqrt_f32
+
+    rng = np.random.default_rng(5)
+    values = np.concatenate([
+        np.array([np.float32(1.0088632106781006) / np.float32(32)], dtype=np.float32),
+        (10.0 ** rng.uniform(-30, 30, 100_000)).astype(np.float32),
+        rng.uniform(0, 4, 100_000).astype(np.float32)])
+    ours = sqrt_f32(torch.from_numpy(values)).numpy()
+    assert ours.dtype == np.float32
+    assert np.array_equal(ours, np.sqrt(values))
+    assert ours[0] == np.float32(0.17755838)
 
 
 #: Largest relative RMS error on Gaussian weights (typical values are about half of these).

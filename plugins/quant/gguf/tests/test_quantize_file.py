@@ -1,7 +1,8 @@
 """Quantized GGUF files written by ``tallow_quant_gguf.quantize_file``, checked by their
 readers: the ``gguf`` package (types, shapes, metadata), transformers
 (``from_pretrained(dir, gguf_file=...)``) and tallow itself, on tiny random llama and qwen2
-models saved by transformers; plus llama.cpp's mix rules."""
+models saved by transformers; plus llama.cpp's mix rules, case by case (the authority on types
+and bytes is test_quantize_llama_cpp.py, which runs llama.cpp itself)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from tallow_quant_gguf.quantize_file import quantize_checkpoint
-from tallow_quant_gguf.quantize_mix import (FILE_TYPES, TensorTypes, check_file_type,
+from tallow_quant_gguf.quantize_mix import (FILE_TYPES, LLAMA_FILE_TYPES, ModelTraits,
+                                            check_file_type, layer_of, model_traits,
                                             tensor_type, use_more_bits)
 
 transformers = pytest.importorskip("transformers", reason="transformers is the GGUF oracle")
@@ -24,56 +26,117 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    r
 
 
 # ---------------------------------------------------------------------------------------------
-# Mix rules
+# Mix rules (test_quantize_llama_cpp.py checks them against llama.cpp itself)
 # ---------------------------------------------------------------------------------------------
 def test_q4_k_m_follows_llama_cpp_rules_on_a_24_layer_model() -> None:
     more = [i for i in range(24) if use_more_bits(i, 24)]
     # first and last eighth, then every third layer from the first eighth on
     assert more == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
-    kw = dict(n_layers=24, tied_output=False)
-    assert tensor_type("output.weight", (32000, 4096), "q4_k_m", **kw) == "q6_k"
-    assert tensor_type("token_embd.weight", (32000, 4096), "q4_k_m", **kw) == "q4_k"
-    assert tensor_type("token_embd.weight", (32000, 4096), "q4_k_m", n_layers=24,
-                       tied_output=True) == "q6_k"
-    assert tensor_type("blk.5.attn_v.weight", (1024, 4096), "q4_k_m", **kw) == "q6_k"
-    assert tensor_type("blk.6.attn_v.weight", (1024, 4096), "q4_k_m", **kw) == "q4_k"
-    assert tensor_type("blk.23.ffn_down.weight", (4096, 14336), "q5_k_m", **kw) == "q6_k"
-    assert tensor_type("blk.7.ffn_down.weight", (4096, 14336), "q5_k_m", **kw) == "q5_k"
-    assert tensor_type("blk.7.attn_q.weight", (4096, 4096), "q4_k_m", **kw) == "q4_k"
-    assert tensor_type("blk.7.attn_norm.weight", (4096,), "q4_k_m", **kw) == "f32"
-    assert tensor_type("blk.7.attn_q.bias", (4096,), "q4_k_m", **kw) == "f32"
+    untied = ModelTraits(n_layers=24, tied_output=False)
+    tied = ModelTraits(n_layers=24, tied_output=True)
+    assert tensor_type("output.weight", (32000, 4096), "q4_k_m", untied) == "q6_k"
+    assert tensor_type("token_embd.weight", (32000, 4096), "q4_k_m", untied) == "q4_k"
+    assert tensor_type("token_embd.weight", (32000, 4096), "q4_k_m", tied) == "q6_k"
+    assert tensor_type("blk.5.attn_v.weight", (1024, 4096), "q4_k_m", untied) == "q6_k"
+    assert tensor_type("blk.6.attn_v.weight", (1024, 4096), "q4_k_m", untied) == "q4_k"
+    assert tensor_type("blk.23.ffn_down.weight", (4096, 14336), "q5_k_m", untied) == "q6_k"
+    assert tensor_type("blk.7.ffn_down.weight", (4096, 14336), "q5_k_m", untied) == "q5_k"
+    assert tensor_type("blk.7.attn_q.weight", (4096, 4096), "q4_k_m", untied) == "q4_k"
+    assert tensor_type("blk.7.attn_norm.weight", (4096,), "q4_k_m", untied) is None
+    assert tensor_type("blk.7.attn_q.bias", (4096,), "q4_k_m", untied) is None
+
+
+def test_plain_types_keep_the_output_head_wider_as_llama_quantize_does() -> None:
+    """``--type q4_0`` is llama.cpp's Q4_0 file: the head is Q6_K (Q8_0 when its rows are not
+    whole 256-blocks), a tied embedding with it; everything else Q4_0."""
+    untied = ModelTraits(n_layers=24, tied_output=False)
+    for plain in ("q4_0", "q4_1", "q5_0", "q5_1", "q6_k"):
+        assert tensor_type("output.weight", (151936, 4096), plain, untied) == "q6_k"
+        assert tensor_type("token_embd.weight", (151936, 4096), plain, untied) == plain[:4]
+    assert tensor_type("output.weight", (151936, 4096), "q8_0", untied) == "q8_0"
+    assert tensor_type("token_embd.weight", (151936, 896), "q4_0",
+                       ModelTraits(n_layers=24, tied_output=True)) == "q8_0"
+    assert tensor_type("blk.3.ffn_down.weight", (896, 4864), "q4_0", untied) == "q4_0"
+
+
+def test_the_k_quant_mixes_and_aliases() -> None:
+    m = ModelTraits(n_layers=32, tied_output=False, n_gqa=4)
+    v, down, out = (1024, 4096), (4096, 14336), (4096, 4096)
+    # llama-quantize's aliases: Q4_K is Q4_K_M (file type 15), Q3_K is Q3_K_M, Q5_K is Q5_K_M
+    assert LLAMA_FILE_TYPES["q4_k"] == 15 and LLAMA_FILE_TYPES["q3_k"] == 12
+    assert LLAMA_FILE_TYPES["q5_k"] == 17 and LLAMA_FILE_TYPES["q4_k_s"] == 14
+    assert tensor_type("blk.0.attn_v.weight", v, "q4_k", m) == "q6_k"
+    # Q2_K: attn_v Q4_K with 4+ query heads per KV head (else Q3_K); ffn_down, attn_output Q3_K
+    assert tensor_type("blk.9.attn_v.weight", v, "q2_k", m) == "q4_k"
+    assert tensor_type("blk.9.attn_v.weight", v, "q2_k", ModelTraits(32, False, 2)) == "q3_k"
+    assert tensor_type("blk.9.ffn_down.weight", down, "q2_k", m) == "q3_k"
+    assert tensor_type("blk.9.attn_output.weight", out, "q2_k", m) == "q3_k"
+    assert tensor_type("blk.9.ffn_up.weight", (14336, 4096), "q2_k", m) == "q2_k"
+    # Q3_K_M: attn_v Q5_K for the first 2, ffn_down Q5_K for the first 1/16, else Q4_K
+    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q3_k_m", m) for i in (1, 2)] == \
+        ["q5_k", "q4_k"]
+    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q3_k_m", m) for i in (1, 2)] == \
+        ["q5_k", "q4_k"]
+    assert tensor_type("blk.2.attn_output.weight", out, "q3_k_m", m) == "q4_k"
+    assert tensor_type("blk.2.attn_q.weight", out, "q3_k_s", m) == "q3_k"
+    assert tensor_type("blk.20.ffn_down.weight", down, "q3_k_l", m) == "q5_k"
+    # Q4_K_S: attn_v Q5_K for the first 4, ffn_down Q5_K for the first eighth
+    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q4_k_s", m) for i in (3, 4)] == \
+        ["q5_k", "q4_k"]
+    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q4_k_s", m) for i in (3, 4)] == \
+        ["q5_k", "q4_k"]
+    assert tensor_type("blk.0.ffn_down.weight", down, "q5_k_s", m) == "q5_k"
+    # a 70B-class model: attn_v raised to Q5_K from Q3_K/Q4_K
+    big = ModelTraits(n_layers=80, tied_output=False, n_gqa=8, is_70b=True)
+    assert tensor_type("blk.40.attn_v.weight", v, "q4_k_m", big) == "q5_k"
+    assert tensor_type("blk.40.attn_v.weight", v, "q3_k_s", big) == "q5_k"
+    assert tensor_type("blk.0.attn_v.weight", v, "q4_k_m", big) == "q6_k"
+    assert model_traits({"num_hidden_layers": 80, "num_attention_heads": 64,
+                         "num_key_value_heads": 8}, "gguf:llama", tied_output=False).is_70b
+    assert not model_traits({"num_hidden_layers": 80, "num_attention_heads": 64,
+                             "num_key_value_heads": 64}, "llama", tied_output=False).is_70b
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        model_traits({}, "llama", tied_output=False)
 
 
 def test_q4_k_m_of_the_shipped_qwen_gguf_reproduces_llama_cpp_types_exactly() -> None:
-    """The embedded Qwen2.5-Coder-0.5B GGUF is llama.cpp's Q4_K_M (fallbacks included): the mix
-    rules, asked in its tensor order, give every one of its 291 tensors the type it has."""
+    """The embedded Qwen2.5-Coder-0.5B GGUF is Q4_K_M from an older llama.cpp, which counted
+    the attn_v/ffn_down tensors in name order (blk.0, blk.1, blk.10, ...) where the version
+    tallow follows counts them in layer order: given that count as the index, the rules give
+    every one of its 291 tensors the type it has (fallbacks included)."""
     from gguf import GGUFReader
 
     from tallow.default_model import default_model_path
 
     reader = GGUFReader(default_model_path())
     names = [t.name for t in reader.tensors]
-    plan = TensorTypes("q4_k_m", n_layers=24, tied_output="output.weight" not in names)
-    got = {t.name: plan(t.name, tuple(int(d) for d in reversed(list(t.shape))))
-           for t in reader.tensors}
+    traits = ModelTraits(n_layers=24, tied_output="output.weight" not in names, n_gqa=7)
+    name_order = sorted(range(24), key=str)
+    got = {}
+    for t in reader.tensors:
+        layer = layer_of(t.name)
+        index = None if layer is None else name_order.index(layer)
+        kind = tensor_type(t.name, tuple(int(d) for d in reversed(list(t.shape))), "q4_k_m",
+                           traits, index=index)
+        got[t.name] = kind or "f32"
     want = {t.name: t.tensor_type.name.lower() for t in reader.tensors}
     assert got == want
     assert reader.fields["general.file_type"].contents() == 15  # MOSTLY_Q4_K_M
-    # llama.cpp counted attn_v/ffn_down in file order (blk.0, blk.1, blk.10, ...)
     assert [i for i in range(24) if want[f"blk.{i}.ffn_down.weight"] == "q6_k"] == \
         [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21]
 
 
 def test_rows_that_do_not_fit_the_block_fall_back_as_llama_cpp_does() -> None:
-    kw = dict(n_layers=24, tied_output=True)
+    m = ModelTraits(n_layers=24, tied_output=True)
     # Qwen2.5-0.5B: hidden size 896 is not a multiple of 256
-    assert tensor_type("blk.0.attn_q.weight", (896, 896), "q4_k", **kw) == "q5_0"
-    assert tensor_type("blk.0.attn_q.weight", (896, 896), "q5_k", **kw) == "q5_1"
-    assert tensor_type("blk.0.attn_q.weight", (896, 896), "q6_k", **kw) == "q8_0"
-    assert tensor_type("blk.0.attn_q.weight", (896, 896), "q3_k", **kw) == "q4_0"
-    assert tensor_type("blk.0.ffn_down.weight", (896, 4864), "q4_k", **kw) == "q4_k"
-    assert tensor_type("token_embd.weight", (151936, 896), "q4_k_m", **kw) == "q8_0"
-    assert tensor_type("blk.0.attn_q.weight", (8, 48), "q8_0", **kw) == "f16"
+    assert tensor_type("blk.5.attn_q.weight", (896, 896), "q4_k_m", m) == "q5_0"
+    assert tensor_type("blk.5.attn_q.weight", (896, 896), "q5_k_m", m) == "q5_1"
+    assert tensor_type("blk.5.attn_q.weight", (896, 896), "q6_k", m) == "q8_0"
+    assert tensor_type("blk.5.attn_q.weight", (896, 896), "q3_k_s", m) == "q4_0"
+    assert tensor_type("blk.5.ffn_down.weight", (896, 4864), "q4_k_s", m) == "q4_k"
+    assert tensor_type("token_embd.weight", (151936, 896), "q4_k_m", m) == "q8_0"
+    assert tensor_type("blk.0.attn_q.weight", (8, 48), "q8_0", m) == "f16"
+    assert tensor_type("blk.0.attn_q.weight", (8, 48), "q4_k_m", m) == "f16"
     assert check_file_type("Q4_K_M") == "q4_k_m" and "q5_k_m" in FILE_TYPES
     with pytest.raises(ValueError, match="'q4_k_x'.*q4_k_m"):
         check_file_type("q4_k_x")
@@ -118,10 +181,10 @@ def save_tiny(path: Path, model_type: str) -> Path:
 
 def _checkpoint(source: Path):
     if source.suffix == ".gguf":
-        from tallow_gguf.format import GGUFFormat
+        from tallow_format_gguf.format import GGUFFormat
 
         return GGUFFormat().load(str(source))
-    from tallow_safetensors.format import SafetensorsFormat
+    from tallow_format_safetensors.format import SafetensorsFormat
 
     return SafetensorsFormat().load(str(source))
 
@@ -195,7 +258,9 @@ def test_gguf_source_is_dequantized_requantized_and_keeps_its_metadata(
     with caplog.at_level(logging.WARNING, logger="tallow.quant.gguf"):
         summary = quantize_checkpoint(_checkpoint(first), second, "q4_0", progress=False)
     assert "dequantized and requantized" in caplog.text
-    assert summary["requantized"] == summary["tensors"]["q4_0"] > 0
+    # every Q8_0 matrix is requantized: to Q4_0, the tied embedding (the head) to Q6_K
+    assert summary["requantized"] == summary["tensors"]["q4_0"] + summary["tensors"]["q6_k"]
+    assert summary["tensors"]["q6_k"] == 1 and summary["tensors"]["q4_0"] > 0
     a, b = GGUFReader(first), GGUFReader(second)
     assert {t.name: t.tensor_type.name for t in b.tensors}["blk.0.ffn_up.weight"] == "Q4_0"
     assert b.fields["general.file_type"].contents() == 2
@@ -231,7 +296,7 @@ def test_tallow_quantize_reaches_this_writer_through_a_quant_scheme(tmp_path: Pa
 
     src = save_tiny(tmp_path / "hf", "llama")
     out = tmp_path / "tiny-q5_k_m.gguf"
-    pm = isolated_plugin_manager("tallow_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
+    pm = isolated_plugin_manager("tallow_format_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
                                  builtins=True)
     summary = quantize_model(pm.registries, str(src), str(out), "Q5_K_M", device="cpu",
                              progress=False)

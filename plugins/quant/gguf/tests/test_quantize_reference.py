@@ -7,6 +7,11 @@ statement — one super-block at a time, one weight at a time in every sum, in n
 scalars so that each operation rounds as C's ``float`` does (no fused multiply-add). They are
 slow on purpose: nothing is vectorised that could change an order of operations.
 
+llama.cpp itself is the authority (``test_quantize_llama_cpp.py`` compares ``tallow
+quantize`` with its ``llama_model_quantize`` byte for byte); this transcription stays as the
+fast check of single blocks, and it agrees with llama.cpp's bytes on the blocks where an
+earlier, not correctly rounded square root made the vectorised quantizer differ.
+
 The tests here check the transcription itself against the ``gguf`` package: its bytes
 dequantize (``gguf.quants.dequantize``) to values close to the input, and its search beats a
 naive absolute-maximum quantizer of the same layout, which it exists to do.

@@ -54,8 +54,8 @@ def _engine(model_path: str, keep_quantized: bool):
 
 def test_resident_weights_are_the_size_of_the_file(model_path):
     from tallow.layers import ArchConfig, BuildContext
-    from tallow_gguf.format import GGUFFormat
-    from tallow_llama.model import Qwen2ForCausalLM
+    from tallow_format_gguf.format import GGUFFormat
+    from tallow_model_llama.model import Qwen2ForCausalLM
 
     from tallow_quant_gguf.method import GGUFLinearMethod
     from tallow_quant_gguf.scheme import GGUFQuantScheme

@@ -5,10 +5,11 @@ The parameters, loading and stacking are :class:`tallow.layers.PackedLinearMetho
 placeholder per tensor name of the checkpoint's format (GPTQ: ``qweight``, ``qzeros``,
 ``scales``, ``g_idx``; compressed-tensors: ``weight_packed``, ...) plus ``weight`` for a layer
 kept in floats. When loading ends each shard is unpacked (:mod:`tallow_quant_int4.formats`),
-this rank's rows and columns are cut out and packed into the layout once. Float weights are
-quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load (``rtn``), or held
-until the engine has run the model over calibration text, each layer adding its inputs to a
-Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
+this rank's rows and columns are cut out and packed into the layout once (and, under the
+setting ``kernel: tensor_core``, re-laid once more for :mod:`tallow_quant_int4.tensor_core`).
+Float weights are quantized under ``model.isq`` (:mod:`tallow_quant_int4.isq`): as they load
+(``rtn``), or held until the engine has run the model over calibration text, each layer adding
+its inputs to a Hessian, and then quantized by GPTQ (``gptq``); else they are kept dense. Under the scheme's
 ``sequential`` setting the engine runs every calibration window in one forward pass and each
 layer quantizes as soon as it has seen its inputs, before computing its output, so every later
 layer's Hessian is gathered from the outputs of the quantized layers before it. With
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tallow.kernels import packed_gemm_warm_up
 from tallow.layers import PackedLinearMethod, WeightSlice
 
-from . import ops
+from . import ops, tensor_core
 from .formats import Unpacked, unpack_awq, unpack_compressed, unpack_gptq, unpack_marlin
 from .layout import IntWeight, from_codes
 
@@ -52,6 +54,10 @@ class IntLinearMethod(PackedLinearMethod):
         self.quantized = False
         #: sum of x_f x^T, x_f the float model's input where the quantized one's was x
         self.cross: torch.Tensor | None = None
+        #: under ``kernel: tensor_core``, the parts re-laid for the packed GEMM, and the parts
+        #: list they were made from
+        self._packed: list[Any] = []
+        self._packed_from: list[Any] | None = None
 
     def quantize_float(self, weight: torch.Tensor) -> IntWeight | None:
         from .isq import quantize_rtn
@@ -125,9 +131,27 @@ class IntLinearMethod(PackedLinearMethod):
             self._observe(x, gate)
             if self.scheme.settings.sequential:  # x holds every calibration window
                 self.quantize_held_weights()
+        if self.scheme.policy.tensor_core and tensor_core.applies(x, self.parts):
+            if gate is not None:
+                x = ops.activated(x, gate)
+            lead = x.shape[:-1]
+            y = tensor_core.linear(x.reshape(-1, x.shape[-1]), self.parts,
+                                   self._packed_parts(), bias)
+            return y.view(*lead, y.shape[-1])
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
 
+    def _packed_parts(self) -> list[Any]:
+        """The parts in the packed GEMM's layout, re-laid once per list of parts."""
+        if self._packed_from is not self.parts:
+            self._packed = [tensor_core.to_packed(p) for p in self.parts]
+            self._packed_from = self.parts
+        return self._packed
+
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
+        if self.scheme.policy.tensor_core and self.parts and all(
+                isinstance(p, IntWeight) for p in self.parts):
+            packed_gemm_warm_up(self._packed_parts(), dtype)
+            return
         ops.warm_up(self.parts, dtype, self.scheme.policy, gate=gate)
 
     def type_names(self) -> list[str]:

@@ -45,6 +45,8 @@ class KernelPolicy:
     """How a matmul picks its kernel on a GPU (the scheme's settings)."""
 
     gemv_max_rows: int = DEFAULT_GEMV_ROWS
+    #: the layer methods multiply through :mod:`tallow_quant_int4.tensor_core` instead
+    tensor_core: bool = False
 
     def __post_init__(self) -> None:
         rows = self.gemv_max_rows

@@ -43,7 +43,8 @@ class IntQuantScheme(QuantScheme):
         if isq is not None and isq not in ISQ_TYPES:
             raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
         self.settings = plugin_settings(Int4Settings, config, DISTRIBUTION)
-        self.policy = KernelPolicy(gemv_max_rows=self.settings.gemv_max_rows)
+        self.policy = KernelPolicy(gemv_max_rows=self.settings.gemv_max_rows,
+                                   tensor_core=self.settings.kernel == "tensor_core")
         self.recipe = self.settings.recipe()
         self.layout: CheckpointLayout | None = None
         self.methods: list[Any] = []

@@ -18,6 +18,11 @@ class Int4Settings(BaseModel):
 
     #: the most rows of x that take the CUDA-core kernel on a GPU
     gemv_max_rows: int = Field(DEFAULT_GEMV_ROWS, ge=0, le=MAX_GEMV_ROWS)
+    #: ``tensor_core``: every matmul on a GPU through tallow's packed-weight tensor-core GEMM
+    #: (:mod:`tallow_quant_int4.tensor_core`; the weights re-laid at load, kept beside the
+    #: default layout); ``default``: the CUDA-core kernel for a few rows, a workspace and
+    #: cuBLAS above
+    kernel: Literal["default", "tensor_core"] = "default"
     # -- model.isq: int4 ---------------------------------------------------------------------
     method: Literal["gptq", "rtn"] = "gptq"
     group_size: Literal[32, 64, 128] = 128

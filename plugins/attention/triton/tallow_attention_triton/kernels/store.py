@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from tallow.kernels import allow_next, step_jit, wait_prior

@@ -19,7 +19,6 @@ group over one contiguous run of ``TILE_N``-token tiles of the sequence's contex
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from tallow.kernels import allow_next, step_jit, wait_prior

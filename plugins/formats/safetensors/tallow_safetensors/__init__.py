@@ -1,7 +1,0 @@
-"""tallow-safetensors: Hugging Face model directories (config.json + *.safetensors) for tallow.
-
-Other plugins may reuse :func:`tallow_safetensors.loader.load_directory`. Importing this
-package imports no torch.
-"""
-
-__version__ = "0.1.0"

@@ -1,3 +1,0 @@
-"""tallow-mcp: the tools of MCP servers, offered to the model and run by tallow itself."""
-
-__version__ = "0.1.0"

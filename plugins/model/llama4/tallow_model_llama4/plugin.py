@@ -1,0 +1,19 @@
+"""Registration of the Llama 4 architectures (a lazy target: no torch here)."""
+
+from __future__ import annotations
+
+from tallow.plugin import hookimpl
+
+_MODEL = "tallow_model_llama4.model"
+
+#: HF architecture name -> class in the model module
+ARCHITECTURES: dict[str, str] = {
+    "Llama4ForCausalLM": "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration": "Llama4ForConditionalGeneration",
+}
+
+
+@hookimpl
+def tallow_register_architectures(registry) -> None:
+    for hf_name, cls in ARCHITECTURES.items():
+        registry.register(hf_name, f"{_MODEL}:{cls}")

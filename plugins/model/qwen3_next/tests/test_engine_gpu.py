@@ -1,0 +1,94 @@
+"""Qwen3-Next on a GPU: float32 parity with transformers through the Triton kernels (the
+chunked gated delta rule and its one-token step, the causal conv, gated attention, experts),
+and the engine with CUDA graphs against eager steps (the linear-attention layers' decode
+kernels captured over state slots, padding rows on the dummy slot)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
+
+from tallow import SamplingParams  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity, load_saved, random_hf_model,
+)
+
+from tallow_model_qwen3_next.model import Qwen3NextForCausalLM  # noqa: E402
+
+# head sizes the GPU kernels tile as they do Qwen3-Next's (64 and 128 features)
+CONFIG = dict(hidden_size=128, intermediate_size=192, moe_intermediate_size=64,
+              shared_expert_intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, vocab_size=160, linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=128,
+              linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+              layer_types=["linear_attention", "full_attention", "linear_attention",
+                           "linear_attention"],
+              rms_norm_eps=1e-6, max_position_embeddings=512, bos_token_id=None,
+              eos_token_id=None, pad_token_id=None)
+# past two chunks of the delta rule (64 tokens each)
+PROMPT = [(37 * i + 11) % 160 for i in range(150)]
+
+
+def test_cuda_parity(tmp_path):
+    from tallow_format_safetensors.format import SafetensorsFormat
+
+    hf = random_hf_model(transformers.Qwen3NextConfig(**CONFIG), seed=8)
+    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Qwen3NextForCausalLM,
+                                               SafetensorsFormat().load, **kw),
+                       hf, PROMPT, 32, what="qwen3-next")
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3-next", "qwen3-next-12l"])
+def test_cuda_graphs_equal_eager(shape):
+    """Greedy tokens of batches of 1, 4 and 16 prompts (some past several chunks), with
+    decode steps replayed from CUDA graphs, then run eagerly by the same engine (its graphs
+    set aside: the 12-layer shape holds 41 GB, too much for two engines on one card)."""
+    from tallow.config import config_from_mapping
+    from tallow.engine.llm_engine import LLMEngine
+    from tallow.plugin.testing.engine import replay_own_graph_sizes
+
+    vocab = 512 if shape.startswith("tiny") else 151936
+    g = torch.Generator().manual_seed(0)
+    batches = [[torch.randint(0, vocab, (int(n),), generator=g).tolist()
+                for n in torch.randint(3, 400, (size,), generator=g)] for size in (1, 4, 16)]
+    eng = LLMEngine.from_config(config_from_mapping({
+        "model": {"source": f"random:{shape}", "device": "cuda", "dtype": "bfloat16",
+                  "max_model_len": 1024},
+        "cache": {"num_blocks": 1024},
+        "runner": {"max_cuda_graph_batch": 16}}))
+    runner = eng.core.runner
+    assert runner.graphs is not None, "no CUDA graphs were captured"
+    replay_own_graph_sizes(eng)
+
+    def run() -> list[list[list[int]]]:
+        results = []
+        for batch in batches:
+            ids = []
+            for p in batch:
+                ids.append(eng.next_request_id())
+                eng.add_request(ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16,
+                                                           ignore_eos=True))
+            done = {}
+            while eng.has_unfinished():
+                for out in eng.step():
+                    if out.finished:
+                        done[out.request_id] = list(out.outputs[0].token_ids)
+            results.append([done[i] for i in ids])
+        manager = eng.core.scheduler.block_manager
+        assert manager.num_free_state_slots() == manager.states[0].num_slots
+        return results
+
+    with_graphs = run()
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        eager = run()
+    finally:
+        runner.graphs = graphs
+    for size, a, b in zip((1, 4, 16), with_graphs, eager):
+        assert a == b, f"batch of {size}"

@@ -1,6 +1,0 @@
-"""tallow-olmo2: OLMo 2 (``Olmo2ForCausalLM``) for tallow.
-
-The model code lives in :mod:`tallow_olmo2.model`; importing this package imports no torch.
-"""
-
-__version__ = "0.1.0"
