@@ -99,7 +99,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def llm(checkpoint: tuple[Any, Path]) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-gemma", "tallow-safetensors"],
+    return offline_llm(str(checkpoint[1]),
+                       plugins=["tallow-model-gemma", "tallow-format-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 256},
                                "cache": {"num_blocks": 64, "block_size": 16},
                                "scheduler": {"max_num_batched_tokens": 256}})
@@ -199,7 +200,8 @@ def test_text_only_prompt(checkpoint, llm) -> None:
 def _small_step_llm(path: Path, tokens: int) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(path), plugins=["tallow-model-gemma", "tallow-safetensors"],
+    return offline_llm(str(path),
+                       plugins=["tallow-model-gemma", "tallow-format-safetensors"],
                        config={"model": {"dtype": "float32", "max_model_len": 128},
                                "cache": {"num_blocks": 64, "block_size": 4},
                                "scheduler": {"max_num_batched_tokens": tokens}})
