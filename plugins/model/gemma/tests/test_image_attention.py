@@ -1,6 +1,6 @@
-"""Gemma 3's bidirectional attention inside an image (``tallow_model_gemma.image_attention``) against
-a dense masked softmax built from transformers' rule (causal OR same image, AND the window), and
-its refusals."""
+"""Gemma 3's bidirectional attention inside an image (``tallow_model_gemma.image_attention``)
+against a dense masked softmax built from transformers' rule (causal OR same image, AND the
+window), and its refusals."""
 
 from __future__ import annotations
 
