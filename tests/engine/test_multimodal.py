@@ -59,6 +59,21 @@ def test_positions_past_the_prompt_add_delta_on_every_axis() -> None:
     assert mm.positions_of(6, 8).tolist() == [[4, 5]] * 3
 
 
+def test_chunks_end_outside_images_when_the_model_needs_whole_images() -> None:
+    images = [_prompt_image(b"A" * 32, 20, 30), _prompt_image(b"B" * 32, 60, 4)]
+    whole = MultimodalPrompt(images, torch.zeros(1, 70, dtype=torch.int64), whole_images=True)
+    assert whole.chunk_end(0, 16) == 16  # before the first image
+    assert whole.chunk_end(0, 20) == 20 and whole.chunk_end(0, 50) == 50  # up to an image's end
+    assert whole.chunk_end(0, 30) == 20  # would cut image A: stop where it starts
+    assert whole.chunk_end(16, 48) == 48  # 16..63 holds image B whole (60..63)
+    assert whole.chunk_end(16, 46) == 44  # 16..61 would cut image B: stop at 60
+    assert whole.chunk_end(20, 10) == 0  # image A cannot start in a chunk of 10
+    assert whole.chunk_end(30, 10) == 0  # the rest of A (a prefix-cache hit inside it) neither
+    assert whole.chunk_end(30, 20) == 20
+    plain = MultimodalPrompt(images, torch.zeros(1, 70, dtype=torch.int64))
+    assert plain.chunk_end(0, 30) == 30
+
+
 def _png(mode: str = "RGB") -> bytes:
     from PIL import Image
 

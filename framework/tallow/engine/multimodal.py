@@ -143,6 +143,8 @@ class MultimodalPrompt:
     positions: torch.Tensor
     #: what positions past the prompt add to their index
     delta: int = 0
+    #: each image's tokens must be computed in one step (the model's ``whole_images``)
+    whole_images: bool = False
     _ends: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +159,17 @@ class MultimodalPrompt:
                 break
             out.append(im)
         return out
+
+    def chunk_end(self, start: int, num_tokens: int) -> int:
+        """``num_tokens`` or fewer, so that a chunk of tokens ``start .. start + n - 1`` does
+        not end inside an image when ``whole_images`` (0: the chunk cannot start here)."""
+        if not self.whole_images:
+            return num_tokens
+        end = start + num_tokens
+        for im in self.overlapping(end - 1, end):
+            if im.end > end:
+                return max(0, im.offset - start)
+        return num_tokens
 
     def block_key(self, start: int, end: int) -> bytes:
         """What a prefix-cache block over tokens ``start .. end - 1`` adds to its hash: the
@@ -180,7 +193,7 @@ class PromptImages:
 
     def __init__(self, model: VisionLanguageModel, *, max_images: int | None = None) -> None:
         self.model = model
-        self.token_id = int(model.image_token_id)
+        self.token_id = int(model.placeholder_token_id)
         self.max_images = max_images
 
     def expand(self, token_ids: Sequence[int], images: Sequence[ImageInput]
@@ -206,9 +219,12 @@ class PromptImages:
                 raise AdmissionError(str(exc), field="images") from None
             processed = self.model.process_image(pil)
             out.extend(ids[prev:slot])
-            placed.append(PromptImage(image_digest(pil), PlacedImage(len(out), processed)))
-            out.extend([self.token_id] * processed.num_tokens)
+            tokens, start = self.model.expand_image(processed)
+            placed.append(PromptImage(image_digest(pil),
+                                      PlacedImage(len(out) + start, processed)))
+            out.extend(tokens)
             prev = slot + 1
         out.extend(ids[prev:])
         positions, delta = self.model.prompt_positions(out, [p.placed for p in placed])
-        return out, MultimodalPrompt(placed, positions.to(torch.int64), int(delta))
+        return out, MultimodalPrompt(placed, positions.to(torch.int64), int(delta),
+                                     whole_images=bool(self.model.whole_images))

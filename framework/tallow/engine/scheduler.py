@@ -232,6 +232,8 @@ class Scheduler:
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the KV cache capacity of {bm.capacity_tokens} tokens "
                 f"(max_model_len={self.max_model_len})", field="prompt")
+        if mm is not None and mm.whole_images:
+            self._check_whole_images(mm)
         if params.n > self.max_num_seqs:
             raise AdmissionError(f"n={params.n} completions exceed max_num_seqs="
                                  f"{self.max_num_seqs}, the most sequences run at once",
@@ -359,12 +361,25 @@ class Scheduler:
                 return len(request.seqs)
         return 1
 
+    def _check_whole_images(self, mm: Any) -> None:
+        """Each image of ``mm`` must fit one step (its tokens are computed together)."""
+        step = min(self.max_num_batched_tokens, self.prefill_chunk_size or
+                   self.max_num_batched_tokens)
+        for image in mm.images:
+            if image.processed.num_tokens > step:
+                raise AdmissionError(
+                    f"an image of {image.processed.num_tokens} tokens does not fit one step of "
+                    f"{step} tokens (max_num_batched_tokens / prefill_chunk_size), and this "
+                    "model computes each image in one step", field="images")
+
     def _chunk(self, seq: Sequence, start: int, remaining: int, budget: int) -> int:
         if seq.pooling:  # all of it or nothing
             return remaining if remaining <= budget else 0
         n = min(remaining, budget)
         if self.prefill_chunk_size is not None:
             n = min(n, self.prefill_chunk_size)
+        if seq.mm is not None:  # a model whose images are computed whole: stop before one
+            n = seq.mm.chunk_end(start, n)
         if (seq.params.prompt_logprobs is not None and not seq.prompt_computed
                 and start < seq.num_prompt_logprob_rows):
             # Recomputing after a preemption: stop where already-reported rows end, so the

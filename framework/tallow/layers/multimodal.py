@@ -5,6 +5,9 @@ A model that takes images subclasses :class:`VisionLanguageModel` (beside its
 :class:`~tallow.layers.CausalLM` base) and implements:
 
 * ``image_token_id``: the placeholder token an image's positions carry in the prompt;
+* optionally ``placeholder_token_id`` and ``expand_image``: the token that stands for an image
+  in the prompt before expansion (default: ``image_token_id``) and what it expands to (default:
+  ``num_tokens`` copies of ``image_token_id``; Gemma 3 wraps them in begin/end-of-image tokens);
 * ``process_image(image) -> ProcessedImage``: a PIL image to the tensors its encoder takes and
   the number of placeholder tokens the image expands to (pure host work: the engine runs it
   off the device thread);
@@ -65,10 +68,23 @@ class VisionLanguageModel:
 
     #: rotary position axes per token (3 for M-RoPE); 1: the engine's 1-D positions
     position_axes: int = 1
+    #: an image's tokens attend to each other (Gemma 3): the scheduler computes each image's
+    #: tokens in one step, never ending a prefill chunk inside an image
+    whole_images: bool = False
 
     @property
     def image_token_id(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must define image_token_id")
+
+    @property
+    def placeholder_token_id(self) -> int:
+        """The token that stands for one image in a prompt before expansion."""
+        return self.image_token_id
+
+    def expand_image(self, image: ProcessedImage) -> tuple[list[int], int]:
+        """(the tokens that replace an image's placeholder, the index among them where the
+        image's ``num_tokens`` encoder tokens start)."""
+        return [self.image_token_id] * image.num_tokens, 0
 
     def process_image(self, image: "Image") -> ProcessedImage:
         raise NotImplementedError(f"{type(self).__name__} must implement process_image")

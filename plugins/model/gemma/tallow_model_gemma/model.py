@@ -113,9 +113,10 @@ class GemmaAttention(nn.Module):
         if scalar <= 0:
             raise ValueError(f"model config: 'query_pre_attn_scalar' must be positive, got "
                              f"{scalar}")
-        self.attn = Attention(layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, scale=scalar ** -0.5, sliding_window=sliding_window,
-                              logit_softcap=softcap)
+        # typed as a module: Gemma 3 with images wraps it (tallow_model_gemma.image_attention)
+        self.attn: nn.Module = Attention(
+            layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, head_dim,
+            scale=scalar ** -0.5, sliding_window=sliding_window, logit_softcap=softcap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))

@@ -131,3 +131,58 @@ class TextModelNames:
             if name.startswith(prefix):
                 return self.text.match(own + name[len(prefix):])
         return None
+
+
+_VL = "vision_tower.layers.{i}"
+
+
+def vision_name_map() -> WeightNameMap:
+    """The SigLIP tower and projector of a ``Gemma3ForConditionalGeneration`` checkpoint, from
+    the names below ``vision_tower.`` / ``multi_modal_projector.`` (prefixes already made
+    uniform by :class:`VisionModelNames`)."""
+    enc = "vision_tower.encoder.layers.{i}"
+    return WeightNameMap([
+        WeightRule("vision_tower.embeddings.patch_embedding.weight",
+                   "vision_tower.patch_embedding.weight", transform="flatten_patch_embed"),
+        WeightRule("vision_tower.embeddings.patch_embedding.bias",
+                   "vision_tower.patch_embedding.bias"),
+        WeightRule("vision_tower.embeddings.position_embedding.weight",
+                   "vision_tower.position_embedding"),
+        *(WeightRule(f"{enc}.{part}.{{p}}", f"{_VL}.{part}.{{p}}")
+          for part in ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj",
+                       "self_attn.v_proj", "self_attn.out_proj")),
+        WeightRule(f"{enc}.mlp.{{m}}.{{p}}", f"{_VL}.{{m}}.{{p}}"),
+        WeightRule("vision_tower.post_layernorm.{p}", "vision_tower.post_layernorm.{p}"),
+        WeightRule("multi_modal_projector.mm_input_projection_weight",
+                   "vision_tower.projection"),
+        WeightRule("multi_modal_projector.mm_soft_emb_norm.weight",
+                   "vision_tower.soft_emb_norm.weight"),
+    ])
+
+
+class VisionModelNames(TextModelNames):
+    """A ``Gemma3ForConditionalGeneration`` checkpoint with its vision tower: the text model's
+    names as :class:`TextModelNames` reads them, the tower's and projector's by
+    :func:`vision_name_map`. SigLIP's pooling head (``head.*``), which Gemma 3 does not use, is
+    skipped."""
+
+    #: checkpoint prefix -> the prefix the vision map knows (older and newer layouts)
+    VISION_PREFIXES = (("model.vision_tower.vision_model.", "vision_tower."),
+                       ("vision_tower.vision_model.", "vision_tower."),
+                       ("model.vision_tower.", "vision_tower."),
+                       ("model.multi_modal_projector.", "multi_modal_projector."))
+
+    def __init__(self, text: WeightNameMap) -> None:
+        super().__init__(text)
+        self.vision = vision_name_map()
+
+    def match(self, name: str) -> WeightMatch | None:
+        for prefix, own in self.VISION_PREFIXES:
+            if name.startswith(prefix):
+                name = own + name[len(prefix):]
+                break
+        if name.startswith("vision_tower.head."):
+            return WeightMatch(WeightRule(name), {})  # SigLIP's pooling head: unused
+        if name.startswith(("vision_tower.", "multi_modal_projector.")):
+            return self.vision.match(name)
+        return super().match(name)

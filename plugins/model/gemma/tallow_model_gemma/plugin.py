@@ -10,8 +10,13 @@ _MODEL = "tallow_model_gemma.model"
 ARCHITECTURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Gemma2ForCausalLM": ("Gemma2ForCausalLM", ("gemma2",)),
     "Gemma3ForCausalLM": ("Gemma3ForCausalLM", ("gemma3",)),
-    # the text model inside a multimodal checkpoint; its vision tower is not loaded
-    "Gemma3ForConditionalGeneration": ("Gemma3ForConditionalGeneration", ()),
+}
+
+#: architectures served by another module (name -> "module:class")
+VISION_ARCHITECTURES: dict[str, str] = {
+    # the text model with its SigLIP vision tower: images in, text out
+    "Gemma3ForConditionalGeneration":
+        "tallow_model_gemma.vision_model:Gemma3ForConditionalGeneration",
 }
 
 
@@ -19,3 +24,5 @@ ARCHITECTURES: dict[str, tuple[str, tuple[str, ...]]] = {
 def tallow_register_architectures(registry) -> None:
     for hf_name, (cls, gguf) in ARCHITECTURES.items():
         registry.register(hf_name, f"{_MODEL}:{cls}", gguf=gguf)
+    for hf_name, target in VISION_ARCHITECTURES.items():
+        registry.register(hf_name, target)

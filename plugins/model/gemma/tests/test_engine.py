@@ -89,7 +89,8 @@ def test_engine_greedy_matches_transformers(arch, tmp_path, kit):
 
 def test_multimodal_checkpoint_serves_its_text_model(tmp_path, kit):
     """A Gemma3ForConditionalGeneration checkpoint: the engine builds its text model from
-    ``text_config`` (completed with Gemma 3's defaults) and skips the vision tower."""
+    ``text_config`` (completed with Gemma 3's defaults), and text prompts decode as
+    transformers' (the vision tower is loaded beside it, see test_vision_parity.py)."""
     text = transformers.Gemma3TextConfig(**SMALL)
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=2,
