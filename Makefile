@@ -17,8 +17,11 @@ install:  ## the core and every first-party plugin, editable, with the test, doc
 	$(PYTHON) -m pip install -q -c constraints.txt --no-deps autoawq==0.2.9  # test oracle of tallow-quant-int4 (one pure-torch file)
 	[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)  # Debian's browser for tallow-ui-web's tests (driven by Playwright; no browser download)
 
+# pytest workers (xdist): CI's runner has two cores; PYTEST_WORKERS=0 runs the suite in one process
+PYTEST_WORKERS ?= 2
+
 test: install  ## pytest's "no tests collected" (5) counts as success; the log ends naming the slowest tests
-	$(PYTHON) -m pytest --durations=40 $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --durations=40 $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 serve: install
 	tallow serve
