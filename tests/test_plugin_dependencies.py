@@ -104,7 +104,11 @@ def test_plugin_imports_only_what_it_declares(pyproject: Path) -> None:
     extras = project.get("optional-dependencies", {})
     optional = set().union(*(_names(reqs) for extra, reqs in extras.items() if extra != "test"))
     test_extra = _names(extras.get("test", []))
-    package = next(p for p in pyproject.parent.glob("tallow_*") if p.is_dir())
+    # the package is the one the entry point names (an editable install leaves
+    # tallow_*.egg-info folders beside it)
+    target = project["entry-points"]["tallow"][name]
+    package = pyproject.parent / target.split(":")[0].split(".")[0]
+    assert package.is_dir(), f"{name}: its entry point names {target}, which is not a folder here"
     local = {package.name}
     assert "tallow" in required, f"{name}: the core is not a dependency"
 

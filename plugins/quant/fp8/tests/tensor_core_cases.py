@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_cases import DEVICE, gen, random_weight, randn
+from kernel_cases import gen, random_weight, randn
 from tallow.kernels import dequantize_packed, packed_gemm_config, packed_gemm_tolerance
 from tallow_quant_fp8 import ops
 from tallow_quant_fp8.ops import LayerPlan
