@@ -85,15 +85,15 @@ def test_wheels_install_into_a_fresh_environment_and_serve(tmp_path: Path) -> No
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = str(env_dir / "bin" / "python")
+    site = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                timeout=60, env=_clean_env()).stdout.strip()
     if sys.prefix != sys.base_prefix:
         # run from a virtual environment (CI's): a new environment's system site-packages are
         # the base interpreter's, so the packages installed into this one (pillow, the
         # plugins' libraries) are made visible after the new environment's own — as a plain
         # path, so that this environment's editable installs are not activated there
-        inner = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                     timeout=60, env=_clean_env()).stdout.strip()
         outer = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-        (Path(inner) / "_outer_environment.pth").write_text("\n".join(outer) + "\n")
+        (Path(site) / "_outer_environment.pth").write_text("\n".join(outer) + "\n")
     torch_before = _run(python, "-c", "import torch; print(torch.__version__, torch.__file__)",
                         timeout=300, env=_clean_env()).stdout
     report = tmp_path / "report.json"
@@ -107,8 +107,6 @@ def test_wheels_install_into_a_fresh_environment_and_serve(tmp_path: Path) -> No
                            timeout=300, env=_clean_env())
     ours = [line for line in check.stdout.splitlines() if line.lower().startswith("tallow")]
     assert not ours, "\n".join(ours)
-    site = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                timeout=60, env=_clean_env()).stdout.strip()
     torch_after = _run(python, "-c", "import torch; print(torch.__version__, torch.__file__)",
                        timeout=300, env=_clean_env()).stdout
     assert torch_after == torch_before and site not in torch_after
