@@ -2,13 +2,12 @@
 prompts, chunked prefill beside decodes, decode over long contexts and prefix-cache hits, for
 every shape of flashinfer_cases.SHAPES (head sizes 64, 128, 256, GQA ratios 2 to 8, bf16 and
 fp16, sliding window and softcap, e4m3 and e5m2 caches); CUDA-graph replay against eager runs.
-(The attention-backend conformance suite: test_conformance.py.) Fresh random inputs every run
-(TALLOW_TEST_SEED replays one)."""
+(The attention-backend conformance suite: test_conformance.py.) Random inputs from the test
+seed (tallow.plugin.testing.seeds)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import zlib
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 from flashinfer_cases import SHAPES, backend, needs_gpu
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import CastKVCodec, allocate_layer, paged_attention_ref, store_cast_kv_ref
 from tallow.layers import AttentionLayer, AttentionMetadata, forward_context
 from tallow.plugin.testing.paged_batch import (
@@ -23,7 +23,7 @@ from tallow.plugin.testing.paged_batch import (
 
 pytestmark = needs_gpu
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 
 #: name: (query lengths, context lengths, full blocks every sequence shares with the first)
 CASES = {

@@ -9,13 +9,13 @@ have: cache blocks, key tiles, query tiles, decode splits, sliding windows.
 
 from __future__ import annotations
 
-import os
 import random
 import zlib
 
 import pytest
 import torch
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import CastKVCodec
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
@@ -41,8 +41,8 @@ def backend(num_splits: int | None = None) -> TritonAttentionBackend:
     return be
 
 
-#: fresh inputs every run; set TALLOW_TEST_SEED to replay one (failures print each case's seed)
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+#: the run's seed (tallow.plugin.testing.seeds); failures print each case's seed
+BASE_SEED = base_seed()
 
 
 def seed_of(*parts: object) -> int:
@@ -166,9 +166,13 @@ def test_cache_dtype_differs_from_inputs() -> None:
     for name in ("k", "v"):
         torch.testing.assert_close(case.kv_cache[name], expected_cache[name], rtol=ulp, atol=0,
                                    equal_nan=True)
-    # the kernel reads the bf16 cache, as the reference does: fp32 products, fp32 tolerance
-    torch.testing.assert_close(out[:case.valid_rows], expected_out, atol=1e-2 if ulp else 2e-4,
-                               rtol=1e-2 if ulp else 2e-4)
+    # Attention is checked over the cache the kernel stored, so that a one-ulp difference in a
+    # stored key (which softmax may amplify) is judged by the cache check above alone: the
+    # kernel reads the bf16 cache in fp32, as the reference does, within fp32 tolerance.
+    stored_out = case.reference_output(case.kv_cache)
+    torch.testing.assert_close(out[:case.valid_rows], stored_out, atol=2e-4, rtol=2e-4)
+    if not ulp:
+        torch.testing.assert_close(out[:case.valid_rows], expected_out, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)

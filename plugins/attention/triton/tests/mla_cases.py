@@ -8,13 +8,12 @@ plugins/attention/triton/tests/mla_cases.py`` runs it on the GPU (also at DeepSe
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import pytest
 import torch
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.plugin.testing.mla_step import check_mla_step, random_mla_step
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
@@ -27,8 +26,8 @@ else:
     pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
                 "(test_mla_interpret.py runs this module that way)", allow_module_level=True)
 
-#: fresh inputs every run; set TALLOW_TEST_SEED to replay one
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+#: the run's seed (tallow.plugin.testing.seeds)
+BASE_SEED = base_seed()
 
 
 def seed_of(*parts: object) -> int:

@@ -1,10 +1,9 @@
 """The Triton kernels on a CUDA GPU against the torch reference, at realistic sizes: long and
 mixed contexts, every head size and GQA ratio, windows, softcap, block sizes, and replay of a
-captured CUDA graph. Fresh random inputs every run (set TALLOW_TEST_SEED to replay one)."""
+captured CUDA graph. Random inputs from the test seed (TALLOW_TEST_SEED=random explores others)."""
 
 from __future__ import annotations
 
-import os
 import random
 import zlib
 
@@ -13,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import allocate_layer
 from tallow.layers import AttentionMetadata
 from tallow_attention_triton.backend import TritonAttentionBackend
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 HALF = [torch.bfloat16, torch.float16]
 
 

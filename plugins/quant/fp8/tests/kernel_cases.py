@@ -3,19 +3,18 @@
 Not collected on its own (no ``test_`` prefix): ``test_interpret.py`` runs it in a subprocess
 with ``TRITON_INTERPRET=1`` so the kernels execute on the CPU, and on a CUDA machine
 ``python -m pytest plugins/quant/fp8/tests/kernel_cases.py`` runs it on the GPU (the
-``fp8tests`` item of ``bench/gpu/run_all.sh``). Fresh random inputs every run; set
+``fp8tests`` item of ``bench/gpu/run_all.sh``). Random inputs from the test seed; set
 TALLOW_TEST_SEED to replay one.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import pytest
 import torch
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import interpreting
 from tallow_quant_fp8 import ops, reference
 from tallow_quant_fp8.kernels.gemm import gemm_triton
@@ -34,7 +33,7 @@ else:
                 "triton is imported (test_interpret.py runs this module that way)",
                 allow_module_level=True)
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 #: activation dtypes: the interpreter computes in float32 (numpy has no bfloat16 matmul)
 DTYPES = [torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16]
 

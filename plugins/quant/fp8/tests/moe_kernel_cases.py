@@ -1,4 +1,4 @@
-"""The fp8 fused-MoE kernels against their torch reference, on fresh random inputs.
+"""The fp8 fused-MoE kernels against their torch reference, on random inputs from the test seed.
 
 Not collected on its own (no ``test_`` prefix): ``test_moe_interpret.py`` runs it with
 ``TRITON_INTERPRET=1`` (small hidden sizes, real expert counts, top-k and token counts); on a
@@ -10,13 +10,12 @@ TALLOW_TEST_SEED to replay a run.
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import pytest
 import torch
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import MoEConfig, interpreting
 from tallow_quant_fp8.moe_ops import Fp8Experts, fused_moe_fp8, fused_moe_fp8_ref
 from tallow_quant_fp8.weights import BLOCK, FP8
@@ -30,7 +29,7 @@ else:
                 "triton is imported (test_moe_interpret.py runs this module that way)",
                 allow_module_level=True)
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 GEMV = MoEConfig("gemv", block_m=1, block_n=64 if DEVICE == "cpu" else 8, block_k=128,
                  num_warps=4, num_stages=1)
 # the interpreter's cost is per program: large tiles there

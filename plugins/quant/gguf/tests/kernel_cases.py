@@ -3,14 +3,12 @@
 Not collected on its own (no ``test_`` prefix): ``test_interpret.py`` runs it in a subprocess
 with ``TRITON_INTERPRET=1`` so the kernels execute on the CPU, and on a CUDA machine
 ``python -m pytest plugins/quant/gguf/tests/kernel_cases.py`` runs it on the GPU (the
-``quanttests`` item of ``bench/gpu/run_all.sh`` does). Fresh random blocks every run; set
+``quanttests`` item of ``bench/gpu/run_all.sh`` does). Random blocks from the test seed; set
 TALLOW_TEST_SEED to replay one.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 import torch
 
 from quant_blocks import random_blocks
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import interpreting
 from tallow_quant_gguf import ops
 from tallow_quant_gguf.kernels.dequant import dequantize_triton
@@ -37,7 +36,7 @@ else:
                 "(test_interpret.py runs this module that way)", allow_module_level=True)
 
 TYPES = sorted(QUANT_TYPES)
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 
 
 def seed_of(*parts: object) -> int:
@@ -45,7 +44,7 @@ def seed_of(*parts: object) -> int:
 
 
 def weight(qtype: str, rows: int, cols: int, *parts: object, extremes: bool = False):
-    """(GGML blocks as numpy, the packed weight on DEVICE) with a fresh seed."""
+    """(GGML blocks as numpy, the packed weight on DEVICE) with the case's seed."""
     blocks = random_blocks(qtype, rows, cols // QUANT_TYPES[qtype].block,
                            seed=seed_of(qtype, rows, cols, *parts), extremes=extremes,
                            d_range=(1e-3, 2e-2))

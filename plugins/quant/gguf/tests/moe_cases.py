@@ -4,14 +4,12 @@ shapes: the experts' blocks decoded by the ``gguf`` package (the oracle), then t
 
 Not collected on its own (no ``test_`` prefix): ``test_moe_interpret.py`` runs it in a
 subprocess with ``TRITON_INTERPRET=1`` so the kernels execute on the CPU; on a CUDA machine
-``python -m pytest plugins/quant/gguf/tests/moe_cases.py`` runs it on the GPU. Fresh random
-blocks every run; set TALLOW_TEST_SEED to replay one.
+``python -m pytest plugins/quant/gguf/tests/moe_cases.py`` runs it on the GPU. Random
+blocks from the test seed; set TALLOW_TEST_SEED to replay one.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 import torch
 
 from quant_blocks import random_blocks
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import fused_moe_ref, interpreting
 from tallow.layers import BuildContext, FusedMoE, QuantizedWeight, RouterSpec
 from tallow_quant_gguf.experts import GGUFMoEMethod
@@ -35,7 +34,7 @@ else:
     pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
                 "(test_moe_interpret.py runs this module that way)", allow_module_level=True)
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 #: rows per program and warps small enough for the interpreter to run few programs
 FAST = (32, 1, 1, True)
 

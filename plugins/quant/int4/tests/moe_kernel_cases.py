@@ -1,4 +1,4 @@
-"""The integer fused-MoE kernels against their torch reference, on fresh random inputs.
+"""The integer fused-MoE kernels against their torch reference, on random inputs from the test seed.
 
 Not collected on its own (no ``test_`` prefix): ``test_moe_interpret.py`` runs it with
 ``TRITON_INTERPRET=1`` (small hidden sizes, real expert counts, top-k and token counts); on a
@@ -9,13 +9,12 @@ have NaN scales: a read of one would poison the output. Set TALLOW_TEST_SEED to 
 
 from __future__ import annotations
 
-import os
-import random
 import zlib
 
 import pytest
 import torch
 
+from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import MoEConfig, interpreting
 from tallow_quant_int4.layout import from_codes
 from tallow_quant_int4.moe_ops import IntExperts, StackedInt, fused_moe_int, fused_moe_int_ref
@@ -28,7 +27,7 @@ else:
     pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
                 "(test_moe_interpret.py runs this module that way)", allow_module_level=True)
 
-BASE_SEED = int(os.environ.get("TALLOW_TEST_SEED") or random.SystemRandom().randrange(2**31))
+BASE_SEED = base_seed()
 GEMV = MoEConfig("gemv", block_m=1, block_n=64 if DEVICE == "cpu" else 8, block_k=128,
                  num_warps=4, num_stages=1)
 # the interpreter's cost is per program: large tiles there
