@@ -9,7 +9,7 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_
 	-DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
 	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 
-.PHONY: install test serve bench lint docs dist
+.PHONY: install test serve bench lint format docs dist
 install:  ## the core and every first-party plugin, editable, with the test, docs and default-model extras, at the pins of constraints.txt
 	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
 	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
@@ -32,9 +32,13 @@ bench:
 docs: install  ## the documentation site, into site/ (strict: a stale reference fails)
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
 
-lint:  ## ruff (the rules of [tool.ruff]) and the layer boundaries
+lint:  ## ruff (the rules of [tool.ruff], the layout of ruff format) and the layer boundaries
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q tests/test_boundaries.py
+
+format:  ## lay out every Python file as ruff format writes it
+	$(PYTHON) -m ruff format .
 
 DIST ?= dist
 dist:  ## the wheel and sdist of the core and of every first-party plugin, into $(DIST)/

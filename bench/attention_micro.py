@@ -65,7 +65,7 @@ def paged_batch(query_lens: list[int], context_lens: list[int]):
     slots = []
     start = 0
     for i, nb in enumerate(per_seq):
-        tables[i, :nb] = perm[start:start + nb].to(torch.int32)
+        tables[i, :nb] = perm[start : start + nb].to(torch.int32)
         start += nb
     tables_cpu = tables.cpu()
     for i, (c, q) in enumerate(zip(context_lens, query_lens)):
@@ -76,14 +76,19 @@ def paged_batch(query_lens: list[int], context_lens: list[int]):
     for q in query_lens:
         qsl.append(qsl[-1] + q)
     meta = AttentionMetadata(
-        num_seqs=len(seq_lens), num_tokens=n,
+        num_seqs=len(seq_lens),
+        num_tokens=n,
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-        block_tables=tables, slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=BS,
-        query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_size=BS,
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
     )
-    layer = AttentionLayer(0, HQ, HKV, D, D ** -0.5)
+    layer = AttentionLayer(0, HQ, HKV, D, D**-0.5)
     q = torch.randn(n, HQ, D, dtype=DTYPE, device=dev)
     k = torch.randn(n, HKV, D, dtype=DTYPE, device=dev)
     v = torch.randn(n, HKV, D, dtype=DTYPE, device=dev)
@@ -95,8 +100,15 @@ def random_cache(num_blocks: int, device: torch.device):
     from tallow.kernels.kv_cache import allocate_layer
     from tallow.kernels.kv_cast import AutoKVCodec
 
-    cache = allocate_layer(AutoKVCodec(), num_kv_heads=HKV, head_dim=D, block_size=BS,
-                           num_blocks=num_blocks, model_dtype=DTYPE, device=device)
+    cache = allocate_layer(
+        AutoKVCodec(),
+        num_kv_heads=HKV,
+        head_dim=D,
+        block_size=BS,
+        num_blocks=num_blocks,
+        model_dtype=DTYPE,
+        device=device,
+    )
     for tensor in cache.paged():
         tensor.normal_()
     return cache
@@ -105,9 +117,14 @@ def random_cache(num_blocks: int, device: torch.device):
 def reference(layer, q, cache, meta):
     from tallow.kernels.attention_ref import paged_attention_ref
 
-    return paged_attention_ref(q, cache, query_start_loc=meta.query_start_loc_cpu,
-                               seq_lens=meta.seq_lens_cpu, block_tables=meta.block_tables,
-                               scale=layer.scale)
+    return paged_attention_ref(
+        q,
+        cache,
+        query_start_loc=meta.query_start_loc_cpu,
+        seq_lens=meta.seq_lens_cpu,
+        block_tables=meta.block_tables,
+        scale=layer.scale,
+    )
 
 
 def decode_row(batch: int, context: int, with_reference: bool) -> Row:
@@ -119,11 +136,17 @@ def decode_row(batch: int, context: int, with_reference: bool) -> Row:
     be = TritonAttentionBackend()
     be.forward(layer, q, k, v, cache, meta)  # stores this step's K/V, compiles
     out = torch.empty_like(q)
-    args = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
-                block_tables=meta.block_tables, num_seqs=batch, scale=layer.scale,
-                max_seq_len=meta.max_seq_len)
-    splits = decode_num_splits(batch, HKV, sm_count=ops.device_facts(q.device)[0],
-                               max_seq_len=meta.max_seq_len)
+    args = dict(
+        query_start_loc=meta.query_start_loc,
+        seq_lens=meta.seq_lens,
+        block_tables=meta.block_tables,
+        num_seqs=batch,
+        scale=layer.scale,
+        max_seq_len=meta.max_seq_len,
+    )
+    splits = decode_num_splits(
+        batch, HKV, sm_count=ops.device_facts(q.device)[0], max_seq_len=meta.max_seq_len
+    )
 
     def attend() -> None:
         ops.decode_attention(q, cache, out, **args)
@@ -145,8 +168,17 @@ def decode_row(batch: int, context: int, with_reference: bool) -> Row:
         torch.cuda.synchronize()
         err = float((out.float() - expected.float()).abs().max())
         ref_us = bench(lambda: reference(layer, q, cache, meta), rep=50)
-    return Row(f"decode b={batch} ctx={context}", t, g, step, ref_us, kv_bytes / t / 1e3,
-               flops / t / 1e6, err, splits)
+    return Row(
+        f"decode b={batch} ctx={context}",
+        t,
+        g,
+        step,
+        ref_us,
+        kv_bytes / t / 1e3,
+        flops / t / 1e6,
+        err,
+        splits,
+    )
 
 
 def layers_row(batch: int, context: int, layers: int = 32) -> Row:
@@ -172,8 +204,16 @@ def layers_row(batch: int, context: int, layers: int = 32) -> Row:
     t = bench(graph.replay) / layers
     kv_bytes = 2 * batch * (context + 1) * HKV * D * cache["k"].element_size()
     flops = 4 * batch * HQ * D * (context + 1)
-    return Row(f"graph/layer b={batch} ctx={context}", t, t, t, None, kv_bytes / t / 1e3,
-               flops / t / 1e6, None)
+    return Row(
+        f"graph/layer b={batch} ctx={context}",
+        t,
+        t,
+        t,
+        None,
+        kv_bytes / t / 1e3,
+        flops / t / 1e6,
+        None,
+    )
 
 
 def prefill_row(tokens: int, context: int, with_reference: bool) -> Row:
@@ -184,9 +224,16 @@ def prefill_row(tokens: int, context: int, with_reference: bool) -> Row:
     out = torch.empty_like(q)
 
     def attend() -> None:
-        ops.prefill_attention(q, cache, out, query_start_loc=meta.query_start_loc,
-                              seq_lens=meta.seq_lens, block_tables=meta.block_tables,
-                              num_seqs=1, scale=layer.scale)
+        ops.prefill_attention(
+            q,
+            cache,
+            out,
+            query_start_loc=meta.query_start_loc,
+            seq_lens=meta.seq_lens,
+            block_tables=meta.block_tables,
+            num_seqs=1,
+            scale=layer.scale,
+        )
 
     attend()
     t = bench(attend)
@@ -205,8 +252,9 @@ def prefill_row(tokens: int, context: int, with_reference: bool) -> Row:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the rows to this JSON file")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="skip timing the (slow) torch reference")
+    parser.add_argument(
+        "--no-reference", action="store_true", help="skip timing the (slow) torch reference"
+    )
     parser.add_argument("--quick", action="store_true", help="batch 1/64, contexts 512/4096")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -217,10 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     contexts = (512, 4096) if args.quick else (512, 4096, 32768)
     rows: list[Row] = []
     ref = not args.no_reference
-    print(f"{torch.cuda.get_device_name()}; {HQ} q heads, {HKV} kv heads, D {D}, bf16, "
-          f"block {BS}")
-    header = (f"{'case':28} {'triton µs':>10} {'graph µs':>9} {'step µs':>9} {'splits':>6} "
-              f"{'KV GB/s':>8} {'TFLOP/s':>8} {'torch µs':>10} {'speedup':>8} {'max err':>8}")
+    print(f"{torch.cuda.get_device_name()}; {HQ} q heads, {HKV} kv heads, D {D}, bf16, block {BS}")
+    header = (
+        f"{'case':28} {'triton µs':>10} {'graph µs':>9} {'step µs':>9} {'splits':>6} "
+        f"{'KV GB/s':>8} {'TFLOP/s':>8} {'torch µs':>10} {'speedup':>8} {'max err':>8}"
+    )
     print(header)
     print("-" * len(header))
 
@@ -228,10 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         fmt = lambda x, f: format(x, f) if x is not None else "-"  # noqa: E731
         speed = f"{r.reference_us / r.triton_us:.1f}x" if r.reference_us else "-"
-        print(f"{r.name:28} {r.triton_us:10.1f} {fmt(r.graph_us, '9.1f'):>9} "
-              f"{fmt(r.step_us, '9.1f'):>9} {fmt(r.splits, 'd'):>6} {r.kv_gbps:8.0f} "
-              f"{r.tflops:8.1f} {fmt(r.reference_us, '10.0f'):>10} {speed:>8} "
-              f"{fmt(r.max_abs_err, '8.1e'):>8}", flush=True)
+        print(
+            f"{r.name:28} {r.triton_us:10.1f} {fmt(r.graph_us, '9.1f'):>9} "
+            f"{fmt(r.step_us, '9.1f'):>9} {fmt(r.splits, 'd'):>6} {r.kv_gbps:8.0f} "
+            f"{r.tflops:8.1f} {fmt(r.reference_us, '10.0f'):>10} {speed:>8} "
+            f"{fmt(r.max_abs_err, '8.1e'):>8}",
+            flush=True,
+        )
 
     for b in batches:
         for c in contexts:
@@ -244,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     show(prefill_row(4096, 4096, ref))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": [asdict(r) for r in rows]},
-                      f, indent=2)
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "rows": [asdict(r) for r in rows]},
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -25,10 +25,20 @@ import sys
 import tempfile
 from typing import Any, Iterator
 
-INT_POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
-                "slot_ptr": "*i64"}
-F32_POINTERS = {"part_acc_ptr", "part_ml_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
-                "k_offset_ptr"}
+INT_POINTERS = {
+    "block_tables_ptr": "*i32",
+    "seq_lens_ptr": "*i32",
+    "qsl_ptr": "*i32",
+    "slot_ptr": "*i64",
+}
+F32_POINTERS = {
+    "part_acc_ptr",
+    "part_ml_ptr",
+    "sinks_ptr",
+    "k_scale_ptr",
+    "v_scale_ptr",
+    "k_offset_ptr",
+}
 F16_POINTERS = {"k_scales_ptr", "v_scales_ptr"}
 F32_SCALARS = {"qk_scale", "softcap"}
 CACHE_POINTERS = {"k_cache_ptr", "v_cache_ptr"}
@@ -50,11 +60,14 @@ def build(kernel: Any, spec: dict[str, Any], cache: str) -> Any:
             signature[name] = "constexpr"
             constants[name] = spec[name]
             continue
-        signature[name] = (INT_POINTERS.get(name) or ("*fp32" if name in F32_POINTERS else None)
-                           or ("*fp16" if name in F16_POINTERS else None)
-                           or (cache if name in CACHE_POINTERS else None)
-                           or ("*bf16" if name.endswith("_ptr") else None)
-                           or ("fp32" if name in F32_SCALARS else "i32"))
+        signature[name] = (
+            INT_POINTERS.get(name)
+            or ("*fp32" if name in F32_POINTERS else None)
+            or ("*fp16" if name in F16_POINTERS else None)
+            or (cache if name in CACHE_POINTERS else None)
+            or ("*bf16" if name.endswith("_ptr") else None)
+            or ("fp32" if name in F32_SCALARS else "i32")
+        )
         if name.endswith("_ptr") or (name.startswith("stride_") and name != "stride_bt"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constants, attrs)
@@ -64,13 +77,13 @@ def build(kernel: Any, spec: dict[str, Any], cache: str) -> Any:
 def sass(compiled: Any) -> list[str]:
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([tool, "-sass", f.name], check=True, capture_output=True,
-                              text=True).stdout
+        text = subprocess.run(
+            [tool, "-sass", f.name], check=True, capture_output=True, text=True
+        ).stdout
     lines = []
     for line in text.splitlines():
         match = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
@@ -89,15 +102,36 @@ def variants() -> Iterator[tuple[str, Any, dict[str, Any], str]]:
 
     for cache, nbytes, limit in (("*bf16", 2, 0.0), ("*fp8e4nv", 1, 448.0)):
         for single, fused in ((True, False), (False, True), (False, False)):
-            spec = ops.decode_spec(num_heads=32, group=4, head_dim=128, dtype=torch.bfloat16,
-                                   block_size=16, sliding_window=None, logit_softcap=None,
-                                   mixed=False, single_split=single, fused_store=fused,
-                                   saturate=limit, cache_bytes=nbytes)
-            yield f"decode {cache} single_split={single} fused_store={fused}", \
-                decode_split_kernel, spec, cache
-        spec = ops.prefill_spec(head_dim=128, group=4, dtype=torch.bfloat16, block_size=16,
-                                sliding_window=None, logit_softcap=None, skip_single_query=True,
-                                cache_bytes=nbytes)
+            spec = ops.decode_spec(
+                num_heads=32,
+                group=4,
+                head_dim=128,
+                dtype=torch.bfloat16,
+                block_size=16,
+                sliding_window=None,
+                logit_softcap=None,
+                mixed=False,
+                single_split=single,
+                fused_store=fused,
+                saturate=limit,
+                cache_bytes=nbytes,
+            )
+            yield (
+                f"decode {cache} single_split={single} fused_store={fused}",
+                decode_split_kernel,
+                spec,
+                cache,
+            )
+        spec = ops.prefill_spec(
+            head_dim=128,
+            group=4,
+            dtype=torch.bfloat16,
+            block_size=16,
+            sliding_window=None,
+            logit_softcap=None,
+            skip_single_query=True,
+            cache_bytes=nbytes,
+        )
         yield f"prefill {cache}", prefill_kernel, spec, cache
         spec = ops.store_spec(num_kv_heads=8, head_dim=128, block_size=16, saturate=limit)
         yield f"store {cache}", store_kv_kernel, spec, cache
@@ -118,10 +152,15 @@ def main(argv: list[str]) -> int:
             new = json.load(f)
         for name in old:
             a, b = old[name], new.get(name, [])
-            changed = sum(1 for line in difflib.unified_diff(a, b, lineterm="", n=0)
-                          if line[:1] in "+-" and not line.startswith(("+++", "---")))
-            print(f"{name}: {len(a)} -> {len(b)} instructions, "
-                  + ("identical" if a == b else f"{changed} lines differ"))
+            changed = sum(
+                1
+                for line in difflib.unified_diff(a, b, lineterm="", n=0)
+                if line[:1] in "+-" and not line.startswith(("+++", "---"))
+            )
+            print(
+                f"{name}: {len(a)} -> {len(b)} instructions, "
+                + ("identical" if a == b else f"{changed} lines differ")
+            )
         return 0
     print(__doc__)
     return 2

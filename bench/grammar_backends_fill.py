@@ -23,7 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
-    SCHEMA, _median_ms, _walked_matchers, add_row_arguments, synthetic_info,
+    SCHEMA,
+    _median_ms,
+    _walked_matchers,
+    add_row_arguments,
+    synthetic_info,
 )
 
 #: distribution → the backend class, as "module:Class"
@@ -45,8 +49,9 @@ def installed_backends(info, threads: int) -> Iterator[tuple[str, Any, float]]:
             print(f"{distribution}: not installed")
             continue
         started = time.perf_counter()
-        config = SimpleNamespace(plugins=SimpleNamespace(
-            settings={distribution: {"max_threads": threads}}))
+        config = SimpleNamespace(
+            plugins=SimpleNamespace(settings={distribution: {"max_threads": threads}})
+        )
         backend = cls(info, config)
         yield distribution, backend, time.perf_counter() - started
 
@@ -66,10 +71,13 @@ def main() -> None:
         compiled = backend.compile(spec)
         set_up = built + time.perf_counter() - started
         matchers = _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)
-        fill = _median_ms(lambda: backend.fill_bitmasks(matchers, host, range(args.rows)),
-                          args.repeat)
-        print(f"{distribution}: set-up {set_up:.1f} s, fill of {args.rows} rows on "
-              f"{args.threads[0]} threads {fill:.2f} ms")
+        fill = _median_ms(
+            lambda: backend.fill_bitmasks(matchers, host, range(args.rows)), args.repeat
+        )
+        print(
+            f"{distribution}: set-up {set_up:.1f} s, fill of {args.rows} rows on "
+            f"{args.threads[0]} threads {fill:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def _walked_matchers(backend, compiled, rows: int, max_walk: int, seed: int) -> 
         matcher = backend.matcher(compiled)
         for _ in range(rng.randrange(max_walk + 1)):
             matcher.fill_bitmask(scratch, 0)
-            bits = ((scratch[0].unsqueeze(-1) >> shifts) & 1).flatten()[:info.vocab_size]
+            bits = ((scratch[0].unsqueeze(-1) >> shifts) & 1).flatten()[: info.vocab_size]
             bits[eos] = 0
             allowed = bits.nonzero().flatten()
             if not len(allowed):
@@ -80,8 +80,9 @@ def xgrammar_backend(info, threads: int):
     """An XGrammarBackend for ``info`` whose batched fills run on ``threads`` threads."""
     from tallow_grammar_xgrammar.backend import XGrammarBackend
 
-    config = SimpleNamespace(plugins=SimpleNamespace(
-        settings={"tallow-grammar-xgrammar": {"max_threads": threads}}))
+    config = SimpleNamespace(
+        plugins=SimpleNamespace(settings={"tallow-grammar-xgrammar": {"max_threads": threads}})
+    )
     return XGrammarBackend(info, config)
 
 
@@ -92,9 +93,12 @@ def add_row_arguments(parser: argparse.ArgumentParser, rows: int) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--max-walk", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--tokenizer", default=None,
-                        help="a tokenizer.json directory of VOCAB tokens at most instead of the "
-                             "synthetic vocabulary (say, Qwen's own)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a tokenizer.json directory of VOCAB tokens at most instead of the "
+        "synthetic vocabulary (say, Qwen's own)",
+    )
 
 
 def main() -> None:
@@ -121,17 +125,23 @@ def main() -> None:
         def by_row_list() -> None:  # the clear as the backend did it before: copies the rows
             host[listed] &= backend.json_tokens
 
-        cases = {"fill_bitmasks": lambda: backend.fill_bitmasks(matchers, host, rows),
-                 "xgrammar batched fill":
-                     lambda: batch.batch_fill_next_token_bitmask(inner, host, listed),
-                 "control-character clear, in place": lambda: host.__iand__(backend.json_tokens),
-                 "control-character clear, by a row list": by_row_list}
+        cases = {
+            "fill_bitmasks": lambda: backend.fill_bitmasks(matchers, host, rows),
+            "xgrammar batched fill": lambda: batch.batch_fill_next_token_bitmask(
+                inner, host, listed
+            ),
+            "control-character clear, in place": lambda: host.__iand__(backend.json_tokens),
+            "control-character clear, by a row list": by_row_list,
+        }
         best = {name: float("inf") for name in cases}
         for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
             for name, fn in cases.items():
                 best[name] = min(best[name], _median_ms(fn, args.repeat))
-        print(f"rows {args.rows}, threads {threads}: "
-              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in best.items()))
+        print(
+            f"rows {args.rows}, threads {threads}: "
+            + ", ".join(f"{name} {ms:.2f} ms" for name, ms in best.items())
+        )
+
 
 if __name__ == "__main__":
     main()

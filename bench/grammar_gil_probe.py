@@ -22,7 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
-    SCHEMA, _walked_matchers, synthetic_info, xgrammar_backend,
+    SCHEMA,
+    _walked_matchers,
+    synthetic_info,
+    xgrammar_backend,
 )
 
 ROWS = 187
@@ -78,10 +81,12 @@ def main() -> None:
     cases = {
         "pure-Python loop (holds the GIL)": lambda: sum(range(20000)),
         "time.sleep 5 ms (releases the GIL)": lambda: time.sleep(0.005),
-        f"BatchGrammarMatcher.batch_fill_next_token_bitmask, {ROWS} rows":
-            lambda: batch.batch_fill_next_token_bitmask(inner, host, rows),
-        f"XGrammarBackend.fill_bitmasks, {ROWS} rows":
-            lambda: backend.fill_bitmasks(matchers, host, rows),
+        f"BatchGrammarMatcher.batch_fill_next_token_bitmask, {ROWS} rows": lambda: (
+            batch.batch_fill_next_token_bitmask(inner, host, rows)
+        ),
+        f"XGrammarBackend.fill_bitmasks, {ROWS} rows": lambda: backend.fill_bitmasks(
+            matchers, host, rows
+        ),
         f"GrammarMatcher.accept_token + rollback, {ROWS} each": accept_and_undo,
     }
     for name, work in cases.items():

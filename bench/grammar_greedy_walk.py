@@ -45,7 +45,7 @@ def walk(backend, compiled, rows: int, steps: int, seed: int) -> list[tuple[floa
         backend.fill_bitmasks(live, masks, range(len(live)))
         fills.append((time.perf_counter() - started, len(live)))
         logits = bias + torch.randn(len(live), info.vocab_size, generator=generator)
-        apply_token_bitmask(logits, masks[:len(live)])
+        apply_token_bitmask(logits, masks[: len(live)])
         accepted = backend.accept_tokens(live, logits.argmax(-1).tolist())
         if not all(accepted):
             raise AssertionError("a backend refused a token its own mask allowed")
@@ -67,9 +67,11 @@ def main() -> None:
     for distribution, backend, _ in installed_backends(info, args.threads):
         fills = walk(backend, backend.compile(spec), args.rows, args.steps, args.seed)
         per_row = sorted(1e3 * seconds / rows for seconds, rows in fills)
-        print(f"{distribution}: {len(fills)} steps, fill ms per row per step: median "
-              f"{per_row[len(per_row) // 2]:.3f}, p90 {per_row[int(0.9 * len(per_row))]:.3f}, "
-              f"largest {per_row[-1]:.3f}; all fills {sum(s for s, _ in fills):.2f} s")
+        print(
+            f"{distribution}: {len(fills)} steps, fill ms per row per step: median "
+            f"{per_row[len(per_row) // 2]:.3f}, p90 {per_row[int(0.9 * len(per_row))]:.3f}, "
+            f"largest {per_row[-1]:.3f}; all fills {sum(s for s, _ in fills):.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
-    SCHEMA, _median_ms, _walked_matchers, add_row_arguments, synthetic_info, xgrammar_backend,
+    SCHEMA,
+    _median_ms,
+    _walked_matchers,
+    add_row_arguments,
+    synthetic_info,
+    xgrammar_backend,
 )
 
 
@@ -80,12 +85,17 @@ def main() -> None:
     rounds = _rounds_for(args.rows, args.host_ms)
     for threads in args.threads:
         backend = xgrammar_backend(info, threads)
-        entry = SimpleNamespace(name="xgrammar", distribution="tallow-grammar-xgrammar",
-                                load=lambda: lambda _info, _config: backend)
+        entry = SimpleNamespace(
+            name="xgrammar",
+            distribution="tallow-grammar-xgrammar",
+            load=lambda: lambda _info, _config: backend,
+        )
         structured = StructuredOutputs(entry, lambda: info, config=backend.config)
         compiled = structured.compile(GrammarSpec.json_schema(schema))
-        states = [GrammarState(m) for m in
-                  _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)]
+        states = [
+            GrammarState(m)
+            for m in _walked_matchers(backend, compiled, args.rows, args.max_walk, seed=0)
+        ]
 
         matchers = [s.matcher for s in states]
         host = torch.empty(len(states), info.bitmask_words, dtype=torch.int32)
@@ -102,18 +112,21 @@ def main() -> None:
             _host_work(args.rows, rounds)
             structured.take(job)
 
-        cases = {"host work alone": lambda: _host_work(args.rows, rounds),
-                 "fill alone, on the engine thread": fill_here,
-                 "fill then host work (one thread)": serial,
-                 "host work while the grammar thread fills": overlapped}
+        cases = {
+            "host work alone": lambda: _host_work(args.rows, rounds),
+            "fill alone, on the engine thread": fill_here,
+            "fill then host work (one thread)": serial,
+            "host work while the grammar thread fills": overlapped,
+        }
         best = {name: (float("inf"), float("inf")) for name in cases}
         with torch.inference_mode():
             for _ in range(3):  # rounds interleave the cases, so a busy moment hits them all
                 for name, fn in cases.items():
                     wall, cpu = _median_wall_and_cpu_ms(fn, args.repeat)
                     best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-        print(f"rows {args.rows}, xgrammar threads {threads} (ms per step, wall / engine-thread "
-              "CPU):")
+        print(
+            f"rows {args.rows}, xgrammar threads {threads} (ms per step, wall / engine-thread CPU):"
+        )
         for name, (wall, cpu) in best.items():
             print(f"  {name}: {wall:.2f} / {cpu:.2f}")
 

@@ -22,7 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_fill_micro import (  # noqa: E402
-    SCHEMA, _walked_matchers, add_row_arguments, synthetic_info, xgrammar_backend,
+    SCHEMA,
+    _walked_matchers,
+    add_row_arguments,
+    synthetic_info,
+    xgrammar_backend,
 )
 
 
@@ -44,7 +48,7 @@ def main() -> None:
     eos = set(info.eos_token_ids)
     tokens = []
     for row in range(args.rows):  # an allowed token per row, not EOS
-        bits = ((masks[row].unsqueeze(-1) >> shifts) & 1).flatten()[:info.vocab_size]
+        bits = ((masks[row].unsqueeze(-1) >> shifts) & 1).flatten()[: info.vocab_size]
         allowed = [t for t in bits.nonzero().flatten().tolist() if t not in eos]
         tokens.append(allowed[len(allowed) // 2])
     states = [GrammarState(m) for m in matchers]
@@ -88,7 +92,8 @@ def main() -> None:
         "StructuredOutputs.advance (batched accepts)": timed(lambda: structured.advance(steps)),
         "termination test after the accepts": timed(
             lambda: [s.terminated for s in states],
-            before=lambda: (rollback(), structured.advance(steps))),
+            before=lambda: (rollback(), structured.advance(steps)),
+        ),
         "xgrammar's batch accept alone": native_accepts(),
         "the lists handed to xgrammar": timed(lambda: (handles(), list(tokens))),
     }

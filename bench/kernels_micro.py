@@ -32,41 +32,54 @@ def _cases(n: int, dtype: torch.dtype):
     x = torch.randn(n, HIDDEN, device=dev, dtype=dtype)
     res = torch.randn_like(x)
     w = torch.randn(HIDDEN, device=dev, dtype=dtype)
-    yield ("rms_norm+residual", lambda: rms_norm_triton(x, w, 1e-5, res),
-           lambda: norm.rms_norm_ref(x, w, 1e-5, res))
+    yield (
+        "rms_norm+residual",
+        lambda: rms_norm_triton(x, w, 1e-5, res),
+        lambda: norm.rms_norm_ref(x, w, 1e-5, res),
+    )
 
     gate_up = torch.randn(n, 2 * MLP, device=dev, dtype=dtype)
-    yield ("silu_and_mul", lambda: gated_act_triton(gate_up, "silu"),
-           lambda: activation.silu_and_mul_ref(gate_up))
+    yield (
+        "silu_and_mul",
+        lambda: gated_act_triton(gate_up, "silu"),
+        lambda: activation.silu_and_mul_ref(gate_up),
+    )
 
     qkv = torch.randn(n, (N_Q + 2 * N_KV) * HEAD, device=dev, dtype=dtype)
-    q, k = qkv[:, :N_Q * HEAD], qkv[:, N_Q * HEAD:(N_Q + N_KV) * HEAD]
+    q, k = qkv[:, : N_Q * HEAD], qkv[:, N_Q * HEAD : (N_Q + N_KV) * HEAD]
     pos = torch.randint(0, MAX_POS, (n,), device=dev)
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD, 2, device=dev).float() / HEAD))
     freqs = torch.outer(torch.arange(MAX_POS, device=dev).float(), inv_freq)
     cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-    yield ("rotary (q+k, in place)",
-           lambda: rotary_embedding_triton(pos, q, k, cache, HEAD, True, True),
-           lambda: rotary.rotary_embedding_ref(pos, q, k, cache, HEAD, True, True))
+    yield (
+        "rotary (q+k, in place)",
+        lambda: rotary_embedding_triton(pos, q, k, cache, HEAD, True, True),
+        lambda: rotary.rotary_embedding_ref(pos, q, k, cache, HEAD, True, True),
+    )
 
     logits = torch.randn(n, VOCAB, device=dev)
     inv_t = torch.full((n,), 1.0 / 0.7, device=dev)
     greedy = torch.zeros(n, dtype=torch.bool, device=dev)
     k1 = torch.randint(0, 2**32, (n,), device=dev)
     k2 = torch.randint(0, 2**32, (n,), device=dev)
-    yield ("gumbel sample (vocab 128256)",
-           lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
-           lambda: gumbel.gumbel_argmax_ref(logits, inv_t, greedy, k1, k2))
+    yield (
+        "gumbel sample (vocab 128256)",
+        lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
+        lambda: gumbel.gumbel_argmax_ref(logits, inv_t, greedy, k1, k2),
+    )
     # What a plain torch sampler would do instead: softmax + multinomial.
-    yield ("  vs softmax+multinomial",
-           lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
-           lambda: torch.multinomial(torch.softmax(logits * inv_t[:, None], -1), 1))
+    yield (
+        "  vs softmax+multinomial",
+        lambda: gumbel_argmax_triton(logits, inv_t, greedy, k1, k2),
+        lambda: torch.multinomial(torch.softmax(logits * inv_t[:, None], -1), 1),
+    )
 
 
 @contextlib.contextmanager
 def _torch_sampling():
     """Make the sampler take its torch reference path (as on CPU) for the duration."""
     from tallow.kernels import sampling
+
     saved = sampling.triton_enabled
     sampling.triton_enabled = lambda t: False
     try:
@@ -79,12 +92,21 @@ def _sampler_batch(n: int):
     """A decode step of n rows with penalties and seeds: (logits, batch, build seconds)."""
     from tallow import SamplingParams
     from tallow.engine.sampling import RowParams, SamplingBatch
-    params = SamplingParams(temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2,
-                            presence_penalty=0.1)
+
+    params = SamplingParams(
+        temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1
+    )
     g = torch.Generator().manual_seed(0)
-    rows = [RowParams(params, torch.randint(0, VOCAB, (128,), generator=g).tolist(),
-                      torch.randint(0, VOCAB, (512,), generator=g).tolist(), seed=i, step=128)
-            for i in range(n)]
+    rows = [
+        RowParams(
+            params,
+            torch.randint(0, VOCAB, (128,), generator=g).tolist(),
+            torch.randint(0, VOCAB, (512,), generator=g).tolist(),
+            seed=i,
+            step=128,
+        )
+        for i in range(n)
+    ]
     start = time.perf_counter()
     batch = SamplingBatch.build(rows, VOCAB, "cuda")
     torch.cuda.synchronize()
@@ -113,19 +135,32 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"kernel": name, "tokens": n, "triton_us": t_fast, "torch_us": t_ref})
             print(f"{name:<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}{t_ref / t_fast:>9.2f}x")
         from tallow.engine.sampling import Sampler
+
         logits, batch, build_s = _sampler_batch(n)
         sampler = Sampler()
         t_fast = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3
         with _torch_sampling():
             t_ref = do_bench(lambda: sampler(logits, batch), return_mode="median") * 1e3
-        rows.append({"kernel": "Sampler (penalties, seeded)", "tokens": n, "triton_us": t_fast,
-                     "torch_us": t_ref, "build_us": build_s * 1e6})
-        print(f"{'Sampler (penalties, seeded)':<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}"
-              f"{t_ref / t_fast:>9.2f}x   build {build_s * 1e6:.0f} µs (host)")
+        rows.append(
+            {
+                "kernel": "Sampler (penalties, seeded)",
+                "tokens": n,
+                "triton_us": t_fast,
+                "torch_us": t_ref,
+                "build_us": build_s * 1e6,
+            }
+        )
+        print(
+            f"{'Sampler (penalties, seeded)':<30}{n:>7}{t_fast:>10.1f}{t_ref:>10.1f}"
+            f"{t_ref / t_fast:>9.2f}x   build {build_s * 1e6:.0f} µs (host)"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "rows": rows},
+                f,
+                indent=1,
+            )
     return 0
 
 

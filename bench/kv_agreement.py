@@ -30,8 +30,8 @@ from typing import Any
 
 PROMPTS = [
     "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n",
-    "import json\n\n\ndef load_config(path):\n    \"\"\"Read a JSON config file and",
-    "class LRUCache:\n    \"\"\"A least-recently-used cache of fixed capacity.\"\"\"\n\n"
+    'import json\n\n\ndef load_config(path):\n    """Read a JSON config file and',
+    'class LRUCache:\n    """A least-recently-used cache of fixed capacity."""\n\n'
     "    def __init__(self, capacity: int) -> None:\n",
     "SELECT customers.name, SUM(orders.total) AS spent\nFROM customers\n",
     "The three laws of thermodynamics can be stated simply. The first law says",
@@ -82,8 +82,11 @@ def forced_top1(eng: Any, prompt: list[int], continuation: list[int]) -> list[in
     """The codec's argmax at each position of ``continuation`` fed after ``prompt``."""
     from tallow import SamplingParams
 
-    out = run(eng, [prompt + continuation],
-              SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+    out = run(
+        eng,
+        [prompt + continuation],
+        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+    )[0]
     picks = []
     for i in range(len(continuation)):
         entry = out.prompt_logprobs[len(prompt) + i]
@@ -107,8 +110,10 @@ def reference_run(path: str | None, tokens: int) -> tuple[list[list[int]], list[
         with open(path) as f:
             saved = json.load(f)
         if saved.get("texts") != PROMPTS or saved.get("tokens_per_prompt") != tokens:
-            raise SystemExit(f"{path} holds the reference of other prompts or another token "
-                             f"count (expected {tokens} tokens per prompt)")
+            raise SystemExit(
+                f"{path} holds the reference of other prompts or another token "
+                f"count (expected {tokens} tokens per prompt)"
+            )
         return saved["prompts"], saved["reference"]
     ref = engine("auto", None)
     prompts = [ref.tokenizer.encode(text) for text in PROMPTS]
@@ -116,41 +121,58 @@ def reference_run(path: str | None, tokens: int) -> tuple[list[list[int]], list[
     del ref
     if path:
         with open(path, "w") as f:
-            json.dump({"texts": PROMPTS, "tokens_per_prompt": tokens, "prompts": prompts,
-                       "reference": reference}, f)
+            json.dump(
+                {
+                    "texts": PROMPTS,
+                    "tokens_per_prompt": tokens,
+                    "prompts": prompts,
+                    "reference": reference,
+                },
+                f,
+            )
     return prompts, reference
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--codecs", default="fp8,turbo8,turbo4,turbo3",
-                   help="comma-separated codec names, each optionally NAME@CONFIG.yaml")
+    p.add_argument(
+        "--codecs",
+        default="fp8,turbo8,turbo4,turbo3",
+        help="comma-separated codec names, each optionally NAME@CONFIG.yaml",
+    )
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--output", help="write the results as JSON here")
-    p.add_argument("--reference", help="JSON file of the reference tokens: read if it exists, "
-                   "else written")
+    p.add_argument(
+        "--reference", help="JSON file of the reference tokens: read if it exists, else written"
+    )
     args = p.parse_args(argv)
     started = time.perf_counter()
     prompts, reference = reference_run(args.reference, args.tokens)
-    results: dict[str, Any] = {"tokens_per_prompt": args.tokens, "prompts": len(prompts),
-                               "codecs": {}}
+    results: dict[str, Any] = {
+        "tokens_per_prompt": args.tokens,
+        "prompts": len(prompts),
+        "codecs": {},
+    }
     for label in args.codecs.split(","):
         codec, _, config = label.partition("@")
         llm = engine(codec, config or None)
         own = greedy(llm, prompts, args.tokens)
         forced = [forced_top1(llm, prompt, cont) for prompt, cont in zip(prompts, reference)]
-        agree = sum(a == b for picks, cont in zip(forced, reference)
-                    for a, b in zip(picks, cont))
+        agree = sum(a == b for picks, cont in zip(forced, reference) for a, b in zip(picks, cont))
         divergence = [first_divergence(a, b) for a, b in zip(own, reference)]
         total = len(prompts) * args.tokens
         results["codecs"][label] = {
-            "teacher_forced_agreement": agree, "positions": total,
+            "teacher_forced_agreement": agree,
+            "positions": total,
             "teacher_forced_agreement_rate": agree / total,
             "tokens_before_divergence": divergence,
             "identical_completions": sum(d == args.tokens for d in divergence),
         }
-        print(f"{label}: teacher-forced {agree}/{total} ({agree / total:.1%}); tokens before "
-              f"the first divergence {divergence}", flush=True)
+        print(
+            f"{label}: teacher-forced {agree}/{total} ({agree / total:.1%}); tokens before "
+            f"the first divergence {divergence}",
+            flush=True,
+        )
         del llm
     results["elapsed_s"] = time.perf_counter() - started
     if args.output:

@@ -23,8 +23,10 @@ def load(path: str) -> list[float]:
 
 def row(name: str, nlls: list[float], base: list[float]) -> str:
     if len(nlls) != len(base):
-        raise SystemExit(f"{name}: {len(nlls)} tokens, the baseline has {len(base)}; the runs "
-                         "must score the same text with the same windows")
+        raise SystemExit(
+            f"{name}: {len(nlls)} tokens, the baseline has {len(base)}; the runs "
+            "must score the same text with the same windows"
+        )
     ppl = math.exp(statistics.fmean(nlls))
     diffs = [a - b for a, b in zip(nlls, base)]
     mean = statistics.fmean(diffs)

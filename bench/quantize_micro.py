@@ -39,22 +39,39 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
-    mats = {(r, c): torch.randn(r, c, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
-            for r, c, _ in LAYER}
+    mats = {
+        (r, c): torch.randn(r, c, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
+        for r, c, _ in LAYER
+    }
     results = {}
     for qtype in args.types.split(","):
         quantize(mats[(1024, 4096)][:64], qtype)  # first-use costs
-        per_shape = {f"{r}x{c}": seconds(lambda m=mats[(r, c)]: quantize(m, qtype), device)
-                     for r, c, _ in LAYER}
+        per_shape = {
+            f"{r}x{c}": seconds(lambda m=mats[(r, c)]: quantize(m, qtype), device)
+            for r, c, _ in LAYER
+        }
         layer = sum(per_shape[f"{r}x{c}"] * n for r, c, n in LAYER)
-        results[qtype] = {"per_shape_s": per_shape, "layer_s": layer, "model_32_layers_s":
-                          32 * layer}
-        print(f"{qtype:6} layer {layer:7.3f} s   32 layers {32 * layer:8.1f} s   " +
-              "  ".join(f"{k} {v:.3f}s" for k, v in per_shape.items()), flush=True)
+        results[qtype] = {
+            "per_shape_s": per_shape,
+            "layer_s": layer,
+            "model_32_layers_s": 32 * layer,
+        }
+        print(
+            f"{qtype:6} layer {layer:7.3f} s   32 layers {32 * layer:8.1f} s   "
+            + "  ".join(f"{k} {v:.3f}s" for k, v in per_shape.items()),
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "name": torch.cuda.get_device_name(device)
-                       if device.type == "cuda" else "cpu", "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "device": str(device),
+                    "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

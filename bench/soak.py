@@ -49,24 +49,39 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parents[1]
 SDK_SERVER = ROOT / "plugins" / "mcp" / "client" / "tests" / "sdk_server.py"
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12},
-    "count": {"type": "integer"},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
-    "required": ["name", "count"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
 #: the whole text of a tool call, one token each of the soak's tokenizer: a tool-loop request
 #: biases them (``logit_bias``), so the random-weight model writes real calls
 CALLS = {
     "echo": '<tool_call>\n{"name": "echo", "arguments": {"text": "soak"}}\n</tool_call>',
-    "sleep": '<tool_call>\n{"name": "sleep", "arguments": {"seconds": 0.3}}\n</tool_call>'}
+    "sleep": '<tool_call>\n{"name": "sleep", "arguments": {"seconds": 0.3}}\n</tool_call>',
+}
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t.function.name }}"
     "{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
     "{% for c in m.tool_calls or [] %} call {{ c.function.name }}{% endfor %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-KINDS = ("completion", "completion_stream", "chat", "chat_stream", "schema", "schema_stream",
-         "tools", "tools_stream")
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+KINDS = (
+    "completion",
+    "completion_stream",
+    "chat",
+    "chat_stream",
+    "schema",
+    "schema_stream",
+    "tools",
+    "tools_stream",
+)
 #: slack for the descriptor and thread checks (a keep-alive socket, a pool thread started late)
 FD_SLACK = 8
 THREAD_SLACK = 4
@@ -88,8 +103,13 @@ class Snapshot:
         proc = psutil.Process(pid)
         kids = proc.children(recursive=True)
         names = [" ".join(k.cmdline()[1:3]) for k in kids if k.is_running()]
-        return cls(rss=proc.memory_info().rss, fds=proc.num_fds(), threads=proc.num_threads(),
-                   grammar_workers=sum("grammar_worker" in n for n in names), children=names)
+        return cls(
+            rss=proc.memory_info().rss,
+            fds=proc.num_fds(),
+            threads=proc.num_threads(),
+            grammar_workers=sum("grammar_worker" in n for n in names),
+            children=names,
+        )
 
 
 @dataclass
@@ -112,15 +132,20 @@ class Report:
         return bool(self.checks) and all(self.checks.values()) and not self.errors
 
     def text(self) -> str:
-        lines = [f"soak: {self.model}, {self.duration_s:.0f} s at concurrency {self.concurrency}",
-                 f"requests: {sum(self.counts.values())} "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
-                 "statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items())),
-                 f"client disconnects: {self.disconnects}; server tool calls answered: "
-                 f"{self.tool_calls_run}",
-                 f"start (after warm-up): {self.start}", f"end: {self.end}"]
-        lines += [f"  {'ok  ' if ok else 'FAIL'} {name}: {self.details.get(name, '')}"
-                  for name, ok in self.checks.items()]
+        lines = [
+            f"soak: {self.model}, {self.duration_s:.0f} s at concurrency {self.concurrency}",
+            f"requests: {sum(self.counts.values())} "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
+            "statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items())),
+            f"client disconnects: {self.disconnects}; server tool calls answered: "
+            f"{self.tool_calls_run}",
+            f"start (after warm-up): {self.start}",
+            f"end: {self.end}",
+        ]
+        lines += [
+            f"  {'ok  ' if ok else 'FAIL'} {name}: {self.details.get(name, '')}"
+            for name, ok in self.checks.items()
+        ]
         lines += [f"  error: {e}" for e in self.errors[:20]]
         lines.append("PASS" if self.passed else "FAIL")
         return "\n".join(lines)
@@ -144,8 +169,9 @@ def write_tokenizer(path: Path, vocab_size: int = 512) -> dict[str, int]:
     tok.add_tokens(calls)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|im_end|>", "bos_token": None, "chat_template": CHAT_TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "bos_token": None, "chat_template": CHAT_TEMPLATE})
+    )
     return {name: tok.token_to_id(text) for name, text in CALLS.items()}
 
 
@@ -168,25 +194,40 @@ def _metrics(text: str) -> dict[str, float]:
 class Traffic:
     """One client loop drawing requests at random until the deadline."""
 
-    def __init__(self, url: str, model: str, report: Report, rng: random.Random,
-                 tools: bool, call_ids: dict[str, int]) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        report: Report,
+        rng: random.Random,
+        tools: bool,
+        call_ids: dict[str, int],
+    ) -> None:
         self.url, self.model, self.report, self.rng = url, model, report, rng
         self.call_ids = call_ids
         self.kinds = KINDS if tools else tuple(k for k in KINDS if not k.startswith("tools"))
 
     def _body(self, kind: str) -> tuple[str, dict[str, Any]]:
         rng = self.rng
-        words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "soak", "tallow"])
-                         for _ in range(rng.randint(2, 40)))
+        words = " ".join(
+            rng.choice(["alpha", "beta", "gamma", "delta", "soak", "tallow"])
+            for _ in range(rng.randint(2, 40))
+        )
         stream = kind.endswith("_stream")
-        base: dict[str, Any] = {"model": self.model, "max_tokens": rng.randint(4, 48),
-                                "temperature": rng.choice([0.0, 0.8]), "stream": stream}
+        base: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": rng.randint(4, 48),
+            "temperature": rng.choice([0.0, 0.8]),
+            "stream": stream,
+        }
         if kind.startswith("completion"):
             return "/v1/completions", {**base, "prompt": words}
         body = {**base, "messages": [{"role": "user", "content": words}]}
         if kind.startswith("schema"):
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "soak", "schema": SCHEMA}}
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "soak", "schema": SCHEMA},
+            }
             body["max_tokens"] = 96
         elif kind.startswith("tools"):
             # the model writes one of the calls (most rounds), then whatever it draws
@@ -215,10 +256,12 @@ class Traffic:
         for choice in payload.get("choices", []):
             part = choice.get("message") or choice.get("delta") or {}
             self.report.tool_calls_run += sum(
-                1 for entry in part.get("server_tool_calls") or [] if "result" in entry)
+                1 for entry in part.get("server_tool_calls") or [] if "result" in entry
+            )
 
-    async def _whole(self, client: httpx.AsyncClient, path: str, body: dict[str, Any],
-                     leave: bool) -> None:
+    async def _whole(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], leave: bool
+    ) -> None:
         if leave:  # a timeout shorter than the generation: the client goes away mid-request
             try:
                 resp = await client.post(path, json=body, timeout=self.rng.uniform(0.02, 0.3))
@@ -231,8 +274,9 @@ class Traffic:
         if resp.status_code == 200:
             self._tool_calls(resp.json())
 
-    async def _stream(self, client: httpx.AsyncClient, path: str, body: dict[str, Any],
-                      leave: bool) -> None:
+    async def _stream(
+        self, client: httpx.AsyncClient, path: str, body: dict[str, Any], leave: bool
+    ) -> None:
         stop_after = self.rng.randint(1, 6) if leave else None
         async with client.stream("POST", path, json=body) as resp:
             self._status(resp.status_code)
@@ -263,15 +307,47 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "serve.log"
-        args = [sys.executable, "-m", "tallow", "serve", "--model", model, "--dtype", "float32",
-                "--device", "cpu", "--max-model-len", str(max_model_len),
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--tokenizer", str(workdir / "tokenizer")]
+        args = [
+            sys.executable,
+            "-m",
+            "tallow",
+            "serve",
+            "--model",
+            model,
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            str(max_model_len),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--tokenizer",
+            str(workdir / "tokenizer"),
+        ]
         if tools:
             config = workdir / "tallow.yaml"
-            config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
-                "sdk": {"command": sys.executable, "args": [str(SDK_SERVER), "stdio"],
-                        "allow": sorted(CALLS)}}}}}}))
+            config.write_text(
+                json.dumps(
+                    {
+                        "plugins": {
+                            "settings": {
+                                "tallow-mcp-client": {
+                                    "servers": {
+                                        "sdk": {
+                                            "command": sys.executable,
+                                            "args": [str(SDK_SERVER), "stdio"],
+                                            "allow": sorted(CALLS),
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                )
+            )
             args += ["--config", str(config), "--tool-parser", "hermes"]
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
@@ -282,16 +358,19 @@ class Server:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tallow serve exited with {self.proc.returncode}:\n"
-                                   + self.log_path.read_text()[-3000:])
+                raise RuntimeError(
+                    f"tallow serve exited with {self.proc.returncode}:\n"
+                    + self.log_path.read_text()[-3000:]
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("tallow serve was not ready in time:\n"
-                                   + self.log_path.read_text()[-3000:])
+                raise RuntimeError(
+                    "tallow serve was not ready in time:\n" + self.log_path.read_text()[-3000:]
+                )
             time.sleep(0.5)
 
     def stop(self) -> int | None:
@@ -311,16 +390,20 @@ class Server:
 def _idle_state(url: str, tools: bool) -> dict[str, Any]:
     metrics = _metrics(httpx.get(url + "/metrics", timeout=10).text)
     health = httpx.get(url + "/health", timeout=10).json()
-    state = {"running": metrics.get("tallow_num_requests_running"),
-             "waiting": metrics.get("tallow_num_requests_waiting"),
-             "free_blocks": metrics.get("tallow_kv_cache_free_blocks"),
-             "total_blocks": metrics.get("tallow_kv_cache_total_blocks"),
-             "server_inflight": health.get("server_inflight")}
+    state = {
+        "running": metrics.get("tallow_num_requests_running"),
+        "waiting": metrics.get("tallow_num_requests_waiting"),
+        "free_blocks": metrics.get("tallow_kv_cache_free_blocks"),
+        "total_blocks": metrics.get("tallow_kv_cache_total_blocks"),
+        "server_inflight": health.get("server_inflight"),
+    }
     if tools:
         listing = httpx.get(url + "/v1/tools", timeout=10).json()
         state["mcp_calls_in_flight"] = sum(
-            source.get("calls_in_flight", 0) for provider in listing.get("providers", [])
-            for source in provider.get("status", {}).get("sources", []))
+            source.get("calls_in_flight", 0)
+            for provider in listing.get("providers", [])
+            for source in provider.get("status", {}).get("sources", [])
+        )
     return state
 
 
@@ -329,28 +412,47 @@ def _wait_idle(url: str, tools: bool, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         state = _idle_state(url, tools)
-        idle = (state["running"] == 0 and state["waiting"] == 0 and state["server_inflight"] == 0
-                and state["free_blocks"] == state["total_blocks"]
-                and not state.get("mcp_calls_in_flight"))
+        idle = (
+            state["running"] == 0
+            and state["waiting"] == 0
+            and state["server_inflight"] == 0
+            and state["free_blocks"] == state["total_blocks"]
+            and not state.get("mcp_calls_in_flight")
+        )
         if idle or time.monotonic() > deadline:
             return state
         time.sleep(0.2)
 
 
-async def _drive(url: str, model: str, report: Report, seconds: float, concurrency: int,
-                 seed: int, tools: bool, call_ids: dict[str, int]) -> None:
+async def _drive(
+    url: str,
+    model: str,
+    report: Report,
+    seconds: float,
+    concurrency: int,
+    seed: int,
+    tools: bool,
+    call_ids: dict[str, int],
+) -> None:
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-        loops = [Traffic(url, model, report, random.Random(seed * 1000 + i), tools,
-                         call_ids)
-                 for i in range(concurrency)]
+        loops = [
+            Traffic(url, model, report, random.Random(seed * 1000 + i), tools, call_ids)
+            for i in range(concurrency)
+        ]
         await asyncio.gather(*(loop.run(client, deadline) for loop in loops))
 
 
-def run_soak(duration: float, concurrency: int = 4, model: str = "random:tiny-llama",
-             max_model_len: int = 512, seed: int = 0, tools: bool = True,
-             warmup: float | None = None) -> Report:
+def run_soak(
+    duration: float,
+    concurrency: int = 4,
+    model: str = "random:tiny-llama",
+    max_model_len: int = 512,
+    seed: int = 0,
+    tools: bool = True,
+    warmup: float | None = None,
+) -> Report:
     """Run the soak for ``duration`` seconds of traffic (warm-up included); the report's
     ``passed`` says whether every check held."""
     warm = warmup if warmup is not None else min(60.0, duration / 10)
@@ -366,13 +468,24 @@ def run_soak(duration: float, concurrency: int = 4, model: str = "random:tiny-ll
                     if time.monotonic() > limit:
                         raise RuntimeError("the MCP server did not come up")
                     time.sleep(0.2)
-            asyncio.run(_drive(server.url, model, report, warm, concurrency, seed, tools,
-                               server.call_ids))
+            asyncio.run(
+                _drive(server.url, model, report, warm, concurrency, seed, tools, server.call_ids)
+            )
             _wait_idle(server.url, tools)
             time.sleep(1.0)
             first = Snapshot.of(server.proc.pid)
-            asyncio.run(_drive(server.url, model, report, duration - warm, concurrency,
-                               seed + 1, tools, server.call_ids))
+            asyncio.run(
+                _drive(
+                    server.url,
+                    model,
+                    report,
+                    duration - warm,
+                    concurrency,
+                    seed + 1,
+                    tools,
+                    server.call_ids,
+                )
+            )
             idle = _wait_idle(server.url, tools)
             time.sleep(1.0)
             last = Snapshot.of(server.proc.pid)
@@ -381,31 +494,45 @@ def run_soak(duration: float, concurrency: int = 4, model: str = "random:tiny-ll
             code = server.stop()
             report.details["exit_code"] = code
             if code != 0:
-                report.errors.append(f"tallow serve exited with {code}: "
-                                     + server.log_path.read_text()[-1500:])
+                report.errors.append(
+                    f"tallow serve exited with {code}: " + server.log_path.read_text()[-1500:]
+                )
     return report
 
 
-def _check(report: Report, idle: dict[str, Any], first: Snapshot, last: Snapshot,
-           tools: bool) -> None:
+def _check(
+    report: Report, idle: dict[str, Any], first: Snapshot, last: Snapshot, tools: bool
+) -> None:
     mb = 1 << 20
-    report.start = {"rss_mb": round(first.rss / mb, 1), "fds": first.fds,
-                    "threads": first.threads, "children": first.children}
-    report.end = {"rss_mb": round(last.rss / mb, 1), "fds": last.fds, "threads": last.threads,
-                  "children": last.children, **idle}
+    report.start = {
+        "rss_mb": round(first.rss / mb, 1),
+        "fds": first.fds,
+        "threads": first.threads,
+        "children": first.children,
+    }
+    report.end = {
+        "rss_mb": round(last.rss / mb, 1),
+        "fds": last.fds,
+        "threads": last.threads,
+        "children": last.children,
+        **idle,
+    }
     c, d = report.checks, report.details
     c["no requests running or waiting"] = idle["running"] == 0 and idle["waiting"] == 0
     d["no requests running or waiting"] = f"running {idle['running']}, waiting {idle['waiting']}"
-    c["all KV blocks free"] = (idle["total_blocks"] is not None
-                               and idle["free_blocks"] == idle["total_blocks"])
+    c["all KV blocks free"] = (
+        idle["total_blocks"] is not None and idle["free_blocks"] == idle["total_blocks"]
+    )
     d["all KV blocks free"] = f"{idle['free_blocks']} of {idle['total_blocks']}"
     c["no request in the server"] = idle["server_inflight"] == 0
     d["no request in the server"] = f"server_inflight {idle['server_inflight']}"
     c["no leaked grammar workers or threads"] = (
-        last.grammar_workers <= 1 and last.threads <= first.threads + THREAD_SLACK)
+        last.grammar_workers <= 1 and last.threads <= first.threads + THREAD_SLACK
+    )
     d["no leaked grammar workers or threads"] = (
         f"grammar workers {first.grammar_workers} -> {last.grammar_workers}, "
-        f"threads {first.threads} -> {last.threads}")
+        f"threads {first.threads} -> {last.threads}"
+    )
     if tools:
         c["no MCP call in flight"] = idle.get("mcp_calls_in_flight") == 0
         d["no MCP call in flight"] = f"calls_in_flight {idle.get('mcp_calls_in_flight')}"
@@ -413,23 +540,34 @@ def _check(report: Report, idle: dict[str, Any], first: Snapshot, last: Snapshot
     d["file descriptors back near the start"] = f"{first.fds} -> {last.fds}"
     change = (last.rss - first.rss) / first.rss
     c["RSS within 10 % of the start"] = abs(change) <= RSS_TOLERANCE
-    d["RSS within 10 % of the start"] = (f"{first.rss / mb:.1f} MB -> {last.rss / mb:.1f} MB "
-                                         f"({change:+.1%})")
+    d["RSS within 10 % of the start"] = (
+        f"{first.rss / mb:.1f} MB -> {last.rss / mb:.1f} MB ({change:+.1%})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
-    parser.add_argument("--concurrency", type=int, default=max(2, 2 * (os.cpu_count() or 1)),
-                        help="client loops at once (default: two per CPU core)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=max(2, 2 * (os.cpu_count() or 1)),
+        help="client loops at once (default: two per CPU core)",
+    )
     parser.add_argument("--model", default="random:tiny-llama")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-tools", action="store_true", help="no MCP server, no tool loop")
     parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)
-    report = run_soak(args.duration, args.concurrency, args.model, args.max_model_len,
-                      args.seed, not args.no_tools)
+    report = run_soak(
+        args.duration,
+        args.concurrency,
+        args.model,
+        args.max_model_len,
+        args.seed,
+        not args.no_tools,
+    )
     print(report.text())
     if args.json:
         data = {k: v for k, v in report.__dict__.items()}

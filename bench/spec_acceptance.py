@@ -34,8 +34,9 @@ from tallow_speculator_ngram.workload import code_edit_conversations
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -50,13 +51,19 @@ def measure(llm: LLM, prompts: list[list[int]], k: int, max_tokens: int) -> dict
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     kept = spec.num_accepted_tokens
     seq_steps = tokens - kept  # each sequence step emits one token plus its kept ones
-    return {"k": k, "output_tokens": tokens, "proposals": spec.num_proposals,
-            "proposed_tokens": spec.num_proposed_tokens, "accepted_tokens": kept,
-            "acceptance_rate": spec.acceptance_rate,
-            "mean_accepted_length": spec.mean_accepted_length,
-            "tokens_per_sequence_step": tokens / seq_steps, "engine_steps": core.steps,
-            "elapsed_s": elapsed,
-            "outputs": [o.outputs[0].token_ids for o in outs]}
+    return {
+        "k": k,
+        "output_tokens": tokens,
+        "proposals": spec.num_proposals,
+        "proposed_tokens": spec.num_proposed_tokens,
+        "accepted_tokens": kept,
+        "acceptance_rate": spec.acceptance_rate,
+        "mean_accepted_length": spec.mean_accepted_length,
+        "tokens_per_sequence_step": tokens / seq_steps,
+        "engine_steps": core.steps,
+        "elapsed_s": elapsed,
+        "outputs": [o.outputs[0].token_ids for o in outs],
+    }
 
 
 def main() -> None:
@@ -68,27 +75,39 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     llm = LLM(dtype="float32", device="cpu", max_model_len=2048, num_blocks=1024)
     tok = llm.get_tokenizer()
-    prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True),
-                          add_special_tokens=False) for c in code_edit_conversations()]
+    prompts = [
+        tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+        for c in code_edit_conversations()
+    ]
     results = []
     for k in ks:
         llm.engine.core.steps = 0
         r = measure(llm, prompts, k, args.max_tokens)
-        print(f"k={k}: acceptance {r['acceptance_rate']:.3f}, mean accepted length "
-              f"{r['mean_accepted_length']:.2f}, tokens per sequence step "
-              f"{r['tokens_per_sequence_step']:.2f} ({r['proposals']} proposals, "
-              f"{r['elapsed_s']:.0f} s)", flush=True)
+        print(
+            f"k={k}: acceptance {r['acceptance_rate']:.3f}, mean accepted length "
+            f"{r['mean_accepted_length']:.2f}, tokens per sequence step "
+            f"{r['tokens_per_sequence_step']:.2f} ({r['proposals']} proposals, "
+            f"{r['elapsed_s']:.0f} s)",
+            flush=True,
+        )
         results.append(r)
     # greedy outputs do not depend on k: a check that every run decoded the same text
     same = all(r["outputs"] == results[0]["outputs"] for r in results)
     for r in results:
         del r["outputs"]
-    report = {"date": time.strftime("%Y-%m-%d"), "commit": commit(),
-              "command": "python bench/spec_acceptance.py --ks " + args.ks
-              + f" --max-tokens {args.max_tokens}", "model": "default (Qwen2.5-Coder-0.5B-"
-              "Instruct GGUF), float32, CPU", "machine": platform.machine(),
-              "prompts": len(prompts), "speculator": "ngram (prompt_lookup_max 4, min 2)",
-              "outputs_identical_across_k": same, "results": results}
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(),
+        "command": "python bench/spec_acceptance.py --ks "
+        + args.ks
+        + f" --max-tokens {args.max_tokens}",
+        "model": "default (Qwen2.5-Coder-0.5B-Instruct GGUF), float32, CPU",
+        "machine": platform.machine(),
+        "prompts": len(prompts),
+        "speculator": "ngram (prompt_lookup_max 4, min 2)",
+        "outputs_identical_across_k": same,
+        "results": results,
+    }
     with open(args.output, "w") as f:
         json.dump(report, f, indent=1)
 

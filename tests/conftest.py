@@ -32,5 +32,6 @@ def no_tallow_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def tiny() -> dict:
     """Keywords of a real ``LLM`` that builds in a fraction of a second on a CPU: the few-MB
     ``random:tiny-llama`` model with a small KV cache."""
-    return dict(model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=16,
-                max_model_len=256)
+    return dict(
+        model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=16, max_model_len=256
+    )

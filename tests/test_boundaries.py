@@ -26,8 +26,11 @@ def public_names(package: str) -> set[str]:
     torch)."""
     init = ROOT / "framework" / "tallow" / package / "__init__.py"
     for node in ast.parse(init.read_text(encoding="utf-8")).body:
-        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "__all__"):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "__all__"
+        ):
             return set(ast.literal_eval(node.value))
     raise AssertionError(f"tallow.{package} has no __all__")
 
@@ -68,15 +71,21 @@ def violations(source: str, filename: str = "<string>") -> list[str]:
                     found.append(f"{where}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "tallow":
-                found += [f"{where}: from tallow import {a.name}" for a in node.names
-                          if a.name not in PUBLIC_TOP_LEVEL]
+                found += [
+                    f"{where}: from tallow import {a.name}"
+                    for a in node.names
+                    if a.name not in PUBLIC_TOP_LEVEL
+                ]
             elif not _allowed(node.module):
                 found.append(f"{where}: from {node.module} import ...")
             elif node.module.startswith("tallow."):
                 package = node.module.split(".")[1]
                 if node.module == f"tallow.{package}":
-                    found += [f"{where}: from {node.module} import {a.name} (not in its __all__)"
-                              for a in node.names if a.name not in EXPORTS[package]]
+                    found += [
+                        f"{where}: from {node.module} import {a.name} (not in its __all__)"
+                        for a in node.names
+                        if a.name not in EXPORTS[package]
+                    ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             names_module = TARGET.match(node.value) or node.value in dynamic
             if names_module and not _allowed(node.value.partition(":")[0]):
@@ -85,19 +94,24 @@ def violations(source: str, filename: str = "<string>") -> list[str]:
 
 
 def plugin_sources() -> list[Path]:
-    return sorted(p for p in ROOT.glob("plugins/**/*.py")
-                  if "tests" not in p.relative_to(ROOT).parts and "build" not in p.parts)
+    return sorted(
+        p
+        for p in ROOT.glob("plugins/**/*.py")
+        if "tests" not in p.relative_to(ROOT).parts and "build" not in p.parts
+    )
 
 
 def test_plugins_use_only_the_public_surface() -> None:
-    found = [v for path in plugin_sources()
-             for v in violations(path.read_text(encoding="utf-8"),
-                                 str(path.relative_to(ROOT)))]
+    found = [
+        v
+        for path in plugin_sources()
+        for v in violations(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    ]
     assert not found, "plugins reach tallow internals:\n" + "\n".join(found)
 
 
 def test_the_checker_catches_each_kind_of_reach() -> None:
-    bad = '''
+    bad = """
 import tallow.engine.scheduler
 import tallow
 from tallow.server import app
@@ -114,16 +128,18 @@ from tallow.plugin import hookimpl, make_config
 def register(registry):
     registry.register("x", "tallow.engine.sampling:Sampler")
     registry.register("y", "tallow.kernels.kv_cast:CastKVCodec")
-'''
+"""
     found = violations(bad)
     assert len(found) == 13, found
     assert {f.split(": ", 1)[1] for f in found} >= {
-        "import tallow.kernels.attention_ref", "from tallow.kernels.pdl import ...",
+        "import tallow.kernels.attention_ref",
+        "from tallow.kernels.pdl import ...",
         "from tallow.kernels import kv_cache (not in its __all__)",
         "from tallow.layers import NotExported (not in its __all__)",
         "from tallow.plugin import make_config (not in its __all__)",
-        "reference 'tallow.kernels.kv_cast:CastKVCodec'"}
-    good = '''
+        "reference 'tallow.kernels.kv_cast:CastKVCodec'",
+    }
+    good = """
 from tallow.plugin import hookimpl, AttentionBackend
 from tallow.plugin.testing import make_config
 from tallow.layers import Attention
@@ -136,7 +152,7 @@ import torch
 def register(registry):
     registry.register("x", "tallow.layers.torch_attention:TorchAttentionBackend")
     registry.register("y", "tallow_mine.module:Thing")
-'''
+"""
     assert violations(good) == []
 
 
@@ -146,12 +162,15 @@ def test_the_kernels_surface_is_documented_and_imports_no_triton() -> None:
     init = ROOT / "framework" / "tallow" / "kernels" / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
     undocumented = sorted(n for n in EXPORTS["kernels"] if f"``{n}" not in doc)
-    assert not undocumented, f"tallow.kernels exports names its docstring does not name: "\
-                             f"{undocumented}"
-    code = ("import sys, tallow.kernels as k; assert 'triton' not in sys.modules, 'triton'; "
-            "[getattr(k, n) for n in k.__all__ if n not in k._LAZY]; "
-            "assert 'triton' not in sys.modules, 'triton after the eager names'; "
-            "import importlib.util as u; "
-            "[getattr(k, n) for n in k.__all__] if u.find_spec('triton') else None")
+    assert not undocumented, (
+        f"tallow.kernels exports names its docstring does not name: {undocumented}"
+    )
+    code = (
+        "import sys, tallow.kernels as k; assert 'triton' not in sys.modules, 'triton'; "
+        "[getattr(k, n) for n in k.__all__ if n not in k._LAZY]; "
+        "assert 'triton' not in sys.modules, 'triton after the eager names'; "
+        "import importlib.util as u; "
+        "[getattr(k, n) for n in k.__all__] if u.find_spec('triton') else None"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

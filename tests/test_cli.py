@@ -25,14 +25,22 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _tallow(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tallow", *args], capture_output=True,
-                          text=True, env=_env(**env), timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tallow", *args],
+        capture_output=True,
+        text=True,
+        env=_env(**env),
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def first_party_distributions() -> list[str]:
     """Names of the plugin distributions under plugins/, read at test time."""
-    return sorted(tomllib.loads(p.read_text())["project"]["name"]
-                  for p in ROOT.glob("plugins/*/*/pyproject.toml"))
+    return sorted(
+        tomllib.loads(p.read_text())["project"]["name"]
+        for p in ROOT.glob("plugins/*/*/pyproject.toml")
+    )
 
 
 def test_help_and_plugin_listing_import_no_torch() -> None:
@@ -51,8 +59,9 @@ def test_help_and_plugin_listing_import_no_torch() -> None:
         heavy = sorted(m for m in ("torch", "triton", "transformers") if m in sys.modules)
         print(heavy)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", "listing plugins imported " + proc.stdout
 
@@ -84,8 +93,7 @@ def test_plugins_list_table() -> None:
 def test_plugins_list_shows_each_kv_codec_with_its_bits() -> None:
     proc = _tallow("plugins", "list", TALLOW_PLUGINS="tallow-kvcache-fp8")
     assert proc.returncode == 0, proc.stderr
-    row = next(line for line in proc.stdout.splitlines()
-               if line.startswith("tallow-kvcache-fp8 "))
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("tallow-kvcache-fp8 "))
     assert "kv_codec: fp8 (8 bits), fp8_e4m3 (8 bits), fp8_e5m2 (8 bits)" in row
 
 
@@ -106,12 +114,14 @@ def test_config_show_yaml_and_json_agree_and_follow_precedence(tmp_path: Path) -
 def test_errors_exit_non_zero_with_the_message() -> None:
     bad = _tallow("config", "show", "--block-size", "12")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert "cache.block_size (from flag --block-size): got '12', expected a power of two" \
-        in bad.stderr
+    assert (
+        "cache.block_size (from flag --block-size): got '12', expected a power of two" in bad.stderr
+    )
     missing = _tallow("plugins", "list", "--require-plugin", "tallow-not-installed>=1")
     assert missing.returncode == 1
-    assert "tallow-not-installed>=1 is required (plugins.require) but not installed" \
-        in missing.stderr
+    assert (
+        "tallow-not-installed>=1 is required (plugins.require) but not installed" in missing.stderr
+    )
     usage = _tallow("plugins")
     assert usage.returncode == 2 and "ACTION" in usage.stderr
 
@@ -123,22 +133,29 @@ def test_version() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == f"tallow {__version__}"
 
 
-def test_external_subcommands_attach_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "tallow_fake_cmd.py").write_text(textwrap.dedent("""
+def test_external_subcommands_attach_lazily(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tallow_fake_cmd.py").write_text(
+        textwrap.dedent("""
         def add_parser(subparsers):
             parser = subparsers.add_parser("fake", help="a fake command")
             parser.add_argument("--answer", type=int, required=True)
             parser.set_defaults(func=lambda args: args.answer)
             return parser
-    """))
+    """)
+    )
     (tmp_path / "tallow_broken_cmd.py").write_text("raise ImportError('needs a GPU stack')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "EXTERNAL_COMMANDS", {
-        "fake": ("tallow_fake_cmd", "a fake command"),
-        "broken": ("tallow_broken_cmd", "a command whose module cannot import"),
-        "absent": ("tallow_no_such_module.cli", "never listed"),
-    })
+    monkeypatch.setattr(
+        cli,
+        "EXTERNAL_COMMANDS",
+        {
+            "fake": ("tallow_fake_cmd", "a fake command"),
+            "broken": ("tallow_broken_cmd", "a command whose module cannot import"),
+            "absent": ("tallow_no_such_module.cli", "never listed"),
+        },
+    )
     monkeypatch.delitem(sys.modules, "tallow_fake_cmd", raising=False)
 
     parser = cli.build_parser(["plugins", "list"])
@@ -152,12 +169,13 @@ def test_external_subcommands_attach_lazily(tmp_path: Path, monkeypatch: pytest.
     assert "the 'broken' command is not available: needs a GPU stack" in capsys.readouterr().err
 
 
-def test_a_damaged_model_file_is_a_one_line_error(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_model_file_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Any command that loads a model (``tallow bench`` does) reports ModelFileError as one
     line naming the file and the field, without a traceback."""
-    (tmp_path / "tallow_loads_cmd.py").write_text(textwrap.dedent("""
+    (tmp_path / "tallow_loads_cmd.py").write_text(
+        textwrap.dedent("""
         from tallow.plugin import ModelFileError
 
         def fail(args):
@@ -167,7 +185,8 @@ def test_a_damaged_model_file_is_a_one_line_error(tmp_path: Path,
             parser = subparsers.add_parser("loads")
             parser.set_defaults(func=fail)
             return parser
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(cli, "EXTERNAL_COMMANDS", {"loads": ("tallow_loads_cmd", "loads")})
     assert cli.main(["loads"]) == 1
@@ -181,8 +200,21 @@ def test_plugins_list_groups_by_kind() -> None:
     headings = [line[:-1] for line in proc.stdout.splitlines() if line.endswith(":")]
     # the core first, then the kinds in their order, each once
     assert headings[0] == "core" and len(headings) == len(set(headings))
-    order = ["core", "model", "format", "quant", "kvcache", "attention", "grammar",
-             "reasoning", "speculator", "tool", "mcp", "ui", "other"]
+    order = [
+        "core",
+        "model",
+        "format",
+        "quant",
+        "kvcache",
+        "attention",
+        "grammar",
+        "reasoning",
+        "speculator",
+        "tool",
+        "mcp",
+        "ui",
+        "other",
+    ]
     assert headings == sorted(headings, key=order.index)
     kind = ""
     for line in proc.stdout.splitlines()[1:]:

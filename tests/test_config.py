@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from tallow.config import (
-    SECTIONS, ConfigError, TallowConfig, add_config_arguments, config_from_mapping, dump_config,
-    env_var_name, load_config, setting_flags,
+    SECTIONS,
+    ConfigError,
+    TallowConfig,
+    add_config_arguments,
+    config_from_mapping,
+    dump_config,
+    env_var_name,
+    load_config,
+    setting_flags,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -30,8 +37,9 @@ def _write(tmp_path: Path, text: str, name: str = "tallow.yaml") -> Path:
 # ---------------------------------------------------------------------------------------------
 def test_precedence_cli_over_env_over_file_over_defaults(tmp_path: Path) -> None:
     defaults = TallowConfig()
-    path = _write(tmp_path, "server:\n  port: 1111\n  host: 127.0.0.2\n"
-                            "scheduler:\n  max_num_seqs: 7\n")
+    path = _write(
+        tmp_path, "server:\n  port: 1111\n  host: 127.0.0.2\nscheduler:\n  max_num_seqs: 7\n"
+    )
     env = {"TALLOW_SERVER__PORT": "2222", "TALLOW_SCHEDULER__MAX_NUM_SEQS": "8"}
     args = _parser().parse_args(["--config", str(path), "--port", "3333"])
 
@@ -77,7 +85,8 @@ def test_env_value_forms() -> None:
         "TALLOW_CACHE__KV_FRACTION": "0.5",
         "TALLOW_LOGGING__LEVEL": "debug",
         # switches, not settings: ignored by the config loader
-        "TALLOW_PLUGINS": "", "TALLOW_TRACE_HOOKS": "1",
+        "TALLOW_PLUGINS": "",
+        "TALLOW_TRACE_HOOKS": "1",
     }
     cfg = load_config(None, env=env)
     assert cfg.plugins.enable == ["tallow-a", "tallow-b"]
@@ -90,8 +99,10 @@ def test_env_value_forms() -> None:
 
 
 def test_boolean_flags_both_ways() -> None:
-    on = load_config(["--disable-cuda-graph", "--no-enable-prefix-caching", "--log-json"],
-                     env={"TALLOW_RUNNER__DISABLE_CUDA_GRAPH": "false"})
+    on = load_config(
+        ["--disable-cuda-graph", "--no-enable-prefix-caching", "--log-json"],
+        env={"TALLOW_RUNNER__DISABLE_CUDA_GRAPH": "false"},
+    )
     assert on.runner.disable_cuda_graph is True
     assert on.cache.enable_prefix_caching is False
     assert on.logging.json is True
@@ -127,9 +138,12 @@ def test_bad_value_names_file_key_value_and_expectation(tmp_path: Path) -> None:
 
 
 def test_every_problem_is_listed_once_each(tmp_path: Path) -> None:
-    path = _write(tmp_path, "bogus: 1\ncache:\n  block_size: 12\n  kv_fraction: 2\n"
-                            "model:\n  device: tpu\n  dtype: float64\n"
-                            "plugins:\n  require: ['tallow-x>=']\n")
+    path = _write(
+        tmp_path,
+        "bogus: 1\ncache:\n  block_size: 12\n  kv_fraction: 2\n"
+        "model:\n  device: tpu\n  dtype: float64\n"
+        "plugins:\n  require: ['tallow-x>=']\n",
+    )
     text = _error(args=["--port", "99999"], env={"TALLOW_SERVER__PROT": "1"}, path=path)
     lines = text.splitlines()[1:]
     assert len(lines) == 8, text
@@ -138,8 +152,7 @@ def test_every_problem_is_listed_once_each(tmp_path: Path) -> None:
         "cache.block_size": "got 12, expected a power of two",
         "cache.kv_fraction": "got 2, expected less than or equal to 1",
         "model.device": "got 'tpu', expected auto, cpu, cuda or cuda:N",
-        "model.dtype": "got 'float64', expected one of 'auto', 'float32', 'bfloat16' or "
-                       "'float16'",
+        "model.dtype": "got 'float64', expected one of 'auto', 'float32', 'bfloat16' or 'float16'",
         "plugins.require": "expected a distribution name with optional version specifiers",
         "server.port": "got '99999', expected less than or equal to 65535",
         "server.prot": "unknown key (did you mean TALLOW_SERVER__PORT?)",
@@ -151,12 +164,15 @@ def test_every_problem_is_listed_once_each(tmp_path: Path) -> None:
 
 
 def test_env_errors_name_the_variable() -> None:
-    text = _error(args=None, env={"TALLOW_SCHEDULR__MAX_NUM_SEQS": "1",
-                                  "TALLOW_SERVER__MAX_QUEUE": "lots"})
+    text = _error(
+        args=None, env={"TALLOW_SCHEDULR__MAX_NUM_SEQS": "1", "TALLOW_SERVER__MAX_QUEUE": "lots"}
+    )
     assert "(from env TALLOW_SCHEDULR__MAX_NUM_SEQS): unknown section 'schedulr'" in text
     assert "did you mean TALLOW_SCHEDULER__MAX_NUM_SEQS?" in text
-    assert "server.max_queue (from env TALLOW_SERVER__MAX_QUEUE): got 'lots', expected an " \
-           "integer" in text
+    assert (
+        "server.max_queue (from env TALLOW_SERVER__MAX_QUEUE): got 'lots', expected an "
+        "integer" in text
+    )
     text = _error(args=None, env={"TALLOW_PLUGINS__SETTINGS": "{not json"})
     assert "plugins.settings (from env TALLOW_PLUGINS__SETTINGS): expected a JSON object" in text
 
@@ -168,8 +184,7 @@ def test_unreadable_files_are_clear(tmp_path: Path) -> None:
     text = _error(args=None, env={}, path=bad)
     assert f"config file {bad} is not valid YAML at line" in text
     scalar = _write(tmp_path, "just a string\n", "scalar.yaml")
-    assert "must be a mapping of sections (model, cache" in _error(args=None, env={},
-                                                                   path=scalar)
+    assert "must be a mapping of sections (model, cache" in _error(args=None, env={}, path=scalar)
     section = _write(tmp_path, "cache: 5\n", "section.yaml")
     assert "cache (from file" in _error(args=None, env={}, path=section)
     assert load_config(None, env={}, path=_write(tmp_path, "", "empty.yaml")) == TallowConfig()
@@ -190,15 +205,43 @@ def test_programmatic_configs_forbid_unknown_keys() -> None:
 def test_every_setting_has_a_flag_but_settings_mappings() -> None:
     flags = {f"{s}.{n}": flag for s, n, flag, _ in setting_flags()}
     assert {k for k, f in flags.items() if f is None} == {"plugins.settings"}
-    for flag in ("--model", "--dtype", "--device", "--block-size", "--kv-fraction", "--mem",
-                 "--max-num-seqs", "--max-num-batched-tokens", "--prefill-chunk-size",
-                 "--attention-backend", "--disable-cuda-graph", "--host", "--port",
-                 "--api-key", "--tool-parser", "--num-blocks", "--kv-codec", "--seed",
-                 "--max-model-len", "--served-model-name", "--weight-format", "--revision",
-                 "--tokenizer", "--enable-prefix-caching", "--scheduling-policy",
-                 "--max-waiting", "--max-cuda-graph-batch", "--max-body-bytes", "--max-queue",
-                 "--autoload-plugins", "--enable-plugin", "--disable-plugin",
-                 "--require-plugin", "--log-level", "--log-json"):
+    for flag in (
+        "--model",
+        "--dtype",
+        "--device",
+        "--block-size",
+        "--kv-fraction",
+        "--mem",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--prefill-chunk-size",
+        "--attention-backend",
+        "--disable-cuda-graph",
+        "--host",
+        "--port",
+        "--api-key",
+        "--tool-parser",
+        "--num-blocks",
+        "--kv-codec",
+        "--seed",
+        "--max-model-len",
+        "--served-model-name",
+        "--weight-format",
+        "--revision",
+        "--tokenizer",
+        "--enable-prefix-caching",
+        "--scheduling-policy",
+        "--max-waiting",
+        "--max-cuda-graph-batch",
+        "--max-body-bytes",
+        "--max-queue",
+        "--autoload-plugins",
+        "--enable-plugin",
+        "--disable-plugin",
+        "--require-plugin",
+        "--log-level",
+        "--log-json",
+    ):
         assert flag in flags.values(), flag
     assert len(set(flags.values())) == len(flags)  # no two settings share a flag
     options = _parser()._option_string_actions
@@ -208,10 +251,29 @@ def test_every_setting_has_a_flag_but_settings_mappings() -> None:
 
 
 def test_flags_cover_every_field_and_parse() -> None:
-    cfg = load_config(["--model", "/models/x.gguf", "--dtype", "bfloat16", "--device", "cuda:1",
-                       "--mem", "512", "--block-size", "32", "--max-num-seqs", "4",
-                       "--scheduling-policy", "priority", "--require-plugin",
-                       "tallow-model-llama>=0.1", "--log-level", "warning"], env={})
+    cfg = load_config(
+        [
+            "--model",
+            "/models/x.gguf",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cuda:1",
+            "--mem",
+            "512",
+            "--block-size",
+            "32",
+            "--max-num-seqs",
+            "4",
+            "--scheduling-policy",
+            "priority",
+            "--require-plugin",
+            "tallow-model-llama>=0.1",
+            "--log-level",
+            "warning",
+        ],
+        env={},
+    )
     assert cfg.model.source == "/models/x.gguf" and cfg.model.dtype == "bfloat16"
     assert cfg.model.device == "cuda:1" and cfg.cache.mem_mb == 512
     assert cfg.cache.block_size == 32 and cfg.scheduler.max_num_seqs == 4
@@ -241,5 +303,4 @@ def test_expert_parallel_flag_keyword_and_environment() -> None:
     assert load_config(["--enable-expert-parallel"], env={}).parallel.enable_expert_parallel
     env = {"TALLOW_PARALLEL__ENABLE_EXPERT_PARALLEL": "true"}
     assert load_config([], env=env).parallel.enable_expert_parallel
-    assert not load_config(["--no-enable-expert-parallel"], env=env).parallel \
-        .enable_expert_parallel
+    assert not load_config(["--no-enable-expert-parallel"], env=env).parallel.enable_expert_parallel

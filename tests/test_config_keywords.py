@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from tallow.config import (
-    KEYWORDS, SECTIONS, ConfigError, PluginsConfig, TallowConfig, load_config,
+    KEYWORDS,
+    SECTIONS,
+    ConfigError,
+    PluginsConfig,
+    TallowConfig,
+    load_config,
 )
 from tallow.config.keywords import FLAT_SECTIONS, RESERVED
 from tallow.engine.llm import LLM, config_from_kwargs
@@ -20,18 +25,26 @@ from tallow.plugin.manager import load_plugins
 
 # The keywords LLM() accepted when its list was kept by hand: each must keep its meaning.
 OLD_KEYWORDS = {
-    "model": ("model", "source"), "dtype": ("model", "dtype"), "device": ("model", "device"),
-    "revision": ("model", "revision"), "max_model_len": ("model", "max_model_len"),
-    "seed": ("model", "seed"), "served_model_name": ("model", "served_model_name"),
-    "weight_format": ("model", "weight_format"), "isq": ("model", "isq"),
-    "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
-    "kv_fraction": ("cache", "kv_fraction"), "mem_mb": ("cache", "mem_mb"),
+    "model": ("model", "source"),
+    "dtype": ("model", "dtype"),
+    "device": ("model", "device"),
+    "revision": ("model", "revision"),
+    "max_model_len": ("model", "max_model_len"),
+    "seed": ("model", "seed"),
+    "served_model_name": ("model", "served_model_name"),
+    "weight_format": ("model", "weight_format"),
+    "isq": ("model", "isq"),
+    "block_size": ("cache", "block_size"),
+    "num_blocks": ("cache", "num_blocks"),
+    "kv_fraction": ("cache", "kv_fraction"),
+    "mem_mb": ("cache", "mem_mb"),
     "kv_codec": ("cache", "kv_codec"),
     "enable_prefix_caching": ("cache", "enable_prefix_caching"),
     "max_num_seqs": ("scheduler", "max_num_seqs"),
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "prefill_chunk_size": ("scheduler", "prefill_chunk_size"),
-    "policy": ("scheduler", "policy"), "async_scheduling": ("scheduler", "async_scheduling"),
+    "policy": ("scheduler", "policy"),
+    "async_scheduling": ("scheduler", "async_scheduling"),
     "attention_backend": ("runner", "attention_backend"),
     "disable_cuda_graph": ("runner", "disable_cuda_graph"),
     "max_cuda_graph_batch": ("runner", "max_cuda_graph_batch"),
@@ -59,9 +72,14 @@ def test_every_setting_is_reachable_by_a_keyword() -> None:
 
 
 def test_keywords_set_flat_fields_and_whole_sections() -> None:
-    config = config_from_kwargs(model="random:tiny-llama", tokenizer="/tok", max_waiting=3,
-                                port=9000, plugins={"disable": ["tallow-mcp-client"]},
-                                logging={"level": "debug"})
+    config = config_from_kwargs(
+        model="random:tiny-llama",
+        tokenizer="/tok",
+        max_waiting=3,
+        port=9000,
+        plugins={"disable": ["tallow-mcp-client"]},
+        logging={"level": "debug"},
+    )
     assert (config.model.source, config.model.tokenizer) == ("random:tiny-llama", "/tok")
     assert config.scheduler.max_waiting == 3 and config.server.port == 9000
     assert config.plugins.disable == ["tallow-mcp-client"] and config.logging.level == "DEBUG"
@@ -82,13 +100,19 @@ def test_none_leaves_the_setting_to_lower_sources() -> None:
     assert config.model.source == "random:tiny-llama" and config.scheduler.max_waiting == 5
 
 
-@pytest.mark.parametrize("given, close", [
-    ({"max_num_seq": 1}, "did you mean 'max_num_seqs'?"),
-    ({"tokeniser": "x"}, "did you mean 'tokenizer'?"),
-    ({"disable": ["tallow-mcp-client"]}, "did you mean plugins={'disable': ...}?"),
-    ({"level": "DEBUG"}, "did you mean logging={'level': ...}?"),
-    ({"zzzz": 1}, "the keywords are the settings of docs/configuration.md: allowed_image_hosts, "),
-])
+@pytest.mark.parametrize(
+    "given, close",
+    [
+        ({"max_num_seq": 1}, "did you mean 'max_num_seqs'?"),
+        ({"tokeniser": "x"}, "did you mean 'tokenizer'?"),
+        ({"disable": ["tallow-mcp-client"]}, "did you mean plugins={'disable': ...}?"),
+        ({"level": "DEBUG"}, "did you mean logging={'level': ...}?"),
+        (
+            {"zzzz": 1},
+            "the keywords are the settings of docs/configuration.md: allowed_image_hosts, ",
+        ),
+    ],
+)
 def test_an_unknown_keyword_is_a_type_error_with_close_matches(given: dict, close: str) -> None:
     (name,) = given
     with pytest.raises(TypeError) as info:
@@ -99,8 +123,11 @@ def test_an_unknown_keyword_is_a_type_error_with_close_matches(given: dict, clos
 
 
 def test_a_setting_given_twice_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match=r"LLM\(\) got cache.block_size twice: from LLM\(\) "
-                                        r"keyword block_size and from LLM\(\) keyword cache"):
+    with pytest.raises(
+        TypeError,
+        match=r"LLM\(\) got cache.block_size twice: from LLM\(\) "
+        r"keyword block_size and from LLM\(\) keyword cache",
+    ):
         LLM(block_size=32, cache={"block_size": 16})
 
 
@@ -108,14 +135,18 @@ def test_bad_values_name_the_keyword() -> None:
     with pytest.raises(ConfigError) as info:
         LLM(block_size=12, plugins=["tallow-mcp-client"])
     text = str(info.value)
-    assert "cache.block_size (from LLM() keyword block_size): got 12, expected a power of " \
-        "two" in text
-    assert "plugins (from LLM() keyword plugins): got list, expected a mapping of keys to " \
+    assert (
+        "cache.block_size (from LLM() keyword block_size): got 12, expected a power of two" in text
+    )
+    assert (
+        "plugins (from LLM() keyword plugins): got list, expected a mapping of keys to "
         "values or a PluginsConfig" in text
+    )
 
 
-def test_config_from_kwargs_ignores_the_environment(monkeypatch: pytest.MonkeyPatch,
-                                                    tmp_path: Path) -> None:
+def test_config_from_kwargs_ignores_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     path = tmp_path / "t.yaml"
     path.write_text("cache: {block_size: 64}\n")
     monkeypatch.setenv("TALLOW_CONFIG", str(path))
@@ -145,7 +176,8 @@ def save_tokenizer(path: Path, words: list[str]) -> Path:
 
 @pytest.mark.parametrize("source", ["keyword", "env", "config file", "TALLOW_CONFIG"])
 def test_model_tokenizer_replaces_the_sources_tokenizer(
-        source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny: dict) -> None:
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny: dict
+) -> None:
     tok_dir = save_tokenizer(tmp_path / "tok", WORDS)
     # the model's own (synthetic) tokenizer reads these words as unknown
     assert LLM(**tiny).get_tokenizer().encode("beta gamma delta") != [1, 2, 3]
@@ -167,28 +199,37 @@ def test_model_tokenizer_replaces_the_sources_tokenizer(
     assert tok.eos_token_ids == {4}
 
 
-def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path: Path,
-                                                                 tiny: dict) -> None:
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(
+    tmp_path: Path, tiny: dict
+) -> None:
     tok_dir = save_tokenizer(tmp_path / "big", [f"w{i}" for i in range(600)])
     with pytest.raises(ValueError) as info:
         LLM(**tiny, tokenizer=str(tok_dir))
     assert str(info.value) == (
         f"model.tokenizer {str(tok_dir)!r} (from LLM() keyword tokenizer): the tokenizer has "
-        "600 tokens but the model's vocabulary has 512; expected the tokenizer of this model")
+        "600 tokens but the model's vocabulary has 512; expected the tokenizer of this model"
+    )
 
 
-def test_a_tokenizer_directory_without_tokenizer_json_is_refused(tmp_path: Path,
-                                                                 tiny: dict) -> None:
-    with pytest.raises(ValueError, match=r"model.tokenizer .*: expected a directory containing "
-                                         r"tokenizer.json"):
+def test_a_tokenizer_directory_without_tokenizer_json_is_refused(
+    tmp_path: Path, tiny: dict
+) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"model.tokenizer .*: expected a directory containing "
+        r"tokenizer.json",
+    ):
         LLM(**tiny, tokenizer=str(tmp_path))
 
 
 def test_config_names_a_file_and_from_config_takes_a_resolved_one(tiny: dict) -> None:
     resolved = config_from_kwargs(**tiny, max_num_seqs=3)
-    with pytest.raises(TypeError, match=r"LLM\(\) config= names a YAML file, got TallowConfig; "
-                                        r"an engine for a TallowConfig is made with "
-                                        r"from_config\(config\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"LLM\(\) config= names a YAML file, got TallowConfig; "
+        r"an engine for a TallowConfig is made with "
+        r"from_config\(config\)",
+    ):
         LLM(config=resolved)
     llm = LLM.from_config(resolved)
     assert llm.config is resolved and llm.engine.core.scheduler.max_num_seqs == 3
@@ -230,7 +271,8 @@ def test_the_advice_of_a_missing_tokenizer_works(tmp_path: Path, tiny: dict) -> 
         "the model source 'bare:tiny-llama' carries no usable tokenizer (no tokenizer on "
         "purpose); set model.tokenizer to a directory with the model's tokenizer.json "
         "(--tokenizer, TALLOW_MODEL__TOKENIZER, tokenizer: in the YAML file's model section, "
-        "or LLM(tokenizer=...))")
+        "or LLM(tokenizer=...))"
+    )
     tok_dir = save_tokenizer(tmp_path / "tok", WORDS)
     llm = LLM(**settings, tokenizer=str(tok_dir), plugin_manager=plugins())
     out = llm.generate("alpha beta", SamplingParams(max_tokens=3, ignore_eos=True))

@@ -19,7 +19,12 @@ import yaml
 
 from tallow import cli
 from tallow.config import (
-    KEYWORDS, PluginsConfig, config_from_mapping, dump_config, env_var_name, setting_flags,
+    KEYWORDS,
+    PluginsConfig,
+    config_from_mapping,
+    dump_config,
+    env_var_name,
+    setting_flags,
 )
 from tallow.config.keywords import FLAT_SECTIONS
 from tallow.engine.async_engine import AsyncEngine
@@ -92,8 +97,14 @@ def write_yaml(path: Path, settings: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def resolve(frontend: str, recorded: list[Any], capsys: pytest.CaptureFixture[str], *,
-            config: Path | None = None, keywords: dict[str, Any] | None = None) -> dict:
+def resolve(
+    frontend: str,
+    recorded: list[Any],
+    capsys: pytest.CaptureFixture[str],
+    *,
+    config: Path | None = None,
+    keywords: dict[str, Any] | None = None,
+) -> dict:
     """The effective configuration (as dumped data) that ``frontend`` resolves."""
     keywords = keywords or {}
     if frontend == "cli":
@@ -127,9 +138,14 @@ SOURCES = ("config file", "TALLOW_CONFIG", "env", "keywords")
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"{s[0]}.{s[1]}")
 def test_each_source_gives_the_same_configuration_everywhere(
-        setting: tuple[str, str, Any], source: str, frontend: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, recorded: list[Any],
-        capsys: pytest.CaptureFixture[str]) -> None:
+    setting: tuple[str, str, Any],
+    source: str,
+    frontend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recorded: list[Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     section, name, value = setting
     expected = dump_config(config_from_mapping({section: {name: value}}))
     assert expected != dump_config(config_from_mapping({}))  # the setting is not a default
@@ -152,8 +168,11 @@ def test_each_source_gives_the_same_configuration_everywhere(
 # precedence: defaults < TALLOW_CONFIG file, replaced by config= < env < keywords
 # ---------------------------------------------------------------------------------------------
 PRECEDENCE = [
-    ("TALLOW_CONFIG", "env"), ("config file", "env"), ("config file", "keywords"),
-    ("env", "keywords"), ("TALLOW_CONFIG", "config file"),
+    ("TALLOW_CONFIG", "env"),
+    ("config file", "env"),
+    ("config file", "keywords"),
+    ("env", "keywords"),
+    ("TALLOW_CONFIG", "config file"),
     ("TALLOW_CONFIG", "config file", "env", "keywords"),
 ]
 VALUE_FROM = {"TALLOW_CONFIG": 10, "config file": 11, "env": 12, "keywords": 13}
@@ -162,13 +181,19 @@ VALUE_FROM = {"TALLOW_CONFIG": 10, "config file": 11, "env": 12, "keywords": 13}
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("given", PRECEDENCE, ids=" < ".join)
 def test_precedence_is_the_same_everywhere(
-        given: tuple[str, ...], frontend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        recorded: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    given: tuple[str, ...],
+    frontend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recorded: list[Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     config = None
     keywords: dict[str, Any] = {}
     if "TALLOW_CONFIG" in given:  # also holds a setting no other source gives
-        env_file = write_yaml(tmp_path / "env.yaml", {"scheduler": {"max_waiting": 10},
-                                                      "cache": {"block_size": 64}})
+        env_file = write_yaml(
+            tmp_path / "env.yaml", {"scheduler": {"max_waiting": 10}, "cache": {"block_size": 64}}
+        )
         monkeypatch.setenv("TALLOW_CONFIG", str(env_file))
     if "config file" in given:
         config = write_yaml(tmp_path / "given.yaml", {"scheduler": {"max_waiting": 11}})
@@ -185,15 +210,20 @@ def test_precedence_is_the_same_everywhere(
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_a_higher_source_replaces_a_plugin_list_whole(
-        frontend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorded: list[Any],
-        capsys: pytest.CaptureFixture[str]) -> None:
+    frontend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recorded: list[Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     config = write_yaml(tmp_path / "tallow.yaml", {"plugins": {"disable": [FP8]}})
     monkeypatch.setenv("TALLOW_PLUGINS__DISABLE", HERMES)
     data = resolve(frontend, recorded, capsys, config=config)
     assert data["plugins"]["disable"] == [HERMES]
     if frontend != "cli":  # a repeated flag cannot say "the empty list"; a keyword can
-        again = resolve(frontend, recorded, capsys, config=config,
-                        keywords={"plugins": {"disable": []}})
+        again = resolve(
+            frontend, recorded, capsys, config=config, keywords={"plugins": {"disable": []}}
+        )
         assert again["plugins"]["disable"] == []
 
 
@@ -202,31 +232,63 @@ def test_a_higher_source_replaces_a_plugin_list_whole(
 # ---------------------------------------------------------------------------------------------
 # source → (YAML of the config file, env, keywords, text the refusal must contain)
 LEAVE_OUT: dict[str, tuple[dict, dict[str, str], dict[str, Any], str]] = {
-    "config file": ({"plugins": {"disable": [FP8, HERMES]}}, {}, {},
-                    "disabled by plugins.disable (from file "),
-    "TALLOW_CONFIG": ({"plugins": {"disable": [FP8, HERMES]}}, {"TALLOW_CONFIG": "<file>"}, {},
-                      "disabled by plugins.disable (from file "),
-    "TALLOW_PLUGINS__DISABLE": ({}, {"TALLOW_PLUGINS__DISABLE": f"{FP8},{HERMES}"}, {},
-                                "disabled by plugins.disable (from env "
-                                "TALLOW_PLUGINS__DISABLE); take it out of plugins.disable"),
-    "TALLOW_PLUGINS__AUTOLOAD": ({}, {"TALLOW_PLUGINS__AUTOLOAD": "false",
-                                      "TALLOW_PLUGINS__ENABLE": LLAMA}, {},
-                                 "plugins.autoload is off (from env TALLOW_PLUGINS__AUTOLOAD) "
-                                 "and it is not in plugins.enable; add it to plugins.enable"),
-    "TALLOW_PLUGINS": ({}, {"TALLOW_PLUGINS": LLAMA}, {},
-                       f"not listed in TALLOW_PLUGINS='{LLAMA}'; add it to TALLOW_PLUGINS"),
-    "plugins= mapping": ({}, {}, {"plugins": {"disable": [FP8, HERMES]}},
-                         "disabled by plugins.disable (from "),
-    "plugins= model": ({}, {}, {"plugins": PluginsConfig(autoload=False, enable=[LLAMA])},
-                       "plugins.autoload is off (from "),
+    "config file": (
+        {"plugins": {"disable": [FP8, HERMES]}},
+        {},
+        {},
+        "disabled by plugins.disable (from file ",
+    ),
+    "TALLOW_CONFIG": (
+        {"plugins": {"disable": [FP8, HERMES]}},
+        {"TALLOW_CONFIG": "<file>"},
+        {},
+        "disabled by plugins.disable (from file ",
+    ),
+    "TALLOW_PLUGINS__DISABLE": (
+        {},
+        {"TALLOW_PLUGINS__DISABLE": f"{FP8},{HERMES}"},
+        {},
+        "disabled by plugins.disable (from env "
+        "TALLOW_PLUGINS__DISABLE); take it out of plugins.disable",
+    ),
+    "TALLOW_PLUGINS__AUTOLOAD": (
+        {},
+        {"TALLOW_PLUGINS__AUTOLOAD": "false", "TALLOW_PLUGINS__ENABLE": LLAMA},
+        {},
+        "plugins.autoload is off (from env TALLOW_PLUGINS__AUTOLOAD) "
+        "and it is not in plugins.enable; add it to plugins.enable",
+    ),
+    "TALLOW_PLUGINS": (
+        {},
+        {"TALLOW_PLUGINS": LLAMA},
+        {},
+        f"not listed in TALLOW_PLUGINS='{LLAMA}'; add it to TALLOW_PLUGINS",
+    ),
+    "plugins= mapping": (
+        {},
+        {},
+        {"plugins": {"disable": [FP8, HERMES]}},
+        "disabled by plugins.disable (from ",
+    ),
+    "plugins= model": (
+        {},
+        {},
+        {"plugins": PluginsConfig(autoload=False, enable=[LLAMA])},
+        "plugins.autoload is off (from ",
+    ),
 }
 
 
 @pytest.mark.parametrize("frontend", ["LLM", "AsyncEngine"])
 @pytest.mark.parametrize("source", list(LEAVE_OUT))
 def test_a_plugin_left_out_by_any_source_is_not_used(
-        source: str, frontend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], tiny: dict) -> None:
+    source: str,
+    frontend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tiny: dict,
+) -> None:
     file_settings, env, keywords, refusal = LEAVE_OUT[source]
     config = write_yaml(tmp_path / "tallow.yaml", file_settings) if file_settings else None
     for var, value in env.items():
@@ -236,8 +298,10 @@ def test_a_plugin_left_out_by_any_source_is_not_used(
 
     # what `tallow plugins list` says, given the same sources (keywords as flags)
     capsys.readouterr()
-    plugin_keywords = {k: v.model_dump(exclude_unset=True) if isinstance(v, PluginsConfig)
-                       else v for k, v in keywords.items()}
+    plugin_keywords = {
+        k: v.model_dump(exclude_unset=True) if isinstance(v, PluginsConfig) else v
+        for k, v in keywords.items()
+    }
     argv = ["plugins", "list", "--json", *flags_for(plugin_keywords)]
     assert cli.main(argv + (["--config", str(config)] if config else [])) == 0
     listed = {p["name"]: p["status"] for p in json.loads(capsys.readouterr().out)}
@@ -260,14 +324,16 @@ def test_a_plugin_left_out_by_any_source_is_not_used(
         build(kv_codec="fp8")
     text = str(refused.value)
     registered = ", ".join(sorted(pm.registries.kv_codecs.names()))
-    assert text.startswith(f"cache.kv_codec 'fp8': unknown kv_codec 'fp8' (registered: "
-                           f"{registered})"), text
+    assert text.startswith(
+        f"cache.kv_codec 'fp8': unknown kv_codec 'fp8' (registered: {registered})"
+    ), text
     assert f"plugin {FP8} " in text and "provides kv_codec 'fp8'" in text
     assert "installed and not loaded" in text and refusal in text, text
 
 
 def test_the_same_sources_load_the_plugin_when_nothing_leaves_it_out(
-        monkeypatch: pytest.MonkeyPatch, tiny: dict) -> None:
+    monkeypatch: pytest.MonkeyPatch, tiny: dict
+) -> None:
     # the control of the test above: fp8 is used when no source leaves it out
     monkeypatch.setenv("TALLOW_PLUGINS__DISABLE", HERMES)
     engine = LLM(**tiny, kv_codec="fp8").engine

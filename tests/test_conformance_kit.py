@@ -117,16 +117,18 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
     # a test that fails, or whose fixture (the component's loading) errors
     failed, stdout = suite_failures(BROKEN, tmp_path, timeout=300)
     report = stdout[-4000:]
-    for test in ("TestBrokenBackend::test_prefill[torch.float32]",
-                 "TestBrokenBackend::test_decode[torch.bfloat16]",
-                 "TestBrokenBackend::test_prefix_hit",
-                 "TestBrokenCodec::test_bytes_cover_the_stated_bits",
-                 "TestBrokenCodec::test_round_trip_through_scattered_partial_blocks",
-                 "TestBrokenParser::test_streaming_equals_whole_parse[example0]",
-                 "TestBrokenParser::test_plain_text_is_content[plain0]",
-                 "TestBrokenParser::test_unknown_tool_is_not_a_call[example0]",
-                 "TestBrokenParser::test_malformed_input_never_raises[example0]",
-                 "TestNotInstalled::test_registered_lazily"):
+    for test in (
+        "TestBrokenBackend::test_prefill[torch.float32]",
+        "TestBrokenBackend::test_decode[torch.bfloat16]",
+        "TestBrokenBackend::test_prefix_hit",
+        "TestBrokenCodec::test_bytes_cover_the_stated_bits",
+        "TestBrokenCodec::test_round_trip_through_scattered_partial_blocks",
+        "TestBrokenParser::test_streaming_equals_whole_parse[example0]",
+        "TestBrokenParser::test_plain_text_is_content[plain0]",
+        "TestBrokenParser::test_unknown_tool_is_not_a_call[example0]",
+        "TestBrokenParser::test_malformed_input_never_raises[example0]",
+        "TestNotInstalled::test_registered_lazily",
+    ):
         assert any(f.startswith(test) for f in failed), f"{test} did not fail:\n{report}"
     # what the broken components do right still passes
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
@@ -137,10 +139,11 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
 
 def test_tallow_imports_no_pytest_at_runtime() -> None:
     """The kit lives in tallow.plugin.testing; nothing that serves imports it (or pytest)."""
-    code = ("import sys, tallow.plugin, tallow.layers, tallow.kernels, tallow.engine.llm, "
-            "tallow.server.app, tallow.cli\n"
-            "print([m for m in ('pytest', 'tallow.plugin.testing') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import sys, tallow.plugin, tallow.layers, tallow.kernels, tallow.engine.llm, "
+        "tallow.server.app, tallow.cli\n"
+        "print([m for m in ('pytest', 'tallow.plugin.testing') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

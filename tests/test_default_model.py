@@ -83,11 +83,19 @@ def test_a_good_file_without_marker_is_verified_not_copied(cache, monkeypatch):
 
 def test_concurrent_processes_get_one_good_file(tmp_path):
     directory = tmp_path / "race"
-    code = ("import sys; from tallow.default_model import default_model_path; "
-            "print(default_model_path(sys.argv[1]))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(directory)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    code = (
+        "import sys; from tallow.default_model import default_model_path; "
+        "print(default_model_path(sys.argv[1]))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(directory)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
         for p, (out, err) in zip(procs, outs):

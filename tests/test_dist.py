@@ -39,23 +39,27 @@ def _name(project: Path) -> str:
 
 
 def _run(*args: str, timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
-                          **kwargs)  # type: ignore[call-overload]
-    assert proc.returncode == 0, f"{' '.join(args[:4])} ...:\n{proc.stdout[-4000:]}" \
-                                 f"{proc.stderr[-4000:]}"
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+    assert proc.returncode == 0, (
+        f"{' '.join(args[:4])} ...:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
+    )
     return proc
 
 
 def _clean_env() -> dict[str, str]:
     """This environment without the source tree on the path or tallow settings."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(("TALLOW_", "PYTEST_"))}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(("TALLOW_", "PYTEST_"))
+    }
 
 
 def test_the_all_extra_lists_every_first_party_plugin() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    listed = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0]
-              for r in project["optional-dependencies"]["all"]}
+    listed = {
+        re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0] for r in project["optional-dependencies"]["all"]
+    }
     assert listed == {_name(p) for p in PLUGINS}
 
 
@@ -73,20 +77,46 @@ def test_wheels_install_into_a_fresh_environment_and_serve(tmp_path: Path) -> No
         projects.append(dest)
 
     dist = tmp_path / "dist"
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(dist), *map(str, projects), timeout=900, env=_clean_env())
-    _run(sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(dist),
-         str(src), timeout=300, env=_clean_env())
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(dist),
+        *map(str, projects),
+        timeout=900,
+        env=_clean_env(),
+    )
+    _run(
+        sys.executable,
+        "-m",
+        "build",
+        "--sdist",
+        "--no-isolation",
+        "--outdir",
+        str(dist),
+        str(src),
+        timeout=300,
+        env=_clean_env(),
+    )
     wheels = sorted(dist.glob("*.whl"))
     assert len(wheels) == len(PLUGINS) + 1, [w.name for w in wheels]
-    _run(sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir()),
-         timeout=300)
+    _run(sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir()), timeout=300)
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = str(env_dir / "bin" / "python")
-    site = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                timeout=60, env=_clean_env()).stdout.strip()
+    site = _run(
+        python,
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        timeout=60,
+        env=_clean_env(),
+    ).stdout.strip()
     if sys.prefix != sys.base_prefix:
         # run from a virtual environment (CI's): a new environment's system site-packages are
         # the base interpreter's, so the packages installed into this one (pillow, the
@@ -94,32 +124,67 @@ def test_wheels_install_into_a_fresh_environment_and_serve(tmp_path: Path) -> No
         # path, so that this environment's editable installs are not activated there
         outer = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
         (Path(site) / "_outer_environment.pth").write_text("\n".join(outer) + "\n")
-    torch_before = _run(python, "-c", "import torch; print(torch.__version__, torch.__file__)",
-                        timeout=300, env=_clean_env()).stdout
+    torch_before = _run(
+        python,
+        "-c",
+        "import torch; print(torch.__version__, torch.__file__)",
+        timeout=300,
+        env=_clean_env(),
+    ).stdout
     report = tmp_path / "report.json"
-    _run(python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed",
-         "--report", str(report), *map(str, wheels), timeout=600, env=_clean_env())
+    _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        *map(str, wheels),
+        timeout=600,
+        env=_clean_env(),
+    )
     installed = {item["metadata"]["name"] for item in json.loads(report.read_text())["install"]}
     assert installed == {"tallow", *(_name(p) for p in PLUGINS)}
     assert not installed & {"torch", "triton"}
     # every requirement of the installed wheels is met (torch by the outer environment)
-    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True,
-                           timeout=300, env=_clean_env())
+    check = subprocess.run(
+        [python, "-m", "pip", "check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
+    )
     ours = [line for line in check.stdout.splitlines() if line.lower().startswith("tallow")]
     assert not ours, "\n".join(ours)
-    torch_after = _run(python, "-c", "import torch; print(torch.__version__, torch.__file__)",
-                       timeout=300, env=_clean_env()).stdout
+    torch_after = _run(
+        python,
+        "-c",
+        "import torch; print(torch.__version__, torch.__file__)",
+        timeout=300,
+        env=_clean_env(),
+    ).stdout
     assert torch_after == torch_before and site not in torch_after
 
-    listing = json.loads(_run(python, "-m", "tallow", "plugins", "list", "--json",
-                              timeout=300, env=_clean_env()).stdout)
+    listing = json.loads(
+        _run(
+            python, "-m", "tallow", "plugins", "list", "--json", timeout=300, env=_clean_env()
+        ).stdout
+    )
     statuses = {p["name"]: p for p in listing}
     for plugin in PLUGINS:
         status = statuses[_name(plugin)]
         assert status["status"] == "ok", (status["name"], status["reason"])
-    where = _run(python, "-c", "import tallow, tallow_model_llama; "
-                 "print(tallow.__file__); print(tallow_model_llama.__file__)",
-                 timeout=120, env=_clean_env()).stdout.split()
+    where = _run(
+        python,
+        "-c",
+        "import tallow, tallow_model_llama; "
+        "print(tallow.__file__); print(tallow_model_llama.__file__)",
+        timeout=120,
+        env=_clean_env(),
+    ).stdout.split()
     assert all(path.startswith(site) for path in where), where
 
     _serve_one_request(python, tmp_path)
@@ -128,9 +193,29 @@ def test_wheels_install_into_a_fresh_environment_and_serve(tmp_path: Path) -> No
 def _serve_one_request(python: str, tmp_path: Path) -> None:
     log = (tmp_path / "serve.log").open("w+")
     proc = subprocess.Popen(
-        [python, "-m", "tallow", "serve", "--model", "random:tiny-llama", "--dtype", "float32",
-         "--device", "cpu", "--max-model-len", "256", "--host", "127.0.0.1", "--port", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), cwd=tmp_path)
+        [
+            python,
+            "-m",
+            "tallow",
+            "serve",
+            "--model",
+            "random:tiny-llama",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "256",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=_clean_env(),
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 300
         url = None
@@ -140,10 +225,12 @@ def _serve_one_request(python: str, tmp_path: Path) -> None:
             found = re.search(r"tallow: serving .* at (http://\S+)", _tail(log))
             url = found.group(1) if found else None
             time.sleep(0.5)
-        body = json.dumps({"model": "random:tiny-llama", "prompt": "hello",
-                           "max_tokens": 4, "temperature": 0}).encode()
-        request = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": "random:tiny-llama", "prompt": "hello", "max_tokens": 4, "temperature": 0}
+        ).encode()
+        request = urllib.request.Request(
+            f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             answer = json.loads(response.read())
         assert answer["choices"][0]["finish_reason"] in ("length", "stop"), answer

@@ -36,22 +36,32 @@ def test_the_table_names_real_first_party_distributions() -> None:
     from pathlib import Path
 
     plugins = Path(__file__).parents[1] / "plugins"
-    names = {line.split('"')[1] for toml in plugins.glob("*/*/pyproject.toml")
-             for line in toml.read_text().splitlines() if line.startswith("name = ")}
+    names = {
+        line.split('"')[1]
+        for toml in plugins.glob("*/*/pyproject.toml")
+        for line in toml.read_text().splitlines()
+        if line.startswith("name = ")
+    }
     for kind, table in FIRST_PARTY.items():
         for component, dist in table.items():
             assert dist in names, (kind, component, dist)
 
 
-@pytest.mark.parametrize("flag, name, expected", [
-    ("--tool-parser", "hermse", "did you mean 'hermes'"),
-    ("--reasoning-parser", "thnk", "did you mean 'think'"),
-])
+@pytest.mark.parametrize(
+    "flag, name, expected",
+    [
+        ("--tool-parser", "hermse", "did you mean 'hermes'"),
+        ("--reasoning-parser", "thnk", "did you mean 'think'"),
+    ],
+)
 def test_serve_refuses_an_unknown_parser_before_loading_the_model(flag, name, expected) -> None:
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "tallow", "serve", "--device", "cpu",
-                          "--port", "0", flag, name], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "tallow", "serve", "--device", "cpu", "--port", "0", flag, name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"{flag} {name!r}" in out.stderr and expected in out.stderr, out.stderr[-2000:]
     assert "loaded in" not in out.stderr  # the default model was never loaded
@@ -62,8 +72,18 @@ def test_serve_refuses_an_unknown_parser_before_loading_the_model(flag, name, ex
 def test_the_status_contract_is_checked() -> None:
     from tallow.plugin import check_tool_provider_status
 
-    good = {"sources": [{"name": "time", "state": "up", "tool_names": ["now"], "tools": 1,
-                         "error": "", "extra": {"free": "form"}}]}
+    good = {
+        "sources": [
+            {
+                "name": "time",
+                "state": "up",
+                "tool_names": ["now"],
+                "tools": 1,
+                "error": "",
+                "extra": {"free": "form"},
+            }
+        ]
+    }
     assert check_tool_provider_status(good) == []
     assert check_tool_provider_status({}) == []
     bad = {"sources": [{"state": "running", "tool_names": "now", "tools": True}, 3]}
@@ -77,6 +97,7 @@ def test_the_status_contract_is_checked() -> None:
 
 # -- models: architectures, GGUF architectures, weight formats, quant schemes -----------------
 
+
 def _bare_plugins() -> object:
     """A plugin manager with the core's built-ins only (no plugin distribution loaded)."""
     from tallow.plugin.manager import load_plugins
@@ -88,12 +109,19 @@ def test_an_architecture_not_installed_names_its_model_plugin() -> None:
     from tallow import LLM
 
     with pytest.raises(SelectionError) as caught:
-        LLM(model="random:tiny-llama", device="cpu", dtype="float32", max_model_len=64,
-            plugin_manager=_bare_plugins())
+        LLM(
+            model="random:tiny-llama",
+            device="cpu",
+            dtype="float32",
+            max_model_len=64,
+            plugin_manager=_bare_plugins(),
+        )
     message = str(caught.value)
     assert "no model plugin implements architecture 'LlamaForCausalLM'" in message
-    assert message.endswith("it is provided by the first-party plugin tallow-model-llama: "
-                            "pip install tallow-model-llama"), message
+    assert message.endswith(
+        "it is provided by the first-party plugin tallow-model-llama: "
+        "pip install tallow-model-llama"
+    ), message
 
 
 def test_a_gguf_architecture_not_installed_names_its_model_plugin() -> None:
@@ -101,8 +129,9 @@ def test_a_gguf_architecture_not_installed_names_its_model_plugin() -> None:
 
     with pytest.raises(RegistryError) as caught:
         ArchitectureRegistry().for_gguf("qwen3moe")
-    assert str(caught.value).endswith("first-party plugin tallow-model-qwen-moe: "
-                                      "pip install tallow-model-qwen-moe"), str(caught.value)
+    assert str(caught.value).endswith(
+        "first-party plugin tallow-model-qwen-moe: pip install tallow-model-qwen-moe"
+    ), str(caught.value)
     with pytest.raises(RegistryError, match=r"did you mean 'qwen3moe'"):
         ArchitectureRegistry().for_gguf("qwen3mo")
 
@@ -116,7 +145,9 @@ def test_a_gguf_file_without_the_gguf_format_names_its_plugin(tmp_path) -> None:
         LLM(model=str(path), device="cpu", plugin_manager=_bare_plugins())
     message = str(caught.value)
     assert "no weight format recognises the model source" in message
-    assert message.endswith("first-party plugin tallow-format-gguf: pip install tallow-format-gguf"), message
+    assert message.endswith(
+        "first-party plugin tallow-format-gguf: pip install tallow-format-gguf"
+    ), message
 
 
 def test_a_named_quant_scheme_not_installed_names_its_plugin() -> None:
@@ -124,8 +155,9 @@ def test_a_named_quant_scheme_not_installed_names_its_plugin() -> None:
 
     with pytest.raises(RegistryError) as caught:
         QuantSchemeRegistry().entry("int4")
-    assert str(caught.value).endswith("first-party plugin tallow-quant-int4: "
-                                      "pip install tallow-quant-int4")
+    assert str(caught.value).endswith(
+        "first-party plugin tallow-quant-int4: pip install tallow-quant-int4"
+    )
 
 
 def test_a_checkpoint_quant_method_names_its_plugin() -> None:
@@ -133,7 +165,8 @@ def test_a_checkpoint_quant_method_names_its_plugin() -> None:
 
     assert install_hint("quant_method", "gptq", []) == (
         "; it is provided by the first-party plugin tallow-quant-int4: "
-        "pip install tallow-quant-int4")
+        "pip install tallow-quant-int4"
+    )
 
 
 def test_the_table_lists_what_the_first_party_plugins_register() -> None:
@@ -145,8 +178,12 @@ def test_the_table_lists_what_the_first_party_plugins_register() -> None:
     from tallow.plugin.manager import load_plugins
 
     plugins = Path(__file__).parents[1] / "plugins"
-    ours = {line.split('"')[1] for toml in plugins.glob("*/*/pyproject.toml")
-            for line in toml.read_text().splitlines() if line.startswith("name = ")}
+    ours = {
+        line.split('"')[1]
+        for toml in plugins.glob("*/*/pyproject.toml")
+        for line in toml.read_text().splitlines()
+        if line.startswith("name = ")
+    }
     registries = load_plugins(None, env={}).registries
     missing = []
     for registry in registries.all():
@@ -159,8 +196,10 @@ def test_the_table_lists_what_the_first_party_plugins_register() -> None:
                 if FIRST_PARTY["gguf_architecture"].get(gguf) != entry.distribution:
                     missing.append(("gguf_architecture", gguf, entry.distribution))
             for method in entry.meta.get("quant_methods", ()):
-                if (method != "compressed-tensors"
-                        and FIRST_PARTY["quant_method"].get(method) != entry.distribution):
+                if (
+                    method != "compressed-tensors"
+                    and FIRST_PARTY["quant_method"].get(method) != entry.distribution
+                ):
                     missing.append(("quant_method", method, entry.distribution))
     assert not missing
     assert len(registries.architectures.names()) >= 20  # the plugins did load

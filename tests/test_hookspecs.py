@@ -18,8 +18,11 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 def _specs() -> dict[str, Any]:
     """Every function of the hookspecs module carrying pluggy's spec marker."""
-    return {name: fn for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-            if hasattr(fn, f"{hookspecs.PROJECT}_spec")}
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+        if hasattr(fn, f"{hookspecs.PROJECT}_spec")
+    }
 
 
 def test_hook_names_are_the_hookspecs() -> None:
@@ -43,7 +46,7 @@ def test_every_registration_hook_has_its_registry() -> None:
     registries = Registries()
     for name in HOOK_NAMES:
         if name.startswith(REGISTRATION_PREFIX):
-            registry = getattr(registries, name[len(REGISTRATION_PREFIX):], None)
+            registry = getattr(registries, name[len(REGISTRATION_PREFIX) :], None)
             assert isinstance(registry, Registry), f"{name} has no Registries attribute"
             assert list(inspect.signature(_specs()[name]).parameters) == ["registry"]
 
@@ -124,17 +127,19 @@ def test_every_hookspec_is_exercised_through_a_manager() -> None:
     # each registration hook got the registry of its own kind, and its entry is attributed
     for name in HOOK_NAMES:
         if name.startswith(REGISTRATION_PREFIX):
-            registry = getattr(pm.registries, name[len(REGISTRATION_PREFIX):])
+            registry = getattr(pm.registries, name[len(REGISTRATION_PREFIX) :])
             assert plugin.got[name] is registry
             entry = next(iter(registry))
             assert (entry.distribution, entry.version) == ("tallow-dummy", "9.9")
     assert plugin.got["tallow_configure"] is config
     assert sum(len(names) for names in status.components.values()) == sum(
-        1 for n in HOOK_NAMES if n.startswith(REGISTRATION_PREFIX))
+        1 for n in HOOK_NAMES if n.startswith(REGISTRATION_PREFIX)
+    )
 
 
-def test_pytest_fixtures_record_hooks(tallow_plugin_manager: Any,
-                                      tallow_hook_recorder: HookRecorder) -> None:
+def test_pytest_fixtures_record_hooks(
+    tallow_plugin_manager: Any, tallow_hook_recorder: HookRecorder
+) -> None:
     plugin = AllHooks()
     tallow_plugin_manager.add_plugin(plugin, "tallow-dummy")
     calls = tallow_hook_recorder.assert_called("tallow_register_kv_codecs", times=1)

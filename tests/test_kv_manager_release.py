@@ -15,8 +15,9 @@ from tallow.engine.sequence import Sequence
 def test_finished_sequences_are_not_kept() -> None:
     llm = LLM(model="random:tiny-llama", device="cpu", dtype="float32", max_model_len=128)
     manager = llm.engine.core.scheduler.block_manager
-    llm.generate([f"<{i}> <{i + 1}>" for i in range(12)],
-                 SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.generate(
+        [f"<{i}> <{i + 1}>" for i in range(12)], SamplingParams(max_tokens=4, ignore_eos=True)
+    )
     assert not getattr(manager, "_owners", {})
     assert not manager.primary._owners
     gc.collect()

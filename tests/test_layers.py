@@ -53,8 +53,9 @@ def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int:
             if hit and len(name) > best_len:
                 best, best_len = index, len(name)
     if best < 0:
-        raise ValueError(f"module {module} is in no layer: add it to LAYERS (and to "
-                         "docs/architecture.md)")
+        raise ValueError(
+            f"module {module} is in no layer: add it to LAYERS (and to docs/architecture.md)"
+        )
     return best
 
 
@@ -79,8 +80,11 @@ def lazy_names(init_source: str) -> dict[str, str]:
     """The names the ``tallow`` package resolves lazily (its ``_LAZY`` table: name ->
     ``"module:attr"``), each to the module that ``from tallow import name`` imports."""
     for node in ast.parse(init_source).body:
-        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "_LAZY"):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "_LAZY"
+        ):
             table = ast.literal_eval(node.value)
             return {name: target.partition(":")[0] for name, target in table.items()}
     return {}
@@ -89,8 +93,14 @@ def lazy_names(init_source: str) -> dict[str, str]:
 LAZY = lazy_names((CORE / "tallow" / "__init__.py").read_text(encoding="utf-8"))
 
 
-def imports_of(module: str, is_package: bool, source: str, known: set[str],
-               filename: str = "<string>", lazy: dict[str, str] | None = None) -> list[Edge]:
+def imports_of(
+    module: str,
+    is_package: bool,
+    source: str,
+    known: set[str],
+    filename: str = "<string>",
+    lazy: dict[str, str] | None = None,
+) -> list[Edge]:
     """Every import of ``source`` (module ``module``) that names a module of ``known``'s
     package: ``from pkg import mod`` names ``pkg.mod`` when that is a module, ``pkg`` else;
     ``from tallow import LLM`` names the module the package resolves ``LLM`` from (``lazy``,
@@ -110,8 +120,9 @@ def imports_of(module: str, is_package: bool, source: str, known: set[str],
                 add(alias.name, node.lineno)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base_parts = module.split(".")[: len(module.split(".")) - node.level
-                                                + (1 if is_package else 0)]
+                base_parts = module.split(".")[
+                    : len(module.split(".")) - node.level + (1 if is_package else 0)
+                ]
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
@@ -121,10 +132,14 @@ def imports_of(module: str, is_package: bool, source: str, known: set[str],
                     add(lazy[alias.name], node.lineno)
                 else:
                     add(sub if sub in known else base, node.lineno)
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
-              in ("import_module", "__import__")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
+            in ("import_module", "__import__")
+        ):
             add(node.args[0].value, node.lineno)
     return found
 
@@ -134,25 +149,33 @@ def core_graph(root: Path = CORE) -> dict[str, list[Edge]]:
     paths = sorted((root / "tallow").rglob("*.py"))
     names = {_module_name(p, root)[0]: p for p in paths}
     known = set(names)
-    return {name: imports_of(name, _module_name(path, root)[1],
-                             path.read_text(encoding="utf-8"), known, str(path))
-            for name, path in names.items()}
+    return {
+        name: imports_of(
+            name, _module_name(path, root)[1], path.read_text(encoding="utf-8"), known, str(path)
+        )
+        for name, path in names.items()
+    }
 
 
-def upward_imports(graph: dict[str, list[Edge]],
-                   layers: list[tuple[str, ...]] = LAYERS) -> list[str]:
+def upward_imports(
+    graph: dict[str, list[Edge]], layers: list[tuple[str, ...]] = LAYERS
+) -> list[str]:
     """The imports of ``graph`` that run up ``layers``, as ``module:line -> target``."""
-    return [f"{e.source}:{e.line} -> {e.target} (layer {layer_of(e.source, layers)} imports "
-            f"layer {layer_of(e.target, layers)})"
-            for edges in graph.values() for e in edges
-            if layer_of(e.target, layers) > layer_of(e.source, layers)]
+    return [
+        f"{e.source}:{e.line} -> {e.target} (layer {layer_of(e.source, layers)} imports "
+        f"layer {layer_of(e.target, layers)})"
+        for edges in graph.values()
+        for e in edges
+        if layer_of(e.target, layers) > layer_of(e.source, layers)
+    ]
 
 
 def import_cycles(graph: dict[str, list[Edge]]) -> list[list[str]]:
     """The circles of ``graph``: each strongly connected set of two or more modules (or a
     module importing itself), sorted (Tarjan's algorithm, iteratively)."""
-    successors = {m: sorted({e.target for e in edges if e.target in graph})
-                  for m, edges in graph.items()}
+    successors = {
+        m: sorted({e.target for e in edges if e.target in graph}) for m, edges in graph.items()
+    }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -210,8 +233,10 @@ def test_the_core_has_no_import_cycles() -> None:
 
 def _planted(sources: dict[str, str]) -> dict[str, list[Edge]]:
     known = set(sources)
-    return {name: imports_of(name, name in {"tallow.kernels", "tallow.engine"}, text, known)
-            for name, text in sources.items()}
+    return {
+        name: imports_of(name, name in {"tallow.kernels", "tallow.engine"}, text, known)
+        for name, text in sources.items()
+    }
 
 
 def test_the_checkers_catch_a_planted_upward_import_and_circle() -> None:
@@ -224,31 +249,45 @@ def test_the_checkers_catch_a_planted_upward_import_and_circle() -> None:
         "tallow.engine.builder": "def build():\n    from .loader import load\n",
         "tallow.engine.loader": "def load():\n    import tallow.bench.perplexity\n",
         "tallow.bench": "",
-        "tallow.bench.perplexity": ("import importlib\n"
-                                    "importlib.import_module('tallow.engine.builder')\n"),
-        "tallow.layers": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                          "    from tallow.engine import builder\n"),
+        "tallow.bench.perplexity": (
+            "import importlib\nimportlib.import_module('tallow.engine.builder')\n"
+        ),
+        "tallow.layers": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from tallow.engine import builder\n"
+        ),
         # the package's lazy Python API imports the engine when the name is taken
         "tallow.plugin.registry": "from tallow import __version__, LLM\n",
     }
     graph = _planted(sources)
     found = upward_imports(graph)
     assert [f.split(" ")[0] for f in found] == [
-        "tallow.kernels.kv_cache:1", "tallow.engine.loader:2", "tallow.layers:3",
-        "tallow.plugin.registry:1"], found
+        "tallow.kernels.kv_cache:1",
+        "tallow.engine.loader:2",
+        "tallow.layers:3",
+        "tallow.plugin.registry:1",
+    ], found
     assert LAZY["LLM"] == "tallow.engine.llm"
     assert import_cycles(graph) == [
-        ["tallow.bench.perplexity", "tallow.engine.builder", "tallow.engine.loader"]]
+        ["tallow.bench.perplexity", "tallow.engine.builder", "tallow.engine.loader"]
+    ]
     # a module importing the package it sits in, which imports it back, is a circle too
-    assert import_cycles(_planted({
-        "tallow.engine": "from . import builder\n",
-        "tallow.engine.builder": "from tallow.engine import LLM\n",
-    })) == [["tallow.engine", "tallow.engine.builder"]]
-    clean = _planted({
-        "tallow.kernels": "", "tallow.engine": "",
-        "tallow.engine.builder": "from tallow.kernels import rms_norm\nfrom .loader import x\n",
-        "tallow.engine.loader": "import tallow.kernels\n",
-    })
+    assert import_cycles(
+        _planted(
+            {
+                "tallow.engine": "from . import builder\n",
+                "tallow.engine.builder": "from tallow.engine import LLM\n",
+            }
+        )
+    ) == [["tallow.engine", "tallow.engine.builder"]]
+    clean = _planted(
+        {
+            "tallow.kernels": "",
+            "tallow.engine": "",
+            "tallow.engine.builder": "from tallow.kernels import rms_norm\nfrom .loader import x\n",
+            "tallow.engine.loader": "import tallow.kernels\n",
+        }
+    )
     assert upward_imports(clean) == [] and import_cycles(clean) == []
 
 

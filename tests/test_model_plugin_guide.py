@@ -14,7 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "write-a-model-plugin.md"
 PLUGIN = ROOT / "plugins" / "model" / "gptneox"
-FULLY_SHOWN = ("tallow_model_gptneox/plugin.py", "tallow_model_gptneox/model.py", "tallow_model_gptneox/naming.py")
+FULLY_SHOWN = (
+    "tallow_model_gptneox/plugin.py",
+    "tallow_model_gptneox/model.py",
+    "tallow_model_gptneox/naming.py",
+)
 
 _BLOCK = re.compile(r"^```[\w-]*\n(.*?)^```", re.S | re.M)
 _HEADER = re.compile(r"#\s*([\w./-]+\.(?:py|toml))\s*$")
@@ -34,7 +38,7 @@ def guide_excerpts() -> list[tuple[str, list[str]]]:
 def find(lines: list[str], excerpt: list[str]) -> int:
     """Where ``excerpt`` starts in ``lines``, or -1."""
     for i in range(len(lines) - len(excerpt) + 1):
-        if lines[i:i + len(excerpt)] == excerpt:
+        if lines[i : i + len(excerpt)] == excerpt:
             return i
     return -1
 
@@ -57,7 +61,8 @@ def test_every_excerpt_is_in_the_plugin_verbatim():
         lines = path.read_text().split("\n")
         assert find(lines, excerpt) >= 0, (
             f"docs/write-a-model-plugin.md: the block headed {name} (starting "
-            f"{excerpt[0]!r}) is not in {path.relative_to(ROOT)} as written")
+            f"{excerpt[0]!r}) is not in {path.relative_to(ROOT)} as written"
+        )
 
 
 def test_the_guide_shows_all_of_the_plugins_code():
@@ -68,10 +73,12 @@ def test_the_guide_shows_all_of_the_plugins_code():
         shown.setdefault(name, set()).update(range(start, start + len(excerpt)))
     for name in FULLY_SHOWN:
         lines = (PLUGIN / name).read_text().split("\n")
-        missing = [i + 1 for i in range(_code_start(lines), len(lines))
-                   if lines[i].strip() and i not in shown.get(name, set())]
-        assert not missing, (f"docs/write-a-model-plugin.md does not show lines {missing} of "
-                             f"{name}")
+        missing = [
+            i + 1
+            for i in range(_code_start(lines), len(lines))
+            if lines[i].strip() and i not in shown.get(name, set())
+        ]
+        assert not missing, f"docs/write-a-model-plugin.md does not show lines {missing} of {name}"
 
 
 def test_a_changed_line_is_caught():

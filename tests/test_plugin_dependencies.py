@@ -86,14 +86,20 @@ def _imports(files: list[Path]) -> list[tuple[str, bool, str]]:
             else:
                 continue
             for name in names:
-                out.append((name.split(".")[0], id(node) in module_level,
-                            f"{path.relative_to(ROOT)}:{node.lineno}"))
+                out.append(
+                    (
+                        name.split(".")[0],
+                        id(node) in module_level,
+                        f"{path.relative_to(ROOT)}:{node.lineno}",
+                    )
+                )
     return out
 
 
 def _ignored(module: str, local: set[str]) -> bool:
-    return module in sys.stdlib_module_names or module in local or module in {
-        "__future__", "tallow"}
+    return (
+        module in sys.stdlib_module_names or module in local or module in {"__future__", "tallow"}
+    )
 
 
 @pytest.mark.parametrize("pyproject", PLUGINS, ids=lambda p: _project(p)["name"])
@@ -121,34 +127,38 @@ def test_plugin_imports_only_what_it_declares(pyproject: Path) -> None:
         used |= dists
         allowed = required if at_top else required | optional
         if not dists & allowed:
-            problems.append(f"{where} imports {module} ({', '.join(sorted(dists)) or '?'}), "
-                            f"not a {'required' if at_top else 'declared'} dependency")
+            problems.append(
+                f"{where} imports {module} ({', '.join(sorted(dists)) or '?'}), "
+                f"not a {'required' if at_top else 'declared'} dependency"
+            )
     tests = sorted((pyproject.parent / "tests").rglob("*.py"))
     local |= {t.stem for t in tests} | CORE_TEST_HELPERS
     for module, _, where in _imports(tests):
-        if not _ignored(module, local) and \
-                not _distributions_of(module) & (required | optional | test_extra):
-            problems.append(f"{where} imports {module}, not in the dependencies or the test "
-                            "extra")
+        if not _ignored(module, local) and not _distributions_of(module) & (
+            required | optional | test_extra
+        ):
+            problems.append(f"{where} imports {module}, not in the dependencies or the test extra")
     data = DATA_DEPENDENCIES.get(name, set())
     for dist in sorted(required - used - {"tallow"} - data):
-        problems.append(f"dependency {dist} is declared but no module of {package.name} "
-                        "imports it")
+        problems.append(f"dependency {dist} is declared but no module of {package.name} imports it")
     for text in project.get("dependencies", []):
         req = Requirement(text)
-        if any(spec.operator == "==" for spec in req.specifier) and \
-                canonicalize_name(req.name) not in data:
+        if (
+            any(spec.operator == "==" for spec in req.specifier)
+            and canonicalize_name(req.name) not in data
+        ):
             problems.append(f"dependency {text!r} is pinned exactly; state a range")
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)
 
 
 def test_the_core_states_ranges_that_hold_the_pins_of_constraints_txt() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    core = {canonicalize_name(Requirement(r).name): Requirement(r)
-            for r in project["dependencies"]}
-    pins = [Requirement(line.split("#")[0].strip())
-            for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line.split("#")[0].strip()]
+    core = {canonicalize_name(Requirement(r).name): Requirement(r) for r in project["dependencies"]}
+    pins = [
+        Requirement(line.split("#")[0].strip())
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
     assert {"torch", "triton"} <= {canonicalize_name(p.name) for p in pins}
     for pin in pins:
         (spec,) = pin.specifier

@@ -22,7 +22,10 @@ from typing import Any
 import pytest
 
 from tallow.plugin.manager import (
-    PluginError, PluginLoadError, load_pinned_plugins, load_plugins,
+    PluginError,
+    PluginLoadError,
+    load_pinned_plugins,
+    load_plugins,
 )
 
 FIXTURES = Path(__file__).parent / "plugin_fixtures"
@@ -33,9 +36,11 @@ def _fixture_meta() -> dict[str, dict[str, str]]:
     out = {}
     for pyproject in sorted(FIXTURES.glob("*/pyproject.toml")):
         project = tomllib.loads(pyproject.read_text())["project"]
-        (ep_name, ep_value), = project["entry-points"]["tallow"].items()
-        out[project["name"]] = {"version": project["version"],
-                                "entry_point": f"{ep_name} = {ep_value}"}
+        ((ep_name, ep_value),) = project["entry-points"]["tallow"].items()
+        out[project["name"]] = {
+            "version": project["version"],
+            "entry_point": f"{ep_name} = {ep_value}",
+        }
     return out
 
 
@@ -53,13 +58,31 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dirs = []
     for pyproject in sorted(FIXTURES.glob("*/pyproject.toml")):
         dest = src / pyproject.parent.name
-        shutil.copytree(pyproject.parent, dest,
-                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        shutil.copytree(
+            pyproject.parent,
+            dest,
+            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+        )
         dirs.append(str(dest))
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--disable-pip-version-check", "--target", str(target), *dirs],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            *dirs,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return target
 
@@ -72,8 +95,13 @@ def _env(site: Path, **extra: str) -> dict[str, str]:
 
 
 def _tallow(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tallow", *args], capture_output=True,
-                          text=True, env=_env(site, **env), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tallow", *args],
+        capture_output=True,
+        text=True,
+        env=_env(site, **env),
+        timeout=120,
+    )
 
 
 def _by_name(stdout: str) -> dict[str, dict[str, Any]]:
@@ -99,8 +127,12 @@ def eps(site: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The fixture distributions' entry points, importable, with load() recorded."""
     monkeypatch.syspath_prepend(str(site))
     _RecordingEntryPoint.loads = []
-    found = [_RecordingEntryPoint(ep) for dist in metadata.distributions(path=[str(site)])
-             for ep in dist.entry_points if ep.group == "tallow"]
+    found = [
+        _RecordingEntryPoint(ep)
+        for dist in metadata.distributions(path=[str(site)])
+        for ep in dist.entry_points
+        if ep.group == "tallow"
+    ]
     assert sorted(ep.name for ep in found) == sorted(META)
     return found
 
@@ -118,8 +150,10 @@ def test_autoload_in_a_fresh_process_isolates_each_failure(site: Path) -> None:
         assert plugins[name]["mode"] == "autoload"
 
     assert plugins[GOOD]["status"] == "ok"
-    assert plugins[GOOD]["components"] == {"attention_backend": ["fixture-attn"],
-                                           "tool_parser": ["fixture-parser"]}
+    assert plugins[GOOD]["components"] == {
+        "attention_backend": ["fixture-attn"],
+        "tool_parser": ["fixture-parser"],
+    }
     broken = plugins[BROKEN]
     assert broken["status"] == "failed" and broken["components"] == {}
     assert "RuntimeError: tallow-fixture-broken fails on import on purpose" in broken["reason"]
@@ -128,8 +162,9 @@ def test_autoload_in_a_fresh_process_isolates_each_failure(site: Path) -> None:
     assert halfway["status"] == "failed"
     assert "second registration hook" in halfway["reason"]
     # what it registered before failing was rolled back
-    every_component = [n for p in plugins.values() for names in p["components"].values()
-                       for n in names]
+    every_component = [
+        n for p in plugins.values() for names in p["components"].values() for n in names
+    ]
     assert "fixture-halfway-kv" not in every_component
     assert plugins[DUP]["status"] == "failed"
     assert "'torch' is already registered by tallow" in plugins[DUP]["reason"]
@@ -169,8 +204,13 @@ def test_required_plugin_failure_stops_start_up_naming_everything(site: Path) ->
     proc = _tallow(site, "plugins", "list", "--require-plugin", BROKEN)
     assert proc.returncode == 1
     meta = META[BROKEN]
-    for fact in (BROKEN, meta["version"], meta["entry_point"],
-                 "RuntimeError: tallow-fixture-broken fails on import on purpose", "required"):
+    for fact in (
+        BROKEN,
+        meta["version"],
+        meta["entry_point"],
+        "RuntimeError: tallow-fixture-broken fails on import on purpose",
+        "required",
+    ):
         assert fact in proc.stderr, (fact, proc.stderr)
     assert proc.stdout == ""
 
@@ -183,7 +223,10 @@ def test_enabled_plugin_failure_is_fatal_with_the_original_error(eps: list[Any])
         load_plugins({"autoload": False, "enable": [HALFWAY]}, env={}, entry_points=eps)
     err = info.value
     assert (err.distribution, err.version, err.entry_point) == (
-        HALFWAY, META[HALFWAY]["version"], META[HALFWAY]["entry_point"])
+        HALFWAY,
+        META[HALFWAY]["version"],
+        META[HALFWAY]["entry_point"],
+    )
     assert isinstance(err.cause, ValueError) and err.__cause__ is err.cause
     assert "fails in its second registration hook" in str(err)
 
@@ -205,8 +248,7 @@ def test_autoload_failures_are_skipped_and_rolled_back(eps: list[Any]) -> None:
 
 
 def test_disable_filters_before_importing(eps: list[Any]) -> None:
-    pm = load_plugins({"disable": [BROKEN, HALFWAY, DUP, TYPO, OVERRIDE]}, env={},
-                      entry_points=eps)
+    pm = load_plugins({"disable": [BROKEN, HALFWAY, DUP, TYPO, OVERRIDE]}, env={}, entry_points=eps)
     assert _RecordingEntryPoint.loads == [GOOD]
     status = {s.name: s for s in pm.statuses()}
     assert status[BROKEN].status == "disabled" and "plugins.disable" in status[BROKEN].reason
@@ -222,8 +264,9 @@ def test_autoload_off_loads_only_enabled(eps: list[Any]) -> None:
 
 def test_require_with_satisfied_version(eps: list[Any]) -> None:
     version = META[GOOD]["version"]
-    pm = load_plugins({"autoload": False, "require": [f"{GOOD}>={version},<99"]}, env={},
-                      entry_points=eps)
+    pm = load_plugins(
+        {"autoload": False, "require": [f"{GOOD}>={version},<99"]}, env={}, entry_points=eps
+    )
     assert pm.status(GOOD).status == "ok" and pm.status(GOOD).mode == "required"
 
 
@@ -246,19 +289,28 @@ def test_require_missing_and_conflicts(eps: list[Any]) -> None:
     assert _RecordingEntryPoint.loads == []
 
 
-def test_names_that_match_nothing_installed_warn(eps: list[Any],
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_names_that_match_nothing_installed_warn(
+    eps: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="tallow.plugin"):
-        load_plugins({"autoload": False, "enable": ["tallow-nope"], "disable": ["tallow-nix"],
-                      "settings": {"tallow-nada": {"a": 1}}},
-                     env={"TALLOW_PLUGINS": f"{GOOD},tallow-zilch"}, entry_points=eps)
+        load_plugins(
+            {
+                "autoload": False,
+                "enable": ["tallow-nope"],
+                "disable": ["tallow-nix"],
+                "settings": {"tallow-nada": {"a": 1}},
+            },
+            env={"TALLOW_PLUGINS": f"{GOOD},tallow-zilch"},
+            entry_points=eps,
+        )
     text = caplog.text
     for name in ("tallow-nope", "tallow-nix", "tallow-nada", "tallow-zilch"):
         assert f"names {name}, which is not an installed tallow plugin" in text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tallow.plugin"):
-        load_plugins({"autoload": False, "settings": {"Tallow_Fixture_Good": {}}}, env={},
-                     entry_points=eps)
+        load_plugins(
+            {"autoload": False, "settings": {"Tallow_Fixture_Good": {}}}, env={}, entry_points=eps
+        )
     assert f"key 'Tallow_Fixture_Good' should be spelled '{GOOD}'" in caplog.text
 
 
@@ -278,8 +330,9 @@ def test_pinned_plugins_match_the_driver(eps: list[Any]) -> None:
     driver = load_plugins({"autoload": False, "enable": [GOOD]}, env={}, entry_points=eps)
     worker = load_pinned_plugins(driver.loaded(), entry_points=eps)
     assert worker.loaded() == driver.loaded()
-    assert worker.registries.attention_backends.names() == \
-        driver.registries.attention_backends.names()
+    assert (
+        worker.registries.attention_backends.names() == driver.registries.attention_backends.names()
+    )
     with pytest.raises(PluginError, match=f"{GOOD}==0.0.1 is required"):
         load_pinned_plugins({**driver.loaded(), GOOD: "0.0.1"}, entry_points=eps)
     with pytest.raises(PluginError, match="driver runs tallow 0.0.0"):

@@ -10,11 +10,21 @@ from typing import Any
 import pytest
 
 from tallow.plugin import (
-    AttentionBackendRegistry, Component, Entry, RegistryError, SelectionError, hookimpl,
-    registering_as, select,
+    AttentionBackendRegistry,
+    Component,
+    Entry,
+    RegistryError,
+    SelectionError,
+    hookimpl,
+    registering_as,
+    select,
 )
 from tallow.plugin.manager import (
-    HOOK_NAMES, HookNameError, PluginLoadError, PluginManager, load_plugins,
+    HOOK_NAMES,
+    HookNameError,
+    PluginLoadError,
+    PluginManager,
+    load_plugins,
 )
 from tallow.plugin.testing import isolated_plugin_manager
 
@@ -34,8 +44,9 @@ class Registers:
 
     @hookimpl
     def tallow_register_attention_backends(self, registry: Any) -> None:
-        registry.register(self.name, "somewhere.module:Backend", priority=self.priority,
-                          override=self.override)
+        registry.register(
+            self.name, "somewhere.module:Backend", priority=self.priority, override=self.override
+        )
 
 
 def test_registrations_record_their_distribution() -> None:
@@ -51,7 +62,8 @@ def test_registrations_record_their_distribution() -> None:
 
 
 def test_duplicate_is_refused_and_override_is_accepted_and_logged(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     pm = isolated_plugin_manager(("tallow-first", Registers("shared")))
     with pytest.raises(PluginLoadError) as info:
         pm.add_plugin(Registers("shared"), "tallow-second", "0.1")
@@ -111,8 +123,10 @@ def test_hook_without_hookimpl_marker_is_caught() -> None:
 
     pm = PluginManager(env={})
     with pytest.raises(PluginLoadError) as info:
-        pm.add_plugin(_module("unmarked", tallow_register_tool_parsers=tallow_register_tool_parsers),
-                      "tallow-unmarked")
+        pm.add_plugin(
+            _module("unmarked", tallow_register_tool_parsers=tallow_register_tool_parsers),
+            "tallow-unmarked",
+        )
     assert isinstance(info.value.cause, HookNameError)
     assert "not marked with @hookimpl" in str(info.value)
 
@@ -122,16 +136,20 @@ def test_misspelled_hooks_are_caught_marked_or_not() -> None:
         pass
 
     pm = PluginManager(env={})
-    status = pm.add_plugin(_module("typo1", tallow_register_tool_parser=tallow_register_tool_parser),
-                           "tallow-typo1", fatal=False)
+    status = pm.add_plugin(
+        _module("typo1", tallow_register_tool_parser=tallow_register_tool_parser),
+        "tallow-typo1",
+        fatal=False,
+    )
     assert "did you mean tallow_register_tool_parsers" in status.reason
 
     @hookimpl
     def tallow_configur(config: Any) -> None:
         pass
 
-    status = pm.add_plugin(_module("typo2", tallow_configur=tallow_configur), "tallow-typo2",
-                           fatal=False)
+    status = pm.add_plugin(
+        _module("typo2", tallow_configur=tallow_configur), "tallow-typo2", fatal=False
+    )
     assert "unknown hook 'tallow_configur'; did you mean tallow_configure" in status.reason
     pm.check_pending()  # nothing unknown is left registered
 
@@ -221,7 +239,8 @@ class RefusesByName:
 
 
 def test_auto_passes_over_an_entry_whose_check_gives_reasons(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     reg = ranked_registry()
     assert select(reg, None).name == "fast"
     check = RefusesByName("fast")
@@ -237,15 +256,18 @@ def test_auto_with_every_entry_refused_lists_the_check_reasons() -> None:
         select(ranked_registry(), None, check=RefusesByName("fast", "slow"))
     assert str(info.value) == (
         "no attention_backend can serve this configuration:\n  - invalid: no GPU\n"
-        "  - fast: refuses the codec\n  - slow: refuses the codec")
+        "  - fast: refuses the codec\n  - slow: refuses the codec"
+    )
 
 
 def test_named_entry_whose_check_gives_reasons_is_refused() -> None:
     reg = ranked_registry()
     with pytest.raises(SelectionError) as info:
         select(reg, None, "slow", check=RefusesByName("slow"))
-    assert str(info.value) == ("attention_backend 'slow' (from tallow-test) cannot serve this "
-                               "configuration:\n  - refuses the codec")
+    assert str(info.value) == (
+        "attention_backend 'slow' (from tallow-test) cannot serve this "
+        "configuration:\n  - refuses the codec"
+    )
     check = RefusesByName("fast")
     assert select(reg, None, "slow", check=check).name == "slow"
     assert check.asked == ["slow"]
@@ -263,7 +285,8 @@ def test_a_plugin_implementing_a_removed_lifecycle_hook_is_refused_by_name() -> 
         pass
 
     pm = PluginManager(env={})
-    status = pm.add_plugin(_module("old", tallow_shutdown=tallow_shutdown), "tallow-old",
-                           fatal=False)
+    status = pm.add_plugin(
+        _module("old", tallow_shutdown=tallow_shutdown), "tallow-old", fatal=False
+    )
     assert status.status == "failed"
     assert "unknown hook 'tallow_shutdown'" in status.reason

@@ -20,8 +20,19 @@ from tallow.plugin.manager import PluginError, discover, load_plugins
 from tallow.plugin.naming import KINDS as RULE_KINDS, RENAMED, kind_of, new_name
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = {"model", "format", "quant", "kvcache", "attention", "grammar", "reasoning",
-         "speculator", "tool", "mcp", "ui"}
+KINDS = {
+    "model",
+    "format",
+    "quant",
+    "kvcache",
+    "attention",
+    "grammar",
+    "reasoning",
+    "speculator",
+    "tool",
+    "mcp",
+    "ui",
+}
 assert set(RULE_KINDS) == KINDS
 PLUGINS = sorted(ROOT.glob("plugins/*/*/pyproject.toml"))
 
@@ -46,7 +57,8 @@ def test_every_plugin_follows_the_naming_rule(pyproject: Path) -> None:
     assert (pyproject.parent / module / "plugin.py").is_file()
     assert kind_of(dist) == kind
     assert tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"]["find"] == {
-        "include": [f"{module}*"]}
+        "include": [f"{module}*"]
+    }
 
 
 def test_the_renamed_table_points_at_plugins_of_the_tree() -> None:
@@ -65,14 +77,22 @@ def test_kind_of_reads_the_kind_from_the_name() -> None:
 
 def _ep(dist: str, module: str) -> Any:
     """An entry point as importlib.metadata gives it (name, value, its distribution)."""
-    return SimpleNamespace(name=dist, value=f"{module}.plugin", group="tallow",
-                           dist=SimpleNamespace(metadata={"Name": dist}, version="0.1.0"))
+    return SimpleNamespace(
+        name=dist,
+        value=f"{module}.plugin",
+        group="tallow",
+        dist=SimpleNamespace(metadata={"Name": dist}, version="0.1.0"),
+    )
 
 
 def test_an_old_distribution_beside_its_successor_is_left_out(
-        caplog: pytest.LogCaptureFixture) -> None:
-    eps = [_ep("tallow-gguf", "tallow_gguf"), _ep("tallow-format-gguf", "tallow_format_gguf"),
-           _ep("tallow-llama", "tallow_llama")]
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    eps = [
+        _ep("tallow-gguf", "tallow_gguf"),
+        _ep("tallow-format-gguf", "tallow_format_gguf"),
+        _ep("tallow-llama", "tallow_llama"),
+    ]
     with caplog.at_level(logging.WARNING, logger="tallow.plugin"):
         found = [c.name for c in discover(eps)]
     # tallow-llama alone (no tallow-model-llama installed) still loads under its old name
@@ -81,15 +101,19 @@ def test_an_old_distribution_beside_its_successor_is_left_out(
     assert "pip uninstall tallow-gguf" in caplog.text
 
 
-@pytest.mark.parametrize("config, env, where", [
-    ({"settings": {"tallow-mcp": {"servers": {}}}}, {}, "plugins.settings"),
-    ({"enable": ["tallow-llama"]}, {}, "plugins.enable"),
-    ({"disable": ["tallow_safetensors"]}, {}, "plugins.disable"),
-    ({"require": ["tallow-phi3>=0.1"]}, {}, "plugins.require"),
-    ({}, {"TALLOW_PLUGINS": "tallow-quant-fp8, tallow-gguf"}, "TALLOW_PLUGINS"),
-])
+@pytest.mark.parametrize(
+    "config, env, where",
+    [
+        ({"settings": {"tallow-mcp": {"servers": {}}}}, {}, "plugins.settings"),
+        ({"enable": ["tallow-llama"]}, {}, "plugins.enable"),
+        ({"disable": ["tallow_safetensors"]}, {}, "plugins.disable"),
+        ({"require": ["tallow-phi3>=0.1"]}, {}, "plugins.require"),
+        ({}, {"TALLOW_PLUGINS": "tallow-quant-fp8, tallow-gguf"}, "TALLOW_PLUGINS"),
+    ],
+)
 def test_a_configuration_naming_an_old_distribution_fails_with_the_new_name(
-        config: dict[str, Any], env: dict[str, str], where: str) -> None:
+    config: dict[str, Any], env: dict[str, str], where: str
+) -> None:
     with pytest.raises(PluginError) as info:
         load_plugins(config, env=env, entry_points=[])
     message = str(info.value)
@@ -106,10 +130,14 @@ def test_the_cookiecutter_names_by_the_rule(tmp_path: Path) -> None:
     main = pytest.importorskip("cookiecutter.main", reason="cookiecutter renders the template")
     template = ROOT / "cookiecutter"
     for component_kind in json.loads((template / "cookiecutter.json").read_text())["kind"]:
-        project = Path(main.cookiecutter(str(template), no_input=True,
-                                         output_dir=str(tmp_path / component_kind),
-                                         extra_context={"kind": component_kind,
-                                                        "plugin_name": "My_Thing"}))
+        project = Path(
+            main.cookiecutter(
+                str(template),
+                no_input=True,
+                output_dir=str(tmp_path / component_kind),
+                extra_context={"kind": component_kind, "plugin_name": "My_Thing"},
+            )
+        )
         meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
         kind = kind_of(meta["name"])
         assert kind in RULE_KINDS, (component_kind, meta["name"])

@@ -35,13 +35,19 @@ def test_absent_settings_are_the_defaults() -> None:
 
 def test_every_problem_is_named_by_its_key_path() -> None:
     with pytest.raises(PluginSettingsError) as info:
-        plugin_settings(Mine, config({"nmae": "y", "items": [{"size": 2}, {"size": -1}]}),
-                        "tallow-mine")
+        plugin_settings(
+            Mine, config({"nmae": "y", "items": [{"size": 2}, {"size": -1}]}), "tallow-mine"
+        )
     lines = str(info.value).splitlines()
     assert lines[0] == "invalid plugin settings:"
     assert "  - plugins.settings.tallow-mine.nmae: unknown key" in lines
-    assert any(line.startswith("  - plugins.settings.tallow-mine.items[1].size: Input should "
-                               "be greater than 0 (got -1)") for line in lines)
+    assert any(
+        line.startswith(
+            "  - plugins.settings.tallow-mine.items[1].size: Input should "
+            "be greater than 0 (got -1)"
+        )
+        for line in lines
+    )
     assert isinstance(info.value, PluginError)  # `tallow` prints it and stops
 
 

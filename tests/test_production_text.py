@@ -29,11 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 #: GPU model names (data-centre and workstation parts, as measurements name them)
 DEVICE = re.compile(
     r"\b(?:H100|H200|H800|H20|GH200|A100|A800|A10G?|A30|A40|L40S?|B100|B200|GB200|V100|"
-    r"MI2[0-9]0X?|MI3[0-9]{2}X?|RTX ?[0-9]{4})\b")
+    r"MI2[0-9]0X?|MI3[0-9]{2}X?|RTX ?[0-9]{4})\b"
+)
 #: a number followed by a rate unit: a measured throughput, bandwidth or compute rate
 FIGURE = re.compile(
     r"\d[\d,.]*\s*(?:k\s*|M\s*)?(?:tok/s|tokens/s|tok/sec|tokens per second|req/s|inputs/s|"
-    r"[KMGT]i?B/s|TFLOP/s|TFLOPS)(?![A-Za-z])", re.IGNORECASE)
+    r"[KMGT]i?B/s|TFLOP/s|TFLOPS)(?![A-Za-z])",
+    re.IGNORECASE,
+)
 
 #: module (relative to the repository root) -> module-level names whose assignment may name
 #: GPUs, and why. Empty today: no production module needs a GPU's name as data.
@@ -43,8 +46,9 @@ ALLOWED_SYMBOLS: dict[str, dict[str, str]] = {}
 def production_modules(root: Path = ROOT) -> list[Path]:
     """Every module of the core and of the first-party plugins' packages (not their tests)."""
     core = sorted((root / "framework").rglob("*.py"))
-    plugins = sorted(p for pkg in root.glob("plugins/*/*/tallow_*") if pkg.is_dir()
-                     for p in pkg.rglob("*.py"))
+    plugins = sorted(
+        p for pkg in root.glob("plugins/*/*/tallow_*") if pkg.is_dir() for p in pkg.rglob("*.py")
+    )
     return core + plugins
 
 
@@ -86,11 +90,12 @@ def test_production_code_names_no_gpu_and_gives_no_figures() -> None:
     bad: list[str] = []
     for path in modules:
         rel = path.relative_to(ROOT).as_posix()
-        for lineno, text in findings(path.read_text(encoding="utf-8"),
-                                     ALLOWED_SYMBOLS.get(rel)):
+        for lineno, text in findings(path.read_text(encoding="utf-8"), ALLOWED_SYMBOLS.get(rel)):
             bad.append(f"{rel}:{lineno}: {text}")
-    assert not bad, ("measurements or GPU names in production code (move them to "
-                     "docs/performance.md, keep the reason):\n" + "\n".join(bad))
+    assert not bad, (
+        "measurements or GPU names in production code (move them to "
+        "docs/performance.md, keep the reason):\n" + "\n".join(bad)
+    )
 
 
 def test_allowed_symbols_exist() -> None:
@@ -100,32 +105,39 @@ def test_allowed_symbols_exist() -> None:
         assert _exempt_lines(tree, names), f"{rel}: none of {sorted(names)} is assigned there"
 
 
-@pytest.mark.parametrize("text", [
-    "# measured on an H200: faster",
-    "# 243.3 tok/s at batch 1",
-    "# reads at 4.3 TB/s",
-    "# about 1,117 tokens/s over 64 sequences",
-    "# GEMMs at ~745 TFLOP/s",
-    '"""Tuned on an A100."""',
-    "# 3,011 GB/s on o",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# measured on an H200: faster",
+        "# 243.3 tok/s at batch 1",
+        "# reads at 4.3 TB/s",
+        "# about 1,117 tokens/s over 64 sequences",
+        "# GEMMs at ~745 TFLOP/s",
+        '"""Tuned on an A100."""',
+        "# 3,011 GB/s on o",
+    ],
+)
 def test_planted_text_is_found(text: str) -> None:
     assert findings(f"x = 1\n{text}\n"), text
 
 
-@pytest.mark.parametrize("text", [
-    "# memory-bound at batch 1: the GEMV reads every weight once per token",
-    "# Hopper's wgmma needs 64 rows",
-    'label = "decode tok/s"',
-    "# bytes per token of the KV cache",
-    "# the H dimension of the head",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# memory-bound at batch 1: the GEMV reads every weight once per token",
+        "# Hopper's wgmma needs 64 rows",
+        'label = "decode tok/s"',
+        "# bytes per token of the KV cache",
+        "# the H dimension of the head",
+    ],
+)
 def test_reasons_and_labels_pass(text: str) -> None:
     assert not findings(f"x = 1\n{text}\n"), text
 
 
 def test_allowed_symbol_is_exempt_and_nothing_else() -> None:
-    source = ('KNOWN = {"NVIDIA H200": 132}  # SMs of cards recognised by name\n'
-              'OTHER = "NVIDIA H100"\n')
+    source = (
+        'KNOWN = {"NVIDIA H200": 132}  # SMs of cards recognised by name\nOTHER = "NVIDIA H100"\n'
+    )
     assert findings(source, {"KNOWN": "device table"}) == [(2, '"NVIDIA H100"')]
     assert len(findings(source)) == 2

@@ -24,11 +24,25 @@ class RecordingScheme(QuantScheme):
     file_types: ClassVar[tuple[str, ...]] = ("rec8", "rec4_m")
 
     @classmethod
-    def quantize_file(cls, checkpoint: Any, out_path: str, file_type: str, *,
-                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-        Path(out_path).write_text(json.dumps({"type": file_type, "device": device,
-                                              "arch": checkpoint.architecture,
-                                              "hidden": checkpoint.config["hidden_size"]}))
+    def quantize_file(
+        cls,
+        checkpoint: Any,
+        out_path: str,
+        file_type: str,
+        *,
+        device: str = "cpu",
+        progress: bool = True,
+    ) -> dict[str, Any]:
+        Path(out_path).write_text(
+            json.dumps(
+                {
+                    "type": file_type,
+                    "device": device,
+                    "arch": checkpoint.architecture,
+                    "hidden": checkpoint.config["hidden_size"],
+                }
+            )
+        )
         return {"file_type": file_type, "tensors": 0}
 
 
@@ -70,18 +84,33 @@ def test_an_existing_output_needs_force(registries: Any, tmp_path: Path) -> None
 
 
 def test_an_unknown_type_lists_what_the_schemes_offer(registries: Any) -> None:
-    with pytest.raises(QuantizeError, match=r"'q9_k'.*recording \(tallow-test-schemes\): "
-                                            r"rec8, rec4_m"):
+    with pytest.raises(
+        QuantizeError,
+        match=r"'q9_k'.*recording \(tallow-test-schemes\): "
+        r"rec8, rec4_m",
+    ):
         find_file_quantizer(registries, "q9_k")
 
 
-def test_the_command_without_any_file_writing_scheme_says_what_to_install(
-        tmp_path: Path) -> None:
+def test_the_command_without_any_file_writing_scheme_says_what_to_install(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALLOW_")}
     env["TALLOW_PLUGINS"] = ""
-    out = subprocess.run([sys.executable, "-m", "tallow", "quantize", "random:tiny-llama",
-                          str(tmp_path / "x.gguf"), "--type", "q4_k_m"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tallow",
+            "quantize",
+            "random:tiny-llama",
+            str(tmp_path / "x.gguf"),
+            "--type",
+            "q4_k_m",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "no installed quant scheme writes model files" in out.stderr
     assert "tallow-quant-gguf" in out.stderr

@@ -22,9 +22,25 @@ from hypothesis import strategies as st
 
 from tallow.plugin import SelectionError, ToolParserRegistry
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, ParseResult, StreamDelta,
-    ToolCall, ToolCallDelta, assemble, bracket_opens, call_from_json, choose_tool_parser, compact_json,
-    loads_strict, match_literal, skip_ws, tool_schemas, validate_tool_call,
+    CallRegion,
+    Decision,
+    FoundCall,
+    JsonSpan,
+    MarkupToolParser,
+    ParseResult,
+    StreamDelta,
+    ToolCall,
+    ToolCallDelta,
+    assemble,
+    bracket_opens,
+    call_from_json,
+    choose_tool_parser,
+    compact_json,
+    loads_strict,
+    match_literal,
+    skip_ws,
+    tool_schemas,
+    validate_tool_call,
 )
 
 
@@ -38,7 +54,7 @@ class AngleRegion(CallRegion):
         k = text.find(">>", len(self.opener))
         if k < 0:
             return self.pending(final)
-        name, _, raw = text[len(self.opener):k].partition(" ")
+        name, _, raw = text[len(self.opener) : k].partition(" ")
         try:
             args = loads_strict(raw)
         except ValueError:
@@ -76,10 +92,18 @@ class ToyParser(MarkupToolParser):
 
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "noop"}},
 ]
 
@@ -94,7 +118,7 @@ def random_chunks(text: str, rng: random.Random, most: int = 7) -> list[str]:
     out, i = [], 0
     while i < len(text):
         k = rng.randint(1, most)
-        out.append(text[i:i + k])
+        out.append(text[i : i + k])
         i += k
     return out
 
@@ -121,31 +145,68 @@ TOY_CASES = [
     ("plain text", "Hello, world.\n", "Hello, world.\n", []),
     ("empty", "", "", []),
     ("one call", '<<get_weather {"city": "Paris"}>>', None, [("get_weather", {"city": "Paris"})]),
-    ("content around calls", 'Sure. <<noop {}>> and <<noop {"a": 1}>>\n\n', "Sure.  and",
-     [("noop", {}), ("noop", {"a": 1})]),
-    ("whitespace only between calls", '\n<<noop {}>>\n \n<<noop {}>>\n', None,
-     [("noop", {}), ("noop", {})]),
-    ("leading whitespace kept with content", '  hi <<noop {}>>', "  hi", [("noop", {})]),
+    (
+        "content around calls",
+        'Sure. <<noop {}>> and <<noop {"a": 1}>>\n\n',
+        "Sure.  and",
+        [("noop", {}), ("noop", {"a": 1})],
+    ),
+    (
+        "whitespace only between calls",
+        "\n<<noop {}>>\n \n<<noop {}>>\n",
+        None,
+        [("noop", {}), ("noop", {})],
+    ),
+    ("leading whitespace kept with content", "  hi <<noop {}>>", "  hi", [("noop", {})]),
     ("partial opener is content", "a < b << c", "a < b << c", []),
-    ("call in a fence", '```\n<<noop {}>>\n```\nafter <<noop {}>>',
-     "```\n<<noop {}>>\n```\nafter", [("noop", {})]),
-    ("unclosed fence", '```py\n<<noop {}>>', "```py\n<<noop {}>>", []),
-    ("call in think", '<think>maybe <<noop {}>></think>done', '<think>maybe <<noop {}>></think>done',
-     []),
-    ("bad json", '<<noop {nope}>> ok', '<<noop {nope}>> ok', []),
-    ("unknown tool", '<<launch {}>>', '<<launch {}>>', []),
+    (
+        "call in a fence",
+        "```\n<<noop {}>>\n```\nafter <<noop {}>>",
+        "```\n<<noop {}>>\n```\nafter",
+        [("noop", {})],
+    ),
+    ("unclosed fence", "```py\n<<noop {}>>", "```py\n<<noop {}>>", []),
+    (
+        "call in think",
+        "<think>maybe <<noop {}>></think>done",
+        "<think>maybe <<noop {}>></think>done",
+        [],
+    ),
+    ("bad json", "<<noop {nope}>> ok", "<<noop {nope}>> ok", []),
+    ("unknown tool", "<<launch {}>>", "<<launch {}>>", []),
     ("unclosed at end", 'x <<noop {"a": ', 'x <<noop {"a": ', []),
-    ("stray opener before a call", '<< <<noop {}>>', '<<', [("noop", {})]),
-    ("unicode", '<<get_weather {"city": "Zürich \\u6771\\u4eac 😀"}>>', None,
-     [("get_weather", {"city": "Zürich 東京 😀"})]),
+    ("stray opener before a call", "<< <<noop {}>>", "<<", [("noop", {})]),
+    (
+        "unicode",
+        '<<get_weather {"city": "Zürich \\u6771\\u4eac 😀"}>>',
+        None,
+        [("get_weather", {"city": "Zürich 東京 😀"})],
+    ),
     ("nested arguments", '<<noop {"a": {"b": [1, {"c": null}], "d": "}>>"}}>>', None, None),
-    ("anchored bare call", ' \n{"tool": "noop", "args": {"x": [1]}}\n', None, [("noop", {"x": [1]})]),
-    ("bare call after think", '<think>hmm</think>\n{"tool": "noop", "args": {}}',
-     "<think>hmm</think>", [("noop", {})]),
-    ("bare json not at start", 'x {"tool": "noop", "args": {}}', 'x {"tool": "noop", "args": {}}',
-     []),
-    ("bare json followed by text", '{"tool": "noop", "args": {}} no', '{"tool": "noop", "args": {}} no',
-     []),
+    (
+        "anchored bare call",
+        ' \n{"tool": "noop", "args": {"x": [1]}}\n',
+        None,
+        [("noop", {"x": [1]})],
+    ),
+    (
+        "bare call after think",
+        '<think>hmm</think>\n{"tool": "noop", "args": {}}',
+        "<think>hmm</think>",
+        [("noop", {})],
+    ),
+    (
+        "bare json not at start",
+        'x {"tool": "noop", "args": {}}',
+        'x {"tool": "noop", "args": {}}',
+        [],
+    ),
+    (
+        "bare json followed by text",
+        '{"tool": "noop", "args": {}} no',
+        '{"tool": "noop", "args": {}} no',
+        [],
+    ),
     ("bare json unclosed", '{"tool": "noop", ', '{"tool": "noop", ', []),
 ]
 
@@ -171,7 +232,8 @@ def test_content_is_released_as_soon_as_it_is_decided():
     assert sp.feed("<<noop {}").content == ""
     d = sp.feed(">>")
     assert d.content == "" and [(t.index, t.name, t.arguments) for t in d.tool_calls] == [
-        (0, "noop", "{}")]
+        (0, "noop", "{}")
+    ]
     assert sp.feed("  ").content == ""  # whitespace after a call waits for more content
     assert sp.feed("x").content == "  x"
     assert sp.finish() == StreamDelta()
@@ -208,15 +270,23 @@ def test_a_region_that_consumes_nothing_is_a_bug_named():
 
 
 # "<" always comes with a space, so generated filler never forms "<<" (or "<<<" before a call)
-FILLER = st.lists(st.sampled_from(["a", "b", " ", "\n", "\t", "é", "< ", ">", "}", "`"]),
-                  max_size=6).map("".join)
+FILLER = st.lists(
+    st.sampled_from(["a", "b", " ", "\n", "\t", "é", "< ", ">", "}", "`"]), max_size=6
+).map("".join)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(FILLER, st.sampled_from(["get_weather", "noop", None]),
-                          st.dictionaries(st.sampled_from(["city", "x"]), st.text(max_size=5))),
-                max_size=4),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(
+        st.tuples(
+            FILLER,
+            st.sampled_from(["get_weather", "noop", None]),
+            st.dictionaries(st.sampled_from(["city", "x"]), st.text(max_size=5)),
+        ),
+        max_size=4,
+    ),
+    st.randoms(use_true_random=False),
+)
 def test_generated_responses(parts, rng):
     """Random content and calls: the calls come back, content is the rest (rstripped)."""
     text, content, calls = "", "", []
@@ -238,16 +308,25 @@ def test_generated_responses(parts, rng):
 # Helpers
 # ---------------------------------------------------------------------------------------------
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(alphabet=st.characters(codec="utf-8"), max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
-    max_leaves=12)
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.dictionaries(st.text(max_size=4), json_values, max_size=4) | st.lists(json_values),
-       st.sampled_from([None, 2]), st.booleans(), st.randoms(use_true_random=False))
+@given(
+    st.dictionaries(st.text(max_size=4), json_values, max_size=4) | st.lists(json_values),
+    st.sampled_from([None, 2]),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
 def test_json_span_finds_the_end_of_any_value(value, indent, ascii_only, rng):
     text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
     tail = rng.choice(["", " ]} trailing", '"', "\\"])
@@ -279,17 +358,25 @@ def test_json_helpers():
     assert call_from_json({"name": "f", "parameters": {}, "type": "function"}) == FoundCall("f", {})
     assert call_from_json({"name": "f", "arguments": '{"a": 1}'}) == FoundCall("f", {"a": 1})
     assert call_from_json({"name": "f"}) == FoundCall("f", {})
-    for not_a_call in ({"name": "f", "arguments": [1]}, {"name": "", "arguments": {}},
-                       {"name": "f", "arguments": {}, "parameters": {}}, {"name": 3},
-                       {"name": "f", "age": 3}, {"name": "f", "type": "x"}, [1],
-                       {"name": "f", "arguments": "not json"}):
+    for not_a_call in (
+        {"name": "f", "arguments": [1]},
+        {"name": "", "arguments": {}},
+        {"name": "f", "arguments": {}, "parameters": {}},
+        {"name": 3},
+        {"name": "f", "age": 3},
+        {"name": "f", "type": "x"},
+        [1],
+        {"name": "f", "arguments": "not json"},
+    ):
         assert call_from_json(not_a_call) is None, not_a_call
 
 
 def test_assemble():
     deltas = [
         StreamDelta("Hi", [ToolCallDelta(1, "call_b", "b", '{"x"')]),
-        StreamDelta("", [ToolCallDelta(0, "call_a", "a", "{}"), ToolCallDelta(1, None, None, ":1}")]),
+        StreamDelta(
+            "", [ToolCallDelta(0, "call_a", "a", "{}"), ToolCallDelta(1, None, None, ":1}")]
+        ),
         StreamDelta(" there"),
     ]
     result = assemble(deltas)
@@ -316,34 +403,57 @@ ORDER_SCHEMA = {
     },
     "required": ["sku", "quantity"],
     "additionalProperties": False,
-    "$defs": {"address": {"type": "object", "properties": {
-        "city": {"type": "string"}, "zip": {"type": "string", "minLength": 4}},
-        "required": ["city"]}},
+    "$defs": {
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "minLength": 4}},
+            "required": ["city"],
+        }
+    },
 }
-ORDER_TOOLS = [{"type": "function", "function": {"name": "place_order",
-                                                 "parameters": ORDER_SCHEMA}},
-               {"name": "ping"}]  # a bare function definition, without parameters
+ORDER_TOOLS = [
+    {"type": "function", "function": {"name": "place_order", "parameters": ORDER_SCHEMA}},
+    {"name": "ping"},
+]  # a bare function definition, without parameters
 
 
-@pytest.mark.parametrize("arguments,reasons", [
-    ('{"sku": "ABC-1234", "quantity": 2}', []),
-    ('{"sku": "ABC-1234", "quantity": 1, "gift": true, "address": {"city": "Köln", "zip": "50667"},'
-     ' "tags": ["a"]}', []),
-    ('{"sku": "ABC-1234"}', ["arguments: 'quantity' is a required property"]),
-    ('{"sku": "abc", "quantity": 0}', [
-        "arguments.quantity: 0 is less than the minimum of 1",
-        "arguments.sku: 'abc' does not match '^[A-Z]{3}-\\\\d{4}$'"]),
-    ('{"sku": "ABC-1234", "quantity": 1, "address": {"zip": "1"}}', [
-        "arguments.address: 'city' is a required property",
-        "arguments.address.zip: '1' is too short"]),
-    ('{"sku": "ABC-1234", "quantity": 1, "tags": ["a", 2]}', [
-        "arguments.tags[1]: 2 is not of type 'string'"]),
-    ('{"sku": "ABC-1234", "quantity": 1, "colour": "red"}', [
-        "arguments: Additional properties are not allowed ('colour' was unexpected)"]),
-    ('[1, 2]', ["arguments: expected a JSON object, got an array"]),
-    ('{"sku": ', None),
-    ('{"quantity": NaN}', None),
-])
+@pytest.mark.parametrize(
+    "arguments,reasons",
+    [
+        ('{"sku": "ABC-1234", "quantity": 2}', []),
+        (
+            '{"sku": "ABC-1234", "quantity": 1, "gift": true, "address": {"city": "Köln", "zip": "50667"},'
+            ' "tags": ["a"]}',
+            [],
+        ),
+        ('{"sku": "ABC-1234"}', ["arguments: 'quantity' is a required property"]),
+        (
+            '{"sku": "abc", "quantity": 0}',
+            [
+                "arguments.quantity: 0 is less than the minimum of 1",
+                "arguments.sku: 'abc' does not match '^[A-Z]{3}-\\\\d{4}$'",
+            ],
+        ),
+        (
+            '{"sku": "ABC-1234", "quantity": 1, "address": {"zip": "1"}}',
+            [
+                "arguments.address: 'city' is a required property",
+                "arguments.address.zip: '1' is too short",
+            ],
+        ),
+        (
+            '{"sku": "ABC-1234", "quantity": 1, "tags": ["a", 2]}',
+            ["arguments.tags[1]: 2 is not of type 'string'"],
+        ),
+        (
+            '{"sku": "ABC-1234", "quantity": 1, "colour": "red"}',
+            ["arguments: Additional properties are not allowed ('colour' was unexpected)"],
+        ),
+        ("[1, 2]", ["arguments: expected a JSON object, got an array"]),
+        ('{"sku": ', None),
+        ('{"quantity": NaN}', None),
+    ],
+)
 def test_validate_tool_call_against_a_real_schema(arguments, reasons):
     got = validate_tool_call(ToolCall("place_order", arguments), ORDER_TOOLS)
     if reasons is None:
@@ -353,7 +463,9 @@ def test_validate_tool_call_against_a_real_schema(arguments, reasons):
     # the oracle: jsonschema itself agrees on validity
     try:
         args = json.loads(arguments, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-        valid = isinstance(args, dict) and jsonschema.Draft202012Validator(ORDER_SCHEMA).is_valid(args)
+        valid = isinstance(args, dict) and jsonschema.Draft202012Validator(ORDER_SCHEMA).is_valid(
+            args
+        )
     except ValueError:
         valid = False
     assert (got == []) == valid
@@ -363,23 +475,41 @@ def test_validate_tool_call_names_and_bare_tools():
     assert validate_tool_call(ToolCall("ping", "{}"), ORDER_TOOLS) == []
     assert validate_tool_call(ToolCall("ping", '{"anything": 1}'), ORDER_TOOLS) == []
     assert validate_tool_call(ToolCall("launch", "{}"), ORDER_TOOLS) == [
-        "unknown tool 'launch' (tools: ping, place_order)"]
+        "unknown tool 'launch' (tools: ping, place_order)"
+    ]
     assert validate_tool_call(ToolCall("x", "{}"), []) == ["unknown tool 'x' (tools: none)"]
 
 
 def test_validate_tool_call_unresolvable_ref_is_a_reason():
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+            },
+        }
+    ]
     [reason] = validate_tool_call(ToolCall("f", '{"a": 1}'), tools)
     assert reason.startswith("arguments: the schema of 'f' cannot be applied")
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.fixed_dictionaries({}, optional={
-    "sku": st.sampled_from(["ABC-1234", "abc", 5]), "quantity": st.integers(-1, 3) | st.text(max_size=2),
-    "gift": st.booleans() | st.none(), "tags": st.lists(st.text(max_size=2) | st.integers(), max_size=4),
-    "address": st.fixed_dictionaries({}, optional={"city": st.text(max_size=3), "zip": st.text(max_size=5)}),
-    "extra": st.integers()}))
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "sku": st.sampled_from(["ABC-1234", "abc", 5]),
+            "quantity": st.integers(-1, 3) | st.text(max_size=2),
+            "gift": st.booleans() | st.none(),
+            "tags": st.lists(st.text(max_size=2) | st.integers(), max_size=4),
+            "address": st.fixed_dictionaries(
+                {}, optional={"city": st.text(max_size=3), "zip": st.text(max_size=5)}
+            ),
+            "extra": st.integers(),
+        },
+    )
+)
 def test_validate_tool_call_agrees_with_jsonschema(args):
     reasons = validate_tool_call(ToolCall("place_order", json.dumps(args)), ORDER_TOOLS)
     errors = list(jsonschema.Draft202012Validator(ORDER_SCHEMA).iter_errors(args))
@@ -387,18 +517,28 @@ def test_validate_tool_call_agrees_with_jsonschema(args):
     assert all(r.startswith("arguments") for r in reasons)
 
 
-@pytest.mark.parametrize("tools,message", [
-    ({"name": "f"}, "tools: expected a list of tool definitions, got an object"),
-    (["f"], r"tools\[0\]: expected an object, got a string"),
-    ([{"type": "function", "function": {"parameters": {}}}],
-     r"tools\[0\]\.function\.name: expected a non-empty string, got None"),
-    ([{"type": "retrieval"}], r"tools\[0\]\.type: expected 'function', got 'retrieval'"),
-    ([{"type": "function", "function": "f"}], r"tools\[0\]\.function: expected an object"),
-    ([{"name": "f"}, {"name": "f"}], r"tools\[1\]\.name: the tool name 'f' appears twice"),
-    ([{"name": "f", "parameters": []}], r"tools\[0\]\.parameters: expected a JSON Schema object"),
-    ([{"name": "f", "parameters": {"type": "objekt"}}],
-     r"tools\[0\]\.parameters: not a valid JSON Schema"),
-])
+@pytest.mark.parametrize(
+    "tools,message",
+    [
+        ({"name": "f"}, "tools: expected a list of tool definitions, got an object"),
+        (["f"], r"tools\[0\]: expected an object, got a string"),
+        (
+            [{"type": "function", "function": {"parameters": {}}}],
+            r"tools\[0\]\.function\.name: expected a non-empty string, got None",
+        ),
+        ([{"type": "retrieval"}], r"tools\[0\]\.type: expected 'function', got 'retrieval'"),
+        ([{"type": "function", "function": "f"}], r"tools\[0\]\.function: expected an object"),
+        ([{"name": "f"}, {"name": "f"}], r"tools\[1\]\.name: the tool name 'f' appears twice"),
+        (
+            [{"name": "f", "parameters": []}],
+            r"tools\[0\]\.parameters: expected a JSON Schema object",
+        ),
+        (
+            [{"name": "f", "parameters": {"type": "objekt"}}],
+            r"tools\[0\]\.parameters: not a valid JSON Schema",
+        ),
+    ],
+)
 def test_bad_tools_are_named(tools, message):
     with pytest.raises(ValueError, match=message):
         tool_schemas(tools)
@@ -416,8 +556,13 @@ def test_tool_schemas_shapes():
 # ---------------------------------------------------------------------------------------------
 # Selection over the installed plugins, with the real Qwen2.5-Coder chat template
 # ---------------------------------------------------------------------------------------------
-TOOL_PLUGINS = ["tallow-tool-hermes", "tallow-tool-qwen3-coder", "tallow-tool-mistral",
-                "tallow-tool-llama3", "tallow-tool-json"]
+TOOL_PLUGINS = [
+    "tallow-tool-hermes",
+    "tallow-tool-qwen3-coder",
+    "tallow-tool-mistral",
+    "tallow-tool-llama3",
+    "tallow-tool-json",
+]
 
 
 def gguf_string(path: Path, key: str) -> str:
@@ -425,12 +570,19 @@ def gguf_string(path: Path, key: str) -> str:
     part of the split file; the gguf package names the value types)."""
     import gguf
 
-    fixed = {gguf.GGUFValueType.UINT8: 1, gguf.GGUFValueType.INT8: 1,
-             gguf.GGUFValueType.UINT16: 2, gguf.GGUFValueType.INT16: 2,
-             gguf.GGUFValueType.UINT32: 4, gguf.GGUFValueType.INT32: 4,
-             gguf.GGUFValueType.FLOAT32: 4, gguf.GGUFValueType.BOOL: 1,
-             gguf.GGUFValueType.UINT64: 8, gguf.GGUFValueType.INT64: 8,
-             gguf.GGUFValueType.FLOAT64: 8}
+    fixed = {
+        gguf.GGUFValueType.UINT8: 1,
+        gguf.GGUFValueType.INT8: 1,
+        gguf.GGUFValueType.UINT16: 2,
+        gguf.GGUFValueType.INT16: 2,
+        gguf.GGUFValueType.UINT32: 4,
+        gguf.GGUFValueType.INT32: 4,
+        gguf.GGUFValueType.FLOAT32: 4,
+        gguf.GGUFValueType.BOOL: 1,
+        gguf.GGUFValueType.UINT64: 8,
+        gguf.GGUFValueType.INT64: 8,
+        gguf.GGUFValueType.FLOAT64: 8,
+    }
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         u32 = lambda o: struct.unpack_from("<I", data, o)[0]  # noqa: E731
         u64 = lambda o: struct.unpack_from("<Q", data, o)[0]  # noqa: E731
@@ -451,11 +603,11 @@ def gguf_string(path: Path, key: str) -> str:
         off = 24  # magic, version, tensor count, kv count
         for _ in range(u64(16)):
             size = u64(off)
-            name = bytes(data[off + 8:off + 8 + size]).decode()
+            name = bytes(data[off + 8 : off + 8 + size]).decode()
             kind, off = u32(off + 8 + size), off + 12 + size
             if name == key:
                 assert kind == gguf.GGUFValueType.STRING
-                return bytes(data[off + 8:off + 8 + u64(off)]).decode()
+                return bytes(data[off + 8 : off + 8 + u64(off)]).decode()
             off = skip(kind, off)
     raise KeyError(key)
 
@@ -482,29 +634,40 @@ def tool_parsers():
 
 QWEN3_CODER_EXCERPT = (
     "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
-    "{{- '<parameter=' + args_name + '>\\n' }}{{- '</parameter>\\n' }}")
+    "{{- '<parameter=' + args_name + '>\\n' }}{{- '</parameter>\\n' }}"
+)
 MISTRAL_EXCERPT = "{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' }}"
-LLAMA31_EXCERPT = ("<|start_header_id|>ipython<|end_header_id|>{{- '<|python_tag|>' }}"
-                   '{"name": function name, "parameters": dictionary of argument name}')
+LLAMA31_EXCERPT = (
+    "<|start_header_id|>ipython<|end_header_id|>{{- '<|python_tag|>' }}"
+    '{"name": function name, "parameters": dictionary of argument name}'
+)
 
 
-@pytest.mark.parametrize("model,template,expected", [
-    ("Qwen3-Coder-30B-A3B-Instruct", QWEN3_CODER_EXCERPT, "qwen3_coder"),
-    ("Mistral-Small-3.2", MISTRAL_EXCERPT, "mistral"),
-    ("Llama-3.1-8B-Instruct", LLAMA31_EXCERPT, "llama3_json"),
-    ("gemma-3-270m", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", "json"),
-    ("Qwen2.5-7B-Instruct", None, "hermes"),
-    ("Qwen3-Coder-480B", None, "qwen3_coder"),
-    ("mistralai/Ministral-8B", None, "mistral"),
-    ("meta-llama/Llama-3.2-3B", None, "llama3_json"),
-    ("some-model", None, "json"),
-])
+@pytest.mark.parametrize(
+    "model,template,expected",
+    [
+        ("Qwen3-Coder-30B-A3B-Instruct", QWEN3_CODER_EXCERPT, "qwen3_coder"),
+        ("Mistral-Small-3.2", MISTRAL_EXCERPT, "mistral"),
+        ("Llama-3.1-8B-Instruct", LLAMA31_EXCERPT, "llama3_json"),
+        (
+            "gemma-3-270m",
+            "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}",
+            "json",
+        ),
+        ("Qwen2.5-7B-Instruct", None, "hermes"),
+        ("Qwen3-Coder-480B", None, "qwen3_coder"),
+        ("mistralai/Ministral-8B", None, "mistral"),
+        ("meta-llama/Llama-3.2-3B", None, "llama3_json"),
+        ("some-model", None, "json"),
+    ],
+)
 def test_choose_by_template_and_name(tool_parsers, model, template, expected):
     assert choose_tool_parser(tool_parsers, model, template).name == expected
 
 
-def test_real_qwen25_template_selects_hermes_and_its_calls_parse_back(tool_parsers,
-                                                                      qwen25_template):
+def test_real_qwen25_template_selects_hermes_and_its_calls_parse_back(
+    tool_parsers, qwen25_template
+):
     entry = choose_tool_parser(tool_parsers, "Qwen2.5-Coder-0.5B-Instruct", qwen25_template)
     assert entry.name == "hermes"
     # Render an assistant turn with calls through the real template (as HF renders it, with
@@ -513,15 +676,31 @@ def test_real_qwen25_template_selects_hermes_and_its_calls_parse_back(tool_parse
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda v, **kw: json.dumps(v, ensure_ascii=False, **kw)
-    calls = [("get_weather", {"city": "Zürich", "unit": "C"}),
-             ("place_order", {"sku": "ABC-1234", "quantity": 2, "note": "<b>\"fragile\"</b>",
-                              "address": {"lines": ["1 Main St", "Apt {2}"]}})]
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "Let me check.", "tool_calls": [
-                    {"type": "function", "function": {"name": n, "arguments": a}}
-                    for n, a in calls]}]
-    prompt = env.from_string(qwen25_template).render(messages=messages, tools=None,
-                                                     add_generation_prompt=False)
+    calls = [
+        ("get_weather", {"city": "Zürich", "unit": "C"}),
+        (
+            "place_order",
+            {
+                "sku": "ABC-1234",
+                "quantity": 2,
+                "note": '<b>"fragile"</b>',
+                "address": {"lines": ["1 Main St", "Apt {2}"]},
+            },
+        ),
+    ]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+            ],
+        },
+    ]
+    prompt = env.from_string(qwen25_template).render(
+        messages=messages, tools=None, add_generation_prompt=False
+    )
     reply = prompt.split("<|im_start|>assistant\n", 1)[1].split("<|im_end|>", 1)[0]
     parser = tool_parsers.get(entry.name)()
     result = check_all_splits(parser, reply, ORDER_TOOLS + TOOLS)

@@ -48,6 +48,5 @@ def test_no_undefined_names() -> None:
     assert len(files) > 100, "the checked folders moved"
     collect = _Collect()
     for path in files:
-        pyflakes_api.check(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)),
-                           collect)
+        pyflakes_api.check(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)), collect)
     assert not collect.messages, "\n".join(collect.messages)

@@ -59,36 +59,55 @@ def run_cmd(cmd: list[str]) -> str:
 def versions() -> None:
     section("versions")
     import torch
-    print("python", sys.version.split()[0], "| torch", torch.__version__, "| torch CUDA",
-          torch.version.cuda)
+
+    print(
+        "python",
+        sys.version.split()[0],
+        "| torch",
+        torch.__version__,
+        "| torch CUDA",
+        torch.version.cuda,
+    )
     print("GPU", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
     print("nvcc:", run_cmd(["nvcc", "--version"]).splitlines()[-1:])
     print("ninja", run_cmd(["ninja", "--version"]), "| cpus", os.cpu_count())
-    print("torch.Tensor has __dlpack_c_exchange_api__ before tvm_ffi:",
-          hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))
+    print(
+        "torch.Tensor has __dlpack_c_exchange_api__ before tvm_ffi:",
+        hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+    )
     t = time.time()
     import tvm_ffi
-    print(f"tvm_ffi {tvm_ffi.__version__} imported in {time.time() - t:.1f}s; fast torch "
-          "exchange API:", hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))
+
+    print(
+        f"tvm_ffi {tvm_ffi.__version__} imported in {time.time() - t:.1f}s; fast torch "
+        "exchange API:",
+        hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
+    )
     t = time.time()
     import flashinfer
-    print(f"flashinfer {flashinfer.__version__} imported in {time.time() - t:.1f}s from "
-          f"{pathlib.Path(flashinfer.__file__).parent}")
+
+    print(
+        f"flashinfer {flashinfer.__version__} imported in {time.time() - t:.1f}s from "
+        f"{pathlib.Path(flashinfer.__file__).parent}"
+    )
     from flashinfer.jit import env
+
     print("JIT dir", env.FLASHINFER_JIT_DIR, "| AOT dir", env.FLASHINFER_AOT_DIR)
 
 
 def make_specs():
     import torch
     from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
+
     bf16 = torch.bfloat16
     return {
-        "decode": gen_batch_decode_module(bf16, bf16, bf16, torch.int32, 128, 128, 0, False,
-                                          False),
-        "fa2": gen_batch_prefill_module("fa2", bf16, bf16, bf16, torch.int32, 128, 128, 0,
-                                        False, False, False),
-        "fa3": gen_batch_prefill_module("fa3", bf16, bf16, bf16, torch.int32, 128, 128, 0,
-                                        False, False, False),
+        "decode": gen_batch_decode_module(bf16, bf16, bf16, torch.int32, 128, 128, 0, False, False),
+        "fa2": gen_batch_prefill_module(
+            "fa2", bf16, bf16, bf16, torch.int32, 128, 128, 0, False, False, False
+        ),
+        "fa3": gen_batch_prefill_module(
+            "fa3", bf16, bf16, bf16, torch.int32, 128, 128, 0, False, False, False
+        ),
     }
 
 
@@ -106,6 +125,7 @@ def build(spec) -> float:
 def ninja_times() -> None:
     """Wall time of each compiler job, from ninja's own logs."""
     from flashinfer.jit import env
+
     rows = []
     for log in env.FLASHINFER_JIT_DIR.glob("*/.ninja_log"):
         for line in log.read_text().splitlines()[1:]:
@@ -116,11 +136,11 @@ def ninja_times() -> None:
 
 
 # -- the checks ------------------------------------------------------------------------------
-def random_batch(query_lens, seq_lens, *, hq=32, hkv=8, d=128, block_size=16, dtype=None,
-                 seed=0):
+def random_batch(query_lens, seq_lens, *, hq=32, hkv=8, d=128, block_size=16, dtype=None, seed=0):
     """q, a cache filled with random K/V, block tables of shuffled blocks, and the flashinfer
     page arguments derived from them."""
     import torch
+
     dtype = dtype or torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages = [-(-s // block_size) for s in seq_lens]
@@ -130,19 +150,33 @@ def random_batch(query_lens, seq_lens, *, hq=32, hkv=8, d=128, block_size=16, dt
     tables = torch.zeros(len(seq_lens), width, dtype=torch.int32, device="cuda")
     at = 0
     for i, n in enumerate(pages):
-        tables[i, :n] = perm[at:at + n]
+        tables[i, :n] = perm[at : at + n]
         at += n
-    cache = torch.randn(2, num_blocks, block_size, hkv, d, generator=g, device="cuda",
-                        dtype=torch.float32).to(dtype)
-    q = torch.randn(sum(query_lens), hq, d, generator=g, device="cuda",
-                    dtype=torch.float32).to(dtype)
+    cache = torch.randn(
+        2, num_blocks, block_size, hkv, d, generator=g, device="cuda", dtype=torch.float32
+    ).to(dtype)
+    q = torch.randn(sum(query_lens), hq, d, generator=g, device="cuda", dtype=torch.float32).to(
+        dtype
+    )
     qo_indptr = torch.tensor([0] + list(_cumsum(query_lens)), dtype=torch.int32)
     kv_indptr = torch.tensor([0] + list(_cumsum(pages)), dtype=torch.int32)
     indices = torch.cat([tables[i, :n] for i, n in enumerate(pages)])
     last = torch.tensor([(s - 1) % block_size + 1 for s in seq_lens], dtype=torch.int32)
-    return dict(q=q, cache=cache, tables=tables, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                indices=indices, last=last, query_lens=query_lens, seq_lens=seq_lens, hq=hq,
-                hkv=hkv, d=d, block_size=block_size)
+    return dict(
+        q=q,
+        cache=cache,
+        tables=tables,
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        indices=indices,
+        last=last,
+        query_lens=query_lens,
+        seq_lens=seq_lens,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        block_size=block_size,
+    )
 
 
 def _cumsum(xs):
@@ -156,15 +190,28 @@ def reference(b, **kw):
     from tallow.kernels.attention_ref import paged_attention_ref
     from tallow.kernels.kv_cache import LayerKVCache, layer_layout
     from tallow.kernels.kv_cast import CastKVCodec
+
     qsl = [0] + list(_cumsum(b["query_lens"]))
     # the probe's stacked cache seen as a cast codec's k and v pages
     codec = CastKVCodec(storage=b["cache"].dtype)
     shape = dict(num_kv_heads=b["hkv"], head_dim=b["d"], block_size=b["block_size"])
     layout = layer_layout(codec, model_dtype=b["q"].dtype, **shape)
-    cache = LayerKVCache(codec, {"k": b["cache"][0], "v": b["cache"][1]}, layout=layout,
-                         model_dtype=b["q"].dtype, **shape)
-    return paged_attention_ref(b["q"], cache, query_start_loc=qsl, seq_lens=b["seq_lens"],
-                               block_tables=b["tables"], scale=b["d"] ** -0.5, **kw)
+    cache = LayerKVCache(
+        codec,
+        {"k": b["cache"][0], "v": b["cache"][1]},
+        layout=layout,
+        model_dtype=b["q"].dtype,
+        **shape,
+    )
+    return paged_attention_ref(
+        b["q"],
+        cache,
+        query_start_loc=qsl,
+        seq_lens=b["seq_lens"],
+        block_tables=b["tables"],
+        scale=b["d"] ** -0.5,
+        **kw,
+    )
 
 
 def report(name, out, ref, tol=2e-2):
@@ -178,23 +225,46 @@ def report(name, out, ref, tol=2e-2):
 def check_decode():
     import torch
     import flashinfer
+
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     b = random_batch([1] * 7, [1, 15, 16, 17, 300, 1000, 3000])
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-    w.plan(b["kv_indptr"], b["indices"], b["last"], b["hq"], b["hkv"], b["d"], b["block_size"],
-           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=b["d"] ** -0.5)
+    w.plan(
+        b["kv_indptr"],
+        b["indices"],
+        b["last"],
+        b["hq"],
+        b["hkv"],
+        b["d"],
+        b["block_size"],
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+        sm_scale=b["d"] ** -0.5,
+    )
     out = w.run(b["q"], (b["cache"][0], b["cache"][1]))
     report("decode (CUDA cores) bf16 hd128", out, reference(b))
-    wt = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True,
-                                                       backend="fa2")
+    wt = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws, "NHD", use_tensor_cores=True, backend="fa2"
+    )
     guarded("tensor-core decode", _tensor_core_decode, wt, b)
     return ws
 
 
 def _tensor_core_decode(w, b):
     import torch
-    w.plan(b["kv_indptr"], b["indices"], b["last"], b["hq"], b["hkv"], b["d"], b["block_size"],
-           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=b["d"] ** -0.5)
+
+    w.plan(
+        b["kv_indptr"],
+        b["indices"],
+        b["last"],
+        b["hq"],
+        b["hkv"],
+        b["d"],
+        b["block_size"],
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+        sm_scale=b["d"] ** -0.5,
+    )
     out = w.run(b["q"], (b["cache"][0], b["cache"][1]))
     report("decode (tensor cores, FA2 prefill module) bf16 hd128", out, reference(b))
 
@@ -202,12 +272,24 @@ def _tensor_core_decode(w, b):
 def check_prefill(backend: str, ws):
     import torch
     import flashinfer
+
     # chunked prefill beside decodes: queries are the last tokens of each context
     b = random_batch([1, 37, 200, 1, 513], [1, 100, 700, 2048, 513], seed=1)
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-    w.plan(b["qo_indptr"], b["kv_indptr"], b["indices"], b["last"], b["hq"], b["hkv"], b["d"],
-           b["block_size"], causal=True, q_data_type=torch.bfloat16,
-           kv_data_type=torch.bfloat16, sm_scale=b["d"] ** -0.5)
+    w.plan(
+        b["qo_indptr"],
+        b["kv_indptr"],
+        b["indices"],
+        b["last"],
+        b["hq"],
+        b["hkv"],
+        b["d"],
+        b["block_size"],
+        causal=True,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+        sm_scale=b["d"] ** -0.5,
+    )
     out = w.run(b["q"], (b["cache"][0], b["cache"][1]))
     report(f"prefill {backend} causal bf16 hd128", out, reference(b))
     torch.cuda.synchronize()
@@ -217,22 +299,37 @@ def check_graph_decode(ws):
     """Capture decode for 8 rows, then re-plan with other lengths and tables and replay."""
     import torch
     import flashinfer
+
     bs, block_size, max_blocks = 8, 16, 256
     indptr_buf = torch.zeros(bs + 1, dtype=torch.int32, device="cuda")
     indices_buf = torch.zeros(bs * max_blocks, dtype=torch.int32, device="cuda")
     last_buf = torch.zeros(bs, dtype=torch.int32, device="cuda")
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        ws, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
-        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
+        ws,
+        "NHD",
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf,
+        paged_kv_last_page_len_buffer=last_buf,
+    )
     a = random_batch([1] * bs, [1] * bs, seed=2)
     q_buf = a["q"].clone()
     big = random_batch([1] * bs, [5, 17, 33, 64, 129, 600, 1500, 4000], seed=3)
     cache = big["cache"]  # one cache big enough for both batches
 
     def plan(b):
-        w.plan(b["kv_indptr"], b["indices"], b["last"], b["hq"], b["hkv"], b["d"], block_size,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
-               sm_scale=b["d"] ** -0.5)
+        w.plan(
+            b["kv_indptr"],
+            b["indices"],
+            b["last"],
+            b["hq"],
+            b["hkv"],
+            b["d"],
+            block_size,
+            q_data_type=torch.bfloat16,
+            kv_data_type=torch.bfloat16,
+            sm_scale=b["d"] ** -0.5,
+        )
 
     plan(a)
     out_buf = torch.empty_like(q_buf)
@@ -252,14 +349,14 @@ def check_graph_decode(ws):
         q_buf.copy_(b["q"])
         graph.replay()
         torch.cuda.synchronize()
-        report(f"decode replayed from a CUDA graph, lengths {b['seq_lens']}", out_buf,
-               reference(b))
+        report(f"decode replayed from a CUDA graph, lengths {b['seq_lens']}", out_buf, reference(b))
 
 
 def time_host_cost(ws):
     """Host time of plan and of run (eager) for llama-3-8b's decode shape at batch 1 and 64."""
     import torch
     import flashinfer
+
     for bs in (1, 64):
         b = random_batch([1] * bs, [768] * bs, seed=5)
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
@@ -267,9 +364,18 @@ def time_host_cost(ws):
         out = torch.empty_like(b["q"])
 
         def plan():
-            w.plan(b["kv_indptr"], b["indices"], b["last"], b["hq"], b["hkv"], b["d"],
-                   b["block_size"], q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
-                   sm_scale=b["d"] ** -0.5)
+            w.plan(
+                b["kv_indptr"],
+                b["indices"],
+                b["last"],
+                b["hq"],
+                b["hkv"],
+                b["d"],
+                b["block_size"],
+                q_data_type=torch.bfloat16,
+                kv_data_type=torch.bfloat16,
+                sm_scale=b["d"] ** -0.5,
+            )
 
         plan()
         w.run(b["q"], kv, out=out)
@@ -286,8 +392,11 @@ def time_host_cost(ws):
         host_us = (time.perf_counter() - t) / n * 1e6
         torch.cuda.synchronize()
         dev_us = (time.perf_counter() - t) / n * 1e6
-        print(f"batch {bs}, context 768: plan {plan_us:.0f} us host; run {host_us:.0f} us host, "
-              f"{dev_us:.0f} us until done (eager, one layer)", flush=True)
+        print(
+            f"batch {bs}, context 768: plan {plan_us:.0f} us host; run {host_us:.0f} us host, "
+            f"{dev_us:.0f} us until done (eager, one layer)",
+            flush=True,
+        )
 
 
 def save_modules(out: pathlib.Path, specs, names) -> None:
@@ -311,8 +420,12 @@ def save_modules(out: pathlib.Path, specs, names) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=pathlib.Path)
-    ap.add_argument("--budget", type=float, default=170.0,
-                    help="seconds from start after which nothing new begins")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=170.0,
+        help="seconds from start after which nothing new begins",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     guarded("imports", versions)
@@ -325,9 +438,11 @@ def main() -> int:
     built: list[str] = []
     threads = {}
     for name in ("decode", "fa2", "fa3"):
+
         def job(name=name):
             if guarded(f"compile {name}", build, specs[name]) is not None:
                 built.append(name)
+
         threads[name] = threading.Thread(target=job, daemon=True)
         threads[name].start()
     threads["decode"].join()

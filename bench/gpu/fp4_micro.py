@@ -36,12 +36,15 @@ def fp4_weights(kind: str, n: int, k: int, copies: int) -> list:
     group = KINDS[kind]
     out = []
     for _ in range(copies):
-        codes = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda")
+        codes = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda")
         if kind == "mxfp4":  # powers of two near 2**-6
             scales = torch.randint(119, 124, (n, k // group), dtype=torch.uint8, device="cuda")
         else:  # e4m3 values from 0.05 to 1 (no NaN bytes)
-            scales = (torch.rand(n, k // group, device="cuda") * 0.95 + 0.05).to(
-                torch.float8_e4m3fn).view(torch.uint8)
+            scales = (
+                (torch.rand(n, k // group, device="cuda") * 0.95 + 0.05)
+                .to(torch.float8_e4m3fn)
+                .view(torch.uint8)
+            )
         out.append(FP4Weight(kind, n, k, codes, scales, 40.0 if kind == "nvfp4" else 1.0))
     return out
 
@@ -60,13 +63,18 @@ def main() -> None:
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'kind':6s} {'shape':8s} {'M':>5s} {'fp4 us':>9s} {'GB/s':>6s} {'bf16 us':>9s} "
-          f"{'GB/s':>6s} {'fp4/bf16':>9s}  default config", flush=True)
+    print(
+        f"{'kind':6s} {'shape':8s} {'M':>5s} {'fp4 us':>9s} {'GB/s':>6s} {'bf16 us':>9s} "
+        f"{'GB/s':>6s} {'fp4/bf16':>9s}  default config",
+        flush=True,
+    )
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         dense_copies = max(2, L2_ROTATION_BYTES // (2 * n * k) + 1)
-        dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                 for _ in range(dense_copies)]
+        dense = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            for _ in range(dense_copies)
+        ]
         for kind in args.kinds.split(","):
             nbytes = n * k // 2 + n * k // (32 if kind == "mxfp4" else 16)
             copies = max(2, L2_ROTATION_BYTES // nbytes + 1)
@@ -79,18 +87,36 @@ def main() -> None:
                 t4 = seconds(lambda i: ops.linear(x, [ws[i]]), copies)
                 t16 = seconds(lambda i: dense_linear(x, dense[i]), dense_copies)
                 default = gemv_config(m, n, k, kind == "nvfp4") if m <= 16 else None
-                row = {"kind": kind, "shape": name, "n": n, "k": k, "m": m,
-                       "fp4_us": t4 * 1e6, "fp4_gbs": nbytes / t4 / 1e9,
-                       "bf16_us": t16 * 1e6, "bf16_gbs": 2 * n * k / t16 / 1e9,
-                       "config": default}
+                row = {
+                    "kind": kind,
+                    "shape": name,
+                    "n": n,
+                    "k": k,
+                    "m": m,
+                    "fp4_us": t4 * 1e6,
+                    "fp4_gbs": nbytes / t4 / 1e9,
+                    "bf16_us": t16 * 1e6,
+                    "bf16_gbs": 2 * n * k / t16 / 1e9,
+                    "config": default,
+                }
                 results.append(row)
-                print(f"{kind:6s} {name:8s} {m:5d} {row['fp4_us']:9.1f} {row['fp4_gbs']:6.0f} "
-                      f"{row['bf16_us']:9.1f} {row['bf16_gbs']:6.0f} {t4 / t16:9.2f}  "
-                      f"{default or ''}", flush=True)
+                print(
+                    f"{kind:6s} {name:8s} {m:5d} {row['fp4_us']:9.1f} {row['fp4_gbs']:6.0f} "
+                    f"{row['bf16_us']:9.1f} {row['bf16_gbs']:6.0f} {t4 / t16:9.2f}  "
+                    f"{default or ''}",
+                    flush=True,
+                )
                 if not (args.gemv_configs and m <= 16):
                     continue
-                sweep_gemv(lambda i, c: gemv_triton(x, ws[i], config=c), m, (1, 2, 4, 8),
-                           nbytes, copies, {"kind": kind, "shape": name}, results)
+                sweep_gemv(
+                    lambda i, c: gemv_triton(x, ws[i], config=c),
+                    m,
+                    (1, 2, 4, 8),
+                    nbytes,
+                    copies,
+                    {"kind": kind, "shape": name},
+                    results,
+                )
             ws = None
         dense = None  # free the copies before the next shape
         torch.cuda.empty_cache()

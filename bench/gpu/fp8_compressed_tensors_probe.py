@@ -24,11 +24,20 @@ def _logits(directory: Path, device: str, dtype: str, gemv_rows: int) -> torch.T
     from tallow.engine.llm_engine import LLMEngine
     from tallow.plugin.testing.paged_runner import PagedRunner
 
-    eng = LLMEngine.from_config(config_from_mapping({
-        "model": {"source": str(directory), "device": device, "dtype": dtype,
-                  "max_model_len": 128},
-        "cache": {"num_blocks": 32},
-        "plugins": {"settings": {"tallow-quant-fp8": {"gemv_max_rows": gemv_rows}}}}))
+    eng = LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": str(directory),
+                    "device": device,
+                    "dtype": dtype,
+                    "max_model_len": 128,
+                },
+                "cache": {"num_blocks": 32},
+                "plugins": {"settings": {"tallow-quant-fp8": {"gemv_max_rows": gemv_rows}}},
+            }
+        )
+    )
     runner = PagedRunner(eng.parts.loaded.model)
     runner.add(0)
     return runner.step([(0, PROMPT)])[0].float().cpu()
@@ -41,13 +50,18 @@ def main() -> None:
     for preset in ("FP8_DYNAMIC", "FP8_BLOCK"):
         directory = Path(tempfile.mkdtemp())
         write_compressed_tensors(tiny_llama(3), preset, directory, list(range(3, 60)))
-        logits = {(spec, rows): _logits(directory, *spec.split(":"), rows)
-                  for spec in specs for rows in (16, 0)}
+        logits = {
+            (spec, rows): _logits(directory, *spec.split(":"), rows)
+            for spec in specs
+            for rows in (16, 0)
+        }
         ref = logits[specs[0], 16]
         for (spec, rows), got in logits.items():
             err = ((got - ref).abs().max() / ref.abs().max()).item()
-            print(f"{preset} {spec} gemv_max_rows={rows}: relative error {err:.4f} "
-                  f"(largest logit {ref.abs().max().item():.3f})")
+            print(
+                f"{preset} {spec} gemv_max_rows={rows}: relative error {err:.4f} "
+                f"(largest logit {ref.abs().max().item():.3f})"
+            )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,28 @@ def _llm(graphs: bool, vocab: bool, own_sizes: bool):
     from tallow import LLM
     from tallow.config import config_from_mapping
 
-    llm = LLM.from_config(config_from_mapping({
-        "model": {"source": "random:llama-3.2-1b", "device": "cuda", "dtype": "bfloat16",
-                  "max_model_len": 2048, "isq": "fp8"},
-        # no prefix cache: a repeated batch recomputes its prompts with the same kernels
-        "cache": {"num_blocks": 2048, "enable_prefix_caching": False},
-        "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 32},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4},
-                                 "tallow-quant-fp8": {"isq_vocab": vocab}}},
-    }))
+    llm = LLM.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": "random:llama-3.2-1b",
+                    "device": "cuda",
+                    "dtype": "bfloat16",
+                    "max_model_len": 2048,
+                    "isq": "fp8",
+                },
+                # no prefix cache: a repeated batch recomputes its prompts with the same kernels
+                "cache": {"num_blocks": 2048, "enable_prefix_caching": False},
+                "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 32},
+                "plugins": {
+                    "settings": {
+                        "tallow-attention-triton": {"num_splits": 4},
+                        "tallow-quant-fp8": {"isq_vocab": vocab},
+                    }
+                },
+            }
+        )
+    )
     if graphs and own_sizes:
         from tallow.plugin.testing.engine import replay_own_graph_sizes
 
@@ -63,9 +76,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--no-vocab", action="store_true", help="isq_vocab off")
-    parser.add_argument("--own-sizes", action="store_true",
-                        help="each batch replays the graph of its own size (not a faster, "
-                             "larger one: tallow.plugin.testing.engine.replay_own_graph_sizes)")
+    parser.add_argument(
+        "--own-sizes",
+        action="store_true",
+        help="each batch replays the graph of its own size (not a faster, "
+        "larger one: tallow.plugin.testing.engine.replay_own_graph_sizes)",
+    )
     args = parser.parse_args()
     vocab = not args.no_vocab
     graphs, eager = _llm(True, vocab, args.own_sizes), _llm(False, vocab, args.own_sizes)
@@ -73,8 +89,10 @@ def main() -> None:
     for seed in range(args.seeds):
         g = torch.Generator().manual_seed(seed)
         for n in (1, 2, 4, 8, 16, 32):
-            batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
-                     for L in torch.randint(3, 300, (n,), generator=g)]
+            batch = [
+                torch.randint(0, 120000, (int(L),), generator=g).tolist()
+                for L in torch.randint(3, 300, (n,), generator=g)
+            ]
             if n not in args.sizes:
                 continue
             tokens = {}
@@ -83,7 +101,9 @@ def main() -> None:
                 again = [list(o.token_ids) for o in _run(llm, batch, None)]
                 tokens[name] = first
                 if first != again:
-                    print(f"seed {seed} n {n}: {name} differs from itself at {_first_diff(first, again)}")
+                    print(
+                        f"seed {seed} n {n}: {name} differs from itself at {_first_diff(first, again)}"
+                    )
             diff = _first_diff(tokens["graphs"], tokens["eager"])
             if diff is None:
                 print(f"seed {seed} n {n}: graphs == eager")
@@ -91,9 +111,11 @@ def main() -> None:
             row, pos = diff
             lg = _run(graphs, batch, 2)[row]
             le = _run(eager, batch, 2)[row]
-            print(f"seed {seed} n {n}: graphs != eager at row {row} position {pos}; top-2 gap "
-                  f"graphs {_gap(lg, pos)} eager {_gap(le, pos)}; with logprobs the tokens "
-                  f"{'agree' if list(lg.token_ids) == list(le.token_ids) else 'differ'}")
+            print(
+                f"seed {seed} n {n}: graphs != eager at row {row} position {pos}; top-2 gap "
+                f"graphs {_gap(lg, pos)} eager {_gap(le, pos)}; with logprobs the tokens "
+                f"{'agree' if list(lg.token_ids) == list(le.token_ids) else 'differ'}"
+            )
 
 
 if __name__ == "__main__":

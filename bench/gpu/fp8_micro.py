@@ -36,8 +36,9 @@ import torch
 from tallow.bench.kernel_timing import L2_ROTATION_BYTES, graph_seconds
 from tallow.bench.kernel_timing import LLAMA3_8B_SHAPES as SHAPES
 
-GEMV_CONFIGS = [(1, bn, bk, w) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048, 4096)
-                for w in (2, 4, 8)]
+GEMV_CONFIGS = [
+    (1, bn, bk, w) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048, 4096) for w in (2, 4, 8)
+]
 DEVICE = "cuda"
 
 
@@ -50,7 +51,7 @@ def weights(n: int, k: int, copies: int, block: bool) -> list:
 
     out = []
     for _ in range(copies):
-        w = quantize_rows(torch.randn(n, k, device=DEVICE) * k ** -0.5)
+        w = quantize_rows(torch.randn(n, k, device=DEVICE) * k**-0.5)
         if block:
             scale = w.scale[::BLOCK, None].expand(-1, -(-k // BLOCK)).contiguous()
             w = Fp8Weight(w.data, scale, "block")
@@ -58,8 +59,9 @@ def weights(n: int, k: int, copies: int, block: bool) -> list:
     return out
 
 
-def cell(name: str, n: int, k: int, m: int, fp8: list, blocks: list, dense: list,
-         results: dict) -> dict:
+def cell(
+    name: str, n: int, k: int, m: int, fp8: list, blocks: list, dense: list, results: dict
+) -> dict:
     from tallow.kernels.linear import linear as bf16_linear
     from tallow_quant_fp8 import ops
     from tallow_quant_fp8.kernels.gemm import gemm_triton
@@ -94,16 +96,27 @@ def cell(name: str, n: int, k: int, m: int, fp8: list, blocks: list, dense: list
     if cublas:
         timed("scaled_mm", lambda i: scaled_mm(q, s, fp8[i], None, dtype), q_copies)
         timed("scaled_mm_fast", lambda i: scaled_mm(q, s, fp8[i], None, dtype, True), q_copies)
-        timed("quant+scaled_mm", lambda i: scaled_mm(*quantize_activations_triton(x), fp8[i],
-                                                     None, dtype), q_copies)
+        timed(
+            "quant+scaled_mm",
+            lambda i: scaled_mm(*quantize_activations_triton(x), fp8[i], None, dtype),
+            q_copies,
+        )
     timed("quant+triton", lambda i: triton_w8a8(x, fp8[i], dtype), q_copies)
     timed("triton_w8", lambda i: gemm_triton(x, fp8[i]), q_copies)
     block_reason = scaled_mm_serves(blocks[0], dtype) if DEVICE == "cuda" else "no CUDA"
     if block_reason is None:
-        timed("block_quant+scaled_mm", lambda i: scaled_mm(
-            *quantize_activations_triton(x, group=128, scales_column_major=True,
-                                         row_multiple=4), blocks[i], None, dtype)[:m],
-            q_copies)
+        timed(
+            "block_quant+scaled_mm",
+            lambda i: scaled_mm(
+                *quantize_activations_triton(
+                    x, group=128, scales_column_major=True, row_multiple=4
+                ),
+                blocks[i],
+                None,
+                dtype,
+            )[:m],
+            q_copies,
+        )
     else:
         results.setdefault("block_scaled_mm_refused", block_reason)
     timed("block_quant+triton", lambda i: triton_w8a8(x, blocks[i], dtype, 128), q_copies)
@@ -132,20 +145,26 @@ def sweep_gemv(name: str, n: int, k: int, fp8: list, blocks: list) -> dict:
             if bk > k or (label == "block" and 128 % bn):
                 continue
             try:
-                timed.append((seconds(lambda i: gemv_triton(x, ws[i], config=config), len(ws)),
-                              config))
+                timed.append(
+                    (seconds(lambda i: gemv_triton(x, ws[i], config=config), len(ws)), config)
+                )
             except Exception as exc:  # e.g. registers or shared memory over the limit
                 print(f"    !! {name} {label} {config}: {type(exc).__name__}: {exc}"[:200])
         timed.sort()
         default = gemv_config(1, n, k, label == "block")
-        out[label] = dict(default=list(default),
-                          default_us=next((t * 1e6 for t, c in timed if c == default), None),
-                          best=[(t * 1e6, list(c)) for t, c in timed[:5]])
+        out[label] = dict(
+            default=list(default),
+            default_us=next((t * 1e6 for t, c in timed if c == default), None),
+            best=[(t * 1e6, list(c)) for t, c in timed[:5]],
+        )
         gbps = n * k / 1e3 / timed[0][0] / 1e6 if timed else float("nan")
-        print(f"  gemv sweep {name:8s} {label:5s}: default {default} "
-              f"{out[label]['default_us'] or float('nan'):8.1f} us | best "
-              + ", ".join(f"{c} {t:.1f}" for t, c in out[label]["best"][:3])
-              + f" ({gbps:.0f} GB/s)", flush=True)
+        print(
+            f"  gemv sweep {name:8s} {label:5s}: default {default} "
+            f"{out[label]['default_us'] or float('nan'):8.1f} us | best "
+            + ", ".join(f"{c} {t:.1f}" for t, c in out[label]["best"][:3])
+            + f" ({gbps:.0f} GB/s)",
+            flush=True,
+        )
     return out
 
 
@@ -153,8 +172,7 @@ def main() -> None:
     global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,16,256,4096")
-    parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help="names of SHAPES, or name=N:K")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="names of SHAPES, or name=N:K")
     parser.add_argument("--sweep-gemv", action="store_true")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--output")
@@ -172,8 +190,10 @@ def main() -> None:
         copies = max(2, -(-L2_ROTATION_BYTES // (n * k))) if DEVICE == "cuda" else 1
         fp8, blocks = weights(n, k, copies, False), weights(n, k, copies, True)
         d_copies = max(2, -(-L2_ROTATION_BYTES // (2 * n * k))) if DEVICE == "cuda" else 1
-        dense = [w.dequantize(torch.bfloat16 if DEVICE == "cuda" else torch.float32)
-                 for w in fp8[:d_copies]]
+        dense = [
+            w.dequantize(torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+            for w in fp8[:d_copies]
+        ]
         while len(dense) < d_copies:
             dense.append(dense[-1].clone())
         for m in rows:
@@ -185,8 +205,11 @@ def main() -> None:
             bf16 = t.get("bf16", float("nan"))
             parts = " ".join(f"{label} {us:8.1f}" for label, us in t.items())
             gbps = n * k / 1e3 / t["engine"] if "engine" in t else float("nan")
-            print(f"{name:8s} M={m:5d} | {parts} | engine {gbps:6.0f} GB/s, "
-                  f"x{t.get('engine', float('nan')) / bf16:.2f} of bf16", flush=True)
+            print(
+                f"{name:8s} M={m:5d} | {parts} | engine {gbps:6.0f} GB/s, "
+                f"x{t.get('engine', float('nan')) / bf16:.2f} of bf16",
+                flush=True,
+            )
             for label, err in row.get("errors", {}).items():
                 print(f"    !! {label}: {err}", flush=True)
         if args.sweep_gemv:
@@ -198,9 +221,14 @@ def main() -> None:
         print("block-wise torch._scaled_mm:", results["block_scaled_mm_refused"])
     one = [r for r in results["rows"] if r["m"] == 1 and "scaled_mm" in r["times_us"]]
     if one:
-        print("one row, quant+scaled_mm vs the GEMV (us): " + ", ".join(
-            f"{r['shape']} {r['times_us'].get('quant+scaled_mm', float('nan')):.1f} vs "
-            f"{r['times_us'].get('gemv', float('nan')):.1f}" for r in one))
+        print(
+            "one row, quant+scaled_mm vs the GEMV (us): "
+            + ", ".join(
+                f"{r['shape']} {r['times_us'].get('quant+scaled_mm', float('nan')):.1f} vs "
+                f"{r['times_us'].get('gemv', float('nan')):.1f}"
+                for r in one
+            )
+        )
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=1)

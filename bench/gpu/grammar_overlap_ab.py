@@ -39,6 +39,7 @@ def main() -> int:
     for arrangement in sys.argv[1].split(","):
         _arrange(arrangement)
     from tallow.cli import main as tallow_main
+
     return tallow_main(sys.argv[2:])
 
 
@@ -74,14 +75,17 @@ def _arrange(arrangement: str) -> None:
         threads = int(arrangement.split("=", 1)[1])
         settings_of = xgrammar_backend.plugin_settings
         xgrammar_backend.plugin_settings = lambda cls, config, name: settings_of(
-            cls, config, name).model_copy(update={"max_threads": threads})
+            cls, config, name
+        ).model_copy(update={"max_threads": threads})
     elif arrangement == "timers":
         _time_parts()
     elif arrangement == "gputrace":
         _trace_device()
     elif arrangement != "thread":
-        raise SystemExit(f"unknown arrangement {arrangement!r}: thread, serial, switch=S, "
-                         "nohandoff, xgthreads=N, profile, timers or gputrace")
+        raise SystemExit(
+            f"unknown arrangement {arrangement!r}: thread, serial, switch=S, "
+            "nohandoff, xgthreads=N, profile, timers or gputrace"
+        )
 
 
 #: the host-side parts of a step timed by ``timers`` (inclusive: a part called inside another
@@ -90,8 +94,16 @@ _PARTS = {
     "tallow.engine.core:EngineCore": ["_schedule_and_launch", "_collect", "_check_stop"],
     "tallow.engine.scheduler:Scheduler": ["schedule", "advance", "commit"],
     "tallow.engine.model_runner:ModelRunner": [
-        "launch", "fill_host", "upload", "run_batch", "sample_constrained", "start_masks",
-        "_sample", "_queue_readback", "collect"],
+        "launch",
+        "fill_host",
+        "upload",
+        "run_batch",
+        "sample_constrained",
+        "start_masks",
+        "_sample",
+        "_queue_readback",
+        "collect",
+    ],
     "tallow.engine.sampling.grammar:StructuredOutputs": ["advance", "start_fill", "take"],
     "tallow.engine.output_processor:OutputProcessor": ["process"],
 }
@@ -119,6 +131,7 @@ def _time_parts() -> None:
                 return method(*args, **kwargs)
             finally:
                 totals[kind][key] += time.perf_counter() - started
+
         return timed_method
 
     for where, names in _PARTS.items():
@@ -137,12 +150,15 @@ def _time_parts() -> None:
         return result
 
     def report() -> None:
-        print("== host-side parts, ms per step (inclusive): constrained / unconstrained",
-              file=sys.stderr)
+        print(
+            "== host-side parts, ms per step (inclusive): constrained / unconstrained",
+            file=sys.stderr,
+        )
         keys = sorted(set(totals["constrained"]) | set(totals["unconstrained"]))
         for key in keys:
-            c, u = (1e3 * totals[k][key] / max(1, steps[k]) for k in ("constrained",
-                                                                     "unconstrained"))
+            c, u = (
+                1e3 * totals[k][key] / max(1, steps[k]) for k in ("constrained", "unconstrained")
+            )
             print(f"{key:40s} {c:7.3f} {u:7.3f} {c - u:+7.3f}", file=sys.stderr)
 
     _around_timed_runs(timed_run)
@@ -171,8 +187,7 @@ def _trace_device(first: int = 150, count: int = 60) -> None:
         if kind is not None:
             state["step"] += 1
             if state["step"] == first:
-                prof = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CUDA])
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
                 prof.__enter__()
                 state["prof"] = prof
             elif state["step"] == first + count and state["prof"] is not None:
@@ -209,8 +224,11 @@ def _device_summary(trace: dict, steps: int) -> str:
     """Busy time, idle gaps, copies and kernels per step of a chrome trace's device events."""
     from collections import defaultdict
 
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"
-              and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    events = [
+        e
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
     if not events:
         return "  (no device events)"
     events.sort(key=lambda e: e["ts"])
@@ -229,12 +247,17 @@ def _device_summary(trace: dict, steps: int) -> str:
         item[0] += 1
         item[1] += e["dur"]
         item[2] += float((e.get("args") or {}).get("bytes", 0) or 0)
-    lines = [f"  span {(end - start) / steps / 1e3:.3f} ms, busy {busy / steps / 1e3:.3f} ms, "
-             f"idle {(end - start - busy) / steps / 1e3:.3f} ms per step"]
+    lines = [
+        f"  span {(end - start) / steps / 1e3:.3f} ms, busy {busy / steps / 1e3:.3f} ms, "
+        f"idle {(end - start - busy) / steps / 1e3:.3f} ms per step"
+    ]
     big = sorted(g for g in gaps if g >= 20)
-    lines.append(f"  idle gaps >= 20 us: {len(big) / steps:.1f} per step, "
-                 f"{sum(big) / steps / 1e3:.3f} ms per step; largest "
-                 + ", ".join(f"{g / 1e3:.3f}" for g in big[-8:]) + " ms")
+    lines.append(
+        f"  idle gaps >= 20 us: {len(big) / steps:.1f} per step, "
+        f"{sum(big) / steps / 1e3:.3f} ms per step; largest "
+        + ", ".join(f"{g / 1e3:.3f}" for g in big[-8:])
+        + " ms"
+    )
     for name, (n, dur, nbytes) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:16]:
         extra = f", {nbytes / n / 1e6:.2f} MB each" if nbytes else ""
         lines.append(f"  {dur / steps / 1e3:7.3f} ms  {n / steps:5.1f}x  {name}{extra}")

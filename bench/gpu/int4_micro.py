@@ -31,16 +31,18 @@ def int4_weights(n: int, k: int, copies: int, asym: bool = False) -> list:
 
     out = []
     for _ in range(copies):
-        codes = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda")
+        codes = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda")
         scales = torch.empty(n, k // 128, device="cuda").uniform_(1e-3, 1e-2).half()
-        zeros = (torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, device="cuda")
-                 if asym else None)
+        zeros = (
+            torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, device="cuda") if asym else None
+        )
         out.append(IntWeight(4, 128, n, k, codes, scales, zeros))
     return out
 
 
-def sweep_gemv(launch, m: int, rows_per_program, nbytes: int, copies: int, tags: dict,
-               results: list) -> None:
+def sweep_gemv(
+    launch, m: int, rows_per_program, nbytes: int, copies: int, tags: dict, results: list
+) -> None:
     """Times ``launch(i, config)`` for every (BM, BN, warps, prefetch) of ``rows_per_program``
     weight rows and 1 to 8 warps along K, printing and recording each."""
     bm = min(m, 4)
@@ -52,8 +54,11 @@ def sweep_gemv(launch, m: int, rows_per_program, nbytes: int, copies: int, tags:
                 print(f"    !! BN={bn} warps={warps}: {type(exc).__name__}")
                 continue
             results.append({**tags, "m": m, "config": [bm, bn, warps], "us": t * 1e6})
-            print(f"    gemv BM={bm} BN={bn:2d} warps={warps}: {t * 1e6:8.1f} us "
-                  f"{nbytes / t / 1e9:6.0f} GB/s", flush=True)
+            print(
+                f"    gemv BM={bm} BN={bn:2d} warps={warps}: {t * 1e6:8.1f} us "
+                f"{nbytes / t / 1e9:6.0f} GB/s",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -66,22 +71,28 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,256,4096")
     ap.add_argument("--shapes", default="qkv,o,gate_up,down,head")
     ap.add_argument("--gemv-configs", action="store_true")
-    ap.add_argument("--asym", action="store_true",
-                    help="zero points per group (the default --isq int4 layout)")
+    ap.add_argument(
+        "--asym", action="store_true", help="zero points per group (the default --isq int4 layout)"
+    )
     ap.add_argument("--output")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'shape':8s} {'M':>5s} {'int4 us':>9s} {'GB/s':>6s} {'bf16 us':>9s} {'GB/s':>6s} "
-          f"{'int4/bf16':>9s}", flush=True)
+    print(
+        f"{'shape':8s} {'M':>5s} {'int4 us':>9s} {'GB/s':>6s} {'bf16 us':>9s} {'GB/s':>6s} "
+        f"{'int4/bf16':>9s}",
+        flush=True,
+    )
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         int4_bytes = n * k // 2 + n * k // 128 * (3 if args.asym else 2)
         copies = max(2, L2_ROTATION_BYTES // int4_bytes + 1)
         ws = int4_weights(n, k, copies, args.asym)
         dense_copies = max(2, L2_ROTATION_BYTES // (2 * n * k) + 1)
-        dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                 for _ in range(dense_copies)]
+        dense = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            for _ in range(dense_copies)
+        ]
         ops.warm_up(ws[:1], torch.bfloat16)
         for m in rows:
             if name == "head" and m > 512:
@@ -89,28 +100,58 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t4 = seconds(lambda i: ops.linear(x, [ws[i]]), copies)
             t16 = seconds(lambda i: dense_linear(x, dense[i]), dense_copies)
-            row = {"shape": name, "n": n, "k": k, "m": m, "int4_us": t4 * 1e6,
-                   "int4_gbs": int4_bytes / t4 / 1e9, "bf16_us": t16 * 1e6,
-                   "bf16_gbs": 2 * n * k / t16 / 1e9}
+            row = {
+                "shape": name,
+                "n": n,
+                "k": k,
+                "m": m,
+                "int4_us": t4 * 1e6,
+                "int4_gbs": int4_bytes / t4 / 1e9,
+                "bf16_us": t16 * 1e6,
+                "bf16_gbs": 2 * n * k / t16 / 1e9,
+            }
             results.append(row)
-            print(f"{name:8s} {m:5d} {row['int4_us']:9.1f} {row['int4_gbs']:6.0f} "
-                  f"{row['bf16_us']:9.1f} {row['bf16_gbs']:6.0f} {t4 / t16:9.2f}", flush=True)
+            print(
+                f"{name:8s} {m:5d} {row['int4_us']:9.1f} {row['int4_gbs']:6.0f} "
+                f"{row['bf16_us']:9.1f} {row['bf16_gbs']:6.0f} {t4 / t16:9.2f}",
+                flush=True,
+            )
             if args.gemv_configs and m <= 16:
-                sweep_gemv(lambda i, c: gemv_triton(x, ws[i], config=c), m, (2, 4, 8, 16),
-                           int4_bytes, copies, {"shape": name}, results)
+                sweep_gemv(
+                    lambda i, c: gemv_triton(x, ws[i], config=c),
+                    m,
+                    (2, 4, 8, 16),
+                    int4_bytes,
+                    copies,
+                    {"shape": name},
+                    results,
+                )
                 if name == "down":  # the gated MLP's input: act(gate) * up read by the GEMV
                     xg = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
                     t_fused = seconds(lambda i: ops.linear(xg, [ws[i]], gate="silu"), copies)
-                    t_apart = seconds(lambda i: ops.linear(ops.activated(xg, "silu"), [ws[i]]),
-                                      copies)
-                    results.append({"shape": name, "m": m, "gate_fused_us": t_fused * 1e6,
-                                    "gate_apart_us": t_apart * 1e6})
-                    print(f"    silu gate fused into the GEMV: {t_fused * 1e6:8.1f} us, as its "
-                          f"own kernel first: {t_apart * 1e6:8.1f} us", flush=True)
+                    t_apart = seconds(
+                        lambda i: ops.linear(ops.activated(xg, "silu"), [ws[i]]), copies
+                    )
+                    results.append(
+                        {
+                            "shape": name,
+                            "m": m,
+                            "gate_fused_us": t_fused * 1e6,
+                            "gate_apart_us": t_apart * 1e6,
+                        }
+                    )
+                    print(
+                        f"    silu gate fused into the GEMV: {t_fused * 1e6:8.1f} us, as its "
+                        f"own kernel first: {t_apart * 1e6:8.1f} us",
+                        flush=True,
+                    )
                 if m == 1:
                     t = seconds(lambda i: dequantize_triton(ws[i], torch.bfloat16), copies)
-                    print(f"    dequantize into a bf16 workspace: {t * 1e6:8.1f} us "
-                          f"({(int4_bytes + 2 * n * k) / t / 1e9:.0f} GB/s moved)", flush=True)
+                    print(
+                        f"    dequantize into a bf16 workspace: {t * 1e6:8.1f} us "
+                        f"({(int4_bytes + 2 * n * k) / t / 1e9:.0f} GB/s moved)",
+                        flush=True,
+                    )
         ws = dense = None  # free the copies before the next shape
         torch.cuda.empty_cache()
     if args.output:

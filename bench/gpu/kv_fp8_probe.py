@@ -28,10 +28,19 @@ HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 32
 def decode_case(batch: int, cache_dtype: torch.dtype):
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(1000, 1481, (batch,), generator=g).tolist()
-    return make_case(query_lens=[1] * batch, context_lens=ctx, num_heads=HEADS,
-                     num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
-                     dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda",
-                     host_copies=False, spare_blocks=1), sum(ctx) + batch
+    return make_case(
+        query_lens=[1] * batch,
+        context_lens=ctx,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        dtype=torch.bfloat16,
+        cache_dtype=cache_dtype,
+        device="cuda",
+        host_copies=False,
+        spare_blocks=1,
+    ), sum(ctx) + batch
 
 
 def main() -> None:
@@ -45,14 +54,19 @@ def main() -> None:
     for label, cache_dtype, overrides in [
         ("bf16 cache", torch.bfloat16, {}),
         ("fp8, default tiles (one warp, 32 keys, 3 stages)", fp8, {}),
-        ("fp8, default tiles, V widened by a select, eager rescale (as before)", fp8,
-         dict(WIDEN_V_IN_PTX=False, LAZY_RESCALE=False)),
+        (
+            "fp8, default tiles, V widened by a select, eager rescale (as before)",
+            fp8,
+            dict(WIDEN_V_IN_PTX=False, LAZY_RESCALE=False),
+        ),
         ("fp8, default tiles, V widened in PTX, eager rescale", fp8, dict(LAZY_RESCALE=False)),
-        ("fp8, default tiles, V widened by a select, lazy rescale", fp8,
-         dict(WIDEN_V_IN_PTX=False)),
+        (
+            "fp8, default tiles, V widened by a select, lazy rescale",
+            fp8,
+            dict(WIDEN_V_IN_PTX=False),
+        ),
         ("fp8, 4 warps, 64-key tiles, 3 stages", fp8, dict(TILE_N=64, num_warps=4)),
-        ("fp8, 4 warps, 128-key tiles, 2 stages", fp8,
-         dict(TILE_N=128, num_warps=4, num_stages=2)),
+        ("fp8, 4 warps, 128-key tiles, 2 stages", fp8, dict(TILE_N=128, num_warps=4, num_stages=2)),
         ("fp8, 4 warps, 128-key tiles, 3 stages", fp8, dict(TILE_N=128, num_warps=4)),
         ("fp8, one warp, 32 keys, 2 stages", fp8, dict(num_stages=2)),
         ("fp8, one warp, 32 keys, 4 stages", fp8, dict(num_stages=4)),
@@ -65,17 +79,24 @@ def main() -> None:
         try:
             out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         except Exception as exc:  # a tile shape that does not compile: recorded, not fatal
-            rows.append((f"decode {args.batch}: {label}", float("nan"), type(exc).__name__,
-                         float("nan")))
+            rows.append(
+                (f"decode {args.batch}: {label}", float("nan"), type(exc).__name__, float("nan"))
+            )
             case = None
             continue
-        err = float((out[:case.valid_rows].float() - ref.float()).abs().max())
-        stored = all(torch.equal(case.kv_cache[name].view(torch.uint8),
-                                 ref_cache[name].view(torch.uint8)) for name in ("k", "v"))
+        err = float((out[: case.valid_rows].float() - ref.float()).abs().max())
+        stored = all(
+            torch.equal(case.kv_cache[name].view(torch.uint8), ref_cache[name].view(torch.uint8))
+            for name in ("k", "v")
+        )
         if not stored:
             err = float("inf")  # the store wrote something else than the reference
-        ms = time_graph(lambda: [be.forward(case.layer, case.q, case.k, case.v, case.kv_cache,
-                                            case.meta) for _ in range(LAYERS)])
+        ms = time_graph(
+            lambda: [
+                be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+                for _ in range(LAYERS)
+            ]
+        )
         nbytes = tokens * KV_HEADS * HEAD_DIM * 2 * case.kv_cache["k"].element_size() * LAYERS
         rows.append((f"decode {args.batch}: {label}", ms, f"{nbytes / ms / 1e9:.2f} TB/s", err))
         case = None
@@ -83,20 +104,37 @@ def main() -> None:
     ops.decode_spec = original
     original_prefill = ops.prefill_spec
     for label, cache_dtype, overrides in (
-            ("bf16 cache", torch.bfloat16, {}), ("fp8 cache", fp8, {}),
-            ("fp8 cache, 128-key tiles (as bf16)", fp8, dict(TILE_N=128))):
+        ("bf16 cache", torch.bfloat16, {}),
+        ("fp8 cache", fp8, {}),
+        ("fp8 cache, 128-key tiles (as bf16)", fp8, dict(TILE_N=128)),
+    ):
         ops.prefill_spec = lambda _o=overrides, **kw: {**original_prefill(**kw), **_o}
-        case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
-                         num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
-                         dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda")
+        case = make_case(
+            query_lens=[1024] * 8,
+            context_lens=[0] * 8,
+            num_heads=HEADS,
+            num_kv_heads=KV_HEADS,
+            head_dim=HEAD_DIM,
+            block_size=16,
+            dtype=torch.bfloat16,
+            cache_dtype=cache_dtype,
+            device="cuda",
+        )
         ref, _ = case.expected()
         out = be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
         err = float((out.float() - ref.float()).abs().max())
-        ms = triton.testing.do_bench(lambda: be.forward(case.layer, case.q, case.k, case.v,
-                                                        case.kv_cache, case.meta))
+        ms = triton.testing.do_bench(
+            lambda: be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+        )
         flops = 8 * 4 * 1024 * 1024 / 2 * HEADS * HEAD_DIM
-        rows.append((f"prefill 8 x 1024 tokens, one layer: {label}", ms,
-                     f"{flops / ms / 1e9:.0f} TFLOP/s", err))
+        rows.append(
+            (
+                f"prefill 8 x 1024 tokens, one layer: {label}",
+                ms,
+                f"{flops / ms / 1e9:.0f} TFLOP/s",
+                err,
+            )
+        )
     ops.prefill_spec = original_prefill
     print(f"\n{'case':66s} {'ms':>8s} {'rate':>14s} {'max err':>8s}")
     for name, ms, rate, err in rows:

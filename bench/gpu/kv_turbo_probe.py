@@ -62,8 +62,11 @@ def variant(name: str):  # noqa: ANN201
     elif "@" in name:
         tile_n, warps, stages = map(int, name.split("@")[1].split("x"))
         ops.nibble_decode_tiles = lambda head_dim, group, elem_bytes: DecodeTiles(
-            g_pad=max(16, 1 << (group - 1).bit_length()), tile_n=tile_n, num_warps=warps,
-            num_stages=stages)
+            g_pad=max(16, 1 << (group - 1).bit_length()),
+            tile_n=tile_n,
+            num_warps=warps,
+            num_stages=stages,
+        )
     try:
         yield name.split("/")[0].split("@")[0]
     finally:
@@ -79,21 +82,35 @@ def probe(row: str, batch: int, ctx: list[int]) -> str:
 def _probe(row: str, name: str, batch: int, ctx: list[int]) -> str:
     be = TritonAttentionBackend()
     codec = codec_of(name)
-    case = make_case(query_lens=[1] * batch, context_lens=ctx, num_heads=HEADS,
-                     num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
-                     dtype=torch.bfloat16, codec=codec, device="cuda", host_copies=False,
-                     spare_blocks=1)
+    case = make_case(
+        query_lens=[1] * batch,
+        context_lens=ctx,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        dtype=torch.bfloat16,
+        codec=codec,
+        device="cuda",
+        host_copies=False,
+        spare_blocks=1,
+    )
     cache, meta, layer = case.kv_cache, case.meta, case.layer
     turbo = turbo_ops.is_turbo(cache)
     out = be.forward(layer, case.q, case.k, case.v, cache, meta)
-    err = float((out[:case.valid_rows].float()
-                 - case.reference_output(cache).float()).abs().max())
+    err = float((out[: case.valid_rows].float() - case.reference_output(cache).float()).abs().max())
     splits = ops.choose_num_splits(case.q, cache, meta.num_seqs, meta.max_seq_len)
     q = turbo_ops.rotate_queries(case.q, cache) if turbo else case.q
     o = torch.empty_like(q)
-    common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
-                  block_tables=meta.block_tables, num_seqs=meta.num_seqs, scale=layer.scale,
-                  num_splits=splits, max_seq_len=meta.max_seq_len)
+    common = dict(
+        query_start_loc=meta.query_start_loc,
+        seq_lens=meta.seq_lens,
+        block_tables=meta.block_tables,
+        num_seqs=meta.num_seqs,
+        scale=layer.scale,
+        num_splits=splits,
+        max_seq_len=meta.max_seq_len,
+    )
 
     def layers(fn):  # noqa: ANN001, ANN202
         return lambda: [fn() for _ in range(LAYERS)]
@@ -107,20 +124,33 @@ def _probe(row: str, name: str, batch: int, ctx: list[int]) -> str:
         out_rot = time_graph(layers(lambda: turbo_ops.restore_output(o, cache)))
     cost = footprint(codec, [layer], block_size=16, model_dtype=torch.bfloat16)
     gbytes = (sum(ctx) + batch) * cost.bytes_per_token * LAYERS / 1e9
-    return (f"{row:14s} {step:8.3f} {store:7.3f} {attn:7.3f} {q_rot:7.3f} {out_rot:7.3f} "
-            f"{gbytes:7.2f} {gbytes / attn:6.2f} {err:8.1e}  ({splits} splits)")
+    return (
+        f"{row:14s} {step:8.3f} {store:7.3f} {attn:7.3f} {q_rot:7.3f} {out_rot:7.3f} "
+        f"{gbytes:7.2f} {gbytes / attn:6.2f} {err:8.1e}  ({splits} splits)"
+    )
 
 
 def prefill(name: str) -> str:
     """ms of a prefill step of 8 x 1024 tokens over 32 layers with cache ``name``."""
     be = TritonAttentionBackend()
-    case = make_case(query_lens=[1024] * 8, context_lens=[0] * 8, num_heads=HEADS,
-                     num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=16,
-                     dtype=torch.bfloat16, codec=codec_of(name), device="cuda")
+    case = make_case(
+        query_lens=[1024] * 8,
+        context_lens=[0] * 8,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        dtype=torch.bfloat16,
+        codec=codec_of(name),
+        device="cuda",
+    )
     # eager, as the engine runs prefill steps (do_bench flushes the L2 between runs)
-    ms = triton.testing.do_bench(lambda: [be.forward(case.layer, case.q, case.k, case.v,
-                                                     case.kv_cache, case.meta)
-                                          for _ in range(LAYERS)])
+    ms = triton.testing.do_bench(
+        lambda: [
+            be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
+            for _ in range(LAYERS)
+        ]
+    )
     return f"{name:8s} prefill 8 x 1024 tokens, 32 layers: {ms:8.3f} ms"
 
 
@@ -128,15 +158,18 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--context", default="1000:1480", help="LO:HI, contexts drawn uniformly")
-    p.add_argument("--codecs", default="bf16,fp8,turbo8,turbo4,turbo3,turbo4/split,"
-                                       "turbo4@64x4x2,turbo4@64x2x3")
+    p.add_argument(
+        "--codecs", default="bf16,fp8,turbo8,turbo4,turbo3,turbo4/split,turbo4@64x4x2,turbo4@64x2x3"
+    )
     p.add_argument("--no-prefill", action="store_true", help="skip the prefill rows")
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
     lo, hi = map(int, args.context.split(":"))
     ctx = torch.randint(lo, hi + 1, (args.batch,), generator=g).tolist()
-    print(f"{'cache':14s} {'step ms':>8s} {'store':>7s} {'attn':>7s} {'q rot':>7s} "
-          f"{'out rot':>7s} {'KV GB':>7s} {'TB/s':>6s} {'max err':>8s}")
+    print(
+        f"{'cache':14s} {'step ms':>8s} {'store':>7s} {'attn':>7s} {'q rot':>7s} "
+        f"{'out rot':>7s} {'KV GB':>7s} {'TB/s':>6s} {'max err':>8s}"
+    )
     for name in args.codecs.split(","):
         print(probe(name, args.batch, ctx), flush=True)
         torch.cuda.empty_cache()

@@ -31,19 +31,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tallow.kernels.moe import fused_moe, fused_moe_ref  # noqa: E402
 from tallow.kernels.moe_config import (  # noqa: E402
-    TABLE_PATH, MoEConfig, default_moe_config, table_entry, table_key,
+    TABLE_PATH,
+    MoEConfig,
+    default_moe_config,
+    table_entry,
+    table_key,
 )
 
 #: name -> (experts, intermediate, hidden, top_k)
-SHAPES = {"qwen3-30b-a3b": (128, 768, 2048, 8), "qwen2-moe": (60, 1408, 2048, 4),
-          "mixtral-8x7b": (8, 14336, 4096, 2), "gpt-oss-20b": (32, 2880, 2880, 4),
-          "tiny": (8, 32, 64, 2)}
+SHAPES = {
+    "qwen3-30b-a3b": (128, 768, 2048, 8),
+    "qwen2-moe": (60, 1408, 2048, 4),
+    "mixtral-8x7b": (8, 14336, 4096, 2),
+    "gpt-oss-20b": (32, 2880, 2880, 4),
+    "tiny": (8, 32, 64, 2),
+}
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
-GEMV = [MoEConfig("gemv", 1, bn, bk, w, 1) for bn in (4, 8, 16) for bk in (128, 256, 512)
-        for w in (2, 4, 8)]
-GEMM = [MoEConfig("gemm", bm, bn, bk, w, s)
-        for bm, bn, bk, w, s in itertools.product((16, 32, 64, 128), (32, 64, 128), (32, 64, 128),
-                                                  (4, 8), (2, 3, 4))]
+GEMV = [
+    MoEConfig("gemv", 1, bn, bk, w, 1)
+    for bn in (4, 8, 16)
+    for bk in (128, 256, 512)
+    for w in (2, 4, 8)
+]
+GEMM = [
+    MoEConfig("gemm", bm, bn, bk, w, s)
+    for bm, bn, bk, w, s in itertools.product(
+        (16, 32, 64, 128), (32, 64, 128), (32, 64, 128), (4, 8), (2, 3, 4)
+    )
+]
 DEVICE = "cuda"
 
 
@@ -70,8 +85,8 @@ def candidates(tokens: int) -> list[MoEConfig]:
 def sweep_shape(name: str, tokens_list: list[int]) -> list[dict]:
     e, inter, hidden, top_k = SHAPES[name]
     g = torch.Generator(device="cpu").manual_seed(0)
-    w13 = (torch.randn(e, 2 * inter, hidden, generator=g) * hidden ** -0.5).bfloat16().to(DEVICE)
-    w2 = (torch.randn(e, hidden, inter, generator=g) * inter ** -0.5).bfloat16().to(DEVICE)
+    w13 = (torch.randn(e, 2 * inter, hidden, generator=g) * hidden**-0.5).bfloat16().to(DEVICE)
+    w2 = (torch.randn(e, hidden, inter, generator=g) * inter**-0.5).bfloat16().to(DEVICE)
     buckets = []
     for tokens in tokens_list:
         x = torch.randn(tokens, hidden, generator=g).bfloat16().to(DEVICE)
@@ -96,9 +111,11 @@ def sweep_shape(name: str, tokens_list: list[int]) -> list[dict]:
         default = default_moe_config(e, inter, hidden, tokens)
         t_default = seconds(lambda: fused_moe(x, w13, w2, weights, ids, config=default))
         active = 3 * inter * hidden * 2 * min(e, tokens * top_k)  # bytes of experts touched
-        print(f"{name:14s} T={tokens:5d} best {t * 1e6:8.1f} us {best}  default "
-              f"{t_default * 1e6:8.1f} us  ~{active / t / 1e9:6.0f} GB/s of expert weights",
-              flush=True)
+        print(
+            f"{name:14s} T={tokens:5d} best {t * 1e6:8.1f} us {best}  default "
+            f"{t_default * 1e6:8.1f} us  ~{active / t / 1e9:6.0f} GB/s of expert weights",
+            flush=True,
+        )
         buckets.append(table_entry(tokens, best))
     # a count between two measured ones takes the larger's config; the last has no end
     buckets[-1]["max_tokens"] = 1 << 30

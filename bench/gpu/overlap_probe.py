@@ -37,8 +37,9 @@ class Half:
         self.m = m
         dev = "cuda"
         self.x = torch.randn(m, HIDDEN, device=dev, dtype=torch.bfloat16)
-        self.qkv = torch.empty(m, HIDDEN + 2 * KV_HEADS * HEAD_DIM, device=dev,
-                               dtype=torch.bfloat16)
+        self.qkv = torch.empty(
+            m, HIDDEN + 2 * KV_HEADS * HEAD_DIM, device=dev, dtype=torch.bfloat16
+        )
         self.att = torch.empty(m, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
         self.seq_lens = lens.to(dev, torch.int32)
         self.qsl = torch.arange(m + 1, device=dev, dtype=torch.int32)
@@ -60,14 +61,22 @@ def build(batch: int, lo: int, hi: int, seed: int = 0):
     half = batch // 2
     a = Half(lens[:half], 0, max_blocks)
     b = Half(lens[half:], a.blocks_used, max_blocks)
-    kv = torch.randn(2, full.blocks_used, BLOCK, KV_HEADS, HEAD_DIM, device="cuda",
-                     dtype=torch.bfloat16) * 0.5
-    std = HIDDEN ** -0.5
-    w = {"qkv": torch.randn(HIDDEN + 2 * KV_HEADS * HEAD_DIM, HIDDEN, device="cuda",
-                            dtype=torch.bfloat16) * std,
-         "o": torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16) * std,
-         "gate_up": torch.randn(2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * std,
-         "down": torch.randn(HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * INTER ** -0.5}
+    kv = (
+        torch.randn(
+            2, full.blocks_used, BLOCK, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16
+        )
+        * 0.5
+    )
+    std = HIDDEN**-0.5
+    w = {
+        "qkv": torch.randn(
+            HIDDEN + 2 * KV_HEADS * HEAD_DIM, HIDDEN, device="cuda", dtype=torch.bfloat16
+        )
+        * std,
+        "o": torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16) * std,
+        "gate_up": torch.randn(2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * std,
+        "down": torch.randn(HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * INTER**-0.5,
+    }
     return full, a, b, kv, w, lens
 
 
@@ -77,9 +86,17 @@ def pre(h: Half, w) -> None:
 
 def attend(h: Half, kv: torch.Tensor, splits: int | None) -> None:
     q = h.qkv[:, :HIDDEN].view(h.m, HEADS, HEAD_DIM)
-    decode_attention(q, kv, h.att, query_start_loc=h.qsl, seq_lens=h.seq_lens,
-                     block_tables=h.block_tables, num_seqs=h.m, scale=HEAD_DIM ** -0.5,
-                     num_splits=splits)
+    decode_attention(
+        q,
+        kv,
+        h.att,
+        query_start_loc=h.qsl,
+        seq_lens=h.seq_lens,
+        block_tables=h.block_tables,
+        num_seqs=h.m,
+        scale=HEAD_DIM**-0.5,
+        num_splits=splits,
+    )
 
 
 def post(h: Half, w) -> None:
@@ -146,33 +163,46 @@ def main() -> None:
     args = p.parse_args()
     full, a, b, kv, w, lens = build(args.batch, args.min_ctx, args.max_ctx)
     kv_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * 2 * LAYERS
-    print(f"batch {args.batch}, mean context {lens.float().mean():.0f}, "
-          f"K/V read per step {kv_bytes / 1e9:.1f} GB")
+    print(
+        f"batch {args.batch}, mean context {lens.float().mean():.0f}, "
+        f"K/V read per step {kv_bytes / 1e9:.1f} GB"
+    )
     # parts alone, for the bound
     t_att = time_graph(lambda: [attend(full, kv, None) for _ in range(LAYERS)])
     t_gemm = time_graph(lambda: [(pre(full, w), post(full, w)) for _ in range(LAYERS)])
-    t_att_h = time_graph(lambda: [(attend(a, kv, None), attend(b, kv, None))
-                                  for _ in range(LAYERS)])
-    t_gemm_h = time_graph(lambda: [(pre(a, w), post(a, w), pre(b, w), post(b, w))
-                                   for _ in range(LAYERS)])
-    print(f"attention alone {t_att:.2f} ms ({kv_bytes / t_att / 1e9:.2f} TB/s), "
-          f"in halves {t_att_h:.2f} ms; GEMMs alone {t_gemm:.2f} ms, in halves {t_gemm_h:.2f} ms")
-    rows = [("serial", time_graph(lambda: serial(full, kv, w))),
-            ("halves", time_graph(lambda: halves(a, b, kv, w)))]
-    lo_prio, hi_prio = torch.cuda.Stream.priority_range() if hasattr(
-        torch.cuda.Stream, "priority_range") else (0, -1)
+    t_att_h = time_graph(
+        lambda: [(attend(a, kv, None), attend(b, kv, None)) for _ in range(LAYERS)]
+    )
+    t_gemm_h = time_graph(
+        lambda: [(pre(a, w), post(a, w), pre(b, w), post(b, w)) for _ in range(LAYERS)]
+    )
+    print(
+        f"attention alone {t_att:.2f} ms ({kv_bytes / t_att / 1e9:.2f} TB/s), "
+        f"in halves {t_att_h:.2f} ms; GEMMs alone {t_gemm:.2f} ms, in halves {t_gemm_h:.2f} ms"
+    )
+    rows = [
+        ("serial", time_graph(lambda: serial(full, kv, w))),
+        ("halves", time_graph(lambda: halves(a, b, kv, w))),
+    ]
+    lo_prio, hi_prio = (
+        torch.cuda.Stream.priority_range()
+        if hasattr(torch.cuda.Stream, "priority_range")
+        else (0, -1)
+    )
     for label, prio in (("overlap", 0), ("overlap attn-high", hi_prio)):
         side = torch.cuda.Stream(priority=prio)
         rows.append((label, time_graph(lambda: overlap(a, b, kv, w, side))))
     for splits in (1, 2, 4, 8):
         side = torch.cuda.Stream()
-        rows.append((f"overlap splits={splits}",
-                     time_graph(lambda: overlap(a, b, kv, w, side, splits))))
+        rows.append(
+            (f"overlap splits={splits}", time_graph(lambda: overlap(a, b, kv, w, side, splits)))
+        )
     # GEMMs on a high-priority stream: capture the whole overlap on one
     gemm_hi = torch.cuda.Stream(priority=hi_prio)
     side = torch.cuda.Stream()
-    rows.append(("overlap gemm-high", time_graph(lambda: overlap(a, b, kv, w, side),
-                                                 stream=gemm_hi)))
+    rows.append(
+        ("overlap gemm-high", time_graph(lambda: overlap(a, b, kv, w, side), stream=gemm_hi))
+    )
     base = rows[0][1]
     print(f"\n{'variant':24s} {'ms/step':>8s} {'vs serial':>9s} {'tok/s':>8s}")
     for label, t in rows:

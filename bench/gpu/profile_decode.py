@@ -34,18 +34,31 @@ def gemv_sweep() -> None:
 
     from tallow.kernels.gemv_triton import gemv_config, gemv_triton
 
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-              "down": (4096, 14336), "lm_head": (128256, 4096),
-              "q3_qkv": (4096, 1024), "q3_o": (1024, 2048), "q3_gate_up": (6144, 1024),
-              "q3_down": (1024, 3072), "q3_lm": (151936, 1024)}
-    configs = [(1, bn, bk, w) for bn in (2, 4, 8, 16, 32) for bk in (256, 512, 1024, 2048)
-               for w in (2, 4, 8)]
+    shapes = {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+        "lm_head": (128256, 4096),
+        "q3_qkv": (4096, 1024),
+        "q3_o": (1024, 2048),
+        "q3_gate_up": (6144, 1024),
+        "q3_down": (1024, 3072),
+        "q3_lm": (151936, 1024),
+    }
+    configs = [
+        (1, bn, bk, w)
+        for bn in (2, 4, 8, 16, 32)
+        for bk in (256, 512, 1024, 2048)
+        for w in (2, 4, 8)
+    ]
     print(f"{'shape':10s} {'cuBLAS GB/s':>12s} {'default GB/s':>13s}  top configs (GB/s)")
     for name, (n, k) in shapes.items():
         nbytes = n * k * 2
         copies = max(2, -(-400_000_000 // nbytes))  # rotate > L2 (50 MB) so every read is HBM
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-              for _ in range(copies)]
+        ws = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)
+        ]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, ws[0]).float()
         got = gemv_triton(x, ws[0]).float()
@@ -60,8 +73,11 @@ def gemv_sweep() -> None:
             results.append((bw, cfg))
         results.sort(reverse=True)
         top = " ".join(f"{c[1]}x{c[2]}w{c[3]}:{b:.0f}" for b, c in results[:5])
-        print(f"{name:10s} {cublas:12.0f} {default:13.0f}  {top} (default "
-              f"{gemv_config(1, n, k)}, rel err {err:.1e})", flush=True)
+        print(
+            f"{name:10s} {cublas:12.0f} {default:13.0f}  {top} (default "
+            f"{gemv_config(1, n, k)}, rel err {err:.1e})",
+            flush=True,
+        )
         ws = None
         torch.cuda.empty_cache()
 
@@ -71,12 +87,20 @@ def gemm_sweep() -> None:
     decode batch): µs per step (4 GEMMs x 32 layers) and TFLOP/s."""
     import torch.nn.functional as F
 
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-              "down": (4096, 14336)}
-    ws = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-          for name, (n, k) in shapes.items()}
-    print(f"{'rows':>5s} " + " ".join(f"{n:>9s}" for n in shapes) + f" {'step us':>9s} "
-          f"{'us/row':>7s} {'TFLOP/s':>8s}")
+    shapes = {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+    }
+    ws = {
+        name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        for name, (n, k) in shapes.items()
+    }
+    print(
+        f"{'rows':>5s} " + " ".join(f"{n:>9s}" for n in shapes) + f" {'step us':>9s} "
+        f"{'us/row':>7s} {'TFLOP/s':>8s}"
+    )
     for m in (256, 320, 384, 400, 416, 432, 443, 448, 464, 480, 496, 512):
         times = {}
         for name, w in ws.items():
@@ -85,9 +109,12 @@ def gemm_sweep() -> None:
             times[name] = flops / (graph_bandwidth(lambda i: F.linear(x, w), flops) * 1e9)
         step = 32 * sum(times.values())
         flops = 2 * m * (32 * sum(w.numel() for w in ws.values()))
-        print(f"{m:5d} " + " ".join(f"{t * 1e6:9.1f}" for t in times.values())
-              + f" {step * 1e6:9.0f} {step * 1e6 / m:7.2f} {flops / step / 1e12:8.0f}",
-              flush=True)
+        print(
+            f"{m:5d} "
+            + " ".join(f"{t * 1e6:9.1f}" for t in times.values())
+            + f" {step * 1e6:9.0f} {step * 1e6 / m:7.2f} {flops / step / 1e12:8.0f}",
+            flush=True,
+        )
 
 
 def profile_ttft(args: argparse.Namespace) -> None:
@@ -99,8 +126,9 @@ def profile_ttft(args: argparse.Namespace) -> None:
     from tallow.config import load_config
     from tallow import SamplingParams
 
-    config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
-                          "4096"] + args.extra)
+    config = load_config(
+        ["--model", args.model, "--dtype", "bfloat16", "--max-model-len", "4096"] + args.extra
+    )
     engine = build_engine(config)
     measure(engine, batch=1, input_len=args.input_len, output_len=8, seed=1)
     vocab = engine.parts.core.runner.vocab_size
@@ -109,9 +137,12 @@ def profile_ttft(args: argparse.Namespace) -> None:
     sync()
     with kernel_profile() as prof:
         start = time.perf_counter()
-        engine.add_request(rid, prompt, SamplingParams(max_tokens=args.output_len,
-                                                       ignore_eos=True, temperature=0.0),
-                           stream=False)
+        engine.add_request(
+            rid,
+            prompt,
+            SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0),
+            stream=False,
+        )
         steps = []
         while True:
             t0 = time.perf_counter()
@@ -122,11 +153,15 @@ def profile_ttft(args: argparse.Namespace) -> None:
                 break
         ttft = time.perf_counter() - start
         sync()
-    print(f"\n== first token of a {args.input_len}-token prompt: {ttft * 1e3:.2f} ms after "
-          f"{len(steps)} steps (TALLOW_PDL={os.environ.get('TALLOW_PDL', 'default')})")
+    print(
+        f"\n== first token of a {args.input_len}-token prompt: {ttft * 1e3:.2f} ms after "
+        f"{len(steps)} steps (TALLOW_PDL={os.environ.get('TALLOW_PDL', 'default')})"
+    )
     for i, (wall, t) in enumerate(steps, 1):
-        print(f"step {i}: {wall * 1e3:.2f} ms; "
-              + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in t.items()))
+        print(
+            f"step {i}: {wall * 1e3:.2f} ms; "
+            + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in t.items())
+        )
     print_kernels(prof, 1, top=20)
     while engine.has_unfinished():
         engine.step()
@@ -144,10 +179,21 @@ def profile_step(args: argparse.Namespace) -> None:
     from tallow.kernels import linear as linear_mod
 
     linear_mod.GEMV_MAX_ROWS = args.gemv_rows
-    config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
-                          "4096", "--max-num-seqs", str(max(8, args.batch)),
-                          "--max-cuda-graph-batch", str(max(8, args.batch))]
-                         + (["--disable-cuda-graph"] if args.eager else []))
+    config = load_config(
+        [
+            "--model",
+            args.model,
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "4096",
+            "--max-num-seqs",
+            str(max(8, args.batch)),
+            "--max-cuda-graph-batch",
+            str(max(8, args.batch)),
+        ]
+        + (["--disable-cuda-graph"] if args.eager else [])
+    )
     engine = LLMEngine.from_config(config)
     engine.core.trace_steps()  # the phases below read engine.last_step.timings
     params = SamplingParams(max_tokens=10_000, ignore_eos=True, temperature=0.0)
@@ -173,22 +219,28 @@ def profile_step(args: argparse.Namespace) -> None:
             engine.step()
         sync()
     mode = " eager" if args.eager else ""
-    print(f"\n== {args.model} batch {args.batch} input {args.input_len} gemv_rows "
-          f"{args.gemv_rows}{mode}: wall {wall * 1e3:.3f} ms/step, phases "
-          + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items()))
+    print(
+        f"\n== {args.model} batch {args.batch} input {args.input_len} gemv_rows "
+        f"{args.gemv_rows}{mode}: wall {wall * 1e3:.3f} ms/step, phases "
+        + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in phases.items())
+    )
     print_kernels(prof, steps)
 
 
 def kernel_profile():
     from torch.profiler import ProfilerActivity, profile
+
     return profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
 
 
 def print_device_idle(prof, steps: int) -> None:
     """How long the device sat without a kernel or copy between the window's first and last:
     the span, the busy union of all device activity, and the longest gaps."""
-    spans = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted(
+        (ev.time_range.start, ev.time_range.end)
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA
+    )
     if not spans:
         return
     busy, gaps = 0.0, []
@@ -202,9 +254,12 @@ def print_device_idle(prof, steps: int) -> None:
     busy += cur_end - cur_start
     span = cur_end - spans[0][0]
     gaps.sort(reverse=True)
-    print(f"device span {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, idle "
-          f"{(span - busy) / 1e3:.3f} ms over {steps} steps ({len(gaps)} gaps; longest "
-          + ", ".join(f"{g / 1e3:.2f}" for g in gaps[:6]) + " ms)")
+    print(
+        f"device span {span / 1e3:.3f} ms, busy {busy / 1e3:.3f} ms, idle "
+        f"{(span - busy) / 1e3:.3f} ms over {steps} steps ({len(gaps)} gaps; longest "
+        + ", ".join(f"{g / 1e3:.2f}" for g in gaps[:6])
+        + " ms)"
+    )
 
 
 def print_kernels(prof, steps: int, top: int = 30) -> None:
@@ -236,11 +291,13 @@ def profile_throughput(args: argparse.Namespace) -> None:
     from tallow.engine.llm_engine import LLMEngine
     from tallow import SamplingParams
 
-    config = load_config(["--model", args.model, "--dtype", "bfloat16", "--max-model-len",
-                          "4096"] + args.extra)
+    config = load_config(
+        ["--model", args.model, "--dtype", "bfloat16", "--max-model-len", "4096"] + args.extra
+    )
     engine = LLMEngine.from_config(config)
     engine.core.trace_steps()  # the phases below read engine.last_step.timings
     from tallow.engine.builder import freeze_startup_heap
+
     freeze_startup_heap()  # as tallow bench does
     runner = engine.parts.core.runner
     vocab = runner.vocab_size
@@ -283,12 +340,16 @@ def profile_throughput(args: argparse.Namespace) -> None:
     prompt_steps: list[float] = []
     import cProfile
     import pstats
+
     profiler = cProfile.Profile()
     sync_warnings: collections.Counter[str] = collections.Counter()
     for prompt, out_len in zip(prompts, out_lens):
-        engine.add_request(engine.next_request_id(), prompt,
-                           SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
-                           stream=False)
+        engine.add_request(
+            engine.next_request_id(),
+            prompt,
+            SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+            stream=False,
+        )
     start = time.perf_counter()
     step_no = 0
     kernel_prof = None
@@ -317,13 +378,17 @@ def profile_throughput(args: argparse.Namespace) -> None:
             engine.step()
         wall = time.perf_counter() - t0
         if kernel_prof is not None:
-            window_kinds.append(f"{last.get('kind', '?')} ({last.get('tokens', 0)} tokens, "
-                                f"{last.get('seqs', 0)} seqs, {wall * 1e3:.1f} ms)")
+            window_kinds.append(
+                f"{last.get('kind', '?')} ({last.get('tokens', 0)} tokens, "
+                f"{last.get('seqs', 0)} seqs, {wall * 1e3:.1f} ms)"
+            )
             if step_no + 1 not in windows:
                 sync()
                 kernel_prof.__exit__(None, None, None)
-                print(f"\n== kernels of steps {step_no - len(window_kinds) + 1}..{step_no}: "
-                      + "; ".join(window_kinds))
+                print(
+                    f"\n== kernels of steps {step_no - len(window_kinds) + 1}..{step_no}: "
+                    + "; ".join(window_kinds)
+                )
                 print_kernels(kernel_prof, len(window_kinds), top=18)
                 kernel_prof = None
         if "kind" not in last:
@@ -342,17 +407,23 @@ def profile_throughput(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     gc.callbacks.remove(on_gc)
     out_tokens = sum(out_lens)
-    print(f"\n== throughput workload {args.model} n={n}: {elapsed:.2f} s "
-          f"({out_tokens / elapsed:.0f} output tok/s), {step_no} steps, "
-          f"{engine.parts.core.scheduler.num_preemptions} preemptions; gc {gc_pause[1]} "
-          f"collections, {gc_pause[0] * 1e3:.0f} ms")
+    print(
+        f"\n== throughput workload {args.model} n={n}: {elapsed:.2f} s "
+        f"({out_tokens / elapsed:.0f} output tok/s), {step_no} steps, "
+        f"{engine.parts.core.scheduler.num_preemptions} preemptions; gc {gc_pause[1]} "
+        f"collections, {gc_pause[0] * 1e3:.0f} ms"
+    )
     print(f"{'kind':14s} {'steps':>6s} {'wall ms':>8s} {'launch':>7s} {'wait':>7s} {'other':>7s}")
     for name, (cnt, wall, lau, wait, other) in kinds.items():
-        print(f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
-              f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)")
+        print(
+            f"{name:14s} {cnt:6d} {wall / cnt * 1e3:8.2f} {lau / cnt * 1e3:7.2f} "
+            f"{wait / cnt * 1e3:7.2f} {other / cnt * 1e3:7.2f}   (total {wall:.2f} s)"
+        )
     print("prompt steps (ms):", " ".join(f"{t * 1e3:.0f}" for t in prompt_steps))
-    print("host-device synchronisations in prompt steps 11-13 (torch sync debug mode):",
-          dict(sync_warnings) or "none")
+    print(
+        "host-device synchronisations in prompt steps 11-13 (torch sync debug mode):",
+        dict(sync_warnings) or "none",
+    )
     if len(prompt_steps) > 12:
         print("cProfile of prompt steps 11-13, top 14 by cumulative time:")
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(14)
@@ -370,11 +441,18 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256, help="ttft: the request's max_tokens")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--fixed-len", type=int, default=None,
-                   help="throughput: every prompt and output this long (default uniform 100-1024)")
-    p.add_argument("--kernel-steps", default="",
-                   help="throughput: step numbers (1-based, comma-separated) whose kernels are "
-                        "profiled; each run of consecutive numbers is one table")
+    p.add_argument(
+        "--fixed-len",
+        type=int,
+        default=None,
+        help="throughput: every prompt and output this long (default uniform 100-1024)",
+    )
+    p.add_argument(
+        "--kernel-steps",
+        default="",
+        help="throughput: step numbers (1-based, comma-separated) whose kernels are "
+        "profiled; each run of consecutive numbers is one table",
+    )
     p.add_argument("extra", nargs="*", help="throughput: more engine arguments (after --)")
     # engine arguments after `--` (argparse leaves a trailing nargs='*' positional empty)
     args, unknown = p.parse_known_args()

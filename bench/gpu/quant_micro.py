@@ -87,12 +87,23 @@ def packed_weights(qtype: str, n: int, k: int, copies: int) -> list:
 
 def _ordinary_scales(blocks: torch.Tensor, qtype: str) -> None:
     """Random fp16 scale fields of magnitude 1e-3..1e-2 (random bytes would give inf and nan)."""
-    fields = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
-              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-              "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}[qtype]
+    fields = {
+        "Q4_0": (0,),
+        "Q4_1": (0, 2),
+        "Q5_0": (0,),
+        "Q5_1": (0, 2),
+        "Q8_0": (0,),
+        "Q2_K": (80, 82),
+        "Q3_K": (108,),
+        "Q4_K": (0, 2),
+        "Q5_K": (0, 2),
+        "Q6_K": (208,),
+        "IQ4_NL": (0,),
+        "IQ4_XS": (0,),
+    }[qtype]
     for at in fields:
         scale = torch.empty(blocks.shape[:2], device=blocks.device).uniform_(1e-3, 1e-2)
-        blocks[..., at:at + 2] = scale.half().view(torch.uint8).view(*blocks.shape[:2], 2)
+        blocks[..., at : at + 2] = scale.half().view(torch.uint8).view(*blocks.shape[:2], 2)
 
 
 def _run(x, p, choice):
@@ -148,9 +159,10 @@ def _compile_variants(tasks: list[tuple], device: str = "cuda") -> tuple[dict, l
                 torch.cuda.synchronize()
         except Exception as exc:  # reported by the parent, the variant is left out of timing
             failures[_variant_key(qtype, k, choice)] = (
-                f"{qtype} K={k} {choice}: {type(exc).__name__}: {exc}"[:300])
+                f"{qtype} K={k} {choice}: {type(exc).__name__}: {exc}"[:300]
+            )
             if not context_usable():
-                return failures, tasks[i + 1:]
+                return failures, tasks[i + 1 :]
     return failures, []
 
 
@@ -169,17 +181,20 @@ def precompile(cells: list[tuple], jobs: int) -> dict:
     pending = tasks
     # one process per shard: a shard whose CUDA context broke comes back with its untried
     # variants, which go to fresh processes
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                             max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=get_context("spawn"), max_tasks_per_child=1
+    ) as pool:
         while pending:
             shards = [pending[i::jobs] for i in range(min(jobs, len(pending)))]
             pending = []
-            for failed, untried in pool.map(_compile_variants, shards,
-                                            [DEVICE] * len(shards)):
+            for failed, untried in pool.map(_compile_variants, shards, [DEVICE] * len(shards)):
                 failures.update(failed)
                 pending += untried
-    print(f"compiled {len(tasks)} kernel variants with {jobs} processes in "
-          f"{time.perf_counter() - started:.0f} s ({len(failures)} failed)", flush=True)
+    print(
+        f"compiled {len(tasks)} kernel variants with {jobs} processes in "
+        f"{time.perf_counter() - started:.0f} s ({len(failures)} failed)",
+        flush=True,
+    )
     for failure in failures.values():
         print(f"    !! {failure}", flush=True)
     return failures
@@ -215,9 +230,19 @@ class BrokenContext(RuntimeError):
     """An error left the CUDA context unusable: nothing more can run in this process."""
 
 
-def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies: int,
-              dense_ws: list, dense_copies: int, sweep: bool,
-              failed: dict | None = None) -> dict:
+def time_cell(
+    qtype: str,
+    name: str,
+    n: int,
+    k: int,
+    m: int,
+    qws: list,
+    q_copies: int,
+    dense_ws: list,
+    dense_copies: int,
+    sweep: bool,
+    failed: dict | None = None,
+) -> dict:
     from tallow.kernels.linear import linear as bf16_linear
     from tallow_quant_gguf import ops
     from tallow_quant_gguf.scheme import KernelPolicy
@@ -229,9 +254,18 @@ def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies
     auto_policy = KernelPolicy()
     auto = seconds(lambda i: ops.linear(x, [qws[i]], policy=auto_policy), q_copies)
     default = default_choice(qtype, n, k, m, _sm_count())
-    row = dict(shape=name, n=n, k=k, type=qtype, m=m, weight_bytes=q_bytes, bf16_s=dense,
-               auto_s=auto, auto=str(auto_policy.choice(qtype, n, k, m, x.device)),
-               default=str(default))
+    row = dict(
+        shape=name,
+        n=n,
+        k=k,
+        type=qtype,
+        m=m,
+        weight_bytes=q_bytes,
+        bf16_s=dense,
+        auto_s=auto,
+        auto=str(auto_policy.choice(qtype, n, k, m, x.device)),
+        default=str(default),
+    )
     if sweep:
         w = ops.dequantize(qws[0], x.dtype)
         ref = F.linear(x, w).float()
@@ -274,16 +308,22 @@ def time_cell(qtype: str, name: str, n: int, k: int, m: int, qws: list, q_copies
 def _print_row(row: dict) -> None:
     gbps = row["weight_bytes"] / 1e9
     dense_gbps = row["n"] * row["k"] * 2 / 1e9 / row["bf16_s"]
-    text = (f"{row['shape']:8s} {row['type']:5s} {row['m']:5d}  auto {row['auto_s'] * 1e6:9.1f} us "
-            f"{gbps / row['auto_s']:6.0f} GB/s")
+    text = (
+        f"{row['shape']:8s} {row['type']:5s} {row['m']:5d}  auto {row['auto_s'] * 1e6:9.1f} us "
+        f"{gbps / row['auto_s']:6.0f} GB/s"
+    )
     if "best_s" in row:
         best = row["best"]
         default = row.get("default_s")
-        text += (f" | best {row['best_s'] * 1e6:9.1f} us {gbps / row['best_s']:6.0f} GB/s "
-                 f"{best['path']} {tuple(best['config'])}"
-                 f" | default {default * 1e6 if default else float('nan'):8.1f}")
-    text += (f" | bf16 {row['bf16_s'] * 1e6:9.1f} us {dense_gbps:6.0f} GB/s"
-             f" | x{min(row['auto_s'], row.get('best_s', 1e9)) / row['bf16_s']:.2f} of bf16")
+        text += (
+            f" | best {row['best_s'] * 1e6:9.1f} us {gbps / row['best_s']:6.0f} GB/s "
+            f"{best['path']} {tuple(best['config'])}"
+            f" | default {default * 1e6 if default else float('nan'):8.1f}"
+        )
+    text += (
+        f" | bf16 {row['bf16_s'] * 1e6:9.1f} us {dense_gbps:6.0f} GB/s"
+        f" | x{min(row['auto_s'], row.get('best_s', 1e9)) / row['bf16_s']:.2f} of bf16"
+    )
     print(text, flush=True)
 
 
@@ -298,8 +338,14 @@ def run(args: argparse.Namespace, save=lambda results: None) -> list[dict]:
         shapes[name] = tuple(int(v) for v in size.split(":")) if size else SHAPES[name]
     wanted = {int(r) for r in args.rows.split(",")}
     passes = [[m for m in p if m in wanted] for p in PASSES]
-    cells = [(t, shape, m) for p in passes for t in types for shape in shapes.values()
-             for m in p if not (shape == SHAPES["head"] and m > HEAD_MAX_ROWS)]
+    cells = [
+        (t, shape, m)
+        for p in passes
+        for t in types
+        for shape in shapes.values()
+        for m in p
+        if not (shape == SHAPES["head"] and m > HEAD_MAX_ROWS)
+    ]
     failed = precompile(cells, args.jobs) if args.sweep else {}
     results: list[dict] = []
     for rows in passes:
@@ -309,25 +355,43 @@ def run(args: argparse.Namespace, save=lambda results: None) -> list[dict]:
                 if not ms:
                     continue
                 if time.perf_counter() - started > args.budget:
-                    print(f"budget of {args.budget} s spent: stopping before {qtype} {name} "
-                          f"{ms}", flush=True)
+                    print(
+                        f"budget of {args.budget} s spent: stopping before {qtype} {name} {ms}",
+                        flush=True,
+                    )
                     return results
                 # a dry run rotates through two copies: it times nothing
                 rotation = L2_ROTATION_BYTES if DEVICE == "cuda" else 0
                 dense_bytes = n * k * 2
                 dense_copies = max(2, -(-rotation // dense_bytes))
-                dense_ws = [torch.randn(n, k, device=DEVICE, dtype=_dtype()) * k ** -0.5
-                            for _ in range(dense_copies)]
+                dense_ws = [
+                    torch.randn(n, k, device=DEVICE, dtype=_dtype()) * k**-0.5
+                    for _ in range(dense_copies)
+                ]
                 probe = packed_weights(qtype, n, k, 1)[0]
                 q_copies = max(2, -(-rotation // probe.nbytes))
                 qws = [probe] + packed_weights(qtype, n, k, q_copies - 1)
                 for m in ms:
                     try:
-                        row = time_cell(qtype, name, n, k, m, qws, q_copies, dense_ws,
-                                        dense_copies, args.sweep, failed)
+                        row = time_cell(
+                            qtype,
+                            name,
+                            n,
+                            k,
+                            m,
+                            qws,
+                            q_copies,
+                            dense_ws,
+                            dense_copies,
+                            args.sweep,
+                            failed,
+                        )
                     except BrokenContext as exc:
-                        print(f"!! the CUDA context broke at {exc} ({exc.__cause__!r}): "
-                              f"stopping; the table keeps the cells before it", flush=True)
+                        print(
+                            f"!! the CUDA context broke at {exc} ({exc.__cause__!r}): "
+                            f"stopping; the table keeps the cells before it",
+                            flush=True,
+                        )
                         return results
                     results.append(row)
                     _print_row(row)
@@ -346,18 +410,28 @@ def tuned_table(results: list[dict], merge: str | None = None) -> dict:
 
     from tallow_quant_gguf.tuning import bucket, table_json
 
-    best = [dict(type=r["type"], n=r["n"], k=r["k"], m=r["m"], path=r["best"]["path"],
-                 config=r["best"]["config"], us=round(r["best_s"] * 1e6, 2),
-                 bf16_us=round(r["bf16_s"] * 1e6, 2))
-            for r in results if "best" in r]
+    best = [
+        dict(
+            type=r["type"],
+            n=r["n"],
+            k=r["k"],
+            m=r["m"],
+            path=r["best"]["path"],
+            config=r["best"]["config"],
+            us=round(r["best_s"] * 1e6, 2),
+            bf16_us=round(r["bf16_s"] * 1e6, 2),
+        )
+        for r in results
+        if "best" in r
+    ]
     if merge:
+
         def cell(e: dict) -> tuple:
             return e["type"].upper(), e["n"], e["k"], bucket(e["m"])
 
         timed = {cell(e) for e in best}
         best = [e for e in base_entries(merge) if cell(e) not in timed] + best
-    return table_json(best, _device_name(), torch=torch.__version__,
-                      triton=triton.__version__)
+    return table_json(best, _device_name(), torch=torch.__version__, triton=triton.__version__)
 
 
 def base_entries(path: str) -> list[dict]:
@@ -368,8 +442,9 @@ def base_entries(path: str) -> list[dict]:
     TunedTable.load(path)
     data = json.loads(open(path).read())
     if data.get("device") != _device_name():
-        raise SystemExit(f"--merge {path}: a table of {data.get('device')!r}, this GPU is "
-                         f"{_device_name()!r}")
+        raise SystemExit(
+            f"--merge {path}: a table of {data.get('device')!r}, this GPU is {_device_name()!r}"
+        )
     return data["entries"]
 
 
@@ -384,11 +459,16 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--table", help="write the tuned table here (with --sweep)")
-    parser.add_argument("--merge", help="keep this table's entries for the cells not timed "
-                                        "(with --sweep and --table)")
-    parser.add_argument("--budget", type=float, default=170.0,
-                        help="seconds from the start (compilation included) after which no "
-                             "further shape is begun")
+    parser.add_argument(
+        "--merge",
+        help="keep this table's entries for the cells not timed (with --sweep and --table)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=170.0,
+        help="seconds from the start (compilation included) after which no further shape is begun",
+    )
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument("--output")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run (TRITON_INTERPRET=1)")
@@ -404,8 +484,10 @@ def main() -> None:
     results = run(args, lambda results: save(args, results))
     save(args, results)
     if args.sweep and args.table:
-        print(f"tuned table: {len(tuned_table(results, args.merge)['entries'])} entries in "
-              f"{args.table}")
+        print(
+            f"tuned table: {len(tuned_table(results, args.merge)['entries'])} entries in "
+            f"{args.table}"
+        )
 
 
 def save(args: argparse.Namespace, results: list[dict]) -> None:

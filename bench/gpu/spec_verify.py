@@ -38,8 +38,9 @@ from tallow_speculator_ngram import DISTRIBUTION
 from tallow_speculator_ngram.replay import ReplaySpeculator
 
 
-def timed(llm: LLM, prompts: list[list[int]], max_tokens: int
-          ) -> tuple[float, int, list[list[int]]]:
+def timed(
+    llm: LLM, prompts: list[list[int]], max_tokens: int
+) -> tuple[float, int, list[list[int]]]:
     """Seconds, engine steps and outputs of one greedy run."""
     core = llm.engine.core
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -50,12 +51,16 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int
     outs = llm.generate(prompts, params)
     if core.runner.device.type == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - started, core.steps - steps,
-            [o.outputs[0].token_ids for o in outs])
+    return (
+        time.perf_counter() - started,
+        core.steps - steps,
+        [o.outputs[0].token_ids for o in outs],
+    )
 
 
-def decode_run(llm: LLM, prompts: list[list[int]], n: int,
-               spec: SpecDecoding | None = None) -> dict[str, Any]:
+def decode_run(
+    llm: LLM, prompts: list[list[int]], n: int, spec: SpecDecoding | None = None
+) -> dict[str, Any]:
     """Decode time and steps of N tokens per sequence, beyond the first (T(N) - T(1));
     ``spec``'s counters are those of the timed N-token run."""
     timed(llm, prompts, n)  # warm-up: kernels of this batch shape compiled
@@ -67,8 +72,14 @@ def decode_run(llm: LLM, prompts: list[list[int]], n: int,
 
 
 def replay(prompts: list[list[int]], outputs: list[list[int]], alpha: float) -> ReplaySpeculator:
-    settings = {DISTRIBUTION: {"replay": {"acceptance_rate": alpha, "continuations": [
-        {"prompt": p, "output": o} for p, o in zip(prompts, outputs)]}}}
+    settings = {
+        DISTRIBUTION: {
+            "replay": {
+                "acceptance_rate": alpha,
+                "continuations": [{"prompt": p, "output": o} for p, o in zip(prompts, outputs)],
+            }
+        }
+    }
     return ReplaySpeculator(SimpleNamespace(plugins=SimpleNamespace(settings=settings)))
 
 
@@ -85,9 +96,14 @@ def main() -> None:
     ap.add_argument("--output", required=True)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    llm = LLM(model=args.model, device=args.device, dtype=args.dtype,
-              max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=max(batches), enable_prefix_caching=False)
+    llm = LLM(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.input_len + args.output_len + 16,
+        max_num_seqs=max(batches),
+        enable_prefix_caching=False,
+    )
     core = llm.engine.core
     plain_async = core.async_scheduling  # the baseline runs as the engine would by default
     vocab = core.runner.vocab_size
@@ -100,8 +116,7 @@ def main() -> None:
         base = decode_run(llm, prompts, args.output_len)
         base_step = base["decode_s"] / base["decode_steps"]
         recorded = base["outputs"]
-        print(f"batch {batch}: decode step {base_step * 1e3:.2f} ms (no speculation)",
-              flush=True)
+        print(f"batch {batch}: decode step {base_step * 1e3:.2f} ms (no speculation)", flush=True)
         for k in [int(x) for x in args.ks.split(",")]:
             for alpha in [float(x) for x in args.alphas.split(",")]:
                 spec = SpecDecoding(replay(prompts, recorded, alpha), k)
@@ -109,27 +124,47 @@ def main() -> None:
                 run = decode_run(llm, prompts, args.output_len, spec)
                 step = run["decode_s"] / run["decode_steps"]
                 tokens = batch * (args.output_len - 1)
-                row = {"batch": batch, "k": k, "alpha": alpha,
-                       "decode_step_ms": base_step * 1e3, "verify_step_ms": step * 1e3,
-                       "verify_over_decode": step / base_step,
-                       "tokens_per_sequence_step": tokens / (batch * run["decode_steps"]),
-                       "acceptance_rate": spec.acceptance_rate,
-                       "mean_accepted_length": spec.mean_accepted_length,
-                       "speedup": base["decode_s"] / run["decode_s"],
-                       "outputs_equal_baseline": run["outputs"] == recorded}
+                row = {
+                    "batch": batch,
+                    "k": k,
+                    "alpha": alpha,
+                    "decode_step_ms": base_step * 1e3,
+                    "verify_step_ms": step * 1e3,
+                    "verify_over_decode": step / base_step,
+                    "tokens_per_sequence_step": tokens / (batch * run["decode_steps"]),
+                    "acceptance_rate": spec.acceptance_rate,
+                    "mean_accepted_length": spec.mean_accepted_length,
+                    "speedup": base["decode_s"] / run["decode_s"],
+                    "outputs_equal_baseline": run["outputs"] == recorded,
+                }
                 rows.append(row)
-                print(f"  k={k} alpha={alpha}: verify step {row['verify_step_ms']:.2f} ms "
-                      f"({row['verify_over_decode']:.2f} decode steps), "
-                      f"{row['tokens_per_sequence_step']:.2f} tokens/step, speed-up "
-                      f"{row['speedup']:.2f}x, same tokens: {row['outputs_equal_baseline']}",
-                      flush=True)
+                print(
+                    f"  k={k} alpha={alpha}: verify step {row['verify_step_ms']:.2f} ms "
+                    f"({row['verify_over_decode']:.2f} decode steps), "
+                    f"{row['tokens_per_sequence_step']:.2f} tokens/step, speed-up "
+                    f"{row['speedup']:.2f}x, same tokens: {row['outputs_equal_baseline']}",
+                    flush=True,
+                )
         core.enable_speculation(None)
-    device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-              and torch.cuda.is_available() else "cpu")
+    device = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda") and torch.cuda.is_available()
+        else "cpu"
+    )
     with open(args.output, "w") as f:
-        json.dump({"model": args.model, "device": device, "dtype": args.dtype,
-                   "input_len": args.input_len, "output_len": args.output_len,
-                   "cuda_graphs": core.runner.graphs is not None, "rows": rows}, f, indent=1)
+        json.dump(
+            {
+                "model": args.model,
+                "device": device,
+                "dtype": args.dtype,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "cuda_graphs": core.runner.graphs is not None,
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

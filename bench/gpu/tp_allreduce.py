@@ -70,9 +70,26 @@ def _nccl_tests(nbytes: list[int], gpus: int) -> dict[int, float]:
         return {}
     out: dict[int, float] = {}
     for size in nbytes:
-        run = subprocess.run([exe, "-b", str(size), "-e", str(size), "-g", str(gpus), "-d",
-                              "bfloat16", "-w", "20", "-n", "200"], capture_output=True,
-                             text=True, timeout=120)
+        run = subprocess.run(
+            [
+                exe,
+                "-b",
+                str(size),
+                "-e",
+                str(size),
+                "-g",
+                str(gpus),
+                "-d",
+                "bfloat16",
+                "-w",
+                "20",
+                "-n",
+                "200",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         for line in run.stdout.splitlines():
             fields = line.split()
             if fields and fields[0] == str(size) and len(fields) > 6:
@@ -99,27 +116,48 @@ def main() -> None:
         x = torch.randn(batch, args.hidden, dtype=torch.bfloat16, device="cuda")
         eager = _time_eager(x, args.repeats * 4)
         step = _time_graph(x, per_step, args.repeats)
-        rows.append({"batch": batch, "bytes": x.numel() * x.element_size(),
-                     "eager_us": eager, "graph_step_us": step,
-                     "graph_per_all_reduce_us": step / per_step})
+        rows.append(
+            {
+                "batch": batch,
+                "bytes": x.numel() * x.element_size(),
+                "eager_us": eager,
+                "graph_step_us": step,
+                "graph_per_all_reduce_us": step / per_step,
+            }
+        )
     dist.barrier()
     dist.destroy_process_group()
     if local == 0:
         nccl = _nccl_tests([r["bytes"] for r in rows], world)
-        print(f"all-reduce of [batch, {args.hidden}] bf16 over {world} GPUs; "
-              f"{per_step} per decode step ({args.layers} layers)")
-        print(f"{'batch':>6} {'bytes':>9} {'eager us':>9} {'graph us/op':>12} "
-              f"{'step us':>9} {'nccl-tests us':>14}")
+        print(
+            f"all-reduce of [batch, {args.hidden}] bf16 over {world} GPUs; "
+            f"{per_step} per decode step ({args.layers} layers)"
+        )
+        print(
+            f"{'batch':>6} {'bytes':>9} {'eager us':>9} {'graph us/op':>12} "
+            f"{'step us':>9} {'nccl-tests us':>14}"
+        )
         for r in rows:
             r["nccl_tests_us"] = nccl.get(r["bytes"])
             ref = f"{r['nccl_tests_us']:.1f}" if r["nccl_tests_us"] else "n/a"
-            print(f"{r['batch']:>6} {r['bytes']:>9} {r['eager_us']:>9.1f} "
-                  f"{r['graph_per_all_reduce_us']:>12.1f} {r['graph_step_us']:>9.0f} {ref:>14}")
+            print(
+                f"{r['batch']:>6} {r['bytes']:>9} {r['eager_us']:>9.1f} "
+                f"{r['graph_per_all_reduce_us']:>12.1f} {r['graph_step_us']:>9.0f} {ref:>14}"
+            )
         if args.output:
             with open(args.output, "w") as f:
-                json.dump({"world_size": world, "hidden": args.hidden, "layers": args.layers,
-                           "per_step": per_step, "rows": rows,
-                           "device": torch.cuda.get_device_name(0)}, f, indent=1)
+                json.dump(
+                    {
+                        "world_size": world,
+                        "hidden": args.hidden,
+                        "layers": args.layers,
+                        "per_step": per_step,
+                        "rows": rows,
+                        "device": torch.cuda.get_device_name(0),
+                    },
+                    f,
+                    indent=1,
+                )
 
 
 if __name__ == "__main__":

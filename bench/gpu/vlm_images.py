@@ -27,12 +27,15 @@ def _images(count: int, size: int, seed: int = 0) -> list[Any]:
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
-            for _ in range(count)]
+    return [
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
+        for _ in range(count)
+    ]
 
 
-def _run(engine: Any, prompts: list[list[int]], images: list[Any], output_len: int,
-         tag: str) -> dict[str, Any]:
+def _run(
+    engine: Any, prompts: list[list[int]], images: list[Any], output_len: int, tag: str
+) -> dict[str, Any]:
     from tallow import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -53,12 +56,15 @@ def _run(engine: Any, prompts: list[list[int]], images: list[Any], output_len: i
     after = engine.stats()
     return {
         "images_per_s": len(ids) / ttft[-1],
-        "ttft_mean_s": statistics.fmean(ttft), "ttft_p50_s": ttft[len(ttft) // 2],
-        "ttft_p90_s": ttft[int(len(ttft) * 0.9) - 1], "ttft_max_s": ttft[-1],
+        "ttft_mean_s": statistics.fmean(ttft),
+        "ttft_p50_s": ttft[len(ttft) // 2],
+        "ttft_p90_s": ttft[int(len(ttft) * 0.9) - 1],
+        "ttft_max_s": ttft[-1],
         "total_s": total,
         "images_encoded": after.get("images_encoded", 0) - before.get("images_encoded", 0),
-        "encoder_cache_hits": (after.get("encoder_cache_hits", 0)
-                               - before.get("encoder_cache_hits", 0)),
+        "encoder_cache_hits": (
+            after.get("encoder_cache_hits", 0) - before.get("encoder_cache_hits", 0)
+        ),
     }
 
 
@@ -89,19 +95,27 @@ def main() -> None:
     start, end = int(cfg["vision_start_token_id"]), int(cfg["vision_end_token_id"])
     images = _images(args.num_requests, args.image_size)
     # 16 text tokens before the image and 16 after; the warm run changes those before it
-    cold = [[100 + j for j in range(16)] + [start, token, end] + [300 + j for j in range(16)]
-            for _ in images]
-    warm = [[200 + j for j in range(16)] + [start, token, end] + [300 + j for j in range(16)]
-            for _ in images]
+    cold = [
+        [100 + j for j in range(16)] + [start, token, end] + [300 + j for j in range(16)]
+        for _ in images
+    ]
+    warm = [
+        [200 + j for j in range(16)] + [start, token, end] + [300 + j for j in range(16)]
+        for _ in images
+    ]
     tokens = model.process_image(images[0]).num_tokens
     # one request first, with an image of its own: kernels compile and caches fill outside
     # the timed runs
     extra = _images(1, args.image_size, seed=1)
     _run(engine, warm[:1], extra, args.output_len, "warmup")
-    result = {"model": args.model, "num_requests": args.num_requests,
-              "image_size": args.image_size, "image_tokens": tokens,
-              "cold": _run(engine, cold, images, args.output_len, "cold"),
-              "warm": _run(engine, warm, images, args.output_len, "warm")}
+    result = {
+        "model": args.model,
+        "num_requests": args.num_requests,
+        "image_size": args.image_size,
+        "image_tokens": tokens,
+        "cold": _run(engine, cold, images, args.output_len, "cold"),
+        "warm": _run(engine, warm, images, args.output_len, "warm"),
+    }
     text = json.dumps(result, indent=2)
     print(text)
     if args.output:

@@ -23,6 +23,7 @@ def main() -> int:
 
     ops.decode_spec = decode_spec
     from tallow.cli import main as tallow_main
+
     return tallow_main(sys.argv[2:])
 
 

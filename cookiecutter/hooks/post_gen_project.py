@@ -3,9 +3,15 @@
 from pathlib import Path
 
 MODULES = {
-    "tool-parser": "parser.py", "model": "model.py", "weight-format": "npz_format.py",
-    "quant-scheme": "scheme.py", "kv-codec": "codec.py", "attention-backend": "backend.py",
-    "tool-provider": "provider.py", "routes": "routes.py", "grammar-backend": "grammar.py",
+    "tool-parser": "parser.py",
+    "model": "model.py",
+    "weight-format": "npz_format.py",
+    "quant-scheme": "scheme.py",
+    "kv-codec": "codec.py",
+    "attention-backend": "backend.py",
+    "tool-provider": "provider.py",
+    "routes": "routes.py",
+    "grammar-backend": "grammar.py",
 }
 package = Path("{{ cookiecutter.package_name }}")
 for kind, module in MODULES.items():

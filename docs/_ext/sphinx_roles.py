@@ -100,8 +100,9 @@ class SphinxRoles(griffe.Extension):
 
     def _walk(self, root: griffe.Module, obj: griffe.Object) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = _ROLE.sub(lambda m: self._render(root, obj, m),
-                                            obj.docstring.value)
+            obj.docstring.value = _ROLE.sub(
+                lambda m: self._render(root, obj, m), obj.docstring.value
+            )
         for member in obj.members.values():
             if not member.is_alias:
                 self._walk(root, member)

@@ -8,8 +8,7 @@ from tallow.plugin import hookimpl
 @hookimpl
 def tallow_register_attention_backends(registry) -> None:
     # The reference backend: lowest priority, so any faster compatible backend wins.
-    registry.register("torch", "tallow.layers.torch_attention:TorchAttentionBackend",
-                      priority=-100)
+    registry.register("torch", "tallow.layers.torch_attention:TorchAttentionBackend", priority=-100)
 
 
 @hookimpl

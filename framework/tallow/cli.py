@@ -53,7 +53,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     from tallow.config import add_config_arguments
 
     parser = argparse.ArgumentParser(
-        prog="tallow", description="tallow: an LLM inference and serving engine.")
+        prog="tallow", description="tallow: an LLM inference and serving engine."
+    )
     parser.add_argument("--version", action="version", version=f"tallow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -62,16 +63,24 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     plugins_sub = plugins.add_subparsers(dest="action", metavar="ACTION")
     plugins_sub.required = True
     listing = plugins_sub.add_parser(
-        "list", help="every plugin found: version, status (ok, failed, disabled, or broken: "
-        "a registered target does not resolve), components registered")
+        "list",
+        help="every plugin found: version, status (ok, failed, disabled, or broken: "
+        "a registered target does not resolve), components registered",
+    )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.add_argument("--import-components", action="store_true",
-                         help="import every registered component instead of only finding its "
-                         "module:attr target (slower, imports torch; also catches a missing "
-                         "dependency)")
-    listing.add_argument("--check-tools", action="store_true",
-                         help="also start the tool providers (connect to the configured MCP "
-                         "servers, say) and report the state and tools of each source")
+    listing.add_argument(
+        "--import-components",
+        action="store_true",
+        help="import every registered component instead of only finding its "
+        "module:attr target (slower, imports torch; also catches a missing "
+        "dependency)",
+    )
+    listing.add_argument(
+        "--check-tools",
+        action="store_true",
+        help="also start the tool providers (connect to the configured MCP "
+        "servers, say) and report the state and tools of each source",
+    )
     add_config_arguments(listing)
     listing.set_defaults(func=cmd_plugins_list)
 
@@ -79,7 +88,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="action", metavar="ACTION")
     config_sub.required = True
     show = config_sub.add_parser(
-        "show", help="the effective configuration (flags > env > file > defaults)")
+        "show", help="the effective configuration (flags > env > file > defaults)"
+    )
     show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     add_config_arguments(show)
     show.set_defaults(func=cmd_config_show)
@@ -121,8 +131,7 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         for row in rows:
             row["kind"] = kind_of(row["name"])
             if checked is not None:
-                row["tool_providers"] = [p for p in checked
-                                         if p["distribution"] == row["name"]]
+                row["tool_providers"] = [p for p in checked if p["distribution"] == row["name"]]
         print(json.dumps(rows, indent=2))
         return 0
     table = [["NAME", "VERSION", "STATUS", "MODE", "COMPONENTS / REASON"]]
@@ -132,10 +141,18 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
         if kind_of(s.name) != previous:
             previous = kind_of(s.name)
             groups.append(len(table))
-        detail = "; ".join(f"{kind}: {', '.join(_labels(pm, kind, names))}"
-                           for kind, names in s.components.items())
-        table.append([s.name, s.version or "?", s.status, s.mode or "-",
-                      s.reason if s.status != "ok" else (detail or "(none)")])
+        detail = "; ".join(
+            f"{kind}: {', '.join(_labels(pm, kind, names))}" for kind, names in s.components.items()
+        )
+        table.append(
+            [
+                s.name,
+                s.version or "?",
+                s.status,
+                s.mode or "-",
+                s.reason if s.status != "ok" else (detail or "(none)"),
+            ]
+        )
     lines = _table(table).split("\n")
     for start in reversed(groups):  # a heading and a blank line before each kind's rows
         lines[start:start] = ["", f"{kind_of(table[start][0])}:"]
@@ -173,7 +190,8 @@ def _tools_table(providers: list[dict[str, Any]]) -> str:
                 detail = source.get("error", "")
             else:  # a provider that does not describe sources
                 detail = provider.get("error") or ", ".join(
-                    t["function"]["name"] for t in provider["tools"])
+                    t["function"]["name"] for t in provider["tools"]
+                )
             rows.append([provider["name"], source.get("name", "-"), state, detail or "(none)"])
     if len(rows) == 1:
         return "no tool provider is configured"
@@ -196,8 +214,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     if ENV_PLUGINS in os.environ:
-        print(f"# {ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} decides which plugins load "
-              "(plugins.autoload/enable/disable are not consulted)")
+        print(
+            f"# {ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} decides which plugins load "
+            "(plugins.autoload/enable/disable are not consulted)"
+        )
     print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
     return 0
 

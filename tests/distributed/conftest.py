@@ -12,8 +12,12 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for folder in (HERE, ROOT / "tests" / "engine", ROOT / "tests" / "server",
-               ROOT / "plugins" / "quant" / "gguf" / "tests"):
+for folder in (
+    HERE,
+    ROOT / "tests" / "engine",
+    ROOT / "tests" / "server",
+    ROOT / "plugins" / "quant" / "gguf" / "tests",
+):
     sys.path.insert(0, str(folder))
 
 from tiny_models import save_tiny  # noqa: E402
@@ -22,8 +26,15 @@ from tp_processes import kill_group  # noqa: E402
 #: GGML types of each layer of the GGUF model: every row-parallel input (attn_output: 256
 #: features, ffn_down: 512) splits into whole blocks over 2 ranks; over 4, ffn_down's 128
 #: features per rank are half a Q4_K block
-TP2_GGUF_LAYER = {"attn_q": "Q4_K", "attn_k": "Q6_K", "attn_v": "Q8_0", "attn_output": "Q5_0",
-                  "ffn_gate": "Q4_K", "ffn_up": "Q5_K", "ffn_down": "Q4_K"}
+TP2_GGUF_LAYER = {
+    "attn_q": "Q4_K",
+    "attn_k": "Q6_K",
+    "attn_v": "Q8_0",
+    "attn_output": "Q5_0",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q5_K",
+    "ffn_down": "Q4_K",
+}
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +47,14 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tp-models")
     heads = dict(num_attention_heads=4, num_key_value_heads=2)
     return {
-        "llama": str(save_tiny(root / "llama", "llama", max_position_embeddings=2048,
-                               **heads)),
+        "llama": str(save_tiny(root / "llama", "llama", max_position_embeddings=2048, **heads)),
         "qwen2": str(save_tiny(root / "qwen2", "qwen2", **heads)),
         "qwen3": str(save_tiny(root / "qwen3", "qwen3", head_dim=16, **heads)),
-        "gguf": str(write_llama_gguf(root / "llama-k-quants.gguf",
-                                     layer_types=[TP2_GGUF_LAYER, TP2_GGUF_LAYER])),
+        "gguf": str(
+            write_llama_gguf(
+                root / "llama-k-quants.gguf", layer_types=[TP2_GGUF_LAYER, TP2_GGUF_LAYER]
+            )
+        ),
     }
 
 

@@ -23,10 +23,12 @@ LAYER_TOKENS = (1, 3, 11)
 def expert_weights() -> dict[str, torch.Tensor]:
     """Every expert of the dispatch test, with biases (each added once per pair)."""
     g = torch.Generator().manual_seed(11)
-    return {"w13": torch.randn(E, 2 * INTER, H, generator=g) * 0.3,
-            "w2": torch.randn(E, H, INTER, generator=g) * 0.3,
-            "w13_bias": torch.randn(E, 2 * INTER, generator=g) * 0.1,
-            "w2_bias": torch.randn(E, H, generator=g) * 0.1}
+    return {
+        "w13": torch.randn(E, 2 * INTER, H, generator=g) * 0.3,
+        "w2": torch.randn(E, H, INTER, generator=g) * 0.3,
+        "w13_bias": torch.randn(E, 2 * INTER, generator=g) * 0.1,
+        "w2_bias": torch.randn(E, H, generator=g) * 0.1,
+    }
 
 
 def rank_tokens(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,8 +43,16 @@ def rank_tokens(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor, torc
         allowed = list(range(per_rank, 2 * per_rank))
     else:
         allowed = list(range(per_rank, E))
-    ids = torch.stack([torch.tensor(allowed)[torch.randperm(len(allowed), generator=g)[:TOP_K]]
-                       for _ in range(n)]) if n else torch.zeros(0, TOP_K, dtype=torch.int64)
+    ids = (
+        torch.stack(
+            [
+                torch.tensor(allowed)[torch.randperm(len(allowed), generator=g)[:TOP_K]]
+                for _ in range(n)
+            ]
+        )
+        if n
+        else torch.zeros(0, TOP_K, dtype=torch.int64)
+    )
     weights = torch.rand(n, TOP_K, generator=g) + 0.1
     return x, weights, ids
 
@@ -52,8 +62,13 @@ def whole_layer(**overrides: object) -> torch.nn.Module:
     parameters; ``overrides`` go to its constructor (a BuildContext for a rank's layer)."""
     from tallow.layers import FusedMoE, RouterSpec
 
-    kw: dict = dict(router=RouterSpec(top_k=TOP_K, renormalize=True), expert_bias=True,
-                    shared_intermediate_size=SHARED, shared_gate=True, prefix="mlp")
+    kw: dict = dict(
+        router=RouterSpec(top_k=TOP_K, renormalize=True),
+        expert_bias=True,
+        shared_intermediate_size=SHARED,
+        shared_gate=True,
+        prefix="mlp",
+    )
     kw.update(overrides)
     layer = FusedMoE(E, H, INTER, **kw)
     g = torch.Generator().manual_seed(12)
@@ -93,8 +108,15 @@ def run_rank(rank: int, world: int) -> dict[str, object]:
 
     def compute(xs: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         received.append(xs.shape[0])
-        return fused_moe(xs, w["w13"][local], w["w2"][local], weights, ids,
-                         w13_bias=w["w13_bias"][local], w2_bias=w["w2_bias"][local])
+        return fused_moe(
+            xs,
+            w["w13"][local],
+            w["w2"][local],
+            weights,
+            ids,
+            w13_bias=w["w13_bias"][local],
+            w2_bias=w["w2_bias"][local],
+        )
 
     x, weights, ids = rank_tokens(rank, world)
     capacity = max(TOKENS[world]) * TOP_K
@@ -120,12 +142,12 @@ def main(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     from tallow.distributed.topology import Topology
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     topology = Topology(world, rank, rank, world, 1, 0, "127.0.0.1", None, True, "cpu", "gloo")
     # the default group carries the collectives (device_group None); no driver messages here
-    state.set_current(state.ParallelState(topology, torch.device("cpu"), None,
-                                          control=None, store=None))  # type: ignore[arg-type]
+    state.set_current(
+        state.ParallelState(topology, torch.device("cpu"), None, control=None, store=None)
+    )  # type: ignore[arg-type]
     try:
         torch.save(run_rank(rank, world), Path(out_dir) / f"rank{rank}.pt")
     finally:

@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from ep_ranks import (
-    E, LAYER_TOKENS, TOKENS, TOP_K, expert_weights, layer_inputs, rank_tokens, whole_layer,
+    E,
+    LAYER_TOKENS,
+    TOKENS,
+    TOP_K,
+    expert_weights,
+    layer_inputs,
+    rank_tokens,
+    whole_layer,
 )
 from tallow.kernels.moe import fused_moe_ref
 
@@ -26,11 +33,23 @@ HERE = Path(__file__).resolve().parent
 
 
 def _run_ranks(world: int, tmp_path: Path, sessions: list[int]) -> list[dict]:
-    procs = [subprocess.Popen([sys.executable, str(HERE / "ep_ranks.py"), str(rank), str(world),
-                               str(tmp_path / "rendezvous"), str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-             for rank in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "ep_ranks.py"),
+                str(rank),
+                str(world),
+                str(tmp_path / "rendezvous"),
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(world)
+    ]
     sessions.extend(p.pid for p in procs)
     for rank, proc in enumerate(procs):
         try:
@@ -50,8 +69,9 @@ def test_dispatch_combine_and_layer_equal_one_process(world, tmp_path, sessions)
     capacity = max(TOKENS[world]) * TOP_K
     for rank, got in enumerate(results):
         x, weights, ids = rank_tokens(rank, world)
-        want = fused_moe_ref(x, w["w13"], w["w2"], weights, ids, w13_bias=w["w13_bias"],
-                             w2_bias=w["w2_bias"])
+        want = fused_moe_ref(
+            x, w["w13"], w["w2"], weights, ids, w13_bias=w["w13_bias"], w2_bias=w["w2_bias"]
+        )
         assert got["exact"].shape == (TOKENS[world][rank], x.shape[1])
         torch.testing.assert_close(got["exact"], want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got["static"], want, rtol=1e-5, atol=1e-5)
@@ -61,14 +81,19 @@ def test_dispatch_combine_and_layer_equal_one_process(world, tmp_path, sessions)
         assert got["received"] == ([pairs] if pairs else []) + [world * capacity], rank
         # the layer holds whole experts: this rank's, and only those
         whole = whole_layer()
-        assert torch.equal(got["local_w13"],
-                           whole.experts.w13_weight[rank * per_rank:(rank + 1) * per_rank])
+        assert torch.equal(
+            got["local_w13"], whole.experts.w13_weight[rank * per_rank : (rank + 1) * per_rank]
+        )
         with torch.no_grad():
             for tokens in LAYER_TOKENS:
                 x = layer_inputs(tokens)
-                torch.testing.assert_close(got[f"layer{tokens}"], whole(x), rtol=1e-5,
-                                           atol=1e-5, msg=lambda m: f"rank {rank}, {tokens} "
-                                           f"tokens: {m}")
+                torch.testing.assert_close(
+                    got[f"layer{tokens}"],
+                    whole(x),
+                    rtol=1e-5,
+                    atol=1e-5,
+                    msg=lambda m: f"rank {rank}, {tokens} tokens: {m}",
+                )
     # the uneven loads the case is built for did happen
     assert int((all_ids // per_rank == 0).sum()) == 0
     assert TOKENS[world][1] == 0

@@ -19,10 +19,19 @@ pytestmark = pytest.mark.slow
 MOE_PLUGINS = ["tallow-model-qwen-moe", "tallow-model-mixtral"]
 #: 8 experts, top-2: over two ranks each holds 4 under expert parallelism
 FAMILIES = {
-    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                      norm_topk_prob=True, head_dim=16),
-    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                      shared_expert_intermediate_size=48),
+    "qwen3_moe": dict(
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        head_dim=16,
+    ),
+    "qwen2_moe": dict(
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64),
 }
 
@@ -30,8 +39,10 @@ FAMILIES = {
 @pytest.fixture(scope="module")
 def moe_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("moe-models")
-    return {family: str(save_tiny(root / family, family, **overrides))
-            for family, overrides in FAMILIES.items()}
+    return {
+        family: str(save_tiny(root / family, family, **overrides))
+        for family, overrides in FAMILIES.items()
+    }
 
 
 def _waves() -> list[list[dict[str, Any]]]:
@@ -40,27 +51,34 @@ def _waves() -> list[list[dict[str, Any]]]:
     waves = standard_waves()
     for wave in waves:
         for request in wave:
-            if request["params"].get("temperature") == 0.0 and "logprobs" not in \
-                    request["params"]:
+            if request["params"].get("temperature") == 0.0 and "logprobs" not in request["params"]:
                 request["params"] = {**request["params"], "logprobs": 5}
     return waves
 
 
-def assert_parallel_equals_one_rank(checkpoints: dict[str, str], plugins: list[str],
-                                    tmp_path: Any, sessions: list[int]) -> None:
+def assert_parallel_equals_one_rank(
+    checkpoints: dict[str, str], plugins: list[str], tmp_path: Any, sessions: list[int]
+) -> None:
     """Each family of ``checkpoints`` over two ranks, tensor parallel ("tp") and expert
     parallel ("ep"), gives one rank's tokens and log-probabilities, with preemption and
     prefix-cache hits on the way."""
     cases = []
     for family, path in checkpoints.items():
         for mode, expert_parallel in (("tp", False), ("ep", True)):
-            cases.append({"name": f"{family}-{mode}", "model": path, "plugins": plugins,
-                          "waves": _waves(),
-                          "settings": {**TIGHT, "enable_expert_parallel": expert_parallel}})
+            cases.append(
+                {
+                    "name": f"{family}-{mode}",
+                    "model": path,
+                    "plugins": plugins,
+                    "waves": _waves(),
+                    "settings": {**TIGHT, "enable_expert_parallel": expert_parallel},
+                }
+            )
     with one_thread():
-        references = {family: run_case({**cases[0], "name": family, "model": path,
-                                        "settings": TIGHT}, 1)
-                      for family, path in checkpoints.items()}
+        references = {
+            family: run_case({**cases[0], "name": family, "model": path, "settings": TIGHT}, 1)
+            for family, path in checkpoints.items()
+        }
     results = run_driver(cases, 2, tmp_path, sessions, timeout=400)
     for family in checkpoints:
         for mode in ("tp", "ep"):

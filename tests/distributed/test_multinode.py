@@ -17,17 +17,31 @@ from tp_processes import SERVE_FLAGS, complete_all, wait_group_gone
 pytestmark = pytest.mark.slow
 
 
-def test_two_launches_with_nnodes_2_give_the_tokens_of_tp1(checkpoints, served_prompts,
-                                                            served_reference, sessions,
-                                                            tmp_path) -> None:
+def test_two_launches_with_nnodes_2_give_the_tokens_of_tp1(
+    checkpoints, served_prompts, served_reference, sessions, tmp_path
+) -> None:
     port = free_port()
-    common = ["--model", checkpoints["llama"], *SERVE_FLAGS, "--tensor-parallel-size", "4",
-              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    common = [
+        "--model",
+        checkpoints["llama"],
+        *SERVE_FLAGS,
+        "--tensor-parallel-size",
+        "4",
+        "--nnodes",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
     node1_log = tmp_path / "node1.log"
     with open(node1_log, "w") as log:
-        node1 = subprocess.Popen([sys.executable, "-m", "tallow", "serve", *common,
-                                  "--node-rank", "1"], stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        node1 = subprocess.Popen(
+            [sys.executable, "-m", "tallow", "serve", *common, "--node-rank", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     sessions.append(node1.pid)
     node0 = ServeProcess([*common, "--node-rank", "0"], new_session=True, timeout=180)
     try:

@@ -14,28 +14,57 @@ from typing import Any
 import pytest
 from tp_processes import run_driver
 from tp_cases import (
-    TIGHT, assert_same, one_thread, run_case, standard_waves, token_waves,
+    TIGHT,
+    assert_same,
+    one_thread,
+    run_case,
+    standard_waves,
+    token_waves,
 )
 
 pytestmark = pytest.mark.slow
 
 
 def _cases(checkpoints: dict[str, str], tp: int) -> list[dict[str, Any]]:
-    cases = [{"name": family, "model": checkpoints[family], "waves": standard_waves()}
-             for family in ("llama", "qwen2", "qwen3")]
-    gguf = {"name": "gguf", "model": checkpoints["gguf"], "waves": token_waves(),
-            "plugin_settings": {"tallow-quant-gguf": {"cpu": True}},
-            "settings": {**TIGHT, "num_blocks": 64}}
+    cases = [
+        {"name": family, "model": checkpoints[family], "waves": standard_waves()}
+        for family in ("llama", "qwen2", "qwen3")
+    ]
+    gguf = {
+        "name": "gguf",
+        "model": checkpoints["gguf"],
+        "waves": token_waves(),
+        "plugin_settings": {"tallow-quant-gguf": {"cpu": True}},
+        "settings": {**TIGHT, "num_blocks": 64},
+    }
     if tp == 2:
         # one prompt in one step: the step message outgrows the first broadcast
-        long = {"name": "long-step", "model": checkpoints["llama"],
-                "settings": {**TIGHT, "num_blocks": 520, "max_model_len": 2048,
-                             "max_num_batched_tokens": 2048, "prefill_chunk_size": None},
-                "waves": [[{"prompt": "The quick brown fox jumps over the lazy dog. " * 50,
-                            "params": {"max_tokens": 8, "temperature": 0.0}}]]}
+        long = {
+            "name": "long-step",
+            "model": checkpoints["llama"],
+            "settings": {
+                **TIGHT,
+                "num_blocks": 520,
+                "max_model_len": 2048,
+                "max_num_batched_tokens": 2048,
+                "prefill_chunk_size": None,
+            },
+            "waves": [
+                [
+                    {
+                        "prompt": "The quick brown fox jumps over the lazy dog. " * 50,
+                        "params": {"max_tokens": 8, "temperature": 0.0},
+                    }
+                ]
+            ],
+        }
         # K/V stored as 8-bit floats: each rank's cache holds its heads, encoded alike
-        fp8 = {"name": "fp8-kv", "model": checkpoints["llama"], "waves": standard_waves()[:1],
-               "settings": {**TIGHT, "kv_codec": "fp8"}}
+        fp8 = {
+            "name": "fp8-kv",
+            "model": checkpoints["llama"],
+            "waves": standard_waves()[:1],
+            "settings": {**TIGHT, "kv_codec": "fp8"},
+        }
         cases += [gguf, long, fp8]
     else:  # last: its refusal ends the group
         cases.append(gguf)

@@ -26,34 +26,46 @@ EXIT_BOUND_S = 8.0
 
 @pytest.fixture(scope="module")
 def server(checkpoints: dict[str, str]) -> Iterator[ServeProcess]:
-    srv = ServeProcess(["--model", checkpoints["llama"], *SERVE_FLAGS,
-                        "--tensor-parallel-size", "2"], new_session=True, timeout=180).start()
+    srv = ServeProcess(
+        ["--model", checkpoints["llama"], *SERVE_FLAGS, "--tensor-parallel-size", "2"],
+        new_session=True,
+        timeout=180,
+    ).start()
     yield srv
     srv.stop()
     kill_group(srv.proc.pid)
 
 
-def test_openai_client_gets_the_tokens_of_tp1(server, checkpoints, served_prompts,
-                                              served_reference) -> None:
+def test_openai_client_gets_the_tokens_of_tp1(
+    server, checkpoints, served_prompts, served_reference
+) -> None:
     texts = complete_all(server.url, checkpoints["llama"], served_prompts)
     assert texts == served_reference
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    stream = client.completions.create(model=checkpoints["llama"], prompt=served_prompts[0],
-                                       max_tokens=32, temperature=0.0, stream=True)
+    stream = client.completions.create(
+        model=checkpoints["llama"],
+        prompt=served_prompts[0],
+        max_tokens=32,
+        temperature=0.0,
+        stream=True,
+    )
     assert "".join(chunk.choices[0].text for chunk in stream) == served_reference[0]
 
 
 def test_a_killed_worker_gives_503_and_every_process_exits(server, checkpoints) -> None:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
     (worker,) = child_pids(server.proc.pid)
     outcome: dict[str, Any] = {}
 
     def long_generation() -> None:
         try:
-            client.completions.create(model=checkpoints["llama"], prompt="The quick brown fox",
-                                      max_tokens=100, temperature=0.0,
-                                      extra_body={"ignore_eos": True})
+            client.completions.create(
+                model=checkpoints["llama"],
+                prompt="The quick brown fox",
+                max_tokens=100,
+                temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )
             outcome["finished"] = True
         except openai.APIStatusError as exc:
             outcome["status"], outcome["message"] = exc.status_code, exc.message
@@ -78,5 +90,7 @@ def test_a_killed_worker_gives_503_and_every_process_exits(server, checkpoints) 
     # whichever notices first ends the process: the group's watchdog or the server's
     # dead-engine stop
     log = server.log_text()
-    assert ("the tensor-parallel group cannot continue, exiting" in log
-            or "the engine has failed; exiting with status 1" in log), log[-2000:]
+    assert (
+        "the tensor-parallel group cannot continue, exiting" in log
+        or "the engine has failed; exiting with status 1" in log
+    ), log[-2000:]

@@ -37,8 +37,9 @@ def wait_group_gone(pgid: int, timeout: float) -> float:
     started = time.monotonic()
     while group_members(pgid):
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"processes {group_members(pgid)} of group {pgid} still run "
-                                 f"{timeout:.0f}s later")
+            raise AssertionError(
+                f"processes {group_members(pgid)} of group {pgid} still run {timeout:.0f}s later"
+            )
         time.sleep(0.05)
     return time.monotonic() - started
 
@@ -55,23 +56,34 @@ def child_pids(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
-def run_driver(cases: list[dict[str, Any]], tensor_parallel_size: int, tmp_path: Path,
-               sessions: list[int], timeout: float = 240) -> dict[str, dict[str, Any]]:
+def run_driver(
+    cases: list[dict[str, Any]],
+    tensor_parallel_size: int,
+    tmp_path: Path,
+    sessions: list[int],
+    timeout: float = 240,
+) -> dict[str, dict[str, Any]]:
     """Run ``cases`` through ``LLM(tensor_parallel_size=...)`` in a driver process of its own
     (one group of workers for all of them); results by case name."""
     spec = tmp_path / f"tp{tensor_parallel_size}.json"
     spec.write_text(json.dumps({"tensor_parallel_size": tensor_parallel_size, "cases": cases}))
-    proc = subprocess.Popen([sys.executable, str(HERE / "tp_cases.py"), str(spec)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "tp_cases.py"), str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
     sessions.append(proc.pid)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc.pid)
         out, err = proc.communicate()
-        raise AssertionError(f"the TP={tensor_parallel_size} driver ran over {timeout}s:\n"
-                             f"{err[-4000:]}")
+        raise AssertionError(
+            f"the TP={tensor_parallel_size} driver ran over {timeout}s:\n{err[-4000:]}"
+        )
     results = {}
     for line in out.splitlines():
         if line.startswith("{"):
@@ -84,10 +96,29 @@ def run_driver(cases: list[dict[str, Any]], tensor_parallel_size: int, tmp_path:
 
 
 #: ``tallow serve`` flags of the tiny Llama with the budgets of ``tp_cases.TIGHT``
-SERVE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--block-size", "4", "--num-blocks", "40",
-               "--max-model-len", "128", "--max-num-batched-tokens", "32",
-               "--prefill-chunk-size", "8", "--max-num-seqs", "8", "--no-autoload-plugins",
-               "--enable-plugin", "tallow-model-llama", "--enable-plugin", "tallow-format-safetensors"]
+SERVE_FLAGS = [
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--block-size",
+    "4",
+    "--num-blocks",
+    "40",
+    "--max-model-len",
+    "128",
+    "--max-num-batched-tokens",
+    "32",
+    "--prefill-chunk-size",
+    "8",
+    "--max-num-seqs",
+    "8",
+    "--no-autoload-plugins",
+    "--enable-plugin",
+    "tallow-model-llama",
+    "--enable-plugin",
+    "tallow-format-safetensors",
+]
 
 
 def complete_all(base_url: str, model: str, prompts: list[str]) -> list[str]:
@@ -97,12 +128,10 @@ def complete_all(base_url: str, model: str, prompts: list[str]) -> list[str]:
 
     import openai
 
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
-                           timeout=120)
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
     def one(prompt: str) -> str:
-        r = client.completions.create(model=model, prompt=prompt, max_tokens=32,
-                                      temperature=0.0)
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0.0)
         return r.choices[0].text
 
     with ThreadPoolExecutor(len(prompts)) as pool:

@@ -13,10 +13,15 @@ def round_trip(cache: kv_cache.LayerKVCache, x: torch.Tensor, name: str) -> torc
     """Keys or values [T, Hkv, D] as ``cache``'s codec stores and reads them back (a scratch
     cache with the same per-layer tensors: rotation, offsets, smoothing)."""
     t = x.shape[0]
-    scratch = kv_cache.allocate_layer(cache.codec, num_kv_heads=cache.num_kv_heads,
-                                      head_dim=cache.head_dim, block_size=cache.block_size,
-                                      num_blocks=-(-t // cache.block_size),
-                                      model_dtype=cache.model_dtype, layer=cache.layer)
+    scratch = kv_cache.allocate_layer(
+        cache.codec,
+        num_kv_heads=cache.num_kv_heads,
+        head_dim=cache.head_dim,
+        block_size=cache.block_size,
+        num_blocks=-(-t // cache.block_size),
+        model_dtype=cache.model_dtype,
+        layer=cache.layer,
+    )
     for spec in cache.layout:
         if not spec.per_block:
             scratch[spec.name].copy_(cache[spec.name])
@@ -38,10 +43,10 @@ def hf_model_through(path, caches: list[kv_cache.LayerKVCache], tag: str):
         # [B=1, Hkv, T, D] <-> [T, Hkv, D]
         key = round_trip(cache, key[0].transpose(0, 1).float(), "k").transpose(0, 1)[None]
         value = round_trip(cache, value[0].transpose(0, 1).float(), "v").transpose(0, 1)[None]
-        return sdpa_attention_forward(module, query, key.to(query.dtype),
-                                      value.to(query.dtype), attention_mask, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key.to(query.dtype), value.to(query.dtype), attention_mask, **kwargs
+        )
 
     name = f"sdpa-through-{tag}"
     AttentionInterface.register(name, codec_attention)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation=name)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=name)

@@ -21,7 +21,11 @@ from torch import nn
 
 from tallow.kernels.attention_ref import attention_ref
 from tallow.layers import (
-    Attention, RecurrentStateSpec, StateCache, StateTensorSpec, get_forward_context,
+    Attention,
+    RecurrentStateSpec,
+    StateCache,
+    StateTensorSpec,
+    get_forward_context,
 )
 
 VOCAB, HIDDEN, HEADS, HEAD_DIM, CONV = 64, 32, 2, 16, 3
@@ -38,14 +42,19 @@ class GatedRecurrence(nn.Module):
         self.cache: StateCache | None = None
 
     def cache_spec(self) -> RecurrentStateSpec:
-        return RecurrentStateSpec((StateTensorSpec("conv", (self.conv - 1, self.hidden)),
-                                   StateTensorSpec("h", (self.hidden,))))
+        return RecurrentStateSpec(
+            (
+                StateTensorSpec("conv", (self.conv - 1, self.hidden)),
+                StateTensorSpec("h", (self.hidden,)),
+            )
+        )
 
     def bind_cache(self, cache: StateCache, group: int) -> None:
         self.cache = cache
 
-    def scan(self, x: torch.Tensor, conv: torch.Tensor, h: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def scan(
+        self, x: torch.Tensor, conv: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The reference over one sequence's new inputs ``x`` [n, H] from state (``conv``
         [K-1, H], ``h`` [H]): (outputs [n, H], the new conv state, the new h)."""
         a = torch.sigmoid(self.decay)
@@ -53,10 +62,10 @@ class GatedRecurrence(nn.Module):
         window = torch.cat([conv, x], 0)
         outs = []
         for t in range(x.shape[0]):
-            c = (window[t:t + self.conv] * self.conv_weight).sum(0)
+            c = (window[t : t + self.conv] * self.conv_weight).sum(0)
             h = a * h + b[t] * c
             outs.append(h)
-        return self.out(torch.stack(outs)), window[-(self.conv - 1):], h
+        return self.out(torch.stack(outs)), window[-(self.conv - 1) :], h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         meta = get_forward_context().meta
@@ -69,8 +78,10 @@ class GatedRecurrence(nn.Module):
             x = x[:n]
             window = torch.cat([cache["conv"].index_select(0, slots), x[:, None]], 1)
             c = (window * self.conv_weight).sum(1)
-            h = (torch.sigmoid(self.decay) * cache["h"].index_select(0, slots)
-                 + torch.sigmoid(self.gate(x)) * c)
+            h = (
+                torch.sigmoid(self.decay) * cache["h"].index_select(0, slots)
+                + torch.sigmoid(self.gate(x)) * c
+            )
             cache["conv"].index_copy_(0, slots, window[:, 1:])
             cache["h"].index_copy_(0, slots, h)
             return self.out(h)
@@ -120,8 +131,13 @@ class StateModel(nn.Module):
         x = self.embed(torch.tensor(ids))
         n = x.shape[0]
         q, k, v = self._split(x)
-        att = attention_ref(q.view(n, HEADS, HEAD_DIM), k.view(n, HEADS, HEAD_DIM),
-                            v.view(n, HEADS, HEAD_DIM), scale=HEAD_DIM ** -0.5, context_len=n)
+        att = attention_ref(
+            q.view(n, HEADS, HEAD_DIM),
+            k.view(n, HEADS, HEAD_DIM),
+            v.view(n, HEADS, HEAD_DIM),
+            scale=HEAD_DIM**-0.5,
+            context_len=n,
+        )
         x = x + self.o(att.reshape(n, -1))
         rec = self.recurrence
         y, _, _ = rec.scan(x, torch.zeros(CONV - 1, HIDDEN), torch.zeros(HIDDEN))
@@ -136,11 +152,20 @@ class StateModel(nn.Module):
         return out
 
 
-def build_core(model: StateModel, *, num_blocks: int = 64, block_size: int = 4,
-               max_num_seqs: int = 4, max_num_batched_tokens: int = 32,
-               prefill_chunk_size: int | None = None, async_scheduling: bool = False,
-               enable_prefix_caching: bool = False, device: str = "cpu",
-               backend: Any = None, max_model_len: int = 256) -> Any:
+def build_core(
+    model: StateModel,
+    *,
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_num_seqs: int = 4,
+    max_num_batched_tokens: int = 32,
+    prefill_chunk_size: int | None = None,
+    async_scheduling: bool = False,
+    enable_prefix_caching: bool = False,
+    device: str = "cpu",
+    backend: Any = None,
+    max_model_len: int = 256,
+) -> Any:
     """The engine core (runner, cache manager, scheduler) over ``model``, as the builder makes
     it for a loaded model."""
     from tallow.engine.core import EngineCore
@@ -151,24 +176,43 @@ def build_core(model: StateModel, *, num_blocks: int = 64, block_size: int = 4,
 
     dev = torch.device(device)
     model = model.to(dev)
-    runner = ModelRunner(model, device=dev, dtype=torch.float32, num_blocks=num_blocks,
-                         block_size=block_size,
-                         attention_backend=backend or TorchAttentionBackend(),
-                         vocab_size=VOCAB, max_num_seqs=max_num_seqs,
-                         max_model_len=max_model_len)
-    manager = KVCacheManager(runner.group_sizes, block_size=block_size,
-                             enable_prefix_caching=enable_prefix_caching,
-                             state_slots=[max_num_seqs] * len(runner.state_groups),
-                             max_step_tokens=max_num_batched_tokens)
-    scheduler = Scheduler(manager, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens,
-                          prefill_chunk_size=prefill_chunk_size, max_model_len=max_model_len)
-    return EngineCore(scheduler, runner, eos_token_ids=set(), max_model_len=max_model_len,
-                      async_scheduling=async_scheduling)
+    runner = ModelRunner(
+        model,
+        device=dev,
+        dtype=torch.float32,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        attention_backend=backend or TorchAttentionBackend(),
+        vocab_size=VOCAB,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    manager = KVCacheManager(
+        runner.group_sizes,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        state_slots=[max_num_seqs] * len(runner.state_groups),
+        max_step_tokens=max_num_batched_tokens,
+    )
+    scheduler = Scheduler(
+        manager,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefill_chunk_size=prefill_chunk_size,
+        max_model_len=max_model_len,
+    )
+    return EngineCore(
+        scheduler,
+        runner,
+        eos_token_ids=set(),
+        max_model_len=max_model_len,
+        async_scheduling=async_scheduling,
+    )
 
 
-def run_to_end(core: Any, requests: dict[str, tuple[list[int], Any]],
-               abort_after: dict[str, int] | None = None) -> dict[str, list[list[int]]]:
+def run_to_end(
+    core: Any, requests: dict[str, tuple[list[int], Any]], abort_after: dict[str, int] | None = None
+) -> dict[str, list[list[int]]]:
     """Add ``requests`` (id -> (prompt, SamplingParams)), step until done; the tokens of each
     completion. ``abort_after``: request id -> abort it once it has that many tokens."""
     outputs: dict[str, list[list[int]]] = {}

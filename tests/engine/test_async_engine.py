@@ -13,9 +13,16 @@ from tallow import SamplingParams
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
 def engine(tiny_llama, request):
-    return AsyncEngine.from_config(config_from_kwargs(
-        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4,
-        async_scheduling=request.param))
+    return AsyncEngine.from_config(
+        config_from_kwargs(
+            model=str(tiny_llama),
+            dtype="float32",
+            device="cpu",
+            num_blocks=128,
+            block_size=4,
+            async_scheduling=request.param,
+        )
+    )
 
 
 def run(coro):
@@ -35,8 +42,11 @@ async def settled(engine: AsyncEngine, free_blocks: int) -> None:
 
 async def abandon(engine: AsyncEngine, request_id: str, outputs: int = 1) -> None:
     """Start a long request and walk away (a client disconnect) after a few outputs."""
-    agen = engine.generate(engine.tokenizer.encode("abandon me"), SamplingParams(
-        temperature=0.0, max_tokens=200, ignore_eos=True), request_id)
+    agen = engine.generate(
+        engine.tokenizer.encode("abandon me"),
+        SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True),
+        request_id,
+    )
     for _ in range(outputs):
         await agen.__anext__()
     await agen.aclose()
@@ -71,8 +81,11 @@ def test_concurrent_streams_and_cancellation(engine):
 def test_step_time_metrics_add_up_the_traced_steps(tiny_llama):
     # The server's step and host-time metrics come from the core's step timings: the async
     # engine turns its tracer on (off, every step would add zero).
-    engine = AsyncEngine.from_config(config_from_kwargs(
-        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4))
+    engine = AsyncEngine.from_config(
+        config_from_kwargs(
+            model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128, block_size=4
+        )
+    )
     assert engine.core.tracer.enabled
 
     async def main():
@@ -93,9 +106,16 @@ def test_step_time_metrics_add_up_the_traced_steps(tiny_llama):
 
 
 def test_admission_error_surfaces_before_first_output(tiny_llama):
-    eng = AsyncEngine.from_config(config_from_kwargs(
-        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=64, block_size=4,
-        max_model_len=256))
+    eng = AsyncEngine.from_config(
+        config_from_kwargs(
+            model=str(tiny_llama),
+            dtype="float32",
+            device="cpu",
+            num_blocks=64,
+            block_size=4,
+            max_model_len=256,
+        )
+    )
 
     async def main():
         await eng.start()
@@ -111,14 +131,23 @@ def test_async_scheduling_streams_match_sync(tiny_llama):
     """The server's engine with async scheduling: the same streams as without, aborts of
     requests whose steps are in flight free everything."""
     tok_prompts = ["alpha beta", "gamma", "delta epsilon zeta"]
-    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-              SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1),
+    ]
     results = {}
     for mode in (False, True):
-        eng = AsyncEngine.from_config(config_from_kwargs(
-            model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=128,
-            block_size=4, async_scheduling=mode))
+        eng = AsyncEngine.from_config(
+            config_from_kwargs(
+                model=str(tiny_llama),
+                dtype="float32",
+                device="cpu",
+                num_blocks=128,
+                block_size=4,
+                async_scheduling=mode,
+            )
+        )
 
         async def main():
             await eng.start()
@@ -126,15 +155,17 @@ def test_async_scheduling_streams_match_sync(tiny_llama):
 
             async def collect(i):
                 texts = []
-                async for out in eng.generate(eng.tokenizer.encode(tok_prompts[i]),
-                                              params[i], f"r{i}"):
+                async for out in eng.generate(
+                    eng.tokenizer.encode(tok_prompts[i]), params[i], f"r{i}"
+                ):
                     texts.append(out.outputs[0].text)
                 assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
                 return out.outputs[0].token_ids, out.outputs[0].text
 
-            got = await asyncio.gather(*[collect(i) for i in range(3)],
-                                       *[abandon(eng, f"gone{i}", outputs=2)
-                                         for i in range(3)])
+            got = await asyncio.gather(
+                *[collect(i) for i in range(3)],
+                *[abandon(eng, f"gone{i}", outputs=2) for i in range(3)],
+            )
             await settled(eng, free)
             await eng.shutdown()
             return got[:3], eng.stats()["overlapped_steps"]

@@ -65,7 +65,11 @@ def assert_same(sync: list[RequestOutput], asyn: list[RequestOutput]) -> None:
         assert len(a.outputs) == len(b.outputs)
         for x, y in zip(a.outputs, b.outputs):
             assert (x.token_ids, x.text, x.finish_reason, x.stop_reason) == (
-                y.token_ids, y.text, y.finish_reason, y.stop_reason), a.request_id
+                y.token_ids,
+                y.text,
+                y.finish_reason,
+                y.stop_reason,
+            ), a.request_id
             assert_same_logprobs(x.logprobs, y.logprobs)
 
 
@@ -91,10 +95,12 @@ def seeded(seed: int, **kw) -> SamplingParams:
 
 # -- identical outputs ----------------------------------------------------------------------
 def test_greedy_and_seeded_rows_overlap_every_step(tiny_llama):
-    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
-              seeded(1, top_p=0.9, max_tokens=18, ignore_eos=True),
-              seeded(2, temperature=0.7, top_k=20, max_tokens=16, ignore_eos=True),
-              seeded(3, min_p=0.1, max_tokens=14, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+        seeded(1, top_p=0.9, max_tokens=18, ignore_eos=True),
+        seeded(2, temperature=0.7, top_k=20, max_tokens=16, ignore_eos=True),
+        seeded(3, min_p=0.1, max_tokens=14, ignore_eos=True),
+    ]
     out, llm = run_both(tiny_llama, PROMPTS, params)
     core = llm.engine.core
     # plain rows never wait: every step but the first was launched with another in flight
@@ -104,17 +110,20 @@ def test_greedy_and_seeded_rows_overlap_every_step(tiny_llama):
 
 def test_mixed_batch_with_chunked_prefill(tiny_llama):
     prompts = PROMPTS + [PROMPTS[2] * 3, "x"]
-    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-              seeded(7, max_tokens=12, ignore_eos=True)] * 3
-    _, llm = run_both(tiny_llama, prompts, params, prefill_chunk_size=3,
-                      max_num_batched_tokens=8)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        seeded(7, max_tokens=12, ignore_eos=True),
+    ] * 3
+    _, llm = run_both(tiny_llama, prompts, params, prefill_chunk_size=3, max_num_batched_tokens=8)
     assert llm.engine.core.overlapped_steps == llm.engine.core.steps - 1
 
 
 def test_n_greater_than_one_forks(tiny_llama):
-    params = [seeded(5, n=3, max_tokens=10, ignore_eos=True),
-              SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True),
-              seeded(9, n=2, top_k=5, max_tokens=6, stop_token_ids=[3, 7, 11])]
+    params = [
+        seeded(5, n=3, max_tokens=10, ignore_eos=True),
+        SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True),
+        seeded(9, n=2, top_k=5, max_tokens=6, stop_token_ids=[3, 7, 11]),
+    ]
     out, llm = run_both(tiny_llama, PROMPTS[:3], params, prefill_chunk_size=5)
     assert len({tuple(c.token_ids) for c in out[0].outputs}) == 3
     core = llm.engine.core
@@ -124,8 +133,10 @@ def test_n_greater_than_one_forks(tiny_llama):
 def test_prefix_cache_hits(tiny_llama):
     shared = PROMPTS[2] * 3
     prompts = [shared + " one", shared + " two", shared, PROMPTS[0]]
-    params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
-              seeded(11, max_tokens=10, ignore_eos=True)] * 2
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+        seeded(11, max_tokens=10, ignore_eos=True),
+    ] * 2
     outs = {}
     for mode in (False, True):
         llm = make(tiny_llama, mode)
@@ -137,7 +148,8 @@ def test_prefix_cache_hits(tiny_llama):
     assert_same(outs[False][0], outs[True][0])
     assert_same(outs[False][1], outs[True][1])
     assert [o.num_cached_tokens for o in outs[False][1]] == [
-        o.num_cached_tokens for o in outs[True][1]]
+        o.num_cached_tokens for o in outs[True][1]
+    ]
     assert_same(outs[True][0], outs[True][1])
 
 
@@ -145,10 +157,13 @@ def test_prefix_cache_hits(tiny_llama):
 def test_preemption_under_a_tiny_kv_budget(tiny_llama, caching):
     # min_tokens, not ignore_eos: sequences of known length reserve their KV and are not
     # preempted (see tallow.engine.scheduler)
-    params = [SamplingParams(temperature=0.0, max_tokens=40, min_tokens=40),
-              seeded(21, max_tokens=40, min_tokens=40)] * 2
-    _, llm = run_both(tiny_llama, PROMPTS, params, num_blocks=40,
-                      enable_prefix_caching=caching, max_model_len=128)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, min_tokens=40),
+        seeded(21, max_tokens=40, min_tokens=40),
+    ] * 2
+    _, llm = run_both(
+        tiny_llama, PROMPTS, params, num_blocks=40, enable_prefix_caching=caching, max_model_len=128
+    )
     core = llm.engine.core
     assert core.scheduler.num_preemptions > 0
     # no step waits for its predecessor (a step after one that scheduled nothing, because
@@ -157,16 +172,24 @@ def test_preemption_under_a_tiny_kv_budget(tiny_llama, caching):
 
 
 def test_stops_eos_stop_tokens_stop_strings_min_and_max_tokens(tiny_llama):
-    base = make(tiny_llama, False).generate(PROMPTS[1], SamplingParams(
-        temperature=0.0, max_tokens=20, ignore_eos=True))[0].outputs[0]
+    base = (
+        make(tiny_llama, False)
+        .generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))[0]
+        .outputs[0]
+    )
     stop_id = base.token_ids[4]
     stop_str = base.text[3:6]
     eos = 0
     params = [
         SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id]),
         SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop_str]),
-        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop_str],
-                       include_stop_str_in_output=True),
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=20,
+            ignore_eos=True,
+            stop=[stop_str],
+            include_stop_str_in_output=True,
+        ),
         # EOS forced by a logit bias, held back by min_tokens: these rows still overlap
         SamplingParams(temperature=0.0, max_tokens=20, logit_bias={eos: 100.0}, min_tokens=3),
         seeded(4, max_tokens=20, logit_bias={eos: 100.0}, min_tokens=5),
@@ -175,8 +198,11 @@ def test_stops_eos_stop_tokens_stop_strings_min_and_max_tokens(tiny_llama):
         seeded(8, max_tokens=5, ignore_eos=True),
         SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),  # to max_model_len
     ]
-    prompts = [PROMPTS[1]] * 3 + [PROMPTS[0], PROMPTS[3]] + [PROMPTS[3], PROMPTS[0],
-                                                              PROMPTS[1], PROMPTS[2]]
+    prompts = (
+        [PROMPTS[1]] * 3
+        + [PROMPTS[0], PROMPTS[3]]
+        + [PROMPTS[3], PROMPTS[0], PROMPTS[1], PROMPTS[2]]
+    )
     out, llm = run_both(tiny_llama, prompts, params, max_model_len=48)
     finish = [o.outputs[0].finish_reason for o in out]
     assert finish == ["stop"] * 5 + ["length"] * 4
@@ -190,10 +216,12 @@ def test_stops_eos_stop_tokens_stop_strings_min_and_max_tokens(tiny_llama):
 
 
 def test_logprobs_and_prompt_logprobs(tiny_llama):
-    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3),
-              seeded(3, max_tokens=8, ignore_eos=True, logprobs=0),
-              SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2),
-              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3),
+        seeded(3, max_tokens=8, ignore_eos=True, logprobs=0),
+        SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+    ]
     out, llm = run_both(tiny_llama, PROMPTS, params, prefill_chunk_size=4)
     assert len(out[0].outputs[0].logprobs) == 8 and out[2].prompt_logprobs[0] is None
     core = llm.engine.core
@@ -201,11 +229,12 @@ def test_logprobs_and_prompt_logprobs(tiny_llama):
 
 
 def test_penalties(tiny_llama):
-    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
-                             repetition_penalty=1.5),
-              seeded(2, max_tokens=16, ignore_eos=True, frequency_penalty=1.0),
-              seeded(6, max_tokens=16, ignore_eos=True, presence_penalty=1.5, top_k=30),
-              SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, repetition_penalty=1.5),
+        seeded(2, max_tokens=16, ignore_eos=True, frequency_penalty=1.0),
+        seeded(6, max_tokens=16, ignore_eos=True, presence_penalty=1.5, top_k=30),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+    ]
     _, llm = run_both(tiny_llama, PROMPTS, params)
     core = llm.engine.core
     # steps with penalty rows are collected first; after those finish, greedy overlaps
@@ -213,9 +242,11 @@ def test_penalties(tiny_llama):
 
 
 # -- requests arriving, streaming, aborts ---------------------------------------------------
-def drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, str, SamplingParams]]],
-          aborts: dict[int, str] | None = None) -> tuple[dict[str, RequestOutput],
-                                                         dict[str, list[RequestOutput]]]:
+def drive(
+    engine: LLMEngine,
+    arrivals: dict[int, list[tuple[str, str, SamplingParams]]],
+    aborts: dict[int, str] | None = None,
+) -> tuple[dict[str, RequestOutput], dict[str, list[RequestOutput]]]:
     """Step an engine, adding requests and aborting them at given step numbers; return the
     final output and the stream of outputs of each request."""
     final: dict[str, RequestOutput] = {}
@@ -239,12 +270,15 @@ def drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, str, SamplingPa
 
 def test_requests_arriving_while_others_decode_stream_like_sync(tiny_llama):
     greedy = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
-    arrivals = {0: [("a", PROMPTS[0], greedy)],
-                3: [("b", PROMPTS[1], seeded(1, max_tokens=10, ignore_eos=True)),
-                    ("c", PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=6,
-                                                     stop=["e"]))],
-                7: [("d", PROMPTS[3], seeded(2, n=2, max_tokens=9, ignore_eos=True))],
-                8: [("e", PROMPTS[0] * 2, greedy)]}
+    arrivals = {
+        0: [("a", PROMPTS[0], greedy)],
+        3: [
+            ("b", PROMPTS[1], seeded(1, max_tokens=10, ignore_eos=True)),
+            ("c", PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=6, stop=["e"])),
+        ],
+        7: [("d", PROMPTS[3], seeded(2, n=2, max_tokens=9, ignore_eos=True))],
+        8: [("e", PROMPTS[0] * 2, greedy)],
+    }
     results = {}
     for mode in (False, True):
         llm = make(tiny_llama, mode, prefill_chunk_size=4)
@@ -252,7 +286,7 @@ def test_requests_arriving_while_others_decode_stream_like_sync(tiny_llama):
         for rid, stream in streams.items():  # cumulative, each output extends the last
             for before, after in zip(stream, stream[1:]):
                 for x, y in zip(before.outputs, after.outputs):
-                    assert y.token_ids[:len(x.token_ids)] == x.token_ids
+                    assert y.token_ids[: len(x.token_ids)] == x.token_ids
                     assert y.text.startswith(x.text)
             assert stream[-1].finished and not any(o.finished for o in stream[:-1])
         assert free_blocks(llm) == llm.engine.core.scheduler.block_manager.num_total_blocks
@@ -288,16 +322,21 @@ def test_abort_while_the_step_is_in_flight(tiny_llama):
 def test_sequence_finished_at_n_is_dropped_from_n_plus_1(tiny_llama):
     """A stop token at step N: the sequence is already in step N+1; its blocks (the slot for
     N+1 included) are freed at once and its N+1 token never appears."""
-    base = make(tiny_llama, False).generate(PROMPTS[0], SamplingParams(
-        temperature=0.0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    base = (
+        make(tiny_llama, False)
+        .generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+        .outputs[0]
+    )
     stop_id = base.token_ids[5]
     llm = make(tiny_llama, True)
     engine, core = llm.engine, llm.engine.core
     bm = core.scheduler.block_manager
-    engine.add_request("s", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=12,
-                                                       stop_token_ids=[stop_id]))
-    engine.add_request("long", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=20,
-                                                          ignore_eos=True))
+    engine.add_request(
+        "s", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_id])
+    )
+    engine.add_request(
+        "long", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    )
     seq = core.scheduler.get_request("s").seqs[0]
     saw_drop = False
     final = {}
@@ -307,23 +346,27 @@ def test_sequence_finished_at_n_is_dropped_from_n_plus_1(tiny_llama):
                 final[out.request_id] = out
         bm.check_invariants()
         in_flight = core._in_flight
-        if seq.is_finished and in_flight is not None and any(
-                i.seq is seq for i in in_flight.plan.scheduled):
+        if (
+            seq.is_finished
+            and in_flight is not None
+            and any(i.seq is seq for i in in_flight.plan.scheduled)
+        ):
             saw_drop = True
             assert seq.block_ids == [] and seq.num_pending_tokens == 0
             assert PENDING_TOKEN not in seq.output_token_ids
     assert saw_drop
     index = base.token_ids.index(stop_id)
-    assert final["s"].outputs[0].token_ids == base.token_ids[:index + 1]
-    assert seq.output_token_ids == base.token_ids[:index + 1]
+    assert final["s"].outputs[0].token_ids == base.token_ids[: index + 1]
+    assert seq.output_token_ids == base.token_ids[: index + 1]
     assert bm.num_free_blocks == bm.num_total_blocks
 
 
 # -- prefix-cache registration waits for known tokens ----------------------------------------
 def test_blocks_with_a_pending_token_are_not_hashed():
     bm = BlockManager(16, 4)
-    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, prefill_chunk_size=None,
-                  max_model_len=32)
+    s = Scheduler(
+        bm, max_num_seqs=4, max_num_batched_tokens=64, prefill_chunk_size=None, max_model_len=32
+    )
     seq = s.add_request("a", [1, 2, 3, 4, 5, 6, 7], SamplingParams(max_tokens=8)).seqs[0]
     first = s.advance(s.schedule())  # computes 7 prompt tokens, samples token 8 (pending)
     assert seq.all_token_ids[-1] == PENDING_TOKEN and seq.num_known_tokens == 7
@@ -346,8 +389,9 @@ def test_blocks_with_a_pending_token_are_not_hashed():
 
 def test_finish_drops_pending_tokens_and_a_length_bound_sequence_is_not_rescheduled():
     bm = BlockManager(16, 4)
-    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, prefill_chunk_size=None,
-                  max_model_len=32)
+    s = Scheduler(
+        bm, max_num_seqs=4, max_num_batched_tokens=64, prefill_chunk_size=None, max_model_len=32
+    )
     seq = s.add_request("a", [1, 2, 3], SamplingParams(max_tokens=1)).seqs[0]
     other = s.add_request("b", [4, 5], SamplingParams(max_tokens=5)).seqs[0]
     first = s.advance(s.schedule())
@@ -366,8 +410,9 @@ def test_finish_drops_pending_tokens_and_a_length_bound_sequence_is_not_reschedu
 # -- timings -----------------------------------------------------------------------------------
 def greedy_steps(engine: LLMEngine, prompt: str, max_tokens: int) -> list[CoreOutput]:
     """Run one greedy request to its end; what each step call reported."""
-    engine.add_request("t", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                   ignore_eos=True))
+    engine.add_request(
+        "t", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    )
     outs: list[CoreOutput] = []
     while engine.has_unfinished():
         engine.step()
@@ -387,13 +432,15 @@ def test_timings_keys_and_host_time(tiny_llama, monkeypatch):
         assert set(o.timings) <= PHASES and o.step_time >= sum(o.timings.values()) - 1e-9
         # on a CPU the device is never busy after a launch returns: nothing is hidden
         assert o.hidden == set()
-        assert o.host_time == pytest.approx(sum(o.timings.get(k, 0.0)
-                                                for k in ("schedule", "launch", "post")))
+        assert o.host_time == pytest.approx(
+            sum(o.timings.get(k, 0.0) for k in ("schedule", "launch", "post"))
+        )
     assert {"schedule", "launch", "overlapped", "wait", "post"} == set(outs[2].timings)
     # As on a GPU whose device is still busy: planning and post-processing are hidden.
     monkeypatch.setattr(PendingStep, "is_done", lambda self: False)
-    engine.add_request("u", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=4,
-                                                       ignore_eos=True))
+    engine.add_request(
+        "u", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    )
     engine.step()
     engine.step()
     out = engine.last_step
@@ -407,13 +454,15 @@ def test_sync_mode_timings_unchanged(tiny_llama):
     llm = make(tiny_llama, False)
     engine = llm.engine
     engine.core.trace_steps()
-    engine.add_request("t", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3,
-                                                       ignore_eos=True))
+    engine.add_request(
+        "t", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    )
     engine.step()
     out = engine.last_step
     assert len(out.updates) == 1 and set(out.timings) == PHASES and out.hidden == set()
-    assert out.host_time == pytest.approx(out.timings["schedule"] + out.timings["launch"]
-                                          + out.timings["post"])
+    assert out.host_time == pytest.approx(
+        out.timings["schedule"] + out.timings["launch"] + out.timings["post"]
+    )
     while engine.has_unfinished():
         engine.step()
     assert llm.engine.core.overlapped_steps == 0
@@ -434,8 +483,9 @@ def test_steps_are_not_timed_by_default(tiny_llama, monkeypatch, async_schedulin
     assert asked == []
     # turned on, then off again: only the steps in between are timed
     engine.core.trace_steps()
-    engine.add_request("u", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=3,
-                                                       ignore_eos=True))
+    engine.add_request(
+        "u", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    )
     engine.step()
     engine.step()
     assert engine.last_step.timings and engine.last_step.step_time > 0

@@ -21,15 +21,26 @@ from tallow import SamplingParams  # noqa: E402
 def engine(async_scheduling: bool) -> LLMEngine:
     from tallow.config import config_from_mapping
 
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": "random:tiny-llama", "dtype": "float32", "device": "cuda",
-                  "max_model_len": 512},
-        "cache": {"num_blocks": 512, "block_size": 16},
-        "runner": {"disable_cuda_graph": False, "max_cuda_graph_batch": 32},
-        "scheduler": {"async_scheduling": async_scheduling, "max_num_seqs": 32,
-                      "prefill_chunk_size": 32},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": "random:tiny-llama",
+                    "dtype": "float32",
+                    "device": "cuda",
+                    "max_model_len": 512,
+                },
+                "cache": {"num_blocks": 512, "block_size": 16},
+                "runner": {"disable_cuda_graph": False, "max_cuda_graph_batch": 32},
+                "scheduler": {
+                    "async_scheduling": async_scheduling,
+                    "max_num_seqs": 32,
+                    "prefill_chunk_size": 32,
+                },
+                "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+            }
+        )
+    )
 
 
 def workload() -> list[tuple[int, list[int], SamplingParams]]:
@@ -38,8 +49,12 @@ def workload() -> list[tuple[int, list[int], SamplingParams]]:
     jobs = []
     for i, length in enumerate([5, 17, 64, 3, 130, 33, 9, 90, 1, 48, 20, 75]):
         prompt = torch.randint(10, 500, (length,), generator=g).tolist()
-        params = SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True,
-                                stop_token_ids=[17, 101] if i % 4 == 3 else [])
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=8 + 3 * i,
+            ignore_eos=True,
+            stop_token_ids=[17, 101] if i % 4 == 3 else [],
+        )
         jobs.append((0 if i < 6 else 4 + 2 * i, prompt, params))
     return jobs
 

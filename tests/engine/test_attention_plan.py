@@ -42,8 +42,14 @@ class FakeGraph:
 
 
 def graph_runner(backend: object) -> CudaGraphRunner:
-    runner = SimpleNamespace(device=torch.device("cpu"), max_blocks_per_seq=4, max_num_seqs=8,
-                             max_model_len=64, block_size=16, backend=backend)
+    runner = SimpleNamespace(
+        device=torch.device("cpu"),
+        max_blocks_per_seq=4,
+        max_num_seqs=8,
+        max_model_len=64,
+        block_size=16,
+        backend=backend,
+    )
     graphs = CudaGraphRunner(runner, 4)
     events = getattr(backend, "events", [])
     for size in graphs.sizes:
@@ -55,11 +61,18 @@ def graph_runner(backend: object) -> CudaGraphRunner:
 
 def decode_meta() -> AttentionMetadata:
     return AttentionMetadata(
-        num_seqs=3, num_tokens=3, query_start_loc=torch.arange(4, dtype=torch.int32),
+        num_seqs=3,
+        num_tokens=3,
+        query_start_loc=torch.arange(4, dtype=torch.int32),
         seq_lens=torch.tensor([5, 9, 2], dtype=torch.int32),
         block_tables=torch.tensor([[3, 0], [1, 2], [7, 0]], dtype=torch.int32),
-        slot_mapping=torch.tensor([52, 40, 113]), max_query_len=1, max_seq_len=9,
-        block_size=16, query_start_loc_cpu=[0, 1, 2, 3], seq_lens_cpu=[5, 9, 2])
+        slot_mapping=torch.tensor([52, 40, 113]),
+        max_query_len=1,
+        max_seq_len=9,
+        block_size=16,
+        query_start_loc_cpu=[0, 1, 2, 3],
+        seq_lens_cpu=[5, 9, 2],
+    )
 
 
 def test_a_replay_is_planned_with_the_graph_buffers_and_padded_lengths() -> None:

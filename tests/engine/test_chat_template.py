@@ -39,12 +39,25 @@ MESSAGES = [
     {"role": "system", "content": "  Be brief — «ok» <b>bold</b> & 'quotes'  "},
     {"role": "skip", "content": "ignored"},
     {"role": "user", "content": "日本語 🎉"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "f", "arguments": {"x": "é", "y": [1, 2.5]}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": {"x": "é", "y": [1, 2.5]}}}
+        ],
+    },
     {"role": "assistant", "content": "answer", "reasoning": "because", "name": None},
 ]
-TOOLS = [{"type": "function", "function": {"name": "f", "description": "<tag> & ü",
-                                           "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "<tag> & ü",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
 DOCS = [{"title": "T1", "text": "first"}, {"title": "T2", "text": "second"}]
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
 
@@ -57,16 +70,24 @@ def _transformers_render(template, messages, **kwargs):
     documents = kwargs.pop("documents", None)
     rendered, _ = render_jinja_template(
         conversations=[[{k: v for k, v in m.items() if v is not None} for m in messages]],
-        tools=tools, documents=documents, chat_template=template,
-        add_generation_prompt=add_generation_prompt, **kwargs)
+        tools=tools,
+        documents=documents,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
     return rendered[0]
 
 
 @pytest.mark.parametrize("gen", [True, False])
 @pytest.mark.parametrize("with_tools", [True, False])
 def test_features_render_like_transformers(gen, with_tools):
-    kwargs = dict(add_generation_prompt=gen, tools=TOOLS if with_tools else None,
-                  documents=DOCS, extra_flag=True)
+    kwargs = dict(
+        add_generation_prompt=gen,
+        tools=TOOLS if with_tools else None,
+        documents=DOCS,
+        extra_flag=True,
+    )
     ours = render_chat_template(FEATURES, MESSAGES, special_tokens=SPECIALS, **kwargs)
     ref = _transformers_render(FEATURES, MESSAGES, **SPECIALS, **kwargs)
     assert ours == ref
@@ -75,16 +96,18 @@ def test_features_render_like_transformers(gen, with_tools):
 
 
 def test_continue_final_message_like_transformers():
-    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n"
-                "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-    messages = [{"role": "user", "content": "Say hi"},
-                {"role": "assistant", "content": "Hi, I am"}]
+    template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n"
+        "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi, I am"}]
     ours = render_chat_template(template, messages, continue_final_message=True)
     ref = _transformers_render(template, messages, continue_final_message=True)
     assert ours == ref == "<user>Say hi</user>\n<assistant>Hi, I am"
     with pytest.raises(ChatTemplateError, match="exclude each other"):
-        render_chat_template(template, messages, continue_final_message=True,
-                             add_generation_prompt=True)
+        render_chat_template(
+            template, messages, continue_final_message=True, add_generation_prompt=True
+        )
 
 
 def test_strftime_now():
@@ -105,18 +128,23 @@ def test_objects_are_reduced_to_plain_data():
 
     out = render_chat_template(
         "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}{{ x }}",
-        [Msg("user", "hi"), {"role": "assistant", "content": "yo"}], x=Weird())
+        [Msg("user", "hi"), {"role": "assistant", "content": "yo"}],
+        x=Weird(),
+    )
     assert out == "user:hi;assistant:yo;<Weird>"
 
 
-@pytest.mark.parametrize("template", [
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ messages.__class__.__init__.__globals__ }}",
-    "{{ raise_exception.__globals__['__builtins__'] }}",
-    "{% set x = namespace() %}{% set x._private = 1 %}{{ x }}",
-    "{{ messages.append({'role': 'x'}) }}",
-    "{{ cycler.__init__.__globals__.os }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.__class__.__init__.__globals__ }}",
+        "{{ raise_exception.__globals__['__builtins__'] }}",
+        "{% set x = namespace() %}{% set x._private = 1 %}{{ x }}",
+        "{{ messages.append({'role': 'x'}) }}",
+        "{{ cycler.__init__.__globals__.os }}",
+    ],
+)
 def test_sandbox_refuses_escapes(template):
     with pytest.raises(ChatTemplateError) as info:
         render_chat_template(template, [{"role": "user", "content": "hi"}])
@@ -125,8 +153,10 @@ def test_sandbox_refuses_escapes(template):
 
 
 def test_raise_exception_message_reaches_the_caller():
-    template = ("{% if messages[0].role != 'user' %}"
-                "{{ raise_exception('Conversation must start with user') }}{% endif %}ok")
+    template = (
+        "{% if messages[0].role != 'user' %}"
+        "{{ raise_exception('Conversation must start with user') }}{% endif %}ok"
+    )
     assert render_chat_template(template, [{"role": "user", "content": ""}]) == "ok"
     with pytest.raises(ChatTemplateError, match="Conversation must start with user"):
         render_chat_template(template, [{"role": "assistant", "content": ""}])
@@ -147,5 +177,8 @@ def test_syntax_and_runtime_errors_are_value_errors():
 
 def test_trim_and_lstrip_blocks():
     template = "start\n    {% if true %}\n    inner\n    {% endif %}\nend"
-    assert render_chat_template(template, [{"role": "user", "content": ""}]) == \
-        _transformers_render(template, [{"role": "user", "content": ""}]) == "start\n    inner\nend"
+    assert (
+        render_chat_template(template, [{"role": "user", "content": ""}])
+        == _transformers_render(template, [{"role": "user", "content": ""}])
+        == "start\n    inner\nend"
+    )

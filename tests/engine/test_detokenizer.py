@@ -25,8 +25,17 @@ def byte_level_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     vocab = {c: i for i, c in enumerate(_byte_alphabet())}
-    merges = [("H", "e"), ("He", "l"), ("Hel", "l"), ("Hell", "o"), ("Ġ", "w"), ("o", "r"),
-              ("Ġw", "or"), ("l", "d"), ("Ġwor", "ld")]
+    merges = [
+        ("H", "e"),
+        ("He", "l"),
+        ("Hel", "l"),
+        ("Hell", "o"),
+        ("Ġ", "w"),
+        ("o", "r"),
+        ("Ġw", "or"),
+        ("l", "d"),
+        ("Ġwor", "ld"),
+    ]
     for a, b in merges:
         vocab[a + b] = len(vocab)
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
@@ -43,21 +52,54 @@ def sentencepiece_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    pieces += ["▁", *"abcdehlorw", "▁H", "H", "el", "lo", "▁w", "or", "ld", "▁wor", "▁world",
-               "▁Hel", "▁Hello"]
+    pieces += [
+        "▁",
+        *"abcdehlorw",
+        "▁H",
+        "H",
+        "el",
+        "lo",
+        "▁w",
+        "or",
+        "ld",
+        "▁wor",
+        "▁world",
+        "▁Hel",
+        "▁Hello",
+    ]
     vocab = {p: i for i, p in enumerate(pieces)}
-    merges = [("▁", "H"), ("e", "l"), ("l", "o"), ("▁", "w"), ("o", "r"), ("l", "d"),
-              ("▁w", "or"), ("▁wor", "ld"), ("▁H", "el"), ("▁Hel", "lo")]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
-                                 byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
-                                                 split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in ("<unk>", "<s>", "</s>")])
-    return Tokenizer(tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                           "add_bos_token": True})
+    merges = [
+        ("▁", "H"),
+        ("e", "l"),
+        ("l", "o"),
+        ("▁", "w"),
+        ("o", "r"),
+        ("l", "d"),
+        ("▁w", "or"),
+        ("▁wor", "ld"),
+        ("▁H", "el"),
+        ("▁Hel", "lo"),
+    ]
+    tok = HFTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")]
+    )
+    return Tokenizer(
+        tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True}
+    )
 
 
 BYTE_LEVEL = byte_level_tokenizer()
@@ -118,8 +160,11 @@ def test_byte_run_made_invalid_by_a_later_byte():
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_special_tokens(skip):
-    ids = SENTENCEPIECE.encode("Hello", add_special_tokens=True) + [2] + SENTENCEPIECE.encode(
-        "world", add_special_tokens=False)
+    ids = (
+        SENTENCEPIECE.encode("Hello", add_special_tokens=True)
+        + [2]
+        + SENTENCEPIECE.encode("world", add_special_tokens=False)
+    )
     pieces, text = stream(SENTENCEPIECE, ids, skip=skip)
     assert text == SENTENCEPIECE.decode(ids, skip_special_tokens=skip)
     assert ("<s>" in text) is (not skip) and ("</s>" in text) is (not skip)

@@ -17,8 +17,7 @@ from tallow.engine.embedding import EmbeddingInfo
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-INPUTS = [[5, 17, 200, 9, 64, 128, 5, 77, 31], [42], [3, 3, 3, 250, 1, 0, 12],
-          list(range(10, 50))]
+INPUTS = [[5, 17, 200, 9, 64, 128, 5, 77, 31], [42], [3, 3, 3, 250, 1, 0, 12], list(range(10, 50))]
 
 
 @pytest.fixture(scope="module")
@@ -73,23 +72,49 @@ def test_qwen3_embedding_layout_is_detected(tiny_qwen3: Path, tmp_path: Path) ->
     tensors = load_file(str(tiny_qwen3 / "model.safetensors"))
     bare = {k.removeprefix("model."): v for k, v in tensors.items() if k != "lm_head.weight"}
     save_file(bare, str(tmp_path / "model.safetensors"))
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}]))
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        )
+    )
     (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 64, "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": False, "pooling_mode_lasttoken": True}))
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 64,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": False,
+                "pooling_mode_lasttoken": True,
+            }
+        )
+    )
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
     llm = LLM(str(tmp_path), device="cpu")
     assert llm.engine.task == "embed" and llm.engine.max_model_len == 32
     assert llm.engine.embedding == EmbeddingInfo(pooling="last", normalize=True, size=64)
     outs = llm.embed([INPUTS[0], INPUTS[2]])
-    for ids, out, states in zip([INPUTS[0], INPUTS[2]], outs,
-                                _hf_states(tiny_qwen3, [INPUTS[0], INPUTS[2]])):
+    for ids, out, states in zip(
+        [INPUTS[0], INPUTS[2]], outs, _hf_states(tiny_qwen3, [INPUTS[0], INPUTS[2]])
+    ):
         ref = torch.nn.functional.normalize(states[-1], dim=0)
         torch.testing.assert_close(torch.tensor(out.embedding), ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="inputs\\[0\\]: the input has 40 tokens"):
@@ -122,8 +147,7 @@ def test_inputs_longer_than_a_step_get_a_step_of_their_own(tiny_qwen3: Path) -> 
 
 
 def test_matryoshka_dimensions_from_the_config() -> None:
-    info = EmbeddingInfo(pooling="last", normalize=False, size=64,
-                         matryoshka_dimensions=(16, 32))
+    info = EmbeddingInfo(pooling="last", normalize=False, size=64, matryoshka_dimensions=(16, 32))
     assert info.dimensions_problem(32) is None and info.dimensions_problem(64) is None
     assert "16, 32" in info.dimensions_problem(20)
     assert "more than the model's 64" in info.dimensions_problem(65)
@@ -146,8 +170,10 @@ def test_async_engine_embeds_concurrently_and_cancels(tiny_qwen3: Path) -> None:
     async def main() -> list:
         engine = AsyncEngine.from_config(config_from_kwargs(**settings))
         try:
-            calls = [asyncio.ensure_future(engine.embed(ids, PoolingParams(), f"e{i}"))
-                     for i, ids in enumerate(INPUTS)]
+            calls = [
+                asyncio.ensure_future(engine.embed(ids, PoolingParams(), f"e{i}"))
+                for i, ids in enumerate(INPUTS)
+            ]
             gone = asyncio.ensure_future(engine.embed(INPUTS[0], PoolingParams(), "gone"))
             await asyncio.sleep(0)
             gone.cancel()
@@ -165,8 +191,9 @@ def test_async_engine_embeds_concurrently_and_cancels(tiny_qwen3: Path) -> None:
 
     for got, want in zip(asyncio.run(main()), expected):
         assert got.prompt_token_ids == want.prompt_token_ids
-        torch.testing.assert_close(torch.tensor(got.embedding), torch.tensor(want.embedding),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(got.embedding), torch.tensor(want.embedding), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_warm_up_of_an_embedding_engine_leaves_no_trace(tiny_qwen3: Path) -> None:

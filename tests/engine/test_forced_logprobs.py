@@ -12,8 +12,9 @@ from tallow.plugin.testing import forced_logprobs
 def test_forced_logprobs_equal_those_of_generation(tiny: dict) -> None:
     llm = LLM(**tiny)
     prompt = [5, 17, 99, 3, 250]
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
-                                                logprobs=1))[0].outputs[0]
+    out = llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    )[0].outputs[0]
     generated = torch.tensor([pos[t].logprob for pos, t in zip(out.logprobs, out.token_ids)])
     forced = forced_logprobs(llm, prompt, out.token_ids)
     assert forced.shape == (6,) and bool((forced <= 0).all())

@@ -14,10 +14,15 @@ import pytest
 from tallow import LLM, SamplingParams, StructuredOutputsParams
 from tallow.plugin import GrammarSpec
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6},
-    "age": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["name", "age"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 PROMPTS = [[11 + i, 40 + 3 * i, 7, 90 + i, 23] for i in range(4)]
 
 
@@ -122,16 +127,25 @@ def _run(core, requests, *, on_step=None, limit=400) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-               block_size=4, async_scheduling=True)
+    return LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        device="cpu",
+        num_blocks=256,
+        block_size=4,
+        async_scheduling=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def alone(llm) -> dict[str, list[int]]:
     """Each request's tokens computed alone."""
-    cases = {"json": (PROMPTS[0], _params(JSON)), "choice": (PROMPTS[1], _params(CHOICE)),
-             "free": (PROMPTS[2], _params(None, max_tokens=12, ignore_eos=True)),
-             "json2": (PROMPTS[3], _params(JSON))}
+    cases = {
+        "json": (PROMPTS[0], _params(JSON)),
+        "choice": (PROMPTS[1], _params(CHOICE)),
+        "free": (PROMPTS[2], _params(None, max_tokens=12, ignore_eos=True)),
+        "json2": (PROMPTS[3], _params(JSON)),
+    }
     return {rid: _run(llm.engine.core, {rid: case})[rid] for rid, case in cases.items()}
 
 
@@ -150,11 +164,15 @@ def test_fills_overlap_and_never_share_their_matchers(llm, alone, monkeypatch):
             llm.engine.core.add_request("json2", PROMPTS[3], _params(JSON))
             tokens["json2"] = late.setdefault("json2", [])
 
-    out = _run(llm.engine.core, {"json": (PROMPTS[0], _params(JSON)),
-                                 "choice": (PROMPTS[1], _params(CHOICE)),
-                                 "free": (PROMPTS[2], _params(None, max_tokens=12,
-                                                              ignore_eos=True))},
-               on_step=on_step)
+    out = _run(
+        llm.engine.core,
+        {
+            "json": (PROMPTS[0], _params(JSON)),
+            "choice": (PROMPTS[1], _params(CHOICE)),
+            "free": (PROMPTS[2], _params(None, max_tokens=12, ignore_eos=True)),
+        },
+        on_step=on_step,
+    )
     out["json2"] = late["json2"]
     assert out == alone
     assert any(seen_in_flight), "no call returned with a fill in flight"
@@ -218,8 +236,15 @@ def test_a_request_aborted_while_its_mask_is_filled_ends_there(llm, alone, monke
 def test_no_matcher_advances_twice_across_preemptions(tiny_llama, alone, monkeypatch):
     """A cache too small for the batch preempts sequences while their masks may be filling;
     each matcher accepts exactly its sequence's tokens, once each."""
-    tight = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=16,
-                block_size=4, max_model_len=64, async_scheduling=True)
+    tight = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        device="cpu",
+        num_blocks=16,
+        block_size=4,
+        max_model_len=64,
+        async_scheduling=True,
+    )
     watch = Watch(tight, monkeypatch)
     core = tight.engine.core
     seqs = []

@@ -13,11 +13,19 @@ from tallow.engine.llm_engine import LLMEngine
 def random_engine(shape: str, codec: str) -> LLMEngine:
     from tallow.config import config_from_mapping
 
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": f"random:{shape}", "dtype": "float32", "device": "cpu",
-                  "max_model_len": 256},
-        "cache": {"num_blocks": 64, "kv_codec": codec, "enable_prefix_caching": False},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": f"random:{shape}",
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "max_model_len": 256,
+                },
+                "cache": {"num_blocks": 64, "kv_codec": codec, "enable_prefix_caching": False},
+            }
+        )
+    )
 
 
 class _UnknownWords:
@@ -45,9 +53,16 @@ def test_turbo8_keys_of_a_random_model_score_as_the_exact_keys(monkeypatch):
     (by about 0.5)."""
     from tallow.engine import random_model
 
-    monkeypatch.setitem(random_model.SHAPES, "llama-3.2-1b-attention", {
-        **random_model.SHAPES["llama-3.2-1b"], "num_hidden_layers": 1,
-        "intermediate_size": 256, "vocab_size": 4096})
+    monkeypatch.setitem(
+        random_model.SHAPES,
+        "llama-3.2-1b-attention",
+        {
+            **random_model.SHAPES["llama-3.2-1b"],
+            "num_hidden_layers": 1,
+            "intermediate_size": 256,
+            "vocab_size": 4096,
+        },
+    )
     eng = random_engine("llama-3.2-1b-attention", "turbo8")
     runner = eng.core.runner
     ids = torch.randint(10, 4000, (128,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -57,7 +72,7 @@ def test_turbo8_keys_of_a_random_model_score_as_the_exact_keys(monkeypatch):
     for attn, cache in zip(runner.layers, runner.kv_caches):
         q, k, v = seen[attn.layer.layer_index]
         cache.codec.encode(cache, k, v, slots)
-        k_read = cache.codec.decode(cache, blocks)[0][:len(ids)]
+        k_read = cache.codec.decode(cache, blocks)[0][: len(ids)]
         group = q.shape[1] // k.shape[1]
         exact = torch.einsum("nhd,mhd->hnm", q, k.repeat_interleave(group, 1))
         read = torch.einsum("nhd,mhd->hnm", q, k_read.repeat_interleave(group, 1))
@@ -79,8 +94,11 @@ def test_the_per_layer_tensors_carry_all_of_a_turbo_codecs_calibration():
             param.mul_(1.5)
     runner = second.core.runner
     calibrate_kv_codec(runner, runner.kv_caches[0].codec, _UnknownWords(), 512)
-    before = {s.name: runner.kv_caches[0][s.name].clone()
-              for s in runner.kv_caches[0].layout if not s.per_block}
+    before = {
+        s.name: runner.kv_caches[0][s.name].clone()
+        for s in runner.kv_caches[0].layout
+        if not s.per_block
+    }
     assert not torch.equal(before["k_smooth"], first.core.runner.kv_caches[0]["k_smooth"])
     model.load_state_dict(first.parts.loaded.model.state_dict())
     for mine, theirs in zip(first.core.runner.kv_caches, runner.kv_caches):

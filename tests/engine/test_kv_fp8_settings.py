@@ -49,12 +49,15 @@ def scaled_llama(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return with_tensors(tiny_llama, tmp_path_factory.mktemp("scaled") / "m", extra)
 
 
-def engine(path: Path, scales: str | None = None, codec: str = "fp8", device: str = "cpu",
-           **runner: Any) -> LLMEngine:
+def engine(
+    path: Path, scales: str | None = None, codec: str = "fp8", device: str = "cpu", **runner: Any
+) -> LLMEngine:
     mapping: dict[str, Any] = {
         "model": {"source": str(path), "dtype": "float32", "device": device},
-        "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": codec}, "runner": runner,
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 3}}}}
+        "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": codec},
+        "runner": runner,
+        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 3}}},
+    }
     if scales is not None:
         mapping["plugins"]["settings"]["tallow-kvcache-fp8"] = {"scales": scales}
     return LLMEngine.from_config(config_from_mapping(mapping, origin="test"))
@@ -76,8 +79,12 @@ def prompt_logprobs(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
     return torch.tensor([out.prompt_logprobs[p][ids[p]].logprob for p in range(1, len(ids))])
 
 
-def hf_prompt_logprobs(path: Path, ids: list[int], k_scales: list[torch.Tensor] | None,
-                       v_scales: list[torch.Tensor] | None) -> torch.Tensor:
+def hf_prompt_logprobs(
+    path: Path,
+    ids: list[int],
+    k_scales: list[torch.Tensor] | None,
+    v_scales: list[torch.Tensor] | None,
+) -> torch.Tensor:
     """transformers' prompt log-probs when every attention sees its K and V as an e4m3 cache
     holds them: divided by the layer's scales (per KV head), rounded, multiplied back."""
     from transformers import AttentionInterface, AutoModelForCausalLM
@@ -96,8 +103,9 @@ def hf_prompt_logprobs(path: Path, ids: list[int], k_scales: list[torch.Tensor] 
 
     name = "sdpa-e4m3-" + ("scaled" if k_scales else "plain")
     AttentionInterface.register(name, rounded)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation=name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=name
+    )
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()
     logp = torch.log_softmax(logits, -1)
@@ -123,27 +131,37 @@ def test_scales_are_ignored_unless_the_setting_asks(scaled_llama: Path) -> None:
     eng = engine(scaled_llama)
     assert all(set(c.tensors) == {"k", "v"} for c in eng.core.runner.kv_caches)
     ids = eng.tokenizer.encode(PROMPT)
-    torch.testing.assert_close(prompt_logprobs(eng, ids),
-                               hf_prompt_logprobs(scaled_llama, ids, None, None),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        prompt_logprobs(eng, ids),
+        hf_prompt_logprobs(scaled_llama, ids, None, None),
+        atol=1e-4,
+        rtol=0,
+    )
     # the default codec loads the same checkpoint (the scales are known tensors)
     assert set(engine(scaled_llama, codec="auto").core.runner.kv_caches[0].tensors) == {"k", "v"}
 
 
 def test_checkpoint_without_scales_stops_start_up(tiny_llama: Path) -> None:
-    with pytest.raises(ValueError, match=r"kv codec 'fp8' stores K and V divided by the "
-                       r"checkpoint's KV-cache scales, but the checkpoint has no k_scale or "
-                       r"v_scale for layer 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv codec 'fp8' stores K and V divided by the "
+        r"checkpoint's KV-cache scales, but the checkpoint has no k_scale or "
+        r"v_scale for layer 0",
+    ):
         engine(tiny_llama, scales="checkpoint")
 
 
 def test_scales_of_the_wrong_size_name_the_layer(tiny_llama: Path, tmp_path: Path) -> None:
-    extra = {f"model.layers.{i}.self_attn.{n}_scale": torch.tensor(0.5)
-             for i in range(2) for n in "kv"}
+    extra = {
+        f"model.layers.{i}.self_attn.{n}_scale": torch.tensor(0.5) for i in range(2) for n in "kv"
+    }
     extra["model.layers.1.self_attn.v_scale"] = torch.tensor([0.5, 0.5, 0.5])
     bad = with_tensors(tiny_llama, tmp_path / "m", extra)
-    with pytest.raises(ValueError, match=r"layer 1: the checkpoint's v_scale has 3 values, "
-                       r"expected 1 or one per KV head \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"layer 1: the checkpoint's v_scale has 3 values, "
+        r"expected 1 or one per KV head \(2\)",
+    ):
         engine(bad, scales="checkpoint")
 
 
@@ -155,7 +173,8 @@ def test_unknown_scales_setting_names_the_key(tiny_llama: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_triton_backend_with_checkpoint_scales_matches_the_torch_backend(
-        scaled_llama: Path) -> None:
+    scaled_llama: Path,
+) -> None:
     """The Triton backend on a scaled fp8 cache (the store divides, queries and output carry
     the scales outside the attention kernels) with CUDA graphs, against the torch backend over
     the codec's reference: the prompt log-probs of a long prompt (prefill kernel, chunks of
@@ -163,18 +182,26 @@ def test_triton_backend_with_checkpoint_scales_matches_the_torch_backend(
     fast = engine(scaled_llama, scales="checkpoint", device="cuda")
     assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
     assert "k_scale" in fast.core.runner.kv_caches[0]
-    ref = engine(scaled_llama, scales="checkpoint", device="cuda", attention_backend="torch",
-                 disable_cuda_graph=True)
+    ref = engine(
+        scaled_llama,
+        scales="checkpoint",
+        device="cuda",
+        attention_backend="torch",
+        disable_cuda_graph=True,
+    )
     ids = fast.tokenizer.encode(PROMPT * 3)
-    torch.testing.assert_close(prompt_logprobs(fast, ids), prompt_logprobs(ref, ids),
-                               atol=2e-3, rtol=0)
+    torch.testing.assert_close(
+        prompt_logprobs(fast, ids), prompt_logprobs(ref, ids), atol=2e-3, rtol=0
+    )
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
     ours, theirs = (run(e, ids, params).outputs[0] for e in (fast, ref))
     assert ours.token_ids == theirs.token_ids
     torch.testing.assert_close(
         torch.tensor([ours.logprobs[i][t].logprob for i, t in enumerate(ours.token_ids)]),
         torch.tensor([theirs.logprobs[i][t].logprob for i, t in enumerate(theirs.token_ids)]),
-        atol=2e-3, rtol=0)
+        atol=2e-3,
+        rtol=0,
+    )
 
 
 def test_fp8_with_centred_keys_matches_transformers_through_the_codec(tiny_qwen2: Path) -> None:
@@ -186,7 +213,8 @@ def test_fp8_with_centred_keys_matches_transformers_through_the_codec(tiny_qwen2
     mapping: dict[str, Any] = {
         "model": {"source": str(tiny_qwen2), "dtype": "float32", "device": "cpu"},
         "cache": {"num_blocks": 128, "block_size": 4, "kv_codec": "fp8"},
-        "plugins": {"settings": {"tallow-kvcache-fp8": {"center_keys": True}}}}
+        "plugins": {"settings": {"tallow-kvcache-fp8": {"center_keys": True}}},
+    }
     eng = LLMEngine.from_config(config_from_mapping(mapping, origin="test"))
     caches = eng.core.runner.kv_caches
     assert all(float(c["k_offset"].abs().max()) > 0 for c in caches)  # calibrated
@@ -195,7 +223,8 @@ def test_fp8_with_centred_keys_matches_transformers_through_the_codec(tiny_qwen2
     model = hf_model_through(tiny_qwen2, caches, "fp8-centred")
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
-    torch.testing.assert_close(got, logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])],
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        got, logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])], atol=1e-4, rtol=0
+    )
     plain = hf_prompt_logprobs(tiny_qwen2, ids, None, None)
     assert float((plain - got).abs().max()) > 1e-3

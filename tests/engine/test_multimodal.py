@@ -13,7 +13,12 @@ import torch
 from tallow.engine.block_manager import chain_hash
 from tallow.engine.encoder_cache import EncoderCache
 from tallow.engine.multimodal import (
-    MultimodalPrompt, PromptImage, chat_images, decode_data_url, image_digest, load_image,
+    MultimodalPrompt,
+    PromptImage,
+    chat_images,
+    decode_data_url,
+    image_digest,
+    load_image,
 )
 from tallow.layers import PlacedImage, ProcessedImage
 
@@ -37,12 +42,15 @@ def test_encoder_cache_evicts_least_recently_used_within_its_budget() -> None:
 
 
 def test_block_keys_name_the_images_a_block_holds() -> None:
-    mm = MultimodalPrompt([_prompt_image(b"A" * 32, 20, 30), _prompt_image(b"B" * 32, 60, 4)],
-                          torch.zeros(3, 70, dtype=torch.int64))
+    mm = MultimodalPrompt(
+        [_prompt_image(b"A" * 32, 20, 30), _prompt_image(b"B" * 32, 60, 4)],
+        torch.zeros(3, 70, dtype=torch.int64),
+    )
     assert mm.block_key(0, 16) == b""
     assert mm.block_key(16, 32).startswith(b"A" * 32)
-    assert mm.block_key(48, 64) == (b"A" * 32 + (20).to_bytes(8, "little")
-                                    + b"B" * 32 + (60).to_bytes(8, "little"))
+    assert mm.block_key(48, 64) == (
+        b"A" * 32 + (20).to_bytes(8, "little") + b"B" * 32 + (60).to_bytes(8, "little")
+    )
     assert mm.block_key(64, 80) == b"" and mm.block_key(50, 60) == b""
     assert mm.block_key(40, 56) == mm.block_key(16, 32)
     tokens = list(range(16))
@@ -103,15 +111,24 @@ def test_data_urls_and_image_digests() -> None:
 
 def test_chat_image_parts_become_template_parts_in_order() -> None:
     url = "data:image/png;base64," + base64.b64encode(_png()).decode()
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": [
-                    {"type": "image", "image": b"first"},
-                    {"type": "text", "text": "and"},
-                    {"type": "image_url", "image_url": {"url": url}}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": b"first"},
+                {"type": "text", "text": "and"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        },
+    ]
     out, images = chat_images(messages)
     assert out[0] == messages[0]
-    assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "and"},
-                                 {"type": "image"}]
+    assert out[1]["content"] == [
+        {"type": "image"},
+        {"type": "text", "text": "and"},
+        {"type": "image"},
+    ]
     assert images == [b"first", _png()]
     with pytest.raises(ValueError, match=r"messages\[0\].content\[0\].image: an image part"):
         chat_images([{"role": "user", "content": [{"type": "image"}]}])

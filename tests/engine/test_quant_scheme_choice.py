@@ -18,7 +18,12 @@ import torch
 
 from tallow.engine.quant_choice import choose_quant_scheme
 from tallow.plugin import (
-    Checkpoint, ModelFileError, QuantScheme, Registries, RegistryError, SelectionError,
+    Checkpoint,
+    ModelFileError,
+    QuantScheme,
+    Registries,
+    RegistryError,
+    SelectionError,
 )
 from tallow.plugin.registry import QuantSchemeRegistry
 
@@ -39,7 +44,8 @@ def _scheme(name: str, fmt: str | None = None, isq: tuple[str, ...] = ()) -> typ
 
     if fmt is not None:
         Scheme.detect = classmethod(
-            lambda cls, config: config.get("quantization_config", {}).get("format") == fmt)
+            lambda cls, config: config.get("quantization_config", {}).get("format") == fmt
+        )
     Scheme.name = name
     return Scheme
 
@@ -57,14 +63,20 @@ def _standard() -> Registries:
     return _registries(
         fp8=(_scheme("fp8", "float-quantized", ("fp8",)), ("compressed-tensors",)),
         int4=(_scheme("int4", "pack-quantized", ("int4",)), ("gptq", "compressed-tensors")),
-        gguf=(_scheme("gguf", None, ("q4_0", "q4_k")), ()))
+        gguf=(_scheme("gguf", None, ("q4_0", "q4_k")), ()),
+    )
 
 
 def _checkpoint(method: str | None, **quant: Any) -> Checkpoint:
     config = {"quantization_config": {"quant_method": method, **quant}} if method else {}
-    return Checkpoint(source="/models/m", config=config, architecture="LlamaForCausalLM",
-                      tensors=lambda: iter(()), quantization=method,
-                      config_path="/models/m/config.json")
+    return Checkpoint(
+        source="/models/m",
+        config=config,
+        architecture="LlamaForCausalLM",
+        tensors=lambda: iter(()),
+        quantization=method,
+        config_path="/models/m/config.json",
+    )
 
 
 def test_a_shared_method_goes_to_the_scheme_that_detects_it_and_it_reads_the_config():
@@ -74,8 +86,12 @@ def test_a_shared_method_goes_to_the_scheme_that_detects_it_and_it_reads_the_con
         scheme = choose_quant_scheme(registries, ckpt, device=CPU)
         assert scheme.name == expected and scheme.isq is None
         assert scheme.checkpoint_config == ckpt.config
-    assert choose_quant_scheme(registries, _checkpoint("gptq", format="pack-quantized"),
-                               device=CPU).name == "int4"
+    assert (
+        choose_quant_scheme(
+            registries, _checkpoint("gptq", format="pack-quantized"), device=CPU
+        ).name
+        == "int4"
+    )
 
 
 def test_the_default_detect_claims_every_checkpoint_of_the_schemes_methods():
@@ -86,11 +102,14 @@ def test_the_default_detect_claims_every_checkpoint_of_the_schemes_methods():
 
 def test_no_claim_dequantizes_at_load_saying_why(caplog):
     with caplog.at_level(logging.INFO, logger="tallow.engine"):
-        got = choose_quant_scheme(_standard(), _checkpoint("compressed-tensors", format="nvfp4"),
-                                  device=CPU)
+        got = choose_quant_scheme(
+            _standard(), _checkpoint("compressed-tensors", format="nvfp4"), device=CPU
+        )
         assert got is None
-        assert "quant scheme 'int4' (from <unknown>) does not hold this kind of " \
-               "compressed-tensors checkpoint" in caplog.text
+        assert (
+            "quant scheme 'int4' (from <unknown>) does not hold this kind of "
+            "compressed-tensors checkpoint" in caplog.text
+        )
         assert choose_quant_scheme(_standard(), _checkpoint("bitsandbytes"), device=CPU) is None
         assert "no quant scheme serving 'bitsandbytes' is installed" in caplog.text
 
@@ -98,7 +117,8 @@ def test_no_claim_dequantizes_at_load_saying_why(caplog):
 def test_two_claims_are_an_error_naming_both_and_the_setting_that_picks_one():
     registries = _registries(
         int4=(_scheme("int4", "pack-quantized"), ("compressed-tensors",)),
-        marlin=(_scheme("marlin", "pack-quantized"), ("compressed-tensors",)))
+        marlin=(_scheme("marlin", "pack-quantized"), ("compressed-tensors",)),
+    )
     ckpt = _checkpoint("compressed-tensors", format="pack-quantized")
     with pytest.raises(SelectionError) as info:
         choose_quant_scheme(registries, ckpt, device=CPU)
@@ -114,19 +134,29 @@ def test_two_claims_are_an_error_naming_both_and_the_setting_that_picks_one():
 
 def test_a_named_scheme_must_exist_and_claim_the_checkpoint():
     ckpt = _checkpoint("compressed-tensors", format="pack-quantized")
-    with pytest.raises(SelectionError, match=r"^model\.quant_scheme 'fp4': unknown quant_scheme "
-                                             r"'fp4' \(registered: fp8, gguf, int4\)"):
+    with pytest.raises(
+        SelectionError,
+        match=r"^model\.quant_scheme 'fp4': unknown quant_scheme "
+        r"'fp4' \(registered: fp8, gguf, int4\)",
+    ):
         choose_quant_scheme(_standard(), ckpt, device=CPU, quant_scheme="fp4")
-    with pytest.raises(SelectionError, match=r"^model\.quant_scheme 'fp8': quant scheme 'fp8' "
-                                             r".*does not claim /models/m"):
+    with pytest.raises(
+        SelectionError,
+        match=r"^model\.quant_scheme 'fp8': quant scheme 'fp8' "
+        r".*does not claim /models/m",
+    ):
         choose_quant_scheme(_standard(), ckpt, device=CPU, quant_scheme="fp8")
 
 
 def test_a_config_the_scheme_refuses_names_the_file_and_the_field():
-    with pytest.raises(ModelFileError, match=r"^/models/m/config\.json: quant scheme 'int4' .*"
-                                             r"quantization_config\.bits: 3"):
-        choose_quant_scheme(_standard(), _checkpoint("gptq", format="pack-quantized", bits=3),
-                            device=CPU)
+    with pytest.raises(
+        ModelFileError,
+        match=r"^/models/m/config\.json: quant scheme 'int4' .*"
+        r"quantization_config\.bits: 3",
+    ):
+        choose_quant_scheme(
+            _standard(), _checkpoint("gptq", format="pack-quantized", bits=3), device=CPU
+        )
 
 
 def test_isq_goes_to_the_scheme_offering_the_type():
@@ -145,16 +175,25 @@ def test_an_unknown_isq_type_is_refused_listing_the_offered_ones():
 
 
 def test_two_schemes_offering_an_isq_type_need_the_setting():
-    registries = _registries(a=(_scheme("a", isq=("int4",)), ()),
-                             b=(_scheme("b", isq=("int4",)), ()))
-    with pytest.raises(SelectionError, match=r"^model\.isq 'int4': quant schemes 'b' .* and "
-                                             r"'a' .* all claim it; set model\.quant_scheme"):
+    registries = _registries(
+        a=(_scheme("a", isq=("int4",)), ()), b=(_scheme("b", isq=("int4",)), ())
+    )
+    with pytest.raises(
+        SelectionError,
+        match=r"^model\.isq 'int4': quant schemes 'b' .* and "
+        r"'a' .* all claim it; set model\.quant_scheme",
+    ):
         choose_quant_scheme(registries, _checkpoint(None), device=CPU, isq="int4")
-    assert choose_quant_scheme(registries, _checkpoint(None), device=CPU, isq="int4",
-                               quant_scheme="a").name == "a"
+    assert (
+        choose_quant_scheme(
+            registries, _checkpoint(None), device=CPU, isq="int4", quant_scheme="a"
+        ).name
+        == "a"
+    )
     with pytest.raises(SelectionError, match="does not quantize to model.isq 'fp8'"):
-        choose_quant_scheme(_standard(), _checkpoint(None), device=CPU, isq="fp8",
-                            quant_scheme="int4")
+        choose_quant_scheme(
+            _standard(), _checkpoint(None), device=CPU, isq="fp8", quant_scheme="int4"
+        )
 
 
 def test_quant_methods_must_be_names():

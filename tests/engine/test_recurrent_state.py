@@ -17,8 +17,12 @@ from tallow.layers import RecurrentStateSpec
 sys.path.insert(0, str(Path(__file__).parent))
 from state_model import StateModel, build_core, run_to_end  # noqa: E402
 
-PROMPTS = {"a": [3, 17, 5, 9, 33, 2, 8, 41, 7, 7, 12], "b": [60, 1], "c": [25],
-           "d": [(5 * i + 1) % 64 for i in range(23)]}
+PROMPTS = {
+    "a": [3, 17, 5, 9, 33, 2, 8, 41, 7, 7, 12],
+    "b": [60, 1],
+    "c": [25],
+    "d": [(5 * i + 1) % 64 for i in range(23)],
+}
 STEPS = 12
 
 
@@ -57,8 +61,12 @@ def test_the_model_declares_one_state_group(model):
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])
 def test_greedy_equals_full_recompute(model, expected, async_scheduling, chunk):
-    core = build_core(model, prefill_chunk_size=chunk, async_scheduling=async_scheduling,
-                      max_num_batched_tokens=16)
+    core = build_core(
+        model,
+        prefill_chunk_size=chunk,
+        async_scheduling=async_scheduling,
+        max_num_batched_tokens=16,
+    )
     got = run_to_end(core, {rid: (p, greedy()) for rid, p in PROMPTS.items()})
     assert {rid: out[0] for rid, out in got.items()} == expected
     assert_all_free(core)
@@ -68,8 +76,14 @@ def test_greedy_equals_full_recompute(model, expected, async_scheduling, chunk):
 def test_preemption_recomputes_the_state(model, expected, async_scheduling):
     """Few KV blocks: sequences are preempted and recomputed from their first token (their
     slot zeroed when it is taken again); the tokens do not change."""
-    core = build_core(model, num_blocks=12, async_scheduling=async_scheduling,
-                      prefill_chunk_size=4, max_num_batched_tokens=8, max_model_len=40)
+    core = build_core(
+        model,
+        num_blocks=12,
+        async_scheduling=async_scheduling,
+        prefill_chunk_size=4,
+        max_num_batched_tokens=8,
+        max_model_len=40,
+    )
     got = run_to_end(core, {rid: (p, greedy()) for rid, p in PROMPTS.items()})
     assert core.scheduler.num_preemptions > 0
     assert {rid: out[0] for rid, out in got.items()} == expected
@@ -79,11 +93,12 @@ def test_preemption_recomputes_the_state(model, expected, async_scheduling):
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_abort_gives_the_slot_back(model, expected, async_scheduling):
     core = build_core(model, async_scheduling=async_scheduling, max_num_seqs=2)
-    got = run_to_end(core, {rid: (p, greedy()) for rid, p in PROMPTS.items()},
-                     abort_after={"a": 3, "d": 1})
+    got = run_to_end(
+        core, {rid: (p, greedy()) for rid, p in PROMPTS.items()}, abort_after={"a": 3, "d": 1}
+    )
     for rid in ("b", "c"):
         assert got[rid][0] == expected[rid]
-    assert got["a"][0] == expected["a"][:len(got["a"][0])]
+    assert got["a"][0] == expected["a"][: len(got["a"][0])]
     assert len(got["a"][0]) < STEPS
     assert_all_free(core)
 

@@ -29,8 +29,13 @@ class Plain:
 def _resolve(cls: type, config: dict[str, Any]) -> dict[str, Any]:
     registries = Registries()
     registries.architectures.register("ToyForCausalLM", cls)
-    ckpt = Checkpoint(source="/models/toy", config=config, architecture="ToyForCausalLM",
-                      tensors=lambda: iter(()), config_path="/models/toy/config.json")
+    ckpt = Checkpoint(
+        source="/models/toy",
+        config=config,
+        architecture="ToyForCausalLM",
+        tensors=lambda: iter(()),
+        config_path="/models/toy/config.json",
+    )
     entry, resolved = resolve_architecture(registries, ckpt)
     assert entry.name == "ToyForCausalLM"
     return resolved
@@ -74,9 +79,13 @@ def _resolve_gguf(metadata: dict[str, Any], with_moe: bool = True):
     registries.architectures.register("ToyForCausalLM", Dense, gguf=("toy",))
     if with_moe:
         registries.architectures.register("ToyMoeForCausalLM", Sparse)
-    ckpt = Checkpoint(source="/models/toy.gguf", config={"hidden_size": 8},
-                      architecture="gguf:toy", tensors=lambda: iter(()),
-                      extra={"gguf_metadata": metadata})
+    ckpt = Checkpoint(
+        source="/models/toy.gguf",
+        config={"hidden_size": 8},
+        architecture="gguf:toy",
+        tensors=lambda: iter(()),
+        extra={"gguf_metadata": metadata},
+    )
     return resolve_architecture(registries, ckpt)
 
 

@@ -70,8 +70,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("kwargs, field, expected", BAD,
-                         ids=[f"{f}:{k[f] if f in k else ''}" for k, f, _ in BAD])
+@pytest.mark.parametrize(
+    "kwargs, field, expected", BAD, ids=[f"{f}:{k[f] if f in k else ''}" for k, f, _ in BAD]
+)
 def test_bad_values_name_the_field(kwargs: dict, field: str, expected: str) -> None:
     with pytest.raises(InvalidParameter) as info:
         SamplingParams(**kwargs)
@@ -82,8 +83,15 @@ def test_bad_values_name_the_field(kwargs: dict, field: str, expected: str) -> N
 
 
 def test_normalization() -> None:
-    p = SamplingParams(stop="###", stop_token_ids=(3, 4), logit_bias={"50": -100, 7: 2},
-                       temperature=0, top_k=-1, seed=-5, max_tokens=None)
+    p = SamplingParams(
+        stop="###",
+        stop_token_ids=(3, 4),
+        logit_bias={"50": -100, 7: 2},
+        temperature=0,
+        top_k=-1,
+        seed=-5,
+        max_tokens=None,
+    )
     assert p.stop == ["###"]
     assert p.stop_token_ids == [3, 4]
     assert p.logit_bias == {50: -100.0, 7: 2.0}
@@ -92,15 +100,18 @@ def test_normalization() -> None:
     assert SamplingParams(stop=None, stop_token_ids=None).stop == []
 
 
-@pytest.mark.parametrize("kwargs, greedy", [
-    (dict(temperature=0.0), True),
-    (dict(temperature=5e-6), True),
-    (dict(temperature=1e-4), False),
-    (dict(top_k=1), True),
-    (dict(top_k=2), False),
-    (dict(top_k=-1), False),
-    (dict(top_p=0.1), False),
-])
+@pytest.mark.parametrize(
+    "kwargs, greedy",
+    [
+        (dict(temperature=0.0), True),
+        (dict(temperature=5e-6), True),
+        (dict(temperature=1e-4), False),
+        (dict(top_k=1), True),
+        (dict(top_k=2), False),
+        (dict(top_k=-1), False),
+        (dict(top_p=0.1), False),
+    ],
+)
 def test_greedy(kwargs: dict, greedy: bool) -> None:
     assert SamplingParams(**kwargs).greedy is greedy
 

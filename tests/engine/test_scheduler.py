@@ -13,13 +13,14 @@ from tallow.engine.sequence import Sequence, SequenceStatus
 FIN = SequenceStatus.FINISHED_LENGTH
 
 
-def make(num_blocks: int = 32, block_size: int = 4, *, caching: bool = True,
-         **kw: object) -> Scheduler:
-    opts: dict = dict(max_num_seqs=8, max_num_batched_tokens=64, prefill_chunk_size=None,
-                      max_model_len=64)
+def make(
+    num_blocks: int = 32, block_size: int = 4, *, caching: bool = True, **kw: object
+) -> Scheduler:
+    opts: dict = dict(
+        max_num_seqs=8, max_num_batched_tokens=64, prefill_chunk_size=None, max_model_len=64
+    )
     opts.update(kw)
-    return Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=caching),
-                     **opts)
+    return Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=caching), **opts)
 
 
 def run_step(s: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list[Sequence]]:
@@ -32,8 +33,10 @@ def run_step(s: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list[Sequen
 
 def plan(out: SchedulerOutput) -> list[tuple[str, int, int, int, int]]:
     """(request, index, start, num_tokens, number sampled) per scheduled item."""
-    return [(i.seq.request_id, i.seq.index, i.start, i.num_tokens, len(i.sample_seqs))
-            for i in out.scheduled]
+    return [
+        (i.seq.request_id, i.seq.index, i.start, i.num_tokens, len(i.sample_seqs))
+        for i in out.scheduled
+    ]
 
 
 # -- admission ------------------------------------------------------------------------------
@@ -49,18 +52,24 @@ def test_prompt_longer_than_the_context_is_refused() -> None:
 
 
 def test_kv_cache_smaller_than_the_context_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match=r"holds 16 tokens \(4 blocks of 4\), fewer than "
-                                         r"max_model_len=17"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds 16 tokens \(4 blocks of 4\), fewer than "
+        r"max_model_len=17",
+    ):
         make(num_blocks=4, max_model_len=17)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(max_num_seqs=0), "max_num_seqs must be a positive integer"),
-    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
-    (dict(prefill_chunk_size=0), "prefill_chunk_size"),
-    (dict(policy="lifo"), "policy must be one of fcfs, priority"),
-    (dict(max_waiting=0), "max_waiting"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_num_seqs=0), "max_num_seqs must be a positive integer"),
+        (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"),
+        (dict(prefill_chunk_size=0), "prefill_chunk_size"),
+        (dict(policy="lifo"), "policy must be one of fcfs, priority"),
+        (dict(max_waiting=0), "max_waiting"),
+    ],
+)
 def test_bad_construction(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**kwargs)
@@ -164,8 +173,9 @@ def test_n_completions_fork_after_the_prompt_and_copy_on_write() -> None:
     # Every completion decodes; two of them copy the shared half-full block first.
     assert sorted(p[1] for p in plan(out)) == [0, 1, 2]
     assert [src for src, _ in out.blocks_to_copy] == [shared_half, shared_half]
-    assert {dst for _, dst in out.blocks_to_copy} | {shared_half} == \
-        {q.block_ids[1] for q in req.seqs}
+    assert {dst for _, dst in out.blocks_to_copy} | {shared_half} == {
+        q.block_ids[1] for q in req.seqs
+    }
     assert bm.num_free_blocks == 28
     assert len({q.block_ids[1] for q in req.seqs}) == 3
     assert {q.block_ids[0] for q in req.seqs} == {shared_full}
@@ -243,18 +253,22 @@ def test_prompt_logprob_rows_are_not_reported_twice_after_preemption() -> None:
     # 8 blocks of 2. hog (7 tokens, 4 blocks) and p (10-token prompt, chunks of 4) both run
     # until hog needs a fifth block at step 3; p, the later arrival, is preempted with 8 of
     # its prompt rows already reported.
-    s = make(num_blocks=8, block_size=2, max_model_len=16, caching=False,
-             prefill_chunk_size=4)
+    s = make(num_blocks=8, block_size=2, max_model_len=16, caching=False, prefill_chunk_size=4)
     hog = s.add_request("hog", list(range(7)), SamplingParams(), arrival_time=0.0).seqs[0]
-    seq = s.add_request("p", list(range(10, 20)), SamplingParams(prompt_logprobs=0),
-                        arrival_time=1.0).seqs[0]
+    seq = s.add_request(
+        "p", list(range(10, 20)), SamplingParams(prompt_logprobs=0), arrival_time=1.0
+    ).seqs[0]
     rows: list[int] = []
     preempted: list[Sequence] = []
     while not seq.output_token_ids:
         out, _ = run_step(s)
         preempted += out.preempted
-        rows += [r for i in out.scheduled if i.seq is seq and i.prompt_logprobs
-                 for r in range(i.start, i.end)]
+        rows += [
+            r
+            for i in out.scheduled
+            if i.seq is seq and i.prompt_logprobs
+            for r in range(i.start, i.end)
+        ]
         if hog.num_output_tokens >= 3 and not hog.is_finished:
             s.finish(hog, FIN)
     assert preempted == [seq] and seq.num_preemptions == 1
@@ -263,8 +277,14 @@ def test_prompt_logprob_rows_are_not_reported_twice_after_preemption() -> None:
 
 # -- priority -------------------------------------------------------------------------------
 def test_priority_order_and_preemption_of_lower_priority() -> None:
-    s = make(num_blocks=4, block_size=4, max_model_len=16, policy="priority",
-             max_num_seqs=4, caching=False)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_model_len=16,
+        policy="priority",
+        max_num_seqs=4,
+        caching=False,
+    )
     low = s.add_request("low", list(range(10)), SamplingParams(), priority=5).seqs[0]
     run_step(s)
     assert low.status is SequenceStatus.RUNNING and s.block_manager.num_free_blocks == 1

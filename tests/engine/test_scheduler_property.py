@@ -85,16 +85,18 @@ def expected_outputs(job: Job, max_model_len: int) -> list[list[int]]:
 class FakeRunner:
     def __init__(self, bm: BlockManager) -> None:
         self.bm = bm
-        self.kv: list[list[int | None]] = [[None] * bm.block_size
-                                           for _ in range(bm.num_total_blocks)]
+        self.kv: list[list[int | None]] = [
+            [None] * bm.block_size for _ in range(bm.num_total_blocks)
+        ]
         self.prompt_rows: dict[str, list[int]] = {}
 
     def _slot(self, seq: Sequence, pos: int) -> tuple[int, int]:
         bs = self.bm.block_size
         return seq.block_ids[pos // bs], pos % bs
 
-    def run(self, out: SchedulerOutput, seeds: dict[str, int],
-            feed: dict[int, int] | None = None) -> dict[int, int]:
+    def run(
+        self, out: SchedulerOutput, seeds: dict[str, int], feed: dict[int, int] | None = None
+    ) -> dict[int, int]:
         """Run a step; ``feed`` holds the tokens of the step still in flight (seq_id → token),
         which the host sees as placeholders, as the model runner gets them on the device."""
         for src, dst in out.blocks_to_copy:  # before the forward, as the contract says
@@ -125,15 +127,15 @@ class FakeRunner:
                 self.kv[b][o] = prev
             # Attention reads the whole context back from the cache.
             context = [self.kv[b][o] for b, o in (self._slot(seq, p) for p in range(item.end))]
-            assert context == kv_chain(tokens[:item.end]), f"corrupt KV for {seq}"
+            assert context == kv_chain(tokens[: item.end]), f"corrupt KV for {seq}"
             if item.prompt_logprobs:
-                self.prompt_rows.setdefault(seq.request_id, []).extend(
-                    range(item.start, item.end))
+                self.prompt_rows.setdefault(seq.request_id, []).extend(range(item.start, item.end))
             if item.sample_seqs:
                 assert item.end == seq.num_tokens
             for target in item.sample_seqs:
-                sampled[target.seq_id] = next_token(prev, seeds[target.request_id],
-                                                    target.index, target.num_output_tokens)
+                sampled[target.seq_id] = next_token(
+                    prev, seeds[target.request_id], target.index, target.num_output_tokens
+                )
         return sampled
 
 
@@ -156,8 +158,9 @@ def check_scheduler_state(s: Scheduler, out: SchedulerOutput) -> None:
     assert not set(map(id, s.running)) & set(map(id, s.waiting))
 
 
-def stop_checks(s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[int]],
-                max_model_len: int) -> None:
+def stop_checks(
+    s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[int]], max_model_len: int
+) -> None:
     """The engine's stop checks, on each token's own index (placeholders may follow it)."""
     for new in new_tokens:
         seq, n_out = new.seq, new.index + 1
@@ -167,15 +170,30 @@ def stop_checks(s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[
             s.finish(seq, SequenceStatus.FINISHED_LENGTH)
 
 
-def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs: int,
-             max_num_batched_tokens: int, prefill_chunk_size: int | None, max_model_len: int,
-             policy: str, caching: bool, async_steps: random.Random | None = None) -> dict:
+def simulate(
+    jobs: list[Job],
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    prefill_chunk_size: int | None,
+    max_model_len: int,
+    policy: str,
+    caching: bool,
+    async_steps: random.Random | None = None,
+) -> dict:
     """Run the jobs. With ``async_steps`` (a seeded RNG) steps overlap as in async
     scheduling; the RNG decides which steps are collected before the next is planned."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
-    s = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  prefill_chunk_size=prefill_chunk_size, max_model_len=max_model_len,
-                  policy=policy)
+    s = Scheduler(
+        bm,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefill_chunk_size=prefill_chunk_size,
+        max_model_len=max_model_len,
+        policy=policy,
+    )
     runner = FakeRunner(bm)
     seeds = {j.request_id: j.seed for j in jobs}
     stops = {j.request_id: j.stop for j in jobs}
@@ -189,12 +207,20 @@ def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs:
     while pending or s.has_unfinished() or in_flight is not None:
         while pending and pending[0].arrive_at <= step:
             job = pending.pop(0)
-            params = SamplingParams(n=job.n, max_tokens=job.max_tokens, seed=job.seed,
-                                    prompt_logprobs=0 if job.prompt_logprobs else None)
+            params = SamplingParams(
+                n=job.n,
+                max_tokens=job.max_tokens,
+                seed=job.seed,
+                prompt_logprobs=0 if job.prompt_logprobs else None,
+            )
             try:
                 requests[job.request_id] = s.add_request(
-                    job.request_id, job.prompt, params, priority=job.priority,
-                    arrival_time=float(step))
+                    job.request_id,
+                    job.prompt,
+                    params,
+                    priority=job.priority,
+                    arrival_time=float(step),
+                )
             except AdmissionError:
                 refused.add(job.request_id)
         for job in jobs:
@@ -214,8 +240,9 @@ def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs:
         if async_steps is None:
             sampled = runner.run(out, seeds)
             got = s.update(out, sampled)
-            stop_checks(s, [NewToken(q, q.num_output_tokens - 1) for q in got], stops,
-                        max_model_len)
+            stop_checks(
+                s, [NewToken(q, q.num_output_tokens - 1) for q in got], stops, max_model_len
+            )
         else:
             sampled = runner.run(out, seeds, feed=in_flight[1] if in_flight else None)
             applied = s.advance(out)  # placeholders; the next schedule() plans on them
@@ -227,9 +254,18 @@ def simulate(jobs: list[Job], *, num_blocks: int, block_size: int, max_num_seqs:
         check_scheduler_state(s, out)
         step += 1
         assert step < 5_000, "no progress: livelock"
-    return dict(requests=requests, refused=refused, aborted=aborted, runner=runner, bm=bm,
-                preemptions=preemptions, admissions_with_cache_hits=hits, scheduler=s,
-                dropped_tokens=dropped, preempted_with_pending_token=preempted_pending)
+    return dict(
+        requests=requests,
+        refused=refused,
+        aborted=aborted,
+        runner=runner,
+        bm=bm,
+        preemptions=preemptions,
+        admissions_with_cache_hits=hits,
+        scheduler=s,
+        dropped_tokens=dropped,
+        preempted_with_pending_token=preempted_pending,
+    )
 
 
 def verify(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) -> None:
@@ -246,15 +282,16 @@ def verify(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) -
         want = expected_outputs(job, max_model_len)
         got = [seq.output_token_ids for seq in req.seqs]
         if rid in result["aborted"]:
-            assert all(seq.status is SequenceStatus.FINISHED_ABORTED or seq.status.is_finished
-                       for seq in req.seqs)
+            assert all(
+                seq.status is SequenceStatus.FINISHED_ABORTED or seq.status.is_finished
+                for seq in req.seqs
+            )
             for g, w in zip(got, want):
-                assert g == w[:len(g)], "tokens before the abort are wrong"
+                assert g == w[: len(g)], "tokens before the abort are wrong"
             continue
         assert got == want, f"request {rid}"
         for seq in req.seqs:
-            assert seq.status in (SequenceStatus.FINISHED_STOPPED,
-                                  SequenceStatus.FINISHED_LENGTH)
+            assert seq.status in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH)
             assert seq.num_cached_tokens % bm.block_size == 0
             assert seq.num_cached_tokens <= len(job.prompt) - 1
             if job.prompt_logprobs:
@@ -272,37 +309,43 @@ def workloads(draw: st.DrawFn) -> tuple[list[Job], dict]:
     # From "one sequence only" up to roomy: small pools force preemption.
     num_blocks = min_blocks + draw(st.integers(0, min_blocks // 2 + 1))
     config = dict(
-        num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
         max_num_seqs=draw(st.integers(3, 6)),
         max_num_batched_tokens=draw(st.integers(4, 48)),
         prefill_chunk_size=draw(st.one_of(st.none(), st.integers(1, 12))),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         caching=draw(st.sampled_from([True, True, False])),
     )
-    prefixes = [draw(st.lists(st.integers(0, VOCAB - 1), min_size=4, max_size=24))
-                for _ in range(2)]
+    prefixes = [
+        draw(st.lists(st.integers(0, VOCAB - 1), min_size=4, max_size=24)) for _ in range(2)
+    ]
     jobs = []
     for i in range(draw(st.integers(2, 8))):
         prefix = prefixes[draw(st.integers(0, 1))]
         cut = draw(st.one_of(st.just(len(prefix)), st.integers(0, len(prefix))))
-        prompt = prefix[:cut] + draw(
-            st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10))
+        prompt = prefix[:cut] + draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10))
         if draw(st.integers(0, 9)) == 0:
             prompt = prompt * (max_model_len // len(prompt) + 1)  # can never fit
-        jobs.append(Job(
-            request_id=f"r{i}", prompt=prompt, n=draw(st.integers(1, 3)),
-            max_tokens=draw(st.integers(1, 16)),
-            stop=draw(st.lists(st.integers(0, VOCAB - 1), max_size=1)),
-            seed=draw(st.integers(0, 5)), priority=draw(st.integers(0, 2)),
-            arrive_at=draw(st.integers(0, 8)),
-            abort_at=draw(st.one_of(st.none(), st.none(), st.integers(0, 30))),
-            prompt_logprobs=draw(st.integers(0, 4)) == 0,
-        ))
+        jobs.append(
+            Job(
+                request_id=f"r{i}",
+                prompt=prompt,
+                n=draw(st.integers(1, 3)),
+                max_tokens=draw(st.integers(1, 16)),
+                stop=draw(st.lists(st.integers(0, VOCAB - 1), max_size=1)),
+                seed=draw(st.integers(0, 5)),
+                priority=draw(st.integers(0, 2)),
+                arrive_at=draw(st.integers(0, 8)),
+                abort_at=draw(st.one_of(st.none(), st.none(), st.integers(0, 30))),
+                prompt_logprobs=draw(st.integers(0, 4)) == 0,
+            )
+        )
     return jobs, config
 
 
-def run_and_verify(jobs: list[Job], config: dict,
-                   async_steps: random.Random | None = None) -> dict:
+def run_and_verify(jobs: list[Job], config: dict, async_steps: random.Random | None = None) -> dict:
     result = simulate(jobs, **config, async_steps=async_steps)
     verify(jobs, result, config["max_model_len"], config["num_blocks"])
     return result
@@ -311,9 +354,9 @@ def run_and_verify(jobs: list[Job], config: dict,
 @pytest.mark.parametrize("interleaving", ["sync", "async"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.integers(0, 2**32 - 1))
-def test_random_workloads_complete_exactly_as_alone(interleaving: str,
-                                                    workload: tuple[list[Job], dict],
-                                                    seed: int) -> None:
+def test_random_workloads_complete_exactly_as_alone(
+    interleaving: str, workload: tuple[list[Job], dict], seed: int
+) -> None:
     """In the async interleaving N+1 is scheduled before N is committed: still the same
     outputs as alone, no leak, no stale cache hit."""
     jobs, config = workload
@@ -332,14 +375,22 @@ def heavy_jobs(seed: int, *, stops: bool) -> list[Job]:
     """30 jobs sharing prefixes, some with n > 1, prompt logprobs, aborts (and stop tokens)."""
     rng = random.Random(seed)
     shared = [rng.randrange(VOCAB) for _ in range(16)]
-    return [Job(request_id=f"j{i}", prompt=shared[:rng.randrange(17)] +
-                [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 8))],
-                n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1 if stops else 4, 16),
-                stop=[rng.randrange(VOCAB)] if stops and rng.random() < 0.5 else [],
-                seed=i, priority=rng.randrange(3), arrive_at=rng.randrange(20),
-                abort_at=rng.choice([None] * 5 + [rng.randrange(40)]),
-                prompt_logprobs=rng.random() < 0.15)
-            for i in range(30)]
+    return [
+        Job(
+            request_id=f"j{i}",
+            prompt=shared[: rng.randrange(17)]
+            + [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 8))],
+            n=rng.choice([1, 1, 2, 3]),
+            max_tokens=rng.randrange(1 if stops else 4, 16),
+            stop=[rng.randrange(VOCAB)] if stops and rng.random() < 0.5 else [],
+            seed=i,
+            priority=rng.randrange(3),
+            arrive_at=rng.randrange(20),
+            abort_at=rng.choice([None] * 5 + [rng.randrange(40)]),
+            prompt_logprobs=rng.random() < 0.15,
+        )
+        for i in range(30)
+    ]
 
 
 @pytest.mark.parametrize("interleaving", ["sync", "async"])
@@ -351,11 +402,17 @@ def test_heavy_load_with_preemption(policy: str, caching: bool, interleaving: st
     interleaving also has stop tokens, so sequences finish while in the next step."""
     asynchronous = interleaving == "async"
     jobs = heavy_jobs(99 if asynchronous else 1234, stops=asynchronous)
-    config = dict(num_blocks=12, block_size=4, max_model_len=40, max_num_seqs=6,
-                  max_num_batched_tokens=24, prefill_chunk_size=8, policy=policy,
-                  caching=caching)
-    result = run_and_verify(jobs, config,
-                            async_steps=random.Random(5) if asynchronous else None)
+    config = dict(
+        num_blocks=12,
+        block_size=4,
+        max_model_len=40,
+        max_num_seqs=6,
+        max_num_batched_tokens=24,
+        prefill_chunk_size=8,
+        policy=policy,
+        caching=caching,
+    )
+    result = run_and_verify(jobs, config, async_steps=random.Random(5) if asynchronous else None)
     assert result["preemptions"] > 0
     if caching:
         assert result["scheduler"].prefix_cache_hit_rate > 0

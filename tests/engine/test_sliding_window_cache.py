@@ -24,8 +24,15 @@ BLOCK = 4
 
 
 def _mistral(**settings) -> LLM:
-    return LLM(model="random:tiny-mistral", dtype="float32", device="cpu", num_blocks=128,
-               block_size=BLOCK, max_model_len=512, **settings)
+    return LLM(
+        model="random:tiny-mistral",
+        dtype="float32",
+        device="cpu",
+        num_blocks=128,
+        block_size=BLOCK,
+        max_model_len=512,
+        **settings,
+    )
 
 
 def _watch_live_blocks(llm: LLM) -> list[int]:
@@ -40,7 +47,7 @@ def _watch_live_blocks(llm: LLM) -> list[int]:
 
     def mark_and_count(seq, upto=None):
         mark(seq, upto)
-        committed = seq.block_ids[:-(-upto // BLOCK)]
+        committed = seq.block_ids[: -(-upto // BLOCK)]
         seen.append(sum(1 for b in committed if b != null))
 
     manager.mark_computed = mark_and_count  # type: ignore[method-assign]
@@ -52,28 +59,31 @@ def _keep_every_block(llm: LLM) -> None:
         group.release_outside_window = lambda seq, committed: 0  # type: ignore[method-assign]
 
 
-PROMPTS = [[(7 * i + 3) % 500 + 1 for i in range(70)], [(11 * i) % 400 + 2 for i in range(45)],
-           [5, 9, 13]]
+PROMPTS = [
+    [(7 * i + 3) % 500 + 1 for i in range(70)],
+    [(11 * i) % 400 + 2 for i in range(45)],
+    [5, 9, 13],
+]
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 def test_mistral_window_frees_blocks_and_keeps_tokens(async_scheduling):
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    freeing = _mistral(async_scheduling=async_scheduling, prefill_chunk_size=16,
-                       max_num_batched_tokens=32)
+    freeing = _mistral(
+        async_scheduling=async_scheduling, prefill_chunk_size=16, max_num_batched_tokens=32
+    )
     manager = freeing.engine.core.scheduler.block_manager
     group = manager.groups[0]
     assert group.window == WINDOW and group.null_block == group.num_total_blocks
     live = _watch_live_blocks(freeing)
-    got = [o.outputs[0].token_ids for o in freeing.generate(
-        PROMPTS, params)]
+    got = [o.outputs[0].token_ids for o in freeing.generate(PROMPTS, params)]
 
-    keeping = _mistral(async_scheduling=async_scheduling, prefill_chunk_size=16,
-                       max_num_batched_tokens=32)
+    keeping = _mistral(
+        async_scheduling=async_scheduling, prefill_chunk_size=16, max_num_batched_tokens=32
+    )
     _keep_every_block(keeping)
     kept = _watch_live_blocks(keeping)
-    expected = [o.outputs[0].token_ids for o in keeping.generate(
-        PROMPTS, params)]
+    expected = [o.outputs[0].token_ids for o in keeping.generate(PROMPTS, params)]
 
     assert got == expected
     assert max(live) <= WINDOW // BLOCK + 1  # the window and one block
@@ -103,11 +113,19 @@ def test_gemma3_shaped_32k_sequence_holds_the_window_and_one_block():
     global one) through the scheduler: its local group never holds more than the window and
     one block after a committed step, while the global group holds the whole sequence."""
     block, window, chunk, length = 16, 512, 2048, 32768
-    manager = KVCacheManager([PagedGroupSize(2200), PagedGroupSize(200, window)],
-                             block_size=block, enable_prefix_caching=True,
-                             max_step_tokens=chunk)
-    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=chunk,
-                          prefill_chunk_size=chunk, max_model_len=length + 64)
+    manager = KVCacheManager(
+        [PagedGroupSize(2200), PagedGroupSize(200, window)],
+        block_size=block,
+        enable_prefix_caching=True,
+        max_step_tokens=chunk,
+    )
+    scheduler = Scheduler(
+        manager,
+        max_num_seqs=4,
+        max_num_batched_tokens=chunk,
+        prefill_chunk_size=chunk,
+        max_model_len=length + 64,
+    )
     params = EngineParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     scheduler.add_request("long", [(i * 31) % 1000 for i in range(length)], params)
     seq = scheduler.requests["long"].seqs[0]
@@ -127,7 +145,7 @@ def test_gemma3_shaped_32k_sequence_holds_the_window_and_one_block():
         steps += 1
     assert max(local_after_commit) <= window // block + 1
     # a decode step adds at most the block its token lands in; a prefill chunk its own
-    assert max(local_in_step[length // chunk:]) <= window // block + 1
+    assert max(local_in_step[length // chunk :]) <= window // block + 1
     assert max(local_in_step) <= (window + chunk) // block + 1
     assert manager.num_free_blocks == manager.num_total_blocks
     assert manager.groups[1].num_free_blocks == manager.groups[1].num_total_blocks
@@ -137,8 +155,12 @@ def test_uncomputed_prefix_registers_only_the_window_in_a_sliding_group():
     """The benchmarks' synthetic context: a sliding group registers the blocks inside the
     window before the prefix's end only, so a long context fits its small pool, and a
     sequence with that prompt then hits the whole prefix."""
-    manager = KVCacheManager([PagedGroupSize(300), PagedGroupSize(12, 16)], block_size=4,
-                             enable_prefix_caching=True, max_step_tokens=8)
+    manager = KVCacheManager(
+        [PagedGroupSize(300), PagedGroupSize(12, 16)],
+        block_size=4,
+        enable_prefix_caching=True,
+        max_step_tokens=8,
+    )
     prompt = [(i * 7) % 50 for i in range(1001)]
     assert manager.register_uncomputed_prefix(prompt) == 250
     assert manager.groups[1].num_cached_blocks == 4  # window 16 = the last 4 blocks
@@ -155,9 +177,17 @@ def test_mistral_window_under_preemption(async_scheduling):
     """A sliding pool of 14 blocks for three long sequences: they preempt one another (and are
     recomputed), and the tokens equal those of a roomy engine that keeps every block."""
     params = SamplingParams(temperature=0.0, max_tokens=30)
-    tight = LLM(model="random:tiny-mistral", dtype="float32", device="cpu", num_blocks=14,
-                block_size=BLOCK, max_model_len=512, prefill_chunk_size=8,
-                max_num_batched_tokens=16, async_scheduling=async_scheduling)
+    tight = LLM(
+        model="random:tiny-mistral",
+        dtype="float32",
+        device="cpu",
+        num_blocks=14,
+        block_size=BLOCK,
+        max_model_len=512,
+        prefill_chunk_size=8,
+        max_num_batched_tokens=16,
+        async_scheduling=async_scheduling,
+    )
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
     roomy = _mistral(async_scheduling=async_scheduling)
     _keep_every_block(roomy)

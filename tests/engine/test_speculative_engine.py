@@ -16,13 +16,24 @@ from tallow import LLM, SamplingParams, StructuredOutputsParams
 from tallow.engine.speculation import SpecDecoding
 from tallow.plugin import SpeculationContext, Speculator
 
-PROMPTS = ["The quick brown fox", "def add(a, b):\n    return", "日本語のテキスト",
-           "Paged attention keeps the KV cache in blocks", "a a a a a a a a", "x"]
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6},
-    "age": {"type": "integer", "minimum": 0, "maximum": 99},
-    "color": {"enum": ["red", "green", "blue"]}},
-    "required": ["name", "age", "color"], "additionalProperties": False}
+PROMPTS = [
+    "The quick brown fox",
+    "def add(a, b):\n    return",
+    "日本語のテキスト",
+    "Paged attention keeps the KV cache in blocks",
+    "a a a a a a a a",
+    "x",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "color"],
+    "additionalProperties": False,
+}
 
 
 class ReferenceSpeculator(Speculator):
@@ -31,15 +42,19 @@ class ReferenceSpeculator(Speculator):
 
     name = "reference"
 
-    def __init__(self, recorded: dict[tuple[int, ...], list[int]], vocab: int,
-                 right: float = 0.7, seed: int = 0) -> None:
+    def __init__(
+        self,
+        recorded: dict[tuple[int, ...], list[int]],
+        vocab: int,
+        right: float = 0.7,
+        seed: int = 0,
+    ) -> None:
         super().__init__(None)
         self.recorded, self.vocab, self.right = recorded, vocab, right
         self.rng = random.Random(seed)
         self.finished_calls = 0
 
-    def propose(self, token_ids: Sequence[int], k: int,
-                context: SpeculationContext) -> list[int]:
+    def propose(self, token_ids: Sequence[int], k: int, context: SpeculationContext) -> list[int]:
         n = context.num_prompt_tokens
         ref = self.recorded.get(tuple(token_ids[:n]))
         if ref is None:
@@ -56,8 +71,14 @@ class ReferenceSpeculator(Speculator):
 
 
 def make(tiny_llama, **kw) -> LLM:
-    settings = dict(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-                    block_size=4, max_model_len=256)
+    settings = dict(
+        model=str(tiny_llama),
+        dtype="float32",
+        device="cpu",
+        num_blocks=256,
+        block_size=4,
+        max_model_len=256,
+    )
     settings.update(kw)
     return LLM(**settings)
 
@@ -116,15 +137,15 @@ def test_max_tokens_stop_tokens_and_logprobs(tiny_llama, base, reference):
     speculate(llm, {tuple(p): w for p, w in zip(prompts, want)}, 6, right=1.0)
     # every proposal right: a step could emit 7 tokens, max_tokens stops it exactly
     for n in (1, 2, 5, 9):
-        got = token_ids(llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n,
-                                                             ignore_eos=True)))
+        got = token_ids(
+            llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        )
         assert got == [w[:n] for w in want]
     # a stop token inside a kept proposal ends the output there
     stop = want[0][4]
-    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop],
-                            ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop], ignore_eos=True)
     got = llm.generate(prompts[:1], params)[0].outputs[0]
-    assert got.token_ids == want[0][:want[0].index(stop) + 1]
+    assert got.token_ids == want[0][: want[0].index(stop) + 1]
     assert got.finish_reason == "stop"
     # logprobs of every emitted token are the target's, as without speculation
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -141,8 +162,9 @@ def test_max_tokens_stop_tokens_and_logprobs(tiny_llama, base, reference):
 
 def test_structured_outputs_under_proposals(tiny_llama, base):
     prompts = encode(base, PROMPTS[:4])
-    params = SamplingParams(temperature=0.0, max_tokens=60,
-                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    params = SamplingParams(
+        temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
     want = token_ids(base.generate(prompts, params))
     llm = make(tiny_llama)
     # proposals of the constrained output with spoiled tokens (the grammar refuses many)
@@ -158,8 +180,7 @@ def test_seeded_sampling_with_proposals_repeats(tiny_llama, reference):
     prompts, want = reference
     llm = make(tiny_llama)
     spec = speculate(llm, {tuple(p): w for p, w in zip(prompts, want)}, 4)
-    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=5,
-                            ignore_eos=True)
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=5, ignore_eos=True)
     runs = []
     for _ in range(2):  # the same proposals: the same draws
         spec.rng = random.Random(9)
@@ -212,9 +233,9 @@ def test_preemption_and_aborts_mid_proposal_leave_no_blocks(tiny_llama, base):
     assert bm.num_free_blocks == bm.num_total_blocks
     assert core.stats()["spec_num_accepted_tokens"] > 0
     for rid, prompt, w in zip(ids, prompts, want):
-        w = w[:96 - len(prompt)]  # this engine's max_model_len ends some outputs sooner
+        w = w[: 96 - len(prompt)]  # this engine's max_model_len ends some outputs sooner
         if rid in aborted:
-            assert outputs[rid] == w[:len(outputs[rid])]
+            assert outputs[rid] == w[: len(outputs[rid])]
         else:
             assert outputs[rid] == w
     assert spec.finished_calls >= len(ids)

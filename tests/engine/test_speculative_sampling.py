@@ -20,7 +20,10 @@ from scipy.stats import chisquare
 
 from tallow import SamplingParams
 from tallow.engine.sampling.speculative import (
-    VerifySeq, accept_greedy, rejection_sample, verify_step,
+    VerifySeq,
+    accept_greedy,
+    rejection_sample,
+    verify_step,
 )
 
 V = 3
@@ -65,7 +68,7 @@ def generate(k: int, mode: str, gen: torch.Generator) -> tuple[int, ...]:
         else:
             emitted = rejection_sample(target, drafts, q, gen)
         tokens.extend(emitted)
-    return tuple(tokens[1:LENGTH + 1])
+    return tuple(tokens[1 : LENGTH + 1])
 
 
 def chi_square(k: int, mode: str, seed: int) -> float:
@@ -75,14 +78,14 @@ def chi_square(k: int, mode: str, seed: int) -> float:
         counts[generate(k, mode, gen)] += 1
     exact = exact_joint()
     cells = sorted(counts)
-    return float(chisquare([counts[c] for c in cells],
-                           [exact[c] * TRIALS for c in cells]).pvalue)
+    return float(chisquare([counts[c] for c in cells], [exact[c] * TRIALS for c in cells]).pvalue)
 
 
-@pytest.mark.parametrize("k,mode,seed", [(1, "sampled", 11), (3, "sampled", 12),
-                                         (2, "deterministic", 13), (4, "deterministic", 14)])
-def test_rejection_sampling_preserves_the_target_distribution(k: int, mode: str,
-                                                              seed: int) -> None:
+@pytest.mark.parametrize(
+    "k,mode,seed",
+    [(1, "sampled", 11), (3, "sampled", 12), (2, "deterministic", 13), (4, "deterministic", 14)],
+)
+def test_rejection_sampling_preserves_the_target_distribution(k: int, mode: str, seed: int) -> None:
     assert chi_square(k, mode, seed) > 1e-3
 
 
@@ -112,10 +115,19 @@ def test_accept_greedy() -> None:
         accept_greedy([1, 2], [1, 2])
 
 
-def _seq(params: SamplingParams, drafts: list[int], outputs: list[int] | None = None,
-         seed: int | None = None) -> VerifySeq:
-    return VerifySeq(params=params, output_token_ids=outputs or [], prompt_token_ids=[0],
-                     seed=seed, draft_ids=drafts)
+def _seq(
+    params: SamplingParams,
+    drafts: list[int],
+    outputs: list[int] | None = None,
+    seed: int | None = None,
+) -> VerifySeq:
+    return VerifySeq(
+        params=params,
+        output_token_ids=outputs or [],
+        prompt_token_ids=[0],
+        seed=seed,
+        draft_ids=drafts,
+    )
 
 
 def test_verify_step_processes_each_row_as_if_the_proposals_before_were_outputs() -> None:

@@ -25,8 +25,15 @@ from tallow.engine.sequence import Request, Sequence, SequenceStatus
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_scheduler_property import (  # noqa: E402
-    VOCAB, Job, check_scheduler_state, expected_outputs, heavy_jobs, kv_chain, mix,
-    next_token, workloads,
+    VOCAB,
+    Job,
+    check_scheduler_state,
+    expected_outputs,
+    heavy_jobs,
+    kv_chain,
+    mix,
+    next_token,
+    workloads,
 )
 
 
@@ -34,8 +41,9 @@ class OracleProposer:
     """Proposes each completion's true continuation, spoiled at random positions, sometimes
     past its end; records what it was asked and told."""
 
-    def __init__(self, truth: dict[tuple[str, int], list[int]], rng: random.Random,
-                 max_k: int) -> None:
+    def __init__(
+        self, truth: dict[tuple[str, int], list[int]], rng: random.Random, max_k: int
+    ) -> None:
         self.truth, self.rng, self.max_k = truth, rng, max_k
         self.asked: set[int] = set()
         self.forgotten: list[int] = []
@@ -44,7 +52,7 @@ class OracleProposer:
         assert limit >= 1
         self.asked.add(seq.seq_id)
         k = min(limit, self.rng.randint(0, self.max_k))
-        truth = self.truth[(seq.request_id, seq.index)][seq.num_output_tokens:]
+        truth = self.truth[(seq.request_id, seq.index)][seq.num_output_tokens :]
         out = []
         for j in range(k):
             right = truth[j] if j < len(truth) else self.rng.randrange(VOCAB)
@@ -61,15 +69,17 @@ class SpecFakeRunner:
 
     def __init__(self, bm: BlockManager) -> None:
         self.bm = bm
-        self.kv: list[list[int | None]] = [[None] * bm.block_size
-                                           for _ in range(bm.num_total_blocks)]
+        self.kv: list[list[int | None]] = [
+            [None] * bm.block_size for _ in range(bm.num_total_blocks)
+        ]
 
     def _slot(self, seq: Sequence, pos: int) -> tuple[int, int]:
         bs = self.bm.block_size
         return seq.block_ids[pos // bs], pos % bs
 
-    def run(self, out: SchedulerOutput, seeds: dict[str, int]
-            ) -> tuple[dict[int, int], dict[int, list[int]]]:
+    def run(
+        self, out: SchedulerOutput, seeds: dict[str, int]
+    ) -> tuple[dict[int, int], dict[int, list[int]]]:
         for src, dst in out.blocks_to_copy:
             self.kv[dst] = list(self.kv[src])
         sampled: dict[int, int] = {}
@@ -97,11 +107,13 @@ class SpecFakeRunner:
                 self.kv[b][o] = prev
                 row_kv.append(prev)
             context = [self.kv[b][o] for b, o in (self._slot(seq, p) for p in range(item.end))]
-            assert context == kv_chain(tokens[:item.end]), f"corrupt KV for {seq}"
+            assert context == kv_chain(tokens[: item.end]), f"corrupt KV for {seq}"
             if drafts:
                 n_out = seq.num_output_tokens
-                targets = [next_token(kv, seeds[seq.request_id], seq.index, n_out + j)
-                           for j, kv in enumerate(row_kv)]
+                targets = [
+                    next_token(kv, seeds[seq.request_id], seq.index, n_out + j)
+                    for j, kv in enumerate(row_kv)
+                ]
                 emitted = accept_greedy(targets, drafts)
                 sampled[seq.seq_id] = emitted[0]
                 if len(emitted) > 1:
@@ -110,13 +122,15 @@ class SpecFakeRunner:
             if item.sample_seqs:
                 assert item.end == seq.num_tokens
             for target in item.sample_seqs:
-                sampled[target.seq_id] = next_token(prev, seeds[target.request_id],
-                                                    target.index, target.num_output_tokens)
+                sampled[target.seq_id] = next_token(
+                    prev, seeds[target.request_id], target.index, target.num_output_tokens
+                )
         return sampled, accepted
 
 
-def stop_checks(s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[int]],
-                max_model_len: int) -> None:
+def stop_checks(
+    s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[int]], max_model_len: int
+) -> None:
     for new in new_tokens:
         seq, n_out = new.seq, new.index + 1
         if seq.status.is_finished:  # stopped at an earlier token of the same step
@@ -131,15 +145,34 @@ def stop_checks(s: Scheduler, new_tokens: list[NewToken], stops: dict[str, list[
             seq.truncate_outputs(n_out)  # kept proposals after the stop are not outputs
 
 
-def simulate(jobs: list[Job], rng: random.Random, *, num_blocks: int, block_size: int,
-             max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk_size: int | None,
-             max_model_len: int, policy: str, caching: bool, max_k: int = 4) -> dict:
+def simulate(
+    jobs: list[Job],
+    rng: random.Random,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    prefill_chunk_size: int | None,
+    max_model_len: int,
+    policy: str,
+    caching: bool,
+    max_k: int = 4,
+) -> dict:
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
-    s = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  prefill_chunk_size=prefill_chunk_size, max_model_len=max_model_len,
-                  policy=policy)
-    truth = {(j.request_id, i): out for j in jobs
-             for i, out in enumerate(expected_outputs(j, max_model_len))}
+    s = Scheduler(
+        bm,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefill_chunk_size=prefill_chunk_size,
+        max_model_len=max_model_len,
+        policy=policy,
+    )
+    truth = {
+        (j.request_id, i): out
+        for j in jobs
+        for i, out in enumerate(expected_outputs(j, max_model_len))
+    }
     proposer = OracleProposer(truth, rng, max_k)
     s.proposer = proposer
     runner = SpecFakeRunner(bm)
@@ -153,12 +186,20 @@ def simulate(jobs: list[Job], rng: random.Random, *, num_blocks: int, block_size
     while pending or s.has_unfinished():
         while pending and pending[0].arrive_at <= step:
             job = pending.pop(0)
-            params = SamplingParams(n=job.n, max_tokens=job.max_tokens, seed=job.seed,
-                                    prompt_logprobs=0 if job.prompt_logprobs else None)
+            params = SamplingParams(
+                n=job.n,
+                max_tokens=job.max_tokens,
+                seed=job.seed,
+                prompt_logprobs=0 if job.prompt_logprobs else None,
+            )
             try:
                 requests[job.request_id] = s.add_request(
-                    job.request_id, job.prompt, params, priority=job.priority,
-                    arrival_time=float(step))
+                    job.request_id,
+                    job.prompt,
+                    params,
+                    priority=job.priority,
+                    arrival_time=float(step),
+                )
             except AdmissionError:
                 refused.add(job.request_id)
         for job in jobs:
@@ -184,9 +225,17 @@ def simulate(jobs: list[Job], rng: random.Random, *, num_blocks: int, block_size
             assert len(seq.block_ids) <= bm.blocks_for(seq.num_tokens), f"{seq} kept blocks"
         step += 1
         assert step < 5_000, "no progress: livelock"
-    return dict(requests=requests, refused=refused, aborted=aborted, bm=bm,
-                verify_steps=verify_steps, kept=kept, preemptions=preemptions,
-                proposer=proposer, mid_proposal_aborts=mid_proposal_aborts)
+    return dict(
+        requests=requests,
+        refused=refused,
+        aborted=aborted,
+        bm=bm,
+        verify_steps=verify_steps,
+        kept=kept,
+        preemptions=preemptions,
+        proposer=proposer,
+        mid_proposal_aborts=mid_proposal_aborts,
+    )
 
 
 def check(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) -> None:
@@ -203,7 +252,7 @@ def check(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) ->
         got = [seq.output_token_ids for seq in req.seqs]
         if rid in result["aborted"]:
             for g, w in zip(got, want):
-                assert g == w[:len(g)], "tokens before the abort are wrong"
+                assert g == w[: len(g)], "tokens before the abort are wrong"
             continue
         assert got == want, f"request {rid}"
     # every sequence asked for a proposal was forgotten by the proposer at its end
@@ -213,7 +262,8 @@ def check(jobs: list[Job], result: dict, max_model_len: int, num_blocks: int) ->
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.integers(0, 2**32 - 1), st.integers(1, 6))
 def test_random_workloads_with_proposals_complete_exactly_as_alone(
-        workload: tuple[list[Job], dict], seed: int, max_k: int) -> None:
+    workload: tuple[list[Job], dict], seed: int, max_k: int
+) -> None:
     jobs, config = workload
     result = simulate(jobs, random.Random(seed), **config, max_k=max_k)
     check(jobs, result, config["max_model_len"], config["num_blocks"])
@@ -229,9 +279,16 @@ def test_heavy_load_with_proposals_preemption_and_aborts(policy: str, caching: b
     """A pool that holds about two sequences: proposals compete for blocks with preemption,
     forks, prefix hits and aborts (some mid-proposal); nothing is lost or left behind."""
     jobs = heavy_jobs(77, stops=True)
-    config = dict(num_blocks=12, block_size=4, max_model_len=40, max_num_seqs=6,
-                  max_num_batched_tokens=24, prefill_chunk_size=8, policy=policy,
-                  caching=caching)
+    config = dict(
+        num_blocks=12,
+        block_size=4,
+        max_model_len=40,
+        max_num_seqs=6,
+        max_num_batched_tokens=24,
+        prefill_chunk_size=8,
+        policy=policy,
+        caching=caching,
+    )
     result = simulate(jobs, random.Random(3), **config, max_k=5)
     check(jobs, result, config["max_model_len"], config["num_blocks"])
     assert result["preemptions"] > 0

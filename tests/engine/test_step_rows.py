@@ -24,18 +24,21 @@ class _Seq:
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.mark.parametrize("seqs, all_argmax, any_grammar", [
-    ([], True, False),
-    ([_Seq(GREEDY), _Seq(GREEDY, 5)], True, False),
-    ([_Seq(GREEDY), _Seq(SamplingParams(temperature=0.7))], False, False),
-    ([_Seq(GREEDY), _Seq(SamplingParams(temperature=0.0, logprobs=2))], False, False),
-    # min_tokens not reached yet: the EOS tokens are masked, so not a bare argmax
-    ([_Seq(SamplingParams(temperature=0.0, min_tokens=3), 2)], False, False),
-    ([_Seq(SamplingParams(temperature=0.0, min_tokens=3), 3)], True, False),
-    # a grammar's mask still lets the row take the argmax, but not unmasked
-    ([_Seq(GREEDY, grammar=object()), _Seq(GREEDY)], True, True),
-    ([_Seq(SamplingParams(temperature=0.7), grammar=object())], False, True),
-])
+@pytest.mark.parametrize(
+    "seqs, all_argmax, any_grammar",
+    [
+        ([], True, False),
+        ([_Seq(GREEDY), _Seq(GREEDY, 5)], True, False),
+        ([_Seq(GREEDY), _Seq(SamplingParams(temperature=0.7))], False, False),
+        ([_Seq(GREEDY), _Seq(SamplingParams(temperature=0.0, logprobs=2))], False, False),
+        # min_tokens not reached yet: the EOS tokens are masked, so not a bare argmax
+        ([_Seq(SamplingParams(temperature=0.0, min_tokens=3), 2)], False, False),
+        ([_Seq(SamplingParams(temperature=0.0, min_tokens=3), 3)], True, False),
+        # a grammar's mask still lets the row take the argmax, but not unmasked
+        ([_Seq(GREEDY, grammar=object()), _Seq(GREEDY)], True, True),
+        ([_Seq(SamplingParams(temperature=0.7), grammar=object())], False, True),
+    ],
+)
 def test_rows_are_classified(seqs, all_argmax, any_grammar):
     rows = StepRows.of(seqs)
     assert (rows.all_argmax, rows.any_grammar) == (all_argmax, any_grammar)
@@ -49,12 +52,20 @@ def test_a_step_asks_each_row_once(monkeypatch):
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_config(config_from_mapping({
-        "model": {"source": "random:tiny-llama", "dtype": "float32", "device": "cpu",
-                  "max_model_len": 64},
-        "cache": {"num_blocks": 32},
-        "scheduler": {"async_scheduling": False},
-    }))
+    engine = LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": "random:tiny-llama",
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "max_model_len": 64,
+                },
+                "cache": {"num_blocks": 32},
+                "scheduler": {"async_scheduling": False},
+            }
+        )
+    )
     asked: list[int] = []
     real = sampler_module.takes_argmax
 
@@ -64,8 +75,9 @@ def test_a_step_asks_each_row_once(monkeypatch):
 
     monkeypatch.setattr(sampler_module, "takes_argmax", counting)
     for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
-        engine.add_request(engine.next_request_id(), prompt,
-                           SamplingParams(temperature=0.0, max_tokens=2))
+        engine.add_request(
+            engine.next_request_id(), prompt, SamplingParams(temperature=0.0, max_tokens=2)
+        )
     engine.step()
     assert asked == [0, 0, 0]
 
@@ -78,18 +90,30 @@ def test_rows_beside_a_grammar_row_sample_as_they_do_alone(tiny_llama, async_sch
     penalties read only the tokens before it (no placeholder)."""
     from tallow import LLM, StructuredOutputsParams
 
-    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-              block_size=4, async_scheduling=async_scheduling)
-    grammar = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=(
-        StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}})))
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        device="cpu",
+        num_blocks=256,
+        block_size=4,
+        async_scheduling=async_scheduling,
+    )
+    grammar = SamplingParams(
+        temperature=0.0,
+        max_tokens=8,
+        structured_outputs=(
+            StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}})
+        ),
+    )
     prompt = "def add(a, b):"
     greedy = llm.generate([prompt], [SamplingParams(temperature=0.0, max_tokens=8)])
     fourth = greedy[0].outputs[0].token_ids[3]
-    for params in (SamplingParams(temperature=1.0, seed=7, max_tokens=8),
-                   SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5),
-                   # the token greedy decoding writes fourth is masked up to the fourth
-                   SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4,
-                                  stop_token_ids=[fourth])):
+    for params in (
+        SamplingParams(temperature=1.0, seed=7, max_tokens=8),
+        SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5),
+        # the token greedy decoding writes fourth is masked up to the fourth
+        SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4, stop_token_ids=[fourth]),
+    ):
         alone = llm.generate([prompt], [params])[0].outputs[0].token_ids
         beside = llm.generate([prompt, "The quick"], [params, grammar])[0].outputs[0].token_ids
         assert beside == alone, params

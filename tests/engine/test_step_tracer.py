@@ -73,13 +73,25 @@ def test_the_default_tracer_records_nothing_and_never_asks_the_device():
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_constrained_step_times_its_masks(tiny_llama, async_scheduling):
-    llm = LLM(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-              block_size=4, async_scheduling=async_scheduling)
+    llm = LLM(
+        model=str(tiny_llama),
+        dtype="float32",
+        device="cpu",
+        num_blocks=256,
+        block_size=4,
+        async_scheduling=async_scheduling,
+    )
     engine = llm.engine
     engine.core.trace_steps()
-    engine.add_request("j", "The quick brown fox", SamplingParams(
-        temperature=0.0, max_tokens=12, structured_outputs=StructuredOutputsParams(
-            choice=["yes", "no"])))
+    engine.add_request(
+        "j",
+        "The quick brown fox",
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=12,
+            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]),
+        ),
+    )
     phases: set[str] = set()
     while engine.has_unfinished():
         engine.step()

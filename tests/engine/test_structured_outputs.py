@@ -13,35 +13,63 @@ from tallow import LLM, SamplingParams, StructuredOutputsParams
 from tallow.engine.errors import InvalidParameter
 
 SCHEMAS = [
-    {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "age": {"type": "integer", "minimum": 0, "maximum": 99},
-        "color": {"enum": ["red", "green", "blue"]}},
-     "required": ["name", "age", "color"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "integer", "minimum": -9, "maximum": 9},
-     "minItems": 2, "maxItems": 4},
-    {"anyOf": [{"type": "boolean"}, {"type": "null"},
-               {"type": "string", "enum": ["yes", "no"]}]},
-    {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0,
-                                                            "maximum": 50}},
-                     "required": ["x"], "additionalProperties": False}},
-     "type": "object", "properties": {"points": {"type": "array", "items": {"$ref": "#/$defs/p"},
-                                                 "minItems": 1, "maxItems": 2}},
-     "required": ["points"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "color": {"enum": ["red", "green", "blue"]},
+        },
+        "required": ["name", "age", "color"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -9, "maximum": 9},
+        "minItems": 2,
+        "maxItems": 4,
+    },
+    {"anyOf": [{"type": "boolean"}, {"type": "null"}, {"type": "string", "enum": ["yes", "no"]}]},
+    {
+        "$defs": {
+            "p": {
+                "type": "object",
+                "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 50}},
+                "required": ["x"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {
+            "points": {
+                "type": "array",
+                "items": {"$ref": "#/$defs/p"},
+                "minItems": 1,
+                "maxItems": 2,
+            }
+        },
+        "required": ["points"],
+        "additionalProperties": False,
+    },
 ]
 PROMPTS = ["The quick brown fox", "def add(a, b):", "日本語", "Paged attention"]
 
 
 def engine(tiny_llama, **kw) -> LLM:
-    settings = dict(model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256,
-                    block_size=4)
+    settings = dict(
+        model=str(tiny_llama), dtype="float32", device="cpu", num_blocks=256, block_size=4
+    )
     settings.update(kw)
     return LLM(**settings)
 
 
 def constrained(schema, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=60,
-                          structured_outputs=StructuredOutputsParams(json=schema), **kw)
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=60,
+        structured_outputs=StructuredOutputsParams(json=schema),
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["async-scheduling", "sync"])
@@ -75,12 +103,12 @@ def test_json_outputs_validate_and_stop_where_the_grammar_ends(llm):
 def test_the_batch_does_not_change_a_constrained_output(tiny_llama, llm):
     """Alone or beside other constrained and free requests, greedy tokens are the same, in
     both scheduling modes (the module's engine runs each)."""
-    alone = [llm.generate(p, constrained(SCHEMAS[0]))[0].outputs[0].token_ids
-             for p in PROMPTS[:2]]
+    alone = [llm.generate(p, constrained(SCHEMAS[0]))[0].outputs[0].token_ids for p in PROMPTS[:2]]
     free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    mixed = llm.generate([PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]],
-                         [constrained(SCHEMAS[0]), free, constrained(SCHEMAS[0]),
-                          constrained(SCHEMAS[1])])
+    mixed = llm.generate(
+        [PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]],
+        [constrained(SCHEMAS[0]), free, constrained(SCHEMAS[0]), constrained(SCHEMAS[1])],
+    )
     assert [mixed[0].outputs[0].token_ids, mixed[2].outputs[0].token_ids] == alone
     unconstrained = llm.generate(PROMPTS[2], free)[0].outputs[0].token_ids
     assert mixed[1].outputs[0].token_ids == unconstrained
@@ -103,8 +131,9 @@ def test_preempted_sequences_resume_their_grammar(tiny_llama):
 
 def test_seeded_sampling_and_n_completions_stay_in_the_grammar(llm):
     schema = SCHEMAS[1]
-    params = SamplingParams(temperature=1.5, top_k=50, seed=7, n=3, max_tokens=60,
-                            structured_outputs={"json": schema})
+    params = SamplingParams(
+        temperature=1.5, top_k=50, seed=7, n=3, max_tokens=60, structured_outputs={"json": schema}
+    )
     first = llm.generate(PROMPTS[0], params)[0]
     again = llm.generate(PROMPTS[0], params)[0]
     assert [o.token_ids for o in first.outputs] == [o.token_ids for o in again.outputs]
@@ -114,14 +143,17 @@ def test_seeded_sampling_and_n_completions_stay_in_the_grammar(llm):
 
 
 def test_regex_choice_and_grammar(llm):
-    specs = [({"regex": r"[a-c]{2,3}-[0-9]{2}"}, r"[a-c]{2,3}-[0-9]{2}"),
-             ({"choice": ["alpha", "beta", "gamma delta"]}, None),
-             ({"grammar": 'root ::= "(" [0-9] ("," [0-9])* ")"'}, r"\([0-9](,[0-9])*\)")]
+    specs = [
+        ({"regex": r"[a-c]{2,3}-[0-9]{2}"}, r"[a-c]{2,3}-[0-9]{2}"),
+        ({"choice": ["alpha", "beta", "gamma delta"]}, None),
+        ({"grammar": 'root ::= "(" [0-9] ("," [0-9])* ")"'}, r"\([0-9](,[0-9])*\)"),
+    ]
     import re
 
     for spec, pattern in specs:
-        outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=40,
-                                                    structured_outputs=spec))
+        outs = llm.generate(
+            PROMPTS, SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=spec)
+        )
         for out in outs:
             text = out.outputs[0].text
             if pattern is None:
@@ -139,8 +171,9 @@ def test_a_schema_the_backend_cannot_enforce_is_refused(llm):
 
 
 def test_without_a_grammar_backend_the_request_names_the_plugin(tiny_llama):
-    bare = engine(tiny_llama, plugins={"disable": ["tallow-grammar-xgrammar",
-                                                   "tallow-grammar-llguidance"]})
+    bare = engine(
+        tiny_llama, plugins={"disable": ["tallow-grammar-xgrammar", "tallow-grammar-llguidance"]}
+    )
     with pytest.raises(InvalidParameter, match="tallow-grammar-xgrammar") as info:
         bare.generate(PROMPTS[0], constrained(SCHEMAS[0]))
     assert "plugins.disable" in str(info.value)
@@ -168,7 +201,7 @@ class Recorder:
         return True
 
     def rollback(self, n):
-        del self.tokens[len(self.tokens) - n:]
+        del self.tokens[len(self.tokens) - n :]
 
     def is_terminated(self):
         return False
@@ -212,8 +245,15 @@ def test_a_steps_tokens_advance_their_grammars_in_one_backend_call():
     one, refused, behind, rolled = state([1]), state([1]), state([]), state([1, 2, 3])
     stuck = state([4])
     stuck.refused = -5
-    structured.advance([(one, [1, 2], 2), (refused, [1, -1], 2), (behind, [7, 8], 2),
-                        (rolled, [1, 2, 3], 2), (stuck, [4, 6], 2)])
+    structured.advance(
+        [
+            (one, [1, 2], 2),
+            (refused, [1, -1], 2),
+            (behind, [7, 8], 2),
+            (rolled, [1, 2, 3], 2),
+            (stuck, [4, 6], 2),
+        ]
+    )
     assert backend.calls == [[2, -1]]  # the others took GrammarState.sync's way
     assert one.matcher.tokens == [1, 2] and one.accepted == 2 and one.refused is None
     assert refused.accepted == 1 and refused.refused == -1

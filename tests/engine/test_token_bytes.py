@@ -11,8 +11,15 @@ import pytest
 from tallow.engine.token_bytes import tokenizer_info
 from tallow.engine.tokenizer import Tokenizer
 
-TEXTS = ["Hello world", '{"name": "Zürich", "temp": -3.5}', "日本語のテキスト 🎉👩‍👩‍👧",
-         "tabs\tand\nnewlines\r\n", "  spaces  ", "<tool_call>\n{}\n</tool_call>", "x" * 50]
+TEXTS = [
+    "Hello world",
+    '{"name": "Zürich", "temp": -3.5}',
+    "日本語のテキスト 🎉👩‍👩‍👧",
+    "tabs\tand\nnewlines\r\n",
+    "  spaces  ",
+    "<tool_call>\n{}\n</tool_call>",
+    "x" * 50,
+]
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +27,9 @@ def qwen(qwen_gguf) -> Tokenizer:
     from tallow.plugin.testing import isolated_plugin_manager
 
     pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"))
-    return Tokenizer.from_checkpoint(pm.registries.weight_formats.get("gguf")().load(
-        str(qwen_gguf)))
+    return Tokenizer.from_checkpoint(
+        pm.registries.weight_formats.get("gguf")().load(str(qwen_gguf))
+    )
 
 
 def joined(info, ids: list[int]) -> bytes:
@@ -50,21 +58,29 @@ def sentencepiece_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
     base = HF(models.BPE(unk_token="<unk>"))
     base.pre_tokenizer = pre_tokenizers.Metaspace()
     base.train_from_iterator(["hello world the quick brown fox", "a b c d e"] * 20, trainer)
     vocab = base.get_vocab()
     for b in range(256):
         vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-              for m in __import__("json").loads(base.to_str())["model"]["merges"]]
+    merges = [
+        tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+        for m in __import__("json").loads(base.to_str())["model"]["merges"]
+    ]
     tok = HF(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
-                                           normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     return Tokenizer(tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
 
@@ -74,8 +90,15 @@ def test_sentencepiece_tokens_spell_the_text_with_its_leading_space():
     info = tokenizer_info(tok, tok.vocab_size + 3)
     for text in ("hello world", "the fox ü€", "日本 {x}"):
         ids = tok.encode(text, add_special_tokens=False)
-        assert any(info.token_bytes[i] is not None and len(info.token_bytes[i]) == 1
-                   and info.token_bytes[i][0] >= 0x80 for i in ids) or text.isascii()
+        assert (
+            any(
+                info.token_bytes[i] is not None
+                and len(info.token_bytes[i]) == 1
+                and info.token_bytes[i][0] >= 0x80
+                for i in ids
+            )
+            or text.isascii()
+        )
         # SentencePiece writes the leading space that decoding strips
         assert joined(info, ids) == (" " + text).encode(), text
     assert info.token_bytes[tok.eos_token_id] is None

@@ -18,29 +18,68 @@ def _backend(post_bos: bool):
     from tokenizers import Tokenizer as HFTokenizer
 
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    pieces += ["▁", *"Habcdehlnorstuw", "▁H", "el", "lo", "▁w", "or", "ld", "▁wor", "▁world",
-               "▁Hel", "▁Hello"]
-    merges = [("▁", "H"), ("e", "l"), ("l", "o"), ("▁", "w"), ("o", "r"), ("l", "d"),
-              ("▁w", "or"), ("▁wor", "ld"), ("▁H", "el"), ("▁Hel", "lo")]
-    tok = HFTokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=merges,
-                                 unk_token="<unk>", fuse_unk=True, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
-                                                 split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in ("<unk>", "<s>", "</s>")])
+    pieces += [
+        "▁",
+        *"Habcdehlnorstuw",
+        "▁H",
+        "el",
+        "lo",
+        "▁w",
+        "or",
+        "ld",
+        "▁wor",
+        "▁world",
+        "▁Hel",
+        "▁Hello",
+    ]
+    merges = [
+        ("▁", "H"),
+        ("e", "l"),
+        ("l", "o"),
+        ("▁", "w"),
+        ("o", "r"),
+        ("l", "d"),
+        ("▁w", "or"),
+        ("▁wor", "ld"),
+        ("▁H", "el"),
+        ("▁Hel", "lo"),
+    ]
+    tok = HFTokenizer(
+        models.BPE(
+            vocab={p: i for i, p in enumerate(pieces)},
+            merges=merges,
+            unk_token="<unk>",
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=False
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")]
+    )
     if post_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+        )
     return tok
 
 
 def _write(root, post_bos: bool, config: dict, generation: dict | None = None):
     root.mkdir(parents=True, exist_ok=True)
     _backend(post_bos).save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", **config}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **config})
+    )
     if generation is not None:
         (root / "generation_config.json").write_text(json.dumps(generation))
     return root
@@ -49,8 +88,7 @@ def _write(root, post_bos: bool, config: dict, generation: dict | None = None):
 CASES = {
     # the tokenizer.json post-processor decides, whatever the flags say
     "template": (True, {"bos_token": "<s>", "eos_token": "</s>"}),
-    "template-over-flag": (True, {"bos_token": "<s>", "eos_token": "</s>",
-                                  "add_bos_token": False}),
+    "template-over-flag": (True, {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False}),
     "no-template": (False, {"bos_token": "<s>", "eos_token": "</s>"}),
 }
 
@@ -69,17 +107,21 @@ def test_matches_transformers(tmp_path, case):
             assert ids == ref(text, add_special_tokens=add).input_ids, (text, add)
             for skip in (True, False):
                 assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
-                    ids, skip_special_tokens=skip)
+                    ids, skip_special_tokens=skip
+                )
     assert ours.bos_token_id == ref.bos_token_id == 1
     assert ours.eos_token_id == ref.eos_token_id == 2
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({"add_bos_token": True}, [1, 284, 282]),
-    ({"add_bos_token": True, "add_eos_token": True}, [1, 284, 282, 2]),
-    ({"add_eos_token": True}, [284, 282, 2]),
-    ({}, [284, 282]),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"add_bos_token": True}, [1, 284, 282]),
+        ({"add_bos_token": True, "add_eos_token": True}, [1, 284, 282, 2]),
+        ({"add_eos_token": True}, [284, 282, 2]),
+        ({}, [284, 282]),
+    ],
+)
 def test_flags_build_a_missing_post_processor(tmp_path, flags, expected):
     config = {"bos_token": {"content": "<s>", "special": True}, "eos_token": "</s>", **flags}
     tok = Tokenizer.from_directory(_write(tmp_path / "t", False, config))
@@ -96,9 +138,17 @@ def test_eos_ids_join_generation_config(tmp_path):
 
 
 def test_chat_template_lookup(tmp_path):
-    root = _write(tmp_path / "t", False, {"eos_token": "</s>", "chat_template": [
-        {"name": "default", "template": "D{{ messages[0].content }}"},
-        {"name": "tool_use", "template": "T{{ tools | length }}"}]})
+    root = _write(
+        tmp_path / "t",
+        False,
+        {
+            "eos_token": "</s>",
+            "chat_template": [
+                {"name": "default", "template": "D{{ messages[0].content }}"},
+                {"name": "tool_use", "template": "T{{ tools | length }}"},
+            ],
+        },
+    )
     tok = Tokenizer.from_directory(root)
     msgs = [{"role": "user", "content": "x"}]
     assert tok.chat_template == "D{{ messages[0].content }}"
@@ -113,8 +163,10 @@ def test_chat_template_lookup(tmp_path):
 def test_named_templates_in_gguf_style_config_and_pickling(tmp_path):
     import pickle
 
-    tok = Tokenizer(_backend(False), {"eos_token": "</s>", "chat_template": "D",
-                                      "named_chat_templates": {"tool_use": "T"}})
+    tok = Tokenizer(
+        _backend(False),
+        {"eos_token": "</s>", "chat_template": "D", "named_chat_templates": {"tool_use": "T"}},
+    )
     msgs = [{"role": "user", "content": "x"}]
     assert tok.chat_template == "D"
     assert tok.apply_chat_template(msgs) == "D"
@@ -127,8 +179,10 @@ def test_named_templates_in_gguf_style_config_and_pickling(tmp_path):
 def test_chat_template_jinja_file(tmp_path):
     root = _write(tmp_path / "t", False, {"bos_token": "<s>"})
     (root / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0].content }}")
-    assert Tokenizer.from_directory(root).apply_chat_template(
-        [{"role": "user", "content": "hi"}]) == "<s>hi"
+    assert (
+        Tokenizer.from_directory(root).apply_chat_template([{"role": "user", "content": "hi"}])
+        == "<s>hi"
+    )
 
 
 def test_bad_inputs_are_named(tmp_path):
@@ -147,8 +201,13 @@ def test_bad_inputs_are_named(tmp_path):
 def test_from_checkpoint_without_tokenizer_says_why():
     from tallow.plugin import Checkpoint
 
-    ck = Checkpoint(source="m.gguf", config={}, architecture="x", tensors=lambda: iter(()),
-                    extra={"tokenizer_error": "tokenizer.ggml.model 'rwkv' unsupported"})
+    ck = Checkpoint(
+        source="m.gguf",
+        config={},
+        architecture="x",
+        tensors=lambda: iter(()),
+        extra={"tokenizer_error": "tokenizer.ggml.model 'rwkv' unsupported"},
+    )
     with pytest.raises(ValueError, match=r"m\.gguf.*rwkv.*model\.tokenizer"):
         Tokenizer.from_checkpoint(ck)
 
@@ -172,12 +231,17 @@ def _bert_like(tmp_path, truncation_side: str | None = None):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, processors
 
-    vocab = {w: i for i, w in enumerate(
-        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "one", "two", "three", "four", "five", "six"])}
+    vocab = {
+        w: i
+        for i, w in enumerate(
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "one", "two", "three", "four", "five", "six"]
+        )
+    }
     tok = HFTokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     tok.enable_padding(length=8, pad_id=0, pad_token="[PAD]")
     tok.enable_truncation(max_length=8)
     tok.save(str(tmp_path / "tokenizer.json"))
@@ -204,11 +268,14 @@ def test_encode_truncated_matches_transformers_truncation(tmp_path, side) -> Non
     transformers = pytest.importorskip("transformers")
     path = _bert_like(tmp_path, side)
     ours = Tokenizer.from_directory(path)
-    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"),
-                                               truncation_side=side or "right")
+    ref = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(path / "tokenizer.json"), truncation_side=side or "right"
+    )
     text = "one two three four five six"
     for limit in (2, 3, 5, 8, 20):
-        assert ours.encode_truncated(text, limit) == \
-            ref(text, truncation=True, max_length=limit)["input_ids"], limit
+        assert (
+            ours.encode_truncated(text, limit)
+            == ref(text, truncation=True, max_length=limit)["input_ids"]
+        ), limit
     with pytest.raises(ValueError, match="adds 2 special tokens"):
         ours.encode_truncated(text, 1)

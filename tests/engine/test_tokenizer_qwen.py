@@ -20,7 +20,7 @@ TEXTS = [
     "def f(x):\n\treturn x ** 2  # tab-indented\n\n\n",
     "class A:\r\n    pass\r\n",
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
-    "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
     "<|im_start|>partial <|im_",
     "",
     " ",
@@ -58,8 +58,10 @@ def hf_tok(qwen_gguf):
 @pytest.mark.parametrize("add_special", [True, False])
 def test_encode_matches_transformers(tok, hf_tok, add_special):
     for text in TEXTS:
-        assert tok.encode(text, add_special_tokens=add_special) == hf_tok(
-            text, add_special_tokens=add_special).input_ids, text
+        assert (
+            tok.encode(text, add_special_tokens=add_special)
+            == hf_tok(text, add_special_tokens=add_special).input_ids
+        ), text
 
 
 def test_decode_matches_transformers(tok, hf_tok):
@@ -67,7 +69,8 @@ def test_decode_matches_transformers(tok, hf_tok):
         ids = tok.encode(text)
         for skip in (True, False):
             assert tok.decode(ids, skip_special_tokens=skip) == hf_tok.decode(
-                ids, skip_special_tokens=skip), (text, skip)
+                ids, skip_special_tokens=skip
+            ), (text, skip)
         assert tok.decode(ids, skip_special_tokens=False) == text  # byte-level BPE round-trips
 
 
@@ -80,7 +83,8 @@ def test_decode_of_arbitrary_ids_matches_transformers(tok, hf_tok):
             ids.insert(rng.randrange(len(ids) + 1), rng.choice(specials))
         for skip in (True, False):
             assert tok.decode(ids, skip_special_tokens=skip) == hf_tok.decode(
-                ids, skip_special_tokens=skip), ids
+                ids, skip_special_tokens=skip
+            ), ids
 
 
 def test_ids_and_tokens(tok, hf_tok):
@@ -101,34 +105,74 @@ def test_ids_and_tokens(tok, hf_tok):
 
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather — «quoted» 天气 <b>html</b>",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "City name"},
-            "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "now", "description": "The time",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather — «quoted» 天气 <b>html</b>",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name"},
+                    "unit": {"type": "string", "enum": ["c", "f"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "now",
+            "description": "The time",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Write a haiku about the sea."}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye 👋"}],
-    [{"role": "system", "content": "Use tools when useful."},
-     {"role": "user", "content": "Weather in Paris and Tokyo?"},
-     {"role": "assistant", "content": None, "tool_calls": [
-         {"id": "call_1", "type": "function",
-          "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-         {"id": "call_2", "type": "function",
-          "function": {"name": "get_weather", "arguments": {"city": "東京", "unit": "c"}}}]},
-     {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 12}"},
-     {"role": "tool", "tool_call_id": "call_2", "content": "{\"temp\": 20}"},
-     {"role": "assistant", "content": "Paris 12°C, Tokyo 20°C."},
-     {"role": "user", "content": "Thanks"}],
-    [{"role": "user", "content": "What time is it?"},
-     {"role": "assistant", "content": "Let me check.", "tool_calls": [
-         {"id": "c", "type": "function", "function": {"name": "now", "arguments": {}}}]},
-     {"role": "tool", "tool_call_id": "c", "content": "12:00"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye 👋"},
+    ],
+    [
+        {"role": "system", "content": "Use tools when useful."},
+        {"role": "user", "content": "Weather in Paris and Tokyo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "東京", "unit": "c"}},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 12}'},
+        {"role": "tool", "tool_call_id": "call_2", "content": '{"temp": 20}'},
+        {"role": "assistant", "content": "Paris 12°C, Tokyo 20°C."},
+        {"role": "user", "content": "Thanks"},
+    ],
+    [
+        {"role": "user", "content": "What time is it?"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "now", "arguments": {}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "12:00"},
+    ],
 ]
 
 
@@ -138,8 +182,9 @@ CONVERSATIONS = [
 def test_chat_template_matches_transformers(tok, hf_tok, conv, tools, gen):
     messages = CONVERSATIONS[conv]
     ours = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen)
-    ref = hf_tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen,
-                                     tokenize=False)
+    ref = hf_tok.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=gen, tokenize=False
+    )
     assert ours == ref
     assert ours.endswith("<|im_start|>assistant\n") == gen
 
@@ -147,8 +192,9 @@ def test_chat_template_matches_transformers(tok, hf_tok, conv, tools, gen):
 def test_chat_prompt_tokens_match_transformers(tok, hf_tok):
     messages = CONVERSATIONS[2]
     text = tok.apply_chat_template(messages, tools=TOOLS)
-    ref_ids = hf_tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
+    ref_ids = hf_tok.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert tok.encode(text, add_special_tokens=False) == list(ref_ids)
 
 

@@ -60,8 +60,9 @@ def test_freeze_startup_heap_freezes_and_raises_the_young_threshold() -> None:
         freeze_startup_heap()
         print(before, gc.get_freeze_count(), *gc.get_threshold(), SERVING_GC_THRESHOLD)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     before, after, gen0, gen1, gen2, wanted = map(int, out)
     assert before == 0 and after > 1000  # the start-up heap is out of the collector's reach
     assert gen0 == wanted >= 10_000  # young collections are rarer than the default's

@@ -23,9 +23,12 @@ def train_tokenizer(vocab_size: int = 320) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|eos|>", "<|bos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|eos|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return tok
 
@@ -37,9 +40,19 @@ def save_tiny(path: Path, model_type: str = "llama", **overrides: Any) -> Path:
 
     tok = train_tokenizer()
     vocab = tok.get_vocab_size()
-    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                rms_norm_eps=1e-6, eos_token_id=0, bos_token_id=1, tie_word_embeddings=False)
+    base = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        eos_token_id=0,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+    )
     base.update(overrides)
     config = AutoConfig.for_model(model_type, **base)
     torch.manual_seed(0)
@@ -51,9 +64,15 @@ def save_tiny(path: Path, model_type: str = "llama", **overrides: Any) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|eos|>", "bos_token": "<|bos|>", "add_bos_token": False,
-        "chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}<assistant>{% endif %}",
-    }))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|eos|>",
+                "bos_token": "<|bos|>",
+                "add_bos_token": False,
+                "chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}",
+            }
+        )
+    )
     return path

@@ -32,8 +32,8 @@ def test_fused_moe_replays_in_a_cuda_graph(tokens):
     g = torch.Generator().manual_seed(tokens)
     e, k, hidden, inter = 128, 8, 2048, 768
     x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).cuda()
-    w13 = (torch.randn(e, 2 * inter, hidden, generator=g) * hidden ** -0.5).bfloat16().cuda()
-    w2 = (torch.randn(e, hidden, inter, generator=g) * inter ** -0.5).bfloat16().cuda()
+    w13 = (torch.randn(e, 2 * inter, hidden, generator=g) * hidden**-0.5).bfloat16().cuda()
+    w2 = (torch.randn(e, hidden, inter, generator=g) * inter**-0.5).bfloat16().cuda()
     weights, ids = _routing(g, tokens, e, k)
     fused_moe(x, w13, w2, weights, ids)  # compile outside the capture
     torch.cuda.synchronize()
@@ -52,12 +52,19 @@ def test_fused_moe_replays_in_a_cuda_graph(tokens):
 def test_fused_moe_layer_on_cuda_matches_cpu():
     """The layer (router + Triton experts + gated shared expert) on the GPU against the same
     layer on the CPU (torch references), float32."""
+
     def build(device: str) -> FusedMoE:
         torch.manual_seed(0)
-        layer = FusedMoE(64, 512, 256, router=RouterSpec(top_k=4, renormalize=True),
-                         shared_intermediate_size=384, shared_gate=True,
-                         build=BuildContext(dtype=torch.float32, device=torch.device(device)),
-                         prefix="mlp")
+        layer = FusedMoE(
+            64,
+            512,
+            256,
+            router=RouterSpec(top_k=4, renormalize=True),
+            shared_intermediate_size=384,
+            shared_gate=True,
+            build=BuildContext(dtype=torch.float32, device=torch.device(device)),
+            prefix="mlp",
+        )
         for p in layer.parameters():
             p.data.normal_(0, 0.05)
         return layer
@@ -78,8 +85,14 @@ def test_qwen3_30b_a3b_shape_graphs_match_eager():
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     runs = []
     for disable in (False, True):
-        llm = LLM(model="random:qwen3-30b-a3b", dtype="bfloat16", device="cuda",
-                  max_model_len=512, num_blocks=256, disable_cuda_graph=disable)
+        llm = LLM(
+            model="random:qwen3-30b-a3b",
+            dtype="bfloat16",
+            device="cuda",
+            max_model_len=512,
+            num_blocks=256,
+            disable_cuda_graph=disable,
+        )
         runs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)])
         del llm
         torch.cuda.empty_cache()

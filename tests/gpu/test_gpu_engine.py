@@ -17,9 +17,14 @@ from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 SHAPE = "random:llama-3.2-1b"
 
 
-def engine(model: str = SHAPE, dtype: str = "bfloat16", disable_cuda_graph: bool = False,
-           kv_codec: str = "auto", attention_backend: str | None = None,
-           **scheduler: int) -> LLMEngine:
+def engine(
+    model: str = SHAPE,
+    dtype: str = "bfloat16",
+    disable_cuda_graph: bool = False,
+    kv_codec: str = "auto",
+    attention_backend: str | None = None,
+    **scheduler: int,
+) -> LLMEngine:
     from tallow.config import config_from_mapping
 
     # A fixed decode split count: graph capture and eager runs then launch the same kernels,
@@ -27,13 +32,17 @@ def engine(model: str = SHAPE, dtype: str = "bfloat16", disable_cuda_graph: bool
     runner = {"disable_cuda_graph": disable_cuda_graph}
     if attention_backend:
         runner["attention_backend"] = attention_backend
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": model, "dtype": dtype, "device": "cuda", "max_model_len": 2048},
-        "cache": {"num_blocks": 2048, "kv_codec": kv_codec},
-        "runner": runner,
-        "scheduler": scheduler,
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {"source": model, "dtype": dtype, "device": "cuda", "max_model_len": 2048},
+                "cache": {"num_blocks": 2048, "kv_codec": kv_codec},
+                "runner": runner,
+                "scheduler": scheduler,
+                "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+            }
+        )
+    )
 
 
 def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list:
@@ -73,21 +82,32 @@ def test_parity_with_transformers_bf16(graph_engine):
     hf = hf_model_like(graph_engine.parts)  # the engine now holds transformers' weights
     for prompt in prompts(3, seed=1):
         ids = torch.tensor([prompt], device="cuda")
-        ref = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                          max_new_tokens=16, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)
-        hf_tokens = ref.sequences[0, len(prompt):].tolist()
+        ref = hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        hf_tokens = ref.sequences[0, len(prompt) :].tolist()
         hf_lp = torch.stack([torch.log_softmax(x[0].float(), -1) for x in ref.logits])
         # Teacher-forced: our log-probs of transformers' tokens, position by position.
-        out = run(graph_engine, [prompt + hf_tokens], SamplingParams(
-            temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
-        ours = torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
-                             for i, t in enumerate(hf_tokens)])
+        out = run(
+            graph_engine,
+            [prompt + hf_tokens],
+            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+        )[0]
+        ours = torch.tensor(
+            [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(hf_tokens)]
+        )
         theirs = hf_lp[torch.arange(len(hf_tokens)), torch.tensor(hf_tokens)].cpu()
         assert torch.allclose(ours, theirs, atol=0.08), (ours - theirs).abs().max()
         # Free-running greedy tokens agree up to the first near-tie of the reference.
-        gen = run(graph_engine, [prompt], SamplingParams(temperature=0.0, max_tokens=16,
-                                                         ignore_eos=True))[0]
+        gen = run(
+            graph_engine, [prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        )[0]
         top2 = hf_lp.topk(2, dim=-1).values
         margin = (top2[:, 0] - top2[:, 1]).cpu()
         for i, (a, b) in enumerate(zip(gen.outputs[0].token_ids, hf_tokens)):
@@ -113,8 +133,9 @@ def test_seeded_sampling_on_gpu_is_batch_independent():
     # float32 and a small vocabulary: batch composition changes GEMM tiling, and only in
     # float32 is that far below the gaps between the logits that top-k/top-p decide on.
     eng = engine("random:tiny-llama", "float32")
-    params = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_tokens=16, seed=42,
-                            ignore_eos=True)
+    params = SamplingParams(
+        temperature=1.0, top_p=0.95, top_k=50, max_tokens=16, seed=42, ignore_eos=True
+    )
     p = [[t % 500 + 10 for t in q] for q in prompts(4, seed=3)]
     alone = run(eng, [p[0]], params)[0].outputs[0].token_ids
     mixed = run(eng, p, params)
@@ -125,8 +146,9 @@ def test_small_prefill_chunks_give_the_same_tokens_on_gpu():
     # Steps that only prefill sample nothing and are not waited for: the next step's inputs
     # must still not overwrite the buffers their transfers read from.
     whole = engine("random:tiny-llama", "float32")
-    chunked = engine("random:tiny-llama", "float32", prefill_chunk_size=16,
-                     max_num_batched_tokens=24)
+    chunked = engine(
+        "random:tiny-llama", "float32", prefill_chunk_size=16, max_num_batched_tokens=24
+    )
     batch = [[t % 500 + 10 for t in q] for q in prompts(6, seed=7)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     a = [o.outputs[0].token_ids for o in run(whole, batch, params)]
@@ -134,8 +156,9 @@ def test_small_prefill_chunks_give_the_same_tokens_on_gpu():
     assert a == b
 
 
-def agrees_with_reference_and_eager(fast: LLMEngine, ref: LLMEngine, eager: LLMEngine, *,
-                                    seed: int, atol: float) -> None:
+def agrees_with_reference_and_eager(
+    fast: LLMEngine, ref: LLMEngine, eager: LLMEngine, *, seed: int, atol: float
+) -> None:
     """``fast`` (triton, CUDA graphs) gives ``ref``'s log-probs to ``atol`` on ``ref``'s greedy
     tokens fed back (teacher-forced), and eager triton the same greedy tokens as ``fast`` in
     batches of 1, 2 and 4."""
@@ -145,10 +168,12 @@ def agrees_with_reference_and_eager(fast: LLMEngine, ref: LLMEngine, eager: LLME
         tokens = out.outputs[0].token_ids
         forced = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
         ours, theirs = (run(e, [prompt + tokens], forced)[0] for e in (fast, ref))
-        a = torch.tensor([ours.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
-        b = torch.tensor([theirs.prompt_logprobs[len(prompt) + i][t].logprob
-                          for i, t in enumerate(tokens)])
+        a = torch.tensor(
+            [ours.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(tokens)]
+        )
+        b = torch.tensor(
+            [theirs.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(tokens)]
+        )
         assert torch.allclose(a, b, atol=atol), (a - b).abs().max()
     for n in (1, 2, 4):
         sub = prompts(n, seed=seed + 9 + n)
@@ -196,8 +221,9 @@ def test_turbo_kv_cache_against_the_torch_backend_and_eager(codec):
     fast = engine(kv_codec=codec, dtype="float32")
     assert fast.parts.attention_backend == "triton" and fast.core.runner.graphs is not None
     assert {c.codec.name for c in fast.core.runner.kv_caches} == {codec}
-    ref = engine(kv_codec=codec, dtype="float32", attention_backend="torch",
-                 disable_cuda_graph=True)
+    ref = engine(
+        kv_codec=codec, dtype="float32", attention_backend="torch", disable_cuda_graph=True
+    )
     eager = engine(kv_codec=codec, dtype="float32", disable_cuda_graph=True)
     same_weights_and_calibration(fast, ref, eager)
     agrees_with_reference_and_eager(fast, ref, eager, seed=41, atol=0.1)
@@ -210,13 +236,24 @@ def test_turbo_kv_cache_prefix_hits_and_preemption_keep_the_tokens():
     from tallow.config import config_from_mapping
 
     def build(num_blocks: int, prefix_caching: bool) -> LLMEngine:
-        return LLMEngine.from_config(config_from_mapping({
-            "model": {"source": "random:tiny-llama", "dtype": "float32", "device": "cuda",
-                      "max_model_len": 512},
-            "cache": {"num_blocks": num_blocks, "kv_codec": "turbo4",
-                      "enable_prefix_caching": prefix_caching},
-            "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-        }))
+        return LLMEngine.from_config(
+            config_from_mapping(
+                {
+                    "model": {
+                        "source": "random:tiny-llama",
+                        "dtype": "float32",
+                        "device": "cuda",
+                        "max_model_len": 512,
+                    },
+                    "cache": {
+                        "num_blocks": num_blocks,
+                        "kv_codec": "turbo4",
+                        "enable_prefix_caching": prefix_caching,
+                    },
+                    "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+                }
+            )
+        )
 
     roomy = build(2048, False)
     batch = [[t % 500 + 10 for t in q] for q in prompts(8, seed=61)]

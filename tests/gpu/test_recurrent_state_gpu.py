@@ -19,17 +19,29 @@ from state_model import StateModel, build_core, run_to_end  # noqa: E402
 
 from tallow import SamplingParams  # noqa: E402
 
-PROMPTS = {"a": [3, 17, 5, 9, 33, 2, 8, 41, 7, 7, 12], "b": [60, 1], "c": [25],
-           "d": [(5 * i + 1) % 64 for i in range(23)], "e": [9] * 7}
+PROMPTS = {
+    "a": [3, 17, 5, 9, 33, 2, 8, 41, 7, 7, 12],
+    "b": [60, 1],
+    "c": [25],
+    "d": [(5 * i + 1) % 64 for i in range(23)],
+    "e": [9] * 7,
+}
 
 
 def core_on_gpu(graphs: bool, async_scheduling: bool):
     from tallow.engine.cuda_graphs import CudaGraphRunner
     from tallow_attention_triton.backend import TritonAttentionBackend
 
-    core = build_core(StateModel(seed=1), device="cuda", block_size=16, num_blocks=64,
-                      max_num_seqs=8, max_num_batched_tokens=64,
-                      backend=TritonAttentionBackend(None), async_scheduling=async_scheduling)
+    core = build_core(
+        StateModel(seed=1),
+        device="cuda",
+        block_size=16,
+        num_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        backend=TritonAttentionBackend(None),
+        async_scheduling=async_scheduling,
+    )
     if graphs:
         runner = core.runner
         runner.graphs = CudaGraphRunner.capture(runner, 8)
@@ -56,7 +68,7 @@ def test_graph_replays_equal_eager(async_scheduling):
     assert graphed.replays > 0
     for rid in ("a", "b", "c", "d"):
         assert got[rid] == expected[rid], rid
-    assert got["e"][0] == expected["e"][0][:len(got["e"][0])]
+    assert got["e"][0] == expected["e"][0][: len(got["e"][0])]
     for core in (eager, graphed):
         manager = core.scheduler.block_manager
         manager.check_invariants()

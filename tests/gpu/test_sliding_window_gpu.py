@@ -20,14 +20,23 @@ from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 def engine(model: str, dtype: str, *, graphs: bool, max_model_len: int = 4096) -> LLMEngine:
     from tallow.config import config_from_mapping
 
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": model, "dtype": dtype, "device": "cuda",
-                  "max_model_len": max_model_len, "seed": 0},
-        "cache": {"num_blocks": 1024},
-        "runner": {"disable_cuda_graph": not graphs, "attention_backend": "triton"},
-        "scheduler": {"max_num_batched_tokens": 512, "prefill_chunk_size": 512},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": model,
+                    "dtype": dtype,
+                    "device": "cuda",
+                    "max_model_len": max_model_len,
+                    "seed": 0,
+                },
+                "cache": {"num_blocks": 1024},
+                "runner": {"disable_cuda_graph": not graphs, "attention_backend": "triton"},
+                "scheduler": {"max_num_batched_tokens": 512, "prefill_chunk_size": 512},
+                "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+            }
+        )
+    )
 
 
 def run(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
@@ -49,10 +58,14 @@ def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("model,dtype,lengths,vocab", [
-    ("random:tiny-mistral", "float32", [100, 250], 500),
-    ("random:gemma-3-4b", "bfloat16", [1500, 1100], 200000),
-], ids=["mistral-window-24", "gemma3-window-1024"])
+@pytest.mark.parametrize(
+    "model,dtype,lengths,vocab",
+    [
+        ("random:tiny-mistral", "float32", [100, 250], 500),
+        ("random:gemma-3-4b", "bfloat16", [1500, 1100], 200000),
+    ],
+    ids=["mistral-window-24", "gemma3-window-1024"],
+)
 def test_graphs_equal_eager_and_blocks_are_given_back(model, dtype, lengths, vocab):
     graphed = engine(model, dtype, graphs=True)
     assert graphed.core.runner.graphs is not None
@@ -72,7 +85,7 @@ def test_graphs_equal_eager_and_blocks_are_given_back(model, dtype, lengths, voc
     def mark_and_count(seq, upto=None):
         mark(seq, upto)
         for g in sliding:
-            table = seq.block_tables[g.group][:-(-upto // g.block_size)]  # committed
+            table = seq.block_tables[g.group][: -(-upto // g.block_size)]  # committed
             most[id(g)] = max(most[id(g)], sum(1 for b in table if b != g.null_block))
 
     manager.mark_computed = mark_and_count

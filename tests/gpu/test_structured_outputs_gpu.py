@@ -19,16 +19,35 @@ from tallow import SamplingParams  # noqa: E402
 
 SHAPE = "random:llama-3.2-1b"
 SCHEMAS = [
-    {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1,
-                 "maxItems": 4}},
-     "required": ["name", "age", "tags"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "object", "properties": {
-        "x": {"type": "integer", "minimum": -5, "maximum": 5},
-        "ok": {"type": "boolean"}}, "required": ["x", "ok"], "additionalProperties": False},
-     "minItems": 1, "maxItems": 3},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {
+                "type": "array",
+                "items": {"enum": ["a", "b", "c"]},
+                "minItems": 1,
+                "maxItems": 4,
+            },
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "x": {"type": "integer", "minimum": -5, "maximum": 5},
+                "ok": {"type": "boolean"},
+            },
+            "required": ["x", "ok"],
+            "additionalProperties": False,
+        },
+        "minItems": 1,
+        "maxItems": 3,
+    },
 ]
 
 
@@ -37,20 +56,30 @@ def tokenizer_dir(tmp_path_factory):
     from tallow.bench.synthetic_vocab import write_tokenizer
     from tallow.engine.random_model import shape_config
 
-    return write_tokenizer(tmp_path_factory.mktemp("vocab"),
-                           int(shape_config(SHAPE)["vocab_size"]))
+    return write_tokenizer(tmp_path_factory.mktemp("vocab"), int(shape_config(SHAPE)["vocab_size"]))
 
 
 def engine(tokenizer_dir, **settings) -> LLMEngine:
     from tallow.config import config_from_mapping
 
     scheduler = {"async_scheduling": settings.pop("async_scheduling", True)}
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": SHAPE, "dtype": "bfloat16", "device": "cuda",
-                  "max_model_len": 2048, "tokenizer": str(tokenizer_dir)},
-        "cache": {"num_blocks": 2048}, "runner": settings, "scheduler": scheduler,
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": SHAPE,
+                    "dtype": "bfloat16",
+                    "device": "cuda",
+                    "max_model_len": 2048,
+                    "tokenizer": str(tokenizer_dir),
+                },
+                "cache": {"num_blocks": 2048},
+                "runner": settings,
+                "scheduler": scheduler,
+                "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+            }
+        )
+    )
 
 
 def run(eng: LLMEngine, n: int = 24) -> list:
@@ -62,8 +91,9 @@ def run(eng: LLMEngine, n: int = 24) -> list:
         if _free(i):  # unconstrained rows beside the constrained ones: some rows get no mask
             params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
         else:
-            params = SamplingParams(temperature=0.0, max_tokens=400,
-                                    structured_outputs={"json": SCHEMAS[i % 2]})
+            params = SamplingParams(
+                temperature=0.0, max_tokens=400, structured_outputs={"json": SCHEMAS[i % 2]}
+            )
         eng.add_request(rid, prompt, params)
         ids.append(rid)
     done = {}
@@ -84,12 +114,19 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@pytest.mark.parametrize("backend", [
-    "xgrammar",
-    pytest.param("llguidance", marks=pytest.mark.skipif(
-        not (_installed("tallow_grammar_llguidance") and _installed("llguidance")),
-        reason="needs the tallow-grammar-llguidance plugin and the llguidance package")),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "xgrammar",
+        pytest.param(
+            "llguidance",
+            marks=pytest.mark.skipif(
+                not (_installed("tallow_grammar_llguidance") and _installed("llguidance")),
+                reason="needs the tallow-grammar-llguidance plugin and the llguidance package",
+            ),
+        ),
+    ],
+)
 def test_constrained_outputs_on_the_gpu(tokenizer_dir, backend):
     import jsonschema
 
@@ -104,6 +141,9 @@ def test_constrained_outputs_on_the_gpu(tokenizer_dir, backend):
         jsonschema.validate(json.loads(out.text), SCHEMAS[i % 2])
     stats = graphs.stats()
     assert stats["grammar_mask_steps_total"] > 0
-    eager_sync = run(engine(tokenizer_dir, grammar_backend=backend, disable_cuda_graph=True,
-                            async_scheduling=False))
+    eager_sync = run(
+        engine(
+            tokenizer_dir, grammar_backend=backend, disable_cuda_graph=True, async_scheduling=False
+        )
+    )
     assert [o.token_ids for o in eager_sync] == [o.token_ids for o in outs]

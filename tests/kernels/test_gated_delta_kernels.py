@@ -17,9 +17,17 @@ import torch
 
 from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import (
-    causal_conv1d, causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref,
-    chunk_gated_delta_rule, chunk_gated_delta_rule_ref, gated_delta_step, gated_delta_step_ref,
-    gated_rms_norm, gated_rms_norm_ref, gdn_gating,
+    causal_conv1d,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    causal_conv1d_update_ref,
+    chunk_gated_delta_rule,
+    chunk_gated_delta_rule_ref,
+    gated_delta_step,
+    gated_delta_step_ref,
+    gated_rms_norm,
+    gated_rms_norm_ref,
+    gdn_gating,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -30,8 +38,7 @@ HEADS = (2, 4, 16, 24) if INTERPRET else (16, 32, 128, 128)
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 
@@ -59,12 +66,16 @@ def delta_inputs(gen: torch.Generator, tokens: int, dtype: torch.dtype):
     A_log = torch.rand(hv, generator=gen).mul(8).add(0.01).log()
     dt_bias = torch.randn(hv, generator=gen) * 0.5
     g, beta = gdn_gating(a, b, A_log, dt_bias)
-    return (randn(tokens, hk, dk), randn(tokens, hk, dk), randn(tokens, hv, dv),
-            g.to(DEVICE), beta.to(DEVICE))
+    return (
+        randn(tokens, hk, dk),
+        randn(tokens, hk, dk),
+        randn(tokens, hv, dv),
+        g.to(DEVICE),
+        beta.to(DEVICE),
+    )
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str,
-                 rel: float) -> None:
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rel: float) -> None:
     """Within ``rel`` of the expected values' scale (float32 sums in another order; on the GPU
     the chunk's products run on tensor cores in tf32)."""
     scale = float(expected.float().abs().max()) + 1e-6
@@ -87,10 +98,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32] if INTERPRET
-                         else [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("lengths", [x for v in CASES.values() for x in v],
-                         ids=lambda v: "+".join(map(str, v)) if len(v) < 4 else "many")
+@pytest.mark.parametrize(
+    "dtype", [torch.float32] if INTERPRET else [torch.float32, torch.bfloat16], ids=str
+)
+@pytest.mark.parametrize(
+    "lengths",
+    [x for v in CASES.values() for x in v],
+    ids=lambda v: "+".join(map(str, v)) if len(v) < 4 else "many",
+)
 def test_chunk_rule_matches_the_reference(lengths, dtype):
     gen = rng(sum(lengths))
     hk, hv, dk, dv = HEADS
@@ -98,13 +113,13 @@ def test_chunk_rule_matches_the_reference(lengths, dtype):
     num_slots = len(lengths) + 2
     state = (torch.randn(num_slots + 1, hv, dk, dv, generator=gen) * 0.1).to(DEVICE)
     expected_state = state.cpu().clone()
-    slots = torch.randperm(num_slots, generator=gen)[:len(lengths)].to(DEVICE)
+    slots = torch.randperm(num_slots, generator=gen)[: len(lengths)].to(DEVICE)
     starts = starts_of(lengths)
     qsl = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
-    out = chunk_gated_delta_rule(q, k, v, g, beta, state, slots, qsl,
-                                 max_query_len=max(lengths))
-    ref = chunk_gated_delta_rule_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(),
-                                     expected_state, slots.cpu(), starts)
+    out = chunk_gated_delta_rule(q, k, v, g, beta, state, slots, qsl, max_query_len=max(lengths))
+    ref = chunk_gated_delta_rule_ref(
+        q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), expected_state, slots.cpu(), starts
+    )
     rel = tolerance(dtype)
     assert_close(out, ref, f"outputs {lengths}", rel)
     assert_close(state, expected_state, f"states {lengths}", rel)
@@ -121,17 +136,29 @@ def test_chunk_rule_carries_the_state_across_calls():
     q, k, v, g, beta = delta_inputs(gen, total, torch.float32)
     state = torch.zeros(4, hv, dk, dv, device=DEVICE)
     whole_state = state.clone()
-    whole = chunk_gated_delta_rule(q, k, v, g, beta, whole_state, torch.tensor([1], device=DEVICE),
-                                   torch.tensor([0, total], dtype=torch.int32, device=DEVICE),
-                                   max_query_len=total)
+    whole = chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        whole_state,
+        torch.tensor([1], device=DEVICE),
+        torch.tensor([0, total], dtype=torch.int32, device=DEVICE),
+        max_query_len=total,
+    )
     pieces = []
     at = 0
     for size in (1, 70, 64, 100, 65):
         other = delta_inputs(gen, 9, torch.float32)  # a second sequence in the same launch
-        cat = [torch.cat([x[at:at + size], o]) for x, o in zip((q, k, v, g, beta), other)]
-        out = chunk_gated_delta_rule(*cat, state, torch.tensor([1, 2], device=DEVICE),
-                                     torch.tensor([0, size, size + 9], dtype=torch.int32,
-                                                  device=DEVICE), max_query_len=size)
+        cat = [torch.cat([x[at : at + size], o]) for x, o in zip((q, k, v, g, beta), other)]
+        out = chunk_gated_delta_rule(
+            *cat,
+            state,
+            torch.tensor([1, 2], device=DEVICE),
+            torch.tensor([0, size, size + 9], dtype=torch.int32, device=DEVICE),
+            max_query_len=size,
+        )
         pieces.append(out[:size])
         at += size
     assert at == total
@@ -166,8 +193,9 @@ CONV_CHANNELS = 40 if INTERPRET else 8192  # Qwen3-Next: 2 * 16 * 128 + 32 * 128
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("lengths", [[1], [2, 3, 1], [31, 32, 33, 0, 100], [2048]],
-                         ids=lambda v: "+".join(map(str, v)))
+@pytest.mark.parametrize(
+    "lengths", [[1], [2, 3, 1], [31, 32, 33, 0, 100], [2048]], ids=lambda v: "+".join(map(str, v))
+)
 def test_conv_matches_the_reference_across_calls(lengths, bias):
     """Two calls: the second continues every sequence from the state the first left."""
     gen = rng(len(lengths))
@@ -177,7 +205,7 @@ def test_conv_matches_the_reference_across_calls(lengths, bias):
     num_slots = len(lengths) + 1
     state = torch.randn(num_slots + 1, taps - 1, CONV_CHANNELS, generator=gen).to(DEVICE)
     expected = state.clone()
-    slots = torch.randperm(num_slots, generator=gen)[:len(lengths)].to(DEVICE)
+    slots = torch.randperm(num_slots, generator=gen)[: len(lengths)].to(DEVICE)
     for call in range(2):
         starts = starts_of(lengths)
         x = torch.randn(starts[-1], CONV_CHANNELS, generator=gen).to(DEVICE)
@@ -205,8 +233,9 @@ def test_conv_update_matches_the_reference():
         assert torch.equal(state, expected)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32] if INTERPRET
-                         else [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32] if INTERPRET else [torch.float32, torch.bfloat16], ids=str
+)
 @pytest.mark.parametrize("rows", [1, 13, 300])
 def test_gated_rms_norm_matches_the_reference(rows, dtype):
     """Rows of value heads, ``z`` a strided view of a wider projection (as the model's is)."""
@@ -214,7 +243,7 @@ def test_gated_rms_norm_matches_the_reference(rows, dtype):
     hv, dv = HEADS[1], HEADS[3]
     x = (torch.randn(rows, hv, dv, generator=gen) * 2).to(dtype).to(DEVICE)
     wide = torch.randn(rows, 3 * hv * dv, generator=gen).to(dtype).to(DEVICE)
-    z = wide[:, hv * dv:2 * hv * dv].view(rows, hv, dv)
+    z = wide[:, hv * dv : 2 * hv * dv].view(rows, hv, dv)
     weight = (1 + 0.2 * torch.randn(dv, generator=gen)).to(dtype).to(DEVICE)
     out = gated_rms_norm(x, z, weight, 1e-6)
     ref = gated_rms_norm_ref(x, z, weight, 1e-6)

@@ -11,13 +11,20 @@ import torch
 import torch.nn.functional as F
 
 from tallow.kernels import (
-    causal_conv1d, causal_conv1d_ref, causal_conv1d_update, chunk_gated_delta_rule,
-    chunk_gated_delta_rule_ref, gated_delta_step, gated_rms_norm, gdn_gating,
+    causal_conv1d,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    chunk_gated_delta_rule,
+    chunk_gated_delta_rule_ref,
+    gated_delta_step,
+    gated_rms_norm,
+    gdn_gating,
     recurrent_gated_delta_rule_ref,
 )
 
-hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next",
-                         reason="transformers is the oracle")
+hf = pytest.importorskip(
+    "transformers.models.qwen3_next.modeling_qwen3_next", reason="transformers is the oracle"
+)
 
 HK, HV, DK, DV = 2, 4, 16, 8
 
@@ -37,9 +44,16 @@ def inputs(length: int, seed: int, hk: int = HK, hv: int = HV):
 def hf_rule(q, k, v, g, beta, s0, chunked: bool):
     """transformers' functions on one sequence (batch 1), state in and out."""
     fn = hf.torch_chunk_gated_delta_rule if chunked else hf.torch_recurrent_gated_delta_rule
-    out, state = fn(q[None], k[None], v[None], g=g[None], beta=beta[None],
-                    initial_state=s0[None].clone(), output_final_state=True,
-                    use_qk_l2norm_in_kernel=True)
+    out, state = fn(
+        q[None],
+        k[None],
+        v[None],
+        g=g[None],
+        beta=beta[None],
+        initial_state=s0[None].clone(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     return out[0], state[0]
 
 
@@ -87,25 +101,39 @@ def test_flat_step_of_many_sequences_and_carried_state():
         o, s = hf_rule(*x[:3], g, beta, torch.zeros(HV, DK, DV), chunked=True)
         expected_out.append(o)
         expected_state.append(s)
-    for step, (lo, counts) in enumerate([([0] * 5, lengths),
-                                         (lengths, more)]):
-        parts = [[t[start:start + n] for t in x[:5]] + list(x[5:])
-                 for x, start, n in zip(whole, lo, counts)]
+    for step, (lo, counts) in enumerate([([0] * 5, lengths), (lengths, more)]):
+        parts = [
+            [t[start : start + n] for t in x[:5]] + list(x[5:])
+            for x, start, n in zip(whole, lo, counts)
+        ]
         starts = [0]
         for n in counts:
             starts.append(starts[-1] + n)
         cat = [torch.cat([p[j] for p in parts]) for j in range(5)]
         g, beta = gdn_gating(cat[3], cat[4], whole[0][5], whole[0][6])
         # every sequence shares one layer's A_log and dt_bias: use the first's for all
-        out = chunk_gated_delta_rule(cat[0], cat[1], cat[2], g, beta, states, slots,
-                                     torch.tensor(starts, dtype=torch.int32),
-                                     query_start_loc_cpu=starts)
+        out = chunk_gated_delta_rule(
+            cat[0],
+            cat[1],
+            cat[2],
+            g,
+            beta,
+            states,
+            slots,
+            torch.tensor(starts, dtype=torch.int32),
+            query_start_loc_cpu=starts,
+        )
         for i, x in enumerate(whole):
             gi, bi = gdn_gating(x[3], x[4], whole[0][5], whole[0][6])
             ref, _ = hf_rule(*x[:3], gi, bi, torch.zeros(HV, DK, DV), chunked=False)
             a, n = lo[i], counts[i]
-            torch.testing.assert_close(out[starts[i]:starts[i] + n], ref[a:a + n],
-                                       atol=1e-4, rtol=1e-4, msg=lambda m: f"seq {i}: {m}")
+            torch.testing.assert_close(
+                out[starts[i] : starts[i] + n],
+                ref[a : a + n],
+                atol=1e-4,
+                rtol=1e-4,
+                msg=lambda m: f"seq {i}: {m}",
+            )
     for i, x in enumerate(whole):
         gi, bi = gdn_gating(x[3], x[4], whole[0][5], whole[0][6])
         _, ref_state = hf_rule(*x[:3], gi, bi, torch.zeros(HV, DK, DV), chunked=True)
@@ -125,8 +153,15 @@ def test_decode_step_matches_the_recurrence():
     out = gated_delta_step(q, k, v, a, b, A_log, dt_bias, states, slots)
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     for i, slot in enumerate(slots.tolist()):
-        ref, ref_state = hf_rule(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1],
-                                 beta[i:i + 1], before[slot], chunked=False)
+        ref, ref_state = hf_rule(
+            q[i : i + 1],
+            k[i : i + 1],
+            v[i : i + 1],
+            g[i : i + 1],
+            beta[i : i + 1],
+            before[slot],
+            chunked=False,
+        )
         torch.testing.assert_close(out[i], ref[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(states[slot], ref_state, atol=1e-5, rtol=1e-5)
     assert torch.equal(states[[2, 4]], before[[2, 4]])
@@ -138,8 +173,9 @@ def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="state: expected float32"):
         gated_delta_step(q, k, v, a, b, A_log, dt_bias, states.half(), torch.tensor([0] * 4))
     with pytest.raises(ValueError, match="v: expected"):
-        chunk_gated_delta_rule(q, k, v[:, :3], a, b, states, torch.tensor([0]),
-                               torch.tensor([0, 4]))
+        chunk_gated_delta_rule(
+            q, k, v[:, :3], a, b, states, torch.tensor([0]), torch.tensor([0, 4])
+        )
     with pytest.raises(ValueError, match="slots: expected one per row"):
         gated_delta_step(q, k, v, a, b, A_log, dt_bias, states, torch.tensor([0]))
 
@@ -183,19 +219,27 @@ def test_conv_matches_transformers(bias):
     seqs = [torch.randn(n + m, C, generator=gen) for n, m in zip(lengths, more)]
     state = torch.zeros(5, K - 1, C)
     for lo, counts in [([0] * 4, lengths), (lengths, more)]:
-        parts = [s[a:a + n] for s, a, n in zip(seqs, lo, counts)]
+        parts = [s[a : a + n] for s, a, n in zip(seqs, lo, counts)]
         starts = [0]
         for n in counts:
             starts.append(starts[-1] + n)
-        out = causal_conv1d(torch.cat(parts), weight, b, state, slots,
-                            torch.tensor(starts, dtype=torch.int32), query_start_loc_cpu=starts)
+        out = causal_conv1d(
+            torch.cat(parts),
+            weight,
+            b,
+            state,
+            slots,
+            torch.tensor(starts, dtype=torch.int32),
+            query_start_loc_cpu=starts,
+        )
         for i, s in enumerate(seqs):
             end = lo[i] + counts[i]
             if not counts[i]:
                 continue
-            ref = F.silu(F.conv1d(s[:end].T[None], weight[:, None], b, padding=K - 1,
-                                  groups=C)[0, :, :end].T)
-            torch.testing.assert_close(out[starts[i]:starts[i + 1]], ref[lo[i]:end])
+            ref = F.silu(
+                F.conv1d(s[:end].T[None], weight[:, None], b, padding=K - 1, groups=C)[0, :, :end].T
+            )
+            torch.testing.assert_close(out[starts[i] : starts[i + 1]], ref[lo[i] : end])
     for i, s in enumerate(seqs):
         if bias:
             continue
@@ -220,7 +264,7 @@ def test_conv_update_equals_one_token_chunks_and_transformers():
     assert torch.equal(state[1], before[1])
     unbiased = causal_conv1d_update(x, weight, None, before.clone(), slots)
     for i, slot in enumerate(slots.tolist()):
-        ref_out, _ = hf_conv(x[i:i + 1], weight, before[slot])
+        ref_out, _ = hf_conv(x[i : i + 1], weight, before[slot])
         torch.testing.assert_close(unbiased[i], ref_out[0])
     with pytest.raises(ValueError, match="conv_state: expected"):
         causal_conv1d_update(x, weight, b, state[:, :2], slots)

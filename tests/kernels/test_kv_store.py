@@ -15,11 +15,25 @@ from tallow.kernels.kv_cast import CastKVCodec
 CACHE_DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
-def _case(cache_dtype: torch.dtype, device: str = "cpu", blocks: int = 6, block_size: int = 4,
-          heads: int = 2, head_dim: int = 8, tokens: int = 9):
+def _case(
+    cache_dtype: torch.dtype,
+    device: str = "cpu",
+    blocks: int = 6,
+    block_size: int = 4,
+    heads: int = 2,
+    head_dim: int = 8,
+    tokens: int = 9,
+):
     codec = CastKVCodec(storage=cache_dtype)
-    cache = allocate_layer(codec, num_kv_heads=heads, head_dim=head_dim, block_size=block_size,
-                           num_blocks=blocks, model_dtype=torch.bfloat16, device=device)
+    cache = allocate_layer(
+        codec,
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        num_blocks=blocks,
+        model_dtype=torch.bfloat16,
+        device=device,
+    )
     g = torch.Generator().manual_seed(7)
     # values beyond e4m3's range (448) too: the store clamps them as the codec does
     k = (torch.randn(tokens, heads, head_dim, generator=g) * 300).to(torch.bfloat16)
@@ -66,8 +80,9 @@ def test_bad_arguments_are_named() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=str)
 def test_triton_kernel_equals_the_reference(cache_dtype: torch.dtype) -> None:
-    cache, k, v, slots = _case(cache_dtype, "cuda", blocks=300, block_size=16, heads=8,
-                               head_dim=128, tokens=1000)
+    cache, k, v, slots = _case(
+        cache_dtype, "cuda", blocks=300, block_size=16, heads=8, head_dim=128, tokens=1000
+    )
     expected = cache.clone()
     store_cast_kv_ref(expected["k"], expected["v"], k, v, slots)
     store_cast_kv(cache["k"], cache["v"], k, v, slots.int())

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from tallow.kernels import (
-    absorb_queries, attention_ref, mla_absorbed_ref, mla_attention_ref, mla_expanded_ref,
+    absorb_queries,
+    attention_ref,
+    mla_absorbed_ref,
+    mla_attention_ref,
+    mla_expanded_ref,
     store_latent_ref,
 )
 from tallow.kernels.kv_cast import AutoKVCodec, CastKVCodec
@@ -27,14 +31,14 @@ def _weights(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 def _dense(q_nope, q_pe, latent, w_uk, w_uv, scale):
     """K/V expanded by hand, then the core's dense attention reference."""
     c, k_pe = latent[:, :R], latent[:, R:]
-    k = torch.cat([torch.einsum("sr,hnr->shn", c, w_uk),
-                   k_pe[:, None, :].expand(-1, H, -1)], dim=-1)
+    k = torch.cat(
+        [torch.einsum("sr,hnr->shn", c, w_uk), k_pe[:, None, :].expand(-1, H, -1)], dim=-1
+    )
     v = torch.einsum("sr,hvr->shv", c, w_uv)
     q = torch.cat([q_nope, q_pe], dim=-1)
     # attention_ref needs one head size: pad v to the q/k size, cut the output back
     pad = torch.zeros(v.shape[0], H, q.shape[-1] - DV)
-    out = attention_ref(q, k, torch.cat([v, pad], dim=-1), scale=scale,
-                        context_len=latent.shape[0])
+    out = attention_ref(q, k, torch.cat([v, pad], dim=-1), scale=scale, context_len=latent.shape[0])
     return out[..., :DV]
 
 
@@ -92,8 +96,17 @@ def test_paged_batch_of_prefix_cached_chunks_and_decodes(dtype):
     cache, tables, starts, lens, full = _paged_batch(gen, dtype, seqs)
     n = starts[-1]
     q_nope, q_pe = torch.randn(n, H, DN, generator=gen), torch.randn(n, H, DR, generator=gen)
-    out = mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv, query_start_loc=starts,
-                            seq_lens=lens, block_tables=tables, scale=0.25)
+    out = mla_attention_ref(
+        q_nope,
+        q_pe,
+        cache,
+        w_uk=w_uk,
+        w_uv=w_uv,
+        query_start_loc=starts,
+        seq_lens=lens,
+        block_tables=tables,
+        scale=0.25,
+    )
     for i, rows in enumerate(full):
         rows = rows.to(dtype).float()  # what the cache holds
         s, e = starts[i], starts[i + 1]
@@ -101,9 +114,18 @@ def test_paged_batch_of_prefix_cached_chunks_and_decodes(dtype):
         torch.testing.assert_close(out[s:e], ref, rtol=1e-4, atol=1e-4)
     # both forms for every sequence give the same step
     for absorbed in (True, False):
-        other = mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv,
-                                  query_start_loc=starts, seq_lens=lens, block_tables=tables,
-                                  scale=0.25, absorbed=absorbed)
+        other = mla_attention_ref(
+            q_nope,
+            q_pe,
+            cache,
+            w_uk=w_uk,
+            w_uv=w_uv,
+            query_start_loc=starts,
+            seq_lens=lens,
+            block_tables=tables,
+            scale=0.25,
+            absorbed=absorbed,
+        )
         torch.testing.assert_close(other, out, rtol=1e-4, atol=1e-4)
 
 
@@ -120,26 +142,34 @@ def test_store_skips_padding_and_saturates_float8():
 
 def test_codecs_choose_the_latent_dtype():
     assert AutoKVCodec().latent_dtype(torch.bfloat16) is torch.bfloat16
-    assert CastKVCodec(storage=torch.float8_e4m3fn).latent_dtype(torch.bfloat16) \
-        is torch.float8_e4m3fn
+    assert (
+        CastKVCodec(storage=torch.float8_e4m3fn).latent_dtype(torch.bfloat16) is torch.float8_e4m3fn
+    )
 
 
 def _meta(starts, lens, tables, slots):
     return AttentionMetadata(
-        num_seqs=len(lens), num_tokens=starts[-1],
+        num_seqs=len(lens),
+        num_tokens=starts[-1],
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(lens, dtype=torch.int32), block_tables=tables,
-        slot_mapping=torch.tensor(slots), max_query_len=max(b - a for a, b in
-                                                            zip(starts, starts[1:])),
-        max_seq_len=max(lens), block_size=4, query_start_loc_cpu=starts, seq_lens_cpu=lens)
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots),
+        max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+        max_seq_len=max(lens),
+        block_size=4,
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=lens,
+    )
 
 
 def test_layer_runs_through_the_torch_backend_and_checks_its_inputs():
     """Prefill then decode of one sequence through MLAAttention: the decode step (absorbed)
     equals the last row of the whole sequence computed at once (expanded)."""
     gen = torch.Generator().manual_seed(3)
-    layer = MLAAttention(0, H, kv_lora_rank=R, qk_nope_head_dim=DN, qk_rope_head_dim=DR,
-                         v_head_dim=DV, scale=0.2)
+    layer = MLAAttention(
+        0, H, kv_lora_rank=R, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV, scale=0.2
+    )
     assert layer.cache_spec().width == W
     w_uk, w_uv = _weights(gen)
     weight = torch.cat([w_uk, w_uv], dim=1).reshape(H * (DN + DV), R)
@@ -161,8 +191,9 @@ def test_layer_runs_through_the_torch_backend_and_checks_its_inputs():
         first = layer(q[:6], latent[:6])
     with forward_context(_meta([0, 1], [7], table, slots[6:]), backend):
         step = layer(q[6:], latent[6:])
-    whole = mla_expanded_ref(q.view(7, H, -1)[..., :DN], q.view(7, H, -1)[..., DN:], latent,
-                             w_uk, w_uv, scale=0.2).reshape(7, -1)
+    whole = mla_expanded_ref(
+        q.view(7, H, -1)[..., :DN], q.view(7, H, -1)[..., DN:], latent, w_uk, w_uv, scale=0.2
+    ).reshape(7, -1)
     torch.testing.assert_close(first, whole[:6], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(step, whole[6:], rtol=1e-5, atol=1e-5)
 

@@ -33,15 +33,25 @@ def test_table_buckets_pick_the_smallest_that_holds_the_tokens(table):
     small = mc.MoEConfig("gemm", 16, 64, 128, 4, 4)
     large = mc.MoEConfig("gemm", 128, 128, 64, 8, 3)
     key = mc.table_key(128, 768, 2048, torch.bfloat16)
-    table.write_text(json.dumps({key: [mc.table_entry(1 << 30, large), mc.table_entry(2, gemv),
-                                       mc.table_entry(64, small)]}))
+    table.write_text(
+        json.dumps(
+            {
+                key: [
+                    mc.table_entry(1 << 30, large),
+                    mc.table_entry(2, gemv),
+                    mc.table_entry(64, small),
+                ]
+            }
+        )
+    )
     assert mc.moe_config(128, 768, 2048, 1) == gemv
     assert mc.moe_config(128, 768, 2048, 3) == small
     assert mc.moe_config(128, 768, 2048, 65) == large
     # another shape or dtype falls back to the default
     assert mc.moe_config(64, 768, 2048, 1) == mc.default_moe_config(64, 768, 2048, 1)
     assert mc.moe_config(128, 768, 2048, 1, torch.float16) == mc.default_moe_config(
-        128, 768, 2048, 1, torch.float16)
+        128, 768, 2048, 1, torch.float16
+    )
 
 
 def test_configs_are_checked():

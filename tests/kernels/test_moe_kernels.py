@@ -15,8 +15,14 @@ import torch
 
 from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels.moe import (
-    MoEConfig, fused_moe, fused_moe_ref, moe_align, moe_align_ref, padded_capacity,
-    softmax_topk, softmax_topk_ref,
+    MoEConfig,
+    fused_moe,
+    fused_moe_ref,
+    moe_align,
+    moe_align_ref,
+    padded_capacity,
+    softmax_topk,
+    softmax_topk_ref,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -24,8 +30,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 
@@ -35,8 +40,9 @@ def rng(seed_hint: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
-def routing(g: torch.Generator, tokens: int, experts: int, top_k: int,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def routing(
+    g: torch.Generator, tokens: int, experts: int, top_k: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-k of random logits: (weights in ``dtype``, int32 ids) on the device."""
     probs = torch.randn(tokens, experts, generator=g).softmax(-1)
     weights, ids = probs.topk(top_k, dim=-1)
@@ -44,7 +50,7 @@ def routing(g: torch.Generator, tokens: int, experts: int, top_k: int,
 
 
 def experts(g: torch.Generator, e: int, h: int, i: int, dtype: torch.dtype, bias: bool):
-    scale_13, scale_2 = h ** -0.5, i ** -0.5
+    scale_13, scale_2 = h**-0.5, i**-0.5
     w13 = (torch.randn(e, 2 * i, h, generator=g) * scale_13).to(dtype).to(DEVICE)
     w2 = (torch.randn(e, h, i, generator=g) * scale_2).to(dtype).to(DEVICE)
     b13 = (torch.randn(e, 2 * i, generator=g) * 0.5).to(dtype).to(DEVICE) if bias else None
@@ -69,16 +75,19 @@ def per_expert_rows(align, num_experts: int) -> dict[int, list[int]]:
     used = int(align.rows_used.cpu()[0])
     out: dict[int, list[int]] = {e: [] for e in range(num_experts)}
     for b in range(used // align.block_m):
-        rows = ids[b * align.block_m:(b + 1) * align.block_m]
+        rows = ids[b * align.block_m : (b + 1) * align.block_m]
         out[blocks[b]].extend(r for r in rows.tolist() if r < align.num_valid)
     return {e: sorted(r) for e, r in out.items()}
 
 
 # --- router ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tokens,num_experts,top_k", [(1, 128, 8), (7, 60, 4), (33, 8, 2),
-                                                      (5, 64, 1)]
-                         + ([] if INTERPRET else [(4096, 128, 8), (300, 256, 8)]))
+
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k",
+    [(1, 128, 8), (7, 60, 4), (33, 8, 2), (5, 64, 1)]
+    + ([] if INTERPRET else [(4096, 128, 8), (300, 256, 8)]),
+)
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_topk(tokens, num_experts, top_k, renormalize, dtype):
@@ -100,8 +109,11 @@ def test_softmax_topk(tokens, num_experts, top_k, renormalize, dtype):
 
 # --- alignment ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tokens,num_experts,top_k,block_m", [
-    (1, 128, 8, 16), (3, 8, 1, 16), (37, 64, 4, 32), (512, 128, 8, 64), (200, 8, 2, 16)])
+
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,block_m",
+    [(1, 128, 8, 16), (3, 8, 1, 16), (37, 64, 4, 32), (512, 128, 8, 64), (200, 8, 2, 16)],
+)
 def test_moe_align(tokens, num_experts, top_k, block_m):
     g = rng(1)
     _, ids = routing(g, tokens, num_experts, top_k, torch.float32)
@@ -111,7 +123,7 @@ def test_moe_align(tokens, num_experts, top_k, block_m):
     assert got.sorted_ids.shape == ref.sorted_ids.shape == (capacity,)
     assert torch.equal(got.rows_used.cpu(), ref.rows_used)
     used = int(ref.rows_used[0])
-    assert torch.equal(got.expert_ids.cpu()[:used // block_m], ref.expert_ids[:used // block_m])
+    assert torch.equal(got.expert_ids.cpu()[: used // block_m], ref.expert_ids[: used // block_m])
     assert per_expert_rows(got, num_experts) == per_expert_rows(ref, num_experts)
     # every row exactly once; the rest is padding
     real = got.sorted_ids.cpu()[got.sorted_ids.cpu() < tokens * top_k]
@@ -120,23 +132,32 @@ def test_moe_align(tokens, num_experts, top_k, block_m):
 
 # --- the fused MoE ------------------------------------------------------------------------
 
+
 def _tiny_or_real(tiny: list, real: list) -> list:
     return tiny if INTERPRET else real
 
 
 _CASES = _tiny_or_real(
     # tokens, experts, top_k, hidden, intermediate, dtype, path
-    [(1, 128, 8, 64, 32, torch.bfloat16, "gemv"), (3, 8, 1, 32, 16, torch.float32, "gemv"),
-     (2, 64, 4, 48, 24, torch.float16, "gemv"), (4, 64, 4, 32, 16, torch.float16, "gemm"),
-     (17, 8, 2, 48, 24, torch.bfloat16, "gemm"), (512, 64, 8, 16, 16, torch.float32, "gemm")],
-    [(1, 128, 8, 2048, 768, torch.bfloat16, "gemv"), (4, 128, 8, 2048, 768, torch.bfloat16,
-                                                      "gemv"),
-     (16, 128, 8, 2048, 768, torch.bfloat16, "gemm"), (256, 128, 8, 2048, 768, torch.bfloat16,
-                                                       "gemm"),
-     (2048, 128, 8, 2048, 768, torch.bfloat16, "gemm"), (7, 8, 2, 4096, 14336, torch.bfloat16,
-                                                         "gemm"),
-     (64, 60, 4, 2048, 1408, torch.bfloat16, "gemm"), (33, 64, 4, 512, 256, torch.float32,
-                                                       "gemm")])
+    [
+        (1, 128, 8, 64, 32, torch.bfloat16, "gemv"),
+        (3, 8, 1, 32, 16, torch.float32, "gemv"),
+        (2, 64, 4, 48, 24, torch.float16, "gemv"),
+        (4, 64, 4, 32, 16, torch.float16, "gemm"),
+        (17, 8, 2, 48, 24, torch.bfloat16, "gemm"),
+        (512, 64, 8, 16, 16, torch.float32, "gemm"),
+    ],
+    [
+        (1, 128, 8, 2048, 768, torch.bfloat16, "gemv"),
+        (4, 128, 8, 2048, 768, torch.bfloat16, "gemv"),
+        (16, 128, 8, 2048, 768, torch.bfloat16, "gemm"),
+        (256, 128, 8, 2048, 768, torch.bfloat16, "gemm"),
+        (2048, 128, 8, 2048, 768, torch.bfloat16, "gemm"),
+        (7, 8, 2, 4096, 14336, torch.bfloat16, "gemm"),
+        (64, 60, 4, 2048, 1408, torch.bfloat16, "gemm"),
+        (33, 64, 4, 512, 256, torch.float32, "gemm"),
+    ],
+)
 
 
 def _config(path: str, dtype: torch.dtype) -> MoEConfig | None:
@@ -157,8 +178,12 @@ def test_fused_moe_silu(tokens, num_experts, top_k, hidden, inter, dtype, path):
     assert_moe_close(out, fused_moe_ref(x, w13, w2, weights, ids))
 
 
-@pytest.mark.parametrize("tokens,num_experts,top_k,path", _tiny_or_real(
-    [(5, 8, 2, "gemv"), (9, 8, 4, "gemm")], [(1, 32, 4, "gemv"), (300, 32, 4, "gemm")]))
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,path",
+    _tiny_or_real(
+        [(5, 8, 2, "gemv"), (9, 8, 4, "gemm")], [(1, 32, 4, "gemv"), (300, 32, 4, "gemm")]
+    ),
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_moe_clamped_swiglu_with_biases(tokens, num_experts, top_k, path, dtype):
     """gpt-oss's activation: large pre-activations so that both clamps bite."""
@@ -167,13 +192,13 @@ def test_fused_moe_clamped_swiglu_with_biases(tokens, num_experts, top_k, path, 
     x = (torch.randn(tokens, hidden, generator=g) * 4).to(dtype).to(DEVICE)
     w13, w2, b13, b2 = experts(g, num_experts, hidden, inter, dtype, bias=True)
     weights, ids = routing(g, tokens, num_experts, top_k, dtype)
-    kw = dict(activation="swiglu_clamp", w13_bias=b13, w2_bias=b2, swiglu_alpha=1.702,
-              swiglu_limit=7.0)
+    kw = dict(
+        activation="swiglu_clamp", w13_bias=b13, w2_bias=b2, swiglu_alpha=1.702, swiglu_limit=7.0
+    )
     ref = fused_moe_ref(x, w13, w2, weights, ids, **kw)
     h = x.float() @ w13[ids[0, 0].long()].float().T
     assert float(h.abs().max()) > 7.0, "inputs too small to reach the clamp"
-    assert_moe_close(fused_moe(x, w13, w2, weights, ids, config=_config(path, dtype), **kw),
-                     ref)
+    assert_moe_close(fused_moe(x, w13, w2, weights, ids, config=_config(path, dtype), **kw), ref)
 
 
 @pytest.mark.parametrize("path", ["gemv", "gemm"])

@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from tallow.kernels import (
-    PACKED_GEMM_TUNED, PackedGemmConfig, PackedGemmWeight, dequantize_packed_ref, packed_gemm,
-    packed_gemm_config, packed_weight,
+    PACKED_GEMM_TUNED,
+    PackedGemmConfig,
+    PackedGemmWeight,
+    dequantize_packed_ref,
+    packed_gemm,
+    packed_gemm_config,
+    packed_weight,
 )
 from tallow.kernels.packed_gemm import check_config, pack_u4, unpack_u4
 
@@ -29,31 +34,46 @@ def test_decoding_by_hand():
     zeros = torch.tensor([[8, 1]])
     mins = torch.tensor([[0.25, -1.0]])
     w = packed_weight("u4", codes, scales, group=4, zeros=zeros, mins=mins)
-    want = torch.tensor([[(3 - 8) * 0.5 - 0.25, (15 - 8) * 0.5 - 0.25, -4.25, -0.25,
-                          1.0, 3.0, 5.0, 7.0]])
+    want = torch.tensor(
+        [[(3 - 8) * 0.5 - 0.25, (15 - 8) * 0.5 - 0.25, -4.25, -0.25, 1.0, 3.0, 5.0, 7.0]]
+    )
     assert torch.equal(dequantize_packed_ref(w), want)
 
 
 def test_cpu_product_is_the_reference():
     g = torch.Generator().manual_seed(2)
-    w = packed_weight("u8", torch.randint(0, 256, (6, 32), generator=g),
-                      torch.rand(6, 1, generator=g), group=32, zero_point=128)
+    w = packed_weight(
+        "u8",
+        torch.randint(0, 256, (6, 32), generator=g),
+        torch.rand(6, 1, generator=g),
+        group=32,
+        zero_point=128,
+    )
     x = torch.randn(3, 2, 32, generator=g)
     y = packed_gemm(x, w)
     assert y.shape == (3, 2, 6)
     torch.testing.assert_close(y, x @ dequantize_packed_ref(w).T)
 
 
-@pytest.mark.parametrize("bad,message", [
-    (dict(codes=torch.zeros(4, 4, dtype=torch.int64)), "codes must be contiguous"),
-    (dict(scales=torch.zeros(1, 4, dtype=torch.int32)), "scales must be"),
-    (dict(zeros=torch.zeros(2, 4, dtype=torch.uint8)), "zeros must be"),
-    (dict(kind="u3"), "kind must be one of"),
-    (dict(group=0), "must be positive"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(codes=torch.zeros(4, 4, dtype=torch.int64)), "codes must be contiguous"),
+        (dict(scales=torch.zeros(1, 4, dtype=torch.int32)), "scales must be"),
+        (dict(zeros=torch.zeros(2, 4, dtype=torch.uint8)), "zeros must be"),
+        (dict(kind="u3"), "kind must be one of"),
+        (dict(group=0), "must be positive"),
+    ],
+)
 def test_bad_tensors_are_named(bad, message):
-    fields = dict(kind="u4", rows=4, cols=32, group=32, codes=torch.zeros(4, 4, dtype=torch.int32),
-                  scales=torch.ones(1, 4, dtype=torch.float16))
+    fields = dict(
+        kind="u4",
+        rows=4,
+        cols=32,
+        group=32,
+        codes=torch.zeros(4, 4, dtype=torch.int32),
+        scales=torch.ones(1, 4, dtype=torch.float16),
+    )
     fields.update(bad)
     with pytest.raises(ValueError, match=message):
         PackedGemmWeight(**fields)
@@ -81,7 +101,8 @@ def test_tuned_table_from_json(tmp_path, monkeypatch):
     path.write_text('{"u8,16,4096,4096": [16, 128, 64, 4, 4, 3]}')
     assert packed_layout.load_tuned_configs(str(path)) == 1
     assert packed_layout.packed_gemm_config(9, 4096, 4096, "u8") == PackedGemmConfig(
-        16, 128, 64, 4, 4, 3)
+        16, 128, 64, 4, 4, 3
+    )
     path.write_text('{"q4,16,4096,4096": [16, 128, 64, 4, 4, 3]}')
     with pytest.raises(ValueError, match="names no packed kind"):
         packed_layout.load_tuned_configs(str(path))

@@ -22,8 +22,13 @@ import torch
 
 from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import (
-    PackedGemmConfig, dequantize_packed, dequantize_packed_ref, packed_gemm, packed_gemm_config,
-    packed_gemm_tolerance, packed_weight,
+    PackedGemmConfig,
+    dequantize_packed,
+    dequantize_packed_ref,
+    packed_gemm,
+    packed_gemm_config,
+    packed_gemm_tolerance,
+    packed_weight,
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -31,8 +36,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 
@@ -45,13 +49,12 @@ def rng(seed_hint: int) -> torch.Generator:
 def make_weight(kind: str, n: int, k: int, group: int, variant: str, g: torch.Generator):
     """A random weight of ``kind``; ``variant`` picks the zero/min/scale form."""
     groups = -(-k // group)
-    scales = (torch.rand(n, groups, generator=g) * 0.05 + 0.001)
+    scales = torch.rand(n, groups, generator=g) * 0.05 + 0.001
     if kind == "fp8":
         codes = (torch.randn(n, k, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
         if variant == "block":
             s = scales[: -(-n // 128)]
-            return packed_weight("fp8", codes.to(DEVICE), s.to(DEVICE), group=group,
-                                 scale_cols=128)
+            return packed_weight("fp8", codes.to(DEVICE), s.to(DEVICE), group=group, scale_cols=128)
         return packed_weight("fp8", codes.to(DEVICE), scales.to(DEVICE), group=group)
     if kind == "e2m1":  # MXFP4: powers of two per 32 (bfloat16 holds them exactly)
         codes = torch.randint(0, 16, (n, k), generator=g)
@@ -70,9 +73,16 @@ def make_weight(kind: str, n: int, k: int, group: int, variant: str, g: torch.Ge
     else:  # a constant zero point, bfloat16 scales
         zero_point = top // 2
         scales = scales.bfloat16()
-    dev = (lambda t: None if t is None else t.to(DEVICE))
-    return packed_weight(kind, dev(codes), dev(scales), group=group, zeros=dev(zeros),
-                         zero_point=zero_point, mins=dev(mins))
+    dev = lambda t: None if t is None else t.to(DEVICE)
+    return packed_weight(
+        kind,
+        dev(codes),
+        dev(scales),
+        group=group,
+        zeros=dev(zeros),
+        zero_point=zero_point,
+        mins=dev(mins),
+    )
 
 
 CASES = [  # kind, N, K, group, variant
@@ -88,8 +98,12 @@ CASES = [  # kind, N, K, group, variant
 #: explicit tiles per batch: split-K for the few-row batches (uneven splits of K), a plain
 #: tiled GEMM for 256 rows; the transposed product at 1 and 16 rows (it runs for float16: the
 #: interpreter's bfloat16 products take the plain form)
-TILES = {1: PackedGemmConfig(16, 16, 32, 3, swap_ab=True), 7: PackedGemmConfig(16, 16, 64, 2),
-         16: PackedGemmConfig(16, 32, 32, 1, swap_ab=True), 256: PackedGemmConfig(64, 32, 32, 1)}
+TILES = {
+    1: PackedGemmConfig(16, 16, 32, 3, swap_ab=True),
+    7: PackedGemmConfig(16, 16, 64, 2),
+    16: PackedGemmConfig(16, 32, 32, 1, swap_ab=True),
+    256: PackedGemmConfig(64, 32, 32, 1),
+}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -115,8 +129,9 @@ def test_product_within_rounding(case, m, dtype):
     bias = torch.randn(n, generator=g).to(dtype).to(DEVICE) if m == 7 else None
     config = TILES[m]
     if group < k and group % config.block_k and config.block_k % group:
-        config = PackedGemmConfig(config.block_m, config.block_n, 64, config.split_k,
-                                  swap_ab=config.swap_ab)
+        config = PackedGemmConfig(
+            config.block_m, config.block_n, 64, config.split_k, swap_ab=config.swap_ab
+        )
     y = packed_gemm(x, w, bias, config=config)
     assert y.dtype == dtype and y.shape == (m, n)
     weight = dequantize_packed_ref(w).cpu()
@@ -143,16 +158,21 @@ def test_default_config_runs():
 
 
 if not INTERPRET:
-    @pytest.mark.parametrize("kind,group", [("u4", 128), ("u4", 32), ("u8", 32), ("fp8", 0),
-                                            ("e2m1", 32)])
+
+    @pytest.mark.parametrize(
+        "kind,group", [("u4", 128), ("u4", 32), ("u8", 32), ("fp8", 0), ("e2m1", 32)]
+    )
     @pytest.mark.parametrize("m", [1, 16, 256])
     @pytest.mark.parametrize("nk", [(6144, 4096), (4096, 14336), (28672, 4096)])
     def test_llama_shapes_on_gpu(kind, group, m, nk):
         """Every kind at llama-3-8b's qkv, down and gate_up shapes, default tiles."""
         n, k = nk
         g = rng(m + n)
-        variant = ("zeros" if group == 128 else "mins") if kind == "u4" else {
-            "u8": "constant", "fp8": "channel", "e2m1": "mx"}[kind]
+        variant = (
+            ("zeros" if group == 128 else "mins")
+            if kind == "u4"
+            else {"u8": "constant", "fp8": "channel", "e2m1": "mx"}[kind]
+        )
         w = make_weight(kind, n, k, group or k, variant, g)
         x = torch.randn(m, k, generator=g).bfloat16().to(DEVICE)
         y = packed_gemm(x, w)

@@ -16,7 +16,10 @@ import torch
 
 from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels.token_bitmask import (
-    apply_token_bitmask, apply_token_bitmask_ref, masked_argmax, masked_argmax_ref,
+    apply_token_bitmask,
+    apply_token_bitmask_ref,
+    masked_argmax,
+    masked_argmax_ref,
     unpack_bitmask,
 )
 
@@ -36,7 +39,7 @@ def random_bitmask(g: torch.Generator, rows: int, vocab: int, density: float) ->
     words = (vocab + 31) // 32
     padded = torch.zeros(rows, words * 32, dtype=torch.bool)
     padded[:, :vocab] = allowed
-    weights = (1 << torch.arange(32, dtype=torch.int64))
+    weights = 1 << torch.arange(32, dtype=torch.int64)
     packed = (padded.view(rows, words, 32).to(torch.int64) * weights).sum(-1)
     return ((packed + 2**31) % 2**32 - 2**31).to(torch.int32)  # two's complement in int32
 

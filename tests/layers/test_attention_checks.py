@@ -23,15 +23,19 @@ def _layer(**kw) -> AttentionLayer:
 def test_layer_reasons():
     assert layer_reasons(_layer()) == []
     assert layer_reasons(_layer(num_heads=6, num_kv_heads=4)) == [
-        "num_heads 6 is not a multiple of num_kv_heads 4"]
+        "num_heads 6 is not a multiple of num_kv_heads 4"
+    ]
     assert layer_reasons(_layer(num_kv_heads=0)) == [
-        "num_heads 4 is not a multiple of num_kv_heads 0"]
+        "num_heads 4 is not a multiple of num_kv_heads 0"
+    ]
     assert layer_reasons(_layer(causal=False, sliding_window=16)) == [
-        "a sliding window on a bidirectional (causal=False) layer"]
+        "a sliding window on a bidirectional (causal=False) layer"
+    ]
     assert layer_reasons(_layer(sliding_window=16)) == []
     # no paged kernel masks by chunk: those backends refuse the layer rather than ignore it
     assert layer_reasons(_layer(attention_chunk_size=32)) == [
-        "chunked local attention (attention_chunk_size 32)"]
+        "chunked local attention (attention_chunk_size 32)"
+    ]
 
 
 def test_rows_and_shapes():
@@ -39,24 +43,32 @@ def test_rows_and_shapes():
     q, k, v = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8), torch.zeros(5, 2, 8)
     meta = SimpleNamespace(slot_mapping=torch.zeros(5, dtype=torch.int64))
     check_rows("mine", layer, q, k, v, meta)
-    with pytest.raises(ValueError, match=r"mine attention, layer 3: q, k, v and "
-                                         r"meta.slot_mapping must have the same number of "
-                                         r"rows, got 5, 4, 5, 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"mine attention, layer 3: q, k, v and "
+        r"meta.slot_mapping must have the same number of "
+        r"rows, got 5, 4, 5, 5",
+    ):
         check_rows("mine", layer, q, k[:4], v, meta)
     assert qkv_shape_reasons(layer, q, k, v, contiguous_heads=True) == []
     assert qkv_shape_reasons(layer, q.reshape(5, 2, 16), k, v[..., :4]) == [
-        "q must be [T, 4, 8], got [5, 2, 16]", "v must be [T, 2, 8], got [5, 2, 4]"]
+        "q must be [T, 4, 8], got [5, 2, 16]",
+        "v must be [T, 2, 8], got [5, 2, 4]",
+    ]
     strided = torch.zeros(5, 4, 16)[..., ::2]
     assert qkv_shape_reasons(layer, strided, k, v) == []
     assert qkv_shape_reasons(layer, strided, k, v, contiguous_heads=True) == [
-        "q must be [T, 4, 8] with contiguous heads, got [5, 4, 8]"]
+        "q must be [T, 4, 8] with contiguous heads, got [5, 4, 8]"
+    ]
 
 
 def test_cuda_device_reasons(monkeypatch):
     assert (cuda_index("cuda:2"), cuda_index("cuda"), cuda_index("auto")) == (2, None, None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cuda_device_reasons("cuda", (8, 0)) == (
-        ["no CUDA device (torch.cuda.is_available() is False)"], None)
+        ["no CUDA device (torch.cuda.is_available() is False)"],
+        None,
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -68,9 +80,13 @@ def test_cuda_device_reasons(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", capability_of)
     assert cuda_device_reasons("cuda:2", (8, 0)) == (
-        ["model.device 'cuda:2' does not exist (2 CUDA device(s))"], None)
+        ["model.device 'cuda:2' does not exist (2 CUDA device(s))"],
+        None,
+    )
     assert cuda_device_reasons("auto", (8, 0)) == (
-        ["CUDA compute capability 7.5 is below 8.0"], (7, 5))
+        ["CUDA compute capability 7.5 is below 8.0"],
+        (7, 5),
+    )
     assert cuda_device_reasons("cuda:1", (8, 0)) == ([], (9, 0))
     assert asked == [0, 1]
 

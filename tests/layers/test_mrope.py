@@ -9,8 +9,9 @@ import torch
 from tallow.layers import MRotaryEmbedding, MultimodalStep, get_rope, multimodal_step
 
 
-def _reference(q: torch.Tensor, pos3: torch.Tensor, sections: list[int], head_dim: int,
-               base: float) -> torch.Tensor:
+def _reference(
+    q: torch.Tensor, pos3: torch.Tensor, sections: list[int], head_dim: int, base: float
+) -> torch.Tensor:
     """transformers' Qwen2.5-VL rotary: freqs per axis, sections picked in turn, neox."""
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = pos3[..., None].float() * inv  # [3, T, D/2]

@@ -7,8 +7,9 @@ import torch
 
 from tallow.layers import PLAIN_ACTIVATIONS, get_act
 
-activations = pytest.importorskip("transformers.activations",
-                                  reason="transformers' ACT2FN is the oracle")
+activations = pytest.importorskip(
+    "transformers.activations", reason="transformers' ACT2FN is the oracle"
+)
 
 
 @pytest.mark.parametrize("name", PLAIN_ACTIVATIONS)
@@ -38,6 +39,9 @@ def test_keeps_dtype_and_shape():
 
 @pytest.mark.parametrize("name", ["geluu", "prelu", "", None])
 def test_unknown_names_are_refused_with_the_list(name):
-    with pytest.raises(ValueError, match=r"hidden_act .* is not supported \(expected one of "
-                                         r".*gelu, gelu_10"):
+    with pytest.raises(
+        ValueError,
+        match=r"hidden_act .* is not supported \(expected one of "
+        r".*gelu, gelu_10",
+    ):
         get_act(name)

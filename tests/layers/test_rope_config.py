@@ -12,17 +12,26 @@ transformers = pytest.importorskip("transformers", reason="transformers is the R
 
 
 def test_gpt_neox_keys_give_base_and_fraction():
-    assert rope_parameters({"rotary_emb_base": 40000, "rotary_pct": 0.25}) == (40000.0, None,
-                                                                                0.25)
+    assert rope_parameters({"rotary_emb_base": 40000, "rotary_pct": 0.25}) == (40000.0, None, 0.25)
 
 
 def test_newer_spellings_win_over_gpt_neox_keys():
-    cfg = {"rotary_emb_base": 40000, "rotary_pct": 0.25, "rope_theta": 500.0,
-           "partial_rotary_factor": 0.5}
+    cfg = {
+        "rotary_emb_base": 40000,
+        "rotary_pct": 0.25,
+        "rope_theta": 500.0,
+        "partial_rotary_factor": 0.5,
+    }
     assert rope_parameters(cfg) == (500.0, None, 0.5)
-    cfg = {"rotary_emb_base": 40000, "rotary_pct": 0.25,
-           "rope_parameters": {"rope_type": "default", "rope_theta": 7.0,
-                               "partial_rotary_factor": 1.0}}
+    cfg = {
+        "rotary_emb_base": 40000,
+        "rotary_pct": 0.25,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 7.0,
+            "partial_rotary_factor": 1.0,
+        },
+    }
     assert rope_parameters(cfg) == (7.0, None, 1.0)
 
 
@@ -30,14 +39,22 @@ def test_defaults_without_any_rope_key():
     assert rope_parameters({}) == (10000.0, None, 1.0)
 
 
-@pytest.mark.parametrize("head_dim,pct,expected", [(64, 0.25, 16), (80, 0.4, 32), (128, 1.0, 128),
-                                                   (96, 0.25, 24)])
+@pytest.mark.parametrize(
+    "head_dim,pct,expected", [(64, 0.25, 16), (80, 0.4, 32), (128, 1.0, 128), (96, 0.25, 24)]
+)
 def test_rotary_dim_rounds_like_transformers(head_dim, pct, expected):
     assert rotary_dim(head_dim, pct) == expected == int(head_dim * pct)
 
 
-@pytest.mark.parametrize("pct,match", [(0.0, r"must be in \(0, 1\]"), (1.5, r"must be in"),
-                                       (-0.25, r"must be in"), (0.01, "gives 0 rotated")])
+@pytest.mark.parametrize(
+    "pct,match",
+    [
+        (0.0, r"must be in \(0, 1\]"),
+        (1.5, r"must be in"),
+        (-0.25, r"must be in"),
+        (0.01, "gives 0 rotated"),
+    ],
+)
 def test_rotary_dim_refuses_unusable_fractions(pct, match):
     with pytest.raises(ValueError, match=match):
         rotary_dim(64, pct)
@@ -51,11 +68,21 @@ def test_odd_rotary_dim_is_refused():
 def test_matches_transformers_gpt_neox_rotary():
     from transformers.models.gpt_neox import modeling_gpt_neox as neox
 
-    config = transformers.GPTNeoXConfig(hidden_size=128, num_attention_heads=4, rotary_pct=0.25,
-                                        rotary_emb_base=20000, max_position_embeddings=64)
+    config = transformers.GPTNeoXConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        rotary_pct=0.25,
+        rotary_emb_base=20000,
+        max_position_embeddings=64,
+    )
     head_dim = 32
-    hub_style = {"hidden_size": 128, "num_attention_heads": 4, "rotary_pct": 0.25,
-                 "rotary_emb_base": 20000, "max_position_embeddings": 64}
+    hub_style = {
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": 20000,
+        "max_position_embeddings": 64,
+    }
     ours = rope_from_config(hub_style, head_dim)
     assert (ours.rotary_dim, ours.base, ours.max_position) == (8, 20000.0, 64)
     # what transformers itself writes to config.json reads the same

@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from tallow.layers import (
-    AttentionMetadata, LongRoPERotaryEmbedding, apply_rotary, compute_inv_freq, context_lengths,
-    forward_context, get_rope, longrope_attention_factor,
+    AttentionMetadata,
+    LongRoPERotaryEmbedding,
+    apply_rotary,
+    compute_inv_freq,
+    context_lengths,
+    forward_context,
+    get_rope,
+    longrope_attention_factor,
 )
 
 SHORT = [1.0 + 0.1 * i for i in range(8)]
@@ -18,8 +24,13 @@ LONG = [2.0 + 0.7 * i for i in range(8)]
 
 
 def scaling(**extra) -> dict:
-    return {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
-            "original_max_position_embeddings": 32, **extra}
+    return {
+        "rope_type": "longrope",
+        "short_factor": SHORT,
+        "long_factor": LONG,
+        "original_max_position_embeddings": 32,
+        **extra,
+    }
 
 
 @pytest.mark.parametrize("extra", [{}, {"factor": 3.0}, {"attention_factor": 0.8}])
@@ -28,8 +39,13 @@ def test_frequencies_and_attention_factor_match_transformers(extra):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = transformers.Phi3Config(
-        hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
-        original_max_position_embeddings=32, rope_scaling=scaling(**extra), rope_theta=5000.0)
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        original_max_position_embeddings=32,
+        rope_scaling=scaling(**extra),
+        rope_theta=5000.0,
+    )
     longrope = ROPE_INIT_FUNCTIONS["longrope"]
     short, factor = longrope(config, None)
     long, _ = longrope(config, None, seq_len=33)
@@ -46,7 +62,8 @@ def test_frequencies_and_attention_factor_match_transformers(extra):
 def test_default_attention_factor():
     assert longrope_attention_factor({}, 4096, 4096) == 1.0
     assert longrope_attention_factor({}, 131072, 4096) == pytest.approx(
-        math.sqrt(1 + math.log(32) / math.log(4096)))
+        math.sqrt(1 + math.log(32) / math.log(4096))
+    )
 
 
 def test_su_is_longrope():
@@ -56,13 +73,16 @@ def test_su_is_longrope():
 
 def _meta(starts: list[int], seq_lens: list[int]) -> AttentionMetadata:
     return AttentionMetadata(
-        num_seqs=len(seq_lens), num_tokens=starts[-1],
+        num_seqs=len(seq_lens),
+        num_tokens=starts[-1],
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         block_tables=torch.zeros(len(seq_lens), 1, dtype=torch.int32),
         slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        max_query_len=max(b - a for a, b in zip(starts, starts[1:])), max_seq_len=max(seq_lens),
-        block_size=16)
+        max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+        max_seq_len=max(seq_lens),
+        block_size=16,
+    )
 
 
 def test_each_sequence_of_a_step_picks_its_factor_set():
@@ -93,20 +113,27 @@ def test_outside_a_step_the_tokens_are_one_sequence():
 
 def test_factors_set_later_rebuild_the_cache():
     """A GGUF file brings the factors as tensors after the model is built."""
-    rotary = get_rope(16, 12, 256, 10000.0, {**scaling(), "short_factor": None,
-                                             "long_factor": None})
+    rotary = get_rope(
+        16, 12, 256, 10000.0, {**scaling(), "short_factor": None, "long_factor": None}
+    )
     assert rotary.cos_sin_cache.shape == (32 + 256, 12)
     assert torch.all(rotary.inv_freq == rotary.long_inv_freq)
     rotary.set_factors(torch.tensor(SHORT[:6]), torch.tensor(LONG[:6]))
-    reference = get_rope(16, 12, 256, 10000.0, {**scaling(), "short_factor": SHORT[:6],
-                                                "long_factor": LONG[:6]})
+    reference = get_rope(
+        16, 12, 256, 10000.0, {**scaling(), "short_factor": SHORT[:6], "long_factor": LONG[:6]}
+    )
     torch.testing.assert_close(rotary.cos_sin_cache, reference.cos_sin_cache)
 
 
 def test_bad_configurations_are_named():
     with pytest.raises(ValueError, match="needs 'original_max_position_embeddings'"):
-        get_rope(16, 16, 256, 10000.0, {k: v for k, v in scaling().items()
-                                        if k != "original_max_position_embeddings"})
+        get_rope(
+            16,
+            16,
+            256,
+            10000.0,
+            {k: v for k, v in scaling().items() if k != "original_max_position_embeddings"},
+        )
     with pytest.raises(ValueError, match=r"long_factor: 3 values, expected 8"):
         get_rope(16, 16, 256, 10000.0, scaling(long_factor=[1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="short_factor: every factor must be a positive"):
@@ -122,15 +149,22 @@ def test_the_kernel_entry_point_reads_the_two_table_cache(neox):
     pair layouts. (With ``TRITON_INTERPRET=1`` the entry point runs the Triton kernel.)"""
     from tallow.kernels import rotary_embedding
 
-    rotary = get_rope(16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6],
-                                                    long_factor=LONG[:6]), is_neox_style=neox)
+    rotary = get_rope(
+        16,
+        12,
+        256,
+        10000.0,
+        scaling(short_factor=SHORT[:6], long_factor=LONG[:6]),
+        is_neox_style=neox,
+    )
     positions = torch.tensor([39, 28, 29, 30, 31, 32])
     q, k = torch.randn(6, 4 * 16), torch.randn(6, 2 * 16)
     with forward_context(_meta([0, 1, 5, 6], [40, 32, 33]), backend=None):
         ref_q, ref_k = rotary(positions, q.clone(), k.clone())
         rows = rotary.cache_rows(positions)
-    out_q, out_k = rotary_embedding(rows, q.clone(), k.clone(), rotary.cos_sin_cache, 16,
-                                    is_neox=neox)
+    out_q, out_k = rotary_embedding(
+        rows, q.clone(), k.clone(), rotary.cos_sin_cache, 16, is_neox=neox
+    )
     torch.testing.assert_close(out_q, ref_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out_k, ref_k, rtol=1e-5, atol=1e-5)
 
@@ -141,10 +175,10 @@ def test_triton_rotary_reads_the_two_table_cache():
     short and long sequences in one step) exactly as the CPU reference does."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    cpu = get_rope(16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6],
-                                                 long_factor=LONG[:6]))
-    gpu = get_rope(16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6], long_factor=LONG[:6]),
-                   device="cuda")
+    cpu = get_rope(16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6], long_factor=LONG[:6]))
+    gpu = get_rope(
+        16, 12, 256, 10000.0, scaling(short_factor=SHORT[:6], long_factor=LONG[:6]), device="cuda"
+    )
     positions = torch.tensor([39, 28, 29, 30, 31, 32])
     q, k = torch.randn(6, 4 * 16), torch.randn(6, 2 * 16)
     meta = _meta([0, 1, 5, 6], [40, 32, 33])

@@ -41,16 +41,18 @@ def test_ranks_share_the_statistics(tp, replicas):
     norms, parts = [], []
     for rank in range(tp):
         index = rank // replicas
-        norm = ShardedRMSNorm(full, 1e-6, size=size, rank_index=index,
-                              build=BuildContext(tp_rank=rank, tp_size=tp))
+        norm = ShardedRMSNorm(
+            full, 1e-6, size=size, rank_index=index, build=BuildContext(tp_rank=rank, tp_size=tp)
+        )
         norm.weight.weight_loader(norm.weight, weight)
-        part = x[:, index * size:(index + 1) * size]
+        part = x[:, index * size : (index + 1) * size]
         norms.append((norm, part, index))
         parts.append(norm.partial_sum_of_squares(part))
     total = sum(parts)  # what the all-reduce hands every rank
     for norm, part, index in norms:
-        torch.testing.assert_close(norm.normalize(part, total),
-                                   expected[:, index * size:(index + 1) * size])
+        torch.testing.assert_close(
+            norm.normalize(part, total), expected[:, index * size : (index + 1) * size]
+        )
 
 
 def test_bad_weights_and_slices_are_named():

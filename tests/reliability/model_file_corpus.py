@@ -61,9 +61,15 @@ def _tensors(rng: np.random.Generator, n_vocab: int) -> dict[str, tuple[np.ndarr
     return out
 
 
-def write_gguf(path: pathlib.Path, *, tokens_cut: int = 0, extra: Callable[[Any], None] | None
-               = None, skip: tuple[str, ...] = (), tensors: bool = True,
-               split_max_tensors: int = 0) -> list[pathlib.Path]:
+def write_gguf(
+    path: pathlib.Path,
+    *,
+    tokens_cut: int = 0,
+    extra: Callable[[Any], None] | None = None,
+    skip: tuple[str, ...] = (),
+    tensors: bool = True,
+    split_max_tensors: int = 0,
+) -> list[pathlib.Path]:
     """The intact tiny ``llama`` GGUF (or a variant): ``tokens_cut`` drops tokens from the end of
     the vocabulary, ``extra(writer)`` adds metadata, ``skip`` leaves metadata keys out."""
     tokens, scores, types = vocabulary()
@@ -109,10 +115,18 @@ def write_gguf(path: pathlib.Path, *, tokens_cut: int = 0, extra: Callable[[Any]
 
 
 HF_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-    "intermediate_size": FFN, "num_hidden_layers": BLOCKS, "num_attention_heads": HEADS,
-    "num_key_value_heads": KV_HEADS, "vocab_size": 64, "max_position_embeddings": CONTEXT,
-    "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": HIDDEN,
+    "intermediate_size": FFN,
+    "num_hidden_layers": BLOCKS,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "vocab_size": 64,
+    "max_position_embeddings": CONTEXT,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
 }
 
 
@@ -124,8 +138,11 @@ def hf_tensors() -> dict[str, Any]:
     def w(*shape: int, dtype: Any = torch.float32) -> Any:
         return (torch.randn(*shape, generator=g) * 0.2).to(dtype)
 
-    out = {"model.embed_tokens.weight": w(64, HIDDEN), "model.norm.weight": w(HIDDEN) + 1,
-           "lm_head.weight": w(64, HIDDEN, dtype=torch.bfloat16)}
+    out = {
+        "model.embed_tokens.weight": w(64, HIDDEN),
+        "model.norm.weight": w(HIDDEN) + 1,
+        "lm_head.weight": w(64, HIDDEN, dtype=torch.bfloat16),
+    }
     for i in range(BLOCKS):
         p = f"model.layers.{i}"
         out |= {
@@ -142,8 +159,9 @@ def hf_tensors() -> dict[str, Any]:
     return out
 
 
-def write_hf_dir(root: pathlib.Path, *, config: dict[str, Any] | None = None,
-                 shards: int = 1) -> pathlib.Path:
+def write_hf_dir(
+    root: pathlib.Path, *, config: dict[str, Any] | None = None, shards: int = 1
+) -> pathlib.Path:
     """The intact tiny Hugging Face directory (``shards`` > 1: with an index)."""
     from safetensors.torch import save_file
 
@@ -172,8 +190,8 @@ class GGUFLayout:
     """Byte offsets in the intact GGUF, read with ``gguf.GGUFReader`` (the oracle)."""
 
     data: bytes
-    kv: dict[str, int] = field(default_factory=dict)       # key -> offset of its key length
-    values: dict[str, int] = field(default_factory=dict)   # key -> offset of its value
+    kv: dict[str, int] = field(default_factory=dict)  # key -> offset of its key length
+    values: dict[str, int] = field(default_factory=dict)  # key -> offset of its value
     tensor_info: dict[str, int] = field(default_factory=dict)  # name -> offset of its name length
     data_start: int = 0
 
@@ -194,8 +212,12 @@ class GGUFLayout:
         """Offset of ``part`` (n_dims, dim, type, offset) of tensor ``name``'s index entry."""
         at = self.tensor_info[name] + 8 + len(name.encode())
         n_dims = struct.unpack_from("<I", self.data, at)[0]
-        return {"n_dims": at, "dim": at + 4 + 8 * dim, "type": at + 4 + 8 * n_dims,
-                "offset": at + 4 + 8 * n_dims + 4}[part]
+        return {
+            "n_dims": at,
+            "dim": at + 4 + 8 * dim,
+            "type": at + 4 + 8 * n_dims,
+            "offset": at + 4 + 8 * n_dims + 4,
+        }[part]
 
 
 def put_value(data: bytes, at: int, fmt: str, value: Any) -> bytes:
@@ -236,10 +258,12 @@ def tensor(name: str, part: str, dim: int = 0) -> Where:
 
 def write(where: Where, fmt: str, new: int | Callable[[int, GGUFLayout], int]) -> Damage:
     """Overwrite the field at ``where`` with ``new`` (or ``new(old value, layout)``)."""
+
     def damage(L: GGUFLayout, data: bytes) -> bytes:
         offset = where(L)
         number = new(struct.unpack_from(fmt, data, offset)[0], L) if callable(new) else new
         return put_value(data, offset, fmt, number)
+
     return damage
 
 
@@ -249,7 +273,7 @@ def flip(where: Where, mask: int = 0xFF) -> Damage:
 
 def cut(where: Where) -> Damage:
     """The file truncated at ``where``."""
-    return lambda L, data: data[:where(L)]
+    return lambda L, data: data[: where(L)]
 
 
 def both(first: Damage, second: Damage) -> Damage:
@@ -286,65 +310,126 @@ GGUF_BYTE_CASES: list[tuple[str, Damage, tuple[str, ...]]] = [
     ("key-length-huge", write(key("general.name"), "<Q", 2**40), ("metadata key",)),
     ("key-length-shifted", write(key("general.name"), "<Q", plus(3)), ()),
     ("key-not-utf8", flip(key("llama.context_length", 8), 0x80), ("UTF-8",)),
-    ("value-type-unknown", write(value("llama.context_length", -4), "<I", 77),
-     ("llama.context_length", "77")),
-    ("string-length-huge", write(value("general.architecture"), "<Q", 2**62),
-     ("general.architecture",)),
-    ("array-length-huge", write(value("tokenizer.ggml.tokens", 4), "<Q", 2**40),
-     ("tokenizer.ggml.tokens",)),
-    ("array-length-flipped", flip(value("tokenizer.ggml.scores", 4 + 3)),
-     ("tokenizer.ggml.scores",)),
-    ("array-item-type-unknown", write(value("tokenizer.ggml.token_type"), "<I", 40),
-     ("tokenizer.ggml.token_type",)),
-    ("array-string-length-huge", write(value("tokenizer.ggml.tokens", 12), "<Q", 2**50),
-     ("tokenizer.ggml.tokens",)),
+    (
+        "value-type-unknown",
+        write(value("llama.context_length", -4), "<I", 77),
+        ("llama.context_length", "77"),
+    ),
+    (
+        "string-length-huge",
+        write(value("general.architecture"), "<Q", 2**62),
+        ("general.architecture",),
+    ),
+    (
+        "array-length-huge",
+        write(value("tokenizer.ggml.tokens", 4), "<Q", 2**40),
+        ("tokenizer.ggml.tokens",),
+    ),
+    (
+        "array-length-flipped",
+        flip(value("tokenizer.ggml.scores", 4 + 3)),
+        ("tokenizer.ggml.scores",),
+    ),
+    (
+        "array-item-type-unknown",
+        write(value("tokenizer.ggml.token_type"), "<I", 40),
+        ("tokenizer.ggml.token_type",),
+    ),
+    (
+        "array-string-length-huge",
+        write(value("tokenizer.ggml.tokens", 12), "<Q", 2**50),
+        ("tokenizer.ggml.tokens",),
+    ),
     ("alignment-zero", write(value("general.alignment"), "<I", 0), ("general.alignment",)),
     ("alignment-odd", write(value("general.alignment"), "<I", 48), ("general.alignment",)),
     ("alignment-huge", write(value("general.alignment"), "<I", 1 << 31), ("aligned",)),
     ("tensor-name-length-huge", write(tensor(Q_W, "name"), "<Q", 2**45), ("tensor",)),
     ("tensor-n-dims", write(tensor(Q_W, "n_dims"), "<I", 99), (Q_W, "99")),
-    ("tensor-dim-zero", write(tensor("blk.0.ffn_up.weight", "dim", 1), "<Q", 0),
-     ("blk.0.ffn_up.weight",)),
-    ("tensor-dim-huge", write(tensor("blk.1.ffn_down.weight", "dim", 1), "<Q", 2**40),
-     ("blk.1.ffn_down.weight",)),
-    ("tensor-dims-overflow", both(write(tensor("token_embd.weight", "dim", 0), "<Q", 2**63),
-                                  write(tensor("token_embd.weight", "dim", 1), "<Q", 2**63)),
-     ("token_embd.weight",)),
-    ("tensor-row-not-whole-blocks", write(tensor("blk.0.ffn_gate.weight", "dim", 0), "<Q", 33),
-     ("blk.0.ffn_gate.weight", "block")),
+    (
+        "tensor-dim-zero",
+        write(tensor("blk.0.ffn_up.weight", "dim", 1), "<Q", 0),
+        ("blk.0.ffn_up.weight",),
+    ),
+    (
+        "tensor-dim-huge",
+        write(tensor("blk.1.ffn_down.weight", "dim", 1), "<Q", 2**40),
+        ("blk.1.ffn_down.weight",),
+    ),
+    (
+        "tensor-dims-overflow",
+        both(
+            write(tensor("token_embd.weight", "dim", 0), "<Q", 2**63),
+            write(tensor("token_embd.weight", "dim", 1), "<Q", 2**63),
+        ),
+        ("token_embd.weight",),
+    ),
+    (
+        "tensor-row-not-whole-blocks",
+        write(tensor("blk.0.ffn_gate.weight", "dim", 0), "<Q", 33),
+        ("blk.0.ffn_gate.weight", "block"),
+    ),
     ("tensor-type-unknown", write(tensor(K_W, "type"), "<I", 99), (K_W, "99")),
     ("tensor-type-removed", write(tensor(K_W, "type"), "<I", 4), (K_W,)),
     ("tensor-offset-huge", write(tensor(V1_W, "offset"), "<Q", 2**50), (V1_W,)),
     ("tensor-offset-misaligned", write(tensor(V1_W, "offset"), "<Q", plus(1)), (V1_W, "align")),
-    ("tensor-offset-overlap", write(tensor(V1_W, "offset"), "<Q",
-                                    offset_of("blk.1.attn_k.weight")), ("overlap",)),
+    (
+        "tensor-offset-overlap",
+        write(tensor(V1_W, "offset"), "<Q", offset_of("blk.1.attn_k.weight")),
+        ("overlap",),
+    ),
     ("truncated-in-header", cut(byte(20)), ("truncated",)),
     ("truncated-in-metadata", cut(value("tokenizer.ggml.tokens", 300)), ("truncated",)),
     ("truncated-in-tensor-index", cut(tensor("blk.1.ffn_up.weight", "name")), ("truncated",)),
     ("truncated-at-data", cut(lambda L: L.data_start), ("truncated",)),
     ("truncated-in-data", cut(lambda L: (L.data_start + len(L.data)) // 2), ("truncated",)),
     ("truncated-last-byte", cut(lambda L: len(L.data) - 1), ("truncated",)),
-    ("block-count-flipped", write(value("llama.block_count"), "<I", FLIPPED_24),
-     ("llama.block_count", "4278190104")),
-    ("block-count-plus-one", write(value("llama.block_count"), "<I", plus(1)),
-     ("llama.block_count",)),
-    ("block-count-minus-one", write(value("llama.block_count"), "<I", plus(-1)),
-     ("llama.block_count",)),
+    (
+        "block-count-flipped",
+        write(value("llama.block_count"), "<I", FLIPPED_24),
+        ("llama.block_count", "4278190104"),
+    ),
+    (
+        "block-count-plus-one",
+        write(value("llama.block_count"), "<I", plus(1)),
+        ("llama.block_count",),
+    ),
+    (
+        "block-count-minus-one",
+        write(value("llama.block_count"), "<I", plus(-1)),
+        ("llama.block_count",),
+    ),
     ("block-count-zero", write(value("llama.block_count"), "<I", 0), ("llama.block_count",)),
-    ("embedding-length-flipped", flip(value("llama.embedding_length", 3)),
-     ("llama.embedding_length",)),
-    ("head-count-flipped", flip(value("llama.attention.head_count", 3)),
-     ("llama.attention.head_count",)),
-    ("head-count-zero", write(value("llama.attention.head_count"), "<I", 0),
-     ("llama.attention.head_count",)),
-    ("head-count-kv-flipped", flip(value("llama.attention.head_count_kv", 3)),
-     ("llama.attention.head_count_kv",)),
-    ("feed-forward-flipped", flip(value("llama.feed_forward_length", 3)),
-     ("llama.feed_forward_length",)),
-    ("context-length-flipped", flip(value("llama.context_length", 3)),
-     ("llama.context_length",)),
-    ("architecture-renamed-key", flip(key("general.architecture", 8 + 2), 0x20),
-     ("general.architecture",)),
+    (
+        "embedding-length-flipped",
+        flip(value("llama.embedding_length", 3)),
+        ("llama.embedding_length",),
+    ),
+    (
+        "head-count-flipped",
+        flip(value("llama.attention.head_count", 3)),
+        ("llama.attention.head_count",),
+    ),
+    (
+        "head-count-zero",
+        write(value("llama.attention.head_count"), "<I", 0),
+        ("llama.attention.head_count",),
+    ),
+    (
+        "head-count-kv-flipped",
+        flip(value("llama.attention.head_count_kv", 3)),
+        ("llama.attention.head_count_kv",),
+    ),
+    (
+        "feed-forward-flipped",
+        flip(value("llama.feed_forward_length", 3)),
+        ("llama.feed_forward_length",),
+    ),
+    ("context-length-flipped", flip(value("llama.context_length", 3)), ("llama.context_length",)),
+    (
+        "architecture-renamed-key",
+        flip(key("general.architecture", 8 + 2), 0x20),
+        ("general.architecture",),
+    ),
 ]
 
 
@@ -358,37 +443,82 @@ def _block_count_string(writer: Any) -> None:
 
 
 #: GGUF files written on purpose: (id, write(path) -> (source, file at fault), fragments)
-GGUF_WRITTEN_CASES: list[tuple[str, Callable[[pathlib.Path], tuple[pathlib.Path, pathlib.Path]],
-                               tuple[str, ...]]] = [
-    ("vocab-shorter-than-embedding", lambda p: _same(write_gguf(p, tokens_cut=3)[0]),
-     ("tokenizer.ggml.tokens", "token_embd.weight")),
-    ("no-architecture", lambda p: _same(write_gguf(p, skip=("general.architecture",))[0]),
-     ("general.architecture",)),
-    ("no-block-count", lambda p: _same(write_gguf(p, skip=("llama.block_count",))[0]),
-     ("llama.block_count",)),
-    ("no-embedding-length", lambda p: _same(write_gguf(p, skip=("llama.embedding_length",))[0]),
-     ("llama.embedding_length",)),
-    ("block-count-is-a-string", lambda p: _same(write_gguf(p, extra=_block_count_string)[0]),
-     ("llama.block_count",)),
-    ("duplicate-key", lambda p: _same(_rename(write_gguf(p, extra=_duplicate_key)[0],
-                                              b"general.namf", b"general.name")),
-     ("general.name",)),
-    ("duplicate-tensor", lambda p: _same(_rename(write_gguf(p)[0], b"blk.1.ffn_norm.weight",
-                                                 b"blk.0.ffn_norm.weight")),
-     ("blk.0.ffn_norm.weight",)),
+GGUF_WRITTEN_CASES: list[
+    tuple[str, Callable[[pathlib.Path], tuple[pathlib.Path, pathlib.Path]], tuple[str, ...]]
+] = [
+    (
+        "vocab-shorter-than-embedding",
+        lambda p: _same(write_gguf(p, tokens_cut=3)[0]),
+        ("tokenizer.ggml.tokens", "token_embd.weight"),
+    ),
+    (
+        "no-architecture",
+        lambda p: _same(write_gguf(p, skip=("general.architecture",))[0]),
+        ("general.architecture",),
+    ),
+    (
+        "no-block-count",
+        lambda p: _same(write_gguf(p, skip=("llama.block_count",))[0]),
+        ("llama.block_count",),
+    ),
+    (
+        "no-embedding-length",
+        lambda p: _same(write_gguf(p, skip=("llama.embedding_length",))[0]),
+        ("llama.embedding_length",),
+    ),
+    (
+        "block-count-is-a-string",
+        lambda p: _same(write_gguf(p, extra=_block_count_string)[0]),
+        ("llama.block_count",),
+    ),
+    (
+        "duplicate-key",
+        lambda p: _same(
+            _rename(write_gguf(p, extra=_duplicate_key)[0], b"general.namf", b"general.name")
+        ),
+        ("general.name",),
+    ),
+    (
+        "duplicate-tensor",
+        lambda p: _same(
+            _rename(write_gguf(p)[0], b"blk.1.ffn_norm.weight", b"blk.0.ffn_norm.weight")
+        ),
+        ("blk.0.ffn_norm.weight",),
+    ),
     ("vocabulary-only", lambda p: _same(write_gguf(p, tensors=False)[0]), ("no tensors",)),
-    ("tokens-not-strings", lambda p: _same(write_gguf(p, extra=_replace(
-        "tokenizer.ggml.tokens", list(range(len(vocabulary()[0])))))[0]),
-     ("tokenizer.ggml.tokens", "item 0 is 0")),
-    ("token-types-short", lambda p: _same(write_gguf(p, extra=_replace(
-        "tokenizer.ggml.token_type", [1] * 10))[0]), ("tokenizer.ggml.token_type", "10 entries")),
-    ("token-types-not-ints", lambda p: _same(write_gguf(p, extra=_replace(
-        "tokenizer.ggml.token_type", ["x"] * len(vocabulary()[0])))[0]),
-     ("tokenizer.ggml.token_type",)),
-    ("merges-not-strings", lambda p: _same(write_gguf(p, extra=_replace(
-        "tokenizer.ggml.merges", [1, 2]))[0]), ("tokenizer.ggml.merges",)),
-    ("shard-truncated", lambda p: _truncate_shard(write_gguf(p, split_max_tensors=8), 1),
-     ("truncated",)),
+    (
+        "tokens-not-strings",
+        lambda p: _same(
+            write_gguf(
+                p, extra=_replace("tokenizer.ggml.tokens", list(range(len(vocabulary()[0]))))
+            )[0]
+        ),
+        ("tokenizer.ggml.tokens", "item 0 is 0"),
+    ),
+    (
+        "token-types-short",
+        lambda p: _same(write_gguf(p, extra=_replace("tokenizer.ggml.token_type", [1] * 10))[0]),
+        ("tokenizer.ggml.token_type", "10 entries"),
+    ),
+    (
+        "token-types-not-ints",
+        lambda p: _same(
+            write_gguf(
+                p, extra=_replace("tokenizer.ggml.token_type", ["x"] * len(vocabulary()[0]))
+            )[0]
+        ),
+        ("tokenizer.ggml.token_type",),
+    ),
+    (
+        "merges-not-strings",
+        lambda p: _same(write_gguf(p, extra=_replace("tokenizer.ggml.merges", [1, 2]))[0]),
+        ("tokenizer.ggml.merges",),
+    ),
+    (
+        "shard-truncated",
+        lambda p: _truncate_shard(write_gguf(p, split_max_tensors=8), 1),
+        ("truncated",),
+    ),
 ]
 
 
@@ -396,6 +526,7 @@ def _replace(key: str, items: list[Any]) -> Callable[[Any], None]:
     def extra(writer: Any) -> None:
         writer.kv_data[0].pop(key, None)
         writer.add_array(key, items)
+
     return extra
 
 
@@ -410,8 +541,7 @@ def _rename(path: pathlib.Path, old: bytes, new: bytes) -> pathlib.Path:
     return path
 
 
-def _truncate_shard(paths: list[pathlib.Path], index: int
-                    ) -> tuple[pathlib.Path, pathlib.Path]:
+def _truncate_shard(paths: list[pathlib.Path], index: int) -> tuple[pathlib.Path, pathlib.Path]:
     """Cut the end off shard ``index``; the model is opened through the first shard."""
     victim = paths[index]
     victim.write_bytes(victim.read_bytes()[:-7])
@@ -421,7 +551,7 @@ def _truncate_shard(paths: list[pathlib.Path], index: int
 # -- safetensors -------------------------------------------------------------------------------
 def _split_safetensors(data: bytes) -> tuple[dict[str, Any], bytes]:
     n = struct.unpack_from("<Q", data)[0]
-    return json.loads(data[8:8 + n]), data[8 + n:]
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
 
 
 def _join_safetensors(header: dict[str, Any], body: bytes) -> bytes:
@@ -435,12 +565,14 @@ def _edit_header(edit: Callable[[dict[str, Any]], None]) -> Callable[[bytes], by
         header, body = _split_safetensors(data)
         edit(header)
         return _join_safetensors(header, body)
+
     return damage
 
 
 def _set(name: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(header: dict[str, Any]) -> None:
         header[name][key] = value
+
     return edit
 
 
@@ -467,45 +599,85 @@ ST_FILE_CASES: list[tuple[str, Callable[[bytes], bytes], tuple[str, ...]]] = [
     ("st-truncated-in-length", lambda d: d[:5], ("too short",)),
     ("st-header-length-huge", lambda d: put_value(d, 0, "<Q", 2**62), ("header",)),
     ("st-header-length-past-end", lambda d: put_value(d, 0, "<Q", len(d)), ("header", "truncated")),
-    ("st-header-length-short", lambda d: put_value(d, 0, "<Q", struct.unpack_from("<Q", d)[0] - 9),
-     ("JSON",)),
+    (
+        "st-header-length-short",
+        lambda d: put_value(d, 0, "<Q", struct.unpack_from("<Q", d)[0] - 9),
+        ("JSON",),
+    ),
     ("st-header-not-json", lambda d: xor_byte(d, 8, 0x55), ("JSON",)),
     ("st-header-not-utf8", lambda d: xor_byte(d, 10, 0x80), ("header",)),
     ("st-header-a-list", lambda d: struct.pack("<Q", 8) + b"[]      ", ("header",)),
     ("st-truncated-in-header", lambda d: d[:40], ("truncated",)),
     ("st-truncated-in-data", lambda d: d[:-100], ("truncated",)),
     ("st-trailing-bytes", lambda d: d + b"\0" * 64, ("bytes",)),
-    ("st-dtype-unknown", _edit_header(_set("model.norm.weight", "dtype", "F17")),
-     ("model.norm.weight", "F17")),
-    ("st-dtype-missing", _edit_header(lambda h: h["model.norm.weight"].pop("dtype")),
-     ("model.norm.weight", "dtype")),
-    ("st-shape-wrong", _edit_header(_set("model.layers.0.mlp.up_proj.weight", "shape", [64, 33])),
-     ("model.layers.0.mlp.up_proj.weight", "shape")),
-    ("st-shape-negative", _edit_header(_set("model.norm.weight", "shape", [-32])),
-     ("model.norm.weight", "shape")),
-    ("st-shape-huge", _edit_header(_set("model.norm.weight", "shape", [2**62, 2**62])),
-     ("model.norm.weight",)),
-    ("st-shape-not-a-list", _edit_header(_set("model.norm.weight", "shape", "32")),
-     ("model.norm.weight", "shape")),
-    ("st-offsets-out-of-range", _edit_header(_set("model.norm.weight", "data_offsets",
-                                                  [0, 2**40])), ("model.norm.weight",)),
-    ("st-offsets-reversed", _edit_header(lambda h: h["model.norm.weight"].__setitem__(
-        "data_offsets", h["model.norm.weight"]["data_offsets"][::-1])), ("model.norm.weight",)),
-    ("st-offsets-not-ints", _edit_header(_set("model.norm.weight", "data_offsets", ["0", 1.5])),
-     ("model.norm.weight", "data_offsets")),
+    (
+        "st-dtype-unknown",
+        _edit_header(_set("model.norm.weight", "dtype", "F17")),
+        ("model.norm.weight", "F17"),
+    ),
+    (
+        "st-dtype-missing",
+        _edit_header(lambda h: h["model.norm.weight"].pop("dtype")),
+        ("model.norm.weight", "dtype"),
+    ),
+    (
+        "st-shape-wrong",
+        _edit_header(_set("model.layers.0.mlp.up_proj.weight", "shape", [64, 33])),
+        ("model.layers.0.mlp.up_proj.weight", "shape"),
+    ),
+    (
+        "st-shape-negative",
+        _edit_header(_set("model.norm.weight", "shape", [-32])),
+        ("model.norm.weight", "shape"),
+    ),
+    (
+        "st-shape-huge",
+        _edit_header(_set("model.norm.weight", "shape", [2**62, 2**62])),
+        ("model.norm.weight",),
+    ),
+    (
+        "st-shape-not-a-list",
+        _edit_header(_set("model.norm.weight", "shape", "32")),
+        ("model.norm.weight", "shape"),
+    ),
+    (
+        "st-offsets-out-of-range",
+        _edit_header(_set("model.norm.weight", "data_offsets", [0, 2**40])),
+        ("model.norm.weight",),
+    ),
+    (
+        "st-offsets-reversed",
+        _edit_header(
+            lambda h: h["model.norm.weight"].__setitem__(
+                "data_offsets", h["model.norm.weight"]["data_offsets"][::-1]
+            )
+        ),
+        ("model.norm.weight",),
+    ),
+    (
+        "st-offsets-not-ints",
+        _edit_header(_set("model.norm.weight", "data_offsets", ["0", 1.5])),
+        ("model.norm.weight", "data_offsets"),
+    ),
     ("st-offsets-overlap", _edit_header(_overlap), ("overlap",)),
     ("st-offsets-hole", lambda d: _edit_header(_hole)(d) + bytes(8), ("unused",)),
-    ("st-metadata-not-strings", _edit_header(lambda h: h.__setitem__("__metadata__",
-                                                                     {"format": 3})),
-     ("__metadata__",)),
-    ("st-entry-not-an-object", _edit_header(lambda h: h.__setitem__("model.norm.weight", 5)),
-     ("model.norm.weight",)),
+    (
+        "st-metadata-not-strings",
+        _edit_header(lambda h: h.__setitem__("__metadata__", {"format": 3})),
+        ("__metadata__",),
+    ),
+    (
+        "st-entry-not-an-object",
+        _edit_header(lambda h: h.__setitem__("model.norm.weight", 5)),
+        ("model.norm.weight",),
+    ),
 ]
 
 
 def _config_edit(**changes: Any) -> Callable[[pathlib.Path], None]:
     def edit(root: pathlib.Path) -> None:
         (root / "config.json").write_text(json.dumps({**HF_CONFIG, **changes}))
+
     return edit
 
 
@@ -517,24 +689,39 @@ def _index_names_absent_tensor(root: pathlib.Path) -> None:
 
 #: whole-directory cases: (id, shards, edit(root), the file at fault, fragments)
 ST_DIR_CASES: list[tuple[str, int, Callable[[pathlib.Path], None], str, tuple[str, ...]]] = [
-    ("cfg-layers-flipped", 1, _config_edit(num_hidden_layers=FLIPPED_24), "config.json",
-     ("num_hidden_layers", "4278190104")),
+    (
+        "cfg-layers-flipped",
+        1,
+        _config_edit(num_hidden_layers=FLIPPED_24),
+        "config.json",
+        ("num_hidden_layers", "4278190104"),
+    ),
     ("cfg-hidden-huge", 1, _config_edit(hidden_size=2**31), "config.json", ("hidden_size",)),
     ("cfg-vocab-huge", 1, _config_edit(vocab_size=2**40), "config.json", ("vocab_size",)),
-    ("cfg-not-json", 1, lambda r: (r / "config.json").write_text("{\"hidden_size\": 3"),
-     "config.json", ("JSON",)),
-    ("index-names-absent-tensor", 2, _index_names_absent_tensor,
-     "model.safetensors.index.json", ("model.layers.7.mlp.up_proj.weight",)),
+    (
+        "cfg-not-json",
+        1,
+        lambda r: (r / "config.json").write_text('{"hidden_size": 3'),
+        "config.json",
+        ("JSON",),
+    ),
+    (
+        "index-names-absent-tensor",
+        2,
+        _index_names_absent_tensor,
+        "model.safetensors.index.json",
+        ("model.layers.7.mlp.up_proj.weight",),
+    ),
 ]
 
 
 @dataclass
 class Case:
     id: str
-    source: str          # what the loader is given
-    at_fault: str        # the path the error must name
+    source: str  # what the loader is given
+    at_fault: str  # the path the error must name
     fragments: tuple[str, ...]
-    size: int            # bytes of the model's files (the memory budget)
+    size: int  # bytes of the model's files (the memory budget)
 
 
 def build_corpus(root: pathlib.Path) -> tuple[list[str], list[Case]]:
@@ -555,8 +742,15 @@ def build_corpus(root: pathlib.Path) -> tuple[list[str], list[Case]]:
     for case_id, damage, fragments in ST_FILE_CASES:
         model = write_hf_dir(root / case_id)
         (model / "model.safetensors").write_bytes(damage(intact_st))
-        cases.append(Case(case_id, str(model), str(model / "model.safetensors"), fragments,
-                          (model / "model.safetensors").stat().st_size))
+        cases.append(
+            Case(
+                case_id,
+                str(model),
+                str(model / "model.safetensors"),
+                fragments,
+                (model / "model.safetensors").stat().st_size,
+            )
+        )
     for case_id, shards, edit, at_fault, fragments in ST_DIR_CASES:
         model = write_hf_dir(root / case_id, shards=shards)
         edit(model)
@@ -565,5 +759,9 @@ def build_corpus(root: pathlib.Path) -> tuple[list[str], list[Case]]:
     return [str(intact_gguf), str(intact_dir)], cases
 
 
-CASE_IDS = ([c[0] for c in GGUF_BYTE_CASES] + [c[0] for c in GGUF_WRITTEN_CASES]
-            + [c[0] for c in ST_FILE_CASES] + [c[0] for c in ST_DIR_CASES])
+CASE_IDS = (
+    [c[0] for c in GGUF_BYTE_CASES]
+    + [c[0] for c in GGUF_WRITTEN_CASES]
+    + [c[0] for c in ST_FILE_CASES]
+    + [c[0] for c in ST_DIR_CASES]
+)

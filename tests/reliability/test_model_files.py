@@ -44,8 +44,17 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 from model_file_corpus import (  # noqa: E402
-    BLOCKS, CASE_IDS, FLIPPED_24, Case, GGUFLayout, build_corpus, put_value, vocabulary,
-    write_gguf, write_hf_dir, xor_byte,
+    BLOCKS,
+    CASE_IDS,
+    FLIPPED_24,
+    Case,
+    GGUFLayout,
+    build_corpus,
+    put_value,
+    vocabulary,
+    write_gguf,
+    write_hf_dir,
+    xor_byte,
 )
 
 CASE_SECONDS = 20
@@ -88,9 +97,12 @@ def run_worker(spec_path: str) -> None:
     from tallow.plugin.testing import isolated_plugin_manager
 
     spec = json.loads(pathlib.Path(spec_path).read_text())
-    pm = isolated_plugin_manager(("tallow-format-gguf", "tallow_format_gguf.plugin"),
-                                 ("tallow-format-safetensors", "tallow_format_safetensors.plugin"),
-                                 ("tallow-model-llama", "tallow_model_llama.plugin"), builtins=True)
+    pm = isolated_plugin_manager(
+        ("tallow-format-gguf", "tallow_format_gguf.plugin"),
+        ("tallow-format-safetensors", "tallow_format_safetensors.plugin"),
+        ("tallow-model-llama", "tallow_model_llama.plugin"),
+        builtins=True,
+    )
     cpu = torch.device("cpu")
     for source in spec["intact"]:
         load_model(pm.registries, source, device=cpu)
@@ -116,7 +128,8 @@ def run_worker(spec_path: str) -> None:
         finally:
             signal.alarm(0)
         result = {
-            "id": case["id"], "seconds": time.monotonic() - started,
+            "id": case["id"],
+            "seconds": time.monotonic() - started,
             "traced_peak": tracemalloc.get_traced_memory()[1] - traced_before,
             "rss_growth": _max_rss() - rss_before,
             "error_classes": [c.__name__ for c in type(error).__mro__] if error else [],
@@ -132,10 +145,16 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Case], d
     root = tmp_path_factory.mktemp("model-files")
     intact, cases = build_corpus(root)
     spec = root / "spec.json"
-    spec.write_text(json.dumps({"intact": intact, "cases": [
-        {"id": c.id, "source": c.source} for c in cases]}))
-    proc = subprocess.run([sys.executable, __file__, str(spec)], capture_output=True, text=True,
-                          timeout=WORKER_SECONDS, env={**os.environ, "TALLOW_PLUGINS": ""})
+    spec.write_text(
+        json.dumps({"intact": intact, "cases": [{"id": c.id, "source": c.source} for c in cases]})
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=WORKER_SECONDS,
+        env={**os.environ, "TALLOW_PLUGINS": ""},
+    )
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -143,7 +162,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Case], d
             results[item["id"]] = item
     assert proc.returncode == 0, (
         f"the worker ended with status {proc.returncode} after {len(results)} of {len(cases)} "
-        f"cases:\n{proc.stderr[-4000:]}")
+        f"cases:\n{proc.stderr[-4000:]}"
+    )
     return {c.id: c for c in cases}, results
 
 
@@ -151,16 +171,20 @@ def _check(case: Case, result: dict[str, Any]) -> None:
     message = result["message"]
     assert "ModelFileError" in result["error_classes"], (
         f"{case.id}: expected ModelFileError, got {result['error_classes'][:1] or 'no error'}: "
-        f"{message}")
-    assert case.at_fault in message, f"{case.id}: the message does not name {case.at_fault}: " \
         f"{message}"
+    )
+    assert case.at_fault in message, (
+        f"{case.id}: the message does not name {case.at_fault}: {message}"
+    )
     problem = message.replace(case.at_fault, "")  # case ids name their damage: not a clue
     for fragment in case.fragments:
         assert fragment in problem, f"{case.id}: {fragment!r} not in: {message}"
     assert result["traced_peak"] <= case.size + TRACED_SLACK, (
-        f"{case.id}: {result['traced_peak']:,} bytes allocated for a file of {case.size:,}")
+        f"{case.id}: {result['traced_peak']:,} bytes allocated for a file of {case.size:,}"
+    )
     assert result["rss_growth"] <= case.size + RSS_SLACK, (
-        f"{case.id}: resident memory grew by {result['rss_growth']:,} bytes")
+        f"{case.id}: resident memory grew by {result['rss_growth']:,} bytes"
+    )
     assert result["seconds"] < CASE_SECONDS
 
 
@@ -219,7 +243,8 @@ def test_every_damaged_byte_of_a_gguf_header_is_read_or_refused(tmp_path) -> Non
 
 @pytest.mark.timeout(240)
 def test_every_damaged_byte_of_a_safetensors_header_is_judged_as_the_library_judges_it(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """A flipped byte in the length or the JSON header: tallow refuses the file (naming it)
     exactly when the safetensors library cannot read it, and reads every tensor otherwise."""
     from safetensors import safe_open
@@ -249,9 +274,11 @@ def test_every_damaged_byte_of_a_safetensors_header_is_judged_as_the_library_jud
             detail = str(exc)
         if (library is None) != (ours is None):
             verdict = "refused" if ours is None else "accepted"
-            failures.append(f"byte {at}: tallow {verdict} what the library "
-                            f"{'reads' if library is not None else 'refuses'}"
-                            + (f" ({detail})" if ours is None else ""))
+            failures.append(
+                f"byte {at}: tallow {verdict} what the library "
+                f"{'reads' if library is not None else 'refuses'}"
+                + (f" ({detail})" if ours is None else "")
+            )
         elif ours is not None:
             assert ours == library, at
     assert not failures, f"{len(failures)} disagreements:\n" + "\n".join(failures[:10])
@@ -281,7 +308,7 @@ def test_item6_damaged_metadata_names_the_file_and_key(corpus) -> None:
 
 @pytest.mark.timeout(WORKER_SECONDS + 60)
 def test_item6_truncated_gguf_says_truncated(corpus) -> None:
-    """"cannot reshape array" before."""
+    """ "cannot reshape array" before."""
     cases, results = corpus
     for case_id in ("truncated-in-data", "truncated-last-byte"):
         _check(cases[case_id], results[case_id])
@@ -291,8 +318,12 @@ def test_item6_truncated_gguf_says_truncated(corpus) -> None:
 @pytest.mark.timeout(WORKER_SECONDS + 60)
 def test_item6_safetensors_header_errors_name_the_file(corpus) -> None:
     cases, results = corpus
-    for case_id in ("st-header-length-past-end", "st-header-not-json", "st-dtype-unknown",
-                    "st-offsets-out-of-range"):
+    for case_id in (
+        "st-header-length-past-end",
+        "st-header-not-json",
+        "st-dtype-unknown",
+        "st-offsets-out-of-range",
+    ):
         _check(cases[case_id], results[case_id])
 
 
@@ -313,14 +344,20 @@ def test_the_server_reports_a_damaged_model_in_one_line(tmp_path) -> None:
     intact = write_gguf(tmp_path / "model.gguf")[0]
     layout = GGUFLayout.of(intact)
     intact.write_bytes(put_value(layout.data, layout.values["llama.block_count"], "<I", FLIPPED_24))
-    proc = subprocess.run([sys.executable, "-m", "tallow", "serve", "--model", str(intact),
-                           "--port", "0"], capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "TALLOW_CACHE_DIR": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tallow", "serve", "--model", str(intact), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "TALLOW_CACHE_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("tallow:")]
-    assert line == (f"tallow: cannot serve the model: {intact}: metadata 'llama.block_count': "
-                    "4278190104, but the file holds tensors for 2 blocks (blk.0 ... blk.1)")
+    assert line == (
+        f"tallow: cannot serve the model: {intact}: metadata 'llama.block_count': "
+        "4278190104, but the file holds tensors for 2 blocks (blk.0 ... blk.1)"
+    )
 
 
 if __name__ == "__main__":

@@ -75,9 +75,22 @@ def default_model_server() -> Iterator[ServeProcess]:
     Settings are the union of what its users ask for: an API key (``DEFAULT_SERVER_KEY``), a
     2,048-token context, 32 sequences at once (concurrent structured-output requests batch),
     and a 256 KiB body limit (the 413 test sends more)."""
-    srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
-                        "--max-num-seqs", "32", "--api-key", DEFAULT_SERVER_KEY,
-                        "--max-body-bytes", "262144"]).start()
+    srv = ServeProcess(
+        [
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "32",
+            "--api-key",
+            DEFAULT_SERVER_KEY,
+            "--max-body-bytes",
+            "262144",
+        ]
+    ).start()
     _shared["default_model_server"] = srv
     yield srv
     _shared.pop("default_model_server", None)

@@ -20,14 +20,23 @@ def encoded(image: Image.Image, fmt: str, **options: object) -> bytes:
 def gradient(width: int, height: int, mode: str = "RGB") -> Image.Image:
     """A ``width`` × ``height`` image whose pixels differ (so a decoding mistake shows)."""
     image = Image.new("RGBA", (width, height))
-    image.putdata([((x * 37) % 256, (y * 53) % 256, (x * y) % 256, (x * 11 + y * 7) % 256)
-                   for y in range(height) for x in range(width)])
+    image.putdata(
+        [
+            ((x * 37) % 256, (y * 53) % 256, (x * y) % 256, (x * 11 + y * 7) % 256)
+            for y in range(height)
+            for x in range(width)
+        ]
+    )
     return image if mode == "RGBA" else image.convert(mode)
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + \
-        struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    return (
+        struct.pack(">I", len(body))
+        + kind
+        + body
+        + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    )
 
 
 def png_bomb(width: int = 40_000, height: int = 40_000) -> bytes:
@@ -35,8 +44,9 @@ def png_bomb(width: int = 40_000, height: int = 40_000) -> bytes:
     zeros compressed: a few hundred bytes that would decode to width × height × 3 bytes."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\0" * (1 + 3 * width), 9)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat)
-            + _chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+    )
 
 
 def data_url(data: bytes, mime: str = "image/png") -> str:

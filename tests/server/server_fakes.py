@@ -28,28 +28,28 @@ QWEN_TEMPLATE = (
     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == "
     "'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are "
     "Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n    "
-    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query."
+    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.'
     "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>"
-    "\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n"
-    "    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object "
+    '" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n'
+    '    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object '
     "with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    "{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call>"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>'
     "<|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
     "'<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
     "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
     "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}"
-    "\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) "
-    "or (message.role == \"assistant\" and not message.tool_calls) %}\n        {{- "
+    '\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) '
+    'or (message.role == "assistant" and not message.tool_calls) %}\n        {{- '
     "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    "
     "{%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n"
     "        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        "
     "{%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if "
     "tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}"
-    "\n            {%- endif %}\n            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
-    "            {{- tool_call.name }}\n            {{- '\", \"arguments\": ' }}\n            "
+    '\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
+    '            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            '
     "{{- tool_call.arguments | tojson }}\n            {{- '}\\n</tool_call>' }}\n        "
     "{%- endfor %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
     "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- "
     "'\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- "
     "'\\n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "
@@ -61,8 +61,9 @@ QWEN_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def byte_tokenizer(specials: list[str] | None = None, template: str = QWEN_TEMPLATE,
-                   eos_token: str = "<|im_end|>") -> Tokenizer:
+def byte_tokenizer(
+    specials: list[str] | None = None, template: str = QWEN_TEMPLATE, eos_token: str = "<|im_end|>"
+) -> Tokenizer:
     """tallow's Tokenizer over a byte-level BPE: one token per byte, ids 0..255, then
     ``specials`` (default: SPECIALS), with ``template`` as its chat template."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -73,15 +74,22 @@ def byte_tokenizer(specials: list[str] | None = None, template: str = QWEN_TEMPL
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens(specials or SPECIALS)
-    config = {"chat_template": template, "eos_token": eos_token,
-              "pad_token": "<|endoftext|>", "add_bos_token": False}
+    config = {
+        "chat_template": template,
+        "eos_token": eos_token,
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+    }
     return Tokenizer(hf, config)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     # GPT-2's reversible byte → printable character map (the ByteLevel alphabet).
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -102,10 +110,19 @@ def default_script(prompt: str, params: Any, index: int) -> str:
 class FakeEngine:
     """Follows the ``AsyncEngine`` contract; see the module docstring."""
 
-    def __init__(self, script: Script = default_script, *, model_name: str = "fake-model",
-                 max_model_len: int = 4096, num_blocks: int = 2048, block_size: int = 16,
-                 max_waiting: int = 64, step_delay: float = 0.0,
-                 plugin_manager: Any = None, admit_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        script: Script = default_script,
+        *,
+        model_name: str = "fake-model",
+        max_model_len: int = 4096,
+        num_blocks: int = 2048,
+        block_size: int = 16,
+        max_waiting: int = 64,
+        step_delay: float = 0.0,
+        plugin_manager: Any = None,
+        admit_limit: int | None = None,
+    ) -> None:
         self.script = script
         self.model_name = model_name
         self.tokenizer = byte_tokenizer()
@@ -137,14 +154,17 @@ class FakeEngine:
 
     def stats(self) -> dict[str, Any]:
         used = self.num_total_blocks - self.num_free_blocks
-        return {"num_waiting": 0, "num_running": len(self.active),
-                "kv_usage": used / self.num_total_blocks,
-                "num_free_blocks": self.num_free_blocks,
-                "num_total_blocks": self.num_total_blocks,
-                "kv_capacity_tokens": self.num_total_blocks * self.block_size,
-                "prefix_cache_hit_rate": 0.0,
-                "prompt_tokens_total": self.prompt_tokens_total,
-                "generation_tokens_total": self.generation_tokens_total}
+        return {
+            "num_waiting": 0,
+            "num_running": len(self.active),
+            "kv_usage": used / self.num_total_blocks,
+            "num_free_blocks": self.num_free_blocks,
+            "num_total_blocks": self.num_total_blocks,
+            "kv_capacity_tokens": self.num_total_blocks * self.block_size,
+            "prefix_cache_hit_rate": 0.0,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }
 
     async def abort(self, request_id: str) -> None:
         self._release(request_id, aborted=True)
@@ -166,14 +186,23 @@ class FakeEngine:
             entry.setdefault(alt, Logprob(-1.0 * rank, rank, self._token_text(alt)))
         return entry
 
-    async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str, *,
-                       prompt: str | None = None, priority: int = 0
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        request_id: str,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
         if not prompt_token_ids:
             raise AdmissionError("prompt: must contain at least one token", field="prompt")
         if len(prompt_token_ids) > self.admit_limit:
-            raise AdmissionError(f"a prompt of {len(prompt_token_ids)} tokens can never fit "
-                                 f"(at most {self.admit_limit})", field="prompt")
+            raise AdmissionError(
+                f"a prompt of {len(prompt_token_ids)} tokens can never fit "
+                f"(at most {self.admit_limit})",
+                field="prompt",
+            )
         if len(self.active) >= self.max_waiting:
             raise QueueFullError(f"{len(self.active)} requests are waiting")
         blocks = math.ceil((len(prompt_token_ids) + 1) / self.block_size) * params.n
@@ -181,24 +210,37 @@ class FakeEngine:
             raise QueueFullError("no KV blocks free")
         self.num_free_blocks -= blocks
         self.active[request_id] = blocks
-        self.requests.append({"request_id": request_id, "prompt": prompt,
-                              "prompt_token_ids": list(prompt_token_ids), "params": params,
-                              "priority": priority})
+        self.requests.append(
+            {
+                "request_id": request_id,
+                "prompt": prompt,
+                "prompt_token_ids": list(prompt_token_ids),
+                "params": params,
+                "priority": priority,
+            }
+        )
         key = tuple(prompt_token_ids)
-        cached = (len(key) // self.block_size) * self.block_size if key in self._seen_prompts \
-            else 0
+        cached = (len(key) // self.block_size) * self.block_size if key in self._seen_prompts else 0
         self._seen_prompts.add(key)
         self.prompt_tokens_total += len(prompt_token_ids)
-        prompt_text = prompt if prompt is not None else self.tokenizer.decode(
-            prompt_token_ids, skip_special_tokens=False)
-        targets = [self.tokenizer.encode(self.script(prompt_text, params, i),
-                                         add_special_tokens=False) for i in range(params.n)]
-        outs = [CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
-                for i in range(params.n)]
+        prompt_text = (
+            prompt
+            if prompt is not None
+            else self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
+        )
+        targets = [
+            self.tokenizer.encode(self.script(prompt_text, params, i), add_special_tokens=False)
+            for i in range(params.n)
+        ]
+        outs = [
+            CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None)
+            for i in range(params.n)
+        ]
         prompt_lps = None
         if params.prompt_logprobs is not None:
-            prompt_lps = [None] + [self._logprobs(t, params.prompt_logprobs)
-                                   for t in prompt_token_ids[1:]]
+            prompt_lps = [None] + [
+                self._logprobs(t, params.prompt_logprobs) for t in prompt_token_ids[1:]
+            ]
         done = False
         try:
             while True:
@@ -220,14 +262,18 @@ class FakeEngine:
                     if eos and not params.ignore_eos:
                         out.finish_reason = "stop"  # stop_reason None: EOS, as the engine says
                         continue
-                    text = self.tokenizer.decode(out.token_ids, skip_special_tokens=bool(
-                        params.skip_special_tokens))
+                    text = self.tokenizer.decode(
+                        out.token_ids, skip_special_tokens=bool(params.skip_special_tokens)
+                    )
                     text = text.rstrip("\ufffd")
                     for stop in params.stop:
                         at = text.find(stop)
                         if at >= 0:
-                            text = text[:at + len(stop)] if params.include_stop_str_in_output \
+                            text = (
+                                text[: at + len(stop)]
+                                if params.include_stop_str_in_output
                                 else text[:at]
+                            )
                             out.finish_reason, out.stop_reason = "stop", stop
                             break
                     out.text = text
@@ -235,11 +281,25 @@ class FakeEngine:
                         out.finish_reason = "length"
                 finished = all(o.finish_reason is not None for o in outs)
                 result = RequestOutput(
-                    request_id, prompt, list(prompt_token_ids),
-                    [CompletionOutput(o.index, o.text, list(o.token_ids), None,
-                                      list(o.logprobs) if o.logprobs is not None else None,
-                                      o.finish_reason, o.stop_reason) for o in outs],
-                    finished=finished, prompt_logprobs=prompt_lps, num_cached_tokens=cached)
+                    request_id,
+                    prompt,
+                    list(prompt_token_ids),
+                    [
+                        CompletionOutput(
+                            o.index,
+                            o.text,
+                            list(o.token_ids),
+                            None,
+                            list(o.logprobs) if o.logprobs is not None else None,
+                            o.finish_reason,
+                            o.stop_reason,
+                        )
+                        for o in outs
+                    ],
+                    finished=finished,
+                    prompt_logprobs=prompt_lps,
+                    num_cached_tokens=cached,
+                )
                 if finished:
                     done = True
                     self._release(request_id, aborted=False)

@@ -18,17 +18,34 @@ except ImportError:  # older SDKs use httpx
 DEFAULT_SERVER_KEY = "sk-tallow-e2e"
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"},
-            "unit": {"type": "string", "enum": ["C", "F"]}},
-            "required": ["city"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["C", "F"]},
+                },
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
 ]
 
 
@@ -42,8 +59,9 @@ def openai_client(client: Any, api_key: str = "unused") -> Any:
     """The official OpenAI client, talking to an in-process app through its test transport."""
     from openai import OpenAI
 
-    return OpenAI(base_url="http://testserver/v1", api_key=api_key, http_client=client,
-                  max_retries=0)
+    return OpenAI(
+        base_url="http://testserver/v1", api_key=api_key, http_client=client, max_retries=0
+    )
 
 
 def free_port() -> int:
@@ -62,8 +80,9 @@ class LiveServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn_config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "LiveServer":
@@ -89,7 +108,7 @@ def sse_events(text: str) -> list[str]:
         if not lines:
             continue  # a keep-alive comment
         assert len(lines) == 1 and lines[0].startswith("data: "), block
-        events.append(lines[0][len("data: "):])
+        events.append(lines[0][len("data: ") :])
     return events
 
 
@@ -108,9 +127,16 @@ class ServeProcess:
     failing with the server's log if it dies or takes longer than ``timeout`` seconds.
     """
 
-    def __init__(self, args: list[str], *, timeout: float = 400.0, host_port: bool = False,
-                 uds: str | None = None, env: dict[str, str] | None = None,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        timeout: float = 400.0,
+        host_port: bool = False,
+        uds: str | None = None,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+    ) -> None:
         import os
         import tempfile
 
@@ -136,14 +162,19 @@ class ServeProcess:
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "tallow", "serve", *self.args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=self.new_session)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tallow", "serve", *self.args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=self.new_session,
+        )
         deadline = time.monotonic() + self.timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tallow serve exited with {self.proc.returncode}:\n"
-                                   + self.log_text()[-4000:])
+                raise RuntimeError(
+                    f"tallow serve exited with {self.proc.returncode}:\n" + self.log_text()[-4000:]
+                )
             try:
                 with self.http() as http:
                     if http.get("/health", timeout=2).status_code == 200:
@@ -152,8 +183,10 @@ class ServeProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"tallow serve was not ready in {self.timeout:.0f} s:\n"
-                                   + self.log_text()[-4000:])
+                raise RuntimeError(
+                    f"tallow serve was not ready in {self.timeout:.0f} s:\n"
+                    + self.log_text()[-4000:]
+                )
             time.sleep(0.5)
 
     def http(self, **kwargs: Any) -> Any:

@@ -10,8 +10,9 @@ from server_helpers import chunks_of, openai_client
 def test_prompt_forms_and_choice_numbering(serve) -> None:
     client = serve()
     tok = client.engine.tokenizer
-    body = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2,
-                                                "max_tokens": 3}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 3}
+    ).json()
     assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert all(c["text"] == "Hel" and c["finish_reason"] == "length" for c in body["choices"])
@@ -23,15 +24,17 @@ def test_prompt_forms_and_choice_numbering(serve) -> None:
     assert client.engine.requests[-1]["prompt_token_ids"] == [104, 105]
     assert client.engine.requests[-1]["prompt"] == "hi"
     assert client.engine.requests[-1]["params"].max_tokens == 16  # OpenAI's default
-    body = client.post("/v1/completions", json={"prompt": [[104], [105, 106]],
-                                                "max_tokens": 1}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": [[104], [105, 106]], "max_tokens": 1}
+    ).json()
     assert len(body["choices"]) == 2
 
 
 def test_echo_and_logprobs(serve) -> None:
     client = serve()
-    body = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2, "echo": True,
-                                                "logprobs": 2}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": "abc", "max_tokens": 2, "echo": True, "logprobs": 2}
+    ).json()
     (choice,) = body["choices"]
     assert choice["text"] == "abcHe"
     lp = choice["logprobs"]
@@ -46,8 +49,9 @@ def test_echo_and_logprobs(serve) -> None:
 
 def test_scoring_a_prompt_with_max_tokens_zero(serve) -> None:
     client = serve()
-    body = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0, "echo": True,
-                                                "logprobs": 0}).json()
+    body = client.post(
+        "/v1/completions", json={"prompt": "abc", "max_tokens": 0, "echo": True, "logprobs": 0}
+    ).json()
     (choice,) = body["choices"]
     assert choice["text"] == "abc" and choice["finish_reason"] == "length"
     assert choice["logprobs"]["tokens"] == ["a", "b", "c"]
@@ -56,24 +60,41 @@ def test_scoring_a_prompt_with_max_tokens_zero(serve) -> None:
 
 def test_stream(serve) -> None:
     client = serve()
-    chunks = chunks_of(client.post("/v1/completions", json={
-        "prompt": "abc", "max_tokens": 4, "stream": True, "echo": True, "logprobs": 1,
-        "stream_options": {"include_usage": True}}))
+    chunks = chunks_of(
+        client.post(
+            "/v1/completions",
+            json={
+                "prompt": "abc",
+                "max_tokens": 4,
+                "stream": True,
+                "echo": True,
+                "logprobs": 1,
+                "stream_options": {"include_usage": True},
+            },
+        )
+    )
     *body, last = chunks
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4
     for c in body:
         assert c["object"] == "text_completion" and c["usage"] is None
     assert "".join(c["choices"][0]["text"] for c in body) == "abcHell"
     assert body[-1]["choices"][0]["finish_reason"] == "length"
-    offsets = [o for c in body if c["choices"][0]["logprobs"]
-               for o in c["choices"][0]["logprobs"]["text_offset"]]
+    offsets = [
+        o
+        for c in body
+        if c["choices"][0]["logprobs"]
+        for o in c["choices"][0]["logprobs"]["text_offset"]
+    ]
     assert offsets == list(range(7))
 
 
 def test_stream_several_prompts(serve) -> None:
     client = serve()
-    chunks = chunks_of(client.post("/v1/completions", json={
-        "prompt": ["a", "b"], "n": 2, "max_tokens": 3, "stream": True}))
+    chunks = chunks_of(
+        client.post(
+            "/v1/completions", json={"prompt": ["a", "b"], "n": 2, "max_tokens": 3, "stream": True}
+        )
+    )
     texts: dict[int, str] = {}
     finished = set()
     for c in chunks:
@@ -88,8 +109,11 @@ def test_official_client(serve) -> None:
     oc = openai_client(serve())
     resp = oc.completions.create(model="fake-model", prompt="x", max_tokens=5, stop=["l"])
     assert resp.choices[0].text == "He" and resp.choices[0].finish_reason == "stop"
-    text = "".join(c.choices[0].text for c in oc.completions.create(
-        model="fake-model", prompt="x", max_tokens=5, stream=True) if c.choices)
+    text = "".join(
+        c.choices[0].text
+        for c in oc.completions.create(model="fake-model", prompt="x", max_tokens=5, stream=True)
+        if c.choices
+    )
     assert text == "Hello"
 
 
@@ -136,5 +160,6 @@ def test_tokenize_detokenize(serve) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[1]"
     both = client.post("/tokenize", json={"prompt": "x", "messages": []})
     assert both.status_code == 400
-    assert json.loads(client.post("/tokenize", json={"prompt": 3}).text)["error"]["param"] \
-        == "prompt"
+    assert (
+        json.loads(client.post("/tokenize", json={"prompt": 3}).text)["error"]["param"] == "prompt"
+    )

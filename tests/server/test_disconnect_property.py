@@ -109,10 +109,18 @@ def rig() -> Iterator[tuple[Any, LiveServer, StepGate, Spy]]:
     from tallow.plugin.manager import load_plugins
     from tallow.server.app import build_app
 
-    engine = AsyncEngine.from_config(config_from_kwargs(
-        model="random:tiny-llama", dtype="float32", device="cpu", max_model_len=2048,
-        num_blocks=1024, block_size=16, max_num_batched_tokens=16),
-        plugin_manager=load_plugins(None))
+    engine = AsyncEngine.from_config(
+        config_from_kwargs(
+            model="random:tiny-llama",
+            dtype="float32",
+            device="cpu",
+            max_model_len=2048,
+            num_blocks=1024,
+            block_size=16,
+            max_num_batched_tokens=16,
+        ),
+        plugin_manager=load_plugins(None),
+    )
     gate = StepGate(engine.core)
     spy = Spy(engine)
     with LiveServer(build_app(engine, make_config())) as srv:
@@ -135,18 +143,24 @@ class Client:
     def body(self) -> bytes:
         # The marker leads the prompt, so no two clients ever share a prefix-cache block and
         # "prefilling" lasts the three chunks.
-        return json.dumps({
-            "prompt": [self.marker] + [7] * (PROMPT_LEN - 1),
-            "max_tokens": 3 if self.stage == "complete" else MAX_TOKENS, "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": self.stage in ("decode", "stream", "complete")}).encode()
+        return json.dumps(
+            {
+                "prompt": [self.marker] + [7] * (PROMPT_LEN - 1),
+                "max_tokens": 3 if self.stage == "complete" else MAX_TOKENS,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "stream": self.stage in ("decode", "stream", "complete"),
+            }
+        ).encode()
 
     async def send(self, port: int) -> None:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
         body = self.body
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        self.writer.write(head + (body[:len(body) // 2] if self.stage == "body" else body))
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        self.writer.write(head + (body[: len(body) // 2] if self.stage == "body" else body))
         await self.writer.drain()
         self.reading = asyncio.ensure_future(self._read())
 
@@ -195,8 +209,9 @@ async def _wait_for(predicate: Any, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _drive(engine: Any, srv: LiveServer, gate: StepGate, spy: Spy,
-                 clients: list[Client]) -> None:
+async def _drive(
+    engine: Any, srv: LiveServer, gate: StepGate, spy: Spy, clients: list[Client]
+) -> None:
     step = 0
     idle_rounds = 0
     while not all(c.done for c in clients):
@@ -238,20 +253,31 @@ async def _drive(engine: Any, srv: LiveServer, gate: StepGate, spy: Spy,
 def _settled(engine: Any, srv: LiveServer) -> bool:
     stats = engine.stats()
     state = srv.server.config.app.state.tallow
-    return (stats["num_running"] == 0 and stats["num_waiting"] == 0
-            and stats["num_free_blocks"] == stats["num_total_blocks"]
-            and state.inflight == 0 and not engine.core.has_unfinished()
-            and not engine._streams and not engine.processor.requests)
+    return (
+        stats["num_running"] == 0
+        and stats["num_waiting"] == 0
+        and stats["num_free_blocks"] == stats["num_total_blocks"]
+        and state.inflight == 0
+        and not engine.core.has_unfinished()
+        and not engine._streams
+        and not engine.processor.requests
+    )
 
 
 _markers = itertools.count(8)  # token ids of the tiny model: 0..511, one per client ever
 clients_strategy = st.lists(
     st.tuples(st.sampled_from(STAGES), st.integers(min_value=0, max_value=6)),
-    min_size=1, max_size=6)
+    min_size=1,
+    max_size=6,
+)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking live runs is slow
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)  # shrinking live runs is slow
 @given(plan=clients_strategy)
 def test_any_interleaving_of_disconnects_leaves_nothing_behind(rig, plan) -> None:
     engine, srv, gate, spy = rig

@@ -20,16 +20,33 @@ from server_helpers import ServeProcess
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "Qwen2.5-Coder-0.5B-Instruct"
-EXAMPLE_RESULT = {"timezone": "Europe/Paris", "datetime": "2020-01-01T09:00:00+01:00",
-                  "day_of_week": "Wednesday", "is_dst": False}
+EXAMPLE_RESULT = {
+    "timezone": "Europe/Paris",
+    "datetime": "2020-01-01T09:00:00+01:00",
+    "day_of_week": "Wednesday",
+    "is_dst": False,
+}
 QUESTION = [
     {"role": "user", "content": "What is the current time in Europe/Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function", "function": {
-            "name": "get_current_time", "arguments": '{"timezone": "Europe/Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "get_current_time",
+                    "arguments": '{"timezone": "Europe/Paris"}',
+                },
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(EXAMPLE_RESULT, indent=2)},
-    {"role": "assistant", "content": "The current time in Europe/Paris is "
-                                     "2020-01-01T09:00:00+01:00."},
+    {
+        "role": "assistant",
+        "content": "The current time in Europe/Paris is 2020-01-01T09:00:00+01:00.",
+    },
     {"role": "user", "content": "Now use the tool for Asia/Tokyo."},
 ]
 
@@ -37,19 +54,46 @@ QUESTION = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     config = tmp_path_factory.mktemp("mcp") / "tallow.yaml"
-    config.write_text(json.dumps({"plugins": {"settings": {"tallow-mcp-client": {"servers": {
-        "time": {"command": sys.executable, "args": ["-m", "mcp_server_time"],
-                 "allow": ["get_current_time"]}}}}}}))
-    srv = ServeProcess(["--dtype", "float32", "--device", "cpu", "--max-model-len", "2048",
-                        "--config", str(config), "--server-tools", "always"]).start()
+    config.write_text(
+        json.dumps(
+            {
+                "plugins": {
+                    "settings": {
+                        "tallow-mcp-client": {
+                            "servers": {
+                                "time": {
+                                    "command": sys.executable,
+                                    "args": ["-m", "mcp_server_time"],
+                                    "allow": ["get_current_time"],
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
+    srv = ServeProcess(
+        [
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "2048",
+            "--config",
+            str(config),
+            "--server-tools",
+            "always",
+        ]
+    ).start()
     yield srv
     assert srv.stop() == 0, srv.log_text()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def client(server: ServeProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=600)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
 
 def _tool_time(entries: list[dict[str, Any]]) -> str:
@@ -70,8 +114,9 @@ def test_the_tools_are_listed(client: openai.OpenAI) -> None:
 
 
 def test_a_question_answered_with_the_time_servers_answer(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                           max_tokens=120)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=120
+    )
     (choice,) = reply.choices
     when = _tool_time(choice.message.server_tool_calls)
     assert when in choice.message.content
@@ -82,8 +127,9 @@ def test_a_question_answered_with_the_time_servers_answer(client: openai.OpenAI)
 
 def test_the_stream_reports_the_call_and_streams_the_answer(client: openai.OpenAI) -> None:
     content, entries, finish = "", [], None
-    for chunk in client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
-                                                max_tokens=120, stream=True):
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=120, stream=True
+    ):
         for choice in chunk.choices:
             content += choice.delta.content or ""
             for part in (choice.delta.model_extra or {}).get("server_tool_calls", []):
@@ -101,8 +147,11 @@ def test_a_plain_question_ends_in_prose_with_the_tools_time(client: openai.OpenA
     calls and repeats its call; the repeat is not run, the next round has no tools and asks
     for the answer, and the reply is prose holding the time the tool returned."""
     reply = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the current time in Tokyo?"}],
-        temperature=0, max_tokens=200)
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the current time in Tokyo?"}],
+        temperature=0,
+        max_tokens=200,
+    )
     (choice,) = reply.choices
     entries = choice.message.server_tool_calls
     assert entries and entries[0]["function"]["name"] == "get_current_time"
@@ -110,4 +159,3 @@ def test_a_plain_question_ends_in_prose_with_the_tools_time(client: openai.OpenA
     assert choice.finish_reason == "stop"
     assert when in choice.message.content
     assert "{" not in choice.message.content  # prose, not JSON calls
-

@@ -30,17 +30,30 @@ def client(tmp_path_factory) -> Any:
     from tallow.server.app import build_app
 
     path = save_tiny(tmp_path_factory.mktemp("tiny"), "llama")
-    engine = AsyncEngine.create(str(path), dtype="float32", device="cpu", num_blocks=512,
-                                block_size=8, grammar_compile_timeout_s=TIMEOUT_S,
-                                grammar_max_spec_chars=200_000)
+    engine = AsyncEngine.create(
+        str(path),
+        dtype="float32",
+        device="cpu",
+        num_blocks=512,
+        block_size=8,
+        grammar_compile_timeout_s=TIMEOUT_S,
+        grammar_max_spec_chars=200_000,
+    )
     with TestClient(build_app(engine, make_config()), raise_server_exceptions=False) as client:
         client.engine = engine
         yield client
 
 
 def _schema_request(schema: Any) -> dict[str, Any]:
-    return {"messages": MSG, "max_tokens": 8, "temperature": 0, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
+    return {
+        "messages": MSG,
+        "max_tokens": 8,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "big", "schema": schema},
+        },
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -59,8 +72,9 @@ def test_a_schema_too_slow_to_compile_is_400_and_its_compile_stops(client) -> No
     assert pid is not None and _alive(pid)
     props = {f"p{i}": {"type": "string"} for i in range(3000)}
     started = time.monotonic()
-    resp = client.post("/v1/chat/completions",
-                       json=_schema_request({"type": "object", "properties": props}))
+    resp = client.post(
+        "/v1/chat/completions", json=_schema_request({"type": "object", "properties": props})
+    )
     took = time.monotonic() - started
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
@@ -73,28 +87,37 @@ def test_a_schema_too_slow_to_compile_is_400_and_its_compile_stops(client) -> No
         time.sleep(0.05)
     assert not _alive(pid), "the overrunning compile is still running"
     # the next request gets a fresh worker
-    again = client.post("/v1/chat/completions", json=_schema_request(
-        {"type": "object", "properties": {"a": {"type": "integer"}}}))
+    again = client.post(
+        "/v1/chat/completions",
+        json=_schema_request({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    )
     assert again.status_code == 200, again.text
     assert worker.pid not in (None, pid)
 
 
 def test_a_spec_over_the_size_limit_is_400_before_compiling(client) -> None:
-    resp = client.post("/v1/completions", json={
-        "prompt": "x", "max_tokens": 4, "structured_outputs": {"regex": "a" * 200_001}})
+    resp = client.post(
+        "/v1/completions",
+        json={"prompt": "x", "max_tokens": 4, "structured_outputs": {"regex": "a" * 200_001}},
+    )
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["code"] == "grammar_too_large" and err["param"] == "structured_outputs.regex"
     assert "runner.grammar_max_spec_chars" in err["message"] and "200000" in err["message"]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("regex", "[^\\s\\S]"),
-    ("grammar", 'root ::= [^\\x00-\\U0010FFFF]'),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("regex", "[^\\s\\S]"),
+        ("grammar", "root ::= [^\\x00-\\U0010FFFF]"),
+    ],
+)
 def test_a_grammar_no_output_can_match_is_400_up_front(client, field, value) -> None:
-    resp = client.post("/v1/completions", json={
-        "prompt": "x", "max_tokens": 4, "structured_outputs": {field: value}})
+    resp = client.post(
+        "/v1/completions",
+        json={"prompt": "x", "max_tokens": 4, "structured_outputs": {field: value}},
+    )
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["param"] == f"structured_outputs.{field}"

@@ -81,8 +81,7 @@ def test_made_up_methods_and_paths_do_not_grow_the_metric_labels(serve) -> None:
         client.request("GET", f"/scan/{i}")
         client.request(f"M{i}", f"/v1/scan{i}")
     text = client.get("/metrics").text
-    series = [line for line in text.splitlines()
-              if line.startswith("tallow_http_requests_total{")]
+    series = [line for line in text.splitlines() if line.startswith("tallow_http_requests_total{")]
     methods = {line.split('method="')[1].split('"')[0] for line in series}
     endpoints = {line.split('endpoint="')[1].split('"')[0] for line in series}
     assert methods <= {"GET", "other"}, methods
@@ -125,8 +124,8 @@ def test_health_answers_fast_while_a_big_prompt_tokenizes(live, plugin_manager) 
     srv = live(engine, max_body_bytes=4 * BIG)
     prompt = "a b " * (BIG // 4)
     latencies, resp = _health_latencies_while(
-        srv.url, lambda http: http.post("/v1/completions",
-                                        json={"prompt": prompt, "max_tokens": 1}))
+        srv.url, lambda http: http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+    )
     assert resp.status_code == 400 and f"{BIG} tokens" in resp.text, resp.text[:300]
     assert len(latencies) >= 3, latencies  # the tokenization took a while
     # (before: one probe waited for the whole tokenization, 13 s.) On a loaded shared CPU a
@@ -141,10 +140,11 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(live, plugin_mana
     engine = FakeEngine(plugin_manager=plugin_manager, max_model_len=4096)
     srv = live(engine, max_body_bytes=4 * BIG)
     with httpx.Client(base_url=srv.url, timeout=60) as http:
-        for path, body in [("/tokenize", {"prompt": "a" * BIG}),
-                           ("/v1/completions", {"prompt": "a" * BIG, "max_tokens": 1}),
-                           ("/v1/chat/completions",
-                            {"messages": [{"role": "user", "content": "a" * BIG}]})]:
+        for path, body in [
+            ("/tokenize", {"prompt": "a" * BIG}),
+            ("/v1/completions", {"prompt": "a" * BIG, "max_tokens": 1}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * BIG}]}),
+        ]:
             started = time.monotonic()
             resp = http.post(path, json=body)
             assert resp.status_code == 400, (path, resp.text[:300])
@@ -155,20 +155,24 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(live, plugin_mana
 
 
 # -- 6. chat templates are bounded; SIGTERM always ends the server ------------------------
-LOOPING = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-           "{% for m in messages %}{{ m.content }}{% endfor %}")
+LOOPING = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+)
 
 
-def test_a_chat_template_that_never_ends_is_a_400_naming_the_template(serve, plugin_manager
-                                                                      ) -> None:
+def test_a_chat_template_that_never_ends_is_a_400_naming_the_template(
+    serve, plugin_manager
+) -> None:
     from server_fakes import byte_tokenizer
 
     engine = FakeEngine(plugin_manager=plugin_manager)
     engine.tokenizer = byte_tokenizer(template=LOOPING)
     client = serve(engine, chat_template_timeout_s=0.5)
     started = time.monotonic()
-    resp = client.post("/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": "hi"}]})
+    resp = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+    )
     assert time.monotonic() - started < 5
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
@@ -194,14 +198,28 @@ def test_sigterm_ends_the_server_within_seconds_during_a_stuck_render(tmp_path) 
     config = json.loads((path / "tokenizer_config.json").read_text())
     config["chat_template"] = LOOPING
     (path / "tokenizer_config.json").write_text(json.dumps(config))
-    srv = ServeProcess(["--model", str(path), "--dtype", "float32", "--device", "cpu",
-                        "--chat-template-timeout-s", "60"], timeout=120).start()
+    srv = ServeProcess(
+        [
+            "--model",
+            str(path),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--chat-template-timeout-s",
+            "60",
+        ],
+        timeout=120,
+    ).start()
     try:
+
         def chat() -> None:
             try:
                 with srv.http(timeout=120) as http:
-                    http.post("/v1/chat/completions",
-                              json={"messages": [{"role": "user", "content": "hi"}]})
+                    http.post(
+                        "/v1/chat/completions",
+                        json={"messages": [{"role": "user", "content": "hi"}]},
+                    )
             except httpx.HTTPError:
                 pass  # the server went away: expected
 

@@ -30,8 +30,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # keep the test output quiet
         pass
 
-    def _send(self, status: int, body: bytes, ctype: str = "image/png",
-              **headers: str) -> None:
+    def _send(self, status: int, body: bytes, ctype: str = "image/png", **headers: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -40,8 +39,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _stream(self, total: int, chunk: bytes, pause: float = 0.0,
-                length: bool = False) -> None:
+    def _stream(self, total: int, chunk: bytes, pause: float = 0.0, length: bool = False) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "image/png")
         if length:
@@ -138,8 +136,9 @@ def test_a_host_not_allowed_is_refused(origin: str) -> None:
     assert "--allowed-image-hosts" in error.message and "example.org" in error.message
     port = origin.rsplit(":", 1)[1]
     other_port = str(int(port) % 60000 + 1)
-    error = refused(f"http://{origin}/small.png",
-                    ImagePolicy(allowed_hosts=(f"127.0.0.1:{other_port}",)))
+    error = refused(
+        f"http://{origin}/small.png", ImagePolicy(allowed_hosts=(f"127.0.0.1:{other_port}",))
+    )
     assert "not in the allowed image hosts" in error.message
 
 
@@ -149,8 +148,10 @@ def test_no_allowed_host_refuses_every_link(origin: str) -> None:
 
 
 def test_an_entry_without_a_port_allows_every_port(origin: str) -> None:
-    assert load(f"http://{origin}/small.png", ImagePolicy(allowed_hosts=("127.0.0.1",))) \
-        .size == (11, 6)
+    assert load(f"http://{origin}/small.png", ImagePolicy(allowed_hosts=("127.0.0.1",))).size == (
+        11,
+        6,
+    )
 
 
 def test_a_redirect_to_a_host_not_allowed_is_refused(origin: str) -> None:
@@ -232,22 +233,34 @@ def dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 
 
 def test_an_exactly_named_host_connects_to_its_resolved_address(
-        origin: str, dns: dict[str, list[str]]) -> None:
+    origin: str, dns: dict[str, list[str]]
+) -> None:
     port = origin.rsplit(":", 1)[1]
     dns["images.test"] = ["127.0.0.1"]
     _Handler.seen_hosts.clear()
-    image = load(f"http://images.test:{port}/small.png",
-                 ImagePolicy(allowed_hosts=("images.test",)))
+    image = load(
+        f"http://images.test:{port}/small.png", ImagePolicy(allowed_hosts=("images.test",))
+    )
     assert image.size == (11, 6)
     assert _Handler.seen_hosts == [f"images.test:{port}"]  # the name, sent to the address
 
 
 def test_a_wildcard_host_must_resolve_to_public_addresses(
-        origin: str, dns: dict[str, list[str]]) -> None:
+    origin: str, dns: dict[str, list[str]]
+) -> None:
     port = origin.rsplit(":", 1)[1]
     pol = ImagePolicy(allowed_hosts=("*.example.test",))
-    for address in ("127.0.0.1", "10.1.2.3", "192.168.0.4", "169.254.169.254", "::1",
-                    "fd00::1", "::ffff:10.0.0.1", "100.64.0.1", "0.0.0.0"):
+    for address in (
+        "127.0.0.1",
+        "10.1.2.3",
+        "192.168.0.4",
+        "169.254.169.254",
+        "::1",
+        "fd00::1",
+        "::ffff:10.0.0.1",
+        "100.64.0.1",
+        "0.0.0.0",
+    ):
         dns["cdn.example.test"] = ["93.184.215.14", address]  # one public, one not
         error = refused(f"http://cdn.example.test:{port}/small.png", pol)
         assert "a non-public address" in error.message, address
@@ -258,11 +271,13 @@ def test_a_wildcard_host_must_resolve_to_public_addresses(
 
 
 def test_a_name_resolving_to_link_local_is_refused_even_when_listed(
-        origin: str, dns: dict[str, list[str]]) -> None:
+    origin: str, dns: dict[str, list[str]]
+) -> None:
     for address in ("169.254.169.254", "fe80::1", "::ffff:169.254.169.254"):
         dns["meta.test"] = [address]
-        error = refused("http://meta.test/latest/meta-data",
-                        ImagePolicy(allowed_hosts=("meta.test",)))
+        error = refused(
+            "http://meta.test/latest/meta-data", ImagePolicy(allowed_hosts=("meta.test",))
+        )
         assert "link-local" in error.message and "--allowed-image-hosts" in error.message
 
 

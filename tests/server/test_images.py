@@ -90,7 +90,7 @@ def test_bad_base64_is_a_400() -> None:
 
 @pytest.mark.parametrize("mime", ["text/plain", "application/octet-stream", ""])
 def test_a_non_image_type_is_a_400(mime: str) -> None:
-    error = refused(f"data:{mime};base64," + data_url(b"hello")[len("data:image/png;base64,"):])
+    error = refused(f"data:{mime};base64," + data_url(b"hello")[len("data:image/png;base64,") :])
     assert "expected an image type" in error.message
 
 
@@ -151,8 +151,9 @@ def test_a_huge_data_url_is_refused_before_it_is_decoded() -> None:
     assert "--max-image-bytes" in error.message
 
 
-@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/a.png", "a.png",
-                                 "", "   "])
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "ftp://example.com/a.png", "a.png", "", "   "]
+)
 def test_other_urls_are_400s(url: str) -> None:
     error = refused(url)
     assert "data: URL" in error.message
@@ -161,8 +162,12 @@ def test_other_urls_are_400s(url: str) -> None:
 def test_decode_image_standalone_and_policy_validation() -> None:
     png = encoded(gradient(5, 5), "PNG")
     assert decode_image(png, ImagePolicy(), "image").size == (5, 5)
-    for bad in ({"max_bytes": 0}, {"max_pixels": -1}, {"timeout_s": 0},
-                {"allowed_hosts": ("https://a.com/",)}):
+    for bad in (
+        {"max_bytes": 0},
+        {"max_pixels": -1},
+        {"timeout_s": 0},
+        {"allowed_hosts": ("https://a.com/",)},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ImagePolicy(**bad)  # type: ignore[arg-type]
 

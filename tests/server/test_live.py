@@ -55,13 +55,16 @@ async def _read_a_little_then_leave(url: str, path: str, body: dict[str, Any]) -
 def test_disconnect_mid_stream_frees_every_block(live) -> None:
     engine = FakeEngine(_long, step_delay=0.01)
     srv = live(engine)
-    bodies = [("/v1/chat/completions", {"messages": MSG, "stream": True, "n": 2}),
-              ("/v1/completions", {"prompt": "once", "stream": True, "max_tokens": 500}),
-              ("/v1/completions", {"prompt": ["a", "b"], "stream": True, "max_tokens": 500})]
+    bodies = [
+        ("/v1/chat/completions", {"messages": MSG, "stream": True, "n": 2}),
+        ("/v1/completions", {"prompt": "once", "stream": True, "max_tokens": 500}),
+        ("/v1/completions", {"prompt": ["a", "b"], "stream": True, "max_tokens": 500}),
+    ]
 
     async def burst() -> list[int]:
-        return await asyncio.gather(*(_read_a_little_then_leave(srv.url, path, body)
-                                      for path, body in bodies * 4))
+        return await asyncio.gather(
+            *(_read_a_little_then_leave(srv.url, path, body) for path, body in bodies * 4)
+        )
 
     assert asyncio.run(burst()) == [3] * 12
     _wait(lambda: not engine.active)
@@ -90,11 +93,12 @@ def test_server_queue_limit_is_503_under_real_load(live) -> None:
 
     async def run() -> list[int]:
         async with httpx.AsyncClient(base_url=srv.url, timeout=20) as client:
+
             async def one(i: int) -> int:
                 await asyncio.sleep(0.05 * i)
-                resp = await client.post("/v1/completions",
-                                         json={"prompt": "x", "max_tokens": 200})
+                resp = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 200})
                 return resp.status_code
+
             return await asyncio.gather(*(one(i) for i in range(4)))
 
     statuses = asyncio.run(run())
@@ -109,25 +113,38 @@ def test_metrics_parse_and_move(live) -> None:
     before = httpx.get(srv.url + "/metrics")
     assert before.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(before.text)}
-    for name in ("tallow_http_requests", "tallow_num_requests_waiting",
-                 "tallow_num_requests_running", "tallow_kv_cache_usage_ratio",
-                 "tallow_kv_cache_free_blocks", "tallow_prefix_cache_hit_rate",
-                 "tallow_time_to_first_token_seconds", "tallow_inter_token_latency_seconds",
-                 "tallow_e2e_request_latency_seconds", "tallow_prompt_tokens",
-                 "tallow_generation_tokens", "tallow_num_preemptions"):
+    for name in (
+        "tallow_http_requests",
+        "tallow_num_requests_waiting",
+        "tallow_num_requests_running",
+        "tallow_kv_cache_usage_ratio",
+        "tallow_kv_cache_free_blocks",
+        "tallow_prefix_cache_hit_rate",
+        "tallow_time_to_first_token_seconds",
+        "tallow_inter_token_latency_seconds",
+        "tallow_e2e_request_latency_seconds",
+        "tallow_prompt_tokens",
+        "tallow_generation_tokens",
+        "tallow_num_preemptions",
+    ):
         assert name in families, name
     assert families["tallow_time_to_first_token_seconds"].type == "histogram"
     assert families["tallow_prompt_tokens"].type == "counter"
     assert families["tallow_num_preemptions"].type == "counter"
     m0 = _metrics(srv.url)
     for _ in range(2):
-        assert httpx.post(srv.url + "/v1/completions",
-                          json={"prompt": "abc", "max_tokens": 5}).status_code == 200
-    assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "n": 0}).status_code \
-        == 400
+        assert (
+            httpx.post(
+                srv.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 5}
+            ).status_code
+            == 200
+        )
+    assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "n": 0}).status_code == 400
     m1 = _metrics(srv.url)
-    ok = 'tallow_http_requests_total{"endpoint": "/v1/completions", "method": "POST", ' \
-         '"status": "200"}'
+    ok = (
+        'tallow_http_requests_total{"endpoint": "/v1/completions", "method": "POST", '
+        '"status": "200"}'
+    )
     bad = ok.replace('"200"', '"400"')
     assert m1[ok] - m0.get(ok, 0) == 2 and m1[bad] - m0.get(bad, 0) == 1
     assert m1["tallow_prompt_tokens_total"] - m0["tallow_prompt_tokens_total"] == 6

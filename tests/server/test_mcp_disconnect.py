@@ -18,8 +18,9 @@ from server_helpers import LiveServer, httpx, make_config
 
 pytest.importorskip("tallow_mcp_client", reason="tallow-mcp-client provides the MCP client")
 
-SDK_SERVER = str(Path(__file__).parents[2] / "plugins" / "mcp" / "client" / "tests"
-                 / "sdk_server.py")
+SDK_SERVER = str(
+    Path(__file__).parents[2] / "plugins" / "mcp" / "client" / "tests" / "sdk_server.py"
+)
 MSG = [{"role": "user", "content": "Sleep a minute."}]
 CALL = '<tool_call>\n{"name": "sleep", "arguments": {"seconds": 60}}\n</tool_call>'
 
@@ -32,14 +33,34 @@ def mcp_loop(plugin_manager: Any, tmp_path: Path) -> Iterator[tuple[LiveServer, 
     from tallow_mcp_client.provider import MCPToolProvider
 
     mark = tmp_path / "cancelled"
-    provider = MCPToolProvider.from_config(plugin_config({"plugins": {"settings": {
-        "tallow-mcp-client": {"servers": {"sdk": {
-            "command": sys.executable, "args": [SDK_SERVER, "stdio"],
-            "env": {"SDK_SERVER_CANCEL_MARK": str(mark)}, "allow": ["sleep"]}}}}}}))
-    engine = FakeEngine(lambda prompt, params, i: CALL, step_delay=0.01,
-                        plugin_manager=plugin_manager)
-    app = build_app(engine, make_config(server_tools="always"),
-                    tool_providers=ToolProviders.of({"mcp": provider}))
+    provider = MCPToolProvider.from_config(
+        plugin_config(
+            {
+                "plugins": {
+                    "settings": {
+                        "tallow-mcp-client": {
+                            "servers": {
+                                "sdk": {
+                                    "command": sys.executable,
+                                    "args": [SDK_SERVER, "stdio"],
+                                    "env": {"SDK_SERVER_CANCEL_MARK": str(mark)},
+                                    "allow": ["sleep"],
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
+    engine = FakeEngine(
+        lambda prompt, params, i: CALL, step_delay=0.01, plugin_manager=plugin_manager
+    )
+    app = build_app(
+        engine,
+        make_config(server_tools="always"),
+        tool_providers=ToolProviders.of({"mcp": provider}),
+    )
     with LiveServer(app) as srv:
         deadline = time.monotonic() + 60
         while "sleep" not in httpx.get(srv.url + "/v1/tools").text:

@@ -15,8 +15,12 @@ from hypothesis import HealthCheck, Phase, settings
 from schemathesis import checks
 from server_helpers import LiveServer, make_config
 
-CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
-          checks.content_type_conformance, checks.response_schema_conformance]
+CHECKS = [
+    checks.not_a_server_error,
+    checks.status_code_conformance,
+    checks.content_type_conformance,
+    checks.response_schema_conformance,
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +30,17 @@ def served() -> Iterator[LiveServer]:
     from tallow.plugin.manager import load_plugins
     from tallow.server.app import build_app
 
-    engine = AsyncEngine.from_config(config_from_kwargs(
-        model="random:tiny-llama", dtype="float32", device="cpu", max_model_len=128,
-        num_blocks=512, block_size=16), plugin_manager=load_plugins(None))
+    engine = AsyncEngine.from_config(
+        config_from_kwargs(
+            model="random:tiny-llama",
+            dtype="float32",
+            device="cpu",
+            max_model_len=128,
+            num_blocks=512,
+            block_size=16,
+        ),
+        plugin_manager=load_plugins(None),
+    )
     with LiveServer(build_app(engine, make_config())) as srv:
         yield srv
 
@@ -42,8 +54,13 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=8, deadline=None, derandomize=True, database=None,
-          phases=(Phase.explicit, Phase.generate),
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=list(HealthCheck),
+)
 def test_no_server_errors_and_responses_match_the_document(case: Any) -> None:
     case.call_and_validate(checks=CHECKS, timeout=60)

@@ -29,8 +29,9 @@ def whole(client: Any, **body: Any) -> dict[str, Any]:
 
 def streamed(client: Any, **body: Any) -> tuple[str | None, str, list[dict[str, Any]]]:
     """Reasoning (None if no delta carried it), content and tool calls of a stream."""
-    chunks = chunks_of(client.post("/v1/chat/completions",
-                                   json={"messages": MSG, "stream": True, **body}))
+    chunks = chunks_of(
+        client.post("/v1/chat/completions", json={"messages": MSG, "stream": True, **body})
+    )
     reasoning: str | None = None
     content, calls = "", []
     for chunk in chunks:
@@ -43,14 +44,16 @@ def streamed(client: Any, **body: Any) -> tuple[str | None, str, list[dict[str, 
             for part in delta.get("tool_calls", []):  # a call's arguments come in pieces
                 if part["index"] == len(calls):
                     calls.append({**part, "function": {**part["function"], "arguments": ""}})
-                calls[part["index"]]["function"]["arguments"] += \
-                    part["function"].get("arguments", "")
+                calls[part["index"]]["function"]["arguments"] += part["function"].get(
+                    "arguments", ""
+                )
     return reasoning, content, calls
 
 
 def test_whole_and_streamed_reasoning(serve, plugin_manager) -> None:
-    client = serve(engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"),
-                   reasoning_parser="think")
+    client = serve(
+        engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"), reasoning_parser="think"
+    )
     message = whole(client)["message"]
     assert message["reasoning_content"] == THOUGHT
     assert message["content"] == ANSWER
@@ -58,8 +61,9 @@ def test_whole_and_streamed_reasoning(serve, plugin_manager) -> None:
 
 
 def test_template_opened_think_block(serve, plugin_manager) -> None:
-    client = serve(engine(plugin_manager, f"{THOUGHT}</think>{ANSWER}"),
-                   reasoning_parser="deepseek_r1")
+    client = serve(
+        engine(plugin_manager, f"{THOUGHT}</think>{ANSWER}"), reasoning_parser="deepseek_r1"
+    )
     message = whole(client)["message"]
     assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
     assert streamed(client)[:2] == (THOUGHT, ANSWER)
@@ -77,8 +81,9 @@ def test_unterminated_reasoning_and_no_reasoning(serve, plugin_manager) -> None:
 
 
 def test_include_reasoning_false_drops_it(serve, plugin_manager) -> None:
-    client = serve(engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"),
-                   reasoning_parser="think")
+    client = serve(
+        engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"), reasoning_parser="think"
+    )
     message = whole(client, include_reasoning=False)["message"]
     assert "reasoning_content" not in message and message["content"] == ANSWER
     assert streamed(client, include_reasoning=False)[:2] == (None, ANSWER)
@@ -96,29 +101,35 @@ def test_tool_calls_come_from_the_content_only(serve, plugin_manager) -> None:
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     decoy = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     thought = f"Maybe {decoy}? No: Paris.\n"
-    client = serve(engine(plugin_manager, f"<think>{thought}</think>\n{call}"),
-                   reasoning_parser="think")
+    client = serve(
+        engine(plugin_manager, f"<think>{thought}</think>\n{call}"), reasoning_parser="think"
+    )
     choice = whole(client, tools=TOOLS)
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["reasoning_content"] == thought
     (got,) = choice["message"]["tool_calls"]
     assert (got["function"]["name"], json.loads(got["function"]["arguments"])) == (
-        "get_weather", {"city": "Paris"})
+        "get_weather",
+        {"city": "Paris"},
+    )
     reasoning, content, calls = streamed(client, tools=TOOLS)
     assert reasoning == thought
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
 
 
 def test_official_client_reads_reasoning_content(serve, plugin_manager) -> None:
-    client = serve(engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"),
-                   reasoning_parser="think")
+    client = serve(
+        engine(plugin_manager, f"<think>{THOUGHT}</think>{ANSWER}"), reasoning_parser="think"
+    )
     oai = openai_client(client)
     reply = oai.chat.completions.create(model="fake-model", messages=MSG)
     message = reply.choices[0].message
     assert (message.reasoning_content, message.content) == (THOUGHT, ANSWER)
-    thought = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
-                      for c in oai.chat.completions.create(model="fake-model", messages=MSG,
-                                                            stream=True) if c.choices)
+    thought = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or ""
+        for c in oai.chat.completions.create(model="fake-model", messages=MSG, stream=True)
+        if c.choices
+    )
     assert thought == THOUGHT
 
 
@@ -128,7 +139,8 @@ def test_enable_thinking_reaches_the_template(serve, plugin_manager) -> None:
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
         "{% endif %}{% if reasoning_effort is defined %}[effort={{ reasoning_effort }}]"
-        "{% endif %}")
+        "{% endif %}"
+    )
     client = serve(fake, reasoning_parser="think")
     whole(client, chat_template_kwargs={"enable_thinking": False}, reasoning_effort="low")
     prompt = fake.requests[-1]["prompt"]
@@ -158,7 +170,8 @@ def test_reasoning_parser_chosen_from_the_template(serve, plugin_manager) -> Non
     fake.tokenizer.tokenizer_config["chat_template"] = (
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-        "{% endif %}")
+        "{% endif %}"
+    )
     client = serve(fake)
     assert client.get("/v1/plugins").json()["selected"]["reasoning_parser"] == "think"
     message = whole(client)["message"]

@@ -56,8 +56,12 @@ def listener() -> Iterator[Listener]:
 
 
 def _tool(parameters: Any, description: str = "f") -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": "f", "description": description,
-                                              "parameters": parameters}}]
+    return [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": description, "parameters": parameters},
+        }
+    ]
 
 
 def _errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -68,9 +72,11 @@ def _errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize("where", ["root", "nested", "dynamic"])
 def test_remote_ref_in_a_tool_schema_is_400_and_never_fetched(serve, listener, where) -> None:
     ref = {"$ref": listener.url}
-    schema = {"root": ref,
-              "nested": {"type": "object", "properties": {"a": {"items": ref}}},
-              "dynamic": {"$dynamicRef": listener.url}}[where]
+    schema = {
+        "root": ref,
+        "nested": {"type": "object", "properties": {"a": {"items": ref}}},
+        "dynamic": {"$dynamicRef": listener.url},
+    }[where]
     client = serve()
     started = time.monotonic()
     resp = client.post("/v1/chat/completions", json={"messages": MSG, "tools": _tool(schema)})
@@ -84,8 +90,9 @@ def test_remote_ref_in_a_tool_schema_is_400_and_never_fetched(serve, listener, w
 
 def test_a_ref_made_remote_by_an_id_is_not_fetched(listener) -> None:
     # "$id" moves the base URI, so the local-looking "#/$defs/x" resolves to the listener.
-    tools = _tool({"$id": listener.url, "type": "object",
-                   "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    tools = _tool(
+        {"$id": listener.url, "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    )
     started = time.monotonic()
     [reason] = validate_tool_call(ToolCall("f", '{"a": 1}'), tools)
     assert "cannot be applied" in reason
@@ -95,10 +102,14 @@ def test_a_ref_made_remote_by_an_id_is_not_fetched(listener) -> None:
 
 
 def test_a_catastrophic_pattern_cannot_stall_validation() -> None:
-    tools = _tool({"type": "object", "properties": {"a": {"type": "string",
-                                                          "pattern": "^(a|aa)+$"}},
-                   "patternProperties": {"^(b|bb)+$": {"type": "string"}},
-                   "additionalProperties": False})
+    tools = _tool(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string", "pattern": "^(a|aa)+$"}},
+            "patternProperties": {"^(b|bb)+$": {"type": "string"}},
+            "additionalProperties": False,
+        }
+    )
     args = json.dumps({"a": "a" * 40 + "!", "b" * 40 + "!": "x"})
     started = time.monotonic()
     reasons = validate_tool_call(ToolCall("f", args), tools)
@@ -111,18 +122,30 @@ def test_a_catastrophic_pattern_cannot_stall_validation() -> None:
 
 
 # -- 3. lone surrogates: 400 naming the field ---------------------------------------------------
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud800"}]}',
-     "messages[0].content"),
-    ("/v1/completions", '{"prompt": "\\udfff"}', "prompt"),
-    ("/v1/completions", '{"prompt": ["ok", "a\\ud83d"]}', "prompt[1]"),
-    ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": '
-     '[{"type": "function", "function": {"name": "f", "description": "\\ud800"}}]}',
-     "tools[0].function.description"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], '
-     '"metadata": {"\\ud800": 1}}', "metadata"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "x\\ud800"}]}',
+            "messages[0].content",
+        ),
+        ("/v1/completions", '{"prompt": "\\udfff"}', "prompt"),
+        ("/v1/completions", '{"prompt": ["ok", "a\\ud83d"]}', "prompt[1]"),
+        ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "tools": '
+            '[{"type": "function", "function": {"name": "f", "description": "\\ud800"}}]}',
+            "tools[0].function.description",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "metadata": {"\\ud800": 1}}',
+            "metadata",
+        ),
+    ],
+)
 def test_lone_surrogates_are_400(serve, caplog, path, body, param) -> None:
     client = serve()
     resp = client.post(path, content=body, headers={"content-type": "application/json"})
@@ -134,8 +157,11 @@ def test_lone_surrogates_are_400(serve, caplog, path, body, param) -> None:
 
 def test_a_proper_surrogate_pair_is_text(serve) -> None:
     client = serve()
-    resp = client.post("/tokenize", content='{"prompt": "\\ud83d\\ude42"}',
-                       headers={"content-type": "application/json"})
+    resp = client.post(
+        "/tokenize",
+        content='{"prompt": "\\ud83d\\ude42"}',
+        headers={"content-type": "application/json"},
+    )
     assert resp.status_code == 200, resp.text
     assert resp.json()["count"] == 4  # the four UTF-8 bytes of U+1F642 in the byte tokenizer
 
@@ -145,14 +171,19 @@ def test_a_deeply_nested_body_is_400_without_a_traceback(serve, caplog) -> None:
     client = serve()
     for depth in (70, 2000, 100_000):
         body = '{"prompt": "x", "ignored": ' + "[" * depth + "]" * depth + "}"
-        resp = client.post("/v1/completions", content=body,
-                           headers={"content-type": "application/json"})
+        resp = client.post(
+            "/v1/completions", content=body, headers={"content-type": "application/json"}
+        )
         assert resp.status_code == 400, (depth, resp.text)
         assert "deeper than 64 levels" in resp.json()["error"]["message"]
     assert _errors_logged(caplog) == []
     shallow = '{"prompt": "x", "max_tokens": 1, "ignored": ' + "[" * 60 + "]" * 60 + "}"
-    assert client.post("/v1/completions", content=shallow,
-                       headers={"content-type": "application/json"}).status_code == 200
+    assert (
+        client.post(
+            "/v1/completions", content=shallow, headers={"content-type": "application/json"}
+        ).status_code
+        == 200
+    )
 
 
 def test_deeply_nested_tool_parameters_are_400(serve, caplog) -> None:
@@ -175,8 +206,12 @@ def test_fan_out_per_request_is_capped(serve) -> None:
     err = resp.json()["error"]
     assert err["code"] == "too_many_sequences" and "8192" in err["message"]
     small = serve(max_sequences_per_request=4)
-    assert small.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2,
-                                                "max_tokens": 1}).status_code == 200
+    assert (
+        small.post(
+            "/v1/completions", json={"prompt": ["a", "b"], "n": 2, "max_tokens": 1}
+        ).status_code
+        == 200
+    )
     resp = small.post("/v1/chat/completions", json={"messages": MSG, "n": 5})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "n"
 
@@ -195,8 +230,10 @@ def _raw(port: int, data: bytes, read: bool = True) -> bytes:
 def test_a_client_closing_mid_body_is_not_an_internal_error(live, caplog) -> None:
     engine = FakeEngine()
     srv = live(engine)
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n"
+    )
     _raw(srv.port, head + b'{"prompt": "abc", ', read=False)
     time.sleep(0.5)
     assert _errors_logged(caplog) == []
@@ -206,8 +243,11 @@ def test_a_client_closing_mid_body_is_not_an_internal_error(live, caplog) -> Non
 @pytest.mark.parametrize("value", [b"abc", b"-1", b"2, 3"])
 def test_an_invalid_content_length_gets_an_openai_error(live, value) -> None:
     srv = live(FakeEngine())
-    reply = _raw(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                 b"application/json\r\nContent-Length: " + value + b"\r\n\r\n{}")
+    reply = _raw(
+        srv.port,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        b"application/json\r\nContent-Length: " + value + b"\r\n\r\n{}",
+    )
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400")
     assert b"content-type: application/json" in head.lower()
@@ -220,8 +260,10 @@ def _finished(url: str, reason: str) -> float:
 
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for sample in family.samples:
-            if sample.name == "tallow_request_finished_total" and \
-                    sample.labels.get("finish_reason") == reason:
+            if (
+                sample.name == "tallow_request_finished_total"
+                and sample.labels.get("finish_reason") == reason
+            ):
                 return sample.value
     return 0.0
 
@@ -232,8 +274,11 @@ def test_cancelled_requests_are_counted_as_finished_with_abort(live) -> None:
 
     async def leave_mid_stream() -> None:
         async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
-            async with client.stream("POST", "/v1/completions", json={
-                    "prompt": ["a", "b"], "n": 2, "stream": True, "max_tokens": 300}) as resp:
+            async with client.stream(
+                "POST",
+                "/v1/completions",
+                json={"prompt": ["a", "b"], "n": 2, "stream": True, "max_tokens": 300},
+            ) as resp:
                 async for line in resp.aiter_lines():
                     if line.startswith("data: "):
                         break
@@ -257,8 +302,11 @@ def test_a_request_abandoned_while_queued_for_the_engine_is_aborted() -> None:
     from tallow.engine.llm import config_from_kwargs
     from tallow import SamplingParams
 
-    engine = AsyncEngine.from_config(config_from_kwargs(
-        model="random:tiny-llama", dtype="float32", device="cpu", max_model_len=512))
+    engine = AsyncEngine.from_config(
+        config_from_kwargs(
+            model="random:tiny-llama", dtype="float32", device="cpu", max_model_len=512
+        )
+    )
     gate = threading.Event()
     in_step = threading.Event()
     step = engine.core.step
@@ -317,8 +365,13 @@ def test_openapi_covers_every_route_with_its_auth(serve, keys) -> None:
     assert resp.status_code == 200
     doc = resp.json()
     assert doc["openapi"].startswith("3.1")
-    served = {(r.path.replace(":path}", "}"), m.lower()) for r in client.app.routes
-              if isinstance(r, Route) for m in (r.methods or ()) if m != "HEAD"}
+    served = {
+        (r.path.replace(":path}", "}"), m.lower())
+        for r in client.app.routes
+        if isinstance(r, Route)
+        for m in (r.methods or ())
+        if m != "HEAD"
+    }
     served.discard(("/openapi.json", "get"))
     listed = {(p, m) for p, ops in doc["paths"].items() for m in ops}
     assert listed == served

@@ -80,9 +80,22 @@ def test_server_ui_is_off_by_default_and_set_by_flag_and_yaml(tmp_path: Any) -> 
 def test_serve_ui_without_a_ui_plugin_stops_before_loading_the_model() -> None:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "tallow", "serve", "--ui", "--no-autoload-plugins",
-         "--model", "/nonexistent/model.gguf", "--port", "0"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "tallow",
+            "serve",
+            "--ui",
+            "--no-autoload-plugins",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "server.ui (--ui) is on, but no loaded plugin serves /ui" in proc.stderr
     assert "tallow-ui-web" in proc.stderr

@@ -38,8 +38,12 @@ def test_a_minute_of_mixed_traffic_leaks_nothing() -> None:
     assert not any(code.startswith("5") for code in report.statuses), text
     assert report.statuses.get("200", 0) >= len(soak.KINDS), text
     assert report.disconnects > 0 and report.tool_calls_run > 0, text
-    assert {"all KV blocks free", "no MCP call in flight", "RSS within 10 % of the start",
-            "file descriptors back near the start"} <= set(report.checks), text
+    assert {
+        "all KV blocks free",
+        "no MCP call in flight",
+        "RSS within 10 % of the start",
+        "file descriptors back near the start",
+    } <= set(report.checks), text
 
 
 def test_the_checks_catch_a_leak() -> None:
@@ -49,12 +53,29 @@ def test_the_checks_catch_a_leak() -> None:
     report = soak.Report(duration_s=1, concurrency=1, model="m")
     first = soak.Snapshot(rss=100 << 20, fds=10, threads=8, grammar_workers=1, children=[])
     leaky = soak.Snapshot(rss=120 << 20, fds=40, threads=30, grammar_workers=2, children=[])
-    idle = {"running": 0.0, "waiting": 1.0, "free_blocks": 7.0, "total_blocks": 8.0,
-            "server_inflight": 1, "mcp_calls_in_flight": 1}
+    idle = {
+        "running": 0.0,
+        "waiting": 1.0,
+        "free_blocks": 7.0,
+        "total_blocks": 8.0,
+        "server_inflight": 1,
+        "mcp_calls_in_flight": 1,
+    }
     soak._check(report, idle, first, leaky, tools=True)
     assert not report.passed
     assert not any(report.checks.values()), report.text()
     clean = soak.Report(duration_s=1, concurrency=1, model="m")
-    soak._check(clean, {**idle, "waiting": 0.0, "free_blocks": 8.0, "server_inflight": 0,
-                        "mcp_calls_in_flight": 0}, first, first, tools=True)
+    soak._check(
+        clean,
+        {
+            **idle,
+            "waiting": 0.0,
+            "free_blocks": 8.0,
+            "server_inflight": 0,
+            "mcp_calls_in_flight": 0,
+        },
+        first,
+        first,
+        tools=True,
+    )
     assert clean.passed, clean.text()

@@ -16,9 +16,15 @@ def scrape(stats: dict) -> dict[str, float]:
 
 
 def test_acceptance_figures_are_exported() -> None:
-    got = scrape({"spec_num_proposals": 10, "spec_num_proposed_tokens": 40,
-                  "spec_num_accepted_tokens": 30, "spec_acceptance_rate": 0.75,
-                  "spec_mean_accepted_length": 4.0})
+    got = scrape(
+        {
+            "spec_num_proposals": 10,
+            "spec_num_proposed_tokens": 40,
+            "spec_num_accepted_tokens": 30,
+            "spec_acceptance_rate": 0.75,
+            "spec_mean_accepted_length": 4.0,
+        }
+    )
     assert got["tallow_spec_decode_acceptance_rate"] == 0.75
     assert got["tallow_spec_decode_mean_accepted_length"] == 4.0
     assert got["tallow_spec_decode_num_proposals_total"] == 10

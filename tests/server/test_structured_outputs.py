@@ -18,18 +18,43 @@ from tiny_models import save_tiny  # noqa: E402
 
 from server_helpers import chunks_of, make_config  # noqa: E402
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 8},
-    "n": {"type": "integer", "minimum": 0, "maximum": 50},
-    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
-    "required": ["name", "n", "tags"], "additionalProperties": False}
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 5},
-                                     "unit": {"enum": ["c", "f"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
-OTHER = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["a"], "additionalProperties": False}}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "n": {"type": "integer", "minimum": 0, "maximum": 50},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "n", "tags"],
+    "additionalProperties": False,
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 5},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+OTHER = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    },
+}
 MSG = [{"role": "user", "content": "The quick brown fox"}]
 
 
@@ -42,8 +67,9 @@ def client(tmp_path_factory) -> Any:
     from tallow.server.app import build_app
 
     path = save_tiny(tmp_path_factory.mktemp("tiny"), "llama")
-    engine = AsyncEngine.create(str(path), dtype="float32", device="cpu", num_blocks=512,
-                                block_size=8)
+    engine = AsyncEngine.create(
+        str(path), dtype="float32", device="cpu", num_blocks=512, block_size=8
+    )
     with TestClient(build_app(engine, make_config()), raise_server_exceptions=False) as client:
         yield client
 
@@ -68,8 +94,7 @@ def streamed(client: Any, **body: Any) -> tuple[str, list[dict[str, Any]], str]:
 
 
 def test_response_format_json_schema_whole_and_streamed(client) -> None:
-    fmt = {"type": "json_schema", "json_schema": {"name": "rec", "schema": SCHEMA,
-                                                  "strict": True}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "rec", "schema": SCHEMA, "strict": True}}
     resp = post(client, response_format=fmt, max_tokens=80)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
@@ -79,15 +104,20 @@ def test_response_format_json_schema_whole_and_streamed(client) -> None:
     assert (text, finish) == (choice["message"]["content"], "stop")
 
 
-@pytest.mark.parametrize("body,check", [
-    # a random model's free-form object seldom closes within the budget: it starts like one
-    ({"response_format": {"type": "json_object"}}, lambda t: t.startswith("{")),
-    ({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
-    ({"guided_regex": "[a-c]{3}-[0-9]"}, lambda t: len(t) == 5 and t[3] == "-"),
-    ({"structured_outputs": {"json": SCHEMA}},
-     lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
-    ({"guided_grammar": 'root ::= "x" ("y" | "z")'}, lambda t: t in ("xy", "xz")),
-])
+@pytest.mark.parametrize(
+    "body,check",
+    [
+        # a random model's free-form object seldom closes within the budget: it starts like one
+        ({"response_format": {"type": "json_object"}}, lambda t: t.startswith("{")),
+        ({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
+        ({"guided_regex": "[a-c]{3}-[0-9]"}, lambda t: len(t) == 5 and t[3] == "-"),
+        (
+            {"structured_outputs": {"json": SCHEMA}},
+            lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None,
+        ),
+        ({"guided_grammar": 'root ::= "x" ("y" | "z")'}, lambda t: t in ("xy", "xz")),
+    ],
+)
 def test_vllm_fields_on_both_endpoints(client, body, check) -> None:
     chat = post(client, max_tokens=80, **body)
     assert chat.status_code == 200, chat.text
@@ -97,35 +127,79 @@ def test_vllm_fields_on_both_endpoints(client, body, check) -> None:
     assert check(text.json()["choices"][0]["text"])
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}},
-     "response_format.json_schema.schema.properties.t.uniqueItems"),
-    ({"guided_json": {"anyOf": [{"type": "string"}, {"not": {"type": "null"}}]}},
-     "guided_json.anyOf[1].not"),
-    ({"structured_outputs": {"json": {"type": "string", "format": "iri"}}},
-     "structured_outputs.json.format"),
-    ({"guided_regex": "(?<=a)b"}, "guided_regex"),
-    ({"guided_grammar": "root ::= ("}, "guided_grammar"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name"}}},
-     "response_format.json_schema.name"),
-    ({"guided_choice": []}, "guided_choice"),
-    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
-    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
-    ({"response_format": {"type": "json_object"}, "tools": [TOOL], "tool_choice": "required"},
-     "response_format"),
-    ({"tools": [TOOL, {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"oneOf": [{"type": "string"}]}}}}}],
-      "tool_choice": "required"}, "tools[1].function.parameters.properties.x.oneOf"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"t": {"type": "array", "uniqueItems": True}},
+                        },
+                    },
+                }
+            },
+            "response_format.json_schema.schema.properties.t.uniqueItems",
+        ),
+        (
+            {"guided_json": {"anyOf": [{"type": "string"}, {"not": {"type": "null"}}]}},
+            "guided_json.anyOf[1].not",
+        ),
+        (
+            {"structured_outputs": {"json": {"type": "string", "format": "iri"}}},
+            "structured_outputs.json.format",
+        ),
+        ({"guided_regex": "(?<=a)b"}, "guided_regex"),
+        ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "bad name"}}},
+            "response_format.json_schema.name",
+        ),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "tools": [TOOL],
+                "tool_choice": "required",
+            },
+            "response_format",
+        ),
+        (
+            {
+                "tools": [
+                    TOOL,
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"oneOf": [{"type": "string"}]}},
+                            },
+                        },
+                    },
+                ],
+                "tool_choice": "required",
+            },
+            "tools[1].function.parameters.properties.x.oneOf",
+        ),
+    ],
+)
 def test_what_cannot_be_enforced_is_a_400_naming_it(client, body, param) -> None:
     resp = post(client, max_tokens=5, **body)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param, resp.json()
 
 
-@pytest.mark.parametrize("tool_choice", [
-    "required", {"type": "function", "function": {"name": "add"}}])
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "add"}}]
+)
 def test_forced_calls_are_valid_and_stream_as_they_are_written(client, tool_choice) -> None:
     tools = [TOOL, OTHER]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
@@ -140,8 +214,9 @@ def test_forced_calls_are_valid_and_stream_as_they_are_written(client, tool_choi
         if tool_choice != "required":
             assert name == "add"
         jsonschema.validate(json.loads(arguments), schemas[name])
-        text, deltas, finish = streamed(client, messages=msg, tools=tools,
-                                        tool_choice=tool_choice, max_tokens=150)
+        text, deltas, finish = streamed(
+            client, messages=msg, tools=tools, tool_choice=tool_choice, max_tokens=150
+        )
         assert text == "" and finish == "tool_calls"
         first, *rest = deltas
         assert first["id"].startswith("call_") and first["type"] == "function"

@@ -54,14 +54,22 @@ class Clock(ToolProvider):
 
     async def list_tools(self) -> list[dict[str, Any]]:
         def tool(name: str, props: dict[str, Any]) -> dict[str, Any]:
-            return {"type": "function", "function": {
-                "name": name, "description": f"the {name} tool",
-                "parameters": {"type": "object", "properties": props}}}
+            return {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f"the {name} tool",
+                    "parameters": {"type": "object", "properties": props},
+                },
+            }
 
-        return [tool("get_time", {"zone": {"type": "string"}}),
-                tool("slow", {"seconds": {"type": "number"}}),
-                tool("boom", {}), tool("get_weather", {"city": {"type": "string"}}),
-                *self.extra]
+        return [
+            tool("get_time", {"zone": {"type": "string"}}),
+            tool("slow", {"seconds": {"type": "number"}}),
+            tool("boom", {}),
+            tool("get_weather", {"city": {"type": "string"}}),
+            *self.extra,
+        ]
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         self.calls.append((name, arguments))
@@ -92,12 +100,18 @@ def app(plugin_manager: Any) -> Iterator[Callable[..., Any]]:
     clients: list[Any] = []
 
     def make(script: Callable[[str], str], *, step_delay: float = 0.0, **server: Any) -> Any:
-        engine = FakeEngine(lambda prompt, params, i: script(prompt), step_delay=step_delay,
-                            plugin_manager=plugin_manager)
+        engine = FakeEngine(
+            lambda prompt, params, i: script(prompt),
+            step_delay=step_delay,
+            plugin_manager=plugin_manager,
+        )
         provider = Clock()
-        client = TestClient(build_app(engine, make_config(**server),
-                                      tool_providers=ToolProviders.of({"clock": provider})),
-                            raise_server_exceptions=False)
+        client = TestClient(
+            build_app(
+                engine, make_config(**server), tool_providers=ToolProviders.of({"clock": provider})
+            ),
+            raise_server_exceptions=False,
+        )
         client.__enter__()
         clients.append(client)
         assert provider.started
@@ -123,8 +137,17 @@ def whole(client: Any, **body: Any) -> dict[str, Any]:
 
 def assembled(client: Any, **body: Any) -> dict[str, Any]:
     """A stream put back together in the shape of a whole response's choice and usage."""
-    chunks = chunks_of(client.post("/v1/chat/completions", json={
-        "messages": MSG, "stream": True, "stream_options": {"include_usage": True}, **body}))
+    chunks = chunks_of(
+        client.post(
+            "/v1/chat/completions",
+            json={
+                "messages": MSG,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **body,
+            },
+        )
+    )
     content, entries, calls, finish = "", [], {}, None
     for chunk in chunks[:-1]:
         (choice,) = chunk["choices"]
@@ -139,14 +162,22 @@ def assembled(client: Any, **body: Any) -> dict[str, Any]:
                 assert entries[part["index"]]["id"] == part["id"]
                 entries[part["index"]]["result"] = part["result"]
         for part in delta.get("tool_calls", []):
-            calls[part["index"]] = {"id": part["id"], "type": "function",
-                                    "function": part["function"]}
+            calls[part["index"]] = {
+                "id": part["id"],
+                "type": "function",
+                "function": part["function"],
+            }
         finish = choice["finish_reason"] or finish
     assert chunks[-1]["choices"] == []
-    return {"message": {"content": content or None if calls else content,
-                        "tool_calls": [calls[i] for i in sorted(calls)] or None,
-                        EXTENSION_FIELD: entries},
-            "finish_reason": finish, "usage": chunks[-1]["usage"]}
+    return {
+        "message": {
+            "content": content or None if calls else content,
+            "tool_calls": [calls[i] for i in sorted(calls)] or None,
+            EXTENSION_FIELD: entries,
+        },
+        "finish_reason": finish,
+        "usage": chunks[-1]["usage"],
+    }
 
 
 def _without_ids(value: Any) -> Any:
@@ -165,8 +196,12 @@ def same_as_stream(client: Any, **body: Any) -> dict[str, Any]:
     streamed = assembled(client, **body)
     message = choice["message"]
     assert _without_ids(streamed["message"]) == _without_ids(
-        {"content": message["content"], "tool_calls": message.get("tool_calls"),
-         EXTENSION_FIELD: message[EXTENSION_FIELD]})
+        {
+            "content": message["content"],
+            "tool_calls": message.get("tool_calls"),
+            EXTENSION_FIELD: message[EXTENSION_FIELD],
+        }
+    )
     assert streamed["finish_reason"] == choice["finish_reason"]
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         assert streamed["usage"][key] == response["usage"][key]
@@ -180,8 +215,7 @@ def test_one_round(app) -> None:
     response = same_as_stream(client, server_tools=True)
     # the body is the one the OpenAPI document describes, extension field included
     parsed = ChatCompletionResponse.model_validate(response)
-    assert parsed.choices[0].message.server_tool_calls[0].result.content == \
-        "12:12 in Europe/Paris"
+    assert parsed.choices[0].message.server_tool_calls[0].result.content == "12:12 in Europe/Paris"
     (choice,) = response["choices"]
     assert choice["finish_reason"] == "stop"
     message = choice["message"]
@@ -197,10 +231,12 @@ def test_one_round(app) -> None:
     # the second round's prompt has the call and its result in the model's own template
     first, second = engine.requests[:2]
     assert second["prompt"].startswith(first["prompt"])
-    assert ('<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_time", '
-            '"arguments": {"zone": "Europe/Paris"}}\n</tool_call><|im_end|>\n<|im_start|>user\n'
-            '<tool_response>\n12:12 in Europe/Paris\n</tool_response><|im_end|>\n'
-            '<|im_start|>assistant\n') in second["prompt"]
+    assert (
+        '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_time", '
+        '"arguments": {"zone": "Europe/Paris"}}\n</tool_call><|im_end|>\n<|im_start|>user\n'
+        "<tool_response>\n12:12 in Europe/Paris\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    ) in second["prompt"]
     assert '"name": "get_time"' in first["prompt"]  # the provided tools were rendered
     usage = response["usage"]
     assert usage["prompt_tokens"] == sum(len(r["prompt_token_ids"]) for r in engine.requests[:2])
@@ -218,13 +254,17 @@ def test_several_rounds_and_the_official_client(app) -> None:
 
     client, engine, clock = app(three_calls)
     reply = openai_client(client).chat.completions.create(
-        model="fake-model", messages=MSG, extra_body={"server_tools": True})
+        model="fake-model", messages=MSG, extra_body={"server_tools": True}
+    )
     message = reply.choices[0].message
     assert message.content == "Times: 12:01 in Z; 12:02 in ZZ; 12:03 in ZZZ"
     entries = getattr(message, EXTENSION_FIELD)
     assert [e["round"] for e in entries] == [1, 2, 3]
     assert [e["result"]["content"] for e in entries] == [
-        "12:01 in Z", "12:02 in ZZ", "12:03 in ZZZ"]
+        "12:01 in Z",
+        "12:02 in ZZ",
+        "12:03 in ZZZ",
+    ]
     assert len(engine.requests) == 4
     same_as_stream(client, server_tools=True)
 
@@ -232,18 +272,19 @@ def test_several_rounds_and_the_official_client(app) -> None:
 def _answer_without_tools(then: Callable[[str], str]) -> Callable[[str], str]:
     """A model that calls ``then(prompt)`` while tools are offered (the Qwen template renders
     them in a ``<tools>`` block) and answers from the last result once they are withdrawn."""
+
     def script(prompt: str) -> str:
         if "<tools>" not in prompt:
             return "The answer: " + responses(prompt)[-1].split("\n")[0]
         return then(prompt)
+
     return script
 
 
 def test_a_repeated_call_is_not_run_again_and_the_model_must_answer(app) -> None:
     """A small model repeats its call forever: the repeat is answered from the first result,
     and the next round is generated without tools, so the request ends in prose."""
-    client, engine, clock = app(_answer_without_tools(
-        lambda prompt: call("get_time", zone="UTC")))
+    client, engine, clock = app(_answer_without_tools(lambda prompt: call("get_time", zone="UTC")))
     response = same_as_stream(client, server_tools=True)
     (choice,) = response["choices"]
     assert choice["finish_reason"] == "stop"
@@ -255,14 +296,18 @@ def test_a_repeated_call_is_not_run_again_and_the_model_must_answer(app) -> None
     assert len(engine.requests) == 6  # three rounds each: call, repeat, answer
     last = engine.requests[2]["prompt"]
     assert "<tools>" not in last and "already made" in last
-    assert last.rstrip().endswith("<|im_start|>user\n" + ANSWER_NOW + "<|im_end|>\n"
-                                  "<|im_start|>assistant")
+    assert last.rstrip().endswith(
+        "<|im_start|>user\n" + ANSWER_NOW + "<|im_end|>\n<|im_start|>assistant"
+    )
 
 
 def test_after_max_tool_rounds_the_last_round_has_no_tools(app) -> None:
-    client, engine, clock = app(_answer_without_tools(
-        lambda prompt: call("get_time", zone="Z" * (len(responses(prompt)) + 1))),
-        max_tool_rounds=2)
+    client, engine, clock = app(
+        _answer_without_tools(
+            lambda prompt: call("get_time", zone="Z" * (len(responses(prompt)) + 1))
+        ),
+        max_tool_rounds=2,
+    )
     response = same_as_stream(client, server_tools=True)
     (choice,) = response["choices"]
     assert choice["finish_reason"] == "stop"
@@ -315,10 +360,14 @@ def test_failures_are_results_the_model_sees(app) -> None:
     response = same_as_stream(client, server_tools=True)
     (choice,) = response["choices"]
     (entry,) = choice["message"][EXTENSION_FIELD]
-    assert entry["result"] == {"content": "the tool failed: RuntimeError: the clock broke",
-                               "is_error": True}
-    assert choice["message"]["content"] == \
-        "The tool said: Error: the tool failed: RuntimeError: the clock broke"
+    assert entry["result"] == {
+        "content": "the tool failed: RuntimeError: the clock broke",
+        "is_error": True,
+    }
+    assert (
+        choice["message"]["content"]
+        == "The tool said: Error: the tool failed: RuntimeError: the clock broke"
+    )
 
 
 def test_when_the_loop_runs(app) -> None:
@@ -328,10 +377,14 @@ def test_when_the_loop_runs(app) -> None:
     assert EXTENSION_FIELD not in plain["choices"][0]["message"]
     assert '"get_time"' not in engine.requests[-1]["prompt"] and not clock.calls
     # explicit requests that cannot loop are refused, naming the field
-    for body, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
-                        ({"tool_choice": "required", "tools": TOOLS}, "tool_choice")]:
-        resp = client.post("/v1/chat/completions",
-                           json={"messages": MSG, "server_tools": True, **body})
+    for body, param in [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+    ]:
+        resp = client.post(
+            "/v1/chat/completions", json={"messages": MSG, "server_tools": True, **body}
+        )
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param
     resp = client.post("/v1/chat/completions", json={"messages": MSG, "server_tools": "yes"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "server_tools"
@@ -370,15 +423,21 @@ def test_tools_endpoint_and_plugin_status(app) -> None:
     (status,) = client.get("/v1/plugins", headers=auth).json()["tool_providers"]
     assert status["name"] == "clock" and "tools" not in status
     # a change notification rebuilds the catalog; an invalid tool is left out
-    clock.extra = [{"type": "function", "function": {"name": "later"}},
-                   {"type": "function", "function": {"name": "bad name!"}}]
-    names = [t["function"]["name"] for t in
-             client.get("/v1/tools", headers=auth).json()["providers"][0]["tools"]]
+    clock.extra = [
+        {"type": "function", "function": {"name": "later"}},
+        {"type": "function", "function": {"name": "bad name!"}},
+    ]
+    names = [
+        t["function"]["name"]
+        for t in client.get("/v1/tools", headers=auth).json()["providers"][0]["tools"]
+    ]
     assert "later" not in names  # not announced yet
     for callback in clock.changed:
         callback()
-    names = [t["function"]["name"] for t in
-             client.get("/v1/tools", headers=auth).json()["providers"][0]["tools"]]
+    names = [
+        t["function"]["name"]
+        for t in client.get("/v1/tools", headers=auth).json()["providers"][0]["tools"]
+    ]
     assert names[-1] == "later" and "bad name!" not in names
 
 
@@ -399,8 +458,18 @@ def test_providers_clash_and_fail_in_isolation() -> None:
         return tools, result
 
     tools, result = asyncio.run(run())
-    assert sorted(tools) == sorted(["get_time", "slow", "boom", "get_weather", "b__get_time",
-                                    "b__slow", "b__boom", "b__get_weather"])
+    assert sorted(tools) == sorted(
+        [
+            "get_time",
+            "slow",
+            "boom",
+            "get_weather",
+            "b__get_time",
+            "b__slow",
+            "b__boom",
+            "b__get_weather",
+        ]
+    )
     assert tools["b__get_time"].original == "get_time" and tools["get_time"].provider == "a"
     assert result == ToolResult("12:03 in UTC") and second.calls and not first.calls
     assert first.stopped and second.stopped
@@ -434,11 +503,17 @@ def live_loop(plugin_manager: Any) -> Iterator[Callable[..., Any]]:
     servers: list[LiveServer] = []
 
     def make(script: Callable[[str], str]) -> Any:
-        engine = FakeEngine(lambda prompt, params, i: script(prompt), step_delay=0.01,
-                            plugin_manager=plugin_manager)
+        engine = FakeEngine(
+            lambda prompt, params, i: script(prompt), step_delay=0.01, plugin_manager=plugin_manager
+        )
         clock = Clock()
-        srv = LiveServer(build_app(engine, make_config(server_tools="always"),
-                                   tool_providers=ToolProviders.of({"clock": clock})))
+        srv = LiveServer(
+            build_app(
+                engine,
+                make_config(server_tools="always"),
+                tool_providers=ToolProviders.of({"clock": clock}),
+            )
+        )
         servers.append(srv.__enter__())
         return srv, engine, clock
 

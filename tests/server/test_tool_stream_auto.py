@@ -12,18 +12,23 @@ from server_helpers import TOOLS, openai_client
 
 MSG = [{"role": "user", "content": "What is the weather in San Francisco?"}]
 ARGS = {"city": "San Francisco, California, United States", "unit": "F"}
-TEXT = ("Let me check.\n<tool_call>\n"
-        + json.dumps({"name": "get_weather", "arguments": ARGS}) + "\n</tool_call>")
+TEXT = (
+    "Let me check.\n<tool_call>\n"
+    + json.dumps({"name": "get_weather", "arguments": ARGS})
+    + "\n</tool_call>"
+)
 
 
 def test_auto_streams_the_arguments_of_a_call_as_they_are_written(serve) -> None:
     oc = openai_client(serve(FakeEngine(lambda prompt, params, i: TEXT)))
-    whole = oc.chat.completions.create(model="fake-model", messages=MSG, tools=TOOLS,
-                                       tool_choice="auto")
+    whole = oc.chat.completions.create(
+        model="fake-model", messages=MSG, tools=TOOLS, tool_choice="auto"
+    )
     (expected,) = whole.choices[0].message.tool_calls
     pieces, names, ids, content, finish = [], [], [], "", None
-    for chunk in oc.chat.completions.create(model="fake-model", messages=MSG, tools=TOOLS,
-                                            tool_choice="auto", stream=True):
+    for chunk in oc.chat.completions.create(
+        model="fake-model", messages=MSG, tools=TOOLS, tool_choice="auto", stream=True
+    ):
         (choice,) = chunk.choices
         content += choice.delta.content or ""
         for part in choice.delta.tool_calls or []:
@@ -44,11 +49,12 @@ def test_auto_streams_the_arguments_of_a_call_as_they_are_written(serve) -> None
 
 
 def test_a_stream_cut_inside_the_call_ends_with_length(serve) -> None:
-    cut = TEXT[:TEXT.index("California")]
+    cut = TEXT[: TEXT.index("California")]
     oc = openai_client(serve(FakeEngine(lambda prompt, params, i: cut)))
     pieces, finish = [], None
-    for chunk in oc.chat.completions.create(model="fake-model", messages=MSG, tools=TOOLS,
-                                            stream=True):
+    for chunk in oc.chat.completions.create(
+        model="fake-model", messages=MSG, tools=TOOLS, stream=True
+    ):
         (choice,) = chunk.choices
         for part in choice.delta.tool_calls or []:
             pieces.append(part.function.arguments or "")

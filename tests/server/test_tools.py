@@ -11,8 +11,10 @@ from server_fakes import FakeEngine
 from server_helpers import TOOLS, chunks_of, openai_client
 
 MSG = [{"role": "user", "content": "What is the weather in Paris?"}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n' \
-       '</tool_call>'
+CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n'
+    "</tool_call>"
+)
 
 
 def scripted(text: str | Callable[[str], str]) -> FakeEngine:
@@ -27,8 +29,9 @@ def post(client: Any, **body: Any) -> dict[str, Any]:
 
 def streamed(client: Any, **body: Any) -> tuple[str, list[dict[str, Any]], str]:
     """(content, calls, finish_reason) assembled from a stream, checking each delta's shape."""
-    chunks = chunks_of(client.post("/v1/chat/completions",
-                                   json={"messages": MSG, "stream": True, **body}))
+    chunks = chunks_of(
+        client.post("/v1/chat/completions", json={"messages": MSG, "stream": True, **body})
+    )
     content, calls, finish = "", {}, None
     for chunk in chunks:
         (choice,) = chunk["choices"]
@@ -39,8 +42,11 @@ def streamed(client: Any, **body: Any) -> tuple[str, list[dict[str, Any]], str]:
                 # the first delta of a call carries its id, type and name
                 assert part["id"].startswith("call_") and part["type"] == "function"
                 assert part["function"]["name"]
-                calls[part["index"]] = {"id": part["id"], "name": part["function"]["name"],
-                                        "arguments": ""}
+                calls[part["index"]] = {
+                    "id": part["id"],
+                    "name": part["function"]["name"],
+                    "arguments": "",
+                }
             else:
                 assert "id" not in part and "name" not in part["function"]
             calls[part["index"]]["arguments"] += part["function"].get("arguments", "")
@@ -50,8 +56,10 @@ def streamed(client: Any, **body: Any) -> tuple[str, list[dict[str, Any]], str]:
 
 
 def message_calls(body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-            for c in body["choices"][0]["message"].get("tool_calls") or []]
+    return [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in body["choices"][0]["message"].get("tool_calls") or []
+    ]
 
 
 def test_auto_call_whole_and_streamed_agree(serve) -> None:
@@ -73,30 +81,34 @@ def test_auto_call_whole_and_streamed_agree(serve) -> None:
 def test_several_calls_and_parallel_tool_calls_false(serve) -> None:
     add = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     client = serve(scripted(CALL + "\n" + add))
-    assert [c["name"] for c in message_calls(post(client, tools=TOOLS))] == ["get_weather",
-                                                                            "add"]
+    assert [c["name"] for c in message_calls(post(client, tools=TOOLS))] == ["get_weather", "add"]
     _, calls, _ = streamed(client, tools=TOOLS)
     assert [c["name"] for c in calls] == ["get_weather", "add"]
     assert len({c["id"] for c in calls}) == 2
-    assert [c["name"] for c in message_calls(post(client, tools=TOOLS,
-                                                  parallel_tool_calls=False))] == ["get_weather"]
+    assert [
+        c["name"] for c in message_calls(post(client, tools=TOOLS, parallel_tool_calls=False))
+    ] == ["get_weather"]
     _, calls, _ = streamed(client, tools=TOOLS, parallel_tool_calls=False)
     assert [c["name"] for c in calls] == ["get_weather"]
 
 
-@pytest.mark.parametrize("text", [
-    # arguments that break the tool's JSON Schema (unit must be C or F)
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "K"}}\n'
-    '</tool_call>',
-    # a missing required argument
-    '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
-    # an unknown tool
-    '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>',
-    # malformed markup
-    '<tool_call>\n{"name": "add", "arguments": {"a": 1, \n</tool_call>',
-    # a call inside a code fence is an example, not a call
-    'Like this:\n```\n' + CALL + '\n```',
-], ids=["schema", "required", "unknown", "malformed", "fenced"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # arguments that break the tool's JSON Schema (unit must be C or F)
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "K"}}\n'
+        "</tool_call>",
+        # a missing required argument
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+        # an unknown tool
+        '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>',
+        # malformed markup
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, \n</tool_call>',
+        # a call inside a code fence is an example, not a call
+        "Like this:\n```\n" + CALL + "\n```",
+    ],
+    ids=["schema", "required", "unknown", "malformed", "fenced"],
+)
 def test_invalid_calls_are_returned_as_the_exact_text(serve, text) -> None:
     client = serve(scripted(text))
     body = post(client, tools=TOOLS)
@@ -161,7 +173,8 @@ def test_named_function(serve) -> None:
     assert message_calls(body) == [{"name": "add", "arguments": '{"a":20,"b":22}'}]
     assert body["choices"][0]["finish_reason"] == "tool_calls"
     assert client.engine.requests[-1]["prompt"].endswith(
-        '<tool_call>\n{"name": "add", "arguments": ')
+        '<tool_call>\n{"name": "add", "arguments": '
+    )
     _, calls, finish = streamed(client, tools=TOOLS, tool_choice=choice)
     assert [(c["name"], c["arguments"]) for c in calls] == [("add", '{"a":20,"b":22}')]
     assert finish == "tool_calls"
@@ -171,11 +184,12 @@ def test_forced_call_that_does_not_form_is_content(serve) -> None:
     client = serve(scripted('get_weather", "arguments": {"city": 5}}'))  # schema: a string
     body = post(client, tools=TOOLS, tool_choice="required")
     assert "tool_calls" not in body["choices"][0]["message"]
-    assert body["choices"][0]["message"]["content"] == \
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5}}'
+    assert (
+        body["choices"][0]["message"]["content"]
+        == '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5}}'
+    )
     client = serve(scripted("I would rather not."))
-    body = post(client, tools=TOOLS, tool_choice={"type": "function",
-                                                  "function": {"name": "add"}})
+    body = post(client, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
     assert body["choices"][0]["message"]["content"].endswith("I would rather not.")
     content, calls, _ = streamed(client, tools=TOOLS, tool_choice="required")
     assert calls == [] and content.endswith("I would rather not.")
@@ -195,8 +209,11 @@ def test_official_client_tool_calls(serve) -> None:
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "C"}
     # and the answer goes back through the template as an assistant turn plus a tool turn
-    follow = [*MSG, resp.choices[0].message.model_dump(exclude_none=True),
-              {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    follow = [
+        *MSG,
+        resp.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C"},
+    ]
     oc.chat.completions.create(model="fake-model", messages=follow, tools=TOOLS)
 
 
@@ -208,10 +225,10 @@ def test_explicit_and_missing_parsers(serve, plugin_manager) -> None:
     from server_helpers import make_config
 
     # --tool-parser json: a bare JSON object is the call
-    client = serve(scripted('{"name": "add", "arguments": {"a": 1, "b": 1}}'),
-                   tool_parser="json")
-    assert message_calls(post(client, tools=TOOLS)) == [{"name": "add",
-                                                         "arguments": '{"a":1,"b":1}'}]
+    client = serve(scripted('{"name": "add", "arguments": {"a": 1, "b": 1}}'), tool_parser="json")
+    assert message_calls(post(client, tools=TOOLS)) == [
+        {"name": "add", "arguments": '{"a":1,"b":1}'}
+    ]
     with pytest.raises(ToolParserError, match="nonesuch"):
         build_app(FakeEngine(plugin_manager=plugin_manager), make_config(tool_parser="nonesuch"))
     # no tool parser at all: tools cannot be honoured, and the client is told so
@@ -219,8 +236,12 @@ def test_explicit_and_missing_parsers(serve, plugin_manager) -> None:
     client = serve(FakeEngine(plugin_manager=bare))
     resp = client.post("/v1/chat/completions", json={"messages": MSG, "tools": TOOLS})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "tool_parser_unavailable"
-    assert client.post("/v1/chat/completions", json={"messages": MSG, "tools": TOOLS,
-                                                     "tool_choice": "none"}).status_code == 200
+    assert (
+        client.post(
+            "/v1/chat/completions", json={"messages": MSG, "tools": TOOLS, "tool_choice": "none"}
+        ).status_code
+        == 200
+    )
 
 
 def test_fallback_parser_reads_a_call_without_markup(serve) -> None:
@@ -243,7 +264,8 @@ def test_fallback_parser_reads_a_call_without_markup(serve) -> None:
 
 def test_plain_content_streams_before_the_end(serve) -> None:
     client = serve(scripted("It is sunny and warm today in Paris."))
-    chunks = chunks_of(client.post("/v1/chat/completions", json={
-        "messages": MSG, "tools": TOOLS, "stream": True}))
+    chunks = chunks_of(
+        client.post("/v1/chat/completions", json={"messages": MSG, "tools": TOOLS, "stream": True})
+    )
     pieces = [c["choices"][0]["delta"].get("content") for c in chunks]
     assert len([p for p in pieces if p]) > 10  # released token by token, not held to the end

@@ -61,8 +61,9 @@ def lengths(n: int, fixed: int | None, lo: int | None, hi: int | None, seed: int
 def input_prompts(args: argparse.Namespace, vocab: int) -> tuple[list[int], list[list[int]]]:
     """(lengths, token ids) of ``args.num_prompts`` random inputs of the ``--input-len`` /
     ``--min-input-len``/``--max-input-len`` lengths: the same every run."""
-    in_lens = lengths(args.num_prompts, args.input_len, args.min_input_len,
-                      args.max_input_len, seed=10)
+    in_lens = lengths(
+        args.num_prompts, args.input_len, args.min_input_len, args.max_input_len, seed=10
+    )
     return in_lens, random_prompts(args.num_prompts, in_lens, vocab, seed=12)
 
 
@@ -107,36 +108,46 @@ def kv_capacity(parts: EngineParts) -> dict[str, Any]:
     against a 16-bit cache of the same layers (scales included)."""
     cost = kv_footprint(parts)
     blocks = parts.core.scheduler.block_manager.num_total_blocks
-    return {"kv_codec": parts.kv_codec, "kv_blocks": blocks,
-            "kv_capacity_tokens": cost.tokens(blocks),
-            "kv_bytes_per_token": cost.bytes_per_token,
-            "kv_tokens_per_gib": cost.tokens_per_gib, "kv_capacity_vs_bf16": cost.vs_bf16}
+    return {
+        "kv_codec": parts.kv_codec,
+        "kv_blocks": blocks,
+        "kv_capacity_tokens": cost.tokens(blocks),
+        "kv_bytes_per_token": cost.bytes_per_token,
+        "kv_tokens_per_gib": cost.tokens_per_gib,
+        "kv_capacity_vs_bf16": cost.vs_bf16,
+    }
 
 
 def kv_capacity_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [("KV codec", r["kv_codec"]), ("KV blocks", r["kv_blocks"]),
-            ("KV capacity (tokens)", r["kv_capacity_tokens"]),
-            ("KV tokens per GiB", r["kv_tokens_per_gib"]),
-            ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x")]
+    return [
+        ("KV codec", r["kv_codec"]),
+        ("KV blocks", r["kv_blocks"]),
+        ("KV capacity (tokens)", r["kv_capacity_tokens"]),
+        ("KV tokens per GiB", r["kv_tokens_per_gib"]),
+        ("KV capacity vs a 16-bit cache", f"{r['kv_capacity_vs_bf16']:.2f}x"),
+    ]
 
 
 def speculative(engine: LLMEngine) -> dict[str, Any]:
     """Speculative decoding's counters of the engine's run (empty without it): proposals
     verified, tokens proposed and kept, acceptance rate and mean accepted length."""
     stats = engine.core.stats()
-    return {key[len("spec_"):]: value for key, value in stats.items()
-            if key.startswith("spec_")}
+    return {key[len("spec_") :]: value for key, value in stats.items() if key.startswith("spec_")}
 
 
 def speculative_rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     spec = r.get("speculative") or {}
     if not spec:
         return []
-    return [("speculative: proposals verified", spec["num_proposals"]),
-            ("speculative: tokens proposed / kept",
-             f"{spec['num_proposed_tokens']} / {spec['num_accepted_tokens']}"),
-            ("speculative: acceptance rate", spec["acceptance_rate"]),
-            ("speculative: mean accepted length", spec["mean_accepted_length"])]
+    return [
+        ("speculative: proposals verified", spec["num_proposals"]),
+        (
+            "speculative: tokens proposed / kept",
+            f"{spec['num_proposed_tokens']} / {spec['num_accepted_tokens']}",
+        ),
+        ("speculative: acceptance rate", spec["acceptance_rate"]),
+        ("speculative: mean accepted length", spec["mean_accepted_length"]),
+    ]
 
 
 def quantization(parts: EngineParts) -> str:
@@ -150,8 +161,9 @@ def quantization(parts: EngineParts) -> str:
     return "none (" + str(parts.loaded.dtype).replace("torch.", "") + ")"
 
 
-def print_report(title: str, rows: list[tuple[str, Any]], as_json: bool,
-                 payload: dict[str, Any]) -> None:
+def print_report(
+    title: str, rows: list[tuple[str, Any]], as_json: bool, payload: dict[str, Any]
+) -> None:
     if as_json:
         print(json.dumps(payload, indent=2, default=float))
         return
@@ -191,8 +203,12 @@ def _seconds_per_call(device: torch.device, fn: Callable[[], Any], iters: int) -
     return start.elapsed_time(end) / 1000.0 / iters
 
 
-def gemm_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
-               shape: tuple[int, int, int] = (8192, 4096, 14336), iters: int = 20) -> float | None:
+def gemm_flops(
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    shape: tuple[int, int, int] = (8192, 4096, 14336),
+    iters: int = 20,
+) -> float | None:
     """Dense matmul throughput of ``device`` in FLOP/s, for ``[M, K] @ [K, N]`` of ``shape``
     (by default a llama-3-8b MLP projection over an 8,192-token prompt step): the card's own
     speed on the work that bounds prompt steps, recorded beside a run so that runs on

@@ -11,7 +11,13 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from .common import (
-    build_engine, input_prompts, last_step, now, quantization, random_prompts, sync,
+    build_engine,
+    input_prompts,
+    last_step,
+    now,
+    quantization,
+    random_prompts,
+    sync,
 )
 
 if TYPE_CHECKING:
@@ -50,8 +56,12 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     vocab = parts.core.runner.vocab_size
     n = args.num_prompts
     in_lens, prompts = input_prompts(args, vocab)
-    _embed_all(engine, random_prompts(_WARM_UP_INPUTS, [min(32, parts.max_model_len)] * _WARM_UP_INPUTS,
-                                      vocab, seed=13))
+    _embed_all(
+        engine,
+        random_prompts(
+            _WARM_UP_INPUTS, [min(32, parts.max_model_len)] * _WARM_UP_INPUTS, vocab, seed=13
+        ),
+    )
     sync(device)
     start = now()
     steps, phases, done = _embed_all(engine, prompts)
@@ -61,11 +71,17 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
         raise RuntimeError(f"{done} embeddings came back for {n} inputs")
     tokens = sum(in_lens)
     return {
-        "model": config.model.source, "weight_bytes": parts.loaded.weight_bytes,
-        "quantization": quantization(parts), "num_prompts": n,
-        "attention_backend": parts.attention_backend, "input_tokens": tokens,
-        "elapsed_s": elapsed, "steps": steps, "inputs_s": n / elapsed,
-        "total_tok_s": tokens / elapsed, "embedding": embedding.describe(),
+        "model": config.model.source,
+        "weight_bytes": parts.loaded.weight_bytes,
+        "quantization": quantization(parts),
+        "num_prompts": n,
+        "attention_backend": parts.attention_backend,
+        "input_tokens": tokens,
+        "elapsed_s": elapsed,
+        "steps": steps,
+        "inputs_s": n / elapsed,
+        "total_tok_s": tokens / elapsed,
+        "embedding": embedding.describe(),
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": parts.core.scheduler.max_num_batched_tokens,
         "kv_blocks": parts.core.scheduler.block_manager.num_total_blocks,
@@ -76,12 +92,21 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     emb = r["embedding"]
     return [
-        ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
-        ("quantization", r["quantization"]), ("inputs", r["num_prompts"]),
-        ("pooling", f"{emb['pooling']}, {'normalized' if emb['normalize'] else 'raw'}, "
-                    f"{emb['dimensions']} dimensions"),
-        ("attention backend", r["attention_backend"]), ("input tokens", r["input_tokens"]),
-        ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
-        ("inputs/s", r["inputs_s"]), ("tokens/s", r["total_tok_s"]),
-        ("step token budget", r["max_num_batched_tokens"]), ("KV blocks", r["kv_blocks"]),
+        ("model", r["model"]),
+        ("weights on device (GiB)", r["weight_bytes"] / 2**30),
+        ("quantization", r["quantization"]),
+        ("inputs", r["num_prompts"]),
+        (
+            "pooling",
+            f"{emb['pooling']}, {'normalized' if emb['normalize'] else 'raw'}, "
+            f"{emb['dimensions']} dimensions",
+        ),
+        ("attention backend", r["attention_backend"]),
+        ("input tokens", r["input_tokens"]),
+        ("elapsed (s)", r["elapsed_s"]),
+        ("engine steps", r["steps"]),
+        ("inputs/s", r["inputs_s"]),
+        ("tokens/s", r["total_tok_s"]),
+        ("step token budget", r["max_num_batched_tokens"]),
+        ("KV blocks", r["kv_blocks"]),
     ] + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()]

@@ -13,9 +13,14 @@ from .common import now, random_prompts, sync
 if TYPE_CHECKING:
     from tallow.engine.builder import EngineParts
 
-_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text"}
+_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+}
 
 
 def hf_model_like(parts: EngineParts) -> Any:  # Any: a transformers causal LM of any architecture
@@ -30,8 +35,7 @@ def hf_model_like(parts: EngineParts) -> Any:  # Any: a transformers causal LM o
     arch = cfg["architectures"][0]
     if arch not in _MODEL_TYPES:
         raise ValueError(f"--compare hf: no transformers model type known for {arch}")
-    keep = {k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype",
-                                                      "architectures")}
+    keep = {k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype", "architectures")}
     hf_cfg = AutoConfig.for_model(_MODEL_TYPES[arch], **keep)
     device, dtype = parts.loaded.device, parts.loaded.dtype
     with torch.device(device):
@@ -44,8 +48,9 @@ def hf_model_like(parts: EngineParts) -> Any:  # Any: a transformers causal LM o
 
 
 @torch.inference_mode()
-def hf_latency(parts: EngineParts, *, batch: int, input_len: int,
-               output_len: int) -> dict[str, Any]:
+def hf_latency(
+    parts: EngineParts, *, batch: int, input_len: int, output_len: int
+) -> dict[str, Any]:
     model = hf_model_like(parts)
     device = parts.loaded.device
     vocab = parts.core.runner.vocab_size
@@ -55,8 +60,14 @@ def hf_latency(parts: EngineParts, *, batch: int, input_len: int,
     def gen(n: int) -> float:
         sync(device)
         t = now()
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
         sync(device)
         return now() - t
 

@@ -16,8 +16,12 @@ import torch
 #: (output features, input features) of Llama-3-8B's linear layers, the shapes the kernel
 #: micro-benchmarks are compared on
 LLAMA3_8B_SHAPES: dict[str, tuple[int, int]] = {
-    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-    "head": (128256, 4096)}
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+    "head": (128256, 4096),
+}
 #: bytes of weight copies to rotate over: well above a data-centre GPU's L2 cache
 L2_ROTATION_BYTES = 400_000_000
 
@@ -51,8 +55,9 @@ def graph_bandwidth(fn: Callable[[int], Any], nbytes: int, iters: int = 20) -> f
     return nbytes / (start.elapsed_time(end) / 1e3 / (5 * iters)) / 1e9
 
 
-def graph_seconds(fn: Callable[[int], Any], copies: int, iters: int = 10,
-                  device: str = "cuda") -> float:
+def graph_seconds(
+    fn: Callable[[int], Any], copies: int, iters: int = 10, device: str = "cuda"
+) -> float:
     """Device seconds of one ``fn(i)`` over ``copies`` rotated weights, replayed in a CUDA
     graph; on a CPU (a dry run of a script) the wall clock of one call."""
     if device != "cuda":
@@ -62,8 +67,9 @@ def graph_seconds(fn: Callable[[int], Any], copies: int, iters: int = 10,
     return 1.0 / graph_bandwidth(lambda i: fn(i % copies), 1_000_000_000, iters=iters)
 
 
-def graph_milliseconds(fn: Callable[[], Any], iters: int = 10,
-                       stream: torch.cuda.Stream | None = None) -> float:
+def graph_milliseconds(
+    fn: Callable[[], Any], iters: int = 10, stream: torch.cuda.Stream | None = None
+) -> float:
     """Milliseconds per replay of ``fn`` (a whole step's launches, say) captured in a CUDA
     graph on ``stream`` (a new one by default)."""
     s = stream or torch.cuda.Stream()

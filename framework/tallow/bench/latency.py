@@ -11,8 +11,20 @@ import torch
 from tallow.layers import LMHead, VocabEmbedding
 
 from .common import (
-    build_engine, copy_bandwidth, kv_capacity, kv_capacity_rows, kv_footprint, last_step, mean,
-    now, percentile, quantization, random_prompts, speculative, speculative_rows, sync,
+    build_engine,
+    copy_bandwidth,
+    kv_capacity,
+    kv_capacity_rows,
+    kv_footprint,
+    last_step,
+    mean,
+    now,
+    percentile,
+    quantization,
+    random_prompts,
+    speculative,
+    speculative_rows,
+    sync,
 )
 from .hf_compare import hf_latency
 
@@ -25,8 +37,7 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once (quantized
     storage included), except that a token embedding the head does not share is only gathered
     (``batch`` rows) and the rotary tables are only indexed."""
-    shared = {id(m._tied_to[0]) for m in model.modules()
-              if isinstance(m, LMHead) and m.tied}
+    shared = {id(m._tied_to[0]) for m in model.modules() if isinstance(m, LMHead) and m.tied}
     gathered: set[int] = set()
     total = 0
     for module in model.modules():
@@ -63,8 +74,9 @@ def prefill_only(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, float
     return first
 
 
-def register_synthetic_context(engine: LLMEngine, prompts: list[list[int]], output_len: int
-                               ) -> list[list[int]]:
+def register_synthetic_context(
+    engine: LLMEngine, prompts: list[list[int]], output_len: int
+) -> list[list[int]]:
     """Keep as many of ``prompts`` as the KV cache holds with their outputs, and register
     their full blocks in the prefix cache without computing them (synthetic K/V: the cache's
     current contents), so each sequence computes only its last block and then decodes over
@@ -72,16 +84,23 @@ def register_synthetic_context(engine: LLMEngine, prompts: list[list[int]], outp
     cached values; this skips minutes of prefill at 32k tokens."""
     manager = engine.core.scheduler.block_manager
     fits = manager.num_total_blocks // manager.blocks_for(len(prompts[0]) + output_len)
-    kept = prompts[:max(1, fits)]
+    kept = prompts[: max(1, fits)]
     for prompt in kept:
         manager.register_uncomputed_prefix(prompt)
     manager.reset_stats()
     return kept
 
 
-def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
-            seed: int = 0, prefill_first: bool = False,
-            synthetic_context: bool = False) -> dict[str, Any]:
+def measure(
+    engine: LLMEngine,
+    *,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    seed: int = 0,
+    prefill_first: bool = False,
+    synthetic_context: bool = False,
+) -> dict[str, Any]:
     """Run one batch and time it. With ``prefill_first`` every prompt is first run for one
     token (TTFT is taken there) and the timed batch then finds its prompts in the prefix
     cache, so its sequences decode together as far as the cache holds them, instead of the
@@ -95,8 +114,10 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     prompts = random_prompts(batch, [input_len] * batch, vocab, seed)
     if prefill_first and synthetic_context:
-        raise ValueError("prefill_first and synthetic_context exclude each other: the one "
-                         "computes the prompts, the other skips them")
+        raise ValueError(
+            "prefill_first and synthetic_context exclude each other: the one "
+            "computes the prompts, the other skips them"
+        )
     if synthetic_context:
         prompts = register_synthetic_context(engine, prompts, output_len)
     prefilled = prefill_only(engine, prompts) if prefill_first else None
@@ -136,18 +157,22 @@ def measure(engine: LLMEngine, *, batch: int, input_len: int, output_len: int,
     return {
         "ttft_s": mean(list(first.values())) if first else float("nan"),
         "ttft_max_s": max(first.values()) if first else float("nan"),
-        "itl_mean_s": mean(itl), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "itl_mean_s": mean(itl),
+        "itl_p50_s": percentile(itl, 50),
+        "itl_p99_s": percentile(itl, 99),
         # tokens per sequence and step over the step time: 1 / ITL without speculation
         "decode_tok_s_per_seq": step_tokens / step_seqs / mean(itl) if itl else float("nan"),
         # tokens over time of the decode steps: the batch times the rate per sequence when
         # every sequence fits at once, fewer when the KV cache holds only some of them
         "decode_tok_s_total": step_tokens / sum(itl) if itl else float("nan"),
-        "e2e_s": total, "decode_steps": len(itl),
+        "e2e_s": total,
+        "decode_steps": len(itl),
         # sequences a decode step advanced, on average: what its KV reads are counted for
         "decode_running_mean": step_seqs / len(itl) if itl else float("nan"),
         # tokens a sequence gained per decode step (above 1 with speculative decoding)
         "tokens_per_seq_step": step_tokens / step_seqs if step_seqs else float("nan"),
-        "prefill_first": prefill_first, "synthetic_context": synthetic_context,
+        "prefill_first": prefill_first,
+        "synthetic_context": synthetic_context,
         "sequences_timed": len(prompts),
         # prompt tokens the timed batch found in the prefix cache, of all its prompt tokens
         "prefix_hit_rate": engine.core.scheduler.block_manager.hit_rate,
@@ -166,12 +191,22 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     runner = parts.core.runner
     # Warm-up: compile kernels, fill allocator caches (with shorter prompts if asked: a batch
     # of long contexts would take minutes to prefill twice).
-    measure(engine, batch=args.batch_size, input_len=args.warmup_input_len or args.input_len,
-            output_len=8, seed=1)
-    result = measure(engine, batch=args.batch_size, input_len=args.input_len,
-                     output_len=args.output_len, seed=2,
-                     prefill_first=getattr(args, "prefill_first", False),
-                     synthetic_context=getattr(args, "synthetic_context", False))
+    measure(
+        engine,
+        batch=args.batch_size,
+        input_len=args.warmup_input_len or args.input_len,
+        output_len=8,
+        seed=1,
+    )
+    result = measure(
+        engine,
+        batch=args.batch_size,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=2,
+        prefill_first=getattr(args, "prefill_first", False),
+        synthetic_context=getattr(args, "synthetic_context", False),
+    )
     bandwidth = copy_bandwidth(device)
     w_bytes = weight_bytes_per_step(parts.loaded.model, args.batch_size)
     mean_ctx = args.input_len + args.output_len / 2
@@ -180,27 +215,35 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     kv_bytes = int(running * mean_ctx * kv_footprint(parts).bytes_per_token)
     step_bytes = w_bytes + kv_bytes
     achieved = step_bytes / result["itl_mean_s"] if result["itl_mean_s"] else float("nan")
-    result.update({
-        "model": config.model.source, "dtype": str(parts.loaded.dtype).replace("torch.", ""),
-        # weights and bandwidth are those of one rank (its shard) under tensor parallelism
-        "tensor_parallel_size": parts.parallel.world_size if parts.parallel else 1,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "attention_backend": parts.attention_backend,
-        "cuda_graphs": runner.graphs is not None,
-        "batch_size": args.batch_size, "input_len": args.input_len,
-        "output_len": args.output_len,
-        "weight_bytes": parts.loaded.weight_bytes, "quantization": quantization(parts),
-        "weight_bytes_per_step": w_bytes, "kv_bytes_per_step": kv_bytes,
-        "achieved_bytes_per_s": achieved, "copy_bandwidth_bytes_per_s": bandwidth,
-        "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
-        **kv_capacity(parts),
-        # sequences of this batch's length (prompt and output) the KV cache holds at once
-        "kv_fits_sequences": parts.core.scheduler.block_manager.num_total_blocks // -(
-            -(args.input_len + args.output_len) // kv_footprint(parts).block_size),
-    })
+    result.update(
+        {
+            "model": config.model.source,
+            "dtype": str(parts.loaded.dtype).replace("torch.", ""),
+            # weights and bandwidth are those of one rank (its shard) under tensor parallelism
+            "tensor_parallel_size": parts.parallel.world_size if parts.parallel else 1,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "attention_backend": parts.attention_backend,
+            "cuda_graphs": runner.graphs is not None,
+            "batch_size": args.batch_size,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "weight_bytes": parts.loaded.weight_bytes,
+            "quantization": quantization(parts),
+            "weight_bytes_per_step": w_bytes,
+            "kv_bytes_per_step": kv_bytes,
+            "achieved_bytes_per_s": achieved,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "bandwidth_utilisation": achieved / bandwidth if bandwidth == bandwidth else None,
+            **kv_capacity(parts),
+            # sequences of this batch's length (prompt and output) the KV cache holds at once
+            "kv_fits_sequences": parts.core.scheduler.block_manager.num_total_blocks
+            // -(-(args.input_len + args.output_len) // kv_footprint(parts).block_size),
+        }
+    )
     if getattr(args, "compare", None) == "hf":
-        hf = hf_latency(parts, batch=args.batch_size, input_len=args.input_len,
-                        output_len=args.output_len)
+        hf = hf_latency(
+            parts, batch=args.batch_size, input_len=args.input_len, output_len=args.output_len
+        )
         result["hf"] = hf
         result["speedup_vs_hf"] = result["decode_tok_s_per_seq"] / hf["decode_tok_s_per_seq"]
     return result
@@ -208,8 +251,11 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     out = [
-        ("model", r["model"]), ("device", r["device"]), ("dtype", r["dtype"]),
-        ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
+        ("model", r["model"]),
+        ("device", r["device"]),
+        ("dtype", r["dtype"]),
+        ("attention backend", r["attention_backend"]),
+        ("CUDA graphs", r["cuda_graphs"]),
         ("tensor-parallel ranks", r.get("tensor_parallel_size", 1)),
         ("batch / input / output", f"{r['batch_size']} / {r['input_len']} / {r['output_len']}"),
         ("weights on device (GiB)", r["weight_bytes"] / 2**30),
@@ -221,18 +267,24 @@ def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
         ("synthetic context (prompts not computed)", r["synthetic_context"]),
         ("sequences running at once (peak)", r["peak_running"]),
         ("sequences per decode step (mean)", r["decode_running_mean"]),
-        ("ITL p50 (ms)", r["itl_p50_s"] * 1e3), ("ITL p99 (ms)", r["itl_p99_s"] * 1e3),
-        ("bytes read per decode step (GB)",
-         (r["weight_bytes_per_step"] + r["kv_bytes_per_step"]) / 1e9),
+        ("ITL p50 (ms)", r["itl_p50_s"] * 1e3),
+        ("ITL p99 (ms)", r["itl_p99_s"] * 1e3),
+        (
+            "bytes read per decode step (GB)",
+            (r["weight_bytes_per_step"] + r["kv_bytes_per_step"]) / 1e9,
+        ),
         ("achieved bandwidth (GB/s)", r["achieved_bytes_per_s"] / 1e9),
         ("copy bandwidth (GB/s)", r["copy_bandwidth_bytes_per_s"] / 1e9),
         ("bandwidth utilisation", r["bandwidth_utilisation"]),
     ] + [(f"decode step: {k} (ms)", v * 1e3) for k, v in r["decode_step_phases_s"].items()]
     out += speculative_rows(r)
-    out += kv_capacity_rows(r) + [("sequences of this length the KV cache holds",
-                                   r["kv_fits_sequences"])]
+    out += kv_capacity_rows(r) + [
+        ("sequences of this length the KV cache holds", r["kv_fits_sequences"])
+    ]
     if "hf" in r:
-        out += [("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
-                ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),
-                ("speed-up vs transformers", r["speedup_vs_hf"])]
+        out += [
+            ("transformers decode tok/s per sequence", r["hf"]["decode_tok_s_per_seq"]),
+            ("transformers TTFT (ms)", r["hf"]["ttft_s"] * 1e3),
+            ("speed-up vs transformers", r["speedup_vs_hf"]),
+        ]
     return out

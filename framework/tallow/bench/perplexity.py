@@ -84,8 +84,9 @@ def _scored_nlls(out: RequestOutput, prompt: list[int], window: Window) -> list[
     return nlls
 
 
-def score_windows(engine: LLMEngine, tokens: list[int], plan: list[Window],
-                  batch: int = 1) -> list[float]:
+def score_windows(
+    engine: LLMEngine, tokens: list[int], plan: list[Window], batch: int = 1
+) -> list[float]:
     """NLLs of the scored tokens of every window of ``plan``, in text order, with up to
     ``batch`` windows in the engine at once (they share its steps as any requests do)."""
     if batch < 1:
@@ -98,7 +99,7 @@ def score_windows(engine: LLMEngine, tokens: list[int], plan: list[Window],
         while next_window < len(plan) and len(pending) < batch:
             w = plan[next_window]
             rid = engine.next_request_id()
-            engine.add_request(rid, tokens[w.begin:w.end], params, stream=False)
+            engine.add_request(rid, tokens[w.begin : w.end], params, stream=False)
             pending[rid] = next_window
             next_window += 1
         if not engine.has_unfinished():
@@ -107,7 +108,7 @@ def score_windows(engine: LLMEngine, tokens: list[int], plan: list[Window],
             if out.finished and out.request_id in pending:
                 k = pending.pop(out.request_id)
                 w = plan[k]
-                results[k] = _scored_nlls(out, tokens[w.begin:w.end], w)
+                results[k] = _scored_nlls(out, tokens[w.begin : w.end], w)
     return [nll for k in range(len(plan)) for nll in results[k]]
 
 
@@ -117,8 +118,7 @@ def summarize(nlls: list[float]) -> dict[str, float]:
     mean = statistics.fmean(nlls)
     se = statistics.stdev(nlls) / math.sqrt(n) if n > 1 else float("nan")
     ppl = math.exp(mean)
-    return {"nll_mean": mean, "nll_stderr": se, "perplexity": ppl,
-            "perplexity_stderr": ppl * se}
+    return {"nll_mean": mean, "nll_stderr": se, "perplexity": ppl, "perplexity_stderr": ppl * se}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     engine = build_engine(config)
     tokens = engine.tokenizer.encode(text)
     if args.max_tokens is not None:
-        tokens = tokens[:args.max_tokens]
+        tokens = tokens[: args.max_tokens]
     stride = args.stride or max(1, args.ctx // 2)
     plan = windows(len(tokens), args.ctx, stride)
     if not plan:
@@ -165,25 +165,39 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
         pathlib.Path(args.token_nlls).write_text(json.dumps(nlls))
     parts = engine.parts
     return {
-        "model": parts.loaded.checkpoint.source, "text": source,
+        "model": parts.loaded.checkpoint.source,
+        "text": source,
         "dtype": str(parts.loaded.dtype).replace("torch.", ""),
-        "device": (torch.cuda.get_device_name(parts.loaded.device)
-                   if parts.loaded.device.type == "cuda" else "cpu"),
-        "kv_codec": config.cache.kv_codec, "ctx": args.ctx, "stride": stride,
+        "device": (
+            torch.cuda.get_device_name(parts.loaded.device)
+            if parts.loaded.device.type == "cuda"
+            else "cpu"
+        ),
+        "kv_codec": config.cache.kv_codec,
+        "ctx": args.ctx,
+        "stride": stride,
         "batch": getattr(args, "batch", 1) or 1,
-        "text_tokens": len(tokens), "windows": len(plan), "tokens_scored": len(nlls),
-        **summarize(nlls), "elapsed_s": elapsed, "tokens_per_s": len(nlls) / elapsed,
+        "text_tokens": len(tokens),
+        "windows": len(plan),
+        "tokens_scored": len(nlls),
+        **summarize(nlls),
+        "elapsed_s": elapsed,
+        "tokens_per_s": len(nlls) / elapsed,
     }
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     return [
-        ("model", r["model"]), ("text", r["text"]), ("device", r["device"]),
-        ("dtype", r["dtype"]), ("KV codec", r["kv_codec"]),
+        ("model", r["model"]),
+        ("text", r["text"]),
+        ("device", r["device"]),
+        ("dtype", r["dtype"]),
+        ("KV codec", r["kv_codec"]),
         ("context / stride", f"{r['ctx']} / {r['stride']}"),
         ("windows (in flight)", f"{r['windows']} ({r['batch']})"),
         ("tokens scored", r["tokens_scored"]),
         ("perplexity", f"{r['perplexity']:.4f} ± {r['perplexity_stderr']:.4f}"),
         ("mean NLL (nats)", f"{r['nll_mean']:.5f} ± {r['nll_stderr']:.5f}"),
-        ("time (s)", r["elapsed_s"]), ("tokens scored / s", r["tokens_per_s"]),
+        ("time (s)", r["elapsed_s"]),
+        ("tokens scored / s", r["tokens_per_s"]),
     ]

@@ -31,8 +31,17 @@ def _free_port() -> int:
 def start_server(extra_args: list[str], port: int, timeout: float = 900.0) -> subprocess.Popen:
     import httpx
 
-    cmd = [sys.executable, "-m", "tallow", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tallow",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     proc = subprocess.Popen(cmd, env=os.environ.copy())
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -48,11 +57,23 @@ def start_server(extra_args: list[str], port: int, timeout: float = 900.0) -> su
     raise TimeoutError("tallow serve did not become healthy in time")
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int,
-               delay: float) -> dict[str, Any]:
+async def _one(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    delay: float,
+) -> dict[str, Any]:
     await asyncio.sleep(delay)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0.0}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     start = time.perf_counter()
     stamps: list[float] = []
     async with client.stream("POST", url, json=body) as resp:
@@ -71,8 +92,9 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
     return {"ttft": stamps[0] - start, "itl": itl, "tpot": tpot, "e2e": end - start}
 
 
-async def _drive(base: str, model: str, prompts: list[list[int]], out_lens: list[int],
-                 rate: float, seed: int) -> tuple[list[dict[str, Any]], float]:
+async def _drive(
+    base: str, model: str, prompts: list[list[int]], out_lens: list[int], rate: float, seed: int
+) -> tuple[list[dict[str, Any]], float]:
     import httpx
 
     rng = random.Random(seed)
@@ -83,9 +105,12 @@ async def _drive(base: str, model: str, prompts: list[list[int]], out_lens: list
     limits = httpx.Limits(max_connections=len(prompts) + 8)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*[
-            _one(client, f"{base}/v1/completions", model, p, n, d)
-            for p, n, d in zip(prompts, out_lens, delays)])
+        results = await asyncio.gather(
+            *[
+                _one(client, f"{base}/v1/completions", model, p, n, d)
+                for p, n, d in zip(prompts, out_lens, delays)
+            ]
+        )
         return list(results), time.perf_counter() - start
 
 
@@ -129,14 +154,20 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     tpot = [r["tpot"] for r in results if r["tpot"] == r["tpot"]]
     itl = [x for r in results for x in r["itl"]]
     return {
-        "model": model, "num_prompts": len(results), "rate_req_s": args.rate,
-        "elapsed_s": elapsed, "req_s": len(results) / elapsed,
+        "model": model,
+        "num_prompts": len(results),
+        "rate_req_s": args.rate,
+        "elapsed_s": elapsed,
+        "req_s": len(results) / elapsed,
         "output_tok_s": sum(out_lens) / elapsed,
-        "ttft_mean_ms": mean(ttft) * 1e3, "ttft_p50_ms": percentile(ttft, 50) * 1e3,
+        "ttft_mean_ms": mean(ttft) * 1e3,
+        "ttft_p50_ms": percentile(ttft, 50) * 1e3,
         "ttft_p99_ms": percentile(ttft, 99) * 1e3,
-        "tpot_mean_ms": mean(tpot) * 1e3, "tpot_p50_ms": percentile(tpot, 50) * 1e3,
+        "tpot_mean_ms": mean(tpot) * 1e3,
+        "tpot_p50_ms": percentile(tpot, 50) * 1e3,
         "tpot_p99_ms": percentile(tpot, 99) * 1e3,
-        "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3,
+        "itl_p50_ms": percentile(itl, 50) * 1e3,
+        "itl_p99_ms": percentile(itl, 99) * 1e3,
     }
 
 

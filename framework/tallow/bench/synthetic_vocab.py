@@ -16,7 +16,7 @@ import string
 from pathlib import Path
 
 EOS = "<|endoftext|>"
-_PUNCTUATION = '{}[]":,.;!?()-_/\\<>=+*&%$#@\'`|~^'
+_PUNCTUATION = "{}[]\":,.;!?()-_/\\<>=+*&%$#@'`|~^"
 _NON_LATIN = "的一是不了人我在有他这为之大来以个中上们éèàüößñçøåæ日本語中文한국어абвгдежзийклмнопрстуфхцчшщыэюя"
 
 
@@ -48,7 +48,8 @@ def _pseudo_word(rng: random.Random) -> str:
     if kind < 0.85:
         return "".join(rng.choice(" \n\t") for _ in range(rng.randint(1, 8)))
     return (" " if rng.random() < 0.3 else "") + "".join(
-        rng.choice(_NON_LATIN) for _ in range(rng.randint(1, 3)))
+        rng.choice(_NON_LATIN) for _ in range(rng.randint(1, 3))
+    )
 
 
 def write_tokenizer(directory: str | Path, vocab_size: int, seed: int = 0) -> Path:
@@ -71,6 +72,7 @@ def write_tokenizer(directory: str | Path, vocab_size: int, seed: int = 0) -> Pa
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS,
-                                                            "add_bos_token": False}))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": EOS, "add_bos_token": False})
+    )
     return root

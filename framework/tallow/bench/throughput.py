@@ -9,8 +9,20 @@ import torch
 
 from . import constrained
 from .common import (
-    build_engine, copy_bandwidth, gemm_flops, input_prompts, kv_capacity, kv_capacity_rows,
-    last_step, lengths, now, quantization, random_prompts, speculative, speculative_rows, sync,
+    build_engine,
+    copy_bandwidth,
+    gemm_flops,
+    input_prompts,
+    kv_capacity,
+    kv_capacity_rows,
+    last_step,
+    lengths,
+    now,
+    quantization,
+    random_prompts,
+    speculative,
+    speculative_rows,
+    sync,
 )
 
 if TYPE_CHECKING:
@@ -25,8 +37,11 @@ def warm_up(engine: LLMEngine) -> None:
 
     vocab = engine.parts.core.runner.vocab_size
     for i, p in enumerate(random_prompts(4, [32] * 4, vocab, seed=13)):
-        engine.add_request(engine.next_request_id(), p,
-                           SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
+        engine.add_request(
+            engine.next_request_id(),
+            p,
+            SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0),
+        )
         if i == 1:
             engine.step()
             engine.step()
@@ -54,9 +69,12 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     sync(device)
     start = now()
     for prompt, out_len in zip(prompts, out_lens):
-        engine.add_request(engine.next_request_id(), prompt,
-                           SamplingParams(max_tokens=out_len, ignore_eos=True,
-                                          temperature=0.0), stream=False)
+        engine.add_request(
+            engine.next_request_id(),
+            prompt,
+            SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0),
+            stream=False,
+        )
     steps = 0
     generated = 0
     phases: dict[str, float] = {}
@@ -70,14 +88,21 @@ def run(args: argparse.Namespace, config: TallowConfig) -> dict[str, Any]:
     elapsed = now() - start
     stats = engine.stats()
     return {
-        "model": config.model.source, "weight_bytes": parts.loaded.weight_bytes,
+        "model": config.model.source,
+        "weight_bytes": parts.loaded.weight_bytes,
         # weights and bandwidth are those of one rank (its shard) under tensor parallelism
         "tensor_parallel_size": parts.parallel.world_size if parts.parallel else 1,
-        "quantization": quantization(parts), "num_prompts": n, "attention_backend":
-        parts.attention_backend, "cuda_graphs": parts.core.runner.graphs is not None,
-        "input_tokens": sum(in_lens), "output_tokens": generated, "elapsed_s": elapsed,
-        "steps": steps, "output_tok_s": generated / elapsed,
-        "total_tok_s": (generated + sum(in_lens)) / elapsed, "req_s": n / elapsed,
+        "quantization": quantization(parts),
+        "num_prompts": n,
+        "attention_backend": parts.attention_backend,
+        "cuda_graphs": parts.core.runner.graphs is not None,
+        "input_tokens": sum(in_lens),
+        "output_tokens": generated,
+        "elapsed_s": elapsed,
+        "steps": steps,
+        "output_tok_s": generated / elapsed,
+        "total_tok_s": (generated + sum(in_lens)) / elapsed,
+        "req_s": n / elapsed,
         "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         **kv_capacity(parts),
@@ -96,29 +121,42 @@ def _card_speed(device: torch.device) -> dict[str, float | None]:
     elsewhere)."""
     if device.type != "cuda":
         return {"card_gemm_flops": None, "card_copy_bytes_per_s": None}
-    return {"card_gemm_flops": gemm_flops(device),
-            "card_copy_bytes_per_s": copy_bandwidth(device)}
+    return {"card_gemm_flops": gemm_flops(device), "card_copy_bytes_per_s": copy_bandwidth(device)}
 
 
 def rows(r: dict[str, Any]) -> list[tuple[str, Any]]:
     if "constrained_tok_s" in r:
         return constrained.rows(r)
-    return [
-        ("model", r["model"]), ("weights on device (GiB)", r["weight_bytes"] / 2**30),
-        ("quantization", r["quantization"]), ("prompts", r["num_prompts"]),
-        ("attention backend", r["attention_backend"]), ("CUDA graphs", r["cuda_graphs"]),
-        ("tensor-parallel ranks", r.get("tensor_parallel_size", 1)),
-        ("input tokens", r["input_tokens"]), ("output tokens", r["output_tokens"]),
-        ("elapsed (s)", r["elapsed_s"]), ("engine steps", r["steps"]),
-        ("output tok/s", r["output_tok_s"]), ("total tok/s", r["total_tok_s"]),
-        ("requests/s", r["req_s"]), *kv_capacity_rows(r),
-        ("preemptions (recomputed)", r["preemptions"]),
-    ] + speculative_rows(r) + [
-        (f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()] + [
-        (name, value) for name, value in (
-            ("card: bf16 GEMM (TFLOP/s)", _scaled(r["card_gemm_flops"], 1e12)),
-            ("card: copy bandwidth (GB/s)", _scaled(r["card_copy_bytes_per_s"], 1e9)))
-        if value is not None]
+    return (
+        [
+            ("model", r["model"]),
+            ("weights on device (GiB)", r["weight_bytes"] / 2**30),
+            ("quantization", r["quantization"]),
+            ("prompts", r["num_prompts"]),
+            ("attention backend", r["attention_backend"]),
+            ("CUDA graphs", r["cuda_graphs"]),
+            ("tensor-parallel ranks", r.get("tensor_parallel_size", 1)),
+            ("input tokens", r["input_tokens"]),
+            ("output tokens", r["output_tokens"]),
+            ("elapsed (s)", r["elapsed_s"]),
+            ("engine steps", r["steps"]),
+            ("output tok/s", r["output_tok_s"]),
+            ("total tok/s", r["total_tok_s"]),
+            ("requests/s", r["req_s"]),
+            *kv_capacity_rows(r),
+            ("preemptions (recomputed)", r["preemptions"]),
+        ]
+        + speculative_rows(r)
+        + [(f"step: {k} (ms)", v * 1e3) for k, v in r["step_phases_s"].items()]
+        + [
+            (name, value)
+            for name, value in (
+                ("card: bf16 GEMM (TFLOP/s)", _scaled(r["card_gemm_flops"], 1e12)),
+                ("card: copy bandwidth (GB/s)", _scaled(r["card_copy_bytes_per_s"], 1e9)),
+            )
+            if value is not None
+        ]
+    )
 
 
 def _scaled(value: float | None, unit: float) -> float | None:

@@ -10,14 +10,41 @@ from .errors import ConfigError, Problem
 from .keywords import KEYWORDS, Keyword
 from .loader import CONFIG_ENV, config_from_mapping, dump_config, load_config
 from .models import (
-    SECTIONS, CacheConfig, LoggingConfig, ModelConfig, ParallelConfig, PluginsConfig,
-    RunnerConfig, SchedulerConfig, ServerConfig, SpeculativeConfig, TallowConfig,
+    SECTIONS,
+    CacheConfig,
+    LoggingConfig,
+    ModelConfig,
+    ParallelConfig,
+    PluginsConfig,
+    RunnerConfig,
+    SchedulerConfig,
+    ServerConfig,
+    SpeculativeConfig,
+    TallowConfig,
 )
 from .sources import env_var_name
 
 __all__ = [
-    "TallowConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "RunnerConfig", "SpeculativeConfig",
-    "ParallelConfig", "ServerConfig", "PluginsConfig", "LoggingConfig", "SECTIONS",
-    "ConfigError", "Problem", "load_config", "config_from_mapping", "dump_config",
-    "add_config_arguments", "setting_flags", "env_var_name", "CONFIG_ENV", "KEYWORDS", "Keyword",
+    "TallowConfig",
+    "ModelConfig",
+    "CacheConfig",
+    "SchedulerConfig",
+    "RunnerConfig",
+    "SpeculativeConfig",
+    "ParallelConfig",
+    "ServerConfig",
+    "PluginsConfig",
+    "LoggingConfig",
+    "SECTIONS",
+    "ConfigError",
+    "Problem",
+    "load_config",
+    "config_from_mapping",
+    "dump_config",
+    "add_config_arguments",
+    "setting_flags",
+    "env_var_name",
+    "CONFIG_ENV",
+    "KEYWORDS",
+    "Keyword",
 ]

@@ -38,9 +38,13 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     Pass the parsed namespace to :func:`tallow.config.load_config` as ``args``.
     """
     parser.add_argument(
-        "--config", dest=CONFIG_DEST, metavar="PATH", default=None,
+        "--config",
+        dest=CONFIG_DEST,
+        metavar="PATH",
+        default=None,
         help="YAML config file (default: $TALLOW_CONFIG, else none). Flags override the "
-        "environment, which overrides the file.")
+        "environment, which overrides the file.",
+    )
     groups: dict[str, Any] = {}
     for section, name, flag, info in setting_flags():
         if flag is None:
@@ -53,8 +57,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         default = info.get_default(call_default_factory=True)
         shown = "" if extra.get("secret") else f" (default: {default!r})"
         help_text = (info.description or "").replace("%", "%%") + shown
-        kwargs: dict[str, Any] = {"dest": f"{section}.{name}", "default": None,
-                                  "help": help_text}
+        kwargs: dict[str, Any] = {"dest": f"{section}.{name}", "default": None, "help": help_text}
         kind, _ = field_kind(info.annotation)
         if kind == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction

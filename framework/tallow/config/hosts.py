@@ -45,8 +45,11 @@ class HostRule:
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return ("*." if self.wildcard else "") + host + \
-            (f":{self.port}" if self.port is not None else "")
+        return (
+            ("*." if self.wildcard else "")
+            + host
+            + (f":{self.port}" if self.port is not None else "")
+        )
 
 
 def normalise_host(host: str) -> str:
@@ -70,7 +73,7 @@ def _split_port(entry: str) -> tuple[str, int | None]:
         close = entry.find("]")
         if close < 0:
             raise ValueError(f"{entry!r}: an IPv6 address opened with '[' needs its ']'")
-        host, rest = entry[:close + 1], entry[close + 1:]
+        host, rest = entry[: close + 1], entry[close + 1 :]
         if not rest:
             return host, None
         if not rest.startswith(":"):
@@ -94,8 +97,9 @@ def parse_host_rule(entry: str) -> HostRule:
     if not text:
         raise ValueError("expected a host name, not an empty entry")
     if "/" in text or "@" in text or "?" in text or "#" in text:
-        raise ValueError(f"{entry!r}: expected a host (host, host:port, *.domain or an IP "
-                         "address), not a URL")
+        raise ValueError(
+            f"{entry!r}: expected a host (host, host:port, *.domain or an IP address), not a URL"
+        )
     wildcard = text.startswith("*.")
     host_text, port = _split_port(text[2:] if wildcard else text)
     host = normalise_host(host_text)
@@ -109,8 +113,9 @@ def parse_host_rule(entry: str) -> HostRule:
     if not is_address:
         labels = host.split(".")
         if "*" in host or not all(_LABEL.match(label) for label in labels):
-            raise ValueError(f"{entry!r}: {host_text!r} is not a valid host name ('*.' may "
-                             "only start an entry)")
+            raise ValueError(
+                f"{entry!r}: {host_text!r} is not a valid host name ('*.' may only start an entry)"
+            )
     return HostRule(host=host, port=port, wildcard=wildcard, address=is_address)
 
 

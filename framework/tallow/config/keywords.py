@@ -25,8 +25,7 @@ from .models import SECTIONS
 from .sources import Layer
 
 #: sections whose fields are keywords of their own (the others are keywords as a whole)
-FLAT_SECTIONS: tuple[str, ...] = ("model", "cache", "scheduler", "runner", "parallel",
-                                   "server")
+FLAT_SECTIONS: tuple[str, ...] = ("model", "cache", "scheduler", "runner", "parallel", "server")
 
 #: keywords the Python API takes besides the settings (see :class:`tallow.LLM`)
 RESERVED: tuple[str, ...] = ("config", "plugin_manager")
@@ -53,8 +52,10 @@ def _derive() -> dict[str, Keyword]:
         clash = keywords.get(keyword.name)
         if clash is not None or keyword.name in RESERVED:
             # two settings may not share a keyword: fix the models (a "keyword" override)
-            raise RuntimeError(f"keyword {keyword.name!r} would mean both {keyword.setting} and "
-                               f"{clash.setting if clash else 'a reserved argument'}")
+            raise RuntimeError(
+                f"keyword {keyword.name!r} would mean both {keyword.setting} and "
+                f"{clash.setting if clash else 'a reserved argument'}"
+            )
         keywords[keyword.name] = keyword
 
     for section in FLAT_SECTIONS:
@@ -80,8 +81,10 @@ def unknown_keyword_error(name: str, caller: str) -> TypeError:
     message = f"{caller} got an unexpected keyword argument {name!r}"
     if suggestions:
         return TypeError(f"{message}; did you mean {' or '.join(suggestions)}?")
-    return TypeError(f"{message}; the keywords are the settings of docs/configuration.md: "
-                     + ", ".join(sorted(KEYWORDS)))
+    return TypeError(
+        f"{message}; the keywords are the settings of docs/configuration.md: "
+        + ", ".join(sorted(KEYWORDS))
+    )
 
 
 def _section_values(keyword: Keyword, value: object) -> Mapping[str, Any] | None:
@@ -111,9 +114,14 @@ def read_keywords(values: Mapping[str, Any], caller: str = "LLM()") -> Layer:
             continue
         body = _section_values(keyword, value)
         if body is None:
-            layer.problems.append(Problem(
-                keyword.section, f"got {type(value).__name__}, expected a mapping of keys to "
-                f"values or a {SECTIONS[keyword.section].__name__}", origin))
+            layer.problems.append(
+                Problem(
+                    keyword.section,
+                    f"got {type(value).__name__}, expected a mapping of keys to "
+                    f"values or a {SECTIONS[keyword.section].__name__}",
+                    origin,
+                )
+            )
             continue
         for field_name, field_value in body.items():
             _set_once(layer, (keyword.section, str(field_name)), field_value, origin, caller)
@@ -122,6 +130,7 @@ def read_keywords(values: Mapping[str, Any], caller: str = "LLM()") -> Layer:
 
 def _set_once(layer: Layer, key: tuple[str, str], value: object, origin: str, caller: str) -> None:
     if key in layer.values:
-        raise TypeError(f"{caller} got {'.'.join(key)} twice: from {layer.origins[key]} and "
-                        f"from {origin}")
+        raise TypeError(
+            f"{caller} got {'.'.join(key)} twice: from {layer.origins[key]} and from {origin}"
+        )
     layer.set(key, value, origin)

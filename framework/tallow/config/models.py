@@ -64,29 +64,46 @@ class ModelConfig(Section):
         "(Qwen2.5-Coder-0.5B-Instruct, GGUF).",
         json_schema_extra=_flag("--model", keyword="model"),
     )
-    revision: Optional[str] = Field(None, description="Revision (branch, tag or commit) of a "
-                                    "hub model.")
+    revision: Optional[str] = Field(
+        None, description="Revision (branch, tag or commit) of a hub model."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Activation and unquantized weight dtype; auto picks bfloat16 on a "
-        "GPU that supports it, float32 on CPU.")
+        "auto",
+        description="Activation and unquantized weight dtype; auto picks bfloat16 on a "
+        "GPU that supports it, float32 on CPU.",
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
     max_model_len: Optional[int] = Field(
-        None, gt=0, description="Longest sequence (prompt + output) accepted; None takes the "
-        "model's own limit.")
+        None,
+        gt=0,
+        description="Longest sequence (prompt + output) accepted; None takes the "
+        "model's own limit.",
+    )
     served_model_name: Optional[str] = Field(
-        None, description="Model name reported by /v1/models and expected in requests; None "
-        "derives it from the source.")
+        None,
+        description="Model name reported by /v1/models and expected in requests; None "
+        "derives it from the source.",
+    )
     weight_format: str = Field(
-        "auto", description="Name of the weight-format plugin that loads the source; auto asks "
-        "every format, highest priority first, whether it claims the source.")
-    seed: int = Field(0, ge=0, description="Seed of the random number generators (sampling "
-                      "without a per-request seed, random weights).")
+        "auto",
+        description="Name of the weight-format plugin that loads the source; auto asks "
+        "every format, highest priority first, whether it claims the source.",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the random number generators (sampling "
+        "without a per-request seed, random weights).",
+    )
     tokenizer: Optional[str] = Field(
-        None, description="Directory with a tokenizer.json (and, when present, "
+        None,
+        description="Directory with a tokenizer.json (and, when present, "
         "tokenizer_config.json, generation_config.json, chat_template.jinja) to use instead of "
-        "the model source's tokenizer; its token ids must fit the model's vocabulary.")
+        "the model source's tokenizer; its token ids must fit the model's vocabulary.",
+    )
     isq: Optional[str] = Field(
-        None, description="Quantize a float model's weights while it loads, layer by layer on "
+        None,
+        description="Quantize a float model's weights while it loads, layer by layer on "
         "the device, into this type: any type an installed quant-scheme plugin offers (an "
         "unknown one is refused, listing those offered). The GGML types q4_0, q4_1, q5_0, "
         "q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k (tallow-quant-gguf): every matrix takes it, "
@@ -99,35 +116,46 @@ class ModelConfig(Section):
         "method, group and calibration); token embeddings stay dense. mxfp4 "
         "(tallow-quant-fp4): e2m1 codes with a power-of-two scale per 32 columns, for the "
         "same layers. None keeps the checkpoint's weights.",
-        json_schema_extra=_flag("--isq", metavar="TYPE"))
+        json_schema_extra=_flag("--isq", metavar="TYPE"),
+    )
     quant_scheme: str = Field(
-        "auto", description="Name of the quant-scheme plugin that keeps a quantized "
+        "auto",
+        description="Name of the quant-scheme plugin that keeps a quantized "
         "checkpoint's weights (or quantizes them under model.isq); auto takes the one installed "
         "scheme that claims the checkpoint (its quantization_config.quant_method among the "
         "scheme's, and the scheme's detect accepting the config) or offers the isq type. Needed "
-        "only when two installed schemes claim the same checkpoint or type.")
+        "only when two installed schemes claim the same checkpoint or type.",
+    )
 
     task: Literal["auto", "generate", "embed"] = Field(
-        "auto", description="What the model is served for: generate (completions and chat) or "
+        "auto",
+        description="What the model is served for: generate (completions and chat) or "
         "embed (/v1/embeddings, LLM.embed; each input computed whole in one step, nothing "
         "cached after it). auto embeds with encoder-only models (BERT) and with model "
-        "directories that carry sentence-transformers files (modules.json), else generates.")
+        "directories that carry sentence-transformers files (modules.json), else generates.",
+    )
     pooling: Literal["auto", "mean", "cls", "last"] = Field(
-        "auto", description="How an embedding is pooled from the hidden states of its tokens "
+        "auto",
+        description="How an embedding is pooled from the hidden states of its tokens "
         "(task embed): their mean, the first (CLS) token or the last token. auto: as the "
         "model's sentence-transformers files say, else the model's own default (mean for "
-        "encoders, last token for decoders).")
+        "encoders, last token for decoders).",
+    )
     normalize_embeddings: Optional[bool] = Field(
-        None, description="Scale embeddings to unit length (task embed). None: as the model's "
+        None,
+        description="Scale embeddings to unit length (task embed). None: as the model's "
         "sentence-transformers files say (a Normalize module), true when it has none. "
-        "Requests may ask for fewer dimensions only of normalized embeddings.")
+        "Requests may ask for fewer dimensions only of normalized embeddings.",
+    )
 
     @field_validator("isq")
     @classmethod
     def _check_isq(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _NAME.match(value):
-            raise ValueError("expected a quantization type name such as q4_k, fp8 or int4 "
-                             "(lower-case letters, digits and _)")
+            raise ValueError(
+                "expected a quantization type name such as q4_k, fp8 or int4 "
+                "(lower-case letters, digits and _)"
+            )
         return value
 
     @field_validator("device")
@@ -141,27 +169,41 @@ class ModelConfig(Section):
 class CacheConfig(Section):
     """The paged KV cache."""
 
-    block_size: int = Field(16, gt=0, le=1024, description="Tokens per KV block (a power of "
-                            "two).")
+    block_size: int = Field(16, gt=0, le=1024, description="Tokens per KV block (a power of two).")
     kv_fraction: float = Field(
-        0.9, gt=0.0, le=1.0, description="Fraction of the device memory left free after the "
-        "model is loaded that the KV cache may take.")
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of the device memory left free after the "
+        "model is loaded that the KV cache may take.",
+    )
     mem_mb: Optional[int] = Field(
-        None, gt=0, description="KV-cache budget in MiB; overrides kv_fraction.",
-        json_schema_extra=_flag("--mem", metavar="MB"))
-    kv_codec: str = Field("auto", description="How K and V are stored (a kv-codec plugin: auto "
-                          "keeps the model dtype; fp8 and fp8_e5m2 of tallow-kvcache-fp8 "
-                          "store 8-bit floats, half the bytes of bf16; turbo8, turbo4 and "
-                          "turbo3 of tallow-kvcache-turboquant rotate and quantize to 8, 4 or "
-                          "3 bits, about 2, 3.9 and 5.1 times the tokens of bf16; others when "
-                          "installed).")
-    enable_prefix_caching: bool = Field(True, description="Reuse the KV blocks of prompt "
-                                        "prefixes shared between requests.")
+        None,
+        gt=0,
+        description="KV-cache budget in MiB; overrides kv_fraction.",
+        json_schema_extra=_flag("--mem", metavar="MB"),
+    )
+    kv_codec: str = Field(
+        "auto",
+        description="How K and V are stored (a kv-codec plugin: auto "
+        "keeps the model dtype; fp8 and fp8_e5m2 of tallow-kvcache-fp8 "
+        "store 8-bit floats, half the bytes of bf16; turbo8, turbo4 and "
+        "turbo3 of tallow-kvcache-turboquant rotate and quantize to 8, 4 or "
+        "3 bits, about 2, 3.9 and 5.1 times the tokens of bf16; others when "
+        "installed).",
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV blocks of prompt prefixes shared between requests."
+    )
     num_blocks: Optional[int] = Field(
-        None, gt=0, description="Exact number of KV blocks; overrides the memory budget.")
+        None, gt=0, description="Exact number of KV blocks; overrides the memory budget."
+    )
     encoder_cache_mb: int = Field(
-        1024, gt=0, description="Device memory in MiB for the image-encoder outputs of a "
-        "vision-language model, kept by image hash (least recently used evicted).")
+        1024,
+        gt=0,
+        description="Device memory in MiB for the image-encoder outputs of a "
+        "vision-language model, kept by image hash (least recently used evicted).",
+    )
 
     @field_validator("block_size")
     @classmethod
@@ -175,48 +217,75 @@ class SchedulerConfig(Section):
     """Continuous batching: how much work one engine step takes on."""
 
     max_num_seqs: int = Field(256, gt=0, description="Most sequences running in one step.")
-    max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one step "
-                                        "(prefill chunks and decodes together).")
+    max_num_batched_tokens: int = Field(
+        8192, gt=0, description="Token budget of one step (prefill chunks and decodes together)."
+    )
     prefill_chunk_size: Optional[int] = Field(
-        None, gt=0, description="Longest piece of one prompt prefilled in a step; None lets a "
-        "prompt take what is left of the step's budget.")
-    max_waiting: int = Field(1024, gt=0, description="Requests that may wait for a slot before "
-                             "new ones are refused.")
+        None,
+        gt=0,
+        description="Longest piece of one prompt prefilled in a step; None lets a "
+        "prompt take what is left of the step's budget.",
+    )
+    max_waiting: int = Field(
+        1024, gt=0, description="Requests that may wait for a slot before new ones are refused."
+    )
     policy: Literal["fcfs", "priority"] = Field(
-        "fcfs", description="Order of admission: first come first served, or by request "
-        "priority (then arrival).", json_schema_extra=_flag("--scheduling-policy"))
+        "fcfs",
+        description="Order of admission: first come first served, or by request "
+        "priority (then arrival).",
+        json_schema_extra=_flag("--scheduling-policy"),
+    )
     async_scheduling: bool = Field(
-        True, description="Plan and launch the next step while the device still runs the "
+        True,
+        description="Plan and launch the next step while the device still runs the "
         "current one (sampled tokens feed the next step on the device); steps with penalties, "
-        "logprobs or n > 1 forks still wait for their tokens. Same tokens as without it.")
+        "logprobs or n > 1 forks still wait for their tokens. Same tokens as without it.",
+    )
 
 
 class RunnerConfig(Section):
     """The model runner: attention backend, CUDA graphs, structured-output grammars."""
 
     attention_backend: str = Field(
-        "auto", description="Name of the attention backend; auto takes the highest-priority "
-        "backend that can serve the model and device.")
-    disable_cuda_graph: bool = Field(False, description="Run decode steps eagerly instead of "
-                                     "replaying captured CUDA graphs.")
-    max_cuda_graph_batch: int = Field(256, gt=0, description="Largest decode batch captured in "
-                                      "a CUDA graph; larger batches run eagerly.")
+        "auto",
+        description="Name of the attention backend; auto takes the highest-priority "
+        "backend that can serve the model and device.",
+    )
+    disable_cuda_graph: bool = Field(
+        False, description="Run decode steps eagerly instead of replaying captured CUDA graphs."
+    )
+    max_cuda_graph_batch: int = Field(
+        256,
+        gt=0,
+        description="Largest decode batch captured in a CUDA graph; larger batches run eagerly.",
+    )
     grammar_backend: str = Field(
-        "auto", description="Name of the grammar backend for structured outputs "
+        "auto",
+        description="Name of the grammar backend for structured outputs "
         "(response_format, guided decoding, forced tool calls; a grammar-backend plugin: "
         "xgrammar or llguidance); auto takes the highest-priority one that is installed and "
-        "enabled.")
+        "enabled.",
+    )
     grammar_cache_size: int = Field(
-        256, gt=0, description="Compiled grammars (one per distinct JSON Schema, regex, choice "
-        "list or EBNF grammar) kept for reuse.")
+        256,
+        gt=0,
+        description="Compiled grammars (one per distinct JSON Schema, regex, choice "
+        "list or EBNF grammar) kept for reuse.",
+    )
     grammar_compile_timeout_s: float = Field(
-        10.0, gt=0, description="Seconds one grammar compile may take; a longer one is stopped "
+        10.0,
+        gt=0,
+        description="Seconds one grammar compile may take; a longer one is stopped "
         "(its worker process ends, freeing the CPU) and the request gets a 400. Backends that "
         "can hand a compiled grammar across processes (xgrammar) compile in a worker process; "
-        "others compile in a thread with no time limit.")
+        "others compile in a thread with no time limit.",
+    )
     grammar_max_spec_chars: int = Field(
-        131072, gt=0, description="Largest JSON Schema, regex, choice list or EBNF grammar (in "
-        "characters) a request may ask to compile; a larger one is a 400.")
+        131072,
+        gt=0,
+        description="Largest JSON Schema, regex, choice list or EBNF grammar (in "
+        "characters) a request may ask to compile; a larger one is a 400.",
+    )
 
 
 class SpeculativeConfig(Section):
@@ -224,18 +293,26 @@ class SpeculativeConfig(Section):
     step."""
 
     method: Optional[str] = Field(
-        None, description="Name of the speculator (a speculator plugin: ngram for prompt "
+        None,
+        description="Name of the speculator (a speculator plugin: ngram for prompt "
         "lookup, say); None decodes one token per step. Steps then run synchronously (a "
         "proposal needs the previous step's tokens).",
-        json_schema_extra=_flag("--speculative-method"))
+        json_schema_extra=_flag("--speculative-method"),
+    )
     num_speculative_tokens: int = Field(
-        4, gt=0, le=64, description="Most tokens proposed per sequence and step (k); a "
-        "verify step computes k + 1 tokens of each sequence and emits 1 to k + 1.")
+        4,
+        gt=0,
+        le=64,
+        description="Most tokens proposed per sequence and step (k); a "
+        "verify step computes k + 1 tokens of each sequence and emits 1 to k + 1.",
+    )
     adaptive: bool = Field(
-        False, description="Adapt each sequence's k to its acceptance: grow it by one after a "
+        False,
+        description="Adapt each sequence's k to its acceptance: grow it by one after a "
         "step that accepted every proposed token, shrink it by one after a step that accepted "
         "fewer than half (between 1 and num_speculative_tokens).",
-        json_schema_extra=_flag("--speculative-adaptive"))
+        json_schema_extra=_flag("--speculative-adaptive"),
+    )
 
     @field_validator("method")
     @classmethod
@@ -249,35 +326,59 @@ class ParallelConfig(Section):
     """Tensor parallelism over torch.distributed: ranks, nodes, rendezvous, failure limits."""
 
     tensor_parallel_size: int = Field(
-        1, gt=0, description="Ranks the model is split over (one process per GPU). 1 runs in "
-        "this process. Under torchrun (WORLD_SIZE set) it defaults to the world size.")
+        1,
+        gt=0,
+        description="Ranks the model is split over (one process per GPU). 1 runs in "
+        "this process. Under torchrun (WORLD_SIZE set) it defaults to the world size.",
+    )
     enable_expert_parallel: bool = Field(
-        False, description="Mixture-of-experts layers place whole experts on the "
+        False,
+        description="Mixture-of-experts layers place whole experts on the "
         "tensor-parallel ranks (rank r holds experts r*E/tp .. (r+1)*E/tp - 1; tokens go to "
         "the rank of their expert and back by all-to-all) instead of splitting every expert's "
         "intermediate size; attention stays tensor-parallel. The expert count must divide by "
-        "tensor_parallel_size.")
-    nnodes: int = Field(1, gt=0, description="Hosts taking part; each runs one tallow launch "
-                        "with tensor_parallel_size / nnodes ranks. The HTTP server runs on "
-                        "node 0 only.")
-    node_rank: int = Field(0, ge=0, description="Which host this launch is (0 .. nnodes-1); "
-                           "node 0 holds rank 0, the driver.")
+        "tensor_parallel_size.",
+    )
+    nnodes: int = Field(
+        1,
+        gt=0,
+        description="Hosts taking part; each runs one tallow launch "
+        "with tensor_parallel_size / nnodes ranks. The HTTP server runs on "
+        "node 0 only.",
+    )
+    node_rank: int = Field(
+        0,
+        ge=0,
+        description="Which host this launch is (0 .. nnodes-1); node 0 holds rank 0, the driver.",
+    )
     master_addr: Optional[str] = Field(
-        None, description="Address of node 0, where the ranks meet; None: $MASTER_ADDR, else "
-        "127.0.0.1.")
+        None,
+        description="Address of node 0, where the ranks meet; None: $MASTER_ADDR, else 127.0.0.1.",
+    )
     master_port: Optional[int] = Field(
-        None, ge=0, le=65535, description="TCP port of the rendezvous on node 0; None: "
-        "$MASTER_PORT, else a free port on a single node and 29500 across nodes.")
+        None,
+        ge=0,
+        le=65535,
+        description="TCP port of the rendezvous on node 0; None: "
+        "$MASTER_PORT, else a free port on a single node and 29500 across nodes.",
+    )
     distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="Collectives of the model: auto takes nccl on CUDA devices, gloo "
-        "on CPU.")
+        "auto",
+        description="Collectives of the model: auto takes nccl on CUDA devices, gloo on CPU.",
+    )
     collective_timeout_s: float = Field(
-        600.0, gt=0, description="How long a collective of a step (or of start-up) may wait "
-        "for the other ranks before it fails; a hung rank then stops the engine.")
+        600.0,
+        gt=0,
+        description="How long a collective of a step (or of start-up) may wait "
+        "for the other ranks before it fails; a hung rank then stops the engine.",
+    )
     heartbeat_timeout_s: float = Field(
-        10.0, gt=0, description="A rank on another host (or started by torchrun) whose "
+        10.0,
+        gt=0,
+        description="A rank on another host (or started by torchrun) whose "
         "heartbeat is older than this counts as dead; workers leave when the driver's is. "
-        "Local worker processes are watched directly, without waiting this long.")
+        "Local worker processes are watched directly, without waiting this long.",
+    )
 
     @field_validator("master_addr")
     @classmethod
@@ -290,50 +391,87 @@ class ParallelConfig(Section):
 class ServerConfig(Section):
     """The OpenAI-compatible HTTP server."""
 
-    host: str = Field("0.0.0.0", description="Address to listen on; host:port and "
-                      "[ipv6]:port also set the port, unix:///path listens on a Unix socket.")
+    host: str = Field(
+        "0.0.0.0",
+        description="Address to listen on; host:port and "
+        "[ipv6]:port also set the port, unix:///path listens on a Unix socket.",
+    )
     port: int = Field(2000, ge=0, le=65535, description="TCP port (0: any free port).")
     chat_template_timeout_s: float = Field(
-        5.0, gt=0, description="Seconds rendering the model's chat template for one request "
-        "may take; a longer render is stopped and the request gets a 400 naming the template.")
+        5.0,
+        gt=0,
+        description="Seconds rendering the model's chat template for one request "
+        "may take; a longer render is stopped and the request gets a 400 naming the template.",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="Accepted bearer tokens; empty accepts every request. Repeat --api-key for "
-        "several.", json_schema_extra=_flag("--api-key", metavar="KEY", secret=True))
+        "several.",
+        json_schema_extra=_flag("--api-key", metavar="KEY", secret=True),
+    )
     max_body_bytes: int = Field(33554432, gt=0, description="Largest request body accepted.")
-    tool_parser: str = Field("auto", description="Name of the tool-call parser; auto picks the "
-                             "one that matches the model and its chat template.")
+    tool_parser: str = Field(
+        "auto",
+        description="Name of the tool-call parser; auto picks the "
+        "one that matches the model and its chat template.",
+    )
     reasoning_parser: str = Field(
-        "auto", description="Name of the reasoning parser that splits chat output into "
+        "auto",
+        description="Name of the reasoning parser that splits chat output into "
         "reasoning_content and content (think, deepseek_r1, harmony, ...); auto picks the one "
-        "that matches the model and its chat template, none turns it off.")
-    max_queue: int = Field(1024, gt=0, description="Requests the server holds (waiting or "
-                           "running) before it answers 503.")
+        "that matches the model and its chat template, none turns it off.",
+    )
+    max_queue: int = Field(
+        1024,
+        gt=0,
+        description="Requests the server holds (waiting or running) before it answers 503.",
+    )
     max_sequences_per_request: int = Field(
-        256, gt=0, description="Most sequences one request may ask for (n times the number "
-        "of prompts); more is a 400.")
+        256,
+        gt=0,
+        description="Most sequences one request may ask for (n times the number "
+        "of prompts); more is a 400.",
+    )
     server_tools: Literal["off", "always"] = Field(
-        "off", description="Whether chat requests use the tools of the server's tool providers "
+        "off",
+        description="Whether chat requests use the tools of the server's tool providers "
         "(MCP servers, say), which the server runs itself in a loop: off, or always; a request's "
-        "server_tools field overrides it (see docs/mcp.md).")
-    max_tool_rounds: int = Field(8, gt=0, le=100, description="Most rounds of server-run tool "
-                                 "calls in one chat request.")
-    ui: bool = Field(False, description="Serve the built-in chat web UI at /ui and redirect / "
-                     "to it (the tallow-ui-web plugin; see docs/web-ui.md).")
+        "server_tools field overrides it (see docs/mcp.md).",
+    )
+    max_tool_rounds: int = Field(
+        8, gt=0, le=100, description="Most rounds of server-run tool calls in one chat request."
+    )
+    ui: bool = Field(
+        False,
+        description="Serve the built-in chat web UI at /ui and redirect / "
+        "to it (the tallow-ui-web plugin; see docs/web-ui.md).",
+    )
     allowed_image_hosts: list[str] = Field(
         default_factory=list,
         description="Hosts whose http(s) image URLs the server fetches for image_url content "
         "parts: host, host:port, *.domain (subdomains) or an IP address, comma-separated or "
         "repeated; empty refuses every image link (data: URLs are always accepted). See "
-        "docs/api.md#images.", json_schema_extra=_flag("--allowed-image-hosts", metavar="HOSTS"))
-    max_image_bytes: int = Field(20 * 1024 * 1024, gt=0, description="Largest image file "
-                                 "accepted (a data: URL's decoded bytes, a fetched body).")
-    max_image_pixels: int = Field(8192 * 8192, gt=0, description="Largest width × height of "
-                                  "an image, checked on its header before its pixels are "
-                                  "decoded.")
+        "docs/api.md#images.",
+        json_schema_extra=_flag("--allowed-image-hosts", metavar="HOSTS"),
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024,
+        gt=0,
+        description="Largest image file accepted (a data: URL's decoded bytes, a fetched body).",
+    )
+    max_image_pixels: int = Field(
+        8192 * 8192,
+        gt=0,
+        description="Largest width × height of "
+        "an image, checked on its header before its pixels are "
+        "decoded.",
+    )
     image_fetch_timeout_s: float = Field(
-        10.0, gt=0, description="Seconds fetching one image URL may take in all (redirects "
-        "included).", json_schema_extra=_flag("--image-fetch-timeout", metavar="SECONDS"))
+        10.0,
+        gt=0,
+        description="Seconds fetching one image URL may take in all (redirects included).",
+        json_schema_extra=_flag("--image-fetch-timeout", metavar="SECONDS"),
+    )
 
     @field_validator("allowed_image_hosts", mode="before")
     @classmethod
@@ -354,21 +492,33 @@ class PluginsConfig(Section):
     """Which plugin distributions load (see docs/plugins.md)."""
 
     autoload: bool = Field(
-        True, description="Load every installed plugin distribution; a failing one is reported "
-        "and skipped.", json_schema_extra=_flag("--autoload-plugins"))
+        True,
+        description="Load every installed plugin distribution; a failing one is reported "
+        "and skipped.",
+        json_schema_extra=_flag("--autoload-plugins"),
+    )
     enable: list[str] = Field(
-        default_factory=list, description="Distributions to load even when autoload is off; a "
-        "failure stops start-up.", json_schema_extra=_flag("--enable-plugin", metavar="DIST"))
+        default_factory=list,
+        description="Distributions to load even when autoload is off; a failure stops start-up.",
+        json_schema_extra=_flag("--enable-plugin", metavar="DIST"),
+    )
     disable: list[str] = Field(
-        default_factory=list, description="Distributions never to load.",
-        json_schema_extra=_flag("--disable-plugin", metavar="DIST"))
+        default_factory=list,
+        description="Distributions never to load.",
+        json_schema_extra=_flag("--disable-plugin", metavar="DIST"),
+    )
     require: list[str] = Field(
-        default_factory=list, description="Distributions that must load, with optional version "
+        default_factory=list,
+        description="Distributions that must load, with optional version "
         "specifiers (tallow-model-llama>=0.1); missing, mismatched or failing stops start-up.",
-        json_schema_extra=_flag("--require-plugin", metavar="REQ"))
+        json_schema_extra=_flag("--require-plugin", metavar="REQ"),
+    )
     settings: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Per-plugin settings, keyed by distribution name; "
-        "each plugin reads its own in tallow_configure.", json_schema_extra=_flag(None))
+        default_factory=dict,
+        description="Per-plugin settings, keyed by distribution name; "
+        "each plugin reads its own in tallow_configure.",
+        json_schema_extra=_flag(None),
+    )
 
     @field_validator("enable", "disable")
     @classmethod
@@ -403,9 +553,13 @@ with warnings.catch_warnings():
         """Logging of the server and engine."""
 
         level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
-            "INFO", description="Lowest level logged.", json_schema_extra=_flag("--log-level"))
-        json: bool = Field(False, description="One JSON object per log line.",  # type: ignore[assignment]
-                           json_schema_extra=_flag("--log-json"))
+            "INFO", description="Lowest level logged.", json_schema_extra=_flag("--log-level")
+        )
+        json: bool = Field(
+            False,
+            description="One JSON object per log line.",  # type: ignore[assignment]
+            json_schema_extra=_flag("--log-json"),
+        )
 
         @field_validator("level", mode="before")
         @classmethod
@@ -427,8 +581,9 @@ class TallowConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     # "model" is a section name here, not pydantic's protected namespace.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True,
-                              protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, validate_default=True, protected_namespaces=()
+    )
 
 
 SECTIONS: dict[str, type[Section]] = {

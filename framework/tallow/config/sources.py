@@ -92,8 +92,9 @@ def read_file(path: str | os.PathLike[str]) -> Layer:
         if body is None:
             continue
         if not isinstance(body, dict):
-            layer.problems.append(Problem(key, f"got {body!r}, expected a mapping of keys to "
-                                          "values", origin))
+            layer.problems.append(
+                Problem(key, f"got {body!r}, expected a mapping of keys to values", origin)
+            )
             continue
         for name, value in body.items():
             layer.set((key, str(name)), value, origin)
@@ -137,26 +138,34 @@ def read_env(env: Mapping[str, str]) -> Layer:
     """
     layer = Layer("environment")
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or ENV_SEPARATOR not in var[len(ENV_PREFIX):]:
+        if not var.startswith(ENV_PREFIX) or ENV_SEPARATOR not in var[len(ENV_PREFIX) :]:
             continue
-        section, _, name = var[len(ENV_PREFIX):].partition(ENV_SEPARATOR)
+        section, _, name = var[len(ENV_PREFIX) :].partition(ENV_SEPARATOR)
         section, name = section.lower(), name.lower()
         origin = f"env {var}"
         model = SECTIONS.get(section)
         if model is None:
             close = difflib.get_close_matches(section, list(SECTIONS), n=1)
             hint = f" (did you mean {env_var_name(close[0], name)}?)" if close else ""
-            layer.problems.append(Problem(
-                f"{section}.{name}", f"unknown section {section!r}{hint}; expected one of: "
-                + ", ".join(SECTIONS), origin))
+            layer.problems.append(
+                Problem(
+                    f"{section}.{name}",
+                    f"unknown section {section!r}{hint}; expected one of: " + ", ".join(SECTIONS),
+                    origin,
+                )
+            )
             continue
         info = model.model_fields.get(name)
         if info is None:
             close = difflib.get_close_matches(name, list(model.model_fields), n=1)
             hint = f" (did you mean {env_var_name(section, close[0])}?)" if close else ""
-            layer.problems.append(Problem(
-                f"{section}.{name}", f"unknown key{hint}; expected one of: "
-                + ", ".join(model.model_fields), origin))
+            layer.problems.append(
+                Problem(
+                    f"{section}.{name}",
+                    f"unknown key{hint}; expected one of: " + ", ".join(model.model_fields),
+                    origin,
+                )
+            )
             continue
         value, problem = _parse_env_value(var, env[var], info.annotation)
         if problem is not None:

@@ -20,8 +20,10 @@ from . import state
 def _group() -> dist.ProcessGroup | None:
     current = state.current()
     if current is None:
-        raise RuntimeError("a tensor-parallel collective ran without a process group: a model "
-                           "built with tp_size > 1 must run under tallow.distributed")
+        raise RuntimeError(
+            "a tensor-parallel collective ran without a process group: a model "
+            "built with tp_size > 1 must run under tallow.distributed"
+        )
     return current.device_group
 
 
@@ -38,8 +40,12 @@ def all_gather_last_dim(x: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def all_to_all(output: torch.Tensor, x: torch.Tensor, output_splits: list[int] | None = None,
-               input_splits: list[int] | None = None) -> torch.Tensor:
+def all_to_all(
+    output: torch.Tensor,
+    x: torch.Tensor,
+    output_splits: list[int] | None = None,
+    input_splits: list[int] | None = None,
+) -> torch.Tensor:
     """Exchange rows (dimension 0) between the ranks: ``x``'s ``input_splits[r]`` rows (in
     order) go to rank ``r``, and ``output`` receives ``output_splits[r]`` rows from each rank
     ``r`` in rank order; without splits every rank sends and receives equal parts. NCCL and

@@ -24,7 +24,12 @@ import torch
 from .collectives import broadcast_from_driver
 from .state import ParallelState
 from .step_message import (
-    RELEASE, STEP, TOKENS_ARGMAX, TOKENS_BROADCAST, TOKENS_NONE, StepMessage,
+    RELEASE,
+    STEP,
+    TOKENS_ARGMAX,
+    TOKENS_BROADCAST,
+    TOKENS_NONE,
+    StepMessage,
 )
 
 if TYPE_CHECKING:
@@ -51,15 +56,21 @@ class StepPublisher:
 
     def _check(self) -> None:
         if self.retired:
-            raise GroupFailedError("this engine's tensor-parallel group now serves a newer "
-                                   "engine (or was shut down); build the engine again")
+            raise GroupFailedError(
+                "this engine's tensor-parallel group now serves a newer "
+                "engine (or was shut down); build the engine again"
+            )
         failure = self.parallel.failure
         if failure is not None:
             raise GroupFailedError(failure)
 
-    def publish(self, copies: list[tuple[int, ...]],  # (src, dst): one paged group
-                host: HostBatch | None,  # None: copies only
-                logit_rows: list[tuple[int, int]], greedy: bool) -> None:
+    def publish(
+        self,
+        copies: list[tuple[int, ...]],  # (src, dst): one paged group
+        host: HostBatch | None,  # None: copies only
+        logit_rows: list[tuple[int, int]],
+        greedy: bool,
+    ) -> None:
         """Send the step the runner is about to run (``host`` None: only ``copies``)."""
         self._check()
         tokens = TOKENS_NONE
@@ -86,8 +97,9 @@ class StepPublisher:
         self.retired = True
 
 
-def open_engine(parallel: ParallelState, config: TallowConfig, plugins: dict[str, str], *,
-                feeds_tokens: bool) -> StepPublisher:
+def open_engine(
+    parallel: ParallelState, config: TallowConfig, plugins: dict[str, str], *, feeds_tokens: bool
+) -> StepPublisher:
     """Make the group's workers build the engine of ``config`` with ``plugins`` (the
     driver's resolved plugin list: name → version); the caller builds its own meanwhile, in
     the same order (the start-up collectives pair up)."""
@@ -95,8 +107,9 @@ def open_engine(parallel: ParallelState, config: TallowConfig, plugins: dict[str
     if previous is not None:
         previous.release()
     with parallel.control.lock:
-        parallel.control.send_object({"config": config.model_dump(mode="json"),
-                                      "plugins": dict(plugins)})
+        parallel.control.send_object(
+            {"config": config.model_dump(mode="json"), "plugins": dict(plugins)}
+        )
     publisher = StepPublisher(parallel, feeds_tokens=feeds_tokens)
     parallel.active = publisher
     return publisher

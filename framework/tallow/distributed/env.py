@@ -27,8 +27,7 @@ def disable_nvlink_multicast(environ: MutableMapping[str, str] | None = None) ->
     for name, value in MULTICAST_OFF.items():
         old = environ.get(name)
         if old is not None and old != value:
-            log.warning("%s=%s replaced by %s: tallow keeps NVLink multicast off", name, old,
-                        value)
+            log.warning("%s=%s replaced by %s: tallow keeps NVLink multicast off", name, old, value)
         environ[name] = value
 
 

@@ -42,7 +42,12 @@ from .state import ParallelState
 from .step_message import ControlChannel, StepMessage, STOP
 from .topology import Topology, resolve_topology
 from .watchdog import (
-    EXIT_GRACE_S, STOPPED_KEY, Watchdog, WorkerProcess, report_failure, stop_processes,
+    EXIT_GRACE_S,
+    STOPPED_KEY,
+    Watchdog,
+    WorkerProcess,
+    report_failure,
+    stop_processes,
 )
 
 if TYPE_CHECKING:
@@ -84,8 +89,7 @@ def start(config: TallowConfig) -> ParallelState | None:
     None when the settings and the environment ask for a single process."""
     topology = resolve_topology(config.parallel, config.model.device)
     existing = state_mod.current()
-    if existing is not None and (topology is None or not _same_group(existing.topology,
-                                                                      topology)):
+    if existing is not None and (topology is None or not _same_group(existing.topology, topology)):
         shutdown()
         existing = None
     if topology is None:
@@ -93,16 +97,23 @@ def start(config: TallowConfig) -> ParallelState | None:
     if existing is not None:
         return existing
     parallel = config.parallel
-    return _start(topology, collective_timeout_s=parallel.collective_timeout_s,
-                  heartbeat_timeout_s=parallel.heartbeat_timeout_s,
-                  log_level=config.logging.level)
+    return _start(
+        topology,
+        collective_timeout_s=parallel.collective_timeout_s,
+        heartbeat_timeout_s=parallel.heartbeat_timeout_s,
+        log_level=config.logging.level,
+    )
 
 
 def join(spec: WorkerSpec) -> ParallelState:
     """Join the group as the spawned worker ``spec`` describes."""
-    return _start(spec.topology, collective_timeout_s=spec.collective_timeout_s,
-                  heartbeat_timeout_s=spec.heartbeat_timeout_s, log_level=spec.log_level,
-                  parent_pid=spec.parent_pid)
+    return _start(
+        spec.topology,
+        collective_timeout_s=spec.collective_timeout_s,
+        heartbeat_timeout_s=spec.heartbeat_timeout_s,
+        log_level=spec.log_level,
+        parent_pid=spec.parent_pid,
+    )
 
 
 def _same_group(old: Topology, new: Topology) -> bool:
@@ -125,8 +136,14 @@ def _rendezvous(topology: Topology, timeout: timedelta) -> tuple[Any, Topology]:
     if topology.external:
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
         return store, topology
-    store = dist.TCPStore(topology.master_addr, topology.master_port or 0, None,
-                          topology.rank == 0, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(
+        topology.master_addr,
+        topology.master_port or 0,
+        None,
+        topology.rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
     if topology.master_port is None:
         topology = replace(topology, master_port=store.port)
     return store, topology
@@ -134,29 +151,50 @@ def _rendezvous(topology: Topology, timeout: timedelta) -> tuple[Any, Topology]:
 
 def _store_client(topology: Topology, timeout_s: float) -> Any:
     """A connection of the watchdog's own to the rendezvous store."""
-    return dist.TCPStore(topology.master_addr, int(topology.master_port or 0), None, False,
-                         timeout=timedelta(seconds=max(5.0, timeout_s)))
+    return dist.TCPStore(
+        topology.master_addr,
+        int(topology.master_port or 0),
+        None,
+        False,
+        timeout=timedelta(seconds=max(5.0, timeout_s)),
+    )
 
 
-def _spawn(topology: Topology, collective_timeout_s: float, heartbeat_timeout_s: float,
-           log_level: str) -> dict[int, WorkerProcess]:
+def _spawn(
+    topology: Topology, collective_timeout_s: float, heartbeat_timeout_s: float, log_level: str
+) -> dict[int, WorkerProcess]:
     worker_level = "DEBUG" if log_level == "DEBUG" else "WARNING"
     children: dict[int, WorkerProcess] = {}
     for rank in topology.spawned_ranks():
-        spec = WorkerSpec(topology.for_rank(rank), collective_timeout_s, heartbeat_timeout_s,
-                          parent_pid=os.getpid(), log_level=worker_level,
-                          die_with_parent=threading.current_thread() is threading.main_thread())
-        popen = subprocess.Popen([sys.executable, "-m", "tallow.distributed", spec.to_json()],
-                                 stdin=subprocess.DEVNULL)
+        spec = WorkerSpec(
+            topology.for_rank(rank),
+            collective_timeout_s,
+            heartbeat_timeout_s,
+            parent_pid=os.getpid(),
+            log_level=worker_level,
+            die_with_parent=threading.current_thread() is threading.main_thread(),
+        )
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "tallow.distributed", spec.to_json()], stdin=subprocess.DEVNULL
+        )
         children[rank] = WorkerProcess(rank, popen)
     if children:
-        log.info("tensor parallelism: spawned rank(s) %s (pids %s)", ", ".join(map(str, children)),
-                 ", ".join(str(p.pid) for p in children.values()))
+        log.info(
+            "tensor parallelism: spawned rank(s) %s (pids %s)",
+            ", ".join(map(str, children)),
+            ", ".join(str(p.pid) for p in children.values()),
+        )
     return children
 
 
-def _start(topology: Topology, *, collective_timeout_s: float, heartbeat_timeout_s: float,
-           log_level: str, parent_pid: int | None = None) -> ParallelState:
+def _start(
+    topology: Topology,
+    *,
+    collective_timeout_s: float,
+    heartbeat_timeout_s: float,
+    log_level: str,
+    parent_pid: int | None = None,
+) -> ParallelState:
     disable_nvlink_multicast()
     device = _bind_device(topology)
     timeout = timedelta(seconds=collective_timeout_s)
@@ -167,26 +205,44 @@ def _start(topology: Topology, *, collective_timeout_s: float, heartbeat_timeout
     else:
         remote = [0]
     holder: list[ParallelState] = []
-    watchdog = Watchdog(rank=topology.rank, store=_store_client(topology, heartbeat_timeout_s),
-                        heartbeat_timeout_s=heartbeat_timeout_s, children=children,
-                        remote=remote, parent_pid=parent_pid,
-                        on_failure=lambda reason, own: _on_failure(holder, reason, own))
+    watchdog = Watchdog(
+        rank=topology.rank,
+        store=_store_client(topology, heartbeat_timeout_s),
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        children=children,
+        remote=remote,
+        parent_pid=parent_pid,
+        on_failure=lambda reason, own: _on_failure(holder, reason, own),
+    )
     watchdog.start()
     try:
-        dist.init_process_group(topology.backend, store=store, rank=topology.rank,
-                                world_size=topology.world_size, timeout=timeout)
+        dist.init_process_group(
+            topology.backend,
+            store=store,
+            rank=topology.rank,
+            world_size=topology.world_size,
+            timeout=timeout,
+        )
         control = ControlChannel(dist.new_group(backend="gloo", timeout=_FOREVER))
     except BaseException:
         watchdog.stop()
         stop_processes(list(children.values()), grace=1.0)
         raise
-    parallel = ParallelState(topology, device, dist.group.WORLD, control, store, watchdog,
-                             list(children.values()))
+    parallel = ParallelState(
+        topology, device, dist.group.WORLD, control, store, watchdog, list(children.values())
+    )
     holder.append(parallel)
     state_mod.set_current(parallel)
     _register_atexit()
-    log.info("tensor parallelism: rank %d of %d on %s (node %d of %d, %s)", topology.rank,
-             topology.world_size, device, topology.node_rank, topology.nnodes, topology.backend)
+    log.info(
+        "tensor parallelism: rank %d of %d on %s (node %d of %d, %s)",
+        topology.rank,
+        topology.world_size,
+        device,
+        topology.node_rank,
+        topology.nnodes,
+        topology.backend,
+    )
     return parallel
 
 
@@ -206,8 +262,11 @@ def _on_failure(holder: list[ParallelState], reason: str, own_workers: bool) -> 
                 log.exception("a tensor-parallel failure handler failed")
 
         def leave() -> None:
-            print(f"tallow: {reason}; the tensor-parallel group cannot continue, exiting",
-                  file=sys.stderr, flush=True)
+            print(
+                f"tallow: {reason}; the tensor-parallel group cannot continue, exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             stop_processes(children, grace=0.5)
             os._exit(1)
 
@@ -267,8 +326,9 @@ def _tell_workers_to_stop(parallel: ParallelState) -> bool:
     # another thread of this process may be in the middle of a step: give it a moment, else
     # leave the workers to the parent-death and heartbeat checks
     if not control.lock.acquire(timeout=5.0):
-        log.warning("tensor parallelism: a step is still running; stopping the workers "
-                    "without telling them")
+        log.warning(
+            "tensor parallelism: a step is still running; stopping the workers without telling them"
+        )
         return False
     try:
         active = parallel.active

@@ -50,8 +50,11 @@ class TokenSource(enum.IntEnum):
 
 
 STEP, RELEASE, STOP = MessageKind.STEP, MessageKind.RELEASE, MessageKind.STOP
-TOKENS_NONE, TOKENS_ARGMAX, TOKENS_BROADCAST = (TokenSource.NONE, TokenSource.ARGMAX,
-                                                TokenSource.BROADCAST)
+TOKENS_NONE, TOKENS_ARGMAX, TOKENS_BROADCAST = (
+    TokenSource.NONE,
+    TokenSource.ARGMAX,
+    TokenSource.BROADCAST,
+)
 
 _KIND_VALUES = frozenset(kind.value for kind in MessageKind)
 
@@ -91,11 +94,26 @@ class StepMessage:
         header[:5] = (_MAGIC, self.kind, self.number, self.tokens, len(self.copies))
         header[5] = len(self.logit_rows)
         if h is not None:
-            header[6:14] = (1, h.num_seqs, h.num_tokens, h.num_sampled, h.num_fed, h.width,
-                            h.max_query_len, h.max_seq_len)
+            header[6:14] = (
+                1,
+                h.num_seqs,
+                h.num_tokens,
+                h.num_sampled,
+                h.num_fed,
+                h.width,
+                h.max_query_len,
+                h.max_seq_len,
+            )
         header[14], header[15] = i64.size, i32.size
-        return np.concatenate([header.view(np.uint8), i64.view(np.uint8),
-                               copies.view(np.uint8), rows.view(np.uint8), i32.view(np.uint8)])
+        return np.concatenate(
+            [
+                header.view(np.uint8),
+                i64.view(np.uint8),
+                copies.view(np.uint8),
+                rows.view(np.uint8),
+                i32.view(np.uint8),
+            ]
+        )
 
     @staticmethod
     def packed_size(header: np.ndarray) -> int:
@@ -106,34 +124,47 @@ class StepMessage:
     @classmethod
     def unpack(cls, data: np.ndarray) -> "StepMessage":
         """The message packed in ``data`` (``uint8``; copies are made of what is kept)."""
-        header = data[:8 * HEADER_WORDS].view(np.int64)
+        header = data[: 8 * HEADER_WORDS].view(np.int64)
         if int(header[0]) != _MAGIC or int(header[1]) not in _KIND_VALUES:
-            raise RuntimeError("tensor-parallel worker received a malformed step message "
-                               f"(header {header[:3].tolist()}); the ranks are out of step")
+            raise RuntimeError(
+                "tensor-parallel worker received a malformed step message "
+                f"(header {header[:3].tolist()}); the ranks are out of step"
+            )
         if data.size != cls.packed_size(header):
-            raise RuntimeError(f"step message of {data.size} bytes, its header says "
-                               f"{cls.packed_size(header)}")
-        n64, n_copies, n_rows, n32 = (int(header[14]), int(header[4]), int(header[5]),
-                                      int(header[15]))
-        words = data[8 * HEADER_WORDS:8 * (HEADER_WORDS + n64 + 2 * (n_copies + n_rows))]
+            raise RuntimeError(
+                f"step message of {data.size} bytes, its header says {cls.packed_size(header)}"
+            )
+        n64, n_copies, n_rows, n32 = (
+            int(header[14]),
+            int(header[4]),
+            int(header[5]),
+            int(header[15]),
+        )
+        words = data[8 * HEADER_WORDS : 8 * (HEADER_WORDS + n64 + 2 * (n_copies + n_rows))]
         words = words.view(np.int64)
         i64 = words[:n64].copy()
-        copies = words[n64:n64 + 2 * n_copies].reshape(-1, 2).tolist()
-        rows = words[n64 + 2 * n_copies:].reshape(-1, 2).tolist()
-        i32 = data[data.size - 4 * n32:].view(np.int32).copy()
+        copies = words[n64 : n64 + 2 * n_copies].reshape(-1, 2).tolist()
+        rows = words[n64 + 2 * n_copies :].reshape(-1, 2).tolist()
+        i32 = data[data.size - 4 * n32 :].view(np.int32).copy()
         host = None
         if header[6]:
             host = HostBatch(i64, i32, *(int(v) for v in header[7:14]))
-        return cls(MessageKind(int(header[1])), int(header[2]), host,
-                   [(int(a), int(b)) for a, b in copies], [(int(a), int(b)) for a, b in rows],
-                   TokenSource(int(header[3])))
+        return cls(
+            MessageKind(int(header[1])),
+            int(header[2]),
+            host,
+            [(int(a), int(b)) for a, b in copies],
+            [(int(a), int(b)) for a, b in rows],
+            TokenSource(int(header[3])),
+        )
 
     def describe(self) -> str:
         what = self.kind.name.lower()
         if self.host is None:
             return f"{what} #{self.number}"
-        return (f"{what} #{self.number}: {self.host.num_seqs} sequences, "
-                f"{self.host.num_tokens} tokens")
+        return (
+            f"{what} #{self.number}: {self.host.num_seqs} sequences, {self.host.num_tokens} tokens"
+        )
 
 
 class ControlChannel:
@@ -175,7 +206,7 @@ class ControlChannel:
         head, capacity = self._head(), self.capacity
         self._broadcast(head)
         data = head.numpy()
-        size = StepMessage.packed_size(data[:8 * HEADER_WORDS].view(np.int64))
+        size = StepMessage.packed_size(data[: 8 * HEADER_WORDS].view(np.int64))
         if size > capacity:
             rest = torch.empty(size - capacity, dtype=torch.uint8)
             self._broadcast(rest)

@@ -61,9 +61,19 @@ class Topology:
         local = rank - (self.rank - self.local_rank)
         if not 0 <= local < self.local_world_size:
             raise ValueError(f"rank {rank} does not run on node {self.node_rank}")
-        return Topology(self.world_size, rank, local, self.local_world_size, self.nnodes,
-                        self.node_rank, self.master_addr, self.master_port, self.external,
-                        self.device_type, self.backend)
+        return Topology(
+            self.world_size,
+            rank,
+            local,
+            self.local_world_size,
+            self.nnodes,
+            self.node_rank,
+            self.master_addr,
+            self.master_port,
+            self.external,
+            self.device_type,
+            self.backend,
+        )
 
     def device(self) -> str:
         """The device of this rank: ``cuda:<local rank>`` or ``cpu``."""
@@ -90,22 +100,30 @@ def _device_type(model_device: str, cuda_available: bool) -> str:
         if not cuda_available:
             raise TopologyError("model.device is 'cuda' but no CUDA device is available")
         return "cuda"
-    raise TopologyError(f"model.device {model_device!r}: with tensor parallelism each rank takes "
-                        "the GPU of its local rank; expected auto, cuda or cpu")
+    raise TopologyError(
+        f"model.device {model_device!r}: with tensor parallelism each rank takes "
+        "the GPU of its local rank; expected auto, cuda or cpu"
+    )
 
 
 def _backend(name: str, device_type: str) -> str:
     if name == "auto":
         return "nccl" if device_type == "cuda" else "gloo"
     if name == "nccl" and device_type != "cuda":
-        raise TopologyError("parallel.distributed_backend 'nccl' needs CUDA devices; the model "
-                            "runs on the CPU (use gloo or auto)")
+        raise TopologyError(
+            "parallel.distributed_backend 'nccl' needs CUDA devices; the model "
+            "runs on the CPU (use gloo or auto)"
+        )
     return name
 
 
-def resolve_topology(parallel: ParallelConfig, model_device: str = "auto", *,
-                     environ: Mapping[str, str] | None = None,
-                     cuda_devices: int | None = None) -> Topology | None:
+def resolve_topology(
+    parallel: ParallelConfig,
+    model_device: str = "auto",
+    *,
+    environ: Mapping[str, str] | None = None,
+    cuda_devices: int | None = None,
+) -> Topology | None:
     """The group that ``parallel`` (the ``parallel`` settings) and the environment describe,
     or None for a single process (no tensor parallelism). ``cuda_devices`` is how many GPUs
     this host has (asked of torch when None); raises :class:`TopologyError` naming the setting
@@ -118,39 +136,55 @@ def resolve_topology(parallel: ParallelConfig, model_device: str = "auto", *,
         if world == 1 and tp == 1:
             return None
         if tp not in (1, world):
-            raise TopologyError(f"parallel.tensor_parallel_size is {tp} but the launcher started "
-                                f"{world} processes (WORLD_SIZE={world}); expected them to "
-                                "agree (or leave tensor_parallel_size at 1)")
+            raise TopologyError(
+                f"parallel.tensor_parallel_size is {tp} but the launcher started "
+                f"{world} processes (WORLD_SIZE={world}); expected them to "
+                "agree (or leave tensor_parallel_size at 1)"
+            )
         rank = _env_int(environ, "RANK")
-        local_world = (_env_int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ
-                       else world)
+        local_world = (
+            _env_int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else world
+        )
         local_rank = _env_int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else rank
         if "MASTER_ADDR" not in environ or "MASTER_PORT" not in environ:
-            raise TopologyError("WORLD_SIZE and RANK are set but MASTER_ADDR or MASTER_PORT is "
-                                "not: start the ranks with torchrun, or set all four")
+            raise TopologyError(
+                "WORLD_SIZE and RANK are set but MASTER_ADDR or MASTER_PORT is "
+                "not: start the ranks with torchrun, or set all four"
+            )
         master_addr = environ["MASTER_ADDR"]
         master_port: int | None = _env_int(environ, "MASTER_PORT")
         nnodes = max(1, world // max(1, local_world))
-        node_rank = (_env_int(environ, "GROUP_RANK") if "GROUP_RANK" in environ
-                     else rank // max(1, local_world))
+        node_rank = (
+            _env_int(environ, "GROUP_RANK")
+            if "GROUP_RANK" in environ
+            else rank // max(1, local_world)
+        )
         if not 0 <= rank < world or not 0 <= local_rank < local_world:
-            raise TopologyError(f"RANK={rank}, LOCAL_RANK={local_rank} do not fit WORLD_SIZE="
-                                f"{world}, LOCAL_WORLD_SIZE={local_world}")
+            raise TopologyError(
+                f"RANK={rank}, LOCAL_RANK={local_rank} do not fit WORLD_SIZE="
+                f"{world}, LOCAL_WORLD_SIZE={local_world}"
+            )
     else:
         nnodes, node_rank = int(parallel.nnodes), int(parallel.node_rank)
         if tp == 1:
             if nnodes != 1:
-                raise TopologyError(f"parallel.nnodes is {nnodes} but tensor_parallel_size is 1; "
-                                    "expected the ranks to span the nodes")
+                raise TopologyError(
+                    f"parallel.nnodes is {nnodes} but tensor_parallel_size is 1; "
+                    "expected the ranks to span the nodes"
+                )
             return None
         world = tp
         if tp % nnodes:
-            raise TopologyError(f"parallel.tensor_parallel_size {tp} is not divisible by "
-                                f"parallel.nnodes {nnodes}: every node runs the same number of "
-                                "ranks")
+            raise TopologyError(
+                f"parallel.tensor_parallel_size {tp} is not divisible by "
+                f"parallel.nnodes {nnodes}: every node runs the same number of "
+                "ranks"
+            )
         if node_rank >= nnodes:
-            raise TopologyError(f"parallel.node_rank {node_rank} is out of range for nnodes "
-                                f"{nnodes} (expected 0 .. {nnodes - 1})")
+            raise TopologyError(
+                f"parallel.node_rank {node_rank} is out of range for nnodes "
+                f"{nnodes} (expected 0 .. {nnodes - 1})"
+            )
         local_world = tp // nnodes
         rank, local_rank = node_rank * local_world, 0
         master_addr = parallel.master_addr or environ.get("MASTER_ADDR") or "127.0.0.1"
@@ -161,8 +195,10 @@ def resolve_topology(parallel: ParallelConfig, model_device: str = "auto", *,
         else:
             master_port = None if nnodes == 1 else DEFAULT_MASTER_PORT
         if nnodes > 1 and not master_port:
-            raise TopologyError("parallel.master_port: across nodes every launch must name the "
-                                "same rendezvous port (0 picks a free one on a single node only)")
+            raise TopologyError(
+                "parallel.master_port: across nodes every launch must name the "
+                "same rendezvous port (0 picks a free one on a single node only)"
+            )
     if cuda_devices is None:
         import torch
 
@@ -170,7 +206,20 @@ def resolve_topology(parallel: ParallelConfig, model_device: str = "auto", *,
     device_type = _device_type(model_device, cuda_devices > 0)
     backend = _backend(str(parallel.distributed_backend), device_type)
     if device_type == "cuda" and local_world > cuda_devices:
-        raise TopologyError(f"{local_world} tensor-parallel ranks on this host need as many GPUs; "
-                            f"it has {cuda_devices}")
-    return Topology(world, rank, local_rank, local_world, nnodes, node_rank, master_addr,
-                    master_port or None, external, device_type, backend)
+        raise TopologyError(
+            f"{local_world} tensor-parallel ranks on this host need as many GPUs; "
+            f"it has {cuda_devices}"
+        )
+    return Topology(
+        world,
+        rank,
+        local_rank,
+        local_world,
+        nnodes,
+        node_rank,
+        master_addr,
+        master_port or None,
+        external,
+        device_type,
+        backend,
+    )

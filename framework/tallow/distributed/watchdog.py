@@ -135,10 +135,17 @@ class Watchdog(threading.Thread):
     thread's own (the process group's is never shared with it); ``children`` maps each rank
     this process spawned to its process; ``remote`` lists the ranks watched by heartbeat."""
 
-    def __init__(self, *, rank: int, store: dist.Store, heartbeat_timeout_s: float,
-                 children: dict[int, WorkerProcess] | None = None, remote: list[int] | None = None,
-                 parent_pid: int | None = None,
-                 on_failure: Callable[[str, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        store: dist.Store,
+        heartbeat_timeout_s: float,
+        children: dict[int, WorkerProcess] | None = None,
+        remote: list[int] | None = None,
+        parent_pid: int | None = None,
+        on_failure: Callable[[str, bool], None] | None = None,
+    ) -> None:
         super().__init__(name=f"tallow-watchdog-{rank}", daemon=True)
         self.rank = rank
         self.store = store
@@ -174,8 +181,10 @@ class Watchdog(threading.Thread):
             except Exception as exc:  # the store is gone: its host (the driver) is
                 if self._stopping.is_set():
                     return
-                reason = (f"the rendezvous store cannot be reached ({type(exc).__name__}: "
-                          f"{exc})", False)
+                reason = (
+                    f"the rendezvous store cannot be reached ({type(exc).__name__}: {exc})",
+                    False,
+                )
             if reason is not None and not self._stopping.is_set():
                 self.fail(*reason)
                 return
@@ -188,8 +197,10 @@ class Watchdog(threading.Thread):
             return self.store.get(FAILURE_KEY).decode(errors="replace"), False
         for rank, process in self.children.items():
             if process.exitcode is not None:
-                return (f"tensor-parallel rank {rank} (pid {process.pid}) "
-                        f"{describe_exit(process)}", True)
+                return (
+                    f"tensor-parallel rank {rank} (pid {process.pid}) {describe_exit(process)}",
+                    True,
+                )
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             return f"the process that started rank {self.rank} has exited", False
         for rank in self.remote:
@@ -198,9 +209,12 @@ class Watchdog(threading.Thread):
             if seen is None or value != seen[0]:
                 self._beats[rank] = (value, now)
             elif value > 0 and now - seen[1] > self.timeout:
-                return (f"tensor-parallel rank {rank} has sent no heartbeat for "
-                        f"{now - seen[1]:.1f}s (parallel.heartbeat_timeout_s "
-                        f"{self.timeout:g})", False)
+                return (
+                    f"tensor-parallel rank {rank} has sent no heartbeat for "
+                    f"{now - seen[1]:.1f}s (parallel.heartbeat_timeout_s "
+                    f"{self.timeout:g})",
+                    False,
+                )
         return None
 
     def diagnose(self, wait: float = 1.0) -> str | None:
@@ -212,8 +226,10 @@ class Watchdog(threading.Thread):
             try:
                 found = self.check(time.monotonic())
             except Exception as exc:
-                found = (f"the rendezvous store cannot be reached ({type(exc).__name__}: "
-                         f"{exc})", False)
+                found = (
+                    f"the rendezvous store cannot be reached ({type(exc).__name__}: {exc})",
+                    False,
+                )
             if found is not None:
                 self.fail(*found)
                 break

@@ -101,16 +101,21 @@ class AsyncEngine(EngineFrontend):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._counters = {"prompt_tokens_total": 0, "generation_tokens_total": 0,
-                          "steps_total": 0, "step_seconds_total": 0.0,
-                          "host_seconds_total": 0.0}
+        self._counters = {
+            "prompt_tokens_total": 0,
+            "generation_tokens_total": 0,
+            "steps_total": 0,
+            "step_seconds_total": 0.0,
+            "host_seconds_total": 0.0,
+        }
         self.error: BaseException | None = None
         if parts.parallel is not None:  # a lost tensor-parallel rank fails every request
             parts.parallel.on_failure(self._group_failed)
 
     @classmethod
-    def from_config(cls, config: TallowConfig,
-                    plugin_manager: PluginManager | None = None) -> "AsyncEngine":
+    def from_config(
+        cls, config: TallowConfig, plugin_manager: PluginManager | None = None
+    ) -> "AsyncEngine":
         return cls(build_engine(config, plugin_manager))
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -189,17 +194,22 @@ class AsyncEngine(EngineFrontend):
             case AddRequest():
                 error: BaseException | None = None
                 try:
-                    self.core.add_request(command.request_id, command.prompt_token_ids,
-                                          command.params, priority=command.priority,
-                                          mm=command.mm)
+                    self.core.add_request(
+                        command.request_id,
+                        command.prompt_token_ids,
+                        command.params,
+                        priority=command.priority,
+                        mm=command.mm,
+                    )
                 except BaseException as exc:
                     error = exc
                 self._deliver(functools.partial(_settle, command.admitted), error)
             case Abort():
                 self.core.abort(command.request_id)
             case FinishSequence():
-                self.core.finish_sequence(command.request_id, command.index,
-                                          SequenceStatus.FINISHED_STOPPED)
+                self.core.finish_sequence(
+                    command.request_id, command.index, SequenceStatus.FINISHED_STOPPED
+                )
 
     # -- the asyncio side ---------------------------------------------------------------
     def _on_core_output(self, out: CoreOutput) -> None:
@@ -220,8 +230,9 @@ class AsyncEngine(EngineFrontend):
         for stream in self._streams.values():
             stream.put_nowait(exc)
 
-    async def _open(self, request_id: str, prompt_token_ids: list[int],
-                    field: str) -> asyncio.Queue[_StreamItem]:
+    async def _open(
+        self, request_id: str, prompt_token_ids: list[int], field: str
+    ) -> asyncio.Queue[_StreamItem]:
         """The output queue of a new request, once the engine runs and the request is
         admissible on this side (``field`` names its tokens in errors)."""
         if self.error is not None:
@@ -231,26 +242,35 @@ class AsyncEngine(EngineFrontend):
         if not prompt_token_ids:
             raise AdmissionError(f"{field}: must contain at least one token", field=field)
         if request_id in self._streams:
-            raise AdmissionError(f"request id {request_id!r} is already in use",
-                                 field="request_id")
+            raise AdmissionError(f"request id {request_id!r} is already in use", field="request_id")
         stream: asyncio.Queue[_StreamItem] = asyncio.Queue()
         self._streams[request_id] = stream
         return stream
 
-    def _submit(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams | PoolingParams, priority: int,
-                mm: MultimodalPrompt | None = None) -> asyncio.Future[None]:
+    def _submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        priority: int,
+        mm: MultimodalPrompt | None = None,
+    ) -> asyncio.Future[None]:
         """Post the request to the engine thread; the future settles when it was admitted."""
         assert self._loop is not None
         admitted = self._loop.create_future()
-        self._post(AddRequest(request_id, list(prompt_token_ids), params, priority, admitted,
-                              mm))
+        self._post(AddRequest(request_id, list(prompt_token_ids), params, priority, admitted, mm))
         return admitted
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str, *, prompt: str | None = None,
-                       priority: int = 0, images: Sequence[Any] | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        images: Sequence[Any] | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request (cumulative text per completion).
 
         Admission errors are raised before the first output. Closing the iterator early (a
@@ -259,8 +279,9 @@ class AsyncEngine(EngineFrontend):
         """
         if images:
             # decoding and resizing images is host work: off the event loop
-            prompt_token_ids, mm = await asyncio.to_thread(self.expand_images,
-                                                           list(prompt_token_ids), images)
+            prompt_token_ids, mm = await asyncio.to_thread(
+                self.expand_images, list(prompt_token_ids), images
+            )
         else:
             mm = None
         stream = await self._open(request_id, prompt_token_ids, "prompt")
@@ -290,8 +311,9 @@ class AsyncEngine(EngineFrontend):
                 self._post(Abort(request_id))
                 self.processor.abort_request(request_id)
 
-    async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
-                    request_id: str) -> EmbeddingOutput:
+    async def embed(
+        self, prompt_token_ids: list[int], params: PoolingParams, request_id: str
+    ) -> EmbeddingOutput:
         """The embedding of one input (on an engine built to embed). Admission errors are
         raised as for :meth:`generate`; cancelling the call aborts the request."""
         stream = await self._open(request_id, prompt_token_ids, "input")
@@ -306,8 +328,11 @@ class AsyncEngine(EngineFrontend):
             assert isinstance(item, torch.Tensor)  # an embedding's stream: its pooled vector
             finished = True
             assert self.embedding is not None  # the engine took an embedding request
-            return EmbeddingOutput(request_id, list(prompt_token_ids),
-                                   finish_embedding(item, self.embedding, params.dimensions))
+            return EmbeddingOutput(
+                request_id,
+                list(prompt_token_ids),
+                finish_embedding(item, self.embedding, params.dimensions),
+            )
         finally:
             self._streams.pop(request_id, None)
             if not finished:

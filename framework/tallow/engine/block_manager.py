@@ -59,9 +59,15 @@ class BlockManager:
     ``num_free_blocks == num_total_blocks``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16,
-                 enable_prefix_caching: bool = True, *, group: int = 0,
-                 window: int | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        *,
+        group: int = 0,
+        window: int | None = None,
+    ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -162,11 +168,11 @@ class BlockManager:
             i = len(hashes)
             if (i + 1) * bs > seq.num_known_tokens:
                 # A block with a placeholder (a token still on the device) has no hash yet.
-                raise ValueError(f"block {i} of sequence {seq.seq_id} is not full of known "
-                                 "tokens")
+                raise ValueError(f"block {i} of sequence {seq.seq_id} is not full of known tokens")
             extra = seq.mm.block_key(i * bs, (i + 1) * bs) if seq.mm is not None else b""
-            hashes.append(chain_hash(hashes[i - 1] if i else None, tokens[i * bs:(i + 1) * bs],
-                                     extra))
+            hashes.append(
+                chain_hash(hashes[i - 1] if i else None, tokens[i * bs : (i + 1) * bs], extra)
+            )
         return hashes[index]
 
     def get_prefix_hits(self, seq: Sequence) -> list[int]:
@@ -210,8 +216,9 @@ class BlockManager:
         null = self.null_block if self.null_block is not None else -1
         return [null] * first + needed
 
-    def allocate_prefix(self, seq: Sequence, prefix_hits: list[int] | None = None, *,
-                        record_stats: bool = True) -> int:
+    def allocate_prefix(
+        self, seq: Sequence, prefix_hits: list[int] | None = None, *, record_stats: bool = True
+    ) -> int:
         """Attach cached blocks to a sequence that holds none; return the tokens they cover.
 
         Sets ``seq.num_computed_tokens`` to that count (0 on a miss or with caching off).
@@ -219,16 +226,19 @@ class BlockManager:
         ``record_stats`` adds this lookup to :attr:`hit_rate`.
         """
         if self._table(seq) or (seq.num_computed_tokens and self.group == 0):
-            raise ValueError(f"allocate_prefix: sequence {seq.seq_id} already holds blocks "
-                             f"or computed tokens")
+            raise ValueError(
+                f"allocate_prefix: sequence {seq.seq_id} already holds blocks or computed tokens"
+            )
         hits = self.get_prefix_hits(seq) if prefix_hits is None else list(prefix_hits)
         null = self.null_block
         for i, block in enumerate(hits):
             if block == null:
                 continue
             if self._hash[block] is None or self._hash[block] != self._block_hash(seq, i):
-                raise ValueError(f"allocate_prefix: block {block} is not the cached block "
-                                 f"{i} of sequence {seq.seq_id}; look the prefix up again")
+                raise ValueError(
+                    f"allocate_prefix: block {block} is not the cached block "
+                    f"{i} of sequence {seq.seq_id}; look the prefix up again"
+                )
         for block in hits:
             if block == null:
                 continue
@@ -258,8 +268,9 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._register(seq, upto)
         if self.window is not None:
-            self.release_outside_window(seq, seq.num_computed_tokens if upto is None
-                                        else min(upto, seq.num_computed_tokens))
+            self.release_outside_window(
+                seq, seq.num_computed_tokens if upto is None else min(upto, seq.num_computed_tokens)
+            )
 
     def _register(self, seq: Sequence, upto: int | None) -> None:
         table = self._table(seq)
@@ -331,15 +342,17 @@ class BlockManager:
         bs = self.block_size
         hashes: list[bytes] = []
         for i in range((len(token_ids) - 1) // bs):  # the last token is always computed
-            hashes.append(chain_hash(hashes[-1] if hashes else None,
-                                     token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(
+                chain_hash(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs])
+            )
         # a windowed group needs only the blocks inside the window of the first query after
         # the prefix (see KVCacheManager.get_prefix_hits)
         first = self.first_needed_block(len(hashes) * bs)
         missing = [h for h in hashes[first:] if h not in self._cache]
         if len(missing) > self.num_free_blocks:
-            raise NoFreeBlocksError(f"the prefix needs {len(missing)} KV blocks, "
-                                    f"{self.num_free_blocks} are free")
+            raise NoFreeBlocksError(
+                f"the prefix needs {len(missing)} KV blocks, {self.num_free_blocks} are free"
+            )
         for h in missing:
             block = self._take()
             self._ref[block] = 0
@@ -365,8 +378,9 @@ class BlockManager:
         return dropped
 
     # -- allocation ----------------------------------------------------------------------
-    def _blocks_needed(self, seq: Sequence, num_new_tokens: int,
-                       prefix_hits: list[int] | tuple[int, ...] = ()) -> int:
+    def _blocks_needed(
+        self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] | tuple[int, ...] = ()
+    ) -> int:
         if prefix_hits:
             start, table = len(prefix_hits) * self.block_size, prefix_hits
         else:
@@ -380,8 +394,9 @@ class BlockManager:
                 need += 1
         return need
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int,
-                     prefix_hits: list[int] | tuple[int, ...] = ()) -> bool:
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] | tuple[int, ...] = ()
+    ) -> bool:
         """Whether :meth:`BlockManager.append_slots` (``seq``, ``num_new_tokens``) would succeed now.
 
         For a sequence about to be admitted, pass the ``prefix_hits`` it will attach: they are
@@ -394,8 +409,7 @@ class BlockManager:
             if free >= num_new_tokens // self.block_size + 2:
                 return True
         elif self._table(seq) or (seq.num_computed_tokens and self.group == 0):
-            raise ValueError("can_allocate: prefix_hits only apply to a sequence holding no "
-                             "blocks")
+            raise ValueError("can_allocate: prefix_hits only apply to a sequence holding no blocks")
         else:
             null = self.null_block
             free -= sum(1 for b in prefix_hits if b != null and self._ref[b] == 0)
@@ -428,13 +442,17 @@ class BlockManager:
         table = self._table(seq)
         bs = self.block_size
         end = seq.num_computed_tokens + num_new_tokens
-        if end <= len(table) * bs and self._ref[table[seq.num_computed_tokens // bs]] == 1 and (
-                end - 1) // bs == seq.num_computed_tokens // bs:
+        if (
+            end <= len(table) * bs
+            and self._ref[table[seq.num_computed_tokens // bs]] == 1
+            and (end - 1) // bs == seq.num_computed_tokens // bs
+        ):
             return []  # the common decode: one private block already has room
         need = self._blocks_needed(seq, num_new_tokens)
         if need > self.num_free_blocks:
-            raise NoFreeBlocksError(f"sequence {seq.seq_id} needs {need} KV blocks, "
-                                    f"{self.num_free_blocks} are free")
+            raise NoFreeBlocksError(
+                f"sequence {seq.seq_id} needs {need} KV blocks, {self.num_free_blocks} are free"
+            )
         last = self.blocks_for(end)
         copies: list[tuple[int, int]] = []
         for i in range(seq.num_computed_tokens // self.block_size, min(len(table), last)):
@@ -456,8 +474,10 @@ class BlockManager:
         back to the free list. Returns how many."""
         keep = self.blocks_for(num_tokens)
         if keep * self.block_size < seq.num_computed_tokens:
-            raise ValueError(f"trim: sequence {seq.seq_id} has {seq.num_computed_tokens} "
-                             f"computed tokens, more than {keep} blocks hold")
+            raise ValueError(
+                f"trim: sequence {seq.seq_id} has {seq.num_computed_tokens} "
+                f"computed tokens, more than {keep} blocks hold"
+            )
         table = self._table(seq)
         dropped = 0
         null = self.null_block
@@ -480,8 +500,10 @@ class BlockManager:
             raise ValueError(f"fork: child sequence {child.seq_id} already holds blocks")
         n = parent.num_computed_tokens
         if child.all_token_ids[:n] != parent.all_token_ids[:n]:
-            raise ValueError(f"fork: sequence {child.seq_id} does not share the computed tokens "
-                             f"of sequence {parent.seq_id}")
+            raise ValueError(
+                f"fork: sequence {child.seq_id} does not share the computed tokens "
+                f"of sequence {parent.seq_id}"
+            )
         table = self._table(parent)
         null = self.null_block
         for block in table:
@@ -496,7 +518,7 @@ class BlockManager:
         same = 0
         limit = min(len(parent.block_hashes), child.num_tokens // self.block_size)
         pa, ca, bs = parent.all_token_ids, child.all_token_ids, self.block_size
-        while same < limit and pa[same * bs:(same + 1) * bs] == ca[same * bs:(same + 1) * bs]:
+        while same < limit and pa[same * bs : (same + 1) * bs] == ca[same * bs : (same + 1) * bs]:
             same += 1
         if len(child.block_hashes) < same:
             child.block_hashes[:] = parent.block_hashes[:same]
@@ -517,6 +539,7 @@ class BlockManager:
     # -- checking ------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
+
         def fail(msg: str) -> None:
             raise AssertionError(f"BlockManager invariant: {msg}")
 
@@ -535,15 +558,19 @@ class BlockManager:
             for block in live:
                 counts[block] += 1
             if len(table) * self.block_size < seq.num_computed_tokens:
-                fail(f"sequence {seq.seq_id} has {seq.num_computed_tokens} computed tokens in "
-                     f"{len(table)} blocks")
+                fail(
+                    f"sequence {seq.seq_id} has {seq.num_computed_tokens} computed tokens in "
+                    f"{len(table)} blocks"
+                )
             for i, block in enumerate(table):
                 if block == null:
                     continue
                 h = self._hash[block]
                 if h is not None and h != self._block_hash(seq, i):
-                    fail(f"block {block} is cached under a hash that is not sequence "
-                         f"{seq.seq_id}'s block {i}")
+                    fail(
+                        f"block {block} is cached under a hash that is not sequence "
+                        f"{seq.seq_id}'s block {i}"
+                    )
         if counts != self._ref:
             bad = [b for b in range(self._num_blocks) if counts[b] != self._ref[b]]
             fail(f"reference counts differ from block tables at blocks {bad[:10]}")

@@ -25,7 +25,11 @@ from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
 
 from . import embedding_setup
 from .cache_groups import (
-    CacheGroup, find_cache_groups, group_block_bytes, split_budget, state_bytes,
+    CacheGroup,
+    find_cache_groups,
+    group_block_bytes,
+    split_budget,
+    state_bytes,
 )
 from .core import EngineCore
 from .cuda_graphs import CudaGraphRunner
@@ -70,14 +74,21 @@ class EngineParts:
     parallel: ParallelState | None = None
 
 
-def resolve_engine_config(model: str | None, config: str | os.PathLike[str] | None,
-                          settings: Mapping[str, object], *, caller: str) -> TallowConfig:
+def resolve_engine_config(
+    model: str | None,
+    config: str | os.PathLike[str] | None,
+    settings: Mapping[str, object],
+    *,
+    caller: str,
+) -> TallowConfig:
     """The configuration of an engine made from Python: the YAML file ``config`` (else
     ``$TALLOW_CONFIG``), the ``TALLOW_*`` environment and the keyword ``settings`` (``model``
     being the source), layered by :func:`tallow.config.load_config` as for ``tallow serve``."""
     if config is not None and not isinstance(config, (str, os.PathLike)):
-        raise TypeError(f"{caller} config= names a YAML file, got {type(config).__name__}; "
-                        "an engine for a TallowConfig is made with from_config(config)")
+        raise TypeError(
+            f"{caller} config= names a YAML file, got {type(config).__name__}; "
+            "an engine for a TallowConfig is made with from_config(config)"
+        )
     return load_config(path=config, keywords={"model": model, **settings}, caller=caller)
 
 
@@ -101,16 +112,18 @@ class EngineFrontend:
         #: expands the images of prompts (a vision-language model), else None
         self.images = PromptImages(mm.model) if mm is not None else None
 
-    def expand_images(self, prompt_token_ids: list[int], images: Sequence[Any] | None
-                      ) -> tuple[list[int], MultimodalPrompt | None]:
+    def expand_images(
+        self, prompt_token_ids: list[int], images: Sequence[Any] | None
+    ) -> tuple[list[int], MultimodalPrompt | None]:
         """The prompt with its image placeholders expanded and its images (processed and
         hashed here, off the engine thread); ``(prompt_token_ids, None)`` without images.
         AdmissionError when the model takes no images or the placeholders do not match."""
         if not images:
             return prompt_token_ids, None
         if self.images is None:
-            raise AdmissionError(f"the request has images, but {self.model_name} takes text "
-                                 "only", field="images")
+            raise AdmissionError(
+                f"the request has images, but {self.model_name} takes text only", field="images"
+            )
         return self.images.expand(prompt_token_ids, list(images))
 
     @property
@@ -120,20 +133,23 @@ class EngineFrontend:
         return self.core.structured
 
     @classmethod
-    def from_config(cls, config: TallowConfig,
-                    plugin_manager: PluginManager | None = None) -> Any:
+    def from_config(cls, config: TallowConfig, plugin_manager: PluginManager | None = None) -> Any:
         """The engine for a resolved configuration (a :class:`tallow.config.TallowConfig`)."""
         raise NotImplementedError
 
     @classmethod
-    def create(cls, model: str | None = None, *,
-               config: str | os.PathLike[str] | None = None,
-               plugin_manager: PluginManager | None = None, **settings: object) -> Any:
+    def create(
+        cls,
+        model: str | None = None,
+        *,
+        config: str | os.PathLike[str] | None = None,
+        plugin_manager: PluginManager | None = None,
+        **settings: object,
+    ) -> Any:
         """The engine for the configuration ``tallow serve`` would resolve with these keywords
         as its flags: defaults < YAML (``config=`` or ``$TALLOW_CONFIG``) < ``TALLOW_*``
         environment < keywords (the keywords of :class:`tallow.LLM`)."""
-        resolved = resolve_engine_config(model, config, settings,
-                                         caller=f"{cls.__name__}.create()")
+        resolved = resolve_engine_config(model, config, settings, caller=f"{cls.__name__}.create()")
         return cls.from_config(resolved, plugin_manager)
 
 
@@ -144,10 +160,12 @@ def check_position_limit(model: torch.nn.Module, max_model_len: int) -> None:
     caches = (getattr(m, "cos_sin_cache", None) for m in model.modules())
     rows = [int(c.shape[0]) for c in caches if isinstance(c, torch.Tensor)]
     if rows and max_model_len > min(rows):
-        raise ValueError(f"model.max_model_len {max_model_len} is longer than the {min(rows)} "
-                         "positions the model's rotary embedding covers (its "
-                         "max_position_embeddings and rope scaling); set --max-model-len "
-                         f"{min(rows)} or less")
+        raise ValueError(
+            f"model.max_model_len {max_model_len} is longer than the {min(rows)} "
+            "positions the model's rotary embedding covers (its "
+            "max_position_embeddings and rope scaling); set --max-model-len "
+            f"{min(rows)} or less"
+        )
 
 
 def model_source(config: TallowConfig) -> tuple[str, str]:
@@ -159,7 +177,9 @@ def model_source(config: TallowConfig) -> tuple[str, str]:
     return source, name
 
 
-def load_tokenizer(config: TallowConfig, checkpoint: Checkpoint, model_vocab: int | None) -> Tokenizer:
+def load_tokenizer(
+    config: TallowConfig, checkpoint: Checkpoint, model_vocab: int | None
+) -> Tokenizer:
     """The tokenizer of ``model.tokenizer`` when it is set, else the checkpoint's. One from
     elsewhere must not produce ids the model has no embedding for."""
     path = config.model.tokenizer
@@ -171,13 +191,19 @@ def load_tokenizer(config: TallowConfig, checkpoint: Checkpoint, model_vocab: in
         raise ValueError(
             f"model.tokenizer {path!r}{f' (from {origin})' if origin else ''}: the tokenizer has "
             f"{tokenizer.vocab_size} tokens but the model's vocabulary has {model_vocab}; "
-            "expected the tokenizer of this model")
+            "expected the tokenizer of this model"
+        )
     log.info("tokenizer: %s (model.tokenizer) instead of the model source's", path)
     return tokenizer
 
 
-def kv_budget_blocks(config: TallowConfig, loaded: LoadedModel, bytes_per_block: int,
-                     max_model_len: int, fixed_bytes: int = 0) -> int:
+def kv_budget_blocks(
+    config: TallowConfig,
+    loaded: LoadedModel,
+    bytes_per_block: int,
+    max_model_len: int,
+    fixed_bytes: int = 0,
+) -> int:
     """Blocks of ``bytes_per_block`` (all layers) that the KV budget holds, after
     ``fixed_bytes`` of per-layer tensors that do not depend on the block count."""
     cache = config.cache
@@ -196,14 +222,22 @@ def kv_budget_blocks(config: TallowConfig, loaded: LoadedModel, bytes_per_block:
             reserve += int(cache.encoder_cache_mb) << 20
         budget = int(cache.kv_fraction * max(0, free - reserve)) - fixed_bytes
     else:
-        need = config.scheduler.max_num_seqs * max_model_len * bytes_per_block // max(
-            1, config.cache.block_size)
+        need = (
+            config.scheduler.max_num_seqs
+            * max_model_len
+            * bytes_per_block
+            // max(1, config.cache.block_size)
+        )
         budget = min(_CPU_KV_CAP, need)
     blocks = max(0, budget) // bytes_per_block
     min_blocks = -(-max_model_len // config.cache.block_size)
     if blocks < min_blocks:
-        log.warning("KV budget of %d blocks cannot hold one %d-token sequence; using %d blocks",
-                    blocks, max_model_len, min_blocks)
+        log.warning(
+            "KV budget of %d blocks cannot hold one %d-token sequence; using %d blocks",
+            blocks,
+            max_model_len,
+            min_blocks,
+        )
         blocks = min_blocks
     return int(blocks)
 
@@ -239,13 +273,21 @@ def select_kv_codec(registries: Registries, config: TallowConfig) -> Entry:
     try:
         return select(registries.kv_codecs, config, config.cache.kv_codec)
     except SelectionError as exc:
-        raise SelectionError(f"cache.kv_codec {config.cache.kv_codec!r}: {exc} (codecs other "
-                             "than auto come from kv-codec plugins)") from None
+        raise SelectionError(
+            f"cache.kv_codec {config.cache.kv_codec!r}: {exc} (codecs other "
+            "than auto come from kv-codec plugins)"
+        ) from None
 
 
-def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], codec_name: str,
-                     codec: KVCodec, layout: list[KVTensor], num_paged_groups: int = 1,
-                     latent_layers: int = 0) -> list[str]:
+def backend_refusals(
+    backend: AttentionBackend,
+    layers: list[AttentionLayer],
+    codec_name: str,
+    codec: KVCodec,
+    layout: list[KVTensor],
+    num_paged_groups: int = 1,
+    latent_layers: int = 0,
+) -> list[str]:
     """Why ``backend`` (an instance) cannot run the attention ``layers`` of the model or keep
     K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can. A model
     of several paged cache groups (sliding-window layers beside full ones) needs a backend
@@ -253,11 +295,14 @@ def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], co
     ``latent_layers`` (MLA) a backend that has a latent path (``supports_mla``)."""
     reasons = []
     if latent_layers and not getattr(backend, "supports_mla", False):
-        reasons.append(f"has no latent attention (MLA) path, which {latent_layers} layers of "
-                       "this model need")
+        reasons.append(
+            f"has no latent attention (MLA) path, which {latent_layers} layers of this model need"
+        )
     if num_paged_groups > 1 and not getattr(backend, "supports_cache_groups", False):
-        reasons.append(f"cannot run a model of {num_paged_groups} paged cache groups "
-                       "(layers with sliding windows beside full attention)")
+        reasons.append(
+            f"cannot run a model of {num_paged_groups} paged cache groups "
+            "(layers with sliding windows beside full attention)"
+        )
     check_layer = getattr(backend, "supports_layer", None)
     if check_layer is not None:
         problems = sorted({r for layer in layers for r in check_layer(layer)})
@@ -267,8 +312,10 @@ def backend_refusals(backend: AttentionBackend, layers: list[AttentionLayer], co
     # a model of latent layers only keeps no K/V: the codec matters through latent_dtype
     problems = check_codec(codec, layout) if check_codec is not None and layers else []
     if problems:
-        reasons.append(f"cannot use kv codec {codec_name!r} (cache.kv_codec; "
-                       f"{describe_layout(layout)}): " + "; ".join(problems))
+        reasons.append(
+            f"cannot use kv codec {codec_name!r} (cache.kv_codec; "
+            f"{describe_layout(layout)}): " + "; ".join(problems)
+        )
     return reasons
 
 
@@ -280,21 +327,31 @@ def describe_layout(layout: list[KVTensor]) -> str:
     return "; ".join(f"{', '.join(names)}: {dtype}" for dtype, names in by_dtype.items())
 
 
-def select_attention_backend(registries: Registries, config: TallowConfig, loaded: LoadedModel,
-                             codec_name: str, codec: KVCodec, block_size: int,
-                             sliding_groups: bool = True) -> tuple[Entry, AttentionBackend]:
+def select_attention_backend(
+    registries: Registries,
+    config: TallowConfig,
+    loaded: LoadedModel,
+    codec_name: str,
+    codec: KVCodec,
+    block_size: int,
+    sliding_groups: bool = True,
+) -> tuple[Entry, AttentionBackend]:
     """(entry, instance) of the attention backend that serves ``config``, the loaded model and
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
     start-up with its reasons (:class:`SelectionError`)."""
     layers = [a.layer for a in kv_layers(loaded.model)]
-    num_paged = sum(1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups)
-                    if g.paged)
+    num_paged = sum(
+        1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups) if g.paged
+    )
     first = layers[0] if layers else None
     layout = kv_cache.layer_layout(
-        codec, num_kv_heads=first.num_kv_heads if first else 1,
-        head_dim=first.head_dim if first else 64, block_size=block_size,
-        model_dtype=loaded.dtype)
+        codec,
+        num_kv_heads=first.num_kv_heads if first else 1,
+        head_dim=first.head_dim if first else 64,
+        block_size=block_size,
+        model_dtype=loaded.dtype,
+    )
     made: dict[str, AttentionBackend] = {}
     latent = sum(1 for m in loaded.model.modules() if isinstance(m, MLAAttention))
 
@@ -304,13 +361,15 @@ def select_attention_backend(registries: Registries, config: TallowConfig, loade
         made[entry.name] = backend = entry.load()(config)
         return backend_refusals(backend, layers, codec_name, codec, layout, num_paged, latent)
 
-    entry = select(registries.attention_backends, config, config.runner.attention_backend,
-                   check=refusals)
+    entry = select(
+        registries.attention_backends, config, config.runner.attention_backend, check=refusals
+    )
     return entry, made[entry.name]
 
 
-def with_latent_groups(cost: kv_cache.KVFootprint, groups: list[CacheGroup],
-                       block_bytes: list[int]) -> kv_cache.KVFootprint:
+def with_latent_groups(
+    cost: kv_cache.KVFootprint, groups: list[CacheGroup], block_bytes: list[int]
+) -> kv_cache.KVFootprint:
     """``cost`` (the attention layers' K/V) with the latent (MLA) groups' rows added:
     ``block_bytes`` are the paged groups' bytes per block, in order; a 16-bit latent row is
     the reference of a latent layer."""
@@ -318,10 +377,17 @@ def with_latent_groups(cost: kv_cache.KVFootprint, groups: list[CacheGroup],
     extra = sum(b for g, b in zip(paged, block_bytes) if isinstance(g.spec, LatentCacheSpec))
     if not extra:
         return cost
-    reference = sum(len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES
-                    for g in paged if isinstance(g.spec, LatentCacheSpec))
-    return kv_cache.KVFootprint(cost.bytes_per_block + extra, cost.fixed_bytes, cost.block_size,
-                                cost.reference_bytes_per_token + reference)
+    reference = sum(
+        len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES
+        for g in paged
+        if isinstance(g.spec, LatentCacheSpec)
+    )
+    return kv_cache.KVFootprint(
+        cost.bytes_per_block + extra,
+        cost.fixed_bytes,
+        cost.block_size,
+        cost.reference_bytes_per_token + reference,
+    )
 
 
 @dataclass
@@ -346,8 +412,9 @@ class BuiltRunner:
     kv_footprint: kv_cache.KVFootprint | None = None
 
 
-def build_runner(config: TallowConfig, registries: Registries,
-                 parallel: ParallelState | None = None) -> BuiltRunner:
+def build_runner(
+    config: TallowConfig, registries: Registries, parallel: ParallelState | None = None
+) -> BuiltRunner:
     """Model, KV cache and model runner for ``config`` (CUDA graphs captured on a GPU).
 
     ``parallel`` is this process's tensor-parallel group (:mod:`tallow.distributed`) or None:
@@ -358,11 +425,18 @@ def build_runner(config: TallowConfig, registries: Registries,
         torch.manual_seed(int(config.model.seed))
     source, _ = model_source(config)
     device = parallel.device if parallel is not None else resolve_device(config.model.device)
-    loaded = load_model(registries, source, device=device, dtype=config.model.dtype,
-                        weight_format=config.model.weight_format,
-                        revision=config.model.revision, config=config,
-                        isq=config.model.isq, task=config.model.task,
-                        quant_scheme=config.model.quant_scheme)
+    loaded = load_model(
+        registries,
+        source,
+        device=device,
+        dtype=config.model.dtype,
+        weight_format=config.model.weight_format,
+        revision=config.model.revision,
+        config=config,
+        isq=config.model.isq,
+        task=config.model.task,
+        quant_scheme=config.model.quant_scheme,
+    )
     arch = loaded.config.text
     tokenizer = load_tokenizer(config, loaded.checkpoint, arch.get("vocab_size"))
     embed = loaded.task == "embed"
@@ -372,8 +446,9 @@ def build_runner(config: TallowConfig, registries: Registries,
         max_model_len = embedding_setup.embedding_max_model_len(config, loaded)
         step_tokens = embedding_setup.step_token_budget(config, max_model_len)
     else:
-        max_model_len = int(config.model.max_model_len or arch.get("max_position_embeddings")
-                            or 4096)
+        max_model_len = int(
+            config.model.max_model_len or arch.get("max_position_embeddings") or 4096
+        )
         check_position_limit(loaded.model, max_model_len)
     codec_entry = select_kv_codec(registries, config)
     codec = codec_entry.load()(config)
@@ -381,60 +456,112 @@ def build_runner(config: TallowConfig, registries: Registries,
     # A tensor-parallel step message carries one group's block tables: sliding-window layers
     # then share the full group (their blocks are kept until the sequence ends).
     sliding_groups = parallel is None
-    backend_entry, backend = select_attention_backend(registries, config, loaded, codec_entry.name,
-                                                      codec, block_size, sliding_groups)
-    cost = kv_cache.footprint(codec, [a.layer for a in kv_layers(loaded.model)],
-                              block_size=block_size, model_dtype=loaded.dtype)
+    backend_entry, backend = select_attention_backend(
+        registries, config, loaded, codec_entry.name, codec, block_size, sliding_groups
+    )
+    cost = kv_cache.footprint(
+        codec,
+        [a.layer for a in kv_layers(loaded.model)],
+        block_size=block_size,
+        model_dtype=loaded.dtype,
+    )
     groups = find_cache_groups(loaded.model, sliding_groups=sliding_groups)
     if parallel is not None and any(not g.paged for g in groups):
-        raise ValueError("tensor parallelism does not serve models with a recurrent state "
-                         "per sequence yet")
+        raise ValueError(
+            "tensor parallelism does not serve models with a recurrent state per sequence yet"
+        )
     max_num_seqs = config.scheduler.max_num_seqs
-    block_bytes = [group_block_bytes(g, codec, block_size=block_size, model_dtype=loaded.dtype)
-                   for g in groups if g.paged]
+    block_bytes = [
+        group_block_bytes(g, codec, block_size=block_size, model_dtype=loaded.dtype)
+        for g in groups
+        if g.paged
+    ]
     cost = with_latent_groups(cost, groups, block_bytes)
-    num_blocks = kv_budget_blocks(config, loaded, max(1, sum(block_bytes)), max_model_len,
-                                  cost.fixed_bytes + state_bytes(groups, max_num_seqs,
-                                                                 loaded.dtype))
+    num_blocks = kv_budget_blocks(
+        config,
+        loaded,
+        max(1, sum(block_bytes)),
+        max_model_len,
+        cost.fixed_bytes + state_bytes(groups, max_num_seqs, loaded.dtype),
+    )
     if embed:
-        num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens,
-                                                   max_model_len)
+        num_blocks = embedding_setup.cap_kv_blocks(num_blocks, config, step_tokens, max_model_len)
     if parallel is not None:
         num_blocks = int(agree([num_blocks], "min")[0])
-    group_sizes = split_budget(groups, num_blocks, block_bytes, block_size=block_size,
-                               max_num_seqs=max_num_seqs, max_step_tokens=step_tokens,
-                               redistribute=not config.cache.num_blocks)
+    group_sizes = split_budget(
+        groups,
+        num_blocks,
+        block_bytes,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_step_tokens=step_tokens,
+        redistribute=not config.cache.num_blocks,
+    )
     if group_sizes:
         num_blocks = group_sizes[0].num_blocks
     if len(group_sizes) > 1 or len(groups) > len(group_sizes):
-        log.info("cache groups: %s", "; ".join(
-            f"{type(g.spec).__name__} x{len(g.layers)}: "
-            + (f"{size.num_blocks} blocks" if size is not None and g.paged
-               else f"{max_num_seqs} state slots")
-            for g, size in zip(groups, [*group_sizes, *[None] * len(groups)])))
-    log.info("KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
-             "per GiB, %.2fx a 16-bit cache)", codec_entry.name, num_blocks, block_size,
-             cost.tokens(num_blocks), (num_blocks * cost.bytes_per_block + cost.fixed_bytes)
-             / 2**20, cost.tokens_per_gib, cost.vs_bf16)
+        log.info(
+            "cache groups: %s",
+            "; ".join(
+                f"{type(g.spec).__name__} x{len(g.layers)}: "
+                + (
+                    f"{size.num_blocks} blocks"
+                    if size is not None and g.paged
+                    else f"{max_num_seqs} state slots"
+                )
+                for g, size in zip(groups, [*group_sizes, *[None] * len(groups)])
+            ),
+        )
+    log.info(
+        "KV cache: codec %s, %d blocks of %d tokens = %d tokens (%.1f MiB; %.0f tokens "
+        "per GiB, %.2fx a 16-bit cache)",
+        codec_entry.name,
+        num_blocks,
+        block_size,
+        cost.tokens(num_blocks),
+        (num_blocks * cost.bytes_per_block + cost.fixed_bytes) / 2**20,
+        cost.tokens_per_gib,
+        cost.vs_bf16,
+    )
     vocab = int(arch.get("vocab_size") or tokenizer.vocab_size)
-    structured = None if embed else StructuredOutputs.for_engine(
-        registries, config, lambda: tokenizer_info(tokenizer, vocab), device,
-        vocabulary_problem=vocabulary_problem(tokenizer))
+    structured = (
+        None
+        if embed
+        else StructuredOutputs.for_engine(
+            registries,
+            config,
+            lambda: tokenizer_info(tokenizer, vocab),
+            device,
+            vocabulary_problem=vocabulary_problem(tokenizer),
+        )
+    )
     runner = ModelRunner(
-        loaded.model, device=device, dtype=loaded.dtype, num_blocks=num_blocks,
-        block_size=block_size, attention_backend=backend, vocab_size=vocab,
-        max_num_seqs=config.scheduler.max_num_seqs, max_model_len=max_model_len,
-        eos_token_ids=tokenizer.eos_token_ids, kv_codec=codec,
+        loaded.model,
+        device=device,
+        dtype=loaded.dtype,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        attention_backend=backend,
+        vocab_size=vocab,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_model_len=max_model_len,
+        eos_token_ids=tokenizer.eos_token_ids,
+        kv_codec=codec,
         pooler=embedding_setup.pooler_for(embedding) if embedding is not None else None,
-        grammar=structured, group_sizes=group_sizes or None, sliding_groups=sliding_groups,
+        grammar=structured,
+        group_sizes=group_sizes or None,
+        sliding_groups=sliding_groups,
     )
     model = loaded.model
     if isinstance(model, VisionLanguageModel) and not embed:
         if parallel is not None:
-            raise ValueError("tensor parallelism does not serve images yet: serve the "
-                             "vision-language model on one device")
+            raise ValueError(
+                "tensor parallelism does not serve images yet: serve the "
+                "vision-language model on one device"
+            )
         runner.multimodal = MultimodalRunner(
-            model, EncoderCache(config.cache.encoder_cache_mb * 2**20), device)
+            model, EncoderCache(config.cache.encoder_cache_mb * 2**20), device
+        )
     if codec.calibrated:
         calibrate_kv_codec(runner, codec, tokenizer, vocab)
     warm_up_backend = getattr(backend, "warm_up", None)
@@ -445,17 +572,36 @@ def build_runner(config: TallowConfig, registries: Registries,
         warm_up_backend([a.layer for a in runner.layers], runner.kv_caches, loaded.dtype)
         log.info("attention backend warmed up in %.1fs", time.perf_counter() - started)
     # embedding steps are never decode steps: nothing to capture
-    if device.type == "cuda" and not embed and not config.runner.disable_cuda_graph and getattr(
-            backend, "supports_cuda_graph", False):
+    if (
+        device.type == "cuda"
+        and not embed
+        and not config.runner.disable_cuda_graph
+        and getattr(backend, "supports_cuda_graph", False)
+    ):
         runner.graphs = CudaGraphRunner.capture(runner, config.runner.max_cuda_graph_batch)
-    return BuiltRunner(loaded, tokenizer, runner, backend_entry, max_model_len, step_tokens,
-                       num_blocks, embedding, kv_codec=codec_entry.name, kv_footprint=cost,
-                       group_sizes=list(runner.group_sizes),
-                       state_slots=[max_num_seqs] * len(runner.state_groups))
+    return BuiltRunner(
+        loaded,
+        tokenizer,
+        runner,
+        backend_entry,
+        max_model_len,
+        step_tokens,
+        num_blocks,
+        embedding,
+        kv_codec=codec_entry.name,
+        kv_footprint=cost,
+        group_sizes=list(runner.group_sizes),
+        state_slots=[max_num_seqs] * len(runner.state_groups),
+    )
 
 
-def build_speculation(config: TallowConfig, registries: Registries, runner: ModelRunner,
-                      parallel: ParallelState | None, embed: bool) -> SpecDecoding | None:
+def build_speculation(
+    config: TallowConfig,
+    registries: Registries,
+    runner: ModelRunner,
+    parallel: ParallelState | None,
+    embed: bool,
+) -> SpecDecoding | None:
     """The speculator ``speculative.method`` names, ready for the engine (None when no method
     is set). Start-up fails naming what stands in the way: an unknown name (the registered
     ones are listed), the speculator's own reasons, or an engine it cannot serve."""
@@ -468,25 +614,36 @@ def build_speculation(config: TallowConfig, registries: Registries, runner: Mode
     if parallel is not None:
         problems.append("tensor parallelism does not verify proposals yet")
     if runner.state_groups:
-        problems.append("the model keeps a recurrent state per sequence, which cannot take "
-                        "rejected tokens back")
+        problems.append(
+            "the model keeps a recurrent state per sequence, which cannot take rejected tokens back"
+        )
     if problems:
         raise ValueError(f"speculative.method={spec.method!r}: " + "; ".join(problems))
     registry = registries.speculators
     if spec.method not in registry.names():
         known = ", ".join(sorted(registry.names())) or "none (install tallow-speculator-ngram)"
-        raise ValueError(f"speculative.method={spec.method!r} is not a registered speculator; "
-                         f"registered: {known}")
+        raise ValueError(
+            f"speculative.method={spec.method!r} is not a registered speculator; "
+            f"registered: {known}"
+        )
     cls = registry.entry(spec.method).load()
     reasons = cls.validate(config)
     if reasons:
-        raise ValueError(f"speculator {spec.method!r} cannot serve this configuration: "
-                         + "; ".join(reasons))
-    log.info("speculative decoding: %s, k=%d%s; steps run synchronously, verify steps "
-             "eagerly", spec.method, spec.num_speculative_tokens,
-             " (adaptive)" if spec.adaptive else "")
-    return SpecDecoding(cls(config), spec.num_speculative_tokens, adaptive=spec.adaptive,
-                        vocab_size=runner.vocab_size)
+        raise ValueError(
+            f"speculator {spec.method!r} cannot serve this configuration: " + "; ".join(reasons)
+        )
+    log.info(
+        "speculative decoding: %s, k=%d%s; steps run synchronously, verify steps eagerly",
+        spec.method,
+        spec.num_speculative_tokens,
+        " (adaptive)" if spec.adaptive else "",
+    )
+    return SpecDecoding(
+        cls(config),
+        spec.num_speculative_tokens,
+        adaptive=spec.adaptive,
+        vocab_size=runner.vocab_size,
+    )
 
 
 def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = None) -> EngineParts:
@@ -504,8 +661,12 @@ def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = No
     registries = plugin_manager.registries
     publisher = None
     if parallel is not None:
-        publisher = open_engine(parallel, config, plugin_manager.loaded(),
-                                feeds_tokens=config.scheduler.async_scheduling)
+        publisher = open_engine(
+            parallel,
+            config,
+            plugin_manager.loaded(),
+            feeds_tokens=config.scheduler.async_scheduling,
+        )
     _, served_name = model_source(config)
     built = build_runner(config, registries, parallel)
     loaded, runner, tokenizer = built.loaded, built.runner, built.tokenizer
@@ -514,22 +675,33 @@ def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = No
     structured = runner.grammar
     max_model_len = built.max_model_len
     # embedding inputs never share blocks (an encoder's K/V depend on later tokens too)
-    block_manager = KVCacheManager(built.group_sizes or [PagedGroupSize(built.num_blocks)],
-                                   block_size=config.cache.block_size,
-                                   enable_prefix_caching=config.cache.enable_prefix_caching
-                                   and not embed, state_slots=built.state_slots,
-                                   max_step_tokens=built.step_tokens)
+    block_manager = KVCacheManager(
+        built.group_sizes or [PagedGroupSize(built.num_blocks)],
+        block_size=config.cache.block_size,
+        enable_prefix_caching=config.cache.enable_prefix_caching and not embed,
+        state_slots=built.state_slots,
+        max_step_tokens=built.step_tokens,
+    )
     scheduler = Scheduler(
-        block_manager, max_num_seqs=config.scheduler.max_num_seqs,
+        block_manager,
+        max_num_seqs=config.scheduler.max_num_seqs,
         max_num_batched_tokens=built.step_tokens,
-        prefill_chunk_size=config.scheduler.prefill_chunk_size, max_model_len=max_model_len,
-        policy=config.scheduler.policy, max_waiting=config.scheduler.max_waiting,
+        prefill_chunk_size=config.scheduler.prefill_chunk_size,
+        max_model_len=max_model_len,
+        policy=config.scheduler.policy,
+        max_waiting=config.scheduler.max_waiting,
     )
     spec = build_speculation(config, registries, runner, parallel, embed)
-    core = EngineCore(scheduler, runner, eos_token_ids=tokenizer.eos_token_ids,
-                      max_model_len=max_model_len,
-                      async_scheduling=config.scheduler.async_scheduling, task=loaded.task,
-                      structured=structured, spec=spec)
+    core = EngineCore(
+        scheduler,
+        runner,
+        eos_token_ids=tokenizer.eos_token_ids,
+        max_model_len=max_model_len,
+        async_scheduling=config.scheduler.async_scheduling,
+        task=loaded.task,
+        structured=structured,
+        spec=spec,
+    )
     if loaded.device.type == "cuda":
         # Triton compiles each kernel variant on first use (seconds each): do it now, not in
         # the first requests' steps.
@@ -538,7 +710,17 @@ def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = No
         if structured is not None:  # sampled rows' logits are float32, argmax rows the model's
             structured.warm_up(runner.vocab_size, (torch.float32, loaded.dtype))
         log.info("warm-up steps done in %.1fs", time.perf_counter() - started)
-    return EngineParts(core, tokenizer, served_name, max_model_len, loaded, plugin_manager,
-                       built.attention_backend.name, kv_codec=built.kv_codec,
-                       kv_footprint=built.kv_footprint, task=loaded.task,
-                       embedding=built.embedding, parallel=parallel)
+    return EngineParts(
+        core,
+        tokenizer,
+        served_name,
+        max_model_len,
+        loaded,
+        plugin_manager,
+        built.attention_backend.name,
+        kv_codec=built.kv_codec,
+        kv_footprint=built.kv_footprint,
+        task=loaded.task,
+        embedding=built.embedding,
+        parallel=parallel,
+    )

@@ -30,15 +30,28 @@ import torch
 from tallow.kernels import kv_cache
 from tallow.kernels.host import device_tensor
 from tallow.layers import (
-    Attention, CacheSpec, FullAttentionSpec, LatentCacheSpec, RecurrentStateSpec, SlidingWindowSpec, StateCache,
+    Attention,
+    CacheSpec,
+    FullAttentionSpec,
+    LatentCacheSpec,
+    RecurrentStateSpec,
+    SlidingWindowSpec,
+    StateCache,
     cache_layers,
 )
 from tallow.types import KVCodec
 
 from .kv_manager import PagedGroupSize
 
-__all__ = ["CacheGroup", "GroupCaches", "find_cache_groups", "split_budget",
-           "allocate_group", "state_bytes", "latent_dtype"]
+__all__ = [
+    "CacheGroup",
+    "GroupCaches",
+    "find_cache_groups",
+    "split_budget",
+    "allocate_group",
+    "state_bytes",
+    "latent_dtype",
+]
 
 
 @dataclass
@@ -71,8 +84,7 @@ def _order(group: CacheGroup) -> tuple[int, int]:
     return (0, 0)
 
 
-def find_cache_groups(model: torch.nn.Module, *,
-                      sliding_groups: bool = True) -> list[CacheGroup]:
+def find_cache_groups(model: torch.nn.Module, *, sliding_groups: bool = True) -> list[CacheGroup]:
     """The cache groups of ``model``, paged groups first (see the module docstring); attention
     layers in a group are ordered by layer index. ``sliding_groups`` False puts sliding-window
     layers in the full-attention group (their blocks are then kept, their attention still
@@ -103,19 +115,23 @@ def latent_dtype(spec: LatentCacheSpec, codec: KVCodec, model_dtype: torch.dtype
         return spec.dtype
     dtype = codec.latent_dtype(model_dtype)
     if dtype is None:
-        raise ValueError(f"cache.kv_codec {codec.name!r} cannot keep a latent (MLA) cache; "
-                         "choose a codec that casts (auto, fp8)")
+        raise ValueError(
+            f"cache.kv_codec {codec.name!r} cannot keep a latent (MLA) cache; "
+            "choose a codec that casts (auto, fp8)"
+        )
     return dtype
 
 
-def group_block_bytes(group: CacheGroup, codec: KVCodec, *, block_size: int,
-                      model_dtype: torch.dtype) -> int:
+def group_block_bytes(
+    group: CacheGroup, codec: KVCodec, *, block_size: int, model_dtype: torch.dtype
+) -> int:
     """Bytes of one block of every layer of paged ``group``."""
     if isinstance(group.spec, LatentCacheSpec):
         dtype = latent_dtype(group.spec, codec, model_dtype)
         return len(group.layers) * block_size * group.spec.width * dtype.itemsize
-    return kv_cache.footprint(codec, [a.layer for a in group.layers], block_size=block_size,
-                              model_dtype=model_dtype).bytes_per_block
+    return kv_cache.footprint(
+        codec, [a.layer for a in group.layers], block_size=block_size, model_dtype=model_dtype
+    ).bytes_per_block
 
 
 def state_bytes(groups: list[CacheGroup], num_slots: int, model_dtype: torch.dtype) -> int:
@@ -128,21 +144,28 @@ def state_bytes(groups: list[CacheGroup], num_slots: int, model_dtype: torch.dty
             n = 1
             for dim in tensor.shape:
                 n *= dim
-            total += len(group.layers) * (num_slots + 1) * n * (tensor.dtype
-                                                                or model_dtype).itemsize
+            total += (
+                len(group.layers) * (num_slots + 1) * n * (tensor.dtype or model_dtype).itemsize
+            )
     return total
 
 
-def sliding_need(window: int, *, block_size: int, max_num_seqs: int,
-                 max_step_tokens: int) -> int:
+def sliding_need(window: int, *, block_size: int, max_num_seqs: int, max_step_tokens: int) -> int:
     """The blocks a sliding group of ``window`` ever needs (see the module docstring)."""
     per_seq = -(-window // block_size) + 1
     return max_num_seqs * per_seq + -(-max_step_tokens // block_size) + 1
 
 
-def split_budget(groups: list[CacheGroup], num_blocks: int, block_bytes: list[int], *,
-                 block_size: int, max_num_seqs: int, max_step_tokens: int,
-                 redistribute: bool = True) -> list[PagedGroupSize]:
+def split_budget(
+    groups: list[CacheGroup],
+    num_blocks: int,
+    block_bytes: list[int],
+    *,
+    block_size: int,
+    max_num_seqs: int,
+    max_step_tokens: int,
+    redistribute: bool = True,
+) -> list[PagedGroupSize]:
     """Each paged group's pool (see the module docstring); ``block_bytes[i]``: bytes of one
     block of paged group ``i``'s layers."""
     paged = [g for g in groups if g.paged]
@@ -152,8 +175,12 @@ def split_budget(groups: list[CacheGroup], num_blocks: int, block_bytes: list[in
         if group.window is None:
             sizes.append(num_blocks)
             continue
-        need = sliding_need(group.window, block_size=block_size, max_num_seqs=max_num_seqs,
-                            max_step_tokens=max_step_tokens)
+        need = sliding_need(
+            group.window,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_step_tokens=max_step_tokens,
+        )
         blocks = min(num_blocks, need)
         sizes.append(blocks)
         spare += (num_blocks - blocks) * nbytes
@@ -166,18 +193,27 @@ def split_budget(groups: list[CacheGroup], num_blocks: int, block_bytes: list[in
     return [PagedGroupSize(n, g.window) for g, n in zip(paged, sizes)]
 
 
-def allocate_group(group: CacheGroup, codec: KVCodec, *, size: PagedGroupSize | int,
-                   block_size: int, model_dtype: torch.dtype,
-                   device: torch.device) -> list[Any]:
+def allocate_group(
+    group: CacheGroup,
+    codec: KVCodec,
+    *,
+    size: PagedGroupSize | int,
+    block_size: int,
+    model_dtype: torch.dtype,
+    device: torch.device,
+) -> list[Any]:
     """The caches of ``group``'s layers, bound to them (``size``: a paged group's pool, or a
     state group's slot count)."""
     if not group.paged:
         num_slots = int(size)  # type: ignore[arg-type]
         states: list[Any] = []
         for layer in group.layers:
-            tensors = {t.name: torch.zeros((num_slots + 1, *t.shape),
-                                           dtype=t.dtype or model_dtype, device=device)
-                       for t in group.spec.tensors}  # type: ignore[attr-defined]
+            tensors = {
+                t.name: torch.zeros(
+                    (num_slots + 1, *t.shape), dtype=t.dtype or model_dtype, device=device
+                )
+                for t in group.spec.tensors
+            }  # type: ignore[attr-defined]
             cache = StateCache(tensors, group.index, num_slots)
             layer.bind_cache(cache, group.index)
             states.append(cache)
@@ -187,13 +223,20 @@ def allocate_group(group: CacheGroup, codec: KVCodec, *, size: PagedGroupSize | 
     caches: list[Any]
     if isinstance(group.spec, LatentCacheSpec):
         dtype = latent_dtype(group.spec, codec, model_dtype)
-        caches = [torch.zeros(rows, block_size, group.spec.width, dtype=dtype, device=device)
-                  for _ in group.layers]
+        caches = [
+            torch.zeros(rows, block_size, group.spec.width, dtype=dtype, device=device)
+            for _ in group.layers
+        ]
     else:
-        caches = kv_cache.allocate(codec, [a.layer for a in group.layers], num_blocks=rows,
-                                   block_size=block_size, model_dtype=model_dtype,
-                                   device=device,
-                                   checkpoint_scales=[a.kv_scales for a in group.layers])
+        caches = kv_cache.allocate(
+            codec,
+            [a.layer for a in group.layers],
+            num_blocks=rows,
+            block_size=block_size,
+            model_dtype=model_dtype,
+            device=device,
+            checkpoint_scales=[a.kv_scales for a in group.layers],
+        )
     for layer, cache in zip(group.layers, caches):
         layer.bind_cache(cache, group.index)
     return caches
@@ -204,27 +247,45 @@ class GroupCaches:
     paged group's pool (``group_sizes``; default ``num_blocks`` each), ``num_slots`` state
     slots per state group. The one owner of copying blocks and state slots between steps."""
 
-    def __init__(self, model: torch.nn.Module, codec: KVCodec, *, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device, num_slots: int,
-                 group_sizes: list[PagedGroupSize] | None = None,
-                 sliding_groups: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        codec: KVCodec,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_slots: int,
+        group_sizes: list[PagedGroupSize] | None = None,
+        sliding_groups: bool = True,
+    ) -> None:
         groups = find_cache_groups(model, sliding_groups=sliding_groups)
         self.device = device
         self.paged_groups = [g for g in groups if g.paged]
         self.state_groups = [g for g in groups if not g.paged]
-        self.group_sizes = group_sizes or [PagedGroupSize(num_blocks, g.window)
-                                           for g in self.paged_groups]
+        self.group_sizes = group_sizes or [
+            PagedGroupSize(num_blocks, g.window) for g in self.paged_groups
+        ]
         if len(self.group_sizes) != len(self.paged_groups):
-            raise ValueError(f"{len(self.group_sizes)} group sizes for "
-                             f"{len(self.paged_groups)} paged cache groups")
+            raise ValueError(
+                f"{len(self.group_sizes)} group sizes for "
+                f"{len(self.paged_groups)} paged cache groups"
+            )
         #: per paged group, its layers' caches (the tensors blocks are copied in)
-        self.paged = [allocate_group(g, codec, size=size, block_size=block_size,
-                                     model_dtype=dtype, device=device)
-                      for g, size in zip(self.paged_groups, self.group_sizes)]
+        self.paged = [
+            allocate_group(
+                g, codec, size=size, block_size=block_size, model_dtype=dtype, device=device
+            )
+            for g, size in zip(self.paged_groups, self.group_sizes)
+        ]
         #: per state group, its layers' StateCaches
-        self.states = [allocate_group(g, codec, size=num_slots, block_size=block_size,
-                                      model_dtype=dtype, device=device)
-                       for g in self.state_groups]
+        self.states = [
+            allocate_group(
+                g, codec, size=num_slots, block_size=block_size, model_dtype=dtype, device=device
+            )
+            for g in self.state_groups
+        ]
 
     def copy_blocks(self, pairs: Sequence[tuple[int, ...]]) -> None:
         """Copy-on-write: duplicate whole blocks (all layers of their group) before they

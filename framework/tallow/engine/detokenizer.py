@@ -30,7 +30,8 @@ _REPLACEMENT = "\ufffd"
 #: context a detokenizer keeps is usually the one token emitted last, and decoding it on every
 #: step cost as much as decoding the new window. Shared by every sequence of the tokenizer.
 _ONE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Tokenizer, tuple[dict[int, str], dict[int, str]]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def _one_token_texts(tokenizer: Tokenizer, skip_special_tokens: bool) -> dict[int, str]:
@@ -51,9 +52,13 @@ class IncrementalDetokenizer:
     decides how special tokens join text.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int] = (),
-                 skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.prompt_token_ids = list(prompt_token_ids)
         self.skip_special_tokens = skip_special_tokens
@@ -116,22 +121,22 @@ class IncrementalDetokenizer:
             return ""
         if not final and self._in_byte_run():
             return ""
-        window = self._decode(ids[self._prefix_offset:])
+        window = self._decode(ids[self._prefix_offset :])
         if not final and window.endswith(_REPLACEMENT):
             return ""
         if not window.startswith(self._prefix_text):
             # Not expected from a prefix-stable decoder; fall back to the whole text so the
             # output stays exactly decode(output_ids).
             full = self._decode(ids)
-            delta = full[len(self.text):] if full.startswith(self.text) else ""
+            delta = full[len(self.text) :] if full.startswith(self.text) else ""
         else:
-            delta = window[len(self._prefix_text):]
+            delta = window[len(self._prefix_text) :]
         if not delta and not final:
             # e.g. a skipped special token: keep the window, nothing to emit yet.
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(ids)
-        self._prefix_text = self._decode_context(ids[self._prefix_offset:self._read_offset])
+        self._prefix_text = self._decode_context(ids[self._prefix_offset : self._read_offset])
         if delta:
             self._pieces.append(delta)
             self._text_cache = None

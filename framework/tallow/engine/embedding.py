@@ -59,30 +59,38 @@ class EmbeddingInfo:
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
             return f"expected a positive integer, got {dimensions!r}"
         if dimensions > self.size:
-            return (f"{dimensions} is more than the model's {self.size} embedding dimensions")
+            return f"{dimensions} is more than the model's {self.size} embedding dimensions"
         if self.matryoshka_dimensions:
             if dimensions not in self.matryoshka_dimensions and dimensions != self.size:
                 sizes = ", ".join(map(str, self.matryoshka_dimensions))
                 return f"this model can be shortened to {sizes} dimensions, not {dimensions}"
             return None
         if not self.normalize:
-            return ("this model's embeddings are not normalized and it declares no Matryoshka "
-                    "dimensions, so shortened vectors would have no defined meaning "
-                    "(model.normalize_embeddings)")
+            return (
+                "this model's embeddings are not normalized and it declares no Matryoshka "
+                "dimensions, so shortened vectors would have no defined meaning "
+                "(model.normalize_embeddings)"
+            )
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"pooling": self.pooling, "normalize": self.normalize, "dimensions": self.size,
-                "matryoshka_dimensions": list(self.matryoshka_dimensions or ()) or None}
+        return {
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "dimensions": self.size,
+            "matryoshka_dimensions": list(self.matryoshka_dimensions or ()) or None,
+        }
 
 
 class InputTooLong(ValueError):
     """An input has more tokens than the model accepts and no truncation was asked for."""
 
     def __init__(self, num_tokens: int, limit: int) -> None:
-        super().__init__(f"the input has {num_tokens} tokens, more than this model accepts "
-                         f"({limit}, model.max_model_len); ask for truncate_prompt_tokens to "
-                         "cut it")
+        super().__init__(
+            f"the input has {num_tokens} tokens, more than this model accepts "
+            f"({limit}, model.max_model_len); ask for truncate_prompt_tokens to "
+            "cut it"
+        )
         self.num_tokens = num_tokens
         self.limit = limit
 
@@ -95,16 +103,25 @@ def truncation_length(truncate_prompt_tokens: int | None, limit: int) -> int | N
     if truncate_prompt_tokens == -1:
         return limit
     if truncate_prompt_tokens < 1:
-        raise ValueError(f"expected -1 (the model's limit) or a positive number of tokens, "
-                         f"got {truncate_prompt_tokens}")
+        raise ValueError(
+            f"expected -1 (the model's limit) or a positive number of tokens, "
+            f"got {truncate_prompt_tokens}"
+        )
     if truncate_prompt_tokens > limit:
-        raise ValueError(f"{truncate_prompt_tokens} is more than this model accepts ({limit} "
-                         "tokens, model.max_model_len)")
+        raise ValueError(
+            f"{truncate_prompt_tokens} is more than this model accepts ({limit} "
+            "tokens, model.max_model_len)"
+        )
     return truncate_prompt_tokens
 
 
-def input_token_ids(tokenizer: Tokenizer, info: EmbeddingInfo, item: str | Sequence[int],
-                    limit: int, truncate_to: int | None) -> list[int]:
+def input_token_ids(
+    tokenizer: Tokenizer,
+    info: EmbeddingInfo,
+    item: str | Sequence[int],
+    limit: int,
+    truncate_to: int | None,
+) -> list[int]:
     """The token ids of one input (see the module docstring); raises :class:`InputTooLong`."""
     if isinstance(item, str):
         text = item.lower() if info.lowercase else item
@@ -121,8 +138,9 @@ def input_token_ids(tokenizer: Tokenizer, info: EmbeddingInfo, item: str | Seque
     return ids
 
 
-def finish_embedding(vector: "torch.Tensor", info: EmbeddingInfo,
-                     dimensions: int | None) -> list[float]:
+def finish_embedding(
+    vector: "torch.Tensor", info: EmbeddingInfo, dimensions: int | None
+) -> list[float]:
     """The answer for a pooled ``vector``: shortened to ``dimensions`` and normalized again
     when the model's embeddings are normalized."""
     import torch

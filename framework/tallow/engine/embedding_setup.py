@@ -29,22 +29,32 @@ def embedding_info(config: TallowConfig, loaded: LoadedModel) -> EmbeddingInfo:
     arch = loaded.config.text
     pooling: str = config.model.pooling
     if pooling == "auto":
-        pooling = (spec.pooling if spec is not None and spec.pooling else
-                   getattr(type(loaded.model), "default_pooling", "last"))
+        pooling = (
+            spec.pooling
+            if spec is not None and spec.pooling
+            else getattr(type(loaded.model), "default_pooling", "last")
+        )
     normalize = config.model.normalize_embeddings
     if normalize is None:
-        normalize = bool(spec.normalize) if spec is not None and spec.normalize is not None \
-            else True
+        normalize = (
+            bool(spec.normalize) if spec is not None and spec.normalize is not None else True
+        )
     size = int(arch.get("hidden_size") or 0)
     matryoshka = arch.get("matryoshka_dimensions")
     info = EmbeddingInfo(
-        pooling=pooling, normalize=normalize, size=size,
+        pooling=pooling,
+        normalize=normalize,
+        size=size,
         matryoshka_dimensions=tuple(int(d) for d in matryoshka) if matryoshka else None,
-        lowercase=bool(spec.lowercase) if spec is not None else False)
-    log.info("embeddings: %s pooling, %s, %d dimensions%s", pooling,
-             "normalized" if normalize else "not normalized", size,
-             f" (pooling settings from {spec.source})" if spec is not None and spec.source
-             else "")
+        lowercase=bool(spec.lowercase) if spec is not None else False,
+    )
+    log.info(
+        "embeddings: %s pooling, %s, %d dimensions%s",
+        pooling,
+        "normalized" if normalize else "not normalized",
+        size,
+        f" (pooling settings from {spec.source})" if spec is not None and spec.source else "",
+    )
     return info
 
 
@@ -58,13 +68,21 @@ def embedding_max_model_len(config: TallowConfig, loaded: LoadedModel) -> int:
     if config.model.max_model_len:
         length = int(config.model.max_model_len)
         if limit is not None and length > limit:
-            raise ValueError(f"model.max_model_len {length} is more than the model's "
-                             f"{limit} position embeddings")
+            raise ValueError(
+                f"model.max_model_len {length} is more than the model's {limit} position embeddings"
+            )
         return length
     spec = loaded.checkpoint.embedding
     arch = loaded.config.text
-    candidates = [n for n in (spec.max_seq_length if spec is not None else None, limit,
-                              arch.get("max_position_embeddings")) if n]
+    candidates = [
+        n
+        for n in (
+            spec.max_seq_length if spec is not None else None,
+            limit,
+            arch.get("max_position_embeddings"),
+        )
+        if n
+    ]
     return int(min(candidates)) if candidates else 4096
 
 
@@ -79,15 +97,19 @@ def step_token_budget(config: TallowConfig, max_model_len: int) -> int:
     """``scheduler.max_num_batched_tokens``, raised to hold one whole longest input."""
     budget = int(config.scheduler.max_num_batched_tokens)
     if budget < max_model_len:
-        log.info("embeddings: steps take up to %d tokens (max_model_len) instead of %d "
-                 "(scheduler.max_num_batched_tokens): an input is computed whole in one step",
-                 max_model_len, budget)
+        log.info(
+            "embeddings: steps take up to %d tokens (max_model_len) instead of %d "
+            "(scheduler.max_num_batched_tokens): an input is computed whole in one step",
+            max_model_len,
+            budget,
+        )
         return max_model_len
     return budget
 
 
-def cap_kv_blocks(blocks: int, config: TallowConfig, max_num_batched_tokens: int,
-                  max_model_len: int) -> int:
+def cap_kv_blocks(
+    blocks: int, config: TallowConfig, max_num_batched_tokens: int, max_model_len: int
+) -> int:
     """KV blocks for two steps of embedding inputs at most (one block of slack per sequence),
     and never fewer than one longest input needs."""
     if config.cache.num_blocks:

@@ -83,8 +83,9 @@ class MultimodalRunner:
     encoder outputs of the step's image tokens (from the cache, or encoded now) and, for a
     model with several position axes, the positions of every row."""
 
-    def __init__(self, model: VisionLanguageModel, cache: EncoderCache,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: VisionLanguageModel, cache: EncoderCache, device: torch.device
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = device
@@ -93,13 +94,15 @@ class MultimodalRunner:
     def stats(self) -> dict[str, float]:
         """The encoder cache's counters for ``engine.stats()`` (and ``/metrics``)."""
         st = self.cache.stats
-        return {"encoder_cache_hits": st.hits, "encoder_cache_misses": st.misses,
-                "images_encoded": st.images_encoded,
-                "encoder_cache_evictions": st.evictions,
-                "encoder_cache_bytes": self.cache.used_bytes}
+        return {
+            "encoder_cache_hits": st.hits,
+            "encoder_cache_misses": st.misses,
+            "images_encoded": st.images_encoded,
+            "encoder_cache_evictions": st.evictions,
+            "encoder_cache_bytes": self.cache.used_bytes,
+        }
 
-    def _embeds(self, image: PromptImage, step_outputs: dict[bytes, torch.Tensor]
-                ) -> torch.Tensor:
+    def _embeds(self, image: PromptImage, step_outputs: dict[bytes, torch.Tensor]) -> torch.Tensor:
         known = step_outputs.get(image.digest)
         if known is not None:
             return known
@@ -107,8 +110,10 @@ class MultimodalRunner:
         if out is None:
             out = self.model.encode_image(image.processed)
             if out.shape[0] != image.processed.num_tokens:
-                raise RuntimeError(f"the encoder made {out.shape[0]} embeddings for an image "
-                                   f"of {image.processed.num_tokens} tokens")
+                raise RuntimeError(
+                    f"the encoder made {out.shape[0]} embeddings for an image "
+                    f"of {image.processed.num_tokens} tokens"
+                )
             self.cache.stats.images_encoded += 1
             self.cache.put(image.digest, out)
         step_outputs[image.digest] = out
@@ -136,7 +141,7 @@ class MultimodalRunner:
             for image in mm.overlapping(start, end):
                 lo, hi = max(start, image.offset), min(end, image.end)
                 out = self._embeds(image, step_outputs)
-                pieces.append(out[lo - image.offset:hi - image.offset])
+                pieces.append(out[lo - image.offset : hi - image.offset])
                 rows.append(torch.arange(t + lo - start, t + hi - start))
             t += n
         step = MultimodalStep()

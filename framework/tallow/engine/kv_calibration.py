@@ -64,17 +64,26 @@ cost until winter.
 #: at most this many calibration tokens (the text is repeated when shorter)
 MAX_TOKENS = 512
 
-__all__ = ["CALIBRATION_TEXT", "MAX_TOKENS", "MIN_DISTINCT_IDS", "calibrate_kv_codec",
-           "calibration_ids", "record_qkv"]
+__all__ = [
+    "CALIBRATION_TEXT",
+    "MAX_TOKENS",
+    "MIN_DISTINCT_IDS",
+    "calibrate_kv_codec",
+    "calibration_ids",
+    "record_qkv",
+]
 
 
-def calibration_ids(tokenizer: Tokenizer, vocab_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
+def calibration_ids(
+    tokenizer: Tokenizer, vocab_size: int, max_tokens: int = MAX_TOKENS
+) -> list[int]:
     """Token ids of :data:`CALIBRATION_TEXT` under ``tokenizer``, repeated to fill
     ``max_tokens``: one window of :func:`tallow.engine.calibration_pass.text_windows` (ids
     outside the model's vocabulary dropped; ids drawn from the vocabulary when the tokenizer
     reads the text as fewer than :data:`MIN_DISTINCT_IDS` distinct ids)."""
-    return text_windows(CALIBRATION_TEXT, tokenizer.encode, vocab_size, sequences=1,
-                        tokens=max_tokens, repeat=True)[0]
+    return text_windows(
+        CALIBRATION_TEXT, tokenizer.encode, vocab_size, sequences=1, tokens=max_tokens, repeat=True
+    )[0]
 
 
 Recorded = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -87,10 +96,16 @@ class _Recorder(TorchAttentionBackend):
         super().__init__()
         self.seen: Recorded = {}
 
-    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
-        self.seen[layer.layer_index] = (q.float().clone(), k.float().clone(),
-                                        v.float().clone())
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: LayerKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        self.seen[layer.layer_index] = (q.float().clone(), k.float().clone(), v.float().clone())
         return super().forward(layer, q, k, v, kv_cache, meta)
 
 
@@ -105,7 +120,9 @@ def record_qkv(runner: ModelRunner, ids: list[int]) -> Recorded:
     return recorder.seen
 
 
-def calibrate_kv_codec(runner: ModelRunner, codec: KVCodec, tokenizer: Tokenizer, vocab_size: int) -> None:
+def calibrate_kv_codec(
+    runner: ModelRunner, codec: KVCodec, tokenizer: Tokenizer, vocab_size: int
+) -> None:
     """Run the calibration pass and hand every layer's Q/K/V to ``codec.calibrate``."""
     started = time.perf_counter()
     ids = calibration_ids(tokenizer, vocab_size)
@@ -113,5 +130,9 @@ def calibrate_kv_codec(runner: ModelRunner, codec: KVCodec, tokenizer: Tokenizer
     for attn, cache in zip(runner.layers, runner.kv_caches):
         assert cache is not None  # the runner allocated every layer's cache
         codec.calibrate(cache, *seen[attn.layer.layer_index])
-    log.info("KV codec %s calibrated on %d tokens in %.1fs", codec.name, len(ids),
-             time.perf_counter() - started)
+    log.info(
+        "KV codec %s calibrated on %d tokens in %.1fs",
+        codec.name,
+        len(ids),
+        time.perf_counter() - started,
+    )

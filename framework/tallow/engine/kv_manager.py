@@ -106,15 +106,18 @@ class StatePool:
     def check_invariants(self, owners: dict[int, Sequence]) -> None:
         free = set(self._free)
         if len(free) != len(self._free) or free & set(self._owner):
-            raise AssertionError(f"state group {self.index}: a slot is free twice or both "
-                                 "free and held")
+            raise AssertionError(
+                f"state group {self.index}: a slot is free twice or both free and held"
+            )
         if len(free) + len(self._owner) != self.num_slots:
             raise AssertionError(f"state group {self.index}: free + held != total slots")
         for slot, seq_id in self._owner.items():
             seq = owners.get(seq_id)
             if seq is None or self.slot(seq) != slot:
-                raise AssertionError(f"state group {self.index}: slot {slot} is held by "
-                                     f"sequence {seq_id}, which does not name it")
+                raise AssertionError(
+                    f"state group {self.index}: slot {slot} is held by "
+                    f"sequence {seq_id}, which does not name it"
+                )
 
 
 class KVCacheManager:
@@ -124,17 +127,27 @@ class KVCacheManager:
     the slot count of each state group; ``max_step_tokens``: the most tokens one step computes
     for a sequence (bounds what a sliding group holds for one sequence)."""
 
-    def __init__(self, paged: Seq[PagedGroupSize], *, block_size: int = 16,
-                 enable_prefix_caching: bool = True, state_slots: Seq[int] = (),
-                 max_step_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        paged: Seq[PagedGroupSize],
+        *,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        state_slots: Seq[int] = (),
+        max_step_tokens: int = 8192,
+    ) -> None:
         if not paged:
             raise ValueError("a KVCacheManager needs at least one paged cache group")
         if state_slots and enable_prefix_caching:
-            log.warning("prefix caching is off: the model keeps a recurrent state per "
-                        "sequence, and a cached prefix would need the state at its end")
+            log.warning(
+                "prefix caching is off: the model keeps a recurrent state per "
+                "sequence, and a cached prefix would need the state at its end"
+            )
             enable_prefix_caching = False
-        self.groups = [BlockManager(g.num_blocks, block_size, enable_prefix_caching, group=i,
-                                    window=g.window) for i, g in enumerate(paged)]
+        self.groups = [
+            BlockManager(g.num_blocks, block_size, enable_prefix_caching, group=i, window=g.window)
+            for i, g in enumerate(paged)
+        ]
         self.primary = self.groups[0]
         self.states = [StatePool(n, i) for i, n in enumerate(state_slots)]
         self.max_step_tokens = max_step_tokens
@@ -239,27 +252,36 @@ class KVCacheManager:
                     changed = True
         tables: list[list[int]] = []
         for group, blocks in zip(self.groups, cached):
-            table = ([b for b in blocks[:k] if b is not None] if group.window is None
-                     else group.window_hit(blocks, k))
+            table = (
+                [b for b in blocks[:k] if b is not None]
+                if group.window is None
+                else group.window_hit(blocks, k)
+            )
             tables.append(list(table or []))
         return GroupHits(tables)
 
-    def _hits(self, prefix_hits: GroupHits | list[int] | tuple[int, ...] | None,
-              group: int) -> list[int]:
+    def _hits(
+        self, prefix_hits: GroupHits | list[int] | tuple[int, ...] | None, group: int
+    ) -> list[int]:
         if isinstance(prefix_hits, GroupHits):
             return prefix_hits.tables[group] if prefix_hits.tables else []
         if prefix_hits:
             raise ValueError("prefix hits of a KVCacheManager come from its get_prefix_hits")
         return []
 
-    def allocate_prefix(self, seq: Sequence,
-                        prefix_hits: GroupHits | list[int] | None = None, *,
-                        record_stats: bool = True) -> int:
+    def allocate_prefix(
+        self,
+        seq: Sequence,
+        prefix_hits: GroupHits | list[int] | None = None,
+        *,
+        record_stats: bool = True,
+    ) -> int:
         hits = self.get_prefix_hits(seq) if prefix_hits is None else prefix_hits
         cached = 0
         for i, group in enumerate(self.groups):
-            cached = group.allocate_prefix(seq, self._hits(hits, i),
-                                           record_stats=record_stats and i == 0)
+            cached = group.allocate_prefix(
+                seq, self._hits(hits, i), record_stats=record_stats and i == 0
+            )
         if not self._direct:  # direct: bm.free, not self.free, ends the sequence
             self._owners[seq.seq_id] = seq
         return cached
@@ -286,20 +308,24 @@ class KVCacheManager:
         return counts[0]
 
     # -- allocation -------------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence, num_new_tokens: int,
-                     prefix_hits: GroupHits | list[int] | tuple[int, ...] = ()) -> bool:
+    def can_allocate(
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        prefix_hits: GroupHits | list[int] | tuple[int, ...] = (),
+    ) -> bool:
         for i, group in enumerate(self.groups):
             if not group.can_allocate(seq, num_new_tokens, self._hits(prefix_hits, i)):
                 return False
         return all(pool.slot(seq) >= 0 or pool.num_free for pool in self.states)
 
-    def append_slots(self, seq: Sequence, num_new_tokens: int
-                     ) -> list[tuple[int, int] | tuple[int, int, int]]:
+    def append_slots(
+        self, seq: Sequence, num_new_tokens: int
+    ) -> list[tuple[int, int] | tuple[int, int, int]]:
         copies: list[tuple[int, int] | tuple[int, int, int]] = []
         copies.extend(self.primary.append_slots(seq, num_new_tokens))
         for i, group in enumerate(self.groups[1:], start=1):
-            copies.extend((src, dst, i) for src, dst in group.append_slots(seq,
-                                                                          num_new_tokens))
+            copies.extend((src, dst, i) for src, dst in group.append_slots(seq, num_new_tokens))
         for pool in self.states:
             if pool.slot(seq) < 0:
                 self._state_ops.append((pool.index, -1, pool.take(seq)))

@@ -38,14 +38,21 @@ class LLM:
     ``plugin_manager`` replaces the plugins the configuration would load.
     """
 
-    def __init__(self, model: str | None = None, *, config: str | os.PathLike[str] | None = None,
-                 plugin_manager: PluginManager | None = None, **settings: object) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: str | os.PathLike[str] | None = None,
+        plugin_manager: PluginManager | None = None,
+        **settings: object,
+    ) -> None:
         self.config = resolve_engine_config(model, config, settings, caller="LLM()")
         self.engine = LLMEngine.from_config(self.config, plugin_manager)
 
     @classmethod
-    def from_config(cls, config: TallowConfig,
-                    plugin_manager: PluginManager | None = None) -> "LLM":
+    def from_config(
+        cls, config: TallowConfig, plugin_manager: PluginManager | None = None
+    ) -> "LLM":
         """An ``LLM`` for an already resolved configuration, used as it is (no file, no
         environment, no keywords)."""
         llm = cls.__new__(cls)
@@ -56,32 +63,45 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
-    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 priority: Sequence[int] | None = None,
-                 images: Sequence[Any] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+        images: Sequence[Any] | None = None,
+    ) -> list[RequestOutput]:
         """Outputs in the order of ``prompts``. A prompt is a string or a list of token ids.
 
         ``images`` (a vision-language model): for one prompt, its images (PIL images, paths or
         encoded bytes); for a list of prompts, one list of images per prompt. A prompt holds
         one image placeholder token (Qwen2-VL: ``<|image_pad|>``) per image, in order; the
         engine expands it into the image's tokens."""
-        single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts)
-                                              and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+        )
         batch: list[Any] = [prompts] if single else list(prompts)
         per_prompt = _images_per_prompt(images, len(batch), single)
         if params is None:
             params = SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(batch)
         if len(plist) != len(batch):
-            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(batch)} "
-                             "prompts")
-        return self._run([(prompt, p, priority[i] if priority else 0)
-                          for i, (prompt, p) in enumerate(zip(batch, plist))], per_prompt)
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(batch)} prompts")
+        return self._run(
+            [
+                (prompt, p, priority[i] if priority else 0)
+                for i, (prompt, p) in enumerate(zip(batch, plist))
+            ],
+            per_prompt,
+        )
 
-    def embed(self, inputs: str | list[int] | Sequence[str | list[int]], *,
-              dimensions: int | None = None,
-              truncate_prompt_tokens: int | None = None) -> list[EmbeddingOutput]:
+    def embed(
+        self,
+        inputs: str | list[int] | Sequence[str | list[int]],
+        *,
+        dimensions: int | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingOutput]:
         """Embeddings of ``inputs`` (texts or token-id lists), in their order, all in the
         engine at once; needs an engine built to embed (``task="embed"``, or an embedding
         model). ``dimensions`` shortens the vectors and ``truncate_prompt_tokens`` cuts
@@ -89,11 +109,14 @@ class LLM:
         (:mod:`tallow.engine.embedding`)."""
         info = self.engine.embedding
         if info is None:
-            raise ValueError(f"LLM.embed(): this engine serves {self.engine.model_name} for the "
-                             f"{self.engine.task!r} task; load an embedding model, or pass "
-                             "task='embed'")
-        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
-                                       and isinstance(inputs[0], int)):
+            raise ValueError(
+                f"LLM.embed(): this engine serves {self.engine.model_name} for the "
+                f"{self.engine.task!r} task; load an embedding model, or pass "
+                "task='embed'"
+            )
+        if isinstance(inputs, str) or (
+            isinstance(inputs, list) and inputs and isinstance(inputs[0], int)
+        ):
             inputs = [inputs]
         problem = info.dimensions_problem(dimensions)
         if problem:
@@ -113,8 +136,9 @@ class LLM:
         params = PoolingParams(dimensions)
         return self._run([(prompt, params, 0) for prompt in prompts])
 
-    def _run(self, requests: list[tuple[Any, Any, int]],
-             images: list[list[Any] | None] | None = None) -> list[Any]:
+    def _run(
+        self, requests: list[tuple[Any, Any, int]], images: list[list[Any] | None] | None = None
+    ) -> list[Any]:
         """Add every ``(prompt, params, priority)`` (none, if one is refused), with its
         ``images``, run the engine until all are done and return their final outputs in
         order."""
@@ -122,8 +146,14 @@ class LLM:
         try:
             for i, (prompt, params, priority) in enumerate(requests):
                 rid = self.engine.next_request_id()
-                self.engine.add_request(rid, prompt, params, stream=False, priority=priority,
-                                        images=images[i] if images else None)
+                self.engine.add_request(
+                    rid,
+                    prompt,
+                    params,
+                    stream=False,
+                    priority=priority,
+                    images=images[i] if images else None,
+                )
                 ids.append(rid)
         except Exception:
             for rid in ids:
@@ -136,10 +166,15 @@ class LLM:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
 
-    def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
-             params: SamplingParams | None = None, *, tools: list[dict[str, Any]] | None = None,
-             add_generation_prompt: bool = True,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+        params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
         """Render each conversation through the model's chat template and generate."""
         conversations: Iterable[list[dict[str, Any]]]
         if messages and isinstance(messages[0], dict):
@@ -150,23 +185,34 @@ class LLM:
         prompts, images = [], []
         for conv in conversations:
             conv, found = chat_images(conv)
-            prompts.append(tok.encode(tok.apply_chat_template(
-                conv, tools=tools, add_generation_prompt=add_generation_prompt,
-                **(chat_template_kwargs or {})), add_special_tokens=False))
+            prompts.append(
+                tok.encode(
+                    tok.apply_chat_template(
+                        conv,
+                        tools=tools,
+                        add_generation_prompt=add_generation_prompt,
+                        **(chat_template_kwargs or {}),
+                    ),
+                    add_special_tokens=False,
+                )
+            )
             images.append(found)
         if any(images):
             return self.generate(prompts, params, images=images)
         return self.generate(prompts, params)
 
 
-def _images_per_prompt(images: Sequence[Any] | None, count: int,
-                       single: bool) -> list[list[Any] | None] | None:
+def _images_per_prompt(
+    images: Sequence[Any] | None, count: int, single: bool
+) -> list[list[Any] | None] | None:
     """``images`` of :meth:`LLM.generate` as one list (or None) per prompt."""
     if images is None:
         return None
     if isinstance(images, (str, bytes)) or not isinstance(images, Sequence):
-        raise TypeError("images: expected a list of images (or, for several prompts, one list "
-                        f"per prompt), got {type(images).__name__}")
+        raise TypeError(
+            "images: expected a list of images (or, for several prompts, one list "
+            f"per prompt), got {type(images).__name__}"
+        )
     if single:
         return [list(images)]
     if len(images) != count:
@@ -174,7 +220,8 @@ def _images_per_prompt(images: Sequence[Any] | None, count: int,
     out: list[list[Any] | None] = []
     for i, item in enumerate(images):
         if item is not None and (isinstance(item, (str, bytes)) or not isinstance(item, Sequence)):
-            raise TypeError(f"images[{i}]: expected the list of images of prompt {i}, got "
-                            f"{type(item).__name__}")
+            raise TypeError(
+                f"images[{i}]: expected the list of images of prompt {i}, got {type(item).__name__}"
+            )
         out.append(list(item) if item else None)
     return out

@@ -27,16 +27,24 @@ class LLMEngine(EngineFrontend):
         self._embeddings: dict[str, tuple[list[int], PoolingParams]] = {}
 
     @classmethod
-    def from_config(cls, config: TallowConfig,
-                    plugin_manager: PluginManager | None = None) -> "LLMEngine":
+    def from_config(
+        cls, config: TallowConfig, plugin_manager: PluginManager | None = None
+    ) -> "LLMEngine":
         return cls(build_engine(config, plugin_manager))
 
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
-    def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | PoolingParams, *, priority: int = 0,
-                    stream: bool = True, images: Sequence[Any] | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | PoolingParams,
+        *,
+        priority: int = 0,
+        stream: bool = True,
+        images: Sequence[Any] | None = None,
+    ) -> None:
         """Queue a request. With ``stream=False`` its output is produced only once, finished.
         An embedding request (``PoolingParams``, on an engine built to embed) takes token ids
         and yields one :class:`EmbeddingOutput`. ``images`` (PIL images, paths or encoded
@@ -103,8 +111,11 @@ class LLMEngine(EngineFrontend):
                 continue
             ids, params = request
             assert self.embedding is not None
-            outputs.append(EmbeddingOutput(request_id, ids, finish_embedding(
-                vector, self.embedding, params.dimensions)))
+            outputs.append(
+                EmbeddingOutput(
+                    request_id, ids, finish_embedding(vector, self.embedding, params.dimensions)
+                )
+            )
         return outputs
 
     def has_unfinished(self) -> bool:

@@ -16,7 +16,13 @@ from tallow.config import TallowConfig
 from tallow.distributed.state import tp_rank, tp_size
 from tallow.layers import ArchConfig, BuildContext, WeightLoadError
 from tallow.plugin import (
-    Checkpoint, Entry, ModelFileError, QuantScheme, Registries, SelectionError, select,
+    Checkpoint,
+    Entry,
+    ModelFileError,
+    QuantScheme,
+    Registries,
+    SelectionError,
+    select,
 )
 from tallow.plugin.first_party import install_hint
 from tallow.plugin.registry import WeightFormatRegistry
@@ -28,9 +34,16 @@ from .random_model import initialize_random
 
 log = logging.getLogger("tallow.engine")
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-           "half": torch.float16, "float": torch.float32}
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "half": torch.float16,
+    "float": torch.float32,
+}
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -42,8 +55,9 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str | torch.dtype | None, device: torch.device,
-                  checkpoint_dtype: str | None = None) -> torch.dtype:
+def resolve_dtype(
+    name: str | torch.dtype | None, device: torch.device, checkpoint_dtype: str | None = None
+) -> torch.dtype:
     """``auto``: float32 on CPU (fast and exact there), the checkpoint's half type on a GPU
     (bfloat16 unless it asks for float16)."""
     if isinstance(name, torch.dtype):
@@ -52,8 +66,9 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device,
         try:
             return _DTYPES[name]
         except KeyError:
-            raise ValueError(f"model.dtype must be one of auto, {', '.join(sorted(_DTYPES))}; "
-                             f"got {name!r}") from None
+            raise ValueError(
+                f"model.dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {name!r}"
+            ) from None
     if device.type == "cpu":
         return torch.float32
     return torch.float16 if checkpoint_dtype in ("float16", "half") else torch.bfloat16
@@ -82,10 +97,12 @@ def choose_weight_format(registries: Registries, source: str, name: str | None) 
         if name and name != "auto":
             raise
         known = ", ".join(formats.names()) or "none loaded"
-        raise SelectionError(f"no weight format recognises the model source {source!r} "
-                             f"(formats: {known}); expected a .gguf file, a directory with "
-                             "config.json and *.safetensors, or a Hugging Face id 'org/name'"
-                             + _format_hint(source, formats)) from exc
+        raise SelectionError(
+            f"no weight format recognises the model source {source!r} "
+            f"(formats: {known}); expected a .gguf file, a directory with "
+            "config.json and *.safetensors, or a Hugging Face id 'org/name'"
+            + _format_hint(source, formats)
+        ) from exc
 
 
 def _format_hint(source: str, formats: WeightFormatRegistry) -> str:
@@ -103,12 +120,12 @@ def _format_hint(source: str, formats: WeightFormatRegistry) -> str:
         return formats.missing_hint()
     if wanted in formats.names():
         return formats.missing_hint()
-    return install_hint("weight_format", wanted, list(formats.names()),
-                        unloaded=formats.missing_hint(wanted))
+    return install_hint(
+        "weight_format", wanted, list(formats.names()), unloaded=formats.missing_hint(wanted)
+    )
 
 
-def _gguf_config(entry: Entry, checkpoint: Checkpoint,
-                 config: dict[str, Any]) -> dict[str, Any]:
+def _gguf_config(entry: Entry, checkpoint: Checkpoint, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` completed by ``entry``'s ``config_from_gguf`` from the file's metadata."""
     refine = getattr(entry.load(), "config_from_gguf", None)
     if refine is None:
@@ -118,8 +135,7 @@ def _gguf_config(entry: Entry, checkpoint: Checkpoint,
     except ModelFileError:
         raise
     except ValueError as exc:  # the model class names the key, not the file
-        raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
-                             str(exc)) from None
+        raise ModelFileError(checkpoint.config_path or checkpoint.source, None, str(exc)) from None
 
 
 def _preprocessor_config(checkpoint: Checkpoint) -> dict[str, Any] | None:
@@ -139,13 +155,14 @@ def _preprocessor_config(checkpoint: Checkpoint) -> dict[str, Any] | None:
     return data
 
 
-def resolve_architecture(registries: Registries,
-                         checkpoint: Checkpoint) -> tuple[Entry, dict[str, Any]]:
+def resolve_architecture(
+    registries: Registries, checkpoint: Checkpoint
+) -> tuple[Entry, dict[str, Any]]:
     """The architecture entry and the (possibly refined) HF-style config."""
     config = dict(checkpoint.config)
     arch = checkpoint.architecture
     if arch.startswith("gguf:"):
-        entry = registries.architectures.for_gguf(arch[len("gguf:"):])
+        entry = registries.architectures.for_gguf(arch[len("gguf:") :])
         refined = _gguf_config(entry, checkpoint, config)
         named = (refined.get("architectures") or [entry.name])[0]
         if named != entry.name and named not in getattr(entry.load(), "hf_architectures", ()):
@@ -153,19 +170,26 @@ def resolve_architecture(registries: Registries,
             # "llama" with experts): that one completes the config from the same metadata
             if named not in registries.architectures:
                 raise SelectionError(
-                    f"{checkpoint.source}: GGUF architecture {arch[len('gguf:'):]!r} with "
+                    f"{checkpoint.source}: GGUF architecture {arch[len('gguf:') :]!r} with "
                     f"this configuration is served by {named}, which no loaded model plugin "
-                    "implements" + registries.architectures.missing_hint(named))
+                    "implements" + registries.architectures.missing_hint(named)
+                )
             entry = registries.architectures.entry(named)
             refined = _gguf_config(entry, checkpoint, config)
         refined.setdefault("architectures", [entry.name])
         return entry, refined
     if arch not in registries.architectures:
         known = ", ".join(sorted(registries.architectures.names())) or "none"
-        raise SelectionError(f"no model plugin implements architecture {arch!r} "
-                             f"(loaded: {known})" + install_hint(
-                                 "architecture", arch, list(registries.architectures.names()),
-                                 unloaded=registries.architectures.missing_hint(arch)))
+        raise SelectionError(
+            f"no model plugin implements architecture {arch!r} "
+            f"(loaded: {known})"
+            + install_hint(
+                "architecture",
+                arch,
+                list(registries.architectures.names()),
+                unloaded=registries.architectures.missing_hint(arch),
+            )
+        )
     entry = registries.architectures.entry(arch)
     preprocessor = _preprocessor_config(checkpoint)
     if preprocessor is not None and "preprocessor_config" not in config:
@@ -176,8 +200,9 @@ def resolve_architecture(registries: Registries,
         try:
             config = refine(config)
         except ValueError as exc:  # the model class names the key, not the file
-            raise ModelFileError(checkpoint.config_path or checkpoint.source, None,
-                                 str(exc)) from None
+            raise ModelFileError(
+                checkpoint.config_path or checkpoint.source, None, str(exc)
+            ) from None
     return entry, config
 
 
@@ -205,8 +230,10 @@ def resolve_task(requested: str | None, entry: Entry, checkpoint: Checkpoint) ->
             return "embed" if "embed" in tasks else tasks[0]
         return "generate"
     if requested not in tasks:
-        raise SelectionError(f"model.task {requested!r}: architecture {entry.name} (from "
-                             f"{entry.distribution}) serves {', '.join(tasks)}")
+        raise SelectionError(
+            f"model.task {requested!r}: architecture {entry.name} (from "
+            f"{entry.distribution}) serves {', '.join(tasks)}"
+        )
     return requested
 
 
@@ -226,12 +253,20 @@ class LoadedModel:
     task: str = "generate"
 
 
-def load_model(registries: Registries, source: str, *, device: torch.device,
-               dtype: str | torch.dtype | None = "auto", weight_format: str | None = None,
-               revision: str | None = None, quant: QuantScheme | None = None,
-               config: TallowConfig | None = None,
-               isq: str | None = None, task: str | None = "auto",
-               quant_scheme: str | None = None) -> LoadedModel:
+def load_model(
+    registries: Registries,
+    source: str,
+    *,
+    device: torch.device,
+    dtype: str | torch.dtype | None = "auto",
+    weight_format: str | None = None,
+    revision: str | None = None,
+    quant: QuantScheme | None = None,
+    config: TallowConfig | None = None,
+    isq: str | None = None,
+    task: str | None = "auto",
+    quant_scheme: str | None = None,
+) -> LoadedModel:
     """Read ``source`` and build its model on ``device``. ``quant`` forces a scheme instance;
     without it the scheme follows the checkpoint, ``isq`` and ``quant_scheme``
     (:func:`choose_quant_scheme`, ``config`` being what schemes validate and read their
@@ -246,19 +281,26 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
     arch_cfg = ArchConfig(config_dict)
     torch_dtype = resolve_dtype(dtype, device, str(config_dict.get("torch_dtype") or ""))
     if quant is None:
-        quant = choose_quant_scheme(registries, checkpoint, device=device, config=config,
-                                    isq=isq, quant_scheme=quant_scheme)
+        quant = choose_quant_scheme(
+            registries, checkpoint, device=device, config=config, isq=isq, quant_scheme=quant_scheme
+        )
     cls = entry.load()
     resolved_task = resolve_task(task, entry, checkpoint)
     started = time.perf_counter()
 
     with torch.device(device):
-        model = cls(arch_cfg, BuildContext(dtype=torch_dtype, device=device, quant=quant,
-                                           task=resolved_task, tp_rank=tp_rank(),
-                                           tp_size=tp_size(),
-                                           expert_parallel=bool(
-                                               config is not None
-                                               and config.parallel.enable_expert_parallel)))
+        model = cls(
+            arch_cfg,
+            BuildContext(
+                dtype=torch_dtype,
+                device=device,
+                quant=quant,
+                task=resolved_task,
+                tp_rank=tp_rank(),
+                tp_size=tp_size(),
+                expert_parallel=bool(config is not None and config.parallel.enable_expert_parallel),
+            ),
+        )
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
@@ -270,8 +312,13 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
         if quantizing:
             from tqdm.auto import tqdm
 
-            tensors = tqdm(tensors, desc=f"Quantizing to {quantizing}", unit="tensor",
-                           disable=None, leave=False)
+            tensors = tqdm(
+                tensors,
+                desc=f"Quantizing to {quantizing}",
+                unit="tensor",
+                disable=None,
+                leave=False,
+            )
         try:
             model.load_weights(tensors, naming=checkpoint.naming)
         except WeightLoadError as exc:
@@ -280,17 +327,34 @@ def load_model(registries: Registries, source: str, *, device: torch.device,
                     f"{exc}\n{checkpoint.source} is {checkpoint.quantization}-quantized and no "
                     "quant scheme serves it (the log line 'its weights are "
                     f"{checkpoint.quantization}-quantized, but ...' says why); its format could "
-                    "not hand its tensors over as float weights") from exc
+                    "not hand its tensors over as float weights"
+                ) from exc
             raise
     model.eval()
-    calibrate(model, quant, checkpoint, device, torch_dtype,
-              max_tokens=arch_cfg.text.get("max_position_embeddings"),
-              vocab_size=arch_cfg.text.get("vocab_size"))
+    calibrate(
+        model,
+        quant,
+        checkpoint,
+        device,
+        torch_dtype,
+        max_tokens=arch_cfg.text.get("max_position_embeddings"),
+        vocab_size=arch_cfg.text.get("vocab_size"),
+    )
     nbytes = weight_bytes(model)
-    log.info("loaded %s (%s, %s) in %.1fs", source, entry.name, torch_dtype,
-             time.perf_counter() - started)
+    log.info(
+        "loaded %s (%s, %s) in %.1fs",
+        source,
+        entry.name,
+        torch_dtype,
+        time.perf_counter() - started,
+    )
     summary = getattr(quant, "summary", None)
-    log.info("weights: %.2f GiB on %s%s", nbytes / 2**30, device,
-             f" ({summary()})" if summary is not None else "")
-    return LoadedModel(model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes,
-                       resolved_task)
+    log.info(
+        "weights: %.2f GiB on %s%s",
+        nbytes / 2**30,
+        device,
+        f" ({summary()})" if summary is not None else "",
+    )
+    return LoadedModel(
+        model, arch_cfg, checkpoint, entry, torch_dtype, device, quant, nbytes, resolved_task
+    )

@@ -23,7 +23,12 @@ from tallow.kernels.host import device_tensor
 from tallow.kernels.token_bitmask import masked_argmax
 from tallow.distributed.driver import StepPublisher
 from tallow.layers import (
-    Attention, AttentionMetadata, MultimodalStep, Pooler, forward_context, multimodal_step,
+    Attention,
+    AttentionMetadata,
+    MultimodalStep,
+    Pooler,
+    forward_context,
+    multimodal_step,
 )
 from tallow.types import AttentionBackend, HostBatch, KVCodec
 
@@ -63,8 +68,9 @@ class StepResult:
     accepted: dict[int, list["SampledToken"]] = field(default_factory=dict)
 
 
-def verified_result(targets: list[EngineSequence], verified: list[list[VerifiedToken]],
-                    result: StepResult) -> StepResult:
+def verified_result(
+    targets: list[EngineSequence], verified: list[list[VerifiedToken]], result: StepResult
+) -> StepResult:
     """A verify step's tokens into ``result``: each target's first emitted token in
     ``sampled``, the others in ``accepted``."""
     for seq, tokens in zip(targets, verified, strict=True):
@@ -158,18 +164,32 @@ class GraphReplay(Protocol):
     """What the runner asks of its captured CUDA graphs
     (:class:`tallow.engine.cuda_graphs.CudaGraphRunner`, which sits above the runner)."""
 
-    def run(self, ids: torch.Tensor, pos: torch.Tensor,
-            meta: AttentionMetadata) -> torch.Tensor | None: ...
+    def run(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None: ...
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, attention_backend: AttentionBackend, vocab_size: int,
-                 max_num_seqs: int, max_model_len: int, eos_token_ids: set[int] | None = None,
-                 kv_codec: KVCodec | None = None, sampler: Sampler | None = None,
-                 pooler: Pooler | None = None, grammar: StructuredOutputs | None = None,
-                 group_sizes: list[PagedGroupSize] | None = None,
-                 sliding_groups: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int,
+        block_size: int,
+        attention_backend: AttentionBackend,
+        vocab_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        eos_token_ids: set[int] | None = None,
+        kv_codec: KVCodec | None = None,
+        sampler: Sampler | None = None,
+        pooler: Pooler | None = None,
+        grammar: StructuredOutputs | None = None,
+        group_sizes: list[PagedGroupSize] | None = None,
+        sliding_groups: bool = True,
+    ) -> None:
         self.model = model
         #: pools embedding requests' hidden states (a tallow.layers.Pooler; None: the engine
         #: only generates)
@@ -189,10 +209,17 @@ class ModelRunner:
         #: the engine's StructuredOutputs (grammar masks), None when it has none
         self.grammar = grammar
         #: the tensors of every cache group, bound to the model's layers
-        self.caches = GroupCaches(model, self.kv_codec, num_blocks=num_blocks,
-                                  block_size=block_size, dtype=dtype, device=device,
-                                  num_slots=max_num_seqs, group_sizes=group_sizes,
-                                  sliding_groups=sliding_groups)
+        self.caches = GroupCaches(
+            model,
+            self.kv_codec,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=dtype,
+            device=device,
+            num_slots=max_num_seqs,
+            group_sizes=group_sizes,
+            sliding_groups=sliding_groups,
+        )
         #: the paged cache groups (the first is the primary one), their pools, the state
         #: groups
         self.paged_groups = self.caches.paged_groups
@@ -226,13 +253,16 @@ class ModelRunner:
         buf = self._host.get(name)
         if buf is None or buf.numel() < n:
             size = max(n, 2 * (buf.numel() if buf is not None else 1024))
-            buf = torch.empty(size, dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
-                              pin_memory=self.device.type == "cuda")
+            buf = torch.empty(
+                size,
+                dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
+                pin_memory=self.device.type == "cuda",
+            )
             self._host[name] = buf
         return buf.numpy()[:n]
 
     def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
-        host = self._host[name][:array.size]
+        host = self._host[name][: array.size]
         return host.to(self.device, non_blocking=True)
 
     def prepare(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> _Batch:
@@ -245,7 +275,9 @@ class ModelRunner:
             self._copied.synchronize()  # the last step's transfers have left the buffers
             self._copied = None
 
-    def fill_host(self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None) -> HostBatch:
+    def fill_host(
+        self, scheduled: list[ScheduledSeq], fed: dict[int, int] | None = None
+    ) -> HostBatch:
         """Host-side flat batch for ``scheduled`` (list of ScheduledSeq) in the staging buffers
         (int64: tokens, positions, slots, sampled rows, fed rows; int32: offsets, lengths,
         tables).
@@ -260,32 +292,39 @@ class ModelRunner:
         lens = [item.num_tokens for item in scheduled]
         num_tokens = sum(lens)
         # a verify row group (proposed tokens) has every row sampled, others one per target
-        num_sampled = sum(item.num_tokens if item.draft_token_ids else len(item.sample_seqs)
-                          for item in scheduled)
+        num_sampled = sum(
+            item.num_tokens if item.draft_token_ids else len(item.sample_seqs) for item in scheduled
+        )
         seq_lens = [item.start + item.num_tokens for item in scheduled]
         tables = [item.seq.block_ids for item in scheduled]
         num_groups, num_states = len(self.paged_groups) or 1, len(self.state_groups)
-        group_tables = [[item.seq.block_tables[g] for item in scheduled]
-                        for g in range(1, num_groups)]
+        group_tables = [
+            [item.seq.block_tables[g] for item in scheduled] for g in range(1, num_groups)
+        ]
         # Wide enough for every block table (a table may run ahead of this step's tokens).
-        width = max(1, max(map(len, tables)), -(-max(seq_lens) // bs),
-                    *(len(t) for ts in group_tables for t in ts))
+        width = max(
+            1,
+            max(map(len, tables)),
+            -(-max(seq_lens) // bs),
+            *(len(t) for ts in group_tables for t in ts),
+        )
         # int64 layout: ids, positions, slots [num_tokens each], sampled rows [num_sampled],
         # fed rows and their sources [at most one per sequence each], other groups' slots
         # [num_tokens each], state slots [num_seqs per state group].
         fed_at = 3 * num_tokens + num_sampled
         extra_at = fed_at + 2 * num_seqs
-        i64 = self._staging("i64", extra_at + (num_groups - 1) * num_tokens
-                            + num_states * num_seqs, np.int64)
-        ids, pos = i64[:num_tokens], i64[num_tokens:2 * num_tokens]
-        slots = i64[2 * num_tokens:3 * num_tokens]
-        sample_rows = i64[3 * num_tokens:fed_at]
-        fed_rows, fed_from = i64[fed_at:fed_at + num_seqs], i64[fed_at + num_seqs:extra_at]
+        i64 = self._staging(
+            "i64", extra_at + (num_groups - 1) * num_tokens + num_states * num_seqs, np.int64
+        )
+        ids, pos = i64[:num_tokens], i64[num_tokens : 2 * num_tokens]
+        slots = i64[2 * num_tokens : 3 * num_tokens]
+        sample_rows = i64[3 * num_tokens : fed_at]
+        fed_rows, fed_from = i64[fed_at : fed_at + num_seqs], i64[fed_at + num_seqs : extra_at]
         table_at = 2 * num_seqs + 1
         i32 = self._staging("i32", table_at + num_groups * num_seqs * width, np.int32)
-        qsl = i32[:num_seqs + 1]
-        lens_arr = i32[num_seqs + 1:table_at]
-        table = i32[table_at:table_at + num_seqs * width].reshape(num_seqs, width)
+        qsl = i32[: num_seqs + 1]
+        lens_arr = i32[num_seqs + 1 : table_at]
+        table = i32[table_at : table_at + num_seqs * width].reshape(num_seqs, width)
         qsl[0] = 0
         np.cumsum(lens, out=qsl[1:])
         lens_arr[:] = seq_lens
@@ -309,12 +348,12 @@ class ModelRunner:
             else:
                 if item.draft_token_ids:
                     ids[t] = seq.all_token_ids[start]
-                    ids[t + 1:t + n] = item.draft_token_ids
+                    ids[t + 1 : t + n] = item.draft_token_ids
                 else:
-                    ids[t:t + n] = seq.all_token_ids[start:start + n]
+                    ids[t : t + n] = seq.all_token_ids[start : start + n]
                 p = np.arange(start, start + n)
-                pos[t:t + n] = p
-                slots[t:t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
+                pos[t : t + n] = p
+                slots[t : t + n] = table[i, p // bs].astype(np.int64) * bs + p % bs
             t += n
             if seq.num_pending_tokens and start + n == seq.num_tokens:
                 # Only a sequence's last token can be pending when a step is planned.
@@ -335,20 +374,32 @@ class ModelRunner:
             seq_of_row = np.repeat(np.arange(num_seqs), lens)
             for g, own in enumerate(group_tables, start=1):
                 at = table_at + g * num_seqs * width
-                g_table = i32[at:at + num_seqs * width].reshape(num_seqs, width)
+                g_table = i32[at : at + num_seqs * width].reshape(num_seqs, width)
                 _fill_block_table(g_table, own)
-                g_slots = i64[extra_at + (g - 1) * num_tokens:extra_at + g * num_tokens]
+                g_slots = i64[extra_at + (g - 1) * num_tokens : extra_at + g * num_tokens]
                 g_slots[:] = g_table[seq_of_row, pos // bs].astype(np.int64) * bs + pos % bs
         state_at = extra_at + (num_groups - 1) * num_tokens
         for s, group in enumerate(self.state_groups):
             dummy = self.max_num_seqs  # padding and sequences holding no slot
-            i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs] = [
-                item.seq.state_slots[s] if len(item.seq.state_slots) > s
-                and item.seq.state_slots[s] >= 0 else dummy for item in scheduled]
-        return HostBatch(i64, i32, num_seqs=num_seqs, num_tokens=num_tokens,
-                         num_sampled=num_sampled, num_fed=num_fed, width=width,
-                         max_query_len=max(lens), max_seq_len=max(seq_lens),
-                         num_groups=num_groups, num_state_groups=num_states)
+            i64[state_at + s * num_seqs : state_at + (s + 1) * num_seqs] = [
+                item.seq.state_slots[s]
+                if len(item.seq.state_slots) > s and item.seq.state_slots[s] >= 0
+                else dummy
+                for item in scheduled
+            ]
+        return HostBatch(
+            i64,
+            i32,
+            num_seqs=num_seqs,
+            num_tokens=num_tokens,
+            num_sampled=num_sampled,
+            num_fed=num_fed,
+            width=width,
+            max_query_len=max(lens),
+            max_seq_len=max(seq_lens),
+            num_groups=num_groups,
+            num_state_groups=num_states,
+        )
 
     def stage(self, host: HostBatch) -> HostBatch:
         """``host`` (built elsewhere: a tensor-parallel worker receives it) copied into this
@@ -372,47 +423,68 @@ class ModelRunner:
             self._copied.record()
         table_at, table_len = 2 * num_seqs + 1, num_seqs * width
         meta = AttentionMetadata(
-            num_seqs=num_seqs, num_tokens=num_tokens,
-            query_start_loc=dev_i32[:num_seqs + 1],
-            seq_lens=dev_i32[num_seqs + 1:table_at],
-            block_tables=dev_i32[table_at:table_at + table_len].view(num_seqs, width),
-            slot_mapping=dev_i64[2 * num_tokens:3 * num_tokens],
-            max_query_len=host.max_query_len, max_seq_len=host.max_seq_len,
+            num_seqs=num_seqs,
+            num_tokens=num_tokens,
+            query_start_loc=dev_i32[: num_seqs + 1],
+            seq_lens=dev_i32[num_seqs + 1 : table_at],
+            block_tables=dev_i32[table_at : table_at + table_len].view(num_seqs, width),
+            slot_mapping=dev_i64[2 * num_tokens : 3 * num_tokens],
+            max_query_len=host.max_query_len,
+            max_seq_len=host.max_seq_len,
             block_size=self.block_size,
-            query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens,
+            query_start_loc_cpu=host.query_start_loc,
+            seq_lens_cpu=host.seq_lens,
         )
         extra_at = fed_at + 2 * num_seqs
         if host.num_groups > 1:
             views = [meta]
             for g in range(1, host.num_groups):
                 at = table_at + g * table_len
-                views.append(replace(
-                    meta, block_tables=dev_i32[at:at + table_len].view(num_seqs, width),
-                    slot_mapping=dev_i64[extra_at + (g - 1) * num_tokens:
-                                         extra_at + g * num_tokens]))
+                views.append(
+                    replace(
+                        meta,
+                        block_tables=dev_i32[at : at + table_len].view(num_seqs, width),
+                        slot_mapping=dev_i64[
+                            extra_at + (g - 1) * num_tokens : extra_at + g * num_tokens
+                        ],
+                    )
+                )
             meta.group_views = views
         state_at = extra_at + (host.num_groups - 1) * num_tokens
-        meta.state_slots = [dev_i64[state_at + s * num_seqs:state_at + (s + 1) * num_seqs]
-                            for s in range(host.num_state_groups)]
-        batch = _Batch(dev_i64[:num_tokens], dev_i64[num_tokens:2 * num_tokens], meta,
-                       sample_rows=dev_i64[3 * num_tokens:fed_at])
+        meta.state_slots = [
+            dev_i64[state_at + s * num_seqs : state_at + (s + 1) * num_seqs]
+            for s in range(host.num_state_groups)
+        ]
+        batch = _Batch(
+            dev_i64[:num_tokens],
+            dev_i64[num_tokens : 2 * num_tokens],
+            meta,
+            sample_rows=dev_i64[3 * num_tokens : fed_at],
+        )
         num_fed = host.num_fed
         if num_fed:
-            batch.fed_rows = dev_i64[fed_at:fed_at + num_fed]
-            batch.fed_from = dev_i64[fed_at + num_seqs:fed_at + num_seqs + num_fed]
+            batch.fed_rows = dev_i64[fed_at : fed_at + num_fed]
+            batch.fed_from = dev_i64[fed_at + num_seqs : fed_at + num_seqs + num_fed]
         return batch
 
     @staticmethod
     def _fed_row(fed: dict[int, int] | None, seq: EngineSequence) -> int:
         row = None if fed is None else fed.get(seq.seq_id)
         if row is None or seq.num_pending_tokens != 1:
-            raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_pending_tokens} pending "
-                               "token(s) that the step in flight did not sample")
+            raise RuntimeError(
+                f"sequence {seq.seq_id} has {seq.num_pending_tokens} pending "
+                "token(s) that the step in flight did not sample"
+            )
         return row
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata,
-                mm: MultimodalStep | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        meta: AttentionMetadata,
+        mm: MultimodalStep | None = None,
+    ) -> torch.Tensor:
         # A step with images or multi-axis positions runs eagerly: the captured graphs know
         # neither.
         if self.graphs is not None and meta.is_decode_only and mm is None:
@@ -425,8 +497,9 @@ class ModelRunner:
 
     # -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput, feed: PendingStep | None = None,
-               constrained: bool = False) -> PendingStep:
+    def launch(
+        self, out: SchedulerOutput, feed: PendingStep | None = None, constrained: bool = False
+    ) -> PendingStep:
         """Queue one SchedulerOutput on the device (forward and sampling); nothing waits for
         the device here except prompt logprobs, so the host can do other work meanwhile.
 
@@ -456,8 +529,12 @@ class ModelRunner:
         pending.sampled_rows = StepRows.of(pending.targets)
         publisher = self.step_publisher
         if publisher is not None:
-            publisher.publish(out.blocks_to_copy, host, _logit_rows(scheduled, host),
-                              pending.sampled_rows.plain_argmax)
+            publisher.publish(
+                out.blocks_to_copy,
+                host,
+                _logit_rows(scheduled, host),
+                pending.sampled_rows.plain_argmax,
+            )
         self.copy_blocks(out.blocks_to_copy)
         if out.state_ops:
             self.caches.apply_state_ops(out.state_ops)
@@ -471,7 +548,8 @@ class ModelRunner:
             if item.prompt_logprobs:
                 assert qsl is not None  # upload() fills the host offsets
                 pending.result.prompt_logprobs[item.seq.seq_id] = self._prompt_logprobs(
-                    hidden[qsl[i]:qsl[i + 1]], item)
+                    hidden[qsl[i] : qsl[i + 1]], item
+                )
             if item.pool:
                 pending.pool_targets.append(item.seq)
         if pending.pool_targets:
@@ -479,8 +557,9 @@ class ModelRunner:
         if pending.targets:
             logits = self._compute_logits(hidden.index_select(0, batch.sample_rows))
             if any(item.draft_token_ids for item in scheduled):
-                pending.verified = verify_scheduled(logits, scheduled, self.vocab_size,
-                                                    self.eos_token_ids, self.grammar)
+                pending.verified = verify_scheduled(
+                    logits, scheduled, self.vocab_size, self.eos_token_ids, self.grammar
+                )
                 return pending
             if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
@@ -492,19 +571,18 @@ class ModelRunner:
         self._queue_readback(pending)
         return pending
 
-    def run_batch(self, batch: _Batch, fed_token_ids: torch.Tensor | None,
-                  mm: MultimodalStep | None = None) -> torch.Tensor:
+    def run_batch(
+        self, batch: _Batch, fed_token_ids: torch.Tensor | None, mm: MultimodalStep | None = None
+    ) -> torch.Tensor:
         """The forward of an uploaded batch: its hidden states. Rows whose input is a token of
         the step still running read it from ``fed_token_ids`` (that step's sampled ids) first,
         after the host→device copy and before the forward, so the eager model and the CUDA
         graphs (which copy ids into their static buffer) both read the patched ids."""
         if batch.fed_rows is not None:
             if fed_token_ids is None:
-                raise RuntimeError("the step feeds on the sampled tokens of a step that has "
-                                   "none")
+                raise RuntimeError("the step feeds on the sampled tokens of a step that has none")
             assert batch.fed_from is not None  # set together with fed_rows
-            batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0,
-                                                                               batch.fed_from))
+            batch.ids.index_copy_(0, batch.fed_rows, fed_token_ids.index_select(0, batch.fed_from))
         return self.forward(batch.ids, batch.pos, batch.meta, mm)
 
     def start_masks(self, pending: PendingStep) -> None:
@@ -542,8 +620,11 @@ class ModelRunner:
             assert self.grammar is not None  # a fill was started by it
             masks = self.grammar.take(fill)
             # rows are ascending targets: as many as the targets means every row has a mask
-            rows = (None if len(pending.mask_rows) == len(pending.targets)
-                    else device_tensor(pending.mask_rows, torch.int64, logits.device))
+            rows = (
+                None
+                if len(pending.mask_rows) == len(pending.targets)
+                else device_tensor(pending.mask_rows, torch.int64, logits.device)
+            )
             self._sample(pending, logits, (masks, rows))
         else:
             self._sample(pending, logits)
@@ -555,23 +636,31 @@ class ModelRunner:
     def _pool(self, pending: PendingStep, hidden: torch.Tensor, batch: _Batch) -> None:
         """Pool every sequence of an embedding step (each one a whole input)."""
         if self.pooler is None:
-            raise RuntimeError("an embedding request reached a model runner without a pooler "
-                               "(the engine was built for generation)")
+            raise RuntimeError(
+                "an embedding request reached a model runner without a pooler "
+                "(the engine was built for generation)"
+            )
         if len(pending.pool_targets) != batch.meta.num_seqs:
-            raise RuntimeError("an embedding step holds sequences that are not whole inputs "
-                               "to pool")
+            raise RuntimeError(
+                "an embedding step holds sequences that are not whole inputs to pool"
+            )
         pending.pooled = self.pooler(hidden, batch.meta.query_start_loc)
 
-    def _sample(self, pending: PendingStep, logits: torch.Tensor,
-                grammar: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
+    def _sample(
+        self,
+        pending: PendingStep,
+        logits: torch.Tensor,
+        grammar: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    ) -> None:
         """Sample ``logits`` [targets, V]; ``grammar`` is (masks, rows) of the rows a grammar
         constrains (rows None: every row, mask i for row i)."""
         targets = pending.targets
         if pending.sampled_rows.all_argmax:
             # Nothing to edit, filter or draw: the argmax of the logits as they are (widening
             # them to float32 first would not change it), masked where a grammar says so.
-            pending.token_ids = (argmax_rows(logits) if grammar is None
-                                 else masked_argmax(logits, *grammar))
+            pending.token_ids = (
+                argmax_rows(logits) if grammar is None else masked_argmax(logits, *grammar)
+            )
             return
         logits = logits.float()
         # Each row as it was at launch: its step (placeholders of earlier steps included) is the
@@ -580,13 +669,18 @@ class ModelRunner:
         rows = []
         for seq, step in zip(targets, pending.sampled_rows.steps, strict=True):
             outputs = seq.output_token_ids
-            rows.append(RowParams(params=seq.params,
-                                  output_token_ids=outputs if len(outputs) == step
-                                  else outputs[:step],
-                                  prompt_token_ids=seq.prompt_token_ids,
-                                  seed=child_seed(seq.params.seed, seq.index), step=step))
-        batch = SamplingBatch.build(rows, self.vocab_size, logits.device,
-                                    eos_token_ids=self.eos_token_ids)
+            rows.append(
+                RowParams(
+                    params=seq.params,
+                    output_token_ids=outputs if len(outputs) == step else outputs[:step],
+                    prompt_token_ids=seq.prompt_token_ids,
+                    seed=child_seed(seq.params.seed, seq.index),
+                    step=step,
+                )
+            )
+        batch = SamplingBatch.build(
+            rows, self.vocab_size, logits.device, eos_token_ids=self.eos_token_ids
+        )
         if grammar is not None:
             batch.grammar_bitmask, batch.grammar_rows = grammar
         pending.sampled = self.sampler(logits, batch)
@@ -599,13 +693,13 @@ class ModelRunner:
         if self.device.type != "cuda":
             return
         if pending.token_ids is not None:
-            host = torch.empty(pending.token_ids.shape, dtype=pending.token_ids.dtype,
-                               pin_memory=True)
+            host = torch.empty(
+                pending.token_ids.shape, dtype=pending.token_ids.dtype, pin_memory=True
+            )
             host.copy_(pending.token_ids, non_blocking=True)
             pending.host_token_ids = host
         if pending.pooled is not None:
-            host = torch.empty(pending.pooled.shape, dtype=pending.pooled.dtype,
-                               pin_memory=True)
+            host = torch.empty(pending.pooled.shape, dtype=pending.pooled.dtype, pin_memory=True)
             host.copy_(pending.pooled, non_blocking=True)
             pending.host_pooled = host
         pending.done = torch.cuda.Event()
@@ -638,8 +732,7 @@ class ModelRunner:
             lps = sampled.logprobs.tolist()
             ranks = sampled.ranks.tolist() if sampled.ranks is not None else None
             top_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None
-            top_lps = (sampled.top_logprobs.tolist() if sampled.top_logprobs is not None
-                       else None)
+            top_lps = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
         for j, seq in enumerate(pending.targets):
             tok = SampledToken(tokens[j])
             want = seq.params.logprobs
@@ -657,8 +750,9 @@ class ModelRunner:
         compute: Callable[[torch.Tensor], torch.Tensor] = getattr(self.model, "compute_logits")
         return compute(hidden)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor,
-                         item: ScheduledSeq) -> list[dict[int, Logprob] | None]:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, item: ScheduledSeq
+    ) -> list[dict[int, Logprob] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given their prefixes (the first prompt
         token has no prefix: None)."""
         seq, start, n = item.seq, item.start, item.num_tokens

@@ -31,8 +31,15 @@ from tallow.layers import PlacedImage, ProcessedImage, VisionLanguageModel
 
 from .errors import AdmissionError
 
-__all__ = ["ImageInput", "MultimodalPrompt", "PromptImages", "load_image", "image_digest",
-           "decode_data_url", "chat_images"]
+__all__ = [
+    "ImageInput",
+    "MultimodalPrompt",
+    "PromptImages",
+    "load_image",
+    "image_digest",
+    "decode_data_url",
+    "chat_images",
+]
 
 #: what a caller may pass as an image
 ImageInput = Any  # a PIL image, a path (str / os.PathLike) or the bytes of a PNG/JPEG/WebP
@@ -50,8 +57,9 @@ def load_image(image: ImageInput, what: str = "image") -> Any:
         elif isinstance(image, (str, os.PathLike)):
             loaded = Image.open(os.fspath(image))
         else:
-            raise ValueError(f"{what}: expected a PIL image, a path or image bytes, got "
-                             f"{type(image).__name__}")
+            raise ValueError(
+                f"{what}: expected a PIL image, a path or image bytes, got {type(image).__name__}"
+            )
         loaded.load()
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"{what}: not a readable image ({exc})") from None
@@ -65,8 +73,9 @@ def decode_data_url(url: str, what: str = "url") -> bytes:
         raise ValueError(f"{what}: expected a data: URL (data:image/...;base64,...)")
     header, sep, payload = url[5:].partition(",")
     if not sep or not header.endswith(";base64"):
-        raise ValueError(f"{what}: a data: URL must be base64 encoded "
-                         "(data:image/<type>;base64,<data>)")
+        raise ValueError(
+            f"{what}: a data: URL must be base64 encoded (data:image/<type>;base64,<data>)"
+        )
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
@@ -174,14 +183,15 @@ class MultimodalPrompt:
     def block_key(self, start: int, end: int) -> bytes:
         """What a prefix-cache block over tokens ``start .. end - 1`` adds to its hash: the
         digests of the images it holds tokens of, with where each starts (empty: none)."""
-        return b"".join(im.digest + im.offset.to_bytes(8, "little")
-                        for im in self.overlapping(start, end))
+        return b"".join(
+            im.digest + im.offset.to_bytes(8, "little") for im in self.overlapping(start, end)
+        )
 
     def positions_of(self, start: int, end: int) -> torch.Tensor:
         """``[axes, end - start]`` positions of tokens ``start .. end - 1`` (past the prompt:
         the index plus ``delta`` on every axis)."""
         length = self.positions.shape[1]
-        inside = self.positions[:, start:min(end, length)]
+        inside = self.positions[:, start : min(end, length)]
         if end <= length:
             return inside
         tail = torch.arange(max(start, length), end, dtype=torch.int64) + self.delta
@@ -196,8 +206,9 @@ class PromptImages:
         self.token_id = int(model.placeholder_token_id)
         self.max_images = max_images
 
-    def expand(self, token_ids: Sequence[int], images: Sequence[ImageInput]
-               ) -> tuple[list[int], MultimodalPrompt]:
+    def expand(
+        self, token_ids: Sequence[int], images: Sequence[ImageInput]
+    ) -> tuple[list[int], MultimodalPrompt]:
         """(the prompt with each image placeholder expanded, its :class:`MultimodalPrompt`).
         The prompt must hold exactly one ``image_token_id`` per image."""
         ids = list(token_ids)
@@ -205,10 +216,13 @@ class PromptImages:
         if len(slots) != len(images):
             raise AdmissionError(
                 f"the prompt has {len(slots)} image placeholder token(s) (id {self.token_id}) "
-                f"for {len(images)} image(s): each image needs exactly one", field="images")
+                f"for {len(images)} image(s): each image needs exactly one",
+                field="images",
+            )
         if self.max_images is not None and len(images) > self.max_images:
-            raise AdmissionError(f"{len(images)} images; at most {self.max_images} per request",
-                                 field="images")
+            raise AdmissionError(
+                f"{len(images)} images; at most {self.max_images} per request", field="images"
+            )
         out: list[int] = []
         placed: list[PromptImage] = []
         prev = 0
@@ -220,11 +234,14 @@ class PromptImages:
             processed = self.model.process_image(pil)
             out.extend(ids[prev:slot])
             tokens, start = self.model.expand_image(processed)
-            placed.append(PromptImage(image_digest(pil),
-                                      PlacedImage(len(out) + start, processed)))
+            placed.append(PromptImage(image_digest(pil), PlacedImage(len(out) + start, processed)))
             out.extend(tokens)
             prev = slot + 1
         out.extend(ids[prev:])
         positions, delta = self.model.prompt_positions(out, [p.placed for p in placed])
-        return out, MultimodalPrompt(placed, positions.to(torch.int64), int(delta),
-                                     whole_images=bool(self.model.whole_images))
+        return out, MultimodalPrompt(
+            placed,
+            positions.to(torch.int64),
+            int(delta),
+            whole_images=bool(self.model.whole_images),
+        )

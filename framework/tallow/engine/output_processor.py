@@ -46,18 +46,32 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, *, stream: bool = True) -> RequestState:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+    ) -> RequestState:
         completions = []
         for i in range(params.n):
             detok = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-                spaces_between_special_tokens=params.spaces_between_special_tokens)
-            out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
-                                   cumulative_logprob=0.0 if params.logprobs is not None else None)
+                self.tokenizer,
+                prompt_token_ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
+            out = CompletionOutput(
+                index=i,
+                logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None,
+            )
             completions.append(_Completion(detok, out))
-        state = RequestState(request_id, prompt, list(prompt_token_ids), params, completions,
-                             stream=stream)
+        state = RequestState(
+            request_id, prompt, list(prompt_token_ids), params, completions, stream=stream
+        )
         state.stop_hold = max((len(s) for s in params.stop), default=1) - 1
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = []
@@ -76,8 +90,7 @@ class OutputProcessor:
         return self._make_output(state)
 
     # -----------------------------------------------------------------------------------
-    def process(self, core_out: CoreOutput) -> tuple[list[RequestOutput],
-                                                     list[tuple[str, int]]]:
+    def process(self, core_out: CoreOutput) -> tuple[list[RequestOutput], list[tuple[str, int]]]:
         """Apply one step's updates.
 
         Returns the outputs of requests that changed, and the (request_id, index) completions
@@ -122,8 +135,9 @@ class OutputProcessor:
         token = update.token
         out.token_ids.append(token.token_id)
         if out.logprobs is not None and token.logprob is not None:
-            entry = {token.token_id: Logprob(token.logprob, token.rank,
-                                             self._token_text(token.token_id))}
+            entry = {
+                token.token_id: Logprob(token.logprob, token.rank, self._token_text(token.token_id))
+            }
             for rank, (tid, lp) in enumerate(token.top, start=1):
                 entry.setdefault(tid, Logprob(lp, rank, self._token_text(tid)))
             out.logprobs.append(entry)
@@ -147,7 +161,7 @@ class OutputProcessor:
         else:
             # Hold back what could still become a stop string, so it never reaches a client.
             c.emitted = max(c.emitted, len(c.full_text) - state.stop_hold)
-        out.text = c.full_text[:c.emitted]
+        out.text = c.full_text[: c.emitted]
         return stopped
 
     def _token_text(self, token_id: int) -> str:
@@ -162,23 +176,34 @@ class OutputProcessor:
         return entry
 
     def _make_output(self, state: RequestState) -> RequestOutput:
-        outputs = [CompletionOutput(
-            index=c.output.index, text=c.output.text, token_ids=list(c.output.token_ids),
-            cumulative_logprob=c.output.cumulative_logprob,
-            logprobs=list(c.output.logprobs) if c.output.logprobs is not None else None,
-            finish_reason=c.output.finish_reason, stop_reason=c.output.stop_reason,
-        ) for c in state.completions]
+        outputs = [
+            CompletionOutput(
+                index=c.output.index,
+                text=c.output.text,
+                token_ids=list(c.output.token_ids),
+                cumulative_logprob=c.output.cumulative_logprob,
+                logprobs=list(c.output.logprobs) if c.output.logprobs is not None else None,
+                finish_reason=c.output.finish_reason,
+                stop_reason=c.output.stop_reason,
+            )
+            for c in state.completions
+        ]
         metrics = {"arrival_time": state.arrival}
         if state.first_token is not None:
             metrics["first_token_time"] = state.first_token
         if state.finished:
             metrics["finished_time"] = time.time()
         return RequestOutput(
-            request_id=state.request_id, prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids, outputs=outputs, finished=state.finished,
-            prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=outputs,
+            finished=state.finished,
+            prompt_logprobs=list(state.prompt_logprobs)
+            if state.prompt_logprobs is not None
             else None,
-            num_cached_tokens=state.num_cached_tokens, metrics=metrics,
+            num_cached_tokens=state.num_cached_tokens,
+            metrics=metrics,
         )
 
 

@@ -55,8 +55,15 @@ from .errors import AdmissionError, QueueFullError
 from .sampling.params import SamplingParams
 from .sequence import Request, Sequence, SequenceStatus
 
-__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq", "AppliedStep", "NewToken",
-           "AdmissionError", "QueueFullError"]
+__all__ = [
+    "Scheduler",
+    "SchedulerOutput",
+    "ScheduledSeq",
+    "AppliedStep",
+    "NewToken",
+    "AdmissionError",
+    "QueueFullError",
+]
 
 _POLICIES = ("fcfs", "priority")
 
@@ -152,22 +159,34 @@ def _positive_int(name: str, value: object) -> int:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, prefill_chunk_size: int | None,
-                 max_model_len: int, policy: str = "fcfs",
-                 max_waiting: int | None = None) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager | KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_chunk_size: int | None,
+        max_model_len: int,
+        policy: str = "fcfs",
+        max_waiting: int | None = None,
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
-        self.max_num_batched_tokens = _positive_int("max_num_batched_tokens",
-                                                    max_num_batched_tokens)
-        self.prefill_chunk_size = (None if prefill_chunk_size is None
-                                   else _positive_int("prefill_chunk_size", prefill_chunk_size))
+        self.max_num_batched_tokens = _positive_int(
+            "max_num_batched_tokens", max_num_batched_tokens
+        )
+        self.prefill_chunk_size = (
+            None
+            if prefill_chunk_size is None
+            else _positive_int("prefill_chunk_size", prefill_chunk_size)
+        )
         self.max_model_len = _positive_int("max_model_len", max_model_len)
         if policy not in _POLICIES:
             raise ValueError(f"policy must be one of {', '.join(_POLICIES)}, got {policy!r}")
         self.policy = policy
-        self.max_waiting = None if max_waiting is None else _positive_int("max_waiting",
-                                                                           max_waiting)
+        self.max_waiting = (
+            None if max_waiting is None else _positive_int("max_waiting", max_waiting)
+        )
         # A sequence may grow to max_model_len tokens and must then fit alone, or preemption
         # could never make room for it.
         if block_manager.capacity_tokens < self.max_model_len:
@@ -175,12 +194,15 @@ class Scheduler:
                 f"the KV cache holds {block_manager.capacity_tokens} tokens "
                 f"({block_manager.num_total_blocks} blocks of {block_manager.block_size}), "
                 f"fewer than max_model_len={self.max_model_len}: lower max_model_len or give "
-                f"the KV cache more memory")
+                f"the KV cache more memory"
+            )
         # attrgetter builds the same tuples as a lambda would, without a Python call per
         # sequence (every step sorts the running sequences by it).
         self._key: Callable[[Sequence], tuple[object, ...]] = (
-            attrgetter("priority", "arrival_time", "seq_id") if policy == "priority"
-            else attrgetter("arrival_time", "seq_id"))
+            attrgetter("priority", "arrival_time", "seq_id")
+            if policy == "priority"
+            else attrgetter("arrival_time", "seq_id")
+        )
         self.waiting: list[Sequence] = []  # sorted by self._key
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}
@@ -194,9 +216,17 @@ class Scheduler:
         self.proposer: Proposer | None = None
 
     # -- requests ------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    *, arrival_time: float | None = None, priority: int = 0,
-                    pooling: bool = False, mm: Any = None) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        pooling: bool = False,
+        mm: Any = None,
+    ) -> Request:
         """Queue a request; raise AdmissionError if it can never be served, QueueFullError if
         the waiting queue is full. ``pooling``: an embedding request (see the module
         docstring); ``mm``: the images of an expanded prompt (a
@@ -204,21 +234,22 @@ class Scheduler:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
-            raise AdmissionError(f"request_id must be a non-empty string, got {request_id!r}",
-                                 field="request_id")
+            raise AdmissionError(
+                f"request_id must be a non-empty string, got {request_id!r}", field="request_id"
+            )
         if request_id in self.requests:
-            raise AdmissionError(f"request id {request_id!r} is already in use",
-                                 field="request_id")
+            raise AdmissionError(f"request id {request_id!r} is already in use", field="request_id")
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise AdmissionError(f"priority must be an integer, got {priority!r}",
-                                 field="priority")
+            raise AdmissionError(f"priority must be an integer, got {priority!r}", field="priority")
         prompt = list(prompt_token_ids)
         if not prompt:
-            raise AdmissionError("the prompt is empty: at least one token is needed",
-                                 field="prompt")
+            raise AdmissionError(
+                "the prompt is empty: at least one token is needed", field="prompt"
+            )
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in prompt):
-            raise AdmissionError("prompt_token_ids must be token ids (integers >= 0)",
-                                 field="prompt")
+            raise AdmissionError(
+                "prompt_token_ids must be token ids (integers >= 0)", field="prompt"
+            )
         length, bm = len(prompt), self.block_manager
         if pooling:
             self._check_pooled_prompt(length)
@@ -226,23 +257,37 @@ class Scheduler:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the context length max_model_len={self.max_model_len} (the KV "
-                f"cache holds {bm.capacity_tokens} tokens)", field="prompt")
+                f"cache holds {bm.capacity_tokens} tokens)",
+                field="prompt",
+            )
         if length + (not pooling) > bm.capacity_tokens:
             raise AdmissionError(
                 f"the prompt has {length} tokens; with at least one generated token that "
                 f"exceeds the KV cache capacity of {bm.capacity_tokens} tokens "
-                f"(max_model_len={self.max_model_len})", field="prompt")
+                f"(max_model_len={self.max_model_len})",
+                field="prompt",
+            )
         if mm is not None and mm.whole_images:
             self._check_whole_images(mm)
         if params.n > self.max_num_seqs:
-            raise AdmissionError(f"n={params.n} completions exceed max_num_seqs="
-                                 f"{self.max_num_seqs}, the most sequences run at once",
-                                 field="n")
+            raise AdmissionError(
+                f"n={params.n} completions exceed max_num_seqs="
+                f"{self.max_num_seqs}, the most sequences run at once",
+                field="n",
+            )
         if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
-            raise QueueFullError(f"the waiting queue is full ({self.max_waiting} sequences); "
-                                 "retry later")
-        request = Request.create(request_id, prompt, params, arrival_time=arrival_time,
-                                 priority=priority, pooling=pooling, mm=mm)
+            raise QueueFullError(
+                f"the waiting queue is full ({self.max_waiting} sequences); retry later"
+            )
+        request = Request.create(
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            pooling=pooling,
+            mm=mm,
+        )
         self.requests[request_id] = request
         self.num_constrained += params.structured_outputs is not None
         self._note_final_length(request.seqs[0])
@@ -251,20 +296,26 @@ class Scheduler:
 
     def _check_pooled_prompt(self, length: int) -> None:
         if length > self.max_model_len:
-            raise AdmissionError(f"the input has {length} tokens, more than the context length "
-                                 f"max_model_len={self.max_model_len}", field="prompt")
+            raise AdmissionError(
+                f"the input has {length} tokens, more than the context length "
+                f"max_model_len={self.max_model_len}",
+                field="prompt",
+            )
         if length > self.max_num_batched_tokens:
             raise AdmissionError(
                 f"the input has {length} tokens, more than one step computes "
                 f"(scheduler.max_num_batched_tokens={self.max_num_batched_tokens}); an "
-                "embedding input is computed whole in one step", field="prompt")
+                "embedding input is computed whole in one step",
+                field="prompt",
+            )
 
     def get_request(self, request_id: str) -> Request | None:
         """The request, while any of its sequences is unfinished; else None."""
         return self.requests.get(request_id)
 
-    def finish(self, seq: Sequence, status: SequenceStatus,
-               stop_reason: int | str | None = None) -> None:
+    def finish(
+        self, seq: Sequence, status: SequenceStatus, stop_reason: int | str | None = None
+    ) -> None:
         """End ``seq`` with a finished ``status`` and free its blocks (idempotent)."""
         if not status.is_finished:
             raise ValueError(f"finish needs a finished status, got {status.name}")
@@ -347,8 +398,11 @@ class Scheduler:
         if not self._final_blocks:
             return 0
         final = self._final_blocks
-        return sum(max(0, final[seq.seq_id] - len(seq.block_ids)) for seq in self.running
-                   if seq.seq_id in final)
+        return sum(
+            max(0, final[seq.seq_id] - len(seq.block_ids))
+            for seq in self.running
+            if seq.seq_id in final
+        )
 
     def _enqueue(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=self._key)
@@ -363,14 +417,17 @@ class Scheduler:
 
     def _check_whole_images(self, mm: Any) -> None:
         """Each image of ``mm`` must fit one step (its tokens are computed together)."""
-        step = min(self.max_num_batched_tokens, self.prefill_chunk_size or
-                   self.max_num_batched_tokens)
+        step = min(
+            self.max_num_batched_tokens, self.prefill_chunk_size or self.max_num_batched_tokens
+        )
         for image in mm.images:
             if image.processed.num_tokens > step:
                 raise AdmissionError(
                     f"an image of {image.processed.num_tokens} tokens does not fit one step of "
                     f"{step} tokens (max_num_batched_tokens / prefill_chunk_size), and this "
-                    "model computes each image in one step", field="images")
+                    "model computes each image in one step",
+                    field="images",
+                )
 
     def _chunk(self, seq: Sequence, start: int, remaining: int, budget: int) -> int:
         if seq.pooling:  # all of it or nothing
@@ -380,31 +437,49 @@ class Scheduler:
             n = min(n, self.prefill_chunk_size)
         if seq.mm is not None:  # a model whose images are computed whole: stop before one
             n = seq.mm.chunk_end(start, n)
-        if (seq.params.prompt_logprobs is not None and not seq.prompt_computed
-                and start < seq.num_prompt_logprob_rows):
+        if (
+            seq.params.prompt_logprobs is not None
+            and not seq.prompt_computed
+            and start < seq.num_prompt_logprob_rows
+        ):
             # Recomputing after a preemption: stop where already-reported rows end, so the
             # next chunk reports exactly the rows not yet reported.
             n = min(n, seq.num_prompt_logprob_rows - start)
         return n
 
-    def _item(self, seq: Sequence, num_tokens: int, is_decode: bool,
-              proposal: tuple[list[int], object] | None = None) -> ScheduledSeq:
+    def _item(
+        self,
+        seq: Sequence,
+        num_tokens: int,
+        is_decode: bool,
+        proposal: tuple[list[int], object] | None = None,
+    ) -> ScheduledSeq:
         start = seq.num_computed_tokens
         params = seq.params
         sample: list[Sequence] = []
         if seq.pooling:
             return ScheduledSeq(seq, start, num_tokens, pool=start + num_tokens == seq.num_tokens)
         if proposal is not None:  # a decode with proposed tokens: their rows are verified
-            return ScheduledSeq(seq, start, num_tokens, [seq], is_decode=True,
-                                draft_token_ids=proposal[0], draft_probs=proposal[1])
+            return ScheduledSeq(
+                seq,
+                start,
+                num_tokens,
+                [seq],
+                is_decode=True,
+                draft_token_ids=proposal[0],
+                draft_probs=proposal[1],
+            )
         if start + num_tokens == seq.num_tokens:
             sample.append(seq)
             if seq.index == 0 and params.n > 1:
                 request = self.requests.get(seq.request_id)
                 if request is not None and not request.forked:
                     sample.extend(c for c in request.seqs[1:] if not c.status.is_finished)
-        prompt_logprobs = (params.prompt_logprobs is not None and not seq.prompt_computed
-                           and start >= seq.num_prompt_logprob_rows)
+        prompt_logprobs = (
+            params.prompt_logprobs is not None
+            and not seq.prompt_computed
+            and start >= seq.num_prompt_logprob_rows
+        )
         return ScheduledSeq(seq, start, num_tokens, sample, prompt_logprobs, is_decode)
 
     def _may_use_prefix_cache(self, seq: Sequence) -> bool:
@@ -420,8 +495,9 @@ class Scheduler:
         if not seq.num_pending_tokens:
             return False
         max_tokens = seq.params.max_tokens
-        return ((max_tokens is not None and seq.num_output_tokens >= max_tokens)
-                or seq.num_tokens >= self.max_model_len)
+        return (
+            max_tokens is not None and seq.num_output_tokens >= max_tokens
+        ) or seq.num_tokens >= self.max_model_len
 
     def _check_fits_alone(self, seq: Sequence) -> None:
         bm = self.block_manager
@@ -429,15 +505,18 @@ class Scheduler:
             raise RuntimeError(
                 f"sequence {seq.seq_id} of request {seq.request_id!r} has {seq.num_tokens} "
                 f"tokens, more than the KV cache holds ({bm.capacity_tokens}); the engine "
-                f"must finish sequences at max_model_len={self.max_model_len}")
+                f"must finish sequences at max_model_len={self.max_model_len}"
+            )
 
     # -- the step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see the module docstring)."""
         if self._pending is not None and any(
-                item.seq.status is SequenceStatus.RUNNING for item in self._pending.scheduled):
-            raise RuntimeError("schedule() called again before update() applied the previous "
-                               "SchedulerOutput")
+            item.seq.status is SequenceStatus.RUNNING for item in self._pending.scheduled
+        ):
+            raise RuntimeError(
+                "schedule() called again before update() applied the previous SchedulerOutput"
+            )
         step = _Step(self)
         step.schedule_running()
         if not step.preempted or self.policy == "priority":
@@ -470,8 +549,10 @@ class Scheduler:
                 continue
             for target in item.sample_seqs:
                 if not target.status.is_finished and target.seq_id not in sampled:
-                    raise ValueError(f"update: no sampled token for sequence {target.seq_id} "
-                                     f"(request {target.request_id!r}, index {target.index})")
+                    raise ValueError(
+                        f"update: no sampled token for sequence {target.seq_id} "
+                        f"(request {target.request_id!r}, index {target.index})"
+                    )
         return [new.seq for new in self.commit(self.advance(out), sampled)]
 
     def advance(self, out: SchedulerOutput) -> AppliedStep:
@@ -480,14 +561,15 @@ class Scheduler:
         placeholder token. The next :meth:`schedule` may then run; :meth:`commit` completes
         the step when its tokens are read back."""
         if out is not self._pending:
-            raise ValueError("advance() takes the SchedulerOutput of the latest schedule(), "
-                             "once")
+            raise ValueError("advance() takes the SchedulerOutput of the latest schedule(), once")
         live = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
         for item in live:
             if item.seq.num_computed_tokens != item.start:
-                raise RuntimeError(f"advance: sequence {item.seq.seq_id} has "
-                                   f"{item.seq.num_computed_tokens} computed tokens, the plan "
-                                   f"started at {item.start}")
+                raise RuntimeError(
+                    f"advance: sequence {item.seq.seq_id} has "
+                    f"{item.seq.num_computed_tokens} computed tokens, the plan "
+                    f"started at {item.start}"
+                )
         self._pending = None
         applied = AppliedStep(out)
         tokens, running = applied.tokens, SequenceStatus.RUNNING
@@ -510,8 +592,12 @@ class Scheduler:
                     tokens.append(NewToken(target, target.append_pending_token()))
         return applied
 
-    def commit(self, applied: AppliedStep, sampled: dict[int, int],
-               accepted: dict[int, list[int]] | None = None) -> list[NewToken]:
+    def commit(
+        self,
+        applied: AppliedStep,
+        sampled: dict[int, int],
+        accepted: dict[int, list[int]] | None = None,
+    ) -> list[NewToken]:
         """Complete an applied step with its sampled tokens (``seq_id -> token id``): fill the
         placeholders and register the blocks the step computed in the prefix cache. Returns
         the tokens of sequences still unfinished (possibly preempted since), in step order;
@@ -524,8 +610,10 @@ class Scheduler:
         tokens = [sampled.get(new.seq.seq_id) for new in kept]
         if None in tokens:  # check them all before filling any
             seq = kept[tokens.index(None)].seq
-            raise ValueError(f"commit: no sampled token for sequence {seq.seq_id} "
-                             f"(request {seq.request_id!r}, index {seq.index})")
+            raise ValueError(
+                f"commit: no sampled token for sequence {seq.seq_id} "
+                f"(request {seq.request_id!r}, index {seq.index})"
+            )
         for new, token in zip(kept, tokens):
             assert token is not None  # checked above
             new.seq.fill_pending_token(new.index, int(token))
@@ -537,8 +625,9 @@ class Scheduler:
                 mark_computed(item.seq, upto=item.start + item.num_tokens)
         return kept
 
-    def _settle_proposals(self, out: SchedulerOutput, kept: list[NewToken],
-                          accepted: dict[int, list[int]]) -> list[NewToken]:
+    def _settle_proposals(
+        self, out: SchedulerOutput, kept: list[NewToken], accepted: dict[int, list[int]]
+    ) -> list[NewToken]:
         """After a verify step: append each sequence's further emitted tokens, move its
         computed count back to the tokens whose K/V are valid (its last token and the kept
         proposals) and give back the blocks only rejected proposals were in. Returns ``kept``
@@ -551,8 +640,10 @@ class Scheduler:
                 continue
             extra = accepted.get(seq.seq_id, [])
             if len(extra) > k:
-                raise ValueError(f"commit: sequence {seq.seq_id} emits {len(extra) + 1} tokens "
-                                 f"from {k} proposed ones (at most {k + 1})")
+                raise ValueError(
+                    f"commit: sequence {seq.seq_id} emits {len(extra) + 1} tokens "
+                    f"from {k} proposed ones (at most {k + 1})"
+                )
             for token in extra:
                 seq.append_token(int(token))
                 more.setdefault(seq.seq_id, []).append(NewToken(seq, seq.num_output_tokens - 1))
@@ -600,8 +691,13 @@ class _Step:
         scheduler.running.sort(key=scheduler._key)
         self.used_slots = sum(scheduler._slots(seq) for seq in scheduler.running)
 
-    def _add(self, bucket: list[ScheduledSeq], seq: Sequence, num_tokens: int,
-             proposal: tuple[list[int], object] | None = None) -> None:
+    def _add(
+        self,
+        bucket: list[ScheduledSeq],
+        seq: Sequence,
+        num_tokens: int,
+        proposal: tuple[list[int], object] | None = None,
+    ) -> None:
         item = self.s._item(seq, num_tokens, bucket is self.decodes, proposal)
         copies = self.s.block_manager.append_slots(seq, num_tokens)
         if copies:
@@ -638,8 +734,9 @@ class _Step:
                 pending_decodes -= 1
                 num_new = 1 if self.budget >= 1 else 0
             else:
-                num_new = s._chunk(seq, seq.num_computed_tokens, remaining,
-                                   self.budget - pending_decodes)
+                num_new = s._chunk(
+                    seq, seq.num_computed_tokens, remaining, self.budget - pending_decodes
+                )
             if num_new <= 0:
                 continue
             fits = bm.can_allocate(seq, num_new)
@@ -654,8 +751,9 @@ class _Step:
             if not fits:
                 self._preempt(seq)
                 continue
-            proposal = (self._propose(seq, pending_decodes) if decode and s.proposer is not None
-                        else None)
+            proposal = (
+                self._propose(seq, pending_decodes) if decode and s.proposer is not None else None
+            )
             if proposal is not None:
                 num_new += len(proposal[0])
             self._add(self.decodes if decode else self.prefills, seq, num_new, proposal)
@@ -679,8 +777,9 @@ class _Step:
         if not tokens:
             return None
         if len(tokens) > limit:
-            raise ValueError(f"the speculator proposed {len(tokens)} tokens, more than the "
-                             f"{limit} asked for")
+            raise ValueError(
+                f"the speculator proposed {len(tokens)} tokens, more than the {limit} asked for"
+            )
         if not s.block_manager.can_allocate(seq, 1 + len(tokens)):
             return None
         return tokens, probs
@@ -726,9 +825,11 @@ class _Step:
             if not num_new:
                 break  # an embedding input that needs a step with more room
             slots = s._slots(seq)
-            if (self.used_slots + slots > s.max_num_seqs
-                    or not bm.can_allocate(seq, num_new, hits)
-                    or not self._fits_reservations(seq, num_new, hits)):
+            if (
+                self.used_slots + slots > s.max_num_seqs
+                or not bm.can_allocate(seq, num_new, hits)
+                or not self._fits_reservations(seq, num_new, hits)
+            ):
                 victim = self._priority_victim(seq)
                 if victim is None:
                     break
@@ -748,11 +849,17 @@ class _Step:
 
     def output(self) -> SchedulerOutput:
         scheduled = self.decodes + self.prefills + self.admitted
-        copies = ([pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
-                  if self.copies else [])
-        out = SchedulerOutput(scheduled=scheduled, blocks_to_copy=copies,
-                              preempted=self.preempted,
-                              num_batched_tokens=sum(i.num_tokens for i in scheduled))
+        copies = (
+            [pair for item in scheduled for pair in self.copies.get(item.seq.seq_id, ())]
+            if self.copies
+            else []
+        )
+        out = SchedulerOutput(
+            scheduled=scheduled,
+            blocks_to_copy=copies,
+            preempted=self.preempted,
+            num_batched_tokens=sum(i.num_tokens for i in scheduled),
+        )
         pop_state_ops = getattr(self.s.block_manager, "pop_state_ops", None)
         if pop_state_ops is not None:
             out.state_ops = pop_state_ops()

@@ -108,7 +108,9 @@ class Sequence:
     pooling: bool = False
     #: the structured-output grammar state (a tallow.engine.sampling.GrammarState) of a
     #: constrained completion; None when its output is free
-    grammar: Any = field(default=None, repr=False)  # Any: a GrammarState (sampling.grammar) or None; sequence sits below it
+    grammar: Any = field(
+        default=None, repr=False
+    )  # Any: a GrammarState (sampling.grammar) or None; sequence sits below it
     #: the images of its prompt (a tallow.engine.multimodal.MultimodalPrompt), None: text only
     mm: Any = field(default=None, repr=False)  # Any: a MultimodalPrompt; multimodal sits above it
     _all: list[int] = field(default_factory=list, repr=False)
@@ -180,8 +182,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         if self.num_pending_tokens:
-            raise RuntimeError(f"sequence {self.seq_id}: a known token cannot follow a pending "
-                               "one")
+            raise RuntimeError(f"sequence {self.seq_id}: a known token cannot follow a pending one")
         self.output_token_ids.append(token_id)
         self._all.append(token_id)
 
@@ -196,8 +197,10 @@ class Sequence:
         """Replace the first placeholder, output ``index``, by the token read back."""
         first = len(self.output_token_ids) - self.num_pending_tokens
         if not self.num_pending_tokens or index != first:
-            raise RuntimeError(f"sequence {self.seq_id}: output {index} is not its first "
-                               f"pending token ({self.num_pending_tokens} pending)")
+            raise RuntimeError(
+                f"sequence {self.seq_id}: output {index} is not its first "
+                f"pending token ({self.num_pending_tokens} pending)"
+            )
         self.output_token_ids[index] = token_id
         self._all[self.num_prompt_tokens + index] = token_id
         self.num_pending_tokens -= 1
@@ -205,8 +208,8 @@ class Sequence:
     def drop_pending_tokens(self) -> None:
         """Forget the placeholders (the sequence has finished: their tokens are not wanted)."""
         if self.num_pending_tokens:
-            del self.output_token_ids[-self.num_pending_tokens:]
-            del self._all[-self.num_pending_tokens:]
+            del self.output_token_ids[-self.num_pending_tokens :]
+            del self._all[-self.num_pending_tokens :]
             self.num_pending_tokens = 0
 
     def truncate_outputs(self, count: int) -> None:
@@ -216,7 +219,7 @@ class Sequence:
             raise RuntimeError(f"sequence {self.seq_id}: only a finished sequence drops outputs")
         if count < self.num_output_tokens:
             del self.output_token_ids[count:]
-            del self._all[self.num_prompt_tokens + count:]
+            del self._all[self.num_prompt_tokens + count :]
 
     # -- status ------------------------------------------------------------------------
     @property
@@ -229,10 +232,12 @@ class Sequence:
         return self.params.seed
 
     def __repr__(self) -> str:
-        return (f"Sequence(seq_id={self.seq_id}, request_id={self.request_id!r}, "
-                f"index={self.index}, status={self.status.name}, tokens={self.num_tokens} "
-                f"({self.num_prompt_tokens} prompt), computed={self.num_computed_tokens}, "
-                f"blocks={self.block_ids})")
+        return (
+            f"Sequence(seq_id={self.seq_id}, request_id={self.request_id!r}, "
+            f"index={self.index}, status={self.status.name}, tokens={self.num_tokens} "
+            f"({self.num_prompt_tokens} prompt), computed={self.num_computed_tokens}, "
+            f"blocks={self.block_ids})"
+        )
 
 
 @dataclass(eq=False)
@@ -250,17 +255,41 @@ class Request:
     forked: bool = False
 
     @classmethod
-    def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-               arrival_time: float | None = None, priority: int = 0,
-               pooling: bool = False, mm: Any = None) -> "Request":
+    def create(
+        cls,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        pooling: bool = False,
+        mm: Any = None,
+    ) -> "Request":
         arrival = time.time() if arrival_time is None else float(arrival_time)
         prompt = list(prompt_token_ids)
-        seqs = [Sequence(request_id=request_id, index=i, prompt_token_ids=prompt,
-                         params=params, arrival_time=arrival, priority=priority,
-                         pooling=pooling, mm=mm)
-                for i in range(params.n)]
-        return cls(request_id=request_id, prompt_token_ids=prompt, params=params, seqs=seqs,
-                   arrival_time=arrival, priority=priority, forked=params.n == 1)
+        seqs = [
+            Sequence(
+                request_id=request_id,
+                index=i,
+                prompt_token_ids=prompt,
+                params=params,
+                arrival_time=arrival,
+                priority=priority,
+                pooling=pooling,
+                mm=mm,
+            )
+            for i in range(params.n)
+        ]
+        return cls(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            params=params,
+            seqs=seqs,
+            arrival_time=arrival,
+            priority=priority,
+            forked=params.n == 1,
+        )
 
     @property
     def is_finished(self) -> bool:

@@ -29,8 +29,14 @@ __all__ = ["SpecDecoding"]
 class SpecDecoding:
     """One engine's speculator, its ``k`` and its counters."""
 
-    def __init__(self, speculator: Speculator, num_speculative_tokens: int, *,
-                 adaptive: bool = False, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        speculator: Speculator,
+        num_speculative_tokens: int,
+        *,
+        adaptive: bool = False,
+        vocab_size: int | None = None,
+    ) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.speculator = speculator
@@ -52,9 +58,12 @@ class SpecDecoding:
         if k <= 0:
             return [], None
         params = seq.params
-        context = SpeculationContext(request_id=seq.request_id, index=seq.index,
-                                     num_prompt_tokens=seq.num_prompt_tokens,
-                                     temperature=0.0 if params.greedy else params.temperature)
+        context = SpeculationContext(
+            request_id=seq.request_id,
+            index=seq.index,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            temperature=0.0 if params.greedy else params.temperature,
+        )
         got = self.speculator.propose(seq.all_token_ids, k, context)
         proposal = got if isinstance(got, Proposal) else Proposal(list(got))
         tokens, probs = proposal.token_ids, proposal.probs
@@ -64,8 +73,10 @@ class SpecDecoding:
         vocab = self.vocab_size
         if vocab is not None and any(t >= vocab for t in tokens):
             bad = next(t for t in tokens if t >= vocab)
-            raise ValueError(f"speculator {self.speculator.name or type(self.speculator).__name__}"
-                             f" proposed token id {bad}, outside the vocabulary of {vocab}")
+            raise ValueError(
+                f"speculator {self.speculator.name or type(self.speculator).__name__}"
+                f" proposed token id {bad}, outside the vocabulary of {vocab}"
+            )
         return tokens, probs
 
     def forget(self, seq: Sequence) -> None:
@@ -93,20 +104,26 @@ class SpecDecoding:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_proposed_tokens if self.num_proposed_tokens \
-            else 0.0
+        return (
+            self.num_accepted_tokens / self.num_proposed_tokens if self.num_proposed_tokens else 0.0
+        )
 
     @property
     def mean_accepted_length(self) -> float:
-        return ((self.num_accepted_tokens + self.num_proposals) / self.num_proposals
-                if self.num_proposals else 0.0)
+        return (
+            (self.num_accepted_tokens + self.num_proposals) / self.num_proposals
+            if self.num_proposals
+            else 0.0
+        )
 
     def reset_stats(self) -> None:
         self.num_proposals = self.num_proposed_tokens = self.num_accepted_tokens = 0
 
     def stats(self) -> dict[str, float]:
-        return {"spec_num_proposals": self.num_proposals,
-                "spec_num_proposed_tokens": self.num_proposed_tokens,
-                "spec_num_accepted_tokens": self.num_accepted_tokens,
-                "spec_acceptance_rate": self.acceptance_rate,
-                "spec_mean_accepted_length": self.mean_accepted_length}
+        return {
+            "spec_num_proposals": self.num_proposals,
+            "spec_num_proposed_tokens": self.num_proposed_tokens,
+            "spec_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_acceptance_rate": self.acceptance_rate,
+            "spec_mean_accepted_length": self.mean_accepted_length,
+        }

@@ -37,7 +37,9 @@ def _byte_level_chars() -> dict[str, int]:
     return table
 
 
-def _decoder_types(node: Any) -> Iterator[str]:  # Any: a node of tokenizer.json's decoder, parsed JSON
+def _decoder_types(
+    node: Any,
+) -> Iterator[str]:  # Any: a node of tokenizer.json's decoder, parsed JSON
     """The types of a tokenizer.json decoder and of the decoders it chains."""
     if isinstance(node, dict):
         if isinstance(node.get("type"), str):
@@ -56,9 +58,11 @@ def _encoding(tokenizer: Tokenizer) -> str:
     if types & {"ByteFallback", "Metaspace"} or getattr(backend.model, "byte_fallback", False):
         return "sentencepiece"
     if types & {"WordPiece", "BPEDecoder", "CTC"}:
-        raise ValueError(f"the tokenizer's decoder ({', '.join(sorted(types))}) changes text "
-                         "between tokens, so its tokens have no fixed bytes; structured outputs "
-                         "need a byte-level BPE or SentencePiece-style vocabulary")
+        raise ValueError(
+            f"the tokenizer's decoder ({', '.join(sorted(types))}) changes text "
+            "between tokens, so its tokens have no fixed bytes; structured outputs "
+            "need a byte-level BPE or SentencePiece-style vocabulary"
+        )
     return "plain"
 
 
@@ -87,8 +91,9 @@ def _token_bytes(text: str, encoding: str) -> bytes:
     return text.encode("utf-8")
 
 
-def tokenizer_info(tokenizer: Tokenizer, vocab_size: int,
-                   eos_token_ids: set[int] | None = None) -> TokenizerInfo:
+def tokenizer_info(
+    tokenizer: Tokenizer, vocab_size: int, eos_token_ids: set[int] | None = None
+) -> TokenizerInfo:
     """The :class:`tallow.plugin.TokenizerInfo` of ``tokenizer`` for logits ``vocab_size``
     wide: each token's bytes (None for special tokens and for ids the tokenizer lacks), and the
     ids that end an output (``eos_token_ids``, by default the tokenizer's). Raises ValueError
@@ -108,5 +113,8 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int,
             value = _token_bytes(text, encoding)
         table[token] = value or None  # a token that adds no text cannot advance a grammar
     ends = eos_token_ids if eos_token_ids is not None else tokenizer.eos_token_ids
-    return TokenizerInfo(vocab_size=vocab_size, token_bytes=tuple(table),
-                         eos_token_ids=tuple(sorted(t for t in ends if t < vocab_size)))
+    return TokenizerInfo(
+        vocab_size=vocab_size,
+        token_bytes=tuple(table),
+        eos_token_ids=tuple(sorted(t for t in ends if t < vocab_size)),
+    )

@@ -32,8 +32,9 @@ def _token_content(value: Any) -> str | None:  # Any: a config's raw special tok
         content = value.get("content")
         if isinstance(content, str):
             return content
-    raise ValueError(f"tokenizer_config: a special token must be a string or "
-                     f"{{'content': str}}, got {value!r}")
+    raise ValueError(
+        f"tokenizer_config: a special token must be a string or {{'content': str}}, got {value!r}"
+    )
 
 
 def _ids(value: Any) -> list[int]:  # Any: a config's raw id or ids, checked here
@@ -46,9 +47,18 @@ def _ids(value: Any) -> list[int]:  # Any: a config's raw id or ids, checked her
 
 def _clean_up_spaces(text: str) -> str:
     # The WordPiece-era cleanup transformers applies when clean_up_tokenization_spaces is set.
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
-                          (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
-                          (" 're", "'re")):
+    for before, after in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(before, after)
     return text
 
@@ -62,11 +72,17 @@ class Tokenizer:
     ``add_eos_token`` (the given tokenizer object is modified then).
     """
 
-    def __init__(self, tokenizer: Any, tokenizer_config: Mapping[str, Any] | None = None,  # Any: a tokenizers.Tokenizer; the library is untyped
-                 generation_config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tokenizer_config: Mapping[str, Any]
+        | None = None,  # Any: a tokenizers.Tokenizer; the library is untyped
+        generation_config: Mapping[str, Any] | None = None,
+    ) -> None:
         if tokenizer is None or not hasattr(tokenizer, "encode"):
-            raise ValueError("Tokenizer needs a tokenizers.Tokenizer, got "
-                             f"{type(tokenizer).__name__}")
+            raise ValueError(
+                f"Tokenizer needs a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+            )
         self._tok = tokenizer
         self.tokenizer_config: dict[str, Any] = dict(tokenizer_config or {})
         self.generation_config: dict[str, Any] = dict(generation_config or {})
@@ -104,9 +120,9 @@ class Tokenizer:
                 + (f" ({reason})" if reason else "")
                 + "; set model.tokenizer to a directory with the model's tokenizer.json "
                 "(--tokenizer, TALLOW_MODEL__TOKENIZER, tokenizer: in the YAML file's model "
-                "section, or LLM(tokenizer=...))")
-        return cls(checkpoint.tokenizer, checkpoint.tokenizer_config,
-                   checkpoint.generation_config)
+                "section, or LLM(tokenizer=...))"
+            )
+        return cls(checkpoint.tokenizer, checkpoint.tokenizer_config, checkpoint.generation_config)
 
     @classmethod
     def from_directory(cls, path: str | pathlib.Path) -> "Tokenizer":
@@ -117,8 +133,9 @@ class Tokenizer:
         root = pathlib.Path(path).expanduser()
         tok_file = root / "tokenizer.json"
         if not tok_file.is_file():
-            raise ValueError(f"model.tokenizer {str(path)!r}: expected a directory containing "
-                             "tokenizer.json")
+            raise ValueError(
+                f"model.tokenizer {str(path)!r}: expected a directory containing tokenizer.json"
+            )
 
         def read_json(name: str) -> dict[str, Any]:
             file = root / name
@@ -136,8 +153,9 @@ class Tokenizer:
         template_file = root / "chat_template.jinja"
         if "chat_template" not in config and template_file.is_file():
             config["chat_template"] = template_file.read_text(encoding="utf-8")
-        return cls(HFTokenizer.from_file(str(tok_file)), config,
-                   read_json("generation_config.json"))
+        return cls(
+            HFTokenizer.from_file(str(tok_file)), config, read_json("generation_config.json")
+        )
 
     def _set_post_processor(self, add_bos: bool, add_eos: bool) -> None:
         from tokenizers import processors
@@ -150,11 +168,13 @@ class Tokenizer:
         head = [f"{bos}:0"] if add_bos else []
         tail = [f"{eos}:0"] if add_eos else []
         single = " ".join([*head, "$A:0", *tail])
-        pair = " ".join([single, *([f"{bos}:1"] if add_bos else []), "$B:1",
-                         *([f"{eos}:1"] if add_eos else [])])
+        pair = " ".join(
+            [single, *([f"{bos}:1"] if add_bos else []), "$B:1", *([f"{eos}:1"] if add_eos else [])]
+        )
         pairs = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
-        self._tok.post_processor = processors.TemplateProcessing(single=single, pair=pair,
-                                                                 special_tokens=pairs)
+        self._tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=pairs
+        )
 
     def _collect_special_ids(self) -> frozenset[int]:
         ids = {i for i, tok in self._tok.get_added_tokens_decoder().items() if tok.special}
@@ -245,8 +265,10 @@ class Tokenizer:
             raise TypeError(f"encode_truncated expects a str, got {type(text).__name__}")
         special = self._tok.num_special_tokens_to_add(False)
         if max_tokens < special:
-            raise ValueError(f"cannot fit an input into {max_tokens} tokens: the tokenizer adds "
-                             f"{special} special tokens")
+            raise ValueError(
+                f"cannot fit an input into {max_tokens} tokens: the tokenizer adds "
+                f"{special} special tokens"
+            )
         encoding = self._encoding(text, False)
         if len(encoding.ids) > max_tokens - special:
             side = "left" if self.tokenizer_config.get("truncation_side") == "left" else "right"
@@ -254,13 +276,16 @@ class Tokenizer:
         ids: list[int] = self._tok.post_process(encoding, add_special_tokens=True).ids
         return ids
 
-    def encode_batch(self, texts: Sequence[str],
-                     add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"encode_batch: texts[{i}] is {type(text).__name__}, not str")
-        return [e.ids for e in self._tok.encode_batch(list(texts),
-                                                      add_special_tokens=add_special_tokens)]
+        return [
+            e.ids
+            for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        ]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; special tokens are left out when ``skip_special_tokens``."""
@@ -328,12 +353,16 @@ class Tokenizer:
                 return found
         return None
 
-    def apply_chat_template(self, messages: Sequence[Any], *,
-                            tools: Sequence[Mapping[str, Any]] | None = None,
-                            add_generation_prompt: bool = True,
-                            chat_template: str | None = None,
-                            time_limit_s: float | None = None,
-                            **template_kwargs: Any) -> str:  # Any: extra template variables, any value
+    def apply_chat_template(
+        self,
+        messages: Sequence[Any],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        time_limit_s: float | None = None,
+        **template_kwargs: Any,
+    ) -> str:  # Any: extra template variables, any value
         """The prompt text for ``messages``, rendered as transformers' ``apply_chat_template``
         renders it (``tokenize=False``).
 
@@ -351,20 +380,28 @@ class Tokenizer:
         if not template:
             raise ChatTemplateError(
                 "the model has no chat template (tokenizer_config has no chat_template); use "
-                "the completions API or pass a chat template")
+                "the completions API or pass a chat template"
+            )
         documents = template_kwargs.pop("documents", None)
         continue_final = bool(template_kwargs.pop("continue_final_message", False))
         return render_chat_template(
-            template, messages, tools=tools, documents=documents,
+            template,
+            messages,
+            tools=tools,
+            documents=documents,
             add_generation_prompt=add_generation_prompt and not continue_final,
-            continue_final_message=continue_final, special_tokens=self.special_tokens,
-            time_limit_s=time_limit_s, **template_kwargs,
+            continue_final_message=continue_final,
+            special_tokens=self.special_tokens,
+            time_limit_s=time_limit_s,
+            **template_kwargs,
         )
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, "
-                f"bos={self.special_tokens.get('bos_token')!r}, "
-                f"eos={self.special_tokens.get('eos_token')!r})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, "
+            f"bos={self.special_tokens.get('bos_token')!r}, "
+            f"eos={self.special_tokens.get('eos_token')!r})"
+        )
 
 
 __all__ = ["Tokenizer"]

@@ -30,8 +30,9 @@ def child_seed(seed: int | None, index: int) -> int | None:
     return seed if index == 0 else (seed * 1_000_003 + index * 7_919) & 0x7FFF_FFFF_FFFF
 
 
-def proposal_masks(state: GrammarState, seq: EngineSequence, draft_ids: Sequence[int],
-                   words: int) -> torch.Tensor | None:
+def proposal_masks(
+    state: GrammarState, seq: EngineSequence, draft_ids: Sequence[int], words: int
+) -> torch.Tensor | None:
     """The packed masks of ``seq``'s rows ([len(draft_ids) + 1, words] int32, CPU): row ``j``
     allows what the grammar allows after the outputs and ``draft_ids[:j]``. Rows after a
     proposed token the grammar refuses repeat the last mask (that token cannot be kept, so
@@ -50,7 +51,7 @@ def proposal_masks(state: GrammarState, seq: EngineSequence, draft_ids: Sequence
         if j == rows - 1:
             break
         if matcher.is_terminated() or not matcher.accept(int(draft_ids[j])):
-            masks[j + 1:] = masks[j]
+            masks[j + 1 :] = masks[j]
             break
         taken += 1
     if taken:
@@ -58,9 +59,13 @@ def proposal_masks(state: GrammarState, seq: EngineSequence, draft_ids: Sequence
     return masks
 
 
-def verify_scheduled(logits: torch.Tensor, scheduled: list[ScheduledSeq], vocab_size: int,
-                     eos_token_ids: set[int],
-                     grammar: StructuredOutputs | None) -> list[list[VerifiedToken]]:
+def verify_scheduled(
+    logits: torch.Tensor,
+    scheduled: list[ScheduledSeq],
+    vocab_size: int,
+    eos_token_ids: set[int],
+    grammar: StructuredOutputs | None,
+) -> list[list[VerifiedToken]]:
     """The tokens each sampled sequence of a verify step emits, in the order of the step's
     targets (``sample_seqs`` of each item in turn); ``logits`` holds the step's sampled rows
     in that order."""
@@ -71,15 +76,20 @@ def verify_scheduled(logits: torch.Tensor, scheduled: list[ScheduledSeq], vocab_
     for item in scheduled:
         if item.draft_token_ids:
             targets: list[tuple[EngineSequence, list[int], object]] = [
-                (item.seq, item.draft_token_ids, item.draft_probs)]
+                (item.seq, item.draft_token_ids, item.draft_probs)
+            ]
         else:
             targets = [(seq, [], None) for seq in item.sample_seqs]
         for seq, drafts, probs in targets:
             assert probs is None or isinstance(probs, torch.Tensor)  # a Proposal's probs
-            vs = VerifySeq(params=seq.params, output_token_ids=list(seq.output_token_ids),
-                           prompt_token_ids=seq.prompt_token_ids,
-                           seed=child_seed(seq.params.seed, seq.index), draft_ids=list(drafts),
-                           draft_probs=None if probs is None else probs.to(logits.device))
+            vs = VerifySeq(
+                params=seq.params,
+                output_token_ids=list(seq.output_token_ids),
+                prompt_token_ids=seq.prompt_token_ids,
+                seed=child_seed(seq.params.seed, seq.index),
+                draft_ids=list(drafts),
+                draft_probs=None if probs is None else probs.to(logits.device),
+            )
             state = seq.grammar
             if grammar is not None and state is not None and not seq.status.is_finished:
                 mask = proposal_masks(state, seq, drafts, grammar.backend.tokenizer.bitmask_words)
@@ -90,7 +100,10 @@ def verify_scheduled(logits: torch.Tensor, scheduled: list[ScheduledSeq], vocab_
             row += vs.num_rows
     packed = None
     if masks:
-        packed = (torch.cat(masks).to(logits.device),
-                  torch.tensor(masked_rows, dtype=torch.int64, device=logits.device))
-    return verify_step(logits, seqs, vocab_size, eos_token_ids=sorted(eos_token_ids),
-                       grammar=packed)
+        packed = (
+            torch.cat(masks).to(logits.device),
+            torch.tensor(masked_rows, dtype=torch.int64, device=logits.device),
+        )
+    return verify_step(
+        logits, seqs, vocab_size, eos_token_ids=sorted(eos_token_ids), grammar=packed
+    )

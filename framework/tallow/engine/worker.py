@@ -28,7 +28,11 @@ from tallow.distributed.collectives import broadcast_from_driver
 from tallow.distributed.launch import WorkerSpec
 from tallow.distributed.state import ParallelState
 from tallow.distributed.step_message import (
-    RELEASE, STOP, TOKENS_ARGMAX, TOKENS_BROADCAST, StepMessage,
+    RELEASE,
+    STOP,
+    TOKENS_ARGMAX,
+    TOKENS_BROADCAST,
+    StepMessage,
 )
 from tallow.distributed.watchdog import die_with_parent, report_failure
 from tallow.kernels import argmax_rows
@@ -64,8 +68,11 @@ def spawned_main(spec: WorkerSpec, build_runner: BuildRunner) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     rank = spec.topology.rank
-    logging.basicConfig(level=spec.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s %(name)s [rank {rank}]: %(message)s")
+    logging.basicConfig(
+        level=spec.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s %(name)s [rank {rank}]: %(message)s",
+    )
     parallel = launch.join(spec)
     serve(parallel, build_runner)
 
@@ -99,8 +106,9 @@ def serve(parallel: ParallelState, build_runner: BuildRunner) -> None:
     launch.shutdown()
 
 
-def _serve_engine(parallel: ParallelState, startup: dict[str, Any],
-                  build_runner: BuildRunner) -> None:
+def _serve_engine(
+    parallel: ParallelState, startup: dict[str, Any], build_runner: BuildRunner
+) -> None:
     config = TallowConfig.model_validate(startup["config"])
     plugins = load_pinned_plugins(startup["plugins"])
     plugins.hook.tallow_configure(config=config)
@@ -115,8 +123,9 @@ def _serve_engine(parallel: ParallelState, startup: dict[str, Any],
             if message.kind == RELEASE:
                 return
             if message.number != expected:
-                raise RuntimeError(f"expected step #{expected} of the driver, got "
-                                   f"{message.describe()}")
+                raise RuntimeError(
+                    f"expected step #{expected} of the driver, got {message.describe()}"
+                )
             expected += 1
             fed = run_step(runner, message, fed)
     finally:
@@ -127,8 +136,9 @@ def _serve_engine(parallel: ParallelState, startup: dict[str, Any],
 
 
 @torch.inference_mode()
-def run_step(runner: ModelRunner,
-             message: StepMessage, fed: torch.Tensor | None) -> torch.Tensor | None:
+def run_step(
+    runner: ModelRunner, message: StepMessage, fed: torch.Tensor | None
+) -> torch.Tensor | None:
     """Run the driver's step ``message`` on this rank's shard; returns the step's sampled token
     ids when the next step may feed on them (else None). ``fed`` are the previous step's."""
     runner.copy_blocks(message.copies)

@@ -42,8 +42,9 @@ def load_activations(ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
 
 
 @triton.jit
-def _gated_act_kernel(x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                      USE_PDL: tl.constexpr):
+def _gated_act_kernel(
+    x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
     wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
     allow_next(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -51,8 +52,7 @@ def _gated_act_kernel(x_ptr, out_ptr, x_stride, d, KIND: tl.constexpr, BLOCK: tl
     mask = cols < d
     g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     u = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * d + cols, gated_value(g, u, KIND, out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + row * d + cols, gated_value(g, u, KIND, out_ptr.dtype.element_ty), mask=mask)
 
 
 def gated_act_triton(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -65,6 +65,6 @@ def gated_act_triton(x: torch.Tensor, kind: str) -> torch.Tensor:
     block = min(_BLOCK, triton.next_power_of_2(d))
     use_pdl = pdl_enabled(x)
     _gated_act_kernel[(x2.shape[0], triton.cdiv(d, block))](
-        x2, out, x2.stride(0), d, KIND=KINDS[kind], BLOCK=block, USE_PDL=use_pdl,
-        launch_pdl=use_pdl)
+        x2, out, x2.stride(0), d, KIND=KINDS[kind], BLOCK=block, USE_PDL=use_pdl, launch_pdl=use_pdl
+    )
     return out.view(*x.shape[:-1], d)

@@ -17,10 +17,21 @@ CHUNK = 4096
 
 
 @triton.jit
-def _chunk_argmax_kernel(x_ptr, stride_row, n, best_val_ptr, best_idx_ptr, n_chunks,
-                         bitmask_ptr, words, mask_of_row_ptr,
-                         CHUNK: tl.constexpr, MASKED: tl.constexpr, MASK_INDEXED: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+def _chunk_argmax_kernel(
+    x_ptr,
+    stride_row,
+    n,
+    best_val_ptr,
+    best_idx_ptr,
+    n_chunks,
+    bitmask_ptr,
+    words,
+    mask_of_row_ptr,
+    CHUNK: tl.constexpr,
+    MASKED: tl.constexpr,
+    MASK_INDEXED: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
     allow_next(USE_PDL)
@@ -47,8 +58,9 @@ def _chunk_argmax_kernel(x_ptr, stride_row, n, best_val_ptr, best_idx_ptr, n_chu
 
 
 @triton.jit
-def _pick_chunk_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_chunks, C_PAD: tl.constexpr,
-                       USE_PDL: tl.constexpr):
+def _pick_chunk_kernel(
+    best_val_ptr, best_idx_ptr, out_ptr, n_chunks, C_PAD: tl.constexpr, USE_PDL: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     wait_prior(USE_PDL)  # everything below reads or writes this step's tensors
     allow_next(USE_PDL)
@@ -60,8 +72,9 @@ def _pick_chunk_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_chunks, C_PAD: tl.
     tl.store(out_ptr + row, idx.to(tl.int64))
 
 
-def argmax_rows_triton(x: torch.Tensor, bitmask: torch.Tensor | None = None,
-                       mask_of_row: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_rows_triton(
+    x: torch.Tensor, bitmask: torch.Tensor | None = None, mask_of_row: torch.Tensor | None = None
+) -> torch.Tensor:
     """Triton version of ``argmax.argmax_rows_ref`` (x [rows, n], last dim contiguous).
     With ``bitmask`` [M, ceil(n / 32)] int32, a token whose bit is clear in its row's mask
     counts as -inf: row ``r``'s mask is ``bitmask[r]``, or ``bitmask[mask_of_row[r]]``
@@ -75,12 +88,30 @@ def argmax_rows_triton(x: torch.Tensor, bitmask: torch.Tensor | None = None,
     masked = bitmask is not None
     indexed = mask_of_row is not None
     _chunk_argmax_kernel[(rows, n_chunks)](
-        x, x.stride(0), n, best_val, best_idx, n_chunks,
-        bitmask if masked else x, bitmask.shape[1] if masked else 0,  # type: ignore[union-attr]
+        x,
+        x.stride(0),
+        n,
+        best_val,
+        best_idx,
+        n_chunks,
+        bitmask if masked else x,
+        bitmask.shape[1] if masked else 0,  # type: ignore[union-attr]
         mask_of_row if indexed else x,
-        CHUNK=CHUNK, MASKED=masked, MASK_INDEXED=indexed, USE_PDL=use_pdl, num_warps=8,
-        launch_pdl=use_pdl)
-    _pick_chunk_kernel[(rows,)](best_val, best_idx, out, n_chunks,
-                                C_PAD=max(16, triton.next_power_of_2(n_chunks)),
-                                USE_PDL=use_pdl, num_warps=1, launch_pdl=use_pdl)
+        CHUNK=CHUNK,
+        MASKED=masked,
+        MASK_INDEXED=indexed,
+        USE_PDL=use_pdl,
+        num_warps=8,
+        launch_pdl=use_pdl,
+    )
+    _pick_chunk_kernel[(rows,)](
+        best_val,
+        best_idx,
+        out,
+        n_chunks,
+        C_PAD=max(16, triton.next_power_of_2(n_chunks)),
+        USE_PDL=use_pdl,
+        num_warps=1,
+        launch_pdl=use_pdl,
+    )
     return out

@@ -82,8 +82,19 @@ def _load_x(x_ptrs, mask, K, GATE: tl.constexpr):
 
 
 @triton.jit
-def _row_step(w, x_ptrs, s_row, k, cols, groups, K, EVEN_K: tl.constexpr,
-              SCALES: tl.constexpr, GATE: tl.constexpr, VEC: tl.constexpr):
+def _row_step(
+    w,
+    x_ptrs,
+    s_row,
+    k,
+    cols,
+    groups,
+    K,
+    EVEN_K: tl.constexpr,
+    SCALES: tl.constexpr,
+    GATE: tl.constexpr,
+    VEC: tl.constexpr,
+):
     """One K step of the one-row product: ``[BLOCK_N, G]`` sums of each 16-byte vector's
     products (times its 128 x 128 block's scale with block scales)."""
     if EVEN_K:
@@ -102,11 +113,31 @@ def _row_step(w, x_ptrs, s_row, k, cols, groups, K, EVEN_K: tl.constexpr,
 
 
 @step_jit(values=("M",))
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-                 stride_ym, HAS_BIAS: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                 EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, GATE: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_sn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    VEC: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    GATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -170,8 +201,9 @@ def vector_width(weight_dtype: torch.dtype) -> int:
     return 16 // weight_dtype.itemsize
 
 
-def gemv_config(m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat16,
-                block_scales: bool = False) -> tuple[int, int, int, int]:
+def gemv_config(
+    m: int, n: int, k: int, weight_dtype: torch.dtype = torch.bfloat16, block_scales: bool = False
+) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an ``m x k`` by ``k x n`` product.
 
     One row, 16-bit weights with K >= 2,048: two output features per program, 2,048 columns
@@ -209,15 +241,22 @@ def _scale_layout(scale: torch.Tensor | None, n: int, k: int) -> int:
     blocks = (-(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
     if scale.dim() == 2 and tuple(scale.shape) == blocks and scale.stride(1) == 1:
         return BLOCK_SCALES
-    raise ValueError(f"gemv: scale must be [{n}] (one per output row) or {list(blocks)} (one "
-                     f"per {SCALE_BLOCK} x {SCALE_BLOCK} block, contiguous rows) for a "
-                     f"[{n}, {k}] weight, got {list(scale.shape)}")
+    raise ValueError(
+        f"gemv: scale must be [{n}] (one per output row) or {list(blocks)} (one "
+        f"per {SCALE_BLOCK} x {SCALE_BLOCK} block, contiguous rows) for a "
+        f"[{n}, {k}] weight, got {list(scale.shape)}"
+    )
 
 
-def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                *, scale: torch.Tensor | None = None,
-                config: tuple[int, int, int, int] | None = None,
-                gate: str | None = None) -> torch.Tensor:
+def gemv_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    scale: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
+    gate: str | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ (weight [N, K] * scale).T (+ bias [N])`` → [M, N] in x's dtype, M ≤ 16.
 
     ``weight`` is in x's dtype (no ``scale``) or float8 e4m3 with float32 ``scale``: ``[N]``,
@@ -235,25 +274,46 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         x = x.contiguous()
     scales = _scale_layout(scale, n, k)
     block_m, block_n, block_k, warps = config or gemv_config(
-        m, n, k, weight.dtype, scales == BLOCK_SCALES)
-    if scales == BLOCK_SCALES and (SCALE_BLOCK % block_n
-                                   or (block_m > 1 and block_k != SCALE_BLOCK)):
-        raise ValueError(f"gemv config {(block_m, block_n, block_k, warps)}: block scales need "
-                         f"BLOCK_N dividing {SCALE_BLOCK} (and BLOCK_K = {SCALE_BLOCK} for "
-                         "several rows)")
+        m, n, k, weight.dtype, scales == BLOCK_SCALES
+    )
+    if scales == BLOCK_SCALES and (
+        SCALE_BLOCK % block_n or (block_m > 1 and block_k != SCALE_BLOCK)
+    ):
+        raise ValueError(
+            f"gemv config {(block_m, block_n, block_k, warps)}: block scales need "
+            f"BLOCK_N dividing {SCALE_BLOCK} (and BLOCK_K = {SCALE_BLOCK} for "
+            "several rows)"
+        )
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
     use_pdl = pdl_enabled(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, scale if scale is not None else weight,
-        bias if bias is not None else weight, y, m, n, k,
-        x.stride(0), weight.stride(0), scale.stride(0) if scale is not None else 0, y.stride(0),
-        HAS_BIAS=bias is not None, SCALES=scales, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, VEC=min(vector_width(weight.dtype), block_k),
+        x,
+        weight,
+        scale if scale is not None else weight,
+        bias if bias is not None else weight,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        scale.stride(0) if scale is not None else 0,
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        SCALES=scales,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        VEC=min(vector_width(weight.dtype), block_k),
         # EVEN_K reads the first tile unmasked: K = 0 takes the masked path
-        EVEN_K=k > 0 and k % block_k == 0, EVEN_N=n % block_n == 0,
+        EVEN_K=k > 0 and k % block_k == 0,
+        EVEN_N=n % block_n == 0,
         GATE=-1 if gate is None else KINDS[gate],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        USE_PDL=use_pdl, num_warps=warps, launch_pdl=use_pdl)
+        USE_PDL=use_pdl,
+        num_warps=warps,
+        launch_pdl=use_pdl,
+    )
     return y

@@ -13,9 +13,19 @@ MAX_HIDDEN = 65536
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, hidden, eps,
-                     HAS_RESIDUAL: tl.constexpr, GEMMA: tl.constexpr, BLOCK: tl.constexpr,
-                     USE_PDL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    new_res_ptr,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -41,9 +51,13 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, hidden, eps,
     tl.store(out_ptr + row * hidden + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                    residual: torch.Tensor | None = None, gemma_style: bool = False
-                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    gemma_style: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton version of ``norm.rms_norm_ref`` (same contract; arguments already checked)."""
     hidden = x.shape[-1]
     if hidden > MAX_HIDDEN:
@@ -55,9 +69,20 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     block = triton.next_power_of_2(hidden)
     use_pdl = pdl_enabled(x)
     _rms_norm_kernel[(x2.shape[0],)](
-        x2, res2, weight.contiguous(), out, new_res, hidden, float(eps),
-        HAS_RESIDUAL=residual is not None, GEMMA=bool(gemma_style), BLOCK=block,
-        USE_PDL=use_pdl, num_warps=min(16, max(1, block // 256)), launch_pdl=use_pdl)
+        x2,
+        res2,
+        weight.contiguous(),
+        out,
+        new_res,
+        hidden,
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        GEMMA=bool(gemma_style),
+        BLOCK=block,
+        USE_PDL=use_pdl,
+        num_warps=min(16, max(1, block // 256)),
+        launch_pdl=use_pdl,
+    )
     if residual is None:
         return out.view(x.shape)
     return out.view(x.shape), new_res.view(x.shape)

@@ -23,10 +23,16 @@ def _aligned_by_default(name: str) -> bool:
     return name.endswith("_ptr") or name.startswith("stride")
 
 
-def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[str, str], *,  # Any: a Triton JITFunction; triton is untyped here
-                    capability: int = 90, default_pointer: str = "*fp16",
-                    aligned: Callable[[str], bool] = _aligned_by_default,
-                    **options: Any) -> Any:  # Any: triton objects (triton has no type hints)
+def compile_for_gpu(
+    kernel: Any,
+    constexprs: Mapping[str, Any],
+    types: Mapping[str, str],
+    *,  # Any: a Triton JITFunction; triton is untyped here
+    capability: int = 90,
+    default_pointer: str = "*fp16",
+    aligned: Callable[[str], bool] = _aligned_by_default,
+    **options: Any,
+) -> Any:  # Any: triton objects (triton has no type hints)
     """``kernel`` (a ``triton.jit`` function) compiled for ``sm_<capability>``.
 
     Arguments named in ``constexprs`` are compile-time constants (entries that name no
@@ -57,13 +63,15 @@ def compile_for_gpu(kernel: Any, constexprs: Mapping[str, Any], types: Mapping[s
 def _cuobjdump(compiled: Any, flag: str) -> str:  # Any: a triton CompiledKernel
     import triton
 
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                             "cuobjdump")
+    cuobjdump = os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"
+    )
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        return subprocess.run([cuobjdump, flag, f.name], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run(
+            [cuobjdump, flag, f.name], check=True, capture_output=True, text=True
+        ).stdout
 
 
 def resource_usage(compiled: Any) -> dict[str, int]:  # Any: a triton CompiledKernel
@@ -91,7 +99,7 @@ def sass_loops(compiled: Any) -> list[list[str]]:  # Any: a triton CompiledKerne
     for i, (address, text) in enumerate(lines):
         m = _BRANCH.search(text)
         if m and int(m.group(1), 16) <= address and int(m.group(1), 16) in index:
-            loops.append([t for _, t in lines[index[int(m.group(1), 16)]:i + 1]])
+            loops.append([t for _, t in lines[index[int(m.group(1), 16)] : i + 1]])
     return sorted(loops, key=len, reverse=True)
 
 
@@ -109,6 +117,8 @@ def pdl_order(ptx: str) -> tuple[int, int]:
     releases = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
     assert len(waits) == 1 and len(releases) == 1, (waits, releases)
     assert waits[0] < releases[0], "the next grid is released before this one waited"
-    before = lines[:waits[0]]
-    return (sum(bool(_LOAD.search(line)) for line in before),
-            sum(bool(_STORE.search(line)) for line in before))
+    before = lines[: waits[0]]
+    return (
+        sum(bool(_LOAD.search(line)) for line in before),
+        sum(bool(_STORE.search(line)) for line in before),
+    )

@@ -37,17 +37,36 @@ def _e2m1_value(q):
 
 
 @triton.jit
-def _decode_tile(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, k0, offs_n, N, K, scale_stride,
-                 zero_point, KIND: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
-                 SCALE_COLS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_MINS: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _decode_tile(
+    codes_ptr,
+    scales_ptr,
+    zeros_ptr,
+    mins_ptr,
+    k0,
+    offs_n,
+    N,
+    K,
+    scale_stride,
+    zero_point,
+    KIND: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The weights ``[k0, k0 + BLOCK_K) x offs_n`` as float32 ``[BLOCK_K, BLOCK_N]`` (rows past
     K and columns past N decode to zero)."""
     mask_n = offs_n < N
     if KIND == 0 or KIND == 3:
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(codes_ptr + offs_w[:, None] * N + offs_n[None, :],
-                        mask=(offs_w[:, None] < K // 8) & mask_n[None, :], other=0)
+        words = tl.load(
+            codes_ptr + offs_w[:, None] * N + offs_n[None, :],
+            mask=(offs_w[:, None] < K // 8) & mask_n[None, :],
+            other=0,
+        )
         shifts = tl.arange(0, 8) * 4
         q = (words[:, None, :] >> shifts[None, :, None]) & 15
         q = tl.reshape(q, (BLOCK_K, BLOCK_N), can_reorder=False)
@@ -65,38 +84,64 @@ def _decode_tile(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, k0, offs_n, N, K, s
             raw = (c.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
             bias = 8388608.0
         else:
-            c = tl.load(codes_ptr + offs_k[:, None] * N + offs_n[None, :], mask=kmask,
-                        other=0.0)
+            c = tl.load(codes_ptr + offs_k[:, None] * N + offs_n[None, :], mask=kmask, other=0.0)
             raw = c.to(tl.float32)
             bias = 0.0
     NSUB: tl.constexpr = BLOCK_K // SUB
     starts = k0 + tl.arange(0, NSUB) * SUB
     groups = starts // GROUP
     gmask = (starts < K)[:, None] & mask_n[None, :]
-    s = tl.load(scales_ptr + groups[:, None] * scale_stride + (offs_n // SCALE_COLS)[None, :],
-                mask=gmask, other=0.0).to(tl.float32)
+    s = tl.load(
+        scales_ptr + groups[:, None] * scale_stride + (offs_n // SCALE_COLS)[None, :],
+        mask=gmask,
+        other=0.0,
+    ).to(tl.float32)
     raw3 = tl.reshape(raw, (NSUB, SUB, BLOCK_N), can_reorder=False)
     if HAS_ZEROS:
-        z = tl.load(zeros_ptr + groups[:, None] * N + offs_n[None, :], mask=gmask,
-                    other=0).to(tl.float32)
+        z = tl.load(zeros_ptr + groups[:, None] * N + offs_n[None, :], mask=gmask, other=0).to(
+            tl.float32
+        )
         v = (raw3 - (bias + z)[:, None, :]) * s[:, None, :]
     else:
         v = (raw3 - (bias + zero_point)) * s[:, None, :]
     if HAS_MINS:
-        mn = tl.load(mins_ptr + groups[:, None] * N + offs_n[None, :], mask=gmask,
-                     other=0.0).to(tl.float32)
+        mn = tl.load(mins_ptr + groups[:, None] * N + offs_n[None, :], mask=gmask, other=0.0).to(
+            tl.float32
+        )
         v = v - mn[:, None, :]
     return tl.reshape(v, (BLOCK_K, BLOCK_N), can_reorder=False)
 
 
 @triton.jit
-def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_ptr, y_ptr,
-                        M, N, K, stride_xm, scale_stride, zero_point, tiles_per_split,
-                        KIND: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
-                        SCALE_COLS: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                        HAS_MINS: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                        UPCAST: tl.constexpr, SWAP: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _packed_gemm_kernel(
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    zeros_ptr,
+    mins_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    scale_stride,
+    zero_point,
+    tiles_per_split,
+    KIND: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SWAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One ``BLOCK_M x BLOCK_N`` output tile over ``tiles_per_split`` K blocks (the ones of
     split ``program_id(1)``). ``PARTIAL``: float32 partial sums into ``y [splits, M, N]``;
     else the tile (plus bias) in y's dtype. ``SWAP``: the transposed product, the decoded
@@ -118,11 +163,31 @@ def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_
     for t in range(0, tiles_per_split):
         k0 = (pid_k * tiles_per_split + t) * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-        b = _decode_tile(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, k0, offs_n, N, K,
-                         scale_stride, zero_point, KIND, GROUP, SUB, SCALE_COLS, HAS_ZEROS,
-                         HAS_MINS, BLOCK_K, BLOCK_N)
+        a = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=mask_m[:, None] & (offs_k < K)[None, :],
+            other=0.0,
+        )
+        b = _decode_tile(
+            codes_ptr,
+            scales_ptr,
+            zeros_ptr,
+            mins_ptr,
+            k0,
+            offs_n,
+            N,
+            K,
+            scale_stride,
+            zero_point,
+            KIND,
+            GROUP,
+            SUB,
+            SCALE_COLS,
+            HAS_ZEROS,
+            HAS_MINS,
+            BLOCK_K,
+            BLOCK_N,
+        )
         b = b.to(a.dtype)
         if SWAP:
             acc_t = tl.dot(tl.trans(b), tl.trans(a), acc_t)
@@ -139,24 +204,60 @@ def _packed_gemm_kernel(x_ptr, codes_ptr, scales_ptr, zeros_ptr, mins_ptr, bias_
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :],
-                 acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            y_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask
+        )
 
 
 @triton.jit
-def _dequantize_kernel(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, out_ptr, N, K,
-                       scale_stride, zero_point, KIND: tl.constexpr, GROUP: tl.constexpr,
-                       SUB: tl.constexpr, SCALE_COLS: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                       HAS_MINS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dequantize_kernel(
+    codes_ptr,
+    scales_ptr,
+    zeros_ptr,
+    mins_ptr,
+    out_ptr,
+    N,
+    K,
+    scale_stride,
+    zero_point,
+    KIND: tl.constexpr,
+    GROUP: tl.constexpr,
+    SUB: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_MINS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The decoded tile of program ``(k block, n block)`` into ``out [N, K]`` (float32)."""
     k0 = tl.program_id(0) * BLOCK_K
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    v = _decode_tile(codes_ptr, scales_ptr, zeros_ptr, mins_ptr, k0, offs_n, N, K, scale_stride,
-                     zero_point, KIND, GROUP, SUB, SCALE_COLS, HAS_ZEROS, HAS_MINS, BLOCK_K,
-                     BLOCK_N)
-    tl.store(out_ptr + offs_n[None, :] * K + offs_k[:, None], v,
-             mask=(offs_k < K)[:, None] & (offs_n < N)[None, :])
+    v = _decode_tile(
+        codes_ptr,
+        scales_ptr,
+        zeros_ptr,
+        mins_ptr,
+        k0,
+        offs_n,
+        N,
+        K,
+        scale_stride,
+        zero_point,
+        KIND,
+        GROUP,
+        SUB,
+        SCALE_COLS,
+        HAS_ZEROS,
+        HAS_MINS,
+        BLOCK_K,
+        BLOCK_N,
+    )
+    tl.store(
+        out_ptr + offs_n[None, :] * K + offs_k[:, None],
+        v,
+        mask=(offs_k < K)[:, None] & (offs_n < N)[None, :],
+    )
 
 
 def _weight_args(w: PackedGemmWeight, block_k: int) -> tuple[list, dict]:
@@ -165,15 +266,30 @@ def _weight_args(w: PackedGemmWeight, block_k: int) -> tuple[list, dict]:
     # a group narrower than the tile splits it (and divides it); one as wide as K never does
     sub = w.group if w.group < min(block_k, w.cols) else block_k
     dummy = w.scales
-    args = [w.codes, w.scales, w.zeros if w.zeros is not None else dummy,
-            w.mins if w.mins is not None else dummy]
-    constexprs = dict(KIND=_KIND_IDS[w.kind], GROUP=w.group, SUB=sub, SCALE_COLS=w.scale_cols,
-                      HAS_ZEROS=w.zeros is not None, HAS_MINS=w.mins is not None)
+    args = [
+        w.codes,
+        w.scales,
+        w.zeros if w.zeros is not None else dummy,
+        w.mins if w.mins is not None else dummy,
+    ]
+    constexprs = dict(
+        KIND=_KIND_IDS[w.kind],
+        GROUP=w.group,
+        SUB=sub,
+        SCALE_COLS=w.scale_cols,
+        HAS_ZEROS=w.zeros is not None,
+        HAS_MINS=w.mins is not None,
+    )
     return args, constexprs
 
 
-def packed_gemm_triton(x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor | None = None,
-                       *, config: PackedGemmConfig | None = None) -> torch.Tensor:
+def packed_gemm_triton(
+    x: torch.Tensor,
+    w: PackedGemmWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    config: PackedGemmConfig | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)`` → ``[M, N]`` in x's dtype (float16 or bfloat16)."""
     if x.dim() != 2 or x.shape[1] != w.cols:
         raise ValueError(f"packed GEMM: x must be [M, {w.cols}], got {tuple(x.shape)}")
@@ -200,12 +316,28 @@ def packed_gemm_triton(x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor 
     upcast = interpreting() and x.dtype == torch.bfloat16
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), splits)
     _packed_gemm_kernel[grid](
-        x, *args, bias if bias is not None else x, y, m, n, k, x.stride(0),
-        w.scales.stride(0), w.zero_point, per_split, **constexprs,
-        HAS_BIAS=bias is not None and not partial, PARTIAL=partial,
-        UPCAST=upcast, SWAP=cfg.swap_ab and not upcast, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        x,
+        *args,
+        bias if bias is not None else x,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.scales.stride(0),
+        w.zero_point,
+        per_split,
+        **constexprs,
+        HAS_BIAS=bias is not None and not partial,
+        PARTIAL=partial,
+        UPCAST=upcast,
+        SWAP=cfg.swap_ab and not upcast,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if not partial:
         return y
     out = y.sum(0)
@@ -214,13 +346,23 @@ def packed_gemm_triton(x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor 
     return out.to(x.dtype)
 
 
-def dequantize_packed_triton(w: PackedGemmWeight, block_k: int = 64,
-                             block_n: int = 32) -> torch.Tensor:
+def dequantize_packed_triton(
+    w: PackedGemmWeight, block_k: int = 64, block_n: int = 32
+) -> torch.Tensor:
     """The weight decoded by the GEMM's own tile decoding, float32 ``[N, K]``."""
     check_config(w, PackedGemmConfig(16, block_n, block_k))
     out = torch.empty(w.rows, w.cols, dtype=torch.float32, device=w.device)
     args, constexprs = _weight_args(w, block_k)
     grid = (triton.cdiv(w.cols, block_k), triton.cdiv(w.rows, block_n))
-    _dequantize_kernel[grid](*args, out, w.rows, w.cols, w.scales.stride(0), w.zero_point,
-                             **constexprs, BLOCK_K=block_k, BLOCK_N=block_n)
+    _dequantize_kernel[grid](
+        *args,
+        out,
+        w.rows,
+        w.cols,
+        w.scales.stride(0),
+        w.zero_point,
+        **constexprs,
+        BLOCK_K=block_k,
+        BLOCK_N=block_n,
+    )
     return out

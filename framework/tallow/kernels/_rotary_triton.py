@@ -11,9 +11,22 @@ from .pdl import allow_next, pdl_enabled, wait_prior
 
 
 @triton.jit
-def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size, w_ptr, eps,
-                  HALF: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    row_stride,
+    tok,
+    n_heads,
+    cos,
+    sin,
+    head_size,
+    w_ptr,
+    eps,
+    HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     heads = tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, BLOCK_R)[None, :]
     mask = (heads < n_heads) & (i < HALF)
@@ -48,11 +61,29 @@ def _rotate_heads(x_ptr, row_stride, tok, n_heads, cos, sin, head_size, w_ptr, e
 
 # Positions are a slice of a packed per-step buffer: their alignment varies (see jit.py).
 @step_jit(pointers=["pos_ptr"])
-def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, q_stride, k_stride, cache_stride,
-                   n_q_heads, n_k_heads, head_size, qw_ptr, kw_ptr, eps, HALF: tl.constexpr,
-                   IS_NEOX: tl.constexpr, HAS_K: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                   BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, HAS_NORM: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+def _rotary_kernel(
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    cache_ptr,
+    q_stride,
+    k_stride,
+    cache_stride,
+    n_q_heads,
+    n_k_heads,
+    head_size,
+    qw_ptr,
+    kw_ptr,
+    eps,
+    HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    HAS_K: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     tok = tl.program_id(0).to(tl.int64)
     # Even the cos/sin row depends on this step's positions: nothing to read before the wait.
     wait_prior(USE_PDL)
@@ -62,19 +93,52 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cache_ptr, q_stride, k_stride, cache_s
     row = cache_ptr + pos * cache_stride
     cos = tl.load(row + i, mask=i < HALF, other=0.0).to(tl.float32)
     sin = tl.load(row + HALF + i, mask=i < HALF, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr, q_stride, tok, n_q_heads, cos, sin, head_size, qw_ptr, eps, HALF,
-                  IS_NEOX, BLOCK_HQ, BLOCK_R, HAS_NORM)
+    _rotate_heads(
+        q_ptr,
+        q_stride,
+        tok,
+        n_q_heads,
+        cos,
+        sin,
+        head_size,
+        qw_ptr,
+        eps,
+        HALF,
+        IS_NEOX,
+        BLOCK_HQ,
+        BLOCK_R,
+        HAS_NORM,
+    )
     if HAS_K:
-        _rotate_heads(k_ptr, k_stride, tok, n_k_heads, cos, sin, head_size, kw_ptr, eps, HALF,
-                      IS_NEOX, BLOCK_HK, BLOCK_R, HAS_NORM)
+        _rotate_heads(
+            k_ptr,
+            k_stride,
+            tok,
+            n_k_heads,
+            cos,
+            sin,
+            head_size,
+            kw_ptr,
+            eps,
+            HALF,
+            IS_NEOX,
+            BLOCK_HK,
+            BLOCK_R,
+            HAS_NORM,
+        )
 
 
-def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
-                            cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True,
-                            inplace: bool = True,
-                            qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            norm_eps: float = 1e-6
-                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rotary_embedding_triton(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool = True,
+    inplace: bool = True,
+    qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,
+    norm_eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton version of ``rotary.rotary_embedding_ref`` (arguments already checked; with
     ``qk_norm`` the rotary dim is the whole head)."""
     if not inplace:
@@ -88,10 +152,27 @@ def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     qw, kw = (qk_norm[0].contiguous(), qk_norm[1].contiguous()) if qk_norm else (cache, cache)
     use_pdl = pdl_enabled(q)
     _rotary_kernel[(n_tokens,)](
-        positions, q3, k3, cache, q3.stride(0), k3.stride(0), cache.stride(0),
-        q3.shape[1], k3.shape[1], head_size, qw, kw, float(norm_eps), HALF=half,
-        IS_NEOX=bool(is_neox), HAS_K=k is not None,
+        positions,
+        q3,
+        k3,
+        cache,
+        q3.stride(0),
+        k3.stride(0),
+        cache.stride(0),
+        q3.shape[1],
+        k3.shape[1],
+        head_size,
+        qw,
+        kw,
+        float(norm_eps),
+        HALF=half,
+        IS_NEOX=bool(is_neox),
+        HAS_K=k is not None,
         BLOCK_HQ=triton.next_power_of_2(q3.shape[1]),
-        BLOCK_HK=triton.next_power_of_2(k3.shape[1]), BLOCK_R=triton.next_power_of_2(half),
-        HAS_NORM=qk_norm is not None, USE_PDL=use_pdl, launch_pdl=use_pdl)
+        BLOCK_HK=triton.next_power_of_2(k3.shape[1]),
+        BLOCK_R=triton.next_power_of_2(half),
+        HAS_NORM=qk_norm is not None,
+        USE_PDL=use_pdl,
+        launch_pdl=use_pdl,
+    )
     return q, k

@@ -64,20 +64,32 @@ def _gumbel_noise_kernel(key1_ptr, key2_ptr, out_ptr, vocab, BLOCK: tl.constexpr
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     key1 = tl.load(key1_ptr + row).to(tl.uint32)
     key2 = tl.load(key2_ptr + row).to(tl.uint32)
-    tl.store(out_ptr + row.to(tl.int64) * vocab + offs, _gumbel(offs, key1, key2),
-             mask=offs < vocab)
+    tl.store(
+        out_ptr + row.to(tl.int64) * vocab + offs, _gumbel(offs, key1, key2), mask=offs < vocab
+    )
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, stride_row, inv_temp_ptr, greedy_ptr, key1_ptr, key2_ptr,
-                          part_max_ptr, part_idx_ptr, vocab, n_chunks,
-                          BLOCK: tl.constexpr):
+def _gumbel_argmax_kernel(
+    logits_ptr,
+    stride_row,
+    inv_temp_ptr,
+    greedy_ptr,
+    key1_ptr,
+    key2_ptr,
+    part_max_ptr,
+    part_idx_ptr,
+    vocab,
+    n_chunks,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = offs < vocab
-    logits = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=valid,
-                     other=float("-inf"))
+    logits = tl.load(
+        logits_ptr + row.to(tl.int64) * stride_row + offs, mask=valid, other=float("-inf")
+    )
     scores = logits
     if tl.load(greedy_ptr + row) == 0:
         key1 = tl.load(key1_ptr + row).to(tl.uint32)
@@ -91,9 +103,21 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, inv_temp_ptr, greedy_ptr, key1
 
 
 @triton.jit
-def _logit_edits_kernel(logits_ptr, stride_row, rows_ptr, tokens_ptr, bias_ptr, masked_ptr,
-                        counts_ptr, in_rep_ptr, rep_ptr, freq_ptr, pres_ptr, n_entries,
-                        BLOCK: tl.constexpr):
+def _logit_edits_kernel(
+    logits_ptr,
+    stride_row,
+    rows_ptr,
+    tokens_ptr,
+    bias_ptr,
+    masked_ptr,
+    counts_ptr,
+    in_rep_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    n_entries,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < n_entries
     row = tl.load(rows_ptr + offs, mask=valid, other=0)
@@ -115,13 +139,19 @@ def _logit_edits_kernel(logits_ptr, stride_row, rows_ptr, tokens_ptr, bias_ptr, 
 
 def _check_logits(logits: torch.Tensor) -> None:
     if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits: expected a 2-D float32 tensor with unit last stride, got "
-                         f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}")
+        raise ValueError(
+            f"logits: expected a 2-D float32 tensor with unit last stride, got "
+            f"{logits.dtype} {tuple(logits.shape)} strides {logits.stride()}"
+        )
 
 
-def gumbel_argmax_triton(logits: torch.Tensor, inv_temperature: torch.Tensor,
-                         greedy: torch.Tensor, key1: torch.Tensor,
-                         key2: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax_triton(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    greedy: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+) -> torch.Tensor:
     """Triton version of ``gumbel.gumbel_argmax_ref`` (same contract, same tokens)."""
     _check_logits(logits)
     n, vocab = logits.shape
@@ -133,9 +163,19 @@ def gumbel_argmax_triton(logits: torch.Tensor, inv_temperature: torch.Tensor,
     part_max = torch.empty(n, n_chunks, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(n, n_chunks, dtype=torch.int64, device=logits.device)
     _gumbel_argmax_kernel[(n, n_chunks)](
-        logits, logits.stride(0), inv_temperature.float().contiguous(),
-        greedy.to(torch.int8).contiguous(), key1.contiguous(), key2.contiguous(),
-        part_max, part_idx, vocab, n_chunks, BLOCK=block, enable_fp_fusion=False)
+        logits,
+        logits.stride(0),
+        inv_temperature.float().contiguous(),
+        greedy.to(torch.int8).contiguous(),
+        key1.contiguous(),
+        key2.contiguous(),
+        part_max,
+        part_idx,
+        vocab,
+        n_chunks,
+        BLOCK=block,
+        enable_fp_fusion=False,
+    )
     # The first chunk holding the row maximum holds its lowest-index maximum.
     best_chunk = part_max.argmax(dim=1, keepdim=True)
     return part_idx.gather(1, best_chunk).squeeze(1)
@@ -149,8 +189,8 @@ def gumbel_noise_triton(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int)
         return out
     block = min(_VOCAB_BLOCK, triton.next_power_of_2(vocab_size))
     _gumbel_noise_kernel[(n, triton.cdiv(vocab_size, block))](
-        key1.contiguous(), key2.contiguous(), out, vocab_size, BLOCK=block,
-        enable_fp_fusion=False)
+        key1.contiguous(), key2.contiguous(), out, vocab_size, BLOCK=block, enable_fp_fusion=False
+    )
     return out
 
 
@@ -161,7 +201,18 @@ def apply_logit_edits_triton(logits: torch.Tensor, edits: LogitEdits) -> None:
     if n_entries == 0:
         return
     _logit_edits_kernel[(triton.cdiv(n_entries, _EDIT_BLOCK),)](
-        logits, logits.stride(0), edits.rows, edits.tokens, edits.bias,
-        edits.masked.to(torch.int8), edits.counts, edits.in_rep.to(torch.int8),
-        edits.repetition_penalty, edits.frequency_penalty, edits.presence_penalty, n_entries,
-        BLOCK=_EDIT_BLOCK, enable_fp_fusion=False)
+        logits,
+        logits.stride(0),
+        edits.rows,
+        edits.tokens,
+        edits.bias,
+        edits.masked.to(torch.int8),
+        edits.counts,
+        edits.in_rep.to(torch.int8),
+        edits.repetition_penalty,
+        edits.frequency_penalty,
+        edits.presence_penalty,
+        n_entries,
+        BLOCK=_EDIT_BLOCK,
+        enable_fp_fusion=False,
+    )

@@ -14,8 +14,9 @@ _BLOCK = 1024
 
 
 @step_jit(pointers=["bitmask_ptr", "rows_ptr"])
-def _apply_token_bitmask_kernel(logits_ptr, stride_row, bitmask_ptr, words, rows_ptr, vocab,
-                                BLOCK: tl.constexpr):
+def _apply_token_bitmask_kernel(
+    logits_ptr, stride_row, bitmask_ptr, words, rows_ptr, vocab, BLOCK: tl.constexpr
+):
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < vocab
@@ -26,13 +27,20 @@ def _apply_token_bitmask_kernel(logits_ptr, stride_row, bitmask_ptr, words, rows
     tl.store(logits_ptr + row * stride_row + offs, blocked, mask=valid & ~allowed)
 
 
-def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
-                               rows: torch.Tensor) -> None:
+def apply_token_bitmask_triton(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor
+) -> None:
     """Mask rows ``rows`` of ``logits`` (last dim contiguous) by ``bitmask``, in place."""
     if logits.stride(1) != 1:
         raise ValueError("logits: the token dimension must be contiguous")
     vocab = logits.shape[1]
     masks = bitmask.shape[0]
     _apply_token_bitmask_kernel[(masks, triton.cdiv(vocab, _BLOCK))](
-        logits, logits.stride(0), bitmask.contiguous(), bitmask.shape[1],
-        rows.to(torch.int64).contiguous(), vocab, BLOCK=_BLOCK)
+        logits,
+        logits.stride(0),
+        bitmask.contiguous(),
+        bitmask.shape[1],
+        rows.to(torch.int64).contiguous(),
+        vocab,
+        BLOCK=_BLOCK,
+    )

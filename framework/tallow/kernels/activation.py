@@ -14,8 +14,9 @@ from ._dispatch import triton_enabled
 
 def _split(name: str, x: torch.Tensor) -> int:
     if x.dim() < 1 or x.shape[-1] % 2:
-        raise ValueError(f"{name}: expected x [..., 2*d] with an even last dim, got "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: expected x [..., 2*d] with an even last dim, got {tuple(x.shape)}"
+        )
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     return x.shape[-1] // 2
@@ -41,6 +42,7 @@ def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 def _dispatch(x: torch.Tensor, kind: str) -> torch.Tensor:
     from ._activation_triton import gated_act_triton
+
     return gated_act_triton(x, kind)
 
 

@@ -21,6 +21,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     if not triton_enabled(x) or x.shape[0] == 0:
         return argmax_rows_ref(x)
     from ._argmax_triton import argmax_rows_triton
+
     if x.stride(1) != 1:
         x = x.contiguous()
     return argmax_rows_triton(x)

@@ -25,32 +25,49 @@ MAX_SCORE_ELEMENTS = 1 << 23
 _MAX_KEY_BLOCK = 1024
 
 
-def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context_len: int, causal: bool,
-          sliding_window: int | None, chunk_size: int | None = None) -> torch.Tensor:
+def _mask(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    context_len: int,
+    causal: bool,
+    sliding_window: int | None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """Which keys each query sees: [Q, 1] query and [1, S] key positions → [Q, S] bool."""
     allowed = k_pos <= q_pos if causal else k_pos < context_len
     if sliding_window:
         allowed = allowed & (q_pos - k_pos < sliding_window)
     if chunk_size:
-        allowed = allowed & (torch.div(q_pos, chunk_size, rounding_mode="floor")
-                             == torch.div(k_pos, chunk_size, rounding_mode="floor"))
+        allowed = allowed & (
+            torch.div(q_pos, chunk_size, rounding_mode="floor")
+            == torch.div(k_pos, chunk_size, rounding_mode="floor")
+        )
     return allowed
 
 
-def _scores(qf: torch.Tensor, kf: torch.Tensor, scale: float,
-            logit_softcap: float | None) -> torch.Tensor:
+def _scores(
+    qf: torch.Tensor, kf: torch.Tensor, scale: float, logit_softcap: float | None
+) -> torch.Tensor:
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale
     if logit_softcap:
         scores = logit_softcap * torch.tanh(scores / logit_softcap)
     return scores
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                  context_len: int, sliding_window: int | None = None,
-                  logit_softcap: float | None = None, causal: bool = True,
-                  sinks: torch.Tensor | None = None,
-                  attention_chunk_size: int | None = None,
-                  max_score_elements: int = MAX_SCORE_ELEMENTS) -> torch.Tensor:
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    context_len: int,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    causal: bool = True,
+    sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
+    max_score_elements: int = MAX_SCORE_ELEMENTS,
+) -> torch.Tensor:
     """Attention of the last ``q.shape[0]`` tokens of a sequence over its whole context.
 
     q [Q, Hq, D]; k, v [S, Hkv, D] with S = ``context_len``; query i sits at position
@@ -65,11 +82,19 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     """
     n_q, n_heads, _ = q.shape
     if n_heads * n_q * context_len > max_score_elements:
-        return _blocked_attention(q, k, v, scale=scale, context_len=context_len,
-                                  sliding_window=sliding_window, logit_softcap=logit_softcap,
-                                  causal=causal, sinks=sinks,
-                                  chunk_size=attention_chunk_size,
-                                  max_score_elements=max_score_elements)
+        return _blocked_attention(
+            q,
+            k,
+            v,
+            scale=scale,
+            context_len=context_len,
+            sliding_window=sliding_window,
+            logit_softcap=logit_softcap,
+            causal=causal,
+            sinks=sinks,
+            chunk_size=attention_chunk_size,
+            max_score_elements=max_score_elements,
+        )
     group = n_heads // k.shape[1]
     qf = q.float().transpose(0, 1)  # [Hq, Q, D]
     kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, S, D]
@@ -88,10 +113,20 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
     return out.transpose(0, 1).to(q.dtype)
 
 
-def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                       context_len: int, sliding_window: int | None,
-                       logit_softcap: float | None, causal: bool, sinks: torch.Tensor | None,
-                       max_score_elements: int, chunk_size: int | None = None) -> torch.Tensor:
+def _blocked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    context_len: int,
+    sliding_window: int | None,
+    logit_softcap: float | None,
+    causal: bool,
+    sinks: torch.Tensor | None,
+    max_score_elements: int,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """:func:`attention_ref` over query blocks × key blocks with an online softmax."""
     n_q, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
@@ -118,8 +153,9 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sca
             vf = v[k0:k1].float().repeat_interleave(group, dim=1).transpose(0, 1)
             scores = _scores(qf, kf, scale, logit_softcap)  # [Hq, qb, kb]
             k_pos = torch.arange(k0, k1, device=q.device)[None, :]
-            scores.masked_fill_(~_mask(q_pos, k_pos, context_len, causal, sliding_window,
-                                       chunk_size), float("-inf"))
+            scores.masked_fill_(
+                ~_mask(q_pos, k_pos, context_len, causal, sliding_window, chunk_size), float("-inf")
+            )
             new_max = torch.maximum(run_max, scores.amax(dim=-1, keepdim=True))
             # a row with no visible key yet keeps a -inf maximum: shift it by 0 instead
             shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
@@ -138,13 +174,20 @@ def _blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sca
     return out
 
 
-def paged_attention_ref(q: torch.Tensor, kv_cache: "LayerKVCache", *,
-                        query_start_loc: list[int], seq_lens: list[int],
-                        block_tables: torch.Tensor, scale: float,
-                        sliding_window: int | None = None,
-                        logit_softcap: float | None = None, causal: bool = True,
-                        sinks: torch.Tensor | None = None,
-                        attention_chunk_size: int | None = None) -> torch.Tensor:
+def paged_attention_ref(
+    q: torch.Tensor,
+    kv_cache: "LayerKVCache",
+    *,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    causal: bool = True,
+    sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
+) -> torch.Tensor:
     """Attention for a flat batch whose K/V are already in the paged cache (``causal``,
     ``sinks`` and ``attention_chunk_size``: see :func:`attention_ref`)."""
     out = torch.zeros_like(q)
@@ -153,10 +196,18 @@ def paged_attention_ref(q: torch.Tensor, kv_cache: "LayerKVCache", *,
         start, end = query_start_loc[i], query_start_loc[i + 1]
         if end == start:
             continue
-        blocks = block_tables[i, :-(-seq_len // block_size)].long()
+        blocks = block_tables[i, : -(-seq_len // block_size)].long()
         k, v = kv_cache.codec.decode(kv_cache, blocks)
-        out[start:end] = attention_ref(q[start:end], k[:seq_len], v[:seq_len], scale=scale,
-                                       context_len=seq_len, sliding_window=sliding_window,
-                                       logit_softcap=logit_softcap, causal=causal,
-                                       sinks=sinks, attention_chunk_size=attention_chunk_size)
+        out[start:end] = attention_ref(
+            q[start:end],
+            k[:seq_len],
+            v[:seq_len],
+            scale=scale,
+            context_len=seq_len,
+            sliding_window=sliding_window,
+            logit_softcap=logit_softcap,
+            causal=causal,
+            sinks=sinks,
+            attention_chunk_size=attention_chunk_size,
+        )
     return out

@@ -19,15 +19,26 @@ import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
 
-__all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update",
-           "causal_conv1d_update_ref", "CONV_ACTIVATIONS"]
+__all__ = [
+    "causal_conv1d",
+    "causal_conv1d_ref",
+    "causal_conv1d_update",
+    "causal_conv1d_update_ref",
+    "CONV_ACTIVATIONS",
+]
 
 #: activations applied after the convolution (None: none)
 CONV_ACTIVATIONS = (None, "silu")
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           conv_state: torch.Tensor, slots: torch.Tensor, activation: str | None) -> None:
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    activation: str | None,
+) -> None:
     if x.dim() != 2:
         raise ValueError(f"x: expected [T, C], got {tuple(x.shape)}")
     c = x.shape[1]
@@ -37,11 +48,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"bias: expected [{c}], got {tuple(bias.shape)}")
     taps = weight.shape[1]
     if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != (taps - 1, c):
-        raise ValueError(f"conv_state: expected [slots + 1, {taps - 1}, {c}], got "
-                         f"{tuple(conv_state.shape)}")
+        raise ValueError(
+            f"conv_state: expected [slots + 1, {taps - 1}, {c}], got {tuple(conv_state.shape)}"
+        )
     if slots.dim() != 1 or slots.dtype != torch.int64:
-        raise ValueError(f"slots: expected int64 [num_seqs], got {slots.dtype} "
-                         f"{tuple(slots.shape)}")
+        raise ValueError(
+            f"slots: expected int64 [num_seqs], got {slots.dtype} {tuple(slots.shape)}"
+        )
     if activation not in CONV_ACTIVATIONS:
         raise ValueError(f"activation: expected one of {CONV_ACTIVATIONS}, got {activation!r}")
 
@@ -50,14 +63,23 @@ def _act(y: torch.Tensor, activation: str | None) -> torch.Tensor:
     return F.silu(y) if activation == "silu" else y
 
 
-def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      conv_state: torch.Tensor, slots: torch.Tensor,
-                      query_start_loc: torch.Tensor | list[int], *,
-                      activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor | list[int],
+    *,
+    activation: str | None = "silu",
+) -> torch.Tensor:
     """Plain-torch reference of :func:`causal_conv1d` (same contract)."""
     _check(x, weight, bias, conv_state, slots, activation)
-    starts = (query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor)
-              else list(query_start_loc))
+    starts = (
+        query_start_loc.tolist()
+        if isinstance(query_start_loc, torch.Tensor)
+        else list(query_start_loc)
+    )
     taps = weight.shape[1]
     out = torch.zeros_like(x)
     w = weight.float()
@@ -69,19 +91,26 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         # y[t] = sum_j w[:, j] * window[t + j]
         y = torch.zeros(e - a, x.shape[1], dtype=torch.float32, device=x.device)
         for j in range(taps):
-            y += w[:, j] * window[j:j + e - a]
+            y += w[:, j] * window[j : j + e - a]
         if bias is not None:
             y = y + bias.float()
         out[a:e] = _act(y, activation).to(x.dtype)
-        conv_state[slot] = window[-(taps - 1):].to(conv_state.dtype)
+        conv_state[slot] = window[-(taps - 1) :].to(conv_state.dtype)
     return out
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  conv_state: torch.Tensor, slots: torch.Tensor, query_start_loc: torch.Tensor,
-                  *, max_query_len: int | None = None,
-                  query_start_loc_cpu: list[int] | None = None,
-                  activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int | None = None,
+    query_start_loc_cpu: list[int] | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
     """The convolution of a step's flat sequences (see the module docstring): ``x`` ``[T,
     C]``, ``weight`` ``[C, K]``, ``bias`` ``[C]`` or None, ``conv_state`` ``[slots + 1, K - 1,
     C]`` updated in place at ``slots`` ``[N]`` (int64), ``query_start_loc`` ``[N + 1]`` (int32,
@@ -91,17 +120,30 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _check(x, weight, bias, conv_state, slots, activation)
     if triton_enabled(x) and x.shape[0]:
         from ._causal_conv_triton import causal_conv1d_triton
-        return causal_conv1d_triton(x, weight, bias, conv_state, slots, query_start_loc,
-                                    max_query_len=max_query_len or x.shape[0],
-                                    activation=activation)
+
+        return causal_conv1d_triton(
+            x,
+            weight,
+            bias,
+            conv_state,
+            slots,
+            query_start_loc,
+            max_query_len=max_query_len or x.shape[0],
+            activation=activation,
+        )
     starts = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc
-    return causal_conv1d_ref(x, weight, bias, conv_state, slots, starts,
-                             activation=activation)
+    return causal_conv1d_ref(x, weight, bias, conv_state, slots, starts, activation=activation)
 
 
-def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                             conv_state: torch.Tensor, slots: torch.Tensor, *,
-                             activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d_update_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    activation: str | None = "silu",
+) -> torch.Tensor:
     """Plain-torch reference of :func:`causal_conv1d_update` (same contract)."""
     _check(x, weight, bias, conv_state, slots, activation)
     window = torch.cat([conv_state.index_select(0, slots).to(x.dtype), x[:, None]], 1)
@@ -112,9 +154,15 @@ def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     return _act(y, activation).to(x.dtype)
 
 
-def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         conv_state: torch.Tensor, slots: torch.Tensor, *,
-                         activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    activation: str | None = "silu",
+) -> torch.Tensor:
     """One token per sequence: row ``i`` of ``x`` ``[N, C]`` is the next input of the sequence
     holding ``slots[i]`` (padding rows of a CUDA graph name the dummy slot). Returns ``[N,
     C]``; no host synchronisation: capturable."""
@@ -123,6 +171,8 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         raise ValueError(f"slots: expected one per row ({x.shape[0]}), got {slots.shape[0]}")
     if triton_enabled(x) and x.shape[0]:
         from ._causal_conv_triton import causal_conv1d_update_triton
-        return causal_conv1d_update_triton(x, weight, bias, conv_state, slots,
-                                           activation=activation)
+
+        return causal_conv1d_update_triton(
+            x, weight, bias, conv_state, slots, activation=activation
+        )
     return causal_conv1d_update_ref(x, weight, bias, conv_state, slots, activation=activation)

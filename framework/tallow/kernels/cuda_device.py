@@ -20,12 +20,14 @@ def cuda_index(device: str) -> int | None:
 def capability(index: int | None) -> tuple[int, int]:
     """Compute capability of CUDA device ``index`` (None: the current device)."""
     major, minor = torch.cuda.get_device_capability(
-        index if index is not None else torch.cuda.current_device())
+        index if index is not None else torch.cuda.current_device()
+    )
     return major, minor
 
 
-def cuda_device_reasons(device: str, min_capability: tuple[int, int]
-                        ) -> tuple[list[str], tuple[int, int] | None]:
+def cuda_device_reasons(
+    device: str, min_capability: tuple[int, int]
+) -> tuple[list[str], tuple[int, int] | None]:
     """(reasons the CUDA device ``model.device`` names cannot run kernels that need compute
     capability ``min_capability``, its capability). No CUDA, or a device index past the
     devices there are, is a reason and no capability."""
@@ -33,10 +35,13 @@ def cuda_device_reasons(device: str, min_capability: tuple[int, int]
         return ["no CUDA device (torch.cuda.is_available() is False)"], None
     index = cuda_index(device)
     if index is not None and index >= torch.cuda.device_count():
-        return [f"model.device {device!r} does not exist ({torch.cuda.device_count()} CUDA "
-                "device(s))"], None
+        return [
+            f"model.device {device!r} does not exist ({torch.cuda.device_count()} CUDA device(s))"
+        ], None
     cap = capability(index)
     if cap < min_capability:
-        return [f"CUDA compute capability {cap[0]}.{cap[1]} is below "
-                f"{min_capability[0]}.{min_capability[1]}"], cap
+        return [
+            f"CUDA compute capability {cap[0]}.{cap[1]} is below "
+            f"{min_capability[0]}.{min_capability[1]}"
+        ], cap
     return [], cap

@@ -31,9 +31,15 @@ import torch.nn.functional as F
 
 from ._dispatch import triton_enabled
 
-__all__ = ["gdn_gating", "l2_normalize", "chunk_gated_delta_rule",
-           "chunk_gated_delta_rule_ref", "gated_delta_step", "gated_delta_step_ref",
-           "recurrent_gated_delta_rule_ref"]
+__all__ = [
+    "gdn_gating",
+    "l2_normalize",
+    "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_ref",
+    "gated_delta_step",
+    "gated_delta_step_ref",
+    "recurrent_gated_delta_rule_ref",
+]
 
 #: the tokens of one chunk of the chunked form (its triangular solve is this size)
 CHUNK = 64
@@ -41,8 +47,9 @@ CHUNK = 64
 L2_EPS = 1e-6
 
 
-def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gating(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3-Next's gates from ``a``, ``b`` ``[T, Hv]``: (``g`` log-decay, ``beta``), both
     float32 ``[T, Hv]``."""
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
@@ -55,25 +62,37 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: tuple[torch.Tensor, ...],
-           state: torch.Tensor, slots: torch.Tensor, names: tuple[str, ...]) -> None:
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: tuple[torch.Tensor, ...],
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    names: tuple[str, ...],
+) -> None:
     if q.dim() != 3 or k.shape != q.shape:
-        raise ValueError(f"q, k: expected [T, Hk, Dk] alike, got {tuple(q.shape)} and "
-                         f"{tuple(k.shape)}")
+        raise ValueError(
+            f"q, k: expected [T, Hk, Dk] alike, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     t, hk, dk = q.shape
     if v.dim() != 3 or v.shape[0] != t or v.shape[1] % hk:
-        raise ValueError(f"v: expected [{t}, Hv, Dv] with Hv a multiple of {hk}, got "
-                         f"{tuple(v.shape)}")
+        raise ValueError(
+            f"v: expected [{t}, Hv, Dv] with Hv a multiple of {hk}, got {tuple(v.shape)}"
+        )
     hv, dv = v.shape[1], v.shape[2]
     for name, gate in zip(names, gates):
         if gate.shape != (t, hv):
             raise ValueError(f"{name}: expected [{t}, {hv}], got {tuple(gate.shape)}")
     if state.dim() != 4 or tuple(state.shape[1:]) != (hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(f"state: expected float32 [slots + 1, {hv}, {dk}, {dv}], got "
-                         f"{state.dtype} {tuple(state.shape)}")
+        raise ValueError(
+            f"state: expected float32 [slots + 1, {hv}, {dk}, {dv}], got "
+            f"{state.dtype} {tuple(state.shape)}"
+        )
     if slots.dim() != 1 or slots.dtype != torch.int64:
-        raise ValueError(f"slots: expected int64 [num_seqs], got {slots.dtype} "
-                         f"{tuple(slots.shape)}")
+        raise ValueError(
+            f"slots: expected int64 [num_seqs], got {slots.dtype} {tuple(slots.shape)}"
+        )
 
 
 def _heads(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -81,10 +100,17 @@ def _heads(x: torch.Tensor, hv: int) -> torch.Tensor:
     return x.repeat_interleave(hv // x.shape[-2], dim=-2) if x.shape[-2] != hv else x
 
 
-def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                   g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
-                                   *, scale: float | None = None, qk_l2norm: bool = True
-                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrent_gated_delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence token by token: ``q``/``k`` ``[L, Hk, Dk]``, ``v`` ``[L, Hv, Dv]``, ``g``/
     ``beta`` ``[L, Hv]`` from ``state`` ``[Hv, Dk, Dv]``; returns (outputs ``[L, Hv, Dv]`` in
     ``v``'s dtype, the final float32 state)."""
@@ -104,9 +130,15 @@ def recurrent_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return out.to(v.dtype), s
 
 
-def _chunked_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                 beta: torch.Tensor, s0: torch.Tensor, chunk: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunked_one(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked form of one sequence (float32, heads first: ``q``/``k`` ``[H, L, Dk]``
     normalised and scaled, ``v`` ``[H, L, Dv]``, ``g``/``beta`` ``[H, L]``).
 
@@ -141,21 +173,35 @@ def _chunked_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
         u = w_v[:, c] - w_k[:, c] @ s
         out[:, c] = (q[:, c] * gc[:, c, :, None].exp()) @ s + qk[:, c] @ u
         to_end = (gc[:, c, -1:] - gc[:, c]).exp()
-        s = s * gc[:, c, -1].exp()[:, None, None] + (k[:, c] * to_end[..., None]).transpose(
-            -1, -2) @ u
+        s = (
+            s * gc[:, c, -1].exp()[:, None, None]
+            + (k[:, c] * to_end[..., None]).transpose(-1, -2) @ u
+        )
     return out.reshape(h, n * chunk, -1)[:, :length], s
 
 
-def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
-                               slots: torch.Tensor, query_start_loc: torch.Tensor | list[int],
-                               *, scale: float | None = None, qk_l2norm: bool = True,
-                               chunk: int = CHUNK) -> torch.Tensor:
+def chunk_gated_delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor | list[int],
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """Plain-torch reference of :func:`chunk_gated_delta_rule` (same contract), in the chunked
     form (see :func:`_chunked_one`)."""
     _check(q, k, v, (g, beta), state, slots, ("g", "beta"))
-    starts = (query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor)
-              else list(query_start_loc))
+    starts = (
+        query_start_loc.tolist()
+        if isinstance(query_start_loc, torch.Tensor)
+        else list(query_start_loc)
+    )
     hv = v.shape[1]
     if qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
@@ -166,19 +212,35 @@ def chunk_gated_delta_rule_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         a, e = starts[i], starts[i + 1]
         if e == a:
             continue
-        o, s = _chunked_one(q[a:e].transpose(0, 1), k[a:e].transpose(0, 1),
-                            v[a:e].float().transpose(0, 1), g[a:e].float().T,
-                            beta[a:e].float().T, state[slot], chunk)
+        o, s = _chunked_one(
+            q[a:e].transpose(0, 1),
+            k[a:e].transpose(0, 1),
+            v[a:e].float().transpose(0, 1),
+            g[a:e].float().T,
+            beta[a:e].float().T,
+            state[slot],
+            chunk,
+        )
         out[a:e] = o.transpose(0, 1)
         state[slot] = s
     return out.to(v.dtype)
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                           beta: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                           query_start_loc: torch.Tensor, *, max_query_len: int | None = None,
-                           query_start_loc_cpu: list[int] | None = None,
-                           scale: float | None = None, qk_l2norm: bool = True) -> torch.Tensor:
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int | None = None,
+    query_start_loc_cpu: list[int] | None = None,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+) -> torch.Tensor:
     """The gated delta rule over a step's flat sequences (see the module docstring).
 
     ``q``/``k`` ``[T, Hk, Dk]``, ``v`` ``[T, Hv, Dv]``, ``g``/``beta`` ``[T, Hv]`` (from
@@ -190,18 +252,40 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     _check(q, k, v, (g, beta), state, slots, ("g", "beta"))
     if triton_enabled(q) and q.shape[0]:
         from ._gated_delta_triton import chunk_gated_delta_rule_triton
-        return chunk_gated_delta_rule_triton(q, k, v, g, beta, state, slots, query_start_loc,
-                                             max_query_len=max_query_len or q.shape[0],
-                                             scale=scale, qk_l2norm=qk_l2norm)
+
+        return chunk_gated_delta_rule_triton(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+            slots,
+            query_start_loc,
+            max_query_len=max_query_len or q.shape[0],
+            scale=scale,
+            qk_l2norm=qk_l2norm,
+        )
     starts = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc
-    return chunk_gated_delta_rule_ref(q, k, v, g, beta, state, slots, starts, scale=scale,
-                                      qk_l2norm=qk_l2norm)
+    return chunk_gated_delta_rule_ref(
+        q, k, v, g, beta, state, slots, starts, scale=scale, qk_l2norm=qk_l2norm
+    )
 
 
-def gated_delta_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
-                         b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                         state: torch.Tensor, slots: torch.Tensor, *,
-                         scale: float | None = None, qk_l2norm: bool = True) -> torch.Tensor:
+def gated_delta_step_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+) -> torch.Tensor:
     """Plain-torch reference of :func:`gated_delta_step` (same contract)."""
     _check(q, k, v, (a, b), state, slots, ("a", "b"))
     g, beta = gdn_gating(a, b, A_log, dt_bias)
@@ -218,10 +302,20 @@ def gated_delta_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     return torch.einsum("nhkv,nhk->nhv", s, q).to(v.dtype)
 
 
-def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
-                     b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                     state: torch.Tensor, slots: torch.Tensor, *, scale: float | None = None,
-                     qk_l2norm: bool = True) -> torch.Tensor:
+def gated_delta_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+) -> torch.Tensor:
     """One token per sequence (decode): row ``i`` of ``q``/``k`` ``[N, Hk, Dk]``, ``v`` ``[N,
     Hv, Dv]``, ``a``/``b`` ``[N, Hv]`` (the raw gate projections; the gating of
     :func:`gdn_gating` is applied here with ``A_log`` and ``dt_bias`` ``[Hv]``) updates
@@ -232,7 +326,10 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
         raise ValueError(f"slots: expected one per row ({q.shape[0]}), got {slots.shape[0]}")
     if triton_enabled(q) and q.shape[0]:
         from ._gated_delta_triton import gated_delta_step_triton
-        return gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, slots,
-                                       scale=scale, qk_l2norm=qk_l2norm)
-    return gated_delta_step_ref(q, k, v, a, b, A_log, dt_bias, state, slots, scale=scale,
-                                qk_l2norm=qk_l2norm)
+
+        return gated_delta_step_triton(
+            q, k, v, a, b, A_log, dt_bias, state, slots, scale=scale, qk_l2norm=qk_l2norm
+        )
+    return gated_delta_step_ref(
+        q, k, v, a, b, A_log, dt_bias, state, slots, scale=scale, qk_l2norm=qk_l2norm
+    )

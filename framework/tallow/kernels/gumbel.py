@@ -70,8 +70,10 @@ def row_keys_array(seeds: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np
 def row_keys(seed: int, step: int) -> tuple[int, int]:
     """The two 32-bit keys of one row's noise at one step (``row_keys_array`` for one row);
     ``seed`` is any Python int, taken modulo 2**64."""
-    a, b = row_keys_array(np.array([seed & ((1 << 64) - 1)], dtype=np.uint64),
-                          np.array([step & MASK32], dtype=np.uint64))
+    a, b = row_keys_array(
+        np.array([seed & ((1 << 64) - 1)], dtype=np.uint64),
+        np.array([step & MASK32], dtype=np.uint64),
+    )
     return int(a[0]), int(b[0])
 
 
@@ -135,17 +137,21 @@ def gumbel_noise_ref(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) ->
     idx = torch.arange(vocab_size, dtype=torch.int64, device=key1.device)
     rows_per_chunk = max(1, _NOISE_CHUNK_ELEMS // vocab_size)
     for start in range(0, n, rows_per_chunk):
-        k1 = key1[start:start + rows_per_chunk, None]
-        k2 = key2[start:start + rows_per_chunk, None]
+        k1 = key1[start : start + rows_per_chunk, None]
+        k2 = key2[start : start + rows_per_chunk, None]
         h = mix32(mix32(idx[None, :] ^ k1) ^ k2)
         u = uniform_from_hash(h)
-        out[start:start + rows_per_chunk] = -log_f32(-log_f32(u))
+        out[start : start + rows_per_chunk] = -log_f32(-log_f32(u))
     return out
 
 
-def gumbel_argmax_ref(logits: torch.Tensor, inv_temperature: torch.Tensor,
-                      greedy: torch.Tensor, key1: torch.Tensor,
-                      key2: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax_ref(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    greedy: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+) -> torch.Tensor:
     """The token of each row: ``argmax(logits)`` where ``greedy``, else
     ``argmax(logits * inv_temperature + gumbel)``; ties go to the lowest index.
 
@@ -153,8 +159,9 @@ def gumbel_argmax_ref(logits: torch.Tensor, inv_temperature: torch.Tensor,
     Returns [N] int64.
     """
     if logits.dtype != torch.float32 or logits.dim() != 2:
-        raise ValueError(f"logits: expected a 2-D float32 tensor, got {logits.dtype} "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: expected a 2-D float32 tensor, got {logits.dtype} {tuple(logits.shape)}"
+        )
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n == 0:

@@ -6,8 +6,9 @@ import torch
 from numpy.typing import ArrayLike
 
 
-def device_tensor(values: ArrayLike, dtype: torch.dtype,
-                  device: torch.device | str) -> torch.Tensor:
+def device_tensor(
+    values: ArrayLike, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
     """A small host list or array as a tensor on ``device``, without waiting for the device.
 
     A plain copy from pageable memory to a GPU waits for all work queued on the stream; with

@@ -15,8 +15,7 @@ from typing import Callable, Iterable
 
 import triton
 
-_ALIGNMENT_OPTION = "do_not_specialize_on_alignment" in inspect.signature(
-    triton.jit).parameters
+_ALIGNMENT_OPTION = "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters
 
 
 def step_jit(*, values: Iterable[str] = (), pointers: Iterable[str] = ()) -> Callable:

@@ -61,8 +61,10 @@ def float8_reasons(dtype: torch.dtype, capability: tuple[int, ...] | None) -> li
     if tuple(capability) >= E4M3_MIN_CAPABILITY:
         return []
     need = ".".join(map(str, E4M3_MIN_CAPABILITY))
-    return [f"float8_e4m3fn needs CUDA compute capability {need} (Triton has no e4m3 "
-            f"conversions below it), this device has {capability[0]}.{capability[1]}"]
+    return [
+        f"float8_e4m3fn needs CUDA compute capability {need} (Triton has no e4m3 "
+        f"conversions below it), this device has {capability[0]}.{capability[1]}"
+    ]
 
 
 # -- layouts ----------------------------------------------------------------------------------
@@ -74,12 +76,19 @@ def tensor_bytes(spec: KVTensor) -> int:
     return n * torch.empty((), dtype=spec.dtype).element_size()
 
 
-def layer_layout(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
-                 model_dtype: torch.dtype) -> list[KVTensor]:
+def layer_layout(
+    codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int, model_dtype: torch.dtype
+) -> list[KVTensor]:
     """``codec``'s layout of one layer, checked: unique names, torch dtypes, positive sizes,
     and at least one paged tensor. Errors name the codec and the tensor."""
-    layout = list(codec.layout(num_kv_heads=num_kv_heads, head_dim=head_dim,
-                               block_size=block_size, model_dtype=model_dtype))
+    layout = list(
+        codec.layout(
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            model_dtype=model_dtype,
+        )
+    )
     where = f"kv codec {codec.name!r} (head size {head_dim}, {num_kv_heads} KV heads)"
     seen: set[str] = set()
     for spec in layout:
@@ -89,11 +98,14 @@ def layer_layout(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size
             raise ValueError(f"{where}: tensor name {spec.name!r} appears twice in its layout")
         seen.add(spec.name)
         if not isinstance(spec.dtype, torch.dtype):
-            raise TypeError(f"{where}: tensor {spec.name!r} has dtype {spec.dtype!r}, expected "
-                            "a torch.dtype")
+            raise TypeError(
+                f"{where}: tensor {spec.name!r} has dtype {spec.dtype!r}, expected a torch.dtype"
+            )
         if not spec.shape or any(not isinstance(d, int) or d < 1 for d in spec.shape):
-            raise ValueError(f"{where}: tensor {spec.name!r} has shape {spec.shape!r}, expected "
-                             "positive integer sizes")
+            raise ValueError(
+                f"{where}: tensor {spec.name!r} has shape {spec.shape!r}, expected "
+                "positive integer sizes"
+            )
     if not any(spec.per_block for spec in layout):
         raise ValueError(f"{where}: the layout has no paged (per_block) tensor")
     return layout
@@ -128,15 +140,20 @@ class KVFootprint:
         return num_blocks * self.block_size
 
 
-def footprint(codec: KVCodec, layers: Iterable[Any], *, block_size: int,
-              model_dtype: torch.dtype) -> KVFootprint:
+def footprint(
+    codec: KVCodec, layers: Iterable[Any], *, block_size: int, model_dtype: torch.dtype
+) -> KVFootprint:
     """The :class:`KVFootprint` of ``codec`` over ``layers`` (objects with ``num_kv_heads``
     and ``head_dim``, e.g. :class:`tallow.layers.AttentionLayer`)."""
     per_block = fixed = reference = 0
     for layer in layers:
-        for spec in layer_layout(codec, num_kv_heads=layer.num_kv_heads,
-                                 head_dim=layer.head_dim, block_size=block_size,
-                                 model_dtype=model_dtype):
+        for spec in layer_layout(
+            codec,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            block_size=block_size,
+            model_dtype=model_dtype,
+        ):
             if spec.per_block:
                 per_block += tensor_bytes(spec)
             else:
@@ -145,48 +162,82 @@ def footprint(codec: KVCodec, layers: Iterable[Any], *, block_size: int,
     return KVFootprint(per_block, fixed, block_size, reference)
 
 
-def allocate_layer(codec: KVCodec, *, num_kv_heads: int, head_dim: int, block_size: int,
-                   num_blocks: int, model_dtype: torch.dtype,
-                   device: torch.device | str = "cpu",
-                   layer: Any = None,  # Any: as LayerKVCache.layer
-                   checkpoint_scales: dict[str, torch.Tensor] | None = None) -> LayerKVCache:
+def allocate_layer(
+    codec: KVCodec,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_blocks: int,
+    model_dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    layer: Any = None,  # Any: as LayerKVCache.layer
+    checkpoint_scales: dict[str, torch.Tensor] | None = None,
+) -> LayerKVCache:
     """One layer's cache of ``num_blocks`` blocks, zeroed, its per-layer tensors filled by the
     codec (:meth:`KVCodec.init_layer`, then :meth:`KVCodec.use_checkpoint_scales` with
     ``checkpoint_scales`` when they are given: the model's, empty when its checkpoint has
     none). ``layer`` is the attention layer it serves, if known."""
-    layout = layer_layout(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                          block_size=block_size, model_dtype=model_dtype)
+    layout = layer_layout(
+        codec,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        model_dtype=model_dtype,
+    )
     tensors = {}
     for spec in layout:
         shape = (num_blocks, *spec.shape) if spec.per_block else spec.shape
         tensors[spec.name] = torch.zeros(shape, dtype=spec.dtype, device=device)
-    cache = LayerKVCache(codec, tensors, layout=layout, num_kv_heads=num_kv_heads,
-                         head_dim=head_dim, block_size=block_size, model_dtype=model_dtype,
-                         layer=layer)
+    cache = LayerKVCache(
+        codec,
+        tensors,
+        layout=layout,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        model_dtype=model_dtype,
+        layer=layer,
+    )
     codec.init_layer(cache)
     if checkpoint_scales is not None:
         codec.use_checkpoint_scales(cache, checkpoint_scales)
     return cache
 
 
-def allocate(codec: KVCodec, layers: Iterable[Any], *, num_blocks: int, block_size: int,
-             model_dtype: torch.dtype, device: torch.device | str,
-             checkpoint_scales: Sequence[dict[str, torch.Tensor]] | None = None
-             ) -> list[LayerKVCache]:
+def allocate(
+    codec: KVCodec,
+    layers: Iterable[Any],
+    *,
+    num_blocks: int,
+    block_size: int,
+    model_dtype: torch.dtype,
+    device: torch.device | str,
+    checkpoint_scales: Sequence[dict[str, torch.Tensor]] | None = None,
+) -> list[LayerKVCache]:
     """The caches of ``layers`` (objects with ``num_kv_heads`` and ``head_dim``, e.g.
     :class:`tallow.layers.AttentionLayer`), in order; ``checkpoint_scales``: each layer's
     KV-cache scales from the checkpoint (:attr:`tallow.layers.Attention.kv_scales`)."""
     layers = list(layers)
     scales: Sequence[dict[str, torch.Tensor] | None] = (
-        [None] * len(layers) if checkpoint_scales is None else checkpoint_scales)
+        [None] * len(layers) if checkpoint_scales is None else checkpoint_scales
+    )
     if len(scales) != len(layers):
-        raise ValueError(f"checkpoint_scales has {len(scales)} entries for {len(layers)} "
-                         "layers")
-    return [allocate_layer(codec, num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
-                           block_size=block_size, num_blocks=num_blocks,
-                           model_dtype=model_dtype, device=device, layer=layer,
-                           checkpoint_scales=layer_scales)
-            for layer, layer_scales in zip(layers, scales)]
+        raise ValueError(f"checkpoint_scales has {len(scales)} entries for {len(layers)} layers")
+    return [
+        allocate_layer(
+            codec,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            model_dtype=model_dtype,
+            device=device,
+            layer=layer,
+            checkpoint_scales=layer_scales,
+        )
+        for layer, layer_scales in zip(layers, scales)
+    ]
 
 
 def copy_blocks(caches: Iterable[LayerKVCache], src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -198,8 +249,9 @@ def copy_blocks(caches: Iterable[LayerKVCache], src: torch.Tensor, dst: torch.Te
             raw[dst] = raw[src]
 
 
-def slots_to_blocks(slot_mapping: torch.Tensor, block_size: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def slots_to_blocks(
+    slot_mapping: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(rows kept, their blocks, their offsets) of a step's slot mapping: rows with slot -1
     are dropped. For reference encoders, which index with the results."""
     keep = (slot_mapping >= 0).nonzero().flatten()

@@ -44,8 +44,14 @@ class CastKVCodec(KVCodec):
     #: the storage dtype; None: the model's dtype
     storage: torch.dtype | None = None
 
-    def __init__(self, config: object = None, *, storage: torch.dtype | None = None,
-                 per_head_scales: bool = False, center_keys: bool = False) -> None:
+    def __init__(
+        self,
+        config: object = None,
+        *,
+        storage: torch.dtype | None = None,
+        per_head_scales: bool = False,
+        center_keys: bool = False,
+    ) -> None:
         super().__init__(config)
         if storage is not None:  # a cast into another dtype than the class's (tests, tools)
             self.storage = storage
@@ -61,17 +67,21 @@ class CastKVCodec(KVCodec):
         """A latent (MLA) cache is cast into the same storage dtype as K and V."""
         return self.storage_dtype(model_dtype)
 
-    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
-               model_dtype: torch.dtype) -> list[KVTensor]:
+    def layout(
+        self, *, num_kv_heads: int, head_dim: int, block_size: int, model_dtype: torch.dtype
+    ) -> list[KVTensor]:
         dtype = self.storage_dtype(model_dtype)
         block = (block_size, num_kv_heads, head_dim)
         tensors = [KVTensor("k", block, dtype), KVTensor("v", block, dtype)]
         if self.per_head_scales:
-            tensors += [KVTensor("k_scale", (num_kv_heads,), torch.float32, per_block=False),
-                        KVTensor("v_scale", (num_kv_heads,), torch.float32, per_block=False)]
+            tensors += [
+                KVTensor("k_scale", (num_kv_heads,), torch.float32, per_block=False),
+                KVTensor("v_scale", (num_kv_heads,), torch.float32, per_block=False),
+            ]
         if self.center_keys:
-            tensors.append(KVTensor("k_offset", (num_kv_heads, head_dim), torch.float32,
-                                    per_block=False))
+            tensors.append(
+                KVTensor("k_offset", (num_kv_heads, head_dim), torch.float32, per_block=False)
+            )
         return tensors
 
     def init_layer(self, cache: LayerKVCache) -> None:
@@ -79,8 +89,7 @@ class CastKVCodec(KVCodec):
             if name in cache:
                 cache[name].fill_(1.0)
 
-    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, torch.Tensor]
-                              ) -> None:
+    def use_checkpoint_scales(self, cache: LayerKVCache, scales: dict[str, torch.Tensor]) -> None:
         """With ``per_head_scales``, the checkpoint's ``k_scale`` and ``v_scale`` of this layer
         become its scales (one value for every head, or one per head); a codec without
         scales ignores them. Errors name the layer and what was expected."""
@@ -92,27 +101,34 @@ class CastKVCodec(KVCodec):
             raise ValueError(
                 f"kv codec {self.name!r} stores K and V divided by the checkpoint's KV-cache "
                 f"scales, but the checkpoint has no {' or '.join(f'{n}_scale' for n in missing)}"
-                f" for layer {layer} (self_attn.k_scale and self_attn.v_scale)")
+                f" for layer {layer} (self_attn.k_scale and self_attn.v_scale)"
+            )
         for name in ("k", "v"):
             given = scales[name].detach().float().flatten()
             if given.numel() not in (1, cache.num_kv_heads):
-                raise ValueError(f"layer {layer}: the checkpoint's {name}_scale has "
-                                 f"{given.numel()} values, expected 1 or one per KV head "
-                                 f"({cache.num_kv_heads})")
+                raise ValueError(
+                    f"layer {layer}: the checkpoint's {name}_scale has "
+                    f"{given.numel()} values, expected 1 or one per KV head "
+                    f"({cache.num_kv_heads})"
+                )
             if not bool(torch.isfinite(given).all()) or not bool((given > 0).all()):
-                raise ValueError(f"layer {layer}: the checkpoint's {name}_scale must be positive "
-                                 f"and finite, got {given.tolist()}")
+                raise ValueError(
+                    f"layer {layer}: the checkpoint's {name}_scale must be positive "
+                    f"and finite, got {given.tolist()}"
+                )
             cache[f"{name}_scale"].copy_(given.expand(cache.num_kv_heads))
 
-    def calibrate(self, cache: LayerKVCache, q: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor) -> None:
+    def calibrate(
+        self, cache: LayerKVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """``k_offset``: each head's mean key over the calibration text (zero under a logit
         softcap, where the softmax would not cancel it)."""
         if "k_offset" in cache and not getattr(cache.layer, "logit_softcap", None):
             cache["k_offset"].copy_(k.float().mean(dim=0))
 
-    def encode(self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
-               slot_mapping: torch.Tensor) -> None:
+    def encode(
+        self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         rows, blocks, offsets = slots_to_blocks(slot_mapping, cache.block_size)
         for name, x in (("k", k), ("v", v)):
             x = x[rows]
@@ -125,8 +141,9 @@ class CastKVCodec(KVCodec):
             target = cache[name]
             indexable(target)[blocks, offsets] = indexable(to_cache_dtype(x, target.dtype))
 
-    def decode(self, cache: LayerKVCache, blocks: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(
+        self, cache: LayerKVCache, blocks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
         for name in ("k", "v"):
             tensor = cache[name]

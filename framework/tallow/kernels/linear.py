@@ -20,22 +20,27 @@ GEMV_MAX_ROWS = 1
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def linear_ref(x: torch.Tensor, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """Plain-torch reference of ``linear``."""
     return F.linear(x, weight, bias)
 
 
 def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (0 < rows <= GEMV_MAX_ROWS and x.dtype in _GEMV_DTYPES and weight.dtype == x.dtype
-            and weight.dim() == 2 and weight.stride(1) == 1
-            and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
-            and triton_enabled(x))
+    return (
+        0 < rows <= GEMV_MAX_ROWS
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(1) == 1
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+        and triton_enabled(x)
+    )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., K] @ weight [N, K].T (+ bias [N])`` → [..., N]: the Triton GEMV for a few rows
     of bf16/fp16 on CUDA, ``F.linear`` otherwise.
 
@@ -43,28 +48,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     computed on the fly): with PDL the GEMV reads it before waiting for the previous kernel
     (see :mod:`tallow.kernels.pdl`)."""
     if x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"linear: x has {x.shape[-1]} input features, weight expects "
-                         f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})")
+        raise ValueError(
+            f"linear: x has {x.shape[-1]} input features, weight expects "
+            f"{weight.shape[-1]} (weight shape {tuple(weight.shape)})"
+        )
     if not _gemv_fits(x, weight, bias):
         return F.linear(x, weight, bias)
     from ._gemv_triton import gemv_triton
+
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return gemv_triton(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
-def gated_gemv_fits(x: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> bool:
+def gated_gemv_fits(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> bool:
     """Whether :func:`gated_linear` of a merged ``[gate | up]`` input ``x`` runs as one GEMV
     (one row of bf16/fp16 on a GPU, contiguous)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    return (rows == 1 and x.shape[-1] == 2 * weight.shape[-1] and x.stride(-1) == 1
-            and _gemv_fits(x[..., :weight.shape[-1]], weight, bias))
+    return (
+        rows == 1
+        and x.shape[-1] == 2 * weight.shape[-1]
+        and x.stride(-1) == 1
+        and _gemv_fits(x[..., : weight.shape[-1]], weight, bias)
+    )
 
 
-def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 *, kind: str) -> torch.Tensor:
+def gated_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kind: str
+) -> torch.Tensor:
     """``(act(x[..., :d]) * x[..., d:]) @ weight [N, d].T (+ bias)`` → [..., N], act "silu"
     or "gelu_tanh": a gated MLP's activation and down projection. One row on a GPU is one
     GEMV that applies the activation as it reads x (same bits as the two steps); otherwise the
@@ -74,17 +88,22 @@ def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         raise ValueError(f"gated_linear: kind must be one of {', '.join(acts)}, got {kind!r}")
     d = weight.shape[-1]
     if x.shape[-1] != 2 * d:
-        raise ValueError(f"gated_linear: x must have 2 x {d} = {2 * d} features ([gate | up] "
-                         f"for a weight of shape {tuple(weight.shape)}), got {x.shape[-1]}")
+        raise ValueError(
+            f"gated_linear: x must have 2 x {d} = {2 * d} features ([gate | up] "
+            f"for a weight of shape {tuple(weight.shape)}), got {x.shape[-1]}"
+        )
     if not gated_gemv_fits(x, weight, bias):
         return linear(acts[kind](x), weight, bias)
     return gated_gemv(x, weight, bias, kind=kind)
 
 
-def gated_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               *, kind: str) -> torch.Tensor:
+def gated_gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kind: str
+) -> torch.Tensor:
     """The one-GEMV path of :func:`gated_linear`, for a caller that has checked
     :func:`gated_gemv_fits` and ``kind`` ("silu" or "gelu_tanh") itself."""
     from ._gemv_triton import gemv_triton
+
     return gemv_triton(x.reshape(1, x.shape[-1]), weight, bias, gate=kind).view(
-        *x.shape[:-1], weight.shape[0])
+        *x.shape[:-1], weight.shape[0]
+    )

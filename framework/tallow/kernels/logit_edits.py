@@ -32,13 +32,18 @@ class LogitEdits:
         return int(self.rows.shape[0])
 
     @classmethod
-    def from_parts(cls, vocab_size: int, device: torch.device,
-                   bias: tuple[np.ndarray, np.ndarray, np.ndarray],
-                   masked: tuple[np.ndarray, np.ndarray],
-                   counted: tuple[np.ndarray, np.ndarray],
-                   repeated: tuple[np.ndarray, np.ndarray],
-                   repetition_penalty: list[float], frequency_penalty: list[float],
-                   presence_penalty: list[float]) -> "LogitEdits":
+    def from_parts(
+        cls,
+        vocab_size: int,
+        device: torch.device,
+        bias: tuple[np.ndarray, np.ndarray, np.ndarray],
+        masked: tuple[np.ndarray, np.ndarray],
+        counted: tuple[np.ndarray, np.ndarray],
+        repeated: tuple[np.ndarray, np.ndarray],
+        repetition_penalty: list[float],
+        frequency_penalty: list[float],
+        presence_penalty: list[float],
+    ) -> "LogitEdits":
         """Merge per-source ``(rows, tokens[, values])`` int64 arrays into unique entries.
 
         ``bias``: (rows, tokens, float values), each (row, token) at most once. ``masked``:
@@ -48,25 +53,34 @@ class LogitEdits:
         """
         parts = [bias[:2], masked, counted, repeated]
         sizes = [int(r.shape[0]) for r, _ in parts]
-        keys = np.concatenate([r.astype(np.int64) * vocab_size + t.astype(np.int64)
-                               for r, t in parts])
+        keys = np.concatenate(
+            [r.astype(np.int64) * vocab_size + t.astype(np.int64) for r, t in parts]
+        )
 
         def t(values: ArrayLike, dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, device)
 
-        penalties = dict(repetition_penalty=t(repetition_penalty, torch.float32),
-                         frequency_penalty=t(frequency_penalty, torch.float32),
-                         presence_penalty=t(presence_penalty, torch.float32))
+        penalties = dict(
+            repetition_penalty=t(repetition_penalty, torch.float32),
+            frequency_penalty=t(frequency_penalty, torch.float32),
+            presence_penalty=t(presence_penalty, torch.float32),
+        )
         if keys.size == 0:
             empty_i, empty_f = t([], torch.int64), t([], torch.float32)
-            return cls(rows=empty_i, tokens=empty_i, bias=empty_f, masked=t([], torch.bool),
-                       counts=empty_f, in_rep=t([], torch.bool), **penalties)
+            return cls(
+                rows=empty_i,
+                tokens=empty_i,
+                bias=empty_f,
+                masked=t([], torch.bool),
+                counts=empty_f,
+                in_rep=t([], torch.bool),
+                **penalties,
+            )
         if device.type == "cpu":  # numpy's sort-based unique is much faster than torch's here
             u, inv = np.unique(keys, return_inverse=True)
             unique, inverse = torch.from_numpy(u), torch.from_numpy(inv.reshape(-1))
         else:
-            unique, inverse = torch.unique(t(keys, torch.int64), sorted=True,
-                                           return_inverse=True)
+            unique, inverse = torch.unique(t(keys, torch.int64), sorted=True, return_inverse=True)
         n = unique.shape[0]
         inv_bias, inv_masked, inv_counted, inv_repeated = torch.split(inverse, sizes)
         bias_t = torch.zeros(n, dtype=torch.float32, device=device)
@@ -78,6 +92,12 @@ class LogitEdits:
         counts.index_add_(0, inv_counted, torch.ones(sizes[2], device=device))
         in_rep = torch.zeros(n, dtype=torch.bool, device=device)
         in_rep[inv_repeated] = True
-        return cls(rows=torch.div(unique, vocab_size, rounding_mode="floor"),
-                   tokens=unique % vocab_size, bias=bias_t, masked=masked_t, counts=counts,
-                   in_rep=in_rep, **penalties)
+        return cls(
+            rows=torch.div(unique, vocab_size, rounding_mode="floor"),
+            tokens=unique % vocab_size,
+            bias=bias_t,
+            masked=masked_t,
+            counts=counts,
+            in_rep=in_rep,
+            **penalties,
+        )

@@ -22,25 +22,30 @@ import torch
 
 from .kv_cache import indexable, to_cache_dtype
 
-__all__ = ["store_latent_ref", "gather_latent", "mla_attention_ref", "absorb_queries",
-           "mla_expanded_ref", "mla_absorbed_ref"]
+__all__ = [
+    "store_latent_ref",
+    "gather_latent",
+    "mla_attention_ref",
+    "absorb_queries",
+    "mla_expanded_ref",
+    "mla_absorbed_ref",
+]
 
 
 def _check_cache(cache: torch.Tensor, width: int) -> None:
     if cache.dim() != 3 or cache.shape[-1] != width:
-        raise ValueError(f"latent cache must be [num_blocks, block_size, {width}], got "
-                         f"{list(cache.shape)}")
+        raise ValueError(
+            f"latent cache must be [num_blocks, block_size, {width}], got {list(cache.shape)}"
+        )
 
 
-def store_latent_ref(cache: torch.Tensor, latent: torch.Tensor,
-                     slot_mapping: torch.Tensor) -> None:
+def store_latent_ref(cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write ``latent`` [T, W] into ``cache`` [blocks, block_size, W] at ``slot_mapping`` [T]
     (slot = block * block_size + offset; -1 skips the row), cast into the cache's dtype (an
     8-bit float saturates)."""
     _check_cache(cache, latent.shape[-1])
     if latent.shape[0] != slot_mapping.shape[0]:
-        raise ValueError(f"latent has {latent.shape[0]} rows, slot_mapping "
-                         f"{slot_mapping.shape[0]}")
+        raise ValueError(f"latent has {latent.shape[0]} rows, slot_mapping {slot_mapping.shape[0]}")
     keep = slot_mapping >= 0
     rows = to_cache_dtype(latent[keep], cache.dtype)
     indexable(cache).view(-1, cache.shape[-1])[slot_mapping[keep]] = indexable(rows)
@@ -49,7 +54,7 @@ def store_latent_ref(cache: torch.Tensor, latent: torch.Tensor,
 def gather_latent(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first ``seq_len`` latent rows [seq_len, W] of one sequence, float32."""
     block_size = cache.shape[1]
-    blocks = block_table[:-(-seq_len // block_size)].long()
+    blocks = block_table[: -(-seq_len // block_size)].long()
     rows = indexable(cache)[blocks].view(cache.dtype)
     return rows.reshape(-1, cache.shape[-1])[:seq_len].float()
 
@@ -66,8 +71,15 @@ def absorb_queries(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     return out.to(q_nope.dtype)
 
 
-def mla_expanded_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor,
-                     w_uk: torch.Tensor, w_uv: torch.Tensor, *, scale: float) -> torch.Tensor:
+def mla_expanded_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latent: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
     """Causal MLA of the last ``Q`` tokens of one sequence over its ``S`` latent rows
     ``latent`` [S, W] with K/V expanded per head; ``q_nope`` [Q, H, Dn], ``q_pe`` [Q, H, Dr].
     Returns [Q, H, Dv] float32."""
@@ -82,8 +94,15 @@ def mla_expanded_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Ten
     return (probs @ v).transpose(0, 1)
 
 
-def mla_absorbed_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor,
-                     w_uk: torch.Tensor, w_uv: torch.Tensor, *, scale: float) -> torch.Tensor:
+def mla_absorbed_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latent: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
     """The same attention as :func:`mla_expanded_ref` with the up-projections absorbed: the
     scores and the weighted sum run on the latent rows once for all heads."""
     rank = w_uk.shape[-1]
@@ -96,10 +115,19 @@ def mla_absorbed_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Ten
     return torch.einsum("qhr,hvr->qhv", o_lat, w_uv.float())
 
 
-def mla_attention_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
-                      w_uk: torch.Tensor, w_uv: torch.Tensor, query_start_loc: list[int],
-                      seq_lens: list[int], block_tables: torch.Tensor, scale: float,
-                      absorbed: bool | None = None) -> torch.Tensor:
+def mla_attention_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    *,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    absorbed: bool | None = None,
+) -> torch.Tensor:
     """MLA for a flat batch whose latent rows are already in the paged ``cache``: sequence
     ``i`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` (its last tokens) and a
     context of ``seq_lens[i]`` rows read through ``block_tables[i]``. ``absorbed`` picks the
@@ -115,6 +143,7 @@ def mla_attention_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Ten
         latent = gather_latent(cache, block_tables[i], seq_len)
         use_absorbed = (end - start == 1) if absorbed is None else absorbed
         attend = mla_absorbed_ref if use_absorbed else mla_expanded_ref
-        out[start:end] = attend(q_nope[start:end], q_pe[start:end], latent, w_uk, w_uv,
-                                scale=scale).to(out.dtype)
+        out[start:end] = attend(
+            q_nope[start:end], q_pe[start:end], latent, w_uk, w_uv, scale=scale
+        ).to(out.dtype)
     return out

@@ -49,18 +49,31 @@ from .moe_config import MoEConfig, moe_config
 
 
 __all__ = [
-    "ACTIVATIONS", "MOE_ACTIVATION_CODES", "MoEAlignment", "MoEConfig", "check_moe_routing",
-    "fused_moe", "fused_moe_ref", "moe_align", "moe_align_ref", "moe_config", "padded_capacity", "softmax_topk", "softmax_topk_ref",
+    "ACTIVATIONS",
+    "MOE_ACTIVATION_CODES",
+    "MoEAlignment",
+    "MoEConfig",
+    "check_moe_routing",
+    "fused_moe",
+    "fused_moe_ref",
+    "moe_align",
+    "moe_align_ref",
+    "moe_config",
+    "padded_capacity",
+    "softmax_topk",
+    "softmax_topk_ref",
 ]
 
 
 def _check_ids(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> None:
     if topk_ids.dim() != 2:
-        raise ValueError(f"moe_align: topk_ids must be [tokens, top_k], got "
-                         f"{tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"moe_align: topk_ids must be [tokens, top_k], got {tuple(topk_ids.shape)}"
+        )
     if num_experts < 1 or block_m < 1:
-        raise ValueError(f"moe_align: num_experts ({num_experts}) and block_m ({block_m}) "
-                         "must be positive")
+        raise ValueError(
+            f"moe_align: num_experts ({num_experts}) and block_m ({block_m}) must be positive"
+        )
 
 
 def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:
@@ -73,16 +86,19 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoE
     padded = (counts + block_m - 1) // block_m * block_m
     starts = torch.cumsum(padded, 0) - padded
     order = torch.sort(flat, stable=True).indices
-    rank = torch.arange(num_valid, device=flat.device) - (torch.cumsum(counts, 0)
-                                                          - counts)[flat[order]]
+    rank = (
+        torch.arange(num_valid, device=flat.device)
+        - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    )
     sorted_ids = torch.full((capacity,), num_valid, dtype=torch.int32, device=flat.device)
     sorted_ids[starts[flat[order]] + rank] = order.to(torch.int32)
     ends = torch.cumsum(padded, 0)
     block_start = torch.arange(capacity // block_m, device=flat.device) * block_m
     expert_ids = (ends[None, :] <= block_start[:, None]).sum(1).clamp(max=num_experts - 1)
     rows_used = padded.sum().reshape(1)
-    return MoEAlignment(sorted_ids, expert_ids.to(torch.int32), rows_used.to(torch.int32),
-                        block_m, num_valid)
+    return MoEAlignment(
+        sorted_ids, expert_ids.to(torch.int32), rows_used.to(torch.int32), block_m, num_valid
+    )
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:
@@ -94,11 +110,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlig
     if not triton_enabled(topk_ids) or topk_ids.numel() == 0:
         return moe_align_ref(topk_ids, num_experts, block_m)
     from ._moe_triton import moe_align_triton
+
     return moe_align_triton(topk_ids, num_experts, block_m)
 
 
-def softmax_topk_ref(logits: torch.Tensor, top_k: int, renormalize: bool = False,
-                     scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk_ref(
+    logits: torch.Tensor, top_k: int, renormalize: bool = False, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of :func:`softmax_topk`."""
     weights, ids = logits.softmax(-1, dtype=torch.float32).topk(top_k, dim=-1)
     if renormalize:
@@ -106,56 +124,82 @@ def softmax_topk_ref(logits: torch.Tensor, top_k: int, renormalize: bool = False
     return (weights * scale if scale != 1.0 else weights), ids
 
 
-def softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool = False,
-                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(
+    logits: torch.Tensor, top_k: int, renormalize: bool = False, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The softmax top-k router of ``logits [T, E]``: (weights float32 ``[T, top_k]``, ids
     int64 ``[T, top_k]``), largest first, renormalised to sum to one when asked, times
     ``scale``. One Triton launch on the device (torch needs four or five kernels)."""
     if logits.dim() != 2 or not 1 <= top_k <= logits.shape[1]:
-        raise ValueError(f"softmax_topk: expected logits [T, E >= top_k={top_k}], got "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(
+            f"softmax_topk: expected logits [T, E >= top_k={top_k}], got {tuple(logits.shape)}"
+        )
     if not triton_enabled(logits) or logits.stride(1) != 1:
         return softmax_topk_ref(logits, top_k, renormalize, scale)
     from ._moe_triton import softmax_topk_triton
+
     return softmax_topk_triton(logits, top_k, renormalize, scale)
 
 
-def check_moe_routing(who: str, x: torch.Tensor, hidden: int, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, activation: str) -> None:
+def check_moe_routing(
+    who: str,
+    x: torch.Tensor,
+    hidden: int,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+) -> None:
     """Raise ``ValueError`` (its message starting with ``who``) unless ``activation`` is one of
     :data:`ACTIVATIONS`, ``x`` is ``[T, hidden]`` and ``topk_ids`` / ``topk_weights`` are both
     ``[T, top_k]``: the checks every fused-MoE entry point makes, whatever its weights."""
     if activation not in ACTIVATIONS:
-        raise ValueError(f"{who}: activation must be one of {', '.join(ACTIVATIONS)}, "
-                         f"got {activation!r}")
+        raise ValueError(
+            f"{who}: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}"
+        )
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ValueError(f"{who}: x must be [T, {hidden}], got {tuple(x.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
-            or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"{who}: topk_ids {tuple(topk_ids.shape)} and topk_weights "
-                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]")
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape != topk_weights.shape
+        or topk_ids.shape[0] != x.shape[0]
+    ):
+        raise ValueError(
+            f"{who}: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+            f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, top_k]"
+        )
 
 
-def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-           topk_ids: torch.Tensor, activation: str, w13_bias: torch.Tensor | None,
-           w2_bias: torch.Tensor | None) -> None:
+def _check(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+) -> None:
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-        raise ValueError(f"fused_moe: expected x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got "
-                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+        raise ValueError(
+            f"fused_moe: expected x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got "
+            f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}"
+        )
     e, two_i, h = w13.shape
-    if (x.shape[1] != h or two_i % 2 or tuple(w2.shape) != (e, h, two_i // 2)):
-        raise ValueError(f"fused_moe: shapes do not fit: x {tuple(x.shape)}, w13 "
-                         f"{tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+    if x.shape[1] != h or two_i % 2 or tuple(w2.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"fused_moe: shapes do not fit: x {tuple(x.shape)}, w13 "
+            f"{tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+        )
     check_moe_routing("fused_moe", x, h, topk_weights, topk_ids, activation)
     if w13_bias is not None and tuple(w13_bias.shape) != (e, two_i):
-        raise ValueError(f"fused_moe: w13_bias must be [{e}, {two_i}], got "
-                         f"{tuple(w13_bias.shape)}")
+        raise ValueError(f"fused_moe: w13_bias must be [{e}, {two_i}], got {tuple(w13_bias.shape)}")
     if w2_bias is not None and tuple(w2_bias.shape) != (e, h):
         raise ValueError(f"fused_moe: w2_bias must be [{e}, {h}], got {tuple(w2_bias.shape)}")
 
 
-def apply_activation_ref(gate_up: torch.Tensor, activation: str, alpha: float,
-                         limit: float) -> torch.Tensor:
+def apply_activation_ref(
+    gate_up: torch.Tensor, activation: str, alpha: float, limit: float
+) -> torch.Tensor:
     """The gated activation of float32 ``gate_up [..., 2I]`` → float32 ``[..., I]``."""
     gate, up = gate_up.chunk(2, dim=-1)
     if activation == "silu":
@@ -165,11 +209,19 @@ def apply_activation_ref(gate_up: torch.Tensor, activation: str, alpha: float,
     return (up + 1.0) * (gate * torch.sigmoid(gate * alpha))
 
 
-def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                  activation: str = "silu", w13_bias: torch.Tensor | None = None,
-                  w2_bias: torch.Tensor | None = None, swiglu_alpha: float = 1.702,
-                  swiglu_limit: float = 7.0) -> torch.Tensor:
+def fused_moe_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
     """Plain-torch reference of :func:`fused_moe` (one matmul per expert that has rows)."""
     _check(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias)
     tokens, top_k = topk_ids.shape
@@ -190,11 +242,20 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return out_k.view(tokens, top_k, x.shape[1]).float().sum(1).to(x.dtype)
 
 
-def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, *, activation: str = "silu",
-              w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
-              swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
-              config: MoEConfig | None = None) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
     """The expert MLP of ``x [T, H]`` → ``[T, H]`` in x's dtype (see the module docstring).
 
     ``topk_ids [T, top_k]`` (int32 or int64) and ``topk_weights [T, top_k]`` (any float
@@ -202,12 +263,32 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     :func:`moe_config` (the sweep script passes its candidates)."""
     _check(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias)
     if not triton_enabled(x) or x.shape[0] == 0:
-        return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, activation=activation,
-                             w13_bias=w13_bias, w2_bias=w2_bias, swiglu_alpha=swiglu_alpha,
-                             swiglu_limit=swiglu_limit)
+        return fused_moe_ref(
+            x,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            w13_bias=w13_bias,
+            w2_bias=w2_bias,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit,
+        )
     from ._moe_triton import fused_moe_triton
+
     e, two_i, h = w13.shape
     cfg = config or moe_config(e, two_i // 2, h, x.shape[0], w13.dtype)
-    return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, activation=activation,
-                            w13_bias=w13_bias, w2_bias=w2_bias, alpha=swiglu_alpha,
-                            limit=swiglu_limit, config=cfg)
+    return fused_moe_triton(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation=activation,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        alpha=swiglu_alpha,
+        limit=swiglu_limit,
+        config=cfg,
+    )

@@ -45,12 +45,18 @@ class MoEConfig:
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MoEConfig.{name} must be a power of two, got {value}")
         if self.path == "gemm" and min(self.block_m, self.block_n, self.block_k) < 16:
-            raise ValueError("MoEConfig: the grouped GEMM needs tiles of at least 16 "
-                             f"(tl.dot), got {self}")
+            raise ValueError(
+                f"MoEConfig: the grouped GEMM needs tiles of at least 16 (tl.dot), got {self}"
+            )
 
 
-def default_moe_config(num_experts: int, intermediate: int, hidden: int, tokens: int,
-                       dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
+def default_moe_config(
+    num_experts: int,
+    intermediate: int,
+    hidden: int,
+    tokens: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> MoEConfig:
     """A config that is reasonable everywhere: the GEMV path up to
     :data:`DECODE_MAX_TOKENS` tokens (each pair reads only its expert's rows: batch-1 decode
     is a stream of ``top_k`` experts' weights); then block_m growing with the rows an expert
@@ -62,8 +68,14 @@ def default_moe_config(num_experts: int, intermediate: int, hidden: int, tokens:
     per_expert = tokens * 8 / max(num_experts, 1)  # top_k is not known here: assume 8
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
     block_n = 64 if tokens <= 256 else 128
-    return MoEConfig("gemm", block_m=block_m, block_n=block_n, block_k=64,
-                     num_warps=4 if block_n == 64 else 8, num_stages=3)
+    return MoEConfig(
+        "gemm",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=64,
+        num_warps=4 if block_n == 64 else 8,
+        num_stages=3,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,8 +90,13 @@ def table_key(num_experts: int, intermediate: int, hidden: int, dtype: torch.dty
     return f"E={num_experts},I={intermediate},H={hidden},{str(dtype).removeprefix('torch.')}"
 
 
-def moe_config(num_experts: int, intermediate: int, hidden: int, tokens: int,
-               dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
+def moe_config(
+    num_experts: int,
+    intermediate: int,
+    hidden: int,
+    tokens: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> MoEConfig:
     """The tuned config of the smallest bucket that holds ``tokens`` for this shape, else
     :func:`default_moe_config`."""
     buckets = _table().get(table_key(num_experts, intermediate, hidden, dtype))

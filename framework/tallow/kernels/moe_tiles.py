@@ -31,9 +31,23 @@ def moe_activate(gate, up, alpha, limit, ACT: tl.constexpr):
 
 
 @triton.jit
-def moe_epilogue(acc, up, bias_ptr, b_up_ptr, w_row_ptr, offs_n, n_mask, rows, row_mask, alpha,
-                 limit, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 MUL_WEIGHT: tl.constexpr):
+def moe_epilogue(
+    acc,
+    up,
+    bias_ptr,
+    b_up_ptr,
+    w_row_ptr,
+    offs_n,
+    n_mask,
+    rows,
+    row_mask,
+    alpha,
+    limit,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+):
     """Bias (``HAS_BIAS``), then the gated activation (``GATED``) or the routing weight of each
     row (``MUL_WEIGHT``), on float32 accumulators ``[rows, offs_n]``."""
     if HAS_BIAS:
@@ -58,8 +72,16 @@ def moe_block_ids(N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def moe_block_rows(pid_m, pid_n, N, sorted_ptr, expert_ids_ptr, num_valid,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def moe_block_rows(
+    pid_m,
+    pid_n,
+    N,
+    sorted_ptr,
+    expert_ids_ptr,
+    num_valid,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The rows (``(token, slot)`` indices, masked past ``num_valid``), the expert and the
     output columns of block ``(pid_m, pid_n)``: ``rows, row_mask, expert, offs_n, n_mask``."""
     rows = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -74,5 +96,4 @@ def moe_block_rows(pid_m, pid_n, N, sorted_ptr, expert_ids_ptr, num_valid,
 def moe_store_rows(out_ptr, acc, rows, row_mask, offs_n, n_mask, stride_om):
     """Store float32 ``acc [rows, offs_n]`` into ``out`` (its dtype) at those rows."""
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & n_mask[None, :])
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])

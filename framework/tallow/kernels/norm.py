@@ -10,18 +10,26 @@ from ._dispatch import triton_enabled
 
 def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight: expected [{x.shape[-1] if x.dim() else '?'}] (the last dim "
-                         f"of x {tuple(x.shape)}), got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight: expected [{x.shape[-1] if x.dim() else '?'}] (the last dim "
+            f"of x {tuple(x.shape)}), got {tuple(weight.shape)}"
+        )
     if not x.is_floating_point():
         raise ValueError(f"x: expected a floating-point tensor, got {x.dtype}")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"residual: expected {tuple(x.shape)} {x.dtype} like x, got "
-                         f"{tuple(residual.shape)} {residual.dtype}")
+        raise ValueError(
+            f"residual: expected {tuple(x.shape)} {x.dtype} like x, got "
+            f"{tuple(residual.shape)} {residual.dtype}"
+        )
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None, gemma_style: bool = False
-                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    gemma_style: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain-torch reference of ``rms_norm`` (same contract)."""
     _check(x, weight, residual)
     if residual is not None:
@@ -36,9 +44,13 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out if residual is None else (out, new_residual)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None, gemma_style: bool = False
-             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    gemma_style: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim of ``x`` [..., H] with ``weight`` [H].
 
     Without ``residual``: returns ``out``. With ``residual`` (same shape and dtype as x):
@@ -53,5 +65,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     _check(x, weight, residual)
     if triton_enabled(x) and x.numel():
         from ._norm_triton import rms_norm_triton
+
         return rms_norm_triton(x, weight, eps, residual, gemma_style)
     return rms_norm_ref(x, weight, eps, residual, gemma_style)

@@ -50,23 +50,42 @@ import torch.nn.functional as F
 
 from ._dispatch import interpreting, triton_enabled
 from .packed_layout import (  # noqa: F401  (the module's public names)
-    KINDS, SPLIT_K_MAX_ROWS, TARGET_PROGRAMS, TUNED_CONFIGS, PackedGemmConfig,
-    PackedGemmWeight, check_config, codes_of, dequantize_packed_ref, m_bucket, pack_u4,
-    packed_gemm_config, packed_weight, unpack_u4,
+    KINDS,
+    SPLIT_K_MAX_ROWS,
+    TARGET_PROGRAMS,
+    TUNED_CONFIGS,
+    PackedGemmConfig,
+    PackedGemmWeight,
+    check_config,
+    codes_of,
+    dequantize_packed_ref,
+    m_bucket,
+    pack_u4,
+    packed_gemm_config,
+    packed_weight,
+    unpack_u4,
 )
 
 
-def packed_gemm_ref(x: torch.Tensor, w: PackedGemmWeight,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_gemm_ref(
+    x: torch.Tensor, w: PackedGemmWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)`` in float32 on the exactly decoded weight, in x's dtype."""
-    y = F.linear(x.to(torch.float32), dequantize_packed_ref(w),
-                 None if bias is None else bias.to(torch.float32))
+    y = F.linear(
+        x.to(torch.float32),
+        dequantize_packed_ref(w),
+        None if bias is None else bias.to(torch.float32),
+    )
     return y.to(x.dtype)
 
 
-def packed_gemm(x: torch.Tensor, w: PackedGemmWeight | Sequence[PackedGemmWeight],
-                bias: torch.Tensor | None = None, *,
-                config: PackedGemmConfig | None = None) -> torch.Tensor:
+def packed_gemm(
+    x: torch.Tensor,
+    w: PackedGemmWeight | Sequence[PackedGemmWeight],
+    bias: torch.Tensor | None = None,
+    *,
+    config: PackedGemmConfig | None = None,
+) -> torch.Tensor:
     """``x [..., K] @ W^T (+ bias)`` → ``[..., N]`` in x's dtype: the Triton kernel where
     Triton runs (x float16 or bfloat16), :func:`packed_gemm_ref` elsewhere. ``w`` may be a
     list of weights of one K, stacked along the rows (the partitions of a merged layer: one
@@ -74,16 +93,17 @@ def packed_gemm(x: torch.Tensor, w: PackedGemmWeight | Sequence[PackedGemmWeight
     parts = [w] if isinstance(w, PackedGemmWeight) else list(w)
     cols = parts[0].cols
     if x.shape[-1] != cols or any(p.cols != cols for p in parts):
-        raise ValueError(f"packed GEMM: x has {x.shape[-1]} input features, the weight "
-                         f"[{sum(p.rows for p in parts)}, {cols}] expects {cols}"
-                         + ("" if all(p.cols == cols for p in parts)
-                            else " (and its parts differ in K)"))
+        raise ValueError(
+            f"packed GEMM: x has {x.shape[-1]} input features, the weight "
+            f"[{sum(p.rows for p in parts)}, {cols}] expects {cols}"
+            + ("" if all(p.cols == cols for p in parts) else " (and its parts differ in K)")
+        )
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols)
     outs = []
     start = 0
     for p in parts:
-        part_bias = None if bias is None else bias[start:start + p.rows]
+        part_bias = None if bias is None else bias[start : start + p.rows]
         start += p.rows
         if triton_enabled(x2) and x2.dtype in (torch.float16, torch.bfloat16):
             from ._packed_gemm_triton import packed_gemm_triton
@@ -100,8 +120,9 @@ def packed_gemm(x: torch.Tensor, w: PackedGemmWeight | Sequence[PackedGemmWeight
 WARM_ROWS = (1, 2, 16, 17, 64, 128, 256)
 
 
-def packed_gemm_warm_up(w: PackedGemmWeight | Sequence[PackedGemmWeight],
-                        dtype: torch.dtype) -> None:
+def packed_gemm_warm_up(
+    w: PackedGemmWeight | Sequence[PackedGemmWeight], dtype: torch.dtype
+) -> None:
     """Compile, before serving (and before any CUDA-graph capture), the kernel variants the
     weights' products take at every row count (each of :data:`WARM_ROWS`, on zeros), where
     Triton runs them."""
@@ -124,8 +145,7 @@ def dequantize_packed(w: PackedGemmWeight) -> torch.Tensor:
     return dequantize_packed_ref(w)
 
 
-def packed_gemm_tolerance(x: torch.Tensor, weight: torch.Tensor,
-                          splits: int = 1) -> torch.Tensor:
+def packed_gemm_tolerance(x: torch.Tensor, weight: torch.Tensor, splits: int = 1) -> torch.Tensor:
     """The bound ``[M, N]`` on ``|packed_gemm(x, W) - x @ W^T|`` against the float32 product
     of x (16-bit) and the exactly decoded ``weight`` (float32 ``[N, K]``).
 
@@ -141,7 +161,7 @@ def packed_gemm_tolerance(x: torch.Tensor, weight: torch.Tensor,
     eps = torch.finfo(x.dtype).eps
     u = eps if interpreting() and x.dtype == torch.bfloat16 else eps / 2
     k = weight.shape[1]
-    gamma = (2 * k + splits) * 2.0 ** -24
+    gamma = (2 * k + splits) * 2.0**-24
     magnitude = x.abs().to(torch.float32) @ weight.abs().T
     y = x.to(torch.float32) @ weight.T
     return u * y.abs() + 1.01 * (1 + u) * (u + gamma) * magnitude

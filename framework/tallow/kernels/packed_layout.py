@@ -8,11 +8,31 @@ from dataclasses import dataclass
 import torch
 
 KINDS = ("u4", "u8", "fp8", "e2m1")
-_CODE_DTYPES = {"u4": torch.int32, "u8": torch.uint8, "fp8": torch.float8_e4m3fn,
-                "e2m1": torch.int32}
+_CODE_DTYPES = {
+    "u4": torch.int32,
+    "u8": torch.uint8,
+    "fp8": torch.float8_e4m3fn,
+    "e2m1": torch.int32,
+}
 #: the e2m1 (FP4) values by code, bit 3 the sign
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E2M1_VALUES = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
 #: the kinds whose codes are 4 bits, 8 to an int32 word along K
 NIBBLE_KINDS = ("u4", "e2m1")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -40,14 +60,17 @@ class PackedGemmWeight:
         if self.kind not in KINDS:
             raise ValueError(f"{what}: kind must be one of {', '.join(KINDS)}")
         if self.group <= 0 or self.scale_cols <= 0:
-            raise ValueError(f"{what}: group ({self.group}) and scale_cols ({self.scale_cols}) "
-                             "must be positive")
+            raise ValueError(
+                f"{what}: group ({self.group}) and scale_cols ({self.scale_cols}) must be positive"
+            )
         if self.kind in NIBBLE_KINDS and self.cols % 8:
             raise ValueError(f"{what}: 4-bit codes need K a multiple of 8, got {self.cols}")
         k_rows = self.cols // 8 if self.kind in NIBBLE_KINDS else self.cols
         groups = -(-self.cols // self.group)
-        expect = {"codes": ((k_rows, self.rows), (_CODE_DTYPES[self.kind],)),
-                  "scales": ((groups, -(-self.rows // self.scale_cols)), _FLOATS)}
+        expect = {
+            "codes": ((k_rows, self.rows), (_CODE_DTYPES[self.kind],)),
+            "scales": ((groups, -(-self.rows // self.scale_cols)), _FLOATS),
+        }
         if self.zeros is not None:
             expect["zeros"] = ((groups, self.rows), (torch.uint8,))
         if self.mins is not None:
@@ -55,9 +78,11 @@ class PackedGemmWeight:
         for name, (shape, dtypes) in expect.items():
             t = getattr(self, name)
             if tuple(t.shape) != shape or t.dtype not in dtypes or not t.is_contiguous():
-                raise ValueError(f"{what}: {name} must be contiguous "
-                                 f"{'/'.join(map(str, dtypes))} of shape {shape}, got "
-                                 f"{t.dtype} {tuple(t.shape)}")
+                raise ValueError(
+                    f"{what}: {name} must be contiguous "
+                    f"{'/'.join(map(str, dtypes))} of shape {shape}, got "
+                    f"{t.dtype} {tuple(t.shape)}"
+                )
         if self.kind in ("fp8", "e2m1") and (self.zeros is not None or self.zero_point):
             raise ValueError(f"{what}: {self.kind} codes are values; they take no zero point")
 
@@ -67,8 +92,11 @@ class PackedGemmWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in
-                   (self.codes, self.scales, self.zeros, self.mins) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.codes, self.scales, self.zeros, self.mins)
+            if t is not None
+        )
 
 
 def pack_u4(codes: torch.Tensor) -> torch.Tensor:
@@ -91,9 +119,17 @@ def unpack_u4(words: torch.Tensor) -> torch.Tensor:
     return codes.reshape(kw * 8, n).T.to(torch.uint8)
 
 
-def packed_weight(kind: str, codes: torch.Tensor, scales: torch.Tensor, *, group: int,
-                  zeros: torch.Tensor | None = None, zero_point: float = 0.0,
-                  mins: torch.Tensor | None = None, scale_cols: int = 1) -> PackedGemmWeight:
+def packed_weight(
+    kind: str,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    group: int,
+    zeros: torch.Tensor | None = None,
+    zero_point: float = 0.0,
+    mins: torch.Tensor | None = None,
+    scale_cols: int = 1,
+) -> PackedGemmWeight:
     """A :class:`PackedGemmWeight` from tensors in the formats' row-major orientation: codes
     ``[N, K]`` (unsigned integers below ``2**bits``, or e4m3), scales ``[N / scale_cols, K /
     group]``, zeros and mins ``[N, K / group]``. They are transposed (and 4-bit codes packed)
@@ -113,9 +149,18 @@ def packed_weight(kind: str, codes: torch.Tensor, scales: torch.Tensor, *, group
     def kmajor(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.T.contiguous()
 
-    return PackedGemmWeight(kind, n, k, group, stored, kmajor(scales),  # type: ignore[arg-type]
-                            kmajor(None if zeros is None else zeros.to(torch.uint8)),
-                            float(zero_point), kmajor(mins), scale_cols)
+    return PackedGemmWeight(
+        kind,
+        n,
+        k,
+        group,
+        stored,
+        kmajor(scales),  # type: ignore[arg-type]
+        kmajor(None if zeros is None else zeros.to(torch.uint8)),
+        float(zero_point),
+        kmajor(mins),
+        scale_cols,
+    )
 
 
 def codes_of(w: PackedGemmWeight) -> torch.Tensor:
@@ -133,8 +178,11 @@ def dequantize_packed_ref(w: PackedGemmWeight) -> torch.Tensor:
     k_idx = torch.arange(w.cols, device=w.device) // w.group
     n_idx = torch.arange(w.rows, device=w.device) // w.scale_cols
     scale = w.scales.to(torch.float32)[k_idx][:, n_idx].T  # [N, K]
-    zero = (w.zeros.to(torch.float32)[k_idx].T if w.zeros is not None
-            else torch.tensor(w.zero_point, dtype=torch.float32, device=w.device))
+    zero = (
+        w.zeros.to(torch.float32)[k_idx].T
+        if w.zeros is not None
+        else torch.tensor(w.zero_point, dtype=torch.float32, device=w.device)
+    )
     out = (codes_of(w) - zero) * scale
     if w.mins is not None:
         out = out - w.mins.to(torch.float32)[k_idx].T
@@ -160,8 +208,10 @@ class PackedGemmConfig:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
-                raise ValueError(f"packed GEMM config: {name} must be a power of two >= 16 "
-                                 f"(tl.dot's smallest tile), got {v}")
+                raise ValueError(
+                    f"packed GEMM config: {name} must be a power of two >= 16 "
+                    f"(tl.dot's smallest tile), got {v}"
+                )
         if self.split_k < 1:
             raise ValueError(f"packed GEMM config: split_k must be >= 1, got {self.split_k}")
 
@@ -212,13 +262,20 @@ def packed_gemm_config(m: int, n: int, k: int, kind: str) -> PackedGemmConfig:
         split = max(1, min(k_tiles, TARGET_PROGRAMS // max(tiles_n, 1)))
         return PackedGemmConfig(16, 64, block_k, split, num_warps=4, num_stages=4, swap_ab=True)
     block_m = 64 if bucket <= 64 else 128
-    return PackedGemmConfig(block_m, 128, 64 if kind in NIBBLE_KINDS else 32, 1,
-                            num_warps=8 if block_m == 128 else 4, num_stages=3)
+    return PackedGemmConfig(
+        block_m,
+        128,
+        64 if kind in NIBBLE_KINDS else 32,
+        1,
+        num_warps=8 if block_m == 128 else 4,
+        num_stages=3,
+    )
 
 
 def check_config(w: PackedGemmWeight, config: PackedGemmConfig) -> None:
     """Refuse tiles whose K blocks would straddle a scale group."""
     g, bk = w.group, config.block_k
     if not (g % bk == 0 or bk % g == 0 or g >= w.cols):
-        raise ValueError(f"packed GEMM config: block_k {bk} and the weight's group {g} must "
-                         "divide one another")
+        raise ValueError(
+            f"packed GEMM config: block_k {bk} and the weight's group {g} must divide one another"
+        )

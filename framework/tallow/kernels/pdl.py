@@ -49,6 +49,7 @@ from ._dispatch import interpreting
 try:
     from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents
     from triton.language.extra.cuda import gdc_wait as _gdc_wait
+
     HAS_GDC = True
 except ImportError:  # a Triton without grid dependency control: PDL stays off
     HAS_GDC = False
@@ -87,8 +88,9 @@ def unsupported_reason(where: torch.Tensor | torch.device | str) -> str | None:
         return "this Triton has no tl.extra.cuda.gdc_wait"
     if interpreting():
         return "TRITON_INTERPRET=1 runs the kernels in Triton's interpreter"
-    major, minor = _capability(device.index if device.index is not None
-                               else torch.cuda.current_device())
+    major, minor = _capability(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
     if major < 9:
         return f"PDL needs compute capability 9.0 or newer; {device} has {major}.{minor}"
     return None
@@ -128,11 +130,14 @@ def compiled_with_pdl(kernel: Any) -> bool | None:  # Any: a triton JITFunction
     if caches is None:
         return None
     compiled = [k for entry in caches.values() for k in entry[0].values()]
-    return any(getattr(k.metadata, "launch_pdl", False)
-               and "griddepcontrol.wait" in k.asm.get("ptx", "") for k in compiled)
+    return any(
+        getattr(k.metadata, "launch_pdl", False) and "griddepcontrol.wait" in k.asm.get("ptx", "")
+        for k in compiled
+    )
 
 
 if HAS_GDC:
+
     @triton.jit
     def wait_prior(USE_PDL: tl.constexpr):
         """With ``USE_PDL``: wait until the previous grid has completed and its writes are
@@ -147,6 +152,7 @@ if HAS_GDC:
         if USE_PDL:
             _gdc_launch_dependents()
 else:
+
     @triton.jit
     def wait_prior(USE_PDL: tl.constexpr):
         """No grid dependency control in this Triton: ``USE_PDL`` is never true here."""

@@ -44,14 +44,16 @@ def warps_along_k(programs: int, quads_per_row: int, sms: int, warps: int = 1) -
     ``programs`` programs over rows of ``quads_per_row`` quads: doubled while the launch holds
     fewer than :data:`WARPS_PER_SM` warps per SM and each iteration (32 quads per warp) still
     fits in a row."""
-    while (warps < MAX_WARPS and programs * warps < sms * WARPS_PER_SM
-           and 64 * warps <= quads_per_row):
+    while (
+        warps < MAX_WARPS and programs * warps < sms * WARPS_PER_SM and 64 * warps <= quads_per_row
+    ):
         warps *= 2
     return warps
 
 
-def launch_config(base: tuple[int, int, int, bool], m: int, n: int, quads_per_row: int,
-                  device: torch.device) -> tuple[int, int, int, bool]:
+def launch_config(
+    base: tuple[int, int, int, bool], m: int, n: int, quads_per_row: int, device: torch.device
+) -> tuple[int, int, int, bool]:
     """``base`` (rows of x, weight rows, warps, prefetch per program) with its warps widened
     by :func:`warps_along_k` for an ``[m, K] @ [n, K].T`` launch on ``device``."""
     bm, bn, warps, prefetch = base

@@ -45,18 +45,25 @@ def apply_logit_edits(logits: torch.Tensor, edits: LogitEdits) -> None:
         return
     if triton_enabled(logits):
         from ._sampling_triton import apply_logit_edits_triton
+
         apply_logit_edits_triton(logits, edits)
     else:
         apply_logit_edits_ref(logits, edits)
 
 
-def gumbel_argmax(logits: torch.Tensor, inv_temperature: torch.Tensor, greedy: torch.Tensor,
-                  key1: torch.Tensor, key2: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    greedy: torch.Tensor,
+    key1: torch.Tensor,
+    key2: torch.Tensor,
+) -> torch.Tensor:
     """The chosen token [N] int64 of each row (see ``gumbel.gumbel_argmax_ref`` for the
     contract): the fused Triton kernel on CUDA, the reference elsewhere. Both give the same
     token for the same inputs."""
     if triton_enabled(logits):
         from ._sampling_triton import gumbel_argmax_triton
+
         return gumbel_argmax_triton(logits, inv_temperature, greedy, key1, key2)
     return gumbel_argmax_ref(logits, inv_temperature, greedy, key1, key2)
 
@@ -66,5 +73,6 @@ def gumbel_noise(key1: torch.Tensor, key2: torch.Tensor, vocab_size: int) -> tor
     kernel on CUDA, the reference elsewhere, equal to the bit."""
     if triton_enabled(key1):
         from ._sampling_triton import gumbel_noise_triton
+
         return gumbel_noise_triton(key1, key2, vocab_size)
     return gumbel_noise_ref(key1, key2, vocab_size)

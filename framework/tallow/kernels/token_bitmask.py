@@ -19,15 +19,20 @@ from ._dispatch import triton_enabled
 
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> None:
     if logits.dim() != 2 or not logits.is_floating_point():
-        raise ValueError(f"logits: expected a 2-D floating-point tensor, got {logits.dtype} "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: expected a 2-D floating-point tensor, got {logits.dtype} "
+            f"{tuple(logits.shape)}"
+        )
     if bitmask.dim() != 2 or bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask: expected a 2-D int32 tensor, got {bitmask.dtype} "
-                         f"{tuple(bitmask.shape)}")
+        raise ValueError(
+            f"bitmask: expected a 2-D int32 tensor, got {bitmask.dtype} {tuple(bitmask.shape)}"
+        )
     words = (logits.shape[1] + 31) // 32
     if bitmask.shape[1] != words:
-        raise ValueError(f"bitmask: expected {words} words per row for {logits.shape[1]} "
-                         f"tokens, got {bitmask.shape[1]}")
+        raise ValueError(
+            f"bitmask: expected {words} words per row for {logits.shape[1]} "
+            f"tokens, got {bitmask.shape[1]}"
+        )
     expected = logits.shape[0] if rows is None else rows.shape[0]
     if bitmask.shape[0] != expected:
         raise ValueError(f"bitmask: expected {expected} rows, got {bitmask.shape[0]}")
@@ -40,8 +45,9 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return allowed.reshape(bitmask.shape[0], -1)[:, :vocab_size]
 
 
-def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor,
-                            rows: torch.Tensor | None = None) -> None:
+def apply_token_bitmask_ref(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> None:
     """Plain-torch reference of :func:`apply_token_bitmask`."""
     _check(logits, bitmask, rows)
     if bitmask.shape[0] == 0:
@@ -53,8 +59,9 @@ def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor,
         logits[rows] = logits[rows].masked_fill(disallowed, float("-inf"))
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
-                        rows: torch.Tensor | None = None) -> None:
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> None:
     """In place: logits [N, V] (any float dtype) get -inf for every token that row's mask
     does not allow. ``bitmask`` [M, ceil(V / 32)] int32 holds the masks of rows ``rows``
     [M] int64 of the logits (None: M == N, mask i for row i); other rows are left alone. The
@@ -72,16 +79,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
     apply_token_bitmask_triton(logits, bitmask, rows)
 
 
-def masked_argmax_ref(logits: torch.Tensor, bitmask: torch.Tensor,
-                      rows: torch.Tensor | None = None) -> torch.Tensor:
+def masked_argmax_ref(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Plain-torch reference of :func:`masked_argmax` (``logits`` is left unchanged)."""
     masked = logits.clone()
     apply_token_bitmask_ref(masked, bitmask, rows)
     return masked.argmax(dim=-1)
 
 
-def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+def masked_argmax(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """The argmax of each row of ``logits`` [N, V] among the tokens its mask allows, int64
     [N]: the argmax after :func:`apply_token_bitmask` (same ``bitmask`` and ``rows``; rows
     without a mask take the plain argmax; ties go to the first index, NaN counts as

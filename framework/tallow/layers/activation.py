@@ -48,5 +48,7 @@ def get_act_and_mul(name: str) -> nn.Module:
     try:
         return _GATED[name]()
     except KeyError:
-        raise ValueError(f"hidden_act {name!r} is not supported for gated MLPs "
-                         f"(expected one of {', '.join(sorted(_GATED))})") from None
+        raise ValueError(
+            f"hidden_act {name!r} is not supported for gated MLPs "
+            f"(expected one of {', '.join(sorted(_GATED))})"
+        ) from None

@@ -28,12 +28,27 @@ class AttentionImpl(Protocol):
     """What a forward context runs attention with: a :class:`tallow.plugin.AttentionBackend`
     (declared here, below the plugin API, by the methods the layers call)."""
 
-    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor: ...
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: LayerKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
 
-    def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
-                    latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
-                    w_uv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor: ...
+    def forward_mla(
+        self,
+        layer: MLALayer,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        cache: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -96,32 +111,51 @@ class Attention(nn.Module):
     keys of its own chunk of that many positions. The layer keeps a full cache.
     """
 
-    def __init__(self, layer_index: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float | None = None, sliding_window: int | None = None,
-                 logit_softcap: float | None = None, causal: bool = True, *,
-                 sinks: bool = False, sinks_head_offset: int = 0,
-                 attention_chunk_size: int | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        layer_index: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+        causal: bool = True,
+        *,
+        sinks: bool = False,
+        sinks_head_offset: int = 0,
+        attention_chunk_size: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
-                             f"{num_kv_heads}")
+            raise ValueError(
+                f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+            )
         if sliding_window and not causal:
             raise ValueError("a sliding window needs causal attention (causal=True)")
         if attention_chunk_size is not None and (int(attention_chunk_size) < 1 or not causal):
-            raise ValueError(f"attention_chunk_size must be a positive number of tokens on a "
-                             f"causal layer, got {attention_chunk_size} (causal={causal})")
+            raise ValueError(
+                f"attention_chunk_size must be a positive number of tokens on a "
+                f"causal layer, got {attention_chunk_size} (causal={causal})"
+            )
         self.sinks: nn.Parameter | None = None
         if sinks:
-            self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32,
-                                                  device=device), requires_grad=False)
+            self.sinks = nn.Parameter(
+                torch.zeros(num_heads, dtype=torch.float32, device=device), requires_grad=False
+            )
             self.sinks_head_offset = int(sinks_head_offset)
             set_weight_attrs(self.sinks, weight_loader=self._load_sinks)
         self.layer = AttentionLayer(
-            layer_index=layer_index, num_heads=num_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, scale=scale if scale is not None else head_dim ** -0.5,
-            sliding_window=sliding_window or None, logit_softcap=logit_softcap or None,
-            causal=bool(causal), sinks=self.sinks,
+            layer_index=layer_index,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            scale=scale if scale is not None else head_dim**-0.5,
+            sliding_window=sliding_window or None,
+            logit_softcap=logit_softcap or None,
+            causal=bool(causal),
+            sinks=self.sinks,
             attention_chunk_size=int(attention_chunk_size) if attention_chunk_size else None,
         )
         self.kv_cache: LayerKVCache | None = None
@@ -131,16 +165,19 @@ class Attention(nn.Module):
         #: value, or one per KV head), handed to the KV codec (``use_checkpoint_scales``)
         self.kv_scales: dict[str, torch.Tensor] = {}
 
-    def _load_sinks(self, param: torch.Tensor, loaded: torch.Tensor,
-                    shard_id: object = None) -> None:
+    def _load_sinks(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None
+    ) -> None:
         """The checkpoint's sinks of every query head; this rank keeps its own heads'."""
         n, start = param.shape[0], self.sinks_head_offset
         if shard_id is not None:
             raise ValueError(f"attention sinks have no shards, got {shard_id!r}")
         if loaded.dim() != 1 or loaded.shape[0] < start + n:
-            raise ValueError(f"attention sinks: checkpoint tensor has shape "
-                             f"{tuple(loaded.shape)}, expected one value per query head "
-                             f"(at least {start + n})")
+            raise ValueError(
+                f"attention sinks: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, expected one value per query head "
+                f"(at least {start + n})"
+            )
         with torch.no_grad():
             param.copy_(loaded.narrow(0, start, n).float())
 
@@ -173,8 +210,10 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         s = self.layer
-        return (f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
-                f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
-                + ("" if s.causal else ", causal=False")
-                + (", sinks" if s.sinks is not None else "")
-                + (f", chunk={s.attention_chunk_size}" if s.attention_chunk_size else ""))
+        return (
+            f"layer={s.layer_index}, heads={s.num_heads}, kv_heads={s.num_kv_heads}, "
+            f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
+            + ("" if s.causal else ", causal=False")
+            + (", sinks" if s.sinks is not None else "")
+            + (f", chunk={s.attention_chunk_size}" if s.attention_chunk_size else "")
+        )

@@ -13,20 +13,28 @@ def layer_reasons(layer: AttentionLayer) -> list[str]:
     heads evenly, a sliding window on a bidirectional layer, chunked local attention."""
     reasons = []
     if layer.num_kv_heads < 1 or layer.num_heads % layer.num_kv_heads:
-        reasons.append(f"num_heads {layer.num_heads} is not a multiple of num_kv_heads "
-                       f"{layer.num_kv_heads}")
+        reasons.append(
+            f"num_heads {layer.num_heads} is not a multiple of num_kv_heads {layer.num_kv_heads}"
+        )
     if not layer.causal and layer.sliding_window:
         reasons.append("a sliding window on a bidirectional (causal=False) layer")
     if layer.attention_chunk_size:
         # no paged kernel masks keys outside the query's chunk: refusing sends the layer to
         # a backend that does (the torch one) instead of computing full attention
-        reasons.append(f"chunked local attention (attention_chunk_size "
-                       f"{layer.attention_chunk_size})")
+        reasons.append(
+            f"chunked local attention (attention_chunk_size {layer.attention_chunk_size})"
+        )
     return reasons
 
 
-def check_rows(backend: str, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, meta: AttentionMetadata) -> None:
+def check_rows(
+    backend: str,
+    layer: AttentionLayer,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+) -> None:
     """ValueError unless ``q``, ``k``, ``v`` and ``meta.slot_mapping`` have one row per token
     of the step (``backend`` names the backend in the message)."""
     n = q.shape[0]
@@ -34,20 +42,27 @@ def check_rows(backend: str, layer: AttentionLayer, q: torch.Tensor, k: torch.Te
         raise ValueError(
             f"{backend} attention, layer {layer.layer_index}: q, k, v and meta.slot_mapping "
             f"must have the same number of rows, got {n}, {k.shape[0]}, {v.shape[0]}, "
-            f"{meta.slot_mapping.shape[0]}")
+            f"{meta.slot_mapping.shape[0]}"
+        )
 
 
-def qkv_shape_reasons(layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor,
-                      v: torch.Tensor, contiguous_heads: bool = False) -> list[str]:
+def qkv_shape_reasons(
+    layer: AttentionLayer,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    contiguous_heads: bool = False,
+) -> list[str]:
     """Reasons ``q`` is not [T, Hq, D] and ``k``, ``v`` not [T, Hkv, D] for ``layer`` (with
     ``contiguous_heads``, also a ``q`` whose head elements are not contiguous)."""
     hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     reasons = []
-    if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d) or (contiguous_heads
-                                                         and q.stride(-1) != 1):
-        reasons.append(f"q must be [T, {hq}, {d}]"
-                       + (" with contiguous heads" if contiguous_heads else "")
-                       + f", got {list(q.shape)}")
+    if q.dim() != 3 or tuple(q.shape[1:]) != (hq, d) or (contiguous_heads and q.stride(-1) != 1):
+        reasons.append(
+            f"q must be [T, {hq}, {d}]"
+            + (" with contiguous heads" if contiguous_heads else "")
+            + f", got {list(q.shape)}"
+        )
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 3 or tuple(t.shape[1:]) != (hkv, d):
             reasons.append(f"{name} must be [T, {hkv}, {d}], got {list(t.shape)}")

@@ -25,9 +25,17 @@ from typing import Any, ClassVar, Hashable, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["CacheSpec", "FullAttentionSpec", "SlidingWindowSpec", "LatentCacheSpec",
-           "StateTensorSpec", "RecurrentStateSpec", "StateCache", "CacheLayer",
-           "cache_layers"]
+__all__ = [
+    "CacheSpec",
+    "FullAttentionSpec",
+    "SlidingWindowSpec",
+    "LatentCacheSpec",
+    "StateTensorSpec",
+    "RecurrentStateSpec",
+    "StateCache",
+    "CacheLayer",
+    "cache_layers",
+]
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,7 @@ class RecurrentStateSpec(CacheSpec):
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]
         if not names or len(set(names)) != len(names):
-            raise ValueError(f"a recurrent state needs tensors with distinct names, got "
-                             f"{names!r}")
+            raise ValueError(f"a recurrent state needs tensors with distinct names, got {names!r}")
 
     @property
     def group_key(self) -> Hashable:
@@ -151,7 +158,9 @@ class CacheLayer(Protocol):
         """What the layer caches."""
         ...
 
-    def bind_cache(self, cache: Any, group: int) -> None:  # Any: a LayerKVCache, a latent tensor or a StateCache, by spec
+    def bind_cache(
+        self, cache: Any, group: int
+    ) -> None:  # Any: a LayerKVCache, a latent tensor or a StateCache, by spec
         """Take the cache the runner allocated: a :class:`tallow.kernels.kv_cache.LayerKVCache`
         for attention groups, a tensor ``[blocks, block_size, width]`` for latent groups, a
         :class:`StateCache` for state groups; ``group`` is the index of the layer's group
@@ -161,6 +170,8 @@ class CacheLayer(Protocol):
 
 def cache_layers(model: torch.nn.Module) -> list[Any]:
     """The modules of ``model`` that declare a cache, in module order."""
-    return [m for m in model.modules()
-            if callable(getattr(m, "cache_spec", None)) and callable(getattr(m, "bind_cache",
-                                                                             None))]
+    return [
+        m
+        for m in model.modules()
+        if callable(getattr(m, "cache_spec", None)) and callable(getattr(m, "bind_cache", None))
+    ]

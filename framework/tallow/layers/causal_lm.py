@@ -83,8 +83,9 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         vocabulary."""
         head = getattr(self, "lm_head", None)
         if head is None:
-            raise NotImplementedError(f"{type(self).__name__} has no lm_head; override "
-                                      "compute_logits")
+            raise NotImplementedError(
+                f"{type(self).__name__} has no lm_head; override compute_logits"
+            )
         return head(hidden)
 
     # -- weights ----------------------------------------------------------------------------
@@ -93,11 +94,13 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             return self.weight_name_maps[naming]
         except KeyError:
             known = ", ".join(sorted(self.weight_name_maps)) or "none"
-            raise WeightLoadError(f"{type(self).__name__} cannot load tensors named "
-                                  f"{naming!r} (it knows: {known})") from None
+            raise WeightLoadError(
+                f"{type(self).__name__} cannot load tensors named {naming!r} (it knows: {known})"
+            ) from None
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
-                     naming: str = "hf") -> set[str]:
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
+    ) -> set[str]:
         """Load checkpoint ``tensors`` named under ``naming``; return the parameters filled.
 
         Every tensor goes through its parameter's ``weight_loader`` (which shards it for this
@@ -160,8 +163,10 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
                 else:
                     loader(param, tensor, shard)
             except (ValueError, RuntimeError, TypeError) as exc:
-                raise WeightLoadError(f"{type(self).__name__}: checkpoint tensor {ckpt_name!r} "
-                                      f"-> parameter {target!r}: {exc}") from exc
+                raise WeightLoadError(
+                    f"{type(self).__name__}: checkpoint tensor {ckpt_name!r} "
+                    f"-> parameter {target!r}: {exc}"
+                ) from exc
             shards = getattr(param, "shard_ids", None)
             cover = getattr(param, "shard_cover", None)
             if shard is None and shards:
@@ -190,7 +195,7 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         if match is not None or not prefix or naming != "hf":
             return match
         if ckpt_name.startswith(prefix + "."):
-            return name_map.match(ckpt_name[len(prefix) + 1:])
+            return name_map.match(ckpt_name[len(prefix) + 1 :])
         return name_map.match(f"{prefix}.{ckpt_name}")
 
     def _missing(self, loaded: dict[str, set[Hashable]]) -> list[str]:
@@ -220,8 +225,10 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         for module in self.modules():
             if isinstance(module, Attention) and module.layer.layer_index == layer_index:
                 return module
-        raise WeightLoadError(f"{type(self).__name__}: a KV-cache scale names layer "
-                              f"{layer_index}, which has no attention layer")
+        raise WeightLoadError(
+            f"{type(self).__name__}: a KV-cache scale names layer "
+            f"{layer_index}, which has no attention layer"
+        )
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         """A chance to fill parameters the checkpoint lacks (tying a head, say).
@@ -258,13 +265,15 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
         return config
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor,
-                          shard_id: Hashable | None = None) -> None:
+def default_weight_loader(
+    param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+) -> None:
     """Copy a whole tensor into a parameter that has no loader of its own (norm weights)."""
     if shard_id is not None:
         raise ValueError(f"parameter has no shards, got shard {shard_id!r}")
     if tuple(param.shape) != tuple(loaded.shape):
-        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected "
-                         f"{tuple(param.shape)}")
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}"
+        )
     with torch.no_grad():
         param.data.copy_(loaded)

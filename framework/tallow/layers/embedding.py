@@ -22,8 +22,14 @@ class _VocabSharded(nn.Module):
     the quantization scheme (a :class:`~tallow.layers.LinearMethod` whose output rows are
     vocabulary entries), and the loader that fills it."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, build: BuildContext | None,
-                 prefix: str, role: str) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        build: BuildContext | None,
+        prefix: str,
+        role: str,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         self.num_embeddings = num_embeddings
@@ -41,8 +47,9 @@ class _VocabSharded(nn.Module):
     def _create_weight(self) -> None:
         b = self._build
         self.quant_method = linear_method_for(b.quant, self.prefix, self._role)
-        self.quant_method.create_weights(self, self.embedding_dim, [self.rows_per_rank],
-                                         b.dtype, b.device)
+        self.quant_method.create_weights(
+            self, self.embedding_dim, [self.rows_per_rank], b.dtype, b.device
+        )
         for param in self.parameters(recurse=False):
             if not hasattr(param, "weight_loader"):
                 set_weight_attrs(param, weight_loader=self.weight_loader)
@@ -54,25 +61,28 @@ class _VocabSharded(nn.Module):
     def weight_slices(self, shard_id: Hashable | None = None) -> list[WeightSlice]:
         """This rank's vocabulary rows, zero-padded to ``rows_per_rank``."""
         if shard_id is not None:
-            raise ValueError(f"{self.prefix or type(self).__name__}: has no shards, got shard "
-                             f"{shard_id!r}")
+            raise ValueError(
+                f"{self.prefix or type(self).__name__}: has no shards, got shard {shard_id!r}"
+            )
         n = self.vocab_end - self.vocab_start
-        return [WeightSlice(0, (self.vocab_start, self.vocab_end),
-                            pad_rows=self.rows_per_rank - n)]
+        return [WeightSlice(0, (self.vocab_start, self.vocab_end), pad_rows=self.rows_per_rank - n)]
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: object = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None
+    ) -> None:
         """Copy this rank's rows of the ``[vocab, dim]`` checkpoint tensor into ``param``."""
         what = self.prefix or type(self).__name__
         if shard_id is not None:
             raise ValueError(f"{what}: has no shards, got shard {shard_id!r}")
         expected = (self.num_embeddings, self.embedding_dim)
         if tuple(loaded.shape) != expected:
-            raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
-                             f"expected {expected} (vocab_size, hidden_size)")
+            raise ValueError(
+                f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                f"expected {expected} (vocab_size, hidden_size)"
+            )
         n = self.vocab_end - self.vocab_start
         with torch.no_grad():
-            param.data[:n].copy_(loaded[self.vocab_start:self.vocab_end])
+            param.data[:n].copy_(loaded[self.vocab_start : self.vocab_end])
             param.data[n:].zero_()
 
 
@@ -82,8 +92,14 @@ class VocabEmbedding(_VocabSharded):
     The rows are stored as the quantization scheme's ``embedding_method(prefix)`` says (dense
     without one); only the rows of the step's tokens are read (and decoded)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *,
-                 build: BuildContext | None = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        build: BuildContext | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__(num_embeddings, embedding_dim, build, prefix, "embedding")
         self._create_weight()
 
@@ -99,9 +115,11 @@ class VocabEmbedding(_VocabSharded):
         return all_reduce(out, self.tp_size)
 
     def extra_repr(self) -> str:
-        return (f"vocab={self.num_embeddings}, dim={self.embedding_dim}, "
-                f"rows={self.vocab_start}:{self.vocab_end}, "
-                f"method={type(self.quant_method).__name__}")
+        return (
+            f"vocab={self.num_embeddings}, dim={self.embedding_dim}, "
+            f"rows={self.vocab_start}:{self.vocab_end}, "
+            f"method={type(self.quant_method).__name__}"
+        )
 
 
 class LMHead(_VocabSharded):
@@ -113,14 +131,20 @@ class LMHead(_VocabSharded):
     embedding's storage through the embedding's method.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, bias: bool = False,
-                 tie_with: VocabEmbedding | None = None, build: BuildContext | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        bias: bool = False,
+        tie_with: VocabEmbedding | None = None,
+        build: BuildContext | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__(num_embeddings, embedding_dim, build, prefix, "head")
         self._tied_to: list[VocabEmbedding] = []  # a list: not registered as a submodule
         if tie_with is not None:
-            if (tie_with.num_embeddings, tie_with.embedding_dim) != (num_embeddings,
-                                                                     embedding_dim):
+            if (tie_with.num_embeddings, tie_with.embedding_dim) != (num_embeddings, embedding_dim):
                 raise ValueError(
                     f"{prefix or 'LMHead'}: cannot tie a [{num_embeddings}, {embedding_dim}] head "
                     f"to a [{tie_with.num_embeddings}, {tie_with.embedding_dim}] embedding"
@@ -129,8 +153,10 @@ class LMHead(_VocabSharded):
         else:
             self._create_weight()
         if bias:
-            b = nn.Parameter(torch.zeros(self.rows_per_rank, dtype=self._build.dtype,
-                                         device=self._build.device), requires_grad=False)
+            b = nn.Parameter(
+                torch.zeros(self.rows_per_rank, dtype=self._build.dtype, device=self._build.device),
+                requires_grad=False,
+            )
             set_weight_attrs(b, weight_loader=self._bias_loader)
             self.bias = b
         else:
@@ -146,15 +172,18 @@ class LMHead(_VocabSharded):
         self.quant_method = None  # the embedding's method serves (and finishes) the storage
         self._tied_to[:] = [embedding]
 
-    def _bias_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                     shard_id: object = None) -> None:
+    def _bias_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None
+    ) -> None:
         what = f"{self.prefix or 'LMHead'} bias"
         if tuple(loaded.shape) != (self.num_embeddings,):
-            raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
-                             f"expected ({self.num_embeddings},)")
+            raise ValueError(
+                f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                f"expected ({self.num_embeddings},)"
+            )
         n = self.vocab_end - self.vocab_start
         with torch.no_grad():
-            param.data[:n].copy_(loaded[self.vocab_start:self.vocab_end])
+            param.data[:n].copy_(loaded[self.vocab_start : self.vocab_end])
             param.data[n:].zero_()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -163,7 +192,7 @@ class LMHead(_VocabSharded):
         assert method is not None, "a head's storage is its own or its tied embedding's"
         logits = method.apply(owner, hidden, self.bias)
         logits = all_gather_last_dim(logits, self.tp_size)
-        return logits[..., :self.num_embeddings]
+        return logits[..., : self.num_embeddings]
 
     def extra_repr(self) -> str:
         return f"vocab={self.num_embeddings}, dim={self.embedding_dim}, tied={self.tied}"

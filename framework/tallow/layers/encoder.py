@@ -25,5 +25,7 @@ class EncoderModel(CausalLM):
     default_pooling: ClassVar[str] = "mean"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} is an encoder without an LM head: it "
-                                  "serves embeddings (model.task embed), not generation")
+        raise NotImplementedError(
+            f"{type(self).__name__} is an encoder without an LM head: it "
+            "serves embeddings (model.task embed), not generation"
+        )

@@ -63,8 +63,11 @@ from .parallel import all_reduce, divide
 from .weight_names import WeightRule
 
 #: per-expert checkpoint names → (stacked parameter, part)
-_EXPERT_PARTS = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"),
-                 "down_proj": ("w2", "down")}
+_EXPERT_PARTS = {
+    "gate_proj": ("w13", "gate"),
+    "up_proj": ("w13", "up"),
+    "down_proj": ("w2", "down"),
+}
 
 
 class FusedExperts(nn.Module):
@@ -75,35 +78,55 @@ class FusedExperts(nn.Module):
     1 under expert parallelism); ``placement`` which experts this rank holds (all of them
     without expert parallelism): the parameters stack those ``placement.num_local``."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 bias: bool, activation: str, swiglu_alpha: float, swiglu_limit: float,
-                 build: BuildContext, prefix: str) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        bias: bool,
+        activation: str,
+        swiglu_alpha: float,
+        swiglu_limit: float,
+        build: BuildContext,
+        prefix: str,
+    ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         expert_parallel = build.expert_parallel and build.tp_size > 1
         try:
-            self.placement = ExpertPlacement(num_experts, build.tp_rank if expert_parallel
-                                             else 0, build.tp_size if expert_parallel else 1)
+            self.placement = ExpertPlacement(
+                num_experts,
+                build.tp_rank if expert_parallel else 0,
+                build.tp_size if expert_parallel else 1,
+            )
         except ValueError as exc:
             raise ValueError(f"{prefix or 'FusedMoE'}: {exc}") from None
-        self.tp_rank, self.tp_size = ((0, 1) if expert_parallel
-                                      else (build.tp_rank, build.tp_size))
-        self.intermediate_per_rank = divide(intermediate_size, self.tp_size,
-                                            f"{prefix} expert intermediate size")
+        self.tp_rank, self.tp_size = (0, 1) if expert_parallel else (build.tp_rank, build.tp_size)
+        self.intermediate_per_rank = divide(
+            intermediate_size, self.tp_size, f"{prefix} expert intermediate size"
+        )
         self.activation = activation
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         self.prefix = prefix
         self.quant_method = moe_method_for(build.quant, prefix)
-        self.quant_method.create_weights(self, self.placement.num_local, hidden_size,
-                                         self.intermediate_per_rank, bias, build.dtype,
-                                         build.device)
+        self.quant_method.create_weights(
+            self,
+            self.placement.num_local,
+            hidden_size,
+            self.intermediate_per_rank,
+            bias,
+            build.dtype,
+            build.device,
+        )
         for name, param in self.named_parameters(recurse=False):
             part = ("gate", "up") if name.startswith("w13") else ("down",)
             if not hasattr(param, "shard_ids"):
-                set_weight_attrs(param, shard_ids=tuple((str(e), p) for e in range(num_experts)
-                                                        for p in part))
+                set_weight_attrs(
+                    param, shard_ids=tuple((str(e), p) for e in range(num_experts) for p in part)
+                )
             if not hasattr(param, "shard_cover"):
                 set_weight_attrs(param, shard_cover=self.shard_cover)
             if not hasattr(param, "weight_loader"):
@@ -116,8 +139,10 @@ class FusedExperts(nn.Module):
             return self.intermediate_size, self.hidden_size
         if part == "down":
             return self.hidden_size, self.intermediate_size
-        raise ValueError(f"{self.prefix or 'FusedExperts'}: an expert has no part {part!r} "
-                         "(expected gate, up or down)")
+        raise ValueError(
+            f"{self.prefix or 'FusedExperts'}: an expert has no part {part!r} "
+            "(expected gate, up or down)"
+        )
 
     def weight_slices(self, part: str) -> list[WeightSlice]:
         """This rank's share of one expert's checkpoint weight of ``part`` (one slice): the
@@ -139,8 +164,9 @@ class FusedExperts(nn.Module):
             return {(str(e), shard_id[1]) for e in range(self.num_experts)}
         return {shard_id}
 
-    def expert_tensors(self, loaded: Any, shard_id: Hashable | None,
-                       projection: str | None = None) -> list[tuple[int, str | None, Any]]:
+    def expert_tensors(
+        self, loaded: Any, shard_id: Hashable | None, projection: str | None = None
+    ) -> list[tuple[int, str | None, Any]]:
         """``(local expert, part, tensor)`` for each expert of a checkpoint tensor that this
         rank holds (``placement``; the others' are passed over), the index counted from this
         rank's first expert. ``shard_id`` None: the stacked tensor of every expert
@@ -161,24 +187,32 @@ class FusedExperts(nn.Module):
         out: list[tuple[int, str | None, Any]] = []
         for e, part, src in items:
             if part is None:
-                out += (list(zip([e, e], parts, src.chunk(2, dim=0))) if projection == "w13"
-                        else [(e, "down", src)])
+                out += (
+                    list(zip([e, e], parts, src.chunk(2, dim=0)))
+                    if projection == "w13"
+                    else [(e, "down", src)]
+                )
             elif part in parts:
                 out.append((e, part, src))
             else:
-                raise ValueError(f"{what}: {projection} has no part {part!r} (expected "
-                                 f"{' or '.join(parts)})")
+                raise ValueError(
+                    f"{what}: {projection} has no part {part!r} (expected {' or '.join(parts)})"
+                )
         return out
 
-    def _expert_items(self, loaded: Any, shard_id: Hashable | None,
-                      what: str) -> list[tuple[int, str | None, Any]]:
+    def _expert_items(
+        self, loaded: Any, shard_id: Hashable | None, what: str
+    ) -> list[tuple[int, str | None, Any]]:
         start = self.placement.start
-        if shard_id is None or (isinstance(shard_id, tuple) and len(shard_id) == 2
-                                and shard_id[0] == "*"):
+        if shard_id is None or (
+            isinstance(shard_id, tuple) and len(shard_id) == 2 and shard_id[0] == "*"
+        ):
             part = None if shard_id is None else str(shard_id[1])
             if len(loaded.shape) < 2 or loaded.shape[0] != self.num_experts:
-                raise ValueError(f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
-                                 f"{self.num_experts} experts")
+                raise ValueError(
+                    f"{what}: stacked tensor {tuple(loaded.shape)} does not hold "
+                    f"{self.num_experts} experts"
+                )
             local = range(self.placement.num_local)
             if isinstance(loaded, QuantizedWeight):
                 return [(e, part, loaded.select(start + e)) for e in local]
@@ -187,12 +221,12 @@ class FusedExperts(nn.Module):
             raise ValueError(f"{what}: shard must be (expert, part), got {shard_id!r}")
         e, part = int(shard_id[0]), str(shard_id[1])
         if not 0 <= e < self.num_experts:
-            raise ValueError(f"{what}: expert {e} out of range (the layer has "
-                             f"{self.num_experts})")
+            raise ValueError(f"{what}: expert {e} out of range (the layer has {self.num_experts})")
         return [(e - start, part, loaded)] if self.placement.holds(e) else []
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         """``shard_id`` ``(expert, part)`` (part "gate", "up" or "down"): one expert's
         checkpoint tensor; ``("*", part)``: that part of every expert, stacked; None: the
         stacked tensor of every expert (``[E, ...]``). Only the experts this rank holds are
@@ -201,8 +235,9 @@ class FusedExperts(nn.Module):
         for e, part, src in self.expert_tensors(loaded, shard_id):
             self._load_expert(param, e, src, part, what)
 
-    def _load_expert(self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None,
-                     what: str) -> None:
+    def _load_expert(
+        self, param: torch.Tensor, e: int, src: torch.Tensor, part: str | None, what: str
+    ) -> None:
         dst = param.data[e]
         i_rank, rank = self.intermediate_per_rank, self.tp_rank
         full_i = self.intermediate_size
@@ -213,45 +248,56 @@ class FusedExperts(nn.Module):
             halves = [0, 1] if part is None else [0 if part == "gate" else 1]
             expected = 2 * full_i if part is None else full_i
             if src.shape[0] != expected or src.shape[1:] != dst.shape[1:]:
-                raise ValueError(f"{what}: expert {e} {part or 'gate_up'} tensor has shape "
-                                 f"{tuple(src.shape)}, expected "
-                                 f"{(expected, *dst.shape[1:])}")
+                raise ValueError(
+                    f"{what}: expert {e} {part or 'gate_up'} tensor has shape "
+                    f"{tuple(src.shape)}, expected "
+                    f"{(expected, *dst.shape[1:])}"
+                )
             for half in halves:
                 block = src if part is not None else src.narrow(0, half * full_i, full_i)
                 with torch.no_grad():
-                    dst.narrow(0, half * i_rank, i_rank).copy_(block.narrow(0, rank * i_rank,
-                                                                            i_rank))
+                    dst.narrow(0, half * i_rank, i_rank).copy_(
+                        block.narrow(0, rank * i_rank, i_rank)
+                    )
             return
         if part not in (None, "down"):
             raise ValueError(f"{what}: the down projection has no part {part!r}")
         if dst.dim() == 1:  # w2_bias [H]: added once, after the sum over ranks
             if tuple(src.shape) != tuple(dst.shape):
-                raise ValueError(f"{what}: expert {e} down bias has shape {tuple(src.shape)}, "
-                                 f"expected {tuple(dst.shape)}")
+                raise ValueError(
+                    f"{what}: expert {e} down bias has shape {tuple(src.shape)}, "
+                    f"expected {tuple(dst.shape)}"
+                )
             with torch.no_grad():
                 dst.copy_(src if rank == 0 else torch.zeros_like(src))
             return
         if src.shape[0] != dst.shape[0] or src.shape[1] != full_i:
-            raise ValueError(f"{what}: expert {e} down tensor has shape {tuple(src.shape)}, "
-                             f"expected {(dst.shape[0], full_i)}")
+            raise ValueError(
+                f"{what}: expert {e} down tensor has shape {tuple(src.shape)}, "
+                f"expected {(dst.shape[0], full_i)}"
+            )
         with torch.no_grad():
             dst.copy_(src.narrow(1, rank * i_rank, i_rank))
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         return self.quant_method.apply(self, x, topk_weights, topk_ids)
 
 
 class _SharedExpert(nn.Module):
     """The shared expert's gated MLP, left unreduced (the block reduces once)."""
 
-    def __init__(self, hidden: int, intermediate: int, build: BuildContext, prefix: str,
-                 act: nn.Module) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, build: BuildContext, prefix: str, act: nn.Module
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, build=build,
-                                                       prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate, hidden, reduce_results=False,
-                                           build=build, prefix=f"{prefix}.down_proj")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate] * 2, build=build, prefix=f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate, hidden, reduce_results=False, build=build, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -270,50 +316,85 @@ class FusedMoE(nn.Module):
     then holds its share of the tokens and zeros elsewhere, plus its shared-expert part).
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 router: RouterSpec, build: BuildContext | None = None, prefix: str = "",
-                 router_bias: bool = False, correction_bias: bool = False,
-                 activation: str = "silu", expert_bias: bool = False,
-                 swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
-                 shared_intermediate_size: int = 0, shared_gate: bool = False,
-                 reduce_results: bool = True) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        router: RouterSpec,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        router_bias: bool = False,
+        correction_bias: bool = False,
+        activation: str = "silu",
+        expert_bias: bool = False,
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
+        shared_intermediate_size: int = 0,
+        shared_gate: bool = False,
+        reduce_results: bool = True,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"FusedMoE: activation must be one of {', '.join(ACTIVATIONS)}, "
-                             f"got {activation!r}")
+            raise ValueError(
+                f"FusedMoE: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}"
+            )
         if router.top_k > num_experts:
             raise ValueError(f"FusedMoE: top_k {router.top_k} > {num_experts} experts")
         if correction_bias and router.scoring != "sigmoid":
             raise ValueError("FusedMoE: a correction bias goes with sigmoid scoring")
         if shared_gate and not shared_intermediate_size:
-            raise ValueError("FusedMoE: shared_gate needs a shared expert "
-                             "(shared_intermediate_size)")
+            raise ValueError(
+                "FusedMoE: shared_gate needs a shared expert (shared_intermediate_size)"
+            )
         self.router = router
         self.tp_size = build.tp_size
         self.reduce_results = reduce_results
         # the router is small and every rank needs all of its logits: replicated
-        self.gate = ReplicatedLinear(hidden_size, num_experts, router_bias, build=build,
-                                     prefix=f"{prefix}.gate")
+        self.gate = ReplicatedLinear(
+            hidden_size, num_experts, router_bias, build=build, prefix=f"{prefix}.gate"
+        )
         if correction_bias:
-            bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32,
-                                            device=build.device), requires_grad=False)
+            bias = nn.Parameter(
+                torch.zeros(num_experts, dtype=torch.float32, device=build.device),
+                requires_grad=False,
+            )
             self.gate.register_parameter("e_score_correction_bias", bias)
-        self.experts = FusedExperts(num_experts, hidden_size, intermediate_size,
-                                    bias=expert_bias, activation=activation,
-                                    swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                                    build=build, prefix=f"{prefix}.experts")
-        self.shared_expert = (_SharedExpert(hidden_size, shared_intermediate_size, build,
-                                            f"{prefix}.shared_expert", SiluAndMul())
-                              if shared_intermediate_size else None)
-        self.shared_expert_gate = (ReplicatedLinear(hidden_size, 1, build=build,
-                                                    prefix=f"{prefix}.shared_expert_gate")
-                                   if shared_gate else None)
+        self.experts = FusedExperts(
+            num_experts,
+            hidden_size,
+            intermediate_size,
+            bias=expert_bias,
+            activation=activation,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit,
+            build=build,
+            prefix=f"{prefix}.experts",
+        )
+        self.shared_expert = (
+            _SharedExpert(
+                hidden_size,
+                shared_intermediate_size,
+                build,
+                f"{prefix}.shared_expert",
+                SiluAndMul(),
+            )
+            if shared_intermediate_size
+            else None
+        )
+        self.shared_expert_gate = (
+            ReplicatedLinear(hidden_size, 1, build=build, prefix=f"{prefix}.shared_expert_gate")
+            if shared_gate
+            else None
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights float32 ``[T, top_k]``, expert ids int64 ``[T, top_k]``) of ``x``."""
-        return select_experts(self.gate(x), self.router,
-                              getattr(self.gate, "e_score_correction_bias", None))
+        return select_experts(
+            self.gate(x), self.router, getattr(self.gate, "e_score_correction_bias", None)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -340,11 +421,15 @@ class FusedMoE(nn.Module):
         start, end = token_shard(tokens, placement.rank, placement.size)
         weights, ids = self.route(x[start:end])
         # a captured CUDA graph cannot read split sizes on the host: fixed-size exchange
-        capacity = (-(-tokens // placement.size) * self.router.top_k
-                    if x.is_cuda and torch.cuda.is_current_stream_capturing() else None)
+        capacity = (
+            -(-tokens // placement.size) * self.router.top_k
+            if x.is_cuda and torch.cuda.is_current_stream_capturing()
+            else None
+        )
         out = x.new_zeros(x.shape)
-        out[start:end] = dispatch_combine(x[start:end], weights, ids, placement, self.experts,
-                                          capacity=capacity)
+        out[start:end] = dispatch_combine(
+            x[start:end], weights, ids, placement, self.experts, capacity=capacity
+        )
         return out
 
     @staticmethod
@@ -358,10 +443,10 @@ class FusedMoE(nn.Module):
         experts = f"{prefix}.experts"
         return [
             WeightRule(f"{block}.ffn_gate_inp.weight", f"{prefix}.gate.weight"),
-            WeightRule(f"{block}.ffn_gate_exps.weight", f"{experts}.w13_weight",
-                       shard=("*", "gate")),
-            WeightRule(f"{block}.ffn_up_exps.weight", f"{experts}.w13_weight",
-                       shard=("*", "up")),
+            WeightRule(
+                f"{block}.ffn_gate_exps.weight", f"{experts}.w13_weight", shard=("*", "gate")
+            ),
+            WeightRule(f"{block}.ffn_up_exps.weight", f"{experts}.w13_weight", shard=("*", "up")),
             WeightRule(f"{block}.ffn_down_exps.weight", f"{experts}.w2_weight"),
         ]
 
@@ -372,12 +457,19 @@ class FusedMoE(nn.Module):
         ``experts.{e}.gate_proj|up_proj|down_proj.weight|bias`` and the stacked
         ``experts.gate_up_proj``, ``experts.down_proj`` (and their ``_bias``). The router
         (``gate.*``) and shared-expert names are the model's to map like any linear layer's."""
-        rules = [WeightRule(prefix + ".experts.{e}." + name + ".{kind}",
-                            prefix + ".experts." + stacked + "_{kind}", shard=("{e}", part))
-                 for name, (stacked, part) in _EXPERT_PARTS.items()]
+        rules = [
+            WeightRule(
+                prefix + ".experts.{e}." + name + ".{kind}",
+                prefix + ".experts." + stacked + "_{kind}",
+                shard=("{e}", part),
+            )
+            for name, (stacked, part) in _EXPERT_PARTS.items()
+        ]
         for name, stacked in (("gate_up_proj", "w13"), ("down_proj", "w2")):
-            rules.append(WeightRule(f"{prefix}.experts.{name}",
-                                    f"{prefix}.experts.{stacked}_weight"))
-            rules.append(WeightRule(f"{prefix}.experts.{name}_bias",
-                                    f"{prefix}.experts.{stacked}_bias"))
+            rules.append(
+                WeightRule(f"{prefix}.experts.{name}", f"{prefix}.experts.{stacked}_weight")
+            )
+            rules.append(
+                WeightRule(f"{prefix}.experts.{name}_bias", f"{prefix}.experts.{stacked}_bias")
+            )
         return rules

@@ -23,22 +23,32 @@ class LayerNorm(nn.Module):
     :class:`~tallow.layers.RMSNorm`'s, so a pre-norm decoder layer can swap one for the other.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-5, *, bias: bool = True,
-                 build: BuildContext | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-5,
+        *,
+        bias: bool = True,
+        build: BuildContext | None = None,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         self.hidden_size = hidden_size
         self.eps = float(eps)
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=build.dtype,
-                                              device=build.device), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, dtype=build.dtype, device=build.device), requires_grad=False
+        )
         if bias:
-            self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=build.dtype,
-                                                 device=build.device), requires_grad=False)
+            self.bias = nn.Parameter(
+                torch.zeros(hidden_size, dtype=build.dtype, device=build.device),
+                requires_grad=False,
+            )
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
         x = x + residual

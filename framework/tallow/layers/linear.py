@@ -59,8 +59,10 @@ def _scaled(value: int, extent: int, logical: int, what: str) -> int:
     """``value`` logical features expressed in a parameter dimension of ``extent`` for
     ``logical`` features (1:1 for dense weights, 1:group for grouped scales)."""
     if (value * extent) % logical:
-        raise ValueError(f"{what}: a parameter extent of {extent} for {logical} features "
-                         f"cannot hold a boundary at feature {value}")
+        raise ValueError(
+            f"{what}: a parameter extent of {extent} for {logical} features "
+            f"cannot hold a boundary at feature {value}"
+        )
     return value * extent // logical
 
 
@@ -69,8 +71,15 @@ class LinearBase(nn.Module):
 
     bias: torch.Tensor | None
 
-    def __init__(self, input_size: int, output_size: int, *, build: BuildContext | None = None,
-                 prefix: str = "", quant_method: LinearMethod | None = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         self.input_size = input_size
@@ -83,11 +92,14 @@ class LinearBase(nn.Module):
         self._device = build.device
 
     def _create(self, input_per_rank: int, output_sizes: list[int], bias: bool) -> None:
-        self.quant_method.create_weights(self, input_per_rank, output_sizes, self.params_dtype,
-                                         self._device)
+        self.quant_method.create_weights(
+            self, input_per_rank, output_sizes, self.params_dtype, self._device
+        )
         if bias:
-            b = nn.Parameter(torch.zeros(sum(output_sizes), dtype=self.params_dtype,
-                                         device=self._device), requires_grad=False)
+            b = nn.Parameter(
+                torch.zeros(sum(output_sizes), dtype=self.params_dtype, device=self._device),
+                requires_grad=False,
+            )
             set_weight_attrs(b, output_dim=0, input_dim=None)
             self.register_parameter("bias", b)
         else:
@@ -96,8 +108,9 @@ class LinearBase(nn.Module):
             if not hasattr(param, "weight_loader"):
                 set_weight_attrs(param, weight_loader=self.weight_loader)
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         raise NotImplementedError
 
     def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
@@ -111,29 +124,42 @@ class LinearBase(nn.Module):
 
     def _no_shard(self, shard_id: Hashable | None) -> None:
         if shard_id is not None:
-            raise ValueError(f"{self.prefix or type(self).__name__}: has no shards, got shard "
-                             f"{shard_id!r}")
+            raise ValueError(
+                f"{self.prefix or type(self).__name__}: has no shards, got shard {shard_id!r}"
+            )
 
     def extra_repr(self) -> str:
-        return (f"in={self.input_size}, out={self.output_size}, tp={self.tp_rank}/{self.tp_size}, "
-                f"bias={self.bias is not None}, method={type(self.quant_method).__name__}")
+        return (
+            f"in={self.input_size}, out={self.output_size}, tp={self.tp_rank}/{self.tp_size}, "
+            f"bias={self.bias is not None}, method={type(self.quant_method).__name__}"
+        )
 
 
 class ReplicatedLinear(LinearBase):
     """``y = x W^T + b`` with the whole weight on every rank."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, *,
-                 build: BuildContext | None = None, prefix: str = "",
-                 quant_method: LinearMethod | None = None) -> None:
-        super().__init__(input_size, output_size, build=build, prefix=prefix,
-                         quant_method=quant_method)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__(
+            input_size, output_size, build=build, prefix=prefix, quant_method=quant_method
+        )
         self._create(input_size, [output_size], bias)
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         if shard_id is not None:
-            raise ValueError(f"{self.prefix or 'ReplicatedLinear'}: has no shards, got shard "
-                             f"{shard_id!r}")
+            raise ValueError(
+                f"{self.prefix or 'ReplicatedLinear'}: has no shards, got shard {shard_id!r}"
+            )
         _copy_into(param.data, loaded, self.prefix or "ReplicatedLinear")
 
     def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
@@ -156,11 +182,20 @@ class ColumnParallelLinear(LinearBase):
     :class:`QKVParallelLinear`) by overriding ``_partitions``.
     """
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, *,
-                 gather_output: bool = False, build: BuildContext | None = None,
-                 prefix: str = "", quant_method: LinearMethod | None = None) -> None:
-        super().__init__(input_size, output_size, build=build, prefix=prefix,
-                         quant_method=quant_method)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        gather_output: bool = False,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__(
+            input_size, output_size, build=build, prefix=prefix, quant_method=quant_method
+        )
         self.gather_output = gather_output
         self.partitions = self._partitions()
         self._create(input_size, [p.rank_size for p in self.partitions], bias)
@@ -178,11 +213,14 @@ class ColumnParallelLinear(LinearBase):
             if p.shard_id == shard_id:
                 return i
         known = ", ".join(repr(p.shard_id) for p in self.partitions)
-        raise ValueError(f"{self.prefix or type(self).__name__}: unknown shard {shard_id!r} "
-                         f"(expected one of {known})")
+        raise ValueError(
+            f"{self.prefix or type(self).__name__}: unknown shard {shard_id!r} "
+            f"(expected one of {known})"
+        )
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         what = self.prefix or type(self).__name__
         dim = getattr(param, "output_dim", None)
         if dim is None:  # not sharded along the output (a per-tensor scale, say)
@@ -195,13 +233,16 @@ class ColumnParallelLinear(LinearBase):
             full_total = sum(p.full_size for p in self.partitions)
             full_extent = _scaled(full_total, extent, logical, what)
             if loaded.shape[dim] != full_extent:
-                raise ValueError(f"{what}: fused checkpoint tensor has {loaded.shape[dim]} rows "
-                                 f"along dim {dim}, expected {full_extent}")
+                raise ValueError(
+                    f"{what}: fused checkpoint tensor has {loaded.shape[dim]} rows "
+                    f"along dim {dim}, expected {full_extent}"
+                )
             start = 0
             for p in self.partitions:
                 size = _scaled(p.full_size, extent, logical, what)
-                self._load_partition(param, loaded.narrow(dim, start, size), p, dim, extent,
-                                     logical, what)
+                self._load_partition(
+                    param, loaded.narrow(dim, start, size), p, dim, extent, logical, what
+                )
                 start += size
             return
         index = 0 if shard_id is None else self._partition(shard_id)
@@ -225,17 +266,27 @@ class ColumnParallelLinear(LinearBase):
         begin = p.rank_index * p.rank_size
         return [WeightSlice(index, (begin, begin + p.rank_size))]
 
-    def _load_partition(self, param: torch.Tensor, loaded: torch.Tensor, p: _Partition,
-                        dim: int, extent: int, logical: int, what: str) -> None:
+    def _load_partition(
+        self,
+        param: torch.Tensor,
+        loaded: torch.Tensor,
+        p: _Partition,
+        dim: int,
+        extent: int,
+        logical: int,
+        what: str,
+    ) -> None:
         if p.shard_id is not None:
             what = f"{what} shard {p.shard_id!r}"
-        offset = sum(q.rank_size for q in self.partitions[:self.partitions.index(p)])
+        offset = sum(q.rank_size for q in self.partitions[: self.partitions.index(p)])
         p_offset = _scaled(offset, extent, logical, what)
         p_size = _scaled(p.rank_size, extent, logical, what)
         full = _scaled(p.full_size, extent, logical, what)
         if loaded.shape[dim] != full:
-            raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
-                             f"expected {full} along dim {dim}")
+            raise ValueError(
+                f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                f"expected {full} along dim {dim}"
+            )
         src = loaded.narrow(dim, p.rank_index * p_size, p_size)
         _copy_into(param.data.narrow(dim, p_offset, p_size), src, what)
 
@@ -254,17 +305,33 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     concatenated: ``[..., sum(output_sizes) / tp]``.
     """
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, *,
-                 gather_output: bool = False, build: BuildContext | None = None,
-                 prefix: str = "", quant_method: LinearMethod | None = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        *,
+        gather_output: bool = False,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
         self.output_sizes = list(output_sizes)
-        super().__init__(input_size, sum(output_sizes), bias, gather_output=gather_output,
-                         build=build, prefix=prefix, quant_method=quant_method)
+        super().__init__(
+            input_size,
+            sum(output_sizes),
+            bias,
+            gather_output=gather_output,
+            build=build,
+            prefix=prefix,
+            quant_method=quant_method,
+        )
 
     def _partitions(self) -> list[_Partition]:
         return [
-            _Partition(i, size, divide(size, self.tp_size, f"{self.prefix} output {i}"),
-                       self.tp_rank)
+            _Partition(
+                i, size, divide(size, self.tp_size, f"{self.prefix} output {i}"), self.tp_rank
+            )
             for i, size in enumerate(self.output_sizes)
         ]
 
@@ -283,10 +350,18 @@ class QKVParallelLinear(ColumnParallelLinear):
     checkpoint that already stores them fused, in that order).
     """
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int,
-                 num_kv_heads: int | None = None, bias: bool = False, *,
-                 build: BuildContext | None = None, prefix: str = "",
-                 quant_method: LinearMethod | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        bias: bool = False,
+        *,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
         build = build if build is not None else BuildContext()
         num_kv_heads = num_kv_heads or num_heads
         tp = build.tp_size
@@ -301,8 +376,9 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = 1
             self.kv_replicas = divide(tp, num_kv_heads, "tensor-parallel size over KV heads")
         out = (num_heads + 2 * num_kv_heads) * head_dim
-        super().__init__(hidden_size, out, bias, build=build, prefix=prefix,
-                         quant_method=quant_method)
+        super().__init__(
+            hidden_size, out, bias, build=build, prefix=prefix, quant_method=quant_method
+        )
 
     def _partitions(self) -> list[_Partition]:
         d = self.head_dim
@@ -335,19 +411,29 @@ class RowParallelLinear(LinearBase):
     The bias is added once, after the sum.
     """
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, *,
-                 input_is_parallel: bool = True, reduce_results: bool = True,
-                 build: BuildContext | None = None, prefix: str = "",
-                 quant_method: LinearMethod | None = None) -> None:
-        super().__init__(input_size, output_size, build=build, prefix=prefix,
-                         quant_method=quant_method)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        input_is_parallel: bool = True,
+        reduce_results: bool = True,
+        build: BuildContext | None = None,
+        prefix: str = "",
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__(
+            input_size, output_size, build=build, prefix=prefix, quant_method=quant_method
+        )
         self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
         self.input_per_rank = divide(input_size, self.tp_size, f"{prefix} input size")
         self._create(self.input_per_rank, [output_size], bias)
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: Hashable | None = None) -> None:
+    def weight_loader(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         what = self.prefix or "RowParallelLinear"
         if shard_id is not None:
             raise ValueError(f"{what}: has no shards, got shard {shard_id!r}")
@@ -358,8 +444,10 @@ class RowParallelLinear(LinearBase):
         size = param.shape[dim]
         full = size * self.tp_size
         if loaded.shape[dim] != full:
-            raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
-                             f"expected {full} along dim {dim}")
+            raise ValueError(
+                f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                f"expected {full} along dim {dim}"
+            )
         _copy_into(param.data, loaded.narrow(dim, self.tp_rank * size, size), what)
 
     def checkpoint_shape(self, shard_id: Hashable | None = None) -> tuple[int, int]:
@@ -377,19 +465,23 @@ class RowParallelLinear(LinearBase):
         layer computes ``act(x) @ W.T``; the quantization method may fuse the activation into
         its matmul."""
         if act is not None and not self.input_is_parallel:
-            raise ValueError(f"{self.prefix or 'RowParallelLinear'}: a gated input must "
-                             "already be this rank's slice (input_is_parallel=True)")
+            raise ValueError(
+                f"{self.prefix or 'RowParallelLinear'}: a gated input must "
+                "already be this rank's slice (input_is_parallel=True)"
+            )
         if self.tp_size == 1:
             if act is not None:
                 return self.quant_method.apply_gated(self, x, act, self.bias)
             return self.quant_method.apply(self, x, self.bias)
         if not self.input_is_parallel:
             x = x.narrow(-1, self.tp_rank * self.input_per_rank, self.input_per_rank)
-        y = (self.quant_method.apply(self, x, None) if act is None
-             else self.quant_method.apply_gated(self, x, act, None))
+        y = (
+            self.quant_method.apply(self, x, None)
+            if act is None
+            else self.quant_method.apply_gated(self, x, act, None)
+        )
         if self.reduce_results:
             y = all_reduce(y, self.tp_size)
         if self.bias is not None:
             y = y + self.bias
         return y
-

@@ -40,6 +40,7 @@ from torch import nn
 from tallow.kernels.linear import gated_gemv, gated_gemv_fits
 from tallow.kernels.linear import linear as dense_linear
 
+
 @dataclass(frozen=True)
 class WeightSlice:
     """The part of a checkpoint tensor that one output partition of this rank holds (defined
@@ -76,8 +77,14 @@ def dense_weight(layer: nn.Module) -> torch.Tensor:
 class LinearMethod:
     """Storage and matmul of one linear layer (see the module docstring)."""
 
-    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
-                       params_dtype: torch.dtype, device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         """Register the parameters of ``layer``.
 
         ``input_size`` is this rank's share of the input features; ``output_sizes`` this rank's
@@ -86,13 +93,15 @@ class LinearMethod:
         """
         raise NotImplementedError
 
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``x [..., input_size] -> [..., sum(output_sizes)]``, plus ``bias`` when given."""
         raise NotImplementedError
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply_gated(
+        self, layer: nn.Module, x: torch.Tensor, act: nn.Module, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``apply(act(x))`` where ``act`` maps a merged ``[gate | up]`` input to
         ``act(gate) * up`` (the down projection of a gated MLP). A method may fuse the two;
         this default runs them one after the other."""
@@ -112,8 +121,14 @@ class UnquantizedLinearMethod(LinearMethod):
     :func:`tallow.kernels.linear.linear` (a Triton GEMV for decode-size inputs on a GPU,
     ``F.linear`` otherwise)."""
 
-    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
-                       params_dtype: torch.dtype, device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         weight = nn.Parameter(
             torch.empty(sum(output_sizes), input_size, dtype=params_dtype, device=device),
             requires_grad=False,
@@ -121,15 +136,17 @@ class UnquantizedLinearMethod(LinearMethod):
         set_weight_attrs(weight, output_dim=0, input_dim=1)
         layer.register_parameter("weight", weight)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return dense_linear(x, dense_weight(layer), bias)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, dense_weight(layer))
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply_gated(
+        self, layer: nn.Module, x: torch.Tensor, act: nn.Module, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """A one-row input on a GPU takes the GEMV that computes ``act(gate) * up`` as it
         reads its input (one launch and no intermediate tensor at batch 1); see
         :func:`tallow.kernels.linear.gated_linear`."""
@@ -153,8 +170,11 @@ def set_weight_attrs(param: torch.Tensor, **attrs: object) -> None:
 
 
 #: the factory a scheme may define for each kind of layer, tried in order
-_FACTORIES = {"linear": ("linear_method",), "head": ("head_method",),
-              "embedding": ("embedding_method",)}
+_FACTORIES = {
+    "linear": ("linear_method",),
+    "head": ("head_method",),
+    "embedding": ("embedding_method",),
+}
 
 
 def linear_method_for(quant: object, prefix: str, role: str = "linear") -> LinearMethod:
@@ -166,8 +186,9 @@ def linear_method_for(quant: object, prefix: str, role: str = "linear") -> Linea
         raise ValueError(f"role must be one of {', '.join(_FACTORIES)}, got {role!r}")
     if quant is None:
         return UnquantizedLinearMethod()
-    factory = next((f for f in (getattr(quant, n, None) for n in _FACTORIES[role])
-                    if f is not None), None)
+    factory = next(
+        (f for f in (getattr(quant, n, None) for n in _FACTORIES[role]) if f is not None), None
+    )
     if factory is None:
         return UnquantizedLinearMethod()
     try:

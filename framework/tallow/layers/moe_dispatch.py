@@ -51,10 +51,12 @@ class ExpertPlacement:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"expert placement: rank {self.rank} of {self.size} ranks")
         if self.num_experts % self.size:
-            raise ValueError(f"{self.num_experts} experts do not split evenly over "
-                             f"{self.size} expert-parallel ranks (the tensor-parallel size); "
-                             "turn parallel.enable_expert_parallel off or pick a "
-                             "tensor_parallel_size that divides the expert count")
+            raise ValueError(
+                f"{self.num_experts} experts do not split evenly over "
+                f"{self.size} expert-parallel ranks (the tensor-parallel size); "
+                "turn parallel.enable_expert_parallel off or pick a "
+                "tensor_parallel_size that divides the expert count"
+            )
 
     @property
     def num_local(self) -> int:
@@ -76,15 +78,22 @@ def token_shard(num_tokens: int, rank: int, size: int) -> tuple[int, int]:
     return start, min(start + chunk, num_tokens)
 
 
-def _exchange(x: torch.Tensor, rows: int, output_splits: list[int] | None,
-              input_splits: list[int] | None) -> torch.Tensor:
+def _exchange(
+    x: torch.Tensor, rows: int, output_splits: list[int] | None, input_splits: list[int] | None
+) -> torch.Tensor:
     out = x.new_empty((rows, *x.shape[1:]))
     return collectives.all_to_all(out, x, output_splits, input_splits)
 
 
-def dispatch_combine(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                     placement: ExpertPlacement, compute: ExpertCompute, *,
-                     capacity: int | None = None) -> torch.Tensor:
+def dispatch_combine(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    placement: ExpertPlacement,
+    compute: ExpertCompute,
+    *,
+    capacity: int | None = None,
+) -> torch.Tensor:
     """The routed-expert output ``[n, H]`` of this rank's tokens ``x [n, H]`` routed to global
     experts ``topk_ids [n, top_k]`` with ``topk_weights``, their experts spread over the ranks
     as ``placement`` says (see the module docstring). Every rank of the group must call it
@@ -93,11 +102,17 @@ def dispatch_combine(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
     ``capacity``: rows sent to each rank, fixed (CUDA-graph safe: no host read), the same on
     every rank and at least ``n * top_k``; None sends exactly the pairs each rank's experts
     take (the counts are exchanged and read on the host first)."""
-    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape \
-            or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"dispatch_combine: expected x [n, H] and topk_ids / topk_weights "
-                         f"[n, top_k]; got {tuple(x.shape)}, {tuple(topk_ids.shape)}, "
-                         f"{tuple(topk_weights.shape)}")
+    if (
+        x.dim() != 2
+        or topk_ids.dim() != 2
+        or topk_ids.shape != topk_weights.shape
+        or topk_ids.shape[0] != x.shape[0]
+    ):
+        raise ValueError(
+            f"dispatch_combine: expected x [n, H] and topk_ids / topk_weights "
+            f"[n, top_k]; got {tuple(x.shape)}, {tuple(topk_ids.shape)}, "
+            f"{tuple(topk_weights.shape)}"
+        )
     n, top_k = topk_ids.shape
     size, local = placement.size, placement.num_local
     flat = topk_ids.reshape(-1).long()
@@ -107,8 +122,10 @@ def dispatch_combine(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
     send_counts = torch.zeros(size, dtype=torch.int64, device=x.device)
     send_counts.scatter_add_(0, dest, torch.ones_like(dest))
     rows = x[torch.div(order, top_k, rounding_mode="floor")]
-    meta = torch.stack([topk_weights.reshape(-1)[order].float(),
-                        (flat[order] - sorted_dest * local).float()], dim=1)
+    meta = torch.stack(
+        [topk_weights.reshape(-1)[order].float(), (flat[order] - sorted_dest * local).float()],
+        dim=1,
+    )
     if capacity is None:
         recv_counts = _exchange(send_counts, size, None, None)
         sent, received = send_counts.tolist(), recv_counts.tolist()
@@ -116,12 +133,15 @@ def dispatch_combine(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
         recv_meta = _exchange(meta, sum(received), received, sent)
     else:
         if n * top_k > capacity:
-            raise ValueError(f"dispatch_combine: {n} tokens x top_k {top_k} exceed the "
-                             f"capacity of {capacity} rows per rank")
+            raise ValueError(
+                f"dispatch_combine: {n} tokens x top_k {top_k} exceed the "
+                f"capacity of {capacity} rows per rank"
+            )
         # pair i of the rows for rank d goes to row d * capacity + i of the send buffer
         first = torch.cumsum(send_counts, 0) - send_counts
-        slot = sorted_dest * capacity + torch.arange(n * top_k, device=x.device) \
-            - first[sorted_dest]
+        slot = (
+            sorted_dest * capacity + torch.arange(n * top_k, device=x.device) - first[sorted_dest]
+        )
         padded_x = x.new_zeros(size * capacity, x.shape[1])
         padded_x[slot] = rows
         padded_meta = meta.new_zeros(size * capacity, 2)  # weight 0, local expert 0

@@ -50,15 +50,23 @@ class ExpertWeights(Protocol):
 class MoEMethod:
     """Storage and computation of a layer's routed experts (see the module docstring)."""
 
-    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
-                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
-                       device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_per_rank: int,
+        bias: bool,
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         """Register ``w13_weight`` (gate rows then up rows of each expert, this rank's share)
         and ``w2_weight`` on ``layer``, and ``w13_bias`` / ``w2_bias`` when ``bias``."""
         raise NotImplementedError
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         """This rank's partial expert output ``[T, H]`` (summed over ranks by the layer)."""
         raise NotImplementedError
 
@@ -70,12 +78,22 @@ class UnquantizedMoEMethod(MoEMethod):
     """Stacked float experts ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` in the build dtype, run by
     :func:`tallow.kernels.moe.fused_moe`."""
 
-    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
-                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
-                       device: torch.device) -> None:
-        def param(*shape: int, **attrs: Any) -> nn.Parameter:  # Any: nn.Parameter attributes of any type
-            p = nn.Parameter(torch.empty(*shape, dtype=params_dtype, device=device),
-                             requires_grad=False)
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_per_rank: int,
+        bias: bool,
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        def param(
+            *shape: int, **attrs: Any
+        ) -> nn.Parameter:  # Any: nn.Parameter attributes of any type
+            p = nn.Parameter(
+                torch.empty(*shape, dtype=params_dtype, device=device), requires_grad=False
+            )
             set_weight_attrs(p, expert_dim=0, **attrs)
             return p
 
@@ -86,17 +104,27 @@ class UnquantizedMoEMethod(MoEMethod):
             layer.register_parameter("w13_bias", param(e, 2 * i, output_dim=1, input_dim=None))
             layer.register_parameter("w2_bias", param(e, h, output_dim=1, input_dim=None))
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         experts = cast(ExpertWeights, layer)
-        return fused_moe(x, experts.w13_weight, experts.w2_weight, topk_weights, topk_ids,
-                         activation=experts.activation,
-                         w13_bias=getattr(layer, "w13_bias", None),
-                         w2_bias=getattr(layer, "w2_bias", None),
-                         swiglu_alpha=experts.swiglu_alpha, swiglu_limit=experts.swiglu_limit)
+        return fused_moe(
+            x,
+            experts.w13_weight,
+            experts.w2_weight,
+            topk_weights,
+            topk_ids,
+            activation=experts.activation,
+            w13_bias=getattr(layer, "w13_bias", None),
+            w2_bias=getattr(layer, "w2_bias", None),
+            swiglu_alpha=experts.swiglu_alpha,
+            swiglu_limit=experts.swiglu_limit,
+        )
 
 
-def moe_method_for(quant: Any, prefix: str) -> MoEMethod:  # Any: a QuantScheme or None; tallow.plugin sits above layers
+def moe_method_for(
+    quant: Any, prefix: str
+) -> MoEMethod:  # Any: a QuantScheme or None; tallow.plugin sits above layers
     """The :class:`MoEMethod` that ``quant`` (a QuantScheme instance or None) assigns to the
     experts at ``prefix``: its ``moe_method(prefix)`` when it has one and returns a method,
     else :class:`UnquantizedMoEMethod` (schemes that quantize only linear layers leave the
@@ -106,7 +134,9 @@ def moe_method_for(quant: Any, prefix: str) -> MoEMethod:  # Any: a QuantScheme 
     if method is None:
         return UnquantizedMoEMethod()
     if not isinstance(method, MoEMethod):
-        raise TypeError(f"quant scheme {type(quant).__name__}.moe_method returned "
-                        f"{type(method).__name__} for {prefix!r}; expected a "
-                        "tallow.layers.MoEMethod or None")
+        raise TypeError(
+            f"quant scheme {type(quant).__name__}.moe_method returned "
+            f"{type(method).__name__} for {prefix!r}; expected a "
+            "tallow.layers.MoEMethod or None"
+        )
     return method

@@ -44,16 +44,20 @@ class RouterSpec:
 
     def __post_init__(self) -> None:
         if self.group_score not in ("top2_sum", "max"):
-            raise ValueError(f"router group_score must be 'top2_sum' or 'max', got "
-                             f"{self.group_score!r}")
+            raise ValueError(
+                f"router group_score must be 'top2_sum' or 'max', got {self.group_score!r}"
+            )
         if self.scoring not in SCORINGS:
-            raise ValueError(f"router scoring must be one of {', '.join(SCORINGS)}, got "
-                             f"{self.scoring!r}")
+            raise ValueError(
+                f"router scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}"
+            )
         if self.top_k < 1:
             raise ValueError(f"router top_k must be positive, got {self.top_k}")
         if not 1 <= self.topk_groups <= self.num_groups:
-            raise ValueError(f"router: topk_groups ({self.topk_groups}) must be between 1 and "
-                             f"num_groups ({self.num_groups})")
+            raise ValueError(
+                f"router: topk_groups ({self.topk_groups}) must be between 1 and "
+                f"num_groups ({self.num_groups})"
+            )
 
 
 def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
@@ -62,8 +66,7 @@ def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
     (``group_score="max"``)."""
     tokens, experts = choice.shape
     if experts % spec.num_groups:
-        raise ValueError(f"router: {experts} experts do not split into {spec.num_groups} "
-                         "groups")
+        raise ValueError(f"router: {experts} experts do not split into {spec.num_groups} groups")
     grouped = choice.view(tokens, spec.num_groups, experts // spec.num_groups)
     best = 1 if spec.group_score == "max" else min(2, grouped.shape[-1])
     group_scores = grouped.topk(best, dim=-1).values.sum(-1)
@@ -72,13 +75,15 @@ def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
     return grouped.masked_fill(~mask[..., None], float("-inf")).view(tokens, experts)
 
 
-def select_experts(logits: torch.Tensor, spec: RouterSpec,
-                   correction_bias: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def select_experts(
+    logits: torch.Tensor, spec: RouterSpec, correction_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits [T, E]`` → (weights float32 ``[T, top_k]``, expert ids int64 ``[T, top_k]``)."""
     if logits.dim() != 2 or logits.shape[1] < spec.top_k:
-        raise ValueError(f"router: logits must be [tokens, experts >= top_k={spec.top_k}], "
-                         f"got {tuple(logits.shape)}")
+        raise ValueError(
+            f"router: logits must be [tokens, experts >= top_k={spec.top_k}], "
+            f"got {tuple(logits.shape)}"
+        )
     if correction_bias is not None and spec.scoring != "sigmoid":
         raise ValueError("router: a correction bias goes with sigmoid scoring")
     if spec.scoring == "softmax" and spec.num_groups == 1:  # the common router: one kernel
@@ -87,8 +92,11 @@ def select_experts(logits: torch.Tensor, spec: RouterSpec,
         values, ids = logits.float().topk(spec.top_k, dim=-1)
         weights = values.softmax(-1)
     else:
-        scores = (logits.softmax(-1, dtype=torch.float32) if spec.scoring == "softmax"
-                  else logits.float().sigmoid())
+        scores = (
+            logits.softmax(-1, dtype=torch.float32)
+            if spec.scoring == "softmax"
+            else logits.float().sigmoid()
+        )
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if spec.num_groups > 1:
             choice = _group_mask(choice, spec)

@@ -35,8 +35,15 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover
     from PIL.Image import Image
 
-__all__ = ["ProcessedImage", "PlacedImage", "VisionLanguageModel", "MultimodalStep",
-           "multimodal_step", "current_multimodal_step", "merge_multimodal_embeddings"]
+__all__ = [
+    "ProcessedImage",
+    "PlacedImage",
+    "VisionLanguageModel",
+    "MultimodalStep",
+    "multimodal_step",
+    "current_multimodal_step",
+    "merge_multimodal_embeddings",
+]
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,9 @@ class VisionLanguageModel:
     def encode_image(self, image: ProcessedImage) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement encode_image")
 
-    def prompt_positions(self, token_ids: list[int],
-                         images: list[PlacedImage]) -> tuple[torch.Tensor, int]:
+    def prompt_positions(
+        self, token_ids: list[int], images: list[PlacedImage]
+    ) -> tuple[torch.Tensor, int]:
         """``([position_axes, len(token_ids)] int64, delta)``; the default is 1-D positions
         ``0 .. len - 1`` and no offset."""
         return torch.arange(len(token_ids), dtype=torch.int64).unsqueeze(0), 0
@@ -133,14 +141,14 @@ def current_multimodal_step() -> MultimodalStep | None:
     return _steps[-1] if _steps else None
 
 
-def merge_multimodal_embeddings(embeds: torch.Tensor, step: MultimodalStep | None
-                                ) -> torch.Tensor:
+def merge_multimodal_embeddings(embeds: torch.Tensor, step: MultimodalStep | None) -> torch.Tensor:
     """``embeds`` ``[num_tokens, hidden]`` with the rows of ``step``'s image tokens replaced by
     their encoder embeddings."""
     if step is None or step.embeds is None or step.rows is None:
         return embeds
     if step.embeds.shape[-1] != embeds.shape[-1]:
-        raise ValueError(f"encoder embeddings have width {step.embeds.shape[-1]}, the token "
-                         f"embeddings {embeds.shape[-1]}")
+        raise ValueError(
+            f"encoder embeddings have width {step.embeds.shape[-1]}, the token "
+            f"embeddings {embeds.shape[-1]}"
+        )
     return embeds.index_copy(0, step.rows, step.embeds.to(embeds.dtype))
-

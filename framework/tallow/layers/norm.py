@@ -10,8 +10,9 @@ from tallow.kernels import rms_norm
 from .model import BuildContext
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: bool = False) -> torch.Tensor:
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False
+) -> torch.Tensor:
     """Plain-torch RMSNorm over the last dimension, the math transformers uses.
 
     The statistics are taken in float32. With ``offset=False`` (Llama, Qwen, Mistral) the
@@ -34,22 +35,29 @@ class RMSNorm(nn.Module):
     the scale is ``1 + weight`` (initialised to zero rather than one).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, *, offset: bool = False,
-                 build: BuildContext | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        *,
+        offset: bool = False,
+        build: BuildContext | None = None,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         self.hidden_size = hidden_size
         self.eps = float(eps)
         self.offset = offset
         init = torch.zeros if offset else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, dtype=build.dtype, device=build.device),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            init(hidden_size, dtype=build.dtype, device=build.device), requires_grad=False
+        )
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if x.is_cuda:  # one fused Triton kernel: add, statistics, scale
-            return rms_norm(x, self.weight, self.eps, residual=residual,
-                            gemma_style=self.offset)
+            return rms_norm(x, self.weight, self.eps, residual=residual, gemma_style=self.offset)
         if residual is None:
             return rms_norm_ref(x, self.weight, self.eps, self.offset)
         x = x + residual

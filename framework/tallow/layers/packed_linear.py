@@ -56,8 +56,14 @@ class PackedLinearMethod(LinearMethod):
     #: rows a ``random:`` model draws at a time (see :meth:`random_fill`)
     random_chunk_rows = RANDOM_CHUNK_ROWS
 
-    def __init__(self, prefix: str, tensor_names: tuple[str, ...] = (),
-                 required: tuple[str, ...] = (), *, quantize_floats: bool = False) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        tensor_names: tuple[str, ...] = (),
+        required: tuple[str, ...] = (),
+        *,
+        quantize_floats: bool = False,
+    ) -> None:
         self.prefix = prefix
         self.tensor_names = tuple(tensor_names)
         self.required = tuple(required)
@@ -69,8 +75,13 @@ class PackedLinearMethod(LinearMethod):
         self._warm_gates: set[str] = set()
 
     # -- what a subclass provides -----------------------------------------------------------
-    def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
-                     slices: list[WeightSlice], what: str) -> list[Any]:
+    def unpack_shard(
+        self,
+        tensors: dict[str, torch.Tensor],
+        shape: tuple[int, int],
+        slices: list[WeightSlice],
+        what: str,
+    ) -> list[Any]:
         """The parts of this rank's ``slices`` of one shard's checkpoint tensors (all of
         :attr:`required` are present), ``shape`` the shard's logical ``(rows, cols)``; one
         part per slice, its ``pad_rows`` not yet added."""
@@ -83,8 +94,9 @@ class PackedLinearMethod(LinearMethod):
     #: the activations ``matmul`` applies to a gated input as it reads it
     gated_kinds: tuple[str, ...] = ()
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-               gate: str | None = None) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, gate: str | None = None
+    ) -> torch.Tensor:
         """``x @ W.T (+ bias)`` over the parts; with ``gate``, x is ``[gate | up]``."""
         raise NotImplementedError
 
@@ -92,12 +104,14 @@ class PackedLinearMethod(LinearMethod):
         """Compile the kernels the matmul may launch for activations of ``dtype`` (a GPU)."""
 
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return self.matmul(x, bias)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply_gated(
+        self, layer: nn.Module, x: torch.Tensor, act: nn.Module, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         kind = getattr(act, "kind", None)
         if kind not in self.gated_kinds:
             return self.matmul(act(x), bias)
@@ -117,8 +131,14 @@ class PackedLinearMethod(LinearMethod):
     def what(self) -> str:
         return self.prefix or type(self.layer).__name__
 
-    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
-                       params_dtype: torch.dtype, device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.layer = layer
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
@@ -126,26 +146,29 @@ class PackedLinearMethod(LinearMethod):
         self.device = torch.device(device)
         self._slots = [None] * len(output_sizes)
         for name in ("weight", *self.tensor_names):
-            placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8, device=device),
-                                       requires_grad=False)
-            set_weight_attrs(placeholder, weight_loader=partial(self._load, name),
-                             from_checkpoint=False)
+            placeholder = nn.Parameter(
+                torch.empty(0, dtype=torch.uint8, device=device), requires_grad=False
+            )
+            set_weight_attrs(
+                placeholder, weight_loader=partial(self._load, name), from_checkpoint=False
+            )
             if name == "weight":
                 set_weight_attrs(placeholder, random_fill=self.random_fill)
             layer.register_parameter(name, placeholder)
 
-    def _load(self, name: str, param: torch.Tensor, loaded: torch.Tensor,
-              shard_id: Hashable | None = None) -> None:
+    def _load(
+        self, name: str, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         if not isinstance(loaded, torch.Tensor):
-            raise ValueError(f"{self.what}.{name}: expected a tensor, got "
-                             f"{type(loaded).__name__}")
+            raise ValueError(f"{self.what}.{name}: expected a tensor, got {type(loaded).__name__}")
         if name == "weight":
             self._load_float(loaded, shard_id)
             return
         tensors = self.pending.setdefault(shard_id, {})
         if name in tensors:
-            raise ValueError(f"{self.what}: checkpoint tensor {name} of shard {shard_id!r} "
-                             "loaded twice")
+            raise ValueError(
+                f"{self.what}: checkpoint tensor {name} of shard {shard_id!r} loaded twice"
+            )
         tensors[name] = loaded
 
     def _load_float(self, loaded: torch.Tensor, shard_id: Hashable | None) -> None:
@@ -153,8 +176,10 @@ class PackedLinearMethod(LinearMethod):
         expected = tuple(layout.checkpoint_shape(shard_id))
         if tuple(loaded.shape) != expected:
             shard = "" if shard_id is None else f" shard {shard_id!r}"
-            raise ValueError(f"{self.what}{shard}: checkpoint tensor has shape "
-                             f"{tuple(loaded.shape)}, expected {expected}")
+            raise ValueError(
+                f"{self.what}{shard}: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, expected {expected}"
+            )
         for part in layout.weight_slices(shard_id):
             (r0, r1), cols = part.rows, part.cols
             c0, c1 = cols if cols is not None else (0, loaded.shape[1])
@@ -164,14 +189,20 @@ class PackedLinearMethod(LinearMethod):
         packed = self.quantize_float(weight) if self.quantize_floats else None
         return packed if packed is not None else weight.to(self.device, self.dtype)
 
-    def _store(self, index: int, part: Any,  # Any: a tensor or the subclass's packed part
-               pad_rows: int = 0) -> None:
+    def _store(
+        self,
+        index: int,
+        part: Any,  # Any: a tensor or the subclass's packed part
+        pad_rows: int = 0,
+    ) -> None:
         if pad_rows:
             part = _pad(part, pad_rows)
         rows, cols = _shape(part)
         if (rows, cols) != (self.output_sizes[index], self.input_size):
-            raise ValueError(f"{self.what}: partition {index} holds [{rows}, {cols}], expected "
-                             f"[{self.output_sizes[index]}, {self.input_size}]")
+            raise ValueError(
+                f"{self.what}: partition {index} holds [{rows}, {cols}], expected "
+                f"[{self.output_sizes[index]}, {self.input_size}]"
+            )
         if self._slots[index] is not None:
             raise ValueError(f"{self.what}: output partition {index} is loaded twice")
         self._slots[index] = part
@@ -202,22 +233,27 @@ class PackedLinearMethod(LinearMethod):
             what = self.what + ("" if shard_id is None else f" shard {shard_id!r}")
             lacking = [t for t in self.required if t not in tensors]
             if lacking:
-                raise ValueError(f"{what}: the checkpoint lacks {', '.join(lacking)} (a "
-                                 f"quantized layer stores {', '.join(self.required)})")
+                raise ValueError(
+                    f"{what}: the checkpoint lacks {', '.join(lacking)} (a "
+                    f"quantized layer stores {', '.join(self.required)})"
+                )
             layout = sharded_weights(layer)
             slices = layout.weight_slices(shard_id)
-            parts = self.unpack_shard(tensors, layout.checkpoint_shape(shard_id), slices,
-                                      what)
+            parts = self.unpack_shard(tensors, layout.checkpoint_shape(shard_id), slices, what)
             for part, where in zip(parts, slices):
                 self._store(where.partition, part, where.pad_rows)
         self.pending = {}
         missing = [i for i, p in enumerate(self._slots) if p is None]
         if missing:
-            raise ValueError(f"{self.what}: output partition(s) {missing} were never loaded "
-                             "(neither a quantized weight nor a float one)")
+            raise ValueError(
+                f"{self.what}: output partition(s) {missing} were never loaded "
+                "(neither a quantized weight nor a float one)"
+            )
         if len({isinstance(p, torch.Tensor) for p in self._slots}) > 1:
-            raise ValueError(f"{self.what}: some output partitions are quantized and some are "
-                             "not; a merged layer must be one or the other")
+            raise ValueError(
+                f"{self.what}: some output partitions are quantized and some are "
+                "not; a merged layer must be one or the other"
+            )
         parts = _stack(self._slots)
         self._slots = []
         self.replace_parts(parts)
@@ -234,8 +270,7 @@ class PackedLinearMethod(LinearMethod):
         for i, p in enumerate(self.parts):
             named = {"dense": p} if isinstance(p, torch.Tensor) else p.tensors()
             for name, tensor in named.items():
-                layer.register_buffer(f"{self.buffer_prefix}_{i}_{name}", tensor,
-                                      persistent=False)
+                layer.register_buffer(f"{self.buffer_prefix}_{i}_{name}", tensor, persistent=False)
         if self.device.type == "cuda":
             self.warm_up(self.dtype)
 
@@ -265,8 +300,13 @@ def _stack(slots: list[Any]) -> list[Any]:
         dense = isinstance(p, torch.Tensor)
         joins = last is not None and (
             (dense and isinstance(last, torch.Tensor))
-            or (not dense and not isinstance(last, torch.Tensor) and type(last) is type(p)
-                and last.stacks_with(p)))
+            or (
+                not dense
+                and not isinstance(last, torch.Tensor)
+                and type(last) is type(p)
+                and last.stacks_with(p)
+            )
+        )
         if joins:
             runs[-1].append(p)
         else:

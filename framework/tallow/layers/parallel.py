@@ -17,8 +17,9 @@ from tallow.distributed import collectives
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
     """``numerator / denominator``, refusing a remainder (shards must be equal)."""
     if numerator % denominator:
-        raise ValueError(f"{what} {numerator} is not divisible by the tensor-parallel size "
-                         f"{denominator}")
+        raise ValueError(
+            f"{what} {numerator} is not divisible by the tensor-parallel size {denominator}"
+        )
     return numerator // denominator
 
 

@@ -97,7 +97,7 @@ def get_act(name: str) -> Activation:
     """
     fn = _ACTIVATIONS.get(name) if isinstance(name, str) else None
     if fn is None:
-        raise ValueError(f"hidden_act {name!r} is not supported (expected one of "
-                         f"{', '.join(PLAIN_ACTIVATIONS)})")
+        raise ValueError(
+            f"hidden_act {name!r} is not supported (expected one of {', '.join(PLAIN_ACTIVATIONS)})"
+        )
     return Activation(name, fn)
-

@@ -25,8 +25,9 @@ POOLING_MODES = ("mean", "cls", "last")
 
 def check_pooling_mode(mode: str, where: str = "pooling") -> str:
     if mode not in POOLING_MODES:
-        raise ValueError(f"{where}: unknown pooling mode {mode!r} (expected one of "
-                         f"{', '.join(POOLING_MODES)})")
+        raise ValueError(
+            f"{where}: unknown pooling mode {mode!r} (expected one of {', '.join(POOLING_MODES)})"
+        )
     return mode
 
 
@@ -50,8 +51,7 @@ class Pooler:
         return pooled
 
 
-def pool_hidden(hidden: torch.Tensor, query_start_loc: torch.Tensor,
-                mode: str) -> torch.Tensor:
+def pool_hidden(hidden: torch.Tensor, query_start_loc: torch.Tensor, mode: str) -> torch.Tensor:
     """The ``mode`` pooling of each sequence of ``hidden`` (no normalization), float32.
 
     Computed on the device from ``query_start_loc`` alone, so that pooling queues behind the
@@ -65,7 +65,6 @@ def pool_hidden(hidden: torch.Tensor, query_start_loc: torch.Tensor,
         return hidden.index_select(0, ends - 1).float()
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     owner = torch.searchsorted(ends, rows, right=True)
-    sums = torch.zeros(starts.shape[0], hidden.shape[1], dtype=torch.float32,
-                       device=hidden.device)
+    sums = torch.zeros(starts.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
     sums.index_add_(0, owner, hidden.float())
     return sums / (ends - starts).to(torch.float32)[:, None]

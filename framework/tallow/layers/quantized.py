@@ -42,18 +42,21 @@ class QuantizedWeight:
     dequantizer: Dequantizer
 
     def __post_init__(self) -> None:
-        if self.data.dtype != torch.uint8 or tuple(self.data.shape[:-1]) != tuple(
-                self.shape[:-1]):
-            raise ValueError(f"{self.scheme} {self.qtype}: data must be uint8 with one row of "
-                             f"bytes per logical row {tuple(self.shape)}, got "
-                             f"{self.data.dtype} {tuple(self.data.shape)}")
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape[:-1]) != tuple(self.shape[:-1]):
+            raise ValueError(
+                f"{self.scheme} {self.qtype}: data must be uint8 with one row of "
+                f"bytes per logical row {tuple(self.shape)}, got "
+                f"{self.data.dtype} {tuple(self.data.shape)}"
+            )
 
     def dequantize(self) -> torch.Tensor:
         """The tensor as float32, of shape :attr:`shape`."""
         out = self.dequantizer(self.data, self.qtype, self.shape)
         if tuple(out.shape) != tuple(self.shape):
-            raise ValueError(f"{self.scheme} {self.qtype}: dequantized to shape "
-                             f"{tuple(out.shape)}, expected {tuple(self.shape)}")
+            raise ValueError(
+                f"{self.scheme} {self.qtype}: dequantized to shape "
+                f"{tuple(out.shape)}, expected {tuple(self.shape)}"
+            )
         return out
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "QuantizedWeight":
@@ -61,17 +64,21 @@ class QuantizedWeight:
         permutation of rows, as undoing GGUF's Q/K interleaving is)."""
         data = fn(self.data)
         if tuple(data.shape) != tuple(self.data.shape):
-            raise ValueError(f"{self.scheme} {self.qtype}: a row transform changed the shape "
-                             f"of the blocks from {tuple(self.data.shape)} to "
-                             f"{tuple(data.shape)}")
+            raise ValueError(
+                f"{self.scheme} {self.qtype}: a row transform changed the shape "
+                f"of the blocks from {tuple(self.data.shape)} to "
+                f"{tuple(data.shape)}"
+            )
         return replace(self, data=data)
 
     def select(self, index: int) -> "QuantizedWeight":
         """The sub-tensor at ``index`` of the leading dimension (one expert of a stacked
         ``[E, N, K]`` weight), still quantized: its rows of bytes are a view."""
         if len(self.shape) < 2 or not 0 <= index < self.shape[0]:
-            raise ValueError(f"{self.scheme} {self.qtype}: cannot select index {index} of a "
-                             f"tensor of shape {tuple(self.shape)}")
+            raise ValueError(
+                f"{self.scheme} {self.qtype}: cannot select index {index} of a "
+                f"tensor of shape {tuple(self.shape)}"
+            )
         return replace(self, shape=tuple(self.shape[1:]), data=self.data[index])
 
     @property

@@ -26,18 +26,27 @@ def rotary_dim(head_dim: int, partial_rotary_factor: float) -> int:
     rotation can use.
     """
     if not 0 < partial_rotary_factor <= 1:
-        raise ValueError(f"model config: the rotary fraction (partial_rotary_factor / "
-                         f"rotary_pct) must be in (0, 1], got {partial_rotary_factor}")
+        raise ValueError(
+            f"model config: the rotary fraction (partial_rotary_factor / "
+            f"rotary_pct) must be in (0, 1], got {partial_rotary_factor}"
+        )
     dim = int(head_dim * partial_rotary_factor)
     if dim == 0 or dim % 2:
-        raise ValueError(f"model config: head_dim {head_dim} * rotary fraction "
-                         f"{partial_rotary_factor} gives {dim} rotated features; it must be "
-                         "even and positive")
+        raise ValueError(
+            f"model config: head_dim {head_dim} * rotary fraction "
+            f"{partial_rotary_factor} gives {dim} rotated features; it must be "
+            "even and positive"
+        )
     return dim
 
 
-def rope_from_config(config: Mapping[str, Any], head_dim: int, *, is_neox_style: bool = True,
-                     device: torch.device | str | None = None) -> RotaryEmbedding:
+def rope_from_config(
+    config: Mapping[str, Any],
+    head_dim: int,
+    *,
+    is_neox_style: bool = True,
+    device: torch.device | str | None = None,
+) -> RotaryEmbedding:
     """The :class:`~tallow.layers.RotaryEmbedding` of an HF ``config`` for heads of
     ``head_dim`` features: base, scaling and partial rotation from
     :func:`~tallow.layers.rope_parameters`, positions up to ``max_position_embeddings``
@@ -48,5 +57,12 @@ def rope_from_config(config: Mapping[str, Any], head_dim: int, *, is_neox_style:
     """
     base, scaling, partial = rope_parameters(config)
     max_position = int(config.get("max_position_embeddings") or DEFAULT_MAX_POSITION)
-    return get_rope(head_dim, rotary_dim(head_dim, partial), max_position, base, scaling,
-                    is_neox_style, device=device)
+    return get_rope(
+        head_dim,
+        rotary_dim(head_dim, partial),
+        max_position,
+        base,
+        scaling,
+        is_neox_style,
+        device=device,
+    )

@@ -29,8 +29,13 @@ from .rope_scaling import longrope_inv_freq, longrope_rotary
 from .rotary_embedding import DynamicNTKRotaryEmbedding, RotaryEmbedding, apply_rotary
 
 __all__ = [
-    "SUPPORTED_ROPE_TYPES", "DynamicNTKRotaryEmbedding", "RotaryEmbedding", "apply_rotary",
-    "compute_inv_freq", "get_rope", "rope_parameters",
+    "SUPPORTED_ROPE_TYPES",
+    "DynamicNTKRotaryEmbedding",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "compute_inv_freq",
+    "get_rope",
+    "rope_parameters",
 ]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -47,8 +52,10 @@ def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | 
     params = config.get("rope_parameters") or {}
     legacy = config.get("rope_scaling") or {}
     if not isinstance(params, Mapping) or not isinstance(legacy, Mapping):
-        raise ValueError("model config: rope_parameters / rope_scaling must be objects, got "
-                         f"{type(params).__name__} / {type(legacy).__name__}")
+        raise ValueError(
+            "model config: rope_parameters / rope_scaling must be objects, got "
+            f"{type(params).__name__} / {type(legacy).__name__}"
+        )
     merged: dict[str, Any] = {**legacy, **params}
     base = merged.pop("rope_theta", None)
     if base is None:
@@ -65,11 +72,12 @@ def rope_parameters(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | 
 
 def _base_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim
-    return 1.0 / (base ** exponents)
+    return 1.0 / (base**exponents)
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: Mapping[str, Any],
-                     max_position: int) -> torch.Tensor:
+def _llama3_inv_freq(
+    inv_freq: torch.Tensor, s: Mapping[str, Any], max_position: int
+) -> torch.Tensor:
     factor = _require(s, "factor")
     low_freq_factor = _require(s, "low_freq_factor")
     high_freq_factor = _require(s, "high_freq_factor")
@@ -84,8 +92,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: Mapping[str, Any],
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _yarn_inv_freq(base: float, rotary_dim: int, s: Mapping[str, Any],
-                   max_position: int) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(
+    base: float, rotary_dim: int, s: Mapping[str, Any], max_position: int
+) -> tuple[torch.Tensor, float]:
     original = s.get("original_max_position_embeddings") or max_position
     factor = s.get("factor")
     if factor is None:
@@ -113,8 +122,9 @@ def _yarn_inv_freq(base: float, rotary_dim: int, s: Mapping[str, Any],
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001  # keeps the ramp finite
-    ramp = torch.clamp((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low),
-                       0, 1)
+    ramp = torch.clamp(
+        (torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1
+    )
     pos_freqs = base ** (torch.arange(0, rotary_dim, 2).to(torch.float32) / rotary_dim)
     extrapolation = 1.0 / pos_freqs
     interpolation = 1.0 / (factor * pos_freqs)
@@ -128,8 +138,9 @@ def _require(s: Mapping[str, Any], key: str) -> Any:
     return s[key]
 
 
-def compute_inv_freq(rotary_dim: int, max_position: int, base: float,
-                     rope_scaling: Mapping[str, Any] | None) -> tuple[torch.Tensor, float]:
+def compute_inv_freq(
+    rotary_dim: int, max_position: int, base: float, rope_scaling: Mapping[str, Any] | None
+) -> tuple[torch.Tensor, float]:
     """``(inv_freq [rotary_dim/2] float32, attention_scaling)`` for a RoPE configuration.
 
     For ``dynamic`` this is the frequency set of sequences no longer than ``max_position``.
@@ -156,14 +167,23 @@ def _rope_type(rope_scaling: Mapping[str, Any] | None) -> str:
     if rope_type == "su":  # LongRoPE's first name, in Phi-3's early configs
         rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope_scaling.rope_type {rope_type!r} is not supported (expected one "
-                         f"of {', '.join(SUPPORTED_ROPE_TYPES)})")
+        raise ValueError(
+            f"rope_scaling.rope_type {rope_type!r} is not supported (expected one "
+            f"of {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
     return rope_type
 
 
-def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
-             rope_scaling: Mapping[str, Any] | None = None, is_neox_style: bool = True, *,
-             device: torch.device | str | None = None) -> RotaryEmbedding:
+def get_rope(
+    head_dim: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_scaling: Mapping[str, Any] | None = None,
+    is_neox_style: bool = True,
+    *,
+    device: torch.device | str | None = None,
+) -> RotaryEmbedding:
     """Build the rotary embedding of a RoPE configuration (see the module docstring).
 
     ``max_position`` is the model's ``max_position_embeddings``; ``rope_scaling`` an HF
@@ -173,8 +193,9 @@ def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
     rope_type = _rope_type(rope_scaling)
     if rope_type == "longrope":
         assert rope_scaling is not None
-        return longrope_rotary(head_dim, rotary_dim, max_position, base, rope_scaling,
-                               is_neox_style, device=device)
+        return longrope_rotary(
+            head_dim, rotary_dim, max_position, base, rope_scaling, is_neox_style, device=device
+        )
     inv_freq, attention_scaling = compute_inv_freq(rotary_dim, max_position, base, rope_scaling)
     cache_len = max_position
     if rope_type == "linear":
@@ -182,8 +203,26 @@ def get_rope(head_dim: int, rotary_dim: int, max_position: int, base: float,
         cache_len = int(max_position * float(_require(rope_scaling, "factor")))
     if rope_type == "dynamic":
         assert rope_scaling is not None
-        return DynamicNTKRotaryEmbedding(head_dim, rotary_dim, max_position, base, is_neox_style,
-                                         inv_freq, attention_scaling, cache_len, device,
-                                         factor=float(rope_scaling["factor"]))
-    return RotaryEmbedding(head_dim, rotary_dim, max_position, base, is_neox_style, inv_freq,
-                           attention_scaling, cache_len, device)
+        return DynamicNTKRotaryEmbedding(
+            head_dim,
+            rotary_dim,
+            max_position,
+            base,
+            is_neox_style,
+            inv_freq,
+            attention_scaling,
+            cache_len,
+            device,
+            factor=float(rope_scaling["factor"]),
+        )
+    return RotaryEmbedding(
+        head_dim,
+        rotary_dim,
+        max_position,
+        base,
+        is_neox_style,
+        inv_freq,
+        attention_scaling,
+        cache_len,
+        device,
+    )

@@ -18,8 +18,14 @@ from .context_length import context_lengths
 from .norm import RMSNorm
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,
-                 rotary_dim: int, is_neox_style: bool) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    rotary_dim: int,
+    is_neox_style: bool,
+) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` features of each head of ``x [T, H*head_dim]``.
 
     ``cos``/``sin`` are ``[T, rotary_dim/2]`` in ``x``'s dtype. Neox style pairs feature ``i``
@@ -50,13 +56,23 @@ class RotaryEmbedding(nn.Module):
     inv_freq: torch.Tensor
     cos_sin_cache: torch.Tensor
 
-    def __init__(self, head_dim: int, rotary_dim: int, max_position: int, base: float,
-                 is_neox_style: bool, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-                 cache_len: int | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        max_position: int,
+        base: float,
+        is_neox_style: bool,
+        inv_freq: torch.Tensor,
+        attention_scaling: float = 1.0,
+        cache_len: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if rotary_dim > head_dim or rotary_dim % 2:
-            raise ValueError(f"rotary_dim {rotary_dim} must be even and at most head_dim "
-                             f"{head_dim}")
+            raise ValueError(
+                f"rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}"
+            )
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
         self.max_position = max_position
@@ -64,16 +80,17 @@ class RotaryEmbedding(nn.Module):
         self.is_neox_style = is_neox_style
         self.attention_scaling = float(attention_scaling)
         self.cache_len = cache_len or max_position
-        self.register_buffer("inv_freq", inv_freq.to(device=device, dtype=torch.float32),
-                             persistent=False)
-        self.register_buffer("cos_sin_cache", self._build_cache(self.inv_freq),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", inv_freq.to(device=device, dtype=torch.float32), persistent=False
+        )
+        self.register_buffer("cos_sin_cache", self._build_cache(self.inv_freq), persistent=False)
 
     def _build_cache(self, inv_freq: torch.Tensor) -> torch.Tensor:
         t = torch.arange(self.cache_len, dtype=torch.float32, device=inv_freq.device)
         freqs = t[:, None] * inv_freq[None, :]
-        return torch.cat((freqs.cos() * self.attention_scaling,
-                          freqs.sin() * self.attention_scaling), dim=-1)
+        return torch.cat(
+            (freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling), dim=-1
+        )
 
     def set_freq_factors(self, factors: torch.Tensor) -> None:
         """Divide every frequency by a per-frequency factor and rebuild the cache.
@@ -82,20 +99,27 @@ class RotaryEmbedding(nn.Module):
         """
         factors = factors.reshape(-1).to(device=self.inv_freq.device, dtype=torch.float32)
         if factors.numel() != self.inv_freq.numel():
-            raise ValueError(f"rope frequency factors: got {factors.numel()} values, expected "
-                             f"{self.inv_freq.numel()} (rotary_dim / 2)")
+            raise ValueError(
+                f"rope frequency factors: got {factors.numel()} values, expected "
+                f"{self.inv_freq.numel()} (rotary_dim / 2)"
+            )
         self.inv_freq = self.inv_freq / factors
         self.cos_sin_cache = self._build_cache(self.inv_freq)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, rotary_dim/2]`` of ``positions``, in ``dtype``."""
         cos, sin = self.cos_sin_cache[positions].to(dtype).chunk(2, dim=-1)
         return cos, sin
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                qk_norm: tuple[RMSNorm, RMSNorm] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        qk_norm: tuple[RMSNorm, RMSNorm] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq*D] and k [T, Hkv*D]. ``qk_norm`` (Qwen3's per-head q and k norms)
         are applied first; on a GPU in the same launch as the rotation."""
         fast = q.is_cuda and type(self).cos_sin is RotaryEmbedding.cos_sin
@@ -108,9 +132,16 @@ class RotaryEmbedding(nn.Module):
             # one Triton launch rotates q and k in place from the shared cos|sin table
             weights = (qk_norm[0].weight, qk_norm[1].weight) if qk_norm is not None else None
             q, rotated_k = rotary_embedding(
-                positions, q, k, self.cos_sin_cache, self.head_dim, is_neox=self.is_neox_style,
-                inplace=True, qk_norm=weights,
-                norm_eps=qk_norm[0].eps if qk_norm is not None else 1e-6)
+                positions,
+                q,
+                k,
+                self.cos_sin_cache,
+                self.head_dim,
+                is_neox=self.is_neox_style,
+                inplace=True,
+                qk_norm=weights,
+                norm_eps=qk_norm[0].eps if qk_norm is not None else 1e-6,
+            )
             assert rotated_k is not None  # k was given, so it comes back rotated
             return q, rotated_k
         cos, sin = self.cos_sin(positions, q.dtype)
@@ -119,8 +150,10 @@ class RotaryEmbedding(nn.Module):
         return q, k
 
     def extra_repr(self) -> str:
-        return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-                f"neox={self.is_neox_style}, cache_len={self.cache_len}")
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"neox={self.is_neox_style}, cache_len={self.cache_len}"
+        )
 
 
 class DynamicNTKRotaryEmbedding(RotaryEmbedding):
@@ -132,19 +165,22 @@ class DynamicNTKRotaryEmbedding(RotaryEmbedding):
     active, else from the largest position in the call.
     """
 
-    def __init__(self, *args: Any, factor: float,
-                 **kwargs: Any) -> None:  # Any: RotaryEmbedding's own arguments
+    def __init__(
+        self, *args: Any, factor: float, **kwargs: Any
+    ) -> None:  # Any: RotaryEmbedding's own arguments
         super().__init__(*args, **kwargs)
         self.factor = float(factor)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         d = self.rotary_dim
         seq_len = torch.clamp(context_lengths(positions), min=self.max_position)
         scale = (self.factor * seq_len / self.max_position) - (self.factor - 1)
         base = self.base * scale ** (d / (d - 2))  # [T] float32
-        exponents = torch.arange(0, d, 2, dtype=torch.int64,
-                                 device=positions.device).to(torch.float32) / d
+        exponents = (
+            torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / d
+        )
         inv_freq = 1.0 / (base[:, None] ** exponents[None, :])
         freqs = positions.to(torch.float32)[:, None] * inv_freq
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
@@ -154,5 +190,9 @@ def _fusable(qk_norm: tuple[RMSNorm, RMSNorm], head_dim: int) -> bool:
     """Whether the rotary kernel can apply these q/k norms itself: plain (non-offset) RMSNorms
     over one head with one eps."""
     q_norm, k_norm = qk_norm
-    return (not q_norm.offset and not k_norm.offset and q_norm.eps == k_norm.eps
-            and q_norm.hidden_size == k_norm.hidden_size == head_dim)
+    return (
+        not q_norm.offset
+        and not k_norm.offset
+        and q_norm.eps == k_norm.eps
+        and q_norm.hidden_size == k_norm.hidden_size == head_dim
+    )

@@ -27,8 +27,15 @@ class ShardedRMSNorm(nn.Module):
     order).
     """
 
-    def __init__(self, full_size: int, eps: float = 1e-6, *, size: int | None = None,
-                 rank_index: int | None = None, build: BuildContext | None = None) -> None:
+    def __init__(
+        self,
+        full_size: int,
+        eps: float = 1e-6,
+        *,
+        size: int | None = None,
+        rank_index: int | None = None,
+        build: BuildContext | None = None,
+    ) -> None:
         super().__init__()
         build = build if build is not None else BuildContext()
         self.full_size = int(full_size)
@@ -37,19 +44,24 @@ class ShardedRMSNorm(nn.Module):
         self.tp_size = build.tp_size
         self.eps = float(eps)
         if (self.rank_index + 1) * self.size > self.full_size:
-            raise ValueError(f"ShardedRMSNorm: slice {self.rank_index} of {self.size} features "
-                             f"lies outside the {self.full_size} features of the weight")
-        self.weight = nn.Parameter(torch.ones(self.size, dtype=build.dtype, device=build.device),
-                                   requires_grad=False)
+            raise ValueError(
+                f"ShardedRMSNorm: slice {self.rank_index} of {self.size} features "
+                f"lies outside the {self.full_size} features of the weight"
+            )
+        self.weight = nn.Parameter(
+            torch.ones(self.size, dtype=build.dtype, device=build.device), requires_grad=False
+        )
         set_weight_attrs(self.weight, weight_loader=self._load_weight)
 
-    def _load_weight(self, param: torch.Tensor, loaded: torch.Tensor,
-                     shard_id: object = None) -> None:
+    def _load_weight(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None
+    ) -> None:
         if shard_id is not None:
             raise ValueError(f"ShardedRMSNorm weight has no shards, got {shard_id!r}")
         if tuple(loaded.shape) != (self.full_size,):
-            raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected "
-                             f"({self.full_size},)")
+            raise ValueError(
+                f"checkpoint tensor has shape {tuple(loaded.shape)}, expected ({self.full_size},)"
+            )
         with torch.no_grad():
             param.copy_(loaded.narrow(0, self.rank_index * self.size, self.size))
 
@@ -67,5 +79,7 @@ class ShardedRMSNorm(nn.Module):
         return self.normalize(x, all_reduce(self.partial_sum_of_squares(x), self.tp_size))
 
     def extra_repr(self) -> str:
-        return (f"{self.size} of {self.full_size}, slice={self.rank_index}, eps={self.eps}, "
-                f"tp={self.tp_size}")
+        return (
+            f"{self.size} of {self.full_size}, slice={self.rank_index}, eps={self.eps}, "
+            f"tp={self.tp_size}"
+        )

@@ -30,24 +30,54 @@ class TorchAttentionBackend(AttentionBackend):
     #: queries, the absorbed form for single-query ones
     supports_mla: ClassVar[bool] = True
 
-    def forward(self, layer: AttentionLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        layer: AttentionLayer,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: LayerKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         kv_cache.codec.encode(kv_cache, k, v, meta.slot_mapping)
         qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
         return paged_attention_ref(
-            q, kv_cache, query_start_loc=qsl, seq_lens=lens, block_tables=meta.block_tables,
-            scale=layer.scale, sliding_window=layer.sliding_window,
-            logit_softcap=layer.logit_softcap, causal=layer.causal, sinks=layer.sinks,
+            q,
+            kv_cache,
+            query_start_loc=qsl,
+            seq_lens=lens,
+            block_tables=meta.block_tables,
+            scale=layer.scale,
+            sliding_window=layer.sliding_window,
+            logit_softcap=layer.logit_softcap,
+            causal=layer.causal,
+            sinks=layer.sinks,
             attention_chunk_size=layer.attention_chunk_size,
         )
 
-    def forward_mla(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
-                    latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
-                    w_uv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_mla(
+        self,
+        layer: MLALayer,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        cache: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         store_latent_ref(cache, latent, meta.slot_mapping)
         qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
-        return mla_attention_ref(q_nope, q_pe, cache, w_uk=w_uk, w_uv=w_uv,
-                                 query_start_loc=qsl, seq_lens=lens,
-                                 block_tables=meta.block_tables, scale=layer.scale)
+        return mla_attention_ref(
+            q_nope,
+            q_pe,
+            cache,
+            w_uk=w_uk,
+            w_uv=w_uv,
+            query_start_loc=qsl,
+            seq_lens=lens,
+            block_tables=meta.block_tables,
+            scale=layer.scale,
+        )

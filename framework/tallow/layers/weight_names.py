@@ -50,12 +50,15 @@ class WeightRule:
     def __post_init__(self) -> None:
         if self.target is not None and self.handler is not None:
             raise ValueError(f"weight rule {self.source!r}: give a target or a handler, not both")
-        used = _FIELD.findall(self.target or "") + _FIELD.findall(" ".join(_shard_texts(
-            self.shard)))
+        used = _FIELD.findall(self.target or "") + _FIELD.findall(
+            " ".join(_shard_texts(self.shard))
+        )
         unknown = set(used) - set(_FIELD.findall(self.source))
         if unknown:
-            raise ValueError(f"weight rule {self.source!r}: target {self.target!r} uses "
-                             f"{sorted(unknown)} that the source does not capture")
+            raise ValueError(
+                f"weight rule {self.source!r}: target {self.target!r} uses "
+                f"{sorted(unknown)} that the source does not capture"
+            )
 
 
 def _shard_texts(shard: Hashable | None) -> list[str]:
@@ -112,7 +115,7 @@ class WeightNameMap:
         parts: list[str] = []
         last = 0
         for m in _FIELD.finditer(template):
-            parts.append(re.escape(template[last:m.start()]))
+            parts.append(re.escape(template[last : m.start()]))
             parts.append(f"(?P<{m.group(1)}>[^.]+)")
             last = m.end()
         parts.append(re.escape(template[last:]))

@@ -45,17 +45,20 @@ class CalibrationRequest:
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
-            raise ValueError(f"calibration corpus: expected one of {', '.join(CORPORA)}, got "
-                             f"{self.corpus!r}")
+            raise ValueError(
+                f"calibration corpus: expected one of {', '.join(CORPORA)}, got {self.corpus!r}"
+            )
         for name in ("sequences", "tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"calibration {name}: expected a positive integer, got "
-                                 f"{value!r}")
+                raise ValueError(f"calibration {name}: expected a positive integer, got {value!r}")
         for name in ("sequential", "paired"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"calibration {name}: expected true or false, got "
-                                 f"{getattr(self, name)!r}")
+                raise ValueError(
+                    f"calibration {name}: expected true or false, got {getattr(self, name)!r}"
+                )
         if self.paired and not self.sequential:
-            raise ValueError("calibration paired: needs sequential (both copies of each "
-                             "window in one forward pass)")
+            raise ValueError(
+                "calibration paired: needs sequential (both copies of each "
+                "window in one forward pass)"
+            )

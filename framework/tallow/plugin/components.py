@@ -194,8 +194,15 @@ class QuantScheme(Component):
         (and before anything else runs it): quantize what was held back."""
 
     @classmethod
-    def quantize_file(cls, checkpoint: Checkpoint, out_path: str, file_type: str, *,
-                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    def quantize_file(
+        cls,
+        checkpoint: Checkpoint,
+        out_path: str,
+        file_type: str,
+        *,
+        device: str = "cpu",
+        progress: bool = True,
+    ) -> dict[str, Any]:
         """Write ``checkpoint`` (as a weight format read it: config, tokenizer, tensors) to the
         model file ``out_path`` quantized as ``file_type``, one of :attr:`file_types`,
         computing on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``...). ``progress`` asks for
@@ -286,7 +293,12 @@ class ToolProvider(Component):
 
 #: the keys of a tool provider's status source that the server reads, and their types
 _SOURCE_KEYS: dict[str, type | tuple[type, ...]] = {
-    "name": str, "state": str, "tool_names": list, "tools": int, "error": str}
+    "name": str,
+    "state": str,
+    "tool_names": list,
+    "tools": int,
+    "error": str,
+}
 _SOURCE_STATES = ("connecting", "up", "down", "stopped")
 
 
@@ -305,13 +317,18 @@ def check_tool_provider_status(status: object) -> list[str]:
             problems.append(f"{where} is {type(source).__name__}, not a dict")
             continue
         for key, kind in _SOURCE_KEYS.items():
-            if key in source and (not isinstance(source[key], kind)
-                                  or isinstance(source[key], bool)):
-                problems.append(f"{where}[{key!r}] is {type(source[key]).__name__}, expected "
-                                f"{getattr(kind, '__name__', kind)}")
+            if key in source and (
+                not isinstance(source[key], kind) or isinstance(source[key], bool)
+            ):
+                problems.append(
+                    f"{where}[{key!r}] is {type(source[key]).__name__}, expected "
+                    f"{getattr(kind, '__name__', kind)}"
+                )
         if isinstance(source.get("state"), str) and source["state"] not in _SOURCE_STATES:
-            problems.append(f"{where}['state'] is {source['state']!r}, expected one of "
-                            f"{', '.join(_SOURCE_STATES)}")
+            problems.append(
+                f"{where}['state'] is {source['state']!r}, expected one of "
+                f"{', '.join(_SOURCE_STATES)}"
+            )
         names = source.get("tool_names")
         if isinstance(names, list) and not all(isinstance(n, str) for n in names):
             problems.append(f"{where}['tool_names'] holds a non-string")

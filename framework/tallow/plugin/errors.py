@@ -27,8 +27,15 @@ class PluginLoadError(PluginError):
     original exception (also ``__cause__``).
     """
 
-    def __init__(self, message: str, *, distribution: str, version: str, entry_point: str,
-                 cause: BaseException) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        distribution: str,
+        version: str,
+        entry_point: str,
+        cause: BaseException,
+    ) -> None:
         super().__init__(message)
         self.distribution = distribution
         self.version = version
@@ -43,16 +50,29 @@ class ComponentLoadError(PluginLoadError):
     ``target``; ``detail`` is what went wrong, without the plugin's names.
     """
 
-    def __init__(self, *, kind: str, component: str, target: str, detail: str,
-                 distribution: str, version: str, entry_point: str,
-                 cause: BaseException) -> None:
+    def __init__(
+        self,
+        *,
+        kind: str,
+        component: str,
+        target: str,
+        detail: str,
+        distribution: str,
+        version: str,
+        entry_point: str,
+        cause: BaseException,
+    ) -> None:
         plugin = f"plugin {distribution} {version or '(unknown version)'}"
         if entry_point:
             plugin += f" (entry point {entry_point})"
         super().__init__(
             f"{kind} {component!r} of {plugin} cannot be loaded: its target {target!r} "
-            f"fails: {detail}", distribution=distribution, version=version,
-            entry_point=entry_point, cause=cause)
+            f"fails: {detail}",
+            distribution=distribution,
+            version=version,
+            entry_point=entry_point,
+            cause=cause,
+        )
         self.kind = kind
         self.component = component
         self.target = target
@@ -71,17 +91,18 @@ def describe_exception(exc: BaseException) -> str:
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
         if frame.filename.startswith("<") or path.startswith(
-                (_PLUGIN_PACKAGE_DIR, _PLUGGY_DIR, _IMPORTLIB_DIR)):
+            (_PLUGIN_PACKAGE_DIR, _PLUGGY_DIR, _IMPORTLIB_DIR)
+        ):
             continue
         where = f" (raised at {frame.filename}:{frame.lineno})"
         break
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-
 def missing_attribute(where: str, name: str, known: Iterable[str]) -> str:
     """``"<where> has no attribute 'Nmae' (did you mean 'Name'?)"``, the suggestion drawn from
     the public names in ``known``."""
     close = difflib.get_close_matches(name, [n for n in known if not n.startswith("_")], n=1)
-    return f"{where} has no attribute {name!r}" + (f" (did you mean {close[0]!r}?)"
-                                                   if close else "")
+    return f"{where} has no attribute {name!r}" + (
+        f" (did you mean {close[0]!r}?)" if close else ""
+    )

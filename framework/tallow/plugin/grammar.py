@@ -78,11 +78,15 @@ class GrammarSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
-            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got "
-                             f"{self.kind!r}")
+            raise ValueError(
+                f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}"
+            )
         if self.kind == "choice":
-            if (not isinstance(self.value, tuple) or not self.value
-                    or not all(isinstance(c, str) for c in self.value)):
+            if (
+                not isinstance(self.value, tuple)
+                or not self.value
+                or not all(isinstance(c, str) for c in self.value)
+            ):
                 raise ValueError("a choice spec's value is a non-empty tuple of strings")
         elif not isinstance(self.value, str) or not self.value:
             raise ValueError(f"a {self.kind} spec's value is a non-empty string")
@@ -125,14 +129,17 @@ class TokenizerInfo:
 
     def __post_init__(self) -> None:
         if len(self.token_bytes) > self.vocab_size:
-            raise ValueError(f"token_bytes has {len(self.token_bytes)} entries, more than "
-                             f"vocab_size={self.vocab_size}")
+            raise ValueError(
+                f"token_bytes has {len(self.token_bytes)} entries, more than "
+                f"vocab_size={self.vocab_size}"
+            )
         if not self.eos_token_ids:
             raise ValueError("eos_token_ids: at least one token must end an output")
         for token in self.eos_token_ids:
             if not 0 <= token < self.vocab_size:
-                raise ValueError(f"eos_token_ids: {token} is not a token id below "
-                                 f"{self.vocab_size}")
+                raise ValueError(
+                    f"eos_token_ids: {token} is not a token id below {self.vocab_size}"
+                )
 
     @property
     def bitmask_words(self) -> int:
@@ -225,15 +232,17 @@ class GrammarBackend(Component):
         """The compiled grammar :meth:`export_compiled` wrote."""
         raise NotImplementedError
 
-    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
-                      tokens: Sequence[int]) -> list[bool]:
+    def accept_tokens(
+        self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int]
+    ) -> list[bool]:
         """``matchers[i].accept(tokens[i])`` for every ``i``: whether each was accepted. A
         backend may advance them in one call; the engine calls this once per step with the
         token each constrained sequence has just sampled."""
         return [matcher.accept(token) for matcher, token in zip(matchers, tokens)]
 
-    def own_matchers(self, matchers: Sequence[GrammarMatcher], what: str
-                     ) -> list[Any]:  # Any: the backend's own matcher_type, for its library
+    def own_matchers(
+        self, matchers: Sequence[GrammarMatcher], what: str
+    ) -> list[Any]:  # Any: the backend's own matcher_type, for its library
         """``matchers`` as a list, each checked to be a :attr:`matcher_type`: a batched
         :meth:`accept_tokens` or :meth:`fill_bitmasks` that hands their native states to its
         library must not be given another backend's matchers. Raises ``TypeError`` naming
@@ -243,8 +252,9 @@ class GrammarBackend(Component):
             raise TypeError(f"{what} takes this backend's matchers only")
         return ours
 
-    def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: "torch.Tensor",
-                      rows: Sequence[int]) -> None:
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: "torch.Tensor", rows: Sequence[int]
+    ) -> None:
         """``matchers[i].fill_bitmask(bitmask, rows[i])`` for every ``i``. A backend may do it
         in parallel; the engine calls this once per step for all constrained rows."""
         for matcher, row in zip(matchers, rows):

@@ -25,10 +25,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from tallow.config import TallowConfig
 
     from .registry import (
-        ArchitectureRegistry, AttentionBackendRegistry, GrammarBackendRegistry, KVCodecRegistry,
-        QuantSchemeRegistry, ReasoningParserRegistry, RouteRegistry, SpeculatorRegistry,
+        ArchitectureRegistry,
+        AttentionBackendRegistry,
+        GrammarBackendRegistry,
+        KVCodecRegistry,
+        QuantSchemeRegistry,
+        ReasoningParserRegistry,
+        RouteRegistry,
+        SpeculatorRegistry,
         ToolParserRegistry,
-        ToolProviderRegistry, WeightFormatRegistry,
+        ToolProviderRegistry,
+        WeightFormatRegistry,
     )
 
 
@@ -172,4 +179,3 @@ def tallow_configure(config: TallowConfig) -> None:
     Historic: a plugin registered later still receives it. Read your settings from
     ``config.plugins.settings.get(<distribution name>, {})``; do not mutate ``config``.
     """
-

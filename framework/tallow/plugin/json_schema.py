@@ -53,8 +53,9 @@ def check_schema(schema: object) -> None:
         raise SchemaProblem("the schema is nested too deeply to check") from None
 
 
-def schema_errors(schema: dict[str, Any], instance: object, root: str = "",
-                  schema_name: str | None = None) -> list[str]:
+def schema_errors(
+    schema: dict[str, Any], instance: object, root: str = "", schema_name: str | None = None
+) -> list[str]:
     """Every violation of ``schema`` by ``instance``, as ``"<root><path>: <message>"``, in
     path order; a schema that cannot be applied (an unresolvable reference, runaway
     recursion) is reported as one violation naming ``schema_name``."""
@@ -80,13 +81,16 @@ def _check_shape(schema: dict[str, Any]) -> None:
     while stack:
         node, depth, where = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
-            raise SchemaProblem(f"nested deeper than {MAX_SCHEMA_DEPTH} levels (at "
-                                f"{where or 'the root'})")
+            raise SchemaProblem(
+                f"nested deeper than {MAX_SCHEMA_DEPTH} levels (at {where or 'the root'})"
+            )
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in _REF_KEYS and isinstance(value, str) and not value.startswith("#"):
-                    raise SchemaProblem(f"{key} {value!r} at {where or 'the root'} points outside "
-                                        "the schema; only local references ('#...') are allowed")
+                    raise SchemaProblem(
+                        f"{key} {value!r} at {where or 'the root'} points outside "
+                        "the schema; only local references ('#...') are allowed"
+                    )
                 if key in _DATA_KEYWORDS:
                     continue
                 if isinstance(value, (dict, list)):
@@ -137,8 +141,9 @@ def _search(pattern: str, text: str) -> bool:
 
 
 # Any below: jsonschema's validator, the JSON values it walks and the errors it yields
-def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
-             ) -> Iterator[Any]:  # Any: as above
+def _pattern(
+    validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
+) -> Iterator[Any]:  # Any: as above
     from jsonschema import ValidationError
 
     if not validator.is_type(instance, "string"):
@@ -146,15 +151,21 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
     try:
         found = _search(pattern, instance)
     except _PatternTimeout:
-        yield ValidationError(f"{instance[:40]!r} could not be matched against {pattern!r} "
-                              f"within {PATTERN_TIMEOUT_S}s")
+        yield ValidationError(
+            f"{instance[:40]!r} could not be matched against {pattern!r} "
+            f"within {PATTERN_TIMEOUT_S}s"
+        )
         return
     if not found:
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,  # Any: as above
-                        schema: dict[str, Any]) -> Iterator[Any]:
+def _pattern_properties(
+    validator: Any,
+    patterns: dict[str, Any],
+    instance: Any,  # Any: as above
+    schema: dict[str, Any],
+) -> Iterator[Any]:
     from jsonschema import ValidationError
 
     if not validator.is_type(instance, "object"):
@@ -164,15 +175,21 @@ def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
             try:
                 matched = _search(pattern, key)
             except _PatternTimeout:
-                yield ValidationError(f"property {key[:40]!r} could not be matched against "
-                                      f"{pattern!r} within {PATTERN_TIMEOUT_S}s")
+                yield ValidationError(
+                    f"property {key[:40]!r} could not be matched against "
+                    f"{pattern!r} within {PATTERN_TIMEOUT_S}s"
+                )
                 continue
             if matched:
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _additional_properties(validator: Any, extra_schema: Any, instance: Any,  # Any: as above
-                           schema: dict[str, Any]) -> Iterator[Any]:
+def _additional_properties(
+    validator: Any,
+    extra_schema: Any,
+    instance: Any,  # Any: as above
+    schema: dict[str, Any],
+) -> Iterator[Any]:
     from jsonschema import ValidationError
 
     if not validator.is_type(instance, "object"):
@@ -187,8 +204,10 @@ def _additional_properties(validator: Any, extra_schema: Any, instance: Any,  # 
             if any(_search(p, key) for p in patterns):
                 continue
         except _PatternTimeout as exc:
-            yield ValidationError(f"property {key[:40]!r} could not be matched against "
-                                  f"{exc.args[0]!r} within {PATTERN_TIMEOUT_S}s")
+            yield ValidationError(
+                f"property {key[:40]!r} could not be matched against "
+                f"{exc.args[0]!r} within {PATTERN_TIMEOUT_S}s"
+            )
             continue
         extras.append(key)
     if validator.is_type(extra_schema, "object"):
@@ -196,5 +215,7 @@ def _additional_properties(validator: Any, extra_schema: Any, instance: Any,  # 
             yield from validator.descend(instance[key], extra_schema, path=key)
     elif extra_schema is False and extras:
         listed = ", ".join(repr(k) for k in sorted(extras))
-        yield ValidationError(f"Additional properties are not allowed ({listed} "
-                              f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+        yield ValidationError(
+            f"Additional properties are not allowed ({listed} "
+            f"{'was' if len(extras) == 1 else 'were'} unexpected)"
+        )

@@ -62,7 +62,8 @@ _LOADED = ("ok", "broken")
 
 #: every hook tallow declares, in declaration order
 HOOK_NAMES: tuple[str, ...] = tuple(
-    name for name, obj in vars(hookspecs).items()
+    name
+    for name, obj in vars(hookspecs).items()
     if name.startswith("tallow_") and callable(obj) and hasattr(obj, f"{PROJECT}_spec")
 )
 
@@ -92,8 +93,12 @@ class PluginStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "version": self.version, "entry_point": self.entry_point,
-            "status": self.status, "reason": self.reason, "mode": self.mode,
+            "name": self.name,
+            "version": self.version,
+            "entry_point": self.entry_point,
+            "status": self.status,
+            "reason": self.reason,
+            "mode": self.mode,
             "components": {k: list(v) for k, v in self.components.items()},
         }
 
@@ -178,8 +183,7 @@ class HookRelay:
 class PluginManager:
     """Plugins of one process: the pluggy manager, the component registries, the statuses."""
 
-    def __init__(self, *, trace: bool | None = None,
-                 env: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, *, trace: bool | None = None, env: Mapping[str, str] = os.environ) -> None:
         self.pluggy = pluggy.PluginManager(PROJECT)
         self.pluggy.add_hookspecs(hookspecs)
         self.registries = Registries()
@@ -194,25 +198,43 @@ class PluginManager:
             self.enable_tracing()
 
     # -- adding plugins ------------------------------------------------------------------
-    def add_plugin(self, plugin: object, name: str, version: str = "", *,
-                   entry_point: str = "", mode: str = "enabled",
-                   fatal: bool = True) -> PluginStatus:
+    def add_plugin(
+        self,
+        plugin: object,
+        name: str,
+        version: str = "",
+        *,
+        entry_point: str = "",
+        mode: str = "enabled",
+        fatal: bool = True,
+    ) -> PluginStatus:
         """Register ``plugin`` (a module or object with ``@hookimpl`` methods) as distribution
         ``name`` and call its registration hooks, in one transaction.
 
         On failure everything it registered is rolled back; with ``fatal`` a
         :class:`PluginLoadError` is raised, otherwise the status is ``failed``.
         """
-        return self._load(name, version, entry_point or _object_label(plugin), lambda: plugin,
-                          mode=mode, fatal=fatal)
+        return self._load(
+            name,
+            version,
+            entry_point or _object_label(plugin),
+            lambda: plugin,
+            mode=mode,
+            fatal=fatal,
+        )
 
     def load_candidate(self, candidate: Candidate, *, mode: str, fatal: bool) -> PluginStatus:
         """Import a discovered plugin's entry point and add it (see :meth:`add_plugin`)."""
-        return self._load(candidate.name, candidate.version, candidate.label,
-                          candidate.entry_point.load, mode=mode, fatal=fatal)
+        return self._load(
+            candidate.name,
+            candidate.version,
+            candidate.label,
+            candidate.entry_point.load,
+            mode=mode,
+            fatal=fatal,
+        )
 
-    def record_disabled(self, candidate: Candidate, reason: str,
-                        enable: str = "") -> PluginStatus:
+    def record_disabled(self, candidate: Candidate, reason: str, enable: str = "") -> PluginStatus:
         """Note a discovered plugin that was not loaded, why (``reason``), and how to load it
         (``enable``, for messages about a component it provides)."""
         record = _Record(candidate.name, candidate.version, candidate.label, "disabled", reason)
@@ -220,8 +242,16 @@ class PluginManager:
         self.unloaded.disabled(canonical(candidate.name), candidate, reason, enable)
         return self._status(record)
 
-    def _load(self, name: str, version: str, label: str, importer: Callable[[], object], *,
-              mode: str, fatal: bool) -> PluginStatus:
+    def _load(
+        self,
+        name: str,
+        version: str,
+        label: str,
+        importer: Callable[[], object],
+        *,
+        mode: str,
+        fatal: bool,
+    ) -> PluginStatus:
         key = canonical(name)
         if key in self._records and self._records[key].status in _LOADED:
             raise PluginError(f"plugin {name} is already loaded")
@@ -236,7 +266,7 @@ class PluginManager:
             with registering_as(name, version, label):
                 for hook_name in HOOK_NAMES:
                     if hook_name.startswith(REGISTRATION_PREFIX) and hook_name in implemented:
-                        registry = getattr(self.registries, hook_name[len(REGISTRATION_PREFIX):])
+                        registry = getattr(self.registries, hook_name[len(REGISTRATION_PREFIX) :])
                         self._caller_for(plugin, hook_name)(registry=registry)
         except Exception as exc:
             self.registries.rollback(marks)
@@ -246,17 +276,26 @@ class PluginManager:
             self._records[key] = _Record(name, version, label, "failed", reason, mode)
             self.unloaded.failed(key, name, version, reason)
             if fatal:
-                why = {"required": "it is required (plugins.require)",
-                       "builtin": "it is part of the core"}.get(
-                           mode, "it is enabled (plugins.enable or TALLOW_PLUGINS)")
+                why = {
+                    "required": "it is required (plugins.require)",
+                    "builtin": "it is part of the core",
+                }.get(mode, "it is enabled (plugins.enable or TALLOW_PLUGINS)")
                 raise PluginLoadError(
                     f"plugin {name} {version or '(unknown version)'} (entry point {label}) "
                     f"failed to load: {reason}\n{why}, so tallow cannot start; fix or uninstall "
                     "it, or leave it out of the configuration",
-                    distribution=name, version=version, entry_point=label, cause=exc,
+                    distribution=name,
+                    version=version,
+                    entry_point=label,
+                    cause=exc,
                 ) from exc
-            log.warning("plugin %s %s (entry point %s) failed to load and is skipped: %s",
-                        name, version, label, reason)
+            log.warning(
+                "plugin %s %s (entry point %s) failed to load and is skipped: %s",
+                name,
+                version,
+                label,
+                reason,
+            )
         else:
             self._records[key] = _Record(name, version, label, "ok", "", mode, plugin)
             self.unloaded.loaded(key)
@@ -278,11 +317,13 @@ class PluginManager:
             if attr in HOOK_NAMES:
                 raise HookNameError(
                     f"{name}: {attr} is not marked with @hookimpl (from tallow.plugin import "
-                    "hookimpl), so it would never be called")
+                    "hookimpl), so it would never be called"
+                )
             close = difflib.get_close_matches(attr, HOOK_NAMES, n=1, cutoff=0.8)
             if close:
-                raise HookNameError(f"{name}: {attr} is not a tallow hook; did you mean "
-                                    f"{close[0]}?")
+                raise HookNameError(
+                    f"{name}: {attr} is not a tallow hook; did you mean {close[0]}?"
+                )
 
     def _check_pending_for(self, plugin: object, name: str) -> None:
         """pluggy's ``check_pending``, for one plugin, with a suggestion for misspellings."""
@@ -292,8 +333,11 @@ class PluginManager:
             for impl in impl_caller.get_hookimpls():
                 if impl.plugin is plugin and not impl.optionalhook:
                     close = difflib.get_close_matches(impl_caller.name, HOOK_NAMES, n=1)
-                    hint = (f"did you mean {close[0]}?" if close
-                            else f"tallow's hooks are {', '.join(HOOK_NAMES)}")
+                    hint = (
+                        f"did you mean {close[0]}?"
+                        if close
+                        else f"tallow's hooks are {', '.join(HOOK_NAMES)}"
+                    )
                     raise HookNameError(f"{name}: unknown hook {impl_caller.name!r}; {hint}")
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -308,9 +352,11 @@ class PluginManager:
     # -- tracing -------------------------------------------------------------------------
     def enable_tracing(self, writer: Callable[[str], object] | None = None) -> Callable[[], None]:
         """Write every hook call and its result (to stderr by default); returns an undo."""
+
         def to_stderr(text: str) -> None:
-            sys.stderr.write("".join("[tallow hooks] " + line
-                                     for line in text.splitlines(keepends=True)))
+            sys.stderr.write(
+                "".join("[tallow hooks] " + line for line in text.splitlines(keepends=True))
+            )
 
         self.pluggy.trace.root.setwriter(writer or to_stderr)
         return self.pluggy.enable_tracing()
@@ -323,8 +369,10 @@ class PluginManager:
     def status(self, name: str) -> PluginStatus:
         record = self._records.get(canonical(name))
         if record is None:
-            raise KeyError(f"no plugin named {name!r} was seen "
-                           f"(seen: {', '.join(r.name for r in self._records.values())})")
+            raise KeyError(
+                f"no plugin named {name!r} was seen "
+                f"(seen: {', '.join(r.name for r in self._records.values())})"
+            )
         return self._status(record)
 
     def loaded(self) -> dict[str, str]:
@@ -347,10 +395,15 @@ class PluginManager:
                 record.reason = "; ".join(problems)
 
     def _status(self, record: _Record) -> PluginStatus:
-        return PluginStatus(record.name, record.version, record.entry_point, record.status,
-                            record.reason, record.mode,
-                            self.registries.owned_by(record.name)
-                            if record.status in _LOADED else {})
+        return PluginStatus(
+            record.name,
+            record.version,
+            record.entry_point,
+            record.status,
+            record.reason,
+            record.mode,
+            self.registries.owned_by(record.name) if record.status in _LOADED else {},
+        )
 
 
 def _object_label(plugin: object) -> str:
@@ -376,17 +429,23 @@ def discover(entry_points: Iterable[metadata.EntryPoint] | None = None) -> list[
         if canonical(name) == CORE_DISTRIBUTION:
             continue
         if canonical(ep.name) != canonical(name):
-            log.warning("plugin entry point %r of distribution %s should be named %r",
-                        ep.name, name, name)
+            log.warning(
+                "plugin entry point %r of distribution %s should be named %r", ep.name, name, name
+            )
         if canonical(name) in found:
-            log.warning("plugin %s: ignoring a second entry point %s = %s", name, ep.name,
-                        ep.value)
+            log.warning("plugin %s: ignoring a second entry point %s = %s", name, ep.name, ep.value)
             continue
         found[canonical(name)] = Candidate(name, version, ep)
     for old in [n for n in found if new_name(n) in found]:
         # the same plugin under its old name: both would register the same components
-        log.warning("plugin %s is the old name of %s, which is installed too; ignoring %s "
-                    "(pip uninstall %s)", old, new_name(old), old, old)
+        log.warning(
+            "plugin %s is the old name of %s, which is installed too; ignoring %s "
+            "(pip uninstall %s)",
+            old,
+            new_name(old),
+            old,
+            old,
+        )
         del found[old]
     return [found[k] for k in sorted(found)]
 
@@ -400,8 +459,9 @@ class Plan:
     advice: dict[str, str] = field(default_factory=dict)
 
 
-def plan_plugins(candidates: list[Candidate], plugins_config: object,
-                 env: Mapping[str, str]) -> Plan:
+def plan_plugins(
+    candidates: list[Candidate], plugins_config: object, env: Mapping[str, str]
+) -> Plan:
     """Decide which candidates load, fatally or not; raise :class:`PluginError` for a
     requirement that cannot be met. Warns about names that match nothing installed."""
     autoload = bool(getattr(plugins_config, "autoload", True))
@@ -416,37 +476,53 @@ def plan_plugins(candidates: list[Candidate], plugins_config: object,
         try:
             req = Requirement(text)
         except InvalidRequirement as exc:
-            raise PluginError(f"plugins.require: {text!r} is not a distribution name with "
-                              f"optional version specifiers: {exc}") from None
+            raise PluginError(
+                f"plugins.require: {text!r} is not a distribution name with "
+                f"optional version specifiers: {exc}"
+            ) from None
         if req.marker is None or req.marker.evaluate():
             requirements[canonical(req.name)] = req
 
     env_list = env.get(ENV_PLUGINS)
-    renamed = (renamed_problems("plugins.enable", list(getattr(plugins_config, "enable", []) or []))
-               + renamed_problems("plugins.disable",
-                                  list(getattr(plugins_config, "disable", []) or []))
-               + renamed_problems("plugins.require", [r.name for r in requirements.values()])
-               + renamed_problems("plugins.settings", list(settings))
-               + renamed_problems(ENV_PLUGINS, [n.strip() for n in (env_list or "").split(",")
-                                                if n.strip()]))
+    renamed = (
+        renamed_problems("plugins.enable", list(getattr(plugins_config, "enable", []) or []))
+        + renamed_problems("plugins.disable", list(getattr(plugins_config, "disable", []) or []))
+        + renamed_problems("plugins.require", [r.name for r in requirements.values()])
+        + renamed_problems("plugins.settings", list(settings))
+        + renamed_problems(
+            ENV_PLUGINS, [n.strip() for n in (env_list or "").split(",") if n.strip()]
+        )
+    )
     if renamed:
-        raise PluginError("the plugins configuration names renamed distributions:\n  - "
-                          + "\n  - ".join(renamed))
+        raise PluginError(
+            "the plugins configuration names renamed distributions:\n  - " + "\n  - ".join(renamed)
+        )
     listed: set[str] = set()
     if env_list is not None:
         listed = {canonical(n) for n in env_list.split(",") if n.strip()}
         for n in sorted(listed - known):
             log.warning("%s names %s, which is not an installed tallow plugin", ENV_PLUGINS, n)
-    for what, names in (("plugins.enable", enable), ("plugins.disable", disable),
-                        ("plugins.settings", {canonical(n) for n in settings})):
+    for what, names in (
+        ("plugins.enable", enable),
+        ("plugins.disable", disable),
+        ("plugins.settings", {canonical(n) for n in settings}),
+    ):
         for n in sorted(names - known):
-            log.warning("%s names %s, which is not an installed tallow plugin (installed: %s)",
-                        what, n, ", ".join(c.name for c in candidates) or "none")
+            log.warning(
+                "%s names %s, which is not an installed tallow plugin (installed: %s)",
+                what,
+                n,
+                ", ".join(c.name for c in candidates) or "none",
+            )
     for key in settings:
         cand = by_name.get(canonical(key))
         if cand is not None and key != cand.name:
-            log.warning("plugins.settings key %r should be spelled %r: plugins look their "
-                        "settings up by their distribution's name", key, cand.name)
+            log.warning(
+                "plugins.settings key %r should be spelled %r: plugins look their "
+                "settings up by their distribution's name",
+                key,
+                cand.name,
+            )
     if CORE_DISTRIBUTION in disable:
         log.warning("plugins.disable names tallow: the core cannot be disabled")
 
@@ -456,20 +532,28 @@ def plan_plugins(candidates: list[Candidate], plugins_config: object,
             continue
         cand = by_name.get(n)
         if cand is None:
-            problems.append(f"{req} is required (plugins.require) but not installed (no "
-                            f"'{ENTRY_POINT_GROUP}' entry point named {req.name})")
+            problems.append(
+                f"{req} is required (plugins.require) but not installed (no "
+                f"'{ENTRY_POINT_GROUP}' entry point named {req.name})"
+            )
         elif not _satisfies(cand.version, req):
-            problems.append(f"{req} is required (plugins.require) but {cand.name} "
-                            f"{cand.version or '(unknown version)'} is installed")
+            problems.append(
+                f"{req} is required (plugins.require) but {cand.name} "
+                f"{cand.version or '(unknown version)'} is installed"
+            )
         elif env_list is not None and n not in listed:
-            problems.append(f"{cand.name} is required (plugins.require) but "
-                            f"{ENV_PLUGINS}={env_list!r} leaves it out")
+            problems.append(
+                f"{cand.name} is required (plugins.require) but "
+                f"{ENV_PLUGINS}={env_list!r} leaves it out"
+            )
         elif env_list is None and n in disable:
-            problems.append(f"{cand.name} is both required (plugins.require) and disabled "
-                            "(plugins.disable)")
+            problems.append(
+                f"{cand.name} is both required (plugins.require) and disabled (plugins.disable)"
+            )
     if problems:
-        raise PluginError("the plugins cannot be set up as configured:\n  - "
-                          + "\n  - ".join(problems))
+        raise PluginError(
+            "the plugins cannot be set up as configured:\n  - " + "\n  - ".join(problems)
+        )
 
     items: list[tuple[Candidate, str | None, str]] = []
     advice: dict[str, str] = {}
@@ -484,17 +568,24 @@ def plan_plugins(candidates: list[Candidate], plugins_config: object,
                 items.append((cand, None, f"not listed in {ENV_PLUGINS}={env_list!r}"))
                 advice[n] = f"add it to {ENV_PLUGINS}, or unset {ENV_PLUGINS}, to load it"
         elif n in disable:
-            items.append((cand, None, "disabled by plugins.disable"
-                          + _origin(plugins_config, "disable")))
+            items.append(
+                (cand, None, "disabled by plugins.disable" + _origin(plugins_config, "disable"))
+            )
             advice[n] = "take it out of plugins.disable to load it"
         elif n in enable:
             items.append((cand, "enabled", ""))
         elif autoload:
             items.append((cand, "autoload", ""))
         else:
-            items.append((cand, None, "plugins.autoload is off"
-                          + _origin(plugins_config, "autoload")
-                          + " and it is not in plugins.enable"))
+            items.append(
+                (
+                    cand,
+                    None,
+                    "plugins.autoload is off"
+                    + _origin(plugins_config, "autoload")
+                    + " and it is not in plugins.enable",
+                )
+            )
             advice[n] = "add it to plugins.enable (or turn plugins.autoload on) to load it"
     return Plan(items, advice)
 
@@ -520,10 +611,13 @@ def _core_version() -> str:
     return __version__
 
 
-def load_plugins(plugins_config: PluginsConfig | TallowConfig | Mapping[str, object] | None = None,
-                 *, env: Mapping[str, str] = os.environ,
-                 entry_points: Iterable[metadata.EntryPoint] | None = None,
-                 builtins: bool = True) -> PluginManager:
+def load_plugins(
+    plugins_config: PluginsConfig | TallowConfig | Mapping[str, object] | None = None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    entry_points: Iterable[metadata.EntryPoint] | None = None,
+    builtins: bool = True,
+) -> PluginManager:
     """Discover, plan and load the plugins; return the manager.
 
     ``plugins_config`` is ``config.plugins`` (or a whole config, a mapping, or None for the
@@ -537,8 +631,14 @@ def load_plugins(plugins_config: PluginsConfig | TallowConfig | Mapping[str, obj
     config = _plugins_section(plugins_config)
     pm = PluginManager(env=env)
     if builtins:
-        pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, _core_version(),
-                      entry_point=CORE_MODULE, mode="builtin", fatal=True)
+        pm.add_plugin(
+            importlib.import_module(CORE_MODULE),
+            CORE_DISTRIBUTION,
+            _core_version(),
+            entry_point=CORE_MODULE,
+            mode="builtin",
+            fatal=True,
+        )
     plan = plan_plugins(discover(entry_points), config, env)
     for candidate, mode, reason in plan.items:
         if mode is None:
@@ -549,9 +649,9 @@ def load_plugins(plugins_config: PluginsConfig | TallowConfig | Mapping[str, obj
     return pm
 
 
-def load_pinned_plugins(pinned: Mapping[str, str], *,
-                        entry_points: Iterable[metadata.EntryPoint] | None = None
-                        ) -> PluginManager:
+def load_pinned_plugins(
+    pinned: Mapping[str, str], *, entry_points: Iterable[metadata.EntryPoint] | None = None
+) -> PluginManager:
     """Load exactly the distributions of ``pinned`` (name → version, as
     :meth:`PluginManager.loaded` returned in the driver), each required at that version.
 
@@ -559,10 +659,12 @@ def load_pinned_plugins(pinned: Mapping[str, str], *,
     """
     core = pinned.get(CORE_DISTRIBUTION)
     if core is not None and core != _core_version():
-        raise PluginError(f"this process runs tallow {_core_version()} but the driver runs "
-                          f"tallow {core}")
-    require = [f"{n}=={v}" if v else n for n, v in pinned.items()
-               if canonical(n) != CORE_DISTRIBUTION]
+        raise PluginError(
+            f"this process runs tallow {_core_version()} but the driver runs tallow {core}"
+        )
+    require = [
+        f"{n}=={v}" if v else n for n, v in pinned.items() if canonical(n) != CORE_DISTRIBUTION
+    ]
     config = {"autoload": False, "enable": [], "disable": [], "require": require}
     return load_plugins(config, env={}, entry_points=entry_points)
 
@@ -578,8 +680,10 @@ def _plugins_section(plugins_config: object) -> object:
     if isinstance(plugins_config, Mapping):
         unknown = set(plugins_config) - {"autoload", "enable", "disable", "require", "settings"}
         if unknown:
-            raise PluginError(f"plugins: unknown keys {sorted(unknown)}; expected autoload, "
-                              "enable, disable, require, settings")
+            raise PluginError(
+                f"plugins: unknown keys {sorted(unknown)}; expected autoload, "
+                "enable, disable, require, settings"
+            )
         return _Section(plugins_config)
     if not hasattr(plugins_config, "autoload") and hasattr(plugins_config, "plugins"):
         return plugins_config.plugins

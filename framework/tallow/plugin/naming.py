@@ -16,8 +16,19 @@ from __future__ import annotations
 from packaging.utils import canonicalize_name
 
 #: the kinds of plugin, in the order ``tallow plugins list`` shows them
-KINDS: tuple[str, ...] = ("model", "format", "quant", "kvcache", "attention", "grammar",
-                          "reasoning", "speculator", "tool", "mcp", "ui")
+KINDS: tuple[str, ...] = (
+    "model",
+    "format",
+    "quant",
+    "kvcache",
+    "attention",
+    "grammar",
+    "reasoning",
+    "speculator",
+    "tool",
+    "mcp",
+    "ui",
+)
 CORE_KIND = "core"
 OTHER_KIND = "other"
 
@@ -42,8 +53,11 @@ def new_name(name: str) -> str | None:
 
 def renamed_problems(where: str, names: list[str]) -> list[str]:
     """One message per old distribution name in ``names`` (read from the setting ``where``)."""
-    return [f"{where} names {n}, which is now {new_name(n)}: use the new name"
-            for n in names if new_name(n) is not None]
+    return [
+        f"{where} names {n}, which is now {new_name(n)}: use the new name"
+        for n in names
+        if new_name(n) is not None
+    ]
 
 
 def kind_of(name: str) -> str:

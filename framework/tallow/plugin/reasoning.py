@@ -112,10 +112,11 @@ class TagReasoningStream(ReasoningStream):
             elif self._state == self._BEFORE:
                 rest = buf.lstrip()
                 if rest.startswith(self._start):
-                    self._state, self._buf = self._INSIDE, rest[len(self._start):]
+                    self._state, self._buf = self._INSIDE, rest[len(self._start) :]
                     continue
-                if not final and (not rest or self._start.startswith(rest)
-                                  or self._end.startswith(rest)):
+                if not final and (
+                    not rest or self._start.startswith(rest) or self._end.startswith(rest)
+                ):
                     break
                 # no opening tag: inside the block when the template opened it in the prompt,
                 # or when the closing tag comes first; otherwise there is no reasoning
@@ -125,7 +126,7 @@ class TagReasoningStream(ReasoningStream):
                 k = buf.find(self._end)
                 if k >= 0:
                     reasoning.append(buf[:k])
-                    self._state, self._buf = self._AFTER, buf[k + len(self._end):]
+                    self._state, self._buf = self._AFTER, buf[k + len(self._end) :]
                     continue
                 p = len(buf) if final else _held(buf, self._end)
                 reasoning.append(buf[:p])

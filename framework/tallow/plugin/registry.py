@@ -69,17 +69,24 @@ class Entry:
             try:
                 obj = getattr(obj, part)
             except AttributeError as exc:
-                where = (f"{module_name}:{'.'.join(parts[:depth])}" if depth
-                         else f"module {module_name}")
+                where = (
+                    f"{module_name}:{'.'.join(parts[:depth])}" if depth else f"module {module_name}"
+                )
                 raise self._load_error(exc, missing_attribute(where, part, dir(obj))) from exc
         self._loaded = obj
         return obj
 
     def _load_error(self, cause: BaseException, detail: str) -> ComponentLoadError:
         return ComponentLoadError(
-            kind=self.kind, component=self.name, target=str(self.target), detail=detail,
-            distribution=self.distribution, version=self.version,
-            entry_point=self.entry_point, cause=cause)
+            kind=self.kind,
+            component=self.name,
+            target=str(self.target),
+            detail=detail,
+            distribution=self.distribution,
+            version=self.version,
+            entry_point=self.entry_point,
+            cause=cause,
+        )
 
     def describe(self) -> dict[str, Any]:
         target = self.target if isinstance(self.target, str) else _qualname(self.target)
@@ -106,8 +113,7 @@ _current_owner: list[tuple[str, str, str]] = []
 
 
 @contextmanager
-def registering_as(distribution: str, version: str = "",
-                   entry_point: str = "") -> Iterator[None]:
+def registering_as(distribution: str, version: str = "", entry_point: str = "") -> Iterator[None]:
     """Attribute every registration made inside the block to ``distribution`` (``version``,
     and the ``entry_point`` it was loaded from, for messages)."""
     _current_owner.append((distribution, version, entry_point))
@@ -170,11 +176,15 @@ class Registry:
                     "with override=True"
                 )
             log.warning(
-                "%s %r registered by %s is overridden by %s", self.kind, name,
-                previous.distribution, dist,
+                "%s %r registered by %s is overridden by %s",
+                self.kind,
+                name,
+                previous.distribution,
+                dist,
             )
-        entry = Entry(self.kind, name, target, dist, version, priority, dict(meta),
-                      entry_point=entry_point)
+        entry = Entry(
+            self.kind, name, target, dist, version, priority, dict(meta), entry_point=entry_point
+        )
         self._journal.append((name, previous))
         self._entries[name] = entry
         return entry
@@ -215,13 +225,16 @@ class Registry:
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "none"
-            hint = install_hint(self.kind, name, list(self._entries),
-                                unloaded=self.missing_hint(name))
-            raise RegistryError(f"unknown {self.kind} {name!r} (registered: {known})"
-                                + hint) from None
+            hint = install_hint(
+                self.kind, name, list(self._entries), unloaded=self.missing_hint(name)
+            )
+            raise RegistryError(
+                f"unknown {self.kind} {name!r} (registered: {known})" + hint
+            ) from None
 
-    def missing_hint(self, name: str | None = None, *,
-                     match: Callable[[Entry], bool] | None = None) -> str:
+    def missing_hint(
+        self, name: str | None = None, *, match: Callable[[Entry], bool] | None = None
+    ) -> str:
         """``"; plugin tallow-x 0.1 provides ... but is installed and not loaded: disabled by
         plugins.disable ...; take it out ..."`` when an installed plugin that was left out (or
         failed to load) may provide the component ``name`` (or one ``match`` accepts; neither:
@@ -253,18 +266,31 @@ class ArchitectureRegistry(Registry):
 
     kind = "architecture"
 
-    def register(self, name: str, target: object, *, gguf: tuple[str, ...] | list[str] = (),
-                 priority: int = 0, override: bool = False, **meta: object) -> Entry:
-        return super().register(name, target, priority=priority, override=override,
-                                gguf=tuple(gguf), **meta)
+    def register(
+        self,
+        name: str,
+        target: object,
+        *,
+        gguf: tuple[str, ...] | list[str] = (),
+        priority: int = 0,
+        override: bool = False,
+        **meta: object,
+    ) -> Entry:
+        return super().register(
+            name, target, priority=priority, override=override, gguf=tuple(gguf), **meta
+        )
 
     def for_gguf(self, gguf_arch: str) -> Entry:
         for entry in self.by_priority():
             if gguf_arch in entry.meta.get("gguf", ()):
                 return entry
         known = sorted({g for e in self for g in e.meta.get("gguf", ())})
-        hint = install_hint("gguf_architecture", gguf_arch, [], unloaded=self.missing_hint(
-            match=lambda e: gguf_arch in e.meta.get("gguf", ())))
+        hint = install_hint(
+            "gguf_architecture",
+            gguf_arch,
+            [],
+            unloaded=self.missing_hint(match=lambda e: gguf_arch in e.meta.get("gguf", ())),
+        )
         raise RegistryError(
             f"no architecture plugin handles GGUF architecture {gguf_arch!r} "
             f"(known: {', '.join(known) or 'none'}){hint}"
@@ -290,15 +316,31 @@ class QuantSchemeRegistry(Registry):
 
     kind = "quant_scheme"
 
-    def register(self, name: str, target: object, *,
-                 quant_methods: tuple[str, ...] | list[str] = (), priority: int = 0,
-                 override: bool = False, **meta: object) -> Entry:
+    def register(
+        self,
+        name: str,
+        target: object,
+        *,
+        quant_methods: tuple[str, ...] | list[str] = (),
+        priority: int = 0,
+        override: bool = False,
+        **meta: object,
+    ) -> Entry:
         if isinstance(quant_methods, str) or not all(
-                isinstance(m, str) and m for m in quant_methods):
-            raise RegistryError(f"{self.kind} {name!r}: quant_methods must be a tuple of "
-                                f"non-empty strings, got {quant_methods!r}")
-        return super().register(name, target, priority=priority, override=override,
-                                quant_methods=tuple(quant_methods), **meta)
+            isinstance(m, str) and m for m in quant_methods
+        ):
+            raise RegistryError(
+                f"{self.kind} {name!r}: quant_methods must be a tuple of "
+                f"non-empty strings, got {quant_methods!r}"
+            )
+        return super().register(
+            name,
+            target,
+            priority=priority,
+            override=override,
+            quant_methods=tuple(quant_methods),
+            **meta,
+        )
 
     def for_quant_method(self, method: str) -> list[Entry]:
         """The schemes that may serve checkpoints of quantization method ``method`` (it is
@@ -321,14 +363,25 @@ class KVCodecRegistry(Registry):
 
     kind = "kv_codec"
 
-    def register(self, name: str, target: object, *, bits: float | None = None, priority: int = 0,
-                 override: bool = False, **meta: object) -> Entry:
-        if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, float))
-                                 or bits <= 0):
-            raise RegistryError(f"kv_codec {name!r}: bits must be a positive number or None, "
-                                f"got {bits!r}")
-        return super().register(name, target, priority=priority, override=override, bits=bits,
-                                **meta)
+    def register(
+        self,
+        name: str,
+        target: object,
+        *,
+        bits: float | None = None,
+        priority: int = 0,
+        override: bool = False,
+        **meta: object,
+    ) -> Entry:
+        if bits is not None and (
+            isinstance(bits, bool) or not isinstance(bits, (int, float)) or bits <= 0
+        ):
+            raise RegistryError(
+                f"kv_codec {name!r}: bits must be a positive number or None, got {bits!r}"
+            )
+        return super().register(
+            name, target, priority=priority, override=override, bits=bits, **meta
+        )
 
     def label(self, name: str) -> str:
         """``name`` with its storage for listings: ``turbo4 (4 bits)``, ``auto (model dtype)``."""
@@ -385,21 +438,46 @@ class RouteRegistry(Registry):
 
     kind = "route"
 
-    def register(self, name: str, target: object, *, methods: tuple[str, ...] = ("GET",),
-                 mount: bool = False, factory: bool = False, priority: int = 0,
-                 override: bool = False, **meta: object) -> Entry:
+    def register(
+        self,
+        name: str,
+        target: object,
+        *,
+        methods: tuple[str, ...] = ("GET",),
+        mount: bool = False,
+        factory: bool = False,
+        priority: int = 0,
+        override: bool = False,
+        **meta: object,
+    ) -> Entry:
         if not name.startswith("/"):
             raise RegistryError(f"route {name!r}: a path must start with '/'")
-        return super().register(name, target, priority=priority, override=override,
-                                methods=tuple(methods), mount=mount, factory=factory, **meta)
+        return super().register(
+            name,
+            target,
+            priority=priority,
+            override=override,
+            methods=tuple(methods),
+            mount=mount,
+            factory=factory,
+            **meta,
+        )
 
 
 REGISTRY_CLASSES: dict[str, type[Registry]] = {
     cls.kind: cls
     for cls in (
-        ArchitectureRegistry, WeightFormatRegistry, QuantSchemeRegistry, KVCodecRegistry,
-        AttentionBackendRegistry, ToolParserRegistry, ToolProviderRegistry, RouteRegistry,
-        GrammarBackendRegistry, ReasoningParserRegistry, SpeculatorRegistry,
+        ArchitectureRegistry,
+        WeightFormatRegistry,
+        QuantSchemeRegistry,
+        KVCodecRegistry,
+        AttentionBackendRegistry,
+        ToolParserRegistry,
+        ToolProviderRegistry,
+        RouteRegistry,
+        GrammarBackendRegistry,
+        ReasoningParserRegistry,
+        SpeculatorRegistry,
     )
 }
 
@@ -421,7 +499,8 @@ class Registries:
         self.speculators = SpeculatorRegistry()
 
     def explain_unloaded_with(
-            self, explain: Callable[[str, Callable[[Entry], bool] | None], str]) -> None:
+        self, explain: Callable[[str, Callable[[Entry], bool] | None], str]
+    ) -> None:
         """Let every registry's lookup errors say what left-out plugins provide
         (:meth:`Registry.missing_hint`)."""
         for registry in self.all():
@@ -429,9 +508,17 @@ class Registries:
 
     def all(self) -> list[Registry]:
         return [
-            self.architectures, self.weight_formats, self.quant_schemes, self.kv_codecs,
-            self.attention_backends, self.tool_parsers, self.tool_providers, self.routes,
-            self.grammar_backends, self.reasoning_parsers, self.speculators,
+            self.architectures,
+            self.weight_formats,
+            self.quant_schemes,
+            self.kv_codecs,
+            self.attention_backends,
+            self.tool_parsers,
+            self.tool_providers,
+            self.routes,
+            self.grammar_backends,
+            self.reasoning_parsers,
+            self.speculators,
         ]
 
     def mark(self) -> list[int]:

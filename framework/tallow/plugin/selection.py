@@ -48,8 +48,13 @@ def _reasons(entry: Entry, config: TallowConfig | None, check: Check | None) -> 
     return list(check(entry) or [])
 
 
-def select(registry: Registry, config: TallowConfig | None, name: str | None = None, *,
-           check: Check | None = None) -> Entry:
+def select(
+    registry: Registry,
+    config: TallowConfig | None,
+    name: str | None = None,
+    *,
+    check: Check | None = None,
+) -> Entry:
     """Choose the entry of ``registry`` whose component serves ``config``.
 
     ``name`` names a component explicitly (None or ``"auto"``: choose automatically). A named
@@ -69,18 +74,25 @@ def select(registry: Registry, config: TallowConfig | None, name: str | None = N
     for entry in registry.by_priority():
         reasons = _reasons(entry, config, check)
         if not reasons:
-            log.info("%s: chose %r from %s (priority %d)%s", registry.kind, entry.name,
-                     entry.distribution, entry.priority,
-                     f"; passed over: {'; '.join(rejected)}" if rejected else "")
+            log.info(
+                "%s: chose %r from %s (priority %d)%s",
+                registry.kind,
+                entry.name,
+                entry.distribution,
+                entry.priority,
+                f"; passed over: {'; '.join(rejected)}" if rejected else "",
+            )
             return entry
         rejected.append(f"{entry.name}: {', '.join(reasons)}")
     detail = "\n  - ".join(rejected) if rejected else "none is registered"
-    raise SelectionError(f"no {registry.kind} can serve this configuration:\n  - {detail}"
-                         + registry.missing_hint())
+    raise SelectionError(
+        f"no {registry.kind} can serve this configuration:\n  - {detail}" + registry.missing_hint()
+    )
 
 
-def serving(registry: Registry, config: TallowConfig | None, *,
-            check: Check | None = None) -> list[Entry]:
+def serving(
+    registry: Registry, config: TallowConfig | None, *, check: Check | None = None
+) -> list[Entry]:
     """Every entry of ``registry`` that serves ``config``, highest priority first: the first is
     what :func:`select` takes automatically, the others are what a caller may fall back on
     (the server's secondary tool parsers). Entries that give reasons are left out and logged
@@ -95,8 +107,9 @@ def serving(registry: Registry, config: TallowConfig | None, *,
     return chosen
 
 
-def _select_named(registry: Registry, config: TallowConfig | None, name: str,
-                  check: Check | None) -> Entry:
+def _select_named(
+    registry: Registry, config: TallowConfig | None, name: str, check: Check | None
+) -> Entry:
     try:
         entry = registry.entry(name)
     except RegistryError as exc:
@@ -107,6 +120,5 @@ def _select_named(registry: Registry, config: TallowConfig | None, name: str,
             f"{registry.kind} {name!r} (from {entry.distribution}) cannot serve this "
             "configuration:\n  - " + "\n  - ".join(reasons)
         )
-    log.info("%s: using %r from %s (named in the config)", registry.kind, name,
-             entry.distribution)
+    log.info("%s: using %r from %s (named in the config)", registry.kind, name, entry.distribution)
     return entry

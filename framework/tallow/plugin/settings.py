@@ -38,19 +38,22 @@ def plugin_settings(model: type[M], config: object, distribution: str) -> M:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise PluginSettingsError(f"{prefix}: expected a mapping of settings, got "
-                                  f"{type(raw).__name__}")
+        raise PluginSettingsError(
+            f"{prefix}: expected a mapping of settings, got {type(raw).__name__}"
+        )
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         problems = [_describe(prefix, error) for error in exc.errors(include_url=False)]
-        raise PluginSettingsError("invalid plugin settings:\n  - " + "\n  - ".join(problems)) \
-            from None
+        raise PluginSettingsError(
+            "invalid plugin settings:\n  - " + "\n  - ".join(problems)
+        ) from None
 
 
 def _describe(prefix: str, error: ErrorDetails) -> str:
-    path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
-                            for part in error["loc"])
+    path = prefix + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+    )
     message = error["msg"]
     if error["type"] == "extra_forbidden":
         return f"{path}: unknown key"

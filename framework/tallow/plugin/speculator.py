@@ -45,12 +45,16 @@ class Proposal:
         self.token_ids = list(self.token_ids)
         for t in self.token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"Proposal.token_ids: expected token ids (integers >= 0), "
-                                 f"got {t!r}")
-        if self.probs is not None and (self.probs.dim() != 2
-                                       or self.probs.shape[0] != len(self.token_ids)):
-            raise ValueError(f"Proposal.probs: expected shape ({len(self.token_ids)}, vocab), "
-                             f"got {tuple(self.probs.shape)}")
+                raise ValueError(
+                    f"Proposal.token_ids: expected token ids (integers >= 0), got {t!r}"
+                )
+        if self.probs is not None and (
+            self.probs.dim() != 2 or self.probs.shape[0] != len(self.token_ids)
+        ):
+            raise ValueError(
+                f"Proposal.probs: expected shape ({len(self.token_ids)}, vocab), "
+                f"got {tuple(self.probs.shape)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,9 @@ class Speculator(Component):
         # Any: a tallow.config.TallowConfig or None (kept for subclasses' settings)
         self.config = config
 
-    def propose(self, token_ids: Sequence[int], k: int,
-                context: SpeculationContext) -> Proposal | list[int]:
+    def propose(
+        self, token_ids: Sequence[int], k: int, context: SpeculationContext
+    ) -> Proposal | list[int]:
         """Up to ``k`` (>= 1) tokens to follow ``token_ids`` (the sequence's prompt and its
         outputs so far; read it, never change it). Fewer, or none, when there is no good
         guess: an empty proposal makes the step a plain decode step for this sequence."""

@@ -98,8 +98,11 @@ def target_problem(target: str) -> str | None:
     first = attr.split(".")[0]
     module = sys.modules.get(module_name)
     if module is not None:  # imported already: ask it
-        return None if hasattr(module, first) else missing_attribute(
-            f"module {module_name}", first, dir(module))
+        return (
+            None
+            if hasattr(module, first)
+            else missing_attribute(f"module {module_name}", first, dir(module))
+        )
     try:
         spec = _find_spec(module_name)
     except Exception as exc:  # a finder failed
@@ -129,8 +132,9 @@ def _imported_problem(entry: Entry) -> str | None:
     return None
 
 
-def target_problems(registries: Registries, distribution: str, *,
-                    import_them: bool = False) -> list[str]:
+def target_problems(
+    registries: Registries, distribution: str, *, import_them: bool = False
+) -> list[str]:
     """``"<kind> '<name>': target '<target>': <problem>"`` for each lazy target registered by
     ``distribution`` that does not resolve (imported only with ``import_them``)."""
     problems = []
@@ -138,9 +142,7 @@ def target_problems(registries: Registries, distribution: str, *,
         for entry in registry:
             if entry.distribution != distribution or not entry.lazy:
                 continue
-            problem = (_imported_problem(entry) if import_them
-                       else target_problem(str(entry.target)))
+            problem = _imported_problem(entry) if import_them else target_problem(str(entry.target))
             if problem:
-                problems.append(f"{entry.kind} {entry.name!r}: target {entry.target!r}: "
-                                f"{problem}")
+                problems.append(f"{entry.kind} {entry.name!r}: target {entry.target!r}: {problem}")
     return problems

@@ -137,8 +137,9 @@ class ToolParser(Component):
         raise NotImplementedError
 
 
-def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str | None,
-                       name: str | None = "auto") -> "Entry":
+def choose_tool_parser(
+    registry: "Registry", model_name: str, chat_template: str | None, name: str | None = "auto"
+) -> "Entry":
     """The parser named ``name``, or else (``"auto"``/None) the highest-priority parser whose
     ``matches(model_name, chat_template)`` is true: :func:`tallow.plugin.select` with the match
     as its check, so a parser that cannot be imported is passed over with its reason. The
@@ -158,9 +159,11 @@ def choose_tool_parser(registry: "Registry", model_name: str, chat_template: str
         return select(registry, None, check=template_match(model_name, chat_template))
     except SelectionError:
         known = ", ".join(registry.names()) or "none is registered"
-        raise SelectionError(f"no tool parser matches model {model_name!r} and its chat "
-                             f"template (registered: {known}); name one with "
-                             "server.tool_parser" + registry.missing_hint()) from None
+        raise SelectionError(
+            f"no tool parser matches model {model_name!r} and its chat "
+            f"template (registered: {known}); name one with "
+            "server.tool_parser" + registry.missing_hint()
+        ) from None
 
 
 def template_match(model_name: str, chat_template: str | None) -> "Callable[[Entry], list[str]]":
@@ -192,8 +195,9 @@ def assemble(deltas: Iterable[StreamDelta]) -> ParseResult:
             call = calls.get(part.index)
             if call is None:
                 if not part.name:
-                    raise ValueError(f"tool_calls[{part.index}]: the first delta of a call must "
-                                     "carry its name")
+                    raise ValueError(
+                        f"tool_calls[{part.index}]: the first delta of a call must carry its name"
+                    )
                 calls[part.index] = ToolCall(part.name, part.arguments, part.id or new_call_id())
             else:
                 call.arguments += part.arguments
@@ -210,8 +214,9 @@ def _json_type(value: object) -> str:
     return "null" if value is None else kinds.get(type(value), "a number")
 
 
-def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True
-                 ) -> dict[str, dict[str, Any]]:
+def tool_schemas(
+    tools: list[dict[str, Any]] | None, *, check: bool = True
+) -> dict[str, dict[str, Any]]:
     """Map each tool name to the JSON Schema of its arguments.
 
     Accepts OpenAI tools (``{"type": "function", "function": {"name", "parameters"}}``) and bare
@@ -245,8 +250,9 @@ def tool_schemas(tools: list[dict[str, Any]] | None, *, check: bool = True
         if params is None:
             params = {"type": "object"}
         if not isinstance(params, dict):
-            raise ValueError(f"{where}.parameters: expected a JSON Schema object, got "
-                             f"{_json_type(params)}")
+            raise ValueError(
+                f"{where}.parameters: expected a JSON Schema object, got {_json_type(params)}"
+            )
         if check:
             try:
                 check_schema(params)
@@ -316,8 +322,9 @@ class FoundCall(NamedTuple):
     id: str | None = None
 
 
-def call_from_json(obj: object, argument_keys: tuple[str, ...] = ("arguments", "parameters")
-                   ) -> FoundCall | None:
+def call_from_json(
+    obj: object, argument_keys: tuple[str, ...] = ("arguments", "parameters")
+) -> FoundCall | None:
     """Read ``{"name": ..., "arguments": {...}}`` (or an alias key); None when ``obj`` is not one.
 
     Arguments may be missing (``{}``) or a string holding a JSON object; keys other than the
@@ -362,7 +369,7 @@ def bracket_opens(text: str, i: int, allowed: str) -> bool | None:
 
 def match_literal(text: str, i: int, literal: str) -> bool | None:
     """True if ``literal`` starts at ``i``; None if the text ends inside it; else False."""
-    rest = text[i:i + len(literal)]
+    rest = text[i : i + len(literal)]
     if rest == literal:
         return True
     return None if literal.startswith(rest) else False
@@ -495,9 +502,12 @@ class MarkupStream(StreamingToolParser):
     first non-whitespace of the response (a leading ``<think>`` block aside).
     """
 
-    def __init__(self, openers: dict[str, type[CallRegion]],
-                 anchored: dict[str, type[CallRegion]], tools: list[dict[str, Any]] | None
-                 ) -> None:
+    def __init__(
+        self,
+        openers: dict[str, type[CallRegion]],
+        anchored: dict[str, type[CallRegion]],
+        tools: list[dict[str, Any]] | None,
+    ) -> None:
         self._tools = ToolSet(tools)
         self._openers, self._anchored = openers, anchored
         self._markers = [*openers, FENCE, THINK_OPEN]
@@ -551,8 +561,8 @@ class MarkupStream(StreamingToolParser):
             self._content(self._buf[:p])
             self._buf = self._buf[p:]
             return False
-        self._content(self._buf[:k + len(closer)])
-        self._buf = self._buf[k + len(closer):]
+        self._content(self._buf[: k + len(closer)])
+        self._buf = self._buf[k + len(closer) :]
         self._mode = _TEXT
         return True
 
@@ -561,7 +571,7 @@ class MarkupStream(StreamingToolParser):
         buf = self._buf
         if self._at_start and self._anchored:
             rest = buf.lstrip(" \t\r\n")
-            self._content(buf[:len(buf) - len(rest)])
+            self._content(buf[: len(buf) - len(rest)])
             self._buf = buf = rest
             if not rest:
                 return False
@@ -584,7 +594,7 @@ class MarkupStream(StreamingToolParser):
             return self._open(marker, self._openers[marker])
         self._mode = _FENCE if marker == FENCE else _THINK
         self._content(marker)
-        self._buf = buf[len(marker):]
+        self._buf = buf[len(marker) :]
         return True
 
     def _open(self, marker: str, region: type[CallRegion]) -> bool:
@@ -611,14 +621,19 @@ class MarkupStream(StreamingToolParser):
         self._mode, self._region, self._region_text = _TEXT, None, ""
         self._at_start = False
         if decision.calls is None:
-            self._content(text[:decision.consumed])
+            self._content(text[: decision.consumed])
         else:
             for call in decision.calls:
-                self._out.tool_calls.append(ToolCallDelta(
-                    self._calls, call.id or new_call_id(), call.name,
-                    compact_json(call.arguments)))
+                self._out.tool_calls.append(
+                    ToolCallDelta(
+                        self._calls,
+                        call.id or new_call_id(),
+                        call.name,
+                        compact_json(call.arguments),
+                    )
+                )
                 self._calls += 1
-        self._buf = text[decision.consumed:]
+        self._buf = text[decision.consumed :]
         return True
 
     def _content(self, text: str) -> None:
@@ -629,7 +644,7 @@ class MarkupStream(StreamingToolParser):
         held = self._ws + text
         body = held.rstrip()
         self._out.content += body
-        self._ws = held[len(body):]
+        self._ws = held[len(body) :]
 
 
 class MarkupToolParser(ToolParser):

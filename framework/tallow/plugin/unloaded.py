@@ -56,8 +56,9 @@ class UnloadedPlugins:
         self._probe = probe
 
     def disabled(self, key: str, candidate: Candidate, reason: str, enable: str) -> None:
-        self._plugins[key] = _Unloaded(candidate.name, candidate.version, "disabled", reason,
-                                       enable, candidate)
+        self._plugins[key] = _Unloaded(
+            candidate.name, candidate.version, "disabled", reason, enable, candidate
+        )
 
     def failed(self, key: str, name: str, version: str, reason: str) -> None:
         self._plugins[key] = _Unloaded(name, version, "failed", reason)
@@ -89,11 +90,15 @@ class UnloadedPlugins:
             names = [e.name for e in registry if match is None or match(e)]
             if names:
                 advice = f"; {plugin.enable}" if plugin.enable else ""
-                providing.append(f"plugin {label} provides {kind} "
-                                 f"{', '.join(map(repr, names))} but is installed and not "
-                                 f"loaded: {plugin.reason}{advice}")
+                providing.append(
+                    f"plugin {label} provides {kind} "
+                    f"{', '.join(map(repr, names))} but is installed and not "
+                    f"loaded: {plugin.reason}{advice}"
+                )
         parts = providing
         if failed:
-            parts = [*providing, "installed plugins that failed to load, and may provide it: "
-                     + "; ".join(failed)]
+            parts = [
+                *providing,
+                "installed plugins that failed to load, and may provide it: " + "; ".join(failed),
+            ]
         return "; ".join(parts)

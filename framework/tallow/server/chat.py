@@ -27,14 +27,22 @@ from .sampling import resolve_max_tokens
 from .serving import Choice, Item, OpenAIServing, Starter, Usage, single_stream
 from .state import ServerState
 from .structured import (
-    Constraint, compile_constraint, compile_tool_parameters, requested_constraint,
+    Constraint,
+    compile_constraint,
+    compile_tool_parameters,
+    requested_constraint,
 )
 from .tools import ChoiceTools, Final, plan_tools
 
 log = logging.getLogger("tallow.server")
 
-_RESERVED_TEMPLATE_KEYS = {"chat_template", "messages", "tools", "add_generation_prompt",
-                           "documents"}
+_RESERVED_TEMPLATE_KEYS = {
+    "chat_template",
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "documents",
+}
 
 
 class _Choice:
@@ -67,9 +75,13 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         super().__init__(state, req)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         structured = state.structured
-        self.plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                               state.tool_parsing,
-                               constrain=structured is not None and structured.available)
+        self.plan = plan_tools(
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+            state.tool_parsing,
+            constrain=structured is not None and structured.available,
+        )
         self.prompt_ids: list[int] = []
         #: the request's images, in the order of their parts (a model that takes images)
         self.images: list[Any] = []
@@ -78,9 +90,14 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     async def start(self) -> tuple[Starter, int]:
         ids, params, prompt = await self.prepare()
         extra = self.image_kwargs()
-        return (lambda: single_stream(self.state.engine.generate(
-            ids, params, self.id, prompt=prompt, priority=self.req.priority or 0, **extra)),
-            self.req.n or 1)
+        return (
+            lambda: single_stream(
+                self.state.engine.generate(
+                    ids, params, self.id, prompt=prompt, priority=self.req.priority or 0, **extra
+                )
+            ),
+            self.req.n or 1,
+        )
 
     def image_kwargs(self) -> dict[str, Any]:
         """What ``engine.generate`` is given besides the prompt: the request's images, if
@@ -90,11 +107,14 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     async def load_images(self) -> None:
         """Decode the images of the request's ``image_url`` parts (within the server's
         limits) into :attr:`images`."""
-        self.images = [await load_image_url(url, self.state.image_policy, param=param)
-                       for url, param in image_urls(self.req.messages)]
+        self.images = [
+            await load_image_url(url, self.state.image_policy, param=param)
+            for url, param in image_urls(self.req.messages)
+        ]
 
-    async def prepare(self, messages: list[dict[str, object]] | None = None,
-                      budget: int | None = None) -> tuple[list[int], SamplingParams, str]:
+    async def prepare(
+        self, messages: list[dict[str, object]] | None = None, budget: int | None = None
+    ) -> tuple[list[int], SamplingParams, str]:
         """Render and tokenize the prompt of ``messages`` (normalized; default: the request's)
         and build the sampling parameters (``budget``: most tokens to generate instead of the
         request's own limit)."""
@@ -106,8 +126,10 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         kwargs = dict(self.req.chat_template_kwargs or {})
         for key in sorted(set(kwargs) & _RESERVED_TEMPLATE_KEYS):
             # the template is the model's: a request may pass variables, not replace it
-            raise invalid(f"chat_template_kwargs.{key}", f"Invalid value for "
-                          f"'chat_template_kwargs': {key!r} cannot be set by a request.")
+            raise invalid(
+                f"chat_template_kwargs.{key}",
+                f"Invalid value for 'chat_template_kwargs': {key!r} cannot be set by a request.",
+            )
         effort = self.req.reasoning_effort
         if effort is not None:
             template = getattr(self.state.tokenizer, "chat_template", None)
@@ -120,11 +142,13 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         prompt += self.plan.prompt_suffix
         ids = await self.state.encode(prompt, add_special_tokens=False, field="messages")
         self.prompt_ids = ids
-        param = ("max_completion_tokens" if self.req.max_completion_tokens is not None
-                 else "max_tokens")
+        param = (
+            "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens"
+        )
         requested = budget or self.req.max_completion_tokens or self.req.max_tokens
-        max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len,
-                                        "messages", param)
+        max_tokens = resolve_max_tokens(
+            requested, len(ids), self.state.max_model_len, "messages", param
+        )
         spec = await self._output_constraint()
         params = self.sampling_params(max_tokens, self.top, structured_outputs=spec)
         if self.keeps_special_tokens():
@@ -140,8 +164,9 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         parsers: list[type[object] | None] = [self.state.reasoning.parser]
         if self.plan.mode != "none":
             parsers += [self.plan.parser_cls, *self.plan.fallback_cls]
-        return any(bool(getattr(p, "reads_special_tokens", False)) for p in parsers
-                   if p is not None)
+        return any(
+            bool(getattr(p, "reads_special_tokens", False)) for p in parsers if p is not None
+        )
 
     async def _output_constraint(self) -> GrammarSpec | None:
         """The GrammarSpec the output must match (compiled already), or None: a forced tool
@@ -150,8 +175,11 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         if self.plan.forced and self.plan.constrained:
             if asked is not None:
                 field = asked.field.split(".")[0]
-                raise invalid(field, f"{field!r} cannot be combined with a forced "
-                              "'tool_choice': the output is the tool call.")
+                raise invalid(
+                    field,
+                    f"{field!r} cannot be combined with a forced "
+                    "'tool_choice': the output is the tool call.",
+                )
             call = Constraint(self.plan.call_spec(), "tool_choice")
             await compile_tool_parameters(self.state, self.plan.tools or [], call)
             return call.spec
@@ -172,13 +200,15 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             self.prompt_ids = list(out.prompt_token_ids)
         if not self._choices:
             parser = self.state.reasoning.parser
-            self._choices = [_Choice(self.plan.choice(stream_calls=True),
-                                     ChoiceReasoning(parser)) for _ in out.outputs]
+            self._choices = [
+                _Choice(self.plan.choice(stream_calls=True), ChoiceReasoning(parser))
+                for _ in out.outputs
+            ]
         for o in out.outputs:
             c = self._choices[o.index]
             if c.finished:
                 continue
-            new_text = o.text[c.text_len:]
+            new_text = o.text[c.text_len :]
             c.text_len = len(o.text)
             split = c.reasoning.feed(new_text) if new_text else None
             if split is not None:
@@ -199,9 +229,12 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
 
     def _logprobs(self, o: CompletionOutput, start: int, end: int) -> dict[str, object]:
         assert o.logprobs is not None  # asked for: the engine reports them
-        return {"content": chat_logprobs(o.logprobs[start:end], o.token_ids[start:end],
-                                         self.top or 0, self.state.token_text),
-                "refusal": None}
+        return {
+            "content": chat_logprobs(
+                o.logprobs[start:end], o.token_ids[start:end], self.top or 0, self.state.token_text
+            ),
+            "refusal": None,
+        }
 
     # -- whole response -----------------------------------------------------------------
     def choices(self) -> list[Choice]:
@@ -211,20 +244,33 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             tools = choice.tools
             split = choice.reasoning.split(o.text)
             final = tools.final(split.content)
-            message: dict[str, object] = {"role": "assistant", "content": final.content,
-                                       "refusal": None}
+            message: dict[str, object] = {
+                "role": "assistant",
+                "content": final.content,
+                "refusal": None,
+            }
             if self.shows_reasoning():
                 message["reasoning_content"] = split.reasoning or None
             if final.tool_calls:
                 message["tool_calls"] = [
-                    {"id": c.id, "type": "function",
-                     "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in final.tool_calls]
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in final.tool_calls
+                ]
             logprobs = None
             if self.top is not None and o.logprobs is not None:
                 logprobs = self._logprobs(o, 0, self.reported(o))
-            result.append({"index": o.index, "message": message, "logprobs": logprobs,
-                           "finish_reason": self.tool_finish_reason(o, final, tools)})
+            result.append(
+                {
+                    "index": o.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": self.tool_finish_reason(o, final, tools),
+                }
+            )
         return result
 
     def shows_reasoning(self) -> bool:
@@ -235,23 +281,40 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
     # -- stream -------------------------------------------------------------------------
     def choice_chunks(self, item: Item, usage: Usage | None) -> list[str]:
         _, out = item
-        return [chunk for o in out.outputs
-                for chunk in self._choice_chunks(self._choices[o.index], o, usage)]
+        return [
+            chunk
+            for o in out.outputs
+            for chunk in self._choice_chunks(self._choices[o.index], o, usage)
+        ]
 
     def closing_chunks(self, usage: Usage | None) -> list[str]:
-        return [chunk for o in self.latest[0].outputs
-                for chunk in self._choice_chunks(self._choices[o.index], o, usage, force=True)]
+        return [
+            chunk
+            for o in self.latest[0].outputs
+            for chunk in self._choice_chunks(self._choices[o.index], o, usage, force=True)
+        ]
 
-    def _choice_chunks(self, c: _Choice, o: CompletionOutput, usage: Usage | None,
-                       force: bool = False) -> list[str]:
+    def _choice_chunks(
+        self, c: _Choice, o: CompletionOutput, usage: Usage | None, force: bool = False
+    ) -> list[str]:
         if c.finished:
             return []
         chunks: list[str] = []
         if not c.started:
             c.started = True
-            chunks.append(self.chunk([{"index": o.index,
-                                       "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}], usage))
+            chunks.append(
+                self.chunk(
+                    [
+                        {
+                            "index": o.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    usage,
+                )
+            )
         delta, c.delta = c.delta, None
         logprobs = None
         shown = self.reported(o)
@@ -269,15 +332,47 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             pieces += c.tools.finish()
         thought, c.reasoning_delta = c.reasoning_delta, ""
         if thought and self.shows_reasoning():
-            chunks.append(self.chunk([{"index": o.index, "delta": {"reasoning_content": thought},
-                                       "logprobs": None, "finish_reason": None}], usage))
+            chunks.append(
+                self.chunk(
+                    [
+                        {
+                            "index": o.index,
+                            "delta": {"reasoning_content": thought},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    usage,
+                )
+            )
         for i, piece in enumerate(pieces):
-            chunks.append(self.chunk([{"index": o.index, "delta": _delta_dict(piece),
-                                       "logprobs": logprobs if i == 0 else None,
-                                       "finish_reason": None}], usage))
+            chunks.append(
+                self.chunk(
+                    [
+                        {
+                            "index": o.index,
+                            "delta": _delta_dict(piece),
+                            "logprobs": logprobs if i == 0 else None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    usage,
+                )
+            )
         if not pieces and logprobs is not None:
-            chunks.append(self.chunk([{"index": o.index, "delta": {"content": ""},
-                                       "logprobs": logprobs, "finish_reason": None}], usage))
+            chunks.append(
+                self.chunk(
+                    [
+                        {
+                            "index": o.index,
+                            "delta": {"content": ""},
+                            "logprobs": logprobs,
+                            "finish_reason": None,
+                        }
+                    ],
+                    usage,
+                )
+            )
         if ending:
             c.finished = True
             if any(p.tool_calls for p in pieces) or c.tools.sent_calls:
@@ -287,8 +382,12 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             else:
                 reason = self.engine_finish_reason(o)
             self.reasons[o.index] = reason
-            chunks.append(self.chunk([{"index": o.index, "delta": {}, "logprobs": None,
-                                       "finish_reason": reason}], usage))
+            chunks.append(
+                self.chunk(
+                    [{"index": o.index, "delta": {}, "logprobs": None, "finish_reason": reason}],
+                    usage,
+                )
+            )
         return chunks
 
 

@@ -36,16 +36,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("tallow.server")
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
-               ) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to ``subparsers``; its ``func`` is :func:`run`."""
     from tallow.config import add_config_arguments
 
     parser = subparsers.add_parser(
-        "serve", help="start the OpenAI-compatible HTTP server",
+        "serve",
+        help="start the OpenAI-compatible HTTP server",
         description="Serve a model over the OpenAI API (default: the embedded "
         "Qwen2.5-Coder-0.5B-Instruct on 0.0.0.0:2000). --host also accepts host:port, "
-        "[ipv6]:port and unix:///path.")
+        "[ipv6]:port and unix:///path.",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -53,8 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 class _JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": round(record.created, 3), "level": record.levelname,
-                 "logger": record.name, "message": record.getMessage()}
+        entry = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
@@ -63,8 +70,11 @@ class _JSONFormatter(logging.Formatter):
 def setup_logging(level: str = "INFO", as_json: bool = False) -> None:
     """Log to stderr at ``level``, as text or one JSON object per line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JSONFormatter() if as_json else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        _JSONFormatter()
+        if as_json
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -114,9 +124,12 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     pm.configure(config)
     if config.server.ui and UI_PATH not in pm.registries.routes:
         # before the model loads: a missing UI plugin should not cost a minute of loading
-        print(f"tallow: server.ui (--ui) is on, but no loaded plugin serves {UI_PATH}: "
-              "install tallow-ui-web (pip install tallow-ui-web) and let it load (not in "
-              "plugins.disable; in plugins.enable when autoload is off)", file=sys.stderr)
+        print(
+            f"tallow: server.ui (--ui) is on, but no loaded plugin serves {UI_PATH}: "
+            "install tallow-ui-web (pip install tallow-ui-web) and let it load (not in "
+            "plugins.disable; in plugins.enable when autoload is off)",
+            file=sys.stderr,
+        )
         return 2
     problem = _unknown_parser(pm, config)
     if problem is not None:  # before the model loads: a typo costs no loading time
@@ -127,8 +140,7 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
     except Exception as exc:  # a model that cannot be served: say why, without a traceback
         log.debug("engine start-up failed", exc_info=True)
         # a damaged model file names itself, the field and the problem
-        detail = str(exc) if isinstance(exc, ModelFileError) else \
-            f"{type(exc).__name__}: {exc}"
+        detail = str(exc) if isinstance(exc, ModelFileError) else f"{type(exc).__name__}: {exc}"
         print(f"tallow: cannot serve the model: {detail}", file=sys.stderr)
         return 1
     from tallow.engine.builder import freeze_startup_heap
@@ -142,9 +154,17 @@ def serve(config: TallowConfig, bind: BindAddress) -> int:
         return 2
     level = config.logging.level
     uv_config = uvicorn_config(
-        app, host=bind.host, port=bind.port, uds=bind.uds,
-        log_config=None, log_level=level.lower(), access_log=level == "DEBUG",
-        timeout_graceful_shutdown=5, timeout_keep_alive=30, server_header=False)
+        app,
+        host=bind.host,
+        port=bind.port,
+        uds=bind.uds,
+        log_config=None,
+        log_level=level.lower(),
+        access_log=level == "DEBUG",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+        server_header=False,
+    )
     if bind.uds is not None:
         _remove_stale_socket(bind.uds)
     sock = uv_config.bind_socket()
@@ -172,10 +192,12 @@ def _unknown_parser(pm: PluginManager, config: TallowConfig) -> str | None:
     from .reasoning import OFF
 
     named: list[tuple[str, str, Registry]] = [
-        ("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)]
+        ("--tool-parser", config.server.tool_parser, pm.registries.tool_parsers)
+    ]
     if config.server.reasoning_parser.strip().lower() not in OFF:
-        named.append(("--reasoning-parser", config.server.reasoning_parser,
-                      pm.registries.reasoning_parsers))
+        named.append(
+            ("--reasoning-parser", config.server.reasoning_parser, pm.registries.reasoning_parsers)
+        )
     for flag, name, registry in named:
         if name and name != "auto":
             try:
@@ -265,8 +287,9 @@ class _Stopper:
         server.handle_exit = on_signal  # type: ignore[method-assign]
         _run_until_signalled(server, sock)
         if self.status:
-            print("tallow: the engine has failed; exiting with status 1", file=sys.stderr,
-                  flush=True)
+            print(
+                "tallow: the engine has failed; exiting with status 1", file=sys.stderr, flush=True
+            )
         return self.status
 
 

@@ -60,8 +60,11 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         self.top = req.logprobs
         self.score_only = req.max_tokens == 0
         if self.score_only and not self.echo:
-            raise invalid("max_tokens", "Invalid value for 'max_tokens': 0 is only allowed "
-                          "with 'echo' (to score the prompt); expected at least 1.")
+            raise invalid(
+                "max_tokens",
+                "Invalid value for 'max_tokens': 0 is only allowed "
+                "with 'echo' (to score the prompt); expected at least 1.",
+            )
         self.prompts: list[_Prompt] = []
         self._sent: dict[int, _Sent] = {}  # by choice index
         self._done: set[int] = set()
@@ -71,10 +74,14 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         self.prompt_count = len(params)
 
         def begin() -> AsyncIterator[Item]:
-            return merge_streams([
-                self.state.engine.generate(p.ids, sp, f"{self.id}-{i}", prompt=p.text,
-                                           priority=self.req.priority or 0)
-                for i, (p, sp) in enumerate(zip(self.prompts, params))])
+            return merge_streams(
+                [
+                    self.state.engine.generate(
+                        p.ids, sp, f"{self.id}-{i}", prompt=p.text, priority=self.req.priority or 0
+                    )
+                    for i, (p, sp) in enumerate(zip(self.prompts, params))
+                ]
+            )
 
         return begin, len(params) * self.n
 
@@ -103,22 +110,28 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
                 text = item
             else:
                 if vocab and any(t < 0 or t >= vocab for t in item):
-                    raise invalid(where, f"Invalid value for {where!r}: token ids must be in "
-                                  f"0..{vocab - 1}.")
+                    raise invalid(
+                        where, f"Invalid value for {where!r}: token ids must be in 0..{vocab - 1}."
+                    )
                 ids = list(item)
                 text = await self.state.run_blocking(
                     lambda ids=ids: self.state.tokenizer.decode(ids, skip_special_tokens=False),
-                    size=len(ids) * 4)
+                    size=len(ids) * 4,
+                )
             if not ids:
                 raise invalid(where, f"Invalid value for {where!r}: the prompt is empty.")
             self.prompts.append(_Prompt(text, ids))
             # scoring (max_tokens 0) generates one token that is never shown
             requested = None if self.req.max_tokens is None else max(1, self.req.max_tokens)
             max_tokens = resolve_max_tokens(requested, len(ids), self.state.max_model_len, where)
-            param_list.append(self.sampling_params(
-                max_tokens, self.top,
-                prompt_logprobs=self.top if self.echo and self.top is not None else None,
-                structured_outputs=asked.spec if asked is not None else None))
+            param_list.append(
+                self.sampling_params(
+                    max_tokens,
+                    self.top,
+                    prompt_logprobs=self.top if self.echo and self.top is not None else None,
+                    structured_outputs=asked.spec if asked is not None else None,
+                )
+            )
         return param_list
 
     # -- shapes -------------------------------------------------------------------------
@@ -132,8 +145,9 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         if self.top is None or not self.echo:
             return None
         positions = out.prompt_logprobs or [None] * len(self.prompts[p].ids)
-        return completion_logprobs(list(positions), self.prompts[p].ids, self.top,
-                                   self.state.token_text)
+        return completion_logprobs(
+            list(positions), self.prompts[p].ids, self.top, self.state.token_text
+        )
 
     def _finish_reason(self, o: CompletionOutput) -> str:
         return "length" if self.score_only else self.engine_finish_reason(o)
@@ -151,13 +165,21 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
                     offset = len(self.prompts[p].text) if self.echo else 0
                     shown = 0 if self.score_only else self.reported(o)
                     gen_lp = completion_logprobs(
-                        (o.logprobs or [])[:shown], o.token_ids[:shown], self.top,
-                        self.state.token_text, offset)
+                        (o.logprobs or [])[:shown],
+                        o.token_ids[:shown],
+                        self.top,
+                        self.state.token_text,
+                        offset,
+                    )
                     logprobs = merge_completion_logprobs(prompt_lp, gen_lp)
-                choices.append({"index": p * self.n + o.index,
-                                "text": (self.prompts[p].text if self.echo else "") + text,
-                                "logprobs": logprobs,
-                                "finish_reason": self._finish_reason(o)})
+                choices.append(
+                    {
+                        "index": p * self.n + o.index,
+                        "text": (self.prompts[p].text if self.echo else "") + text,
+                        "logprobs": logprobs,
+                        "finish_reason": self._finish_reason(o),
+                    }
+                )
         choices.sort(key=lambda c: c["index"])
         return choices
 
@@ -166,8 +188,9 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
         p, out = item
         return [chunk for o in out.outputs for chunk in self._choice_chunks(p, out, o, usage)]
 
-    def _choice_chunks(self, p: int, out: RequestOutput, o: CompletionOutput,
-                       usage: Usage | None) -> list[str]:
+    def _choice_chunks(
+        self, p: int, out: RequestOutput, o: CompletionOutput, usage: Usage | None
+    ) -> list[str]:
         index = p * self.n + o.index
         if index in self._done:
             return []
@@ -181,25 +204,47 @@ class TextCompletion(OpenAIServing[CompletionRequest]):
                 prefix = self.prompts[p].text
                 logprobs = self._prompt_logprobs(p, out)
                 sent.offset = len(prefix)
-        new_text = "" if self.score_only else o.text[sent.text:]
+        new_text = "" if self.score_only else o.text[sent.text :]
         sent.text = len(o.text)
         shown = self.reported(o)
-        if self.top is not None and not self.score_only and o.logprobs is not None \
-                and shown > sent.tokens:
-            piece = completion_logprobs(o.logprobs[sent.tokens:shown],
-                                        o.token_ids[sent.tokens:shown], self.top,
-                                        self.state.token_text, sent.offset)
+        if (
+            self.top is not None
+            and not self.score_only
+            and o.logprobs is not None
+            and shown > sent.tokens
+        ):
+            piece = completion_logprobs(
+                o.logprobs[sent.tokens : shown],
+                o.token_ids[sent.tokens : shown],
+                self.top,
+                self.state.token_text,
+                sent.offset,
+            )
             sent.offset += sum(len(t) for t in piece["tokens"])
             logprobs = merge_completion_logprobs(logprobs, piece)
         sent.tokens = max(sent.tokens, shown)
         if prefix or new_text or logprobs is not None:
-            chunks.append(self.chunk([{"index": index, "text": prefix + new_text,
-                                       "logprobs": logprobs, "finish_reason": None}], usage))
+            chunks.append(
+                self.chunk(
+                    [
+                        {
+                            "index": index,
+                            "text": prefix + new_text,
+                            "logprobs": logprobs,
+                            "finish_reason": None,
+                        }
+                    ],
+                    usage,
+                )
+            )
         if o.finished or self.score_only:
             self._done.add(index)
             reason = self.reasons[index] = self._finish_reason(o)
-            chunks.append(self.chunk([{"index": index, "text": "", "logprobs": None,
-                                       "finish_reason": reason}], usage))
+            chunks.append(
+                self.chunk(
+                    [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}], usage
+                )
+            )
         return chunks
 
 

@@ -18,7 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tallow.engine.embedding import (
-    InputTooLong, PoolingParams, input_token_ids, truncation_length,
+    InputTooLong,
+    PoolingParams,
+    input_token_ids,
+    truncation_length,
 )
 from tallow.engine.outputs import EmbeddingOutput
 
@@ -28,8 +31,9 @@ from .protocol import EmbeddingRequest, check_model, parse_request
 from .state import ServerState
 
 
-def _items(raw: str | list[str] | list[int] | list[list[int]]
-           ) -> tuple[list[str | list[int]], bool]:
+def _items(
+    raw: str | list[str] | list[int] | list[list[int]],
+) -> tuple[list[str | list[int]], bool]:
     """The inputs of ``input``, and whether it was a single one (a string or token ids)."""
     if isinstance(raw, str):
         return [raw], True
@@ -55,8 +59,11 @@ class EmbeddingsCall:
         self.info = state.embedding_info("/v1/embeddings")
         problem = self.info.dimensions_problem(req.dimensions)
         if problem:
-            raise invalid("dimensions", f"Invalid value for 'dimensions': {problem}.",
-                          code="unsupported_dimensions")
+            raise invalid(
+                "dimensions",
+                f"Invalid value for 'dimensions': {problem}.",
+                code="unsupported_dimensions",
+            )
 
     async def prompts(self) -> list[list[int]]:
         """The token ids of every input; a 400 naming the input at fault."""
@@ -65,46 +72,65 @@ class EmbeddingsCall:
             raise invalid("input", "Invalid value for 'input': expected at least one input.")
         state = self.state
         if len(items) > state.max_sequences:
-            raise invalid("input", f"The request has {len(items)} inputs; this server embeds at "
-                          f"most {state.max_sequences} per request "
-                          "(server.max_sequences_per_request).", code="too_many_inputs")
+            raise invalid(
+                "input",
+                f"The request has {len(items)} inputs; this server embeds at "
+                f"most {state.max_sequences} per request "
+                "(server.max_sequences_per_request).",
+                code="too_many_inputs",
+            )
         limit = state.max_model_len
         try:
             truncate_to = truncation_length(self.req.truncate_prompt_tokens, limit)
         except ValueError as exc:
-            raise invalid("truncate_prompt_tokens",
-                          f"Invalid value for 'truncate_prompt_tokens': {exc}.") from None
+            raise invalid(
+                "truncate_prompt_tokens", f"Invalid value for 'truncate_prompt_tokens': {exc}."
+            ) from None
         vocab = getattr(state.tokenizer, "vocab_size", None)
         prompts = []
         for i, item in enumerate(items):
             where = "input" if single else f"input[{i}]"
             if not item:
                 what = "an empty string" if isinstance(item, str) else "an empty list of tokens"
-                raise invalid(where, f"Invalid value for {where!r}: {what}; expected at least "
-                              "one token.")
+                raise invalid(
+                    where, f"Invalid value for {where!r}: {what}; expected at least one token."
+                )
             if not isinstance(item, str) and vocab and any(t < 0 or t >= vocab for t in item):
-                raise invalid(where, f"Invalid value for {where!r}: token ids must be in "
-                              f"0..{vocab - 1}.")
+                raise invalid(
+                    where, f"Invalid value for {where!r}: token ids must be in 0..{vocab - 1}."
+                )
             if isinstance(item, str) and truncate_to is None:
                 state.check_prompt_chars(len(item), where)
             try:
-                prompts.append(await state.run_blocking(
-                    input_token_ids, state.tokenizer, self.info, item, limit, truncate_to,
-                    size=len(item) if isinstance(item, str) else 0))
+                prompts.append(
+                    await state.run_blocking(
+                        input_token_ids,
+                        state.tokenizer,
+                        self.info,
+                        item,
+                        limit,
+                        truncate_to,
+                        size=len(item) if isinstance(item, str) else 0,
+                    )
+                )
             except InputTooLong as exc:
-                raise invalid(where, f"Invalid value for {where!r}: {exc}.",
-                              code="context_length_exceeded") from None
+                raise invalid(
+                    where, f"Invalid value for {where!r}: {exc}.", code="context_length_exceeded"
+                ) from None
             except ValueError as exc:  # the tokenizer cannot cut the input that short
-                raise invalid("truncate_prompt_tokens",
-                              f"Invalid value for 'truncate_prompt_tokens': {exc}.") from None
+                raise invalid(
+                    "truncate_prompt_tokens", f"Invalid value for 'truncate_prompt_tokens': {exc}."
+                ) from None
         return prompts
 
     async def run(self, prompts: list[list[int]]) -> list[EmbeddingOutput]:
         """The embeddings of ``prompts``, all in the engine at once; leaving early (a failure,
         a client gone) aborts those still running."""
         params = PoolingParams(self.req.dimensions)
-        tasks = [asyncio.ensure_future(self.state.engine.embed(ids, params, f"{self.id}-{i}"))
-                 for i, ids in enumerate(prompts)]
+        tasks = [
+            asyncio.ensure_future(self.state.engine.embed(ids, params, f"{self.id}-{i}"))
+            for i, ids in enumerate(prompts)
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
@@ -116,15 +142,27 @@ class EmbeddingsCall:
 
     def response(self, outputs: list[EmbeddingOutput]) -> Response:
         tokens = sum(len(o.prompt_token_ids) for o in outputs)
-        data = [{"object": "embedding", "index": i,
-                 "embedding": encode_vector(o.embedding, self.req.encoding_format)}
-                for i, o in enumerate(outputs)]
-        return JSONResponse({"object": "list", "data": data, "model": self.state.model_name,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": encode_vector(o.embedding, self.req.encoding_format),
+            }
+            for i, o in enumerate(outputs)
+        ]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.state.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
 
-async def create_embedding(state: ServerState, request: Request,
-                           body: dict[str, object]) -> Response:
+async def create_embedding(
+    state: ServerState, request: Request, body: dict[str, object]
+) -> Response:
     req = parse_request(EmbeddingRequest, body)
     check_model(req.model, state.served_names)
     call = EmbeddingsCall(state, req)

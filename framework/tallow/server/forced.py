@@ -29,7 +29,12 @@ import re
 from typing import Any
 
 from tallow.plugin.tool_parsing import (
-    JsonSpan, ToolCall, ToolCallDelta, compact_json, loads_strict, new_call_id,
+    JsonSpan,
+    ToolCall,
+    ToolCallDelta,
+    compact_json,
+    loads_strict,
+    new_call_id,
 )
 
 # Required mode: the rest of the name string, then the key of the arguments.
@@ -41,12 +46,18 @@ _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments
 def call_schema(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
     """The JSON Schema of one call to the tool ``name`` (None: to any of ``tools``): its name,
     then arguments valid against the tool's ``parameters``."""
+
     def one(tool: dict[str, Any]) -> dict[str, Any]:
         fn = tool["function"]
-        return {"type": "object",
-                "properties": {"name": {"const": fn["name"]},
-                               "arguments": fn.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"], "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {
+                "name": {"const": fn["name"]},
+                "arguments": fn.get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
 
     chosen = [t for t in tools if name is None or t["function"]["name"] == name]
     return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(t) for t in chosen]}
@@ -80,7 +91,7 @@ class CallStream:
             out.append(ToolCallDelta(0, id=self.call_id, name=self.name))
         end = self._span.scan(self.text)
         upto = end if end is not None else len(self.text)
-        piece = self.text[self._span.start + self._sent:upto]
+        piece = self.text[self._span.start + self._sent : upto]
         if piece:
             self._sent += len(piece)
             out.append(ToolCallDelta(0, arguments=piece))
@@ -90,7 +101,7 @@ class CallStream:
     def arguments(self) -> str:
         if self._span is None:
             return ""
-        return self.text[self._span.start:self._span.start + self._sent]
+        return self.text[self._span.start : self._span.start + self._sent]
 
     @property
     def closed(self) -> bool:
@@ -164,7 +175,7 @@ class ForcedCallScanner:
         if not self.done or self._span is None or self.name is None:
             return None
         try:
-            arguments = loads_strict(self.text[self._span.start:self._span.end])
+            arguments = loads_strict(self.text[self._span.start : self._span.end])
         except ValueError:
             return None
         if not isinstance(arguments, dict):

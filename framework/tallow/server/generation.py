@@ -68,8 +68,9 @@ async def first_output(gen: AsyncIterator[_T], param: str) -> _T:
     try:
         return await gen.__anext__()
     except StopAsyncIteration:
-        raise APIError(500, "The engine ended the request without output.",
-                       code="internal_error") from None
+        raise APIError(
+            500, "The engine ended the request without output.", code="internal_error"
+        ) from None
     except Exception as exc:
         raise from_exception(exc, param=param) from None
 
@@ -97,11 +98,15 @@ async def _guarded(chunks: AsyncIterator[str], session: StreamSession) -> AsyncI
 
 
 async def run_generation(
-    state: ServerState, request: Request, start: Callable[[], AsyncIterator[_T]],
-    param: str, stream: bool,
+    state: ServerState,
+    request: Request,
+    start: Callable[[], AsyncIterator[_T]],
+    param: str,
+    stream: bool,
     respond: Callable[[Request, AsyncIterator[_T], _T], Awaitable[Response]],
     chunks: Callable[[AsyncIterator[_T], _T, StreamSession], AsyncIterator[str]],
-    timer: RequestTimer, sequences: int,
+    timer: RequestTimer,
+    sequences: int,
 ) -> Response:
     """Admit one engine request and answer it whole (``respond``) or as a stream (``chunks``).
 

@@ -35,8 +35,9 @@ class BindAddress:
 
 def _port(text: str, spec: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise ValueError(f"--host {spec!r}: the port must be a number from 0 to 65535, "
-                         f"got {text!r}")
+        raise ValueError(
+            f"--host {spec!r}: the port must be a number from 0 to 65535, got {text!r}"
+        )
     return int(text)
 
 
@@ -47,8 +48,10 @@ def _check_host(host: str, spec: str) -> str:
     except ValueError:
         pass
     if not _NAME.match(host):
-        raise ValueError(f"--host {spec!r}: {host!r} is neither an IP address nor a host name "
-                         "(expected host, host:port, [ipv6]:port or unix:///path)")
+        raise ValueError(
+            f"--host {spec!r}: {host!r} is neither an IP address nor a host name "
+            "(expected host, host:port, [ipv6]:port or unix:///path)"
+        )
     return host
 
 
@@ -58,18 +61,20 @@ def parse_bind(spec: str, port: int = 2000) -> BindAddress:
     if not spec:
         raise ValueError("--host: expected an address, got an empty string")
     if spec.startswith("unix:"):
-        path = spec[len("unix:"):]
+        path = spec[len("unix:") :]
         if path.startswith("//"):
             path = path[2:]
         if not path.startswith("/"):
-            raise ValueError(f"--host {spec!r}: a Unix socket needs an absolute path, as in "
-                             "unix:///run/tallow.sock")
+            raise ValueError(
+                f"--host {spec!r}: a Unix socket needs an absolute path, as in "
+                "unix:///run/tallow.sock"
+            )
         return BindAddress(uds=path)
     if spec.startswith("["):
         end = spec.find("]")
         if end < 0:
             raise ValueError(f"--host {spec!r}: an unclosed '[' (expected [ipv6]:port)")
-        host, rest = spec[1:end], spec[end + 1:]
+        host, rest = spec[1:end], spec[end + 1 :]
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -81,8 +86,9 @@ def parse_bind(spec: str, port: int = 2000) -> BindAddress:
         try:
             ipaddress.IPv6Address(spec)
         except ValueError:
-            raise ValueError(f"--host {spec!r}: not an IPv6 address (write [ipv6]:port to give "
-                             "a port)") from None
+            raise ValueError(
+                f"--host {spec!r}: not an IPv6 address (write [ipv6]:port to give a port)"
+            ) from None
         return BindAddress(host=spec, port=port)
     if ":" in spec:
         host, _, text = spec.partition(":")

@@ -70,8 +70,7 @@ def _refuse(param: str, why: str, code: str = "image_url_not_allowed") -> Except
     return invalid(param, f"The image URL at {param!r} is refused: {why}.", code=code)
 
 
-def _allowed_rule(url: httpx.URL, rules: tuple[HostRule, ...], param: str,
-                  hop: str) -> HostRule:
+def _allowed_rule(url: httpx.URL, rules: tuple[HostRule, ...], param: str, hop: str) -> HostRule:
     """The entry that allows ``url`` (a 400 when none does, or the URL's shape is refused)."""
     if url.scheme not in _DEFAULT_PORTS:
         raise _refuse(param, f"{hop}the scheme {url.scheme!r} is not http or https")
@@ -83,8 +82,11 @@ def _allowed_rule(url: httpx.URL, rules: tuple[HostRule, ...], param: str,
         if rule.matches(host, port):
             return rule
     allowed = ", ".join(map(str, rules))
-    raise _refuse(param, f"{hop}the host {host}:{port} is not in the allowed image hosts "
-                  f"({HOSTS_SETTING}: {allowed})")
+    raise _refuse(
+        param,
+        f"{hop}the host {host}:{port} is not in the allowed image hosts "
+        f"({HOSTS_SETTING}: {allowed})",
+    )
 
 
 async def _address(url: httpx.URL, rule: HostRule, param: str, hop: str) -> str:
@@ -94,36 +96,49 @@ async def _address(url: httpx.URL, rule: HostRule, param: str, hop: str) -> str:
     try:
         found = await resolve(host, port)
     except OSError as exc:
-        raise _refuse(param, f"{hop}the host {host!r} cannot be resolved ({exc})",
-                      code="image_fetch_failed") from None
+        raise _refuse(
+            param, f"{hop}the host {host!r} cannot be resolved ({exc})", code="image_fetch_failed"
+        ) from None
     addresses = [_unmapped(ipaddress.ip_address(a.split("%", 1)[0])) for a in found]
     if not addresses:
         raise _refuse(param, f"{hop}the host {host!r} has no address", code="image_fetch_failed")
     for address in addresses:
         if rule.wildcard and not _is_public(address):
-            raise _refuse(param, f"{hop}{host} resolves to {address}, a non-public address; "
-                          f"a host allowed by the wildcard entry {rule} must resolve to public "
-                          f"addresses only (name it exactly in {HOSTS_SETTING} to allow it)")
+            raise _refuse(
+                param,
+                f"{hop}{host} resolves to {address}, a non-public address; "
+                f"a host allowed by the wildcard entry {rule} must resolve to public "
+                f"addresses only (name it exactly in {HOSTS_SETTING} to allow it)",
+            )
         if not rule.address and address.is_link_local:
-            raise _refuse(param, f"{hop}{host} resolves to {address}, a link-local address "
-                          f"(cloud metadata services live there); only an entry naming the "
-                          f"address itself in {HOSTS_SETTING} allows it")
+            raise _refuse(
+                param,
+                f"{hop}{host} resolves to {address}, a link-local address "
+                f"(cloud metadata services live there); only an entry naming the "
+                f"address itself in {HOSTS_SETTING} allows it",
+            )
     return str(addresses[0])
 
 
 def _content_type_error(param: str, url: httpx.URL, ctype: str) -> Exception:
-    return invalid(param, f"The URL at {param!r} ({url.host}) answered with Content-Type "
-                   f"{ctype or '(none)'!r}; expected an image (image/*).",
-                   code="invalid_image")
+    return invalid(
+        param,
+        f"The URL at {param!r} ({url.host}) answered with Content-Type "
+        f"{ctype or '(none)'!r}; expected an image (image/*).",
+        code="invalid_image",
+    )
 
 
-async def _read_body(response: httpx.Response, host: str, policy: ImagePolicy,
-                     param: str) -> bytes:
+async def _read_body(response: httpx.Response, host: str, policy: ImagePolicy, param: str) -> bytes:
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         # the limit is on the bytes that are decoded: a compressed body is not inflated here
-        raise _refuse(param, f"{host} sent it with Content-Encoding {encoding!r}; "
-                      "images are fetched uncompressed (identity)", code="image_fetch_failed")
+        raise _refuse(
+            param,
+            f"{host} sent it with Content-Encoding {encoding!r}; "
+            "images are fetched uncompressed (identity)",
+            code="image_fetch_failed",
+        )
     declared = response.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > policy.max_bytes:
         raise too_many_bytes(param, int(declared), policy)
@@ -135,20 +150,22 @@ async def _read_body(response: httpx.Response, host: str, policy: ImagePolicy,
     return bytes(body)
 
 
-async def _fetch(url: str, rules: tuple[HostRule, ...], policy: ImagePolicy,
-                 param: str) -> bytes:
+async def _fetch(url: str, rules: tuple[HostRule, ...], policy: ImagePolicy, param: str) -> bytes:
     try:
         current = httpx.URL(url)
     except httpx.InvalidURL as exc:
         raise _refuse(param, f"it is not a valid URL ({exc})", code="invalid_image_url") from None
-    headers = {"Accept": "image/png, image/jpeg, image/webp",
-               "User-Agent": f"tallow/{tallow.__version__} (image fetcher)",
-               "Accept-Encoding": "identity"}
+    headers = {
+        "Accept": "image/png, image/jpeg, image/webp",
+        "User-Agent": f"tallow/{tallow.__version__} (image fetcher)",
+        "Accept-Encoding": "identity",
+    }
     # no pooled connection outlives one request: a TLS session set up for one host name is
     # never reused for another name with the same address
     limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(trust_env=False, follow_redirects=False, limits=limits,
-                                 timeout=policy.timeout_s) as client:
+    async with httpx.AsyncClient(
+        trust_env=False, follow_redirects=False, limits=limits, timeout=policy.timeout_s
+    ) as client:
         for hops in range(MAX_REDIRECTS + 1):
             hop = f"after {hops} redirect{'s' if hops > 1 else ''}, " if hops else ""
             rule = _allowed_rule(current, rules, param, hop)
@@ -158,33 +175,47 @@ async def _fetch(url: str, rules: tuple[HostRule, ...], policy: ImagePolicy,
             if current.scheme == "https":
                 extensions["sni_hostname"] = current.raw_host.decode("ascii")
             request = client.build_request(
-                "GET", target, headers={**headers, "Host": current.netloc.decode("ascii")},
-                extensions=extensions)
+                "GET",
+                target,
+                headers={**headers, "Host": current.netloc.decode("ascii")},
+                extensions=extensions,
+            )
             try:
                 response = await client.send(request, stream=True)
             except httpx.TimeoutException:
                 raise TimeoutError from None
             except httpx.HTTPError as exc:
-                raise _refuse(param, f"{hop}fetching it from {current.host} failed "
-                              f"({type(exc).__name__}: {exc})", code="image_fetch_failed") \
-                    from None
+                raise _refuse(
+                    param,
+                    f"{hop}fetching it from {current.host} failed ({type(exc).__name__}: {exc})",
+                    code="image_fetch_failed",
+                ) from None
             try:
                 if response.status_code in _REDIRECTS:
                     location = response.headers.get("location")
                     if not location:
-                        raise _refuse(param, f"{hop}{current.host} answered "
-                                      f"{response.status_code} without a Location",
-                                      code="image_fetch_failed")
+                        raise _refuse(
+                            param,
+                            f"{hop}{current.host} answered "
+                            f"{response.status_code} without a Location",
+                            code="image_fetch_failed",
+                        )
                     try:
                         current = current.join(location)
                     except httpx.InvalidURL as exc:
-                        raise _refuse(param, f"{hop}it redirects to an invalid URL ({exc})",
-                                      code="image_fetch_failed") from None
+                        raise _refuse(
+                            param,
+                            f"{hop}it redirects to an invalid URL ({exc})",
+                            code="image_fetch_failed",
+                        ) from None
                     continue
                 if response.status_code != 200:
-                    raise _refuse(param, f"{hop}{current.host} answered "
-                                  f"{response.status_code} {response.reason_phrase}",
-                                  code="image_fetch_failed")
+                    raise _refuse(
+                        param,
+                        f"{hop}{current.host} answered "
+                        f"{response.status_code} {response.reason_phrase}",
+                        code="image_fetch_failed",
+                    )
                 ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if not ctype.startswith("image/"):
                     raise _content_type_error(param, current, ctype)
@@ -193,26 +224,35 @@ async def _fetch(url: str, rules: tuple[HostRule, ...], policy: ImagePolicy,
                 except httpx.TimeoutException:
                     raise TimeoutError from None
                 except httpx.HTTPError as exc:
-                    raise _refuse(param, f"{hop}reading the image from {current.host} failed "
-                                  f"({type(exc).__name__}: {exc})", code="image_fetch_failed") \
-                        from None
+                    raise _refuse(
+                        param,
+                        f"{hop}reading the image from {current.host} failed "
+                        f"({type(exc).__name__}: {exc})",
+                        code="image_fetch_failed",
+                    ) from None
             finally:
                 await response.aclose()
-    raise _refuse(param, f"it redirects more than {MAX_REDIRECTS} times",
-                  code="image_fetch_failed")
+    raise _refuse(param, f"it redirects more than {MAX_REDIRECTS} times", code="image_fetch_failed")
 
 
 async def fetch_image(url: str, policy: ImagePolicy, *, param: str) -> bytes:
     """The body of the http(s) image ``url`` under ``policy`` (rules in the module's doc);
     every refusal is a 400 naming ``param`` and the setting at fault."""
     if not policy.allowed_hosts:
-        raise _refuse(param, "this server fetches no image links: no host is allowed "
-                      f"({HOSTS_SETTING} is empty); send the image as a data: URL instead")
+        raise _refuse(
+            param,
+            "this server fetches no image links: no host is allowed "
+            f"({HOSTS_SETTING} is empty); send the image as a data: URL instead",
+        )
     rules = tuple(parse_host_rule(entry) for entry in policy.allowed_hosts)
     try:
         with anyio.fail_after(policy.timeout_s):
             return await _fetch(url, rules, policy, param)
     except TimeoutError:
-        raise invalid(param, f"The image at {param!r} was not fetched within "
-                      f"{policy.timeout_s:g} s; the limit is {policy.timeout_s:g} s "
-                      f"({TIMEOUT_SETTING}).", code="image_fetch_timeout") from None
+        raise invalid(
+            param,
+            f"The image at {param!r} was not fetched within "
+            f"{policy.timeout_s:g} s; the limit is {policy.timeout_s:g} s "
+            f"({TIMEOUT_SETTING}).",
+            code="image_fetch_timeout",
+        ) from None

@@ -35,19 +35,23 @@ class ImagePolicy:
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
-            raise ValueError(f"ImagePolicy.max_bytes: expected a positive byte count, got "
-                             f"{self.max_bytes!r}")
+            raise ValueError(
+                f"ImagePolicy.max_bytes: expected a positive byte count, got {self.max_bytes!r}"
+            )
         if self.max_pixels <= 0:
-            raise ValueError(f"ImagePolicy.max_pixels: expected a positive pixel count, got "
-                             f"{self.max_pixels!r}")
+            raise ValueError(
+                f"ImagePolicy.max_pixels: expected a positive pixel count, got {self.max_pixels!r}"
+            )
         for entry in self.allowed_hosts:
             try:
                 parse_host_rule(entry)
             except ValueError as exc:
                 raise ValueError(f"ImagePolicy.allowed_hosts: {exc}") from None
         if not self.timeout_s > 0:
-            raise ValueError(f"ImagePolicy.timeout_s: expected a positive number of seconds, "
-                             f"got {self.timeout_s!r}")
+            raise ValueError(
+                f"ImagePolicy.timeout_s: expected a positive number of seconds, "
+                f"got {self.timeout_s!r}"
+            )
 
 
 def policy_from_config(config: Any) -> ImagePolicy:  # Any: TallowConfig or a stand-in
@@ -58,14 +62,22 @@ def policy_from_config(config: Any) -> ImagePolicy:  # Any: TallowConfig or a st
         allowed_hosts=tuple(getattr(server, "allowed_image_hosts", None) or ()),
         max_bytes=int(getattr(server, "max_image_bytes", default.max_bytes)),
         max_pixels=int(getattr(server, "max_image_pixels", default.max_pixels)),
-        timeout_s=float(getattr(server, "image_fetch_timeout_s", default.timeout_s)))
+        timeout_s=float(getattr(server, "image_fetch_timeout_s", default.timeout_s)),
+    )
 
 
-def too_many_bytes(param: str, size: int | None, policy: ImagePolicy, *,
-                   about: bool = False) -> Exception:
+def too_many_bytes(
+    param: str, size: int | None, policy: ImagePolicy, *, about: bool = False
+) -> Exception:
     """The 400 for an image over ``max_bytes`` (``size`` None: the download passed the limit
     and was stopped; ``about``: ``size`` is estimated from the encoded length)."""
-    what = f"is {'about ' if about else ''}{size:,} bytes" if size is not None else \
-        f"is larger than {policy.max_bytes:,} bytes (the download was stopped there)"
-    return invalid(param, f"The image at {param!r} {what}; the limit is {policy.max_bytes:,} "
-                   f"({BYTES_SETTING}).", code="image_too_large")
+    what = (
+        f"is {'about ' if about else ''}{size:,} bytes"
+        if size is not None
+        else f"is larger than {policy.max_bytes:,} bytes (the download was stopped there)"
+    )
+    return invalid(
+        param,
+        f"The image at {param!r} {what}; the limit is {policy.max_bytes:,} ({BYTES_SETTING}).",
+        code="image_too_large",
+    )

@@ -30,8 +30,14 @@ from typing import TYPE_CHECKING
 from .errors import invalid
 from .image_policy import PIXELS_SETTING, ImagePolicy, policy_from_config, too_many_bytes
 
-__all__ = ["ImagePolicy", "decode_data_url", "decode_image", "load_image_url",
-           "policy_from_config", "to_rgb"]
+__all__ = [
+    "ImagePolicy",
+    "decode_data_url",
+    "decode_image",
+    "load_image_url",
+    "policy_from_config",
+    "to_rgb",
+]
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
 FORMATS: dict[str, str] = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
 #: the MIME types a data: URL may declare
 DATA_MIME_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp")
+
 
 async def load_image_url(url: str, policy: ImagePolicy, *, param: str) -> PILImage.Image:
     """The RGB image that ``url`` (a data: URL, or an http(s) URL from an allowed host) holds.
@@ -51,19 +58,25 @@ async def load_image_url(url: str, policy: ImagePolicy, *, param: str) -> PILIma
     import anyio
 
     if not isinstance(url, str) or not url.strip():
-        raise invalid(param, f"Invalid value for {param!r}: expected an image URL (a data: URL "
-                      "or an http(s) link).")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: expected an image URL (a data: URL or an http(s) link).",
+        )
     url = url.strip()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "data":
         # base64 decoding of a large URL is work too: both steps run in the worker thread
         return await anyio.to_thread.run_sync(
-            lambda: decode_image(decode_data_url(url, policy, param=param), policy, param))
+            lambda: decode_image(decode_data_url(url, policy, param=param), policy, param)
+        )
     if scheme not in ("http", "https"):
         shown = f"{scheme!r} URLs" if scheme else "URLs without a scheme"
-        raise invalid(param, f"Invalid value for {param!r}: {shown} are not accepted; send the "
-                      "image as a data: URL (data:image/png;base64,...) or an http(s) link.",
-                      code="invalid_image_url")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: {shown} are not accepted; send the "
+            "image as a data: URL (data:image/png;base64,...) or an http(s) link.",
+            code="invalid_image_url",
+        )
     from .image_fetch import fetch_image
 
     data = await fetch_image(url, policy, param=param)
@@ -75,20 +88,35 @@ def decode_data_url(url: str, policy: ImagePolicy, *, param: str) -> bytes:
     type, bad base64, or more than ``max_bytes`` once decoded)."""
     header, comma, payload = url.partition(",")
     if not comma:
-        raise invalid(param, f"Invalid value for {param!r}: a data: URL needs a ',' between its "
-                      "header and its data (data:image/png;base64,...).", code="invalid_image_url")
-    fields = [f.strip().lower() for f in header[len("data:"):].split(";")]
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: a data: URL needs a ',' between its "
+            "header and its data (data:image/png;base64,...).",
+            code="invalid_image_url",
+        )
+    fields = [f.strip().lower() for f in header[len("data:") :].split(";")]
     mime = fields[0]
     if not mime.startswith("image/"):
-        raise invalid(param, f"Invalid value for {param!r}: the data: URL declares the type "
-                      f"{mime or '(none)'!r}; expected an image type ("
-                      + ", ".join(DATA_MIME_TYPES) + ").", code="invalid_image_url")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: the data: URL declares the type "
+            f"{mime or '(none)'!r}; expected an image type (" + ", ".join(DATA_MIME_TYPES) + ").",
+            code="invalid_image_url",
+        )
     if mime not in DATA_MIME_TYPES:
-        raise invalid(param, f"Invalid value for {param!r}: images of type {mime!r} are not "
-                      "accepted; send PNG, JPEG or WebP.", code="unsupported_image_format")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: images of type {mime!r} are not "
+            "accepted; send PNG, JPEG or WebP.",
+            code="unsupported_image_format",
+        )
     if "base64" not in fields[1:]:
-        raise invalid(param, f"Invalid value for {param!r}: the data: URL must be base64-encoded "
-                      f"(data:{mime};base64,...).", code="invalid_image_url")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: the data: URL must be base64-encoded "
+            f"(data:{mime};base64,...).",
+            code="invalid_image_url",
+        )
     # base64 takes 4 characters for 3 bytes: an encoded text this long cannot fit the limit
     # (whitespace aside), and is refused before it is decoded
     if len(payload) > (policy.max_bytes + 2) // 3 * 4 + 4096:
@@ -96,13 +124,19 @@ def decode_data_url(url: str, policy: ImagePolicy, *, param: str) -> bytes:
     try:
         data = base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise invalid(param, f"Invalid value for {param!r}: the data: URL's data is not valid "
-                      f"base64 ({exc}).", code="invalid_image_url") from None
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: the data: URL's data is not valid base64 ({exc}).",
+            code="invalid_image_url",
+        ) from None
     if len(data) > policy.max_bytes:
         raise too_many_bytes(param, len(data), policy)
     if not data:
-        raise invalid(param, f"Invalid value for {param!r}: the data: URL holds no data.",
-                      code="invalid_image_url")
+        raise invalid(
+            param,
+            f"Invalid value for {param!r}: the data: URL holds no data.",
+            code="invalid_image_url",
+        )
     return data
 
 
@@ -121,20 +155,37 @@ def _open_header(data: bytes, param: str) -> PILImage.Image:
         try:
             return factory(io.BytesIO(data), "")
         except (SyntaxError, OSError, ValueError, IndexError, EOFError) as exc:
-            raise invalid(param, f"Invalid value for {param!r}: the {fmt} image cannot be read "
-                          f"({exc or type(exc).__name__}).", code="invalid_image") from None
+            raise invalid(
+                param,
+                f"Invalid value for {param!r}: the {fmt} image cannot be read "
+                f"({exc or type(exc).__name__}).",
+                code="invalid_image",
+            ) from None
     what = _sniff(data)
-    raise invalid(param, f"Invalid value for {param!r}: "
-                  + (f"{what} images are not accepted" if what else
-                     "the data is not an image Pillow recognises")
-                  + "; send PNG, JPEG or WebP.", code="unsupported_image_format")
+    raise invalid(
+        param,
+        f"Invalid value for {param!r}: "
+        + (
+            f"{what} images are not accepted"
+            if what
+            else "the data is not an image Pillow recognises"
+        )
+        + "; send PNG, JPEG or WebP.",
+        code="unsupported_image_format",
+    )
 
 
 def _sniff(data: bytes) -> str:
     """The name of a common image format ``data`` starts like (for error messages), or ''."""
-    for magic, name in ((b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"),
-                        (b"MM\0*", "TIFF"), (b"\0\0\1\0", "ICO"), (b"<svg", "SVG"),
-                        (b"<?xml", "SVG")):
+    for magic, name in (
+        (b"GIF8", "GIF"),
+        (b"BM", "BMP"),
+        (b"II*\0", "TIFF"),
+        (b"MM\0*", "TIFF"),
+        (b"\0\0\1\0", "ICO"),
+        (b"<svg", "SVG"),
+        (b"<?xml", "SVG"),
+    ):
         if data.startswith(magic):
             return name
     if data[4:12] in (b"ftypavif", b"ftypheic", b"ftypheix", b"ftypmif1"):
@@ -169,21 +220,35 @@ def decode_image(data: bytes, policy: ImagePolicy, param: str) -> PILImage.Image
             image = _open_header(data, param)
             width, height = image.size
             if width <= 0 or height <= 0:
-                raise invalid(param, f"Invalid value for {param!r}: the image declares a size "
-                              f"of {width}×{height}.", code="invalid_image")
+                raise invalid(
+                    param,
+                    f"Invalid value for {param!r}: the image declares a size of {width}×{height}.",
+                    code="invalid_image",
+                )
             if width * height > policy.max_pixels:
-                raise invalid(param, f"The image at {param!r} is {width:,}×{height:,} = "
-                              f"{width * height:,} pixels; the limit is {policy.max_pixels:,} "
-                              f"({PIXELS_SETTING}).", code="image_too_large")
+                raise invalid(
+                    param,
+                    f"The image at {param!r} is {width:,}×{height:,} = "
+                    f"{width * height:,} pixels; the limit is {policy.max_pixels:,} "
+                    f"({PIXELS_SETTING}).",
+                    code="image_too_large",
+                )
             if getattr(image, "n_frames", 1) > 1:
                 image.seek(0)
             image.load()
             return to_rgb(image)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise invalid(param, f"The image at {param!r} was refused as a decompression "
-                          f"bomb ({exc}); the limit is {policy.max_pixels:,} pixels "
-                          f"({PIXELS_SETTING}).", code="image_too_large") from None
+            raise invalid(
+                param,
+                f"The image at {param!r} was refused as a decompression "
+                f"bomb ({exc}); the limit is {policy.max_pixels:,} pixels "
+                f"({PIXELS_SETTING}).",
+                code="image_too_large",
+            ) from None
         except (SyntaxError, OSError, ValueError, IndexError, EOFError) as exc:
-            raise invalid(param, f"Invalid value for {param!r}: the image cannot be decoded: "
-                          f"{exc or type(exc).__name__} (a truncated or corrupt file?).",
-                          code="invalid_image") from None
+            raise invalid(
+                param,
+                f"Invalid value for {param!r}: the image cannot be decoded: "
+                f"{exc or type(exc).__name__} (a truncated or corrupt file?).",
+                code="invalid_image",
+            ) from None

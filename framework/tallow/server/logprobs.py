@@ -26,8 +26,9 @@ class CompletionLogprobs(TypedDict):
     text_offset: list[int]
 
 
-def reported_tokens(output: CompletionOutput, eos_token_ids: Collection[int] = (),
-                    include_stop: bool = False) -> int:
+def reported_tokens(
+    output: CompletionOutput, eos_token_ids: Collection[int] = (), include_stop: bool = False
+) -> int:
     """How many of ``output``'s tokens have logprobs reported.
 
     A token that ended the completion as a stop token (EOS, with ``stop_reason`` None, or one of
@@ -45,8 +46,9 @@ def reported_tokens(output: CompletionOutput, eos_token_ids: Collection[int] = (
 
 def _ranked(position: PositionLogprobs, k: int) -> list[tuple[int, Logprob]]:
     items = list(position.items())
-    items.sort(key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30,
-                                 -item[1].logprob))
+    items.sort(
+        key=lambda item: (item[1].rank if item[1].rank is not None else 1 << 30, -item[1].logprob)
+    )
     return items[:k]
 
 
@@ -61,23 +63,31 @@ def _entry(text: str, logprob: float) -> dict[str, object]:
     return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(positions: Sequence[PositionLogprobs], token_ids: Sequence[int], top: int,
-                  token_text: TokenText) -> list[dict[str, object]]:
+def chat_logprobs(
+    positions: Sequence[PositionLogprobs], token_ids: Sequence[int], top: int, token_text: TokenText
+) -> list[dict[str, object]]:
     """The ``content`` list of a chat choice's ``logprobs`` for ``token_ids``."""
     out = []
     for token_id, position in zip(token_ids, positions):
         chosen = position.get(token_id)
         logprob = chosen.logprob if chosen is not None else float("-inf")
         entry = _entry(_text(token_id, chosen, token_text), logprob)
-        entry["top_logprobs"] = [_entry(_text(tid, lp, token_text), lp.logprob)
-                                 for tid, lp in _ranked(position, top)] if top else []
+        entry["top_logprobs"] = (
+            [_entry(_text(tid, lp, token_text), lp.logprob) for tid, lp in _ranked(position, top)]
+            if top
+            else []
+        )
         out.append(entry)
     return out
 
 
-def completion_logprobs(positions: Sequence[PositionLogprobs | None], token_ids: Sequence[int],
-                        top: int, token_text: TokenText, offset: int = 0
-                        ) -> CompletionLogprobs:
+def completion_logprobs(
+    positions: Sequence[PositionLogprobs | None],
+    token_ids: Sequence[int],
+    top: int,
+    token_text: TokenText,
+    offset: int = 0,
+) -> CompletionLogprobs:
     """A completion choice's ``logprobs``; ``offset`` is where the first token's text starts."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
@@ -94,19 +104,32 @@ def completion_logprobs(positions: Sequence[PositionLogprobs | None], token_ids:
             top_logprobs.append(None)
             continue
         token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else -9999.0)
-        alternatives = {_text(tid, lp, token_text): max(lp.logprob, -9999.0)
-                        for tid, lp in _ranked(position, top)} if top else {}
+        alternatives = (
+            {
+                _text(tid, lp, token_text): max(lp.logprob, -9999.0)
+                for tid, lp in _ranked(position, top)
+            }
+            if top
+            else {}
+        )
         top_logprobs.append(alternatives)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": text_offset}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
-def merge_completion_logprobs(first: CompletionLogprobs | None, second: CompletionLogprobs
-                              ) -> CompletionLogprobs:
+def merge_completion_logprobs(
+    first: CompletionLogprobs | None, second: CompletionLogprobs
+) -> CompletionLogprobs:
     """``first`` followed by ``second`` (echoed prompt, then generated tokens)."""
     if first is None:
         return second
-    return {"tokens": first["tokens"] + second["tokens"],
-            "token_logprobs": first["token_logprobs"] + second["token_logprobs"],
-            "top_logprobs": first["top_logprobs"] + second["top_logprobs"],
-            "text_offset": first["text_offset"] + second["text_offset"]}
+    return {
+        "tokens": first["tokens"] + second["tokens"],
+        "token_logprobs": first["token_logprobs"] + second["token_logprobs"],
+        "top_logprobs": first["top_logprobs"] + second["top_logprobs"],
+        "text_offset": first["text_offset"] + second["text_offset"],
+    }

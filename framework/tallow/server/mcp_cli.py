@@ -28,15 +28,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("tallow.mcp")
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
-               ) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add the ``mcp`` subcommand to ``subparsers``; its ``func`` is :func:`run`."""
     from tallow.config import add_config_arguments
 
     parser = subparsers.add_parser(
-        "mcp", help="serve the model to MCP hosts over stdio (tools generate and chat)",
+        "mcp",
+        help="serve the model to MCP hosts over stdio (tools generate and chat)",
         description="Run an MCP server on stdin/stdout whose tools generate and chat with the "
-        "model (default: the embedded Qwen2.5-Coder-0.5B-Instruct). Logs go to stderr.")
+        "model (default: the embedded Qwen2.5-Coder-0.5B-Instruct). Logs go to stderr.",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -49,10 +52,17 @@ class Message(BaseModel):
     content: str
 
 
-MaxTokens = Annotated[int, Field(ge=1, description="Most tokens to generate (cut to what the "
-                                 "context leaves).")]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="Sampling temperature; 0 "
-                                     "picks the most likely token every time.")]
+MaxTokens = Annotated[
+    int, Field(ge=1, description="Most tokens to generate (cut to what the context leaves).")
+]
+Temperature = Annotated[
+    float,
+    Field(
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature; 0 picks the most likely token every time.",
+    ),
+]
 
 
 def build_server(engine: AsyncEngine) -> MCPServer:
@@ -71,26 +81,37 @@ def build_server(engine: AsyncEngine) -> MCPServer:
         finally:
             await engine.shutdown()
 
-    app = MCPServer(f"tallow ({engine.model_name})", lifespan=lifespan,
-                    instructions=f"Generate text with the local model {engine.model_name}.")
+    app = MCPServer(
+        f"tallow ({engine.model_name})",
+        lifespan=lifespan,
+        instructions=f"Generate text with the local model {engine.model_name}.",
+    )
     counter = iter(range(1 << 62))
 
-    async def complete(ids: list[int], prompt: str, max_tokens: int, temperature: float,
-                       stop: list[str]) -> str:
+    async def complete(
+        ids: list[int], prompt: str, max_tokens: int, temperature: float, stop: list[str]
+    ) -> str:
         room = int(engine.max_model_len) - len(ids)
         if room <= 0:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds "
-                             f"{engine.max_model_len}")
-        params = SamplingParams(max_tokens=min(max_tokens, room), temperature=temperature,
-                                stop=list(stop))
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the model's context holds "
+                f"{engine.max_model_len}"
+            )
+        params = SamplingParams(
+            max_tokens=min(max_tokens, room), temperature=temperature, stop=list(stop)
+        )
         text = ""
         async for out in engine.generate(ids, params, f"mcp-{next(counter)}", prompt=prompt):
             text = out.outputs[0].text
         return text
 
     @app.tool()
-    async def generate(prompt: str, max_tokens: MaxTokens = 256,
-                       temperature: Temperature = 0.0, stop: list[str] | None = None) -> str:
+    async def generate(
+        prompt: str,
+        max_tokens: MaxTokens = 256,
+        temperature: Temperature = 0.0,
+        stop: list[str] | None = None,
+    ) -> str:
         """Continue ``prompt`` with the model (a plain text completion) and return the
         continuation."""
         try:
@@ -100,16 +121,18 @@ def build_server(engine: AsyncEngine) -> MCPServer:
             raise ToolError(str(exc)) from None
 
     @app.tool()
-    async def chat(messages: list[Message], max_tokens: MaxTokens = 512,
-                   temperature: Temperature = 0.0) -> str:
+    async def chat(
+        messages: list[Message], max_tokens: MaxTokens = 512, temperature: Temperature = 0.0
+    ) -> str:
         """Answer a conversation (``messages``, oldest first, the last one usually from the
         user) as the assistant, using the model's chat template; returns the reply."""
         try:
             if not messages:
                 raise ValueError("messages: give at least one message")
             tok = engine.tokenizer
-            prompt = tok.apply_chat_template([m.model_dump() for m in messages],
-                                             add_generation_prompt=True)
+            prompt = tok.apply_chat_template(
+                [m.model_dump() for m in messages], add_generation_prompt=True
+            )
             ids = list(tok.encode(prompt, add_special_tokens=False))
             return await complete(ids, prompt, max_tokens, temperature, [])
         except ValueError as exc:  # no chat template, too long a conversation, ...
@@ -130,8 +153,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import mcp  # noqa: F401
     except ImportError:
-        print("tallow: 'tallow mcp' needs the mcp SDK: pip install 'tallow[mcp]'",
-              file=sys.stderr)
+        print("tallow: 'tallow mcp' needs the mcp SDK: pip install 'tallow[mcp]'", file=sys.stderr)
         return 2
     from tallow.engine.async_engine import AsyncEngine
 

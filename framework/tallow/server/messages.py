@@ -39,12 +39,16 @@ def _image_url(part: dict[str, object], at: str) -> str:
     """The URL of an ``image_url`` part (checked)."""
     ref = part.get("image_url")
     if not isinstance(ref, dict) or not isinstance(ref.get("url"), str):
-        raise invalid(f"{at}.image_url", f"Invalid value for '{at}.image_url': expected an "
-                      "object with a string 'url'.")
+        raise invalid(
+            f"{at}.image_url",
+            f"Invalid value for '{at}.image_url': expected an object with a string 'url'.",
+        )
     detail = ref.get("detail")
     if detail is not None and detail not in _DETAILS:
-        raise invalid(f"{at}.image_url.detail", f"Invalid value for '{at}.image_url.detail': "
-                      f"expected one of {', '.join(_DETAILS)}.")
+        raise invalid(
+            f"{at}.image_url.detail",
+            f"Invalid value for '{at}.image_url.detail': expected one of {', '.join(_DETAILS)}.",
+        )
     return str(ref["url"])
 
 
@@ -65,8 +69,11 @@ def image_urls(messages: Sequence[object], param: str = "messages") -> list[tupl
 def _content_of(content: object, where: str, images: bool) -> object:
     """A message's ``content`` for the template: its text, or, when it holds images (and the
     model takes them), its text and image parts in order."""
-    if not images or not isinstance(content, list) or not any(
-            isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+    if (
+        not images
+        or not isinstance(content, list)
+        or not any(isinstance(p, dict) and p.get("type") == "image_url" for p in content)
+    ):
         return _text_of(content, where)
     parts: list[dict[str, object]] = []
     for j, part in enumerate(content):
@@ -85,13 +92,18 @@ def _text_of(content: object, where: str, *, allow_none: bool = False) -> str | 
     if content is None:
         if allow_none:
             return None
-        raise invalid(where, f"Invalid value for {where!r}: expected a string or a list of "
-                      "content parts, got null.")
+        raise invalid(
+            where,
+            f"Invalid value for {where!r}: expected a string or a list of content parts, got null.",
+        )
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise invalid(where, f"Invalid value for {where!r}: expected a string or a list of "
-                      f"content parts, got {type(content).__name__}.")
+        raise invalid(
+            where,
+            f"Invalid value for {where!r}: expected a string or a list of "
+            f"content parts, got {type(content).__name__}.",
+        )
     texts: list[str] = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
@@ -106,11 +118,15 @@ def _text_of(content: object, where: str, *, allow_none: bool = False) -> str | 
         elif kind == "refusal":
             texts.append(str(part.get("refusal") or ""))
         elif kind in ("image_url", "input_audio", "file"):
-            raise unsupported(f"{at}.type", f"content parts of type {kind!r} need a "
-                              "multimodal model; the served model reads text only")
+            raise unsupported(
+                f"{at}.type",
+                f"content parts of type {kind!r} need a "
+                "multimodal model; the served model reads text only",
+            )
         else:
-            raise invalid(f"{at}.type", f"Invalid value for '{at}.type': expected 'text', got "
-                          f"{kind!r}.")
+            raise invalid(
+                f"{at}.type", f"Invalid value for '{at}.type': expected 'text', got {kind!r}."
+            )
     return "".join(texts)
 
 
@@ -129,24 +145,34 @@ def _tool_calls(calls: object, where: str) -> list[dict[str, object]]:
             raise invalid(f"{at}.function", f"Missing required parameter: '{at}.function'.")
         name = fn.get("name")
         if not isinstance(name, str) or not name:
-            raise invalid(f"{at}.function.name",
-                          f"Invalid value for '{at}.function.name': expected a non-empty string.")
+            raise invalid(
+                f"{at}.function.name",
+                f"Invalid value for '{at}.function.name': expected a non-empty string.",
+            )
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as exc:
-                raise invalid(f"{at}.function.arguments",
-                              f"Invalid value for '{at}.function.arguments': not valid JSON "
-                              f"({exc}).") from None
+                raise invalid(
+                    f"{at}.function.arguments",
+                    f"Invalid value for '{at}.function.arguments': not valid JSON ({exc}).",
+                ) from None
         if not isinstance(args, dict):
-            raise invalid(f"{at}.function.arguments",
-                          f"Invalid value for '{at}.function.arguments': expected a JSON object.")
+            raise invalid(
+                f"{at}.function.arguments",
+                f"Invalid value for '{at}.function.arguments': expected a JSON object.",
+            )
         call_id = call.get("id")
         if call_id is not None and not isinstance(call_id, str):
             raise invalid(f"{at}.id", f"Invalid value for '{at}.id': expected a string.")
-        out.append({"id": call_id or f"call_{j}", "type": "function",
-                    "function": {"name": name, "arguments": args}})
+        out.append(
+            {
+                "id": call_id or f"call_{j}",
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
+        )
     return out
 
 
@@ -161,8 +187,9 @@ def reasoning_fields(reasoning: str | None, content: object) -> dict[str, str]:
     return fields
 
 
-def normalize_messages(messages: Sequence[object], param: str = "messages", *,
-                       images: bool = False) -> list[dict[str, object]]:
+def normalize_messages(
+    messages: Sequence[object], param: str = "messages", *, images: bool = False
+) -> list[dict[str, object]]:
     """Check ``messages`` and return them in the form the chat template expects; ``images``:
     the model takes images (their parts are kept, see the module docstring)."""
     out: list[dict[str, object]] = []
@@ -172,13 +199,20 @@ def normalize_messages(messages: Sequence[object], param: str = "messages", *,
             raise invalid(at, f"Invalid value for {at!r}: expected a message object.")
         role = msg.get("role")
         if role is None:
-            raise invalid(f"{at}.role", f"Missing required parameter: '{at}.role'.",
-                          code="missing_required_parameter")
+            raise invalid(
+                f"{at}.role",
+                f"Missing required parameter: '{at}.role'.",
+                code="missing_required_parameter",
+            )
         if role == "function":
             raise unsupported(f"{at}.role", "the legacy 'function' role is replaced by 'tool'")
         if role not in _ROLES:
-            raise invalid(f"{at}.role", f"Invalid value for '{at}.role': unknown role {role!r}; "
-                          f"expected one of {', '.join(_ROLES)}.", code="invalid_role")
+            raise invalid(
+                f"{at}.role",
+                f"Invalid value for '{at}.role': unknown role {role!r}; "
+                f"expected one of {', '.join(_ROLES)}.",
+                code="invalid_role",
+            )
         norm: dict[str, object] = {"role": "system" if role == "developer" else role}
         if isinstance(msg.get("name"), str):
             norm["name"] = msg["name"]
@@ -194,8 +228,10 @@ def normalize_messages(messages: Sequence[object], param: str = "messages", *,
                 norm["content"] = text or ""
             thought = msg.get("reasoning_content")
             if thought is not None and not isinstance(thought, str):
-                raise invalid(f"{at}.reasoning_content", f"Invalid value for "
-                              f"'{at}.reasoning_content': expected a string.")
+                raise invalid(
+                    f"{at}.reasoning_content",
+                    f"Invalid value for '{at}.reasoning_content': expected a string.",
+                )
             norm.update(reasoning_fields(thought, norm["content"]))
         elif role == "user":
             norm["content"] = _content_of(msg.get("content"), f"{at}.content", images)
@@ -204,9 +240,11 @@ def normalize_messages(messages: Sequence[object], param: str = "messages", *,
         if role == "tool":
             call_id = msg.get("tool_call_id")
             if not isinstance(call_id, str):
-                raise invalid(f"{at}.tool_call_id",
-                              f"Missing required parameter: '{at}.tool_call_id' (a string).",
-                              code="missing_required_parameter")
+                raise invalid(
+                    f"{at}.tool_call_id",
+                    f"Missing required parameter: '{at}.tool_call_id' (a string).",
+                    code="missing_required_parameter",
+                )
             norm["tool_call_id"] = call_id
         out.append(norm)
     return out

@@ -37,8 +37,7 @@ class StatusCounter:
     blow up the label set (the labels any client can reach are finite).
     """
 
-    def __init__(self, app: ASGIApp, counter: Counter, endpoint_of: Callable[[Scope], str]
-                 ) -> None:
+    def __init__(self, app: ASGIApp, counter: Counter, endpoint_of: Callable[[Scope], str]) -> None:
         self.app = app
         self.counter = counter
         self.endpoint_of = endpoint_of
@@ -67,8 +66,12 @@ class APIKeyAuth:
     never need a key.
     """
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str], protected_prefixes: tuple[str, ...],
-                 ) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Iterable[str],
+        protected_prefixes: tuple[str, ...],
+    ) -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
         self.protected = protected_prefixes
@@ -85,12 +88,22 @@ class APIKeyAuth:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and self.keys
-                and scope.get("path", "").startswith(self.protected)
-                and scope.get("method") != "OPTIONS" and not self._allowed(scope)):
-            await _send_error(send, APIError(
-                401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+        if (
+            scope["type"] == "http"
+            and self.keys
+            and scope.get("path", "").startswith(self.protected)
+            and scope.get("method") != "OPTIONS"
+            and not self._allowed(scope)
+        ):
+            await _send_error(
+                send,
+                APIError(
+                    401,
+                    "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                ),
+            )
             return
         await self.app(scope, receive, send)
 
@@ -108,8 +121,12 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"The request body exceeds the limit of {self.max_bytes} bytes "
-                        "(server.max_body_bytes).", code="request_too_large")
+        return APIError(
+            413,
+            f"The request body exceeds the limit of {self.max_bytes} bytes "
+            "(server.max_body_bytes).",
+            code="request_too_large",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,8 +137,9 @@ class BodyLimit:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _send_error(send, APIError(400, "Invalid Content-Length header.",
-                                                     code="invalid_header"))
+                    await _send_error(
+                        send, APIError(400, "Invalid Content-Length header.", code="invalid_header")
+                    )
                     return
                 if declared > self.max_bytes:
                     await _send_error(send, self._too_large())

@@ -41,13 +41,16 @@ class Endpoint:
 
 
 #: The failures of every endpoint that reads a JSON body.
-BODY_ERRORS = ((400, "Invalid request: the error names the field at fault."),
-               (413, "The request body is over server.max_body_bytes."))
+BODY_ERRORS = (
+    (400, "Invalid request: the error names the field at fault."),
+    (413, "The request body is over server.max_body_bytes."),
+)
 #: The failures of an endpoint that runs the model, besides those of its body.
 GENERATION_ERRORS = BODY_ERRORS + (
     (404, "The model named in the request is not served here."),
     (429, "The engine's waiting queue is full; retry (Retry-After)."),
-    (503, "The server holds server.max_queue requests, or the engine has failed."))
+    (503, "The server holds server.max_queue requests, or the engine has failed."),
+)
 
 
 class _Schemas:
@@ -76,9 +79,13 @@ def _operation(ep: Endpoint, schemas: _Schemas, secured: bool) -> dict[str, obje
     elif ep.response is not None:
         content = _json(schemas.ref(ep.response))
         if ep.streams:
-            content["text/event-stream"] = {"schema": {
-                "type": "string", "description": "Server-sent events, 'data: <chunk JSON>' "
-                "each, ending with 'data: [DONE]'."}}
+            content["text/event-stream"] = {
+                "schema": {
+                    "type": "string",
+                    "description": "Server-sent events, 'data: <chunk JSON>' "
+                    "each, ending with 'data: [DONE]'.",
+                }
+            }
         ok["content"] = content
     responses: dict[str, object] = {"200": ok}
     error = schemas.ref(ErrorResponse)
@@ -86,16 +93,24 @@ def _operation(ep: Endpoint, schemas: _Schemas, secured: bool) -> dict[str, obje
         responses[str(status)] = {"description": why, "content": _json(error)}
     if secured:
         responses["401"] = {"description": "Missing or wrong API key.", "content": _json(error)}
-    op: dict[str, object] = {"summary": ep.summary, "operationId": _operation_id(ep),
-                          "responses": responses,
-                          "security": [{"bearerAuth": []}] if secured else []}
+    op: dict[str, object] = {
+        "summary": ep.summary,
+        "operationId": _operation_id(ep),
+        "responses": responses,
+        "security": [{"bearerAuth": []}] if secured else [],
+    }
     if ep.request is not None:
         op["requestBody"] = {"required": True, "content": _json(schemas.ref(ep.request))}
-    params = [part[1:-1].split(":")[0] for part in ep.path.split("/")
-              if part.startswith("{") and part.endswith("}")]
+    params = [
+        part[1:-1].split(":")[0]
+        for part in ep.path.split("/")
+        if part.startswith("{") and part.endswith("}")
+    ]
     if params:
-        op["parameters"] = [{"name": name, "in": "path", "required": True,
-                             "schema": {"type": "string"}} for name in params]
+        op["parameters"] = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in params
+        ]
     return op
 
 
@@ -104,8 +119,12 @@ def _operation_id(ep: Endpoint) -> str:
     return ep.method.lower() + "_" + "_".join(w.split(":")[0] for w in words)
 
 
-def openapi_document(endpoints: list[Endpoint], plugin_routes: list[tuple[str, list[str]]],
-                     is_protected: Callable[[str], bool], keys_required: bool) -> dict[str, object]:
+def openapi_document(
+    endpoints: list[Endpoint],
+    plugin_routes: list[tuple[str, list[str]]],
+    is_protected: Callable[[str], bool],
+    keys_required: bool,
+) -> dict[str, object]:
     """The document for ``endpoints`` and the plugins' ``(path, methods)`` routes.
 
     ``is_protected(path)`` says whether a path needs the API key when keys are configured;
@@ -124,15 +143,24 @@ def openapi_document(endpoints: list[Endpoint], plugin_routes: list[tuple[str, l
             paths.setdefault(path, {})[method.lower()] = {
                 "summary": "A route added by a plugin.",
                 "responses": {"200": {"description": "Defined by the plugin."}},
-                "security": [{"bearerAuth": []}] if secured else []}
+                "security": [{"bearerAuth": []}] if secured else [],
+            }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "tallow", "version": tallow.__version__,
-                 "description": "An OpenAI-compatible inference server."},
+        "info": {
+            "title": "tallow",
+            "version": tallow.__version__,
+            "description": "An OpenAI-compatible inference server.",
+        },
         "paths": paths,
-        "components": {"schemas": schemas.components,
-                       "securitySchemes": {"bearerAuth": {
-                           "type": "http", "scheme": "bearer",
-                           "description": "One of server.api_keys, as "
-                           "'Authorization: Bearer <key>'."}}},
+        "components": {
+            "schemas": schemas.components,
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "One of server.api_keys, as 'Authorization: Bearer <key>'.",
+                }
+            },
+        },
     }

@@ -44,8 +44,14 @@ class ToolParsing:
         return {"tool_parser": self.name, "fallbacks": [name for name, _ in self.fallbacks]}
 
 
-def named_entry(registry: Registry | None, config: TallowConfig | None, name: str, flag: str,
-                what: str, error: type[RuntimeError]) -> Entry:
+def named_entry(
+    registry: Registry | None,
+    config: TallowConfig | None,
+    name: str,
+    flag: str,
+    what: str,
+    error: type[RuntimeError],
+) -> Entry:
     """The component ``name`` of ``registry`` as the setting behind ``flag`` names it; raises
     ``error`` naming the flag, and the registered names, when it cannot be used."""
     if registry is None:
@@ -56,16 +62,22 @@ def named_entry(registry: Registry | None, config: TallowConfig | None, name: st
         raise error(f"{flag} {name!r}: {exc}") from None
 
 
-def matching(registry: Registry, config: TallowConfig | None, engine: ServedEngine, what: str,
-             otherwise: str) -> list[Entry]:
+def matching(
+    registry: Registry, config: TallowConfig | None, engine: ServedEngine, what: str, otherwise: str
+) -> list[Entry]:
     """The parsers of ``registry`` whose ``matches(model_name, chat_template)`` claims
     ``engine``'s model, highest priority first (:func:`tallow.plugin.serving`); when none does,
     logs that, and ``otherwise`` (what it means)."""
     template = getattr(engine.tokenizer, "chat_template", None)
     fitting = serving(registry, config, check=template_match(engine.model_name, template))
     if not fitting:
-        log.info("%s: none of %s matches %s; %s", what, registry.names() or "[]",
-                 engine.model_name, otherwise)
+        log.info(
+            "%s: none of %s matches %s; %s",
+            what,
+            registry.names() or "[]",
+            engine.model_name,
+            otherwise,
+        )
     return fitting
 
 
@@ -77,8 +89,7 @@ def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None)
     registry = getattr(getattr(pm, "registries", None), "tool_parsers", None)
     name = getattr(getattr(config, "server", None), "tool_parser", "auto") or "auto"
     if name != "auto":
-        entry = named_entry(registry, config, name, "--tool-parser", "tool parser",
-                            ToolParserError)
+        entry = named_entry(registry, config, name, "--tool-parser", "tool parser", ToolParserError)
         return ToolParsing(name, entry.load())
     if registry is None:
         return ToolParsing()
@@ -86,6 +97,10 @@ def choose_tool_parser(engine: ServedEngine, config: TallowConfig | None = None)
     if not fitting:
         return ToolParsing()
     first, rest = fitting[0], tuple((e.name, e.load()) for e in fitting[1:])
-    log.info("tool parser: chose %r for %s%s", first.name, engine.model_name,
-             f" (fallbacks: {', '.join(n for n, _ in rest)})" if rest else "")
+    log.info(
+        "tool parser: chose %r for %s%s",
+        first.name,
+        engine.model_name,
+        f" (fallbacks: {', '.join(n for n, _ in rest)})" if rest else "",
+    )
     return ToolParsing(first.name, first.load(), rest)

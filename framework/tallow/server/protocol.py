@@ -71,16 +71,24 @@ class SamplingFields(BaseModel):
 
 
 # The shape of one chat message, for the OpenAPI document; :mod:`.messages` checks it.
-_TEXT_PART = {"type": "object", "required": ["type", "text"],
-              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
 _MESSAGE: dict[str, Any] = {
-    "type": "object", "required": ["role", "content"],
+    "type": "object",
+    "required": ["role", "content"],
     "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART},
-                              {"type": "null"}]},
-        "name": {"type": "string"}, "tool_call_id": {"type": "string"},
-        "tool_calls": {"type": "array", "items": {"type": "object"}}}}
+        "content": {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]
+        },
+        "name": {"type": "string"},
+        "tool_call_id": {"type": "string"},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+    },
+}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -162,8 +170,21 @@ class DetokenizeRequest(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 # Tags pydantic puts in an error's location for union members; they are not field names.
-_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "list[str]", "list[int]",
-               "list[list[int]]", "dict[str,any]", "dict[str,float]", "StreamOptions"}
+_UNION_TAGS = {
+    "str",
+    "int",
+    "float",
+    "bool",
+    "list",
+    "dict",
+    "none",
+    "list[str]",
+    "list[int]",
+    "list[list[int]]",
+    "dict[str,any]",
+    "dict[str,float]",
+    "StreamOptions",
+}
 
 
 def param_from_loc(loc: tuple[int | str, ...]) -> str:
@@ -189,18 +210,23 @@ def parse_json_body(body: bytes) -> dict[str, object]:
     UTF-16 surrogate, which no tokenizer or encoder accepts).
     """
     if not body.strip():
-        raise invalid(None, "The request body is empty; expected a JSON object.",
-                      code="invalid_json")
+        raise invalid(
+            None, "The request body is empty; expected a JSON object.", code="invalid_json"
+        )
     try:
         obj = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(None, f"The request body is not valid JSON: {exc}.",
-                      code="invalid_json") from None
+        raise invalid(
+            None, f"The request body is not valid JSON: {exc}.", code="invalid_json"
+        ) from None
     except RecursionError:
         raise _too_deep(None) from None
     if not isinstance(obj, dict):
-        raise invalid(None, f"The request body must be a JSON object, not {type(obj).__name__}.",
-                      code="invalid_json")
+        raise invalid(
+            None,
+            f"The request body must be a JSON object, not {type(obj).__name__}.",
+            code="invalid_json",
+        )
     _check_values(obj)
     return obj
 
@@ -215,9 +241,12 @@ def _shown(where: str) -> str:
 
 
 def _too_deep(where: str | None) -> APIError:
-    return invalid(where and _shown(where), f"The request body nests objects and arrays deeper "
-                   f"than {MAX_JSON_DEPTH} levels{f' (at {_shown(where)!r})' if where else ''}.",
-                   code="invalid_json")
+    return invalid(
+        where and _shown(where),
+        f"The request body nests objects and arrays deeper "
+        f"than {MAX_JSON_DEPTH} levels{f' (at {_shown(where)!r})' if where else ''}.",
+        code="invalid_json",
+    )
 
 
 def _not_text(text: str) -> int | None:
@@ -232,10 +261,13 @@ def _not_text(text: str) -> int | None:
 
 
 def _not_text_error(text: str, at: int, where: str) -> APIError:
-    return invalid(_shown(where) or None, f"Invalid value for "
-                   f"{_shown(where) or 'the request body'!r}: the string holds a lone UTF-16 "
-                   f"surrogate (U+{ord(text[at]):04X} at character {at}); expected Unicode text.",
-                   code="invalid_unicode")
+    return invalid(
+        _shown(where) or None,
+        f"Invalid value for "
+        f"{_shown(where) or 'the request body'!r}: the string holds a lone UTF-16 "
+        f"surrogate (U+{ord(text[at]):04X} at character {at}); expected Unicode text.",
+        code="invalid_unicode",
+    )
 
 
 def _check_values(obj: dict[str, object]) -> None:
@@ -275,12 +307,14 @@ def parse_request(model: type[M], obj: dict[str, object]) -> M:
         first = next((e for e in errors if e["type"] == "missing"), errors[0])
         param = param_from_loc(tuple(first["loc"]))
         if first["type"] == "missing":
-            raise invalid(param, f"Missing required parameter: {param!r}.",
-                          code="missing_required_parameter") from None
+            raise invalid(
+                param, f"Missing required parameter: {param!r}.", code="missing_required_parameter"
+            ) from None
         got = first.get("input")
         shown = json.dumps(got)[:80] if _jsonable(got) else repr(got)[:80]
-        raise invalid(param, f"Invalid value for {param!r}: {first['msg']} (got {shown}).") \
-            from None
+        raise invalid(
+            param, f"Invalid value for {param!r}: {first['msg']} (got {shown})."
+        ) from None
 
 
 def _jsonable(value: object) -> bool:
@@ -297,7 +331,7 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         if req.audio is not None:
             raise unsupported("audio", "tallow produces text only")
         if req.modalities is not None and any(m != "text" for m in req.modalities):
-            raise unsupported("modalities", "only [\"text\"] is available")
+            raise unsupported("modalities", 'only ["text"] is available')
         if req.prediction is not None:
             raise unsupported("prediction", "predicted outputs are not implemented")
         if req.web_search_options is not None:
@@ -305,13 +339,13 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         if req.functions is not None:
             raise unsupported("functions", "use 'tools' instead of the legacy 'functions'")
         if req.function_call is not None:
-            raise unsupported("function_call",
-                              "use 'tool_choice' instead of the legacy 'function_call'")
+            raise unsupported(
+                "function_call", "use 'tool_choice' instead of the legacy 'function_call'"
+            )
         if req.store:
             raise unsupported("store", "tallow does not store completions")
         if req.top_logprobs is not None and not req.logprobs:
-            raise invalid("top_logprobs",
-                          "'top_logprobs' requires 'logprobs' to be true.")
+            raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
     else:
         if req.suffix:
             raise unsupported("suffix", "fill-in-the-middle suffixes are not implemented")
@@ -334,6 +368,10 @@ def check_model(name: str | None, served: set[str]) -> None:
     if name is None:
         return
     if name not in served:
-        raise APIError(404, f"The model {name!r} does not exist on this server "
-                       f"(served: {', '.join(sorted(served))}).",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model {name!r} does not exist on this server "
+            f"(served: {', '.join(sorted(served))}).",
+            param="model",
+            code="model_not_found",
+        )

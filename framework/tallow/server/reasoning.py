@@ -47,8 +47,9 @@ class ReasoningParsing:
         return {"reasoning_parser": self.name}
 
 
-def choose_reasoning_parser(engine: ServedEngine,
-                            config: TallowConfig | None = None) -> ReasoningParsing:
+def choose_reasoning_parser(
+    engine: ServedEngine, config: TallowConfig | None = None
+) -> ReasoningParsing:
     """The parser ``config.server.reasoning_parser`` names, or for ``auto`` the one that matches
     ``engine``'s model and chat template (see the module docstring); raises
     :class:`ReasoningParserError` naming the registered parsers when a name is unknown."""
@@ -59,13 +60,15 @@ def choose_reasoning_parser(engine: ServedEngine,
     pm = getattr(engine, "plugin_manager", None)
     registry = getattr(getattr(pm, "registries", None), "reasoning_parsers", None)
     if name != "auto":
-        entry = named_entry(registry, config, name, "--reasoning-parser", "reasoning parser",
-                            ReasoningParserError)
+        entry = named_entry(
+            registry, config, name, "--reasoning-parser", "reasoning parser", ReasoningParserError
+        )
         return ReasoningParsing(name, entry.load())
     if registry is None:
         return ReasoningParsing()
-    fitting = matching(registry, config, engine, "reasoning parser",
-                       "reasoning stays in the content")
+    fitting = matching(
+        registry, config, engine, "reasoning parser", "reasoning stays in the content"
+    )
     if not fitting:
         return ReasoningParsing()
     log.info("reasoning parser: chose %r for %s", fitting[0].name, engine.model_name)

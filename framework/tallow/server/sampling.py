@@ -27,13 +27,23 @@ def _given(value: T | None, default: T) -> T:
 
 
 def context_error(prompt_len: int, max_model_len: int, param: str) -> APIError:
-    return APIError(400, f"This model's maximum context length is {max_model_len} tokens, "
-                    f"but the prompt has {prompt_len} tokens, leaving no room for a completion. "
-                    "Shorten the prompt.", param=param, code="context_length_exceeded")
+    return APIError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens, "
+        f"but the prompt has {prompt_len} tokens, leaving no room for a completion. "
+        "Shorten the prompt.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
-                       prompt_param: str, tokens_param: str = "max_tokens") -> int:
+def resolve_max_tokens(
+    requested: int | None,
+    prompt_len: int,
+    max_model_len: int,
+    prompt_param: str,
+    tokens_param: str = "max_tokens",
+) -> int:
     """The completion budget: ``requested``, or all that is left of the context when None.
 
     A prompt that fills the context, or a budget that does not fit next to the prompt, is a 400.
@@ -44,16 +54,27 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
     if requested is None:
         return room
     if requested > room:
-        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. "
-                       f"However, you requested {prompt_len + requested} tokens ({prompt_len} in "
-                       f"the prompt, {requested} for the completion). Reduce the prompt or "
-                       f"{tokens_param}.", param=tokens_param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, you requested {prompt_len + requested} tokens ({prompt_len} in "
+            f"the prompt, {requested} for the completion). Reduce the prompt or "
+            f"{tokens_param}.",
+            param=tokens_param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
-def build_sampling_params(req: SamplingFields, *, max_tokens: int, vocab_size: int | None,
-                          logprobs: int | None = None, prompt_logprobs: int | None = None,
-                          structured_outputs: GrammarSpec | None = None) -> SamplingParams:
+def build_sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    vocab_size: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    structured_outputs: GrammarSpec | None = None,
+) -> SamplingParams:
     """The engine's ``SamplingParams`` for ``req``, field by field (a field renamed on either
     side is a type error here); ``structured_outputs`` is the GrammarSpec its output must
     match, if any. The completion budget and logprobs are the endpoint's to decide."""
@@ -71,15 +92,19 @@ def build_sampling_params(req: SamplingFields, *, max_tokens: int, vocab_size: i
         seed=req.seed,
         max_tokens=max_tokens,
         min_tokens=_given(req.min_tokens, d.min_tokens),
-        stop=[] if req.stop is None else [req.stop] if isinstance(req.stop, str)
+        stop=[]
+        if req.stop is None
+        else [req.stop]
+        if isinstance(req.stop, str)
         else list(req.stop),
         stop_token_ids=list(_given(req.stop_token_ids, d.stop_token_ids)),
         ignore_eos=_given(req.ignore_eos, d.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=_given(req.skip_special_tokens, d.skip_special_tokens),
-        include_stop_str_in_output=_given(req.include_stop_str_in_output,
-                                          d.include_stop_str_in_output),
+        include_stop_str_in_output=_given(
+            req.include_stop_str_in_output, d.include_stop_str_in_output
+        ),
         structured_outputs=structured_outputs,
     )
     if vocab_size:
@@ -96,7 +121,9 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         try:
             token = int(key)
         except ValueError:
-            raise invalid("logit_bias", f"Invalid value for 'logit_bias': keys must be token "
-                          f"ids, got {key!r}.") from None
+            raise invalid(
+                "logit_bias",
+                f"Invalid value for 'logit_bias': keys must be token ids, got {key!r}.",
+            ) from None
         out[token] = value
     return out

@@ -17,10 +17,10 @@ EngineStream = AsyncIterator[RequestOutput]
 
 class ServedEngine(Protocol):
     """What the server uses of its engine: an :class:`~tallow.engine.async_engine.AsyncEngine`,
-    or a stand-in with the same surface. Optional parts (``structured``, ``task``,
-    ``embedding``, ``error``, ``plugin_manager``, ``images``: the prompt expander of a model that
-takes images) are read with ``getattr``; ``generate`` is given ``images`` only when a request
-has some."""
+        or a stand-in with the same surface. Optional parts (``structured``, ``task``,
+        ``embedding``, ``error``, ``plugin_manager``, ``images``: the prompt expander of a model that
+    takes images) are read with ``getattr``; ``generate`` is given ``images`` only when a request
+    has some."""
 
     @property
     def model_name(self) -> str: ...
@@ -33,12 +33,20 @@ has some."""
 
     def stats(self) -> dict[str, float]: ...
 
-    def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
-                 prompt: str | None = None, priority: int = 0,
-                 images: Sequence[Any] | None = None) -> EngineStream: ...
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        prompt: str | None = None,
+        priority: int = 0,
+        images: Sequence[Any] | None = None,
+    ) -> EngineStream: ...
 
-    async def embed(self, prompt_token_ids: list[int], params: PoolingParams,
-                    request_id: str) -> EmbeddingOutput: ...
+    async def embed(
+        self, prompt_token_ids: list[int], params: PoolingParams, request_id: str
+    ) -> EmbeddingOutput: ...
 
     async def start(self) -> None: ...
 

@@ -19,7 +19,15 @@ import json
 import time
 from abc import ABC, abstractmethod
 from typing import (
-    AsyncIterator, Callable, ClassVar, Generic, Mapping, Protocol, TypedDict, TypeVar, cast,
+    AsyncIterator,
+    Callable,
+    ClassVar,
+    Generic,
+    Mapping,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    cast,
 )
 
 from starlette.requests import Request
@@ -33,8 +41,13 @@ from .errors import APIError, from_exception
 from .generation import aclose_quietly, run_generation, unless_disconnected
 from .logprobs import reported_tokens
 from .protocol import (
-    ChatCompletionRequest, CompletionRequest, SamplingFields, check_model, parse_request,
-    reject_unsupported, stream_flags,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    check_model,
+    parse_request,
+    reject_unsupported,
+    stream_flags,
 )
 from .sampling import build_sampling_params
 from .sse import DONE, StreamSession
@@ -93,7 +106,8 @@ async def merge_streams(gens: list[EngineStream]) -> AsyncIterator[Item]:
     tasks: list[asyncio.Task[None]] = []
     try:
         gathered: list[RequestOutput | BaseException] = await asyncio.gather(
-            *(g.__anext__() for g in gens), return_exceptions=True)
+            *(g.__anext__() for g in gens), return_exceptions=True
+        )
         firsts: list[RequestOutput] = []
         for first in gathered:
             if isinstance(first, BaseException):
@@ -111,8 +125,9 @@ async def merge_streams(gens: list[EngineStream]) -> AsyncIterator[Item]:
             finally:
                 await queue.put((i, None))
 
-        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)
-                 if not firsts[i].finished]
+        tasks = [
+            asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens) if not firsts[i].finished
+        ]
         running = len(tasks)
         while running:
             i, got = await queue.get()
@@ -160,8 +175,7 @@ class OpenAIServing(ABC, Generic[R]):
 
     # -- the flow -------------------------------------------------------------------------
     @classmethod
-    async def serve(cls, state: ServerState, request: Request,
-                    body: dict[str, object]) -> Response:
+    async def serve(cls, state: ServerState, request: Request, body: dict[str, object]) -> Response:
         """Answer one HTTP request: check it, start its generation, respond or stream."""
         req = parse_request(cls.request_type, body)
         check_model(req.model, state.served_names)
@@ -178,9 +192,17 @@ class OpenAIServing(ABC, Generic[R]):
 
     async def run(self, request: Request) -> Response:
         start, sequences = await self.start()
-        return await run_generation(self.state, request, start, self.prompt_param,
-                                    bool(self.req.stream), self.respond, self.stream,
-                                    self.timer, sequences)
+        return await run_generation(
+            self.state,
+            request,
+            start,
+            self.prompt_param,
+            bool(self.req.stream),
+            self.respond,
+            self.stream,
+            self.timer,
+            sequences,
+        )
 
     @abstractmethod
     async def start(self) -> tuple[Starter, int]:
@@ -188,16 +210,23 @@ class OpenAIServing(ABC, Generic[R]):
         before admission); return a function starting the engine's stream of :data:`Item`
         and how many sequences it generates."""
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None,
-                        prompt_logprobs: int | None = None,
-                        structured_outputs: GrammarSpec | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        structured_outputs: GrammarSpec | None = None,
+    ) -> SamplingParams:
         """The request's ``SamplingParams``; a value the engine refuses is a 400."""
         try:
             return build_sampling_params(
-                self.req, max_tokens=max_tokens,
+                self.req,
+                max_tokens=max_tokens,
                 vocab_size=getattr(self.state.tokenizer, "vocab_size", None),
-                logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                structured_outputs=structured_outputs)
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                structured_outputs=structured_outputs,
+            )
         except Exception as exc:
             raise from_exception(exc) from None
 
@@ -232,17 +261,25 @@ class OpenAIServing(ABC, Generic[R]):
     # -- shapes ---------------------------------------------------------------------------
     def usage(self) -> Usage:
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens()},
+        }
 
     def cached_tokens(self) -> int:
         return sum(int(out.num_cached_tokens or 0) for out in self.latest.values())
 
     def envelope(self, obj: str, choices: list[Choice]) -> dict[str, object]:
-        return {"id": self.id, "object": obj, "created": self.created,
-                "model": self.state.model_name,
-                "system_fingerprint": self.state.system_fingerprint, "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.state.model_name,
+            "system_fingerprint": self.state.system_fingerprint,
+            "choices": choices,
+        }
 
     def chunk(self, choices: list[Choice], usage: Usage | None = None) -> str:
         """One stream event; ``usage`` is sent (null on most chunks) when the request asked
@@ -258,15 +295,17 @@ class OpenAIServing(ABC, Generic[R]):
 
     def reported(self, o: CompletionOutput) -> int:
         """How many of a choice's tokens have logprobs reported."""
-        return reported_tokens(o, self.state.eos_token_ids,
-                               bool(self.req.include_stop_str_in_output))
+        return reported_tokens(
+            o, self.state.eos_token_ids, bool(self.req.include_stop_str_in_output)
+        )
 
     @staticmethod
     def engine_finish_reason(o: CompletionOutput) -> str:
         """A choice's finish reason as the engine gives it; an aborted request is a 503."""
         if o.finish_reason == "abort":
-            raise APIError(503, "The request was aborted by the server (shutting down?).",
-                           code="aborted")
+            raise APIError(
+                503, "The request was aborted by the server (shutting down?).", code="aborted"
+            )
         return o.finish_reason or "stop"
 
     # -- following the engine -------------------------------------------------------------
@@ -277,15 +316,16 @@ class OpenAIServing(ABC, Generic[R]):
         self.received(item)
 
     def _finished(self) -> bool:
-        return (len(self.latest) == self.prompt_count
-                and all(out.finished for out in self.latest.values()))
+        return len(self.latest) == self.prompt_count and all(
+            out.finished for out in self.latest.values()
+        )
 
     def _finish_timer(self) -> None:
         self.timer.finish([self.reasons[i] for i in sorted(self.reasons)], self.cached_tokens())
 
-    async def respond(self, request: Request, gen: AsyncIterator[Item],
-                      first: Item) -> Response:
+    async def respond(self, request: Request, gen: AsyncIterator[Item], first: Item) -> Response:
         """The whole response, once every choice has finished."""
+
         async def collect() -> None:
             item = first
             try:
@@ -301,13 +341,15 @@ class OpenAIServing(ABC, Generic[R]):
 
         await unless_disconnected(request, collect())
         choices = self.choices()
-        self.reasons = {c["index"]: reason for c in choices
-                        if (reason := c["finish_reason"]) is not None}  # always set when whole
+        self.reasons = {
+            c["index"]: reason for c in choices if (reason := c["finish_reason"]) is not None
+        }  # always set when whole
         self._finish_timer()
         return JSONResponse(self.body(choices, self.usage()))
 
-    async def stream(self, gen: AsyncIterator[Item], first: Item,
-                     session: StreamSession) -> AsyncIterator[str]:
+    async def stream(
+        self, gen: AsyncIterator[Item], first: Item, session: StreamSession
+    ) -> AsyncIterator[str]:
         """The SSE events of the response, as the outputs arrive."""
         item = first
         while True:

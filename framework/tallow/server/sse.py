@@ -21,17 +21,21 @@ def error_event(err: APIError) -> str:
     return json.dumps(err.body(), ensure_ascii=False)
 
 
-def event_stream(chunks: AsyncIterator[str],
-                 on_close: Callable[[], Awaitable[None]] | None = None) -> EventSourceResponse:
+def event_stream(
+    chunks: AsyncIterator[str], on_close: Callable[[], Awaitable[None]] | None = None
+) -> EventSourceResponse:
     """An SSE response of ``chunks`` (each a ``data`` payload).
 
     ``on_close`` runs once the stream is over, whether it ended or the client went away (a
     disconnect cancels the iteration of ``chunks``).
     """
     return EventSourceResponse(
-        chunks, sep="\n", ping=15,
+        chunks,
+        sep="\n",
+        ping=15,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=BackgroundTask(on_close) if on_close is not None else None)
+        background=BackgroundTask(on_close) if on_close is not None else None,
+    )
 
 
 class StreamSession:

@@ -38,10 +38,10 @@ _INLINE_TOKENIZE_CHARS = 2048
 
 _T = TypeVar("_T")
 
+
 def _setting(config: TallowConfig | None, section: str, name: str, default: _T) -> _T:
     """``config.section.name``, ``default`` without a config (or a stand-in lacking it)."""
-    return getattr(getattr(config, section, None), name, default) if config is not None \
-        else default
+    return getattr(getattr(config, section, None), name, default) if config is not None else default
 
 
 class ServerState:
@@ -50,10 +50,14 @@ class ServerState:
     ``tool_providers`` its :class:`~tallow.server.tool_providers.ToolProviders`, ``reasoning``
     its :class:`~tallow.server.reasoning.ReasoningParsing` (default: no reasoning parser)."""
 
-    def __init__(self, engine: ServedEngine, config: TallowConfig | None = None,
-                 tool_parsing: ToolParsing | None = None,
-                 tool_providers: ToolProviders | None = None,
-                 reasoning: ReasoningParsing | None = None) -> None:
+    def __init__(
+        self,
+        engine: ServedEngine,
+        config: TallowConfig | None = None,
+        tool_parsing: ToolParsing | None = None,
+        tool_providers: ToolProviders | None = None,
+        reasoning: ReasoningParsing | None = None,
+    ) -> None:
         self.engine = engine
         self.config = config
         self.model_name: str = engine.model_name
@@ -67,8 +71,7 @@ class ServerState:
         #: cannot constrain outputs
         self.structured: StructuredOutputs | None = getattr(engine, "structured", None)
         self.max_queue: int = int(_setting(config, "server", "max_queue", 1024))
-        self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request",
-                                               256))
+        self.max_sequences: int = int(_setting(config, "server", "max_sequences_per_request", 256))
         self.inflight = 0
         #: what image_url content parts may hold (server.allowed_image_hosts and the limits)
         self.image_policy: ImagePolicy = policy_from_config(config)
@@ -102,8 +105,7 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     # -- prompt work, off the event loop when it is big ---------------------------------
-    async def run_blocking(self, fn: Callable[..., _T], *args: object,
-                           size: int = 1 << 30) -> _T:
+    async def run_blocking(self, fn: Callable[..., _T], *args: object, size: int = 1 << 30) -> _T:
         if size < _INLINE_TOKENIZE_CHARS:
             return fn(*args)
         return await anyio.to_thread.run_sync(fn, *args)
@@ -117,25 +119,34 @@ class ServerState:
             return
         limit = self.max_model_len * per_token
         if length > limit:
-            raise invalid(field, f"Invalid value for {field!r}: the text has {length} "
-                          f"characters; {self.max_model_len} tokens (max_model_len) of this "
-                          f"model hold at most {limit} ({per_token} per token), so it cannot "
-                          "fit the context.", code="context_length_exceeded")
+            raise invalid(
+                field,
+                f"Invalid value for {field!r}: the text has {length} "
+                f"characters; {self.max_model_len} tokens (max_model_len) of this "
+                f"model hold at most {limit} ({per_token} per token), so it cannot "
+                "fit the context.",
+                code="context_length_exceeded",
+            )
 
-    async def encode(self, text: str, *, add_special_tokens: bool,
-                     field: str = "prompt") -> list[int]:
+    async def encode(
+        self, text: str, *, add_special_tokens: bool, field: str = "prompt"
+    ) -> list[int]:
         """Token ids of ``text`` (``field`` names it in errors): a text too long for the
         context is refused first (:meth:`check_prompt_chars`); a long one is tokenized in a
         worker thread by a call that releases the GIL, so the event loop keeps serving."""
         self.check_prompt_chars(len(text), field)
         return await self.run_blocking(
             lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)),
-            size=len(text))
+            size=len(text),
+        )
 
-    async def render_chat(self, messages: list[dict[str, object]],
-                          tools: list[dict[str, object]] | None,
-                          add_generation_prompt: bool = True,
-                          kwargs: Mapping[str, Any] | None = None) -> str:  # Any: template variables
+    async def render_chat(
+        self,
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        add_generation_prompt: bool = True,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:  # Any: template variables
         """The chat template applied to ``messages`` (a template failure is the client's 400;
         contents too long for the context are refused before rendering)."""
         size = sum(len(str(m.get("content") or "")) for m in messages)
@@ -147,22 +158,33 @@ class ServerState:
 
         def render() -> str:
             return self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                time_limit_s=limit_s, **(kwargs or {}))
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                time_limit_s=limit_s,
+                **(kwargs or {}),
+            )
 
         try:
             return await self.run_blocking(render, size=size)
         except APIError:
             raise
         except ChatTemplateTimeout:
-            raise APIError(400, f"The chat template of the model {self.model_name!r} did not "
-                           f"finish rendering these messages within {limit_s:g} s "
-                           "(server.chat_template_timeout_s) and was stopped; the model's "
-                           "template (its tokenizer_config chat_template) is at fault.",
-                           param="messages", code="chat_template_timeout") from None
+            raise APIError(
+                400,
+                f"The chat template of the model {self.model_name!r} did not "
+                f"finish rendering these messages within {limit_s:g} s "
+                "(server.chat_template_timeout_s) and was stopped; the model's "
+                "template (its tokenizer_config chat_template) is at fault.",
+                param="messages",
+                code="chat_template_timeout",
+            ) from None
         except Exception as exc:  # jinja raises for conversations a template refuses
-            raise invalid("messages", f"The chat template cannot render these messages: "
-                          f"{type(exc).__name__}: {exc}.", code="chat_template_error") from None
+            raise invalid(
+                "messages",
+                f"The chat template cannot render these messages: {type(exc).__name__}: {exc}.",
+                code="chat_template_error",
+            ) from None
 
     # -- the task the engine serves ---------------------------------------------------------
     @property
@@ -173,20 +195,28 @@ class ServerState:
     def require_generation(self, endpoint: str) -> None:
         """400 for a generation endpoint on a server whose model embeds."""
         if self.task != "generate":
-            raise APIError(400, f"The model {self.model_name!r} is served for embeddings "
-                           f"(model.task {self.task}); {endpoint} needs a model served for "
-                           "text generation. Use /v1/embeddings.", param="model",
-                           code="unsupported_task")
+            raise APIError(
+                400,
+                f"The model {self.model_name!r} is served for embeddings "
+                f"(model.task {self.task}); {endpoint} needs a model served for "
+                "text generation. Use /v1/embeddings.",
+                param="model",
+                code="unsupported_task",
+            )
 
     def embedding_info(self, endpoint: str) -> EmbeddingInfo:
         """The served model's :class:`~tallow.engine.embedding.EmbeddingInfo`; 400 when the
         model is served for generation."""
         info: EmbeddingInfo | None = getattr(self.engine, "embedding", None)
         if self.task != "embed" or info is None:
-            raise APIError(400, f"The model {self.model_name!r} is served for text generation "
-                           f"(model.task {self.task}); {endpoint} needs a server started with "
-                           "an embedding model (model.task embed).", param="model",
-                           code="unsupported_task")
+            raise APIError(
+                400,
+                f"The model {self.model_name!r} is served for text generation "
+                f"(model.task {self.task}); {endpoint} needs a server started with "
+                "an embedding model (model.task embed).",
+                param="model",
+                code="unsupported_task",
+            )
         return info
 
     # -- admission ----------------------------------------------------------------------
@@ -194,17 +224,24 @@ class ServerState:
         """400 when ``prompts`` × ``n`` sequences exceed ``server.max_sequences_per_request``."""
         if prompts * n > self.max_sequences:
             what = f"{prompts} prompts × n={n}" if prompts > 1 else f"n={n}"
-            raise invalid("n" if prompts == 1 else "prompt",
-                          f"The request asks for {prompts * n} sequences ({what}); this server "
-                          f"allows at most {self.max_sequences} per request "
-                          "(server.max_sequences_per_request).", code="too_many_sequences")
+            raise invalid(
+                "n" if prompts == 1 else "prompt",
+                f"The request asks for {prompts * n} sequences ({what}); this server "
+                f"allows at most {self.max_sequences} per request "
+                "(server.max_sequences_per_request).",
+                code="too_many_sequences",
+            )
 
     def acquire(self) -> None:
         """Take one of the ``server.max_queue`` request slots (503 when none is left)."""
         if self.inflight >= self.max_queue:
-            raise APIError(503, f"The server holds {self.inflight} requests, its limit "
-                           "(server.max_queue); retry shortly.", code="server_overloaded",
-                           headers={"Retry-After": "1"})
+            raise APIError(
+                503,
+                f"The server holds {self.inflight} requests, its limit "
+                "(server.max_queue); retry shortly.",
+                code="server_overloaded",
+                headers={"Retry-After": "1"},
+            )
         self.inflight += 1
 
     def release(self) -> None:

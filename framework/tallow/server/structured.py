@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 Schema = Union[Mapping[str, object], bool]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-           "structured_outputs")
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 _KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -59,8 +58,7 @@ def _schema(value: object, field: str) -> Schema:
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise invalid(field, f"Invalid value for {field!r}: not valid JSON ({exc}).") \
-                from None
+            raise invalid(field, f"Invalid value for {field!r}: not valid JSON ({exc}).") from None
     if isinstance(value, bool):
         return value
     try:
@@ -78,18 +76,21 @@ def _string(value: object, field: str) -> str:
 
 
 def _choices(value: object, field: str) -> tuple[str, ...]:
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(c, str) and c for c in value)):
-        raise invalid(field, f"Invalid value for {field!r}: expected a non-empty list of "
-                      "non-empty strings.")
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+        raise invalid(
+            field, f"Invalid value for {field!r}: expected a non-empty list of non-empty strings."
+        )
     return tuple(value)
 
 
 def _from_response_format(fmt: Mapping[str, object]) -> Constraint | None:
     kind = fmt.get("type")
     if kind not in ("text", "json_object", "json_schema"):
-        raise invalid("response_format.type", "Invalid value for 'response_format.type': "
-                      f"expected 'text', 'json_object' or 'json_schema', got {kind!r}.")
+        raise invalid(
+            "response_format.type",
+            "Invalid value for 'response_format.type': "
+            f"expected 'text', 'json_object' or 'json_schema', got {kind!r}.",
+        )
     if kind == "text":
         return None
     if kind == "json_object":
@@ -97,15 +98,18 @@ def _from_response_format(fmt: Mapping[str, object]) -> Constraint | None:
     body = fmt.get("json_schema")
     where = "response_format.json_schema"
     if not isinstance(body, dict):
-        raise invalid(where, f"Missing required parameter: {where!r}.",
-                      code="missing_required_parameter")
+        raise invalid(
+            where, f"Missing required parameter: {where!r}.", code="missing_required_parameter"
+        )
     name = body.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid(f"{where}.name", f"Invalid value for '{where}.name': expected 1-64 "
-                      f"characters of a-z, A-Z, 0-9, '_' or '-', got {name!r}.")
+        raise invalid(
+            f"{where}.name",
+            f"Invalid value for '{where}.name': expected 1-64 "
+            f"characters of a-z, A-Z, 0-9, '_' or '-', got {name!r}.",
+        )
     if body.get("strict") is not None and not isinstance(body["strict"], bool):
-        raise invalid(f"{where}.strict", f"Invalid value for '{where}.strict': expected a "
-                      "boolean.")
+        raise invalid(f"{where}.strict", f"Invalid value for '{where}.strict': expected a boolean.")
     if "schema" not in body:  # OpenAI makes it optional: then any JSON object
         return Constraint(GrammarSpec.json_schema({"type": "object"}), where)
     field = f"{where}.schema"
@@ -115,13 +119,18 @@ def _from_response_format(fmt: Mapping[str, object]) -> Constraint | None:
 def _from_structured_outputs(value: object) -> Constraint:
     field = "structured_outputs"
     if not isinstance(value, dict):
-        raise invalid(field, f"Invalid value for {field!r}: expected an object with one of "
-                      f"{', '.join(_KEYS)}.")
+        raise invalid(
+            field,
+            f"Invalid value for {field!r}: expected an object with one of {', '.join(_KEYS)}.",
+        )
     given = [k for k in value if value[k] is not None and value[k] is not False]
     unknown = [k for k in given if k not in _KEYS]
     if unknown or len(given) != 1:
-        raise invalid(field, f"Invalid value for {field!r}: expected exactly one of "
-                      f"{', '.join(_KEYS)}, got {', '.join(given) or 'none'}.")
+        raise invalid(
+            field,
+            f"Invalid value for {field!r}: expected exactly one of "
+            f"{', '.join(_KEYS)}, got {', '.join(given) or 'none'}.",
+        )
     key = given[0]
     return _guided(key, value[key], f"{field}.{key}")
 
@@ -154,22 +163,30 @@ def requested_constraint(req: SamplingFields) -> Constraint | None:
         if name == "structured_outputs":
             found.append(_from_structured_outputs(value))
         else:
-            found.append(_guided(name[len("guided_"):], value, name))
+            found.append(_guided(name[len("guided_") :], value, name))
     if len(found) > 1:
         fields = ", ".join(c.field.split(".")[0] for c in found)
-        raise invalid(found[1].field.split(".")[0], f"Only one way of constraining the output "
-                      f"may be given; this request uses {fields}.")
+        raise invalid(
+            found[1].field.split(".")[0],
+            f"Only one way of constraining the output may be given; this request uses {fields}.",
+        )
     return found[0] if found else None
 
 
 def _structured(state: ServerState, field: str) -> StructuredOutputs:
     structured: StructuredOutputs | None = getattr(state, "structured", None)
     if structured is None:
-        raise invalid(field, f"Invalid value for {field!r}: this server's engine cannot "
-                      "constrain outputs.", code="structured_outputs_unavailable")
+        raise invalid(
+            field,
+            f"Invalid value for {field!r}: this server's engine cannot constrain outputs.",
+            code="structured_outputs_unavailable",
+        )
     if not structured.available:
-        raise invalid(field, f"Structured outputs are not available: {structured.unavailable}.",
-                      code="grammar_backend_unavailable")
+        raise invalid(
+            field,
+            f"Structured outputs are not available: {structured.unavailable}.",
+            code="grammar_backend_unavailable",
+        )
     return structured
 
 
@@ -188,8 +205,9 @@ async def compile_constraint(state: ServerState, constraint: Constraint) -> None
         raise _refusal(exc, constraint.field) from None
 
 
-async def compile_tool_parameters(state: ServerState, tools: list[dict[str, Any]],
-                                  call: Constraint) -> None:
+async def compile_tool_parameters(
+    state: ServerState, tools: list[dict[str, Any]], call: Constraint
+) -> None:
     """Compile a forced call's grammar (:func:`tallow.server.tools.call_schema`): each
     tool's ``parameters`` first, so that a part the backend cannot enforce is named where the
     client wrote it (``tools[2].function.parameters.properties.x.not``)."""

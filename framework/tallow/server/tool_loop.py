@@ -66,8 +66,10 @@ from .tools import Final, plan_tools, tool_name
 #: the extension field of messages and deltas that reports the calls the server ran
 EXTENSION_FIELD = "server_tool_calls"
 #: the user turn added before the round generated without tools
-ANSWER_NOW = ("Answer my question now in plain sentences, using the tool results above. Do not "
-              "call any tool and do not write JSON.")
+ANSWER_NOW = (
+    "Answer my question now in plain sentences, using the tool results above. Do not "
+    "call any tool and do not write JSON."
+)
 
 
 def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
@@ -78,8 +80,10 @@ def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
     explicit = req.server_tools
     if explicit is False:
         return False
-    if explicit is None and getattr(getattr(state.config, "server", None), "server_tools",
-                                    "off") != "always":
+    if (
+        explicit is None
+        and getattr(getattr(state.config, "server", None), "server_tools", "off") != "always"
+    ):
         return False
     problem = _cannot_loop(state, req)
     if problem is None:
@@ -91,8 +95,11 @@ def wants_server_tools(state: ServerState, req: ChatCompletionRequest) -> bool:
 
 def _cannot_loop(state: ServerState, req: ChatCompletionRequest) -> tuple[str, str] | None:
     if not state.tool_providers.active:
-        return ("server_tools", "Invalid value for 'server_tools': this server runs no tool "
-                "providers (configure one, e.g. MCP servers; see GET /v1/tools).")
+        return (
+            "server_tools",
+            "Invalid value for 'server_tools': this server runs no tool "
+            "providers (configure one, e.g. MCP servers; see GET /v1/tools).",
+        )
     if (req.n or 1) > 1:
         return ("n", "'server_tools' needs n = 1.")
     if req.logprobs:
@@ -101,8 +108,11 @@ def _cannot_loop(state: ServerState, req: ChatCompletionRequest) -> tuple[str, s
     if choice is not None and choice != "auto":
         return ("tool_choice", "'server_tools' needs 'tool_choice' to be 'auto' or absent.")
     if state.tool_parsing.parser is None:
-        return ("server_tools", "Tool calling is not available: no tool parser matches the "
-                "served model; start the server with --tool-parser NAME.")
+        return (
+            "server_tools",
+            "Tool calling is not available: no tool parser matches the "
+            "served model; start the server with --tool-parser NAME.",
+        )
     return None
 
 
@@ -170,23 +180,25 @@ def _call_key(call: ToolCall) -> tuple[str, str]:
 class ToolLoop:
     """One chat request running the tool loop (see the module docstring)."""
 
-    def __init__(self, state: ServerState, req: ChatCompletionRequest,
-                 provided: dict[str, ProvidedTool]) -> None:
+    def __init__(
+        self, state: ServerState, req: ChatCompletionRequest, provided: dict[str, ProvidedTool]
+    ) -> None:
         self.state = state
         self.req = req
         self.handler = ChatCompletion(state, req)
         client_tools = list(req.tools or [])
-        shadowed = {tool_name(t) for t in client_tools if isinstance(t, dict)
-                    and isinstance(t.get("function"), dict)}
+        shadowed = {
+            tool_name(t)
+            for t in client_tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        }
         # A client's own tool wins over a provided tool of the same name.
         self.provided = {n: t for n, t in provided.items() if n not in shadowed}
         tools = client_tools + [t.definition for t in self.provided.values()]
-        self.handler.plan = plan_tools(tools, "auto", req.parallel_tool_calls,
-                                       state.tool_parsing)
+        self.handler.plan = plan_tools(tools, "auto", req.parallel_tool_calls, state.tool_parsing)
         self.messages = normalize_messages(req.messages, images=state.takes_images)
         self.budget = req.max_completion_tokens or req.max_tokens
-        self.max_rounds = int(getattr(getattr(state.config, "server", None),
-                                      "max_tool_rounds", 8))
+        self.max_rounds = int(getattr(getattr(state.config, "server", None), "max_tool_rounds", 8))
         self.rounds = 0
         #: results of the calls run so far, by tool and canonical arguments
         self._results: dict[tuple[str, str], ToolResult] = {}
@@ -205,19 +217,29 @@ class ToolLoop:
         self.prompt_tokens += len(ids)
         images = self.handler.image_kwargs()
         return await run_generation(
-            self.state, request,
-            lambda: self.state.engine.generate(ids, params, self.id, prompt=prompt,
-                                               priority=self.req.priority or 0, **images),
-            "messages", bool(self.req.stream), self.respond, self.stream, self.handler.timer, 1)
+            self.state,
+            request,
+            lambda: self.state.engine.generate(
+                ids, params, self.id, prompt=prompt, priority=self.req.priority or 0, **images
+            ),
+            "messages",
+            bool(self.req.stream),
+            self.respond,
+            self.stream,
+            self.handler.timer,
+            1,
+        )
 
     def usage(self) -> Usage:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     # -- the loop -------------------------------------------------------------------------
-    async def events(self, gen: EngineStream, first: RequestOutput
-                     ) -> AsyncIterator[Event]:
+    async def events(self, gen: EngineStream, first: RequestOutput) -> AsyncIterator[Event]:
         """Run the rounds, starting with the first round's engine stream ``gen`` (whose first
         output is ``first``); every later round's stream is opened and closed here."""
         while True:
@@ -265,8 +287,7 @@ class ToolLoop:
             mine = [c for c in calls if c.name in self.provided]
             theirs = [c for c in calls if c.name not in self.provided]
             if not mine:
-                yield End(ChatCompletion.tool_finish_reason(o, Final(None, theirs), choice),
-                          theirs)
+                yield End(ChatCompletion.tool_finish_reason(o, Final(None, theirs), choice), theirs)
                 return
             if self.rounds >= self.max_rounds:
                 for event in self._not_run(mine):
@@ -290,14 +311,20 @@ class ToolLoop:
             gen, first = started
 
     def _entry(self, call: ToolCall, round_no: int) -> dict[str, object]:
-        entry: dict[str, object] = {"index": self._reported, "id": call.id, "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments},
-                 "provider": self.provided[call.name].provider, "round": round_no}
+        entry: dict[str, object] = {
+            "index": self._reported,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+            "provider": self.provided[call.name].provider,
+            "round": round_no,
+        }
         self._reported += 1
         return entry
 
-    async def _run_calls(self, calls: list[ToolCall], content: str, reasoning: str
-                         ) -> AsyncIterator[Event]:
+    async def _run_calls(
+        self, calls: list[ToolCall], content: str, reasoning: str
+    ) -> AsyncIterator[Event]:
         """Run this round's calls to provided tools (concurrently), report them, and append
         them (with the round's content and reasoning) and their results to the conversation."""
         entries = [self._entry(call, self.rounds) for call in calls]
@@ -317,28 +344,39 @@ class ToolLoop:
                 result = self._results[key] if key in self._results else await tasks[key]
                 self._results[key] = result
                 results.append(result)
-                ended: dict[str, object] = {"content": result.content,
-                                            "is_error": result.is_error}
+                ended: dict[str, object] = {"content": result.content, "is_error": result.is_error}
                 if repeat:
                     ended["repeated"] = True
                 yield CallEnded(call_index(entry), call.id, ended)
         finally:
             for task in tasks.values():
                 task.cancel()  # the request went away: cancel the calls still running
-        self.messages.append({"role": "assistant", "content": content or None,
-                              "tool_calls": [{"id": c.id, "type": "function",
-                                              "function": {"name": c.name,
-                                                           "arguments": json.loads(c.arguments)}}
-                                             for c in calls],
-                              **reasoning_fields(reasoning, content)})
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": content or None,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.loads(c.arguments)},
+                    }
+                    for c in calls
+                ],
+                **reasoning_fields(reasoning, content),
+            }
+        )
         for call, result, repeat in zip(calls, results, repeats):
             # Chat templates have no error flag for tool results: the text says it.
             text = f"Error: {result.content}" if result.is_error else result.content
             if repeat:
-                text += ("\n(This exact call was already made; this is its earlier result. "
-                         "Answer the user with the results you have.)")
-            self.messages.append({"role": "tool", "content": text, "tool_call_id": call.id,
-                                  "name": call.name})
+                text += (
+                    "\n(This exact call was already made; this is its earlier result. "
+                    "Answer the user with the results you have.)"
+                )
+            self.messages.append(
+                {"role": "tool", "content": text, "tool_call_id": call.id, "name": call.name}
+            )
 
     def _withdraw_tools(self) -> None:
         """Generate from now on without tools: none in the prompt, no tool parser, and the
@@ -356,12 +394,16 @@ class ToolLoop:
 
     def _not_run(self, calls: list[ToolCall]) -> list[Event]:
         events: list[Event] = []
-        why = (f"not run: the server already ran {self.max_rounds} rounds of tool calls for "
-               "this request (server.max_tool_rounds)")
+        why = (
+            f"not run: the server already ran {self.max_rounds} rounds of tool calls for "
+            "this request (server.max_tool_rounds)"
+        )
         for call in calls:
             entry = self._entry(call, self.rounds + 1)
-            events += [CallStarted(entry),
-                       CallEnded(call_index(entry), call.id, {"content": why, "is_error": True})]
+            events += [
+                CallStarted(entry),
+                CallEnded(call_index(entry), call.id, {"content": why, "is_error": True}),
+            ]
         return events
 
     async def _next_round(self) -> tuple[EngineStream, RequestOutput] | None:
@@ -379,9 +421,14 @@ class ToolLoop:
                 return None
             raise
         self.prompt_tokens += len(ids)
-        gen = self.state.engine.generate(ids, params, f"{self.id}-{self.rounds}",
-                                         prompt=prompt, priority=self.req.priority or 0,
-                                         **self.handler.image_kwargs())
+        gen = self.state.engine.generate(
+            ids,
+            params,
+            f"{self.id}-{self.rounds}",
+            prompt=prompt,
+            priority=self.req.priority or 0,
+            **self.handler.image_kwargs(),
+        )
         try:
             first = await first_output(gen, "messages")
         except BaseException:
@@ -390,8 +437,7 @@ class ToolLoop:
         return gen, first
 
     # -- whole response -------------------------------------------------------------------
-    async def respond(self, request: Request, gen: EngineStream,
-                      first: RequestOutput) -> Response:
+    async def respond(self, request: Request, gen: EngineStream, first: RequestOutput) -> Response:
         async def collect() -> tuple[str, str, list[dict[str, object]], End]:
             content = reasoning = ""
             entries: list[dict[str, object]] = []
@@ -410,30 +456,43 @@ class ToolLoop:
             return content, reasoning, entries, end
 
         content, reasoning, entries, end = await unless_disconnected(request, collect())
-        message: dict[str, object] = {"role": "assistant",
-                                   "content": content if content or not end.client_calls
-                                   else None, "refusal": None}
+        message: dict[str, object] = {
+            "role": "assistant",
+            "content": content if content or not end.client_calls else None,
+            "refusal": None,
+        }
         if self.handler.shows_reasoning():
             message["reasoning_content"] = reasoning or None
         if end.client_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in end.client_calls]
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in end.client_calls
+            ]
         message[EXTENSION_FIELD] = entries
         self.handler.timer.finish([end.finish_reason], self.cached_tokens)
-        choice: Choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": end.finish_reason}
+        choice: Choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": end.finish_reason,
+        }
         return JSONResponse(self.handler.body([choice], self.usage()))
 
     # -- stream ---------------------------------------------------------------------------
-    async def stream(self, gen: EngineStream, first: RequestOutput,
-                     session: StreamSession) -> AsyncIterator[str]:
+    async def stream(
+        self, gen: EngineStream, first: RequestOutput, session: StreamSession
+    ) -> AsyncIterator[str]:
         h = self.handler
 
         def chunk(delta: dict[str, object], finish: str | None = None) -> str:
             usage = self.usage() if h.continuous_usage else None
-            return h.chunk([{"index": 0, "delta": delta, "logprobs": None,
-                              "finish_reason": finish}], usage)
+            return h.chunk(
+                [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], usage
+            )
 
         yield chunk({"role": "assistant", "content": ""})
         async for event in self.events(gen, first):
@@ -445,12 +504,24 @@ class ToolLoop:
             elif isinstance(event, CallStarted):
                 yield chunk({EXTENSION_FIELD: [event.entry]})
             elif isinstance(event, CallEnded):
-                yield chunk({EXTENSION_FIELD: [{"index": event.index, "id": event.id,
-                                                "result": event.result}]})
+                yield chunk(
+                    {
+                        EXTENSION_FIELD: [
+                            {"index": event.index, "id": event.id, "result": event.result}
+                        ]
+                    }
+                )
             else:
                 for i, c in enumerate(event.client_calls):
-                    yield chunk(_delta_dict(StreamDelta(tool_calls=[ToolCallDelta(
-                        i, id=c.id, name=c.name, arguments=c.arguments)])))
+                    yield chunk(
+                        _delta_dict(
+                            StreamDelta(
+                                tool_calls=[
+                                    ToolCallDelta(i, id=c.id, name=c.name, arguments=c.arguments)
+                                ]
+                            )
+                        )
+                    )
                 yield chunk({}, event.finish_reason)
                 h.timer.finish([event.finish_reason], self.cached_tokens)
         if h.include_usage:

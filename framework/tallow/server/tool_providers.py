@@ -63,23 +63,30 @@ class ToolProviders:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def from_plugins(cls, plugin_manager: PluginManager | None,
-                     config: TallowConfig | None) -> "ToolProviders":
+    def from_plugins(
+        cls, plugin_manager: PluginManager | None, config: TallowConfig | None
+    ) -> "ToolProviders":
         """One instance of every provider registered in ``plugin_manager`` that has something to
         offer under ``config``. Invalid settings stop start-up (:class:`PluginSettingsError`);
         a provider that fails otherwise is reported by :meth:`describe` and left out."""
         registry = getattr(getattr(plugin_manager, "registries", None), "tool_providers", None)
         slots: list[_Slot] = []
-        for entry in (registry.by_priority() if registry is not None else []):
+        for entry in registry.by_priority() if registry is not None else []:
             try:
                 provider = entry.load().from_config(config)
             except PluginSettingsError:
                 raise
             except Exception as exc:
-                log.error("tool provider %r from %s cannot be set up: %s: %s", entry.name,
-                          entry.distribution, type(exc).__name__, exc)
-                slots.append(_Slot(entry.name, entry.distribution, None,
-                                   f"{type(exc).__name__}: {exc}"))
+                log.error(
+                    "tool provider %r from %s cannot be set up: %s: %s",
+                    entry.name,
+                    entry.distribution,
+                    type(exc).__name__,
+                    exc,
+                )
+                slots.append(
+                    _Slot(entry.name, entry.distribution, None, f"{type(exc).__name__}: {exc}")
+                )
                 continue
             if provider is not None:
                 slots.append(_Slot(entry.name, entry.distribution, provider))
@@ -98,14 +105,20 @@ class ToolProviders:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         """Start every provider, concurrently; one that raises is reported and left out."""
+
         async def start_one(slot: _Slot) -> None:
             assert slot.provider is not None
             slot.provider.on_tools_changed(self._changed)
             try:
                 await slot.provider.start()
             except Exception as exc:
-                log.error("tool provider %r from %s failed to start: %s: %s", slot.name,
-                          slot.distribution, type(exc).__name__, exc)
+                log.error(
+                    "tool provider %r from %s failed to start: %s: %s",
+                    slot.name,
+                    slot.distribution,
+                    type(exc).__name__,
+                    exc,
+                )
                 slot.error = f"failed to start: {type(exc).__name__}: {exc}"
                 slot.provider = None
 
@@ -145,8 +158,12 @@ class ToolProviders:
             try:
                 offered = await slot.provider.list_tools()
             except Exception as exc:
-                log.warning("tool provider %r could not list its tools: %s: %s", slot.name,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "tool provider %r could not list its tools: %s: %s",
+                    slot.name,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             for definition in offered:
                 tool = _checked(slot.name, definition)
@@ -156,11 +173,13 @@ class ToolProviders:
                 if name in catalog:
                     name = f"{slot.name}__{name}"[:_MAX_NAME]
                     if name in catalog:
-                        log.warning("tool %r of provider %r clashes with another tool and is "
-                                    "left out", tool_name(tool), slot.name)
+                        log.warning(
+                            "tool %r of provider %r clashes with another tool and is left out",
+                            tool_name(tool),
+                            slot.name,
+                        )
                         continue
-                exposed = {"type": "function",
-                           "function": {**tool["function"], "name": name}}
+                exposed = {"type": "function", "function": {**tool["function"], "name": name}}
                 catalog[name] = ProvidedTool(name, slot.name, tool_name(tool), exposed)
         return catalog
 
@@ -174,14 +193,20 @@ class ToolProviders:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("tool %r of provider %r raised: %s: %s", tool.original, tool.provider,
-                        type(exc).__name__, exc)
+            log.warning(
+                "tool %r of provider %r raised: %s: %s",
+                tool.original,
+                tool.provider,
+                type(exc).__name__,
+                exc,
+            )
             return ToolResult(f"the tool failed: {type(exc).__name__}: {exc}", True)
         if isinstance(result, str):
             return ToolResult(result)
         if not isinstance(result, ToolResult):
-            return ToolResult(f"the tool provider returned {type(result).__name__}, not a "
-                              "result", True)
+            return ToolResult(
+                f"the tool provider returned {type(result).__name__}, not a result", True
+            )
         return result
 
     # -- reporting ------------------------------------------------------------------------
@@ -195,8 +220,12 @@ class ToolProviders:
                     status = dict(slot.provider.status())
                 except Exception as exc:
                     status = {"error": f"status failed: {type(exc).__name__}: {exc}"}
-            entry: dict[str, object] = {"name": slot.name, "distribution": slot.distribution,
-                                        "running": slot.provider is not None, "status": status}
+            entry: dict[str, object] = {
+                "name": slot.name,
+                "distribution": slot.distribution,
+                "running": slot.provider is not None,
+                "status": status,
+            }
             if slot.error:
                 entry["error"] = slot.error
             out.append(entry)
@@ -207,15 +236,16 @@ class ToolProviders:
         tools = await self.tools()
         out = self.statuses()
         for entry in out:
-            entry["tools"] = [t.definition for t in tools.values()
-                              if t.provider == entry["name"]]
+            entry["tools"] = [t.definition for t in tools.values() if t.provider == entry["name"]]
         return out
 
 
-def check_tool_providers(plugin_manager: PluginManager | None, config: TallowConfig | None
-                         ) -> list[dict[str, object]]:
+def check_tool_providers(
+    plugin_manager: PluginManager | None, config: TallowConfig | None
+) -> list[dict[str, object]]:
     """Start every tool provider for ``config``, describe each with its tools, stop them:
     what ``tallow plugins list --check-tools`` shows. Runs its own event loop."""
+
     async def check() -> list[dict[str, object]]:
         providers = ToolProviders.from_plugins(plugin_manager, config)
         await providers.start()
@@ -233,6 +263,5 @@ def _checked(provider: str, definition: object) -> dict[str, Any] | None:
         (tool,) = validate_tools([definition])
         return tool
     except APIError as exc:
-        log.warning("tool provider %r offers an invalid tool, left out: %s", provider,
-                    exc.message)
+        log.warning("tool provider %r offers an invalid tool, left out: %s", provider, exc.message)
     return None

@@ -28,7 +28,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from tallow.plugin import GrammarSpec
 from tallow.plugin.json_schema import SchemaProblem, check_schema
 from tallow.plugin.tool_parsing import (
-    StreamDelta, StreamingToolParser, ToolCall, ToolCallDelta, ToolParser,
+    StreamDelta,
+    StreamingToolParser,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
 )
 
 from .errors import invalid, unsupported
@@ -55,28 +59,39 @@ def validate_tools(tools: Sequence[object]) -> list[dict[str, Any]]:
             raise invalid(at, f"Invalid value for {at!r}: expected a tool object.")
         kind = tool.get("type", "function")
         if kind != "function":
-            raise unsupported(f"{at}.type", f"tools of type {kind!r} are not implemented; "
-                              "use 'function'")
+            raise unsupported(
+                f"{at}.type", f"tools of type {kind!r} are not implemented; use 'function'"
+            )
         fn = tool.get("function")
         if not isinstance(fn, dict):
-            raise invalid(f"{at}.function", f"Missing required parameter: '{at}.function'.",
-                          code="missing_required_parameter")
+            raise invalid(
+                f"{at}.function",
+                f"Missing required parameter: '{at}.function'.",
+                code="missing_required_parameter",
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not _FN_NAME.match(name):
-            raise invalid(f"{at}.function.name", f"Invalid value for '{at}.function.name': "
-                          "expected 1-64 characters of a-z, A-Z, 0-9, '_' or '-', got "
-                          f"{name!r}.")
+            raise invalid(
+                f"{at}.function.name",
+                f"Invalid value for '{at}.function.name': "
+                "expected 1-64 characters of a-z, A-Z, 0-9, '_' or '-', got "
+                f"{name!r}.",
+            )
         if name in seen:
-            raise invalid(f"{at}.function.name", f"Invalid value for '{at}.function.name': "
-                          f"the tool name {name!r} is given twice.")
+            raise invalid(
+                f"{at}.function.name",
+                f"Invalid value for '{at}.function.name': the tool name {name!r} is given twice.",
+            )
         seen.add(name)
         params = fn.get("parameters")
         if params is not None:
             try:
                 check_schema(params)
             except SchemaProblem as exc:
-                raise invalid(f"{at}.function.parameters", f"Invalid value for "
-                              f"'{at}.function.parameters': {exc}.") from None
+                raise invalid(
+                    f"{at}.function.parameters",
+                    f"Invalid value for '{at}.function.parameters': {exc}.",
+                ) from None
         checked.append(tool)
     return checked
 
@@ -137,9 +152,13 @@ class ToolPlan:
         return NoTools()
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | Mapping[str, object] | None,
-               parallel: bool | None, parsing: ToolParsing, constrain: bool = False
-               ) -> ToolPlan:
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | Mapping[str, object] | None,
+    parallel: bool | None,
+    parsing: ToolParsing,
+    constrain: bool = False,
+) -> ToolPlan:
     """Resolve ``tools``/``tool_choice``/``parallel_tool_calls`` of a chat request, given the
     server's :class:`~tallow.server.parsers.ToolParsing`; ``constrain`` says that forced calls
     can be constrained by a grammar."""
@@ -154,34 +173,55 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | Mapping[st
         mode = "auto" if tools else "none"
     elif isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
-            raise invalid("tool_choice", "Invalid value for 'tool_choice': expected 'none', "
-                          f"'auto', 'required' or a named function, got {tool_choice!r}.")
+            raise invalid(
+                "tool_choice",
+                "Invalid value for 'tool_choice': expected 'none', "
+                f"'auto', 'required' or a named function, got {tool_choice!r}.",
+            )
         mode = tool_choice
     else:
         kind = tool_choice.get("type")
         if kind == "allowed_tools":
-            raise unsupported("tool_choice", "'allowed_tools' is not implemented; restrict "
-                              "'tools' instead")
+            raise unsupported(
+                "tool_choice", "'allowed_tools' is not implemented; restrict 'tools' instead"
+            )
         fn = tool_choice.get("function")
         if kind != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid("tool_choice", "Invalid value for 'tool_choice': expected "
-                          "{'type': 'function', 'function': {'name': ...}}.")
+            raise invalid(
+                "tool_choice",
+                "Invalid value for 'tool_choice': expected "
+                "{'type': 'function', 'function': {'name': ...}}.",
+            )
         mode, named = "named", fn["name"]
         if named not in names:
-            raise invalid("tool_choice.function.name", "Invalid value for "
-                          f"'tool_choice.function.name': no tool named {named!r} in 'tools'.")
+            raise invalid(
+                "tool_choice.function.name",
+                "Invalid value for "
+                f"'tool_choice.function.name': no tool named {named!r} in 'tools'.",
+            )
     if mode in ("required", "named") and not tools:
         raise invalid("tool_choice", f"'tool_choice' {mode!r} needs a non-empty 'tools' list.")
     if mode == "auto" and tools and parser_cls is None:
-        raise invalid("tools", "Tool calling is not available: no tool parser matches the "
-                      "served model; start the server with --tool-parser NAME.",
-                      code="tool_parser_unavailable")
+        raise invalid(
+            "tools",
+            "Tool calling is not available: no tool parser matches the "
+            "served model; start the server with --tool-parser NAME.",
+            code="tool_parser_unavailable",
+        )
     opening = str(getattr(parser_cls, "call_opening", "") or "") if parser_cls else ""
     closing = str(getattr(parser_cls, "call_closing", "") or "") if opening else ""
     fallbacks = tuple(cls for _, cls in getattr(parsing, "fallbacks", ()))
-    return ToolPlan(mode=mode, tools=tools, name=named, parallel=parallel is not False,
-                    parser_cls=parser_cls, fallback_cls=fallbacks, opening=opening,
-                    closing=closing, constrained=constrain)
+    return ToolPlan(
+        mode=mode,
+        tools=tools,
+        name=named,
+        parallel=parallel is not False,
+        parser_cls=parser_cls,
+        fallback_cls=fallbacks,
+        opening=opening,
+        closing=closing,
+        constrained=constrain,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,15 +313,16 @@ class AutoTools(ChoiceTools):
             self.content[k] += delta.content
             if delta.tool_calls:
                 self.holding = True
-        if self.holding or (self.stream_calls
-                             and self.plan.opening in self.text[len(self.released):]):
+        if self.holding or (
+            self.stream_calls and self.plan.opening in self.text[len(self.released) :]
+        ):
             self.holding = True
             return self._live()
         safe = min(len(c) for c in self.content)
         if any(not c.startswith(self.content[0][:safe]) for c in self.content):
             self.holding = True  # the parsers disagree on the content: wait for the end
             return StreamDelta()
-        out = self.content[0][len(self.released):safe]
+        out = self.content[0][len(self.released) : safe]
         self.released += out
         return StreamDelta(content=out)
 
@@ -295,7 +336,7 @@ class AutoTools(ChoiceTools):
             if start < 0:
                 return StreamDelta()
             self.live = LiveCall(start, start + len(self.plan.opening))
-        deltas = self.live.feed(self.text[:self._call_end()])
+        deltas = self.live.feed(self.text[: self._call_end()])
         if not self.sent_calls and self.live.stream.name is not None:
             names = {tool_name(t) for t in self.plan.tools or []}
             if self.live.stream.name not in names:  # not a call to offer: decide at the end
@@ -327,13 +368,14 @@ class AutoTools(ChoiceTools):
         final = self.final(self.text)
         rest = final.content or ""
         if rest.startswith(self.released):
-            rest = rest[len(self.released):]
+            rest = rest[len(self.released) :]
         elif self.released.startswith(rest):
             rest = ""  # the parser trimmed trailing whitespace that was already sent
         out = [StreamDelta(content=rest)] if rest else []
-        out += [StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name,
-                                                      arguments=c.arguments)])
-                for i, c in enumerate(final.tool_calls)]
+        out += [
+            StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name, arguments=c.arguments)])
+            for i, c in enumerate(final.tool_calls)
+        ]
         return out
 
     def _finish_live(self) -> list[StreamDelta]:
@@ -346,15 +388,16 @@ class AutoTools(ChoiceTools):
         if first is not None and first.name == self.live.stream.name:
             rest, later = final.content or "", final.tool_calls[1:]
         else:  # the parsers do not read the streamed call: the text before it is the content
-            rest, later = self.text[:self.live.start].rstrip(), []
+            rest, later = self.text[: self.live.start].rstrip(), []
         if rest.startswith(self.released):
-            rest = rest[len(self.released):]
+            rest = rest[len(self.released) :]
         elif self.released.startswith(rest):
             rest = ""
         out = [StreamDelta(content=rest)] if rest else []
-        out += [StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name,
-                                                      arguments=c.arguments)])
-                for i, c in enumerate(later, start=1)]
+        out += [
+            StreamDelta(tool_calls=[ToolCallDelta(i, id=c.id, name=c.name, arguments=c.arguments)])
+            for i, c in enumerate(later, start=1)
+        ]
         return out
 
     def final(self, text: str) -> Final:
@@ -362,7 +405,7 @@ class AutoTools(ChoiceTools):
             result = parser.parse(text, self.plan.tools)
             if not result.tool_calls:
                 continue
-            calls = list(result.tool_calls)[:None if self.plan.parallel else 1]
+            calls = list(result.tool_calls)[: None if self.plan.parallel else 1]
             reasons = _validate(calls, self.plan.tools or [])
             if reasons:
                 log.info("tool calls returned as content: %s", "; ".join(reasons))
@@ -386,15 +429,19 @@ class LiveCall:
         self._escaped = False
 
     def feed(self, text: str) -> list[ToolCallDelta]:
-        new = text[self._fed:]
+        new = text[self._fed :]
         self._fed = len(text)
         if not self.stream.text:
             new = new.lstrip()
         out = []
         for delta in self.stream.feed(new):
             if delta.arguments:
-                delta = ToolCallDelta(delta.index, id=delta.id, name=delta.name,
-                                      arguments=self._compact(delta.arguments))
+                delta = ToolCallDelta(
+                    delta.index,
+                    id=delta.id,
+                    name=delta.name,
+                    arguments=self._compact(delta.arguments),
+                )
                 if not delta.arguments and delta.name is None:
                     continue
             out.append(delta)
@@ -449,13 +496,16 @@ class ForcedTools(ChoiceTools):
         call = self._call()
         if call is None:
             return [StreamDelta(content=self.scanner.raw)]
-        return [StreamDelta(tool_calls=[ToolCallDelta(0, id=call.id, name=call.name,
-                                                      arguments=call.arguments)])]
+        return [
+            StreamDelta(
+                tool_calls=[ToolCallDelta(0, id=call.id, name=call.name, arguments=call.arguments)]
+            )
+        ]
 
     def final(self, text: str) -> Final:
         # The output was fed while it streamed in; feed what has not been seen yet.
         if len(text) > len(self.scanner.text):
-            self.scanner.feed(text[len(self.scanner.text):])
+            self.scanner.feed(text[len(self.scanner.text) :])
         call = self._call()
         if call is None:
             return Final(self.scanner.raw)
@@ -485,7 +535,7 @@ class ConstrainedCall(ChoiceTools):
 
     def final(self, text: str) -> Final:
         if len(text) > len(self.stream.text):
-            self.feed(text[len(self.stream.text):])
+            self.feed(text[len(self.stream.text) :])
         call = self.stream.call()
         if call is None:  # cut off before the name was complete
             return Final(text)
@@ -505,10 +555,12 @@ class ConstrainedCall(ChoiceTools):
                 continue
             found = cls().parse(markup, self.plan.tools).tool_calls
             if found:
-                same = (found[0].name == call.name
-                        and json.loads(found[0].arguments) == json.loads(call.arguments))
+                same = found[0].name == call.name and json.loads(found[0].arguments) == json.loads(
+                    call.arguments
+                )
                 if not same:
-                    log.warning("the tool parser reads the constrained call %r as %r",
-                                call, found[0])
+                    log.warning(
+                        "the tool parser reads the constrained call %r as %r", call, found[0]
+                    )
                 return
         log.warning("no tool parser reads the constrained call %r", markup)

@@ -25,14 +25,26 @@ from .structured import StructuredOutputsParams
 # SamplingParams`). The tensor side is imported on first use: building SamplingParams (what a
 # client of the engine does) imports no torch.
 _LAZY = {
-    "RowParams": ".batch", "SamplingBatch": ".batch", "apply_min_p": ".filters",
-    "apply_top_k": ".filters", "apply_top_p": ".filters", "Sampler": ".sampler",
-    "SamplerOutput": ".sampler", "takes_argmax": ".sampler", "GrammarState": ".grammar",
-    "StructuredOutputs": ".grammar", "StepRows": ".sampler",
+    "RowParams": ".batch",
+    "SamplingBatch": ".batch",
+    "apply_min_p": ".filters",
+    "apply_top_k": ".filters",
+    "apply_top_p": ".filters",
+    "Sampler": ".sampler",
+    "SamplerOutput": ".sampler",
+    "takes_argmax": ".sampler",
+    "GrammarState": ".grammar",
+    "StructuredOutputs": ".grammar",
+    "StepRows": ".sampler",
 }
 
-__all__ = ["GREEDY_TEMPERATURE", "MAX_LOGPROBS", "InvalidParameter", "StructuredOutputsParams",
-           *_LAZY]
+__all__ = [
+    "GREEDY_TEMPERATURE",
+    "MAX_LOGPROBS",
+    "InvalidParameter",
+    "StructuredOutputsParams",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

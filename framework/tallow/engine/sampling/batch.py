@@ -81,9 +81,14 @@ class SamplingBatch:
         return sorted(set(self.top_k_rows) | set(self.top_p_rows) | set(self.min_p_rows))
 
     @classmethod
-    def build(cls, rows: list[RowParams], vocab_size: int, device: torch.device | str,
-              eos_token_ids: Iterable[int] | None = None,
-              generator: torch.Generator | None = None) -> "SamplingBatch":
+    def build(
+        cls,
+        rows: list[RowParams],
+        vocab_size: int,
+        device: torch.device | str,
+        eos_token_ids: Iterable[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> "SamplingBatch":
         """Turn per-row params into batch tensors on ``device``.
 
         ``eos_token_ids`` are masked (with each row's ``stop_token_ids``) while a row has fewer
@@ -147,17 +152,25 @@ class SamplingBatch:
                 repeated_rows.append(i)
 
         outputs = [rows[i].output_token_ids for i in counted_rows]
-        repeated = ([rows[i].prompt_token_ids for i in repeated_rows]
-                    + [rows[i].output_token_ids for i in repeated_rows])
+        repeated = [rows[i].prompt_token_ids for i in repeated_rows] + [
+            rows[i].output_token_ids for i in repeated_rows
+        ]
         dev = torch.device(device)
         edits = LogitEdits.from_parts(
-            vocab_size, dev,
-            bias=(np.array(bias_rows, dtype=np.int64), np.array(bias_tokens, dtype=np.int64),
-                  np.array(bias_values, dtype=np.float64)),
+            vocab_size,
+            dev,
+            bias=(
+                np.array(bias_rows, dtype=np.int64),
+                np.array(bias_tokens, dtype=np.int64),
+                np.array(bias_values, dtype=np.float64),
+            ),
             masked=(np.array(mask_rows, dtype=np.int64), np.array(mask_tokens, dtype=np.int64)),
             counted=_flatten("output_token_ids", counted_rows, outputs, vocab_size),
             repeated=_flatten("prompt_token_ids", repeated_rows * 2, repeated, vocab_size),
-            repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+            repetition_penalty=rep,
+            frequency_penalty=freq,
+            presence_penalty=pres,
+        )
 
         unseeded = [i for i, s in enumerate(seeds) if s is None]
         if unseeded:
@@ -167,8 +180,10 @@ class SamplingBatch:
         mask64 = (1 << 64) - 1
         seeded = [s for s in seeds if s is not None]
         assert len(seeded) == len(seeds)  # every unseeded row drew a seed above
-        keys1, keys2 = row_keys_array(np.array([s & mask64 for s in seeded], dtype=np.uint64),
-                                      np.array(steps, dtype=np.uint64))
+        keys1, keys2 = row_keys_array(
+            np.array([s & mask64 for s in seeded], dtype=np.uint64),
+            np.array(steps, dtype=np.uint64),
+        )
 
         def t(values: Sequence[int] | Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return device_tensor(values, dtype, dev)
@@ -176,25 +191,33 @@ class SamplingBatch:
         sampled = [i for i in range(n) if not greedy[i]]
         top_k_rows = [i for i in sampled if top_k[i] < vocab_size]
         return cls(
-            num_rows=n, vocab_size=vocab_size, greedy=t(greedy, torch.bool),
-            inv_temperature=t(inv_temp, torch.float32), top_k=t(top_k, torch.int64),
-            top_p=t(top_p, torch.float32), min_p=t(min_p, torch.float32),
+            num_rows=n,
+            vocab_size=vocab_size,
+            greedy=t(greedy, torch.bool),
+            inv_temperature=t(inv_temp, torch.float32),
+            top_k=t(top_k, torch.int64),
+            top_p=t(top_p, torch.float32),
+            min_p=t(min_p, torch.float32),
             key1=device_tensor(keys1, torch.int64, dev),
             key2=device_tensor(keys2, torch.int64, dev),
-            edits=edits, num_logprobs=num_logprobs, all_greedy=not sampled,
-            top_k_rows=top_k_rows, max_top_k=max((top_k[i] for i in top_k_rows), default=0),
+            edits=edits,
+            num_logprobs=num_logprobs,
+            all_greedy=not sampled,
+            top_k_rows=top_k_rows,
+            max_top_k=max((top_k[i] for i in top_k_rows), default=0),
             top_p_rows=[i for i in sampled if top_p[i] < 1.0],
-            min_p_rows=[i for i in sampled if min_p[i] > 0.0])
+            min_p_rows=[i for i in sampled if min_p[i] > 0.0],
+        )
 
 
-def _flatten(field: str, row_ids: list[int], token_lists: list[list[int]],
-             vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _flatten(
+    field: str, row_ids: list[int], token_lists: list[list[int]], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(rows, tokens) int64 arrays: ``token_lists[j]`` belongs to row ``row_ids[j]``; token ids
     are checked against the vocabulary (the error names ``field``)."""
     lengths = [len(x) for x in token_lists]
     total = sum(lengths)
-    tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64,
-                         count=total)
+    tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=total)
     if total and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         bad = tokens[(tokens < 0) | (tokens >= vocab_size)][0]
         raise ValueError(f"{field}: token id {int(bad)} is not in [0, {vocab_size})")

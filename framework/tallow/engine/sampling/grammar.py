@@ -26,8 +26,15 @@ import torch
 from tallow.config import TallowConfig
 from tallow.kernels.token_bitmask import apply_token_bitmask, masked_argmax
 from tallow.plugin import (
-    Entry, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, Registries,
-    SelectionError, TokenizerInfo, select,
+    Entry,
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    Registries,
+    SelectionError,
+    TokenizerInfo,
+    select,
 )
 
 from ..errors import InvalidParameter
@@ -101,9 +108,16 @@ class MaskFill:
 class StructuredOutputs:
     """Grammar compilation and masks for one engine (see the module docstring)."""
 
-    def __init__(self, entry: Entry | None, tokenizer_info: Callable[[], TokenizerInfo], *,
-                 config: TallowConfig | None = None, device: torch.device | str = "cpu",
-                 cache_size: int = 256, unavailable: str = "") -> None:
+    def __init__(
+        self,
+        entry: Entry | None,
+        tokenizer_info: Callable[[], TokenizerInfo],
+        *,
+        config: TallowConfig | None = None,
+        device: torch.device | str = "cpu",
+        cache_size: int = 256,
+        unavailable: str = "",
+    ) -> None:
         self.entry = entry
         self._tokenizer_info = tokenizer_info
         self.config = config
@@ -119,7 +133,9 @@ class StructuredOutputs:
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, object] = collections.OrderedDict()
         self._host: torch.Tensor | None = None
-        self._copied: torch.cuda.Event | None = None  # the event after the last mask left the pinned buffer
+        self._copied: torch.cuda.Event | None = (
+            None  # the event after the last mask left the pinned buffer
+        )
         #: the fill started and not yet taken (one at a time: they share the pinned buffer)
         self._job: MaskFill | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -131,9 +147,14 @@ class StructuredOutputs:
         self.mask_wait_seconds = 0.0
 
     @classmethod
-    def for_engine(cls, registries: Registries, config: TallowConfig,
-                   tokenizer_info: Callable[[], TokenizerInfo], device: torch.device | str,
-                   vocabulary_problem: str | None = None) -> "StructuredOutputs":
+    def for_engine(
+        cls,
+        registries: Registries,
+        config: TallowConfig,
+        tokenizer_info: Callable[[], TokenizerInfo],
+        device: torch.device | str,
+        vocabulary_problem: str | None = None,
+    ) -> "StructuredOutputs":
         """The grammar side of an engine: the backend ``runner.grammar_backend`` names (one
         that cannot serve stops start-up), or the first by priority that serves; with none,
         requests that need one are refused with a message saying which plugin provides it.
@@ -142,10 +163,15 @@ class StructuredOutputs:
         name = config.runner.grammar_backend
         registry = registries.grammar_backends
         if vocabulary_problem is not None:
-            return cls(None, tokenizer_info, config=config, device=device,
-                       cache_size=config.runner.grammar_cache_size,
-                       unavailable=f"structured outputs are not available for this model: "
-                                   f"{vocabulary_problem}")
+            return cls(
+                None,
+                tokenizer_info,
+                config=config,
+                device=device,
+                cache_size=config.runner.grammar_cache_size,
+                unavailable=f"structured outputs are not available for this model: "
+                f"{vocabulary_problem}",
+            )
         try:
             entry = select(registry, config, name)
         except SelectionError as exc:
@@ -153,15 +179,29 @@ class StructuredOutputs:
                 raise SelectionError(f"runner.grammar_backend {name!r}: {exc}") from None
             hint = registry.missing_hint()
             if not hint:
-                hint = (f"; install one: pip install {FIRST_PARTY_BACKEND} (the xgrammar "
-                        "backend), or name a grammar-backend plugin in plugins.enable")
+                hint = (
+                    f"; install one: pip install {FIRST_PARTY_BACKEND} (the xgrammar "
+                    "backend), or name a grammar-backend plugin in plugins.enable"
+                )
             refused = f" ({exc})" if len(registry) else ""
-            unavailable = ("structured outputs need a grammar backend, and none is available"
-                           + refused + hint)
-            return cls(None, tokenizer_info, config=config, device=device,
-                       cache_size=config.runner.grammar_cache_size, unavailable=unavailable)
-        return cls(entry, tokenizer_info, config=config, device=device,
-                   cache_size=config.runner.grammar_cache_size)
+            unavailable = (
+                "structured outputs need a grammar backend, and none is available" + refused + hint
+            )
+            return cls(
+                None,
+                tokenizer_info,
+                config=config,
+                device=device,
+                cache_size=config.runner.grammar_cache_size,
+                unavailable=unavailable,
+            )
+        return cls(
+            entry,
+            tokenizer_info,
+            config=config,
+            device=device,
+            cache_size=config.runner.grammar_cache_size,
+        )
 
     # -- compiling ----------------------------------------------------------------------
     @property
@@ -178,8 +218,12 @@ class StructuredOutputs:
                 if self._backend is None:
                     started = time.perf_counter()
                     self._backend = self.entry.load()(self._tokenizer_info(), self.config)
-                    log.info("grammar backend %r (from %s) ready in %.2fs", self.entry.name,
-                             self.entry.distribution, time.perf_counter() - started)
+                    log.info(
+                        "grammar backend %r (from %s) ready in %.2fs",
+                        self.entry.name,
+                        self.entry.distribution,
+                        time.perf_counter() - started,
+                    )
         return self._backend
 
     def compile(self, spec: GrammarSpec) -> object:
@@ -193,13 +237,17 @@ class StructuredOutputs:
                 return hit
         size = len(spec.value) if isinstance(spec.value, str) else sum(map(len, spec.value))
         if size > self.max_spec_chars:
-            raise GrammarBudgetError(f"it has {size} characters, more than the server compiles "
-                                     f"({self.max_spec_chars}, runner.grammar_max_spec_chars)",
-                                     "runner.grammar_max_spec_chars")
+            raise GrammarBudgetError(
+                f"it has {size} characters, more than the server compiles "
+                f"({self.max_spec_chars}, runner.grammar_max_spec_chars)",
+                "runner.grammar_max_spec_chars",
+            )
         backend = self.backend
         if spec.kind not in backend.kinds:
-            raise GrammarError(f"the {self.entry.name} grammar backend does not compile "  # type: ignore[union-attr]
-                               f"{spec.kind} specs (it compiles: {', '.join(backend.kinds)})")
+            raise GrammarError(
+                f"the {self.entry.name} grammar backend does not compile "  # type: ignore[union-attr]
+                f"{spec.kind} specs (it compiles: {', '.join(backend.kinds)})"
+            )
         if backend.exports_compiled:
             compiled = backend.import_compiled(self._compile_worker(backend).compile(spec))
         else:
@@ -214,8 +262,9 @@ class StructuredOutputs:
     def _compile_worker(self, backend: GrammarBackend) -> CompileWorker:
         with self._lock:
             if self._worker is None:
-                self._worker = CompileWorker(type(backend), backend.tokenizer, self.config,
-                                             self.compile_timeout_s)
+                self._worker = CompileWorker(
+                    type(backend), backend.tokenizer, self.config, self.compile_timeout_s
+                )
             return self._worker
 
     @staticmethod
@@ -225,8 +274,10 @@ class StructuredOutputs:
         mask = torch.zeros(1, backend.tokenizer.bitmask_words, dtype=torch.int32)
         backend.matcher(compiled).fill_bitmask(mask, 0)
         if not bool(mask.any()):
-            raise GrammarError("no output can match it (no token of this model may start it, "
-                               "and it does not match the empty output)")
+            raise GrammarError(
+                "no output can match it (no token of this model may start it, "
+                "and it does not match the empty output)"
+            )
 
     def close(self) -> None:
         """Stop the compile worker, if one runs."""
@@ -275,13 +326,15 @@ class StructuredOutputs:
         if self._host is None or self._host.shape[0] < n:
             self._wait_copied()  # the old buffer may still be read by a copy
             rows = max(n, 2 * (self._host.shape[0] if self._host is not None else 16))
-            self._host = torch.empty(rows, words, dtype=torch.int32,
-                                     pin_memory=self.device.type == "cuda")
+            self._host = torch.empty(
+                rows, words, dtype=torch.int32, pin_memory=self.device.type == "cuda"
+            )
         host = self._host[:n]
         matchers = [s.matcher for s in states]
         if self._thread is None:
             self._thread = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="tallow-grammar-masks")
+                max_workers=1, thread_name_prefix="tallow-grammar-masks"
+            )
         job = MaskFill(n)
         job.future = self._thread.submit(self._fill_host, backend, matchers, host, job.began)
         self._job = job
@@ -293,8 +346,13 @@ class StructuredOutputs:
         job.began.wait()
         return job
 
-    def _fill_host(self, backend: GrammarBackend, matchers: list[GrammarMatcher],
-                   host: torch.Tensor, began: threading.Event) -> torch.Tensor:
+    def _fill_host(
+        self,
+        backend: GrammarBackend,
+        matchers: list[GrammarMatcher],
+        host: torch.Tensor,
+        began: threading.Event,
+    ) -> torch.Tensor:
         """On the grammar thread: fill ``host`` once the last masks have left it."""
         try:
             self._wait_copied()
@@ -317,8 +375,9 @@ class StructuredOutputs:
         (the copy is queued on the engine thread's stream). The matchers are the engine's
         again afterwards."""
         if job is not self._job:
-            raise RuntimeError("these grammar masks were already taken, or a later fill "
-                               "replaced them")
+            raise RuntimeError(
+                "these grammar masks were already taken, or a later fill replaced them"
+            )
         self._job = None
         started = time.perf_counter()
         assert job.future is not None  # submitted by start_fill
@@ -350,10 +409,13 @@ class StructuredOutputs:
             apply_token_bitmask(logits, mask, rows)
 
     def stats(self) -> dict[str, Any]:
-        return {"grammar_mask_seconds_total": self.mask_seconds,
-                "grammar_mask_steps_total": self.mask_steps,
-                "grammar_mask_rows_total": self.mask_rows,
-                "grammar_mask_wait_seconds_total": self.mask_wait_seconds,
-                "grammar_cache_entries": len(self._cache),
-                "grammar_compile_timeouts_total":
-                    self._worker.timeouts if self._worker is not None else 0}
+        return {
+            "grammar_mask_seconds_total": self.mask_seconds,
+            "grammar_mask_steps_total": self.mask_steps,
+            "grammar_mask_rows_total": self.mask_rows,
+            "grammar_mask_wait_seconds_total": self.mask_wait_seconds,
+            "grammar_cache_entries": len(self._cache),
+            "grammar_compile_timeouts_total": self._worker.timeouts
+            if self._worker is not None
+            else 0,
+        }

@@ -70,8 +70,9 @@ class CompileWorker:
     """Compiles specs in a child process (see the module docstring); thread-safe (one compile
     at a time)."""
 
-    def __init__(self, backend_cls: type, tokenizer: TokenizerInfo, config: Any,
-                 timeout_s: float) -> None:
+    def __init__(
+        self, backend_cls: type, tokenizer: TokenizerInfo, config: Any, timeout_s: float
+    ) -> None:
         self.backend_cls = backend_cls
         self.tokenizer = tokenizer
         self.config = config
@@ -86,9 +87,11 @@ class CompileWorker:
         ours, theirs = socket.socketpair()
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tallow.engine.sampling.grammar_worker",
-             str(theirs.fileno())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            [sys.executable, "-m", "tallow.engine.sampling.grammar_worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+        )
         theirs.close()
         conn = Connection(ours.detach())
         self._proc, self._conn = proc, conn
@@ -99,16 +102,20 @@ class CompileWorker:
             status, detail = conn.recv()
         except (EOFError, OSError) as exc:
             self.stop()
-            raise RuntimeError(f"the grammar compile worker failed to start: "
-                               f"{type(exc).__name__} (see the log)") from None
+            raise RuntimeError(
+                f"the grammar compile worker failed to start: {type(exc).__name__} (see the log)"
+            ) from None
         except RuntimeError as exc:
             self.stop()
             raise RuntimeError(f"the grammar compile worker failed to start: {exc}") from None
         if status != "ready":
             self.stop()
             raise RuntimeError(f"the grammar compile worker failed to start: {detail}")
-        log.info("grammar compile worker (pid %d) ready in %.2fs", proc.pid,
-                 time.perf_counter() - started)
+        log.info(
+            "grammar compile worker (pid %d) ready in %.2fs",
+            proc.pid,
+            time.perf_counter() - started,
+        )
         return conn
 
     def compile(self, spec: GrammarSpec) -> bytes:
@@ -116,8 +123,7 @@ class CompileWorker:
         spec the backend refuses and :class:`GrammarBudgetError` for one whose compile
         overran the budget (the worker is stopped)."""
         with self._lock:
-            conn = self._conn if self.pid is not None and self._conn is not None \
-                else self._start()
+            conn = self._conn if self.pid is not None and self._conn is not None else self._start()
             conn.send(spec)
             if not conn.poll(self.timeout_s):
                 self.stop()
@@ -126,13 +132,13 @@ class CompileWorker:
                     f"compiling it takes longer than the server allows "
                     f"({self.timeout_s:g} s, runner.grammar_compile_timeout_s); simplify it "
                     "(fewer optional properties, alternatives or repetitions)",
-                    "runner.grammar_compile_timeout_s")
+                    "runner.grammar_compile_timeout_s",
+                )
             try:
                 status, payload = conn.recv()
             except EOFError:  # the child died (out of memory, a crash in the backend)
                 self.stop()
-                raise RuntimeError("the grammar compile worker exited while compiling") \
-                    from None
+                raise RuntimeError("the grammar compile worker exited while compiling") from None
         if status == "ok":
             assert isinstance(payload, bytes)
             return payload

@@ -41,8 +41,14 @@ def _is_real(value: Any) -> bool:  # Any: a request's raw value, checked here
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,  # Any: a request's raw value, checked here
-         expected: str | None = None) -> int:
+def _int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,  # Any: a request's raw value, checked here
+    expected: str | None = None,
+) -> int:
     if not _is_int(value):
         raise InvalidParameter(name, f"{name} must be an integer, got {value!r}")
     number = int(value)
@@ -73,7 +79,9 @@ def _bool(name: str, value: Any) -> bool:  # Any: a request's raw value, checked
     return value
 
 
-def _optional_int(name: str, value: Any, **bounds: Any) -> int | None:  # Any: a raw value, and _int's bounds
+def _optional_int(
+    name: str, value: Any, **bounds: Any
+) -> int | None:  # Any: a raw value, and _int's bounds
     return None if value is None else _int(name, value, **bounds)
 
 
@@ -118,55 +126,80 @@ class SamplingParams:
         self.n = _int("n", self.n, minimum=1)
         self.temperature = _float("temperature", self.temperature)
         if self.temperature < 0:
-            raise InvalidParameter("temperature",
-                                   f"temperature must be >= 0, got {self.temperature:g}")
+            raise InvalidParameter(
+                "temperature", f"temperature must be >= 0, got {self.temperature:g}"
+            )
         self.top_p = _float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidParameter("top_p", f"top_p must be in (0, 1], got {self.top_p:g}")
-        self.top_k = _int("top_k", self.top_k, minimum=-1,
-                          expected="-1 or 0 (off) or a positive integer")
+        self.top_k = _int(
+            "top_k", self.top_k, minimum=-1, expected="-1 or 0 (off) or a positive integer"
+        )
         self.min_p = _float("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidParameter("min_p", f"min_p must be in [0, 1], got {self.min_p:g}")
         self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise InvalidParameter("repetition_penalty", "repetition_penalty must be > 0, got "
-                                   f"{self.repetition_penalty:g}")
+            raise InvalidParameter(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0, got {self.repetition_penalty:g}",
+            )
         for name in ("frequency_penalty", "presence_penalty"):
             value = _float(name, getattr(self, name))
             if not -_PENALTY_LIMIT <= value <= _PENALTY_LIMIT:
                 raise InvalidParameter(name, f"{name} must be in [-2, 2], got {value:g}")
             setattr(self, name, value)
         self.logit_bias = self._check_logit_bias(self.logit_bias)
-        self.seed = _optional_int("seed", self.seed, minimum=_INT64_MIN, maximum=_INT64_MAX,
-                                  expected="a 64-bit signed integer")
+        self.seed = _optional_int(
+            "seed",
+            self.seed,
+            minimum=_INT64_MIN,
+            maximum=_INT64_MAX,
+            expected="a 64-bit signed integer",
+        )
         self.max_tokens = _optional_int("max_tokens", self.max_tokens, minimum=1)
         self.min_tokens = _int("min_tokens", self.min_tokens, minimum=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise InvalidParameter("min_tokens", f"min_tokens must be <= max_tokens "
-                                   f"({self.max_tokens}), got {self.min_tokens}")
+            raise InvalidParameter(
+                "min_tokens",
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
+            )
         self.stop = self._check_stop(self.stop)
         self.stop_token_ids = self._check_token_list("stop_token_ids", self.stop_token_ids)
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
-                     "spaces_between_special_tokens"):
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
+            "spaces_between_special_tokens",
+        ):
             setattr(self, name, _bool(name, getattr(self, name)))
         for name in ("logprobs", "prompt_logprobs"):
-            setattr(self, name, _optional_int(name, getattr(self, name), minimum=0,
-                                              maximum=MAX_LOGPROBS))
+            setattr(
+                self,
+                name,
+                _optional_int(name, getattr(self, name), minimum=0, maximum=MAX_LOGPROBS),
+            )
         self.structured_outputs = structured_spec(self.structured_outputs)
         if self.structured_outputs is not None and self.min_tokens:
-            raise InvalidParameter("min_tokens", "min_tokens cannot be combined with "
-                                   "structured_outputs: the grammar decides where the output "
-                                   f"may end (got min_tokens={self.min_tokens})")
+            raise InvalidParameter(
+                "min_tokens",
+                "min_tokens cannot be combined with "
+                "structured_outputs: the grammar decides where the output "
+                f"may end (got min_tokens={self.min_tokens})",
+            )
 
     # -- field checks ------------------------------------------------------------------
     @staticmethod
-    def _check_logit_bias(bias: Any) -> dict[int, float] | None:  # Any: a request's raw logit_bias, checked here
+    def _check_logit_bias(
+        bias: Any,
+    ) -> dict[int, float] | None:  # Any: a request's raw logit_bias, checked here
         if bias is None:
             return None
         if not isinstance(bias, dict):
-            raise InvalidParameter("logit_bias", "logit_bias must be a mapping of token id to "
-                                   f"bias, got {type(bias).__name__}")
+            raise InvalidParameter(
+                "logit_bias",
+                f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}",
+            )
         out: dict[int, float] = {}
         for key, value in bias.items():
             # JSON object keys are strings: {"50256": -100} is how clients send it.
@@ -177,14 +210,18 @@ class SamplingParams:
                 except ValueError:
                     token = key
             if not _is_int(token) or int(token) < 0:
-                raise InvalidParameter("logit_bias", "logit_bias keys must be token ids "
-                                       f"(integers >= 0), got {key!r}")
+                raise InvalidParameter(
+                    "logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {key!r}"
+                )
             if not _is_real(value) or not math.isfinite(float(value)):
-                raise InvalidParameter("logit_bias", f"logit_bias[{key!r}] must be a number, "
-                                       f"got {value!r}")
+                raise InvalidParameter(
+                    "logit_bias", f"logit_bias[{key!r}] must be a number, got {value!r}"
+                )
             if not -_LOGIT_BIAS_LIMIT <= float(value) <= _LOGIT_BIAS_LIMIT:
-                raise InvalidParameter("logit_bias", f"logit_bias[{key!r}] must be in "
-                                       f"[-100, 100], got {float(value):g}")
+                raise InvalidParameter(
+                    "logit_bias",
+                    f"logit_bias[{key!r}] must be in [-100, 100], got {float(value):g}",
+                )
             out[int(token)] = float(value)
         return out
 
@@ -195,8 +232,9 @@ class SamplingParams:
         if isinstance(stop, str):
             stop = [stop]
         if not isinstance(stop, (list, tuple)):
-            raise InvalidParameter("stop", "stop must be a string or a list of strings, got "
-                                   f"{type(stop).__name__}")
+            raise InvalidParameter(
+                "stop", f"stop must be a string or a list of strings, got {type(stop).__name__}"
+            )
         for s in stop:
             if not isinstance(s, str):
                 raise InvalidParameter("stop", f"stop must contain only strings, got {s!r}")
@@ -205,24 +243,32 @@ class SamplingParams:
         return list(stop)
 
     @staticmethod
-    def _check_token_list(name: str, ids: Any) -> list[int]:  # Any: a request's raw id list, checked here
+    def _check_token_list(
+        name: str, ids: Any
+    ) -> list[int]:  # Any: a request's raw id list, checked here
         if ids is None:
             return []
         if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)):
-            raise InvalidParameter(name, f"{name} must be a list of token ids, got "
-                                   f"{type(ids).__name__}")
+            raise InvalidParameter(
+                name, f"{name} must be a list of token ids, got {type(ids).__name__}"
+            )
         return [_int(name, t, minimum=0, expected="a token id (>= 0)") for t in ids]
 
     def validate_vocab(self, vocab_size: int) -> None:
         """Check the token ids this request names (logit_bias keys, stop_token_ids) against the
         model's vocabulary; raise :class:`InvalidParameter` for one out of range."""
-        for name, ids in (("logit_bias", self.logit_bias or {}),
-                          ("stop_token_ids", self.stop_token_ids)):
+        for name, ids in (
+            ("logit_bias", self.logit_bias or {}),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
             for token in ids:
                 if token >= vocab_size:
-                    raise InvalidParameter(name, f"{name} names token id {token}, but the "
-                                           f"vocabulary has {vocab_size} tokens (0.."
-                                           f"{vocab_size - 1})")
+                    raise InvalidParameter(
+                        name,
+                        f"{name} names token id {token}, but the "
+                        f"vocabulary has {vocab_size} tokens (0.."
+                        f"{vocab_size - 1})",
+                    )
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -235,17 +281,28 @@ class SamplingParams:
     @functools.cached_property
     def reads_token_values(self) -> bool:
         """Sampling reads the values of earlier tokens (penalties), or returns logprobs."""
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0 or self.logprobs is not None)
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.logprobs is not None
+        )
 
     @functools.cached_property
     def argmax_only(self) -> bool:
         """Greedy with no logit edits and no logprobs: the token is the argmax of the logits
         (once ``min_tokens`` is reached)."""
-        return (self.greedy and self.logprobs is None and not self.logit_bias
-                and self.repetition_penalty == 1.0 and self.frequency_penalty == 0.0
-                and self.presence_penalty == 0.0)
+        return (
+            self.greedy
+            and self.logprobs is None
+            and not self.logit_bias
+            and self.repetition_penalty == 1.0
+            and self.frequency_penalty == 0.0
+            and self.presence_penalty == 0.0
+        )
 
-    def clone(self, **changes: Any) -> "SamplingParams":  # Any: any field's value, validated by the constructor
+    def clone(
+        self, **changes: Any
+    ) -> "SamplingParams":  # Any: any field's value, validated by the constructor
         """A validated deep copy, with ``changes`` applied (lists and dicts are not shared)."""
         return dataclasses.replace(self, **changes)

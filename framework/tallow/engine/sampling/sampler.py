@@ -103,8 +103,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape != (batch.num_rows, batch.vocab_size):
-            raise ValueError(f"logits: expected shape ({batch.num_rows}, {batch.vocab_size}), "
-                             f"got {tuple(logits.shape)}")
+            raise ValueError(
+                f"logits: expected shape ({batch.num_rows}, {batch.vocab_size}), "
+                f"got {tuple(logits.shape)}"
+            )
         if logits.dtype != torch.float32:
             raise ValueError(f"logits: expected float32, got {logits.dtype}")
         raw = logits
@@ -117,17 +119,22 @@ class Sampler:
 
         filtered = batch.filtered_rows
         if not filtered:
-            token_ids = gumbel_argmax(processed, batch.inv_temperature, batch.greedy,
-                                      batch.key1, batch.key2)
+            token_ids = gumbel_argmax(
+                processed, batch.inv_temperature, batch.greedy, batch.key1, batch.key2
+            )
         else:
             token_ids = torch.empty(batch.num_rows, dtype=torch.int64, device=logits.device)
             skip = set(filtered)
             plain = [i for i in range(batch.num_rows) if i not in skip]
             if plain:
                 idx = device_tensor(plain, torch.int64, logits.device)
-                token_ids[idx] = gumbel_argmax(processed[idx], batch.inv_temperature[idx],
-                                               batch.greedy[idx], batch.key1[idx],
-                                               batch.key2[idx])
+                token_ids[idx] = gumbel_argmax(
+                    processed[idx],
+                    batch.inv_temperature[idx],
+                    batch.greedy[idx],
+                    batch.key1[idx],
+                    batch.key2[idx],
+                )
             token_ids[filtered] = self._sample_filtered(processed, batch, filtered)
 
         out = SamplerOutput(token_ids=token_ids)
@@ -137,8 +144,9 @@ class Sampler:
         return out
 
     @staticmethod
-    def _sample_filtered(processed: torch.Tensor, batch: SamplingBatch,
-                         rows: list[int]) -> torch.Tensor:
+    def _sample_filtered(
+        processed: torch.Tensor, batch: SamplingBatch, rows: list[int]
+    ) -> torch.Tensor:
         idx = device_tensor(rows, torch.int64, processed.device)
         scores = processed[idx] * batch.inv_temperature[idx, None]
         pos = {r: j for j, r in enumerate(rows)}
@@ -146,9 +154,11 @@ class Sampler:
         def top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             return apply_top_k(scores, k, batch.max_top_k)
 
-        for which, values, fn in ((batch.top_k_rows, batch.top_k, top_k),
-                                  (batch.top_p_rows, batch.top_p, apply_top_p),
-                                  (batch.min_p_rows, batch.min_p, apply_min_p)):
+        for which, values, fn in (
+            (batch.top_k_rows, batch.top_k, top_k),
+            (batch.top_p_rows, batch.top_p, apply_top_p),
+            (batch.min_p_rows, batch.min_p, apply_min_p),
+        ):
             if not which:
                 continue
             sub = device_tensor([pos[r] for r in which], torch.int64, processed.device)

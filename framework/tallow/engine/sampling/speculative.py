@@ -36,16 +36,23 @@ from .batch import RowParams, SamplingBatch
 from .filters import apply_min_p, apply_top_k, apply_top_p
 from .params import SamplingParams
 
-__all__ = ["accept_greedy", "rejection_sample", "VerifySeq", "VerifiedToken", "verify_step",
-           "row_generator"]
+__all__ = [
+    "accept_greedy",
+    "rejection_sample",
+    "VerifySeq",
+    "VerifiedToken",
+    "verify_step",
+    "row_generator",
+]
 
 
 def accept_greedy(target_ids: Sequence[int], draft_ids: Sequence[int]) -> list[int]:
     """The tokens a greedy sequence emits: ``target_ids`` (each row's argmax, ``k + 1`` of
     them) up to and including the first row whose argmax is not the next proposed token."""
     if len(target_ids) != len(draft_ids) + 1:
-        raise ValueError(f"target_ids: expected {len(draft_ids) + 1} rows (k + 1), got "
-                         f"{len(target_ids)}")
+        raise ValueError(
+            f"target_ids: expected {len(draft_ids) + 1} rows (k + 1), got {len(target_ids)}"
+        )
     out: list[int] = []
     for j, token in enumerate(target_ids):
         out.append(int(token))
@@ -54,9 +61,12 @@ def accept_greedy(target_ids: Sequence[int], draft_ids: Sequence[int]) -> list[i
     return out
 
 
-def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int],
-                     draft_probs: torch.Tensor | None,
-                     generator: torch.Generator | None = None) -> list[int]:
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_ids: Sequence[int],
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
     """Speculative sampling of one sequence's chain (see the module docstring).
 
     ``target_probs`` [k + 1, V]: the target's distribution at each row; ``draft_ids`` the ``k``
@@ -66,11 +76,14 @@ def rejection_sample(target_probs: torch.Tensor, draft_ids: Sequence[int],
     """
     k = len(draft_ids)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise ValueError(f"target_probs: expected shape ({k + 1}, vocab), got "
-                         f"{tuple(target_probs.shape)}")
+        raise ValueError(
+            f"target_probs: expected shape ({k + 1}, vocab), got {tuple(target_probs.shape)}"
+        )
     if draft_probs is not None and tuple(draft_probs.shape) != (k, target_probs.shape[1]):
-        raise ValueError(f"draft_probs: expected shape ({k}, {target_probs.shape[1]}), got "
-                         f"{tuple(draft_probs.shape)}")
+        raise ValueError(
+            f"draft_probs: expected shape ({k}, {target_probs.shape[1]}), got "
+            f"{tuple(draft_probs.shape)}"
+        )
     p_all = target_probs.detach().to("cpu", torch.float64)
     q_all = None if draft_probs is None else draft_probs.detach().to("cpu", torch.float64)
     out: list[int] = []
@@ -136,28 +149,40 @@ def _row_params(seqs: Sequence[VerifySeq]) -> list[RowParams]:
     for s in seqs:
         step = len(s.output_token_ids)
         for j in range(s.num_rows):
-            rows.append(RowParams(params=s.params,
-                                  output_token_ids=s.output_token_ids + s.draft_ids[:j],
-                                  prompt_token_ids=s.prompt_token_ids, seed=s.seed,
-                                  step=step + j))
+            rows.append(
+                RowParams(
+                    params=s.params,
+                    output_token_ids=s.output_token_ids + s.draft_ids[:j],
+                    prompt_token_ids=s.prompt_token_ids,
+                    seed=s.seed,
+                    step=step + j,
+                )
+            )
     return rows
 
 
-def verify_step(logits: torch.Tensor, seqs: Sequence[VerifySeq], vocab_size: int, *,
-                eos_token_ids: Sequence[int] = (),
-                grammar: tuple[torch.Tensor, torch.Tensor | None] | None = None
-                ) -> list[list[VerifiedToken]]:
+def verify_step(
+    logits: torch.Tensor,
+    seqs: Sequence[VerifySeq],
+    vocab_size: int,
+    *,
+    eos_token_ids: Sequence[int] = (),
+    grammar: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> list[list[VerifiedToken]]:
     """The tokens each of ``seqs`` emits, given ``logits`` [sum of their rows, V] (rows in
     order). ``grammar`` is (masks, rows) of the rows a grammar constrains (rows None: every
     row). Logprobs are filled for sequences that ask for them."""
     total = sum(s.num_rows for s in seqs)
     if logits.dim() != 2 or logits.shape[0] != total:
-        raise ValueError(f"logits: expected {total} rows (one per proposed token plus one per "
-                         f"sequence), got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: expected {total} rows (one per proposed token plus one per "
+            f"sequence), got shape {tuple(logits.shape)}"
+        )
     raw = logits.float()
     processed = raw
-    batch = SamplingBatch.build(_row_params(seqs), vocab_size, raw.device,
-                                eos_token_ids=eos_token_ids)
+    batch = SamplingBatch.build(
+        _row_params(seqs), vocab_size, raw.device, eos_token_ids=eos_token_ids
+    )
     if batch.edits.num_entries or grammar is not None:
         processed = raw.clone()
         apply_logit_edits(processed, batch.edits)
@@ -170,11 +195,15 @@ def verify_step(logits: torch.Tensor, seqs: Sequence[VerifySeq], vocab_size: int
     for s in seqs:
         n = s.num_rows
         if s.params.greedy:
-            tokens = accept_greedy(argmax[row:row + n], s.draft_ids)
+            tokens = accept_greedy(argmax[row : row + n], s.draft_ids)
         else:
             assert probs is not None  # built when any row samples
-            tokens = rejection_sample(probs[row:row + n], s.draft_ids, s.draft_probs,
-                                      row_generator(s.seed, len(s.output_token_ids)))
+            tokens = rejection_sample(
+                probs[row : row + n],
+                s.draft_ids,
+                s.draft_probs,
+                row_generator(s.seed, len(s.output_token_ids)),
+            )
         emitted.append(tokens)
         row += n
     return _with_logprobs(raw, seqs, emitted)
@@ -184,9 +213,11 @@ def _sampling_probs(processed: torch.Tensor, batch: SamplingBatch) -> torch.Tens
     """Each row's distribution after temperature, top-k, top-p and min-p (greedy rows: their
     scores at temperature 1, never read)."""
     scores = processed * batch.inv_temperature[:, None]
-    for which, values, fn in ((batch.top_k_rows, batch.top_k, None),
-                              (batch.top_p_rows, batch.top_p, apply_top_p),
-                              (batch.min_p_rows, batch.min_p, apply_min_p)):
+    for which, values, fn in (
+        (batch.top_k_rows, batch.top_k, None),
+        (batch.top_p_rows, batch.top_p, apply_top_p),
+        (batch.min_p_rows, batch.min_p, apply_min_p),
+    ):
         if not which:
             continue
         idx = torch.tensor(which, dtype=torch.int64, device=scores.device)
@@ -197,8 +228,9 @@ def _sampling_probs(processed: torch.Tensor, batch: SamplingBatch) -> torch.Tens
     return torch.softmax(scores, dim=-1)
 
 
-def _with_logprobs(raw: torch.Tensor, seqs: Sequence[VerifySeq],
-                   emitted: list[list[int]]) -> list[list[VerifiedToken]]:
+def _with_logprobs(
+    raw: torch.Tensor, seqs: Sequence[VerifySeq], emitted: list[list[int]]
+) -> list[list[VerifiedToken]]:
     out: list[list[VerifiedToken]] = []
     row = 0
     for s, tokens in zip(seqs, emitted):
@@ -206,7 +238,7 @@ def _with_logprobs(raw: torch.Tensor, seqs: Sequence[VerifySeq],
         if want is None:
             out.append([VerifiedToken(t) for t in tokens])
         else:
-            lps = torch.log_softmax(raw[row:row + len(tokens)], dim=-1)
+            lps = torch.log_softmax(raw[row : row + len(tokens)], dim=-1)
             ids = torch.tensor(tokens, dtype=torch.int64, device=raw.device)
             chosen = lps.gather(1, ids[:, None])
             ranks = ((lps > chosen).sum(dim=-1) + 1).tolist()

@@ -41,12 +41,18 @@ class StructuredOutputsParams:
     def to_spec(self) -> GrammarSpec:
         """The :class:`GrammarSpec` asked for; InvalidParameter naming the field when none or
         several are set or a value is malformed."""
-        given = [f.name for f in fields(self)
-                 if getattr(self, f.name) is not None and getattr(self, f.name) is not False]
+        given = [
+            f.name
+            for f in fields(self)
+            if getattr(self, f.name) is not None and getattr(self, f.name) is not False
+        ]
         if len(given) != 1:
-            raise InvalidParameter(_FIELD, f"{_FIELD} must set exactly one of json, regex, "
-                                   f"choice, grammar or json_object, got "
-                                   f"{', '.join(given) or 'none'}")
+            raise InvalidParameter(
+                _FIELD,
+                f"{_FIELD} must set exactly one of json, regex, "
+                f"choice, grammar or json_object, got "
+                f"{', '.join(given) or 'none'}",
+            )
         if self.json_object is not None:
             if self.json_object is not True:
                 raise _refuse("json_object", f"must be true, got {self.json_object!r}")
@@ -59,10 +65,15 @@ class StructuredOutputsParams:
             return GrammarSpec("regex", self.regex)
         if self.choice is not None:
             choice = self.choice
-            if (isinstance(choice, (str, bytes)) or not isinstance(choice, (list, tuple))
-                    or not choice or not all(isinstance(c, str) and c for c in choice)):
-                raise _refuse("choice", f"must be a non-empty list of non-empty strings, got "
-                              f"{choice!r}")
+            if (
+                isinstance(choice, (str, bytes))
+                or not isinstance(choice, (list, tuple))
+                or not choice
+                or not all(isinstance(c, str) and c for c in choice)
+            ):
+                raise _refuse(
+                    "choice", f"must be a non-empty list of non-empty strings, got {choice!r}"
+                )
             return GrammarSpec("choice", tuple(choice))
         if not isinstance(self.grammar, str) or not self.grammar.strip():
             raise _refuse("grammar", f"must be a non-empty string, got {self.grammar!r}")
@@ -84,7 +95,9 @@ def _schema(value: Any) -> Any:  # Any: a schema as given: str, dict or pydantic
     return value
 
 
-def structured_spec(value: Any) -> GrammarSpec | None:  # Any: structured_outputs as a request gives it
+def structured_spec(
+    value: Any,
+) -> GrammarSpec | None:  # Any: structured_outputs as a request gives it
     """``SamplingParams.structured_outputs`` as given (None, a GrammarSpec, a
     StructuredOutputsParams or a mapping of its fields) → the spec it asks for."""
     if value is None or isinstance(value, GrammarSpec):
@@ -92,10 +105,15 @@ def structured_spec(value: Any) -> GrammarSpec | None:  # Any: structured_output
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - {f.name for f in fields(StructuredOutputsParams)})
         if unknown:
-            raise InvalidParameter(_FIELD, f"{_FIELD} has unknown keys {unknown}; expected one "
-                                   "of json, regex, choice, grammar, json_object")
+            raise InvalidParameter(
+                _FIELD,
+                f"{_FIELD} has unknown keys {unknown}; expected one "
+                "of json, regex, choice, grammar, json_object",
+            )
         value = StructuredOutputsParams(**value)
     if isinstance(value, StructuredOutputsParams):
         return value.to_spec()
-    raise InvalidParameter(_FIELD, f"{_FIELD} must be a StructuredOutputsParams or a mapping, "
-                           f"got {type(value).__name__}")
+    raise InvalidParameter(
+        _FIELD,
+        f"{_FIELD} must be a StructuredOutputsParams or a mapping, got {type(value).__name__}",
+    )

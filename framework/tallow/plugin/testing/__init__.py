@@ -82,10 +82,18 @@ _LAZY = {
 
 
 __all__ = [
-    "isolated_plugin_manager", "add_plugin", "HookCall", "HookRecorder", "make_config",
+    "isolated_plugin_manager",
+    "add_plugin",
+    "HookCall",
+    "HookRecorder",
+    "make_config",
     "suite_failures",
-    "tallow_plugin_manager", "tallow_hook_recorder", "parse_summary",
-    "assert_streaming_matches_parse", "modules_imported_by_registration", *_LAZY,
+    "tallow_plugin_manager",
+    "tallow_hook_recorder",
+    "parse_summary",
+    "assert_streaming_matches_parse",
+    "modules_imported_by_registration",
+    *_LAZY,
 ]
 
 
@@ -99,8 +107,14 @@ def _default_name(plugin: object) -> str:
     return getattr(plugin, "__name__", None) or type(plugin).__name__
 
 
-def add_plugin(pm: PluginManager, plugin: object, name: str | None = None, version: str = "",
-               *, fatal: bool = True) -> PluginStatus:
+def add_plugin(
+    pm: PluginManager,
+    plugin: object,
+    name: str | None = None,
+    version: str = "",
+    *,
+    fatal: bool = True,
+) -> PluginStatus:
     """Add ``plugin`` (a module, an object with ``@hookimpl`` methods, or a module path) to
     ``pm`` as distribution ``name`` (default: the module's name) and run its registration hooks.
 
@@ -112,8 +126,9 @@ def add_plugin(pm: PluginManager, plugin: object, name: str | None = None, versi
     return pm.add_plugin(plugin, name or _default_name(plugin), version, fatal=fatal)
 
 
-def isolated_plugin_manager(*plugins: object, builtins: bool = False,
-                            trace: bool = False) -> PluginManager:
+def isolated_plugin_manager(
+    *plugins: object, builtins: bool = False, trace: bool = False
+) -> PluginManager:
     """A manager without entry-point discovery holding exactly ``plugins``.
 
     Each item is a plugin (see :func:`add_plugin`) or a ``(name, plugin)`` pair. With
@@ -121,8 +136,13 @@ def isolated_plugin_manager(*plugins: object, builtins: bool = False,
     """
     pm = PluginManager(trace=trace, env={})
     if builtins:
-        pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, __version__,
-                      entry_point=CORE_MODULE, mode="builtin")
+        pm.add_plugin(
+            importlib.import_module(CORE_MODULE),
+            CORE_DISTRIBUTION,
+            __version__,
+            entry_point=CORE_MODULE,
+            mode="builtin",
+        )
     for item in plugins:
         if isinstance(item, tuple):
             name, plugin = item
@@ -132,26 +152,29 @@ def isolated_plugin_manager(*plugins: object, builtins: bool = False,
     return pm
 
 
-def modules_imported_by_registration(module: str, hook: str, registry: str,
-                                     watch: tuple[str, ...] = ("torch",)) -> list[str]:
+def modules_imported_by_registration(
+    module: str, hook: str, registry: str, watch: tuple[str, ...] = ("torch",)
+) -> list[str]:
     """Which of ``watch`` a fresh interpreter has imported after importing the registration
     module ``module`` and calling its ``hook`` with an empty ``registry`` (a registry class
     of :mod:`tallow.plugin`, by name). Registration should stay light (``tallow plugins``
     and start-up run it for every plugin; components load lazily), so a plugin test asserts
     this is empty. Raises AssertionError with the child's stderr if registration fails."""
-    code = ("import importlib, sys, tallow.plugin as tp\n"
-            f"m = importlib.import_module({module!r})\n"
-            f"getattr(m, {hook!r})(getattr(tp, {registry!r})())\n"
-            f"print(','.join(n for n in {tuple(watch)!r} if n in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import importlib, sys, tallow.plugin as tp\n"
+        f"m = importlib.import_module({module!r})\n"
+        f"getattr(m, {hook!r})(getattr(tp, {registry!r})())\n"
+        f"print(','.join(n for n in {tuple(watch)!r} if n in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise AssertionError(f"registering {module} failed:\n{out.stderr}")
     return [name for name in out.stdout.strip().split(",") if name]
 
 
-def suite_failures(source: str, directory: str | os.PathLike[str], timeout: float = 600
-                   ) -> tuple[set[str], str]:
+def suite_failures(
+    source: str, directory: str | os.PathLike[str], timeout: float = 600
+) -> tuple[set[str], str]:
     """Run the test module ``source`` (conformance suites subclassed for deliberately broken
     components, say) in a fresh pytest process in ``directory``; return the ids
     (``Class::test[param]``) of the tests that failed or errored, and pytest's output. This is
@@ -162,11 +185,18 @@ def suite_failures(source: str, directory: str | os.PathLike[str], timeout: floa
 
     module = pathlib.Path(directory) / "test_broken.py"
     module.write_text(textwrap.dedent(source))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rfE", str(module)], capture_output=True, text=True,
-                          timeout=timeout, cwd=directory)
-    failed = {line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
-              for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", str(module)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=directory,
+    )
+    failed = {
+        line.split("::", 2)[1] + "::" + line.split("::", 2)[2].split(" ")[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith(("FAILED", "ERROR"))
+    }
     return failed, proc.stdout
 
 
@@ -202,16 +232,22 @@ class HookRecorder:
     def __post_init__(self) -> None:
         self._pending: list[HookCall] = []
         self._undo: Callable[[], None] | None = self.pm.pluggy.add_hookcall_monitoring(
-            self._before, self._after)
+            self._before, self._after
+        )
 
-    def _before(self, hook_name: str, impls: Sequence[pluggy.HookImpl],
-                kwargs: Mapping[str, Any]) -> None:
+    def _before(
+        self, hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]
+    ) -> None:
         names = [impl.plugin_name for impl in impls]
         self._pending.append(HookCall(hook_name, dict(kwargs), names))
 
-    def _after(self, outcome: pluggy.Result[object], hook_name: str,
-               impls: Sequence[pluggy.HookImpl],
-               kwargs: Mapping[str, Any]) -> None:
+    def _after(
+        self,
+        outcome: pluggy.Result[object],
+        hook_name: str,
+        impls: Sequence[pluggy.HookImpl],
+        kwargs: Mapping[str, Any],
+    ) -> None:
         call = self._pending.pop()
         call.exception = outcome.exception
         if outcome.exception is None:
@@ -234,7 +270,8 @@ class HookRecorder:
         if not calls or (times is not None and len(calls) != times):
             raise AssertionError(
                 f"expected {name} to be called {times if times is not None else 'at least once'}"
-                f" time(s), it was called {len(calls)} time(s); calls: {self.names()}")
+                f" time(s), it was called {len(calls)} time(s); calls: {self.names()}"
+            )
         return calls
 
     def clear(self) -> None:
@@ -281,9 +318,9 @@ def parse_summary(result: ParseResult) -> tuple[str | None, list[tuple[str, str]
     return result.content, [(c.name, c.arguments) for c in result.tool_calls]
 
 
-def assert_streaming_matches_parse(parser: ToolParser, text: str,
-                                   tools: list[dict[str, Any]] | None = None,
-                                   tries: int = 40) -> ParseResult:
+def assert_streaming_matches_parse(
+    parser: ToolParser, text: str, tools: list[dict[str, Any]] | None = None, tries: int = 40
+) -> ParseResult:
     """Check a tool parser's contract on ``text``: fed one character at a time, then in
     ``tries`` random splits (chunks of 1–9 characters, seeded by the text), the assembled
     stream equals ``parser.parse(text, tools)``. Returns that parse result."""
@@ -295,12 +332,13 @@ def assert_streaming_matches_parse(parser: ToolParser, text: str,
         chunks, i = [], 0
         while i < len(text):
             k = 1 if n == 0 else rng.randint(1, 9)
-            chunks.append(text[i:i + k])
+            chunks.append(text[i : i + k])
             i += k
         stream = parser.stream(tools)
         deltas = [stream.feed(c) for c in chunks] + [stream.finish()]
         streamed = parse_summary(assemble(deltas))
         if streamed != parse_summary(whole):
-            raise AssertionError(f"streamed {streamed!r} != parsed {parse_summary(whole)!r} "
-                                 f"for chunks {chunks!r}")
+            raise AssertionError(
+                f"streamed {streamed!r} != parsed {parse_summary(whole)!r} for chunks {chunks!r}"
+            )
     return whole

@@ -64,8 +64,10 @@ class AttentionBackendConformance(ComponentConformance):
     run_on: ClassVar[str | None] = None
 
     def config(self, device: str) -> TallowConfig:
-        data: dict[str, Any] = {"model": {"device": device},
-                                "cache": {"block_size": self.block_size}}
+        data: dict[str, Any] = {
+            "model": {"device": device},
+            "cache": {"block_size": self.block_size},
+        }
         if self.settings:
             data["plugins"] = {"settings": {self.distribution: dict(self.settings)}}
         return make_config(data)
@@ -85,19 +87,28 @@ class AttentionBackendConformance(ComponentConformance):
     def backend(self, component_class: type[AttentionBackend], device: str) -> AttentionBackend:
         return component_class(self.config(device))
 
-    def check(self, backend: AttentionBackend, device: str, dtype: torch.dtype, name: str,
-              **shape: Any) -> torch.Tensor:  # Any: random_paged_step's keywords, of several types
+    def check(
+        self, backend: AttentionBackend, device: str, dtype: torch.dtype, name: str, **shape: Any
+    ) -> torch.Tensor:  # Any: random_paged_step's keywords, of several types
         seed = zlib.crc32(f"{type(self).__name__}/{name}/{dtype}".encode())
-        step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                                 head_dim=self.head_dim, block_size=self.block_size,
-                                 dtype=dtype, device=device, seed=seed, **shape)
+        step = random_paged_step(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            **shape,
+        )
         return check_step(step, backend)
 
     def test_validate_gives_reasons_as_text(self, component_class: type[AttentionBackend]) -> None:
         for device in ("cpu", "auto"):
             reasons = component_class.validate(self.config(device))
-            assert isinstance(reasons, list) and all(
-                isinstance(r, str) and r for r in reasons), reasons
+            assert isinstance(reasons, list) and all(isinstance(r, str) and r for r in reasons), (
+                reasons
+            )
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "dtype" in metafunc.fixturenames:
@@ -108,39 +119,60 @@ class AttentionBackendConformance(ComponentConformance):
     def test_prefill(self, backend: AttentionBackend, device: str, dtype: torch.dtype) -> None:
         """Whole prompts, one spanning several blocks and ending inside one."""
         bs = self.block_size
-        self.check(backend, device, dtype, "prefill",
-                   query_lens=[3, 2 * bs + 5, 1], context_lens=[0, 0, 0])
+        self.check(
+            backend, device, dtype, "prefill", query_lens=[3, 2 * bs + 5, 1], context_lens=[0, 0, 0]
+        )
 
     def test_decode(self, backend: AttentionBackend, device: str, dtype: torch.dtype) -> None:
         """One query per sequence over contexts from empty to several blocks."""
         bs = self.block_size
         contexts = [0, 1, bs - 1, bs, 3 * bs + 2]
-        self.check(backend, device, dtype, "decode",
-                   query_lens=[1] * len(contexts), context_lens=contexts)
+        self.check(
+            backend, device, dtype, "decode", query_lens=[1] * len(contexts), context_lens=contexts
+        )
 
     def test_chunked_prefill_beside_decodes(self, backend: AttentionBackend, device: str) -> None:
         """Later chunks of prompts (context already cached) in the same step as decodes."""
         bs = self.block_size
-        self.check(backend, device, self.dtypes[0], "chunked",
-                   query_lens=[bs + 3, 1, 7, 1], context_lens=[bs + 4, 2 * bs, 2 * bs - 1, 5])
+        self.check(
+            backend,
+            device,
+            self.dtypes[0],
+            "chunked",
+            query_lens=[bs + 3, 1, 7, 1],
+            context_lens=[bs + 4, 2 * bs, 2 * bs - 1, 5],
+        )
 
     def test_prefix_hit(self, backend: AttentionBackend, device: str) -> None:
         """Sequences whose first blocks are one shared cached prefix."""
         bs = self.block_size
-        self.check(backend, device, self.dtypes[0], "prefix",
-                   query_lens=[1, 5, bs + 1], context_lens=[2 * bs + 3, 2 * bs, 2 * bs + 7],
-                   shared_prefix_blocks=2)
+        self.check(
+            backend,
+            device,
+            self.dtypes[0],
+            "prefix",
+            query_lens=[1, 5, bs + 1],
+            context_lens=[2 * bs + 3, 2 * bs, 2 * bs + 7],
+            shared_prefix_blocks=2,
+        )
 
     def test_bidirectional_layer(self, backend: AttentionBackend, device: str) -> None:
         """An encoder layer (``causal=False``): whole sequences, every query over all of its
         sequence's keys — or, for a backend that cannot, a refusal with reasons before any
         step (``supports_layer``), so that the engine picks another backend."""
         bs = self.block_size
-        step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                                 head_dim=self.head_dim, block_size=bs, dtype=self.dtypes[0],
-                                 device=device, query_lens=[bs + 5, 1, 2 * bs],
-                                 context_lens=[0, 0, 0], causal=False,
-                                 seed=zlib.crc32(type(self).__name__.encode()))
+        step = random_paged_step(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=bs,
+            dtype=self.dtypes[0],
+            device=device,
+            query_lens=[bs + 5, 1, 2 * bs],
+            context_lens=[0, 0, 0],
+            causal=False,
+            seed=zlib.crc32(type(self).__name__.encode()),
+        )
         supports = getattr(backend, "supports_layer", None)
         reasons = supports(step.layer) if supports is not None else []
         if reasons:
@@ -158,13 +190,19 @@ class AttentionBackendConformance(ComponentConformance):
         # sinks around the scores' scale: some heads keep most of their weight, some little
         sinks = torch.randn(self.num_heads, generator=gen) * 2.0
         for window in (None, bs // 2 + 1):
-            step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                                     head_dim=self.head_dim, block_size=bs,
-                                     dtype=self.dtypes[0], device=device,
-                                     query_lens=[bs + 3, 1, 5, 1], context_lens=[0, 2 * bs, bs, 0],
-                                     sliding_window=window, sinks=sinks,
-                                     seed=zlib.crc32(f"{type(self).__name__}/sinks/{window}"
-                                                     .encode()))
+            step = random_paged_step(
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                block_size=bs,
+                dtype=self.dtypes[0],
+                device=device,
+                query_lens=[bs + 3, 1, 5, 1],
+                context_lens=[0, 2 * bs, bs, 0],
+                sliding_window=window,
+                sinks=sinks,
+                seed=zlib.crc32(f"{type(self).__name__}/sinks/{window}".encode()),
+            )
             supports = getattr(backend, "supports_layer", None)
             reasons = supports(step.layer) if supports is not None else []
             if reasons:
@@ -174,29 +212,58 @@ class AttentionBackendConformance(ComponentConformance):
 
     def test_padding_rows_store_nothing(self, backend: AttentionBackend, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""
-        self.check(backend, device, self.dtypes[0], "padding", query_lens=[1, 1],
-                   context_lens=[5, 9], padding_rows=3)
+        self.check(
+            backend,
+            device,
+            self.dtypes[0],
+            "padding",
+            query_lens=[1, 1],
+            context_lens=[5, 9],
+            padding_rows=3,
+        )
 
-    def test_latent_attention(self, backend: AttentionBackend, device: str,
-                              dtype: torch.dtype) -> None:
+    def test_latent_attention(
+        self, backend: AttentionBackend, device: str, dtype: torch.dtype
+    ) -> None:
         """A backend that sets ``supports_mla`` stores a step's latent rows as
         ``store_latent_ref`` does and attends as ``mla_attention_ref`` over decodes (20 heads:
         more than one block of 16), prefix-cached chunks, a whole prompt and padding rows;
         one that does not says so by raising NotImplementedError."""
         bs = self.block_size
-        step = random_mla_step(query_lens=[1, bs + 3, 1, 6], context_lens=[2 * bs + 1, bs, 0, 0],
-                               num_heads=20, block_size=bs, dtype=dtype, device=device,
-                               padding_rows=2,
-                               seed=zlib.crc32(f"{type(self).__name__}/mla/{dtype}".encode()))
+        step = random_mla_step(
+            query_lens=[1, bs + 3, 1, 6],
+            context_lens=[2 * bs + 1, bs, 0, 0],
+            num_heads=20,
+            block_size=bs,
+            dtype=dtype,
+            device=device,
+            padding_rows=2,
+            seed=zlib.crc32(f"{type(self).__name__}/mla/{dtype}".encode()),
+        )
         if not getattr(backend, "supports_mla", False):
             with pytest.raises(NotImplementedError):
-                backend.forward_mla(step.layer, step.q_nope, step.q_pe, step.latent,
-                                    step.cache, step.w_uk, step.w_uv, step.meta)
+                backend.forward_mla(
+                    step.layer,
+                    step.q_nope,
+                    step.q_pe,
+                    step.latent,
+                    step.cache,
+                    step.w_uk,
+                    step.w_uv,
+                    step.meta,
+                )
             return
         check_mla_step(step, backend)
-        decode = random_mla_step(query_lens=[1] * 4, context_lens=[0, 3, bs, 5 * bs + 2],
-                                 num_heads=20, block_size=bs, dtype=dtype, device=device,
-                                 padding_rows=1, seed=zlib.crc32(f"mla-decode/{dtype}".encode()))
+        decode = random_mla_step(
+            query_lens=[1] * 4,
+            context_lens=[0, 3, bs, 5 * bs + 2],
+            num_heads=20,
+            block_size=bs,
+            dtype=dtype,
+            device=device,
+            padding_rows=1,
+            seed=zlib.crc32(f"mla-decode/{dtype}".encode()),
+        )
         check_mla_step(decode, backend)
 
     def test_kv_codec(self, backend: AttentionBackend, device: str, codec_name: str) -> None:
@@ -206,19 +273,34 @@ class AttentionBackendConformance(ComponentConformance):
         name = codec_name
         codec = kv_codec(name)
         dtype = self.dtypes[-1]
-        layout = kv_cache.layer_layout(codec, num_kv_heads=self.num_kv_heads,
-                                       head_dim=self.head_dim, block_size=self.block_size,
-                                       model_dtype=dtype)
+        layout = kv_cache.layer_layout(
+            codec,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            model_dtype=dtype,
+        )
         reasons = backend.supports_kv_codec(codec, layout)
         assert reasons == [], f"declared kv codec {name!r} is refused: {reasons}"
         bs = self.block_size
-        step = random_paged_step(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                                 head_dim=self.head_dim, block_size=bs, dtype=dtype,
-                                 device=device, codec=codec, query_lens=[1, bs + 2, 1],
-                                 context_lens=[bs + 1, 3, 0],
-                                 seed=zlib.crc32(f"{type(self).__name__}/codec-{name}".encode()))
-        check_step(step, backend, store_tolerance=self.kv_codec_store_tolerance.get(name),
-                   output_scale=self.kv_codec_output_scale.get(name, 1.0))
+        step = random_paged_step(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=bs,
+            dtype=dtype,
+            device=device,
+            codec=codec,
+            query_lens=[1, bs + 2, 1],
+            context_lens=[bs + 1, 3, 0],
+            seed=zlib.crc32(f"{type(self).__name__}/codec-{name}".encode()),
+        )
+        check_step(
+            step,
+            backend,
+            store_tolerance=self.kv_codec_store_tolerance.get(name),
+            output_scale=self.kv_codec_output_scale.get(name, 1.0),
+        )
 
 
 def kv_codec(name: str) -> KVCodec:
@@ -227,8 +309,9 @@ def kv_codec(name: str) -> KVCodec:
     pm = load_plugins(None, env={})
     if name not in pm.registries.kv_codecs:
         installed = ", ".join(e.name for e in pm.registries.kv_codecs)
-        raise AssertionError(f"no installed plugin registers kv codec {name!r} "
-                             f"(installed: {installed})")
+        raise AssertionError(
+            f"no installed plugin registers kv codec {name!r} (installed: {installed})"
+        )
     codec = load_target(pm.registries.kv_codecs.entry(name))()
     assert isinstance(codec, KVCodec), f"kv codec {name!r} is not a KVCodec: {codec!r}"
     return codec

@@ -29,7 +29,12 @@ import pytest
 from tallow import __version__
 
 from ..manager import (
-    CORE_DISTRIBUTION, CORE_MODULE, Candidate, ENTRY_POINT_GROUP, PluginManager, canonical,
+    CORE_DISTRIBUTION,
+    CORE_MODULE,
+    Candidate,
+    ENTRY_POINT_GROUP,
+    PluginManager,
+    canonical,
 )
 from ..registry import Entry, Registries, Registry
 from . import modules_imported_by_registration
@@ -49,7 +54,8 @@ def find_entry_point(distribution: str) -> Candidate:
         f"no installed distribution {distribution!r} declares an entry point in the group "
         f"{ENTRY_POINT_GROUP!r} (installed plugins: {', '.join(sorted(found)) or 'none'}); "
         "install it (pip install -e .) and check [project.entry-points.tallow] in its "
-        "pyproject.toml")
+        "pyproject.toml"
+    )
 
 
 def registration_module(distribution: str) -> str:
@@ -65,8 +71,13 @@ def load_distribution(distribution: str) -> PluginManager:
     :class:`~tallow.plugin.manager.PluginLoadError` naming distribution, version and entry
     point."""
     pm = PluginManager(env={})
-    pm.add_plugin(importlib.import_module(CORE_MODULE), CORE_DISTRIBUTION, __version__,
-                  entry_point=CORE_MODULE, mode="builtin")
+    pm.add_plugin(
+        importlib.import_module(CORE_MODULE),
+        CORE_DISTRIBUTION,
+        __version__,
+        entry_point=CORE_MODULE,
+        mode="builtin",
+    )
     if canonical(distribution) != CORE_DISTRIBUTION:
         pm.load_candidate(find_entry_point(distribution), mode="enabled", fatal=True)
     return pm
@@ -81,7 +92,8 @@ def load_target(entry: Entry) -> Any:  # Any: a component of any kind
         raise AssertionError(
             f"{entry.kind} {entry.name!r} registered by {entry.distribution} "
             f"{entry.version or '(unknown version)'}: its target {entry.target!r} cannot be "
-            f"loaded: {type(exc).__name__}: {exc}") from exc
+            f"loaded: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def registry_class_name(kind: str) -> str:
@@ -111,8 +123,9 @@ class ComponentConformance:
     def plugin_manager(self) -> PluginManager:
         """The core plus :attr:`distribution`, loaded through its entry point."""
         if not self.distribution or not self.component:
-            raise AssertionError(f"{type(self).__name__}: set the class attributes "
-                                 "'distribution' and 'component'")
+            raise AssertionError(
+                f"{type(self).__name__}: set the class attributes 'distribution' and 'component'"
+            )
         return load_distribution(self.distribution)
 
     @pytest.fixture(scope="class")
@@ -121,18 +134,21 @@ class ComponentConformance:
         if self.component not in registry:
             raise AssertionError(
                 f"{self.distribution} registers no {registry.kind} {self.component!r} "
-                f"(registered: {', '.join(e.name for e in registry) or 'none'})")
+                f"(registered: {', '.join(e.name for e in registry) or 'none'})"
+            )
         return registry.entry(self.component)
 
     @pytest.fixture(scope="class")
     def component_class(self, entry: Entry) -> Any:  # Any: each suite's kind of component
         return load_target(entry)
 
-    def test_registered_by_its_distribution(self, plugin_manager: PluginManager,
-                                            entry: Entry) -> None:
+    def test_registered_by_its_distribution(
+        self, plugin_manager: PluginManager, entry: Entry
+    ) -> None:
         assert canonical(entry.distribution) == canonical(self.distribution), (
             f"{entry.kind} {entry.name!r} is registered by {entry.distribution}, "
-            f"not {self.distribution}")
+            f"not {self.distribution}"
+        )
         status = plugin_manager.status(entry.distribution)
         assert status.status == "ok", status.reason
         assert self.component in status.components.get(entry.kind, [])
@@ -140,18 +156,26 @@ class ComponentConformance:
     def test_registered_lazily(self, entry: Entry) -> None:
         assert entry.lazy, (
             f"{entry.kind} {entry.name!r} is registered as an object; register the string "
-            "'module:attr' so that listing plugins imports nothing of it")
+            "'module:attr' so that listing plugins imports nothing of it"
+        )
 
     def test_target_loads(self, component_class: object) -> None:
         if self.base_class is not None:
             assert isinstance(component_class, type) and issubclass(
-                component_class, self.base_class), (
+                component_class, self.base_class
+            ), (
                 f"{self.component!r} loads {component_class!r}, expected a subclass of "
-                f"{self.base_class.__module__}.{self.base_class.__qualname__}")
+                f"{self.base_class.__module__}.{self.base_class.__qualname__}"
+            )
 
     def test_registration_imports_nothing_heavy(self) -> None:
         imported = modules_imported_by_registration(
-            registration_module(self.distribution), f"tallow_register_{self.registry_kind}",
-            registry_class_name(self.registry_kind), watch=self.light_modules)
-        assert imported == [], (f"registering {self.distribution} imported {imported}; "
-                                "import them in the component modules, which load lazily")
+            registration_module(self.distribution),
+            f"tallow_register_{self.registry_kind}",
+            registry_class_name(self.registry_kind),
+            watch=self.light_modules,
+        )
+        assert imported == [], (
+            f"registering {self.distribution} imported {imported}; "
+            "import them in the component modules, which load lazily"
+        )

@@ -10,8 +10,9 @@ from ..manager import load_plugins
 from . import make_config
 
 
-def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any] | None = None
-                ) -> Any:
+def offline_llm(
+    model: str, *, plugins: Sequence[str], config: Mapping[str, Any] | None = None
+) -> Any:
     """A :class:`tallow.LLM` over ``model`` whose plugins are exactly the core and the installed
     distributions ``plugins``, each loaded through its entry point as ``tallow serve`` loads
     it (a failure stops here, naming the plugin). ``config`` holds further settings as nested
@@ -30,16 +31,21 @@ def offline_llm(model: str, *, plugins: Sequence[str], config: Mapping[str, Any]
     return LLM.from_config(settings, pm)
 
 
-def forced_logprobs(llm: Any, prompt: Sequence[int], tokens: Sequence[int]) -> Any:  # Any: an LLM or an LLMEngine; the kit sits above both
+def forced_logprobs(
+    llm: Any, prompt: Sequence[int], tokens: Sequence[int]
+) -> Any:  # Any: an LLM or an LLMEngine; the kit sits above both
     """``llm``'s log-probabilities of ``tokens`` following ``prompt``, teacher-forced (one
     prompt step over ``prompt + tokens``), as a float tensor: what two engines on the same
     weights (two attention backends, say) are compared by."""
     import torch
 
-    out = llm.generate([list(prompt) + list(tokens)],
-                       SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
-    return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
-                         for i, t in enumerate(tokens)])
+    out = llm.generate(
+        [list(prompt) + list(tokens)],
+        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+    )[0]
+    return torch.tensor(
+        [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(tokens)]
+    )
 
 
 def replay_own_graph_sizes(engine: Any) -> None:  # Any: an LLM or an LLMEngine

@@ -19,9 +19,14 @@ import torch
 __all__ = ["gguf_tensors", "gguf_metadata", "write_gguf", "read_gguf"]
 
 
-def gguf_tensors(state: Mapping[str, torch.Tensor], arch: str, num_layers: int, *,
-                 transform: Callable[[str, Any], Any] | None = None,
-                 skip: Iterable[str] = ()) -> Iterator[tuple[str, Any]]:
+def gguf_tensors(
+    state: Mapping[str, torch.Tensor],
+    arch: str,
+    num_layers: int,
+    *,
+    transform: Callable[[str, Any], Any] | None = None,
+    skip: Iterable[str] = (),
+) -> Iterator[tuple[str, Any]]:
     """``(gguf name, float32 numpy array)`` for each tensor of an HF ``state`` dict, named
     by the ``gguf`` package's map for GGUF architecture ``arch`` (what llama.cpp's converter
     uses; stacked experts ``experts.gate_up_proj`` are written as their gate and up halves,
@@ -52,7 +57,7 @@ def _unfused_experts(state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, t
     converter maps to ``ffn_{gate,up,down}_exps.weight``)."""
     for name, tensor in state.items():
         if name.endswith(".experts.gate_up_proj"):
-            base = name[:-len("gate_up_proj")]
+            base = name[: -len("gate_up_proj")]
             gate, up = tensor.chunk(2, dim=1)
             yield base + "gate_proj.weight", gate
             yield base + "up_proj.weight", up
@@ -62,16 +67,19 @@ def _unfused_experts(state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, t
             yield name, tensor
 
 
-def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
-                  **extra: object) -> dict[str, Any]:
+def gguf_metadata(
+    config: Any,  # Any: a transformers config of any architecture
+    **extra: object,
+) -> dict[str, Any]:
     """The architecture keys llama.cpp's converter writes for a transformers ``config`` (sizes,
     heads, norm epsilon, RoPE base and rotated features), without the ``<arch>.`` prefix, for
     :func:`write_gguf`; ``extra`` adds or replaces keys."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     rope = getattr(config, "rope_parameters", None) or {}
-    partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor",
-                                                           None) or 1.0
+    partial = (
+        rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+    )
     metadata: dict[str, Any] = {
         "block_count": config.num_hidden_layers,
         "context_length": config.max_position_embeddings,
@@ -80,7 +88,9 @@ def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
         "attention.head_count": heads,
         "attention.head_count_kv": config.num_key_value_heads or heads,
         "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
-        "rope.freq_base": float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 1e4),
+        "rope.freq_base": float(
+            rope.get("rope_theta") or getattr(config, "rope_theta", None) or 1e4
+        ),
         "rope.dimension_count": int(head_dim * partial),
     }
     if head_dim != config.hidden_size // heads:
@@ -88,9 +98,15 @@ def gguf_metadata(config: Any,  # Any: a transformers config of any architecture
     return {**metadata, **extra}
 
 
-def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any],
-               tensors: Iterable[tuple[Any, ...]], vocab_size: int, *,
-               quantize: str | None = None) -> None:
+def write_gguf(
+    path: str | Path,
+    arch: str,
+    metadata: Mapping[str, Any],
+    tensors: Iterable[tuple[Any, ...]],
+    vocab_size: int,
+    *,
+    quantize: str | None = None,
+) -> None:
     """Write a GGUF file of architecture ``arch``: ``metadata`` keys without the ``<arch>.``
     prefix (ints as uint32, floats as float32, strings, bools, lists of numbers as float32
     arrays), a placeholder vocabulary of ``vocab_size`` tokens (padding id 0: transformers'
@@ -141,6 +157,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], list[tuple[str, torch.T
 
     reader = gguf.GGUFReader(str(path))
     metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = [(t.name, torch.from_numpy(np.array(t.data, dtype=np.float32)))
-               for t in reader.tensors]
+    tensors = [
+        (t.name, torch.from_numpy(np.array(t.data, dtype=np.float32))) for t in reader.tensors
+    ]
     return metadata, tensors

@@ -41,16 +41,48 @@ import pytest
 import torch
 
 from ..grammar import (
-    GRAMMAR_KINDS, GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo)
+    GRAMMAR_KINDS,
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    TokenizerInfo,
+)
 from . import make_config
 from .component import ComponentConformance
 
 if TYPE_CHECKING:
     import numpy as np
 
-_FRAGMENTS = ('{"', '":', '",', '"}', '},', '],', '"]', '["', "true", "false", "null", "name",
-              "city", "Paris", " the", "12", "3.5", "-1", "ab", "cd", "é", "😀", "\\n", '\\"',
-              "\\u00e9", "AB-", "-0")
+_FRAGMENTS = (
+    '{"',
+    '":',
+    '",',
+    '"}',
+    "},",
+    "],",
+    '"]',
+    '["',
+    "true",
+    "false",
+    "null",
+    "name",
+    "city",
+    "Paris",
+    " the",
+    "12",
+    "3.5",
+    "-1",
+    "ab",
+    "cd",
+    "é",
+    "😀",
+    "\\n",
+    '\\"',
+    "\\u00e9",
+    "AB-",
+    "-0",
+)
 # UTF-8 characters split over tokens: é = C3 A9, 😀 = F0 9F 98 80
 _SPLIT_BYTES = (b"\xc3", b"\xa9", b"\xf0\x9f", b"\x98\x80")
 EOS = 0
@@ -65,8 +97,9 @@ def tiny_tokenizer_info() -> TokenizerInfo:
     pieces += [b"\n", b"\t"]
     pieces += [f.encode() for f in _FRAGMENTS]
     pieces += list(_SPLIT_BYTES)
-    return TokenizerInfo(vocab_size=len(pieces) + PADDING_IDS, token_bytes=tuple(pieces),
-                         eos_token_ids=(EOS,))
+    return TokenizerInfo(
+        vocab_size=len(pieces) + PADDING_IDS, token_bytes=tuple(pieces), eos_token_ids=(EOS,)
+    )
 
 
 def allowed_ids(row: torch.Tensor, vocab_size: int) -> set[int]:
@@ -83,14 +116,23 @@ def closing_tokens(info: TokenizerInfo) -> "np.ndarray":
 
     eos = set(info.eos_token_ids)
     pieces = list(info.token_bytes) + [None] * (info.vocab_size - len(info.token_bytes))
-    return np.array([t in eos or (b is not None and len(b) < 4
-                                  and any(c in b for c in b'"}],'))
-                     for t, b in enumerate(pieces)])
+    return np.array(
+        [
+            t in eos or (b is not None and len(b) < 4 and any(c in b for c in b'"}],'))
+            for t, b in enumerate(pieces)
+        ]
+    )
 
 
-def walk_to_end(backend: GrammarBackend, compiled: object, rng: random.Random, *,
-                max_tokens: int, prefer: "np.ndarray | None" = None,
-                prefer_rate: float = 0.7) -> bytes | None:
+def walk_to_end(
+    backend: GrammarBackend,
+    compiled: object,
+    rng: random.Random,
+    *,
+    max_tokens: int,
+    prefer: "np.ndarray | None" = None,
+    prefer_rate: float = 0.7,
+) -> bytes | None:
     """Drive a fresh matcher of ``compiled`` along a seeded random walk over the backend's
     vocabulary: at each step the mask must allow some token and only tokens with bytes or
     EOS; the token drawn (one of ``prefer``'s with probability ``prefer_rate`` when the mask
@@ -107,14 +149,13 @@ def walk_to_end(backend: GrammarBackend, compiled: object, rng: random.Random, *
     for _ in range(max_tokens):
         matcher.fill_bitmask(mask, 0)
         bits = np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little")
-        bits = bits[:info.vocab_size].astype(bool)
+        bits = bits[: info.vocab_size].astype(bool)
         choices = np.flatnonzero(bits).tolist()
         assert choices, f"the mask allows no token after {text!r}"
         bare = [t for t in choices if t not in eos and not _bytes_of(info, t)]
         assert not bare, f"the mask allows tokens without bytes after {text!r}: {bare[:8]}"
         preferred = np.flatnonzero(bits & prefer).tolist() if prefer is not None else []
-        token = rng.choice(preferred if preferred and rng.random() < prefer_rate
-                           else choices)
+        token = rng.choice(preferred if preferred and rng.random() < prefer_rate else choices)
         assert matcher.accept(token), f"the matcher refused {token} after {text!r}"
         if token not in eos:
             text += _bytes_of(info, token)
@@ -148,25 +189,46 @@ CHOICES = [
 ]
 #: (GBNF grammar, a regex of the same language)
 GRAMMARS = [
-    ('root ::= "(" item ("," item)* ")"\nitem ::= [a-c]+ | "null"', r"\((([a-c]+|null)(,([a-c]+|null))*)\)"),
+    (
+        'root ::= "(" item ("," item)* ")"\nitem ::= [a-c]+ | "null"',
+        r"\((([a-c]+|null)(,([a-c]+|null))*)\)",
+    ),
     ('root ::= ("ab" | "cd")+ "!"?', r"(ab|cd)+!?"),
 ]
 JSON_SCHEMAS: list[Any] = [
-    {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "array", "items": {"enum": ["red", "green", 1, None]}, "minItems": 1,
-     "maxItems": 3},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"enum": ["red", "green", 1, None]}, "minItems": 1, "maxItems": 3},
     {"anyOf": [{"type": "boolean"}, {"type": "number", "minimum": -5, "maximum": 5}]},
-    {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer"}},
-                     "required": ["x"], "additionalProperties": False}},
-     "type": "array", "items": {"$ref": "#/$defs/p"}, "maxItems": 2},
+    {
+        "$defs": {
+            "p": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}},
+                "required": ["x"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "array",
+        "items": {"$ref": "#/$defs/p"},
+        "maxItems": 2,
+    },
     {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{2}$"},
-    {"type": "object", "properties": {
-        "city": {"const": "Paris"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}},
-     "required": ["city"]},
+    {
+        "type": "object",
+        "properties": {
+            "city": {"const": "Paris"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+        },
+        "required": ["city"],
+    },
     {"type": ["string", "null"], "maxLength": 4},
 ]
 
@@ -192,16 +254,19 @@ class GrammarBackendConformance(ComponentConformance):
         return tiny_tokenizer_info()
 
     @pytest.fixture(scope="class")
-    def backend(self, component_class: type[GrammarBackend], info: TokenizerInfo
-                ) -> GrammarBackend:
-        config = make_config({"plugins": {"settings": {self.distribution: self.settings}}}
-                             if self.settings else {})
+    def backend(self, component_class: type[GrammarBackend], info: TokenizerInfo) -> GrammarBackend:
+        config = make_config(
+            {"plugins": {"settings": {self.distribution: self.settings}}} if self.settings else {}
+        )
         return component_class(info, config)
 
     #: a well-formed spec of each kind, for checking that undeclared kinds are refused
-    _SAMPLES = {"json": GrammarSpec.json_schema({"type": "integer"}),
-                "regex": GrammarSpec("regex", "[a-z]+"), "choice": GrammarSpec("choice", ("a",)),
-                "grammar": GrammarSpec("grammar", 'root ::= "a"')}
+    _SAMPLES = {
+        "json": GrammarSpec.json_schema({"type": "integer"}),
+        "regex": GrammarSpec("regex", "[a-z]+"),
+        "choice": GrammarSpec("choice", ("a",)),
+        "grammar": GrammarSpec("grammar", 'root ::= "a"'),
+    }
 
     def _compiles(self, backend: GrammarBackend, kind: str) -> bool:
         """Whether the backend declares ``kind``; if it does not, it must refuse such a spec
@@ -218,9 +283,9 @@ class GrammarBackendConformance(ComponentConformance):
         unknown = set(backend.kinds) - set(GRAMMAR_KINDS)
         assert not unknown, f"unknown spec kinds {sorted(unknown)} (known: {GRAMMAR_KINDS})"
 
-    def test_exported_grammars_come_back_the_same(self, component_class: type[GrammarBackend],
-                                                  backend: GrammarBackend,
-                                                  info: TokenizerInfo) -> None:
+    def test_exported_grammars_come_back_the_same(
+        self, component_class: type[GrammarBackend], backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         """With ``exports_compiled``, a grammar exported by one instance and imported by
         another (as the engine's compile worker process hands it over) gives the same masks
         along a walk."""
@@ -253,8 +318,12 @@ class GrammarBackendConformance(ComponentConformance):
             wanted = [c.encode() for c in choices]
             spec = GrammarSpec("choice", tuple(choices))
             outputs = self._walk_exactly(
-                backend, info, spec, viable=lambda b: any(w.startswith(b) for w in wanted),
-                complete=lambda b: b in wanted)
+                backend,
+                info,
+                spec,
+                viable=lambda b: any(w.startswith(b) for w in wanted),
+                complete=lambda b: b in wanted,
+            )
             assert set(outputs) <= set(wanted)
 
     def test_regex_masks_are_exact(self, backend: GrammarBackend, info: TokenizerInfo) -> None:
@@ -266,18 +335,21 @@ class GrammarBackendConformance(ComponentConformance):
                 assert complete(example.encode()), f"bad suite example {example!r}"
             self._walk_exactly(backend, info, GrammarSpec("regex", pattern), viable, complete)
 
-    def test_grammar_masks_are_exact(self, backend: GrammarBackend,
-                                     info: TokenizerInfo) -> None:
+    def test_grammar_masks_are_exact(self, backend: GrammarBackend, info: TokenizerInfo) -> None:
         if not self._compiles(backend, "grammar"):
             return
         for grammar, pattern in self.grammars:
             viable, complete = _regex_oracle(pattern)
-            self._walk_exactly(backend, info, GrammarSpec("grammar", grammar), viable,
-                               complete)
+            self._walk_exactly(backend, info, GrammarSpec("grammar", grammar), viable, complete)
 
-    def _walk_exactly(self, backend: GrammarBackend, info: TokenizerInfo, spec: GrammarSpec,
-                      viable: Callable[[bytes], bool],
-                      complete: Callable[[bytes], bool]) -> list[bytes]:
+    def _walk_exactly(
+        self,
+        backend: GrammarBackend,
+        info: TokenizerInfo,
+        spec: GrammarSpec,
+        viable: Callable[[bytes], bool],
+        complete: Callable[[bytes], bool],
+    ) -> list[bytes]:
         compiled = backend.compile(spec)
         rng = random.Random(spec.key)
         outputs = []
@@ -285,14 +357,16 @@ class GrammarBackendConformance(ComponentConformance):
             matcher = backend.matcher(compiled)
             text = b""
             for _ in range(self.max_walk):
-                expected = {t for t, b in enumerate(info.token_bytes)
-                            if b is not None and viable(text + b)}
+                expected = {
+                    t for t, b in enumerate(info.token_bytes) if b is not None and viable(text + b)
+                }
                 if complete(text):
                     expected |= set(info.eos_token_ids)
                 ends = complete(text) and expected <= set(info.eos_token_ids)
                 assert matcher.is_terminated() == ends, (
                     f"{spec.kind} {spec.value!r} after {text!r}: is_terminated() is "
-                    f"{matcher.is_terminated()}, but {'nothing' if ends else 'more'} may follow")
+                    f"{matcher.is_terminated()}, but {'nothing' if ends else 'more'} may follow"
+                )
                 if ends:
                     outputs.append(text)
                     break
@@ -300,7 +374,8 @@ class GrammarBackendConformance(ComponentConformance):
                 assert got == expected, (
                     f"{spec.kind} {spec.value!r} after {text!r}: the mask allows "
                     f"{_show(got - expected, info)} that it must not and misses "
-                    f"{_show(expected - got, info)}")
+                    f"{_show(expected - got, info)}"
+                )
                 token = _pick(rng, got, info)
                 assert matcher.accept(token), f"accept({token}) refused a token the mask allows"
                 if token in info.eos_token_ids:
@@ -327,10 +402,12 @@ class GrammarBackendConformance(ComponentConformance):
                 for _ in range(self.max_walk * 2):
                     got = allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size)
                     assert got, f"{schema} after {text!r}: no token allowed"
-                    empty = {t for t in got if t >= len(info.token_bytes)
-                             or info.token_bytes[t] is None}
+                    empty = {
+                        t for t in got if t >= len(info.token_bytes) or info.token_bytes[t] is None
+                    }
                     assert empty <= set(info.eos_token_ids), (
-                        f"{schema} after {text!r}: tokens without bytes {sorted(empty)} allowed")
+                        f"{schema} after {text!r}: tokens without bytes {sorted(empty)} allowed"
+                    )
                     if set(info.eos_token_ids) & got:
                         _assert_valid(text, schema, jsonschema)
                     token = _pick(rng, got, info, structural=True)
@@ -343,7 +420,8 @@ class GrammarBackendConformance(ComponentConformance):
                         break
             assert finished >= self.walks // 2, (
                 f"{schema}: only {finished} of {self.walks} walks ended within "
-                f"{self.max_walk * 2} tokens")
+                f"{self.max_walk * 2} tokens"
+            )
 
     def test_refused_schemas_name_their_part(self, backend: GrammarBackend) -> None:
         if not self._compiles(backend, "json"):
@@ -352,12 +430,16 @@ class GrammarBackendConformance(ComponentConformance):
             with pytest.raises(GrammarError) as info:
                 backend.compile(GrammarSpec.json_schema(schema))
             assert info.value.path == path, (
-                f"{schema}: refused at {info.value.path!r} ({info.value}), expected {path!r}")
+                f"{schema}: refused at {info.value.path!r} ({info.value}), expected {path!r}"
+            )
             assert info.value.problem
 
     def test_malformed_specs_raise_grammar_error(self, backend: GrammarBackend) -> None:
-        bad = {"regex": ["(ab", "[a-"], "grammar": ["root ::= (", "item ::= \"a\""],
-               "json": ['{"type": "object", "properties": {"a": {"pattern": "[z"}}}']}
+        bad = {
+            "regex": ["(ab", "[a-"],
+            "grammar": ["root ::= (", 'item ::= "a"'],
+            "json": ['{"type": "object", "properties": {"a": {"pattern": "[z"}}}'],
+        }
         for kind, values in bad.items():
             if kind not in backend.kinds:
                 continue
@@ -373,8 +455,9 @@ class GrammarBackendConformance(ComponentConformance):
             return GrammarSpec("regex", self.regexes[0][0])
         return GrammarSpec("choice", tuple(self.choices[0]))
 
-    def test_rollback_restores_earlier_masks(self, backend: GrammarBackend,
-                                             info: TokenizerInfo) -> None:
+    def test_rollback_restores_earlier_masks(
+        self, backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         compiled = backend.compile(self._spec(backend))
         rng = random.Random(7)
         for _ in range(self.walks):
@@ -395,34 +478,45 @@ class GrammarBackendConformance(ComponentConformance):
             at = len(tokens) - back
             assert torch.equal(_fill(matcher, info.bitmask_words), masks[at]), (
                 f"after rolling back {back} of {len(tokens)} tokens the mask differs from the "
-                "mask seen at that point")
+                "mask seen at that point"
+            )
             assert not matcher.is_terminated() or at == len(tokens)
             for token in tokens[at:]:
                 assert matcher.accept(token), "a token accepted before is refused after rollback"
 
-    def test_matchers_of_one_grammar_are_independent(self, backend: GrammarBackend,
-                                                     info: TokenizerInfo) -> None:
+    def test_matchers_of_one_grammar_are_independent(
+        self, backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         compiled = backend.compile(self._spec(backend))
         first, second = backend.matcher(compiled), backend.matcher(compiled)
         start = _fill(second, info.bitmask_words)
         rng = random.Random(3)
         for _ in range(5):
-            token = _pick(rng, allowed_ids(_fill(first, info.bitmask_words), info.vocab_size),
-                          info, structural=True)
+            token = _pick(
+                rng,
+                allowed_ids(_fill(first, info.bitmask_words), info.vocab_size),
+                info,
+                structural=True,
+            )
             if token in info.eos_token_ids or not first.accept(token) or first.is_terminated():
                 break
         assert torch.equal(_fill(second, info.bitmask_words), start)
 
-    def test_fill_bitmasks_equals_each_matchers_fill(self, backend: GrammarBackend,
-                                                     info: TokenizerInfo) -> None:
+    def test_fill_bitmasks_equals_each_matchers_fill(
+        self, backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         compiled = backend.compile(self._spec(backend))
         rng = random.Random(11)
         matchers = []
         for i in range(24):  # enough for a backend that fills many rows in parallel
             matcher = backend.matcher(compiled)
             for _ in range(i % 6):
-                token = _pick(rng, allowed_ids(_fill(matcher, info.bitmask_words),
-                                               info.vocab_size), info, structural=True)
+                token = _pick(
+                    rng,
+                    allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size),
+                    info,
+                    structural=True,
+                )
                 if token in info.eos_token_ids or not matcher.accept(token):
                     break
                 if matcher.is_terminated():
@@ -435,8 +529,9 @@ class GrammarBackendConformance(ComponentConformance):
         for matcher, row in zip(matchers, rows):
             assert torch.equal(batch[row], _fill(matcher, info.bitmask_words))
 
-    def test_accept_tokens_equals_each_matchers_accept(self, backend: GrammarBackend,
-                                                       info: TokenizerInfo) -> None:
+    def test_accept_tokens_equals_each_matchers_accept(
+        self, backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         compiled = backend.compile(self._spec(backend))
 
         def walked(seed: int) -> tuple[list[Any], list[int]]:
@@ -447,8 +542,12 @@ class GrammarBackendConformance(ComponentConformance):
             for i in range(24):
                 matcher = backend.matcher(compiled)
                 for _ in range(i % 7):
-                    token = _pick(rng, allowed_ids(_fill(matcher, info.bitmask_words),
-                                                   info.vocab_size), info, structural=True)
+                    token = _pick(
+                        rng,
+                        allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size),
+                        info,
+                        structural=True,
+                    )
                     if not matcher.accept(token) or matcher.is_terminated():
                         break
                 allowed = allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size)
@@ -466,11 +565,13 @@ class GrammarBackendConformance(ComponentConformance):
         assert backend.accept_tokens(batched, tokens) == expected
         for alone, together in zip(one_by_one, batched):
             assert alone.is_terminated() == together.is_terminated()
-            assert torch.equal(_fill(together, info.bitmask_words),
-                               _fill(alone, info.bitmask_words))
+            assert torch.equal(
+                _fill(together, info.bitmask_words), _fill(alone, info.bitmask_words)
+            )
 
-    def test_accept_refuses_what_the_mask_forbids(self, backend: GrammarBackend,
-                                                  info: TokenizerInfo) -> None:
+    def test_accept_refuses_what_the_mask_forbids(
+        self, backend: GrammarBackend, info: TokenizerInfo
+    ) -> None:
         compiled = backend.compile(self._spec(backend))
         matcher = backend.matcher(compiled)
         mask = _fill(matcher, info.bitmask_words)
@@ -483,8 +584,12 @@ class GrammarBackendConformance(ComponentConformance):
         # walk to the end: afterwards nothing is accepted
         rng = random.Random(5)
         for _ in range(self.max_walk * 2):
-            token = _pick(rng, allowed_ids(_fill(matcher, info.bitmask_words),
-                                           info.vocab_size), info, structural=True)
+            token = _pick(
+                rng,
+                allowed_ids(_fill(matcher, info.bitmask_words), info.vocab_size),
+                info,
+                structural=True,
+            )
             assert matcher.accept(token)
             if matcher.is_terminated():
                 break
@@ -507,8 +612,9 @@ def _regex_oracle(pattern: str) -> tuple[Callable[[bytes], bool], Callable[[byte
     return viable, complete
 
 
-def _pick(rng: random.Random, allowed: set[int], info: TokenizerInfo,
-          structural: bool = False) -> int:
+def _pick(
+    rng: random.Random, allowed: set[int], info: TokenizerInfo, structural: bool = False
+) -> int:
     """A token the mask allows; ending, closing and short tokens are favoured so that walks
     through open-ended grammars (strings, numbers) finish."""
     choices = sorted(allowed)
@@ -517,8 +623,11 @@ def _pick(rng: random.Random, allowed: set[int], info: TokenizerInfo,
     if eos and rng.random() < 0.5:
         return eos[0]
     if structural:
-        closing = [t for t in choices if t not in info.eos_token_ids
-                   and any(c in info.token_bytes[t] for c in b'"}],')]  # type: ignore[operator]
+        closing = [
+            t
+            for t in choices
+            if t not in info.eos_token_ids and any(c in info.token_bytes[t] for c in b'"}],')
+        ]  # type: ignore[operator]
         if closing and rng.random() < 0.5:
             return rng.choice(closing)
     return rng.choice(choices)
@@ -528,13 +637,15 @@ def _assert_valid(text: bytes, schema: object, jsonschema: ModuleType) -> None:
     try:
         value = json.loads(text.decode("utf-8"))
     except ValueError as exc:
-        raise AssertionError(f"{schema}: the grammar allows ending {text!r}, which is not "
-                             f"JSON ({exc})") from None
+        raise AssertionError(
+            f"{schema}: the grammar allows ending {text!r}, which is not JSON ({exc})"
+        ) from None
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(value))
     assert not errors, f"{schema}: the grammar allows {text!r}: {errors[0].message}"
 
 
 def _show(ids: set[int], info: TokenizerInfo) -> str:
-    shown = [repr(info.token_bytes[t]) if t < len(info.token_bytes) else f"#{t}"
-             for t in sorted(ids)[:8]]
+    shown = [
+        repr(info.token_bytes[t]) if t < len(info.token_bytes) else f"#{t}" for t in sorted(ids)[:8]
+    ]
     return "{" + ", ".join(shown) + ("..." if len(ids) > 8 else "") + "}"

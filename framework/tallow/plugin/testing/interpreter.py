@@ -26,10 +26,23 @@ def run_interpreted(cases: str | os.PathLike[str], *, timeout: float = 900) -> s
         pytest.skip("needs the triton package (its interpreter runs the kernels on CPU)")
     cases = Path(cases)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "--import-mode=importlib", "-o", "addopts=", "-x", "-rs", str(cases)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=cases.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        "-o",
+        "addopts=",
+        "-x",
+        "-rs",
+        str(cases),
+    ]
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cases.parent
+    )
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     if proc.returncode != 0:
         pytest.fail(f"kernel cases failed under TRITON_INTERPRET=1:\n{report}")

@@ -88,7 +88,7 @@ class _Layer:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.sliding_window = None
         self.logit_softcap = None
         self.causal = True
@@ -99,8 +99,7 @@ class KVCodecConformance(ComponentConformance):
     base_class = KVCodec
 
     #: model dtypes the codec is checked for
-    model_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16,
-                                                       torch.float16)
+    model_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)
     #: head sizes the codec is checked at (one a power of two, one not)
     head_dims: ClassVar[tuple[int, ...]] = (64, 80)
     #: per element: ``|read - wrote| <= relative_tolerance * |wrote| + absolute_tolerance``
@@ -121,28 +120,44 @@ class KVCodecConformance(ComponentConformance):
 
     @pytest.fixture(scope="class")
     def codec(self, component_class: type[KVCodec]) -> KVCodec:
-        config = make_config({"plugins": {"settings": {self.distribution: dict(self.settings)}}}
-                             if self.settings else None)
+        config = make_config(
+            {"plugins": {"settings": {self.distribution: dict(self.settings)}}}
+            if self.settings
+            else None
+        )
         return component_class(config)
 
     def layout(self, codec: KVCodec, head_dim: int, model_dtype: torch.dtype) -> list[KVTensor]:
-        return kv_cache.layer_layout(codec, num_kv_heads=self.num_kv_heads, head_dim=head_dim,
-                                     block_size=self.block_size, model_dtype=model_dtype)
+        return kv_cache.layer_layout(
+            codec,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=head_dim,
+            block_size=self.block_size,
+            model_dtype=model_dtype,
+        )
 
-    def allocate(self, codec: KVCodec, head_dim: int, model_dtype: torch.dtype,
-                 num_blocks: int) -> LayerKVCache:
-        cache = allocate_layer(codec, num_kv_heads=self.num_kv_heads, head_dim=head_dim,
-                               block_size=self.block_size, num_blocks=num_blocks,
-                               model_dtype=model_dtype,
-                               layer=_Layer(2 * self.num_kv_heads, self.num_kv_heads, head_dim))
+    def allocate(
+        self, codec: KVCodec, head_dim: int, model_dtype: torch.dtype, num_blocks: int
+    ) -> LayerKVCache:
+        cache = allocate_layer(
+            codec,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=head_dim,
+            block_size=self.block_size,
+            num_blocks=num_blocks,
+            model_dtype=model_dtype,
+            layer=_Layer(2 * self.num_kv_heads, self.num_kv_heads, head_dim),
+        )
         poison(cache)
         return cache
 
     # -- what the codec states ---------------------------------------------------------------
     def test_selected_by_name(self, plugin_manager: PluginManager) -> None:
         config = make_config({"cache": {"kv_codec": self.component}})
-        assert select(plugin_manager.registries.kv_codecs, config, self.component).name == \
-            self.component
+        assert (
+            select(plugin_manager.registries.kv_codecs, config, self.component).name
+            == self.component
+        )
 
     def test_layout_is_valid(self, codec: KVCodec, model_dtype: torch.dtype, head_dim: int) -> None:
         """The core accepts the layout (unique names, torch dtypes, positive sizes, a paged
@@ -151,7 +166,8 @@ class KVCodecConformance(ComponentConformance):
             if spec.per_block:
                 assert spec.shape[0] == self.block_size, (
                     f"paged tensor {spec.name!r} has block shape {spec.shape}: a block's "
-                    f"tensors start with its {self.block_size} tokens")
+                    f"tensors start with its {self.block_size} tokens"
+                )
 
     def test_bytes_cover_the_stated_bits(self, codec: KVCodec, entry: Entry, head_dim: int) -> None:
         """``bits_per_element`` is what the registration lists, and the paged tensors hold at
@@ -160,16 +176,21 @@ class KVCodecConformance(ComponentConformance):
         assert bits > 0, f"bits_per_element is {bits!r}"
         listed = entry.meta.get("bits")
         assert listed is None or listed == bits, (
-            f"registered with bits={listed}, the codec states bits_per_element={bits}")
+            f"registered with bits={listed}, the codec states bits_per_element={bits}"
+        )
         for dtype in self.model_dtypes:
-            cost = footprint(codec, [_Layer(2 * self.num_kv_heads, self.num_kv_heads,
-                                            head_dim)],
-                             block_size=self.block_size, model_dtype=dtype)
+            cost = footprint(
+                codec,
+                [_Layer(2 * self.num_kv_heads, self.num_kv_heads, head_dim)],
+                block_size=self.block_size,
+                model_dtype=dtype,
+            )
             nominal = listed if listed is not None else 8 * dtype.itemsize
             elements = 2 * self.num_kv_heads * head_dim
             assert cost.bytes_per_token * 8 >= nominal * elements, (
                 f"{cost.bytes_per_token} bytes per token for {elements} K/V elements of "
-                f"{nominal} bits (model dtype {dtype})")
+                f"{nominal} bits (model dtype {dtype})"
+            )
 
     def test_ignores_absent_checkpoint_scales(self, codec: KVCodec) -> None:
         """The engine hands every layer its checkpoint's KV scales, an empty mapping for a
@@ -181,14 +202,16 @@ class KVCodecConformance(ComponentConformance):
         codec.use_checkpoint_scales(cache, {})
         for name, tensor in cache.tensors.items():
             assert torch.equal(raw_bytes(tensor), before[name]), (
-                f"use_checkpoint_scales({{}}) changed {name!r}")
+                f"use_checkpoint_scales({{}}) changed {name!r}"
+            )
 
     # -- encode and decode -------------------------------------------------------------------
-    def test_round_trip_through_scattered_partial_blocks(self, codec: KVCodec,
-                                                         model_dtype: torch.dtype,
-                                                         head_dim: int) -> None:
+    def test_round_trip_through_scattered_partial_blocks(
+        self, codec: KVCodec, model_dtype: torch.dtype, head_dim: int
+    ) -> None:
         gen = torch.Generator().manual_seed(
-            zlib.crc32(f"{self.component}{model_dtype}{head_dim}".encode()))
+            zlib.crc32(f"{self.component}{model_dtype}{head_dim}".encode())
+        )
         bs, heads = self.block_size, self.num_kv_heads
         tokens = 3 * bs + 3  # three full blocks and a partial one
         num_blocks = 7
@@ -209,10 +232,10 @@ class KVCodecConformance(ComponentConformance):
         for name, wrote, read in (("K", k, read_k), ("V", v, read_v)):
             assert read.dtype == torch.float32, f"decode gave {name} as {read.dtype}"
             assert tuple(read.shape) == (4 * bs, heads, head_dim), (
-                f"decode of 4 blocks gave {name} of shape {tuple(read.shape)}")
+                f"decode of 4 blocks gave {name} of shape {tuple(read.shape)}"
+            )
             kept = (~skipped).nonzero().flatten()
-            self._assert_within_promise(codec, name, wrote[kept].float(), read[kept],
-                                        model_dtype)
+            self._assert_within_promise(codec, name, wrote[kept].float(), read[kept], model_dtype)
         untouched = [b for b in range(num_blocks) if b not in table.tolist()]
         tail = int(table[3]), slice(3, None)  # the partial block past its three tokens
         for spec in cache.layout:
@@ -220,10 +243,13 @@ class KVCodecConformance(ComponentConformance):
             if not spec.per_block:
                 assert torch.equal(now, was), f"encode changed the per-layer tensor {spec.name!r}"
                 continue
-            for where, index in (("blocks outside the table", untouched),
-                                 ("the rest of the partial block", tail)):
+            for where, index in (
+                ("blocks outside the table", untouched),
+                ("the rest of the partial block", tail),
+            ):
                 assert torch.equal(now[index], was[index]), (
-                    f"encode wrote {spec.name!r} in {where} (rows with slot -1 store nothing)")
+                    f"encode wrote {spec.name!r} in {where} (rows with slot -1 store nothing)"
+                )
 
     def test_copied_block_reads_the_same(self, codec: KVCodec) -> None:
         """Copy-on-write copies a block's paged tensors; every token's state must live there."""
@@ -235,8 +261,9 @@ class KVCodecConformance(ComponentConformance):
         v = self._values(codec, gen, n, self.num_kv_heads, head_dim, dtype)
         codec.encode(cache, k, v, torch.arange(n) + n)  # block 1
         copy_blocks([cache], torch.tensor([1]), torch.tensor([3]))
-        for a, b in zip(codec.decode(cache, torch.tensor([1])),
-                        codec.decode(cache, torch.tensor([3]))):
+        for a, b in zip(
+            codec.decode(cache, torch.tensor([1])), codec.decode(cache, torch.tensor([3]))
+        ):
             assert torch.equal(a, b), "a block copied for copy-on-write reads back differently"
 
     def test_calibration_keeps_the_round_trip(self, codec: KVCodec) -> None:
@@ -253,15 +280,21 @@ class KVCodecConformance(ComponentConformance):
             # bytes, not values: the allocation is poisoned with NaNs
             before = {name: t.clone() for name, t in cache.tensors.items()}
             n = 2 * self.block_size
-            codec.calibrate(cache, torch.randn(n, 2 * self.num_kv_heads, head_dim),
-                            torch.randn(n, self.num_kv_heads, head_dim),
-                            torch.randn(n, self.num_kv_heads, head_dim))
+            codec.calibrate(
+                cache,
+                torch.randn(n, 2 * self.num_kv_heads, head_dim),
+                torch.randn(n, self.num_kv_heads, head_dim),
+                torch.randn(n, self.num_kv_heads, head_dim),
+            )
             for name, t in cache.tensors.items():
-                same = torch.equal(t.contiguous().view(-1).view(torch.uint8),
-                                   before[name].contiguous().view(-1).view(torch.uint8))
+                same = torch.equal(
+                    t.contiguous().view(-1).view(torch.uint8),
+                    before[name].contiguous().view(-1).view(torch.uint8),
+                )
                 assert same, (
                     f"kv codec {self.component!r} does not set `calibrated`, yet its calibrate "
-                    f"changed the cache's {name!r}")
+                    f"changed the cache's {name!r}"
+                )
             return
         gen = torch.Generator().manual_seed(zlib.crc32(f"{self.component}calib".encode()))
         heads, n = self.num_kv_heads, 4 * self.block_size
@@ -277,17 +310,25 @@ class KVCodecConformance(ComponentConformance):
         for name, wrote, got in (("K", k[n:], read[0]), ("V", v[n:], read[1])):
             spread = (wrote - wrote.mean(dim=0)).norm()
             rel = float((got - wrote).norm() / spread)
-            assert rel <= tol, (f"after calibrate, {name} reads back with an error of {rel:.3g} "
-                                f"of its spread around the mean, more than the codec's {tol:.3g}")
+            assert rel <= tol, (
+                f"after calibrate, {name} reads back with an error of {rel:.3g} "
+                f"of its spread around the mean, more than the codec's {tol:.3g}"
+            )
 
     # -- helpers -----------------------------------------------------------------------------
-    def _values(self, codec: KVCodec, gen: torch.Generator, tokens: int, heads: int, dim: int,
-                model_dtype: torch.dtype) -> torch.Tensor:
+    def _values(
+        self,
+        codec: KVCodec,
+        gen: torch.Generator,
+        tokens: int,
+        heads: int,
+        dim: int,
+        model_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """Normal head vectors at several scales (in the model's dtype); for a codec casting
         into an 8-bit float, a few values beyond its range."""
         x = torch.randn(tokens, heads, dim, generator=gen)
-        x *= torch.tensor([0.01, 1.0, 30.0])[torch.randint(0, 3, (tokens, heads, 1),
-                                                            generator=gen)]
+        x *= torch.tensor([0.01, 1.0, 30.0])[torch.randint(0, 3, (tokens, heads, 1), generator=gen)]
         storage = self._storage(codec, model_dtype)
         if storage is not None and storage.itemsize == 1:
             x[0, 0, :4] = torch.tensor([1e5, -1e5, 6e4, -7e4])
@@ -298,15 +339,22 @@ class KVCodecConformance(ComponentConformance):
         storage = getattr(codec, "storage_dtype", None)
         return storage(model_dtype) if callable(storage) else None
 
-    def _assert_within_promise(self, codec: KVCodec, name: str, wrote: torch.Tensor,
-                               read: torch.Tensor, model_dtype: torch.dtype) -> None:
+    def _assert_within_promise(
+        self,
+        codec: KVCodec,
+        name: str,
+        wrote: torch.Tensor,
+        read: torch.Tensor,
+        model_dtype: torch.dtype,
+    ) -> None:
         if self.vector_tolerance is not None:
             err = (read - wrote).norm(dim=-1)
             bound = self.vector_tolerance * wrote.norm(dim=-1) + self.absolute_tolerance
             bad = ~(err <= bound)
             assert not bad.any(), (
                 f"{name}: {int(bad.sum())} head vector(s) read back beyond the codec's "
-                f"{self.vector_tolerance} relative error, e.g. {float((err / wrote.norm(dim=-1))[bad][0]):.3g}")
+                f"{self.vector_tolerance} relative error, e.g. {float((err / wrote.norm(dim=-1))[bad][0]):.3g}"
+            )
             return
         if self.relative_tolerance is not None:
             target = wrote
@@ -318,7 +366,8 @@ class KVCodecConformance(ComponentConformance):
                 raise AssertionError(
                     f"{type(self).__name__}: kv codec {self.component!r} does not cast into "
                     "one storage dtype (storage_dtype); state what it promises with "
-                    "relative_tolerance or vector_tolerance")
+                    "relative_tolerance or vector_tolerance"
+                )
             limit = float(torch.finfo(storage).max)
             target = wrote.clamp(-limit, limit)
             bound = rounding_bound(target, storage)
@@ -327,7 +376,8 @@ class KVCodecConformance(ComponentConformance):
         bad = ~(err <= bound)
         assert not bad.any(), (
             f"{name}: {int(bad.sum())} element(s) read back beyond {what}, e.g. wrote "
-            f"{float(wrote[bad][0])}, read {float(read[bad][0])}")
+            f"{float(wrote[bad][0])}, read {float(read[bad][0])}"
+        )
 
     def _set_tolerance(self, codec: KVCodec, model_dtype: torch.dtype) -> float:
         """The promise as a bound on ``||read - wrote|| / ||wrote||`` over a set of vectors."""
@@ -337,6 +387,7 @@ class KVCodecConformance(ComponentConformance):
             return self.relative_tolerance
         storage = self._storage(codec, model_dtype)
         if storage is None:
-            raise AssertionError(f"{type(self).__name__}: state relative_tolerance or "
-                                 "vector_tolerance")
+            raise AssertionError(
+                f"{type(self).__name__}: state relative_tolerance or vector_tolerance"
+            )
         return float(torch.finfo(storage).eps) / 2

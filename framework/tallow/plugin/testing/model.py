@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
-                        rel: float = 1e-4) -> None:
+def assert_close_logits(
+    ours: torch.Tensor, ref: torch.Tensor, what: str, rel: float = 1e-4
+) -> None:
     """Logits agree to ``rel`` of their scale."""
     ref = ref.float()
     scale = max(1.0, float(ref.abs().max()))
@@ -49,28 +50,38 @@ def assert_close_logits(ours: torch.Tensor, ref: torch.Tensor, what: str,
     assert err <= rel * scale, f"{what}: max |diff| {err:.3e} > {rel:.0e} * scale {scale:.2f}"
 
 
-def hf_greedy(model: Any,  # Any: a transformers causal LM of any architecture
-              prompt: list[int], steps: int
-              ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
+def hf_greedy(
+    model: Any,  # Any: a transformers causal LM of any architecture
+    prompt: list[int],
+    steps: int,
+) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
     """transformers' greedy tokens, the logits of each step and the prompt's logits."""
     ids = torch.tensor([prompt])
     with torch.no_grad():
         prompt_logits = model(ids).logits[0]
-        out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
-    return out.sequences[0, len(prompt):].tolist(), [s[0] for s in out.logits], prompt_logits
+        out = model.generate(
+            ids,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(prompt) :].tolist(), [s[0] for s in out.logits], prompt_logits
 
 
-def random_hf_model(config: PretrainedConfig, seed: int = 0, std: float = 0.08
-                    ) -> Any:  # Any: a transformers causal LM of any architecture
+def random_hf_model(
+    config: PretrainedConfig, seed: int = 0, std: float = 0.08
+) -> Any:  # Any: a transformers causal LM of any architecture
     """A transformers causal LM of ``config`` in float32 eager attention, every parameter
     random (:func:`~tallow.plugin.testing.paged_runner.randomize_`), its head tied when the
     config says so, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                             dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
     randomize_(model, seed, std)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -114,10 +125,11 @@ class ModelArchitectureConformance(ComponentConformance):
         return model, directory
 
     @pytest.fixture(scope="class")
-    def loaded(self,
-               component_class: Any,  # Any: the model class, built as cls(ArchConfig, BuildContext)
-
-               transformers_model: tuple[Any, Path]) -> tuple[Any, set[str]]:
+    def loaded(
+        self,
+        component_class: Any,  # Any: the model class, built as cls(ArchConfig, BuildContext)
+        transformers_model: tuple[Any, Path],
+    ) -> tuple[Any, set[str]]:
         """(the plugin's model built from the saved config and tensors, the parameters its
         ``load_weights`` says it filled)."""
         config, tensors = load_checkpoint_dir(transformers_model[1])
@@ -131,16 +143,18 @@ class ModelArchitectureConformance(ComponentConformance):
 
     def test_loads_every_parameter(self, loaded: tuple[Any, set[str]]) -> None:
         model, filled = loaded
-        needed = {name for name, p in model.named_parameters()
-                  if getattr(p, "from_checkpoint", True)}
+        needed = {
+            name for name, p in model.named_parameters() if getattr(p, "from_checkpoint", True)
+        }
         assert needed <= filled, f"parameters never loaded: {sorted(needed - filled)}"
 
-    def test_greedy_parity_with_transformers(self, loaded: tuple[Any, set[str]],
-                                             transformers_model: tuple[Any, Path]) -> None:
-        ref_tokens, ref_logits, ref_prompt = hf_greedy(transformers_model[0], self.prompt,
-                                                       self.steps)
-        tokens, logits, prompt_logits = PagedRunner(loaded[0]).greedy(0, self.prompt,
-                                                                      self.steps)
+    def test_greedy_parity_with_transformers(
+        self, loaded: tuple[Any, set[str]], transformers_model: tuple[Any, Path]
+    ) -> None:
+        ref_tokens, ref_logits, ref_prompt = hf_greedy(
+            transformers_model[0], self.prompt, self.steps
+        )
+        tokens, logits, prompt_logits = PagedRunner(loaded[0]).greedy(0, self.prompt, self.steps)
         assert_close_logits(prompt_logits, ref_prompt, "prompt logits", self.rel_tolerance)
         for i, (ours, ref) in enumerate(zip(logits, ref_logits)):
             assert_close_logits(ours, ref, f"logits of greedy step {i}", self.rel_tolerance)
@@ -150,8 +164,9 @@ class ModelArchitectureConformance(ComponentConformance):
         """A model that ignores its input (a zero weight, a skipped layer) can still agree
         with a transformers model that is just as degenerate; the tiny one must not be."""
         tokens, _, prompt_logits = PagedRunner(loaded[0]).greedy(0, self.prompt, self.steps)
-        assert len(set(prompt_logits.argmax(-1).tolist())) > 1, \
+        assert len(set(prompt_logits.argmax(-1).tolist())) > 1, (
             "the prompt's next-token predictions are all the same token"
+        )
         assert len(set(tokens)) > 1, f"greedy decoding repeats one token: {tokens}"
         assert float(prompt_logits.std(-1).min()) > 1e-3, "flat logits"
 
@@ -167,12 +182,14 @@ class ModelArchitectureConformance(ComponentConformance):
         runner.add(1)
         first_a, first_b = runner.step([(0, a[:3]), (1, b)])
         second_a, _ = runner.step([(0, a[3:]), (1, [int(first_b[-1].argmax())])])
-        assert_close_logits(torch.cat([first_a, second_a]), alone_a, "chunked sequence",
-                            self.rel_tolerance)
+        assert_close_logits(
+            torch.cat([first_a, second_a]), alone_a, "chunked sequence", self.rel_tolerance
+        )
         assert_close_logits(first_b, alone_b, "the sequence beside it", self.rel_tolerance)
 
     def test_engine_generates_what_transformers_does(
-            self, transformers_model: tuple[Any, Path]) -> None:
+        self, transformers_model: tuple[Any, Path]
+    ) -> None:
         """``LLM.generate`` with this plugin and tallow-format-safetensors (the saved directory plus a
         tiny tokenizer) gives transformers' greedy tokens."""
         from importlib.metadata import PackageNotFoundError, version
@@ -180,8 +197,10 @@ class ModelArchitectureConformance(ComponentConformance):
         try:
             version("tallow-format-safetensors")
         except PackageNotFoundError:
-            pytest.skip("needs the tallow-format-safetensors weight format installed to load the "
-                        "saved model")
+            pytest.skip(
+                "needs the tallow-format-safetensors weight format installed to load the "
+                "saved model"
+            )
 
         hf, directory = transformers_model
         save_tokenizer(directory)
@@ -195,6 +214,11 @@ class ModelArchitectureConformance(ComponentConformance):
         plugins = ["tallow-format-safetensors"]
         if self.distribution not in ("tallow", "tallow-format-safetensors"):
             plugins.insert(0, self.distribution)
-        return offline_llm(source, plugins=plugins,
-                           config={"model": {"dtype": "float32", "max_model_len": 64},
-                                   "cache": {"num_blocks": 32, "block_size": 16}})
+        return offline_llm(
+            source,
+            plugins=plugins,
+            config={
+                "model": {"dtype": "float32", "max_model_len": 64},
+                "cache": {"num_blocks": 32, "block_size": 16},
+            },
+        )

@@ -32,15 +32,25 @@ from .paged_runner import PagedRunner
 from .tokenizer import save_tokenizer
 
 __all__ = [
-    "random_hf_model", "assert_greedy_parity", "assert_cuda_parity", "assert_engine_greedy",
-    "load_model", "load_saved", "expert_choices",
+    "random_hf_model",
+    "assert_greedy_parity",
+    "assert_cuda_parity",
+    "assert_engine_greedy",
+    "load_model",
+    "load_saved",
+    "expert_choices",
 ]
 
 
-def assert_greedy_parity(model: CausalLM,
-                         hf: Any,  # Any: a transformers causal LM of any architecture
-                         prompt: list[int], steps: int = 20, *,
-                         rel: float = 1e-4, what: str = "") -> list[int]:
+def assert_greedy_parity(
+    model: CausalLM,
+    hf: Any,  # Any: a transformers causal LM of any architecture
+    prompt: list[int],
+    steps: int = 20,
+    *,
+    rel: float = 1e-4,
+    what: str = "",
+) -> list[int]:
     """``model`` (through a :class:`PagedRunner`, on its own device) matches transformers'
     ``hf`` on ``prompt``: the prompt's logits, ``steps`` greedy tokens and the logits of every
     step, to ``rel`` of their scale. Also asserts that the weights are random enough for the
@@ -57,10 +67,15 @@ def assert_greedy_parity(model: CausalLM,
     return tokens
 
 
-def assert_cuda_parity(load: Callable[..., Any],
-                       hf: Any,  # Any: a transformers causal LM of any architecture
-                       prompt: list[int], steps: int = 20,
-                       *, what: str = "", bf16_rel: float = 5e-2) -> None:
+def assert_cuda_parity(
+    load: Callable[..., Any],
+    hf: Any,  # Any: a transformers causal LM of any architecture
+    prompt: list[int],
+    steps: int = 20,
+    *,
+    what: str = "",
+    bf16_rel: float = 5e-2,
+) -> None:
     """On a CUDA device: ``load(dtype=torch.float32, device="cuda")`` has every parameter and
     buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
     the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives prompt logits within
@@ -75,11 +90,15 @@ def assert_cuda_parity(load: Callable[..., Any],
     assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
 
 
-def assert_engine_greedy(path: str | Path,
-                         hf: Any,  # Any: a transformers causal LM of any architecture
-                         prompts: Sequence[list[int]],
-                         steps: int, *, plugins: Sequence[str],
-                         config: Mapping[str, Any] | None = None) -> None:
+def assert_engine_greedy(
+    path: str | Path,
+    hf: Any,  # Any: a transformers causal LM of any architecture
+    prompts: Sequence[list[int]],
+    steps: int,
+    *,
+    plugins: Sequence[str],
+    config: Mapping[str, Any] | None = None,
+) -> None:
     """The whole engine on the saved model directory ``path`` (given a tiny tokenizer if it has
     none), with exactly the core and ``plugins`` loaded
     (:func:`~tallow.plugin.testing.engine.offline_llm`), generates transformers' greedy tokens
@@ -91,8 +110,10 @@ def assert_engine_greedy(path: str | Path,
     settings = {key: dict(value) for key, value in (config or {}).items()}
     settings.setdefault("model", {}).setdefault("dtype", "float32")
     llm = offline_llm(str(root), plugins=plugins, config=settings)
-    outs = llm.generate([list(p) for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
+    outs = llm.generate(
+        [list(p) for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True),
+    )
     for prompt, out in zip(prompts, outs):
         expected = hf_greedy(hf, list(prompt), steps)[0]
         assert list(out.outputs[0].token_ids) == expected, f"prompt {list(prompt)}"
@@ -106,8 +127,11 @@ def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
     from tallow.layers import FusedMoE
 
     chosen: list[torch.Tensor] = []
-    hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
-             for m in model.modules() if isinstance(m, FusedMoE)]
+    hooks = [
+        m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
+        for m in model.modules()
+        if isinstance(m, FusedMoE)
+    ]
     try:
         PagedRunner(model).greedy(0, prompt, 0)
     finally:
@@ -116,9 +140,14 @@ def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
     return chosen
 
 
-def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", config: Mapping[str, Any] | None = None
-               ) -> CausalLM:
+def load_model(
+    cls: type[CausalLM],
+    checkpoint: Checkpoint,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    config: Mapping[str, Any] | None = None,
+) -> CausalLM:
     """Build ``cls`` from a weight format's checkpoint (its config, or ``config``), load its
     tensors under the checkpoint's naming, and put it in eval mode."""
     build = BuildContext(dtype=dtype, device=torch.device(device))
@@ -127,10 +156,15 @@ def load_model(cls: type[CausalLM], checkpoint: Checkpoint, *, dtype: torch.dtyp
     return model.eval()
 
 
-def load_saved(hf: Any,  # Any: a transformers causal LM of any architecture
-               path: str | Path, cls: type[CausalLM], read: Callable[[str], Checkpoint],
-               *, config: Mapping[str, Any] | None = None,
-               **kwargs: Any) -> CausalLM:  # Any: load_model's dtype and device
+def load_saved(
+    hf: Any,  # Any: a transformers causal LM of any architecture
+    path: str | Path,
+    cls: type[CausalLM],
+    read: Callable[[str], Checkpoint],
+    *,
+    config: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> CausalLM:  # Any: load_model's dtype and device
     """Save transformers' ``hf`` as safetensors at ``path`` (once: a directory that already
     holds it is reused), read it back with a weight format's ``read`` (``SafetensorsFormat()
     .load``), check the architecture it reports, and :func:`load_model` ``cls`` from it;
@@ -140,5 +174,4 @@ def load_saved(hf: Any,  # Any: a transformers causal LM of any architecture
         hf.save_pretrained(str(path), safe_serialization=True)
     checkpoint = read(str(path))
     assert checkpoint.architecture in cls.hf_architectures, checkpoint.architecture
-    return load_model(cls, checkpoint, config={**checkpoint.config, **(config or {})},
-                      **kwargs)
+    return load_model(cls, checkpoint, config={**checkpoint.config, **(config or {})}, **kwargs)

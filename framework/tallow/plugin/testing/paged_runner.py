@@ -13,8 +13,14 @@ import torch
 from tallow.kernels import kv_cache
 from tallow.kernels.kv_cast import AutoKVCodec
 from tallow.layers import (
-    Attention, AttentionMetadata, CausalLM, MLAAttention, RecurrentStateSpec, StateCache,
-    cache_layers, forward_context,
+    Attention,
+    AttentionMetadata,
+    CausalLM,
+    MLAAttention,
+    RecurrentStateSpec,
+    StateCache,
+    cache_layers,
+    forward_context,
 )
 from tallow.layers.torch_attention import TorchAttentionBackend
 
@@ -44,14 +50,20 @@ class PagedRunner:
         self.backend = TorchAttentionBackend()
         codec = self.kv_codec if self.kv_codec is not None else AutoKVCodec()
         # the model's float dtype: a quantized layer's first parameter may be a uint8 one
-        p = next((q for q in self.model.parameters() if q.is_floating_point()),
-                 next(self.model.parameters()))
+        p = next(
+            (q for q in self.model.parameters() if q.is_floating_point()),
+            next(self.model.parameters()),
+        )
         dtype = getattr(getattr(self.model, "build", None), "dtype", None) or p.dtype
         attns = [m for m in self.model.modules() if isinstance(m, Attention)]
-        caches = kv_cache.allocate(codec, [m.layer for m in attns],
-                                   num_blocks=self.blocks_per_seq * self.max_seqs,
-                                   block_size=self.block_size, model_dtype=dtype,
-                                   device=p.device)
+        caches = kv_cache.allocate(
+            codec,
+            [m.layer for m in attns],
+            num_blocks=self.blocks_per_seq * self.max_seqs,
+            block_size=self.block_size,
+            model_dtype=dtype,
+            device=p.device,
+        )
         for m, cache in zip(attns, caches):
             m.kv_cache = cache
         # latent attention (MLA) layers: one latent row per token, in the codec's latent dtype
@@ -60,9 +72,16 @@ class PagedRunner:
             if isinstance(mla, MLAAttention):
                 if latent_dtype is None:
                     raise ValueError(f"kv codec {codec.name!r} cannot keep a latent cache")
-                mla.bind_cache(torch.zeros(self.blocks_per_seq * self.max_seqs,
-                                           self.block_size, mla.layer.latent_width,
-                                           dtype=latent_dtype, device=p.device), 0)
+                mla.bind_cache(
+                    torch.zeros(
+                        self.blocks_per_seq * self.max_seqs,
+                        self.block_size,
+                        mla.layer.latent_width,
+                        dtype=latent_dtype,
+                        device=p.device,
+                    ),
+                    0,
+                )
         self.state_caches = self._bind_states(dtype, p.device)
 
     def _bind_states(self, dtype: torch.dtype, device: torch.device) -> list[list[StateCache]]:
@@ -78,9 +97,16 @@ class PagedRunner:
             spec = layers[0].cache_spec()  # type: ignore[attr-defined]
             caches = []
             for layer in layers:
-                cache = StateCache({t.name: torch.zeros((self.max_seqs + 1, *t.shape),
-                                                        dtype=t.dtype or dtype, device=device)
-                                    for t in spec.tensors}, index, self.max_seqs)
+                cache = StateCache(
+                    {
+                        t.name: torch.zeros(
+                            (self.max_seqs + 1, *t.shape), dtype=t.dtype or dtype, device=device
+                        )
+                        for t in spec.tensors
+                    },
+                    index,
+                    self.max_seqs,
+                )
                 layer.bind_cache(cache, index)  # type: ignore[attr-defined]
                 caches.append(cache)
             bound.append(caches)
@@ -88,8 +114,9 @@ class PagedRunner:
 
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
-        self.seqs[seq_id] = _Seq(list(range(first, first + self.blocks_per_seq)),
-                                 slot=len(self.seqs))
+        self.seqs[seq_id] = _Seq(
+            list(range(first, first + self.blocks_per_seq)), slot=len(self.seqs)
+        )
 
     @torch.no_grad()
     def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
@@ -97,14 +124,14 @@ class PagedRunner:
         float32 logits ``[len(tokens), vocab]``."""
         hidden, starts = self._forward(chunks)
         logits = self.model.compute_logits(hidden).float()
-        return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+        return [logits[starts[i] : starts[i + 1]] for i in range(len(chunks))]
 
     @torch.no_grad()
     def hidden_states(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
         """Like :meth:`step`, but each chunk's hidden states ``[len(tokens), H]`` as the model
         returns them (an encoder, which has no logits; embeddings)."""
         hidden, starts = self._forward(chunks)
-        return [hidden[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+        return [hidden[starts[i] : starts[i + 1]] for i in range(len(chunks))]
 
     def _forward(self, chunks: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, list[int]]:
         ids: list[int] = []
@@ -119,8 +146,9 @@ class PagedRunner:
                 pos = seq.length + j
                 ids.append(tok)
                 positions.append(pos)
-                slots.append(seq.blocks[pos // self.block_size] * self.block_size
-                             + pos % self.block_size)
+                slots.append(
+                    seq.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+                )
             seq.length += len(tokens)
             if seq.length > self.blocks_per_seq * self.block_size:
                 raise ValueError("sequence longer than the test cache")
@@ -129,24 +157,31 @@ class PagedRunner:
             tables.append(seq.blocks)
         device = next(self.model.parameters()).device
         meta = AttentionMetadata(
-            num_seqs=len(chunks), num_tokens=len(ids),
+            num_seqs=len(chunks),
+            num_tokens=len(ids),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            max_query_len=max(len(t) for _, t in chunks), max_seq_len=max(seq_lens),
-            block_size=self.block_size, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+            max_query_len=max(len(t) for _, t in chunks),
+            max_seq_len=max(seq_lens),
+            block_size=self.block_size,
+            query_start_loc_cpu=starts,
+            seq_lens_cpu=seq_lens,
         )
-        state_slots = torch.tensor([self.seqs[seq_id].slot for seq_id, _ in chunks],
-                             dtype=torch.int64, device=device)
+        state_slots = torch.tensor(
+            [self.seqs[seq_id].slot for seq_id, _ in chunks], dtype=torch.int64, device=device
+        )
         meta.state_slots = [state_slots for _ in self.state_caches]
         with forward_context(meta, self.backend):
-            hidden = self.model(torch.tensor(ids, device=device),
-                                torch.tensor(positions, device=device))
+            hidden = self.model(
+                torch.tensor(ids, device=device), torch.tensor(positions, device=device)
+            )
         return hidden, starts
 
-    def greedy(self, seq_id: int, prompt: list[int], steps: int
-               ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
+    def greedy(
+        self, seq_id: int, prompt: list[int], steps: int
+    ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
         """Prefill ``prompt`` then decode ``steps`` tokens greedily: (tokens, per-step logits of
         the token chosen at each step [vocab], prompt logits [P, vocab])."""
         self.add(seq_id)

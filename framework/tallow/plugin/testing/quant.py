@@ -35,7 +35,11 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    BuildContext, MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear, SiluAndMul,
+    BuildContext,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    SiluAndMul,
 )
 
 from ..components import QuantScheme
@@ -80,11 +84,14 @@ class QuantSchemeConformance(ComponentConformance):
         """One :class:`QuantizedLayer` of shape ``(rows, cols)`` per layout the scheme stores;
         by default each of :meth:`quantized_weights`, loaded into the parameter that accepts
         it."""
-        return [QuantizedLayer(f"{w.scheme} {w.qtype}", {"": w}, w.dequantize())
-                for w in self.quantized_weights(rows, cols)]
+        return [
+            QuantizedLayer(f"{w.scheme} {w.qtype}", {"": w}, w.dequantize())
+            for w in self.quantized_weights(rows, cols)
+        ]
 
-    def make_scheme(self, component_class: type[QuantScheme],
-                    checkpoint_config: dict[str, Any] | None = None) -> QuantScheme:
+    def make_scheme(
+        self, component_class: type[QuantScheme], checkpoint_config: dict[str, Any] | None = None
+    ) -> QuantScheme:
         """The scheme instance layers are built with (``component_class(config)``, told the
         ``checkpoint_config`` when one is given)."""
         scheme = component_class(make_config({}))
@@ -99,8 +106,9 @@ class QuantSchemeConformance(ComponentConformance):
         if "batch" in metafunc.fixturenames:
             metafunc.parametrize("batch", [1, 7])
 
-    def test_states_its_requirements(self, component_class: type[QuantScheme],
-                                     entry: Entry) -> None:
+    def test_states_its_requirements(
+        self, component_class: type[QuantScheme], entry: Entry
+    ) -> None:
         assert isinstance(component_class.min_capability, int)
         assert isinstance(component_class.detect({}), bool)
         methods = entry.meta.get("quant_methods", ())
@@ -109,21 +117,24 @@ class QuantSchemeConformance(ComponentConformance):
         reasons = component_class.validate(make_config({}))
         assert isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
 
-    def test_claims_the_checkpoints_of_its_layouts(self, component_class: type[QuantScheme],
-                                                   entry: Entry) -> None:
+    def test_claims_the_checkpoints_of_its_layouts(
+        self, component_class: type[QuantScheme], entry: Entry
+    ) -> None:
         for case in self.quantized_layers(self.rows, self.cols):
             if not case.checkpoint_config:
                 continue
             method = case.checkpoint_config.get("quantization_config", {}).get("quant_method")
             assert isinstance(method, str) and serves_quant_method(entry, method), (
                 f"{case.label}: its quant_method {method!r} is neither the scheme's name nor "
-                f"among the quant_methods it registers ({entry.meta.get('quant_methods', ())})")
+                f"among the quant_methods it registers ({entry.meta.get('quant_methods', ())})"
+            )
             assert component_class.detect(dict(case.checkpoint_config)) is True, (
-                f"{case.label}: the scheme's detect does not claim its own checkpoint config")
+                f"{case.label}: the scheme's detect does not claim its own checkpoint config"
+            )
 
-    def test_linear_equals_dequantized_matmul(self, component_class: type[QuantScheme],
-                                              qtype_index: int,
-                                              batch: int) -> None:
+    def test_linear_equals_dequantized_matmul(
+        self, component_class: type[QuantScheme], qtype_index: int, batch: int
+    ) -> None:
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
         layer = ReplicatedLinear(self.cols, self.rows, build=build, prefix="layer.proj")
@@ -132,12 +143,14 @@ class QuantSchemeConformance(ComponentConformance):
         x = torch.randn(batch, self.cols, generator=torch.Generator().manual_seed(batch))
         self._compare(layer(x), x @ case.dense.T, case)
 
-    def test_merged_shards_equal_dequantized_matmul(self, component_class: type[QuantScheme],
-                                                    qtype_index: int) -> None:
+    def test_merged_shards_equal_dequantized_matmul(
+        self, component_class: type[QuantScheme], qtype_index: int
+    ) -> None:
         cases = [self.quantized_layers(self.rows, self.cols)[qtype_index] for _ in range(2)]
         build = BuildContext(quant=self.make_scheme(component_class, cases[0].checkpoint_config))
-        layer = MergedColumnParallelLinear(self.cols, [self.rows, self.rows], build=build,
-                                           prefix="layer.gate_up_proj")
+        layer = MergedColumnParallelLinear(
+            self.cols, [self.rows, self.rows], build=build, prefix="layer.gate_up_proj"
+        )
         for shard, case in enumerate(cases):
             _load(layer, case, shard)
         layer.quant_method.process_weights_after_loading(layer)
@@ -145,8 +158,9 @@ class QuantSchemeConformance(ComponentConformance):
         dense = torch.cat([c.dense for c in cases])
         self._compare(layer(x), x @ dense.T, cases[0])
 
-    def test_row_parallel_with_activation(self, component_class: type[QuantScheme],
-                                          qtype_index: int) -> None:
+    def test_row_parallel_with_activation(
+        self, component_class: type[QuantScheme], qtype_index: int
+    ) -> None:
         case = self.quantized_layers(self.rows, self.cols)[qtype_index]
         build = BuildContext(quant=self.make_scheme(component_class, case.checkpoint_config))
         layer = RowParallelLinear(self.cols, self.rows, build=build, prefix="layer.down_proj")
@@ -158,8 +172,13 @@ class QuantSchemeConformance(ComponentConformance):
 
     def _compare(self, got: torch.Tensor, expected: torch.Tensor, case: QuantizedLayer) -> None:
         scale = max(1.0, float(expected.abs().max()))
-        torch.testing.assert_close(got.float(), expected.float(), rtol=self.rtol,
-                                   atol=self.atol * scale, msg=lambda m: f"{case.label}: {m}")
+        torch.testing.assert_close(
+            got.float(),
+            expected.float(),
+            rtol=self.rtol,
+            atol=self.atol * scale,
+            msg=lambda m: f"{case.label}: {m}",
+        )
 
 
 def _load(layer: nn.Module, case: QuantizedLayer, shard: Hashable | None = None) -> None:
@@ -170,13 +189,17 @@ def _load(layer: nn.Module, case: QuantizedLayer, shard: Hashable | None = None)
         if name:
             param = getattr(layer, name, None)
             if not isinstance(param, torch.nn.Parameter):
-                pytest.fail(f"{case.label}: the scheme's method for {layer.prefix} has no "
-                            f"parameter {name!r} for that checkpoint tensor")
+                pytest.fail(
+                    f"{case.label}: the scheme's method for {layer.prefix} has no "
+                    f"parameter {name!r} for that checkpoint tensor"
+                )
         else:
             params = [p for p in layer.parameters() if getattr(p, "accepts_quantized", False)]
             if len(params) != 1:
-                pytest.fail(f"the scheme's method for {layer.prefix} has {len(params)} "
-                            "parameters that accept quantized checkpoint tensors, expected one")
+                pytest.fail(
+                    f"the scheme's method for {layer.prefix} has {len(params)} "
+                    "parameters that accept quantized checkpoint tensors, expected one"
+                )
             param = params[0]
         loader = getattr(param, "weight_loader", None)
         if loader is None:

@@ -34,9 +34,11 @@ class RouteConformance(ComponentConformance):
     config: ClassVar[dict[str, Any]] = {}
 
     @pytest.fixture(scope="class")
-    def client(self, entry: Entry,
-               component_class: Any,  # Any: an ASGI app, or an endpoint function
-               ) -> Iterator[TestClient]:
+    def client(
+        self,
+        entry: Entry,
+        component_class: Any,  # Any: an ASGI app, or an endpoint function
+    ) -> Iterator[TestClient]:
         from starlette.applications import Starlette
         from starlette.routing import BaseRoute, Mount, Route
         from starlette.testclient import TestClient
@@ -47,12 +49,12 @@ class RouteConformance(ComponentConformance):
 
             target = component_class(make_config(self.config))
             assert target is not None, (
-                f"{self.component}: the factory serves nothing under config {self.config!r}")
+                f"{self.component}: the factory serves nothing under config {self.config!r}"
+            )
         if entry.meta.get("mount"):
             route: BaseRoute = Mount(entry.name, app=target)
         else:
-            route = Route(entry.name, target,
-                          methods=list(entry.meta.get("methods", ("GET",))))
+            route = Route(entry.name, target, methods=list(entry.meta.get("methods", ("GET",))))
         # the route's own answer is checked: a redirect is not followed
         with TestClient(Starlette(routes=[route]), follow_redirects=False) as client:
             yield client
@@ -60,8 +62,10 @@ class RouteConformance(ComponentConformance):
     def test_path_and_methods(self, entry: Entry) -> None:
         assert entry.name.startswith("/")
         methods = entry.meta.get("methods", ("GET",))
-        assert methods and all(m.upper() in {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
-                                             "OPTIONS"} for m in methods), methods
+        assert methods and all(
+            m.upper() in {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
+            for m in methods
+        ), methods
 
     def test_target_is_callable(self, component_class: object) -> None:
         assert callable(component_class), f"{self.component}: target {component_class!r}"
@@ -71,4 +75,5 @@ class RouteConformance(ComponentConformance):
         for method in entry.meta.get("methods", ("GET",)):
             response = client.request(method, path)
             assert response.status_code == self.expected_status, (
-                f"{method} {path}: {response.status_code} {response.text[:200]}")
+                f"{method} {path}: {response.status_code} {response.text[:200]}"
+            )

@@ -31,7 +31,9 @@ def base_seed() -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"TALLOW_TEST_SEED must be an integer or 'random', got {value!r}") from None
+        raise ValueError(
+            f"TALLOW_TEST_SEED must be an integer or 'random', got {value!r}"
+        ) from None
 
 
 def seed_of(*parts: object) -> int:

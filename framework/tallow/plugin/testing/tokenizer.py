@@ -18,8 +18,10 @@ DEFAULT_WORDS = (
     "hello world model token block cache plugin test fast slow red green blue one two three "
     "four five six seven eight nine ten . , ! ? : ; ( ) [ ] { }"
 ).split()
-CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m.role }} : {{ m.content }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}<s> assistant : {% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m.role }} : {{ m.content }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
+)
 
 
 def tiny_tokenizer(words: tuple[str, ...] | list[str] = DEFAULT_WORDS) -> Tokenizer:
@@ -29,22 +31,31 @@ def tiny_tokenizer(words: tuple[str, ...] | list[str] = DEFAULT_WORDS) -> Tokeni
 
     vocab = {tok: i for i, tok in enumerate(dict.fromkeys([*SPECIAL_TOKENS, *words]))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
 
 
-def save_tokenizer(directory: str | Path, tokenizer: Any | None = None, *,
-                   chat_template: str | None = CHAT_TEMPLATE) -> Path:
+def save_tokenizer(
+    directory: str | Path,
+    tokenizer: Any | None = None,
+    *,
+    chat_template: str | None = CHAT_TEMPLATE,
+) -> Path:
     """Write ``tokenizer`` (default: :func:`tiny_tokenizer`) and a ``tokenizer_config.json``
     (``<s>``/``</s>`` as BOS/EOS, no BOS added, ``chat_template``) into ``directory``."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     (tokenizer or tiny_tokenizer()).save(str(root / "tokenizer.json"))
-    config: dict[str, Any] = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                              "add_bos_token": False}
+    config: dict[str, Any] = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": False,
+    }
     if chat_template:
         config["chat_template"] = chat_template
     (root / "tokenizer_config.json").write_text(json.dumps(config, indent=1))

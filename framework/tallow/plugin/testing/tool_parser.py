@@ -63,13 +63,17 @@ class ToolParserConformance(ComponentConformance):
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "example" in metafunc.fixturenames:
             if not self.examples:
-                raise AssertionError(f"{type(self).__name__}: set 'examples' to responses "
-                                     "holding tool calls in the parser's format")
-            metafunc.parametrize("example", self.examples,
-                                 ids=[f"example{i}" for i in range(len(self.examples))])
+                raise AssertionError(
+                    f"{type(self).__name__}: set 'examples' to responses "
+                    "holding tool calls in the parser's format"
+                )
+            metafunc.parametrize(
+                "example", self.examples, ids=[f"example{i}" for i in range(len(self.examples))]
+            )
         if "plain" in metafunc.fixturenames:
-            metafunc.parametrize("plain", self.plain_texts,
-                                 ids=[f"plain{i}" for i in range(len(self.plain_texts))])
+            metafunc.parametrize(
+                "plain", self.plain_texts, ids=[f"plain{i}" for i in range(len(self.plain_texts))]
+            )
 
     @pytest.fixture(scope="class")
     def parser(self, component_class: type[ToolParser]) -> ToolParser:
@@ -78,9 +82,17 @@ class ToolParserConformance(ComponentConformance):
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI tool definitions of every name the examples call."""
         names = sorted({name for _, calls in self.examples for name, _ in calls})
-        return [{"type": "function", "function": {
-            "name": n, "description": f"the {n} tool", "parameters": {"type": "object"}}}
-            for n in names]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "description": f"the {n} tool",
+                    "parameters": {"type": "object"},
+                },
+            }
+            for n in names
+        ]
 
     def test_examples_parse_to_their_calls(self, parser: ToolParser, example: Example) -> None:
         text, calls = example
@@ -98,15 +110,20 @@ class ToolParserConformance(ComponentConformance):
         for tools in (self.tools(), None):
             result = parser.parse(plain, tools)
             assert result.tool_calls == [] and result.content == plain, (
-                f"plain text {plain!r} parsed as {result!r}")
+                f"plain text {plain!r} parsed as {result!r}"
+            )
         _check_streaming(parser, plain, self.tools(), self.chunkings)
 
     def test_unknown_tool_is_not_a_call(self, parser: ToolParser, example: Example) -> None:
         if not self.refuses_unknown_tools:
             pytest.skip("this format cannot tell a known tool from an unknown one")
         text, calls = example
-        other = [{"type": "function", "function": {"name": "some_other_tool",
-                                                   "parameters": {"type": "object"}}}]
+        other = [
+            {
+                "type": "function",
+                "function": {"name": "some_other_tool", "parameters": {"type": "object"}},
+            }
+        ]
         result = parser.parse(text, other)
         assert result.tool_calls == [], f"a call to a tool not offered was taken: {result!r}"
 
@@ -124,8 +141,9 @@ class ToolParserConformance(ComponentConformance):
                 deltas = [stream.feed(c) for c in _chunks(variant, rng)] + [stream.finish()]
                 assemble(deltas)
             except Exception as exc:
-                raise AssertionError(f"the parser raised {type(exc).__name__}: {exc} on "
-                                     f"{variant!r}") from exc
+                raise AssertionError(
+                    f"the parser raised {type(exc).__name__}: {exc} on {variant!r}"
+                ) from exc
             for call in result.tool_calls:
                 _arguments(call.arguments)
 
@@ -144,7 +162,7 @@ def _chunks(text: str, rng: random.Random) -> list[str]:
     out, i = [], 0
     while i < len(text):
         n = rng.randint(1, 9)
-        out.append(text[i:i + n])
+        out.append(text[i : i + n])
         i += n
     return out
 
@@ -160,10 +178,11 @@ def _mutate(text: str, rng: random.Random) -> str:
             chars.insert(where, rng.choice(_NOISE))
         elif chars:
             start = rng.randrange(len(chars))
-            chars[start:start] = chars[start:start + rng.randint(1, 12)]
+            chars[start:start] = chars[start : start + rng.randint(1, 12)]
     return "".join(chars)
 
 
-def _check_streaming(parser: ToolParser, text: str, tools: list[dict[str, Any]] | None,
-                     tries: int) -> None:
+def _check_streaming(
+    parser: ToolParser, text: str, tools: list[dict[str, Any]] | None, tries: int
+) -> None:
     assert_streaming_matches_parse(parser, text, tools, tries)

@@ -43,10 +43,14 @@ class ToolProviderConformance(ComponentConformance):
     def config(self) -> TallowConfig:
         return make_config({"plugins": {"settings": {self.distribution: self.settings}}})
 
-    def run(self, component_class: type[ToolProvider],
-            scenario: Callable[[ToolProvider], Awaitable[None]]) -> None:
+    def run(
+        self,
+        component_class: type[ToolProvider],
+        scenario: Callable[[ToolProvider], Awaitable[None]],
+    ) -> None:
         """Build the provider from :attr:`settings`, start it, run ``scenario(provider)``,
         stop it."""
+
         async def main() -> None:
             provider = component_class.from_config(self.config())
             assert provider is not None, f"from_config gave None for settings {self.settings}"

@@ -59,8 +59,10 @@ def nvcc_reasons() -> list[str]:
         return []
     if shutil.which("nvcc"):
         return []
-    return ["nvcc was not found (FlashInfer compiles its kernels just in time: install the "
-            "CUDA toolkit and set CUDA_HOME or put nvcc on PATH)"]
+    return [
+        "nvcc was not found (FlashInfer compiles its kernels just in time: install the "
+        "CUDA toolkit and set CUDA_HOME or put nvcc on PATH)"
+    ]
 
 
 def device_reasons(device: str) -> tuple[list[str], tuple[int, int] | None]:

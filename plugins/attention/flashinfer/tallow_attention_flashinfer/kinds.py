@@ -48,11 +48,17 @@ class LayerKind:
 
     @classmethod
     def of(cls, layer: AttentionLayer, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> "LayerKind":
-        return cls(num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
-                   head_dim=layer.head_dim, scale=float(layer.scale),
-                   window_left=window_left(layer.sliding_window),
-                   softcap=float(layer.logit_softcap or 0.0), causal=layer.causal,
-                   q_dtype=q_dtype, kv_dtype=kv_dtype)
+        return cls(
+            num_heads=layer.num_heads,
+            num_kv_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            scale=float(layer.scale),
+            window_left=window_left(layer.sliding_window),
+            softcap=float(layer.logit_softcap or 0.0),
+            causal=layer.causal,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+        )
 
     @property
     def group(self) -> int:
@@ -76,7 +82,7 @@ def decode_on_tensor_cores(kind: LayerKind, setting: str) -> bool:
 
 
 def prefill_kernels(kind: LayerKind, setting: str, capability: tuple[int, int]) -> str:
-    """"fa3" or "fa2" for steps with prompts (``setting``: ``prefill_backend``). FA3 needs
+    """ "fa3" or "fa2" for steps with prompts (``setting``: ``prefill_backend``). FA3 needs
     Hopper (compute capability 9.x) and reads an 8-bit cache only with 8-bit queries."""
     if setting != "auto":
         return setting
@@ -88,8 +94,15 @@ def jit_specs(kind: LayerKind, prefill: str, tensor_core_decode: bool) -> list[A
     pass, so building them here compiles exactly what they load)."""
     from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
 
-    common = (kind.q_dtype, kind.kv_dtype, kind.q_dtype, torch.int32, kind.head_dim,
-              kind.head_dim, 0)
+    common = (
+        kind.q_dtype,
+        kind.kv_dtype,
+        kind.q_dtype,
+        torch.int32,
+        kind.head_dim,
+        kind.head_dim,
+        0,
+    )
     flags = (kind.window_left >= 0, kind.softcap > 0)
     specs = [gen_batch_prefill_module(prefill, *common, *flags, False)]
     if tensor_core_decode:

@@ -33,8 +33,9 @@ class PageArgs:
         return len(self.last_page_len)
 
 
-def host_page_args(query_start_loc: Sequence[int], seq_lens: Sequence[int],
-                   block_size: int) -> PageArgs:
+def host_page_args(
+    query_start_loc: Sequence[int], seq_lens: Sequence[int], block_size: int
+) -> PageArgs:
     """The offsets of a batch whose sequence i has query rows ``query_start_loc[i] ...
     query_start_loc[i + 1] - 1`` and ``seq_lens[i]`` tokens in the cache (this step's
     included). Raises ValueError naming the argument that does not fit."""
@@ -45,16 +46,22 @@ def host_page_args(query_start_loc: Sequence[int], seq_lens: Sequence[int],
     if lens.ndim != 1 or len(lens) == 0:
         raise ValueError(f"seq_lens must list one length per sequence, got {list(seq_lens)}")
     if starts.shape != (len(lens) + 1,):
-        raise ValueError(f"query_start_loc must have {len(lens) + 1} entries (one more than "
-                         f"seq_lens), got {len(starts)}")
+        raise ValueError(
+            f"query_start_loc must have {len(lens) + 1} entries (one more than "
+            f"seq_lens), got {len(starts)}"
+        )
     query_lens = np.diff(starts)
     if starts[0] != 0 or (query_lens < 1).any():
-        raise ValueError("query_start_loc must start at 0 and grow by at least 1 per sequence, "
-                         f"got {list(query_start_loc)}")
+        raise ValueError(
+            "query_start_loc must start at 0 and grow by at least 1 per sequence, "
+            f"got {list(query_start_loc)}"
+        )
     if (lens < query_lens).any():
         bad = int(np.argmax(lens < query_lens))
-        raise ValueError(f"seq_lens[{bad}] = {int(lens[bad])} is shorter than the sequence's "
-                         f"{int(query_lens[bad])} query rows")
+        raise ValueError(
+            f"seq_lens[{bad}] = {int(lens[bad])} is shorter than the sequence's "
+            f"{int(query_lens[bad])} query rows"
+        )
     pages = (lens + block_size - 1) // block_size
     kv_indptr = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(pages, out=kv_indptr[1:])
@@ -63,11 +70,17 @@ def host_page_args(query_start_loc: Sequence[int], seq_lens: Sequence[int],
         kv_indptr=torch.from_numpy(kv_indptr),
         last_page_len=torch.from_numpy(((lens - 1) % block_size + 1).astype(np.int32)),
         seq_lens=torch.from_numpy(lens.astype(np.int32)),
-        num_pages=int(kv_indptr[-1]), num_rows=int(starts[-1]))
+        num_pages=int(kv_indptr[-1]),
+        num_rows=int(starts[-1]),
+    )
 
 
-def page_list(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+def page_list(
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The pages of every sequence end to end, from the device's ``seq_lens`` [B] and
     ``block_tables`` [B, W], with fixed-size operations only (capturable, no sync): entry
     ``kv_indptr[i] + j`` is ``block_tables[i, j]`` for each of sequence i's pages. Returns

@@ -31,12 +31,13 @@ class Planned:
     wrapper: Any
     rows: int
 
-    def run(self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor],
-            out: torch.Tensor) -> None:
+    def run(
+        self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
+    ) -> None:
         """Attention of ``q``'s first ``rows`` rows into ``out`` over ``pages``, the layer's K
         and V page tensors [blocks, block_size, kv heads, head size] (FlashInfer's NHD layout,
         which its paged kernels take as a (k, v) tuple)."""
-        self.wrapper.run(q[:self.rows], pages, out=out[:self.rows])
+        self.wrapper.run(q[: self.rows], pages, out=out[: self.rows])
 
 
 @dataclass
@@ -56,16 +57,24 @@ class StepBatch:
 class KindPlans:
     """The wrappers of one layer kind."""
 
-    def __init__(self, kind: LayerKind, float_workspace: torch.Tensor, *, prefill_backend: str,
-                 decode_tensor_cores: str, capability: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        kind: LayerKind,
+        float_workspace: torch.Tensor,
+        *,
+        prefill_backend: str,
+        decode_tensor_cores: str,
+        capability: tuple[int, int],
+    ) -> None:
         self.kind = kind
         self.float_workspace = float_workspace
         self.tensor_core_decode = decode_on_tensor_cores(kind, decode_tensor_cores)
         self.prefill_backend = prefill_kernels(kind, prefill_backend, capability)
         device = float_workspace.device
         self.int_workspace = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.pinned = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
-                                  pin_memory=device.type == "cuda")
+        self.pinned = torch.empty(
+            INT_WORKSPACE_BYTES, dtype=torch.uint8, pin_memory=device.type == "cuda"
+        )
         #: marks the copy of the last schedule out of ``pinned``: the next plan overwrites it
         self.copied: torch.cuda.Event | None = None
         self._decode: Any = None
@@ -83,9 +92,15 @@ class KindPlans:
         import flashinfer
 
         tc = self.tensor_core_decode
-        return self._adopt(flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.float_workspace, "NHD", use_tensor_cores=tc, backend="fa2" if tc else "auto",
-            **graph))
+        return self._adopt(
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.float_workspace,
+                "NHD",
+                use_tensor_cores=tc,
+                backend="fa2" if tc else "auto",
+                **graph,
+            )
+        )
 
     def decode_wrapper(self) -> Any:
         if self._decode is None:
@@ -96,8 +111,11 @@ class KindPlans:
         if self._prefill is None:
             import flashinfer
 
-            self._prefill = self._adopt(flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                self.float_workspace, "NHD", backend=self.prefill_backend))
+            self._prefill = self._adopt(
+                flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self.float_workspace, "NHD", backend=self.prefill_backend
+                )
+            )
         return self._prefill
 
     def graph_wrapper(self, num_seqs: int, table_width: int) -> Any:
@@ -107,12 +125,14 @@ class KindPlans:
             device = self.float_workspace.device
             wrapper = self._graphs[num_seqs] = self._decode_wrapper(
                 use_cuda_graph=True,
-                paged_kv_indptr_buffer=torch.zeros(num_seqs + 1, dtype=torch.int32,
-                                                   device=device),
-                paged_kv_indices_buffer=torch.zeros(num_seqs * table_width, dtype=torch.int32,
-                                                    device=device),
-                paged_kv_last_page_len_buffer=torch.zeros(num_seqs, dtype=torch.int32,
-                                                          device=device))
+                paged_kv_indptr_buffer=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device),
+                paged_kv_indices_buffer=torch.zeros(
+                    num_seqs * table_width, dtype=torch.int32, device=device
+                ),
+                paged_kv_last_page_len_buffer=torch.zeros(
+                    num_seqs, dtype=torch.int32, device=device
+                ),
+            )
         return wrapper
 
     # -- one step --------------------------------------------------------------------------
@@ -121,22 +141,48 @@ class KindPlans:
         kind, args = self.kind, batch.args
         if self.copied is not None:
             self.copied.synchronize()  # the previous schedule has left the pinned buffer
-        common = dict(window_left=kind.window_left, logits_soft_cap=kind.softcap,
-                      q_data_type=kind.q_dtype, kv_data_type=kind.kv_dtype,
-                      sm_scale=kind.scale, non_blocking=True)
-        indices = batch.indices[:args.num_pages]
+        common = dict(
+            window_left=kind.window_left,
+            logits_soft_cap=kind.softcap,
+            q_data_type=kind.q_dtype,
+            kv_data_type=kind.kv_dtype,
+            sm_scale=kind.scale,
+            non_blocking=True,
+        )
+        indices = batch.indices[: args.num_pages]
         if batch.decode_only:
-            wrapper = (self.graph_wrapper(args.num_seqs, batch.table_width) if batch.cuda_graph
-                       else self.decode_wrapper())
-            wrapper.plan(args.kv_indptr, indices, args.last_page_len, kind.num_heads,
-                         kind.num_kv_heads, kind.head_dim, batch.block_size,
-                         seq_lens=args.seq_lens, **common)
+            wrapper = (
+                self.graph_wrapper(args.num_seqs, batch.table_width)
+                if batch.cuda_graph
+                else self.decode_wrapper()
+            )
+            wrapper.plan(
+                args.kv_indptr,
+                indices,
+                args.last_page_len,
+                kind.num_heads,
+                kind.num_kv_heads,
+                kind.head_dim,
+                batch.block_size,
+                seq_lens=args.seq_lens,
+                **common,
+            )
             rows = args.num_seqs
         else:
             wrapper = self.prefill_wrapper()
-            wrapper.plan(args.qo_indptr, args.kv_indptr, indices, args.last_page_len,
-                         kind.num_heads, kind.num_kv_heads, kind.head_dim, batch.block_size,
-                         causal=kind.causal, seq_lens=args.seq_lens, **common)
+            wrapper.plan(
+                args.qo_indptr,
+                args.kv_indptr,
+                indices,
+                args.last_page_len,
+                kind.num_heads,
+                kind.num_kv_heads,
+                kind.head_dim,
+                batch.block_size,
+                causal=kind.causal,
+                seq_lens=args.seq_lens,
+                **common,
+            )
             rows = args.num_rows
         if self.float_workspace.is_cuda:
             if self.copied is None:

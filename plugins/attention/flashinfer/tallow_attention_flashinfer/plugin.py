@@ -11,6 +11,8 @@ PRIORITY = 50
 
 @hookimpl
 def tallow_register_attention_backends(registry) -> None:
-    registry.register("flashinfer",
-                      "tallow_attention_flashinfer.backend:FlashInferAttentionBackend",
-                      priority=PRIORITY)
+    registry.register(
+        "flashinfer",
+        "tallow_attention_flashinfer.backend:FlashInferAttentionBackend",
+        priority=PRIORITY,
+    )

@@ -35,7 +35,9 @@ def flashinfer_modules() -> None:
     if specs:
         with ThreadPoolExecutor(max_workers=len(specs)) as pool:
             failed = [f for f in pool.map(_build, specs) if f]
-    print(f"\nflashinfer: {len(specs)} JIT module(s) checked or compiled in "
-          f"{time.perf_counter() - started:.0f}s")
+    print(
+        f"\nflashinfer: {len(specs)} JIT module(s) checked or compiled in "
+        f"{time.perf_counter() - started:.0f}s"
+    )
     for failure in failed:
         print(f"!! flashinfer module failed to compile: {failure}")

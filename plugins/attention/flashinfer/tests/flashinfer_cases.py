@@ -34,8 +34,7 @@ SHAPES = {
 needs_gpu = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
-                       reason="needs flashinfer"),
+    pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer"),
 ]
 
 
@@ -44,7 +43,8 @@ def config(settings: dict[str, Any]) -> Any:
 
     return SimpleNamespace(
         model=SimpleNamespace(device="cuda", dtype="auto"),
-        plugins=SimpleNamespace(settings={"tallow-attention-flashinfer": dict(settings)}))
+        plugins=SimpleNamespace(settings={"tallow-attention-flashinfer": dict(settings)}),
+    )
 
 
 def backend(settings: dict[str, Any]) -> Any:
@@ -57,17 +57,30 @@ def all_jit_specs() -> list[Any]:
     """FlashInfer's JIT specs of every module the GPU tests load (on this GPU)."""
     from tallow.layers import AttentionLayer
     from tallow_attention_flashinfer.kinds import (
-        LayerKind, decode_on_tensor_cores, jit_specs, prefill_kernels)
+        LayerKind,
+        decode_on_tensor_cores,
+        jit_specs,
+        prefill_kernels,
+    )
 
     capability = torch.cuda.get_device_capability()
     specs = {}
-    for heads, kv_heads, head_dim, dtype, cache_dtype, window, softcap, settings in \
-            SHAPES.values():
-        layer = AttentionLayer(0, heads, kv_heads, head_dim, head_dim ** -0.5,
-                               sliding_window=window, logit_softcap=softcap)
+    for heads, kv_heads, head_dim, dtype, cache_dtype, window, softcap, settings in SHAPES.values():
+        layer = AttentionLayer(
+            0,
+            heads,
+            kv_heads,
+            head_dim,
+            head_dim**-0.5,
+            sliding_window=window,
+            logit_softcap=softcap,
+        )
         kind = LayerKind.of(layer, dtype, cache_dtype)  # bidirectional layers: same modules
         full = {"prefill_backend": "auto", "decode_tensor_cores": "auto", **settings}
-        for spec in jit_specs(kind, prefill_kernels(kind, full["prefill_backend"], capability),
-                              decode_on_tensor_cores(kind, full["decode_tensor_cores"])):
+        for spec in jit_specs(
+            kind,
+            prefill_kernels(kind, full["prefill_backend"], capability),
+            decode_on_tensor_cores(kind, full["decode_tensor_cores"]),
+        ):
             specs.setdefault(spec.name, spec)
     return list(specs.values())

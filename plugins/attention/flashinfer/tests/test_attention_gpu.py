@@ -19,7 +19,11 @@ from tallow.plugin.testing.seeds import base_seed
 from tallow.kernels import CastKVCodec, allocate_layer, paged_attention_ref, store_cast_kv_ref
 from tallow.layers import AttentionLayer, AttentionMetadata, forward_context
 from tallow.plugin.testing.paged_batch import (
-    check_step, output_tolerance, random_paged_step, widened)
+    check_step,
+    output_tolerance,
+    random_paged_step,
+    widened,
+)
 
 pytestmark = needs_gpu
 
@@ -40,11 +44,21 @@ def seed_of(*parts: object) -> int:
 
 def make_step(shape: str, query_lens, context_lens, shared: int = 0, seed: int = 0):
     heads, kv_heads, head_dim, dtype, cache_dtype, window, softcap, _ = SHAPES[shape]
-    return random_paged_step(query_lens=query_lens, context_lens=context_lens,
-                             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                             block_size=16, dtype=dtype, cache_dtype=cache_dtype,
-                             device="cuda", shared_prefix_blocks=shared, sliding_window=window,
-                             logit_softcap=softcap, seed=seed)
+    return random_paged_step(
+        query_lens=query_lens,
+        context_lens=context_lens,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=dtype,
+        cache_dtype=cache_dtype,
+        device="cuda",
+        shared_prefix_blocks=shared,
+        sliding_window=window,
+        logit_softcap=softcap,
+        seed=seed,
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -57,45 +71,78 @@ def test_against_the_reference_and_triton(shape: str, case: str) -> None:
     step = make_step(shape, query_lens, context_lens, shared, seed_of(shape, case))
     twin = dataclasses.replace(step, kv_cache=step.kv_cache.clone())
     out = check_step(step, backend(SHAPES[shape][-1]))  # the reference: output and cache
-    theirs = TritonAttentionBackend().forward(twin.layer, twin.q, twin.k, twin.v,
-                                             twin.kv_cache, twin.meta)
+    theirs = TritonAttentionBackend().forward(
+        twin.layer, twin.q, twin.k, twin.v, twin.kv_cache, twin.meta
+    )
     n = step.valid_rows
-    torch.testing.assert_close(out[:n], theirs[:n], **output_tolerance(step.q.dtype),
-                               msg=lambda m: f"flashinfer vs triton ({step.description}): {m}")
+    torch.testing.assert_close(
+        out[:n],
+        theirs[:n],
+        **output_tolerance(step.q.dtype),
+        msg=lambda m: f"flashinfer vs triton ({step.description}): {m}",
+    )
 
 
 def _graph_case(shape: str, rows: int, width: int, num_blocks: int):
     heads, kv_heads, head_dim, dtype, cache_dtype, window, softcap, settings = SHAPES[shape]
-    layers = [AttentionLayer(i, heads, kv_heads, head_dim, head_dim ** -0.5,
-                             sliding_window=window, logit_softcap=softcap) for i in range(2)]
+    layers = [
+        AttentionLayer(
+            i,
+            heads,
+            kv_heads,
+            head_dim,
+            head_dim**-0.5,
+            sliding_window=window,
+            logit_softcap=softcap,
+        )
+        for i in range(2)
+    ]
     g = torch.Generator(device="cuda").manual_seed(seed_of("graph", shape))
     codec = CastKVCodec(storage=cache_dtype)
-    caches = [allocate_layer(codec, num_kv_heads=kv_heads, head_dim=head_dim, block_size=16,
-                             num_blocks=num_blocks, model_dtype=dtype, device="cuda",
-                             layer=layer) for layer in layers]
+    caches = [
+        allocate_layer(
+            codec,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            block_size=16,
+            num_blocks=num_blocks,
+            model_dtype=dtype,
+            device="cuda",
+            layer=layer,
+        )
+        for layer in layers
+    ]
     for cache in caches:
         for name in ("k", "v"):
-            cache[name].copy_(torch.randn(cache[name].shape, generator=g, device="cuda")
-                              .to(cache_dtype))
+            cache[name].copy_(
+                torch.randn(cache[name].shape, generator=g, device="cuda").to(cache_dtype)
+            )
     static = dict(
         seq_lens=torch.ones(rows, dtype=torch.int32, device="cuda"),
         block_tables=torch.zeros(rows, width, dtype=torch.int32, device="cuda"),
         slot_mapping=torch.full((rows,), -1, dtype=torch.int64, device="cuda"),
         q=torch.zeros(rows, heads, head_dim, dtype=dtype, device="cuda"),
         k=torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device="cuda"),
-        v=torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device="cuda"))
+        v=torch.zeros(rows, kv_heads, head_dim, dtype=dtype, device="cuda"),
+    )
     meta = AttentionMetadata(
-        num_seqs=rows, num_tokens=rows,
+        num_seqs=rows,
+        num_tokens=rows,
         query_start_loc=torch.arange(rows + 1, dtype=torch.int32, device="cuda"),
-        seq_lens=static["seq_lens"], block_tables=static["block_tables"],
-        slot_mapping=static["slot_mapping"], max_query_len=1, max_seq_len=width * 16,
-        block_size=16, query_start_loc_cpu=list(range(rows + 1)), seq_lens_cpu=[1] * rows,
-        cuda_graph=True)
+        seq_lens=static["seq_lens"],
+        block_tables=static["block_tables"],
+        slot_mapping=static["slot_mapping"],
+        max_query_len=1,
+        max_seq_len=width * 16,
+        block_size=16,
+        query_start_loc_cpu=list(range(rows + 1)),
+        seq_lens_cpu=[1] * rows,
+        cuda_graph=True,
+    )
     return layers, caches, static, meta, g, settings
 
 
-@pytest.mark.parametrize("shape", ["llama-3-8b", "qwen3-0.6b", "fp8-e4m3",
-                                   "hd256-window-softcap"])
+@pytest.mark.parametrize("shape", ["llama-3-8b", "qwen3-0.6b", "fp8-e4m3", "hd256-window-softcap"])
 @pytest.mark.usefixtures("flashinfer_modules")
 def test_cuda_graph_replay_equals_eager(shape: str) -> None:
     """Two layers of one kind captured in a graph of 8 rows the way the engine captures decode
@@ -108,8 +155,10 @@ def test_cuda_graph_replay_equals_eager(shape: str) -> None:
     be.warm_up(layers, caches, static["q"].dtype)
 
     def run_layers(m):
-        return [be.forward(layer, static["q"], static["k"], static["v"], cache, m)
-                for layer, cache in zip(layers, caches)]
+        return [
+            be.forward(layer, static["q"], static["k"], static["v"], cache, m)
+            for layer, cache in zip(layers, caches)
+        ]
 
     with forward_context(meta, be):  # plans every kind the warm-up saw
         run_layers(meta)
@@ -125,7 +174,7 @@ def test_cuda_graph_replay_equals_eager(shape: str) -> None:
         static["slot_mapping"].fill_(-1)
         for i, n in enumerate(lens):
             pages = -(-n // 16)
-            static["block_tables"][i, :pages] = tables[i * 320:i * 320 + pages].cuda().int()
+            static["block_tables"][i, :pages] = tables[i * 320 : i * 320 + pages].cuda().int()
             last = int(static["block_tables"][i, (n - 1) // 16])
             static["slot_mapping"][i] = last * 16 + (n - 1) % 16
             static["seq_lens"][i] = n
@@ -139,23 +188,35 @@ def test_cuda_graph_replay_equals_eager(shape: str) -> None:
         again = run_layers(replay_meta)
         # an eager decode step of the real rows, planned without a graph
         eager_meta = AttentionMetadata(
-            num_seqs=real, num_tokens=real, query_start_loc=meta.query_start_loc[:real + 1],
+            num_seqs=real,
+            num_tokens=real,
+            query_start_loc=meta.query_start_loc[: real + 1],
             seq_lens=static["seq_lens"][:real].clone(),
             block_tables=static["block_tables"][:real].clone(),
-            slot_mapping=static["slot_mapping"][:real].clone(), max_query_len=1,
-            max_seq_len=max(lens), block_size=16, query_start_loc_cpu=list(range(real + 1)),
-            seq_lens_cpu=lens)
+            slot_mapping=static["slot_mapping"][:real].clone(),
+            max_query_len=1,
+            max_seq_len=max(lens),
+            block_size=16,
+            query_start_loc_cpu=list(range(real + 1)),
+            seq_lens_cpu=lens,
+        )
         tol = output_tolerance(static["q"].dtype)
         for i, (layer, cache) in enumerate(zip(layers, caches)):
             assert torch.equal(replayed[i], again[i][:real]), (shape, real, i)
-            eager = be.forward(layer, static["q"][:real], static["k"][:real],
-                               static["v"][:real], cache, eager_meta)
+            eager = be.forward(
+                layer, static["q"][:real], static["k"][:real], static["v"][:real], cache, eager_meta
+            )
             torch.testing.assert_close(replayed[i], eager, **tol)
-            ref = paged_attention_ref(static["q"][:real], cache,
-                                      query_start_loc=list(range(real + 1)), seq_lens=lens,
-                                      block_tables=static["block_tables"][:real],
-                                      scale=layer.scale, sliding_window=layer.sliding_window,
-                                      logit_softcap=layer.logit_softcap)
+            ref = paged_attention_ref(
+                static["q"][:real],
+                cache,
+                query_start_loc=list(range(real + 1)),
+                seq_lens=lens,
+                block_tables=static["block_tables"][:real],
+                scale=layer.scale,
+                sliding_window=layer.sliding_window,
+                logit_softcap=layer.logit_softcap,
+            )
             torch.testing.assert_close(replayed[i], ref, **tol)
 
 
@@ -176,8 +237,9 @@ def test_padding_rows_of_a_replay_store_nothing(flashinfer_modules) -> None:
     static["k"].normal_()
     static["v"].normal_()
     expected = cache.clone()
-    store_cast_kv_ref(expected["k"], expected["v"], static["k"], static["v"],
-                      static["slot_mapping"])
+    store_cast_kv_ref(
+        expected["k"], expected["v"], static["k"], static["v"], static["slot_mapping"]
+    )
     be.plan(dataclasses.replace(meta, seq_lens_cpu=[20, 1, 1, 1]))
     graph.replay()
     torch.cuda.synchronize()

@@ -16,8 +16,13 @@ import torch
 import tallow.builtins
 from tallow.layers import AttentionLayer
 from tallow.plugin import (
-    AttentionBackend, AttentionBackendRegistry, KVTensor, PluginSettingsError, SelectionError,
-    select)
+    AttentionBackend,
+    AttentionBackendRegistry,
+    KVTensor,
+    PluginSettingsError,
+    SelectionError,
+    select,
+)
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_attention_flashinfer import availability, plugin
 from tallow_attention_flashinfer.backend import FlashInferAttentionBackend
@@ -37,8 +42,14 @@ def config(device: str = "auto", dtype: str = "auto", settings: dict | None = No
 
 
 def layer(head_dim: int = 128, heads: int = 32, kv_heads: int = 8, **kw: Any) -> AttentionLayer:
-    return AttentionLayer(layer_index=3, num_heads=heads, num_kv_heads=kv_heads,
-                          head_dim=head_dim, scale=head_dim ** -0.5, **kw)
+    return AttentionLayer(
+        layer_index=3,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -53,6 +64,7 @@ def gpu_machine(monkeypatch):
     monkeypatch.setattr(availability.shutil, "which", lambda name: f"/usr/local/cuda/bin/{name}")
     monkeypatch.setattr(availability, "import_reasons", lambda: [])
     import tallow_attention_flashinfer.backend as backend_module
+
     monkeypatch.setattr(backend_module, "import_reasons", lambda: [])
     return monkeypatch
 
@@ -65,8 +77,7 @@ def test_distribution_declares_its_entry_point_and_optional_flashinfer() -> None
     assert eps == {"tallow-attention-flashinfer": "tallow_attention_flashinfer.plugin"}
     # flashinfer is an extra: the plugin installs and refuses cleanly without it
     assert not any(d.startswith("flashinfer") for d in meta["project"]["dependencies"])
-    assert meta["project"]["optional-dependencies"]["flashinfer"][0].startswith(
-        "flashinfer-python")
+    assert meta["project"]["optional-dependencies"]["flashinfer"][0].startswith("flashinfer-python")
 
 
 def registry() -> AttentionBackendRegistry:
@@ -87,19 +98,24 @@ def test_registers_lazily_between_triton_and_the_torch_reference() -> None:
 
 
 def test_registration_imports_neither_torch_nor_flashinfer() -> None:
-    assert modules_imported_by_registration(
-        "tallow_attention_flashinfer.plugin", "tallow_register_attention_backends",
-        "AttentionBackendRegistry", watch=("torch", "flashinfer")) == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_attention_flashinfer.plugin",
+            "tallow_register_attention_backends",
+            "AttentionBackendRegistry",
+            watch=("torch", "flashinfer"),
+        )
+        == []
+    )
 
 
 def test_backend_module_does_not_import_flashinfer() -> None:
     """flashinfer (seconds to import, JIT machinery) loads only when a step is planned."""
     import subprocess
     import sys
-    code = ("import sys, tallow_attention_flashinfer.backend\n"
-            "print('flashinfer' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+
+    code = "import sys, tallow_attention_flashinfer.backend\nprint('flashinfer' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -118,7 +134,8 @@ def test_validate_without_a_cuda_device(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(availability, "flashinfer_version", lambda: "0.6.6")
     assert FlashInferAttentionBackend.validate(config()) == [
-        "no CUDA device (torch.cuda.is_available() is False)"]
+        "no CUDA device (torch.cuda.is_available() is False)"
+    ]
 
 
 def test_validate_accepts_a_hopper_machine(gpu_machine) -> None:
@@ -129,23 +146,29 @@ def test_validate_accepts_a_hopper_machine(gpu_machine) -> None:
 def test_validate_refuses_an_old_flashinfer(gpu_machine) -> None:
     gpu_machine.setattr(availability, "flashinfer_version", lambda: "0.5.3")
     reasons = FlashInferAttentionBackend.validate(config())
-    assert reasons == ["flashinfer-python 0.5.3 is older than 0.6.6 (pip install "
-                       "'tallow-attention-flashinfer[flashinfer]')"]
+    assert reasons == [
+        "flashinfer-python 0.5.3 is older than 0.6.6 (pip install "
+        "'tallow-attention-flashinfer[flashinfer]')"
+    ]
 
 
 def test_validate_refuses_an_old_gpu_and_fa3_off_hopper(gpu_machine) -> None:
     gpu_machine.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
     assert FlashInferAttentionBackend.validate(config()) == [
-        "CUDA compute capability 7.5 is below 8.0"]
+        "CUDA compute capability 7.5 is below 8.0"
+    ]
     gpu_machine.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
     reasons = FlashInferAttentionBackend.validate(config(settings={"prefill_backend": "fa3"}))
-    assert reasons == [f"plugins.settings.{SETTINGS}.prefill_backend 'fa3' needs a Hopper GPU "
-                       "(compute capability 9.x), this one is 8.9"]
+    assert reasons == [
+        f"plugins.settings.{SETTINGS}.prefill_backend 'fa3' needs a Hopper GPU "
+        "(compute capability 9.x), this one is 8.9"
+    ]
 
 
 def test_validate_names_a_missing_device(gpu_machine) -> None:
     assert FlashInferAttentionBackend.validate(config(device="cuda:3")) == [
-        "model.device 'cuda:3' does not exist (1 CUDA device(s))"]
+        "model.device 'cuda:3' does not exist (1 CUDA device(s))"
+    ]
 
 
 def test_validate_refuses_without_nvcc(gpu_machine) -> None:
@@ -172,13 +195,17 @@ _real_import_reasons = availability.import_reasons
 
 
 def test_bad_settings_are_refused_with_their_key() -> None:
-    with pytest.raises(PluginSettingsError, match=rf"plugins\.settings\.{SETTINGS}\."
-                                                  r"prefill_backend"):
+    with pytest.raises(
+        PluginSettingsError,
+        match=rf"plugins\.settings\.{SETTINGS}\."
+        r"prefill_backend",
+    ):
         FlashInferAttentionBackend(config(settings={"prefill_backend": "fa4"}))
     with pytest.raises(PluginSettingsError, match=r"workspace_mbb: unknown key"):
         FlashInferAttentionBackend(config(settings={"workspace_mbb": 64}))
-    reasons = FlashInferAttentionBackend.validate(config(device="cpu",
-                                                         settings={"workspace_mb": 1}))
+    reasons = FlashInferAttentionBackend.validate(
+        config(device="cpu", settings={"workspace_mb": 1})
+    )
     assert any("workspace_mb" in r for r in reasons)
     defaults = FlashInferAttentionBackend(config()).settings
     assert defaults == FlashInferSettings()
@@ -189,19 +216,26 @@ def test_bad_settings_are_refused_with_their_key() -> None:
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_supported_layers(head_dim: int) -> None:
     assert FlashInferAttentionBackend.supports_layer(layer(head_dim)) == []
-    assert FlashInferAttentionBackend.supports_layer(
-        layer(head_dim, heads=48, kv_heads=8, sliding_window=4096, logit_softcap=50.0)) == []
+    assert (
+        FlashInferAttentionBackend.supports_layer(
+            layer(head_dim, heads=48, kv_heads=8, sliding_window=4096, logit_softcap=50.0)
+        )
+        == []
+    )
     assert FlashInferAttentionBackend.supports_layer(layer(head_dim, causal=False)) == []
 
 
 def test_layers_it_refuses() -> None:
     assert FlashInferAttentionBackend.supports_layer(layer(80)) == [
-        "head size 80 is not one FlashInfer's kernels are built for here (64, 128, 256)"]
+        "head size 80 is not one FlashInfer's kernels are built for here (64, 128, 256)"
+    ]
     assert FlashInferAttentionBackend.supports_layer(layer(128, heads=12, kv_heads=8)) == [
-        "num_heads 12 is not a multiple of num_kv_heads 8"]
+        "num_heads 12 is not a multiple of num_kv_heads 8"
+    ]
     odd = AttentionLayer(0, 8, 8, 128, 0.1, sliding_window=16, causal=False)
     assert FlashInferAttentionBackend.supports_layer(odd) == [
-        "a sliding window on a bidirectional (causal=False) layer"]
+        "a sliding window on a bidirectional (causal=False) layer"
+    ]
 
 
 def test_layers_with_attention_sinks_are_refused() -> None:
@@ -218,8 +252,9 @@ def _cast(storage: torch.dtype, name: str = "auto", **options: Any) -> tuple[Any
 
     codec = CastKVCodec(storage=storage, **options)
     codec.name = name  # type: ignore[misc]
-    return codec, codec.layout(num_kv_heads=2, head_dim=64, block_size=16,
-                               model_dtype=torch.bfloat16)
+    return codec, codec.layout(
+        num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16
+    )
 
 
 def test_it_names_the_cast_codecs_it_reads() -> None:
@@ -227,12 +262,22 @@ def test_it_names_the_cast_codecs_it_reads() -> None:
     from tallow_kvcache_fp8.codec import FP8E4M3KVCodec, FP8E5M2KVCodec
 
     assert FlashInferAttentionBackend.fused_kv_codecs == {
-        "auto", FP8E4M3KVCodec.name, FP8E5M2KVCodec.name}
+        "auto",
+        FP8E4M3KVCodec.name,
+        FP8E5M2KVCodec.name,
+    }
 
 
-@pytest.mark.parametrize("name, dtype", [("auto", torch.bfloat16), ("auto", torch.float16),
-                                         ("fp8", torch.float8_e4m3fn),
-                                         ("fp8_e5m2", torch.float8_e5m2)], ids=str)
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("auto", torch.bfloat16),
+        ("auto", torch.float16),
+        ("fp8", torch.float8_e4m3fn),
+        ("fp8_e5m2", torch.float8_e5m2),
+    ],
+    ids=str,
+)
 def test_kv_caches_it_reads(name: str, dtype: torch.dtype) -> None:
     assert FlashInferAttentionBackend(config()).supports_kv_codec(*_cast(dtype, name)) == []
 
@@ -241,30 +286,37 @@ def test_kv_caches_it_refuses() -> None:
     backend = FlashInferAttentionBackend(config())
     assert backend.supports_kv_codec(*_cast(torch.float32)) == [
         "kv codec 'auto': cache dtype torch.float32 is not supported (FlashInfer's kernels "
-        "read float16, bfloat16, float8_e4m3fn, float8_e5m2)"]
+        "read float16, bfloat16, float8_e4m3fn, float8_e5m2)"
+    ]
     assert backend.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8", per_head_scales=True)) == [
         "kv codec 'fp8' stores per-head K/V scales (FlashInfer takes at most one scalar scale "
-        "for all heads); use the codec without them, or runner.attention_backend: triton"]
+        "for all heads); use the codec without them, or runner.attention_backend: triton"
+    ]
     assert backend.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8", center_keys=True)) == [
         "kv codec 'fp8' stores centred keys (FlashInfer's kernels take no key offset); use the "
-        "codec without them, or runner.attention_backend: triton"]
+        "codec without them, or runner.attention_backend: triton"
+    ]
     codec, layout = _cast(torch.bfloat16, "turbo4")
     assert backend.supports_kv_codec(codec, layout) == [
-        "kv codec 'turbo4' is not implemented by this backend (it implements auto, fp8, "
-        "fp8_e5m2)"]
+        "kv codec 'turbo4' is not implemented by this backend (it implements auto, fp8, fp8_e5m2)"
+    ]
     codec, layout = _cast(torch.bfloat16)
     packed = [KVTensor("kv", (2, 16, 2, 64), torch.bfloat16)]
     assert backend.supports_kv_codec(codec, packed) == [
         "kv codec 'auto' lays out paged tensors ['kv']; FlashInfer reads exactly a paged 'k' "
-        "and 'v'"]
+        "and 'v'"
+    ]
     flat = [KVTensor("k", (16, 128), torch.bfloat16), KVTensor("v", (16, 128), torch.bfloat16)]
-    assert "FlashInfer reads 'k' and 'v' pages of one shape" in \
-        backend.supports_kv_codec(codec, flat)[0]
+    assert (
+        "FlashInfer reads 'k' and 'v' pages of one shape"
+        in backend.supports_kv_codec(codec, flat)[0]
+    )
     fa3 = FlashInferAttentionBackend(config(settings={"prefill_backend": "fa3"}))
     assert fa3.supports_kv_codec(*_cast(torch.bfloat16)) == []
     assert fa3.supports_kv_codec(*_cast(torch.float8_e4m3fn, "fp8")) == [
         f"plugins.settings.{SETTINGS}.prefill_backend 'fa3': FA3 reads an 8-bit cache only "
-        "with 8-bit queries (use auto or fa2)"]
+        "with 8-bit queries (use auto or fa2)"
+    ]
 
 
 def test_turbo_codecs_are_refused() -> None:
@@ -310,8 +362,9 @@ def test_a_layer_it_cannot_run_passes_it_over(gpu_machine, caplog) -> None:
 
     def check(entry: Any) -> list[str]:
         backend = entry.load()(config())
-        return sorted({r for lay in layers for r in getattr(backend, "supports_layer",
-                                                           lambda _: [])(lay)})
+        return sorted(
+            {r for lay in layers for r in getattr(backend, "supports_layer", lambda _: [])(lay)}
+        )
 
     with caplog.at_level(logging.INFO):
         assert select(reg, config(), check=check).name == "triton-like"
@@ -320,8 +373,11 @@ def test_a_layer_it_cannot_run_passes_it_over(gpu_machine, caplog) -> None:
 
 def test_named_explicitly_it_stops_start_up_with_the_reasons(monkeypatch) -> None:
     monkeypatch.setattr(availability, "flashinfer_version", lambda: None)
-    with pytest.raises(SelectionError, match=r"'flashinfer' .* cannot serve this configuration"
-                                             r":\n  - flashinfer is not installed"):
+    with pytest.raises(
+        SelectionError,
+        match=r"'flashinfer' .* cannot serve this configuration"
+        r":\n  - flashinfer is not installed",
+    ):
         select(registry(), config(device="cpu"), "flashinfer")
 
 
@@ -329,17 +385,29 @@ def test_named_explicitly_it_stops_start_up_with_the_reasons(monkeypatch) -> Non
 def test_forward_refuses_cpu_tensors_and_bad_shapes() -> None:
     from tallow.plugin.testing.paged_batch import random_paged_step
 
-    step = random_paged_step(query_lens=[3, 1], context_lens=[0, 5], num_heads=4,
-                             num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
+    step = random_paged_step(
+        query_lens=[3, 1],
+        context_lens=[0, 5],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.bfloat16,
+    )
     backend = FlashInferAttentionBackend(config())
     with pytest.raises(ValueError, match="tensors must be on one CUDA device"):
         backend.forward(step.layer, step.q, step.k, step.v, step.kv_cache, step.meta)
-    with pytest.raises(ValueError, match=r"q, k, v and meta.slot_mapping must have the same "
-                                         r"number of rows, got 4, 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"q, k, v and meta.slot_mapping must have the same "
+        r"number of rows, got 4, 3",
+    ):
         backend.forward(step.layer, step.q, step.k[:3], step.v, step.kv_cache, step.meta)
     half = step.kv_cache.with_tensors({n: t.half() for n, t in step.kv_cache.tensors.items()})
     with pytest.raises(ValueError, match=r"kv_cache dtype torch.float16 must be q's"):
         backend.forward(step.layer, step.q, step.k, step.v, half, step.meta)
-    with pytest.raises(ValueError, match=r"q, k and v must all be one of float16, bfloat16, got "
-                                         r"torch.float32"):
+    with pytest.raises(
+        ValueError,
+        match=r"q, k and v must all be one of float16, bfloat16, got "
+        r"torch.float32",
+    ):
         backend.forward(step.layer, step.q.float(), step.k, step.v, step.kv_cache, step.meta)

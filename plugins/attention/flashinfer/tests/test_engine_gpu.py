@@ -18,8 +18,15 @@ LENGTHS = [1500, 9, 300, 64, 33]  # 5 sequences: decode replays the graph of 8 r
 
 
 def _llm(**kw) -> LLM:
-    return LLM(model=SHAPE, dtype="bfloat16", device="cuda", max_model_len=4096,
-               num_blocks=2048, max_cuda_graph_batch=8, **kw)
+    return LLM(
+        model=SHAPE,
+        dtype="bfloat16",
+        device="cuda",
+        max_model_len=4096,
+        num_blocks=2048,
+        max_cuda_graph_batch=8,
+        **kw,
+    )
 
 
 def _prompts() -> list[list[int]]:
@@ -49,10 +56,11 @@ def test_decodes_from_graphs_match_triton(engines) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
     for prompt, out in zip(_prompts(), fi.generate(_prompts(), params)):
         tokens = out.outputs[0].token_ids
-        decoded = torch.tensor([pos[t].logprob for pos, t in zip(out.outputs[0].logprobs,
-                                                                 tokens)])
+        decoded = torch.tensor([pos[t].logprob for pos, t in zip(out.outputs[0].logprobs, tokens)])
         theirs = forced_logprobs(tri, prompt, tokens)
-        assert torch.allclose(decoded, theirs, atol=0.08), (len(prompt),
-                                                           (decoded - theirs).abs().max())
+        assert torch.allclose(decoded, theirs, atol=0.08), (
+            len(prompt),
+            (decoded - theirs).abs().max(),
+        )
         ours = forced_logprobs(fi, prompt, tokens)
         assert torch.allclose(ours, theirs, atol=0.08), (len(prompt), (ours - theirs).abs().max())

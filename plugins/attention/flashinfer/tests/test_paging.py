@@ -10,7 +10,11 @@ import torch
 
 from tallow.layers import AttentionLayer
 from tallow_attention_flashinfer.kinds import (
-    LayerKind, decode_on_tensor_cores, prefill_kernels, window_left)
+    LayerKind,
+    decode_on_tensor_cores,
+    prefill_kernels,
+    window_left,
+)
 from tallow_attention_flashinfer.paging import host_page_args, page_list
 
 # Four sequences, block size 4: a decode over 1 token, a prefill of 2 tokens after 2 cached
@@ -18,10 +22,7 @@ from tallow_attention_flashinfer.paging import host_page_args, page_list
 # 5 new tokens after 4 cached (pages of 4, 4, 1).
 QSL = [0, 1, 3, 4, 9]
 SEQ_LENS = [1, 4, 5, 9]
-TABLES = torch.tensor([[7, 99, 99],
-                       [2, 99, 99],
-                       [5, 9, 99],
-                       [0, 3, 8]], dtype=torch.int32)
+TABLES = torch.tensor([[7, 99, 99], [2, 99, 99], [5, 9, 99], [0, 3, 8]], dtype=torch.int32)
 
 
 def test_host_offsets_of_a_batch() -> None:
@@ -60,7 +61,7 @@ def test_page_list_matches_the_block_tables_on_random_batches(seed: int) -> None
     tables = torch.randint(0, 1000, (len(lens), width), dtype=torch.int32)
     want = [int(tables[i, j]) for i, n in enumerate(lens) for j in range(-(-n // block_size))]
     got = page_list(torch.tensor(lens, dtype=torch.int32), tables, block_size)
-    assert got[:len(want)].tolist() == want
+    assert got[: len(want)].tolist() == want
     args = host_page_args(list(range(len(lens) + 1)), lens, block_size)
     assert args.num_pages == len(want)
     ends = args.kv_indptr.tolist()
@@ -69,13 +70,16 @@ def test_page_list_matches_the_block_tables_on_random_batches(seed: int) -> None
         assert (ends[i + 1] - ends[i] - 1) * block_size + int(args.last_page_len[i]) == n
 
 
-@pytest.mark.parametrize("qsl, lens, message", [
-    ([0, 1], [1, 2], "query_start_loc must have 3 entries"),
-    ([0, 2, 2], [2, 3], "grow by at least 1"),
-    ([1, 2], [3], "must start at 0"),
-    ([0, 3], [2], r"seq_lens\[0\] = 2 is shorter than the sequence's 3 query rows"),
-    ([0], [], "one length per sequence"),
-])
+@pytest.mark.parametrize(
+    "qsl, lens, message",
+    [
+        ([0, 1], [1, 2], "query_start_loc must have 3 entries"),
+        ([0, 2, 2], [2, 3], "grow by at least 1"),
+        ([1, 2], [3], "must start at 0"),
+        ([0, 3], [2], r"seq_lens\[0\] = 2 is shorter than the sequence's 3 query rows"),
+        ([0], [], "one length per sequence"),
+    ],
+)
 def test_inconsistent_batches_are_refused(qsl, lens, message) -> None:
     with pytest.raises(ValueError, match=message):
         host_page_args(qsl, lens, block_size=16)

@@ -20,8 +20,9 @@ from tallow_attention_flashinfer.kinds import LayerKind
 
 
 class _Wrapper:
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", **kwargs: Any
+    ) -> None:
         self.float_workspace = float_workspace_buffer
         self.layout = kv_layout
         self.kwargs = kwargs
@@ -33,8 +34,9 @@ class _Wrapper:
     def plan(self, *args: Any, **kwargs: Any) -> None:
         self.plans.append((args, kwargs))
 
-    def run(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], *,
-            out: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], *, out: torch.Tensor
+    ) -> torch.Tensor:
         self.runs.append((q, kv, out))
         return out
 
@@ -57,16 +59,27 @@ def fake_flashinfer(monkeypatch):
 
 
 def backend(**settings: Any) -> FlashInferAttentionBackend:
-    cfg = types.SimpleNamespace(plugins=types.SimpleNamespace(
-        settings={"tallow-attention-flashinfer": {"workspace_mb": 16, **settings}}))
+    cfg = types.SimpleNamespace(
+        plugins=types.SimpleNamespace(
+            settings={"tallow-attention-flashinfer": {"workspace_mb": 16, **settings}}
+        )
+    )
     return FlashInferAttentionBackend(cfg)
 
 
 def step(query_lens, context_lens, *, heads=8, kv_heads=2, window=None, softcap=None):
-    return random_paged_step(query_lens=query_lens, context_lens=context_lens, num_heads=heads,
-                             num_kv_heads=kv_heads, head_dim=64, block_size=16,
-                             dtype=torch.bfloat16, sliding_window=window,
-                             logit_softcap=softcap, seed=len(query_lens))
+    return random_paged_step(
+        query_lens=query_lens,
+        context_lens=context_lens,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.bfloat16,
+        sliding_window=window,
+        logit_softcap=softcap,
+        seed=len(query_lens),
+    )
 
 
 def kind_of(s) -> LayerKind:
@@ -87,8 +100,13 @@ def test_a_step_with_prompts_is_planned_once_per_layer_kind(fake_flashinfer) -> 
     assert kv_indptr.tolist() == [0, 1, 3, 5]  # 5, 21 and 20 tokens over pages of 16
     assert last.tolist() == [5, 5, 4]
     tables = s.meta.block_tables
-    assert indices.tolist() == [int(tables[0, 0]), int(tables[1, 0]), int(tables[1, 1]),
-                                int(tables[2, 0]), int(tables[2, 1])]
+    assert indices.tolist() == [
+        int(tables[0, 0]),
+        int(tables[1, 0]),
+        int(tables[1, 1]),
+        int(tables[2, 0]),
+        int(tables[2, 1]),
+    ]
     assert (heads, kv_heads, head_dim, block) == (8, 2, 64, 16)
     assert kwargs["causal"] is True and kwargs["seq_lens"].tolist() == [5, 21, 20]
     assert kwargs["window_left"] == 7 and kwargs["logits_soft_cap"] == 30.0
@@ -157,13 +175,19 @@ def graph_meta(s, size: int, width: int):
     (padding rows: length 1)."""
     n = s.meta.num_seqs
     tables = torch.zeros(size, width, dtype=torch.int32)
-    tables[:n, :s.meta.block_tables.shape[1]] = s.meta.block_tables
+    tables[:n, : s.meta.block_tables.shape[1]] = s.meta.block_tables
     lens = s.meta.seq_lens_cpu + [1] * (size - n)
     return dataclasses.replace(
-        s.meta, num_seqs=size, num_tokens=size, block_tables=tables,
+        s.meta,
+        num_seqs=size,
+        num_tokens=size,
+        block_tables=tables,
         seq_lens=torch.tensor(lens, dtype=torch.int32),
         query_start_loc=torch.arange(size + 1, dtype=torch.int32),
-        query_start_loc_cpu=list(range(size + 1)), seq_lens_cpu=lens, cuda_graph=True)
+        query_start_loc_cpu=list(range(size + 1)),
+        seq_lens_cpu=lens,
+        cuda_graph=True,
+    )
 
 
 def test_cuda_graph_steps_plan_every_kind_up_front_into_fixed_buffers(fake_flashinfer) -> None:
@@ -206,12 +230,14 @@ def test_warm_up_steps_are_whole_batches(causal: bool, window) -> None:
     from tallow_attention_flashinfer.backend import _tiny_step
     from tallow_attention_flashinfer.paging import host_page_args
 
-    layer = AttentionLayer(0, 8, 2, 64, 0.125, sliding_window=window, logit_softcap=None,
-                           causal=causal)
+    layer = AttentionLayer(
+        0, 8, 2, 64, 0.125, sliding_window=window, logit_softcap=None, causal=causal
+    )
     kind = LayerKind.of(layer, torch.bfloat16, torch.float8_e4m3fn)
     codec = CastKVCodec(storage=torch.float8_e4m3fn)
-    like = allocate_layer(codec, num_kv_heads=2, head_dim=64, block_size=4, num_blocks=1,
-                          model_dtype=torch.bfloat16)
+    like = allocate_layer(
+        codec, num_kv_heads=2, head_dim=64, block_size=4, num_blocks=1, model_dtype=torch.bfloat16
+    )
     for query_lens, context_lens in (([3, 1], [2, 4] if causal else [0, 0]), ([1, 1], [5, 0])):
         lay, q, k, v, cache, meta = _tiny_step(kind, like, query_lens, context_lens)
         assert lay.sliding_window == window and lay.causal == causal
@@ -221,7 +247,14 @@ def test_warm_up_steps_are_whole_batches(causal: bool, window) -> None:
         assert args.num_pages == cache.num_blocks  # every page of the cache belongs to one
         assert meta.is_decode_only == (query_lens == [1, 1])
         store_cast_kv(cache["k"], cache["v"], k, v, meta.slot_mapping)
-        out = paged_attention_ref(q, cache, query_start_loc=meta.query_start_loc_cpu,
-                                  seq_lens=meta.seq_lens_cpu, block_tables=meta.block_tables,
-                                  scale=lay.scale, sliding_window=window, causal=causal)
+        out = paged_attention_ref(
+            q,
+            cache,
+            query_start_loc=meta.query_start_loc_cpu,
+            seq_lens=meta.seq_lens_cpu,
+            block_tables=meta.block_tables,
+            scale=lay.scale,
+            sliding_window=window,
+            causal=causal,
+        )
         assert out.shape == q.shape and bool(torch.isfinite(out.float()).all())

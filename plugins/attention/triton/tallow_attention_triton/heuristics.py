@@ -38,18 +38,26 @@ def cdiv(a: int, b: int) -> int:
 
 def head_dim_reasons(head_dim: int) -> list[str]:
     """Why the kernels cannot run this head size (empty when they can)."""
-    if not isinstance(head_dim, int) or head_dim < MIN_HEAD_DIM or head_dim > MAX_HEAD_DIM \
-            or head_dim % 16:
-        return [f"head size {head_dim!r} is not supported (expected a multiple of 16 in "
-                f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; tested: "
-                f"{', '.join(map(str, TESTED_HEAD_DIMS))})"]
+    if (
+        not isinstance(head_dim, int)
+        or head_dim < MIN_HEAD_DIM
+        or head_dim > MAX_HEAD_DIM
+        or head_dim % 16
+    ):
+        return [
+            f"head size {head_dim!r} is not supported (expected a multiple of 16 in "
+            f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; tested: "
+            f"{', '.join(map(str, TESTED_HEAD_DIMS))})"
+        ]
     return []
 
 
 def block_size_reasons(block_size: int) -> list[str]:
     if block_size not in BLOCK_SIZES:
-        return [f"cache.block_size {block_size!r} is not supported (expected one of "
-                f"{', '.join(map(str, BLOCK_SIZES))})"]
+        return [
+            f"cache.block_size {block_size!r} is not supported (expected one of "
+            f"{', '.join(map(str, BLOCK_SIZES))})"
+        ]
     return []
 
 
@@ -85,9 +93,15 @@ def dot_precision(elem_bytes: int) -> str:
     return "tf32x3" if elem_bytes >= 4 else "tf32"
 
 
-def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 90,
-                  windowed_or_capped: bool = False, cache_bytes: int = 2,
-                  codes: bool = False) -> PrefillTiles:
+def prefill_tiles(
+    head_dim: int,
+    group: int,
+    elem_bytes: int,
+    capability: int = 90,
+    windowed_or_capped: bool = False,
+    cache_bytes: int = 2,
+    codes: bool = False,
+) -> PrefillTiles:
     """Tiles for the prefill kernel. 16-bit inputs: sized to run without register spills on
     Hopper's wgmma and on Ampere's mma (checked by compiling for sm_80 and sm_90 in the tests;
     Ampere keeps accumulators in more registers, so it pipelines one stage less). fp32 inputs
@@ -111,12 +125,14 @@ def prefill_tiles(head_dim: int, group: int, elem_bytes: int, capability: int = 
     else:
         block_m, tile_n, warps, stages = 64, 16 if codes else 32, 8, 2
     block_m = max(block_m, next_pow2(group))
-    return PrefillTiles(block_m=block_m, block_q=block_m // group, tile_n=tile_n,
-                        num_warps=warps, num_stages=stages)
+    return PrefillTiles(
+        block_m=block_m, block_q=block_m // group, tile_n=tile_n, num_warps=warps, num_stages=stages
+    )
 
 
-def decode_tiles(head_dim: int, group: int, elem_bytes: int,
-                 cache_bytes: int | None = None, codes: bool = False) -> DecodeTiles:
+def decode_tiles(
+    head_dim: int, group: int, elem_bytes: int, cache_bytes: int | None = None, codes: bool = False
+) -> DecodeTiles:
     """Tiles for the decode kernel: 16 KiB of K (and of V) per step for 16-bit inputs, so each
     program keeps several loads in flight (the kernel is bandwidth-bound; the product shape
     matters little). fp32 takes 16-token steps to stay within registers.
@@ -156,12 +172,12 @@ def nibble_decode_tiles(head_dim: int, group: int, elem_bytes: int) -> DecodeTil
         return DecodeTiles(g_pad=g_pad, tile_n=16, num_warps=4, num_stages=2)
     if d_pad <= 128 and g_pad <= 16:
         return DecodeTiles(g_pad=g_pad, tile_n=32, num_warps=1, num_stages=3)
-    return DecodeTiles(g_pad=g_pad, tile_n=32 if d_pad > 128 else 64, num_warps=4,
-                       num_stages=2)
+    return DecodeTiles(g_pad=g_pad, tile_n=32 if d_pad > 128 else 64, num_warps=4, num_stages=2)
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, *, sm_count: int,
-                      max_seq_len: int | None, num_warps: int = 4) -> int:
+def decode_num_splits(
+    num_seqs: int, num_kv_heads: int, *, sm_count: int, max_seq_len: int | None, num_warps: int = 4
+) -> int:
     """How many partitions split-K decode cuts each sequence's context into.
 
     Enough (sequence, KV head, split) programs to fill the GPU (``PROGRAMS_PER_SM`` 4-warp

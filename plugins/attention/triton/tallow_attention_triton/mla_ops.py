@@ -26,16 +26,23 @@ from .ops import LOG2E, device_facts, interpreting
 #: heads per decode program (tl.dot needs 16 rows)
 BLOCK_H = 16
 #: cache dtypes the kernels read and write
-MLA_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn,
-                    torch.float8_e5m2)
+MLA_CACHE_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
 
 
 def mla_reasons(layer: MLALayer, cache: torch.Tensor, q: torch.Tensor) -> list[str]:
     """Why the kernels cannot run ``layer`` over ``cache`` with queries of ``q``'s dtype."""
     reasons = []
     if cache.dim() != 3 or cache.shape[-1] != layer.latent_width or cache.stride(-1) != 1:
-        reasons.append(f"the latent cache must be [blocks, block_size, {layer.latent_width}] "
-                       f"contiguous in its last dimension, got {list(cache.shape)}")
+        reasons.append(
+            f"the latent cache must be [blocks, block_size, {layer.latent_width}] "
+            f"contiguous in its last dimension, got {list(cache.shape)}"
+        )
     if cache.dtype not in MLA_CACHE_DTYPES:
         reasons.append(f"latent cache dtype {cache.dtype} is not supported")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -56,9 +63,17 @@ def store_latent(cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.
     if latent.stride(-1) != 1:
         latent = latent.contiguous()
     store_latent_kernel[(tokens,)](
-        latent, cache, slot_mapping, latent.stride(0), cache.stride(0), cache.stride(1),
-        WIDTH=width, W_PAD=next_pow2(width), BLOCK_SIZE=cache.shape[1],
-        SATURATE=cache_saturation(cache.dtype))
+        latent,
+        cache,
+        slot_mapping,
+        latent.stride(0),
+        cache.stride(0),
+        cache.stride(1),
+        WIDTH=width,
+        W_PAD=next_pow2(width),
+        BLOCK_SIZE=cache.shape[1],
+        SATURATE=cache_saturation(cache.dtype),
+    )
 
 
 def mla_num_splits(num_seqs: int, head_blocks: int, device: torch.device) -> int:
@@ -70,10 +85,18 @@ def mla_num_splits(num_seqs: int, head_blocks: int, device: torch.device) -> int
     return min(next_pow2(max(1, splits)), MAX_SPLITS)
 
 
-def mla_decode(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
-               seq_lens: torch.Tensor, block_tables: torch.Tensor, num_seqs: int, scale: float,
-               num_splits: int | None = None,
-               query_start_loc: torch.Tensor | None = None) -> torch.Tensor:
+def mla_decode(
+    q_lat: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_seqs: int,
+    scale: float,
+    num_splits: int | None = None,
+    query_start_loc: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Latent attention output (float32, [T, H, RANK]) of the single-query sequences
     (``q_lat`` [T, H, RANK], ``q_pe`` [T, H, ROPE]): sequence ``i``'s query is row ``i``, or
     with ``query_start_loc`` (a step with prompts too) row ``query_start_loc[i]``, and the
@@ -85,9 +108,9 @@ def mla_decode(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
     acc = torch.empty(num_seqs, splits, heads, rank, dtype=torch.float32, device=q_lat.device)
     ml = torch.empty(num_seqs, splits, heads, 2, dtype=torch.float32, device=q_lat.device)
     mixed = query_start_loc is not None
-    out = (torch.zeros if mixed else torch.empty)(q_lat.shape[0] if mixed else num_seqs, heads,
-                                                  rank, dtype=torch.float32,
-                                                  device=q_lat.device)
+    out = (torch.zeros if mixed else torch.empty)(
+        q_lat.shape[0] if mixed else num_seqs, heads, rank, dtype=torch.float32, device=q_lat.device
+    )
     qsl = query_start_loc if query_start_loc is not None else seq_lens  # unread unless mixed
     if num_seqs == 0:
         return out
@@ -96,23 +119,64 @@ def mla_decode(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, *,
     block_n, warps = (32, 8) if r_pad >= 256 else (64, 4)
     upcast = interpreting() and q_lat.dtype == torch.bfloat16
     mla_decode_split_kernel[(num_seqs, head_blocks, splits)](
-        q_lat, q_pe, cache, seq_lens, block_tables, qsl, acc, ml,
-        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
-        cache.stride(0), cache.stride(1), block_tables.stride(0), scale * LOG2E,
-        NUM_HEADS=heads, RANK=rank, ROPE=rope, R_PAD=r_pad, P_PAD=p_pad, BLOCK_H=BLOCK_H,
-        BLOCK_N=block_n, BLOCK_SIZE=cache.shape[1], NUM_SPLITS=splits,
-        PRECISION=dot_precision(q_lat.element_size()), UPCAST=upcast, MIXED=mixed,
-        num_warps=warps)
+        q_lat,
+        q_pe,
+        cache,
+        seq_lens,
+        block_tables,
+        qsl,
+        acc,
+        ml,
+        q_lat.stride(0),
+        q_lat.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        block_tables.stride(0),
+        scale * LOG2E,
+        NUM_HEADS=heads,
+        RANK=rank,
+        ROPE=rope,
+        R_PAD=r_pad,
+        P_PAD=p_pad,
+        BLOCK_H=BLOCK_H,
+        BLOCK_N=block_n,
+        BLOCK_SIZE=cache.shape[1],
+        NUM_SPLITS=splits,
+        PRECISION=dot_precision(q_lat.element_size()),
+        UPCAST=upcast,
+        MIXED=mixed,
+        num_warps=warps,
+    )
     mla_decode_reduce_kernel[(num_seqs, heads)](
-        acc, ml, out, qsl, out.stride(0), out.stride(1), NUM_HEADS=heads, RANK=rank,
-        R_PAD=r_pad, NUM_SPLITS=splits, S_PAD=max(2, next_pow2(splits)), MIXED=mixed)
+        acc,
+        ml,
+        out,
+        qsl,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=heads,
+        RANK=rank,
+        R_PAD=r_pad,
+        NUM_SPLITS=splits,
+        S_PAD=max(2, next_pow2(splits)),
+        MIXED=mixed,
+    )
     return out
 
 
-def forward_mla(layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
-                latent: torch.Tensor, cache: torch.Tensor, w_uk: torch.Tensor,
-                w_uv: torch.Tensor, meta: AttentionMetadata,
-                num_splits: int | None = None) -> torch.Tensor:
+def forward_mla(
+    layer: MLALayer,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latent: torch.Tensor,
+    cache: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    meta: AttentionMetadata,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """The triton backend's :meth:`~tallow.plugin.AttentionBackend.forward_mla`: decode
     rows (every row of a decode-only step, the single-query sequences of a mixed one) through
     the absorbed kernels, sequences with several queries through the prefill kernel over K/V
@@ -128,12 +192,20 @@ def forward_mla(layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor,
     if len(prompts) < meta.num_seqs:
         # [H, T, Dn] @ [H, Dn, R]: every head's latent query in one batched product
         q_lat = torch.bmm(q_nope[:n].transpose(0, 1), w_uk.to(q_nope.dtype)).transpose(0, 1)
-        o_lat = mla_decode(q_lat, q_pe[:n], cache, seq_lens=meta.seq_lens,
-                           block_tables=meta.block_tables, num_seqs=meta.num_seqs,
-                           scale=layer.scale, num_splits=num_splits,
-                           query_start_loc=None if decode_only else meta.query_start_loc)
-        out[:n] = torch.bmm(o_lat.to(q_nope.dtype).transpose(0, 1),
-                            w_uv.to(q_nope.dtype).transpose(1, 2)).transpose(0, 1)
+        o_lat = mla_decode(
+            q_lat,
+            q_pe[:n],
+            cache,
+            seq_lens=meta.seq_lens,
+            block_tables=meta.block_tables,
+            num_seqs=meta.num_seqs,
+            scale=layer.scale,
+            num_splits=num_splits,
+            query_start_loc=None if decode_only else meta.query_start_loc,
+        )
+        out[:n] = torch.bmm(
+            o_lat.to(q_nope.dtype).transpose(0, 1), w_uv.to(q_nope.dtype).transpose(1, 2)
+        ).transpose(0, 1)
     if prompts:
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
         prefill_expanded(layer, q_nope, q_pe, cache, w_uk, w_uv, meta, prompts, qsl, lens, out)

@@ -10,5 +10,6 @@ PRIORITY = 100
 
 @hookimpl
 def tallow_register_attention_backends(registry) -> None:
-    registry.register("triton", "tallow_attention_triton.backend:TritonAttentionBackend",
-                      priority=PRIORITY)
+    registry.register(
+        "triton", "tallow_attention_triton.backend:TritonAttentionBackend", priority=PRIORITY
+    )

@@ -45,11 +45,15 @@ class PagedCase:
         """Output rows [valid_rows, Hq, D] by the torch reference over ``cache`` (read through
         its codec's ``decode``)."""
         return paged_attention_ref(
-            self.q[:self.valid_rows], cache,
+            self.q[: self.valid_rows],
+            cache,
             query_start_loc=self.meta.query_start_loc.tolist(),
-            seq_lens=self.meta.seq_lens.tolist(), block_tables=self.meta.block_tables,
-            scale=self.layer.scale, sliding_window=self.layer.sliding_window,
-            logit_softcap=self.layer.logit_softcap, causal=self.layer.causal,
+            seq_lens=self.meta.seq_lens.tolist(),
+            block_tables=self.meta.block_tables,
+            scale=self.layer.scale,
+            sliding_window=self.layer.sliding_window,
+            logit_softcap=self.layer.logit_softcap,
+            causal=self.layer.causal,
             sinks=self.layer.sinks,
         )
 
@@ -65,17 +69,31 @@ def cast_codec(cache_dtype: torch.dtype) -> CastKVCodec:
     return CastKVCodec(storage=cache_dtype)
 
 
-def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
-              num_kv_heads: int, head_dim: int, block_size: int = 16,
-              dtype: torch.dtype = torch.bfloat16, cache_dtype: torch.dtype | None = None,
-              codec: KVCodec | None = None,
-              device: str | torch.device = "cpu", sliding_window: int | None = None,
-              logit_softcap: float | None = None, scale: float | None = None,
-              padding_rows: int = 0, spare_blocks: int = 3, num_blocks: int | None = None,
-              seed: int = 0, host_copies: bool = True, causal: bool = True,
-              head_scales: tuple[list[float], list[float]] | None = None,
-              key_offset: torch.Tensor | None = None,
-              sinks: torch.Tensor | None = None) -> PagedCase:
+def make_case(
+    *,
+    query_lens: list[int],
+    context_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    cache_dtype: torch.dtype | None = None,
+    codec: KVCodec | None = None,
+    device: str | torch.device = "cpu",
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    scale: float | None = None,
+    padding_rows: int = 0,
+    spare_blocks: int = 3,
+    num_blocks: int | None = None,
+    seed: int = 0,
+    host_copies: bool = True,
+    causal: bool = True,
+    head_scales: tuple[list[float], list[float]] | None = None,
+    key_offset: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> PagedCase:
     """A random batch; ``context_lens[i]`` earlier tokens of sequence ``i`` are already cached
     and its ``query_lens[i]`` tokens are this step's (their K/V still to be stored).
 
@@ -123,8 +141,14 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
         k = torch.randn(n, num_kv_heads, head_dim, generator=gen)
         return (k if key_offset is None else k + key_offset).to(dtype)
 
-    cache = allocate_layer(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                           block_size=block_size, num_blocks=num_blocks, model_dtype=dtype)
+    cache = allocate_layer(
+        codec,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        model_dtype=dtype,
+    )
     for tensor in cache.paged():
         poison_fill(tensor)
     if head_scales is not None:
@@ -139,8 +163,12 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
             slot = int(tables[i, p // block_size]) * block_size + p % block_size
             (ctx_slots if p < ctx else slots).append(slot)
     n_ctx = len(ctx_slots)
-    codec.encode(cache, keys(n_ctx), randn(n_ctx, num_kv_heads, head_dim),
-                 torch.tensor(ctx_slots, dtype=torch.int64))
+    codec.encode(
+        cache,
+        keys(n_ctx),
+        randn(n_ctx, num_kv_heads, head_dim),
+        torch.tensor(ctx_slots, dtype=torch.int64),
+    )
     n_tokens = sum(query_lens)
     slots += [-1] * padding_rows
     total = n_tokens + padding_rows
@@ -156,33 +184,49 @@ def make_case(*, query_lens: list[int], context_lens: list[int], num_heads: int,
         k_scale = cache["k_scale"][:, None] if "k_scale" in cache else 1.0
         v_scale = cache["v_scale"][:, None] if "v_scale" in cache else 1.0
         k_offset = cache["k_offset"] if "k_offset" in cache else 0.0
-        k = (((k.float() - k_offset) / k_scale).to(k_store.dtype).float() * k_scale
-             + k_offset).to(dtype)
+        k = (((k.float() - k_offset) / k_scale).to(k_store.dtype).float() * k_scale + k_offset).to(
+            dtype
+        )
         v = ((v.float() / v_scale).to(k_store.dtype).float() * v_scale).to(dtype)
     qsl = [0]
     for n in query_lens:
         qsl.append(qsl[-1] + n)
     dev = torch.device(device)
     meta = AttentionMetadata(
-        num_seqs=len(seq_lens), num_tokens=total,
+        num_seqs=len(seq_lens),
+        num_tokens=total,
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
         block_tables=tables.to(dev),
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        max_query_len=max(query_lens + [0]), max_seq_len=max(seq_lens + [0]),
+        max_query_len=max(query_lens + [0]),
+        max_seq_len=max(seq_lens + [0]),
         block_size=block_size,
         query_start_loc_cpu=qsl if host_copies else None,
         seq_lens_cpu=seq_lens if host_copies else None,
     )
-    layer = AttentionLayer(layer_index=0, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                           head_dim=head_dim,
-                           scale=scale if scale is not None else head_dim ** -0.5,
-                           sliding_window=sliding_window, logit_softcap=logit_softcap,
-                           causal=causal,
-                           sinks=None if sinks is None else sinks.float().to(dev))
-    return PagedCase(layer=layer, q=q.to(dev), k=k.to(dev), v=v.to(dev),
-                     kv_cache=to_device(cache, dev), meta=meta, valid_rows=n_tokens,
-                     query_lens=list(query_lens), seed=seed)
+    layer = AttentionLayer(
+        layer_index=0,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        scale=scale if scale is not None else head_dim**-0.5,
+        sliding_window=sliding_window,
+        logit_softcap=logit_softcap,
+        causal=causal,
+        sinks=None if sinks is None else sinks.float().to(dev),
+    )
+    return PagedCase(
+        layer=layer,
+        q=q.to(dev),
+        k=k.to(dev),
+        v=v.to(dev),
+        kv_cache=to_device(cache, dev),
+        meta=meta,
+        valid_rows=n_tokens,
+        query_lens=list(query_lens),
+        seed=seed,
+    )
 
 
 def poison_fill(tensor: torch.Tensor) -> None:
@@ -227,14 +271,17 @@ def grow_keys(case: PagedCase, step: float = 2.0, period: int = 20) -> PagedCase
         context = seq_len - case.query_lens[i] if i < len(case.query_lens) else seq_len
         if context <= 0:
             continue
-        blocks = tables[i, :-(-context // bs)].long()
+        blocks = tables[i, : -(-context // bs)].long()
         k, v = cache.codec.decode(cache, blocks.to(cache.device))
         pos = torch.arange(context)
         factor = 1.0 + step * ((pos // bs) % period).float()
         slots = blocks[pos // bs] * bs + pos % bs
-        cache.codec.encode(cache, (k[:context].cpu() * factor[:, None, None]).to(case.q.dtype)
-                           .to(cache.device), v[:context].to(case.q.dtype),
-                           slots.to(cache.device))
+        cache.codec.encode(
+            cache,
+            (k[:context].cpu() * factor[:, None, None]).to(case.q.dtype).to(cache.device),
+            v[:context].to(case.q.dtype),
+            slots.to(cache.device),
+        )
     return case
 
 
@@ -257,8 +304,7 @@ def relative_tolerance(dtype: torch.dtype) -> float:
 def widened(cache: torch.Tensor) -> torch.Tensor:
     """An 8-bit float cache tensor as float32 (exactly; NaN stays NaN), for comparisons torch
     does not implement on 8-bit floats; other tensors unchanged."""
-    return cache.float() if cache.dtype.is_floating_point and cache.dtype.itemsize == 1 \
-        else cache
+    return cache.float() if cache.dtype.is_floating_point and cache.dtype.itemsize == 1 else cache
 
 
 def assert_same_cache(got: LayerKVCache, expected: LayerKVCache, what: str) -> None:
@@ -269,9 +315,15 @@ def assert_same_cache(got: LayerKVCache, expected: LayerKVCache, what: str) -> N
         return
     for name, tensor in expected.tensors.items():
         torch.testing.assert_close(
-            widened(got[name]), widened(tensor), rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, name=name: f"KV cache tensor {name!r} after the store differs "
-                                     f"({what}): {m}")
+            widened(got[name]),
+            widened(tensor),
+            rtol=0,
+            atol=0,
+            equal_nan=True,
+            msg=lambda m, name=name: (
+                f"KV cache tensor {name!r} after the store differs ({what}): {m}"
+            ),
+        )
 
 
 def assert_close_turbo(got: LayerKVCache, expected: LayerKVCache, what: str) -> None:
@@ -285,8 +337,13 @@ def assert_close_turbo(got: LayerKVCache, expected: LayerKVCache, what: str) -> 
             assert torch.equal(got[name], expected[name]), f"{name} changed ({what})"
     for name in ("k_scales", "v_scales"):
         torch.testing.assert_close(
-            got[name].float(), expected[name].float(), rtol=2e-3, atol=0, equal_nan=True,
-            msg=lambda m, name=name: f"turbo {name} after the store differ ({what}): {m}")
+            got[name].float(),
+            expected[name].float(),
+            rtol=2e-3,
+            atol=0,
+            equal_nan=True,
+            msg=lambda m, name=name: f"turbo {name} after the store differ ({what}): {m}",
+        )
     blocks = torch.arange(expected.num_blocks, device=expected.device)
     got_kv, want_kv = got.codec.decode(got, blocks), expected.codec.decode(expected, blocks)
     for name, a, b in zip("kv", got_kv, want_kv):
@@ -294,8 +351,9 @@ def assert_close_turbo(got: LayerKVCache, expected: LayerKVCache, what: str) -> 
         assert torch.equal(nan_a, nan_b), f"turbo {name}: written where it should not be ({what})"
         a, b = a.nan_to_num(), b.nan_to_num()
         rel = float((a - b).norm() / b.norm().clamp_min(1e-30))
-        assert rel <= TURBO_CACHE_TOLERANCE, \
+        assert rel <= TURBO_CACHE_TOLERANCE, (
             f"turbo {name} after the store differs from the reference by {rel:.2e} ({what})"
+        )
 
 
 #: bound on ||decoded(kernel's cache) - decoded(reference cache)|| / ||decoded(reference)||
@@ -303,9 +361,11 @@ TURBO_CACHE_TOLERANCE = 0.02
 
 
 def describe(case: PagedCase) -> str:
-    return (f"seed {case.seed}, query_lens {case.query_lens}, seq_lens "
-            f"{case.meta.seq_lens.tolist()}, {case.layer}, dtype {case.q.dtype}, cache "
-            f"{case.kv_cache!r}")
+    return (
+        f"seed {case.seed}, query_lens {case.query_lens}, seq_lens "
+        f"{case.meta.seq_lens.tolist()}, {case.layer}, dtype {case.q.dtype}, cache "
+        f"{case.kv_cache!r}"
+    )
 
 
 def run_and_check(case: PagedCase, backend: object) -> torch.Tensor:
@@ -320,31 +380,43 @@ def run_and_check(case: PagedCase, backend: object) -> torch.Tensor:
     under a short sliding window a few keys carry all the weight, so comparing against the
     reference's own store would count that rounding a second time, in the output."""
     expected_cache = case.expected_cache()
-    out = backend.forward(case.layer, case.q, case.k, case.v, case.kv_cache,  # type: ignore[attr-defined]
-                          case.meta)
+    out = backend.forward(
+        case.layer,
+        case.q,
+        case.k,
+        case.v,
+        case.kv_cache,  # type: ignore[attr-defined]
+        case.meta,
+    )
     what = describe(case)
     assert_same_cache(case.kv_cache, expected_cache, what)
     # a turbo cache: the query and the output also pass through the rotation, rounded to the
     # activations' dtype on the way
     scale = 2.0 if turbo_ops.is_turbo(case.kv_cache) else 1.0
-    check_output(out[:case.valid_rows], case.reference_output(case.kv_cache), case.q.dtype,
-                 what, scale)
+    check_output(
+        out[: case.valid_rows], case.reference_output(case.kv_cache), case.q.dtype, what, scale
+    )
     return out
 
 
-def check_output(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype,
-                 what: str, scale: float = 1.0) -> None:
+def check_output(
+    got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str, scale: float = 1.0
+) -> None:
     """Attention output rows against the reference's: no NaN, within the tolerances of
     ``dtype`` (times ``scale``), and a bounded error relative to the whole output."""
     if torch.isnan(got).any():
         bad = torch.isnan(got).any(-1).any(-1).nonzero().flatten().tolist()
-        raise AssertionError(f"NaN in output rows {bad[:20]} ({what}): a read outside the "
-                             "sequence's blocks or of masked tokens")
+        raise AssertionError(
+            f"NaN in output rows {bad[:20]} ({what}): a read outside the "
+            "sequence's blocks or of masked tokens"
+        )
     tol = {key: value * scale for key, value in tolerance(dtype).items()}
-    torch.testing.assert_close(got, expected, **tol,
-                               msg=lambda m: f"attention output differs ({what}): {m}")
+    torch.testing.assert_close(
+        got, expected, **tol, msg=lambda m: f"attention output differs ({what}): {m}"
+    )
     # Outputs over long contexts are small averages: also bound the error relative to them.
     ref = expected.float()
     rel = float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-    assert rel <= relative_tolerance(dtype) * scale, \
+    assert rel <= relative_tolerance(dtype) * scale, (
         f"relative error {rel:.2e} of the attention output is too large ({what})"
+    )

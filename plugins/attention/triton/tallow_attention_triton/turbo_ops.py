@@ -47,47 +47,75 @@ def layout_reasons(layout: list[KVTensor]) -> list[str]:
     unknown = sorted(set(specs) - set(PAGED) - set(PER_LAYER))
     missing = [name for name in PAGED + ("rotation",) if name not in specs]
     if unknown or missing:
-        return ["its cache layout is not the turbo format ("
-                + "; ".join(part for part in (
+        return [
+            "its cache layout is not the turbo format ("
+            + "; ".join(
+                part
+                for part in (
                     f"unknown tensors {', '.join(unknown)}" if unknown else "",
-                    f"missing {', '.join(missing)}" if missing else "") if part)
-                + "; the torch backend serves layouts without a rotation)"]
+                    f"missing {', '.join(missing)}" if missing else "",
+                )
+                if part
+            )
+            + "; the torch backend serves layouts without a rotation)"
+        ]
     codes, rotation = specs["k_codes"], specs["rotation"]
     head_dim = rotation.shape[0]
     reasons = []
     for name, want_dtype, shape in (
-            ("k_codes", torch.uint8, codes.shape), ("v_codes", torch.uint8, codes.shape),
-            ("k_scales", torch.float16, codes.shape[:2]),
-            ("v_scales", torch.float16, codes.shape[:2]),
-            ("rotation", torch.float32, (head_dim, head_dim)),
-            *((name, torch.float32, (codes.shape[1], head_dim)) for name in PER_LAYER[:3])):
+        ("k_codes", torch.uint8, codes.shape),
+        ("v_codes", torch.uint8, codes.shape),
+        ("k_scales", torch.float16, codes.shape[:2]),
+        ("v_scales", torch.float16, codes.shape[:2]),
+        ("rotation", torch.float32, (head_dim, head_dim)),
+        *((name, torch.float32, (codes.shape[1], head_dim)) for name in PER_LAYER[:3]),
+    ):
         spec = specs.get(name)
         if spec is None:
             continue
-        if spec.dtype != want_dtype or tuple(spec.shape) != tuple(shape) \
-                or spec.per_block != (name in PAGED):
-            reasons.append(f"turbo tensor {name} is {list(spec.shape)} {spec.dtype}, expected "
-                           f"{list(shape)} {want_dtype}")
+        if (
+            spec.dtype != want_dtype
+            or tuple(spec.shape) != tuple(shape)
+            or spec.per_block != (name in PAGED)
+        ):
+            reasons.append(
+                f"turbo tensor {name} is {list(spec.shape)} {spec.dtype}, expected "
+                f"{list(shape)} {want_dtype}"
+            )
     if len(codes.shape) != 3 or not bits_of(head_dim, codes.shape[2]):
-        reasons.append(f"turbo codes of {list(codes.shape)} for head size {head_dim}: not "
-                       "8, 4 or 3 bits per code")
+        reasons.append(
+            f"turbo codes of {list(codes.shape)} for head size {head_dim}: not "
+            "8, 4 or 3 bits per code"
+        )
     return reasons
 
 
-def store_turbo_spec(*, num_kv_heads: int, head_dim: int, block_size: int, bits: int,
-                     pdl: bool = False) -> dict[str, object]:
+def store_turbo_spec(
+    *, num_kv_heads: int, head_dim: int, block_size: int, bits: int, pdl: bool = False
+) -> dict[str, object]:
     segments = {8: 1, 4: 2, 3: 8}[bits]
     seg_w = head_dim // segments
     # the rotation's product runs over 16 input coordinates at a time; 32 where the eight
     # 3-bit segments of a 256-wide head need fewer, larger steps (both: no register spills
     # on sm_90, test_compile.py)
     k_chunk = 32 if segments == 8 and head_dim > 128 else 16
-    return dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-                H_PAD=max(16, next_pow2(num_kv_heads)), D_PAD=max(k_chunk, next_pow2(head_dim)),
-                K_CHUNK=k_chunk,
-                BLOCK_SIZE=block_size, BITS=bits, SEGMENTS=segments, SEG_W=seg_w,
-                SEG_PAD=max(16, next_pow2(seg_w)), RMS_STEP=STEP_PER_RMS.get(bits, 0.0),
-                PRECISION=_fp32_precision(), num_warps=4, USE_PDL=pdl, launch_pdl=pdl)
+    return dict(
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        H_PAD=max(16, next_pow2(num_kv_heads)),
+        D_PAD=max(k_chunk, next_pow2(head_dim)),
+        K_CHUNK=k_chunk,
+        BLOCK_SIZE=block_size,
+        BITS=bits,
+        SEGMENTS=segments,
+        SEG_W=seg_w,
+        SEG_PAD=max(16, next_pow2(seg_w)),
+        RMS_STEP=STEP_PER_RMS.get(bits, 0.0),
+        PRECISION=_fp32_precision(),
+        num_warps=4,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
+    )
 
 
 def _fp32_precision() -> str:
@@ -96,8 +124,9 @@ def _fp32_precision() -> str:
     return "ieee" if ops.interpreting() else dot_precision(4)
 
 
-def store_turbo(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
+def store_turbo(
+    kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Encode ``k``/``v`` [T, Hkv, D] into the turbo cache at ``slot_mapping`` (-1 skips a
     row), as the codec's reference ``encode`` does."""
     n_tokens, n_kv, head_dim = k.shape
@@ -106,18 +135,40 @@ def store_turbo(kv_cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
     codes, scales = kv_cache["k_codes"], kv_cache["k_scales"]
-    spec = store_turbo_spec(num_kv_heads=n_kv, head_dim=head_dim, block_size=codes.shape[1],
-                            bits=bits_of(head_dim, codes.shape[3]), pdl=pdl_enabled(codes))
+    spec = store_turbo_spec(
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        block_size=codes.shape[1],
+        bits=bits_of(head_dim, codes.shape[3]),
+        pdl=pdl_enabled(codes),
+    )
     rotation = kv_cache["rotation"]
     k_offset, k_smooth, v_offset = (kv_cache.get(name) for name in PER_LAYER[:3])
     store_turbo_kernel[(n_tokens,)](
-        k, v, slot_mapping, codes, scales, kv_cache["v_codes"], kv_cache["v_scales"],
-        rotation if k_offset is None else k_offset, rotation if k_smooth is None else k_smooth,
-        rotation if v_offset is None else v_offset, rotation,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        codes.stride(0), codes.stride(1), codes.stride(2), scales.stride(0), scales.stride(1),
-        HAS_K_OFFSET=k_offset is not None, HAS_K_SMOOTH=k_smooth is not None,
-        HAS_V_OFFSET=v_offset is not None, **spec,
+        k,
+        v,
+        slot_mapping,
+        codes,
+        scales,
+        kv_cache["v_codes"],
+        kv_cache["v_scales"],
+        rotation if k_offset is None else k_offset,
+        rotation if k_smooth is None else k_smooth,
+        rotation if v_offset is None else v_offset,
+        rotation,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        codes.stride(0),
+        codes.stride(1),
+        codes.stride(2),
+        scales.stride(0),
+        scales.stride(1),
+        HAS_K_OFFSET=k_offset is not None,
+        HAS_K_SMOOTH=k_smooth is not None,
+        HAS_V_OFFSET=v_offset is not None,
+        **spec,
     )
 
 
@@ -130,7 +181,8 @@ def rotate_queries(q: torch.Tensor, kv_cache: LayerKVCache) -> torch.Tensor:
     smooth = kv_cache.get("k_smooth")
     if smooth is not None:
         x = (x.view(n, n_kv, n_heads // n_kv, head_dim) * smooth[None, :, None, :]).view(
-            n, n_heads, head_dim)
+            n, n_heads, head_dim
+        )
     return (x @ kv_cache["rotation"].T).to(q.dtype)
 
 
@@ -144,5 +196,6 @@ def restore_output(out: torch.Tensor, kv_cache: LayerKVCache) -> torch.Tensor:
     if offset is not None:
         n_kv = kv_cache.num_kv_heads
         x = (x.view(n, n_kv, n_heads // n_kv, head_dim) + offset[None, :, None, :]).view(
-            n, n_heads, head_dim)
+            n, n_heads, head_dim
+        )
     return x.to(out.dtype)

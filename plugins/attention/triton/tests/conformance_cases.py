@@ -22,8 +22,9 @@ class TestTritonConformance(AttentionBackendConformance):
     # so a coordinate on a rounding boundary may take the neighbouring code
     # (testing.TURBO_CACHE_TOLERANCE); queries and outputs are rotated in the activations'
     # dtype, one more rounding each way
-    kv_codec_store_tolerance = {name: TURBO_CACHE_TOLERANCE
-                                for name in ("turbo8", "turbo4", "turbo3")}
+    kv_codec_store_tolerance = {
+        name: TURBO_CACHE_TOLERANCE for name in ("turbo8", "turbo4", "turbo3")
+    }
     kv_codec_output_scale = {"turbo8": 2.0, "turbo4": 2.0, "turbo3": 2.0}
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
     light_modules = ("torch", "triton")
@@ -33,6 +34,5 @@ class TestTritonConformance(AttentionBackendConformance):
         if ops.interpreting():
             return "cpu"
         if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1 set before triton is "
-                        "imported)")
+            pytest.skip("needs a CUDA GPU (or TRITON_INTERPRET=1 set before triton is imported)")
         return "cuda"

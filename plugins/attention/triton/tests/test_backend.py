@@ -15,7 +15,11 @@ import tallow.builtins
 from tallow.kernels import CastKVCodec
 from tallow.layers import AttentionLayer
 from tallow.plugin import (
-    AttentionBackend, AttentionBackendRegistry, KVTensor, SelectionError, select,
+    AttentionBackend,
+    AttentionBackendRegistry,
+    KVTensor,
+    SelectionError,
+    select,
 )
 from tallow.plugin.testing import modules_imported_by_registration
 from tallow_attention_triton import heuristics, plugin
@@ -25,8 +29,13 @@ from tallow_attention_triton.testing import make_case
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(device: str = "auto", dtype: str = "auto", kv_codec: str = "auto",
-           block_size: int = 16, settings: dict | None = None) -> SimpleNamespace:
+def config(
+    device: str = "auto",
+    dtype: str = "auto",
+    kv_codec: str = "auto",
+    block_size: int = 16,
+    settings: dict | None = None,
+) -> SimpleNamespace:
     return SimpleNamespace(
         model=SimpleNamespace(device=device, dtype=dtype),
         cache=SimpleNamespace(kv_codec=kv_codec, block_size=block_size),
@@ -63,15 +72,20 @@ def test_registers_lazily_above_the_torch_reference() -> None:
 
 
 def test_registration_imports_no_torch() -> None:
-    assert modules_imported_by_registration(
-        "tallow_attention_triton.plugin", "tallow_register_attention_backends",
-        "AttentionBackendRegistry", watch=("torch", "triton")) == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_attention_triton.plugin",
+            "tallow_register_attention_backends",
+            "AttentionBackendRegistry",
+            watch=("torch", "triton"),
+        )
+        == []
+    )
 
 
 # -- validation and selection ----------------------------------------------------------------
 def test_validate_lists_every_reason_on_a_cpu_config() -> None:
-    reasons = TritonAttentionBackend.validate(config(device="cpu", dtype="int8",
-                                                     block_size=24))
+    reasons = TritonAttentionBackend.validate(config(device="cpu", dtype="int8", block_size=24))
     text = "\n".join(reasons)
     assert "model.device is 'cpu'" in text
     assert "model.dtype 'int8'" in text and "bfloat16" in text
@@ -80,8 +94,9 @@ def test_validate_lists_every_reason_on_a_cpu_config() -> None:
 
 
 def cast_layout(dtype: torch.dtype) -> list[KVTensor]:
-    return CastKVCodec(storage=dtype).layout(num_kv_heads=2, head_dim=64, block_size=16,
-                                             model_dtype=torch.bfloat16)
+    return CastKVCodec(storage=dtype).layout(
+        num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16
+    )
 
 
 def test_kv_codecs_it_serves() -> None:
@@ -95,26 +110,37 @@ def test_kv_codecs_it_serves() -> None:
         name = "fp8"
 
     be = TritonAttentionBackend()
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
-                  torch.float8_e5m2):
+    for dtype in (
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ):
         assert be.supports_kv_codec(Fp8(), cast_layout(dtype)) == []
     (reason,) = be.supports_kv_codec(Packed(), cast_layout(torch.bfloat16))
     assert "'packed4' is not implemented by this backend" in reason and "fp8_e5m2" in reason
     (reason,) = be.supports_kv_codec(Fp8(), cast_layout(torch.int8))
     assert "cache dtype torch.int8 is not supported" in reason and "float8_e4m3fn" in reason
-    scaled = CastKVCodec(per_head_scales=True).layout(num_kv_heads=2, head_dim=64,
-                                                      block_size=16, model_dtype=torch.bfloat16)
+    scaled = CastKVCodec(per_head_scales=True).layout(
+        num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16
+    )
     assert be.supports_kv_codec(Fp8(), scaled) == []  # a float32 scale per KV head
-    odd = [spec if spec.name != "v_scale" else KVTensor("v_scale", (2,), torch.float16, False)
-           for spec in scaled]
+    odd = [
+        spec if spec.name != "v_scale" else KVTensor("v_scale", (2,), torch.float16, False)
+        for spec in scaled
+    ]
     (reason,) = be.supports_kv_codec(Fp8(), odd)
     assert "not paged k and v tensors" in reason and "v_scale [2] torch.float16" in reason
     for scales in (False, True):  # centred keys: a float32 offset per KV head and channel
         centred = CastKVCodec(per_head_scales=scales, center_keys=True).layout(
-            num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16)
+            num_kv_heads=2, head_dim=64, block_size=16, model_dtype=torch.bfloat16
+        )
         assert be.supports_kv_codec(Fp8(), centred) == []
-    wrong = [spec if spec.name != "k_offset" else KVTensor("k_offset", (2,), torch.float32,
-                                                             False) for spec in centred]
+    wrong = [
+        spec if spec.name != "k_offset" else KVTensor("k_offset", (2,), torch.float32, False)
+        for spec in centred
+    ]
     (reason,) = be.supports_kv_codec(Fp8(), wrong)
     assert "k_offset [2] torch.float32" in reason
 
@@ -129,8 +155,9 @@ def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:
     be = TritonAttentionBackend(config(device="cuda:0"))
     reasons = be.supports_kv_codec(codec, cast_layout(torch.float8_e4m3fn))
     assert len(reasons) == 2  # k and v
-    assert "compute capability 8.9" in reasons[0] and "8.0" in reasons[0] \
-        and "fp8_e5m2" in reasons[0]
+    assert (
+        "compute capability 8.9" in reasons[0] and "8.0" in reasons[0] and "fp8_e5m2" in reasons[0]
+    )
     assert be.supports_kv_codec(codec, cast_layout(torch.float8_e5m2)) == []
     assert be.supports_kv_codec(codec, cast_layout(torch.bfloat16)) == []
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
@@ -140,7 +167,8 @@ def test_e4m3_cache_needs_ada_or_newer(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_validate_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert TritonAttentionBackend.validate(config()) == [
-        "no CUDA device (torch.cuda.is_available() is False)"]
+        "no CUDA device (torch.cuda.is_available() is False)"
+    ]
 
 
 def test_validate_checks_device_index_and_capability(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,8 +176,7 @@ def test_validate_checks_device_index_and_capability(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
-    assert TritonAttentionBackend.validate(config()) == [
-        "CUDA compute capability 7.5 is below 8.0"]
+    assert TritonAttentionBackend.validate(config()) == ["CUDA compute capability 7.5 is below 8.0"]
     assert "does not exist" in TritonAttentionBackend.validate(config(device="cuda:3"))[0]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     assert TritonAttentionBackend.validate(config(device="cuda:0", dtype="bfloat16")) == []
@@ -186,35 +213,49 @@ def test_unsupported_head_dims_are_named(head_dim: int) -> None:
 
 
 def test_forward_rejects_bad_inputs_with_the_field_named() -> None:
-    case = make_case(query_lens=[2, 1], context_lens=[3, 4], num_heads=4, num_kv_heads=2,
-                     head_dim=64, dtype=torch.float16)
+    case = make_case(
+        query_lens=[2, 1],
+        context_lens=[3, 4],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float16,
+    )
     be = TritonAttentionBackend()
     with pytest.raises(ValueError, match=r"q, k, v and meta.slot_mapping must have the same"):
         be.forward(case.layer, case.q, case.k[:2], case.v, case.kv_cache, case.meta)
     with pytest.raises(ValueError, match=r"q must be \[T, 4, 64\], got \[3, 2, 128\]"):
-        be.forward(case.layer, case.q.reshape(3, 2, 128), case.k, case.v, case.kv_cache,
-                   case.meta)
-    narrow = case.kv_cache.with_tensors({n: t[:, :, :1] for n, t in
-                                         case.kv_cache.tensors.items()})
-    with pytest.raises(ValueError, match=r"kv_cache must hold k and v of \[blocks, block_size, "
-                                         r"2, 64\]"):
+        be.forward(case.layer, case.q.reshape(3, 2, 128), case.k, case.v, case.kv_cache, case.meta)
+    narrow = case.kv_cache.with_tensors({n: t[:, :, :1] for n, t in case.kv_cache.tensors.items()})
+    with pytest.raises(
+        ValueError,
+        match=r"kv_cache must hold k and v of \[blocks, block_size, "
+        r"2, 64\]",
+    ):
         be.forward(case.layer, case.q, case.k, case.v, narrow, case.meta)
     with pytest.raises(ValueError, match=r"q dtype torch.int32 is not supported"):
-        be.forward(case.layer, case.q.to(torch.int32), case.k, case.v, case.kv_cache,
-                   case.meta)
+        be.forward(case.layer, case.q.to(torch.int32), case.k, case.v, case.kv_cache, case.meta)
     case.meta.block_size = 32
     with pytest.raises(ValueError, match=r"differs from meta.block_size 32"):
         be.forward(case.layer, case.q, case.k, case.v, case.kv_cache, case.meta)
 
 
 def test_forward_refuses_cpu_tensors_outside_the_interpreter(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    case = make_case(query_lens=[1], context_lens=[3], num_heads=2, num_kv_heads=2,
-                     head_dim=64, dtype=torch.float16)
+    case = make_case(
+        query_lens=[1],
+        context_lens=[3],
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float16,
+    )
     with pytest.raises(ValueError, match=r"needs CUDA tensors"):
-        TritonAttentionBackend().forward(case.layer, case.q, case.k, case.v, case.kv_cache,
-                                         case.meta)
+        TritonAttentionBackend().forward(
+            case.layer, case.q, case.k, case.v, case.kv_cache, case.meta
+        )
 
 
 # -- heuristics ----------------------------------------------------------------------------
@@ -243,16 +284,14 @@ def test_decode_splits_keep_the_warps_of_smaller_programs() -> None:
     four = heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=None)
     one = heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=None, num_warps=1)
     assert (four, one) == (16, 64)
-    assert heuristics.decode_num_splits(512, 8, sm_count=132, max_seq_len=None,
-                                        num_warps=1) == 1
+    assert heuristics.decode_num_splits(512, 8, sm_count=132, max_seq_len=None, num_warps=1) == 1
     assert heuristics.decode_num_splits(4, 8, sm_count=132, max_seq_len=300, num_warps=1) == 4
 
 
 @pytest.mark.parametrize("group", [1, 3, 4, 6, 8, 16, 32])
 @pytest.mark.parametrize(("elem_bytes", "cache_bytes"), [(2, None), (4, None), (2, 1), (4, 1)])
 @pytest.mark.parametrize("head_dim", heuristics.TESTED_HEAD_DIMS)
-def test_tile_shapes(group: int, elem_bytes: int, cache_bytes: int | None,
-                     head_dim: int) -> None:
+def test_tile_shapes(group: int, elem_bytes: int, cache_bytes: int | None, head_dim: int) -> None:
     p = heuristics.prefill_tiles(head_dim, group, elem_bytes)
     assert p.block_q >= 1 and p.block_q * group <= p.block_m
     assert p.block_m >= 16 and p.tile_n >= 16  # tensor-core products need 16 rows/cols

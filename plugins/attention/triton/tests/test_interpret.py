@@ -14,11 +14,23 @@ CASES = Path(__file__).with_name("kernel_cases.py")
 
 def test_kernels_under_the_triton_interpreter() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "--import-mode=importlib", "-x", "-rs", "-n", str(min(2, os.cpu_count() or 1)),
-           str(CASES)]  # independent cases: one interpreter process per core (up to two)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
-                          cwd=CASES.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        "-x",
+        "-rs",
+        "-n",
+        str(min(2, os.cpu_count() or 1)),
+        str(CASES),
+    ]  # independent cases: one interpreter process per core (up to two)
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=CASES.parent
+    )
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, f"kernel cases failed under TRITON_INTERPRET=1:\n{report}"
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report

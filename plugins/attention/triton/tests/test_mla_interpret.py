@@ -23,7 +23,23 @@ def test_mla_kernels_under_the_triton_interpreter() -> None:
 def test_mla_kernels_on_the_gpu() -> None:
     """The same cases compiled for the GPU, plus DeepSeek's own widths."""
     cases = Path(__file__).with_name("mla_cases.py")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--import-mode=importlib", "-o", "addopts=", "-x", str(cases)],
-                          capture_output=True, text=True, timeout=900, cwd=cases.parent)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--import-mode=importlib",
+            "-o",
+            "addopts=",
+            "-x",
+            str(cases),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=cases.parent,
+    )
     assert proc.returncode == 0 and "9 passed" in proc.stdout, proc.stdout[-4000:]

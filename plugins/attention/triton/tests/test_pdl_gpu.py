@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from tallow.kernels import (
-    LayerKVCache, compiled_with_pdl, off_then_on, set_pdl, unsupported_reason,
+    LayerKVCache,
+    compiled_with_pdl,
+    off_then_on,
+    set_pdl,
+    unsupported_reason,
 )
 from tallow_attention_triton import ops
 from tallow_attention_triton.backend import TritonAttentionBackend
@@ -60,9 +64,19 @@ def built_with_pdl(*kernels: Any) -> None:
 
 
 def decode_case(seed: int, padding_rows: int = 0) -> PagedCase:
-    return make_case(query_lens=[1] * len(CONTEXTS), context_lens=CONTEXTS, num_heads=32,
-                     num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
-                     device="cuda", padding_rows=padding_rows, host_copies=False, seed=seed)
+    return make_case(
+        query_lens=[1] * len(CONTEXTS),
+        context_lens=CONTEXTS,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        padding_rows=padding_rows,
+        host_copies=False,
+        seed=seed,
+    )
 
 
 @pytest.mark.parametrize("num_splits", [1, 8])
@@ -77,10 +91,18 @@ def test_decode_same_bits(num_splits: int, fused_store: bool) -> None:
         if not fused_store:
             ops.store_kv(cache, case.k, case.v, meta.slot_mapping)
         out = torch.zeros_like(case.q)
-        ops.decode_attention(case.q, cache, out, query_start_loc=meta.query_start_loc,
-                             seq_lens=meta.seq_lens, block_tables=meta.block_tables,
-                             num_seqs=meta.num_seqs, scale=case.layer.scale,
-                             num_splits=num_splits, **stored)
+        ops.decode_attention(
+            case.q,
+            cache,
+            out,
+            query_start_loc=meta.query_start_loc,
+            seq_lens=meta.seq_lens,
+            block_tables=meta.block_tables,
+            num_seqs=meta.num_seqs,
+            scale=case.layer.scale,
+            num_splits=num_splits,
+            **stored,
+        )
         return out, cache
 
     (out_off, cache_off), (out_on, cache_on) = off_then_on(run)
@@ -95,15 +117,21 @@ def test_decode_same_bits(num_splits: int, fused_store: bool) -> None:
 
 def test_mixed_batch_same_bits() -> None:
     """Prefill chunks beside decodes: store, prefill and mixed decode kernels."""
-    case = make_case(query_lens=[1, 300, 1, 33, 1], context_lens=[2000, 0, 64, 900, 5],
-                     num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
-                     device="cuda", seed=7)
+    case = make_case(
+        query_lens=[1, 300, 1, 33, 1],
+        context_lens=[2000, 0, 64, 900, 5],
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=7,
+    )
 
     def run() -> tuple[torch.Tensor, LayerKVCache]:
         cache = case.kv_cache.clone()
-        out = TritonAttentionBackend().forward(case.layer, case.q, case.k, case.v, cache,
-                                               case.meta)
-        return out[:case.valid_rows], cache
+        out = TritonAttentionBackend().forward(case.layer, case.q, case.k, case.v, cache, case.meta)
+        return out[: case.valid_rows], cache
 
     (out_off, cache_off), (out_on, cache_on) = off_then_on(run)
     same(out_on, out_off)
@@ -118,9 +146,14 @@ def test_graph_of_a_decode_chain_same_bits(num_splits: int) -> None:
     the chain run eagerly with PDL off."""
     case = decode_case(seed=10 + num_splits)
     meta = case.meta
-    common = dict(query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens,
-                  block_tables=meta.block_tables, num_seqs=meta.num_seqs,
-                  scale=case.layer.scale, num_splits=num_splits)
+    common = dict(
+        query_start_loc=meta.query_start_loc,
+        seq_lens=meta.seq_lens,
+        block_tables=meta.block_tables,
+        num_seqs=meta.num_seqs,
+        scale=case.layer.scale,
+        num_splits=num_splits,
+    )
     g = torch.Generator(device="cuda").manual_seed(num_splits)
 
     def noise(t: torch.Tensor) -> torch.Tensor:
@@ -134,18 +167,22 @@ def test_graph_of_a_decode_chain_same_bits(num_splits: int) -> None:
         return out
 
     inputs = [(case.q, case.k, case.v, case.kv_cache)] + [
-        (noise(case.q), noise(case.k), noise(case.v), moved(case.kv_cache)) for _ in range(2)]
+        (noise(case.q), noise(case.k), noise(case.v), moved(case.kv_cache)) for _ in range(2)
+    ]
 
-    def chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              cache: LayerKVCache) -> torch.Tensor:
+    def chain(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache
+    ) -> torch.Tensor:
         ops.store_kv(cache, k, v, meta.slot_mapping)
         a = ops.decode_attention(q, cache, torch.empty_like(q), **common)
-        b = ops.decode_attention(a, cache, torch.empty_like(q), k=k, v=v,
-                                 slot_mapping=meta.slot_mapping, **common)
+        b = ops.decode_attention(
+            a, cache, torch.empty_like(q), k=k, v=v, slot_mapping=meta.slot_mapping, **common
+        )
         return ops.decode_attention(b, cache, torch.empty_like(q), **common)
 
-    def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              cache: LayerKVCache) -> tuple[torch.Tensor, LayerKVCache]:
+    def eager(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKVCache
+    ) -> tuple[torch.Tensor, LayerKVCache]:
         cache = cache.clone()
         return chain(q, k, v, cache), cache
 

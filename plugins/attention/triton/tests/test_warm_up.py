@@ -34,6 +34,7 @@ class _Recorder:
     def __getitem__(self, grid: tuple[int, ...]):  # noqa: ANN204
         def launch(*args: Any, **variant: Any) -> None:
             self.seen.add((self.name, tuple(sorted(variant.items()))))
+
         return launch
 
 
@@ -47,9 +48,14 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> set[tuple[Any, ...]]:
     return seen
 
 
-def _batch(layer: AttentionLayer, dtype: torch.dtype, query_lens: list[int],
-           seq_lens: list[int], padding: int, host_copies: bool
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+def _batch(
+    layer: AttentionLayer,
+    dtype: torch.dtype,
+    query_lens: list[int],
+    seq_lens: list[int],
+    padding: int,
+    host_copies: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     """q/k/v and metadata of a batch of any size: nothing runs, so the values do not matter
     (and no cache of that size is needed), only the shapes and the metadata's numbers."""
     n_tokens = sum(query_lens)
@@ -58,14 +64,18 @@ def _batch(layer: AttentionLayer, dtype: torch.dtype, query_lens: list[int],
     for n in query_lens:
         qsl.append(qsl[-1] + n)
     meta = AttentionMetadata(
-        num_seqs=len(query_lens), num_tokens=total,
+        num_seqs=len(query_lens),
+        num_tokens=total,
         query_start_loc=torch.tensor(qsl, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         block_tables=torch.zeros(len(query_lens), 1, dtype=torch.int32),
         slot_mapping=torch.zeros(total, dtype=torch.int64),
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=16,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_size=16,
         query_start_loc_cpu=qsl if host_copies else None,
-        seq_lens_cpu=seq_lens if host_copies else None)
+        seq_lens_cpu=seq_lens if host_copies else None,
+    )
     q = torch.zeros(total, layer.num_heads, layer.head_dim, dtype=dtype)
     k = torch.zeros(total, layer.num_kv_heads, layer.head_dim, dtype=dtype)
     return q, k, k.clone(), meta
@@ -78,8 +88,10 @@ def _serving_batches(rng: random.Random, count: int):  # noqa: ANN202
     for _ in range(count):
         kind = rng.choice(["decode", "decode", "mixed", "prompt"])
         n = rng.choice([1, 2, 3, 5, 8, 13, 40, 96, 200, 511, 1000])
-        seq_lens = [rng.choice([1, 7, 100, MIN_TOKENS_PER_SPLIT + 1, 900, 3000, 9000, 40000])
-                    for _ in range(n)]
+        seq_lens = [
+            rng.choice([1, 7, 100, MIN_TOKENS_PER_SPLIT + 1, 900, 3000, 9000, 40000])
+            for _ in range(n)
+        ]
         if kind == "decode":
             query_lens, padding = [1] * n, rng.choice([0, 0, 3])
         elif kind == "mixed":
@@ -94,22 +106,41 @@ def _serving_batches(rng: random.Random, count: int):  # noqa: ANN202
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "window", "softcap"), [
-    (32, 8, 128, None, None),  # llama-3-8b
-    (16, 8, 64, 512, 30.0),    # a sliding-window, soft-capped layer
-    (8, 8, 256, None, None),   # 4-warp tiles even over an 8-bit cache
-])
-def test_warm_up_launches_what_serving_launches(launched: set[tuple[Any, ...]],
-                                                cache_dtype: torch.dtype, heads: int,
-                                                kv_heads: int, head_dim: int,
-                                                window: int | None,
-                                                softcap: float | None) -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "window", "softcap"),
+    [
+        (32, 8, 128, None, None),  # llama-3-8b
+        (16, 8, 64, 512, 30.0),  # a sliding-window, soft-capped layer
+        (8, 8, 256, None, None),  # 4-warp tiles even over an 8-bit cache
+    ],
+)
+def test_warm_up_launches_what_serving_launches(
+    launched: set[tuple[Any, ...]],
+    cache_dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    window: int | None,
+    softcap: float | None,
+) -> None:
     dtype = torch.bfloat16
-    layer = AttentionLayer(layer_index=3, num_heads=heads, num_kv_heads=kv_heads,
-                           head_dim=head_dim, scale=head_dim ** -0.5, sliding_window=window,
-                           logit_softcap=softcap)
-    cache = allocate_layer(cast_codec(cache_dtype), num_kv_heads=kv_heads, head_dim=head_dim,
-                           block_size=16, num_blocks=4, model_dtype=dtype)
+    layer = AttentionLayer(
+        layer_index=3,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        sliding_window=window,
+        logit_softcap=softcap,
+    )
+    cache = allocate_layer(
+        cast_codec(cache_dtype),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        block_size=16,
+        num_blocks=4,
+        model_dtype=dtype,
+    )
     be = TritonAttentionBackend()
     be.warm_up([layer, layer], [cache, cache], dtype)
     warmed = set(launched)
@@ -118,25 +149,36 @@ def test_warm_up_launches_what_serving_launches(launched: set[tuple[Any, ...]],
     launched.clear()
     rng = random.Random(7)
     for query_lens, seq_lens, padding in _serving_batches(rng, 150):
-        q, k, v, meta = _batch(layer, dtype, query_lens, seq_lens, padding,
-                               host_copies=rng.random() < 0.7)
+        q, k, v, meta = _batch(
+            layer, dtype, query_lens, seq_lens, padding, host_copies=rng.random() < 0.7
+        )
         be.forward(layer, q, k, v, cache, meta)
     served = set(launched)
     missing = served - warmed
     assert not missing, f"{len(missing)} variants compile while serving: {sorted(missing)[:2]}"
     # the batches reach what short warm-up prompts do not: split contexts beside prompts
-    assert any(name == "decode_split_kernel" and ("MIXED", True) in variant
-               and ("SINGLE_SPLIT", False) in variant for name, variant in served)
+    assert any(
+        name == "decode_split_kernel"
+        and ("MIXED", True) in variant
+        and ("SINGLE_SPLIT", False) in variant
+        for name, variant in served
+    )
     assert {name for name, _ in served} == set(KERNELS)
 
 
-def test_warm_up_leaves_the_given_caches_untouched(launched: set[tuple[Any, ...]],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_up_leaves_the_given_caches_untouched(
+    launched: set[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """It launches on caches of its own: the engine's caches only describe the layout."""
-    layer = AttentionLayer(layer_index=0, num_heads=4, num_kv_heads=2, head_dim=64,
-                           scale=0.125)
-    cache = allocate_layer(cast_codec(torch.bfloat16), num_kv_heads=2, head_dim=64,
-                           block_size=16, num_blocks=3, model_dtype=torch.bfloat16)
+    layer = AttentionLayer(layer_index=0, num_heads=4, num_kv_heads=2, head_dim=64, scale=0.125)
+    cache = allocate_layer(
+        cast_codec(torch.bfloat16),
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        num_blocks=3,
+        model_dtype=torch.bfloat16,
+    )
     for tensor in cache.tensors.values():
         tensor.fill_(5.0)
     ptrs: set[int] = set()
@@ -156,10 +198,17 @@ def test_warm_up_covers_the_steps_of_an_encoder(launched: set[tuple[Any, ...]]) 
     """A bidirectional (causal=False) layer, as all-MiniLM-L6-v2's: embedding steps hold whole
     inputs of any length, one-token inputs among them; warm-up launched every variant."""
     dtype = torch.bfloat16
-    layer = AttentionLayer(layer_index=0, num_heads=12, num_kv_heads=12, head_dim=32,
-                           scale=32 ** -0.5, causal=False)
-    cache = allocate_layer(cast_codec(dtype), num_kv_heads=12, head_dim=32, block_size=16,
-                           num_blocks=4, model_dtype=dtype)
+    layer = AttentionLayer(
+        layer_index=0, num_heads=12, num_kv_heads=12, head_dim=32, scale=32**-0.5, causal=False
+    )
+    cache = allocate_layer(
+        cast_codec(dtype),
+        num_kv_heads=12,
+        head_dim=32,
+        block_size=16,
+        num_blocks=4,
+        model_dtype=dtype,
+    )
     be = TritonAttentionBackend()
     be.warm_up([layer], [cache], dtype)
     warmed = set(launched)
@@ -168,11 +217,11 @@ def test_warm_up_covers_the_steps_of_an_encoder(launched: set[tuple[Any, ...]]) 
     for _ in range(60):
         n = rng.choice([1, 2, 7, 64, 256])
         query_lens = [rng.choice([1, 2, 9, 128, 512]) for _ in range(n)]
-        q, k, v, meta = _batch(layer, dtype, query_lens, list(query_lens), 0,
-                               host_copies=True)
+        q, k, v, meta = _batch(layer, dtype, query_lens, list(query_lens), 0, host_copies=True)
         be.forward(layer, q, k, v, cache, meta)
     served = set(launched)
-    assert any(name == "prefill_kernel" and ("CAUSAL", False) in variant
-               for name, variant in served)
+    assert any(
+        name == "prefill_kernel" and ("CAUSAL", False) in variant for name, variant in served
+    )
     missing = served - warmed
     assert not missing, f"{len(missing)} variants compile while serving: {sorted(missing)[:2]}"

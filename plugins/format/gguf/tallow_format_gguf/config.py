@@ -103,8 +103,10 @@ def config_from_metadata(
     """
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
-        raise ValueError("GGUF metadata key 'general.architecture' is missing; expected a "
-                         "model family name such as 'llama' or 'qwen2'")
+        raise ValueError(
+            "GGUF metadata key 'general.architecture' is missing; expected a "
+            "model family name such as 'llama' or 'qwen2'"
+        )
     config: dict[str, Any] = {"model_type": MODEL_TYPES.get(arch, arch)}
     for gguf_key, hf_key in ARCH_KEYS.items():
         value = metadata.get(f"{arch}.{gguf_key}")
@@ -112,8 +114,10 @@ def config_from_metadata(
             config[hf_key] = value
     for required in ("block_count", "embedding_length", "attention.head_count"):
         if f"{arch}.{required}" not in metadata:
-            raise ValueError(f"GGUF metadata key '{arch}.{required}' is missing; it is needed "
-                             f"for {ARCH_KEYS[required]}")
+            raise ValueError(
+                f"GGUF metadata key '{arch}.{required}' is missing; it is needed "
+                f"for {ARCH_KEYS[required]}"
+            )
 
     heads = config["num_attention_heads"]
     # Some families store a per-layer list of head counts; the uniform case collapses to an int.
@@ -150,8 +154,11 @@ def config_from_metadata(
     # The metadata does not say whether projections carry biases; the tensors do.
     config["attention_bias"] = "blk.0.attn_q.bias" in names
     config["mlp_bias"] = "blk.0.ffn_up.bias" in names
-    for hf_key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                             ("pad_token_id", "padding_token_id")):
+    for hf_key, gguf_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         config[hf_key] = metadata.get(f"tokenizer.ggml.{gguf_key}")
     if torch_dtype is not None:
         config["torch_dtype"] = torch_dtype

@@ -39,8 +39,9 @@ class _Metadata:
     def error(self, key: str, problem: str) -> ModelFileError:
         return ModelFileError(self.path, self.field(key), problem)
 
-    def count(self, key: str, *, required: bool = False, least: int = 1,
-              per_layer: int | None = None) -> int | list[int] | None:
+    def count(
+        self, key: str, *, required: bool = False, least: int = 1, per_layer: int | None = None
+    ) -> int | list[int] | None:
         """An integer count (or, with ``per_layer`` blocks, one per block) of at least ``least``."""
         value = self.metadata.get(f"{self.arch}.{key}")
         if value is None:
@@ -67,8 +68,9 @@ def _rows(tensor: GGUFTensor) -> int:
     return tensor.shape[-1]
 
 
-def check_metadata_against_tensors(path: pathlib.Path, metadata: Mapping[str, Any],
-                                   tensors: Mapping[str, GGUFTensor]) -> None:
+def check_metadata_against_tensors(
+    path: pathlib.Path, metadata: Mapping[str, Any], tensors: Mapping[str, GGUFTensor]
+) -> None:
     """Raise :class:`ModelFileError` naming the metadata key whose count the tensors deny.
 
     A file without tensors (a vocabulary-only GGUF) is not compared; the engine refuses to
@@ -77,8 +79,11 @@ def check_metadata_against_tensors(path: pathlib.Path, metadata: Mapping[str, An
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         found = "missing" if arch is None else f"{arch!r}"
-        raise ModelFileError(path, "metadata 'general.architecture'",
-                             f"{found}; expected the model family name (e.g. 'llama', 'qwen2')")
+        raise ModelFileError(
+            path,
+            "metadata 'general.architecture'",
+            f"{found}; expected the model family name (e.g. 'llama', 'qwen2')",
+        )
     if not tensors:
         return
     meta = _Metadata(path, metadata, arch)
@@ -91,19 +96,26 @@ def check_metadata_against_tensors(path: pathlib.Path, metadata: Mapping[str, An
         for i in range(blocks):
             up = tensors.get(f"blk.{i}.ffn_up.weight")
             if up is not None and _at(ffn, i) > _rows(up):
-                raise meta.error("feed_forward_length", f"{_at(ffn, i)}, but tensor "
-                                                        f"{up.name!r} has {_rows(up):,} rows")
+                raise meta.error(
+                    "feed_forward_length",
+                    f"{_at(ffn, i)}, but tensor {up.name!r} has {_rows(up):,} rows",
+                )
     experts = meta.count("expert_count", least=0)
     if experts:
         for i in range(blocks):
             up = tensors.get(f"blk.{i}.ffn_up_exps.weight")
             if up is not None and up.shape[-1] != experts:
-                raise meta.error("expert_count", f"{experts}, but tensor {up.name!r} holds "
-                                                 f"{up.shape[-1]} experts")
+                raise meta.error(
+                    "expert_count",
+                    f"{experts}, but tensor {up.name!r} holds {up.shape[-1]} experts",
+                )
     context = meta.count("context_length")
     if context is not None and context > MAX_CONTEXT_LENGTH:
-        raise meta.error("context_length", f"{context} tokens is beyond any model's context "
-                                           f"(at most {MAX_CONTEXT_LENGTH:,} is accepted)")
+        raise meta.error(
+            "context_length",
+            f"{context} tokens is beyond any model's context "
+            f"(at most {MAX_CONTEXT_LENGTH:,} is accepted)",
+        )
 
 
 #: vocabulary arrays: key -> (what each item must be, its description)
@@ -126,20 +138,32 @@ def check_vocabulary(path: pathlib.Path, metadata: Mapping[str, Any]) -> None:
         if items is None:
             continue
         if not isinstance(items, list):
-            raise ModelFileError(path, f"metadata '{key}'", f"a {type(items).__name__}; "
-                                                            f"expected a list of {description}")
-        wrong = next((i for i, item in enumerate(items)
-                      if not isinstance(item, kinds) or isinstance(item, bool)), None)
+            raise ModelFileError(
+                path,
+                f"metadata '{key}'",
+                f"a {type(items).__name__}; expected a list of {description}",
+            )
+        wrong = next(
+            (
+                i
+                for i, item in enumerate(items)
+                if not isinstance(item, kinds) or isinstance(item, bool)
+            ),
+            None,
+        )
         if wrong is not None:
-            raise ModelFileError(path, f"metadata '{key}'", f"item {wrong} is "
-                                                            f"{items[wrong]!r}; expected "
-                                                            f"{description}")
+            raise ModelFileError(
+                path,
+                f"metadata '{key}'",
+                f"item {wrong} is {items[wrong]!r}; expected {description}",
+            )
     tokens = metadata.get("tokenizer.ggml.tokens")
     for key in _PER_TOKEN:
         items = metadata.get(key)
         if tokens is not None and items is not None and len(items) != len(tokens):
-            raise ModelFileError(path, f"metadata '{key}'", f"{len(items)} entries for "
-                                                            f"{len(tokens)} tokens")
+            raise ModelFileError(
+                path, f"metadata '{key}'", f"{len(items)} entries for {len(tokens)} tokens"
+            )
 
 
 def _check_blocks(meta: _Metadata, tensors: Mapping[str, GGUFTensor]) -> int:
@@ -147,17 +171,21 @@ def _check_blocks(meta: _Metadata, tensors: Mapping[str, GGUFTensor]) -> int:
     assert isinstance(count, int)
     present = {int(m[1]) for name in tensors if (m := _BLOCK.match(name))}
     if not present:
-        raise meta.error("block_count", f"{count}, but the file holds no block tensors "
-                                        "(blk.<i>.*)")
+        raise meta.error("block_count", f"{count}, but the file holds no block tensors (blk.<i>.*)")
     held = max(present) + 1
     if count != held:
-        raise meta.error("block_count", f"{count}, but the file holds tensors for {held} "
-                                        f"blocks (blk.0 ... blk.{held - 1})")
+        raise meta.error(
+            "block_count",
+            f"{count}, but the file holds tensors for {held} blocks (blk.0 ... blk.{held - 1})",
+        )
     absent = sorted(set(range(held)) - present)
     if absent:
-        raise meta.error("block_count", f"{count}, but the file holds no tensors for block"
-                                        f"{'s' if len(absent) > 1 else ''} "
-                                        f"{', '.join(map(str, absent[:10]))}")
+        raise meta.error(
+            "block_count",
+            f"{count}, but the file holds no tensors for block"
+            f"{'s' if len(absent) > 1 else ''} "
+            f"{', '.join(map(str, absent[:10]))}",
+        )
     return count
 
 
@@ -166,12 +194,16 @@ def _check_embedding(meta: _Metadata, tensors: Mapping[str, GGUFTensor], hidden:
     if embedding is None:
         return
     if len(embedding.shape) != 2:
-        raise ModelFileError(meta.path, f"tensor {embedding.name!r}",
-                             f"shape {list(embedding.shape)}; expected [hidden, vocabulary]")
+        raise ModelFileError(
+            meta.path,
+            f"tensor {embedding.name!r}",
+            f"shape {list(embedding.shape)}; expected [hidden, vocabulary]",
+        )
     width, rows = embedding.shape
     if hidden != width:
-        raise meta.error("embedding_length", f"{hidden}, but tensor {embedding.name!r} has "
-                                             f"rows of {width:,}")
+        raise meta.error(
+            "embedding_length", f"{hidden}, but tensor {embedding.name!r} has rows of {width:,}"
+        )
     vocab_size = meta.count("vocab_size")
     tokens = meta.metadata.get("tokenizer.ggml.tokens")
     if vocab_size is not None:
@@ -181,16 +213,21 @@ def _check_embedding(meta: _Metadata, tensors: Mapping[str, GGUFTensor], hidden:
     else:
         return
     if declared != rows:
-        raise ModelFileError(meta.path, field, f"{declared} tokens, but tensor "
-                                               f"{embedding.name!r} has {rows:,} rows")
+        raise ModelFileError(
+            meta.path, field, f"{declared} tokens, but tensor {embedding.name!r} has {rows:,} rows"
+        )
     output = tensors.get("output.weight")
     if output is not None and _rows(output) != rows:
-        raise ModelFileError(meta.path, f"tensor {output.name!r}",
-                             f"{_rows(output):,} rows, but the vocabulary has {rows:,} tokens")
+        raise ModelFileError(
+            meta.path,
+            f"tensor {output.name!r}",
+            f"{_rows(output):,} rows, but the vocabulary has {rows:,} tokens",
+        )
 
 
-def _check_heads(meta: _Metadata, tensors: Mapping[str, GGUFTensor], blocks: int,
-                 hidden: Any) -> None:
+def _check_heads(
+    meta: _Metadata, tensors: Mapping[str, GGUFTensor], blocks: int, hidden: Any
+) -> None:
     heads = meta.count("attention.head_count", required=True, per_layer=blocks)
     kv_heads = meta.count("attention.head_count_kv", least=0, per_layer=blocks)
     key_length = meta.count("attention.key_length")
@@ -203,17 +240,25 @@ def _check_heads(meta: _Metadata, tensors: Mapping[str, GGUFTensor], blocks: int
         elif n_head and hidden % n_head == 0:
             head_dim = hidden // n_head
         elif n_head:
-            raise meta.error("attention.head_count", f"{n_head} heads do not divide "
-                                                     f"embedding_length {hidden} (and "
-                                                     "attention.key_length is not given)")
+            raise meta.error(
+                "attention.head_count",
+                f"{n_head} heads do not divide "
+                f"embedding_length {hidden} (and "
+                "attention.key_length is not given)",
+            )
         else:
             continue  # a layer without attention
         value_dim = value_length if value_length is not None else head_dim
         # At least as many rows as the heads need: some families store more (a gate beside Q).
-        for suffix, key, count, dim in (("attn_q", "attention.head_count", n_head, head_dim),
-                                        ("attn_k", "attention.head_count_kv", n_kv, head_dim),
-                                        ("attn_v", "attention.head_count_kv", n_kv, value_dim)):
+        for suffix, key, count, dim in (
+            ("attn_q", "attention.head_count", n_head, head_dim),
+            ("attn_k", "attention.head_count_kv", n_kv, head_dim),
+            ("attn_v", "attention.head_count_kv", n_kv, value_dim),
+        ):
             tensor = tensors.get(f"blk.{i}.{suffix}.weight")
             if tensor is not None and count * dim > _rows(tensor):
-                raise meta.error(key, f"{count} heads of {dim} need {count * dim:,} rows, "
-                                      f"but tensor {tensor.name!r} has {_rows(tensor):,}")
+                raise meta.error(
+                    key,
+                    f"{count} heads of {dim} need {count * dim:,} rows, "
+                    f"but tensor {tensor.name!r} has {_rows(tensor):,}",
+                )

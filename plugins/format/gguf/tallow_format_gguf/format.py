@@ -17,10 +17,15 @@ from .tokenizer import TokenizerBuildError, build_tokenizer
 log = logging.getLogger("tallow.gguf")
 
 #: Array-valued metadata that is the vocabulary itself: kept out of ``extra["gguf_metadata"]``.
-VOCAB_ARRAY_KEYS = frozenset({
-    "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-    "tokenizer.ggml.scores", "tokenizer.ggml.precompiled_charsmap",
-})
+VOCAB_ARRAY_KEYS = frozenset(
+    {
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.precompiled_charsmap",
+    }
+)
 #: Any other list longer than this is left out of the plain metadata too.
 MAX_PLAIN_LIST = 65536
 
@@ -28,7 +33,8 @@ MAX_PLAIN_LIST = 65536
 def plain_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     """The metadata without the vocabulary arrays (and any other very long list)."""
     return {
-        key: value for key, value in metadata.items()
+        key: value
+        for key, value in metadata.items()
         if key not in VOCAB_ARRAY_KEYS
         and not (isinstance(value, list) and len(value) > MAX_PLAIN_LIST)
     }
@@ -67,11 +73,15 @@ class GGUFFormat(WeightFormat):
             raise FileNotFoundError(f"model.source {source!r}: no such GGUF file")
         started = time.perf_counter()
         checkpoint = self.checkpoint(open_gguf(path), source=str(path))
-        log.info("read GGUF %s (%s, %d tensors, %d file%s) in %.1fs", path.name,
-                 checkpoint.architecture, len(checkpoint.extra["gguf_tensor_types"]),
-                 len(checkpoint.extra["gguf_files"]),
-                 "s" if len(checkpoint.extra["gguf_files"]) > 1 else "",
-                 time.perf_counter() - started)
+        log.info(
+            "read GGUF %s (%s, %d tensors, %d file%s) in %.1fs",
+            path.name,
+            checkpoint.architecture,
+            len(checkpoint.extra["gguf_tensor_types"]),
+            len(checkpoint.extra["gguf_files"]),
+            "s" if len(checkpoint.extra["gguf_files"]) > 1 else "",
+            time.perf_counter() - started,
+        )
         return checkpoint
 
     def checkpoint(self, model: GGUFModelFile, source: str | None = None) -> Checkpoint:
@@ -97,8 +107,9 @@ class GGUFFormat(WeightFormat):
         types = [(type_name(t), len(t.shape)) for t in model.tensors.values()]
         vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer else None
         try:
-            config = config_from_metadata(metadata, model.tensors.keys(), vocab_size=vocab,
-                                          torch_dtype=torch_dtype_of(types))
+            config = config_from_metadata(
+                metadata, model.tensors.keys(), vocab_size=vocab, torch_dtype=torch_dtype_of(types)
+            )
         except ValueError as exc:  # names the key, not the file
             raise ModelFileError(path, None, str(exc)) from None
         return Checkpoint(
@@ -110,7 +121,8 @@ class GGUFFormat(WeightFormat):
             tokenizer=tokenizer,
             tokenizer_config=tokenizer_config,
             generation_config=generation_config,
-            quantization="gguf" if any(is_block_quantized(t) for t in model.tensors.values())
+            quantization="gguf"
+            if any(is_block_quantized(t) for t in model.tensors.values())
             else None,
             extra=extra,
             tensor_shapes={name: logical_shape(t) for name, t in model.tensors.items()},
@@ -122,8 +134,13 @@ def _iter_tensors(model: GGUFModelFile) -> Iterator[tuple[str, Any]]:
     """One tensor at a time, with a progress bar (shown on a terminal only)."""
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(model.tensors), desc="Reading GGUF tensors", unit="tensor",
-              disable=None, leave=False) as bar:
+    with tqdm(
+        total=len(model.tensors),
+        desc="Reading GGUF tensors",
+        unit="tensor",
+        disable=None,
+        leave=False,
+    ) as bar:
         for name, tensor in model.tensors.items():
             yield name, read_tensor(tensor)
             bar.update(1)

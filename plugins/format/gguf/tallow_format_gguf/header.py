@@ -63,9 +63,12 @@ _SCALARS: dict[GGUFValueType, tuple[struct.Struct, np.dtype]] = {
 }
 #: tensor types stored as plain numbers, and the numpy dtype of their data
 _PLAIN_DTYPES: dict[GGMLQuantizationType, np.dtype] = {
-    GGMLQuantizationType.F32: np.dtype("<f4"), GGMLQuantizationType.F16: np.dtype("<f2"),
-    GGMLQuantizationType.F64: np.dtype("<f8"), GGMLQuantizationType.I8: np.dtype("<i1"),
-    GGMLQuantizationType.I16: np.dtype("<i2"), GGMLQuantizationType.I32: np.dtype("<i4"),
+    GGMLQuantizationType.F32: np.dtype("<f4"),
+    GGMLQuantizationType.F16: np.dtype("<f2"),
+    GGMLQuantizationType.F64: np.dtype("<f8"),
+    GGMLQuantizationType.I8: np.dtype("<i1"),
+    GGMLQuantizationType.I16: np.dtype("<i2"),
+    GGMLQuantizationType.I32: np.dtype("<i4"),
     GGMLQuantizationType.I64: np.dtype("<i8"),
 }
 
@@ -96,8 +99,9 @@ class GGUFTensor:
         if dtype is None:
             dtype, dims = np.dtype(np.uint8), quant_shape_to_byte_shape(dims, self.tensor_type)
         count = self.n_bytes // dtype.itemsize
-        return np.frombuffer(self.buffer, dtype=dtype, count=count,
-                             offset=self.data_offset).reshape(dims)
+        return np.frombuffer(
+            self.buffer, dtype=dtype, count=count, offset=self.data_offset
+        ).reshape(dims)
 
 
 @dataclass
@@ -132,9 +136,12 @@ class _Cursor:
 
     def need(self, n: int, field: str, what: str) -> None:
         if n > self.remaining:
-            raise self.error(field, f"{what} of {n:,} bytes at offset {self.pos:,} runs past the "
-                                    f"end of the file ({self.size:,} bytes): the file is "
-                                    "truncated (or a length or count before it is corrupt)")
+            raise self.error(
+                field,
+                f"{what} of {n:,} bytes at offset {self.pos:,} runs past the "
+                f"end of the file ({self.size:,} bytes): the file is "
+                "truncated (or a length or count before it is corrupt)",
+            )
 
     def unpack(self, fmt: struct.Struct, field: str) -> Any:
         self.need(fmt.size, field, "a value")
@@ -151,12 +158,13 @@ class _Cursor:
     def string(self, field: str) -> str:
         length = self.u64(field)
         self.need(length, field, "a string")
-        raw = self.buffer[self.pos:self.pos + length]
+        raw = self.buffer[self.pos : self.pos + length]
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise self.error(field, f"is not valid UTF-8 ({exc.reason} at byte {exc.start} of "
-                                    "the string)") from None
+            raise self.error(
+                field, f"is not valid UTF-8 ({exc.reason} at byte {exc.start} of the string)"
+            ) from None
         self.pos += length
         return text
 
@@ -166,8 +174,10 @@ class _Cursor:
         try:
             return GGUFValueType(raw)
         except ValueError:
-            raise self.error(field, f"unknown value type {raw} at offset {at:,} (known: 0 to "
-                                    f"{max(GGUFValueType)})") from None
+            raise self.error(
+                field,
+                f"unknown value type {raw} at offset {at:,} (known: 0 to {max(GGUFValueType)})",
+            ) from None
 
     def value(self, kind: GGUFValueType, field: str) -> Any:
         if kind is GGUFValueType.STRING:
@@ -182,12 +192,16 @@ class _Cursor:
             raise self.error(field, f"arrays nested more than {MAX_ARRAY_DEPTH} deep")
         item = self.value_type(field + " (array item type)")
         count = self.u64(field + " (array length)")
-        least = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}.get(item) \
-            or _SCALARS[item][1].itemsize
+        least = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}.get(item) or _SCALARS[item][
+            1
+        ].itemsize
         if count * least > self.remaining:
-            raise self.error(field, f"an array of {count:,} {item.name} items needs at least "
-                                    f"{count * least:,} bytes but {self.remaining:,} remain: "
-                                    "the length is corrupt or the file is truncated")
+            raise self.error(
+                field,
+                f"an array of {count:,} {item.name} items needs at least "
+                f"{count * least:,} bytes but {self.remaining:,} remain: "
+                "the length is corrupt or the file is truncated",
+            )
         if item in _SCALARS:
             dtype = _SCALARS[item][1]
             values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos)
@@ -213,7 +227,7 @@ class _Cursor:
                 self.pos = pos
                 self.need(length, f"{field}[{i}]", "a string")
             try:
-                append(buffer[pos:pos + length].decode("utf-8"))
+                append(buffer[pos : pos + length].decode("utf-8"))
             except UnicodeDecodeError as exc:
                 raise self.error(f"{field}[{i}]", f"is not valid UTF-8 ({exc.reason})") from None
             pos += length
@@ -231,32 +245,52 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     path = pathlib.Path(path)
     size = path.stat().st_size
     if size < _HEADER_BYTES:
-        raise ModelFileError(path, None, f"{size} bytes is too short to be a GGUF file (the "
-                                         f"header alone takes {_HEADER_BYTES}); it is truncated "
-                                         "or not a GGUF file")
+        raise ModelFileError(
+            path,
+            None,
+            f"{size} bytes is too short to be a GGUF file (the "
+            f"header alone takes {_HEADER_BYTES}); it is truncated "
+            "or not a GGUF file",
+        )
     with open(path, "rb") as f:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     cursor = _Cursor(path, buffer, size)
     magic = buffer[:4]
     if magic != MAGIC:
-        raise cursor.error("header", f"starts with {magic!r} instead of the GGUF magic "
-                                     f"{MAGIC!r}; not a GGUF file")
+        raise cursor.error(
+            "header", f"starts with {magic!r} instead of the GGUF magic {MAGIC!r}; not a GGUF file"
+        )
     cursor.pos = 4
     version = cursor.u32("header 'version'")
     if version not in VERSIONS:
         if int.from_bytes(version.to_bytes(4, "little"), "big") in VERSIONS:
-            raise cursor.error("header 'version'", "the file is big-endian; tallow reads "
-                                                   "little-endian GGUF files only")
-        raise cursor.error("header 'version'", f"GGUF version {version} is not supported "
-                                               f"(versions {', '.join(map(str, VERSIONS))} are)")
+            raise cursor.error(
+                "header 'version'",
+                "the file is big-endian; tallow reads little-endian GGUF files only",
+            )
+        raise cursor.error(
+            "header 'version'",
+            f"GGUF version {version} is not supported "
+            f"(versions {', '.join(map(str, VERSIONS))} are)",
+        )
     tensor_count = cursor.u64("header 'tensor_count'")
     kv_count = cursor.u64("header 'kv_count'")
     _check_count(cursor, "header 'kv_count'", kv_count, _MIN_KV_BYTES, "metadata entries")
-    _check_count(cursor, "header 'tensor_count'", tensor_count, _MIN_TENSOR_INFO_BYTES,
-                 "tensor index entries")
+    _check_count(
+        cursor,
+        "header 'tensor_count'",
+        tensor_count,
+        _MIN_TENSOR_INFO_BYTES,
+        "tensor index entries",
+    )
     metadata = _read_metadata(cursor, kv_count)
-    _check_count(cursor, "header 'tensor_count'", tensor_count, _MIN_TENSOR_INFO_BYTES,
-                 "tensor index entries")
+    _check_count(
+        cursor,
+        "header 'tensor_count'",
+        tensor_count,
+        _MIN_TENSOR_INFO_BYTES,
+        "tensor index entries",
+    )
     alignment = _alignment(cursor, metadata)
     infos = [_read_tensor_info(cursor, i, alignment) for i in range(tensor_count)]
     data_start = -(-cursor.pos // alignment) * alignment
@@ -266,10 +300,13 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
 
 def _check_count(cursor: _Cursor, field: str, count: int, least: int, what: str) -> None:
     if count * least > cursor.remaining:
-        raise cursor.error(field, f"{count:,} {what} need at least {count * least:,} bytes but "
-                                  f"the file has {cursor.remaining:,} left after offset "
-                                  f"{cursor.pos:,}: the count is corrupt or the file is "
-                                  "truncated")
+        raise cursor.error(
+            field,
+            f"{count:,} {what} need at least {count * least:,} bytes but "
+            f"the file has {cursor.remaining:,} left after offset "
+            f"{cursor.pos:,}: the count is corrupt or the file is "
+            "truncated",
+        )
 
 
 def _read_metadata(cursor: _Cursor, count: int) -> dict[str, Any]:
@@ -286,10 +323,15 @@ def _read_metadata(cursor: _Cursor, count: int) -> dict[str, Any]:
 
 def _alignment(cursor: _Cursor, metadata: dict[str, Any]) -> int:
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
-            or alignment & (alignment - 1)):
-        raise cursor.error("metadata 'general.alignment'", f"{alignment!r}; expected a power "
-                                                           "of two")
+    if (
+        not isinstance(alignment, int)
+        or isinstance(alignment, bool)
+        or alignment <= 0
+        or alignment & (alignment - 1)
+    ):
+        raise cursor.error(
+            "metadata 'general.alignment'", f"{alignment!r}; expected a power of two"
+        )
     return alignment
 
 
@@ -311,19 +353,29 @@ def _read_tensor_info(cursor: _Cursor, index: int, alignment: int) -> GGUFTensor
     if 0 in shape:
         raise cursor.error(field, f"shape {list(shape)} has a zero dimension")
     if shape[0] % block:
-        raise cursor.error(field, f"rows of {shape[0]} values are not whole {tensor_type.name} "
-                                  f"blocks of {block}")
+        raise cursor.error(
+            field, f"rows of {shape[0]} values are not whole {tensor_type.name} blocks of {block}"
+        )
     if offset % alignment:
         raise cursor.error(field, f"data offset {offset:,} is not aligned to {alignment} bytes")
     n_elements = 1
     for dim in shape:  # Python integers: a corrupt dimension cannot overflow, only be large
         n_elements *= dim
-    return GGUFTensor(name, tensor_type, shape, n_elements, n_elements // block * type_size,
-                      offset, cursor.path, cursor.buffer)
+    return GGUFTensor(
+        name,
+        tensor_type,
+        shape,
+        n_elements,
+        n_elements // block * type_size,
+        offset,
+        cursor.path,
+        cursor.buffer,
+    )
 
 
-def _place_tensors(cursor: _Cursor, infos: list[GGUFTensor],
-                   data_start: int) -> dict[str, GGUFTensor]:
+def _place_tensors(
+    cursor: _Cursor, infos: list[GGUFTensor], data_start: int
+) -> dict[str, GGUFTensor]:
     """The tensors at their place in the file, each checked to lie inside it and apart from
     the others."""
     tensors: dict[str, GGUFTensor] = {}
@@ -334,17 +386,22 @@ def _place_tensors(cursor: _Cursor, infos: list[GGUFTensor],
         start = data_start + info.data_offset
         end = start + info.n_bytes
         if end > cursor.size:
-            raise cursor.error(field, f"{info.tensor_type.name} data of shape "
-                                      f"{list(info.shape)} needs bytes {start:,} to {end:,} but "
-                                      f"the file ends at {cursor.size:,}: the file is truncated "
-                                      "(or the tensor's offset or shape is corrupt)")
+            raise cursor.error(
+                field,
+                f"{info.tensor_type.name} data of shape "
+                f"{list(info.shape)} needs bytes {start:,} to {end:,} but "
+                f"the file ends at {cursor.size:,}: the file is truncated "
+                "(or the tensor's offset or shape is corrupt)",
+            )
         tensors[info.name] = replace(info, data_offset=start)
     ordered = sorted(tensors.values(), key=lambda t: t.data_offset)
     for before, after in zip(ordered, ordered[1:]):
         before_end = before.data_offset + before.n_bytes
         if after.data_offset < before_end:
             span = f"bytes {before.data_offset:,} to {before_end:,}"
-            raise cursor.error(f"tensor {after.name!r}",
-                               f"its data (from byte {after.data_offset:,}) overlaps the data "
-                               f"of tensor {before.name!r} ({span})")
+            raise cursor.error(
+                f"tensor {after.name!r}",
+                f"its data (from byte {after.data_offset:,}) overlaps the data "
+                f"of tensor {before.name!r} ({span})",
+            )
     return tensors

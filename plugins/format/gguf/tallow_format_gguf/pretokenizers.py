@@ -22,18 +22,26 @@ from typing import Any
 #: GPT-2's pattern, the base of many families.
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-_CASED_WORDS = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
-                rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?")
+_CASED_WORDS = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+)
 GPT4O = _CASED_WORDS + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _CJK_RUNS = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
-_DEEPSEEK3_WORDS = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
-                    r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+")
+_DEEPSEEK3_WORDS = (
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+    r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+)
 _CJK_HANGUL_RUNS = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 NEWLINE_RUNS = r"[^\n]+|[\n]+"
@@ -70,80 +78,139 @@ _SPECS: dict[str, PreTokenizerSpec] = {
     "gpt2": PreTokenizerSpec((GPT2,)),
     "llama3": PreTokenizerSpec((LLAMA3,), ignore_merges=True, add_bos=True),
     "llama3-merging": PreTokenizerSpec((LLAMA3,)),
-    "jais2": PreTokenizerSpec((
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
-        r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",)),
-    "deepseek-llm": PreTokenizerSpec((
-        r"[\r\n]",
-        rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
-        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-        r"\s+\z",  # '$' in llama.cpp; newlines are already cut out, so the end of the piece
-        _CJK_HANGUL_RUNS,
-        r"\p{N}+",
-    )),
-    "deepseek3": PreTokenizerSpec((
-        r"\p{N}{1,3}", _CJK_RUNS,
-        _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    )),
-    "spark2_5": PreTokenizerSpec((
-        r"\p{N}{1,3}", _CJK_RUNS,
-        _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
-        r"\p{N}",
-    )),
-    "youtu": PreTokenizerSpec((
-        "[\uac00-\ud7a3\u3131-\u318e]+"
-        "|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f\ufe30-\ufe4f]+"
-        "|[\u3105-\u312f]+|" + _CJK_RUNS,
-        _CASED_WORDS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ), ignore_merges=True),
-    "deepseek-coder": PreTokenizerSpec((
-        r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL_RUNS, r"\p{N}",
-    )),
+    "jais2": PreTokenizerSpec(
+        (
+            _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
+            r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
+        )
+    ),
+    "deepseek-llm": PreTokenizerSpec(
+        (
+            r"[\r\n]",
+            rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
+            "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+            r"\s+\z",  # '$' in llama.cpp; newlines are already cut out, so the end of the piece
+            _CJK_HANGUL_RUNS,
+            r"\p{N}+",
+        )
+    ),
+    "deepseek3": PreTokenizerSpec(
+        (
+            r"\p{N}{1,3}",
+            _CJK_RUNS,
+            _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    ),
+    "spark2_5": PreTokenizerSpec(
+        (
+            r"\p{N}{1,3}",
+            _CJK_RUNS,
+            _DEEPSEEK3_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+            r"\p{N}",
+        )
+    ),
+    "youtu": PreTokenizerSpec(
+        (
+            "[\uac00-\ud7a3\u3131-\u318e]+"
+            "|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f\ufe30-\ufe4f]+"
+            "|[\u3105-\u312f]+|" + _CJK_RUNS,
+            _CASED_WORDS + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        ignore_merges=True,
+    ),
+    "deepseek-coder": PreTokenizerSpec(
+        (
+            r"[\r\n]",
+            r"\s?\p{L}+",
+            r"\s?\p{P}+",
+            _CJK_HANGUL_RUNS,
+            r"\p{N}",
+        )
+    ),
     "falcon": PreTokenizerSpec((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]")),
     "starcoder": PreTokenizerSpec((r"\p{N}", GPT2)),
     "qwen2": PreTokenizerSpec((QWEN2,)),
-    "qwen35": PreTokenizerSpec((
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",)),
+    "qwen35": PreTokenizerSpec(
+        (
+            _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    ),
     "bloom": PreTokenizerSpec((_BLOOM,)),
     "chatglm4": PreTokenizerSpec((LLAMA3,)),
     "glm4": PreTokenizerSpec((LLAMA3,), ignore_merges=True),
     "viking": PreTokenizerSpec((_BLOOM, r"\p{N}")),
-    "tekken": PreTokenizerSpec((
-        rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
-        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ), ignore_merges=True, add_bos=True),
-    "chameleon": PreTokenizerSpec((
-        "<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )",
-        r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2,
-    ), add_bos=True),
+    "tekken": PreTokenizerSpec(
+        (
+            rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        ignore_merges=True,
+        add_bos=True,
+    ),
+    "chameleon": PreTokenizerSpec(
+        (
+            "<sentinel:[0-9]+>",
+            "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+            "([\\t\\n]|    |  )",
+            r"\p{N}",
+            r"[\p{P}!-/:-@\[-`{-~]",
+            GPT2,
+        ),
+        add_bos=True,
+    ),
     "gpt-4o": PreTokenizerSpec((GPT4O,)),
     "tiny-aya": PreTokenizerSpec((r"\d{1,3}(?=(?:\d{3})*\b)", GPT4O)),
-    "bailingmoe": PreTokenizerSpec((
-        r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*"
-        r"|\s*[\r\n]|\s+(?!\S)|\s+",)),
-    "seed-coder": PreTokenizerSpec((
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",)),
-    "ufakzeka": PreTokenizerSpec((
-        r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",)),
+    "bailingmoe": PreTokenizerSpec(
+        (
+            r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*"
+            r"|\s*[\r\n]|\s+(?!\S)|\s+",
+        )
+    ),
+    "seed-coder": PreTokenizerSpec(
+        (
+            _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    ),
+    "ufakzeka": PreTokenizerSpec(
+        (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",)
+    ),
     "laguna": PreTokenizerSpec((NEWLINE_RUNS, QWEN2)),
-    "exaone-moe": PreTokenizerSpec((
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",)),
-    "minicpm5": PreTokenizerSpec((
-        r"\p{N}{1,3}",
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ), ignore_merges=True),
+    "exaone-moe": PreTokenizerSpec(
+        (
+            _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+        )
+    ),
+    "minicpm5": PreTokenizerSpec(
+        (
+            r"\p{N}{1,3}",
+            _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        ignore_merges=True,
+    ),
 }
 
 #: ``tokenizer.ggml.pre`` value → family, as llama.cpp maps them.
 _PRE_NAMES: dict[str, str] = {
     "default": "default",
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                     "midm-2.0", "lfm2", "jina-v5-nano"), "llama3"),
+    **dict.fromkeys(
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+        ),
+        "llama3",
+    ),
     **dict.fromkeys(("dbrx", "smaug-bpe"), "llama3-merging"),
     "jais-2": "jais2",
     "deepseek-llm": "deepseek-llm",
@@ -152,14 +219,58 @@ _PRE_NAMES: dict[str, str] = {
     "youtu": "youtu",
     "deepseek-coder": "deepseek-coder",
     "falcon": "falcon",
-    **dict.fromkeys(("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
-                     "minerva-7b", "mellum2"), "starcoder"),
-    **dict.fromkeys(("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-                     "jina-v2-de", "a.x-4.0", "mellum", "modern-bert", "jina-v1-en",
-                     "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion",
-                     "granite-docling", "exaone4"), "gpt2"),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2",
-                     "hunyuan", "solar-open", "grok-2"), "qwen2"),
+    **dict.fromkeys(
+        (
+            "starcoder",
+            "refact",
+            "command-r",
+            "smollm",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
+            "mellum2",
+        ),
+        "starcoder",
+    ),
+    **dict.fromkeys(
+        (
+            "gpt2",
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "jina-v1-en",
+            "jina-v2-code",
+            "roberta-bpe",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+            "exaone4",
+        ),
+        "gpt2",
+    ),
+    **dict.fromkeys(
+        (
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "f2llmv2",
+            "megrez",
+            "stablelm2",
+            "hunyuan",
+            "solar-open",
+            "grok-2",
+        ),
+        "qwen2",
+    ),
     "qwen35": "qwen35",
     **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), "bloom"),
     "chatglm-bpe": "chatglm4",

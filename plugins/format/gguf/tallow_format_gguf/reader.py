@@ -42,9 +42,11 @@ class GGUFModelFile:
     def architecture(self) -> str:
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str) or not arch:
-            raise ModelFileError(self.paths[0], "metadata 'general.architecture'",
-                                 "missing or empty; expected the model family name (e.g. "
-                                 "'llama', 'qwen2')")
+            raise ModelFileError(
+                self.paths[0],
+                "metadata 'general.architecture'",
+                "missing or empty; expected the model family name (e.g. 'llama', 'qwen2')",
+            )
         return arch
 
 
@@ -60,8 +62,9 @@ def shard_paths(path: str | pathlib.Path) -> list[pathlib.Path]:
         return [path]
     count = int(match["count"])
     if count < 1 or int(match["index"]) < 1 or int(match["index"]) > count:
-        raise ModelFileError(path, "file name",
-                             f"shard number {match['index']} of {match['count']} is invalid")
+        raise ModelFileError(
+            path, "file name", f"shard number {match['index']} of {match['count']} is invalid"
+        )
     width = len(match["index"])
     paths = [
         path.with_name(f"{match['stem']}-{i:0{width}d}-of-{match['count']}.gguf")
@@ -69,8 +72,12 @@ def shard_paths(path: str | pathlib.Path) -> list[pathlib.Path]:
     ]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        raise ModelFileError(path, None, f"the model is split in {count} shards but these are "
-                                         f"missing from {path.parent}: {', '.join(missing)}")
+        raise ModelFileError(
+            path,
+            None,
+            f"the model is split in {count} shards but these are "
+            f"missing from {path.parent}: {', '.join(missing)}",
+        )
     return paths
 
 
@@ -89,13 +96,17 @@ def open_gguf(path: str | pathlib.Path) -> GGUFModelFile:
     for header in headers:
         for name, tensor in header.tensors.items():
             if name in tensors:
-                raise ModelFileError(header.path, f"tensor {name!r}",
-                                     "appears in more than one shard")
+                raise ModelFileError(
+                    header.path, f"tensor {name!r}", "appears in more than one shard"
+                )
             tensors[name] = tensor
     expected = metadata.get("split.tensors.count")
     if isinstance(expected, int) and expected != len(tensors):
-        raise ModelFileError(paths[0], "metadata 'split.tensors.count'",
-                             f"{expected}, but the shards hold {len(tensors)} tensors")
+        raise ModelFileError(
+            paths[0],
+            "metadata 'split.tensors.count'",
+            f"{expected}, but the shards hold {len(tensors)} tensors",
+        )
     # The split bookkeeping describes the files, not the model.
     for key in ("split.no", "split.count", "split.tensors.count"):
         metadata.pop(key, None)
@@ -107,10 +118,14 @@ def open_gguf(path: str | pathlib.Path) -> GGUFModelFile:
 def _check_split(headers: list[GGUFHeader]) -> None:
     count = headers[0].metadata.get("split.count")
     if count is not None and count != len(headers):
-        raise ModelFileError(headers[0].path, "metadata 'split.count'",
-                             f"{count}, but the file names say {len(headers)} shards")
+        raise ModelFileError(
+            headers[0].path,
+            "metadata 'split.count'",
+            f"{count}, but the file names say {len(headers)} shards",
+        )
     for i, header in enumerate(headers):
         shard_no = header.metadata.get("split.no")
         if shard_no is not None and shard_no != i:
-            raise ModelFileError(header.path, "metadata 'split.no'",
-                                 f"{shard_no}, expected {i} from the file name")
+            raise ModelFileError(
+                header.path, "metadata 'split.no'", f"{shard_no}, expected {i} from the file name"
+            )

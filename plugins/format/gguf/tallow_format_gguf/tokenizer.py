@@ -31,13 +31,27 @@ __all__ = ["TokenizerBuildError", "build_tokenizer"]
 
 #: Texts of control tokens that end a turn in some family; llama.cpp stops on these as well as
 #: on the declared EOS, and so does tallow.
-END_OF_GENERATION_TEXTS = frozenset({
-    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<EOT>", "<|return|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>",
-})
+END_OF_GENERATION_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<EOT>",
+        "<|return|>",
+        "<|end_of_text|>",
+        "<｜end▁of▁sentence｜>",
+    }
+)
 
-_BUILDERS = {"gpt2": byte_level_model, "gemma4": gemma4_model, "llama": sentencepiece_model,
-             "bert": wordpiece_model}
+_BUILDERS = {
+    "gpt2": byte_level_model,
+    "gemma4": gemma4_model,
+    "llama": sentencepiece_model,
+    "bert": wordpiece_model,
+}
 
 #: Tokens that keep the space after them in Phi-3, whose other special and user-defined tokens
 #: swallow it (its tokenizer.json marks them ``rstrip``; GGUF has no field for that, so llama.cpp
@@ -50,21 +64,26 @@ def _strips_space_after(metadata: dict[str, Any], text: str) -> bool:
     return ("phi-3" in name or "phi3" in name) and text not in _PHI3_KEEPS_SPACE_AFTER
 
 
-def _add_whole_tokens(tok: Any, tokens: list[str], types: list[int], skip: set[int],
-                      metadata: dict[str, Any]) -> None:
+def _add_whole_tokens(
+    tok: Any, tokens: list[str], types: list[int], skip: set[int], metadata: dict[str, Any]
+) -> None:
     """Control and unknown tokens as special added tokens, user-defined ones as plain added
     tokens: both are matched whole in text before the model sees it."""
     from tokenizers import AddedToken
 
     def added(text: str, special: bool) -> AddedToken:
-        return AddedToken(text, special=special, normalized=False,
-                          rstrip=_strips_space_after(metadata, text))
+        return AddedToken(
+            text, special=special, normalized=False, rstrip=_strips_space_after(metadata, text)
+        )
 
     special = [added(t, True) for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN)]
     if special:
         tok.add_special_tokens(special)
-    user = [added(t, False) for i, (t, kind) in enumerate(zip(tokens, types))
-            if kind == USER_DEFINED and i not in skip]
+    user = [
+        added(t, False)
+        for i, (t, kind) in enumerate(zip(tokens, types))
+        if kind == USER_DEFINED and i not in skip
+    ]
     if user:
         tok.add_tokens(user)
 
@@ -111,7 +130,8 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
     if builder is None:
         raise TokenizerBuildError(
             f"GGUF metadata key 'tokenizer.ggml.model' is {model!r}; tallow builds tokenizers "
-            f"for {', '.join(repr(k) for k in _BUILDERS)}")
+            f"for {', '.join(repr(k) for k in _BUILDERS)}"
+        )
     tokens = token_list(metadata)
     types = token_types(metadata, len(tokens))
     respelled: set[int] = set()
@@ -123,19 +143,25 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
         raise TokenizerBuildError(
             f"the GGUF vocabulary has {len(tokens)} tokens but the built tokenizer has "
             f"{tok.get_vocab_size(with_added_tokens=True)}; 'tokenizer.ggml.tokens' may list a "
-            "control token twice")
+            "control token twice"
+        )
 
     bos_id, eos_id, add_bos, add_eos = _special_ids(model, metadata)
     bos, eos = _token_at(tokens, bos_id), _token_at(tokens, eos_id)
     add_bos = add_bos and bos is not None
     add_eos = add_eos and eos is not None
-    single = " ".join([*([f"{bos}:0"] if add_bos else []), "$A:0",
-                       *([f"{eos}:0"] if add_eos else [])])
-    pair = single + " " + " ".join([*([f"{bos}:1"] if add_bos else []), "$B:1",
-                                    *([f"{eos}:1"] if add_eos else [])])
+    single = " ".join(
+        [*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])]
+    )
+    pair = (
+        single
+        + " "
+        + " ".join([*([f"{bos}:1"] if add_bos else []), "$B:1", *([f"{eos}:1"] if add_eos else [])])
+    )
     pairs = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos else [])
-    tok.post_processor = processors.TemplateProcessing(single=single, pair=pair,
-                                                       special_tokens=pairs)
+    tok.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=pairs
+    )
 
     tokenizer_config: dict[str, Any] = {
         "bos_token": bos,
@@ -151,8 +177,11 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
         tokenizer_config["chat_template"] = template
     # Extra templates are stored as tokenizer.chat_template.<name> (e.g. "tool_use").
     prefix = "tokenizer.chat_template."
-    named = {key[len(prefix):]: value for key, value in metadata.items()
-             if key.startswith(prefix) and isinstance(value, str) and value}
+    named = {
+        key[len(prefix) :]: value
+        for key, value in metadata.items()
+        if key.startswith(prefix) and isinstance(value, str) and value
+    }
     if named:
         tokenizer_config["named_chat_templates"] = named
 
@@ -161,8 +190,11 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[Any, dict[str, Any], dict
         token_id = metadata.get(f"tokenizer.ggml.{key}")
         if isinstance(token_id, int) and 0 <= token_id < len(tokens):
             stop_ids.append(token_id)
-    stop_ids += [i for i, (t, kind) in enumerate(zip(tokens, types))
-                 if kind == CONTROL and t in END_OF_GENERATION_TEXTS]
+    stop_ids += [
+        i
+        for i, (t, kind) in enumerate(zip(tokens, types))
+        if kind == CONTROL and t in END_OF_GENERATION_TEXTS
+    ]
     generation_config: dict[str, Any] = {}
     if stop_ids:
         generation_config["eos_token_id"] = sorted(set(stop_ids))

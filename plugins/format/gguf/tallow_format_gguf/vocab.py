@@ -22,8 +22,10 @@ class TokenizerBuildError(ValueError):
 def token_list(metadata: dict[str, Any]) -> list[str]:
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise TokenizerBuildError("GGUF metadata key 'tokenizer.ggml.tokens' is missing or empty; "
-                                  "expected the vocabulary as a list of strings")
+        raise TokenizerBuildError(
+            "GGUF metadata key 'tokenizer.ggml.tokens' is missing or empty; "
+            "expected the vocabulary as a list of strings"
+        )
     return tokens
 
 
@@ -34,7 +36,8 @@ def token_types(metadata: dict[str, Any], n: int) -> list[int]:
     if len(types) != n:
         raise TokenizerBuildError(
             f"GGUF metadata key 'tokenizer.ggml.token_type' has {len(types)} entries, expected "
-            f"{n} (one per token)")
+            f"{n} (one per token)"
+        )
     return [int(t) for t in types]
 
 
@@ -43,23 +46,27 @@ def merge_pairs(metadata: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     after the first character (a left part may itself be a space, as in Gemma 4's merges)."""
     merges_raw = metadata.get("tokenizer.ggml.merges")
     if not isinstance(merges_raw, list):
-        raise TokenizerBuildError(f"GGUF metadata key 'tokenizer.ggml.merges' is missing; a "
-                                  f"{kind!r} vocabulary needs its merges")
+        raise TokenizerBuildError(
+            f"GGUF metadata key 'tokenizer.ggml.merges' is missing; a "
+            f"{kind!r} vocabulary needs its merges"
+        )
     # Fast path (hundreds of thousands of merges): no entry starts with a space, each has one.
     try:
         merges = [(left, right) for left, right in (line.split(" ", 1) for line in merges_raw)]
     except (AttributeError, ValueError):
         merges = []
-    if len(merges) == len(merges_raw) and all(left and right and left[0] != " "
-                                              for left, right in merges):
+    if len(merges) == len(merges_raw) and all(
+        left and right and left[0] != " " for left, right in merges
+    ):
         return merges
     merges = []
     for i, line in enumerate(merges_raw):
         cut = line.find(" ", 1) if isinstance(line, str) else -1
         if cut < 0 or cut == len(line) - 1:
-            raise TokenizerBuildError(f"tokenizer.ggml.merges[{i}] = {line!r}: expected two "
-                                      "tokens separated by one space")
-        merges.append((line[:cut], line[cut + 1:]))
+            raise TokenizerBuildError(
+                f"tokenizer.ggml.merges[{i}] = {line!r}: expected two tokens separated by one space"
+            )
+        merges.append((line[:cut], line[cut + 1 :]))
     return merges
 
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .vocab import BYTE, NORMAL, UNKNOWN, USER_DEFINED, TokenizerBuildError, merge_pairs, \
-    unique_vocab
+from .vocab import (
+    BYTE,
+    NORMAL,
+    UNKNOWN,
+    USER_DEFINED,
+    TokenizerBuildError,
+    merge_pairs,
+    unique_vocab,
+)
 
 
-def sentencepiece_merges(tokens: list[str], types: list[int],
-                         scores: list[float]) -> list[tuple[str, str]]:
+def sentencepiece_merges(
+    tokens: list[str], types: list[int], scores: list[float]
+) -> list[tuple[str, str]]:
     """BPE merges implied by a scored SentencePiece vocabulary: ``a b`` for every normal or
     user-defined token ``ab`` whose halves are tokens.
 
@@ -35,8 +43,19 @@ def sentencepiece_merges(tokens: list[str], types: list[int],
         for cut in range(1, len(tok)):
             left, right = tok[:cut], tok[cut:]
             if left in index and right in index:
-                ranked.append((group, score, tok_id, -len(left), -len(right), index[left],
-                               index[right], left, right))
+                ranked.append(
+                    (
+                        group,
+                        score,
+                        tok_id,
+                        -len(left),
+                        -len(right),
+                        index[left],
+                        index[right],
+                        left,
+                        right,
+                    )
+                )
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
 
@@ -63,9 +82,11 @@ def sentencepiece_model(tokens: list[str], types: list[int], metadata: dict[str,
 
     scores = metadata.get("tokenizer.ggml.scores")
     if not isinstance(scores, list) or len(scores) != len(tokens):
-        raise TokenizerBuildError("GGUF metadata key 'tokenizer.ggml.scores' is missing or not "
-                                  "one score per token; a 'llama' (SentencePiece) vocabulary "
-                                  "needs it to order merges")
+        raise TokenizerBuildError(
+            "GGUF metadata key 'tokenizer.ggml.scores' is missing or not "
+            "one score per token; a 'llama' (SentencePiece) vocabulary "
+            "needs it to order merges"
+        )
     if isinstance(metadata.get("tokenizer.ggml.merges"), list):
         merges = merge_pairs(metadata, "llama")
     else:
@@ -74,14 +95,22 @@ def sentencepiece_model(tokens: list[str], types: list[int], metadata: dict[str,
     if unk_id is None and UNKNOWN in types:
         unk_id = types.index(UNKNOWN)
     unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
-    tok = Tokenizer(models.BPE(vocab=unique_vocab(tokens), merges=merges,
-                               unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=unique_vocab(tokens),
+            merges=merges,
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
     add_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     # A normalizer rather than the Metaspace pre-tokenizer: Metaspace adds no prefix to text that
     # already starts with a space, llama.cpp (and SentencePiece) always do.
     escape = normalizers.Replace(" ", "▁")
-    tok.normalizer = (normalizers.Sequence([normalizers.Prepend("▁"), escape]) if add_prefix
-                      else escape)
+    tok.normalizer = (
+        normalizers.Sequence([normalizers.Prepend("▁"), escape]) if add_prefix else escape
+    )
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_prefix:
         steps.append(decoders.Strip(" ", 1, 0))

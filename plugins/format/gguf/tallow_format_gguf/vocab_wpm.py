@@ -28,7 +28,7 @@ def wordpiece_spelling(tokens: list[str], types: list[int]) -> list[str]:
         if kind != NORMAL:
             spelled.append(tok)
         elif tok.startswith(WORD_START) and len(tok) > len(WORD_START):
-            spelled.append(tok[len(WORD_START):])
+            spelled.append(tok[len(WORD_START) :])
         else:
             spelled.append(CONTINUATION + tok)
     return spelled
@@ -41,15 +41,22 @@ def wordpiece_model(tokens: list[str], types: list[int], metadata: dict[str, Any
     if not isinstance(unk_id, int) or not 0 <= unk_id < len(tokens):
         raise TokenizerBuildError(
             f"GGUF metadata key 'tokenizer.ggml.unknown_token_id' is {unk_id!r}; a 'bert' "
-            f"(WordPiece) vocabulary needs an unknown token id below {len(tokens)}")
+            f"(WordPiece) vocabulary needs an unknown token id below {len(tokens)}"
+        )
     lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
     strip_accents = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
     # No length limit on words: llama.cpp splits words of any length into pieces.
-    tok = Tokenizer(models.WordPiece(vocab=unique_vocab(wordpiece_spelling(tokens, types)),
-                                     unk_token=tokens[unk_id], continuing_subword_prefix="##",
-                                     max_input_chars_per_word=1 << 30))
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                strip_accents=strip_accents, lowercase=lowercase)
+    tok = Tokenizer(
+        models.WordPiece(
+            vocab=unique_vocab(wordpiece_spelling(tokens, types)),
+            unk_token=tokens[unk_id],
+            continuing_subword_prefix="##",
+            max_input_chars_per_word=1 << 30,
+        )
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION, cleanup=True)
     return tok

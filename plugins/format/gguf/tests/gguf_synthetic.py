@@ -50,8 +50,11 @@ def train_byte_level(vocab_size: int = 600) -> tuple[list[str], list[str]]:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
@@ -85,16 +88,20 @@ def _base_metadata(writer: Any, arch: str, n_vocab: int) -> None:
     writer.add_uint32(f"{arch}.rope.dimension_count", 16)
 
 
-def write_byte_level_gguf(path: pathlib.Path, pre: str | None, *, arch: str = "llama",
-                          chat_template: str | None = None) -> pathlib.Path:
+def write_byte_level_gguf(
+    path: pathlib.Path, pre: str | None, *, arch: str = "llama", chat_template: str | None = None
+) -> pathlib.Path:
     """A tensor-less GGUF with a trained byte-level vocabulary and ``tokenizer.ggml.pre`` (none
     when ``pre`` is ``None``)."""
     import gguf
 
     tokens, merges = train_byte_level()
     tokens = tokens + BYTE_LEVEL_SPECIALS + BYTE_LEVEL_USER
-    types = ([NORMAL] * (len(tokens) - len(BYTE_LEVEL_SPECIALS) - len(BYTE_LEVEL_USER))
-             + [CONTROL] * len(BYTE_LEVEL_SPECIALS) + [USER_DEFINED] * len(BYTE_LEVEL_USER))
+    types = (
+        [NORMAL] * (len(tokens) - len(BYTE_LEVEL_SPECIALS) - len(BYTE_LEVEL_USER))
+        + [CONTROL] * len(BYTE_LEVEL_SPECIALS)
+        + [USER_DEFINED] * len(BYTE_LEVEL_USER)
+    )
     writer = gguf.GGUFWriter(path, arch)
     _base_metadata(writer, arch, len(tokens))
     writer.add_tokenizer_model("gpt2")
@@ -129,9 +136,13 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_sentencepiece_gguf(path: pathlib.Path, *, tensors: dict[str, tuple[np.ndarray, Any]]
-                             | None = None, split_max_tensors: int = 0,
-                             tie_embeddings: bool = True) -> list[pathlib.Path]:
+def write_sentencepiece_gguf(
+    path: pathlib.Path,
+    *,
+    tensors: dict[str, tuple[np.ndarray, Any]] | None = None,
+    split_max_tensors: int = 0,
+    tie_embeddings: bool = True,
+) -> list[pathlib.Path]:
     """A ``llama`` GGUF with a SentencePiece-style vocabulary and optional tensors.
 
     ``tensors`` maps a name to ``(float32 array in torch order, GGMLQuantizationType)``; each is

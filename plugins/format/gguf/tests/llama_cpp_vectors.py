@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 SDIST_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
-SDIST_URL = ("https://files.pythonhosted.org/packages/ec/e9/"
-             "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/" + SDIST_NAME)
+SDIST_URL = (
+    "https://files.pythonhosted.org/packages/ec/e9/"
+    "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/" + SDIST_NAME
+)
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 MODELS_IN_SDIST = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/models/"
 #: The line that separates inputs in a ``.inp`` file (test-tokenizer-0.cpp's ``sep``).
@@ -67,19 +69,24 @@ def _obtain_sdist(work: pathlib.Path) -> pathlib.Path:
     else:
         path = work / SDIST_NAME
         try:
-            with urllib.request.urlopen(SDIST_URL, timeout=120) as response, \
-                    open(path, "wb") as out:
+            with (
+                urllib.request.urlopen(SDIST_URL, timeout=120) as response,
+                open(path, "wb") as out,
+            ):
                 shutil.copyfileobj(response, out, 1 << 20)
         except OSError as exc:
             raise VectorsUnavailable(
                 f"could not download {SDIST_URL} ({exc}). These tests need llama.cpp's "
                 f"tokenizer vectors from the llama-cpp-python {SDIST_VERSION} sdist: give the "
                 f"machine network access once, or download {SDIST_NAME} elsewhere and set "
-                "TALLOW_LLAMA_CPP_SDIST to its path") from exc
+                "TALLOW_LLAMA_CPP_SDIST to its path"
+            ) from exc
     digest = _sha256(path)
     if digest != SDIST_SHA256:
-        raise VectorsUnavailable(f"{path}: sha256 {digest}, expected {SDIST_SHA256} "
-                                 f"(llama-cpp-python {SDIST_VERSION} sdist)")
+        raise VectorsUnavailable(
+            f"{path}: sha256 {digest}, expected {SDIST_SHA256} "
+            f"(llama-cpp-python {SDIST_VERSION} sdist)"
+        )
     return path
 
 
@@ -96,9 +103,13 @@ def vectors_dir() -> pathlib.Path:
         staged.mkdir()
         with tarfile.open(sdist, "r:gz") as archive:
             for member in archive:
-                name = member.name[len(MODELS_IN_SDIST):]
-                if (member.isfile() and member.name.startswith(MODELS_IN_SDIST)
-                        and name.startswith("ggml-vocab-") and "/" not in name):
+                name = member.name[len(MODELS_IN_SDIST) :]
+                if (
+                    member.isfile()
+                    and member.name.startswith(MODELS_IN_SDIST)
+                    and name.startswith("ggml-vocab-")
+                    and "/" not in name
+                ):
                     with archive.extractfile(member) as src, open(staged / name, "wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
         try:
@@ -111,8 +122,10 @@ def vectors_dir() -> pathlib.Path:
 
 def vocabularies(directory: pathlib.Path) -> list[str]:
     """Names of the vocabularies that come with inputs and expected ids."""
-    return sorted(p.name[len("ggml-vocab-"):-len(".gguf.inp")]
-                  for p in directory.glob("ggml-vocab-*.gguf.inp"))
+    return sorted(
+        p.name[len("ggml-vocab-") : -len(".gguf.inp")]
+        for p in directory.glob("ggml-vocab-*.gguf.inp")
+    )
 
 
 def read_cases(directory: pathlib.Path, name: str) -> list[Case]:

@@ -28,9 +28,12 @@ def write_tiny_gguf(path: Path) -> WrittenCheckpoint:
     arrays = {k: (a.astype(np.float32), q) for k, (a, q) in arrays.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     gs.write_sentencepiece_gguf(path, tensors=arrays)
-    expected = {name: torch.from_numpy(np.asarray(
-        gguf.quants.dequantize(gguf.quants.quantize(a, q), q), np.float32).copy())
-        for name, (a, q) in arrays.items()}
+    expected = {
+        name: torch.from_numpy(
+            np.asarray(gguf.quants.dequantize(gguf.quants.quantize(a, q), q), np.float32).copy()
+        )
+        for name, (a, q) in arrays.items()
+    }
     return WrittenCheckpoint(str(path), expected, "gguf:llama", [path])
 
 

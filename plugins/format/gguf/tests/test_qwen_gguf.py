@@ -32,10 +32,21 @@ def test_checkpoint_identity(qwen_checkpoint, qwen_gguf_file):
     assert "<tool_call>" in ck.chat_template
 
 
-FIELDS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-          "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
-          "rms_norm_eps", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
-          "model_type"]
+FIELDS = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "model_type",
+]
 
 
 def test_config_matches_transformers(qwen_checkpoint, hf_qwen_config):
@@ -115,8 +126,9 @@ def test_dequantized_tensors_equal_gguf_dequantizers(qwen_model, hf_qwen_config)
             assert type_name(tensor) == "F32"
         assert got.dtype == torch.float32
         assert tuple(got.shape) == hf_shapes[names[name]], name
-        np.testing.assert_array_equal(got.numpy(), np.asarray(expected, dtype=np.float32)
-                                      .reshape(got.shape), err_msg=name)
+        np.testing.assert_array_equal(
+            got.numpy(), np.asarray(expected, dtype=np.float32).reshape(got.shape), err_msg=name
+        )
         assert torch.isfinite(got).all()
 
 
@@ -131,7 +143,8 @@ def test_output_projection_is_vocab_by_hidden(qwen_model):
     ours = dict(gguf_format._iter_tensors(_Subset.of({"output.weight": rows})))["output.weight"]
     assert tuple(ours.shape) == (4, 896) and ours.qtype == "Q8_0"
     np.testing.assert_array_equal(
-        ours.dequantize().numpy(), gguf.quants.dequantize(tensor.data[:4], tensor.tensor_type))
+        ours.dequantize().numpy(), gguf.quants.dequantize(tensor.data[:4], tensor.tensor_type)
+    )
 
 
 def test_tensors_are_lazy(qwen_checkpoint, monkeypatch):

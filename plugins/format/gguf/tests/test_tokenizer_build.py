@@ -17,7 +17,6 @@ from tallow_format_gguf.format import GGUFFormat
 from tallow_format_gguf.tokenizer import TokenizerBuildError, build_tokenizer
 
 
-
 def _encode(tok, text):
     return tok.encode(text, add_special_tokens=True).ids
 
@@ -34,7 +33,8 @@ def _compare_with_transformers(path: pathlib.Path, texts: list[str] = TEXTS) -> 
         assert ids == ref(text).input_ids, text
         for skip in (True, False):
             assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
-                ids, skip_special_tokens=skip), (text, skip)
+                ids, skip_special_tokens=skip
+            ), (text, skip)
 
 
 # transformers splits by these five families' own patterns (and by GPT-2's for any other name,
@@ -51,8 +51,9 @@ def test_sentencepiece_matches_transformers(tmp_path):
     # every stretch of text, also after a token matched whole, as its llama-spm vectors show
     # (test_llama_cpp_vocabs), and so does tallow. The texts where the two differ are left out.
     specials = ("<s>", "</s>", "<unk>")
-    _compare_with_transformers(path, [t for t in TEXTS if not t.startswith(" ")
-                                      and not any(s in t for s in specials)])
+    _compare_with_transformers(
+        path, [t for t in TEXTS if not t.startswith(" ") and not any(s in t for s in specials)]
+    )
 
 
 def test_sentencepiece_always_prefixes_a_space(tmp_path):
@@ -64,7 +65,9 @@ def test_sentencepiece_always_prefixes_a_space(tmp_path):
     # ... and before the text after a token matched whole, as llama.cpp does
     bos = tok.token_to_id("<s>")
     assert tok.encode("<s>x", add_special_tokens=False).ids == [
-        bos, *tok.encode("x", add_special_tokens=False).ids]
+        bos,
+        *tok.encode("x", add_special_tokens=False).ids,
+    ]
 
 
 def test_sentencepiece_byte_fallback_and_bos(tmp_path):
@@ -122,7 +125,8 @@ def test_control_and_user_tokens(tmp_path):
     assert tok.decode(ids, skip_special_tokens=True) == "<tool_call>"
     # both <|endoftext|> and <|im_end|> end generation
     assert ck.generation_config["eos_token_id"] == sorted(
-        by_text[t][0] for t in ("<|endoftext|>", "<|im_end|>"))
+        by_text[t][0] for t in ("<|endoftext|>", "<|im_end|>")
+    )
 
 
 def test_chat_templates_from_metadata(tmp_path):

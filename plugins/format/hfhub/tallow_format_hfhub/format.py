@@ -15,10 +15,17 @@ from tallow_format_safetensors.tokenizer_files import read_json
 
 # What a model needs, and nothing else a repository may carry (PyTorch .bin copies, ONNX...).
 METADATA_PATTERNS = [
-    "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
-    "chat_template.jinja", "chat_template.json", INDEX_NAME,
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    INDEX_NAME,
     # sentence-transformers: how the model's embeddings are pooled and normalized
-    "modules.json", "sentence_bert_config.json", "*_Pooling/config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "*_Pooling/config.json",
 ]
 WEIGHT_PATTERNS = ["*.safetensors"]
 
@@ -67,22 +74,29 @@ class HFHubFormat(WeightFormat):
         files the checkpoint uses (the shards its index names, else every safetensors file)."""
         path = _download(repo_id, revision, METADATA_PATTERNS)
         weight_map = read_json(Path(path) / INDEX_NAME).get("weight_map")
-        patterns = sorted(set(weight_map.values())) if isinstance(weight_map, dict) and \
-            weight_map else WEIGHT_PATTERNS
+        patterns = (
+            sorted(set(weight_map.values()))
+            if isinstance(weight_map, dict) and weight_map
+            else WEIGHT_PATTERNS
+        )
         return _download(repo_id, revision, patterns)
 
 
 def _download(repo_id: str, revision: str | None, patterns: list[str]) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
-        GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
     )
 
     offline = hub_offline()
     at = f" at revision {revision!r}" if revision else ""
     try:
-        return snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
-                                 local_files_only=offline)
+        return snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline
+        )
     except LocalEntryNotFoundError as exc:
         if offline:
             raise HubOfflineError(
@@ -95,7 +109,8 @@ def _download(repo_id: str, revision: str | None, patterns: list[str]) -> str:
             f"downloaded from the hub: {exc}"
         ) from exc
     except (RepositoryNotFoundError, GatedRepoError) as exc:
-        raise HubDownloadError(f"model {repo_id!r} cannot be fetched from the hub (missing, "
-                               f"private or gated): {exc}") from exc
+        raise HubDownloadError(
+            f"model {repo_id!r} cannot be fetched from the hub (missing, private or gated): {exc}"
+        ) from exc
     except RevisionNotFoundError as exc:
         raise HubDownloadError(f"model {repo_id!r} has no revision {revision!r}") from exc

@@ -24,7 +24,9 @@ class TestHFHubConformance(WeightFormatConformance):
         snapshot.mkdir(parents=True)
         (snapshot / "config.json").write_text(json.dumps(config))
         save_file(tensors, str(snapshot / "model.safetensors"), metadata={"format": "pt"})
-        self.monkeypatch.setattr(hub_format, "_download",
-                                 lambda repo_id, revision, patterns: str(snapshot))
-        return WrittenCheckpoint("tiny-org/tiny-llama", tensors, "LlamaForCausalLM",
-                                 [snapshot / "model.safetensors"])
+        self.monkeypatch.setattr(
+            hub_format, "_download", lambda repo_id, revision, patterns: str(snapshot)
+        )
+        return WrittenCheckpoint(
+            "tiny-org/tiny-llama", tensors, "LlamaForCausalLM", [snapshot / "model.safetensors"]
+        )

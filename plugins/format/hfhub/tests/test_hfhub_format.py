@@ -42,8 +42,9 @@ else:
 def run_load(hf_home: Path, *args: str) -> dict:
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
-    out = subprocess.run([sys.executable, "-c", LOAD, *args], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, *args], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -53,17 +54,23 @@ def cache_snapshot(hf_home: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     transformers = pytest.importorskip("transformers", reason="transformers writes the model")
     repo_dir = hf_home / "hub" / ("models--" + REPO.replace("/", "--"))
     snap = repo_dir / "snapshots" / COMMIT
-    config = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      vocab_size=100)
+    config = transformers.Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(snap, safe_serialization=True, max_shard_size="20KB")
     (repo_dir / "refs").mkdir(parents=True)
     (repo_dir / "refs" / "main").write_text(COMMIT)
     tied = model.config.tie_word_embeddings
-    return snap, {k: v for k, v in model.state_dict().items()
-                  if not (tied and k == "lm_head.weight")}  # a tied head is saved once
+    return snap, {
+        k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")
+    }  # a tied head is saved once
 
 
 def test_claims_hub_ids_but_not_local_paths(tmp_path, monkeypatch):
@@ -106,9 +113,17 @@ def test_only_the_shards_of_the_index_are_fetched(tmp_path, monkeypatch):
     is never downloaded."""
     snap = tmp_path / "snap"
     snap.mkdir()
-    (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",
-        "c": "model-00001-of-00002.safetensors"}}))
+    (snap / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "a": "model-00001-of-00002.safetensors",
+                    "b": "model-00002-of-00002.safetensors",
+                    "c": "model-00001-of-00002.safetensors",
+                }
+            }
+        )
+    )
     calls: list[list[str]] = []
 
     def fake_download(repo_id, revision, patterns):
@@ -117,8 +132,10 @@ def test_only_the_shards_of_the_index_are_fetched(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hub_format, "_download", fake_download)
     assert HFHubFormat().snapshot(REPO, None) == str(snap)
-    assert calls == [METADATA_PATTERNS, ["model-00001-of-00002.safetensors",
-                                         "model-00002-of-00002.safetensors"]]
+    assert calls == [
+        METADATA_PATTERNS,
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"],
+    ]
     (snap / "model.safetensors.index.json").unlink()
     calls.clear()
     HFHubFormat().snapshot(REPO, None)

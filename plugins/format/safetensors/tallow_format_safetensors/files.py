@@ -32,8 +32,9 @@ def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
         files = [root / name for name in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
-            raise ModelFileError(index, "weight_map", f"lists shards that are not in {root}: "
-                                                      f"{', '.join(absent)}")
+            raise ModelFileError(
+                index, "weight_map", f"lists shards that are not in {root}: {', '.join(absent)}"
+            )
         return files
     files = sorted(root.glob("*.safetensors"))
     if not files:
@@ -46,13 +47,19 @@ def index_weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ModelFileError(index, "weight_map", f"expected a JSON object with a "
-                                                  f"'weight_map' of tensor name -> file "
-                                                  f"({exc})") from None
-    if (not isinstance(weight_map, dict) or not weight_map
-            or not all(isinstance(v, str) for v in weight_map.values())):
-        raise ModelFileError(index, "weight_map", "must be a non-empty object of tensor name "
-                                                  "-> file name")
+        raise ModelFileError(
+            index,
+            "weight_map",
+            f"expected a JSON object with a 'weight_map' of tensor name -> file ({exc})",
+        ) from None
+    if (
+        not isinstance(weight_map, dict)
+        or not weight_map
+        or not all(isinstance(v, str) for v in weight_map.values())
+    ):
+        raise ModelFileError(
+            index, "weight_map", "must be a non-empty object of tensor name -> file name"
+        )
     return weight_map
 
 
@@ -66,8 +73,9 @@ def read_headers(files: list[Path]) -> dict[str, tuple[Path, TensorEntry]]:
     for path in files:
         for name, entry in read_header(path).items():
             if name in tensors:
-                raise ModelFileError(path, f"tensor {name!r}",
-                                     f"is also in {tensors[name][0].name}")
+                raise ModelFileError(
+                    path, f"tensor {name!r}", f"is also in {tensors[name][0].name}"
+                )
             tensors[name] = (path, entry)
     index = files[0].parent / INDEX_NAME if files else None
     if index is not None and index.is_file():
@@ -75,8 +83,9 @@ def read_headers(files: list[Path]) -> dict[str, tuple[Path, TensorEntry]]:
             held = tensors.get(name)
             if held is None or held[0].name != file:
                 where = f"is in {held[0].name}" if held else "is in none of its files"
-                raise ModelFileError(index, "weight_map",
-                                     f"places tensor {name!r} in {file}, but it {where}")
+                raise ModelFileError(
+                    index, "weight_map", f"places tensor {name!r} in {file}, but it {where}"
+                )
     return tensors
 
 
@@ -99,8 +108,9 @@ def _open(path: Path) -> Any:
         raise ModelFileError(path, "header", str(exc)) from None
 
 
-def iter_tensors(files: list[Path], *, desc: str = "Loading weights",
-                 progress: bool | None = None) -> Iterator[tuple[str, "torch.Tensor"]]:
+def iter_tensors(
+    files: list[Path], *, desc: str = "Loading weights", progress: bool | None = None
+) -> Iterator[tuple[str, "torch.Tensor"]]:
     """Yield ``(name, tensor)`` of every tensor of ``files``, as stored (dtype unchanged).
 
     Files are memory-mapped (``safe_open``); a tensor is read when it is yielded, so a model
@@ -110,8 +120,13 @@ def iter_tensors(files: list[Path], *, desc: str = "Loading weights",
     from tqdm.auto import tqdm
 
     names = tensor_names(files)
-    bar = tqdm(total=len(names), desc=desc, unit="tensor", disable=None if progress is None
-               else not progress, leave=False)
+    bar = tqdm(
+        total=len(names),
+        desc=desc,
+        unit="tensor",
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
     try:
         current: Path | None = None
         handle = None

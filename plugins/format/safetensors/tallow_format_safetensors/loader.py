@@ -24,14 +24,18 @@ def is_model_directory(path: str | os.PathLike[str]) -> bool:
 def architecture_of(config: dict[str, Any], where: Path) -> str:
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise ModelFileError(where / "config.json", "'architectures'",
-                             "must be a non-empty list of model class names (e.g. "
-                             f"[\"LlamaForCausalLM\"]), got {archs!r}")
+        raise ModelFileError(
+            where / "config.json",
+            "'architectures'",
+            "must be a non-empty list of model class names (e.g. "
+            f'["LlamaForCausalLM"]), got {archs!r}',
+        )
     return archs[0]
 
 
-def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
-                   progress: bool | None = None) -> Checkpoint:
+def load_directory(
+    path: str | os.PathLike[str], *, source: str | None = None, progress: bool | None = None
+) -> Checkpoint:
     """The :class:`Checkpoint` of a model directory.
 
     Reads ``config.json`` (required), the weight files (``model.safetensors.index.json`` or every
@@ -63,8 +67,11 @@ def load_directory(path: str | os.PathLike[str], *, source: str | None = None,
         tokenizer_config=read_tokenizer_config(root),
         generation_config=read_json(root / "generation_config.json"),
         quantization=quantization,
-        extra={"path": str(root), "files": [str(f) for f in files],
-               "dtype": config.get("torch_dtype") or config.get("dtype")},
+        extra={
+            "path": str(root),
+            "files": [str(f) for f in files],
+            "dtype": config.get("torch_dtype") or config.get("dtype"),
+        },
         tensor_shapes={name: entry.shape for name, (_, entry) in tensors.items()},
         config_path=str(root / "config.json"),
         embedding=read_embedding_spec(root),

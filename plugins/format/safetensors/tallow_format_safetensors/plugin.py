@@ -9,4 +9,6 @@ from tallow.plugin import hookimpl
 def tallow_register_weight_formats(registry) -> None:
     # Above hub ids: a local directory is asked first, so a path that exists is never mistaken
     # for a repository name.
-    registry.register("safetensors", "tallow_format_safetensors.format:SafetensorsFormat", priority=50)
+    registry.register(
+        "safetensors", "tallow_format_safetensors.format:SafetensorsFormat", priority=50
+    )

@@ -16,10 +16,16 @@ from tallow.plugin import EmbeddingSpec, ModelFileError
 from .tokenizer_files import read_json
 
 #: pooling flags of 1_Pooling/config.json → tallow's pooling mode
-_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-          "pooling_mode_lasttoken": "last"}
-_UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                      "pooling_mode_weightedmean_tokens")
+_MODES = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+}
+_UNSUPPORTED_MODES = (
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+)
 _MODULES = ("Transformer", "Pooling", "Normalize")
 
 
@@ -31,23 +37,31 @@ def _modules(path: Path) -> list[dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ModelFileError(path, None, f"not valid JSON ({exc})") from None
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise ModelFileError(path, None, "expected a list of modules ({\"type\", \"path\", ...})")
+        raise ModelFileError(path, None, 'expected a list of modules ({"type", "path", ...})')
     return data
 
 
 def _pooling_mode(path: Path) -> str:
     config = read_json(path)
     if not config:
-        raise ModelFileError(path, None, "is missing or empty; expected the Pooling module's "
-                             "settings (pooling_mode_mean_tokens, ...)")
+        raise ModelFileError(
+            path,
+            None,
+            "is missing or empty; expected the Pooling module's "
+            "settings (pooling_mode_mean_tokens, ...)",
+        )
     for key in _UNSUPPORTED_MODES:
         if config.get(key):
-            raise ModelFileError(path, key, "this pooling is not supported (tallow pools by "
-                                 "mean, CLS token or last token)")
+            raise ModelFileError(
+                path,
+                key,
+                "this pooling is not supported (tallow pools by mean, CLS token or last token)",
+            )
     chosen = [mode for key, mode in _MODES.items() if config.get(key)]
     if len(chosen) != 1:
-        raise ModelFileError(path, None, "expected exactly one of "
-                             f"{', '.join(_MODES)} to be true, got {len(chosen)}")
+        raise ModelFileError(
+            path, None, f"expected exactly one of {', '.join(_MODES)} to be true, got {len(chosen)}"
+        )
     return chosen[0]
 
 
@@ -66,16 +80,25 @@ def read_embedding_spec(root: Path) -> EmbeddingSpec | None:
         elif kind == "Normalize":
             normalize = True
         elif kind != "Transformer":
-            raise ModelFileError(modules_file, f"[{i}].type",
-                                 f"module {module.get('type')!r} is not supported (tallow "
-                                 f"applies {', '.join(_MODULES)})")
+            raise ModelFileError(
+                modules_file,
+                f"[{i}].type",
+                f"module {module.get('type')!r} is not supported (tallow "
+                f"applies {', '.join(_MODULES)})",
+            )
     sbert_file = root / "sentence_bert_config.json"
     sbert = read_json(sbert_file)
     max_len = sbert.get("max_seq_length")
-    if max_len is not None and (not isinstance(max_len, int) or isinstance(max_len, bool)
-                                or max_len < 1):
-        raise ModelFileError(sbert_file, "max_seq_length",
-                             f"expected a positive integer, got {max_len!r}")
-    return EmbeddingSpec(pooling=pooling, normalize=normalize, max_seq_length=max_len,
-                         lowercase=bool(sbert.get("do_lower_case", False)),
-                         source=str(modules_file))
+    if max_len is not None and (
+        not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1
+    ):
+        raise ModelFileError(
+            sbert_file, "max_seq_length", f"expected a positive integer, got {max_len!r}"
+        )
+    return EmbeddingSpec(
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=max_len,
+        lowercase=bool(sbert.get("do_lower_case", False)),
+        source=str(modules_file),
+    )

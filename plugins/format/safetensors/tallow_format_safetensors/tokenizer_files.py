@@ -20,8 +20,7 @@ def read_json(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ModelFileError(path, None, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ModelFileError(path, None,
-                             f"expected a JSON object, got {type(data).__name__}")
+        raise ModelFileError(path, None, f"expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -59,8 +58,11 @@ def read_tokenizer_config(root: Path) -> dict[str, Any]:
         cfg["chat_templates"] = named
         template = named.get("default")
     if template is not None and not isinstance(template, str):
-        raise ModelFileError(root, "chat_template", "must be a string or a list of "
-                             f"{{name, template}}, got {type(template).__name__}")
+        raise ModelFileError(
+            root,
+            "chat_template",
+            f"must be a string or a list of {{name, template}}, got {type(template).__name__}",
+        )
     if template is not None:
         cfg["chat_template"] = template
     return cfg
@@ -76,5 +78,6 @@ def read_tokenizer(root: Path) -> Any:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the tokenizers library raises bare Exceptions
-        raise ModelFileError(path, None,
-                             f"cannot be read by the tokenizers library ({exc})") from exc
+        raise ModelFileError(
+            path, None, f"cannot be read by the tokenizers library ({exc})"
+        ) from exc

@@ -17,15 +17,20 @@ def write_sharded(directory: Path) -> WrittenCheckpoint:
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps(config))
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[:5],
-              "model-00002-of-00002.safetensors": names[5:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:5],
+        "model-00002-of-00002.safetensors": names[5:],
+    }
     for file, members in shards.items():
-        save_file({n: tensors[n] for n in members}, str(directory / file),
-                  metadata={"format": "pt"})
-    (directory / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: f for f, ms in shards.items() for n in ms}}))
-    return WrittenCheckpoint(str(directory), tensors, "LlamaForCausalLM",
-                             [directory / f for f in shards])
+        save_file(
+            {n: tensors[n] for n in members}, str(directory / file), metadata={"format": "pt"}
+        )
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {n: f for f, ms in shards.items() for n in ms}})
+    )
+    return WrittenCheckpoint(
+        str(directory), tensors, "LlamaForCausalLM", [directory / f for f in shards]
+    )
 
 
 class TestSafetensorsConformance(WeightFormatConformance):

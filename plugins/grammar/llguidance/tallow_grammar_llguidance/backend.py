@@ -26,7 +26,12 @@ from llguidance.gbnf_to_lark import any_to_lark
 from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_par
 
 from tallow.plugin import (
-    GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo, plugin_settings,
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    TokenizerInfo,
+    plugin_settings,
 )
 
 from .plugin import DISTRIBUTION
@@ -61,7 +66,7 @@ class _Tokens:
         at = 0
         while at < len(data):
             for size in range(min(self._longest, len(data) - at), 0, -1):
-                token = self._ids.get(data[at:at + size])
+                token = self._ids.get(data[at : at + size])
                 if token is not None:
                     out.append(token)
                     at += size
@@ -76,8 +81,7 @@ def _tokenizer(info: TokenizerInfo) -> llg.LLTokenizer:
     tokens += [b"\xff<tallow_%d>" % i for i in range(len(tokens), info.vocab_size)]
     special = [i for i, b in enumerate(tokens) if b.startswith(b"\xff")]
     wrapper = llg.TokenizerWrapper(_Tokens(tokens, info.eos_token_ids[0], special))
-    return llg.LLTokenizer(wrapper, n_vocab=info.vocab_size,
-                           eos_token=list(info.eos_token_ids))
+    return llg.LLTokenizer(wrapper, n_vocab=info.vocab_size, eos_token=list(info.eos_token_ids))
 
 
 def _lark(body: str) -> str:
@@ -96,7 +100,7 @@ def _message(error: str) -> str:
         return "invalid grammar"
     first = _PLACE.sub("", lines[0]).replace("failed to compile JSON schema: ", "")
     reason = next((line for line in lines[1:] if line.startswith("error: ")), None)
-    return f"{first} {reason[len('error: '):]}" if reason else first
+    return f"{first} {reason[len('error: ') :]}" if reason else first
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -121,8 +125,9 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens and not self.inner.rollback(num_tokens):
-            raise RuntimeError(f"llguidance cannot roll back {num_tokens} tokens: "
-                               f"{self.inner.get_error()}")
+            raise RuntimeError(
+                f"llguidance cannot roll back {num_tokens} tokens: {self.inner.get_error()}"
+            )
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -139,8 +144,11 @@ class LLGuidanceBackend(GrammarBackend):
         self.lltokenizer = _tokenizer(tokenizer)
         self._executor = llg.LLExecutor(self.settings.max_threads)
         # options applied after the schema's own "x-guidance", so a request cannot loosen them
-        self._json_options = {"whitespace_flexible": self.settings.any_whitespace,
-                              "lenient": False, "coerce_one_of": False}
+        self._json_options = {
+            "whitespace_flexible": self.settings.any_whitespace,
+            "lenient": False,
+            "coerce_one_of": False,
+        }
         if not self.settings.any_whitespace:
             self._json_options |= {"item_separator": ",", "key_separator": ":"}
         self._lock = threading.Lock()
@@ -180,13 +188,15 @@ class LLGuidanceBackend(GrammarBackend):
     def matcher(self, compiled: llg.LLMatcher) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(compiled.deep_copy())
 
-    def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
-                      rows: Sequence[int]) -> None:
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
         if len(matchers) < self.settings.parallel_rows:
             for matcher, row in zip(matchers, rows):
                 matcher.fill_bitmask(bitmask, row)
             return
         ours = self.own_matchers(matchers, "fill_bitmasks")
         with self._lock:  # one executor, its threads shared
-            fill_next_token_bitmask_par(self._executor,
-                                        [(m.inner, row) for m, row in zip(ours, rows)], bitmask)
+            fill_next_token_bitmask_par(
+                self._executor, [(m.inner, row) for m, row in zip(ours, rows)], bitmask
+            )

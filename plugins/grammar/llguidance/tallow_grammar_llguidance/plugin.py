@@ -18,5 +18,6 @@ def tallow_configure(config) -> None:
 @hookimpl
 def tallow_register_grammar_backends(registry) -> None:
     # below xgrammar (100): `auto` keeps xgrammar, `runner.grammar_backend: llguidance` picks this
-    registry.register("llguidance", "tallow_grammar_llguidance.backend:LLGuidanceBackend",
-                      priority=50)
+    registry.register(
+        "llguidance", "tallow_grammar_llguidance.backend:LLGuidanceBackend", priority=50
+    )

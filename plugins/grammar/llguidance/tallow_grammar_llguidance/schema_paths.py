@@ -17,8 +17,19 @@ from typing import Any, Callable, Iterator
 
 # Keywords whose value is a schema, a list of schemas or a mapping of names to schemas: the
 # refused keywords among them too, since a refused keyword may sit inside one.
-_ONE = ("additionalProperties", "items", "propertyNames", "contains", "not", "if", "then",
-        "else", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_ONE = (
+    "additionalProperties",
+    "items",
+    "propertyNames",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+)
 _MANY = ("prefixItems", "anyOf", "allOf", "oneOf", "items")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -94,6 +105,7 @@ def _pattern_key(node: dict[str, Any], pattern: str) -> str | None:
 
 def skipped(schema: Any) -> tuple[str, str] | None:
     """(path, problem) of the first constraint llguidance would ignore silently, or None."""
+
     def test(node: dict[str, Any]) -> str | None:
         if "additionalItems" in node:
             return "additionalItems"
@@ -103,6 +115,8 @@ def skipped(schema: Any) -> tuple[str, str] | None:
     if path is None:
         return None
     if path.endswith("additionalItems"):
-        return path, ("items after a tuple ('additionalItems') cannot be enforced by "
-                      "llguidance (use prefixItems and items)")
+        return path, (
+            "items after a tuple ('additionalItems') cannot be enforced by "
+            "llguidance (use prefixItems and items)"
+        )
     return path, "the tuple form of 'items' cannot be enforced by llguidance (use prefixItems)"

@@ -26,8 +26,9 @@ def bytes_backend(**settings) -> LLGuidanceBackend:
     """A vocabulary of the 256 single bytes and an EOS: any text can be fed exactly."""
     pieces = tuple(bytes([b]) for b in range(256)) + (None,)
     config = make_config({"plugins": {"settings": {"tallow-grammar-llguidance": settings}}})
-    return LLGuidanceBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
-                                           eos_token_ids=(EOS,)), config)
+    return LLGuidanceBackend(
+        TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces, eos_token_ids=(EOS,)), config
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,34 +52,51 @@ def allowed(backend: LLGuidanceBackend, matcher) -> set[int]:
 
 def validator(schema) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
 
 
 # Schemas llguidance cannot enforce: each is refused, naming the keyword's place.
 REFUSED = [
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
-    ({"type": "object", "properties": {"not": {"not": {"type": "string"}}}},
-     "properties.not.not"),
+    ({"type": "object", "properties": {"not": {"not": {"type": "string"}}}}, "properties.not.not"),
     ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
-    ({"anyOf": [{"type": "null"}, {"oneOf": [{"type": "integer"}, {"type": "number"}]}]},
-     "anyOf[1].oneOf"),
+    (
+        {"anyOf": [{"type": "null"}, {"oneOf": [{"type": "integer"}, {"type": "number"}]}]},
+        "anyOf[1].oneOf",
+    ),
     ({"type": "array", "items": {"contains": {"const": 1}}}, "items.contains"),
     ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-    ({"$defs": {"o": {"type": "object", "unevaluatedProperties": False}},
-      "$ref": "#/$defs/o"}, "$defs.o.unevaluatedProperties"),
-    ({"type": "object", "properties": {"e": {"type": "string", "format": "idn-email"}}},
-     "properties.e.format"),
-    ({"type": "object", "patternProperties": {"(?=x)y": {"type": "integer"}}},
-     "patternProperties.(?=x)y"),
+    (
+        {"$defs": {"o": {"type": "object", "unevaluatedProperties": False}}, "$ref": "#/$defs/o"},
+        "$defs.o.unevaluatedProperties",
+    ),
+    (
+        {"type": "object", "properties": {"e": {"type": "string", "format": "idn-email"}}},
+        "properties.e.format",
+    ),
+    (
+        {"type": "object", "patternProperties": {"(?=x)y": {"type": "integer"}}},
+        "patternProperties.(?=x)y",
+    ),
     ({"type": "string", "pattern": "(a)\\1"}, "pattern"),
-    ({"type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": False},
-     "additionalItems"),
-    ({"type": "object", "properties": {"t": {"type": "array", "items": [{"type": "integer"}]}}},
-     "properties.t.items"),
+    (
+        {"type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": False},
+        "additionalItems",
+    ),
+    (
+        {"type": "object", "properties": {"t": {"type": "array", "items": [{"type": "integer"}]}}},
+        "properties.t.items",
+    ),
     ({"$ref": "https://example.com/schema.json"}, "$ref"),
-    ({"x-guidance": {"lenient": True, "coerce_one_of": True},
-      "oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+    (
+        {
+            "x-guidance": {"lenient": True, "coerce_one_of": True},
+            "oneOf": [{"type": "integer"}, {"type": "number"}],
+        },
+        "oneOf",
+    ),
 ]
 
 
@@ -104,21 +122,42 @@ ENFORCED = [
     ({"type": "number", "multipleOf": 0.5}, "0.3"),
     ({"type": "string", "format": "email", "maxLength": 3}, '"a@bcdefg.com"'),
     ({"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaaa"'),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
-     '{"a":1}'),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+        '{"a":1}',
+    ),
     ({"type": "string", "format": "date"}, '"2024-02-30"'),
     ({"type": "string", "format": "uuid"}, '"x"'),
     ({"type": "number", "exclusiveMinimum": 1.5}, "1.5"),
     ({"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, '"AB-12"'),
     ({"enum": [{"a": 1}, [1, 2]]}, '{"a":2}'),
-    ({"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"}},
-     '{"a":1}'),
-    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
-      "additionalProperties": False}, '{"xa":"s"}'),
+    (
+        {"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"}},
+        '{"a":1}',
+    ),
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^x": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        '{"xa":"s"}',
+    ),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1,2]"),
-    ({"$defs": {"n": {"type": "object", "properties": {"next": {"anyOf": [
-        {"$ref": "#/$defs/n"}, {"type": "null"}]}}, "required": ["next"],
-        "additionalProperties": False}}, "$ref": "#/$defs/n"}, '{"next":{"next":1}}'),
+    (
+        {
+            "$defs": {
+                "n": {
+                    "type": "object",
+                    "properties": {"next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
+                    "required": ["next"],
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/$defs/n",
+        },
+        '{"next":{"next":1}}',
+    ),
     ({"x-guidance": {"lenient": True}, "type": "integer", "maximum": 3}, "4"),
     # oneOf of alternatives no value can match both of: llguidance takes it as anyOf, exactly
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, "true"),
@@ -133,8 +172,11 @@ def test_accepted_keywords_are_enforced(backend, schema, text):
 
 
 def test_json_is_compact_unless_any_whitespace():
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
-              "x-guidance": {"whitespace_flexible": True}}  # the schema cannot switch it on
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "x-guidance": {"whitespace_flexible": True},
+    }  # the schema cannot switch it on
     whitespace = set(b" \t\n\r")
     for settings, spaced in (({}, False), ({"any_whitespace": True}, True)):
         backend = bytes_backend(**settings)
@@ -147,10 +189,12 @@ def test_json_is_compact_unless_any_whitespace():
 
 def test_json_strings_hold_no_control_characters_nor_surrogates():
     pieces = tuple(bytes([b]) for b in range(256)) + (None, b"\xed\xa0\x80", b"\xed\x9f\xbf")
-    backend = LLGuidanceBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
-                                              eos_token_ids=(EOS,)))
-    matcher = backend.matcher(backend.compile(GrammarSpec.json_schema(
-        {"type": "string", "maxLength": 3})))
+    backend = LLGuidanceBackend(
+        TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces, eos_token_ids=(EOS,))
+    )
+    matcher = backend.matcher(
+        backend.compile(GrammarSpec.json_schema({"type": "string", "maxLength": 3}))
+    )
     assert matcher.accept(ord('"'))
     first = allowed(backend, matcher)
     assert not first & set(range(32)) and 257 not in first and 258 in first
@@ -162,8 +206,9 @@ def test_json_strings_hold_no_control_characters_nor_surrogates():
 def test_forced_text_allows_every_token_that_continues_it(backend):
     # llguidance would allow only its own tokenization of bytes the grammar forces
     pieces = tuple(bytes([b]) for b in range(256)) + (None, "é😀".encode(), b"\xf0\x9f")
-    split = LLGuidanceBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
-                                            eos_token_ids=(EOS,)))
+    split = LLGuidanceBackend(
+        TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces, eos_token_ids=(EOS,))
+    )
     matcher = split.matcher(split.compile(GrammarSpec("choice", ("é😀",))))
     assert allowed(split, matcher) == {0xC3, 257}
     assert matcher.accept(0xC3) and matcher.accept(0xA9)
@@ -174,8 +219,9 @@ def test_forced_text_allows_every_token_that_continues_it(backend):
 
 def test_every_eos_token_ends_a_complete_text():
     pieces = tuple(bytes([b]) for b in range(256)) + (None, None)
-    backend = LLGuidanceBackend(TokenizerInfo(vocab_size=len(pieces) + 3, token_bytes=pieces,
-                                              eos_token_ids=(257, 256)))
+    backend = LLGuidanceBackend(
+        TokenizerInfo(vocab_size=len(pieces) + 3, token_bytes=pieces, eos_token_ids=(257, 256))
+    )
     compiled = backend.compile(GrammarSpec("regex", "ab+"))
     for eos in (256, 257):
         matcher = backend.matcher(compiled)
@@ -197,6 +243,7 @@ def test_gbnf_grammars_and_their_errors(backend):
 
 
 # -- the served model's vocabulary -----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def qwen_backend() -> LLGuidanceBackend:

@@ -29,7 +29,12 @@ import torch
 import xgrammar as xgr
 
 from tallow.plugin import (
-    GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, TokenizerInfo, plugin_settings,
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    TokenizerInfo,
+    plugin_settings,
 )
 
 from .plugin import DISTRIBUTION
@@ -64,9 +69,10 @@ def _batch_accept(matchers: list["XGrammarMatcher"], tokens: list[int]) -> list[
     per row, where a slice reads it in one."""
     if _xgr_core is None:
         return xgr.BatchGrammarMatcher.batch_accept_token([m.inner for m in matchers], tokens)
-    got = _xgr_core.BatchGrammarMatcher.batch_accept_token([m.native for m in matchers],
-                                                           tokens, False)
-    return got[0:len(got)]
+    got = _xgr_core.BatchGrammarMatcher.batch_accept_token(
+        [m.native for m in matchers], tokens, False
+    )
+    return got[0 : len(got)]
 
 
 def _ebnf_literal(text: str) -> str:
@@ -183,24 +189,31 @@ class XGrammarBackend(GrammarBackend):
         self.settings = plugin_settings(XGrammarSettings, config, DISTRIBUTION)
         vocab = [b or b"" for b in tokenizer.token_bytes]
         vocab += [b""] * (tokenizer.vocab_size - len(vocab))
-        info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=tokenizer.vocab_size,
-                                 stop_token_ids=list(tokenizer.eos_token_ids))
+        info = xgr.TokenizerInfo(
+            vocab,
+            xgr.VocabType.RAW,
+            vocab_size=tokenizer.vocab_size,
+            stop_token_ids=list(tokenizer.eos_token_ids),
+        )
         self._info = info
         # tallow caches compiled grammars itself (by spec), so xgrammar's cache stays off
-        self.compiler = xgr.GrammarCompiler(info, max_threads=self.settings.max_threads,
-                                            cache_enabled=False)
-        control = (_CONTROL_BUT_WHITESPACE if self.settings.any_whitespace else _CONTROL)
+        self.compiler = xgr.GrammarCompiler(
+            info, max_threads=self.settings.max_threads, cache_enabled=False
+        )
+        control = _CONTROL_BUT_WHITESPACE if self.settings.any_whitespace else _CONTROL
         json_ok = [i for i, b in enumerate(vocab) if not control.search(b)]
         #: one bitmask row: the tokens a JSON text may hold anywhere
         self.json_tokens = _rows_of(json_ok, tokenizer.vocab_size)
         self._json_words = self.json_tokens.numpy()
         #: tokens that end with a surrogate's lead byte, and one bitmask row: the tokens that
         #: may follow one (those not starting with A0..BF)
-        self.surrogate_leads = frozenset(i for i, b in enumerate(vocab)
-                                         if b[-1:] == bytes([_SURROGATE_LEAD]))
-        self.no_surrogate_tail = _rows_of([i for i, b in enumerate(vocab)
-                                           if not 0xA0 <= (b[0] if b else 0) <= 0xBF],
-                                          tokenizer.vocab_size)
+        self.surrogate_leads = frozenset(
+            i for i, b in enumerate(vocab) if b[-1:] == bytes([_SURROGATE_LEAD])
+        )
+        self.no_surrogate_tail = _rows_of(
+            [i for i, b in enumerate(vocab) if not 0xA0 <= (b[0] if b else 0) <= 0xBF],
+            tokenizer.vocab_size,
+        )
         self._no_surrogate_tail_words = self.no_surrogate_tail.numpy()
         #: one bitmask row: the EOS tokens
         self.eos_tokens = _rows_of(tokenizer.eos_token_ids, tokenizer.vocab_size)
@@ -223,8 +236,9 @@ class XGrammarBackend(GrammarBackend):
         except GrammarError:
             raise
         except Exception as exc:  # xgrammar reports every parse error as an exception
-            raise GrammarError(f"xgrammar cannot compile the {spec.kind}: "
-                               f"{_message(exc)}") from None
+            raise GrammarError(
+                f"xgrammar cannot compile the {spec.kind}: {_message(exc)}"
+            ) from None
 
     def _compile_json(self, spec: GrammarSpec) -> Any:
         found = unenforced(spec.schema)
@@ -233,8 +247,11 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarError(problem, path)
         separators = None if self.settings.any_whitespace else (",", ":")
         return self.compiler.compile_json_schema(
-            spec.value, any_whitespace=self.settings.any_whitespace, separators=separators,
-            strict_mode=True)
+            spec.value,
+            any_whitespace=self.settings.any_whitespace,
+            separators=separators,
+            strict_mode=True,
+        )
 
     def matcher(self, compiled: _Compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self, compiled)
@@ -250,8 +267,9 @@ class XGrammarBackend(GrammarBackend):
         grammar = xgr.CompiledGrammar.deserialize_json(data[1:].decode("utf-8"), self._info)
         return _Compiled(grammar, json=data[:1] == b"J")
 
-    def accept_tokens(self, matchers: Sequence[GrammarMatcher],
-                      tokens: Sequence[int]) -> list[bool]:
+    def accept_tokens(
+        self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int]
+    ) -> list[bool]:
         ours = self.own_matchers(matchers, "accept_tokens")
         # Termination comes from each matcher's cache where the stop checks have worked it
         # out (for every row the engine advances, they have): this runs for every
@@ -260,8 +278,11 @@ class XGrammarBackend(GrammarBackend):
         if all(live):  # one call for the step: xgrammar advances them with the GIL released
             results = [bool(ok) for ok in _batch_accept(ours, list(tokens))]
         elif any(live):
-            got = iter(_batch_accept([m for m, k in zip(ours, live) if k],
-                                     [t for t, k in zip(tokens, live) if k]))
+            got = iter(
+                _batch_accept(
+                    [m for m, k in zip(ours, live) if k], [t for t, k in zip(tokens, live) if k]
+                )
+            )
             results = [bool(next(got)) if k else False for k in live]
         else:
             results = [False] * len(ours)
@@ -270,8 +291,9 @@ class XGrammarBackend(GrammarBackend):
                 matcher.accepted(token)
         return results
 
-    def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
-                      rows: Sequence[int]) -> None:
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
         rows = list(rows)
         if len(matchers) < self.settings.parallel_rows:
             for matcher, row in zip(matchers, rows):

@@ -17,5 +17,4 @@ def tallow_configure(config) -> None:
 
 @hookimpl
 def tallow_register_grammar_backends(registry) -> None:
-    registry.register("xgrammar", "tallow_grammar_xgrammar.backend:XGrammarBackend",
-                      priority=100)
+    registry.register("xgrammar", "tallow_grammar_xgrammar.backend:XGrammarBackend", priority=100)

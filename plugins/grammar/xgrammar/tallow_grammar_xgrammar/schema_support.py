@@ -30,24 +30,42 @@ import re
 from typing import Any, Iterator
 
 #: formats xgrammar turns into a pattern
-FORMATS = frozenset({
-    "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
-    "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
-})
+FORMATS = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 
 _UNENFORCED = {
     "not": "negation",
-    "if": "conditional subschemas", "then": "conditional subschemas",
+    "if": "conditional subschemas",
+    "then": "conditional subschemas",
     "else": "conditional subschemas",
     "oneOf": "exclusive alternatives (use anyOf)",
-    "contains": "array containment", "minContains": "array containment",
+    "contains": "array containment",
+    "minContains": "array containment",
     "maxContains": "array containment",
-    "dependentRequired": "dependent properties", "dependentSchemas": "dependent properties",
+    "dependentRequired": "dependent properties",
+    "dependentSchemas": "dependent properties",
     "dependencies": "dependent properties",
     "unevaluatedProperties": "unevaluated properties",
     "unevaluatedItems": "unevaluated items",
     "additionalItems": "items after a tuple (use prefixItems and items)",
-    "$dynamicRef": "dynamic references", "$recursiveRef": "recursive references",
+    "$dynamicRef": "dynamic references",
+    "$recursiveRef": "recursive references",
 }
 
 #: keywords that constrain only values of one type
@@ -55,17 +73,38 @@ _TYPED = {
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "array": ("items", "prefixItems", "minItems", "maxItems"),
-    "object": ("required", "properties", "additionalProperties", "patternProperties",
-               "propertyNames", "minProperties", "maxProperties"),
+    "object": (
+        "required",
+        "properties",
+        "additionalProperties",
+        "patternProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+    ),
 }
 _TYPE_OF = {key: kind for kind, keys in _TYPED.items() for key in keys}
 
 #: keywords that carry no constraint, or only hold subschemas for references
-_NEUTRAL = frozenset({
-    "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor",
-    "readOnly", "writeOnly", "deprecated", "contentMediaType", "contentEncoding", "$defs",
-    "definitions",
-})
+_NEUTRAL = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "$schema",
+        "$id",
+        "$anchor",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "contentMediaType",
+        "contentEncoding",
+        "$defs",
+        "definitions",
+    }
+)
 
 #: keywords beside which xgrammar applies nothing else
 _EXCLUSIVE = ("enum", "const", "anyOf", "allOf", "$ref")
@@ -137,16 +176,17 @@ def _typed_problem(node: dict[str, Any], at: Any) -> tuple[str, str] | None:
             continue
         if kind == "object" and "properties" in node and "type" not in node:
             continue  # xgrammar takes a schema with properties for an object's
-        return at(key), (f"{key!r} applies to {kind} values; without \"type\": \"{kind}\" "
-                         f"(or a type list holding it) it {_XG}")
+        return at(key), (
+            f'{key!r} applies to {kind} values; without "type": "{kind}" '
+            f"(or a type list holding it) it {_XG}"
+        )
     return None
 
 
 def _string_problem(node: dict[str, Any], at: Any) -> tuple[str, str] | None:
     fmt = node.get("format")
     if isinstance(fmt, str) and fmt not in FORMATS:
-        return at("format"), (f"format {fmt!r} {_XG} (enforced: "
-                              f"{', '.join(sorted(FORMATS))})")
+        return at("format"), (f"format {fmt!r} {_XG} (enforced: {', '.join(sorted(FORMATS))})")
     pattern = node.get("pattern")
     if isinstance(pattern, str) and (why := regex_problem(pattern)):
         return at("pattern"), f"{why} {_XG}"

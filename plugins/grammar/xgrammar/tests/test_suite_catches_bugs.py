@@ -73,14 +73,19 @@ class TestNoRollback(GrammarBackendConformance):
 def test_the_suite_catches_broken_backends(tmp_path: Path) -> None:
     failed, stdout = suite_failures(BROKEN, tmp_path)
     report = stdout[-4000:]
-    for test in ("TestLeaky::test_choice_masks_are_exact", "TestLeaky::test_regex_masks_are_exact",
-                 "TestLeaky::test_grammar_masks_are_exact",
-                 "TestNoRollback::test_rollback_restores_earlier_masks",
-                 "TestEagerBatch::test_accept_tokens_equals_each_matchers_accept"):
+    for test in (
+        "TestLeaky::test_choice_masks_are_exact",
+        "TestLeaky::test_regex_masks_are_exact",
+        "TestLeaky::test_grammar_masks_are_exact",
+        "TestNoRollback::test_rollback_restores_earlier_masks",
+        "TestEagerBatch::test_accept_tokens_equals_each_matchers_accept",
+    ):
         assert test in failed, f"{test} did not fail:\n{report}"
     # what the broken backends do right still passes
-    for test in ("TestNoRollback::test_choice_masks_are_exact",
-                 "TestNoRollback::test_json_outputs_validate",
-                 "TestLeaky::test_refused_schemas_name_their_part",
-                 "TestEagerBatch::test_fill_bitmasks_equals_each_matchers_fill"):
+    for test in (
+        "TestNoRollback::test_choice_masks_are_exact",
+        "TestNoRollback::test_json_outputs_validate",
+        "TestLeaky::test_refused_schemas_name_their_part",
+        "TestEagerBatch::test_fill_bitmasks_equals_each_matchers_fill",
+    ):
         assert test not in failed, report

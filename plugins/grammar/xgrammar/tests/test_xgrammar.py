@@ -18,8 +18,9 @@ from tallow_grammar_xgrammar.backend import XGrammarBackend
 def bytes_backend() -> XGrammarBackend:
     """A vocabulary of the 256 single bytes and an EOS: any text can be fed exactly."""
     pieces = tuple(bytes([b]) for b in range(256)) + (None,)
-    return XGrammarBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
-                                         eos_token_ids=(256,)))
+    return XGrammarBackend(
+        TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces, eos_token_ids=(256,))
+    )
 
 
 def completes(backend: XGrammarBackend, schema: dict, text: str) -> bool:
@@ -35,8 +36,11 @@ def completes(backend: XGrammarBackend, schema: dict, text: str) -> bool:
 SKIPPED = [
     ({"minimum": 5}, "1", "minimum"),
     ({"maxLength": 2}, '"abcd"', "maxLength"),
-    ({"type": "object", "properties": {"p": {"pattern": "^a$"}}}, '{"p":"b"}',
-     "properties.p.pattern"),
+    (
+        {"type": "object", "properties": {"p": {"pattern": "^a$"}}},
+        '{"p":"b"}',
+        "properties.p.pattern",
+    ),
     ({"maxItems": 1}, "[1,2]", "maxItems"),
     ({"required": ["x"]}, "{}", "required"),
     ({"enum": [1, 2], "minimum": 2}, "1", "minimum"),
@@ -47,10 +51,12 @@ SKIPPED = [
     ({"type": "number", "multipleOf": 0.5}, "0.3", "multipleOf"),
     ({"type": "string", "format": "email", "maxLength": 3}, '"a@bcdefg.com"', "maxLength"),
     ({"type": "string", "pattern": "^a+$", "maxLength": 2}, '"aaaa"', "maxLength"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
-     '{"a":1}', "required"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1,1]",
-     "uniqueItems"),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+        '{"a":1}',
+        "required",
+    ),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1,1]", "uniqueItems"),
     ({"anyOf": [{"type": "string", "pattern": "(?=x)y"}]}, '"y"', "anyOf[0].pattern"),
     ({"type": "string", "format": "idn-email"}, '"x"', "format"),
 ]
@@ -63,7 +69,8 @@ def test_skipped_keywords_are_refused_with_their_path(bytes_backend, schema, tex
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
     assert list(validator.iter_errors(json.loads(text))) or path == "format", (
-        "the example must be invalid")
+        "the example must be invalid"
+    )
     with pytest.raises(GrammarError) as info:
         bytes_backend.compile(GrammarSpec.json_schema(schema))
     assert info.value.path == path
@@ -86,15 +93,40 @@ ENFORCED = [
     ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2}, "[]"),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1,2]"),
     ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"b":"x"}'),
-    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
-      "additionalProperties": False}, '{"xa":"s"}'),
-    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
-      "additionalProperties": {"type": "integer"}}, '{"A":1}'),
-    ({"type": "object", "maxProperties": 1, "additionalProperties": {"type": "integer"}},
-     '{"a":1,"b":2}'),
-    ({"$defs": {"n": {"type": "object", "properties": {"next": {"anyOf": [
-        {"$ref": "#/$defs/n"}, {"type": "null"}]}}, "required": ["next"],
-        "additionalProperties": False}}, "$ref": "#/$defs/n"}, '{"next":{"next":1}}'),
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^x": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        '{"xa":"s"}',
+    ),
+    (
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z]+$"},
+            "additionalProperties": {"type": "integer"},
+        },
+        '{"A":1}',
+    ),
+    (
+        {"type": "object", "maxProperties": 1, "additionalProperties": {"type": "integer"}},
+        '{"a":1,"b":2}',
+    ),
+    (
+        {
+            "$defs": {
+                "n": {
+                    "type": "object",
+                    "properties": {"next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
+                    "required": ["next"],
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/$defs/n",
+        },
+        '{"next":{"next":1}}',
+    ),
 ]
 
 
@@ -110,8 +142,11 @@ def test_accepted_keywords_are_enforced(bytes_backend, schema, text):
 
 def test_json_masks_never_allow_control_characters(bytes_backend):
     # xgrammar's length-bounded string rule lets raw control characters into a string
-    for schema in ({"type": "string", "maxLength": 5}, {"type": "string", "minLength": 1},
-                   {"type": "object", "additionalProperties": {"type": "string"}}):
+    for schema in (
+        {"type": "string", "maxLength": 5},
+        {"type": "string", "minLength": 1},
+        {"type": "object", "additionalProperties": {"type": "string"}},
+    ):
         matcher = bytes_backend.matcher(bytes_backend.compile(GrammarSpec.json_schema(schema)))
         for b in b'{"k":"' if schema["type"] == "object" else b'"':
             assert matcher.accept(b)
@@ -125,11 +160,11 @@ def test_json_masks_never_allow_control_characters(bytes_backend):
 def test_json_strings_hold_no_surrogates_within_or_across_tokens():
     # xgrammar's string rule takes ED A0..BF (a UTF-16 surrogate in UTF-8's form, not UTF-8):
     # decoded, its three bytes are three replacement characters, so maxLength would fail
-    pieces = (tuple(bytes([b]) for b in range(256)) + (b"\xed\xa0\x80", b"\xed\x9f\xbf")
-              + (None,))
+    pieces = tuple(bytes([b]) for b in range(256)) + (b"\xed\xa0\x80", b"\xed\x9f\xbf") + (None,)
     eos = len(pieces) - 1
-    backend = XGrammarBackend(TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces,
-                                            eos_token_ids=(eos,)))
+    backend = XGrammarBackend(
+        TokenizerInfo(vocab_size=len(pieces), token_bytes=pieces, eos_token_ids=(eos,))
+    )
     words = backend.tokenizer.bitmask_words
     compiled = backend.compile(GrammarSpec.json_schema({"type": "string", "maxLength": 3}))
 
@@ -160,12 +195,12 @@ def test_json_strings_hold_no_surrogates_within_or_across_tokens():
 
 def test_batched_fill_clears_control_characters_of_json_rows_only(bytes_backend):
     # enough rows for the batched path; JSON rows in runs and alone, regex rows between them
-    json_grammar = bytes_backend.compile(GrammarSpec.json_schema({"type": "string",
-                                                                  "maxLength": 5}))
+    json_grammar = bytes_backend.compile(
+        GrammarSpec.json_schema({"type": "string", "maxLength": 5})
+    )
     regex_grammar = bytes_backend.compile(GrammarSpec("regex", "[\\x00-\\x7f]*"))
     kinds = "jjjrjjrrjrjjj"
-    matchers = [bytes_backend.matcher(json_grammar if k == "j" else regex_grammar)
-                for k in kinds]
+    matchers = [bytes_backend.matcher(json_grammar if k == "j" else regex_grammar) for k in kinds]
     for matcher, kind in zip(matchers, kinds):
         if kind == "j":
             assert matcher.accept(ord('"'))
@@ -194,6 +229,7 @@ def test_choice_with_quotes_and_control_characters(bytes_backend):
 
 # -- the served model's vocabulary -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def qwen_backend() -> XGrammarBackend:
     from tallow.default_model import default_model_path
@@ -209,16 +245,34 @@ def qwen_backend() -> XGrammarBackend:
 
 
 REAL_SCHEMAS = [
-    {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "temperature": {"type": "number", "minimum": -50, "maximum": 60},
-        "unit": {"enum": ["C", "F"]}},
-     "required": ["city", "temperature", "unit"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "object", "properties": {
-        "id": {"type": "integer", "minimum": 1, "maximum": 999},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
-                 "maxItems": 2}},
-        "required": ["id"], "additionalProperties": False}, "minItems": 1, "maxItems": 3},
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "temperature": {"type": "number", "minimum": -50, "maximum": 60},
+            "unit": {"enum": ["C", "F"]},
+        },
+        "required": ["city", "temperature", "unit"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 1, "maximum": 999},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 6},
+                    "maxItems": 2,
+                },
+            },
+            "required": ["id"],
+            "additionalProperties": False,
+        },
+        "minItems": 1,
+        "maxItems": 3,
+    },
     {"type": "string", "format": "uuid"},
 ]
 
@@ -232,8 +286,9 @@ def test_random_walks_over_the_real_vocabulary_validate(qwen_backend):
         compiled = qwen_backend.compile(GrammarSpec.json_schema(schema))
         finished = 0
         for _ in range(6):
-            text = walk_to_end(qwen_backend, compiled, rng, max_tokens=400, prefer=closing,
-                               prefer_rate=0.6)
+            text = walk_to_end(
+                qwen_backend, compiled, rng, max_tokens=400, prefer=closing, prefer_rate=0.6
+            )
             if text is not None:
                 jsonschema.validate(json.loads(text.decode("utf-8")), schema)
                 finished += 1
@@ -253,8 +308,10 @@ def test_the_kits_walk_ends_validates_and_catches_byteless_tokens(bytes_backend)
     info = bytes_backend.tokenizer
     broken = XGrammarBackend(info)
     broken.tokenizer = TokenizerInfo(
-        vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
-        token_bytes=tuple(None if t == ord("a") else b for t, b in enumerate(info.token_bytes)))
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        token_bytes=tuple(None if t == ord("a") else b for t, b in enumerate(info.token_bytes)),
+    )
     with pytest.raises(AssertionError, match="without bytes"):
         walk_to_end(broken, broken.compile(GrammarSpec("regex", "a+")), rng, max_tokens=5)
 
@@ -262,14 +319,22 @@ def test_the_kits_walk_ends_validates_and_catches_byteless_tokens(bytes_backend)
 def test_a_steps_tokens_accepted_at_once_as_one_by_one(bytes_backend):
     """``accept_tokens`` (one xgrammar call) leaves every matcher as ``accept`` would: refused
     tokens, a terminated matcher and the JSON rows' surrogate bookkeeping included."""
-    json_grammar = bytes_backend.compile(GrammarSpec.json_schema({"type": "string",
-                                                                  "maxLength": 3}))
+    json_grammar = bytes_backend.compile(
+        GrammarSpec.json_schema({"type": "string", "maxLength": 3})
+    )
     choice = bytes_backend.compile(GrammarSpec("choice", ("ab", "b")))
     eos = bytes_backend.tokenizer.eos_token_ids[0]
     # prefixes and next tokens: allowed, refused, after termination, a surrogate lead
-    cases = [(json_grammar, b'"', ord("x")), (json_grammar, b'"xy"', ord("x")),
-             (json_grammar, b'"x', 0xED), (choice, b"a", ord("b")), (choice, b"b", ord("a")),
-             (choice, b"ab", ord("b")), (json_grammar, b'"xy"', eos), (choice, b"", ord("b"))]
+    cases = [
+        (json_grammar, b'"', ord("x")),
+        (json_grammar, b'"xy"', ord("x")),
+        (json_grammar, b'"x', 0xED),
+        (choice, b"a", ord("b")),
+        (choice, b"b", ord("a")),
+        (choice, b"ab", ord("b")),
+        (json_grammar, b'"xy"', eos),
+        (choice, b"", ord("b")),
+    ]
 
     def prepared():
         out = []
@@ -285,8 +350,7 @@ def test_a_steps_tokens_accepted_at_once_as_one_by_one(bytes_backend):
     assert bytes_backend.accept_tokens(batched, tokens) == expected
     assert expected == [True, False, True, True, False, False, False, True]
     ended = [m for m in prepared() if m.is_terminated()]  # a step of ended matchers only
-    assert ended and bytes_backend.accept_tokens(ended, [eos] * len(ended)) == [False] * len(
-        ended)
+    assert ended and bytes_backend.accept_tokens(ended, [eos] * len(ended)) == [False] * len(ended)
     words = bytes_backend.tokenizer.bitmask_words
     for one, other in zip(single, batched):
         assert one.is_terminated() == other.is_terminated()

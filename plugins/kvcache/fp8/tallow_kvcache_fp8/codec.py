@@ -34,8 +34,11 @@ class FP8KVCodec(CastKVCodec):
 
     def __init__(self, config: Any = None) -> None:
         settings = fp8_settings(config)
-        super().__init__(config, per_head_scales=settings.scales == "checkpoint",
-                         center_keys=settings.center_keys)
+        super().__init__(
+            config,
+            per_head_scales=settings.scales == "checkpoint",
+            center_keys=settings.center_keys,
+        )
 
 
 class FP8E4M3KVCodec(FP8KVCodec):

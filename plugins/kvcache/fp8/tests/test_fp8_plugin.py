@@ -25,13 +25,16 @@ def test_registers_three_names_lazily() -> None:
     plugin.tallow_register_kv_codecs(registry)
     assert all(registry.entry(name).lazy for name in registry.names())
     got = {name: registry.get(name) for name in ("fp8", "fp8_e4m3", "fp8_e5m2")}
-    assert got == {"fp8": FP8E4M3KVCodec, "fp8_e4m3": FP8E4M3KVCodec,
-                   "fp8_e5m2": FP8E5M2KVCodec}
+    assert got == {"fp8": FP8E4M3KVCodec, "fp8_e4m3": FP8E4M3KVCodec, "fp8_e5m2": FP8E5M2KVCodec}
 
 
 def test_registration_imports_no_torch() -> None:
-    assert modules_imported_by_registration("tallow_kvcache_fp8.plugin",
-                                            "tallow_register_kv_codecs", "KVCodecRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_kvcache_fp8.plugin", "tallow_register_kv_codecs", "KVCodecRegistry"
+        )
+        == []
+    )
 
 
 def test_codecs_lay_out_one_byte_k_and_v_tensors() -> None:
@@ -39,17 +42,21 @@ def test_codecs_lay_out_one_byte_k_and_v_tensors() -> None:
         codec = cls()
         assert codec.bits_per_element == 8.0
         for model_dtype in (torch.bfloat16, torch.float16, torch.float32):
-            layout = codec.layout(num_kv_heads=2, head_dim=64, block_size=16,
-                                  model_dtype=model_dtype)
+            layout = codec.layout(
+                num_kv_heads=2, head_dim=64, block_size=16, model_dtype=model_dtype
+            )
             assert [(t.name, t.shape, t.dtype, t.per_block) for t in layout] == [
-                ("k", (16, 2, 64), dtype, True), ("v", (16, 2, 64), dtype, True)]
+                ("k", (16, 2, 64), dtype, True),
+                ("v", (16, 2, 64), dtype, True),
+            ]
 
 
 def test_encode_rounds_and_decode_widens() -> None:
     """The reference round trip: a value comes back as the cast rounds it, at its slot."""
     codec = FP8E4M3KVCodec()
-    cache = allocate_layer(codec, num_kv_heads=2, head_dim=4, block_size=4, num_blocks=3,
-                           model_dtype=torch.bfloat16)
+    cache = allocate_layer(
+        codec, num_kv_heads=2, head_dim=4, block_size=4, num_blocks=3, model_dtype=torch.bfloat16
+    )
     k = torch.randn(5, 2, 4, dtype=torch.bfloat16) * 100
     v = torch.randn(5, 2, 4, dtype=torch.bfloat16)
     k[0, 0, 0] = 1e4  # beyond e4m3's range: saturates at 448

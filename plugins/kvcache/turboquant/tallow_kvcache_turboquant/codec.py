@@ -63,22 +63,29 @@ class TurboKVCodec(KVCodec):
         self.center_values = settings.center_values
         self.seed = settings.seed
 
-    def layout(self, *, num_kv_heads: int, head_dim: int, block_size: int,
-               model_dtype: torch.dtype) -> list[KVTensor]:
+    def layout(
+        self, *, num_kv_heads: int, head_dim: int, block_size: int, model_dtype: torch.dtype
+    ) -> list[KVTensor]:
         codes = (block_size, num_kv_heads, code_bytes(head_dim, self.bits))
         scales = (block_size, num_kv_heads)
         per_head = (num_kv_heads, head_dim)
-        tensors = [KVTensor("k_codes", codes, torch.uint8),
-                   KVTensor("k_scales", scales, torch.float16),
-                   KVTensor("v_codes", codes, torch.uint8),
-                   KVTensor("v_scales", scales, torch.float16)]
-        for name, wanted in (("k_offset", self.center_keys), ("k_smooth", self.smooth_keys),
-                             ("v_offset", self.center_values)):
+        tensors = [
+            KVTensor("k_codes", codes, torch.uint8),
+            KVTensor("k_scales", scales, torch.float16),
+            KVTensor("v_codes", codes, torch.uint8),
+            KVTensor("v_scales", scales, torch.float16),
+        ]
+        for name, wanted in (
+            ("k_offset", self.center_keys),
+            ("k_smooth", self.smooth_keys),
+            ("v_offset", self.center_values),
+        ):
             if wanted:
                 tensors.append(KVTensor(name, per_head, torch.float32, per_block=False))
         if self.rotation:
-            tensors.append(KVTensor("rotation", (head_dim, head_dim), torch.float32,
-                                    per_block=False))
+            tensors.append(
+                KVTensor("rotation", (head_dim, head_dim), torch.float32, per_block=False)
+            )
         return tensors
 
     def init_layer(self, cache: LayerKVCache) -> None:
@@ -87,8 +94,9 @@ class TurboKVCodec(KVCodec):
         if "k_smooth" in cache:
             cache["k_smooth"].fill_(1.0)
 
-    def calibrate(self, cache: LayerKVCache, q: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor) -> None:
+    def calibrate(
+        self, cache: LayerKVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """Offsets and smoothing from this layer's calibration Q/K/V
         (:mod:`~tallow_kvcache_turboquant.calibration`)."""
         offset = torch.zeros_like(cache["k_offset"]) if "k_offset" in cache else None
@@ -101,8 +109,9 @@ class TurboKVCodec(KVCodec):
         if "v_offset" in cache:
             cache["v_offset"].copy_(value_offset(v))
 
-    def encode(self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor,
-               slot_mapping: torch.Tensor) -> None:
+    def encode(
+        self, cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         rows, blocks, offsets = slots_to_blocks(slot_mapping, cache.block_size)
         for name, x in (("k", k), ("v", v)):
             y = to_stored(cache, name, x[rows].float())
@@ -110,14 +119,14 @@ class TurboKVCodec(KVCodec):
             cache[f"{name}_codes"][blocks, offsets] = pack(codes, self.bits)
             cache[f"{name}_scales"][blocks, offsets] = scales
 
-    def decode(self, cache: LayerKVCache, blocks: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(
+        self, cache: LayerKVCache, blocks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
         for name in ("k", "v"):
             codes = unpack(cache[f"{name}_codes"][blocks], self.bits, cache.head_dim)
             y = dequantize(codes, cache[f"{name}_scales"][blocks], self.bits)
-            out.append(from_stored(cache, name,
-                                   y.reshape(-1, cache.num_kv_heads, cache.head_dim)))
+            out.append(from_stored(cache, name, y.reshape(-1, cache.num_kv_heads, cache.head_dim)))
         return out[0], out[1]
 
 

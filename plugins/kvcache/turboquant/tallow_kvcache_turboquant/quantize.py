@@ -47,7 +47,7 @@ def check_bits(bits: int) -> None:
 
 def center(bits: int) -> float:
     """The code that stands for 0: ``(2**bits - 1) / 2`` (between two codes)."""
-    return (2 ** bits - 1) / 2
+    return (2**bits - 1) / 2
 
 
 def code_bytes(head_dim: int, bits: int) -> int:
@@ -70,7 +70,7 @@ def quantize(y: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     s = scales.float()[..., None]
     safe = torch.where(s > 0, s, torch.ones_like(s))
     codes = torch.floor(torch.where(s > 0, y / safe, torch.zeros_like(y)) + (c + 0.5))
-    return codes.clamp_(0, 2 ** bits - 1).to(torch.uint8), scales
+    return codes.clamp_(0, 2**bits - 1).to(torch.uint8), scales
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
@@ -90,17 +90,19 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return (c[..., :half] | (c[..., half:] << 4)).to(torch.uint8)
     quarter, eighth = d // 4, d // 8
     low = c & 3
-    lo = sum(low[..., m * quarter:(m + 1) * quarter] << (2 * m) for m in range(4))
+    lo = sum(low[..., m * quarter : (m + 1) * quarter] << (2 * m) for m in range(4))
     high = (c >> 2) & 1
-    hi = sum(high[..., m * eighth:(m + 1) * eighth] << m for m in range(8))
+    hi = sum(high[..., m * eighth : (m + 1) * eighth] << m for m in range(8))
     return torch.cat((lo, hi), dim=-1).to(torch.uint8)
 
 
 def unpack(packed: torch.Tensor, bits: int, head_dim: int) -> torch.Tensor:
     """The inverse of :func:`pack`: codes [..., head_dim] (uint8)."""
     if packed.shape[-1] != code_bytes(head_dim, bits):
-        raise ValueError(f"packed codes have {packed.shape[-1]} bytes per vector, expected "
-                         f"{code_bytes(head_dim, bits)} for {head_dim} codes of {bits} bits")
+        raise ValueError(
+            f"packed codes have {packed.shape[-1]} bytes per vector, expected "
+            f"{code_bytes(head_dim, bits)} for {head_dim} codes of {bits} bits"
+        )
     if bits == 8:
         return packed.to(torch.uint8)
     b = packed.to(torch.int32)

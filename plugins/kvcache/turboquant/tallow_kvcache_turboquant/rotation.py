@@ -54,7 +54,7 @@ def rotate(x: torch.Tensor, seed: int) -> torch.Tensor:
         return fast_hadamard(x)
     x = torch.cat((fast_hadamard(x[..., :p]), x[..., p:]), dim=-1)
     x = x * random_signs(d, seed + 1).to(x.dtype)
-    return torch.cat((x[..., :d - p], fast_hadamard(x[..., d - p:])), dim=-1)
+    return torch.cat((x[..., : d - p], fast_hadamard(x[..., d - p :])), dim=-1)
 
 
 def rotation_matrix(head_dim: int, seed: int = 0) -> torch.Tensor:

@@ -25,7 +25,7 @@ class TurboSettings(BaseModel):
     center_keys: bool = True
     smooth_keys: bool = True
     center_values: bool = False
-    seed: int = Field(0, ge=0, lt=2 ** 31)
+    seed: int = Field(0, ge=0, lt=2**31)
 
 
 def turbo_settings(config: Any) -> TurboSettings:

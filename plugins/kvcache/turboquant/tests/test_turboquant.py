@@ -17,16 +17,26 @@ from tallow.plugin.testing import make_config, modules_imported_by_registration
 
 from tallow_kvcache_turboquant import plugin
 from tallow_kvcache_turboquant.codec import (
-    Turbo3KVCodec, Turbo4KVCodec, Turbo8KVCodec, TurboKVCodec,
+    Turbo3KVCodec,
+    Turbo4KVCodec,
+    Turbo8KVCodec,
+    TurboKVCodec,
 )
 from tallow_kvcache_turboquant.quantize import (
-    STEP_PER_RMS, center, code_bytes, dequantize, pack, quantize, unpack,
+    STEP_PER_RMS,
+    center,
+    code_bytes,
+    dequantize,
+    pack,
+    quantize,
+    unpack,
 )
 from tallow_kvcache_turboquant.rotation import fast_hadamard, rotate, rotation_matrix
 
 CODECS = [Turbo8KVCodec, Turbo4KVCodec, Turbo3KVCodec]
-VALUES_CENTERED = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
-    "center_values": True}}}})
+VALUES_CENTERED = make_config(
+    {"plugins": {"settings": {"tallow-kvcache-turboquant": {"center_values": True}}}}
+)
 HEAD_DIMS = [64, 80, 96, 128, 256]
 
 
@@ -44,23 +54,35 @@ def test_registers_three_codecs_lazily_with_their_bits() -> None:
     registry = KVCodecRegistry()
     plugin.tallow_register_kv_codecs(registry)
     assert all(registry.entry(name).lazy for name in registry.names())
-    assert {name: (registry.get(name), registry.entry(name).meta["bits"])
-            for name in registry.names()} == {
-        "turbo8": (Turbo8KVCodec, 8), "turbo4": (Turbo4KVCodec, 4),
-        "turbo3": (Turbo3KVCodec, 3)}
+    assert {
+        name: (registry.get(name), registry.entry(name).meta["bits"]) for name in registry.names()
+    } == {"turbo8": (Turbo8KVCodec, 8), "turbo4": (Turbo4KVCodec, 4), "turbo3": (Turbo3KVCodec, 3)}
     assert [registry.get(n).bits_per_element for n in ("turbo8", "turbo4", "turbo3")] == [
-        8.0, 4.0, 3.0]
+        8.0,
+        4.0,
+        3.0,
+    ]
 
 
 def test_registration_imports_no_torch() -> None:
-    assert modules_imported_by_registration("tallow_kvcache_turboquant.plugin",
-                                            "tallow_register_kv_codecs",
-                                            "KVCodecRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_kvcache_turboquant.plugin", "tallow_register_kv_codecs", "KVCodecRegistry"
+        )
+        == []
+    )
 
 
 def test_bad_settings_name_their_key() -> None:
-    config = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
-        "rotation": "sideways", "seed": -1, "colour": 3}}}})
+    config = make_config(
+        {
+            "plugins": {
+                "settings": {
+                    "tallow-kvcache-turboquant": {"rotation": "sideways", "seed": -1, "colour": 3}
+                }
+            }
+        }
+    )
     with pytest.raises(PluginSettingsError) as info:
         plugin.tallow_configure(config)
     text = str(info.value)
@@ -81,8 +103,7 @@ def test_fast_hadamard_is_sylvesters_matrix(n: int) -> None:
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_rotation_is_orthogonal_and_mixes_every_channel(head_dim: int) -> None:
     r = rotation_matrix(head_dim, seed=3).double()
-    torch.testing.assert_close(r @ r.T, torch.eye(head_dim, dtype=torch.float64), atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(r @ r.T, torch.eye(head_dim, dtype=torch.float64), atol=1e-6, rtol=0)
     x = torch.randn(7, head_dim, generator=gen(head_dim), dtype=torch.float64)
     torch.testing.assert_close(rotate(x, seed=3), x @ r.T, atol=1e-6, rtol=0)
     # an outlier channel is spread over most coordinates, none of which keeps much of it
@@ -100,20 +121,20 @@ def test_quantize_codes_scales_and_round_trip_error(bits: int) -> None:
     y = torch.randn(200, 64, generator=gen(bits)) * torch.rand(200, 1, generator=gen(1)) * 30
     y[0] = 0.0
     codes, scales = quantize(y, bits)
-    assert codes.dtype == torch.uint8 and int(codes.max()) <= 2 ** bits - 1
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 2**bits - 1
     assert scales.dtype == torch.float16 and scales.shape == (200,)
     back = dequantize(codes, scales, bits)
     assert torch.equal(back[0], torch.zeros(64)) and float(scales[0]) == 0.0
     step = scales.float()[:, None]
     if bits in STEP_PER_RMS:
-        torch.testing.assert_close(scales.float(), (STEP_PER_RMS[bits] * y.pow(2).mean(-1)
-                                                    .sqrt()).half().float())
+        torch.testing.assert_close(
+            scales.float(), (STEP_PER_RMS[bits] * y.pow(2).mean(-1).sqrt()).half().float()
+        )
         inside = y.abs() <= center(bits) * step
         assert ((back - y).abs() <= step / 2 + 1e-4)[inside].all()
         assert inside.float().mean() > 0.9  # clipping touches only the tails
     else:
-        torch.testing.assert_close(scales.float(), (y.abs().amax(-1) / center(bits))
-                                   .half().float())
+        torch.testing.assert_close(scales.float(), (y.abs().amax(-1) / center(bits)).half().float())
         # every value within half a step (a hair more where the scale rounded down)
         assert ((back - y).abs() <= step * 0.5005 + 1e-4).all()
 
@@ -121,8 +142,9 @@ def test_quantize_codes_scales_and_round_trip_error(bits: int) -> None:
 @pytest.mark.parametrize("bits", [8, 4, 3])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_pack_round_trips_in_the_documented_positions(bits: int, head_dim: int) -> None:
-    codes = torch.randint(0, 2 ** bits, (6, 3, head_dim), generator=gen(head_dim + bits),
-                          dtype=torch.uint8)
+    codes = torch.randint(
+        0, 2**bits, (6, 3, head_dim), generator=gen(head_dim + bits), dtype=torch.uint8
+    )
     packed = pack(codes, bits)
     assert packed.shape == (6, 3, code_bytes(head_dim, bits)) == (6, 3, head_dim * bits // 8)
     assert torch.equal(unpack(packed, bits, head_dim), codes)
@@ -149,12 +171,23 @@ def test_head_sizes_must_be_multiples_of_eight() -> None:
 
 
 # -- the cache -----------------------------------------------------------------------------------
-def make_cache(codec: TurboKVCodec, num_kv_heads: int = 2, head_dim: int = 64,
-               block_size: int = 4, num_blocks: int = 6,
-               layer: AttentionLayer | None = None) -> kv_cache.LayerKVCache:
-    return kv_cache.allocate_layer(codec, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                   block_size=block_size, num_blocks=num_blocks,
-                                   model_dtype=torch.bfloat16, layer=layer)
+def make_cache(
+    codec: TurboKVCodec,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    block_size: int = 4,
+    num_blocks: int = 6,
+    layer: AttentionLayer | None = None,
+) -> kv_cache.LayerKVCache:
+    return kv_cache.allocate_layer(
+        codec,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        model_dtype=torch.bfloat16,
+        layer=layer,
+    )
 
 
 @pytest.mark.parametrize("codec_cls", CODECS)
@@ -163,28 +196,52 @@ def test_layout_and_capacity_against_a_16_bit_cache(codec_cls: type[TurboKVCodec
     cache = make_cache(codec)
     b = codec.bits
     assert {n: (tuple(t.shape), t.dtype) for n, t in cache.tensors.items()} == {
-        "k_codes": ((6, 4, 2, 8 * b), torch.uint8), "k_scales": ((6, 4, 2), torch.float16),
-        "v_codes": ((6, 4, 2, 8 * b), torch.uint8), "v_scales": ((6, 4, 2), torch.float16),
-        "k_offset": ((2, 64), torch.float32), "k_smooth": ((2, 64), torch.float32),
-        "rotation": ((64, 64), torch.float32)}
+        "k_codes": ((6, 4, 2, 8 * b), torch.uint8),
+        "k_scales": ((6, 4, 2), torch.float16),
+        "v_codes": ((6, 4, 2, 8 * b), torch.uint8),
+        "v_scales": ((6, 4, 2), torch.float16),
+        "k_offset": ((2, 64), torch.float32),
+        "k_smooth": ((2, 64), torch.float32),
+        "rotation": ((64, 64), torch.float32),
+    }
     assert torch.equal(cache["rotation"], rotation_matrix(64, 0))
     assert torch.equal(cache["k_smooth"], torch.ones(2, 64))
     for head_dim in (64, 128):
-        cost = kv_cache.footprint(codec, [AttentionLayer(0, 8, 2, head_dim, 0.1)],
-                                  block_size=16, model_dtype=torch.bfloat16)
+        cost = kv_cache.footprint(
+            codec,
+            [AttentionLayer(0, 8, 2, head_dim, 0.1)],
+            block_size=16,
+            model_dtype=torch.bfloat16,
+        )
         assert cost.vs_bf16 == pytest.approx(16 / (b + 16 / head_dim))
     floor = {8: 1.9, 4: 3.5, 3: 4.5}[b]
-    assert kv_cache.footprint(codec, [AttentionLayer(0, 8, 2, 64, 0.1)], block_size=16,
-                              model_dtype=torch.bfloat16).vs_bf16 >= floor
+    assert (
+        kv_cache.footprint(
+            codec, [AttentionLayer(0, 8, 2, 64, 0.1)], block_size=16, model_dtype=torch.bfloat16
+        ).vs_bf16
+        >= floor
+    )
 
 
 def test_settings_leave_parts_of_the_format_out_or_add_them() -> None:
-    config = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
-        "rotation": False, "center_keys": False, "smooth_keys": False}}}})
+    config = make_config(
+        {
+            "plugins": {
+                "settings": {
+                    "tallow-kvcache-turboquant": {
+                        "rotation": False,
+                        "center_keys": False,
+                        "smooth_keys": False,
+                    }
+                }
+            }
+        }
+    )
     cache = make_cache(Turbo4KVCodec(config))
     assert set(cache.tensors) == {"k_codes", "k_scales", "v_codes", "v_scales"}
-    config = make_config({"plugins": {"settings": {"tallow-kvcache-turboquant": {
-        "center_values": True}}}})
+    config = make_config(
+        {"plugins": {"settings": {"tallow-kvcache-turboquant": {"center_values": True}}}}
+    )
     assert "v_offset" in make_cache(Turbo4KVCodec(config))
 
 
@@ -230,8 +287,9 @@ def random_attention_case(offset: float) -> tuple[torch.Tensor, ...]:
     return q, k, v
 
 
-def paged_error(codec: TurboKVCodec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                calibrate: bool) -> float:
+def paged_error(
+    codec: TurboKVCodec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, calibrate: bool
+) -> float:
     t = k.shape[0]
     layer = AttentionLayer(0, 8, 2, 64, 0.125)
     cache = make_cache(codec, block_size=16, num_blocks=3, layer=layer)
@@ -240,8 +298,9 @@ def paged_error(codec: TurboKVCodec, q: torch.Tensor, k: torch.Tensor, v: torch.
     table = torch.tensor([[2, 0, 1]])
     pos = torch.arange(t)
     codec.encode(cache, k, v, table[0, pos // 16] * 16 + pos % 16)
-    out = paged_attention_ref(q, cache, query_start_loc=[0, t], seq_lens=[t],
-                              block_tables=table, scale=0.125)
+    out = paged_attention_ref(
+        q, cache, query_start_loc=[0, t], seq_lens=[t], block_tables=table, scale=0.125
+    )
     exact = attention_ref(q, k, v, scale=0.125, context_len=t)
     return float((out - exact).norm() / exact.norm())
 

@@ -50,8 +50,7 @@ class ServerConnection:
     went down, or announced a new list.
     """
 
-    def __init__(self, name: str, settings: ServerSettings,
-                 on_change: Callable[[], None]) -> None:
+    def __init__(self, name: str, settings: ServerSettings, on_change: Callable[[], None]) -> None:
         self.name = name
         self.settings = settings
         self.on_change = on_change
@@ -115,8 +114,7 @@ class ServerConnection:
             self.on_change()
             if was_up:
                 delay = self.settings.retry_interval
-            log.warning("MCP server %r is down (%s); retrying in %.1f s", self.name, reason,
-                        delay)
+            log.warning("MCP server %r is down (%s); retrying in %.1f s", self.name, reason, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.settings.max_retry_interval)
 
@@ -132,9 +130,14 @@ class ServerConnection:
             relays = await stack.enter_async_context(anyio.create_task_group())
             relays.start_soon(self._relay, read, relay_in)
             self._calls = relays
-            session = await stack.enter_async_context(ClientSession(
-                relay_out, write, message_handler=self._on_message,
-                client_info=types.Implementation(name="tallow", version=__version__)))
+            session = await stack.enter_async_context(
+                ClientSession(
+                    relay_out,
+                    write,
+                    message_handler=self._on_message,
+                    client_info=types.Implementation(name="tallow", version=__version__),
+                )
+            )
             with anyio.fail_after(self.settings.connect_timeout):
                 await session.initialize()
                 self.tools = await self._list(session)
@@ -142,8 +145,12 @@ class ServerConnection:
             self.connects += 1
             self._set_state("up", "")
             self._tried.set()
-            log.info("MCP server %r is up: %d tools (%s)", self.name, len(self.tools),
-                     ", ".join(t.name for t in self.tools) or "none")
+            log.info(
+                "MCP server %r is up: %d tools (%s)",
+                self.name,
+                len(self.tools),
+                ", ".join(t.name for t in self.tools) or "none",
+            )
             self.on_change()
             try:
                 reason = await self._serve(session)
@@ -174,24 +181,32 @@ class ServerConnection:
                     with anyio.fail_after(self.settings.connect_timeout):
                         self.tools = await self._list(session)
                 except Exception as exc:  # keep the old list; the server may recover
-                    log.warning("MCP server %r: listing its tools again failed: %s", self.name,
-                                _describe(exc))
+                    log.warning(
+                        "MCP server %r: listing its tools again failed: %s",
+                        self.name,
+                        _describe(exc),
+                    )
                     continue
-                log.info("MCP server %r changed its tools: %s", self.name,
-                         ", ".join(t.name for t in self.tools) or "none")
+                log.info(
+                    "MCP server %r changed its tools: %s",
+                    self.name,
+                    ", ".join(t.name for t in self.tools) or "none",
+                )
                 self.on_change()
 
     def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         s = self.settings
         if s.command is not None:
-            params = StdioServerParameters(command=s.command, args=s.args, env=s.env or None,
-                                           cwd=s.cwd)
+            params = StdioServerParameters(
+                command=s.command, args=s.args, env=s.env or None, cwd=s.cwd
+            )
             return stdio_client(params, errlog=sys.stderr)
         import httpx2
 
-        client = httpx2.AsyncClient(headers=s.headers,
-                                    timeout=httpx2.Timeout(s.connect_timeout,
-                                                           read=max(300.0, s.call_timeout)))
+        client = httpx2.AsyncClient(
+            headers=s.headers,
+            timeout=httpx2.Timeout(s.connect_timeout, read=max(300.0, s.call_timeout)),
+        )
         stack.push_async_callback(client.aclose)
         return streamable_http_client(s.url or "", http_client=client)
 
@@ -245,14 +260,18 @@ class ServerConnection:
         """Run ``tool``; every failure is an error result (see ``ToolProvider.call_tool``)."""
         session = self._session
         if session is None or self.state != "up":
-            return ToolResult(f"the MCP server {self.name!r} is not connected "
-                              f"({self.error or self.state}); it is being retried", True)
+            return ToolResult(
+                f"the MCP server {self.name!r} is not connected "
+                f"({self.error or self.state}); it is being retried",
+                True,
+            )
         if not any(t.name == tool for t in self.tools):
             return ToolResult(f"the MCP server {self.name!r} offers no tool {tool!r}", True)
         group = self._calls
         if group is None:
-            return ToolResult(f"the MCP server {self.name!r} is not connected; it is being "
-                              "retried", True)
+            return ToolResult(
+                f"the MCP server {self.name!r} is not connected; it is being retried", True
+            )
         # The call runs as a task of the connection, not of the caller: a caller that is
         # cancelled (its client went away) cancels the call's own scope once, and the SDK then
         # sends notifications/cancelled to the server from a task that nothing else cancels.
@@ -267,8 +286,14 @@ class ServerConnection:
             scope.cancel()
             raise
 
-    async def _run_call(self, session: ClientSession, tool: str, arguments: dict[str, Any],
-                        scope: anyio.CancelScope, done: "asyncio.Future[ToolResult]") -> None:
+    async def _run_call(
+        self,
+        session: ClientSession,
+        tool: str,
+        arguments: dict[str, Any],
+        scope: anyio.CancelScope,
+        done: "asyncio.Future[ToolResult]",
+    ) -> None:
         """A call, as a task of the connection; its outcome goes to ``done``."""
         result = ToolResult(f"the MCP server {self.name!r} went away during the call", True)
         self.calls_in_flight += 1
@@ -280,8 +305,9 @@ class ServerConnection:
             if not done.done():
                 done.set_result(result)
 
-    async def _call_tool(self, session: ClientSession, tool: str,
-                         arguments: dict[str, Any]) -> ToolResult:
+    async def _call_tool(
+        self, session: ClientSession, tool: str, arguments: dict[str, Any]
+    ) -> ToolResult:
         s = self.settings
         try:
             with anyio.fail_after(s.call_timeout):
@@ -289,33 +315,46 @@ class ServerConnection:
                     result = await session.call_tool(tool, arguments)
         except TimeoutError:
             self._suspect()
-            return ToolResult(f"the tool {tool!r} did not answer within {s.call_timeout:g} s "
-                              "(call_timeout)", True)
+            return ToolResult(
+                f"the tool {tool!r} did not answer within {s.call_timeout:g} s (call_timeout)", True
+            )
         except MCPError as exc:
             if exc.code != types.INVALID_PARAMS:
                 self._suspect()
             if exc.code == types.CONNECTION_CLOSED:
-                return ToolResult(f"the MCP server {self.name!r} went away during the call; "
-                                  "it is being restarted", True)
+                return ToolResult(
+                    f"the MCP server {self.name!r} went away during the call; "
+                    "it is being restarted",
+                    True,
+                )
             return ToolResult(f"the MCP server {self.name!r} refused the call: {exc}", True)
         except Exception as exc:
             self._suspect()
             return ToolResult(f"the call failed: {_describe(exc)}", True)
         text = result_text(result)
         if len(text) > s.max_result_chars:
-            return ToolResult(f"the tool's result has {len(text)} characters, more than the "
-                              f"{s.max_result_chars} this server may return (max_result_chars)",
-                              True)
+            return ToolResult(
+                f"the tool's result has {len(text)} characters, more than the "
+                f"{s.max_result_chars} this server may return (max_result_chars)",
+                True,
+            )
         return ToolResult(text, bool(result.is_error))
 
     def status(self) -> dict[str, Any]:
         s = self.settings
         target = s.url if s.url is not None else " ".join([s.command or "", *s.args])
-        return {"name": self.name, "transport": s.transport, "target": target,
-                "state": self.state, "error": self.error, "tools": len(self.tools),
-                "tool_names": [t.name for t in self.tools], "connects": self.connects,
-                "calls_in_flight": self.calls_in_flight,
-                "since": round(self.since, 3)}
+        return {
+            "name": self.name,
+            "transport": s.transport,
+            "target": target,
+            "state": self.state,
+            "error": self.error,
+            "tools": len(self.tools),
+            "tool_names": [t.name for t in self.tools],
+            "connects": self.connects,
+            "calls_in_flight": self.calls_in_flight,
+            "since": round(self.since, 3),
+        }
 
 
 def _describe(exc: BaseException) -> str:

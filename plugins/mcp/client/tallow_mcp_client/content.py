@@ -30,6 +30,8 @@ def _block_text(block: Any) -> str:
         text = getattr(resource, "text", None)
         if text is not None:
             return text
-        return f"[resource {resource.uri}, {getattr(resource, 'mime_type', None) or 'binary'}, " \
-               "not shown]"
+        return (
+            f"[resource {resource.uri}, {getattr(resource, 'mime_type', None) or 'binary'}, "
+            "not shown]"
+        )
     return f"[{kind or type(block).__name__} content, not shown]"

@@ -42,8 +42,11 @@ class MCPToolProvider(ToolProvider):
 
         self.settings = settings
         self._callbacks: list[Callable[[], None]] = []
-        self.connections = [ServerConnection(name, server, self._changed)
-                            for name, server in settings.servers.items() if server.enabled]
+        self.connections = [
+            ServerConnection(name, server, self._changed)
+            for name, server in settings.servers.items()
+            if server.enabled
+        ]
         self._routes: dict[str, tuple[ServerConnection, str]] = {}
 
     @classmethod
@@ -59,13 +62,18 @@ class MCPToolProvider(ToolProvider):
             connection.start()
         # Wait for each first attempt, bounded: a server that neither connects nor fails in
         # time is reported as still connecting, and the server starts without its tools.
-        waits = [asyncio.wait_for(c.first_attempt(), c.settings.connect_timeout + 5)
-                 for c in self.connections]
+        waits = [
+            asyncio.wait_for(c.first_attempt(), c.settings.connect_timeout + 5)
+            for c in self.connections
+        ]
         await asyncio.gather(*waits, return_exceptions=True)
         for c in self.connections:
             if c.state != "up":
-                log.warning("MCP server %r is not available yet (%s): it is retried in the "
-                            "background", c.name, c.error or c.state)
+                log.warning(
+                    "MCP server %r is not available yet (%s): it is retried in the background",
+                    c.name,
+                    c.error or c.state,
+                )
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self.connections), return_exceptions=True)
@@ -88,12 +96,17 @@ class MCPToolProvider(ToolProvider):
             if counts[name] > 1:
                 name = _function_name(f"{connection.name}__{tool.name}")
             if name in routes:
-                log.warning("MCP server %r: tool %r clashes with another one and is left out",
-                            connection.name, tool.name)
+                log.warning(
+                    "MCP server %r: tool %r clashes with another one and is left out",
+                    connection.name,
+                    tool.name,
+                )
                 continue
             routes[name] = (connection, tool.name)
-            function: dict[str, Any] = {"name": name, "parameters": tool.input_schema or
-                                        {"type": "object", "properties": {}}}
+            function: dict[str, Any] = {
+                "name": name,
+                "parameters": tool.input_schema or {"type": "object", "properties": {}},
+            }
             description = tool.description or tool.title or ""
             if description:
                 function["description"] = description
@@ -107,8 +120,7 @@ class MCPToolProvider(ToolProvider):
             await self.list_tools()
             route = self._routes.get(name)
         if route is None:
-            return ToolResult(f"no MCP tool is named {name!r} (the servers' tools changed?)",
-                              True)
+            return ToolResult(f"no MCP tool is named {name!r} (the servers' tools changed?)", True)
         connection, tool = route
         return await connection.call(tool, arguments)
 

@@ -36,30 +36,51 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: Optional[str] = Field(None, min_length=1, description="Program started as a "
-                                   "subprocess that speaks MCP on stdin/stdout.")
+    command: Optional[str] = Field(
+        None,
+        min_length=1,
+        description="Program started as a subprocess that speaks MCP on stdin/stdout.",
+    )
     args: list[str] = Field(default_factory=list, description="Its arguments.")
-    env: dict[str, str] = Field(default_factory=dict, description="Variables added to the "
-                                "minimal environment the subprocess gets.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables added to the minimal environment the subprocess gets.",
+    )
     cwd: Optional[str] = Field(None, description="Its working directory.")
     url: Optional[str] = Field(None, description="Endpoint of a streamable-HTTP MCP server.")
-    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with "
-                                    "every request (authorization, say).")
-    allow: Optional[list[str]] = Field(None, description="Tool names (shell-style globs) "
-                                       "offered to the model; None offers every tool.")
-    deny: list[str] = Field(default_factory=list, description="Tool names (globs) never "
-                            "offered, even when allowed.")
-    call_timeout: float = Field(60.0, gt=0, description="Seconds one call may take, waiting "
-                                "for a free slot included.")
-    connect_timeout: float = Field(30.0, gt=0, description="Seconds to start, initialize and "
-                                   "list the tools of the server.")
-    max_result_chars: int = Field(65536, gt=0, description="Largest result (in characters of "
-                                  "text) handed to the model; a larger one is an error result.")
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="HTTP headers sent with every request (authorization, say).",
+    )
+    allow: Optional[list[str]] = Field(
+        None,
+        description="Tool names (shell-style globs) offered to the model; None offers every tool.",
+    )
+    deny: list[str] = Field(
+        default_factory=list, description="Tool names (globs) never offered, even when allowed."
+    )
+    call_timeout: float = Field(
+        60.0, gt=0, description="Seconds one call may take, waiting for a free slot included."
+    )
+    connect_timeout: float = Field(
+        30.0, gt=0, description="Seconds to start, initialize and list the tools of the server."
+    )
+    max_result_chars: int = Field(
+        65536,
+        gt=0,
+        description="Largest result (in characters of "
+        "text) handed to the model; a larger one is an error result.",
+    )
     max_concurrent_calls: int = Field(8, gt=0, description="Calls in flight at once; more wait.")
-    retry_interval: float = Field(1.0, gt=0, description="Seconds before reconnecting to a "
-                                  "server that is down; doubled after each failure.")
-    max_retry_interval: float = Field(60.0, gt=0, description="Longest wait between two "
-                                      "reconnection attempts.")
+    retry_interval: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds before reconnecting to a "
+        "server that is down; doubled after each failure.",
+    )
+    max_retry_interval: float = Field(
+        60.0, gt=0, description="Longest wait between two reconnection attempts."
+    )
     enabled: bool = Field(True, description="False keeps the server configured but unused.")
 
     @field_validator("url")
@@ -74,14 +95,19 @@ class ServerSettings(BaseModel):
     @model_validator(mode="after")
     def _one_transport(self) -> "ServerSettings":
         if (self.command is None) == (self.url is None):
-            raise ValueError("give exactly one of 'command' (a stdio server) or 'url' (a "
-                             "streamable-HTTP server)")
+            raise ValueError(
+                "give exactly one of 'command' (a stdio server) or 'url' (a streamable-HTTP server)"
+            )
         if self.url is not None and (self.args or self.env or self.cwd is not None):
-            raise ValueError("'args', 'env' and 'cwd' belong to a stdio server ('command'), "
-                             "not to one reached by 'url'")
+            raise ValueError(
+                "'args', 'env' and 'cwd' belong to a stdio server ('command'), "
+                "not to one reached by 'url'"
+            )
         if self.command is not None and self.headers:
-            raise ValueError("'headers' belong to a streamable-HTTP server ('url'), not to "
-                             "one started by 'command'")
+            raise ValueError(
+                "'headers' belong to a streamable-HTTP server ('url'), not to "
+                "one started by 'command'"
+            )
         return self
 
     @property
@@ -101,6 +127,8 @@ class MCPSettings(BaseModel):
     def _names(cls, value: dict[str, ServerSettings]) -> dict[str, ServerSettings]:
         for name in value:
             if not _SERVER_NAME.match(name):
-                raise ValueError(f"server name {name!r}: expected 1-32 characters of a-z, A-Z, "
-                                 "0-9, '_' or '-' (it prefixes tool names on clashes)")
+                raise ValueError(
+                    f"server name {name!r}: expected 1-32 characters of a-z, A-Z, "
+                    "0-9, '_' or '-' (it prefixes tool names on clashes)"
+                )
         return value

@@ -33,7 +33,15 @@ def git_repo(tmp_path: pathlib.Path) -> pathlib.Path:
     git("init", "-q", "-b", "main")
     (repo / "hello.txt").write_text("hello from the test repository\n")
     git("add", "hello.txt")
-    git("-c", "user.name=Test", "-c", "user.email=test@example.com", "commit", "-q", "-m",
-        "Add the greeting file")
+    git(
+        "-c",
+        "user.name=Test",
+        "-c",
+        "user.email=test@example.com",
+        "commit",
+        "-q",
+        "-m",
+        "Add the greeting file",
+    )
     (repo / "hello.txt").write_text("changed\n")
     return repo

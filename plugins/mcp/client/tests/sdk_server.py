@@ -89,5 +89,6 @@ if __name__ == "__main__":
     else:
         import uvicorn
 
-        uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]),
-                    log_level="warning")
+        uvicorn.run(
+            app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning"
+        )

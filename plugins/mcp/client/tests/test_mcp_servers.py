@@ -70,12 +70,21 @@ def test_time_server() -> None:
 
 
 def test_git_server_with_allow_and_deny_lists(git_repo) -> None:
-    git = {"command": os.environ.get("PYTHON", __import__("sys").executable),
-           "args": ["-m", "mcp_server_git", "--repository", str(git_repo)]}
+    git = {
+        "command": os.environ.get("PYTHON", __import__("sys").executable),
+        "args": ["-m", "mcp_server_git", "--repository", str(git_repo)],
+    }
 
     async def scenario() -> None:
-        provider = await started({"git": {**git, "allow": ["git_status", "git_log", "git_diff*"],
-                                          "deny": ["git_diff_staged"]}})
+        provider = await started(
+            {
+                "git": {
+                    **git,
+                    "allow": ["git_status", "git_log", "git_diff*"],
+                    "deny": ["git_diff_staged"],
+                }
+            }
+        )
         try:
             offered = names(await provider.list_tools())
             assert sorted(offered) == ["git_diff", "git_diff_unstaged", "git_log", "git_status"]
@@ -84,8 +93,9 @@ def test_git_server_with_allow_and_deny_lists(git_repo) -> None:
             status = await provider.call_tool("git_status", {"repo_path": str(git_repo)})
             assert "hello.txt" in status.content
             # a tool the lists keep out cannot be called, even by its server's own name
-            denied = await provider.call_tool("git_commit", {"repo_path": str(git_repo),
-                                                              "message": "sneaky"})
+            denied = await provider.call_tool(
+                "git_commit", {"repo_path": str(git_repo), "message": "sneaky"}
+            )
             assert denied.is_error and "git_commit" in denied.content
         finally:
             await provider.stop()
@@ -97,9 +107,18 @@ def test_http_server_calls_limits_and_list_changes(http_server: HttpServer) -> N
     changes: list[int] = []
 
     async def scenario() -> None:
-        provider = provider_for({"sdk": {
-            "url": http_server.url, "headers": {"X-Tallow-Test": "sent"}, "deny": ["secret"],
-            "call_timeout": 1.0, "max_result_chars": 1000, "max_concurrent_calls": 1}})
+        provider = provider_for(
+            {
+                "sdk": {
+                    "url": http_server.url,
+                    "headers": {"X-Tallow-Test": "sent"},
+                    "deny": ["secret"],
+                    "call_timeout": 1.0,
+                    "max_result_chars": 1000,
+                    "max_concurrent_calls": 1,
+                }
+            }
+        )
         provider.on_tools_changed(lambda: changes.append(1))
         await provider.start()
         try:
@@ -108,8 +127,7 @@ def test_http_server_calls_limits_and_list_changes(http_server: HttpServer) -> N
             assert "dotted_name" in offered  # made a valid function name
             assert await provider.call_tool("echo", {"text": "héllo"}) == ToolResult("héllo")
             assert await provider.call_tool("dotted_name", {}) == ToolResult("dotted")
-            assert (await provider.call_tool("header", {"name": "x-tallow-test"})).content \
-                == "sent"
+            assert (await provider.call_tool("header", {"name": "x-tallow-test"})).content == "sent"
             # a timeout, an oversize result: error results, never exceptions
             begun = time.monotonic()
             slow = await provider.call_tool("sleep", {"seconds": 30})
@@ -120,8 +138,10 @@ def test_http_server_calls_limits_and_list_changes(http_server: HttpServer) -> N
             assert await provider.call_tool("big", {"size": 1000}) == ToolResult("x" * 1000)
             # one call at a time: the second waits for the first
             begun = time.monotonic()
-            both = await asyncio.gather(provider.call_tool("sleep", {"seconds": 0.4}),
-                                        provider.call_tool("sleep", {"seconds": 0.4}))
+            both = await asyncio.gather(
+                provider.call_tool("sleep", {"seconds": 0.4}),
+                provider.call_tool("sleep", {"seconds": 0.4}),
+            )
             assert [r.is_error for r in both] == [False, False]
             assert time.monotonic() - begun >= 0.8
             # the server announces a new tool: the list is refreshed and watchers told
@@ -141,8 +161,13 @@ def test_clashing_names_are_namespaced_by_server() -> None:
         provider = await started({"a": TIME, "b": TIME, "sdk": SDK_STDIO})
         try:
             offered = names(await provider.list_tools())
-            assert {"a__get_current_time", "b__get_current_time", "a__convert_time",
-                    "b__convert_time", "echo"} <= set(offered)
+            assert {
+                "a__get_current_time",
+                "b__get_current_time",
+                "a__convert_time",
+                "b__convert_time",
+                "echo",
+            } <= set(offered)
             assert "get_current_time" not in offered
             result = await provider.call_tool("b__get_current_time", {"timezone": "UTC"})
             assert json.loads(result.content)["timezone"] == "UTC"
@@ -164,8 +189,12 @@ def test_stdio_server_killed_mid_call_is_restarted() -> None:
             os.kill(first_pid, signal.SIGKILL)
             result = await asyncio.wait_for(call, 10)
             assert result.is_error and "went away" in result.content
-            await wait_for(lambda: state_of(provider, "sdk")["connects"] == 2
-                           and state_of(provider, "sdk")["state"] == "up")
+            await wait_for(
+                lambda: (
+                    state_of(provider, "sdk")["connects"] == 2
+                    and state_of(provider, "sdk")["state"] == "up"
+                )
+            )
             second_pid = int((await provider.call_tool("pid", {})).content)
             assert second_pid != first_pid
         finally:
@@ -178,9 +207,18 @@ def test_http_server_down_at_start_and_killed_mid_call() -> None:
     server = HttpServer()  # not started: nothing listens on its port yet
 
     async def scenario() -> None:
-        provider = provider_for({"sdk": {"url": server.url, "retry_interval": 0.2,
-                                         "max_retry_interval": 0.5, "connect_timeout": 5},
-                                 "time": TIME, "ghost": {"command": "/nonexistent/server"}})
+        provider = provider_for(
+            {
+                "sdk": {
+                    "url": server.url,
+                    "retry_interval": 0.2,
+                    "max_retry_interval": 0.5,
+                    "connect_timeout": 5,
+                },
+                "time": TIME,
+                "ghost": {"command": "/nonexistent/server"},
+            }
+        )
         begun = time.monotonic()
         await provider.start()  # reports, does not raise or hang
         assert time.monotonic() - begun < 30
@@ -214,8 +252,9 @@ def test_a_cancelled_call_is_cancelled_at_the_server(tmp_path) -> None:
     mark = tmp_path / "cancelled"
 
     async def scenario() -> None:
-        provider = await started({"sdk": {**SDK_STDIO,
-                                          "env": {"SDK_SERVER_CANCEL_MARK": str(mark)}}})
+        provider = await started(
+            {"sdk": {**SDK_STDIO, "env": {"SDK_SERVER_CANCEL_MARK": str(mark)}}}
+        )
         try:
             call = asyncio.ensure_future(provider.call_tool("sleep", {"seconds": 60}))
             await asyncio.sleep(1.0)
@@ -225,8 +264,9 @@ def test_a_cancelled_call_is_cancelled_at_the_server(tmp_path) -> None:
             await wait_for(mark.exists)
             assert mark.read_text().startswith("cancelled")
             # the connection is still good for the next call
-            assert await provider.call_tool("echo", {"text": "still here"}) == \
-                ToolResult("still here")
+            assert await provider.call_tool("echo", {"text": "still here"}) == ToolResult(
+                "still here"
+            )
         finally:
             await provider.stop()
 

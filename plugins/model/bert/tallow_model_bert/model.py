@@ -20,16 +20,26 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, ColumnParallelLinear, EncoderModel, LayerNorm,
-    QKVParallelLinear, RowParallelLinear, VocabEmbedding, default_weight_loader, get_act,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    ColumnParallelLinear,
+    EncoderModel,
+    LayerNorm,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabEmbedding,
+    default_weight_loader,
+    get_act,
 )
 
 from .naming import hf_name_map
 
 
 def _table(rows: int, dim: int, build: BuildContext) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(rows, dim, dtype=build.dtype, device=build.device),
-                         requires_grad=False)
+    param = nn.Parameter(
+        torch.empty(rows, dim, dtype=build.dtype, device=build.device), requires_grad=False
+    )
     param.weight_loader = default_weight_loader
     return param
 
@@ -39,16 +49,21 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         hidden = int(config.require("hidden_size"))
         self.position_offset = position_offset
-        self.word_embeddings = VocabEmbedding(int(config.require("vocab_size")), hidden,
-                                              build=build, prefix="embeddings.word_embeddings")
+        self.word_embeddings = VocabEmbedding(
+            int(config.require("vocab_size")),
+            hidden,
+            build=build,
+            prefix="embeddings.word_embeddings",
+        )
         self.position_embeddings = nn.Module()
         self.position_embeddings.weight = _table(
-            int(config.require("max_position_embeddings")), hidden, build)
+            int(config.require("max_position_embeddings")), hidden, build
+        )
         self.token_type_embeddings = nn.Module()
-        self.token_type_embeddings.weight = _table(int(config.get("type_vocab_size") or 2),
-                                                   hidden, build)
-        self.LayerNorm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-12)),
-                                   build=build)
+        self.token_type_embeddings.weight = _table(
+            int(config.get("type_vocab_size") or 2), hidden, build
+        )
+        self.LayerNorm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-12)), build=build)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.word_embeddings(input_ids)
@@ -63,13 +78,22 @@ class BertSelfAttention(nn.Module):
         hidden = int(config.hidden_size)
         heads = int(config.require("num_attention_heads"))
         if hidden % heads:
-            raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
-                             f"num_attention_heads {heads}")
+            raise ValueError(
+                f"model config: hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}"
+            )
         head_dim = hidden // heads
-        self.qkv_proj = QKVParallelLinear(hidden, head_dim, heads, heads, True, build=build,
-                                          prefix=f"{prefix}.qkv_proj")
-        self.attn = Attention(layer, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, scale=head_dim ** -0.5, causal=False)
+        self.qkv_proj = QKVParallelLinear(
+            hidden, head_dim, heads, heads, True, build=build, prefix=f"{prefix}.qkv_proj"
+        )
+        self.attn = Attention(
+            layer,
+            self.qkv_proj.num_heads,
+            self.qkv_proj.num_kv_heads,
+            head_dim,
+            scale=head_dim**-0.5,
+            causal=False,
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -79,11 +103,13 @@ class BertSelfAttention(nn.Module):
 class BertOutput(nn.Module):
     """``LN(residual + dense(x))``: the end of the attention block and of the feed-forward."""
 
-    def __init__(self, in_features: int, hidden: int, eps: float, build: BuildContext,
-                 prefix: str) -> None:
+    def __init__(
+        self, in_features: int, hidden: int, eps: float, build: BuildContext, prefix: str
+    ) -> None:
         super().__init__()
-        self.dense = RowParallelLinear(in_features, hidden, True, build=build,
-                                       prefix=f"{prefix}.dense")
+        self.dense = RowParallelLinear(
+            in_features, hidden, True, build=build, prefix=f"{prefix}.dense"
+        )
         self.LayerNorm = LayerNorm(hidden, eps, build=build)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -91,8 +117,9 @@ class BertOutput(nn.Module):
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: ArchConfig, build: BuildContext, layer: int, eps: float,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: ArchConfig, build: BuildContext, layer: int, eps: float, prefix: str
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         self.self = BertSelfAttention(config, build, layer, f"{prefix}.self")
@@ -105,9 +132,13 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: ArchConfig, build: BuildContext, prefix: str) -> None:
         super().__init__()
-        self.dense = ColumnParallelLinear(int(config.hidden_size),
-                                          int(config.require("intermediate_size")), True,
-                                          build=build, prefix=f"{prefix}.dense")
+        self.dense = ColumnParallelLinear(
+            int(config.hidden_size),
+            int(config.require("intermediate_size")),
+            True,
+            build=build,
+            prefix=f"{prefix}.dense",
+        )
         self.act = get_act(str(config.get("hidden_act", "gelu")))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +152,9 @@ class BertLayer(nn.Module):
         eps = float(config.get("layer_norm_eps", 1e-12))
         self.attention = BertAttention(config, build, layer, eps, f"{prefix}.attention")
         self.intermediate = BertIntermediate(config, build, f"{prefix}.intermediate")
-        self.output = BertOutput(int(config.intermediate_size), int(config.hidden_size), eps,
-                                 build, f"{prefix}.output")
+        self.output = BertOutput(
+            int(config.intermediate_size), int(config.hidden_size), eps, build, f"{prefix}.output"
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.attention(hidden)
@@ -153,8 +185,10 @@ class BertModel(EncoderModel):
         cfg = self.config
         kind = cfg.get("position_embedding_type", "absolute")
         if kind != "absolute":
-            raise ValueError(f"model config: position_embedding_type {kind!r} is not supported "
-                             "(expected 'absolute')")
+            raise ValueError(
+                f"model config: position_embedding_type {kind!r} is not supported "
+                "(expected 'absolute')"
+            )
         self.embeddings = BertEmbeddings(cfg, build, self.position_offset(cfg))
         self.encoder = BertEncoder(cfg, build)
 
@@ -180,8 +214,7 @@ class RobertaModel(BertModel):
 
     @classmethod
     def position_offset(cls, config: ArchConfig) -> int:
-        return int(config.get("pad_token_id") if config.get("pad_token_id") is not None
-                   else 1) + 1
+        return int(config.get("pad_token_id") if config.get("pad_token_id") is not None else 1) + 1
 
 
 class XLMRobertaModel(RobertaModel):

@@ -29,35 +29,47 @@ _L = "encoder.layer.{i}"
 
 
 def _norm(at: str) -> list[WeightRule]:
-    return [WeightRule(f"{at}.LayerNorm.weight", f"{at}.LayerNorm.weight"),
-            WeightRule(f"{at}.LayerNorm.bias", f"{at}.LayerNorm.bias"),
-            WeightRule(f"{at}.LayerNorm.gamma", f"{at}.LayerNorm.weight"),
-            WeightRule(f"{at}.LayerNorm.beta", f"{at}.LayerNorm.bias")]
+    return [
+        WeightRule(f"{at}.LayerNorm.weight", f"{at}.LayerNorm.weight"),
+        WeightRule(f"{at}.LayerNorm.bias", f"{at}.LayerNorm.bias"),
+        WeightRule(f"{at}.LayerNorm.gamma", f"{at}.LayerNorm.weight"),
+        WeightRule(f"{at}.LayerNorm.beta", f"{at}.LayerNorm.bias"),
+    ]
 
 
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names of BertModel, RobertaModel, XLMRobertaModel."""
-    return WeightNameMap([
-        WeightRule("embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
-        WeightRule("embeddings.position_embeddings.weight",
-                   "embeddings.position_embeddings.weight"),
-        WeightRule("embeddings.token_type_embeddings.weight",
-                   "embeddings.token_type_embeddings.weight"),
-        *_norm("embeddings"),
-        WeightRule("embeddings.position_ids"),
-        WeightRule("embeddings.token_type_ids"),
-        WeightRule(f"{_L}.attention.self.query.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}",
-                   shard="q"),
-        WeightRule(f"{_L}.attention.self.key.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}",
-                   shard="k"),
-        WeightRule(f"{_L}.attention.self.value.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}",
-                   shard="v"),
-        WeightRule(f"{_L}.attention.output.dense.{{p}}", f"{_L}.attention.output.dense.{{p}}"),
-        *_norm(f"{_L}.attention.output"),
-        WeightRule(f"{_L}.intermediate.dense.{{p}}", f"{_L}.intermediate.dense.{{p}}"),
-        WeightRule(f"{_L}.output.dense.{{p}}", f"{_L}.output.dense.{{p}}"),
-        *_norm(f"{_L}.output"),
-        WeightRule("pooler.dense.{p}"),
-        WeightRule("cls.{a}.{b}"), WeightRule("cls.{a}.{b}.{c}"), WeightRule("cls.{a}.{b}.{c}.{d}"),
-        WeightRule("lm_head.{a}"), WeightRule("lm_head.{a}.{b}"),
-    ])
+    return WeightNameMap(
+        [
+            WeightRule("embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+            WeightRule(
+                "embeddings.position_embeddings.weight", "embeddings.position_embeddings.weight"
+            ),
+            WeightRule(
+                "embeddings.token_type_embeddings.weight", "embeddings.token_type_embeddings.weight"
+            ),
+            *_norm("embeddings"),
+            WeightRule("embeddings.position_ids"),
+            WeightRule("embeddings.token_type_ids"),
+            WeightRule(
+                f"{_L}.attention.self.query.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}", shard="q"
+            ),
+            WeightRule(
+                f"{_L}.attention.self.key.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}", shard="k"
+            ),
+            WeightRule(
+                f"{_L}.attention.self.value.{{p}}", f"{_L}.attention.self.qkv_proj.{{p}}", shard="v"
+            ),
+            WeightRule(f"{_L}.attention.output.dense.{{p}}", f"{_L}.attention.output.dense.{{p}}"),
+            *_norm(f"{_L}.attention.output"),
+            WeightRule(f"{_L}.intermediate.dense.{{p}}", f"{_L}.intermediate.dense.{{p}}"),
+            WeightRule(f"{_L}.output.dense.{{p}}", f"{_L}.output.dense.{{p}}"),
+            *_norm(f"{_L}.output"),
+            WeightRule("pooler.dense.{p}"),
+            WeightRule("cls.{a}.{b}"),
+            WeightRule("cls.{a}.{b}.{c}"),
+            WeightRule("cls.{a}.{b}.{c}.{d}"),
+            WeightRule("lm_head.{a}"),
+            WeightRule("lm_head.{a}.{b}"),
+        ]
+    )

@@ -25,7 +25,8 @@ def write_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
-        single="w2 $A w3", special_tokens=[("w2", 2), ("w3", 3)])
+        single="w2 $A w3", special_tokens=[("w2", 2), ("w3", 3)]
+    )
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"pad_token": "w0"}))
 
@@ -36,8 +37,9 @@ def build_hf(config: Any, path: Path, seed: int = 0) -> Any:
     from transformers import AutoModel
 
     torch.manual_seed(seed)
-    model = AutoModel.from_config(config, attn_implementation="eager", dtype=torch.float32,
-                                  add_pooling_layer=False)
+    model = AutoModel.from_config(
+        config, attn_implementation="eager", dtype=torch.float32, add_pooling_layer=False
+    )
     randomize_(model, seed)
     model.eval()
     model.save_pretrained(str(path), safe_serialization=True)
@@ -54,8 +56,10 @@ def load_tallow(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
 
     ckpt = SafetensorsFormat().load(str(path))
     cls = getattr(bert_models, ckpt.architecture)
-    model = cls(ArchConfig(ckpt.config),
-                BuildContext(dtype=dtype, device=torch.device(device), task="embed"))
+    model = cls(
+        ArchConfig(ckpt.config),
+        BuildContext(dtype=dtype, device=torch.device(device), task="embed"),
+    )
     model.load_weights(ckpt.tensors(), naming=ckpt.naming)
     return model.eval()
 
@@ -64,5 +68,8 @@ def load_tallow(path: Path, device: str = "cpu", dtype: torch.dtype = torch.floa
 def kit() -> SimpleNamespace:
     """The helpers above, for test modules (which cannot import conftest by name)."""
     return SimpleNamespace(
-        build_hf=build_hf, load_tallow=load_tallow, write_tokenizer=write_tokenizer,
-        runner=lambda model: PagedRunner(model, block_size=4, blocks_per_seq=16, max_seqs=4))
+        build_hf=build_hf,
+        load_tallow=load_tallow,
+        write_tokenizer=write_tokenizer,
+        runner=lambda model: PagedRunner(model, block_size=4, blocks_per_seq=16, max_seqs=4),
+    )

@@ -42,9 +42,12 @@ def client() -> Iterator[Any]:
     from tallow.engine.async_engine import AsyncEngine
     from tallow.server.app import build_app
 
-    config = config_from_mapping({"model": {"source": str(minilm.MODEL_DIR), "device": "cpu",
-                                            "served_model_name": MODEL},
-                                  "scheduler": {"max_num_seqs": 16}})
+    config = config_from_mapping(
+        {
+            "model": {"source": str(minilm.MODEL_DIR), "device": "cpu", "served_model_name": MODEL},
+            "scheduler": {"max_num_seqs": 16},
+        }
+    )
     engine = AsyncEngine.from_config(config)
     with TestClient(build_app(engine, config), raise_server_exceptions=False) as http:
         http.engine = engine
@@ -53,8 +56,9 @@ def client() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def api(client: Any) -> Any:
-    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client,
-                         max_retries=0)
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0
+    )
 
 
 def _cos(a: Any, b: Any) -> float:
@@ -65,8 +69,12 @@ def _cos(a: Any, b: Any) -> float:
 def test_the_model_is_detected_as_an_embedding_model(client: Any) -> None:
     card = client.get(f"/v1/models/{MODEL}").json()
     assert card["task"] == "embed"
-    assert card["embedding"] == {"pooling": "mean", "normalize": True, "dimensions": 384,
-                                 "matryoshka_dimensions": None}
+    assert card["embedding"] == {
+        "pooling": "mean",
+        "normalize": True,
+        "dimensions": 384,
+        "matryoshka_dimensions": None,
+    }
     assert card["max_model_len"] == 256  # sentence_bert_config.json's max_seq_length
 
 
@@ -111,8 +119,9 @@ def test_long_text_truncated_on_request(api: Any, client: Any, oracle: Any) -> N
     body = err.value.body
     assert body["param"] == "input[1]" and body["code"] == "context_length_exceeded"
     assert "256" in body["message"] and "truncate_prompt_tokens" in body["message"]
-    got = api.embeddings.create(model=MODEL, input=["short", LONG],
-                                extra_body={"truncate_prompt_tokens": -1})
+    got = api.embeddings.create(
+        model=MODEL, input=["short", LONG], extra_body={"truncate_prompt_tokens": -1}
+    )
     ref = oracle.encode(["short", LONG])
     assert got.usage.prompt_tokens == len(oracle.tokenizer("short")["input_ids"]) + 256
     for d, r in zip(got.data, ref):
@@ -132,8 +141,9 @@ def test_token_id_inputs(api: Any, oracle: Any) -> None:
 
 
 def test_dimensions_shorten_and_renormalize(api: Any, oracle: Any) -> None:
-    got = api.embeddings.create(model=MODEL, input=TEXTS[:2], dimensions=64,
-                                encoding_format="float")
+    got = api.embeddings.create(
+        model=MODEL, input=TEXTS[:2], dimensions=64, encoding_format="float"
+    )
     for d, r in zip(got.data, oracle.encode(TEXTS[:2])):
         assert len(d.embedding) == 64
         short = r[:64] / np.linalg.norm(r[:64])
@@ -141,20 +151,23 @@ def test_dimensions_shorten_and_renormalize(api: Any, oracle: Any) -> None:
         assert abs(np.linalg.norm(d.embedding) - 1.0) < 1e-5
 
 
-@pytest.mark.parametrize(("body", "status", "param"), [
-    ({"input": ""}, 400, "input"),
-    ({"input": ["ok", ""]}, 400, "input[1]"),
-    ({"input": []}, 400, "input"),
-    ({"input": [[101, 999999]]}, 400, "input[0]"),
-    ({"input": "x", "dimensions": 385}, 400, "dimensions"),
-    ({"input": "x", "dimensions": 0}, 400, "dimensions"),
-    ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
-    ({"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens"),
-    ({"input": "x", "truncate_prompt_tokens": 1}, 400, "truncate_prompt_tokens"),
-    ({"input": "x", "model": "gpt-4"}, 404, "model"),
-    ({"input": 3}, 400, "input"),
-    ({}, 400, "input"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": ["ok", ""]}, 400, "input[1]"),
+        ({"input": []}, 400, "input"),
+        ({"input": [[101, 999999]]}, 400, "input[0]"),
+        ({"input": "x", "dimensions": 385}, 400, "dimensions"),
+        ({"input": "x", "dimensions": 0}, 400, "dimensions"),
+        ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"input": "x", "truncate_prompt_tokens": 1000}, 400, "truncate_prompt_tokens"),
+        ({"input": "x", "truncate_prompt_tokens": 1}, 400, "truncate_prompt_tokens"),
+        ({"input": "x", "model": "gpt-4"}, 404, "model"),
+        ({"input": 3}, 400, "input"),
+        ({}, 400, "input"),
+    ],
+)
 def test_errors_name_the_field(client: Any, body: dict, status: int, param: str) -> None:
     response = client.post("/v1/embeddings", json=body)
     assert response.status_code == status, response.text
@@ -180,6 +193,7 @@ def test_openapi_lists_the_endpoint(client: Any) -> None:
     op = doc["paths"]["/v1/embeddings"]["post"]
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
-    assert {"input", "encoding_format", "dimensions", "truncate_prompt_tokens"} <= \
-        set(schema["properties"])
+    assert {"input", "encoding_format", "dimensions", "truncate_prompt_tokens"} <= set(
+        schema["properties"]
+    )
     assert "200" in op["responses"] and "400" in op["responses"]

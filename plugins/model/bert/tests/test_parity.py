@@ -13,21 +13,32 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-SMALL = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, type_vocab_size=2)
+SMALL = dict(
+    vocab_size=120,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    type_vocab_size=2,
+)
 CONFIGS = {
     "bert": lambda: transformers.BertConfig(**SMALL, max_position_embeddings=64),
-    "bert-tanh-gelu": lambda: transformers.BertConfig(**SMALL, max_position_embeddings=64,
-                                                      hidden_act="gelu_new",
-                                                      layer_norm_eps=1e-5),
-    "roberta": lambda: transformers.RobertaConfig(**{**SMALL, "type_vocab_size": 1},
-                                                  max_position_embeddings=66, pad_token_id=1),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**{**SMALL, "type_vocab_size": 1},
-                                                         max_position_embeddings=66,
-                                                         pad_token_id=1),
+    "bert-tanh-gelu": lambda: transformers.BertConfig(
+        **SMALL, max_position_embeddings=64, hidden_act="gelu_new", layer_norm_eps=1e-5
+    ),
+    "roberta": lambda: transformers.RobertaConfig(
+        **{**SMALL, "type_vocab_size": 1}, max_position_embeddings=66, pad_token_id=1
+    ),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(
+        **{**SMALL, "type_vocab_size": 1}, max_position_embeddings=66, pad_token_id=1
+    ),
 }
-INPUTS = [[2, 17, 55, 9, 101, 3], [2, 3], [2, 88, 11, 64, 64, 12, 7, 99, 45, 30, 6, 3],
-          [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 3]]
+INPUTS = [
+    [2, 17, 55, 9, 101, 3],
+    [2, 3],
+    [2, 88, 11, 64, 64, 12, 7, 99, 45, 30, 6, 3],
+    [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 3],
+]
 
 
 def _hf_hidden(hf, ids: list[int]) -> torch.Tensor:
@@ -58,8 +69,9 @@ def test_attention_is_bidirectional(tmp_path, kit):
     assert not torch.allclose(a[0], b[0], atol=1e-3)
 
 
-@pytest.mark.parametrize(("name", "pooling"), [("bert", "mean"), ("bert", "cls"),
-                                               ("roberta", "mean")])
+@pytest.mark.parametrize(
+    ("name", "pooling"), [("bert", "mean"), ("bert", "cls"), ("roberta", "mean")]
+)
 def test_engine_embeddings_match_transformers(name, pooling, tmp_path, kit):
     """All inputs in one engine step; pooled and normalized as sentence-transformers does."""
     from tallow import LLM
@@ -92,8 +104,12 @@ def test_prefixed_checkpoint_with_task_heads_loads(tmp_path, kit):
     renamed["bert.pooler.dense.weight"] = torch.zeros(64, 64)
     save_file(renamed, str(tmp_path / "model.safetensors"))
     model = kit.load_tallow(tmp_path)
-    torch.testing.assert_close(model.embeddings.word_embeddings.weight,
-                               hf.embeddings.word_embeddings.weight, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.embeddings.word_embeddings.weight,
+        hf.embeddings.word_embeddings.weight,
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_input_longer_than_the_position_table_is_refused(tmp_path, kit):

@@ -8,8 +8,12 @@ from tallow.plugin.testing import modules_imported_by_registration
 
 
 def test_registration_imports_no_torch() -> None:
-    assert modules_imported_by_registration("tallow_model_bert.plugin", "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_model_bert.plugin", "tallow_register_architectures", "ArchitectureRegistry"
+        )
+        == []
+    )
 
 
 def test_every_architecture_is_registered_to_its_class() -> None:

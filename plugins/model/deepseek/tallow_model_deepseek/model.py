@@ -49,8 +49,17 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, BuildContext, ColumnParallelLinear, FusedMoE, MLAAttention, QuantizedWeight,
-    ReplicatedLinear, RMSNorm, RotaryEmbedding, RouterSpec, RowParallelLinear,
+    ArchConfig,
+    BuildContext,
+    ColumnParallelLinear,
+    FusedMoE,
+    MLAAttention,
+    QuantizedWeight,
+    ReplicatedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RouterSpec,
+    RowParallelLinear,
 )
 from tallow_model_llama.model import LlamaForCausalLM
 
@@ -85,38 +94,59 @@ def sigmoid_router(config: ArchConfig) -> RouterSpec:
     """DeepSeek-V3's router (GLM-4.5's too): sigmoid scores, the choice over the
     ``topk_group`` of ``n_group`` groups (by their two best biased scores), weights
     renormalised with ``norm_topk_prob`` and times ``routed_scaling_factor``."""
-    return RouterSpec(top_k=_int(config, "num_experts_per_tok"), scoring="sigmoid",
-                      renormalize=bool(config.get("norm_topk_prob", True)),
-                      num_groups=int(config.get("n_group") or 1),
-                      topk_groups=int(config.get("topk_group") or 1),
-                      routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0))
+    return RouterSpec(
+        top_k=_int(config, "num_experts_per_tok"),
+        scoring="sigmoid",
+        renormalize=bool(config.get("norm_topk_prob", True)),
+        num_groups=int(config.get("n_group") or 1),
+        topk_groups=int(config.get("topk_group") or 1),
+        routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+    )
 
 
-def moe_block(config: ArchConfig, build: BuildContext, prefix: str, router: RouterSpec,
-              correction_bias: bool) -> FusedMoE:
+def moe_block(
+    config: ArchConfig, build: BuildContext, prefix: str, router: RouterSpec, correction_bias: bool
+) -> FusedMoE:
     """The MoE block of one layer: ``n_routed_experts`` SwiGLU experts of
     ``moe_intermediate_size`` and ``n_shared_experts`` shared ones (one MLP)."""
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                         "supported by the experts (SwiGLU)")
+        raise ValueError(
+            f"model config: hidden_act {config.get('hidden_act')!r} is not "
+            "supported by the experts (SwiGLU)"
+        )
     inter = _int(config, "moe_intermediate_size")
     shared = int(config.get("n_shared_experts") or 0) * inter
-    return FusedMoE(_int(config, "n_routed_experts"), int(config.hidden_size), inter,
-                    router=router, correction_bias=correction_bias,
-                    shared_intermediate_size=shared, build=build, prefix=prefix)
+    return FusedMoE(
+        _int(config, "n_routed_experts"),
+        int(config.hidden_size),
+        inter,
+        router=router,
+        correction_bias=correction_bias,
+        shared_intermediate_size=shared,
+        build=build,
+        prefix=prefix,
+    )
 
 
 class DeepseekAttention(nn.Module):
     """Latent attention of one decoder layer (see the module docstring)."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         if heads % build.tp_size:
-            raise ValueError(f"model config: num_attention_heads {heads} does not split over "
-                             f"{build.tp_size} tensor-parallel ranks")
+            raise ValueError(
+                f"model config: num_attention_heads {heads} does not split over "
+                f"{build.tp_size} tensor-parallel ranks"
+            )
         self.rank = _int(config, "kv_lora_rank")
         self.nope = _int(config, "qk_nope_head_dim")
         self.rope = _int(config, "qk_rope_head_dim")
@@ -126,27 +156,39 @@ class DeepseekAttention(nn.Module):
         q_width = heads * (self.nope + self.rope)
         self.q_proj = self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
         if q_rank:
-            self.q_a_proj = ReplicatedLinear(hidden, int(q_rank), bias, build=build,
-                                             prefix=f"{prefix}.q_a_proj")
+            self.q_a_proj = ReplicatedLinear(
+                hidden, int(q_rank), bias, build=build, prefix=f"{prefix}.q_a_proj"
+            )
             self.q_a_layernorm = RMSNorm(int(q_rank), LORA_NORM_EPS, build=build)
-            self.q_b_proj = ColumnParallelLinear(int(q_rank), q_width, False, build=build,
-                                                 prefix=f"{prefix}.q_b_proj")
+            self.q_b_proj = ColumnParallelLinear(
+                int(q_rank), q_width, False, build=build, prefix=f"{prefix}.q_b_proj"
+            )
         else:
-            self.q_proj = ColumnParallelLinear(hidden, q_width, False, build=build,
-                                               prefix=f"{prefix}.q_proj")
-        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.rank + self.rope, bias,
-                                                   build=build,
-                                                   prefix=f"{prefix}.kv_a_proj_with_mqa")
+            self.q_proj = ColumnParallelLinear(
+                hidden, q_width, False, build=build, prefix=f"{prefix}.q_proj"
+            )
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            hidden, self.rank + self.rope, bias, build=build, prefix=f"{prefix}.kv_a_proj_with_mqa"
+        )
         self.kv_a_layernorm = RMSNorm(self.rank, LORA_NORM_EPS, build=build)
-        self.kv_b_proj = ColumnParallelLinear(self.rank, heads * (self.nope + v_dim), False,
-                                              build=build, prefix=f"{prefix}.kv_b_proj")
-        self.o_proj = RowParallelLinear(heads * v_dim, hidden, bias, build=build,
-                                        prefix=f"{prefix}.o_proj")
+        self.kv_b_proj = ColumnParallelLinear(
+            self.rank, heads * (self.nope + v_dim), False, build=build, prefix=f"{prefix}.kv_b_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            heads * v_dim, hidden, bias, build=build, prefix=f"{prefix}.o_proj"
+        )
         self.rotary_emb = rotary
-        self.attn = MLAAttention(layer_index, heads // build.tp_size, kv_lora_rank=self.rank,
-                                 qk_nope_head_dim=self.nope, qk_rope_head_dim=self.rope,
-                                 v_head_dim=v_dim, scale=softmax_scale(config),
-                                 device=build.device, dtype=build.dtype)
+        self.attn = MLAAttention(
+            layer_index,
+            heads // build.tp_size,
+            kv_lora_rank=self.rank,
+            qk_nope_head_dim=self.nope,
+            qk_rope_head_dim=self.rope,
+            v_head_dim=v_dim,
+            scale=softmax_scale(config),
+            device=build.device,
+            dtype=build.dtype,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         n = hidden.shape[0]
@@ -158,11 +200,12 @@ class DeepseekAttention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
         q = q.view(n, -1, self.nope + self.rope)
         latent = self.kv_a_proj_with_mqa(hidden)
-        c = self.kv_a_layernorm(latent[:, :self.rank].contiguous())
+        c = self.kv_a_layernorm(latent[:, : self.rank].contiguous())
         # the rotary layer may rotate in place: give it copies of the rope parts
-        q_pe, k_pe = self.rotary_emb(positions, q[..., self.nope:].reshape(n, -1),
-                                     latent[:, self.rank:].contiguous())
-        q = torch.cat([q[..., :self.nope], q_pe.view(n, -1, self.rope)], dim=-1)
+        q_pe, k_pe = self.rotary_emb(
+            positions, q[..., self.nope :].reshape(n, -1), latent[:, self.rank :].contiguous()
+        )
+        q = torch.cat([q[..., : self.nope], q_pe.view(n, -1, self.rope)], dim=-1)
         out = self.attn(q.reshape(n, -1), torch.cat([c, k_pe], dim=-1))
         return self.o_proj(out)
 
@@ -185,8 +228,15 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         """V2 rotates interleaved pairs; V3 too unless ``rope_interleave`` is False."""
         return not bool(self.config.get("rope_interleave", True))
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
         return DeepseekAttention(config, build, layer, rotary, prefix)
 
     def is_moe_layer(self, config: ArchConfig, layer: int) -> bool:
@@ -202,30 +252,37 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         renormalisation (as transformers' DeepseekV2 router)."""
         method = config.get("topk_method") or "greedy"
         if method not in ("greedy", "group_limited_greedy"):
-            raise ValueError(f"model config: topk_method {method!r} is not supported for "
-                             "DeepSeek-V2 (expected greedy or group_limited_greedy)")
+            raise ValueError(
+                f"model config: topk_method {method!r} is not supported for "
+                "DeepSeek-V2 (expected greedy or group_limited_greedy)"
+            )
         grouped = method == "group_limited_greedy"
-        return RouterSpec(top_k=_int(config, "num_experts_per_tok"), scoring="softmax",
-                          num_groups=int(config.get("n_group") or 1) if grouped else 1,
-                          topk_groups=int(config.get("topk_group") or 1) if grouped else 1,
-                          routed_scaling_factor=float(config.get("routed_scaling_factor")
-                                                      or 1.0),
-                          group_score="max")
+        return RouterSpec(
+            top_k=_int(config, "num_experts_per_tok"),
+            scoring="softmax",
+            num_groups=int(config.get("n_group") or 1) if grouped else 1,
+            topk_groups=int(config.get("topk_group") or 1) if grouped else 1,
+            routed_scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+            group_score="max",
+        )
 
     correction_bias: ClassVar[bool] = False
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         if not self.is_moe_layer(config, layer):
             return super().build_mlp(config, build, layer, prefix)
         return moe_block(config, build, prefix, self.router(config), self.correction_bias)
 
     # -- loading ---------------------------------------------------------------------------
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
-                     naming: str = "hf") -> set[str]:
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
+    ) -> set[str]:
         layers = int(self.config.num_hidden_layers)
-        return super().load_weights(((name, t) for name, t in tensors
-                                     if not mtp_layer(name, layers)), naming)
+        return super().load_weights(
+            ((name, t) for name, t in tensors if not mtp_layer(name, layers)), naming
+        )
 
     def process_weights_after_loading(self) -> None:
         super().process_weights_after_loading()
@@ -276,8 +333,10 @@ class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
         if types is None:
             return layer >= int(config.get("first_k_dense_replace", 1) or 0)
         if len(types) != int(config.num_hidden_layers) or set(types) - {"dense", "sparse"}:
-            raise ValueError(f"model config: mlp_layer_types must list 'dense' or 'sparse' for "
-                             f"each of the {config.num_hidden_layers} layers, got {types!r}")
+            raise ValueError(
+                f"model config: mlp_layer_types must list 'dense' or 'sparse' for "
+                f"each of the {config.num_hidden_layers} layers, got {types!r}"
+            )
         return types[layer] == "sparse"
 
     @classmethod
@@ -288,6 +347,8 @@ class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
         params = cfg.get("rope_parameters") or {}
         factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
         if float(factor if factor is not None else 1.0) != 1.0:
-            raise ValueError(f"model config: partial_rotary_factor {factor} is not supported "
-                             "for GLM-4.7-Flash latent attention (expected 1.0)")
+            raise ValueError(
+                f"model config: partial_rotary_factor {factor} is not supported "
+                "for GLM-4.7-Flash latent attention (expected 1.0)"
+            )
         return cfg

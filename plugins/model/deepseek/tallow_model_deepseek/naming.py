@@ -27,8 +27,16 @@ from tallow_model_llama.naming import hf_name_map as llama_hf_name_map
 _L = "model.layers.{i}"
 _MLP = f"{_L}.mlp"
 _SHARED = f"{_MLP}.shared_experts"
-_ATTENTION = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
-              "kv_a_layernorm", "kv_b_proj", "o_proj")
+_ATTENTION = (
+    "q_proj",
+    "q_a_proj",
+    "q_a_layernorm",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+    "o_proj",
+)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
@@ -37,13 +45,12 @@ def moe_rules() -> list[WeightRule]:
     the models that use the same block (GLM-4.5)."""
     return [
         WeightRule(f"{_MLP}.gate.weight", f"{_MLP}.gate.weight"),
-        WeightRule(f"{_MLP}.gate.e_score_correction_bias",
-                   f"{_MLP}.gate.e_score_correction_bias"),
+        WeightRule(f"{_MLP}.gate.e_score_correction_bias", f"{_MLP}.gate.e_score_correction_bias"),
         *FusedMoE.hf_weight_rules(_MLP),
-        WeightRule(f"{_SHARED}.gate_proj.{{p}}", f"{_MLP}.shared_expert.gate_up_proj.{{p}}",
-                   shard=0),
-        WeightRule(f"{_SHARED}.up_proj.{{p}}", f"{_MLP}.shared_expert.gate_up_proj.{{p}}",
-                   shard=1),
+        WeightRule(
+            f"{_SHARED}.gate_proj.{{p}}", f"{_MLP}.shared_expert.gate_up_proj.{{p}}", shard=0
+        ),
+        WeightRule(f"{_SHARED}.up_proj.{{p}}", f"{_MLP}.shared_expert.gate_up_proj.{{p}}", shard=1),
         WeightRule(f"{_SHARED}.down_proj.{{p}}", f"{_MLP}.shared_expert.down_proj.{{p}}"),
     ]
 
@@ -51,8 +58,10 @@ def moe_rules() -> list[WeightRule]:
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names (the latent attention's rules first: they
     come before tallow-model-llama's ``q_proj`` -> ``qkv_proj`` rule)."""
-    attention = [WeightRule(f"{_L}.self_attn.{name}.{{p}}", f"{_L}.self_attn.{name}.{{p}}")
-                 for name in _ATTENTION]
+    attention = [
+        WeightRule(f"{_L}.self_attn.{name}.{{p}}", f"{_L}.self_attn.{name}.{{p}}")
+        for name in _ATTENTION
+    ]
     return WeightNameMap([*attention, *moe_rules()]) + llama_hf_name_map()
 
 

@@ -32,8 +32,9 @@ class DeepseekConformance(ModelArchitectureConformance):
         model.save_pretrained(str(directory), safe_serialization=True)
         return model, directory
 
-    def test_layers_dense_then_moe_with_latent_attention(self, loaded: tuple[Any, set[str]]
-                                                          ) -> None:
+    def test_layers_dense_then_moe_with_latent_attention(
+        self, loaded: tuple[Any, set[str]]
+    ) -> None:
         model = loaded[0]
         kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
         assert kinds == ["LlamaMLP", "FusedMoE", "FusedMoE"]
@@ -57,8 +58,14 @@ class TestDeepseekV3Conformance(DeepseekConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.DeepseekV3Config(**SMALL, q_lora_rank=24, n_group=4, topk_group=2,
-                                             routed_scaling_factor=2.5, norm_topk_prob=True)
+        return transformers.DeepseekV3Config(
+            **SMALL,
+            q_lora_rank=24,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        )
 
 
 class TestDeepseekV2Conformance(DeepseekConformance):
@@ -70,9 +77,14 @@ class TestDeepseekV2Conformance(DeepseekConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.DeepseekV2Config(**SMALL, q_lora_rank=None, n_group=4,
-                                             topk_group=2, topk_method="group_limited_greedy",
-                                             routed_scaling_factor=1.5)
+        return transformers.DeepseekV2Config(
+            **SMALL,
+            q_lora_rank=None,
+            n_group=4,
+            topk_group=2,
+            topk_method="group_limited_greedy",
+            routed_scaling_factor=1.5,
+        )
 
 
 class TestGlm4MoeLiteConformance(DeepseekConformance):
@@ -85,7 +97,12 @@ class TestGlm4MoeLiteConformance(DeepseekConformance):
         import transformers
 
         small = {k: v for k, v in SMALL.items() if k != "first_k_dense_replace"}
-        return transformers.Glm4MoeLiteConfig(**small, q_lora_rank=24, n_group=4,
-                                              topk_group=2, routed_scaling_factor=1.8,
-                                              norm_topk_prob=True,
-                                              mlp_layer_types=["dense", "sparse", "sparse"])
+        return transformers.Glm4MoeLiteConfig(
+            **small,
+            q_lora_rank=24,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            mlp_layer_types=["dense", "sparse", "sparse"],
+        )

@@ -28,12 +28,30 @@ I = 128  # expert intermediate size
 
 def tiny_config():
     return transformers.DeepseekV3Config(
-        hidden_size=128, intermediate_size=256, moe_intermediate_size=I, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=128, kv_lora_rank=128,
-        qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, n_routed_experts=4,
-        num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
-        first_k_dense_replace=1, vocab_size=320, rms_norm_eps=1e-5,
-        max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=I,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        vocab_size=320,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,8 +70,12 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _quantized(name: str, value: torch.Tensor) -> bool:
-    return (value.dim() == 2 and name.endswith("proj.weight") and "embed" not in name
-            and not name.startswith("lm_head"))
+    return (
+        value.dim() == 2
+        and name.endswith("proj.weight")
+        and "embed" not in name
+        and not name.startswith("lm_head")
+    )
 
 
 def write_checkpoint(hf, out: Path):
@@ -67,14 +89,17 @@ def write_checkpoint(hf, out: Path):
             prefix = name.rsplit(".", 1)[0]
             deq = torch.empty_like(value, dtype=torch.float32)
             for e in range(value.shape[0]):
-                parts = ({"gate_proj": value[e, :I], "up_proj": value[e, I:]}
-                         if name.endswith("gate_up_proj") else {"down_proj": value[e]})
+                parts = (
+                    {"gate_proj": value[e, :I], "up_proj": value[e, I:]}
+                    if name.endswith("gate_up_proj")
+                    else {"down_proj": value[e]}
+                )
                 rows = 0
                 for part, w in parts.items():
                     q, s, d = quantize_blocks(w)
                     tensors[f"{prefix}.{e}.{part}.weight"] = q.contiguous()
                     tensors[f"{prefix}.{e}.{part}.weight_scale_inv"] = s.contiguous()
-                    deq[e, rows:rows + w.shape[0]] = d
+                    deq[e, rows : rows + w.shape[0]] = d
                     rows += w.shape[0]
             oracle_state[name] = deq
         elif _quantized(name, value):
@@ -88,9 +113,12 @@ def write_checkpoint(hf, out: Path):
     save_file(tensors, str(out / "model.safetensors"))
     config = hf.config.to_dict()
     config["architectures"] = ["DeepseekV3ForCausalLM"]
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                     "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
     (out / "config.json").write_text(json.dumps(config))
     save_tokenizer(out)
     hf.load_state_dict(oracle_state, strict=False)
@@ -100,10 +128,11 @@ def write_checkpoint(hf, out: Path):
 def test_block_fp8_checkpoint_loads_and_matches_the_dequantized_model(tmp_path):
     hf = random_hf_model(tiny_config(), seed=31).float().eval()
     oracle = write_checkpoint(hf, tmp_path / "v3-fp8")
-    llm = offline_llm(str(tmp_path / "v3-fp8"), plugins=[
-        "tallow-model-deepseek", "tallow-quant-fp8", "tallow-format-safetensors"],
-        config={"model": {"dtype": "float32", "max_model_len": 64},
-                "cache": {"num_blocks": 32}})
+    llm = offline_llm(
+        str(tmp_path / "v3-fp8"),
+        plugins=["tallow-model-deepseek", "tallow-quant-fp8", "tallow-format-safetensors"],
+        config={"model": {"dtype": "float32", "max_model_len": 64}, "cache": {"num_blocks": 32}},
+    )
     loaded = llm.engine.parts.loaded
     model = loaded.model
     attn = model.model.layers[1].self_attn

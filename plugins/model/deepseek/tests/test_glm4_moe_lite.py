@@ -11,7 +11,10 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from deepseek_configs import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
@@ -21,8 +24,9 @@ BASE = {k: v for k, v in SMALL.items() if k != "first_k_dense_replace"}
 
 
 def _config(**extra):
-    return transformers.Glm4MoeLiteConfig(**{**BASE, "q_lora_rank": 24, "n_group": 2,
-                                             "topk_group": 1, **extra})
+    return transformers.Glm4MoeLiteConfig(
+        **{**BASE, "q_lora_rank": 24, "n_group": 2, "topk_group": 1, **extra}
+    )
 
 
 def _kinds(model) -> list[str]:
@@ -52,17 +56,26 @@ def test_config_without_mlp_layer_types():
     raw = _config().to_dict()
     raw.pop("mlp_layer_types")
     assert _kinds(Glm4MoeLiteForCausalLM(ArchConfig(raw), BuildContext())) == [
-        "LlamaMLP", "FusedMoE", "FusedMoE"]
+        "LlamaMLP",
+        "FusedMoE",
+        "FusedMoE",
+    ]
     raw["first_k_dense_replace"] = 2
     assert _kinds(Glm4MoeLiteForCausalLM(ArchConfig(raw), BuildContext())) == [
-        "LlamaMLP", "LlamaMLP", "FusedMoE"]
+        "LlamaMLP",
+        "LlamaMLP",
+        "FusedMoE",
+    ]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types must list"),
-    ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types must list"),
+        ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types must list"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
+    ],
+)
 def test_refused_configs(change, message):
     raw = {**_config().to_dict(), **change}
     with pytest.raises(ValueError, match=message):
@@ -76,9 +89,15 @@ def test_cuda_parity(tmp_path):
     randomize_correction_bias(hf, 34)
     from tallow_format_safetensors.format import SafetensorsFormat
 
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Glm4MoeLiteForCausalLM,
-                                               SafetensorsFormat().load, **kw),
-                       hf, PROMPT, 32, what="glm4-moe-lite")
+    assert_cuda_parity(
+        lambda **kw: load_saved(
+            hf, tmp_path, Glm4MoeLiteForCausalLM, SafetensorsFormat().load, **kw
+        ),
+        hf,
+        PROMPT,
+        32,
+        what="glm4-moe-lite",
+    )
 
 
 def test_random_shape_of_glm_4_7_flash():
@@ -91,12 +110,14 @@ def test_random_shape_of_glm_4_7_flash():
 
     config = ArchConfig(shape_config("random:glm-4.7-flash"))
     with torch.device("meta"):
-        model = Glm4MoeLiteForCausalLM(config, BuildContext(dtype=torch.bfloat16,
-                                                            device=torch.device("meta")))
+        model = Glm4MoeLiteForCausalLM(
+            config, BuildContext(dtype=torch.bfloat16, device=torch.device("meta"))
+        )
     assert 29.9e9 < sum(p.numel() for p in model.parameters()) < 30.0e9
     kinds = _kinds(model)
     assert kinds[0] == "LlamaMLP" and kinds[1:] == ["FusedMoE"] * 46
     (group,) = find_cache_groups(model)
-    per_token = group_block_bytes(group, AutoKVCodec(), block_size=16,
-                                  model_dtype=torch.bfloat16) / 16
+    per_token = (
+        group_block_bytes(group, AutoKVCodec(), block_size=16, model_dtype=torch.bfloat16) / 16
+    )
     assert per_token == 47 * 576 * 2

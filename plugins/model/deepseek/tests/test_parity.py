@@ -17,29 +17,49 @@ from tallow.kernels.kv_cast import AutoKVCodec  # noqa: E402
 from tallow.layers import ArchConfig, BuildContext, LatentCacheSpec, MLAAttention  # noqa: E402
 from tallow.plugin.testing.engine import offline_llm  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from deepseek_configs import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
 from tallow_model_deepseek.model import (  # noqa: E402
-    DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, softmax_scale,
+    DeepseekV2ForCausalLM,
+    DeepseekV3ForCausalLM,
+    softmax_scale,
 )
 
 STEPS = 32
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
-        "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
-        "mscale": 0.707, "mscale_all_dim": 0.707}
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "original_max_position_embeddings": 32,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+}
 
 
 def _safetensors():
-    return pytest.importorskip("tallow_format_safetensors.format",
-                               reason="the saved model is read by tallow-format-safetensors")
+    return pytest.importorskip(
+        "tallow_format_safetensors.format",
+        reason="the saved model is read by tallow-format-safetensors",
+    )
 
 
 def _v3_yarn_config():
-    return transformers.DeepseekV3Config(**SMALL, q_lora_rank=24, n_group=2, topk_group=1,
-                                         routed_scaling_factor=2.5, rope_interleave=False,
-                                         rope_parameters=YARN)
+    return transformers.DeepseekV3Config(
+        **SMALL,
+        q_lora_rank=24,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        rope_interleave=False,
+        rope_parameters=YARN,
+    )
 
 
 def test_v3_yarn_mscale_and_rotate_half(tmp_path):
@@ -47,8 +67,9 @@ def test_v3_yarn_mscale_and_rotate_half(tmp_path):
     ``mscale_all_dim`` folded into the softmax scale, rope_interleave False (rotate-half)."""
     config = _v3_yarn_config()
     cfg = ArchConfig(config.to_dict())
-    assert softmax_scale(cfg) == pytest.approx(24 ** -0.5 * (0.0707 * torch.log(
-        torch.tensor(8.0)).item() + 1) ** 2)
+    assert softmax_scale(cfg) == pytest.approx(
+        24**-0.5 * (0.0707 * torch.log(torch.tensor(8.0)).item() + 1) ** 2
+    )
     hf = random_hf_model(config, seed=21)
     randomize_correction_bias(hf, 22)
     model = load_saved(hf, tmp_path, DeepseekV3ForCausalLM, _safetensors().SafetensorsFormat().load)
@@ -57,8 +78,9 @@ def test_v3_yarn_mscale_and_rotate_half(tmp_path):
 
 
 def test_v2_greedy_routing_with_a_low_rank_query(tmp_path):
-    config = transformers.DeepseekV2Config(**SMALL, q_lora_rank=20, topk_method="greedy",
-                                           rope_parameters=YARN)
+    config = transformers.DeepseekV2Config(
+        **SMALL, q_lora_rank=20, topk_method="greedy", rope_parameters=YARN
+    )
     hf = random_hf_model(config, seed=23)
     model = load_saved(hf, tmp_path, DeepseekV2ForCausalLM, _safetensors().SafetensorsFormat().load)
     assert not model.rope_neox_style
@@ -76,19 +98,27 @@ def test_skips_multi_token_prediction_layers():
     model = DeepseekV3ForCausalLM(ArchConfig(config.to_dict()), BuildContext())
     model.load_weights(iter(state.items()), naming="hf")
     state["model.layers.1.mlp.oddity.weight"] = torch.zeros(2)
-    with pytest.raises(ValueError, match=r"unexpected checkpoint tensors \(1\): "
-                                         r"model\.layers\.1\.mlp\.oddity\.weight"):
+    with pytest.raises(
+        ValueError,
+        match=r"unexpected checkpoint tensors \(1\): "
+        r"model\.layers\.1\.mlp\.oddity\.weight",
+    ):
         DeepseekV3ForCausalLM(ArchConfig(config.to_dict()), BuildContext()).load_weights(
-            iter(state.items()), naming="hf")
+            iter(state.items()), naming="hf"
+        )
 
 
 def _engine(codec: str = "auto", **cache):
     plugins = ["tallow-model-deepseek"] + (["tallow-kvcache-fp8"] if codec != "auto" else [])
-    return offline_llm("random:tiny-deepseek-v3", plugins=plugins, config={
-        "model": {"dtype": "float32", "max_model_len": 64},
-        "cache": {"block_size": 4, "num_blocks": 20, "kv_codec": codec, **cache},
-        "scheduler": {"max_num_batched_tokens": 32, "prefill_chunk_size": 8,
-                      "max_num_seqs": 6}})
+    return offline_llm(
+        "random:tiny-deepseek-v3",
+        plugins=plugins,
+        config={
+            "model": {"dtype": "float32", "max_model_len": 64},
+            "cache": {"block_size": 4, "num_blocks": 20, "kv_codec": codec, **cache},
+            "scheduler": {"max_num_batched_tokens": 32, "prefill_chunk_size": 8, "max_num_seqs": 6},
+        },
+    )
 
 
 def _prompts() -> list[list[int]]:
@@ -135,14 +165,17 @@ def _latent_bytes_per_token(shape: str) -> tuple[float, float]:
     attention would cache without the latent: H x (Dn + Dr) keys and H x Dv values), in
     bfloat16, built on the meta device from the ``random:`` shape."""
     config = ArchConfig(shape_config(shape))
-    cls = {"DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-           "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM}[config["architectures"][0]]
+    cls = {
+        "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    }[config["architectures"][0]]
     with torch.device("meta"):
         model = cls(config, BuildContext(dtype=torch.bfloat16, device=torch.device("meta")))
     groups = find_cache_groups(model)
     assert [type(g.spec) for g in groups] == [LatentCacheSpec]
-    latent = group_block_bytes(groups[0], AutoKVCodec(), block_size=16,
-                               model_dtype=torch.bfloat16) / 16
+    latent = (
+        group_block_bytes(groups[0], AutoKVCodec(), block_size=16, model_dtype=torch.bfloat16) / 16
+    )
     layers = sum(isinstance(m, MLAAttention) for m in model.modules())
     heads = int(config.num_attention_heads)
     per_head = config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
@@ -168,8 +201,13 @@ def test_cuda_parity(tmp_path):
     hf = random_hf_model(_v3_yarn_config(), seed=25)
     randomize_correction_bias(hf, 26)
     read = _safetensors().SafetensorsFormat().load
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, DeepseekV3ForCausalLM, read, **kw),
-                       hf, PROMPT, STEPS, what="deepseek-v3")
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, DeepseekV3ForCausalLM, read, **kw),
+        hf,
+        PROMPT,
+        STEPS,
+        what="deepseek-v3",
+    )
 
 
 @pytest.mark.gpu
@@ -177,14 +215,20 @@ def test_cuda_parity(tmp_path):
 def test_cuda_engine_with_graphs_matches_eager():
     """The engine on the GPU with the Triton backend: CUDA-graph decode of the latent cache
     gives the tokens of eager decode."""
+
     def run(disable: bool) -> list[list[int]]:
-        llm = offline_llm("random:tiny-deepseek-v3",
-                          plugins=["tallow-model-deepseek", "tallow-attention-triton"],
-                          config={"model": {"device": "cuda", "dtype": "float32"},
-                                  "runner": {"disable_cuda_graph": disable}})
+        llm = offline_llm(
+            "random:tiny-deepseek-v3",
+            plugins=["tallow-model-deepseek", "tallow-attention-triton"],
+            config={
+                "model": {"device": "cuda", "dtype": "float32"},
+                "runner": {"disable_cuda_graph": disable},
+            },
+        )
         assert (llm.engine.core.runner.graphs is not None) != disable
-        outs = llm.generate(_prompts(), SamplingParams(temperature=0.0, max_tokens=16,
-                                                       ignore_eos=True))
+        outs = llm.generate(
+            _prompts(), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        )
         return [o.outputs[0].token_ids for o in outs]
 
     assert run(False) == run(True)
@@ -195,7 +239,11 @@ def test_a_codec_without_a_latent_form_is_refused():
     naming the setting."""
     pytest.importorskip("tallow_kvcache_turboquant", reason="the turbo codecs' plugin")
     with pytest.raises(ValueError, match="cache.kv_codec 'turbo4' cannot keep a latent"):
-        offline_llm("random:tiny-deepseek-v3",
-                    plugins=["tallow-model-deepseek", "tallow-kvcache-turboquant"],
-                    config={"model": {"dtype": "float32", "max_model_len": 64},
-                            "cache": {"kv_codec": "turbo4", "num_blocks": 20}})
+        offline_llm(
+            "random:tiny-deepseek-v3",
+            plugins=["tallow-model-deepseek", "tallow-kvcache-turboquant"],
+            config={
+                "model": {"dtype": "float32", "max_model_len": 64},
+                "cache": {"kv_codec": "turbo4", "num_blocks": 20},
+            },
+        )

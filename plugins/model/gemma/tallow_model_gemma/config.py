@@ -29,22 +29,47 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 #: transformers' ``Gemma2Config`` defaults
 GEMMA2_DEFAULTS: dict[str, Any] = dict(
-    vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-    num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, rms_norm_eps=1e-6,
-    rope_theta=10000.0, attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096,
-    final_logit_softcapping=30.0, attn_logit_softcapping=50.0, tie_word_embeddings=True,
+    vocab_size=256000,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    attention_bias=False,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    final_logit_softcapping=30.0,
+    attn_logit_softcapping=50.0,
+    tie_word_embeddings=True,
     sliding_window_pattern=2,
 )
 
 #: transformers' ``Gemma3TextConfig`` defaults
 GEMMA3_DEFAULTS: dict[str, Any] = dict(
-    vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-    num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072, rms_norm_eps=1e-6,
-    rope_theta=1000000.0, rope_local_base_freq=10000.0, attention_bias=False,
-    query_pre_attn_scalar=256, sliding_window=4096, final_logit_softcapping=None,
-    attn_logit_softcapping=None, tie_word_embeddings=True, sliding_window_pattern=6,
+    vocab_size=262208,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_local_base_freq=10000.0,
+    attention_bias=False,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    final_logit_softcapping=None,
+    attn_logit_softcapping=None,
+    tie_word_embeddings=True,
+    sliding_window_pattern=6,
 )
 
 
@@ -66,39 +91,48 @@ def sliding_layers(config: Mapping[str, Any]) -> list[bool]:
     types = config.get("layer_types")
     if types:
         if len(types) != n or any(t not in (SLIDING, FULL) for t in types):
-            raise ValueError(f"model config: layer_types must list {n} entries, each "
-                             f"{SLIDING!r} or {FULL!r}; got {list(types)!r}")
+            raise ValueError(
+                f"model config: layer_types must list {n} entries, each "
+                f"{SLIDING!r} or {FULL!r}; got {list(types)!r}"
+            )
         return [t == SLIDING for t in types]
     pattern = config.get("sliding_window_pattern")
     if isinstance(pattern, (list, tuple)):  # GGUF may store one flag per layer
         if len(pattern) != n:
-            raise ValueError(f"model config: sliding_window_pattern has {len(pattern)} flags "
-                             f"for {n} layers")
+            raise ValueError(
+                f"model config: sliding_window_pattern has {len(pattern)} flags for {n} layers"
+            )
         return [bool(p) for p in pattern]
     if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-        raise ValueError("model config: sliding_window_pattern must be a positive integer (every "
-                         f"n-th layer is global), got {pattern!r}")
+        raise ValueError(
+            "model config: sliding_window_pattern must be a positive integer (every "
+            f"n-th layer is global), got {pattern!r}"
+        )
     return [(i + 1) % pattern != 0 for i in range(n)]
 
 
-def gemma3_rope(config: Mapping[str, Any]
-                ) -> dict[str, tuple[float, dict[str, Any] | None]]:
+def gemma3_rope(config: Mapping[str, Any]) -> dict[str, tuple[float, dict[str, Any] | None]]:
     """``{SLIDING: (base, scaling), FULL: (base, scaling)}`` of a Gemma 3 config.
 
     ``scaling`` is None for plain RoPE. Local layers never scale (transformers and llama.cpp
     alike); a ``rope_scaling`` of the legacy form applies to global layers.
     """
     params = config.get("rope_parameters")
-    local_base = float(config.get("rope_local_base_freq")
-                       or GEMMA3_DEFAULTS["rope_local_base_freq"])
+    local_base = float(
+        config.get("rope_local_base_freq") or GEMMA3_DEFAULTS["rope_local_base_freq"]
+    )
     if isinstance(params, Mapping) and (SLIDING in params or FULL in params):
         full = params.get(FULL) or {}
         sliding = params.get(SLIDING) or {}
-        g_base, g_scaling, _ = rope_parameters({
-            "rope_parameters": full,
-            "rope_theta": config.get("rope_theta") or GEMMA3_DEFAULTS["rope_theta"]})
-        l_base, l_scaling, _ = rope_parameters({"rope_parameters": sliding,
-                                                "rope_theta": local_base})
+        g_base, g_scaling, _ = rope_parameters(
+            {
+                "rope_parameters": full,
+                "rope_theta": config.get("rope_theta") or GEMMA3_DEFAULTS["rope_theta"],
+            }
+        )
+        l_base, l_scaling, _ = rope_parameters(
+            {"rope_parameters": sliding, "rope_theta": local_base}
+        )
         return {FULL: (g_base, g_scaling), SLIDING: (l_base, l_scaling)}
     g_base, g_scaling, _ = rope_parameters(config)
     return {FULL: (g_base, g_scaling), SLIDING: (local_base, None)}
@@ -108,8 +142,9 @@ def _plain(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def config_from_gguf(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
-                     hf_architecture: str) -> dict[str, Any]:
+def config_from_gguf(
+    metadata: Mapping[str, Any], config: Mapping[str, Any], *, hf_architecture: str
+) -> dict[str, Any]:
     """The HF-style config of a ``gemma2`` / ``gemma3`` GGUF file.
 
     ``config`` is the generic mapping of the GGUF format (sizes, eps, window, softcaps, rope
@@ -134,13 +169,17 @@ def config_from_gguf(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
     cfg["architectures"] = [hf_architecture]
     cfg["model_type"] = "gemma3_text" if gemma3 else "gemma2"
     cfg["hidden_activation"] = "gelu_pytorch_tanh"
-    for key, gguf_key in (("num_attention_heads", "head_count"),
-                          ("num_key_value_heads", "head_count_kv")):
+    for key, gguf_key in (
+        ("num_attention_heads", "head_count"),
+        ("num_key_value_heads", "head_count_kv"),
+    ):
         value = _plain(cfg.get(key))
         if isinstance(value, list):
             if len(set(value)) != 1:
-                raise ValueError(f"GGUF metadata {arch}.attention.{gguf_key}: per-layer values "
-                                 f"{sorted(set(value))} are not supported (one for all layers)")
+                raise ValueError(
+                    f"GGUF metadata {arch}.attention.{gguf_key}: per-layer values "
+                    f"{sorted(set(value))} are not supported (one for all layers)"
+                )
             cfg[key] = value[0]
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -154,8 +193,9 @@ def config_from_gguf(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
     if gemma3:
         cfg["attn_logit_softcapping"] = None
         cfg["final_logit_softcapping"] = None
-        cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa",
-                                                GEMMA3_DEFAULTS["rope_local_base_freq"]))
+        cfg["rope_local_base_freq"] = float(
+            get("rope.freq_base_swa", GEMMA3_DEFAULTS["rope_local_base_freq"])
+        )
     else:
         if cfg.get("sliding_window") is None:
             cfg["sliding_window"] = GEMMA2_DEFAULTS["sliding_window"]
@@ -165,6 +205,8 @@ def config_from_gguf(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
     defaults = GEMMA3_DEFAULTS if gemma3 else GEMMA2_DEFAULTS
     cfg["rope_theta"] = float(cfg.get("rope_theta") or defaults["rope_theta"])
     if not math.isfinite(cfg["rope_theta"]) or cfg["rope_theta"] <= 0:
-        raise ValueError(f"GGUF metadata {arch}.rope.freq_base: expected a positive number, got "
-                         f"{cfg['rope_theta']!r}")
+        raise ValueError(
+            f"GGUF metadata {arch}.rope.freq_base: expected a positive number, got "
+            f"{cfg['rope_theta']!r}"
+        )
     return with_defaults(cfg, defaults)

@@ -39,9 +39,16 @@ def image_runs(rows: list[int], query_start_loc: list[int]) -> list[tuple[int, i
     return runs
 
 
-def image_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                          first: int, image_start: int, scale: float,
-                          sliding_window: int | None) -> torch.Tensor:
+def image_block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    first: int,
+    image_start: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """Attention of ``q [n, Hq, D]``, the queries at positions ``first .. first + n - 1``
     (image tokens), over ``k, v [S, Hkv, D]`` (positions ``0 .. S - 1``): a query sees the keys
     up to itself and every key from ``image_start`` on (its image), within the window."""
@@ -79,7 +86,8 @@ class ImageBlockAttention(nn.Module):
             raise NotImplementedError(
                 f"Gemma 3 image tokens attend bidirectionally within an image; the "
                 f"{backend!r} attention backend has no such mask (use the torch "
-                "backend for prompts with images)")
+                "backend for prompts with images)"
+            )
         spec, cache = self.inner.layer, self.inner.kv_cache
         assert cache is not None  # the inner call above has checked it
         meta = ctx.meta.group(self.inner.cache_group)
@@ -94,12 +102,19 @@ class ImageBlockAttention(nn.Module):
                 raise RuntimeError(
                     "a Gemma 3 image was cut between two scheduler steps, but its tokens attend "
                     "to each other (the scheduler keeps images whole for models that declare "
-                    "whole_images)")
+                    "whole_images)"
+                )
             base = lens[seq] - (qsl[seq + 1] - qsl[seq])  # position of the sequence's first row
             first, end = base + lo - qsl[seq], base + hi - qsl[seq]
-            blocks = meta.block_tables[seq, :-(-end // cache.block_size)].long()
+            blocks = meta.block_tables[seq, : -(-end // cache.block_size)].long()
             keys, values = cache.codec.decode(cache, blocks)
             out[lo:hi] = image_block_attention(
-                qh[lo:hi], keys[:end], values[:end], first=first, image_start=first,
-                scale=spec.scale, sliding_window=spec.sliding_window)
+                qh[lo:hi],
+                keys[:end],
+                values[:end],
+                first=first,
+                image_start=first,
+                scale=spec.scale,
+                sliding_window=spec.sliding_window,
+            )
         return out.reshape(n, spec.num_heads * spec.head_dim)

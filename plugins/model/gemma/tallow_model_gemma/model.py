@@ -28,9 +28,22 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, CausalLM, LMHead, MergedColumnParallelLinear,
-    QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabEmbedding,
-    WeightNameMap, compute_inv_freq, get_act_and_mul, get_rope, rope_parameters,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    CausalLM,
+    LMHead,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabEmbedding,
+    WeightNameMap,
+    compute_inv_freq,
+    get_act_and_mul,
+    get_rope,
+    rope_parameters,
 )
 
 from . import config as gemma_config
@@ -54,8 +67,13 @@ def _optional_float(config: ArchConfig, key: str) -> float | None:
     return value
 
 
-def build_rotary(head_dim: int, max_position: int, base: float,
-                 scaling: Mapping[str, Any] | None, device: torch.device) -> RotaryEmbedding:
+def build_rotary(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    scaling: Mapping[str, Any] | None,
+    device: torch.device,
+) -> RotaryEmbedding:
     """RoPE over whole heads. Linear scaling keeps a table of ``max_position`` rows: Gemma 3's
     ``max_position_embeddings`` already counts the scaled context (131072 for a factor of 8),
     so extending the table by the factor, as ``get_rope`` does for checkpoints that state the
@@ -63,23 +81,35 @@ def build_rotary(head_dim: int, max_position: int, base: float,
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
     if kind == "linear":
         inv_freq, attention_scaling = compute_inv_freq(head_dim, max_position, base, scaling)
-        return RotaryEmbedding(head_dim, head_dim, max_position, base, True, inv_freq,
-                               attention_scaling, max_position, device)
-    return get_rope(head_dim, head_dim, max_position, base, scaling, is_neox_style=True,
-                    device=device)
+        return RotaryEmbedding(
+            head_dim,
+            head_dim,
+            max_position,
+            base,
+            True,
+            inv_freq,
+            attention_scaling,
+            max_position,
+            device,
+        )
+    return get_rope(
+        head_dim, head_dim, max_position, base, scaling, is_neox_style=True, device=device
+    )
 
 
 class GemmaMLP(nn.Module):
     """``down(gelu_tanh(gate(x)) * up(x))`` with gate and up stored as one matrix."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, build: BuildContext,
-                 prefix: str) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, act: str, build: BuildContext, prefix: str
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, False,
-                                                       build=build,
-                                                       prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate, hidden, False, build=build,
-                                           prefix=f"{prefix}.down_proj")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate] * 2, False, build=build, prefix=f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate, hidden, False, build=build, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = get_act_and_mul(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,18 +120,30 @@ class GemmaAttention(nn.Module):
     """qkv projection, Gemma 3's per-head q/k norms, RoPE, paged attention (window and softcap
     per layer), output projection."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, *, head_dim: int, qk_norm: bool,
-                 sliding_window: int | None, softcap: float | None, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        *,
+        head_dim: int,
+        qk_norm: bool,
+        sliding_window: int | None,
+        softcap: float | None,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         kv_heads = int(config.get("num_key_value_heads") or heads)
         bias = bool(config.get("attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(hidden, head_dim, heads, kv_heads, bias, build=build,
-                                          prefix=f"{prefix}.qkv_proj")
-        self.o_proj = RowParallelLinear(heads * head_dim, hidden, bias, build=build,
-                                        prefix=f"{prefix}.o_proj")
+        self.qkv_proj = QKVParallelLinear(
+            hidden, head_dim, heads, kv_heads, bias, build=build, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, hidden, bias, build=build, prefix=f"{prefix}.o_proj"
+        )
         eps = float(config.rms_norm_eps)
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps, offset=True, build=build)
@@ -111,12 +153,19 @@ class GemmaAttention(nn.Module):
         self.rotary_emb = rotary
         scalar = float(_require(config, "query_pre_attn_scalar"))
         if scalar <= 0:
-            raise ValueError(f"model config: 'query_pre_attn_scalar' must be positive, got "
-                             f"{scalar}")
+            raise ValueError(
+                f"model config: 'query_pre_attn_scalar' must be positive, got {scalar}"
+            )
         # typed as a module: Gemma 3 with images wraps it (tallow_model_gemma.image_attention)
         self.attn: nn.Module = Attention(
-            layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, head_dim,
-            scale=scalar ** -0.5, sliding_window=sliding_window, logit_softcap=softcap)
+            layer_index,
+            self.qkv_proj.num_heads,
+            self.qkv_proj.num_kv_heads,
+            head_dim,
+            scale=scalar**-0.5,
+            sliding_window=sliding_window,
+            logit_softcap=softcap,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -129,8 +178,9 @@ class GemmaDecoderLayer(nn.Module):
     """Attention and MLP, each between a pre-norm and a post-norm, on a residual stream (the
     residual add is fused into the next pre-norm)."""
 
-    def __init__(self, attn: GemmaAttention, mlp: GemmaMLP, hidden: int, eps: float,
-                 build: BuildContext) -> None:
+    def __init__(
+        self, attn: GemmaAttention, mlp: GemmaMLP, hidden: int, eps: float, build: BuildContext
+    ) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
@@ -143,8 +193,9 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = norm()
         self.post_feedforward_layernorm = norm()
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -159,8 +210,7 @@ class GemmaDecoderLayer(nn.Module):
 class GemmaModel(nn.Module):
     """Scaled embedding, decoder layers, final norm."""
 
-    def __init__(self, owner: "Gemma2ForCausalLM", config: ArchConfig,
-                 build: BuildContext) -> None:
+    def __init__(self, owner: "Gemma2ForCausalLM", config: ArchConfig, build: BuildContext) -> None:
         super().__init__()
         hidden = int(_require(config, "hidden_size"))
         vocab = int(_require(config, "vocab_size"))
@@ -168,24 +218,30 @@ class GemmaModel(nn.Module):
         intermediate = int(_require(config, "intermediate_size"))
         eps = float(config.rms_norm_eps)
         head_dim = int(config.get("head_dim") or hidden // heads)
-        self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
-                                           prefix="model.embed_tokens")
+        self.embed_tokens = VocabEmbedding(vocab, hidden, build=build, prefix="model.embed_tokens")
         # sqrt(hidden) in the activation dtype, as transformers rounds it
-        self.register_buffer("normalizer", torch.tensor(hidden ** 0.5, dtype=build.dtype,
-                                                         device=build.device),
-                             persistent=False)
+        self.register_buffer(
+            "normalizer",
+            torch.tensor(hidden**0.5, dtype=build.dtype, device=build.device),
+            persistent=False,
+        )
         max_position = int(_require(config, "max_position_embeddings"))
-        rotaries = {kind: build_rotary(head_dim, max_position, base, scaling, build.device)
-                    for kind, (base, scaling) in owner.rope_by_layer_kind(config).items()}
+        rotaries = {
+            kind: build_rotary(head_dim, max_position, base, scaling, build.device)
+            for kind, (base, scaling) in owner.rope_by_layer_kind(config).items()
+        }
         # registered once each (a dict of modules), shared by the layers of their kind
         self.rotary = nn.ModuleDict(rotaries)
         if config.get("use_bidirectional_attention"):
-            raise ValueError("model config: use_bidirectional_attention is true (an embedding "
-                             "model such as EmbeddingGemma); tallow runs Gemma causally only")
+            raise ValueError(
+                "model config: use_bidirectional_attention is true (an embedding "
+                "model such as EmbeddingGemma); tallow runs Gemma causally only"
+            )
         window = config.get("sliding_window")
         if window is not None and (isinstance(window, bool) or int(window) < 1):
-            raise ValueError(f"model config: 'sliding_window' must be a positive integer or "
-                             f"null, got {window!r}")
+            raise ValueError(
+                f"model config: 'sliding_window' must be a positive integer or null, got {window!r}"
+            )
         softcap = owner.attention_softcap(config)
         act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
         layers = []
@@ -193,10 +249,16 @@ class GemmaModel(nn.Module):
             prefix = f"model.layers.{i}"
             kind = gemma_config.SLIDING if sliding else gemma_config.FULL
             attn = GemmaAttention(
-                config, build, i, rotaries.get(kind) or rotaries[gemma_config.FULL],
-                head_dim=head_dim, qk_norm=owner.qk_norm,
-                sliding_window=int(window) if sliding and window else None, softcap=softcap,
-                prefix=f"{prefix}.self_attn")
+                config,
+                build,
+                i,
+                rotaries.get(kind) or rotaries[gemma_config.FULL],
+                head_dim=head_dim,
+                qk_norm=owner.qk_norm,
+                sliding_window=int(window) if sliding and window else None,
+                softcap=softcap,
+                prefix=f"{prefix}.self_attn",
+            )
             mlp = GemmaMLP(hidden, intermediate, act, build, f"{prefix}.mlp")
             layers.append(GemmaDecoderLayer(attn, mlp, hidden, eps, build))
         self.layers = nn.ModuleList(layers)
@@ -226,17 +288,24 @@ class Gemma2ForCausalLM(CausalLM):
         self.final_softcap = _optional_float(cfg, "final_logit_softcapping")
         self.model = GemmaModel(self, cfg, build)
         tie = bool(cfg.get("tie_word_embeddings", True))
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                              tie_with=self.model.embed_tokens if tie else None, build=build,
-                              prefix="lm_head")
+        self.lm_head = LMHead(
+            int(cfg.vocab_size),
+            int(cfg.hidden_size),
+            tie_with=self.model.embed_tokens if tie else None,
+            build=build,
+            prefix="lm_head",
+        )
 
     # -- what tells Gemma 2 and 3 apart ---------------------------------------------------
-    def rope_by_layer_kind(self, config: ArchConfig
-                           ) -> dict[str, tuple[float, dict[str, Any] | None]]:
+    def rope_by_layer_kind(
+        self, config: ArchConfig
+    ) -> dict[str, tuple[float, dict[str, Any] | None]]:
         base, scaling, partial = rope_parameters(config)
         if partial != 1.0:
-            raise ValueError(f"model config: partial_rotary_factor {partial} is not supported "
-                             "by Gemma models (they rotate whole heads)")
+            raise ValueError(
+                f"model config: partial_rotary_factor {partial} is not supported "
+                "by Gemma models (they rotate whole heads)"
+            )
         return {gemma_config.FULL: (base, scaling)}
 
     def attention_softcap(self, config: ArchConfig) -> float | None:
@@ -273,8 +342,9 @@ class Gemma2ForCausalLM(CausalLM):
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        return gemma_config.config_from_gguf(metadata, config,
-                                             hf_architecture=cls.hf_architectures[0])
+        return gemma_config.config_from_gguf(
+            metadata, config, hf_architecture=cls.hf_architectures[0]
+        )
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
@@ -285,8 +355,9 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     defaults = gemma_config.GEMMA3_DEFAULTS
     qk_norm = True
 
-    def rope_by_layer_kind(self, config: ArchConfig
-                           ) -> dict[str, tuple[float, dict[str, Any] | None]]:
+    def rope_by_layer_kind(
+        self, config: ArchConfig
+    ) -> dict[str, tuple[float, dict[str, Any] | None]]:
         return gemma_config.gemma3_rope(config)
 
     def attention_softcap(self, config: ArchConfig) -> float | None:
@@ -312,11 +383,19 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         if text is None and "hidden_size" in config:
             return super().config_from_hf(config)  # already the text model's config
         if not isinstance(text, Mapping):
-            raise ValueError("model config: a Gemma3ForConditionalGeneration config needs a "
-                             f"'text_config' object, got {type(text).__name__}")
+            raise ValueError(
+                "model config: a Gemma3ForConditionalGeneration config needs a "
+                f"'text_config' object, got {type(text).__name__}"
+            )
         flat = dict(text)
-        for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
-                    "tie_word_embeddings"):
+        for key in (
+            "torch_dtype",
+            "dtype",
+            "eos_token_id",
+            "bos_token_id",
+            "pad_token_id",
+            "tie_word_embeddings",
+        ):
             if key in config and key not in flat:
                 flat[key] = config[key]
         flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)

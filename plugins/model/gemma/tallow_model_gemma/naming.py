@@ -55,8 +55,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _L = "model.layers.{i}"
 _B = "blk.{i}"
-_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-          "post_feedforward_layernorm")
+_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
 
 
 def hf_name_map() -> WeightNameMap:
@@ -86,24 +90,26 @@ def gguf_name_map() -> WeightNameMap:
     def norm(source: str, target: str) -> WeightRule:
         return WeightRule(source, target, transform=shift)
 
-    return WeightNameMap([
-        WeightRule("token_embd.weight", "model.embed_tokens.weight"),
-        norm(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
-        WeightRule(f"{_B}.attn_q.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q"),
-        WeightRule(f"{_B}.attn_k.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k"),
-        WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
-        WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
-        norm(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
-        norm(f"{_B}.attn_k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
-        norm(f"{_B}.post_attention_norm.weight", f"{_L}.post_attention_layernorm.weight"),
-        norm(f"{_B}.ffn_norm.weight", f"{_L}.pre_feedforward_layernorm.weight"),
-        WeightRule(f"{_B}.ffn_gate.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
-        WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
-        WeightRule(f"{_B}.ffn_down.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
-        norm(f"{_B}.post_ffw_norm.weight", f"{_L}.post_feedforward_layernorm.weight"),
-        norm("output_norm.weight", "model.norm.weight"),
-        WeightRule("output.weight", "lm_head.weight"),
-    ])
+    return WeightNameMap(
+        [
+            WeightRule("token_embd.weight", "model.embed_tokens.weight"),
+            norm(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
+            WeightRule(f"{_B}.attn_q.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q"),
+            WeightRule(f"{_B}.attn_k.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k"),
+            WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
+            WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
+            norm(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
+            norm(f"{_B}.attn_k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
+            norm(f"{_B}.post_attention_norm.weight", f"{_L}.post_attention_layernorm.weight"),
+            norm(f"{_B}.ffn_norm.weight", f"{_L}.pre_feedforward_layernorm.weight"),
+            WeightRule(f"{_B}.ffn_gate.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
+            WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
+            WeightRule(f"{_B}.ffn_down.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
+            norm(f"{_B}.post_ffw_norm.weight", f"{_L}.post_feedforward_layernorm.weight"),
+            norm("output_norm.weight", "model.norm.weight"),
+            WeightRule("output.weight", "lm_head.weight"),
+        ]
+    )
 
 
 def norm_from_gguf(tensor: "torch.Tensor") -> "torch.Tensor":
@@ -116,10 +122,18 @@ class TextModelNames:
     matched by the text model's own ``hf`` map; the vision tower and projector are skipped."""
 
     #: checkpoint prefix -> the text model's own prefix
-    TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                     ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
-    SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                        "model.multi_modal_projector.")
+    TEXT_PREFIXES = (
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("lm_head.", "lm_head."),
+    )
+    SKIPPED_PREFIXES = (
+        "vision_tower.",
+        "multi_modal_projector.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+    )
 
     def __init__(self, text: WeightNameMap) -> None:
         self.text = text
@@ -129,7 +143,7 @@ class TextModelNames:
             return WeightMatch(WeightRule(name), {})  # no target, no handler: skipped
         for prefix, own in self.TEXT_PREFIXES:
             if name.startswith(prefix):
-                return self.text.match(own + name[len(prefix):])
+                return self.text.match(own + name[len(prefix) :])
         return None
 
 
@@ -141,23 +155,41 @@ def vision_name_map() -> WeightNameMap:
     the names below ``vision_tower.`` / ``multi_modal_projector.`` (prefixes already made
     uniform by :class:`VisionModelNames`)."""
     enc = "vision_tower.encoder.layers.{i}"
-    return WeightNameMap([
-        WeightRule("vision_tower.embeddings.patch_embedding.weight",
-                   "vision_tower.patch_embedding.weight", transform="flatten_patch_embed"),
-        WeightRule("vision_tower.embeddings.patch_embedding.bias",
-                   "vision_tower.patch_embedding.bias"),
-        WeightRule("vision_tower.embeddings.position_embedding.weight",
-                   "vision_tower.position_embedding"),
-        *(WeightRule(f"{enc}.{part}.{{p}}", f"{_VL}.{part}.{{p}}")
-          for part in ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj",
-                       "self_attn.v_proj", "self_attn.out_proj")),
-        WeightRule(f"{enc}.mlp.{{m}}.{{p}}", f"{_VL}.{{m}}.{{p}}"),
-        WeightRule("vision_tower.post_layernorm.{p}", "vision_tower.post_layernorm.{p}"),
-        WeightRule("multi_modal_projector.mm_input_projection_weight",
-                   "vision_tower.projection"),
-        WeightRule("multi_modal_projector.mm_soft_emb_norm.weight",
-                   "vision_tower.soft_emb_norm.weight"),
-    ])
+    return WeightNameMap(
+        [
+            WeightRule(
+                "vision_tower.embeddings.patch_embedding.weight",
+                "vision_tower.patch_embedding.weight",
+                transform="flatten_patch_embed",
+            ),
+            WeightRule(
+                "vision_tower.embeddings.patch_embedding.bias", "vision_tower.patch_embedding.bias"
+            ),
+            WeightRule(
+                "vision_tower.embeddings.position_embedding.weight",
+                "vision_tower.position_embedding",
+            ),
+            *(
+                WeightRule(f"{enc}.{part}.{{p}}", f"{_VL}.{part}.{{p}}")
+                for part in (
+                    "layer_norm1",
+                    "layer_norm2",
+                    "self_attn.q_proj",
+                    "self_attn.k_proj",
+                    "self_attn.v_proj",
+                    "self_attn.out_proj",
+                )
+            ),
+            WeightRule(f"{enc}.mlp.{{m}}.{{p}}", f"{_VL}.{{m}}.{{p}}"),
+            WeightRule("vision_tower.post_layernorm.{p}", "vision_tower.post_layernorm.{p}"),
+            WeightRule(
+                "multi_modal_projector.mm_input_projection_weight", "vision_tower.projection"
+            ),
+            WeightRule(
+                "multi_modal_projector.mm_soft_emb_norm.weight", "vision_tower.soft_emb_norm.weight"
+            ),
+        ]
+    )
 
 
 class VisionModelNames(TextModelNames):
@@ -167,10 +199,12 @@ class VisionModelNames(TextModelNames):
     skipped."""
 
     #: checkpoint prefix -> the prefix the vision map knows (older and newer layouts)
-    VISION_PREFIXES = (("model.vision_tower.vision_model.", "vision_tower."),
-                       ("vision_tower.vision_model.", "vision_tower."),
-                       ("model.vision_tower.", "vision_tower."),
-                       ("model.multi_modal_projector.", "multi_modal_projector."))
+    VISION_PREFIXES = (
+        ("model.vision_tower.vision_model.", "vision_tower."),
+        ("vision_tower.vision_model.", "vision_tower."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    )
 
     def __init__(self, text: WeightNameMap) -> None:
         super().__init__(text)
@@ -179,7 +213,7 @@ class VisionModelNames(TextModelNames):
     def match(self, name: str) -> WeightMatch | None:
         for prefix, own in self.VISION_PREFIXES:
             if name.startswith(prefix):
-                name = own + name[len(prefix):]
+                name = own + name[len(prefix) :]
                 break
         if name.startswith("vision_tower.head."):
             return WeightMatch(WeightRule(name), {})  # SigLIP's pooling head: unused

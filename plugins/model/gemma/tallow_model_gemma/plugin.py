@@ -15,8 +15,7 @@ ARCHITECTURES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: architectures served by another module (name -> "module:class")
 VISION_ARCHITECTURES: dict[str, str] = {
     # the text model with its SigLIP vision tower: images in, text out
-    "Gemma3ForConditionalGeneration":
-        "tallow_model_gemma.vision_model:Gemma3ForConditionalGeneration",
+    "Gemma3ForConditionalGeneration": "tallow_model_gemma.vision_model:Gemma3ForConditionalGeneration",
 }
 
 

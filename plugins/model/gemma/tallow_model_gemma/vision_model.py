@@ -24,8 +24,14 @@ from typing import Any, cast
 import torch
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, ProcessedImage, VisionLanguageModel, WeightNameMap,
-    current_multimodal_step, merge_multimodal_embeddings,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    ProcessedImage,
+    VisionLanguageModel,
+    WeightNameMap,
+    current_multimodal_step,
+    merge_multimodal_embeddings,
 )
 
 from . import model as text
@@ -38,9 +44,16 @@ from .siglip import Gemma3VisionTower
 DOUBLE_NEWLINE = 108
 
 #: what only the outer config of a multimodal checkpoint states about images
-_VISION_KEYS = ("vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
-                "image_token_index", "image_token_id", "preprocessor_config",
-                "double_newline_token_id")
+_VISION_KEYS = (
+    "vision_config",
+    "mm_tokens_per_image",
+    "boi_token_index",
+    "eoi_token_index",
+    "image_token_index",
+    "image_token_id",
+    "preprocessor_config",
+    "double_newline_token_id",
+)
 
 
 class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, VisionLanguageModel):
@@ -54,8 +67,10 @@ class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, Vision
         cfg = self.config
         vision = cfg.get("vision_config")
         if not isinstance(vision, Mapping):
-            raise ValueError("model config: a Gemma3ForConditionalGeneration config needs a "
-                             "'vision_config' object for its vision tower")
+            raise ValueError(
+                "model config: a Gemma3ForConditionalGeneration config needs a "
+                "'vision_config' object for its vision tower"
+            )
         self.tokens_per_image = int(cfg.get("mm_tokens_per_image") or 256)
         image_token = cfg.get("image_token_index", cfg.get("image_token_id"))
         self._image_token_id = int(262144 if image_token is None else image_token)
@@ -63,17 +78,22 @@ class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, Vision
         self.eoi_token_id = int(cfg.get("eoi_token_index") or 256000)
         self.newline_token_id = int(cfg.get("double_newline_token_id") or DOUBLE_NEWLINE)
         vocab = int(cfg.vocab_size)
-        for name, value in (("image_token_index", self._image_token_id),
-                            ("boi_token_index", self.boi_token_id),
-                            ("eoi_token_index", self.eoi_token_id),
-                            ("double_newline_token_id", self.newline_token_id)):
+        for name, value in (
+            ("image_token_index", self._image_token_id),
+            ("boi_token_index", self.boi_token_id),
+            ("eoi_token_index", self.eoi_token_id),
+            ("double_newline_token_id", self.newline_token_id),
+        ):
             if not 0 <= value < vocab:
-                raise ValueError(f"model config: {name} {value} is outside the vocabulary "
-                                 f"(vocab_size {vocab})")
-        self.vision_tower = Gemma3VisionTower(vision, int(cfg.hidden_size),
-                                              self.tokens_per_image, build)
-        self.processor = ImageProcessor(cfg.get("preprocessor_config"), vision,
-                                        self.tokens_per_image)
+                raise ValueError(
+                    f"model config: {name} {value} is outside the vocabulary (vocab_size {vocab})"
+                )
+        self.vision_tower = Gemma3VisionTower(
+            vision, int(cfg.hidden_size), self.tokens_per_image, build
+        )
+        self.processor = ImageProcessor(
+            cfg.get("preprocessor_config"), vision, self.tokens_per_image
+        )
         for layer in self.model.layers:
             attention = cast(text.GemmaAttention, layer.self_attn)
             attention.attn = ImageBlockAttention(cast(Attention, attention.attn))
@@ -106,8 +126,12 @@ class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, Vision
 
     def expand_image(self, image: ProcessedImage) -> tuple[list[int], int]:
         nl = self.newline_token_id
-        return ([nl, self.boi_token_id] + [self._image_token_id] * image.num_tokens
-                + [self.eoi_token_id, nl], 2)
+        return (
+            [nl, self.boi_token_id]
+            + [self._image_token_id] * image.num_tokens
+            + [self.eoi_token_id, nl],
+            2,
+        )
 
     def process_image(self, image: Any) -> ProcessedImage:  # Any: a PIL image
         return self.processor.process(image)
@@ -119,8 +143,9 @@ class Gemma3ForConditionalGeneration(text.Gemma3ForConditionalGeneration, Vision
     # -- running ---------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         model = self.model
-        hidden = merge_multimodal_embeddings(model.embed_tokens(input_ids) * model.normalizer,
-                                             current_multimodal_step())
+        hidden = merge_multimodal_embeddings(
+            model.embed_tokens(input_ids) * model.normalizer, current_multimodal_step()
+        )
         residual = None
         for layer in model.layers:
             hidden, residual = layer(positions, hidden, residual)

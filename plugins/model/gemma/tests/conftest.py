@@ -16,13 +16,38 @@ from tallow.plugin.testing.model import assert_close_logits, hf_greedy
 from tallow.plugin.testing.paged_runner import PagedRunner, randomize_
 
 # the prompt is longer than the windows of the tiny configs, so the windows matter
-PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42, 99, 150, 7, 21, 8, 190, 66, 13, 240,
-          35, 102, 4]
+PROMPT = [
+    3,
+    17,
+    250,
+    9,
+    64,
+    128,
+    5,
+    77,
+    31,
+    200,
+    1,
+    42,
+    99,
+    150,
+    7,
+    21,
+    8,
+    190,
+    66,
+    13,
+    240,
+    35,
+    102,
+    4,
+]
 STEPS = 20
 
 
-def build_hf(config: Any, seed: int = 0, path: Path | None = None,
-             cls_name: str = "AutoModelForCausalLM") -> Any:
+def build_hf(
+    config: Any, seed: int = 0, path: Path | None = None, cls_name: str = "AutoModelForCausalLM"
+) -> Any:
     """A transformers model of ``config`` with random weights (saved as safetensors at
     ``path`` if given)."""
     import transformers
@@ -40,8 +65,9 @@ def build_hf(config: Any, seed: int = 0, path: Path | None = None,
     return model
 
 
-def load_tallow(path: Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                **overrides: Any) -> tuple[Any, Any]:
+def load_tallow(
+    path: Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **overrides: Any
+) -> tuple[Any, Any]:
     """(model, checkpoint) of a safetensors directory through the tallow-format-safetensors format and
     the architecture class it names; ``overrides`` replace config keys."""
     from tallow_format_safetensors.format import SafetensorsFormat
@@ -56,8 +82,9 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32, device: str = "c
     return model.eval(), ckpt
 
 
-def hf_generate(model: Any, prompt: list[int], steps: int = STEPS
-                ) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
+def hf_generate(
+    model: Any, prompt: list[int], steps: int = STEPS
+) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
     """transformers' greedy tokens, the logits of each step, and the prompt's logits (only
     those for ``steps=0``)."""
     if steps:
@@ -68,19 +95,30 @@ def hf_generate(model: Any, prompt: list[int], steps: int = STEPS
 
 # llama.cpp's names for the per-layer tensors of gemma2 / gemma3
 GGUF_LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
-GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
-                  "lm_head": "output"}
+GGUF_TOP_NAMES = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
 
 
-def write_gguf(path: Path, hf: Any, arch: str, *, norm_shift: float = 1.0,
-               extra: dict[str, Any] | None = None) -> None:
+def write_gguf(
+    path: Path, hf: Any, arch: str, *, norm_shift: float = 1.0, extra: dict[str, Any] | None = None
+) -> None:
     """``hf`` as llama.cpp's converter writes a ``gemma2`` / ``gemma3`` file: its tensor names,
     every norm weight stored plus ``norm_shift`` (1), no ``output.weight`` when tied, and the
     metadata keys it writes (``extra``: more ``<arch>.<key>`` values)."""
@@ -137,7 +175,14 @@ def write_gguf(path: Path, hf: Any, arch: str, *, norm_shift: float = 1.0,
 @pytest.fixture
 def kit() -> SimpleNamespace:
     """The helpers above, for test modules (which cannot import conftest by name)."""
-    return SimpleNamespace(PagedRunner=PagedRunner, build_hf=build_hf, load_tallow=load_tallow,
-                           randomize_=randomize_, assert_close_logits=assert_close_logits,
-                           hf_generate=hf_generate, write_gguf=write_gguf, PROMPT=PROMPT,
-                           STEPS=STEPS)
+    return SimpleNamespace(
+        PagedRunner=PagedRunner,
+        build_hf=build_hf,
+        load_tallow=load_tallow,
+        randomize_=randomize_,
+        assert_close_logits=assert_close_logits,
+        hf_generate=hf_generate,
+        write_gguf=write_gguf,
+        PROMPT=PROMPT,
+        STEPS=STEPS,
+    )

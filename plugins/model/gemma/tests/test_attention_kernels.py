@@ -17,10 +17,21 @@ pytest.importorskip("tallow_attention_triton", reason="tallow-attention-triton i
 
 
 def _run(env: dict[str, str]) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "--import-mode=importlib", "-x", "-rs", str(CASES)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                          cwd=CASES.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        "-x",
+        "-rs",
+        str(CASES),
+    ]
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=600, cwd=CASES.parent
+    )
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, f"Gemma-shaped attention cases failed:\n{report}"
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report

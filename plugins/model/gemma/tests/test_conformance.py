@@ -8,13 +8,25 @@ from typing import Any
 
 from tallow.plugin.testing import ModelArchitectureConformance
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, vocab_size=128, rms_norm_eps=1e-6,
-             max_position_embeddings=256, sliding_window=5, query_pre_attn_scalar=24,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None,
-             # a tied head over an embedding scaled by sqrt(hidden) makes a two-layer random
-             # model echo its input token; untied, greedy decoding moves
-             tie_word_embeddings=False)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=128,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    sliding_window=5,
+    query_pre_attn_scalar=24,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    # a tied head over an embedding scaled by sqrt(hidden) makes a two-layer random
+    # model echo its input token; untied, greedy decoding moves
+    tie_word_embeddings=False,
+)
 
 
 class TestGemma2Conformance(ModelArchitectureConformance):
@@ -24,8 +36,9 @@ class TestGemma2Conformance(ModelArchitectureConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.Gemma2Config(**SMALL, attn_logit_softcapping=3.0,
-                                         final_logit_softcapping=30.0)
+        return transformers.Gemma2Config(
+            **SMALL, attn_logit_softcapping=3.0, final_logit_softcapping=30.0
+        )
 
 
 class TestGemma3Conformance(ModelArchitectureConformance):
@@ -36,4 +49,5 @@ class TestGemma3Conformance(ModelArchitectureConformance):
         import transformers
 
         return transformers.Gemma3TextConfig(
-            **SMALL, layer_types=["sliding_attention", "full_attention"])
+            **SMALL, layer_types=["sliding_attention", "full_attention"]
+        )

@@ -10,20 +10,37 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
-pytest.importorskip("tallow_format_safetensors", reason="tallow-format-safetensors reads the checkpoints")
+pytest.importorskip(
+    "tallow_format_safetensors", reason="tallow-format-safetensors reads the checkpoints"
+)
 
 from tallow.plugin import ArchitectureRegistry  # noqa: E402
 from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 
 from tallow_model_gemma import plugin  # noqa: E402
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, vocab_size=300, rms_norm_eps=1e-6,
-             max_position_embeddings=256, sliding_window=7, query_pre_attn_scalar=32,
-             layer_types=["sliding_attention", "full_attention"] * 2,
-             bos_token_id=1, eos_token_id=0, pad_token_id=0)
-PROMPTS = [[5 + (7 * i) % 290 for i in range(40)], [9, 31, 77, 120, 4, 18, 260, 45, 11, 3],
-           [200 - i for i in range(25)]]
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=300,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    sliding_window=7,
+    query_pre_attn_scalar=32,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    bos_token_id=1,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+PROMPTS = [
+    [5 + (7 * i) % 290 for i in range(40)],
+    [9, 31, 77, 120, 4, 18, 260, 45, 11, 3],
+    [200 - i for i in range(25)],
+]
 STEPS = 12
 
 
@@ -32,22 +49,36 @@ def _save_with_tokenizer(hf, path) -> None:
 
     hf.save_pretrained(str(path), safe_serialization=True)
     synthetic_tokenizer(hf.config.get_text_config().vocab_size).save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<0>",
-                                                            "add_bos_token": False}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<0>", "add_bos_token": False})
+    )
 
 
 def _hf_tokens(hf, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS,
-                          do_sample=False, pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def _llm(path):
     from tallow import LLM
 
-    return LLM(model=str(path), dtype="float32", device="cpu", block_size=4,
-               prefill_chunk_size=16, max_num_batched_tokens=16, enable_prefix_caching=True)
+    return LLM(
+        model=str(path),
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        prefill_chunk_size=16,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=True,
+    )
 
 
 def _generate(llm, prompts):
@@ -58,9 +89,12 @@ def _generate(llm, prompts):
 
 
 def test_registration_imports_no_torch():
-    assert modules_imported_by_registration("tallow_model_gemma.plugin",
-                                            "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_model_gemma.plugin", "tallow_register_architectures", "ArchitectureRegistry"
+        )
+        == []
+    )
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
     assert registry.for_gguf("gemma3").name == "Gemma3ForCausalLM"
@@ -72,9 +106,11 @@ def test_registration_imports_no_torch():
 def test_engine_greedy_matches_transformers(arch, tmp_path, kit):
     """Prompts longer than the window, prefilled in 16-token chunks beside each other's
     decodes; the first prompt again from the prefix cache."""
-    config = (transformers.Gemma2Config(**SMALL, attn_logit_softcapping=3.0,
-                                        final_logit_softcapping=2.0)
-              if arch == "gemma2" else transformers.Gemma3TextConfig(**SMALL))
+    config = (
+        transformers.Gemma2Config(**SMALL, attn_logit_softcapping=3.0, final_logit_softcapping=2.0)
+        if arch == "gemma2"
+        else transformers.Gemma3TextConfig(**SMALL)
+    )
     hf = kit.build_hf(config, seed=5)
     _save_with_tokenizer(hf, tmp_path)
     llm = _llm(tmp_path)
@@ -92,20 +128,43 @@ def test_multimodal_checkpoint_serves_its_text_model(tmp_path, kit):
     ``text_config`` (completed with Gemma 3's defaults), and text prompts decode as
     transformers' (the vision tower is loaded beside it, see test_vision_parity.py)."""
     text = transformers.Gemma3TextConfig(**SMALL)
-    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=1, num_attention_heads=2,
-                                             image_size=28, patch_size=14)
-    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                       mm_tokens_per_image=4, image_token_index=299,
-                                       boi_token_index=297, eoi_token_index=298)
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
+        image_token_index=299,
+        boi_token_index=297,
+        eoi_token_index=298,
+    )
     hf = kit.build_hf(config, seed=6, cls_name="Gemma3ForConditionalGeneration")
     _save_with_tokenizer(hf, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     # the sparse text_config hub checkpoints have: only what differs from the defaults
-    saved["text_config"] = {k: saved["text_config"][k] for k in (
-        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "vocab_size", "sliding_window",
-        "query_pre_attn_scalar", "layer_types", "max_position_embeddings", "model_type")}
+    saved["text_config"] = {
+        k: saved["text_config"][k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "sliding_window",
+            "query_pre_attn_scalar",
+            "layer_types",
+            "max_position_embeddings",
+            "model_type",
+        )
+    }
     (tmp_path / "config.json").write_text(json.dumps(saved))
     llm = _llm(tmp_path)
     model = llm.engine.parts.loaded.model

@@ -18,8 +18,9 @@ LENGTHS = [1500, 9, 300]  # the first outruns the window
 
 
 def _llm(**kw) -> LLM:
-    return LLM(model=SHAPE, dtype="bfloat16", device="cuda", max_model_len=4096,
-               num_blocks=1024, **kw)
+    return LLM(
+        model=SHAPE, dtype="bfloat16", device="cuda", max_model_len=4096, num_blocks=1024, **kw
+    )
 
 
 def _prompts() -> list[list[int]]:
@@ -29,10 +30,12 @@ def _prompts() -> list[list[int]]:
 
 def _forced_logprobs(llm: LLM, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """Our log-probs of ``tokens`` after ``prompt``, teacher-forced."""
-    out = llm.generate([prompt + tokens], SamplingParams(temperature=0.0, max_tokens=1,
-                                                         prompt_logprobs=1))[0]
-    return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob
-                         for i, t in enumerate(tokens)])
+    out = llm.generate(
+        [prompt + tokens], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    )[0]
+    return torch.tensor(
+        [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(tokens)]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,9 @@ def test_runs_on_triton_with_cuda_graphs(fast):
     parts = fast.engine.parts
     assert parts.attention_backend == "triton"
     assert fast.engine.core.runner.graphs is not None
-    windows = {layer.self_attn.attn.layer.sliding_window
-               for layer in parts.loaded.model.model.layers}
+    windows = {
+        layer.self_attn.attn.layer.sliding_window for layer in parts.loaded.model.model.layers
+    }
     assert windows == {1024, None}
 
 
@@ -56,10 +60,16 @@ def test_parity_with_transformers_bf16(fast):
     hf = hf_model_like(fast.engine.parts)  # the engine now holds transformers' weights
     for prompt in _prompts():
         ids = torch.tensor([prompt], device="cuda")
-        ref = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                          do_sample=False, output_logits=True, return_dict_in_generate=True,
-                          pad_token_id=0)
-        tokens = ref.sequences[0, len(prompt):].tolist()
+        ref = hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        tokens = ref.sequences[0, len(prompt) :].tolist()
         lp = torch.stack([torch.log_softmax(x[0].float(), -1) for x in ref.logits]).cpu()
         theirs = lp[torch.arange(len(tokens)), torch.tensor(tokens)]
         ours = _forced_logprobs(fast, prompt, tokens)

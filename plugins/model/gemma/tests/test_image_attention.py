@@ -13,8 +13,7 @@ from tallow_model_gemma.image_attention import image_block_attention, image_runs
 def test_image_runs_split_at_gaps_and_sequences() -> None:
     # sequence 0: rows 0..5, sequence 1: rows 6..11
     qsl = [0, 6, 12]
-    assert image_runs([1, 2, 3, 5, 6, 7, 10], qsl) == [(0, 1, 4), (0, 5, 6), (1, 6, 8),
-                                                      (1, 10, 11)]
+    assert image_runs([1, 2, 3, 5, 6, 7, 10], qsl) == [(0, 1, 4), (0, 5, 6), (1, 6, 8), (1, 10, 11)]
     assert image_runs([], qsl) == []
 
 
@@ -35,16 +34,25 @@ def test_block_attention_equals_the_masked_reference(window) -> None:
         allowed &= qp - kp < window
     kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q_all, kr) * 0.3
-    ref = torch.einsum("hqk,khd->qhd", torch.softmax(scores.masked_fill(~allowed, -torch.inf),
-                                                     -1), vr)
+    ref = torch.einsum(
+        "hqk,khd->qhd", torch.softmax(scores.masked_fill(~allowed, -torch.inf), -1), vr
+    )
     end = image.stop
-    got = image_block_attention(q_all[image.start:end], k[:end], v[:end], first=image.start,
-                                image_start=image.start, scale=0.3, sliding_window=window)
-    torch.testing.assert_close(got, ref[image.start:end], atol=1e-5, rtol=1e-5)
+    got = image_block_attention(
+        q_all[image.start : end],
+        k[:end],
+        v[:end],
+        first=image.start,
+        image_start=image.start,
+        scale=0.3,
+        sliding_window=window,
+    )
+    torch.testing.assert_close(got, ref[image.start : end], atol=1e-5, rtol=1e-5)
     # the first image token sees the image's last one: not a causal result
     causal = torch.softmax(scores.masked_fill(~(kp <= qp), -torch.inf), -1)
-    assert not torch.allclose(got[0], torch.einsum("hk,khd->hd", causal[:, image.start],
-                                                   vr), atol=1e-4)
+    assert not torch.allclose(
+        got[0], torch.einsum("hk,khd->hd", causal[:, image.start], vr), atol=1e-4
+    )
 
 
 class _Backend:

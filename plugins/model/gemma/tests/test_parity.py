@@ -16,38 +16,63 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-6,
-             max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-             pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=128,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 WINDOW = 6
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
 
 
 def gemma2_config(**kw):
-    return transformers.Gemma2Config(**{
-        **SMALL, "head_dim": 16, "sliding_window": WINDOW, "query_pre_attn_scalar": 20,
-        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 1.5, **kw})
+    return transformers.Gemma2Config(
+        **{
+            **SMALL,
+            "head_dim": 16,
+            "sliding_window": WINDOW,
+            "query_pre_attn_scalar": 20,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 1.5,
+            **kw,
+        }
+    )
 
 
 def gemma3_config(**kw):
-    return transformers.Gemma3TextConfig(**{
-        **SMALL, "head_dim": 32, "sliding_window": WINDOW, "query_pre_attn_scalar": 24,
-        "layer_types": LAYER_TYPES,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}},
-        **kw})
+    return transformers.Gemma3TextConfig(
+        **{
+            **SMALL,
+            "head_dim": 32,
+            "sliding_window": WINDOW,
+            "query_pre_attn_scalar": 24,
+            "layer_types": LAYER_TYPES,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            },
+            **kw,
+        }
+    )
 
 
 CONFIGS = {
     "gemma2": gemma2_config,
-    "gemma2-gqa1-no-softcap": lambda: gemma2_config(num_key_value_heads=1,
-                                                    attn_logit_softcapping=None,
-                                                    final_logit_softcapping=None),
+    "gemma2-gqa1-no-softcap": lambda: gemma2_config(
+        num_key_value_heads=1, attn_logit_softcapping=None, final_logit_softcapping=None
+    ),
     "gemma3": gemma3_config,
-    "gemma3-final-softcap": lambda: gemma3_config(final_logit_softcapping=2.0,
-                                                  num_key_value_heads=4),
+    "gemma3-final-softcap": lambda: gemma3_config(
+        final_logit_softcapping=2.0, num_key_value_heads=4
+    ),
 }
 
 
@@ -73,14 +98,17 @@ def test_greedy_parity(name, tmp_path, kit):
     assert len(set(prompt_logits.argmax(-1).tolist())) > 2
 
 
-@pytest.mark.parametrize(("name", "change"), [
-    ("gemma2", {"sliding_window": None}),
-    ("gemma3", {"sliding_window": None}),
-    ("gemma2", {"attn_logit_softcapping": None}),
-    ("gemma2", {"final_logit_softcapping": None}),
-    ("gemma2", {"query_pre_attn_scalar": 16}),
-    ("gemma3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
-])
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("gemma2", {"sliding_window": None}),
+        ("gemma3", {"sliding_window": None}),
+        ("gemma2", {"attn_logit_softcapping": None}),
+        ("gemma2", {"final_logit_softcapping": None}),
+        ("gemma2", {"query_pre_attn_scalar": 16}),
+        ("gemma3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    ],
+)
 def test_each_feature_matters(name, change, tmp_path, kit):
     """The same weights with one Gemma feature switched off no longer match transformers: the
     parity above therefore shows each feature is implemented, not merely harmless."""
@@ -120,8 +148,7 @@ def test_chunked_prefill_and_two_sequences(name, tmp_path, kit):
     runner.add(0)
     runner.add(1)
     got_a, got_b = [], []
-    for chunk_a, chunk_b in (
-            (a[:5], b), (a[5:13], [ref_b[0]]), (a[13:], [ref_b[1]])):
+    for chunk_a, chunk_b in ((a[:5], b), (a[5:13], [ref_b[0]]), (a[13:], [ref_b[1]])):
         out_a, out_b = runner.step([(0, chunk_a), (1, chunk_b)])
         got_a.append(out_a)
         got_b.append(out_b)
@@ -130,8 +157,8 @@ def test_chunked_prefill_and_two_sequences(name, tmp_path, kit):
         got_a.append(out_a)
         got_b.append(out_b)
     ours_a, ours_b = torch.cat(got_a), torch.cat(got_b)
-    kit.assert_close_logits(ours_a, want_a[:ours_a.shape[0]], f"{name}: sequence a")
-    kit.assert_close_logits(ours_b, want_b[:ours_b.shape[0]], f"{name}: sequence b")
+    kit.assert_close_logits(ours_a, want_a[: ours_a.shape[0]], f"{name}: sequence a")
+    kit.assert_close_logits(ours_b, want_b[: ours_b.shape[0]], f"{name}: sequence b")
 
 
 def _bf16_error_of_transformers(hf, prompt) -> float:

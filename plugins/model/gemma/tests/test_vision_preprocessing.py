@@ -17,8 +17,16 @@ pytest.importorskip("transformers", reason="transformers is the oracle")
 from tallow_model_gemma.image_processor import ImageProcessor  # noqa: E402
 
 CASES = [  # (width, height, mode)
-    (90, 60, "RGB"), (150, 100, "RGBA"), (64, 64, "L"), (120, 80, "P"), (8, 8, "RGB"),
-    (600, 40, "RGB"), (30, 500, "RGB"), (333, 222, "RGBA"), (57, 91, "L"), (1000, 1000, "RGB"),
+    (90, 60, "RGB"),
+    (150, 100, "RGBA"),
+    (64, 64, "L"),
+    (120, 80, "P"),
+    (8, 8, "RGB"),
+    (600, 40, "RGB"),
+    (30, 500, "RGB"),
+    (333, 222, "RGBA"),
+    (57, 91, "L"),
+    (1000, 1000, "RGB"),
 ]
 VISION = {"image_size": 896, "patch_size": 14}
 
@@ -39,12 +47,22 @@ def test_pixels_equal_transformers(width, height, mode) -> None:
 
     img = _image(width, height, mode, seed=width + height)
     # a hub checkpoint's preprocessor_config.json (google/gemma-3-4b-it's values)
-    config = {"image_processor_type": "Gemma3ImageProcessor", "do_normalize": True,
-              "do_rescale": True, "do_resize": True, "do_convert_rgb": None,
-              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
-              "rescale_factor": 1 / 255, "size": {"height": 896, "width": 896},
-              "do_pan_and_scan": None, "pan_and_scan_max_num_crops": 4,
-              "pan_and_scan_min_crop_size": 256, "pan_and_scan_min_ratio_to_activate": 1.2}
+    config = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "do_convert_rgb": None,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 896, "width": 896},
+        "do_pan_and_scan": None,
+        "pan_and_scan_max_num_crops": 4,
+        "pan_and_scan_min_crop_size": 256,
+        "pan_and_scan_min_ratio_to_activate": 1.2,
+    }
     ours = ImageProcessor(config, VISION, 256).process(img)
     settings = {k: v for k, v in config.items() if k != "image_processor_type"}
     settings["do_convert_rgb"] = True  # null in the file: converted (transformers would fail)
@@ -60,8 +78,9 @@ def test_defaults_without_preprocessor_config() -> None:
 
     img = _image(700, 300, "RGB", seed=4)
     got = ImageProcessor(None, {"image_size": 84}, 9).process(img)
-    want = Gemma3ImageProcessorPil(size={"height": 84, "width": 84})(images=[img],
-                                                                     return_tensors="pt")
+    want = Gemma3ImageProcessorPil(size={"height": 84, "width": 84})(
+        images=[img], return_tensors="pt"
+    )
     assert torch.equal(got.pixel_values, want["pixel_values"][0])
     assert got.num_tokens == 9
 

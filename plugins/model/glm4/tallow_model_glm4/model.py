@@ -32,8 +32,9 @@ class Glm4DecoderLayer(LlamaDecoderLayer):
     """Pre-norm attention and MLP blocks whose outputs are normed again before they join the
     residual stream (the adds are deferred into the next pre-norm, as in Llama)."""
 
-    def __init__(self, attn: nn.Module, mlp: LlamaMLP, hidden: int, eps: float,
-                 build: BuildContext) -> None:
+    def __init__(
+        self, attn: nn.Module, mlp: LlamaMLP, hidden: int, eps: float, build: BuildContext
+    ) -> None:
         super().__init__(attn, mlp, hidden, eps, build)
         self.post_self_attn_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_mlp_layernorm = RMSNorm(hidden, eps, build=build)
@@ -69,10 +70,12 @@ class Glm4ForCausalLM(LlamaForCausalLM):
     def mlp_bias(self, config: ArchConfig) -> bool:
         return False
 
-    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
-                            mlp: LlamaMLP) -> nn.Module:
-        return Glm4DecoderLayer(attn, mlp, int(config.hidden_size),
-                                float(config.get("rms_norm_eps", 1e-6)), build)
+    def build_decoder_layer(
+        self, config: ArchConfig, build: BuildContext, attn: nn.Module, mlp: LlamaMLP
+    ) -> nn.Module:
+        return Glm4DecoderLayer(
+            attn, mlp, int(config.hidden_size), float(config.get("rms_norm_eps", 1e-6)), build
+        )
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,9 @@ _B = "blk.{i}"
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names."""
     return llama_naming.hf_name_map() + [
-        WeightRule(f"{_L}.post_self_attn_layernorm.weight",
-                   f"{_L}.post_self_attn_layernorm.weight"),
+        WeightRule(
+            f"{_L}.post_self_attn_layernorm.weight", f"{_L}.post_self_attn_layernorm.weight"
+        ),
         WeightRule(f"{_L}.post_mlp_layernorm.weight", f"{_L}.post_mlp_layernorm.weight"),
     ]
 

@@ -17,7 +17,17 @@ class TestGlm4Conformance(ModelArchitectureConformance):
         import transformers
 
         return transformers.Glm4Config(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5, vocab_size=128,
-            rms_norm_eps=1e-5, max_position_embeddings=256, bos_token_id=None,
-            eos_token_id=None, pad_token_id=None)
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            partial_rotary_factor=0.5,
+            vocab_size=128,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )

@@ -15,7 +15,11 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    assert_cuda_parity,
+    assert_engine_greedy,
+    assert_greedy_parity,
+    load_model,
+    load_saved,
     random_hf_model,
 )
 from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
@@ -24,17 +28,30 @@ from tallow_format_safetensors.format import SafetensorsFormat  # noqa: E402
 from tallow_model_glm4.model import Glm4ForCausalLM  # noqa: E402
 
 STEPS = 20
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
-             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-             pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 CONFIGS = {
     # head_dim 16, half of it rotated (transformers' default partial factor for GLM-4)
     "glm4": lambda: transformers.Glm4Config(**SMALL, head_dim=16),
     # a wider head than hidden / heads, a quarter rotated, tied head, no q/k/v biases
     "glm4-wide-head": lambda: transformers.Glm4Config(
-        **SMALL, head_dim=32, partial_rotary_factor=0.25, tie_word_embeddings=True,
-        attention_bias=False),
+        **SMALL,
+        head_dim=32,
+        partial_rotary_factor=0.25,
+        tie_word_embeddings=True,
+        attention_bias=False,
+    ),
 }
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
 
@@ -84,8 +101,12 @@ def test_gguf_matches_transformers(tmp_path):
     cfg = hf.config
     tensors = list(gguf_tensors(hf.state_dict(), "glm4", cfg.num_hidden_layers))
     names = {name for name, _ in tensors}
-    assert {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight",
-            "blk.0.ffn_norm.weight", "blk.0.attn_q.bias"} <= names
+    assert {
+        "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight",
+        "blk.0.ffn_norm.weight",
+        "blk.0.attn_q.bias",
+    } <= names
     path = tmp_path / "glm4.gguf"
     metadata = gguf_metadata(cfg)
     assert metadata["rope.dimension_count"] == 8
@@ -105,8 +126,9 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
-                       what=name)
+    assert_cuda_parity(
+        lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS, what=name
+    )
 
 
 @pytest.mark.gpu
@@ -116,6 +138,11 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("glm4")
     _load_safetensors(hf, tmp_path)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
-                         plugins=["tallow-model-glm4", "tallow-format-safetensors", "tallow-attention-triton"],
-                         config={"model": {"device": "cuda"}})
+    assert_engine_greedy(
+        tmp_path,
+        hf,
+        [PROMPT, PROMPT[::-1][:7]],
+        STEPS,
+        plugins=["tallow-model-glm4", "tallow-format-safetensors", "tallow-attention-triton"],
+        config={"model": {"device": "cuda"}},
+    )

@@ -50,25 +50,44 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
     def mlp_bias(self, config: ArchConfig) -> bool:
         return False
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
-        return LlamaAttention(config, build, layer, rotary, head_dim=head_dim,
-                              qkv_bias=self.qkv_bias(config), o_bias=False,
-                              qk_norm=bool(config.get("use_qk_norm", False)),
-                              sliding_window=None, prefix=prefix)
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
+        return LlamaAttention(
+            config,
+            build,
+            layer,
+            rotary,
+            head_dim=head_dim,
+            qkv_bias=self.qkv_bias(config),
+            o_bias=False,
+            qk_norm=bool(config.get("use_qk_norm", False)),
+            sliding_window=None,
+            prefix=prefix,
+        )
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
-        if layer < int(config.get("first_k_dense_replace") or 0) \
-                or not int(config.get("n_routed_experts") or 0):
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
+        if layer < int(config.get("first_k_dense_replace") or 0) or not int(
+            config.get("n_routed_experts") or 0
+        ):
             return super().build_mlp(config, build, layer, prefix)
         return moe_block(config, build, prefix, sigmoid_router(config), correction_bias=True)
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]],
-                     naming: str = "hf") -> set[str]:
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
+    ) -> set[str]:
         layers = int(self.config.num_hidden_layers)
-        return super().load_weights(((name, t) for name, t in tensors
-                                     if not mtp_layer(name, layers)), naming)
+        return super().load_weights(
+            ((name, t) for name, t in tensors if not mtp_layer(name, layers)), naming
+        )
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         return set()

@@ -14,14 +14,61 @@ from tallow.plugin.testing import ModelArchitectureConformance
 from tallow.plugin.testing.model import random_hf_model
 from tallow.plugin.testing.model_parity import expert_choices
 
-SMALL = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             vocab_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-             first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-             norm_topk_prob=True, rms_norm_eps=1e-5, max_position_embeddings=256,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)
-PROMPT = [3, 17, 50, 9, 64, 28, 5, 77, 31, 20, 1, 42, 99, 120, 7, 63, 88, 14, 101, 36, 55, 111,
-          24, 92, 70, 12, 127, 46, 83, 2]
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+PROMPT = [
+    3,
+    17,
+    50,
+    9,
+    64,
+    28,
+    5,
+    77,
+    31,
+    20,
+    1,
+    42,
+    99,
+    120,
+    7,
+    63,
+    88,
+    14,
+    101,
+    36,
+    55,
+    111,
+    24,
+    92,
+    70,
+    12,
+    127,
+    46,
+    83,
+    2,
+]
 
 
 class Glm4MoeConformance(ModelArchitectureConformance):
@@ -47,13 +94,15 @@ class Glm4MoeConformance(ModelArchitectureConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.Glm4MoeConfig(**SMALL, attention_bias=True,
-                                          use_qk_norm=self.qk_norm)
+        return transformers.Glm4MoeConfig(**SMALL, attention_bias=True, use_qk_norm=self.qk_norm)
 
     def test_dense_then_moe_layers_and_partial_rotary(self, loaded: tuple[Any, set[str]]) -> None:
         model = loaded[0]
         assert [type(layer.mlp).__name__ for layer in model.model.layers] == [
-            "LlamaMLP", "FusedMoE", "FusedMoE"]
+            "LlamaMLP",
+            "FusedMoE",
+            "FusedMoE",
+        ]
         assert model.model.rotary_emb.rotary_dim == 8  # half of each 16-wide head
         used = [torch.unique(i).numel() for i in expert_choices(model, self.prompt)]
         assert len(used) == 2 and min(used) >= 4, f"the prompt reaches only {used} of 8 experts"

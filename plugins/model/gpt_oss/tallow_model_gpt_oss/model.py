@@ -25,7 +25,12 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, FusedMoE, RotaryEmbedding, RouterSpec,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    FusedMoE,
+    RotaryEmbedding,
+    RouterSpec,
 )
 from tallow_model_llama.model import LlamaAttention, LlamaForCausalLM
 
@@ -33,13 +38,24 @@ from . import naming
 
 #: what transformers' GptOssConfig assumes when config.json leaves a key out
 DEFAULTS: dict[str, Any] = {
-    "attention_bias": True, "head_dim": 64, "sliding_window": 128, "swiglu_alpha": 1.702,
-    "swiglu_limit": 7.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+    "attention_bias": True,
+    "head_dim": 64,
+    "sliding_window": 128,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
     "tie_word_embeddings": False,
 }
 #: the rotary scaling of the released models (transformers' default for gpt-oss)
-DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": False, "original_max_position_embeddings": 4096}
+DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 DEFAULT_ROPE_THETA = 150000.0
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -52,25 +68,52 @@ def layer_types(config: ArchConfig) -> list[str]:
     if types is None:
         return [LAYER_TYPES[i % 2] for i in range(n)]
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
-        raise ValueError(f"model config: layer_types must list {n} entries, each one of "
-                         f"{', '.join(LAYER_TYPES)}; got {types!r}")
+        raise ValueError(
+            f"model config: layer_types must list {n} entries, each one of "
+            f"{', '.join(LAYER_TYPES)}; got {types!r}"
+        )
     return list(types)
 
 
 class GptOssAttention(LlamaAttention):
     """Llama's attention block (biased q/k/v/o, RoPE) over an attention layer with sinks."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, *, head_dim: int, bias: bool,
-                 sliding_window: int | None, prefix: str) -> None:
-        super().__init__(config, build, layer_index, rotary, head_dim=head_dim, qkv_bias=bias,
-                         o_bias=bias, qk_norm=False, sliding_window=sliding_window,
-                         prefix=prefix)
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        *,
+        head_dim: int,
+        bias: bool,
+        sliding_window: int | None,
+        prefix: str,
+    ) -> None:
+        super().__init__(
+            config,
+            build,
+            layer_index,
+            rotary,
+            head_dim=head_dim,
+            qkv_bias=bias,
+            o_bias=bias,
+            qk_norm=False,
+            sliding_window=sliding_window,
+            prefix=prefix,
+        )
         heads = self.qkv_proj.num_heads
-        self.attn = Attention(layer_index, heads, self.qkv_proj.num_kv_heads, head_dim,
-                              scale=head_dim ** -0.5, sliding_window=sliding_window,
-                              sinks=True, sinks_head_offset=build.tp_rank * heads,
-                              device=build.device)
+        self.attn = Attention(
+            layer_index,
+            heads,
+            self.qkv_proj.num_kv_heads,
+            head_dim,
+            scale=head_dim**-0.5,
+            sliding_window=sliding_window,
+            sinks=True,
+            sinks_head_offset=build.tp_rank * heads,
+            device=build.device,
+        )
 
 
 def moe_block(config: ArchConfig, build: BuildContext, prefix: str) -> FusedMoE:
@@ -78,14 +121,21 @@ def moe_block(config: ArchConfig, build: BuildContext, prefix: str) -> FusedMoE:
     experts = config.get("num_local_experts") or config.get("num_experts")
     if not experts:
         raise ValueError("model config: 'num_local_experts' is required")
-    return FusedMoE(int(experts), int(config.hidden_size),
-                    int(config.require("intermediate_size")),
-                    router=RouterSpec(top_k=int(config.require("num_experts_per_tok")),
-                                      scoring="softmax_selected"),
-                    router_bias=True, activation="swiglu_clamp", expert_bias=True,
-                    swiglu_alpha=float(config.get("swiglu_alpha", DEFAULTS["swiglu_alpha"])),
-                    swiglu_limit=float(config.get("swiglu_limit", DEFAULTS["swiglu_limit"])),
-                    build=build, prefix=prefix)
+    return FusedMoE(
+        int(experts),
+        int(config.hidden_size),
+        int(config.require("intermediate_size")),
+        router=RouterSpec(
+            top_k=int(config.require("num_experts_per_tok")), scoring="softmax_selected"
+        ),
+        router_bias=True,
+        activation="swiglu_clamp",
+        expert_bias=True,
+        swiglu_alpha=float(config.get("swiglu_alpha", DEFAULTS["swiglu_alpha"])),
+        swiglu_limit=float(config.get("swiglu_limit", DEFAULTS["swiglu_limit"])),
+        build=build,
+        prefix=prefix,
+    )
 
 
 class GptOssForCausalLM(LlamaForCausalLM):
@@ -113,15 +163,29 @@ class GptOssForCausalLM(LlamaForCausalLM):
             return None
         return int(config.require("sliding_window"))
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
-        return GptOssAttention(config, build, layer, rotary, head_dim=head_dim,
-                               bias=self.qkv_bias(config),
-                               sliding_window=self.layer_sliding_window(config, layer),
-                               prefix=prefix)
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
+        return GptOssAttention(
+            config,
+            build,
+            layer,
+            rotary,
+            head_dim=head_dim,
+            bias=self.qkv_bias(config),
+            sliding_window=self.layer_sliding_window(config, layer),
+            prefix=prefix,
+        )
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         return moe_block(config, build, prefix)
 
     # -- loading: gpt-oss's expert layouts (see naming) -------------------------------------

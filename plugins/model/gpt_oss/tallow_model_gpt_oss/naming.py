@@ -40,8 +40,10 @@ def split_interleaved_gate_up(tensor: torch.Tensor) -> torch.Tensor:
     """``[E, 2I, ...]`` with gate and up features interleaved along dim 1 → the gate rows,
     then the up rows."""
     if tensor.dim() < 2 or tensor.shape[1] % 2:
-        raise ValueError(f"gate/up tensor of shape {tuple(tensor.shape)}: expected [experts, "
-                         "2 * intermediate, ...]")
+        raise ValueError(
+            f"gate/up tensor of shape {tuple(tensor.shape)}: expected [experts, "
+            "2 * intermediate, ...]"
+        )
     return torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
 
 
@@ -49,16 +51,19 @@ def gate_up_from_hf(tensor: torch.Tensor) -> torch.Tensor:
     """transformers' float ``gate_up_proj [E, H, 2I]`` (interleaved) → ``[E, 2I, H]``, gate rows
     then up rows."""
     if tensor.dim() != 3:
-        raise ValueError(f"gate_up_proj of shape {tuple(tensor.shape)}: expected [experts, "
-                         "hidden, 2 * intermediate]")
+        raise ValueError(
+            f"gate_up_proj of shape {tuple(tensor.shape)}: expected [experts, "
+            "hidden, 2 * intermediate]"
+        )
     return split_interleaved_gate_up(tensor.transpose(1, 2))
 
 
 def down_from_hf(tensor: torch.Tensor) -> torch.Tensor:
     """transformers' float ``down_proj [E, I, H]`` → ``[E, H, I]``."""
     if tensor.dim() != 3:
-        raise ValueError(f"down_proj of shape {tuple(tensor.shape)}: expected [experts, "
-                         "intermediate, hidden]")
+        raise ValueError(
+            f"down_proj of shape {tuple(tensor.shape)}: expected [experts, intermediate, hidden]"
+        )
     return tensor.transpose(1, 2)
 
 
@@ -68,8 +73,9 @@ def hf_name_map() -> WeightNameMap:
     return llama_hf_name_map() + [
         WeightRule(f"{_L}.self_attn.sinks", f"{_L}.self_attn.attn.sinks"),
         WeightRule(f"{_L}.mlp.router.{{kind}}", f"{_L}.mlp.gate.{{kind}}"),
-        WeightRule(f"{_EXPERTS}.gate_up_proj", f"{_EXPERTS}.w13_weight",
-                   transform="gate_up_from_hf"),
+        WeightRule(
+            f"{_EXPERTS}.gate_up_proj", f"{_EXPERTS}.w13_weight", transform="gate_up_from_hf"
+        ),
         WeightRule(f"{_EXPERTS}.gate_up_proj_bias", f"{_EXPERTS}.w13_bias", transform=split),
         WeightRule(f"{_EXPERTS}.down_proj", f"{_EXPERTS}.w2_weight", transform="down_from_hf"),
         WeightRule(f"{_EXPERTS}.down_proj_bias", f"{_EXPERTS}.w2_bias"),

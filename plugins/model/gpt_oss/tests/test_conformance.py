@@ -13,15 +13,65 @@ import torch
 from tallow.layers import FusedMoE
 from tallow.plugin.testing import ModelArchitectureConformance, PagedRunner
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "truncate": False, "original_max_position_embeddings": 32, "rope_theta": 150000.0}
-SMALL = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=128, num_local_experts=8,
-             num_experts_per_tok=2, sliding_window=8, max_position_embeddings=128,
-             rope_parameters=YARN, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 150000.0,
+}
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=8,
+    max_position_embeddings=128,
+    rope_parameters=YARN,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 # 30 tokens: with the 32 greedy steps still inside the engine test's 64 positions
-PROMPT = [3, 17, 50, 9, 64, 28, 5, 77, 31, 20, 1, 42, 99, 120, 7, 63, 88, 14, 101, 36, 55, 111,
-          24, 92, 70, 12, 127, 46, 83, 2]
+PROMPT = [
+    3,
+    17,
+    50,
+    9,
+    64,
+    28,
+    5,
+    77,
+    31,
+    20,
+    1,
+    42,
+    99,
+    120,
+    7,
+    63,
+    88,
+    14,
+    101,
+    36,
+    55,
+    111,
+    24,
+    92,
+    70,
+    12,
+    127,
+    46,
+    83,
+    2,
+]
 
 
 class TestGptOssConformance(ModelArchitectureConformance):
@@ -49,8 +99,11 @@ class TestGptOssConformance(ModelArchitectureConformance):
         and the greedy steps reach all 8 in every layer."""
         model = loaded[0]
         chosen: list[torch.Tensor] = []
-        hooks = [m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
-                 for m in model.modules() if isinstance(m, FusedMoE)]
+        hooks = [
+            m.experts.register_forward_hook(lambda mod, args, out: chosen.append(args[2]))
+            for m in model.modules()
+            if isinstance(m, FusedMoE)
+        ]
         try:
             PagedRunner(model).greedy(0, self.prompt, self.steps)
         finally:

@@ -15,17 +15,39 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from tallow_model_gpt_oss.model import GptOssForCausalLM  # noqa: E402
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0}
-CONFIG = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
-              num_key_value_heads=2, head_dim=64, vocab_size=160, num_local_experts=8,
-              num_experts_per_tok=4, sliding_window=6, max_position_embeddings=256,
-              rope_parameters=YARN, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 150000.0,
+}
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=160,
+    num_local_experts=8,
+    num_experts_per_tok=4,
+    sliding_window=6,
+    max_position_embeddings=256,
+    rope_parameters=YARN,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 
 
@@ -33,9 +55,13 @@ def test_cuda_parity(tmp_path):
     from tallow_format_safetensors.format import SafetensorsFormat
 
     hf = random_hf_model(transformers.GptOssConfig(**CONFIG), seed=8)
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, GptOssForCausalLM,
-                                               SafetensorsFormat().load, **kw),
-                       hf, PROMPT, 32, what="gpt-oss")
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, GptOssForCausalLM, SafetensorsFormat().load, **kw),
+        hf,
+        PROMPT,
+        32,
+        what="gpt-oss",
+    )
 
 
 def test_random_20b_cuda_graphs_equal_eager():
@@ -44,18 +70,28 @@ def test_random_20b_cuda_graphs_equal_eager():
     from tallow.plugin.testing.engine import replay_own_graph_sizes
 
     def engine(graphs: bool) -> LLMEngine:
-        return LLMEngine.from_config(config_from_mapping({
-            "model": {"source": "random:gpt-oss-20b", "device": "cuda", "dtype": "bfloat16",
-                      "max_model_len": 2048},
-            "cache": {"num_blocks": 2048},
-            "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 16}}))
+        return LLMEngine.from_config(
+            config_from_mapping(
+                {
+                    "model": {
+                        "source": "random:gpt-oss-20b",
+                        "device": "cuda",
+                        "dtype": "bfloat16",
+                        "max_model_len": 2048,
+                    },
+                    "cache": {"num_blocks": 2048},
+                    "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 16},
+                }
+            )
+        )
 
     def greedy(eng: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
         ids = []
         for p in prompts:
             ids.append(eng.next_request_id())
-            eng.add_request(ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16,
-                                                       ignore_eos=True))
+            eng.add_request(
+                ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+            )
         done = {}
         while eng.has_unfinished():
             for out in eng.step():
@@ -71,6 +107,8 @@ def test_random_20b_cuda_graphs_equal_eager():
     g = torch.Generator().manual_seed(0)
     for n in (1, 4, 16):
         # prompts past the 128-token window, and short ones
-        batch = [torch.randint(0, 200000, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 400, (n,), generator=g)]
+        batch = [
+            torch.randint(0, 200000, (int(L),), generator=g).tolist()
+            for L in torch.randint(3, 400, (n,), generator=g)
+        ]
         assert greedy(graphs, batch) == greedy(eager, batch), f"batch {n}"

@@ -19,7 +19,9 @@ from transformers.integrations.mxfp4 import _convert_moe_packed_tensors  # noqa:
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_engine_greedy, assert_greedy_parity, random_hf_model,
+    assert_engine_greedy,
+    assert_greedy_parity,
+    random_hf_model,
 )
 from tallow_quant_fp4.isq import mxfp4_codes  # noqa: E402
 from tallow_quant_fp4.moe import MXFP4MoEMethod  # noqa: E402
@@ -28,15 +30,41 @@ from tallow_quant_fp4.scheme import FP4QuantScheme  # noqa: E402
 
 from tallow_model_gpt_oss.model import GptOssForCausalLM  # noqa: E402
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0}
-CONFIG = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, vocab_size=160, num_local_experts=8,
-              num_experts_per_tok=4, sliding_window=6, max_position_embeddings=256,
-              rope_parameters=YARN, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-MXFP4 = {"quant_method": "mxfp4",
-         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                    "model.embed_tokens", "lm_head"]}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 150000.0,
+}
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=160,
+    num_local_experts=8,
+    num_experts_per_tok=4,
+    sliding_window=6,
+    max_position_embeddings=256,
+    rope_parameters=YARN,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+MXFP4 = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 
 
@@ -86,14 +114,17 @@ def test_engine_serves_a_saved_mxfp4_checkpoint(tmp_path: Path):
     hf.save_pretrained(str(tmp_path), safe_serialization=True)
     for f in tmp_path.glob("*.safetensors*"):
         f.unlink()
-    save_file({k: v.contiguous() for k, v in tensors.items()},
-              str(tmp_path / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
     config = json.loads((tmp_path / "config.json").read_text())
     config["quantization_config"] = MXFP4
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[:9]], 16,
-                         plugins=["tallow-model-gpt-oss", "tallow-quant-fp4",
-                                  "tallow-format-safetensors"])
+    assert_engine_greedy(
+        tmp_path,
+        hf,
+        [PROMPT, PROMPT[:9]],
+        16,
+        plugins=["tallow-model-gpt-oss", "tallow-quant-fp4", "tallow-format-safetensors"],
+    )
 
 
 def test_engine_runs_the_random_shape():
@@ -101,14 +132,17 @@ def test_engine_runs_the_random_shape():
     fills and generates through the whole engine."""
     from tallow import LLM, SamplingParams
 
-    llm = LLM(model="random:tiny-gpt-oss", device="cpu", dtype="float32", num_blocks=16,
-              max_model_len=256)
+    llm = LLM(
+        model="random:tiny-gpt-oss", device="cpu", dtype="float32", num_blocks=16, max_model_len=256
+    )
     model = llm.engine.core.runner.model
     assert type(model).__name__ == "GptOssForCausalLM"
     experts = model.model.layers[0].mlp.experts
     assert isinstance(experts.quant_method, MXFP4MoEMethod)
     assert int(experts.w13_blocks.count_nonzero()) > 0  # random codes, not zeros
-    outs = llm.generate([[1, 2, 3, 4, 5], list(range(40, 80))],
-                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    outs = llm.generate(
+        [[1, 2, 3, 4, 5], list(range(40, 80))],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
     assert len(set(outs[1].outputs[0].token_ids)) > 1

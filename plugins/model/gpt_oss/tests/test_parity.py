@@ -12,17 +12,38 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext, FusedMoE  # noqa: E402
 from tallow.layers import SlidingWindowSpec  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_greedy_parity, load_saved, random_hf_model,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from tallow_model_gpt_oss.model import GptOssForCausalLM  # noqa: E402
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0}
-BASE = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=160, num_local_experts=8, num_experts_per_tok=4,
-            sliding_window=6, max_position_embeddings=256, rope_parameters=YARN,
-            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 150000.0,
+}
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=160,
+    num_local_experts=8,
+    num_experts_per_tok=4,
+    sliding_window=6,
+    max_position_embeddings=256,
+    rope_parameters=YARN,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 STEPS = 32
 
@@ -38,8 +59,10 @@ def _ours(hf) -> GptOssForCausalLM:
 
 
 def _safetensors():
-    return pytest.importorskip("tallow_format_safetensors.format",
-                               reason="the saved model is read by tallow-format-safetensors")
+    return pytest.importorskip(
+        "tallow_format_safetensors.format",
+        reason="the saved model is read by tallow-format-safetensors",
+    )
 
 
 def test_router_matches_transformers():
@@ -52,8 +75,9 @@ def test_router_matches_transformers():
     _, ref_weights, ref_ids = hf.model.layers[0].mlp.router(hidden)
     order, ref_order = ids.sort(-1), ref_ids.sort(-1)
     assert torch.equal(order.values, ref_order.values)
-    torch.testing.assert_close(weights.gather(-1, order.indices),
-                               ref_weights.gather(-1, ref_order.indices))
+    torch.testing.assert_close(
+        weights.gather(-1, order.indices), ref_weights.gather(-1, ref_order.indices)
+    )
     assert float(hf.model.layers[0].mlp.router.bias.detach().abs().sum()) > 0  # the bias takes part
 
 
@@ -65,12 +89,13 @@ def test_experts_match_transformers():
     model = _ours(hf)
     moe = model.model.layers[1].mlp
     experts = hf.model.layers[1].mlp.experts
-    torch.testing.assert_close(moe.experts.w13_weight[3, :64],
-                               experts.gate_up_proj[3, :, 0::2].T.detach())
-    torch.testing.assert_close(moe.experts.w13_bias[3, 64:],
-                               experts.gate_up_proj_bias[3, 1::2].detach())
-    hidden = torch.randn(1, 50, BASE["hidden_size"],
-                         generator=torch.Generator().manual_seed(1)) * 8
+    torch.testing.assert_close(
+        moe.experts.w13_weight[3, :64], experts.gate_up_proj[3, :, 0::2].T.detach()
+    )
+    torch.testing.assert_close(
+        moe.experts.w13_bias[3, 64:], experts.gate_up_proj_bias[3, 1::2].detach()
+    )
+    hidden = torch.randn(1, 50, BASE["hidden_size"], generator=torch.Generator().manual_seed(1)) * 8
     with torch.no_grad():
         ref = hf.model.layers[1].mlp(hidden)[0][0]
         gate_up = hidden[0] @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
@@ -83,15 +108,26 @@ def test_yarn_of_the_released_models_matches_transformers():
     """gpt-oss's own rotary settings (theta 150000, YaRN factor 32 over 4096, not truncated,
     head size 64): q and k rotated as transformers rotates them, out to position 131071."""
     from transformers.models.gpt_oss.modeling_gpt_oss import (
-        GptOssRotaryEmbedding, apply_rotary_pos_emb,
+        GptOssRotaryEmbedding,
+        apply_rotary_pos_emb,
     )
 
     cfg = transformers.GptOssConfig(num_hidden_layers=1)  # the released defaults
     assert cfg.rope_parameters["rope_type"] == "yarn"
-    model = GptOssForCausalLM(ArchConfig({**BASE, "num_hidden_layers": 1, "head_dim": 64,
-                                          "num_attention_heads": 2, "num_key_value_heads": 1,
-                                          "max_position_embeddings": 131072,
-                                          "rope_parameters": None}), BuildContext())
+    model = GptOssForCausalLM(
+        ArchConfig(
+            {
+                **BASE,
+                "num_hidden_layers": 1,
+                "head_dim": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "max_position_embeddings": 131072,
+                "rope_parameters": None,
+            }
+        ),
+        BuildContext(),
+    )
     rope = model.model.rotary_emb
     hf_rope = GptOssRotaryEmbedding(cfg)
     gen = torch.Generator().manual_seed(0)
@@ -100,13 +136,12 @@ def test_yarn_of_the_released_models_matches_transformers():
     q = torch.randn(n, 2 * 64, generator=gen)
     k = torch.randn(n, 64, generator=gen)
     cos, sin = hf_rope(q, positions[None])
-    ref_q, ref_k = apply_rotary_pos_emb(q.view(1, n, 2, 64).transpose(1, 2),
-                                        k.view(1, n, 1, 64).transpose(1, 2), cos, sin)
+    ref_q, ref_k = apply_rotary_pos_emb(
+        q.view(1, n, 2, 64).transpose(1, 2), k.view(1, n, 1, 64).transpose(1, 2), cos, sin
+    )
     out_q, out_k = rope(positions, q, k)
-    torch.testing.assert_close(out_q, ref_q.transpose(1, 2).reshape(n, -1), rtol=1e-4,
-                               atol=1e-4)
-    torch.testing.assert_close(out_k, ref_k.transpose(1, 2).reshape(n, -1), rtol=1e-4,
-                               atol=1e-4)
+    torch.testing.assert_close(out_q, ref_q.transpose(1, 2).reshape(n, -1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out_k, ref_k.transpose(1, 2).reshape(n, -1), rtol=1e-4, atol=1e-4)
     assert rope.attention_scaling == pytest.approx(hf_rope.attention_scaling)
 
 
@@ -125,9 +160,17 @@ def test_layer_pattern_of_the_config(tmp_path):
 def test_config_defaults_are_transformers():
     """A config.json that leaves out what GptOssConfig assumes (layer types, YaRN, biases,
     the window, the SwiGLU clamp) is completed the same way."""
-    minimal = dict(architectures=["GptOssForCausalLM"], hidden_size=64, intermediate_size=64,
-                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                   vocab_size=160, num_local_experts=4, num_experts_per_tok=2)
+    minimal = dict(
+        architectures=["GptOssForCausalLM"],
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=160,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     ours = GptOssForCausalLM.config_from_hf(minimal)
     ref = transformers.GptOssConfig(**minimal)
     assert ours["layer_types"] == ref.layer_types
@@ -140,11 +183,14 @@ def test_config_defaults_are_transformers():
     assert ours["rope_theta"] == ref.rope_parameters["rope_theta"]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"layer_types": ["full_attention"]}, "layer_types"),
-    ({"layer_types": ["local", "full_attention"]}, "layer_types"),
-    ({"num_local_experts": None}, "num_local_experts"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"layer_types": ["full_attention"]}, "layer_types"),
+        ({"layer_types": ["local", "full_attention"]}, "layer_types"),
+        ({"num_local_experts": None}, "num_local_experts"),
+    ],
+)
 def test_config_the_model_cannot_build_is_refused(change, message):
     config = {**_config().to_dict(), **change}
     with pytest.raises(ValueError, match=message):
@@ -158,8 +204,10 @@ def test_gpt_oss_20b_shape():
 
     cfg = shape_config("random:gpt-oss-20b")
     h, i, e = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"]
-    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], \
-        cfg["num_key_value_heads"] * cfg["head_dim"]
+    q, kv = (
+        cfg["num_attention_heads"] * cfg["head_dim"],
+        cfg["num_key_value_heads"] * cfg["head_dim"],
+    )
     attention = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h + cfg["num_attention_heads"]
     experts = e * (h * 2 * i + 2 * i + i * h + h)
     per_layer = attention + h * e + e + experts + 2 * h

@@ -19,8 +19,18 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, CausalLM, ColumnParallelLinear, LayerNorm, LMHead,
-    QKVParallelLinear, RotaryEmbedding, RowParallelLinear, VocabEmbedding, get_act,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    CausalLM,
+    ColumnParallelLinear,
+    LayerNorm,
+    LMHead,
+    QKVParallelLinear,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabEmbedding,
+    get_act,
     rope_from_config,
 )
 
@@ -35,30 +45,41 @@ def head_dim(config: ArchConfig) -> int:
     hidden = int(config.require("hidden_size"))
     heads = int(config.require("num_attention_heads"))
     if hidden % heads:
-        raise ValueError(f"model config: hidden_size {hidden} is not a multiple of "
-                         f"num_attention_heads {heads}")
+        raise ValueError(
+            f"model config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+        )
     return hidden // heads
 
 
 class GPTNeoXAttention(nn.Module):
     """Fused qkv projection, partial rotary, paged attention, output projection."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         head_size = head_dim(config)
         bias = bool(config.get("attention_bias", True))
         # GPT-NeoX has as many KV heads as query heads (no grouped-query attention).
-        self.query_key_value = QKVParallelLinear(hidden, head_size, heads, heads, bias,
-                                                 build=build, prefix=f"{prefix}.query_key_value")
-        self.dense = RowParallelLinear(hidden, hidden, bias, build=build,
-                                       prefix=f"{prefix}.dense")
+        self.query_key_value = QKVParallelLinear(
+            hidden, head_size, heads, heads, bias, build=build, prefix=f"{prefix}.query_key_value"
+        )
+        self.dense = RowParallelLinear(hidden, hidden, bias, build=build, prefix=f"{prefix}.dense")
         self.rotary_emb = rotary
         # Attention takes this rank's head counts, which the projection has worked out.
-        self.attn = Attention(layer_index, self.query_key_value.num_heads,
-                              self.query_key_value.num_kv_heads, head_size)
+        self.attn = Attention(
+            layer_index,
+            self.query_key_value.num_heads,
+            self.query_key_value.num_kv_heads,
+            head_size,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.query_key_value.split(self.query_key_value(hidden))
@@ -73,10 +94,12 @@ class GPTNeoXMLP(nn.Module):
         super().__init__()
         hidden = int(config.hidden_size)
         inner = int(config.require("intermediate_size"))
-        self.dense_h_to_4h = ColumnParallelLinear(hidden, inner, bias=True, build=build,
-                                                  prefix=f"{prefix}.dense_h_to_4h")
-        self.dense_4h_to_h = RowParallelLinear(inner, hidden, bias=True, build=build,
-                                               prefix=f"{prefix}.dense_4h_to_h")
+        self.dense_h_to_4h = ColumnParallelLinear(
+            hidden, inner, bias=True, build=build, prefix=f"{prefix}.dense_h_to_4h"
+        )
+        self.dense_4h_to_h = RowParallelLinear(
+            inner, hidden, bias=True, build=build, prefix=f"{prefix}.dense_4h_to_h"
+        )
         self.act = get_act(config.get("hidden_act", "gelu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,16 +109,21 @@ class GPTNeoXMLP(nn.Module):
 class GPTNeoXLayer(nn.Module):
     """One decoder layer: two LayerNorms, attention and MLP, parallel or sequential."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         eps = float(config.get("layer_norm_eps", 1e-5))
         self.use_parallel_residual = bool(config.get("use_parallel_residual", True))
         self.input_layernorm = LayerNorm(hidden, eps, build=build)
         self.post_attention_layernorm = LayerNorm(hidden, eps, build=build)
-        self.attention = GPTNeoXAttention(config, build, layer_index, rotary,
-                                          f"{prefix}.attention")
+        self.attention = GPTNeoXAttention(config, build, layer_index, rotary, f"{prefix}.attention")
         self.mlp = GPTNeoXMLP(config, build, f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -117,13 +145,16 @@ class GPTNeoXModel(nn.Module):
         rope_config = {"rotary_pct": DEFAULT_ROTARY_PCT, **config}
         # One rotary table shared by every layer.
         self.rotary_emb = rope_from_config(rope_config, head_dim(config), device=build.device)
-        self.embed_in = VocabEmbedding(int(config.require("vocab_size")), hidden,
-                                       build=build, prefix="gpt_neox.embed_in")
+        self.embed_in = VocabEmbedding(
+            int(config.require("vocab_size")), hidden, build=build, prefix="gpt_neox.embed_in"
+        )
         self.layers = nn.ModuleList(
             GPTNeoXLayer(config, build, i, self.rotary_emb, f"gpt_neox.layers.{i}")
-            for i in range(int(config.require("num_hidden_layers"))))
-        self.final_layer_norm = LayerNorm(hidden, float(config.get("layer_norm_eps", 1e-5)),
-                                          build=build)
+            for i in range(int(config.require("num_hidden_layers")))
+        )
+        self.final_layer_norm = LayerNorm(
+            hidden, float(config.get("layer_norm_eps", 1e-5)), build=build
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_in(input_ids)
@@ -143,9 +174,13 @@ class GPTNeoXForCausalLM(CausalLM):
         cfg = self.config
         self.gpt_neox = GPTNeoXModel(cfg, build)
         tie = bool(cfg.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                              tie_with=self.gpt_neox.embed_in if tie else None, build=build,
-                              prefix="lm_head")
+        self.lm_head = LMHead(
+            int(cfg.vocab_size),
+            int(cfg.hidden_size),
+            tie_with=self.gpt_neox.embed_in if tie else None,
+            build=build,
+            prefix="lm_head",
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.gpt_neox(input_ids, positions)
@@ -158,7 +193,8 @@ class GPTNeoXForCausalLM(CausalLM):
         heads = int(self.config.num_attention_heads)
         rows = tensor.shape[0]
         if rows % (3 * heads):
-            raise ValueError(f"query_key_value: {rows} rows do not split into q, k and v of "
-                             f"{heads} heads")
+            raise ValueError(
+                f"query_key_value: {rows} rows do not split into q, k and v of {heads} heads"
+            )
         per_head = tensor.reshape(heads, 3, rows // (3 * heads), *tensor.shape[1:])
         return per_head.transpose(0, 1).reshape(tensor.shape)

@@ -28,25 +28,40 @@ PLUGINS = ["tallow-model-gptneox", "tallow-format-safetensors"]
 
 #: small shapes per model type; tests override single fields
 TINY = {
-    "gpt_neox": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                     num_attention_heads=4, vocab_size=256, rotary_pct=0.5,
-                     max_position_embeddings=128),
-    "stablelm": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                     partial_rotary_factor=0.5, max_position_embeddings=128),
+    "gpt_neox": dict(
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=256,
+        rotary_pct=0.5,
+        max_position_embeddings=128,
+    ),
+    "stablelm": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=128,
+    ),
 }
 
 
-def save_tiny(path: Path, seed: int = 0, std: float = 0.3, model_type: str = "gpt_neox",
-              **overrides: Any) -> Any:
+def save_tiny(
+    path: Path, seed: int = 0, std: float = 0.3, model_type: str = "gpt_neox", **overrides: Any
+) -> Any:
     """A transformers model of ``model_type`` with random weights of ``std`` (large enough
     that greedy output is not one repeated token), saved with a tokenizer at ``path``."""
     import transformers
 
     settings = dict(TINY[model_type], bos_token_id=None, eos_token_id=None, pad_token_id=None)
     config = transformers.AutoConfig.for_model(model_type, **{**settings, **overrides})
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
     randomize_(model, seed, std)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -56,8 +71,9 @@ def save_tiny(path: Path, seed: int = 0, std: float = 0.3, model_type: str = "gp
     return model
 
 
-def hf_reference(model: Any, prompt: list[int], steps: int = STEPS
-                 ) -> tuple[list[int], torch.Tensor]:
+def hf_reference(
+    model: Any, prompt: list[int], steps: int = STEPS
+) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy tokens, and its log-probabilities predicting ``prompt[1:]``
     followed by those of each greedy step (``len(prompt) - 1 + steps`` rows)."""
     tokens, step_logits, prompt_logits = hf_greedy(model, prompt, steps)
@@ -85,20 +101,25 @@ def engine_greedy(llm: Any, prompt: list[int], steps: int = STEPS) -> Run:
     """``llm``'s greedy tokens with the top-``TOP`` logprobs of every step and prompt position."""
     from tallow import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=TOP,
-                            prompt_logprobs=TOP)
+    params = SamplingParams(
+        temperature=0, max_tokens=steps, ignore_eos=True, logprobs=TOP, prompt_logprobs=TOP
+    )
     out = llm.generate([prompt], params)[0]
 
     def plain(position: dict[int, Any] | None) -> dict[int, float]:
         return {tok: lp.logprob for tok, lp in (position or {}).items()}
 
     completion = out.outputs[0]
-    return Run(list(completion.token_ids), [plain(p) for p in completion.logprobs],
-               [plain(p) for p in out.prompt_logprobs[1:]])
+    return Run(
+        list(completion.token_ids),
+        [plain(p) for p in completion.logprobs],
+        [plain(p) for p in out.prompt_logprobs[1:]],
+    )
 
 
-def assert_logprobs_close(ours: list[dict[int, float]], ref: torch.Tensor, what: str,
-                          atol: float = 2e-4) -> None:
+def assert_logprobs_close(
+    ours: list[dict[int, float]], ref: torch.Tensor, what: str, atol: float = 2e-4
+) -> None:
     """Each position's reported logprobs equal the reference row's at the same tokens, and
     the top ``TOP`` tokens are the reference's (so the head of the distribution agrees)."""
     assert len(ours) == ref.shape[0], f"{what}: {len(ours)} positions, expected {ref.shape[0]}"
@@ -113,7 +134,12 @@ def assert_logprobs_close(ours: list[dict[int, float]], ref: torch.Tensor, what:
 @pytest.fixture
 def neox() -> SimpleNamespace:
     """The helpers above, for test modules (which cannot import conftest by name)."""
-    return SimpleNamespace(save_tiny=save_tiny, hf_reference=hf_reference, engine=engine,
-                           engine_greedy=engine_greedy,
-                           assert_logprobs_close=assert_logprobs_close, PROMPT=PROMPT,
-                           STEPS=STEPS)
+    return SimpleNamespace(
+        save_tiny=save_tiny,
+        hf_reference=hf_reference,
+        engine=engine,
+        engine_greedy=engine_greedy,
+        assert_logprobs_close=assert_logprobs_close,
+        PROMPT=PROMPT,
+        STEPS=STEPS,
+    )

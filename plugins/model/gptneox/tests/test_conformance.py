@@ -9,9 +9,16 @@ from typing import Any
 
 from tallow.plugin.testing import ModelArchitectureConformance
 
-BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
-            max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-            pad_token_id=None)
+BASE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=128,
+    max_position_embeddings=128,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 class GPTNeoXSuite(ModelArchitectureConformance):
@@ -24,8 +31,9 @@ class GPTNeoXSuite(ModelArchitectureConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.GPTNeoXConfig(**{**BASE, "intermediate_size": 256,
-                                             "rotary_pct": 0.5, **self.settings})
+        return transformers.GPTNeoXConfig(
+            **{**BASE, "intermediate_size": 256, "rotary_pct": 0.5, **self.settings}
+        )
 
 
 class TestPythia(GPTNeoXSuite):
@@ -37,8 +45,9 @@ class TestSequentialResidual(GPTNeoXSuite):
 
 
 class TestNoBiasTiedFullRotary(GPTNeoXSuite):
-    settings = dict(attention_bias=False, tie_word_embeddings=True, rotary_pct=1.0,
-                    hidden_act="gelu_new")
+    settings = dict(
+        attention_bias=False, tie_word_embeddings=True, rotary_pct=1.0, hidden_act="gelu_new"
+    )
 
 
 class TestReluThreeLayers(GPTNeoXSuite):
@@ -55,9 +64,15 @@ class StableLmSuite(ModelArchitectureConformance):
     def hf_config(self) -> Any:
         import transformers
 
-        return transformers.StableLmConfig(**{**BASE, "intermediate_size": 128,
-                                              "num_key_value_heads": 2,
-                                              "partial_rotary_factor": 0.5, **self.settings})
+        return transformers.StableLmConfig(
+            **{
+                **BASE,
+                "intermediate_size": 128,
+                "num_key_value_heads": 2,
+                "partial_rotary_factor": 0.5,
+                **self.settings,
+            }
+        )
 
 
 class TestStableLm(StableLmSuite):
@@ -65,8 +80,9 @@ class TestStableLm(StableLmSuite):
 
 
 class TestStableLmParallelQkvBias(StableLmSuite):
-    settings = dict(use_parallel_residual=True, use_qkv_bias=True, partial_rotary_factor=0.25,
-                    rope_theta=500.0)
+    settings = dict(
+        use_parallel_residual=True, use_qkv_bias=True, partial_rotary_factor=0.25, rope_theta=500.0
+    )
 
 
 class TestStableLmQkLayerNormTied(StableLmSuite):

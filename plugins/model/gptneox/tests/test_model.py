@@ -17,8 +17,14 @@ from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 from tallow_model_gptneox import plugin  # noqa: E402
 from tallow_model_gptneox.model import GPTNeoXForCausalLM  # noqa: E402
 
-CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              vocab_size=64, rotary_pct=0.5)
+CONFIG = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=64,
+    rotary_pct=0.5,
+)
 
 
 @pytest.fixture
@@ -38,14 +44,15 @@ def test_query_key_value_rows_are_regrouped_from_per_head_to_per_projection(neox
     heads, head_dim, hidden = 4, 8, 32
     # row r of the checkpoint tensor holds the value r: head h, part p (q, k, v), feature f
     # sits at row (h * 3 + p) * head_dim + f
-    state["gpt_neox.layers.0.attention.query_key_value.weight"] = (
-        torch.arange(3 * hidden, dtype=torch.float32)[:, None].expand(3 * hidden, hidden))
+    state["gpt_neox.layers.0.attention.query_key_value.weight"] = torch.arange(
+        3 * hidden, dtype=torch.float32
+    )[:, None].expand(3 * hidden, hidden)
     model = fresh(config)
     model.load_weights(state.items())
     rows = model.gpt_neox.layers[0].attention.query_key_value.weight[:, 0]
     for part in range(3):
         for h in range(heads):
-            got = rows[(part * heads + h) * head_dim:(part * heads + h + 1) * head_dim]
+            got = rows[(part * heads + h) * head_dim : (part * heads + h + 1) * head_dim]
             start = (h * 3 + part) * head_dim
             assert got.tolist() == list(range(start, start + head_dim)), (part, h)
 
@@ -62,8 +69,9 @@ def test_tensor_parallel_ranks_take_their_own_heads(neox_state):
         attn = part.gpt_neox.layers[1].attention
         assert (attn.attn.layer.num_heads, attn.attn.layer.num_kv_heads) == (2, 2)
         mine = slice(rank * 16, (rank + 1) * 16)
-        torch.testing.assert_close(attn.query_key_value.weight,
-                                   torch.cat([q[mine], k[mine], v[mine]]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            attn.query_key_value.weight, torch.cat([q[mine], k[mine], v[mine]]), rtol=0, atol=0
+        )
 
 
 def test_pythia_head_name_and_old_buffers_load(neox_state):
@@ -94,16 +102,22 @@ def test_a_misshaped_query_key_value_is_named(neox_state):
         fresh(config).load_weights(state.items())
 
 
-@pytest.mark.parametrize("drop,match", [("intermediate_size", "'intermediate_size' is required"),
-                                        ("vocab_size", "'vocab_size' is required")])
+@pytest.mark.parametrize(
+    "drop,match",
+    [
+        ("intermediate_size", "'intermediate_size' is required"),
+        ("vocab_size", "'vocab_size' is required"),
+    ],
+)
 def test_missing_config_field_is_named(drop, match):
     with pytest.raises(ValueError, match=match):
         fresh({k: v for k, v in CONFIG.items() if k != drop})
 
 
 def test_heads_must_divide_the_hidden_size():
-    with pytest.raises(ValueError, match="hidden_size 32 is not a multiple of "
-                                         "num_attention_heads 5"):
+    with pytest.raises(
+        ValueError, match="hidden_size 32 is not a multiple of num_attention_heads 5"
+    ):
         fresh(dict(CONFIG, num_attention_heads=5))
 
 
@@ -127,6 +141,9 @@ def test_registration_is_lazy():
 
 
 def test_registration_imports_no_torch():
-    assert modules_imported_by_registration("tallow_model_gptneox.plugin",
-                                            "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_model_gptneox.plugin", "tallow_register_architectures", "ArchitectureRegistry"
+        )
+        == []
+    )

@@ -37,20 +37,30 @@ def test_chunked_prefills_beside_decodes_match_one_by_one(model_type, tmp_path, 
     hf = neox.save_tiny(tmp_path, seed=11, model_type=model_type)
     prompts = [neox.PROMPT, [7, 8, 9], list(range(40, 63))]
     refs = [neox.hf_reference(hf, p, steps=8)[0] for p in prompts]
-    llm = neox.engine(tmp_path, scheduler={"prefill_chunk_size": 5,
-                                           "max_num_batched_tokens": 16},
-                      cache={"block_size": 4})
+    llm = neox.engine(
+        tmp_path,
+        scheduler={"prefill_chunk_size": 5, "max_num_batched_tokens": 16},
+        cache={"block_size": 4},
+    )
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == refs
 
 
 # Pythia-shaped heads (64 features, a quarter rotated); StableLM with its optional parts on
 GPU_SHAPES = {
-    "gpt_neox": dict(hidden_size=256, intermediate_size=1024, num_attention_heads=4,
-                     rotary_pct=0.25),
-    "stablelm": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                     num_key_value_heads=2, partial_rotary_factor=0.25, qk_layernorm=True,
-                     use_parallel_residual=True, use_qkv_bias=True),
+    "gpt_neox": dict(
+        hidden_size=256, intermediate_size=1024, num_attention_heads=4, rotary_pct=0.25
+    ),
+    "stablelm": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        partial_rotary_factor=0.25,
+        qk_layernorm=True,
+        use_parallel_residual=True,
+        use_qkv_bias=True,
+    ),
 }
 
 
@@ -71,8 +81,11 @@ def check_against_float32(neox, path, device: str, dtype: str, model_type: str) 
     fed as one prompt, with the same top token wherever float32's choice is clear."""
     hf = neox.save_tiny(path, seed=5, std=0.15, model_type=model_type, **GPU_SHAPES[model_type])
     tokens, ref = neox.hf_reference(hf, neox.PROMPT)
-    llm = neox.engine(path, model={"device": device, "dtype": dtype, "max_model_len": 128},
-                      cache={"num_blocks": 64})
+    llm = neox.engine(
+        path,
+        model={"device": device, "dtype": dtype, "max_model_len": 128},
+        cache={"num_blocks": 64},
+    )
     ours = neox.engine_greedy(llm, neox.PROMPT)
     assert len(set(ours.tokens)) > 1, "greedy output is constant"
     if dtype == "float32":

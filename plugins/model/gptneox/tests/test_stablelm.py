@@ -15,9 +15,15 @@ from tallow_model_gptneox.stablelm import StableLmForCausalLM  # noqa: E402
 
 def _state(**overrides):
     torch.manual_seed(0)
-    config = transformers.StableLmConfig(hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=4,
-                                         num_key_value_heads=2, vocab_size=64, **overrides)
+    config = transformers.StableLmConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        **overrides,
+    )
     hf = transformers.AutoModelForCausalLM.from_config(config)
     return config.to_dict(), {k: v.clone() for k, v in hf.state_dict().items()}
 
@@ -30,8 +36,11 @@ def test_per_head_norms_load_by_head_and_missing_ones_are_named():
     k_norms = model.model.layers[0].self_attn.k_layernorm.norms
     assert len(k_norms) == 2 and k_norms[1].weight.tolist() == [3.0] * 8
     del state["model.layers.0.self_attn.q_layernorm.norms.3.weight"]
-    with pytest.raises(WeightLoadError, match=r"missing parameters \(1\): "
-                       r"model.layers.0.self_attn.q_layernorm.norms.3.weight"):
+    with pytest.raises(
+        WeightLoadError,
+        match=r"missing parameters \(1\): "
+        r"model.layers.0.self_attn.q_layernorm.norms.3.weight",
+    ):
         StableLmForCausalLM(ArchConfig(config), BuildContext()).load_weights(state.items())
 
 

@@ -7,5 +7,6 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
-    registry.register("GraniteForCausalLM", "tallow_model_granite.model:GraniteForCausalLM",
-                      gguf=("granite",))
+    registry.register(
+        "GraniteForCausalLM", "tallow_model_granite.model:GraniteForCausalLM", gguf=("granite",)
+    )

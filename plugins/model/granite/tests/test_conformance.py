@@ -19,8 +19,19 @@ class TestGraniteConformance(ModelArchitectureConformance):
         import transformers
 
         return transformers.GraniteConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-5,
-            max_position_embeddings=256, embedding_multiplier=2.0, residual_multiplier=1.5,
-            attention_multiplier=0.09, logits_scaling=4.0, bos_token_id=None,
-            eos_token_id=None, pad_token_id=None)
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=256,
+            embedding_multiplier=2.0,
+            residual_multiplier=1.5,
+            attention_multiplier=0.09,
+            logits_scaling=4.0,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )

@@ -15,7 +15,11 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    assert_cuda_parity,
+    assert_engine_greedy,
+    assert_greedy_parity,
+    load_model,
+    load_saved,
     random_hf_model,
 )
 from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
@@ -24,18 +28,30 @@ from tallow_format_safetensors.format import SafetensorsFormat  # noqa: E402
 from tallow_model_granite.model import GraniteForCausalLM  # noqa: E402
 
 STEPS = 20
-MULTIPLIERS = dict(embedding_multiplier=2.0, residual_multiplier=1.5,
-                   attention_multiplier=0.09, logits_scaling=4.0)
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
-             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-             pad_token_id=None)
+MULTIPLIERS = dict(
+    embedding_multiplier=2.0, residual_multiplier=1.5, attention_multiplier=0.09, logits_scaling=4.0
+)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 CONFIGS = {
     # Granite 3 ties its head to the embedding
-    "granite-tied": lambda: transformers.GraniteConfig(**SMALL, **MULTIPLIERS,
-                                                       tie_word_embeddings=True),
-    "granite-bias": lambda: transformers.GraniteConfig(**SMALL, **MULTIPLIERS,
-                                                       attention_bias=True, mlp_bias=True),
+    "granite-tied": lambda: transformers.GraniteConfig(
+        **SMALL, **MULTIPLIERS, tie_word_embeddings=True
+    ),
+    "granite-bias": lambda: transformers.GraniteConfig(
+        **SMALL, **MULTIPLIERS, attention_bias=True, mlp_bias=True
+    ),
 }
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
 
@@ -76,8 +92,11 @@ def test_a_zero_multiplier_is_refused():
 
 def llama_cpp_permute(w, n_head: int):
     """What llama.cpp's converter does to the Q and K rows of ``llama``-lineage models."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def test_gguf_matches_transformers(tmp_path):
@@ -93,12 +112,29 @@ def test_gguf_matches_transformers(tmp_path):
             return llama_cpp_permute(array, cfg.num_key_value_heads)
         return array
 
-    tensors = gguf_tensors(hf.state_dict(), "granite", cfg.num_hidden_layers,
-                           transform=permute, skip=("lm_head.weight",))
+    tensors = gguf_tensors(
+        hf.state_dict(),
+        "granite",
+        cfg.num_hidden_layers,
+        transform=permute,
+        skip=("lm_head.weight",),
+    )
     path = tmp_path / "granite.gguf"
-    write_gguf(path, "granite", gguf_metadata(
-        cfg, **{"attention.scale": 0.09, "embedding_scale": 2.0, "residual_scale": 1.5,
-                "logit_scale": 4.0}), tensors, cfg.vocab_size)
+    write_gguf(
+        path,
+        "granite",
+        gguf_metadata(
+            cfg,
+            **{
+                "attention.scale": 0.09,
+                "embedding_scale": 2.0,
+                "residual_scale": 1.5,
+                "logit_scale": 4.0,
+            },
+        ),
+        tensors,
+        cfg.vocab_size,
+    )
     ckpt = GGUFFormat().load(str(path))
     config = GraniteForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     assert {k: round(config[k], 6) for k in MULTIPLIERS} == MULTIPLIERS
@@ -108,11 +144,16 @@ def test_gguf_matches_transformers(tmp_path):
 
 
 def test_gguf_without_attention_scale_uses_the_default():
-    metadata = {"general.architecture": "granite", "granite.block_count": 2,
-                "granite.embedding_length": 64, "granite.attention.head_count": 4,
-                "granite.vocab_size": 256, "granite.embedding_scale": 12.0}
+    metadata = {
+        "general.architecture": "granite",
+        "granite.block_count": 2,
+        "granite.embedding_length": 64,
+        "granite.attention.head_count": 4,
+        "granite.vocab_size": 256,
+        "granite.embedding_scale": 12.0,
+    }
     config = GraniteForCausalLM.config_from_gguf(metadata, {})
-    assert config["attention_multiplier"] == 16 ** -0.5 and config["embedding_multiplier"] == 12
+    assert config["attention_multiplier"] == 16**-0.5 and config["embedding_multiplier"] == 12
     assert "residual_multiplier" not in config and "logits_scaling" not in config
 
 
@@ -123,8 +164,9 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
-                       what=name)
+    assert_cuda_parity(
+        lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS, what=name
+    )
 
 
 @pytest.mark.gpu
@@ -134,6 +176,11 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("granite-tied")
     _load_safetensors(hf, tmp_path)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
-                         plugins=["tallow-model-granite", "tallow-format-safetensors", "tallow-attention-triton"],
-                         config={"model": {"device": "cuda"}})
+    assert_engine_greedy(
+        tmp_path,
+        hf,
+        [PROMPT, PROMPT[::-1][:7]],
+        STEPS,
+        plugins=["tallow-model-granite", "tallow-format-safetensors", "tallow-attention-triton"],
+        config={"model": {"device": "cuda"}},
+    )

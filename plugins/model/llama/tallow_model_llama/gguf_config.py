@@ -24,7 +24,7 @@ def _getter(metadata: Mapping[str, Any]):
     arch = metadata.get("general.architecture")
 
     def get(key: str, default: Any = None) -> Any:
-        for full in ((f"{arch}.{key}", key) if arch else (key,)):
+        for full in (f"{arch}.{key}", key) if arch else (key,):
             if full in metadata and metadata[full] is not None:
                 return _plain(metadata[full])
         return default
@@ -42,14 +42,17 @@ def _uniform(value: Any, key: str) -> Any:
     """A per-layer list that must hold one value for every layer (the Llama family)."""
     if isinstance(value, (list, tuple)):
         if len(set(value)) > 1:
-            raise ValueError(f"GGUF metadata {key}: per-layer values {sorted(set(value))} are not "
-                             "supported by the Llama-family models (one value for all layers)")
+            raise ValueError(
+                f"GGUF metadata {key}: per-layer values {sorted(set(value))} are not "
+                "supported by the Llama-family models (one value for all layers)"
+            )
         return value[0] if value else None
     return value
 
 
-def llama_family_config(metadata: Mapping[str, Any], config: Mapping[str, Any], *,
-                        hf_architecture: str, model_type: str) -> dict[str, Any]:
+def llama_family_config(
+    metadata: Mapping[str, Any], config: Mapping[str, Any], *, hf_architecture: str, model_type: str
+) -> dict[str, Any]:
     """An HF-style config for ``hf_architecture`` from GGUF ``metadata`` and the generic
     ``config`` (see the module docstring)."""
     get = _getter(metadata)
@@ -66,8 +69,10 @@ def llama_family_config(metadata: Mapping[str, Any], config: Mapping[str, Any], 
     put("num_hidden_layers", get("block_count"))
     heads = _uniform(get("attention.head_count"), "attention.head_count")
     put("num_attention_heads", heads)
-    put("num_key_value_heads",
-        _uniform(get("attention.head_count_kv"), "attention.head_count_kv") or heads)
+    put(
+        "num_key_value_heads",
+        _uniform(get("attention.head_count_kv"), "attention.head_count_kv") or heads,
+    )
     put("max_position_embeddings", get("context_length"))
     put("rms_norm_eps", get("attention.layer_norm_rms_epsilon"))
     put("rope_theta", get("rope.freq_base", 10000.0))
@@ -78,8 +83,10 @@ def llama_family_config(metadata: Mapping[str, Any], config: Mapping[str, Any], 
     put("sliding_window", get("attention.sliding_window"))
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if cfg.get(key) is None:
-            raise ValueError(f"GGUF metadata lacks what {key!r} is read from; cannot build a "
-                             f"{hf_architecture} config")
+            raise ValueError(
+                f"GGUF metadata lacks what {key!r} is read from; cannot build a "
+                f"{hf_architecture} config"
+            )
 
     head_dim = get("attention.key_length")
     if head_dim is None:
@@ -115,20 +122,24 @@ def _rope_scaling(get) -> dict[str, Any] | None:
             default = 0.1 * math.log(float(factor)) + 1.0 if float(factor) > 1 else 1.0
             out["attention_factor"] = float(attn) * default
         return out
-    raise ValueError(f"GGUF metadata rope.scaling.type {kind!r} is not supported (expected "
-                     "none, linear or yarn)")
+    raise ValueError(
+        f"GGUF metadata rope.scaling.type {kind!r} is not supported (expected none, linear or yarn)"
+    )
 
 
 def mixtral_config(metadata: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """The config of a Mixtral written as GGUF architecture ``llama`` with experts:
     ``expert_count`` experts of ``feed_forward_length``, ``expert_used_count`` per token
     (routing weights always renormalised, as llama.cpp does for Mixtral)."""
-    cfg = llama_family_config(metadata, config, hf_architecture="MixtralForCausalLM",
-                              model_type="mixtral")
+    cfg = llama_family_config(
+        metadata, config, hf_architecture="MixtralForCausalLM", model_type="mixtral"
+    )
     cfg["num_local_experts"] = int(arch_value(metadata, "expert_count"))
     used = arch_value(metadata, "expert_used_count")
     if not used:
-        raise ValueError("GGUF metadata expert_used_count is missing; a llama file with "
-                         "experts needs it for num_experts_per_tok")
+        raise ValueError(
+            "GGUF metadata expert_used_count is missing; a llama file with "
+            "experts needs it for num_experts_per_tok"
+        )
     cfg["num_experts_per_tok"] = int(used)
     return cfg

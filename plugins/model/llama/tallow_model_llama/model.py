@@ -23,9 +23,19 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, CausalLM, LMHead, MergedColumnParallelLinear,
-    QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabEmbedding,
-    get_act_and_mul, rope_from_config,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    CausalLM,
+    LMHead,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabEmbedding,
+    get_act_and_mul,
+    rope_from_config,
 )
 
 from .gguf_config import arch_value, llama_family_config, mixtral_config
@@ -42,14 +52,22 @@ def _require(config: ArchConfig, key: str) -> Any:
 class LlamaMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up stored as one matrix."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool,
-                 build: BuildContext, prefix: str) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        bias: bool,
+        build: BuildContext,
+        prefix: str,
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias, build=build,
-            prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, build=build,
-                                           prefix=f"{prefix}.down_proj")
+            hidden_size, [intermediate_size] * 2, bias, build=build, prefix=f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias, build=build, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = get_act_and_mul(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,19 +78,32 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     """qkv projection, optional per-head q/k RMSNorm, RoPE, paged attention, output projection."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, *, head_dim: int, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, sliding_window: int | None, prefix: str,
-                 scale: float | None = None) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        *,
+        head_dim: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        sliding_window: int | None,
+        prefix: str,
+        scale: float | None = None,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         kv_heads = int(config.get("num_key_value_heads") or heads)
         self.head_dim = head_dim
-        self.qkv_proj = QKVParallelLinear(hidden, head_dim, heads, kv_heads, qkv_bias,
-                                          build=build, prefix=f"{prefix}.qkv_proj")
-        self.o_proj = RowParallelLinear(heads * head_dim, hidden, o_bias, build=build,
-                                        prefix=f"{prefix}.o_proj")
+        self.qkv_proj = QKVParallelLinear(
+            hidden, head_dim, heads, kv_heads, qkv_bias, build=build, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, hidden, o_bias, build=build, prefix=f"{prefix}.o_proj"
+        )
         eps = float(config.get("rms_norm_eps", 1e-6))
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps, build=build)
@@ -80,9 +111,14 @@ class LlamaAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary
-        self.attn = Attention(layer_index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, scale=head_dim ** -0.5 if scale is None else scale,
-                              sliding_window=sliding_window)
+        self.attn = Attention(
+            layer_index,
+            self.qkv_proj.num_heads,
+            self.qkv_proj.num_kv_heads,
+            head_dim,
+            scale=head_dim**-0.5 if scale is None else scale,
+            sliding_window=sliding_window,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -100,8 +136,15 @@ class LlamaDecoderLayer(nn.Module):
     have one there (GLM-4).
     """
 
-    def __init__(self, attn: LlamaAttention, mlp: LlamaMLP, hidden: int, eps: float,
-                 build: BuildContext, residual_multiplier: float = 1.0) -> None:
+    def __init__(
+        self,
+        attn: LlamaAttention,
+        mlp: LlamaMLP,
+        hidden: int,
+        eps: float,
+        build: BuildContext,
+        residual_multiplier: float = 1.0,
+    ) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
@@ -120,8 +163,9 @@ class LlamaDecoderLayer(nn.Module):
             return hidden
         return hidden * self.residual_multiplier
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -140,8 +184,7 @@ class LlamaModel(nn.Module):
     the rest.
     """
 
-    def __init__(self, owner: "LlamaForCausalLM", config: ArchConfig,
-                 build: BuildContext) -> None:
+    def __init__(self, owner: "LlamaForCausalLM", config: ArchConfig, build: BuildContext) -> None:
         super().__init__()
         hidden = int(_require(config, "hidden_size"))
         vocab = int(_require(config, "vocab_size"))
@@ -149,17 +192,17 @@ class LlamaModel(nn.Module):
         heads = int(_require(config, "num_attention_heads"))
         eps = float(config.get("rms_norm_eps", 1e-6))
         head_dim = int(config.get("head_dim") or hidden // heads)
-        self.rotary_emb = rope_from_config(config, head_dim,
-                                           is_neox_style=owner.rope_neox_style,
-                                           device=build.device)
-        self.embed_tokens = VocabEmbedding(vocab, hidden, build=build,
-                                           prefix="model.embed_tokens")
+        self.rotary_emb = rope_from_config(
+            config, head_dim, is_neox_style=owner.rope_neox_style, device=build.device
+        )
+        self.embed_tokens = VocabEmbedding(vocab, hidden, build=build, prefix="model.embed_tokens")
         self.embedding_multiplier = owner.embedding_multiplier(config)
         layers = []
         for i in range(n_layers):
             prefix = f"model.layers.{i}"
-            attn = owner.build_attention(config, build, i, self.rotary_emb, head_dim,
-                                         f"{prefix}.self_attn")
+            attn = owner.build_attention(
+                config, build, i, self.rotary_emb, head_dim, f"{prefix}.self_attn"
+            )
             mlp = owner.build_mlp(config, build, i, f"{prefix}.mlp")
             layers.append(owner.build_decoder_layer(config, build, attn, mlp))
         self.layers = nn.ModuleList(layers)
@@ -195,9 +238,13 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head: LMHead | None = None
         if build.task != "embed":  # embeddings pool hidden states: no head needed
             tie = bool(cfg.get("tie_word_embeddings", False))
-            self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                                  tie_with=self.model.embed_tokens if tie else None,
-                                  build=build, prefix="lm_head")
+            self.lm_head = LMHead(
+                int(cfg.vocab_size),
+                int(cfg.hidden_size),
+                tie_with=self.model.embed_tokens if tie else None,
+                build=build,
+                prefix="lm_head",
+            )
 
     # -- the switches that tell the family apart -----------------------------------------
     def qkv_bias(self, config: ArchConfig) -> bool:
@@ -222,29 +269,57 @@ class LlamaForCausalLM(CausalLM):
     def residual_multiplier(self, config: ArchConfig) -> float:
         return 1.0
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
         """The attention block of decoder layer ``layer``."""
         return LlamaAttention(
-            config, build, layer, rotary, head_dim=head_dim, qkv_bias=self.qkv_bias(config),
-            o_bias=self.o_bias(config), qk_norm=self.qk_norm,
-            sliding_window=self.layer_sliding_window(config, layer), prefix=prefix,
-            scale=self.attention_scale(config, head_dim))
+            config,
+            build,
+            layer,
+            rotary,
+            head_dim=head_dim,
+            qkv_bias=self.qkv_bias(config),
+            o_bias=self.o_bias(config),
+            qk_norm=self.qk_norm,
+            sliding_window=self.layer_sliding_window(config, layer),
+            prefix=prefix,
+            scale=self.attention_scale(config, head_dim),
+        )
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         """The MLP block of decoder layer ``layer`` (mixture-of-experts families return their
         MoE block on the layers that have one)."""
-        return LlamaMLP(int(config.hidden_size), int(_require(config, "intermediate_size")),
-                        config.get("hidden_act", "silu"), self.mlp_bias(config), build, prefix)
+        return LlamaMLP(
+            int(config.hidden_size),
+            int(_require(config, "intermediate_size")),
+            config.get("hidden_act", "silu"),
+            self.mlp_bias(config),
+            build,
+            prefix,
+        )
 
-    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
-                            mlp: nn.Module) -> nn.Module:
+    def build_decoder_layer(
+        self, config: ArchConfig, build: BuildContext, attn: nn.Module, mlp: nn.Module
+    ) -> nn.Module:
         """One decoder layer around ``attn`` and ``mlp``: ``forward(positions, hidden,
         residual) -> (hidden, residual)``, the residual add deferred to the next norm."""
-        return LlamaDecoderLayer(attn, mlp, int(config.hidden_size),
-                                 float(config.get("rms_norm_eps", 1e-6)), build,
-                                 self.residual_multiplier(config))
+        return LlamaDecoderLayer(
+            attn,
+            mlp,
+            int(config.hidden_size),
+            float(config.get("rms_norm_eps", 1e-6)),
+            build,
+            self.residual_multiplier(config),
+        )
 
     # -- running ---------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -256,8 +331,9 @@ class LlamaForCausalLM(CausalLM):
 
     def unpermute_k(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         cfg = self.config
-        return unpermute_rows(tensor, int(cfg.get("num_key_value_heads")
-                                          or cfg.num_attention_heads))
+        return unpermute_rows(
+            tensor, int(cfg.get("num_key_value_heads") or cfg.num_attention_heads)
+        )
 
     def load_rope_freqs(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:
         self.model.rotary_emb.set_freq_factors(tensor)
@@ -275,10 +351,12 @@ class LlamaForCausalLM(CausalLM):
         (``llama.expert_count > 0``) is a Mixtral, as llama.cpp writes them: its config names
         ``MixtralForCausalLM`` (tallow-model-mixtral), which the engine then builds."""
         if metadata.get("general.architecture") == "llama" and arch_value(
-                metadata, "expert_count", 0):
+            metadata, "expert_count", 0
+        ):
             return mixtral_config(metadata, config)
-        return llama_family_config(metadata, config, hf_architecture=cls.hf_architectures[0],
-                                   model_type=cls.model_type)
+        return llama_family_config(
+            metadata, config, hf_architecture=cls.hf_architectures[0], model_type=cls.model_type
+        )
 
 
 def _layer_types_window(config: ArchConfig, layer: int) -> int | None:
@@ -288,8 +366,9 @@ def _layer_types_window(config: ArchConfig, layer: int) -> int | None:
     types = config.get("layer_types")
     if types:
         if layer >= len(types):
-            raise ValueError(f"model config: layer_types has {len(types)} entries, but layer "
-                             f"{layer} exists")
+            raise ValueError(
+                f"model config: layer_types has {len(types)} entries, but layer {layer} exists"
+            )
         return window if types[layer] == "sliding_attention" else None
     if not config.get("use_sliding_window", False) or window is None:
         return None

@@ -72,28 +72,31 @@ _B = "blk.{i}"
 
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names."""
-    return WeightNameMap([
-        WeightRule("model.embed_tokens.weight", "model.embed_tokens.weight"),
-        WeightRule(f"{_L}.self_attn.q_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q"),
-        WeightRule(f"{_L}.self_attn.k_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k"),
-        WeightRule(f"{_L}.self_attn.v_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
-        WeightRule(f"{_L}.self_attn.qkv_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}"),
-        WeightRule(f"{_L}.self_attn.o_proj.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
-        WeightRule(f"{_L}.self_attn.q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
-        WeightRule(f"{_L}.self_attn.k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
-        WeightRule(f"{_L}.self_attn.rotary_emb.inv_freq"),
-        WeightRule(f"{_L}.self_attn.k_scale", handler="load_k_cache_scale"),
-        WeightRule(f"{_L}.self_attn.v_scale", handler="load_v_cache_scale"),
-        WeightRule(f"{_L}.mlp.gate_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
-        WeightRule(f"{_L}.mlp.up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
-        WeightRule(f"{_L}.mlp.gate_up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}"),
-        WeightRule(f"{_L}.mlp.down_proj.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
-        WeightRule(f"{_L}.input_layernorm.weight", f"{_L}.input_layernorm.weight"),
-        WeightRule(f"{_L}.post_attention_layernorm.weight",
-                   f"{_L}.post_attention_layernorm.weight"),
-        WeightRule("model.norm.weight", "model.norm.weight"),
-        WeightRule("lm_head.{p}", "lm_head.{p}"),  # weight, or a quantized head's tensors
-    ])
+    return WeightNameMap(
+        [
+            WeightRule("model.embed_tokens.weight", "model.embed_tokens.weight"),
+            WeightRule(f"{_L}.self_attn.q_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q"),
+            WeightRule(f"{_L}.self_attn.k_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k"),
+            WeightRule(f"{_L}.self_attn.v_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
+            WeightRule(f"{_L}.self_attn.qkv_proj.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}"),
+            WeightRule(f"{_L}.self_attn.o_proj.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
+            WeightRule(f"{_L}.self_attn.q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
+            WeightRule(f"{_L}.self_attn.k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
+            WeightRule(f"{_L}.self_attn.rotary_emb.inv_freq"),
+            WeightRule(f"{_L}.self_attn.k_scale", handler="load_k_cache_scale"),
+            WeightRule(f"{_L}.self_attn.v_scale", handler="load_v_cache_scale"),
+            WeightRule(f"{_L}.mlp.gate_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
+            WeightRule(f"{_L}.mlp.up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1),
+            WeightRule(f"{_L}.mlp.gate_up_proj.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}"),
+            WeightRule(f"{_L}.mlp.down_proj.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
+            WeightRule(f"{_L}.input_layernorm.weight", f"{_L}.input_layernorm.weight"),
+            WeightRule(
+                f"{_L}.post_attention_layernorm.weight", f"{_L}.post_attention_layernorm.weight"
+            ),
+            WeightRule("model.norm.weight", "model.norm.weight"),
+            WeightRule("lm_head.{p}", "lm_head.{p}"),  # weight, or a quantized head's tensors
+        ]
+    )
 
 
 def gguf_name_map(interleaved_qk: bool, fused_gate_up: bool = False) -> WeightNameMap:
@@ -102,28 +105,43 @@ def gguf_name_map(interleaved_qk: bool, fused_gate_up: bool = False) -> WeightNa
     Families with more tensors append their rules (``gguf_name_map(...) + [...]``)."""
     q_fix = "unpermute_q" if interleaved_qk else None
     k_fix = "unpermute_k" if interleaved_qk else None
-    up = (WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}") if fused_gate_up
-          else WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1))
-    return WeightNameMap([
-        WeightRule("token_embd.weight", "model.embed_tokens.weight"),
-        WeightRule(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
-        WeightRule(f"{_B}.attn_q.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="q",
-                   transform=q_fix, rowwise=True),
-        WeightRule(f"{_B}.attn_k.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="k",
-                   transform=k_fix, rowwise=True),
-        WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
-        WeightRule(f"{_B}.attn_qkv.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}"),
-        WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
-        WeightRule(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
-        WeightRule(f"{_B}.attn_k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
-        WeightRule(f"{_B}.ffn_norm.weight", f"{_L}.post_attention_layernorm.weight"),
-        WeightRule(f"{_B}.ffn_gate.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
-        up,
-        WeightRule(f"{_B}.ffn_down.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
-        WeightRule("output_norm.weight", "model.norm.weight"),
-        WeightRule("output.weight", "lm_head.weight"),
-        WeightRule("rope_freqs.weight", handler="load_rope_freqs"),
-    ])
+    up = (
+        WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}")
+        if fused_gate_up
+        else WeightRule(f"{_B}.ffn_up.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=1)
+    )
+    return WeightNameMap(
+        [
+            WeightRule("token_embd.weight", "model.embed_tokens.weight"),
+            WeightRule(f"{_B}.attn_norm.weight", f"{_L}.input_layernorm.weight"),
+            WeightRule(
+                f"{_B}.attn_q.{{p}}",
+                f"{_L}.self_attn.qkv_proj.{{p}}",
+                shard="q",
+                transform=q_fix,
+                rowwise=True,
+            ),
+            WeightRule(
+                f"{_B}.attn_k.{{p}}",
+                f"{_L}.self_attn.qkv_proj.{{p}}",
+                shard="k",
+                transform=k_fix,
+                rowwise=True,
+            ),
+            WeightRule(f"{_B}.attn_v.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}", shard="v"),
+            WeightRule(f"{_B}.attn_qkv.{{p}}", f"{_L}.self_attn.qkv_proj.{{p}}"),
+            WeightRule(f"{_B}.attn_output.{{p}}", f"{_L}.self_attn.o_proj.{{p}}"),
+            WeightRule(f"{_B}.attn_q_norm.weight", f"{_L}.self_attn.q_norm.weight"),
+            WeightRule(f"{_B}.attn_k_norm.weight", f"{_L}.self_attn.k_norm.weight"),
+            WeightRule(f"{_B}.ffn_norm.weight", f"{_L}.post_attention_layernorm.weight"),
+            WeightRule(f"{_B}.ffn_gate.{{p}}", f"{_L}.mlp.gate_up_proj.{{p}}", shard=0),
+            up,
+            WeightRule(f"{_B}.ffn_down.{{p}}", f"{_L}.mlp.down_proj.{{p}}"),
+            WeightRule("output_norm.weight", "model.norm.weight"),
+            WeightRule("output.weight", "lm_head.weight"),
+            WeightRule("rope_freqs.weight", handler="load_rope_freqs"),
+        ]
+    )
 
 
 def unpermute_rows(w: "torch.Tensor", n_head: int) -> "torch.Tensor":

@@ -20,8 +20,9 @@ def build_hf(config: Any, path: Path, seed: int = 0) -> Any:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                             dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
     randomize_(model, seed)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -30,8 +31,9 @@ def build_hf(config: Any, path: Path, seed: int = 0) -> Any:
     return model
 
 
-def load_tallow(path: Path, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> tuple[Any, Any]:
+def load_tallow(
+    path: Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[Any, Any]:
     """(model, checkpoint) of the directory through the safetensors format and the registered
     architecture class."""
     from tallow.layers import ArchConfig
@@ -52,5 +54,10 @@ def load_tallow(path: Path, dtype: torch.dtype = torch.float32,
 @pytest.fixture
 def kit() -> SimpleNamespace:
     """The helpers above, for test modules (which cannot import conftest by name)."""
-    return SimpleNamespace(PagedRunner=PagedRunner, build_hf=build_hf, load_tallow=load_tallow,
-                           randomize_=randomize_, assert_close_logits=assert_close_logits)
+    return SimpleNamespace(
+        PagedRunner=PagedRunner,
+        build_hf=build_hf,
+        load_tallow=load_tallow,
+        randomize_=randomize_,
+        assert_close_logits=assert_close_logits,
+    )

@@ -25,21 +25,39 @@ gguf = pytest.importorskip("gguf", reason="the gguf package writes the test file
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 
 from tallow_model_llama.model import (  # noqa: E402
-    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+    LlamaForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
 )
 from tallow_model_llama.naming import gguf_name_map  # noqa: E402
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5, max_position_embeddings=256,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42, 99, 150]
 
 # llama.cpp's names for the per-layer tensors of the Llama family
 LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -47,8 +65,11 @@ TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "l
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """What llama.cpp's converter does to Q and K rows of ``llama`` models."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def llama3_rope_factors(cfg: Any) -> np.ndarray:
@@ -72,8 +93,9 @@ def llama3_rope_factors(cfg: Any) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(path: Path, hf: Any, arch: str, *, permute: bool,
-               rope_freqs: np.ndarray | None = None) -> None:
+def write_gguf(
+    path: Path, hf: Any, arch: str, *, permute: bool, rope_freqs: np.ndarray | None = None
+) -> None:
     cfg = hf.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -121,8 +143,9 @@ def write_gguf(path: Path, hf: Any, arch: str, *, permute: bool,
 def read_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
     reader = gguf.GGUFReader(str(path))
     metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = [(t.name, torch.from_numpy(np.array(t.data, dtype=np.float32)))
-               for t in reader.tensors]
+    tensors = [
+        (t.name, torch.from_numpy(np.array(t.data, dtype=np.float32))) for t in reader.tensors
+    ]
     return metadata, tensors
 
 
@@ -136,8 +159,9 @@ def tallow_from_gguf(cls: type, path: Path, config: dict[str, Any] | None = None
 
 def random_hf(config: Any, kit: Any, seed: int = 0) -> Any:
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                          dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
     kit.randomize_(model, seed)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -162,7 +186,8 @@ def test_llama_gguf_unpermutes_q_and_k(tmp_path, kit):
     kit.assert_close_logits(ours, hf_logits(hf), "llama GGUF vs original")
     # transformers' own GGUF loader reads the same file to the same numbers
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager")
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    )
     kit.assert_close_logits(ours, hf_logits(theirs.eval()), "llama GGUF vs transformers GGUF")
 
 
@@ -193,8 +218,9 @@ def test_llama_gguf_permutation_matters(tmp_path, kit):
 
 
 def test_qwen2_gguf_tied_and_biased(tmp_path, kit):
-    config = transformers.Qwen2Config(**{**SMALL, "tie_word_embeddings": True},
-                                      rope_theta=1000000.0)
+    config = transformers.Qwen2Config(
+        **{**SMALL, "tie_word_embeddings": True}, rope_theta=1000000.0
+    )
     hf = random_hf(config, kit, seed=3)
     path = tmp_path / "qwen2.gguf"
     write_gguf(path, hf, "qwen2", permute=False)
@@ -203,7 +229,8 @@ def test_qwen2_gguf_tied_and_biased(tmp_path, kit):
     ours = prompt_logits(model, kit)
     kit.assert_close_logits(ours, hf_logits(hf), "qwen2 GGUF vs original")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager")
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    )
     kit.assert_close_logits(ours, hf_logits(theirs.eval()), "qwen2 GGUF vs transformers GGUF")
 
 
@@ -218,9 +245,17 @@ def test_qwen3_gguf_head_dim_from_key_length(tmp_path, kit):
 
 def test_llama31_rope_freqs_tensor(tmp_path, kit):
     """Llama 3.1 GGUF files carry their RoPE scaling as a ``rope_freqs`` tensor, not metadata."""
-    config = transformers.LlamaConfig(**SMALL, rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})
+    config = transformers.LlamaConfig(
+        **SMALL,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
     hf = random_hf(config, kit, seed=11)
     factors = llama3_rope_factors(hf.config)
     assert len(set(factors.tolist())) > 2  # the test covers kept, scaled and blended frequencies
@@ -233,8 +268,10 @@ def test_llama31_rope_freqs_tensor(tmp_path, kit):
 
 def test_through_the_gguf_format_plugin(tmp_path, kit):
     """The engine's path: tallow-format-gguf's checkpoint and generic config, then config_from_gguf."""
-    fmt_module = pytest.importorskip("tallow_format_gguf.format",
-                                     reason="tallow-format-gguf (the GGUF weight format) not installed")
+    fmt_module = pytest.importorskip(
+        "tallow_format_gguf.format",
+        reason="tallow-format-gguf (the GGUF weight format) not installed",
+    )
     hf = random_hf(transformers.LlamaConfig(**SMALL), kit, seed=2)
     path = tmp_path / "llama.gguf"
     write_gguf(path, hf, "llama", permute=True)
@@ -243,24 +280,35 @@ def test_through_the_gguf_format_plugin(tmp_path, kit):
     cfg = LlamaForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     model = LlamaForCausalLM(ArchConfig(cfg), BuildContext())
     model.load_weights(ckpt.tensors(), naming=ckpt.naming)
-    kit.assert_close_logits(prompt_logits(model.eval(), kit), hf_logits(hf), "via tallow-format-gguf")
+    kit.assert_close_logits(
+        prompt_logits(model.eval(), kit), hf_logits(hf), "via tallow-format-gguf"
+    )
 
 
 def test_config_from_gguf_yarn_and_partial_rotary():
     metadata = {
-        "general.architecture": "qwen2", "qwen2.block_count": 2, "qwen2.embedding_length": 64,
-        "qwen2.feed_forward_length": 128, "qwen2.attention.head_count": 4,
-        "qwen2.attention.head_count_kv": 2, "qwen2.context_length": 131072,
-        "qwen2.rope.freq_base": 1e6, "qwen2.rope.dimension_count": 8,
-        "qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
+        "general.architecture": "qwen2",
+        "qwen2.block_count": 2,
+        "qwen2.embedding_length": 64,
+        "qwen2.feed_forward_length": 128,
+        "qwen2.attention.head_count": 4,
+        "qwen2.attention.head_count_kv": 2,
+        "qwen2.context_length": 131072,
+        "qwen2.rope.freq_base": 1e6,
+        "qwen2.rope.dimension_count": 8,
+        "qwen2.rope.scaling.type": "yarn",
+        "qwen2.rope.scaling.factor": 4.0,
         "qwen2.rope.scaling.original_context_length": 32768,
         "tokenizer.ggml.tokens": [f"t{i}" for i in range(300)],
     }
     cfg = Qwen2ForCausalLM.config_from_gguf(metadata, {})
     assert cfg["vocab_size"] == 300 and cfg["head_dim"] == 16
     assert cfg["partial_rotary_factor"] == 0.5
-    assert cfg["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0,
-                                   "original_max_position_embeddings": 32768}
+    assert cfg["rope_scaling"] == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 32768,
+    }
     assert cfg["architectures"] == ["Qwen2ForCausalLM"]
     # a model builds from it, rotating half of each head
     model = Qwen2ForCausalLM(ArchConfig(cfg), BuildContext())
@@ -269,10 +317,18 @@ def test_config_from_gguf_yarn_and_partial_rotary():
 
 def test_config_from_gguf_names_what_is_missing():
     with pytest.raises(ValueError, match="hidden_size"):
-        LlamaForCausalLM.config_from_gguf({"general.architecture": "llama",
-                                           "llama.block_count": 2}, {})
+        LlamaForCausalLM.config_from_gguf(
+            {"general.architecture": "llama", "llama.block_count": 2}, {}
+        )
     with pytest.raises(ValueError, match="rope.scaling.type 'longrope'"):
-        LlamaForCausalLM.config_from_gguf({
-            "general.architecture": "llama", "llama.block_count": 2,
-            "llama.embedding_length": 64, "llama.attention.head_count": 4, "llama.vocab_size": 9,
-            "llama.rope.scaling.type": "longrope"}, {})
+        LlamaForCausalLM.config_from_gguf(
+            {
+                "general.architecture": "llama",
+                "llama.block_count": 2,
+                "llama.embedding_length": 64,
+                "llama.attention.head_count": 4,
+                "llama.vocab_size": 9,
+                "llama.rope.scaling.type": "longrope",
+            },
+            {},
+        )

@@ -14,9 +14,19 @@ import torch
 import torch.nn.functional as F
 
 from tallow.layers import (
-    BuildContext, ColumnParallelLinear, GeluTanhAndMul, LinearMethod, LMHead,
-    MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear,
-    SiluAndMul, VocabEmbedding, set_weight_attrs,
+    BuildContext,
+    ColumnParallelLinear,
+    GeluTanhAndMul,
+    LinearMethod,
+    LMHead,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RMSNorm,
+    RowParallelLinear,
+    SiluAndMul,
+    VocabEmbedding,
+    set_weight_attrs,
 )
 
 GEN = torch.Generator().manual_seed(0)
@@ -221,8 +231,9 @@ class Int8WeightOnly(LinearMethod):
 
     def create_weights(self, layer, input_size, output_sizes, params_dtype, device):
         out = sum(output_sizes)
-        weight = torch.nn.Parameter(torch.zeros(out, input_size, dtype=torch.int8),
-                                    requires_grad=False)
+        weight = torch.nn.Parameter(
+            torch.zeros(out, input_size, dtype=torch.int8), requires_grad=False
+        )
         scale = torch.nn.Parameter(torch.zeros(out, 1), requires_grad=False)
         layer.register_parameter("weight", weight)
         layer.register_parameter("weight_scale", scale)
@@ -232,8 +243,9 @@ class Int8WeightOnly(LinearMethod):
         def load(param, loaded, shard_id=None):
             # slice through the layer's own loader into a float staging copy, then requantize
             # (rows loaded earlier round-trip exactly: their scale does not change)
-            staging = torch.nn.Parameter(layer.weight.float() * layer.weight_scale,
-                                         requires_grad=False)
+            staging = torch.nn.Parameter(
+                layer.weight.float() * layer.weight_scale, requires_grad=False
+            )
             set_weight_attrs(staging, output_dim=0, input_dim=1)
             if shard_id is None:
                 layer.weight_loader(staging, loaded)
@@ -273,9 +285,14 @@ def test_quant_scheme_supplies_the_linear_method(tmp_path, kit):
 
     from tallow_model_llama.model import LlamaForCausalLM
 
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      vocab_size=256)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
     hf = kit.build_hf(config, tmp_path)
     ckpt = SafetensorsFormat().load(str(tmp_path))
     scheme = Int8Scheme()
@@ -286,8 +303,10 @@ def test_quant_scheme_supplies_the_linear_method(tmp_path, kit):
     assert type(attn.o_proj.quant_method).__name__ == "UnquantizedLinearMethod"
     model.load_weights(ckpt.tensors())
     assert sorted(p for m in scheme.methods for p in m.finished) == sorted(
-        f"model.layers.{i}.{n}" for i in range(2)
-        for n in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"))
+        f"model.layers.{i}.{n}"
+        for i in range(2)
+        for n in ("self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    )
     logits = kit.PagedRunner(model).greedy(0, [1, 2, 3, 4, 5, 6], 0)[2]
     with torch.no_grad():
         ref = hf(torch.tensor([[1, 2, 3, 4, 5, 6]])).logits[0]

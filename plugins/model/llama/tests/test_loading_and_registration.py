@@ -15,11 +15,20 @@ from tallow.plugin.testing import modules_imported_by_registration  # noqa: E402
 
 from tallow_model_llama import plugin  # noqa: E402
 from tallow_model_llama.model import (  # noqa: E402
-    LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
 )
 
-CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=256)
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+)
 
 
 @pytest.fixture
@@ -59,8 +68,11 @@ def test_missing_shard_and_unexpected_tensor_are_listed(llama_state):
 def test_a_tensor_of_the_wrong_shape_is_named(llama_state):
     config, state = llama_state
     state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(128, 63)
-    with pytest.raises(WeightLoadError, match=r"'model.layers.0.mlp.up_proj.weight' -> parameter "
-                       r"'model.layers.0.mlp.gate_up_proj.weight'.*\(128, 63\)"):
+    with pytest.raises(
+        WeightLoadError,
+        match=r"'model.layers.0.mlp.up_proj.weight' -> parameter "
+        r"'model.layers.0.mlp.gate_up_proj.weight'.*\(128, 63\)",
+    ):
         fresh(config).load_weights(state.items())
 
 
@@ -79,8 +91,10 @@ def test_unknown_naming_is_refused(llama_state):
 
 def test_missing_config_field_is_named():
     with pytest.raises(ValueError, match="'intermediate_size' is required"):
-        LlamaForCausalLM(ArchConfig({k: v for k, v in CONFIG.items()
-                                     if k != "intermediate_size"}), BuildContext())
+        LlamaForCausalLM(
+            ArchConfig({k: v for k, v in CONFIG.items() if k != "intermediate_size"}),
+            BuildContext(),
+        )
 
 
 def test_old_checkpoints_rotary_buffers_are_ignored(llama_state):
@@ -91,9 +105,10 @@ def test_old_checkpoints_rotary_buffers_are_ignored(llama_state):
 
 def test_qwen2_sliding_window_follows_layer_types_and_max_window_layers():
     base = dict(CONFIG, sliding_window=8)
-    layers = lambda cfg: [layer.self_attn.attn.layer.sliding_window  # noqa: E731
-                          for layer in Qwen2ForCausalLM(ArchConfig(cfg),
-                                                        BuildContext()).model.layers]
+    layers = lambda cfg: [
+        layer.self_attn.attn.layer.sliding_window  # noqa: E731
+        for layer in Qwen2ForCausalLM(ArchConfig(cfg), BuildContext()).model.layers
+    ]
     assert layers(dict(base, use_sliding_window=False)) == [None, None]
     assert layers(dict(base, use_sliding_window=True, max_window_layers=1)) == [None, 8]
     assert layers(dict(base, layer_types=["sliding_attention", "full_attention"])) == [8, None]
@@ -109,8 +124,12 @@ def test_registration_is_lazy_and_maps_gguf_architectures():
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
     assert all(e.lazy for e in registry)
-    expected = {"LlamaForCausalLM": LlamaForCausalLM, "MistralForCausalLM": MistralForCausalLM,
-                "Qwen2ForCausalLM": Qwen2ForCausalLM, "Qwen3ForCausalLM": Qwen3ForCausalLM}
+    expected = {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": MistralForCausalLM,
+        "Qwen2ForCausalLM": Qwen2ForCausalLM,
+        "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    }
     for name, cls in expected.items():
         assert registry.get(name) is cls
         assert cls.hf_architectures == (name,)
@@ -121,5 +140,9 @@ def test_registration_is_lazy_and_maps_gguf_architectures():
 
 
 def test_registration_imports_no_torch():
-    assert modules_imported_by_registration("tallow_model_llama.plugin", "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_model_llama.plugin", "tallow_register_architectures", "ArchitectureRegistry"
+        )
+        == []
+    )

@@ -18,9 +18,18 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.plugin.testing.model import hf_greedy  # noqa: E402
 
 STEPS = 20
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def _llama(**kw):
@@ -28,22 +37,34 @@ def _llama(**kw):
 
 
 CONFIGS = {
-    "llama3": lambda: _llama(rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, rope_theta=500000.0),
-    "llama-linear-bias": lambda: _llama(rope_scaling={"rope_type": "linear", "factor": 2.0},
-                                        attention_bias=True, mlp_bias=True),
+    "llama3": lambda: _llama(
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        rope_theta=500000.0,
+    ),
+    "llama-linear-bias": lambda: _llama(
+        rope_scaling={"rope_type": "linear", "factor": 2.0}, attention_bias=True, mlp_bias=True
+    ),
     # max_position_embeddings below the sequence: the NTK base grows step by step
-    "llama-dynamic": lambda: _llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0},
-                                    max_position_embeddings=16),
-    "llama-yarn": lambda: _llama(rope_scaling={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-        max_position_embeddings=128),
+    "llama-dynamic": lambda: _llama(
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=16
+    ),
+    "llama-yarn": lambda: _llama(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        max_position_embeddings=128,
+    ),
     "llama-tied": lambda: _llama(tie_word_embeddings=True, num_key_value_heads=1),
     "mistral-window": lambda: transformers.MistralConfig(
-        **SMALL, sliding_window=8, max_position_embeddings=256),
-    "qwen2": lambda: transformers.Qwen2Config(**SMALL, max_position_embeddings=256,
-                                              rope_theta=1000000.0),
+        **SMALL, sliding_window=8, max_position_embeddings=256
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        **SMALL, max_position_embeddings=256, rope_theta=1000000.0
+    ),
     "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=32, max_position_embeddings=256),
 }
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
@@ -109,9 +130,9 @@ def test_flat_batch_of_two_sequences(name, tmp_path, kit):
     ours_b = torch.cat(got_b)
     assert ours_a.shape[0] == len(a) + steps - 1
     assert ours_b.shape[0] == len(b) + steps
-    kit.assert_close_logits(ours_a, ref_logits_a[:ours_a.shape[0]], f"{name}: sequence a")
-    kit.assert_close_logits(ours_b, ref_logits_b[:ours_b.shape[0]], f"{name}: sequence b")
-    assert [int(t) for t in ours_a[len(a) - 1:].argmax(-1)] == ref_a[:steps]
+    kit.assert_close_logits(ours_a, ref_logits_a[: ours_a.shape[0]], f"{name}: sequence a")
+    kit.assert_close_logits(ours_b, ref_logits_b[: ours_b.shape[0]], f"{name}: sequence b")
+    assert [int(t) for t in ours_a[len(a) - 1 :].argmax(-1)] == ref_a[:steps]
 
 
 def test_tied_head_shares_the_embedding(tmp_path, kit):

@@ -8,7 +8,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the RoPE oracle")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import (  # noqa: E402
-    LlamaRotaryEmbedding, apply_rotary_pos_emb,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
 )
 
 from tallow.layers import compute_inv_freq, get_rope, rope_parameters  # noqa: E402
@@ -16,19 +17,40 @@ from tallow.layers import compute_inv_freq, get_rope, rope_parameters  # noqa: E
 BASE = dict(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, vocab_size=8)
 VARIANTS = {
     "linear": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
-    "llama3": dict(rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 512}),
-    "yarn": dict(max_position_embeddings=4096, rope_scaling={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}),
-    "yarn-mscale": dict(max_position_embeddings=4096, rope_scaling={
-        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
-        "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2,
-        "truncate": False}),
-    "yarn-legacy-type-key": dict(max_position_embeddings=2048, rope_scaling={
-        "type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}),
-    "partial-linear": dict(partial_rotary_factor=0.5,
-                           rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "llama3": dict(
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 512,
+        },
+    ),
+    "yarn": dict(
+        max_position_embeddings=4096,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    ),
+    "yarn-mscale": dict(
+        max_position_embeddings=4096,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 512,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+            "beta_fast": 16,
+            "beta_slow": 2,
+            "truncate": False,
+        },
+    ),
+    "yarn-legacy-type-key": dict(
+        max_position_embeddings=2048,
+        rope_scaling={"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024},
+    ),
+    "partial-linear": dict(
+        partial_rotary_factor=0.5, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    ),
 }
 
 
@@ -44,8 +66,9 @@ def test_inv_freq_matches_transformers(name):
     # read back the way a model plugin sees it: the saved config.json dict
     base, scaling, partial = rope_parameters(cfg.to_dict())
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    inv, scale = compute_inv_freq(int(head_dim * partial), cfg.max_position_embeddings, base,
-                                  scaling)
+    inv, scale = compute_inv_freq(
+        int(head_dim * partial), cfg.max_position_embeddings, base, scaling
+    )
     torch.testing.assert_close(inv, ref_inv.float(), rtol=1e-6, atol=0)
     assert scale == pytest.approx(ref_scale, rel=1e-12)
     if kind != "linear":  # the variants do change the frequencies
@@ -54,7 +77,8 @@ def test_inv_freq_matches_transformers(name):
 
 def test_legacy_rope_scaling_is_read():
     base, scaling, partial = rope_parameters(
-        {"rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2.0}})
+        {"rope_theta": 1e6, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    )
     assert (base, scaling, partial) == (1e6, {"rope_type": "linear", "factor": 2.0}, 1.0)
     assert rope_parameters({}) == (10000.0, None, 1.0)
 
@@ -63,8 +87,9 @@ def test_unknown_rope_type_is_named():
     with pytest.raises(ValueError, match="'spiral' is not supported"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "spiral", "factor": 2.0})
     with pytest.raises(ValueError, match="needs 'low_freq_factor'"):
-        get_rope(64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0,
-                                         "high_freq_factor": 4.0})
+        get_rope(
+            64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0, "high_freq_factor": 4.0}
+        )
 
 
 @pytest.mark.parametrize("name", ["default", "llama3", "yarn"])
@@ -78,9 +103,9 @@ def test_rotation_matches_transformers(name):
     q = torch.randn(n, heads * head_dim, generator=gen)
     k = torch.randn(n, kv_heads * head_dim, generator=gen)
     cos, sin = hf_rope(q, positions[None])
-    ref_q, ref_k = apply_rotary_pos_emb(q.view(1, n, heads, head_dim),
-                                        k.view(1, n, kv_heads, head_dim), cos, sin,
-                                        unsqueeze_dim=2)
+    ref_q, ref_k = apply_rotary_pos_emb(
+        q.view(1, n, heads, head_dim), k.view(1, n, kv_heads, head_dim), cos, sin, unsqueeze_dim=2
+    )
     base, scaling, _ = rope_parameters(cfg.to_dict())
     rope = get_rope(head_dim, head_dim, cfg.max_position_embeddings, base, scaling)
     out_q, out_k = rope(positions, q, k)
@@ -89,8 +114,9 @@ def test_rotation_matches_transformers(name):
 
 
 def test_dynamic_ntk_grows_the_base_with_the_sequence():
-    cfg = _hf_config(max_position_embeddings=64,
-                     rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    cfg = _hf_config(
+        max_position_embeddings=64, rope_scaling={"rope_type": "dynamic", "factor": 2.0}
+    )
     base, scaling, _ = rope_parameters(cfg.to_dict())
     rope = get_rope(64, 64, 64, base, scaling)
     q = torch.randn(100, 64)
@@ -118,8 +144,9 @@ def test_gptj_style_and_partial_rotary_against_complex_multiplication():
     xh = x.view(n, 2, head_dim)
     rot = torch.view_as_complex(xh[..., :rotary_dim].reshape(n, 2, -1, 2).contiguous())
     rot = rot * torch.polar(torch.ones_like(angles), angles)[:, None]
-    ref = torch.cat((torch.view_as_real(rot).reshape(n, 2, rotary_dim), xh[..., rotary_dim:]),
-                    dim=-1)
+    ref = torch.cat(
+        (torch.view_as_real(rot).reshape(n, 2, rotary_dim), xh[..., rotary_dim:]), dim=-1
+    )
     torch.testing.assert_close(out, ref.reshape(n, -1), rtol=1e-5, atol=1e-5)
 
 

@@ -32,8 +32,16 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, FusedExperts, FusedMoE, QKVParallelLinear,
-    RotaryEmbedding, RouterSpec, RowParallelLinear, WeightNameMap,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    FusedExperts,
+    FusedMoE,
+    QKVParallelLinear,
+    RotaryEmbedding,
+    RouterSpec,
+    RowParallelLinear,
+    WeightNameMap,
 )
 from tallow_model_llama.model import LlamaForCausalLM, LlamaMLP
 
@@ -55,8 +63,9 @@ def _int_list(config: ArchConfig, key: str, n_layers: int) -> list[int] | None:
     if not value:  # Llama 4 configs write [] for "the default"
         return None
     if len(value) != n_layers:
-        raise ValueError(f"model config: {key} has {len(value)} entries, expected one per "
-                         f"layer ({n_layers})")
+        raise ValueError(
+            f"model config: {key} has {len(value)} entries, expected one per layer ({n_layers})"
+        )
     return [int(v) for v in value]
 
 
@@ -77,20 +86,23 @@ def layer_plan(config: ArchConfig) -> list[LayerPlan]:
     chunk = config.get("attention_chunk_size")
     types = config.get("layer_types")
     if types is None:
-        types = ["chunked_attention" if r and chunk is not None else "full_attention"
-                 for r in rope]
+        types = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
     if len(types) != n:
         raise ValueError(f"model config: layer_types has {len(types)} entries, expected {n}")
     plans = []
     for i, kind in enumerate(types):
         if kind not in ("chunked_attention", "full_attention"):
-            raise ValueError(f"model config: layer_types[{i}] is {kind!r}, expected "
-                             "'chunked_attention' or 'full_attention'")
+            raise ValueError(
+                f"model config: layer_types[{i}] is {kind!r}, expected "
+                "'chunked_attention' or 'full_attention'"
+            )
         chunk_size = None
         if kind == "chunked_attention":
             if not chunk:
-                raise ValueError(f"model config: layer {i} is 'chunked_attention' but "
-                                 "attention_chunk_size is not set")
+                raise ValueError(
+                    f"model config: layer {i} is 'chunked_attention' but "
+                    "attention_chunk_size is not set"
+                )
             chunk_size = int(chunk)
         plans.append(LayerPlan(i, bool(rope[i]), chunk_size, i in moe_layers))
     return plans
@@ -106,26 +118,43 @@ class Llama4Attention(nn.Module):
     """qkv projection, RoPE + weightless q/k norm or temperature tuning (see the module
     docstring), paged attention (chunked on the chunked layers), output projection."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, plan: LayerPlan,
-                 rotary: RotaryEmbedding, head_dim: int, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        plan: LayerPlan,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
         kv_heads = int(config.get("num_key_value_heads") or heads)
         bias = bool(config.get("attention_bias", False))
         self.head_dim = head_dim
-        self.qkv_proj = QKVParallelLinear(hidden, head_dim, heads, kv_heads, bias, build=build,
-                                          prefix=f"{prefix}.qkv_proj")
-        self.o_proj = RowParallelLinear(heads * head_dim, hidden, bias, build=build,
-                                        prefix=f"{prefix}.o_proj")
+        self.qkv_proj = QKVParallelLinear(
+            hidden, head_dim, heads, kv_heads, bias, build=build, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, hidden, bias, build=build, prefix=f"{prefix}.o_proj"
+        )
         self.rotary_emb = rotary if plan.use_rope else None
-        self.qk_norm_eps = (float(config.get("rms_norm_eps", 1e-5))
-                            if plan.use_rope and config.get("use_qk_norm", True) else None)
+        self.qk_norm_eps = (
+            float(config.get("rms_norm_eps", 1e-5))
+            if plan.use_rope and config.get("use_qk_norm", True)
+            else None
+        )
         tuning = not plan.use_rope and bool(config.get("attn_temperature_tuning", True))
         self.floor_scale = float(config.get("floor_scale", 8192)) if tuning else None
         self.attn_scale = float(config.get("attn_scale", 0.1))
-        self.attn = Attention(plan.index, self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads,
-                              head_dim, attention_chunk_size=plan.chunk_size)
+        self.attn = Attention(
+            plan.index,
+            self.qkv_proj.num_heads,
+            self.qkv_proj.num_kv_heads,
+            head_dim,
+            attention_chunk_size=plan.chunk_size,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -148,8 +177,9 @@ class _InputScaledExperts(FusedExperts):
     with weight 1, so the stacked parameters and the MoE methods stay those of
     :class:`~tallow.layers.FusedExperts`."""
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         tokens, top_k = topk_ids.shape
         scaled = (x[:, None, :] * topk_weights[..., None].to(x.dtype)).reshape(-1, x.shape[-1])
         ones = torch.ones(tokens * top_k, 1, dtype=torch.float32, device=x.device)
@@ -163,17 +193,25 @@ class Llama4MoE(FusedMoE):
 
     def __init__(self, config: ArchConfig, build: BuildContext, prefix: str) -> None:
         if config.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                             "supported by the experts (SwiGLU)")
+            raise ValueError(
+                f"model config: hidden_act {config.get('hidden_act')!r} is not "
+                "supported by the experts (SwiGLU)"
+            )
         if build.expert_parallel and build.tp_size > 1:
-            raise ValueError("Llama 4's MoE block does not run under expert parallelism yet "
-                             "(its experts take router-scaled inputs); use tensor parallelism")
+            raise ValueError(
+                "Llama 4's MoE block does not run under expert parallelism yet "
+                "(its experts take router-scaled inputs); use tensor parallelism"
+            )
         inter = int(config.require("intermediate_size"))
-        super().__init__(int(config.require("num_local_experts")), int(config.hidden_size),
-                         inter, router=RouterSpec(top_k=int(config.get("num_experts_per_tok",
-                                                                        1)),
-                                                  scoring="sigmoid"),
-                         build=build, prefix=prefix, shared_intermediate_size=inter)
+        super().__init__(
+            int(config.require("num_local_experts")),
+            int(config.hidden_size),
+            inter,
+            router=RouterSpec(top_k=int(config.get("num_experts_per_tok", 1)), scoring="sigmoid"),
+            build=build,
+            prefix=prefix,
+            shared_intermediate_size=inter,
+        )
         # same parameters and loader, a forward that scales the inputs instead of the outputs
         self.experts.__class__ = _InputScaledExperts
 
@@ -192,22 +230,38 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         self.plans = layer_plan(cfg)
         super().__init__(cfg, build)
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
         return Llama4Attention(config, build, self.plans[layer], rotary, head_dim, prefix)
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         if self.plans[layer].moe:
             return Llama4MoE(config, build, prefix)
-        return LlamaMLP(int(config.hidden_size), int(config.require("intermediate_size_mlp")),
-                        config.get("hidden_act", "silu"), False, build, prefix)
+        return LlamaMLP(
+            int(config.hidden_size),
+            int(config.require("intermediate_size_mlp")),
+            config.get("hidden_act", "silu"),
+            False,
+            build,
+            prefix,
+        )
 
     def experts_to_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         """transformers' stacked experts ``[E, in, out]`` as tallow's ``[E, out, in]``."""
         if tensor.dim() != 3:
-            raise ValueError(f"Llama 4 experts: expected a stacked [experts, in, out] tensor, "
-                             f"got shape {tuple(tensor.shape)}")
+            raise ValueError(
+                f"Llama 4 experts: expected a stacked [experts, in, out] tensor, "
+                f"got shape {tuple(tensor.shape)}"
+            )
         return tensor.transpose(1, 2)
 
 
@@ -232,11 +286,19 @@ class Llama4ForConditionalGeneration(Llama4ForCausalLM):
         if text is None and "hidden_size" in config:
             return config  # already the text model's config
         if not isinstance(text, Mapping):
-            raise ValueError("model config: a Llama4ForConditionalGeneration config needs a "
-                             f"'text_config' object, got {type(text).__name__}")
+            raise ValueError(
+                "model config: a Llama4ForConditionalGeneration config needs a "
+                f"'text_config' object, got {type(text).__name__}"
+            )
         flat = dict(text)
-        for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
-                    "tie_word_embeddings"):
+        for key in (
+            "torch_dtype",
+            "dtype",
+            "eos_token_id",
+            "bos_token_id",
+            "pad_token_id",
+            "tie_word_embeddings",
+        ):
             if key in config and key not in flat:
                 flat[key] = config[key]
         flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)

@@ -38,14 +38,16 @@ def hf_name_map() -> WeightNameMap:
         WeightRule(f"{_FF}.up_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=1),
         WeightRule(f"{_FF}.down_proj.weight", f"{_MLP}.down_proj.weight"),
         WeightRule(f"{_FF}.router.weight", f"{_MLP}.gate.weight"),
-        WeightRule(f"{_FF}.experts.gate_up_proj", f"{_MLP}.experts.w13_weight",
-                   transform="experts_to_rows"),
-        WeightRule(f"{_FF}.experts.down_proj", f"{_MLP}.experts.w2_weight",
-                   transform="experts_to_rows"),
-        WeightRule(f"{_FF}.shared_expert.gate_proj.weight", f"{shared}.gate_up_proj.weight",
-                   shard=0),
-        WeightRule(f"{_FF}.shared_expert.up_proj.weight", f"{shared}.gate_up_proj.weight",
-                   shard=1),
+        WeightRule(
+            f"{_FF}.experts.gate_up_proj", f"{_MLP}.experts.w13_weight", transform="experts_to_rows"
+        ),
+        WeightRule(
+            f"{_FF}.experts.down_proj", f"{_MLP}.experts.w2_weight", transform="experts_to_rows"
+        ),
+        WeightRule(
+            f"{_FF}.shared_expert.gate_proj.weight", f"{shared}.gate_up_proj.weight", shard=0
+        ),
+        WeightRule(f"{_FF}.shared_expert.up_proj.weight", f"{shared}.gate_up_proj.weight", shard=1),
         WeightRule(f"{_FF}.shared_expert.down_proj.weight", f"{shared}.down_proj.weight"),
     ]
 
@@ -57,8 +59,12 @@ class TextModelNames:
     #: checkpoint prefix -> the text model's own prefix (transformers 5 writes the first;
     #: the in-memory names of its ``Llama4ForConditionalGeneration`` are the second)
     TEXT_PREFIXES = (("language_model.", ""), ("model.language_model.", "model."))
-    SKIPPED_PREFIXES = ("vision_model.", "multi_modal_projector.", "model.vision_model.",
-                        "model.multi_modal_projector.")
+    SKIPPED_PREFIXES = (
+        "vision_model.",
+        "multi_modal_projector.",
+        "model.vision_model.",
+        "model.multi_modal_projector.",
+    )
 
     def __init__(self, text: WeightNameMap) -> None:
         self.text = text
@@ -68,5 +74,5 @@ class TextModelNames:
             return WeightMatch(WeightRule(name), {})  # no target, no handler: skipped
         for prefix, own in self.TEXT_PREFIXES:
             if name.startswith(prefix):
-                return self.text.match(own + name[len(prefix):])
+                return self.text.match(own + name[len(prefix) :])
         return self.text.match(name)

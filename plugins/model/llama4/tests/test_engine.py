@@ -11,12 +11,27 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.plugin.testing.model_parity import assert_engine_greedy, random_hf_model  # noqa: E402
 
-BASE = dict(hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
-            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            vocab_size=160, rms_norm_eps=1e-5, max_position_embeddings=256,
-            num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
-            attention_chunk_size=8, floor_scale=4, attn_scale=0.5,
-            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=48,
+    intermediate_size_mlp=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=160,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    attention_chunk_size=8,
+    floor_scale=4,
+    attn_scale=0.5,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 PLUGINS = ["tallow-model-llama4", "tallow-format-safetensors"]
 
@@ -30,8 +45,7 @@ def _saved(tmp_path):
 
 def test_engine_batch_past_chunk_boundaries(tmp_path):
     hf = _saved(tmp_path)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7], PROMPT[:17]], 20,
-                         plugins=PLUGINS)
+    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7], PROMPT[:17]], 20, plugins=PLUGINS)
 
 
 @pytest.mark.gpu
@@ -39,6 +53,11 @@ def test_engine_on_cuda_passes_over_the_triton_kernels(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _saved(tmp_path)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], 20,
-                         plugins=[*PLUGINS, "tallow-attention-triton"],
-                         config={"model": {"device": "cuda"}})
+    assert_engine_greedy(
+        tmp_path,
+        hf,
+        [PROMPT, PROMPT[::-1][:7]],
+        20,
+        plugins=[*PLUGINS, "tallow-attention-triton"],
+        config={"model": {"device": "cuda"}},
+    )

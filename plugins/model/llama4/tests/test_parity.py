@@ -13,20 +13,41 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext, FusedExperts, FusedMoE  # noqa: E402
 from tallow.plugin.testing.paged_runner import randomize_  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from tallow_model_llama4.model import (  # noqa: E402
-    Llama4ForCausalLM, Llama4ForConditionalGeneration, Llama4MoE, layer_plan,
+    Llama4ForCausalLM,
+    Llama4ForConditionalGeneration,
+    Llama4MoE,
+    layer_plan,
 )
 
 # 4 layers: 0-2 rope + chunked, 3 no rope (interval 4); MoE on 1 and 3 (step 2)
-BASE = dict(hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
-            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            vocab_size=160, rms_norm_eps=1e-5, max_position_embeddings=256,
-            num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
-            attention_chunk_size=8, floor_scale=4, attn_scale=0.5,
-            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=48,
+    intermediate_size_mlp=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=160,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    attention_chunk_size=8,
+    floor_scale=4,
+    attn_scale=0.5,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 # PagedRunner holds 64 positions: prompt and greedy steps fit in them; the 30-token prompt
 # spans four 8-token chunks and the steps several more
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
@@ -34,8 +55,10 @@ STEPS = 32
 
 
 def _safetensors():
-    return pytest.importorskip("tallow_format_safetensors.format",
-                               reason="the saved model is read by tallow-format-safetensors")
+    return pytest.importorskip(
+        "tallow_format_safetensors.format",
+        reason="the saved model is read by tallow-format-safetensors",
+    )
 
 
 def _config(**change):
@@ -48,8 +71,7 @@ def test_layer_plan_follows_the_config():
     assert [p.chunk_size for p in plans] == [8, 8, 8, None]
     assert [p.moe for p in plans] == [False, True, False, True]
     # what a published config leaves out ([] for no_rope_layers, no moe_layers): the defaults
-    raw = {**_config().to_dict(), "no_rope_layers": [], "layer_types": None,
-           "moe_layers": None}
+    raw = {**_config().to_dict(), "no_rope_layers": [], "layer_types": None, "moe_layers": None}
     assert layer_plan(ArchConfig(raw)) == plans
 
 
@@ -60,11 +82,16 @@ def test_parity_past_chunk_boundaries(tmp_path):
     model = load_saved(hf, tmp_path, Llama4ForCausalLM, _safetensors().SafetensorsFormat().load)
     layers = model.model.layers
     assert [type(layer.mlp).__name__ for layer in layers] == [
-        "LlamaMLP", "Llama4MoE", "LlamaMLP", "Llama4MoE"]
-    assert [layer.self_attn.attn.layer.attention_chunk_size for layer in layers] == [
-        8, 8, 8, None]
-    torch.testing.assert_close(layers[1].mlp.experts.w13_weight[2],
-                               hf.model.layers[1].feed_forward.experts.gate_up_proj[2].T)
+        "LlamaMLP",
+        "Llama4MoE",
+        "LlamaMLP",
+        "Llama4MoE",
+    ]
+    assert [layer.self_attn.attn.layer.attention_chunk_size for layer in layers] == [8, 8, 8, None]
+    torch.testing.assert_close(
+        layers[1].mlp.experts.w13_weight[2],
+        hf.model.layers[1].feed_forward.experts.gate_up_proj[2].T,
+    )
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="llama4")
 
 
@@ -74,8 +101,9 @@ def test_chunking_changes_the_result(tmp_path):
     hf = random_hf_model(_config(), seed=3)
     model = Llama4ForCausalLM(ArchConfig(_config().to_dict()), BuildContext())
     model.load_weights(iter(hf.state_dict().items()), naming="hf")
-    unchunked = Llama4ForCausalLM(ArchConfig(_config(attention_chunk_size=None).to_dict()),
-                                  BuildContext())
+    unchunked = Llama4ForCausalLM(
+        ArchConfig(_config(attention_chunk_size=None).to_dict()), BuildContext()
+    )
     unchunked.load_weights(iter(hf.state_dict().items()), naming="hf")
     from tallow.plugin.testing import PagedRunner
 
@@ -88,22 +116,37 @@ def test_chunking_changes_the_result(tmp_path):
 def test_no_qk_norm_no_tuning_top2_all_moe(tmp_path):
     """The other switches: no q/k norm, no temperature tuning, top-2 of 8 experts on every
     layer, one layer without RoPE every second layer."""
-    config = _config(use_qk_norm=False, attn_temperature_tuning=False, num_local_experts=8,
-                     num_experts_per_tok=2, interleave_moe_layer_step=1,
-                     no_rope_layer_interval=2)
+    config = _config(
+        use_qk_norm=False,
+        attn_temperature_tuning=False,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        interleave_moe_layer_step=1,
+        no_rope_layer_interval=2,
+    )
     hf = random_hf_model(config, seed=5)
     model = load_saved(hf, tmp_path, Llama4ForCausalLM, _safetensors().SafetensorsFormat().load)
     assert all(isinstance(layer.mlp, FusedMoE) for layer in model.model.layers)
-    assert [layer.self_attn.attn.layer.attention_chunk_size for layer in model.model.layers] \
-        == [8, None, 8, None]
+    assert [layer.self_attn.attn.layer.attention_chunk_size for layer in model.model.layers] == [
+        8,
+        None,
+        8,
+        None,
+    ]
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="llama4 top-2")
 
 
 def test_llama3_rope_scaling(tmp_path):
     """Scout's rope: ``llama3`` scaling (factor 16 from 8192 positions) slows the low
     frequencies, which a 16-wide head at theta 500000 has."""
-    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=16.0, low_freq_factor=1.0,
-                high_freq_factor=4.0, original_max_position_embeddings=8192)
+    rope = dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=16.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
     hf = random_hf_model(_config(rope_parameters=rope), seed=6)
     model = load_saved(hf, tmp_path, Llama4ForCausalLM, _safetensors().SafetensorsFormat().load)
     plain = Llama4ForCausalLM(ArchConfig(_config().to_dict()), BuildContext())
@@ -125,8 +168,7 @@ def test_moe_block_matches_transformers():
         ref, _ = hf.model.layers[1].feed_forward(x)
         ours = moe(x)
         weights, ids = moe.route(x)
-        output_scaled = moe.shared_expert(x) + FusedExperts.forward(moe.experts, x, weights,
-                                                                     ids)
+        output_scaled = moe.shared_expert(x) + FusedExperts.forward(moe.experts, x, weights, ids)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(output_scaled, ref, atol=1e-4)
 
@@ -135,28 +177,44 @@ def test_text_model_of_the_multimodal_checkpoint(tmp_path):
     """A ``Llama4ForConditionalGeneration`` checkpoint (``text_config``, ``language_model.``
     names, a vision tower and projector beside them) serves its text model: equal to
     transformers' text path on the same weights."""
-    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=64, image_size=28, patch_size=14, vision_output_dim=32,
-                  projector_input_dim=32, projector_output_dim=32, pixel_shuffle_ratio=0.5)
+    vision = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=32,
+        projector_input_dim=32,
+        projector_output_dim=32,
+        pixel_shuffle_ratio=0.5,
+    )
     config = transformers.Llama4Config(text_config=_config().to_dict(), vision_config=vision)
     torch.manual_seed(9)
     hf = transformers.Llama4ForConditionalGeneration._from_config(
-        config, attn_implementation="eager", dtype=torch.float32)
+        config, attn_implementation="eager", dtype=torch.float32
+    )
     randomize_(hf, 9, 0.08)
     hf.eval()
-    model = load_saved(hf, tmp_path, Llama4ForConditionalGeneration,
-                       _safetensors().SafetensorsFormat().load)
+    model = load_saved(
+        hf, tmp_path, Llama4ForConditionalGeneration, _safetensors().SafetensorsFormat().load
+    )
     assert model.config.get("hidden_size") == BASE["hidden_size"]
     assert_greedy_parity(model, hf.language_model, PROMPT, STEPS, what="llama4 multimodal")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"layer_types": ["chunked_attention"] * 3}, "layer_types"),
-    ({"no_rope_layers": [1, 1]}, "no_rope_layers"),
-    ({"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 4},
-     "attention_chunk_size"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"layer_types": ["chunked_attention"] * 3}, "layer_types"),
+        ({"no_rope_layers": [1, 1]}, "no_rope_layers"),
+        (
+            {"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 4},
+            "attention_chunk_size",
+        ),
+    ],
+)
 def test_config_that_cannot_run_is_refused(change, message):
     config = {**_config().to_dict(), **change}
     with pytest.raises(ValueError, match=message):
@@ -167,12 +225,12 @@ def test_chunked_layers_are_refused_by_the_paged_kernels():
     """No paged Triton kernel masks by chunk: the Triton backend refuses the chunked layers by
     name (automatic selection then passes over it) instead of computing full attention; the
     layers without chunks it accepts."""
-    backend = pytest.importorskip("tallow_attention_triton.backend",
-                                  reason="the Triton attention plugin").TritonAttentionBackend
+    backend = pytest.importorskip(
+        "tallow_attention_triton.backend", reason="the Triton attention plugin"
+    ).TritonAttentionBackend
     model = Llama4ForCausalLM(ArchConfig(_config().to_dict()), BuildContext())
     layers = [layer.self_attn.attn.layer for layer in model.model.layers]
-    assert backend.supports_layer(layers[0]) == [
-        "chunked local attention (attention_chunk_size 8)"]
+    assert backend.supports_layer(layers[0]) == ["chunked local attention (attention_chunk_size 8)"]
     assert backend.supports_layer(layers[3]) == []
 
 
@@ -183,5 +241,10 @@ def test_cuda_parity(tmp_path):
     transformers, bfloat16 prompt logits close to it."""
     hf = random_hf_model(_config(), seed=8)
     read = _safetensors().SafetensorsFormat().load
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Llama4ForCausalLM, read, **kw), hf,
-                       PROMPT, STEPS, what="llama4")
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, Llama4ForCausalLM, read, **kw),
+        hf,
+        PROMPT,
+        STEPS,
+        what="llama4",
+    )

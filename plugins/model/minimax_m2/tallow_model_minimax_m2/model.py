@@ -27,21 +27,29 @@ from .naming import hf_name_map
 def _check(config: dict[str, Any]) -> None:
     """Refuses the settings of the MiniMax family this model does not run, naming the field."""
     if config.get("scoring_func", "sigmoid") != "sigmoid":
-        raise ValueError(f"model config: scoring_func {config['scoring_func']!r} is not "
-                         "supported for MiniMax M2 (expected 'sigmoid')")
+        raise ValueError(
+            f"model config: scoring_func {config['scoring_func']!r} is not "
+            "supported for MiniMax M2 (expected 'sigmoid')"
+        )
     if config.get("qk_norm_type", "per_layer") != "per_layer":
-        raise ValueError(f"model config: qk_norm_type {config['qk_norm_type']!r} is not "
-                         "supported for MiniMax M2 (expected 'per_layer': one norm over all "
-                         "heads)")
+        raise ValueError(
+            f"model config: qk_norm_type {config['qk_norm_type']!r} is not "
+            "supported for MiniMax M2 (expected 'per_layer': one norm over all "
+            "heads)"
+        )
     if config.get("use_qk_norm") is False:
         raise ValueError("model config: use_qk_norm false is not supported for MiniMax M2")
     kinds = config.get("attn_type_list")
     if kinds is not None and any(int(k) != 1 for k in kinds):
-        raise ValueError("model config: attn_type_list asks for linear (lightning) attention "
-                         f"layers ({kinds!r}); MiniMax M2 runs full attention only (1)")
+        raise ValueError(
+            "model config: attn_type_list asks for linear (lightning) attention "
+            f"layers ({kinds!r}); MiniMax M2 runs full attention only (1)"
+        )
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                         "supported by the experts (SwiGLU)")
+        raise ValueError(
+            f"model config: hidden_act {config.get('hidden_act')!r} is not "
+            "supported by the experts (SwiGLU)"
+        )
 
 
 class MiniMaxM2ForCausalLM(LlamaForCausalLM):
@@ -60,18 +68,34 @@ class MiniMaxM2ForCausalLM(LlamaForCausalLM):
     def mlp_bias(self, config: ArchConfig) -> bool:
         return False
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
-        return Olmo2Attention(config, build, layer, rotary, head_dim=head_dim, bias=False,
-                              prefix=prefix)
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
+        return Olmo2Attention(
+            config, build, layer, rotary, head_dim=head_dim, bias=False, prefix=prefix
+        )
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
-        router = RouterSpec(top_k=int(config.require("num_experts_per_tok")),
-                            scoring="sigmoid", renormalize=True)
-        return FusedMoE(int(config.require("num_local_experts")), int(config.hidden_size),
-                        int(config.require("intermediate_size")), router=router,
-                        correction_bias=True, build=build, prefix=prefix)
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
+        router = RouterSpec(
+            top_k=int(config.require("num_experts_per_tok")), scoring="sigmoid", renormalize=True
+        )
+        return FusedMoE(
+            int(config.require("num_local_experts")),
+            int(config.hidden_size),
+            int(config.require("intermediate_size")),
+            router=router,
+            correction_bias=True,
+            build=build,
+            prefix=prefix,
+        )
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +108,14 @@ class MiniMaxM2ForCausalLM(LlamaForCausalLM):
             cfg["num_local_experts"] = cfg["num_experts"]
         params = cfg.get("rope_parameters") or {}
         rotary = cfg.get("rotary_dim")
-        if rotary is not None and "partial_rotary_factor" not in params \
-                and "partial_rotary_factor" not in cfg:
+        if (
+            rotary is not None
+            and "partial_rotary_factor" not in params
+            and "partial_rotary_factor" not in cfg
+        ):
             head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // int(
-                cfg["num_attention_heads"])
+                cfg["num_attention_heads"]
+            )
             cfg["partial_rotary_factor"] = int(rotary) / int(head_dim)
         return cfg
 

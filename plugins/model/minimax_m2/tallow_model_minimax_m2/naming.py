@@ -27,6 +27,12 @@ _SPARSE = "model.layers.{i}.block_sparse_moe"
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names (and transformers 5's state dict)."""
     bias = f"{_MLP}.gate.e_score_correction_bias"
-    return WeightNameMap([WeightRule(f"{_SPARSE}.e_score_correction_bias", bias),
-                          WeightRule(f"{_MLP}.e_score_correction_bias", bias)]
-                         ) + mixtral_hf_name_map()
+    return (
+        WeightNameMap(
+            [
+                WeightRule(f"{_SPARSE}.e_score_correction_bias", bias),
+                WeightRule(f"{_MLP}.e_score_correction_bias", bias),
+            ]
+        )
+        + mixtral_hf_name_map()
+    )

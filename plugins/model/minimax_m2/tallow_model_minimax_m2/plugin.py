@@ -7,5 +7,4 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
-    registry.register("MiniMaxM2ForCausalLM",
-                      "tallow_model_minimax_m2.model:MiniMaxM2ForCausalLM")
+    registry.register("MiniMaxM2ForCausalLM", "tallow_model_minimax_m2.model:MiniMaxM2ForCausalLM")

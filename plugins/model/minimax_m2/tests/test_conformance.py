@@ -14,12 +14,54 @@ from tallow.plugin.testing import ModelArchitectureConformance
 from tallow.plugin.testing.model import random_hf_model
 from tallow.plugin.testing.model_parity import expert_choices
 
-SMALL = dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=128, num_local_experts=8,
-             num_experts_per_tok=2, rms_norm_eps=1e-6, max_position_embeddings=256,
-             bos_token_id=None, eos_token_id=None, pad_token_id=None)
-PROMPT = [3, 17, 50, 9, 64, 28, 5, 77, 31, 20, 1, 42, 99, 120, 7, 63, 88, 14, 101, 36, 55, 111,
-          24, 92, 70, 12, 127, 46, 83, 2]
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+PROMPT = [
+    3,
+    17,
+    50,
+    9,
+    64,
+    28,
+    5,
+    77,
+    31,
+    20,
+    1,
+    42,
+    99,
+    120,
+    7,
+    63,
+    88,
+    14,
+    101,
+    36,
+    55,
+    111,
+    24,
+    92,
+    70,
+    12,
+    127,
+    46,
+    83,
+    2,
+]
 
 
 def randomize_correction_bias(model: Any, seed: int) -> None:

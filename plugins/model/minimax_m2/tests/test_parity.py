@@ -11,14 +11,22 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from test_conformance import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
 from tallow_model_minimax_m2.model import MiniMaxM2ForCausalLM  # noqa: E402
 
-CONFIG = {**SMALL, "num_hidden_layers": 3, "head_dim": 32, "num_local_experts": 6,
-          "num_experts_per_tok": 3}
+CONFIG = {
+    **SMALL,
+    "num_hidden_layers": 3,
+    "head_dim": 32,
+    "num_local_experts": 6,
+    "num_experts_per_tok": 3,
+}
 #: wider than the default so that the three-layer model does not settle on one token
 STD = 0.15
 
@@ -28,9 +36,15 @@ def _published(config) -> dict:
     ``rotary_dim``, ``rope_theta`` at the top, the family's routing / norm / layer fields."""
     raw = config.to_dict()
     params = raw.pop("rope_parameters")
-    raw.update(rope_theta=params["rope_theta"], rotary_dim=16, scoring_func="sigmoid",
-               use_routing_bias=True, use_qk_norm=True, qk_norm_type="per_layer",
-               attn_type_list=[1, 1, 1])
+    raw.update(
+        rope_theta=params["rope_theta"],
+        rotary_dim=16,
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        use_qk_norm=True,
+        qk_norm_type="per_layer",
+        attn_type_list=[1, 1, 1],
+    )
     raw.pop("partial_rotary_factor", None)
     return raw
 
@@ -52,13 +66,16 @@ def test_published_config_and_in_memory_names():
     assert_greedy_parity(model.eval(), hf, PROMPT, 32, what="minimax-m2 published config")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
-    ({"qk_norm_type": "per_head"}, "qk_norm_type 'per_head' is not supported"),
-    ({"attn_type_list": [0, 1, 1]}, "attn_type_list asks for linear"),
-    ({"use_qk_norm": False}, "use_qk_norm false"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
+        ({"qk_norm_type": "per_head"}, "qk_norm_type 'per_head' is not supported"),
+        ({"attn_type_list": [0, 1, 1]}, "attn_type_list asks for linear"),
+        ({"use_qk_norm": False}, "use_qk_norm false"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)
 def test_refused_configs(change, message):
     raw = {**_published(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16)), **change}
     with pytest.raises(ValueError, match=message):
@@ -70,11 +87,14 @@ def test_refused_configs(change, message):
 def test_cuda_parity(tmp_path):
     """On the GPU (FusedMoE kernels, paged attention): float32 greedy parity with
     transformers, bfloat16 prompt logits close to it."""
-    hf = random_hf_model(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16), seed=53,
-                          std=STD)
+    hf = random_hf_model(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16), seed=53, std=STD)
     randomize_correction_bias(hf, 54)
     from tallow_format_safetensors.format import SafetensorsFormat
 
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, MiniMaxM2ForCausalLM,
-                                               SafetensorsFormat().load, **kw),
-                       hf, PROMPT, 32, what="minimax-m2")
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, MiniMaxM2ForCausalLM, SafetensorsFormat().load, **kw),
+        hf,
+        PROMPT,
+        32,
+        what="minimax-m2",
+    )

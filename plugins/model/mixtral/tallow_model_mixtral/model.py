@@ -25,13 +25,18 @@ from .naming import gguf_name_map, hf_name_map
 def moe_block(config: ArchConfig, build: BuildContext, prefix: str) -> FusedMoE:
     """One layer's sparse MoE block."""
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                         "supported by the experts (SwiGLU)")
-    return FusedMoE(int(config.require("num_local_experts")), int(config.hidden_size),
-                    int(config.require("intermediate_size")),
-                    router=RouterSpec(top_k=int(config.require("num_experts_per_tok")),
-                                      renormalize=True),
-                    build=build, prefix=prefix)
+        raise ValueError(
+            f"model config: hidden_act {config.get('hidden_act')!r} is not "
+            "supported by the experts (SwiGLU)"
+        )
+    return FusedMoE(
+        int(config.require("num_local_experts")),
+        int(config.hidden_size),
+        int(config.require("intermediate_size")),
+        router=RouterSpec(top_k=int(config.require("num_experts_per_tok")), renormalize=True),
+        build=build,
+        prefix=prefix,
+    )
 
 
 class MixtralForCausalLM(MistralForCausalLM):
@@ -42,6 +47,7 @@ class MixtralForCausalLM(MistralForCausalLM):
     model_type = "mixtral"
     weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map()}
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         return moe_block(config, build, prefix)

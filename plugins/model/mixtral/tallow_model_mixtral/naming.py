@@ -37,9 +37,14 @@ def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names (and transformers 5's state dict)."""
     return llama_hf_name_map() + [
         *FusedMoE.hf_weight_rules(_MLP),
-        *[WeightRule(f"{_SPARSE}.experts.{{e}}.{name}.weight", f"{_MLP}.experts.{stacked}_weight",
-                     shard=("{e}", part))
-          for name, (stacked, part) in _EXPERT_PARTS.items()],
+        *[
+            WeightRule(
+                f"{_SPARSE}.experts.{{e}}.{name}.weight",
+                f"{_MLP}.experts.{stacked}_weight",
+                shard=("{e}", part),
+            )
+            for name, (stacked, part) in _EXPERT_PARTS.items()
+        ],
         WeightRule(f"{_SPARSE}.gate.weight", f"{_MLP}.gate.weight"),
         WeightRule(f"{_MLP}.gate.weight", f"{_MLP}.gate.weight"),
     ]
@@ -47,14 +52,22 @@ def hf_name_map() -> WeightNameMap:
 
 _BLK = "blk.{i}"
 #: the per-expert GGUF names of older Mixtral files -> (stacked parameter, part)
-_GGUF_EXPERT_PARTS = {"ffn_gate": ("w13", "gate"), "ffn_up": ("w13", "up"),
-                      "ffn_down": ("w2", "down")}
+_GGUF_EXPERT_PARTS = {
+    "ffn_gate": ("w13", "gate"),
+    "ffn_up": ("w13", "up"),
+    "ffn_down": ("w2", "down"),
+}
 
 
 def gguf_name_map() -> WeightNameMap:
     """llama.cpp GGUF names of a Mixtral (architecture ``llama`` with experts)."""
-    per_expert = [WeightRule(f"{_BLK}.{name}.{{e}}.weight", f"{_MLP}.experts.{stacked}_weight",
-                             shard=("{e}", part))
-                  for name, (stacked, part) in _GGUF_EXPERT_PARTS.items()]
+    per_expert = [
+        WeightRule(
+            f"{_BLK}.{name}.{{e}}.weight", f"{_MLP}.experts.{stacked}_weight", shard=("{e}", part)
+        )
+        for name, (stacked, part) in _GGUF_EXPERT_PARTS.items()
+    ]
     return llama_gguf_name_map(interleaved_qk=True) + [
-        *FusedMoE.gguf_weight_rules(_BLK, _MLP), *per_expert]
+        *FusedMoE.gguf_weight_rules(_BLK, _MLP),
+        *per_expert,
+    ]

@@ -26,17 +26,46 @@ class Olmo2Attention(LlamaAttention):
     """qkv projection, RMSNorm of all of q and all of k, RoPE, paged attention, output
     projection."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, *, head_dim: int, bias: bool, prefix: str) -> None:
-        super().__init__(config, build, layer_index, rotary, head_dim=head_dim, qkv_bias=bias,
-                         o_bias=bias, qk_norm=False, sliding_window=None, prefix=prefix)
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        *,
+        head_dim: int,
+        bias: bool,
+        prefix: str,
+    ) -> None:
+        super().__init__(
+            config,
+            build,
+            layer_index,
+            rotary,
+            head_dim=head_dim,
+            qkv_bias=bias,
+            o_bias=bias,
+            qk_norm=False,
+            sliding_window=None,
+            prefix=prefix,
+        )
         qkv = self.qkv_proj
         eps = float(config.get("rms_norm_eps", 1e-6))
-        self.q_norm = ShardedRMSNorm(qkv.total_num_heads * head_dim, eps, size=qkv.q_size,
-                                     rank_index=build.tp_rank, build=build)
+        self.q_norm = ShardedRMSNorm(
+            qkv.total_num_heads * head_dim,
+            eps,
+            size=qkv.q_size,
+            rank_index=build.tp_rank,
+            build=build,
+        )
         # ranks that share a replicated KV head hold the same slice of the k norm
-        self.k_norm = ShardedRMSNorm(qkv.total_num_kv_heads * head_dim, eps, size=qkv.kv_size,
-                                     rank_index=build.tp_rank // qkv.kv_replicas, build=build)
+        self.k_norm = ShardedRMSNorm(
+            qkv.total_num_kv_heads * head_dim,
+            eps,
+            size=qkv.kv_size,
+            rank_index=build.tp_rank // qkv.kv_replicas,
+            build=build,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -52,16 +81,18 @@ class Olmo2DecoderLayer(nn.Module):
     is returned for the final norm to add.
     """
 
-    def __init__(self, attn: Olmo2Attention, mlp: LlamaMLP, hidden: int, eps: float,
-                 build: BuildContext) -> None:
+    def __init__(
+        self, attn: Olmo2Attention, mlp: LlamaMLP, hidden: int, eps: float, build: BuildContext
+    ) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
         self.post_attention_layernorm = RMSNorm(hidden, eps, build=build)
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, build=build)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         stream = hidden if residual is None else hidden + residual
         stream = stream + self.post_attention_layernorm(self.self_attn(positions, stream))
         return self.post_feedforward_layernorm(self.mlp(stream)), stream
@@ -78,12 +109,28 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     def mlp_bias(self, config: ArchConfig) -> bool:
         return False
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
-        return Olmo2Attention(config, build, layer, rotary, head_dim=head_dim,
-                              bias=bool(config.get("attention_bias", False)), prefix=prefix)
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
+        return Olmo2Attention(
+            config,
+            build,
+            layer,
+            rotary,
+            head_dim=head_dim,
+            bias=bool(config.get("attention_bias", False)),
+            prefix=prefix,
+        )
 
-    def build_decoder_layer(self, config: ArchConfig, build: BuildContext, attn: nn.Module,
-                            mlp: LlamaMLP) -> nn.Module:
-        return Olmo2DecoderLayer(attn, mlp, int(config.hidden_size),
-                                 float(config.get("rms_norm_eps", 1e-6)), build)
+    def build_decoder_layer(
+        self, config: ArchConfig, build: BuildContext, attn: nn.Module, mlp: LlamaMLP
+    ) -> nn.Module:
+        return Olmo2DecoderLayer(
+            attn, mlp, int(config.hidden_size), float(config.get("rms_norm_eps", 1e-6)), build
+        )

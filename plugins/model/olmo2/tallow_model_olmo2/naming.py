@@ -33,8 +33,9 @@ _B = "blk.{i}"
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names."""
     return llama_naming.hf_name_map() + [
-        WeightRule(f"{_L}.post_feedforward_layernorm.weight",
-                   f"{_L}.post_feedforward_layernorm.weight"),
+        WeightRule(
+            f"{_L}.post_feedforward_layernorm.weight", f"{_L}.post_feedforward_layernorm.weight"
+        ),
     ]
 
 

@@ -7,5 +7,6 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
-    registry.register("Olmo2ForCausalLM", "tallow_model_olmo2.model:Olmo2ForCausalLM",
-                      gguf=("olmo2",))
+    registry.register(
+        "Olmo2ForCausalLM", "tallow_model_olmo2.model:Olmo2ForCausalLM", gguf=("olmo2",)
+    )

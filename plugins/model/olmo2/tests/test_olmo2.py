@@ -14,7 +14,11 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, load_saved,
+    assert_cuda_parity,
+    assert_engine_greedy,
+    assert_greedy_parity,
+    load_model,
+    load_saved,
     random_hf_model,
 )
 from tallow_format_safetensors.format import SafetensorsFormat  # noqa: E402
@@ -22,14 +26,24 @@ from tallow_format_safetensors.format import SafetensorsFormat  # noqa: E402
 from tallow_model_olmo2.model import Olmo2ForCausalLM  # noqa: E402
 
 STEPS = 20
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
-             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-             pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 CONFIGS = {
     "olmo2-tied": lambda: transformers.Olmo2Config(**SMALL, tie_word_embeddings=True),
     "olmo2-bias-mha": lambda: transformers.Olmo2Config(
-        **{**SMALL, "num_key_value_heads": 4}, attention_bias=True, rope_theta=500000.0),
+        **{**SMALL, "num_key_value_heads": 4}, attention_bias=True, rope_theta=500000.0
+    ),
 }
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]
 
@@ -48,7 +62,8 @@ def test_greedy_parity(name, tmp_path):
     model = _load_safetensors(hf, tmp_path)
     attn = model.model.layers[0].self_attn
     assert attn.q_norm.weight.shape == (64,) and attn.k_norm.weight.shape == (
-        16 * hf.config.num_key_value_heads,)
+        16 * hf.config.num_key_value_heads,
+    )
     assert not hasattr(model.model.layers[0], "input_layernorm")
     assert_greedy_parity(model, hf, PROMPT, STEPS, what=name)
 
@@ -59,11 +74,15 @@ def test_gguf_matches_transformers(tmp_path):
     hf = _hf("olmo2-tied")
     cfg = hf.config
     # tied: like llama.cpp's converter, no output.weight; the head ties to token_embd
-    tensors = list(gguf_tensors(hf.state_dict(), "olmo2", cfg.num_hidden_layers,
-                                skip=("lm_head.weight",)))
+    tensors = list(
+        gguf_tensors(hf.state_dict(), "olmo2", cfg.num_hidden_layers, skip=("lm_head.weight",))
+    )
     names = {name for name, _ in tensors}
-    assert {"blk.0.attn_q_norm.weight", "blk.0.post_attention_norm.weight",
-            "blk.0.post_ffw_norm.weight"} <= names
+    assert {
+        "blk.0.attn_q_norm.weight",
+        "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight",
+    } <= names
     assert "blk.0.attn_norm.weight" not in names and "blk.0.ffn_norm.weight" not in names
     path = tmp_path / "olmo2.gguf"
     write_gguf(path, "olmo2", gguf_metadata(cfg), tensors, cfg.vocab_size)
@@ -89,9 +108,10 @@ def test_sharded_qk_norms_slice_their_weights(tp, kv_heads):
         q_rows = 64 // tp
         k_rows = 16 * max(1, kv_heads // tp)
         k_slice = rank // max(1, tp // kv_heads)
-        torch.testing.assert_close(attn.q_norm.weight, full_q[rank * q_rows:(rank + 1) * q_rows])
-        torch.testing.assert_close(attn.k_norm.weight,
-                                   full_k[k_slice * k_rows:(k_slice + 1) * k_rows])
+        torch.testing.assert_close(attn.q_norm.weight, full_q[rank * q_rows : (rank + 1) * q_rows])
+        torch.testing.assert_close(
+            attn.k_norm.weight, full_k[k_slice * k_rows : (k_slice + 1) * k_rows]
+        )
 
 
 @pytest.mark.gpu
@@ -102,8 +122,9 @@ def test_parity_on_cuda(name, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _hf(name)
-    assert_cuda_parity(lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS,
-                       what=name)
+    assert_cuda_parity(
+        lambda **kw: _load_safetensors(hf, tmp_path, **kw), hf, PROMPT, STEPS, what=name
+    )
 
 
 @pytest.mark.gpu
@@ -113,6 +134,11 @@ def test_through_the_engine_on_cuda(tmp_path):
         pytest.skip("needs a CUDA GPU")
     hf = _hf("olmo2-tied")
     _load_safetensors(hf, tmp_path)
-    assert_engine_greedy(tmp_path, hf, [PROMPT, PROMPT[::-1][:7]], STEPS,
-                         plugins=["tallow-model-olmo2", "tallow-format-safetensors", "tallow-attention-triton"],
-                         config={"model": {"device": "cuda"}})
+    assert_engine_greedy(
+        tmp_path,
+        hf,
+        [PROMPT, PROMPT[::-1][:7]],
+        STEPS,
+        plugins=["tallow-model-olmo2", "tallow-format-safetensors", "tallow-attention-triton"],
+        config={"model": {"device": "cuda"}},
+    )

@@ -21,7 +21,11 @@ from typing import Any, Iterable
 import torch
 
 from tallow.layers import (
-    ArchConfig, BuildContext, LongRoPERotaryEmbedding, WeightLoadError, rope_parameters,
+    ArchConfig,
+    BuildContext,
+    LongRoPERotaryEmbedding,
+    WeightLoadError,
+    rope_parameters,
 )
 from tallow_model_llama.gguf_config import arch_value, llama_family_config
 from tallow_model_llama.model import MistralForCausalLM
@@ -71,30 +75,38 @@ class Phi3ForCausalLM(MistralForCausalLM):
         lists, applied once both have arrived."""
         kind = groups["kind"]
         if kind not in ("short", "long"):
-            raise WeightLoadError(f"rope_factors_{kind}.weight: not a LongRoPE factor list "
-                                  "(expected rope_factors_short or rope_factors_long)")
+            raise WeightLoadError(
+                f"rope_factors_{kind}.weight: not a LongRoPE factor list "
+                "(expected rope_factors_short or rope_factors_long)"
+            )
         rotary = self.model.rotary_emb
         if not isinstance(rotary, LongRoPERotaryEmbedding):
-            raise WeightLoadError(f"rope_factors_{kind}.weight: the checkpoint carries LongRoPE "
-                                  "factors, but its config has no LongRoPE scaling (GGUF: "
-                                  "rope.scaling.attn_factor)")
+            raise WeightLoadError(
+                f"rope_factors_{kind}.weight: the checkpoint carries LongRoPE "
+                "factors, but its config has no LongRoPE scaling (GGUF: "
+                "rope.scaling.attn_factor)"
+            )
         self._gguf_rope_factors[kind] = tensor
         if len(self._gguf_rope_factors) == 2:
             rotary.set_factors(self._gguf_rope_factors["short"], self._gguf_rope_factors["long"])
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]],
-                     naming: str = "hf") -> set[str]:
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], naming: str = "hf"
+    ) -> set[str]:
         self._gguf_rope_factors.clear()
         filled = super().load_weights(tensors, naming)
         scaling = self.config.get("rope_scaling") or {}
         expects_tensors = scaling.get("rope_type") == "longrope" and (
-            scaling.get("short_factor") is None or scaling.get("long_factor") is None)
+            scaling.get("short_factor") is None or scaling.get("long_factor") is None
+        )
         if expects_tensors and len(self._gguf_rope_factors) != 2:
             lacking = sorted({"short", "long"} - set(self._gguf_rope_factors))
             raise WeightLoadError(
                 "checkpoint does not match Phi3ForCausalLM: its config asks for LongRoPE "
-                "factors from tensors, but " + " and ".join(f"rope_factors_{k}.weight"
-                                                            for k in lacking) + " is missing")
+                "factors from tensors, but "
+                + " and ".join(f"rope_factors_{k}.weight" for k in lacking)
+                + " is missing"
+            )
         return filled
 
     @classmethod
@@ -102,8 +114,9 @@ class Phi3ForCausalLM(MistralForCausalLM):
         """llama.cpp's converter writes LongRoPE as ``rope.scaling.attn_factor`` and
         ``rope.scaling.original_context_length`` plus two tensors (``rope_factors_short`` and
         ``rope_factors_long``); ``attention.sliding_window`` 0 means none."""
-        cfg = llama_family_config(metadata, config, hf_architecture=cls.hf_architectures[0],
-                                  model_type=cls.model_type)
+        cfg = llama_family_config(
+            metadata, config, hf_architecture=cls.hf_architectures[0], model_type=cls.model_type
+        )
         original = arch_value(metadata, "rope.scaling.original_context_length")
         if original is not None:
             cfg["original_max_position_embeddings"] = int(original)
@@ -111,9 +124,10 @@ class Phi3ForCausalLM(MistralForCausalLM):
         if attn_factor is not None:
             cfg.pop("rope_parameters", None)
             cfg["rope_scaling"] = {
-                "rope_type": "longrope", "attention_factor": float(attn_factor),
-                "original_max_position_embeddings": int(original or
-                                                        cfg["max_position_embeddings"]),
-                "short_factor": None, "long_factor": None,  # tensors of the file
+                "rope_type": "longrope",
+                "attention_factor": float(attn_factor),
+                "original_max_position_embeddings": int(original or cfg["max_position_embeddings"]),
+                "short_factor": None,
+                "long_factor": None,  # tensors of the file
             }
         return cfg

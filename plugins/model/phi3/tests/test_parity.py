@@ -19,7 +19,11 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import LongRoPERotaryEmbedding  # noqa: E402
 from tallow.plugin.testing.model import assert_close_logits  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_engine_greedy, assert_greedy_parity, load_model, random_hf_model,
+    assert_cuda_parity,
+    assert_engine_greedy,
+    assert_greedy_parity,
+    load_model,
+    random_hf_model,
 )
 from tallow.plugin.testing.paged_runner import PagedRunner  # noqa: E402
 from tallow_format_safetensors.format import SafetensorsFormat  # noqa: E402
@@ -28,10 +32,19 @@ from tallow_model_phi3.model import Phi3ForCausalLM  # noqa: E402
 
 STEPS = 20
 ORIGINAL = 16  # a tiny original context, so prompts and generation run past it
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5,
-             max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
-             pad_token_id=None)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=64,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def _factors(pairs: int, start: float, step: float) -> list[float]:
@@ -39,21 +52,30 @@ def _factors(pairs: int, start: float, step: float) -> list[float]:
 
 
 def _longrope(kind: str, pairs: int, original: int) -> dict:
-    return {"type": kind, "short_factor": _factors(pairs, 1.0, 0.15),
-            "long_factor": _factors(pairs, 1.5, 0.9),
-            "original_max_position_embeddings": original}
+    return {
+        "type": kind,
+        "short_factor": _factors(pairs, 1.0, 0.15),
+        "long_factor": _factors(pairs, 1.5, 0.9),
+        "original_max_position_embeddings": original,
+    }
 
 
 CONFIGS = {
     # head_dim 16: 8 rotated pairs; the first configs' spelling "su"
     "phi3-longrope-su": lambda: transformers.Phi3Config(
-        **SMALL, original_max_position_embeddings=ORIGINAL,
-        rope_scaling=_longrope("su", 8, ORIGINAL)),
+        **SMALL,
+        original_max_position_embeddings=ORIGINAL,
+        rope_scaling=_longrope("su", 8, ORIGINAL),
+    ),
     # Phi-4-mini: 3/4 of each head rotated, tied embeddings; the top-level original length
     # wins over the one in rope_scaling
     "phi4-mini-partial": lambda: transformers.Phi3Config(
-        **SMALL, original_max_position_embeddings=ORIGINAL, partial_rotary_factor=0.75,
-        tie_word_embeddings=True, rope_scaling=_longrope("longrope", 6, 2 * ORIGINAL)),
+        **SMALL,
+        original_max_position_embeddings=ORIGINAL,
+        partial_rotary_factor=0.75,
+        tie_word_embeddings=True,
+        rope_scaling=_longrope("longrope", 6, 2 * ORIGINAL),
+    ),
     "phi3-window": lambda: transformers.Phi3Config(**SMALL, sliding_window=8),
 }
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77, 31, 200, 1, 42]  # 12 tokens: under ORIGINAL
@@ -96,7 +118,7 @@ def test_longrope_is_built_with_both_factor_sets(tmp_path):
     assert rotary.rotary_dim == 12 and rotary.original_max_position == ORIGINAL
     assert not torch.allclose(rotary.inv_freq, rotary.long_inv_freq)
     # factor 64 / 16 = 4: sqrt(1 + ln 4 / ln 16)
-    assert rotary.attention_scaling == pytest.approx(1.5 ** 0.5)
+    assert rotary.attention_scaling == pytest.approx(1.5**0.5)
 
 
 def test_short_and_long_sequences_share_a_step(tmp_path):
@@ -114,13 +136,12 @@ def test_short_and_long_sequences_share_a_step(tmp_path):
     assert_close_logits(long_logits, ref_long, "long sequence")
     assert_close_logits(short_logits, ref_short, "short sequence")
     # the factor sets differ enough that rotating with the wrong one shows
-    assert float((ref_short - ref_long[:len(PROMPT)]).abs().max()) > 1e-3
+    assert float((ref_short - ref_long[: len(PROMPT)]).abs().max()) > 1e-3
 
 
 def test_sliding_window_on_every_layer(tmp_path):
     _save("phi3-window", tmp_path)
-    windows = [layer.self_attn.attn.layer.sliding_window for layer in
-               _load(tmp_path).model.layers]
+    windows = [layer.self_attn.attn.layer.sliding_window for layer in _load(tmp_path).model.layers]
     assert windows == [8, 8]
 
 
@@ -145,8 +166,10 @@ def test_through_the_engine_on_cuda(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _save("phi4-mini-partial", tmp_path)
-    engine = dict(plugins=["tallow-model-phi3", "tallow-format-safetensors", "tallow-attention-triton"],
-                  config={"model": {"device": "cuda"}})
+    engine = dict(
+        plugins=["tallow-model-phi3", "tallow-format-safetensors", "tallow-attention-triton"],
+        config={"model": {"device": "cuda"}},
+    )
     # sequences past the original context from the first step, and one that stays within it
     assert_engine_greedy(tmp_path, hf, [LONG_PROMPT, LONG_PROMPT[::-1]], STEPS, **engine)
     assert_engine_greedy(tmp_path, hf, [PROMPT[:6]], 10, **engine)

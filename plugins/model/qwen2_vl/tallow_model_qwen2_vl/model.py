@@ -27,8 +27,16 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, BuildContext, MRotaryEmbedding, MultimodalStep, PlacedImage, ProcessedImage,
-    RotaryEmbedding, VisionLanguageModel, WeightNameMap, current_multimodal_step,
+    ArchConfig,
+    BuildContext,
+    MRotaryEmbedding,
+    MultimodalStep,
+    PlacedImage,
+    ProcessedImage,
+    RotaryEmbedding,
+    VisionLanguageModel,
+    WeightNameMap,
+    current_multimodal_step,
     merge_multimodal_embeddings,
 )
 from tallow_model_llama.model import Qwen2ForCausalLM, Qwen3ForCausalLM
@@ -40,9 +48,18 @@ from .vision import Qwen2_5_VisionTower, Qwen2VisionTower
 from .vision3 import Qwen3VisionTower
 
 #: what only the outer config of a transformers 5 checkpoint states
-_OUTER_KEYS = ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
-               "tie_word_embeddings", "image_token_id", "video_token_id",
-               "vision_start_token_id", "vision_end_token_id")
+_OUTER_KEYS = (
+    "torch_dtype",
+    "dtype",
+    "eos_token_id",
+    "bos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+)
 
 
 class QwenVLModel(VisionLanguageModel):
@@ -72,15 +89,18 @@ class QwenVLModel(VisionLanguageModel):
             raise ValueError("model config: a vision_config object is required")
         out_key = self.vision_tower.out_key
         if int(vision.get(out_key, cfg.hidden_size)) != int(cfg.hidden_size):
-            raise ValueError(f"model config: vision_config.{out_key} {vision.get(out_key)} "
-                             f"differs from hidden_size {cfg.hidden_size}")
+            raise ValueError(
+                f"model config: vision_config.{out_key} {vision.get(out_key)} "
+                f"differs from hidden_size {cfg.hidden_size}"
+            )
         self._image_token_id = int(cfg.require("image_token_id"))
         self.visual = self.vision_tower(vision, build)
         # the decoder's plain rotary table is never used: every layer rotates with M-RoPE
         assert self._mrope is not None
         self.model.rotary_emb = self._mrope
-        self.processor = ImageProcessor(cfg.get("preprocessor_config"), vision,
-                                        self.processor_defaults)
+        self.processor = ImageProcessor(
+            cfg.get("preprocessor_config"), vision, self.processor_defaults
+        )
 
     @classmethod
     def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +110,9 @@ class QwenVLModel(VisionLanguageModel):
         if text is None:
             return config
         if not isinstance(text, Mapping):
-            raise ValueError("model config: text_config must be an object, got "
-                             f"{type(text).__name__}")
+            raise ValueError(
+                f"model config: text_config must be an object, got {type(text).__name__}"
+            )
         flat = {k: v for k, v in config.items() if k != "text_config"}
         for key, value in text.items():
             if key not in _OUTER_KEYS or key not in flat:
@@ -99,12 +120,20 @@ class QwenVLModel(VisionLanguageModel):
         flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)
         return flat
 
-    def build_attention(self, config: ArchConfig, build: BuildContext, layer: int,
-                        rotary: RotaryEmbedding, head_dim: int, prefix: str) -> nn.Module:
+    def build_attention(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> nn.Module:
         if self._mrope is None:
             self._mrope = self.rotary_class.from_config(config, head_dim, device=build.device)
         return super().build_attention(  # type: ignore[misc]
-            config, build, layer, self._mrope, head_dim, prefix)
+            config, build, layer, self._mrope, head_dim, prefix
+        )
 
     def weight_names(self, naming: str) -> WeightNameMap:
         names = super().weight_names(naming)  # type: ignore[misc]
@@ -128,13 +157,15 @@ class QwenVLModel(VisionLanguageModel):
         t, h, w = image.grid
         return self.visual(image.pixel_values, (t, h, w))
 
-    def prompt_positions(self, token_ids: list[int],
-                         images: list[PlacedImage]) -> tuple[torch.Tensor, int]:
+    def prompt_positions(
+        self, token_ids: list[int], images: list[PlacedImage]
+    ) -> tuple[torch.Tensor, int]:
         return mrope_positions(len(token_ids), images, self.processor.merge)
 
     # -- running ---------------------------------------------------------------------------
-    def image_features(self, step: MultimodalStep | None
-                       ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
+    def image_features(
+        self, step: MultimodalStep | None
+    ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
         """The step with the embeddings its image tokens take, and the features added to
         those tokens' hidden states after decoder layer 0, 1, ... (none here)."""
         return step, []
@@ -179,8 +210,9 @@ class Qwen3VLForConditionalGeneration(QwenVLModel, Qwen3ForCausalLM):
     vision_names = staticmethod(qwen3_vision_name_map)
     processor_defaults = QWEN3_DEFAULTS
 
-    def image_features(self, step: MultimodalStep | None
-                       ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
+    def image_features(
+        self, step: MultimodalStep | None
+    ) -> tuple[MultimodalStep | None, list[torch.Tensor]]:
         """The tower's output split: the image embeddings, then one DeepStack feature per
         listed vision block, each added after the decoder layer of its rank."""
         if step is None or step.embeds is None or step.rows is None:
@@ -188,7 +220,9 @@ class Qwen3VLForConditionalGeneration(QwenVLModel, Qwen3ForCausalLM):
         width = int(self.config.hidden_size)
         count = 1 + len(self.visual.deepstack)
         if step.embeds.shape[-1] != width * count:
-            raise ValueError(f"image embeddings have width {step.embeds.shape[-1]}, expected "
-                             f"{count} x hidden_size {width}")
+            raise ValueError(
+                f"image embeddings have width {step.embeds.shape[-1]}, expected "
+                f"{count} x hidden_size {width}"
+            )
         parts = step.embeds.split(width, dim=-1)
         return replace(step, embeds=parts[0]), list(parts[1:])

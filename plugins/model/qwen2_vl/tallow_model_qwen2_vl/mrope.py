@@ -22,8 +22,9 @@ __all__ = ["InterleavedMRotaryEmbedding", "interleaved_axes"]
 def interleaved_axes(sections: Sequence[int]) -> torch.Tensor:
     """The axis (0 temporal, 1 height, 2 width) of each frequency, ``[sum(sections)]``."""
     if len(sections) != 3:
-        raise ValueError(f"mrope_section {list(sections)} must have three entries (temporal, "
-                         "height, width)")
+        raise ValueError(
+            f"mrope_section {list(sections)} must have three entries (temporal, height, width)"
+        )
     j = torch.arange(sum(sections))
     axes = torch.zeros_like(j)
     axes[(j % 3 == 1) & (j < 3 * sections[1])] = 1
@@ -34,20 +35,30 @@ def interleaved_axes(sections: Sequence[int]) -> torch.Tensor:
 class InterleavedMRotaryEmbedding(MRotaryEmbedding):
     """:class:`tallow.layers.MRotaryEmbedding` with the axes of the frequencies interleaved."""
 
-    def __init__(self, head_dim: int, sections: Sequence[int], max_position: int, base: float,
-                 *, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        sections: Sequence[int],
+        max_position: int,
+        base: float,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__(head_dim, sections, max_position, base, device=device)
         self.freq_axes = interleaved_axes(self.sections)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         step = current_multimodal_step()
         axes = step.positions if step is not None and step.positions is not None else None
         if axes is None:
             return super().cos_sin(positions, dtype)
         if axes.shape[0] != 3 or axes.shape[1] != positions.shape[0]:
-            raise RuntimeError(f"the step has positions {tuple(axes.shape)} for a batch of "
-                               f"{positions.shape[0]} tokens on 3 axes")
+            raise RuntimeError(
+                f"the step has positions {tuple(axes.shape)} for a batch of "
+                f"{positions.shape[0]} tokens on 3 axes"
+            )
         half = self.rotary_dim // 2
         table = self.cos_sin_cache[axes]  # [3, T, rotary_dim]: cos | sin
         which = self.freq_axes.to(table.device)

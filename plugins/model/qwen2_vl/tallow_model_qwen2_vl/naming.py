@@ -26,44 +26,60 @@ _V = "visual.blocks.{i}"
 
 
 def vision_name_map() -> WeightNameMap:
-    return WeightNameMap([
-        WeightRule("visual.patch_embed.proj.weight", "visual.patch_embed.weight",
-                   transform="flatten_patch_embed"),
-        WeightRule(f"{_V}.norm1.{{p}}", f"{_V}.norm1.{{p}}"),
-        WeightRule(f"{_V}.norm2.{{p}}", f"{_V}.norm2.{{p}}"),
-        WeightRule(f"{_V}.attn.qkv.{{p}}", f"{_V}.attn.qkv.{{p}}"),
-        WeightRule(f"{_V}.attn.proj.{{p}}", f"{_V}.attn.proj.{{p}}"),
-        WeightRule(f"{_V}.mlp.{{m}}.{{p}}", f"{_V}.mlp.{{m}}.{{p}}"),
-        WeightRule("visual.merger.ln_q.{p}", "visual.merger.ln_q.{p}"),
-        WeightRule("visual.merger.mlp.0.{p}", "visual.merger.fc1.{p}"),
-        WeightRule("visual.merger.mlp.2.{p}", "visual.merger.fc2.{p}"),
-    ])
+    return WeightNameMap(
+        [
+            WeightRule(
+                "visual.patch_embed.proj.weight",
+                "visual.patch_embed.weight",
+                transform="flatten_patch_embed",
+            ),
+            WeightRule(f"{_V}.norm1.{{p}}", f"{_V}.norm1.{{p}}"),
+            WeightRule(f"{_V}.norm2.{{p}}", f"{_V}.norm2.{{p}}"),
+            WeightRule(f"{_V}.attn.qkv.{{p}}", f"{_V}.attn.qkv.{{p}}"),
+            WeightRule(f"{_V}.attn.proj.{{p}}", f"{_V}.attn.proj.{{p}}"),
+            WeightRule(f"{_V}.mlp.{{m}}.{{p}}", f"{_V}.mlp.{{m}}.{{p}}"),
+            WeightRule("visual.merger.ln_q.{p}", "visual.merger.ln_q.{p}"),
+            WeightRule("visual.merger.mlp.0.{p}", "visual.merger.fc1.{p}"),
+            WeightRule("visual.merger.mlp.2.{p}", "visual.merger.fc2.{p}"),
+        ]
+    )
 
 
 def qwen3_vision_name_map() -> WeightNameMap:
-    return WeightNameMap([
-        WeightRule("visual.patch_embed.proj.weight", "visual.patch_embed.weight",
-                   transform="flatten_patch_embed"),
-        WeightRule("visual.patch_embed.proj.bias", "visual.patch_embed.bias"),
-        WeightRule("visual.pos_embed.weight", "visual.pos_embed"),
-        WeightRule(f"{_V}.norm1.{{p}}", f"{_V}.norm1.{{p}}"),
-        WeightRule(f"{_V}.norm2.{{p}}", f"{_V}.norm2.{{p}}"),
-        WeightRule(f"{_V}.attn.qkv.{{p}}", f"{_V}.attn.qkv.{{p}}"),
-        WeightRule(f"{_V}.attn.proj.{{p}}", f"{_V}.attn.proj.{{p}}"),
-        WeightRule(f"{_V}.mlp.linear_fc1.{{p}}", f"{_V}.mlp.fc1.{{p}}"),
-        WeightRule(f"{_V}.mlp.linear_fc2.{{p}}", f"{_V}.mlp.fc2.{{p}}"),
-        WeightRule("visual.merger.{m}.{p}", "visual.merger.{m}.{p}"),
-        WeightRule("visual.deepstack_merger_list.{j}.{m}.{p}",
-                   "visual.deepstack_merger_list.{j}.{m}.{p}"),
-    ])
+    return WeightNameMap(
+        [
+            WeightRule(
+                "visual.patch_embed.proj.weight",
+                "visual.patch_embed.weight",
+                transform="flatten_patch_embed",
+            ),
+            WeightRule("visual.patch_embed.proj.bias", "visual.patch_embed.bias"),
+            WeightRule("visual.pos_embed.weight", "visual.pos_embed"),
+            WeightRule(f"{_V}.norm1.{{p}}", f"{_V}.norm1.{{p}}"),
+            WeightRule(f"{_V}.norm2.{{p}}", f"{_V}.norm2.{{p}}"),
+            WeightRule(f"{_V}.attn.qkv.{{p}}", f"{_V}.attn.qkv.{{p}}"),
+            WeightRule(f"{_V}.attn.proj.{{p}}", f"{_V}.attn.proj.{{p}}"),
+            WeightRule(f"{_V}.mlp.linear_fc1.{{p}}", f"{_V}.mlp.fc1.{{p}}"),
+            WeightRule(f"{_V}.mlp.linear_fc2.{{p}}", f"{_V}.mlp.fc2.{{p}}"),
+            WeightRule("visual.merger.{m}.{p}", "visual.merger.{m}.{p}"),
+            WeightRule(
+                "visual.deepstack_merger_list.{j}.{m}.{p}",
+                "visual.deepstack_merger_list.{j}.{m}.{p}",
+            ),
+        ]
+    )
 
 
 class Qwen2VLNames:
     """Either layout's names, matched by the vision map or the text model's map."""
 
     #: checkpoint prefix -> the prefix the maps know
-    PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."),
-                ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+    PREFIXES = (
+        ("model.visual.", "visual."),
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    )
 
     def __init__(self, text: WeightNameMap, vision: WeightNameMap | None = None) -> None:
         self.text = text
@@ -72,7 +88,7 @@ class Qwen2VLNames:
     def match(self, name: str) -> WeightMatch | None:
         for prefix, own in self.PREFIXES:
             if name.startswith(prefix):
-                name = own + name[len(prefix):]
+                name = own + name[len(prefix) :]
                 break
         if name.startswith("visual."):
             return self.vision.match(name)

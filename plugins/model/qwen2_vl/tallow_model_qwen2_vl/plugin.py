@@ -8,6 +8,9 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
-    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration",
-                 "Qwen3VLForConditionalGeneration"):
+    for name in (
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+    ):
         registry.register(name, f"tallow_model_qwen2_vl.model:{name}")

@@ -26,17 +26,23 @@ from tallow.layers import PlacedImage, ProcessedImage
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 #: what a checkpoint without ``preprocessor_config.json`` is processed with
-QWEN2_DEFAULTS: Mapping[str, Any] = {"min_pixels": DEFAULT_MIN_PIXELS,
-                                     "max_pixels": DEFAULT_MAX_PIXELS}
+QWEN2_DEFAULTS: Mapping[str, Any] = {
+    "min_pixels": DEFAULT_MIN_PIXELS,
+    "max_pixels": DEFAULT_MAX_PIXELS,
+}
 #: Qwen3-VL's published preprocessor config: its pixel limits and a mean and std of 0.5
-QWEN3_DEFAULTS: Mapping[str, Any] = {"size": {"shortest_edge": 65536,
-                                              "longest_edge": 16777216},
-                                     "image_mean": [0.5, 0.5, 0.5],
-                                     "image_std": [0.5, 0.5, 0.5]}
+QWEN3_DEFAULTS: Mapping[str, Any] = {
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 
 
-def hf_image_processor(preprocessor: Mapping[str, Any] | None, vision: Mapping[str, Any],
-                       defaults: Mapping[str, Any] = QWEN2_DEFAULTS) -> Any:
+def hf_image_processor(
+    preprocessor: Mapping[str, Any] | None,
+    vision: Mapping[str, Any],
+    defaults: Mapping[str, Any] = QWEN2_DEFAULTS,
+) -> Any:
     """transformers' Qwen2-VL image processor for a checkpoint (Qwen3-VL's checkpoints name
     the same processor); ``defaults`` fill what the preprocessor config leaves out."""
     from transformers import Qwen2VLImageProcessorPil
@@ -53,7 +59,8 @@ def hf_image_processor(preprocessor: Mapping[str, Any] | None, vision: Mapping[s
     has_pixels = "min_pixels" in settings or "max_pixels" in settings
     for key, value in defaults.items():
         if (key == "size" and (has_size or has_pixels)) or (
-                key in ("min_pixels", "max_pixels") and has_size):
+            key in ("min_pixels", "max_pixels") and has_size
+        ):
             continue
         settings.setdefault(key, value)
     return Qwen2VLImageProcessorPil(**settings)
@@ -62,8 +69,12 @@ def hf_image_processor(preprocessor: Mapping[str, Any] | None, vision: Mapping[s
 class ImageProcessor:
     """``process(image) -> ProcessedImage`` for one checkpoint."""
 
-    def __init__(self, preprocessor: Mapping[str, Any] | None, vision: Mapping[str, Any],
-                 defaults: Mapping[str, Any] = QWEN2_DEFAULTS) -> None:
+    def __init__(
+        self,
+        preprocessor: Mapping[str, Any] | None,
+        vision: Mapping[str, Any],
+        defaults: Mapping[str, Any] = QWEN2_DEFAULTS,
+    ) -> None:
         self.hf = hf_image_processor(preprocessor, vision, defaults)
         self.merge = int(self.hf.merge_size)
 
@@ -71,12 +82,14 @@ class ImageProcessor:
         out = self.hf(images=[image], return_tensors="pt")
         grid = tuple(int(g) for g in out["image_grid_thw"][0].tolist())
         t, h, w = grid
-        return ProcessedImage(pixel_values=out["pixel_values"], grid=grid,
-                              num_tokens=t * h * w // (self.merge * self.merge))
+        return ProcessedImage(
+            pixel_values=out["pixel_values"],
+            grid=grid,
+            num_tokens=t * h * w // (self.merge * self.merge),
+        )
 
 
-def mrope_positions(length: int, images: list[PlacedImage], merge: int
-                    ) -> tuple[torch.Tensor, int]:
+def mrope_positions(length: int, images: list[PlacedImage], merge: int) -> tuple[torch.Tensor, int]:
     """``([3, length] int64, delta)`` for a prompt of ``length`` tokens holding ``images``
     (in order, placeholders expanded)."""
     pieces: list[torch.Tensor] = []
@@ -90,8 +103,9 @@ def mrope_positions(length: int, images: list[PlacedImage], merge: int
         pos += text
         t, h, w = placed.image.grid
         gh, gw = h // merge, w // merge
-        tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(gh),
-                                    torch.arange(gw), indexing="ij")
+        tt, hh, ww = torch.meshgrid(
+            torch.arange(t), torch.arange(gh), torch.arange(gw), indexing="ij"
+        )
         pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
         pos += max(gh, gw)
         at = placed.end

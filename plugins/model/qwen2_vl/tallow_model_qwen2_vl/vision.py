@@ -45,8 +45,9 @@ def rotary_positions(grid_h: int, grid_w: int, merge: int) -> torch.Tensor:
     return torch.stack([rows, cols], dim=-1)
 
 
-def window_order(grid_t: int, grid_h: int, grid_w: int, merge: int, window: int
-                 ) -> tuple[torch.Tensor, list[int]]:
+def window_order(
+    grid_t: int, grid_h: int, grid_w: int, merge: int, window: int
+) -> tuple[torch.Tensor, list[int]]:
     """(the merge groups in window order ``[t * h/m * w/m]``, the patch count of each window).
 
     ``window`` is the window's side in merged patches; windows at the right and bottom edges
@@ -97,31 +98,37 @@ class VisionAttention(nn.Module):
     def __init__(self, dim: int, heads: int, build: BuildContext, prefix: str) -> None:
         super().__init__()
         if dim % heads:
-            raise ValueError(f"model config: vision_config.hidden_size {dim} is not a multiple "
-                             f"of num_heads {heads}")
+            raise ValueError(
+                f"model config: vision_config.hidden_size {dim} is not a multiple "
+                f"of num_heads {heads}"
+            )
         self.heads, self.head_dim = heads, dim // heads
         self.qkv = ReplicatedLinear(dim, 3 * dim, True, build=build, prefix=f"{prefix}.qkv")
         self.proj = ReplicatedLinear(dim, dim, True, build=build, prefix=f"{prefix}.proj")
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).reshape(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         # [heads, n, D]; ``mask`` keeps attention inside each window (None: whole image)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                             v.transpose(0, 1), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        )
         return self.proj(out.transpose(0, 1).reshape(n, -1))
 
 
 class VisionMLP(nn.Module):
     def __init__(self, dim: int, hidden: int, build: BuildContext, prefix: str) -> None:
         super().__init__()
-        self.gate_proj = ReplicatedLinear(dim, hidden, True, build=build,
-                                          prefix=f"{prefix}.gate_proj")
+        self.gate_proj = ReplicatedLinear(
+            dim, hidden, True, build=build, prefix=f"{prefix}.gate_proj"
+        )
         self.up_proj = ReplicatedLinear(dim, hidden, True, build=build, prefix=f"{prefix}.up_proj")
-        self.down_proj = ReplicatedLinear(hidden, dim, True, build=build,
-                                          prefix=f"{prefix}.down_proj")
+        self.down_proj = ReplicatedLinear(
+            hidden, dim, True, build=build, prefix=f"{prefix}.down_proj"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -130,8 +137,7 @@ class VisionMLP(nn.Module):
 class PlainVisionMLP(nn.Module):
     """Qwen2-VL's ``fc2(act(fc1(x)))``."""
 
-    def __init__(self, dim: int, hidden: int, act: str, build: BuildContext,
-                 prefix: str) -> None:
+    def __init__(self, dim: int, hidden: int, act: str, build: BuildContext, prefix: str) -> None:
         super().__init__()
         self.fc1 = ReplicatedLinear(dim, hidden, True, build=build, prefix=f"{prefix}.fc1")
         self.fc2 = ReplicatedLinear(hidden, dim, True, build=build, prefix=f"{prefix}.fc2")
@@ -142,27 +148,31 @@ class PlainVisionMLP(nn.Module):
 
 
 class VisionBlock(nn.Module):
-    def __init__(self, norms: tuple[nn.Module, nn.Module], attn: VisionAttention,
-                 mlp: nn.Module) -> None:
+    def __init__(
+        self, norms: tuple[nn.Module, nn.Module], attn: VisionAttention, mlp: nn.Module
+    ) -> None:
         super().__init__()
         self.norm1, self.norm2 = norms
         self.attn = attn
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, mask)
         return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, dim: int, context: int, merge: int, norm: nn.Module,
-                 build: BuildContext, prefix: str) -> None:
+    def __init__(
+        self, dim: int, context: int, merge: int, norm: nn.Module, build: BuildContext, prefix: str
+    ) -> None:
         super().__init__()
         self.width = context * merge * merge
         self.ln_q = norm
-        self.fc1 = ReplicatedLinear(self.width, self.width, True, build=build,
-                                    prefix=f"{prefix}.mlp.0")
+        self.fc1 = ReplicatedLinear(
+            self.width, self.width, True, build=build, prefix=f"{prefix}.mlp.0"
+        )
         self.fc2 = ReplicatedLinear(self.width, dim, True, build=build, prefix=f"{prefix}.mlp.2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,24 +195,39 @@ class Qwen2_5_VisionTower(nn.Module):
         self.channels = int(config.get("in_channels", config.get("in_chans", 3)))
         self.merge = int(config.get("spatial_merge_size", 2))
         self.full_attention = self.full_attention_blocks(config, depth)
-        self.window = (int(config.get("window_size", 112)) // self.merge // self.patch
-                       if len(self.full_attention) < depth else 0)
+        self.window = (
+            int(config.get("window_size", 112)) // self.merge // self.patch
+            if len(self.full_attention) < depth
+            else 0
+        )
         if len(self.full_attention) < depth and self.window < 1:
-            raise ValueError("model config: vision_config.window_size must be at least "
-                             "spatial_merge_size * patch_size")
+            raise ValueError(
+                "model config: vision_config.window_size must be at least "
+                "spatial_merge_size * patch_size"
+            )
         rope = config.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
         patch_width = self.channels * self.temporal * self.patch * self.patch
-        self.patch_embed = ReplicatedLinear(patch_width, dim, False, build=build,
-                                            prefix="visual.patch_embed")
+        self.patch_embed = ReplicatedLinear(
+            patch_width, dim, False, build=build, prefix="visual.patch_embed"
+        )
         self.rotary = VisionRotary(dim // heads, theta)
         self.blocks = nn.ModuleList(
-            VisionBlock((self.norm(dim, build), self.norm(dim, build)),
-                        VisionAttention(dim, heads, build, f"visual.blocks.{i}.attn"),
-                        self.mlp(config, dim, build, f"visual.blocks.{i}.mlp"))
-            for i in range(depth))
-        self.merger = PatchMerger(int(_require(config, self.out_key)), dim, self.merge,
-                                  self.norm(dim, build), build, "visual.merger")
+            VisionBlock(
+                (self.norm(dim, build), self.norm(dim, build)),
+                VisionAttention(dim, heads, build, f"visual.blocks.{i}.attn"),
+                self.mlp(config, dim, build, f"visual.blocks.{i}.mlp"),
+            )
+            for i in range(depth)
+        )
+        self.merger = PatchMerger(
+            int(_require(config, self.out_key)),
+            dim,
+            self.merge,
+            self.norm(dim, build),
+            build,
+            "visual.merger",
+        )
 
     # -- what the generations differ in -----------------------------------------------------
     def full_attention_blocks(self, config: Mapping[str, Any], depth: int) -> set[int]:
@@ -211,16 +236,18 @@ class Qwen2_5_VisionTower(nn.Module):
     def norm(self, dim: int, build: BuildContext) -> nn.Module:
         return RMSNorm(dim, 1e-6, build=build)
 
-    def mlp(self, config: Mapping[str, Any], dim: int, build: BuildContext,
-            prefix: str) -> nn.Module:
+    def mlp(
+        self, config: Mapping[str, Any], dim: int, build: BuildContext, prefix: str
+    ) -> nn.Module:
         return VisionMLP(dim, int(_require(config, "intermediate_size")), build, prefix)
 
     def forward(self, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         t, h, w = grid
         unit = self.merge * self.merge
         if pixel_values.shape[0] != t * h * w:
-            raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches for a grid of "
-                             f"{t}x{h}x{w}")
+            raise ValueError(
+                f"pixel_values has {pixel_values.shape[0]} patches for a grid of {t}x{h}x{w}"
+            )
         weight = self.patch_embed.weight
         x = self.patch_embed(pixel_values.to(weight.device, weight.dtype))
         if self.window:
@@ -230,8 +257,10 @@ class Qwen2_5_VisionTower(nn.Module):
         order = order.to(x.device)
         x = _in_windows(x, order, unit)
         cos, sin = self.rotary(rotary_positions(h, w, self.merge).repeat(t, 1))
-        cos, sin = _in_windows(cos.to(x.device), order, unit), _in_windows(sin.to(x.device),
-                                                                            order, unit)
+        cos, sin = (
+            _in_windows(cos.to(x.device), order, unit),
+            _in_windows(sin.to(x.device), order, unit),
+        )
         window_mask = _block_mask(windows, x.device)
         frame_mask = _block_mask([h * w] * t, x.device)
         for i, block in enumerate(self.blocks):
@@ -250,8 +279,9 @@ def _block_mask(lengths: list[int], device: torch.device) -> torch.Tensor | None
     ``lengths`` (None when there is one segment: attend to all)."""
     if len(lengths) == 1:
         return None
-    ids = torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                  torch.tensor(lengths, device=device))
+    ids = torch.repeat_interleave(
+        torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device)
+    )
     return ids[:, None] == ids[None, :]
 
 
@@ -266,8 +296,10 @@ class Qwen2VisionTower(Qwen2_5_VisionTower):
     def norm(self, dim: int, build: BuildContext) -> nn.Module:
         return LayerNorm(dim, 1e-6, build=build)
 
-    def mlp(self, config: Mapping[str, Any], dim: int, build: BuildContext,
-            prefix: str) -> nn.Module:
+    def mlp(
+        self, config: Mapping[str, Any], dim: int, build: BuildContext, prefix: str
+    ) -> nn.Module:
         hidden = int(dim * float(config.get("mlp_ratio", 4)))
-        return PlainVisionMLP(dim, hidden, str(config.get("hidden_act", "quick_gelu")), build,
-                              prefix)
+        return PlainVisionMLP(
+            dim, hidden, str(config.get("hidden_act", "quick_gelu")), build, prefix
+        )

@@ -31,13 +31,19 @@ from torch import nn
 from tallow.layers import BuildContext, LayerNorm, ReplicatedLinear
 
 from .vision import (
-    PlainVisionMLP, VisionAttention, VisionBlock, VisionRotary, _block_mask, _require,
+    PlainVisionMLP,
+    VisionAttention,
+    VisionBlock,
+    VisionRotary,
+    _block_mask,
+    _require,
     rotary_positions,
 )
 
 
-def interpolation_taps(rows: torch.Tensor, cols: torch.Tensor, grid_h: int, grid_w: int,
-                       side: int) -> tuple[torch.Tensor, torch.Tensor]:
+def interpolation_taps(
+    rows: torch.Tensor, cols: torch.Tensor, grid_h: int, grid_w: int, side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(indices ``[n, 4]`` into a flattened ``side × side`` table, weights ``[n, 4]``) that
     resample the table bilinearly (corners aligned) at patch ``(rows, cols)`` of an
     ``grid_h × grid_w`` grid."""
@@ -61,20 +67,26 @@ class Qwen3PatchMerger(nn.Module):
     """LayerNorm (before or after concatenating the neighbours), ``linear_fc1``, GELU,
     ``linear_fc2``."""
 
-    def __init__(self, dim: int, out: int, merge: int, postshuffle: bool,
-                 build: BuildContext, prefix: str) -> None:
+    def __init__(
+        self, dim: int, out: int, merge: int, postshuffle: bool, build: BuildContext, prefix: str
+    ) -> None:
         super().__init__()
         self.width = dim * merge * merge
         self.postshuffle = postshuffle
         self.norm = LayerNorm(self.width if postshuffle else dim, 1e-6, build=build)
-        self.linear_fc1 = ReplicatedLinear(self.width, self.width, True, build=build,
-                                           prefix=f"{prefix}.linear_fc1")
-        self.linear_fc2 = ReplicatedLinear(self.width, out, True, build=build,
-                                           prefix=f"{prefix}.linear_fc2")
+        self.linear_fc1 = ReplicatedLinear(
+            self.width, self.width, True, build=build, prefix=f"{prefix}.linear_fc1"
+        )
+        self.linear_fc2 = ReplicatedLinear(
+            self.width, out, True, build=build, prefix=f"{prefix}.linear_fc2"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x.reshape(-1, self.width)) if self.postshuffle else \
-            self.norm(x).reshape(-1, self.width)
+        x = (
+            self.norm(x.reshape(-1, self.width))
+            if self.postshuffle
+            else self.norm(x).reshape(-1, self.width)
+        )
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
@@ -96,35 +108,43 @@ class Qwen3VisionTower(nn.Module):
         self.channels = int(config.get("in_channels", 3))
         self.merge = int(config.get("spatial_merge_size", 2))
         positions = int(_require(config, "num_position_embeddings"))
-        self.side = int(positions ** 0.5)
+        self.side = int(positions**0.5)
         if self.side * self.side != positions:
-            raise ValueError(f"model config: vision_config.num_position_embeddings {positions} "
-                             "is not a square")
+            raise ValueError(
+                f"model config: vision_config.num_position_embeddings {positions} is not a square"
+            )
         self.deepstack = [int(i) for i in config.get("deepstack_visual_indexes") or ()]
         bad = [i for i in self.deepstack if not 0 <= i < depth]
         if bad:
-            raise ValueError(f"model config: vision_config.deepstack_visual_indexes {bad} are "
-                             f"not blocks of a tower of depth {depth}")
+            raise ValueError(
+                f"model config: vision_config.deepstack_visual_indexes {bad} are "
+                f"not blocks of a tower of depth {depth}"
+            )
         rope = config.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
         patch_width = self.channels * self.temporal * self.patch * self.patch
-        self.patch_embed = ReplicatedLinear(patch_width, dim, True, build=build,
-                                            prefix="visual.patch_embed")
-        self.pos_embed = nn.Parameter(torch.empty(positions, dim, device=build.device,
-                                                  dtype=build.dtype), requires_grad=False)
+        self.patch_embed = ReplicatedLinear(
+            patch_width, dim, True, build=build, prefix="visual.patch_embed"
+        )
+        self.pos_embed = nn.Parameter(
+            torch.empty(positions, dim, device=build.device, dtype=build.dtype), requires_grad=False
+        )
         self.rotary = VisionRotary(dim // heads, theta)
         act = str(config.get("hidden_act", "gelu_pytorch_tanh"))
         hidden = int(_require(config, "intermediate_size"))
         self.blocks = nn.ModuleList(
-            VisionBlock((LayerNorm(dim, 1e-6, build=build), LayerNorm(dim, 1e-6, build=build)),
-                        VisionAttention(dim, heads, build, f"visual.blocks.{i}.attn"),
-                        PlainVisionMLP(dim, hidden, act, build, f"visual.blocks.{i}.mlp"))
-            for i in range(depth))
+            VisionBlock(
+                (LayerNorm(dim, 1e-6, build=build), LayerNorm(dim, 1e-6, build=build)),
+                VisionAttention(dim, heads, build, f"visual.blocks.{i}.attn"),
+                PlainVisionMLP(dim, hidden, act, build, f"visual.blocks.{i}.mlp"),
+            )
+            for i in range(depth)
+        )
         self.merger = Qwen3PatchMerger(dim, out, self.merge, False, build, "visual.merger")
         self.deepstack_merger_list = nn.ModuleList(
-            Qwen3PatchMerger(dim, out, self.merge, True, build,
-                             f"visual.deepstack_merger_list.{j}")
-            for j in range(len(self.deepstack)))
+            Qwen3PatchMerger(dim, out, self.merge, True, build, f"visual.deepstack_merger_list.{j}")
+            for j in range(len(self.deepstack))
+        )
 
     def position_embeddings(self, grid_h: int, grid_w: int) -> torch.Tensor:
         """The learned table resampled to an ``h × w`` grid, ``[h * w, dim]`` in the
@@ -138,8 +158,9 @@ class Qwen3VisionTower(nn.Module):
     def forward(self, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         t, h, w = grid
         if pixel_values.shape[0] != t * h * w:
-            raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches for a grid of "
-                             f"{t}x{h}x{w}")
+            raise ValueError(
+                f"pixel_values has {pixel_values.shape[0]} patches for a grid of {t}x{h}x{w}"
+            )
         table = self.pos_embed  # the tower's device and dtype
         x = self.patch_embed(pixel_values.to(table.device, table.dtype))
         x = x + self.position_embeddings(h, w).repeat(t, 1).to(x.dtype)

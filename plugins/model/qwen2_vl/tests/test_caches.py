@@ -28,10 +28,14 @@ def _run(llm: Any, prompt: list[int], image: Any) -> Any:
 def fresh_llm(checkpoint: tuple[Any, Any]) -> Any:
     from tallow.plugin.testing.engine import offline_llm
 
-    return offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
-                                                    "tallow-format-safetensors"],
-                       config={"model": {"dtype": "float32", "max_model_len": 256},
-                               "cache": {"num_blocks": 64, "block_size": 16}})
+    return offline_llm(
+        str(checkpoint[1]),
+        plugins=["tallow-model-qwen2-vl", "tallow-model-llama", "tallow-format-safetensors"],
+        config={
+            "model": {"dtype": "float32", "max_model_len": 256},
+            "cache": {"num_blocks": 64, "block_size": 16},
+        },
+    )
 
 
 def test_same_image_shares_blocks_and_encoder_output(kit, fresh_llm) -> None:
@@ -70,12 +74,15 @@ def test_chunk_boundaries_inside_an_image(kit, checkpoint, llm) -> None:
     logprobs as one whole prefill."""
     from tallow.plugin.testing.engine import offline_llm
 
-    chunked = offline_llm(str(checkpoint[1]), plugins=["tallow-model-qwen2-vl", "tallow-model-llama",
-                                                       "tallow-format-safetensors"],
-                          config={"model": {"dtype": "float32", "max_model_len": 256},
-                                  "cache": {"num_blocks": 64, "block_size": 16,
-                                            "enable_prefix_caching": False},
-                                  "scheduler": {"prefill_chunk_size": 7}})
+    chunked = offline_llm(
+        str(checkpoint[1]),
+        plugins=["tallow-model-qwen2-vl", "tallow-model-llama", "tallow-format-safetensors"],
+        config={
+            "model": {"dtype": "float32", "max_model_len": 256},
+            "cache": {"num_blocks": 64, "block_size": 16, "enable_prefix_caching": False},
+            "scheduler": {"prefill_chunk_size": 7},
+        },
+    )
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, prompt_logprobs=0)
     image = kit.image(200, 140, seed=21)
     whole = llm.generate(_prompt(kit), params, images=[image])[0]
@@ -84,7 +91,8 @@ def test_chunk_boundaries_inside_an_image(kit, checkpoint, llm) -> None:
     for p in range(1, len(whole.prompt_token_ids)):
         tok = whole.prompt_token_ids[p]
         assert parts.prompt_logprobs[p][tok].logprob == pytest.approx(
-            whole.prompt_logprobs[p][tok].logprob, abs=1e-4)
+            whole.prompt_logprobs[p][tok].logprob, abs=1e-4
+        )
     # the encoder ran once for the image although several chunks took its tokens
     assert chunked.engine.stats()["images_encoded"] == 1
 

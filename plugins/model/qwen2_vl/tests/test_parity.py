@@ -23,8 +23,9 @@ def _prompt(kit: Any, text_parts: list[list[int]]) -> list[int]:
     return out
 
 
-def _hf_inputs(kit: Any, prompt: list[int], images: list[Any],
-               preprocessor: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _hf_inputs(
+    kit: Any, prompt: list[int], images: list[Any], preprocessor: dict[str, Any]
+) -> dict[str, torch.Tensor]:
     """transformers' inputs: the placeholders expanded by its processor's grids."""
     from transformers import Qwen2VLImageProcessorPil
 
@@ -42,22 +43,28 @@ def _hf_inputs(kit: Any, prompt: list[int], images: list[Any],
         else:
             ids.append(t)
     input_ids = torch.tensor([ids])
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-            "pixel_values": out["pixel_values"], "image_grid_thw": grids,
-            "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int()}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": out["pixel_values"],
+        "image_grid_thw": grids,
+        "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int(),
+    }
 
 
-def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any],
-           preprocessor: dict[str, Any]) -> None:
+def _check(
+    kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any], preprocessor: dict[str, Any]
+) -> None:
     inputs = _hf_inputs(kit, prompt, images, preprocessor)
     with torch.no_grad():
         ref_logits = hf(**inputs).logits[0].float()
         ref = hf.generate(**inputs, max_new_tokens=STEPS, do_sample=False)
-    ref_tokens = ref[0, inputs["input_ids"].shape[1]:].tolist()
+    ref_tokens = ref[0, inputs["input_ids"].shape[1] :].tolist()
     ref_lp = torch.log_softmax(ref_logits, -1)
 
-    params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True,
-                            prompt_logprobs=0, logprobs=0)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=STEPS, ignore_eos=True, prompt_logprobs=0, logprobs=0
+    )
     out = llm.generate(prompt, params, images=images)[0]
     ids = inputs["input_ids"][0].tolist()
     assert list(out.prompt_token_ids) == ids, "the engine expanded the images differently"
@@ -70,9 +77,11 @@ def _check(kit: Any, llm: Any, hf: Any, prompt: list[int], images: list[Any],
     assert len(set(ref_tokens)) > 1, "degenerate model: greedy decoding repeats one token"
 
 
-FAMILIES = {"qwen2.5-vl": ("checkpoint", "llm", "PREPROCESSOR"),
-            "qwen2-vl": ("qwen2_checkpoint", "qwen2_llm", "PREPROCESSOR"),
-            "qwen3-vl": ("qwen3_checkpoint", "qwen3_llm", "PREPROCESSOR3")}
+FAMILIES = {
+    "qwen2.5-vl": ("checkpoint", "llm", "PREPROCESSOR"),
+    "qwen2-vl": ("qwen2_checkpoint", "qwen2_llm", "PREPROCESSOR"),
+    "qwen3-vl": ("qwen3_checkpoint", "qwen3_llm", "PREPROCESSOR3"),
+}
 
 
 def _family(kit: Any, request: Any, family: str) -> tuple[Any, Any, dict[str, Any]]:
@@ -85,16 +94,28 @@ def _family(kit: Any, request: Any, family: str) -> tuple[Any, Any, dict[str, An
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_one_image(kit, request, family) -> None:
     hf, llm, preprocessor = _family(kit, request, family)
-    _check(kit, llm, hf, _prompt(kit, [[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
-           [kit.image(90, 60, seed=1)], preprocessor)
+    _check(
+        kit,
+        llm,
+        hf,
+        _prompt(kit, [[5, 17, 40], [88, 120, 9, 64, 33, 12]]),
+        [kit.image(90, 60, seed=1)],
+        preprocessor,
+    )
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_two_images(kit, request, family) -> None:
     hf, llm, preprocessor = _family(kit, request, family)
     prompt = _prompt(kit, [[5, 17], [88, 120, 9], [64, 33, 12, 200, 7]])
-    _check(kit, llm, hf, prompt, [kit.image(56, 112, seed=2),
-                                  kit.image(150, 100, "RGBA", seed=3)], preprocessor)
+    _check(
+        kit,
+        llm,
+        hf,
+        prompt,
+        [kit.image(56, 112, seed=2), kit.image(150, 100, "RGBA", seed=3)],
+        preprocessor,
+    )
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -108,4 +129,5 @@ def test_images_change_the_output(kit, request, family) -> None:
     last = len(a.prompt_token_ids) - 1
     tok = a.prompt_token_ids[last]
     assert a.prompt_logprobs[last][tok].logprob != pytest.approx(
-        b.prompt_logprobs[last][tok].logprob, abs=1e-4)
+        b.prompt_logprobs[last][tok].logprob, abs=1e-4
+    )

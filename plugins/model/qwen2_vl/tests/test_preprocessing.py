@@ -12,16 +12,25 @@ import pytest
 import torch
 
 CASES = [  # (width, height, mode)
-    (90, 60, "RGB"), (150, 100, "RGBA"), (64, 64, "L"), (120, 80, "P"), (8, 8, "RGB"),
-    (600, 40, "RGB"), (30, 500, "RGB"), (333, 222, "RGBA"), (57, 91, "L"), (1000, 1000, "RGB"),
+    (90, 60, "RGB"),
+    (150, 100, "RGBA"),
+    (64, 64, "L"),
+    (120, 80, "P"),
+    (8, 8, "RGB"),
+    (600, 40, "RGB"),
+    (30, 500, "RGB"),
+    (333, 222, "RGBA"),
+    (57, 91, "L"),
+    (1000, 1000, "RGB"),
 ]
 
 
 def _reference(kit: Any, preprocessor: str = "PREPROCESSOR") -> Any:
     from transformers import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(**{k: v for k, v in getattr(kit, preprocessor).items()
-                                       if k != "image_processor_type"})
+    return Qwen2VLImageProcessorPil(
+        **{k: v for k, v in getattr(kit, preprocessor).items() if k != "image_processor_type"}
+    )
 
 
 #: family → (the engine fixture, the kit's preprocessor config)
@@ -63,8 +72,9 @@ def test_defaults_without_preprocessor_config(kit) -> None:
 
     from tallow_model_qwen2_vl.processor import ImageProcessor
 
-    ours = ImageProcessor(None, {"patch_size": 14, "temporal_patch_size": 2,
-                                 "spatial_merge_size": 2})
+    ours = ImageProcessor(
+        None, {"patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    )
     ref = Qwen2VLImageProcessorPil()
     img = kit.image(1000, 700)
     got = ours.process(img)
@@ -83,13 +93,19 @@ def test_qwen3_defaults_without_preprocessor_config(kit) -> None:
 
     vision = {"patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2}
     published = Qwen2VLImageProcessorPil(
-        size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16,
-        temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
     img = kit.image(1000, 700, "RGBA")
     got = ImageProcessor(None, vision, QWEN3_DEFAULTS).process(img)
     want = published(images=[img], return_tensors="pt")
     assert got.grid == tuple(want["image_grid_thw"][0].tolist())
     assert torch.equal(got.pixel_values, want["pixel_values"])
-    small = ImageProcessor({"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 16}, vision,
-                           QWEN3_DEFAULTS)
+    small = ImageProcessor(
+        {"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 16}, vision, QWEN3_DEFAULTS
+    )
     assert small.process(img).num_tokens <= 16

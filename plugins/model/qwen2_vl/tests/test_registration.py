@@ -16,13 +16,19 @@ from tallow_model_qwen2_vl import plugin
 
 
 def test_registration_is_lazy() -> None:
-    assert modules_imported_by_registration("tallow_model_qwen2_vl.plugin",
-                                            "tallow_register_architectures",
-                                            "ArchitectureRegistry") == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_model_qwen2_vl.plugin", "tallow_register_architectures", "ArchitectureRegistry"
+        )
+        == []
+    )
     registry = ArchitectureRegistry()
     plugin.tallow_register_architectures(registry)
-    for name in ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration",
-                 "Qwen3VLForConditionalGeneration"):
+    for name in (
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+    ):
         cls = registry.entry(name).load()
         assert issubclass(cls, VisionLanguageModel) and cls.position_axes == 3
         assert cls.hf_architectures == (name,)
@@ -59,11 +65,12 @@ def test_bad_configs_name_the_key(checkpoint) -> None:
     broken = dict(config, vision_config=dict(config["vision_config"], out_hidden_size=32))
     with pytest.raises(ValueError, match="out_hidden_size 32 differs from hidden_size 64"):
         Qwen2_5_VLForConditionalGeneration(ArchConfig(broken), BuildContext())
-    no_sections = dict(config, text_config=dict(config["text_config"],
-                                                rope_parameters={"rope_theta": 1e4}))
+    no_sections = dict(
+        config, text_config=dict(config["text_config"], rope_parameters={"rope_theta": 1e4})
+    )
     with pytest.raises(ValueError, match="mrope_section is required"):
         Qwen2_5_VLForConditionalGeneration(ArchConfig(no_sections), BuildContext())
     with pytest.raises(ValueError, match="vision_config object is required"):
         Qwen2_5_VLForConditionalGeneration(
-            ArchConfig({k: v for k, v in config.items() if k != "vision_config"}),
-            BuildContext())
+            ArchConfig({k: v for k, v in config.items() if k != "vision_config"}), BuildContext()
+        )

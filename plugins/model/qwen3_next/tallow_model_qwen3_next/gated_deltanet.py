@@ -28,18 +28,29 @@ import torch
 from torch import nn
 
 from tallow.kernels import (
-    causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, gated_delta_step,
-    gated_rms_norm, gdn_gating,
+    causal_conv1d,
+    causal_conv1d_update,
+    chunk_gated_delta_rule,
+    gated_delta_step,
+    gated_rms_norm,
+    gdn_gating,
 )
 from tallow.layers import (
-    ArchConfig, BuildContext, MergedColumnParallelLinear, RecurrentStateSpec, ReplicatedLinear,
-    StateCache, StateTensorSpec, get_forward_context,
+    ArchConfig,
+    BuildContext,
+    MergedColumnParallelLinear,
+    RecurrentStateSpec,
+    ReplicatedLinear,
+    StateCache,
+    StateTensorSpec,
+    get_forward_context,
 )
 
 
 def _param(shape: tuple[int, ...], build: BuildContext, fill: float = 0.0) -> nn.Parameter:
-    return nn.Parameter(torch.full(shape, fill, dtype=build.dtype, device=build.device),
-                        requires_grad=False)
+    return nn.Parameter(
+        torch.full(shape, fill, dtype=build.dtype, device=build.device), requires_grad=False
+    )
 
 
 class GatedRMSNorm(nn.Module):
@@ -81,36 +92,48 @@ class GatedDeltaNet(nn.Module):
         self.head_v_dim = int(config.require("linear_value_head_dim"))
         self.conv_taps = int(config.get("linear_conv_kernel_dim", 4))
         if self.num_v_heads % self.num_k_heads:
-            raise ValueError(f"model config: linear_num_value_heads {self.num_v_heads} must be "
-                             f"a multiple of linear_num_key_heads {self.num_k_heads}")
+            raise ValueError(
+                f"model config: linear_num_value_heads {self.num_v_heads} must be "
+                f"a multiple of linear_num_key_heads {self.num_k_heads}"
+            )
         if self.conv_taps < 2:
-            raise ValueError(f"model config: linear_conv_kernel_dim must be at least 2, got "
-                             f"{self.conv_taps}")
+            raise ValueError(
+                f"model config: linear_conv_kernel_dim must be at least 2, got {self.conv_taps}"
+            )
         act = config.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
-            raise ValueError(f"model config: hidden_act {act!r} is not supported by the "
-                             "linear-attention convolution (SiLU)")
+            raise ValueError(
+                f"model config: hidden_act {act!r} is not supported by the "
+                "linear-attention convolution (SiLU)"
+            )
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.in_proj_qkvz = MergedColumnParallelLinear(
-            hidden, [self.conv_dim, self.value_dim], build=build, prefix=f"{prefix}.in_proj_qkvz")
+            hidden, [self.conv_dim, self.value_dim], build=build, prefix=f"{prefix}.in_proj_qkvz"
+        )
         self.in_proj_ba = MergedColumnParallelLinear(
-            hidden, [self.num_v_heads] * 2, build=build, prefix=f"{prefix}.in_proj_ba")
+            hidden, [self.num_v_heads] * 2, build=build, prefix=f"{prefix}.in_proj_ba"
+        )
         self.conv1d = _ConvTaps(self.conv_dim, self.conv_taps, build)
         self.dt_bias = _param((self.num_v_heads,), build, 1.0)
         self.A_log = _param((self.num_v_heads,), build)
         self.norm = GatedRMSNorm(self.head_v_dim, float(config.get("rms_norm_eps", 1e-6)), build)
-        self.out_proj = ReplicatedLinear(self.value_dim, hidden, build=build,
-                                         prefix=f"{prefix}.out_proj")
+        self.out_proj = ReplicatedLinear(
+            self.value_dim, hidden, build=build, prefix=f"{prefix}.out_proj"
+        )
         self.cache: StateCache | None = None
 
     # -- the state ----------------------------------------------------------------------------
     def cache_spec(self) -> RecurrentStateSpec:
-        return RecurrentStateSpec((
-            StateTensorSpec("conv", (self.conv_taps - 1, self.conv_dim)),
-            StateTensorSpec("ssm", (self.num_v_heads, self.head_k_dim, self.head_v_dim),
-                            torch.float32)))
+        return RecurrentStateSpec(
+            (
+                StateTensorSpec("conv", (self.conv_taps - 1, self.conv_dim)),
+                StateTensorSpec(
+                    "ssm", (self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32
+                ),
+            )
+        )
 
     def bind_cache(self, cache: StateCache, group: int) -> None:
         self.cache = cache
@@ -122,8 +145,9 @@ class GatedDeltaNet(nn.Module):
         r = self.num_v_heads // self.num_k_heads
         sizes = [self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim]
         if w.shape[0] != self.num_k_heads * sum(sizes):
-            raise ValueError(f"in_proj_qkvz: expected {self.num_k_heads * sum(sizes)} rows, "
-                             f"got {w.shape[0]}")
+            raise ValueError(
+                f"in_proj_qkvz: expected {self.num_k_heads * sum(sizes)} rows, got {w.shape[0]}"
+            )
         parts = w.reshape(self.num_k_heads, sum(sizes), *w.shape[1:]).split(sizes, dim=1)
         return torch.cat([p.reshape(-1, *w.shape[1:]) for p in parts])
 
@@ -131,8 +155,7 @@ class GatedDeltaNet(nn.Module):
         """The checkpoint's per-key-head ``[b_h.., a_h..]`` rows as ``[b | a]``."""
         r = self.num_v_heads // self.num_k_heads
         if w.shape[0] != 2 * self.num_v_heads:
-            raise ValueError(f"in_proj_ba: expected {2 * self.num_v_heads} rows, got "
-                             f"{w.shape[0]}")
+            raise ValueError(f"in_proj_ba: expected {2 * self.num_v_heads} rows, got {w.shape[0]}")
         b, a = w.reshape(self.num_k_heads, 2 * r, *w.shape[1:]).split([r, r], dim=1)
         return torch.cat([b.reshape(-1, *w.shape[1:]), a.reshape(-1, *w.shape[1:])])
 
@@ -145,16 +168,23 @@ class GatedDeltaNet(nn.Module):
         slots = meta.state_slots[cache.group]
         t = x.shape[0]
         proj = self.in_proj_qkvz(x)
-        mixed, z = proj[:, :self.conv_dim], proj[:, self.conv_dim:]
+        mixed, z = proj[:, : self.conv_dim], proj[:, self.conv_dim :]
         b, a = self.in_proj_ba(x).split(self.num_v_heads, dim=-1)
         weight = self.conv1d.weight
         if meta.is_decode_only:
             # one row per sequence (a CUDA graph's padding rows name the dummy slot)
             mixed = causal_conv1d_update(mixed, weight, None, cache["conv"], slots)
         else:
-            mixed = causal_conv1d(mixed, weight, None, cache["conv"], slots,
-                                  meta.query_start_loc, max_query_len=meta.max_query_len,
-                                  query_start_loc_cpu=meta.query_start_loc_cpu)
+            mixed = causal_conv1d(
+                mixed,
+                weight,
+                None,
+                cache["conv"],
+                slots,
+                meta.query_start_loc,
+                max_query_len=meta.max_query_len,
+                query_start_loc_cpu=meta.query_start_loc_cpu,
+            )
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.num_k_heads, self.head_k_dim)
         k = k.reshape(t, self.num_k_heads, self.head_k_dim)
@@ -163,8 +193,17 @@ class GatedDeltaNet(nn.Module):
             out = gated_delta_step(q, k, v, a, b, self.A_log, self.dt_bias, cache["ssm"], slots)
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-            out = chunk_gated_delta_rule(q, k, v, g, beta, cache["ssm"], slots,
-                                         meta.query_start_loc, max_query_len=meta.max_query_len,
-                                         query_start_loc_cpu=meta.query_start_loc_cpu)
+            out = chunk_gated_delta_rule(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                cache["ssm"],
+                slots,
+                meta.query_start_loc,
+                max_query_len=meta.max_query_len,
+                query_start_loc_cpu=meta.query_start_loc_cpu,
+            )
         out = self.norm(out, z.reshape(t, self.num_v_heads, self.head_v_dim))
         return self.out_proj(out.reshape(t, self.value_dim))

@@ -26,9 +26,21 @@ import torch
 from torch import nn
 
 from tallow.layers import (
-    ArchConfig, Attention, BuildContext, CausalLM, ColumnParallelLinear, FusedMoE, LMHead,
-    MergedColumnParallelLinear, RMSNorm, RotaryEmbedding, RouterSpec, RowParallelLinear,
-    VocabEmbedding, get_act_and_mul, rope_from_config,
+    ArchConfig,
+    Attention,
+    BuildContext,
+    CausalLM,
+    ColumnParallelLinear,
+    FusedMoE,
+    LMHead,
+    MergedColumnParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RouterSpec,
+    RowParallelLinear,
+    VocabEmbedding,
+    get_act_and_mul,
+    rope_from_config,
 )
 
 from .gated_deltanet import GatedDeltaNet
@@ -43,26 +55,39 @@ def layer_types(config: ArchConfig) -> list[str]:
     types = config.get("layer_types")
     if not types:
         interval = int(config.get("full_attention_interval") or 4)
-        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                 for i in range(n)]
+        types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ]
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
-        raise ValueError(f"model config: layer_types must list {n} entries, each one of "
-                         f"{LAYER_TYPES}; got {types!r}")
+        raise ValueError(
+            f"model config: layer_types must list {n} entries, each one of "
+            f"{LAYER_TYPES}; got {types!r}"
+        )
     return list(types)
 
 
 def is_moe_layer(config: ArchConfig, layer: int) -> bool:
     """Whether decoder layer ``layer`` has the MoE block (transformers' rule)."""
     step = int(config.get("decoder_sparse_step") or 1)
-    return (layer not in (config.get("mlp_only_layers") or [])
-            and int(config.get("num_experts") or 0) > 0 and (layer + 1) % step == 0)
+    return (
+        layer not in (config.get("mlp_only_layers") or [])
+        and int(config.get("num_experts") or 0) > 0
+        and (layer + 1) % step == 0
+    )
 
 
 class GatedAttention(nn.Module):
     """Full attention with a sigmoid output gate per head (see the module docstring)."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer_index: int,
-                 rotary: RotaryEmbedding, head_dim: int, prefix: str) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+        prefix: str,
+    ) -> None:
         super().__init__()
         hidden = int(config.hidden_size)
         heads = int(config.require("num_attention_heads"))
@@ -71,19 +96,23 @@ class GatedAttention(nn.Module):
         eps = float(config.get("rms_norm_eps", 1e-6))
         self.head_dim = head_dim
         # per head: D query features, then D gate features
-        self.q_proj = ColumnParallelLinear(hidden, 2 * heads * head_dim, bias, build=build,
-                                           prefix=f"{prefix}.q_proj")
-        self.kv_proj = MergedColumnParallelLinear(hidden, [kv_heads * head_dim] * 2, bias,
-                                                  build=build, prefix=f"{prefix}.kv_proj")
-        self.o_proj = RowParallelLinear(heads * head_dim, hidden, bias, build=build,
-                                        prefix=f"{prefix}.o_proj")
+        self.q_proj = ColumnParallelLinear(
+            hidden, 2 * heads * head_dim, bias, build=build, prefix=f"{prefix}.q_proj"
+        )
+        self.kv_proj = MergedColumnParallelLinear(
+            hidden, [kv_heads * head_dim] * 2, bias, build=build, prefix=f"{prefix}.kv_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, hidden, bias, build=build, prefix=f"{prefix}.o_proj"
+        )
         self.q_norm = RMSNorm(head_dim, eps, offset=True, build=build)
         self.k_norm = RMSNorm(head_dim, eps, offset=True, build=build)
         self.rotary_emb = rotary
         self.num_heads = heads // build.tp_size
         self.num_kv_heads = max(1, kv_heads // build.tp_size)
-        self.attn = Attention(layer_index, self.num_heads, self.num_kv_heads, head_dim,
-                              scale=head_dim ** -0.5)
+        self.attn = Attention(
+            layer_index, self.num_heads, self.num_kv_heads, head_dim, scale=head_dim**-0.5
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         t, d = hidden.shape[0], self.head_dim
@@ -102,10 +131,12 @@ class DenseMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, build: BuildContext, prefix: str) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, build=build,
-                                                       prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate, hidden, build=build,
-                                           prefix=f"{prefix}.down_proj")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate] * 2, build=build, prefix=f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate, hidden, build=build, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = get_act_and_mul("silu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,39 +145,59 @@ class DenseMLP(nn.Module):
 
 def moe_block(config: ArchConfig, build: BuildContext, prefix: str) -> FusedMoE:
     """Softmax top-k experts and the sigmoid-gated shared expert of one layer."""
-    return FusedMoE(int(config.require("num_experts")), int(config.hidden_size),
-                    int(config.require("moe_intermediate_size")),
-                    router=RouterSpec(top_k=int(config.require("num_experts_per_tok")),
-                                      renormalize=bool(config.get("norm_topk_prob", True))),
-                    shared_intermediate_size=int(
-                        config.require("shared_expert_intermediate_size")),
-                    shared_gate=True, build=build, prefix=prefix)
+    return FusedMoE(
+        int(config.require("num_experts")),
+        int(config.hidden_size),
+        int(config.require("moe_intermediate_size")),
+        router=RouterSpec(
+            top_k=int(config.require("num_experts_per_tok")),
+            renormalize=bool(config.get("norm_topk_prob", True)),
+        ),
+        shared_intermediate_size=int(config.require("shared_expert_intermediate_size")),
+        shared_gate=True,
+        build=build,
+        prefix=prefix,
+    )
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm token mixer and MLP on a residual stream (the add fused into the next norm).
     Exactly one of ``self_attn`` / ``linear_attn`` is set."""
 
-    def __init__(self, config: ArchConfig, build: BuildContext, layer: int, kind: str,
-                 rotary: RotaryEmbedding, head_dim: int) -> None:
+    def __init__(
+        self,
+        config: ArchConfig,
+        build: BuildContext,
+        layer: int,
+        kind: str,
+        rotary: RotaryEmbedding,
+        head_dim: int,
+    ) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}"
         hidden = int(config.hidden_size)
         eps = float(config.get("rms_norm_eps", 1e-6))
-        self.self_attn = (GatedAttention(config, build, layer, rotary, head_dim,
-                                         f"{prefix}.self_attn")
-                          if kind == "full_attention" else None)
-        self.linear_attn = (GatedDeltaNet(config, build, f"{prefix}.linear_attn")
-                            if kind == "linear_attention" else None)
-        self.mlp: nn.Module = (moe_block(config, build, f"{prefix}.mlp")
-                               if is_moe_layer(config, layer) else
-                               DenseMLP(hidden, int(config.require("intermediate_size")), build,
-                                        f"{prefix}.mlp"))
+        self.self_attn = (
+            GatedAttention(config, build, layer, rotary, head_dim, f"{prefix}.self_attn")
+            if kind == "full_attention"
+            else None
+        )
+        self.linear_attn = (
+            GatedDeltaNet(config, build, f"{prefix}.linear_attn")
+            if kind == "linear_attention"
+            else None
+        )
+        self.mlp: nn.Module = (
+            moe_block(config, build, f"{prefix}.mlp")
+            if is_moe_layer(config, layer)
+            else DenseMLP(hidden, int(config.require("intermediate_size")), build, f"{prefix}.mlp")
+        )
         self.input_layernorm = RMSNorm(hidden, eps, offset=True, build=build)
         self.post_attention_layernorm = RMSNorm(hidden, eps, offset=True, build=build)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -170,13 +221,18 @@ class Qwen3NextModel(nn.Module):
         heads = int(config.require("num_attention_heads"))
         head_dim = int(config.get("head_dim") or hidden // heads)
         self.rotary_emb = rope_from_config(config, head_dim, device=build.device)
-        self.embed_tokens = VocabEmbedding(int(config.require("vocab_size")), hidden,
-                                           build=build, prefix="model.embed_tokens")
-        self.layers = nn.ModuleList([
-            DecoderLayer(config, build, i, kind, self.rotary_emb, head_dim)
-            for i, kind in enumerate(layer_types(config))])
-        self.norm = RMSNorm(hidden, float(config.get("rms_norm_eps", 1e-6)), offset=True,
-                            build=build)
+        self.embed_tokens = VocabEmbedding(
+            int(config.require("vocab_size")), hidden, build=build, prefix="model.embed_tokens"
+        )
+        self.layers = nn.ModuleList(
+            [
+                DecoderLayer(config, build, i, kind, self.rotary_emb, head_dim)
+                for i, kind in enumerate(layer_types(config))
+            ]
+        )
+        self.norm = RMSNorm(
+            hidden, float(config.get("rms_norm_eps", 1e-6)), offset=True, build=build
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -200,9 +256,13 @@ class Qwen3NextForCausalLM(CausalLM):
         cfg = self.config
         self.model = Qwen3NextModel(cfg, build)
         tie = bool(cfg.get("tie_word_embeddings", False))
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size),
-                              tie_with=self.model.embed_tokens if tie else None,
-                              build=build, prefix="lm_head")
+        self.lm_head = LMHead(
+            int(cfg.vocab_size),
+            int(cfg.hidden_size),
+            tie_with=self.model.embed_tokens if tie else None,
+            build=build,
+            prefix="lm_head",
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -211,8 +271,10 @@ class Qwen3NextForCausalLM(CausalLM):
     def _linear_attn(self, groups: dict[str, str]) -> GatedDeltaNet:
         layer = self.model.layers[int(groups["i"])].linear_attn
         if layer is None:
-            raise ValueError(f"layer {groups['i']} is a full-attention layer, but the "
-                             "checkpoint has linear-attention tensors for it")
+            raise ValueError(
+                f"layer {groups['i']} is a full-attention layer, but the "
+                "checkpoint has linear-attention tensors for it"
+            )
         return layer
 
     def qkvz_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:

@@ -47,40 +47,64 @@ _SKIP_DEPTH = 8
 
 def _skipped(prefix: str) -> list[WeightRule]:
     """Rules that skip every name below ``prefix`` (a rule's field is one dotted component)."""
-    return [WeightRule(prefix + "".join(f".{{m{j}}}" for j in range(depth)))
-            for depth in range(1, _SKIP_DEPTH + 1)]
+    return [
+        WeightRule(prefix + "".join(f".{{m{j}}}" for j in range(depth)))
+        for depth in range(1, _SKIP_DEPTH + 1)
+    ]
 
 
 def hf_name_map() -> WeightNameMap:
     """Hugging Face ``model.safetensors`` names."""
-    same = [f"{_ATT}.o_proj.{{p}}", f"{_ATT}.q_proj.{{p}}", f"{_ATT}.q_norm.weight",
-            f"{_ATT}.k_norm.weight", f"{_LIN}.dt_bias", f"{_LIN}.A_log", f"{_LIN}.norm.weight",
-            f"{_LIN}.out_proj.weight", f"{_L}.input_layernorm.weight",
-            f"{_L}.post_attention_layernorm.weight", "model.embed_tokens.weight",
-            "model.norm.weight", "lm_head.{p}", f"{_MLP}.gate.weight",
-            f"{_MLP}.shared_expert_gate.weight", f"{_SHARED}.down_proj.weight",
-            f"{_MLP}.down_proj.weight"]
-    return WeightNameMap([
-        *[WeightRule(name, name) for name in same],
-        WeightRule(f"{_ATT}.k_proj.{{p}}", f"{_ATT}.kv_proj.{{p}}", shard=0),
-        WeightRule(f"{_ATT}.v_proj.{{p}}", f"{_ATT}.kv_proj.{{p}}", shard=1),
-        WeightRule(f"{_LIN}.in_proj_qkvz.weight", f"{_LIN}.in_proj_qkvz.weight",
-                   transform="qkvz_rows", rowwise=True),
-        WeightRule(f"{_LIN}.in_proj_ba.weight", f"{_LIN}.in_proj_ba.weight",
-                   transform="ba_rows", rowwise=True),
-        WeightRule(f"{_LIN}.in_proj_qkv.weight", f"{_LIN}.in_proj_qkvz.weight", shard=0),
-        WeightRule(f"{_LIN}.in_proj_z.weight", f"{_LIN}.in_proj_qkvz.weight", shard=1),
-        WeightRule(f"{_LIN}.in_proj_b.weight", f"{_LIN}.in_proj_ba.weight", shard=0),
-        WeightRule(f"{_LIN}.in_proj_a.weight", f"{_LIN}.in_proj_ba.weight", shard=1),
-        WeightRule(f"{_LIN}.conv1d.weight", f"{_LIN}.conv1d.weight", transform="conv_taps"),
-        *FusedMoE.hf_weight_rules(_MLP),
-        WeightRule(f"{_SHARED}.gate_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
-        WeightRule(f"{_SHARED}.up_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
-        WeightRule(f"{_MLP}.gate_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=0),
-        WeightRule(f"{_MLP}.up_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=1),
-        *_skipped("mtp"),
-        *_skipped("model.visual"),
-    ])
+    same = [
+        f"{_ATT}.o_proj.{{p}}",
+        f"{_ATT}.q_proj.{{p}}",
+        f"{_ATT}.q_norm.weight",
+        f"{_ATT}.k_norm.weight",
+        f"{_LIN}.dt_bias",
+        f"{_LIN}.A_log",
+        f"{_LIN}.norm.weight",
+        f"{_LIN}.out_proj.weight",
+        f"{_L}.input_layernorm.weight",
+        f"{_L}.post_attention_layernorm.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.{p}",
+        f"{_MLP}.gate.weight",
+        f"{_MLP}.shared_expert_gate.weight",
+        f"{_SHARED}.down_proj.weight",
+        f"{_MLP}.down_proj.weight",
+    ]
+    return WeightNameMap(
+        [
+            *[WeightRule(name, name) for name in same],
+            WeightRule(f"{_ATT}.k_proj.{{p}}", f"{_ATT}.kv_proj.{{p}}", shard=0),
+            WeightRule(f"{_ATT}.v_proj.{{p}}", f"{_ATT}.kv_proj.{{p}}", shard=1),
+            WeightRule(
+                f"{_LIN}.in_proj_qkvz.weight",
+                f"{_LIN}.in_proj_qkvz.weight",
+                transform="qkvz_rows",
+                rowwise=True,
+            ),
+            WeightRule(
+                f"{_LIN}.in_proj_ba.weight",
+                f"{_LIN}.in_proj_ba.weight",
+                transform="ba_rows",
+                rowwise=True,
+            ),
+            WeightRule(f"{_LIN}.in_proj_qkv.weight", f"{_LIN}.in_proj_qkvz.weight", shard=0),
+            WeightRule(f"{_LIN}.in_proj_z.weight", f"{_LIN}.in_proj_qkvz.weight", shard=1),
+            WeightRule(f"{_LIN}.in_proj_b.weight", f"{_LIN}.in_proj_ba.weight", shard=0),
+            WeightRule(f"{_LIN}.in_proj_a.weight", f"{_LIN}.in_proj_ba.weight", shard=1),
+            WeightRule(f"{_LIN}.conv1d.weight", f"{_LIN}.conv1d.weight", transform="conv_taps"),
+            *FusedMoE.hf_weight_rules(_MLP),
+            WeightRule(f"{_SHARED}.gate_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
+            WeightRule(f"{_SHARED}.up_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
+            WeightRule(f"{_MLP}.gate_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=0),
+            WeightRule(f"{_MLP}.up_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=1),
+            *_skipped("mtp"),
+            *_skipped("model.visual"),
+        ]
+    )
 
 
 class TextModelNames:
@@ -94,5 +118,5 @@ class TextModelNames:
     def match(self, name: str) -> WeightMatch | None:
         prefix = "model.language_model."
         if name.startswith(prefix):
-            return self.text.match("model." + name[len(prefix):])
+            return self.text.match("model." + name[len(prefix) :])
         return self.text.match(name)

@@ -9,10 +9,8 @@ ARCHITECTURES = {
     "Qwen3NextForCausalLM": "tallow_model_qwen3_next.model:Qwen3NextForCausalLM",
     "Qwen3_5ForCausalLM": "tallow_model_qwen3_next.qwen3_5:Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM": "tallow_model_qwen3_next.qwen3_5:Qwen3_5MoeForCausalLM",
-    "Qwen3_5ForConditionalGeneration":
-        "tallow_model_qwen3_next.qwen3_5:Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration":
-        "tallow_model_qwen3_next.qwen3_5:Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration": "tallow_model_qwen3_next.qwen3_5:Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration": "tallow_model_qwen3_next.qwen3_5:Qwen3_5MoeForConditionalGeneration",
 }
 
 

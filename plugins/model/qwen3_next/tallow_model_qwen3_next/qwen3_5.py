@@ -43,11 +43,19 @@ def text_config(config: dict[str, Any], architectures: tuple[str, ...]) -> dict[
     if text is None and "hidden_size" in config:
         return config  # already the text model's config
     if not isinstance(text, Mapping):
-        raise ValueError(f"model config: a {architectures[0]} config needs a 'text_config' "
-                         f"object, got {type(text).__name__}")
+        raise ValueError(
+            f"model config: a {architectures[0]} config needs a 'text_config' "
+            f"object, got {type(text).__name__}"
+        )
     flat = dict(text)
-    for key in ("torch_dtype", "dtype", "eos_token_id", "bos_token_id", "pad_token_id",
-                "tie_word_embeddings"):
+    for key in (
+        "torch_dtype",
+        "dtype",
+        "eos_token_id",
+        "bos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+    ):
         if key in config and key not in flat:
             flat[key] = config[key]
     flat["architectures"] = list(config.get("architectures") or architectures)

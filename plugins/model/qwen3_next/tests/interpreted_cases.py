@@ -17,7 +17,9 @@ from tallow.kernels import interpreting, triton_enabled  # noqa: E402
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing import PagedRunner  # noqa: E402
 from tallow.plugin.testing.model import (  # noqa: E402
-    assert_close_logits, hf_greedy, random_hf_model,
+    assert_close_logits,
+    hf_greedy,
+    random_hf_model,
 )
 
 from tallow_model_qwen3_next.model import Qwen3NextForCausalLM  # noqa: E402
@@ -44,10 +46,16 @@ def test_greedy_parity_through_the_triton_kernels(monkeypatch):
             assert triton_enabled(x), f"{name} would run its torch reference"
             calls[name] = calls.get(name, 0) + 1
             return fn(x, *args, **kwargs)
+
         monkeypatch.setattr(layer, name, wrapper)
 
-    for name in ("causal_conv1d", "causal_conv1d_update", "chunk_gated_delta_rule",
-                 "gated_delta_step", "gated_rms_norm"):
+    for name in (
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "chunk_gated_delta_rule",
+        "gated_delta_step",
+        "gated_rms_norm",
+    ):
         counted(name)
     hf = random_hf_model(transformers.Qwen3NextConfig(**TINY), seed=5)
     model = Qwen3NextForCausalLM(ArchConfig(hf.config.to_dict()), BuildContext())
@@ -55,11 +63,17 @@ def test_greedy_parity_through_the_triton_kernels(monkeypatch):
     ref_tokens, ref_logits, ref_prompt = hf_greedy(hf, PROMPT, STEPS)
     # 128 positions: the prompt crosses the first chunk
     tokens, logits, prompt_logits = PagedRunner(model.eval(), blocks_per_seq=32).greedy(
-        0, PROMPT, STEPS)
+        0, PROMPT, STEPS
+    )
     assert_close_logits(prompt_logits, ref_prompt, "prompt logits")
     for i, (ours, ref) in enumerate(zip(logits, ref_logits)):
         assert_close_logits(ours, ref, f"logits of step {i}")
     assert tokens == ref_tokens
     # three linear-attention layers: one prefill and four decode steps each
-    assert calls == {"causal_conv1d": 3, "chunk_gated_delta_rule": 3, "gated_rms_norm": 15,
-                     "causal_conv1d_update": 12, "gated_delta_step": 12}, calls
+    assert calls == {
+        "causal_conv1d": 3,
+        "chunk_gated_delta_rule": 3,
+        "gated_rms_norm": 15,
+        "causal_conv1d_update": 12,
+        "gated_delta_step": 12,
+    }, calls

@@ -14,8 +14,38 @@ from tallow.plugin.testing import ModelArchitectureConformance
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_config import TINY  # noqa: E402
 
-PROMPT = [3, 17, 50, 9, 64, 28, 5, 77, 31, 20, 1, 42, 99, 120, 7, 63, 88, 14, 101, 36, 55, 111,
-          24, 92, 70, 12, 127, 46, 83, 2]
+PROMPT = [
+    3,
+    17,
+    50,
+    9,
+    64,
+    28,
+    5,
+    77,
+    31,
+    20,
+    1,
+    42,
+    99,
+    120,
+    7,
+    63,
+    88,
+    14,
+    101,
+    36,
+    55,
+    111,
+    24,
+    92,
+    70,
+    12,
+    127,
+    46,
+    83,
+    2,
+]
 
 
 class TestQwen3NextConformance(ModelArchitectureConformance):

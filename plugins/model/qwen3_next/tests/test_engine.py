@@ -28,15 +28,20 @@ PLUGINS = ["tallow-model-qwen3-next", "tallow-format-safetensors"]
 STEPS = 32
 EOS = 2  # tallow.plugin.testing's tiny tokenizer's </s>
 SHORT = 12  # tokens per request of the property test
-PROMPTS = [[(37 * i + 11) % 128 for i in range(30)], [5, 9, 2], list(range(60, 83)),
-           [77] * 9 + [3, 4]]
+PROMPTS = [
+    [(37 * i + 11) % 128 for i in range(30)],
+    [5, 9, 2],
+    list(range(60, 83)),
+    [77] * 9 + [3, 4],
+]
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """(transformers' model, the directory it is saved in with a tiny tokenizer)."""
-    pytest.importorskip("tallow_format_safetensors", reason="the saved model is read by "
-                        "tallow-format-safetensors")
+    pytest.importorskip(
+        "tallow_format_safetensors", reason="the saved model is read by tallow-format-safetensors"
+    )
     hf = random_hf_model(transformers.Qwen3NextConfig(**TINY), seed=11)
     path = tmp_path_factory.mktemp("qwen3next")
     hf.save_pretrained(str(path), safe_serialization=True)
@@ -54,9 +59,11 @@ def expected(saved):
 
 
 def engine(path, **scheduler):
-    cfg = {"model": {"dtype": "float32", "max_model_len": 64},
-           "cache": {"num_blocks": scheduler.pop("num_blocks", 64), "block_size": 4},
-           "scheduler": scheduler}
+    cfg = {
+        "model": {"dtype": "float32", "max_model_len": 64},
+        "cache": {"num_blocks": scheduler.pop("num_blocks", 64), "block_size": 4},
+        "scheduler": scheduler,
+    }
     return offline_llm(str(path), plugins=PLUGINS, config=cfg)
 
 
@@ -107,14 +114,22 @@ def test_state_slots_balanced_under_random_admission_abort_preemption(saved, exp
     preemptions: every finished request has transformers' tokens, every aborted one a prefix
     of them, and at the end every state slot and block is free."""
     budget = data.draw(st.sampled_from([4, 7, 16]), label="step budget")
-    llm = engine(saved[1], num_blocks=data.draw(st.integers(16, 32), label="blocks"),
-                 max_num_batched_tokens=budget, prefill_chunk_size=budget,
-                 max_num_seqs=data.draw(st.integers(1, 3), label="max seqs"))
+    llm = engine(
+        saved[1],
+        num_blocks=data.draw(st.integers(16, 32), label="blocks"),
+        max_num_batched_tokens=budget,
+        prefill_chunk_size=budget,
+        max_num_seqs=data.draw(st.integers(1, 3), label="max seqs"),
+    )
     core = llm.engine.core
     order = data.draw(st.permutations(range(len(PROMPTS))), label="arrival order")
     arrive = {i: data.draw(st.integers(0, 12), label=f"arrival step of {i}") for i in order}
-    abort_at = {i: data.draw(st.one_of(st.none(), st.integers(0, SHORT - 1)),
-                             label=f"abort {i} after tokens") for i in order}
+    abort_at = {
+        i: data.draw(
+            st.one_of(st.none(), st.integers(0, SHORT - 1)), label=f"abort {i} after tokens"
+        )
+        for i in order
+    }
     got: dict[str, list[int]] = {}
     aborted: set[str] = set()
     step = 0
@@ -138,7 +153,7 @@ def test_state_slots_balanced_under_random_admission_abort_preemption(saved, exp
         assert step < 2000, "the engine stopped making progress"
     for i in order:
         tokens = got[f"r{i}"]
-        assert tokens == expected[i][:len(tokens)], f"request {i}"
+        assert tokens == expected[i][: len(tokens)], f"request {i}"
         if f"r{i}" not in aborted:
             assert len(tokens) == SHORT, f"request {i} stopped early"
     assert_slots_free(llm)
@@ -148,10 +163,17 @@ def test_engine_runs_the_random_shape():
     """``random:tiny-qwen3-next`` builds, fills and generates through the engine."""
     from tallow import LLM
 
-    llm = LLM(model="random:tiny-qwen3-next", device="cpu", dtype="float32", num_blocks=32,
-              max_model_len=256)
+    llm = LLM(
+        model="random:tiny-qwen3-next",
+        device="cpu",
+        dtype="float32",
+        num_blocks=32,
+        max_model_len=256,
+    )
     assert type(llm.engine.core.runner.model).__name__ == "Qwen3NextForCausalLM"
     assert len(llm.engine.core.runner.state_groups) == 1
-    outs = llm.generate([[1, 2, 3, 4, 5], list(range(40, 80))],
-                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    outs = llm.generate(
+        [[1, 2, 3, 4, 5], list(range(40, 80))],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]

@@ -16,21 +16,38 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from tallow_model_qwen3_next.model import Qwen3NextForCausalLM  # noqa: E402
 
 # head sizes the GPU kernels tile as they do Qwen3-Next's (64 and 128 features)
-CONFIG = dict(hidden_size=128, intermediate_size=192, moe_intermediate_size=64,
-              shared_expert_intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, vocab_size=160, linear_num_key_heads=2,
-              linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=128,
-              linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
-              layer_types=["linear_attention", "full_attention", "linear_attention",
-                           "linear_attention"],
-              rms_norm_eps=1e-6, max_position_embeddings=512, bos_token_id=None,
-              eos_token_id=None, pad_token_id=None)
+CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=192,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=160,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 # past two chunks of the delta rule (64 tokens each)
 PROMPT = [(37 * i + 11) % 160 for i in range(150)]
 
@@ -39,9 +56,13 @@ def test_cuda_parity(tmp_path):
     from tallow_format_safetensors.format import SafetensorsFormat
 
     hf = random_hf_model(transformers.Qwen3NextConfig(**CONFIG), seed=8)
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, Qwen3NextForCausalLM,
-                                               SafetensorsFormat().load, **kw),
-                       hf, PROMPT, 32, what="qwen3-next")
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, Qwen3NextForCausalLM, SafetensorsFormat().load, **kw),
+        hf,
+        PROMPT,
+        32,
+        what="qwen3-next",
+    )
 
 
 @pytest.mark.parametrize("shape", ["tiny-qwen3-next", "qwen3-next-12l"])
@@ -55,13 +76,27 @@ def test_cuda_graphs_equal_eager(shape):
 
     vocab = 512 if shape.startswith("tiny") else 151936
     g = torch.Generator().manual_seed(0)
-    batches = [[torch.randint(0, vocab, (int(n),), generator=g).tolist()
-                for n in torch.randint(3, 400, (size,), generator=g)] for size in (1, 4, 16)]
-    eng = LLMEngine.from_config(config_from_mapping({
-        "model": {"source": f"random:{shape}", "device": "cuda", "dtype": "bfloat16",
-                  "max_model_len": 1024},
-        "cache": {"num_blocks": 1024},
-        "runner": {"max_cuda_graph_batch": 16}}))
+    batches = [
+        [
+            torch.randint(0, vocab, (int(n),), generator=g).tolist()
+            for n in torch.randint(3, 400, (size,), generator=g)
+        ]
+        for size in (1, 4, 16)
+    ]
+    eng = LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": f"random:{shape}",
+                    "device": "cuda",
+                    "dtype": "bfloat16",
+                    "max_model_len": 1024,
+                },
+                "cache": {"num_blocks": 1024},
+                "runner": {"max_cuda_graph_batch": 16},
+            }
+        )
+    )
     runner = eng.core.runner
     assert runner.graphs is not None, "no CUDA graphs were captured"
     replay_own_graph_sizes(eng)
@@ -72,8 +107,9 @@ def test_cuda_graphs_equal_eager(shape):
             ids = []
             for p in batch:
                 ids.append(eng.next_request_id())
-                eng.add_request(ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16,
-                                                           ignore_eos=True))
+                eng.add_request(
+                    ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+                )
             done = {}
             while eng.has_unfinished():
                 for out in eng.step():

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next",
-                         reason="transformers is the oracle")
+hf = pytest.importorskip(
+    "transformers.models.qwen3_next.modeling_qwen3_next", reason="transformers is the oracle"
+)
 transformers = pytest.importorskip("transformers")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
@@ -35,19 +36,26 @@ def test_projection_rows_are_reordered_as_transformers_splits_them():
     ``[q | k | v | z]`` and ``[b | a]`` exactly as transformers'
     ``fix_query_key_value_ordering`` splits the projections (3 value heads per key head)."""
     config = transformers.Qwen3NextConfig(
-        hidden_size=32, num_hidden_layers=1, layer_types=["linear_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=4,
-        linear_value_head_dim=5, num_experts=0, intermediate_size=16)
+        hidden_size=32,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=4,
+        linear_value_head_dim=5,
+        num_experts=0,
+        intermediate_size=16,
+    )
     ref = hf.Qwen3NextGatedDeltaNet(config, 0)
     layer = GatedDeltaNet(ArchConfig(config.to_dict()), BuildContext(), "linear_attn")
     x = torch.randn(1, 3, 32)
     with torch.no_grad():
-        q, k, v, z, b, a = ref.fix_query_key_value_ordering(ref.in_proj_qkvz(x),
-                                                            ref.in_proj_ba(x))
+        q, k, v, z, b, a = ref.fix_query_key_value_ordering(ref.in_proj_qkvz(x), ref.in_proj_ba(x))
         qkvz = x[0] @ layer.qkvz_rows(ref.in_proj_qkvz.weight).T
         ba = x[0] @ layer.ba_rows(ref.in_proj_ba.weight).T
-    expected = torch.cat([q.reshape(3, -1), k.reshape(3, -1), v.reshape(3, -1),
-                          z.reshape(3, -1)], -1)
+    expected = torch.cat(
+        [q.reshape(3, -1), k.reshape(3, -1), v.reshape(3, -1), z.reshape(3, -1)], -1
+    )
     torch.testing.assert_close(qkvz, expected)
     torch.testing.assert_close(ba, torch.cat([b[0], a[0]], -1))
     with pytest.raises(ValueError, match="in_proj_qkvz: expected"):

@@ -50,38 +50,53 @@ def num_experts(config: ArchConfig) -> int:
 def is_moe_layer(config: ArchConfig, layer: int) -> bool:
     """Whether decoder layer ``layer`` has the MoE block (transformers' rule)."""
     step = int(config.get("decoder_sparse_step") or 1)
-    return (layer not in (config.get("mlp_only_layers") or [])
-            and num_experts(config) > 0 and (layer + 1) % step == 0)
+    return (
+        layer not in (config.get("mlp_only_layers") or [])
+        and num_experts(config) > 0
+        and (layer + 1) % step == 0
+    )
 
 
-def moe_block(config: ArchConfig, build: BuildContext, prefix: str,
-              shared_gate: bool) -> FusedMoE:
+def moe_block(config: ArchConfig, build: BuildContext, prefix: str, shared_gate: bool) -> FusedMoE:
     """The MoE block of one layer: softmax top-k routing, SwiGLU experts, and (Qwen2-MoE) a
     shared expert of ``shared_expert_intermediate_size`` behind a sigmoid gate."""
     if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"model config: hidden_act {config.get('hidden_act')!r} is not "
-                         "supported by the experts (SwiGLU)")
+        raise ValueError(
+            f"model config: hidden_act {config.get('hidden_act')!r} is not "
+            "supported by the experts (SwiGLU)"
+        )
     shared = int(config.get("shared_expert_intermediate_size") or 0) if shared_gate else 0
-    return FusedMoE(num_experts(config), int(config.hidden_size),
-                    int(config.require("moe_intermediate_size")),
-                    router=RouterSpec(top_k=int(config.require("num_experts_per_tok")),
-                                      renormalize=bool(config.get("norm_topk_prob", False))),
-                    shared_intermediate_size=shared, shared_gate=bool(shared),
-                    build=build, prefix=prefix)
+    return FusedMoE(
+        num_experts(config),
+        int(config.hidden_size),
+        int(config.require("moe_intermediate_size")),
+        router=RouterSpec(
+            top_k=int(config.require("num_experts_per_tok")),
+            renormalize=bool(config.get("norm_topk_prob", False)),
+        ),
+        shared_intermediate_size=shared,
+        shared_gate=bool(shared),
+        build=build,
+        prefix=prefix,
+    )
 
 
-def moe_config_from_gguf(metadata: dict[str, Any], config: dict[str, Any], *,
-                         norm_topk: bool) -> dict[str, Any]:
+def moe_config_from_gguf(
+    metadata: dict[str, Any], config: dict[str, Any], *, norm_topk: bool
+) -> dict[str, Any]:
     """The MoE keys of a ``qwen3moe`` / ``qwen2moe`` GGUF config (see the module docstring);
     ``norm_topk`` is llama.cpp's choice for the family when the file does not say."""
     cfg = dict(config)
     experts = arch_value(metadata, "expert_count")
     if not experts:
-        raise ValueError("GGUF metadata expert_count is missing or zero: not a "
-                         "mixture-of-experts file")
+        raise ValueError(
+            "GGUF metadata expert_count is missing or zero: not a mixture-of-experts file"
+        )
     cfg["num_experts"] = int(experts)
-    for key, gguf_key in (("num_experts_per_tok", "expert_used_count"),
-                          ("moe_intermediate_size", "expert_feed_forward_length")):
+    for key, gguf_key in (
+        ("num_experts_per_tok", "expert_used_count"),
+        ("moe_intermediate_size", "expert_feed_forward_length"),
+    ):
         value = arch_value(metadata, gguf_key)
         if value is None:
             raise ValueError(f"GGUF metadata {gguf_key} is missing; it is needed for {key}")
@@ -106,11 +121,13 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        return moe_config_from_gguf(metadata, super().config_from_gguf(metadata, config),
-                                    norm_topk=True)
+        return moe_config_from_gguf(
+            metadata, super().config_from_gguf(metadata, config), norm_topk=True
+        )
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         if is_moe_layer(config, layer):
             return moe_block(config, build, prefix, shared_gate=False)
         return super().build_mlp(config, build, layer, prefix)
@@ -127,8 +144,9 @@ class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
 
     @classmethod
     def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        return moe_config_from_gguf(metadata, super().config_from_gguf(metadata, config),
-                                    norm_topk=False)
+        return moe_config_from_gguf(
+            metadata, super().config_from_gguf(metadata, config), norm_topk=False
+        )
 
     def as_row(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         """GGUF's shared-expert gate ``[H]`` (or ``[1, H]``) as the linear weight ``[1, H]``."""
@@ -137,8 +155,9 @@ class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
     def qkv_bias(self, config: ArchConfig) -> bool:
         return bool(config.get("qkv_bias", True))
 
-    def build_mlp(self, config: ArchConfig, build: BuildContext, layer: int,
-                  prefix: str) -> nn.Module:
+    def build_mlp(
+        self, config: ArchConfig, build: BuildContext, layer: int, prefix: str
+    ) -> nn.Module:
         if is_moe_layer(config, layer):
             return moe_block(config, build, prefix, shared_gate=True)
         return super().build_mlp(config, build, layer, prefix)

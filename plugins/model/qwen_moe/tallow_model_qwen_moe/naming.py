@@ -58,6 +58,9 @@ def gguf_name_map() -> WeightNameMap:
         WeightRule(f"{_BLK}.ffn_gate_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
         WeightRule(f"{_BLK}.ffn_up_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
         WeightRule(f"{_BLK}.ffn_down_shexp.weight", f"{_SHARED}.down_proj.weight"),
-        WeightRule(f"{_BLK}.ffn_gate_inp_shexp.weight", f"{_MLP}.shared_expert_gate.weight",
-                   transform="as_row"),
+        WeightRule(
+            f"{_BLK}.ffn_gate_inp_shexp.weight",
+            f"{_MLP}.shared_expert_gate.weight",
+            transform="as_row",
+        ),
     ]

@@ -11,37 +11,64 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_cuda_parity, assert_greedy_parity, load_saved, random_hf_model,
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_saved,
+    random_hf_model,
 )
 
 from tallow_model_qwen_moe.model import (  # noqa: E402
-    Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, is_moe_layer,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
+    is_moe_layer,
 )
 
-BASE = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=160, rms_norm_eps=1e-5,
-            max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
-            pad_token_id=None)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=160,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 # PagedRunner holds 64 positions: prompt and greedy steps fit in them
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 STEPS = 32
 
 
 def _safetensors():
-    return pytest.importorskip("tallow_format_safetensors.format",
-                               reason="the saved model is read by tallow-format-safetensors")
+    return pytest.importorskip(
+        "tallow_format_safetensors.format",
+        reason="the saved model is read by tallow-format-safetensors",
+    )
 
 
 def test_sparse_step_and_dense_layers_with_64_experts(tmp_path):
-    config = transformers.Qwen3MoeConfig(**BASE, head_dim=16, num_experts=64,
-                                         num_experts_per_tok=8, norm_topk_prob=True,
-                                         decoder_sparse_step=2, mlp_only_layers=[3])
+    config = transformers.Qwen3MoeConfig(
+        **BASE,
+        head_dim=16,
+        num_experts=64,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
+    )
     arch = ArchConfig(config.to_dict())
     assert [is_moe_layer(arch, i) for i in range(4)] == [False, True, False, False]
     hf = random_hf_model(config, seed=5)
     model = load_saved(hf, tmp_path, Qwen3MoeForCausalLM, _safetensors().SafetensorsFormat().load)
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == [
-        "LlamaMLP", "FusedMoE", "LlamaMLP", "LlamaMLP"]
+        "LlamaMLP",
+        "FusedMoE",
+        "LlamaMLP",
+        "LlamaMLP",
+    ]
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="qwen3-moe sparse step")
     moe = model.model.layers[1].mlp
     with torch.no_grad():
@@ -52,9 +79,13 @@ def test_sparse_step_and_dense_layers_with_64_experts(tmp_path):
 
 def test_qwen2_moe_renormalized_and_ungated_paths(tmp_path):
     """Qwen2-MoE with ``norm_topk_prob`` and top-4 of 16 experts, its shared expert gated."""
-    config = transformers.Qwen2MoeConfig(**BASE, num_experts=16, num_experts_per_tok=4,
-                                         norm_topk_prob=True,
-                                         shared_expert_intermediate_size=40)
+    config = transformers.Qwen2MoeConfig(
+        **BASE,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=40,
+    )
     hf = random_hf_model(config, seed=6)
     model = load_saved(hf, tmp_path, Qwen2MoeForCausalLM, _safetensors().SafetensorsFormat().load)
     assert model.model.layers[0].mlp.shared_expert_gate is not None
@@ -64,8 +95,7 @@ def test_qwen2_moe_renormalized_and_ungated_paths(tmp_path):
 def test_loads_the_stacked_expert_tensors_of_transformers_5():
     """transformers 5 keeps each layer's experts stacked in memory (``mlp.experts.gate_up_proj
     [E, 2I, H]``, ``mlp.experts.down_proj [E, H, I]``); its state dict loads as it is."""
-    config = transformers.Qwen3MoeConfig(**BASE, head_dim=16, num_experts=8,
-                                         num_experts_per_tok=2)
+    config = transformers.Qwen3MoeConfig(**BASE, head_dim=16, num_experts=8, num_experts_per_tok=2)
     hf = random_hf_model(config, seed=7)
     state = hf.state_dict()
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
@@ -79,11 +109,14 @@ def test_engine_runs_the_random_shape(shape):
     """``random:`` shapes of the family build, fill and generate through the whole engine."""
     from tallow import LLM, SamplingParams
 
-    llm = LLM(model=f"random:{shape}", device="cpu", dtype="float32", num_blocks=16,
-              max_model_len=256)
+    llm = LLM(
+        model=f"random:{shape}", device="cpu", dtype="float32", num_blocks=16, max_model_len=256
+    )
     assert type(llm.engine.core.runner.model).__name__ == "Qwen3MoeForCausalLM"
-    outs = llm.generate([[1, 2, 3, 4, 5], list(range(40, 80))],
-                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    outs = llm.generate(
+        [[1, 2, 3, 4, 5], list(range(40, 80))],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
 
 
@@ -95,14 +128,17 @@ def test_cuda_parity(family, tmp_path):
     (prompt and decode steps, so both the GEMM and the GEMV path), bfloat16 prompt logits
     close to it."""
     if family == "qwen3":
-        config = transformers.Qwen3MoeConfig(**BASE, head_dim=16, num_experts=64,
-                                             num_experts_per_tok=8, norm_topk_prob=True)
+        config = transformers.Qwen3MoeConfig(
+            **BASE, head_dim=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=True
+        )
         cls = Qwen3MoeForCausalLM
     else:
-        config = transformers.Qwen2MoeConfig(**BASE, num_experts=16, num_experts_per_tok=4,
-                                             shared_expert_intermediate_size=40)
+        config = transformers.Qwen2MoeConfig(
+            **BASE, num_experts=16, num_experts_per_tok=4, shared_expert_intermediate_size=40
+        )
         cls = Qwen2MoeForCausalLM
     hf = random_hf_model(config, seed=8)
     read = _safetensors().SafetensorsFormat().load
-    assert_cuda_parity(lambda **kw: load_saved(hf, tmp_path, cls, read, **kw), hf, PROMPT,
-                       STEPS, what=family)
+    assert_cuda_parity(
+        lambda **kw: load_saved(hf, tmp_path, cls, read, **kw), hf, PROMPT, STEPS, what=family
+    )

@@ -34,8 +34,9 @@ class FP4Layout:
 
 
 def _fail(key: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"quantization_config.{key}: {value!r} is not supported (expected "
-                      f"{expected})")
+    return ValueError(
+        f"quantization_config.{key}: {value!r} is not supported (expected {expected})"
+    )
 
 
 def _ct_groups(q: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -54,21 +55,27 @@ def holds_fp4_weights(config: dict[str, Any]) -> bool:
         return False
     groups = _ct_groups(q)
     return bool(groups) and all(
-        isinstance(s, dict) and isinstance(s.get("weights"), dict)
-        and s["weights"].get("type") == "float" and s["weights"].get("num_bits") == 4
-        for _, s in groups)
+        isinstance(s, dict)
+        and isinstance(s.get("weights"), dict)
+        and s["weights"].get("type") == "float"
+        and s["weights"].get("num_bits") == 4
+        for _, s in groups
+    )
 
 
 def fp4_layout(config: dict[str, Any]) -> FP4Layout:
     """The layout ``config`` describes; ``ValueError`` naming the field otherwise."""
     q = config.get("quantization_config")
     if not isinstance(q, dict):
-        raise ValueError("quantization_config: expected a mapping describing the quantized "
-                         f"weights, got {type(q).__name__}")
+        raise ValueError(
+            "quantization_config: expected a mapping describing the quantized "
+            f"weights, got {type(q).__name__}"
+        )
     method = q.get("quant_method")
     if method == "mxfp4":
-        return FP4Layout("mxfp4", method, ("weight_blocks", "weight_scales"),
-                         ("weight_blocks", "weight_scales"))
+        return FP4Layout(
+            "mxfp4", method, ("weight_blocks", "weight_scales"), ("weight_blocks", "weight_scales")
+        )
     if method != "compressed-tensors":
         raise _fail("quant_method", method, "mxfp4 or compressed-tensors")
     status = q.get("quantization_status", "compressed")
@@ -83,14 +90,16 @@ def fp4_layout(config: dict[str, Any]) -> FP4Layout:
         w = scheme["weights"]
         group = w.get("group_size")
         if group != {"nvfp4": 16, "mxfp4": 32}[CT_FORMATS[fmt]]:
-            raise _fail(f"config_groups.{name}.weights.group_size", group,
-                        "16 for NVFP4, 32 for MXFP4")
+            raise _fail(
+                f"config_groups.{name}.weights.group_size", group, "16 for NVFP4, 32 for MXFP4"
+            )
         kinds.add(CT_FORMATS[fmt])
     if len(kinds) != 1:
         raise _fail("config_groups", sorted(kinds), "one FP4 format for every group")
     kind = kinds.pop()
-    tensors = ("weight_packed", "weight_scale") + (("weight_global_scale",)
-                                                   if kind == "nvfp4" else ())
+    tensors = ("weight_packed", "weight_scale") + (
+        ("weight_global_scale",) if kind == "nvfp4" else ()
+    )
     return FP4Layout(kind, method, tensors, tensors)
 
 
@@ -100,35 +109,46 @@ def _codes_of_bytes(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
 
 
-def unpack(layout: FP4Layout, t: dict[str, torch.Tensor], shape: tuple[int, int],
-           what: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+def unpack(
+    layout: FP4Layout, t: dict[str, torch.Tensor], shape: tuple[int, int], what: str
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(e2m1 codes ``[N, K]`` uint8, scale bytes ``[N, K / group]``, global scale) of one
     checkpoint weight of logical ``shape``."""
     n, k = shape
     group = 32 if layout.kind == "mxfp4" else 16
     if layout.method == "mxfp4":
         blocks, scales = t["weight_blocks"], t["weight_scales"]
-        if tuple(blocks.shape) not in ((n, k // 32, 16), (n, k // 2)) or \
-                blocks.dtype != torch.uint8:
-            raise ValueError(f"{what}: weight_blocks must be uint8 of shape ({n}, {k // 32}, "
-                             f"16), got {blocks.dtype} {tuple(blocks.shape)}")
+        if (
+            tuple(blocks.shape) not in ((n, k // 32, 16), (n, k // 2))
+            or blocks.dtype != torch.uint8
+        ):
+            raise ValueError(
+                f"{what}: weight_blocks must be uint8 of shape ({n}, {k // 32}, "
+                f"16), got {blocks.dtype} {tuple(blocks.shape)}"
+            )
         packed = blocks.reshape(n, k // 2)
         global_scale = 1.0
     else:
         packed, scales = t["weight_packed"], t["weight_scale"]
         if tuple(packed.shape) != (n, k // 2) or packed.dtype != torch.uint8:
-            raise ValueError(f"{what}: weight_packed must be uint8 of shape ({n}, {k // 2}), "
-                             f"got {packed.dtype} {tuple(packed.shape)}")
+            raise ValueError(
+                f"{what}: weight_packed must be uint8 of shape ({n}, {k // 2}), "
+                f"got {packed.dtype} {tuple(packed.shape)}"
+            )
         global_scale = 1.0
         if layout.kind == "nvfp4":
             g = t["weight_global_scale"].reshape(-1)
             if g.numel() != 1:
-                raise ValueError(f"{what}: weight_global_scale must hold one value, got "
-                                 f"{tuple(t['weight_global_scale'].shape)}")
+                raise ValueError(
+                    f"{what}: weight_global_scale must hold one value, got "
+                    f"{tuple(t['weight_global_scale'].shape)}"
+                )
             global_scale = float(g.float())
             scales = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
     if tuple(scales.shape) != (n, k // group) or scales.dtype != torch.uint8:
         encoding = "e4m3" if layout.kind == "nvfp4" else "uint8 e8m0"
-        raise ValueError(f"{what}: the scales must be {encoding} of shape ({n}, {k // group}), "
-                         f"got {scales.dtype} {tuple(scales.shape)}")
+        raise ValueError(
+            f"{what}: the scales must be {encoding} of shape ({n}, {k // group}), "
+            f"got {scales.dtype} {tuple(scales.shape)}"
+        )
     return _codes_of_bytes(packed), scales, global_scale

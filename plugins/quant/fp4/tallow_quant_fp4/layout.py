@@ -24,8 +24,24 @@ import torch
 from tallow.kernels import pack_quads, unpack_quads
 
 #: the e2m1 values by code (bit 3 the sign)
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E2M1_VALUES = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
 #: scale encoding and group size of each kind
 KINDS = {"mxfp4": 32, "nvfp4": 16}
 
@@ -47,16 +63,19 @@ class FP4Weight:
             raise ValueError(f"{what}: kind must be one of {', '.join(KINDS)}")
         if self.cols % 32:
             raise ValueError(f"{what}: rows of {self.cols} columns are not a multiple of 32")
-        expect = {"codes": ((self.rows, self.cols // 8), torch.int32),
-                  "scales": ((self.rows, self.cols // self.group), torch.uint8)}
+        expect = {
+            "codes": ((self.rows, self.cols // 8), torch.int32),
+            "scales": ((self.rows, self.cols // self.group), torch.uint8),
+        }
         for name, (shape, dtype) in expect.items():
             t = getattr(self, name)
             if tuple(t.shape) != shape or t.dtype != dtype:
-                raise ValueError(f"{what}: {name} must be {dtype} of shape {shape}, got "
-                                 f"{t.dtype} {tuple(t.shape)}")
+                raise ValueError(
+                    f"{what}: {name} must be {dtype} of shape {shape}, got "
+                    f"{t.dtype} {tuple(t.shape)}"
+                )
         if not self.global_scale > 0:
-            raise ValueError(f"{what}: the global scale must be positive, got "
-                             f"{self.global_scale}")
+            raise ValueError(f"{what}: the global scale must be positive, got {self.global_scale}")
 
     @property
     def group(self) -> int:
@@ -78,25 +97,38 @@ class FP4Weight:
         return replace(self, rows=codes.shape[0], codes=codes, scales=fn(self.scales))
 
     def stacks_with(self, other: "FP4Weight") -> bool:
-        return (self.kind, self.cols, self.global_scale) == (other.kind, other.cols,
-                                                             other.global_scale)
+        return (self.kind, self.cols, self.global_scale) == (
+            other.kind,
+            other.cols,
+            other.global_scale,
+        )
 
     @classmethod
     def cat_rows(cls, weights: list["FP4Weight"]) -> "FP4Weight":
         first = weights[0]
         if not all(first.stacks_with(w) for w in weights[1:]):
             raise ValueError("cannot stack FP4 weights of other kinds, widths or global scales")
-        return replace(first, rows=sum(w.rows for w in weights),
-                       codes=torch.cat([w.codes for w in weights]),
-                       scales=torch.cat([w.scales for w in weights]))
+        return replace(
+            first,
+            rows=sum(w.rows for w in weights),
+            codes=torch.cat([w.codes for w in weights]),
+            scales=torch.cat([w.scales for w in weights]),
+        )
 
 
-def from_codes(kind: str, codes: torch.Tensor, scales: torch.Tensor,
-               global_scale: float = 1.0) -> FP4Weight:
+def from_codes(
+    kind: str, codes: torch.Tensor, scales: torch.Tensor, global_scale: float = 1.0
+) -> FP4Weight:
     """An :class:`FP4Weight` from e2m1 codes ``[rows, cols]`` (uint8) and scale bytes."""
     rows, cols = codes.shape
-    return FP4Weight(kind, rows, cols, pack_quads(codes, 4).contiguous(),
-                     scales.to(torch.uint8).contiguous(), float(global_scale))
+    return FP4Weight(
+        kind,
+        rows,
+        cols,
+        pack_quads(codes, 4).contiguous(),
+        scales.to(torch.uint8).contiguous(),
+        float(global_scale),
+    )
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
@@ -109,8 +141,9 @@ def scale_values(kind: str, scales: torch.Tensor, global_scale: float = 1.0) -> 
     """The float32 scales of scale bytes: ``2 ** (e - 127)`` (MXFP4) or the e4m3 value over
     the global scale (NVFP4)."""
     if kind == "mxfp4":
-        return torch.ldexp(torch.ones_like(scales, dtype=torch.float32),
-                           scales.to(torch.int32) - 127)
+        return torch.ldexp(
+            torch.ones_like(scales, dtype=torch.float32), scales.to(torch.int32) - 127
+        )
     # the divisor lives on the scales' device: torch divides a CUDA tensor by a CPU scalar as a
     # product with its reciprocal (one more rounding), and the format divides
     divisor = torch.tensor(global_scale, dtype=torch.float32, device=scales.device)

@@ -24,8 +24,12 @@ class FP4LinearMethod(PackedLinearMethod):
 
     def __init__(self, scheme: "FP4QuantScheme", prefix: str) -> None:
         layout = scheme.layout
-        super().__init__(prefix, layout.tensors if layout else (),
-                         layout.required if layout else (), quantize_floats=bool(scheme.isq))
+        super().__init__(
+            prefix,
+            layout.tensors if layout else (),
+            layout.required if layout else (),
+            quantize_floats=bool(scheme.isq),
+        )
         self.scheme = scheme
         self.layout = layout
         #: under ``kernel: tensor_core``, the parts re-laid for the packed GEMM, and the parts
@@ -38,8 +42,13 @@ class FP4LinearMethod(PackedLinearMethod):
 
         return quantize_mxfp4(weight, self.device)
 
-    def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
-                     slices: list[WeightSlice], what: str) -> list[FP4Weight]:
+    def unpack_shard(
+        self,
+        tensors: dict[str, torch.Tensor],
+        shape: tuple[int, int],
+        slices: list[WeightSlice],
+        what: str,
+    ) -> list[FP4Weight]:
         t = {name: v.to(self.device) for name, v in tensors.items()}
         codes, scales, global_scale = unpack(self.layout, t, shape, what)
         group = 32 if self.layout.kind == "mxfp4" else 16
@@ -48,25 +57,31 @@ class FP4LinearMethod(PackedLinearMethod):
             (r0, r1), cols = s.rows, s.cols
             c0, c1 = cols if cols is not None else (0, shape[1])
             if c0 % 32 or c1 % 32:
-                raise ValueError(f"{what}: this rank's columns {c0}:{c1} do not fall on "
-                                 "32-column blocks")
-            out.append(from_codes(self.layout.kind, codes[r0:r1, c0:c1],
-                                  scales[r0:r1, c0 // group:c1 // group], global_scale))
+                raise ValueError(
+                    f"{what}: this rank's columns {c0}:{c1} do not fall on 32-column blocks"
+                )
+            out.append(
+                from_codes(
+                    self.layout.kind,
+                    codes[r0:r1, c0:c1],
+                    scales[r0:r1, c0 // group : c1 // group],
+                    global_scale,
+                )
+            )
         return out
 
     gated_kinds = ops.ACTIVATIONS
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-               gate: str | None = None) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, gate: str | None = None
+    ) -> torch.Tensor:
         if self._tensor_core(x):
-            return packed_gemm(ops.activated(x, gate) if gate else x, self._packed_parts(),
-                               bias)
+            return packed_gemm(ops.activated(x, gate) if gate else x, self._packed_parts(), bias)
         return ops.linear(x, self.parts, bias, gate=gate)
 
     def _tensor_core(self, x: torch.Tensor) -> bool:
         """Whether ``kernel: tensor_core`` sends this product through the packed GEMM."""
-        return self.scheme.settings.kernel == "tensor_core" and tensor_core.applies(
-            x, self.parts)
+        return self.scheme.settings.kernel == "tensor_core" and tensor_core.applies(x, self.parts)
 
     def _packed_parts(self) -> list[Any]:
         """The parts in the packed GEMM's layout, re-laid once per list of parts."""

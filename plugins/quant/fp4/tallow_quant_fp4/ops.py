@@ -28,13 +28,20 @@ def activated(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 def linear_ref(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` in float32 on the decoded weight, in x's dtype."""
-    y = F.linear(x.to(torch.float32), dequantize(w),
-                 None if bias is None else bias.to(torch.float32))
+    y = F.linear(
+        x.to(torch.float32), dequantize(w), None if bias is None else bias.to(torch.float32)
+    )
     return y.to(x.dtype)
 
 
-def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, *,
-           gate: str | None = None, max_gemv_rows: int = MAX_GEMV_ROWS) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    parts: list[Any],
+    bias: torch.Tensor | None = None,
+    *,
+    gate: str | None = None,
+    max_gemv_rows: int = MAX_GEMV_ROWS,
+) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` → ``[..., N]`` in x's dtype, ``W`` the parts stacked
     along the rows; with ``gate`` x is ``[..., 2K]``, ``[gate | up]``."""
     if gate is not None and gate not in ACTIVATIONS:
@@ -46,8 +53,11 @@ def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, width)
     if len(parts) == 1 and not isinstance(parts[0], FP4Weight):
-        out = (dense_linear(x2, parts[0], bias) if gate is None
-               else gated_linear(x2, parts[0], bias, kind=gate))
+        out = (
+            dense_linear(x2, parts[0], bias)
+            if gate is None
+            else gated_linear(x2, parts[0], bias, kind=gate)
+        )
         return out.view(*lead, -1)
     fused = triton_enabled(x2) and x2.shape[0] <= max_gemv_rows
     if gate is not None and not fused:
@@ -56,7 +66,7 @@ def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, 
     start = 0
     for p in parts:
         rows = p.rows if isinstance(p, FP4Weight) else p.shape[0]
-        b = None if bias is None else bias[start:start + rows]
+        b = None if bias is None else bias[start : start + rows]
         start += rows
         if not isinstance(p, FP4Weight):
             outs.append(F.linear(activated(x2, gate) if gate else x2, p.to(x2.dtype), b))
@@ -74,8 +84,12 @@ def linear(x: torch.Tensor, parts: list[Any], bias: torch.Tensor | None = None, 
     return y.view(*lead, -1)
 
 
-def warm_up(parts: list[Any], dtype: torch.dtype, gate: str | None = None,
-            max_gemv_rows: int = MAX_GEMV_ROWS) -> None:
+def warm_up(
+    parts: list[Any],
+    dtype: torch.dtype,
+    gate: str | None = None,
+    max_gemv_rows: int = MAX_GEMV_ROWS,
+) -> None:
     """Compile every kernel variant the parts' matmuls can take, before serving."""
     from .kernels.dequant import dequantize_triton
     from .kernels.gemv import gemv_config, gemv_triton
@@ -88,6 +102,11 @@ def warm_up(parts: list[Any], dtype: torch.dtype, gate: str | None = None,
         m = 1
         while m <= max_gemv_rows:
             x = torch.zeros(m, (2 if gate else 1) * p.cols, dtype=dtype, device=p.device)
-            gemv_triton(x, sample, None, gate=gate,
-                        config=gemv_config(m, p.rows, p.cols, p.kind == "nvfp4", p.device))
+            gemv_triton(
+                x,
+                sample,
+                None,
+                gate=gate,
+                config=gemv_config(m, p.rows, p.cols, p.kind == "nvfp4", p.device),
+            )
             m *= 2

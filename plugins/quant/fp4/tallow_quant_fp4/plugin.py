@@ -7,5 +7,9 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_quant_schemes(registry) -> None:
-    registry.register("fp4", "tallow_quant_fp4.scheme:FP4QuantScheme", priority=80,
-                      quant_methods=("mxfp4", "compressed-tensors"))
+    registry.register(
+        "fp4",
+        "tallow_quant_fp4.scheme:FP4QuantScheme",
+        priority=80,
+        quant_methods=("mxfp4", "compressed-tensors"),
+    )

@@ -70,6 +70,11 @@ class FP4QuantScheme(QuantScheme):
     def summary(self) -> str:
         counts = Counter(name for m in self.methods for name in m.type_names())
         kinds = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
-        how = (f", quantized at load to {self.isq}" if self.isq
-               else f", from a {self.layout.method} checkpoint" if self.layout else "")
+        how = (
+            f", quantized at load to {self.isq}"
+            if self.isq
+            else f", from a {self.layout.method} checkpoint"
+            if self.layout
+            else ""
+        )
         return f"fp4: {kinds}{how}"

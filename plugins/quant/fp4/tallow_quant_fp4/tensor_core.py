@@ -32,5 +32,4 @@ def to_packed(w: FP4Weight) -> PackedGemmWeight:
 def applies(x: torch.Tensor, parts: list) -> bool:
     """Whether the tensor-core path takes ``x`` times ``parts``: Triton runs for x, x is 16-bit
     and every part is an :class:`FP4Weight`."""
-    return (triton_enabled(x) and x.dtype in DTYPES
-            and all(isinstance(p, FP4Weight) for p in parts))
+    return triton_enabled(x) and x.dtype in DTYPES and all(isinstance(p, FP4Weight) for p in parts)

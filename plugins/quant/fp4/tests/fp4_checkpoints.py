@@ -10,8 +10,15 @@ import torch
 
 from tallow_quant_fp4.layout import E2M1_VALUES
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 VOCAB = 320
 
 
@@ -24,8 +31,11 @@ def random_fp4(rows: int, cols: int, kind: str, seed: int = 0) -> dict[str, torc
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     if kind == "nvfp4":
         local = (0.05 + torch.rand(rows, cols // 16, generator=gen)).to(torch.float8_e4m3fn)
-        return {"weight_packed": packed, "weight_scale": local,
-                "weight_global_scale": torch.tensor([40.0])}
+        return {
+            "weight_packed": packed,
+            "weight_scale": local,
+            "weight_global_scale": torch.tensor([40.0]),
+        }
     exponents = torch.randint(119, 124, (rows, cols // 32), generator=gen, dtype=torch.uint8)
     if kind == "ct-mxfp4":
         return {"weight_packed": packed, "weight_scale": exponents}
@@ -48,19 +58,52 @@ def dense_of(t: dict[str, torch.Tensor]) -> torch.Tensor:
 
 CONFIGS = {
     "mxfp4": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]},
-    "ct-mxfp4": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
-                 "quantization_status": "compressed", "ignore": ["lm_head"],
-                 "config_groups": {"group_0": {"targets": ["Linear"],
-                                               "input_activations": None, "weights": {
-                     "num_bits": 4, "type": "float", "symmetric": True, "strategy": "group",
-                     "group_size": 32, "dynamic": False}}}},
-    "nvfp4": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-              "quantization_status": "compressed", "ignore": ["lm_head"],
-              "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": {
-                  "num_bits": 4, "type": "float", "strategy": "tensor_group",
-                  "group_size": 16, "dynamic": "local"}, "weights": {
-                  "num_bits": 4, "type": "float", "symmetric": True,
-                  "strategy": "tensor_group", "group_size": 16, "dynamic": False}}}},
+    "ct-mxfp4": {
+        "quant_method": "compressed-tensors",
+        "format": "mxfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "input_activations": None,
+                "weights": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "symmetric": True,
+                    "strategy": "group",
+                    "group_size": 32,
+                    "dynamic": False,
+                },
+            }
+        },
+    },
+    "nvfp4": {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "input_activations": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "strategy": "tensor_group",
+                    "group_size": 16,
+                    "dynamic": "local",
+                },
+                "weights": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "symmetric": True,
+                    "strategy": "tensor_group",
+                    "group_size": 16,
+                    "dynamic": False,
+                },
+            }
+        },
+    },
 }
 
 
@@ -72,10 +115,16 @@ def write_checkpoint(root: Path, kind: str, seed: int = 0):
 
     from tallow.engine.random_model import synthetic_tokenizer
 
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=VOCAB,
-                                      max_position_embeddings=256, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).float().eval()
     tensors, values = {}, {}
@@ -91,11 +140,15 @@ def write_checkpoint(root: Path, kind: str, seed: int = 0):
     model.load_state_dict(values)
     out = root / kind
     out.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     data = config.to_dict()
-    data.update(architectures=["LlamaForCausalLM"], torch_dtype="float16",
-                quantization_config=CONFIGS[kind])
+    data.update(
+        architectures=["LlamaForCausalLM"], torch_dtype="float16", quantization_config=CONFIGS[kind]
+    )
     (out / "config.json").write_text(json.dumps(data))
     synthetic_tokenizer(VOCAB).save(str(out / "tokenizer.json"))
     return out, model

@@ -15,8 +15,10 @@ from tallow_quant_fp4.kernels.gemv import gemv_triton
 from tallow_quant_fp4.layout import dequantize, from_codes, scale_values
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not triton_enabled(torch.empty(0, device=DEVICE)),
-                                reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    not triton_enabled(torch.empty(0, device=DEVICE)),
+    reason="needs a CUDA GPU or TRITON_INTERPRET=1",
+)
 
 
 def weight(kind: str, rows: int, cols: int, seed: int = 0):
@@ -117,8 +119,10 @@ def test_mxfp4_experts_equal_the_reference(tokens, activation, dtype):
     assert (tokens <= GEMV_MAX_TOKENS) == (tokens < 12)
     check(got, want)
     # no biases: the kernels' other variant
-    check(mxfp4_moe(x, w13, w2, weights, ids, activation=activation),
-          mxfp4_moe_ref(x, w13, w2, weights, ids, activation=activation))
+    check(
+        mxfp4_moe(x, w13, w2, weights, ids, activation=activation),
+        mxfp4_moe_ref(x, w13, w2, weights, ids, activation=activation),
+    )
 
 
 def test_dequantize_selected_decodes_exactly_the_selected_experts():

@@ -10,7 +10,10 @@ import torch
 
 from kernel_cases import DEVICE, weight
 from tallow.kernels import (
-    dequantize_packed, packed_gemm, packed_gemm_config, packed_gemm_tolerance,
+    dequantize_packed,
+    packed_gemm,
+    packed_gemm_config,
+    packed_gemm_tolerance,
 )
 from tallow_quant_fp4.layout import dequantize
 from tallow_quant_fp4.tensor_core import to_packed
@@ -26,8 +29,9 @@ def test_kernel_decoding_is_the_layouts_bits(kind):
 @pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
 def test_product_within_rounding(kind, m):
     w = weight(kind, 40, 160 if m == 7 else 256, seed=m)
-    x = torch.randn(m, w.cols, generator=torch.Generator().manual_seed(m)).to(DEVICE,
-                                                                          torch.bfloat16)
+    x = torch.randn(m, w.cols, generator=torch.Generator().manual_seed(m)).to(
+        DEVICE, torch.bfloat16
+    )
     y = packed_gemm(x, to_packed(w))
     dense = dequantize(w)
     want = x.float() @ dense.T

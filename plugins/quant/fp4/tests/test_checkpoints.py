@@ -19,17 +19,27 @@ def _engine(source: str, **model):
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model}, "cache": {"num_blocks": 32}}))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "max_model_len": 128,
+                    **model,
+                },
+                "cache": {"num_blocks": 32},
+            }
+        )
+    )
 
 
 def _tokens(eng, prompt, steps):
     from tallow import SamplingParams
 
     rid = eng.next_request_id()
-    eng.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=steps,
-                                                ignore_eos=True))
+    eng.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
     out = []
     while eng.has_unfinished():
         out = [list(o.outputs[0].token_ids) for o in eng.step() if o.finished] or out
@@ -58,11 +68,15 @@ def test_a_checkpoint_computes_its_decoded_float_model(tmp_path, kind):
     loaded = eng.parts.loaded
     assert type(loaded.quant).__name__ == "FP4QuantScheme"
     expected = "nvfp4" if kind == "nvfp4" else "mxfp4"
-    assert loaded.model.model.layers[0].self_attn.qkv_proj.quant_method.type_names() == \
-        [expected]
+    assert loaded.model.model.layers[0].self_attn.qkv_proj.quant_method.type_names() == [expected]
     tokens, logits_hf = _hf(hf, PROMPT, 8)
-    fresh = load_model(eng.plugin_manager.registries, str(path), device=torch.device("cpu"),
-                       dtype="float32", config=None)
+    fresh = load_model(
+        eng.plugin_manager.registries,
+        str(path),
+        device=torch.device("cpu"),
+        dtype="float32",
+        config=None,
+    )
     runner = PagedRunner(fresh.model)
     runner.add(0)
     logits = runner.step([(0, PROMPT)])[0]
@@ -78,16 +92,25 @@ def test_isq_mxfp4_equals_the_float_model_of_its_decoded_weights(tmp_path):
     from tallow_quant_fp4.isq import quantize_mxfp4
     from tallow_quant_fp4.layout import dequantize
 
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=320,
-                                      max_position_embeddings=256, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path / "float")
     synthetic_tokenizer(320).save(str(tmp_path / "float" / "tokenizer.json"))
-    decoded = {n: dequantize(quantize_mxfp4(w.float(), torch.device("cpu")))
-               for n, w in model.state_dict().items() if w.dim() == 2 and "embed" not in n}
+    decoded = {
+        n: dequantize(quantize_mxfp4(w.float(), torch.device("cpu")))
+        for n, w in model.state_dict().items()
+        if w.dim() == 2 and "embed" not in n
+    }
     model.load_state_dict(decoded, strict=False)
     model.save_pretrained(tmp_path / "decoded")
     synthetic_tokenizer(320).save(str(tmp_path / "decoded" / "tokenizer.json"))

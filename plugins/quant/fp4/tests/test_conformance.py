@@ -17,6 +17,5 @@ class TestFP4SchemeConformance(QuantSchemeConformance):
         out = []
         for kind in ("mxfp4", "ct-mxfp4", "nvfp4"):
             t = random_fp4(rows, cols, kind, seed=len(out))
-            out.append(QuantizedLayer(kind, t, dense_of(t),
-                                      {"quantization_config": CONFIGS[kind]}))
+            out.append(QuantizedLayer(kind, t, dense_of(t), {"quantization_config": CONFIGS[kind]}))
         return out

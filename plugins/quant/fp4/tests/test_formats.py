@@ -25,8 +25,9 @@ def test_mxfp4_equals_transformers_gpt_oss_dequantization():
     mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
     t = random_fp4(64, 256, "mxfp4", seed=1)
     # gpt-oss stores experts as [experts, rows, blocks, 16]; the result is [experts, K, N]
-    expected = mxfp4._convert_moe_packed_tensors(t["weight_blocks"][None], t["weight_scales"][None],
-                                                 dtype=torch.float32)[0].T
+    expected = mxfp4._convert_moe_packed_tensors(
+        t["weight_blocks"][None], t["weight_scales"][None], dtype=torch.float32
+    )[0].T
     assert torch.equal(ours("mxfp4", t, (64, 256)), expected)
 
 
@@ -37,9 +38,13 @@ def test_compressed_tensors_fp4_equals_the_packages_decompression(kind):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     group = 16 if kind == "nvfp4" else 32
-    args = QuantizationArgs(num_bits=4, type="float", symmetric=True,
-                            strategy="tensor_group" if kind == "nvfp4" else "group",
-                            group_size=group)
+    args = QuantizationArgs(
+        num_bits=4,
+        type="float",
+        symmetric=True,
+        strategy="tensor_group" if kind == "nvfp4" else "group",
+        group_size=group,
+    )
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     t = random_fp4(48, 256, kind, seed=2)
     compressor = NVFP4PackedCompressor if kind == "nvfp4" else MXFP4PackedCompressor
@@ -51,8 +56,11 @@ def test_compressed_tensors_fp4_equals_the_packages_decompression(kind):
 def test_detection_and_refusals():
     assert holds_fp4_weights({"quantization_config": CONFIGS["nvfp4"]})
     assert holds_fp4_weights({"quantization_config": CONFIGS["mxfp4"]})
-    int4 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-            "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}
+    int4 = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
+    }
     assert not holds_fp4_weights({"quantization_config": int4})
     bad = {**CONFIGS["nvfp4"], "format": "nvfp4-naive"}
     with pytest.raises(ValueError, match=r"quantization_config\.format: 'nvfp4-naive'"):
@@ -72,11 +80,13 @@ def test_load_time_mxfp4_follows_the_microscaling_rules():
     assert torch.equal(q.scales.to(torch.int32), (exp + 127).to(torch.int32))
     scale = torch.exp2(exp).repeat_interleave(32, dim=1)
     # every value the nearest e2m1 multiple of its scale (within the largest, 6)
-    grid = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6])
+    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
     scaled = (w / scale).abs().clamp(max=6)
     nearest = (scaled[..., None] - grid).abs().min(-1).values
-    assert torch.allclose((decoded / scale).abs() - scaled, torch.zeros_like(scaled),
-                          atol=float(nearest.max()) + 1e-6)
-    assert torch.equal((decoded / scale).abs()[..., None].sub(grid).abs().min(-1).values,
-                       torch.zeros_like(scaled))
+    assert torch.allclose(
+        (decoded / scale).abs() - scaled, torch.zeros_like(scaled), atol=float(nearest.max()) + 1e-6
+    )
+    assert torch.equal(
+        (decoded / scale).abs()[..., None].sub(grid).abs().min(-1).values, torch.zeros_like(scaled)
+    )
     assert quantize_mxfp4(torch.randn(4, 48), torch.device("cpu")) is None

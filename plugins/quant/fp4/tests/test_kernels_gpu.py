@@ -23,8 +23,9 @@ SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336)]
 def close(got, x, w, what):
     want = x.float() @ dequantize(w).T
     scale = float(want.abs().max())
-    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2 * scale,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        got.float(), want, rtol=1e-2, atol=1e-2 * scale, msg=lambda m: f"{what}: {m}"
+    )
 
 
 @pytest.mark.parametrize("kind", ["mxfp4", "nvfp4"])
@@ -72,19 +73,30 @@ def test_isq_mxfp4_engine_graphs_equal_eager():
     from tallow.plugin.testing.engine import replay_own_graph_sizes
 
     def engine(graphs: bool):
-        return LLMEngine.from_config(config_from_mapping({
-            "model": {"source": "random:llama-3.2-1b", "device": "cuda", "dtype": "bfloat16",
-                      "max_model_len": 2048, "isq": "mxfp4"},
-            "cache": {"num_blocks": 2048},
-            "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 16},
-            "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}}}))
+        return LLMEngine.from_config(
+            config_from_mapping(
+                {
+                    "model": {
+                        "source": "random:llama-3.2-1b",
+                        "device": "cuda",
+                        "dtype": "bfloat16",
+                        "max_model_len": 2048,
+                        "isq": "mxfp4",
+                    },
+                    "cache": {"num_blocks": 2048},
+                    "runner": {"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 16},
+                    "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4}}},
+                }
+            )
+        )
 
     def greedy(eng, prompts):
         ids = []
         for p in prompts:
             ids.append(eng.next_request_id())
-            eng.add_request(ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16,
-                                                       ignore_eos=True))
+            eng.add_request(
+                ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+            )
         done = {}
         while eng.has_unfinished():
             for out in eng.step():
@@ -97,8 +109,10 @@ def test_isq_mxfp4_engine_graphs_equal_eager():
     replay_own_graph_sizes(graphs)  # eager runs the same kernels
     g = torch.Generator().manual_seed(0)
     for n in (1, 4, 16):
-        batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 200, (n,), generator=g)]
+        batch = [
+            torch.randint(0, 120000, (int(L),), generator=g).tolist()
+            for L in torch.randint(3, 200, (n,), generator=g)
+        ]
         assert greedy(graphs, batch) == greedy(eager, batch), f"batch {n}"
 
 

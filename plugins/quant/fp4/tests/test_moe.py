@@ -27,8 +27,9 @@ def _random_blocks(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, tor
 def test_layout_is_transformers_gpt_oss_layout():
     """transformers' ``_convert_moe_packed_tensors`` (what GptOss runs on an MXFP4 checkpoint)
     decodes the same blocks to the transpose of ours: ``[E, cols, rows]``."""
-    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4",
-                                reason="transformers is the oracle of the layout")
+    mxfp4 = pytest.importorskip(
+        "transformers.integrations.mxfp4", reason="transformers is the oracle of the layout"
+    )
     blocks, scales = _random_blocks((E, 2 * I, H), seed=0)
     ref = mxfp4._convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
     assert torch.equal(dequantize_experts(blocks, scales), ref.transpose(1, 2))
@@ -59,10 +60,16 @@ class _Scheme(FP4QuantScheme):
 
 
 def _layers(tp_size: int = 1, tp_rank: int = 0) -> tuple[FusedMoE, FusedMoE]:
-    kw = dict(router=RouterSpec(top_k=2, scoring="softmax_selected"), router_bias=True,
-              activation="swiglu_clamp", expert_bias=True, prefix="mlp")
-    quant = FusedMoE(E, H, I, build=BuildContext(quant=_Scheme(), tp_size=tp_size,
-                                                 tp_rank=tp_rank), **kw)
+    kw = dict(
+        router=RouterSpec(top_k=2, scoring="softmax_selected"),
+        router_bias=True,
+        activation="swiglu_clamp",
+        expert_bias=True,
+        prefix="mlp",
+    )
+    quant = FusedMoE(
+        E, H, I, build=BuildContext(quant=_Scheme(), tp_size=tp_size, tp_rank=tp_rank), **kw
+    )
     dense = FusedMoE(E, H, I, build=BuildContext(tp_size=tp_size, tp_rank=tp_rank), **kw)
     return quant, dense
 
@@ -71,11 +78,16 @@ def _checkpoint(seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     b13, s13 = _random_blocks((E, 2 * I, H), seed)
     b2, s2 = _random_blocks((E, H, I), seed + 1)
-    return {"w13_blocks": b13, "w13_scales": s13, "w2_blocks": b2, "w2_scales": s2,
-            "w13_bias": torch.randn(E, 2 * I, generator=gen), "w2_bias": torch.randn(E, H,
-                                                                                   generator=gen),
-            "gate.weight": torch.randn(E, H, generator=gen), "gate.bias": torch.randn(E,
-                                                                                    generator=gen)}
+    return {
+        "w13_blocks": b13,
+        "w13_scales": s13,
+        "w2_blocks": b2,
+        "w2_scales": s2,
+        "w13_bias": torch.randn(E, 2 * I, generator=gen),
+        "w2_bias": torch.randn(E, H, generator=gen),
+        "gate.weight": torch.randn(E, H, generator=gen),
+        "gate.bias": torch.randn(E, generator=gen),
+    }
 
 
 def _load(layer: FusedMoE, tensors: dict[str, torch.Tensor]) -> None:
@@ -114,7 +126,7 @@ def test_tensor_parallel_share():
     _load(quant, {k: v for k, v in ckpt.items() if "bias" not in k})
     ex = quant.experts
     assert torch.equal(ex.w13_blocks[:, :32], ckpt["w13_blocks"][:, 32:64])
-    assert torch.equal(ex.w13_blocks[:, 32:], ckpt["w13_blocks"][:, I + 32:I + 64])
+    assert torch.equal(ex.w13_blocks[:, 32:], ckpt["w13_blocks"][:, I + 32 : I + 64])
     assert torch.equal(ex.w2_scales, ckpt["w2_scales"][:, :, 1:2])
     assert torch.equal(ex.w2_blocks, ckpt["w2_blocks"][:, :, 1:2])
 
@@ -133,9 +145,18 @@ def test_bad_tensors_are_refused_with_their_name():
 def test_only_mxfp4_checkpoints_get_packed_experts():
     scheme = FP4QuantScheme()
     assert scheme.moe_method("mlp.experts") is None  # no checkpoint config: float experts
-    scheme.use_checkpoint_config({"quantization_config": {
-        "quant_method": "compressed-tensors", "config_groups": {"g": {
-            "format": "nvfp4-pack-quantized",
-            "weights": {"type": "float", "num_bits": 4, "group_size": 16}}}}})
+    scheme.use_checkpoint_config(
+        {
+            "quantization_config": {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {
+                        "format": "nvfp4-pack-quantized",
+                        "weights": {"type": "float", "num_bits": 4, "group_size": 16},
+                    }
+                },
+            }
+        }
+    )
     assert scheme.moe_method("mlp.experts") is None
     assert isinstance(_Scheme().moe_method("mlp.experts"), MXFP4MoEMethod)

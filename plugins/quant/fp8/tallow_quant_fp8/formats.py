@@ -49,12 +49,15 @@ class Fp8Config:
         if self.weights not in WEIGHT_KINDS:
             raise ValueError(f"weights must be one of {WEIGHT_KINDS}, got {self.weights!r}")
         if self.activations not in ACTIVATION_KINDS:
-            raise ValueError(f"activations must be one of {ACTIVATION_KINDS}, got "
-                             f"{self.activations!r}")
+            raise ValueError(
+                f"activations must be one of {ACTIVATION_KINDS}, got {self.activations!r}"
+            )
         allowed = ("group", "none") if self.block else ("token", "static", "none")
         if self.activations not in allowed:
-            raise ValueError(f"{self.activations} activations do not go with {self.weights} "
-                             f"weights (expected one of {allowed})")
+            raise ValueError(
+                f"{self.activations} activations do not go with {self.weights} "
+                f"weights (expected one of {allowed})"
+            )
 
     @property
     def block(self) -> bool:
@@ -66,8 +69,12 @@ class Fp8Config:
         return "weight_scale_inv" if self.block and self.dialect == "fp8" else "weight_scale"
 
     def describe(self) -> str:
-        acts = {"token": "activations per token", "group": "activations per token and 128 columns",
-                "static": "static activation scales", "none": "weights only"}[self.activations]
+        acts = {
+            "token": "activations per token",
+            "group": "activations per token and 128 columns",
+            "static": "static activation scales",
+            "none": "weights only",
+        }[self.activations]
         weights = "128x128 blocks" if self.block else f"per {self.weights}"
         return f"e4m3 {weights}, {acts}"
 
@@ -92,8 +99,11 @@ def detects(config: dict[str, Any]) -> bool:
         return False
     for group in groups.values():
         weights = group.get("weights") if isinstance(group, dict) else None
-        if not (isinstance(weights, dict) and weights.get("type") == "float"
-                and weights.get("num_bits") == 8):
+        if not (
+            isinstance(weights, dict)
+            and weights.get("type") == "float"
+            and weights.get("num_bits") == 8
+        ):
             return False
     return True
 
@@ -109,8 +119,7 @@ def parse(config: dict[str, Any]) -> Fp8Config:
         return _parse_fp8(quant)
     if method == _CT:
         return _parse_compressed_tensors(quant)
-    raise ValueError(f"quantization_config.quant_method: expected 'fp8' or '{_CT}', got "
-                     f"{method!r}")
+    raise ValueError(f"quantization_config.quant_method: expected 'fp8' or '{_CT}', got {method!r}")
 
 
 def _parse_fp8(quant: dict[str, Any]) -> Fp8Config:
@@ -120,18 +129,22 @@ def _parse_fp8(quant: dict[str, Any]) -> Fp8Config:
         raise ValueError(f"{where}.fmt: only 'e4m3' weights are supported, got {fmt!r}")
     scheme = quant.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
-        raise ValueError(f"{where}.activation_scheme: expected 'dynamic' or 'static', got "
-                         f"{scheme!r}")
+        raise ValueError(
+            f"{where}.activation_scheme: expected 'dynamic' or 'static', got {scheme!r}"
+        )
     block = quant.get("weight_block_size")
     if block is None:
         return Fp8Config("tensor", "token" if scheme == "dynamic" else "static", "fp8")
     if not isinstance(block, (list, tuple)) or list(block) != list(BLOCK):
-        raise ValueError(f"{where}.weight_block_size: only {list(BLOCK)} blocks are supported, "
-                         f"got {block!r}")
+        raise ValueError(
+            f"{where}.weight_block_size: only {list(BLOCK)} blocks are supported, got {block!r}"
+        )
     if scheme != "dynamic":
-        raise ValueError(f"{where}.activation_scheme: block-wise weights "
-                         f"(weight_block_size {list(BLOCK)}) need 'dynamic' activations, got "
-                         f"{scheme!r}")
+        raise ValueError(
+            f"{where}.activation_scheme: block-wise weights "
+            f"(weight_block_size {list(BLOCK)}) need 'dynamic' activations, got "
+            f"{scheme!r}"
+        )
     scale_fmt = quant.get("scale_fmt", "float")
     if scale_fmt not in ("float", "ue8m0"):
         raise ValueError(f"{where}.scale_fmt: expected 'float' or 'ue8m0', got {scale_fmt!r}")
@@ -143,15 +156,21 @@ def _parse_compressed_tensors(quant: dict[str, Any]) -> Fp8Config:
     fmt = quant.get("format")
     groups = quant.get("config_groups")
     if not isinstance(groups, dict) or not groups:
-        raise ValueError(f"{where}.config_groups: expected a non-empty object of quantization "
-                         f"schemes, got {groups!r}")
+        raise ValueError(
+            f"{where}.config_groups: expected a non-empty object of quantization "
+            f"schemes, got {groups!r}"
+        )
     status = quant.get("quantization_status", "compressed")
     if status != "compressed":
-        raise ValueError(f"{where}.quantization_status: expected 'compressed' (weights stored "
-                         f"in float8), got {status!r}")
+        raise ValueError(
+            f"{where}.quantization_status: expected 'compressed' (weights stored "
+            f"in float8), got {status!r}"
+        )
     if quant.get("kv_cache_scheme"):
-        raise ValueError(f"{where}.kv_cache_scheme: KV-cache scales stored in the checkpoint are "
-                         "not supported (choose a KV codec with cache.kv_codec instead)")
+        raise ValueError(
+            f"{where}.kv_cache_scheme: KV-cache scales stored in the checkpoint are "
+            "not supported (choose a KV codec with cache.kv_codec instead)"
+        )
     found = None
     for name, group in groups.items():
         at = f"{where}.config_groups.{name}"
@@ -159,17 +178,19 @@ def _parse_compressed_tensors(quant: dict[str, Any]) -> Fp8Config:
             raise ValueError(f"{at}: expected an object, got {group!r}")
         group_fmt = group.get("format") or fmt
         if group_fmt not in ("float-quantized", "naive-quantized"):
-            raise ValueError(f"{at}.format: expected 'float-quantized' (float8 weights), got "
-                             f"{group_fmt!r}")
+            raise ValueError(
+                f"{at}.format: expected 'float-quantized' (float8 weights), got {group_fmt!r}"
+            )
         weights = _weights_kind(group.get("weights"), f"{at}.weights")
-        acts = _activations_kind(group.get("input_activations"), weights,
-                                 f"{at}.input_activations")
+        acts = _activations_kind(group.get("input_activations"), weights, f"{at}.input_activations")
         if group.get("output_activations"):
             raise ValueError(f"{at}.output_activations: quantized outputs are not supported")
         if found is not None and found != (weights, acts):
-            raise ValueError(f"{at}: every group must quantize alike; this one has {weights} "
-                             f"weights and {acts} activations, an earlier one {found[0]} and "
-                             f"{found[1]}")
+            raise ValueError(
+                f"{at}: every group must quantize alike; this one has {weights} "
+                f"weights and {acts} activations, an earlier one {found[0]} and "
+                f"{found[1]}"
+            )
         found = (weights, acts)
     assert found is not None
     return Fp8Config(found[0], found[1], _CT)
@@ -179,8 +200,10 @@ def _float8_args(args: Any, at: str) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ValueError(f"{at}: expected an object, got {args!r}")
     if args.get("type") != "float" or args.get("num_bits") != 8:
-        raise ValueError(f"{at}: expected 8-bit float quantization (type 'float', num_bits 8), "
-                         f"got type {args.get('type')!r}, num_bits {args.get('num_bits')!r}")
+        raise ValueError(
+            f"{at}: expected 8-bit float quantization (type 'float', num_bits 8), "
+            f"got type {args.get('type')!r}, num_bits {args.get('num_bits')!r}"
+        )
     if args.get("symmetric", True) is not True:
         raise ValueError(f"{at}.symmetric: only symmetric float8 (no zero point) is supported")
     return args
@@ -196,11 +219,11 @@ def _weights_kind(args: Any, at: str) -> str:
     if strategy == "block":
         block = args.get("block_structure")
         if not isinstance(block, (list, tuple)) or list(block) != list(BLOCK):
-            raise ValueError(f"{at}.block_structure: only {list(BLOCK)} blocks are supported, "
-                             f"got {block!r}")
+            raise ValueError(
+                f"{at}.block_structure: only {list(BLOCK)} blocks are supported, got {block!r}"
+            )
         return "block"
-    raise ValueError(f"{at}.strategy: expected 'tensor', 'channel' or 'block', got "
-                     f"{strategy!r}")
+    raise ValueError(f"{at}.strategy: expected 'tensor', 'channel' or 'block', got {strategy!r}")
 
 
 def _activations_kind(args: Any, weights: str, at: str) -> str:
@@ -211,14 +234,18 @@ def _activations_kind(args: Any, weights: str, at: str) -> str:
     if weights == "block":
         if strategy == "group" and args.get("group_size") == BLOCK[1] and dynamic is True:
             return "group"
-        raise ValueError(f"{at}: block-wise weights need dynamic activations in groups of "
-                         f"{BLOCK[1]} (strategy 'group', group_size {BLOCK[1]}, dynamic true), "
-                         f"got strategy {strategy!r}, group_size {args.get('group_size')!r}, "
-                         f"dynamic {dynamic!r}")
+        raise ValueError(
+            f"{at}: block-wise weights need dynamic activations in groups of "
+            f"{BLOCK[1]} (strategy 'group', group_size {BLOCK[1]}, dynamic true), "
+            f"got strategy {strategy!r}, group_size {args.get('group_size')!r}, "
+            f"dynamic {dynamic!r}"
+        )
     if strategy == "token" and dynamic is True:
         return "token"
     if strategy == "tensor" and dynamic is False:
         return "static"
-    raise ValueError(f"{at}: expected dynamic per-token activations (strategy 'token', dynamic "
-                     f"true) or a static scale per tensor (strategy 'tensor', dynamic false), "
-                     f"got strategy {strategy!r}, dynamic {dynamic!r}")
+    raise ValueError(
+        f"{at}: expected dynamic per-token activations (strategy 'token', dynamic "
+        f"true) or a static scale per tensor (strategy 'tensor', dynamic false), "
+        f"got strategy {strategy!r}, dynamic {dynamic!r}"
+    )

@@ -65,8 +65,14 @@ class Fp8LinearMethod(LinearMethod):
         return self.prefix or type(self.layer).__name__
 
     # -- storage ---------------------------------------------------------------------------
-    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
-                       params_dtype: torch.dtype, device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.layer = layer
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
@@ -90,8 +96,9 @@ class Fp8LinearMethod(LinearMethod):
             set_weight_attrs(inputs, from_checkpoint=False)
 
     def _placeholder(self, layer: nn.Module, name: str, loader: Any) -> nn.Parameter:
-        param = nn.Parameter(torch.empty(0, dtype=torch.uint8, device=self.device),
-                             requires_grad=False)
+        param = nn.Parameter(
+            torch.empty(0, dtype=torch.uint8, device=self.device), requires_grad=False
+        )
         set_weight_attrs(param, weight_loader=loader)
         layer.register_parameter(name, param)
         return param
@@ -102,12 +109,15 @@ class Fp8LinearMethod(LinearMethod):
         expected = tuple(self.layer.checkpoint_shape(shard_id))
         if tuple(loaded.shape) != expected:
             shard = "" if shard_id is None else f" shard {shard_id!r}"
-            raise ValueError(f"{self._what}{shard}: checkpoint tensor has shape "
-                             f"{tuple(loaded.shape)}, expected {expected}")
+            raise ValueError(
+                f"{self._what}{shard}: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, expected {expected}"
+            )
         return self.layer.weight_slices(shard_id)
 
-    def _load_weight(self, param: torch.Tensor, loaded: Any,
-                     shard_id: Hashable | None = None) -> None:
+    def _load_weight(
+        self, param: torch.Tensor, loaded: Any, shard_id: Hashable | None = None
+    ) -> None:
         if isinstance(loaded, QuantizedWeight):
             if loaded.scheme != "fp8":  # an encoding these kernels do not read
                 loaded = loaded.dequantize()
@@ -116,45 +126,55 @@ class Fp8LinearMethod(LinearMethod):
         for part in self._weight_slices(loaded, shard_id):
             slot = self._parts[part.partition]
             if slot.data is not None or slot.ready is not None:
-                raise ValueError(f"{self._what}: output partition {part.partition} is loaded "
-                                 "twice")
+                raise ValueError(f"{self._what}: output partition {part.partition} is loaded twice")
             slot.pad_rows = part.pad_rows
             (r0, r1), (c0, c1) = part.rows, part.cols or (0, self.input_size)
             if isinstance(loaded, Fp8Weight):
                 ready = _slice_weight(loaded, r0, r1, c0, c1, self._what)
-                slot.ready = Fp8Weight(_fp8_on(ready.data, self.device),
-                                       ready.scale.to(self.device).contiguous(), ready.layout)
+                slot.ready = Fp8Weight(
+                    _fp8_on(ready.data, self.device),
+                    ready.scale.to(self.device).contiguous(),
+                    ready.layout,
+                )
             elif loaded.dtype == FP8:
                 slot.data = _fp8_on(loaded[r0:r1, c0:c1], self.device)
             elif not loaded.is_floating_point():
-                raise ValueError(f"{self._what}: expected a float8 e4m3 or float weight, got "
-                                 f"{loaded.dtype}")
+                raise ValueError(
+                    f"{self._what}: expected a float8 e4m3 or float weight, got {loaded.dtype}"
+                )
             elif self.scheme.isq:
                 slot.ready = quantize_rows(loaded[r0:r1, c0:c1].to(self.device))
             else:  # left unquantized by the checkpoint
                 slot.data = loaded[r0:r1, c0:c1].to(self.device, self.dtype)
 
-    def _load_scale(self, param: torch.Tensor, loaded: torch.Tensor,
-                    shard_id: Hashable | None = None) -> None:
+    def _load_scale(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         kind = self.scheme.checkpoint.weights
         rows, cols = self.layer.checkpoint_shape(shard_id)
         shard = "" if shard_id is None else f" shard {shard_id!r}"
         scale = loaded.float()
         if kind == "tensor":
             if scale.numel() != 1:
-                raise ValueError(f"{self._what}{shard}: a per-tensor weight scale must hold one "
-                                 f"value, got shape {tuple(loaded.shape)}")
+                raise ValueError(
+                    f"{self._what}{shard}: a per-tensor weight scale must hold one "
+                    f"value, got shape {tuple(loaded.shape)}"
+                )
         elif kind == "channel":
             if scale.numel() != rows or (scale.dim() == 2 and scale.shape[1] != 1):
-                raise ValueError(f"{self._what}{shard}: a per-channel weight scale must have "
-                                 f"shape ({rows}, 1), got {tuple(loaded.shape)}")
+                raise ValueError(
+                    f"{self._what}{shard}: a per-channel weight scale must have "
+                    f"shape ({rows}, 1), got {tuple(loaded.shape)}"
+                )
             scale = scale.reshape(rows)
         else:
             expected = (-(-rows // BLOCK), -(-cols // BLOCK))
             if tuple(scale.shape) != expected:
-                raise ValueError(f"{self._what}{shard}: block-wise weight scales of a "
-                                 f"[{rows}, {cols}] weight must have shape {expected}, got "
-                                 f"{tuple(loaded.shape)}")
+                raise ValueError(
+                    f"{self._what}{shard}: block-wise weight scales of a "
+                    f"[{rows}, {cols}] weight must have shape {expected}, got "
+                    f"{tuple(loaded.shape)}"
+                )
         for part in self.layer.weight_slices(shard_id):
             slot = self._parts[part.partition]
             (r0, r1), (c0, c1) = part.rows, part.cols or (0, cols)
@@ -164,17 +184,22 @@ class Fp8LinearMethod(LinearMethod):
                 piece = scale[r0:r1]
             else:
                 if r0 % BLOCK or c0 % BLOCK:
-                    raise ValueError(f"{self._what}: this rank's rows {r0}:{r1} and columns "
-                                     f"{c0}:{c1} must start on {BLOCK}-element block "
-                                     "boundaries of the block-wise weight")
-                piece = scale[r0 // BLOCK:-(-r1 // BLOCK), c0 // BLOCK:-(-c1 // BLOCK)]
+                    raise ValueError(
+                        f"{self._what}: this rank's rows {r0}:{r1} and columns "
+                        f"{c0}:{c1} must start on {BLOCK}-element block "
+                        "boundaries of the block-wise weight"
+                    )
+                piece = scale[r0 // BLOCK : -(-r1 // BLOCK), c0 // BLOCK : -(-c1 // BLOCK)]
             slot.scale = piece.to(self.device).contiguous()
 
-    def _load_input_scale(self, param: torch.Tensor, loaded: torch.Tensor,
-                          shard_id: Hashable | None = None) -> None:
+    def _load_input_scale(
+        self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         if loaded.numel() != 1:
-            raise ValueError(f"{self._what}: a static input scale must hold one value, got "
-                             f"shape {tuple(loaded.shape)}")
+            raise ValueError(
+                f"{self._what}: a static input scale must hold one value, got "
+                f"shape {tuple(loaded.shape)}"
+            )
         for part in self.layer.weight_slices(shard_id):
             self._parts[part.partition].input_scale = loaded.float().reshape(()).to(self.device)
 
@@ -186,8 +211,12 @@ class Fp8LinearMethod(LinearMethod):
         for slot, rows in zip(self._parts, self.output_sizes):
             pieces = []
             for start in range(0, rows, RANDOM_CHUNK_ROWS):
-                w = torch.empty(min(RANDOM_CHUNK_ROWS, rows - start), self.input_size,
-                                dtype=torch.float32, device=self.device)
+                w = torch.empty(
+                    min(RANDOM_CHUNK_ROWS, rows - start),
+                    self.input_size,
+                    dtype=torch.float32,
+                    device=self.device,
+                )
                 w.normal_(0.0, std, generator=generator)
                 pieces.append(quantize_rows(w))
                 del w
@@ -204,9 +233,11 @@ class Fp8LinearMethod(LinearMethod):
             self.dense = torch.cat(parts) if len(parts) > 1 else parts[0]
             layer.register_buffer("dense_weight", self.dense, persistent=False)
         elif any(dense):
-            raise ValueError(f"{self._what}: partitions {[i for i, d in enumerate(dense) if d]} "
-                             "are not float8 in the checkpoint while the others are; a merged "
-                             "layer must be quantized alike")
+            raise ValueError(
+                f"{self._what}: partitions {[i for i, d in enumerate(dense) if d]} "
+                "are not float8 in the checkpoint while the others are; a merged "
+                "layer must be quantized alike"
+            )
         else:
             self.weight = cat_rows(parts)
             self._check_shape(self.weight)
@@ -224,51 +255,73 @@ class Fp8LinearMethod(LinearMethod):
             weight = p.ready
         elif p.data.dtype != FP8:
             if p.scale is not None:
-                raise ValueError(f"{self._what}: partition {index} has a weight scale but its "
-                                 f"weight is {p.data.dtype}, not float8 e4m3")
+                raise ValueError(
+                    f"{self._what}: partition {index} has a weight scale but its "
+                    f"weight is {p.data.dtype}, not float8 e4m3"
+                )
             dense = _pad(p.data, p.pad_rows)
             if tuple(dense.shape) != (rows, self.input_size):
-                raise ValueError(f"{self._what}: partition {index} holds "
-                                 f"{list(dense.shape)}, expected [{rows}, {self.input_size}]")
+                raise ValueError(
+                    f"{self._what}: partition {index} holds "
+                    f"{list(dense.shape)}, expected [{rows}, {self.input_size}]"
+                )
             return dense
         else:
             fmt = self.scheme.checkpoint
             if p.scale is None or fmt is None:
                 name = fmt.scale_name if fmt is not None else "weight scale"
-                raise ValueError(f"{self._what}: partition {index} is float8 but the checkpoint "
-                                 f"has no {name} for it")
+                raise ValueError(
+                    f"{self._what}: partition {index} is float8 but the checkpoint "
+                    f"has no {name} for it"
+                )
             layout = "block" if fmt.block else "row"
-            scale = (p.scale.expand(p.data.shape[0]).contiguous()
-                     if layout == "row" and p.scale.numel() == 1 else p.scale)
+            scale = (
+                p.scale.expand(p.data.shape[0]).contiguous()
+                if layout == "row" and p.scale.numel() == 1
+                else p.scale
+            )
             if fmt.activations == "static" and p.input_scale is None:
-                raise ValueError(f"{self._what}: partition {index} has no input_scale, which "
-                                 "static activation quantization needs")
+                raise ValueError(
+                    f"{self._what}: partition {index} has no input_scale, which "
+                    "static activation quantization needs"
+                )
             weight = Fp8Weight(p.data, scale, layout, p.input_scale)
         if p.pad_rows:
             weight = _pad_weight(weight, p.pad_rows)
         if weight.rows != rows or weight.cols != self.input_size:
-            raise ValueError(f"{self._what}: partition {index} holds [{weight.rows}, "
-                             f"{weight.cols}], expected [{rows}, {self.input_size}]")
+            raise ValueError(
+                f"{self._what}: partition {index} holds [{weight.rows}, "
+                f"{weight.cols}], expected [{rows}, {self.input_size}]"
+            )
         return weight
 
     def _check_shape(self, weight: Fp8Weight) -> None:
         if weight.block and weight.cols % BLOCK:
-            raise ValueError(f"{self._what}: block-wise weights need the input size to be a "
-                             f"multiple of {BLOCK}, got {weight.cols}")
+            raise ValueError(
+                f"{self._what}: block-wise weights need the input size to be a "
+                f"multiple of {BLOCK}, got {weight.cols}"
+            )
 
     def _plan(self, weight: Fp8Weight) -> ops.LayerPlan:
         fmt = self.scheme.checkpoint
-        plan = ops.LayerPlan(fmt.activations if fmt is not None
-                             else "group" if weight.block else "token")
+        plan = ops.LayerPlan(
+            fmt.activations if fmt is not None else "group" if weight.block else "token"
+        )
         settings = self.scheme.settings
-        if (plan.activations != "none" and settings.matmul != "triton"
-                and weight.data.is_cuda and ops.kernels_run(weight.data)):
+        if (
+            plan.activations != "none"
+            and settings.matmul != "triton"
+            and weight.data.is_cuda
+            and ops.kernels_run(weight.data)
+        ):
             from .scaled_mm import scaled_mm_serves
 
             reason = scaled_mm_serves(weight, self.dtype, settings.fast_accum)
             if reason is not None and settings.matmul == "scaled_mm":
-                raise ValueError(f"{self._what}: plugins.settings.tallow-quant-fp8.matmul is "
-                                 f"scaled_mm, but {reason}")
+                raise ValueError(
+                    f"{self._what}: plugins.settings.tallow-quant-fp8.matmul is "
+                    f"scaled_mm, but {reason}"
+                )
             plan.scaled_mm = reason is None
         if settings.kernel == "tensor_core":
             from .tensor_core import to_packed
@@ -277,14 +330,16 @@ class Fp8LinearMethod(LinearMethod):
         return plan
 
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.weight is None:
             return dense_linear(x, self.dense, bias)
         return ops.linear(x, self.weight, self.plan, bias, settings=self.scheme.settings)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply_gated(
+        self, layer: nn.Module, x: torch.Tensor, act: nn.Module, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         kind = getattr(act, "kind", None)
         if self.weight is None or kind is None:
             return self.apply(layer, act(x), bias)
@@ -295,8 +350,7 @@ class Fp8LinearMethod(LinearMethod):
             self._warm_gates.add(kind)
             if not torch.cuda.is_current_stream_capturing():
                 ops.warm_up(self.weight, self.plan, x.dtype, self.scheme.settings, gate=kind)
-        return ops.linear(x, self.weight, self.plan, bias, settings=self.scheme.settings,
-                          gate=kind)
+        return ops.linear(x, self.weight, self.plan, bias, settings=self.scheme.settings, gate=kind)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         if self.weight is None:
@@ -309,9 +363,11 @@ def _slice_weight(w: Fp8Weight, r0: int, r1: int, c0: int, c1: int, what: str) -
     if not w.block:
         return Fp8Weight(w.data[r0:r1, c0:c1], w.scale[r0:r1], "row", w.input_scale)
     if r0 % BLOCK or c0 % BLOCK:
-        raise ValueError(f"{what}: rows {r0}:{r1} and columns {c0}:{c1} of a block-wise weight "
-                         f"must start on {BLOCK}-element block boundaries")
-    scale = w.scale[r0 // BLOCK:-(-r1 // BLOCK), c0 // BLOCK:-(-c1 // BLOCK)]
+        raise ValueError(
+            f"{what}: rows {r0}:{r1} and columns {c0}:{c1} of a block-wise weight "
+            f"must start on {BLOCK}-element block boundaries"
+        )
+    scale = w.scale[r0 // BLOCK : -(-r1 // BLOCK), c0 // BLOCK : -(-c1 // BLOCK)]
     return Fp8Weight(w.data[r0:r1, c0:c1], scale, "block", w.input_scale)
 
 

@@ -54,29 +54,44 @@ class Fp8MoEMethod(MoEMethod):
         self._dequantized: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- storage ---------------------------------------------------------------------------
-    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
-                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
-                       device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_per_rank: int,
+        bias: bool,
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         if bias:
             raise ValueError(f"{self.prefix}: fp8 experts with biases are not supported")
         if self.layout == "block" and intermediate_per_rank % BLOCK:
-            raise ValueError(f"{self.prefix}: block-scaled fp8 experts need each rank's "
-                             f"intermediate size to be a multiple of {BLOCK}, got "
-                             f"{intermediate_per_rank}")
+            raise ValueError(
+                f"{self.prefix}: block-scaled fp8 experts need each rank's "
+                f"intermediate size to be a multiple of {BLOCK}, got "
+                f"{intermediate_per_rank}"
+            )
         self.layer = layer
         self.num_experts = num_experts
         self.i_rank = intermediate_per_rank
-        shapes = {"w13": (2 * intermediate_per_rank, hidden_size),
-                  "w2": (hidden_size, intermediate_per_rank)}
+        shapes = {
+            "w13": (2 * intermediate_per_rank, hidden_size),
+            "w2": (hidden_size, intermediate_per_rank),
+        }
         for name, (rows, cols) in shapes.items():
-            weight = nn.Parameter(torch.empty(num_experts, rows, cols, dtype=FP8, device=device),
-                                  requires_grad=False)
+            weight = nn.Parameter(
+                torch.empty(num_experts, rows, cols, dtype=FP8, device=device), requires_grad=False
+            )
             set_weight_attrs(weight, weight_loader=partial(self._load_weight, name))
             if self.scheme.isq:
                 set_weight_attrs(weight, random_fill=self._random_fill(name))
             layer.register_parameter(f"{name}_weight", weight)
-            scale_shape = ((num_experts, rows) if self.layout == "row"
-                           else (num_experts, -(-rows // BLOCK), -(-cols // BLOCK)))
+            scale_shape = (
+                (num_experts, rows)
+                if self.layout == "row"
+                else (num_experts, -(-rows // BLOCK), -(-cols // BLOCK))
+            )
             scale = torch.full(scale_shape, float("nan"), dtype=torch.float32, device=device)
             if self.scheme.isq:  # made with the weight: not a checkpoint tensor
                 layer.register_buffer(f"{name}_weight_scale", scale)
@@ -95,14 +110,17 @@ class Fp8MoEMethod(MoEMethod):
             scale = getattr(self.layer, f"{name}_{self.scale_name}")
         return scale
 
-    def _load_weight(self, name: str, param: torch.Tensor, loaded: torch.Tensor,
-                     shard_id: Hashable | None = None) -> None:
+    def _load_weight(
+        self, name: str, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         scale = self._scale_of(name)
         for e, part, src in self.layer.expert_tensors(loaded, shard_id, name):
             expected = self.layer.checkpoint_shape(part)
             if tuple(src.shape) != expected:
-                raise ValueError(f"{self.prefix}: expert {e} {part} weight has shape "
-                                 f"{tuple(src.shape)}, expected {expected}")
+                raise ValueError(
+                    f"{self.prefix}: expert {e} {part} weight has shape "
+                    f"{tuple(src.shape)}, expected {expected}"
+                )
             [sl] = self.layer.weight_slices(part)
             (r0, r1), (c0, c1) = sl.rows, sl.cols or (0, expected[1])
             rows = slice(sl.partition * self.i_rank, sl.partition * self.i_rank + r1 - r0)
@@ -110,19 +128,24 @@ class Fp8MoEMethod(MoEMethod):
             if piece.dtype == FP8:  # copied as bytes: not every device copies float8
                 param.data[e, rows].view(torch.uint8).copy_(piece.view(torch.uint8))
             elif not piece.is_floating_point():
-                raise ValueError(f"{self.prefix}: expert {e} {part} weight is {piece.dtype}; "
-                                 "expected float8 e4m3 (or a float weight under model.isq fp8)")
+                raise ValueError(
+                    f"{self.prefix}: expert {e} {part} weight is {piece.dtype}; "
+                    "expected float8 e4m3 (or a float weight under model.isq fp8)"
+                )
             elif self.scheme.isq:
                 q = quantize_rows(piece.to(param.device))
                 param.data[e, rows].view(torch.uint8).copy_(q.data.view(torch.uint8))
                 scale.data[e, rows] = q.scale
             else:
-                raise ValueError(f"{self.prefix}: expert {e} {part} weight is {piece.dtype} in "
-                                 "an fp8 checkpoint; float experts beside float8 layers are "
-                                 "not supported")
+                raise ValueError(
+                    f"{self.prefix}: expert {e} {part} weight is {piece.dtype} in "
+                    "an fp8 checkpoint; float experts beside float8 layers are "
+                    "not supported"
+                )
 
-    def _load_scale(self, name: str, param: torch.Tensor, loaded: torch.Tensor,
-                    shard_id: Hashable | None = None) -> None:
+    def _load_scale(
+        self, name: str, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None
+    ) -> None:
         for e, part, src in self.layer.expert_tensors(loaded, shard_id, name):
             rows_full, cols_full = self.layer.checkpoint_shape(part)
             [sl] = self.layer.weight_slices(part)
@@ -133,20 +156,24 @@ class Fp8MoEMethod(MoEMethod):
             if self.layout == "block":
                 expected = (-(-rows_full // BLOCK), -(-cols_full // BLOCK))
                 if tuple(s.shape) != expected:
-                    raise ValueError(f"{at}: expected block scales {expected}, got "
-                                     f"{tuple(s.shape)}")
-                piece = s[r0 // BLOCK:-(-r1 // BLOCK), c0 // BLOCK:-(-c1 // BLOCK)]
-                param.data[e, start // BLOCK:start // BLOCK + piece.shape[0]] = piece
+                    raise ValueError(
+                        f"{at}: expected block scales {expected}, got {tuple(s.shape)}"
+                    )
+                piece = s[r0 // BLOCK : -(-r1 // BLOCK), c0 // BLOCK : -(-c1 // BLOCK)]
+                param.data[e, start // BLOCK : start // BLOCK + piece.shape[0]] = piece
             elif self.per_tensor:
                 if s.numel() != 1:
-                    raise ValueError(f"{at}: a per-tensor scale holds one value, got shape "
-                                     f"{tuple(s.shape)}")
-                param.data[e, start:start + r1 - r0] = s.reshape(())
+                    raise ValueError(
+                        f"{at}: a per-tensor scale holds one value, got shape {tuple(s.shape)}"
+                    )
+                param.data[e, start : start + r1 - r0] = s.reshape(())
             else:
                 if s.numel() != rows_full or (s.dim() == 2 and s.shape[1] != 1):
-                    raise ValueError(f"{at}: a per-channel scale must have shape "
-                                     f"({rows_full}, 1), got {tuple(s.shape)}")
-                param.data[e, start:start + r1 - r0] = s.reshape(rows_full)[r0:r1]
+                    raise ValueError(
+                        f"{at}: a per-channel scale must have shape "
+                        f"({rows_full}, 1), got {tuple(s.shape)}"
+                    )
+                param.data[e, start : start + r1 - r0] = s.reshape(rows_full)[r0:r1]
 
     def _random_fill(self, name: str) -> Any:
         @torch.no_grad()
@@ -160,6 +187,7 @@ class Fp8MoEMethod(MoEMethod):
                 q = quantize_rows(w)
                 weight.data[e].view(torch.uint8).copy_(q.data.view(torch.uint8))
                 scale.data[e] = q.scale
+
         return fill
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -167,28 +195,42 @@ class Fp8MoEMethod(MoEMethod):
         for name, scale in scales.items():
             if torch.isnan(scale).any():
                 e = int(torch.isnan(scale).reshape(scale.shape[0], -1).any(1).nonzero()[0])
-                raise ValueError(f"{self.prefix}: expert {e} of {name} has no weight scale "
-                                 "(the checkpoint lacks it)")
-        self.experts = Fp8Experts(layer.w13_weight.data, scales["w13"].data,
-                                  layer.w2_weight.data, scales["w2"].data, self.layout)
+                raise ValueError(
+                    f"{self.prefix}: expert {e} of {name} has no weight scale "
+                    "(the checkpoint lacks it)"
+                )
+        self.experts = Fp8Experts(
+            layer.w13_weight.data,
+            scales["w13"].data,
+            layer.w2_weight.data,
+            scales["w2"].data,
+            self.layout,
+        )
         self.scheme.moe_methods.append(self)
 
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         if self.experts is None:
             raise RuntimeError(f"{self.prefix}: the experts are not loaded")
         dequantized = None
         if not kernels_run(x):  # the reference: dequantize once (slow on a CPU)
             if self._dequantized is None:
                 self._dequantized = self.experts.dequantize(
-                    torch.float32 if x.device.type == "cpu" else x.dtype)
+                    torch.float32 if x.device.type == "cpu" else x.dtype
+                )
             dequantized = self._dequantized
-        return fused_moe_fp8(x, self.experts, topk_weights, topk_ids,
-                             activation=getattr(layer, "activation"),
-                             swiglu_alpha=getattr(layer, "swiglu_alpha"),
-                             swiglu_limit=getattr(layer, "swiglu_limit"),
-                             dequantized=dequantized)
+        return fused_moe_fp8(
+            x,
+            self.experts,
+            topk_weights,
+            topk_ids,
+            activation=getattr(layer, "activation"),
+            swiglu_alpha=getattr(layer, "swiglu_alpha"),
+            swiglu_limit=getattr(layer, "swiglu_limit"),
+            dequantized=dequantized,
+        )
 
 
 def _drop(param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable | None = None) -> None:

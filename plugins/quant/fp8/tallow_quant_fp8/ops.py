@@ -30,7 +30,11 @@ from dataclasses import dataclass, field
 import torch
 
 from tallow.kernels import (
-    PackedGemmWeight, interpreting, packed_gemm, packed_gemm_warm_up, triton_enabled,
+    PackedGemmWeight,
+    interpreting,
+    packed_gemm,
+    packed_gemm_warm_up,
+    triton_enabled,
 )
 
 from . import reference
@@ -88,8 +92,15 @@ def _act(x: torch.Tensor, kind: str) -> torch.Tensor:
     return silu_and_mul(x) if kind == "silu" else gelu_tanh_and_mul(x)
 
 
-def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tensor | None = None,
-           *, settings: Fp8Settings, gate: str | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    plan: LayerPlan,
+    bias: torch.Tensor | None = None,
+    *,
+    settings: Fp8Settings,
+    gate: str | None = None,
+) -> torch.Tensor:
     """``x [..., K] @ (q * s).T (+ bias)`` → ``[..., N]`` in x's dtype (see the module
     docstring). With ``gate`` (``"silu"`` or ``"gelu_tanh"``) x is ``[..., 2K]``,
     ``[gate | up]``, and the product is ``(act(gate) * up) @ W.T``."""
@@ -97,8 +108,10 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
         raise ValueError(f"gate must be one of {', '.join(_ACTIVATIONS)}, got {gate!r}")
     width = weight.cols * (2 if gate is not None else 1)
     if x.shape[-1] != width:
-        raise ValueError(f"fp8 linear: x has {x.shape[-1]} input features, expected {width}"
-                         + (" ([gate | up])" if gate is not None else ""))
+        raise ValueError(
+            f"fp8 linear: x has {x.shape[-1]} input features, expected {width}"
+            + (" ([gate | up])" if gate is not None else "")
+        )
     lead = x.shape[:-1]
     x2 = x.reshape(-1, width)
     m = x2.shape[0]
@@ -109,9 +122,11 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
         acts = "none" if weight_only else plan.activations
         if plan.dequantized is None:
             plan.dequantized = weight.dequantize(
-                torch.float32 if x2.device.type == "cpu" else x2.dtype)
-        return reference.linear_ref(x2, weight, bias, activations=acts,
-                                    dequantized=plan.dequantized).view(*lead, -1)
+                torch.float32 if x2.device.type == "cpu" else x2.dtype
+            )
+        return reference.linear_ref(
+            x2, weight, bias, activations=acts, dequantized=plan.dequantized
+        ).view(*lead, -1)
     if weight_only and plan.packed is not None and x2.dtype in (torch.float16, torch.bfloat16):
         return packed_gemm(_act(x2, gate) if gate else x2, plan.packed, bias).view(*lead, -1)
     if m <= settings.gemv_max_rows and m > 0:
@@ -125,26 +140,40 @@ def linear(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tens
     return _w8a8(x2, weight, plan, bias, settings, gate).view(*lead, -1)
 
 
-def _w8a8(x: torch.Tensor, weight: Fp8Weight, plan: LayerPlan, bias: torch.Tensor | None,
-          settings: Fp8Settings, gate: str | None) -> torch.Tensor:
+def _w8a8(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    plan: LayerPlan,
+    bias: torch.Tensor | None,
+    settings: Fp8Settings,
+    gate: str | None,
+) -> torch.Tensor:
     from .kernels.quantize import quantize_activations_triton
     from .scaled_mm import row_multiple, scaled_mm
 
     use_cublas = plan.scaled_mm and x.is_cuda
     q, scales = quantize_activations_triton(
-        x, group=BLOCK if weight.block else None,
-        static_scale=weight.input_scale if plan.activations == "static" else None, gate=gate,
+        x,
+        group=BLOCK if weight.block else None,
+        static_scale=weight.input_scale if plan.activations == "static" else None,
+        gate=gate,
         scales_column_major=use_cublas and weight.block,
-        row_multiple=row_multiple(weight) if use_cublas else 1)
+        row_multiple=row_multiple(weight) if use_cublas else 1,
+    )
     if use_cublas:
-        return scaled_mm(q, scales, weight, bias, x.dtype, settings.fast_accum)[:x.shape[0]]
+        return scaled_mm(q, scales, weight, bias, x.dtype, settings.fast_accum)[: x.shape[0]]
     from .kernels.gemm import gemm_triton
 
     return gemm_triton(q, weight, bias, a_scales=scales, out_dtype=x.dtype)
 
 
-def warm_up(weight: Fp8Weight, plan: LayerPlan, dtype: torch.dtype, settings: Fp8Settings,
-            gate: str | None = None) -> None:
+def warm_up(
+    weight: Fp8Weight,
+    plan: LayerPlan,
+    dtype: torch.dtype,
+    settings: Fp8Settings,
+    gate: str | None = None,
+) -> None:
     """Compile, before serving (and before any CUDA-graph capture), every kernel variant this
     layer's products can take: the GEMV's one-row and several-row forms, the activation
     quantization and the GEMM's small- and large-batch tiles (or ``torch._scaled_mm``, which

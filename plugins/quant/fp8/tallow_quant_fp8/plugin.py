@@ -9,5 +9,9 @@ from tallow.plugin import hookimpl
 def tallow_register_quant_schemes(registry) -> None:
     # its own name covers HF / vLLM "fp8" checkpoints; detect() picks the float8 ones among
     # compressed-tensors checkpoints
-    registry.register("fp8", "tallow_quant_fp8.scheme:Fp8QuantScheme", priority=100,
-                      quant_methods=("compressed-tensors",))
+    registry.register(
+        "fp8",
+        "tallow_quant_fp8.scheme:Fp8QuantScheme",
+        priority=100,
+        quant_methods=("compressed-tensors",),
+    )

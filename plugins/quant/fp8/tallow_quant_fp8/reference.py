@@ -20,9 +20,9 @@ import torch
 from .weights import BLOCK, Fp8Weight, round_to_fp8, scale_of
 
 
-def quantize_activations_ref(x: torch.Tensor, group: int | None = None,
-                             static_scale: torch.Tensor | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations_ref(
+    x: torch.Tensor, group: int | None = None, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` as (e4m3 ``[M, K]``, float32 scales ``[M, G]``): ``G = 1`` per token
     (``group`` None), else one per ``group`` columns (``K`` a multiple of it). A
     ``static_scale`` (float32 scalar) replaces the dynamic ``amax / 448``."""
@@ -46,9 +46,14 @@ def dequantize_activations(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     return (q.float().reshape(m, groups, k // groups) * scale[..., None]).reshape(m, k)
 
 
-def linear_ref(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
-               activations: str = "none", dequantized: torch.Tensor | None = None
-               ) -> torch.Tensor:
+def linear_ref(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    activations: str = "none",
+    dequantized: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` in x's dtype, computed in float32 (see the module
     docstring); ``activations``: ``"none"`` (x as it is), ``"token"``, ``"group"`` or
     ``"static"`` (x quantized first). ``dequantized`` is ``weight.dequantize()`` when the

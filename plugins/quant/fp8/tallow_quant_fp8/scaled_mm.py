@@ -38,27 +38,41 @@ def row_multiple(weight: Fp8Weight) -> int:
     return 4 if weight.block else 1
 
 
-def scaled_mm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight,
-              bias: torch.Tensor | None, out_dtype: torch.dtype,
-              fast_accum: bool = False) -> torch.Tensor:
+def scaled_mm(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    fast_accum: bool = False,
+) -> torch.Tensor:
     """``(q * scales) @ (weight.data * weight.scale).T (+ bias)`` → ``[M, N]`` of
     ``out_dtype``, ``scales`` laid out as the module docstring says."""
-    fuse_bias = bias is not None and bias.dtype == out_dtype and out_dtype in (
-        torch.bfloat16, torch.float16) and not weight.block
+    fuse_bias = (
+        bias is not None
+        and bias.dtype == out_dtype
+        and out_dtype in (torch.bfloat16, torch.float16)
+        and not weight.block
+    )
     if weight.block:
         scale_b = weight.scale.t()
     else:
         scale_b = weight.scale.view(1, -1)
-    y = torch._scaled_mm(q, weight.data.t(), scale_a=scales, scale_b=scale_b,
-                         bias=bias if fuse_bias else None, out_dtype=out_dtype,
-                         use_fast_accum=fast_accum)
+    y = torch._scaled_mm(
+        q,
+        weight.data.t(),
+        scale_a=scales,
+        scale_b=scale_b,
+        bias=bias if fuse_bias else None,
+        out_dtype=out_dtype,
+        use_fast_accum=fast_accum,
+    )
     if bias is not None and not fuse_bias:
         y = y + bias.to(out_dtype)
     return y
 
 
-def scaled_mm_serves(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool = False
-                     ) -> str | None:
+def scaled_mm_serves(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool = False) -> str | None:
     """None when ``torch._scaled_mm`` computes this weight's products on its device (within
     float8 accumulation error of the reference, on a few rows of activations); else why not.
     Checked once per shape, layout and dtype, with the first weight of that shape."""
@@ -86,8 +100,9 @@ def _check(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool) -> str | Non
     try:
         for m in _PROBE_ROWS:
             x = torch.randn(m, k, generator=gen, device=device).to(dtype)
-            q, s = quantize_activations_triton(x, group=group, scales_column_major=weight.block,
-                                               row_multiple=row_multiple(weight))
+            q, s = quantize_activations_triton(
+                x, group=group, scales_column_major=weight.block, row_multiple=row_multiple(weight)
+            )
             got = scaled_mm(q, s, weight, None, dtype, fast_accum)[:m].float()
         torch.cuda.synchronize(device)
     except Exception as exc:  # cuBLAS or torch refusing the shape or the scaling
@@ -95,11 +110,13 @@ def _check(weight: Fp8Weight, dtype: torch.dtype, fast_accum: bool) -> str | Non
         log.info("%s; the Triton GEMM serves it", reason)
         return reason
     rows = min(n, _CHECKED_ROWS)
-    part = Fp8Weight(weight.data[:rows], weight.scale[:-(-rows // BLOCK)] if weight.block
-                     else weight.scale[:rows], weight.layout)
+    part = Fp8Weight(
+        weight.data[:rows],
+        weight.scale[: -(-rows // BLOCK)] if weight.block else weight.scale[:rows],
+        weight.layout,
+    )
     expected = reference.linear_ref(x.float(), part, activations="group" if group else "token")
-    err = ((got[:, :rows] - expected).abs().max()
-           / expected.abs().max().clamp(min=1e-6)).item()
+    err = ((got[:, :rows] - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
     if not err < 2e-2:
         reason = f"torch._scaled_mm gave a relative error of {err:.3g} on {what}"
         log.warning("%s; the Triton GEMM serves it", reason)

@@ -64,9 +64,11 @@ class Fp8QuantScheme(QuantScheme):
             name = "cuda" if torch.cuda.is_available() else "cpu"
         cap = device_capability(torch.device(name))
         if cap is not None and cap < FP8_CAPABILITY:
-            return [f"fp8 matmuls need compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} "
-                    f"(float8 tensor cores); {name} has {cap[0]}.{cap[1]}, where fp8 weights "
-                    "would only be slower than bf16 ones (q8_0 is the 8-bit type for it)"]
+            return [
+                f"fp8 matmuls need compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} "
+                f"(float8 tensor cores); {name} has {cap[0]}.{cap[1]}, where fp8 weights "
+                "would only be slower than bf16 ones (q8_0 is the 8-bit type for it)"
+            ]
         return []
 
     @classmethod

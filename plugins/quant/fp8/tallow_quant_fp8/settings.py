@@ -45,23 +45,29 @@ class Fp8Settings:
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(settings) - set(names))
         if unknown:
-            raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; expected "
-                             f"{', '.join(names)}")
+            raise ValueError(
+                f"{where}: unknown setting(s) {', '.join(unknown)}; expected {', '.join(names)}"
+            )
         s = cls(**settings)
         rows = s.gemv_max_rows
         if not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= GEMV_ROWS_LIMIT:
-            raise ValueError(f"{where}.gemv_max_rows: expected an integer from 0 to "
-                             f"{GEMV_ROWS_LIMIT}, got {rows!r}")
+            raise ValueError(
+                f"{where}.gemv_max_rows: expected an integer from 0 to "
+                f"{GEMV_ROWS_LIMIT}, got {rows!r}"
+            )
         if s.matmul not in MATMULS:
-            raise ValueError(f"{where}.matmul: expected one of {', '.join(MATMULS)}, got "
-                             f"{s.matmul!r}")
+            raise ValueError(
+                f"{where}.matmul: expected one of {', '.join(MATMULS)}, got {s.matmul!r}"
+            )
         if s.kernel not in KERNELS:
-            raise ValueError(f"{where}.kernel: expected one of {', '.join(KERNELS)}, got "
-                             f"{s.kernel!r}")
+            raise ValueError(
+                f"{where}.kernel: expected one of {', '.join(KERNELS)}, got {s.kernel!r}"
+            )
         for name in ("fast_accum", "isq_vocab"):
             if not isinstance(getattr(s, name), bool):
-                raise ValueError(f"{where}.{name}: expected true or false, got "
-                                 f"{getattr(s, name)!r}")
+                raise ValueError(
+                    f"{where}.{name}: expected true or false, got {getattr(s, name)!r}"
+                )
         return s
 
     @classmethod

@@ -46,13 +46,19 @@ class Fp8Weight:
 
     def __post_init__(self) -> None:
         if self.data.dtype != FP8 or self.data.dim() != 2:
-            raise ValueError(f"fp8 weight data must be 2-d {FP8}, got {self.data.dtype} "
-                             f"{tuple(self.data.shape)}")
-        expected = ((self.rows,) if self.layout == "row"
-                    else (-(-self.rows // BLOCK), -(-self.cols // BLOCK)))
+            raise ValueError(
+                f"fp8 weight data must be 2-d {FP8}, got {self.data.dtype} {tuple(self.data.shape)}"
+            )
+        expected = (
+            (self.rows,)
+            if self.layout == "row"
+            else (-(-self.rows // BLOCK), -(-self.cols // BLOCK))
+        )
         if self.layout not in ("row", "block") or tuple(self.scale.shape) != expected:
-            raise ValueError(f"fp8 weight [{self.rows}, {self.cols}]: a {self.layout!r} scale "
-                             f"must have shape {expected}, got {tuple(self.scale.shape)}")
+            raise ValueError(
+                f"fp8 weight [{self.rows}, {self.cols}]: a {self.layout!r} scale "
+                f"must have shape {expected}, got {tuple(self.scale.shape)}"
+            )
 
     @property
     def rows(self) -> int:
@@ -79,12 +85,12 @@ class Fp8Weight:
         if not self.block:
             return self.scale[:, None]
         s = self.scale.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
-        return s[:self.rows, :self.cols]
+        return s[: self.rows, : self.cols]
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (1-d) dequantized, float32 ``[len(ids), cols]`` (token embeddings)."""
         if self.block:
-            scale = self.scale[ids // BLOCK].repeat_interleave(BLOCK, 1)[:, :self.cols]
+            scale = self.scale[ids // BLOCK].repeat_interleave(BLOCK, 1)[:, : self.cols]
         else:
             scale = self.scale[ids][:, None]
         # gathered as bytes: not every device's indexing kernels take float8
@@ -104,8 +110,9 @@ def quantize_rows(weight: torch.Tensor) -> Fp8Weight:
     """A float ``[rows, cols]`` weight as e4m3 with one scale per row: ``scale = amax / 448``,
     computed in float32 on the weight's device (``model.isq fp8``)."""
     if weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError(f"fp8 quantization takes a 2-d float weight, got {weight.dtype} "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"fp8 quantization takes a 2-d float weight, got {weight.dtype} {tuple(weight.shape)}"
+        )
     w = weight.float()
     scale = scale_of(w.abs().amax(dim=1))
     return Fp8Weight(round_to_fp8(w / scale[:, None]), scale, "row")
@@ -129,15 +136,22 @@ def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
     if len(layouts) > 1:
         raise ValueError(f"cannot stack fp8 partitions of layouts {sorted(layouts)}")
     if parts[0].block and any(p.rows % BLOCK for p in parts[:-1]):
-        raise ValueError("block-wise fp8 partitions of a merged layer must each hold whole "
-                         f"{BLOCK}-row blocks; got rows {[p.rows for p in parts]}")
+        raise ValueError(
+            "block-wise fp8 partitions of a merged layer must each hold whole "
+            f"{BLOCK}-row blocks; got rows {[p.rows for p in parts]}"
+        )
     statics = [p.input_scale for p in parts if p.input_scale is not None]
     if statics and len(statics) != len(parts):
-        raise ValueError("some partitions of a merged layer have a static input scale and "
-                         "others do not")
+        raise ValueError(
+            "some partitions of a merged layer have a static input scale and others do not"
+        )
     data = torch.cat([p.data.view(torch.uint8) for p in parts]).view(FP8)  # bytes: see rows_of
-    return Fp8Weight(data, torch.cat([p.scale for p in parts]), parts[0].layout,
-                     torch.stack(statics).amax() if statics else None)
+    return Fp8Weight(
+        data,
+        torch.cat([p.scale for p in parts]),
+        parts[0].layout,
+        torch.stack(statics).amax() if statics else None,
+    )
 
 
 def as_quantized(weight: Fp8Weight) -> QuantizedWeight:
@@ -147,7 +161,7 @@ def as_quantized(weight: Fp8Weight) -> QuantizedWeight:
 
     data = weight.data.view(torch.uint8)
     if weight.block:
-        scales = weight.scale.repeat_interleave(BLOCK, 0)[:weight.rows]
+        scales = weight.scale.repeat_interleave(BLOCK, 0)[: weight.rows]
         qtype = QTYPE_BLOCK
     else:
         scales, qtype = weight.scale[:, None], QTYPE_ROW
@@ -160,12 +174,15 @@ def from_quantized(data: torch.Tensor, qtype: str, shape: tuple[int, ...]) -> Fp
     block scales are read from the first row of each 128-row block."""
     rows, cols = shape
     if qtype not in (QTYPE_ROW, QTYPE_BLOCK):
-        raise ValueError(f"fp8: unknown quantized type {qtype!r} (expected {QTYPE_ROW} or "
-                         f"{QTYPE_BLOCK})")
+        raise ValueError(
+            f"fp8: unknown quantized type {qtype!r} (expected {QTYPE_ROW} or {QTYPE_BLOCK})"
+        )
     groups = 1 if qtype == QTYPE_ROW else -(-cols // BLOCK)
     if tuple(data.shape) != (rows, cols + 4 * groups):
-        raise ValueError(f"fp8 {qtype} [{rows}, {cols}]: expected {cols + 4 * groups} bytes per "
-                         f"row, got {tuple(data.shape)}")
+        raise ValueError(
+            f"fp8 {qtype} [{rows}, {cols}]: expected {cols + 4 * groups} bytes per "
+            f"row, got {tuple(data.shape)}"
+        )
     values = data[:, :cols].contiguous().view(FP8)
     scales = data[:, cols:].contiguous().view(torch.float32)
     if qtype == QTYPE_ROW:

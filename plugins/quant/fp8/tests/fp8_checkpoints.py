@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-transformers = __import__("pytest").importorskip("transformers",
-                                                 reason="transformers builds the models")
+transformers = __import__("pytest").importorskip(
+    "transformers", reason="transformers builds the models"
+)
 
 VOCAB = 320
 FP8 = torch.float8_e4m3fn
@@ -39,11 +40,17 @@ def tiny_llama(seed: int = 0) -> Any:
     """A float32 LlamaForCausalLM whose every projection holds whole 128 x 128 blocks."""
     from tallow.plugin.testing.paged_runner import randomize_
 
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=VOCAB,
-                                      max_position_embeddings=256, tie_word_embeddings=False,
-                                      torch_dtype="float32")
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
     randomize_(model, seed, std=0.06)
@@ -57,8 +64,9 @@ def save_tokenizer(directory: Path) -> None:
 
 
 def _linear_names(model: Any) -> list[str]:
-    return [n for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    return [
+        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"
+    ]
 
 
 def calibration_inputs(model: Any, ids: list[int]) -> dict[str, float]:
@@ -79,21 +87,25 @@ def calibration_inputs(model: Any, ids: list[int]) -> dict[str, float]:
     return seen
 
 
-def write_compressed_tensors(model_float: Any, preset: str, out: Path,
-                             calibration: list[int]) -> Any:
+def write_compressed_tensors(
+    model_float: Any, preset: str, out: Path, calibration: list[int]
+) -> Any:
     """Save ``model_float`` quantized by compressed-tensors' preset ``preset`` into ``out``;
     returns the decompressed model (see the module docstring)."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus,
-                                                 apply_quantization_config,
-                                                 preset_name_to_scheme)
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
     from compressed_tensors.quantization.utils import calculate_qparams
 
     amax_in = calibration_inputs(model_float, calibration)
     model = copy.deepcopy(model_float)
-    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(preset,
-                                                                                ["Linear"])},
-                                ignore=["lm_head"])
+    config = QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}, ignore=["lm_head"]
+    )
     apply_quantization_config(model, config)
     for name in _linear_names(model):
         module = model.get_submodule(name)
@@ -129,8 +141,14 @@ def _round(values: torch.Tensor) -> torch.Tensor:
     return values.clamp(-448.0, 448.0).to(FP8)
 
 
-def write_hf_fp8(model_float: Any, out: Path, *, block: bool, static: bool = False,
-                 calibration: list[int] | None = None) -> dict[str, torch.Tensor]:
+def write_hf_fp8(
+    model_float: Any,
+    out: Path,
+    *,
+    block: bool,
+    static: bool = False,
+    calibration: list[int] | None = None,
+) -> dict[str, torch.Tensor]:
     """Save ``model_float`` in the HF ``fp8`` format (see the module docstring) into ``out``;
     returns the dequantized float32 weights of the quantized layers by HF name."""
     from safetensors.torch import save_file
@@ -166,7 +184,8 @@ def write_hf_fp8(model_float: Any, out: Path, *, block: bool, static: bool = Fal
     config = model_float.config.to_dict()
     config["architectures"] = [type(model_float).__name__]
     config["quantization_config"] = {
-        "quant_method": "fp8", "fmt": "e4m3",
+        "quant_method": "fp8",
+        "fmt": "e4m3",
         "activation_scheme": "static" if static else "dynamic",
         **({"weight_block_size": [128, 128]} if block else {}),
     }
@@ -182,15 +201,25 @@ class FakeQuantActivations:
     fewer rows pass unquantized (the weight-only GEMV). Written with plain torch operations,
     not the plugin's code."""
 
-    def __init__(self, model: Any, mode: str, gemv_max_rows: int,
-                 static_scales: dict[str, float] | None = None, head: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        mode: str,
+        gemv_max_rows: int,
+        static_scales: dict[str, float] | None = None,
+        head: bool = False,
+    ) -> None:
         self.hooks = []
         for name in _linear_names(model) + (["lm_head"] if head else []):
             module = model.get_submodule(name)
             static = (static_scales or {}).get(name)
-            self.hooks.append(module.register_forward_pre_hook(
-                lambda mod, args, static=static: (self._qdq(args[0], mode, gemv_max_rows,
-                                                            static),)))
+            self.hooks.append(
+                module.register_forward_pre_hook(
+                    lambda mod, args, static=static: (
+                        self._qdq(args[0], mode, gemv_max_rows, static),
+                    )
+                )
+            )
 
     @staticmethod
     def _qdq(x: torch.Tensor, mode: str, rows: int, static: float | None) -> torch.Tensor:
@@ -211,8 +240,9 @@ class FakeQuantActivations:
             h.remove()
 
 
-def oracle_logits(model: Any, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor,
-                                                                      list[torch.Tensor]]:
+def oracle_logits(
+    model: Any, prompt: list[int], steps: int
+) -> tuple[list[int], torch.Tensor, list[torch.Tensor]]:
     """Greedy decoding of ``prompt`` by the transformers ``model``: (tokens, prompt logits,
     each step's logits), one token per forward after the prompt (as the engine decodes)."""
     tokens: list[int] = []

@@ -29,9 +29,11 @@ if interpreting():
 elif torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
     DEVICE = "cuda"
 else:
-    pytest.skip("needs a CUDA GPU of compute capability 8.9+ or TRITON_INTERPRET=1 set before "
-                "triton is imported (test_interpret.py runs this module that way)",
-                allow_module_level=True)
+    pytest.skip(
+        "needs a CUDA GPU of compute capability 8.9+ or TRITON_INTERPRET=1 set before "
+        "triton is imported (test_interpret.py runs this module that way)",
+        allow_module_level=True,
+    )
 
 BASE_SEED = base_seed()
 #: activation dtypes: the interpreter computes in float32 (numpy has no bfloat16 matmul)
@@ -43,8 +45,9 @@ def gen(*parts: object) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
 
 
-def randn(*shape: int, g: torch.Generator, scale: float = 1.0,
-          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def randn(
+    *shape: int, g: torch.Generator, scale: float = 1.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dtype)
 
 
@@ -57,8 +60,14 @@ def random_weight(n: int, k: int, layout: str, g: torch.Generator) -> Fp8Weight:
     return Fp8Weight(w.data, blocks, "block")
 
 
-def close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-          what: str, tol: float | None = None) -> None:
+def close(
+    got: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    what: str,
+    tol: float | None = None,
+) -> None:
     """``got`` is ``x @ w.T + bias`` (x and w already the exact values multiplied) up to the
     order of float32 additions and the output dtype: every value within a fraction of
     ``|x| @ |w|.T``, the scale of its terms."""
@@ -75,9 +84,11 @@ def same_values(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """Equal as values (+0 and -0 alike), on the CPU."""
     got, expected = got.float().cpu(), expected.float().cpu()
     differ = got != expected
-    assert not differ.any(), (f"{what} (TALLOW_TEST_SEED={BASE_SEED}): {int(differ.sum())} "
-                              f"values differ, first at {differ.nonzero()[0].tolist()}: "
-                              f"{got[differ][:4].tolist()} vs {expected[differ][:4].tolist()}")
+    assert not differ.any(), (
+        f"{what} (TALLOW_TEST_SEED={BASE_SEED}): {int(differ.sum())} "
+        f"values differ, first at {differ.nonzero()[0].tolist()}: "
+        f"{got[differ][:4].tolist()} vs {expected[differ][:4].tolist()}"
+    )
 
 
 @pytest.mark.parametrize("group", [None, BLOCK])
@@ -157,12 +168,18 @@ def test_gemv_applies_the_gate(kind, m):
         w = random_weight(192, 384, layout, g)
         for dtype in DTYPES:
             x = randn(m, 768, g=g, dtype=dtype)
-            close(gemv_triton(x, w, gate=kind), act(x).float(), w.dequantize(), None,
-                  f"gated gemv {kind} {layout} {dtype}")
+            close(
+                gemv_triton(x, w, gate=kind),
+                act(x).float(),
+                w.dequantize(),
+                None,
+                f"gated gemv {kind} {layout} {dtype}",
+            )
 
 
-@pytest.mark.parametrize("layout,mode", [("row", "float"), ("row", "token"), ("block", "float"),
-                                         ("block", "group")])
+@pytest.mark.parametrize(
+    "layout,mode", [("row", "float"), ("row", "token"), ("block", "float"), ("block", "group")]
+)
 @pytest.mark.parametrize("m,n,k", [(17, 256, 384), (70, 384, 1024), (130, 128, 256)])
 def test_gemm_equals_the_dequantized_product(layout, mode, m, n, k):
     g = gen("gemm", layout, mode, m, n, k)
@@ -182,8 +199,9 @@ def test_gemm_equals_the_dequantized_product(layout, mode, m, n, k):
         close(got, exact, w.dequantize(), bias.to(dtype), f"gemm {layout} {mode} m={m} {dtype}")
 
 
-@pytest.mark.parametrize("layout,activations", [("row", "token"), ("row", "static"),
-                                                ("block", "group"), ("row", "none")])
+@pytest.mark.parametrize(
+    "layout,activations", [("row", "token"), ("row", "static"), ("block", "group"), ("row", "none")]
+)
 @pytest.mark.parametrize("m", [1, 9, 40])
 def test_linear_follows_the_reference_at_every_row_count(layout, activations, m):
     """The dispatch of ``ops.linear`` (GEMV up to 16 rows, W8A8 or weight-only GEMM beyond)
@@ -200,6 +218,5 @@ def test_linear_follows_the_reference_at_every_row_count(layout, activations, m)
         acts = "none" if m <= settings.gemv_max_rows else activations
         expected = reference.linear_ref(x, w, activations=acts)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        err = ((got.float() - expected.float()).abs().max()
-               / expected.float().abs().max()).item()
+        err = ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
         assert err <= tol, f"{layout} {activations} m={m} {dtype}: {err:.3g}"

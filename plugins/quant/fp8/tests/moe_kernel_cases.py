@@ -25,17 +25,22 @@ if interpreting():
 elif torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
     DEVICE = "cuda"
 else:
-    pytest.skip("needs a CUDA GPU of compute capability 8.9+ or TRITON_INTERPRET=1 set before "
-                "triton is imported (test_moe_interpret.py runs this module that way)",
-                allow_module_level=True)
+    pytest.skip(
+        "needs a CUDA GPU of compute capability 8.9+ or TRITON_INTERPRET=1 set before "
+        "triton is imported (test_moe_interpret.py runs this module that way)",
+        allow_module_level=True,
+    )
 
 BASE_SEED = base_seed()
-GEMV = MoEConfig("gemv", block_m=1, block_n=64 if DEVICE == "cpu" else 8, block_k=128,
-                 num_warps=4, num_stages=1)
+GEMV = MoEConfig(
+    "gemv", block_m=1, block_n=64 if DEVICE == "cpu" else 8, block_k=128, num_warps=4, num_stages=1
+)
 # the interpreter's cost is per program: large tiles there
-GEMM = (MoEConfig("gemm", block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=1)
-        if DEVICE == "cpu" else
-        MoEConfig("gemm", block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=2))
+GEMM = (
+    MoEConfig("gemm", block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=1)
+    if DEVICE == "cpu"
+    else MoEConfig("gemm", block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=2)
+)
 
 
 def gen(*parts: object) -> torch.Generator:
@@ -44,12 +49,13 @@ def gen(*parts: object) -> torch.Generator:
 
 def random_experts(e: int, h: int, i: int, layout: str, g: torch.Generator) -> Fp8Experts:
     """e4m3 values over the whole range and scales that keep the products near unit size."""
+
     def data(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 100).clamp(-448, 448).to(FP8)
 
     def scale(rows: int, cols: int) -> torch.Tensor:
         shape = (e, rows) if layout == "row" else (e, -(-rows // BLOCK), -(-cols // BLOCK))
-        return (torch.rand(*shape, generator=g) + 0.5) / (100 * cols ** 0.5)
+        return (torch.rand(*shape, generator=g) + 0.5) / (100 * cols**0.5)
 
     return Fp8Experts(data(e, 2 * i, h), scale(2 * i, h), data(e, h, i), scale(h, i), layout)
 
@@ -71,28 +77,42 @@ def routing(tokens: int, e: int, top_k: int, g: torch.Generator):
 
 
 def to_device(experts: Fp8Experts) -> Fp8Experts:
-    return Fp8Experts(*(t.to(DEVICE) for t in (experts.w13, experts.w13_scale, experts.w2,
-                                              experts.w2_scale)), experts.layout)
+    return Fp8Experts(
+        *(t.to(DEVICE) for t in (experts.w13, experts.w13_scale, experts.w2, experts.w2_scale)),
+        experts.layout,
+    )
 
 
-def check(tokens: int, e: int, top_k: int, h: int, i: int, layout: str, dtype: torch.dtype,
-          config: MoEConfig | None, what: str) -> None:
+def check(
+    tokens: int,
+    e: int,
+    top_k: int,
+    h: int,
+    i: int,
+    layout: str,
+    dtype: torch.dtype,
+    config: MoEConfig | None,
+    what: str,
+) -> None:
     g = gen(what, tokens, e, top_k, h, i, layout, str(dtype))
     experts = random_experts(e, h, i, layout, g)
     weights, ids = routing(tokens, e, top_k, g)
     x = torch.randn(tokens, h, generator=g).to(dtype)
     expected = fused_moe_fp8_ref(x.float(), experts, weights, ids).to(dtype)
     experts = to_device(poison_unused(experts, ids))
-    got = fused_moe_fp8(x.to(DEVICE), experts, weights.to(DEVICE), ids.to(DEVICE),
-                        config=config).cpu()
+    got = fused_moe_fp8(
+        x.to(DEVICE), experts, weights.to(DEVICE), ids.to(DEVICE), config=config
+    ).cpu()
     assert got.dtype == dtype and got.shape == (tokens, h)
     assert torch.isfinite(got.float()).all(), f"{what}: an unselected expert was read"
     rel = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
     scale = float(expected.float().abs().max()) + 1e-6
     err = float((got.float() - expected.float()).abs().max())
-    assert err <= rel * scale, (f"{what} {layout} T={tokens} E={e} top-{top_k} "
-                                f"(TALLOW_TEST_SEED={BASE_SEED}): error {err:.3g} > {rel} x "
-                                f"{scale:.3g}")
+    assert err <= rel * scale, (
+        f"{what} {layout} T={tokens} E={e} top-{top_k} "
+        f"(TALLOW_TEST_SEED={BASE_SEED}): error {err:.3g} > {rel} x "
+        f"{scale:.3g}"
+    )
 
 
 SMALL = [(1, 128, 8), (2, 64, 4), (4, 8, 2), (3, 8, 1)]
@@ -118,6 +138,7 @@ def test_default_config_by_token_count(tokens):
 
 
 if DEVICE == "cuda":
+
     @pytest.mark.gpu
     @pytest.mark.parametrize("layout", ["row", "block"])
     @pytest.mark.parametrize("tokens", [1, 4, 16, 64, 512])

@@ -21,8 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8_checkpoints import (FakeQuantActivations, calibration_inputs, oracle_logits, tiny_llama,
-                             write_compressed_tensors, write_hf_fp8)
+from fp8_checkpoints import (
+    FakeQuantActivations,
+    calibration_inputs,
+    oracle_logits,
+    tiny_llama,
+    write_compressed_tensors,
+    write_hf_fp8,
+)
 from tallow.config import config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
 from tallow import LLM, SamplingParams
@@ -47,12 +53,18 @@ def checkpoints(float_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8")
     out = {}
     for preset in ("FP8", "FP8_DYNAMIC", "FP8_BLOCK"):
-        out[preset] = (root / preset,
-                       write_compressed_tensors(float_model, preset, root / preset, CALIBRATION))
-    for name, block, static in (("hf-tensor-static", False, True), ("hf-tensor", False, False),
-                                ("hf-block", True, False)):
-        dequantized = write_hf_fp8(float_model, root / name, block=block, static=static,
-                                   calibration=CALIBRATION)
+        out[preset] = (
+            root / preset,
+            write_compressed_tensors(float_model, preset, root / preset, CALIBRATION),
+        )
+    for name, block, static in (
+        ("hf-tensor-static", False, True),
+        ("hf-tensor", False, False),
+        ("hf-block", True, False),
+    ):
+        dequantized = write_hf_fp8(
+            float_model, root / name, block=block, static=static, calibration=CALIBRATION
+        )
         oracle = tiny_llama(0)
         oracle.load_state_dict(dequantized, strict=False)
         out[name] = (root / name, oracle)
@@ -60,12 +72,18 @@ def checkpoints(float_model, tmp_path_factory):
 
 
 def engine_config(directory: Path, **settings):
-    return config_from_mapping({
-        "model": {"source": str(directory), "device": "cpu", "dtype": "float32",
-                  "max_model_len": 128},
-        "cache": {"num_blocks": 32},
-        "plugins": {"settings": {"tallow-quant-fp8": settings}} if settings else {},
-    })
+    return config_from_mapping(
+        {
+            "model": {
+                "source": str(directory),
+                "device": "cpu",
+                "dtype": "float32",
+                "max_model_len": 128,
+            },
+            "cache": {"num_blocks": 32},
+            "plugins": {"settings": {"tallow-quant-fp8": settings}} if settings else {},
+        }
+    )
 
 
 def engine(directory: Path, **settings) -> LLMEngine:
@@ -97,14 +115,21 @@ def assert_same_run(got, expected, what: str) -> None:
     assert tokens == ref_tokens, what
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("FP8", "fp8: e4m3 per tensor, static activation scales; 8 layers, 1 dense"),
-    ("FP8_DYNAMIC", "fp8: e4m3 per channel, activations per token; 8 layers, 1 dense"),
-    ("FP8_BLOCK", "fp8: e4m3 128x128 blocks, activations per token and 128 columns; 8 layers, "
-                  "1 dense"),
-    ("hf-block", "fp8: e4m3 128x128 blocks, activations per token and 128 columns; 8 layers, "
-                 "1 dense"),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("FP8", "fp8: e4m3 per tensor, static activation scales; 8 layers, 1 dense"),
+        ("FP8_DYNAMIC", "fp8: e4m3 per channel, activations per token; 8 layers, 1 dense"),
+        (
+            "FP8_BLOCK",
+            "fp8: e4m3 128x128 blocks, activations per token and 128 columns; 8 layers, 1 dense",
+        ),
+        (
+            "hf-block",
+            "fp8: e4m3 128x128 blocks, activations per token and 128 columns; 8 layers, 1 dense",
+        ),
+    ],
+)
 def test_the_scheme_is_chosen_and_keeps_the_weights_in_float8(checkpoints, name, expected):
     eng = engine(checkpoints[name][0])
     loaded = eng.parts.loaded
@@ -115,8 +140,9 @@ def test_the_scheme_is_chosen_and_keeps_the_weights_in_float8(checkpoints, name,
     assert loaded.model.lm_head.dense_weight.dtype == torch.float32
 
 
-@pytest.mark.parametrize("name", ["FP8", "FP8_DYNAMIC", "FP8_BLOCK", "hf-tensor-static",
-                                  "hf-tensor", "hf-block"])
+@pytest.mark.parametrize(
+    "name", ["FP8", "FP8_DYNAMIC", "FP8_BLOCK", "hf-tensor-static", "hf-tensor", "hf-block"]
+)
 def test_decode_batches_equal_the_dequantized_model(checkpoints, name):
     directory, oracle = checkpoints[name]
     from compressed_tensors.quantization import disable_quantization
@@ -140,10 +166,12 @@ def test_w8a8_equals_compressed_tensors_fake_quantization(checkpoints, name):
     assert_same_run(got, expected, f"{name}, W8A8 at every row count")
 
 
-@pytest.mark.parametrize("name,mode", [("hf-block", "group"), ("hf-tensor-static", "static"),
-                                       ("FP8_DYNAMIC", "token")])
-def test_long_prompts_quantize_activations_and_decode_steps_do_not(checkpoints, float_model,
-                                                                  name, mode):
+@pytest.mark.parametrize(
+    "name,mode", [("hf-block", "group"), ("hf-tensor-static", "static"), ("FP8_DYNAMIC", "token")]
+)
+def test_long_prompts_quantize_activations_and_decode_steps_do_not(
+    checkpoints, float_model, name, mode
+):
     directory, oracle = checkpoints[name]
     from compressed_tensors.quantization import disable_quantization
 
@@ -170,11 +198,18 @@ def test_transformers_reads_the_block_checkpoint_as_written(checkpoints):
 
     directory, oracle = checkpoints["hf-block"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, quantization_config=transformers.FineGrainedFP8Config(dequantize=True),
-        dtype=torch.float32)
+        directory,
+        quantization_config=transformers.FineGrainedFP8Config(dequantize=True),
+        dtype=torch.float32,
+    )
     for name, value in oracle.state_dict().items():
-        torch.testing.assert_close(theirs.state_dict()[name].float(), value, rtol=0, atol=0,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            theirs.state_dict()[name].float(),
+            value,
+            rtol=0,
+            atol=0,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 def test_the_engine_generates_the_oracle_tokens(checkpoints):
@@ -199,7 +234,10 @@ def test_a_bad_config_stops_the_load_naming_file_and_field(checkpoints, tmp_path
     config = json.loads((directory / "config.json").read_text())
     config["quantization_config"]["weight_block_size"] = [64, 64]
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelFileError, match=r"config\.json: quant scheme 'fp8' .*: "
-                                             r"quantization_config\.weight_block_size: only "
-                                             r"\[128, 128\]"):
+    with pytest.raises(
+        ModelFileError,
+        match=r"config\.json: quant scheme 'fp8' .*: "
+        r"quantization_config\.weight_block_size: only "
+        r"\[128, 128\]",
+    ):
         engine(directory)

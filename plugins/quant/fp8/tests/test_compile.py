@@ -13,12 +13,18 @@ from typing import Any
 import pytest
 
 from tallow.kernels import (
-    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+    compile_for_gpu,
+    interpreting,
+    pdl_order,
+    resource_usage,
+    sass_loops,
+    sass_opcode as opcode,
 )
 
 if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
-    pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
-                allow_module_level=True)
+    pytest.skip(
+        "TRITON_INTERPRET=1 replaces compiled kernels with the interpreter", allow_module_level=True
+    )
 
 from tallow.kernels._gemv_triton import _gemv_kernel
 from tallow_quant_fp8.kernels.gemm import A_FLOAT, A_GROUP, A_ROW, _gemm_kernel, gemm_config
@@ -28,14 +34,23 @@ from tallow_quant_fp8.kernels.quantize import _CHUNK, _quantize_kernel
 ACT = "*bf16"
 
 
-def compile_for(kernel: Any, constexprs: dict[str, Any], pointers: dict[str, str],
-                capability: int = 90, **options: Any) -> Any:
+def compile_for(
+    kernel: Any,
+    constexprs: dict[str, Any],
+    pointers: dict[str, str],
+    capability: int = 90,
+    **options: Any,
+) -> Any:
     """Build ``kernel`` for ``sm_<capability>`` as the JIT would for 16-byte-aligned tensors
     whose row strides and K are multiples of 16 (true of llama-3-8b's shapes)."""
     return compile_for_gpu(
-        kernel, constexprs, pointers, capability=capability,
+        kernel,
+        constexprs,
+        pointers,
+        capability=capability,
         aligned=lambda n: n.endswith("_ptr") or n.startswith("stride_") or n in ("K", "N"),
-        **options)
+        **options,
+    )
 
 
 def no_spills(compiled: Any, what: str) -> None:
@@ -43,30 +58,63 @@ def no_spills(compiled: Any, what: str) -> None:
     assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{what} spills registers: {use}"
 
 
-def gemv(m: int = 1, blockwise: bool = False, gate: int = -1, pdl: bool = True,
-         act: str = ACT, n: int = 4096, k: int = 4096, capability: int = 90) -> Any:
+def gemv(
+    m: int = 1,
+    blockwise: bool = False,
+    gate: int = -1,
+    pdl: bool = True,
+    act: str = ACT,
+    n: int = 4096,
+    k: int = 4096,
+    capability: int = 90,
+) -> Any:
     """The core GEMV as it reads e4m3 weights (scales per row, or per 128 x 128 block)."""
     block_m, block_n, block_k, warps = gemv_config(m, n, k, blockwise)
-    constexprs = dict(HAS_BIAS=False, SCALES=2 if blockwise else 1, BLOCK_M=block_m,
-                      BLOCK_N=block_n, BLOCK_K=block_k, VEC=16, EVEN_K=True, EVEN_N=True,
-                      GATE=gate, DOT_PRECISION="ieee" if act == "*fp32" else "tf32",
-                      USE_PDL=pdl)
+    constexprs = dict(
+        HAS_BIAS=False,
+        SCALES=2 if blockwise else 1,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        VEC=16,
+        EVEN_K=True,
+        EVEN_N=True,
+        GATE=gate,
+        DOT_PRECISION="ieee" if act == "*fp32" else "tf32",
+        USE_PDL=pdl,
+    )
     pointers = {"x_ptr": act, "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": act, "y_ptr": act}
-    return compile_for(_gemv_kernel, constexprs, pointers, capability, num_warps=warps,
-                       launch_pdl=pdl)
+    return compile_for(
+        _gemv_kernel, constexprs, pointers, capability, num_warps=warps, launch_pdl=pdl
+    )
 
 
-def gemm(mode: int, blockwise: bool, m: int = 4096, act: str = ACT, capability: int = 90
-         ) -> Any:
-    block_m, block_n, block_k, warps, stages = gemm_config(m, mode != A_FLOAT,
-                                                           blockwise or mode == A_GROUP)
-    constexprs = dict(A_SCALES=mode, BLOCKWISE=blockwise, HAS_BIAS=True, BLOCK_M=block_m,
-                      BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, EVEN_K=True,
-                      DOT_PRECISION="tf32")
-    pointers = {"a_ptr": "*fp8e4nv" if mode != A_FLOAT else act, "sa_ptr": "*fp32",
-                "w_ptr": "*fp8e4nv", "sw_ptr": "*fp32", "b_ptr": act, "y_ptr": act}
-    return compile_for(_gemm_kernel, constexprs, pointers, capability, num_warps=warps,
-                       num_stages=stages)
+def gemm(mode: int, blockwise: bool, m: int = 4096, act: str = ACT, capability: int = 90) -> Any:
+    block_m, block_n, block_k, warps, stages = gemm_config(
+        m, mode != A_FLOAT, blockwise or mode == A_GROUP
+    )
+    constexprs = dict(
+        A_SCALES=mode,
+        BLOCKWISE=blockwise,
+        HAS_BIAS=True,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        EVEN_K=True,
+        DOT_PRECISION="tf32",
+    )
+    pointers = {
+        "a_ptr": "*fp8e4nv" if mode != A_FLOAT else act,
+        "sa_ptr": "*fp32",
+        "w_ptr": "*fp8e4nv",
+        "sw_ptr": "*fp32",
+        "b_ptr": act,
+        "y_ptr": act,
+    }
+    return compile_for(
+        _gemm_kernel, constexprs, pointers, capability, num_warps=warps, num_stages=stages
+    )
 
 
 def quantize(group: int, static: bool = False, gate: int = -1, act: str = ACT) -> Any:
@@ -79,8 +127,9 @@ def quantize(group: int, static: bool = False, gate: int = -1, act: str = ACT) -
 def test_one_row_gemv_compiles_streams_and_prefetches(blockwise):
     compiled = gemv(blockwise=blockwise)
     no_spills(compiled, "one-row GEMV")
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), \
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), (
         "weights not read as 16-byte vectors"
+    )
     loads, stores = pdl_order(compiled.asm["ptx"])
     assert loads > 0, "no weight load before the PDL wait"
     assert stores == 0, "a store before the PDL wait"

@@ -35,8 +35,11 @@ def x_of(m: int, k: int, *parts: object) -> torch.Tensor:
 
 
 def plan_for(weight, activations: str, matmul: str = "auto") -> LayerPlan:
-    usable = matmul != "triton" and activations != "none" and \
-        scaled_mm_serves(weight, torch.bfloat16) is None
+    usable = (
+        matmul != "triton"
+        and activations != "none"
+        and scaled_mm_serves(weight, torch.bfloat16) is None
+    )
     return LayerPlan(activations, scaled_mm=usable)
 
 
@@ -46,8 +49,9 @@ def assert_close_to_reference(got, x, weight, activations, what):
     assert err <= 1.5e-2, f"{what} (TALLOW_TEST_SEED={BASE_SEED}): relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("layout,activations", [("row", "token"), ("block", "group"),
-                                                ("row", "none")])
+@pytest.mark.parametrize(
+    "layout,activations", [("row", "token"), ("block", "group"), ("row", "none")]
+)
 @pytest.mark.parametrize("matmul", ["auto", "triton"])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_every_batch_size_through_the_path_the_engine_picks(layout, activations, matmul, n, k):
@@ -59,8 +63,9 @@ def test_every_batch_size_through_the_path_the_engine_picks(layout, activations,
         acts = "none" if m <= settings.gemv_max_rows else activations
         got = ops.linear(x, weight, plan, settings=settings)
         assert got.shape == (m, n) and got.dtype == torch.bfloat16
-        assert_close_to_reference(got, x, weight, acts,
-                                  f"{layout} {activations} {matmul} [{n}, {k}] m={m}")
+        assert_close_to_reference(
+            got, x, weight, acts, f"{layout} {activations} {matmul} [{n}, {k}] m={m}"
+        )
 
 
 @pytest.mark.parametrize("n,k", SHAPES + [(128256, 4096)])
@@ -120,19 +125,33 @@ def test_graph_capture_and_replay_equal_eager():
                 graph.replay()
                 expected = ops.linear(static_x, weight, plan, settings=settings)
                 torch.cuda.synchronize()
-                assert torch.equal(out, expected), \
+                assert torch.equal(out, expected), (
                     f"{layout} {matmul} m={m} (TALLOW_TEST_SEED={BASE_SEED})"
+                )
 
 
 def _llm(source: str, *, disable_graphs: bool, **model) -> LLM:
-    return LLM.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cuda", "dtype": "bfloat16",
-                  "max_model_len": 2048, **model},
-        "cache": {"num_blocks": 2048},
-        "runner": {"disable_cuda_graph": disable_graphs, "max_cuda_graph_batch": 32},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4},
-                                 "tallow-quant-fp8": {"isq_vocab": True}}},
-    }))
+    return LLM.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": "cuda",
+                    "dtype": "bfloat16",
+                    "max_model_len": 2048,
+                    **model,
+                },
+                "cache": {"num_blocks": 2048},
+                "runner": {"disable_cuda_graph": disable_graphs, "max_cuda_graph_batch": 32},
+                "plugins": {
+                    "settings": {
+                        "tallow-attention-triton": {"num_splits": 4},
+                        "tallow-quant-fp8": {"isq_vocab": True},
+                    }
+                },
+            }
+        )
+    )
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -146,19 +165,32 @@ def test_isq_fp8_model_graphs_equal_eager_and_weights_are_the_fp8_size():
     eager = _llm("random:llama-3.2-1b", disable_graphs=True, isq="fp8")
     loaded = graphs.engine.parts.loaded
     model = loaded.model
-    fp8 = sum(m.quant_method.weight.nbytes() for m in model.modules()
-              if getattr(getattr(m, "quant_method", None), "weight", None) is not None)
+    fp8 = sum(
+        m.quant_method.weight.nbytes()
+        for m in model.modules()
+        if getattr(getattr(m, "quant_method", None), "weight", None) is not None
+    )
     dense = sum(p.nbytes for p in model.parameters() if p.is_floating_point())  # the norms
     assert model.model.embed_tokens.qweight.dtype == torch.float8_e4m3fn
     assert fp8 + dense <= loaded.weight_bytes <= fp8 + dense + 50_000_000  # + rotary tables
     assert graphs.engine.core.runner.graphs is not None and eager.engine.core.runner.graphs is None
     replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(BASE_SEED)
-    for n in (1, 2, 4, 8, 16, 32):  # captured sizes, each replaying its own graph: eager runs the same kernels
-        batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 300, (n,), generator=g)]
-        assert _greedy(graphs, batch, 24) == _greedy(eager, batch, 24), \
+    for n in (
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+    ):  # captured sizes, each replaying its own graph: eager runs the same kernels
+        batch = [
+            torch.randint(0, 120000, (int(L),), generator=g).tolist()
+            for L in torch.randint(3, 300, (n,), generator=g)
+        ]
+        assert _greedy(graphs, batch, 24) == _greedy(eager, batch, 24), (
             f"batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+        )
 
 
 def test_a_compressed_tensors_checkpoint_on_the_gpu_follows_the_cpu_reference(tmp_path):
@@ -172,9 +204,19 @@ def test_a_compressed_tensors_checkpoint_on_the_gpu_follows_the_cpu_reference(tm
         write_compressed_tensors(tiny_llama(3), preset, directory, list(range(3, 60)))
         logits = {}
         for device, dtype in (("cuda", "bfloat16"), ("cpu", "bfloat16"), ("cpu", "float32")):
-            eng = LLMEngine.from_config(config_from_mapping({
-                "model": {"source": str(directory), "device": device, "dtype": dtype,
-                          "max_model_len": 128}, "cache": {"num_blocks": 32}}))
+            eng = LLMEngine.from_config(
+                config_from_mapping(
+                    {
+                        "model": {
+                            "source": str(directory),
+                            "device": device,
+                            "dtype": dtype,
+                            "max_model_len": 128,
+                        },
+                        "cache": {"num_blocks": 32},
+                    }
+                )
+            )
             runner = PagedRunner(eng.parts.loaded.model)
             runner.add(0)
             logits[device, dtype] = runner.step([(0, prompt)])[0].float().cpu()
@@ -187,6 +229,7 @@ def test_a_compressed_tensors_checkpoint_on_the_gpu_follows_the_cpu_reference(tm
         # whole e4m3 steps (on an H200: 0.12-0.13 of the largest logit on the GPU, 0.13-0.14
         # on the CPU in bfloat16): the GPU must be as close to the float32 reference as the
         # CPU reference computing in bfloat16 is.
-        assert err(("cuda", "bfloat16")) <= 1.5 * err(("cpu", "bfloat16")) + 1e-2, \
-            f"{preset}: GPU {err(('cuda', 'bfloat16')):.3g}, CPU in bfloat16 " \
+        assert err(("cuda", "bfloat16")) <= 1.5 * err(("cpu", "bfloat16")) + 1e-2, (
+            f"{preset}: GPU {err(('cuda', 'bfloat16')):.3g}, CPU in bfloat16 "
             f"{err(('cpu', 'bfloat16')):.3g}"
+        )

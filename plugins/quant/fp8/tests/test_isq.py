@@ -10,8 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8_checkpoints import (FakeQuantActivations, oracle_logits, save_tokenizer, tiny_llama,
-                             write_hf_fp8)
+from fp8_checkpoints import (
+    FakeQuantActivations,
+    oracle_logits,
+    save_tokenizer,
+    tiny_llama,
+    write_hf_fp8,
+)
 from tallow.config import ConfigError, config_from_mapping
 from tallow.engine.llm_engine import LLMEngine
 from tallow.plugin import SelectionError
@@ -43,27 +48,42 @@ def oracle_model(vocab: bool):
     """The transformers model of the quantized weights (every linear layer; with ``vocab`` the
     embedding and head too)."""
     model, oracle = tiny_llama(1), tiny_llama(1)
-    oracle.load_state_dict({name: per_row_fp8(w) if w.dim() == 2 and (vocab or name not in VOCAB)
-                            else w for name, w in model.state_dict().items()})
+    oracle.load_state_dict(
+        {
+            name: per_row_fp8(w) if w.dim() == 2 and (vocab or name not in VOCAB) else w
+            for name, w in model.state_dict().items()
+        }
+    )
     return oracle
 
 
 def engine(source: str, isq_vocab: bool | None = None, **model) -> LLMEngine:
     settings = {} if isq_vocab is None else {"tallow-quant-fp8": {"isq_vocab": isq_vocab}}
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model},
-        "cache": {"num_blocks": 32},
-        "plugins": {"settings": settings},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "max_model_len": 128,
+                    **model,
+                },
+                "cache": {"num_blocks": 32},
+                "plugins": {"settings": settings},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("vocab", [False, True])
 def test_isq_equals_the_model_of_the_quantized_weights(float_dir, vocab):
     eng = engine(str(float_dir), isq_vocab=vocab if vocab else None, isq="fp8")  # False: default
     loaded = eng.parts.loaded
-    assert loaded.quant.summary() == ("fp8: e4m3 per channel, activations per token; "
-                                      f"{10 if vocab else 8} layers (quantized at load)")
+    assert loaded.quant.summary() == (
+        "fp8: e4m3 per channel, activations per token; "
+        f"{10 if vocab else 8} layers (quantized at load)"
+    )
     model = loaded.model
     assert model.model.layers[1].mlp.down_proj.qweight.dtype == torch.float8_e4m3fn
     for layer in (model.model.embed_tokens, model.lm_head):
@@ -112,7 +132,8 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
     def weights_of(e: LLMEngine) -> int:  # parameters and buffers, without the rotary tables
         model = e.parts.loaded.model
         return e.parts.loaded.weight_bytes - sum(
-            b.nbytes for n, b in model.named_buffers() if "cos_sin" in n or "inv_freq" in n)
+            b.nbytes for n, b in model.named_buffers() if "cos_sin" in n or "inv_freq" in n
+        )
 
     assert weights_of(eng) < 0.3 * weights_of(dense)
 
@@ -125,13 +146,21 @@ def test_wrong_requests_are_refused_clearly(tmp_path):
     with pytest.raises(ConfigError, match=r"model\.isq"):
         config_from_mapping({"model": {"isq": "FP-8"}})
     # a well-formed type no installed scheme offers: refused listing those offered
-    with pytest.raises(SelectionError, match=r"model\.isq 'fp6': no installed quant scheme .*"
-                                             r"fp8 \(tallow-quant-fp8\)"):
+    with pytest.raises(
+        SelectionError,
+        match=r"model\.isq 'fp6': no installed quant scheme .*"
+        r"fp8 \(tallow-quant-fp8\)",
+    ):
         engine("random:tiny-llama", isq="fp6")
     with pytest.raises(ValueError, match=r"plugins\.settings\.tallow-quant-fp8\.gemv_max_rows"):
-        LLMEngine.from_config(config_from_mapping({
-            "model": {"source": "random:tiny-llama", "device": "cpu", "isq": "fp8"},
-            "plugins": {"settings": {"tallow-quant-fp8": {"gemv_max_rows": 64}}}}))
+        LLMEngine.from_config(
+            config_from_mapping(
+                {
+                    "model": {"source": "random:tiny-llama", "device": "cpu", "isq": "fp8"},
+                    "plugins": {"settings": {"tallow-quant-fp8": {"gemv_max_rows": 64}}},
+                }
+            )
+        )
 
 
 def test_isq_is_refused_on_a_gpu_without_float8(monkeypatch):

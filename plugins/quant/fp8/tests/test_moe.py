@@ -31,10 +31,23 @@ STEPS = 8
 
 def tiny_config():
     return transformers.Qwen3MoeConfig(
-        hidden_size=H, intermediate_size=256, moe_intermediate_size=I, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=E,
-        num_experts_per_tok=2, norm_topk_prob=True, vocab_size=320, rms_norm_eps=1e-5,
-        max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        hidden_size=H,
+        intermediate_size=256,
+        moe_intermediate_size=I,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=E,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        vocab_size=320,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 def hf_model(seed: int = 3):
@@ -73,24 +86,29 @@ def write_checkpoint(hf, out: Path, kind: str):
         prefix = name.rsplit(".", 1)[0]
         deq = torch.empty_like(value, dtype=torch.float32)
         for e in range(value.shape[0]):
-            parts = ({"gate_proj": value[e, :I], "up_proj": value[e, I:]}
-                     if name.endswith("gate_up_proj") else {"down_proj": value[e]})
+            parts = (
+                {"gate_proj": value[e, :I], "up_proj": value[e, I:]}
+                if name.endswith("gate_up_proj")
+                else {"down_proj": value[e]}
+            )
             rows = 0
             for part, w in parts.items():
                 q, s, d = quantize(w, kind)
                 tensors[f"{prefix}.{e}.{part}.weight"] = q.contiguous()
                 tensors[f"{prefix}.{e}.{part}.{scale_name}"] = s.contiguous()
-                deq[e, rows:rows + w.shape[0]] = d
+                deq[e, rows : rows + w.shape[0]] = d
                 rows += w.shape[0]
         oracle_state[name] = deq
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
     config = hf.config.to_dict()
     config["architectures"] = ["Qwen3MoeForCausalLM"]
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                     "activation_scheme": "dynamic",
-                                     **({"weight_block_size": [128, 128]}
-                                        if kind == "block" else {})}
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        **({"weight_block_size": [128, 128]} if kind == "block" else {}),
+    }
     (out / "config.json").write_text(json.dumps(config))
     save_tokenizer(out)
     oracle = hf_model()
@@ -99,10 +117,20 @@ def write_checkpoint(hf, out: Path, kind: str):
 
 
 def engine(source: str, **model) -> LLMEngine:
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model},
-        "cache": {"num_blocks": 32}}))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "max_model_len": 128,
+                    **model,
+                },
+                "cache": {"num_blocks": 32},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("kind", ["block", "tensor"])
@@ -122,9 +150,15 @@ def test_checkpoint_experts_stay_fp8_and_equal_the_dequantized_model(kind, tmp_p
 
 
 def _layer(scheme: Fp8QuantScheme, rank: int, tp: int) -> FusedMoE:
-    return FusedMoE(E, H, I, router=RouterSpec(top_k=2, renormalize=True),
-                    build=BuildContext(quant=scheme, tp_rank=rank, tp_size=tp),
-                    prefix="mlp", reduce_results=False)
+    return FusedMoE(
+        E,
+        H,
+        I,
+        router=RouterSpec(top_k=2, renormalize=True),
+        build=BuildContext(quant=scheme, tp_rank=rank, tp_size=tp),
+        prefix="mlp",
+        reduce_results=False,
+    )
 
 
 def _load_experts(layer: FusedMoE, tensors: dict[tuple[int, str], tuple], scale_name: str):
@@ -166,8 +200,9 @@ def test_block_scales_need_whole_blocks_per_rank():
     scheme = Fp8QuantScheme()
     scheme.checkpoint = Fp8Config("block", "group")
     with pytest.raises(ValueError, match="multiple of 128"):
-        FusedMoE(E, H, 192, router=RouterSpec(top_k=2), build=BuildContext(quant=scheme),
-                 prefix="mlp")
+        FusedMoE(
+            E, H, 192, router=RouterSpec(top_k=2), build=BuildContext(quant=scheme), prefix="mlp"
+        )
 
 
 def test_isq_quantizes_the_experts_per_row(tmp_path):

@@ -52,25 +52,30 @@ def test_row_parallel_ranks_hold_their_columns(kind):
     q, s = checkpoint_piece(kind, 1)
     full = expanded(q, s)
     for rank in range(2):
-        layer = RowParallelLinear(COLS, ROWS, build=BuildContext(quant=scheme(kind, acts),
-                                                                 tp_rank=rank, tp_size=2))
+        layer = RowParallelLinear(
+            COLS, ROWS, build=BuildContext(quant=scheme(kind, acts), tp_rank=rank, tp_size=2)
+        )
         load(layer, {"weight": q, "weight_scale": s})
         layer.quant_method.process_weights_after_loading(layer)
         got = layer.quant_method.weight.dequantize()
         half = COLS // 2
-        torch.testing.assert_close(got, full[:, rank * half:(rank + 1) * half], rtol=0, atol=0)
+        torch.testing.assert_close(got, full[:, rank * half : (rank + 1) * half], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind,dialect", [("tensor", "fp8"), ("channel", "compressed-tensors"),
-                                          ("block", "fp8")])
+@pytest.mark.parametrize(
+    "kind,dialect", [("tensor", "fp8"), ("channel", "compressed-tensors"), ("block", "fp8")]
+)
 def test_merged_column_parallel_ranks_hold_their_rows_of_each_partition(kind, dialect):
     acts = "group" if kind == "block" else ("static" if kind == "tensor" else "token")
     fmt = Fp8Config(kind, acts, dialect)
     pieces = [checkpoint_piece(kind, 10 + i) for i in range(2)]
     statics = [torch.tensor(0.5), torch.tensor(0.75)]
     for rank in range(2):
-        layer = MergedColumnParallelLinear(COLS, [ROWS, ROWS], build=BuildContext(
-            quant=scheme(kind, acts, dialect), tp_rank=rank, tp_size=2))
+        layer = MergedColumnParallelLinear(
+            COLS,
+            [ROWS, ROWS],
+            build=BuildContext(quant=scheme(kind, acts, dialect), tp_rank=rank, tp_size=2),
+        )
         for shard, (q, s) in enumerate(pieces):
             names = {"weight": q, fmt.scale_name: s}
             if acts == "static":
@@ -79,7 +84,7 @@ def test_merged_column_parallel_ranks_hold_their_rows_of_each_partition(kind, di
         layer.quant_method.process_weights_after_loading(layer)
         weight = layer.quant_method.weight
         half = ROWS // 2
-        expected = torch.cat([expanded(q, s)[rank * half:(rank + 1) * half] for q, s in pieces])
+        expected = torch.cat([expanded(q, s)[rank * half : (rank + 1) * half] for q, s in pieces])
         torch.testing.assert_close(weight.dequantize(), expected, rtol=0, atol=0)
         if acts == "static":
             assert float(weight.input_scale) == 0.75
@@ -88,12 +93,14 @@ def test_merged_column_parallel_ranks_hold_their_rows_of_each_partition(kind, di
 def test_block_shards_off_block_boundaries_are_refused():
     q, s = checkpoint_piece("block", 3)
     # 4 ranks of a 512-column row-parallel layer: 128 columns each, on block boundaries
-    layer = RowParallelLinear(COLS, ROWS, build=BuildContext(quant=scheme("block", "group"),
-                                                             tp_rank=1, tp_size=4))
+    layer = RowParallelLinear(
+        COLS, ROWS, build=BuildContext(quant=scheme("block", "group"), tp_rank=1, tp_size=4)
+    )
     load(layer, {"weight": q, "weight_scale": s})
     # 8 ranks: 64 columns each, rank 1 starts inside a block
-    layer = RowParallelLinear(COLS, ROWS, build=BuildContext(quant=scheme("block", "group"),
-                                                             tp_rank=1, tp_size=8))
+    layer = RowParallelLinear(
+        COLS, ROWS, build=BuildContext(quant=scheme("block", "group"), tp_rank=1, tp_size=8)
+    )
     with pytest.raises(ValueError, match="block boundaries"):
         load(layer, {"weight": q, "weight_scale": s})
 

@@ -63,26 +63,41 @@ class GGUFMoEMethod(MoEMethod):
         return list(self.stacked.values())
 
     # -- storage ---------------------------------------------------------------------------
-    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
-                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
-                       device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_per_rank: int,
+        bias: bool,
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_experts, self.hidden = num_experts, hidden_size
         self.inter = intermediate_per_rank
         self.dtype, self.device = params_dtype, torch.device(device)
         self.loaded = {part: [None] * num_experts for part in _PARTS}
         for name in ("w13_weight", "w2_weight"):
-            placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8, device=device),
-                                       requires_grad=False)
-            set_weight_attrs(placeholder, expert_dim=0, output_dim=1, input_dim=2,
-                             weight_loader=self._loader(layer), accepts_quantized=True)
+            placeholder = nn.Parameter(
+                torch.empty(0, dtype=torch.uint8, device=device), requires_grad=False
+            )
+            set_weight_attrs(
+                placeholder,
+                expert_dim=0,
+                output_dim=1,
+                input_dim=2,
+                weight_loader=self._loader(layer),
+                accepts_quantized=True,
+            )
             if self.scheme.isq:
                 set_weight_attrs(placeholder, random_fill=self._random_fill(name))
             layer.register_parameter(name, placeholder)
         if bias:  # biases stay float: the experts' module loads them like float experts'
             e, i, h = num_experts, intermediate_per_rank, hidden_size
             for name, shape in (("w13_bias", (e, 2 * i)), ("w2_bias", (e, h))):
-                p = nn.Parameter(torch.zeros(*shape, dtype=params_dtype, device=device),
-                                 requires_grad=False)
+                p = nn.Parameter(
+                    torch.zeros(*shape, dtype=params_dtype, device=device), requires_grad=False
+                )
                 set_weight_attrs(p, expert_dim=0, output_dim=1, input_dim=None)
                 layer.register_parameter(name, p)
 
@@ -97,8 +112,9 @@ class GGUFMoEMethod(MoEMethod):
 
         return load
 
-    def _load_expert(self, layer: nn.Module, is_w13: bool, e: int, part: str | None,
-                     src: Any) -> None:
+    def _load_expert(
+        self, layer: nn.Module, is_w13: bool, e: int, part: str | None, src: Any
+    ) -> None:
         what = f"{self._what(layer)} expert {e}"
         full_i = int(getattr(layer, "intermediate_size"))
         rank, i = int(getattr(layer, "tp_rank")), self.inter
@@ -108,21 +124,41 @@ class GGUFMoEMethod(MoEMethod):
                 raise ValueError(f"{what}: the gate/up projection has no part {part!r}")
             expected = (full_i if part else 2 * full_i, self.hidden)
             if tuple(src.shape) != expected:
-                raise ValueError(f"{what}: {part or 'gate_up'} tensor has shape "
-                                 f"{tuple(src.shape)}, expected {expected}")
+                raise ValueError(
+                    f"{what}: {part or 'gate_up'} tensor has shape "
+                    f"{tuple(src.shape)}, expected {expected}"
+                )
             for name, base in ((part, 0),) if part else (("gate", 0), ("up", full_i)):
                 rows = (base + rank * i, base + (rank + 1) * i)
-                self._put(name, e, to_packed(src, rows, None, self.scheme.isq, self.device,
-                                             self.dtype, what, tp), what)
+                self._put(
+                    name,
+                    e,
+                    to_packed(src, rows, None, self.scheme.isq, self.device, self.dtype, what, tp),
+                    what,
+                )
             return
         if part not in (None, "down"):
             raise ValueError(f"{what}: the down projection has no part {part!r}")
         if tuple(src.shape) != (self.hidden, full_i):
-            raise ValueError(f"{what}: down tensor has shape {tuple(src.shape)}, expected "
-                             f"{(self.hidden, full_i)}")
-        self._put("down", e, to_packed(src, (0, self.hidden), (rank * i, (rank + 1) * i),
-                                       self.scheme.isq, self.device, self.dtype, what, tp),
-                  what)
+            raise ValueError(
+                f"{what}: down tensor has shape {tuple(src.shape)}, expected "
+                f"{(self.hidden, full_i)}"
+            )
+        self._put(
+            "down",
+            e,
+            to_packed(
+                src,
+                (0, self.hidden),
+                (rank * i, (rank + 1) * i),
+                self.scheme.isq,
+                self.device,
+                self.dtype,
+                what,
+                tp,
+            ),
+            what,
+        )
 
     def _put(self, part: str, e: int, packed: PackedWeight, what: str) -> None:
         if self.loaded[part][e] is not None:
@@ -136,16 +172,19 @@ class GGUFMoEMethod(MoEMethod):
             from .isq import quantize_rows
 
             isq = cast(str, self.scheme.isq)
-            rows, cols = ((2 * self.inter, self.hidden) if name == "w13_weight"
-                          else (self.hidden, self.inter))
+            rows, cols = (
+                (2 * self.inter, self.hidden) if name == "w13_weight" else (self.hidden, self.inter)
+            )
             for e in range(self.num_experts):
                 w = torch.empty(rows, cols, dtype=torch.float32, device=self.device)
                 w.normal_(0.0, std, generator=generator)
                 if name == "w13_weight":
-                    self.loaded["gate"][e] = quantize_rows(w[:self.inter], isq, self.device,
-                                                           self.dtype)
-                    self.loaded["up"][e] = quantize_rows(w[self.inter:], isq, self.device,
-                                                         self.dtype)
+                    self.loaded["gate"][e] = quantize_rows(
+                        w[: self.inter], isq, self.device, self.dtype
+                    )
+                    self.loaded["up"][e] = quantize_rows(
+                        w[self.inter :], isq, self.device, self.dtype
+                    )
                 else:
                     self.loaded["down"][e] = quantize_rows(w, isq, self.device, self.dtype)
 
@@ -158,8 +197,9 @@ class GGUFMoEMethod(MoEMethod):
         for part, experts in self.loaded.items():
             missing = [e for e, p in enumerate(experts) if p is None]
             if missing:
-                raise ValueError(f"{what}: the {part} weight of expert(s) {missing} was never "
-                                 "loaded")
+                raise ValueError(
+                    f"{what}: the {part} weight of expert(s) {missing} was never loaded"
+                )
         loaded = cast(dict[str, list[PackedWeight]], self.loaded)
         gates, ups = loaded["gate"], loaded["up"]
         try:
@@ -169,10 +209,12 @@ class GGUFMoEMethod(MoEMethod):
                 self.stacked["gate"], self.stacked["up"] = cat_rows(gates), cat_rows(ups)
             self.stacked["w2"] = cat_rows(loaded["down"])
         except ValueError:
-            kinds = {part: sorted({p.type_name for p in experts})
-                     for part, experts in loaded.items()}
-            raise ValueError(f"{what}: the experts of one projection must share one type, "
-                             f"got {kinds}") from None
+            kinds = {
+                part: sorted({p.type_name for p in experts}) for part, experts in loaded.items()
+            }
+            raise ValueError(
+                f"{what}: the experts of one projection must share one type, got {kinds}"
+            ) from None
         self.loaded = {}
         for name, packed in self.stacked.items():
             for plane, tensor in packed.planes.items():
@@ -186,10 +228,12 @@ class GGUFMoEMethod(MoEMethod):
     # -- compute ---------------------------------------------------------------------------
     def _decodes(self, layer: nn.Module, tokens: int) -> bool:
         """Whether ``tokens`` take the decode kernels (see the module docstring)."""
-        return (tokens <= self.scheme.policy.moe_decode_max_tokens
-                and getattr(layer, "activation") == "silu"
-                and getattr(layer, "w13_bias", None) is None
-                and all(p.qtype is not None for p in self.stacked.values()))
+        return (
+            tokens <= self.scheme.policy.moe_decode_max_tokens
+            and getattr(layer, "activation") == "silu"
+            and getattr(layer, "w13_bias", None) is None
+            and all(p.qtype is not None for p in self.stacked.values())
+        )
 
     def _config(self, p: PackedWeight, rows: int, device: torch.device) -> Any:
         """The GEMV configuration of one expert's ``[rows, K]`` matrix at one row."""
@@ -202,32 +246,60 @@ class GGUFMoEMethod(MoEMethod):
         if "w13" in self.stacked:
             w13 = ops.dequantize(self.stacked["w13"], dtype).view(e, 2 * i, h)
         else:
-            w13 = torch.cat([ops.dequantize(self.stacked["gate"], dtype).view(e, i, h),
-                             ops.dequantize(self.stacked["up"], dtype).view(e, i, h)], dim=1)
+            w13 = torch.cat(
+                [
+                    ops.dequantize(self.stacked["gate"], dtype).view(e, i, h),
+                    ops.dequantize(self.stacked["up"], dtype).view(e, i, h),
+                ],
+                dim=1,
+            )
         return w13, ops.dequantize(self.stacked["w2"], dtype).view(e, h, i)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         if not triton_enabled(x) or not self._decodes(layer, x.shape[0]):
             w13, w2 = self.dequantized(x.dtype)
-            return fused_moe(x, w13, w2, topk_weights, topk_ids,
-                             activation=getattr(layer, "activation"),
-                             w13_bias=getattr(layer, "w13_bias", None),
-                             w2_bias=getattr(layer, "w2_bias", None),
-                             swiglu_alpha=getattr(layer, "swiglu_alpha"),
-                             swiglu_limit=getattr(layer, "swiglu_limit"))
+            return fused_moe(
+                x,
+                w13,
+                w2,
+                topk_weights,
+                topk_ids,
+                activation=getattr(layer, "activation"),
+                w13_bias=getattr(layer, "w13_bias", None),
+                w2_bias=getattr(layer, "w2_bias", None),
+                swiglu_alpha=getattr(layer, "swiglu_alpha"),
+                swiglu_limit=getattr(layer, "swiglu_limit"),
+            )
         from .kernels.moe import moe_down_triton, moe_up_triton
 
         e, i = self.num_experts, self.inter
         if "w13" in self.stacked:
             w13 = self.stacked["w13"]
-            h = moe_up_triton(x, w13, e, topk_ids, swiglu=True,
-                              config=self._config(w13, 2 * i, x.device))
+            h = moe_up_triton(
+                x, w13, e, topk_ids, swiglu=True, config=self._config(w13, 2 * i, x.device)
+            )
         else:
-            halves = [moe_up_triton(x, self.stacked[part], e, topk_ids, swiglu=False,
-                                    config=self._config(self.stacked[part], i, x.device))
-                      for part in ("gate", "up")]
+            halves = [
+                moe_up_triton(
+                    x,
+                    self.stacked[part],
+                    e,
+                    topk_ids,
+                    swiglu=False,
+                    config=self._config(self.stacked[part], i, x.device),
+                )
+                for part in ("gate", "up")
+            ]
             h = silu_and_mul(torch.cat(halves, dim=-1))
         w2 = self.stacked["w2"]
-        return moe_down_triton(h, w2, e, topk_weights, topk_ids, out_dtype=x.dtype,
-                               config=self._config(w2, self.hidden, x.device))
+        return moe_down_triton(
+            h,
+            w2,
+            e,
+            topk_weights,
+            topk_ids,
+            out_dtype=x.dtype,
+            config=self._config(w2, self.hidden, x.device),
+        )

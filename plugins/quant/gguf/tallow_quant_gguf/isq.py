@@ -19,15 +19,18 @@ from .quantize import quantize
 from .quantize_mix import with_shape_fallback
 
 
-def quantize_rows(weight: torch.Tensor, isq: str, device: torch.device,
-                  dtype: torch.dtype) -> PackedWeight:
+def quantize_rows(
+    weight: torch.Tensor, isq: str, device: torch.device, dtype: torch.dtype
+) -> PackedWeight:
     """``weight`` (float ``[rows, cols]``, any device and dtype) quantized on ``device`` to
     ``isq``, or to llama.cpp's fallback type when its rows are not whole blocks of ``isq``
     (the fallback ``tallow quantize`` applies too); rows that
     not even 32-element blocks fit stay dense, in ``dtype``."""
     if weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError(f"model.isq {isq}: expected a 2-d float weight, got {weight.dtype} of "
-                         f"shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"model.isq {isq}: expected a 2-d float weight, got {weight.dtype} of "
+            f"shape {tuple(weight.shape)}"
+        )
     name = with_shape_fallback(isq, weight.shape[1])
     if name == "f16":  # no block type fits the rows
         return dense(weight.to(device, dtype))

@@ -40,28 +40,38 @@ if TYPE_CHECKING:  # pragma: no cover
 RANDOM_CHUNK_ROWS = 8192
 
 
-def to_packed(loaded: Any, rows: tuple[int, int], cols: tuple[int, int] | None,
-              isq: str | None, device: torch.device, dtype: torch.dtype, what: str,
-              tp_size: int = 1) -> PackedWeight:
+def to_packed(
+    loaded: Any,
+    rows: tuple[int, int],
+    cols: tuple[int, int] | None,
+    isq: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    what: str,
+    tp_size: int = 1,
+) -> PackedWeight:
     """Rows ``rows`` and columns ``cols`` (None: all) of a 2-d checkpoint tensor as a packed
     weight on ``device``: a :class:`QuantizedWeight` of a type the kernels decode keeps its
     blocks (the columns must fall on block boundaries); a float tensor is quantized to
     ``isq`` when given, else kept dense in ``dtype``."""
     (r0, r1) = rows
     c0, c1 = cols if cols is not None else (0, loaded.shape[-1])
-    if isinstance(loaded, QuantizedWeight) and (loaded.scheme != "gguf"
-                                                or loaded.qtype not in QUANT_TYPES):
+    if isinstance(loaded, QuantizedWeight) and (
+        loaded.scheme != "gguf" or loaded.qtype not in QUANT_TYPES
+    ):
         loaded = loaded.dequantize()  # a type these kernels do not decode: keep it dense
     if isinstance(loaded, QuantizedWeight):
         qt = QUANT_TYPES[loaded.qtype]
         if c0 % qt.block or c1 % qt.block:
-            raise ValueError(f"{what}: this rank's columns {c0}:{c1} do not fall on "
-                             f"{qt.block}-element block boundaries of {qt.name}; "
-                             "row-parallel shards of a quantized weight must (tensor "
-                             f"parallelism over {tp_size} ranks splits each row's "
-                             f"{loaded.shape[-1] // qt.block} blocks: choose a "
-                             "tensor-parallel size that divides them)")
-        raw = loaded.data[r0:r1, qt.row_bytes(c0):qt.row_bytes(c1)]
+            raise ValueError(
+                f"{what}: this rank's columns {c0}:{c1} do not fall on "
+                f"{qt.block}-element block boundaries of {qt.name}; "
+                "row-parallel shards of a quantized weight must (tensor "
+                f"parallelism over {tp_size} ranks splits each row's "
+                f"{loaded.shape[-1] // qt.block} blocks: choose a "
+                "tensor-parallel size that divides them)"
+            )
+        raw = loaded.data[r0:r1, qt.row_bytes(c0) : qt.row_bytes(c1)]
         return pack(raw.to(device), qt, cols=c1 - c0)
     weight = loaded[r0:r1, c0:c1]
     if not isq:
@@ -86,18 +96,26 @@ class GGUFLinearMethod(LinearMethod):
         self._packed_from: list[Any] | None = None
 
     # -- storage ---------------------------------------------------------------------------
-    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
-                       params_dtype: torch.dtype, device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_sizes: list[int],
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.layer = layer
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
         self.dtype = params_dtype
         self.device = torch.device(device)
         self.parts = [None] * len(output_sizes)
-        placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8, device=device),
-                                   requires_grad=False)
-        set_weight_attrs(placeholder, output_dim=0, input_dim=1, weight_loader=self.load,
-                         accepts_quantized=True)
+        placeholder = nn.Parameter(
+            torch.empty(0, dtype=torch.uint8, device=device), requires_grad=False
+        )
+        set_weight_attrs(
+            placeholder, output_dim=0, input_dim=1, weight_loader=self.load, accepts_quantized=True
+        )
         if self.scheme.isq:
             set_weight_attrs(placeholder, random_fill=self.random_fill)
         layer.register_parameter("weight", placeholder)
@@ -112,27 +130,39 @@ class GGUFLinearMethod(LinearMethod):
         expected = tuple(layer.checkpoint_shape(shard_id))
         if tuple(loaded.shape) != expected:
             shard = "" if shard_id is None else f" shard {shard_id!r}"
-            raise ValueError(f"{self._what}{shard}: checkpoint tensor has shape "
-                             f"{tuple(loaded.shape)}, expected {expected}")
-        if isinstance(loaded, QuantizedWeight) and (loaded.scheme != "gguf"
-                                                    or loaded.qtype not in QUANT_TYPES):
+            raise ValueError(
+                f"{self._what}{shard}: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, expected {expected}"
+            )
+        if isinstance(loaded, QuantizedWeight) and (
+            loaded.scheme != "gguf" or loaded.qtype not in QUANT_TYPES
+        ):
             loaded = loaded.dequantize()  # once, not per slice (to_packed would per slice)
         for part in layer.weight_slices(shard_id):
             if self.parts[part.partition] is not None:
-                raise ValueError(f"{self._what}: output partition {part.partition} is loaded "
-                                 "twice")
+                raise ValueError(f"{self._what}: output partition {part.partition} is loaded twice")
             self._store(part.partition, self._convert(loaded, part))
 
     def _convert(self, loaded: Any, part: WeightSlice) -> PackedWeight:
-        packed = to_packed(loaded, part.rows, part.cols, self.scheme.isq, self.device,
-                           self.dtype, self._what, getattr(self.layer, "tp_size", 1))
+        packed = to_packed(
+            loaded,
+            part.rows,
+            part.cols,
+            self.scheme.isq,
+            self.device,
+            self.dtype,
+            self._what,
+            getattr(self.layer, "tp_size", 1),
+        )
         return packed.pad_rows(part.pad_rows)
 
     def _store(self, index: int, packed: PackedWeight) -> None:
         rows = self.output_sizes[index]
         if (packed.rows, packed.cols) != (rows, self.input_size):
-            raise ValueError(f"{self._what}: partition {index} holds [{packed.rows}, "
-                             f"{packed.cols}], expected [{rows}, {self.input_size}]")
+            raise ValueError(
+                f"{self._what}: partition {index} holds [{packed.rows}, "
+                f"{packed.cols}], expected [{rows}, {self.input_size}]"
+            )
         self.parts[index] = packed
 
     @torch.no_grad()
@@ -174,8 +204,7 @@ class GGUFLinearMethod(LinearMethod):
 
     def _tensor_core(self, x: torch.Tensor) -> bool:
         """Whether ``matmul: tensor_core`` sends this product through the packed GEMM."""
-        return self.scheme.policy.matmul == "tensor_core" and tensor_core.applies(
-            x, self.parts)  # type: ignore[arg-type]
+        return self.scheme.policy.matmul == "tensor_core" and tensor_core.applies(x, self.parts)  # type: ignore[arg-type]
 
     def _packed_parts(self) -> list[Any]:
         """The parts in the packed GEMM's layout, re-laid once per list of parts."""
@@ -185,14 +214,16 @@ class GGUFLinearMethod(LinearMethod):
         return self._packed
 
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self._tensor_core(x):
             return packed_gemm(x, self._packed_parts(), bias)
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, act: nn.Module,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply_gated(
+        self, layer: nn.Module, x: torch.Tensor, act: nn.Module, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         kind = getattr(act, "kind", None)
         if kind is None or self._tensor_core(x):
             return self.apply(layer, act(x), bias)

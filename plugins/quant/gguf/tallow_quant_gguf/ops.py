@@ -60,8 +60,12 @@ def embedding(p: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     return rows.view(*ids.shape, p.cols)
 
 
-def warm_up(parts: list[PackedWeight], dtype: torch.dtype,
-            policy: KernelPolicy | None = None, gated: str | None = None) -> None:
+def warm_up(
+    parts: list[PackedWeight],
+    dtype: torch.dtype,
+    policy: KernelPolicy | None = None,
+    gated: str | None = None,
+) -> None:
     """Compile, before serving (and before any CUDA-graph capture), every kernel variant the
     parts' matmuls can take at any number of rows — one per row bucket of
     :mod:`~tallow_quant_gguf.tuning` — plus the row dequantization of the workspace path and
@@ -79,8 +83,9 @@ def warm_up(parts: list[PackedWeight], dtype: torch.dtype,
             continue
         counters(p.device)
         row = torch.zeros(1, dtype=torch.long, device=p.device)
-        dequantize_triton(p.gather_rows(row), dtype, out=torch.empty(
-            1, p.cols, dtype=dtype, device=p.device))
+        dequantize_triton(
+            p.gather_rows(row), dtype, out=torch.empty(1, p.cols, dtype=dtype, device=p.device)
+        )
         dequantize_triton(p, dtype, ids=row)
         seen = set()
         for m in BUCKETS:
@@ -89,8 +94,12 @@ def warm_up(parts: list[PackedWeight], dtype: torch.dtype,
                 continue
             seen.add(choice)
             sample = _warm_sample(p, choice)
-            x = torch.zeros(1 if choice.path == "gemv" else min(m, 16),
-                            (2 if gated else 1) * p.cols, dtype=dtype, device=p.device)
+            x = torch.zeros(
+                1 if choice.path == "gemv" else min(m, 16),
+                (2 if gated else 1) * p.cols,
+                dtype=dtype,
+                device=p.device,
+            )
             _fused(x, sample, None, choice, gated)
 
 
@@ -102,8 +111,14 @@ def _warm_sample(p: PackedWeight, choice: Any) -> PackedWeight:
     return p.map(lambda t: t[:n]) if n < p.rows else p
 
 
-def _fused(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None, choice: Any,
-           gate: str | None, out: torch.Tensor | None = None) -> torch.Tensor:
+def _fused(
+    x: torch.Tensor,
+    p: PackedWeight,
+    bias: torch.Tensor | None,
+    choice: Any,
+    gate: str | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     if choice.path == "gemv":
         from .kernels.gemv import gemv_triton
 
@@ -113,8 +128,14 @@ def _fused(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None, choice: 
     return qmatmul_triton(x, p, bias, out=out, gate=gate, config=choice.config)
 
 
-def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None = None, *,
-           policy: KernelPolicy | None = None, gate: str | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    parts: list[PackedWeight],
+    bias: torch.Tensor | None = None,
+    *,
+    policy: KernelPolicy | None = None,
+    gate: str | None = None,
+) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` → ``[..., N]`` in x's dtype, ``W`` the ``parts`` stacked
     along the rows (the partitions of a merged layer, each of its own type). With ``gate``
     (``"silu"`` or ``"gelu_tanh"``) x is ``[..., 2K]``, ``[gate | up]``, and the product is
@@ -124,9 +145,11 @@ def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None
     cols = parts[0].cols
     width = 2 * cols if gate is not None else cols
     if x.shape[-1] != width:
-        raise ValueError(f"quantized linear: x has {x.shape[-1]} input features, expected "
-                         f"{width} for a weight of {cols} columns"
-                         + (" ([gate | up])" if gate is not None else ""))
+        raise ValueError(
+            f"quantized linear: x has {x.shape[-1]} input features, expected "
+            f"{width} for a weight of {cols} columns"
+            + (" ([gate | up])" if gate is not None else "")
+        )
     lead = x.shape[:-1]
     x2 = x.reshape(-1, width)
     if not triton_enabled(x2):
@@ -138,8 +161,9 @@ def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None
     n = sum(p.rows for p in parts)
     quantized = [p for p in parts if p.qtype is not None]
     if not quantized:
-        return F.linear(_act(x2, gate) if gate else x2, _workspace(parts, n, x2.dtype),
-                        bias).view(*lead, n)
+        return F.linear(_act(x2, gate) if gate else x2, _workspace(parts, n, x2.dtype), bias).view(
+            *lead, n
+        )
     # the layer's largest quantized part decides between the workspace and the fused kernels
     main = max(quantized, key=lambda p: p.rows)
     if policy.choice(main.type_name, n, main.cols, m, x2.device).path == "dequant":
@@ -150,13 +174,16 @@ def linear(x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None
     activated = None
     start = 0
     for p in parts:
-        cols_out = y[:, start:start + p.rows]
-        part_bias = bias[start:start + p.rows] if bias is not None else None
+        cols_out = y[:, start : start + p.rows]
+        part_bias = bias[start : start + p.rows] if bias is not None else None
         if p.qtype is None:  # a dense partition of a merged layer
             if gate is not None and activated is None:
                 activated = _act(x2, gate)
-            cols_out.copy_(F.linear(activated if gate is not None else x2,
-                                    p.planes["dense"].to(x2.dtype), part_bias))
+            cols_out.copy_(
+                F.linear(
+                    activated if gate is not None else x2, p.planes["dense"].to(x2.dtype), part_bias
+                )
+            )
         else:
             choice = policy.choice(p.type_name, p.rows, p.cols, m, x2.device)
             if choice.path == "dequant":  # a part whose own table entry prefers cuBLAS
@@ -173,7 +200,7 @@ def _workspace(parts: list[PackedWeight], n: int, dtype: torch.dtype) -> torch.T
     ws = torch.empty(n, parts[0].cols, dtype=dtype, device=parts[0].device)
     start = 0
     for p in parts:
-        rows = ws[start:start + p.rows]
+        rows = ws[start : start + p.rows]
         if p.qtype is None:
             rows.copy_(p.planes["dense"])
         else:

@@ -67,8 +67,11 @@ class PackedWeight:
 
     @property
     def type_name(self) -> str:
-        return self.qtype.name if self.qtype is not None else str(
-            self.planes["dense"].dtype).replace("torch.", "")
+        return (
+            self.qtype.name
+            if self.qtype is not None
+            else str(self.planes["dense"].dtype).replace("torch.", "")
+        )
 
     @property
     def device(self) -> torch.device:
@@ -105,26 +108,38 @@ def dense(weight: torch.Tensor) -> PackedWeight:
 def cat_rows(parts: list[PackedWeight]) -> PackedWeight:
     """Weights of one type stacked along the rows (the partitions of a merged layer)."""
     first = parts[0]
-    if any(p.type_name != first.type_name or p.cols != first.cols
-           or p.planes.keys() != first.planes.keys() for p in parts):
+    if any(
+        p.type_name != first.type_name
+        or p.cols != first.cols
+        or p.planes.keys() != first.planes.keys()
+        for p in parts
+    ):
         raise ValueError("only weights of one type and width can be stacked")
     planes = {k: torch.cat([p.planes[k] for p in parts]) for k in first.planes}
     return PackedWeight(first.qtype, sum(p.rows for p in parts), first.cols, planes)
 
 
-def pack(raw: torch.Tensor, qtype: str | QuantType, cols: int | None = None,
-         chunk_rows: int = PACK_CHUNK_ROWS) -> PackedWeight:
+def pack(
+    raw: torch.Tensor,
+    qtype: str | QuantType,
+    cols: int | None = None,
+    chunk_rows: int = PACK_CHUNK_ROWS,
+) -> PackedWeight:
     """Planes of ``raw``, GGML blocks of ``qtype`` as uint8 ``[rows, bytes per row]``, on
     ``raw``'s device. ``cols`` (elements per row) is checked against the byte count when given.
     """
     qt = qtype if isinstance(qtype, QuantType) else quant_type(qtype)
     if raw.dtype != torch.uint8 or raw.dim() != 2:
-        raise ValueError(f"{qt.name}: expected GGML blocks as a 2-d uint8 tensor, got "
-                         f"{raw.dtype} of shape {tuple(raw.shape)}")
+        raise ValueError(
+            f"{qt.name}: expected GGML blocks as a 2-d uint8 tensor, got "
+            f"{raw.dtype} of shape {tuple(raw.shape)}"
+        )
     rows, nbytes = raw.shape
     if nbytes % qt.block_bytes:
-        raise ValueError(f"{qt.name}: a row of {nbytes} bytes is not a whole number of "
-                         f"{qt.block_bytes}-byte blocks")
+        raise ValueError(
+            f"{qt.name}: a row of {nbytes} bytes is not a whole number of "
+            f"{qt.block_bytes}-byte blocks"
+        )
     k = nbytes // qt.block_bytes * qt.block
     if cols is not None and cols != k:
         raise ValueError(f"{qt.name}: rows of {nbytes} bytes hold {k} elements, expected {cols}")
@@ -136,8 +151,9 @@ def pack(raw: torch.Tensor, qtype: str | QuantType, cols: int | None = None,
     return PackedWeight(qt, rows, k, planes)
 
 
-def _empty_planes(qt: QuantType, rows: int, k: int, device: torch.device
-                  ) -> dict[str, torch.Tensor]:
+def _empty_planes(
+    qt: QuantType, rows: int, k: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     shapes: dict[str, tuple[torch.dtype, int]] = {"d": (torch.float16, k // qt.block)}
     if qt.nib:
         shapes["nib"] = (torch.int32, k // 8)
@@ -155,19 +171,22 @@ def _empty_planes(qt: QuantType, rows: int, k: int, device: torch.device
         shapes["sc"] = (torch.uint8, k // qt.group)
     if qt.mins == MIN_SUB:
         shapes["mn"] = (torch.int8, k // qt.group)
-    return {name: torch.empty(rows, width, dtype=dtype, device=device)
-            for name, (dtype, width) in shapes.items()}
+    return {
+        name: torch.empty(rows, width, dtype=dtype, device=device)
+        for name, (dtype, width) in shapes.items()
+    }
 
 
 # -- field extraction ---------------------------------------------------------------------------
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
     """The fp16 at byte ``at`` of every block of ``b [R, nb, block_bytes]`` → ``[R, nb]``."""
-    return b[..., at:at + 2].contiguous().view(torch.float16).reshape(b.shape[0], -1)
+    return b[..., at : at + 2].contiguous().view(torch.float16).reshape(b.shape[0], -1)
 
 
 def _shifts(step: int, count: int, device: torch.device, dims: int) -> torch.Tensor:
     return (torch.arange(count, dtype=torch.uint8, device=device) * step).view(
-        *([1] * (dims - 2)), count, 1)
+        *([1] * (dims - 2)), count, 1
+    )
 
 
 def _bit_columns(src: torch.Tensor) -> torch.Tensor:
@@ -229,7 +248,7 @@ def _pair_halves(codes: torch.Tensor) -> torch.Tensor:
     """2-bit codes ``[R, K]`` → the ``pair`` plane: bits ``2s, 2s+1`` of int16 ``u`` are
     element ``4s + u`` of its chunk."""
     v = _slots(codes, 4)  # [R, C, 4, 8 slots]
-    shifts = (torch.arange(4, dtype=torch.uint8, device=codes.device) * 2)
+    shifts = torch.arange(4, dtype=torch.uint8, device=codes.device) * 2
     packed = (v.view(*v.shape[:3], 2, 4) << shifts).sum(dim=-1, dtype=torch.uint8)
     return packed.contiguous().view(torch.int16).reshape(codes.shape[0], -1)
 
@@ -242,8 +261,9 @@ def _bit_bytes(codes: torch.Tensor) -> torch.Tensor:
     return (v << shifts).sum(dim=-1, dtype=torch.uint8).reshape(codes.shape[0], -1)
 
 
-def _code_planes(low4: torch.Tensor | None, pair: torch.Tensor | None,
-                 bit: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _code_planes(
+    low4: torch.Tensor | None, pair: torch.Tensor | None, bit: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     if low4 is not None:
         out["nib"] = _nib_words(low4)
@@ -268,31 +288,41 @@ def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
             at = 4
         bit = None
         if qt.bit:  # qh: bit j of a little-endian word is element j's fifth bit
-            words = b[..., at:at + 4].contiguous().view(torch.int32)  # [R, nb, 1]
-            bit = ((words >> torch.arange(32, dtype=torch.int32, device=b.device)) & 1).to(
-                torch.uint8).reshape(r, nb * 32)
+            words = b[..., at : at + 4].contiguous().view(torch.int32)  # [R, nb, 1]
+            bit = (
+                ((words >> torch.arange(32, dtype=torch.int32, device=b.device)) & 1)
+                .to(torch.uint8)
+                .reshape(r, nb * 32)
+            )
             at += 4
         if qt.byte:  # signed bytes stored as q + 128: the xor flips the sign bit
-            codes = (b[..., at:at + 32] ^ 0x80).reshape(r, nb * 32)
+            codes = (b[..., at : at + 32] ^ 0x80).reshape(r, nb * 32)
             out["byte"] = _byte_words(codes)
         else:
-            out.update(_code_planes(_halves(b[..., at:at + 16]), None, bit))
+            out.update(_code_planes(_halves(b[..., at : at + 16]), None, bit))
     elif name in ("Q4_K", "Q5_K"):
         out["d"], out["dm"] = _f16(b, 0), _f16(b, 2)
         s = b[..., 4:16]
         lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-        out["sc"] = torch.cat([lo & 63, (hi & 15) | ((lo >> 2) & 0x30)], -1).view(
-            torch.int8).reshape(r, nb * 8)
-        out["mn"] = torch.cat([mid & 63, (hi >> 4) | ((mid >> 2) & 0x30)], -1).view(
-            torch.int8).reshape(r, nb * 8)
+        out["sc"] = (
+            torch.cat([lo & 63, (hi & 15) | ((lo >> 2) & 0x30)], -1)
+            .view(torch.int8)
+            .reshape(r, nb * 8)
+        )
+        out["mn"] = (
+            torch.cat([mid & 63, (hi >> 4) | ((mid >> 2) & 0x30)], -1)
+            .view(torch.int8)
+            .reshape(r, nb * 8)
+        )
         at, bit = 16, None
         if qt.bit:
             bit = _bit_columns(b[..., 16:48])
             at = 48
-        out.update(_code_planes(_nibble_halves(b[..., at:at + 128], 32), None, bit))
+        out.update(_code_planes(_nibble_halves(b[..., at : at + 128], 32), None, bit))
     elif name == "Q6_K":
-        out.update(_code_planes(_nibble_halves(b[..., 0:128], 64),
-                                _pair_columns(b[..., 128:192]), None))
+        out.update(
+            _code_planes(_nibble_halves(b[..., 0:128], 64), _pair_columns(b[..., 128:192]), None)
+        )
         out["sc"] = b[..., 192:208].contiguous().view(torch.int8).reshape(r, nb * 16)
         out["d"] = _f16(b, 208)
     elif name == "Q2_K":
@@ -311,7 +341,7 @@ def _convert(raw: torch.Tensor, qt: QuantType) -> dict[str, torch.Tensor]:
         high_word = b[..., 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
         shifts = torch.arange(8, dtype=torch.int32, device=b.device) * 2
         high = (high_word >> shifts) & 3  # [R, nb, 8]
-        low = ((b[..., 4:8].unsqueeze(-1) >> _shifts(4, 2, b.device, 3).view(1, 1, 1, 2)) & 15)
+        low = (b[..., 4:8].unsqueeze(-1) >> _shifts(4, 2, b.device, 3).view(1, 1, 1, 2)) & 15
         low = low.reshape(r, nb, 8).to(torch.int32)
         out["sc"] = ((low | (high << 4)) - 32).to(torch.int8).reshape(r, nb * 8)
         out.update(_code_planes(_halves(b[..., 8:136]), None, None))

@@ -86,6 +86,8 @@ def quant_type(name: str) -> QuantType:
         return QUANT_TYPES[name.upper()]
     except KeyError:
         known = ", ".join(QUANT_TYPES)
-        raise ValueError(f"GGML type {name!r} is not kept quantized by tallow-quant-gguf "
-                         f"(supported: {known}; {', '.join(DENSE_TYPES)} pass through as "
-                         "dense weights)") from None
+        raise ValueError(
+            f"GGML type {name!r} is not kept quantized by tallow-quant-gguf "
+            f"(supported: {known}; {', '.join(DENSE_TYPES)} pass through as "
+            "dense weights)"
+        ) from None

@@ -79,8 +79,9 @@ def _symmetric_codes(blocks: torch.Tensor, levels: int) -> tuple[torch.Tensor, t
     return d, codes.clamp(0, 2 * levels - 1).to(torch.uint8)
 
 
-def _affine_codes(blocks: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                              torch.Tensor]:
+def _affine_codes(
+    blocks: torch.Tensor, levels: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_1/Q5_1: ``d = (max - min) / (levels - 1)``, ``m = min`` and the codes
     ``trunc((x - min) / d + 0.5)`` clipped to ``[0, levels - 1]``."""
     hi = _first_extreme(blocks, largest=True)
@@ -112,8 +113,7 @@ def _quantize_q5_0(blocks: torch.Tensor) -> torch.Tensor:
 
 def _quantize_q5_1(blocks: torch.Tensor) -> torch.Tensor:
     d, m, codes = _affine_codes(blocks, 32)
-    return torch.cat([f16_bytes(d), f16_bytes(m), pack_bits(codes >> 4), _nibbles(codes)],
-                     dim=-1)
+    return torch.cat([f16_bytes(d), f16_bytes(m), pack_bits(codes >> 4), _nibbles(codes)], dim=-1)
 
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +131,8 @@ def _quantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
 
 
 QUANT_TYPES: dict[str, QuantType] = {
-    t.name: t for t in (
+    t.name: t
+    for t in (
         QuantType("q4_0", 2, 32, 18, _quantize_q4_0),
         QuantType("q4_1", 3, 32, 20, _quantize_q4_1),
         QuantType("q5_0", 6, 32, 22, _quantize_q5_0),
@@ -150,8 +151,9 @@ def quant_type(name: str) -> QuantType:
     """The :class:`QuantType` called ``name`` (case-insensitive: ``"Q4_K"`` or ``"q4_k"``)."""
     key = name.lower() if isinstance(name, str) else name
     if key not in QUANT_TYPES:
-        raise ValueError(f"quantization type {name!r} is not supported; expected one of "
-                         f"{', '.join(QUANT_TYPES)}")
+        raise ValueError(
+            f"quantization type {name!r} is not supported; expected one of {', '.join(QUANT_TYPES)}"
+        )
     return QUANT_TYPES[key]
 
 
@@ -190,5 +192,5 @@ def quantize(weights: torch.Tensor, qtype: str) -> torch.Tensor:
     out = torch.empty((blocks.shape[0], t.type_bytes), dtype=torch.uint8, device=weights.device)
     step = _chunk_blocks(t, weights.device)
     for start in range(0, blocks.shape[0], step):
-        out[start:start + step] = t.quantize_blocks(blocks[start:start + step].contiguous())
+        out[start : start + step] = t.quantize_blocks(blocks[start : start + step].contiguous())
     return out.view(rows, row_bytes)

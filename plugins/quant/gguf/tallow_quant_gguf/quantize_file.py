@@ -30,14 +30,24 @@ import numpy as np
 from tallow.layers import QuantizedWeight
 
 from .quantize import QUANT_TYPES, quantize
-from .quantize_mix import (FILE_TYPES, LLAMA_FILE_TYPES, ModelTraits, check_file_type,
-                          model_traits, tensor_type)
+from .quantize_mix import (
+    FILE_TYPES,
+    LLAMA_FILE_TYPES,
+    ModelTraits,
+    check_file_type,
+    model_traits,
+    tensor_type,
+)
 
 log = logging.getLogger("tallow.quant.gguf")
 
 #: metadata of a source GGUF that describes the file rather than the model
-_FILE_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
-              "general.alignment")
+_FILE_KEYS = (
+    "general.architecture",
+    "general.file_type",
+    "general.quantization_version",
+    "general.alignment",
+)
 
 
 def _copy_gguf_metadata(writer: Any, path: str) -> None:
@@ -51,13 +61,13 @@ def _copy_gguf_metadata(writer: Any, path: str) -> None:
         vtype = GGUFValueType(field.types[0])
         sub_type = GGUFValueType(field.types[-1]) if vtype == GGUFValueType.ARRAY else None
         if vtype == GGUFValueType.ARRAY and len(field.types) > 2:
-            raise ValueError(f"{path}: metadata key {key!r} is a nested array, which is not "
-                             "copied")
+            raise ValueError(f"{path}: metadata key {key!r} is a nested array, which is not copied")
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
 
 
-def _source(checkpoint: Any, writer_factory: Any) -> tuple[Any, Iterator[tuple[str, Any]],
-                                                           dict[str, str], int]:
+def _source(
+    checkpoint: Any, writer_factory: Any
+) -> tuple[Any, Iterator[tuple[str, Any]], dict[str, str], int]:
     """The writer with the model's metadata, the ``(gguf name, tensor)`` iterator, the source's
     tensor types and the tensor count."""
     files = checkpoint.extra.get("gguf_files")
@@ -67,8 +77,12 @@ def _source(checkpoint: Any, writer_factory: Any) -> tuple[Any, Iterator[tuple[s
         _copy_gguf_metadata(writer, files[0])
         types = dict(checkpoint.extra.get("gguf_tensor_types", {}))
         return writer, iter(checkpoint.tensors()), types, len(types)
-    from .quantize_hf import (add_model_metadata, add_tokenizer_metadata, gguf_architecture,
-                              gguf_tensors)
+    from .quantize_hf import (
+        add_model_metadata,
+        add_tokenizer_metadata,
+        gguf_architecture,
+        gguf_tensors,
+    )
 
     arch = gguf_architecture(checkpoint)
     writer = writer_factory(arch)
@@ -106,15 +120,23 @@ def _add_float(writer: Any, name: str, tensor: Any, target: str) -> None:
     values = tensor.detach().to(torch.float32).cpu().contiguous()
     if target == "bf16":
         raw = (values.view(torch.int32) >> 16).to(torch.int16).numpy().view(np.uint8)
-        writer.add_tensor(name, raw.reshape(*values.shape[:-1], -1),
-                          raw_dtype=GGMLQuantizationType.BF16)
+        writer.add_tensor(
+            name, raw.reshape(*values.shape[:-1], -1), raw_dtype=GGMLQuantizationType.BF16
+        )
         return
-    writer.add_tensor(name, values.numpy().astype(np.float16 if target == "f16" else np.float32,
-                                                  copy=False))
+    writer.add_tensor(
+        name, values.numpy().astype(np.float16 if target == "f16" else np.float32, copy=False)
+    )
 
 
-def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_type: str, *,
-                        device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+def quantize_checkpoint(
+    checkpoint: Any,
+    out_path: str | os.PathLike[str],
+    file_type: str,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
     """Write ``checkpoint`` to ``out_path`` as a GGUF file of ``file_type`` (a key of
     :data:`~tallow_quant_gguf.quantize_mix.FILE_TYPES`), quantizing on ``device``.
 
@@ -128,18 +150,24 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
     started = time.perf_counter()
     out_path = os.fspath(out_path)
     writer, tensors, source_types, count = _source(
-        checkpoint, lambda arch: GGUFWriter(out_path, arch, use_temp_file=True))
+        checkpoint, lambda arch: GGUFWriter(out_path, arch, use_temp_file=True)
+    )
     writer.add_file_type(LLAMA_FILE_TYPES[file_type])
     writer.add_quantization_version(2)
     traits = _traits(checkpoint, source_types)
     written: collections.Counter[str] = collections.Counter()
     requantized: collections.Counter[str] = collections.Counter()
-    with tqdm(total=count or None, desc=f"Quantizing to {file_type}", unit="tensor",
-              disable=None if progress else True) as bar:
+    with tqdm(
+        total=count or None,
+        desc=f"Quantizing to {file_type}",
+        unit="tensor",
+        disable=None if progress else True,
+    ) as bar:
         for name, tensor in tensors:
             shape = tuple(tensor.shape)
             target = tensor_type(name, shape, file_type, traits) or _kept_type(
-                source_types.get(name))
+                source_types.get(name)
+            )
             if isinstance(tensor, QuantizedWeight) and tensor.qtype.lower() == target:
                 data = tensor.data.cpu().numpy()  # llama.cpp copies a tensor of its target type
                 writer.add_tensor(name, data, raw_dtype=GGMLQuantizationType[target.upper()])
@@ -162,16 +190,29 @@ def quantize_checkpoint(checkpoint: Any, out_path: str | os.PathLike[str], file_
     writer.write_tensors_to_file()
     writer.close()
     if requantized:
-        log.warning("%s: %d tensors were block-quantized in the source (%s); they were "
-                    "dequantized and requantized, so their %s error adds to the source's",
-                    checkpoint.source, sum(requantized.values()),
-                    ", ".join(f"{k} x{v}" for k, v in sorted(requantized.items())), file_type)
-    summary = {"file_type": file_type, "tensors": dict(sorted(written.items())),
-               "requantized": sum(requantized.values()), "bytes": os.path.getsize(out_path),
-               "seconds": time.perf_counter() - started}
-    log.info("wrote %s: %s, %s tensors, %.1f MB in %.1fs", out_path, file_type,
-             ", ".join(f"{t} x{n}" for t, n in summary["tensors"].items()),
-             summary["bytes"] / 1e6, summary["seconds"])
+        log.warning(
+            "%s: %d tensors were block-quantized in the source (%s); they were "
+            "dequantized and requantized, so their %s error adds to the source's",
+            checkpoint.source,
+            sum(requantized.values()),
+            ", ".join(f"{k} x{v}" for k, v in sorted(requantized.items())),
+            file_type,
+        )
+    summary = {
+        "file_type": file_type,
+        "tensors": dict(sorted(written.items())),
+        "requantized": sum(requantized.values()),
+        "bytes": os.path.getsize(out_path),
+        "seconds": time.perf_counter() - started,
+    }
+    log.info(
+        "wrote %s: %s, %s tensors, %.1f MB in %.1fs",
+        out_path,
+        file_type,
+        ", ".join(f"{t} x{n}" for t, n in summary["tensors"].items()),
+        summary["bytes"] / 1e6,
+        summary["seconds"],
+    )
     return summary
 
 
@@ -184,7 +225,15 @@ class FileQuantization:
     file_types: tuple[str, ...] = FILE_TYPES
 
     @classmethod
-    def quantize_file(cls, checkpoint: Any, out_path: str, file_type: str, *,
-                      device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-        return quantize_checkpoint(checkpoint, out_path, file_type, device=device,
-                                   progress=progress)
+    def quantize_file(
+        cls,
+        checkpoint: Any,
+        out_path: str,
+        file_type: str,
+        *,
+        device: str = "cpu",
+        progress: bool = True,
+    ) -> dict[str, Any]:
+        return quantize_checkpoint(
+            checkpoint, out_path, file_type, device=device, progress=progress
+        )

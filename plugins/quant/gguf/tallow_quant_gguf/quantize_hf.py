@@ -41,7 +41,8 @@ def gguf_architecture(checkpoint: Any) -> str:
     if arch is None:
         raise ConversionError(
             f"{checkpoint.source}: architecture {checkpoint.architecture!r} cannot be written as "
-            f"GGUF by tallow (supported: {', '.join(ARCHITECTURES)})")
+            f"GGUF by tallow (supported: {', '.join(ARCHITECTURES)})"
+        )
     return arch
 
 
@@ -92,8 +93,10 @@ def add_model_metadata(writer: Any, checkpoint: Any, arch: str) -> None:
         writer.add_rope_scaling_factor(float(scaling["factor"]))
         writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
     else:
-        raise ConversionError(f"{checkpoint.source}: rope scaling {scaling['rope_type']!r} is "
-                              "not written to GGUF by tallow (supported: linear, yarn, llama3)")
+        raise ConversionError(
+            f"{checkpoint.source}: rope scaling {scaling['rope_type']!r} is "
+            "not written to GGUF by tallow (supported: linear, yarn, llama3)"
+        )
 
 
 def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray | None:
@@ -128,30 +131,39 @@ def _pre_tokenizer_name(spec: dict[str, Any], source: str) -> str:
             pattern = (step.get("pattern") or {}).get("Regex")
             if pattern in PRE_TOKENIZERS:
                 return PRE_TOKENIZERS[pattern]
-            raise ConversionError(f"{source}: tokenizer.json splits text with the pattern "
-                                  f"{pattern!r}, which tallow cannot name for GGUF (known: the "
-                                  "Qwen2 and Llama 3 patterns, and GPT-2's ByteLevel split)")
+            raise ConversionError(
+                f"{source}: tokenizer.json splits text with the pattern "
+                f"{pattern!r}, which tallow cannot name for GGUF (known: the "
+                "Qwen2 and Llama 3 patterns, and GPT-2's ByteLevel split)"
+            )
     if any(s.get("type") == "ByteLevel" and s.get("use_regex", True) for s in steps):
         return "gpt2"
-    raise ConversionError(f"{source}: tokenizer.json has no byte-level pre-tokenizer; only "
-                          "byte-level BPE tokenizers (Qwen2, Llama 3, GPT-2 style) are written")
+    raise ConversionError(
+        f"{source}: tokenizer.json has no byte-level pre-tokenizer; only "
+        "byte-level BPE tokenizers (Qwen2, Llama 3, GPT-2 style) are written"
+    )
 
 
 def add_tokenizer_metadata(writer: Any, checkpoint: Any) -> None:
     """``tokenizer.ggml.*`` (model gpt2), special token ids and the chat template."""
     if checkpoint.tokenizer is None:
-        raise ConversionError(f"{checkpoint.source}: no tokenizer.json; a GGUF file must carry "
-                              "its vocabulary")
+        raise ConversionError(
+            f"{checkpoint.source}: no tokenizer.json; a GGUF file must carry its vocabulary"
+        )
     spec = json.loads(checkpoint.tokenizer.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
-        raise ConversionError(f"{checkpoint.source}: tokenizer model {model.get('type')!r}; only "
-                              "byte-level BPE tokenizers are written to GGUF")
+        raise ConversionError(
+            f"{checkpoint.source}: tokenizer model {model.get('type')!r}; only "
+            "byte-level BPE tokenizers are written to GGUF"
+        )
     pre = _pre_tokenizer_name(spec, checkpoint.source)
     ids: dict[int, tuple[str, int]] = {i: (t, _NORMAL) for t, i in model["vocab"].items()}
     for added in spec.get("added_tokens", []):
-        ids[int(added["id"])] = (added["content"],
-                                 _CONTROL if added.get("special") else _USER_DEFINED)
+        ids[int(added["id"])] = (
+            added["content"],
+            _CONTROL if added.get("special") else _USER_DEFINED,
+        )
     size = max(int(checkpoint.config.get("vocab_size") or 0), max(ids) + 1)
     tokens, types = [], []
     for i in range(size):
@@ -166,8 +178,11 @@ def add_tokenizer_metadata(writer: Any, checkpoint: Any) -> None:
     writer.add_token_merges(merges)
     index = {t: i for i, t in enumerate(tokens)}
     tc = checkpoint.tokenizer_config
-    for key, add in (("bos_token", writer.add_bos_token_id), ("eos_token", writer.add_eos_token_id),
-                     ("pad_token", writer.add_pad_token_id)):
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("pad_token", writer.add_pad_token_id),
+    ):
         token = tc.get(key)
         token = token.get("content") if isinstance(token, dict) else token
         token_id = index.get(token) if token else checkpoint.config.get(f"{key}_id")
@@ -181,8 +196,11 @@ def add_tokenizer_metadata(writer: Any, checkpoint: Any) -> None:
 def permute_qk(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's row order for ``llama`` Q/K projections (rotary pairs interleaved)."""
     rows = weights.shape[0]
-    return (weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def gguf_tensors(checkpoint: Any, arch: str) -> Iterator[tuple[str, Any]]:
@@ -195,7 +213,8 @@ def gguf_tensors(checkpoint: Any, arch: str) -> Iterator[tuple[str, Any]]:
     config = checkpoint.config
     n_layers = int(config["num_hidden_layers"])
     names = gguf.get_tensor_name_map(
-        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n_layers)
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n_layers
+    )
     tied = bool(config.get("tie_word_embeddings", False))
     n_head = int(config["num_attention_heads"])
     n_kv = int(config.get("num_key_value_heads") or n_head)
@@ -209,8 +228,9 @@ def gguf_tensors(checkpoint: Any, arch: str) -> Iterator[tuple[str, Any]]:
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ConversionError(f"{checkpoint.source}: tensor {hf_name!r} has no GGUF name for "
-                                  f"architecture {arch}")
+            raise ConversionError(
+                f"{checkpoint.source}: tensor {hf_name!r} has no GGUF name for architecture {arch}"
+            )
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = n_head if name.endswith("attn_q.weight") else n_kv
             tensor = torch.from_numpy(permute_qk(tensor.float().numpy(), heads))

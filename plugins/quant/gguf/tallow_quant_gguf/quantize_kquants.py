@@ -62,8 +62,10 @@ def _first_absmax(values: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.T
     the C loops' strict ``if (ax > amax)`` pick it."""
     magnitude = values.abs()
     index = magnitude.argmax(dim=dim, keepdim=True)
-    return (torch.gather(magnitude, dim, index).squeeze(dim),
-            torch.gather(values, dim, index).squeeze(dim))
+    return (
+        torch.gather(magnitude, dim, index).squeeze(dim),
+        torch.gather(values, dim, index).squeeze(dim),
+    )
 
 
 def _positive_or_zero(x: torch.Tensor) -> torch.Tensor:
@@ -79,9 +81,15 @@ def _codes(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # Sub-block searches (element-major [n, S] in, one result per sub-block out)
 # --------------------------------------------------------------------------------------------
-def make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float,
-                     nstep: int, use_mad: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                         torch.Tensor]:
+def make_qkx2_quants(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    nmax: int,
+    rmin: float,
+    rdelta: float,
+    nstep: int,
+    use_mad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Affine codes ``x ≈ scale * L - the_min`` with ``L`` in ``[0, nmax]``: llama.cpp's
     ``make_qkx2_quants``. Returns ``(scale [S], the_min [S], L [n, S])``."""
     lo = x.amin(dim=0)
@@ -175,15 +183,21 @@ def make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tens
             new = _codes(x[i] * sl2 / slx, -nmax, nmax - 1)
             slx_new = slx + wxi * new
             sl2_new = sl2 + wi * new * new
-            accept = ((slx > 0) & (new != li) & (sl2_new > 0)
-                      & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new))
+            accept = (
+                (slx > 0)
+                & (new != li)
+                & (sl2_new > 0)
+                & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new)
+            )
             rows[i] = torch.where(accept, new, li)
             sumlx = torch.where(accept, slx_new, sumlx)
             suml2 = torch.where(accept, sl2_new, suml2)
     L = torch.stack(rows, dim=0) + nmax
     scale = torch.where(suml2 > 0, sumlx / suml2, torch.zeros_like(sumlx))
-    return (torch.where(zero, torch.zeros_like(scale), scale),
-            torch.where(zero, torch.zeros_like(L), L))
+    return (
+        torch.where(zero, torch.zeros_like(scale), scale),
+        torch.where(zero, torch.zeros_like(L), L),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,18 +220,24 @@ def _pack_6bit_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
     """Eight 6-bit scales and eight 6-bit mins → the 12 bytes of Q4_K/Q5_K."""
     lo_s, hi_s = ls[:, :4], ls[:, 4:]
     lo_m, hi_m = lm[:, :4], lm[:, 4:]
-    return as_byte(torch.cat([
-        lo_s | ((hi_s >> 4) << 6),
-        lo_m | ((hi_m >> 4) << 6),
-        (hi_s & 0x0F) | ((hi_m & 0x0F) << 4),
-    ], dim=1))
+    return as_byte(
+        torch.cat(
+            [
+                lo_s | ((hi_s >> 4) << 6),
+                lo_m | ((hi_m >> 4) << 6),
+                (hi_s & 0x0F) | ((hi_m & 0x0F) << 4),
+            ],
+            dim=1,
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The types: [B, 256] float32 → [B, type_bytes] uint8
 # --------------------------------------------------------------------------------------------
-def _affine_k(blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float,
-              nstep: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _affine_k(
+    blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K: codes [B, 256] (int32) and the 16 header bytes (d, dmin, scales)."""
     count = blocks.shape[0]
     x = _subblocks(blocks, 32)
@@ -297,8 +317,9 @@ def quantize_q3_k(blocks: torch.Tensor) -> torch.Tensor:
     has = max_scale != 0
     iscale = scalar(-32.0, x) / max_scale
     as_int8 = ((nearest_int(iscale * scales) + 128) & 0xFF) - 128
-    levels = torch.where(has, as_int8.clamp(-32, 31) + 32,
-                         torch.zeros((), dtype=torch.int32, device=x.device))
+    levels = torch.where(
+        has, as_int8.clamp(-32, 31) + 32, torch.zeros((), dtype=torch.int32, device=x.device)
+    )
     d = torch.where(has, scalar(1.0, x) / iscale, torch.zeros_like(max_scale))
     d_sub = (f16_round(d) * (levels - 32).to(torch.float32)).reshape(-1)
     requant = _codes(x / d_sub, -4, 3) + 4
@@ -306,10 +327,12 @@ def quantize_q3_k(blocks: torch.Tensor) -> torch.Tensor:
     codes = _superblocks(L, count).to(torch.int32)
     hmask = _shift_or((codes >> 2).view(-1, 8, 32), 1, 1)
     low = levels & 0x0F
-    scale_bytes = torch.cat([low[:, :8] | (low[:, 8:] << 4),
-                             _shift_or((levels >> 4).view(-1, 4, 4), 1, 2)], dim=1)
-    return torch.cat([as_byte(hmask), _pack_2bit(codes & 3), as_byte(scale_bytes),
-                      f16_bytes(d)], dim=1)
+    scale_bytes = torch.cat(
+        [low[:, :8] | (low[:, 8:] << 4), _shift_or((levels >> 4).view(-1, 4, 4), 1, 2)], dim=1
+    )
+    return torch.cat(
+        [as_byte(hmask), _pack_2bit(codes & 3), as_byte(scale_bytes), f16_bytes(d)], dim=1
+    )
 
 
 def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -328,9 +351,21 @@ def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     requant = _codes(x / d_sub, -32, 31) + 32
     L = torch.where(d_sub != 0, requant, L)
     codes = _superblocks(L, count).to(torch.int32).view(-1, 2, 4, 32)
-    ql = torch.cat([(codes[:, :, 0] & 0x0F) | ((codes[:, :, 2] & 0x0F) << 4),
-                    (codes[:, :, 1] & 0x0F) | ((codes[:, :, 3] & 0x0F) << 4)], dim=2)
+    ql = torch.cat(
+        [
+            (codes[:, :, 0] & 0x0F) | ((codes[:, :, 2] & 0x0F) << 4),
+            (codes[:, :, 1] & 0x0F) | ((codes[:, :, 3] & 0x0F) << 4),
+        ],
+        dim=2,
+    )
     qh = _shift_or(codes >> 4, 2, 2)
-    out = torch.cat([as_byte(ql.reshape(-1, 128)), as_byte(qh.reshape(-1, 64)),
-                     sc.view(torch.uint8), f16_bytes(d)], dim=1)
+    out = torch.cat(
+        [
+            as_byte(ql.reshape(-1, 128)),
+            as_byte(qh.reshape(-1, 64)),
+            sc.view(torch.uint8),
+            f16_bytes(d),
+        ],
+        dim=1,
+    )
     return torch.where(empty, torch.zeros_like(out), out)

@@ -62,9 +62,20 @@ CATEGORIES: tuple[tuple[str, str, str], ...] = (
 
 #: name parts of weights llama.cpp never quantizes (tensor_allows_quantization)
 NOT_QUANTIZED: tuple[str, ...] = (
-    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
-    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "attn_rel_b.weight",
-    "time_mix_", ".position_embd", ".rel_pos", ".patch_embd", ".patch_merger",
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "attn_rel_b.weight",
+    "time_mix_",
+    ".position_embd",
+    ".rel_pos",
+    ".patch_embd",
+    ".patch_merger",
 )
 NOT_QUANTIZED_NAMES: tuple[str, ...] = ("position_embd.weight", "token_types.weight")
 
@@ -131,26 +142,46 @@ FILE_TYPES_TABLE: tuple[FileType, ...] = (
     FileType("q5_0", 8, "q5_0", {}),
     FileType("q5_1", 9, "q5_1", {}),
     FileType("q8_0", 7, "q8_0", {}),
-    FileType("q2_k", 10, "q2_k", {
-        "attn_v": (("gqa >= 4", "q4_k"), ("always", "q3_k")),
-        "ffn_down": (("always", "q3_k"),),
-        "attn_output": (("always", "q3_k"),),
-    }),
+    FileType(
+        "q2_k",
+        10,
+        "q2_k",
+        {
+            "attn_v": (("gqa >= 4", "q4_k"), ("always", "q3_k")),
+            "ffn_down": (("always", "q3_k"),),
+            "attn_output": (("always", "q3_k"),),
+        },
+    ),
     FileType("q3_k_s", 11, "q3_k", {}),
-    FileType("q3_k_m", 12, "q3_k", {
-        "attn_v": (("first 2", "q5_k"), ("always", "q4_k")),
-        "ffn_down": (("first sixteenth", "q5_k"), ("always", "q4_k")),
-        "attn_output": (("always", "q4_k"),),
-    }),
-    FileType("q3_k_l", 13, "q3_k", {
-        "attn_v": (("always", "q5_k"),),
-        "ffn_down": (("always", "q5_k"),),
-        "attn_output": (("always", "q5_k"),),
-    }),
-    FileType("q4_k_s", 14, "q4_k", {
-        "attn_v": (("first 4", "q5_k"),),
-        "ffn_down": (("first eighth", "q5_k"),),
-    }),
+    FileType(
+        "q3_k_m",
+        12,
+        "q3_k",
+        {
+            "attn_v": (("first 2", "q5_k"), ("always", "q4_k")),
+            "ffn_down": (("first sixteenth", "q5_k"), ("always", "q4_k")),
+            "attn_output": (("always", "q4_k"),),
+        },
+    ),
+    FileType(
+        "q3_k_l",
+        13,
+        "q3_k",
+        {
+            "attn_v": (("always", "q5_k"),),
+            "ffn_down": (("always", "q5_k"),),
+            "attn_output": (("always", "q5_k"),),
+        },
+    ),
+    FileType(
+        "q4_k_s",
+        14,
+        "q4_k",
+        {
+            "attn_v": (("first 4", "q5_k"),),
+            "ffn_down": (("first eighth", "q5_k"),),
+        },
+    ),
     FileType("q4_k_m", 15, "q4_k", {"attn_v": _MORE_BITS_Q6, "ffn_down": _MORE_BITS_Q6}),
     FileType("q5_k_s", 16, "q5_k", {}),
     FileType("q5_k_m", 17, "q5_k", {"attn_v": _MORE_BITS_Q6, "ffn_down": _MORE_BITS_Q6}),
@@ -163,16 +194,24 @@ ALIASES: dict[str, str] = {"q3_k": "q3_k_m", "q4_k": "q4_k_m", "q5_k": "q5_k_m"}
 FILE_TYPES: tuple[str, ...] = tuple(FILE_TYPE_BY_NAME) + tuple(ALIASES)
 #: llama.cpp's general.file_type of each accepted name
 LLAMA_FILE_TYPES: dict[str, int] = {
-    name: FILE_TYPE_BY_NAME[ALIASES.get(name, name)].llama_ftype for name in FILE_TYPES}
+    name: FILE_TYPE_BY_NAME[ALIASES.get(name, name)].llama_ftype for name in FILE_TYPES
+}
 
 #: the output head (and a tied token embedding), every file type here
-OUTPUT_RULES: tuple[tuple[str, str], ...] = (("rows not whole default blocks", "q8_0"),
-                                             ("default is not q8_0", "q6_k"))
+OUTPUT_RULES: tuple[tuple[str, str], ...] = (
+    ("rows not whole default blocks", "q8_0"),
+    ("default is not q8_0", "q6_k"),
+)
 #: attn_v of a 70B-class model: these types are raised to Q5_K
 LARGE_MODEL_ATTN_V: dict[str, str] = {"q3_k": "q5_k", "q4_k": "q5_k"}
 #: llama.cpp's tensor_type_fallback
-SHAPE_FALLBACK: dict[str, str] = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0",
-                                  "q5_k": "q5_1", "q6_k": "q8_0"}
+SHAPE_FALLBACK: dict[str, str] = {
+    "q2_k": "q4_0",
+    "q3_k": "q4_0",
+    "q4_k": "q5_0",
+    "q5_k": "q5_1",
+    "q6_k": "q8_0",
+}
 #: the categories whose rules read a per-tensor index (the layer, in a dense model)
 INDEXED = ("attn_v", "ffn_down")
 
@@ -183,8 +222,10 @@ def check_file_type(file_type: str) -> str:
     """``file_type`` normalised to lower case; ValueError listing the choices if unknown."""
     key = file_type.lower() if isinstance(file_type, str) else file_type
     if key not in FILE_TYPES:
-        raise ValueError(f"--type {file_type!r} is not a file type this scheme writes; "
-                         f"expected one of {', '.join(FILE_TYPES)}")
+        raise ValueError(
+            f"--type {file_type!r} is not a file type this scheme writes; "
+            f"expected one of {', '.join(FILE_TYPES)}"
+        )
     return key
 
 
@@ -204,9 +245,12 @@ def category(name: str) -> str:
 
 def is_quantizable(name: str, shape: Sequence[int]) -> bool:
     """llama.cpp's ``tensor_allows_quantization``."""
-    return (len(shape) >= 2 and name.endswith("weight")
-            and not any(part in name for part in NOT_QUANTIZED)
-            and name not in NOT_QUANTIZED_NAMES)
+    return (
+        len(shape) >= 2
+        and name.endswith("weight")
+        and not any(part in name for part in NOT_QUANTIZED)
+        and name not in NOT_QUANTIZED_NAMES
+    )
 
 
 def layer_of(name: str) -> int | None:
@@ -226,8 +270,9 @@ def with_shape_fallback(qtype: str, row_length: int) -> str:
     return "f16"
 
 
-def _first_rule(rules: tuple[tuple[str, str], ...], index: int, count: int,
-                model: ModelTraits) -> str | None:
+def _first_rule(
+    rules: tuple[tuple[str, str], ...], index: int, count: int, model: ModelTraits
+) -> str | None:
     for condition, qtype in rules:
         if CONDITIONS[condition](index, count, model):
             return qtype
@@ -236,14 +281,16 @@ def _first_rule(rules: tuple[tuple[str, str], ...], index: int, count: int,
 
 def _output_type(entry: FileType, row_length: int) -> str:
     default_block = QUANT_TYPES[entry.default].block_elems
-    holds = {"rows not whole default blocks": row_length % default_block != 0,
-             "default is not q8_0": entry.default != "q8_0"}
-    return next((qtype for condition, qtype in OUTPUT_RULES if holds[condition]),
-                entry.default)
+    holds = {
+        "rows not whole default blocks": row_length % default_block != 0,
+        "default is not q8_0": entry.default != "q8_0",
+    }
+    return next((qtype for condition, qtype in OUTPUT_RULES if holds[condition]), entry.default)
 
 
-def tensor_type(name: str, shape: Sequence[int], file_type: str, model: ModelTraits, *,
-                index: int | None = None) -> str | None:
+def tensor_type(
+    name: str, shape: Sequence[int], file_type: str, model: ModelTraits, *, index: int | None = None
+) -> str | None:
     """The type llama.cpp's rules give tensor ``name`` (``shape`` in torch order, rows last)
     in a file of ``file_type``: a key of :data:`QUANT_TYPES` or ``"f16"``; None for a tensor
     that is not quantized (it keeps its type).
@@ -263,27 +310,37 @@ def tensor_type(name: str, shape: Sequence[int], file_type: str, model: ModelTra
         if index is None:
             index = layer_of(name)
         if index is None and cat in INDEXED:
-            raise ValueError(f"tensor {name!r}: a {cat} tensor outside a blk.N layer; the "
-                             f"{entry.name} rules need its layer")
+            raise ValueError(
+                f"tensor {name!r}: a {cat} tensor outside a blk.N layer; the "
+                f"{entry.name} rules need its layer"
+            )
         chosen = _first_rule(entry.rules[cat], index or 0, model.n_layers, model) or chosen
     if cat == "attn_v" and model.is_70b:
         chosen = LARGE_MODEL_ATTN_V.get(chosen, chosen)
     return with_shape_fallback(chosen, row_length)
 
 
-def model_traits(config: Mapping[str, object], architecture: str, *,
-                 tied_output: bool) -> ModelTraits:
+def model_traits(
+    config: Mapping[str, object], architecture: str, *, tied_output: bool
+) -> ModelTraits:
     """:class:`ModelTraits` from a Hugging Face style config (``num_hidden_layers``,
     ``num_attention_heads``, ``num_key_value_heads``) of a ``llama`` or ``qwen2``-style model."""
     layers = config.get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
-        raise ValueError("the config gives no layer count (num_hidden_layers), which the "
-                         "mix rules need")
+        raise ValueError(
+            "the config gives no layer count (num_hidden_layers), which the mix rules need"
+        )
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
-    gqa = heads // kv_heads if isinstance(heads, int) and isinstance(kv_heads, int) \
-        and kv_heads > 0 else 1
+    gqa = (
+        heads // kv_heads
+        if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0
+        else 1
+    )
     arch = architecture.split(":", 1)[-1].lower()
-    is_70b = layers == 80 and (heads != kv_heads if arch in ("llama", "llamaforcausallm") else
-                               arch in ("qwen2", "qwen2forcausallm"))
+    is_70b = layers == 80 and (
+        heads != kv_heads
+        if arch in ("llama", "llamaforcausallm")
+        else arch in ("qwen2", "qwen2forcausallm")
+    )
     return ModelTraits(n_layers=layers, tied_output=tied_output, n_gqa=gqa, is_70b=is_70b)

@@ -104,10 +104,14 @@ def dequantize_rows_ref(p: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
     return dequantize_ref(p.gather_rows(ids.reshape(-1).long()))
 
 
-def linear_ref(x: torch.Tensor, parts: list[PackedWeight],
-               bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_ref(
+    x: torch.Tensor, parts: list[PackedWeight], bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``x @ W.T + bias`` with ``W`` the partitions stacked along the rows, decoded here, in
     x's dtype."""
-    w = torch.cat([dequantize_ref(p) for p in parts]) if len(parts) > 1 else dequantize_ref(
-        parts[0])
+    w = (
+        torch.cat([dequantize_ref(p) for p in parts])
+        if len(parts) > 1
+        else dequantize_ref(parts[0])
+    )
     return F.linear(x, w.to(x.dtype), bias)

@@ -41,6 +41,7 @@ from .quantize_file import FileQuantization
 DISTRIBUTION = "tallow-quant-gguf"
 MATMUL_MODES = ("auto", "fused", "dequant", "tensor_core")
 
+
 @dataclass(frozen=True)
 class KernelPolicy:
     """The scheme's settings, validated: how matmuls pick their kernel on a GPU, and whether
@@ -57,27 +58,32 @@ class KernelPolicy:
         where = f"plugins.settings.{DISTRIBUTION}"
         unknown = set(settings) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                             f"expected {', '.join(cls.__dataclass_fields__)}")
+            raise ValueError(
+                f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                f"expected {', '.join(cls.__dataclass_fields__)}"
+            )
         policy = cls(**settings)
         if policy.matmul not in MATMUL_MODES:
-            raise ValueError(f"{where}.matmul: expected one of {', '.join(MATMUL_MODES)}, got "
-                             f"{policy.matmul!r}")
+            raise ValueError(
+                f"{where}.matmul: expected one of {', '.join(MATMUL_MODES)}, got {policy.matmul!r}"
+            )
         if not isinstance(policy.cpu, bool):
             raise ValueError(f"{where}.cpu: expected true or false, got {policy.cpu!r}")
         most = policy.moe_decode_max_tokens
         if not isinstance(most, int) or isinstance(most, bool) or most < 0:
-            raise ValueError(f"{where}.moe_decode_max_tokens: expected a non-negative integer, "
-                             f"got {most!r}")
+            raise ValueError(
+                f"{where}.moe_decode_max_tokens: expected a non-negative integer, got {most!r}"
+            )
         rows = policy.dequant_min_rows
-        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool)
-                                 or rows < 0):
-            raise ValueError(f"{where}.dequant_min_rows: expected a non-negative integer, got "
-                             f"{rows!r}")
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+            raise ValueError(
+                f"{where}.dequant_min_rows: expected a non-negative integer, got {rows!r}"
+            )
         if policy.tuned_table is not None:
             if not isinstance(policy.tuned_table, str):
-                raise ValueError(f"{where}.tuned_table: expected a file path, got "
-                                 f"{policy.tuned_table!r}")
+                raise ValueError(
+                    f"{where}.tuned_table: expected a file path, got {policy.tuned_table!r}"
+                )
             from .tuning import TunedTable
 
             try:
@@ -86,8 +92,7 @@ class KernelPolicy:
                 raise ValueError(f"{where}.tuned_table: {exc}") from None
         return policy
 
-    def choice(self, qtype: str, n: int, k: int, m: int, device: Any,
-               fused: bool = False) -> Any:
+    def choice(self, qtype: str, n: int, k: int, m: int, device: Any, fused: bool = False) -> Any:
         """The :class:`~tallow_quant_gguf.tuning.Choice` for ``m`` rows through a ``qtype``
         weight ``[n, k]`` on the CUDA ``device`` (``fused``: never the workspace path)."""
         from .tuning import choose
@@ -95,8 +100,9 @@ class KernelPolicy:
         table, sm_count = _device_tuning(self.tuned_table, device)
         # under tensor_core, the layers it does not take choose as under auto
         mode = "auto" if self.matmul == "tensor_core" else self.matmul
-        return choose(table, qtype, n, k, m, sm_count, self.dequant_min_rows,
-                      "fused" if fused else mode)
+        return choose(
+            table, qtype, n, k, m, sm_count, self.dequant_min_rows, "fused" if fused else mode
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,8 +154,10 @@ class GGUFQuantScheme(FileQuantization, QuantScheme):
         policy = KernelPolicy.from_settings(dict(config.plugins.settings.get(DISTRIBUTION, {})))
         if policy.cpu or not _on_cpu(config.model.device):
             return []
-        return [f"on a CPU it decodes every weight on every call, many times slower than float "
-                f"weights (plugins.settings.{DISTRIBUTION}.cpu: true keeps them quantized)"]
+        return [
+            f"on a CPU it decodes every weight on every call, many times slower than float "
+            f"weights (plugins.settings.{DISTRIBUTION}.cpu: true keeps them quantized)"
+        ]
 
     def _method(self, prefix: str) -> Any:
         from .method import GGUFLinearMethod
@@ -173,7 +181,9 @@ class GGUFQuantScheme(FileQuantization, QuantScheme):
     def summary(self) -> str:
         """The storage types of the loaded weights, e.g. ``gguf: Q4_K x224, Q6_K x1``."""
         counts = Counter(p.type_name for m in self.methods for p in m.parts if p is not None)
-        kinds = ", ".join(f"{name} x{n}" for name, n in sorted(
-            counts.items(), key=lambda kv: (kv[0] not in QUANT_TYPES, kv[0])))
+        kinds = ", ".join(
+            f"{name} x{n}"
+            for name, n in sorted(counts.items(), key=lambda kv: (kv[0] not in QUANT_TYPES, kv[0]))
+        )
         how = f", quantized at load to {self.isq}" if self.isq else ""
         return f"gguf: {kinds}{how}"

@@ -38,16 +38,23 @@ def to_packed(p: PackedWeight) -> PackedGemmWeight:
     """``p`` (a type of :data:`TYPES`) in the packed GEMM's layout."""
     name = p.type_name
     if p.qtype is None or name not in TYPES:
-        raise ValueError(f"the tensor-core path takes GGML types {', '.join(TYPES)}, not "
-                         f"{name}")
+        raise ValueError(f"the tensor-core path takes GGML types {', '.join(TYPES)}, not {name}")
     scale, low_min = group_scales(p)
-    return packed_weight(TYPES[name], codes(p), _compact(scale), group=p.qtype.group,
-                         zero_point=float(p.qtype.offset),
-                         mins=None if low_min is None else _compact(low_min))
+    return packed_weight(
+        TYPES[name],
+        codes(p),
+        _compact(scale),
+        group=p.qtype.group,
+        zero_point=float(p.qtype.offset),
+        mins=None if low_min is None else _compact(low_min),
+    )
 
 
 def applies(x: torch.Tensor, parts: list[PackedWeight]) -> bool:
     """Whether the tensor-core path takes ``x`` times ``parts``: Triton runs for x, x is 16-bit
     and every part's type is one of :data:`TYPES`."""
-    return (triton_enabled(x) and x.dtype in DTYPES
-            and all(p.qtype is not None and p.type_name in TYPES for p in parts))
+    return (
+        triton_enabled(x)
+        and x.dtype in DTYPES
+        and all(p.qtype is not None and p.type_name in TYPES for p in parts)
+    )

@@ -73,11 +73,9 @@ def default_choice(qtype: str, n: int, k: int, m: int, sm_count: int = 132) -> C
     if m <= 16:
         return Choice("mma", (16, 64, 8, 4, 3, _mma_splits(n, 64, 1, k, sm_count), 1))
     if m <= 64:
-        return Choice("mma", (64, 64, 8, 4, 3, _mma_splits(n, 64, -(-m // 64), k, sm_count),
-                              1))
+        return Choice("mma", (64, 64, 8, 4, 3, _mma_splits(n, 64, -(-m // 64), k, sm_count), 1))
     if m <= 512:
-        return Choice("mma", (128, 128, 4, 8, 3,
-                              _mma_splits(n, 128, -(-m // 128), k, sm_count), 2))
+        return Choice("mma", (128, 128, 4, 8, 3, _mma_splits(n, 128, -(-m // 128), k, sm_count), 2))
     return Choice("dequant")
 
 
@@ -93,16 +91,22 @@ def validate_entry(entry: dict[str, Any], where: str) -> tuple[tuple[str, int, i
     """One table entry → ``((type, n, k, bucket), choice)``; ValueError naming the field."""
     for field, kind in (("type", str), ("n", int), ("k", int), ("m", int), ("path", str)):
         if not isinstance(entry.get(field), kind) or isinstance(entry.get(field), bool):
-            raise ValueError(f"{where}: field {field!r} must be a {kind.__name__}, got "
-                             f"{entry.get(field)!r}")
+            raise ValueError(
+                f"{where}: field {field!r} must be a {kind.__name__}, got {entry.get(field)!r}"
+            )
     path = entry["path"]
     if path not in PATHS:
         raise ValueError(f"{where}: path must be one of {', '.join(PATHS)}, got {path!r}")
     config = entry.get("config", [])
-    if not isinstance(config, list) or len(config) != CONFIG_LENGTHS[path] or not all(
-            isinstance(v, (int, bool)) for v in config):
-        raise ValueError(f"{where}: config of a {path} entry must be a list of "
-                         f"{CONFIG_LENGTHS[path]} integers, got {config!r}")
+    if (
+        not isinstance(config, list)
+        or len(config) != CONFIG_LENGTHS[path]
+        or not all(isinstance(v, (int, bool)) for v in config)
+    ):
+        raise ValueError(
+            f"{where}: config of a {path} entry must be a list of "
+            f"{CONFIG_LENGTHS[path]} integers, got {config!r}"
+        )
     if entry["m"] < 1 or entry["n"] < 1 or entry["k"] < 1:
         raise ValueError(f"{where}: n, k and m must be positive")
     key = (entry["type"].upper(), entry["n"], entry["k"], bucket(entry["m"]))
@@ -113,10 +117,12 @@ class TunedTable:
     """Tuned choices by ``(type, N, K, bucket)``, with the times the sweep measured for them
     (``times``: microseconds of the choice and of bf16 on the same shape), where recorded."""
 
-    def __init__(self, entries: dict[tuple[str, int, int, int], Choice] | None = None,
-                 source: str = "",
-                 times: dict[tuple[str, int, int, int], tuple[float, float]] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        entries: dict[tuple[str, int, int, int], Choice] | None = None,
+        source: str = "",
+        times: dict[tuple[str, int, int, int], tuple[float, float]] | None = None,
+    ) -> None:
         self.entries = dict(entries or {})
         self.source = source
         self.times = dict(times or {})
@@ -135,8 +141,9 @@ class TunedTable:
         if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
             raise ValueError(f"{where}: expected an object with a list 'entries'")
         if data.get("format") != FORMAT:
-            raise ValueError(f"{where}: format {data.get('format')!r}, this plugin reads "
-                             f"format {FORMAT}")
+            raise ValueError(
+                f"{where}: format {data.get('format')!r}, this plugin reads format {FORMAT}"
+            )
         entries, times = {}, {}
         for i, entry in enumerate(data["entries"]):
             if not isinstance(entry, dict):
@@ -144,8 +151,10 @@ class TunedTable:
             key, choice = validate_entry(entry, f"{where}: entries[{i}]")
             entries[key] = choice
             us, bf16_us = entry.get("us"), entry.get("bf16_us")
-            if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                   for v in (us, bf16_us)):
+            if all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                for v in (us, bf16_us)
+            ):
                 times[key] = (float(us), float(bf16_us))
         return cls(entries, where, times)
 
@@ -162,8 +171,11 @@ class TunedTable:
             return chosen
         low_key = (qtype.upper(), n, k, below[-1])
         low = self.entries.get(low_key)
-        if low is None or low.path == chosen.path or not (
-                key in self.times and low_key in self.times):
+        if (
+            low is None
+            or low.path == chosen.path
+            or not (key in self.times and low_key in self.times)
+        ):
             return chosen
         rows = (below[-1], top)
         bf16_at_m = _between(m, rows, (self.times[low_key][1], self.times[key][1]))
@@ -181,8 +193,9 @@ def _between(m: int, rows: tuple[int, int], values: tuple[float, float]) -> floa
     return va + (vb - va) * (m - a) / (b - a)
 
 
-def estimate_us(choice: Choice, rows: int, us: float, bf16_us: float, m: int,
-                bf16_at_m: float) -> float:
+def estimate_us(
+    choice: Choice, rows: int, us: float, bf16_us: float, m: int, bf16_at_m: float
+) -> float:
     """A choice measured at ``rows`` (``us``, and ``bf16_us`` for bf16 there) estimated at
     ``m`` rows: the workspace path costs its decoding (the same at any M) plus the bf16
     product at ``m``; a fused kernel grows with the rows it multiplies."""
@@ -198,10 +211,14 @@ def table_json(best: list[dict[str, Any]], device: str, **versions: str) -> dict
     table on GPUs of that name); ``versions`` are recorded (torch, triton...)."""
     entries = []
     for cell in best:
-        entry = {key: cell[key] for key in ("type", "n", "k", "m", "path", "config", "us",
-                                             "bf16_us") if key in cell}
-        validate_entry(entry, f"cell {cell.get('type')} [{cell.get('n')}, {cell.get('k')}] "
-                              f"m={cell.get('m')}")
+        entry = {
+            key: cell[key]
+            for key in ("type", "n", "k", "m", "path", "config", "us", "bf16_us")
+            if key in cell
+        }
+        validate_entry(
+            entry, f"cell {cell.get('type')} [{cell.get('n')}, {cell.get('k')}] m={cell.get('m')}"
+        )
         entries.append(entry)
     return {"format": FORMAT, "device": device, **versions, "entries": entries}
 
@@ -223,8 +240,16 @@ def _shipped() -> dict[str, TunedTable]:
     return tables
 
 
-def choose(table: TunedTable, qtype: str, n: int, k: int, m: int, sm_count: int = 132,
-           dequant_min_rows: int | None = None, matmul: str = "auto") -> Choice:
+def choose(
+    table: TunedTable,
+    qtype: str,
+    n: int,
+    k: int,
+    m: int,
+    sm_count: int = 132,
+    dequant_min_rows: int | None = None,
+    matmul: str = "auto",
+) -> Choice:
     """The path and configuration for ``M = m`` rows through a ``qtype`` weight ``[n, k]``:
     ``matmul`` (``auto``/``fused``/``dequant``) and ``dequant_min_rows`` (rows from which the
     workspace path runs, when set) override the table."""
@@ -234,16 +259,18 @@ def choose(table: TunedTable, qtype: str, n: int, k: int, m: int, sm_count: int 
         if m >= dequant_min_rows:
             return Choice("dequant")
     chosen = table.choose(qtype, n, k, m) or default_choice(qtype, n, k, m, sm_count)
-    if chosen.path == "dequant" and (matmul == "fused" or (
-            dequant_min_rows is not None and m < dequant_min_rows)):
+    if chosen.path == "dequant" and (
+        matmul == "fused" or (dequant_min_rows is not None and m < dequant_min_rows)
+    ):
         return default_choice(qtype, n, k, min(m, 512), sm_count)
     if chosen.path == "gemv" and m != 1:  # a one-row entry never serves more rows
         return default_choice(qtype, n, k, m, sm_count)
     return chosen
 
 
-def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
-               corners: bool = False) -> list[Choice]:
+def candidates(
+    qtype: str, n: int, k: int, m: int, sm_count: int = 132, corners: bool = False
+) -> list[Choice]:
     """The configurations the tuning sweep times for ``m`` rows through a ``qtype`` weight
     ``[n, k]``: the GEMV's row blocks, warps, K slices and prefetch for one row; the
     tensor-core kernel's tiles, stages, K slices and decodings for every ``m``; the
@@ -261,21 +288,26 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
             blocks = -(-n // rows)
             for warps in (1, 2, 4):
                 for splits in (1, 2, 4, 8):
-                    if splits > 1 and (blocks * splits > 16 * sm_count
-                                       or n_quads < 32 * warps * splits):
+                    if splits > 1 and (
+                        blocks * splits > 16 * sm_count or n_quads < 32 * warps * splits
+                    ):
                         continue
                     for prefetch in (True, False):
                         out.append(Choice("gemv", (rows, warps, splits, prefetch)))
     if m <= 16:
-        tiles = [(16, 32, 8, 2), (16, 64, 8, 4), (16, 64, 4, 4), (16, 128, 4, 4),
-                 (16, 128, 8, 8)]
+        tiles = [(16, 32, 8, 2), (16, 64, 8, 4), (16, 64, 4, 4), (16, 128, 4, 4), (16, 128, 8, 8)]
         stages = (3,)
     elif m <= 64:
         tiles = [(32, 64, 8, 4), (64, 64, 8, 4), (64, 128, 4, 4), (64, 128, 4, 8)]
         stages = (3,)
     elif m <= 512:
-        tiles = [(64, 128, 4, 8), (128, 128, 4, 8), (128, 128, 2, 4), (128, 256, 2, 8),
-                 (64, 64, 8, 4)]
+        tiles = [
+            (64, 128, 4, 8),
+            (128, 128, 4, 8),
+            (128, 128, 2, 4),
+            (128, 256, 2, 8),
+            (64, 64, 8, 4),
+        ]
         stages = (3, 4)
     else:
         tiles = [(128, 128, 4, 8), (128, 256, 2, 8), (128, 128, 2, 4)]
@@ -285,22 +317,26 @@ def candidates(qtype: str, n: int, k: int, m: int, sm_count: int = 132,
         m_tiles = -(-m // bm)
         for stage in stages:
             for splits in (1, 2, 4, 8):
-                if splits > 1 and (-(-n // bn) * m_tiles * splits > 4 * sm_count
-                                   or n_quads < q * splits):
+                if splits > 1 and (
+                    -(-n // bn) * m_tiles * splits > 4 * sm_count or n_quads < q * splits
+                ):
                     continue
                 for decoding in decodings:
                     out.append(Choice("mma", (bm, bn, q, warps, stage, splits, decoding)))
     if m >= DEQUANT_MIN_ROWS:
         out.append(Choice("dequant"))
     if corners:
+
         def first(test) -> list[Choice]:
             return [c for c in out if test(c)][:1]
 
-        picked = (first(lambda c: c.path == "gemv")
-                  + first(lambda c: c.path == "gemv" and c.config[2] > 1)
-                  + first(lambda c: c.path == "mma" and c.config[6] == 1)
-                  + first(lambda c: c.path == "mma" and c.config[6] != 1)
-                  + first(lambda c: c.path == "mma" and c.config[5] > 1) + out[-1:])
+        picked = (
+            first(lambda c: c.path == "gemv")
+            + first(lambda c: c.path == "gemv" and c.config[2] > 1)
+            + first(lambda c: c.path == "mma" and c.config[6] == 1)
+            + first(lambda c: c.path == "mma" and c.config[6] != 1)
+            + first(lambda c: c.path == "mma" and c.config[5] > 1)
+            + out[-1:]
+        )
         out = list(dict.fromkeys(picked))
     return out
-

@@ -32,8 +32,11 @@ if interpreting():
 elif torch.cuda.is_available():
     DEVICE = "cuda"
 else:
-    pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
-                "(test_interpret.py runs this module that way)", allow_module_level=True)
+    pytest.skip(
+        "needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
+        "(test_interpret.py runs this module that way)",
+        allow_module_level=True,
+    )
 
 TYPES = sorted(QUANT_TYPES)
 BASE_SEED = base_seed()
@@ -45,9 +48,14 @@ def seed_of(*parts: object) -> int:
 
 def weight(qtype: str, rows: int, cols: int, *parts: object, extremes: bool = False):
     """(GGML blocks as numpy, the packed weight on DEVICE) with the case's seed."""
-    blocks = random_blocks(qtype, rows, cols // QUANT_TYPES[qtype].block,
-                           seed=seed_of(qtype, rows, cols, *parts), extremes=extremes,
-                           d_range=(1e-3, 2e-2))
+    blocks = random_blocks(
+        qtype,
+        rows,
+        cols // QUANT_TYPES[qtype].block,
+        seed=seed_of(qtype, rows, cols, *parts),
+        extremes=extremes,
+        d_range=(1e-3, 2e-2),
+    )
     return blocks, pack(torch.from_numpy(blocks).to(DEVICE), qtype)
 
 
@@ -55,12 +63,15 @@ def same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     got, expected = got.cpu(), expected.cpu()
     both_nan = torch.isnan(got) & torch.isnan(expected)
     differ = (got.view(torch.int32) != expected.view(torch.int32)) & ~both_nan
-    assert not differ.any(), (f"{what} (TALLOW_TEST_SEED={BASE_SEED}): {int(differ.sum())} "
-                              f"values differ, first at {differ.nonzero()[0].tolist()}")
+    assert not differ.any(), (
+        f"{what} (TALLOW_TEST_SEED={BASE_SEED}): {int(differ.sum())} "
+        f"values differ, first at {differ.nonzero()[0].tolist()}"
+    )
 
 
-def close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-          what: str) -> None:
+def close(
+    got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, what: str
+) -> None:
     """``got`` is ``x @ w.T + bias`` up to accumulation order and x's dtype: each value within
     a fraction of ``|x| @ |w|.T`` (the scale of its terms)."""
     x64, w64 = x.double(), w.double()  # on the inputs' device: GPU shapes are large
@@ -77,8 +88,11 @@ def test_dequantize_is_bit_identical_to_gguf(qtype):
 
     blocks, packed = weight(qtype, 19, 512, "dequant", extremes=True)
     with np.errstate(all="ignore"):
-        expected = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(
-            blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32))
+        expected = torch.from_numpy(
+            np.ascontiguousarray(
+                gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32
+            )
+        )
     same_bits(dequantize_triton(packed), expected, qtype)
     ids = torch.tensor([18, 0, 7, 7, 3], device=DEVICE)
     same_bits(dequantize_triton(packed, ids=ids), expected[ids.cpu()], f"{qtype} rows")
@@ -89,7 +103,7 @@ def test_dequantize_is_bit_identical_to_gguf(qtype):
     else:  # the interpreter's float32 -> bfloat16 conversion may truncate instead
         finite = torch.isfinite(rounded)
         assert torch.equal(torch.isfinite(half), finite)
-        ulp = rounded[finite].abs() * 2.0 ** -7
+        ulp = rounded[finite].abs() * 2.0**-7
         assert ((half[finite] - rounded[finite]).abs() <= ulp).all(), f"{qtype} bf16"
 
 
@@ -109,7 +123,7 @@ def test_dequantize_whole_and_partial_tiles(qtype):
             if DEVICE == "cuda":
                 same_bits(got, rounded, f"{qtype} [{rows}, {cols}] {dtype}")
             else:  # the interpreter may truncate instead of rounding (see above)
-                assert ((got - rounded).abs() <= rounded.abs() * 2.0 ** -7).all(), qtype
+                assert ((got - rounded).abs() <= rounded.abs() * 2.0**-7).all(), qtype
 
 
 def x_of(m: int, k: int, *parts: object, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -149,8 +163,7 @@ def test_mma_every_type(qtype, m):
     x = x_of(m, 512, qtype)
     bias = torch.randn(48, device=DEVICE)
     for config in MMA_CONFIGS:
-        close(qmatmul_triton(x, packed, bias, config=config), x, w, bias,
-              f"{qtype} m={m} {config}")
+        close(qmatmul_triton(x, packed, bias, config=config), x, w, bias, f"{qtype} m={m} {config}")
 
 
 # The interpreter turns a float32 -> bfloat16 cast fed to tl.dot into garbage (a 16x16 dot of
@@ -177,9 +190,10 @@ def test_half_activations(dtype, qtype):
 def test_output_slices():
     _, packed = weight("Q4_K", 32, 512, "slices")
     w = dequantize_ref(packed)
-    for m, run in ((1, lambda x, o: gemv_triton(x, packed, out=o, config=(4, 1, 2, True))),
-                   (3, lambda x, o: qmatmul_triton(x, packed, out=o,
-                                                   config=(16, 32, 4, 4, 2, 2, 1)))):
+    for m, run in (
+        (1, lambda x, o: gemv_triton(x, packed, out=o, config=(4, 1, 2, True))),
+        (3, lambda x, o: qmatmul_triton(x, packed, out=o, config=(16, 32, 4, 4, 2, 2, 1))),
+    ):
         x = x_of(m, 512, "slices")
         wide = torch.full((m, 40), 7.0, device=DEVICE)
         run(x, wide[:, 5:37])
@@ -194,17 +208,29 @@ def test_gated_input(kind, qtype):
     w = dequantize_ref(packed)
     x = x_of(4, 1024, kind, qtype)
     activated = ops._act(x, kind)
-    close(gemv_triton(x[:1], packed, gate=kind, config=(4, 1, 1, True)), activated[:1], w,
-          None, f"gemv {kind}")
+    close(
+        gemv_triton(x[:1], packed, gate=kind, config=(4, 1, 1, True)),
+        activated[:1],
+        w,
+        None,
+        f"gemv {kind}",
+    )
     for decoding in (1, 2):
-        close(qmatmul_triton(x, packed, gate=kind, config=(16, 32, 4, 4, 2, 1, decoding)),
-              activated, w, None, f"mma {kind} decoding {decoding}")
+        close(
+            qmatmul_triton(x, packed, gate=kind, config=(16, 32, 4, 4, 2, 1, decoding)),
+            activated,
+            w,
+            None,
+            f"mma {kind} decoding {decoding}",
+        )
 
 
 @pytest.mark.parametrize("matmul", ["auto", "fused", "dequant"])
 def test_linear_of_mixed_partitions(matmul):
-    parts = [weight(t, rows, 256, "mixed", matmul)[1]
-             for t, rows in (("Q4_K", 32), ("Q6_K", 16), ("Q8_0", 16))]
+    parts = [
+        weight(t, rows, 256, "mixed", matmul)[1]
+        for t, rows in (("Q4_K", 32), ("Q6_K", 16), ("Q8_0", 16))
+    ]
     parts.append(dense(torch.randn(8, 256, device=DEVICE)))
     w = torch.cat([dequantize_ref(p) for p in parts])
     bias = torch.randn(72, device=DEVICE)

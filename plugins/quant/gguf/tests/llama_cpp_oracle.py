@@ -52,8 +52,7 @@ def llama_cpp_quantize(src: Path, dst: Path, ftype: int) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = 1
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
-                                        ctypes.byref(params))
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src}, ftype={ftype}) failed with {rc}")
 
@@ -69,16 +68,17 @@ def _matrix(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     blocks32 = flat[: n - n % 32].reshape(-1, 32)
     k = blocks32.shape[0]
     if k >= 16:
-        blocks32[k // 16] = 0.0                             # all zeros
-        blocks32[k // 8] = np.float32(0.0123)               # constant
-        blocks32[k // 4] = np.abs(blocks32[k // 4])         # one sign only
+        blocks32[k // 16] = 0.0  # all zeros
+        blocks32[k // 8] = np.float32(0.0123)  # constant
+        blocks32[k // 4] = np.abs(blocks32[k // 4])  # one sign only
         blocks32[k // 3] = -np.abs(blocks32[k // 3])
-        blocks32[k // 2] *= np.float32(1e-17)               # below GROUP_MAX_EPS
+        blocks32[k // 2] *= np.float32(1e-17)  # below GROUP_MAX_EPS
         blocks32[2 * k // 3, :2] = [np.float32(0.07), np.float32(-0.07)]  # tied |max|
         blocks32[2 * k // 3, 2:] *= np.float32(0.1)
-        blocks32[3 * k // 4] = np.float32(-0.0)             # negative zeros
-        blocks32[5 * k // 6] = np.where(np.arange(32) % 3 == 0, np.float32(-0.0),
-                                        np.float32(0.0))  # zeros of both signs
+        blocks32[3 * k // 4] = np.float32(-0.0)  # negative zeros
+        blocks32[5 * k // 6] = np.where(
+            np.arange(32) % 3 == 0, np.float32(-0.0), np.float32(0.0)
+        )  # zeros of both signs
     return w
 
 
@@ -118,13 +118,17 @@ def write_float_gguf(path: Path, m: TinyModel, seed: int = 0) -> Path:
         for short, rows in (("attn_q", m.hidden), ("attn_k", kv), ("attn_v", kv)):
             w.add_tensor(p + short + ".weight", _matrix(rng, rows, m.hidden))
             if m.arch == "qwen2":
-                w.add_tensor(p + short + ".bias", (0.02 * rng.standard_normal(rows))
-                             .astype(np.float32))
+                w.add_tensor(
+                    p + short + ".bias", (0.02 * rng.standard_normal(rows)).astype(np.float32)
+                )
         w.add_tensor(p + "attn_output.weight", _matrix(rng, m.hidden, m.hidden))
         if i == m.layers - 1:
             bits = norm(m.hidden).view(np.uint32) >> 16  # exact BF16 values
-            w.add_tensor(p + "ffn_norm.weight", bits.astype(np.uint16).view(np.uint8),
-                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(
+                p + "ffn_norm.weight",
+                bits.astype(np.uint16).view(np.uint8),
+                raw_dtype=gguf.GGMLQuantizationType.BF16,
+            )
         else:
             w.add_tensor(p + "ffn_norm.weight", norm(m.hidden))
         w.add_tensor(p + "ffn_gate.weight", _matrix(rng, m.intermediate, m.hidden))
@@ -144,5 +148,6 @@ def tensors_of(path: Path) -> dict[str, tuple[str, bytes]]:
     """``name -> (GGML type name, data bytes)`` of every tensor of a GGUF file."""
     from gguf import GGUFReader
 
-    return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes())
-            for t in GGUFReader(path).tensors}
+    return {
+        t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in GGUFReader(path).tensors
+    }

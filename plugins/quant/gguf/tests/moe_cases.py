@@ -31,8 +31,11 @@ if interpreting():
 elif torch.cuda.is_available():
     DEVICE = "cuda"
 else:
-    pytest.skip("needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
-                "(test_moe_interpret.py runs this module that way)", allow_module_level=True)
+    pytest.skip(
+        "needs a CUDA GPU or TRITON_INTERPRET=1 set before triton is imported "
+        "(test_moe_interpret.py runs this module that way)",
+        allow_module_level=True,
+    )
 
 BASE_SEED = base_seed()
 #: rows per program and warps small enough for the interpreter to run few programs
@@ -44,17 +47,23 @@ def seed_of(*parts: object) -> int:
 
 
 def blocks(qtype: str, rows: int, cols: int, *parts: object) -> np.ndarray:
-    return random_blocks(qtype, rows, cols // QUANT_TYPES[qtype].block,
-                         seed=seed_of(qtype, rows, cols, *parts), extremes=False,
-                         d_range=(1e-4, 2e-3))
+    return random_blocks(
+        qtype,
+        rows,
+        cols // QUANT_TYPES[qtype].block,
+        seed=seed_of(qtype, rows, cols, *parts),
+        extremes=False,
+        d_range=(1e-4, 2e-3),
+    )
 
 
 def oracle(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """The blocks decoded by the ``gguf`` package, float32 of ``shape``."""
     import gguf
 
-    values = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]),
-                                    gguf.GGMLQuantizationType[qtype])
+    values = gguf.quants.dequantize(
+        raw.reshape(-1, raw.shape[-1]), gguf.GGMLQuantizationType[qtype]
+    )
     return torch.from_numpy(np.ascontiguousarray(values)).reshape(shape)
 
 
@@ -77,8 +86,9 @@ def assert_close(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     rel = 1e-4 if got.dtype == torch.float32 else 3e-2
     scale = float(expected.float().abs().max()) + 1e-6
     err = float((got.float().cpu() - expected.float().cpu()).abs().max())
-    assert err <= rel * scale, (f"{what} (TALLOW_TEST_SEED={BASE_SEED}): max error {err:.3g} "
-                                f"of scale {scale:.3g}")
+    assert err <= rel * scale, (
+        f"{what} (TALLOW_TEST_SEED={BASE_SEED}): max error {err:.3g} of scale {scale:.3g}"
+    )
 
 
 def experts(e: int, h: int, i: int, t13: str, t2: str, *parts: object):
@@ -96,20 +106,30 @@ def run_kernels(x, raw13, raw2, t13, t2, weights, ids, config=FAST):
     return moe_down_triton(h, p2, e, weights, ids, config=config)
 
 
-@pytest.mark.parametrize("t13,t2", [("Q4_K", "Q6_K"), ("Q4_K", "Q4_K"), ("Q8_0", "Q8_0"),
-                                    ("Q5_K", "Q3_K"), ("Q2_K", "Q5_0"), ("IQ4_XS", "Q4_1")])
+@pytest.mark.parametrize(
+    "t13,t2",
+    [
+        ("Q4_K", "Q6_K"),
+        ("Q4_K", "Q4_K"),
+        ("Q8_0", "Q8_0"),
+        ("Q5_K", "Q3_K"),
+        ("Q2_K", "Q5_0"),
+        ("IQ4_XS", "Q4_1"),
+    ],
+)
 def test_decode_kernels_match_the_reference_for_each_type(t13, t2):
     e, h, i, tokens, top_k = 8, 256, 256, 2, 2
     raw13, raw2, w13, w2 = experts(e, h, i, t13, t2)
     x = activations(tokens, h, torch.float32, t13)
     weights, ids = routing(tokens, e, top_k, t13)
     got = run_kernels(x, raw13, raw2, t13, t2, weights, ids)
-    assert_close(got, fused_moe_ref(x, w13.to(DEVICE), w2.to(DEVICE), weights, ids),
-                 f"{t13}/{t2}")
+    assert_close(got, fused_moe_ref(x, w13.to(DEVICE), w2.to(DEVICE), weights, ids), f"{t13}/{t2}")
 
 
-@pytest.mark.parametrize("experts_n,top_k,tokens", [(8, 1, 1), (8, 8, 1), (64, 4, 3),
-                                                    (128, 8, 1), (128, 2, 5), (64, 8, 2)])
+@pytest.mark.parametrize(
+    "experts_n,top_k,tokens",
+    [(8, 1, 1), (8, 8, 1), (64, 4, 3), (128, 8, 1), (128, 2, 5), (64, 8, 2)],
+)
 def test_decode_kernels_over_expert_counts_top_k_and_tokens(experts_n, top_k, tokens):
     # Q8_0 down: 32-element blocks keep I (and so the weights) small at 128 experts
     h, i = 256, 96  # 96 rows in program blocks of 64: the masked (uneven) tail is exercised
@@ -117,8 +137,11 @@ def test_decode_kernels_over_expert_counts_top_k_and_tokens(experts_n, top_k, to
     x = activations(tokens, h, torch.float32, experts_n, top_k)
     weights, ids = routing(tokens, experts_n, top_k)
     got = run_kernels(x, raw13, raw2, "Q4_K", "Q8_0", weights, ids, config=(64, 1, 1, True))
-    assert_close(got, fused_moe_ref(x, w13.to(DEVICE), w2.to(DEVICE), weights, ids),
-                 f"E={experts_n} top-{top_k} T={tokens}")
+    assert_close(
+        got,
+        fused_moe_ref(x, w13.to(DEVICE), w2.to(DEVICE), weights, ids),
+        f"E={experts_n} top-{top_k} T={tokens}",
+    )
 
 
 @pytest.mark.parametrize("config", [(4, 1, 1, True), (16, 2, 1, False)])
@@ -129,8 +152,13 @@ def test_decode_kernels_under_other_configurations_and_bf16(config):
     weights, ids = routing(tokens, e, top_k, config)
     got = run_kernels(x, raw13, raw2, "Q4_K", "Q8_0", weights, ids, config=config)
     assert got.dtype == torch.bfloat16
-    assert_close(got, fused_moe_ref(x, w13.to(DEVICE, torch.bfloat16),
-                                    w2.to(DEVICE, torch.bfloat16), weights, ids), str(config))
+    assert_close(
+        got,
+        fused_moe_ref(
+            x, w13.to(DEVICE, torch.bfloat16), w2.to(DEVICE, torch.bfloat16), weights, ids
+        ),
+        str(config),
+    )
 
 
 def test_up_kernel_without_swiglu_is_each_pairs_plain_product():
@@ -141,23 +169,24 @@ def test_up_kernel_without_swiglu_is_each_pairs_plain_product():
     x = activations(tokens, h, torch.float32, "plain")
     _, ids = routing(tokens, e, top_k, "plain")
     got = moe_up_triton(x, p, e, ids, swiglu=False, config=FAST)
-    expected = torch.stack([x[t // top_k] @ w[ids.reshape(-1)[t]].T
-                            for t in range(tokens * top_k)])
+    expected = torch.stack([x[t // top_k] @ w[ids.reshape(-1)[t]].T for t in range(tokens * top_k)])
     assert_close(got, expected, "plain up")
 
 
 def moe_layer(e: int, h: int, i: int, top_k: int, *, quant: object) -> FusedMoE:
     build = BuildContext(dtype=torch.float32, device=DEVICE, quant=quant)
-    return FusedMoE(e, h, i, router=RouterSpec(top_k=top_k, renormalize=True), build=build,
-                    prefix="mlp")
+    return FusedMoE(
+        e, h, i, router=RouterSpec(top_k=top_k, renormalize=True), build=build, prefix="mlp"
+    )
 
 
 def quantized(raw: np.ndarray, qtype: str, shape: tuple[int, ...]) -> QuantizedWeight:
     def dequantize(data: torch.Tensor, qt: str, shp: tuple[int, ...]) -> torch.Tensor:
         return oracle(data.numpy(), qt, shp)
 
-    return QuantizedWeight("gguf", qtype, shape, torch.from_numpy(np.ascontiguousarray(raw)),
-                           dequantize)
+    return QuantizedWeight(
+        "gguf", qtype, shape, torch.from_numpy(np.ascontiguousarray(raw)), dequantize
+    )
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 33, 512])
@@ -177,13 +206,17 @@ def test_the_method_takes_either_path_and_matches_the_float_layer(tokens, monkey
         layer.gate.weight.weight_loader(layer.gate.weight, gate_w)
         params = dict(layer.experts.named_parameters())
         for name, tensor, shard in (
-                ("w13_weight", quantized(raw13[:, :i], "Q4_K", (e, i, h)), ("*", "gate")),
-                ("w13_weight", quantized(raw13[:, i:], "Q4_K", (e, i, h)), ("*", "up")),
-                ("w2_weight", quantized(raw2, "Q6_K", (e, h, i)), None)):
+            ("w13_weight", quantized(raw13[:, :i], "Q4_K", (e, i, h)), ("*", "gate")),
+            ("w13_weight", quantized(raw13[:, i:], "Q4_K", (e, i, h)), ("*", "up")),
+            ("w2_weight", quantized(raw2, "Q6_K", (e, h, i)), None),
+        ):
             param = params[name]
             # what CausalLM.load_weights does: blocks only to a loader that keeps them
-            param.weight_loader(param, tensor if getattr(param, "accepts_quantized", False)
-                                else tensor.dequantize(), shard)
+            param.weight_loader(
+                param,
+                tensor if getattr(param, "accepts_quantized", False) else tensor.dequantize(),
+                shard,
+            )
         for module in layer.modules():
             if getattr(module, "quant_method", None) is not None:
                 module.quant_method.process_weights_after_loading(module)

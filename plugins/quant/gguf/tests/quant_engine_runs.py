@@ -9,23 +9,41 @@ from tallow.engine.llm_engine import LLMEngine
 from tallow import SamplingParams
 
 
-def engine(source: str, *, device: str = "cpu", dtype: str = "float32",
-           max_model_len: int = 128, num_blocks: int = 32, keep_quantized_on_cpu: bool = False,
-           disable: tuple[str, ...] = (), runner: dict[str, Any] | None = None,
-           attention_splits: int | None = None, **model: Any) -> LLMEngine:
+def engine(
+    source: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_model_len: int = 128,
+    num_blocks: int = 32,
+    keep_quantized_on_cpu: bool = False,
+    disable: tuple[str, ...] = (),
+    runner: dict[str, Any] | None = None,
+    attention_splits: int | None = None,
+    **model: Any,
+) -> LLMEngine:
     """An engine serving ``source``; ``model`` adds model settings (``isq``...)."""
     settings: dict[str, dict[str, Any]] = {}
     if keep_quantized_on_cpu:
         settings["tallow-quant-gguf"] = {"cpu": True}
     if attention_splits:  # graph and eager runs then launch the same attention kernels
         settings["tallow-attention-triton"] = {"num_splits": attention_splits}
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": device, "dtype": dtype,
-                  "max_model_len": max_model_len, **model},
-        "cache": {"num_blocks": num_blocks},
-        "runner": runner or {},
-        "plugins": {"disable": list(disable), "settings": settings},
-    }))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": device,
+                    "dtype": dtype,
+                    "max_model_len": max_model_len,
+                    **model,
+                },
+                "cache": {"num_blocks": num_blocks},
+                "runner": runner or {},
+                "plugins": {"disable": list(disable), "settings": settings},
+            }
+        )
+    )
 
 
 def greedy(eng: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

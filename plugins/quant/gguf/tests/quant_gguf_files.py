@@ -17,15 +17,34 @@ HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 320
 HEAD_DIM = HIDDEN // HEADS
 #: per GGUF tensor name (layer names with {i}), the type of each layer's matrices
 MIXED = [
-    {"attn_q": "Q4_K", "attn_k": "Q6_K", "attn_v": "Q8_0", "attn_output": "Q5_K",
-     "ffn_gate": "Q4_0", "ffn_up": "Q4_0", "ffn_down": "Q3_K"},
-    {"attn_q": "IQ4_XS", "attn_k": "IQ4_XS", "attn_v": "Q5_1", "attn_output": "Q2_K",
-     "ffn_gate": "Q4_1", "ffn_up": "IQ4_NL", "ffn_down": "Q5_0"},
+    {
+        "attn_q": "Q4_K",
+        "attn_k": "Q6_K",
+        "attn_v": "Q8_0",
+        "attn_output": "Q5_K",
+        "ffn_gate": "Q4_0",
+        "ffn_up": "Q4_0",
+        "ffn_down": "Q3_K",
+    },
+    {
+        "attn_q": "IQ4_XS",
+        "attn_k": "IQ4_XS",
+        "attn_v": "Q5_1",
+        "attn_output": "Q2_K",
+        "ffn_gate": "Q4_1",
+        "ffn_up": "IQ4_NL",
+        "ffn_down": "Q5_0",
+    },
 ]
-_SHAPES = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-           "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
-           "ffn_gate": (INTERMEDIATE, HIDDEN), "ffn_up": (INTERMEDIATE, HIDDEN),
-           "ffn_down": (HIDDEN, INTERMEDIATE)}
+_SHAPES = {
+    "attn_q": (HIDDEN, HIDDEN),
+    "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_output": (HIDDEN, HIDDEN),
+    "ffn_gate": (INTERMEDIATE, HIDDEN),
+    "ffn_up": (INTERMEDIATE, HIDDEN),
+    "ffn_down": (HIDDEN, INTERMEDIATE),
+}
 
 
 def _matrix(rng: np.random.Generator, qtype: str, rows: int, cols: int, seed: int):
@@ -39,14 +58,20 @@ def _matrix(rng: np.random.Generator, qtype: str, rows: int, cols: int, seed: in
         w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
         return gguf.quants.quantize(w, Q[qtype]), Q[qtype]
     block = gguf.GGML_QUANT_SIZES[Q[qtype]][0]
-    blocks = random_blocks(qtype, rows, cols // block, seed=seed, extremes=False,
-                           d_range=(1e-4, 5e-4))
+    blocks = random_blocks(
+        qtype, rows, cols // block, seed=seed, extremes=False, d_range=(1e-4, 5e-4)
+    )
     return blocks, Q[qtype]
 
 
-def write_llama_gguf(path: Path, arch: str = "llama", layer_types: list[dict] = MIXED,
-                     embed_type: str = "Q8_0", head_type: str | None = "Q6_K",
-                     seed: int = 0) -> Path:
+def write_llama_gguf(
+    path: Path,
+    arch: str = "llama",
+    layer_types: list[dict] = MIXED,
+    embed_type: str = "Q8_0",
+    head_type: str | None = "Q6_K",
+    seed: int = 0,
+) -> Path:
     """Write the model; ``head_type`` None writes no ``output.weight`` (a tied head). ``qwen2``
     files get q/k/v biases, as Qwen2 has."""
     import gguf
@@ -81,11 +106,14 @@ def write_llama_gguf(path: Path, arch: str = "llama", layer_types: list[dict] = 
         if arch == "qwen2":
             for short in ("attn_q", "attn_k", "attn_v"):
                 rows = _SHAPES[short][0]
-                w.add_tensor(f"blk.{i}.{short}.bias",
-                             (0.1 * rng.standard_normal(rows)).astype(np.float32))
+                w.add_tensor(
+                    f"blk.{i}.{short}.bias", (0.1 * rng.standard_normal(rows)).astype(np.float32)
+                )
         for norm in ("attn_norm", "ffn_norm"):
-            w.add_tensor(f"blk.{i}.{norm}.weight",
-                         (1.0 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+            w.add_tensor(
+                f"blk.{i}.{norm}.weight",
+                (1.0 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
+            )
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     if head_type is not None:
         add("output.weight", head_type, VOCAB, HIDDEN)

@@ -24,8 +24,11 @@ def test_kernel_decoding_is_ggufs_bits(qtype):
 
     blocks, packed = weight(qtype, 19, 512, "tensor_core", extremes=True)
     with np.errstate(all="ignore"):
-        expected = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(
-            blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32))
+        expected = torch.from_numpy(
+            np.ascontiguousarray(
+                gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32
+            )
+        )
     same_bits(dequantize_packed(tensor_core.to_packed(packed)), expected, qtype)
 
 
@@ -49,22 +52,29 @@ def test_layers_under_the_setting_take_the_packed_gemm():
     with ``matmul: tensor_core``: bfloat16 inputs go through the packed copies; a Q6_K layer
     keeps the default kernels."""
     from tallow.layers import (
-        BuildContext, MergedColumnParallelLinear, QuantizedWeight, RowParallelLinear,
+        BuildContext,
+        MergedColumnParallelLinear,
+        QuantizedWeight,
+        RowParallelLinear,
         SiluAndMul,
     )
     from tallow.plugin.testing import make_config
     from tallow_quant_gguf.reference import dequantize_ref
     from tallow_quant_gguf.scheme import GGUFQuantScheme
 
-    config = make_config({"plugins": {"settings": {"tallow-quant-gguf": {
-        "matmul": "tensor_core"}}}})
-    build = BuildContext(dtype=torch.bfloat16, device=torch.device(DEVICE),
-                         quant=GGUFQuantScheme(config))
+    config = make_config(
+        {"plugins": {"settings": {"tallow-quant-gguf": {"matmul": "tensor_core"}}}}
+    )
+    build = BuildContext(
+        dtype=torch.bfloat16, device=torch.device(DEVICE), quant=GGUFQuantScheme(config)
+    )
 
     def quantized(qtype, rows, cols, seed):
         blocks, packed = weight(qtype, rows, cols, "layer", seed)
-        return (QuantizedWeight("gguf", qtype, (rows, cols), torch.from_numpy(blocks), None),
-                dequantize_ref(packed))
+        return (
+            QuantizedWeight("gguf", qtype, (rows, cols), torch.from_numpy(blocks), None),
+            dequantize_ref(packed),
+        )
 
     merged = MergedColumnParallelLinear(256, [24, 24], build=build, prefix="mlp.gate_up_proj")
     dense = []
@@ -78,16 +88,14 @@ def test_layers_under_the_setting_take_the_packed_gemm():
     y = merged(x)
     assert merged.quant_method._packed, "the packed GEMM was not used"
     splits = packed_gemm_config(5, 24, 256, "u4").split_k
-    assert bool(((y.float() - x.float() @ w.T).abs()
-                 <= packed_gemm_tolerance(x, w, splits)).all())
+    assert bool(((y.float() - x.float() @ w.T).abs() <= packed_gemm_tolerance(x, w, splits)).all())
 
     down = RowParallelLinear(256, 24, build=build, prefix="mlp.down_proj")
     q, w0 = quantized("Q8_0", 24, 256, 7)
     down.weight.weight_loader(down.weight, q)
     down.quant_method.process_weights_after_loading(down)
     act = SiluAndMul()
-    xx = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEVICE,
-                                                                          torch.bfloat16)
+    xx = torch.randn(3, 512, generator=torch.Generator().manual_seed(4)).to(DEVICE, torch.bfloat16)
     a, w0 = act(xx), w0.to(DEVICE)
     y = down(xx, act=act)
     assert down.quant_method._packed

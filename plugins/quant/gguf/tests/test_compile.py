@@ -17,7 +17,12 @@ from typing import Any
 import pytest
 
 from tallow.kernels import (
-    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+    compile_for_gpu,
+    interpreting,
+    pdl_order,
+    resource_usage,
+    sass_loops,
+    sass_opcode as opcode,
 )
 from tallow_quant_gguf.kernels.decode import type_constants
 from tallow_quant_gguf.kernels import dequant
@@ -27,8 +32,9 @@ from tallow_quant_gguf.packing import PackedWeight
 from tallow_quant_gguf.qtypes import QUANT_TYPES, SCALE_PACKED
 
 if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
-    pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
-                allow_module_level=True)
+    pytest.skip(
+        "TRITON_INTERPRET=1 replaces compiled kernels with the interpreter", allow_module_level=True
+    )
 
 TYPES = sorted(QUANT_TYPES)
 
@@ -39,49 +45,117 @@ def _weight(qtype: str) -> PackedWeight:
 
 def _pointer_types(qtype: str, act: str, out: str) -> dict[str, str]:
     qt = QUANT_TYPES[qtype]
-    return {"x_ptr": act, "nib_ptr": "*i32", "pair_ptr": "*i16", "bit_ptr": "*u8",
-            "byte_ptr": "*i32", "d_ptr": "*fp16", "dm_ptr": "*fp16",
-            "sc_ptr": "*u8" if qt.scales == SCALE_PACKED else "*i8", "mn_ptr": "*i8",
-            "lut_ptr": "*fp32", "b_ptr": act, "y_ptr": out, "ws_ptr": "*fp32",
-            "cnt_ptr": "*i32", "ids_ptr": "*i64", "out_ptr": out}
+    return {
+        "x_ptr": act,
+        "nib_ptr": "*i32",
+        "pair_ptr": "*i16",
+        "bit_ptr": "*u8",
+        "byte_ptr": "*i32",
+        "d_ptr": "*fp16",
+        "dm_ptr": "*fp16",
+        "sc_ptr": "*u8" if qt.scales == SCALE_PACKED else "*i8",
+        "mn_ptr": "*i8",
+        "lut_ptr": "*fp32",
+        "b_ptr": act,
+        "y_ptr": out,
+        "ws_ptr": "*fp32",
+        "cnt_ptr": "*i32",
+        "ids_ptr": "*i64",
+        "out_ptr": out,
+    }
 
 
-def compile_for(kernel: Any, constexprs: dict[str, Any], pointers: dict[str, str],
-                capability: int = 90, **options: Any) -> Any:
+def compile_for(
+    kernel: Any,
+    constexprs: dict[str, Any],
+    pointers: dict[str, str],
+    capability: int = 90,
+    **options: Any,
+) -> Any:
     """Build ``kernel`` for ``sm_<capability>`` as the JIT would for 16-byte-aligned tensors
     whose row strides are multiples of 16 elements (true of llama-3-8b's shapes)."""
     return compile_for_gpu(
-        kernel, constexprs, pointers, capability=capability,
+        kernel,
+        constexprs,
+        pointers,
+        capability=capability,
         aligned=lambda n: n.endswith("_ptr") or n.startswith(("s_", "stride_")) or n == "K",
-        **options)
+        **options,
+    )
 
 
-def gemv(qtype: str, rows: int = 4, warps: int = 1, *, prefetch: bool = True,
-         even: bool = True, split: bool = False, gate: int = -1, pdl: bool = True,
-         act: str = "*bf16") -> Any:
+def gemv(
+    qtype: str,
+    rows: int = 4,
+    warps: int = 1,
+    *,
+    prefetch: bool = True,
+    even: bool = True,
+    split: bool = False,
+    gate: int = -1,
+    pdl: bool = True,
+    act: str = "*bf16",
+) -> Any:
     p = _weight(qtype)
-    constexprs = dict(BN=rows, Q=32 * warps, **type_constants(p), MODE=gemv_mode(p),
-                      PREFETCH=prefetch, EVEN=even, HAS_BIAS=False, SPLIT=split, GATE=gate,
-                      USE_PDL=pdl)
-    return compile_for(_gemv_kernel, constexprs, _pointer_types(qtype, act, act),
-                       num_warps=warps, num_stages=1)
+    constexprs = dict(
+        BN=rows,
+        Q=32 * warps,
+        **type_constants(p),
+        MODE=gemv_mode(p),
+        PREFETCH=prefetch,
+        EVEN=even,
+        HAS_BIAS=False,
+        SPLIT=split,
+        GATE=gate,
+        USE_PDL=pdl,
+    )
+    return compile_for(
+        _gemv_kernel, constexprs, _pointer_types(qtype, act, act), num_warps=warps, num_stages=1
+    )
 
 
-def mma(qtype: str, bm: int = 16, bn: int = 64, q: int = 8, warps: int = 4, stages: int = 3,
-        *, decoding: int = 1, even: bool = True, split: bool = False, gate: int = -1,
-        pdl: bool = True,
-        act: str = "*bf16", capability: int = 90) -> Any:
+def mma(
+    qtype: str,
+    bm: int = 16,
+    bn: int = 64,
+    q: int = 8,
+    warps: int = 4,
+    stages: int = 3,
+    *,
+    decoding: int = 1,
+    even: bool = True,
+    split: bool = False,
+    gate: int = -1,
+    pdl: bool = True,
+    act: str = "*bf16",
+    capability: int = 90,
+) -> Any:
     import torch
 
     p = _weight(qtype)
     x_dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}[act]
-    constexprs = dict(BM=bm, BN=bn, Q=q, **type_constants(p),
-                      FAST=decode_mode(p, decoding, x_dtype), W_LEFT=weights_left(bm),
-                      EVEN=even, HAS_BIAS=False,
-                      SPLIT=split, GATE=gate,
-                      DOT_PRECISION="ieee" if act == "*fp32" else "tf32", USE_PDL=pdl)
-    return compile_for(_mma_kernel, constexprs, _pointer_types(qtype, act, act), capability,
-                       num_warps=warps, num_stages=stages)
+    constexprs = dict(
+        BM=bm,
+        BN=bn,
+        Q=q,
+        **type_constants(p),
+        FAST=decode_mode(p, decoding, x_dtype),
+        W_LEFT=weights_left(bm),
+        EVEN=even,
+        HAS_BIAS=False,
+        SPLIT=split,
+        GATE=gate,
+        DOT_PRECISION="ieee" if act == "*fp32" else "tf32",
+        USE_PDL=pdl,
+    )
+    return compile_for(
+        _mma_kernel,
+        constexprs,
+        _pointer_types(qtype, act, act),
+        capability,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def loop_profile(compiled: Any) -> Counter:
@@ -106,8 +180,9 @@ def test_gemv_spends_few_instructions_per_weight(qtype):
     compiled = gemv(qtype)
     use = resource_usage(compiled)
     assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{qtype} GEMV spills registers: {use}"
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), \
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), (
         f"{qtype}: codes not read as 16-byte vectors"
+    )
     profile = loop_profile(compiled)
     # no exchange between lanes: every plane and the activations share the codes' layout
     assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), (qtype, profile)
@@ -154,19 +229,35 @@ def test_tensor_core_variants_compile():
     assert "mma.sync" in mma("Q8_0", 64, 64, 8, 4, 2, pdl=False, capability=80).asm["ptx"]
 
 
-def dequantize_kernel(qtype: str, out: str = "*bf16", *, gather: bool = False,
-                      even: bool = True) -> Any:
+def dequantize_kernel(
+    qtype: str, out: str = "*bf16", *, gather: bool = False, even: bool = True
+) -> Any:
     p = _weight(qtype)
-    constexprs = dict(GATHER=gather, BN=dequant.BLOCK_ROWS, C=dequant.BLOCK_CHUNKS, EVEN=even,
-                      BITS=dequant.bits_mode(p), PTX=True, **type_constants(p))
-    return compile_for(dequant._dequant_kernel, constexprs, _pointer_types(qtype, out, out),
-                       num_warps=dequant.WARPS, enable_fp_fusion=False)
+    constexprs = dict(
+        GATHER=gather,
+        BN=dequant.BLOCK_ROWS,
+        C=dequant.BLOCK_CHUNKS,
+        EVEN=even,
+        BITS=dequant.bits_mode(p),
+        PTX=True,
+        **type_constants(p),
+    )
+    return compile_for(
+        dequant._dequant_kernel,
+        constexprs,
+        _pointer_types(qtype, out, out),
+        num_warps=dequant.WARPS,
+        enable_fp_fusion=False,
+    )
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_dequantize_compiles_without_fused_multiply_adds(qtype):
-    variants = ((("*fp32", False, True), ("*bf16", True, False), ("*fp16", False, False))
-                if qtype == "Q4_K" else (("*fp32", False, True), ("*bf16", False, False)))
+    variants = (
+        (("*fp32", False, True), ("*bf16", True, False), ("*fp16", False, False))
+        if qtype == "Q4_K"
+        else (("*fp32", False, True), ("*bf16", False, False))
+    )
     for out, gather, even in variants:
         compiled = dequantize_kernel(qtype, out, gather=gather, even=even)
         assert not re.search(r"\bfma\.", compiled.asm["ptx"]), f"{qtype}: fused multiply-add"
@@ -197,19 +288,33 @@ def test_dequantize_writes_whole_vectors_with_few_instructions(qtype):
         assert profile["I2F"] + profile["I2FP"] <= 8, (qtype, profile)  # the sub-scales only
 
 
-def moe_kernel(qtype: str, down: bool = False, rows: int = 4, warps: int = 1, *,
-               prefetch: bool = True, even: bool = True, swiglu: bool = True,
-               act: str = "*bf16") -> Any:
+def moe_kernel(
+    qtype: str,
+    down: bool = False,
+    rows: int = 4,
+    warps: int = 1,
+    *,
+    prefetch: bool = True,
+    even: bool = True,
+    swiglu: bool = True,
+    act: str = "*bf16",
+) -> Any:
     from tallow_quant_gguf.kernels.moe import _moe_down_kernel, _moe_up_kernel
 
     p = _weight(qtype)
-    constexprs = dict(BN=rows, Q=32 * warps, **type_constants(p), MODE=gemv_mode(p),
-                      PREFETCH=prefetch, EVEN=even)
+    constexprs = dict(
+        BN=rows, Q=32 * warps, **type_constants(p), MODE=gemv_mode(p), PREFETCH=prefetch, EVEN=even
+    )
     if not down:
         constexprs["SWIGLU"] = swiglu
     pointers = {**_pointer_types(qtype, act, act), "w_ptr": "*fp32"}
-    return compile_for(_moe_down_kernel if down else _moe_up_kernel, constexprs, pointers,
-                       num_warps=warps, num_stages=1)
+    return compile_for(
+        _moe_down_kernel if down else _moe_up_kernel,
+        constexprs,
+        pointers,
+        num_warps=warps,
+        num_stages=1,
+    )
 
 
 @pytest.mark.parametrize("qtype", TYPES)

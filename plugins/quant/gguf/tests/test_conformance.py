@@ -26,8 +26,12 @@ class TestGGUFSchemeConformance(QuantSchemeConformance):
 
         out = []
         for i, qtype in enumerate(TYPES):
-            blocks = random_blocks(qtype, rows, cols // QUANT_TYPES[qtype].block, seed=i,
-                                   extremes=False)
-            out.append(QuantizedWeight("gguf", qtype, (rows, cols), torch.from_numpy(blocks),
-                                       dequantize_blocks))
+            blocks = random_blocks(
+                qtype, rows, cols // QUANT_TYPES[qtype].block, seed=i, extremes=False
+            )
+            out.append(
+                QuantizedWeight(
+                    "gguf", qtype, (rows, cols), torch.from_numpy(blocks), dequantize_blocks
+                )
+            )
         return out

@@ -30,8 +30,10 @@ def assert_same_bits(got: torch.Tensor, expected: np.ndarray, what: str) -> None
     differ = (got.view(torch.int32) != exp.view(torch.int32)) & ~both_nan
     if differ.any():
         i = differ.nonzero()[0].tolist()
-        raise AssertionError(f"{what}: {int(differ.sum())} values differ, first at {i}: "
-                             f"{got[tuple(i)].item()!r} != {exp[tuple(i)].item()!r}")
+        raise AssertionError(
+            f"{what}: {int(differ.sum())} values differ, first at {i}: "
+            f"{got[tuple(i)].item()!r} != {exp[tuple(i)].item()!r}"
+        )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -42,8 +44,10 @@ def test_type_table_matches_the_gguf_package():
     import gguf
 
     for name, qt in QUANT_TYPES.items():
-        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (qt.block,
-                                                                           qt.block_bytes), name
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (
+            qt.block,
+            qt.block_bytes,
+        ), name
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -87,8 +91,7 @@ def test_rows_gather_and_stack():
     packed = pack(blocks, "Q4_K")
     full = dequantize_ref(packed)
     ids = torch.tensor([4, 0, 4, 2])
-    assert torch.equal(dequantize_rows_ref(packed, ids).nan_to_num(),
-                       full[ids].nan_to_num())
+    assert torch.equal(dequantize_rows_ref(packed, ids).nan_to_num(), full[ids].nan_to_num())
     halves = cat_rows([pack(blocks[:2], "Q4_K"), pack(blocks[2:], "Q4_K")])
     assert torch.equal(dequantize_ref(halves).nan_to_num(), full.nan_to_num())
     padded = packed.pad_rows(3)

@@ -13,8 +13,12 @@ import re
 import numpy as np
 import pytest
 
-from tallow_quant_gguf.kernels.matmul import (_BYTE_CONSTRAINTS, _BYTE_FP16, _NIB_CONSTRAINTS,
-                                              _NIB_FP16)
+from tallow_quant_gguf.kernels.matmul import (
+    _BYTE_CONSTRAINTS,
+    _BYTE_FP16,
+    _NIB_CONSTRAINTS,
+    _NIB_FP16,
+)
 
 
 def _halves(word: int) -> tuple[np.float64, np.float64]:
@@ -101,8 +105,9 @@ def test_4_bit_codes_decode_to_d_times_a_q_plus_c(seed):
         a = [float(rng.integers(0, 64)) for _ in range(2)]  # sub-scales: 6-bit integers
         d = [_f16(rng.uniform(-0.05, 0.05)) for _ in range(2)]
         c = [_f16(rng.uniform(-0.5, 0.5)) for _ in range(2)]
-        out = run_ptx(_NIB_FP16.value, _NIB_CONSTRAINTS.value,
-                      words + [_pack(*a), _pack(*d), _pack(*c)])
+        out = run_ptx(
+            _NIB_FP16.value, _NIB_CONSTRAINTS.value, words + [_pack(*a), _pack(*d), _pack(*c)]
+        )
         for slot in range(8):
             got = _halves(out[slot])
             for lane in range(2):
@@ -130,6 +135,9 @@ def test_the_evaluator_knows_its_instructions():
     assert _prmt(0x33221100, 0x77665544, 0x6622) == 0x66662222
     assert _lop3(0xF0F0, 0x00FF, 0x1234, 0xEA) == (0xF0F0 & 0x00FF) | 0x1234
     assert _halves(_pack(1.5, -2.0)) == (1.5, -2.0)
-    (one,) = run_ptx("{ .reg .b32 k; mov.b32 k, 0x3C003C00; fma.rn.f16x2 $0, $1, k, $1; }",
-                     "=r,r", [_pack(2.0, 3.0)])
+    (one,) = run_ptx(
+        "{ .reg .b32 k; mov.b32 k, 0x3C003C00; fma.rn.f16x2 $0, $1, k, $1; }",
+        "=r,r",
+        [_pack(2.0, 3.0)],
+    )
     assert _halves(one) == (4.0, 6.0)

@@ -29,10 +29,16 @@ def hf_dirs(tmp_path_factory):
     from tallow_quant_gguf.quantize import quantize
 
     root = tmp_path_factory.mktemp("isq")
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=320,
-                                      max_position_embeddings=256, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(root / "float")
@@ -88,7 +94,8 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
     def weights(e: LLMEngine) -> int:  # parameters and planes, without the rotary tables
         model = e.parts.loaded.model
         return e.parts.loaded.weight_bytes - sum(
-            b.nbytes for n, b in model.named_buffers() if "cos_sin" in n or "inv_freq" in n)
+            b.nbytes for n, b in model.named_buffers() if "cos_sin" in n or "inv_freq" in n
+        )
 
     assert weights(engine) < 0.28 * weights(dense)  # 8.5 bits per weight, not 32
     assert len(greedy(engine, PROMPTS, 8)[0]) == 8
@@ -96,8 +103,9 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
 def test_a_float_gguf_file_is_quantized_at_load(tmp_path):
     layers = [{k: "F16" for k in MIXED[0]}]
-    path = write_llama_gguf(tmp_path / "f16.gguf", layer_types=layers, embed_type="F32",
-                            head_type="F16")
+    path = write_llama_gguf(
+        tmp_path / "f16.gguf", layer_types=layers, embed_type="F32", head_type="F16"
+    )
     engine = _engine(str(path), isq="q5_0")
     summary = engine.parts.loaded.quant.summary()
     # qkv, o, gate_up, down (neighbours of one type stacked), embedding and head
@@ -114,6 +122,9 @@ def test_wrong_requests_are_refused_clearly(tmp_path):
     with pytest.raises(ConfigError, match=r"model\.isq"):
         config_from_mapping({"model": {"isq": "Q4 K"}})
     # a well-formed type no installed scheme offers: refused listing the offered ones
-    with pytest.raises(SelectionError, match=r"model\.isq 'q9_k': no installed quant scheme .*"
-                                             r"q4_0, .*q6_k \(tallow-quant-gguf\)"):
+    with pytest.raises(
+        SelectionError,
+        match=r"model\.isq 'q9_k': no installed quant scheme .*"
+        r"q4_0, .*q6_k \(tallow-quant-gguf\)",
+    ):
         _engine(str(path), isq="q9_k")

@@ -52,8 +52,11 @@ def test_sweep_configurations(qtype):
     for m in (1, 4, 64):
         x = x_of(m, k, "sweep", qtype)
         for choice in candidates(qtype, n, k, m, corners=True):
-            got = ops._fused(x, packed, None, choice, None) if choice.path != "dequant" else \
-                ops.linear(x, [packed], policy=KernelPolicy(matmul="dequant"))
+            got = (
+                ops._fused(x, packed, None, choice, None)
+                if choice.path != "dequant"
+                else ops.linear(x, [packed], policy=KernelPolicy(matmul="dequant"))
+            )
             close(got, x, w, None, f"{qtype} m={m} {choice}")
 
 
@@ -124,30 +127,64 @@ def test_graph_replay_equals_eager_for_every_path():
 
 def _graphs_and_eager(source: str, max_model_len: int, **model):
     """Engines with and without CUDA graphs (decode batches up to 32 captured)."""
-    return [engine(source, device="cuda", dtype="bfloat16", num_blocks=2048,
-                   max_model_len=max_model_len, attention_splits=4,
-                   runner={"disable_cuda_graph": disable, "max_cuda_graph_batch": 32}, **model)
-            for disable in (False, True)]
+    return [
+        engine(
+            source,
+            device="cuda",
+            dtype="bfloat16",
+            num_blocks=2048,
+            max_model_len=max_model_len,
+            attention_splits=4,
+            runner={"disable_cuda_graph": disable, "max_cuda_graph_batch": 32},
+            **model,
+        )
+        for disable in (False, True)
+    ]
 
 
 def _assert_same_tokens(graphs, eager, vocab: int, what: str) -> None:
     assert graphs.core.runner.graphs is not None and eager.core.runner.graphs is None
     replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(seed_of(what))
-    for n in (1, 2, 4, 8, 16):  # captured sizes, each replaying its own graph: eager runs the same kernels
-        batch = [torch.randint(0, vocab, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 300, (n,), generator=g)]
-        assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), \
+    for n in (
+        1,
+        2,
+        4,
+        8,
+        16,
+    ):  # captured sizes, each replaying its own graph: eager runs the same kernels
+        batch = [
+            torch.randint(0, vocab, (int(L),), generator=g).tolist()
+            for L in torch.randint(3, 300, (n,), generator=g)
+        ]
+        assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), (
             f"{what}: batch {n} (TALLOW_TEST_SEED={BASE_SEED})"
+        )
 
 
 def test_engine_graph_replay_equals_eager_for_a_q4_k_gguf_model(tmp_path):
     from quant_gguf_files import VOCAB, write_llama_gguf
 
-    layers = [{"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q4_K", "attn_output": "Q4_K",
-               "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q4_K"}] * 3
-    path = str(write_llama_gguf(tmp_path / "q4k.gguf", layer_types=layers, embed_type="Q4_K",
-                                head_type="Q6_K", seed=seed_of("engine") % 1000))
+    layers = [
+        {
+            "attn_q": "Q4_K",
+            "attn_k": "Q4_K",
+            "attn_v": "Q4_K",
+            "attn_output": "Q4_K",
+            "ffn_gate": "Q4_K",
+            "ffn_up": "Q4_K",
+            "ffn_down": "Q4_K",
+        }
+    ] * 3
+    path = str(
+        write_llama_gguf(
+            tmp_path / "q4k.gguf",
+            layer_types=layers,
+            embed_type="Q4_K",
+            head_type="Q6_K",
+            seed=seed_of("engine") % 1000,
+        )
+    )
     graphs, eager = _graphs_and_eager(path, 512)  # the file's context length
     assert type(graphs.parts.loaded.quant).__name__ == "GGUFQuantScheme"
     _assert_same_tokens(graphs, eager, VOCAB, "q4_k gguf")

@@ -14,7 +14,11 @@ from quant_blocks import random_blocks  # noqa: E402
 from quant_engine_runs import engine, greedy  # noqa: E402
 from quant_gguf_files import HIDDEN, VOCAB, write_llama_gguf  # noqa: E402
 from tallow.layers import (  # noqa: E402
-    ArchConfig, BuildContext, QKVParallelLinear, QuantizedWeight, RowParallelLinear,
+    ArchConfig,
+    BuildContext,
+    QKVParallelLinear,
+    QuantizedWeight,
+    RowParallelLinear,
     VocabEmbedding,
 )
 from tallow_quant_gguf import plugin  # noqa: E402
@@ -29,8 +33,9 @@ def _models(path, arch_cls):
     from tallow_format_gguf.format import GGUFFormat
 
     checkpoint = GGUFFormat().load(str(path))
-    config = ArchConfig(arch_cls.config_from_gguf(checkpoint.extra["gguf_metadata"],
-                                                  dict(checkpoint.config)))
+    config = ArchConfig(
+        arch_cls.config_from_gguf(checkpoint.extra["gguf_metadata"], dict(checkpoint.config))
+    )
     dense = arch_cls(config, BuildContext())
     dense.load_weights(checkpoint.tensors(), naming="gguf")
     scheme = GGUFQuantScheme()
@@ -59,8 +64,9 @@ def test_every_layer_equals_the_dequantized_model(llama_file):
             assert torch.equal(q_mod(inp), d_mod(inp)), name
         gate_up = torch.randn(5, 2 * d_layer.mlp.down_proj.input_size, generator=g)
         act = d_layer.mlp.act_fn
-        assert torch.equal(q_layer.mlp.down_proj(gate_up, act=act),
-                           d_layer.mlp.down_proj(gate_up, act=act))
+        assert torch.equal(
+            q_layer.mlp.down_proj(gate_up, act=act), d_layer.mlp.down_proj(gate_up, act=act)
+        )
     ids = torch.tensor([0, 5, VOCAB - 1, 5])
     assert torch.equal(quantized.model.embed_tokens(ids), dense.model.embed_tokens(ids))
     assert torch.equal(quantized.compute_logits(x), dense.compute_logits(x))
@@ -71,8 +77,7 @@ def test_every_layer_equals_the_dequantized_model(llama_file):
     assert types(layer1.self_attn.qkv_proj) == ["IQ4_XS", "Q5_1"]  # q and k stacked
     assert types(layer0.mlp.gate_up_proj) == ["Q4_0"]
     assert types(layer1.mlp.gate_up_proj) == ["Q4_1", "IQ4_NL"]
-    assert types(quantized.model.embed_tokens) == ["Q8_0"] and types(quantized.lm_head) == [
-        "Q6_K"]
+    assert types(quantized.model.embed_tokens) == ["Q8_0"] and types(quantized.lm_head) == ["Q6_K"]
     assert "Q2_K x1" in scheme.summary()
 
 
@@ -80,10 +85,25 @@ def test_every_layer_equals_the_dequantized_model(llama_file):
 def test_a_tied_head_multiplies_by_the_quantized_embedding(tmp_path):
     from tallow_model_llama.model import Qwen2ForCausalLM
 
-    layers = [{"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K",
-               "ffn_gate": "Q6_K", "ffn_up": "Q6_K", "ffn_down": "Q5_K"}]
-    path = write_llama_gguf(tmp_path / "tied.gguf", arch="qwen2", layer_types=layers,
-                            embed_type="Q4_K", head_type=None, seed=3)
+    layers = [
+        {
+            "attn_q": "Q8_0",
+            "attn_k": "Q8_0",
+            "attn_v": "Q8_0",
+            "attn_output": "Q4_K",
+            "ffn_gate": "Q6_K",
+            "ffn_up": "Q6_K",
+            "ffn_down": "Q5_K",
+        }
+    ]
+    path = write_llama_gguf(
+        tmp_path / "tied.gguf",
+        arch="qwen2",
+        layer_types=layers,
+        embed_type="Q4_K",
+        head_type=None,
+        seed=3,
+    )
     dense, quantized, _ = _models(path, Qwen2ForCausalLM)
     assert quantized.lm_head.tied and quantized.lm_head.quant_method is None
     x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(1))
@@ -104,8 +124,10 @@ def test_on_a_cpu_a_gguf_file_is_dequantized_unless_asked(llama_file, caplog):
 
     caplog.set_level(logging.INFO, logger="tallow.engine")
     assert engine(str(llama_file), max_model_len=64, num_blocks=8).parts.loaded.quant is None
-    assert "quant scheme 'gguf' (from tallow-quant-gguf) cannot serve (on a CPU it decodes " \
-           "every weight on every call" in caplog.text
+    assert (
+        "quant scheme 'gguf' (from tallow-quant-gguf) cannot serve (on a CPU it decodes "
+        "every weight on every call" in caplog.text
+    )
     assert "dequantizing them at load" in caplog.text
 
 
@@ -113,8 +135,9 @@ def _qweight(qtype: str, rows: int, cols: int, seed: int = 0) -> QuantizedWeight
     from tallow_format_gguf.dequant import dequantize_blocks
 
     qt = QUANT_TYPES[qtype]
-    blocks = torch.from_numpy(random_blocks(qtype, rows, cols // qt.block, seed=seed,
-                                            extremes=False))
+    blocks = torch.from_numpy(
+        random_blocks(qtype, rows, cols // qt.block, seed=seed, extremes=False)
+    )
     return QuantizedWeight("gguf", qtype, (rows, cols), blocks, dequantize_blocks)
 
 
@@ -129,12 +152,15 @@ def test_tensor_parallel_shards_are_whole_rows_and_whole_blocks():
     # rank 1 of 2; one KV head, so both ranks hold the same (replicated) k and v rows
     build = BuildContext(quant=scheme, tp_rank=1, tp_size=2)
     qkv = QKVParallelLinear(256, 16, 4, 1, build=build, prefix="qkv")
-    full = {s: _qweight(t, rows, 256, seed=i) for i, (s, t, rows) in
-            enumerate([("q", "Q4_K", 64), ("k", "Q8_0", 16), ("v", "Q6_K", 16)])}
+    full = {
+        s: _qweight(t, rows, 256, seed=i)
+        for i, (s, t, rows) in enumerate([("q", "Q4_K", 64), ("k", "Q8_0", 16), ("v", "Q6_K", 16)])
+    }
     for shard, w in full.items():
         qkv.weight.weight_loader(qkv.weight, w, shard)
-    expected = torch.cat([full["q"].dequantize()[32:64], full["k"].dequantize(),
-                          full["v"].dequantize()])
+    expected = torch.cat(
+        [full["q"].dequantize()[32:64], full["k"].dequantize(), full["v"].dequantize()]
+    )
     assert torch.equal(_held(qkv), expected)
 
     row = RowParallelLinear(512, 32, build=build, prefix="down")
@@ -153,12 +179,16 @@ def test_tensor_parallel_shards_are_whole_rows_and_whole_blocks():
 def test_bad_checkpoint_tensors_are_refused_clearly():
     build = BuildContext(quant=GGUFQuantScheme(), tp_rank=1, tp_size=2)
     row = RowParallelLinear(768, 32, build=build, prefix="model.layers.0.mlp.down_proj")
-    with pytest.raises(ValueError, match="columns 384:768 do not fall on 256-element block "
-                                         "boundaries of Q4_K"):
+    with pytest.raises(
+        ValueError, match="columns 384:768 do not fall on 256-element block boundaries of Q4_K"
+    ):
         row.weight.weight_loader(row.weight, _qweight("Q4_K", 32, 768))
     row = RowParallelLinear(512, 32, build=build, prefix="model.layers.0.mlp.down_proj")
-    with pytest.raises(ValueError, match=r"down_proj: checkpoint tensor has shape \(32, 256\), "
-                                         r"expected \(32, 512\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"down_proj: checkpoint tensor has shape \(32, 256\), "
+        r"expected \(32, 512\)",
+    ):
         row.weight.weight_loader(row.weight, _qweight("Q4_K", 32, 256))
     qkv = QKVParallelLinear(64, 16, 4, 2, prefix="qkv", build=BuildContext(quant=GGUFQuantScheme()))
     qkv.weight.weight_loader(qkv.weight, _qweight("Q8_0", 64, 64), "q")
@@ -171,8 +201,13 @@ def test_bad_checkpoint_tensors_are_refused_clearly():
 def test_a_type_without_kernels_stays_dense():
     qkv = QKVParallelLinear(64, 16, 2, 2, prefix="qkv", build=BuildContext(quant=GGUFQuantScheme()))
     decoded = torch.randn(32, 64)
-    other = QuantizedWeight("gguf", "TQ2_0", (32, 64), torch.zeros(32, 16, dtype=torch.uint8),
-                            lambda data, qtype, shape: decoded)
+    other = QuantizedWeight(
+        "gguf",
+        "TQ2_0",
+        (32, 64),
+        torch.zeros(32, 16, dtype=torch.uint8),
+        lambda data, qtype, shape: decoded,
+    )
     for shard in "qkv":
         qkv.weight.weight_loader(qkv.weight, other, shard)
     assert torch.equal(_held(qkv), torch.cat([decoded] * 3))
@@ -186,21 +221,26 @@ def test_registration_is_lazy_and_light(tallow_plugin_manager):
     assert status.status == "ok", status.reason
     entry = tallow_plugin_manager.registries.quant_schemes.entry("gguf")
     assert entry.lazy and entry.load() is GGUFQuantScheme
-    assert modules_imported_by_registration("tallow_quant_gguf.plugin",
-                                            "tallow_register_quant_schemes",
-                                            "QuantSchemeRegistry",
-                                            watch=("torch", "triton")) == []
+    assert (
+        modules_imported_by_registration(
+            "tallow_quant_gguf.plugin",
+            "tallow_register_quant_schemes",
+            "QuantSchemeRegistry",
+            watch=("torch", "triton"),
+        )
+        == []
+    )
 
 
 def test_settings_are_validated_with_their_key():
     from tallow.plugin.testing import make_config
 
     def scheme(settings):
-        return GGUFQuantScheme(make_config({"plugins": {"settings": {
-            "tallow-quant-gguf": settings}}}))
+        return GGUFQuantScheme(
+            make_config({"plugins": {"settings": {"tallow-quant-gguf": settings}}})
+        )
 
-    assert scheme({"matmul": "dequant", "dequant_min_rows": 8}).policy == KernelPolicy(
-        "dequant", 8)
+    assert scheme({"matmul": "dequant", "dequant_min_rows": 8}).policy == KernelPolicy("dequant", 8)
     with pytest.raises(ValueError, match=r"tallow-quant-gguf\.matmul: expected one of auto"):
         scheme({"matmul": "fast"})
     with pytest.raises(ValueError, match="unknown setting.*gemv_rows"):
@@ -218,8 +258,9 @@ def test_isq_types_with_llama_cpp_shape_fallbacks():
     from tallow_quant_gguf.isq import quantize_rows
 
     def stored(isq: str, cols: int) -> str:
-        return quantize_rows(torch.randn(2, cols), isq, torch.device("cpu"),
-                             torch.float32).type_name
+        return quantize_rows(
+            torch.randn(2, cols), isq, torch.device("cpu"), torch.float32
+        ).type_name
 
     assert stored("q4_k", 512) == "Q4_K"
     assert stored("q4_k", 896) == "Q5_0"  # 896 is not whole 256-element super-blocks
@@ -227,8 +268,7 @@ def test_isq_types_with_llama_cpp_shape_fallbacks():
     assert stored("q3_k", 896) == "Q4_0"
     assert stored("q4_0", 100) == "float32"  # not even 32-element blocks: stays dense
     with pytest.raises(ValueError, match="expected a 2-d float weight"):
-        quantize_rows(torch.zeros(4, dtype=torch.int32), "q4_0", torch.device("cpu"),
-                      torch.float32)
+        quantize_rows(torch.zeros(4, dtype=torch.int32), "q4_0", torch.device("cpu"), torch.float32)
 
 
 def test_planes_live_on_the_layer_as_buffers():
@@ -238,5 +278,6 @@ def test_planes_live_on_the_layer_as_buffers():
     qkv.quant_method.process_weights_after_loading(qkv)
     names = {n for n, _ in qkv.named_buffers()}
     assert names == {"weight_0_d", "weight_0_byte"}
-    assert sum(b.nbytes for b in qkv.buffers()) == pack(
-        _qweight("Q8_0", 96, 64).data, "Q8_0").nbytes
+    assert (
+        sum(b.nbytes for b in qkv.buffers()) == pack(_qweight("Q8_0", 96, 64).data, "Q8_0").nbytes
+    )

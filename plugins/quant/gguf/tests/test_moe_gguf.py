@@ -18,14 +18,28 @@ pytest.importorskip("tallow_format_gguf", reason="tallow-format-gguf reads the f
 
 from tallow.plugin.testing.gguf_files import gguf_metadata, gguf_tensors, write_gguf  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
-    assert_greedy_parity, random_hf_model,
+    assert_greedy_parity,
+    random_hf_model,
 )
 
-BASE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-            vocab_size=160, rms_norm_eps=1e-5, max_position_embeddings=256, num_experts=8,
-            num_experts_per_tok=2, norm_topk_prob=True, bos_token_id=None, eos_token_id=None,
-            pad_token_id=None)
+BASE = dict(
+    hidden_size=256,
+    intermediate_size=256,
+    moe_intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=160,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 PROMPTS = [[3, 17, 150, 9, 64], [128, 5, 77, 31, 100, 1, 42]]
 #: the type of each stacked expert tensor in the file
@@ -56,8 +70,10 @@ def write_quantized_qwen3_moe(path, hf) -> None:
         if kind in EXPERT_TYPES:
             qtype = EXPERT_TYPES[kind]
             blocks, _ = decoded(torch.from_numpy(array), qtype)
-            raw = blocks.reshape(*array.shape[:-1], array.shape[-1] // QUANT_TYPES[qtype].block
-                                 * QUANT_TYPES[qtype].block_bytes)
+            raw = blocks.reshape(
+                *array.shape[:-1],
+                array.shape[-1] // QUANT_TYPES[qtype].block * QUANT_TYPES[qtype].block_bytes,
+            )
             writer_tensors.append((name, raw, qtype))
         else:
             writer_tensors.append((name, array))
@@ -69,9 +85,12 @@ def write_quantized_qwen3_moe(path, hf) -> None:
             state[name] = decoded(w, "Q6_K")[1]
     hf.load_state_dict(state, strict=False)
 
-    metadata = gguf_metadata(cfg, expert_count=cfg.num_experts,
-                             expert_used_count=cfg.num_experts_per_tok,
-                             expert_feed_forward_length=cfg.moe_intermediate_size)
+    metadata = gguf_metadata(
+        cfg,
+        expert_count=cfg.num_experts,
+        expert_used_count=cfg.num_experts_per_tok,
+        expert_feed_forward_length=cfg.moe_intermediate_size,
+    )
     write_gguf(path, "qwen3moe", metadata, writer_tensors, cfg.vocab_size)
 
 
@@ -94,16 +113,13 @@ def test_q4_k_experts_stay_quantized_and_match_the_decoded_float_model(quantized
     ckpt = GGUFFormat().load(str(path))
     assert ckpt.quantization == "gguf"
     assert ckpt.extra["gguf_tensor_types"]["blk.0.ffn_down_exps.weight"] == "Q6_K"
-    config = Qwen3MoeForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"],
-                                                  dict(ckpt.config))
+    config = Qwen3MoeForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     scheme = GGUFQuantScheme(None)
-    model = Qwen3MoeForCausalLM(ArchConfig(config), BuildContext(dtype=torch.float32,
-                                                                quant=scheme))
+    model = Qwen3MoeForCausalLM(ArchConfig(config), BuildContext(dtype=torch.float32, quant=scheme))
     model.load_weights(ckpt.tensors(), naming="gguf")
     method = model.model.layers[0].mlp.experts.quant_method
     assert isinstance(method, GGUFMoEMethod)
-    assert {k: p.type_name for k, p in method.stacked.items()} == {"w13": "Q4_K",
-                                                                  "w2": "Q6_K"}
+    assert {k: p.type_name for k, p in method.stacked.items()} == {"w13": "Q4_K", "w2": "Q6_K"}
     assert "Q4_K x2" in scheme.summary() and "Q6_K x2" in scheme.summary()
     assert_greedy_parity(model.eval(), hf, PROMPT, 32, what="qwen3moe Q4_K experts")
 
@@ -116,7 +132,7 @@ def test_the_engine_serves_the_quantized_file(quantized_file):
     for prompt, tokens in zip(PROMPTS, greedy(eng, PROMPTS, 8)):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
-        assert tokens == out[0, len(prompt):].tolist()
+        assert tokens == out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +145,7 @@ def float_dirs(tmp_path_factory):
     hf = random_hf_model(transformers.Qwen3MoeConfig(**BASE), seed=32)
     hf.save_pretrained(root / "float")
     synthetic_tokenizer(BASE["vocab_size"]).save(str(root / "float" / "tokenizer.json"))
-    state = {name: decoded(w, "Q4_K")[1] for name, w in hf.state_dict().items()
-             if w.dim() >= 2}
+    state = {name: decoded(w, "Q4_K")[1] for name, w in hf.state_dict().items() if w.dim() >= 2}
     hf.load_state_dict(state, strict=False)
     hf.save_pretrained(root / "decoded")
     synthetic_tokenizer(BASE["vocab_size"]).save(str(root / "decoded" / "tokenizer.json"))
@@ -142,7 +157,9 @@ def test_isq_quantizes_the_experts(float_dirs):
     isq = engine(str(float_dir), isq="q4_k")
     experts = isq.parts.loaded.model.model.layers[0].mlp.experts
     assert {k: p.type_name for k, p in experts.quant_method.stacked.items()} == {
-        "w13": "Q4_K", "w2": "Q4_K"}
+        "w13": "Q4_K",
+        "w2": "Q4_K",
+    }
     reference = engine(str(decoded_dir))
     assert isq.parts.loaded.weight_bytes < 0.25 * reference.parts.loaded.weight_bytes
     assert greedy(isq, PROMPTS, 8) == greedy(reference, PROMPTS, 8)

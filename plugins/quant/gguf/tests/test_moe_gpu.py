@@ -28,17 +28,27 @@ def experts_layer(t13: str, t2: str) -> tuple[FusedExperts, torch.Tensor, torch.
     decoded weights (bf16, the reference's)."""
     from tallow.layers import QuantizedWeight
 
-    layer = FusedExperts(E, H, I, bias=False, activation="silu", swiglu_alpha=1.702,
-                         swiglu_limit=7.0, prefix="mlp.experts",
-                         build=BuildContext(dtype=torch.bfloat16, device="cuda",
-                                            quant=GGUFQuantScheme(None)))
+    layer = FusedExperts(
+        E,
+        H,
+        I,
+        bias=False,
+        activation="silu",
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
+        prefix="mlp.experts",
+        build=BuildContext(dtype=torch.bfloat16, device="cuda", quant=GGUFQuantScheme(None)),
+    )
     raw13 = blocks(t13, E * 2 * I, H, "gpu13").reshape(E, 2 * I, -1)
     raw2 = blocks(t2, E * H, I, "gpu2").reshape(E, H, -1)
-    for name, raw, qtype, shape in (("w13_weight", raw13, t13, (E, 2 * I, H)),
-                                    ("w2_weight", raw2, t2, (E, H, I))):
+    for name, raw, qtype, shape in (
+        ("w13_weight", raw13, t13, (E, 2 * I, H)),
+        ("w2_weight", raw2, t2, (E, H, I)),
+    ):
         param = getattr(layer, name)
-        param.weight_loader(param, QuantizedWeight("gguf", qtype, shape,
-                                                   torch.from_numpy(raw), lambda *a: None))
+        param.weight_loader(
+            param, QuantizedWeight("gguf", qtype, shape, torch.from_numpy(raw), lambda *a: None)
+        )
     layer.quant_method.process_weights_after_loading(layer)
     w13 = oracle(raw13, t13, (E, 2 * I, H)).to("cuda", torch.bfloat16)
     w2 = oracle(raw2, t2, (E, H, I)).to("cuda", torch.bfloat16)
@@ -85,8 +95,10 @@ def test_decode_path_replays_in_a_cuda_graph():
 
 def test_an_isq_moe_engine_with_cuda_graphs_matches_eager():
     prompts = [[3, 17, 250, 9, 64], [128, 5, 77, 31, 200, 1, 42]]
-    graphs = engine("random:tiny-qwen3-moe", device="cuda", isq="q4_k",
-                    runner={"max_cuda_graph_batch": 32})
-    eager = engine("random:tiny-qwen3-moe", device="cuda", isq="q4_k",
-                   runner={"disable_cuda_graph": True})
+    graphs = engine(
+        "random:tiny-qwen3-moe", device="cuda", isq="q4_k", runner={"max_cuda_graph_batch": 32}
+    )
+    eager = engine(
+        "random:tiny-qwen3-moe", device="cuda", isq="q4_k", runner={"disable_cuda_graph": True}
+    )
     assert greedy(graphs, prompts, 16) == greedy(eager, prompts, 16)

@@ -87,8 +87,9 @@ def test_legacy_types_are_byte_identical_to_gguf(qtype: str) -> None:
 
     x = _test_matrix(qtype, seed=1, random_rows=64)
     # magnitudes at the ends of float16 and beyond it, where the stored scale saturates
-    extremes = np.array([[1e30, -1e30, 65504.0, -1e-30] * 64,
-                         [3e38, -3e38, 1.0, 0.0] * 64], dtype=np.float32)
+    extremes = np.array(
+        [[1e30, -1e30, 65504.0, -1e-30] * 64, [3e38, -3e38, 1.0, 0.0] * 64], dtype=np.float32
+    )
     x = np.concatenate([x, extremes])
     ours = quantize(torch.from_numpy(x), qtype).numpy()
     with np.errstate(over="ignore", invalid="ignore"):  # scales beyond float16, inf - inf
@@ -112,8 +113,8 @@ def test_kquants_are_byte_identical_to_the_llama_cpp_reference(qtype: str) -> No
     assert differing.size == 0, f"super-blocks {differing.tolist()} differ from the reference"
     # The round-trip error of every super-block, through gguf's dequantizer.
     blocks = x.reshape(-1, t.block_elems).astype(np.float64)
-    err_ours = ((dequantize(ours, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2)
-    err_ref = ((dequantize(theirs, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2)
+    err_ours = (dequantize(ours, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2
+    err_ref = (dequantize(theirs, _gguf_type(qtype)).reshape(blocks.shape) - blocks) ** 2
     assert np.array_equal(err_ours.sum(axis=1), err_ref.sum(axis=1))
 
 
@@ -124,10 +125,13 @@ def test_the_square_root_is_c_sqrtf() -> None:
     from tallow_quant_gguf.quantize_ops import sqrt_f32
 
     rng = np.random.default_rng(5)
-    values = np.concatenate([
-        np.array([np.float32(1.0088632106781006) / np.float32(32)], dtype=np.float32),
-        (10.0 ** rng.uniform(-30, 30, 100_000)).astype(np.float32),
-        rng.uniform(0, 4, 100_000).astype(np.float32)])
+    values = np.concatenate(
+        [
+            np.array([np.float32(1.0088632106781006) / np.float32(32)], dtype=np.float32),
+            (10.0 ** rng.uniform(-30, 30, 100_000)).astype(np.float32),
+            rng.uniform(0, 4, 100_000).astype(np.float32),
+        ]
+    )
     ours = sqrt_f32(torch.from_numpy(values)).numpy()
     assert ours.dtype == np.float32
     assert np.array_equal(ours, np.sqrt(values))
@@ -135,8 +139,18 @@ def test_the_square_root_is_c_sqrtf() -> None:
 
 
 #: Largest relative RMS error on Gaussian weights (typical values are about half of these).
-RELATIVE_RMSE = {"q8_0": 0.006, "q6_k": 0.02, "q5_0": 0.05, "q5_1": 0.04, "q5_k": 0.04,
-                 "q4_0": 0.11, "q4_1": 0.09, "q4_k": 0.08, "q3_k": 0.2, "q2_k": 0.4}
+RELATIVE_RMSE = {
+    "q8_0": 0.006,
+    "q6_k": 0.02,
+    "q5_0": 0.05,
+    "q5_1": 0.04,
+    "q5_k": 0.04,
+    "q4_0": 0.11,
+    "q4_1": 0.09,
+    "q4_k": 0.08,
+    "q3_k": 0.2,
+    "q2_k": 0.4,
+}
 
 
 @pytest.mark.parametrize("qtype", sorted(QUANT_TYPES))
@@ -163,7 +177,7 @@ def test_half_precision_input_is_quantized_as_its_float32_values(dtype: torch.dt
 
 def test_rows_larger_than_one_chunk_are_quantized_whole() -> None:
     # more blocks than one CPU step handles (2**21 weights), so the chunking is exercised
-    w = torch.randn(2 ** 11 + 3, 1024, generator=torch.Generator().manual_seed(6))
+    w = torch.randn(2**11 + 3, 1024, generator=torch.Generator().manual_seed(6))
     q = quantize(w, "q8_0")
     assert torch.equal(q[-3:], quantize(w[-3:], "q8_0"))
     assert torch.equal(q[:5], quantize(w[:5], "q8_0"))

@@ -15,14 +15,25 @@ import pytest
 import torch
 
 from tallow_quant_gguf.quantize_file import quantize_checkpoint
-from tallow_quant_gguf.quantize_mix import (FILE_TYPES, LLAMA_FILE_TYPES, ModelTraits,
-                                            check_file_type, layer_of, model_traits,
-                                            tensor_type, use_more_bits)
+from tallow_quant_gguf.quantize_mix import (
+    FILE_TYPES,
+    LLAMA_FILE_TYPES,
+    ModelTraits,
+    check_file_type,
+    layer_of,
+    model_traits,
+    tensor_type,
+    use_more_bits,
+)
 
 transformers = pytest.importorskip("transformers", reason="transformers is the GGUF oracle")
 
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
-          "Paged attention stores keys and values in blocks.", "naïve café über 🙂"] * 20
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "Paged attention stores keys and values in blocks.",
+    "naïve café über 🙂",
+] * 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,8 +65,12 @@ def test_plain_types_keep_the_output_head_wider_as_llama_quantize_does() -> None
         assert tensor_type("output.weight", (151936, 4096), plain, untied) == "q6_k"
         assert tensor_type("token_embd.weight", (151936, 4096), plain, untied) == plain[:4]
     assert tensor_type("output.weight", (151936, 4096), "q8_0", untied) == "q8_0"
-    assert tensor_type("token_embd.weight", (151936, 896), "q4_0",
-                       ModelTraits(n_layers=24, tied_output=True)) == "q8_0"
+    assert (
+        tensor_type(
+            "token_embd.weight", (151936, 896), "q4_0", ModelTraits(n_layers=24, tied_output=True)
+        )
+        == "q8_0"
+    )
     assert tensor_type("blk.3.ffn_down.weight", (896, 4864), "q4_0", untied) == "q4_0"
 
 
@@ -73,28 +88,42 @@ def test_the_k_quant_mixes_and_aliases() -> None:
     assert tensor_type("blk.9.attn_output.weight", out, "q2_k", m) == "q3_k"
     assert tensor_type("blk.9.ffn_up.weight", (14336, 4096), "q2_k", m) == "q2_k"
     # Q3_K_M: attn_v Q5_K for the first 2, ffn_down Q5_K for the first 1/16, else Q4_K
-    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q3_k_m", m) for i in (1, 2)] == \
-        ["q5_k", "q4_k"]
-    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q3_k_m", m) for i in (1, 2)] == \
-        ["q5_k", "q4_k"]
+    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q3_k_m", m) for i in (1, 2)] == [
+        "q5_k",
+        "q4_k",
+    ]
+    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q3_k_m", m) for i in (1, 2)] == [
+        "q5_k",
+        "q4_k",
+    ]
     assert tensor_type("blk.2.attn_output.weight", out, "q3_k_m", m) == "q4_k"
     assert tensor_type("blk.2.attn_q.weight", out, "q3_k_s", m) == "q3_k"
     assert tensor_type("blk.20.ffn_down.weight", down, "q3_k_l", m) == "q5_k"
     # Q4_K_S: attn_v Q5_K for the first 4, ffn_down Q5_K for the first eighth
-    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q4_k_s", m) for i in (3, 4)] == \
-        ["q5_k", "q4_k"]
-    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q4_k_s", m) for i in (3, 4)] == \
-        ["q5_k", "q4_k"]
+    assert [tensor_type(f"blk.{i}.attn_v.weight", v, "q4_k_s", m) for i in (3, 4)] == [
+        "q5_k",
+        "q4_k",
+    ]
+    assert [tensor_type(f"blk.{i}.ffn_down.weight", down, "q4_k_s", m) for i in (3, 4)] == [
+        "q5_k",
+        "q4_k",
+    ]
     assert tensor_type("blk.0.ffn_down.weight", down, "q5_k_s", m) == "q5_k"
     # a 70B-class model: attn_v raised to Q5_K from Q3_K/Q4_K
     big = ModelTraits(n_layers=80, tied_output=False, n_gqa=8, is_70b=True)
     assert tensor_type("blk.40.attn_v.weight", v, "q4_k_m", big) == "q5_k"
     assert tensor_type("blk.40.attn_v.weight", v, "q3_k_s", big) == "q5_k"
     assert tensor_type("blk.0.attn_v.weight", v, "q4_k_m", big) == "q6_k"
-    assert model_traits({"num_hidden_layers": 80, "num_attention_heads": 64,
-                         "num_key_value_heads": 8}, "gguf:llama", tied_output=False).is_70b
-    assert not model_traits({"num_hidden_layers": 80, "num_attention_heads": 64,
-                             "num_key_value_heads": 64}, "llama", tied_output=False).is_70b
+    assert model_traits(
+        {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8},
+        "gguf:llama",
+        tied_output=False,
+    ).is_70b
+    assert not model_traits(
+        {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 64},
+        "llama",
+        tied_output=False,
+    ).is_70b
     with pytest.raises(ValueError, match="num_hidden_layers"):
         model_traits({}, "llama", tied_output=False)
 
@@ -116,14 +145,27 @@ def test_q4_k_m_of_the_shipped_qwen_gguf_reproduces_llama_cpp_types_exactly() ->
     for t in reader.tensors:
         layer = layer_of(t.name)
         index = None if layer is None else name_order.index(layer)
-        kind = tensor_type(t.name, tuple(int(d) for d in reversed(list(t.shape))), "q4_k_m",
-                           traits, index=index)
+        kind = tensor_type(
+            t.name, tuple(int(d) for d in reversed(list(t.shape))), "q4_k_m", traits, index=index
+        )
         got[t.name] = kind or "f32"
     want = {t.name: t.tensor_type.name.lower() for t in reader.tensors}
     assert got == want
     assert reader.fields["general.file_type"].contents() == 15  # MOSTLY_Q4_K_M
-    assert [i for i in range(24) if want[f"blk.{i}.ffn_down.weight"] == "q6_k"] == \
-        [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21]
+    assert [i for i in range(24) if want[f"blk.{i}.ffn_down.weight"] == "q6_k"] == [
+        0,
+        1,
+        3,
+        6,
+        7,
+        8,
+        9,
+        10,
+        13,
+        16,
+        19,
+        21,
+    ]
 
 
 def test_rows_that_do_not_fit_the_block_fall_back_as_llama_cpp_does() -> None:
@@ -151,9 +193,12 @@ def _tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|eos|>", "<|bos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|eos|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     return tok
 
@@ -161,10 +206,19 @@ def _tokenizer():
 def save_tiny(path: Path, model_type: str) -> Path:
     tok = _tokenizer()
     config = transformers.AutoConfig.for_model(
-        model_type, vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, rms_norm_eps=1e-6, eos_token_id=0, bos_token_id=1,
-        tie_word_embeddings=(model_type == "qwen2"))
+        model_type,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        eos_token_id=0,
+        bos_token_id=1,
+        tie_word_embeddings=(model_type == "qwen2"),
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -173,9 +227,16 @@ def save_tiny(path: Path, model_type: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "eos_token": "<|eos|>", "bos_token": "<|bos|>", "add_bos_token": False,
-        "chat_template": "{% for m in messages %}{{ m.content }}\n{% endfor %}"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "eos_token": "<|eos|>",
+                "bos_token": "<|bos|>",
+                "add_bos_token": False,
+                "chat_template": "{% for m in messages %}{{ m.content }}\n{% endfor %}",
+            }
+        )
+    )
     return path
 
 
@@ -193,8 +254,7 @@ def _tallow_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
     from tallow import LLM, SamplingParams
 
     llm = LLM(model=str(path), dtype="float32", device="cpu", num_blocks=64)
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n,
-                                                ignore_eos=True))
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     return out[0].outputs[0].token_ids
 
 
@@ -204,7 +264,8 @@ PROMPT_TEXT = "The quick brown fox jumps over the lazy"
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 @pytest.mark.parametrize("file_type", ["q8_0", "q4_k_m"])
 def test_safetensors_model_to_gguf_that_gguf_transformers_and_tallow_read(
-        tmp_path: Path, model_type: str, file_type: str) -> None:
+    tmp_path: Path, model_type: str, file_type: str
+) -> None:
     from gguf import GGUFReader
 
     src = save_tiny(tmp_path / "hf", model_type)
@@ -230,7 +291,8 @@ def test_safetensors_model_to_gguf_that_gguf_transformers_and_tallow_read(
     # transformers reads the file (dequantizing it, undoing llama's Q/K permutation): every
     # weight is the original within the quantization error of its type
     hf_gguf = transformers.AutoModelForCausalLM.from_pretrained(
-        out.parent, gguf_file=out.name, dtype=torch.float32)
+        out.parent, gguf_file=out.name, dtype=torch.float32
+    )
     hf_tok = transformers.AutoTokenizer.from_pretrained(out.parent, gguf_file=out.name)
     original = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     loaded, ref = hf_gguf.state_dict(), original.state_dict()
@@ -242,13 +304,15 @@ def test_safetensors_model_to_gguf_that_gguf_transformers_and_tallow_read(
     assert prompt == _tokenizer().encode(PROMPT_TEXT).ids
 
     # tallow serves the file: greedy tokens equal transformers' on the same GGUF
-    hf_tokens = hf_gguf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                 pad_token_id=0)[0, len(prompt):].tolist()
+    hf_tokens = hf_gguf.generate(
+        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert _tallow_greedy(out, prompt, 8) == hf_tokens
 
 
 def test_gguf_source_is_dequantized_requantized_and_keeps_its_metadata(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from gguf import GGUFReader
 
     src = save_tiny(tmp_path / "hf", "qwen2")
@@ -264,8 +328,13 @@ def test_gguf_source_is_dequantized_requantized_and_keeps_its_metadata(
     a, b = GGUFReader(first), GGUFReader(second)
     assert {t.name: t.tensor_type.name for t in b.tensors}["blk.0.ffn_up.weight"] == "Q4_0"
     assert b.fields["general.file_type"].contents() == 2
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "qwen2.block_count",
-                "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "qwen2.block_count",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.eos_token_id",
+    ):
         assert b.fields[key].contents() == a.fields[key].contents(), key
     # the requantized values are Q4_0 of the Q8_0 values
     from gguf.quants import dequantize, quantize
@@ -296,10 +365,12 @@ def test_tallow_quantize_reaches_this_writer_through_a_quant_scheme(tmp_path: Pa
 
     src = save_tiny(tmp_path / "hf", "llama")
     out = tmp_path / "tiny-q5_k_m.gguf"
-    pm = isolated_plugin_manager("tallow_format_safetensors.plugin", ("tallow-quant-gguf", Plugin()),
-                                 builtins=True)
-    summary = quantize_model(pm.registries, str(src), str(out), "Q5_K_M", device="cpu",
-                             progress=False)
+    pm = isolated_plugin_manager(
+        "tallow_format_safetensors.plugin", ("tallow-quant-gguf", Plugin()), builtins=True
+    )
+    summary = quantize_model(
+        pm.registries, str(src), str(out), "Q5_K_M", device="cpu", progress=False
+    )
     assert summary["scheme"] == "gguf (tallow-quant-gguf)" and summary["file_type"] == "q5_k_m"
     types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
     assert types["blk.0.attn_q.weight"] == "Q5_K" and types["output.weight"] == "Q6_K"

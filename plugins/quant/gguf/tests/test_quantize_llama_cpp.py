@@ -22,14 +22,17 @@ from llama_cpp_oracle import TinyModel, llama_cpp_quantize, tensors_of, write_fl
 from tallow_quant_gguf.quantize_file import quantize_checkpoint
 from tallow_quant_gguf.quantize_mix import FILE_TYPES, LLAMA_FILE_TYPES
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python (the core's test extra) is the "
-                                        "llama.cpp oracle")
+pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python (the core's test extra) is the llama.cpp oracle"
+)
 
 MODELS = {
-    "llama": TinyModel("llama", layers=16, hidden=256, intermediate=256, heads=4, kv_heads=2,
-                       vocab=288, tied=False),
-    "qwen2": TinyModel("qwen2", layers=9, hidden=288, intermediate=208, heads=4, kv_heads=1,
-                       vocab=300, tied=True),
+    "llama": TinyModel(
+        "llama", layers=16, hidden=256, intermediate=256, heads=4, kv_heads=2, vocab=288, tied=False
+    ),
+    "qwen2": TinyModel(
+        "qwen2", layers=9, hidden=288, intermediate=208, heads=4, kv_heads=1, vocab=300, tied=True
+    ),
 }
 
 
@@ -37,12 +40,15 @@ MODELS = {
 #: Q4_K attn_v it raises to Q5_K; rows of 32 weights keep the files small (every k-quant falls
 #: back to a 32-block type, Q5_K's fallback Q5_1 showing the raise)
 LARGE = {
-    "llama-80-gqa": TinyModel("llama", layers=80, hidden=32, intermediate=32, heads=2,
-                              kv_heads=1, vocab=64, tied=False),
-    "llama-80-mha": TinyModel("llama", layers=80, hidden=32, intermediate=32, heads=2,
-                              kv_heads=2, vocab=64, tied=False),
-    "qwen2-80": TinyModel("qwen2", layers=80, hidden=32, intermediate=32, heads=2, kv_heads=2,
-                          vocab=64, tied=True),
+    "llama-80-gqa": TinyModel(
+        "llama", layers=80, hidden=32, intermediate=32, heads=2, kv_heads=1, vocab=64, tied=False
+    ),
+    "llama-80-mha": TinyModel(
+        "llama", layers=80, hidden=32, intermediate=32, heads=2, kv_heads=2, vocab=64, tied=False
+    ),
+    "qwen2-80": TinyModel(
+        "qwen2", layers=80, hidden=32, intermediate=32, heads=2, kv_heads=2, vocab=64, tied=True
+    ),
 }
 
 
@@ -61,8 +67,10 @@ def one_thread():
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("float-gguf")
-    return {name: write_float_gguf(folder / f"{name}-f32.gguf", m, seed=i)
-            for i, (name, m) in enumerate(MODELS.items())}
+    return {
+        name: write_float_gguf(folder / f"{name}-f32.gguf", m, seed=i)
+        for i, (name, m) in enumerate(MODELS.items())
+    }
 
 
 def _tallow_quantize(src: Path, out: Path, file_type: str) -> dict:
@@ -78,38 +86,48 @@ def _compare(theirs: Path, ours: Path) -> list[str]:
     want, got = tensors_of(theirs), tensors_of(ours)
     problems = []
     if set(want) != set(got):
-        problems.append(f"tensor names differ: only llama.cpp {sorted(set(want) - set(got))}, "
-                        f"only tallow {sorted(set(got) - set(want))}")
+        problems.append(
+            f"tensor names differ: only llama.cpp {sorted(set(want) - set(got))}, "
+            f"only tallow {sorted(set(got) - set(want))}"
+        )
     for name in sorted(set(want) & set(got)):
         (wtype, wdata), (gtype, gdata) = want[name], got[name]
         if wtype != gtype:
             problems.append(f"{name}: type {gtype}, llama.cpp {wtype}")
         elif wdata != gdata:
             size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[wtype]][1]
-            bad = [i for i in range(0, len(wdata), size) if wdata[i:i + size] != gdata[i:i + size]]
-            problems.append(f"{name} ({wtype}): {len(bad)} of {len(wdata) // size} blocks differ, "
-                            f"first at byte {bad[0]}")
+            bad = [
+                i for i in range(0, len(wdata), size) if wdata[i : i + size] != gdata[i : i + size]
+            ]
+            problems.append(
+                f"{name} ({wtype}): {len(bad)} of {len(wdata) // size} blocks differ, "
+                f"first at byte {bad[0]}"
+            )
     return problems
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("file_type", [t for t in FILE_TYPES if t not in ("q3_k", "q5_k")])
 def test_tallow_quantize_writes_llama_cpps_types_and_bytes(
-        sources: dict[str, Path], tmp_path: Path, model: str, file_type: str) -> None:
+    sources: dict[str, Path], tmp_path: Path, model: str, file_type: str
+) -> None:
     theirs, ours = tmp_path / "llama-cpp.gguf", tmp_path / "tallow.gguf"
     llama_cpp_quantize(sources[model], theirs, LLAMA_FILE_TYPES[file_type])
     _tallow_quantize(sources[model], ours, file_type)
     assert _compare(theirs, ours) == []
     from gguf import GGUFReader
 
-    assert (GGUFReader(ours).fields["general.file_type"].contents()
-            == GGUFReader(theirs).fields["general.file_type"].contents())
+    assert (
+        GGUFReader(ours).fields["general.file_type"].contents()
+        == GGUFReader(theirs).fields["general.file_type"].contents()
+    )
 
 
 @pytest.mark.parametrize("model", list(LARGE))
 @pytest.mark.parametrize("file_type", ["q2_k", "q3_k_m", "q4_k_s", "q4_k_m"])
-def test_70b_class_models_get_llama_cpps_attn_v_types(tmp_path: Path, model: str,
-                                                      file_type: str) -> None:
+def test_70b_class_models_get_llama_cpps_attn_v_types(
+    tmp_path: Path, model: str, file_type: str
+) -> None:
     src = write_float_gguf(tmp_path / "f32.gguf", LARGE[model], seed=3)
     theirs, ours = tmp_path / "llama-cpp.gguf", tmp_path / "tallow.gguf"
     llama_cpp_quantize(src, theirs, LLAMA_FILE_TYPES[file_type])
@@ -119,8 +137,9 @@ def test_70b_class_models_get_llama_cpps_attn_v_types(tmp_path: Path, model: str
         assert tensors_of(ours)["blk.40.attn_v.weight"][0] == "Q5_1"
 
 
-def test_the_comparison_sees_a_wrong_type_and_a_wrong_block(sources: dict[str, Path],
-                                                            tmp_path: Path) -> None:
+def test_the_comparison_sees_a_wrong_type_and_a_wrong_block(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
     """The check above can fail: a Q4_K_M file differs from Q5_K_M's in types, and two
     quantizers of the same type (Q4_0 via llama.cpp, Q4_0 of perturbed weights) in bytes."""
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"

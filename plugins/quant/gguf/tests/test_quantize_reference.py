@@ -57,19 +57,26 @@ def first_absmax(values) -> tuple[np.float32, np.float32]:
     return amax, mx
 
 
-def symmetric_subblocks(x: np.ndarray, search) -> tuple[list[int], list, np.float32,
-                                                         np.float32]:
+def symmetric_subblocks(x: np.ndarray, search) -> tuple[list[int], list, np.float32, np.float32]:
     """The 16 sub-block searches of Q3_K/Q6_K: ``(L, scales, max_scale, max_abs_scale)``."""
     L = [0] * QK_K
     scales = [f32(0)] * 16
     for j in range(16):
-        scales[j], L[16 * j:16 * j + 16] = search(x[16 * j:16 * j + 16])
+        scales[j], L[16 * j : 16 * j + 16] = search(x[16 * j : 16 * j + 16])
     amax, max_scale = first_absmax(scales)
     return L, scales, max_scale, amax
 
 
-def affine_subblocks(x: np.ndarray, n: int, weights_of, nmax: int, rmin: float, rdelta: float,
-                     nstep: int, use_mad: bool):
+def affine_subblocks(
+    x: np.ndarray,
+    n: int,
+    weights_of,
+    nmax: int,
+    rmin: float,
+    rdelta: float,
+    nstep: int,
+    use_mad: bool,
+):
     """The sub-block searches of Q2_K/Q4_K/Q5_K: ``(L, scales, mins, max_scale, max_min)``,
     the maxima as ``if (v > m) m = v`` from 0 finds them."""
     count = QK_K // n
@@ -79,9 +86,10 @@ def affine_subblocks(x: np.ndarray, n: int, weights_of, nmax: int, rmin: float, 
     max_scale = f32(0)
     max_min = f32(0)
     for j in range(count):
-        xs = x[n * j:n * j + n]
-        scales[j], mins[j], L[n * j:n * j + n] = make_qkx2_quants(
-            n, nmax, xs, weights_of(xs), rmin, rdelta, nstep, use_mad)
+        xs = x[n * j : n * j + n]
+        scales[j], mins[j], L[n * j : n * j + n] = make_qkx2_quants(
+            n, nmax, xs, weights_of(xs), rmin, rdelta, nstep, use_mad
+        )
         if scales[j] > max_scale:
             max_scale = scales[j]
         if mins[j] > max_min:
@@ -225,8 +233,9 @@ def _pack_2bit(L: list[int]) -> list[int]:
     qs = [0] * (QK_K // 4)
     for j in range(0, QK_K, 128):
         for l in range(32):
-            qs[j // 4 + l] = (L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4)
-                              | (L[j + l + 96] << 6)) & 0xFF
+            qs[j // 4 + l] = (
+                L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6)
+            ) & 0xFF
     return qs
 
 
@@ -239,7 +248,8 @@ def _scale_min_k4(j: int, q: list[int]) -> tuple[int, int]:
 def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     """One super-block (256 float32) → 84 bytes."""
     L, scales, mins, max_scale, max_min = affine_subblocks(
-        x, 16, lambda xs: [abs(v) for v in xs], 3, -0.5, 0.1, 15, True)
+        x, 16, lambda xs: [abs(v) for v in xs], 3, -0.5, 0.1, 15, True
+    )
     sc = [0] * 16
     if max_scale > 0:
         iscale = f32(15) / max_scale
@@ -313,7 +323,8 @@ def _rms_plus_abs(xs) -> list[np.float32]:
 
 def _quantize_affine_k(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     L, scales, mins, max_scale, max_min = affine_subblocks(
-        x, 32, _rms_plus_abs, nmax, rmin, rdelta, nstep, False)
+        x, 32, _rms_plus_abs, nmax, rmin, rdelta, nstep, False
+    )
     inv_scale = f32(63) / max_scale if max_scale > 0 else f32(0)
     inv_min = f32(63) / max_min if max_min > 0 else f32(0)
     sb = [0] * 12
@@ -373,7 +384,8 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """One super-block → 210 bytes."""
     L, scales, max_scale, max_abs_scale = symmetric_subblocks(
-        x, lambda xs: make_qx_quants(16, 32, xs))
+        x, lambda xs: make_qx_quants(16, 32, xs)
+    )
     if max_abs_scale < GROUP_MAX_EPS:
         return np.zeros(210, dtype=np.uint8)
     iscale = f32(-128) / max_scale
@@ -394,14 +406,21 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
             q3, q4 = L[j + l + 64] & 0xF, L[j + l + 96] & 0xF
             ql[64 * c + l] = q1 | (q3 << 4)
             ql[64 * c + l + 32] = q2 | (q4 << 4)
-            qh[32 * c + l] = ((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2)
-                              | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
+            qh[32 * c + l] = (
+                (L[j + l] >> 4)
+                | ((L[j + l + 32] >> 4) << 2)
+                | ((L[j + l + 64] >> 4) << 4)
+                | ((L[j + l + 96] >> 4) << 6)
+            )
     return np.array(ql + qh + [v & 0xFF for v in sc] + _u16(d), dtype=np.uint8)
 
 
 REFERENCE_QUANTIZERS = {
-    "q2_k": quantize_q2_k, "q3_k": quantize_q3_k, "q4_k": quantize_q4_k,
-    "q5_k": quantize_q5_k, "q6_k": quantize_q6_k,
+    "q2_k": quantize_q2_k,
+    "q3_k": quantize_q3_k,
+    "q4_k": quantize_q4_k,
+    "q5_k": quantize_q5_k,
+    "q6_k": quantize_q6_k,
 }
 
 
@@ -448,11 +467,16 @@ def test_reference_round_trips_through_gguf_and_beats_absmax(qtype: str) -> None
     err = float(np.mean((back - rows) ** 2))
     naive = float(np.mean((_naive_absmax(rows, qtype).reshape(rows.shape) - rows) ** 2))
     # Relative MSE of a 2-bit quantizer of Gaussian data is ~0.1; of a 6-bit one ~1e-3.
-    assert err < {"q2_k": 0.15, "q3_k": 0.05, "q4_k": 0.012, "q5_k": 0.003,
-                  "q6_k": 0.001}[qtype]
+    assert err < {"q2_k": 0.15, "q3_k": 0.05, "q4_k": 0.012, "q5_k": 0.003, "q6_k": 0.001}[qtype]
     assert err < naive
 
 
 def test_nearest_int_rounds_half_to_even() -> None:
-    assert [nearest_int(f32(v)) for v in (0.5, 1.5, 2.5, -0.5, -1.5, 2.4999998)] == \
-        [0, 2, 2, 0, -2, 2]
+    assert [nearest_int(f32(v)) for v in (0.5, 1.5, 2.5, -0.5, -1.5, 2.4999998)] == [
+        0,
+        2,
+        2,
+        0,
+        -2,
+        2,
+    ]

@@ -48,8 +48,13 @@ def model_path() -> str:
 
 
 def _engine(model_path: str, keep_quantized: bool):
-    return engine(model_path, max_model_len=256, num_blocks=64, keep_quantized_on_cpu=True,
-                  disable=() if keep_quantized else ("tallow-quant-gguf",))
+    return engine(
+        model_path,
+        max_model_len=256,
+        num_blocks=64,
+        keep_quantized_on_cpu=True,
+        disable=() if keep_quantized else ("tallow-quant-gguf",),
+    )
 
 
 def test_resident_weights_are_the_size_of_the_file(model_path):
@@ -62,8 +67,9 @@ def test_resident_weights_are_the_size_of_the_file(model_path):
 
     checkpoint = GGUFFormat().load(model_path)  # metadata and tokenizer: not weights
     assert checkpoint.quantization == "gguf"
-    config = Qwen2ForCausalLM.config_from_gguf(checkpoint.extra["gguf_metadata"],
-                                               dict(checkpoint.config))
+    config = Qwen2ForCausalLM.config_from_gguf(
+        checkpoint.extra["gguf_metadata"], dict(checkpoint.config)
+    )
     before = rss_anon()
     scheme = GGUFQuantScheme()
     model = Qwen2ForCausalLM(ArchConfig(config), BuildContext(dtype=torch.float32, quant=scheme))

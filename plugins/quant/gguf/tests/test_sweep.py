@@ -36,8 +36,9 @@ def fake_time(choice) -> float:
     return 1e-6 * (1 + zlib.crc32(repr(choice).encode()) % 1000)  # 1 us to 1 ms
 
 
-def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(sweep, monkeypatch, tmp_path,
-                                                                  capsys):
+def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(
+    sweep, monkeypatch, tmp_path, capsys
+):
     cells = [(qtype, m) for qtype in ("Q4_K", "Q8_0") for m in (1, 4, 64)]
     # per cell, the three fastest candidates fail: one at compile time, one raises, one is wrong
     doomed = {}
@@ -46,9 +47,10 @@ def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(sweep, monkeyp
         doomed[(qtype, m)] = ranked[:3]
     not_compiled = {sweep._variant_key(q, K, c[0]): "boom" for (q, _), c in doomed.items()}
     # a variant key covers several candidates (split counts); those are all left out
-    compiled_out = {(q, m): [c for c in candidates(q, N, K, m)
-                             if sweep._variant_key(q, K, c) in not_compiled]
-                    for q, m in cells}
+    compiled_out = {
+        (q, m): [c for c in candidates(q, N, K, m) if sweep._variant_key(q, K, c) in not_compiled]
+        for q, m in cells
+    }
     last = {}
 
     def fake_run(x, p, choice):
@@ -73,9 +75,16 @@ def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(sweep, monkeyp
     monkeypatch.setattr(sweep, "once", fake_once)
     monkeypatch.setattr(sweep, "precompile", lambda cells, jobs: dict(not_compiled))
     saves = []
-    args = argparse.Namespace(types="Q4_K,Q8_0", shapes=f"tiny={N}:{K}", rows="1,4,64",
-                              sweep=True, table=str(tmp_path / "t.json"),
-                              output=str(tmp_path / "all.json"), budget=1e9, jobs=1)
+    args = argparse.Namespace(
+        types="Q4_K,Q8_0",
+        shapes=f"tiny={N}:{K}",
+        rows="1,4,64",
+        sweep=True,
+        table=str(tmp_path / "t.json"),
+        output=str(tmp_path / "all.json"),
+        budget=1e9,
+        jobs=1,
+    )
     results = sweep.run(args, lambda r: (saves.append(len(r)), sweep.save(args, r)))
     sweep.save(args, results)
 
@@ -85,22 +94,26 @@ def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(sweep, monkeyp
     printed = capsys.readouterr().out
     for row in results:
         q, m = row["type"], row["m"]
-        refused = {c for c in candidates(q, N, K, m)
-                   if c in compiled_out[(q, m)] or c in doomed[(q, m)][1:]}
+        refused = {
+            c
+            for c in candidates(q, N, K, m)
+            if c in compiled_out[(q, m)] or c in doomed[(q, m)][1:]
+        }
         valid = [c for c in candidates(q, N, K, m) if c not in refused]
         fastest = min(valid, key=fake_time)
         chosen = table.choose(q, N, K, m)
-        assert chosen is not None and (chosen.path, chosen.config) == (fastest.path,
-                                                                      fastest.config)
+        assert chosen is not None and (chosen.path, chosen.config) == (fastest.path, fastest.config)
         assert {w for w, _ in row["wrong"]} == {str(c) for c in refused}
         for c in refused:
             assert f"!! {c}" in printed
         # the candidates timed further are within SLOW_FACTOR of the best found before them
         assert row["candidates"][0][0] == row["best_s"] == fake_time(fastest)
         assert len(row["candidates"]) + len(row["slow"]) + len(row["wrong"]) == len(
-            candidates(q, N, K, m))
-        assert all(t > max(sweep.SLOW_FACTOR * row["best_s"], sweep.SLOW_FLOOR)
-                   for t, *_ in row["slow"])
+            candidates(q, N, K, m)
+        )
+        assert all(
+            t > max(sweep.SLOW_FACTOR * row["best_s"], sweep.SLOW_FLOOR) for t, *_ in row["slow"]
+        )
     assert any(row["slow"] for row in results)
     written = json.loads((tmp_path / "t.json").read_text())
     assert written["device"] == "cpu" and written["format"] == 1
@@ -111,15 +124,22 @@ def test_sweep_skips_failures_and_writes_the_fastest_valid_choice(sweep, monkeyp
 def test_sweep_stops_at_its_budget_and_keeps_what_it_has(sweep, monkeypatch, tmp_path):
     monkeypatch.setattr(sweep, "precompile", lambda cells, jobs: {})
     monkeypatch.setattr(sweep, "seconds", lambda fn, copies, iters=10: (fn(0), 1e-5)[1])
-    args = argparse.Namespace(types="Q4_0", shapes=f"a={N}:{K},b={N}:{K}", rows="1",
-                              sweep=False, table=None, output=None, budget=-1.0, jobs=1)
+    args = argparse.Namespace(
+        types="Q4_0",
+        shapes=f"a={N}:{K},b={N}:{K}",
+        rows="1",
+        sweep=False,
+        table=None,
+        output=None,
+        budget=-1.0,
+        jobs=1,
+    )
     assert sweep.run(args) == []
     args.budget = 1e9
     assert [r["shape"] for r in sweep.run(args)] == ["a", "b"]
 
 
-def test_a_restricted_sweep_merges_its_cells_into_an_existing_table(sweep, monkeypatch,
-                                                                    tmp_path):
+def test_a_restricted_sweep_merges_its_cells_into_an_existing_table(sweep, monkeypatch, tmp_path):
     """``--rows 16,64 --merge`` (the ``quanttunelarge`` item): the cells timed replace the
     base table's entries of their buckets, every other entry is kept as it was."""
     from tallow_quant_gguf.tuning import table_json
@@ -127,17 +147,35 @@ def test_a_restricted_sweep_merges_its_cells_into_an_existing_table(sweep, monke
     monkeypatch.setattr(sweep, "precompile", lambda cells, jobs: {})
     monkeypatch.setattr(sweep, "seconds", lambda fn, copies, iters=10: (fn(0), 1e-5)[1])
     monkeypatch.setattr(sweep, "once", lambda fn: (fn(), 1e-5)[1])
-    monkeypatch.setattr(sweep, "_run", lambda x, p, choice: F.linear(x.float(),
-                                                                     dequantize_ref(p)))
-    kept = [dict(type="Q4_K", n=N, k=K, m=m, path="mma", config=[16, 32, 8, 2, 3, 1, 1],
-                 us=7.0, bf16_us=5.0) for m in (1, 4, 16, 64)]
+    monkeypatch.setattr(sweep, "_run", lambda x, p, choice: F.linear(x.float(), dequantize_ref(p)))
+    kept = [
+        dict(
+            type="Q4_K",
+            n=N,
+            k=K,
+            m=m,
+            path="mma",
+            config=[16, 32, 8, 2, 3, 1, 1],
+            us=7.0,
+            bf16_us=5.0,
+        )
+        for m in (1, 4, 16, 64)
+    ]
     kept[0].update(path="gemv", config=[4, 1, 1, True])
     other_shape = dict(kept[2], n=2 * N)
     base = tmp_path / "shipped.json"
     base.write_text(json.dumps(table_json(kept + [other_shape], "cpu")))
-    args = argparse.Namespace(types="Q4_K", shapes=f"tiny={N}:{K}", rows="16,64", sweep=True,
-                              table=str(tmp_path / "t.json"), output=None, budget=1e9, jobs=1,
-                              merge=str(base))
+    args = argparse.Namespace(
+        types="Q4_K",
+        shapes=f"tiny={N}:{K}",
+        rows="16,64",
+        sweep=True,
+        table=str(tmp_path / "t.json"),
+        output=None,
+        budget=1e9,
+        jobs=1,
+        merge=str(base),
+    )
     sweep.save(args, sweep.run(args))
     table = json.loads((tmp_path / "t.json").read_text())
     cells = {(e["n"], e["m"]): e for e in table["entries"]}

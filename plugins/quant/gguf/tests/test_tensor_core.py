@@ -26,8 +26,11 @@ def test_relayout_is_bit_exact(qtype):
     blocks = random_blocks(qtype, 9, 1024 // QUANT_TYPES[qtype].block, seed=len(qtype))
     packed = pack(torch.from_numpy(blocks), qtype)
     with np.errstate(all="ignore"):
-        expected = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(
-            blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32))
+        expected = torch.from_numpy(
+            np.ascontiguousarray(
+                gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype]), dtype=np.float32
+            )
+        )
     got = dequantize_packed_ref(tensor_core.to_packed(packed))
     both_nan = torch.isnan(got) & torch.isnan(expected)
     assert bool(((got.view(torch.int32) == expected.view(torch.int32)) | both_nan).all())
@@ -35,8 +38,9 @@ def test_relayout_is_bit_exact(qtype):
 
 def test_scales_kept_narrow_where_exact():
     q40 = tensor_core.to_packed(pack(torch.from_numpy(random_blocks("Q4_0", 4, 2, 1)), "Q4_0"))
-    q4k = tensor_core.to_packed(pack(torch.from_numpy(
-        random_blocks("Q4_K", 4, 2, 1, extremes=False)), "Q4_K"))
+    q4k = tensor_core.to_packed(
+        pack(torch.from_numpy(random_blocks("Q4_K", 4, 2, 1, extremes=False)), "Q4_K")
+    )
     assert q40.scales.dtype == torch.float16 and q40.mins is None and q40.zero_point == 8
     assert q4k.scales.dtype == torch.float32 and q4k.mins is not None
 

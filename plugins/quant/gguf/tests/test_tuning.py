@@ -7,16 +7,38 @@ import json
 
 import pytest
 
-from tallow_quant_gguf.tuning import (BUCKETS, CONFIG_LENGTHS, DEQUANT_MIN_ROWS, Choice,
-                                      TunedTable, bucket, candidates, choose, default_choice,
-                                      table_json)
+from tallow_quant_gguf.tuning import (
+    BUCKETS,
+    CONFIG_LENGTHS,
+    DEQUANT_MIN_ROWS,
+    Choice,
+    TunedTable,
+    bucket,
+    candidates,
+    choose,
+    default_choice,
+    table_json,
+)
 
 LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
 
 
 def test_rows_fall_in_buckets():
     assert [bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257, 512, 513, 9000)] == [
-        1, 4, 4, 16, 16, 64, 64, 256, 256, 512, 512, 4096, 4096]
+        1,
+        4,
+        4,
+        16,
+        16,
+        64,
+        64,
+        256,
+        256,
+        512,
+        512,
+        4096,
+        4096,
+    ]
     assert BUCKETS[0] == 1
 
 
@@ -31,11 +53,20 @@ def test_defaults_by_rows():
 
 
 def test_sweep_table_round_trip(tmp_path):
-    best = [dict(type="Q4_K", n=4096, k=4096, m=1, path="gemv", config=[8, 2, 1, True],
-                 us=3.1, bf16_us=9.5),
-            dict(type="Q4_K", n=4096, k=4096, m=16, path="mma",
-                 config=[16, 64, 8, 4, 3, 2, 1]),
-            dict(type="Q4_K", n=4096, k=4096, m=512, path="dequant", config=[])]
+    best = [
+        dict(
+            type="Q4_K",
+            n=4096,
+            k=4096,
+            m=1,
+            path="gemv",
+            config=[8, 2, 1, True],
+            us=3.1,
+            bf16_us=9.5,
+        ),
+        dict(type="Q4_K", n=4096, k=4096, m=16, path="mma", config=[16, 64, 8, 4, 3, 2, 1]),
+        dict(type="Q4_K", n=4096, k=4096, m=512, path="dequant", config=[]),
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table_json(best, "NVIDIA H200", triton="3.6.0")))
     table = TunedTable.load(path)
@@ -57,10 +88,21 @@ def test_rows_between_two_measured_paths_take_the_one_estimated_faster():
     """Q4_K gate_up of the H200 table at 1ac7cb4: the tensor-core kernel at 256 rows (501 us,
     bf16 90 us), the workspace at 512 (795 us, bf16 157 us)."""
     mma = Choice("mma", (64, 128, 4, 8, 3, 1, 2))
-    cells = [dict(type="Q4_K", n=28672, k=4096, m=256, path="mma", config=list(mma.config),
-                  us=501.04, bf16_us=90.15),
-             dict(type="Q4_K", n=28672, k=4096, m=512, path="dequant", config=[], us=795.04,
-                  bf16_us=157.1)]
+    cells = [
+        dict(
+            type="Q4_K",
+            n=28672,
+            k=4096,
+            m=256,
+            path="mma",
+            config=list(mma.config),
+            us=501.04,
+            bf16_us=90.15,
+        ),
+        dict(
+            type="Q4_K", n=28672, k=4096, m=512, path="dequant", config=[], us=795.04, bf16_us=157.1
+        ),
+    ]
     table = TunedTable.from_json(table_json(cells, "NVIDIA H200"))
     # 300 rows: mma ~587 us (grows with M), workspace ~740 us (its decoding + bf16 at 300)
     assert table.choose("Q4_K", 28672, 4096, 300) == mma
@@ -69,16 +111,29 @@ def test_rows_between_two_measured_paths_take_the_one_estimated_faster():
     assert table.choose("Q4_K", 28672, 4096, 512) == Choice("dequant")  # measured there
     # without the times (a hand-written table) the bucket's entry stands
     bare = [{k: v for k, v in c.items() if k not in ("us", "bf16_us")} for c in cells]
-    assert TunedTable.from_json(table_json(bare, "x")).choose("Q4_K", 28672, 4096, 300) == \
-        Choice("dequant")
+    assert TunedTable.from_json(table_json(bare, "x")).choose("Q4_K", 28672, 4096, 300) == Choice(
+        "dequant"
+    )
     # the same path on both sides: the bucket's entry, whatever the times
     same = [dict(cells[0], m=64), cells[0]]
     assert TunedTable.from_json(table_json(same, "x")).choose("Q4_K", 28672, 4096, 65) == mma
     # a one-row entry is never the row below
-    one = [dict(type="Q4_K", n=28672, k=4096, m=1, path="gemv", config=[8, 2, 1, False],
-                us=44.5, bf16_us=52.6), dict(cells[1], m=4)]
-    assert TunedTable.from_json(table_json(one, "x")).choose("Q4_K", 28672, 4096, 2) == \
-        Choice("dequant")
+    one = [
+        dict(
+            type="Q4_K",
+            n=28672,
+            k=4096,
+            m=1,
+            path="gemv",
+            config=[8, 2, 1, False],
+            us=44.5,
+            bf16_us=52.6,
+        ),
+        dict(cells[1], m=4),
+    ]
+    assert TunedTable.from_json(table_json(one, "x")).choose("Q4_K", 28672, 4096, 2) == Choice(
+        "dequant"
+    )
     # the engine's choice passes through the same rule
     assert choose(table, "Q4_K", 28672, 4096, 300) == mma
 
@@ -90,12 +145,15 @@ def test_the_sweep_times_the_workspace_above_the_decode_buckets():
         assert ("dequant" in paths) == (m >= 17), m
 
 
-@pytest.mark.parametrize("entry, message", [
-    (dict(n=1, k=32, m=1, path="gemv", config=[4, 1, 1, True]), "'type' must be a str"),
-    (dict(type="Q4_K", n=1, k=32, m=1, path="fast", config=[]), "path must be one of"),
-    (dict(type="Q4_K", n=1, k=32, m=1, path="gemv", config=[4, 1]), "list of 4 integers"),
-    (dict(type="Q4_K", n=1, k=32, m=0, path="dequant", config=[]), "must be positive"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (dict(n=1, k=32, m=1, path="gemv", config=[4, 1, 1, True]), "'type' must be a str"),
+        (dict(type="Q4_K", n=1, k=32, m=1, path="fast", config=[]), "path must be one of"),
+        (dict(type="Q4_K", n=1, k=32, m=1, path="gemv", config=[4, 1]), "list of 4 integers"),
+        (dict(type="Q4_K", n=1, k=32, m=0, path="dequant", config=[]), "must be positive"),
+    ],
+)
 def test_bad_tables_are_refused_with_the_field(entry, message):
     with pytest.raises(ValueError, match=message):
         TunedTable.from_json({"format": 1, "entries": [entry]}, "t.json")

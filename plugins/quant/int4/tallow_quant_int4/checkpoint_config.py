@@ -48,8 +48,9 @@ def _field(q: dict[str, Any], key: str, default: Any = None) -> Any:
 
 
 def _fail(key: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"quantization_config.{key}: {value!r} is not supported (expected "
-                      f"{expected})")
+    return ValueError(
+        f"quantization_config.{key}: {value!r} is not supported (expected {expected})"
+    )
 
 
 def _check_bits(q: dict[str, Any], allowed: tuple[int, ...], key: str = "bits") -> None:
@@ -114,8 +115,10 @@ def checkpoint_layout(config: dict[str, Any]) -> CheckpointLayout:
     for one this plugin cannot serve."""
     q = config.get("quantization_config")
     if not isinstance(q, dict):
-        raise ValueError("quantization_config: expected a mapping describing the quantized "
-                         f"weights, got {type(q).__name__}")
+        raise ValueError(
+            "quantization_config: expected a mapping describing the quantized "
+            f"weights, got {type(q).__name__}"
+        )
     method = q.get("quant_method")
     if method in GPTQ_METHODS:
         return _gptq(q, method)
@@ -158,8 +161,14 @@ def _gptq(q: dict[str, Any], method: str) -> CheckpointLayout:
     _check_bool(q, "sym")
     desc_act = _check_bool(q, "desc_act")
     required = ("qweight", "qzeros", "scales") + (("g_idx",) if desc_act else ())
-    return CheckpointLayout("gptq", method, ("qweight", "qzeros", "scales", "g_idx"), required,
-                            zero_offset=1 if fmt == "gptq" else 0, desc_act=desc_act)
+    return CheckpointLayout(
+        "gptq",
+        method,
+        ("qweight", "qzeros", "scales", "g_idx"),
+        required,
+        zero_offset=1 if fmt == "gptq" else 0,
+        desc_act=desc_act,
+    )
 
 
 def _awq(q: dict[str, Any], method: str) -> CheckpointLayout:
@@ -172,8 +181,9 @@ def _awq(q: dict[str, Any], method: str) -> CheckpointLayout:
     _check_group(q, "q_group_size")
     if _field(q, "zero_point", True) is not True:
         raise _fail("zero_point", _field(q, "zero_point"), "true (AWQ GEMM stores zero points)")
-    return CheckpointLayout("awq", method, ("qweight", "qzeros", "scales"),
-                            ("qweight", "qzeros", "scales"))
+    return CheckpointLayout(
+        "awq", method, ("qweight", "qzeros", "scales"), ("qweight", "qzeros", "scales")
+    )
 
 
 def _compressed(q: dict[str, Any]) -> CheckpointLayout:
@@ -192,8 +202,11 @@ def _compressed(q: dict[str, Any]) -> CheckpointLayout:
         w = scheme["weights"]
         fmt = scheme.get("format") or top_format
         if fmt != "pack-quantized":
-            raise _fail(f"{where}.format" if scheme.get("format") else "format", fmt,
-                        "pack-quantized for integer weights")
+            raise _fail(
+                f"{where}.format" if scheme.get("format") else "format",
+                fmt,
+                "pack-quantized for integer weights",
+            )
         if w.get("type", "int") != "int":
             raise _fail(f"{where}.weights.type", w.get("type"), "int")
         if w.get("num_bits") not in (4, 8):
@@ -203,18 +216,27 @@ def _compressed(q: dict[str, Any]) -> CheckpointLayout:
         if w.get("strategy") == "group":
             _check_group(w, "group_size")
             if w.get("group_size") in (None, -1):
-                raise _fail(f"{where}.weights.group_size", w.get("group_size"),
-                            "a positive number of columns for the group strategy")
+                raise _fail(
+                    f"{where}.weights.group_size",
+                    w.get("group_size"),
+                    "a positive number of columns for the group strategy",
+                )
         if w.get("dynamic"):
             raise _fail(f"{where}.weights.dynamic", w.get("dynamic"), "false")
         if scheme.get("input_activations") is not None:
-            raise _fail(f"{where}.input_activations", "(quantized)",
-                        "null: integer weights with float activations (w4a16, w8a16)")
+            raise _fail(
+                f"{where}.input_activations",
+                "(quantized)",
+                "null: integer weights with float activations (w4a16, w8a16)",
+            )
         actorder = w.get("actorder")
         if actorder not in (None, False, "group", "weight", "static", "dynamic"):
             raise _fail(f"{where}.weights.actorder", actorder, "null, group or weight")
         desc_act = desc_act or actorder in ("group", "dynamic")
     return CheckpointLayout(
-        "compressed", "compressed-tensors",
+        "compressed",
+        "compressed-tensors",
         ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx"),
-        ("weight_packed", "weight_scale"), desc_act=desc_act)
+        ("weight_packed", "weight_scale"),
+        desc_act=desc_act,
+    )

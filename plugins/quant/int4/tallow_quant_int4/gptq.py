@@ -47,10 +47,20 @@ _DAMP_RETRIES = 4
 
 
 @torch.no_grad()
-def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
-         symmetric: bool, act_order: bool = False, damp: float = 0.01,
-         clip_search: bool = False, clip_weighting: str = "hessian", clip: bool = True,
-         device: torch.device | None = None) -> IntWeight:
+def gptq(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    bits: int,
+    group: int,
+    symmetric: bool,
+    act_order: bool = False,
+    damp: float = 0.01,
+    clip_search: bool = False,
+    clip_weighting: str = "hessian",
+    clip: bool = True,
+    device: torch.device | None = None,
+) -> IntWeight:
     """``weight [rows, cols]`` quantized against ``hessian [cols, cols]`` (the sum of ``x
     x^T`` over the layer's calibration inputs), ``group`` dividing ``cols``; computed on
     ``device`` (default: the weight's) in float32. ``clip_weighting`` (with ``clip_search``):
@@ -59,14 +69,14 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     if clip_search and not clip:
         raise ValueError("GPTQ: clip_search needs clip (it searches clipping ratios)")
     if clip_weighting not in CLIP_WEIGHTINGS:
-        raise ValueError(f"GPTQ: clip_weighting {clip_weighting!r} is not one of "
-                         f"{', '.join(CLIP_WEIGHTINGS)}")
+        raise ValueError(
+            f"GPTQ: clip_weighting {clip_weighting!r} is not one of {', '.join(CLIP_WEIGHTINGS)}"
+        )
     device = device or weight.device
     w = weight.to(device, torch.float32).clone()
     rows, cols = w.shape
     if cols % group or BLOCK % group:
-        raise ValueError(f"GPTQ: group size {group} must divide the {cols} columns and "
-                         f"{BLOCK}")
+        raise ValueError(f"GPTQ: group size {group} must divide the {cols} columns and {BLOCK}")
     h = hessian.to(device, torch.float32).clone()
     dead = torch.diagonal(h) == 0
     h[dead, dead] = 1.0
@@ -79,8 +89,13 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
     # each column's error weight when its group's range is chosen, in natural column order
     energy = clip_weights(h, u, order, clip_weighting) if clip_search else None
     if act_order:  # static groups: every group fitted before any column moves
-        scales, zeros = fit(w.reshape(rows, -1, group), bits, symmetric,
-                            None if energy is None else energy.reshape(-1, group), clip)
+        scales, zeros = fit(
+            w.reshape(rows, -1, group),
+            bits,
+            symmetric,
+            None if energy is None else energy.reshape(-1, group),
+            clip,
+        )
         w, h, groups = w[:, order], h[order][:, order], groups[order]
     else:
         scales = torch.empty(rows, cols // group, dtype=torch.float32, device=device)
@@ -99,8 +114,12 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
             if order is None and col % group == 0:
                 # the group's columns as updated so far (groups never straddle blocks)
                 scales[:, g], zeros[:, g] = fit(
-                    block[:, i:i + group], bits, symmetric,
-                    None if energy is None else energy[col:col + group], clip)
+                    block[:, i : i + group],
+                    bits,
+                    symmetric,
+                    None if energy is None else energy[col : col + group],
+                    clip,
+                )
                 safe[:, g] = torch.where(scales[:, g] > 0, scales[:, g], 1.0)
             x = block[:, i]
             q = torch.round(x / safe[:, g]).add_(zeros[:, g]).clamp_(0.0, top)
@@ -113,13 +132,18 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int, group: int,
         natural = torch.empty_like(codes)
         natural[:, order] = codes
         codes = natural
-    return from_codes(codes, scales.to(storage_dtype(scales)),
-                      None if symmetric else zeros.to(torch.uint8), bits,
-                      what=f"GPTQ weight [{rows}, {cols}]")
+    return from_codes(
+        codes,
+        scales.to(storage_dtype(scales)),
+        None if symmetric else zeros.to(torch.uint8),
+        bits,
+        what=f"GPTQ weight [{rows}, {cols}]",
+    )
 
 
-def clip_weights(h: torch.Tensor, u: torch.Tensor, order: torch.Tensor | None,
-                 weighting: str) -> torch.Tensor:
+def clip_weights(
+    h: torch.Tensor, u: torch.Tensor, order: torch.Tensor | None, weighting: str
+) -> torch.Tensor:
     """The weight of each column's squared error (natural column order) when a group's
     clipping ratio is chosen: ``"hessian"``, ``H``'s diagonal (the column's input energy, as if
     no other column made up for its error); ``"inverse"``, ``1 / U[i, i]^2`` with ``U`` the
@@ -139,8 +163,9 @@ def clip_weights(h: torch.Tensor, u: torch.Tensor, order: torch.Tensor | None,
 
 
 @torch.no_grad()
-def float_target(weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor,
-                 damp: float = 0.01) -> torch.Tensor:
+def float_target(
+    weight: torch.Tensor, hessian: torch.Tensor, cross: torch.Tensor, damp: float = 0.01
+) -> torch.Tensor:
     """The weight ``V = W M H^-1`` whose outputs over the quantized model's inputs ``X_q``
     come closest (least squares) to the float layer's outputs over the float model's inputs
     ``X_f``: ``H = sum x_q x_q^T`` (``hessian``), ``M = sum x_f x_q^T`` (``cross``), rows of
@@ -186,5 +211,7 @@ def _damped_factors(h: torch.Tensor, damp: float) -> Iterator[torch.Tensor]:
 
 
 def _singular(damp: float) -> ValueError:
-    return ValueError(f"GPTQ: the calibration Hessian stays singular with damping up to "
-                      f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)")
+    return ValueError(
+        f"GPTQ: the calibration Hessian stays singular with damping up to "
+        f"{damp * 10**_DAMP_RETRIES} (the layer's inputs are degenerate)"
+    )

@@ -52,8 +52,7 @@ def storage_dtype(scales: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def codes_for(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-              bits: int) -> torch.Tensor:
+def codes_for(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """The nearest codes of ``v [..., g]`` for ``scale`` and ``zero`` ``[...]`` (float32);
     a zero scale gives the zero point."""
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))[..., None]
@@ -61,9 +60,13 @@ def codes_for(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     return (torch.round(v / safe) + zero[..., None]).clamp(0, top)
 
 
-def fit(v: torch.Tensor, bits: int, symmetric: bool,
-        column_weights: torch.Tensor | None = None,
-        clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def fit(
+    v: torch.Tensor,
+    bits: int,
+    symmetric: bool,
+    column_weights: torch.Tensor | None = None,
+    clip: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(scale, zero)`` ``[...]`` (float32; the scale as stored, the zero an integer) of
     each group ``v [..., g]`` (float32): the clipping ratio with the least squared error.
     With ``column_weights`` (nonnegative, broadcastable to ``v``: inside GPTQ, the weights of
@@ -73,8 +76,9 @@ def fit(v: torch.Tensor, bits: int, symmetric: bool,
     half = 1 << (bits - 1)
     shared = SHARED_CLIPS if column_weights is not None and clip else ()
     if symmetric:
-        base = torch.maximum(v.amax(-1).clamp(min=0) / (half - 1),
-                             (-v).amax(-1).clamp(min=0) / half)
+        base = torch.maximum(
+            v.amax(-1).clamp(min=0) / (half - 1), (-v).amax(-1).clamp(min=0) / half
+        )
         zero = torch.full_like(base, float(half))
         ratios = SYMMETRIC_CLIPS if clip else (1.0,)
         ratios += tuple(r for r in shared if r not in ratios)
@@ -103,8 +107,7 @@ def fit(v: torch.Tensor, bits: int, symmetric: bool,
     return best_scale, best_zero
 
 
-def _asymmetric(lo: torch.Tensor, hi: torch.Tensor,
-                top: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _asymmetric(lo: torch.Tensor, hi: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The float scale of the range ``[lo, hi]`` and the integer zero that puts ``lo`` on a
     code (from the stored scale)."""
     scale = stored_scale((hi - lo) / top)

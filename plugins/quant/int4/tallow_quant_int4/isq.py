@@ -54,11 +54,19 @@ class Recipe:
     @property
     def name(self) -> str:
         """``int4 g128 asym gptq``, for the log and benchmarks."""
-        return " ".join(p for p in (f"int{self.bits}", f"g{self.group}",
-                                    "sym" if self.symmetric else "asym", self.method,
-                                    "act-order" if self.act_order else "",
-                                    "" if self.clip else "no-clip",
-                                    self._clip_name()) if p)
+        return " ".join(
+            p
+            for p in (
+                f"int{self.bits}",
+                f"g{self.group}",
+                "sym" if self.symmetric else "asym",
+                self.method,
+                "act-order" if self.act_order else "",
+                "" if self.clip else "no-clip",
+                self._clip_name(),
+            )
+            if p
+        )
 
     def _clip_name(self) -> str:
         if not self.clip_search:
@@ -67,8 +75,9 @@ class Recipe:
 
 
 @torch.no_grad()
-def quantize_rtn(weight: torch.Tensor, device: torch.device,
-                 recipe: Recipe = Recipe(method="rtn")) -> IntWeight | None:
+def quantize_rtn(
+    weight: torch.Tensor, device: torch.device, recipe: Recipe = Recipe(method="rtn")
+) -> IntWeight | None:
     """``weight [rows, cols]`` (any float dtype and device) rounded to nearest on ``device``;
     None when no group size divides its rows."""
     rows, cols = _check(weight, recipe)
@@ -78,14 +87,22 @@ def quantize_rtn(weight: torch.Tensor, device: torch.device,
     w = weight.to(device, torch.float32).reshape(rows, cols // group, group)
     scale, zero = fit(w, recipe.bits, recipe.symmetric, clip=recipe.clip)
     codes = codes_for(w, scale, zero, recipe.bits).to(torch.uint8).reshape(rows, cols)
-    return from_codes(codes, scale.to(storage_dtype(scale)),
-                      None if recipe.symmetric else zero.to(torch.uint8), recipe.bits)
+    return from_codes(
+        codes,
+        scale.to(storage_dtype(scale)),
+        None if recipe.symmetric else zero.to(torch.uint8),
+        recipe.bits,
+    )
 
 
 @torch.no_grad()
-def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
-                        device: torch.device, recipe: Recipe,
-                        cross: torch.Tensor | None = None) -> IntWeight | None:
+def quantize_calibrated(
+    weight: torch.Tensor,
+    hessian: torch.Tensor | None,
+    device: torch.device,
+    recipe: Recipe,
+    cross: torch.Tensor | None = None,
+) -> IntWeight | None:
     """``weight`` quantized with GPTQ against ``hessian`` (the sum of ``x x^T`` over its
     calibration inputs), or rounded to nearest when the layer saw none; None when no group
     size divides its rows. With ``cross`` (``sum x_f x^T``, ``x_f`` the float model's input
@@ -100,16 +117,26 @@ def quantize_calibrated(weight: torch.Tensor, hessian: torch.Tensor | None,
     if group is None:
         return None
     if cross is not None:
-        weight = float_target(weight.to(device), hessian.to(device), cross.to(device),
-                              recipe.damp)
-    return gptq(weight, hessian, bits=recipe.bits, group=group, symmetric=recipe.symmetric,
-                act_order=recipe.act_order, damp=recipe.damp,
-                clip_search=recipe.clip_search, clip_weighting=recipe.clip_weighting,
-                clip=recipe.clip, device=device)
+        weight = float_target(weight.to(device), hessian.to(device), cross.to(device), recipe.damp)
+    return gptq(
+        weight,
+        hessian,
+        bits=recipe.bits,
+        group=group,
+        symmetric=recipe.symmetric,
+        act_order=recipe.act_order,
+        damp=recipe.damp,
+        clip_search=recipe.clip_search,
+        clip_weighting=recipe.clip_weighting,
+        clip=recipe.clip,
+        device=device,
+    )
 
 
 def _check(weight: torch.Tensor, recipe: Recipe) -> tuple[int, int]:
     if weight.dim() != 2 or not weight.is_floating_point():
-        raise ValueError(f"model.isq int{recipe.bits}: expected a 2-d float weight, got "
-                         f"{weight.dtype} of shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"model.isq int{recipe.bits}: expected a 2-d float weight, got "
+            f"{weight.dtype} of shape {tuple(weight.shape)}"
+        )
     return weight.shape[0], weight.shape[1]

@@ -44,8 +44,12 @@ class IntLinearMethod(PackedLinearMethod):
         layout = scheme.layout  # None under model.isq
         # GPTQ holds the float weights until the engine has calibrated
         at_load = bool(scheme.isq) and not scheme.calibrating
-        super().__init__(prefix, layout.tensors if layout else (),
-                         layout.required if layout else (), quantize_floats=at_load)
+        super().__init__(
+            prefix,
+            layout.tensors if layout else (),
+            layout.required if layout else (),
+            quantize_floats=at_load,
+        )
         self.scheme = scheme
         self.layout = layout
         #: sum of x x^T over the inputs seen while calibrating (float32 [cols, cols])
@@ -72,19 +76,24 @@ class IntLinearMethod(PackedLinearMethod):
         if self.quantized:
             return
         self.quantized = True
-        parts = [p if not isinstance(p, torch.Tensor) else
-                 quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe,
-                                     self.cross) or p
-                 for p in self.parts]
+        parts = [
+            p
+            if not isinstance(p, torch.Tensor)
+            else quantize_calibrated(p, self.hessian, self.device, self.scheme.recipe, self.cross)
+            or p
+            for p in self.parts
+        ]
         self.hessian = self.cross = None
         self.replace_parts(parts)
 
-    def _observe(self, x: torch.Tensor, gate: str | None,
-                 reference: torch.Tensor | None = None) -> None:
+    def _observe(
+        self, x: torch.Tensor, gate: str | None, reference: torch.Tensor | None = None
+    ) -> None:
         flat = self._flat_inputs(x, gate)
         if self.hessian is None:
-            self.hessian = torch.zeros(flat.shape[1], flat.shape[1], dtype=torch.float32,
-                                       device=flat.device)
+            self.hessian = torch.zeros(
+                flat.shape[1], flat.shape[1], dtype=torch.float32, device=flat.device
+            )
         self.hessian.addmm_(flat.T, flat)
         if reference is not None:
             ref = self._flat_inputs(reference, gate)
@@ -97,8 +106,9 @@ class IntLinearMethod(PackedLinearMethod):
         inputs = ops.activated(x, gate) if gate is not None else x
         return inputs.reshape(-1, inputs.shape[-1]).to(torch.float32)
 
-    def _calibrate_beside_float(self, x: torch.Tensor, bias: torch.Tensor | None,
-                                gate: str | None) -> torch.Tensor:
+    def _calibrate_beside_float(
+        self, x: torch.Tensor, bias: torch.Tensor | None, gate: str | None
+    ) -> torch.Tensor:
         """The pass of ``float_reference``: the first half of ``x``'s rows the float model's
         (answered by the float weights), the second the same tokens in the quantized model
         (answered by the weights this layer quantizes now)."""
@@ -111,20 +121,29 @@ class IntLinearMethod(PackedLinearMethod):
         out = ops.linear(inputs, self.parts, bias, policy=self.scheme.policy, gate=gate)
         return torch.cat([out_ref, out]).view(*x.shape[:-1], out.shape[-1])
 
-    def unpack_shard(self, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
-                     slices: list[WeightSlice], what: str) -> list[IntWeight]:
+    def unpack_shard(
+        self,
+        tensors: dict[str, torch.Tensor],
+        shape: tuple[int, int],
+        slices: list[WeightSlice],
+        what: str,
+    ) -> list[IntWeight]:
         unpacked = _unpack(self.layout, tensors, shape, self.device, what)
         if unpacked.group_index is not None and any(
-                s.cols is not None and s.cols != (0, shape[1]) for s in slices):
-            raise ValueError(f"{what}: act-order (g_idx) weights cannot be split along their "
-                             "input features across tensor-parallel ranks")
+            s.cols is not None and s.cols != (0, shape[1]) for s in slices
+        ):
+            raise ValueError(
+                f"{what}: act-order (g_idx) weights cannot be split along their "
+                "input features across tensor-parallel ranks"
+            )
         return [_slice(unpacked, s, what) for s in slices]
 
     # -- compute ---------------------------------------------------------------------------
     gated_kinds = ops.ACTIVATIONS
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-               gate: str | None = None) -> torch.Tensor:
+    def matmul(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, gate: str | None = None
+    ) -> torch.Tensor:
         if self.scheme.calibrating and not self.quantized:
             if self.scheme.settings.float_reference:
                 return self._calibrate_beside_float(x, bias, gate)
@@ -135,8 +154,9 @@ class IntLinearMethod(PackedLinearMethod):
             if gate is not None:
                 x = ops.activated(x, gate)
             lead = x.shape[:-1]
-            y = tensor_core.linear(x.reshape(-1, x.shape[-1]), self.parts,
-                                   self._packed_parts(), bias)
+            y = tensor_core.linear(
+                x.reshape(-1, x.shape[-1]), self.parts, self._packed_parts(), bias
+            )
             return y.view(*lead, y.shape[-1])
         return ops.linear(x, self.parts, bias, policy=self.scheme.policy, gate=gate)
 
@@ -148,8 +168,11 @@ class IntLinearMethod(PackedLinearMethod):
         return self._packed
 
     def warm_up(self, dtype: torch.dtype, gate: str | None = None) -> None:
-        if self.scheme.policy.tensor_core and self.parts and all(
-                isinstance(p, IntWeight) for p in self.parts):
+        if (
+            self.scheme.policy.tensor_core
+            and self.parts
+            and all(isinstance(p, IntWeight) for p in self.parts)
+        ):
             packed_gemm_warm_up(self._packed_parts(), dtype)
             return
         ops.warm_up(self.parts, dtype, self.scheme.policy, gate=gate)
@@ -159,22 +182,41 @@ class IntLinearMethod(PackedLinearMethod):
         return [p.type_name if isinstance(p, IntWeight) else "dense" for p in self.parts]
 
 
-def _unpack(layout: Any, tensors: dict[str, torch.Tensor], shape: tuple[int, int],
-            device: torch.device, what: str) -> Unpacked:
+def _unpack(
+    layout: Any,
+    tensors: dict[str, torch.Tensor],
+    shape: tuple[int, int],
+    device: torch.device,
+    what: str,
+) -> Unpacked:
     t = {name: v.to(device) for name, v in tensors.items()}
     if layout.kind == "gptq":
-        return unpack_gptq(t["qweight"], t["qzeros"], t["scales"], t.get("g_idx"), shape,
-                           zero_offset=layout.zero_offset, what=what)
+        return unpack_gptq(
+            t["qweight"],
+            t["qzeros"],
+            t["scales"],
+            t.get("g_idx"),
+            shape,
+            zero_offset=layout.zero_offset,
+            what=what,
+        )
     if layout.kind == "awq":
         return unpack_awq(t["qweight"], t["qzeros"], t["scales"], shape, what=what)
     if layout.kind == "marlin":
         return unpack_marlin(t["B"], t["s"], shape, what=what)
     stated = t.get("weight_shape")
     if stated is not None and tuple(int(v) for v in stated.tolist()) != shape:
-        raise ValueError(f"{what}: weight_shape says {stated.tolist()}, the layer expects "
-                         f"{list(shape)}")
-    return unpack_compressed(t["weight_packed"], t["weight_scale"], t.get("weight_zero_point"),
-                             t.get("weight_g_idx"), shape, what=what)
+        raise ValueError(
+            f"{what}: weight_shape says {stated.tolist()}, the layer expects {list(shape)}"
+        )
+    return unpack_compressed(
+        t["weight_packed"],
+        t["weight_scale"],
+        t.get("weight_zero_point"),
+        t.get("weight_g_idx"),
+        shape,
+        what=what,
+    )
 
 
 def _slice(u: Unpacked, part: WeightSlice, what: str) -> IntWeight:
@@ -185,9 +227,17 @@ def _slice(u: Unpacked, part: WeightSlice, what: str) -> IntWeight:
     groups = u.scales.shape[1]
     group = k // groups
     if (c0, c1) != (0, k) and (c0 % group or c1 % group):
-        raise ValueError(f"{what}: this rank's columns {c0}:{c1} do not fall on the "
-                         f"{group}-column groups of the weight")
+        raise ValueError(
+            f"{what}: this rank's columns {c0}:{c1} do not fall on the "
+            f"{group}-column groups of the weight"
+        )
     g0, g1 = (0, groups) if u.group_index is not None else (c0 // group, c1 // group)
     zeros = None if u.zeros is None else u.zeros[r0:r1, g0:g1]
-    return from_codes(u.codes[r0:r1, c0:c1], u.scales[r0:r1, g0:g1], zeros, u.bits,
-                      group_index=u.group_index, what=what)
+    return from_codes(
+        u.codes[r0:r1, c0:c1],
+        u.scales[r0:r1, g0:g1],
+        zeros,
+        u.bits,
+        group_index=u.group_index,
+        what=what,
+    )

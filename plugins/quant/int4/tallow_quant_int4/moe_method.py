@@ -53,9 +53,16 @@ class IntMoEMethod(MoEMethod):
         self._dequantized: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- storage ---------------------------------------------------------------------------
-    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
-                       intermediate_per_rank: int, bias: bool, params_dtype: torch.dtype,
-                       device: torch.device) -> None:
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_per_rank: int,
+        bias: bool,
+        params_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         if bias:
             raise ValueError(f"{self.prefix}: integer experts with biases are not supported")
         self.layer = layer
@@ -66,17 +73,27 @@ class IntMoEMethod(MoEMethod):
         required = self.layout.required if self.layout is not None else ()
         for stacked in _PARTS:
             for name in ("weight", *names):
-                p = nn.Parameter(torch.empty(0, dtype=torch.uint8, device=device),
-                                 requires_grad=False)
-                set_weight_attrs(p, weight_loader=partial(self._load, stacked, name),
-                                 from_checkpoint=name in required
-                                 or (name == "weight" and bool(self.scheme.isq)))
+                p = nn.Parameter(
+                    torch.empty(0, dtype=torch.uint8, device=device), requires_grad=False
+                )
+                set_weight_attrs(
+                    p,
+                    weight_loader=partial(self._load, stacked, name),
+                    from_checkpoint=name in required
+                    or (name == "weight" and bool(self.scheme.isq)),
+                )
                 if name == "weight" and self.scheme.isq:
                     set_weight_attrs(p, random_fill=partial(self._random_fill, stacked))
                 layer.register_parameter(f"{stacked}_{name}", p)
 
-    def _load(self, stacked: str, name: str, param: torch.Tensor, loaded: torch.Tensor,
-              shard_id: Hashable | None = None) -> None:
+    def _load(
+        self,
+        stacked: str,
+        name: str,
+        param: torch.Tensor,
+        loaded: torch.Tensor,
+        shard_id: Hashable | None = None,
+    ) -> None:
         for e, part, src in self.layer.expert_tensors(loaded, shard_id, stacked):
             key = (stacked, e, part)
             if name != "weight":
@@ -86,13 +103,17 @@ class IntMoEMethod(MoEMethod):
                 tensors[name] = src
                 continue
             if not self.scheme.isq:
-                raise ValueError(f"{self.prefix}: expert {e} {part} is a float weight in an "
-                                 "integer checkpoint; float experts are not supported beside "
-                                 "quantized layers")
+                raise ValueError(
+                    f"{self.prefix}: expert {e} {part} is a float weight in an "
+                    "integer checkpoint; float experts are not supported beside "
+                    "quantized layers"
+                )
             expected = self.layer.checkpoint_shape(part)
             if tuple(src.shape) != expected:
-                raise ValueError(f"{self.prefix}: expert {e} {part} weight has shape "
-                                 f"{tuple(src.shape)}, expected {expected}")
+                raise ValueError(
+                    f"{self.prefix}: expert {e} {part} weight has shape "
+                    f"{tuple(src.shape)}, expected {expected}"
+                )
             [sl] = self.layer.weight_slices(part)
             (r0, r1), (c0, c1) = sl.rows, sl.cols or (0, expected[1])
             self.ready[key] = self._round(src[r0:r1, c0:c1], f"expert {e} {part}")
@@ -102,8 +123,10 @@ class IntMoEMethod(MoEMethod):
 
         q = quantize_rtn(weight, self.device, replace(self.scheme.recipe, method="rtn"))
         if q is None:
-            raise ValueError(f"{self.prefix}: {what} has {weight.shape[1]} columns, which no "
-                             "group size of model.isq int4 divides")
+            raise ValueError(
+                f"{self.prefix}: {what} has {weight.shape[1]} columns, which no "
+                "group size of model.isq int4 divides"
+            )
         return q
 
     @torch.no_grad()
@@ -125,8 +148,7 @@ class IntMoEMethod(MoEMethod):
             if missing:
                 raise ValueError(f"{what}: the checkpoint lacks {', '.join(missing)}")
             shape = self.layer.checkpoint_shape(part)
-            unpacked = _natural_order(_unpack(self.layout, tensors, shape, self.device, what),
-                                      what)
+            unpacked = _natural_order(_unpack(self.layout, tensors, shape, self.device, what), what)
             [sl] = self.layer.weight_slices(part)
             self.ready[(stacked, e, part)] = _slice(unpacked, sl, what)
         self.pending = {}
@@ -151,8 +173,9 @@ class IntMoEMethod(MoEMethod):
         return [] if self.experts is None else [f"experts {self.experts.type_name}"]
 
     # -- compute ---------------------------------------------------------------------------
-    def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         if self.experts is None:
             raise RuntimeError(f"{self.prefix}: the experts are not loaded")
         dequantized = None
@@ -160,11 +183,16 @@ class IntMoEMethod(MoEMethod):
             if self._dequantized is None:
                 self._dequantized = self.experts.dequantize(torch.float32)
             dequantized = self._dequantized
-        return fused_moe_int(x, self.experts, topk_weights, topk_ids,
-                             activation=getattr(layer, "activation"),
-                             swiglu_alpha=getattr(layer, "swiglu_alpha"),
-                             swiglu_limit=getattr(layer, "swiglu_limit"),
-                             dequantized=dequantized)
+        return fused_moe_int(
+            x,
+            self.experts,
+            topk_weights,
+            topk_ids,
+            activation=getattr(layer, "activation"),
+            swiglu_alpha=getattr(layer, "swiglu_alpha"),
+            swiglu_limit=getattr(layer, "swiglu_limit"),
+            dequantized=dequantized,
+        )
 
 
 def _natural_order(u: Unpacked, what: str) -> Unpacked:
@@ -175,6 +203,8 @@ def _natural_order(u: Unpacked, what: str) -> Unpacked:
     cols = u.codes.shape[1]
     natural = torch.arange(cols, device=u.group_index.device) // (cols // u.scales.shape[1])
     if not torch.equal(u.group_index.long(), natural):
-        raise ValueError(f"{what}: act-order (g_idx) columns are not supported for experts "
-                         "(every expert would read its input in its own order)")
+        raise ValueError(
+            f"{what}: act-order (g_idx) columns are not supported for experts "
+            "(every expert would read its input in its own order)"
+        )
     return Unpacked(u.codes, u.scales, u.zeros, u.bits, None)

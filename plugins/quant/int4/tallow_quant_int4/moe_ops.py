@@ -22,10 +22,15 @@ from dataclasses import dataclass
 import torch
 
 from tallow.kernels import (
-    MoEConfig, check_moe_routing, default_moe_config, fused_moe_ref, triton_enabled,
+    MoEConfig,
+    check_moe_routing,
+    default_moe_config,
+    fused_moe_ref,
+    triton_enabled,
 )
 
 from .layout import IntWeight, dequantize
+
 
 @dataclass(frozen=True)
 class StackedInt:
@@ -46,9 +51,15 @@ class StackedInt:
         """Every expert's rows one after the other, as one :class:`IntWeight` (checks the
         shapes and types)."""
         e, rows, cols = self.shape
-        return IntWeight(self.bits, self.group, e * rows, cols,
-                         self.codes.reshape(e * rows, -1), self.scales.reshape(e * rows, -1),
-                         None if self.zeros is None else self.zeros.reshape(e * rows, -1))
+        return IntWeight(
+            self.bits,
+            self.group,
+            e * rows,
+            cols,
+            self.codes.reshape(e * rows, -1),
+            self.scales.reshape(e * rows, -1),
+            None if self.zeros is None else self.zeros.reshape(e * rows, -1),
+        )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``scale * (code - zero)`` as ``[E, rows, cols]`` of ``dtype``."""
@@ -60,15 +71,24 @@ class StackedInt:
         first = experts[0]
         for e, w in enumerate(experts):
             if w.perm is not None:
-                raise ValueError(f"{what}: expert {e} has act-order (g_idx) columns; "
-                                 "integer experts must keep their columns in order")
+                raise ValueError(
+                    f"{what}: expert {e} has act-order (g_idx) columns; "
+                    "integer experts must keep their columns in order"
+                )
             if not first.stacks_with(w) or w.rows != first.rows:
-                raise ValueError(f"{what}: expert {e} is {w.type_name} [{w.rows}, {w.cols}], "
-                                 f"expert 0 {first.type_name} [{first.rows}, {first.cols}]; "
-                                 "every expert must be stored alike")
+                raise ValueError(
+                    f"{what}: expert {e} is {w.type_name} [{w.rows}, {w.cols}], "
+                    f"expert 0 {first.type_name} [{first.rows}, {first.cols}]; "
+                    "every expert must be stored alike"
+                )
         zeros = None if first.zeros is None else torch.stack([w.zeros for w in experts])
-        return cls(first.bits, first.group, torch.stack([w.codes for w in experts]),
-                   torch.stack([w.scales for w in experts]), zeros)
+        return cls(
+            first.bits,
+            first.group,
+            torch.stack([w.codes for w in experts]),
+            torch.stack([w.scales for w in experts]),
+            zeros,
+        )
 
     def nbytes(self) -> int:
         tensors = [self.codes, self.scales] + ([self.zeros] if self.zeros is not None else [])
@@ -85,8 +105,10 @@ class IntExperts:
     def __post_init__(self) -> None:
         e, two_i, h = self.w13.shape
         if two_i % 2 or self.w2.shape != (e, h, two_i // 2):
-            raise ValueError(f"integer experts: w13 {self.w13.shape} and w2 {self.w2.shape} do "
-                             "not fit [E, 2I, H] and [E, H, I]")
+            raise ValueError(
+                f"integer experts: w13 {self.w13.shape} and w2 {self.w2.shape} do "
+                "not fit [E, 2I, H] and [E, H, I]"
+            )
         self.w13.flat(), self.w2.flat()  # shapes and types checked
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,42 +119,82 @@ class IntExperts:
         return self.w13.flat().type_name
 
 
-def _check(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
-           topk_ids: torch.Tensor, activation: str) -> None:
-    check_moe_routing("fused_moe_int", x, experts.w13.shape[2], topk_weights, topk_ids,
-                      activation)
+def _check(
+    x: torch.Tensor,
+    experts: IntExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+) -> None:
+    check_moe_routing("fused_moe_int", x, experts.w13.shape[2], topk_weights, topk_ids, activation)
 
 
-def fused_moe_int_ref(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, *, activation: str = "silu",
-                      swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
-                      dequantized: tuple[torch.Tensor, torch.Tensor] | None = None
-                      ) -> torch.Tensor:
+def fused_moe_int_ref(
+    x: torch.Tensor,
+    experts: IntExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    dequantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Plain-torch reference of :func:`fused_moe_int`: the core's reference on the decoded
     weights (``dequantized``: ``experts.dequantize()`` when the caller keeps it)."""
     _check(x, experts, topk_weights, topk_ids, activation)
     w13, w2 = dequantized if dequantized is not None else experts.dequantize()
-    return fused_moe_ref(x, w13, w2, topk_weights, topk_ids, activation=activation,
-                         swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+    return fused_moe_ref(
+        x,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        activation=activation,
+        swiglu_alpha=swiglu_alpha,
+        swiglu_limit=swiglu_limit,
+    )
 
 
-def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, *, activation: str = "silu",
-                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
-                  config: MoEConfig | None = None,
-                  dequantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def fused_moe_int(
+    x: torch.Tensor,
+    experts: IntExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    config: MoEConfig | None = None,
+    dequantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The expert MLP of ``x [T, H]`` → ``[T, H]`` in x's dtype over integer experts (see the
     module docstring). ``config`` overrides the path and tiles
     (:func:`tallow.kernels.default_moe_config` by token count)."""
     _check(x, experts, topk_weights, topk_ids, activation)
     if x.shape[0] == 0 or not triton_enabled(x):
-        return fused_moe_int_ref(x, experts, topk_weights, topk_ids, activation=activation,
-                                 swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
-                                 dequantized=dequantized)
+        return fused_moe_int_ref(
+            x,
+            experts,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit,
+            dequantized=dequantized,
+        )
     from .kernels.moe import fused_moe_int_triton
 
     e, two_i, h = experts.w13.shape
     cfg = config or default_moe_config(e, two_i // 2, h, x.shape[0], torch.int32)
-    return fused_moe_int_triton(x, experts.w13, experts.w2, topk_weights, topk_ids,
-                                activation=activation, alpha=swiglu_alpha,
-                                limit=swiglu_limit, config=cfg)
+    return fused_moe_int_triton(
+        x,
+        experts.w13,
+        experts.w2,
+        topk_weights,
+        topk_ids,
+        activation=activation,
+        alpha=swiglu_alpha,
+        limit=swiglu_limit,
+        config=cfg,
+    )

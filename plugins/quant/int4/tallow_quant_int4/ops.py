@@ -51,8 +51,9 @@ class KernelPolicy:
     def __post_init__(self) -> None:
         rows = self.gemv_max_rows
         if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= MAX_GEMV_ROWS:
-            raise ValueError(f"gemv_max_rows: expected an integer from 0 to {MAX_GEMV_ROWS}, got "
-                             f"{rows!r}")
+            raise ValueError(
+                f"gemv_max_rows: expected an integer from 0 to {MAX_GEMV_ROWS}, got {rows!r}"
+            )
 
 
 _DEFAULT = KernelPolicy()
@@ -73,8 +74,14 @@ def _cols(p: Part) -> int:
     return p.cols if isinstance(p, IntWeight) else p.shape[1]
 
 
-def linear(x: torch.Tensor, parts: list[Part], bias: torch.Tensor | None = None, *,
-           policy: KernelPolicy | None = None, gate: str | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    parts: list[Part],
+    bias: torch.Tensor | None = None,
+    *,
+    policy: KernelPolicy | None = None,
+    gate: str | None = None,
+) -> torch.Tensor:
     """``x [..., K] @ W.T (+ bias)`` → ``[..., N]`` in x's dtype, ``W`` the ``parts`` stacked
     along the rows. With ``gate`` (``"silu"`` or ``"gelu_tanh"``) x is ``[..., 2K]``,
     ``[gate | up]``, and the product is ``(act(gate) * up) @ W.T``."""
@@ -83,9 +90,10 @@ def linear(x: torch.Tensor, parts: list[Part], bias: torch.Tensor | None = None,
     cols = _cols(parts[0])
     width = 2 * cols if gate is not None else cols
     if x.shape[-1] != width:
-        raise ValueError(f"int linear: x has {x.shape[-1]} input features, expected {width} "
-                         f"for a weight of {cols} columns"
-                         + (" ([gate | up])" if gate is not None else ""))
+        raise ValueError(
+            f"int linear: x has {x.shape[-1]} input features, expected {width} "
+            f"for a weight of {cols} columns" + (" ([gate | up])" if gate is not None else "")
+        )
     lead = x.shape[:-1]
     x2 = x.reshape(-1, width)
     n = sum(_rows(p) for p in parts)
@@ -93,8 +101,9 @@ def linear(x: torch.Tensor, parts: list[Part], bias: torch.Tensor | None = None,
         return _dense(x2, parts[0], bias, gate).view(*lead, n)
     policy = policy or _DEFAULT
     fused = triton_enabled(x2) and x2.shape[0] <= policy.gemv_max_rows
-    if gate is not None and not (fused and all(
-            isinstance(p, IntWeight) and p.perm is None for p in parts)):
+    if gate is not None and not (
+        fused and all(isinstance(p, IntWeight) and p.perm is None for p in parts)
+    ):
         x2, gate = activated(x2, gate), None  # the fused kernel applies it only to x as it is
     if len(parts) == 1:
         return _part(x2, parts[0], bias, gate, fused).view(*lead, n)
@@ -102,22 +111,24 @@ def linear(x: torch.Tensor, parts: list[Part], bias: torch.Tensor | None = None,
     start = 0
     for p in parts:
         rows = _rows(p)
-        part_bias = None if bias is None else bias[start:start + rows]
-        y[:, start:start + rows] = _part(x2, p, part_bias, gate, fused)
+        part_bias = None if bias is None else bias[start : start + rows]
+        y[:, start : start + rows] = _part(x2, p, part_bias, gate, fused)
         start += rows
     return y.view(*lead, n)
 
 
-def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           gate: str | None) -> torch.Tensor:
+def _dense(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: str | None
+) -> torch.Tensor:
     """A dense weight: tallow's dense linear (its GEMV at one row on a GPU)."""
     if gate is None:
         return dense_linear(x, weight, bias)
     return gated_linear(x, weight, bias, kind=gate)
 
 
-def _part(x: torch.Tensor, p: Part, bias: torch.Tensor | None, gate: str | None,
-          fused: bool) -> torch.Tensor:
+def _part(
+    x: torch.Tensor, p: Part, bias: torch.Tensor | None, gate: str | None, fused: bool
+) -> torch.Tensor:
     if not isinstance(p, IntWeight):
         return F.linear(x, p.to(x.dtype), bias)
     if not triton_enabled(x):
@@ -145,8 +156,12 @@ def dequantize(p: Part, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return dequantize_ref(p, dtype, natural_order=False)
 
 
-def warm_up(parts: list[Part], dtype: torch.dtype, policy: KernelPolicy | None = None,
-            gate: str | None = None) -> None:
+def warm_up(
+    parts: list[Part],
+    dtype: torch.dtype,
+    policy: KernelPolicy | None = None,
+    gate: str | None = None,
+) -> None:
     """Compile, before serving (and before any CUDA-graph capture), every kernel variant the
     parts' matmuls can take: the CUDA-core kernel for each power of two of rows up to the
     policy's limit (configured for the whole weight's shape), and the decoding into a
@@ -166,8 +181,13 @@ def warm_up(parts: list[Part], dtype: torch.dtype, policy: KernelPolicy | None =
         while m <= policy.gemv_max_rows:
             width = (2 if gate else 1) * p.cols
             x = torch.zeros(m, width, dtype=dtype, device=p.device)
-            gemv_triton(x, sample, None, gate=gate if p.perm is None else None,
-                        config=gemv_config(m, p.rows, p.cols, p.bits, p.device))
+            gemv_triton(
+                x,
+                sample,
+                None,
+                gate=gate if p.perm is None else None,
+                config=gemv_config(m, p.rows, p.cols, p.bits, p.device),
+            )
             m *= 2
 
 

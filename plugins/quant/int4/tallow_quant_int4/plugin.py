@@ -10,5 +10,6 @@ QUANT_METHODS = ("gptq", "gptq_marlin", "awq", "awq_marlin", "marlin", "compress
 
 @hookimpl
 def tallow_register_quant_schemes(registry) -> None:
-    registry.register("int4", "tallow_quant_int4.scheme:IntQuantScheme", priority=90,
-                      quant_methods=QUANT_METHODS)
+    registry.register(
+        "int4", "tallow_quant_int4.scheme:IntQuantScheme", priority=90, quant_methods=QUANT_METHODS
+    )

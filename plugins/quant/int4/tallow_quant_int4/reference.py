@@ -18,6 +18,9 @@ def permuted_input(x: torch.Tensor, w: IntWeight) -> torch.Tensor:
 def linear_ref(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` in float32 on the decoded weight, returned in x's dtype."""
     weight = dequantize(w, torch.float32, natural_order=False)
-    y = F.linear(permuted_input(x, w).to(torch.float32), weight,
-                 None if bias is None else bias.to(torch.float32))
+    y = F.linear(
+        permuted_input(x, w).to(torch.float32),
+        weight,
+        None if bias is None else bias.to(torch.float32),
+    )
     return y.to(x.dtype)

@@ -43,8 +43,10 @@ class IntQuantScheme(QuantScheme):
         if isq is not None and isq not in ISQ_TYPES:
             raise ValueError(f"model.isq: expected one of {', '.join(ISQ_TYPES)}, got {isq!r}")
         self.settings = plugin_settings(Int4Settings, config, DISTRIBUTION)
-        self.policy = KernelPolicy(gemv_max_rows=self.settings.gemv_max_rows,
-                                   tensor_core=self.settings.kernel == "tensor_core")
+        self.policy = KernelPolicy(
+            gemv_max_rows=self.settings.gemv_max_rows,
+            tensor_core=self.settings.kernel == "tensor_core",
+        )
         self.recipe = self.settings.recipe()
         self.layout: CheckpointLayout | None = None
         self.methods: list[Any] = []
@@ -90,12 +92,14 @@ class IntQuantScheme(QuantScheme):
         """GPTQ under ``model.isq``: the text its layers' inputs are gathered over."""
         if not self.calibrating:
             return None
-        return CalibrationRequest(sequences=self.settings.calibration_sequences,
-                                  tokens=self.settings.calibration_tokens,
-                                  text=self.settings.read_calibration_text(),
-                                  corpus=self.settings.calibration_corpus,
-                                  sequential=self.settings.sequential,
-                                  paired=self.settings.float_reference)
+        return CalibrationRequest(
+            sequences=self.settings.calibration_sequences,
+            tokens=self.settings.calibration_tokens,
+            text=self.settings.read_calibration_text(),
+            corpus=self.settings.calibration_corpus,
+            sequential=self.settings.sequential,
+            paired=self.settings.float_reference,
+        )
 
     def calibrated(self) -> None:
         """Quantize every layer from the inputs it saw (GPTQ)."""
@@ -105,9 +109,15 @@ class IntQuantScheme(QuantScheme):
 
     def summary(self) -> str:
         """What the loaded weights hold, e.g. ``int4: int4 g128 x224, dense x1``."""
-        counts = Counter(name for m in [*self.methods, *self.moe_methods]
-                         for name in m.type_names())
+        counts = Counter(
+            name for m in [*self.methods, *self.moe_methods] for name in m.type_names()
+        )
         kinds = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
-        how = (f", quantized at load to {self.isq} ({self.recipe.method})" if self.isq
-               else f", from a {self.layout.method} checkpoint" if self.layout else "")
+        how = (
+            f", quantized at load to {self.isq} ({self.recipe.method})"
+            if self.isq
+            else f", from a {self.layout.method} checkpoint"
+            if self.layout
+            else ""
+        )
         return f"int4: {kinds}{how}"

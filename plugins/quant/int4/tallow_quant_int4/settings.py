@@ -59,20 +59,29 @@ class Int4Settings(BaseModel):
     @model_validator(mode="after")
     def _dependent_settings(self) -> "Int4Settings":
         if self.float_reference and not self.sequential:
-            raise ValueError("float_reference needs sequential: true (the float model's "
-                             "inputs are gathered in the sequential calibration pass)")
+            raise ValueError(
+                "float_reference needs sequential: true (the float model's "
+                "inputs are gathered in the sequential calibration pass)"
+            )
         if self.clip_weighting != "hessian" and not self.clip_search:
-            raise ValueError("clip_weighting needs clip_search: true (it weights the clip "
-                             "search's errors)")
+            raise ValueError(
+                "clip_weighting needs clip_search: true (it weights the clip search's errors)"
+            )
         if self.clip_search and not self.clip:
             raise ValueError("clip_search needs clip: true (it searches clipping ratios)")
         return self
 
     def recipe(self) -> Recipe:
-        return Recipe(method=self.method, group=self.group_size, symmetric=self.symmetric,
-                      act_order=self.act_order, damp=self.damp,
-                      clip_search=self.clip_search, clip_weighting=self.clip_weighting,
-                      clip=self.clip)
+        return Recipe(
+            method=self.method,
+            group=self.group_size,
+            symmetric=self.symmetric,
+            act_order=self.act_order,
+            damp=self.damp,
+            clip_search=self.clip_search,
+            clip_weighting=self.clip_weighting,
+            clip=self.clip,
+        )
 
     def read_calibration_text(self) -> str | None:
         """The text of ``calibration_text`` (None when unset)."""
@@ -82,9 +91,12 @@ class Int4Settings(BaseModel):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"plugins.settings.{DISTRIBUTION}.calibration_text: cannot read "
-                             f"{str(path)!r} as UTF-8 text ({exc})") from None
+            raise ValueError(
+                f"plugins.settings.{DISTRIBUTION}.calibration_text: cannot read "
+                f"{str(path)!r} as UTF-8 text ({exc})"
+            ) from None
         if not text.strip():
-            raise ValueError(f"plugins.settings.{DISTRIBUTION}.calibration_text: {str(path)!r} "
-                             "is empty")
+            raise ValueError(
+                f"plugins.settings.{DISTRIBUTION}.calibration_text: {str(path)!r} is empty"
+            )
         return text

@@ -24,19 +24,28 @@ DTYPES = (torch.float16, torch.bfloat16)
 def to_packed(w: IntWeight) -> PackedGemmWeight:
     """``w`` in the packed GEMM's layout (4-bit codes as ``u4``, 8-bit as ``u8``)."""
     codes = unpack_codes(w.codes, w.bits)
-    return packed_weight("u4" if w.bits == 4 else "u8", codes, w.scales, group=w.group,
-                         zeros=w.zeros, zero_point=0.0 if w.zeros is not None else w.zero_point)
+    return packed_weight(
+        "u4" if w.bits == 4 else "u8",
+        codes,
+        w.scales,
+        group=w.group,
+        zeros=w.zeros,
+        zero_point=0.0 if w.zeros is not None else w.zero_point,
+    )
 
 
 def applies(x: torch.Tensor, parts: list) -> bool:
     """Whether the tensor-core path takes ``x`` times ``parts``: Triton runs for x, x is 16-bit
     and every part is an :class:`IntWeight` (dense layers keep tallow's dense linear)."""
-    return (triton_enabled(x) and x.dtype in DTYPES
-            and all(isinstance(p, IntWeight) for p in parts))
+    return triton_enabled(x) and x.dtype in DTYPES and all(isinstance(p, IntWeight) for p in parts)
 
 
-def linear(x: torch.Tensor, parts: list[IntWeight], packed: list[PackedGemmWeight],
-           bias: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    parts: list[IntWeight],
+    packed: list[PackedGemmWeight],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)``, ``W`` the parts stacked along the rows, each multiplied
     through its packed copy."""
     if all(p.perm is None for p in parts):
@@ -44,8 +53,7 @@ def linear(x: torch.Tensor, parts: list[IntWeight], packed: list[PackedGemmWeigh
     outs = []
     start = 0
     for p, q in zip(parts, packed):
-        part_bias = None if bias is None else bias[start:start + p.rows]
+        part_bias = None if bias is None else bias[start : start + p.rows]
         outs.append(packed_gemm(permuted_input(x, p), q, part_bias))
         start += p.rows
     return torch.cat(outs, dim=-1)
-

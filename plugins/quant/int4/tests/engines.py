@@ -9,19 +9,38 @@ from tallow.engine.llm_engine import LLMEngine
 from tallow import SamplingParams
 
 
-def settings(source: str, *, device: str = "cpu", dtype: str = "float32",
-             max_model_len: int = 128, num_blocks: int = 32,
-             runner: dict[str, Any] | None = None, int4: dict[str, Any] | None = None,
-             **model: Any) -> Any:
+def settings(
+    source: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_model_len: int = 128,
+    num_blocks: int = 32,
+    runner: dict[str, Any] | None = None,
+    int4: dict[str, Any] | None = None,
+    **model: Any,
+) -> Any:
     """The configuration of an engine serving ``source``; ``model`` adds model settings,
     ``int4`` the plugin's settings."""
-    return config_from_mapping({
-        "model": {"source": source, "device": device, "dtype": dtype,
-                  "max_model_len": max_model_len, **model},
-        "cache": {"num_blocks": num_blocks},
-        "runner": runner or {},
-        "plugins": {"settings": {"tallow-attention-triton": {"num_splits": 4},
-                                 "tallow-quant-int4": int4 or {}}}})
+    return config_from_mapping(
+        {
+            "model": {
+                "source": source,
+                "device": device,
+                "dtype": dtype,
+                "max_model_len": max_model_len,
+                **model,
+            },
+            "cache": {"num_blocks": num_blocks},
+            "runner": runner or {},
+            "plugins": {
+                "settings": {
+                    "tallow-attention-triton": {"num_splits": 4},
+                    "tallow-quant-int4": int4 or {},
+                }
+            },
+        }
+    )
 
 
 def engine(source: str, **kwargs: Any) -> LLMEngine:

@@ -18,19 +18,26 @@ from tallow_quant_int4.layout import dequantize, from_codes
 from tallow_quant_int4.reference import permuted_input
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not triton_enabled(torch.empty(0, device=DEVICE)),
-                                reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    not triton_enabled(torch.empty(0, device=DEVICE)),
+    reason="needs a CUDA GPU or TRITON_INTERPRET=1",
+)
 
 #: (bits, zero points, rows, cols, group, act order): GPTQ/AWQ g128 with and without zero
 #: points, g64, act-order, int8 g32, per-channel
-LAYOUTS = [(4, True, 24, 256, 128, False), (4, False, 40, 192, 64, False),
-           (4, True, 16, 256, 128, True), (8, False, 24, 128, 32, False),
-           (4, False, 20, 96, 96, False)]
+LAYOUTS = [
+    (4, True, 24, 256, 128, False),
+    (4, False, 40, 192, 64, False),
+    (4, True, 16, 256, 128, True),
+    (8, False, 24, 128, 32, False),
+    (4, False, 20, 96, 96, False),
+]
 
 
 def _weight(bits, zeros, rows, cols, group, act_order, seed=0):
-    u = random_unpacked(rows, cols, bits=bits, group=group, zeros=zeros, seed=seed,
-                        act_order=act_order)
+    u = random_unpacked(
+        rows, cols, bits=bits, group=group, zeros=zeros, seed=seed, act_order=act_order
+    )
     return from_codes(u.codes, u.scales, u.zeros, bits, group_index=u.group_index).to(DEVICE)
 
 
@@ -56,15 +63,17 @@ def test_product_within_rounding(layout, m):
 
 
 def test_stacked_parts_with_bias():
-    parts = [_weight(4, True, 24, 256, 128, False, seed=1), _weight(4, False, 8, 256, 128, False,
-                                                                   seed=2)]
+    parts = [
+        _weight(4, True, 24, 256, 128, False, seed=1),
+        _weight(4, False, 8, 256, 128, False, seed=2),
+    ]
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3)).to(DEVICE, torch.float16)
     bias = torch.randn(32, generator=torch.Generator().manual_seed(4)).to(DEVICE, torch.float16)
     y = tensor_core.linear(x, parts, [tensor_core.to_packed(p) for p in parts], bias)
     weight = torch.cat([dequantize(p, torch.float32) for p in parts])
     want = x.float() @ weight.T + bias.float()
     splits = packed_gemm_config(3, 24, 256, "u4").split_k
-    tol = packed_gemm_tolerance(x, weight, splits) + 2.0 ** -11 * bias.float().abs()
+    tol = packed_gemm_tolerance(x, weight, splits) + 2.0**-11 * bias.float().abs()
     assert y.shape == (3, 32) and bool(((y.float() - want).abs() <= tol).all())
 
 
@@ -79,8 +88,9 @@ def test_layers_under_the_setting_take_the_packed_gemm():
     from tallow_quant_int4.formats import pack_gptq
     from tallow_quant_int4.scheme import IntQuantScheme
 
-    config = make_config({"plugins": {"settings": {"tallow-quant-int4": {
-        "kernel": "tensor_core"}}}})
+    config = make_config(
+        {"plugins": {"settings": {"tallow-quant-int4": {"kernel": "tensor_core"}}}}
+    )
     scheme = IntQuantScheme(config)
     scheme.use_checkpoint_config(gptq_config(4, 64, sym=False))
     build = BuildContext(dtype=torch.bfloat16, device=torch.device(DEVICE), quant=scheme)
@@ -97,16 +107,16 @@ def test_layers_under_the_setting_take_the_packed_gemm():
     y = merged(x)
     assert merged.quant_method._packed, "the packed GEMM was not used"
     splits = packed_gemm_config(5, 24, 128, "u4").split_k
-    assert bool(((y.float() - x.float() @ dense.T).abs()
-                 <= packed_gemm_tolerance(x, dense, splits)).all())
+    assert bool(
+        ((y.float() - x.float() @ dense.T).abs() <= packed_gemm_tolerance(x, dense, splits)).all()
+    )
 
     down = RowParallelLinear(128, 24, build=build, prefix="mlp.down_proj")
     for name, t in pack_gptq(us[0], zero_offset=1).items():
         getattr(down, name).weight_loader(getattr(down, name), t)
     down.quant_method.process_weights_after_loading(down)
     act = SiluAndMul()
-    xx = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE,
-                                                                          torch.bfloat16)
+    xx = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE, torch.bfloat16)
     a = act(xx)
     y = down(xx, act=act)
     assert down.quant_method._packed

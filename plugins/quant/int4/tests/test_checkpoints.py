@@ -21,11 +21,16 @@ pytest.importorskip("transformers", reason="transformers is the float oracle")
 pytest.importorskip("compressed_tensors", reason="compressed-tensors packs its checkpoints")
 PROMPT = [3, 17, 250, 9, 64, 128, 5, 77]
 #: the layout each format's q/k/v layer ends up in
-EXPECTED = {"gptq": "int4 g128", "gptq-act-order-asym": "int4 asym g64 act-order",
-            "gptq-8bit-v2": "int8 per-channel", "awq": "int4 asym g128",
-            "compressed-tensors": "int4 g128",
-            "compressed-tensors-8bit-asym": "int8 asym per-channel",
-            "marlin": "int4 g128", "gptq-marlin-format": "int4 g128"}
+EXPECTED = {
+    "gptq": "int4 g128",
+    "gptq-act-order-asym": "int4 asym g64 act-order",
+    "gptq-8bit-v2": "int8 per-channel",
+    "awq": "int4 asym g128",
+    "compressed-tensors": "int4 g128",
+    "compressed-tensors-8bit-asym": "int8 asym per-channel",
+    "marlin": "int4 g128",
+    "gptq-marlin-format": "int4 g128",
+}
 
 
 @torch.no_grad()
@@ -55,8 +60,13 @@ def test_a_checkpoint_computes_its_decoded_float_model(tmp_path, fmt):
     head = [EXPECTED[fmt]] if FORMATS[fmt][0].get("lm_head") else ["dense"]
     assert loaded.model.lm_head.quant_method.type_names() == head
     expected_tokens, expected_logits = hf_greedy(hf, PROMPT, 8)
-    fresh = load_model(eng.plugin_manager.registries, str(path), device=torch.device("cpu"),
-                       dtype="float32", config=settings(str(path)))
+    fresh = load_model(
+        eng.plugin_manager.registries,
+        str(path),
+        device=torch.device("cpu"),
+        dtype="float32",
+        config=settings(str(path)),
+    )
     runner = PagedRunner(fresh.model)
     runner.add(0)
     logits = runner.step([(0, PROMPT)])[0]
@@ -70,8 +80,11 @@ def test_unsupported_configs_are_refused_naming_the_field(tmp_path):
     config = json.loads((path / "config.json").read_text())
     config["quantization_config"]["bits"] = 3
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"config\.json: .*quantization_config\.bits: 3 is not "
-                                         r"supported \(expected 4 or 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"config\.json: .*quantization_config\.bits: 3 is not "
+        r"supported \(expected 4 or 8\)",
+    ):
         engine(str(path))
     config["quantization_config"].update(bits=4, checkpoint_format="gptq_v3")
     (path / "config.json").write_text(json.dumps(config))

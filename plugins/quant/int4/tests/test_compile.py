@@ -14,38 +14,79 @@ from typing import Any
 import pytest
 
 from tallow.kernels import (
-    compile_for_gpu, interpreting, pdl_order, resource_usage, sass_loops, sass_opcode as opcode,
+    compile_for_gpu,
+    interpreting,
+    pdl_order,
+    resource_usage,
+    sass_loops,
+    sass_opcode as opcode,
 )
 from tallow_quant_int4.kernels.dequant import BLOCK_QUADS, BLOCK_ROWS, _dequant_kernel
 from tallow_quant_int4.kernels.gemv import DEFAULT_CONFIGS, _gemv_kernel
 
 if interpreting():  # pragma: no cover - the interpreter replaces triton.jit
-    pytest.skip("TRITON_INTERPRET=1 replaces compiled kernels with the interpreter",
-                allow_module_level=True)
+    pytest.skip(
+        "TRITON_INTERPRET=1 replaces compiled kernels with the interpreter", allow_module_level=True
+    )
 
 
 def _aligned(name: str) -> bool:
     return name.endswith("_ptr") or name.startswith("stride") or name == "K"
 
 
-def gemv(bits: int = 4, bm: int = 1, bn: int = 8, warps: int = 1, *, zeros: bool = False,
-         prefetch: bool = True, even: bool = True, gate: int = -1, pdl: bool = True,
-         bias: bool = False, act: str = "*bf16", scales: str = "*fp16",
-         capability: int = 90) -> Any:
-    constexprs = dict(BM=bm, BN=bn, Q=32 * warps, BITS=bits, GROUP=128, ZEROS=zeros,
-                      PREFETCH=prefetch, EVEN_N=even, HAS_BIAS=bias, GATE=gate, USE_PDL=pdl)
-    types = {"x_ptr": act, "q_ptr": "*i32", "s_ptr": scales, "z_ptr": "*u8", "b_ptr": act,
-             "y_ptr": act}
-    return compile_for_gpu(_gemv_kernel, constexprs, types, capability=capability,
-                           aligned=_aligned, num_warps=warps, num_stages=1)
+def gemv(
+    bits: int = 4,
+    bm: int = 1,
+    bn: int = 8,
+    warps: int = 1,
+    *,
+    zeros: bool = False,
+    prefetch: bool = True,
+    even: bool = True,
+    gate: int = -1,
+    pdl: bool = True,
+    bias: bool = False,
+    act: str = "*bf16",
+    scales: str = "*fp16",
+    capability: int = 90,
+) -> Any:
+    constexprs = dict(
+        BM=bm,
+        BN=bn,
+        Q=32 * warps,
+        BITS=bits,
+        GROUP=128,
+        ZEROS=zeros,
+        PREFETCH=prefetch,
+        EVEN_N=even,
+        HAS_BIAS=bias,
+        GATE=gate,
+        USE_PDL=pdl,
+    )
+    types = {
+        "x_ptr": act,
+        "q_ptr": "*i32",
+        "s_ptr": scales,
+        "z_ptr": "*u8",
+        "b_ptr": act,
+        "y_ptr": act,
+    }
+    return compile_for_gpu(
+        _gemv_kernel,
+        constexprs,
+        types,
+        capability=capability,
+        aligned=_aligned,
+        num_warps=warps,
+        num_stages=1,
+    )
 
 
-def dequant(bits: int = 4, *, zeros: bool = False, gather: bool = False,
-            out: str = "*bf16") -> Any:
-    constexprs = dict(BR=BLOCK_ROWS, BQ=BLOCK_QUADS, BITS=bits, GROUP=128, ZEROS=zeros,
-                      GATHER=gather)
-    types = {"q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "ids_ptr": "*i64",
-             "out_ptr": out}
+def dequant(bits: int = 4, *, zeros: bool = False, gather: bool = False, out: str = "*bf16") -> Any:
+    constexprs = dict(
+        BR=BLOCK_ROWS, BQ=BLOCK_QUADS, BITS=bits, GROUP=128, ZEROS=zeros, GATHER=gather
+    )
+    types = {"q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "ids_ptr": "*i64", "out_ptr": out}
     return compile_for_gpu(_dequant_kernel, constexprs, types, aligned=_aligned, num_warps=4)
 
 
@@ -79,8 +120,9 @@ BUDGET = {(4, 1): 3.7, (4, 2): 3.3, (4, 4): 3.5, (8, 1): 6.0}
 def test_the_small_batch_loop_spends_few_instructions_per_weight(bits, bm):
     bm_, bn, warps, prefetch = DEFAULT_CONFIGS[bm]
     compiled = gemv(bits, bm_, bn, warps, prefetch=prefetch)
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), \
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", compiled.asm["ptx"]), (
         "codes not read as 16-byte vectors"
+    )
     profile = loop_profile(compiled)
     # no exchange between lanes: the activations and the codes share one layout
     assert not {"BAR", "SHFL", "STS", "LDS"} & set(profile), profile

@@ -25,9 +25,17 @@ import pytest
 import torch
 
 from int_weights import dense_of, random_unpacked
-from tallow_quant_int4.formats import (Unpacked, marlin_permutations, pack_awq, pack_gptq,
-                                       pack_marlin, unpack_awq, unpack_compressed,
-                                       unpack_gptq, unpack_marlin)
+from tallow_quant_int4.formats import (
+    Unpacked,
+    marlin_permutations,
+    pack_awq,
+    pack_gptq,
+    pack_marlin,
+    unpack_awq,
+    unpack_compressed,
+    unpack_gptq,
+    unpack_marlin,
+)
 
 
 def _awq_packing():
@@ -62,22 +70,25 @@ def test_gptq_v1_unpacking_reads_autoawqs_gptq_layout():
     qweight, qzeros = awq.unpack_reorder_pack(a["qweight"], a["qzeros"], 4)
     ours = unpack_gptq(qweight, qzeros, a["scales"], None, (64, 256), zero_offset=1)
     assert torch.equal(ours.codes, u.codes) and torch.equal(ours.zeros, u.zeros)
-    assert torch.equal(dense_of(ours),
-                       awq.dequantize_gemm(a["qweight"], a["qzeros"], a["scales"].float(), 4,
-                                           128).T.float())
+    assert torch.equal(
+        dense_of(ours),
+        awq.dequantize_gemm(a["qweight"], a["qzeros"], a["scales"].float(), 4, 128).T.float(),
+    )
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("offset", [0, 1])
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_round_trip(bits, offset, act_order):
-    u = random_unpacked(32, 256, bits=bits, group=64, zeros=True, act_order=act_order,
-                        seed=bits + offset)
+    u = random_unpacked(
+        32, 256, bits=bits, group=64, zeros=True, act_order=act_order, seed=bits + offset
+    )
     u = Unpacked(u.codes, u.scales, u.zeros.clamp(min=offset), bits, u.group_index)
     t = pack_gptq(u, zero_offset=offset)
     assert t["qweight"].shape == (256 * bits // 32, 32) and t["g_idx"].shape == (256,)
-    back = unpack_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], (32, 256),
-                       zero_offset=offset)
+    back = unpack_gptq(
+        t["qweight"], t["qzeros"], t["scales"], t["g_idx"], (32, 256), zero_offset=offset
+    )
     assert torch.equal(dense_of(back), dense_of(u))
 
 
@@ -85,8 +96,7 @@ def test_gptq_symmetric_zero_points_drop_to_the_midpoint():
     u = random_unpacked(16, 128, group=128, seed=5)  # symmetric: zero point 8
     t = pack_gptq(u, zero_offset=1)
     assert int(t["qzeros"][0, 0]) == 0x77777777  # 7 per nibble, as AutoGPTQ writes
-    back = unpack_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], (16, 128),
-                       zero_offset=1)
+    back = unpack_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], (16, 128), zero_offset=1)
     assert back.zeros is None and torch.equal(dense_of(back), dense_of(u))
 
 
@@ -96,8 +106,9 @@ def _ct_compress(weight: torch.Tensor, bits: int, group: int | None, symmetric: 
     from compressed_tensors.quantization.utils import calculate_qparams
 
     strategy = "group" if group else "channel"
-    args = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy=strategy,
-                            group_size=group)
+    args = QuantizationArgs(
+        num_bits=bits, type="int", symmetric=symmetric, strategy=strategy, group_size=group
+    )
     cols = weight.shape[1]
     g = group or cols
     view = weight.reshape(weight.shape[0], cols // g, g)
@@ -114,13 +125,18 @@ def test_compressed_tensors_equals_the_packages_decompression(bits, group, symme
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors import PackedQuantizationCompressor
 
-    weight = torch.randn(48, 256, generator=torch.Generator().manual_seed(bits),
-                         dtype=torch.float32).to(torch.bfloat16)
+    weight = torch.randn(
+        48, 256, generator=torch.Generator().manual_seed(bits), dtype=torch.float32
+    ).to(torch.bfloat16)
     packed, scheme = _ct_compress(weight, bits, group, symmetric)
     expected = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
-    ours = unpack_compressed(packed["weight_packed"], packed["weight_scale"],
-                             packed.get("weight_zero_point"), None,
-                             tuple(packed["weight_shape"].tolist()))
+    ours = unpack_compressed(
+        packed["weight_packed"],
+        packed["weight_scale"],
+        packed.get("weight_zero_point"),
+        None,
+        tuple(packed["weight_shape"].tolist()),
+    )
     assert (ours.zeros is None) == symmetric or not symmetric
     assert ours.bits == bits
     # the package dequantizes in the scale's dtype; the plugin keeps float32 until the end
@@ -152,8 +168,6 @@ def test_bad_tensors_are_refused_naming_them():
     with pytest.raises(ValueError, match="qweight"):
         unpack_gptq(t["qweight"][:5], t["qzeros"], t["scales"], None, (32, 256), zero_offset=1)
     with pytest.raises(ValueError, match="3-bit|not supported"):
-        unpack_gptq(t["qweight"][:24], t["qzeros"], t["scales"], None, (32, 256),
-                    zero_offset=1)
+        unpack_gptq(t["qweight"][:24], t["qzeros"], t["scales"], None, (32, 256), zero_offset=1)
     with pytest.raises(ValueError, match="weight_packed"):
-        unpack_compressed(torch.zeros(32, 5, dtype=torch.int32), u.scales, None, None,
-                          (32, 256))
+        unpack_compressed(torch.zeros(32, 5, dtype=torch.int32), u.scales, None, None, (32, 256))

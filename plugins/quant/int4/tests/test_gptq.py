@@ -54,8 +54,7 @@ def test_correlated_inputs_keep_the_outputs_much_closer(symmetric):
     def output_error(decoded: torch.Tensor) -> float:
         return float(((x @ (decoded - w).T) ** 2).mean())
 
-    rtn = output_error(dequantize(quantize_rtn(w, CPU, Recipe(method="rtn",
-                                                             symmetric=symmetric))))
+    rtn = output_error(dequantize(quantize_rtn(w, CPU, Recipe(method="rtn", symmetric=symmetric))))
     plain = gptq(w, h, bits=4, group=128, symmetric=symmetric)
     ordered = gptq(w, h, bits=4, group=128, symmetric=symmetric, act_order=True)
     # act-order keeps the groups consecutive (static groups): no permuted input
@@ -73,7 +72,7 @@ def test_dead_inputs_get_zero_weight_and_few_samples_still_factor():
     decoded = dequantize(got)
     assert bool((decoded[:, 5] == 0).all())
     assert got.group == 64 and got.scales.dtype == torch.float16
-    assert float(((decoded - w) ** 2).mean()) < float((w ** 2).mean())
+    assert float(((decoded - w) ** 2).mean()) < float((w**2).mean())
 
 
 def test_a_group_must_fit_the_blocks():
@@ -94,8 +93,9 @@ def test_the_float_target_is_the_least_squares_weight_over_the_quantized_inputs(
     oracle = torch.linalg.lstsq(x_quant.double(), (x_float @ w.T).double()).solution.T
     # the same outputs over the quantized inputs (the weights themselves are ill-conditioned)
     want = x_quant.double() @ oracle.T
-    torch.testing.assert_close(x_quant.double() @ target.double().T, want, rtol=0,
-                               atol=1e-3 * float(want.abs().max()))
+    torch.testing.assert_close(
+        x_quant.double() @ target.double().T, want, rtol=0, atol=1e-3 * float(want.abs().max())
+    )
 
     def error(decoded: torch.Tensor) -> float:
         return float(((x_float @ w.T - x_quant @ decoded.T) ** 2).mean())
@@ -107,8 +107,9 @@ def test_the_float_target_is_the_least_squares_weight_over_the_quantized_inputs(
     assert error(aimed) < 0.7 * error(plain)
 
 
-def _weighted_error(v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                    energy: torch.Tensor) -> torch.Tensor:
+def _weighted_error(
+    v: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, energy: torch.Tensor
+) -> torch.Tensor:
     """Each group's squared rounding error, every column weighted by its ``energy``."""
     decoded = (codes_for(v, scale, zero, 4) - zero[..., None]) * scale[..., None]
     return ((decoded - v) ** 2 * energy).sum(-1)
@@ -125,8 +126,11 @@ def test_the_weighted_clip_search_never_raises_the_weighted_error(symmetric):
     plain = _weighted_error(v, *fit(v, 4, symmetric), energy)
     if symmetric:
         half = 8.0
-        scale = torch.maximum(v.amax(-1).clamp(min=0) / (half - 1), (-v).amax(-1).clamp(min=0)
-                              / half).half().float()
+        scale = (
+            torch.maximum(v.amax(-1).clamp(min=0) / (half - 1), (-v).amax(-1).clamp(min=0) / half)
+            .half()
+            .float()
+        )
         zero = torch.full_like(scale, half)
     else:
         lo, hi = v.amin(-1).clamp(max=0), v.amax(-1).clamp(min=0)
@@ -152,8 +156,11 @@ def test_gptq_with_a_diagonal_hessian_clips_each_group_by_its_weighted_error(sym
 
     plain = output_error(gptq(w, h, bits=4, group=128, symmetric=symmetric))
     for act_order in (False, True):
-        clipped = output_error(gptq(w, h, bits=4, group=128, symmetric=symmetric,
-                                    act_order=act_order, clip_search=True))
+        clipped = output_error(
+            gptq(
+                w, h, bits=4, group=128, symmetric=symmetric, act_order=act_order, clip_search=True
+            )
+        )
         assert bool((clipped <= plain * (1 + 1e-5)).all())
         assert float(clipped.sum()) < float(plain.sum())
 
@@ -194,8 +201,7 @@ def _remaining_inverse_costs(h: torch.Tensor, order: torch.Tensor, damp: float) 
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_the_inverse_clip_weighting_weights_each_column_by_gptqs_own_cost(monkeypatch,
-                                                                          act_order):
+def test_the_inverse_clip_weighting_weights_each_column_by_gptqs_own_cost(monkeypatch, act_order):
     """With ``clip_weighting: inverse`` the clip search weights each column's error by
     ``1 / [H^-1]_ii`` over the columns not yet rounded (in GPTQ's order), not by ``H_ii``."""
     w, x = _weight(cols=128, rows=16), _inputs(n=512, cols=128)
@@ -207,11 +213,23 @@ def test_the_inverse_clip_weighting_weights_each_column_by_gptqs_own_cost(monkey
         return fit(v, bits, symmetric, column_weights, clip)
 
     monkeypatch.setattr(gptq_module, "fit", spy)
-    gptq(w, h, bits=4, group=32, symmetric=False, act_order=act_order, damp=0.01,
-         clip_search=True, clip_weighting="inverse")
+    gptq(
+        w,
+        h,
+        bits=4,
+        group=32,
+        symmetric=False,
+        act_order=act_order,
+        damp=0.01,
+        clip_search=True,
+        clip_weighting="inverse",
+    )
     got = torch.cat(seen).double()
-    order = (torch.argsort(torch.diagonal(h), descending=True, stable=True) if act_order
-             else torch.arange(128))
+    order = (
+        torch.argsort(torch.diagonal(h), descending=True, stable=True)
+        if act_order
+        else torch.arange(128)
+    )
     want = _remaining_inverse_costs(h, order, 0.01)
     torch.testing.assert_close(got, want, rtol=2e-3, atol=0)
     # not the Hessian's diagonal up to a factor: correlated inputs pay far less than H_ii
@@ -234,8 +252,9 @@ def test_the_inverse_weighting_clips_an_outlier_that_a_later_twin_column_makes_u
     w[:, 0] = 1.0  # the outlier
     out = {}
     for weighting in ("hessian", "inverse"):
-        q = gptq(w, h, bits=4, group=128, symmetric=False, clip_search=True,
-                 clip_weighting=weighting)
+        q = gptq(
+            w, h, bits=4, group=128, symmetric=False, clip_search=True, clip_weighting=weighting
+        )
         out[weighting] = (q, float(((x @ (dequantize(q) - w).T) ** 2).mean()))
     ranges = {k: (q.scales.float()[:, 0], q.zeros.float()[:, 0]) for k, (q, _) in out.items()}
 
@@ -255,8 +274,15 @@ def test_the_inverse_weighting_clips_an_outlier_that_a_later_twin_column_makes_u
 
 def test_an_unknown_clip_weighting_is_refused():
     with pytest.raises(ValueError, match="clip_weighting 'diagonal'"):
-        gptq(_weight(cols=128), torch.eye(128), bits=4, group=128, symmetric=False,
-             clip_search=True, clip_weighting="diagonal")
+        gptq(
+            _weight(cols=128),
+            torch.eye(128),
+            bits=4,
+            group=128,
+            symmetric=False,
+            clip_search=True,
+            clip_weighting="diagonal",
+        )
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
@@ -274,8 +300,9 @@ def test_without_clipping_every_group_takes_its_whole_range(symmetric):
     scale, _ = fit(v, 4, symmetric, clip=False)
     torch.testing.assert_close(scale, whole, rtol=0, atol=0)
     # column weights choose nothing when there is nothing to choose from
-    torch.testing.assert_close(fit(v, 4, symmetric, torch.rand(128) + 0.1, clip=False)[0],
-                               whole, rtol=0, atol=0)
+    torch.testing.assert_close(
+        fit(v, 4, symmetric, torch.rand(128) + 0.1, clip=False)[0], whole, rtol=0, atol=0
+    )
     recipe = Recipe(method="rtn", symmetric=symmetric, clip=False)
     rtn = quantize_rtn(w, CPU, recipe)
     assert torch.equal(rtn.scales.float(), whole)
@@ -284,5 +311,6 @@ def test_without_clipping_every_group_takes_its_whole_range(symmetric):
     clipped = quantize_rtn(w, CPU, Recipe(method="rtn", symmetric=symmetric))
     assert bool((clipped.scales.float() < whole).any())
     with pytest.raises(ValueError, match="clip_search needs clip"):
-        gptq(w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False,
-             clip_search=True)
+        gptq(
+            w, torch.eye(256), bits=4, group=128, symmetric=symmetric, clip=False, clip_search=True
+        )

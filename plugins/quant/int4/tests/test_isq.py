@@ -54,8 +54,9 @@ def test_asymmetric_groups_beat_their_min_max_range():
     lo, hi = v.amin(-1).clamp(max=0), v.amax(-1).clamp(min=0)
     scale = ((hi - lo) / 15).to(torch.float16).float()
     zero = torch.round(-lo / scale)
-    plain = (torch.round(v / scale[..., None] + zero[..., None]).clamp(0, 15)
-             - zero[..., None]) * scale[..., None]
+    plain = (
+        torch.round(v / scale[..., None] + zero[..., None]).clamp(0, 15) - zero[..., None]
+    ) * scale[..., None]
     err, plain_err = ((decoded - v) ** 2).sum(-1), ((plain - v) ** 2).sum(-1)
     assert bool((err <= plain_err + 1e-6).all()) and float(err.sum()) < float(plain_err.sum())
     # and have less error than the symmetric groups of the same weights
@@ -75,10 +76,16 @@ def test_group_size_follows_the_setting_and_the_row_length():
 
 
 def _config() -> "transformers.LlamaConfig":
-    return transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                    num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, vocab_size=320,
-                                    max_position_embeddings=256, tie_word_embeddings=False)
+    return transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
 
 
 def _save(model, path) -> None:
@@ -117,8 +124,9 @@ def _decoded_model(quantized_model, float_model, tmp_path):
         parts = getattr(method, "parts", None)
         if not parts:
             continue
-        weight = torch.cat([dequantize(p) if isinstance(p, IntWeight) else p.float()
-                            for p in parts])
+        weight = torch.cat(
+            [dequantize(p) if isinstance(p, IntWeight) else p.float() for p in parts]
+        )
         sizes, names = list(method.output_sizes), [name]
         if name.endswith("qkv_proj"):
             names = [name.replace("qkv_proj", k) for k in ("q_proj", "k_proj", "v_proj")]
@@ -126,27 +134,40 @@ def _decoded_model(quantized_model, float_model, tmp_path):
             names = [name.replace("gate_up_proj", k) for k in ("gate_proj", "up_proj")]
         for hf_name, piece in zip(names, torch.split(weight, sizes)):
             state[f"{hf_name}.weight"] = piece
-    missing = [n for n, p in hf.state_dict().items()
-               if p.dim() == 2 and "embed" not in n and n not in state]
+    missing = [
+        n
+        for n, p in hf.state_dict().items()
+        if p.dim() == 2 and "embed" not in n and n not in state
+    ]
     assert not missing, missing
     hf.load_state_dict(state, strict=False)
     _save(hf, tmp_path / "decoded")
     return tmp_path / "decoded"
 
 
-@pytest.mark.parametrize("int4", [{"method": "rtn", "symmetric": True}, {},
-                                  {"act_order": True, "symmetric": True},
-                                  {"sequential": True},
-                                  {"sequential": True, "float_reference": True},
-                                  {"sequential": True, "clip_search": True},
-                                  {"sequential": True, "clip_search": True,
-                                   "clip_weighting": "inverse"},
-                                  {"sequential": True, "act_order": True, "clip": False}],
-                         ids=["rtn-sym", "default-gptq", "gptq-act-order-sym",
-                              "gptq-sequential", "gptq-float-reference",
-                              "gptq-sequential-clip-search",
-                              "gptq-sequential-clip-search-inverse",
-                              "gptq-sequential-act-order-no-clip"])
+@pytest.mark.parametrize(
+    "int4",
+    [
+        {"method": "rtn", "symmetric": True},
+        {},
+        {"act_order": True, "symmetric": True},
+        {"sequential": True},
+        {"sequential": True, "float_reference": True},
+        {"sequential": True, "clip_search": True},
+        {"sequential": True, "clip_search": True, "clip_weighting": "inverse"},
+        {"sequential": True, "act_order": True, "clip": False},
+    ],
+    ids=[
+        "rtn-sym",
+        "default-gptq",
+        "gptq-act-order-sym",
+        "gptq-sequential",
+        "gptq-float-reference",
+        "gptq-sequential-clip-search",
+        "gptq-sequential-clip-search-inverse",
+        "gptq-sequential-act-order-no-clip",
+    ],
+)
 def test_isq_equals_the_float_model_of_the_decoded_weights(float_dir, int4, tmp_path):
     path, float_model, text = float_dir
     small = {"calibration_sequences": 8, "calibration_tokens": 128, "calibration_text": text}
@@ -174,9 +195,11 @@ def test_gptq_is_the_same_on_every_load_and_not_round_to_nearest(float_dir):
     def codes(int4) -> list[torch.Tensor]:
         model = engine(str(path), isq="int4", int4={**small, **int4}).parts.loaded.model
         layer = model.model.layers[1]
-        return [layer.self_attn.qkv_proj.quant_method.parts[0].codes,
-                layer.mlp.down_proj.quant_method.parts[0].codes,
-                model.lm_head.quant_method.parts[0].codes]
+        return [
+            layer.self_attn.qkv_proj.quant_method.parts[0].codes,
+            layer.mlp.down_proj.quant_method.parts[0].codes,
+            model.lm_head.quant_method.parts[0].codes,
+        ]
 
     first, again, rtn = codes({}), codes({}), codes({"method": "rtn"})
     assert all(torch.equal(a, b) for a, b in zip(first, again))
@@ -186,26 +209,34 @@ def test_gptq_is_the_same_on_every_load_and_not_round_to_nearest(float_dir):
 
 
 def test_bad_settings_are_refused_naming_them(tmp_path):
-    with pytest.raises(PluginSettingsError,
-                       match=r"plugins\.settings\.tallow-quant-int4\.method"):
+    with pytest.raises(PluginSettingsError, match=r"plugins\.settings\.tallow-quant-int4\.method"):
         engine("random:tiny-llama", isq="int4", int4={"method": "awq"})
-    with pytest.raises(PluginSettingsError,
-                       match=r"plugins\.settings\.tallow-quant-int4\.group_size"):
+    with pytest.raises(
+        PluginSettingsError, match=r"plugins\.settings\.tallow-quant-int4\.group_size"
+    ):
         engine("random:tiny-llama", isq="int4", int4={"group_size": 100})
-    with pytest.raises(PluginSettingsError,
-                       match=r"plugins\.settings\.tallow-quant-int4\.calibration_corpus"):
+    with pytest.raises(
+        PluginSettingsError, match=r"plugins\.settings\.tallow-quant-int4\.calibration_corpus"
+    ):
         engine("random:tiny-llama", isq="int4", int4={"calibration_corpus": "shakespeare"})
-    with pytest.raises(PluginSettingsError,
-                       match=r"plugins\.settings\.tallow-quant-int4\.clip_weighting"):
-        engine("random:tiny-llama", isq="int4", int4={"clip_search": True,
-                                                      "clip_weighting": "diagonal"})
+    with pytest.raises(
+        PluginSettingsError, match=r"plugins\.settings\.tallow-quant-int4\.clip_weighting"
+    ):
+        engine(
+            "random:tiny-llama",
+            isq="int4",
+            int4={"clip_search": True, "clip_weighting": "diagonal"},
+        )
     with pytest.raises(PluginSettingsError, match="clip_weighting needs clip_search"):
         engine("random:tiny-llama", isq="int4", int4={"clip_weighting": "inverse"})
     with pytest.raises(PluginSettingsError, match="clip_search needs clip"):
         engine("random:tiny-llama", isq="int4", int4={"clip_search": True, "clip": False})
     missing = tmp_path / "nothing.txt"
-    with pytest.raises(ValueError, match=r"plugins\.settings\.tallow-quant-int4\."
-                                         r"calibration_text: cannot read"):
+    with pytest.raises(
+        ValueError,
+        match=r"plugins\.settings\.tallow-quant-int4\."
+        r"calibration_text: cannot read",
+    ):
         engine("random:tiny-llama", isq="int4", int4={"calibration_text": str(missing)})
 
 
@@ -214,35 +245,47 @@ def test_gptq_asks_for_english_prose_by_default_and_rtn_for_nothing(tmp_path):
 
     default = IntQuantScheme(settings("random:tiny-llama", isq="int4"), "int4")
     # sequential GPTQ with act-order on 64 windows: the setting that met the perplexity target
-    assert default.calibration_request() == CalibrationRequest(sequences=64, tokens=512,
-                                                               corpus="kjv", sequential=True)
+    assert default.calibration_request() == CalibrationRequest(
+        sequences=64, tokens=512, corpus="kjv", sequential=True
+    )
     assert default.recipe.act_order and default.recipe.name == "int4 g128 asym gptq act-order"
     text = tmp_path / "calibration.txt"
     text.write_text("some text\n")
-    chosen = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
-        "calibration_text": str(text), "calibration_sequences": 2}), "int4")
+    chosen = IntQuantScheme(
+        settings(
+            "random:tiny-llama",
+            isq="int4",
+            int4={"calibration_text": str(text), "calibration_sequences": 2},
+        ),
+        "int4",
+    )
     assert chosen.calibration_request() == CalibrationRequest(
-        sequences=2, tokens=512, text="some text\n", corpus="kjv", sequential=True)
-    one_pass = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
-        "sequential": False}), "int4")
+        sequences=2, tokens=512, text="some text\n", corpus="kjv", sequential=True
+    )
+    one_pass = IntQuantScheme(
+        settings("random:tiny-llama", isq="int4", int4={"sequential": False}), "int4"
+    )
     assert not one_pass.calibration_request().sequential
     assert not default.recipe.clip_search
-    clipping = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
-        "clip_search": True}), "int4")
+    clipping = IntQuantScheme(
+        settings("random:tiny-llama", isq="int4", int4={"clip_search": True}), "int4"
+    )
     assert clipping.recipe.clip_search
     assert clipping.recipe.name == "int4 g128 asym gptq act-order clip-search"
     assert clipping.recipe.clip_weighting == "hessian"
-    inverse = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={
-        "clip_search": True, "clip_weighting": "inverse"}), "int4")
+    inverse = IntQuantScheme(
+        settings(
+            "random:tiny-llama", isq="int4", int4={"clip_search": True, "clip_weighting": "inverse"}
+        ),
+        "int4",
+    )
     assert inverse.recipe.clip_weighting == "inverse"
     assert inverse.recipe.name == "int4 g128 asym gptq act-order clip-search-inverse"
-    whole = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"clip": False}),
-                           "int4")
+    whole = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"clip": False}), "int4")
     assert not whole.recipe.clip
     assert whole.recipe.name == "int4 g128 asym gptq act-order no-clip"
     assert default.recipe.clip
-    rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}),
-                         "int4")
+    rtn = IntQuantScheme(settings("random:tiny-llama", isq="int4", int4={"method": "rtn"}), "int4")
     assert rtn.calibration_request() is None and not rtn.calibrating
 
 
@@ -264,10 +307,11 @@ def test_a_random_model_is_drawn_and_quantized_a_slice_at_a_time(monkeypatch):
 
     def linear_bytes(e) -> int:
         model = e.parts.loaded.model
-        return sum(b.nbytes for n, b in model.named_buffers() if ".int_" in f".{n}"
-                   or n.split(".")[-1].startswith("int_")) + sum(
-            p.nbytes for n, p in model.named_parameters() if "embed" not in n
-            and p.dim() == 2)
+        return sum(
+            b.nbytes
+            for n, b in model.named_buffers()
+            if ".int_" in f".{n}" or n.split(".")[-1].startswith("int_")
+        ) + sum(p.nbytes for n, p in model.named_parameters() if "embed" not in n and p.dim() == 2)
 
     assert linear_bytes(eng) < 0.2 * linear_bytes(dense)  # ~4.3 bits per weight, not 32
     assert len(greedy(eng, PROMPTS, 8)[0]) == 8
@@ -315,7 +359,8 @@ def _second_layer_hessian(hf_model, text) -> torch.Tensor:
 
 
 def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
-        float_dir, tmp_path, monkeypatch):
+    float_dir, tmp_path, monkeypatch
+):
     path, float_model, text = float_dir
     at_once, _ = _calibration_hessians(path, text, monkeypatch, sequential=False)
     in_order, model = _calibration_hessians(path, text, monkeypatch, sequential=True)
@@ -328,28 +373,32 @@ def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it
     float_oracle = _second_layer_hessian(float_model, text)
     torch.testing.assert_close(at_once[second], float_oracle, rtol=1e-4, atol=1e-4 * scale)
     decoded = transformers.LlamaForCausalLM.from_pretrained(
-        _decoded_model(model, float_model, tmp_path)).eval()
+        _decoded_model(model, float_model, tmp_path)
+    ).eval()
     quantized_oracle = _second_layer_hessian(decoded, text)
-    torch.testing.assert_close(in_order[second], quantized_oracle, rtol=1e-4,
-                               atol=1e-4 * scale)
+    torch.testing.assert_close(in_order[second], quantized_oracle, rtol=1e-4, atol=1e-4 * scale)
     assert float((in_order[second] - at_once[second]).abs().max()) > 1e-2 * scale
 
 
 def test_float_reference_pairs_the_float_models_inputs_with_the_quantized_ones(
-        float_dir, tmp_path, monkeypatch):
+    float_dir, tmp_path, monkeypatch
+):
     """Under ``float_reference`` a layer's Hessian is still the quantized model's inputs',
     and its cross term pairs them token by token with the float model's inputs."""
     path, float_model, text = float_dir
-    seen, model = _calibration_hessians(path, text, monkeypatch, sequential=True,
-                                        float_reference=True)
+    seen, model = _calibration_hessians(
+        path, text, monkeypatch, sequential=True, float_reference=True
+    )
     second = "model.layers.1.self_attn.qkv_proj"
     decoded = transformers.LlamaForCausalLM.from_pretrained(
-        _decoded_model(model, float_model, tmp_path)).eval()
+        _decoded_model(model, float_model, tmp_path)
+    ).eval()
     x_quant = _second_layer_inputs(decoded, text)
     x_float = _second_layer_inputs(float_model, text)
     scale = float(seen[second].abs().max())
     torch.testing.assert_close(seen[second], x_quant.T @ x_quant, rtol=1e-4, atol=1e-4 * scale)
-    torch.testing.assert_close(seen[f"{second} cross"], x_float.T @ x_quant, rtol=1e-4,
-                               atol=1e-4 * scale)
+    torch.testing.assert_close(
+        seen[f"{second} cross"], x_float.T @ x_quant, rtol=1e-4, atol=1e-4 * scale
+    )
     with pytest.raises(PluginSettingsError, match="float_reference needs sequential"):
         engine(str(path), isq="int4", int4={"float_reference": True, "sequential": False})

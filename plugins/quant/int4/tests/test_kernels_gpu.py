@@ -25,10 +25,17 @@ from tallow_quant_int4.layout import dequantize, from_codes  # noqa: E402
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
 
-def weight(n: int, k: int, *, bits: int = 4, zeros: bool = False, group: int = 128,
-           act_order: bool = False, seed: int = 0):
-    u = random_unpacked(n, k, bits=bits, group=group, zeros=zeros, act_order=act_order,
-                        seed=seed)
+def weight(
+    n: int,
+    k: int,
+    *,
+    bits: int = 4,
+    zeros: bool = False,
+    group: int = 128,
+    act_order: bool = False,
+    seed: int = 0,
+):
+    u = random_unpacked(n, k, bits=bits, group=group, zeros=zeros, act_order=act_order, seed=seed)
     return from_codes(u.codes, u.scales, u.zeros, bits, group_index=u.group_index).to("cuda")
 
 
@@ -41,8 +48,9 @@ def close(got: torch.Tensor, x: torch.Tensor, w, what: str) -> None:
     """Within bfloat16 rounding of the float32 product of x and the decoded weight."""
     want = x.float() @ dequantize(w).T
     scale = float(want.abs().max())
-    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2 * scale,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        got.float(), want, rtol=1e-2, atol=1e-2 * scale, msg=lambda m: f"{what}: {m}"
+    )
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -72,8 +80,7 @@ def test_act_order_weights_read_x_permuted():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_dequantization_is_the_reference_bit_for_bit(dtype):
     for w in (weight(1024, 4096, seed=1), weight(512, 4096, bits=8, zeros=True, seed=2)):
-        assert torch.equal(dequantize_triton(w, dtype),
-                           dequantize(w, dtype, natural_order=False))
+        assert torch.equal(dequantize_triton(w, dtype), dequantize(w, dtype, natural_order=False))
 
 
 def test_pdl_launch_matches_plain_launch():
@@ -113,9 +120,15 @@ def test_graph_replay_equals_eager_for_every_path():
 
 
 def _engine(source: str, *, graphs: bool, **model):
-    return engine(source, device="cuda", dtype="bfloat16", max_model_len=2048,
-                  num_blocks=2048, runner={"disable_cuda_graph": not graphs,
-                                           "max_cuda_graph_batch": 32}, **model)
+    return engine(
+        source,
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=2048,
+        num_blocks=2048,
+        runner={"disable_cuda_graph": not graphs, "max_cuda_graph_batch": 32},
+        **model,
+    )
 
 
 def test_isq_int4_engine_graphs_equal_eager():
@@ -126,9 +139,18 @@ def test_isq_int4_engine_graphs_equal_eager():
     assert "int4 asym g128" in graphs.parts.loaded.quant.summary()
     replay_own_graph_sizes(graphs)
     g = torch.Generator().manual_seed(0)
-    for n in (1, 2, 4, 8, 16, 32):  # captured sizes, each replaying its own graph: eager runs the same kernels
-        batch = [torch.randint(0, 120000, (int(L),), generator=g).tolist()
-                 for L in torch.randint(3, 300, (n,), generator=g)]
+    for n in (
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+    ):  # captured sizes, each replaying its own graph: eager runs the same kernels
+        batch = [
+            torch.randint(0, 120000, (int(L),), generator=g).tolist()
+            for L in torch.randint(3, 300, (n,), generator=g)
+        ]
         assert greedy(graphs, batch, 24) == greedy(eager, batch, 24), f"batch {n}"
 
 
@@ -137,8 +159,7 @@ def test_isq_gptq_calibrates_on_the_gpu_the_same_on_every_load():
     every layer is quantized by GPTQ there; two loads give the same codes and the engine
     serves with CUDA graphs."""
     # tallow's source: present wherever tallow is, unlike the default corpus's package
-    small = {"calibration_sequences": 8, "calibration_tokens": 256,
-             "calibration_corpus": "source"}
+    small = {"calibration_sequences": 8, "calibration_tokens": 256, "calibration_corpus": "source"}
     first = _engine("random:llama-3.2-1b", graphs=True, isq="int4", int4=small)
     again = _engine("random:llama-3.2-1b", graphs=False, isq="int4", int4=small)
     quant = first.parts.loaded.quant
@@ -146,8 +167,10 @@ def test_isq_gptq_calibrates_on_the_gpu_the_same_on_every_load():
 
     def codes(eng):
         layer = eng.parts.loaded.model.model.layers[3]
-        return [layer.self_attn.qkv_proj.quant_method.parts[0].codes,
-                layer.mlp.down_proj.quant_method.parts[0].codes]
+        return [
+            layer.self_attn.qkv_proj.quant_method.parts[0].codes,
+            layer.mlp.down_proj.quant_method.parts[0].codes,
+        ]
 
     assert all(torch.equal(a, b) for a, b in zip(codes(first), codes(again)))
     batch = [[5, 17, 300, 2], [9] * 40]
@@ -168,10 +191,16 @@ def test_a_checkpoint_on_the_gpu_matches_its_decoded_float_model(tmp_path, fmt):
     if fmt.startswith("compressed"):
         pytest.importorskip("compressed_tensors", reason="compressed-tensors packs it")
     path, hf = write_checkpoint(tmp_path, fmt)
-    config = config_from_mapping({"model": {"source": str(path), "device": "cuda",
-                                            "dtype": "float32"}})
-    loaded = load_model(load_plugins(config.plugins).registries, str(path),
-                        device=torch.device("cuda"), dtype="float32", config=config)
+    config = config_from_mapping(
+        {"model": {"source": str(path), "device": "cuda", "dtype": "float32"}}
+    )
+    loaded = load_model(
+        load_plugins(config.plugins).registries,
+        str(path),
+        device=torch.device("cuda"),
+        dtype="float32",
+        config=config,
+    )
     runner = PagedRunner(loaded.model)
     runner.add(0)
     prompt = [3, 17, 250, 9, 64, 128, 5, 77] * 3  # 24 rows: the workspace path

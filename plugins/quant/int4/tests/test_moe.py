@@ -34,10 +34,23 @@ STEPS = 8
 
 def hf_model(seed: int = 3):
     config = transformers.Qwen3MoeConfig(
-        hidden_size=H, intermediate_size=256, moe_intermediate_size=I, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=E,
-        num_experts_per_tok=2, norm_topk_prob=True, vocab_size=320, rms_norm_eps=1e-5,
-        max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        hidden_size=H,
+        intermediate_size=256,
+        moe_intermediate_size=I,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=E,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        vocab_size=320,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return random_hf_model(config, seed=seed).float().eval()
 
 
@@ -55,15 +68,19 @@ def write_checkpoint(hf, out: Path, fmt: str):
         prefix = name.rsplit(".", 1)[0]
         decoded = torch.empty_like(value, dtype=torch.float32)
         for e in range(value.shape[0]):
-            parts = ({"gate_proj": value[e, :I], "up_proj": value[e, I:]}
-                     if name.endswith("gate_up_proj") else {"down_proj": value[e]})
+            parts = (
+                {"gate_proj": value[e, :I], "up_proj": value[e, I:]}
+                if name.endswith("gate_up_proj")
+                else {"down_proj": value[e]}
+            )
             row = 0
             for part, w in parts.items():
-                u = quantize(w.float(), bits=bits, group=group, zeros=zeros, act_order=False,
-                             seed=e)
+                u = quantize(
+                    w.float(), bits=bits, group=group, zeros=zeros, act_order=False, seed=e
+                )
                 for suffix, t in _layer_tensors(fmt, qcfg, u).items():
                     tensors[f"{prefix}.{e}.{part}.{suffix}"] = t.contiguous()
-                decoded[e, row:row + w.shape[0]] = dense_of(_as_stored(qcfg, u))
+                decoded[e, row : row + w.shape[0]] = dense_of(_as_stored(qcfg, u))
                 row += w.shape[0]
         oracle_state[name] = decoded
     out.mkdir(parents=True, exist_ok=True)
@@ -78,11 +95,21 @@ def write_checkpoint(hf, out: Path, fmt: str):
 
 
 def engine(source: str, **model) -> LLMEngine:
-    return LLMEngine.from_config(config_from_mapping({
-        "model": {"source": source, "device": "cpu", "dtype": "float32", "max_model_len": 128,
-                  **model},
-        "cache": {"num_blocks": 32},
-        "plugins": {"settings": {"tallow-quant-int4": {"method": "rtn"}}}}))
+    return LLMEngine.from_config(
+        config_from_mapping(
+            {
+                "model": {
+                    "source": source,
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "max_model_len": 128,
+                    **model,
+                },
+                "cache": {"num_blocks": 32},
+                "plugins": {"settings": {"tallow-quant-int4": {"method": "rtn"}}},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq", "compressed-tensors"])
@@ -100,14 +127,19 @@ def test_checkpoint_experts_stay_packed_and_equal_the_decoded_model(fmt, tmp_pat
 def test_tensor_parallel_ranks_sum_to_the_whole_layer():
     """Each of two ranks holds its rows of gate and up and its columns (whole groups) of
     down; their partial outputs add up to the unsplit layer's."""
-    qcfg = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
-            "sym": False}
+    qcfg = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": False}
     g = torch.Generator().manual_seed(4)
     tensors = {}
     for e in range(E):
         for part, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
-            u = quantize(torch.randn(*shape, generator=g) * 0.05, bits=4, group=32, zeros=True,
-                         act_order=False, seed=e)
+            u = quantize(
+                torch.randn(*shape, generator=g) * 0.05,
+                bits=4,
+                group=32,
+                zeros=True,
+                act_order=False,
+                seed=e,
+            )
             tensors[(e, part)] = _layer_tensors("gptq", qcfg, u)
     x = torch.randn(9, H, generator=g)
     weights, ids = torch.randn(9, E, generator=g).softmax(-1).topk(2, dim=-1)
@@ -115,9 +147,15 @@ def test_tensor_parallel_ranks_sum_to_the_whole_layer():
     for rank, tp in ((0, 1), (0, 2), (1, 2)):
         scheme = IntQuantScheme()
         scheme.use_checkpoint_config({"quantization_config": qcfg})
-        layer = FusedMoE(E, H, I, router=RouterSpec(top_k=2, renormalize=True),
-                         build=BuildContext(quant=scheme, tp_rank=rank, tp_size=tp),
-                         prefix="mlp", reduce_results=False)
+        layer = FusedMoE(
+            E,
+            H,
+            I,
+            router=RouterSpec(top_k=2, renormalize=True),
+            build=BuildContext(quant=scheme, tp_rank=rank, tp_size=tp),
+            prefix="mlp",
+            reduce_results=False,
+        )
         params = dict(layer.experts.named_parameters())
         for (e, part), pieces in tensors.items():
             for name, t in pieces.items():
@@ -134,13 +172,13 @@ def test_act_order_experts_are_refused():
     scheme = IntQuantScheme()
     scheme.use_checkpoint_config({"quantization_config": qcfg})
     assert checkpoint_layout({"quantization_config": qcfg}).desc_act
-    layer = FusedMoE(2, 64, 64, router=RouterSpec(top_k=1), build=BuildContext(quant=scheme),
-                     prefix="mlp")
+    layer = FusedMoE(
+        2, 64, 64, router=RouterSpec(top_k=1), build=BuildContext(quant=scheme), prefix="mlp"
+    )
     params = dict(layer.experts.named_parameters())
     for e in range(2):
         for part, shape in (("gate", (64, 64)), ("up", (64, 64)), ("down", (64, 64))):
-            u = quantize(torch.randn(*shape), bits=4, group=32, zeros=False, act_order=True,
-                         seed=e)
+            u = quantize(torch.randn(*shape), bits=4, group=32, zeros=False, act_order=True, seed=e)
             for name, t in _layer_tensors("gptq", qcfg, u).items():
                 p = params[f"{'w2' if part == 'down' else 'w13'}_{name}"]
                 p.weight_loader(p, t, (str(e), part))
@@ -168,14 +206,19 @@ def test_isq_rounds_the_experts(tmp_path):
         for hf_name, module in (("o_proj", attn.o_proj),):
             [part] = module.quant_method.parts
             state[f"model.layers.{i}.self_attn.{hf_name}.weight"] = dequantize(part)
-        qkv = torch.cat([dequantize(p) if not isinstance(p, torch.Tensor) else p
-                         for p in attn.qkv_proj.quant_method.parts])
+        qkv = torch.cat(
+            [
+                dequantize(p) if not isinstance(p, torch.Tensor) else p
+                for p in attn.qkv_proj.quant_method.parts
+            ]
+        )
         q, k, v = qkv.split([128, 64, 64])
         for hf_name, w in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
             state[f"model.layers.{i}.self_attn.{hf_name}.weight"] = w
         [gate] = layer.mlp.gate.quant_method.parts
-        state[f"model.layers.{i}.mlp.gate.weight"] = (dequantize(gate) if not isinstance(
-            gate, torch.Tensor) else gate)
+        state[f"model.layers.{i}.mlp.gate.weight"] = (
+            dequantize(gate) if not isinstance(gate, torch.Tensor) else gate
+        )
     [head] = model.lm_head.quant_method.parts
     state["lm_head.weight"] = dequantize(head)
     oracle.load_state_dict(state)

@@ -63,13 +63,13 @@ class Header:
     def function(self) -> str | None:
         """The function a ``to=functions.NAME`` recipient calls; None for any other."""
         r = self.recipient
-        return r[len(FUNCTIONS):] if r and r.startswith(FUNCTIONS) and r != FUNCTIONS else None
+        return r[len(FUNCTIONS) :] if r and r.startswith(FUNCTIONS) and r != FUNCTIONS else None
 
 
 def parse_header(raw: str) -> Header:
     """The :class:`Header` of ``raw``, a header's markup up to ``<|message|>`` (with or without
     the leading ``<|start|>`` and role: a header the prompt opened is the assistant's)."""
-    text = raw[len(START):] if raw.startswith(START) else raw
+    text = raw[len(START) :] if raw.startswith(START) else raw
     implicit = not raw.startswith(START)
     parts = _SPECIAL_RE.split(text)
     tokens = _SPECIAL_RE.findall(text)
@@ -184,9 +184,9 @@ class HarmonyReader:
                 self._text(buf[:cut])
                 buf = buf[cut:]
                 break
-            self._text(buf[:m.start()])
+            self._text(buf[: m.start()])
             self._token(m.group())
-            buf = buf[m.end():]
+            buf = buf[m.end() :]
         self._buf = buf
         return self._events
 

@@ -78,8 +78,9 @@ class HarmonyToolStream(StreamingToolParser):
         if args is None or not self._tools.known(name):
             self._content("".join(self._raw) + body + token)
             return
-        self._out.tool_calls.append(ToolCallDelta(self._calls, new_call_id(), name,
-                                                  compact_json(args)))
+        self._out.tool_calls.append(
+            ToolCallDelta(self._calls, new_call_id(), name, compact_json(args))
+        )
         self._calls += 1
 
     def _content(self, text: str) -> None:
@@ -88,7 +89,7 @@ class HarmonyToolStream(StreamingToolParser):
         held = self._ws + text
         body = held.rstrip()
         self._out.content += body
-        self._ws = held[len(body):]
+        self._ws = held[len(body) :]
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from tallow_reasoning_think.parser import OpenThinkReasoningParser, ThinkReasoningParser
 
-QWEN3 = ("{%- if enable_thinking is defined and enable_thinking is false %}"
-         "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
+QWEN3 = (
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+)
 R1 = "{% if add_generation_prompt %}{{'<｜Assistant｜><think>\\n'}}{% endif %}"
 PLAIN = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
 

@@ -26,13 +26,13 @@ def lookup(tokens: np.ndarray, k: int, max_n: int, min_n: int) -> list[int]:
     ``tokens`` (between ``max_n`` and ``min_n`` long) that occurred before; [] when none did."""
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = tokens[length - n:]
+        suffix = tokens[length - n :]
         # windows starting at 0 .. length - n - 1: every occurrence but the suffix itself
-        windows = sliding_window_view(tokens[:length - 1], n)
+        windows = sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
+            return tokens[start : start + k].tolist()
     return []
 
 
@@ -56,8 +56,7 @@ class NgramSpeculator(Speculator):
             return [str(exc)]
         return []
 
-    def propose(self, token_ids: Sequence[int], k: int,
-                context: SpeculationContext) -> list[int]:
+    def propose(self, token_ids: Sequence[int], k: int, context: SpeculationContext) -> list[int]:
         if len(token_ids) < self.min_n + 1:
             return []
         return lookup(np.asarray(token_ids, dtype=np.int64), k, self.max_n, self.min_n)

@@ -43,18 +43,19 @@ class ReplaySpeculator(Speculator):
         except PluginSettingsError as exc:
             return [str(exc)]
         if not settings.continuations and settings.file is None:
-            return ["replay needs recorded continuations (plugins.settings."
-                    "tallow-speculator-ngram.replay.continuations or .file)"]
+            return [
+                "replay needs recorded continuations (plugins.settings."
+                "tallow-speculator-ngram.replay.continuations or .file)"
+            ]
         return []
 
-    def propose(self, token_ids: Sequence[int], k: int,
-                context: SpeculationContext) -> list[int]:
+    def propose(self, token_ids: Sequence[int], k: int, context: SpeculationContext) -> list[int]:
         n = context.num_prompt_tokens
         output = self.recorded.get(tuple(token_ids[:n]))
         if output is None:
             return []
         done = len(token_ids) - n
-        truth = output[done:done + k]
+        truth = output[done : done + k]
         if not truth:
             return []
         key = (context.request_id, context.index)

@@ -45,8 +45,10 @@ class NgramSettings(BaseModel):
     @model_validator(mode="after")
     def _order(self) -> "NgramSettings":
         if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
-                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
         return self
 
 

@@ -60,28 +60,30 @@ def test_replay_tracks_its_acceptance_rate(tmp_path) -> None:
     tokens, right, proposed = list(prompt), 0, 0
     for _ in range(8):
         got = spec.propose(tokens, 4, ctx(3))
-        truth = output[len(tokens) - 3:][:4]
+        truth = output[len(tokens) - 3 :][:4]
         kept = 0
         while kept < len(got) and got[kept] == truth[kept]:
             kept += 1
         assert got[kept:] == [t + 1 for t in truth[kept:]]  # the rest is wrong
         right += kept
         proposed += len(got)
-        tokens += truth[:kept + 1]
+        tokens += truth[: kept + 1]
     assert right == proposed // 2
     assert spec.propose([1, 2, 3], 4, ctx(3)) == []  # an unrecorded prompt
     assert ReplaySpeculator.validate(Config())  # nothing recorded: a reason
 
 
 def test_ngram_through_the_configuration_keeps_greedy_outputs(tmp_path) -> None:
-    settings = dict(model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=64,
-                    max_model_len=256)
+    settings = dict(
+        model="random:tiny-llama", device="cpu", dtype="float32", num_blocks=64, max_model_len=256
+    )
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8] * 3 + [1, 2], [5, 6, 7] * 4, list(range(10, 40))]
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     base = LLM(**settings)
     want = [o.outputs[0].token_ids for o in base.generate(prompts, params)]
-    llm = LLM(**settings, speculative={"method": "ngram", "num_speculative_tokens": 3,
-                                       "adaptive": True})
+    llm = LLM(
+        **settings, speculative={"method": "ngram", "num_speculative_tokens": 3, "adaptive": True}
+    )
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     assert llm.engine.core.stats()["spec_num_proposals"] > 0
     with pytest.raises(ValueError, match="registered: .*ngram"):

@@ -13,33 +13,56 @@ from tallow_speculator_ngram.workload import code_edit_conversations
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 16
-SCHEMA = {"type": "object", "properties": {
-    "function": {"type": "string"}, "arguments": {"type": "array", "items": {"type": "string"}},
-    "returns_none": {"type": "boolean"}},
-    "required": ["function", "arguments", "returns_none"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "function": {"type": "string"},
+        "arguments": {"type": "array", "items": {"type": "string"}},
+        "returns_none": {"type": "boolean"},
+    },
+    "required": ["function", "arguments", "returns_none"],
+    "additionalProperties": False,
+}
 
 
 def prompts(llm: LLM) -> list[list[int]]:
     tok = llm.get_tokenizer()
     convs = code_edit_conversations()[:19]
-    convs.append([{"role": "user", "content": "Describe def find_user(users, name) as JSON "
-                   "with keys function, arguments and returns_none."}])
-    return [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True),
-                       add_special_tokens=False) for c in convs]
+    convs.append(
+        [
+            {
+                "role": "user",
+                "content": "Describe def find_user(users, name) as JSON "
+                "with keys function, arguments and returns_none.",
+            }
+        ]
+    )
+    return [
+        tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+        for c in convs
+    ]
 
 
 def params() -> list[SamplingParams]:
     plain = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    json_params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
-                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    json_params = SamplingParams(
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        structured_outputs=StructuredOutputsParams(json=SCHEMA),
+    )
     return [plain] * 19 + [json_params]
 
 
 def test_greedy_outputs_identical_with_prompt_lookup():
     # one engine (loading the model twice would double the test's time): first without its
     # speculator, then with it
-    llm = LLM(dtype="float32", device="cpu", max_model_len=1024, num_blocks=512,
-              speculative={"method": "ngram", "num_speculative_tokens": 4})
+    llm = LLM(
+        dtype="float32",
+        device="cpu",
+        max_model_len=1024,
+        num_blocks=512,
+        speculative={"method": "ngram", "num_speculative_tokens": 4},
+    )
     core = llm.engine.core
     spec = core.spec
     assert spec is not None and type(spec.speculator).__name__ == "NgramSpeculator"

@@ -18,8 +18,12 @@ from tallow.engine.llm_engine import LLMEngine  # noqa: E402
 
 def engine(speculative: dict | None) -> LLMEngine:
     mapping = {
-        "model": {"source": "random:tiny-llama", "dtype": "float32", "device": "cuda",
-                  "max_model_len": 512},
+        "model": {
+            "source": "random:tiny-llama",
+            "dtype": "float32",
+            "device": "cuda",
+            "max_model_len": 512,
+        },
         "cache": {"num_blocks": 512, "block_size": 16},
         "runner": {"disable_cuda_graph": False, "max_cuda_graph_batch": 32},
         "scheduler": {"max_num_seqs": 32, "prefill_chunk_size": 32},
@@ -46,8 +50,10 @@ def run(eng: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
 def test_greedy_tokens_equal_the_plain_engine(k: int) -> None:
     g = torch.Generator().manual_seed(0)
     # repetitive prompts, so prompt lookup proposes often
-    prompts = [(torch.randint(10, 500, (n,), generator=g).tolist() * 4)[:4 * n]
-               for n in (3, 7, 12, 20, 31, 5, 9, 16)]
+    prompts = [
+        (torch.randint(10, 500, (n,), generator=g).tolist() * 4)[: 4 * n]
+        for n in (3, 7, 12, 20, 31, 5, 9, 16)
+    ]
     want = run(engine(None), prompts)
     eng = engine({"method": "ngram", "num_speculative_tokens": k})
     assert eng.core.runner.graphs is not None  # decode steps still replay graphs

@@ -17,8 +17,15 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
-    loads_strict, match_literal, skip_ws,
+    CallRegion,
+    Decision,
+    JsonSpan,
+    MarkupToolParser,
+    bracket_opens,
+    call_from_json,
+    loads_strict,
+    match_literal,
+    skip_ws,
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -53,7 +60,7 @@ class HermesRegion(CallRegion):
         if not closed:
             return self.malformed(j)
         try:
-            call = call_from_json(loads_strict(text[self._span.start:end]))
+            call = call_from_json(loads_strict(text[self._span.start : end]))
         except ValueError:
             return self.malformed()
         return self.accept(j + len(CLOSE), [call] if call else [])

@@ -17,9 +17,15 @@ class TestHermesConformance(ToolParserConformance):
     component = "hermes"
     examples = [
         (call("get_weather", {"city": "Paris"}), [("get_weather", {"city": "Paris"})]),
-        ("Let me look.\n\n" + call("get_weather", {"city": "Zürich 東京"}) + "\n"
-         + call("search", {"q": {"all": ["</tool_call>", 1.5, None]}}, indent=2),
-         [("get_weather", {"city": "Zürich 東京"}),
-          ("search", {"q": {"all": ["</tool_call>", 1.5, None]}})]),
+        (
+            "Let me look.\n\n"
+            + call("get_weather", {"city": "Zürich 東京"})
+            + "\n"
+            + call("search", {"q": {"all": ["</tool_call>", 1.5, None]}}, indent=2),
+            [
+                ("get_weather", {"city": "Zürich 東京"}),
+                ("search", {"q": {"all": ["</tool_call>", 1.5, None]}}),
+            ],
+        ),
         ("<think>need the weather</think>\n" + call("search", {}), [("search", {})]),
     ]

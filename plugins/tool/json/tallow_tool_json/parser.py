@@ -22,8 +22,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, ToolSet, bracket_opens,
-    call_from_json, loads_strict, skip_ws,
+    CallRegion,
+    Decision,
+    FoundCall,
+    JsonSpan,
+    MarkupToolParser,
+    ToolSet,
+    bracket_opens,
+    call_from_json,
+    loads_strict,
+    skip_ws,
 )
 
 
@@ -48,7 +56,7 @@ class _Values:
             if self._span is None:
                 if text[start] not in "{[":
                     return False
-                opens = bracket_opens(visible, start, '{]' if text[start] == "[" else '"}')
+                opens = bracket_opens(visible, start, "{]" if text[start] == "[" else '"}')
                 if opens is None:
                     return None
                 if not opens:
@@ -64,8 +72,14 @@ class _Values:
                 return False
             items = value if isinstance(value, list) else [value]
             calls = [call_from_json(item) for item in items]
-            if not calls or not all(calls) or not all(self.tools.known(c.name)  # type: ignore[union-attr]
-                                                      for c in calls):
+            if (
+                not calls
+                or not all(calls)
+                or not all(
+                    self.tools.known(c.name)  # type: ignore[union-attr]
+                    for c in calls
+                )
+            ):
                 return False  # decided as soon as the value closes
             self.calls += calls  # type: ignore[arg-type]
             self.next = end
@@ -99,7 +113,7 @@ class FencedJsonRegion(CallRegion):
             line_end = text.find("\n", len(self.opener))
             if line_end < 0:
                 return self.pending(final)
-            if text[len(self.opener):line_end].strip() not in ("", "json"):
+            if text[len(self.opener) : line_end].strip() not in ("", "json"):
                 return self.malformed()
             self._values = _Values(self.tools)
             self._values.next = line_end + 1

@@ -11,11 +11,23 @@ class TestJsonConformance(ToolParserConformance):
     distribution = "tallow-tool-json"
     component = "json"
     examples = [
-        (json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}),
-         [("get_weather", {"city": "Paris"})]),
-        (json.dumps([{"name": "search", "parameters": {"q": "東京 😀"}},
-                     {"name": "get_weather", "arguments": {}}], ensure_ascii=False, indent=2),
-         [("search", {"q": "東京 😀"}), ("get_weather", {})]),
-        ("<think>ok</think>" + json.dumps({"name": "search", "arguments": {"n": [1, None]}}),
-         [("search", {"n": [1, None]})]),
+        (
+            json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}),
+            [("get_weather", {"city": "Paris"})],
+        ),
+        (
+            json.dumps(
+                [
+                    {"name": "search", "parameters": {"q": "東京 😀"}},
+                    {"name": "get_weather", "arguments": {}},
+                ],
+                ensure_ascii=False,
+                indent=2,
+            ),
+            [("search", {"q": "東京 😀"}), ("get_weather", {})],
+        ),
+        (
+            "<think>ok</think>" + json.dumps({"name": "search", "arguments": {"n": [1, None]}}),
+            [("search", {"n": [1, None]})],
+        ),
     ]

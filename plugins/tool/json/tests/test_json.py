@@ -10,13 +10,17 @@ from hypothesis import strategies as st
 
 import tallow_tool_json.plugin
 from tallow.plugin.testing import (
-    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
+    assert_streaming_matches_parse,
+    isolated_plugin_manager,
+    parse_summary,
 )
 from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_json.parser import JsonToolParser
 
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-         for n in ("get_weather", "search")]
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+    for n in ("get_weather", "search")
+]
 
 
 def call(name: str, args, key: str = "arguments") -> dict:
@@ -36,43 +40,90 @@ J = json.dumps
 CASES = [
     ("plain text", "Just text.", "Just text.", []),
     ("one call", J(call("get_weather", P)), None, [("get_weather", P)]),
-    ("a list of calls", J([call("get_weather", P), call("search", {"q": 1}, "parameters")]), None,
-     [("get_weather", P), ("search", {"q": 1})]),
+    (
+        "a list of calls",
+        J([call("get_weather", P), call("search", {"q": 1}, "parameters")]),
+        None,
+        [("get_weather", P), ("search", {"q": 1})],
+    ),
     ("whitespace around", "\n  " + J(call("search", {})) + " \n", None, [("search", {})]),
-    ("after think", "<think>ok</think>" + J(call("search", {})), "<think>ok</think>",
-     [("search", {})]),
-    ("content before is not a call", "Result: " + J(call("search", {})),
-     "Result: " + J(call("search", {})), []),
+    (
+        "after think",
+        "<think>ok</think>" + J(call("search", {})),
+        "<think>ok</think>",
+        [("search", {})],
+    ),
+    (
+        "content before is not a call",
+        "Result: " + J(call("search", {})),
+        "Result: " + J(call("search", {})),
+        [],
+    ),
     ("text after is not a call", J(call("search", {})) + " ok", J(call("search", {})) + " ok", []),
     # what small models write (issue 46): a call per line, or calls in a code fence
     ("in a code fence", "```json\n" + J(call("search", {})) + "\n```", None, [("search", {})]),
-    ("in a bare fence", "```\n" + J([call("search", {}), call("search", P)]) + "\n```\n",
-     None, [("search", {}), ("search", P)]),
-    ("two in a fence", "```json\n" + J(call("search", {})) + "\n" + J(call("search", P))
-     + "\n```", None, [("search", {}), ("search", P)]),
-    ("a call per line", J(call("search", P)) + "\n" + J(call("search", P)) + "\n"
-     + J(call("search", {})), None, [("search", P), ("search", P), ("search", {})]),
-    ("calls then a non-call", J(call("search", {})) + "\n" + '{"a": 1}',
-     J(call("search", {})) + "\n" + '{"a": 1}', []),
-    ("calls then prose", J(call("search", {})) + "\nDone.", J(call("search", {})) + "\nDone.",
-     []),
+    (
+        "in a bare fence",
+        "```\n" + J([call("search", {}), call("search", P)]) + "\n```\n",
+        None,
+        [("search", {}), ("search", P)],
+    ),
+    (
+        "two in a fence",
+        "```json\n" + J(call("search", {})) + "\n" + J(call("search", P)) + "\n```",
+        None,
+        [("search", {}), ("search", P)],
+    ),
+    (
+        "a call per line",
+        J(call("search", P)) + "\n" + J(call("search", P)) + "\n" + J(call("search", {})),
+        None,
+        [("search", P), ("search", P), ("search", {})],
+    ),
+    (
+        "calls then a non-call",
+        J(call("search", {})) + "\n" + '{"a": 1}',
+        J(call("search", {})) + "\n" + '{"a": 1}',
+        [],
+    ),
+    ("calls then prose", J(call("search", {})) + "\nDone.", J(call("search", {})) + "\nDone.", []),
     ("a python fence", "```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
-    ("a fence then prose", "```json\n" + J(call("search", {})) + "\n```\nok",
-     "```json\n" + J(call("search", {})) + "\n```\nok", []),
-    ("a fence of a non-call", "```json\n" + '{"a": 1}' + "\n```", "```json\n" + '{"a": 1}'
-     + "\n```", []),
+    (
+        "a fence then prose",
+        "```json\n" + J(call("search", {})) + "\n```\nok",
+        "```json\n" + J(call("search", {})) + "\n```\nok",
+        [],
+    ),
+    (
+        "a fence of a non-call",
+        "```json\n" + '{"a": 1}' + "\n```",
+        "```json\n" + '{"a": 1}' + "\n```",
+        [],
+    ),
     ("json answer", J({"name": "Ada", "born": 1815}), J({"name": "Ada", "born": 1815}), []),
     ("empty list", "[]", "[]", []),
     ("list with a non-call", J([call("search", {}), 3]), J([call("search", {}), 3]), []),
     ("bad json", '{"name": "search", "arguments": }', '{"name": "search", "arguments": }', []),
     ("unknown tool", J(call("launch", {})), J(call("launch", {})), []),
     ("unclosed at end", J(call("search", P))[:-1], J(call("search", P))[:-1], []),
-    ("unicode", J(call("get_weather", {"city": "Zürich 東京 😀"}), ensure_ascii=False), None,
-     [("get_weather", {"city": "Zürich 東京 😀"})]),
-    ("escaped unicode", J(call("get_weather", {"city": "東京"})), None,
-     [("get_weather", {"city": "東京"})]),
-    ("nested json", J(call("search", {"q": {"all": [{"x": "]}"}, [1, None]]}}), indent=2), None,
-     [("search", {"q": {"all": [{"x": "]}"}, [1, None]]}})]),
+    (
+        "unicode",
+        J(call("get_weather", {"city": "Zürich 東京 😀"}), ensure_ascii=False),
+        None,
+        [("get_weather", {"city": "Zürich 東京 😀"})],
+    ),
+    (
+        "escaped unicode",
+        J(call("get_weather", {"city": "東京"})),
+        None,
+        [("get_weather", {"city": "東京"})],
+    ),
+    (
+        "nested json",
+        J(call("search", {"q": {"all": [{"x": "]}"}, [1, None]]}}), indent=2),
+        None,
+        [("search", {"q": {"all": [{"x": "]}"}, [1, None]]}})],
+    ),
 ]
 
 
@@ -101,22 +152,44 @@ def test_bracketed_prose_is_not_held_back():
     assert sp.feed('{"x": 1} and then a long answer').content == '{"x": 1} and then a long answer'
 
 
-ARGS = st.dictionaries(st.text(max_size=4), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=5), lambda inner: st.lists(inner, max_size=2), max_leaves=4), max_size=3)
+ARGS = st.dictionaries(
+    st.text(max_size=4),
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=2),
+        max_leaves=4,
+    ),
+    max_size=3,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["get_weather", "search"]), ARGS,
-                          st.sampled_from(["arguments", "parameters"])), min_size=1, max_size=3),
-       st.booleans(), st.sampled_from([None, 1]), st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["get_weather", "search"]),
+            ARGS,
+            st.sampled_from(["arguments", "parameters"]),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.booleans(),
+    st.sampled_from([None, 1]),
+    st.booleans(),
+)
 def test_generated_responses(calls, as_list, indent, ascii_only):
     objs = [call(n, a, k) for n, a, k in calls]
     value = objs if as_list or len(objs) > 1 else objs[0]
     text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
     result = check_all_splits(text, tries=4)
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
-        (n, a) for n, a, _ in calls]
+        (n, a) for n, a, _ in calls
+    ]
     assert result.content is None
 
 

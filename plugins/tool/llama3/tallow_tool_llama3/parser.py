@@ -17,8 +17,15 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
-    loads_strict, skip_ws,
+    CallRegion,
+    Decision,
+    FoundCall,
+    JsonSpan,
+    MarkupToolParser,
+    bracket_opens,
+    call_from_json,
+    loads_strict,
+    skip_ws,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -59,8 +66,9 @@ class Llama3Region(CallRegion):
             if end is None:
                 return self.pending(final)
             try:
-                call = call_from_json(loads_strict(text[self._span.start:end]),
-                                      ("parameters", "arguments"))
+                call = call_from_json(
+                    loads_strict(text[self._span.start : end]), ("parameters", "arguments")
+                )
             except ValueError:
                 call = None
             if call is None or not self.tools.known(call.name):
@@ -82,5 +90,6 @@ class Llama3JsonToolParser(MarkupToolParser):
         """The template is a Llama 3 one that offers tools; else a Llama 3 model name."""
         if chat_template is not None:
             return PYTHON_TAG in chat_template or (
-                "<|start_header_id|>" in chat_template and '"parameters"' in chat_template)
+                "<|start_header_id|>" in chat_template and '"parameters"' in chat_template
+            )
         return bool(_NAME_HINT.search(model_name or ""))

@@ -7,5 +7,4 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_tool_parsers(registry) -> None:
-    registry.register("llama3_json", "tallow_tool_llama3.parser:Llama3JsonToolParser",
-                      priority=40)
+    registry.register("llama3_json", "tallow_tool_llama3.parser:Llama3JsonToolParser", priority=40)

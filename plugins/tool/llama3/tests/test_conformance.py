@@ -16,8 +16,12 @@ class TestLlama3Conformance(ToolParserConformance):
     component = "llama3_json"
     examples = [
         (call("get_weather", {"city": "Paris"}), [("get_weather", {"city": "Paris"})]),
-        (call("get_weather", {"city": "Zürich"}) + "; " + call("search", {"q": "x"}),
-         [("get_weather", {"city": "Zürich"}), ("search", {"q": "x"})]),
-        ("Checking.\n<|python_tag|>" + call("search", {"q": [1, {"a": None}]}),
-         [("search", {"q": [1, {"a": None}]})]),
+        (
+            call("get_weather", {"city": "Zürich"}) + "; " + call("search", {"q": "x"}),
+            [("get_weather", {"city": "Zürich"}), ("search", {"q": "x"})],
+        ),
+        (
+            "Checking.\n<|python_tag|>" + call("search", {"q": [1, {"a": None}]}),
+            [("search", {"q": [1, {"a": None}]})],
+        ),
     ]

@@ -17,8 +17,16 @@ import re
 from typing import ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, JsonSpan, MarkupToolParser, bracket_opens, call_from_json,
-    loads_strict, match_literal, skip_ws,
+    CallRegion,
+    Decision,
+    FoundCall,
+    JsonSpan,
+    MarkupToolParser,
+    bracket_opens,
+    call_from_json,
+    loads_strict,
+    match_literal,
+    skip_ws,
 )
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -53,7 +61,7 @@ class MistralRegion(CallRegion):
         if end is None:
             return self.pending(final)
         try:
-            value = loads_strict(text[self._span.start:end])
+            value = loads_strict(text[self._span.start : end])
         except ValueError:
             return self.malformed()
         if self._name is not None:

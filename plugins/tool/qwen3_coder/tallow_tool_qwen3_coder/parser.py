@@ -25,7 +25,12 @@ import re
 from typing import Any, ClassVar
 
 from tallow.plugin.tool_parsing import (
-    CallRegion, Decision, FoundCall, MarkupToolParser, match_literal, skip_ws,
+    CallRegion,
+    Decision,
+    FoundCall,
+    MarkupToolParser,
+    match_literal,
+    skip_ws,
 )
 
 from .values import convert_value
@@ -134,7 +139,7 @@ class Qwen3CoderRegion(CallRegion):
                 raise _More
             schema = self.tools.parameters(self._name).get("properties", {})
             prop = schema.get(self._param) if isinstance(schema, dict) else None
-            self._args[self._param] = convert_value(text[self._pos:k], prop)
+            self._args[self._param] = convert_value(text[self._pos : k], prop)
             self._pos, self._stage = k + len(PARAM_CLOSE), "body"
         elif stage == "wrap_close":
             i = skip_ws(text, self._pos)

@@ -8,5 +8,6 @@ from tallow.plugin import hookimpl
 @hookimpl
 def tallow_register_tool_parsers(registry) -> None:
     # Above hermes: Qwen3-Coder templates contain "<tool_call>" too, and also "<function=".
-    registry.register("qwen3_coder", "tallow_tool_qwen3_coder.parser:Qwen3CoderToolParser",
-                      priority=70)
+    registry.register(
+        "qwen3_coder", "tallow_tool_qwen3_coder.parser:Qwen3CoderToolParser", priority=70
+    )

@@ -14,8 +14,12 @@ class TestQwen3CoderConformance(ToolParserConformance):
     distribution = "tallow-tool-qwen3-coder"
     component = "qwen3_coder"
     examples = [
-        (call("write_file", {"path": "a.py", "content": "print('hi')\n"}),
-         [("write_file", {"path": "a.py", "content": "print('hi')\n"})]),
-        ("I will list it.\n" + call("ls", {"dir": "東京 😀"}) + "\n" + call("ls", {}),
-         [("ls", {"dir": "東京 😀"}), ("ls", {})]),
+        (
+            call("write_file", {"path": "a.py", "content": "print('hi')\n"}),
+            [("write_file", {"path": "a.py", "content": "print('hi')\n"})],
+        ),
+        (
+            "I will list it.\n" + call("ls", {"dir": "東京 😀"}) + "\n" + call("ls", {}),
+            [("ls", {"dir": "東京 😀"}), ("ls", {})],
+        ),
     ]

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 import tallow_tool_qwen3_coder.plugin
 from tallow.plugin.testing import (
-    assert_streaming_matches_parse, isolated_plugin_manager, parse_summary,
+    assert_streaming_matches_parse,
+    isolated_plugin_manager,
+    parse_summary,
 )
 from tallow.plugin.tool_parsing import ParseResult, compact_json
 from tallow_tool_qwen3_coder.parser import Qwen3CoderToolParser
@@ -29,8 +31,10 @@ SCHEMA = {
         "either": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
     },
 }
-TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": SCHEMA}},
-         {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "write_file", "parameters": SCHEMA}},
+    {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}},
+]
 
 
 def render_value(value) -> str:
@@ -57,41 +61,101 @@ def check_all_splits(text: str, tools=TOOLS, tries: int = 40) -> ParseResult:
     return assert_streaming_matches_parse(Qwen3CoderToolParser(), text, tools, tries)
 
 
-TYPED = {"path": "src/a b.py", "count": 3, "ratio": 0.25, "force": True,
-         "options": {"mode": "w", "tags": ["x"]}, "lines": [1, 2], "maybe": None, "either": 7}
+TYPED = {
+    "path": "src/a b.py",
+    "count": 3,
+    "ratio": 0.25,
+    "force": True,
+    "options": {"mode": "w", "tags": ["x"]},
+    "lines": [1, 2],
+    "maybe": None,
+    "either": 7,
+}
 CODE = 'def f(x):\n    if x < 3 and y > 2:\n        return "<tool_call>"\n'
 CASES = [
     ("plain text", "No tools needed.", "No tools needed.", []),
     ("one call, typed by the schema", call("write_file", TYPED), None, [("write_file", TYPED)]),
-    ("several calls", call("ls", {"dir": "."}) + "\n" + call("ls", {"dir": "/"}), None,
-     [("ls", {"dir": "."}), ("ls", {"dir": "/"})]),
-    ("content before", "I'll write it.\n\n" + call("write_file", {"path": "a"}), "I'll write it.",
-     [("write_file", {"path": "a"})]),
-    ("code as a string value", call("write_file", {"path": "f.py", "content": CODE}), None,
-     [("write_file", {"path": "f.py", "content": CODE})]),
-    ("value with its own edge newlines", call("ls", {"dir": "\n x \n"}), None,
-     [("ls", {"dir": "\n x \n"})]),
-    ("in a code fence", "```xml\n" + call("ls", {}) + "\n```", "```xml\n" + call("ls", {}) + "\n```",
-     []),
-    ("in think", "<think>" + call("ls", {}) + "</think>", "<think>" + call("ls", {}) + "</think>", []),
+    (
+        "several calls",
+        call("ls", {"dir": "."}) + "\n" + call("ls", {"dir": "/"}),
+        None,
+        [("ls", {"dir": "."}), ("ls", {"dir": "/"})],
+    ),
+    (
+        "content before",
+        "I'll write it.\n\n" + call("write_file", {"path": "a"}),
+        "I'll write it.",
+        [("write_file", {"path": "a"})],
+    ),
+    (
+        "code as a string value",
+        call("write_file", {"path": "f.py", "content": CODE}),
+        None,
+        [("write_file", {"path": "f.py", "content": CODE})],
+    ),
+    (
+        "value with its own edge newlines",
+        call("ls", {"dir": "\n x \n"}),
+        None,
+        [("ls", {"dir": "\n x \n"})],
+    ),
+    (
+        "in a code fence",
+        "```xml\n" + call("ls", {}) + "\n```",
+        "```xml\n" + call("ls", {}) + "\n```",
+        [],
+    ),
+    (
+        "in think",
+        "<think>" + call("ls", {}) + "</think>",
+        "<think>" + call("ls", {}) + "</think>",
+        [],
+    ),
     ("unknown function", call("rm", {"path": "/"}), call("rm", {"path": "/"}), []),
-    ("unclosed parameter at end", "<tool_call>\n<function=ls>\n<parameter=dir>\n/tm",
-     "<tool_call>\n<function=ls>\n<parameter=dir>\n/tm", []),
-    ("garbage inside", "<tool_call>\n<function=ls>\nhello\n</function>\n</tool_call>",
-     "<tool_call>\n<function=ls>\nhello\n</function>\n</tool_call>", []),
-    ("name with a space", "<tool_call>\n<function=l s>\n</function>\n</tool_call>",
-     "<tool_call>\n<function=l s>\n</function>\n</tool_call>", []),
+    (
+        "unclosed parameter at end",
+        "<tool_call>\n<function=ls>\n<parameter=dir>\n/tm",
+        "<tool_call>\n<function=ls>\n<parameter=dir>\n/tm",
+        [],
+    ),
+    (
+        "garbage inside",
+        "<tool_call>\n<function=ls>\nhello\n</function>\n</tool_call>",
+        "<tool_call>\n<function=ls>\nhello\n</function>\n</tool_call>",
+        [],
+    ),
+    (
+        "name with a space",
+        "<tool_call>\n<function=l s>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=l s>\n</function>\n</tool_call>",
+        [],
+    ),
     ("no wrapper", "Run: " + call("ls", {"dir": "x"}, wrap=False), "Run:", [("ls", {"dir": "x"})]),
     ("closing wrapper cut off by the end", call("ls", {})[:-4], None, [("ls", {})]),
-    ("text after function inside the wrapper",
-     "<tool_call>\n<function=ls>\n</function>\nmore\n</tool_call>",
-     "<tool_call>\n<function=ls>\n</function>\nmore\n</tool_call>", []),
-    ("unicode", call("write_file", {"path": "ünï/東京.txt", "content": "😀\n"}), None,
-     [("write_file", {"path": "ünï/東京.txt", "content": "😀\n"})]),
-    ("nested json value", call("write_file", {"options": {"a": {"b": [1, {"c": None}]}}}), None,
-     [("write_file", {"options": {"a": {"b": [1, {"c": None}]}}})]),
-    ("value that does not fit its type stays text", call("write_file", {"count": "many"}), None,
-     [("write_file", {"count": "many"})]),
+    (
+        "text after function inside the wrapper",
+        "<tool_call>\n<function=ls>\n</function>\nmore\n</tool_call>",
+        "<tool_call>\n<function=ls>\n</function>\nmore\n</tool_call>",
+        [],
+    ),
+    (
+        "unicode",
+        call("write_file", {"path": "ünï/東京.txt", "content": "😀\n"}),
+        None,
+        [("write_file", {"path": "ünï/東京.txt", "content": "😀\n"})],
+    ),
+    (
+        "nested json value",
+        call("write_file", {"options": {"a": {"b": [1, {"c": None}]}}}),
+        None,
+        [("write_file", {"options": {"a": {"b": [1, {"c": None}]}}})],
+    ),
+    (
+        "value that does not fit its type stays text",
+        call("write_file", {"count": "many"}),
+        None,
+        [("write_file", {"count": "many"})],
+    ),
 ]
 
 
@@ -104,27 +168,30 @@ def test_table(label, text, content, calls):
         assert c.arguments == compact_json(json.loads(c.arguments))
 
 
-@pytest.mark.parametrize("text,schema,expected", [
-    ("\n42\n", {"type": "integer"}, 42),
-    ("\n-7 \n", {"type": "integer"}, -7),
-    ("4.5", {"type": "integer"}, "4.5"),
-    ("\n1e3\n", {"type": "number"}, 1000.0),
-    ("\n3\n", {"type": "number"}, 3),
-    ("NaN", {"type": "number"}, "NaN"),
-    ("\nTrue\n", {"type": "boolean"}, True),
-    ("false", {"type": "boolean"}, False),
-    ("yes", {"type": "boolean"}, "yes"),
-    ('\n{"a": [1]}\n', {"type": "object"}, {"a": [1]}),
-    ("[1, 2]", {"type": "object"}, "[1, 2]"),
-    ("\n[1, 2]\n", {"type": "array"}, [1, 2]),
-    ("\nNone\n", {"type": ["integer", "null"]}, None),
-    ("\n5\n", {"type": ["string", "integer"]}, "5"),
-    ("\n5\n", {"type": ["integer", "string"]}, 5),
-    ("\n5\n", {"oneOf": [{"type": "integer"}, {"type": "string"}]}, 5),
-    ("\n 5 \n", {"type": "string"}, " 5 "),
-    ("\n5\n", None, "5"),
-    ("\n5\n", {"description": "no type"}, "5"),
-])
+@pytest.mark.parametrize(
+    "text,schema,expected",
+    [
+        ("\n42\n", {"type": "integer"}, 42),
+        ("\n-7 \n", {"type": "integer"}, -7),
+        ("4.5", {"type": "integer"}, "4.5"),
+        ("\n1e3\n", {"type": "number"}, 1000.0),
+        ("\n3\n", {"type": "number"}, 3),
+        ("NaN", {"type": "number"}, "NaN"),
+        ("\nTrue\n", {"type": "boolean"}, True),
+        ("false", {"type": "boolean"}, False),
+        ("yes", {"type": "boolean"}, "yes"),
+        ('\n{"a": [1]}\n', {"type": "object"}, {"a": [1]}),
+        ("[1, 2]", {"type": "object"}, "[1, 2]"),
+        ("\n[1, 2]\n", {"type": "array"}, [1, 2]),
+        ("\nNone\n", {"type": ["integer", "null"]}, None),
+        ("\n5\n", {"type": ["string", "integer"]}, "5"),
+        ("\n5\n", {"type": ["integer", "string"]}, 5),
+        ("\n5\n", {"oneOf": [{"type": "integer"}, {"type": "string"}]}, 5),
+        ("\n 5 \n", {"type": "string"}, " 5 "),
+        ("\n5\n", None, "5"),
+        ("\n5\n", {"description": "no type"}, "5"),
+    ],
+)
 def test_convert_value(text, schema, expected):
     got = convert_value(text, schema)
     assert got == expected and type(got) is type(expected)
@@ -133,7 +200,9 @@ def test_convert_value(text, schema, expected):
 def test_schema_types():
     assert schema_types({"type": ["integer", "null"]}) == ["integer", "null"]
     assert schema_types({"anyOf": [{"type": "integer"}, {"type": ["string", "integer"]}]}) == [
-        "integer", "string"]
+        "integer",
+        "string",
+    ]
     assert schema_types("string") == [] and schema_types({}) == []
 
 
@@ -143,21 +212,29 @@ def test_without_tools_values_stay_text():
 
 
 VALUES = {
-    "path": st.text(st.characters(codec="utf-8", exclude_characters="\r"), max_size=12)
-    .filter(lambda s: "</parameter>" not in s),
-    "count": st.integers(-10**12, 10**12),
+    "path": st.text(st.characters(codec="utf-8", exclude_characters="\r"), max_size=12).filter(
+        lambda s: "</parameter>" not in s
+    ),
+    "count": st.integers(-(10**12), 10**12),
     "ratio": st.floats(allow_nan=False, allow_infinity=False),
     "force": st.booleans(),
-    "options": st.dictionaries(st.text(max_size=3), st.integers() | st.text(max_size=3), max_size=2),
+    "options": st.dictionaries(
+        st.text(max_size=3), st.integers() | st.text(max_size=3), max_size=2
+    ),
     "lines": st.lists(st.integers(), max_size=3),
 }
-FILLER = st.lists(st.sampled_from(["ok", " ", "\n", "<", "<function", "é", "=", ">"]),
-                  max_size=4).map("".join)
+FILLER = st.lists(
+    st.sampled_from(["ok", " ", "\n", "<", "<function", "é", "=", ">"]), max_size=4
+).map("".join)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(FILLER, st.fixed_dictionaries({}, optional=VALUES), st.booleans()),
-                max_size=3), FILLER)
+@given(
+    st.lists(
+        st.tuples(FILLER, st.fixed_dictionaries({}, optional=VALUES), st.booleans()), max_size=3
+    ),
+    FILLER,
+)
 def test_generated_responses(parts, tail):
     """Calls rendered as the chat template renders them read back to the same values."""
     text, content, calls = "", "", []
@@ -178,16 +255,24 @@ QWEN3_CODER_EXCERPT = (
     "{%- for tool_call in message.tool_calls %}{{- '\\n<tool_call>\\n<function=' + "
     "tool_call.name + '>\\n' }}{%- for args_name, args_value in tool_call.arguments|items %}"
     "{{- '<parameter=' + args_name + '>\\n' }}{{- args_value }}{{- '\\n</parameter>\\n' }}"
-    "{%- endfor %}{{- '</function>\\n</tool_call>' }}{%- endfor %}")
+    "{%- endfor %}{{- '</function>\\n</tool_call>' }}{%- endfor %}"
+)
 
 
-@pytest.mark.parametrize("model,template,expected", [
-    ("Qwen3-Coder-30B-A3B-Instruct", QWEN3_CODER_EXCERPT, True),
-    ("Qwen2.5-Coder-0.5B-Instruct", '<tool_call>\n{"name": <function-name>}\n</tool_call>', False),
-    ("Qwen3-Coder-480B-A35B", None, True),
-    ("qwen3_coder_flash", None, True),
-    ("Qwen3-8B", None, False),
-])
+@pytest.mark.parametrize(
+    "model,template,expected",
+    [
+        ("Qwen3-Coder-30B-A3B-Instruct", QWEN3_CODER_EXCERPT, True),
+        (
+            "Qwen2.5-Coder-0.5B-Instruct",
+            '<tool_call>\n{"name": <function-name>}\n</tool_call>',
+            False,
+        ),
+        ("Qwen3-Coder-480B-A35B", None, True),
+        ("qwen3_coder_flash", None, True),
+        ("Qwen3-8B", None, False),
+    ],
+)
 def test_matches(model, template, expected):
     assert Qwen3CoderToolParser.matches(model, template) is expected
 

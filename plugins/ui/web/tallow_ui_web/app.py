@@ -19,20 +19,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 #: the page, its scripts and styles; shipped in the wheel as package data
 STATIC = Path(__file__).resolve().parent / "static"
 
-CONTENT_SECURITY_POLICY = "; ".join([
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self'",
-    # data: for the thumbnails of images the user attaches (read from a local file); the
-    # Markdown renderer never makes an <img>, so no text of the model loads an image
-    "img-src 'self' data:",
-    "font-src 'self'",
-    "connect-src 'self'",
-    "object-src 'none'",
-    "base-uri 'none'",
-    "form-action 'none'",
-    "frame-ancestors 'none'",
-])
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        # data: for the thumbnails of images the user attaches (read from a local file); the
+        # Markdown renderer never makes an <img>, so no text of the model loads an image
+        "img-src 'self' data:",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
 
 #: sent with every response under /ui
 SECURITY_HEADERS: dict[str, str] = {
@@ -63,8 +65,9 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                kept = [(k, v) for k, v in message.get("headers", [])
-                        if k.lower() not in self._names]
+                kept = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() not in self._names
+                ]
                 message = {**message, "headers": kept + self._raw}
             await send(message)
 
@@ -79,8 +82,9 @@ class _Files(StaticFiles):
         try:
             return await super().get_response(path, scope)
         except HTTPException as exc:
-            return PlainTextResponse(str(exc.detail), status_code=exc.status_code,
-                                     headers=dict(exc.headers or {}))
+            return PlainTextResponse(
+                str(exc.detail), status_code=exc.status_code, headers=dict(exc.headers or {})
+            )
 
 
 def _ui_on(config: Any) -> bool:

@@ -26,23 +26,42 @@ def server() -> Iterator[UiServer]:
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="tallow-ui-", suffix=".log")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tallow", "serve", "--ui", "--api-key", API_KEY,
-         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        [
+            sys.executable,
+            "-m",
+            "tallow",
+            "serve",
+            "--ui",
+            "--api-key",
+            API_KEY,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "4096",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
     srv = UiServer(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 300
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"tallow serve exited with {proc.returncode}:\n"
-                                   + srv.log_text()[-4000:])
+                raise RuntimeError(
+                    f"tallow serve exited with {proc.returncode}:\n" + srv.log_text()[-4000:]
+                )
             try:
                 if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("tallow serve was not ready in 300 s:\n" + srv.log_text()[-4000:])
+                raise RuntimeError(
+                    "tallow serve was not ready in 300 s:\n" + srv.log_text()[-4000:]
+                )
             time.sleep(0.5)
         yield srv
     finally:
@@ -58,13 +77,16 @@ def server() -> Iterator[UiServer]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}); `make install` installs "
-                    "it with apt-get")
+        pytest.skip(
+            f"Debian's chromium is not installed ({CHROMIUM}); `make install` installs "
+            "it with apt-get"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         yield browser
         browser.close()
 

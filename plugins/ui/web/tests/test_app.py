@@ -34,8 +34,9 @@ class TestRootRedirect(RouteConformance):
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     config = make_config({"server": {"ui": True}})
-    app = Starlette(routes=[Route("/", ui.root_redirect(config)),
-                            Mount("/ui", app=ui.ui_app(config))])
+    app = Starlette(
+        routes=[Route("/", ui.root_redirect(config)), Mount("/ui", app=ui.ui_app(config))]
+    )
     return TestClient(app, follow_redirects=False)
 
 
@@ -109,7 +110,7 @@ def test_the_wheel_ships_the_static_files() -> None:
     assert "static/*" in project["tool"]["setuptools"]["package-data"]["tallow_ui_web"]
 
 
-OFF = '''
+OFF = """
 from tallow.plugin.testing import RouteConformance
 
 
@@ -117,7 +118,7 @@ class TestServedWithoutUi(RouteConformance):
     distribution = "tallow-ui-web"
     component = "/ui"
     request_path = "/ui/"
-'''
+"""
 
 
 def test_the_route_suite_fails_a_factory_route_its_config_does_not_serve(tmp_path: Path) -> None:

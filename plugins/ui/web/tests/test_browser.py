@@ -43,7 +43,8 @@ def test_api_key_is_asked_for_kept_and_sent_in_a_header(make_ui: Any) -> None:
     ui.page.fill("#api-key", "sk-wrong")
     ui.page.click("#api-key-form button[value=save]")
     ui.page.wait_for_function(
-        "() => document.getElementById('api-key-title').textContent.includes('refused')")
+        "() => document.getElementById('api-key-title').textContent.includes('refused')"
+    )
     assert dialog.is_visible()
     ui.page.fill("#api-key", API_KEY)
     ui.page.press("#api-key", "Enter")
@@ -89,8 +90,10 @@ def test_answer_streams_into_a_growing_dom_and_survives_a_reload(make_ui: Any) -
     ui.page.reload()
     ui.page.wait_for_selector(".message.assistant")
     assert ui.answer().locator(".content").inner_text() == answer
-    assert ui.page.locator(".message.user .bubble").inner_text() == \
-        "Write two short paragraphs about the sea."
+    assert (
+        ui.page.locator(".message.user .bubble").inner_text()
+        == "Write two short paragraphs about the sea."
+    )
     assert ui.page.locator("#conversations .conversation").count() == 1
 
     # rename and delete from the list; both stick across a reload
@@ -112,7 +115,8 @@ def test_stop_aborts_the_request_and_the_server_frees_its_blocks(make_ui: Any) -
     ui.send("Count from 1 to 500, one number per line.")
     ui.page.wait_for_function(
         "() => document.querySelector('.message.assistant .content').textContent.length > 5",
-        timeout=60_000)
+        timeout=60_000,
+    )
     during = ui.server.metrics()
     assert during["tallow_num_requests_running"] == 1
     assert during["tallow_kv_cache_free_blocks"] < during["tallow_kv_cache_total_blocks"]
@@ -122,9 +126,11 @@ def test_stop_aborts_the_request_and_the_server_frees_its_blocks(make_ui: Any) -
     deadline = time.monotonic() + 10
     while True:
         after = ui.server.metrics()
-        freed = (after["tallow_num_requests_running"] == 0
-                 and after["tallow_num_requests_waiting"] == 0
-                 and after["tallow_kv_cache_free_blocks"] == after["tallow_kv_cache_total_blocks"])
+        freed = (
+            after["tallow_num_requests_running"] == 0
+            and after["tallow_num_requests_waiting"] == 0
+            and after["tallow_kv_cache_free_blocks"] == after["tallow_kv_cache_total_blocks"]
+        )
         if freed or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -156,15 +162,25 @@ def test_a_script_the_model_writes_runs_nothing(make_ui: Any) -> None:
 #: written straight into the renderer: the whole Markdown surface against what a page must
 #: never hold
 RENDERER_PAYLOADS = [
-    "<img src=x onerror=alert(1)>", "<script>alert(1)</script>", "<svg onload=alert(1)>",
-    '<a href="javascript:alert(1)">x</a>', "<iframe src=//example.com></iframe>",
-    "[x](javascript:alert(1))", "[x](JaVaScRiPt:alert(1))", "[x]( javascript:alert(1))",
-    "[x](java\tscript:alert(1))", "[x](data:text/html,<script>alert(1)</script>)",
-    "[x](vbscript:msgbox(1))", "![i](javascript:alert(1))", "![i](http://example.com/a.png)",
-    "<javascript:alert(1)>", "[x](<javascript:alert(1)>)", "[x](/relative)",
-    "[ok](https://example.com/ \"t\") <mailto:a@example.com> http://example.com/\"onmouseover=\"x",
+    "<img src=x onerror=alert(1)>",
+    "<script>alert(1)</script>",
+    "<svg onload=alert(1)>",
+    '<a href="javascript:alert(1)">x</a>',
+    "<iframe src=//example.com></iframe>",
+    "[x](javascript:alert(1))",
+    "[x](JaVaScRiPt:alert(1))",
+    "[x]( javascript:alert(1))",
+    "[x](java\tscript:alert(1))",
+    "[x](data:text/html,<script>alert(1)</script>)",
+    "[x](vbscript:msgbox(1))",
+    "![i](javascript:alert(1))",
+    "![i](http://example.com/a.png)",
+    "<javascript:alert(1)>",
+    "[x](<javascript:alert(1)>)",
+    "[x](/relative)",
+    '[ok](https://example.com/ "t") <mailto:a@example.com> http://example.com/"onmouseover="x',
     "**<b onmouseover=alert(1)>b</b>** _<i>i</i>_ `<code>`",
-    "```\"><img src=x onerror=alert(1)>\n<script>alert(1)</script>\n```",
+    '```"><img src=x onerror=alert(1)>\n<script>alert(1)</script>\n```',
     "| a | <img src=x onerror=alert(1)> |\n|---|:-:|\n| [x](javascript:1) | b |",
     "> <img src=x onerror=alert(1)>\n- <script>x</script>\n  1. [y](javascript:y)",
     "# <h1 onclick=alert(1)>t</h1>\n\n---\n\n[[x](javascript:1)](http://example.com)",
@@ -173,7 +189,8 @@ RENDERER_PAYLOADS = [
 
 def test_the_renderer_keeps_only_safe_elements_and_links(make_ui: Any) -> None:
     ui = make_ui().open()
-    report = ui.page.evaluate("""async (payloads) => {
+    report = ui.page.evaluate(
+        """async (payloads) => {
         const { renderBlocks } = await import('./markdown.js');
         const allowed = new Set(['P','BR','STRONG','EM','DEL','CODE','PRE','A','SPAN','DIV',
           'BUTTON','H1','H2','H3','H4','H5','H6','HR','BLOCKQUOTE','UL','OL','LI','TABLE',
@@ -198,14 +215,21 @@ def test_the_renderer_keeps_only_safe_elements_and_links(make_ui: Any) -> None:
           out.push('LINKS ' + [...box.querySelectorAll('a')].map((a) => a.href).join(' '));
         }
         return out;
-    }""", RENDERER_PAYLOADS)
+    }""",
+        RENDERER_PAYLOADS,
+    )
     problems = [r for r in report if not r.startswith(("TEXT ", "LINKS "))]
     assert problems == []
     texts = "\n".join(r for r in report if r.startswith("TEXT "))
     assert "<img src=x onerror=alert(1)>" in texts and "<script>alert(1)</script>" in texts
     links = " ".join(r[6:] for r in report if r.startswith("LINKS ")).split()
-    assert links == ["http://example.com/a.png", "https://example.com/", "mailto:a@example.com",
-                     "http://example.com/", "http://example.com/"]
+    assert links == [
+        "http://example.com/a.png",
+        "https://example.com/",
+        "mailto:a@example.com",
+        "http://example.com/",
+        "http://example.com/",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +249,9 @@ def code_conversation(browser: Any, server: Any) -> dict[str, Any]:
 
 
 def test_code_is_highlighted_and_copied(make_ui: Any, code_conversation: Any) -> None:
-    ui = make_ui(storage_state=code_conversation,
-                 permissions=["clipboard-read", "clipboard-write"]).open()
+    ui = make_ui(
+        storage_state=code_conversation, permissions=["clipboard-read", "clipboard-write"]
+    ).open()
     block = ui.page.locator(".message.assistant .code-block").first
     block.wait_for()
     code = block.locator("pre code")
@@ -239,7 +264,8 @@ def test_code_is_highlighted_and_copied(make_ui: Any, code_conversation: Any) ->
     assert keyword != plain  # the colours are applied, not just the classes
     block.locator("button.copy").click()
     ui.page.wait_for_function(
-        "() => document.querySelector('.code-block button.copy').textContent === 'Copied'")
+        "() => document.querySelector('.code-block button.copy').textContent === 'Copied'"
+    )
     copied = ui.page.evaluate("navigator.clipboard.readText()")
     assert copied == code.text_content()
 
@@ -258,8 +284,10 @@ def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
     ui.wait_done()
     assert ui.page.locator(".message").count() == 2
     regenerated = _chat_requests(ui)[-1].post_data_json["messages"]
-    assert regenerated == [{"role": "system", "content": "Be brief."},
-                           {"role": "user", "content": "Say hello."}]
+    assert regenerated == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hello."},
+    ]
 
     ui.page.click(".message.user button.edit")
     ui.page.fill(".message.user .edit-area", "Say goodbye.")
@@ -269,7 +297,9 @@ def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
     assert ui.page.locator(".message").count() == 2
     assert ui.page.locator(".message.user .bubble").inner_text() == "Say goodbye."
     assert _chat_requests(ui)[-1].post_data_json["messages"] == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say goodbye."}]
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say goodbye."},
+    ]
     saved = _conversations(ui)[0]["messages"]
     assert [m["role"] for m in saved] == ["user", "assistant"]
     assert saved[0]["content"] == "Say goodbye." and saved[1]["content"]
@@ -280,10 +310,16 @@ def test_regenerate_and_edit_and_resend(make_ui: Any) -> None:
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("size", ["desktop", "phone"])
 def test_screenshots(make_ui: Any, code_conversation: Any, scheme: str, size: str) -> None:
-    viewport = {"desktop": {"width": 1280, "height": 800},
-                "phone": {"width": 390, "height": 844}}[size]
-    ui = make_ui(storage_state=code_conversation, color_scheme=scheme, viewport=viewport,
-                 is_mobile=size == "phone", has_touch=size == "phone").open()
+    viewport = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}[
+        size
+    ]
+    ui = make_ui(
+        storage_state=code_conversation,
+        color_scheme=scheme,
+        viewport=viewport,
+        is_mobile=size == "phone",
+        has_touch=size == "phone",
+    ).open()
     ui.page.wait_for_selector(".message.assistant .code-block")
     background = ui.page.evaluate("getComputedStyle(document.body).backgroundColor")
     assert background == ("rgb(255, 255, 255)" if scheme == "light" else "rgb(24, 24, 27)")
@@ -335,7 +371,8 @@ plain ``` inside
 
 def test_streamed_markdown_ends_as_rendered_whole(make_ui: Any) -> None:
     ui = make_ui().open()
-    result = ui.page.evaluate("""async (text) => {
+    result = ui.page.evaluate(
+        """async (text) => {
         const { StreamingMarkdown, renderMarkdown } = await import('./markdown.js');
         const whole = document.createElement('div');
         renderMarkdown(whole, text);
@@ -362,7 +399,9 @@ def test_streamed_markdown_ends_as_rendered_whole(make_ui: Any) -> None:
                  code: q('pre code'), comment: q('.tok-comment'), string: q('.tok-string'),
                  hr: whole.querySelectorAll('hr').length, br: whole.querySelectorAll('p br').length,
                  text: whole.textContent };
-    }""", MARKDOWN)
+    }""",
+        MARKDOWN,
+    )
     assert result["same"] == [True] * 20  # the incremental DOM equals the one-shot DOM
     assert result["h1"] == ["Title with code"]
     assert result["strong"] == ["bold"] and result["del"] == ["gone"]
@@ -382,13 +421,37 @@ def test_streamed_markdown_ends_as_rendered_whole(make_ui: Any) -> None:
 STREAM_PARTS = [
     {"role": "assistant", "reasoning_content": "Think <img src=x onerror=window.pwned=3>"},
     {"reasoning_content": " twice."},
-    {"server_tool_calls": [{"index": 0, "id": "call_1", "type": "function", "provider": "mcp",
-                            "round": 1, "function": {"name": "get_time",
-                                                     "arguments": '{"tz": "UTC"}'}}]},
-    {"server_tool_calls": [{"index": 0, "id": "call_1", "result": {
-        "content": "<script>window.pwned=4</script>12:00", "is_error": False}}]},
-    {"tool_calls": [{"index": 0, "id": "c2", "type": "function",
-                     "function": {"name": "lookup", "arguments": '{"q":'}}]},
+    {
+        "server_tool_calls": [
+            {
+                "index": 0,
+                "id": "call_1",
+                "type": "function",
+                "provider": "mcp",
+                "round": 1,
+                "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'},
+            }
+        ]
+    },
+    {
+        "server_tool_calls": [
+            {
+                "index": 0,
+                "id": "call_1",
+                "result": {"content": "<script>window.pwned=4</script>12:00", "is_error": False},
+            }
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "index": 0,
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"q":'},
+            }
+        ]
+    },
     {"tool_calls": [{"index": 0, "function": {"arguments": ' "x"}'}}]},
     {"content": "It is noon."},
 ]
@@ -399,26 +462,37 @@ def test_reasoning_and_tool_calls_are_shown_as_such(make_ui: Any) -> None:
     the browser is handed in place of the server's (the server's side of them has its own
     tests)."""
     ui = make_ui().open()
-    events = "".join(f"data: {json.dumps({'choices': [{'index': 0, 'delta': d}]})}\n\n"
-                     for d in STREAM_PARTS) + "data: [DONE]\n\n"
-    ui.page.route("**/v1/chat/completions", lambda route: route.fulfill(
-        status=200, headers={"content-type": "text/event-stream"}, body=events))
+    events = (
+        "".join(
+            f"data: {json.dumps({'choices': [{'index': 0, 'delta': d}]})}\n\n" for d in STREAM_PARTS
+        )
+        + "data: [DONE]\n\n"
+    )
+    ui.page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"content-type": "text/event-stream"}, body=events
+        ),
+    )
     ui.send("What time is it?", wait_start=False)
     ui.page.wait_for_selector(".message.assistant .tool-call")
     ui.wait_done()
     answer = ui.answer()
     reasoning = answer.locator("details.reasoning")
     assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # folded
-    assert reasoning.locator(".reasoning-text").text_content() == \
-        "Think <img src=x onerror=window.pwned=3> twice."
+    assert (
+        reasoning.locator(".reasoning-text").text_content()
+        == "Think <img src=x onerror=window.pwned=3> twice."
+    )
     calls = answer.locator(".tool-call")
     assert calls.count() == 2
     server = calls.nth(0)
     assert server.locator(".tool-kind").inner_text() == "Tool (server)"
     assert server.locator(".tool-name").inner_text() == "get_time"
     assert server.locator(".tool-args").inner_text() == '{"tz": "UTC"}'
-    assert server.locator(".tool-result pre").text_content() == \
-        "<script>window.pwned=4</script>12:00"
+    assert (
+        server.locator(".tool-result pre").text_content() == "<script>window.pwned=4</script>12:00"
+    )
     client = calls.nth(1)
     assert client.locator(".tool-kind").inner_text() == "Tool call"
     assert client.locator(".tool-name").inner_text() == "lookup"
@@ -429,14 +503,18 @@ def test_reasoning_and_tool_calls_are_shown_as_such(make_ui: Any) -> None:
 
     # an error answer is shown on the message, and kept
     ui.page.unroute("**/v1/chat/completions")
-    ui.page.route("**/v1/chat/completions", lambda route: route.fulfill(
-        status=400, headers={"content-type": "application/json"},
-        body=json.dumps({"error": {"message": "'max_tokens' is too large", "code": None}})))
+    ui.page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=400,
+            headers={"content-type": "application/json"},
+            body=json.dumps({"error": {"message": "'max_tokens' is too large", "code": None}}),
+        ),
+    )
     ui.send("Again", wait_start=False)
     ui.page.wait_for_selector(".message.assistant .notice.error")
     ui.wait_done()
-    assert ui.answer().locator(".notice.error").inner_text() == \
-        "Error: 'max_tokens' is too large"
+    assert ui.answer().locator(".notice.error").inner_text() == "Error: 'max_tokens' is too large"
     assert _conversations(ui)[0]["messages"][-1]["error"] == "'max_tokens' is too large"
 
 
@@ -448,11 +526,25 @@ def test_keyboard_reaches_every_control(make_ui: Any, code_conversation: Any) ->
     ui.page.evaluate("document.activeElement.blur()")
     for _ in range(30):
         ui.page.keyboard.press("Tab")
-        seen.append(ui.page.evaluate("""() => {
+        seen.append(
+            ui.page.evaluate("""() => {
             const e = document.activeElement;
-            return e.id || e.className || e.tagName; }"""))
-    for control in ("new-chat", "open", "icon rename", "icon delete", "model", "open-settings",
-                    "copy", "edit", "regenerate", "attach", "prompt", "send"):
+            return e.id || e.className || e.tagName; }""")
+        )
+    for control in (
+        "new-chat",
+        "open",
+        "icon rename",
+        "icon delete",
+        "model",
+        "open-settings",
+        "copy",
+        "edit",
+        "regenerate",
+        "attach",
+        "prompt",
+        "send",
+    ):
         assert control in seen, (control, seen)
     # every control says what it does
     unnamed = ui.page.evaluate("""() => [...document.querySelectorAll('button, select, textarea')]
@@ -483,21 +575,29 @@ def test_an_attached_image_is_sent_as_an_image_url_part(make_ui: Any) -> None:
     answer."""
     ui = make_ui().open()
     png, jpeg = _image(12, 8, "PNG"), _image(20, 10, "JPEG")
-    ui.page.set_input_files("#attach-input", files=[
-        {"name": "blue.png", "mimeType": "image/png", "buffer": png},
-        {"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg}])
+    ui.page.set_input_files(
+        "#attach-input",
+        files=[
+            {"name": "blue.png", "mimeType": "image/png", "buffer": png},
+            {"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg},
+        ],
+    )
     thumbs = ui.page.locator("#attachments .thumb")
     thumbs.nth(1).wait_for(state="visible")
     # the thumbnails load under the page's Content-Security-Policy
-    assert [thumbs.nth(i).evaluate("img => img.complete && img.naturalWidth")
-            for i in range(2)] == [12, 20]
+    assert [
+        thumbs.nth(i).evaluate("img => img.complete && img.naturalWidth") for i in range(2)
+    ] == [12, 20]
     ui.page.click("#attachments .remove >> nth=1")
     assert thumbs.count() == 1 and thumbs.first.get_attribute("alt") == "blue.png"
     # a file of another type is not attached, and the page says why
-    ui.page.set_input_files("#attach-input", files=[
-        {"name": "anim.gif", "mimeType": "image/gif", "buffer": _image(4, 4, "GIF")}])
+    ui.page.set_input_files(
+        "#attach-input",
+        files=[{"name": "anim.gif", "mimeType": "image/gif", "buffer": _image(4, 4, "GIF")}],
+    )
     ui.page.wait_for_function(
-        "() => document.getElementById('status').textContent.includes('anim.gif')")
+        "() => document.getElementById('status').textContent.includes('anim.gif')"
+    )
     assert "not a PNG, JPEG or WebP" in ui.page.inner_text("#status")
     assert thumbs.count() == 1
 
@@ -506,9 +606,13 @@ def test_an_attached_image_is_sent_as_an_image_url_part(make_ui: Any) -> None:
     ui.wait_done()
     url = "data:image/png;base64," + base64.b64encode(png).decode()
     request = _chat_requests(ui)[-1]
-    assert request.post_data_json["messages"][-1] == {"role": "user", "content": [
-        {"type": "text", "text": "What is in this picture?"},
-        {"type": "image_url", "image_url": {"url": url}}]}
+    assert request.post_data_json["messages"][-1] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ],
+    }
     response = request.response()
     assert response is not None and response.status == 400
     error = response.json()["error"]
@@ -525,14 +629,19 @@ def test_an_attached_image_is_sent_as_an_image_url_part(make_ui: Any) -> None:
     assert ui.page.locator(".message.user .thumb").evaluate("img => img.naturalWidth") == 12
 
     # an image alone (no text) is sent as a single image part
-    ui.page.set_input_files("#attach-input", files=[
-        {"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg}])
+    ui.page.set_input_files(
+        "#attach-input", files=[{"name": "wide.jpg", "mimeType": "image/jpeg", "buffer": jpeg}]
+    )
     thumbs.first.wait_for(state="visible")
     ui.page.click("#send")
     ui.page.wait_for_function(
         "() => document.querySelectorAll('.message.assistant .notice.error').length === 2",
-        timeout=60_000)
+        timeout=60_000,
+    )
     ui.wait_done()
     assert _chat_requests(ui)[-1].post_data_json["messages"][-1]["content"] == [
-        {"type": "image_url",
-         "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}}]
+        {
+            "type": "image_url",
+            "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()},
+        }
+    ]

@@ -12,13 +12,21 @@ import httpx
 
 #: Debian's package; Playwright's own browser download is never used
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 API_KEY = "sk-tallow-ui-test"
 #: what chromium logs for the refusals the tests cause on purpose (a missing key, a 400)
-EXPECTED_CONSOLE = re.compile(r"Failed to load resource: the server responded with a status "
-                              r"of 40[01]")
+EXPECTED_CONSOLE = re.compile(
+    r"Failed to load resource: the server responded with a status "
+    r"of 40[01]"
+)
 #: the screenshots of docs/web-ui.md
 IMAGES = pathlib.Path(__file__).resolve().parents[4] / "docs" / "images"
 
@@ -98,13 +106,18 @@ class Ui:
 def new_ui(browser: Any, server: UiServer, *, key: bool, **context_args: Any) -> Ui:
     context = browser.new_context(base_url=server.url, **context_args)
     if key:  # the key as the prompt leaves it; the prompt itself has its own test
-        context.add_init_script(
-            f"localStorage.setItem('tallow-ui:api-key', {API_KEY!r});")
+        context.add_init_script(f"localStorage.setItem('tallow-ui:api-key', {API_KEY!r});")
     page = context.new_page()
     ui = Ui(page, context, server)
     page.on("pageerror", lambda exc: ui.errors.append(f"page error: {exc}"))
-    page.on("console", lambda msg: ui.errors.append(f"console {msg.type}: {msg.text}")
-            if msg.type == "error" and not EXPECTED_CONSOLE.search(msg.text) else None)
+    page.on(
+        "console",
+        lambda msg: (
+            ui.errors.append(f"console {msg.type}: {msg.text}")
+            if msg.type == "error" and not EXPECTED_CONSOLE.search(msg.text)
+            else None
+        ),
+    )
 
     def on_dialog(dialog: Any) -> None:
         if ui.expected_dialogs:
@@ -118,6 +131,7 @@ def new_ui(browser: Any, server: UiServer, *, key: bool, **context_args: Any) ->
     # every Content-Security-Policy violation is kept: a clean page has none
     context.add_init_script(
         "document.addEventListener('securitypolicyviolation', (e) => {"
-        " (window.__cspViolations = window.__cspViolations || []).push(e.violatedDirective); });")
+        " (window.__cspViolations = window.__cspViolations || []).push(e.violatedDirective); });"
+    )
     page.on("request", lambda request: ui.requests.append(request))
     return ui

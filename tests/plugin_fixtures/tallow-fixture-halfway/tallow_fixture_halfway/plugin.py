@@ -5,7 +5,9 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_kv_codecs(registry) -> None:
-    registry.register("fixture-halfway-kv", "tallow_fixture_halfway.plugin:tallow_register_kv_codecs")
+    registry.register(
+        "fixture-halfway-kv", "tallow_fixture_halfway.plugin:tallow_register_kv_codecs"
+    )
 
 
 @hookimpl

@@ -5,5 +5,9 @@ from tallow.plugin import hookimpl
 
 @hookimpl
 def tallow_register_attention_backends(registry) -> None:
-    registry.register("torch", "tallow_fixture_override.plugin:tallow_register_attention_backends",
-                      priority=-50, override=True)
+    registry.register(
+        "torch",
+        "tallow_fixture_override.plugin:tallow_register_attention_backends",
+        priority=-50,
+        override=True,
+    )

@@ -41,8 +41,15 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def scores(q, k, qk_scale, softcap, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
-           UPCAST: tl.constexpr):
+def scores(
+    q,
+    k,
+    qk_scale,
+    softcap,
+    USE_SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """log2-domain attention scores of ``q`` [M, D] against ``k`` [N, D] -> [M, N] fp32.
 
     Without softcap: ``qk * qk_scale`` with qk_scale = scale * log2(e). With softcap c:
@@ -57,8 +64,16 @@ def scores(q, k, qk_scale, softcap, USE_SOFTCAP: tl.constexpr, PRECISION: tl.con
 
 
 @triton.jit
-def scaled_scores(q, k, key_scale, qk_scale, softcap, USE_SOFTCAP: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def scaled_scores(
+    q,
+    k,
+    key_scale,
+    qk_scale,
+    softcap,
+    USE_SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """:func:`scores` of ``q`` against keys ``k`` [N, D] stored as codes, each key's scale
     ``key_scale`` [N] multiplying its column of products (before the softcap)."""
     s = dot(q, tl.trans(k), PRECISION, UPCAST) * key_scale[None, :]
@@ -70,8 +85,9 @@ def scaled_scores(q, k, key_scale, qk_scale, softcap, USE_SOFTCAP: tl.constexpr,
 
 
 @triton.jit
-def online_softmax_step_scaled(acc, l_i, m_i, s, v, value_scale, PRECISION: tl.constexpr,
-                               UPCAST: tl.constexpr):
+def online_softmax_step_scaled(
+    acc, l_i, m_i, s, v, value_scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr
+):
     """:func:`online_softmax_step` for values ``v`` [N, D] stored as codes with scales
     ``value_scale`` [N]: the scales multiply the softmax weights' columns before the product
     (the row sums take the weights alone)."""
@@ -110,8 +126,7 @@ def online_softmax_step(acc, l_i, m_i, s, v, PRECISION: tl.constexpr, UPCAST: tl
 
 
 @triton.jit
-def online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION: tl.constexpr,
-                             UPCAST: tl.constexpr):
+def online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """:func:`online_softmax_step` that rescales the accumulator only when some row's maximum
     grew by more than 8 (log2 domain) since the last rescale: otherwise the old maximum stays
     the reference, and the tile's weights, at most 2^8, are as exact in fp16 as below 1
@@ -142,8 +157,9 @@ def sink_mass(sinks_ptr, heads, m, mask, USE_SINKS: tl.constexpr):
 
 
 @triton.jit
-def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
-               BLOCK_SIZE: tl.constexpr):
+def kv_offsets(
+    block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off, BLOCK_SIZE: tl.constexpr
+):
     """Element offsets [N] of context tokens ``offs_n`` of one sequence and one KV head in a
     cache of strides (block, offset-in-block); tokens outside ``n_mask`` read block 0."""
     blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -151,16 +167,28 @@ def kv_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, kv_head_of
 
 
 @triton.jit
-def turbo_offsets(block_table_row, offs_n, n_mask, stride_cb, stride_co, code_head_off,
-                  stride_sb, stride_so, kv_head, BLOCK_SIZE: tl.constexpr):
+def turbo_offsets(
+    block_table_row,
+    offs_n,
+    n_mask,
+    stride_cb,
+    stride_co,
+    code_head_off,
+    stride_sb,
+    stride_so,
+    kv_head,
+    BLOCK_SIZE: tl.constexpr,
+):
     """(code byte offsets, scale offsets) [N] of context tokens ``offs_n`` of one sequence and
     one KV head in a turbo cache (codes of strides (block, offset-in-block), scales of
     strides (block, offset-in-block) and 1 per head), from one read of the block table;
     tokens outside ``n_mask`` read block 0."""
     blk = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     pos = offs_n % BLOCK_SIZE
-    return (blk * stride_cb + pos * stride_co + code_head_off,
-            blk * stride_sb + pos * stride_so + kv_head)
+    return (
+        blk * stride_cb + pos * stride_co + code_head_off,
+        blk * stride_sb + pos * stride_so + kv_head,
+    )
 
 
 @triton.jit
@@ -193,8 +221,18 @@ def widen_fp8_in_ptx(x, anchor):
         return tl.inline_asm_elementwise(
             "{ .reg .b32 z; mov.b32 z, 0; prmt.b32 $0, $2, z, 0x1404; "
             "prmt.b32 $1, $2, z, 0x3424; }",
-            "=r,=r,r,r,r,r,r", [bits, anchor], dtype=tl.float16, is_pure=True, pack=4)
+            "=r,=r,r,r,r,r,r",
+            [bits, anchor],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=4,
+        )
     return tl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
         "cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        "=r,=r,r,r,r,r,r", [bits, anchor], dtype=tl.float16, is_pure=True, pack=4)
+        "=r,=r,r,r,r,r,r",
+        [bits, anchor],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=4,
+    )

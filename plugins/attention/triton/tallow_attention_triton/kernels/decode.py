@@ -45,9 +45,20 @@ import triton.language as tl
 
 from tallow.kernels import allow_next, step_jit, wait_prior
 
-from .common import (kv_offsets, online_softmax_step, online_softmax_step_lazy,
-                     online_softmax_step_scaled, product_operand, saturate, scaled_scores,
-                     scores, sink_mass, tanh, turbo_offsets, widen_fp8_in_ptx)
+from .common import (
+    kv_offsets,
+    online_softmax_step,
+    online_softmax_step_lazy,
+    online_softmax_step_scaled,
+    product_operand,
+    saturate,
+    scaled_scores,
+    scores,
+    sink_mass,
+    tanh,
+    turbo_offsets,
+    widen_fp8_in_ptx,
+)
 from .turbo import code_positions, load_centered, tile_scales
 
 
@@ -62,8 +73,9 @@ def _tile_range(seq_len, window, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr)
 
 
 @triton.jit
-def _split_tiles(seq_len, window, num_splits, split, USE_WINDOW: tl.constexpr,
-                 TILE_N: tl.constexpr):
+def _split_tiles(
+    seq_len, window, num_splits, split, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr
+):
     """(first token of tile 0, first tile, end tile) of split ``split``'s share of a
     one-query sequence's tiles: ``num_splits`` equal runs (the last ones may be empty)."""
     lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
@@ -88,27 +100,70 @@ def _query_row(qsl_ptr, seq, MIXED: tl.constexpr):
 
 # Arguments that change from step to step (values, and metadata pointers whose alignment
 # depends on the batch) are not specialized on: see tallow.kernels.jit.
-@step_jit(values=["window", "num_splits", "stride_bt"],
-          pointers=["slot_ptr", "block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
+@step_jit(
+    values=["window", "num_splits", "stride_bt"],
+    pointers=["slot_ptr", "block_tables_ptr", "seq_lens_ptr", "qsl_ptr"],
+)
 def decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
-    block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr,
-    qk_scale, softcap, window, num_splits,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BITS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, FUSED_STORE: tl.constexpr,
-    SATURATE: tl.constexpr, F16_PRODUCTS: tl.constexpr, WIDEN_V_IN_REGISTERS: tl.constexpr,
-    WIDEN_V_IN_PTX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_SINKS: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    sinks_ptr,
+    qk_scale,
+    softcap,
+    window,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    stride_sb,
+    stride_so,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    KV_BITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MIXED: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    FUSED_STORE: tl.constexpr,
+    SATURATE: tl.constexpr,
+    F16_PRODUCTS: tl.constexpr,
+    WIDEN_V_IN_REGISTERS: tl.constexpr,
+    WIDEN_V_IN_PTX: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    tl.static_assert(KV_BITS == 0 or not FUSED_STORE,
-                     "the store is fused only for caches that cast (KV_BITS 0)")
+    tl.static_assert(
+        KV_BITS == 0 or not FUSED_STORE, "the store is fused only for caches that cast (KV_BITS 0)"
+    )
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -131,12 +186,24 @@ def decode_split_kernel(
         new_pos = tl.where(has_new, seq_len - 1, -1)
         new_mask = d_mask & has_new
         cache_ty = k_cache_ptr.dtype.element_ty
-        k_new = saturate(tl.load(k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d,
-                                 mask=new_mask, other=0.0), SATURATE).to(cache_ty)
-        v_new = saturate(tl.load(v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d,
-                                 mask=new_mask, other=0.0), SATURATE).to(cache_ty)
-        dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_co
-               + kv_head_off + offs_d)
+        k_new = saturate(
+            tl.load(
+                k_ptr + row64 * stride_kt + kv_head * stride_kh + offs_d, mask=new_mask, other=0.0
+            ),
+            SATURATE,
+        ).to(cache_ty)
+        v_new = saturate(
+            tl.load(
+                v_ptr + row64 * stride_vt + kv_head * stride_vh + offs_d, mask=new_mask, other=0.0
+            ),
+            SATURATE,
+        ).to(cache_ty)
+        dst = (
+            (slot // BLOCK_SIZE) * stride_cb
+            + (slot % BLOCK_SIZE) * stride_co
+            + kv_head_off
+            + offs_d
+        )
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
         tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
@@ -149,8 +216,11 @@ def decode_split_kernel(
     offs_g = tl.arange(0, G_PAD)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
-    q = tl.load(q_ptr + row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     q = product_operand(q, F16_PRODUCTS)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
@@ -177,9 +247,21 @@ def decode_split_kernel(
         acc = l_i[:, None] * v_new.to(q.dtype).to(tl.float32)[None, :]
     if KV_BITS > 0:
         # scales read one tile ahead (see kernels/turbo_decode.py)
-        k_scale, v_scale = tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
-                                       seq_len, window_lo, t_begin < t_end, kv_head, stride_sb,
-                                       stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
+        k_scale, v_scale = tile_scales(
+            k_scales_ptr,
+            v_scales_ptr,
+            bt_row,
+            lo + t_begin * TILE_N,
+            seq_len,
+            window_lo,
+            t_begin < t_end,
+            kv_head,
+            stride_sb,
+            stride_so,
+            USE_WINDOW,
+            BLOCK_SIZE,
+            TILE_N,
+        )
     for t in range(t_begin, t_end):
         offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
         n_mask = offs_n < seq_len
@@ -190,32 +272,56 @@ def decode_split_kernel(
         if KV_BITS > 0:
             # codes of the rotated keys and values, their scales per token
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            code_off, _ = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
-                                        kv_head_off, stride_sb, stride_so, kv_head, BLOCK_SIZE)
-            k = load_centered(k_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
-                              high_shift, KV_BITS, q.dtype)
+            code_off, _ = turbo_offsets(
+                bt_row,
+                offs_n,
+                n_mask,
+                stride_cb,
+                stride_co,
+                kv_head_off,
+                stride_sb,
+                stride_so,
+                kv_head,
+                BLOCK_SIZE,
+            )
+            k = load_centered(
+                k_cache_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift, KV_BITS, q.dtype
+            )
             next_k_scale, next_v_scale = tile_scales(
-                k_scales_ptr, v_scales_ptr, bt_row, lo + (t + 1) * TILE_N, seq_len, window_lo,
-                t + 1 < t_end, kv_head, stride_sb, stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
+                k_scales_ptr,
+                v_scales_ptr,
+                bt_row,
+                lo + (t + 1) * TILE_N,
+                seq_len,
+                window_lo,
+                t + 1 < t_end,
+                kv_head,
+                stride_sb,
+                stride_so,
+                USE_WINDOW,
+                BLOCK_SIZE,
+                TILE_N,
+            )
             s = scaled_scores(q, k, k_scale, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
             s = tl.where(n_mask[None, :], s, float("-inf"))
-            v = load_centered(v_cache_ptr, code_off, kv_mask, byte, shift, high_byte,
-                              high_shift, KV_BITS, q.dtype)
-            acc, l_i, m_i = online_softmax_step_scaled(acc, l_i, m_i, s, v, v_scale,
-                                                       PRECISION, UPCAST)
+            v = load_centered(
+                v_cache_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift, KV_BITS, q.dtype
+            )
+            acc, l_i, m_i = online_softmax_step_scaled(
+                acc, l_i, m_i, s, v, v_scale, PRECISION, UPCAST
+            )
             k_scale = next_k_scale
             v_scale = next_v_scale
         else:
-            kv_off = kv_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off,
-                                BLOCK_SIZE)
+            kv_off = kv_offsets(
+                bt_row, offs_n, n_mask, stride_cb, stride_co, kv_head_off, BLOCK_SIZE
+            )
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
-                        other=0.0)
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             k = k.to(q.dtype)  # a cache in another dtype than the activations
             s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
             s = tl.where(n_mask[None, :], s, float("-inf"))
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
-                        other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             if WIDEN_V_IN_PTX:
                 # masked keys already loaded as 0; the row indices only anchor Triton's layout
                 anchor = offs_n[:, None] + tl.zeros([TILE_N, D_PAD], tl.int32)
@@ -230,8 +336,7 @@ def decode_split_kernel(
                     # asynchronous copy pipeline.
                     v = tl.where(kv_mask, v, 0.0)
             if LAZY_RESCALE:
-                acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION,
-                                                         UPCAST)
+                acc, l_i, m_i = online_softmax_step_lazy(acc, l_i, m_i, s, v, PRECISION, UPCAST)
             else:
                 acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
 
@@ -240,24 +345,39 @@ def decode_split_kernel(
         l_i += sink_mass(sinks_ptr, heads, m_i, g_mask, USE_SINKS)
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # an empty context (padding) gives zeros
         o = acc / l_safe[:, None]
-        tl.store(out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
     else:
         # partials: acc [B, Hq, S, D_PAD], (max, sum) [B, Hq, S, 2], all fp32
         part = (seq.to(tl.int64) * NUM_Q_HEADS + heads) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc,
-                 mask=g_mask[:, None])
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
 
 
 @step_jit(values=["window", "num_splits"], pointers=["seq_lens_ptr", "qsl_ptr"])
 def decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, seq_lens_ptr, qsl_ptr, out_ptr, sinks_ptr,
-    window, num_splits, stride_ot, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    S_PAD: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, MIXED: tl.constexpr, USE_SINKS: tl.constexpr,
+    part_acc_ptr,
+    part_ml_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    sinks_ptr,
+    window,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    MIXED: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (sequence, query head): out = sum_s 2^(m_s - M) acc_s / (sum_s 2^(m_s - M) l_s
@@ -284,11 +404,23 @@ def decode_reduce_kernel(
     m_all = tl.where(n_active > 0, m_all, 0.0)  # no context at all (padding): zeros, not NaN
     w = tl.where(s_mask, tl.exp2(m - m_all), 0.0)
     total = tl.sum(w * row_sum, 0)
-    total += tl.sum(sink_mass(sinks_ptr, head + tl.zeros([1], tl.int32), m_all + tl.zeros(
-        [1], tl.float32), head + tl.zeros([1], tl.int32) >= 0, USE_SINKS), 0)
+    total += tl.sum(
+        sink_mass(
+            sinks_ptr,
+            head + tl.zeros([1], tl.int32),
+            m_all + tl.zeros([1], tl.float32),
+            head + tl.zeros([1], tl.int32) >= 0,
+            USE_SINKS,
+        ),
+        0,
+    )
     total = tl.where(total > 0.0, total, 1.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :],
-                  mask=s_mask[:, None], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0
+    )
     o = tl.sum(acc * w[:, None], 0) / total
-    tl.store(out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
-             o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(
+        out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+        o.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )

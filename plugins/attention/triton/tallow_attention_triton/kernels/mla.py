@@ -18,9 +18,18 @@ from .common import dot, saturate
 
 
 @triton.jit
-def store_latent_kernel(latent_ptr, cache_ptr, slot_ptr, stride_lt, stride_cb, stride_co,
-                        WIDTH: tl.constexpr, W_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                        SATURATE: tl.constexpr):
+def store_latent_kernel(
+    latent_ptr,
+    cache_ptr,
+    slot_ptr,
+    stride_lt,
+    stride_cb,
+    stride_co,
+    WIDTH: tl.constexpr,
+    W_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SATURATE: tl.constexpr,
+):
     """Grid (tokens,): row ``t`` of ``latent`` to cache slot ``slot[t]`` (< 0: skipped),
     converted to the cache's dtype (clamped to +-SATURATE first when it is > 0)."""
     t = tl.program_id(0).to(tl.int64)
@@ -36,13 +45,33 @@ def store_latent_kernel(latent_ptr, cache_ptr, slot_ptr, stride_lt, stride_cb, s
 
 @triton.jit
 def mla_decode_split_kernel(
-    q_lat_ptr, q_pe_ptr, cache_ptr, seq_lens_ptr, block_tables_ptr, qsl_ptr, acc_ptr, ml_ptr,
-    stride_qt, stride_qh, stride_pt, stride_ph, stride_cb, stride_co, stride_bt,
+    q_lat_ptr,
+    q_pe_ptr,
+    cache_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    qsl_ptr,
+    acc_ptr,
+    ml_ptr,
+    stride_qt,
+    stride_qh,
+    stride_pt,
+    stride_ph,
+    stride_cb,
+    stride_co,
+    stride_bt,
     qk_scale,
-    NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, R_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    R_PAD: tl.constexpr,
     P_PAD: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     MIXED: tl.constexpr,
 ):
     """Grid (sequences, cdiv(H, BLOCK_H), NUM_SPLITS). Program (i, hb, s) attends the heads
@@ -67,10 +96,16 @@ def mla_decode_split_kernel(
     h_mask = offs_h < NUM_HEADS
     r_mask = offs_r < RANK
     p_mask = offs_p < ROPE
-    q_lat = tl.load(q_lat_ptr + row * stride_qt + offs_h[:, None] * stride_qh + offs_r[None, :],
-                    mask=h_mask[:, None] & r_mask[None, :], other=0.0)
-    q_pe = tl.load(q_pe_ptr + row * stride_pt + offs_h[:, None] * stride_ph + offs_p[None, :],
-                   mask=h_mask[:, None] & p_mask[None, :], other=0.0)
+    q_lat = tl.load(
+        q_lat_ptr + row * stride_qt + offs_h[:, None] * stride_qh + offs_r[None, :],
+        mask=h_mask[:, None] & r_mask[None, :],
+        other=0.0,
+    )
+    q_pe = tl.load(
+        q_pe_ptr + row * stride_pt + offs_h[:, None] * stride_ph + offs_p[None, :],
+        mask=h_mask[:, None] & p_mask[None, :],
+        other=0.0,
+    )
     seq_len = tl.load(seq_lens_ptr + seq)
     # this split's share of the context, in whole key tiles
     tiles = tl.cdiv(seq_len, BLOCK_N)
@@ -83,15 +118,21 @@ def mla_decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        block = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask,
-                        other=0).to(tl.int64)
+        block = tl.load(
+            block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0
+        ).to(tl.int64)
         rows = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_co
-        c = tl.load(cache_ptr + rows[:, None] + offs_r[None, :],
-                    mask=n_mask[:, None] & r_mask[None, :], other=0.0).to(q_lat.dtype)
-        pe = tl.load(cache_ptr + rows[:, None] + RANK + offs_p[None, :],
-                     mask=n_mask[:, None] & p_mask[None, :], other=0.0).to(q_pe.dtype)
-        s = dot(q_lat, tl.trans(c), PRECISION, UPCAST) + dot(q_pe, tl.trans(pe), PRECISION,
-                                                            UPCAST)
+        c = tl.load(
+            cache_ptr + rows[:, None] + offs_r[None, :],
+            mask=n_mask[:, None] & r_mask[None, :],
+            other=0.0,
+        ).to(q_lat.dtype)
+        pe = tl.load(
+            cache_ptr + rows[:, None] + RANK + offs_p[None, :],
+            mask=n_mask[:, None] & p_mask[None, :],
+            other=0.0,
+        ).to(q_pe.dtype)
+        s = dot(q_lat, tl.trans(c), PRECISION, UPCAST) + dot(q_pe, tl.trans(pe), PRECISION, UPCAST)
         s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -100,17 +141,30 @@ def mla_decode_split_kernel(
         acc = acc * alpha[:, None] + dot(p.to(c.dtype), c, PRECISION, UPCAST)
         m = m_new
     part = (seq * NUM_SPLITS + split) * NUM_HEADS + offs_h
-    tl.store(acc_ptr + part[:, None] * RANK + offs_r[None, :], acc,
-             mask=h_mask[:, None] & r_mask[None, :])
+    tl.store(
+        acc_ptr + part[:, None] * RANK + offs_r[None, :],
+        acc,
+        mask=h_mask[:, None] & r_mask[None, :],
+    )
     tl.store(ml_ptr + part * 2, m, mask=h_mask)
     tl.store(ml_ptr + part * 2 + 1, l, mask=h_mask)
 
 
 @triton.jit
-def mla_decode_reduce_kernel(acc_ptr, ml_ptr, out_ptr, qsl_ptr, stride_ot, stride_oh,
-                             NUM_HEADS: tl.constexpr, RANK: tl.constexpr, R_PAD: tl.constexpr,
-                             NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
-                             MIXED: tl.constexpr):
+def mla_decode_reduce_kernel(
+    acc_ptr,
+    ml_ptr,
+    out_ptr,
+    qsl_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    RANK: tl.constexpr,
+    R_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    MIXED: tl.constexpr,
+):
     """Grid (sequences, H): the splits' partials of one head combined into its latent output
     ``out`` [T, H, RANK] (float32) at the sequence's query row (as the split kernel)."""
     seq = tl.program_id(0).to(tl.int64)
@@ -128,7 +182,10 @@ def mla_decode_reduce_kernel(acc_ptr, ml_ptr, out_ptr, qsl_ptr, stride_ot, strid
     l = tl.load(ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
     m_all = tl.max(m, axis=0)
     weight = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
-    acc = tl.load(acc_ptr + part[:, None] * RANK + offs_r[None, :],
-                  mask=s_mask[:, None] & (offs_r < RANK)[None, :], other=0.0)
+    acc = tl.load(
+        acc_ptr + part[:, None] * RANK + offs_r[None, :],
+        mask=s_mask[:, None] & (offs_r < RANK)[None, :],
+        other=0.0,
+    )
     out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
     tl.store(out_ptr + row * stride_ot + h * stride_oh + offs_r, out, mask=offs_r < RANK)

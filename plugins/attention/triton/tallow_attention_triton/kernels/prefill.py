@@ -23,8 +23,14 @@ import triton.language as tl
 from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (
-    kv_offsets, online_softmax_step, online_softmax_step_scaled, product_operand,
-    scaled_scores, scores, sink_mass, turbo_offsets,
+    kv_offsets,
+    online_softmax_step,
+    online_softmax_step_scaled,
+    product_operand,
+    scaled_scores,
+    scores,
+    sink_mass,
+    turbo_offsets,
 )
 from .turbo import code_positions, load_centered
 
@@ -58,12 +64,35 @@ def _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW: tl.constexpr, CAUSAL: 
 
 
 @triton.jit
-def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n,
-                 kv_lo, seq_len, qk_scale, softcap, window, kv_head_off,
-                 stride_cb, stride_co, offs_d, d_mask,
-                 MASKED: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-                 CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _attend_tile(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    start_n,
+    kv_lo,
+    seq_len,
+    qk_scale,
+    softcap,
+    window,
+    kv_head_off,
+    stride_cb,
+    stride_co,
+    offs_d,
+    d_mask,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     offs_n = start_n + tl.arange(0, TILE_N)
     if MASKED:
         n_mask = (offs_n < seq_len) & (offs_n >= kv_lo)
@@ -82,14 +111,44 @@ def _attend_tile(acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, star
 
 
 @triton.jit
-def _attend_turbo_tile(acc, l_i, m_i, q, q_pos, k_codes_ptr, v_codes_ptr, k_scales_ptr,
-                       v_scales_ptr, bt_row, start_n, kv_lo, seq_len, qk_scale, softcap,
-                       window, kv_head, code_head_off, stride_cb, stride_co, stride_sb,
-                       stride_so, d_mask, byte, shift, high_byte, high_shift,
-                       MASKED: tl.constexpr, USE_WINDOW: tl.constexpr,
-                       USE_SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                       TILE_N: tl.constexpr, KV_BITS: tl.constexpr, PRECISION: tl.constexpr,
-                       UPCAST: tl.constexpr):
+def _attend_turbo_tile(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    k_codes_ptr,
+    v_codes_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    bt_row,
+    start_n,
+    kv_lo,
+    seq_len,
+    qk_scale,
+    softcap,
+    window,
+    kv_head,
+    code_head_off,
+    stride_cb,
+    stride_co,
+    stride_sb,
+    stride_so,
+    d_mask,
+    byte,
+    shift,
+    high_byte,
+    high_shift,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    KV_BITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """:func:`_attend_tile` over a turbo cache (:mod:`.turbo`): ``q`` is rotated, the tiles
     are centered codes, the scales multiply the scores' and the weights' columns."""
     offs_n = start_n + tl.arange(0, TILE_N)
@@ -97,37 +156,80 @@ def _attend_turbo_tile(acc, l_i, m_i, q, q_pos, k_codes_ptr, v_codes_ptr, k_scal
         n_mask = (offs_n < seq_len) & (offs_n >= kv_lo)
     else:
         n_mask = offs_n < seq_len
-    code_off, scale_off = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
-                                        code_head_off, stride_sb, stride_so, kv_head,
-                                        BLOCK_SIZE)
+    code_off, scale_off = turbo_offsets(
+        bt_row,
+        offs_n,
+        n_mask,
+        stride_cb,
+        stride_co,
+        code_head_off,
+        stride_sb,
+        stride_so,
+        kv_head,
+        BLOCK_SIZE,
+    )
     kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = load_centered(k_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift,
-                      KV_BITS, q.dtype)
+    k = load_centered(
+        k_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift, KV_BITS, q.dtype
+    )
     k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
     s = scaled_scores(q, k, k_scale, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
         s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CAUSAL)
-    v = load_centered(v_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift,
-                      KV_BITS, q.dtype)
+    v = load_centered(
+        v_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift, KV_BITS, q.dtype
+    )
     v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
     return online_softmax_step_scaled(acc, l_i, m_i, s, v, v_scale, PRECISION, UPCAST)
 
 
 # Step-dependent arguments are not specialized on: see tallow.kernels.jit.
-@step_jit(values=["window", "num_seqs", "stride_bt"],
-          pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
+@step_jit(
+    values=["window", "num_seqs", "stride_bt"],
+    pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"],
+)
 def prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, block_tables_ptr,
-    seq_lens_ptr, qsl_ptr, out_ptr, sinks_ptr,
-    qk_scale, softcap, window, num_seqs,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, KV_BITS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-    CAUSAL: tl.constexpr, F16_PRODUCTS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    USE_SINKS: tl.constexpr, USE_PDL: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    sinks_ptr,
+    qk_scale,
+    softcap,
+    window,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    stride_sb,
+    stride_so,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    KV_BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    F16_PRODUCTS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """``SKIP_SINGLE``: leave sequences with exactly one query to the decode kernel.
     ``KV_BITS`` > 0: a turbo cache, as in :func:`.decode.decode_split_kernel`. ``USE_SINKS``:
@@ -155,8 +257,11 @@ def prefill_kernel(
     row_mask = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
     d_mask = offs_d < HEAD_DIM
     rows = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     q = product_operand(q, F16_PRODUCTS)
     q_pos = ctx + q_idx
 
@@ -185,34 +290,149 @@ def prefill_kernel(
         byte, shift, high_byte, high_shift = code_positions(offs_d, HEAD_DIM, KV_BITS)
         for start_n in range(start, full_end, TILE_N):
             acc, l_i, m_i = _attend_turbo_tile(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
-                bt_row, start_n, kv_lo, seq_len, qk_scale, softcap, window, kv_head,
-                kv_head_off, stride_cb, stride_co, stride_sb, stride_so, d_mask, byte, shift,
-                high_byte, high_shift, False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE,
-                TILE_N, KV_BITS, PRECISION, UPCAST)
+                acc,
+                l_i,
+                m_i,
+                q,
+                q_pos,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scales_ptr,
+                v_scales_ptr,
+                bt_row,
+                start_n,
+                kv_lo,
+                seq_len,
+                qk_scale,
+                softcap,
+                window,
+                kv_head,
+                kv_head_off,
+                stride_cb,
+                stride_co,
+                stride_sb,
+                stride_so,
+                d_mask,
+                byte,
+                shift,
+                high_byte,
+                high_shift,
+                False,
+                USE_WINDOW,
+                USE_SOFTCAP,
+                CAUSAL,
+                BLOCK_SIZE,
+                TILE_N,
+                KV_BITS,
+                PRECISION,
+                UPCAST,
+            )
         for start_n in range(full_end, last_pos + 1, TILE_N):
             acc, l_i, m_i = _attend_turbo_tile(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
-                bt_row, start_n, kv_lo, seq_len, qk_scale, softcap, window, kv_head,
-                kv_head_off, stride_cb, stride_co, stride_sb, stride_so, d_mask, byte, shift,
-                high_byte, high_shift, True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE,
-                TILE_N, KV_BITS, PRECISION, UPCAST)
+                acc,
+                l_i,
+                m_i,
+                q,
+                q_pos,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scales_ptr,
+                v_scales_ptr,
+                bt_row,
+                start_n,
+                kv_lo,
+                seq_len,
+                qk_scale,
+                softcap,
+                window,
+                kv_head,
+                kv_head_off,
+                stride_cb,
+                stride_co,
+                stride_sb,
+                stride_so,
+                d_mask,
+                byte,
+                shift,
+                high_byte,
+                high_shift,
+                True,
+                USE_WINDOW,
+                USE_SOFTCAP,
+                CAUSAL,
+                BLOCK_SIZE,
+                TILE_N,
+                KV_BITS,
+                PRECISION,
+                UPCAST,
+            )
     else:
         for start_n in range(start, full_end, TILE_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo,
-                seq_len, qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d,
-                d_mask, False, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION,
-                UPCAST)
+                acc,
+                l_i,
+                m_i,
+                q,
+                q_pos,
+                k_cache_ptr,
+                v_cache_ptr,
+                bt_row,
+                start_n,
+                kv_lo,
+                seq_len,
+                qk_scale,
+                softcap,
+                window,
+                kv_head_off,
+                stride_cb,
+                stride_co,
+                offs_d,
+                d_mask,
+                False,
+                USE_WINDOW,
+                USE_SOFTCAP,
+                CAUSAL,
+                BLOCK_SIZE,
+                TILE_N,
+                PRECISION,
+                UPCAST,
+            )
         for start_n in range(full_end, last_pos + 1, TILE_N):
             acc, l_i, m_i = _attend_tile(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, start_n, kv_lo,
-                seq_len, qk_scale, softcap, window, kv_head_off, stride_cb, stride_co, offs_d,
-                d_mask, True, USE_WINDOW, USE_SOFTCAP, CAUSAL, BLOCK_SIZE, TILE_N, PRECISION,
-                UPCAST)
+                acc,
+                l_i,
+                m_i,
+                q,
+                q_pos,
+                k_cache_ptr,
+                v_cache_ptr,
+                bt_row,
+                start_n,
+                kv_lo,
+                seq_len,
+                qk_scale,
+                softcap,
+                window,
+                kv_head_off,
+                stride_cb,
+                stride_co,
+                offs_d,
+                d_mask,
+                True,
+                USE_WINDOW,
+                USE_SOFTCAP,
+                CAUSAL,
+                BLOCK_SIZE,
+                TILE_N,
+                PRECISION,
+                UPCAST,
+            )
 
     l_i += sink_mass(sinks_ptr, heads, m_i, row_mask, USE_SINKS)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    tl.store(out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & d_mask[None, :],
+    )

@@ -12,12 +12,29 @@ from .common import saturate
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies.
 @step_jit(pointers=["slot_ptr"])
 def store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, k_offset_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_co, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SATURATE: tl.constexpr, HEAD_SCALES: tl.constexpr, KEY_OFFSET: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    k_offset_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SATURATE: tl.constexpr,
+    HEAD_SCALES: tl.constexpr,
+    KEY_OFFSET: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, cdiv(Hkv, HEADS_PER_PROGRAM)). Token ``t`` goes to cache slot
@@ -42,14 +59,19 @@ def store_kv_kernel(
     dst = blk * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     if KEY_OFFSET:
-        k = k.to(tl.float32) - tl.load(k_offset_ptr + offs_h[:, None] * HEAD_DIM
-                                       + offs_d[None, :], mask=mask, other=0.0)
+        k = k.to(tl.float32) - tl.load(
+            k_offset_ptr + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0
+        )
     if HEAD_SCALES:
-        k = tl.math.div_rn(k.to(tl.float32), tl.load(k_scale_ptr + offs_h, mask=offs_h <
-                                                     NUM_KV_HEADS, other=1.0)[:, None])
+        k = tl.math.div_rn(
+            k.to(tl.float32),
+            tl.load(k_scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=1.0)[:, None],
+        )
     tl.store(k_cache_ptr + dst, saturate(k, SATURATE).to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     if HEAD_SCALES:
-        v = tl.math.div_rn(v.to(tl.float32), tl.load(v_scale_ptr + offs_h, mask=offs_h <
-                                                     NUM_KV_HEADS, other=1.0)[:, None])
+        v = tl.math.div_rn(
+            v.to(tl.float32),
+            tl.load(v_scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=1.0)[:, None],
+        )
     tl.store(v_cache_ptr + dst, saturate(v, SATURATE).to(v_cache_ptr.dtype.element_ty), mask=mask)

@@ -46,8 +46,17 @@ def code_positions(offs_d, HEAD_DIM: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
-                  BITS: tl.constexpr, DTYPE: tl.constexpr):
+def load_centered(
+    codes_ptr,
+    rows,
+    mask,
+    byte,
+    shift,
+    high_byte,
+    high_shift,
+    BITS: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     """``code - c`` [N, D_PAD] in ``DTYPE`` (exact: small integers and halves) of the packed
     vectors starting at byte offsets ``rows`` [N]; ``-c`` where ``mask`` [N, D_PAD] is false
     (code 0): the callers mask those tokens' scores, zero their weights and scales, and zero
@@ -58,11 +67,11 @@ def load_centered(codes_ptr, rows, mask, byte, shift, high_byte, high_shift,
     elif BITS == 4:
         code = (b >> shift[None, :]) & 15
     else:
-        hb = tl.load(codes_ptr + rows[:, None] + high_byte[None, :], mask=mask,
-                     other=0).to(tl.int32)
+        hb = tl.load(codes_ptr + rows[:, None] + high_byte[None, :], mask=mask, other=0).to(
+            tl.int32
+        )
         code = ((b >> shift[None, :]) & 3) | (((hb >> high_shift[None, :]) & 1) << 2)
     return (code.to(tl.float32) - ((1 << BITS) - 1) * 0.5).to(DTYPE)
-
 
 
 #: The PTX nibble unpacking. fp16 bit patterns, two per 32-bit word: 1024.0, 7.5, 1/16, -71.5.
@@ -107,8 +116,13 @@ def unpack_nibbles(b, anchor, IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
     fewer (the staged bytes are read back one at a time)."""
     if IN_PTX:
         lo, hi = tl.inline_asm_elementwise(
-            _NIBBLE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b, anchor],
-            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+            _NIBBLE_PTX,
+            "=r,=r,=r,=r,r,r,r,r,r",
+            [b, anchor],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=4,
+        )
     else:
         lo = ((b & 15).to(tl.float32) - 7.5).to(DTYPE)
         hi = ((b >> 4).to(tl.float32) - 7.5).to(DTYPE)
@@ -116,8 +130,16 @@ def unpack_nibbles(b, anchor, IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def load_nibble_halves(codes_ptr, rows, offs_n, n_mask, offs_h, HALF: tl.constexpr,
-                       IN_PTX: tl.constexpr, DTYPE: tl.constexpr):
+def load_nibble_halves(
+    codes_ptr,
+    rows,
+    offs_n,
+    n_mask,
+    offs_h,
+    HALF: tl.constexpr,
+    IN_PTX: tl.constexpr,
+    DTYPE: tl.constexpr,
+):
     """The centered 4-bit codes ``code - 7.5`` of the packed vectors at byte offsets ``rows``
     [N] (tokens ``offs_n``), as two tiles [N, H_PAD] (``offs_h`` = ``arange(H_PAD)``): coordinates ``[0, HALF)`` (low nibbles) and ``[HALF, D)``
     (high nibbles), ``HALF = D / 2``. Each row's ``HALF`` bytes are one contiguous run, read
@@ -134,9 +156,21 @@ def load_nibble_halves(codes_ptr, rows, offs_n, n_mask, offs_h, HALF: tl.constex
 
 
 @triton.jit
-def tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, active,
-                 kv_head, stride_sb, stride_so, USE_WINDOW: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+def tile_scales(
+    k_scales_ptr,
+    v_scales_ptr,
+    bt_row,
+    start,
+    seq_len,
+    window_lo,
+    active,
+    kv_head,
+    stride_sb,
+    stride_so,
+    USE_WINDOW: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
     """(key scales, value scales) [TILE_N] fp32 of the tile of tokens from ``start`` of one
     KV head; 0 for tokens outside the context (or the window) and everywhere unless
     ``active``."""
@@ -146,19 +180,30 @@ def tile_scales(k_scales_ptr, v_scales_ptr, bt_row, start, seq_len, window_lo, a
         n_mask = n_mask & (offs_n >= window_lo)
     blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
     off = blk * stride_sb + (offs_n % BLOCK_SIZE) * stride_so + kv_head
-    return (tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
-            tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32))
+    return (
+        tl.load(k_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
+        tl.load(v_scales_ptr + off, mask=n_mask, other=0.0).to(tl.float32),
+    )
 
 
 @triton.jit
-def _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h_mask,
-                     HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _unrotated_chunk(
+    src_ptr,
+    src_rows,
+    offset_ptr,
+    smooth_ptr,
+    offs_k,
+    heads,
+    h_mask,
+    HAS_OFFSET: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """Input coordinates ``offs_k`` [H_PAD, K_CHUNK] (fp32) of the vectors at ``src_ptr +
     src_rows`` less their offset and divided by their smoothing (0 outside the vectors)."""
     k_mask = offs_k < HEAD_DIM
     mask = h_mask[:, None] & k_mask[None, :]
-    x = tl.load(src_ptr + src_rows[:, None] + offs_k[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    x = tl.load(src_ptr + src_rows[:, None] + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     per_head = heads[:, None] * HEAD_DIM + offs_k[None, :]
     if HAS_OFFSET:
         x = x - tl.load(offset_ptr + per_head, mask=mask, other=0.0)
@@ -168,27 +213,61 @@ def _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h
 
 
 @triton.jit
-def _stored_sumsq(src_ptr, src_rows, offset_ptr, smooth_ptr, heads, h_mask,
-                  HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr, H_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, K_CHUNK: tl.constexpr):
+def _stored_sumsq(
+    src_ptr,
+    src_rows,
+    offset_ptr,
+    smooth_ptr,
+    heads,
+    h_mask,
+    HAS_OFFSET: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+):
     """Squared norms [H_PAD] of the vectors at ``src_ptr + src_rows`` less their offset and
     divided by their smoothing: those of their stored (rotated) form, the rotation being
     orthogonal (equal up to float32 rounding, as two summation orders are)."""
     sumsq = tl.zeros([H_PAD], tl.float32)
     for k0 in range(0, D_PAD, K_CHUNK):
-        x = _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr,
-                             k0 + tl.arange(0, K_CHUNK), heads, h_mask, HAS_OFFSET,
-                             HAS_SMOOTH, HEAD_DIM)
+        x = _unrotated_chunk(
+            src_ptr,
+            src_rows,
+            offset_ptr,
+            smooth_ptr,
+            k0 + tl.arange(0, K_CHUNK),
+            heads,
+            h_mask,
+            HAS_OFFSET,
+            HAS_SMOOTH,
+            HEAD_DIM,
+        )
         sumsq += tl.sum(x * x, 1)
     return sumsq
 
 
 @triton.jit
-def _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg: tl.constexpr,
-                    heads, h_mask, HAS_OFFSET: tl.constexpr, HAS_SMOOTH: tl.constexpr,
-                    H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                    K_CHUNK: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
-                    PRECISION: tl.constexpr):
+def _stored_segment(
+    src_ptr,
+    src_rows,
+    offset_ptr,
+    smooth_ptr,
+    rot_ptr,
+    seg: tl.constexpr,
+    heads,
+    h_mask,
+    HAS_OFFSET: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SEG_W: tl.constexpr,
+    SEG_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Coordinates ``[seg * SEG_W, (seg + 1) * SEG_W)`` [H_PAD, SEG_PAD] (fp32) of the stored
     form of the vectors at ``src_ptr + src_rows``: less their offset, divided by their
     smoothing, rotated (``@ R.T``) — that block of rows of ``R`` only, so each segment's codes
@@ -202,21 +281,53 @@ def _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg: tl.
     for k0 in range(0, D_PAD, K_CHUNK):
         offs_k = k0 + tl.arange(0, K_CHUNK)
         k_mask = offs_k < HEAD_DIM
-        x = _unrotated_chunk(src_ptr, src_rows, offset_ptr, smooth_ptr, offs_k, heads, h_mask,
-                             HAS_OFFSET, HAS_SMOOTH, HEAD_DIM)
-        rt = tl.load(rot_ptr + (seg * SEG_W + offs_i)[None, :] * HEAD_DIM + offs_k[:, None],
-                     mask=k_mask[:, None] & i_mask[None, :], other=0.0)
+        x = _unrotated_chunk(
+            src_ptr,
+            src_rows,
+            offset_ptr,
+            smooth_ptr,
+            offs_k,
+            heads,
+            h_mask,
+            HAS_OFFSET,
+            HAS_SMOOTH,
+            HEAD_DIM,
+        )
+        rt = tl.load(
+            rot_ptr + (seg * SEG_W + offs_i)[None, :] * HEAD_DIM + offs_k[:, None],
+            mask=k_mask[:, None] & i_mask[None, :],
+            other=0.0,
+        )
         y += tl.dot(x, rt, input_precision=PRECISION)
     return y
 
 
 @triton.jit
-def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, scales_ptr,
-                 code_rows, scale_rows, heads, h_mask, HAS_OFFSET: tl.constexpr,
-                 HAS_SMOOTH: tl.constexpr, H_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 D_PAD: tl.constexpr, K_CHUNK: tl.constexpr, BITS: tl.constexpr,
-                 SEGMENTS: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
-                 RMS_STEP: tl.constexpr, PRECISION: tl.constexpr):
+def _encode_rows(
+    src_ptr,
+    src_rows,
+    offset_ptr,
+    smooth_ptr,
+    rot_ptr,
+    codes_ptr,
+    scales_ptr,
+    code_rows,
+    scale_rows,
+    heads,
+    h_mask,
+    HAS_OFFSET: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    H_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    BITS: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEG_W: tl.constexpr,
+    SEG_PAD: tl.constexpr,
+    RMS_STEP: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Transform, quantize and pack the vectors at ``src_ptr + src_rows`` (one per head),
     writing the codes at byte offsets ``code_rows`` and the scales at ``scale_rows`` (rows
     outside ``h_mask`` are not written)."""
@@ -224,15 +335,43 @@ def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, 
     # the scale first, from every coordinate of the rotated vector
     if RMS_STEP > 0:
         # the rotation keeps the norm: the rms of the vector before it, with no product
-        sumsq = _stored_sumsq(src_ptr, src_rows, offset_ptr, smooth_ptr, heads, h_mask,
-                              HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK)
+        sumsq = _stored_sumsq(
+            src_ptr,
+            src_rows,
+            offset_ptr,
+            smooth_ptr,
+            heads,
+            h_mask,
+            HAS_OFFSET,
+            HAS_SMOOTH,
+            H_PAD,
+            HEAD_DIM,
+            D_PAD,
+            K_CHUNK,
+        )
         scale = RMS_STEP * tl.sqrt_rn(sumsq / HEAD_DIM)
     else:
         amax = tl.zeros([H_PAD], tl.float32)
         for seg in tl.static_range(SEGMENTS):
-            y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg,
-                                heads, h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD,
-                                K_CHUNK, SEG_W, SEG_PAD, PRECISION)
+            y = _stored_segment(
+                src_ptr,
+                src_rows,
+                offset_ptr,
+                smooth_ptr,
+                rot_ptr,
+                seg,
+                heads,
+                h_mask,
+                HAS_OFFSET,
+                HAS_SMOOTH,
+                H_PAD,
+                HEAD_DIM,
+                D_PAD,
+                K_CHUNK,
+                SEG_W,
+                SEG_PAD,
+                PRECISION,
+            )
             amax = tl.maximum(amax, tl.max(tl.abs(y), 1))
         scale = amax / center
     scale = scale.to(tl.float16)
@@ -245,12 +384,29 @@ def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, 
     plane1 = tl.zeros([H_PAD, SEG_PAD], tl.int32)
     high = tl.zeros([H_PAD, SEG_PAD], tl.int32)
     for seg in tl.static_range(SEGMENTS):
-        y = _stored_segment(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, seg, heads,
-                            h_mask, HAS_OFFSET, HAS_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
-                            SEG_W, SEG_PAD, PRECISION)
+        y = _stored_segment(
+            src_ptr,
+            src_rows,
+            offset_ptr,
+            smooth_ptr,
+            rot_ptr,
+            seg,
+            heads,
+            h_mask,
+            HAS_OFFSET,
+            HAS_SMOOTH,
+            H_PAD,
+            HEAD_DIM,
+            D_PAD,
+            K_CHUNK,
+            SEG_W,
+            SEG_PAD,
+            PRECISION,
+        )
         q = tl.where(s > 0.0, tl.math.div_rn(y, safe), 0.0)
-        code = tl.minimum(tl.maximum(tl.floor(q + (center + 0.5)), 0.0),
-                          (1 << BITS) - 1).to(tl.int32)
+        code = tl.minimum(tl.maximum(tl.floor(q + (center + 0.5)), 0.0), (1 << BITS) - 1).to(
+            tl.int32
+        )
         if BITS == 8:
             plane0 = code
         elif BITS == 4:
@@ -272,16 +428,42 @@ def _encode_rows(src_ptr, src_rows, offset_ptr, smooth_ptr, rot_ptr, codes_ptr, 
 # The slot mapping is a slice of a packed per-step buffer: its alignment varies.
 @step_jit(pointers=["slot_ptr"])
 def store_turbo_kernel(
-    k_ptr, v_ptr, slot_ptr,
-    k_codes_ptr, k_scales_ptr, v_codes_ptr, v_scales_ptr,
-    k_offset_ptr, k_smooth_ptr, v_offset_ptr, rot_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_co, stride_ch, stride_sb, stride_so,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, K_CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, BITS: tl.constexpr,
-    SEGMENTS: tl.constexpr, SEG_W: tl.constexpr, SEG_PAD: tl.constexpr,
-    RMS_STEP: tl.constexpr, HAS_K_OFFSET: tl.constexpr, HAS_K_SMOOTH: tl.constexpr,
-    HAS_V_OFFSET: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    k_codes_ptr,
+    k_scales_ptr,
+    v_codes_ptr,
+    v_scales_ptr,
+    k_offset_ptr,
+    k_smooth_ptr,
+    v_offset_ptr,
+    rot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_sb,
+    stride_so,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BITS: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEG_W: tl.constexpr,
+    SEG_PAD: tl.constexpr,
+    RMS_STEP: tl.constexpr,
+    HAS_K_OFFSET: tl.constexpr,
+    HAS_K_SMOOTH: tl.constexpr,
+    HAS_V_OFFSET: tl.constexpr,
+    PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (tokens,): token ``t``'s K and V, all heads, into the turbo cache at ``slot[t]``
     (block ``slot // BLOCK_SIZE``, offset ``slot % BLOCK_SIZE``); slot < 0 skips it. Codes are
@@ -300,11 +482,53 @@ def store_turbo_kernel(
     h_mask = heads < NUM_KV_HEADS
     code_rows = blk * stride_cb + off * stride_co + heads.to(tl.int64) * stride_ch
     scale_rows = blk * stride_sb + off * stride_so + heads
-    _encode_rows(k_ptr, t * stride_kt + heads.to(tl.int64) * stride_kh, k_offset_ptr,
-                 k_smooth_ptr, rot_ptr, k_codes_ptr, k_scales_ptr, code_rows, scale_rows,
-                 heads, h_mask, HAS_K_OFFSET, HAS_K_SMOOTH, H_PAD, HEAD_DIM, D_PAD, K_CHUNK,
-                 BITS, SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
-    _encode_rows(v_ptr, t * stride_vt + heads.to(tl.int64) * stride_vh, v_offset_ptr,
-                 v_offset_ptr, rot_ptr, v_codes_ptr, v_scales_ptr, code_rows, scale_rows,
-                 heads, h_mask, HAS_V_OFFSET, False, H_PAD, HEAD_DIM, D_PAD, K_CHUNK, BITS,
-                 SEGMENTS, SEG_W, SEG_PAD, RMS_STEP, PRECISION)
+    _encode_rows(
+        k_ptr,
+        t * stride_kt + heads.to(tl.int64) * stride_kh,
+        k_offset_ptr,
+        k_smooth_ptr,
+        rot_ptr,
+        k_codes_ptr,
+        k_scales_ptr,
+        code_rows,
+        scale_rows,
+        heads,
+        h_mask,
+        HAS_K_OFFSET,
+        HAS_K_SMOOTH,
+        H_PAD,
+        HEAD_DIM,
+        D_PAD,
+        K_CHUNK,
+        BITS,
+        SEGMENTS,
+        SEG_W,
+        SEG_PAD,
+        RMS_STEP,
+        PRECISION,
+    )
+    _encode_rows(
+        v_ptr,
+        t * stride_vt + heads.to(tl.int64) * stride_vh,
+        v_offset_ptr,
+        v_offset_ptr,
+        rot_ptr,
+        v_codes_ptr,
+        v_scales_ptr,
+        code_rows,
+        scale_rows,
+        heads,
+        h_mask,
+        HAS_V_OFFSET,
+        False,
+        H_PAD,
+        HEAD_DIM,
+        D_PAD,
+        K_CHUNK,
+        BITS,
+        SEGMENTS,
+        SEG_W,
+        SEG_PAD,
+        RMS_STEP,
+        PRECISION,
+    )

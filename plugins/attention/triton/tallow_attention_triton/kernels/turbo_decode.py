@@ -29,22 +29,56 @@ from .turbo import load_nibble_halves, tile_scales
 
 
 # Step-dependent arguments are not specialized on: see tallow.kernels.jit.
-@step_jit(values=["window", "num_splits", "stride_bt"],
-          pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"])
+@step_jit(
+    values=["window", "num_splits", "stride_bt"],
+    pointers=["block_tables_ptr", "seq_lens_ptr", "qsl_ptr"],
+)
 def decode_nibbles_kernel(
-    q_ptr, k_codes_ptr, v_codes_ptr, k_scales_ptr, v_scales_ptr,
-    block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    out_ptr, part_acc_ptr, part_ml_ptr, sinks_ptr,
-    qk_scale, softcap, window, num_splits,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_co, stride_ch, stride_bt, stride_sb, stride_so,
-    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr,
+    q_ptr,
+    k_codes_ptr,
+    v_codes_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    sinks_ptr,
+    qk_scale,
+    softcap,
+    window,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    stride_sb,
+    stride_so,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    H_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    MIXED: tl.constexpr, SINGLE_SPLIT: tl.constexpr, F16_PRODUCTS: tl.constexpr,
-    UNPACK_IN_PTX: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    USE_SINKS: tl.constexpr, USE_PDL: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MIXED: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    F16_PRODUCTS: tl.constexpr,
+    UNPACK_IN_PTX: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Codes ``[blocks, bs, Hkv, D/2]`` (strides ``stride_c*``, bytes), scales float16
     ``[blocks, bs, Hkv]`` (strides ``stride_sb``, ``stride_so``, 1); ``q`` rotated as
@@ -88,31 +122,68 @@ def decode_nibbles_kernel(
     # The scales (2 bytes per token: too narrow for the asynchronous copies that bring the
     # code tiles in ahead of use) are read one tile ahead, so that their latency overlaps a
     # tile's work instead of stalling the scores.
-    k_scale, v_scale = tile_scales(k_scales_ptr, v_scales_ptr, bt_row, lo + t_begin * TILE_N,
-                                    seq_len, window_lo, t_begin < t_end, kv_head, stride_sb,
-                                    stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
+    k_scale, v_scale = tile_scales(
+        k_scales_ptr,
+        v_scales_ptr,
+        bt_row,
+        lo + t_begin * TILE_N,
+        seq_len,
+        window_lo,
+        t_begin < t_end,
+        kv_head,
+        stride_sb,
+        stride_so,
+        USE_WINDOW,
+        BLOCK_SIZE,
+        TILE_N,
+    )
     for t in range(t_begin, t_end):
         offs_n = lo + t * TILE_N + tl.arange(0, TILE_N)
         n_mask = offs_n < seq_len
         if USE_WINDOW:
             n_mask = n_mask & (offs_n >= window_lo)
-        code_off, _ = turbo_offsets(bt_row, offs_n, n_mask, stride_cb, stride_co,
-                                    code_head_off, stride_sb, stride_so, kv_head, BLOCK_SIZE)
-        k_lo, k_hi = load_nibble_halves(k_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
-                                        UNPACK_IN_PTX, q_lo.dtype)
+        code_off, _ = turbo_offsets(
+            bt_row,
+            offs_n,
+            n_mask,
+            stride_cb,
+            stride_co,
+            code_head_off,
+            stride_sb,
+            stride_so,
+            kv_head,
+            BLOCK_SIZE,
+        )
+        k_lo, k_hi = load_nibble_halves(
+            k_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF, UNPACK_IN_PTX, q_lo.dtype
+        )
         next_k_scale, next_v_scale = tile_scales(
-            k_scales_ptr, v_scales_ptr, bt_row, lo + (t + 1) * TILE_N, seq_len, window_lo,
-            t + 1 < t_end, kv_head, stride_sb, stride_so, USE_WINDOW, BLOCK_SIZE, TILE_N)
-        s = dot(q_lo, tl.trans(k_lo), PRECISION, UPCAST) \
-            + dot(q_hi, tl.trans(k_hi), PRECISION, UPCAST)
+            k_scales_ptr,
+            v_scales_ptr,
+            bt_row,
+            lo + (t + 1) * TILE_N,
+            seq_len,
+            window_lo,
+            t + 1 < t_end,
+            kv_head,
+            stride_sb,
+            stride_so,
+            USE_WINDOW,
+            BLOCK_SIZE,
+            TILE_N,
+        )
+        s = dot(q_lo, tl.trans(k_lo), PRECISION, UPCAST) + dot(
+            q_hi, tl.trans(k_hi), PRECISION, UPCAST
+        )
         s = s * k_scale[None, :]
         if USE_SOFTCAP:
             s = softcap * tanh(s * qk_scale)
         else:
             s = s * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        v_lo, v_hi = load_nibble_halves(v_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF,
-                                        UNPACK_IN_PTX, q_lo.dtype)
+        v_lo, v_hi = load_nibble_halves(
+            v_codes_ptr, code_off, offs_n, n_mask, offs_h, HALF, UNPACK_IN_PTX, q_lo.dtype
+        )
         pv, alpha, l_i, m_i = scaled_weights(l_i, m_i, s, v_scale, v_lo.dtype)
         acc_lo = acc_lo * alpha[:, None] + dot(pv, v_lo, PRECISION, UPCAST)
         acc_hi = acc_hi * alpha[:, None] + dot(pv, v_hi, PRECISION, UPCAST)

@@ -17,15 +17,30 @@ BLOCK_QUADS = 16
 
 
 @triton.jit
-def _dequant_kernel(q_ptr, s_ptr, out_ptr, N, n_quads, stride_q, stride_s, stride_out,
-                    global_scale, BR: tl.constexpr, BQ: tl.constexpr, NV: tl.constexpr):
+def _dequant_kernel(
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    N,
+    n_quads,
+    stride_q,
+    stride_s,
+    stride_out,
+    global_scale,
+    BR: tl.constexpr,
+    BQ: tl.constexpr,
+    NV: tl.constexpr,
+):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     quads = tl.program_id(1) * BQ + tl.arange(0, BQ)
     mask2 = (rows < N)[:, None] & (quads < n_quads)[None, :]
     r2 = rows.to(tl.int64)[:, None]
     u = tl.arange(0, 4)[None, None, :]
-    codes = tl.load(q_ptr + r2[:, :, None] * stride_q + quads[None, :, None] * 4 + u,
-                    mask=mask2[:, :, None], other=0)
+    codes = tl.load(
+        q_ptr + r2[:, :, None] * stride_q + quads[None, :, None] * 4 + u,
+        mask=mask2[:, :, None],
+        other=0,
+    )
     if NV:
         s0 = tl.load(s_ptr + r2 * stride_s + 2 * quads[None, :], mask=mask2, other=0)
         s1 = tl.load(s_ptr + r2 * stride_s + 2 * quads[None, :] + 1, mask=mask2, other=0)
@@ -53,7 +68,19 @@ def dequantize_triton(w: FP4Weight, dtype: torch.dtype) -> torch.Tensor:
         return out
     n_quads = w.cols // 32
     grid = (triton.cdiv(w.rows, BLOCK_ROWS), triton.cdiv(n_quads, BLOCK_QUADS))
-    _dequant_kernel[grid](w.codes, w.scales, out, w.rows, n_quads, w.codes.stride(0),
-                          w.scales.stride(0), out.stride(0), w.global_scale, BR=BLOCK_ROWS,
-                          BQ=BLOCK_QUADS, NV=w.kind == "nvfp4", num_warps=4)
+    _dequant_kernel[grid](
+        w.codes,
+        w.scales,
+        out,
+        w.rows,
+        n_quads,
+        w.codes.stride(0),
+        w.scales.stride(0),
+        out.stride(0),
+        w.global_scale,
+        BR=BLOCK_ROWS,
+        BQ=BLOCK_QUADS,
+        NV=w.kind == "nvfp4",
+        num_warps=4,
+    )
     return out

@@ -20,8 +20,14 @@ import triton
 import triton.language as tl
 
 from tallow.kernels import (
-    ACTIVATION_KINDS as KINDS, allow_next, load_activations, pdl_enabled, quad_launch_config as
-    launch_config, quad_tile_mask as tile_mask, step_jit, wait_prior,
+    ACTIVATION_KINDS as KINDS,
+    allow_next,
+    load_activations,
+    pdl_enabled,
+    quad_launch_config as launch_config,
+    quad_tile_mask as tile_mask,
+    step_jit,
+    wait_prior,
 )
 
 from ..layout import FP4Weight
@@ -33,8 +39,11 @@ def _load_tile(q_ptr, s_ptr, rows, quads, qmask, stride_q, stride_s, NV: tl.cons
     """Codes ``[BN, Q, 4]`` and scale bytes (``[BN, Q]``; NVFP4: the second group's too)."""
     u3 = tl.arange(0, 4)[None, None, :]
     r2 = rows[:, None]
-    codes = tl.load(q_ptr + rows[:, None, None] * stride_q + quads[:, :, None] * 4 + u3,
-                    mask=qmask[:, :, None], other=0)
+    codes = tl.load(
+        q_ptr + rows[:, None, None] * stride_q + quads[:, :, None] * 4 + u3,
+        mask=qmask[:, :, None],
+        other=0,
+    )
     if NV:
         s0 = tl.load(s_ptr + r2 * stride_s + 2 * quads, mask=qmask, other=0)
         s1 = tl.load(s_ptr + r2 * stride_s + 2 * quads + 1, mask=qmask, other=0)
@@ -45,10 +54,32 @@ def _load_tile(q_ptr, s_ptr, rows, quads, qmask, stride_q, stride_s, NV: tl.cons
 
 
 @step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
-def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym, stride_q,
-                 stride_s, global_scale, mag_mask, sign_mask, BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
-                 NV: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, GATE: tl.constexpr, USE_PDL: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    stride_q,
+    stride_s,
+    global_scale,
+    mag_mask,
+    sign_mask,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NV: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     m_blocks = tl.cdiv(M, BM)
     pid_m = tl.program_id(0) % m_blocks
     pid_n = tl.program_id(0) // m_blocks
@@ -62,8 +93,16 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
     xrow = x_ptr + offs_m.to(tl.int64)[:, None, None, None] * stride_xm
     m4 = m_ok[:, None, None, None]
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(q_ptr, s_ptr, rows, q_in, tile_mask(rows, q_in, N, n_quads, EVEN_N),
-                          stride_q, stride_s, NV)
+        tile = _load_tile(
+            q_ptr,
+            s_ptr,
+            rows,
+            q_in,
+            tile_mask(rows, q_in, N, n_quads, EVEN_N),
+            stride_q,
+            stride_s,
+            NV,
+        )
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
     acc = tl.zeros((BM, BN, Q), dtype=tl.float32)
@@ -71,11 +110,27 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
         quads = q0 + q_in
         if PREFETCH:
             nxt = quads + Q
-            upcoming = _load_tile(q_ptr, s_ptr, rows, nxt, tile_mask(rows, nxt, N, n_quads, EVEN_N),
-                                  stride_q, stride_s, NV)
+            upcoming = _load_tile(
+                q_ptr,
+                s_ptr,
+                rows,
+                nxt,
+                tile_mask(rows, nxt, N, n_quads, EVEN_N),
+                stride_q,
+                stride_s,
+                NV,
+            )
         else:
-            tile = _load_tile(q_ptr, s_ptr, rows, quads, tile_mask(rows, quads, N, n_quads, EVEN_N),
-                              stride_q, stride_s, NV)
+            tile = _load_tile(
+                q_ptr,
+                s_ptr,
+                rows,
+                quads,
+                tile_mask(rows, quads, N, n_quads, EVEN_N),
+                stride_q,
+                stride_s,
+                NV,
+            )
         codes, s0, s1 = tile
         cols = (quads * 32)[None, :, :, None] + u4[None, None, None, :]
         xmask = m4 & (quads < n_quads)[None, :, :, None]
@@ -84,11 +139,11 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
         for s in tl.static_range(4):  # slots s and s + 4: columns 4s + u and 16 + 4s + u
             lo, hi = e2m1_pair(codes, s, mag_mask, sign_mask)
             first += lo[None] * load_activations(xrow + cols + 4 * s, xmask, K, GATE, X_TY)
-            second += hi[None] * load_activations(xrow + cols + 16 + 4 * s, xmask, K, GATE,
-                                                  X_TY)
+            second += hi[None] * load_activations(xrow + cols + 16 + 4 * s, xmask, K, GATE, X_TY)
         if NV:  # the e4m3 scales; the global scale divides each output once, at the end
-            acc += e4m3_value(s0.to(tl.int32))[None] * tl.sum(first, axis=3) + \
-                e4m3_value(s1.to(tl.int32))[None] * tl.sum(second, axis=3)
+            acc += e4m3_value(s0.to(tl.int32))[None] * tl.sum(first, axis=3) + e4m3_value(
+                s1.to(tl.int32)
+            )[None] * tl.sum(second, axis=3)
         else:
             acc += scale_value(s0, global_scale, NV)[None] * tl.sum(first + second, axis=3)
         if PREFETCH:
@@ -111,16 +166,27 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_y
 #: 3.4 at four; NVFP4 6.1, 4.4 and 3.6. The warps are the fewest:
 #: :func:`tallow.kernels.quad_gemv.launch_config` adds warps along K where a shape launches too
 #: few programs to fill the GPU.
-DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
-                   8: (4, 2, 1, True), 16: (4, 2, 1, True)}
-NV_CONFIGS = {1: (1, 4, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
-              8: (4, 2, 1, True), 16: (4, 2, 1, True)}
+DEFAULT_CONFIGS = {
+    1: (1, 8, 1, True),
+    2: (2, 4, 1, True),
+    4: (4, 2, 1, True),
+    8: (4, 2, 1, True),
+    16: (4, 2, 1, True),
+}
+NV_CONFIGS = {
+    1: (1, 4, 1, True),
+    2: (2, 4, 1, True),
+    4: (4, 2, 1, True),
+    8: (4, 2, 1, True),
+    16: (4, 2, 1, True),
+}
 
 assert PAIR_FACTOR == 1.0 / 16384.0  # the kernel's last multiplication undoes it
 
 
-def gemv_config(m: int, n: int, k: int, nv: bool = False,
-                device: torch.device | None = None) -> tuple[int, int, int, bool]:
+def gemv_config(
+    m: int, n: int, k: int, nv: bool = False, device: torch.device | None = None
+) -> tuple[int, int, int, bool]:
     """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16) by an ``[n, k]`` weight
     (``nv``: NVFP4) on ``device`` (default: the current CUDA device); the warps along K from
     :func:`tallow.kernels.quad_gemv.launch_config`."""
@@ -132,9 +198,14 @@ def gemv_config(m: int, n: int, k: int, nv: bool = False,
     return launch_config(table[bucket], m, n, k // 32, device)
 
 
-def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None, *,
-                gate: str | None = None,
-                config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+def gemv_triton(
+    x: torch.Tensor,
+    w: FP4Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    gate: str | None = None,
+    config: tuple[int, int, int, bool] | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` → ``[M, N]`` in x's dtype (``x [M, 2K]``, ``[gate | up]``,
     with ``gate``). ``config`` is ``(BM, BN, warps, prefetch)``."""
     m = x.shape[0]
@@ -148,11 +219,32 @@ def gemv_triton(x: torch.Tensor, w: FP4Weight, bias: torch.Tensor | None = None,
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
-        x, w.codes, w.scales, bias if bias is not None else w.scales, out, m, n, k,
-        x.stride(0), out.stride(0), w.codes.stride(0), w.scales.stride(0), w.global_scale,
-        PAIR_MAGNITUDES, PAIR_SIGNS,
-        BM=bm, BN=bn, Q=32 * warps, NV=w.kind == "nvfp4", PREFETCH=prefetch,
-        EVEN_N=n % bn == 0, HAS_BIAS=bias is not None,
-        GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl, num_warps=warps,
-        num_stages=1, launch_pdl=use_pdl)
+        x,
+        w.codes,
+        w.scales,
+        bias if bias is not None else w.scales,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        w.codes.stride(0),
+        w.scales.stride(0),
+        w.global_scale,
+        PAIR_MAGNITUDES,
+        PAIR_SIGNS,
+        BM=bm,
+        BN=bn,
+        Q=32 * warps,
+        NV=w.kind == "nvfp4",
+        PREFETCH=prefetch,
+        EVEN_N=n % bn == 0,
+        HAS_BIAS=bias is not None,
+        GATE=-1 if gate is None else KINDS[gate],
+        USE_PDL=use_pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=use_pdl,
+    )
     return out

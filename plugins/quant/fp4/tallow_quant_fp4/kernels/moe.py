@@ -28,8 +28,18 @@ from .decode import e2m1, scale_value
 
 
 @triton.jit
-def _mx_rows_dot(w_ptr, s_ptr, x_ptr, offs_n, n_mask, n_groups, stride_wn, stride_sn,
-                 BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+def _mx_rows_dot(
+    w_ptr,
+    s_ptr,
+    x_ptr,
+    offs_n,
+    n_mask,
+    n_groups,
+    stride_wn,
+    stride_sn,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
     """float32 ``[BLOCK_N]``: rows ``offs_n`` of an MXFP4 matrix (bytes at ``w_ptr``, scale
     bytes at ``s_ptr``) times the ``32 * n_groups`` activations at ``x_ptr``."""
     offs_g = tl.arange(0, GROUPS)
@@ -40,24 +50,52 @@ def _mx_rows_dot(w_ptr, s_ptr, x_ptr, offs_n, n_mask, n_groups, stride_wn, strid
         g = g0 + offs_g
         g_mask = g < n_groups
         mask3 = n_mask[:, None, None] & g_mask[None, :, None]
-        byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + g[None, :, None] * 16
-                       + offs_b[None, None, :], mask=mask3, other=0).to(tl.int32)
-        x_even = tl.load(x_ptr + g[:, None] * 32 + offs_b[None, :] * 2, mask=g_mask[:, None],
-                         other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptr + g[:, None] * 32 + offs_b[None, :] * 2 + 1,
-                        mask=g_mask[:, None], other=0.0).to(tl.float32)
+        byte = tl.load(
+            w_ptr + rows[:, None, None] * stride_wn + g[None, :, None] * 16 + offs_b[None, None, :],
+            mask=mask3,
+            other=0,
+        ).to(tl.int32)
+        x_even = tl.load(
+            x_ptr + g[:, None] * 32 + offs_b[None, :] * 2, mask=g_mask[:, None], other=0.0
+        ).to(tl.float32)
+        x_odd = tl.load(
+            x_ptr + g[:, None] * 32 + offs_b[None, :] * 2 + 1, mask=g_mask[:, None], other=0.0
+        ).to(tl.float32)
         part = tl.sum(e2m1(byte) * x_even[None, :, :] + e2m1(byte >> 4) * x_odd[None, :, :], 2)
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + g[None, :],
-                    mask=n_mask[:, None] & g_mask[None, :], other=0)
+        s = tl.load(
+            s_ptr + rows[:, None] * stride_sn + g[None, :],
+            mask=n_mask[:, None] & g_mask[None, :],
+            other=0,
+        )
         acc += part * scale_value(s, 1.0, False)
     return tl.sum(acc, 1)
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, N, n_groups, alpha, limit,
-                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be,
-                    stride_om, TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+def _gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    bias_ptr,
+    out_ptr,
+    ids_ptr,
+    N,
+    n_groups,
+    alpha,
+    limit,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_be,
+    stride_om,
+    TOP_K: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
     row = tl.program_id(0)  # token * TOP_K + slot
     expert = tl.load(ids_ptr + row).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,22 +104,40 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, N, n_groups
     w = w_ptr + expert * stride_we
     s = s_ptr + expert * stride_se
     gate = _mx_rows_dot(w, s, x, offs_n, n_mask, n_groups, stride_wn, stride_sn, BLOCK_N, GROUPS)
-    up = _mx_rows_dot(w, s, x, offs_n + N, n_mask, n_groups, stride_wn, stride_sn, BLOCK_N,
-                      GROUPS)
+    up = _mx_rows_dot(w, s, x, offs_n + N, n_mask, n_groups, stride_wn, stride_sn, BLOCK_N, GROUPS)
     if HAS_BIAS:
         b = bias_ptr + expert * stride_be
         gate += tl.load(b + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         up += tl.load(b + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     h = moe_activate(gate, up, alpha, limit, ACT)
-    tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n,
-             h.to(out_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(
+        out_ptr + row.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=n_mask
+    )
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N, n_groups,
-                 stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
-                 TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUPS: tl.constexpr):
+def _down_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    bias_ptr,
+    out_ptr,
+    ids_ptr,
+    topk_w_ptr,
+    N,
+    n_groups,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_be,
+    stride_om,
+    TOP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
     token = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -89,21 +145,47 @@ def _down_kernel(a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, topk_w_ptr, N,
     for slot in range(TOP_K):
         row = token * TOP_K + slot
         expert = tl.load(ids_ptr + row).to(tl.int64)
-        y = _mx_rows_dot(w_ptr + expert * stride_we, s_ptr + expert * stride_se,
-                         a_ptr + row.to(tl.int64) * stride_am, offs_n, n_mask, n_groups,
-                         stride_wn, stride_sn, BLOCK_N, GROUPS)
+        y = _mx_rows_dot(
+            w_ptr + expert * stride_we,
+            s_ptr + expert * stride_se,
+            a_ptr + row.to(tl.int64) * stride_am,
+            offs_n,
+            n_mask,
+            n_groups,
+            stride_wn,
+            stride_sn,
+            BLOCK_N,
+            GROUPS,
+        )
         if HAS_BIAS:
-            y += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask,
-                         other=0.0).to(tl.float32)
+            y += tl.load(bias_ptr + expert * stride_be + offs_n, mask=n_mask, other=0.0).to(
+                tl.float32
+            )
         total += y * tl.load(topk_w_ptr + row).to(tl.float32)
-    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n,
-             total.to(out_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(
+        out_ptr + token.to(tl.int64) * stride_om + offs_n,
+        total.to(out_ptr.dtype.element_ty),
+        mask=n_mask,
+    )
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, s_ptr, used_ptr, out_ptr, R, n_groups, stride_we, stride_wn,
-                    stride_se, stride_sn, stride_oe, stride_on, BLOCK_R: tl.constexpr,
-                    GROUPS: tl.constexpr):
+def _dequant_kernel(
+    w_ptr,
+    s_ptr,
+    used_ptr,
+    out_ptr,
+    R,
+    n_groups,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_oe,
+    stride_on,
+    BLOCK_R: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
     expert = tl.program_id(0)
     if tl.load(used_ptr + expert) == 0:
         return  # no token is routed to this expert: its workspace rows are never read
@@ -117,11 +199,22 @@ def _dequant_kernel(w_ptr, s_ptr, used_ptr, out_ptr, R, n_groups, stride_we, str
         g = g0 + offs_g
         mask2 = r_mask[:, None] & (g < n_groups)[None, :]
         mask3 = mask2[:, :, None]
-        byte = tl.load(w_ptr + e64 * stride_we + r64[:, None, None] * stride_wn
-                       + g[None, :, None] * 16 + offs_b[None, None, :], mask=mask3,
-                       other=0).to(tl.int32)
-        s = scale_value(tl.load(s_ptr + e64 * stride_se + r64[:, None] * stride_sn + g[None, :],
-                                mask=mask2, other=0), 1.0, False)[:, :, None]
+        byte = tl.load(
+            w_ptr
+            + e64 * stride_we
+            + r64[:, None, None] * stride_wn
+            + g[None, :, None] * 16
+            + offs_b[None, None, :],
+            mask=mask3,
+            other=0,
+        ).to(tl.int32)
+        s = scale_value(
+            tl.load(
+                s_ptr + e64 * stride_se + r64[:, None] * stride_sn + g[None, :], mask=mask2, other=0
+            ),
+            1.0,
+            False,
+        )[:, :, None]
         col = g[None, :, None] * 32 + offs_b[None, None, :] * 2
         dst = out_ptr + e64 * stride_oe + r64[:, None, None] * stride_on + col
         ty = out_ptr.dtype.element_ty

@@ -30,4 +30,3 @@ def quantize_value(x, scale):
     q = tl.math.div_rn(x, scale)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     return round_to_e4m3(q).to(tl.float8e4nv)
-

@@ -27,11 +27,32 @@ A_FLOAT, A_ROW, A_GROUP = 0, 1, 2
 
 
 @step_jit(values=("M",))
-def _gemm_kernel(a_ptr, sa_ptr, w_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, stride_am, stride_sam,
-                 stride_sag, stride_wn, stride_swn, stride_ym, A_SCALES: tl.constexpr,
-                 BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _gemm_kernel(
+    a_ptr,
+    sa_ptr,
+    w_ptr,
+    sw_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_sam,
+    stride_sag,
+    stride_wn,
+    stride_swn,
+    stride_ym,
+    A_SCALES: tl.constexpr,
+    BLOCKWISE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -63,8 +84,9 @@ def _gemm_kernel(a_ptr, sa_ptr, w_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, stride_am,
         part = tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
         if BLOCKWISE or A_SCALES == 2:  # BLOCK_K == 128: one group of columns
             if A_SCALES == 2:
-                sa = tl.load(sa_ptr + offs_m * stride_sam + (k // 128) * stride_sag,
-                             mask=m_mask, other=0.0)
+                sa = tl.load(
+                    sa_ptr + offs_m * stride_sam + (k // 128) * stride_sag, mask=m_mask, other=0.0
+                )
                 part = part * sa[:, None]
             if BLOCKWISE:
                 part = part * tl.load(sw_row + k // 128)
@@ -90,9 +112,15 @@ def gemm_config(m: int, a_fp8: bool, k_steps_of_128: bool) -> tuple[int, int, in
     return 128, 128, block_k, 8, 3
 
 
-def gemm_triton(a: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
-                a_scales: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+def gemm_triton(
+    a: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    a_scales: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
+) -> torch.Tensor:
     """``a [M, K]`` times the weight → ``[M, N]`` of ``out_dtype`` (default a's dtype). ``a``
     is e4m3 with ``a_scales`` (float32 ``[M, 1]`` or ``[M, K / 128]``, any strides), or float
     activations without."""
@@ -108,24 +136,47 @@ def gemm_triton(a: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = 
         if out_dtype is None:
             raise ValueError("fp8 GEMM: e4m3 activations need an out_dtype")
     if (weight.block or mode == A_GROUP) and k % BLOCK:
-        raise ValueError(f"fp8 GEMM: scales per {BLOCK} columns need K a multiple of {BLOCK}, "
-                         f"got {k}")
+        raise ValueError(
+            f"fp8 GEMM: scales per {BLOCK} columns need K a multiple of {BLOCK}, got {k}"
+        )
     block_m, block_n, block_k, warps, stages = config or gemm_config(
-        m, mode != A_FLOAT, weight.block or mode == A_GROUP)
+        m, mode != A_FLOAT, weight.block or mode == A_GROUP
+    )
     if weight.block and BLOCK % block_n:
-        raise ValueError(f"fp8 GEMM: block-wise weights need BLOCK_N dividing {BLOCK}, got "
-                         f"{block_n}")
+        raise ValueError(
+            f"fp8 GEMM: block-wise weights need BLOCK_N dividing {BLOCK}, got {block_n}"
+        )
     y = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if m == 0:
         return y
     sa = a_scales if a_scales is not None else weight.scale
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _gemm_kernel[grid](
-        a, sa, weight.data, weight.scale, bias if bias is not None else weight.scale, y,
-        m, n, k, a.stride(0), sa.stride(0), sa.stride(1) if sa.dim() == 2 else 0,
-        weight.data.stride(0), weight.scale.stride(0), y.stride(0), A_SCALES=mode,
-        BLOCKWISE=weight.block, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, GROUP_M=8, EVEN_K=k % block_k == 0,
+        a,
+        sa,
+        weight.data,
+        weight.scale,
+        bias if bias is not None else weight.scale,
+        y,
+        m,
+        n,
+        k,
+        a.stride(0),
+        sa.stride(0),
+        sa.stride(1) if sa.dim() == 2 else 0,
+        weight.data.stride(0),
+        weight.scale.stride(0),
+        y.stride(0),
+        A_SCALES=mode,
+        BLOCKWISE=weight.block,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        EVEN_K=k % block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages)
+        num_warps=warps,
+        num_stages=stages,
+    )
     return y

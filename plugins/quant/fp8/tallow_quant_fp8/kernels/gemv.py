@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 
 from tallow.kernels import (
-    GEMV_MAX_ROWS as MAX_ROWS, gemv_config as _core_config, gemv_triton as _core_gemv,
+    GEMV_MAX_ROWS as MAX_ROWS,
+    gemv_config as _core_config,
+    gemv_triton as _core_gemv,
 )
 
 from ..weights import FP8, Fp8Weight
@@ -28,9 +30,14 @@ def gemv_config(m: int, n: int, k: int, blockwise: bool) -> tuple[int, int, int,
     return _core_config(m, n, k, FP8, blockwise)
 
 
-def gemv_triton(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
-                gate: str | None = None,
-                config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def gemv_triton(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    gate: str | None = None,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ (q * s).T (+ bias)`` → ``[M, N]`` in x's dtype, M ≤ 16; with ``gate`` x is
     ``[M, 2K]`` (``[gate | up]``). ``config`` overrides :func:`gemv_config` (benchmarks)."""
     return _core_gemv(x, weight.data, bias, scale=weight.scale, gate=gate, config=config)

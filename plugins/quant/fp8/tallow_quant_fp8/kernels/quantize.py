@@ -41,9 +41,23 @@ def _load(x_ptrs, mask, K, GATE: tl.constexpr, X_TY: tl.constexpr):
 
 
 @step_jit(values=("M",))
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, static_ptr, M, K, stride_xm, stride_qm, stride_sm,
-                     stride_sg, GROUP: tl.constexpr, CHUNK: tl.constexpr, STATIC: tl.constexpr,
-                     GATE: tl.constexpr, MIN_S: tl.constexpr):
+def _quantize_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    static_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_qm,
+    stride_sm,
+    stride_sg,
+    GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    STATIC: tl.constexpr,
+    GATE: tl.constexpr,
+    MIN_S: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     q_row = q_ptr + row * stride_qm
@@ -63,8 +77,7 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, static_ptr, M, K, stride_xm, stride_qm
             q = quantize_value(xg, scale[:, None])
             tl.store(q_row + k + offs, tl.reshape(q, (CHUNK,)), mask=mask)
             groups = k // GROUP + tl.arange(0, G)
-            tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale,
-                     mask=groups * GROUP < K)
+            tl.store(s_ptr + row * stride_sm + groups * stride_sg, scale, mask=groups * GROUP < K)
     else:
         if STATIC:
             scale = tl.load(static_ptr)
@@ -81,10 +94,15 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, static_ptr, M, K, stride_xm, stride_qm
         tl.store(s_ptr + row * stride_sm, scale)
 
 
-def quantize_activations_triton(x: torch.Tensor, *, group: int | None = None,
-                                static_scale: torch.Tensor | None = None,
-                                gate: str | None = None, scales_column_major: bool = False,
-                                row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations_triton(
+    x: torch.Tensor,
+    *,
+    group: int | None = None,
+    static_scale: torch.Tensor | None = None,
+    gate: str | None = None,
+    scales_column_major: bool = False,
+    row_multiple: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (or ``[M, 2K]`` with ``gate``) as (e4m3 ``[M, K]``, float32 scales
     ``[M, G]``), G = 1 per token (``group`` None) or ``K / 128``; ``static_scale`` a float32
     one-element tensor. ``scales_column_major`` lays the scales out with stride ``(1, M)``.
@@ -94,8 +112,9 @@ def quantize_activations_triton(x: torch.Tensor, *, group: int | None = None,
     rows = -(-m // row_multiple) * row_multiple
     k = width // 2 if gate is not None else width
     if group is not None and (group != BLOCK or k % BLOCK):
-        raise ValueError(f"activation groups must be {BLOCK} columns dividing K, got group "
-                         f"{group} for K = {k}")
+        raise ValueError(
+            f"activation groups must be {BLOCK} columns dividing K, got group {group} for K = {k}"
+        )
     if x.stride(1) != 1:
         x = x.contiguous()
     groups = 1 if group is None else k // group
@@ -111,8 +130,21 @@ def quantize_activations_triton(x: torch.Tensor, *, group: int | None = None,
         return q, scales
     chunk = min(_CHUNK, max(BLOCK, triton.next_power_of_2(k)))
     _quantize_kernel[(m,)](
-        x, q, scales, static_scale if static_scale is not None else scales, m, k, x.stride(0),
-        q.stride(0), scales.stride(0), scales.stride(1), GROUP=group or 0, CHUNK=chunk,
-        STATIC=static_scale is not None, GATE=-1 if gate is None else KINDS[gate],
-        MIN_S=MIN_SCALE, num_warps=4 if chunk >= 1024 else 2)
+        x,
+        q,
+        scales,
+        static_scale if static_scale is not None else scales,
+        m,
+        k,
+        x.stride(0),
+        q.stride(0),
+        scales.stride(0),
+        scales.stride(1),
+        GROUP=group or 0,
+        CHUNK=chunk,
+        STATIC=static_scale is not None,
+        GATE=-1 if gate is None else KINDS[gate],
+        MIN_S=MIN_SCALE,
+        num_warps=4 if chunk >= 1024 else 2,
+    )
     return q, scales

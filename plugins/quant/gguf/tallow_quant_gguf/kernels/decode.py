@@ -38,8 +38,18 @@ _LUTS: dict[torch.device, torch.Tensor] = {}
 def type_constants(p: PackedWeight) -> dict[str, Any]:
     """The ``tl.constexpr`` arguments describing ``p``'s type to the kernels."""
     qt = p.qtype
-    return dict(NIB=qt.nib, PAIR=qt.pair, BIT=qt.bit, BYTE=qt.byte, OFFSET=qt.offset,
-                LUT=qt.lut, GROUP=qt.group, QBLOCK=qt.block, SCALES=qt.scales, MINS=qt.mins)
+    return dict(
+        NIB=qt.nib,
+        PAIR=qt.pair,
+        BIT=qt.bit,
+        BYTE=qt.byte,
+        OFFSET=qt.offset,
+        LUT=qt.lut,
+        GROUP=qt.group,
+        QBLOCK=qt.block,
+        SCALES=qt.scales,
+        MINS=qt.mins,
+    )
 
 
 def quads_per_chunk(p: PackedWeight) -> int:
@@ -54,29 +64,38 @@ def plane_args(p: PackedWeight) -> tuple[list[torch.Tensor], list[int]]:
     planes = p.planes
     some = planes["d"]
     ptrs = [planes.get(name, some) for name in _PLANES]
-    strides = [planes[name].stride(0) if name in planes else 0
-               for name in ("nib", "pair", "bit", "byte", "d", "sc")]
+    strides = [
+        planes[name].stride(0) if name in planes else 0
+        for name in ("nib", "pair", "bit", "byte", "d", "sc")
+    ]
     return ptrs + [iq4_table(some.device)], strides
 
 
-def per_device(cache: dict, device: torch.device, make: Callable[[], torch.Tensor],
-               what: str) -> torch.Tensor:
+def per_device(
+    cache: dict, device: torch.device, make: Callable[[], torch.Tensor], what: str
+) -> torch.Tensor:
     """``cache[device]``, made by ``make()`` the first time: before any CUDA-graph capture (the
     engine runs each shape eagerly first, and ``ops.warm_up`` makes them at load), since an
     allocation inside a capture would belong to the graph."""
     buf = cache.get(device)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"tallow-quant-gguf: the {what} of {device} was first needed "
-                               "inside a CUDA-graph capture; run the kernels once eagerly first")
+            raise RuntimeError(
+                f"tallow-quant-gguf: the {what} of {device} was first needed "
+                "inside a CUDA-graph capture; run the kernels once eagerly first"
+            )
         buf = cache[device] = make()
     return buf
 
 
 def iq4_table(device: torch.device) -> torch.Tensor:
     """The IQ4 value table on ``device``, made once per device."""
-    return per_device(_LUTS, device, lambda: torch.tensor(IQ4_VALUES, dtype=torch.float32,
-                                                          device=device), "IQ4 table")
+    return per_device(
+        _LUTS,
+        device,
+        lambda: torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device),
+        "IQ4 table",
+    )
 
 
 @triton.jit
@@ -87,10 +106,25 @@ def quad_range(pid_k, quads_per_split, K, BYTE: tl.constexpr):
 
 
 @triton.jit
-def load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, quads3, u3, mask3,
-               s_nib, s_pair, s_bit, s_byte,
-               NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-               MASKED: tl.constexpr):
+def load_codes(
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    r3,
+    quads3,
+    u3,
+    mask3,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """The code planes of a tile: row indices ``r3``, quads ``quads3`` and words ``u3`` that
     broadcast to the tile's shape (``[BN, Q, 4]``, or ``[entries, 4]``); int32 tensors (a
     scalar zero for the planes the type lacks). With ``MASKED`` the entries outside ``mask3``
@@ -112,10 +146,27 @@ def load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, r3, quads3, u3, mask3,
 
 
 @triton.jit
-def load_code_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows, row_mask, q0, q_end,
-                   s_nib, s_pair, s_bit, s_byte, BN: tl.constexpr, Q: tl.constexpr,
-                   NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
-                   BYTE: tl.constexpr, EVEN: tl.constexpr):
+def load_code_tile(
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    rows,
+    row_mask,
+    q0,
+    q_end,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """The code planes of rows ``rows [BN]`` and quads ``q0 .. q0 + Q`` as ``[BN, Q, 4]``
     int32 tiles. Each is loaded as a ``[BN, 4Q]`` row-major tile, whose words are contiguous
     along the rows of the tile, so that every Triton version lays it out the same way (16-byte
@@ -126,9 +177,25 @@ def load_code_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows, row_mask, q0, q_e
         mask = None
     else:
         mask = row_mask[:, None] & (col < q_end * 4)[None, :]
-    nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows[:, None], 0,
-                                      col[None, :], mask, s_nib, s_pair, s_bit, s_byte, NIB,
-                                      PAIR, BIT, BYTE, not EVEN)
+    nib, pair, bit, byte = load_codes(
+        nib_ptr,
+        pair_ptr,
+        bit_ptr,
+        byte_ptr,
+        rows[:, None],
+        0,
+        col[None, :],
+        mask,
+        s_nib,
+        s_pair,
+        s_bit,
+        s_byte,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        not EVEN,
+    )
     if BYTE:
         byte = tl.reshape(byte, (BN, Q, 4))
     if NIB:
@@ -161,8 +228,17 @@ def slot_columns(quads3, u3, S: tl.constexpr, BYTE: tl.constexpr):
 
 
 @triton.jit
-def slot_code(nib, pair, bit, byte, S: tl.constexpr, NIB: tl.constexpr, PAIR: tl.constexpr,
-              BIT: tl.constexpr, BYTE: tl.constexpr):
+def slot_code(
+    nib,
+    pair,
+    bit,
+    byte,
+    S: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+):
     """The integer codes ``q`` of slot ``S`` (int32, the tile's shape; slots ``0..3`` of a
     byte quad, ``0..7`` of the others)."""
     if BYTE:
@@ -190,9 +266,22 @@ def slot_values(q, lut_ptr, OFFSET: tl.constexpr, LUT: tl.constexpr):
 
 
 @triton.jit
-def load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, chunks2, mask2, s_d, s_sc,
-                      GROUP: tl.constexpr, QBLOCK: tl.constexpr, SCALES: tl.constexpr,
-                      MINS: tl.constexpr, MASKED: tl.constexpr):
+def load_group_fields(
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    r2,
+    chunks2,
+    mask2,
+    s_d,
+    s_sc,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """The scale fields of a ``[BN, Q]`` tile as stored: ``(d, dm, sc0, sc1, mn)`` for row
     offsets ``r2 [BN, 1]`` and the chunks ``chunks2 [1, Q]`` of the tile's quads; ``sc0`` and
     ``sc1`` are the sub-scales of the chunk's two 16-element groups (the same byte when
@@ -245,9 +334,23 @@ def group_scales(d, dm, sc, mn, SCALES: tl.constexpr, MINS: tl.constexpr):
 
 
 @triton.jit
-def slot_weights(nib, pair, bit, byte, lut_ptr, scale, low_min, S: tl.constexpr,
-                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                 OFFSET: tl.constexpr, LUT: tl.constexpr, MINS: tl.constexpr):
+def slot_weights(
+    nib,
+    pair,
+    bit,
+    byte,
+    lut_ptr,
+    scale,
+    low_min,
+    S: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    MINS: tl.constexpr,
+):
     """The decoded weights of slot ``S`` in float32: ``scale * f(q) - low_min``, ``scale`` and
     ``low_min`` being the ``[BN, G]`` values of the slot's group."""
     q = slot_code(nib, pair, bit, byte, S, NIB, PAIR, BIT, BYTE)

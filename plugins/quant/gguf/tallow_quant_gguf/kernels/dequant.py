@@ -68,8 +68,9 @@ def _byte_to_bits_15(w, k, PTX: tl.constexpr):
     bits 15..22. On a GPU one funnel shift (``PTX``; LLVM does not find it in the shifts),
     under the interpreter the two shifts."""
     if PTX:
-        t = tl.inline_asm_elementwise("shf.r.wrap.b32 $0, $1, $1, $2;", "=r,r,r", [w, k],
-                                      dtype=tl.int32, is_pure=True, pack=1)
+        t = tl.inline_asm_elementwise(
+            "shf.r.wrap.b32 $0, $1, $1, $2;", "=r,r,r", [w, k], dtype=tl.int32, is_pure=True, pack=1
+        )
     else:
         v = w.to(tl.uint32, bitcast=True)
         t = ((v >> k) | (v << ((32 - k) & 31))).to(tl.int32, bitcast=True)
@@ -77,9 +78,20 @@ def _byte_to_bits_15(w, k, PTX: tl.constexpr):
 
 
 @triton.jit
-def _plane_codes(nib_ptr, pair_ptr, bit_ptr, off_nib, off_pair, off_bit, mask, s,
-                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
-                 MASKED: tl.constexpr):
+def _plane_codes(
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    off_nib,
+    off_pair,
+    off_bit,
+    mask,
+    s,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """Integer codes of slot ``s`` (a per-piece tensor) assembled from the code planes."""
     if NIB:
         q = (_load(nib_ptr + off_nib, mask, MASKED) >> (4 * s)) & 15
@@ -107,8 +119,18 @@ def _code_values(q, lut_ptr, OFFSET: tl.constexpr, LUT: tl.constexpr):
 
 
 @triton.jit
-def _piece_scales(d_ptr, dm_ptr, sc_ptr, mn_ptr, off_d, off_sc, mask, SCALES: tl.constexpr,
-                  MINS: tl.constexpr, MASKED: tl.constexpr):
+def _piece_scales(
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    off_d,
+    off_sc,
+    mask,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """Scale and min (float32, ``[BN, J]``) of each piece's group: ``d * sc`` and ``dm * mn``
     as ggml forms them (the min is meaningless when the type has none)."""
     d = _load(d_ptr + off_d, mask, MASKED).to(tl.float32)
@@ -137,16 +159,48 @@ def _scaled(f, scale, low_min, MINS: tl.constexpr):
 
 
 @step_jit(values=["n_rows"], pointers=["ids_ptr", "out_ptr"])
-def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                    lut_ptr, ids_ptr, out_ptr, n_rows, n_chunks, stride_out,
-                    s_nib, s_pair, s_bit, s_byte, s_d, s_sc,
-                    mask_lo, mask_hi, magic_lo, magic_hi,
-                    GATHER: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
-                    EVEN: tl.constexpr, BITS: tl.constexpr, PTX: tl.constexpr,
-                    NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
-                    BYTE: tl.constexpr,
-                    OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                    QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr):
+def _dequant_kernel(
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    ids_ptr,
+    out_ptr,
+    n_rows,
+    n_chunks,
+    stride_out,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    GATHER: tl.constexpr,
+    BN: tl.constexpr,
+    C: tl.constexpr,
+    EVEN: tl.constexpr,
+    BITS: tl.constexpr,
+    PTX: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+):
     # Everything that depends only on the column block is computed once: per piece (``J`` of
     # them per tile row) its chunk, part, group, block and code words; per tile row ``i`` and
     # plane, the offset of row ``i`` of the block. A step adds the block's first row.
@@ -191,9 +245,18 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
             base3 = base1
         mask2 = row_ok[:, None] & col_ok
         mask3 = mask2[:, :, None]
-        scale, low_min = _piece_scales(d_ptr + base1 * s_d, dm_ptr + base1 * s_d,
-                                       sc_ptr + base1 * s_sc, mn_ptr + base1 * s_sc,
-                                       off_d, off_sc, mask2, SCALES, MINS, not EVEN)
+        scale, low_min = _piece_scales(
+            d_ptr + base1 * s_d,
+            dm_ptr + base1 * s_d,
+            sc_ptr + base1 * s_sc,
+            mn_ptr + base1 * s_sc,
+            off_d,
+            off_sc,
+            mask2,
+            SCALES,
+            MINS,
+            not EVEN,
+        )
         if BITS and BYTE:  # each half of the piece: byte `part` of 4 of the chunk's words
             code_ptr = byte_ptr + base3 * s_byte
             codes0 = _load(code_ptr + off_code, mask3, not EVEN)
@@ -209,12 +272,34 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
             f1 = _as_float(t, mask_hi, magic_hi) - (16.0 + OFFSET)
         else:
             slot = 2 * part3
-            q0 = _plane_codes(nib_ptr + base3 * s_nib, pair_ptr + base3 * s_pair,
-                              bit_ptr + base3 * s_bit, off_code, off_pair, off_bit, mask3,
-                              slot, NIB, PAIR, BIT, not EVEN)
-            q1 = _plane_codes(nib_ptr + base3 * s_nib, pair_ptr + base3 * s_pair,
-                              bit_ptr + base3 * s_bit, off_code, off_pair, off_bit, mask3,
-                              slot + 1, NIB, PAIR, BIT, not EVEN)
+            q0 = _plane_codes(
+                nib_ptr + base3 * s_nib,
+                pair_ptr + base3 * s_pair,
+                bit_ptr + base3 * s_bit,
+                off_code,
+                off_pair,
+                off_bit,
+                mask3,
+                slot,
+                NIB,
+                PAIR,
+                BIT,
+                not EVEN,
+            )
+            q1 = _plane_codes(
+                nib_ptr + base3 * s_nib,
+                pair_ptr + base3 * s_pair,
+                bit_ptr + base3 * s_bit,
+                off_code,
+                off_pair,
+                off_bit,
+                mask3,
+                slot + 1,
+                NIB,
+                PAIR,
+                BIT,
+                not EVEN,
+            )
             f0 = _code_values(q0, lut_ptr, OFFSET, LUT)
             f1 = _code_values(q1, lut_ptr, OFFSET, LUT)
         w0 = _scaled(f0, scale, low_min, MINS)
@@ -228,17 +313,22 @@ def _dequant_kernel(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
             tl.store(out, w.to(out_ptr.dtype.element_ty), mask=mask3)
 
 
-def dequantize_triton(p: PackedWeight, dtype: torch.dtype = torch.float32,
-                      ids: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_triton(
+    p: PackedWeight,
+    dtype: torch.dtype = torch.float32,
+    ids: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[rows, cols]`` in ``dtype`` (rows ``ids`` only, when given: ``[len(ids), cols]``).
     ``out`` (a ``[n, cols]`` tensor whose rows are contiguous) receives the values in place."""
     n = p.rows if ids is None else ids.numel()
     if out is None:
         out = torch.empty(n, p.cols, dtype=dtype, device=p.device)
     if out.shape != (n, p.cols) or out.stride(1) != 1:
-        raise ValueError(f"dequantize: out must be [{n}, {p.cols}] with contiguous rows, got "
-                         f"{tuple(out.shape)} with strides {out.stride()}")
+        raise ValueError(
+            f"dequantize: out must be [{n}, {p.cols}] with contiguous rows, got "
+            f"{tuple(out.shape)} with strides {out.stride()}"
+        )
     if n == 0:
         return out
     ptrs, strides = plane_args(p)
@@ -246,12 +336,24 @@ def dequantize_triton(p: PackedWeight, dtype: torch.dtype = torch.float32,
     n_chunks = p.cols // 32
     row_blocks = triton.cdiv(n, BLOCK_ROWS)
     grid = (triton.cdiv(row_blocks, ROW_STEPS), triton.cdiv(n_chunks, BLOCK_CHUNKS))
-    _dequant_kernel[grid](*ptrs, ids_arg, out, n, n_chunks, out.stride(0), *strides,
-                          GATHER=ids is not None, BN=BLOCK_ROWS, C=BLOCK_CHUNKS,
-                          *bit_constants(p.qtype.byte),
-                          EVEN=n % BLOCK_ROWS == 0 and n_chunks % BLOCK_CHUNKS == 0,
-                          BITS=bits_mode(p), PTX=not interpreting(), **type_constants(p),
-                          num_warps=WARPS,
-                          # separate multiplies and subtractions: ggml's exact values
-                          enable_fp_fusion=False)
+    _dequant_kernel[grid](
+        *ptrs,
+        ids_arg,
+        out,
+        n,
+        n_chunks,
+        out.stride(0),
+        *strides,
+        GATHER=ids is not None,
+        BN=BLOCK_ROWS,
+        C=BLOCK_CHUNKS,
+        *bit_constants(p.qtype.byte),
+        EVEN=n % BLOCK_ROWS == 0 and n_chunks % BLOCK_CHUNKS == 0,
+        BITS=bits_mode(p),
+        PTX=not interpreting(),
+        **type_constants(p),
+        num_warps=WARPS,
+        # separate multiplies and subtractions: ggml's exact values
+        enable_fp_fusion=False,
+    )
     return out

@@ -40,17 +40,35 @@ import triton
 import triton.language as tl
 
 from tallow.kernels import (
-    ACTIVATION_KINDS as KINDS, allow_next, bit_constants, bits_as_float as _as_float,
-    byte_to_bits_15 as _byte_to_bits_15, gated_value, pdl_enabled, step_jit, wait_prior,
+    ACTIVATION_KINDS as KINDS,
+    allow_next,
+    bit_constants,
+    bits_as_float as _as_float,
+    byte_to_bits_15 as _byte_to_bits_15,
+    gated_value,
+    pdl_enabled,
+    step_jit,
+    wait_prior,
 )
 
 from ..packing import PackedWeight
-from .decode import (group_scales, load_codes, load_group_fields, plane_args, quad_range,
-                     quads_per_chunk, slot_code, slot_columns, type_constants)
+from .decode import (
+    group_scales,
+    load_codes,
+    load_group_fields,
+    plane_args,
+    quad_range,
+    quads_per_chunk,
+    slot_code,
+    slot_columns,
+    type_constants,
+)
 from .splitk import counters, finish_tile, split_chunks, workspace
 
 #: decoding modes (see the module docstring)
 MODE_GENERIC, MODE_NIB, MODE_BYTE = 0, 1, 2
+
+
 def gemv_mode(p: PackedWeight) -> int:
     qt = p.qtype
     if qt.byte:
@@ -78,11 +96,38 @@ def _load_x(xb, xmask, K, GATE: tl.constexpr, X_TY: tl.constexpr, MASKED: tl.con
 
 
 @triton.jit
-def _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-               rows, row_mask, q0, q_in, q_end, zero, u2, s_nib, s_pair, s_bit, s_byte, s_d,
-               s_sc, NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
-               BYTE: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr,
-               SCALES: tl.constexpr, MINS: tl.constexpr, EVEN: tl.constexpr):
+def _load_tile(
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    rows,
+    row_mask,
+    q0,
+    q_in,
+    q_end,
+    zero,
+    u2,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """The codes (``[BN * Q, 4]``) and scale fields (``[BN * Q]``) of quads ``q0 + q_in`` of
     ``rows`` (the entries' rows: ``BN`` blocks of ``Q``). ``EVEN``: the tile is whole or wholly
     past ``q_end`` (then nothing is read)."""
@@ -93,21 +138,70 @@ def _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_p
     else:
         mask1 = row_mask & (quads < q_end)
         mask2 = mask1[:, None] & (u2 >= 0)
-    nib, pair, bit, byte = load_codes(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows[:, None],
-                                      quads[:, None], u2, mask2, s_nib, s_pair, s_bit, s_byte,
-                                      NIB, PAIR, BIT, BYTE, not EVEN)
+    nib, pair, bit, byte = load_codes(
+        nib_ptr,
+        pair_ptr,
+        bit_ptr,
+        byte_ptr,
+        rows[:, None],
+        quads[:, None],
+        u2,
+        mask2,
+        s_nib,
+        s_pair,
+        s_bit,
+        s_byte,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        not EVEN,
+    )
     # ``zero`` (0 at run time) hides the alignment of these narrow loads from the compiler, so
     # that it reads one value per entry, in the code tile's layout (one quad per thread)
     chunks = (quads // 2 if BYTE else quads) + zero
-    d, dm, sc0, sc1, mn = load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, rows, chunks, mask1,
-                                            s_d, s_sc, GROUP, QBLOCK, SCALES, MINS, not EVEN)
+    d, dm, sc0, sc1, mn = load_group_fields(
+        d_ptr,
+        dm_ptr,
+        sc_ptr,
+        mn_ptr,
+        rows,
+        chunks,
+        mask1,
+        s_d,
+        s_sc,
+        GROUP,
+        QBLOCK,
+        SCALES,
+        MINS,
+        not EVEN,
+    )
     return nib, pair, bit, byte, d, dm, sc0, sc1, mn
 
 
 @triton.jit
-def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K, magic, S: tl.constexpr,
-                  NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                  LUT: tl.constexpr, GATE: tl.constexpr, X_TY: tl.constexpr, EVEN: tl.constexpr):
+def _generic_slot(
+    nib,
+    pair,
+    bit,
+    byte,
+    lut_ptr,
+    x_ptr,
+    q2,
+    u2,
+    xmask,
+    K,
+    magic,
+    S: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    LUT: tl.constexpr,
+    GATE: tl.constexpr,
+    X_TY: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """Slot ``S`` of any type: (its values times x, x) for the program's ``[BN * Q, 4]`` tile.
     The assembled code placed in bits 15..22 reads as ``256 + q``; table types multiply their
     table values."""
@@ -121,14 +215,52 @@ def _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K, magic,
 
 
 @triton.jit
-def rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr, lut_ptr,
-             tile, rows, row_mask, q_in, q_begin, q_end, zero, K, s_nib, s_pair, s_bit, s_byte,
-             s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi, BN: tl.constexpr, Q: tl.constexpr,
-             NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-             OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-             QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-             MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-             GATE: tl.constexpr):
+def rows_dot(
+    x_ptr,
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    tile,
+    rows,
+    row_mask,
+    q_in,
+    q_begin,
+    q_end,
+    zero,
+    K,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN: tl.constexpr,
+    GATE: tl.constexpr,
+):
     """The float32 partial dot products ``[BN * Q]`` of the one activation row at ``x_ptr``
     with weight rows ``rows`` (``BN`` blocks of ``Q`` entries, one block per row) over quads
     ``q_begin .. q_end``: the GEMV's loop, shared by every kernel that streams quantized rows
@@ -142,16 +274,72 @@ def rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
     acc = tl.zeros((BN * Q,), dtype=tl.float32)
     for q0 in range(q_begin, q_end, Q):
         if PREFETCH:
-            upcoming = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                                  mn_ptr, rows, row_mask, q0 + Q, q_in, q_end, zero, u2, s_nib,
-                                  s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE,
-                                  GROUP, QBLOCK, SCALES, MINS, EVEN)
+            upcoming = _load_tile(
+                nib_ptr,
+                pair_ptr,
+                bit_ptr,
+                byte_ptr,
+                d_ptr,
+                dm_ptr,
+                sc_ptr,
+                mn_ptr,
+                rows,
+                row_mask,
+                q0 + Q,
+                q_in,
+                q_end,
+                zero,
+                u2,
+                s_nib,
+                s_pair,
+                s_bit,
+                s_byte,
+                s_d,
+                s_sc,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                GROUP,
+                QBLOCK,
+                SCALES,
+                MINS,
+                EVEN,
+            )
             current = tile
         else:
-            current = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                                 mn_ptr, rows, row_mask, q0, q_in, q_end, zero, u2, s_nib,
-                                 s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP,
-                                 QBLOCK, SCALES, MINS, EVEN)
+            current = _load_tile(
+                nib_ptr,
+                pair_ptr,
+                bit_ptr,
+                byte_ptr,
+                d_ptr,
+                dm_ptr,
+                sc_ptr,
+                mn_ptr,
+                rows,
+                row_mask,
+                q0,
+                q_in,
+                q_end,
+                zero,
+                u2,
+                s_nib,
+                s_pair,
+                s_bit,
+                s_byte,
+                s_d,
+                s_sc,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                GROUP,
+                QBLOCK,
+                SCALES,
+                MINS,
+                EVEN,
+            )
         nib, pair, bit, byte, d, dm, sc0, sc1, mn = current
         q2 = (q0 + q_in)[:, None]
         xmask = (q2 < q_end) & (u2 >= 0)
@@ -196,21 +384,99 @@ def rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
         else:
             # any type: the assembled code placed in bits 15..22 gives 256 + q (table types
             # multiply their table values directly); 16-element groups keep their halves apart
-            p_a, x_a = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K,
-                                     magic_lo, 0, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY, EVEN)
+            p_a, x_a = _generic_slot(
+                nib,
+                pair,
+                bit,
+                byte,
+                lut_ptr,
+                x_ptr,
+                q2,
+                u2,
+                xmask,
+                K,
+                magic_lo,
+                0,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                LUT,
+                GATE,
+                X_TY,
+                EVEN,
+            )
             for s in tl.static_range(1, SLOTS // 2 if GROUP == 16 else SLOTS):
-                pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask, K,
-                                       magic_lo, s, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY, EVEN)
+                pv, xv = _generic_slot(
+                    nib,
+                    pair,
+                    bit,
+                    byte,
+                    lut_ptr,
+                    x_ptr,
+                    q2,
+                    u2,
+                    xmask,
+                    K,
+                    magic_lo,
+                    s,
+                    NIB,
+                    PAIR,
+                    BIT,
+                    BYTE,
+                    LUT,
+                    GATE,
+                    X_TY,
+                    EVEN,
+                )
                 p_a += pv
                 x_a += xv
             if GROUP == 16:
-                p_b, x_b = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask,
-                                         K, magic_lo, SLOTS // 2, NIB, PAIR, BIT, BYTE, LUT, GATE,
-                                         X_TY, EVEN)
+                p_b, x_b = _generic_slot(
+                    nib,
+                    pair,
+                    bit,
+                    byte,
+                    lut_ptr,
+                    x_ptr,
+                    q2,
+                    u2,
+                    xmask,
+                    K,
+                    magic_lo,
+                    SLOTS // 2,
+                    NIB,
+                    PAIR,
+                    BIT,
+                    BYTE,
+                    LUT,
+                    GATE,
+                    X_TY,
+                    EVEN,
+                )
                 for s in tl.static_range(SLOTS // 2 + 1, SLOTS):
-                    pv, xv = _generic_slot(nib, pair, bit, byte, lut_ptr, x_ptr, q2, u2, xmask,
-                                           K, magic_lo, s, NIB, PAIR, BIT, BYTE, LUT, GATE, X_TY,
-                                           EVEN)
+                    pv, xv = _generic_slot(
+                        nib,
+                        pair,
+                        bit,
+                        byte,
+                        lut_ptr,
+                        x_ptr,
+                        q2,
+                        u2,
+                        xmask,
+                        K,
+                        magic_lo,
+                        s,
+                        NIB,
+                        PAIR,
+                        BIT,
+                        BYTE,
+                        LUT,
+                        GATE,
+                        X_TY,
+                        EVEN,
+                    )
                     p_b += pv
                     x_b += xv
             base: tl.constexpr = 0.0 if LUT else 256.0 + OFFSET
@@ -230,18 +496,59 @@ def rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
     return acc
 
 
-@step_jit(values=["quads_per_split", "n_split", "zero"],
-          pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"])
-def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                 lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, N, K, quads_per_split, n_split, zero,
-                 s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi,
-                 BN: tl.constexpr, Q: tl.constexpr,
-                 NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                 OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                 QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                 MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, GATE: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+@step_jit(
+    values=["quads_per_split", "n_split", "zero"], pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"]
+)
+def _gemv_kernel(
+    x_ptr,
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    cnt_ptr,
+    N,
+    K,
+    quads_per_split,
+    n_split,
+    zero,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     # the program's entries are BN blocks of Q quads, one block per row: the compiler lays the
@@ -256,19 +563,88 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
     u2 = tl.arange(0, 4)[None, :]
 
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                          rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib, s_pair,
-                          s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
-                          SCALES, MINS, EVEN)
+        tile = _load_tile(
+            nib_ptr,
+            pair_ptr,
+            bit_ptr,
+            byte_ptr,
+            d_ptr,
+            dm_ptr,
+            sc_ptr,
+            mn_ptr,
+            rows,
+            row_mask,
+            q_begin,
+            q_in,
+            q_end,
+            zero,
+            u2,
+            s_nib,
+            s_pair,
+            s_bit,
+            s_byte,
+            s_d,
+            s_sc,
+            NIB,
+            PAIR,
+            BIT,
+            BYTE,
+            GROUP,
+            QBLOCK,
+            SCALES,
+            MINS,
+            EVEN,
+        )
     else:
         tile = (0, 0, 0, 0, 0, 0, 0, 0, 0)
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
-    acc = rows_dot(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                   lut_ptr, tile, rows, row_mask, q_in, q_begin, q_end, zero, K, s_nib, s_pair,
-                   s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi, BN, Q, NIB,
-                   PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS, MODE, PREFETCH,
-                   EVEN, GATE)
+    acc = rows_dot(
+        x_ptr,
+        nib_ptr,
+        pair_ptr,
+        bit_ptr,
+        byte_ptr,
+        d_ptr,
+        dm_ptr,
+        sc_ptr,
+        mn_ptr,
+        lut_ptr,
+        tile,
+        rows,
+        row_mask,
+        q_in,
+        q_begin,
+        q_end,
+        zero,
+        K,
+        s_nib,
+        s_pair,
+        s_bit,
+        s_byte,
+        s_d,
+        s_sc,
+        mask_lo,
+        mask_hi,
+        magic_lo,
+        magic_hi,
+        BN,
+        Q,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        OFFSET,
+        LUT,
+        GROUP,
+        QBLOCK,
+        SCALES,
+        MINS,
+        MODE,
+        PREFETCH,
+        EVEN,
+        GATE,
+    )
 
     y = tl.sum(tl.reshape(acc, (BN, Q)), axis=1)[None, :]
     out_rows = pid_n * BN + tl.arange(0, BN)
@@ -276,8 +652,24 @@ def _gemv_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_
     offs_m = tl.arange(0, 1)
     mask = out_mask[None, :]
     if SPLIT:
-        finish_tile(y, ws_ptr, cnt_ptr, pid_n, pid_k, n_split, offs_m, out_rows, out_mask, mask,
-                    N, N, y_ptr, N, b_ptr, HAS_BIAS)
+        finish_tile(
+            y,
+            ws_ptr,
+            cnt_ptr,
+            pid_n,
+            pid_k,
+            n_split,
+            offs_m,
+            out_rows,
+            out_mask,
+            mask,
+            N,
+            N,
+            y_ptr,
+            N,
+            b_ptr,
+            HAS_BIAS,
+        )
     else:
         if HAS_BIAS:
             y += tl.load(b_ptr + out_rows, mask=out_mask, other=0.0).to(tl.float32)[None, :]
@@ -294,13 +686,21 @@ def check_offsets(p: PackedWeight) -> None:
     """The kernels address planes with 32-bit offsets: refuse a weight too large for that."""
     big = max(t.numel() for t in p.planes.values())
     if big > MAX_PLANE_ELEMENTS:
-        raise ValueError(f"quantized matmul: a {p.type_name} weight of [{p.rows}, {p.cols}] "
-                         f"has a plane of {big} elements, more than 32-bit offsets address")
+        raise ValueError(
+            f"quantized matmul: a {p.type_name} weight of [{p.rows}, {p.cols}] "
+            f"has a plane of {big} elements, more than 32-bit offsets address"
+        )
 
 
-def gemv_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None, *,
-                out: torch.Tensor | None = None, gate: str | None = None,
-                config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+def gemv_triton(
+    x: torch.Tensor,
+    p: PackedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    gate: str | None = None,
+    config: tuple[int, int, int, bool] | None = None,
+) -> torch.Tensor:
     """``x [1, K] @ W.T (+ bias)`` → ``[1, N]`` in x's dtype (``x [1, 2K]`` with ``gate``).
     ``out`` (``[1, N]``, contiguous, e.g. a column slice of a wider output's single row)
     receives it in place. ``config`` is ``(rows per program, warps, K slices, prefetch)``."""
@@ -327,9 +727,31 @@ def gemv_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = No
     use_pdl = pdl_enabled(x)
     even = n % bn == 0 and per % q == 0 and n_quads % per == 0
     _gemv_kernel[(grid_n, n_split)](
-        x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, n, k, per, n_split, 0,
-        *strides, *bit_constants(mode == MODE_BYTE),
-        BN=bn, Q=q, **type_constants(p), MODE=mode, PREFETCH=prefetch, EVEN=even,
-        HAS_BIAS=bias is not None, SPLIT=split, GATE=-1 if gate is None else KINDS[gate],
-        USE_PDL=use_pdl, num_warps=warps, num_stages=1, launch_pdl=use_pdl)
+        x,
+        *ptrs,
+        bias if bias is not None else ptrs[4],
+        out,
+        ws,
+        cnt,
+        n,
+        k,
+        per,
+        n_split,
+        0,
+        *strides,
+        *bit_constants(mode == MODE_BYTE),
+        BN=bn,
+        Q=q,
+        **type_constants(p),
+        MODE=mode,
+        PREFETCH=prefetch,
+        EVEN=even,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        GATE=-1 if gate is None else KINDS[gate],
+        USE_PDL=use_pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=use_pdl,
+    )
     return out

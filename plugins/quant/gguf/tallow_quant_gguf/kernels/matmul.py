@@ -39,13 +39,26 @@ import triton
 import triton.language as tl
 
 from tallow.kernels import (
-    ACTIVATION_KINDS as KINDS, allow_next, gated_value, interpreting, pdl_enabled, step_jit,
+    ACTIVATION_KINDS as KINDS,
+    allow_next,
+    gated_value,
+    interpreting,
+    pdl_enabled,
+    step_jit,
     wait_prior,
 )
 
 from ..packing import PackedWeight
-from .decode import (group_scales, load_code_tile, load_group_fields, plane_args, quad_range,
-                     quads_per_chunk, slot_weights, type_constants)
+from .decode import (
+    group_scales,
+    load_code_tile,
+    load_group_fields,
+    plane_args,
+    quad_range,
+    quads_per_chunk,
+    slot_weights,
+    type_constants,
+)
 from .gemv import _as_float, _byte_to_bits_15, bit_constants, check_offsets
 from .splitk import counters, finish_tile, split_chunks, workspace
 
@@ -67,8 +80,10 @@ _NIB_FP16 = tl.constexpr(
         "fma.rn.f16x2 hi, hi, a16, na16;\n"
         f"fma.rn.f16x2 ${2 * p}, lo, $11, $12;\n"
         f"fma.rn.f16x2 ${2 * p + 1}, hi, $11, $12;\n"
-        for p in range(4))
-    + "}")
+        for p in range(4)
+    )
+    + "}"
+)
 _NIB_CONSTRAINTS = tl.constexpr("=r," * 8 + "r,r,r,r,r")
 
 #: fp16 decoding of 8-bit codes stored as q + 128. Inputs: two neighbouring code words ($4,
@@ -81,8 +96,10 @@ _BYTE_FP16 = tl.constexpr(
         "lop3.b32 v, t, 0x00FF00FF, 0x64006400, 0xEA;\n"
         "add.rn.f16x2 v, v, off;\n"
         f"mul.rn.f16x2 ${p}, v, $6;\n"
-        for p in range(4))
-    + "}")
+        for p in range(4)
+    )
+    + "}"
+)
 _BYTE_CONSTRAINTS = tl.constexpr("=r," * 4 + "r,r,r")
 
 
@@ -100,9 +117,25 @@ def _load_x(xb, xmask, K, GATE: tl.constexpr, DT: tl.constexpr, F16: tl.constexp
 
 
 @triton.jit
-def _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0, qs, q_end, s_d, s_sc,
-                  BYTE: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr,
-                  SCALES: tl.constexpr, MINS: tl.constexpr, EVEN: tl.constexpr):
+def _scale_fields(
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    r2,
+    row_mask,
+    q0,
+    qs,
+    q_end,
+    s_d,
+    s_sc,
+    BYTE: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """The scale fields of quads ``q0 + qs`` (nothing is read past ``q_end``)."""
     quads = q0 + qs
     if EVEN:
@@ -110,24 +143,58 @@ def _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0, qs, q_end, s_
     else:
         mask2 = row_mask[:, None] & (quads < q_end)[None, :]
     chunks = quads // 2 if BYTE else quads
-    return load_group_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, chunks[None, :], mask2, s_d,
-                             s_sc, GROUP, QBLOCK, SCALES, MINS, not EVEN)
+    return load_group_fields(
+        d_ptr,
+        dm_ptr,
+        sc_ptr,
+        mn_ptr,
+        r2,
+        chunks[None, :],
+        mask2,
+        s_d,
+        s_sc,
+        GROUP,
+        QBLOCK,
+        SCALES,
+        MINS,
+        not EVEN,
+    )
 
 
 @triton.jit
-def _nibble_bits(nib, P: tl.constexpr, scale, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi,
-                 DT: tl.constexpr):
+def _nibble_bits(
+    nib, P: tl.constexpr, scale, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi, DT: tl.constexpr
+):
     """Slots ``2P`` and ``2P + 1`` (the nibbles of byte P of every word) as ``v * scale + c``
     rounded to ``DT``, v read from the code bits as ``256 + q`` and ``16 + q``."""
     t = _byte_to_bits_15(nib, P)
-    return ((_as_float(t, mask_lo, magic_lo) * scale + c_lo).to(DT),
-            (_as_float(t, mask_hi, magic_hi) * scale + c_hi).to(DT))
+    return (
+        (_as_float(t, mask_lo, magic_lo) * scale + c_lo).to(DT),
+        (_as_float(t, mask_hi, magic_hi) * scale + c_hi).to(DT),
+    )
 
 
 @triton.jit
-def _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S: tl.constexpr,
-              NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-              OFFSET: tl.constexpr, LUT: tl.constexpr, MINS: tl.constexpr, DT: tl.constexpr):
+def _generic2(
+    nib,
+    pair,
+    bit,
+    byte,
+    lut_ptr,
+    scale,
+    low_min,
+    scale1,
+    low_min1,
+    S: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    MINS: tl.constexpr,
+    DT: tl.constexpr,
+):
     """Slots ``S`` and ``S + 1`` decoded in float32 and rounded to ``DT`` (the second group's
     scale for the second half of the slots of a 16-element-group type)."""
     SLOTS: tl.constexpr = 4 if BYTE else 8
@@ -135,16 +202,47 @@ def _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1, S
         scale_s, low_min_s = scale, low_min
     else:
         scale_s, low_min_s = scale1, low_min1
-    first = slot_weights(nib, pair, bit, byte, lut_ptr, scale_s, low_min_s, S, NIB, PAIR, BIT,
-                         BYTE, OFFSET, LUT, MINS)
-    second = slot_weights(nib, pair, bit, byte, lut_ptr, scale_s, low_min_s, S + 1, NIB, PAIR,
-                          BIT, BYTE, OFFSET, LUT, MINS)
+    first = slot_weights(
+        nib,
+        pair,
+        bit,
+        byte,
+        lut_ptr,
+        scale_s,
+        low_min_s,
+        S,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        OFFSET,
+        LUT,
+        MINS,
+    )
+    second = slot_weights(
+        nib,
+        pair,
+        bit,
+        byte,
+        lut_ptr,
+        scale_s,
+        low_min_s,
+        S + 1,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        OFFSET,
+        LUT,
+        MINS,
+    )
     return first.to(DT), second.to(DT)
 
 
 @triton.jit
-def _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN: tl.constexpr, Q: tl.constexpr,
-              ROWS_LAST: tl.constexpr):
+def _natural8(
+    w0, w1, w2, w3, w4, w5, w6, w7, BN: tl.constexpr, Q: tl.constexpr, ROWS_LAST: tl.constexpr
+):
     """Slots ``0..7`` of a ``[BN, Q, 4]`` tile of 4-bit codes → ``[BN, 32 Q]`` in column order
     (slot ``s``, word ``u`` of quad ``q`` is column ``32 q + 4 s + u``), or its transpose
     ``[32 Q, BN]`` (``ROWS_LAST``). The values stay in the thread that decoded them: the joins
@@ -173,20 +271,63 @@ def _natural4(w0, w1, w2, w3, BN: tl.constexpr, Q: tl.constexpr, ROWS_LAST: tl.c
     return tile
 
 
-@step_jit(values=["M", "quads_per_split", "n_split"],
-          pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"])
-def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                lut_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
-                quads_per_split, n_split, s_nib, s_pair, s_bit, s_byte, s_d, s_sc,
-                mask_lo, mask_hi, magic_lo, magic_hi,
-                BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr,
-                NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                FAST: tl.constexpr, W_LEFT: tl.constexpr, EVEN: tl.constexpr,
-                HAS_BIAS: tl.constexpr,
-                SPLIT: tl.constexpr, GATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                USE_PDL: tl.constexpr):
+@step_jit(
+    values=["M", "quads_per_split", "n_split"], pointers=["x_ptr", "y_ptr", "b_ptr", "ws_ptr"]
+)
+def _mma_kernel(
+    x_ptr,
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    quads_per_split,
+    n_split,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    FAST: tl.constexpr,
+    W_LEFT: tl.constexpr,
+    EVEN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -209,15 +350,67 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     # the scale fields are loaded one step ahead (their narrow loads are not pipelined by the
     # compiler the way the code and activation tiles are)
-    fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q_begin, qs, q_end,
-                           s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
+    fields = _scale_fields(
+        d_ptr,
+        dm_ptr,
+        sc_ptr,
+        mn_ptr,
+        r2,
+        row_mask,
+        q_begin,
+        qs,
+        q_end,
+        s_d,
+        s_sc,
+        BYTE,
+        GROUP,
+        QBLOCK,
+        SCALES,
+        MINS,
+        EVEN,
+    )
     for q0 in range(q_begin, q_end, Q):
-        nib, pair, bit, byte = load_code_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, rows,
-                                              row_mask, q0, q_end, s_nib, s_pair, s_bit,
-                                              s_byte, BN, Q, NIB, PAIR, BIT, BYTE, EVEN)
+        nib, pair, bit, byte = load_code_tile(
+            nib_ptr,
+            pair_ptr,
+            bit_ptr,
+            byte_ptr,
+            rows,
+            row_mask,
+            q0,
+            q_end,
+            s_nib,
+            s_pair,
+            s_bit,
+            s_byte,
+            BN,
+            Q,
+            NIB,
+            PAIR,
+            BIT,
+            BYTE,
+            EVEN,
+        )
         d, dm, sc0, sc1, mn = fields
-        fields = _scale_fields(d_ptr, dm_ptr, sc_ptr, mn_ptr, r2, row_mask, q0 + Q, qs, q_end,
-                               s_d, s_sc, BYTE, GROUP, QBLOCK, SCALES, MINS, EVEN)
+        fields = _scale_fields(
+            d_ptr,
+            dm_ptr,
+            sc_ptr,
+            mn_ptr,
+            r2,
+            row_mask,
+            q0 + Q,
+            qs,
+            q_end,
+            s_d,
+            s_sc,
+            BYTE,
+            GROUP,
+            QBLOCK,
+            SCALES,
+            MINS,
+            EVEN,
+        )
         if FAST == 1:
             # 4-bit codes, one group per quad: d * (a * q) + c with a the sub-scale (1 when
             # the type has none) and c = -(d * a * offset + min)
@@ -232,14 +425,24 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             d16 = tl.broadcast_to(d.to(tl.float16)[:, :, None], (BN, Q, 4))
             c16 = tl.broadcast_to(c.to(tl.float16)[:, :, None], (BN, Q, 4))
             w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
-                _NIB_FP16, _NIB_CONSTRAINTS, [nib, a16, d16, c16], dtype=(tl.float16,) * 8,
-                is_pure=True, pack=2)
+                _NIB_FP16,
+                _NIB_CONSTRAINTS,
+                [nib, a16, d16, c16],
+                dtype=(tl.float16,) * 8,
+                is_pure=True,
+                pack=2,
+            )
             w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         elif FAST == 2:
             d16 = tl.broadcast_to(d.to(tl.float16)[:, :, None], (BN, Q, 4))
             w0, w1, w2, w3 = tl.inline_asm_elementwise(
-                _BYTE_FP16, _BYTE_CONSTRAINTS, [byte, d16], dtype=(tl.float16,) * 4,
-                is_pure=True, pack=2)
+                _BYTE_FP16,
+                _BYTE_CONSTRAINTS,
+                [byte, d16],
+                dtype=(tl.float16,) * 4,
+                is_pure=True,
+                pack=2,
+            )
             w = _natural4(w0, w1, w2, w3, BN, Q, not W_LEFT)
         elif FAST == 3:
             # 4-bit codes: 256 + q (low nibble of byte p) and 16 + q (high nibble) from the
@@ -253,14 +456,18 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
             scale3 = scale[:, :, None]
             c_lo = c_lo[:, :, None]
             c_hi = c_hi[:, :, None]
-            w0, w1 = _nibble_bits(nib, 0, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
-                                  magic_hi, DT)
-            w2, w3 = _nibble_bits(nib, 1, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
-                                  magic_hi, DT)
-            w4, w5 = _nibble_bits(nib, 2, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
-                                  magic_hi, DT)
-            w6, w7 = _nibble_bits(nib, 3, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo,
-                                  magic_hi, DT)
+            w0, w1 = _nibble_bits(
+                nib, 0, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi, DT
+            )
+            w2, w3 = _nibble_bits(
+                nib, 1, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi, DT
+            )
+            w4, w5 = _nibble_bits(
+                nib, 2, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi, DT
+            )
+            w6, w7 = _nibble_bits(
+                nib, 3, scale3, c_lo, c_hi, mask_lo, mask_hi, magic_lo, magic_hi, DT
+            )
             w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         elif FAST == 4:
             # 8-bit codes stored as q + 128: 256 + (q + 128) from the bits
@@ -274,17 +481,89 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
         else:
             scale, low_min = group_scales(d, dm, sc0, mn, SCALES, MINS)
             scale1, low_min1 = group_scales(d, dm, sc1, mn, SCALES, MINS)
-            w0, w1 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1,
-                               0, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
-            w2, w3 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1, low_min1,
-                               2, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
+            w0, w1 = _generic2(
+                nib,
+                pair,
+                bit,
+                byte,
+                lut_ptr,
+                scale,
+                low_min,
+                scale1,
+                low_min1,
+                0,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                OFFSET,
+                LUT,
+                MINS,
+                DT,
+            )
+            w2, w3 = _generic2(
+                nib,
+                pair,
+                bit,
+                byte,
+                lut_ptr,
+                scale,
+                low_min,
+                scale1,
+                low_min1,
+                2,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                OFFSET,
+                LUT,
+                MINS,
+                DT,
+            )
             if BYTE:
                 w = _natural4(w0, w1, w2, w3, BN, Q, not W_LEFT)
             else:
-                w4, w5 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
-                                   low_min1, 4, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
-                w6, w7 = _generic2(nib, pair, bit, byte, lut_ptr, scale, low_min, scale1,
-                                   low_min1, 6, NIB, PAIR, BIT, BYTE, OFFSET, LUT, MINS, DT)
+                w4, w5 = _generic2(
+                    nib,
+                    pair,
+                    bit,
+                    byte,
+                    lut_ptr,
+                    scale,
+                    low_min,
+                    scale1,
+                    low_min1,
+                    4,
+                    NIB,
+                    PAIR,
+                    BIT,
+                    BYTE,
+                    OFFSET,
+                    LUT,
+                    MINS,
+                    DT,
+                )
+                w6, w7 = _generic2(
+                    nib,
+                    pair,
+                    bit,
+                    byte,
+                    lut_ptr,
+                    scale,
+                    low_min,
+                    scale1,
+                    low_min1,
+                    6,
+                    NIB,
+                    PAIR,
+                    BIT,
+                    BYTE,
+                    OFFSET,
+                    LUT,
+                    MINS,
+                    DT,
+                )
                 w = _natural8(w0, w1, w2, w3, w4, w5, w6, w7, BN, Q, not W_LEFT)
         KQ: tl.constexpr = 16 * Q if BYTE else 32 * Q
         cols = (q0 // 2 if BYTE else q0) * 32 + tl.arange(0, KQ)
@@ -305,8 +584,24 @@ def _mma_kernel(x_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_p
     mask = m_mask[:, None] & row_mask[None, :]
     if SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish_tile(y, ws_ptr, cnt_ptr, tile, pid_k, n_split, offs_m, rows, row_mask, mask,
-                    M * N, N, y_ptr, stride_ym, b_ptr, HAS_BIAS)
+        finish_tile(
+            y,
+            ws_ptr,
+            cnt_ptr,
+            tile,
+            pid_k,
+            n_split,
+            offs_m,
+            rows,
+            row_mask,
+            mask,
+            M * N,
+            N,
+            y_ptr,
+            stride_ym,
+            b_ptr,
+            HAS_BIAS,
+        )
     else:
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[None, :]
@@ -351,10 +646,15 @@ def mma_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int, in
     return 128, 128, 4, 8, 3, 1, 2
 
 
-def qmatmul_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None, *,
-                   out: torch.Tensor | None = None, gate: str | None = None,
-                   config: tuple[int, int, int, int, int, int, int] | None = None
-                   ) -> torch.Tensor:
+def qmatmul_triton(
+    x: torch.Tensor,
+    p: PackedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    gate: str | None = None,
+    config: tuple[int, int, int, int, int, int, int] | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` → ``[M, N]`` in x's dtype (``x [M, 2K]`` with ``gate``).
     ``out`` (``[M, N]``, rows contiguous, e.g. a column slice of a wider output) receives it in
     place. ``config`` is ``(BM, BN, Q, warps, stages, K slices, decoding)``; the decodings
@@ -377,18 +677,43 @@ def qmatmul_triton(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None =
     ws = workspace(n_split, m, n, x.device) if split else out
     cnt = counters(x.device) if split else ws
     if split and grid[0] * grid[1] > cnt.numel():
-        raise ValueError(f"qmatmul: {grid[0] * grid[1]} output tiles exceed the "
-                         f"{cnt.numel()} split counters")
+        raise ValueError(
+            f"qmatmul: {grid[0] * grid[1]} output tiles exceed the {cnt.numel()} split counters"
+        )
     mode = decode_mode(p, int(decoding), x.dtype)
     even = n % bn == 0 and per % q == 0 and n_quads % per == 0
     ptrs, strides = plane_args(p)
     use_pdl = pdl_enabled(x)
     _mma_kernel[grid](
-        x, *ptrs, bias if bias is not None else ptrs[4], out, ws, cnt, m, n, k, x.stride(0),
-        out.stride(0), per, n_split, *strides, *bit_constants(mode == 4),
-        BM=bm, BN=bn, Q=q, **type_constants(p), FAST=mode, W_LEFT=weights_left(bm), EVEN=even,
+        x,
+        *ptrs,
+        bias if bias is not None else ptrs[4],
+        out,
+        ws,
+        cnt,
+        m,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        per,
+        n_split,
+        *strides,
+        *bit_constants(mode == 4),
+        BM=bm,
+        BN=bn,
+        Q=q,
+        **type_constants(p),
+        FAST=mode,
+        W_LEFT=weights_left(bm),
+        EVEN=even,
         HAS_BIAS=bias is not None,
-        SPLIT=split, GATE=-1 if gate is None else KINDS[gate],
+        SPLIT=split,
+        GATE=-1 if gate is None else KINDS[gate],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        USE_PDL=use_pdl, num_warps=warps, num_stages=stages, launch_pdl=use_pdl)
+        USE_PDL=use_pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=use_pdl,
+    )
     return out

@@ -38,15 +38,51 @@ from .gemv import DEFAULT_GEMV, MODE_BYTE, _load_tile, check_offsets, gemv_mode,
 
 
 @step_jit(values=["zero"], pointers=["x_ptr", "y_ptr", "ids_ptr"])
-def _moe_up_kernel(x_ptr, ids_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr,
-                   sc_ptr, mn_ptr, lut_ptr, y_ptr, N, K, rows_per_expert, top_k, zero,
-                   s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo,
-                   magic_hi, BN: tl.constexpr, Q: tl.constexpr,
-                   NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr, BYTE: tl.constexpr,
-                   OFFSET: tl.constexpr, LUT: tl.constexpr, GROUP: tl.constexpr,
-                   QBLOCK: tl.constexpr, SCALES: tl.constexpr, MINS: tl.constexpr,
-                   MODE: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
-                   SWIGLU: tl.constexpr):
+def _moe_up_kernel(
+    x_ptr,
+    ids_ptr,
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    y_ptr,
+    N,
+    K,
+    rows_per_expert,
+    top_k,
+    zero,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN: tl.constexpr,
+    SWIGLU: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     expert = tl.load(ids_ptr + pair).to(tl.int32)
@@ -66,18 +102,87 @@ def _moe_up_kernel(x_ptr, ids_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, 
     q_begin, q_end = quad_range(0, K, K, BYTE)
     u2 = tl.arange(0, 4)[None, :]
     if PREFETCH:
-        tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                          rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib, s_pair,
-                          s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP, QBLOCK,
-                          SCALES, MINS, EVEN)
+        tile = _load_tile(
+            nib_ptr,
+            pair_ptr,
+            bit_ptr,
+            byte_ptr,
+            d_ptr,
+            dm_ptr,
+            sc_ptr,
+            mn_ptr,
+            rows,
+            row_mask,
+            q_begin,
+            q_in,
+            q_end,
+            zero,
+            u2,
+            s_nib,
+            s_pair,
+            s_bit,
+            s_byte,
+            s_d,
+            s_sc,
+            NIB,
+            PAIR,
+            BIT,
+            BYTE,
+            GROUP,
+            QBLOCK,
+            SCALES,
+            MINS,
+            EVEN,
+        )
     else:
         tile = (0, 0, 0, 0, 0, 0, 0, 0, 0)
     xrow = x_ptr + (pair // top_k) * K
-    acc = rows_dot(xrow, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr, mn_ptr,
-                   lut_ptr, tile, rows, row_mask, q_in, q_begin, q_end, zero, K, s_nib, s_pair,
-                   s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo, magic_hi, RB, Q, NIB,
-                   PAIR, BIT, BYTE, OFFSET, LUT, GROUP, QBLOCK, SCALES, MINS, MODE, PREFETCH,
-                   EVEN, -1)
+    acc = rows_dot(
+        xrow,
+        nib_ptr,
+        pair_ptr,
+        bit_ptr,
+        byte_ptr,
+        d_ptr,
+        dm_ptr,
+        sc_ptr,
+        mn_ptr,
+        lut_ptr,
+        tile,
+        rows,
+        row_mask,
+        q_in,
+        q_begin,
+        q_end,
+        zero,
+        K,
+        s_nib,
+        s_pair,
+        s_bit,
+        s_byte,
+        s_d,
+        s_sc,
+        mask_lo,
+        mask_hi,
+        magic_lo,
+        magic_hi,
+        RB,
+        Q,
+        NIB,
+        PAIR,
+        BIT,
+        BYTE,
+        OFFSET,
+        LUT,
+        GROUP,
+        QBLOCK,
+        SCALES,
+        MINS,
+        MODE,
+        PREFETCH,
+        EVEN,
+        -1,
+    )
     y = tl.sum(tl.reshape(acc, (RB, Q)), axis=1)
     if SWIGLU:
         gate, up = tl.split(tl.reshape(y, (BN, 2)))
@@ -87,15 +192,50 @@ def _moe_up_kernel(x_ptr, ids_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, 
 
 
 @step_jit(values=["zero"], pointers=["x_ptr", "y_ptr", "ids_ptr", "w_ptr"])
-def _moe_down_kernel(x_ptr, ids_ptr, w_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr,
-                     dm_ptr, sc_ptr, mn_ptr, lut_ptr, y_ptr, N, K, top_k, zero,
-                     s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi, magic_lo,
-                     magic_hi, BN: tl.constexpr, Q: tl.constexpr,
-                     NIB: tl.constexpr, PAIR: tl.constexpr, BIT: tl.constexpr,
-                     BYTE: tl.constexpr, OFFSET: tl.constexpr, LUT: tl.constexpr,
-                     GROUP: tl.constexpr, QBLOCK: tl.constexpr, SCALES: tl.constexpr,
-                     MINS: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr,
-                     EVEN: tl.constexpr):
+def _moe_down_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    nib_ptr,
+    pair_ptr,
+    bit_ptr,
+    byte_ptr,
+    d_ptr,
+    dm_ptr,
+    sc_ptr,
+    mn_ptr,
+    lut_ptr,
+    y_ptr,
+    N,
+    K,
+    top_k,
+    zero,
+    s_nib,
+    s_pair,
+    s_bit,
+    s_byte,
+    s_d,
+    s_sc,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    NIB: tl.constexpr,
+    PAIR: tl.constexpr,
+    BIT: tl.constexpr,
+    BYTE: tl.constexpr,
+    OFFSET: tl.constexpr,
+    LUT: tl.constexpr,
+    GROUP: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    SCALES: tl.constexpr,
+    MINS: tl.constexpr,
+    MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     token = tl.program_id(1)
     entry = tl.arange(0, BN * Q)
@@ -111,24 +251,94 @@ def _moe_down_kernel(x_ptr, ids_ptr, w_ptr, nib_ptr, pair_ptr, bit_ptr, byte_ptr
         weight = tl.load(w_ptr + pair).to(tl.float32)
         rows = expert * N + local
         if PREFETCH:
-            tile = _load_tile(nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr, sc_ptr,
-                              mn_ptr, rows, row_mask, q_begin, q_in, q_end, zero, u2, s_nib,
-                              s_pair, s_bit, s_byte, s_d, s_sc, NIB, PAIR, BIT, BYTE, GROUP,
-                              QBLOCK, SCALES, MINS, EVEN)
+            tile = _load_tile(
+                nib_ptr,
+                pair_ptr,
+                bit_ptr,
+                byte_ptr,
+                d_ptr,
+                dm_ptr,
+                sc_ptr,
+                mn_ptr,
+                rows,
+                row_mask,
+                q_begin,
+                q_in,
+                q_end,
+                zero,
+                u2,
+                s_nib,
+                s_pair,
+                s_bit,
+                s_byte,
+                s_d,
+                s_sc,
+                NIB,
+                PAIR,
+                BIT,
+                BYTE,
+                GROUP,
+                QBLOCK,
+                SCALES,
+                MINS,
+                EVEN,
+            )
         else:
             tile = (0, 0, 0, 0, 0, 0, 0, 0, 0)
-        acc = rows_dot(x_ptr + pair * K, nib_ptr, pair_ptr, bit_ptr, byte_ptr, d_ptr, dm_ptr,
-                       sc_ptr, mn_ptr, lut_ptr, tile, rows, row_mask, q_in, q_begin, q_end,
-                       zero, K, s_nib, s_pair, s_bit, s_byte, s_d, s_sc, mask_lo, mask_hi,
-                       magic_lo, magic_hi, BN, Q, NIB, PAIR, BIT, BYTE, OFFSET, LUT, GROUP,
-                       QBLOCK, SCALES, MINS, MODE, PREFETCH, EVEN, -1)
+        acc = rows_dot(
+            x_ptr + pair * K,
+            nib_ptr,
+            pair_ptr,
+            bit_ptr,
+            byte_ptr,
+            d_ptr,
+            dm_ptr,
+            sc_ptr,
+            mn_ptr,
+            lut_ptr,
+            tile,
+            rows,
+            row_mask,
+            q_in,
+            q_begin,
+            q_end,
+            zero,
+            K,
+            s_nib,
+            s_pair,
+            s_bit,
+            s_byte,
+            s_d,
+            s_sc,
+            mask_lo,
+            mask_hi,
+            magic_lo,
+            magic_hi,
+            BN,
+            Q,
+            NIB,
+            PAIR,
+            BIT,
+            BYTE,
+            OFFSET,
+            LUT,
+            GROUP,
+            QBLOCK,
+            SCALES,
+            MINS,
+            MODE,
+            PREFETCH,
+            EVEN,
+            -1,
+        )
         total += weight * tl.sum(tl.reshape(acc, (BN, Q)), axis=1)
     out_rows = pid_n * BN + tl.arange(0, BN)
     tl.store(y_ptr + token * N + out_rows, total.to(y_ptr.dtype.element_ty), mask=out_rows < N)
 
 
-def _launch_args(p: PackedWeight, rows: int, k: int, config: tuple[int, int, int, bool] | None
-                 ) -> tuple[int, int, bool, bool, list[torch.Tensor], list[int]]:
+def _launch_args(
+    p: PackedWeight, rows: int, k: int, config: tuple[int, int, int, bool] | None
+) -> tuple[int, int, bool, bool, list[torch.Tensor], list[int]]:
     """(rows per program, warps, prefetch, even, plane pointers, strides) of ``p``."""
     check_offsets(p)
     bn, warps, _, prefetch = config or DEFAULT_GEMV
@@ -141,17 +351,25 @@ def _launch_args(p: PackedWeight, rows: int, k: int, config: tuple[int, int, int
 
 def _check(x: torch.Tensor, p: PackedWeight, ids: torch.Tensor, what: str) -> None:
     if p.qtype is None:
-        raise ValueError(f"{what}: the experts must be GGML blocks, got a dense "
-                         f"{p.type_name} weight")
+        raise ValueError(
+            f"{what}: the experts must be GGML blocks, got a dense {p.type_name} weight"
+        )
     if x.dim() != 2 or x.shape[1] != p.cols:
         raise ValueError(f"{what}: x must be [rows, {p.cols}], got {tuple(x.shape)}")
     if ids.dim() != 2:
         raise ValueError(f"{what}: topk_ids must be [tokens, top_k], got {tuple(ids.shape)}")
 
 
-def moe_up_triton(x: torch.Tensor, p: PackedWeight, num_experts: int, topk_ids: torch.Tensor,
-                  *, swiglu: bool, out: torch.Tensor | None = None,
-                  config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+def moe_up_triton(
+    x: torch.Tensor,
+    p: PackedWeight,
+    num_experts: int,
+    topk_ids: torch.Tensor,
+    *,
+    swiglu: bool,
+    out: torch.Tensor | None = None,
+    config: tuple[int, int, int, bool] | None = None,
+) -> torch.Tensor:
     """Every pair's gate/up product (see the module docstring): ``x [T, K]``, ``p`` the
     experts' stacked ``[E * R, K]`` weight, ``topk_ids [T, top_k]``. Returns ``[T * top_k,
     R / 2]`` (``swiglu``: the activated intermediate) or ``[T * top_k, R]`` in x's dtype.
@@ -173,17 +391,40 @@ def moe_up_triton(x: torch.Tensor, p: PackedWeight, num_experts: int, topk_ids: 
     ids = topk_ids.contiguous()
     bn, warps, prefetch, even, ptrs, strides = _launch_args(p, n, p.cols, config)
     _moe_up_kernel[(triton.cdiv(n, bn), pairs)](
-        x, ids, *ptrs, out, n, p.cols, per_expert, top_k, 0, *strides,
-        *bit_constants(gemv_mode(p) == MODE_BYTE), BN=bn, Q=32 * warps, **type_constants(p),
-        MODE=gemv_mode(p), PREFETCH=prefetch, EVEN=even, SWIGLU=swiglu, num_warps=warps,
-        num_stages=1)
+        x,
+        ids,
+        *ptrs,
+        out,
+        n,
+        p.cols,
+        per_expert,
+        top_k,
+        0,
+        *strides,
+        *bit_constants(gemv_mode(p) == MODE_BYTE),
+        BN=bn,
+        Q=32 * warps,
+        **type_constants(p),
+        MODE=gemv_mode(p),
+        PREFETCH=prefetch,
+        EVEN=even,
+        SWIGLU=swiglu,
+        num_warps=warps,
+        num_stages=1,
+    )
     return out
 
 
-def moe_down_triton(h: torch.Tensor, p: PackedWeight, num_experts: int,
-                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                    out_dtype: torch.dtype | None = None,
-                    config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+def moe_down_triton(
+    h: torch.Tensor,
+    p: PackedWeight,
+    num_experts: int,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: tuple[int, int, int, bool] | None = None,
+) -> torch.Tensor:
     """Each token's down products over its slots, weighted and summed (see the module
     docstring): ``h [T * top_k, K]`` the pairs' intermediates, ``p`` the experts' stacked
     ``[E * H, K]`` weight, ``topk_weights``/``topk_ids [T, top_k]``. Returns ``[T, H]`` in
@@ -194,17 +435,35 @@ def moe_down_triton(h: torch.Tensor, p: PackedWeight, num_experts: int,
     n = p.rows // num_experts
     tokens, top_k = topk_ids.shape
     if h.shape[0] != tokens * top_k or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"moe_down: h {tuple(h.shape)}, topk_weights "
-                         f"{tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} do "
-                         "not describe one routing")
+        raise ValueError(
+            f"moe_down: h {tuple(h.shape)}, topk_weights "
+            f"{tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} do "
+            "not describe one routing"
+        )
     out = torch.empty(tokens, n, dtype=out_dtype or h.dtype, device=h.device)
     if tokens == 0:
         return out
     h = h.contiguous()
     bn, warps, prefetch, even, ptrs, strides = _launch_args(p, n, p.cols, config)
     _moe_down_kernel[(triton.cdiv(n, bn), tokens)](
-        h, topk_ids.contiguous(), topk_weights.contiguous(), *ptrs, out, n, p.cols, top_k, 0,
-        *strides, *bit_constants(gemv_mode(p) == MODE_BYTE), BN=bn, Q=32 * warps,
-        **type_constants(p), MODE=gemv_mode(p), PREFETCH=prefetch, EVEN=even,
-        num_warps=warps, num_stages=1)
+        h,
+        topk_ids.contiguous(),
+        topk_weights.contiguous(),
+        *ptrs,
+        out,
+        n,
+        p.cols,
+        top_k,
+        0,
+        *strides,
+        *bit_constants(gemv_mode(p) == MODE_BYTE),
+        BN=bn,
+        Q=32 * warps,
+        **type_constants(p),
+        MODE=gemv_mode(p),
+        PREFETCH=prefetch,
+        EVEN=even,
+        num_warps=warps,
+        num_stages=1,
+    )
     return out

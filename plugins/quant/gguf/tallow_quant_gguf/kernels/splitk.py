@@ -29,13 +29,33 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 def counters(device: torch.device) -> torch.Tensor:
     """The zeroed tile counters of ``device``, made once (before any CUDA-graph capture)."""
-    return per_device(_COUNTERS, device, lambda: torch.zeros(MAX_TILES, dtype=torch.int32,
-                                                             device=device), "split-K counters")
+    return per_device(
+        _COUNTERS,
+        device,
+        lambda: torch.zeros(MAX_TILES, dtype=torch.int32, device=device),
+        "split-K counters",
+    )
 
 
 @triton.jit
-def finish_tile(part, ws_ptr, cnt_ptr, tile, pid_k, n_split, offs_m, rows, row_mask, mask,
-                stride_wsk, stride_wsm, y_ptr, stride_ym, b_ptr, HAS_BIAS: tl.constexpr):
+def finish_tile(
+    part,
+    ws_ptr,
+    cnt_ptr,
+    tile,
+    pid_k,
+    n_split,
+    offs_m,
+    rows,
+    row_mask,
+    mask,
+    stride_wsk,
+    stride_wsm,
+    y_ptr,
+    stride_ym,
+    b_ptr,
+    HAS_BIAS: tl.constexpr,
+):
     """Add the float32 partial ``part [BM, BN]`` (rows ``offs_m`` of the output, columns
     ``rows``) to the tile's other slices; the last program of the tile writes
     ``sum + bias`` to ``y`` in y's dtype. ``mask [BM, BN]`` marks the real entries,
@@ -47,8 +67,9 @@ def finish_tile(part, ws_ptr, cnt_ptr, tile, pid_k, n_split, offs_m, rows, row_m
     if count == n_split - 1:
         total = tl.zeros(part.shape, dtype=tl.float32)
         for k in range(0, n_split):
-            total += tl.load(ws_ptr + k * stride_wsk + where, mask=mask, other=0.0,
-                             cache_modifier=".cg")
+            total += tl.load(
+                ws_ptr + k * stride_wsk + where, mask=mask, other=0.0, cache_modifier=".cg"
+            )
         if HAS_BIAS:
             total += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[None, :]
         out = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + rows[None, :]

@@ -36,24 +36,45 @@ import triton
 import triton.language as tl
 
 from tallow.kernels import (
-    ACTIVATION_KINDS as KINDS, allow_next, bit_constants, bits_as_float, byte_to_bits_15,
-    load_activations, pdl_enabled, quad_launch_config as launch_config, quad_tile_mask as
-    tile_mask, step_jit, wait_prior,
+    ACTIVATION_KINDS as KINDS,
+    allow_next,
+    bit_constants,
+    bits_as_float,
+    byte_to_bits_15,
+    load_activations,
+    pdl_enabled,
+    quad_launch_config as launch_config,
+    quad_tile_mask as tile_mask,
+    step_jit,
+    wait_prior,
 )
 
 from ..layout import QUAD_COLUMNS, IntWeight
 
+
 @triton.jit
-def _load_tile(q_ptr, s_ptr, z_ptr, rows, quads, qmask, stride_q, stride_s,
-               QC: tl.constexpr, GROUP: tl.constexpr, ZEROS: tl.constexpr):
+def _load_tile(
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    quads,
+    qmask,
+    stride_q,
+    stride_s,
+    QC: tl.constexpr,
+    GROUP: tl.constexpr,
+    ZEROS: tl.constexpr,
+):
     """Codes ``[BN, Q, 4]``, scales and zero points ``[BN, Q]`` of quads ``quads [1, Q]`` of
     ``rows [BN]``; entries outside ``qmask`` (``[BN or 1, Q]``) read as zero."""
     u3 = tl.arange(0, 4)[None, None, :]
     grp = (quads * QC) // GROUP
     r2 = rows[:, None]
     r3 = rows[:, None, None]
-    codes = tl.load(q_ptr + r3 * stride_q + quads[:, :, None] * 4 + u3,
-                    mask=qmask[:, :, None], other=0)
+    codes = tl.load(
+        q_ptr + r3 * stride_q + quads[:, :, None] * 4 + u3, mask=qmask[:, :, None], other=0
+    )
     scale = tl.load(s_ptr + r2 * stride_s + grp, mask=qmask, other=0.0)
     zero = scale
     if ZEROS:
@@ -62,12 +83,36 @@ def _load_tile(q_ptr, s_ptr, z_ptr, rows, quads, qmask, stride_q, stride_s,
 
 
 @step_jit(values=["M"], pointers=["x_ptr", "y_ptr", "b_ptr"])
-def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
-                 stride_q, stride_s, mask_lo, mask_hi, magic_lo, magic_hi,
-                 BM: tl.constexpr, BN: tl.constexpr, Q: tl.constexpr, BITS: tl.constexpr,
-                 GROUP: tl.constexpr, ZEROS: tl.constexpr, PREFETCH: tl.constexpr,
-                 EVEN_N: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_ym,
+    stride_q,
+    stride_s,
+    mask_lo,
+    mask_hi,
+    magic_lo,
+    magic_hi,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    Q: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    ZEROS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     # one axis, x blocks fastest: the programs that share a weight tile run side by side
     m_blocks = tl.cdiv(M, BM)
     pid_m = tl.program_id(0) % m_blocks
@@ -85,9 +130,19 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
     m4 = m_ok[:, None, None, None]
 
     if PREFETCH:  # the weights are no kernel's output: requested before the wait for x
-        tile = _load_tile(q_ptr, s_ptr, z_ptr, rows, q_in,
-                          tile_mask(rows, q_in, N, n_quads, EVEN_N), stride_q, stride_s, QC,
-                          GROUP, ZEROS)
+        tile = _load_tile(
+            q_ptr,
+            s_ptr,
+            z_ptr,
+            rows,
+            q_in,
+            tile_mask(rows, q_in, N, n_quads, EVEN_N),
+            stride_q,
+            stride_s,
+            QC,
+            GROUP,
+            ZEROS,
+        )
     wait_prior(USE_PDL)
     allow_next(USE_PDL)
     acc = tl.zeros((BM, BN, Q), dtype=tl.float32)
@@ -95,13 +150,33 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
         quads = q0 + q_in
         if PREFETCH:
             nxt = quads + Q
-            upcoming = _load_tile(q_ptr, s_ptr, z_ptr, rows, nxt,
-                                  tile_mask(rows, nxt, N, n_quads, EVEN_N), stride_q,
-                                  stride_s, QC, GROUP, ZEROS)
+            upcoming = _load_tile(
+                q_ptr,
+                s_ptr,
+                z_ptr,
+                rows,
+                nxt,
+                tile_mask(rows, nxt, N, n_quads, EVEN_N),
+                stride_q,
+                stride_s,
+                QC,
+                GROUP,
+                ZEROS,
+            )
         else:
-            tile = _load_tile(q_ptr, s_ptr, z_ptr, rows, quads,
-                              tile_mask(rows, quads, N, n_quads, EVEN_N), stride_q, stride_s,
-                              QC, GROUP, ZEROS)
+            tile = _load_tile(
+                q_ptr,
+                s_ptr,
+                z_ptr,
+                rows,
+                quads,
+                tile_mask(rows, quads, N, n_quads, EVEN_N),
+                stride_q,
+                stride_s,
+                QC,
+                GROUP,
+                ZEROS,
+            )
         codes, scale, zero = tile
         cols = (quads * QC)[None, :, :, None] + u4[None, None, None, :]  # [1, 1, Q, 4]
         xmask = m4 & (quads < n_quads)[None, :, :, None]
@@ -163,14 +238,20 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 #: in the launch order: the second reads them from the cache). The warps are the fewest:
 #: :func:`tallow.kernels.quad_gemv.launch_config` adds warps along K where a shape launches
 #: too few programs to fill the GPU.
-DEFAULT_CONFIGS = {1: (1, 8, 1, True), 2: (2, 4, 1, True), 4: (4, 2, 1, True),
-                   8: (4, 2, 1, True), 16: (4, 2, 1, True)}
+DEFAULT_CONFIGS = {
+    1: (1, 8, 1, True),
+    2: (2, 4, 1, True),
+    4: (4, 2, 1, True),
+    8: (4, 2, 1, True),
+    16: (4, 2, 1, True),
+}
 #: elements a tensor may have: the kernels index them with 32-bit offsets
 MAX_ELEMENTS = 2**31 - 1
 
 
-def gemv_config(m: int, n: int, k: int, bits: int = 4,
-                device: torch.device | None = None) -> tuple[int, int, int, bool]:
+def gemv_config(
+    m: int, n: int, k: int, bits: int = 4, device: torch.device | None = None
+) -> tuple[int, int, int, bool]:
     """(BM, BN, warps, prefetch) for ``m`` rows of x (at most 16) by a ``[n, k]`` weight of
     ``bits``-bit codes on ``device`` (default: the current CUDA device)."""
     bucket = 1 << max(0, (m - 1).bit_length())
@@ -180,9 +261,15 @@ def gemv_config(m: int, n: int, k: int, bits: int = 4,
     return launch_config(DEFAULT_CONFIGS[bucket], m, n, k // QUAD_COLUMNS[bits], device)
 
 
-def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None, *,
-                out: torch.Tensor | None = None, gate: str | None = None,
-                config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+def gemv_triton(
+    x: torch.Tensor,
+    w: IntWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    gate: str | None = None,
+    config: tuple[int, int, int, bool] | None = None,
+) -> torch.Tensor:
     """``x [M, K] @ W.T (+ bias)`` → ``[M, N]`` in x's dtype, ``W`` in the layout's column
     order (``x [M, 2K]``, ``[gate | up]``, with ``gate``). ``out`` (``[M, N]`` with unit
     column stride, e.g. a column slice of a wider output) receives it in place. ``config`` is
@@ -190,8 +277,9 @@ def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None,
     m = x.shape[0]
     n, k = w.rows, w.cols
     if max(w.codes.numel(), x.numel()) > MAX_ELEMENTS:
-        raise ValueError(f"gemv: a [{n}, {k}] weight or [{m}, {k}] input is more than 32-bit "
-                         "offsets address")
+        raise ValueError(
+            f"gemv: a [{n}, {k}] weight or [{m}, {k}] input is more than 32-bit offsets address"
+        )
     if x.stride(-1) != 1:
         x = x.contiguous()
     if out is None:
@@ -203,11 +291,33 @@ def gemv_triton(x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None,
     use_pdl = pdl_enabled(x)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _gemv_kernel[grid](
-        x, w.codes, w.scales, w.zeros if w.zeros is not None else w.scales,
-        bias if bias is not None else w.scales, out, m, n, k, x.stride(0), out.stride(0),
-        w.codes.stride(0), w.scales.stride(0), *bit_constants(w.bits == 8),
-        BM=bm, BN=bn, Q=q, BITS=w.bits, GROUP=w.group, ZEROS=w.zeros is not None,
-        PREFETCH=prefetch, EVEN_N=n % bn == 0, HAS_BIAS=bias is not None,
-        GATE=-1 if gate is None else KINDS[gate], USE_PDL=use_pdl, num_warps=warps,
-        num_stages=1, launch_pdl=use_pdl)
+        x,
+        w.codes,
+        w.scales,
+        w.zeros if w.zeros is not None else w.scales,
+        bias if bias is not None else w.scales,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        w.codes.stride(0),
+        w.scales.stride(0),
+        *bit_constants(w.bits == 8),
+        BM=bm,
+        BN=bn,
+        Q=q,
+        BITS=w.bits,
+        GROUP=w.group,
+        ZEROS=w.zeros is not None,
+        PREFETCH=prefetch,
+        EVEN_N=n % bn == 0,
+        HAS_BIAS=bias is not None,
+        GATE=-1 if gate is None else KINDS[gate],
+        USE_PDL=use_pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=use_pdl,
+    )
     return out
