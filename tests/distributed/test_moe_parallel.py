@@ -57,14 +57,20 @@ def _waves() -> list[list[dict[str, Any]]]:
 
 
 def assert_parallel_equals_one_rank(
-    checkpoints: dict[str, str], plugins: list[str], tmp_path: Any, sessions: list[int]
+    checkpoints: dict[str, str],
+    plugins: list[str],
+    tmp_path: Any,
+    sessions: list[int],
+    modes: dict[str, tuple[str, ...]] | None = None,
 ) -> None:
     """Each family of ``checkpoints`` over two ranks, tensor parallel ("tp") and expert
-    parallel ("ep"), gives one rank's tokens and log-probabilities, with preemption and
-    prefix-cache hits on the way."""
+    parallel ("ep") — or the modes ``modes`` names for the family —, gives one rank's tokens
+    and log-probabilities, with preemption and prefix-cache hits on the way."""
+    modes = {family: (modes or {}).get(family, ("tp", "ep")) for family in checkpoints}
     cases = []
     for family, path in checkpoints.items():
-        for mode, expert_parallel in (("tp", False), ("ep", True)):
+        for mode in modes[family]:
+            expert_parallel = mode == "ep"
             cases.append(
                 {
                     "name": f"{family}-{mode}",
@@ -81,7 +87,7 @@ def assert_parallel_equals_one_rank(
         }
     results = run_driver(cases, 2, tmp_path, sessions, timeout=400)
     for family in checkpoints:
-        for mode in ("tp", "ep"):
+        for mode in modes[family]:
             name = f"{family}-{mode}"
             compared = assert_same(results[name], references[family], f"{name} over 2 ranks")
             assert compared > 100, f"{name}: only {compared} log-probabilities compared"

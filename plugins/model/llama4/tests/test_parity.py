@@ -221,6 +221,14 @@ def test_config_that_cannot_run_is_refused(change, message):
         Llama4ForCausalLM(ArchConfig(config), BuildContext())
 
 
+def test_expert_parallelism_is_refused_by_name():
+    """The experts take router-scaled inputs, which the expert-parallel all-to-all does not
+    carry: building with ``expert_parallel`` over two ranks stops with the reason."""
+    build = BuildContext(tp_rank=0, tp_size=2, expert_parallel=True)
+    with pytest.raises(ValueError, match="does not run under expert parallelism"):
+        Llama4ForCausalLM(ArchConfig(_config().to_dict()), build)
+
+
 def test_chunked_layers_are_refused_by_the_paged_kernels():
     """No paged Triton kernel masks by chunk: the Triton backend refuses the chunked layers by
     name (automatic selection then passes over it) instead of computing full attention; the
