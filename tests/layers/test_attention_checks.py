@@ -32,9 +32,13 @@ def test_layer_reasons():
         "a sliding window on a bidirectional (causal=False) layer"
     ]
     assert layer_reasons(_layer(sliding_window=16)) == []
-    # no paged kernel masks by chunk: those backends refuse the layer rather than ignore it
+    # a backend whose kernels do not mask by chunk refuses the layer rather than ignore it
     assert layer_reasons(_layer(attention_chunk_size=32)) == [
         "chunked local attention (attention_chunk_size 32)"
+    ]
+    assert layer_reasons(_layer(attention_chunk_size=32), chunks=True) == []
+    assert layer_reasons(_layer(attention_chunk_size=32, sliding_window=8), chunks=True) == [
+        "chunked local attention (attention_chunk_size 32) together with a sliding window (8)"
     ]
 
 

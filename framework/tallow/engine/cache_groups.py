@@ -212,8 +212,8 @@ def allocate_group(
                 t.name: torch.zeros(
                     (num_slots + 1, *t.shape), dtype=t.dtype or model_dtype, device=device
                 )
-                for t in group.spec.tensors
-            }  # type: ignore[attr-defined]
+                for t in group.spec.tensors  # type: ignore[attr-defined]
+            }
             cache = StateCache(tensors, group.index, num_slots)
             layer.bind_cache(cache, group.index)
             states.append(cache)

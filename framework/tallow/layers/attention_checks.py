@@ -8,9 +8,11 @@ import torch
 from .attention import AttentionLayer, AttentionMetadata
 
 
-def layer_reasons(layer: AttentionLayer) -> list[str]:
+def layer_reasons(layer: AttentionLayer, *, chunks: bool = False) -> list[str]:
     """Reasons a paged backend cannot run ``layer``: query heads that do not share the KV
-    heads evenly, a sliding window on a bidirectional layer, chunked local attention."""
+    heads evenly, a sliding window on a bidirectional layer, chunked local attention unless
+    the backend's kernels mask keys outside a query's chunk (``chunks``), or a chunk together
+    with a sliding window."""
     reasons = []
     if layer.num_kv_heads < 1 or layer.num_heads % layer.num_kv_heads:
         reasons.append(
@@ -18,11 +20,16 @@ def layer_reasons(layer: AttentionLayer) -> list[str]:
         )
     if not layer.causal and layer.sliding_window:
         reasons.append("a sliding window on a bidirectional (causal=False) layer")
-    if layer.attention_chunk_size:
-        # no paged kernel masks keys outside the query's chunk: refusing sends the layer to
-        # a backend that does (the torch one) instead of computing full attention
+    if layer.attention_chunk_size and not chunks:
+        # refusing sends the layer to a backend that masks by chunk (the torch one) instead
+        # of computing full attention
         reasons.append(
             f"chunked local attention (attention_chunk_size {layer.attention_chunk_size})"
+        )
+    elif layer.attention_chunk_size and layer.sliding_window:
+        reasons.append(
+            f"chunked local attention (attention_chunk_size {layer.attention_chunk_size}) "
+            f"together with a sliding window ({layer.sliding_window})"
         )
     return reasons
 

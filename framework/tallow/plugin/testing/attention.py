@@ -210,6 +210,33 @@ class AttentionBackendConformance(ComponentConformance):
                 return
             check_step(step, backend)
 
+    def test_chunked_local_attention(self, backend: AttentionBackend, device: str) -> None:
+        """A layer with chunked local attention (Llama 4: each query sees only the keys of its
+        own ``attention_chunk_size``-token chunk) over a whole prompt across several chunks, a
+        chunked prefill starting inside a chunk, and decodes at a chunk's first and last
+        position — or, for a backend that cannot mask by chunk, a refusal with reasons before
+        any step (``supports_layer``), so that the engine picks another backend."""
+        bs = self.block_size
+        chunk = bs // 2 + 3  # not a multiple of the block size: chunks and blocks disagree
+        step = random_paged_step(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=bs,
+            dtype=self.dtypes[0],
+            device=device,
+            query_lens=[3 * chunk + 2, chunk + 4, 1, 1, 1],
+            context_lens=[0, chunk - 2, chunk, 2 * chunk - 1, 4 * chunk + 5],
+            attention_chunk_size=chunk,
+            seed=zlib.crc32(f"{type(self).__name__}/chunked".encode()),
+        )
+        supports = getattr(backend, "supports_layer", None)
+        reasons = supports(step.layer) if supports is not None else []
+        if reasons:
+            assert all(isinstance(r, str) and r for r in reasons), reasons
+            return
+        check_step(step, backend)
+
     def test_padding_rows_store_nothing(self, backend: AttentionBackend, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""
         self.check(

@@ -626,8 +626,8 @@ def _pick(
         closing = [
             t
             for t in choices
-            if t not in info.eos_token_ids and any(c in info.token_bytes[t] for c in b'"}],')
-        ]  # type: ignore[operator]
+            if t not in info.eos_token_ids and any(c in info.token_bytes[t] for c in b'"}],')  # type: ignore[operator]
+        ]
         if closing and rng.random() < 0.5:
             return rng.choice(closing)
     return rng.choice(choices)

@@ -58,6 +58,7 @@ class PagedStep:
             logit_softcap=self.layer.logit_softcap,
             causal=self.layer.causal,
             sinks=self.layer.sinks,
+            attention_chunk_size=self.layer.attention_chunk_size,
         )
 
     def expected(self) -> tuple[torch.Tensor, LayerKVCache]:
@@ -110,13 +111,15 @@ def random_paged_step(
     seed: int = 0,
     causal: bool = True,
     sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
 ) -> PagedStep:
     """A random step (see the module docstring). The cache is ``codec``'s, or a cast into
     ``cache_dtype`` (default: ``dtype``). ``shared_prefix_blocks`` full blocks at the start of
     sequence 0 are also the first blocks of every other sequence (each needs at least that
     much context). ``padding_rows`` extra query rows belong to no sequence. ``causal`` False:
     a bidirectional (encoder) layer, whose sequences come whole (no context). ``sinks``
-    [num_heads] float32: the layer's attention sinks (on ``device``)."""
+    [num_heads] float32: the layer's attention sinks (on ``device``).
+    ``attention_chunk_size``: chunked local attention (each query over its own chunk)."""
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
     shared_tokens = shared_prefix_blocks * block_size
@@ -153,6 +156,7 @@ def random_paged_step(
         logit_softcap=logit_softcap,
         causal=causal,
         sinks=None if sinks is None else sinks.float().to(device),
+        attention_chunk_size=attention_chunk_size,
     )
     cache = allocate_layer(
         codec,

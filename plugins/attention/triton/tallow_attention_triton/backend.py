@@ -247,7 +247,7 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_layer(layer: AttentionLayer) -> list[str]:
         """Reasons this backend cannot run ``layer`` (empty when it can). The model runner
         may call it once per layer after building the model; ``forward`` enforces it too."""
-        return head_dim_reasons(layer.head_dim) + layer_reasons(layer)
+        return head_dim_reasons(layer.head_dim) + layer_reasons(layer, chunks=True)
 
     # -- the step -------------------------------------------------------------------------
     def _check(
@@ -315,6 +315,7 @@ class TritonAttentionBackend(AttentionBackend):
                     layer.num_kv_heads,
                     layer.head_dim,
                     bool(layer.sliding_window),
+                    bool(layer.attention_chunk_size),
                     bool(layer.logit_softcap),
                     layer.causal,
                     layer.sinks is not None,
@@ -339,6 +340,7 @@ class TritonAttentionBackend(AttentionBackend):
                         codec=cache.codec,
                         device=cache.device,
                         sliding_window=layer.sliding_window,
+                        attention_chunk_size=layer.attention_chunk_size,
                         logit_softcap=layer.logit_softcap,
                         scale=layer.scale,
                         padding_rows=padding,
@@ -408,6 +410,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_seqs=meta.num_seqs,
             scale=layer.scale,
             sliding_window=layer.sliding_window,
+            attention_chunk_size=layer.attention_chunk_size,
             logit_softcap=layer.logit_softcap,
             num_splits=self.num_splits,
             max_seq_len=meta.max_seq_len,

@@ -190,6 +190,7 @@ def prefill_spec(
     pdl: bool = False,
     causal: bool = True,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> dict[str, object]:
     tiles = prefill_tiles(
         head_dim,
@@ -212,6 +213,7 @@ def prefill_spec(
         BLOCK_SIZE=block_size,
         TILE_N=tiles.tile_n,
         USE_WINDOW=bool(sliding_window),
+        CHUNKED=chunked,
         USE_SOFTCAP=bool(logit_softcap),
         SKIP_SINGLE=skip_single_query,
         CAUSAL=bool(causal),
@@ -243,6 +245,7 @@ def decode_spec(
     kv_bits: int = 0,
     pdl: bool = False,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> dict[str, object]:
     cast_bytes = 2 if kv_bits else cache_bytes
     tiles = decode_tiles(
@@ -259,6 +262,7 @@ def decode_spec(
         BLOCK_SIZE=block_size,
         TILE_N=tiles.tile_n,
         USE_WINDOW=bool(sliding_window),
+        CHUNKED=chunked,
         USE_SOFTCAP=bool(logit_softcap),
         MIXED=mixed,
         SINGLE_SPLIT=single_split,
@@ -293,6 +297,7 @@ def decode_nibbles_spec(
     single_split: bool,
     pdl: bool = False,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> dict[str, object]:
     tiles = nibble_decode_tiles(head_dim, group, torch.finfo(dtype).bits // 8)
     f16 = torch.finfo(dtype).bits == 16
@@ -309,6 +314,7 @@ def decode_nibbles_spec(
         BLOCK_SIZE=block_size,
         TILE_N=tiles.tile_n,
         USE_WINDOW=bool(sliding_window),
+        CHUNKED=chunked,
         USE_SOFTCAP=bool(logit_softcap),
         MIXED=mixed,
         SINGLE_SPLIT=single_split,
@@ -335,6 +341,7 @@ def reduce_spec(
     mixed: bool,
     pdl: bool = False,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> dict[str, object]:
     return dict(
         NUM_Q_HEADS=num_heads,
@@ -344,6 +351,7 @@ def reduce_spec(
         S_PAD=max(16, next_pow2(num_splits)),
         TILE_N=tile_n,
         USE_WINDOW=bool(sliding_window),
+        CHUNKED=chunked,
         MIXED=mixed,
         USE_SINKS=sinks,
         USE_PDL=pdl,
@@ -426,6 +434,21 @@ def scale_output(out: torch.Tensor, kv_cache: LayerKVCache) -> torch.Tensor:
     return out
 
 
+def visible_window(
+    sliding_window: int | None, attention_chunk_size: int | None
+) -> tuple[int, bool]:
+    """(the kernels' ``window`` argument, ``CHUNKED``) of a layer: its sliding window, or its
+    chunk size with ``CHUNKED`` (0, False: every earlier key is visible)."""
+    if sliding_window and attention_chunk_size:
+        raise ValueError(
+            f"a layer has either a sliding window or chunked local attention, got "
+            f"sliding_window={sliding_window} and attention_chunk_size={attention_chunk_size}"
+        )
+    if attention_chunk_size:
+        return int(attention_chunk_size), True
+    return int(sliding_window or 0), False
+
+
 def prefill_attention(
     q: torch.Tensor,
     kv_cache: LayerKVCache,
@@ -441,10 +464,13 @@ def prefill_attention(
     skip_single_query: bool = False,
     causal: bool = True,
     sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Attention of every sequence's queries over its cached context, into ``out``: causal,
     or with ``causal`` False every query over all ``seq_lens[i]`` keys (encoders). ``sinks``
     (float32 [Hq]): a logit per query head that joins every softmax's denominator.
+    ``attention_chunk_size``: chunked local attention, each query over the keys of its own
+    chunk of that many positions (not with ``sliding_window``).
 
     q, out [T, Hq, D]; K/V of all tokens up to ``seq_lens[i]`` must already be in the cache.
     With ``skip_single_query`` the rows of sequences with one query are left untouched (for
@@ -453,6 +479,7 @@ def prefill_attention(
     n_tokens, n_heads, head_dim = q.shape
     if n_tokens == 0 or num_seqs == 0:
         return out
+    window, chunked = visible_window(sliding_window, attention_chunk_size)
     q = _last_dim_contiguous(q)
     k_cache, v_cache, k_scales, v_scales, stride_sb, stride_so, bits = _paged(kv_cache)
     n_kv = k_cache.shape[2]
@@ -462,7 +489,7 @@ def prefill_attention(
         group=group,
         dtype=q.dtype,
         block_size=k_cache.shape[1],
-        sliding_window=sliding_window,
+        sliding_window=window,
         logit_softcap=logit_softcap,
         skip_single_query=skip_single_query,
         capability=device_facts(q.device)[1],
@@ -471,6 +498,7 @@ def prefill_attention(
         pdl=pdl_enabled(q),
         causal=causal,
         sinks=sinks is not None,
+        chunked=chunked,
     )
     qk_scale, softcap = score_constants(scale, logit_softcap)
     stride_cb, stride_co, stride_ch = _cache_strides(k_cache)
@@ -488,7 +516,7 @@ def prefill_attention(
         _sinks_arg(sinks, n_heads, q),
         qk_scale,
         softcap,
-        int(sliding_window or 0),
+        window,
         num_seqs,
         q.stride(0),
         q.stride(1),
@@ -554,6 +582,7 @@ def decode_attention(
     v: torch.Tensor | None = None,
     slot_mapping: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Split-K attention for sequences with a single query (row ``query_start_loc[i]``).
 
@@ -565,7 +594,8 @@ def decode_attention(
     of each sequence's query row are stored in the same launch (instead of :func:`store_kv`).
     Partials come from the caching allocator with shapes fixed by (num_seqs, Hq, splits), which
     CUDA-graph capture records like any other allocation. ``sinks``: as in
-    :func:`prefill_attention`, added where the splits are combined.
+    :func:`prefill_attention`, added where the splits are combined; ``attention_chunk_size``
+    as in :func:`prefill_attention`.
     """
     n_heads, head_dim = q.shape[1], q.shape[2]
     if num_seqs == 0:
@@ -602,7 +632,7 @@ def decode_attention(
         scratch = torch.empty(n_part * (d_pad + 2), dtype=torch.float32, device=q.device)
         part_acc = scratch[: n_part * d_pad]
         part_ml = scratch[n_part * d_pad :]
-    window = int(sliding_window or 0)
+    window, chunked = visible_window(sliding_window, attention_chunk_size)
     sinks_arg = _sinks_arg(sinks, n_heads, q)
     use_sinks = sinks is not None
     if nibble_decode(bits, head_dim):
@@ -612,12 +642,13 @@ def decode_attention(
             head_dim=head_dim,
             dtype=q.dtype,
             block_size=k_cache.shape[1],
-            sliding_window=sliding_window,
+            sliding_window=window,
             logit_softcap=logit_softcap,
             mixed=mixed,
             single_split=single,
             pdl=pdl_enabled(q),
             sinks=use_sinks,
+            chunked=chunked,
         )
         decode_nibbles_kernel[(num_seqs, n_kv, num_splits)](
             q,
@@ -655,7 +686,7 @@ def decode_attention(
             head_dim=head_dim,
             dtype=q.dtype,
             block_size=k_cache.shape[1],
-            sliding_window=sliding_window,
+            sliding_window=window,
             logit_softcap=logit_softcap,
             mixed=mixed,
             single_split=single,
@@ -665,6 +696,7 @@ def decode_attention(
             kv_bits=bits,
             pdl=pdl_enabled(q),
             sinks=use_sinks,
+            chunked=chunked,
         )
         decode_split_kernel[(num_seqs, n_kv, num_splits)](
             q,
@@ -719,10 +751,11 @@ def decode_attention(
                 head_dim=head_dim,
                 num_splits=num_splits,
                 tile_n=spec["TILE_N"],
-                sliding_window=sliding_window,
+                sliding_window=window,
                 mixed=mixed,
                 pdl=spec["USE_PDL"],
                 sinks=use_sinks,
+                chunked=chunked,
             ),
         )
     return out

@@ -55,6 +55,7 @@ class PagedCase:
             logit_softcap=self.layer.logit_softcap,
             causal=self.layer.causal,
             sinks=self.layer.sinks,
+            attention_chunk_size=self.layer.attention_chunk_size,
         )
 
     def expected(self) -> tuple[torch.Tensor, LayerKVCache]:
@@ -93,6 +94,7 @@ def make_case(
     head_scales: tuple[list[float], list[float]] | None = None,
     key_offset: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attention_chunk_size: int | None = None,
 ) -> PagedCase:
     """A random batch; ``context_lens[i]`` earlier tokens of sequence ``i`` are already cached
     and its ``query_lens[i]`` tokens are this step's (their K/V still to be stored).
@@ -110,6 +112,7 @@ def make_case(
     scales; one per KV head) fill a cache's ``k_scale``/``v_scale`` and ``key_offset``
     [Hkv, D] its ``k_offset`` before anything is stored (the random keys are drawn around it).
     ``sinks`` [num_heads]: the layer's attention sinks (float32, moved to ``device``).
+    ``attention_chunk_size``: chunked local attention (each query over its own chunk).
     """
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens must have the same length")
@@ -215,6 +218,7 @@ def make_case(
         logit_softcap=logit_softcap,
         causal=causal,
         sinks=None if sinks is None else sinks.float().to(dev),
+        attention_chunk_size=attention_chunk_size,
     )
     return PagedCase(
         layer=layer,

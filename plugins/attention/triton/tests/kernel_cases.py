@@ -181,6 +181,86 @@ def test_sliding_window_and_softcap(window: int, softcap: float | None) -> None:
         run_and_check(case, backend(4))
 
 
+@pytest.mark.parametrize(("chunk", "num_splits"), [(1, 1), (8, 3), (13, None), (40, 8)])
+def test_chunked_local_attention(chunk: int, num_splits: int | None) -> None:
+    """Llama 4's chunked local attention: each query over the keys of its own chunk. Decodes
+    at a chunk's first, middle and last position and past several chunks (split over more
+    tiles than the chunk has), whole prompts and chunked prefills across chunk boundaries,
+    and both beside each other; chunks of 13 and 40 are not multiples of the tiles."""
+    for kind, q_lens, ctx in (
+        ("decode", [1, 1, 1, 1], [0, chunk - 1, chunk, 3 * chunk + chunk // 2]),
+        ("prefill", [2 * chunk + 3, chunk + 5, 7], [0, chunk // 2, max(2 * chunk - 3, 0)]),
+        ("mixed", [1, 3 * chunk, 1, 4], [5 * chunk + 1, 0, chunk - 1, max(chunk - 2, 0)]),
+    ):
+        case = make_case(
+            query_lens=q_lens,
+            context_lens=ctx,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            block_size=8,
+            dtype=torch.float16,
+            device=DEVICE,
+            attention_chunk_size=chunk,
+            scale=0.3,
+            seed=seed_of("chunked", chunk, num_splits, kind),
+        )
+        run_and_check(case, backend(num_splits))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_chunked_local_attention_over_a_turbo_cache(bits: int) -> None:
+    chunk = 13
+    for kind, q_lens, ctx in (
+        ("decode", [1, 1], [chunk, 4 * chunk + 2]),
+        ("prefill", [30, 1], [0, 45]),
+    ):
+        case = make_case(
+            query_lens=q_lens,
+            context_lens=ctx,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            block_size=8,
+            dtype=torch.float16,
+            codec=turbo_codec(bits),
+            device=DEVICE,
+            attention_chunk_size=chunk,
+            scale=0.3,
+            seed=seed_of("turbo-chunked", bits, kind),
+        )
+        run_and_check(calibrate_randomly(case, bits), backend(2))
+
+
+def test_a_chunk_with_a_sliding_window_is_refused() -> None:
+    case = make_case(
+        query_lens=[1],
+        context_lens=[4],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        device=DEVICE,
+        sliding_window=4,
+        attention_chunk_size=8,
+    )
+    assert backend().supports_layer(case.layer) == [
+        "chunked local attention (attention_chunk_size 8) together with a sliding window (4)"
+    ]
+    with pytest.raises(ValueError, match="either a sliding window or chunked local attention"):
+        ops.decode_attention(
+            case.q,
+            case.kv_cache,
+            torch.empty_like(case.q),
+            query_start_loc=case.meta.query_start_loc,
+            seq_lens=case.meta.seq_lens,
+            block_tables=case.meta.block_tables,
+            num_seqs=1,
+            scale=0.1,
+            sliding_window=4,
+            attention_chunk_size=8,
+        )
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_bidirectional_whole_sequences(dtype: torch.dtype) -> None:
     """An encoder step (causal=False): whole sequences, each query sees every key of its

@@ -1,6 +1,6 @@
 """Llama 4 through the whole engine: a batch of prompts of different lengths (past several
-attention chunks) generates transformers' greedy tokens; on a GPU the Triton attention backend
-refuses the chunked layers and automatic selection serves the model with the torch one."""
+attention chunks) generates transformers' greedy tokens; on a GPU the Triton attention backend,
+named in the configuration, serves the chunked layers with its chunk mask."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_engine_batch_past_chunk_boundaries(tmp_path):
 
 
 @pytest.mark.gpu
-def test_engine_on_cuda_passes_over_the_triton_kernels(tmp_path):
+def test_engine_on_cuda_with_the_triton_kernels(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     hf = _saved(tmp_path)
@@ -59,5 +59,5 @@ def test_engine_on_cuda_passes_over_the_triton_kernels(tmp_path):
         [PROMPT, PROMPT[::-1][:7]],
         20,
         plugins=[*PLUGINS, "tallow-attention-triton"],
-        config={"model": {"device": "cuda"}},
+        config={"model": {"device": "cuda"}, "runner": {"attention_backend": "triton"}},
     )

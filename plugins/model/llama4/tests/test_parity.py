@@ -229,17 +229,24 @@ def test_expert_parallelism_is_refused_by_name():
         Llama4ForCausalLM(ArchConfig(_config().to_dict()), build)
 
 
-def test_chunked_layers_are_refused_by_the_paged_kernels():
-    """No paged Triton kernel masks by chunk: the Triton backend refuses the chunked layers by
-    name (automatic selection then passes over it) instead of computing full attention; the
-    layers without chunks it accepts."""
-    backend = pytest.importorskip(
+def test_chunked_layers_and_the_paged_backends():
+    """The Triton kernels mask by chunk: the backend takes every layer. FlashInfer's do not:
+    it refuses the chunked layers by name (automatic selection then passes over it) instead
+    of computing full attention, and takes the layers without chunks."""
+    triton_backend = pytest.importorskip(
         "tallow_attention_triton.backend", reason="the Triton attention plugin"
     ).TritonAttentionBackend
-    model = Llama4ForCausalLM(ArchConfig(_config().to_dict()), BuildContext())
+    flashinfer_backend = pytest.importorskip(
+        "tallow_attention_flashinfer.backend", reason="the FlashInfer attention plugin"
+    ).FlashInferAttentionBackend
+    config = _config(head_dim=64).to_dict()  # a head size FlashInfer's kernels are built for
+    model = Llama4ForCausalLM(ArchConfig(config), BuildContext())
     layers = [layer.self_attn.attn.layer for layer in model.model.layers]
-    assert backend.supports_layer(layers[0]) == ["chunked local attention (attention_chunk_size 8)"]
-    assert backend.supports_layer(layers[3]) == []
+    assert [triton_backend.supports_layer(layer) for layer in layers] == [[]] * 4
+    assert flashinfer_backend.supports_layer(layers[0]) == [
+        "chunked local attention (attention_chunk_size 8)"
+    ]
+    assert flashinfer_backend.supports_layer(layers[3]) == []
 
 
 @pytest.mark.gpu

@@ -22,6 +22,18 @@ def saturate(x, LIMIT: tl.constexpr):
 
 
 @triton.jit
+def first_visible_key(pos, window, CHUNKED: tl.constexpr):
+    """The first key position a query at ``pos`` sees on a layer with a window of ``window``
+    tokens: the last ``window`` keys up to it (a sliding window), or with ``CHUNKED`` the keys
+    of its own ``window``-token chunk (chunked local attention: positions
+    ``[pos - pos % window, pos]``). Negative for a sliding window near the start: callers
+    clamp at 0 where it bounds a loop."""
+    if CHUNKED:
+        return pos - pos % window
+    return pos - window + 1
+
+
+@triton.jit
 def tanh(x):
     """tanh through one exp2; exp2 overflowing to inf (or to 0) gives exactly +1 (or -1)."""
     e = tl.exp2(x * 2.8853900817779268)  # 2 * log2(e)

@@ -46,6 +46,7 @@ import triton.language as tl
 from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (
+    first_visible_key,
     kv_offsets,
     online_softmax_step,
     online_softmax_step_lazy,
@@ -63,22 +64,30 @@ from .turbo import code_positions, load_centered, tile_scales
 
 
 @triton.jit
-def _tile_range(seq_len, window, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr):
+def _tile_range(
+    seq_len, window, USE_WINDOW: tl.constexpr, CHUNKED: tl.constexpr, TILE_N: tl.constexpr
+):
     """(first token of tile 0, number of tiles) of a one-query sequence's visible context."""
     lo = 0
     if USE_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
+        lo = tl.maximum(first_visible_key(seq_len - 1, window, CHUNKED), 0)
     lo = (lo // TILE_N) * TILE_N
     return lo, tl.cdiv(seq_len - lo, TILE_N)
 
 
 @triton.jit
 def _split_tiles(
-    seq_len, window, num_splits, split, USE_WINDOW: tl.constexpr, TILE_N: tl.constexpr
+    seq_len,
+    window,
+    num_splits,
+    split,
+    USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
+    TILE_N: tl.constexpr,
 ):
     """(first token of tile 0, first tile, end tile) of split ``split``'s share of a
     one-query sequence's tiles: ``num_splits`` equal runs (the last ones may be empty)."""
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
+    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, CHUNKED, TILE_N)
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
     t_begin = split * per_split
     return lo, t_begin, tl.minimum(t_begin + per_split, n_tiles)
@@ -147,6 +156,7 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
@@ -207,7 +217,9 @@ def decode_split_kernel(
         tl.store(k_cache_ptr + dst, k_new, mask=new_mask & (split == 0))
         tl.store(v_cache_ptr + dst, v_new, mask=new_mask & (split == 0))
 
-    lo, t_begin, t_end = _split_tiles(seq_len, window, num_splits, split, USE_WINDOW, TILE_N)
+    lo, t_begin, t_end = _split_tiles(
+        seq_len, window, num_splits, split, USE_WINDOW, CHUNKED, TILE_N
+    )
     if not SINGLE_SPLIT:
         # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:
@@ -228,7 +240,7 @@ def decode_split_kernel(
         byte, shift, high_byte, high_shift = code_positions(offs_d, HEAD_DIM, KV_BITS)
     window_lo = 0
     if USE_WINDOW:
-        window_lo = seq_len - window
+        window_lo = first_visible_key(seq_len - 1, window, CHUNKED)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -376,6 +388,7 @@ def decode_reduce_kernel(
     S_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     MIXED: tl.constexpr,
     USE_SINKS: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -390,7 +403,7 @@ def decode_reduce_kernel(
     if not served:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, TILE_N)
+    lo, n_tiles = _tile_range(seq_len, window, USE_WINDOW, CHUNKED, TILE_N)
     per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), 1)
     n_active = tl.cdiv(n_tiles, per_split)
 

@@ -23,6 +23,7 @@ import triton.language as tl
 from tallow.kernels import allow_next, step_jit, wait_prior
 
 from .common import (
+    first_visible_key,
     kv_offsets,
     online_softmax_step,
     online_softmax_step_scaled,
@@ -51,15 +52,24 @@ def _find_sequence(qsl_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
+def _masked(
+    s,
+    n_mask,
+    offs_n,
+    q_pos,
+    window,
+    USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """Scores ``s`` with -inf where a query may not see a key: past the sequence or below the
-    window's start (``n_mask``), after the query (causal), or out of its window."""
+    window's start (``n_mask``), after the query (causal), or out of its window (or chunk)."""
     if CAUSAL:
         allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
     else:
         allowed = n_mask[None, :] & (q_pos[:, None] >= 0)
     if USE_WINDOW:
-        allowed = allowed & (q_pos[:, None] - offs_n[None, :] < window)
+        allowed = allowed & (offs_n[None, :] >= first_visible_key(q_pos, window, CHUNKED)[:, None])
     return tl.where(allowed, s, float("-inf"))
 
 
@@ -86,6 +96,7 @@ def _attend_tile(
     d_mask,
     MASKED: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -104,7 +115,7 @@ def _attend_tile(
     k = k.to(q.dtype)  # a cache in another dtype than the activations
     s = scores(q, k, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
-        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CAUSAL)
+        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CHUNKED, CAUSAL)
     v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     v = v.to(q.dtype)
     return online_softmax_step(acc, l_i, m_i, s, v, PRECISION, UPCAST)
@@ -141,6 +152,7 @@ def _attend_turbo_tile(
     high_shift,
     MASKED: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     CAUSAL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -175,7 +187,7 @@ def _attend_turbo_tile(
     k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0).to(tl.float32)
     s = scaled_scores(q, k, k_scale, qk_scale, softcap, USE_SOFTCAP, PRECISION, UPCAST)
     if MASKED:
-        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CAUSAL)
+        s = _masked(s, n_mask, offs_n, q_pos, window, USE_WINDOW, CHUNKED, CAUSAL)
     v = load_centered(
         v_codes_ptr, code_off, kv_mask, byte, shift, high_byte, high_shift, KV_BITS, q.dtype
     )
@@ -222,6 +234,7 @@ def prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     SKIP_SINGLE: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -271,7 +284,7 @@ def prefill_kernel(
         last_pos = seq_len - 1  # every query sees every key
     kv_lo = 0
     if USE_WINDOW:
-        kv_lo = tl.maximum(first_pos - window + 1, 0)
+        kv_lo = tl.maximum(first_visible_key(first_pos, window, CHUNKED), 0)
     start = (kv_lo // TILE_N) * TILE_N
     # Keys below `full_end` are visible to every query of the tile: no masks needed there.
     full_end = start
@@ -319,6 +332,7 @@ def prefill_kernel(
                 high_shift,
                 False,
                 USE_WINDOW,
+                CHUNKED,
                 USE_SOFTCAP,
                 CAUSAL,
                 BLOCK_SIZE,
@@ -358,6 +372,7 @@ def prefill_kernel(
                 high_shift,
                 True,
                 USE_WINDOW,
+                CHUNKED,
                 USE_SOFTCAP,
                 CAUSAL,
                 BLOCK_SIZE,
@@ -390,6 +405,7 @@ def prefill_kernel(
                 d_mask,
                 False,
                 USE_WINDOW,
+                CHUNKED,
                 USE_SOFTCAP,
                 CAUSAL,
                 BLOCK_SIZE,
@@ -420,6 +436,7 @@ def prefill_kernel(
                 d_mask,
                 True,
                 USE_WINDOW,
+                CHUNKED,
                 USE_SOFTCAP,
                 CAUSAL,
                 BLOCK_SIZE,

@@ -23,7 +23,15 @@ import triton.language as tl
 
 from tallow.kernels import allow_next, step_jit, wait_prior
 
-from .common import dot, product_operand, scaled_weights, sink_mass, tanh, turbo_offsets
+from .common import (
+    dot,
+    first_visible_key,
+    product_operand,
+    scaled_weights,
+    sink_mass,
+    tanh,
+    turbo_offsets,
+)
 from .decode import _query_row, _split_tiles
 from .turbo import load_nibble_halves, tile_scales
 
@@ -70,6 +78,7 @@ def decode_nibbles_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CHUNKED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     MIXED: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
@@ -94,7 +103,9 @@ def decode_nibbles_kernel(
     if not served:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo, t_begin, t_end = _split_tiles(seq_len, window, num_splits, split, USE_WINDOW, TILE_N)
+    lo, t_begin, t_end = _split_tiles(
+        seq_len, window, num_splits, split, USE_WINDOW, CHUNKED, TILE_N
+    )
     if not SINGLE_SPLIT:
         # An empty split writes nothing: the reduce derives the same count of active splits.
         if t_begin >= t_end:
@@ -114,7 +125,7 @@ def decode_nibbles_kernel(
     code_head_off = kv_head.to(tl.int64) * stride_ch
     window_lo = 0
     if USE_WINDOW:
-        window_lo = seq_len - window
+        window_lo = first_visible_key(seq_len - 1, window, CHUNKED)
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc_lo = tl.zeros([G_PAD, H_PAD], tl.float32)
