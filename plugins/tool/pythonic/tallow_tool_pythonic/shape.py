@@ -125,6 +125,7 @@ class CallListShape:
             return -1
         if c in _OPENING:
             self._nest.append(_OPENING[c])
+            self._value_empty = False
         elif c in _CLOSING:
             if self._nest:
                 if self._nest.pop() != c:
