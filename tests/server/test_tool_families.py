@@ -94,3 +94,18 @@ def test_family_replies_become_calls(serve, case: tuple[Any, ...]) -> None:
     streamed_content, calls, finish = streamed(client, tools=TOOLS)
     assert finish == "tool_calls" and streamed_content == (content or "")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
+
+
+def test_llama4_json_calls_are_read_by_the_json_fallback(serve) -> None:
+    # Llama 4's own template writes earlier calls as JSON objects: a reply in that form is read
+    # by the json parser, the fallback that matches every model.
+    reply = '{"name": "add", "parameters": {"a": 2, "b": -3}}'
+    engine = FakeEngine(lambda prompt, params, i: reply)
+    engine.tokenizer.tokenizer_config["chat_template"] = LLAMA4
+    client = serve(engine)
+    selected = client.get("/v1/plugins").json()["selected"]
+    assert selected["tool_parser"] == "pythonic" and "json" in selected["fallbacks"]
+    message = post(client, tools=TOOLS)["choices"][0]["message"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("add", '{"a":2,"b":-3}')
+    ]
