@@ -554,6 +554,44 @@ def test_tool_schemas_shapes():
 
 
 # ---------------------------------------------------------------------------------------------
+# Typing XML parameter text by the schema (tallow.plugin.tool_values)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text,schema,untyped_json,expected",
+    [
+        ("42", {"type": "string"}, True, "42"),  # a string keeps its text, even JSON-looking
+        ("42", {"type": ["integer", "string"]}, False, 42),
+        ("42", {"type": ["string", "integer"]}, False, "42"),
+        (" -7 ", {"anyOf": [{"type": "null"}, {"type": "integer"}]}, False, -7),
+        ("None", {"type": ["null", "string"]}, False, None),
+        ("TRUE", {"type": "boolean"}, False, True),
+        ("1e3", {"type": "number"}, False, 1000.0),
+        ("NaN", {"type": "number"}, False, "NaN"),  # not JSON: stays the text
+        ('{"a": [1]}', {"type": "object"}, False, {"a": [1]}),
+        ("[1]", {"type": "object"}, False, "[1]"),  # not the schema's type: stays the text
+        ('{"a": [1]}', None, False, '{"a": [1]}'),  # no type, no JSON reading: the text
+        ('{"a": [1]}', None, True, {"a": [1]}),
+        ("two words", {}, True, "two words"),  # no type, not JSON: the text
+        ("null", {"description": "x"}, True, None),
+    ],
+)
+def test_typed_value(text, schema, untyped_json, expected):
+    from tallow.plugin.tool_values import typed_value
+
+    got = typed_value(text, schema, untyped_json=untyped_json)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_property_schema():
+    from tallow.plugin.tool_values import property_schema
+
+    assert property_schema(ORDER_SCHEMA, "sku") == ORDER_SCHEMA["properties"]["sku"]
+    assert property_schema(ORDER_SCHEMA, "nope") is None
+    assert property_schema({"type": "object"}, "sku") is None
+    assert property_schema(None, "sku") is None
+
+
+# ---------------------------------------------------------------------------------------------
 # Selection over the installed plugins, with the real Qwen2.5-Coder chat template
 # ---------------------------------------------------------------------------------------------
 TOOL_PLUGINS = [
