@@ -554,12 +554,53 @@ def test_tool_schemas_shapes():
 
 
 # ---------------------------------------------------------------------------------------------
+# Typing XML parameter text by the schema (tallow.plugin.tool_values)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text,schema,untyped_json,expected",
+    [
+        ("42", {"type": "string"}, True, "42"),  # a string keeps its text, even JSON-looking
+        ("42", {"type": ["integer", "string"]}, False, 42),
+        ("42", {"type": ["string", "integer"]}, False, "42"),
+        (" -7 ", {"anyOf": [{"type": "null"}, {"type": "integer"}]}, False, -7),
+        ("None", {"type": ["null", "string"]}, False, None),
+        ("TRUE", {"type": "boolean"}, False, True),
+        ("1e3", {"type": "number"}, False, 1000.0),
+        ("NaN", {"type": "number"}, False, "NaN"),  # not JSON: stays the text
+        ('{"a": [1]}', {"type": "object"}, False, {"a": [1]}),
+        ("[1]", {"type": "object"}, False, "[1]"),  # not the schema's type: stays the text
+        ('{"a": [1]}', None, False, '{"a": [1]}'),  # no type, no JSON reading: the text
+        ('{"a": [1]}', None, True, {"a": [1]}),
+        ("two words", {}, True, "two words"),  # no type, not JSON: the text
+        ("null", {"description": "x"}, True, None),
+    ],
+)
+def test_typed_value(text, schema, untyped_json, expected):
+    from tallow.plugin.tool_values import typed_value
+
+    got = typed_value(text, schema, untyped_json=untyped_json)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_property_schema():
+    from tallow.plugin.tool_values import property_schema
+
+    assert property_schema(ORDER_SCHEMA, "sku") == ORDER_SCHEMA["properties"]["sku"]
+    assert property_schema(ORDER_SCHEMA, "nope") is None
+    assert property_schema({"type": "object"}, "sku") is None
+    assert property_schema(None, "sku") is None
+
+
+# ---------------------------------------------------------------------------------------------
 # Selection over the installed plugins, with the real Qwen2.5-Coder chat template
 # ---------------------------------------------------------------------------------------------
 TOOL_PLUGINS = [
     "tallow-tool-hermes",
     "tallow-tool-qwen3-coder",
+    "tallow-tool-glm",
+    "tallow-tool-minimax",
     "tallow-tool-mistral",
+    "tallow-tool-pythonic",
     "tallow-tool-llama3",
     "tallow-tool-json",
 ]
@@ -637,6 +678,19 @@ QWEN3_CODER_EXCERPT = (
     "{{- '<parameter=' + args_name + '>\\n' }}{{- '</parameter>\\n' }}"
 )
 MISTRAL_EXCERPT = "{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' }}"
+GLM45_EXCERPT = (
+    "{{ '\\n<tool_call>' + tc.name }}\n{% for k, v in _args.items() %}\n"
+    "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v | tojson(ensure_ascii=False) "
+    "if v is not string else v }}</arg_value>\n{% endfor %}\n</tool_call>"
+)
+MINIMAX_EXCERPT = (
+    "{%- set toolcall_begin_token = '<minimax:tool_call>' -%}"
+    "{{- '<invoke name=\"' + tool_call.name + '\">\\n' }}"
+)
+LLAMA4_EXCERPT = (
+    "{{- '<|header_start|>assistant<|header_end|>\\n\\n<|python_start|>' }}"
+    "[func_name1(params_name1=params_value1, params_name2=params_value2...)]"
+)
 LLAMA31_EXCERPT = (
     "<|start_header_id|>ipython<|end_header_id|>{{- '<|python_tag|>' }}"
     '{"name": function name, "parameters": dictionary of argument name}'
@@ -648,6 +702,9 @@ LLAMA31_EXCERPT = (
     [
         ("Qwen3-Coder-30B-A3B-Instruct", QWEN3_CODER_EXCERPT, "qwen3_coder"),
         ("Mistral-Small-3.2", MISTRAL_EXCERPT, "mistral"),
+        ("GLM-4.5-Air", GLM45_EXCERPT, "glm45"),
+        ("MiniMax-M2", MINIMAX_EXCERPT, "minimax_m2"),
+        ("Llama-4-Scout-17B-16E-Instruct", LLAMA4_EXCERPT, "pythonic"),
         ("Llama-3.1-8B-Instruct", LLAMA31_EXCERPT, "llama3_json"),
         (
             "gemma-3-270m",
@@ -658,6 +715,9 @@ LLAMA31_EXCERPT = (
         ("Qwen3-Coder-480B", None, "qwen3_coder"),
         ("mistralai/Ministral-8B", None, "mistral"),
         ("meta-llama/Llama-3.2-3B", None, "llama3_json"),
+        ("zai-org/GLM-4.7-Flash", None, "glm45"),
+        ("MiniMaxAI/MiniMax-M2.1", None, "minimax_m2"),
+        ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", None, "pythonic"),
         ("some-model", None, "json"),
     ],
 )

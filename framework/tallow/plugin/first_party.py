@@ -93,11 +93,14 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         ),
     },
     "tool_parser": {
+        "glm45": "tallow-tool-glm",
         "harmony": "tallow-reasoning-harmony",
         "hermes": "tallow-tool-hermes",
         "json": "tallow-tool-json",
         "llama3_json": "tallow-tool-llama3",
+        "minimax_m2": "tallow-tool-minimax",
         "mistral": "tallow-tool-mistral",
+        "pythonic": "tallow-tool-pythonic",
         "qwen3_coder": "tallow-tool-qwen3-coder",
     },
     "reasoning_parser": {

@@ -92,6 +92,7 @@ __all__ = [
     "tallow_hook_recorder",
     "parse_summary",
     "assert_streaming_matches_parse",
+    "assert_every_split_matches_parse",
     "modules_imported_by_registration",
     *_LAZY,
 ]
@@ -340,5 +341,26 @@ def assert_streaming_matches_parse(
         if streamed != parse_summary(whole):
             raise AssertionError(
                 f"streamed {streamed!r} != parsed {parse_summary(whole)!r} for chunks {chunks!r}"
+            )
+    return whole
+
+
+def assert_every_split_matches_parse(
+    parser: ToolParser, text: str, tools: list[dict[str, Any]] | None = None
+) -> ParseResult:
+    """:func:`assert_streaming_matches_parse`, and also ``text`` fed in two pieces split at
+    every index (each piece's delta checked as it comes): the assembled stream equals
+    ``parser.parse(text, tools)`` for every split point. Returns that parse result."""
+    from ..tool_parsing import assemble
+
+    whole = assert_streaming_matches_parse(parser, text, tools)
+    for k in range(len(text) + 1):
+        stream = parser.stream(tools)
+        deltas = [stream.feed(text[:k]), stream.feed(text[k:]), stream.finish()]
+        streamed = parse_summary(assemble(deltas))
+        if streamed != parse_summary(whole):
+            raise AssertionError(
+                f"split at {k}: streamed {streamed!r} != parsed {parse_summary(whole)!r} "
+                f"for {text[:k]!r} + {text[k:]!r}"
             )
     return whole
