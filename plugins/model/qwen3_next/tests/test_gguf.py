@@ -179,14 +179,13 @@ def _hf_float(name: str, array: np.ndarray) -> bool:
     )
 
 
-def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(tmp_path):
-    """Every matrix but the convolution and the routers as Q8_0 blocks (quantized by the
-    ``gguf`` package); transformers runs on ``gguf``'s decoding of the same blocks. The
-    converter only moves whole rows of Qwen3-Next's matrices (and Q8_0 quantizes each row on
-    its own), so quantizing the Hugging Face tensors gives the file's blocks."""
-    tallow_quant_gguf = pytest.importorskip("tallow_quant_gguf", reason="keeps the blocks")
-    from tallow_quant_gguf.scheme import GGUFQuantScheme
-
+@pytest.fixture(scope="module")
+def q8_0_file(tmp_path_factory) -> tuple[Path, Any]:
+    """(a Qwen3-Next Q8_0 file, transformers' model on the weights ``gguf`` decodes from its
+    blocks): every matrix but the convolution and the routers as Q8_0 blocks, quantized by the
+    ``gguf`` package. The converter only moves whole rows of Qwen3-Next's matrices (and Q8_0
+    quantizes each row on its own), so quantizing the Hugging Face tensors gives the file's
+    blocks."""
     # every matrix's rows a whole number of 32-value Q8_0 blocks
     hf = random_hf_model(
         next_config(shared_expert_intermediate_size=64), seed=seed_of("qwen3-next-gguf", 44)
@@ -195,7 +194,8 @@ def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(tmp_path):
         (name, array) if _gguf_float(name, array) else (name, _q8_0(array), "Q8_0")
         for name, array in hybrid_gguf_tensors(hf, "qwen3next")
     ]
-    path = write(tmp_path / "qwen3next-q8_0.gguf", hf, "qwen3next", tensors=tensors)
+    path = tmp_path_factory.mktemp("q8_0") / "qwen3next-q8_0.gguf"
+    write(path, hf, "qwen3next", tensors=tensors)
     decoded = {
         name: torch.from_numpy(_decoded(w.detach().float().numpy())).view(w.shape)
         for name, w in hf.state_dict().items()
@@ -203,7 +203,14 @@ def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(tmp_path):
     }
     assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in decoded
     hf.load_state_dict(decoded, strict=False)
+    return path, hf
 
+
+def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(q8_0_file):
+    pytest.importorskip("tallow_quant_gguf", reason="tallow-quant-gguf keeps the blocks")
+    from tallow_quant_gguf.scheme import GGUFQuantScheme
+
+    path, hf = q8_0_file
     ckpt = GGUFFormat().load(str(path))
     types = ckpt.extra["gguf_tensor_types"]
     assert ckpt.quantization == "gguf"
@@ -217,8 +224,37 @@ def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(tmp_path):
     assert linear.out_proj.quant_method.parts[0].type_name == "Q8_0"
     experts = model.model.layers[0].mlp.experts.quant_method
     assert {p.type_name for p in experts.stacked.values()} == {"Q8_0"}
-    assert "Q8_0" in scheme.summary() and tallow_quant_gguf is not None
+    assert "Q8_0" in scheme.summary()
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="qwen3next Q8_0 GGUF")
+
+
+def test_the_engine_serves_the_q8_0_file_in_prefill_chunks(q8_0_file):
+    """The whole path of a ``.gguf`` source: the format plugin, the architecture found by
+    ``qwen3next``, the config from the metadata, the blocks kept by tallow-quant-gguf, prompts
+    prefilled in chunks of 5 with the state carried between them."""
+    pytest.importorskip("tallow_quant_gguf", reason="tallow-quant-gguf keeps the blocks")
+    from tallow import SamplingParams
+    from tallow.plugin.testing.engine import offline_llm
+    from tallow.plugin.testing.model import hf_greedy
+
+    path, hf = q8_0_file
+    prompts = [PROMPT, list(range(60, 83)), [5, 9, 2]]
+    llm = offline_llm(
+        str(path),
+        plugins=["tallow-model-qwen3-next", "tallow-format-gguf", "tallow-quant-gguf"],
+        config={
+            "model": {"dtype": "float32", "max_model_len": 96},
+            "cache": {"num_blocks": 64, "block_size": 4},
+            "scheduler": {"max_num_batched_tokens": 5, "prefill_chunk_size": 5},
+            "plugins": {"settings": {"tallow-quant-gguf": {"cpu": True}}},
+        },
+    )
+    assert "Q8_0" in llm.engine.parts.loaded.quant.summary()
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([list(p) for p in prompts], params)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [
+        hf_greedy(hf, p, 16)[0] for p in prompts
+    ]
 
 
 def _drop(tensors: list, name: str) -> list:
