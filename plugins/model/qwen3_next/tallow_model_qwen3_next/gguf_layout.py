@@ -163,8 +163,7 @@ _FULL = (
 )
 _MOE = (
     "ffn_gate_inp.weight",
-    "ffn_gate_exps.weight",
-    "ffn_up_exps.weight",
+    ("ffn_gate_exps.weight ffn_up_exps.weight", "ffn_gate_up_exps.weight"),
     "ffn_down_exps.weight",
     "ffn_gate_shexp.weight",
     "ffn_up_shexp.weight",

@@ -52,6 +52,7 @@ undone by the transform in brackets (:mod:`tallow_model_qwen3_next.gguf_layout`)
     blk.i.ssm_norm.weight                    -> linear_attn.norm.weight
     blk.i.ssm_out.weight                     -> linear_attn.out_proj.weight     [V* columns]
     blk.i.ffn_gate_inp.weight, ffn_{gate,up,down}_exps.weight -> the router and the experts
+    blk.i.ffn_gate_up_exps.weight [E, 2I, H] -> mlp.experts.w13_weight (gate and up fused)
     blk.i.ffn_{gate,up}_shexp.weight         -> mlp.shared_expert.gate_up_proj.weight shards 0, 1
     blk.i.ffn_down_shexp.weight              -> mlp.shared_expert.down_proj.weight
     blk.i.ffn_gate_inp_shexp.weight [H]      -> mlp.shared_expert_gate.weight [1, H]
@@ -241,6 +242,8 @@ def gguf_name_map(tiled_v_heads: bool) -> WeightNameMap:
                 f"{_B}.ssm_out.weight", f"{_LIN}.out_proj.weight", transform=v("gguf_out_columns")
             ),
             *FusedMoE.gguf_weight_rules(_B, _MLP),
+            # gate and up of every expert in one tensor [E, 2I, H], gate first
+            WeightRule(f"{_B}.ffn_gate_up_exps.weight", f"{_MLP}.experts.w13_weight"),
             WeightRule(f"{_B}.ffn_gate_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
             WeightRule(f"{_B}.ffn_up_shexp.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
             WeightRule(f"{_B}.ffn_down_shexp.weight", f"{_SHARED}.down_proj.weight"),

@@ -132,11 +132,35 @@ def test_qwen3_5_gguf_with_tiled_value_heads(tmp_path):
     assert_greedy_parity(model, hf, PROMPT, STEPS, what="qwen35 GGUF")
 
 
-def test_qwen3_5_moe_gguf_skips_the_multi_token_prediction_block(tmp_path):
+def fuse_gate_up(tensors: list) -> list:
+    """``ffn_gate_exps`` and ``ffn_up_exps`` of each block as llama.cpp's converter can fuse
+    them: ``ffn_gate_up_exps`` ``[E, 2I, H]``, gate first."""
+    gates = {n: a for n, a in tensors if ".ffn_gate_exps." in n}
+    fused = []
+    for name, array in tensors:
+        if ".ffn_up_exps." in name:
+            gate = gates.pop(name.replace("ffn_up_exps", "ffn_gate_exps"))
+            fused.append(
+                (
+                    name.replace("ffn_up_exps", "ffn_gate_up_exps"),
+                    np.concatenate([gate, array], axis=1),
+                )
+            )
+        elif ".ffn_gate_exps." not in name:
+            fused.append((name, array))
+    assert not gates
+    return fused
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["gate-and-up", "fused-gate-up"])
+def test_qwen3_5_moe_gguf_skips_the_multi_token_prediction_block(tmp_path, fused):
     """The converter appends the MTP layer as block ``block_count - 1`` and states
     ``nextn_predict_layers``; the decoder is the blocks before it."""
     hf = random_hf_model(qwen3_5_moe_config(), seed=seed_of("qwen3-next-gguf", 43))
     tensors = hybrid_gguf_tensors(hf, "qwen35moe")
+    if fused:
+        tensors = fuse_gate_up(tensors)
+        assert "blk.0.ffn_gate_up_exps.weight" in {n for n, _ in tensors}
     n = hf.config.num_hidden_layers
     mtp = [(name.replace("blk.2.", f"blk.{n}."), a) for name, a in tensors if "blk.2." in name]
     rng = np.random.default_rng(seed_of("qwen3-next-gguf-mtp"))
