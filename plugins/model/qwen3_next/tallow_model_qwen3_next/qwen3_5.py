@@ -95,11 +95,9 @@ class Qwen3_5ForConditionalGeneration(_TextOfMultimodal, Qwen3_5ForCausalLM):
     """The text model of a Qwen3.5 dense checkpoint with a vision tower."""
 
     hf_architectures = ("Qwen3_5ForConditionalGeneration",)
-    gguf_architectures = ()  # llama.cpp writes the text model as qwen35
 
 
 class Qwen3_5MoeForConditionalGeneration(_TextOfMultimodal, Qwen3_5MoeForCausalLM):
     """The text model of a Qwen3.5 MoE checkpoint with a vision tower."""
 
     hf_architectures = ("Qwen3_5MoeForConditionalGeneration",)
-    gguf_architectures = ()  # llama.cpp writes the text model as qwen35moe
