@@ -321,6 +321,17 @@ class Qwen3NextForCausalLM(GGUFLayout, CausalLM):
     def ba_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         return self._linear_attn(groups).ba_rows(tensor)
 
+    def qkvz_scale_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        gdn = self._linear_attn(groups)
+        rows = 2 * gdn.key_dim + 2 * gdn.value_dim
+        what = f"layer {groups['i']} in_proj_qkvz.{groups['s']}"
+        return gdn.scale_rows(tensor, rows, what, gdn.qkvz_rows)
+
+    def ba_scale_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        gdn = self._linear_attn(groups)
+        what = f"layer {groups['i']} in_proj_ba.{groups['s']}"
+        return gdn.scale_rows(tensor, 2 * gdn.num_v_heads, what, gdn.ba_rows)
+
     def conv_taps(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         """``conv1d.weight`` ``[channels, 1, K]`` as ``[channels, K]``."""
         return tensor.reshape(tensor.shape[0], -1)

@@ -23,6 +23,11 @@
     .hf_weight_rules`), mlp.gate (the router), mlp.shared_expert.{gate,up,down}_proj,
     mlp.shared_expert_gate; a dense layer's mlp.{gate,up,down}_proj.
 
+    An fp8 checkpoint's scales (``weight_scale_inv``, ``weight_scale``, ``input_scale``) go
+    where their weight goes; those of ``in_proj_qkvz`` and ``in_proj_ba`` are reordered with
+    its rows (block-wise scales: whole blocks of rows move, which needs each per-key-head part
+    to be whole blocks, as it is in the published checkpoints).
+
 The multi-token-prediction head of the checkpoints (``mtp.*``) is not loaded: nothing in the
 engine runs it yet. Neither is a vision tower (``model.visual.*``): prompts are text.
 
@@ -99,7 +104,7 @@ def hf_name_map() -> WeightNameMap:
         f"{_LIN}.dt_bias",
         f"{_LIN}.A_log",
         f"{_LIN}.norm.weight",
-        f"{_LIN}.out_proj.weight",
+        f"{_LIN}.out_proj.{{p}}",
         f"{_L}.input_layernorm.weight",
         f"{_L}.post_attention_layernorm.weight",
         "model.embed_tokens.weight",
@@ -107,8 +112,8 @@ def hf_name_map() -> WeightNameMap:
         "lm_head.{p}",
         f"{_MLP}.gate.weight",
         f"{_MLP}.shared_expert_gate.weight",
-        f"{_SHARED}.down_proj.weight",
-        f"{_MLP}.down_proj.weight",
+        f"{_SHARED}.down_proj.{{p}}",
+        f"{_MLP}.down_proj.{{p}}",
     ]
     return WeightNameMap(
         [
@@ -127,16 +132,26 @@ def hf_name_map() -> WeightNameMap:
                 transform="ba_rows",
                 rowwise=True,
             ),
-            WeightRule(f"{_LIN}.in_proj_qkv.weight", f"{_LIN}.in_proj_qkvz.weight", shard=0),
-            WeightRule(f"{_LIN}.in_proj_z.weight", f"{_LIN}.in_proj_qkvz.weight", shard=1),
-            WeightRule(f"{_LIN}.in_proj_b.weight", f"{_LIN}.in_proj_ba.weight", shard=0),
-            WeightRule(f"{_LIN}.in_proj_a.weight", f"{_LIN}.in_proj_ba.weight", shard=1),
+            # an fp8 checkpoint's scales of the two (weight_scale_inv, weight_scale,
+            # input_scale) follow the rows
+            WeightRule(
+                f"{_LIN}.in_proj_qkvz.{{s}}",
+                f"{_LIN}.in_proj_qkvz.{{s}}",
+                transform="qkvz_scale_rows",
+            ),
+            WeightRule(
+                f"{_LIN}.in_proj_ba.{{s}}", f"{_LIN}.in_proj_ba.{{s}}", transform="ba_scale_rows"
+            ),
+            WeightRule(f"{_LIN}.in_proj_qkv.{{p}}", f"{_LIN}.in_proj_qkvz.{{p}}", shard=0),
+            WeightRule(f"{_LIN}.in_proj_z.{{p}}", f"{_LIN}.in_proj_qkvz.{{p}}", shard=1),
+            WeightRule(f"{_LIN}.in_proj_b.{{p}}", f"{_LIN}.in_proj_ba.{{p}}", shard=0),
+            WeightRule(f"{_LIN}.in_proj_a.{{p}}", f"{_LIN}.in_proj_ba.{{p}}", shard=1),
             WeightRule(f"{_LIN}.conv1d.weight", f"{_LIN}.conv1d.weight", transform="conv_taps"),
             *FusedMoE.hf_weight_rules(_MLP),
-            WeightRule(f"{_SHARED}.gate_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=0),
-            WeightRule(f"{_SHARED}.up_proj.weight", f"{_SHARED}.gate_up_proj.weight", shard=1),
-            WeightRule(f"{_MLP}.gate_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=0),
-            WeightRule(f"{_MLP}.up_proj.weight", f"{_MLP}.gate_up_proj.weight", shard=1),
+            WeightRule(f"{_SHARED}.gate_proj.{{p}}", f"{_SHARED}.gate_up_proj.{{p}}", shard=0),
+            WeightRule(f"{_SHARED}.up_proj.{{p}}", f"{_SHARED}.gate_up_proj.{{p}}", shard=1),
+            WeightRule(f"{_MLP}.gate_proj.{{p}}", f"{_MLP}.gate_up_proj.{{p}}", shard=0),
+            WeightRule(f"{_MLP}.up_proj.{{p}}", f"{_MLP}.gate_up_proj.{{p}}", shard=1),
             *_skipped("mtp"),
             *_skipped("model.visual"),
         ]
