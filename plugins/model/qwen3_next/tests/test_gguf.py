@@ -203,23 +203,17 @@ def _hf_float(name: str, array: np.ndarray) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def q8_0_file(tmp_path_factory) -> tuple[Path, Any]:
-    """(a Qwen3-Next Q8_0 file, transformers' model on the weights ``gguf`` decodes from its
-    blocks): every matrix but the convolution and the routers as Q8_0 blocks, quantized by the
-    ``gguf`` package. The converter only moves whole rows of Qwen3-Next's matrices (and Q8_0
-    quantizes each row on its own), so quantizing the Hugging Face tensors gives the file's
-    blocks."""
-    # every matrix's rows a whole number of 32-value Q8_0 blocks
-    hf = random_hf_model(
-        next_config(shared_expert_intermediate_size=64), seed=seed_of("qwen3-next-gguf", 44)
-    )
+def write_q8_0(directory: Path, hf: Any) -> tuple[Path, Any]:
+    """(a Qwen3-Next Q8_0 file of ``hf`` in ``directory``, ``hf`` on the weights ``gguf``
+    decodes from its blocks): every matrix but the convolution and the routers as Q8_0 blocks,
+    quantized by the ``gguf`` package. The converter only moves whole rows of Qwen3-Next's
+    matrices (and Q8_0 quantizes each row on its own), so quantizing the Hugging Face tensors
+    gives the file's blocks."""
     tensors = [
         (name, array) if _gguf_float(name, array) else (name, _q8_0(array), "Q8_0")
         for name, array in hybrid_gguf_tensors(hf, "qwen3next")
     ]
-    path = tmp_path_factory.mktemp("q8_0") / "qwen3next-q8_0.gguf"
-    write(path, hf, "qwen3next", tensors=tensors)
+    path = write(directory / "qwen3next-q8_0.gguf", hf, "qwen3next", tensors=tensors)
     decoded = {
         name: torch.from_numpy(_decoded(w.detach().float().numpy())).view(w.shape)
         for name, w in hf.state_dict().items()
@@ -228,6 +222,15 @@ def q8_0_file(tmp_path_factory) -> tuple[Path, Any]:
     assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in decoded
     hf.load_state_dict(decoded, strict=False)
     return path, hf
+
+
+@pytest.fixture(scope="module")
+def q8_0_file(tmp_path_factory) -> tuple[Path, Any]:
+    # every matrix's rows a whole number of 32-value Q8_0 blocks
+    hf = random_hf_model(
+        next_config(shared_expert_intermediate_size=64), seed=seed_of("qwen3-next-gguf", 44)
+    )
+    return write_q8_0(tmp_path_factory.mktemp("q8_0"), hf)
 
 
 def test_q8_0_file_stays_quantized_and_matches_the_decoded_weights(q8_0_file):
