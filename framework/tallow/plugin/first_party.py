@@ -71,6 +71,9 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "qwen3moe": "tallow-model-qwen-moe",
         "olmo2": "tallow-model-olmo2",
         "phi3": "tallow-model-phi3",
+        "qwen3next": "tallow-model-qwen3-next",
+        "qwen35": "tallow-model-qwen3-next",
+        "qwen35moe": "tallow-model-qwen3-next",
     },
     "weight_format": {
         "gguf": "tallow-format-gguf",

@@ -39,6 +39,9 @@ MODEL_TYPES: dict[str, str] = {
     "command-r": "cohere",
     "gpt-oss": "gpt_oss",
     "minimax-m2": "minimax_m2",
+    "qwen3next": "qwen3_next",
+    "qwen35": "qwen3_5_text",
+    "qwen35moe": "qwen3_5_moe_text",
 }
 
 #: ``rope.scaling.<key>`` → key of HF ``rope_scaling``, for the keys that mean the same in both.

@@ -159,6 +159,32 @@ class GatedDeltaNet(nn.Module):
         b, a = w.reshape(self.num_k_heads, 2 * r, *w.shape[1:]).split([r, r], dim=1)
         return torch.cat([b.reshape(-1, *w.shape[1:]), a.reshape(-1, *w.shape[1:])])
 
+    def scale_rows(self, scale: torch.Tensor, rows: int, what: str, reorder) -> torch.Tensor:
+        """An fp8 weight scale of a ``[rows, ...]`` projection whose rows ``reorder`` moves
+        (:meth:`qkvz_rows`, :meth:`ba_rows`): one value as it is, one per row reordered, one
+        per block of rows reordered by whole blocks (refused when a block would mix rows of
+        different blocks)."""
+        if scale.numel() == 1:
+            return scale
+        if scale.shape[0] == rows:
+            return reorder(scale)
+        block = -(-rows // scale.shape[0])
+        if -(-rows // block) != scale.shape[0]:
+            raise ValueError(
+                f"{what}: a weight scale of {scale.shape[0]} rows fits neither the "
+                f"projection's {rows} rows nor blocks of them"
+            )
+        # every row's scale, moved with the rows, must again be constant over each block
+        per_row = reorder(scale.repeat_interleave(block, 0)[:rows])
+        padded = torch.cat([per_row, per_row[-1:].expand(-(-rows // block) * block - rows, -1)])
+        blocks = padded.reshape(-1, block, *scale.shape[1:])
+        if not bool((blocks == blocks[:, :1]).all()):
+            raise ValueError(
+                f"{what}: block-wise weight scales ({block} rows a block) cannot follow the "
+                "per-key-head reordering of the rows: a head's parts are not whole blocks"
+            )
+        return blocks[:, 0].contiguous()
+
     # -- running ------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cache = self.cache

@@ -15,12 +15,13 @@ The MLP is :class:`tallow.layers.FusedMoE` (softmax top-k, ``norm_topk_prob``, a
 expert scaled by ``sigmoid(shared_expert_gate(x))``) when the layer is not in
 ``mlp_only_layers`` and ``(i + 1)`` is a multiple of ``decoder_sparse_step``, else a dense
 SwiGLU MLP of ``intermediate_size``. Every RMSNorm of the residual stream and the final norm
-scale by ``1 + weight``. Checkpoint names: :mod:`tallow_model_qwen3_next.naming`.
+scale by ``1 + weight``. Checkpoint names: :mod:`tallow_model_qwen3_next.naming`; llama.cpp's
+GGUF files (``qwen3next``): :mod:`tallow_model_qwen3_next.gguf_layout`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
@@ -34,17 +35,21 @@ from tallow.layers import (
     FusedMoE,
     LMHead,
     MergedColumnParallelLinear,
+    QuantizedWeight,
     RMSNorm,
     RotaryEmbedding,
     RouterSpec,
     RowParallelLinear,
     VocabEmbedding,
+    WeightLoadError,
+    WeightNameMap,
     get_act_and_mul,
     rope_from_config,
 )
 
 from .gated_deltanet import GatedDeltaNet
-from .naming import hf_name_map
+from .gguf_layout import GGUFLayout, hybrid_config_from_gguf, recording
+from .naming import gguf_name_map, hf_name_map
 
 LAYER_TYPES = ("full_attention", "linear_attention")
 
@@ -243,13 +248,16 @@ class Qwen3NextModel(nn.Module):
         return hidden
 
 
-class Qwen3NextForCausalLM(CausalLM):
+class Qwen3NextForCausalLM(GGUFLayout, CausalLM):
     """Qwen3-Next (Qwen3-Next-80B-A3B): see the module docstring."""
 
     hf_architectures = ("Qwen3NextForCausalLM",)
+    gguf_architectures = ("qwen3next",)
     model_type = "qwen3_next"
     tasks = ("generate",)
-    weight_name_maps = {"hf": hf_name_map()}
+    weight_name_maps = {"hf": hf_name_map(), "gguf": gguf_name_map(tiled_v_heads=False)}
+    #: whether the family always has experts (True), never (False), or the file says (None)
+    gguf_experts: ClassVar[bool | None] = None
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(config, build)
@@ -267,6 +275,36 @@ class Qwen3NextForCausalLM(CausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
+    @classmethod
+    def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        return hybrid_config_from_gguf(
+            metadata,
+            config,
+            hf_architecture=cls.hf_architectures[0],
+            model_type=cls.model_type,
+            experts=cls.gguf_experts,
+        )
+
+    def weight_names(self, naming: str) -> WeightNameMap:
+        names = super().weight_names(naming)
+        # the blocks past the decoder's are multi-token-prediction layers
+        return self.gguf_names(names) if naming == "gguf" else names  # type: ignore[return-value]
+
+    def load_weights(
+        self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
+    ) -> set[str]:
+        """As :meth:`CausalLM.load_weights`; a GGUF file that lacks tensors its layers need
+        is refused naming those tensors."""
+        if naming != "gguf":
+            return super().load_weights(tensors, naming)
+        seen: set[str] = set()
+        try:
+            return super().load_weights(recording(tensors, seen), naming)
+        except WeightLoadError as exc:
+            moe = [is_moe_layer(self.config, i) for i in range(len(self.model.layers))]
+            self.check_gguf_tensors(seen, layer_types(self.config), moe, exc)
+            raise
+
     # -- loading: the checkpoint layouts of the linear-attention projections ---------------
     def _linear_attn(self, groups: dict[str, str]) -> GatedDeltaNet:
         layer = self.model.layers[int(groups["i"])].linear_attn
@@ -282,6 +320,17 @@ class Qwen3NextForCausalLM(CausalLM):
 
     def ba_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         return self._linear_attn(groups).ba_rows(tensor)
+
+    def qkvz_scale_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        gdn = self._linear_attn(groups)
+        rows = 2 * gdn.key_dim + 2 * gdn.value_dim
+        what = f"layer {groups['i']} in_proj_qkvz.{groups['s']}"
+        return gdn.scale_rows(tensor, rows, what, gdn.qkvz_rows)
+
+    def ba_scale_rows(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
+        gdn = self._linear_attn(groups)
+        what = f"layer {groups['i']} in_proj_ba.{groups['s']}"
+        return gdn.scale_rows(tensor, 2 * gdn.num_v_heads, what, gdn.ba_rows)
 
     def conv_taps(self, tensor: torch.Tensor, groups: dict[str, str]) -> torch.Tensor:
         """``conv1d.weight`` ``[channels, 1, K]`` as ``[channels, K]``."""

@@ -14,7 +14,15 @@ ARCHITECTURES = {
 }
 
 
+#: HF architecture name -> the llama.cpp GGUF architectures its class also serves
+GGUF_ARCHITECTURES = {
+    "Qwen3NextForCausalLM": ("qwen3next",),
+    "Qwen3_5ForCausalLM": ("qwen35",),
+    "Qwen3_5MoeForCausalLM": ("qwen35moe",),
+}
+
+
 @hookimpl
 def tallow_register_architectures(registry) -> None:
     for name, target in ARCHITECTURES.items():
-        registry.register(name, target)
+        registry.register(name, target, gguf=GGUF_ARCHITECTURES.get(name, ()))

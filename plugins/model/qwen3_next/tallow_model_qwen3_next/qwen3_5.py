@@ -20,21 +20,31 @@ from typing import Any, Mapping
 from tallow.layers import WeightNameMap
 
 from .model import Qwen3NextForCausalLM
-from .naming import TextModelNames
+from .naming import TextModelNames, gguf_name_map, hf_name_map
+
+
+#: llama.cpp's qwen35 / qwen35moe files store the value heads tiled (see gguf_layout)
+_NAMES = {"hf": hf_name_map(), "gguf": gguf_name_map(tiled_v_heads=True)}
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     """Qwen3.5 dense (text model)."""
 
     hf_architectures = ("Qwen3_5ForCausalLM",)
+    gguf_architectures = ("qwen35",)
     model_type = "qwen3_5_text"
+    weight_name_maps = _NAMES
+    gguf_experts = False
 
 
 class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     """Qwen3.5 mixture of experts (text model)."""
 
     hf_architectures = ("Qwen3_5MoeForCausalLM",)
+    gguf_architectures = ("qwen35moe",)
     model_type = "qwen3_5_moe_text"
+    weight_name_maps = _NAMES
+    gguf_experts = True
 
 
 def text_config(config: dict[str, Any], architectures: tuple[str, ...]) -> dict[str, Any]:
