@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = Path(__file__).with_name("kernel_cases.py")
+import pytest
+
+HERE = Path(__file__).parent
 
 
-def test_kernels_under_the_triton_interpreter() -> None:
+@pytest.mark.parametrize("cases", ["kernel_cases.py", "kv_sharing_cases.py"])
+def test_kernels_under_the_triton_interpreter(cases: str) -> None:
+    path = HERE / cases
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     cmd = [
         sys.executable,
@@ -26,10 +30,10 @@ def test_kernels_under_the_triton_interpreter() -> None:
         "-rs",
         "-n",
         str(min(2, os.cpu_count() or 1)),
-        str(CASES),
+        str(path),
     ]  # independent cases: one interpreter process per core (up to two)
     proc = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=CASES.parent
+        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=HERE
     )
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, f"kernel cases failed under TRITON_INTERPRET=1:\n{report}"
