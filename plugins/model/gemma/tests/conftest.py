@@ -1,4 +1,4 @@
-"""Tiny random transformers twins of Gemma 2 and Gemma 3, their GGUF files as llama.cpp writes
+"""Tiny random transformers twins of Gemma 2, 3 and 4, their GGUF files as llama.cpp writes
 them, and the model-test helpers of :mod:`tallow.plugin.testing` as one ``kit``."""
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ def load_tallow(
     the architecture class it names; ``overrides`` replace config keys."""
     from tallow_format_safetensors.format import SafetensorsFormat
 
+    from tallow_model_gemma import gemma4
     from tallow_model_gemma import model as gemma_models
 
     ckpt = SafetensorsFormat().load(str(path))
-    cls = getattr(gemma_models, ckpt.architecture)
+    cls = getattr(gemma_models, ckpt.architecture, None) or getattr(gemma4, ckpt.architecture)
     config = {**cls.config_from_hf(dict(ckpt.config)), **overrides}
     model = cls(ArchConfig(config), BuildContext(dtype=dtype, device=torch.device(device)))
     model.load_weights(ckpt.tensors(), naming=ckpt.naming)
