@@ -32,9 +32,7 @@ def test_kernels_under_the_triton_interpreter(cases: str) -> None:
         str(min(2, os.cpu_count() or 1)),
         str(path),
     ]  # independent cases: one interpreter process per core (up to two)
-    proc = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=HERE
-    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=HERE)
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, f"kernel cases failed under TRITON_INTERPRET=1:\n{report}"
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
