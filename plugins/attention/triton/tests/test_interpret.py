@@ -1,6 +1,6 @@
-"""Run the kernel cases under Triton's CPU interpreter, so CI without a GPU checks the kernels'
-logic. The interpreter must be switched on before triton is first imported, hence the
-subprocess."""
+"""Run the kernel cases (``kernel_cases.py``, ``kv_sharing_cases.py``) under Triton's CPU
+interpreter, so CI without a GPU checks the kernels' logic. The interpreter must be switched on
+before triton is first imported, hence the subprocess."""
 
 from __future__ import annotations
 

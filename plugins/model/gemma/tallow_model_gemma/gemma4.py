@@ -293,11 +293,12 @@ class Gemma4Model(nn.Module):
         vocab = _positive(config, "vocab_size")
         _positive(config, "num_attention_heads")
         _positive(config, "intermediate_size")
-        if config.get("use_bidirectional_attention"):
+        # "vision": image tokens attend both ways, text causally; text-only serving is causal
+        if config.get("use_bidirectional_attention") not in (None, "vision"):
             raise ValueError(
                 "model config: use_bidirectional_attention is "
                 f"{config.get('use_bidirectional_attention')!r}; tallow runs Gemma 4 causally "
-                "only (text, no bidirectional image blocks)"
+                "only (null, or 'vision' with text-only prompts)"
             )
         _positive(config, "sliding_window")
         plans = g4.layer_plans(config)

@@ -104,7 +104,7 @@ def test_rope_frequencies_match_transformers(kind):
             {"rope_parameters": {g4.FULL: {"rope_type": "yarn", "rope_theta": 1.0}}},
             "rope_type 'yarn' is not supported",
         ),
-        ({"use_bidirectional_attention": "vision"}, "causally only"),
+        ({"use_bidirectional_attention": "all"}, "causally only"),
         ({"enable_moe_block": True, "num_experts": 4}, "'top_k_experts' must be a positive"),
         ({"layer_types": ["local"] * 4}, "layer_types must list 4 entries"),
     ],
@@ -127,3 +127,10 @@ def test_tensor_parallel_experts_are_refused():
     )
     with pytest.raises(ValueError, match="enable_moe_block"):
         Gemma4ForCausalLM(config, build)
+
+
+def test_vision_bidirectional_configs_serve_text_causally():
+    """``use_bidirectional_attention: "vision"`` (as Gemma 4 checkpoints state) opens only
+    image tokens' attention: text prompts run causally, so such configs build."""
+    model = Gemma4ForCausalLM({**TINY, "use_bidirectional_attention": "vision"}, BuildContext())
+    assert all(layer.self_attn.attn.layer.causal for layer in model.model.layers)
