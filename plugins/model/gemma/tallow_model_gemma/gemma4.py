@@ -25,7 +25,7 @@ What Gemma 4 changes from Gemma 3 (layer by layer: :mod:`tallow_model_gemma.gemm
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -53,6 +53,7 @@ from tallow.layers import (
 )
 
 from . import gemma4_config as g4
+from .config import text_model_config
 from .gemma4_naming import Gemma4Names, Gemma4TextModelNames
 from .model import GemmaMLP
 
@@ -437,24 +438,4 @@ class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
     def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
         """The ``text_config`` with ``Gemma4TextConfig``'s defaults and what only the outer
         config states (dtype, special token ids, tying)."""
-        text = config.get("text_config")
-        if text is None and "hidden_size" in config:
-            return super().config_from_hf(config)
-        if not isinstance(text, Mapping):
-            raise ValueError(
-                "model config: a Gemma4ForConditionalGeneration config needs a "
-                f"'text_config' object, got {type(text).__name__}"
-            )
-        flat = dict(text)
-        for key in (
-            "torch_dtype",
-            "dtype",
-            "eos_token_id",
-            "bos_token_id",
-            "pad_token_id",
-            "tie_word_embeddings",
-        ):
-            if key in config and key not in flat:
-                flat[key] = config[key]
-        flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)
-        return super().config_from_hf(flat)
+        return super().config_from_hf(text_model_config(config, cls.hf_architectures[0]))
