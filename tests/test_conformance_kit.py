@@ -35,6 +35,26 @@ class TestBrokenBackend(AttentionBackendConformance):
         return OffByScale
 
 
+class StoresSharedKV(TorchAttentionBackend):
+    """Declares KV sharing but stores a sharing layer's placeholder K/V into its source's
+    cache."""
+
+    def forward(self, layer, q, k, v, kv_cache, meta):
+        if layer.kv_shared_from is not None:
+            kv_cache.codec.encode(kv_cache, k, v, meta.slot_mapping)
+        return super().forward(layer, q, k, v, kv_cache, meta)
+
+
+class TestBrokenSharing(AttentionBackendConformance):
+    distribution = "tallow"
+    component = "torch"
+    dtypes = (torch.float32,)
+
+    @pytest.fixture(scope="class")
+    def component_class(self):
+        return StoresSharedKV
+
+
 class StoresPadding(CastKVCodec):
     """Casts into float16 whatever the model's dtype (too few bits for a float32 model's
     "model dtype" listing), and stores rows with slot -1 at the end of the last block."""
@@ -121,6 +141,7 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
         "TestBrokenBackend::test_prefill[torch.float32]",
         "TestBrokenBackend::test_decode[torch.bfloat16]",
         "TestBrokenBackend::test_prefix_hit",
+        "TestBrokenSharing::test_kv_sharing_layer",
         "TestBrokenCodec::test_bytes_cover_the_stated_bits",
         "TestBrokenCodec::test_round_trip_through_scattered_partial_blocks",
         "TestBrokenParser::test_streaming_equals_whole_parse[example0]",
@@ -132,6 +153,7 @@ def test_suites_fail_broken_components(tmp_path: Path) -> None:
         assert any(f.startswith(test) for f in failed), f"{test} did not fail:\n{report}"
     # what the broken components do right still passes
     assert "TestBrokenBackend::test_validate_gives_reasons_as_text" not in "".join(failed)
+    assert "TestBrokenSharing::test_prefill" not in "".join(failed)
     assert "TestBrokenCodec::test_copied_block_reads_the_same" not in "".join(failed)
     assert "TestBrokenParser::test_examples_parse_to_their_calls" not in "".join(failed)
     assert "no installed distribution 'tallow-no-such-plugin'" in stdout

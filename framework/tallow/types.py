@@ -233,6 +233,12 @@ class AttentionLayer:
     #: tokens and a query sees only the keys of its own chunk (up to itself). None: no chunks.
     #: Backends whose kernels do not compute it refuse the layer (``supports_layer``).
     attention_chunk_size: int | None = None
+    #: KV sharing (Gemma 4's last layers): the index of the earlier layer whose K/V this layer
+    #: attends to. Such a layer has no cache of its own and stores nothing: ``forward`` gets
+    #: the source layer's cache and view of the step, and ``k``/``v`` are placeholders of the
+    #: right shape (zero-strided, never written to the cache). None: the layer keeps its own
+    #: K/V. Only a backend with ``supports_kv_sharing`` is given such layers.
+    kv_shared_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -355,7 +361,9 @@ class AttentionBackend(Component):
     its KV codec lays them out) at ``meta.slot_mapping`` and returns the attention output
     [T, Hq, D] for queries ``q`` [T, Hq, D], reading each sequence's earlier context through
     ``meta.block_tables``. ``layer`` carries the head counts, scale, sliding window and logit
-    softcap (:class:`tallow.layers.attention.AttentionLayer`).
+    softcap (:class:`tallow.layers.attention.AttentionLayer`). A layer whose
+    ``kv_shared_from`` is set reads another layer's cache and stores nothing (see
+    :attr:`supports_kv_sharing`).
     """
 
     #: True if the decode path may be captured in a CUDA graph
@@ -367,6 +375,9 @@ class AttentionBackend(Component):
     uses_codec_reference: ClassVar[bool] = False
     #: True for a backend that implements :meth:`forward_mla` (latent attention layers)
     supports_mla: ClassVar[bool] = False
+    #: True for a backend that runs KV-sharing layers (``layer.kv_shared_from`` set): it
+    #: attends over the cache it is given and does not store that call's ``k``/``v``
+    supports_kv_sharing: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         """The engine builds each backend it considers with the configuration."""

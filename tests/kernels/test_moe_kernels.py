@@ -201,6 +201,27 @@ def test_fused_moe_clamped_swiglu_with_biases(tokens, num_experts, top_k, path, 
     assert_moe_close(fused_moe(x, w13, w2, weights, ids, config=_config(path, dtype), **kw), ref)
 
 
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,path",
+    _tiny_or_real(
+        [(5, 8, 2, "gemv"), (9, 8, 4, "gemm")], [(1, 32, 4, "gemv"), (300, 32, 4, "gemm")]
+    ),
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_moe_gelu_tanh(tokens, num_experts, top_k, path, dtype):
+    """GeGLU experts (Gemma 4): pre-activations spread over both tails of the tanh."""
+    hidden, inter = (32, 16) if INTERPRET else (2816, 704)
+    g = rng(5)
+    x = (torch.randn(tokens, hidden, generator=g) * 3).to(dtype).to(DEVICE)
+    w13, w2, _, _ = experts(g, num_experts, hidden, inter, dtype, bias=False)
+    weights, ids = routing(g, tokens, num_experts, top_k, dtype)
+    ref = fused_moe_ref(x, w13, w2, weights, ids, activation="gelu_tanh")
+    silu = fused_moe_ref(x, w13, w2, weights, ids, activation="silu")
+    assert float((ref.float() - silu.float()).abs().max()) > 1e-2, "GeGLU equals SwiGLU here"
+    out = fused_moe(x, w13, w2, weights, ids, config=_config(path, dtype), activation="gelu_tanh")
+    assert_moe_close(out, ref)
+
+
 @pytest.mark.parametrize("path", ["gemv", "gemm"])
 def test_reads_only_the_selected_experts(path):
     """Every expert no token selected is NaN: any read of it would poison the output."""

@@ -20,6 +20,7 @@ _MODEL_TYPES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    "Gemma4ForCausalLM": "gemma4_text",
 }
 
 

@@ -18,7 +18,7 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
-from tallow.layers import LatentCacheSpec, MLAAttention, VisionLanguageModel
+from tallow.layers import LatentCacheSpec, MLAAttention, VisionLanguageModel, shared_kv_layers
 from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
 from tallow.plugin.manager import PluginManager, load_plugins
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
@@ -292,11 +292,18 @@ def backend_refusals(
     K/V as ``codec`` does (``layout``: one layer's cache tensors); empty when it can. A model
     of several paged cache groups (sliding-window layers beside full ones) needs a backend
     that reads each layer's group view of the step (``supports_cache_groups``); one with
-    ``latent_layers`` (MLA) a backend that has a latent path (``supports_mla``)."""
+    ``latent_layers`` (MLA) a backend that has a latent path (``supports_mla``); KV-sharing
+    layers among ``layers`` (``kv_shared_from``) a backend with ``supports_kv_sharing``."""
     reasons = []
     if latent_layers and not getattr(backend, "supports_mla", False):
         reasons.append(
             f"has no latent attention (MLA) path, which {latent_layers} layers of this model need"
+        )
+    sharing = [layer.layer_index for layer in layers if layer.kv_shared_from is not None]
+    if sharing and not getattr(backend, "supports_kv_sharing", False):
+        reasons.append(
+            f"cannot run KV-sharing layers (attention over an earlier layer's cache), which "
+            f"layers {sharing} of this model are"
         )
     if num_paged_groups > 1 and not getattr(backend, "supports_cache_groups", False):
         reasons.append(
@@ -340,7 +347,9 @@ def select_attention_backend(
     the chosen KV codec. Automatically, a backend that refuses the model or the codec is passed
     over for the next by priority; one named in ``runner.attention_backend`` that refuses stops
     start-up with its reasons (:class:`SelectionError`)."""
+    # the layers that keep a cache, then those that read another layer's (KV sharing)
     layers = [a.layer for a in kv_layers(loaded.model)]
+    layers += [s.layer for s in shared_kv_layers(loaded.model)]
     num_paged = sum(
         1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups) if g.paged
     )

@@ -105,7 +105,12 @@ class _Recorder(TorchAttentionBackend):
         kv_cache: LayerKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        self.seen[layer.layer_index] = (q.float().clone(), k.float().clone(), v.float().clone())
+        if layer.kv_shared_from is None:  # a KV-sharing layer's k/v are placeholders
+            self.seen[layer.layer_index] = (
+                q.float().clone(),
+                k.float().clone(),
+                v.float().clone(),
+            )
         return super().forward(layer, q, k, v, kv_cache, meta)
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-ACTIVATIONS = ("silu", "swiglu_clamp")
+ACTIVATIONS = ("silu", "swiglu_clamp", "gelu_tanh")
 #: the ``ACT`` constexpr of each activation, as the MoE kernels (the core's and plugins') read it
-MOE_ACTIVATION_CODES = {"silu": 0, "swiglu_clamp": 1}
+MOE_ACTIVATION_CODES = {"silu": 0, "swiglu_clamp": 1, "gelu_tanh": 2}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ top-8 model, small beside the GEMMs' weight traffic — so determinism costs lit
 
 Activations (``activation``): ``"silu"`` — SwiGLU, ``silu(gate) * up``; ``"swiglu_clamp"`` —
 gpt-oss's clamped SwiGLU, ``gate = min(gate, limit)``, ``up = clamp(up, -limit, limit)``,
-``(up + 1) * gate * sigmoid(alpha * gate)``. Optional biases ``w13_bias [E, 2I]`` and
+``(up + 1) * gate * sigmoid(alpha * gate)``; ``"gelu_tanh"`` — GeGLU, ``gelu_tanh(gate) * up``
+(Gemma 4). Optional biases ``w13_bias [E, 2I]`` and
 ``w2_bias [E, H]`` are added before the activation and before the routing weight.
 
 Rounding: products accumulate in float32; bias and activation in float32; the intermediate
@@ -204,6 +205,8 @@ def apply_activation_ref(
     gate, up = gate_up.chunk(2, dim=-1)
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
     gate = gate.clamp(max=limit)
     up = up.clamp(-limit, limit)
     return (up + 1.0) * (gate * torch.sigmoid(gate * alpha))

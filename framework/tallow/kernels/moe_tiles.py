@@ -7,7 +7,7 @@ These are Triton device functions (``@triton.jit``, called from a plugin's kerne
 side (:func:`tallow.kernels.check_moe_routing`, ``MOE_ACTIVATION_CODES``) lives in
 :mod:`tallow.kernels.moe`.
 
-- :func:`moe_activate` (SwiGLU, or gpt-oss's clamped variant), :func:`moe_epilogue` (bias,
+- :func:`moe_activate` (SwiGLU, gpt-oss's clamped variant, GeGLU), :func:`moe_epilogue` (bias,
   activation or routing weight on float32 accumulators), :func:`moe_block_ids` and
   :func:`moe_block_rows` (which aligned block of :func:`tallow.kernels.moe_align`'s rows a
   grouped-GEMM program owns), :func:`moe_store_rows` (the masked store of a block).
@@ -21,10 +21,15 @@ import triton.language as tl
 
 @triton.jit
 def moe_activate(gate, up, alpha, limit, ACT: tl.constexpr):
-    """The gated activation of float32 ``gate`` and ``up``: SwiGLU (``ACT`` 0) or gpt-oss's
-    clamped SwiGLU (``ACT`` 1: gate clamped above, up both sides, ``sigmoid(alpha * gate)``)."""
+    """The gated activation of float32 ``gate`` and ``up``: SwiGLU (``ACT`` 0), gpt-oss's
+    clamped SwiGLU (``ACT`` 1: gate clamped above, up both sides, ``sigmoid(alpha * gate)``)
+    or GeGLU with the tanh approximation of GELU (``ACT`` 2, Gemma 4's experts)."""
     if ACT == 0:
         return gate / (1.0 + tl.exp(-gate)) * up
+    if ACT == 2:
+        # tanh(z) = 1 - 2 / (exp(2z) + 1): exact limits at both ends, no overflow to nan
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        return 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)) * up
     g = tl.minimum(gate, limit)
     u = tl.minimum(tl.maximum(up, -limit), limit)
     return (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))

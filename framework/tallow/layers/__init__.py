@@ -6,8 +6,10 @@ from .attention import (
     AttentionLayer,
     AttentionMetadata,
     ForwardContext,
+    SharedKVAttention,
     forward_context,
     get_forward_context,
+    shared_kv_layers,
 )
 from .cache_spec import (
     CacheLayer,
@@ -79,6 +81,8 @@ __all__ = [
     "AttentionLayer",
     "AttentionMetadata",
     "ForwardContext",
+    "SharedKVAttention",
+    "shared_kv_layers",
     "forward_context",
     "get_forward_context",
     "CacheLayer",

@@ -217,3 +217,103 @@ class Attention(nn.Module):
             + (", sinks" if s.sinks is not None else "")
             + (f", chunk={s.attention_chunk_size}" if s.attention_chunk_size else "")
         )
+
+
+class SharedKVAttention(nn.Module):
+    """Attention over the K/V cache of an earlier layer (KV sharing: Gemma 4's last
+    ``num_kv_shared_layers`` layers reuse the K/V of the last earlier layer of their kind).
+
+    ``forward(q [T, Hq*D]) -> [T, Hq*D]``: the layer computes no K/V and keeps no cache. It
+    is not an :class:`Attention` and declares no cache spec, so the runner allocates nothing
+    for it; each step it reads ``source``'s cache and ``source``'s view of the step (the
+    block tables of the source's cache group). The source runs first in the model's forward,
+    so this step's K/V are already stored when this layer attends. The backend gets an
+    :class:`AttentionLayer` with ``kv_shared_from`` = the source's layer index and placeholder
+    ``k``/``v``, and stores nothing for it; backends without ``supports_kv_sharing`` are
+    refused such models.
+
+    The KV heads, head size, sliding window and causality are the source's (a window of its
+    own would read blocks the source's group has already freed); ``num_heads``, ``scale`` and
+    ``logit_softcap`` are this layer's. The source is held outside the module tree (it is
+    registered where the model built it).
+    """
+
+    def __init__(
+        self,
+        layer_index: int,
+        source: Attention,
+        num_heads: int,
+        scale: float | None = None,
+        logit_softcap: float | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(source, Attention):
+            raise TypeError(
+                f"SharedKVAttention (layer {layer_index}): source must be an Attention "
+                f"layer that keeps its own cache, got {type(source).__name__}"
+            )
+        src = source.layer
+        if src.layer_index >= layer_index:
+            raise ValueError(
+                f"SharedKVAttention (layer {layer_index}): the source layer "
+                f"{src.layer_index} must come earlier in the model"
+            )
+        if num_heads % src.num_kv_heads:
+            raise ValueError(
+                f"SharedKVAttention (layer {layer_index}): num_heads {num_heads} is not a "
+                f"multiple of the source layer's num_kv_heads {src.num_kv_heads}"
+            )
+        self.layer = AttentionLayer(
+            layer_index=layer_index,
+            num_heads=num_heads,
+            num_kv_heads=src.num_kv_heads,
+            head_dim=src.head_dim,
+            scale=scale if scale is not None else src.head_dim**-0.5,
+            sliding_window=src.sliding_window,
+            logit_softcap=logit_softcap or None,
+            causal=src.causal,
+            attention_chunk_size=src.attention_chunk_size,
+            kv_shared_from=src.layer_index,
+        )
+        # a tuple keeps the source out of this module's children (and its state dict)
+        self._source: tuple[Attention] = (source,)
+
+    @property
+    def source(self) -> Attention:
+        """The layer whose cache this one reads."""
+        return self._source[0]
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        source = self.source
+        if source.kv_cache is None:
+            raise RuntimeError(
+                f"attention layer {self.layer.layer_index} shares the KV cache of layer "
+                f"{source.layer.layer_index}, which has no KV cache bound"
+            )
+        n = q.shape[0]
+        spec = self.layer
+        # k/v placeholders of the shape backends check, no memory: nothing is stored
+        placeholder = q.new_zeros(()).expand(n, spec.num_kv_heads, spec.head_dim)
+        out = ctx.backend.forward(
+            spec,
+            q.view(n, spec.num_heads, spec.head_dim),
+            placeholder,
+            placeholder,
+            source.kv_cache,
+            ctx.meta.group(source.cache_group),
+        )
+        return out.reshape(n, spec.num_heads * spec.head_dim)
+
+    def extra_repr(self) -> str:
+        s = self.layer
+        return (
+            f"layer={s.layer_index}, heads={s.num_heads}, kv_shared_from={s.kv_shared_from}, "
+            f"head_dim={s.head_dim}, window={s.sliding_window}, softcap={s.logit_softcap}"
+        )
+
+
+def shared_kv_layers(model: nn.Module) -> list[SharedKVAttention]:
+    """The KV-sharing attention layers of ``model``, by layer index."""
+    found = [m for m in model.modules() if isinstance(m, SharedKVAttention)]
+    return sorted(found, key=lambda m: m.layer.layer_index)

@@ -309,9 +309,9 @@ class FusedMoE(nn.Module):
 
     ``router`` picks each token's experts (:class:`RouterSpec`: softmax top-k with or without
     renormalisation, sigmoid with a correction bias and grouped top-k, softmax over the
-    selected logits; a routed scaling factor). ``activation`` is ``"silu"`` (SwiGLU) or
+    selected logits; a routed scaling factor). ``activation`` is ``"silu"`` (SwiGLU),
     ``"swiglu_clamp"`` (gpt-oss: clamped at ``swiglu_limit``, ``alpha`` ``swiglu_alpha``,
-    usually with ``expert_bias``). ``reduce_results=False`` leaves the sum over
+    usually with ``expert_bias``) or ``"gelu_tanh"`` (GeGLU, Gemma 4). ``reduce_results=False`` leaves the sum over
     tensor-parallel ranks to the caller (under expert parallelism too: each rank's output
     then holds its share of the tokens and zeros elsewhere, plus its shared-expert part).
     """

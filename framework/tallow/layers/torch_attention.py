@@ -29,6 +29,8 @@ class TorchAttentionBackend(AttentionBackend):
     #: latent attention through the torch reference: expanded K/V for sequences with several
     #: queries, the absorbed form for single-query ones
     supports_mla: ClassVar[bool] = True
+    #: KV-sharing layers attend over their source layer's cache and store nothing
+    supports_kv_sharing: ClassVar[bool] = True
 
     def forward(
         self,
@@ -39,7 +41,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache: LayerKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        kv_cache.codec.encode(kv_cache, k, v, meta.slot_mapping)
+        if layer.kv_shared_from is None:  # a sharing layer's k/v are placeholders
+            kv_cache.codec.encode(kv_cache, k, v, meta.slot_mapping)
         qsl = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
         lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
         return paged_attention_ref(

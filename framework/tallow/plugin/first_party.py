@@ -27,7 +27,13 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
             "tallow-model-deepseek",
         ),
         **dict.fromkeys(
-            ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"],
+            [
+                "Gemma2ForCausalLM",
+                "Gemma3ForCausalLM",
+                "Gemma3ForConditionalGeneration",
+                "Gemma4ForCausalLM",
+                "Gemma4ForConditionalGeneration",
+            ],
             "tallow-model-gemma",
         ),
         "Glm4MoeForCausalLM": "tallow-model-glm4-moe",

@@ -1,6 +1,6 @@
 """The attention-backend suite: the backend against the core's torch reference on random
 prefill, decode, chunked-prefill, prefix-hit, bidirectional (encoder) and padded steps, latent
-attention (MLA) when it declares it, and with
+attention (MLA) and KV-sharing layers when it declares them, and with
 each KV codec it declares (its layout accepted, a step stored as the codec's reference stores
 it, attention over that cache as the reference's).
 
@@ -20,6 +20,7 @@ GPU, else it is skipped with "needs a CUDA GPU". Set
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
@@ -32,7 +33,7 @@ from ..manager import load_plugins
 from . import make_config
 from .component import ComponentConformance, load_target
 from .mla_step import check_mla_step, random_mla_step
-from .paged_batch import check_step, random_paged_step
+from .paged_batch import check_step, output_tolerance, random_paged_step
 
 if TYPE_CHECKING:
     from tallow.config import TallowConfig
@@ -236,6 +237,57 @@ class AttentionBackendConformance(ComponentConformance):
             assert all(isinstance(r, str) and r for r in reasons), reasons
             return
         check_step(step, backend)
+
+    def test_kv_sharing_layer(
+        self, backend: AttentionBackend, device: str, dtype: torch.dtype
+    ) -> None:
+        """A backend that sets ``supports_kv_sharing``: after a layer stored a step (decodes
+        beside a chunk, under a window), a layer with ``kv_shared_from`` set attends over that
+        cache with its own queries, scale and softcap as the reference does, and leaves every
+        cache byte as it was (its ``k``/``v`` are zero-strided placeholders). The engine gives
+        a backend without it no such model, so there is nothing to check then."""
+        if not getattr(backend, "supports_kv_sharing", False):
+            return
+        bs = self.block_size
+        step = random_paged_step(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=bs,
+            dtype=dtype,
+            device=device,
+            query_lens=[1, bs + 3, 1],
+            context_lens=[2 * bs + 1, bs, 5],
+            sliding_window=bs + 2,
+            seed=zlib.crc32(f"{type(self).__name__}/kv-sharing/{dtype}".encode()),
+        )
+        check_step(step, backend)  # the source layer stores the step
+        before = [t.clone() for t in step.kv_cache.paged()]
+        heads = 2 * self.num_heads
+        shared = replace(
+            step.layer,
+            layer_index=step.layer.layer_index + 1,
+            num_heads=heads,
+            scale=0.5 * step.layer.scale,
+            logit_softcap=4.0,
+            kv_shared_from=step.layer.layer_index,
+        )
+        gen = torch.Generator().manual_seed(zlib.crc32(b"kv-sharing-queries"))
+        n = step.q.shape[0]
+        q = torch.randn(n, heads, self.head_dim, generator=gen).to(dtype).to(device)
+        placeholder = q.new_zeros(()).expand(n, self.num_kv_heads, self.head_dim)
+        out = backend.forward(shared, q, placeholder, placeholder, step.kv_cache, step.meta)
+        for old, new in zip(before, step.kv_cache.paged()):
+            assert torch.equal(old.view(torch.uint8), new.view(torch.uint8)), (
+                f"a KV-sharing layer changed the cache ({step.description})"
+            )
+        view = replace(step, layer=shared, q=q)
+        torch.testing.assert_close(
+            out[: step.valid_rows].cpu(),
+            view.reference_output(step.kv_cache).cpu(),
+            **output_tolerance(dtype),
+            msg=lambda m: f"KV-sharing layer output differs ({step.description}): {m}",
+        )
 
     def test_padding_rows_store_nothing(self, backend: AttentionBackend, device: str) -> None:
         """Rows with slot -1 (a padded batch) leave the cache alone."""

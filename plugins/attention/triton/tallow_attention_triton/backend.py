@@ -181,6 +181,9 @@ class TritonAttentionBackend(AttentionBackend):
     #: latent attention (MLA): split-K decode with the up-projections absorbed
     #: (:mod:`tallow_attention_triton.mla_ops`)
     supports_mla: ClassVar[bool] = True
+    #: KV-sharing layers (``layer.kv_shared_from``): attention over the source layer's cache,
+    #: no store
+    supports_kv_sharing: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -391,6 +394,8 @@ class TritonAttentionBackend(AttentionBackend):
         Rows past ``query_start_loc[num_seqs]`` (padding) are left unwritten.
         """
         self._check(layer, q, k, v, kv_cache, meta)
+        # a KV-sharing layer reads its source layer's cache: its k/v are placeholders
+        store = layer.kv_shared_from is None
         turbo = turbo_ops.is_turbo(kv_cache)
         scaled = "k_scale" in kv_cache
         # centred keys are read as stored: a query's scores all move by q . offset, which the
@@ -421,17 +426,21 @@ class TritonAttentionBackend(AttentionBackend):
                 q, kv_cache, meta.num_seqs, meta.max_seq_len
             )
             common["num_splits"] = splits
-            if splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or transformed):
+            if not store:
+                ops.decode_attention(q, kv_cache, out, **common)
+            elif splits > 1 and q.shape[0] == meta.num_seqs and not (turbo or transformed):
                 # Small batches are launch-latency bound: the store rides in the attention
                 # launch. With one split (large batches, bandwidth bound) the fused variant's
                 # extra registers cost occupancy, so the store launches on its own.
                 return ops.decode_attention(
                     q, kv_cache, out, k=k, v=v, slot_mapping=meta.slot_mapping, **common
                 )
-            ops.store_kv(kv_cache, k, v, meta.slot_mapping)
-            ops.decode_attention(q, kv_cache, out, **common)
+            else:
+                ops.store_kv(kv_cache, k, v, meta.slot_mapping)
+                ops.decode_attention(q, kv_cache, out, **common)
         else:
-            ops.store_kv(kv_cache, k, v, meta.slot_mapping)
+            if store:
+                ops.store_kv(kv_cache, k, v, meta.slot_mapping)
             qsl = meta.query_start_loc_cpu
             singles = True if qsl is None else any(b - a == 1 for a, b in zip(qsl, qsl[1:]))
             prefill_args = {

@@ -85,6 +85,33 @@ def with_defaults(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     return out
 
 
+def text_model_config(config: Mapping[str, Any], architecture: str) -> dict[str, Any]:
+    """The ``text_config`` of a multimodal ``architecture`` checkpoint's ``config``, with what
+    only the outer config states (dtype, special token ids, tying) and the outer
+    ``architectures``; a config that is already the text model's is returned as it is."""
+    text = config.get("text_config")
+    if text is None and "hidden_size" in config:
+        return dict(config)
+    if not isinstance(text, Mapping):
+        raise ValueError(
+            f"model config: a {architecture} config needs a 'text_config' object, got "
+            f"{type(text).__name__}"
+        )
+    flat = dict(text)
+    for key in (
+        "torch_dtype",
+        "dtype",
+        "eos_token_id",
+        "bos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+    ):
+        if key in config and key not in flat:
+            flat[key] = config[key]
+    flat["architectures"] = list(config.get("architectures") or [architecture])
+    return flat
+
+
 def sliding_layers(config: Mapping[str, Any]) -> list[bool]:
     """Per layer, whether it is a sliding-window (local) layer (see the module docstring)."""
     n = int(config["num_hidden_layers"])

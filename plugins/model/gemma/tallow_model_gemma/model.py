@@ -379,24 +379,5 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     def config_from_hf(cls, config: dict[str, Any]) -> dict[str, Any]:
         """The ``text_config``, with the defaults of ``Gemma3TextConfig`` and what only the
         outer config states (dtype, end-of-sequence ids)."""
-        text = config.get("text_config")
-        if text is None and "hidden_size" in config:
-            return super().config_from_hf(config)  # already the text model's config
-        if not isinstance(text, Mapping):
-            raise ValueError(
-                "model config: a Gemma3ForConditionalGeneration config needs a "
-                f"'text_config' object, got {type(text).__name__}"
-            )
-        flat = dict(text)
-        for key in (
-            "torch_dtype",
-            "dtype",
-            "eos_token_id",
-            "bos_token_id",
-            "pad_token_id",
-            "tie_word_embeddings",
-        ):
-            if key in config and key not in flat:
-                flat[key] = config[key]
-        flat["architectures"] = list(config.get("architectures") or cls.hf_architectures)
+        flat = gemma_config.text_model_config(config, cls.hf_architectures[0])
         return super().config_from_hf(flat)

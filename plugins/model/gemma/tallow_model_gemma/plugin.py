@@ -18,10 +18,16 @@ VISION_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "tallow_model_gemma.vision_model:Gemma3ForConditionalGeneration",
 }
 
+#: Gemma 4: text models, and the text model of the multimodal checkpoints
+GEMMA4_ARCHITECTURES: dict[str, str] = {
+    "Gemma4ForCausalLM": "tallow_model_gemma.gemma4:Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration": "tallow_model_gemma.gemma4:Gemma4ForConditionalGeneration",
+}
+
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
     for hf_name, (cls, gguf) in ARCHITECTURES.items():
         registry.register(hf_name, f"{_MODEL}:{cls}", gguf=gguf)
-    for hf_name, target in VISION_ARCHITECTURES.items():
+    for hf_name, target in {**VISION_ARCHITECTURES, **GEMMA4_ARCHITECTURES}.items():
         registry.register(hf_name, target)

@@ -1,4 +1,4 @@
-"""Tiny random transformers twins of Gemma 2 and Gemma 3, their GGUF files as llama.cpp writes
+"""Tiny random transformers twins of Gemma 2, 3 and 4, their GGUF files as llama.cpp writes
 them, and the model-test helpers of :mod:`tallow.plugin.testing` as one ``kit``."""
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ def load_tallow(
     the architecture class it names; ``overrides`` replace config keys."""
     from tallow_format_safetensors.format import SafetensorsFormat
 
+    from tallow_model_gemma import gemma4
     from tallow_model_gemma import model as gemma_models
 
     ckpt = SafetensorsFormat().load(str(path))
-    cls = getattr(gemma_models, ckpt.architecture)
+    cls = getattr(gemma_models, ckpt.architecture, None) or getattr(gemma4, ckpt.architecture)
     config = {**cls.config_from_hf(dict(ckpt.config)), **overrides}
     model = cls(ArchConfig(config), BuildContext(dtype=dtype, device=torch.device(device)))
     model.load_weights(ckpt.tensors(), naming=ckpt.naming)
@@ -91,6 +92,45 @@ def hf_generate(
         return hf_greedy(model, prompt, steps)
     with torch.no_grad():
         return [], [], model(torch.tensor([prompt])).logits[0]
+
+
+def check_two_sequences(hf: Any, model: Any, name: str, steps: int = 8) -> None:
+    """Two sequences share each step: one prefilled in chunks that straddle the window while
+    the other prefills whole and decodes; then both decode together. Every row's logits must
+    be transformers' over the whole sequence."""
+    a, b = PROMPT[:17], PROMPT[3:]
+    ref_a = hf_generate(hf, a, steps)[0]
+    ref_b = hf_generate(hf, b, steps)[0]
+    with torch.no_grad():
+        want_a = hf(torch.tensor([a + ref_a])).logits[0]
+        want_b = hf(torch.tensor([b + ref_b])).logits[0]
+    runner = PagedRunner(model)
+    runner.add(0)
+    runner.add(1)
+    got_a, got_b = [], []
+    for chunk_a, chunk_b in ((a[:5], b), (a[5:13], [ref_b[0]]), (a[13:], [ref_b[1]])):
+        out_a, out_b = runner.step([(0, chunk_a), (1, chunk_b)])
+        got_a.append(out_a)
+        got_b.append(out_b)
+    for i in range(steps - 2):
+        out_a, out_b = runner.step([(0, [ref_a[i]]), (1, [ref_b[i + 2]])])
+        got_a.append(out_a)
+        got_b.append(out_b)
+    ours_a, ours_b = torch.cat(got_a), torch.cat(got_b)
+    assert_close_logits(ours_a, want_a[: ours_a.shape[0]], f"{name}: sequence a")
+    assert_close_logits(ours_b, want_b[: ours_b.shape[0]], f"{name}: sequence b")
+
+
+def bf16_error_of_transformers(hf: Any, prompt: list[int]) -> float:
+    """How far transformers' own bfloat16 copy of ``hf`` is from its float32 prompt logits:
+    random weights amplify rounding, so this is the yardstick for ours."""
+    import copy
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+        low = copy.deepcopy(hf).to(torch.bfloat16)(ids).logits[0].float()
+    return float((low - ref).abs().max())
 
 
 # llama.cpp's names for the per-layer tensors of gemma2 / gemma3
@@ -183,6 +223,8 @@ def kit() -> SimpleNamespace:
         assert_close_logits=assert_close_logits,
         hf_generate=hf_generate,
         write_gguf=write_gguf,
+        check_two_sequences=check_two_sequences,
+        bf16_error_of_transformers=bf16_error_of_transformers,
         PROMPT=PROMPT,
         STEPS=STEPS,
     )

@@ -1,4 +1,4 @@
-"""Each Gemma architecture against tallow's model conformance suite (tiny random configs,
+"""Each Gemma architecture (Gemma 4 with per-layer inputs and a KV-shared layer) against tallow's model conformance suite (tiny random configs,
 transformers on the same weights; the 12-token prompt outruns the 5-token window). Softcaps,
 the attention scale, local RoPE, GGUF and the real model: the other test modules."""
 
@@ -50,4 +50,23 @@ class TestGemma3Conformance(ModelArchitectureConformance):
 
         return transformers.Gemma3TextConfig(
             **SMALL, layer_types=["sliding_attention", "full_attention"]
+        )
+
+
+class TestGemma4Conformance(ModelArchitectureConformance):
+    distribution = "tallow-model-gemma"
+    component = "Gemma4ForCausalLM"
+
+    def hf_config(self) -> Any:
+        import transformers
+
+        small = {k: v for k, v in SMALL.items() if k != "query_pre_attn_scalar"}
+        return transformers.Gemma4TextConfig(
+            **{**small, "num_hidden_layers": 3},
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+            global_head_dim=16,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=128,
+            num_kv_shared_layers=1,
+            final_logit_softcapping=10.0,
         )

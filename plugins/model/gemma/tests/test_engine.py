@@ -100,6 +100,38 @@ def test_registration_imports_no_torch():
     assert registry.for_gguf("gemma3").name == "Gemma3ForCausalLM"
     assert registry.for_gguf("gemma2").name == "Gemma2ForCausalLM"
     assert "Gemma3ForConditionalGeneration" in registry
+    assert "Gemma4ForCausalLM" in registry and "Gemma4ForConditionalGeneration" in registry
+
+
+def test_engine_serves_gemma4_with_kv_sharing(tmp_path, kit):
+    """A Gemma 4 model whose last two layers read earlier layers' K/V (one of them from the
+    sliding group, whose old blocks the engine frees) through the whole engine: prompts
+    longer than the window prefilled in chunks beside decodes, the first again from the prefix
+    cache, as transformers decodes them; the shared layers take no cache."""
+    from tallow.engine.cache_groups import find_cache_groups
+
+    config = transformers.Gemma4TextConfig(
+        **{k: v for k, v in SMALL.items() if k != "query_pre_attn_scalar"},
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=300,
+        global_head_dim=16,
+        final_logit_softcapping=5.0,
+    )
+    hf = kit.build_hf(config, seed=8)
+    _save_with_tokenizer(hf, tmp_path)
+    llm = _llm(tmp_path)
+    model = llm.engine.parts.loaded.model
+    assert type(model).__name__ == "Gemma4ForCausalLM"
+    groups = find_cache_groups(model)
+    assert sorted(a.layer.layer_index for g in groups for a in g.layers) == [0, 1]
+    outs = _generate(llm, PROMPTS)
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.outputs[0].token_ids == _hf_tokens(hf, prompt)
+    again = _generate(llm, PROMPTS[:1])[0]
+    assert again.num_cached_tokens >= 32
+    assert again.outputs[0].token_ids == outs[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

@@ -136,41 +136,7 @@ def test_chunked_prefill_and_two_sequences(name, tmp_path, kit):
     the other prefills whole and decodes; then both decode together."""
     hf = kit.build_hf(CONFIGS[name](), seed=_seed(name) + 1, path=tmp_path)
     model, _ = kit.load_tallow(tmp_path)
-    a, b = kit.PROMPT[:17], kit.PROMPT[3:]
-    steps = 8
-    ref_a = kit.hf_generate(hf, a, steps)[0]
-    ref_b = kit.hf_generate(hf, b, steps)[0]
-    with torch.no_grad():
-        want_a = hf(torch.tensor([a + ref_a])).logits[0]
-        want_b = hf(torch.tensor([b + ref_b])).logits[0]
-
-    runner = kit.PagedRunner(model)
-    runner.add(0)
-    runner.add(1)
-    got_a, got_b = [], []
-    for chunk_a, chunk_b in ((a[:5], b), (a[5:13], [ref_b[0]]), (a[13:], [ref_b[1]])):
-        out_a, out_b = runner.step([(0, chunk_a), (1, chunk_b)])
-        got_a.append(out_a)
-        got_b.append(out_b)
-    for i in range(steps - 2):
-        out_a, out_b = runner.step([(0, [ref_a[i]]), (1, [ref_b[i + 2]])])
-        got_a.append(out_a)
-        got_b.append(out_b)
-    ours_a, ours_b = torch.cat(got_a), torch.cat(got_b)
-    kit.assert_close_logits(ours_a, want_a[: ours_a.shape[0]], f"{name}: sequence a")
-    kit.assert_close_logits(ours_b, want_b[: ours_b.shape[0]], f"{name}: sequence b")
-
-
-def _bf16_error_of_transformers(hf, prompt) -> float:
-    """How far transformers' own bfloat16 copy of ``hf`` is from its float32 prompt logits:
-    random weights amplify rounding, so this is the yardstick for ours."""
-    import copy
-
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        ref = hf(ids).logits[0]
-        low = copy.deepcopy(hf).to(torch.bfloat16)(ids).logits[0].float()
-    return float((low - ref).abs().max())
+    kit.check_two_sequences(hf, model, name)
 
 
 def test_bfloat16_build_tracks_float32(tmp_path, kit):
@@ -183,7 +149,7 @@ def test_bfloat16_build_tracks_float32(tmp_path, kit):
     l16 = kit.PagedRunner(m16).greedy(0, kit.PROMPT, 0)[2]
     ref = kit.hf_generate(hf, kit.PROMPT, steps=0)[2]
     err = float((l16 - ref).abs().max())
-    bound = 2 * _bf16_error_of_transformers(hf, kit.PROMPT) + 1e-2
+    bound = 2 * kit.bf16_error_of_transformers(hf, kit.PROMPT) + 1e-2
     assert err <= bound, f"bfloat16 logits {err:.3f} from float32 (transformers' own: <{bound:.3f})"
 
 
@@ -207,5 +173,5 @@ def test_greedy_parity_on_cuda(name, tmp_path, kit):
     m16, _ = kit.load_tallow(tmp_path, dtype=torch.bfloat16, device="cuda")
     l16 = kit.PagedRunner(m16).greedy(0, kit.PROMPT, 0)[2].cpu()
     err = float((l16 - ref_prompt).abs().max())
-    bound = 2 * _bf16_error_of_transformers(hf, kit.PROMPT) + 1e-2
+    bound = 2 * kit.bf16_error_of_transformers(hf, kit.PROMPT) + 1e-2
     assert err <= bound, f"{name}: bfloat16 logits {err:.3f} from float32 (bound {bound:.3f})"
