@@ -22,6 +22,8 @@
 # qnext80fp8lat (batch-1 decode of the whole random:qwen3-next-80b-a3b quantized at load to fp8, about 81 GB: an H200),
 # qnextlong64 (64 sequences decoding after 32k-token prompts, random:qwen3-next-12l and its attention-only twin; the twin's
 # 2M cached tokens take 50 GB: an H200),
+# famtests (Gemma 4 parity and its engine on Triton with KV-shared layers, Llama 4 on the Triton chunk mask, the chunked
+# and KV-sharing attention kernel cases, Qwen3-Next/Qwen3.5 GGUF and block-fp8 checkpoints, gelu_tanh experts),
 # spectests,specverify (speculative decoding: GPU tests with CUDA graphs; verify-step cost vs k and batch on random:llama-3-8b),
 # vlmtests,vlmimages (images in: Qwen2.5-VL's GPU tests; random:qwen2.5-vl-7b, 64 requests of one 1024x1024 image, images/s and TTFT
 # with the encoder cache cold and warm),
@@ -178,6 +180,16 @@ if [[ ",$MODE," == *",mlatests,"* ]]; then  # latent attention (MLA): Triton ker
     plugins/model/glm4_moe/tests/test_parity.py plugins/attention/triton/tests/test_conformance.py \
     plugins/model/deepseek/tests/test_glm4_moe_lite.py plugins/model/minimax_m2/tests/test_parity.py \
     2>&1 | tail -20 | tee "$OUT/tests_mla.log"
+fi
+if [[ ",$MODE," == *",famtests,"* ]]; then  # the families' GPU tests: Gemma 4, Llama 4 (Triton chunks), hybrid checkpoints
+  echo "== GPU tests of Gemma 4, Llama 4 on Triton, chunked and KV-sharing kernels, Qwen3-Next GGUF/fp8 checkpoints"
+  timeout 580 python3 -m pytest -q -rfE --tb=short --timeout 300 -m gpu \
+    plugins/model/gemma/tests/test_gemma4_parity.py plugins/model/gemma/tests/test_engine_gpu_gemma4.py \
+    plugins/model/llama4/tests plugins/model/qwen3_next/tests/test_checkpoints_gpu.py \
+    plugins/model/qwen3_next/tests/test_engine_gpu.py tests/kernels/test_moe_kernels.py \
+    2>&1 | tail -20 | tee "$OUT/tests_families.log"
+  timeout 300 python3 -m pytest -q -rfE --tb=short plugins/attention/triton/tests/kv_sharing_cases.py \
+    plugins/attention/triton/tests/kernel_cases.py -k "chunk or sharing" 2>&1 | tail -8 | tee -a "$OUT/tests_families.log"
 fi
 if [[ ",$MODE," == *",dsv2lat,"* ]]; then  # DeepSeek-V2-Lite's shape: latent attention (triton decode), 64 experts of which 6 per token
   bench latency_deepseek_v2_lite_bs1 300 latency --model random:deepseek-v2-lite --dtype bfloat16 --batch-size 1 --input-len 512 --output-len 256 --max-model-len 4096
