@@ -1,0 +1,197 @@
+"""The draft model of speculative decoding (``speculative.method: draft``), as the engine runs it:
+built by the engine's own builder on the target's device, with a paged KV cache of its own,
+and one draft sequence per target completion.
+
+A draft sequence holds the tokens the draft has seen and how many of them have their K/V in
+the draft's cache. :meth:`DraftRunner.sync` brings it up to a target completion's tokens: it
+rolls back to the longest common prefix of what it computed and those tokens (the target
+rejected the rest: the blocks past it go back to the draft's pool, the slots inside a kept
+block are overwritten later), then feeds the tokens it has not seen (the whole prompt on the
+first call, in chunks of at most the step budget; afterwards the tokens the target kept and
+its own token) and returns the logits after the last one. :meth:`DraftRunner.extend` then feeds
+one guessed token at a time. Nothing is evicted: when the pool cannot hold a sequence's next
+tokens, ``sync`` says so and the speculator proposes nothing for it this step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from tallow.config import SpeculativeConfig, TallowConfig
+from tallow.plugin import SelectionError, SpeculatorHost
+
+from .builder import BuiltRunner, build_runner
+from .kv_manager import KVCacheManager, PagedGroupSize
+from .sampling.params import SamplingParams
+from .scheduler import ScheduledSeq
+from .sequence import Sequence as EngineSequence
+from .sequence import SequenceStatus
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("tallow.engine")
+
+__all__ = ["DraftRunner", "draft_config", "tokenizer_mismatch"]
+
+#: the draft's share of the device memory left after its weights when no budget is set (GPU)
+DEFAULT_GPU_KV_FRACTION = 0.5
+
+
+def draft_config(config: TallowConfig, host: SpeculatorHost) -> TallowConfig:
+    """The configuration the draft model is built from: the engine's, with the model section
+    taken from ``speculative.draft_*`` (on the target's device, its dtype unless
+    ``draft_dtype`` says otherwise, the engine's ``max_model_len``), a cache of the draft's
+    own budget without prefix caching, and no speculation of its own."""
+    spec = config.speculative
+    out = config.model_copy(deep=True)
+    out.speculative = SpeculativeConfig()
+    model = out.model
+    model.source = spec.draft_model
+    model.revision = None
+    model.device = str(host.device)
+    dtype = spec.draft_dtype
+    model.dtype = (  # type: ignore[assignment]
+        str(host.dtype).removeprefix("torch.") if dtype in (None, "auto") else dtype
+    )
+    model.max_model_len = host.max_model_len
+    model.served_model_name = None
+    model.weight_format = "auto"
+    model.tokenizer = None
+    model.isq = spec.draft_quantization
+    model.quant_scheme = "auto"
+    model.task = "generate"
+    cache = out.cache
+    cache.enable_prefix_caching = False
+    cache.num_blocks = None
+    cache.mem_mb = spec.draft_kv_cache_mb
+    if spec.draft_kv_cache_mb is None:
+        cache.kv_fraction = DEFAULT_GPU_KV_FRACTION
+    return out
+
+
+def tokenizer_mismatch(target: Tokenizer, draft: Tokenizer) -> str | None:
+    """Why ``draft`` cannot propose tokens for a model of tokenizer ``target`` (None when the
+    two have the same vocabulary, token for id, and the same special tokens)."""
+    if target.vocab_size != draft.vocab_size:
+        return f"{draft.vocab_size} tokens against the model's {target.vocab_size}"
+    mine, theirs = target.get_vocab(), draft.get_vocab()
+    if mine != theirs:
+        differ = sorted((i, t) for t, i in theirs.items() if mine.get(t) != i) or sorted(
+            (i, t) for t, i in mine.items() if theirs.get(t) != i
+        )
+        i, t = differ[0]
+        return f"token {t!r} has id {theirs.get(t)} in the draft's vocabulary, {mine.get(t)} in the model's"
+    if sorted(target.all_special_ids) != sorted(draft.all_special_ids):
+        return (
+            f"special token ids {sorted(draft.all_special_ids)} against the model's "
+            f"{sorted(target.all_special_ids)}"
+        )
+    return None
+
+
+def build_draft(config: TallowConfig, host: SpeculatorHost) -> BuiltRunner:
+    """The draft model's runner for ``config`` (the engine's), checked against the target:
+    a ValueError names ``speculative.draft_model`` and says what is wrong."""
+    source = config.speculative.draft_model
+    where = f"speculative.draft_model {source!r}"
+    try:
+        built = build_runner(draft_config(config, host), host.registries)
+    except (ValueError, SelectionError, OSError, KeyError) as exc:
+        raise ValueError(f"{where}: the draft model cannot be built: {exc}") from exc
+    if built.loaded.task != "generate":
+        raise ValueError(f"{where}: the draft model embeds; a draft model must generate")
+    if built.runner.state_groups:
+        raise ValueError(
+            f"{where}: the draft model keeps a recurrent state per sequence, which cannot "
+            "take rejected guesses back"
+        )
+    problem = tokenizer_mismatch(host.tokenizer, built.tokenizer)
+    if problem is not None:
+        raise ValueError(
+            f"{where}: the draft model's tokenizer differs from that of {host.model_name} "
+            f"({problem}); a draft model must share the model's tokenizer"
+        )
+    return built
+
+
+class DraftRunner:
+    """The draft model's runner, its block pool and its sequences (see the module
+    docstring). ``chunk`` is the most tokens one draft forward computes."""
+
+    def __init__(self, built: BuiltRunner, chunk: int) -> None:
+        self.runner = built.runner
+        self.max_model_len = built.max_model_len
+        self.chunk = max(1, int(chunk))
+        self.blocks = KVCacheManager(
+            built.group_sizes or [PagedGroupSize(built.num_blocks)],
+            block_size=self.runner.block_size,
+            enable_prefix_caching=False,
+            max_step_tokens=self.chunk,
+        )
+        self._seqs: dict[tuple[str, int], EngineSequence] = {}
+        self._params = SamplingParams(temperature=0.0)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    def sequence(self, request_id: str, index: int) -> EngineSequence | None:
+        return self._seqs.get((request_id, index))
+
+    def sync(
+        self, request_id: str, index: int, token_ids: Sequence[int], room: int
+    ) -> torch.Tensor | None:
+        """The draft's logits ([vocab], float32) after ``token_ids``, with blocks for ``room``
+        more tokens reserved (the guesses :meth:`extend` feeds); None when the pool cannot
+        hold them (the sequence keeps what it has computed)."""
+        key = (request_id, index)
+        seq = self._seqs.get(key)
+        if seq is None:
+            seq = EngineSequence(request_id, index, [], self._params, status=SequenceStatus.RUNNING)
+            self._seqs[key] = seq
+        computed = seq.all_token_ids[: seq.num_computed_tokens]
+        keep = 0
+        limit = min(len(computed), len(token_ids) - 1)  # the last token is always fed
+        while keep < limit and computed[keep] == token_ids[keep]:
+            keep += 1
+        seq.rewind(keep)
+        self.blocks.trim(seq, keep)
+        for t in token_ids[keep:]:
+            seq.append_token(int(t))
+        new = len(token_ids) - keep
+        if not self.blocks.can_allocate(seq, new + room):
+            return None
+        copies = self.blocks.append_slots(seq, new + room)
+        assert not copies  # no block is shared: no prefix caching, no forks
+        logits = None
+        start = keep
+        while start < len(token_ids):
+            n = min(self.chunk, len(token_ids) - start)
+            logits = self._forward(seq, start, n, last=start + n == len(token_ids))
+            start += n
+        assert logits is not None  # at least the last token is fed
+        return logits
+
+    def extend(self, request_id: str, index: int, token_id: int) -> torch.Tensor:
+        """Feed one guessed token (its slot reserved by :meth:`sync`); the logits after it."""
+        seq = self._seqs[(request_id, index)]
+        seq.append_token(int(token_id))
+        return self._forward(seq, seq.num_tokens - 1, 1, last=True)
+
+    def _forward(self, seq: EngineSequence, start: int, n: int, *, last: bool) -> torch.Tensor:
+        item = ScheduledSeq(seq, start, n, sample_seqs=[seq] if last else [])
+        runner = self.runner
+        batch = runner.prepare([item])
+        hidden = runner.run_batch(batch, None)
+        seq.num_computed_tokens = start + n
+        if not last:
+            return hidden[:0]
+        return runner.compute_logits(hidden.index_select(0, batch.sample_rows))[0].float()
+
+    def free(self, request_id: str, index: int) -> None:
+        """Drop the draft sequence of a completion and give its blocks back."""
+        seq = self._seqs.pop((request_id, index), None)
+        if seq is not None:
+            self.blocks.free(seq)
