@@ -58,30 +58,50 @@ class DraftSpeculator(Speculator):
         self.vocab_size = host.vocab_size
         self._generator = torch.Generator(device=host.device).manual_seed(int(config.model.seed))
 
-    @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], k: int, context: SpeculationContext) -> Proposal:
+        got = self.propose_batch([(token_ids, k, context)])[0]
+        return got if isinstance(got, Proposal) else Proposal(got)
+
+    @torch.inference_mode()
+    def propose_batch(
+        self, requests: Sequence[tuple[Sequence[int], int, SpeculationContext]]
+    ) -> list[Proposal | list[int]]:
         draft = self.draft
         if draft is None:
             raise RuntimeError("the draft speculator proposes only once attach() built its model")
-        # the last guess is never fed, so k guesses need positions up to len + k - 2
-        k = min(k, draft.max_model_len - len(token_ids) + 1)
-        if k < 1 or not token_ids:
-            return Proposal([])
-        rid, index = context.request_id, context.index
-        logits = draft.sync(rid, index, token_ids, room=k - 1)
-        if logits is None:  # the draft's pool is full: a plain decode step this time
-            return Proposal([])
-        temperature = context.temperature
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for j in range(k):
-            token, probs = self._choose(logits, temperature)
-            tokens.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if j + 1 < k:
-                logits = draft.extend(rid, index, token)
-        return Proposal(tokens, torch.stack(rows) if rows else None)
+        out: list[Proposal | list[int]] = [Proposal([]) for _ in requests]
+        asked: list[tuple[int, tuple[str, int], int, float]] = []  # (request, key, k, temp)
+        syncs = []
+        for i, (token_ids, k, context) in enumerate(requests):
+            # the last guess is never fed, so k guesses need positions up to len + k - 2
+            k = min(k, draft.max_model_len - len(token_ids) + 1)
+            if k < 1 or not token_ids:
+                continue
+            key = (context.request_id, context.index)
+            asked.append((i, key, k, context.temperature))
+            syncs.append((key, token_ids, k - 1))
+        # requests the draft's pool cannot hold propose nothing: a plain decode step for them
+        live = [(a, row) for a, row in zip(asked, draft.sync(syncs)) if row is not None]
+        tokens: dict[int, list[int]] = {a[0]: [] for a, _ in live}
+        probs: dict[int, list[torch.Tensor]] = {a[0]: [] for a, _ in live}
+        step = 0
+        while live:
+            guesses = []
+            for a, row in live:
+                token, p = self._choose(row, a[3])
+                tokens[a[0]].append(token)
+                if p is not None:
+                    probs[a[0]].append(p)
+                if step + 1 < a[2]:
+                    guesses.append((a, token))
+            step += 1
+            if not guesses:
+                break
+            rows = draft.extend([(a[1], token) for a, token in guesses])
+            live = [(a, rows[j]) for j, (a, _) in enumerate(guesses)]
+        for i, guessed in tokens.items():
+            out[i] = Proposal(guessed, torch.stack(probs[i]) if probs[i] else None)
+        return out
 
     def _choose(self, logits: torch.Tensor, temperature: float) -> tuple[int, torch.Tensor | None]:
         """The next guess from the draft's ``logits`` over the ids both models have, and

@@ -141,15 +141,49 @@ class DraftRunner:
         return self._seqs.get((request_id, index))
 
     def sync(
-        self, request_id: str, index: int, token_ids: Sequence[int], room: int
-    ) -> torch.Tensor | None:
-        """The draft's logits ([vocab], float32) after ``token_ids``, with blocks for ``room``
-        more tokens reserved (the guesses :meth:`extend` feeds); None when the pool cannot
-        hold them (the sequence keeps what it has computed)."""
-        key = (request_id, index)
+        self, requests: list[tuple[tuple[str, int], Sequence[int], int]]
+    ) -> list[torch.Tensor | None]:
+        """For each ``(key, token_ids, room)`` of ``requests`` (``key`` is ``(request_id,
+        index)``, one request per key): the draft's logits ([vocab], float32) after
+        ``token_ids``, with blocks for ``room`` more tokens reserved (the guesses
+        :meth:`extend` feeds); None when the pool cannot hold them (the sequence keeps what it
+        has computed). All sequences' tokens go through shared forwards of at most ``chunk``
+        tokens."""
+        pending: list[tuple[int, EngineSequence, int]] = []  # (request, seq, next token)
+        for i, (key, token_ids, room) in enumerate(requests):
+            seq = self._prepare(key, token_ids, room)
+            if seq is not None:
+                pending.append((i, seq, seq.num_computed_tokens))
+        out: list[torch.Tensor | None] = [None] * len(requests)
+        # rounds: each sequence's next chunk of its unseen tokens, packed into forwards
+        while pending:
+            rows: list[tuple[int, EngineSequence, int, int]] = []
+            budget = self.chunk
+            later: list[tuple[int, EngineSequence, int]] = []
+            for i, seq, start in pending:
+                if budget <= 0:
+                    later.append((i, seq, start))
+                    continue
+                n = min(budget, seq.num_tokens - start)
+                rows.append((i, seq, start, n))
+                budget -= n
+                if start + n < seq.num_tokens:
+                    later.append((i, seq, start + n))
+            logits = self._forward([(seq, start, n) for _, seq, start, n in rows])
+            ended = [i for i, seq, start, n in rows if start + n == seq.num_tokens]
+            for row, i in enumerate(ended):
+                out[i] = logits[row]
+            pending = later
+        return out
+
+    def _prepare(
+        self, key: tuple[str, int], token_ids: Sequence[int], room: int
+    ) -> EngineSequence | None:
+        """``key``'s draft sequence rolled back to what it shares with ``token_ids`` and
+        extended by the rest, its blocks reserved; None when they do not fit."""
         seq = self._seqs.get(key)
         if seq is None:
-            seq = EngineSequence(request_id, index, [], self._params, status=SequenceStatus.RUNNING)
+            seq = EngineSequence(key[0], key[1], [], self._params, status=SequenceStatus.RUNNING)
             self._seqs[key] = seq
         computed = seq.all_token_ids[: seq.num_computed_tokens]
         keep = 0
@@ -160,35 +194,36 @@ class DraftRunner:
         self.blocks.trim(seq, keep)
         for t in token_ids[keep:]:
             seq.append_token(int(t))
-        new = len(token_ids) - keep
-        if not self.blocks.can_allocate(seq, new + room):
+        new = len(token_ids) - keep + room
+        if not self.blocks.can_allocate(seq, new):
             return None
-        copies = self.blocks.append_slots(seq, new + room)
+        copies = self.blocks.append_slots(seq, new)
         assert not copies  # no block is shared: no prefix caching, no forks
-        logits = None
-        start = keep
-        while start < len(token_ids):
-            n = min(self.chunk, len(token_ids) - start)
-            logits = self._forward(seq, start, n, last=start + n == len(token_ids))
-            start += n
-        assert logits is not None  # at least the last token is fed
-        return logits
+        return seq
 
-    def extend(self, request_id: str, index: int, token_id: int) -> torch.Tensor:
-        """Feed one guessed token (its slot reserved by :meth:`sync`); the logits after it."""
-        seq = self._seqs[(request_id, index)]
-        seq.append_token(int(token_id))
-        return self._forward(seq, seq.num_tokens - 1, 1, last=True)
+    def extend(self, guesses: list[tuple[tuple[str, int], int]]) -> torch.Tensor:
+        """Feed one guessed token to each of several sequences (``(key, token)``; slots
+        reserved by :meth:`sync`) in one forward; the logits after each, in order."""
+        rows = []
+        for key, token in guesses:
+            seq = self._seqs[key]
+            seq.append_token(int(token))
+            rows.append((seq, seq.num_tokens - 1, 1))
+        return self._forward(rows)
 
-    def _forward(self, seq: EngineSequence, start: int, n: int, *, last: bool) -> torch.Tensor:
-        item = ScheduledSeq(seq, start, n, sample_seqs=[seq] if last else [])
+    def _forward(self, rows: list[tuple[EngineSequence, int, int]]) -> torch.Tensor:
+        """One forward of ``(seq, start, n)`` row groups; the logits after the groups that
+        end their sequence's tokens, in order."""
+        items = [
+            ScheduledSeq(seq, start, n, sample_seqs=[seq] if start + n == seq.num_tokens else [])
+            for seq, start, n in rows
+        ]
         runner = self.runner
-        batch = runner.prepare([item])
+        batch = runner.prepare(items)
         hidden = runner.run_batch(batch, None)
-        seq.num_computed_tokens = start + n
-        if not last:
-            return hidden[:0]
-        return runner.compute_logits(hidden.index_select(0, batch.sample_rows))[0].float()
+        for seq, start, n in rows:
+            seq.num_computed_tokens = start + n
+        return runner.compute_logits(hidden.index_select(0, batch.sample_rows)).float()
 
     def free(self, request_id: str, index: int) -> None:
         """Drop the draft sequence of a completion and give its blocks back."""

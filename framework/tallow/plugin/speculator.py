@@ -131,6 +131,16 @@ class Speculator(Component):
         guess: an empty proposal makes the step a plain decode step for this sequence."""
         raise NotImplementedError
 
+    def propose_batch(
+        self, requests: Sequence[tuple[Sequence[int], int, SpeculationContext]]
+    ) -> list[Proposal | list[int]]:
+        """Proposals for several sequences at once, one per ``(token_ids, k, context)`` of
+        ``requests``, in order: what :meth:`propose` returns for each. The engine asks it, when
+        a speculator overrides it, for every decoding sequence before it plans a step (a
+        proposal may then be cut to what the step allows); a draft model computes all of them
+        in one forward per position. The default asks :meth:`propose` for each."""
+        return [self.propose(token_ids, k, context) for token_ids, k, context in requests]
+
     def attach(self, host: SpeculatorHost) -> None:
         """Called once by the engine, after the target model is built and before the first
         :meth:`propose`: a speculator with a model of its own builds it here on
