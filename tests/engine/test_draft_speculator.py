@@ -130,8 +130,19 @@ def test_greedy_outputs_equal_those_without_the_draft(tiny_llama, small_draft, w
     constrained = SamplingParams(
         temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=SCHEMA)
     )
+    speculator = llm.engine.core.spec.speculator
+    batches: list[int] = []
+    propose_batch = speculator.propose_batch
+
+    def counting(requests):
+        batches.append(len(requests))
+        return propose_batch(requests)
+
+    speculator.propose_batch = counting
     want, got = plain_and_speculative(llm, prompts, plain)
     assert token_ids(got) == token_ids(want)
+    # every decoding sequence of a step is asked for in one batch
+    assert max(batches) == len(prompts)
     spec = llm.engine.core.spec
     assert spec.num_proposals > 10
     if which == "self":  # the target guessing its own tokens: every guess is kept
@@ -379,3 +390,16 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_llama, near_draft):
     assert len(cells) >= 10 and expected[-1] >= 5
     assert float(chisquare(observed, expected).pvalue) > 1e-3
     assert_no_blocks_held(llm)
+
+
+def test_the_default_propose_batch_asks_propose_for_each():
+    from tallow.plugin import Speculator
+
+    class Echo(Speculator):
+        name = "echo"
+
+        def propose(self, token_ids, k, context):
+            return [token_ids[-1]] * k
+
+    requests = [([1, 2], 2, SpeculationContext("a", 0, 1)), ([5], 3, SpeculationContext("b", 0, 1))]
+    assert Echo().propose_batch(requests) == [[2, 2], [5, 5, 5]]

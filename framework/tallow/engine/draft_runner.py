@@ -16,7 +16,7 @@ tokens, ``sync`` says so and the speculator proposes nothing for it this step.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -39,6 +39,13 @@ __all__ = ["DraftRunner", "draft_config", "tokenizer_mismatch"]
 DEFAULT_GPU_KV_FRACTION = 0.5
 
 
+_DTYPE_NAMES: dict[torch.dtype, Literal["float32", "bfloat16", "float16"]] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
+
+
 def draft_config(config: TallowConfig, host: SpeculatorHost) -> TallowConfig:
     """The configuration the draft model is built from: the engine's, with the model section
     taken from ``speculative.draft_*`` (on the target's device, its dtype unless
@@ -52,9 +59,7 @@ def draft_config(config: TallowConfig, host: SpeculatorHost) -> TallowConfig:
     model.revision = None
     model.device = str(host.device)
     dtype = spec.draft_dtype
-    model.dtype = (  # type: ignore[assignment]
-        str(host.dtype).removeprefix("torch.") if dtype in (None, "auto") else dtype
-    )
+    model.dtype = _DTYPE_NAMES.get(host.dtype, "auto") if dtype in (None, "auto") else dtype
     model.max_model_len = host.max_model_len
     model.served_model_name = None
     model.weight_format = "auto"
