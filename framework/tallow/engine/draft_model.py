@@ -86,9 +86,11 @@ class DraftSpeculator(Speculator):
         probs: dict[int, list[torch.Tensor]] = {a[0]: [] for a, _ in live}
         step = 0
         while live:
+            chosen, dists = self._choose(
+                torch.stack([row for _, row in live]), [a[3] for a, _ in live]
+            )
             guesses = []
-            for a, row in live:
-                token, p = self._choose(row, a[3])
+            for (a, _), token, p in zip(live, chosen, dists):
                 tokens[a[0]].append(token)
                 if p is not None:
                     probs[a[0]].append(p)
@@ -103,19 +105,31 @@ class DraftSpeculator(Speculator):
             out[i] = Proposal(guessed, torch.stack(probs[i]) if probs[i] else None)
         return out
 
-    def _choose(self, logits: torch.Tensor, temperature: float) -> tuple[int, torch.Tensor | None]:
-        """The next guess from the draft's ``logits`` over the ids both models have, and
-        the distribution it was drawn from, widened to the target's vocabulary (None:
-        greedy)."""
+    def _choose(
+        self, logits: torch.Tensor, temperatures: list[float]
+    ) -> tuple[list[int], list[torch.Tensor | None]]:
+        """The next guess of each row of the draft's ``logits`` ([rows, vocab]) over the ids
+        both models have: the argmax where the temperature is 0, else a draw at that
+        temperature, returned with the distribution it was drawn from, widened to the
+        target's vocabulary (None for greedy rows)."""
         width = min(self.vocab_size, logits.shape[-1])
-        scores = logits[:width]
-        if temperature <= 0.0:
-            return int(scores.argmax()), None
-        probs = torch.softmax(scores / temperature, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=self._generator))
-        if width < self.vocab_size:
-            probs = torch.nn.functional.pad(probs, (0, self.vocab_size - width))
-        return token, probs
+        scores = logits[:, :width]
+        tokens = scores.argmax(dim=-1)
+        dists: list[torch.Tensor | None] = [None] * len(temperatures)
+        sampled = [j for j, t in enumerate(temperatures) if t > 0.0]
+        if sampled:
+            rows = torch.tensor(sampled, dtype=torch.int64, device=logits.device)
+            temps = torch.tensor(
+                [temperatures[j] for j in sampled], dtype=scores.dtype, device=logits.device
+            )
+            probs = torch.softmax(scores.index_select(0, rows) / temps[:, None], dim=-1)
+            drawn = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)
+            tokens.index_copy_(0, rows, drawn)
+            if width < self.vocab_size:
+                probs = torch.nn.functional.pad(probs, (0, self.vocab_size - width))
+            for r, j in enumerate(sampled):
+                dists[j] = probs[r]
+        return tokens.tolist(), dists
 
     def finished(self, request_id: str, index: int) -> None:
         if self.draft is not None:
