@@ -19,6 +19,7 @@ import torch
 from tallow import LLM, SamplingParams, StructuredOutputsParams
 from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
 from tallow.plugin import SpeculationContext
+from tallow.plugin.testing.seeds import seed_of as seed_of_case
 
 from tiny_models import save_tiny
 
@@ -359,9 +360,7 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_llama, near_draft):
     from scipy.stats import chisquare
     from transformers import AutoModelForCausalLM
 
-    from tallow.plugin.testing.seeds import seed_of
-
-    seed = seed_of("draft-chi-square")
+    seed = seed_of_case("draft-chi-square")
     llm = make(
         tiny_llama, near_draft, k=2, seed=seed % 2**20, max_num_seqs=256, max_waiting=SAMPLES
     )
@@ -403,3 +402,19 @@ def test_the_default_propose_batch_asks_propose_for_each():
 
     requests = [([1, 2], 2, SpeculationContext("a", 0, 1)), ([5], 3, SpeculationContext("b", 0, 1))]
     assert Echo().propose_batch(requests) == [[2, 2], [5, 5, 5]]
+
+
+def test_a_random_draft_of_the_same_synthetic_vocabulary():
+    """``random:`` models share their synthetic vocabulary when their sizes agree: a
+    sliding-window draft (tiny-mistral: its cache group has a window) for a tiny-llama target."""
+    llm = make("random:tiny-llama", "random:tiny-mistral", k=3)
+    g = torch.Generator().manual_seed(seed_of_case("random-draft"))
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 30, 60)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want, got = plain_and_speculative(llm, prompts, params)
+    assert token_ids(got) == token_ids(want)
+    spec = llm.engine.core.spec
+    # the same random weights but a window of 24 tokens: guesses past it go wrong
+    assert spec.num_proposals > 10 and spec.acceptance_rate < 0.9
+    assert draft_of(llm).blocks.primary.window == 24
+    assert_no_blocks_held(llm)

@@ -89,7 +89,7 @@ class SpeculatorHost:
     ``device`` and ``dtype`` are the target's; ``registries`` the engine's plugin registries
     (a :class:`tallow.plugin.Registries`: weight formats, models, attention backends, KV
     codecs), from which a draft model is loaded the way the target was; ``tokenizer`` the
-    target's (a ``tallow.engine.tokenizer.Tokenizer``: ``vocab``, ``vocab_size``,
+    target's (a ``tallow.engine.tokenizer.Tokenizer``: ``get_vocab()``, ``vocab_size``,
     ``eos_token_ids``); ``vocab_size`` the width of the target's logits, which a proposal's
     ``probs`` must have; ``model_name`` names the target in messages; ``max_model_len`` is
     the longest sequence the engine accepts; ``max_num_seqs`` the most it runs at once.
