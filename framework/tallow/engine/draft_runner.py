@@ -9,7 +9,8 @@ rejected the rest: the blocks past it go back to the draft's pool, the slots ins
 block are overwritten later), then feeds the tokens it has not seen (the whole prompt on the
 first call, in chunks of at most the step budget; afterwards the tokens the target kept and
 its own token) and returns the logits after the last one. :meth:`DraftRunner.extend` then feeds
-one guessed token at a time. Nothing is evicted: when the pool cannot hold a sequence's next
+one guessed token per sequence. Both take the sequences of a whole step at once, which share
+the draft's forwards. Nothing is evicted: when the pool cannot hold a sequence's next
 tokens, ``sync`` says so and the speculator proposes nothing for it this step.
 """
 
@@ -118,6 +119,9 @@ def build_draft(config: TallowConfig, host: SpeculatorHost) -> BuiltRunner:
             f"{where}: the draft model's tokenizer differs from that of {host.model_name} "
             f"({problem}); a draft model must share the model's tokenizer"
         )
+    log.info(
+        "draft model: %s (%s), KV cache of %d blocks", source, built.loaded.dtype, built.num_blocks
+    )
     return built
 
 
