@@ -20,3 +20,9 @@ def tallow_register_kv_codecs(registry) -> None:
 def tallow_register_weight_formats(registry) -> None:
     # Random weights of real shapes, for benchmarks: speed does not depend on weight values.
     registry.register("random", "tallow.engine.random_model:RandomWeights", priority=100)
+
+
+@hookimpl
+def tallow_register_speculators(registry) -> None:
+    # A draft model run by the engine itself (speculative.method: draft).
+    registry.register("draft", "tallow.engine.draft_model:DraftSpeculator")

@@ -14,7 +14,7 @@ import re
 import warnings
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .hosts import split_host_entries
 
@@ -313,6 +313,34 @@ class SpeculativeConfig(Section):
         "fewer than half (between 1 and num_speculative_tokens).",
         json_schema_extra=_flag("--speculative-adaptive"),
     )
+    draft_model: Optional[str] = Field(
+        None,
+        description="The draft model of method draft: any source model.source takes (a "
+        "local directory, a GGUF file, a hub id, random:<arch>). It must share the model's "
+        "tokenizer; it runs on the model's device with its own KV cache.",
+        json_schema_extra=_flag("--draft-model"),
+    )
+    draft_dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = Field(
+        None,
+        description="Activation and unquantized weight dtype of the draft model; None "
+        "takes model.dtype.",
+        json_schema_extra=_flag("--draft-dtype"),
+    )
+    draft_quantization: Optional[str] = Field(
+        None,
+        description="Quantize the draft model's weights while it loads, into this type "
+        "(as model.isq does for the model); None keeps its checkpoint's weights.",
+        json_schema_extra=_flag("--draft-quantization", metavar="TYPE"),
+    )
+    draft_kv_cache_mb: Optional[int] = Field(
+        None,
+        gt=0,
+        description="KV-cache budget of the draft model in MiB. None: on a GPU half of the "
+        "memory left after its weights (the model's cache is sized first, so lower "
+        "cache.kv_fraction to leave room), on a CPU what max_num_seqs sequences of "
+        "max_model_len tokens need, at most 1 GiB.",
+        json_schema_extra=_flag("--draft-kv-cache-mb"),
+    )
 
     @field_validator("method")
     @classmethod
@@ -320,6 +348,25 @@ class SpeculativeConfig(Section):
         if value is not None and not value.strip():
             raise ValueError("expected a speculator name or null")
         return value
+
+    @model_validator(mode="after")
+    def _draft_settings(self) -> "SpeculativeConfig":
+        draft = [
+            n for n in ("draft_model", "draft_dtype", "draft_quantization") if getattr(self, n)
+        ]
+        if self.draft_kv_cache_mb is not None:
+            draft.append("draft_kv_cache_mb")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError(
+                "speculative.method draft needs speculative.draft_model (the draft model's "
+                "source: a directory, a GGUF file, a hub id or random:<arch>)"
+            )
+        if draft and self.method != "draft":
+            raise ValueError(
+                f"speculative.{draft[0]} is set but speculative.method is {self.method!r}; "
+                "the draft settings serve method draft only"
+            )
+        return self
 
 
 class ParallelConfig(Section):

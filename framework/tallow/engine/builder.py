@@ -19,7 +19,7 @@ from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
 from tallow.layers import LatentCacheSpec, MLAAttention, VisionLanguageModel, shared_kv_layers
-from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, select
+from tallow.plugin import Checkpoint, Entry, Registries, SelectionError, SpeculatorHost, select
 from tallow.plugin.manager import PluginManager, load_plugins
 from tallow.types import AttentionBackend, AttentionLayer, KVCodec, KVTensor
 
@@ -607,13 +607,16 @@ def build_runner(
 def build_speculation(
     config: TallowConfig,
     registries: Registries,
-    runner: ModelRunner,
+    built: BuiltRunner,
     parallel: ParallelState | None,
-    embed: bool,
+    model_name: str,
 ) -> SpecDecoding | None:
-    """The speculator ``speculative.method`` names, ready for the engine (None when no method
-    is set). Start-up fails naming what stands in the way: an unknown name (the registered
-    ones are listed), the speculator's own reasons, or an engine it cannot serve."""
+    """The speculator ``speculative.method`` names, attached to the engine's model
+    (:meth:`tallow.plugin.Speculator.attach`) and ready for the engine (None when no method is
+    set). Start-up fails naming what stands in the way: an unknown name (the registered ones
+    are listed), the speculator's own reasons, or an engine it cannot serve."""
+    runner = built.runner
+    embed = built.loaded.task == "embed"
     spec = config.speculative
     if spec.method is None:
         return None
@@ -647,8 +650,21 @@ def build_speculation(
         spec.num_speculative_tokens,
         " (adaptive)" if spec.adaptive else "",
     )
+    speculator = cls(config)
+    speculator.attach(
+        SpeculatorHost(
+            device=runner.device,
+            dtype=runner.dtype,
+            registries=registries,
+            tokenizer=built.tokenizer,
+            vocab_size=runner.vocab_size,
+            model_name=model_name,
+            max_model_len=built.max_model_len,
+            max_num_seqs=config.scheduler.max_num_seqs,
+        )
+    )
     return SpecDecoding(
-        cls(config),
+        speculator,
         spec.num_speculative_tokens,
         adaptive=spec.adaptive,
         vocab_size=runner.vocab_size,
@@ -700,7 +716,7 @@ def build_engine(config: TallowConfig, plugin_manager: PluginManager | None = No
         policy=config.scheduler.policy,
         max_waiting=config.scheduler.max_waiting,
     )
-    spec = build_speculation(config, registries, runner, parallel, embed)
+    spec = build_speculation(config, registries, built, parallel, served_name)
     core = EngineCore(
         scheduler,
         runner,

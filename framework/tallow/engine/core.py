@@ -466,6 +466,8 @@ class EngineCore:
         """Plan the next step (phase ``schedule``); None when it computes nothing (the empty
         plan is applied all the same: the scheduler's bookkeeping moves on)."""
         with self.tracer.phase("schedule"):
+            if self.spec is not None:
+                self.spec.prefetch(self.scheduler.running, self.max_model_len)
             plan = self.scheduler.schedule()
             if not plan.scheduled:
                 self.scheduler.advance(plan)

@@ -555,7 +555,7 @@ class ModelRunner:
         if pending.pool_targets:
             self._pool(pending, hidden, batch)
         if pending.targets:
-            logits = self._compute_logits(hidden.index_select(0, batch.sample_rows))
+            logits = self.compute_logits(hidden.index_select(0, batch.sample_rows))
             if any(item.draft_token_ids for item in scheduled):
                 pending.verified = verify_scheduled(
                     logits, scheduled, self.vocab_size, self.eos_token_ids, self.grammar
@@ -744,7 +744,7 @@ class ModelRunner:
             result.sampled[seq.seq_id] = tok
         return result
 
-    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's ``compute_logits`` (a CausalLM's or an encoder's; ``self.model`` is
         typed as the nn.Module it is)."""
         compute: Callable[[torch.Tensor], torch.Tensor] = getattr(self.model, "compute_logits")
@@ -757,7 +757,7 @@ class ModelRunner:
         token has no prefix: None)."""
         seq, start, n = item.seq, item.start, item.num_tokens
         k = seq.params.prompt_logprobs or 0
-        logits = self._compute_logits(hidden).float()
+        logits = self.compute_logits(hidden).float()
         logprobs = torch.log_softmax(logits, dim=-1)
         out: list[dict[int, Logprob] | None] = [None] if start == 0 else []
         prompt = seq.prompt_token_ids

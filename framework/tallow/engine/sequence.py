@@ -221,6 +221,20 @@ class Sequence:
             del self.output_token_ids[count:]
             del self._all[self.num_prompt_tokens + count :]
 
+    def rewind(self, num_tokens: int) -> None:
+        """Keep the first ``num_tokens`` tokens and at most that many computed: for a
+        sequence whose outputs are guesses taken back (a draft model's own sequence rolled back
+        to what the target kept; speculative decoding). The prompt is never dropped."""
+        if not self.num_prompt_tokens <= num_tokens <= self.num_tokens or self.num_pending_tokens:
+            raise ValueError(
+                f"rewind: sequence {self.seq_id} cannot keep {num_tokens} of its "
+                f"{self.num_tokens} tokens ({self.num_prompt_tokens} prompt, "
+                f"{self.num_pending_tokens} pending)"
+            )
+        del self.output_token_ids[num_tokens - self.num_prompt_tokens :]
+        del self._all[num_tokens:]
+        self.num_computed_tokens = min(self.num_computed_tokens, num_tokens)
+
     # -- status ------------------------------------------------------------------------
     @property
     def is_finished(self) -> bool:

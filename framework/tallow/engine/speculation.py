@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from typing import Iterable
 
 from tallow.plugin import Proposal, SpeculationContext, Speculator
 
@@ -46,26 +47,53 @@ class SpecDecoding:
         #: each running sequence's own k (adaptive mode); sequences are dropped with their
         #: last reference
         self._k_of: "weakref.WeakKeyDictionary[Sequence, int]" = weakref.WeakKeyDictionary()
+        #: the speculator proposes in batches (:meth:`prefetch`)
+        self.batched = type(speculator).propose_batch is not Speculator.propose_batch
+        #: seq_id -> (its token count, its proposal) asked for by :meth:`prefetch`
+        self._ready: dict[int, tuple[int, Proposal]] = {}
         self.num_proposals = 0  # verified proposals of at least one token
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
+
+    # -- the engine's side, before a step is planned --------------------------------------
+    def prefetch(self, running: Iterable[Sequence], max_model_len: int) -> None:
+        """Ask a speculator that proposes in batches (one overriding
+        :meth:`Speculator.propose_batch`) for the proposals of every decoding sequence of
+        ``running`` at once; :meth:`propose` then hands each out, cut to what the step allows.
+        Other speculators are asked one sequence at a time by :meth:`propose`."""
+        self._ready.clear()
+        if not self.batched:
+            return
+        seqs: list[Sequence] = []
+        requests = []
+        for seq in running:
+            if seq.num_uncomputed_tokens != 1 or seq.num_pending_tokens:
+                continue
+            k = min(self.k_of(seq), max_model_len - seq.num_tokens - 1)
+            if seq.params.max_tokens is not None:
+                k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if k > 0:
+                seqs.append(seq)
+                requests.append((seq.all_token_ids, k, self._context(seq)))
+        if not requests:
+            return
+        for seq, got in zip(seqs, self.speculator.propose_batch(requests), strict=True):
+            proposal = got if isinstance(got, Proposal) else Proposal(list(got))
+            self._ready[seq.seq_id] = (seq.num_tokens, proposal)
 
     # -- the scheduler's side -----------------------------------------------------------
     def propose(self, seq: Sequence, limit: int) -> tuple[list[int], object]:
         """Up to ``min(k, limit)`` proposed tokens after ``seq``'s last, and the proposer's
         distributions (None when certain)."""
         k = min(self._k_of.get(seq, self.k) if self.adaptive else self.k, limit)
+        ready = self._ready.pop(seq.seq_id, None)
         if k <= 0:
             return [], None
-        params = seq.params
-        context = SpeculationContext(
-            request_id=seq.request_id,
-            index=seq.index,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            temperature=0.0 if params.greedy else params.temperature,
-        )
-        got = self.speculator.propose(seq.all_token_ids, k, context)
-        proposal = got if isinstance(got, Proposal) else Proposal(list(got))
+        if ready is not None and ready[0] == seq.num_tokens:
+            proposal = ready[1]
+        else:
+            got = self.speculator.propose(seq.all_token_ids, k, self._context(seq))
+            proposal = got if isinstance(got, Proposal) else Proposal(list(got))
         tokens, probs = proposal.token_ids, proposal.probs
         if len(tokens) > k:  # more than asked: the rest would not fit the step's plan
             tokens = tokens[:k]
@@ -79,9 +107,20 @@ class SpecDecoding:
             )
         return tokens, probs
 
+    @staticmethod
+    def _context(seq: Sequence) -> SpeculationContext:
+        params = seq.params
+        return SpeculationContext(
+            request_id=seq.request_id,
+            index=seq.index,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            temperature=0.0 if params.greedy else params.temperature,
+        )
+
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished or was preempted: the speculator drops what it kept for it."""
         self._k_of.pop(seq, None)
+        self._ready.pop(seq.seq_id, None)
         self.speculator.finished(seq.request_id, seq.index)
 
     # -- the engine's side ----------------------------------------------------------------

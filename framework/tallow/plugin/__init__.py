@@ -57,7 +57,7 @@ from .reasoning import (
     TagReasoningParser,
     TagReasoningStream,
 )
-from .speculator import Proposal, SpeculationContext, Speculator
+from .speculator import Proposal, SpeculationContext, Speculator, SpeculatorHost
 from .selection import SelectionError, select, serving
 from .settings import PluginSettingsError, plugin_settings
 from .tool_parsing import (
@@ -139,6 +139,7 @@ __all__ = [
     "Speculator",
     "Proposal",
     "SpeculationContext",
+    "SpeculatorHost",
     "SpeculatorRegistry",
     "select",
     "serving",

@@ -12,6 +12,10 @@ A speculator is registered through ``tallow_register_speculators`` as a lazy
 ``cls(config)`` and calls :meth:`Speculator.propose` on the engine thread before each decode
 step. No torch import is needed here: proposals are plain token ids, and ``probs`` (a draft
 model's distribution) is a tensor only for speculators that have one.
+
+A speculator that runs a model of its own (a draft model) is handed the engine's device, plugin
+registries and tokenizer through :meth:`Speculator.attach` once the model is built, before
+the first proposal.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from tallow.types import Component
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["Proposal", "Speculator", "SpeculationContext"]
+__all__ = ["Proposal", "Speculator", "SpeculationContext", "SpeculatorHost"]
 
 
 @dataclass
@@ -77,6 +81,30 @@ class SpeculationContext:
     hidden: "torch.Tensor | None" = None
 
 
+@dataclass(frozen=True)
+class SpeculatorHost:
+    """What the engine hands :meth:`Speculator.attach`: enough to build and run a model of
+    the speculator's own beside the target.
+
+    ``device`` and ``dtype`` are the target's; ``registries`` the engine's plugin registries
+    (a :class:`tallow.plugin.Registries`: weight formats, models, attention backends, KV
+    codecs), from which a draft model is loaded the way the target was; ``tokenizer`` the
+    target's (a ``tallow.engine.tokenizer.Tokenizer``: ``get_vocab()``, ``vocab_size``,
+    ``eos_token_ids``); ``vocab_size`` the width of the target's logits, which a proposal's
+    ``probs`` must have; ``model_name`` names the target in messages; ``max_model_len`` is
+    the longest sequence the engine accepts; ``max_num_seqs`` the most it runs at once.
+    """
+
+    device: "torch.device"
+    dtype: "torch.dtype"
+    registries: Any  # a tallow.plugin.Registries
+    tokenizer: Any  # a tallow.engine.tokenizer.Tokenizer (the engine sits above the contract)
+    vocab_size: int
+    model_name: str
+    max_model_len: int
+    max_num_seqs: int
+
+
 class Speculator(Component):
     """Proposes tokens for the target model to verify (see the module docstring).
 
@@ -102,6 +130,22 @@ class Speculator(Component):
         outputs so far; read it, never change it). Fewer, or none, when there is no good
         guess: an empty proposal makes the step a plain decode step for this sequence."""
         raise NotImplementedError
+
+    def propose_batch(
+        self, requests: Sequence[tuple[Sequence[int], int, SpeculationContext]]
+    ) -> list[Proposal | list[int]]:
+        """Proposals for several sequences at once, one per ``(token_ids, k, context)`` of
+        ``requests``, in order: what :meth:`propose` returns for each. The engine asks it, when
+        a speculator overrides it, for every decoding sequence before it plans a step (a
+        proposal may then be cut to what the step allows); a draft model computes all of them
+        in one forward per position. The default asks :meth:`propose` for each."""
+        return [self.propose(token_ids, k, context) for token_ids, k, context in requests]
+
+    def attach(self, host: SpeculatorHost) -> None:
+        """Called once by the engine, after the target model is built and before the first
+        :meth:`propose`: a speculator with a model of its own builds it here on
+        ``host.device`` and checks that it can serve the target (a shared tokenizer, say),
+        raising ValueError with the reason otherwise. The default keeps nothing."""
 
     def finished(self, request_id: str, index: int) -> None:
         """The completion ended (or was preempted and will start over): drop what is kept for
