@@ -1,6 +1,6 @@
 """Paged attention in plain torch that reads each sequence's keys and values through its
 block table and runs ``torch.nn.functional.scaled_dot_product_attention`` with a causal
-(and sliding-window) mask, or none for bidirectional layers. Serves every device torch runs
+(and sliding-window or chunk) mask, or none for bidirectional layers. Serves every device torch runs
 on and every KV codec, through the codec's reference ``encode`` and ``decode``.
 """
 
@@ -47,6 +47,9 @@ class DenseTorchBackend(AttentionBackend):
             allowed = k_pos <= q_pos if layer.causal else k_pos < seq_len
             if layer.sliding_window:
                 allowed &= q_pos - k_pos < layer.sliding_window
+            chunk = getattr(layer, "attention_chunk_size", None)
+            if chunk:  # chunked local attention (Llama 4): only the query's own chunk
+                allowed &= k_pos // chunk == q_pos // chunk
             scores_q = q[start:end].float().transpose(0, 1)  # [Hq, n, D]
             keys = keys[:seq_len].repeat_interleave(group, 1).transpose(0, 1)
             values = values[:seq_len].repeat_interleave(group, 1).transpose(0, 1)
