@@ -231,7 +231,7 @@ class AttentionLayer:
     sinks: "torch.Tensor | None" = field(default=None, compare=False, repr=False)
     #: chunked local attention (Llama 4): the positions are cut into chunks of this many
     #: tokens and a query sees only the keys of its own chunk (up to itself). None: no chunks.
-    #: Backends whose kernels do not compute it refuse the layer (``supports_layer``).
+    #: Only a backend with ``supports_chunked_attention`` is given such layers.
     attention_chunk_size: int | None = None
     #: KV sharing (Gemma 4's last layers): the index of the earlier layer whose K/V this layer
     #: attends to. Such a layer has no cache of its own and stores nothing: ``forward`` gets
@@ -378,6 +378,10 @@ class AttentionBackend(Component):
     #: True for a backend that runs KV-sharing layers (``layer.kv_shared_from`` set): it
     #: attends over the cache it is given and does not store that call's ``k``/``v``
     supports_kv_sharing: ClassVar[bool] = False
+    #: True for a backend whose kernels mask chunked local attention (``layer.
+    #: attention_chunk_size``: each query over the keys of its own chunk); the engine gives
+    #: such layers to no other backend
+    supports_chunked_attention: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         """The engine builds each backend it considers with the configuration."""

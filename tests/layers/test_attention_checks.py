@@ -106,3 +106,28 @@ def test_attention_chunk_size_is_checked_and_carried():
     for bad in (dict(attention_chunk_size=0), dict(attention_chunk_size=8, causal=False)):
         with pytest.raises(ValueError, match="attention_chunk_size"):
             Attention(0, 4, 2, 8, **bad)
+
+
+def test_chunked_layers_go_only_to_backends_that_mask_by_chunk():
+    """The engine's backend choice: a backend that does not set ``supports_chunked_attention``
+    is refused a model with chunked layers, naming them (so a backend written before chunks
+    existed cannot compute full attention over them); one that sets it is not."""
+    from tallow.engine.builder import backend_refusals
+    from tallow.kernels.kv_cast import AutoKVCodec
+    from tallow.layers.torch_attention import TorchAttentionBackend
+    from tallow.types import AttentionBackend
+
+    class Unaware(AttentionBackend):
+        name = "unaware"
+
+        def forward(self, layer, q, k, v, kv_cache, meta):  # pragma: no cover - never run
+            raise AssertionError
+
+    layers = [_layer(layer_index=0), _layer(layer_index=1, attention_chunk_size=8)]
+    codec = AutoKVCodec()
+    refused = backend_refusals(Unaware(), layers, "auto", codec, [])
+    assert refused == [
+        "cannot run chunked local attention (each query over its own chunk), which layers [1] "
+        "of this model have"
+    ]
+    assert backend_refusals(TorchAttentionBackend(), layers, "auto", codec, []) == []

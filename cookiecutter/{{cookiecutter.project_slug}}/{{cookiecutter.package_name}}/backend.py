@@ -18,6 +18,8 @@ class DenseTorchBackend(AttentionBackend):
     name: ClassVar[str] = "{{ cookiecutter.component_name }}"
     # stores and reads any codec's cache with the codec's own torch reference
     uses_codec_reference: ClassVar[bool] = True
+    # forward masks chunked local attention (Llama 4's attention_chunk_size)
+    supports_chunked_attention: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config

@@ -293,7 +293,8 @@ def backend_refusals(
     of several paged cache groups (sliding-window layers beside full ones) needs a backend
     that reads each layer's group view of the step (``supports_cache_groups``); one with
     ``latent_layers`` (MLA) a backend that has a latent path (``supports_mla``); KV-sharing
-    layers among ``layers`` (``kv_shared_from``) a backend with ``supports_kv_sharing``."""
+    layers among ``layers`` (``kv_shared_from``) a backend with ``supports_kv_sharing``;
+    chunked layers (``attention_chunk_size``) one with ``supports_chunked_attention``."""
     reasons = []
     if latent_layers and not getattr(backend, "supports_mla", False):
         reasons.append(
@@ -304,6 +305,12 @@ def backend_refusals(
         reasons.append(
             f"cannot run KV-sharing layers (attention over an earlier layer's cache), which "
             f"layers {sharing} of this model are"
+        )
+    chunked = [layer.layer_index for layer in layers if layer.attention_chunk_size]
+    if chunked and not getattr(backend, "supports_chunked_attention", False):
+        reasons.append(
+            f"cannot run chunked local attention (each query over its own chunk), which "
+            f"layers {chunked} of this model have"
         )
     if num_paged_groups > 1 and not getattr(backend, "supports_cache_groups", False):
         reasons.append(

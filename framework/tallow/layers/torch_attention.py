@@ -31,6 +31,8 @@ class TorchAttentionBackend(AttentionBackend):
     supports_mla: ClassVar[bool] = True
     #: KV-sharing layers attend over their source layer's cache and store nothing
     supports_kv_sharing: ClassVar[bool] = True
+    #: chunked local attention: the torch reference masks keys outside the query's chunk
+    supports_chunked_attention: ClassVar[bool] = True
 
     def forward(
         self,

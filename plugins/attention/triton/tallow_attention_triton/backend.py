@@ -184,6 +184,9 @@ class TritonAttentionBackend(AttentionBackend):
     #: KV-sharing layers (``layer.kv_shared_from``): attention over the source layer's cache,
     #: no store
     supports_kv_sharing: ClassVar[bool] = True
+    #: chunked local attention (``layer.attention_chunk_size``): the kernels start each
+    #: query's keys at its chunk (``kernels.common.first_visible_key``)
+    supports_chunked_attention: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
