@@ -767,10 +767,7 @@ class _Step:
         assert s.proposer is not None  # checked by the caller
         if seq.num_pending_tokens or seq.params.n > 1 and not self._forked(seq):
             return None
-        max_tokens = seq.params.max_tokens
-        limit = min(s.max_model_len - seq.num_tokens - 1, self.budget - 1 - pending_decodes)
-        if max_tokens is not None:
-            limit = min(limit, max_tokens - seq.num_output_tokens - 1)
+        limit = min(seq.room_after_next(s.max_model_len), self.budget - 1 - pending_decodes)
         if limit <= 0:
             return None
         tokens, probs = s.proposer.propose(seq, limit)

@@ -221,6 +221,14 @@ class Sequence:
             del self.output_token_ids[count:]
             del self._all[self.num_prompt_tokens + count :]
 
+    def room_after_next(self, max_model_len: int) -> int:
+        """How many tokens may follow this sequence's next one under ``max_model_len`` and its
+        ``max_tokens``: the most a speculative proposal may hold (before a step's budget)."""
+        room = max_model_len - self.num_tokens - 1
+        if self.params.max_tokens is not None:
+            room = min(room, self.params.max_tokens - self.num_output_tokens - 1)
+        return room
+
     def rewind(self, num_tokens: int) -> None:
         """Keep the first ``num_tokens`` tokens and at most that many computed: for a
         sequence whose outputs are guesses taken back (a draft model's own sequence rolled back

@@ -69,9 +69,7 @@ class SpecDecoding:
         for seq in running:
             if seq.num_uncomputed_tokens != 1 or seq.num_pending_tokens:
                 continue
-            k = min(self.k_of(seq), max_model_len - seq.num_tokens - 1)
-            if seq.params.max_tokens is not None:
-                k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
+            k = min(self.k_of(seq), seq.room_after_next(max_model_len))
             if k > 0:
                 seqs.append(seq)
                 requests.append((seq.all_token_ids, k, self._context(seq)))

@@ -11,8 +11,8 @@ from .attention import AttentionLayer, AttentionMetadata
 def layer_reasons(layer: AttentionLayer, *, chunks: bool = False) -> list[str]:
     """Reasons a paged backend cannot run ``layer``: query heads that do not share the KV
     heads evenly, a sliding window on a bidirectional layer, chunked local attention unless
-    the backend's kernels mask keys outside a query's chunk (``chunks``), or a chunk together
-    with a sliding window."""
+    the backend's kernels mask keys outside a query's chunk (``chunks``: pass the backend's
+    ``supports_chunked_attention``), or a chunk together with a sliding window."""
     reasons = []
     if layer.num_kv_heads < 1 or layer.num_heads % layer.num_kv_heads:
         reasons.append(

@@ -253,7 +253,8 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_layer(layer: AttentionLayer) -> list[str]:
         """Reasons this backend cannot run ``layer`` (empty when it can). The model runner
         may call it once per layer after building the model; ``forward`` enforces it too."""
-        return head_dim_reasons(layer.head_dim) + layer_reasons(layer, chunks=True)
+        chunks = TritonAttentionBackend.supports_chunked_attention
+        return head_dim_reasons(layer.head_dim) + layer_reasons(layer, chunks=chunks)
 
     # -- the step -------------------------------------------------------------------------
     def _check(
