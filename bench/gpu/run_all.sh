@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
+# ITEMS: comma-separated among gputests (every GPU test: the gpu-marked tests and the kernel-case modules, side by side),
+# distcheck (tests/test_dist.py on this machine's torch, in the background; needs the wheels of every dependency in .whl),
+# tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
 # kvtestsquick,kvtests,kvkernelcases,turboprobe,turboprobe32k,thr8bturbo4,long32kbf16,long32kfp8,long32kturbo4,long32kturbo3,
 # quanttune,quanttunelarge,quanttests,q4klat,q8lat,q4kthr,q4kttft,quantmicro,gemmatests,gemma4b,embed,embedtests,
@@ -88,6 +90,34 @@ if want enginetests; then
     "tests/kernels/test_kernels.py::test_argmax_rows" "tests/kernels/test_kernels.py::test_gemv" \
     plugins/attention/triton/tests/test_attention_gpu.py::test_new_batch_shapes_compile_nothing_new \
     2>&1 | tail -30 | tee "$OUT/tests_engine.log"
+fi
+if [[ ",$MODE," == *",distcheck,"* ]]; then  # CPU work, started in the background beside the items after it
+  echo "== the built wheels on this machine's torch: tests/test_dist.py (log in OUT/tests_dist.log)"
+  # its fresh environment sees the system site-packages only (no PYTHONPATH): the carried wheels go there
+  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl >/dev/null 2>&1
+  timeout "${DIST_LIMIT:-540}" python3 -m pytest -q -m slow -rfE --tb=short tests/test_dist.py \
+    >"$OUT/tests_dist.log" 2>&1 &
+fi
+if [[ ",$MODE," == *",gputests,"* ]]; then  # every GPU test on one card: gpu-marked tests and the kernel-case modules side by side
+  echo "== GPU tests: gpu-marked tests (4 workers) beside the kernel cases run natively (3 workers)"
+  # engines of parallel workers share the card: each takes a small KV budget
+  TALLOW_CACHE__KV_FRACTION=${GPU_TESTS_KV_FRACTION:-0.12} timeout "${GPU_TESTS_LIMIT:-480}" \
+    python3 -m pytest -n 4 --dist loadfile -m gpu -v -rfE --tb=short --timeout 240 \
+    --continue-on-collection-errors tests/gpu tests/kernels tests/engine tests/layers \
+    plugins/attention/triton plugins/model plugins/quant plugins/speculator \
+    >"$OUT/tests_gpu_marked.log" 2>&1 &
+  marked=$!
+  timeout "${GPU_TESTS_LIMIT:-480}" python3 -m pytest -n 3 --dist loadfile -v -rfE --tb=short --timeout 240 \
+    plugins/attention/triton/tests/kernel_cases.py plugins/attention/triton/tests/conformance_cases.py \
+    plugins/attention/triton/tests/kv_sharing_cases.py plugins/attention/triton/tests/mla_cases.py \
+    plugins/model/gemma/tests/gemma_attention_cases.py plugins/model/qwen3_next/tests/interpreted_cases.py \
+    plugins/quant/*/tests/kernel_cases.py plugins/quant/*/tests/tensor_core_cases.py \
+    plugins/quant/fp8/tests/moe_kernel_cases.py plugins/quant/int4/tests/moe_kernel_cases.py \
+    plugins/quant/gguf/tests/moe_cases.py >"$OUT/tests_gpu_cases.log" 2>&1
+  wait "$marked"
+  for log in tests_gpu_marked tests_gpu_cases; do
+    echo "-- $log"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|Timeout" "$OUT/$log.log" | tail -40
+  done
 fi
 if [[ ",$MODE," == *",fusedtests,"* ]]; then
   echo "== GPU tests of PDL and the fused kernels"
@@ -587,6 +617,8 @@ if [[ ",$MODE," == *",vlmimages,"* ]]; then  # random:qwen2.5-vl-7b, 64 requests
   timeout 580 python3 bench/gpu/vlm_images.py --model random:qwen2.5-vl-7b --num-requests 64 --image-size 1024 \
     --output-len 8 --dtype bfloat16 --max-model-len 4096 --output "$OUT/vlm_images_7b.json" 2>&1 | grep -v Warning | tee "$OUT/vlm_images_7b.log" | tail -40
 fi
+wait  # a background item (distcheck)
+[ -f "$OUT/tests_dist.log" ] && { echo "== tests/test_dist.py"; tail -15 "$OUT/tests_dist.log"; }
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -604,3 +636,7 @@ for f in sorted(out.glob("*.json")):
     vals = ", ".join(f"{k}={r[k]:.4g}" for k in keys if isinstance(r.get(k), (int, float)))
     print(f"{f.stem:28s} {vals}")
 PY
+# at most 8 files come back from the machine: everything in one archive beside the table above
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 7 ]; then
+  tar czf /tmp/tallow-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/tallow-results.tgz "$OUT/results.tgz"
+fi
