@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among gputests (every GPU test: the gpu-marked tests and the kernel-case modules, side by side),
+# ITEMS: comma-separated among gputestsmodels, gputestskernels (every GPU test in two halves, one call each; see below),
 # distcheck (tests/test_dist.py on this machine's torch, in the background; needs the wheels of every dependency in .whl),
 # tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
@@ -39,9 +39,10 @@ MODE=${2:-full}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if [ -d .whl ]; then  # once per machine (a later call on the same machine finds them)
+  [ -f /tmp/site/.tallow-wheels ] || { python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.tallow-wheels; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 # FlashInfer modules compiled ahead of time (bench/gpu/flashinfer_probe.py's tarball, copied into
 # .whl by bench/gpu/flashinfer_wheels.sh): unpacked into the installed package, where flashinfer
@@ -94,30 +95,44 @@ fi
 if [[ ",$MODE," == *",distcheck,"* ]]; then  # CPU work, started in the background beside the items after it
   echo "== the built wheels on this machine's torch: tests/test_dist.py (log in OUT/tests_dist.log)"
   # its fresh environment sees the system site-packages only (no PYTHONPATH): the carried wheels go there
-  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl >/dev/null 2>&1
+  python3 -m pip install -q --no-index --no-deps --no-compile --break-system-packages .whl/*.whl 2>&1 | grep -v "^WARNING" | tail -5
   timeout "${DIST_LIMIT:-540}" python3 -m pytest -q -m slow -rfE --tb=short tests/test_dist.py \
     >"$OUT/tests_dist.log" 2>&1 &
 fi
-if [[ ",$MODE," == *",gputests,"* ]]; then  # every GPU test on one card: gpu-marked tests and the kernel-case modules side by side
-  echo "== GPU tests: gpu-marked tests (4 workers) beside the kernel cases run natively (3 workers)"
+# Every GPU test on one card, in two halves that fit one call each: gputestsmodels (the
+# gpu-marked tests of the engine, the models and the speculators, 4 workers) and gputestskernels
+# (the gpu-marked kernel and quantization tests, 3 workers, beside the kernel-case modules run
+# natively, 3 workers). Each failure's traceback is written to OUT/failures.txt as it happens.
+gpu_pytest() {  # log, workers, pytest args...
+  local log=$1 workers=$2; shift 2
   # engines of parallel workers share the card: each takes a small KV budget
-  TALLOW_CACHE__KV_FRACTION=${GPU_TESTS_KV_FRACTION:-0.12} timeout "${GPU_TESTS_LIMIT:-480}" \
-    python3 -m pytest -n 4 --dist loadfile -m gpu -v -rfE --tb=short --timeout 240 \
-    --continue-on-collection-errors tests/gpu tests/kernels tests/engine tests/layers \
-    plugins/attention/triton plugins/model plugins/quant plugins/speculator \
-    >"$OUT/tests_gpu_marked.log" 2>&1 &
-  marked=$!
-  timeout "${GPU_TESTS_LIMIT:-480}" python3 -m pytest -n 3 --dist loadfile -v -rfE --tb=short --timeout 240 \
-    plugins/attention/triton/tests/kernel_cases.py plugins/attention/triton/tests/conformance_cases.py \
-    plugins/attention/triton/tests/kv_sharing_cases.py plugins/attention/triton/tests/mla_cases.py \
-    plugins/model/gemma/tests/gemma_attention_cases.py plugins/model/qwen3_next/tests/interpreted_cases.py \
-    plugins/quant/*/tests/kernel_cases.py plugins/quant/*/tests/tensor_core_cases.py \
-    plugins/quant/fp8/tests/moe_kernel_cases.py plugins/quant/int4/tests/moe_kernel_cases.py \
-    plugins/quant/gguf/tests/moe_cases.py >"$OUT/tests_gpu_cases.log" 2>&1
-  wait "$marked"
-  for log in tests_gpu_marked tests_gpu_cases; do
+  PYTHONPATH="$PWD/bench/gpu${PYTHONPATH:+:$PYTHONPATH}" TALLOW_FAILURES_LOG="$OUT/failures.txt" \
+    TALLOW_CACHE__KV_FRACTION=${GPU_TESTS_KV_FRACTION:-0.12} timeout "${GPU_TESTS_LIMIT:-480}" \
+    python3 -m pytest -p pytest_failures_now -n "$workers" --dist loadfile -v -rfE --tb=short \
+    --timeout 240 --continue-on-collection-errors "$@" >"$OUT/$log.log" 2>&1
+}
+gpu_summary() {  # logs...
+  for log in "$@"; do
     echo "-- $log"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|Timeout" "$OUT/$log.log" | tail -40
   done
+}
+if [[ ",$MODE," == *",gputestsmodels,"* ]]; then
+  echo "== GPU tests of the engine, the models and the speculators (4 workers)"
+  gpu_pytest tests_gpu_models 4 -m gpu tests/gpu tests/engine tests/layers plugins/model plugins/speculator
+  gpu_summary tests_gpu_models
+fi
+if [[ ",$MODE," == *",gputestskernels,"* ]]; then
+  echo "== GPU tests of the kernels: gpu-marked (3 workers) beside the kernel cases run natively (3 workers)"
+  gpu_pytest tests_gpu_kernels 3 -m gpu tests/kernels plugins/attention/triton plugins/quant &
+  marked=$!
+  gpu_pytest tests_gpu_cases 3 plugins/attention/triton/tests/kernel_cases.py \
+    plugins/attention/triton/tests/conformance_cases.py plugins/attention/triton/tests/kv_sharing_cases.py \
+    plugins/attention/triton/tests/mla_cases.py plugins/model/gemma/tests/gemma_attention_cases.py \
+    plugins/model/qwen3_next/tests/interpreted_cases.py plugins/quant/*/tests/kernel_cases.py \
+    plugins/quant/*/tests/tensor_core_cases.py plugins/quant/fp8/tests/moe_kernel_cases.py \
+    plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py
+  wait "$marked"
+  gpu_summary tests_gpu_kernels tests_gpu_cases
 fi
 if [[ ",$MODE," == *",fusedtests,"* ]]; then
   echo "== GPU tests of PDL and the fused kernels"

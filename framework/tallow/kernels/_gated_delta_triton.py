@@ -359,6 +359,9 @@ def chunk_gated_delta_rule_triton(
         BV=bv,
         PRECISION=precision,
         num_warps=8,
+        # a pipelined chunk loop keeps three chunks' float32 q, k, v and T tiles in shared
+        # memory (~264 KB), more than a Hopper SM has; 16-bit tiles fit (~156 KB)
+        num_stages=1 if v.dtype == torch.float32 else 3,
     )
     return out
 

@@ -349,7 +349,12 @@ def packed_gemm_triton(
 def dequantize_packed_triton(
     w: PackedGemmWeight, block_k: int = 64, block_n: int = 32
 ) -> torch.Tensor:
-    """The weight decoded by the GEMM's own tile decoding, float32 ``[N, K]``."""
+    """The weight decoded by the GEMM's own tile decoding, float32 ``[N, K]``.
+
+    Each product and difference is rounded on its own (no fused multiply-add), as the torch
+    reference and the formats' own dequantizers compute it: a Q4_K-style ``d * q - m`` fused
+    into one FMA rounds once, one float32 ulp away at times. Inside the GEMM the compiler may
+    fuse it; that difference is far below the GEMM's 16-bit rounding."""
     check_config(w, PackedGemmConfig(16, block_n, block_k))
     out = torch.empty(w.rows, w.cols, dtype=torch.float32, device=w.device)
     args, constexprs = _weight_args(w, block_k)
@@ -364,5 +369,6 @@ def dequantize_packed_triton(
         **constexprs,
         BLOCK_K=block_k,
         BLOCK_N=block_n,
+        enable_fp_fusion=False,
     )
     return out
