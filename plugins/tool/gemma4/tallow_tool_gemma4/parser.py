@@ -20,6 +20,7 @@ markers that can follow a reply (``<turn|>``, ``<eos>``, ``<|tool_response>``) a
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, ClassVar
 
@@ -42,6 +43,7 @@ _ATOM = re.compile(r"[A-Za-z0-9_.+\-]+")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _WS = re.compile(r"\s*")
 _NAME_HINT = re.compile(r"gemma[-_ ]?4", re.IGNORECASE)
+_JSON = json.JSONDecoder()
 _CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None, "None": None}
 
 
@@ -102,13 +104,13 @@ class _ValueReader:
         return self.text[i + len(QUOTE) : k], k + len(QUOTE)
 
     def json_string(self, i: int) -> tuple[str, int]:
-        from json.decoder import scanstring
-
         try:
-            return scanstring(self.text, i + 1)
+            value, end = _JSON.raw_decode(self.text, i)
         except ValueError:
             # unterminated (more may come) or a bad escape: decided once the text is whole
             raise _Incomplete from None
+        assert isinstance(value, str)  # the text at i opens a JSON string
+        return value, end
 
     def key(self, i: int) -> tuple[str, int]:
         text = self.text
