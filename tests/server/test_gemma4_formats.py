@@ -1,6 +1,7 @@
 """Gemma 4's chat formats through the app: a scripted model over a tokenizer whose Gemma 4
 markers are special tokens, with Gemma 4's own chat template (a fixture of tallow-tool-gemma4's
-tests). Nothing names a parser: the ``gemma4`` reasoning and tool parsers are chosen from the
+tests), and then over Gemma 4's real vocabulary (llama.cpp's ``ggml-vocab-gemma-4.gguf``, from
+the llama-cpp-python sdist the GGUF plugin's tokenizer tests use). Nothing names a parser: the ``gemma4`` reasoning and tool parsers are chosen from the
 template, the server keeps the special tokens in the text they read, and the thought channel,
 the answer and the calls come back apart, whole, streamed and through the ``openai`` client.
 The fake engine sends one token per step, so text arrives byte by byte and markers whole."""
@@ -8,6 +9,7 @@ The fake engine sends one token per step, so text arrives byte by byte and marke
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +148,64 @@ def test_official_client(serve, plugin_manager) -> None:
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == THOUGHT
     assert "".join(d.content or "" for d in deltas) == ANSWER
+
+
+# -- Gemma 4's real vocabulary ------------------------------------------------------------
+GGUF_TESTS = ROOT / "plugins/format/gguf/tests"
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Any:
+    """Gemma 4's tokenizer and chat template from llama.cpp's vocabulary-only GGUF (cached from
+    the pinned llama-cpp-python sdist, as the GGUF plugin's tokenizer tests get it)."""
+    sys.path.insert(0, str(GGUF_TESTS))
+    try:
+        from llama_cpp_vectors import VectorsUnavailable, vectors_dir
+    finally:
+        sys.path.remove(str(GGUF_TESTS))
+    from tallow_format_gguf.format import GGUFFormat
+
+    from tallow.engine.tokenizer import Tokenizer
+
+    try:
+        path = vectors_dir() / "ggml-vocab-gemma-4.gguf"
+    except VectorsUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    checkpoint = GGUFFormat().load(str(path))
+    assert checkpoint.tokenizer is not None, checkpoint.extra.get("tokenizer_error")
+    return Tokenizer(checkpoint.tokenizer, checkpoint.tokenizer_config)
+
+
+def test_the_fixture_is_the_template_of_gemma4s_vocabulary(vocab) -> None:
+    assert vocab.chat_template == TEMPLATE
+    # each marker the parsers read is one token of the vocabulary
+    for marker in ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", Q, "<turn|>"):
+        assert len(vocab.encode(marker, add_special_tokens=False)) == 1, marker
+
+
+def test_real_vocabulary_through_the_app(serve, plugin_manager, vocab) -> None:
+    fake = FakeEngine(
+        lambda prompt, params, i: CALL,
+        model_name="google/gemma-4-26B-A4B-it",
+        plugin_manager=plugin_manager,
+    )
+    fake.tokenizer = vocab
+    fake.eos_token_id = sorted(vocab.eos_token_ids)[0]
+    client = serve(fake)
+    selected = client.get("/v1/plugins").json()["selected"]
+    assert (selected["reasoning_parser"], selected["tool_parser"]) == ("gemma4", "gemma4")
+    expected = [("get_weather", {"city": "Paris, France", "unit": "C"}), ("add", {"a": 2, "b": -3})]
+    message = whole(client, tools=TOOLS, **ON)["message"]
+    assert (message["reasoning_content"], message["content"]) == ("Need the weather.", None)
+    got = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in message["tool_calls"]
+    ]
+    assert got == expected
+    reasoning, content, calls = streamed(client, tools=TOOLS, **ON)
+    assert (reasoning, content) == ("Need the weather.", "")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == (
+        expected
+    )
+    fake.script = lambda prompt, params, i: THINKING
+    assert streamed(client, **ON)[:2] == (THOUGHT, ANSWER)

@@ -3,7 +3,9 @@ type the template writes), malformed markup kept as content, end-of-turn markers
 split of the stream, automatic choice.
 
 ``data/chat_template.jinja`` is the chat template of Google's Gemma 4 instruction-tuned models
-(Apache-2.0), as copied in llama.cpp's ``models/templates/gemma4.jinja``.
+(Apache-2.0), exactly as llama.cpp's converter embedded it (``tokenizer.chat_template``) in
+``models/ggml-vocab-gemma-4.gguf``, the Gemma 4 vocabulary llama.cpp ships (llama-cpp-python
+0.3.36's sdist; tests/server/test_gemma4_formats.py compares the two).
 """
 
 from __future__ import annotations
