@@ -209,3 +209,43 @@ def test_real_vocabulary_through_the_app(serve, plugin_manager, vocab) -> None:
     )
     fake.script = lambda prompt, params, i: THINKING
     assert streamed(client, **ON)[:2] == (THOUGHT, ANSWER)
+
+
+# -- a tool round with google/gemma-4-31B-it's later template --------------------------------
+TEMPLATE_31B = (ROOT / "plugins/tool/gemma4/tests/data/chat_template_31b_it.jinja").read_text()
+ROUND = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"},
+]
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["off", "on"])
+def test_a_reply_after_a_tool_result(serve, plugin_manager, thinking: bool) -> None:
+    reply = (f"<|channel>thought\n{THOUGHT}<channel|>" if thinking else "") + ANSWER + "<turn|>"
+    fake = gemma4(plugin_manager, reply)
+    fake.tokenizer.tokenizer_config["chat_template"] = TEMPLATE_31B
+    client = serve(fake)
+    body = {"messages": ROUND, "tools": TOOLS, **(ON if thinking else {})}
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    # the model turn goes on after the result: no new turn, no closed thought channel
+    prompt = fake.requests[-1]["prompt"]
+    assert prompt.endswith(
+        "<|tool_call>call:get_weather{city:" + Q + "Paris" + Q + "}<tool_call|>"
+        "<|tool_response>response:get_weather{value:" + Q + "21 C, sunny" + Q + "}<tool_response|>"
+    )
+    want = (THOUGHT if thinking else None, ANSWER)
+    assert (message["reasoning_content"], message["content"]) == want
+    assert not message.get("tool_calls")

@@ -1,8 +1,8 @@
 """GLM-4.7 with thinking on and off through the app: the server renders the model's own chat
-template (plugins/reasoning/think/tests/data), tells the reasoning parser the prompt, and a
-reply to a prompt whose template closed the ``<think>`` block is content, not reasoning. The
-parser is chosen from the template (``deepseek_r1``); whole responses, SSE streams and the
-official ``openai`` client agree."""
+template (GLM-4.7-Flash's, plugins/reasoning/think/tests/data), tells the reasoning parser the
+prompt, and a reply to a prompt whose template closed the ``<think>`` block is content, not
+reasoning. The parser is chosen from the template (``deepseek_r1``); whole responses, SSE
+streams and the official ``openai`` client agree."""
 
 from __future__ import annotations
 

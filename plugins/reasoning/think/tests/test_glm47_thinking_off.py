@@ -1,9 +1,10 @@
 """GLM-4.7's own chat template with thinking on and off, read by the parser the server picks.
 
-``data/glm47_chat_template.jinja`` is the chat template of zai-org/GLM-4.7 (MIT license;
-``chat_template.jinja`` of the model repository), transcribed from a public copy. Its generation
-prompt opens ``<think>``, or writes ``</think>`` when ``enable_thinking`` is false: the response
-then begins in the content.
+``data/glm47_chat_template.jinja`` is the chat template of zai-org/GLM-4.7-Flash (MIT license),
+byte for byte llama.cpp's ``models/templates/GLM-4.7-Flash.jinja`` (llama-cpp-python 0.3.36's
+sdist, the copy llama.cpp takes from the model repository). Its generation prompt opens
+``<think>``, or writes ``</think>`` when ``enable_thinking`` is false: the response then begins
+in the content.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 type the template writes), malformed markup kept as content, end-of-turn markers dropped, every
 split of the stream, automatic choice.
 
-``data/chat_template.jinja`` is the chat template of Google's Gemma 4 instruction-tuned models
-(Apache-2.0), exactly as llama.cpp's converter embedded it (``tokenizer.chat_template``) in
-``models/ggml-vocab-gemma-4.gguf``, the Gemma 4 vocabulary llama.cpp ships (llama-cpp-python
-0.3.36's sdist; tests/server/test_gemma4_formats.py compares the two).
+Both fixtures are chat templates of Google's Gemma 4 instruction-tuned models (Apache-2.0), as
+llama.cpp ships them (llama-cpp-python 0.3.36's sdist): ``data/chat_template.jinja`` exactly as
+its converter embedded it (``tokenizer.chat_template``) in ``models/ggml-vocab-gemma-4.gguf``
+(tests/server/test_gemma4_formats.py compares the two), and ``data/chat_template_31b_it.jinja``,
+``models/templates/google-gemma-4-31B-it.jinja``, google/gemma-4-31B-it's later revision (it
+reads OpenAI ``tool`` messages and ends a turn of calls with ``<|tool_response>``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from tallow_tool_gemma4.parser import Gemma4ToolParser
 from tallow.plugin.testing import assert_every_split_matches_parse, parse_summary
 from tallow.plugin.tool_parsing import compact_json
 
-TEMPLATE = (Path(__file__).parent / "data" / "chat_template.jinja").read_text()
+DATA = Path(__file__).parent / "data"
+TEMPLATE = (DATA / "chat_template.jinja").read_text()
+TEMPLATE_31B = (DATA / "chat_template_31b_it.jinja").read_text()
+TEMPLATES = pytest.mark.parametrize("template", [TEMPLATE, TEMPLATE_31B], ids=["vocab", "31b-it"])
 Q = '<|"|>'
 SCHEMA = {
     "type": "object",
@@ -55,16 +60,17 @@ TYPED = {
 }
 
 
-def render(messages: list[dict[str, Any]], **kwargs: Any) -> str:
-    """``messages`` as Gemma 4's template writes them, rendered the way Hugging Face renders
+def render(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """``messages`` as a Gemma 4 template writes them, rendered the way Hugging Face renders
     chat templates."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    template = env.from_string(TEMPLATE)
-    return template.render(messages=messages, bos_token="<bos>", tools=TOOLS, **kwargs)
+    compiled = env.from_string(template)
+    return compiled.render(messages=messages, bos_token="<bos>", tools=TOOLS, **kwargs)
 
 
-def reply_of(content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> str:
-    """The model turn the template writes for an assistant message with ``calls``."""
+def reply_of(template: str, content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """The model turn ``template`` writes for an assistant message with ``calls`` (up to its
+    ``<turn|>``; the later revision ends it with ``<|tool_response>`` instead)."""
     messages = [
         {"role": "user", "content": "hi"},
         {
@@ -75,20 +81,22 @@ def reply_of(content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> st
             ],
         },
     ]
-    prompt = render(messages)
+    prompt = render(template, messages)
     turn = prompt.split("<|turn>model\n", 1)[1]
-    return turn[: turn.index("<turn|>")]
+    return turn.split("<turn|>", 1)[0]
 
 
 def check(text: str, tools: list[dict[str, Any]] | None = TOOLS):
     return assert_every_split_matches_parse(Gemma4ToolParser(), text, tools)
 
 
-def test_template_rendered_calls_read_back() -> None:
+@TEMPLATES
+def test_template_rendered_calls_read_back(template: str) -> None:
     calls = [("get_weather", TYPED), ("ls", {}), ("ls", {"dir": "/tmp"})]
-    reply = reply_of("Checking both.", calls)
+    reply = reply_of(template, "Checking both.", calls)
     assert reply.startswith("<|tool_call>call:get_weather{city:" + Q + "Zürich")
-    assert reply.endswith("<tool_call|>Checking both.")
+    end = "<|tool_response>" if template is TEMPLATE_31B else ""
+    assert reply.endswith("<tool_call|>Checking both." + end)
     result = check(reply)
     assert result.content == "Checking both."
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == calls
@@ -97,13 +105,17 @@ def test_template_rendered_calls_read_back() -> None:
     assert result.tool_calls[0].arguments == compact_json(ordered)
 
 
-def test_the_generation_prompt_and_declarations() -> None:
-    prompt = render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+@TEMPLATES
+def test_the_generation_prompt_and_declarations(template: str) -> None:
+    prompt = render(template, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
     # tools are declared in the system turn; thinking off closes an empty thought channel
     assert "<|tool>declaration:get_weather{description:" + Q + "Weather" + Q in prompt
     assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>")
     thinking = render(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, enable_thinking=True
+        template,
+        [{"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        enable_thinking=True,
     )
     assert thinking.startswith("<bos><|turn>system\n<|think|>")
     assert thinking.endswith("<|turn>model\n")
@@ -181,6 +193,7 @@ def test_partial_markup_is_held_until_it_decides() -> None:
 
 def test_matches_gemma4_templates_and_names() -> None:
     assert Gemma4ToolParser.matches("any", TEMPLATE)
+    assert Gemma4ToolParser.matches("any", TEMPLATE_31B)
     assert Gemma4ToolParser.reads_special_tokens
     assert not Gemma4ToolParser.matches("google/gemma-4-31b-it", "{{ '<tool_call>' }}")
     for name in ("google/gemma-4-31b-it", "google/gemma-4-E4B-it", "gemma4"):
