@@ -598,6 +598,7 @@ TOOL_PLUGINS = [
     "tallow-tool-hermes",
     "tallow-tool-qwen3-coder",
     "tallow-tool-glm",
+    "tallow-tool-gemma4",
     "tallow-tool-minimax",
     "tallow-tool-mistral",
     "tallow-tool-pythonic",
@@ -687,6 +688,11 @@ MINIMAX_EXCERPT = (
     "{%- set toolcall_begin_token = '<minimax:tool_call>' -%}"
     "{{- '<invoke name=\"' + tool_call.name + '\">\\n' }}"
 )
+# Gemma 4's template (google/gemma-4-*-it): how an assistant turn's calls are written
+GEMMA4_EXCERPT = (
+    "{{- '<|tool_call>call:' + function['name'] + '{' -}}"
+    "{{- key -}}:{{- format_argument(value, escape_keys=False) -}}{{- '}<tool_call|>' -}}"
+)
 LLAMA4_EXCERPT = (
     "{{- '<|header_start|>assistant<|header_end|>\\n\\n<|python_start|>' }}"
     "[func_name1(params_name1=params_value1, params_name2=params_value2...)]"
@@ -704,6 +710,7 @@ LLAMA31_EXCERPT = (
         ("Mistral-Small-3.2", MISTRAL_EXCERPT, "mistral"),
         ("GLM-4.5-Air", GLM45_EXCERPT, "glm45"),
         ("MiniMax-M2", MINIMAX_EXCERPT, "minimax_m2"),
+        ("gemma-4-31b-it", GEMMA4_EXCERPT, "gemma4"),
         ("Llama-4-Scout-17B-16E-Instruct", LLAMA4_EXCERPT, "pythonic"),
         ("Llama-3.1-8B-Instruct", LLAMA31_EXCERPT, "llama3_json"),
         (
@@ -717,6 +724,7 @@ LLAMA31_EXCERPT = (
         ("meta-llama/Llama-3.2-3B", None, "llama3_json"),
         ("zai-org/GLM-4.7-Flash", None, "glm45"),
         ("MiniMaxAI/MiniMax-M2.1", None, "minimax_m2"),
+        ("google/gemma-4-26B-A4B-it", None, "gemma4"),
         ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", None, "pythonic"),
         ("some-model", None, "json"),
     ],

@@ -465,8 +465,8 @@ class ServerConfig(Section):
     reasoning_parser: str = Field(
         "auto",
         description="Name of the reasoning parser that splits chat output into "
-        "reasoning_content and content (think, deepseek_r1, harmony, ...); auto picks the one "
-        "that matches the model and its chat template, none turns it off.",
+        "reasoning_content and content (think, deepseek_r1, harmony, gemma4, ...); auto picks "
+        "the one that matches the model and its chat template, none turns it off.",
     )
     max_queue: int = Field(
         1024,

@@ -56,6 +56,7 @@ from .reasoning import (
     ReasoningStream,
     TagReasoningParser,
     TagReasoningStream,
+    prompt_leaves_block_open,
 )
 from .speculator import Proposal, SpeculationContext, Speculator, SpeculatorHost
 from .selection import SelectionError, select, serving
@@ -114,6 +115,7 @@ __all__ = [
     "ReasoningStream",
     "TagReasoningParser",
     "TagReasoningStream",
+    "prompt_leaves_block_open",
     "ReasoningParserRegistry",
     "Registry",
     "Registries",

@@ -102,6 +102,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         ),
     },
     "tool_parser": {
+        "gemma4": "tallow-tool-gemma4",
         "glm45": "tallow-tool-glm",
         "harmony": "tallow-reasoning-harmony",
         "hermes": "tallow-tool-hermes",
@@ -116,6 +117,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "think": "tallow-reasoning-think",
         "deepseek_r1": "tallow-reasoning-think",
         "harmony": "tallow-reasoning-harmony",
+        "gemma4": "tallow-reasoning-gemma4",
     },
     "grammar_backend": {
         "xgrammar": "tallow-grammar-xgrammar",

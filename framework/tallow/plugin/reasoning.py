@@ -7,10 +7,16 @@ concatenated, equal ``parse``'s result for any split of the text into chunks (a 
 chunks included). The server uses the one ``server.reasoning_parser`` names, or else, by
 default, the highest-priority parser whose ``matches(model_name, chat_template)`` is true, the
 rule tool parsers follow (``none`` turns reasoning parsing off).
+
+A response continues its prompt, and some chat templates open the reasoning block in the
+prompt only sometimes (GLM-4.7 opens ``<think>`` when thinking is on and writes a closed
+``</think>`` when a request turns it off). The server therefore gives each parser the rendered
+prompt first: ``for_prompt(prompt)`` returns the parser that reads the response to it.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar, NamedTuple
 
 from .components import Component
@@ -42,6 +48,11 @@ class ReasoningParser(Component):
     ``parse(text).reasoning`` and the content parts to ``parse(text).content``; the delimiting
     markup appears in neither. A response without reasoning markup is all content.
 
+    ``for_prompt(prompt)`` returns the parser that reads the response to the rendered chat
+    ``prompt`` (generation prompt included); the default is the parser itself, for parsers
+    whose reading does not depend on the prompt. The server calls it once per response, before
+    ``parse`` or ``stream``; a parser that never had it called reads as it always did.
+
     ``matches`` decides automatic selection from the model name and chat template (the highest
     ``priority`` parser that matches is used, as for tool parsers); ``reads_special_tokens``
     says that the parser's markup consists of the tokenizer's special tokens, so the server
@@ -55,6 +66,13 @@ class ReasoningParser(Component):
     def matches(cls, model_name: str, chat_template: str | None) -> bool:
         return False
 
+    def for_prompt(self, prompt: str) -> ReasoningParser:
+        """The parser for the response to ``prompt``: this one, unless a subclass reads where
+        the prompt left off (:meth:`TagReasoningParser.for_prompt`). Never changes ``self``."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
+        return self
+
     def parse(self, text: str) -> ReasoningSplit:
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
@@ -64,6 +82,19 @@ class ReasoningParser(Component):
 
     def stream(self) -> ReasoningStream:
         raise NotImplementedError
+
+
+def prompt_leaves_block_open(prompt: str, start: str, end: str) -> bool | None:
+    """Whether ``prompt`` ends inside a reasoning block delimited by ``start`` and ``end``:
+    True when its last non-whitespace is the opening tag (the template opened the block for
+    the model), False when it is the closing tag (the template closed it: thinking is off), and
+    None when it ends in neither, so the prompt does not say."""
+    tail = prompt.rstrip()
+    if tail.endswith(start):
+        return True
+    if tail.endswith(end):
+        return False
+    return None
 
 
 def _held(text: str, marker: str) -> int:
@@ -145,11 +176,35 @@ class TagReasoningParser(ReasoningParser):
     text before the first closing tag is reasoning, all of it when none comes. Otherwise a
     response that does not begin with a tag is all content. Content after the closing tag is
     kept exactly; reasoning is the text between the tags, exactly.
+
+    The prompt overrides ``starts_inside`` when it says where the response begins
+    (:func:`prompt_leaves_block_open`): a prompt ending in the opening tag starts the response
+    inside the block, one ending in the closing tag (a template that turned thinking off) starts
+    it in the content; a leading block the model writes anyway is still read as reasoning.
     """
 
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
     starts_inside: ClassVar[bool] = False
+    #: where the prompt left the response (see :meth:`for_prompt`); None: ``starts_inside``
+    _prompt_inside: bool | None = None
+
+    @property
+    def begins_inside(self) -> bool:
+        """Whether the response begins inside the block: as the prompt left it when
+        :meth:`for_prompt` learnt that, else ``starts_inside``."""
+        return self.starts_inside if self._prompt_inside is None else self._prompt_inside
+
+    def for_prompt(self, prompt: str) -> TagReasoningParser:
+        """A copy that begins where ``prompt`` leaves the block; itself when the prompt ends in
+        neither tag."""
+        super().for_prompt(prompt)
+        inside = prompt_leaves_block_open(prompt, self.start_tag, self.end_tag)
+        if inside is None:
+            return self
+        parser = copy.copy(self)
+        parser._prompt_inside = inside
+        return parser
 
     def stream(self) -> TagReasoningStream:
-        return TagReasoningStream(self.start_tag, self.end_tag, self.starts_inside)
+        return TagReasoningStream(self.start_tag, self.end_tag, self.begins_inside)

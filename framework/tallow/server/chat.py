@@ -83,6 +83,8 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
             constrain=structured is not None and structured.available,
         )
         self.prompt_ids: list[int] = []
+        #: the rendered prompt of the latest :meth:`prepare` (what the reasoning parser is told)
+        self.prompt_text = ""
         #: the request's images, in the order of their parts (a model that takes images)
         self.images: list[Any] = []
         self._choices: list[_Choice] = []
@@ -142,6 +144,7 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         prompt += self.plan.prompt_suffix
         ids = await self.state.encode(prompt, add_special_tokens=False, field="messages")
         self.prompt_ids = ids
+        self.prompt_text = prompt
         param = (
             "max_completion_tokens" if self.req.max_completion_tokens is not None else "max_tokens"
         )
@@ -201,7 +204,10 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest]):
         if not self._choices:
             parser = self.state.reasoning.parser
             self._choices = [
-                _Choice(self.plan.choice(stream_calls=True), ChoiceReasoning(parser))
+                _Choice(
+                    self.plan.choice(stream_calls=True),
+                    ChoiceReasoning(parser, self.prompt_text),
+                )
                 for _ in out.outputs
             ]
         for o in out.outputs:

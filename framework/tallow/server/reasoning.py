@@ -9,6 +9,8 @@ chat_template)`` is true — the rule, and the owner of the decision, that tool 
 ``none`` (or empty) turns reasoning parsing off, and responses are as without reasoning support.
 With a parser, a choice's text is split into reasoning (``message.reasoning_content``, streamed
 as ``delta.reasoning_content``) and content, and tool calls are parsed from the content only.
+The parser is first told the rendered prompt, so a prompt whose template closed the reasoning
+block (``chat_template_kwargs: {"enable_thinking": false}``) starts the response in the content.
 """
 
 from __future__ import annotations
@@ -77,10 +79,16 @@ def choose_reasoning_parser(
 
 class ChoiceReasoning:
     """One choice's reasoning split: ``feed`` stream deltas, then ``finish``; or ``split`` a
-    whole text. Without a parser everything is content."""
+    whole text. Without a parser everything is content. ``prompt`` is the rendered prompt the
+    choice continues: the parser reads the response from where the prompt left it
+    (:meth:`tallow.plugin.ReasoningParser.for_prompt`; a template that closed the reasoning
+    block, thinking being off, starts the response in the content)."""
 
-    def __init__(self, parser_cls: type[ReasoningParser] | None) -> None:
-        self.parser = parser_cls() if parser_cls is not None else None
+    def __init__(self, parser_cls: type[ReasoningParser] | None, prompt: str | None = None) -> None:
+        parser = parser_cls() if parser_cls is not None else None
+        if parser is not None and prompt is not None:
+            parser = parser.for_prompt(prompt)
+        self.parser = parser
         self._stream: ReasoningStream | None = None
 
     def feed(self, text: str) -> ReasoningSplit:

@@ -244,7 +244,7 @@ class ToolLoop:
         output is ``first``); every later round's stream is opened and closed here."""
         while True:
             choice = self.handler.plan.choice()
-            thinking = ChoiceReasoning(self.state.reasoning.parser)
+            thinking = ChoiceReasoning(self.state.reasoning.parser, self.handler.prompt_text)
             written = ""  # this round's content
             thought = ""  # this round's reasoning
             fed = 0  # characters of the output given to the parsers

@@ -10,7 +10,8 @@ characters) and under seeded random chunkings; text without tags stays one part,
         examples = [("<think>hmm</think>Paris.", "hmm", "Paris.")]
 
 :attr:`ReasoningParserConformance.examples` are responses with the reasoning and the content
-the parser must split them into.
+the parser must split them into; :attr:`ReasoningParserConformance.prompt_examples` add the
+rendered prompt each response continues, read through ``parser.for_prompt(prompt)``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from .component import ComponentConformance
 
 #: a model output, its reasoning and its content
 Example = tuple[str, str, str]
+#: a rendered prompt, the model output that continues it, its reasoning and its content
+PromptExample = tuple[str, str, str, str]
 
 #: responses without reasoning markup: one part, exactly (content, unless the parser's models
 #: start inside the reasoning)
@@ -56,6 +59,8 @@ class ReasoningParserConformance(ComponentConformance):
     untagged_is_reasoning: ClassVar[bool] = False
     #: seeded random chunkings per example
     chunkings: ClassVar[int] = 30
+    #: (prompt, response, reasoning, content): responses read after the prompt they continue
+    prompt_examples: ClassVar[list[PromptExample]] = []
 
     @pytest.fixture(scope="class")
     def parser(self, component_class: type[ReasoningParser]) -> ReasoningParser:
@@ -86,6 +91,27 @@ class ReasoningParserConformance(ComponentConformance):
                 chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
                 got = stream_split(parser, chunks)
                 assert got == (reasoning, content), f"{chunks!r}: {got!r}"
+
+    def test_for_prompt_gives_a_parser_and_leaves_this_one(self, parser: ReasoningParser) -> None:
+        prompts = ["", "plain prompt\n", *(p for p, *_ in self.prompt_examples)]
+        for prompt in prompts:
+            reader = parser.for_prompt(prompt)
+            assert isinstance(reader, ReasoningParser), f"for_prompt({prompt!r}) gave {reader!r}"
+        with pytest.raises(TypeError):
+            parser.for_prompt(None)  # type: ignore[arg-type]
+        for text, reasoning, content in self.examples:  # the parser asked is unchanged
+            assert parser.parse(text) == (reasoning, content), f"parse({text!r}) changed"
+
+    def test_prompt_examples_whole_and_streamed(self, parser: ReasoningParser) -> None:
+        for prompt, text, reasoning, content in self.prompt_examples:
+            reader = parser.for_prompt(prompt)
+            got = reader.parse(text)
+            assert got == (reasoning, content), f"after {prompt[-40:]!r}: parse({text!r}) {got!r}"
+            for i in range(len(text) + 1):
+                got = stream_split(reader, [text[:i], text[i:]])
+                assert got == (reasoning, content), f"{text!r} split at {i}: {got!r}"
+            got = stream_split(reader, list(text))
+            assert got == (reasoning, content), f"{text!r} one character at a time: {got!r}"
 
     def test_text_without_tags_is_one_part(self, parser: ReasoningParser) -> None:
         for text in PLAIN_TEXTS:

@@ -46,3 +46,33 @@ class TestDeepSeekR1Conformance(ReasoningParserConformance):
         ("a </thin b</think>c", "a </thin b", "c"),
         ("", "", ""),
     ]
+
+
+class TestDeepSeekR1AfterPromptsConformance(ReasoningParserConformance):
+    """deepseek_r1 told the prompt: GLM-4.7's generation prompt opens ``<think>`` with thinking
+    on and writes ``</think>`` with it off; the response begins where the prompt left it."""
+
+    distribution = "tallow-reasoning-think"
+    component = "deepseek_r1"
+    untagged_is_reasoning = True
+    examples = [("plan</think>answer", "plan", "answer")]
+    prompt_examples = [
+        ("<|user|>hi<|assistant|><think>", "plan</think>answer", "plan", "answer"),
+        ("<|user|>hi<|assistant|></think>", "Paris, 1 < 2.", "", "Paris, 1 < 2."),
+        ("<|user|>hi<|assistant|></think>", "<think>anyway</think>x", "anyway", "x"),
+        ("<｜Assistant｜><think>\n", "still thinking", "still thinking", ""),
+        ("no tag at the end", "still thinking", "still thinking", ""),
+    ]
+
+
+class TestThinkAfterPromptsConformance(ReasoningParserConformance):
+    """think told the prompt: a prompt that opened the block starts the response inside it."""
+
+    distribution = "tallow-reasoning-think"
+    component = "think"
+    examples = [("<think>r</think>c", "r", "c")]
+    prompt_examples = [
+        ("<|im_start|>assistant\n<think>\n", "r\n</think>\n\nc", "r\n", "\n\nc"),
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "plain", "", "plain"),
+        ("<|im_start|>assistant\n", "plain", "", "plain"),
+    ]
