@@ -1,0 +1,241 @@
+"""The DeepSeek-V3 multi-token prediction layer as ``speculative.method: mtp`` runs it, on a tiny
+checkpoint that ships the layer under its real names (:mod:`mtp_checkpoint`): one MTP step
+equals the formula (transformers' decoder layer as the block's oracle), with the head's own
+cache across a prefill and guesses; greedy outputs are those without speculation (several
+sequences, chunked prefill, aborts mid-proposal leaving no block in either cache); the hidden
+rows the speculator receives are the target's, by transformers' independent forward; sampled
+guesses carry the head's distribution; a model without MTP layers is refused by name."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
+
+from tallow import SamplingParams  # noqa: E402
+from tallow.plugin import SpeculationContext  # noqa: E402
+from tallow.plugin.testing.engine import offline_llm  # noqa: E402
+from tallow.plugin.testing.seeds import seed_of  # noqa: E402
+
+from deepseek_configs import PROMPT, SMALL  # noqa: E402
+from mtp_checkpoint import LAYERS, save_mtp_checkpoint  # noqa: E402
+
+PLUGINS = ["tallow-model-deepseek", "tallow-format-safetensors"]
+EPS = float(SMALL["rms_norm_eps"])
+# float32 throughout: the engine's kernels against transformers' differ by rounding only
+ATOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("tallow_format_safetensors", reason="the checkpoint is safetensors")
+    path = tmp_path_factory.mktemp("deepseek-mtp")
+    hf, own = save_mtp_checkpoint(path, seed_of("deepseek-mtp"))
+    return path, hf, own
+
+
+def make(path, k: int = 3, **scheduler):
+    return offline_llm(
+        str(path),
+        plugins=PLUGINS,
+        config={
+            "model": {"dtype": "float32", "max_model_len": 64},
+            "cache": {"block_size": 4, "num_blocks": 48},
+            "scheduler": {
+                "max_num_batched_tokens": 32,
+                "prefill_chunk_size": 8,
+                "max_num_seqs": 4,
+                **scheduler,
+            },
+            "speculative": {"method": "mtp", "num_speculative_tokens": k},
+        },
+    )
+
+
+def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def reference_step(hf, own, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    """The MTP layer's output hidden states at positions 0 .. len(tokens) - 1 (token ``p + 1``
+    with ``hidden[p]``), from the formula, with transformers' layer ``LAYERS`` as the block."""
+    ids = torch.tensor(tokens)
+    embedded = own["embed_tokens.weight"][ids].clone()
+    embedded[0] = 0.0  # position 0
+    x = torch.cat([rms(embedded, own["enorm.weight"]), rms(hidden, own["hnorm.weight"])], -1)
+    x = x @ own["eh_proj.weight"].T
+    n = x.shape[0]
+    pos = torch.arange(n)[None]
+    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        pe = hf.model.rotary_emb(x[None], pos)
+        out = hf.model.layers[LAYERS](
+            x[None], attention_mask=mask, position_ids=pos, position_embeddings=pe
+        )
+    out = out[0] if isinstance(out, tuple) else out
+    return out[0]
+
+
+def reference_logits(own, out: torch.Tensor) -> torch.Tensor:
+    return rms(out, own["shared_head.norm.weight"]) @ own["shared_head.head.weight"].T
+
+
+def test_one_mtp_step_equals_the_formula(checkpoint):
+    """The head's output and logits after a 12-position prefill (in chunks of 8) and after
+    two guesses fed on its own output equal the formula's over the whole prefix."""
+    path, hf, own = checkpoint
+    llm = make(path)
+    mtp = llm.engine.core.spec.speculator.mtp
+    gen = torch.Generator().manual_seed(seed_of("deepseek-mtp", "step"))
+    tokens = PROMPT[:13]
+    hidden = torch.randn(12, int(SMALL["hidden_size"]), generator=gen)
+    ((logits, out),) = mtp.sync([(("r", 0), tokens, hidden, 0, 2)])
+    want = reference_step(hf, own, tokens[1:], hidden)
+    torch.testing.assert_close(out, want[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits, reference_logits(own, want[-1]), atol=ATOL, rtol=0)
+    rows, seen = hidden, list(tokens[1:])
+    for guess in (5, 77):
+        logits2, out2 = mtp.extend([(("r", 0), guess, out)])
+        rows = torch.cat([rows, out[None]])
+        seen.append(guess)
+        want = reference_step(hf, own, seen, rows)
+        torch.testing.assert_close(out2[0], want[-1], atol=ATOL, rtol=0)
+        torch.testing.assert_close(logits2[0], reference_logits(own, want[-1]), atol=ATOL, rtol=0)
+        out = out2[0]
+    mtp.free("r", 0)
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+
+
+def prompts() -> list[list[int]]:
+    return [PROMPT[:11], PROMPT[5:9], PROMPT[2:24], PROMPT[:3] * 3]
+
+
+def test_greedy_outputs_equal_those_without_mtp(checkpoint):
+    path, _, _ = checkpoint
+    llm = make(path)
+    core = llm.engine.core
+    spec = core.spec
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    core.enable_speculation(None)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    core.enable_speculation(spec)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    assert got == want
+    stats = core.stats()
+    assert stats["spec_num_proposed_tokens"] > 0
+    mtp = spec.speculator.mtp
+    assert mtp.num_sequences == 0
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+
+
+def test_aborts_mid_proposal_leave_no_blocks(checkpoint):
+    path, _, _ = checkpoint
+    base = make(path)
+    base.engine.core.enable_speculation(None)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in base.generate(prompts(), params)]
+    llm = make(path, k=4)
+    core = llm.engine.core
+    mtp = core.spec.speculator.mtp
+    ids = [f"r{i}" for i in range(len(prompts()))]
+    for rid, prompt in zip(ids, prompts()):
+        core.add_request(rid, prompt, params)
+    planned: list[str] = []
+    schedule = core.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        planned[:] = [item.seq.request_id for item in plan.scheduled if item.draft_token_ids]
+        return plan
+
+    core.scheduler.schedule = recording_schedule
+    rng = random.Random(seed_of("deepseek-mtp", "abort"))
+    aborted: set[str] = set()
+
+    def abort_one() -> None:  # runs while the verify step is in flight
+        live = [r for r in planned if r not in aborted]
+        if live and rng.random() < 0.3:
+            rid = rng.choice(live)
+            core.abort(rid)
+            aborted.add(rid)
+
+    outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+    while core.has_unfinished():
+        for update in core.step(between=abort_one).updates:
+            outputs[update.request_id].append(update.token.token_id)
+        mtp.blocks.check_invariants()
+    assert aborted
+    for rid, w in zip(ids, want):
+        got = outputs[rid]
+        assert got == (w[: len(got)] if rid in aborted else w)
+    assert mtp.num_sequences == 0
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+    bm = core.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_the_speculator_receives_the_targets_hidden_states(checkpoint):
+    """Every row handed to the speculator is the target's hidden state (after the final
+    norm, what its head reads) at that position, by transformers' forward of the sequence,
+    and the rows of each proposal end at the last accepted token."""
+    path, hf, _ = checkpoint
+    llm = make(path)
+    spec = llm.engine.core.spec.speculator
+    seen: list[tuple[list[int], int, torch.Tensor]] = []
+    propose = spec.propose_batch
+
+    def recording(requests):
+        for token_ids, _, ctx in requests:
+            if ctx.hidden is not None:
+                seen.append((list(token_ids), ctx.hidden_start, ctx.hidden.clone()))
+        return propose(requests)
+
+    spec.propose_batch = recording
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm.generate(prompts()[:2], params)
+    assert len(seen) > 4
+    target = transformers.DeepseekV3ForCausalLM(
+        transformers.DeepseekV3Config(**hf.config.to_dict())
+    )
+    target.load_state_dict(hf.state_dict())
+    target.model.layers = target.model.layers[:LAYERS]
+    for token_ids, start, rows in seen:
+        assert start + rows.shape[0] == len(token_ids) - 1  # up to the last accepted token
+        with torch.no_grad():
+            want = target.model(torch.tensor([token_ids[:-1]])).last_hidden_state[0]
+        torch.testing.assert_close(rows, want[start:], atol=ATOL, rtol=0)
+
+
+def test_sampled_guesses_carry_the_heads_distribution(checkpoint):
+    path, _, _ = checkpoint
+    llm = make(path)
+    spec = llm.engine.core.spec.speculator
+    gen = torch.Generator().manual_seed(seed_of("deepseek-mtp", "sampled"))
+    tokens = PROMPT[:9]
+    hidden = torch.randn(8, int(SMALL["hidden_size"]), generator=gen)
+    ctx = SpeculationContext("s", 0, len(tokens), temperature=0.8, hidden=hidden)
+    (proposal,) = spec.propose_batch([(tokens, 3, ctx)])
+    assert len(proposal.token_ids) == 3
+    assert proposal.probs is not None and proposal.probs.shape == (3, int(SMALL["vocab_size"]))
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+    # each guess was drawn where its distribution has mass
+    assert all(proposal.probs[j, t] > 0 for j, t in enumerate(proposal.token_ids))
+
+
+def test_a_model_without_mtp_layers_is_refused():
+    with pytest.raises(ValueError) as err:
+        offline_llm(
+            "random:tiny-deepseek-v3",
+            plugins=["tallow-model-deepseek"],
+            config={
+                "model": {"dtype": "float32", "max_model_len": 64},
+                "cache": {"block_size": 4, "num_blocks": 16},
+                "speculative": {"method": "mtp"},
+            },
+        )
+    msg = str(err.value)
+    assert "speculative.method mtp" in msg and "random:tiny-deepseek-v3" in msg
+    assert "no multi-token prediction layers" in msg
