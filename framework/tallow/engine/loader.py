@@ -306,7 +306,7 @@ def load_model(
     if checkpoint.naming == "random":
         initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
         head = model.mtp_head() if isinstance(model, CausalLM) else None
-        if head is not None:  # not a submodule of the model: filled on its own
+        if isinstance(head, CausalLM):  # not a submodule of the model: filled on its own
             initialize_random(head)
             head.process_weights_after_loading()
         finish = getattr(model, "process_weights_after_loading", None)
