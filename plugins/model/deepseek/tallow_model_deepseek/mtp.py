@@ -1,5 +1,5 @@
-"""DeepSeek-V3's multi-token prediction layer (also GLM-4.5's, GLM-4.7-Flash's), the head of
-``speculative.method: mtp``.
+"""DeepSeek-V3's multi-token prediction layer (also GLM-4.5's and GLM-4.7-Flash's: tallow-model-glm4-moe
+uses this module), the head of ``speculative.method: mtp``.
 
 Checkpoints of ``num_nextn_predict_layers`` layers keep them after the decoder's, as
 ``model.layers.{num_hidden_layers + j}``; the head runs the first (``L = num_hidden_layers``),
@@ -26,7 +26,7 @@ One step at position ``p`` (token ``t`` at ``p + 1``, hidden ``h`` at ``p``)::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from tallow.layers import (
     BuildContext,
     LMHead,
     MTPHead,
+    QuantizedWeight,
     ReplicatedLinear,
     RMSNorm,
     VocabEmbedding,
@@ -43,30 +44,53 @@ from tallow.layers import (
     WeightRule,
 )
 
-from .naming import hf_name_map
+from .naming import mtp_layer
 
 #: the MTP layer's own tensors, beside those of its decoder layer
 HEAD_PARTS = ("enorm", "hnorm", "eh_proj", "embed_tokens", "shared_head.norm", "shared_head.head")
 
+Tensors = Iterable[tuple[str, "torch.Tensor | QuantizedWeight"]]
 
-def mtp_name_map() -> WeightNameMap:
-    """Checkpoint names of the MTP layer onto the head's parameters (the same names)."""
+
+def mtp_name_map(layers: WeightNameMap) -> WeightNameMap:
+    """Checkpoint names of the MTP layer onto the head's parameters (the same names): its
+    own parts, then ``layers``, the model's map, for its decoder layer."""
     own = [
         WeightRule(f"model.layers.{{i}}.{part}.{{p}}", f"model.layers.{{i}}.{part}.{{p}}")
         for part in HEAD_PARTS
     ]
-    return WeightNameMap(own) + hf_name_map()
+    return WeightNameMap(own) + layers
+
+
+def build_mtp_head(owner: Any, build: BuildContext) -> "list[DeepseekMTPHead]":
+    """``owner``'s head in a list (not a submodule of the model) when ``build.mtp`` asks for
+    it and its config declares ``num_nextn_predict_layers``; an empty list otherwise."""
+    config = owner.config
+    if build.mtp and int(config.get("num_nextn_predict_layers") or 0) > 0:
+        return [DeepseekMTPHead(owner, config, build)]
+    return []
+
+
+def model_tensors(
+    tensors: Tensors, num_hidden_layers: int, head_tensors: list | None
+) -> Iterator[tuple[str, "torch.Tensor | QuantizedWeight"]]:
+    """The model's own tensors of ``tensors``; those of the first MTP layer go to
+    ``head_tensors`` (when a list: the head is built), every other MTP layer's are skipped."""
+    for name, tensor in tensors:
+        if not mtp_layer(name, num_hidden_layers):
+            yield name, tensor
+        elif head_tensors is not None and not mtp_layer(name, num_hidden_layers + 1):
+            head_tensors.append((name, tensor))
 
 
 class DeepseekMTPHead(MTPHead):
     """The first MTP layer of a DeepSeek-V3-style checkpoint (see the module docstring).
     ``owner`` is the model it predicts for: its layer builders, rotary embedding, embedding
-    and head (used where the checkpoint has none of the layer's own)."""
-
-    weight_name_maps: ClassVar[dict[str, WeightNameMap]] = {"hf": mtp_name_map()}
+    and head (used where the checkpoint has none of the layer's own), and its name map."""
 
     def __init__(self, owner: Any, config: ArchConfig, build: BuildContext) -> None:
         super().__init__(config, build)
+        self._names = mtp_name_map(owner.weight_names("hf"))
         hidden = int(config.hidden_size)
         vocab = int(config.vocab_size)
         eps = float(config.get("rms_norm_eps", 1e-6))
@@ -95,6 +119,9 @@ class DeepseekMTPHead(MTPHead):
         self.model.layers = nn.ModuleDict({str(index): layer})
         # a list: the model's modules are not this head's submodules
         self._owner_parts: list[nn.Module] = [owner.model.embed_tokens, owner.lm_head]
+
+    def weight_names(self, naming: str) -> WeightNameMap:
+        return self._names if naming == "hf" else super().weight_names(naming)
 
     @property
     def layer(self) -> nn.Module:

@@ -18,10 +18,25 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow import SamplingParams  # noqa: E402
 from tallow.plugin import SpeculationContext  # noqa: E402
 from tallow.plugin.testing.engine import offline_llm  # noqa: E402
+from tallow.plugin.testing.mtp import (  # noqa: E402
+    reference_mtp_logits,
+    reference_mtp_step,
+    save_mtp_checkpoint,
+)
 from tallow.plugin.testing.seeds import seed_of  # noqa: E402
 
 from deepseek_configs import PROMPT, SMALL  # noqa: E402
-from mtp_checkpoint import LAYERS, save_mtp_checkpoint  # noqa: E402
+
+LAYERS = int(SMALL["num_hidden_layers"])
+
+
+def save(path, seed: int):
+    """The tiny V3 checkpoint with its MTP layer (:mod:`tallow.plugin.testing.mtp`)."""
+    config = dict(SMALL, q_lora_rank=24, n_group=2, topk_group=1)
+    return save_mtp_checkpoint(
+        path, transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, config, seed
+    )
+
 
 PLUGINS = ["tallow-model-deepseek", "tallow-format-safetensors"]
 EPS = float(SMALL["rms_norm_eps"])
@@ -33,7 +48,7 @@ ATOL = 2e-4
 def checkpoint(tmp_path_factory: pytest.TempPathFactory):
     pytest.importorskip("tallow_format_safetensors", reason="the checkpoint is safetensors")
     path = tmp_path_factory.mktemp("deepseek-mtp")
-    hf, own = save_mtp_checkpoint(path, seed_of("deepseek-mtp"))
+    hf, own = save(path, seed_of("deepseek-mtp"))
     return path, hf, own
 
 
@@ -55,34 +70,6 @@ def make(path, k: int = 3, **scheduler):
     )
 
 
-def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
-
-
-def reference_step(hf, own, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
-    """The MTP layer's output hidden states at positions 0 .. len(tokens) - 1 (token ``p + 1``
-    with ``hidden[p]``), from the formula, with transformers' layer ``LAYERS`` as the block."""
-    ids = torch.tensor(tokens)
-    embedded = own["embed_tokens.weight"][ids].clone()
-    embedded[0] = 0.0  # position 0
-    x = torch.cat([rms(embedded, own["enorm.weight"]), rms(hidden, own["hnorm.weight"])], -1)
-    x = x @ own["eh_proj.weight"].T
-    n = x.shape[0]
-    pos = torch.arange(n)[None]
-    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-    with torch.no_grad():
-        pe = hf.model.rotary_emb(x[None], pos)
-        out = hf.model.layers[LAYERS](
-            x[None], attention_mask=mask, position_ids=pos, position_embeddings=pe
-        )
-    out = out[0] if isinstance(out, tuple) else out
-    return out[0]
-
-
-def reference_logits(own, out: torch.Tensor) -> torch.Tensor:
-    return rms(out, own["shared_head.norm.weight"]) @ own["shared_head.head.weight"].T
-
-
 def test_one_mtp_step_equals_the_formula(checkpoint):
     """The head's output and logits after a 12-position prefill (in chunks of 8) and after
     two guesses fed on its own output equal the formula's over the whole prefix."""
@@ -93,17 +80,19 @@ def test_one_mtp_step_equals_the_formula(checkpoint):
     tokens = PROMPT[:13]
     hidden = torch.randn(12, int(SMALL["hidden_size"]), generator=gen)
     ((logits, out),) = mtp.sync([(("r", 0), tokens, hidden, 0, 2)])
-    want = reference_step(hf, own, tokens[1:], hidden)
+    want = reference_mtp_step(hf, own, tokens[1:], hidden, EPS)
     torch.testing.assert_close(out, want[-1], atol=ATOL, rtol=0)
-    torch.testing.assert_close(logits, reference_logits(own, want[-1]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits, reference_mtp_logits(own, want[-1], EPS), atol=ATOL, rtol=0)
     rows, seen = hidden, list(tokens[1:])
     for guess in (5, 77):
         logits2, out2 = mtp.extend([(("r", 0), guess, out)])
         rows = torch.cat([rows, out[None]])
         seen.append(guess)
-        want = reference_step(hf, own, seen, rows)
+        want = reference_mtp_step(hf, own, seen, rows, EPS)
         torch.testing.assert_close(out2[0], want[-1], atol=ATOL, rtol=0)
-        torch.testing.assert_close(logits2[0], reference_logits(own, want[-1]), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            logits2[0], reference_mtp_logits(own, want[-1], EPS), atol=ATOL, rtol=0
+        )
         out = out2[0]
     mtp.free("r", 0)
     assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks

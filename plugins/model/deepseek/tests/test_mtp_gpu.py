@@ -13,20 +13,34 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-pytest.importorskip("transformers", reason="the checkpoint is saved from transformers")
+transformers = pytest.importorskip(
+    "transformers", reason="the checkpoint is saved from transformers"
+)
 pytest.importorskip("tallow_format_safetensors", reason="the checkpoint is safetensors")
 
 from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.engine import offline_llm  # noqa: E402
+from tallow.plugin.testing.mtp import (  # noqa: E402
+    save_mtp_checkpoint,
+)
 from tallow.plugin.testing.seeds import seed_of  # noqa: E402
 
-from deepseek_configs import PROMPT  # noqa: E402
-from mtp_checkpoint import LAYERS, save_mtp_checkpoint  # noqa: E402
+from deepseek_configs import PROMPT, SMALL  # noqa: E402
+
+LAYERS = int(SMALL["num_hidden_layers"])
+
+
+def save(path, seed: int):
+    """The tiny V3 checkpoint with its MTP layer (:mod:`tallow.plugin.testing.mtp`)."""
+    config = dict(SMALL, q_lora_rank=24, n_group=2, topk_group=1)
+    return save_mtp_checkpoint(
+        path, transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, config, seed
+    )
 
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_mtp_greedy_outputs_on_cuda(tmp_path, graphs):
-    hf, _ = save_mtp_checkpoint(tmp_path, seed_of("deepseek-mtp-gpu"))
+    hf, _ = save(tmp_path, seed_of("deepseek-mtp-gpu"))
     llm = offline_llm(
         str(tmp_path),
         plugins=["tallow-model-deepseek", "tallow-format-safetensors"],
