@@ -8,8 +8,10 @@ target's hidden states are *true*; the guesses a proposal feeds (the head's own 
 state and its own token) are not, and the next :meth:`MTPRunner.sync` rolls the sequence back
 to its true positions (blocks past them go back to the pool, as for a draft model's sequence)
 before it feeds the target's new rows: every row the target kept since the last proposal.
-Nothing is evicted: a sequence whose next rows the pool cannot hold, or whose rows do not
-follow its true positions, proposes nothing from then on.
+A new sequence whose rows begin past position 0 (its prompt began with a hit in the target's
+prefix cache, whose positions the target did not compute) feeds a zero hidden state at those
+positions. Nothing is evicted: a sequence whose next rows the pool cannot hold, or whose rows
+do not follow its true positions, proposes nothing from then on.
 """
 
 from __future__ import annotations
@@ -90,10 +92,9 @@ class MTPRunner:
         through shared forwards of at most ``chunk`` tokens."""
         pending: list[tuple[int, HeadState, int, torch.Tensor]] = []
         for i, (key, token_ids, hidden, start, room) in enumerate(requests):
-            state = self._prepare(key, token_ids, hidden, start, room)
-            if state is not None:
-                assert hidden is not None  # _prepare refuses a sequence with nothing to feed
-                pending.append((i, state, start, hidden))
+            prepared = self._prepare(key, token_ids, hidden, start, room)
+            if prepared is not None:
+                pending.append((i, *prepared))
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(requests)
         while pending:
             rows: list[tuple[int, HeadState, int, int, torch.Tensor]] = []
@@ -128,15 +129,22 @@ class MTPRunner:
         hidden: torch.Tensor | None,
         start: int,
         room: int,
-    ) -> HeadState | None:
+    ) -> tuple[HeadState, int, torch.Tensor] | None:
         """``key``'s head sequence rolled back to its true positions and extended by the
-        tokens of ``hidden``'s positions, its blocks reserved; None when it cannot propose."""
+        tokens of ``hidden``'s positions, its blocks reserved, with the first position and
+        the rows to feed; None when it cannot propose."""
         state = self._states.get(key)
         if state is None:
             seq = EngineSequence(key[0], key[1], [], self._params, status=SequenceStatus.RUNNING)
             state = self._states[key] = HeadState(seq)
         if state.broken:
             return None
+        if hidden is not None and start > 0 and state.seq.num_tokens == 0:
+            # a new sequence whose prompt began with a prefix-cache hit: the target computed
+            # no hidden state there, and the head's positions take a zero one (its token
+            # embedding alone)
+            hidden = torch.cat([hidden.new_zeros(start, hidden.shape[1]), hidden])
+            start = 0
         n = 0 if hidden is None else int(hidden.shape[0])
         # rows must follow the true positions and reach the completion's last token
         if n == 0 or start != state.true_len or start + n + 1 != len(token_ids):
@@ -152,7 +160,8 @@ class MTPRunner:
             return None
         copies = self.blocks.append_slots(seq, n + room)
         assert not copies  # no block is shared: no prefix caching, no forks
-        return state
+        assert hidden is not None  # n > 0
+        return state, start, hidden
 
     def _break(self, state: HeadState) -> None:
         """The sequence fell out of step (its pool ran out, or rows are missing): its blocks

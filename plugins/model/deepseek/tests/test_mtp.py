@@ -228,3 +228,59 @@ def test_a_model_without_mtp_layers_is_refused():
     msg = str(err.value)
     assert "speculative.method mtp" in msg and "random:tiny-deepseek-v3" in msg
     assert "no multi-token prediction layers" in msg
+
+
+@pytest.fixture(scope="module")
+def echo_checkpoint(checkpoint, tmp_path_factory: pytest.TempPathFactory):
+    """The checkpoint with every attention output and MLP down projection zeroed (the
+    residual stream keeps the token's embedding: the target's next token is a function ``f``
+    of its last token) and an MTP layer that computes the same ``f`` of the token it is given
+    (``eh_proj`` keeps the embedding half, the norms are ones, its embedding and head are the
+    model's): every guess is the target's own choice."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source, _, _ = checkpoint
+    path = tmp_path_factory.mktemp("deepseek-mtp-echo")
+    for f in source.iterdir():
+        shutil.copy(f, path / f.name)
+    weights = load_file(str(path / "model.safetensors"))
+    hidden = int(SMALL["hidden_size"])
+    for name, t in weights.items():
+        if "o_proj" in name or "down_proj" in name:
+            weights[name] = torch.zeros_like(t)
+    mtp = f"model.layers.{LAYERS}"
+    weights["model.norm.weight"] = torch.ones(hidden)
+    weights[f"{mtp}.enorm.weight"] = torch.ones(hidden)
+    weights[f"{mtp}.shared_head.norm.weight"] = torch.ones(hidden)
+    weights[f"{mtp}.eh_proj.weight"] = torch.cat(
+        [torch.eye(hidden), torch.zeros(hidden, hidden)], 1
+    )
+    weights[f"{mtp}.embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights[f"{mtp}.shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def test_a_head_that_echoes_the_target_has_every_guess_kept(echo_checkpoint):
+    """Every proposed token is kept (the head and the target choose alike, so the tokens and
+    positions the head is fed line up with the target's), over several sequences, chunked
+    prefill, prefix-cache hits and k guesses chained on the head's own output; outputs equal
+    the plain ones."""
+    llm = make(echo_checkpoint, k=4)
+    core = llm.engine.core
+    spec = core.spec
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    core.enable_speculation(None)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    core.enable_speculation(spec)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    assert got == want
+    stats = core.stats()
+    assert stats["spec_num_proposed_tokens"] > 20
+    assert stats["spec_acceptance_rate"] == 1.0, stats
+    assert stats["spec_mean_accepted_length"] > 3.0, stats
+    # the second run's prompts began with prefix-cache hits: the head's cache took zero hidden
+    # states at those positions (this head reads only the tokens)
+    assert stats["prefix_cache_hit_rate"] > 0, stats
