@@ -10,8 +10,9 @@ to its true positions (blocks past them go back to the pool, as for a draft mode
 before it feeds the target's new rows: every row the target kept since the last proposal.
 A new sequence whose rows begin past position 0 (its prompt began with a hit in the target's
 prefix cache, whose positions the target did not compute) feeds a zero hidden state at those
-positions. Nothing is evicted: a sequence whose next rows the pool cannot hold, or whose rows
-do not follow its true positions, proposes nothing from then on.
+positions. Nothing is evicted: a sequence whose next rows the pool cannot hold proposes nothing
+this time and keeps the rows to feed with the next ones; one whose rows do not follow its true
+positions proposes nothing from then on.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ __all__ = ["MTPRunner", "HeadState"]
 
 
 class HeadState:
-    """One completion's head sequence: its tokens and KV, how many positions are true, and
-    whether it has fallen out of step with the target (then it proposes nothing)."""
+    """One completion's head sequence: its tokens and KV, how many positions are true, the
+    target's rows it could not feed yet, and whether it has fallen out of step with the
+    target (then it proposes nothing)."""
 
     def __init__(self, seq: EngineSequence) -> None:
         self.seq = seq
         self.true_len = 0
         self.broken = False
+        #: rows handed over while the pool could not hold them, fed first next time
+        self.waiting: torch.Tensor | None = None
 
 
 class MTPRunner:
@@ -139,6 +143,13 @@ class MTPRunner:
             state = self._states[key] = HeadState(seq)
         if state.broken:
             return None
+        if state.waiting is not None:
+            waiting, state.waiting = state.waiting, None
+            if hidden is None or start != state.true_len + waiting.shape[0]:
+                self._break(state)
+                return None
+            hidden = torch.cat([waiting, hidden])
+            start = state.true_len
         if hidden is not None and start > 0 and state.seq.num_tokens == 0:
             # a new sequence whose prompt began with a prefix-cache hit: the target computed
             # no hidden state there, and the head's positions take a zero one (its token
@@ -150,22 +161,24 @@ class MTPRunner:
         if n == 0 or start != state.true_len or start + n + 1 != len(token_ids):
             self._break(state)
             return None
+        assert hidden is not None  # n > 0
         seq = state.seq
         seq.rewind(start)
         self.blocks.trim(seq, start)
         for t in token_ids[start + 1 :]:
             seq.append_token(int(t))
         if not self.blocks.can_allocate(seq, n + room):
-            self._break(state)
+            # no proposal this time: the rows wait for a pool with room
+            seq.rewind(start)
+            state.waiting = hidden
             return None
         copies = self.blocks.append_slots(seq, n + room)
         assert not copies  # no block is shared: no prefix caching, no forks
-        assert hidden is not None  # n > 0
         return state, start, hidden
 
     def _break(self, state: HeadState) -> None:
-        """The sequence fell out of step (its pool ran out, or rows are missing): its blocks
-        go back and it proposes nothing until it ends."""
+        """The sequence fell out of step (rows are missing): its blocks go back and it
+        proposes nothing until it ends."""
         state.broken = True
         self.blocks.free(state.seq)
 

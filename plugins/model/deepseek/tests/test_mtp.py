@@ -120,6 +120,46 @@ def test_greedy_outputs_equal_those_without_mtp(checkpoint):
     assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
 
 
+def test_a_full_head_cache_proposes_nothing_until_it_has_room(checkpoint):
+    """A head pool of 10 blocks of 4 tokens (the sequences below need up to 11 each): steps
+    go without proposals while it is full, the rows wait, and proposals resume once finished
+    sequences give their blocks back; outputs stay the plain ones and no block is left."""
+    from tallow.engine.kv_manager import KVCacheManager, PagedGroupSize
+
+    path, _, _ = checkpoint
+    llm = make(path, k=4)
+    core = llm.engine.core
+    spec = core.spec
+    mtp = spec.speculator.mtp
+    mtp.blocks = KVCacheManager([PagedGroupSize(10)], block_size=4, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    core.enable_speculation(None)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    core.enable_speculation(spec)
+    waited = 0
+    sync = mtp.sync
+
+    def counting(requests):
+        nonlocal waited
+        got = sync(requests)
+        assert not any(mtp.state(*key).broken for key, *_ in requests)
+        waited += sum(
+            1
+            for (key, *_), out in zip(requests, got)
+            if out is None and mtp.state(*key).waiting is not None
+        )
+        return got
+
+    mtp.sync = counting
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts(), params)]
+    assert got == want
+    stats = core.stats()
+    assert waited > 0 and stats["spec_num_proposals"] > 0
+    assert stats["spec_num_proposals"] < sum(len(o) - 1 for o in got)
+    assert mtp.num_sequences == 0
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+
+
 def test_aborts_mid_proposal_leave_no_blocks(checkpoint):
     path, _, _ = checkpoint
     base = make(path)
