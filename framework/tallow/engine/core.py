@@ -582,12 +582,19 @@ class EngineCore:
 
     def _keep_hidden(self, plan: SchedulerOutput, result: StepResult) -> None:
         """Hand the step's kept hidden states of its running sequences to the speculator
-        (sequences that finished or were aborted meanwhile have been forgotten)."""
-        assert self.spec is not None  # checked by the caller
+        (sequences that finished or were aborted meanwhile have been forgotten); the
+        completions an ``n > 1`` request forks at the end of its prompt share its rows."""
+        spec = self.spec
+        assert spec is not None  # checked by the caller
         for item in plan.scheduled:
-            kept = result.hidden.get(item.seq.seq_id)
-            if kept is not None and not item.seq.status.is_finished:
-                self.spec.keep_hidden(item.seq, *kept)
+            seq = item.seq
+            kept = result.hidden.get(seq.seq_id)
+            if kept is None or seq.status.is_finished:
+                continue
+            spec.keep_hidden(seq, *kept)
+            for other in item.sample_seqs:
+                if other is not seq and not other.status.is_finished:
+                    spec.share_hidden(seq, other)
 
     def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
         """End the embedding requests the step pooled (an aborted one is dropped)."""

@@ -144,6 +144,13 @@ class SpecDecoding:
         else:
             self._hidden[seq.seq_id] = (start, [rows])
 
+    def share_hidden(self, source: Sequence, fork: Sequence) -> None:
+        """``fork`` (a completion forked from ``source`` at the end of its prompt) starts
+        with the rows gathered for ``source``."""
+        kept = self._hidden.get(source.seq_id)
+        if kept is not None:
+            self._hidden[fork.seq_id] = (kept[0], list(kept[1]))
+
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished or was preempted: the speculator drops what it kept for it."""
         self._k_of.pop(seq, None)

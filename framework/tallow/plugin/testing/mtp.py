@@ -88,7 +88,8 @@ def reference_mtp_step(
             x[None], attention_mask=mask, position_ids=pos, position_embeddings=pe
         )
     out = out[0] if isinstance(out, tuple) else out
-    return out[0]
+    rows: torch.Tensor = out[0]
+    return rows
 
 
 def reference_mtp_logits(

@@ -118,6 +118,23 @@ def test_greedy_outputs_equal_those_without_mtp(checkpoint):
     mtp = spec.speculator.mtp
     assert mtp.num_sequences == 0
     assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+    # n = 2: the forked completion starts from its parent's rows and proposes too
+    sync = mtp.sync
+    asked: set[tuple[str, int]] = set()
+
+    def checking(requests):
+        got = sync(requests)
+        for (key, *_), out in zip(requests, got):
+            assert out is not None and not mtp.state(*key).broken
+            asked.add(key)
+        return got
+
+    mtp.sync = checking
+    twice = SamplingParams(n=2, temperature=0.0, max_tokens=20, ignore_eos=True)
+    outs = llm.generate(prompts()[:2], twice)
+    assert [[c.token_ids for c in o.outputs] for o in outs] == [[w, w] for w in want[:2]]
+    assert {index for _, index in asked} == {0, 1}
+    assert mtp.num_sequences == 0
 
 
 def test_a_full_head_cache_proposes_nothing_until_it_has_room(checkpoint):
