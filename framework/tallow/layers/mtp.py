@@ -12,7 +12,7 @@ forward know nothing of it) but lives on the same device, and the model's ``load
 hands the head its checkpoint tensors (:meth:`CausalLM.load_weights` on the head's own name
 map). The engine calls :meth:`MTPHead.feed_hidden` with one hidden row per input token
 before each ``forward(input_ids, positions)``, whose output rows are what the next step takes
-as its hidden input; :meth:`compute_logits` turns them into logits.
+as its hidden input; ``compute_logits`` turns them into logits.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ __all__ = ["MTPHead"]
 
 class MTPHead(CausalLM):
     """A multi-token prediction head (see the module docstring). Subclasses build their
-    modules, implement :meth:`forward` reading :meth:`hidden_input`, and
-    :meth:`compute_logits`."""
+    modules, implement ``forward`` reading :meth:`hidden_input`, and
+    ``compute_logits``."""
 
     tasks = ("generate",)
     _hidden: torch.Tensor | None = None
 
     def feed_hidden(self, hidden: torch.Tensor | None) -> None:
         """The hidden rows (``[T, hidden_size]``, one per input token, in order) that the
-        next :meth:`forward` combines with its tokens (None lets them go)."""
+        next ``forward`` combines with its tokens (None lets them go)."""
         self._hidden = hidden
 
     def hidden_input(self, num_tokens: int) -> torch.Tensor:
