@@ -348,3 +348,100 @@ def test_a_head_that_echoes_the_target_has_every_guess_kept(echo_checkpoint):
     # the second run's prompts began with prefix-cache hits: the head's cache took zero hidden
     # states at those positions (this head reads only the tokens)
     assert stats["prefix_cache_hit_rate"] > 0, stats
+
+
+SAMPLES = 400
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def sharp_checkpoint(checkpoint, echo_checkpoint, tmp_path_factory: pytest.TempPathFactory):
+    """The echo checkpoint (the next token's distribution depends on the last token only)
+    with the model's head 20 times larger (random weights give nearly uniform logits, too
+    flat to test a distribution with) and the MTP layer's head that one plus noise of its own
+    size: the head's guesses are the target's in part. Returns the path and transformers'
+    model of its decoder (the oracle)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, hf, _ = checkpoint
+    path = tmp_path_factory.mktemp("deepseek-mtp-sharp")
+    for f in echo_checkpoint.iterdir():
+        shutil.copy(f, path / f.name)
+    weights = load_file(str(path / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed_of("deepseek-mtp", "sharp"))
+    head = weights["lm_head.weight"] * 20.0
+    weights["lm_head.weight"] = head
+    noise = head.std() * torch.randn(head.shape, generator=gen)
+    weights[f"model.layers.{LAYERS}.shared_head.head.weight"] = head + noise
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    # the oracle: transformers' model of the same weights, changed as the echo's were
+    target = transformers.DeepseekV3ForCausalLM(
+        transformers.DeepseekV3Config(**hf.config.to_dict())
+    )
+    target.load_state_dict(hf.state_dict())
+    target.model.layers = target.model.layers[:LAYERS]
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if "o_proj" in name or "down_proj" in name:
+                param.zero_()
+        target.model.norm.weight.fill_(1.0)
+        target.lm_head.weight.copy_(head)
+    return path, target.eval()
+
+
+def test_sampled_outputs_follow_the_target_distribution(sharp_checkpoint):
+    """Chi-square of the first three sampled tokens (the second and third come from verify
+    steps of the head's sampled guesses: kept ones and residual draws) against the target's
+    exact joint distribution (transformers' forward of the model's layers); continuations
+    too rare to expect 5 draws each are pooled into one cell."""
+    scipy_stats = pytest.importorskip("scipy.stats", reason="scipy computes the chi-square")
+    path, target = sharp_checkpoint
+    seed = seed_of("deepseek-mtp", "chi-square")
+    llm = make(path, k=2, max_num_seqs=256, max_num_batched_tokens=2048, prefill_chunk_size=None)
+    torch.manual_seed(seed)  # the target's draws of unseeded requests
+    prompt = PROMPT[:6]
+    params = SamplingParams(temperature=TEMPERATURE, max_tokens=3, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate([prompt] * SAMPLES, params)]
+    assert all(len(o) == 3 for o in outs)
+    spec = llm.engine.core.spec
+    assert spec.num_proposed_tokens > SAMPLES // 2
+    # the kept guesses and the residual draws both happen
+    assert 0.05 < spec.acceptance_rate < 0.95, spec.stats()
+
+    def dist(rows: list[list[int]]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = target(torch.tensor(rows)).logits[:, -1].double()
+        return torch.softmax(logits / TEMPERATURE, dim=-1)
+
+    floor = 5 / SAMPLES
+    p1 = dist([prompt])[0]
+    firsts = [int(a) for a in torch.nonzero(p1 >= floor).flatten()]
+    p2 = dist([prompt + [a] for a in firsts])
+    pairs = [
+        (a, int(b), float(p1[a] * p2[i, b]))
+        for i, a in enumerate(firsts)
+        for b in torch.nonzero(p1[a] * p2[i] >= floor).flatten()
+    ]
+    p3 = dist([prompt + [a, b] for a, b, _ in pairs])
+    exact = {
+        (a, b, int(c)): pab * float(p3[i, c])
+        for i, (a, b, pab) in enumerate(pairs)
+        for c in torch.nonzero(pab * p3[i] >= floor).flatten()
+    }
+    cells = sorted(exact)
+    counts = {c: 0 for c in cells}
+    rest = 0
+    for o in outs:
+        if tuple(o) in counts:
+            counts[tuple(o)] += 1
+        else:
+            rest += 1
+    observed = [counts[c] for c in cells] + [rest]
+    expected = [exact[c] * SAMPLES for c in cells] + [(1 - sum(exact.values())) * SAMPLES]
+    assert len(cells) >= 5 and expected[-1] >= 5, (len(cells), expected[-1])
+    assert float(scipy_stats.chisquare(observed, expected).pvalue) > 1e-3
+    mtp = spec.speculator.mtp
+    assert mtp.num_sequences == 0
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
