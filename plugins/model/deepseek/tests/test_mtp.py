@@ -1,10 +1,12 @@
 """The DeepSeek-V3 multi-token prediction layer as ``speculative.method: mtp`` runs it, on a tiny
-checkpoint that ships the layer under its real names (:mod:`mtp_checkpoint`): one MTP step
-equals the formula (transformers' decoder layer as the block's oracle), with the head's own
+checkpoint that ships the layer under its real names (:mod:`tallow.plugin.testing.mtp`): one MTP
+step equals the formula (transformers' decoder layer as the block's oracle), with the head's own
 cache across a prefill and guesses; greedy outputs are those without speculation (several
-sequences, chunked prefill, aborts mid-proposal leaving no block in either cache); the hidden
-rows the speculator receives are the target's, by transformers' independent forward; sampled
-guesses carry the head's distribution; a model without MTP layers is refused by name."""
+sequences, chunked prefill, n = 2, a full head cache, preemption and aborts mid-proposal leaving
+no block in either cache); a head that echoes the target has every guess kept; the hidden rows
+the speculator receives are the target's, by transformers' independent forward; sampled guesses
+carry the head's distribution and three sampled tokens follow the target's exact distribution
+(chi-square); a model without MTP layers is refused by name."""
 
 from __future__ import annotations
 
