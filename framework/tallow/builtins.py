@@ -26,3 +26,4 @@ def tallow_register_weight_formats(registry) -> None:
 def tallow_register_speculators(registry) -> None:
     # A draft model run by the engine itself (speculative.method: draft).
     registry.register("draft", "tallow.engine.draft_model:DraftSpeculator")
+    registry.register("mtp", "tallow.engine.mtp:MTPSpeculator")

@@ -295,7 +295,8 @@ class SpeculativeConfig(Section):
     method: Optional[str] = Field(
         None,
         description="Name of the speculator (a speculator plugin: ngram for prompt "
-        "lookup, say); None decodes one token per step. Steps then run synchronously (a "
+        "lookup, say; the built-in draft for a draft model, mtp for the multi-token "
+        "prediction layers a checkpoint ships); None decodes one token per step. Steps then run synchronously (a "
         "proposal needs the previous step's tokens).",
         json_schema_extra=_flag("--speculative-method"),
     )

@@ -668,6 +668,7 @@ def build_speculation(
             model_name=model_name,
             max_model_len=built.max_model_len,
             max_num_seqs=config.scheduler.max_num_seqs,
+            target=runner,
         )
     )
     return SpecDecoding(

@@ -224,6 +224,7 @@ class EngineCore:
             raise RuntimeError("enable_speculation() needs an idle engine")
         self.spec = spec
         self.scheduler.proposer = spec
+        self.runner.keep_hidden = spec is not None and spec.needs_hidden
         if spec is not None:
             self.async_scheduling = False
 
@@ -530,6 +531,8 @@ class EngineCore:
             committed = self.scheduler.commit(step.applied, sampled_ids, accepted_ids)
             if self.spec is not None:
                 self._record_proposals(step.plan, result)
+                if result.hidden:
+                    self._keep_hidden(step.plan, result)
             if self.structured is not None and self.scheduler.num_constrained:
                 # the step's tokens into their grammars at once; the stop checks below find
                 # them accepted (their own sync is then a no-op). A sequence that emits
@@ -576,6 +579,22 @@ class EngineCore:
             if proposed and item.seq.seq_id in result.sampled:
                 kept = len(result.accepted.get(item.seq.seq_id, ()))
                 self.spec.record(item.seq, proposed, kept)
+
+    def _keep_hidden(self, plan: SchedulerOutput, result: StepResult) -> None:
+        """Hand the step's kept hidden states of its running sequences to the speculator
+        (sequences that finished or were aborted meanwhile have been forgotten); the
+        completions an ``n > 1`` request forks at the end of its prompt share its rows."""
+        spec = self.spec
+        assert spec is not None  # checked by the caller
+        for item in plan.scheduled:
+            seq = item.seq
+            kept = result.hidden.get(seq.seq_id)
+            if kept is None or seq.status.is_finished:
+                continue
+            spec.keep_hidden(seq, *kept)
+            for other in item.sample_seqs:
+                if other is not seq and not other.status.is_finished:
+                    spec.share_hidden(seq, other)
 
     def _finish_pooled(self, pending: PendingStep, result: StepResult, out: CoreOutput) -> None:
         """End the embedding requests the step pooled (an aborted one is dropped)."""

@@ -14,7 +14,7 @@ import torch
 
 from tallow.config import TallowConfig
 from tallow.distributed.state import tp_rank, tp_size
-from tallow.layers import ArchConfig, BuildContext, WeightLoadError
+from tallow.layers import ArchConfig, BuildContext, CausalLM, WeightLoadError
 from tallow.plugin import (
     Checkpoint,
     Entry,
@@ -299,11 +299,16 @@ def load_model(
                 tp_rank=tp_rank(),
                 tp_size=tp_size(),
                 expert_parallel=bool(config is not None and config.parallel.enable_expert_parallel),
+                mtp=bool(config is not None and config.speculative.method == "mtp"),
             ),
         )
     quantizing = getattr(quant, "isq", None)
     if checkpoint.naming == "random":
         initialize_random(model, progress=f"Quantizing to {quantizing}" if quantizing else None)
+        head = model.mtp_head() if isinstance(model, CausalLM) else None
+        if isinstance(head, CausalLM):  # not a submodule of the model: filled on its own
+            initialize_random(head)
+            head.process_weights_after_loading()
         finish = getattr(model, "process_weights_after_loading", None)
         if finish is not None:
             finish()

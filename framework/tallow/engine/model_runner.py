@@ -66,6 +66,10 @@ class StepResult:
     #: seq_id → the tokens a verify step emits after the one in ``sampled`` (speculative
     #: decoding; absent for sequences that emit one)
     accepted: dict[int, list["SampledToken"]] = field(default_factory=dict)
+    #: seq_id → (first position, the target's hidden states at the positions the step
+    #: computed and kept) when the runner keeps them (``keep_hidden``): every row of a
+    #: prefill chunk, a verify step's rows up to its last accepted token
+    hidden: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 def verified_result(
@@ -235,6 +239,9 @@ class ModelRunner:
         #: images' encoder outputs and positions of a vision-language model's steps (None: the
         #: model takes text only)
         self.multimodal: MultimodalRunner | None = None
+        #: keep each generating sequence's hidden states of a step in its result (a speculator
+        #: that reads them is on: :attr:`tallow.plugin.Speculator.needs_hidden_states`)
+        self.keep_hidden = False
         self._host: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None  # marks the last host→device transfers
 
@@ -560,6 +567,8 @@ class ModelRunner:
                 pending.verified = verify_scheduled(
                     logits, scheduled, self.vocab_size, self.eos_token_ids, self.grammar
                 )
+                if self.keep_hidden:
+                    self._keep_hidden(pending, scheduled, hidden, qsl)
                 return pending
             if constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
@@ -568,8 +577,40 @@ class ModelRunner:
             if publisher is not None:
                 assert pending.token_ids is not None  # set by _sample
                 publisher.share_tokens(pending.token_ids)
+        if self.keep_hidden:
+            self._keep_hidden(pending, scheduled, hidden, qsl)
         self._queue_readback(pending)
         return pending
+
+    @staticmethod
+    def _keep_hidden(
+        pending: PendingStep,
+        scheduled: list[ScheduledSeq],
+        hidden: torch.Tensor,
+        qsl: Sequence[int] | None,
+    ) -> None:
+        """Each generating sequence's hidden rows into the step's result: all of a prefill
+        chunk's, and of a verify step's those up to the last accepted token (the emitted
+        tokens after the first are the accepted ones)."""
+        assert qsl is not None  # upload() fills the host offsets
+        emitted: dict[int, int] = {}
+        if pending.verified is not None:
+            emitted = {
+                seq.seq_id: len(tokens)
+                for seq, tokens in zip(pending.targets, pending.verified, strict=True)
+            }
+        for i, item in enumerate(scheduled):
+            if item.pool:
+                continue
+            rows = int(qsl[i + 1]) - int(qsl[i])
+            if item.draft_token_ids:
+                rows = min(rows, emitted.get(item.seq.seq_id, 1))
+            start = int(qsl[i])
+            # a copy: a replayed CUDA graph's output buffer is overwritten by the next replay
+            pending.result.hidden[item.seq.seq_id] = (
+                item.start,
+                hidden[start : start + rows].clone(),
+            )
 
     def run_batch(
         self, batch: _Batch, fed_token_ids: torch.Tensor | None, mm: MultimodalStep | None = None

@@ -7,6 +7,13 @@ The scheduler asks :meth:`SpecDecoding.propose` for each decoding sequence it pl
 one forward (:mod:`tallow.engine.verify`), and the engine reports each verified sequence's
 outcome to :meth:`SpecDecoding.record` when the step is committed.
 
+A speculator whose ``needs_hidden_states`` is true (MTP heads) is handed the target's hidden
+states: the runner puts each generating sequence's kept rows in the step's result
+(``StepResult.hidden``), the engine gives them to :meth:`SpecDecoding.keep_hidden` when it
+commits the step, and :meth:`SpecDecoding.propose` / :meth:`SpecDecoding.prefetch` hand the
+rows gathered since a sequence's last proposal to the speculator in its
+:class:`~tallow.plugin.SpeculationContext`. Other speculators cost nothing of this.
+
 Metrics (``stats``): proposals verified, tokens proposed, tokens kept, the acceptance rate
 (kept / proposed) and the mean accepted length — tokens emitted per verified proposal, the
 kept ones plus the target's own, so 1 means no guess was ever kept and ``k + 1`` that all were.
@@ -17,6 +24,8 @@ from __future__ import annotations
 import logging
 import weakref
 from typing import Iterable
+
+import torch
 
 from tallow.plugin import Proposal, SpeculationContext, Speculator
 
@@ -51,6 +60,10 @@ class SpecDecoding:
         self.batched = type(speculator).propose_batch is not Speculator.propose_batch
         #: seq_id -> (its token count, its proposal) asked for by :meth:`prefetch`
         self._ready: dict[int, tuple[int, Proposal]] = {}
+        #: the speculator reads the target's hidden states (the runner keeps them)
+        self.needs_hidden = bool(type(speculator).needs_hidden_states)
+        #: seq_id -> (first position, row chunks) of hidden states not yet handed over
+        self._hidden: dict[int, tuple[int, list[torch.Tensor]]] = {}
         self.num_proposals = 0  # verified proposals of at least one token
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
@@ -105,20 +118,44 @@ class SpecDecoding:
             )
         return tokens, probs
 
-    @staticmethod
-    def _context(seq: Sequence) -> SpeculationContext:
+    def _context(self, seq: Sequence) -> SpeculationContext:
         params = seq.params
+        hidden, start = None, 0
+        kept = self._hidden.pop(seq.seq_id, None) if self.needs_hidden else None
+        if kept is not None:
+            start, chunks = kept
+            hidden = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
         return SpeculationContext(
             request_id=seq.request_id,
             index=seq.index,
             num_prompt_tokens=seq.num_prompt_tokens,
             temperature=0.0 if params.greedy else params.temperature,
+            hidden=hidden,
+            hidden_start=start,
         )
+
+    def keep_hidden(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
+        """A committed step computed and kept the target's hidden ``rows`` of ``seq`` at
+        positions ``start ..``: gathered until its next proposal. Rows that do not follow
+        the ones gathered (a sequence preempted and computed again) start over."""
+        kept = self._hidden.get(seq.seq_id)
+        if kept is not None and kept[0] + sum(c.shape[0] for c in kept[1]) == start:
+            kept[1].append(rows)
+        else:
+            self._hidden[seq.seq_id] = (start, [rows])
+
+    def share_hidden(self, source: Sequence, fork: Sequence) -> None:
+        """``fork`` (a completion forked from ``source`` at the end of its prompt) starts
+        with the rows gathered for ``source``."""
+        kept = self._hidden.get(source.seq_id)
+        if kept is not None:
+            self._hidden[fork.seq_id] = (kept[0], list(kept[1]))
 
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished or was preempted: the speculator drops what it kept for it."""
         self._k_of.pop(seq, None)
         self._ready.pop(seq.seq_id, None)
+        self._hidden.pop(seq.seq_id, None)
         self.speculator.finished(seq.request_id, seq.index)
 
     # -- the engine's side ----------------------------------------------------------------

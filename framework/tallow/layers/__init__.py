@@ -23,6 +23,7 @@ from .cache_spec import (
     cache_layers,
 )
 from .causal_lm import CausalLM, default_weight_loader
+from .mtp import MTPHead
 from .embedding import LMHead, VocabEmbedding
 from .encoder import EncoderModel
 from .layer_norm import LayerNorm
@@ -99,6 +100,7 @@ __all__ = [
     "MLAAttention",
     "MLALayer",
     "CausalLM",
+    "MTPHead",
     "default_weight_loader",
     "EncoderModel",
     "Pooler",

@@ -88,6 +88,11 @@ class CausalLM(nn.Module, metaclass=ABCMeta):
             )
         return head(hidden)
 
+    def mtp_head(self) -> "nn.Module | None":
+        """The checkpoint's multi-token prediction head (a :class:`tallow.layers.MTPHead`),
+        built when ``build.mtp`` is set by a model that has one; None otherwise."""
+        return None
+
     # -- weights ----------------------------------------------------------------------------
     def weight_names(self, naming: str) -> WeightNameMap:
         try:

@@ -54,3 +54,7 @@ class BuildContext:
     #: what the engine will run: "generate" (tokens from logits) or "embed" (pooled hidden
     #: states; a model may then leave out its LM head)
     task: str = "generate"
+    #: build the checkpoint's multi-token prediction layers too (``speculative.method: mtp``);
+    #: a model that has them keeps them out of its forward and hands them out through
+    #: ``mtp_head()``; without this flag their checkpoint tensors are skipped
+    mtp: bool = False

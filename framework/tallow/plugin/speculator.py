@@ -68,10 +68,15 @@ class SpeculationContext:
     ``request_id`` and ``index`` identify the completion (a speculator that keeps state per
     sequence keys it by them and drops it in :meth:`Speculator.finished`);
     ``num_prompt_tokens`` says where the prompt ends in the token ids; ``temperature`` is 0 for
-    greedy decoding; ``hidden`` is reserved for the target's last hidden state of the sequence
-    (``[hidden]`` tensor on the engine's device), for speculators whose
-    ``needs_hidden_states`` is true (MTP/EAGLE heads). The engine does not keep hidden states
-    yet and passes None; a speculator that needs them must propose nothing then.
+    greedy decoding.
+
+    ``hidden`` is filled only for speculators whose ``needs_hidden_states`` is true (MTP/EAGLE
+    heads; None for the others): the target's hidden states (what its LM head reads, after
+    the final norm; ``[n, hidden_size]`` on the engine's device) at positions ``hidden_start
+    .. hidden_start + n - 1`` of the sequence, every position the target computed and kept
+    since the sequence's previous proposal (the whole prompt before the first). Its last row
+    is the position of the last accepted token, whose successor (the target's own token) is
+    the sequence's last token. Rows are handed over once; None when there are none.
     """
 
     request_id: str
@@ -79,6 +84,7 @@ class SpeculationContext:
     num_prompt_tokens: int
     temperature: float = 0.0
     hidden: "torch.Tensor | None" = None
+    hidden_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,9 @@ class SpeculatorHost:
     ``eos_token_ids``); ``vocab_size`` the width of the target's logits, which a proposal's
     ``probs`` must have; ``model_name`` names the target in messages; ``max_model_len`` is
     the longest sequence the engine accepts; ``max_num_seqs`` the most it runs at once.
+    ``target`` is the target's model runner (a ``tallow.engine.model_runner.ModelRunner``:
+    ``model``, ``backend``, ``num_blocks``, ``block_size``), for heads that run on the
+    target's own weights (MTP); None where the engine does not give it.
     """
 
     device: "torch.device"
@@ -103,6 +112,7 @@ class SpeculatorHost:
     model_name: str
     max_model_len: int
     max_num_seqs: int
+    target: Any = None  # a tallow.engine.model_runner.ModelRunner (the engine sits above)
 
 
 class Speculator(Component):

@@ -37,7 +37,9 @@ Attention of one layer (``H`` heads, ``R`` = ``kv_lora_rank``, ``Dn``/``Dr``/``D
 Under tensor parallelism the heads are split (``q_proj``/``q_b_proj``/``kv_b_proj`` by
 column, ``o_proj`` by row), the latent projections are replicated and every rank caches the
 whole latent. Checkpoint names: :mod:`tallow_model_deepseek.naming`; the multi-token
-prediction layers of V3 checkpoints (``model.layers.{num_hidden_layers}...``) are skipped.
+prediction layers of V3 checkpoints (``model.layers.{num_hidden_layers}...``) are skipped,
+unless ``build.mtp`` (``speculative.method: mtp``) asks for the first of them, the head of
+:mod:`tallow_model_deepseek.mtp` (``mtp_head()``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from tallow.layers import (
 )
 from tallow_model_llama.model import LlamaForCausalLM
 
+from .mtp import DeepseekMTPHead
 from .naming import hf_name_map, mtp_layer
 
 #: transformers' epsilon of the q and kv low-rank norms (not the config's rms_norm_eps)
@@ -222,6 +225,13 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(ArchConfig(self.config_from_hf(dict(config))), build)
+        # not a submodule: the model's forward and KV cache know nothing of it
+        self._mtp: list[DeepseekMTPHead] = []
+        if build.mtp and int(self.config.get("num_nextn_predict_layers") or 0) > 0:
+            self._mtp.append(DeepseekMTPHead(self, self.config, build))
+
+    def mtp_head(self) -> DeepseekMTPHead | None:
+        return self._mtp[0] if self._mtp else None
 
     @property  # type: ignore[override]
     def rope_neox_style(self) -> bool:
@@ -280,9 +290,24 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
     ) -> set[str]:
         layers = int(self.config.num_hidden_layers)
-        return super().load_weights(
-            ((name, t) for name, t in tensors if not mtp_layer(name, layers)), naming
-        )
+        head = self.mtp_head()
+        # the head's tensors (its first layer's; later MTP layers are not run) are kept
+        # aside while the model's stream past, then loaded into the head
+        own: list[tuple[str, torch.Tensor | QuantizedWeight]] = []
+
+        def model_tensors() -> Iterable[tuple[str, torch.Tensor | QuantizedWeight]]:
+            for name, t in tensors:
+                if not mtp_layer(name, layers):
+                    yield name, t
+                elif (
+                    head is not None and mtp_layer(name, layers) and not mtp_layer(name, layers + 1)
+                ):
+                    own.append((name, t))
+
+        loaded = super().load_weights(model_tensors(), naming)
+        if head is not None:
+            head.load_weights(own, naming)
+        return loaded
 
     def process_weights_after_loading(self) -> None:
         super().process_weights_after_loading()
@@ -330,6 +355,8 @@ class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
         if not int(config.get("n_routed_experts") or 0):
             return False
         types = config.get("mlp_layer_types")
+        if layer >= int(config.num_hidden_layers):  # the multi-token prediction layer
+            return True
         if types is None:
             return layer >= int(config.get("first_k_dense_replace", 1) or 0)
         if len(types) != int(config.num_hidden_layers) or set(types) - {"dense", "sparse"}:

@@ -8,7 +8,9 @@ mixture of experts (tallow-model-deepseek's block: sigmoid routing with
 
 Checkpoint names: tallow-model-llama's for attention, norms, the dense MLP and the head, plus the
 MoE block's (:func:`tallow_model_deepseek.naming.moe_rules`); the multi-token prediction
-layers (``model.layers.{num_hidden_layers}...``) are skipped.
+layers (``model.layers.{num_hidden_layers}...``) are skipped, unless ``build.mtp``
+(``speculative.method: mtp``) asks for the first of them: DeepSeek-V3's layer
+(:mod:`tallow_model_deepseek.mtp`) around a decoder layer of this model, ``mtp_head()``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from tallow.layers import ArchConfig, BuildContext, QuantizedWeight, RotaryEmbed
 from tallow_model_llama.model import LlamaAttention, LlamaForCausalLM
 from tallow_model_llama.naming import hf_name_map as llama_hf_name_map
 from tallow_model_deepseek.model import moe_block, sigmoid_router
-from tallow_model_deepseek.naming import moe_rules, mtp_layer
+from tallow_model_deepseek.mtp import DeepseekMTPHead, build_mtp_head, model_tensors
+from tallow_model_deepseek.naming import moe_rules
 
 #: transformers' default of GLM-4.5 configs that do not say
 PARTIAL_ROTARY_FACTOR = 0.5
@@ -40,6 +43,11 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
         super().__init__(ArchConfig(self.config_from_hf(dict(config))), build)
+        # not a submodule: the model's forward and KV cache know nothing of it
+        self._mtp = build_mtp_head(self, build)
+
+    def mtp_head(self) -> DeepseekMTPHead | None:
+        return self._mtp[0] if self._mtp else None
 
     def qkv_bias(self, config: ArchConfig) -> bool:
         return bool(config.get("attention_bias", False))
@@ -84,10 +92,16 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
     def load_weights(
         self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
     ) -> set[str]:
+        head = self.mtp_head()
+        # the head's tensors are kept aside while the model's stream past
+        own: list[tuple[str, torch.Tensor | QuantizedWeight]] = []
         layers = int(self.config.num_hidden_layers)
-        return super().load_weights(
-            ((name, t) for name, t in tensors if not mtp_layer(name, layers)), naming
+        loaded = super().load_weights(
+            model_tensors(tensors, layers, own if head is not None else None), naming
         )
+        if head is not None:
+            head.load_weights(own, naming)
+        return loaded
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         return set()

@@ -49,6 +49,7 @@ from tallow.layers import (
 
 from .gated_deltanet import GatedDeltaNet
 from .gguf_layout import GGUFLayout, hybrid_config_from_gguf, recording
+from .mtp import Qwen3NextMTPHead
 from .naming import gguf_name_map, hf_name_map
 
 LAYER_TYPES = ("full_attention", "linear_attention")
@@ -271,6 +272,14 @@ class Qwen3NextForCausalLM(GGUFLayout, CausalLM):
             build=build,
             prefix="lm_head",
         )
+        # the MTP head (speculative.method mtp): not a submodule, the model's forward and
+        # KV cache know nothing of it
+        self._mtp: list[Qwen3NextMTPHead] = (
+            [Qwen3NextMTPHead(self, cfg, build)] if build.mtp else []
+        )
+
+    def mtp_head(self) -> Qwen3NextMTPHead | None:
+        return self._mtp[0] if self._mtp else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -294,9 +303,27 @@ class Qwen3NextForCausalLM(GGUFLayout, CausalLM):
         self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]], naming: str = "hf"
     ) -> set[str]:
         """As :meth:`CausalLM.load_weights`; a GGUF file that lacks tensors its layers need
-        is refused naming those tensors."""
+        is refused naming those tensors. With the MTP head built, the checkpoint's ``mtp.*``
+        tensors load into it (a checkpoint without them leaves the model without a head)."""
         if naming != "gguf":
-            return super().load_weights(tensors, naming)
+            head = self.mtp_head()
+            if head is None:
+                return super().load_weights(tensors, naming)
+            own: list[tuple[str, torch.Tensor | QuantizedWeight]] = []
+
+            def model_tensors() -> Iterable[tuple[str, torch.Tensor | QuantizedWeight]]:
+                for name, tensor in tensors:
+                    if name.startswith("mtp."):
+                        own.append((name, tensor))
+                    else:
+                        yield name, tensor
+
+            loaded = super().load_weights(model_tensors(), naming)
+            if own:
+                head.load_weights(own, naming)
+            else:
+                self._mtp.clear()
+            return loaded
         seen: set[str] = set()
         try:
             return super().load_weights(recording(tensors, seen), naming)

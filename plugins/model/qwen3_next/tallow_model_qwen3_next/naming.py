@@ -28,8 +28,8 @@
     its rows (block-wise scales: whole blocks of rows move, which needs each per-key-head part
     to be whole blocks, as it is in the published checkpoints).
 
-The multi-token-prediction head of the checkpoints (``mtp.*``) is not loaded: nothing in the
-engine runs it yet. Neither is a vision tower (``model.visual.*``): prompts are text.
+The multi-token-prediction head of the checkpoints (``mtp.*``) is skipped here; under
+``speculative.method: mtp`` the model loads it into its head (:mod:`tallow_model_qwen3_next.mtp`). Neither is a vision tower (``model.visual.*``): prompts are text.
 
 A ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration`` checkpoint
 holds the text model under ``model.language_model.`` (:class:`TextModelNames`).

@@ -1,0 +1,6 @@
+"""Makes the tests' support modules importable under --import-mode=importlib."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
