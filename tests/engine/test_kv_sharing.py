@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tallow.engine.builder import backend_refusals
+from tallow.engine.backend_selection import backend_refusals
 from tallow.engine.cache_groups import GroupCaches, find_cache_groups
 from tallow.engine.kv_manager import PagedGroupSize
 from tallow.kernels.kv_cast import AutoKVCodec

@@ -112,7 +112,7 @@ def test_chunked_layers_go_only_to_backends_that_mask_by_chunk():
     """The engine's backend choice: a backend that does not set ``supports_chunked_attention``
     is refused a model with chunked layers, naming them (so a backend written before chunks
     existed cannot compute full attention over them); one that sets it is not."""
-    from tallow.engine.builder import backend_refusals
+    from tallow.engine.backend_selection import backend_refusals
     from tallow.kernels.kv_cast import AutoKVCodec
     from tallow.layers.torch_attention import TorchAttentionBackend
     from tallow.types import AttentionBackend

@@ -73,7 +73,8 @@ from tallow.plugin import GrammarError, GrammarSpec
 
 from .embedding import PoolingParams
 from .errors import AdmissionError, InvalidParameter
-from .model_runner import ModelRunner, PendingStep, SampledToken, StepResult
+from .model_runner import ModelRunner
+from .step_result import PendingStep, SampledToken, StepResult
 from .multimodal import MultimodalPrompt
 from .outputs import Logprob
 from .sampling.grammar import GrammarState, StructuredOutputs
