@@ -2,8 +2,8 @@
 registers through the plugin manager, and its own tests pass, with no other tallow
 distribution present except those it declares.
 
-The environment. A fresh virtual environment per plugin (no pip, no system site-packages:
-tens of milliseconds) whose site-packages is laid out as an installer would leave it:
+The environment: a fresh virtual environment per plugin (no pip, no system site-packages;
+nothing is installed into it) whose site-packages is laid out as an installer would leave it:
 
 - every third-party package of the environment running this test (torch, transformers, ...)
   as a symbolic link to its installed folder or file, so nothing is copied or reinstalled.
