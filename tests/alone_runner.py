@@ -12,7 +12,8 @@ plugins this environment must not see; ``pytest``: pytest's arguments, or null).
 4. ``tallow plugins list --json --import-components``: the plugin manager discovers the entry
    points, loads and registers each plugin, and imports every registered component.
 
-The report is written after each step, so a crash leaves what was found so far.
+The report (with the seconds each step took) is written after each step, so a crash leaves
+what was found so far.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import io
 import json
 import pkgutil
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -66,19 +68,26 @@ def _import_all(package: str) -> dict[str, str]:
 def main() -> int:
     spec = json.loads(sys.argv[1])
     path = Path(spec["report"])
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"seconds": {}}
+    clock = time.monotonic()
+
+    def done(step: str) -> None:
+        nonlocal clock
+        report["seconds"][step] = round(time.monotonic() - clock, 2)
+        clock = time.monotonic()
+        _write(path, report)
+
     if spec["pytest"] is not None:
         import pytest
 
         report["pytest"] = int(pytest.main(spec["pytest"]))
-        _write(path, report)
+        done("pytest")
     report["distributions"] = _tallow_distributions()
     report["visible_hidden_modules"] = [
         m for m in spec["hidden"] if importlib.util.find_spec(m) is not None
     ]
-    _write(path, report)
     report["import_failures"] = _import_all(spec["package"])
-    _write(path, report)
+    done("import")
 
     from tallow.cli import main as tallow_main
 
@@ -88,7 +97,7 @@ def main() -> int:
     report["plugins_list"] = {"status": status, "stderr": err.getvalue()[-4000:]}
     if status == 0:
         report["plugins_list"]["plugins"] = json.loads(out.getvalue())
-    _write(path, report)
+    done("plugins_list")
     return 0
 
 
