@@ -197,7 +197,7 @@ def third_party(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------
 # One plugin's environment
 # ---------------------------------------------------------------------------------------------
-def _metadata(folder: Path, name: str, version: str, project: dict[str, Any]) -> str:
+def _metadata(name: str, version: str, project: dict[str, Any]) -> str:
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     lines += [f"Requires-Dist: {r}" for r in project.get("dependencies", [])]
     for extra, reqs in project.get("optional-dependencies", {}).items():
@@ -228,7 +228,7 @@ def _install_source(site: Path, folder: Path, package: Path) -> None:
     (site / package.name).symlink_to(package, target_is_directory=True)
     info = site / f"{canonicalize_name(name).replace('-', '_')}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(_metadata(folder, name, version, project))
+    (info / "METADATA").write_text(_metadata(name, version, project))
     (info / "entry_points.txt").write_text(_entry_points(project))
     (info / "top_level.txt").write_text(package.name + "\n")
     (info / "INSTALLER").write_text("tests/test_plugins_alone.py\n")
@@ -344,6 +344,25 @@ def test_make_test_leaves_to_this_check_exactly_what_it_runs() -> None:
         ROOT / a.split("=", 1)[1].strip("'") for a in line.split() if a.startswith("--ignore=")
     }
     assert ignored == {p for folder in PLUGINS for p in alone_paths(folder)}
+
+
+def test_a_plugin_without_the_plugin_it_imports_fails_here(
+    tmp_path: Path, third_party: dict[str, Path]
+) -> None:
+    """The check can fail: tallow-model-deepseek builds on tallow-model-llama's modules; in an
+    environment that leaves llama out, its modules do not import and `tallow plugins list`
+    reports it broken (its components do not resolve)."""
+    name = "tallow-model-deepseek"
+    assert "tallow-model-llama" in _runtime_needs(name)
+    python = environment(tmp_path / "env", third_party, {name})
+    hidden = sorted(_package(_first_party()[n]) for n in set(_first_party()) - {name})
+    found = _run_checks(python, name, hidden, None, TIMEOUT)
+    assert found["returncode"] == 0, found["output"]
+    assert found["distributions"] == ["tallow", name]
+    assert not found["visible_hidden_modules"]
+    assert "tallow_model_llama" in "".join(found["import_failures"].values())
+    status = {p["name"]: p for p in found["plugins_list"]["plugins"]}[name]
+    assert status["status"] == "broken" and "tallow_model_llama" in status["reason"], status
 
 
 @pytest.mark.parametrize("name", sorted(_first_party()))
