@@ -9,7 +9,7 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_
 	-DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
 	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
 
-.PHONY: install test serve bench lint format docs dist
+.PHONY: install test test-alone serve bench lint format docs dist
 install:  ## the core and every first-party plugin, editable, with the test, docs and default-model extras, at the pins of constraints.txt
 	$(PYTHON) -m pip install -q 'pip>=25'  # pip 23's resolver cannot match an editable plugin that another one listed before it requires
 	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
@@ -20,8 +20,15 @@ install:  ## the core and every first-party plugin, editable, with the test, doc
 # pytest workers (xdist): CI's runner has two cores; PYTEST_WORKERS=0 runs the suite in one process
 PYTEST_WORKERS ?= 2
 
+# what tests/test_plugins_alone.py runs in each plugin's own environment (its conformance suites,
+# else its whole tests folder): the main run leaves these paths to it, so they run once
+ALONE_PATHS := $(foreach p,$(PLUGINS),$(or $(wildcard $(p)/tests/test_conformance*.py),$(p)/tests))
+
 test: install  ## pytest's "no tests collected" (5) counts as success; the log ends naming the slowest tests
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --durations=40 $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --durations=40 $(foreach p,$(ALONE_PATHS),--ignore=$(p)) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+test-alone:  ## every first-party plugin's whole test suite, each in an environment of its own with only the core and what it declares (tests/test_plugins_alone.py; `make test` runs its short form)
+	PLUGINS_ALONE=full $(PYTHON) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider --durations=20 tests/test_plugins_alone.py $(PYTEST_ARGS)
 
 serve: install
 	tallow serve
