@@ -18,9 +18,9 @@ class ScheduledSeq:
     ``sample_seqs`` get a token sampled from the logits of the *last* row: ``[]`` for a
     non-final prefill chunk, ``[seq]`` normally, and all ``n`` sequences of the request for the
     final prompt chunk of an ``n > 1`` request (the others are forked from ``seq`` by
-    :meth:`Scheduler.update`). With ``prompt_logprobs`` the runner must return the logits of
-    every row: row ``j`` predicts token ``start + j + 1``. Rows are never reported twice for a
-    prompt, even across a preemption.
+    :meth:`~tallow.engine.scheduler.Scheduler.update`). With ``prompt_logprobs`` the runner
+    must return the logits of every row: row ``j`` predicts token ``start + j + 1``. Rows are
+    never reported twice for a prompt, even across a preemption.
     """
 
     seq: Sequence
@@ -77,7 +77,8 @@ class NewToken:
 
 @dataclass
 class AppliedStep:
-    """A step :meth:`Scheduler.advance` has applied; :meth:`Scheduler.commit` completes it."""
+    """A step :meth:`~tallow.engine.scheduler.Scheduler.advance` has applied;
+    :meth:`~tallow.engine.scheduler.Scheduler.commit` completes it."""
 
     out: SchedulerOutput
     #: the placeholders it appended, in the order of ``out.scheduled`` then ``sample_seqs``
