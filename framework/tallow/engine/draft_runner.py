@@ -17,7 +17,7 @@ tokens, ``sync`` says so and the speculator proposes nothing for it this step.
 from __future__ import annotations
 
 import logging
-from typing import Literal, Sequence
+from typing import Literal, Sequence, TypeVar
 
 import torch
 
@@ -26,6 +26,7 @@ from tallow.plugin import SelectionError, SpeculatorHost
 
 from .builder import BuiltRunner, build_runner
 from .kv_manager import KVCacheManager, PagedGroupSize
+from .model_runner import ModelRunner
 from .sampling.params import SamplingParams
 from .scheduler import ScheduledSeq
 from .sequence import Sequence as EngineSequence
@@ -34,7 +35,7 @@ from .tokenizer import Tokenizer
 
 log = logging.getLogger("tallow.engine")
 
-__all__ = ["DraftRunner", "draft_config", "tokenizer_mismatch"]
+__all__ = ["DraftRunner", "draft_config", "forward_rows", "pack_round", "tokenizer_mismatch"]
 
 #: the draft's share of the device memory left after its weights when no budget is set (GPU)
 DEFAULT_GPU_KV_FRACTION = 0.5
@@ -125,6 +126,44 @@ def build_draft(config: TallowConfig, host: SpeculatorHost) -> BuiltRunner:
     return built
 
 
+T = TypeVar("T")
+
+
+def pack_round(
+    pending: list[tuple[T, int, int]], budget: int
+) -> tuple[list[tuple[T, int, int]], list[tuple[T, int, int]]]:
+    """One forward's share of ``pending`` runs ``(item, start, count)`` (``count`` rows from
+    position ``start``): the runs taken in order while ``budget`` rows last, a run cut at the
+    budget taking its first rows, and the runs left for later forwards."""
+    taken: list[tuple[T, int, int]] = []
+    later: list[tuple[T, int, int]] = []
+    for item, start, count in pending:
+        if budget <= 0:
+            later.append((item, start, count))
+            continue
+        n = min(budget, count)
+        taken.append((item, start, n))
+        budget -= n
+        if n < count:
+            later.append((item, start + n, count - n))
+    return taken, later
+
+
+def forward_rows(runner: ModelRunner, rows: list[tuple[EngineSequence, int, int]]) -> torch.Tensor:
+    """One forward of ``(seq, start, n)`` row groups of a speculator's own sequences: the
+    output hidden states after the groups that end their sequence's tokens, in order (each
+    sequence's computed count moves to ``start + n``)."""
+    items = [
+        ScheduledSeq(seq, start, n, sample_seqs=[seq] if start + n == seq.num_tokens else [])
+        for seq, start, n in rows
+    ]
+    batch = runner.prepare(items)
+    hidden = runner.run_batch(batch, None)
+    for seq, start, n in rows:
+        seq.num_computed_tokens = start + n
+    return hidden.index_select(0, batch.sample_rows)
+
+
 class DraftRunner:
     """The draft model's runner, its block pool and its sequences (see the module
     docstring). ``chunk`` is the most tokens one draft forward computes."""
@@ -158,31 +197,21 @@ class DraftRunner:
         :meth:`extend` feeds); None when the pool cannot hold them (the sequence keeps what it
         has computed). All sequences' tokens go through shared forwards of at most ``chunk``
         tokens."""
-        pending: list[tuple[int, EngineSequence, int]] = []  # (request, seq, next token)
+        # ((request, seq), next token, tokens unseen)
+        pending: list[tuple[tuple[int, EngineSequence], int, int]] = []
         for i, (key, token_ids, room) in enumerate(requests):
             seq = self._prepare(key, token_ids, room)
             if seq is not None:
-                pending.append((i, seq, seq.num_computed_tokens))
+                start = seq.num_computed_tokens
+                pending.append(((i, seq), start, seq.num_tokens - start))
         out: list[torch.Tensor | None] = [None] * len(requests)
         # rounds: each sequence's next chunk of its unseen tokens, packed into forwards
         while pending:
-            rows: list[tuple[int, EngineSequence, int, int]] = []
-            budget = self.chunk
-            later: list[tuple[int, EngineSequence, int]] = []
-            for i, seq, start in pending:
-                if budget <= 0:
-                    later.append((i, seq, start))
-                    continue
-                n = min(budget, seq.num_tokens - start)
-                rows.append((i, seq, start, n))
-                budget -= n
-                if start + n < seq.num_tokens:
-                    later.append((i, seq, start + n))
-            logits = self._forward([(seq, start, n) for _, seq, start, n in rows])
-            ended = [i for i, seq, start, n in rows if start + n == seq.num_tokens]
+            rows, pending = pack_round(pending, self.chunk)
+            logits = self._forward([(seq, start, n) for (_, seq), start, n in rows])
+            ended = [i for (i, seq), start, n in rows if start + n == seq.num_tokens]
             for row, i in enumerate(ended):
                 out[i] = logits[row]
-            pending = later
         return out
 
     def _prepare(
@@ -223,16 +252,7 @@ class DraftRunner:
     def _forward(self, rows: list[tuple[EngineSequence, int, int]]) -> torch.Tensor:
         """One forward of ``(seq, start, n)`` row groups; the logits after the groups that
         end their sequence's tokens, in order."""
-        items = [
-            ScheduledSeq(seq, start, n, sample_seqs=[seq] if start + n == seq.num_tokens else [])
-            for seq, start, n in rows
-        ]
-        runner = self.runner
-        batch = runner.prepare(items)
-        hidden = runner.run_batch(batch, None)
-        for seq, start, n in rows:
-            seq.num_computed_tokens = start + n
-        return runner.compute_logits(hidden.index_select(0, batch.sample_rows)).float()
+        return self.runner.compute_logits(forward_rows(self.runner, rows)).float()
 
     def free(self, request_id: str, index: int) -> None:
         """Drop the draft sequence of a completion and give its blocks back."""

@@ -23,10 +23,10 @@ import torch
 
 from tallow.layers import MTPHead
 
+from .draft_runner import forward_rows, pack_round
 from .kv_manager import KVCacheManager, PagedGroupSize
 from .model_runner import ModelRunner
 from .sampling.params import SamplingParams
-from .scheduler import ScheduledSeq
 from .sequence import Sequence as EngineSequence
 from .sequence import SequenceStatus
 
@@ -94,36 +94,33 @@ class MTPRunner:
         position, with blocks for ``room`` more positions reserved (the guesses
         :meth:`extend` feeds); None when the sequence cannot propose. All sequences' rows go
         through shared forwards of at most ``chunk`` tokens."""
-        pending: list[tuple[int, HeadState, int, torch.Tensor]] = []
+        # ((request, state, rows' first position, rows), next position, rows left)
+        pending: list[tuple[tuple[int, HeadState, int, torch.Tensor], int, int]] = []
         for i, (key, token_ids, hidden, start, room) in enumerate(requests):
             prepared = self._prepare(key, token_ids, hidden, start, room)
             if prepared is not None:
-                pending.append((i, *prepared))
+                state, first, rows = prepared
+                pending.append(((i, state, first, rows), first, rows.shape[0]))
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(requests)
         while pending:
-            rows: list[tuple[int, HeadState, int, int, torch.Tensor]] = []
-            budget = self.chunk
-            later: list[tuple[int, HeadState, int, torch.Tensor]] = []
-            for i, state, start, hidden in pending:
-                if budget <= 0:
-                    later.append((i, state, start, hidden))
-                    continue
-                n = min(budget, hidden.shape[0])
-                rows.append((i, state, start, n, hidden[:n]))
-                budget -= n
-                if n < hidden.shape[0]:
-                    later.append((i, state, start + n, hidden[n:]))
+            taken, pending = pack_round(pending, self.chunk)
             logits, outs = self._forward(
-                [(state.seq, start, n) for _, state, start, n, _ in rows],
-                torch.cat([h for *_, h in rows]),
+                [(state.seq, start, n) for (_, state, _, _), start, n in taken],
+                torch.cat(
+                    [
+                        rows[start - first : start - first + n]
+                        for (_, _, first, rows), start, n in taken
+                    ]
+                ),
             )
             ended = [
-                (i, state) for i, state, start, n, _ in rows if start + n == state.seq.num_tokens
+                (i, state)
+                for (i, state, _, _), start, n in taken
+                if start + n == state.seq.num_tokens
             ]
             for row, (i, state) in enumerate(ended):
                 state.true_len = state.seq.num_tokens
                 out[i] = (logits[row], outs[row])
-            pending = later
         return out
 
     def _prepare(
@@ -201,20 +198,11 @@ class MTPRunner:
         """One head forward of ``(seq, start, n)`` row groups over ``hidden`` (their rows,
         in order): the logits and output hidden states after the groups that end their
         sequence's tokens, in order."""
-        items = [
-            ScheduledSeq(seq, start, n, sample_seqs=[seq] if start + n == seq.num_tokens else [])
-            for seq, start, n in rows
-        ]
-        runner = self.runner
-        batch = runner.prepare(items)
-        self.head.feed_hidden(hidden.to(runner.dtype))
+        self.head.feed_hidden(hidden.to(self.runner.dtype))
         try:
-            out = runner.run_batch(batch, None)
+            last = forward_rows(self.runner, rows)
         finally:
             self.head.feed_hidden(None)
-        for seq, start, n in rows:
-            seq.num_computed_tokens = start + n
-        last = out.index_select(0, batch.sample_rows)
         return self.head.compute_logits(last).float(), last
 
     def free(self, request_id: str, index: int) -> None:
