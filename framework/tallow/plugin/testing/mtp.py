@@ -7,6 +7,8 @@ layer's decoder block; the layer's own tensors (``enorm``, ``hnorm``, ``eh_proj`
 ``embed_tokens``, ``shared_head.norm`` / ``.head``) are added under their real names and
 ``num_nextn_predict_layers`` is 1. :func:`reference_mtp_step` computes the layer's output from
 the formula, with transformers' decoder layer as the block's oracle.
+:func:`assert_mtp_keeps_greedy_outputs` checks a model under ``speculative.method: mtp``
+against the same checkpoint without it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import torch
 
 from .tokenizer import save_tokenizer
 
-__all__ = ["save_mtp_checkpoint", "reference_mtp_step", "reference_mtp_logits"]
+__all__ = [
+    "assert_mtp_keeps_greedy_outputs",
+    "save_mtp_checkpoint",
+    "reference_mtp_step",
+    "reference_mtp_logits",
+]
 
 
 def save_mtp_checkpoint(
@@ -97,3 +104,23 @@ def reference_mtp_logits(
 ) -> torch.Tensor:
     """``shared_head.head(shared_head.norm(out))``."""
     return _rms(out, own["shared_head.norm.weight"], eps) @ own["shared_head.head.weight"].T
+
+
+def assert_mtp_keeps_greedy_outputs(
+    plain: Any, with_mtp: Any, prompts: list[list[int]], max_tokens: int = 16
+) -> None:
+    """``with_mtp`` (an offline LLM under ``speculative.method: mtp``) gives the greedy
+    outputs of ``plain`` (the same checkpoint without it, whose model loads no head) for
+    ``prompts``, having proposed guesses, and its head keeps no sequence and no block after."""
+    from tallow import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    assert plain.engine.core.runner.model.mtp_head() is None  # skipped without mtp
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in with_mtp.generate(prompts, params)]
+    assert got == want
+    core = with_mtp.engine.core
+    assert core.stats()["spec_num_proposed_tokens"] > 0
+    mtp = core.spec.speculator.mtp
+    assert mtp.num_sequences == 0
+    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks

@@ -11,9 +11,9 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 pytest.importorskip("tallow_format_safetensors", reason="the checkpoint is safetensors")
 
-from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.engine import offline_llm  # noqa: E402
 from tallow.plugin.testing.mtp import (  # noqa: E402
+    assert_mtp_keeps_greedy_outputs,
     reference_mtp_logits,
     reference_mtp_step,
     save_mtp_checkpoint,
@@ -71,16 +71,6 @@ def test_one_mtp_step_equals_the_formula(checkpoint):
 
 def test_greedy_outputs_equal_those_without_mtp(checkpoint):
     path, _, _ = checkpoint
-    prompts = [PROMPT[:9], PROMPT[3:20], PROMPT[:4]]
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    plain = make(path, None)
-    assert plain.engine.core.runner.model.mtp_head() is None  # skipped without mtp
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
-    llm = make(path)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert got == want
-    core = llm.engine.core
-    assert core.stats()["spec_num_proposed_tokens"] > 0
-    mtp = core.spec.speculator.mtp
-    assert mtp.num_sequences == 0
-    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+    assert_mtp_keeps_greedy_outputs(
+        make(path, None), make(path), [PROMPT[:9], PROMPT[3:20], PROMPT[:4]]
+    )

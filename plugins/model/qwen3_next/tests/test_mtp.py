@@ -17,8 +17,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 pytest.importorskip("tallow_format_safetensors", reason="the checkpoints are safetensors")
 
-from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.engine import offline_llm  # noqa: E402
+from tallow.plugin.testing.mtp import assert_mtp_keeps_greedy_outputs  # noqa: E402
 from tallow.plugin.testing.seeds import seed_of  # noqa: E402
 from tallow.plugin.testing.tokenizer import save_tokenizer  # noqa: E402
 
@@ -133,19 +133,9 @@ def test_one_mtp_step_equals_the_formula(full):
 
 def test_greedy_outputs_equal_those_without_mtp(full):
     path, _, _ = full
-    prompts = [PROMPT[:11], PROMPT[4:25], PROMPT[:3]]
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    plain = make(path, None)
-    assert plain.engine.core.runner.model.mtp_head() is None  # skipped without mtp
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
-    llm = make(path)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert got == want
-    core = llm.engine.core
-    assert core.stats()["spec_num_proposed_tokens"] > 0
-    mtp = core.spec.speculator.mtp
-    assert mtp.num_sequences == 0
-    assert mtp.blocks.num_free_blocks == mtp.blocks.num_total_blocks
+    assert_mtp_keeps_greedy_outputs(
+        make(path, None), make(path), [PROMPT[:11], PROMPT[4:25], PROMPT[:3]]
+    )
 
 
 def test_a_hybrid_model_is_refused_speculation(tmp_path):
