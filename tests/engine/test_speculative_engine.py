@@ -239,3 +239,40 @@ def test_preemption_and_aborts_mid_proposal_leave_no_blocks(tiny_llama, base):
         else:
             assert outputs[rid] == w
     assert spec.finished_calls >= len(ids)
+
+
+class HiddenRecorder(Speculator):
+    """Reads the target's hidden states (as an MTP head does) and proposes nothing; records
+    each context's rows: (first position, rows, the sequence's token count)."""
+
+    name = "hidden-recorder"
+    needs_hidden_states = True
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.seen: list[tuple[int, int | None, int]] = []
+
+    def propose(self, token_ids: Sequence[int], k: int, context: SpeculationContext) -> list[int]:
+        rows = None if context.hidden is None else int(context.hidden.shape[0])
+        self.seen.append((context.hidden_start, rows, len(token_ids)))
+        return []
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_hidden_states_reach_the_speculator_every_step(tiny_llama, constrained):
+    """Each proposal is handed the target's rows of every position computed since the last
+    one, plain or grammar-constrained (whose rows are sampled after the step is launched)."""
+    llm = make(tiny_llama, prefill_chunk_size=5)
+    spec = HiddenRecorder()
+    llm.engine.core.enable_speculation(SpecDecoding(spec, 3))
+    structured = StructuredOutputsParams(json=SCHEMA) if constrained else None
+    params = SamplingParams(
+        temperature=0.0, max_tokens=12, ignore_eos=not constrained, structured_outputs=structured
+    )
+    llm.generate(encode(llm, PROMPTS[:1]), params)
+    assert len(spec.seen) > 3
+    computed = 0
+    for start, rows, num_tokens in spec.seen:
+        # the positions computed so far, all of them: every one but the last token's
+        assert rows is not None and start == computed and start + rows == num_tokens - 1
+        computed = start + rows

@@ -483,25 +483,28 @@ class ModelRunner:
                 pending.pool_targets.append(item.seq)
         if pending.pool_targets:
             self._pool(pending, hidden, batch)
+        # a verify step's tokens are decided on the host now, and constrained rows are
+        # sampled once their masks are filled: neither queues a read-back here
+        read_back = True
         if pending.targets:
             logits = self.compute_logits(hidden.index_select(0, batch.sample_rows))
             if any(item.draft_token_ids for item in scheduled):
                 pending.verified = verify_scheduled(
                     logits, scheduled, self.vocab_size, self.eos_token_ids, self.grammar
                 )
-                if self.keep_hidden:
-                    self._keep_hidden(pending, scheduled, hidden, qsl)
-                return pending
-            if constrained and pending.sampled_rows.any_grammar:
+                read_back = False
+            elif constrained and pending.sampled_rows.any_grammar:
                 pending.logits = logits
-                return pending
-            self._sample(pending, logits)
-            if publisher is not None:
-                assert pending.token_ids is not None  # set by _sample
-                publisher.share_tokens(pending.token_ids)
+                read_back = False
+            else:
+                self._sample(pending, logits)
+                if publisher is not None:
+                    assert pending.token_ids is not None  # set by _sample
+                    publisher.share_tokens(pending.token_ids)
         if self.keep_hidden:
             self._keep_hidden(pending, scheduled, hidden, qsl)
-        self._queue_readback(pending)
+        if read_back:
+            self._queue_readback(pending)
         return pending
 
     @staticmethod
