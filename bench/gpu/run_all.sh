@@ -2,6 +2,7 @@
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
 # ITEMS: comma-separated among gputestsmodels, gputestskernels (every GPU test in two halves, one call each; see below),
+# gputestslist (the test ids listed in the file $GPU_TESTS_LIST), gputestscases (only the kernel-case modules of gputestskernels),
 # distcheck (tests/test_dist.py on this machine's torch, in the background; needs the wheels of every dependency in .whl),
 # tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
@@ -100,39 +101,63 @@ if [[ ",$MODE," == *",distcheck,"* ]]; then  # CPU work, started in the backgrou
     >"$OUT/tests_dist.log" 2>&1 &
 fi
 # Every GPU test on one card, in two halves that fit one call each: gputestsmodels (the
-# gpu-marked tests of the engine, the models and the speculators, 4 workers) and gputestskernels
+# gpu-marked tests of the engine, the models and the speculators, 4 workers, then those marked
+# gpu_alone, real-size models that need most of the card, one at a time) and gputestskernels
 # (the gpu-marked kernel and quantization tests, 3 workers, beside the kernel-case modules run
-# natively, 3 workers). Each failure's traceback is written to OUT/failures.txt as it happens.
+# natively, one pytest per folder, since the folders' helper modules share names such as
+# kernel_cases). gputestslist runs the test ids listed in the file $GPU_TESTS_LIST the same way
+# (a rerun of what failed). Each failure's traceback is written to OUT/failures.txt as it happens.
 gpu_pytest() {  # log, workers, pytest args...
   local log=$1 workers=$2; shift 2
-  # engines of parallel workers share the card: each takes a small KV budget
+  # engines of parallel workers share the card: each takes a small KV budget, and every test
+  # gives back the memory it cached (pytest_gpu_memory)
   PYTHONPATH="$PWD/bench/gpu${PYTHONPATH:+:$PYTHONPATH}" TALLOW_FAILURES_LOG="$OUT/failures.txt" \
     TALLOW_CACHE__KV_FRACTION=${GPU_TESTS_KV_FRACTION:-0.12} timeout "${GPU_TESTS_LIMIT:-480}" \
-    python3 -m pytest -p pytest_failures_now -n "$workers" --dist loadfile -v -rfE --tb=short \
-    --timeout 240 --continue-on-collection-errors "$@" >"$OUT/$log.log" 2>&1
+    python3 -m pytest -p pytest_failures_now -p pytest_gpu_memory -n "$workers" --dist loadfile \
+    -v -rfE --tb=short --timeout 240 --continue-on-collection-errors "$@" >>"$OUT/$log.log" 2>&1
+}
+gpu_alone_pytest() {  # log, pytest args...: one test at a time with the card's whole memory
+  local log=$1; shift
+  GPU_TESTS_KV_FRACTION=${GPU_ALONE_KV_FRACTION:-0.5} gpu_pytest "$log" 0 "$@"
 }
 gpu_summary() {  # logs...
   for log in "$@"; do
-    echo "-- $log"; grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|Timeout" "$OUT/$log.log" | tail -40
+    echo "-- $log"; grep -E "(FAILED|ERROR) |[0-9]+ (passed|failed)|Timeout" "$OUT/$log.log" \
+      | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | tail -40
   done
 }
 if [[ ",$MODE," == *",gputestsmodels,"* ]]; then
-  echo "== GPU tests of the engine, the models and the speculators (4 workers)"
-  gpu_pytest tests_gpu_models 4 -m gpu tests/gpu tests/engine tests/layers plugins/model plugins/speculator
+  echo "== GPU tests of the engine, the models and the speculators (4 workers, then the gpu_alone ones)"
+  paths=(tests/gpu tests/engine tests/layers plugins/model plugins/speculator)
+  gpu_pytest tests_gpu_models 4 -m "gpu and not gpu_alone" "${paths[@]}"
+  gpu_alone_pytest tests_gpu_models -m "gpu and gpu_alone" "${paths[@]}"
   gpu_summary tests_gpu_models
 fi
+if [[ ",$MODE," == *",gputestslist,"* ]]; then
+  echo "== the GPU tests listed in ${GPU_TESTS_LIST:?set GPU_TESTS_LIST to a file of test ids}"
+  mapfile -t ids < <(grep -vE '^\s*(#|$)' "$GPU_TESTS_LIST")
+  gpu_pytest tests_gpu_list 3 -m "not gpu_alone" "${ids[@]}"
+  gpu_alone_pytest tests_gpu_list -m "gpu_alone" "${ids[@]}"
+  gpu_summary tests_gpu_list
+fi
+gpu_cases() {  # the kernel-case modules, natively, one pytest per folder
+  # the Qwen3-Next cases are the interpreter's (tests/test_interpreted.py runs them with TRITON_INTERPRET=1)
+  for dir in plugins/attention/triton/tests plugins/model/gemma/tests plugins/quant/*/tests; do
+    cases=("$dir"/*_cases.py)
+    [ -e "${cases[0]}" ] && gpu_pytest tests_gpu_cases 3 "${cases[@]}"
+  done
+}
 if [[ ",$MODE," == *",gputestskernels,"* ]]; then
-  echo "== GPU tests of the kernels: gpu-marked (3 workers) beside the kernel cases run natively (3 workers)"
+  echo "== GPU tests of the kernels: gpu-marked (3 workers) beside the kernel cases run natively (one folder at a time)"
   gpu_pytest tests_gpu_kernels 3 -m gpu tests/kernels plugins/attention/triton plugins/quant &
   marked=$!
-  gpu_pytest tests_gpu_cases 3 plugins/attention/triton/tests/kernel_cases.py \
-    plugins/attention/triton/tests/conformance_cases.py plugins/attention/triton/tests/kv_sharing_cases.py \
-    plugins/attention/triton/tests/mla_cases.py plugins/model/gemma/tests/gemma_attention_cases.py \
-    plugins/model/qwen3_next/tests/interpreted_cases.py plugins/quant/*/tests/kernel_cases.py \
-    plugins/quant/*/tests/tensor_core_cases.py plugins/quant/fp8/tests/moe_kernel_cases.py \
-    plugins/quant/int4/tests/moe_kernel_cases.py plugins/quant/gguf/tests/moe_cases.py
+  gpu_cases
   wait "$marked"
   gpu_summary tests_gpu_kernels tests_gpu_cases
+elif [[ ",$MODE," == *",gputestscases,"* ]]; then
+  echo "== the kernel cases run natively (one folder at a time)"
+  gpu_cases
+  gpu_summary tests_gpu_cases
 fi
 if [[ ",$MODE," == *",fusedtests,"* ]]; then
   echo "== GPU tests of PDL and the fused kernels"

@@ -76,6 +76,7 @@ def test_fused_moe_layer_on_cuda_matches_cpu():
     _close(got(x.cuda()).cpu(), ref, rel=1e-4)
 
 
+@pytest.mark.gpu_alone
 def test_qwen3_30b_a3b_shape_graphs_match_eager():
     """``random:qwen3-30b-a3b`` in bf16: greedy tokens with the decode steps in CUDA graphs
     equal eager execution's (the MoE layers inside graphs of several batch sizes)."""

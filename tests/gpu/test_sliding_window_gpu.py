@@ -62,7 +62,9 @@ def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     "model,dtype,lengths,vocab",
     [
         ("random:tiny-mistral", "float32", [100, 250], 500),
-        ("random:gemma-3-4b", "bfloat16", [1500, 1100], 200000),
+        pytest.param(
+            "random:gemma-3-4b", "bfloat16", [1500, 1100], 200000, marks=pytest.mark.gpu_alone
+        ),
     ],
     ids=["mistral-window-24", "gemma3-window-1024"],
 )

@@ -64,6 +64,7 @@ def test_cuda_parity(tmp_path):
     )
 
 
+@pytest.mark.gpu_alone
 def test_random_20b_cuda_graphs_equal_eager():
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine

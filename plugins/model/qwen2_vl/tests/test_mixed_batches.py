@@ -110,6 +110,7 @@ def test_engine_on_cuda_with_graphs(kit, request, family) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_seven_b_shape_encodes_a_large_image(kit) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
