@@ -289,3 +289,22 @@ def test_kernel_timing_rotates_past_the_l2_and_dry_runs_on_a_cpu() -> None:
     calls: list[int] = []
     assert graph_seconds(calls.append, copies=3, device="cpu") >= 0.0
     assert calls == [0]  # a dry run calls the kernel once, on the first copy
+
+
+def test_a_decode_step_reads_the_routed_share_of_the_experts():
+    """The bandwidth figure of a mixture-of-experts model counts the experts a step's tokens
+    pick, not all of them: one token reads top_k of num_experts; a large batch nearly all."""
+    import math
+
+    from tallow.bench.latency import expert_fraction_read, weight_bytes_per_step
+    from tallow.layers import FusedMoE, RouterSpec
+
+    layer = FusedMoE(8, 64, 32, router=RouterSpec(top_k=2))
+    experts = sum(t.numel() * t.element_size() for t in layer.experts.parameters())
+    rest = sum(t.numel() * t.element_size() for t in layer.parameters()) - experts
+    assert experts > 0 and rest > 0
+    assert weight_bytes_per_step(layer, 1) == rest + experts * 2 // 8
+    assert weight_bytes_per_step(layer, 3) == rest + int(experts * (1 - (6 / 8) ** 3))
+    assert expert_fraction_read(8, 2, 1) == 0.25
+    assert math.isclose(expert_fraction_read(8, 2, 64), 1.0, abs_tol=1e-7)
+    assert expert_fraction_read(8, 8, 1) == 1.0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tallow.layers import LMHead, VocabEmbedding
+from tallow.layers import FusedMoE, LMHead, VocabEmbedding
 
 from .common import (
     build_engine,
@@ -33,10 +33,19 @@ if TYPE_CHECKING:
     from tallow.engine.llm_engine import LLMEngine
 
 
+def expert_fraction_read(num_experts: int, top_k: int, batch: int) -> float:
+    """The share of a mixture-of-experts layer's experts that a decode step of ``batch`` tokens
+    reads, expected when each token picks ``top_k`` of ``num_experts`` uniformly:
+    ``1 - (1 - top_k / num_experts) ** batch`` (one token reads exactly ``top_k``)."""
+    return 1.0 - (1.0 - top_k / num_experts) ** max(1, batch)
+
+
 def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once (quantized
     storage included), except that a token embedding the head does not share is only gathered
-    (``batch`` rows) and the rotary tables are only indexed."""
+    (``batch`` rows), the rotary tables are only indexed, and of a mixture-of-experts layer's
+    routed experts only the expected share the step's tokens pick is read
+    (:func:`expert_fraction_read`)."""
     shared = {id(m._tied_to[0]) for m in model.modules() if isinstance(m, LMHead) and m.tied}
     gathered: set[int] = set()
     total = 0
@@ -46,6 +55,12 @@ def weight_bytes_per_step(model: torch.nn.Module, batch: int) -> int:
             gathered.update(id(t) for t in own)
             nbytes = sum(t.numel() * t.element_size() for t in own)
             total += nbytes * min(batch, module.rows_per_rank) // max(1, module.rows_per_rank)
+        elif isinstance(module, FusedMoE):
+            own = [*module.experts.parameters(), *module.experts.buffers()]
+            gathered.update(id(t) for t in own)
+            nbytes = sum(t.numel() * t.element_size() for t in own)
+            share = expert_fraction_read(module.experts.num_experts, module.router.top_k, batch)
+            total += int(nbytes * share)
     for tensor in {id(t): t for t in model.parameters()}.values():
         if id(tensor) not in gathered:
             total += tensor.numel() * tensor.element_size()
