@@ -104,9 +104,9 @@ fi
 # gpu-marked tests of the engine, the models and the speculators, 4 workers, then those marked
 # gpu_alone, real-size models that need most of the card, one at a time) and gputestskernels
 # (the gpu-marked kernel and quantization tests, 3 workers, beside the kernel-case modules run
-# natively, one pytest per folder, since the folders' helper modules share names such as
-# kernel_cases). gputestslist runs the test ids listed in the file $GPU_TESTS_LIST the same way
-# (a rerun of what failed). Each failure's traceback is written to OUT/failures.txt as it happens.
+# natively; a quantization plugin's folder and a folder of cases get a pytest of their own, since
+# the folders' helper modules share names such as kernel_cases). gputestslist runs the test ids
+# listed in the file $GPU_TESTS_LIST the same way (a rerun of what failed). Each failure's traceback is written to OUT/failures.txt as it happens.
 gpu_pytest() {  # log, workers, pytest args...
   local log=$1 workers=$2; shift 2
   # engines of parallel workers share the card: each takes a small KV budget, and every test
@@ -149,7 +149,9 @@ gpu_cases() {  # the kernel-case modules, natively, one pytest per folder
 }
 if [[ ",$MODE," == *",gputestskernels,"* ]]; then
   echo "== GPU tests of the kernels: gpu-marked (3 workers) beside the kernel cases run natively (one folder at a time)"
-  gpu_pytest tests_gpu_kernels 3 -m gpu tests/kernels plugins/attention/triton plugins/quant &
+  # the quantization plugins' folders one pytest each, like the cases (their helper modules share names)
+  { gpu_pytest tests_gpu_kernels 3 -m gpu tests/kernels plugins/attention/triton
+    for dir in plugins/quant/*/tests; do gpu_pytest tests_gpu_kernels 3 -m gpu "$dir"; done; } &
   marked=$!
   gpu_cases
   wait "$marked"
