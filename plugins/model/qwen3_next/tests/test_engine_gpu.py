@@ -44,14 +44,26 @@ def test_cuda_parity(tmp_path):
     )
 
 
-@pytest.mark.parametrize("shape", ["tiny-qwen3-next", "qwen3-next-12l"])
-def test_cuda_graphs_equal_eager(shape):
+# The tiny shape runs in float32: its random weights give near-uniform logits (in bfloat16
+# about 1% of its greedy positions are exact ties and 5% within one bf16 step of the runner-up,
+# so padded graph batches, whose matrix products and split-K attention round differently from
+# the unpadded eager batch, flip some). The 12-layer shape (41 GB in bfloat16) cannot double.
+# tol bounds the log-prob drift between the two paths (2 tol/2 apart at most: a flip needs a
+# runner-up within tol): float32 rounding moves them by ~1e-6, a bf16 model's by a few bf16
+# steps of its logits; a wrong recurrent or conv state moves them by the logits' spread (~0.3).
+@pytest.mark.parametrize(
+    "shape,dtype,tol",
+    [("tiny-qwen3-next", "float32", 1e-3), ("qwen3-next-12l", "bfloat16", 0.1)],
+)
+def test_cuda_graphs_equal_eager(shape, dtype, tol):
     """Greedy tokens of batches of 1, 4 and 16 prompts (some past several chunks), with
     decode steps replayed from CUDA graphs, then run eagerly by the same engine (its graphs
-    set aside: the 12-layer shape holds 41 GB, too much for two engines on one card)."""
+    set aside: the 12-layer shape holds 41 GB, too much for two engines on one card): the
+    log-probs agree within tol / 2 and the tokens are equal up to a near-tie of the eager run
+    (assert_greedy_agrees), with most positions compared."""
     from tallow.config import config_from_mapping
     from tallow.engine.llm_engine import LLMEngine
-    from tallow.plugin.testing.engine import replay_own_graph_sizes
+    from tallow.plugin.testing.engine import assert_greedy_agrees, replay_own_graph_sizes
 
     vocab = 512 if shape.startswith("tiny") else 151936
     g = torch.Generator().manual_seed(0)
@@ -68,7 +80,7 @@ def test_cuda_graphs_equal_eager(shape):
                 "model": {
                     "source": f"random:{shape}",
                     "device": "cuda",
-                    "dtype": "bfloat16",
+                    "dtype": dtype,
                     "max_model_len": 1024,
                 },
                 "cache": {"num_blocks": 1024},
@@ -79,21 +91,20 @@ def test_cuda_graphs_equal_eager(shape):
     runner = eng.core.runner
     assert runner.graphs is not None, "no CUDA graphs were captured"
     replay_own_graph_sizes(eng)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
 
-    def run() -> list[list[list[int]]]:
+    def run() -> list[list]:
         results = []
         for batch in batches:
             ids = []
             for p in batch:
                 ids.append(eng.next_request_id())
-                eng.add_request(
-                    ids[-1], p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-                )
+                eng.add_request(ids[-1], p, params)
             done = {}
             while eng.has_unfinished():
                 for out in eng.step():
                     if out.finished:
-                        done[out.request_id] = list(out.outputs[0].token_ids)
+                        done[out.request_id] = out.outputs[0]
             results.append([done[i] for i in ids])
         manager = eng.core.scheduler.block_manager
         assert manager.num_free_state_slots() == manager.states[0].num_slots
@@ -105,5 +116,8 @@ def test_cuda_graphs_equal_eager(shape):
         eager = run()
     finally:
         runner.graphs = graphs
+    total = compared = 0
     for size, a, b in zip((1, 4, 16), with_graphs, eager):
-        assert a == b, f"batch of {size}"
+        compared += assert_greedy_agrees(a, b, tol=tol, what=f"{shape}, batch of {size}")
+        total += 16 * size
+    assert compared >= 0.8 * total, f"only {compared} of {total} positions compared"
