@@ -199,3 +199,13 @@ def test_mistral_window_under_preemption(async_scheduling):
     assert manager.groups[0].num_total_blocks == 14
     assert manager.num_free_blocks == manager.num_total_blocks
     manager.check_invariants()
+
+
+def test_tiny_mistral_starts_at_the_gpu_tests_max_model_len() -> None:
+    """tests/gpu/test_sliding_window_gpu.py builds tiny-mistral with max_model_len 2048, the
+    positions its rotary embedding covers (max_position_embeddings 2048): that starts, the
+    4096 it once asked for is refused at start-up."""
+    settings = dict(model="random:tiny-mistral", dtype="float32", device="cpu", num_blocks=1024)
+    with pytest.raises(ValueError, match=r"max_model_len 4096 is longer than the 2048 positions"):
+        LLM(**settings, max_model_len=4096)
+    assert LLM(**settings, max_model_len=2048).engine.core.scheduler is not None

@@ -17,7 +17,7 @@ from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.engine import replay_own_graph_sizes  # noqa: E402
 
 
-def engine(model: str, dtype: str, *, graphs: bool, max_model_len: int = 4096) -> LLMEngine:
+def engine(model: str, dtype: str, *, graphs: bool, max_model_len: int) -> LLMEngine:
     from tallow.config import config_from_mapping
 
     return LLMEngine.from_config(
@@ -58,23 +58,25 @@ def prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+# max_model_len: within the positions each model's rotary embedding covers (tiny-mistral's
+# max_position_embeddings is 2048) and past the longest prompt plus its 48 tokens
 @pytest.mark.parametrize(
-    "model,dtype,lengths,vocab",
+    "model,dtype,lengths,vocab,max_model_len",
     [
-        ("random:tiny-mistral", "float32", [100, 250], 500),
+        ("random:tiny-mistral", "float32", [100, 250], 500, 2048),
         pytest.param(
-            "random:gemma-3-4b", "bfloat16", [1500, 1100], 200000, marks=pytest.mark.gpu_alone
+            "random:gemma-3-4b", "bfloat16", [1500, 1100], 200000, 4096, marks=pytest.mark.gpu_alone
         ),
     ],
     ids=["mistral-window-24", "gemma3-window-1024"],
 )
-def test_graphs_equal_eager_and_blocks_are_given_back(model, dtype, lengths, vocab):
-    graphed = engine(model, dtype, graphs=True)
+def test_graphs_equal_eager_and_blocks_are_given_back(model, dtype, lengths, vocab, max_model_len):
+    graphed = engine(model, dtype, graphs=True, max_model_len=max_model_len)
     assert graphed.core.runner.graphs is not None
     manager = graphed.core.scheduler.block_manager
     sliding = [g for g in manager.groups if g.window is not None]
     assert sliding, "the model has a sliding-window group"
-    eager = engine(model, dtype, graphs=False)
+    eager = engine(model, dtype, graphs=False, max_model_len=max_model_len)
     eager.parts.loaded.model.load_state_dict(graphed.parts.loaded.model.state_dict())
     for group in eager.core.scheduler.block_manager.groups:  # the path that keeps them all
         group.release_outside_window = lambda seq, committed: 0

@@ -109,14 +109,19 @@ def select_attention_backend(
     num_paged = sum(
         1 for g in find_cache_groups(loaded.model, sliding_groups=sliding_groups) if g.paged
     )
-    first = layers[0] if layers else None
-    layout = kv_cache.layer_layout(
-        codec,
-        num_kv_heads=first.num_kv_heads if first else 1,
-        head_dim=first.head_dim if first else 64,
-        block_size=block_size,
-        model_dtype=loaded.dtype,
-    )
+    # one cache layout per distinct layer shape: layers of two head sizes (Gemma 4's sliding
+    # and full layers) keep caches the codec lays out differently, and each must be accepted
+    shapes = sorted({(layer.num_kv_heads, layer.head_dim) for layer in layers}) or [(1, 64)]
+    layouts = [
+        kv_cache.layer_layout(
+            codec,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            model_dtype=loaded.dtype,
+        )
+        for heads, head_dim in shapes
+    ]
     made: dict[str, AttentionBackend] = {}
     latent = sum(1 for m in loaded.model.modules() if isinstance(m, MLAAttention))
 
@@ -124,7 +129,14 @@ def select_attention_backend(
         # Refusals are answered by an instance (it may depend on the backend's settings); the
         # chosen one is kept so that the backend is built only once.
         made[entry.name] = backend = entry.load()(config)
-        return backend_refusals(backend, layers, codec_name, codec, layout, num_paged, latent)
+        reasons: list[str] = []
+        for layout in layouts:
+            for reason in backend_refusals(
+                backend, layers, codec_name, codec, layout, num_paged, latent
+            ):
+                if reason not in reasons:
+                    reasons.append(reason)
+        return reasons
 
     entry = select(
         registries.attention_backends, config, config.runner.attention_backend, check=refusals

@@ -48,6 +48,42 @@ def forced_logprobs(
     )
 
 
+def assert_greedy_agrees(
+    ours: Sequence[Any], reference: Sequence[Any], *, tol: float, what: str = ""
+) -> int:  # Any: CompletionOutputs; the kit sits above the engine's types
+    """Greedy completions ``ours`` agree with ``reference`` (both ``CompletionOutput`` lists,
+    generated with ``logprobs`` >= 2) up to near-ties: position by position, every token both
+    report has log-probabilities within ``tol / 2`` of each other, and the chosen tokens are
+    equal, except where the reference's two best tokens are less than ``tol`` apart (rounding
+    within the bound on each side can reorder them). After such a flip the completions' inputs
+    differ, so that completion is compared no further. Returns the number of positions
+    compared (callers assert it is most of them, so that the check is not vacuous)."""
+    compared = 0
+    for n, (mine, ref) in enumerate(zip(ours, reference, strict=True)):
+        if mine.logprobs is None or ref.logprobs is None:
+            raise ValueError(f"{what}: completion {n} has no logprobs (generate with logprobs=2)")
+        for i, (a, b) in enumerate(zip(mine.token_ids, ref.token_ids, strict=True)):
+            lp_a, lp_b = mine.logprobs[i], ref.logprobs[i]
+            for token in lp_a.keys() & lp_b.keys():
+                drift = abs(lp_a[token].logprob - lp_b[token].logprob)
+                assert drift <= tol / 2, (
+                    f"{what}: completion {n}, position {i}: log-prob of token {token} "
+                    f"{lp_a[token].logprob:.6f} != {lp_b[token].logprob:.6f} (more than {tol / 2})"
+                )
+            best = sorted((lp.logprob for lp in lp_b.values()), reverse=True)
+            if len(best) < 2:
+                raise ValueError(f"{what}: position {i} reports one token (logprobs=2 needed)")
+            margin = best[0] - best[1]
+            if a != b:
+                assert margin < tol, (
+                    f"{what}: completion {n}, position {i}: token {a} != {b} although the "
+                    f"reference's two best are {margin:.6f} apart (a flip needs less than {tol})"
+                )
+                break
+            compared += 1
+    return compared
+
+
 def replay_own_graph_sizes(engine: Any) -> None:  # Any: an LLM or an LLMEngine
     """Make every decode batch of ``engine`` (a :class:`tallow.LLM` or an ``LLMEngine``) whose
     size was captured replay the CUDA graph of that size. By default a batch may replay a

@@ -57,7 +57,9 @@ def assert_greedy_parity(
     check to mean something: the greedy tokens and the prompt's argmaxes are not all one token.
     Returns the tokens."""
     ref_tokens, ref_logits, ref_prompt = hf_greedy(hf, prompt, steps)
-    tokens, logits, prompt_logits = PagedRunner(model).greedy(0, prompt, steps)
+    tokens, logits, prompt_logits = PagedRunner.holding(model, len(prompt) + steps).greedy(
+        0, prompt, steps
+    )
     assert_close_logits(prompt_logits.cpu(), ref_prompt, f"{what}: prompt logits", rel)
     for i, (ours, ref) in enumerate(zip(logits, ref_logits)):
         assert_close_logits(ours.cpu(), ref, f"{what}: logits of step {i}", rel)
@@ -84,7 +86,7 @@ def assert_cuda_parity(
     assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
     assert_greedy_parity(model, hf, prompt, steps, what=f"{what} on cuda")
     low = load(dtype=torch.bfloat16, device="cuda")
-    logits = PagedRunner(low).greedy(0, prompt, 0)[2]
+    logits = PagedRunner.holding(low, len(prompt)).greedy(0, prompt, 0)[2]
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
     assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
@@ -133,7 +135,7 @@ def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
         if isinstance(m, FusedMoE)
     ]
     try:
-        PagedRunner(model).greedy(0, prompt, 0)
+        PagedRunner.holding(model, len(prompt)).greedy(0, prompt, 0)
     finally:
         for hook in hooks:
             hook.remove()

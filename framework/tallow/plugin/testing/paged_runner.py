@@ -112,6 +112,27 @@ class PagedRunner:
             bound.append(caches)
         return bound
 
+    @classmethod
+    def holding(
+        cls,
+        model: CausalLM,
+        tokens: int,
+        *,
+        block_size: int = 4,
+        max_seqs: int = 4,
+        kv_codec: KVCodec | None = None,
+    ) -> PagedRunner:
+        """A runner whose sequences each hold ``tokens`` tokens (prompt and generated), and
+        at least the default ``blocks_per_seq``."""
+        blocks = max(cls.blocks_per_seq, -(-tokens // block_size))
+        return cls(
+            model,
+            block_size=block_size,
+            blocks_per_seq=blocks,
+            max_seqs=max_seqs,
+            kv_codec=kv_codec,
+        )
+
     def add(self, seq_id: int) -> None:
         first = len(self.seqs) * self.blocks_per_seq
         self.seqs[seq_id] = _Seq(
@@ -142,6 +163,14 @@ class PagedRunner:
         tables: list[list[int]] = []
         for seq_id, tokens in chunks:
             seq = self.seqs[seq_id]
+            # before any slot is looked up: past the last block there is none to look up
+            if seq.length + len(tokens) > self.blocks_per_seq * self.block_size:
+                raise ValueError(
+                    f"sequence {seq_id} would hold {seq.length + len(tokens)} tokens, more than "
+                    f"the {self.blocks_per_seq * self.block_size} of the runner's cache "
+                    f"(blocks_per_seq {self.blocks_per_seq} x block_size {self.block_size}); "
+                    "build it with PagedRunner.holding(model, tokens)"
+                )
             for j, tok in enumerate(tokens):
                 pos = seq.length + j
                 ids.append(tok)
@@ -150,8 +179,6 @@ class PagedRunner:
                     seq.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
                 )
             seq.length += len(tokens)
-            if seq.length > self.blocks_per_seq * self.block_size:
-                raise ValueError("sequence longer than the test cache")
             starts.append(starts[-1] + len(tokens))
             seq_lens.append(seq.length)
             tables.append(seq.blocks)

@@ -169,7 +169,8 @@ class TritonAttentionBackend(AttentionBackend):
     the KV codecs its kernels implement (``auto``: K/V cached in the model's dtype; ``fp8`` and
     ``fp8_e5m2`` of tallow-kvcache-fp8, with or without per-head scales and centred keys;
     ``turbo8``, ``turbo4`` and ``turbo3`` of tallow-kvcache-turboquant), head sizes that are
-    multiples of 16 up to 256 and power-of-two block sizes up to 256.
+    multiples of 16 up to 512 (up to 256 over a turbo cache) and power-of-two block sizes up
+    to 256.
     """
 
     name: ClassVar[str] = "triton"

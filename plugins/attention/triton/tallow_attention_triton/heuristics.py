@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: head sizes the kernels are tested on; any multiple of 16 in [16, 256] compiles and works
-TESTED_HEAD_DIMS: tuple[int, ...] = (64, 80, 96, 128, 256)
+#: head sizes the kernels are tested on; any multiple of 16 in [16, 512] compiles and works
+#: (512: Gemma 4's full-attention layers)
+TESTED_HEAD_DIMS: tuple[int, ...] = (64, 80, 96, 128, 256, 512)
 MIN_HEAD_DIM = 16
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512
+#: the turbo cache's kernels (a [D, D] rotation in registers) stop at 256
+TURBO_MAX_HEAD_DIM = 256
 #: KV-cache block sizes accepted (powers of two keep the in-kernel divisions shifts)
 BLOCK_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: the most partitions one sequence's context is cut into by split-K decode
@@ -37,7 +40,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def head_dim_reasons(head_dim: int) -> list[str]:
-    """Why the kernels cannot run this head size (empty when they can)."""
+    """Why the kernels cannot run this head size (empty when they can); a turbo cache stops
+    lower (:data:`TURBO_MAX_HEAD_DIM`, checked with its layout)."""
     if (
         not isinstance(head_dim, int)
         or head_dim < MIN_HEAD_DIM
@@ -112,6 +116,13 @@ def prefill_tiles(
     d_pad = next_pow2(head_dim)
     if elem_bytes >= 4:
         block_m, tile_n, warps, stages = (32, 32, 4, 2) if d_pad <= 128 else (16, 16, 4, 2)
+        if d_pad > 256:
+            stages = 1  # two stages of 512-wide fp32 K and V tiles are 128 KiB of shared memory
+    elif d_pad > 256:
+        # 512-wide heads: 32-row blocks keep Q and the accumulator within 8 warps' registers
+        # (mma.sync: Hopper's wgmma would hold 64 rows of 512 accumulators per warp group);
+        # Ampere's mma needs the 16-key tile to stay free of spills
+        block_m, tile_n, warps, stages = 32, 32 if capability >= 90 else 16, 8, 2
     elif d_pad <= 128:
         # measured on Hopper (4096-token prefill, D 128): 128x128 tiles, 3 stages beat
         # 128x64; Ampere's mma needs the smaller key tile to stay in registers
@@ -149,7 +160,8 @@ def decode_tiles(
     d_pad = next_pow2(head_dim)
     g_pad = max(16, next_pow2(group))
     if elem_bytes >= 4:
-        tile_n, warps, stages = 16, 4, 2
+        # one stage of 512-wide fp32 K and V tiles: two would be 128 KiB of shared memory
+        tile_n, warps, stages = 16, 4, 2 if d_pad <= 256 else 1
     elif cache_bytes == 1 and d_pad <= 128 and g_pad <= 16:
         tile_n, warps, stages = 32, 1, 3
     else:

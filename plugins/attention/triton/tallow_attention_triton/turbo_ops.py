@@ -14,7 +14,7 @@ import torch
 from tallow.kernels import LayerKVCache, pdl_enabled
 from tallow.plugin import KVTensor
 
-from .heuristics import dot_precision, next_pow2
+from .heuristics import TURBO_MAX_HEAD_DIM, dot_precision, next_pow2
 from .kernels.turbo import store_turbo_kernel
 
 #: code widths of the format, by bytes per vector of D codes: D*bits/8
@@ -62,6 +62,11 @@ def layout_reasons(layout: list[KVTensor]) -> list[str]:
     codes, rotation = specs["k_codes"], specs["rotation"]
     head_dim = rotation.shape[0]
     reasons = []
+    if head_dim > TURBO_MAX_HEAD_DIM:
+        reasons.append(
+            f"head size {head_dim} in a turbo cache is not supported (its kernels stop at "
+            f"{TURBO_MAX_HEAD_DIM}; kv codec auto or fp8 serves it)"
+        )
     for name, want_dtype, shape in (
         ("k_codes", torch.uint8, codes.shape),
         ("v_codes", torch.uint8, codes.shape),

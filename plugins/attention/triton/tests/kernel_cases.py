@@ -94,6 +94,8 @@ def test_decode_mixed_lengths(dtype: torch.dtype, num_splits: int | None) -> Non
         (128, 1),
         (128, 8),
         (256, 4),
+        (512, 8),  # Gemma 4's full-attention layers (E2B: 8 query heads on 1 KV head)
+        (320, 2),  # padded to a 512-wide tile
     ],
 )
 def test_gqa_and_head_dims(head_dim: int, group: int) -> None:

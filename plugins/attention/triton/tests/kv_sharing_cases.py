@@ -50,22 +50,23 @@ def seed_of(*parts: object) -> int:
     [(None, None, None), (6, 3.0, None), (None, None, torch.float8_e5m2)],
     ids=str,
 )
+@pytest.mark.parametrize("head_dim", [32, 512])  # 512: Gemma 4's shared full-attention layers
 def test_shared_layer_reads_the_source_cache_and_stores_nothing(
-    kind, q_lens, ctx, window, softcap, cache_dtype
+    kind, q_lens, ctx, window, softcap, cache_dtype, head_dim
 ):
     case = make_case(
         query_lens=q_lens,
         context_lens=ctx,
         num_heads=4,
         num_kv_heads=2,
-        head_dim=32,
+        head_dim=head_dim,
         block_size=8,
         dtype=torch.bfloat16,
         cache_dtype=cache_dtype,
         device=DEVICE,
         sliding_window=window,
         scale=0.4,
-        seed=seed_of("kv-sharing", kind, window, cache_dtype),
+        seed=seed_of("kv-sharing", kind, window, cache_dtype, head_dim),
     )
     backend = TritonAttentionBackend()
     backend.num_splits = 4  # the decode path's fused store, which a shared layer must skip
@@ -80,8 +81,8 @@ def test_shared_layer_reads_the_source_cache_and_stores_nothing(
         kv_shared_from=case.layer.layer_index,
     )
     g = torch.Generator().manual_seed(seed_of("kv-sharing-q", kind))
-    q = torch.randn(case.q.shape[0], 8, 32, generator=g).to(torch.bfloat16).to(DEVICE)
-    placeholder = q.new_zeros(()).expand(q.shape[0], 2, 32)
+    q = torch.randn(case.q.shape[0], 8, head_dim, generator=g).to(torch.bfloat16).to(DEVICE)
+    placeholder = q.new_zeros(()).expand(q.shape[0], 2, head_dim)
     out = backend.forward(shared, q, placeholder, placeholder, case.kv_cache, case.meta)
     for before, after in zip(stored, case.kv_cache.paged()):
         assert torch.equal(before.view(torch.uint8), after.view(torch.uint8)), (

@@ -255,7 +255,7 @@ def test_fp8_cache_with_head_scales_long_contexts(
         run_and_check(case, backend(num_splits))
 
 
-@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256, 512])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_every_head_dim_and_group(head_dim: int, group: int, dtype: torch.dtype) -> None:

@@ -206,7 +206,7 @@ def test_supported_head_dims(head_dim: int) -> None:
     assert TritonAttentionBackend.supports_layer(layer) == []
 
 
-@pytest.mark.parametrize("head_dim", [8, 72, 100, 320])
+@pytest.mark.parametrize("head_dim", [8, 72, 100, 528, 1024])
 def test_unsupported_head_dims_are_named(head_dim: int) -> None:
     reasons = TritonAttentionBackend.supports_layer(AttentionLayer(0, 8, 2, head_dim, 0.1))
     assert len(reasons) == 1 and f"head size {head_dim}" in reasons[0]
@@ -318,3 +318,21 @@ def test_turbo4_decode_tiles(group: int, elem_bytes: int, head_dim: int) -> None
         assert (d.num_warps, d.tile_n, d.num_stages) == (1, 32, 3)
     else:
         assert d.num_warps == 4
+
+
+@pytest.mark.parametrize("head_dim", [256, 512])
+def test_a_turbo_cache_stops_at_head_size_256(head_dim: int) -> None:
+    """The turbo kernels keep a [D, D] rotation: a 512-wide head (Gemma 4's full layers) over
+    a turbo cache is refused with the codecs that serve it, a 256-wide one accepted."""
+    from tallow.kernels import kv_cache
+    from tallow_kvcache_turboquant.codec import Turbo4KVCodec
+
+    codec = Turbo4KVCodec()
+    layout = kv_cache.layer_layout(
+        codec, num_kv_heads=1, head_dim=head_dim, block_size=16, model_dtype=torch.bfloat16
+    )
+    reasons = TritonAttentionBackend(config()).supports_kv_codec(codec, layout)
+    if head_dim == 256:
+        assert reasons == []
+    else:
+        assert len(reasons) == 1 and "head size 512 in a turbo cache" in reasons[0], reasons

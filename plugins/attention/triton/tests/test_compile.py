@@ -99,7 +99,7 @@ def assert_fast(compiled: Any, what: str, *, tensor_op: str) -> None:
     assert tensor_op in ptx, f"{what}: no {tensor_op} tensor-core instructions"
 
 
-@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256, 512])
 def test_prefill_compiles_for_hopper_without_spills(head_dim: int) -> None:
     spec = ops.prefill_spec(
         head_dim=head_dim,
@@ -111,7 +111,10 @@ def test_prefill_compiles_for_hopper_without_spills(head_dim: int) -> None:
         skip_single_query=True,
     )
     compiled = compile_for(prefill_kernel, spec, torch.bfloat16, 90)
-    assert_fast(compiled, f"prefill D={head_dim}", tensor_op="wgmma.mma_async")
+    # a 512-wide head's 64-row wgmma accumulator would take 256 registers a thread: its
+    # 32-row blocks take mma.sync
+    op = "wgmma.mma_async" if head_dim <= 256 else "mma.sync"
+    assert_fast(compiled, f"prefill D={head_dim}", tensor_op=op)
 
 
 @pytest.mark.parametrize(("capability", "head_dim"), [(80, 32), (90, 32), (90, 64)])
@@ -154,7 +157,7 @@ def test_bidirectional_prefill_compiles_without_spills(capability: int, head_dim
     )
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256, 512])
 def test_decode_compiles_for_hopper_without_spills(head_dim: int) -> None:
     spec = ops.decode_spec(
         num_heads=32,
@@ -172,7 +175,9 @@ def test_decode_compiles_for_hopper_without_spills(head_dim: int) -> None:
     assert_fast(compiled, f"decode D={head_dim}", tensor_op="mma.sync")
 
 
-@pytest.mark.parametrize(("capability", "head_dim"), [(80, 128), (90, 64), (90, 128), (90, 256)])
+@pytest.mark.parametrize(
+    ("capability", "head_dim"), [(80, 128), (90, 64), (90, 128), (90, 256), (80, 512), (90, 512)]
+)
 def test_window_softcap_variants_compile_without_spills(capability: int, head_dim: int) -> None:
     spec = ops.prefill_spec(
         head_dim=head_dim,
@@ -669,3 +674,60 @@ def test_turbo_kernels_wait_before_any_memory_access() -> None:
         ptx = compile_for(kernel, spec, torch.bfloat16, 90, "*u8").asm["ptx"]
         early = [line for line in _before_wait(ptx) if memory.search(line)]
         assert not early, f"{kernel.__name__} touches memory before its wait: {early[:3]}"
+
+
+@pytest.mark.parametrize("capability", [80, 90])
+def test_512_wide_heads_compile_within_shared_memory(capability: int) -> None:
+    """Gemma 4's 512-wide full-attention heads (8 query heads on one KV head): every kernel
+    path builds for sm_80 and sm_90 in at most the 163 KiB of shared memory an sm_80 block may
+    take, the 16-bit paths (prefill, decode, over a cast or an fp8 cache), the store and the
+    reduce without spills; fp32 (the correctness path) may spill."""
+    shape = dict(head_dim=512, group=8, block_size=16, sliding_window=None, logit_softcap=None)
+    built = []
+    for dtype, cache, cache_bytes in (
+        (torch.bfloat16, None, None),
+        (torch.bfloat16, "*fp8e5", 1),  # e4m3 does not build for sm_80
+        (torch.float32, None, None),
+    ):
+        extra = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+        prefill = ops.prefill_spec(
+            **shape, dtype=dtype, skip_single_query=True, capability=capability, **extra
+        )
+        decode = ops.decode_spec(
+            num_heads=8,
+            **shape,
+            dtype=dtype,
+            mixed=True,
+            single_split=False,
+            fused_store=True,
+            **extra,
+        )
+        for kernel, spec, name in (
+            (prefill_kernel, prefill, "prefill"),
+            (decode_split_kernel, decode, "decode"),
+        ):
+            compiled = compile_for(kernel, spec, dtype, capability, cache)
+            built.append((f"{name} {dtype} {cache}", compiled, dtype != torch.float32))
+    built.append(
+        (
+            "store",
+            compile_for(
+                store_kv_kernel,
+                ops.store_spec(num_kv_heads=1, head_dim=512, block_size=16),
+                torch.bfloat16,
+                capability,
+            ),
+            True,
+        )
+    )
+    reduce = ops.reduce_spec(
+        num_heads=8, head_dim=512, num_splits=64, tile_n=16, sliding_window=None, mixed=True
+    )
+    built.append(
+        ("reduce", compile_for(decode_reduce_kernel, reduce, torch.bfloat16, capability), True)
+    )
+    for what, compiled, fast in built:
+        assert compiled.metadata.shared <= 163 * 1024, f"{what}: {compiled.metadata.shared} B"
+        if fast:
+            use = resource_usage(compiled)
+            assert use["STACK"] == 0 and use["LOCAL"] == 0, f"{what} spills: {use}"
