@@ -95,8 +95,6 @@ _PARTS = {
     "tallow.engine.scheduler:Scheduler": ["schedule", "advance", "commit"],
     "tallow.engine.model_runner:ModelRunner": [
         "launch",
-        "fill_host",
-        "upload",
         "run_batch",
         "sample_constrained",
         "start_masks",
@@ -104,6 +102,7 @@ _PARTS = {
         "_queue_readback",
         "collect",
     ],
+    "tallow.engine.batch_inputs:BatchInputs": ["fill_host", "upload"],
     "tallow.engine.sampling.grammar:StructuredOutputs": ["advance", "start_fill", "take"],
     "tallow.engine.output_processor:OutputProcessor": ["process"],
 }

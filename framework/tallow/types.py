@@ -467,8 +467,9 @@ class AttentionBackend(Component):
 
 @dataclass
 class HostBatch:
-    """One step's flat batch on the host (:meth:`tallow.engine.model_runner.ModelRunner.fill_host`),
-    before :meth:`~tallow.engine.model_runner.ModelRunner.upload` moves it to the device in two transfers.
+    """One step's flat batch on the host (:meth:`tallow.engine.batch_inputs.BatchInputs.fill_host`),
+    before :meth:`~tallow.engine.batch_inputs.BatchInputs.upload` moves it to the device in two
+    transfers.
 
     ``i64`` holds token ids, positions and cache slots (``num_tokens`` each), the rows to sample
     (``num_sampled``), then the fed rows and their sources (``num_seqs`` each, ``num_fed``

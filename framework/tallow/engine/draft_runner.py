@@ -157,7 +157,7 @@ def forward_rows(runner: ModelRunner, rows: list[tuple[EngineSequence, int, int]
         ScheduledSeq(seq, start, n, sample_seqs=[seq] if start + n == seq.num_tokens else [])
         for seq, start, n in rows
     ]
-    batch = runner.prepare(items)
+    batch = runner.inputs.prepare(items)
     hidden = runner.run_batch(batch, None)
     for seq, start, n in rows:
         seq.num_computed_tokens = start + n

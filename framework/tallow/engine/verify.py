@@ -2,11 +2,12 @@
 scheduled sequences turned into the tokens each sequence emits.
 
 A step with proposed tokens has every row of each proposing sequence in its logits
-(:meth:`~tallow.engine.model_runner.ModelRunner.fill_host` puts them there) and one row per other sampled sequence. Each
-sequence becomes a :class:`~tallow.engine.sampling.speculative.VerifySeq`; a sequence whose
-output a grammar constrains gets a mask at each of its rows, the mask after the proposed
-tokens before that row, filled by walking its matcher through the proposal and rolling it
-back (the matcher is the engine thread's here: verify steps are never overlapped).
+(:meth:`~tallow.engine.batch_inputs.BatchInputs.fill_host` puts them there) and one row per
+other sampled sequence. Each sequence becomes a
+:class:`~tallow.engine.sampling.speculative.VerifySeq`; a sequence whose output a grammar
+constrains gets a mask at each of its rows, the mask after the proposed tokens before that
+row, filled by walking its matcher through the proposal and rolling it back (the matcher is
+the engine thread's here: verify steps are never overlapped).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def run_step(
     host = message.host
     if host is None:
         return None
-    batch = runner.upload(runner.stage(host))
+    batch = runner.inputs.upload(runner.inputs.stage(host))
     hidden = runner.run_batch(batch, fed)
     model = cast("CausalLM", runner.model)  # an nn.Module to the runner
     for start, end in message.logit_rows:  # the driver's prompt logprobs, in its order

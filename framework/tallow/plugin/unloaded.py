@@ -18,7 +18,7 @@ from .registry import Entry, Registries
 
 
 class Candidate(Protocol):
-    """What this module reads of a discovered plugin (:class:`tallow.plugin.manager.Candidate`,
+    """What this module reads of a discovered plugin (:class:`tallow.plugin.discovery.Candidate`,
     declared here by those fields: the manager builds on this module, which cannot import it)."""
 
     @property

@@ -33,7 +33,8 @@ import pluggy
 from tallow import __version__
 from tallow.config import config_from_mapping
 
-from ..manager import CORE_DISTRIBUTION, CORE_MODULE, PluginManager, PluginStatus
+from ..discovery import CORE_DISTRIBUTION
+from ..manager import CORE_MODULE, PluginManager, PluginStatus
 
 if TYPE_CHECKING:
     from tallow.config import TallowConfig

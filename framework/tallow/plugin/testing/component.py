@@ -28,14 +28,8 @@ import pytest
 
 from tallow import __version__
 
-from ..manager import (
-    CORE_DISTRIBUTION,
-    CORE_MODULE,
-    Candidate,
-    ENTRY_POINT_GROUP,
-    PluginManager,
-    canonical,
-)
+from ..discovery import CORE_DISTRIBUTION, ENTRY_POINT_GROUP, Candidate, canonical
+from ..manager import CORE_MODULE, PluginManager
 from ..registry import Entry, Registries, Registry
 from . import modules_imported_by_registration
 
