@@ -15,6 +15,8 @@ from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_greedy_parity,
     load_saved,
     random_hf_model,
+    routing_agreement,
+    routing_margins,
 )
 
 from test_conformance import PROMPT, SMALL, randomize_correction_bias  # noqa: E402
@@ -80,6 +82,40 @@ def test_refused_configs(change, message):
     raw = {**_published(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16)), **change}
     with pytest.raises(ValueError, match=message):
         MiniMaxM2ForCausalLM(ArchConfig(raw), BuildContext())
+
+
+def _gpu_test_model(tmp_path, **kw):
+    hf = random_hf_model(transformers.MiniMaxM2Config(**CONFIG, rotary_dim=16), seed=53, std=STD)
+    randomize_correction_bias(hf, 54)
+    from tallow_format_safetensors.format import SafetensorsFormat
+
+    return hf, load_saved(hf, tmp_path, MiniMaxM2ForCausalLM, SafetensorsFormat().load, **kw)
+
+
+def test_the_gpu_weights_meet_a_routing_near_tie(tmp_path):
+    """The weights of :func:`test_cuda_parity` put token 7 of the prompt on a near-tie in the
+    first MoE layer (its third and fourth experts' biased scores a few millionths apart):
+    float32 rounding on the GPU may pick the other one, after which the logits rightly differ
+    from transformers' by far more than rounding. The CUDA check compares what comes before
+    such a near-tie; a choice with a wide margin that changes is still a failure."""
+    hf, model = _gpu_test_model(tmp_path)
+    margins = routing_margins(model, PROMPT)
+    assert float(margins[0][7]) < 1e-4 < float(margins[0][:7].min())
+    # our float32 CPU run routes every token as itself: nothing to leave out
+    assert routing_agreement(model, model, PROMPT, 1e-4) == len(PROMPT)
+
+
+def test_routing_agreement_refuses_a_wide_margin_change(tmp_path):
+    """A router that differs beyond rounding (two experts' gate rows swapped in one layer, as
+    a wrong loader would) changes choices whose margins are wide: an assertion, not a
+    shorter comparison."""
+    hf, model = _gpu_test_model(tmp_path)
+    _, broken = _gpu_test_model(tmp_path)
+    gate = broken.model.layers[1].mlp.gate.weight
+    with torch.no_grad():
+        gate[[0, 1]] = gate[[1, 0]].clone()
+    with pytest.raises(AssertionError, match="takes other experts in MoE layer 1"):
+        routing_agreement(model, broken, PROMPT, 1e-4, "swapped")
 
 
 @pytest.mark.gpu
