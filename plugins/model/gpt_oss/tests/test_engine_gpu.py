@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow import SamplingParams  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity,
+    clear_routing_prompt,
     load_saved,
     random_hf_model,
 )
@@ -55,11 +56,19 @@ def test_cuda_parity(tmp_path):
     from tallow_format_safetensors.format import SafetensorsFormat
 
     hf = random_hf_model(transformers.GptOssConfig(**CONFIG), seed=8)
+
+    def load(**kw):
+        return load_saved(hf, tmp_path, GptOssForCausalLM, SafetensorsFormat().load, **kw)
+
+    # prompts whose routing has no near-tie (the bfloat16 one none within 5e-2 of the
+    # logits' scale): every token's experts are those of transformers' run
+    model, vocab = load(), CONFIG["vocab_size"]
     assert_cuda_parity(
-        lambda **kw: load_saved(hf, tmp_path, GptOssForCausalLM, SafetensorsFormat().load, **kw),
+        load,
         hf,
-        PROMPT,
+        clear_routing_prompt(model, len(PROMPT), 1e-4, vocab),
         32,
+        bf16_prompt=clear_routing_prompt(model, len(PROMPT), 5e-2, vocab),
         what="gpt-oss",
     )
 

@@ -14,6 +14,7 @@ from tallow.layers import ArchConfig, BuildContext, FusedExperts, FusedMoE  # no
 from tallow.plugin.testing.paged_runner import randomize_  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity,
+    clear_routing_prompt,
     assert_greedy_parity,
     load_saved,
     random_hf_model,
@@ -253,13 +254,20 @@ def test_chunked_layers_and_the_paged_backends():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_parity(tmp_path):
     """On the GPU the experts run the Triton MoE kernels: float32 greedy parity with
-    transformers, bfloat16 prompt logits close to it."""
+    transformers, bfloat16 prompt logits close to it, on prompts whose routing has no
+    near-tie (the bfloat16 one none within 5e-2 of the scores' scale)."""
     hf = random_hf_model(_config(), seed=8)
     read = _safetensors().SafetensorsFormat().load
+
+    def load(**kw):
+        return load_saved(hf, tmp_path, Llama4ForCausalLM, read, **kw)
+
+    model, vocab = load(), hf.config.vocab_size
     assert_cuda_parity(
-        lambda **kw: load_saved(hf, tmp_path, Llama4ForCausalLM, read, **kw),
+        load,
         hf,
-        PROMPT,
+        clear_routing_prompt(model, len(PROMPT), 1e-4, vocab),
         STEPS,
+        bf16_prompt=clear_routing_prompt(model, len(PROMPT), 5e-2, vocab),
         what="llama4",
     )
