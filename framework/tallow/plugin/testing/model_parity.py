@@ -43,6 +43,7 @@ __all__ = [
     "routing_margins",
     "routing_agreement",
     "clear_routing_prompt",
+    "logits_routed_alike",
 ]
 
 
@@ -117,6 +118,46 @@ def assert_cuda_parity(
     agree = routing_agreement(model, low, prompt, bf16_rel, f"{what} in bfloat16")
     rel = max(bf16_rel, 2 * _bfloat16_deviation(hf, prompt, agree))
     _assert_prefix_logits(low, hf, prompt, agree, rel, f"{what}: bfloat16 prompt logits")
+    if agree < len(prompt):
+        # past the near-tie transformers is no oracle; our float32 model given the experts
+        # (and weights) the bfloat16 run chose computes what the bfloat16 one should
+        ours, ref = logits_routed_alike(low, model, prompt)
+        what = f"{what}: bfloat16 prompt logits, float32 routed alike"
+        assert_close_logits(ours.float().cpu(), ref.float().cpu(), what, rel)
+
+
+def logits_routed_alike(
+    model: CausalLM, ref: CausalLM, tokens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill logits of ``tokens`` by ``model``, and by ``ref`` with every MoE layer
+    handed the routing (expert ids and weights) that ``model``'s layer chose."""
+    from tallow.layers import FusedMoE
+
+    routes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep(mod: Any, args: tuple[Any, ...]) -> None:  # Any: the experts hooked
+        routes.append((args[1].float(), args[2]))
+
+    def hand(mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:  # Any: the experts hooked
+        weights, ids = routes[len(given)]
+        given.append(mod)
+        return (args[0], weights.to(args[1].device), ids.to(args[2].device), *args[3:])
+
+    given: list[Any] = []  # Any: the experts handed a routing so far
+    logits = []
+    for target, hook in ((model, keep), (ref, hand)):
+        hooks = [
+            m.experts.register_forward_pre_hook(hook)
+            for m in target.modules()
+            if isinstance(m, FusedMoE)
+        ]
+        try:
+            logits.append(PagedRunner(target).greedy(0, tokens, 0)[2])
+        finally:
+            for h in hooks:
+                h.remove()
+    assert len(given) == len(routes), "the models differ in their MoE layers"
+    return logits[0], logits[1]
 
 
 def _bfloat16_deviation(hf: Any, prompt: list[int], count: int) -> float:  # Any: an LM

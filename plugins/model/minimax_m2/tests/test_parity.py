@@ -10,12 +10,14 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle")
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
+from tallow.plugin.testing import PagedRunner  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity,
     assert_greedy_parity,
     load_saved,
     random_hf_model,
     clear_routing_prompt,
+    logits_routed_alike,
     routing_agreement,
     routing_margins,
 )
@@ -125,6 +127,24 @@ def test_routing_agreement_refuses_a_wide_margin_change(tmp_path):
         gate[[0, 1]] = gate[[1, 0]].clone()
     with pytest.raises(AssertionError, match="takes other experts in MoE layer 1"):
         routing_agreement(model, broken, PROMPT, 1e-4, "swapped")
+
+
+def test_logits_routed_alike_hands_over_the_routing(tmp_path):
+    """Our float32 model given the experts a broken router chose computes the broken model's
+    logits (their experts are the same); run plainly the two differ. And a bfloat16 model's
+    logits are those of the float32 one routed alike, to bfloat16 rounding."""
+    hf, load = _gpu_test_model(tmp_path)
+    model, broken = load(), load()
+    gate = broken.model.layers[1].mlp.gate.weight
+    with torch.no_grad():
+        gate[[0, 1]] = gate[[1, 0]].clone()
+    plain = PagedRunner(model).greedy(0, PROMPT, 0)[2]
+    ours, ref = logits_routed_alike(broken, model, PROMPT)
+    assert float((plain - ours).abs().max()) > 0.1
+    torch.testing.assert_close(ref, ours, rtol=0, atol=1e-5)
+    low = load(dtype=torch.bfloat16)
+    ours, ref = logits_routed_alike(low, model, PROMPT)
+    assert float((ours.float() - ref).abs().max()) <= 5e-2 * float(ref.abs().max())
 
 
 def _cuda_parity(tmp_path, device: str) -> None:
