@@ -275,11 +275,13 @@ def routing_margins(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
     token's relative margin ``[tokens]`` of ``prompt`` (one prefill): how far its
     ``top_k``-th choice lies above the best expert left out, in the quantity the router ranks
     (the logits for softmax routers, sigmoid scores plus the correction bias for sigmoid
-    ones; group masks are not applied), over the largest magnitude of that quantity among the
-    token's experts. Rounding that moves the quantity by less than that fraction of its scale
-    cannot change the token's experts; a margin near zero is a near-tie, which another device
-    or dtype may break the other way."""
+    ones; with grouped top-k also how far its last chosen group's score lies above the best
+    group left out, the smaller of the two), over the largest magnitude of that quantity
+    among the token's experts. Rounding that moves the quantity by less than that fraction
+    of its scale cannot change the token's experts; a margin near zero is a near-tie, which
+    another device or dtype may break the other way."""
     from tallow.layers import FusedMoE
+    from tallow.layers.moe_router import group_mask, group_scores
 
     margins: list[torch.Tensor] = []
 
@@ -292,12 +294,18 @@ def routing_margins(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
             bias = getattr(mod.gate, "e_score_correction_bias", None)
             if bias is not None:
                 choice = choice + bias.float()
-        if choice.shape[-1] <= mod.router.top_k:  # every expert is chosen: nothing to flip
-            margins.append(torch.full((x.shape[0],), float("inf")))
-            return
-        top = choice.topk(mod.router.top_k + 1, dim=-1).values
+        spec = mod.router
         scale = choice.abs().amax(-1).clamp_min(1e-30)
-        margins.append(((top[:, -2] - top[:, -1]) / scale).cpu())
+        margin = torch.full((x.shape[0],), float("inf"), device=x.device)
+        if spec.num_groups > spec.topk_groups:  # the groups are chosen first
+            groups = group_scores(choice, spec).topk(spec.topk_groups + 1, dim=-1).values
+            margin = groups[:, -2] - groups[:, -1]
+            choice = group_mask(choice, spec)
+        if choice.shape[-1] > spec.top_k:  # else every expert is chosen: nothing to flip
+            top = choice.topk(spec.top_k + 1, dim=-1).values
+            # an expert of a group left out (-inf) cannot come in
+            margin = torch.minimum(margin, (top[:, -2] - top[:, -1]).nan_to_num(float("inf")))
+        margins.append((margin / scale).cpu())
 
     hooks = [m.register_forward_pre_hook(keep) for m in model.modules() if isinstance(m, FusedMoE)]
     try:
