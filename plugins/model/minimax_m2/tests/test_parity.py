@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing import PagedRunner  # noqa: E402
+from tallow.plugin.testing.module_parity import assert_modules_match  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity,
     assert_greedy_parity,
@@ -145,6 +146,19 @@ def test_logits_routed_alike_hands_over_the_routing(tmp_path):
     low = load(dtype=torch.bfloat16)
     ours, ref = logits_routed_alike(low, model, PROMPT)
     assert float((ours.float() - ref).abs().max()) <= 5e-2 * float(ref.abs().max())
+
+
+def test_modules_match_names_the_module_that_differs(tmp_path):
+    """Two copies of one model agree module by module; a copy whose router in layer 1 has
+    two experts' rows swapped is named as the first module that differs."""
+    hf, load = _gpu_test_model(tmp_path)
+    model, same, broken = load(dtype=torch.bfloat16), load(dtype=torch.bfloat16), load()
+    assert assert_modules_match(model, same, PROMPT, 1e-6) > 3 * 5
+    gate = broken.model.layers[1].mlp.gate.weight
+    with torch.no_grad():
+        gate[[0, 1]] = gate[[1, 0]].clone()
+    with pytest.raises(AssertionError, match=r"model\.layers\.1\.mlp output"):
+        assert_modules_match(load(), broken, PROMPT, 1e-4)
 
 
 def _cuda_parity(tmp_path, device: str) -> None:
