@@ -83,12 +83,13 @@ def assert_cuda_parity(
     bf16_prompt: list[int] | None = None,
     device: str = "cuda",
 ) -> None:
-    """On a CUDA device (or ``device``): ``load(dtype=torch.float32, device="cuda")`` has every
-    parameter and buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
-    the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives prompt logits close to
-    ``hf``'s (of ``bf16_prompt`` if given): within ``bf16_rel`` of their scale, or within twice as far as transformers' own
-    bfloat16 run lies from ``hf`` where that is further (how far bfloat16 rounding alone moves
-    this model's logits; ours rounds at other places, another deviation of that size).
+    """On a CUDA device (or ``device``): ``load(dtype=torch.float32, device="cuda")`` has
+    every parameter and buffer on the device and passes :func:`assert_greedy_parity` against
+    ``hf`` (transformers on the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives
+    prompt logits (of ``bf16_prompt`` if given) close to ``hf``'s: within ``bf16_rel`` of
+    their scale, or within twice as far as transformers' own bfloat16 run lies from ``hf``
+    where that is further (how far bfloat16 rounding alone moves this model's logits; ours
+    rounds at other places, another deviation of that size).
 
     A mixture-of-experts model whose router meets a near-tie (:func:`routing_margins`) may
     choose other experts on the GPU than on the CPU, or in bfloat16 than in float32, and from
