@@ -60,18 +60,26 @@ class RouterSpec:
             )
 
 
-def _group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
-    """``choice`` with the experts outside each token's best ``topk_groups`` groups at -inf;
-    a group scores the sum of its two best experts (DeepSeek-V3) or its best one
+def group_scores(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
+    """Each token's score of each group of experts ``[T, num_groups]`` from ``choice``
+    ``[T, E]``: the sum of its two best experts (DeepSeek-V3) or its best one
     (``group_score="max"``)."""
     tokens, experts = choice.shape
     if experts % spec.num_groups:
         raise ValueError(f"router: {experts} experts do not split into {spec.num_groups} groups")
     grouped = choice.view(tokens, spec.num_groups, experts // spec.num_groups)
     best = 1 if spec.group_score == "max" else min(2, grouped.shape[-1])
-    group_scores = grouped.topk(best, dim=-1).values.sum(-1)
-    keep = group_scores.topk(spec.topk_groups, dim=-1).indices
-    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+    return grouped.topk(best, dim=-1).values.sum(-1)
+
+
+def group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
+    """``choice`` with the experts outside each token's best ``topk_groups`` groups
+    (:func:`group_scores`) at -inf."""
+    tokens, experts = choice.shape
+    scores = group_scores(choice, spec)
+    keep = scores.topk(spec.topk_groups, dim=-1).indices
+    mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, keep, True)
+    grouped = choice.view(tokens, spec.num_groups, experts // spec.num_groups)
     return grouped.masked_fill(~mask[..., None], float("-inf")).view(tokens, experts)
 
 
@@ -99,7 +107,7 @@ def select_experts(
         )
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if spec.num_groups > 1:
-            choice = _group_mask(choice, spec)
+            choice = group_mask(choice, spec)
         values, ids = choice.topk(spec.top_k, dim=-1)
         # the choice is the scores themselves unless a bias or the group mask changed it
         weights = values if choice is scores else scores.gather(1, ids)

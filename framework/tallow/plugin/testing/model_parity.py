@@ -17,6 +17,7 @@ transformers is imported only by the helpers that build its models.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -39,6 +40,10 @@ __all__ = [
     "load_model",
     "load_saved",
     "expert_choices",
+    "routing_margins",
+    "routing_agreement",
+    "clear_routing_prompt",
+    "logits_routed_alike",
 ]
 
 
@@ -77,19 +82,145 @@ def assert_cuda_parity(
     *,
     what: str = "",
     bf16_rel: float = 5e-2,
+    bf16_prompt: list[int] | None = None,
+    device: str = "cuda",
 ) -> None:
-    """On a CUDA device: ``load(dtype=torch.float32, device="cuda")`` has every parameter and
-    buffer on the device and passes :func:`assert_greedy_parity` against ``hf`` (transformers on
-    the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives prompt logits within
-    ``bf16_rel`` of it."""
-    model = load(dtype=torch.float32, device="cuda")
-    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers()])
-    assert_greedy_parity(model, hf, prompt, steps, what=f"{what} on cuda")
-    low = load(dtype=torch.bfloat16, device="cuda")
-    logits = PagedRunner.holding(low, len(prompt)).greedy(0, prompt, 0)[2]
+    """On a CUDA device (or ``device``): ``load(dtype=torch.float32, device="cuda")`` has
+    every parameter and buffer on the device and passes :func:`assert_greedy_parity` against
+    ``hf`` (transformers on the CPU); ``load(dtype=torch.bfloat16, device="cuda")`` gives
+    prompt logits (of ``bf16_prompt`` if given) close to ``hf``'s: within ``bf16_rel`` of
+    their scale, or within twice as far as transformers' own bfloat16 run lies from ``hf``
+    where that is further (how far bfloat16 rounding alone moves this model's logits; ours
+    rounds at other places, another deviation of that size).
+
+    A mixture-of-experts model whose router meets a near-tie (:func:`routing_margins`) may
+    choose other experts on the GPU than on the CPU, or in bfloat16 than in float32, and from
+    that token on its logits rightly differ by far more than rounding. So each comparison
+    first finds the first token whose experts differ from the reference run's (our model in
+    float32 on the CPU for the float32 check, in float32 on the GPU for the bfloat16 one),
+    asserts that the reference's routing margin there is within the comparison's own
+    tolerance (a choice with a wider margin must not change: a wrong kernel or loader), and
+    compares the logits of the tokens before it. A prompt from :func:`clear_routing_prompt`
+    has no near-tie: every token is compared (the greedy tokens that follow may still meet
+    one)."""
+    model = load(dtype=torch.float32, device=device)
+    kind = torch.device(device).type
+    assert all(t.device.type == kind for t in [*model.parameters(), *model.buffers()])
+    ref_tokens = hf_greedy(hf, prompt, steps)[0]
+    sequence = [*prompt, *ref_tokens[:-1]]
+    agree = len(sequence)
+    if _has_experts(model):
+        cpu = load(dtype=torch.float32, device="cpu")
+        agree = routing_agreement(cpu, model, sequence, 1e-4, f"{what} on {device}")
+    if agree == len(sequence):
+        assert_greedy_parity(model, hf, prompt, steps, what=f"{what} on {device}")
+    else:
+        _assert_prefix_logits(model, hf, sequence, agree, 1e-4, f"{what} on {device}")
+    low = load(dtype=torch.bfloat16, device=device)
+    prompt = bf16_prompt if bf16_prompt is not None else prompt
+    agree = routing_agreement(model, low, prompt, bf16_rel, f"{what} in bfloat16")
+    rel = max(bf16_rel, 2 * _bfloat16_deviation(hf, prompt, agree))
+    _assert_prefix_logits(low, hf, prompt, agree, rel, f"{what}: bfloat16 prompt logits")
+    if agree < len(prompt):
+        # past the near-tie transformers is no oracle; our float32 model given the experts
+        # (and weights) the bfloat16 run chose computes what the bfloat16 one should
+        ours, ref = logits_routed_alike(low, model, prompt)
+        what = f"{what}: bfloat16 prompt logits, float32 routed alike"
+        assert_close_logits(ours.float().cpu(), ref.float().cpu(), what, rel)
+
+
+def logits_routed_alike(
+    model: CausalLM, ref: CausalLM, tokens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill logits of ``tokens`` by ``model``, and by ``ref`` with every MoE layer
+    handed the routing (expert ids and weights) that ``model``'s layer chose."""
+    from tallow.layers import FusedMoE
+
+    routes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep(mod: Any, args: tuple[Any, ...]) -> None:  # Any: the experts hooked
+        routes.append((args[1].float(), args[2]))
+
+    def hand(mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:  # Any: the experts hooked
+        weights, ids = routes[len(given)]
+        given.append(mod)
+        return (args[0], weights.to(args[1].device), ids.to(args[2].device), *args[3:])
+
+    given: list[Any] = []  # Any: the experts handed a routing so far
+    logits = []
+    for target, hook in ((model, keep), (ref, hand)):
+        hooks = [
+            m.experts.register_forward_pre_hook(hook)
+            for m in target.modules()
+            if isinstance(m, FusedMoE)
+        ]
+        try:
+            logits.append(PagedRunner.holding(target, len(tokens)).greedy(0, tokens, 0)[2])
+        finally:
+            for h in hooks:
+                h.remove()
+    assert len(given) == len(routes), "the models differ in their MoE layers"
+    return logits[0], logits[1]
+
+
+def _bfloat16_deviation(hf: Any, prompt: list[int], count: int) -> float:  # Any: an LM
+    """How far a bfloat16 copy of transformers' ``hf`` puts the logits of the first ``count``
+    positions of ``prompt`` from ``hf``'s, relative to the scale of all of them (as
+    :func:`~tallow.plugin.testing.model.assert_close_logits` measures)."""
+    if count == 0:
+        return 0.0
+    low = copy.deepcopy(hf).to(torch.bfloat16)
     with torch.no_grad():
-        ref = hf(torch.tensor([prompt])).logits[0]
-    assert_close_logits(logits.cpu(), ref, f"{what}: bfloat16 prompt logits", bf16_rel)
+        ids = torch.tensor([prompt])
+        ref = hf(ids).logits[0].float()
+        ours = low(ids).logits[0].float()
+    return float((ours[:count] - ref[:count]).abs().max()) / max(1.0, float(ref.abs().max()))
+
+
+def _has_experts(model: CausalLM) -> bool:
+    from tallow.layers import FusedMoE
+
+    return any(isinstance(m, FusedMoE) for m in model.modules())
+
+
+def routing_agreement(
+    ref: CausalLM, model: CausalLM, tokens: list[int], rel: float, what: str = ""
+) -> int:
+    """How many leading ``tokens`` get the same experts in every MoE layer of ``model`` as in
+    ``ref`` (all of them for a model without experts); asserts that the first token that
+    differs was a near-tie in ``ref``: a relative routing margin of at most ``rel``."""
+    ours = expert_choices(model, tokens)
+    theirs = expert_choices(ref, tokens)
+    first = len(tokens)
+    where = -1
+    for layer, (a, b) in enumerate(zip(ours, theirs)):
+        differ = (a.cpu().sort(-1).values != b.cpu().sort(-1).values).any(-1).nonzero()
+        if len(differ) and int(differ[0]) < first:
+            first, where = int(differ[0]), layer
+    if where >= 0:
+        margin = float(routing_margins(ref, tokens)[where][first])
+        assert margin <= rel, (
+            f"{what}: token {first} takes other experts in MoE layer {where} although its "
+            f"routing margin {margin:.2e} exceeds the tolerance {rel:.0e}"
+        )
+    return first
+
+
+def _assert_prefix_logits(
+    model: CausalLM, hf: Any, tokens: list[int], count: int, rel: float, what: str
+) -> None:  # Any: a transformers causal LM of any architecture
+    """The logits of one prefill of ``tokens`` by ``model`` at the first ``count`` positions
+    are within ``rel`` of the scale of all of ``hf``'s (none to compare when ``count`` is
+    0)."""
+    if count == 0:
+        return
+    logits = PagedRunner.holding(model, len(tokens)).greedy(0, tokens, 0)[2]
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    # the scale stays that of every position's logits, as when all of them are compared
+    ours = ref.clone()
+    ours[:count] = logits[:count].float().cpu()
+    assert_close_logits(ours, ref, f"{what} (the first {count} of {len(tokens)} tokens)", rel)
 
 
 def assert_engine_greedy(
@@ -140,6 +271,76 @@ def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
         for hook in hooks:
             hook.remove()
     return chosen
+
+
+def routing_margins(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
+    """For every :class:`~tallow.layers.FusedMoE` layer of ``model`` (in layer order), each
+    token's relative margin ``[tokens]`` of ``prompt`` (one prefill): how far its
+    ``top_k``-th choice lies above the best expert left out, in the quantity the router ranks
+    (the logits for softmax routers, sigmoid scores plus the correction bias for sigmoid
+    ones; with grouped top-k also how far its last chosen group's score lies above the best
+    group left out, the smaller of the two), over the largest magnitude of that quantity
+    among the token's experts. Rounding that moves the quantity by less than that fraction
+    of its scale cannot change the token's experts; a margin near zero is a near-tie, which
+    another device or dtype may break the other way."""
+    from tallow.layers import FusedMoE
+    from tallow.layers.moe_router import group_mask, group_scores
+
+    margins: list[torch.Tensor] = []
+
+    def keep(mod: Any, args: tuple[Any, ...]) -> None:  # Any: the FusedMoE hooked
+        x = args[0].reshape(-1, args[0].shape[-1])
+        logits = mod.gate(x).float()
+        choice = logits
+        if mod.router.scoring == "sigmoid":
+            choice = logits.sigmoid()
+            bias = getattr(mod.gate, "e_score_correction_bias", None)
+            if bias is not None:
+                choice = choice + bias.float()
+        spec = mod.router
+        scale = choice.abs().amax(-1).clamp_min(1e-30)
+        margin = torch.full((x.shape[0],), float("inf"), device=x.device)
+        if spec.num_groups > spec.topk_groups:  # the groups are chosen first
+            groups = group_scores(choice, spec).topk(spec.topk_groups + 1, dim=-1).values
+            margin = groups[:, -2] - groups[:, -1]
+            choice = group_mask(choice, spec)
+        if choice.shape[-1] > spec.top_k:  # else every expert is chosen: nothing to flip
+            top = choice.topk(spec.top_k + 1, dim=-1).values
+            # an expert of a group left out (-inf) cannot come in
+            margin = torch.minimum(margin, (top[:, -2] - top[:, -1]).nan_to_num(float("inf")))
+        margins.append((margin / scale).cpu())
+
+    hooks = [m.register_forward_pre_hook(keep) for m in model.modules() if isinstance(m, FusedMoE)]
+    try:
+        with torch.no_grad():
+            PagedRunner.holding(model, len(prompt)).greedy(0, prompt, 0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return margins
+
+
+def clear_routing_prompt(model: CausalLM, length: int, rel: float, vocab: int) -> list[int]:
+    """A prompt of ``length`` tokens below ``vocab`` on which every MoE layer of ``model``
+    routes every token with a relative margin (:func:`routing_margins`) above ``rel``, so that
+    rounding that moves the routers' inputs by less than ``rel`` of their scale changes no
+    expert: built token by token, each the first candidate whose margins at its position
+    clear ``rel`` after the tokens before it (the candidates of position ``t`` are the
+    vocabulary in the order ``(37 * (t + j) + 11) % vocab``, so the prompt varies). Raises
+    ``AssertionError`` when no token clears it at some position."""
+    prompt: list[int] = []
+    for t in range(length):
+        for j in range(vocab):
+            token = (37 * (t + j) + 11) % vocab
+            margins = routing_margins(model, [*prompt, token])
+            if all(float(m[-1]) > rel for m in margins):
+                prompt.append(token)
+                break
+        else:
+            raise AssertionError(
+                f"no token routes with margins above {rel:.0e} after {len(prompt)} tokens"
+            )
+    return prompt
 
 
 def load_model(

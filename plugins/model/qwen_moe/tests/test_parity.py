@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.model_parity import (  # noqa: E402
     assert_cuda_parity,
+    clear_routing_prompt,
     assert_greedy_parity,
     load_saved,
     random_hf_model,
@@ -40,6 +41,11 @@ BASE = dict(
 # PagedRunner holds 64 positions: prompt and greedy steps fit in them
 PROMPT = [(37 * i + 11) % 160 for i in range(30)]
 STEPS = 32
+#: the qwen3 GPU model's spread: at the default 0.08 its eight-of-64 experts' sum is nearly
+#: the same for every token and transformers' greedy output is one token repeated, which
+#: checks nothing (assert_greedy_parity refuses it); wider weights make the layers' outputs
+#: depend on the token
+QWEN3_STD = 0.15
 
 
 def _safetensors():
@@ -137,8 +143,14 @@ def test_cuda_parity(family, tmp_path):
             **BASE, num_experts=16, num_experts_per_tok=4, shared_expert_intermediate_size=40
         )
         cls = Qwen2MoeForCausalLM
-    hf = random_hf_model(config, seed=8)
+    hf = random_hf_model(config, seed=8, std=QWEN3_STD if family == "qwen3" else 0.08)
     read = _safetensors().SafetensorsFormat().load
-    assert_cuda_parity(
-        lambda **kw: load_saved(hf, tmp_path, cls, read, **kw), hf, PROMPT, STEPS, what=family
-    )
+
+    def load(**kw):
+        return load_saved(hf, tmp_path, cls, read, **kw)
+
+    # a prompt whose routing has no float32 near-tie; among 64 experts the eighth and ninth
+    # best lie too close for one without bfloat16 ones, so the bfloat16 logits are compared
+    # up to the first token that takes other experts (assert_cuda_parity)
+    prompt = clear_routing_prompt(load(), len(PROMPT), 1e-4, BASE["vocab_size"])
+    assert_cuda_parity(load, hf, prompt, STEPS, what=family)
