@@ -136,7 +136,7 @@ fi
 if [[ ",$MODE," == *",gputestslist,"* ]]; then
   echo "== the GPU tests listed in ${GPU_TESTS_LIST:?set GPU_TESTS_LIST to a file of test ids}"
   mapfile -t ids < <(grep -vE '^\s*(#|$)' "$GPU_TESTS_LIST")
-  gpu_pytest tests_gpu_list 3 -m "not gpu_alone" "${ids[@]}"
+  gpu_pytest tests_gpu_list "${GPU_LIST_WORKERS:-3}" -m "not gpu_alone" "${ids[@]}"
   gpu_alone_pytest tests_gpu_list -m "gpu_alone" "${ids[@]}"
   gpu_summary tests_gpu_list
 fi
