@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything of tallow that needs the GPU, in one go: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the project root): bash bench/gpu/run_all.sh OUTDIR ITEMS
-# ITEMS: comma-separated among gputestsmodels, gputestskernels (every GPU test in two halves, one call each; see below),
-# gputestslist (the test ids listed in the file $GPU_TESTS_LIST), gputestscases (only the kernel-case modules of gputestskernels),
+# ITEMS: comma-separated among gputestsmodels, gputestskernels, gputestscases (every GPU test in three parts, one call each;
+# see below), gputestslist (the test ids listed in the file $GPU_TESTS_LIST),
 # distcheck (tests/test_dist.py on this machine's torch, in the background; needs the wheels of every dependency in .whl),
 # tests,enginetests,fusedtests,attntests,gemv,profile,thrprof,latency,latencysync,latencynopdl,ttft,hf,
 # qwen3,thr8b,thrprof8b,thrprof8bfp8,ttftprof,overlap,fp8probe,ncudecode,ncusource,fp8tests,thr8bfp8,thr8bfp8prev,thr8bfp8t128,thr8bfp8t128s3,thr8bfp8w4,thr8bfp8s2,thr8bfp8tok16k,thr8bfp8big,
@@ -100,12 +100,12 @@ if [[ ",$MODE," == *",distcheck,"* ]]; then  # CPU work, started in the backgrou
   timeout "${DIST_LIMIT:-540}" python3 -m pytest -q -m slow -rfE --tb=short tests/test_dist.py \
     >"$OUT/tests_dist.log" 2>&1 &
 fi
-# Every GPU test on one card, in two halves that fit one call each: gputestsmodels (the
+# Every GPU test on one card, in three parts that fit one call each: gputestsmodels (the
 # gpu-marked tests of the engine, the models and the speculators, 4 workers, then those marked
-# gpu_alone, real-size models that need most of the card, one at a time) and gputestskernels
-# (the gpu-marked kernel and quantization tests, 3 workers, beside the kernel-case modules run
-# natively; a quantization plugin's folder and a folder of cases get a pytest of their own, since
-# the folders' helper modules share names such as kernel_cases). gputestslist runs the test ids
+# gpu_alone, real-size models that need most of the card, one at a time), gputestskernels (the
+# gpu-marked kernel and quantization tests, 4 workers) and gputestscases (the kernel-case modules
+# run natively). A quantization plugin's folder and a folder of cases get a pytest of their own,
+# since the folders' helper modules share names such as kernel_cases. gputestslist runs the test ids
 # listed in the file $GPU_TESTS_LIST the same way (a rerun of what failed). Each failure's traceback is written to OUT/failures.txt as it happens.
 gpu_pytest() {  # log, workers, pytest args...
   local log=$1 workers=$2; shift 2
@@ -148,15 +148,12 @@ gpu_cases() {  # the kernel-case modules, natively, one pytest per folder
   done
 }
 if [[ ",$MODE," == *",gputestskernels,"* ]]; then
-  echo "== GPU tests of the kernels: gpu-marked (3 workers) beside the kernel cases run natively (one folder at a time)"
-  # the quantization plugins' folders one pytest each, like the cases (their helper modules share names)
-  { gpu_pytest tests_gpu_kernels 3 -m gpu tests/kernels plugins/attention/triton
-    for dir in plugins/quant/*/tests; do gpu_pytest tests_gpu_kernels 3 -m gpu "$dir"; done; } &
-  marked=$!
-  gpu_cases
-  wait "$marked"
-  gpu_summary tests_gpu_kernels tests_gpu_cases
-elif [[ ",$MODE," == *",gputestscases,"* ]]; then
+  echo "== GPU tests of the kernels (gpu-marked, 4 workers; a quantization plugin's folder on its own)"
+  gpu_pytest tests_gpu_kernels 4 -m gpu tests/kernels plugins/attention/triton
+  for dir in plugins/quant/*/tests; do gpu_pytest tests_gpu_kernels 4 -m gpu "$dir"; done
+  gpu_summary tests_gpu_kernels
+fi
+if [[ ",$MODE," == *",gputestscases,"* ]]; then
   echo "== the kernel cases run natively (one folder at a time)"
   gpu_cases
   gpu_summary tests_gpu_cases
