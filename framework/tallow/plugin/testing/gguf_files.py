@@ -108,8 +108,8 @@ def write_gguf(
     quantize: str | None = None,
 ) -> None:
     """Write a GGUF file of architecture ``arch``: ``metadata`` keys without the ``<arch>.``
-    prefix (ints as uint32, floats as float32, strings, bools, lists of numbers as float32
-    arrays), a placeholder vocabulary of ``vocab_size`` tokens (padding id 0: transformers'
+    prefix (ints as uint32, floats as float32, strings, bools, lists of bools or of ints as
+    such arrays, other lists as float32 arrays), a placeholder vocabulary of ``vocab_size`` tokens (padding id 0: transformers'
     GGUF loader wants one inside the vocabulary), and ``tensors``. ``quantize`` (a GGML type
     name such as ``"Q8_0"``) stores every matrix in that type with the ``gguf`` package's
     quantizer; vectors stay float32. A tensor given as ``(name, blocks, type name)`` is
@@ -127,6 +127,10 @@ def write_gguf(
             writer.add_float32(full, value)
         elif isinstance(value, str):
             writer.add_string(full, value)
+        elif value and all(isinstance(v, bool) for v in value):
+            writer.add_array(full, list(value))  # one flag per layer, as bools
+        elif value and all(isinstance(v, int) for v in value):
+            writer.add_array(full, list(value))  # per-layer counts, as integers
         else:
             writer.add_array(full, [float(v) for v in value])
     writer.add_tokenizer_model("llama")

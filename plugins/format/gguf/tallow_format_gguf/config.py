@@ -157,6 +157,17 @@ def config_from_metadata(
     # The metadata does not say whether projections carry biases; the tensors do.
     config["attention_bias"] = "blk.0.attn_q.bias" in names
     config["mlp_bias"] = "blk.0.ffn_up.bias" in names
+    # Blocks with a key projection and no value projection (values from the keys, as Gemma 4's
+    # full layers may have them); stated only when there are any.
+    value_from_key = sorted(
+        int(name.split(".")[1])
+        for name in names
+        if name.startswith("blk.")
+        and name.endswith(".attn_k.weight")
+        and name.replace(".attn_k.", ".attn_v.") not in names
+    )
+    if value_from_key:
+        config["gguf_value_from_key_layers"] = value_from_key
     for hf_key, gguf_key in (
         ("bos_token_id", "bos_token_id"),
         ("eos_token_id", "eos_token_id"),

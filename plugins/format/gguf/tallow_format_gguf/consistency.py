@@ -225,16 +225,51 @@ def _check_embedding(meta: _Metadata, tensors: Mapping[str, GGUFTensor], hidden:
         )
 
 
+def _sliding_layers(meta: _Metadata, blocks: int) -> set[int]:
+    """The sliding-window layers a per-layer ``attention.sliding_window_pattern`` (one flag
+    per block) names; none for a period or no pattern."""
+    pattern = meta.metadata.get(f"{meta.arch}.attention.sliding_window_pattern")
+    if not isinstance(pattern, list) or len(pattern) != blocks:
+        return set()
+    return {i for i, flag in enumerate(pattern) if flag}
+
+
+def _lengths(meta: _Metadata, sliding: bool) -> tuple[Any, Any]:
+    """(key, value) head sizes of a layer: ``attention.key_length_swa`` /
+    ``value_length_swa`` on sliding layers where stated (Gemma 4), else the common ones."""
+    key, value = meta.count("attention.key_length"), meta.count("attention.value_length")
+    if sliding:
+        key_swa = meta.count("attention.key_length_swa")
+        value_swa = meta.count("attention.value_length_swa")
+        key = key_swa if key_swa is not None else key
+        value = value_swa if value_swa is not None else (key_swa if key_swa else value)
+    return key, value
+
+
+def _swa_hint(meta: _Metadata, layer: int) -> str:
+    """Where a family has sliding layers of their own head size: which key would say so."""
+    if meta.metadata.get(f"{meta.arch}.attention.key_length_swa") is None:
+        return (
+            f" (if block {layer} is a sliding-window layer with its own head size, the file "
+            f"lacks '{meta.arch}.attention.key_length_swa')"
+        )
+    return (
+        f" (block {layer} is taken as a full-attention layer: "
+        f"'{meta.arch}.attention.sliding_window_pattern' does not flag it, or is not one flag "
+        "per block)"
+    )
+
+
 def _check_heads(
     meta: _Metadata, tensors: Mapping[str, GGUFTensor], blocks: int, hidden: Any
 ) -> None:
     heads = meta.count("attention.head_count", required=True, per_layer=blocks)
     kv_heads = meta.count("attention.head_count_kv", least=0, per_layer=blocks)
-    key_length = meta.count("attention.key_length")
-    value_length = meta.count("attention.value_length")
+    sliding = _sliding_layers(meta, blocks)
     for i in range(blocks):
         n_head = _at(heads, i)
         n_kv = n_head if kv_heads is None else _at(kv_heads, i)
+        key_length, value_length = _lengths(meta, i in sliding)
         if key_length is not None:
             head_dim = key_length
         elif n_head and hidden % n_head == 0:
@@ -260,5 +295,5 @@ def _check_heads(
                 raise meta.error(
                     key,
                     f"{count} heads of {dim} need {count * dim:,} rows, "
-                    f"but tensor {tensor.name!r} has {_rows(tensor):,}",
+                    f"but tensor {tensor.name!r} has {_rows(tensor):,}{_swa_hint(meta, i)}",
                 )

@@ -54,6 +54,8 @@ from tallow.layers import (
 
 from . import gemma4_config as g4
 from .config import text_model_config
+from .gemma4_gguf import Gemma4GGUFNames
+from .gemma4_gguf import config_from_gguf as gemma4_config_from_gguf
 from .gemma4_naming import Gemma4Names, Gemma4TextModelNames
 from .model import GemmaMLP
 
@@ -374,7 +376,7 @@ class Gemma4ForCausalLM(CausalLM):
     """Gemma 4 text models (see the module docstring)."""
 
     hf_architectures: ClassVar[tuple[str, ...]] = ("Gemma4ForCausalLM",)
-    gguf_architectures: ClassVar[tuple[str, ...]] = ()
+    gguf_architectures: ClassVar[tuple[str, ...]] = ("gemma4",)
     weight_name_maps: ClassVar[dict[str, WeightNameMap]] = {}
 
     def __init__(self, config: ArchConfig | dict[str, Any], build: BuildContext) -> None:
@@ -408,9 +410,19 @@ class Gemma4ForCausalLM(CausalLM):
         return torch.tanh(logits.float() / cap) * cap
 
     def weight_names(self, naming: str) -> WeightNameMap:
+        if naming == "gguf":
+            return Gemma4GGUFNames(Gemma4Names(self.model.plans))  # type: ignore[return-value]
         if naming != "hf":
             return super().weight_names(naming)
         return Gemma4Names(self.model.plans)  # type: ignore[return-value]
+
+    def load_rope_freqs(self, tensor: torch.Tensor, groups: dict[str, str]) -> None:
+        """A GGUF file's ``rope_freqs``: divisors of the full layers' frequencies (1e30 for
+        the pairs that stay unrotated: llama.cpp's way of writing proportional RoPE)."""
+        rotary = self.model.rotary[g4.FULL] if g4.FULL in self.model.rotary else None
+        if rotary is None:
+            raise ValueError("GGUF tensor rope_freqs: the model has no full-attention layer")
+        rotary.set_freq_factors(tensor.float())
 
     def resolve_missing(self, missing: set[str], naming: str) -> set[str]:
         if "lm_head.weight" in missing:
@@ -423,12 +435,18 @@ class Gemma4ForCausalLM(CausalLM):
         """``config`` completed with ``Gemma4TextConfig``'s defaults."""
         return g4.with_defaults(config)
 
+    @classmethod
+    def config_from_gguf(cls, metadata: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """The config of a llama.cpp ``gemma4`` file (:mod:`tallow_model_gemma.gemma4_gguf`)."""
+        return gemma4_config_from_gguf(metadata, config)
+
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
     """The text model of a multimodal Gemma 4 checkpoint (its ``text_config``); the vision
     and audio towers are not loaded, and prompts are text only."""
 
     hf_architectures = ("Gemma4ForConditionalGeneration",)
+    gguf_architectures = ()
 
     def weight_names(self, naming: str) -> WeightNameMap:
         names = super().weight_names(naming)

@@ -24,10 +24,14 @@ GEMMA4_ARCHITECTURES: dict[str, str] = {
     "Gemma4ForConditionalGeneration": "tallow_model_gemma.gemma4:Gemma4ForConditionalGeneration",
 }
 
+#: GGUF ``general.architecture`` values (text model only: llama.cpp writes the vision and audio
+#: towers to a separate mmproj file, which tallow does not read)
+GEMMA4_GGUF: dict[str, tuple[str, ...]] = {"Gemma4ForCausalLM": ("gemma4",)}
+
 
 @hookimpl
 def tallow_register_architectures(registry) -> None:
     for hf_name, (cls, gguf) in ARCHITECTURES.items():
         registry.register(hf_name, f"{_MODEL}:{cls}", gguf=gguf)
     for hf_name, target in {**VISION_ARCHITECTURES, **GEMMA4_ARCHITECTURES}.items():
-        registry.register(hf_name, target)
+        registry.register(hf_name, target, gguf=GEMMA4_GGUF.get(hf_name, ()))
