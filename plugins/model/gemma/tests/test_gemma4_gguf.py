@@ -28,7 +28,7 @@ from tallow_model_gemma.gemma4 import Gemma4ForCausalLM  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gemma4_gguf_convert import gemma4_metadata, gemma4_tensors, hf_weights_of  # noqa: E402
-from test_gemma4_parity import CONFIGS, build  # noqa: E402
+from test_gemma4_parity import build  # noqa: E402
 
 STEPS = 32
 
