@@ -21,7 +21,11 @@ pytest.importorskip("tallow_format_gguf", reason="tallow-format-gguf reads the f
 
 from tallow.layers import ArchConfig, BuildContext  # noqa: E402
 from tallow.plugin.testing.gguf_files import write_gguf  # noqa: E402
-from tallow.plugin.testing.model_parity import assert_greedy_parity, load_model  # noqa: E402
+from tallow.plugin.testing.model_parity import (  # noqa: E402
+    assert_cuda_parity,
+    assert_greedy_parity,
+    load_model,
+)
 from tallow_format_gguf.format import GGUFFormat  # noqa: E402
 
 from tallow_model_gemma.gemma4 import Gemma4ForCausalLM  # noqa: E402
@@ -42,15 +46,19 @@ def write(path: Path, hf: Any, tensors: list | None = None, **metadata_changes: 
     return path
 
 
-def load(path: Path, **build_kw: Any) -> tuple[dict[str, Any], Any]:
+def load(
+    path: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **build_kw: Any
+) -> tuple[dict[str, Any], Any]:
+    """(config, model) of a GGUF file; ``build_kw`` adds to the build (a quant scheme)."""
     ckpt = GGUFFormat().load(str(path))
     assert ckpt.architecture == "gguf:gemma4" and ckpt.naming == "gguf"
     config = Gemma4ForCausalLM.config_from_gguf(ckpt.extra["gguf_metadata"], dict(ckpt.config))
     if build_kw:
-        model = Gemma4ForCausalLM(ArchConfig(config), BuildContext(dtype=torch.float32, **build_kw))
+        build_ctx = BuildContext(dtype=dtype, device=torch.device(device), **build_kw)
+        model = Gemma4ForCausalLM(ArchConfig(config), build_ctx)
         model.load_weights(ckpt.tensors(), naming="gguf")
         return config, model.eval()
-    return config, load_model(Gemma4ForCausalLM, ckpt, config=config)
+    return config, load_model(Gemma4ForCausalLM, ckpt, config=config, dtype=dtype, device=device)
 
 
 @pytest.mark.parametrize("name", ["dense", "kv-shared", "moe", "kv-shared-k-eq-v"])
@@ -206,3 +214,35 @@ def test_the_engine_names_the_key_a_file_lacks(tmp_path, kit):
     path = write(tmp_path / "missing.gguf", hf, **{"attention.key_length_swa": None})
     with pytest.raises(Exception, match=r"gemma4\.attention\.key_length_swa"):
         offline_llm(str(path), plugins=["tallow-model-gemma", "tallow-format-gguf"])
+
+
+@pytest.mark.gpu
+def test_float32_file_on_cuda(tmp_path, kit):
+    """A KV-shared model with per-layer inputs from a float32 file, built on the GPU: float32
+    greedy parity with transformers on the CPU, bfloat16 prompt logits close."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    hf = build("kv-shared", tmp_path / "hf", kit)
+    path = write(tmp_path / "kv-shared.gguf", hf)
+    assert_cuda_parity(
+        lambda **kw: load(path, **kw)[1], hf, kit.PROMPT, STEPS, what="gemma4 F32 GGUF"
+    )
+
+
+@pytest.mark.gpu
+def test_q8_0_moe_file_on_cuda(q8_0_moe, kit):
+    """The Q8_0 MoE file with its blocks kept on the GPU (tallow-quant-gguf) against
+    transformers on the decoded weights."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("tallow_quant_gguf", reason="tallow-quant-gguf keeps the blocks")
+    from tallow_quant_gguf.scheme import GGUFQuantScheme
+
+    path, hf = q8_0_moe
+    assert_cuda_parity(
+        lambda **kw: load(path, quant=GGUFQuantScheme(None), **kw)[1],
+        hf,
+        kit.PROMPT,
+        STEPS,
+        what="gemma4 moe Q8_0 GGUF",
+    )
