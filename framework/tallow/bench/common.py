@@ -15,7 +15,7 @@ import torch
 if TYPE_CHECKING:
     from tallow.config import TallowConfig
     from tallow.engine.builder import EngineParts
-    from tallow.engine.core import CoreOutput
+    from tallow.engine.core_output import CoreOutput
     from tallow.engine.llm_engine import LLMEngine
     from tallow.kernels.kv_cache import KVFootprint
 

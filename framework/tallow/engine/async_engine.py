@@ -29,7 +29,7 @@ from tallow.config import TallowConfig
 from tallow.plugin.manager import PluginManager
 
 from .builder import EngineFrontend, EngineParts, build_engine
-from .core import CoreOutput
+from .core_output import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .errors import AdmissionError, EngineDeadError
 from .multimodal import MultimodalPrompt

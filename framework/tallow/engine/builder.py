@@ -18,14 +18,13 @@ from tallow.distributed.collectives import agree
 from tallow.distributed.driver import open_engine
 from tallow.distributed.state import ParallelState
 from tallow.kernels import kv_cache
-from tallow.layers import LatentCacheSpec, VisionLanguageModel
+from tallow.layers import VisionLanguageModel
 from tallow.plugin import Checkpoint, Entry, Registries, SpeculatorHost
 from tallow.plugin.manager import PluginManager, load_plugins
 
 from . import embedding_setup
 from .backend_selection import select_attention_backend, select_kv_codec
 from .cache_groups import (
-    CacheGroup,
     find_cache_groups,
     group_block_bytes,
     split_budget,
@@ -37,6 +36,7 @@ from .encoder_cache import EncoderCache, MultimodalRunner
 from .errors import AdmissionError
 from .multimodal import MultimodalPrompt, PromptImages
 from .embedding import EmbeddingInfo
+from .kv_budget import kv_budget_blocks, with_latent_groups
 from .kv_calibration import calibrate_kv_codec
 from .kv_manager import KVCacheManager, PagedGroupSize
 from .loader import LoadedModel, load_model, resolve_device
@@ -50,8 +50,6 @@ from .tokenizer import Tokenizer
 from .worker import serve
 
 log = logging.getLogger("tallow.engine")
-
-_CPU_KV_CAP = 1 << 30  # never take more than this much RAM for the KV cache on a CPU
 
 
 @dataclass
@@ -197,51 +195,6 @@ def load_tokenizer(
     return tokenizer
 
 
-def kv_budget_blocks(
-    config: TallowConfig,
-    loaded: LoadedModel,
-    bytes_per_block: int,
-    max_model_len: int,
-    fixed_bytes: int = 0,
-) -> int:
-    """Blocks of ``bytes_per_block`` (all layers) that the KV budget holds, after
-    ``fixed_bytes`` of per-layer tensors that do not depend on the block count."""
-    cache = config.cache
-    if cache.num_blocks:
-        return int(cache.num_blocks)
-    if cache.mem_mb:
-        budget = (int(cache.mem_mb) << 20) - fixed_bytes
-    elif loaded.device.type == "cuda":
-        torch.cuda.synchronize(loaded.device)
-        free, total = torch.cuda.mem_get_info(loaded.device)
-        # kv_fraction of what the card has left after weights and the activations of a step
-        # (a margin for them and for CUDA graphs is kept back).
-        reserve = min(4 << 30, int(0.05 * total))
-        if isinstance(loaded.model, VisionLanguageModel):
-            # the encoder cache's budget is not the KV cache's to take
-            reserve += int(cache.encoder_cache_mb) << 20
-        budget = int(cache.kv_fraction * max(0, free - reserve)) - fixed_bytes
-    else:
-        need = (
-            config.scheduler.max_num_seqs
-            * max_model_len
-            * bytes_per_block
-            // max(1, config.cache.block_size)
-        )
-        budget = min(_CPU_KV_CAP, need)
-    blocks = max(0, budget) // bytes_per_block
-    min_blocks = -(-max_model_len // config.cache.block_size)
-    if blocks < min_blocks:
-        log.warning(
-            "KV budget of %d blocks cannot hold one %d-token sequence; using %d blocks",
-            blocks,
-            max_model_len,
-            min_blocks,
-        )
-        blocks = min_blocks
-    return int(blocks)
-
-
 #: youngest-generation threshold while serving: the collector runs after this many more
 #: container allocations than deallocations (Python's default is 700 or 2,000)
 SERVING_GC_THRESHOLD = 50_000
@@ -266,29 +219,6 @@ def freeze_startup_heap() -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(SERVING_GC_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
-
-
-def with_latent_groups(
-    cost: kv_cache.KVFootprint, groups: list[CacheGroup], block_bytes: list[int]
-) -> kv_cache.KVFootprint:
-    """``cost`` (the attention layers' K/V) with the latent (MLA) groups' rows added:
-    ``block_bytes`` are the paged groups' bytes per block, in order; a 16-bit latent row is
-    the reference of a latent layer."""
-    paged = [g for g in groups if g.paged]
-    extra = sum(b for g, b in zip(paged, block_bytes) if isinstance(g.spec, LatentCacheSpec))
-    if not extra:
-        return cost
-    reference = sum(
-        len(g.layers) * g.spec.width * kv_cache.REFERENCE_BYTES
-        for g in paged
-        if isinstance(g.spec, LatentCacheSpec)
-    )
-    return kv_cache.KVFootprint(
-        cost.bytes_per_block + extra,
-        cost.fixed_bytes,
-        cost.block_size,
-        cost.reference_bytes_per_token + reference,
-    )
 
 
 @dataclass

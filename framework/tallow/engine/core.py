@@ -64,82 +64,31 @@ async mode as plain greedy ones do.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-import torch
 
 from tallow.plugin import GrammarError, GrammarSpec
 
 from .embedding import PoolingParams
 from .errors import AdmissionError, InvalidParameter
 from .model_runner import ModelRunner
-from .step_result import PendingStep, SampledToken, StepResult
+from .step_result import PendingStep, StepResult
 from .multimodal import MultimodalPrompt
-from .outputs import Logprob
+from .core_output import CoreOutput, TokenUpdate
 from .sampling.grammar import GrammarState, StructuredOutputs
 from .sampling.params import SamplingParams
 from .scheduler import AppliedStep, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
 from .speculation import SpecDecoding
 from .step_tracer import NO_TRACER, StepTracer
+from .warm_up import warm_up_engine
 
 log = logging.getLogger("tallow.engine")
-
-#: the phases of CoreOutput.timings that are host work the device may wait for
-_HOST_PHASES = ("schedule", "launch", "mask", "post")
 
 #: what the scheduler reads of an embedding request's params: one sequence, nothing sampled
 _POOLING_SEQUENCE = SamplingParams(max_tokens=1)
 TASKS = ("generate", "embed")
-
-
-@dataclass
-class TokenUpdate:
-    """One new token of one completion."""
-
-    request_id: str
-    index: int
-    token: SampledToken
-    finish_reason: str | None = None  # "stop" | "length"
-    stop_reason: int | None = None  # the stop token id, when one ended it
-
-
-@dataclass
-class CoreOutput:
-    updates: list[TokenUpdate] = field(default_factory=list)
-    prompt_logprobs: dict[str, list[dict[int, Logprob] | None]] = field(default_factory=dict)
-    num_cached_tokens: dict[str, int] = field(default_factory=dict)
-    #: request ids whose every completion has finished this step
-    finished: list[str] = field(default_factory=list)
-    #: embedding requests finished this step: request id → pooled vector (float32, host)
-    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
-    # step_time, timings and hidden are recorded while the engine's tracer is on
-    # (EngineCore.trace_steps); off, the default, they stay empty.
-    step_time: float = 0.0  # wall time of the step call
-    #: where the step's wall time went: scheduling, building and queueing the batch on the
-    #: device, the caller's overlapped work, waiting for the device, bookkeeping afterwards,
-    #: and (structured outputs) starting the grammars' token masks on the grammar thread, or
-    #: sampling a step whose masks no later launch waited for (a launch that samples the step
-    #: before it counts its wait for the masks in "launch").
-    #: In async mode schedule/launch are those of the step launched by this call and
-    #: wait/post those of the step whose tokens it returns.
-    timings: dict[str, float] = field(default_factory=dict)
-    #: the host phases (schedule, launch, mask, post) that ran while the device was still busy with
-    #: an earlier step from start to end, so the device did not wait for them (async mode)
-    hidden: set[str] = field(default_factory=set)
-    #: every step this call ran on the device (the one whose tokens it returns and, in async
-    #: mode, the one it launched) computed decode rows only, no prompt: its wall time is a
-    #: decode step's (benchmarks count decode throughput over such steps)
-    decode_only: bool = False
-
-    @property
-    def host_time(self) -> float:
-        """Host time the device may have waited for: schedule, launch, mask and post, except
-        the phases hidden behind device work (the wait itself and the overlapped work never
-        count)."""
-        t = self.timings
-        return sum(t.get(phase, 0.0) for phase in _HOST_PHASES if phase not in self.hidden)
 
 
 @dataclass
@@ -320,43 +269,7 @@ class EngineCore:
         decode only — on throw-away requests, so that kernels compile before the first real
         request rather than inside it. Leaves no trace: blocks freed, the prefix cache and the
         counters reset. Call it on an idle engine."""
-        if self.has_unfinished():
-            raise RuntimeError("warm_up() needs an idle engine")
-        if self.task == "embed":
-            self._warm_up_embedding(prompt_len)
-            return
-        vocab = max(2, self.runner.vocab_size)
-        params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
-        lengths = [
-            min(prompt_len, self.max_model_len - 4),
-            min(prompt_len // 2 + 3, self.max_model_len - 4),
-        ]
-        for i, n in enumerate(lengths):
-            prompt = [(7 * j + i) % vocab for j in range(max(1, n))]
-            self.add_request(f"tallow-warm-up-{i}", prompt, params)
-            self.step()  # the first: a prompt-only step; the second: beside a decode
-        while self.has_unfinished():
-            self.step()
-        bm = self.scheduler.block_manager
-        bm.reset_prefix_cache()
-        bm.reset_stats()
-        if self.spec is not None:
-            self.spec.reset_stats()
-        self.scheduler.num_preemptions = 0
-        self.steps = self.overlapped_steps = 0
-
-    def _warm_up_embedding(self, prompt_len: int) -> None:
-        """Embedding steps of a few lengths (one-token inputs take the decode kernels)."""
-        vocab = max(2, self.runner.vocab_size)
-        longest = min(prompt_len, self.max_model_len, self.scheduler.max_num_batched_tokens)
-        for i, n in enumerate(sorted({longest, max(1, longest // 2 + 3), 1})):
-            prompt = [(7 * j + i) % vocab for j in range(n)]
-            self.add_request(f"tallow-warm-up-{i}", prompt, PoolingParams())
-        while self.has_unfinished():
-            self.step()
-        self.scheduler.block_manager.reset_stats()
-        self.scheduler.num_preemptions = 0
-        self.steps = self.overlapped_steps = 0
+        warm_up_engine(self, prompt_len)
 
     def has_unfinished(self) -> bool:
         """Requests remain, or a step's tokens are still to be read back."""

@@ -10,7 +10,7 @@ from tallow.distributed.driver import GroupFailedError
 from tallow.plugin.manager import PluginManager
 
 from .builder import EngineFrontend, EngineParts, build_engine
-from .core import CoreOutput
+from .core_output import CoreOutput
 from .embedding import PoolingParams, finish_embedding
 from .outputs import EmbeddingOutput, RequestOutput
 from .sampling.params import SamplingParams

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from .core import CoreOutput, TokenUpdate
+from .core_output import CoreOutput, TokenUpdate
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling.params import SamplingParams

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .tool_parsing import loads_strict
+from .json_text import loads_strict
 
 _INTEGER = re.compile(r"-?\d+")
 
