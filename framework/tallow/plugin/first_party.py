@@ -73,6 +73,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
         "granite": "tallow-model-granite",
         "gemma2": "tallow-model-gemma",
         "gemma3": "tallow-model-gemma",
+        "gemma4": "tallow-model-gemma",
         "qwen2moe": "tallow-model-qwen-moe",
         "qwen3moe": "tallow-model-qwen-moe",
         "olmo2": "tallow-model-olmo2",
