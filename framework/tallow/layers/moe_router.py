@@ -83,6 +83,20 @@ def group_mask(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
     return grouped.masked_fill(~mask[..., None], float("-inf")).view(tokens, experts)
 
 
+def expert_scores(
+    logits: torch.Tensor, spec: RouterSpec, correction_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a softmax or sigmoid router, (scores, choice) ``[T, E]`` float32: the scores the
+    weights are taken from, and what experts (and groups) are ranked by: the scores plus the
+    correction bias, if any."""
+    scores = (
+        logits.softmax(-1, dtype=torch.float32)
+        if spec.scoring == "softmax"
+        else logits.float().sigmoid()
+    )
+    return scores, scores if correction_bias is None else scores + correction_bias.float()
+
+
 def select_experts(
     logits: torch.Tensor, spec: RouterSpec, correction_bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,12 +114,7 @@ def select_experts(
         values, ids = logits.float().topk(spec.top_k, dim=-1)
         weights = values.softmax(-1)
     else:
-        scores = (
-            logits.softmax(-1, dtype=torch.float32)
-            if spec.scoring == "softmax"
-            else logits.float().sigmoid()
-        )
-        choice = scores if correction_bias is None else scores + correction_bias.float()
+        scores, choice = expert_scores(logits, spec, correction_bias)
         if spec.num_groups > 1:
             choice = group_mask(choice, spec)
         values, ids = choice.topk(spec.top_k, dim=-1)

@@ -29,7 +29,7 @@ from tallow.plugin.components import Checkpoint
 
 from .engine import offline_llm
 from .model import assert_close_logits, hf_greedy, random_hf_model
-from .paged_runner import PagedRunner
+from .paged_runner import PagedRunner, prefill_logits
 from .tokenizer import save_tokenizer
 
 __all__ = [
@@ -155,7 +155,7 @@ def logits_routed_alike(
             if isinstance(m, FusedMoE)
         ]
         try:
-            logits.append(PagedRunner.holding(target, len(tokens)).greedy(0, tokens, 0)[2])
+            logits.append(prefill_logits(target, tokens))
         finally:
             for h in hooks:
                 h.remove()
@@ -214,7 +214,7 @@ def _assert_prefix_logits(
     0)."""
     if count == 0:
         return
-    logits = PagedRunner.holding(model, len(tokens)).greedy(0, tokens, 0)[2]
+    logits = prefill_logits(model, tokens)
     with torch.no_grad():
         ref = hf(torch.tensor([tokens])).logits[0]
     # the scale stays that of every position's logits, as when all of them are compared
@@ -266,7 +266,7 @@ def expert_choices(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
         if isinstance(m, FusedMoE)
     ]
     try:
-        PagedRunner.holding(model, len(prompt)).greedy(0, prompt, 0)
+        prefill_logits(model, prompt)
     finally:
         for hook in hooks:
             hook.remove()
@@ -284,20 +284,18 @@ def routing_margins(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
     of its scale cannot change the token's experts; a margin near zero is a near-tie, which
     another device or dtype may break the other way."""
     from tallow.layers import FusedMoE
-    from tallow.layers.moe_router import group_mask, group_scores
+    from tallow.layers.moe_router import expert_scores, group_mask, group_scores
 
     margins: list[torch.Tensor] = []
 
     def keep(mod: Any, args: tuple[Any, ...]) -> None:  # Any: the FusedMoE hooked
         x = args[0].reshape(-1, args[0].shape[-1])
         logits = mod.gate(x).float()
-        choice = logits
-        if mod.router.scoring == "sigmoid":
-            choice = logits.sigmoid()
-            bias = getattr(mod.gate, "e_score_correction_bias", None)
-            if bias is not None:
-                choice = choice + bias.float()
         spec = mod.router
+        choice = logits  # a softmax router ranks as its logits do
+        if spec.scoring == "sigmoid":
+            bias = getattr(mod.gate, "e_score_correction_bias", None)
+            choice = expert_scores(logits, spec, bias)[1]
         scale = choice.abs().amax(-1).clamp_min(1e-30)
         margin = torch.full((x.shape[0],), float("inf"), device=x.device)
         if spec.num_groups > spec.topk_groups:  # the groups are chosen first
@@ -313,7 +311,7 @@ def routing_margins(model: CausalLM, prompt: list[int]) -> list[torch.Tensor]:
     hooks = [m.register_forward_pre_hook(keep) for m in model.modules() if isinstance(m, FusedMoE)]
     try:
         with torch.no_grad():
-            PagedRunner.holding(model, len(prompt)).greedy(0, prompt, 0)
+            prefill_logits(model, prompt)
     finally:
         for hook in hooks:
             hook.remove()

@@ -22,7 +22,7 @@ from torch import nn
 from tallow.layers import CausalLM, FusedMoE, LinearBase, RMSNorm, SiluAndMul
 
 from .model import assert_close_logits
-from .paged_runner import PagedRunner
+from .paged_runner import prefill_logits
 
 __all__ = ["assert_modules_match", "CHECKED"]
 
@@ -80,7 +80,7 @@ def assert_modules_match(
         hooks.append(modules[name].register_forward_pre_hook(before, with_kwargs=True))
         hooks.append(modules[name].register_forward_hook(after(name)))
     try:
-        PagedRunner.holding(model, len(prompt)).greedy(0, prompt, 0)
+        prefill_logits(model, prompt)
     finally:
         for hook in hooks:
             hook.remove()

@@ -223,6 +223,12 @@ class PagedRunner:
         return tokens, step_logits, prompt_logits
 
 
+def prefill_logits(model: CausalLM, tokens: list[int]) -> torch.Tensor:
+    """The logits ``[len(tokens), vocab]`` of one prefill of ``tokens`` by ``model``, through a
+    :class:`PagedRunner` that holds them (forward hooks on the model see that one prefill)."""
+    return PagedRunner.holding(model, len(tokens)).greedy(0, tokens, 0)[2]
+
+
 def randomize_(model: torch.nn.Module, seed: int, std: float = 0.08) -> None:
     """Give every parameter of a transformers model random values (biases and norm weights too,
     which transformers initialises to constants that would hide mistakes): norm weights
